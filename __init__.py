@@ -1,0 +1,1 @@
+"""troupe: an LLM inference engine built as a troupe of async actors."""
