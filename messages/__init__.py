@@ -1,0 +1,86 @@
+"""Typed messages of the troupe graph: one module per receiving inbox, plus the trace codec.
+
+This package imports nothing else of the project.
+"""
+
+from troupe.messages.admission import AdmissionInbox, RequestsEnded, TokenizedRequest
+from troupe.messages.allocator import AllocateBatch, AllocatorInbox
+from troupe.messages.common import (
+    ChatMessage,
+    FinishReason,
+    RejectCode,
+    Timings,
+    TokenLogprob,
+    Usage,
+)
+from troupe.messages.events import (
+    Aborted,
+    ClientInbox,
+    Delta,
+    EngineStats,
+    Failed,
+    Finished,
+    Rejected,
+    StreamBatch,
+    StreamEvent,
+)
+from troupe.messages.executor import ExecutorInbox, SeqWork, StepPlan
+from troupe.messages.sampling import ParamError, SamplingParams
+from troupe.messages.scheduler import (
+    AdmittedRequest,
+    AllocationResult,
+    SampledToken,
+    SchedulerInbox,
+    StepResult,
+    StopRequests,
+)
+from troupe.messages.streamer import (
+    RequestOpened,
+    RequestRejected,
+    SeqOutput,
+    StreamerInbox,
+    TokenBatch,
+)
+from troupe.messages.tokenizer import AbortRequest, GenerateRequest, TokenizerInbox
+
+__all__ = [
+    "AbortRequest",
+    "Aborted",
+    "AdmissionInbox",
+    "AdmittedRequest",
+    "AllocateBatch",
+    "AllocationResult",
+    "AllocatorInbox",
+    "ChatMessage",
+    "ClientInbox",
+    "Delta",
+    "EngineStats",
+    "ExecutorInbox",
+    "Failed",
+    "FinishReason",
+    "Finished",
+    "GenerateRequest",
+    "ParamError",
+    "RejectCode",
+    "Rejected",
+    "RequestOpened",
+    "RequestRejected",
+    "RequestsEnded",
+    "SampledToken",
+    "SamplingParams",
+    "SchedulerInbox",
+    "SeqOutput",
+    "SeqWork",
+    "StepPlan",
+    "StepResult",
+    "StopRequests",
+    "StreamBatch",
+    "StreamEvent",
+    "StreamerInbox",
+    "Timings",
+    "TokenBatch",
+    "TokenLogprob",
+    "TokenizedRequest",
+    "TokenizerInbox",
+    "Usage",
+]

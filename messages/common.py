@@ -1,0 +1,56 @@
+"""Enums and small value types shared by several inboxes."""
+
+from __future__ import annotations
+
+import enum
+
+import msgspec
+
+
+class FinishReason(enum.StrEnum):
+    """Why a request ended. STOP/LENGTH are normal ends; the rest are terminal failures."""
+
+    STOP = "stop"  # EOS, a stop token id or a stop string
+    LENGTH = "length"  # max_tokens or max_model_len reached
+    ABORT = "abort"  # the client went away or cancelled
+    ERROR = "error"  # the engine failed this request
+
+
+class RejectCode(enum.StrEnum):
+    """Why a request was turned away before it ran."""
+
+    INVALID_REQUEST = "invalid_request"  # a field is malformed or out of range
+    TOO_LONG = "too_long"  # prompt (+ max_tokens) over max_model_len
+    OVERLOADED = "overloaded"  # queue limits reached; retry later
+    SHUTTING_DOWN = "shutting_down"
+
+
+class ChatMessage(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    role: str
+    content: str
+
+
+class TokenLogprob(msgspec.Struct, frozen=True, array_like=True):
+    """The sampled token's logprob and the top-n alternatives (token id, logprob)."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+class Usage(msgspec.Struct, frozen=True, kw_only=True):
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+class Timings(msgspec.Struct, frozen=True, kw_only=True):
+    """Seconds, from engine-stamped times carried in messages (so replays reproduce them)."""
+
+    ttft: float | None  # arrival to first token
+    tpot: float | None  # mean time per output token after the first
+    e2e: float  # arrival to the terminal event

@@ -1,0 +1,121 @@
+"""What the client side receives: stream events per request, and engine stats.
+
+Every request gets zero or more `Delta`s, then exactly one terminal event: `Finished`,
+`Rejected`, `Aborted` or `Failed`.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from troupe.messages.common import FinishReason, RejectCode, Timings, TokenLogprob, Usage
+
+
+class Delta(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    request_id: str
+    text: str
+    token_ids: tuple[int, ...]
+    logprobs: tuple[TokenLogprob, ...] | None = None
+    finish_reason: None = None
+
+    @property
+    def is_terminal(self) -> bool:
+        return False
+
+
+class Finished(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """Normal end. Carries the last delta (possibly empty) as well."""
+
+    request_id: str
+    text: str
+    token_ids: tuple[int, ...]
+    finish_reason: FinishReason  # STOP or LENGTH
+    usage: Usage
+    timings: Timings
+    stop_reason: str | int | None = None  # the stop string or stop token id that matched
+    logprobs: tuple[TokenLogprob, ...] | None = None
+
+    @property
+    def is_terminal(self) -> bool:
+        return True
+
+
+class Rejected(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """Turned away before running; `field` names the offending field when there is one."""
+
+    request_id: str
+    code: RejectCode
+    message: str
+    field: str | None = None
+    text: str = ""
+    token_ids: tuple[int, ...] = ()
+    finish_reason: str = "rejected"
+
+    @property
+    def is_terminal(self) -> bool:
+        return True
+
+
+class Aborted(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    request_id: str
+    reason: str
+    usage: Usage
+    timings: Timings
+    text: str = ""
+    token_ids: tuple[int, ...] = ()
+    finish_reason: FinishReason = FinishReason.ABORT
+
+    @property
+    def is_terminal(self) -> bool:
+        return True
+
+
+class Failed(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    request_id: str
+    message: str
+    text: str = ""
+    token_ids: tuple[int, ...] = ()
+    finish_reason: FinishReason = FinishReason.ERROR
+
+    @property
+    def is_terminal(self) -> bool:
+        return True
+
+
+StreamEvent = Delta | Finished | Rejected | Aborted | Failed
+
+
+class EngineStats(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """A snapshot the scheduler publishes after each step (and after frees when idle)."""
+
+    num_gpu_blocks: int = 0
+    num_gpu_blocks_used: int = 0  # owned by a request
+    num_gpu_blocks_cached: int = 0  # free but holding reusable prefix KV
+    num_cpu_blocks: int = 0
+    num_cpu_blocks_used: int = 0
+    num_running: int = 0
+    num_waiting: int = 0
+    num_swapped: int = 0
+    num_preemptions_swap: int = 0
+    num_preemptions_recompute: int = 0
+    prefix_cache_hit_tokens: int = 0
+    prefix_cache_query_tokens: int = 0
+    num_steps: int = 0
+
+    @property
+    def num_gpu_blocks_free(self) -> int:
+        return self.num_gpu_blocks - self.num_gpu_blocks_used
+
+    @property
+    def num_cpu_blocks_free(self) -> int:
+        return self.num_cpu_blocks - self.num_cpu_blocks_used
+
+
+class StreamBatch(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """Streamer -> engine edge, one per TokenBatch: events for many requests, latest stats."""
+
+    events: tuple[StreamEvent, ...]
+    stats: EngineStats | None = None
+
+
+ClientInbox = StreamBatch

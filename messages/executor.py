@@ -1,0 +1,55 @@
+"""Inbox of the Executor: one StepPlan per scheduling step.
+
+The executor keeps per-request state between steps (block table, sampling params, token
+history for penalties) so that plans carry deltas, not whole sequences:
+
+    SeqWork(reset=True,  block_ids=(7, 9), start_pos=0,  token_ids=prompt[:32])  # table := [7, 9]
+    SeqWork(reset=False, block_ids=(12,),  start_pos=32, token_ids=prompt[32:40]) # table += [12]
+    SeqWork(reset=False, block_ids=(),     start_pos=40, token_ids=(last_sampled,))
+
+`reset=True` replaces the table (first schedule, after swap-in, after recompute-preemption).
+`params` is set the first time a request is scheduled; state is dropped when its id is in
+`released`. Token history is indexed by position, so re-feeding tokens after a recompute
+preemption rewrites the same entries.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from troupe.messages.sampling import SamplingParams
+
+
+# gc=False: plans are built every step and hold no cycles (msgspec docs; vLLM does the same).
+class SeqWork(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """One sequence's share of a step."""
+
+    request_id: str
+    token_ids: tuple[int, ...]  # tokens whose KV this step computes (a prefill chunk, or 1)
+    start_pos: int  # position of token_ids[0] in the sequence
+    block_ids: tuple[int, ...] = ()  # GPU blocks appended to the table (the whole table if reset)
+    reset: bool = False
+    sample: bool = True  # sample a next token after this chunk (False mid-prompt)
+    params: SamplingParams | None = None  # first schedule only
+    num_prompt_tokens: int = 0  # penalties tell prompt from output tokens by position
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+class StepPlan(msgspec.Struct, frozen=True, kw_only=True, tag=True, gc=False):
+    """One step: apply `released`, then swap_out, then swap_in, then compute `seqs`."""
+
+    step_id: int
+    seqs: tuple[SeqWork, ...]
+    swap_out: tuple[tuple[int, int], ...] = ()  # (gpu block, cpu block)
+    swap_in: tuple[tuple[int, int], ...] = ()  # (cpu block, gpu block)
+    released: tuple[str, ...] = ()  # requests whose executor state is dropped
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(s.token_ids) for s in self.seqs)
+
+
+ExecutorInbox = StepPlan

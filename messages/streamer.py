@@ -1,0 +1,52 @@
+"""Inbox of the Streamer: requests opening, rejections, and one TokenBatch per step."""
+
+from __future__ import annotations
+
+import msgspec
+
+from troupe.messages.common import FinishReason, RejectCode, TokenLogprob
+from troupe.messages.events import EngineStats
+from troupe.messages.sampling import SamplingParams
+
+
+class RequestOpened(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """From the Tokenizer, before the request goes on to Admission (so it always arrives
+    ahead of the request's tokens)."""
+
+    request_id: str
+    params: SamplingParams
+    num_prompt_tokens: int
+    prompt_tail_ids: tuple[int, ...]  # last few prompt tokens: context for detokenization
+    arrival_time: float
+
+
+class RequestRejected(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """From the Tokenizer or Admission: the request never runs."""
+
+    request_id: str
+    code: RejectCode
+    message: str
+    field: str | None = None
+
+
+# array_like + gc=False: one per sequence per step on the hot path.
+class SeqOutput(msgspec.Struct, frozen=True, array_like=True, gc=False):
+    request_id: str
+    token_ids: tuple[int, ...]  # newly sampled tokens (usually one; empty on abort/error)
+    finish_reason: FinishReason | None = None
+    stop_reason: int | None = None  # the stop token id (EOS or stop_token_ids) that matched
+    logprobs: tuple[TokenLogprob, ...] | None = None
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    error: str | None = None
+
+
+class TokenBatch(msgspec.Struct, frozen=True, kw_only=True, tag=True, gc=False):
+    """From the Scheduler, one per step (or for aborts/failures outside a step)."""
+
+    step_id: int
+    time: float  # the step's StepResult time
+    outputs: tuple[SeqOutput, ...]
+    stats: EngineStats | None = None
+
+
+StreamerInbox = RequestOpened | RequestRejected | TokenBatch
