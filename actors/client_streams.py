@@ -1,0 +1,106 @@
+"""Per-request output streams at the client edge: the last hop of every event.
+
+The Streamer sends one StreamBatch per step; `ClientStreams.dispatch` fans its events out to
+each request's bounded channel without ever blocking. A reader that falls `max_buffer` events
+behind is cut off: its channel closes and its iterator ends with a Failed event, so a slow
+client costs bounded memory and never stalls the graph.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import anyio
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from troupe.messages import Failed, StreamBatch, StreamEvent
+
+EventListener = Callable[[StreamEvent, float], None]
+
+
+class ClientStream:
+    """The engine's side of one request's stream."""
+
+    def __init__(self, request_id: str, max_buffer: int) -> None:
+        self.request_id = request_id
+        self.send, self.receive = anyio.create_memory_object_stream[StreamEvent](max_buffer)
+        self.is_overflowed = False
+        self.max_buffer = max_buffer
+
+    def overflow_event(self) -> Failed:
+        return Failed(
+            request_id=self.request_id,
+            message=f"stream reader too slow: fell more than {self.max_buffer} events behind "
+            "(max_stream_buffer); the request was aborted",
+        )
+
+
+class ClientStreams:
+    """Registry of open request streams, owned by the engine's router task."""
+
+    def __init__(self, max_buffer: int) -> None:
+        self._max_buffer = max_buffer
+        self._streams: dict[str, ClientStream] = {}
+        self._empty = anyio.Event()
+        self._empty.set()
+
+    def __len__(self) -> int:
+        return len(self._streams)
+
+    def __contains__(self, request_id: str) -> bool:
+        return request_id in self._streams
+
+    def ids(self) -> list[str]:
+        return list(self._streams)
+
+    def open(self, request_id: str) -> ClientStream:
+        if request_id in self._streams:
+            raise ValueError(f"request_id {request_id!r} is already in use")
+        stream = ClientStream(request_id, self._max_buffer)
+        self._streams[request_id] = stream
+        if self._empty.is_set():
+            self._empty = anyio.Event()
+        return stream
+
+    def close(self, request_id: str) -> None:
+        stream = self._streams.pop(request_id, None)
+        if stream is not None:
+            stream.send.close()
+        if not self._streams:
+            self._empty.set()
+
+    async def wait_empty(self) -> None:
+        await self._empty.wait()
+
+    def dispatch(
+        self, batch: StreamBatch, now: float, listeners: list[EventListener]
+    ) -> list[str]:
+        """Deliver the batch; return ids of readers cut off for being too slow."""
+        cut_off: list[str] = []
+        for event in batch.events:
+            for listener in listeners:
+                listener(event, now)
+            stream = self._streams.get(event.request_id)
+            if stream is None or stream.is_overflowed:
+                continue  # the client left; its abort is on the way
+            try:
+                stream.send.send_nowait(event)
+            except anyio.WouldBlock:
+                stream.is_overflowed = True
+                stream.send.close()
+                cut_off.append(event.request_id)
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                continue
+            if event.is_terminal:
+                stream.send.close()
+        return cut_off
+
+    def fail_all(self, message: str) -> None:
+        """Give every open stream a Failed terminal event (engine crash or forced stop)."""
+        for request_id, stream in list(self._streams.items()):
+            if not stream.is_overflowed:
+                try:
+                    stream.send.send_nowait(Failed(request_id=request_id, message=message))
+                except (anyio.WouldBlock, anyio.BrokenResourceError, anyio.ClosedResourceError):
+                    stream.is_overflowed = True
+            stream.send.close()

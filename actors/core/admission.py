@@ -1,0 +1,120 @@
+"""Admission core: checks lengths and sampling parameters, bounds the work in the engine."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from troupe.actors.core.base import Outgoing
+from troupe.messages import (
+    AbortRequest,
+    AdmissionInbox,
+    AdmittedRequest,
+    ParamError,
+    RejectCode,
+    RequestRejected,
+    RequestsEnded,
+    TokenizedRequest,
+)
+
+
+class AdmissionCore:
+    """Inbox: TokenizedRequest, AbortRequest, RequestsEnded.
+    Outboxes: "scheduler" (AdmittedRequest, AbortRequest), "streamer" (RequestRejected).
+
+    Counts every admitted request until the Streamer reports its terminal event, and turns new
+    work away with OVERLOADED once `max_num_seqs + max_queued_requests` requests or
+    `max_queued_tokens` prompt tokens are in the engine. Rejections say which limit broke.
+    """
+
+    def __init__(
+        self,
+        *,
+        max_model_len: int,
+        vocab_size: int,
+        max_num_seqs: int,
+        max_queued_requests: int,
+        max_queued_tokens: int,
+        max_logprobs: int = 20,
+    ) -> None:
+        self.max_model_len = max_model_len
+        self.vocab_size = vocab_size
+        self.max_requests = max_num_seqs + max_queued_requests
+        self.max_queued_tokens = max_queued_tokens
+        self.max_logprobs = max_logprobs
+        self._num_tokens: dict[str, int] = {}  # request id -> prompt tokens, while in the engine
+        self._total_tokens = 0
+        self.is_closed = False  # set by the engine at shutdown
+
+    @property
+    def num_in_flight(self) -> int:
+        return len(self._num_tokens)
+
+    def handle(self, batch: Sequence[AdmissionInbox]) -> Outgoing:
+        out: Outgoing = []
+        for msg in batch:
+            match msg:
+                case TokenizedRequest():
+                    out.append(self._admit(msg))
+                case AbortRequest():
+                    out.append(("scheduler", msg))
+                case RequestsEnded():
+                    for request_id in msg.request_ids:
+                        self._total_tokens -= self._num_tokens.pop(request_id, 0)
+        return out
+
+    def _admit(self, req: TokenizedRequest) -> tuple[str, RequestRejected | AdmittedRequest]:
+        problem = self._check(req)
+        if problem is not None:
+            code, field, message = problem
+            return "streamer", RequestRejected(
+                request_id=req.request_id, code=code, field=field, message=message
+            )
+        num_prompt = len(req.prompt_token_ids)
+        self._num_tokens[req.request_id] = num_prompt
+        self._total_tokens += num_prompt
+        return "scheduler", AdmittedRequest(
+            request_id=req.request_id,
+            prompt_token_ids=req.prompt_token_ids,
+            params=req.params,
+            arrival_time=req.arrival_time,
+            max_total_tokens=min(num_prompt + req.params.max_tokens, self.max_model_len),
+        )
+
+    def _check(self, req: TokenizedRequest) -> tuple[RejectCode, str | None, str] | None:
+        if req.request_id in self._num_tokens:
+            return (
+                RejectCode.INVALID_REQUEST,
+                "request_id",
+                f"request_id {req.request_id!r} is already in use",
+            )
+        try:
+            req.params.check(max_logprobs=self.max_logprobs, vocab_size=self.vocab_size)
+        except ParamError as exc:
+            return RejectCode.INVALID_REQUEST, exc.field, str(exc)
+        num_prompt = len(req.prompt_token_ids)
+        if num_prompt == 0:
+            return RejectCode.INVALID_REQUEST, "prompt", "prompt is empty"
+        if num_prompt >= self.max_model_len:
+            return (
+                RejectCode.TOO_LONG,
+                "prompt",
+                f"prompt has {num_prompt} tokens; max_model_len is {self.max_model_len} "
+                "(the prompt must leave room for at least one generated token)",
+            )
+        if self.is_closed:
+            return RejectCode.SHUTTING_DOWN, None, "the engine is shutting down"
+        if len(self._num_tokens) >= self.max_requests:
+            return (
+                RejectCode.OVERLOADED,
+                None,
+                f"overloaded: {len(self._num_tokens)} requests in flight "
+                f"(limit max_num_seqs + max_queued_requests = {self.max_requests})",
+            )
+        if self._total_tokens + num_prompt > self.max_queued_tokens:
+            return (
+                RejectCode.OVERLOADED,
+                None,
+                f"overloaded: {self._total_tokens} prompt tokens in flight; "
+                f"adding {num_prompt} would pass max_queued_tokens = {self.max_queued_tokens}",
+            )
+        return None

@@ -1,0 +1,25 @@
+"""What every actor core is: a synchronous function of its inbox batches.
+
+The async shell (actors/shell.py) receives a batch, calls `handle`, and sends what it returns;
+trace replay (ops/replay.py) calls `handle` with recorded batches and compares the outputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol, TypeVar
+
+import msgspec
+
+# (outbox name, message): the outbox is named after the actor that receives it.
+Outgoing = list[tuple[str, msgspec.Struct]]
+
+InboxT = TypeVar("InboxT", contravariant=True)
+
+ACTOR_NAMES = ("tokenizer", "admission", "scheduler", "allocator", "executor", "streamer", "client")
+
+
+class Core(Protocol[InboxT]):
+    """A deterministic state machine: same inbox batches in, same messages out."""
+
+    def handle(self, batch: Sequence[InboxT]) -> Outgoing: ...

@@ -1,0 +1,43 @@
+"""Executor core: runs each StepPlan on the runner and answers one StepResult."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+import structlog
+
+from troupe.actors.core.base import Outgoing
+from troupe.gpu.runner import Runner
+from troupe.messages import StepPlan, StepResult
+
+log = structlog.get_logger("troupe.executor")
+
+
+class ExecutorCore:
+    """Inbox: StepPlan. Outbox: "scheduler" (StepResult).
+
+    A runner exception fails only that step: the scheduler turns the error into Failed events
+    for the step's requests and the engine keeps serving the others.
+    """
+
+    def __init__(self, runner: Runner, clock: Callable[[], float] = time.monotonic) -> None:
+        self.runner = runner
+        self._clock = clock
+
+    def handle(self, batch: Sequence[StepPlan]) -> Outgoing:
+        out: Outgoing = []
+        for plan in batch:
+            try:
+                sampled = self.runner.execute(plan)
+            except Exception as exc:
+                log.exception("step failed", step_id=plan.step_id)
+                result = StepResult(
+                    step_id=plan.step_id,
+                    time=self._clock(),
+                    error=f"{type(exc).__name__}: {exc}",
+                )
+            else:
+                result = StepResult(step_id=plan.step_id, time=self._clock(), sampled=sampled)
+            out.append(("scheduler", result))
+        return out

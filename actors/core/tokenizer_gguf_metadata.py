@@ -1,0 +1,116 @@
+"""Read the key/value metadata of a GGUF file, and nothing else.
+
+The `gguf` package's reader parses every tensor header and wraps each array element in numpy
+views, which takes seconds for a 49k-token vocabulary. The tokenizer needs only the metadata
+section at the front of the file, so this reader walks it with `struct` and stops before the
+tensor infos. Layout (little-endian, GGUF v2/v3):
+
+    magic "GGUF" | version u32 | tensor_count u64 | kv_count u64 | kv_count * (key, type, value)
+    key    = u64 length + utf-8 bytes
+    value  = scalar | string (u64 length + bytes) | array (elem type u32, count u64, elems)
+"""
+
+from __future__ import annotations
+
+import mmap
+import struct
+from pathlib import Path
+
+MetadataValue = int | float | bool | str | bytes | list["MetadataValue"]
+
+# GGUF value type -> struct format of one scalar element.
+_SCALARS: dict[int, str] = {
+    0: "<B",  # UINT8
+    1: "<b",  # INT8
+    2: "<H",  # UINT16
+    3: "<h",  # INT16
+    4: "<I",  # UINT32
+    5: "<i",  # INT32
+    6: "<f",  # FLOAT32
+    7: "<?",  # BOOL
+    10: "<Q",  # UINT64
+    11: "<q",  # INT64
+    12: "<d",  # FLOAT64
+}
+_STRING = 8
+_ARRAY = 9
+
+
+class GGUFFormatError(ValueError):
+    """The file is not a readable GGUF file; the message names the file."""
+
+
+def read_gguf_metadata(path: Path) -> dict[str, MetadataValue]:
+    """All metadata keys of the GGUF file at `path`. Strings come back as `str` when they are
+    valid UTF-8, else as `bytes` (token texts are not guaranteed to be valid UTF-8)."""
+    try:
+        with open(path, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+            return _Parser(buf, path).parse()
+    except (struct.error, IndexError) as exc:
+        raise GGUFFormatError(f"{path}: truncated or corrupt GGUF metadata ({exc})") from exc
+    except ValueError as exc:  # mmap of an empty file
+        if isinstance(exc, GGUFFormatError):
+            raise
+        raise GGUFFormatError(f"{path}: not a GGUF file ({exc})") from exc
+
+
+class _Parser:
+    def __init__(self, data: mmap.mmap, path: Path) -> None:
+        self._data = data
+        self._pos = 0
+        self._path = path
+
+    def parse(self) -> dict[str, MetadataValue]:
+        if self._data[:4] != b"GGUF":
+            raise GGUFFormatError(f"{self._path}: not a GGUF file (bad magic {self._data[:4]!r})")
+        self._pos = 4
+        version = self._unpack("<I")
+        if version not in (2, 3):
+            raise GGUFFormatError(f"{self._path}: unsupported GGUF version {version} (need 2 or 3)")
+        self._unpack("<Q")  # tensor count: not needed here
+        num_kv = self._unpack("<Q")
+        metadata: dict[str, MetadataValue] = {}
+        for _ in range(num_kv):
+            key = self._string()
+            value_type = self._unpack("<I")
+            metadata[key if isinstance(key, str) else key.decode("utf-8", "replace")] = self._value(
+                value_type
+            )
+        return metadata
+
+    def _unpack(self, fmt: str) -> int:
+        (value,) = struct.unpack_from(fmt, self._data, self._pos)
+        self._pos += struct.calcsize(fmt)
+        return int(value)
+
+    def _string(self) -> str | bytes:
+        length = self._unpack("<Q")
+        raw = self._data[self._pos : self._pos + length]
+        if len(raw) != length:
+            raise GGUFFormatError(f"{self._path}: string runs past the end of the metadata")
+        self._pos += length
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return raw
+
+    def _value(self, value_type: int) -> MetadataValue:
+        if value_type == _STRING:
+            return self._string()
+        if value_type == _ARRAY:
+            elem_type = self._unpack("<I")
+            count = self._unpack("<Q")
+            if elem_type in _SCALARS:
+                fmt = _SCALARS[elem_type]
+                size = struct.calcsize(fmt)
+                values = struct.unpack_from(f"<{count}{fmt[1]}", self._data, self._pos)
+                self._pos += size * count
+                return list(values)
+            return [self._value(elem_type) for _ in range(count)]
+        fmt = _SCALARS.get(value_type)
+        if fmt is None:
+            raise GGUFFormatError(f"{self._path}: unknown GGUF value type {value_type}")
+        (value,) = struct.unpack_from(fmt, self._data, self._pos)
+        self._pos += struct.calcsize(fmt)
+        result: MetadataValue = value
+        return result

@@ -1,0 +1,307 @@
+"""The Engine: builds the actor graph, supervises it, and is the public API.
+
+    client ─► tokenizer ─► admission ─► scheduler ◄─► allocator
+                  │            │          │  ▲
+                  ▼            ▼          ▼  │
+               streamer ◄──────┴──── scheduler ◄── executor ◄── scheduler (StepPlan)
+                  │
+                  ▼
+            ClientStreams (one bounded channel per request) ─► engine.generate()
+
+Channel buffers: the client edge (tokenizer inbox) is bounded, so callers feel backpressure.
+Admission and scheduler inboxes sit on cycles (streamer → admission → streamer; streamer →
+scheduler → streamer; executor and allocator answer the scheduler), so they are unbounded; what
+is in flight is bounded by admission's limits instead. The streamer and client inboxes hold a
+few batches so the scheduler can start the next step while text is being detokenized.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import structlog
+from anyio.abc import TaskGroup, TaskStatus
+from anyio.streams.memory import MemoryObjectSendStream
+
+from troupe.actors.client_streams import ClientStreams, EventListener
+from troupe.actors.executor import ExecutorSetup, start_executor
+from troupe.actors.graph import CORE_ACTORS, _tokenizer, build_core
+from troupe.actors.request_input import RequestInputError, to_generate_request
+from troupe.actors.shell import Actor
+from troupe.config import EngineConfig
+from troupe.messages import (
+    AbortRequest,
+    EngineStats,
+    Failed,
+    Rejected,
+    RejectCode,
+    SamplingParams,
+    StreamBatch,
+    StreamEvent,
+)
+from troupe.messages.trace import TRACE_VERSION, TraceHeader, TraceWriter
+
+log = structlog.get_logger("troupe.engine")
+
+# Which actors each actor sends to (outbox names are receiving actors).
+OUTBOXES: dict[str, tuple[str, ...]] = {
+    "tokenizer": ("admission", "streamer"),
+    "admission": ("scheduler", "streamer"),
+    "scheduler": ("allocator", "executor", "streamer"),
+    "allocator": ("scheduler",),
+    "executor": ("scheduler",),
+    "streamer": ("client", "scheduler", "admission"),
+}
+INBOX_BUFFERS: dict[str, float] = {
+    "tokenizer": 64,  # the client edge: bounded, so callers feel backpressure
+    "admission": math.inf,  # on the streamer <-> admission cycle
+    "scheduler": math.inf,  # on every cycle; admission bounds what is in flight
+    "allocator": 0,
+    "executor": 0,
+    "streamer": 8,  # lets the scheduler start the next step while text is detokenized
+    "client": 8,
+}
+
+
+class EngineStopped(RuntimeError):
+    """The engine is closed or crashed; no more requests are taken."""
+
+
+class Engine:
+    """An actor graph around one executor. Open with `Engine.open(config)` or
+    `Engine.start(config, task_group)`; stream with `engine.generate(...)`."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.model_name = ""
+        self.max_model_len = 0
+        self.tokenizer: Any = None
+        self.error: BaseException | None = None
+        self._streams = ClientStreams(config.max_stream_buffer)
+        self._listeners: list[EventListener] = []
+        self._stats = EngineStats()
+        self._to_tokenizer: MemoryObjectSendStream[Any] | None = None
+        self._cancel_scope = anyio.CancelScope()
+        self._stopped = anyio.Event()
+        self._is_closing = False
+        self._tg: TaskGroup | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    @classmethod
+    @asynccontextmanager
+    async def open(cls, config: EngineConfig | None = None) -> AsyncIterator[Engine]:
+        """Start an engine in its own task group; stop it on exit."""
+        async with anyio.create_task_group() as tg:
+            engine = await cls.start(config or EngineConfig(), tg)
+            try:
+                yield engine
+            finally:
+                await engine.aclose()
+
+    @classmethod
+    async def start(cls, config: EngineConfig, task_group: TaskGroup) -> Engine:
+        """Start inside a caller's task group (a trio nursery works too, via anyio)."""
+        engine = cls(config)
+        await task_group.start(engine._run)
+        return engine
+
+    async def aclose(self, grace: float = 5.0) -> None:
+        """Abort what is in flight, wait up to `grace` s for terminal events, stop the actors."""
+        if not self._is_closing:
+            self._is_closing = True
+            with anyio.CancelScope(shield=True):
+                if not self._stopped.is_set():
+                    await self.abort_all("engine shutting down")
+                    with anyio.move_on_after(grace):
+                        await self._streams.wait_empty()
+                self._streams.fail_all("engine stopped before this request finished")
+                self._cancel_scope.cancel()
+                await self._stopped.wait()
+        if self.error is not None:
+            raise EngineStopped(f"the engine crashed: {self.error!r}") from self.error
+
+    async def _run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        config = self.config
+        setup: ExecutorSetup = await anyio.to_thread.run_sync(start_executor, config)
+        self.model_name = setup.model_name
+        self.max_model_len = setup.max_model_len
+        self.tokenizer = await anyio.to_thread.run_sync(_tokenizer, setup.model_path)
+        tracer = None
+        if config.trace_path:
+            header = TraceHeader(
+                version=TRACE_VERSION,
+                created=time.strftime("%Y-%m-%dT%H:%M:%S"),
+                engine_config=_config_dict(config),
+                core_args=setup.core_args,
+            )
+            tracer = TraceWriter(config.trace_path, header)
+        senders, receivers = {}, {}
+        for name, size in INBOX_BUFFERS.items():
+            senders[name], receivers[name] = anyio.create_memory_object_stream[Any](size)
+        actors = [
+            Actor(
+                name,
+                build_core(name, setup.core_args[name]),
+                receivers[name],
+                {dest: senders[dest].clone() for dest in OUTBOXES[name]},
+                tracer=tracer,
+                in_thread=name == "tokenizer",
+            )
+            for name in CORE_ACTORS
+        ]
+        actors.append(
+            Actor(
+                "executor",
+                setup.core,
+                receivers["executor"],
+                {"scheduler": senders["scheduler"].clone()},
+                tracer=tracer,
+                in_thread=True,
+                max_batch=1,
+            )
+        )
+        self._to_tokenizer = senders["tokenizer"]
+        for name, sender in senders.items():
+            if name != "tokenizer":
+                sender.close()  # only the clones held by actors keep inboxes open
+        try:
+            with self._cancel_scope:
+                async with anyio.create_task_group() as tg:
+                    self._tg = tg
+                    tg.start_soon(self._route, receivers["client"])
+                    for actor in actors:
+                        await tg.start(actor.run)
+                    log.info("engine ready", model=self.model_name, **_pool_sizes(setup))
+                    task_status.started()
+        except Exception as exc:  # an actor crashed: fail its requests, keep the caller alive
+            self.error = exc
+            log.exception("engine crashed")
+            self._streams.fail_all(f"engine failure: {exc!r}")
+        finally:
+            self._is_closing = True
+            with anyio.CancelScope(shield=True):
+                await self._to_tokenizer.aclose()
+                if tracer is not None:
+                    tracer.close()
+                await anyio.to_thread.run_sync(setup.core.runner.close)
+            self._stopped.set()
+
+    async def _route(self, inbox: Any) -> None:
+        async with inbox:
+            async for batch in inbox:
+                assert isinstance(batch, StreamBatch), batch
+                if batch.stats is not None:
+                    self._stats = batch.stats
+                cut_off = self._streams.dispatch(batch, time.monotonic(), self._listeners)
+                for request_id in cut_off:
+                    assert self._tg is not None
+                    self._tg.start_soon(self._send_abort, request_id, "stream reader too slow")
+
+    async def _send_abort(self, request_id: str, reason: str) -> None:
+        if self._to_tokenizer is not None and not self._stopped.is_set():
+            try:
+                await self._to_tokenizer.send(AbortRequest(request_id=request_id, reason=reason))
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                pass
+
+    # -- public API ----------------------------------------------------------------------------
+
+    def stats(self) -> EngineStats:
+        """Latest snapshot published by the scheduler."""
+        return self._stats
+
+    @property
+    def num_active(self) -> int:
+        """Requests whose stream is still open."""
+        return len(self._streams)
+
+    def add_event_listener(self, listener: EventListener) -> None:
+        """Call `listener(event, now)` for every event the engine dispatches (metrics)."""
+        self._listeners.append(listener)
+
+    async def abort_all(self, reason: str = "aborted") -> None:
+        for request_id in self._streams.ids():
+            await self._send_abort(request_id, reason)
+
+    async def generate(
+        self,
+        prompt: str | Sequence[int] | Sequence[Mapping[str, Any]] | Sequence[Any],
+        params: SamplingParams | Mapping[str, Any] | None = None,
+        *,
+        request_id: str | None = None,
+    ) -> AsyncIterator[StreamEvent]:
+        """Stream one request's events: Deltas, then exactly one terminal event.
+
+        Leaving the loop early (break, cancellation) aborts the request and frees its blocks.
+        """
+        request_id = request_id or f"req-{next(_ids)}"
+        try:
+            request = to_generate_request(request_id, prompt, params, time.monotonic())
+        except RequestInputError as exc:
+            yield self._reject_here(request_id, RejectCode.INVALID_REQUEST, exc.field, str(exc))
+            return
+        if self._is_closing or self._to_tokenizer is None:
+            reason = "the engine is shutting down"
+            yield self._reject_here(request_id, RejectCode.SHUTTING_DOWN, None, reason)
+            return
+        if request_id in self._streams:
+            message = f"request_id {request_id!r} is already in use"
+            yield self._reject_here(request_id, RejectCode.INVALID_REQUEST, "request_id", message)
+            return
+        stream = self._streams.open(request_id)
+        is_done = False
+        try:
+            await self._to_tokenizer.send(request)
+            async with stream.receive:
+                async for event in stream.receive:
+                    is_done = event.is_terminal
+                    yield event
+                    if is_done:
+                        return
+            is_done = True
+            yield stream.overflow_event() if stream.is_overflowed else Failed(
+                request_id=request_id, message="engine stopped before this request finished"
+            )
+        finally:
+            self._streams.close(request_id)
+            if not is_done:
+                with anyio.CancelScope(shield=True):
+                    await self._send_abort(request_id, "client went away")
+
+    def _reject_here(
+        self, request_id: str, code: RejectCode, field: str | None, message: str
+    ) -> Rejected:
+        event = Rejected(request_id=request_id, code=code, field=field, message=message)
+        now = time.monotonic()
+        for listener in self._listeners:
+            listener(event, now)
+        return event
+
+
+class _Counter:
+    def __init__(self) -> None:
+        self._next = 0
+
+    def __next__(self) -> int:
+        self._next += 1
+        return self._next
+
+
+_ids = _Counter()
+
+
+def _config_dict(config: EngineConfig) -> dict[str, Any]:
+    import dataclasses
+
+    return dataclasses.asdict(config)
+
+
+def _pool_sizes(setup: ExecutorSetup) -> dict[str, int]:
+    sched = setup.core_args["scheduler"]
+    return {"num_gpu_blocks": sched["num_gpu_blocks"], "num_cpu_blocks": sched["num_cpu_blocks"]}

@@ -1,0 +1,63 @@
+"""Executor set-up: the only place outside the executor core that touches gpu/.
+
+Builds the runner (model load, KV pools sized from memory) off the event loop and derives the
+numbers every other core is built from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from troupe.actors.core.executor import ExecutorCore
+from troupe.actors.graph import core_args
+from troupe.config import DEFAULT_MODEL_NAME, EngineConfig, resolve_model_path
+from troupe.gpu.runner import build_runner
+
+
+@dataclass(frozen=True)
+class ExecutorSetup:
+    core: ExecutorCore
+    model_path: str
+    model_name: str
+    max_model_len: int
+    core_args: dict[str, dict[str, Any]]
+
+
+def start_executor(config: EngineConfig) -> ExecutorSetup:
+    """Load the model and size the pools (blocking: run it in a worker thread)."""
+    path = resolve_model_path(config.model)
+    runner = build_runner(config)
+    max_model_len = runner.max_model_len
+    if config.max_model_len is not None:
+        max_model_len = min(max_model_len, config.max_model_len)
+    args = core_args(
+        model_path=str(path),
+        block_size=runner.block_size,
+        num_gpu_blocks=runner.num_gpu_blocks,
+        num_cpu_blocks=runner.num_cpu_blocks,
+        vocab_size=runner.vocab_size,
+        max_model_len=max_model_len,
+        eos_token_ids=tuple(runner.eos_token_ids),
+        max_num_seqs=config.max_num_seqs,
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        enable_prefix_caching=config.enable_prefix_caching,
+        preemption_mode=config.preemption_mode,
+        max_queued_requests=config.max_queued_requests,
+        max_queued_tokens=config.max_queued_tokens,
+    )
+    return ExecutorSetup(
+        core=ExecutorCore(runner),
+        model_path=str(path),
+        model_name=model_name(config.model, path),
+        max_model_len=max_model_len,
+        core_args=args,
+    )
+
+
+def model_name(model: str | None, path: Path) -> str:
+    """The id clients use for the model (`/v1/models`)."""
+    if model is None:
+        return DEFAULT_MODEL_NAME
+    return path.stem if path.is_file() else path.name

@@ -1,0 +1,90 @@
+"""How the graph's cores are built: from plain constructor arguments, so that a trace header
+can record them and replay can build the same cores without a model or a GPU."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from typing import Any
+
+from troupe.actors.core.admission import AdmissionCore
+from troupe.actors.core.base import Core
+
+# Receiving actors, downstream first: the order the engine starts them in.
+CORE_ACTORS = ("streamer", "scheduler", "allocator", "admission", "tokenizer")
+
+
+@functools.lru_cache(maxsize=4)
+def _tokenizer(model_path: str) -> Any:
+    from troupe.actors.core.tokenizer_files import load_tokenizer
+
+    return load_tokenizer(model_path)
+
+
+def build_core(name: str, args: Mapping[str, Any]) -> Core[Any]:
+    """A fresh core for actor `name` from its recorded constructor arguments."""
+    if name == "tokenizer":
+        from troupe.actors.core.tokenizer import TokenizerCore
+
+        return TokenizerCore(_tokenizer(args["model_path"]))
+    if name == "streamer":
+        from troupe.actors.core.streamer import StreamerCore
+
+        return StreamerCore(_tokenizer(args["model_path"]))
+    if name == "admission":
+        return AdmissionCore(**args)
+    if name == "scheduler":
+        from troupe.actors.core.scheduler import SchedulerCore
+
+        return SchedulerCore(**args)
+    if name == "allocator":
+        from troupe.actors.core.allocator import AllocatorCore
+
+        return AllocatorCore(**args)
+    raise ValueError(f"unknown actor {name!r}; expected one of {', '.join(CORE_ACTORS)}")
+
+
+def core_args(
+    *,
+    model_path: str,
+    block_size: int,
+    num_gpu_blocks: int,
+    num_cpu_blocks: int,
+    vocab_size: int,
+    max_model_len: int,
+    eos_token_ids: tuple[int, ...],
+    max_num_seqs: int,
+    max_num_batched_tokens: int,
+    enable_prefix_caching: bool,
+    preemption_mode: str,
+    max_queued_requests: int,
+    max_queued_tokens: int,
+) -> dict[str, dict[str, Any]]:
+    """Constructor arguments of every core, from the config and the runner's numbers."""
+    return {
+        "tokenizer": {"model_path": model_path},
+        "streamer": {"model_path": model_path},
+        "admission": {
+            "max_model_len": max_model_len,
+            "vocab_size": vocab_size,
+            "max_num_seqs": max_num_seqs,
+            "max_queued_requests": max_queued_requests,
+            "max_queued_tokens": max_queued_tokens,
+        },
+        "scheduler": {
+            "block_size": block_size,
+            "num_gpu_blocks": num_gpu_blocks,
+            "num_cpu_blocks": num_cpu_blocks,
+            "max_num_seqs": max_num_seqs,
+            "max_num_batched_tokens": max_num_batched_tokens,
+            "enable_prefix_caching": enable_prefix_caching,
+            "preemption_mode": preemption_mode,
+            "eos_token_ids": list(eos_token_ids),
+        },
+        "allocator": {
+            "block_size": block_size,
+            "num_gpu_blocks": num_gpu_blocks,
+            "num_cpu_blocks": num_cpu_blocks,
+            "enable_prefix_caching": enable_prefix_caching,
+        },
+    }

@@ -1,0 +1,78 @@
+"""`generate_batch`: the synchronous entry point for offline batch jobs."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+
+from troupe.actors.engine import Engine
+from troupe.config import EngineConfig
+from troupe.messages import Delta, SamplingParams, Timings, Usage
+
+
+@dataclass
+class Completion:
+    """One prompt's whole output. `error` is set when it did not finish normally."""
+
+    request_id: str
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    usage: Usage | None = None
+    timings: Timings | None = None
+    error: str | None = None
+
+
+def generate_batch(
+    prompts: Sequence[Any],
+    params: SamplingParams | Mapping[str, Any] | Sequence[SamplingParams] | None = None,
+    config: EngineConfig | None = None,
+    *,
+    progress: bool = True,
+    backend: str = "asyncio",
+) -> list[Completion]:
+    """Run every prompt to completion and return the outputs in prompt order.
+
+    `params` is one SamplingParams for all prompts or one per prompt. Shows a tqdm progress bar
+    of finished requests unless `progress=False`.
+    """
+    if isinstance(params, Sequence) and not isinstance(params, Mapping):
+        if len(params) != len(prompts):
+            raise ValueError(f"got {len(params)} params for {len(prompts)} prompts")
+        per_prompt = list(params)
+    else:
+        per_prompt = [params] * len(prompts)  # type: ignore[list-item]
+    results = [Completion(request_id=f"batch-{i}") for i in range(len(prompts))]
+
+    async def run_all() -> None:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(prompts), disable=not progress, unit="req")
+        async with Engine.open(config or EngineConfig()) as engine:
+
+            async def one(index: int) -> None:
+                out = results[index]
+                async for event in engine.generate(
+                    prompts[index], per_prompt[index], request_id=out.request_id
+                ):
+                    out.text += event.text
+                    out.token_ids.extend(event.token_ids)
+                    if isinstance(event, Delta):
+                        continue
+                    out.finish_reason = str(event.finish_reason)
+                    out.usage = getattr(event, "usage", None)
+                    out.timings = getattr(event, "timings", None)
+                    message = getattr(event, "message", None)
+                    out.error = message if isinstance(message, str) else None
+                bar.update(1)
+
+            async with anyio.create_task_group() as tg:
+                for index in range(len(prompts)):
+                    tg.start_soon(one, index)
+        bar.close()
+
+    anyio.run(run_all, backend=backend)
+    return results

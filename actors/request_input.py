@@ -1,0 +1,83 @@
+"""Turning what a caller passes to `Engine.generate` into a GenerateRequest."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import msgspec
+
+from troupe.messages import ChatMessage, GenerateRequest, SamplingParams
+
+
+class RequestInputError(ValueError):
+    """The request is malformed; `field` names the part at fault."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+_PATH = re.compile(r"at `\$\.?([A-Za-z_][\w]*)")
+_UNKNOWN = re.compile(r"unknown field `([^`]+)`")
+
+
+def _field_of(exc: msgspec.ValidationError, default: str) -> str:
+    text = str(exc)
+    match = _UNKNOWN.search(text) or _PATH.search(text)
+    return match.group(1) if match else default
+
+
+def to_sampling_params(params: SamplingParams | Mapping[str, Any] | None) -> SamplingParams:
+    if params is None:
+        return SamplingParams()
+    if isinstance(params, SamplingParams):
+        return params
+    if not isinstance(params, Mapping):
+        raise RequestInputError("params", "params must be SamplingParams or a mapping")
+    try:
+        return msgspec.convert(dict(params), SamplingParams)
+    except msgspec.ValidationError as exc:
+        raise RequestInputError(_field_of(exc, "params"), f"invalid sampling params: {exc}") from exc
+
+
+def to_generate_request(
+    request_id: str,
+    prompt: Any,
+    params: SamplingParams | Mapping[str, Any] | None,
+    arrival_time: float,
+) -> GenerateRequest:
+    """Classify the prompt (text, chat messages or token ids) and convert params."""
+    sampling = to_sampling_params(params)
+    if isinstance(prompt, str):
+        return GenerateRequest(
+            request_id=request_id, params=sampling, arrival_time=arrival_time, prompt=prompt
+        )
+    if not isinstance(prompt, Sequence):
+        raise RequestInputError(
+            "prompt", "prompt must be a string, a list of chat messages or a list of token ids"
+        )
+    items = list(prompt)
+    if all(isinstance(t, int) and not isinstance(t, bool) for t in items):
+        return GenerateRequest(
+            request_id=request_id,
+            params=sampling,
+            arrival_time=arrival_time,
+            prompt_token_ids=tuple(items),
+        )
+    messages = []
+    for index, item in enumerate(items):
+        if isinstance(item, ChatMessage):
+            messages.append(item)
+            continue
+        try:
+            messages.append(msgspec.convert(item, ChatMessage))
+        except msgspec.ValidationError as exc:
+            raise RequestInputError("messages", f"messages[{index}] is invalid: {exc}") from exc
+    return GenerateRequest(
+        request_id=request_id,
+        params=sampling,
+        arrival_time=arrival_time,
+        messages=tuple(messages),
+    )

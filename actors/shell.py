@@ -1,0 +1,80 @@
+"""The async shell every actor runs in: receive a batch, hand it to the core, send the results.
+
+Blocks for the first message, then drains what else is waiting without blocking (up to
+`max_batch`), so a busy inbox is answered in one batch (mini-sglang's tokenize worker does the
+same). When the inbox closes, the actor closes its outboxes and returns.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from contextlib import AsyncExitStack
+from typing import Any
+
+import anyio
+import msgspec
+from anyio.abc import TaskStatus
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from troupe.actors.core.base import Core
+from troupe.messages.trace import TraceWriter
+
+
+class Actor:
+    """One actor: a name, a core, an inbox and its outboxes (keyed by receiving actor)."""
+
+    def __init__(
+        self,
+        name: str,
+        core: Core[Any],
+        inbox: MemoryObjectReceiveStream[Any],
+        outboxes: Mapping[str, MemoryObjectSendStream[Any]],
+        *,
+        max_batch: int = 256,
+        in_thread: bool = False,
+        tracer: TraceWriter | None = None,
+    ) -> None:
+        self.name = name
+        self.core = core
+        self._inbox = inbox
+        self._outboxes = dict(outboxes)
+        self._max_batch = max_batch
+        self._in_thread = in_thread  # GPU work and long tokenization stay off the event loop
+        self._tracer = tracer
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        async with AsyncExitStack() as stack:
+            await stack.enter_async_context(self._inbox)
+            for outbox in self._outboxes.values():
+                await stack.enter_async_context(outbox)
+            task_status.started()
+            batch_no = 0
+            async for first in self._inbox:
+                batch = self._drain(first)
+                if self._tracer is not None:
+                    self._record("recv", self.name, batch_no, batch)
+                if self._in_thread:
+                    out = await anyio.to_thread.run_sync(self.core.handle, batch)
+                else:
+                    out = self.core.handle(batch)
+                for dest, msg in out:
+                    if self._tracer is not None:
+                        self._record("send", dest, batch_no, (msg,))
+                    await self._outboxes[dest].send(msg)
+                batch_no += 1
+
+    def _drain(self, first: Any) -> list[Any]:
+        batch = [first]
+        while len(batch) < self._max_batch:
+            try:
+                batch.append(self._inbox.receive_nowait())
+            except (anyio.WouldBlock, anyio.EndOfStream):
+                break
+        return batch
+
+    def _record(self, kind: str, channel: str, batch_no: int, msgs: Sequence[msgspec.Struct]) -> None:
+        assert self._tracer is not None
+        now = time.monotonic()
+        for msg in msgs:
+            self._tracer.record(kind, self.name, channel, batch_no, msg, now)  # type: ignore[arg-type]

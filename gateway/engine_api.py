@@ -1,0 +1,46 @@
+"""The slice of `troupe.Engine` the gateway uses, as a Protocol (tests may pass a stand-in)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+from troupe.messages import EngineStats, SamplingParams, StreamEvent
+
+Prompt = str | Sequence[Mapping[str, Any]] | Sequence[int]
+
+
+class TokenizerLike(Protocol):
+    def encode(self, text: str) -> Any: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+
+class EngineLike(Protocol):
+    """What the gateway needs of an engine."""
+
+    @property
+    def model_name(self) -> str: ...
+
+    @property
+    def max_model_len(self) -> int: ...
+
+    @property
+    def num_active(self) -> int: ...
+
+    @property
+    def tokenizer(self) -> TokenizerLike: ...
+
+    def stats(self) -> EngineStats: ...
+
+    def generate(
+        self,
+        prompt: Any,
+        params: SamplingParams | Mapping[str, Any] | None,
+        *,
+        request_id: str | None = None,
+    ) -> AsyncIterator[StreamEvent]: ...
+
+    def add_event_listener(self, fn: Callable[[StreamEvent, float], None]) -> None: ...
+
+    async def abort_all(self, reason: str) -> None: ...

@@ -1,0 +1,148 @@
+"""OpenAI response objects and stream chunks, built from engine events."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from troupe.gateway.engine_api import TokenizerLike
+from troupe.messages import TokenLogprob, Usage
+
+
+def usage_json(usage: Usage) -> dict[str, Any]:
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.total_tokens,
+        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+    }
+
+
+class ResponseBuilder:
+    """Shapes one request's answer: a full object, or chunks for SSE."""
+
+    def __init__(
+        self, kind: str, model: str, response_id: str, tokenizer: TokenizerLike | None
+    ) -> None:
+        self.kind = kind
+        self.model = model
+        self.id = response_id
+        self.created = int(time.time())
+        self._tokenizer = tokenizer
+        self._text_offset = 0  # completions logprobs: where each token starts in the text
+
+    # -- logprobs ------------------------------------------------------------------------------
+
+    def _token_text(self, token_id: int) -> str:
+        return self._tokenizer.decode([token_id]) if self._tokenizer is not None else ""
+
+    def logprobs_json(self, logprobs: Sequence[TokenLogprob] | None) -> dict[str, Any] | None:
+        """Completions: tokens/token_logprobs/top_logprobs/text_offset. Chat: content list."""
+        if logprobs is None:
+            return None
+        if self.kind == "chat":
+            content = []
+            for lp in logprobs:
+                token = self._token_text(lp.token_id)
+                content.append(
+                    {
+                        "token": token,
+                        "logprob": lp.logprob,
+                        "bytes": list(token.encode()),
+                        "top_logprobs": [
+                            {
+                                "token": (alt := self._token_text(tid)),
+                                "logprob": value,
+                                "bytes": list(alt.encode()),
+                            }
+                            for tid, value in lp.top
+                        ],
+                    }
+                )
+            return {"content": content}
+        tokens, offsets = [], []
+        for lp in logprobs:
+            token = self._token_text(lp.token_id)
+            tokens.append(token)
+            offsets.append(self._text_offset)
+            self._text_offset += len(token)
+        return {
+            "tokens": tokens,
+            "token_logprobs": [lp.logprob for lp in logprobs],
+            "top_logprobs": [{self._token_text(t): v for t, v in lp.top} for lp in logprobs],
+            "text_offset": offsets,
+        }
+
+    # -- whole response ------------------------------------------------------------------------
+
+    def full(
+        self,
+        text: str,
+        finish_reason: str,
+        usage: Usage,
+        logprobs: Sequence[TokenLogprob] | None,
+        stop_reason: str | int | None,
+    ) -> dict[str, Any]:
+        choice: dict[str, Any] = {"index": 0, "logprobs": self.logprobs_json(logprobs)}
+        if self.kind == "chat":
+            choice["message"] = {"role": "assistant", "content": text}
+        else:
+            choice["text"] = text
+        choice["finish_reason"] = finish_reason
+        choice["stop_reason"] = stop_reason  # vLLM's extra: the stop string or token id hit
+        return {
+            "id": self.id,
+            "object": "chat.completion" if self.kind == "chat" else "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": [choice],
+            "usage": usage_json(usage),
+        }
+
+    # -- stream chunks -------------------------------------------------------------------------
+
+    def _chunk(self, choices: list[dict[str, Any]], usage: Usage | None = None) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": "chat.completion.chunk" if self.kind == "chat" else "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+            "usage": usage_json(usage) if usage is not None else None,
+        }
+
+    def role_chunk(self) -> dict[str, Any]:
+        """Chat streams open with the assistant role (OpenAI does the same)."""
+        return self._chunk(
+            [
+                {
+                    "index": 0,
+                    "delta": {"role": "assistant", "content": ""},
+                    "logprobs": None,
+                    "finish_reason": None,
+                }
+            ]
+        )
+
+    def delta_chunk(
+        self,
+        text: str,
+        logprobs: Sequence[TokenLogprob] | None,
+        finish_reason: str | None = None,
+        stop_reason: str | int | None = None,
+    ) -> dict[str, Any]:
+        choice: dict[str, Any] = {"index": 0}
+        if self.kind == "chat":
+            choice["delta"] = {"content": text} if text or finish_reason is None else {}
+        else:
+            choice["text"] = text
+        choice["logprobs"] = self.logprobs_json(logprobs)
+        choice["finish_reason"] = finish_reason
+        if finish_reason is not None:
+            choice["stop_reason"] = stop_reason
+        return self._chunk([choice])
+
+    def usage_chunk(self, usage: Usage) -> dict[str, Any]:
+        """stream_options.include_usage: one last chunk with no choices and the usage."""
+        return self._chunk([], usage)

@@ -1,0 +1,100 @@
+"""GGUF (llama arch) reading: metadata to ModelConfig, tensors to HF names and layout."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from troupe.gpu.model_config import ModelConfig, ModelLoadError
+
+_TOP_LEVEL = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_PER_LAYER = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+
+
+def _open(path: Path) -> Any:
+    import gguf
+
+    try:
+        return gguf.GGUFReader(str(path))
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"{path}: not a readable GGUF file ({exc})") from exc
+
+
+def _fields(reader: Any) -> dict[str, Any]:
+    """Metadata as plain python values (token lists included)."""
+    return {name: field.contents() for name, field in reader.fields.items()}
+
+
+def read_gguf_config(path: Path) -> ModelConfig:
+    """ModelConfig from a GGUF file's metadata."""
+    reader = _open(path)
+    names = {t.name for t in reader.tensors}
+    fields = {k: v for k, v in _fields(reader).items() if k != "tokenizer.ggml.merges"}
+    return ModelConfig.from_gguf_fields(fields, has_output_weight="output.weight" in names)
+
+
+def unpermute_rotary(weight: np.ndarray, num_heads: int) -> np.ndarray:
+    """Undo llama.cpp's q/k row permutation (interleaved rotary pairs) back to HF's halves.
+
+    llama.cpp stores each head's rows as (pair, 2) where HF has (2, pair); swap them back.
+    """
+    rows = weight.shape[0]
+    half = rows // num_heads // 2
+    return (
+        weight.reshape(num_heads, half, 2, *weight.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(weight.shape)
+    )
+
+
+def iter_gguf_tensors(path: Path, config: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
+    """(HF name, fp32 tensor) for every tensor, dequantized with gguf.quants."""
+    import gguf
+
+    reader = _open(path)
+    for tensor in reader.tensors:
+        name = tensor.name
+        if name in _TOP_LEVEL:
+            hf_name = _TOP_LEVEL[name]
+        elif name.startswith("blk."):
+            _, index, rest = name.split(".", 2)
+            if rest not in _PER_LAYER:
+                continue  # e.g. rope_freqs: recomputed from the metadata
+            hf_name = f"model.layers.{index}.{_PER_LAYER[rest]}"
+        else:
+            continue
+        try:
+            data = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+        except NotImplementedError as exc:
+            raise ModelLoadError(
+                f"{path}: tensor {name!r} uses quantization {tensor.tensor_type.name}, "
+                "which the gguf package cannot dequantize"
+            ) from exc
+        data = np.asarray(data, dtype=np.float32)
+        if rest_is(name, "attn_q.weight"):
+            data = unpermute_rotary(data, config.num_heads)
+        elif rest_is(name, "attn_k.weight"):
+            data = unpermute_rotary(data, config.num_kv_heads)
+        yield hf_name, torch.from_numpy(np.ascontiguousarray(data))
+
+
+def rest_is(name: str, suffix: str) -> bool:
+    return name.startswith("blk.") and name.endswith("." + suffix)

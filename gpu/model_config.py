@@ -1,0 +1,162 @@
+"""ModelConfig: the shape of a decoder model, read from an HF config.json or GGUF metadata."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+
+
+class ModelLoadError(ValueError):
+    """A model file is missing or malformed; the message names the file and what was expected."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    """Everything the decoder module needs to know about a Llama/Qwen2/Qwen3 model."""
+
+    model_type: str
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: dict[str, Any] | None = None  # llama3: factor, low/high_freq_factor, ...
+    tie_word_embeddings: bool = False
+    qkv_bias: bool = False  # qwen2
+    qk_norm: bool = False  # qwen3
+    max_position_embeddings: int = 4096
+    eos_token_ids: tuple[int, ...] = ()
+    torch_dtype: torch.dtype = torch.float32
+
+    def __post_init__(self) -> None:
+        if self.model_type not in SUPPORTED_MODEL_TYPES:
+            raise ModelLoadError(
+                f"model_type {self.model_type!r} is not supported; "
+                f"expected one of {', '.join(SUPPORTED_MODEL_TYPES)}"
+            )
+        if self.num_heads % self.num_kv_heads:
+            raise ModelLoadError(
+                f"num_attention_heads ({self.num_heads}) must be a multiple of "
+                f"num_key_value_heads ({self.num_kv_heads})"
+            )
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    @classmethod
+    def from_hf_dict(
+        cls, cfg: dict[str, Any], generation_config: dict[str, Any] | None = None
+    ) -> ModelConfig:
+        """Build from the dict of an HF config.json (transformers 4 or 5 spelling)."""
+        model_type = cfg.get("model_type", "")
+        rope_params = cfg.get("rope_parameters") or {}
+        rope_theta = cfg.get("rope_theta", rope_params.get("rope_theta", 10000.0))
+        scaling = cfg.get("rope_scaling") or rope_params or None
+        if scaling is not None:
+            kind = scaling.get("rope_type", scaling.get("type", "default"))
+            if kind == "default":
+                scaling = None
+            elif kind != "llama3":
+                raise ModelLoadError(f"config.json: rope_scaling type {kind!r} is not supported")
+        num_heads = int(cfg["num_attention_heads"])
+        hidden = int(cfg["hidden_size"])
+        eos: list[int] = []
+        for source in (generation_config or {}, cfg):
+            value = source.get("eos_token_id")
+            for token in value if isinstance(value, list) else [value]:
+                if isinstance(token, int) and token not in eos:
+                    eos.append(token)
+        dtype_name = cfg.get("torch_dtype") or cfg.get("dtype") or "float32"
+        return cls(
+            model_type=model_type,
+            hidden_size=hidden,
+            num_layers=int(cfg["num_hidden_layers"]),
+            num_heads=num_heads,
+            num_kv_heads=int(cfg.get("num_key_value_heads") or num_heads),
+            head_dim=int(cfg.get("head_dim") or hidden // num_heads),
+            intermediate_size=int(cfg["intermediate_size"]),
+            vocab_size=int(cfg["vocab_size"]),
+            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(rope_theta),
+            rope_scaling=dict(scaling) if scaling else None,
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            qkv_bias=model_type == "qwen2" or bool(cfg.get("attention_bias", False)),
+            qk_norm=model_type == "qwen3",
+            max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
+            eos_token_ids=tuple(eos),
+            torch_dtype=getattr(torch, str(dtype_name), torch.float32),
+        )
+
+    @classmethod
+    def from_hf_folder(cls, folder: Path) -> ModelConfig:
+        """Read config.json (and generation_config.json when present) of an HF model folder."""
+        config_file = folder / "config.json"
+        if not config_file.is_file():
+            raise ModelLoadError(f"{config_file}: missing; an HF model folder needs config.json")
+        cfg = _read_json(config_file)
+        for key in ("num_attention_heads", "hidden_size", "num_hidden_layers", "vocab_size"):
+            if key not in cfg:
+                raise ModelLoadError(f"{config_file}: missing required key {key!r}")
+        gen_file = folder / "generation_config.json"
+        gen = _read_json(gen_file) if gen_file.is_file() else None
+        return cls.from_hf_dict(cfg, gen)
+
+    @classmethod
+    def from_gguf_fields(cls, fields: dict[str, Any], *, has_output_weight: bool) -> ModelConfig:
+        """Build from decoded GGUF metadata (key -> python value); only the llama arch."""
+        arch = fields.get("general.architecture")
+        if arch != "llama":
+            raise ModelLoadError(f"GGUF general.architecture {arch!r} is not supported; expected 'llama'")
+
+        def need(key: str) -> Any:
+            if f"llama.{key}" not in fields:
+                raise ModelLoadError(f"GGUF metadata is missing 'llama.{key}'")
+            return fields[f"llama.{key}"]
+
+        hidden = int(need("embedding_length"))
+        num_heads = int(need("attention.head_count"))
+        vocab = fields.get("llama.vocab_size")
+        if vocab is None:
+            vocab = len(fields.get("tokenizer.ggml.tokens", ()))
+        eos = fields.get("tokenizer.ggml.eos_token_id")
+        return cls(
+            model_type="llama",
+            hidden_size=hidden,
+            num_layers=int(need("block_count")),
+            num_heads=num_heads,
+            num_kv_heads=int(fields.get("llama.attention.head_count_kv", num_heads)),
+            head_dim=int(fields.get("llama.rope.dimension_count", hidden // num_heads)),
+            intermediate_size=int(need("feed_forward_length")),
+            vocab_size=int(vocab),
+            rms_norm_eps=float(fields.get("llama.attention.layer_norm_rms_epsilon", 1e-5)),
+            rope_theta=float(fields.get("llama.rope.freq_base", 10000.0)),
+            tie_word_embeddings=not has_output_weight,
+            max_position_embeddings=int(fields.get("llama.context_length", 4096)),
+            eos_token_ids=(int(eos),) if eos is not None else (),
+            torch_dtype=torch.float32,
+        )
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ModelLoadError(f"{path}: not readable JSON ({exc})") from exc
+    if not isinstance(data, dict):
+        raise ModelLoadError(f"{path}: expected a JSON object")
+    return data

@@ -1,0 +1,212 @@
+"""One decoder module for the Llama, Qwen2 and Qwen3 families, over a paged KV cache.
+
+Differences between the families are flags of ModelConfig: qkv bias (Qwen2), per-head q/k
+RMSNorm before RoPE (Qwen3), tied embeddings, llama3 RoPE scaling. Projections are fused
+(qkv, gate+up) so a layer runs four GEMMs; `load_weights` takes HF tensor names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from troupe.gpu.attention import AttentionMetadata, select_ops
+from troupe.gpu.model_config import ModelConfig, ModelLoadError
+from troupe.gpu.torch_ops import build_cos_sin_cache
+
+KVCache = tuple[torch.Tensor, torch.Tensor]
+
+
+def _param(*shape: int, dtype: torch.dtype, device: torch.device) -> nn.Parameter:
+    return nn.Parameter(torch.empty(*shape, dtype=dtype, device=device), requires_grad=False)
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm attention + SwiGLU MLP; the residual stream is carried by the fused norm."""
+
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device) -> None:
+        super().__init__()
+        c = config
+        kw = {"dtype": dtype, "device": device}
+        self.config = c
+        self.input_layernorm = _param(c.hidden_size, **kw)
+        self.qkv_proj = _param(c.q_size + 2 * c.kv_size, c.hidden_size, **kw)
+        self.qkv_bias = _param(c.q_size + 2 * c.kv_size, **kw) if c.qkv_bias else None
+        self.q_norm = _param(c.head_dim, **kw) if c.qk_norm else None
+        self.k_norm = _param(c.head_dim, **kw) if c.qk_norm else None
+        self.o_proj = _param(c.hidden_size, c.q_size, **kw)
+        self.post_attention_layernorm = _param(c.hidden_size, **kw)
+        self.gate_up_proj = _param(2 * c.intermediate_size, c.hidden_size, **kw)
+        self.down_proj = _param(c.hidden_size, c.intermediate_size, **kw)
+        self.scale = c.head_dim**-0.5
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        residual: torch.Tensor | None,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_cache: KVCache,
+        cos_sin: torch.Tensor,
+        ops: object,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        c = self.config
+        eps = c.rms_norm_eps
+        x, residual = ops.rms_norm(hidden, self.input_layernorm, eps, residual)  # type: ignore[attr-defined]
+        qkv = F.linear(x, self.qkv_proj, self.qkv_bias)
+        num_tokens = qkv.shape[0]
+        q, k, v = qkv.split([c.q_size, c.kv_size, c.kv_size], dim=-1)
+        q = q.reshape(num_tokens, c.num_heads, c.head_dim)
+        k = k.reshape(num_tokens, c.num_kv_heads, c.head_dim)
+        v = v.reshape(num_tokens, c.num_kv_heads, c.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q = ops.rms_norm(q.reshape(-1, c.head_dim), self.q_norm, eps)[0].view_as(q)  # type: ignore[attr-defined]
+            k = ops.rms_norm(k.reshape(-1, c.head_dim), self.k_norm, eps)[0].view_as(k)  # type: ignore[attr-defined]
+        q, k = ops.rotary(q.contiguous(), k.contiguous(), positions, cos_sin)  # type: ignore[attr-defined]
+        k_cache, v_cache = kv_cache
+        ops.write_kv(k, v.contiguous(), k_cache, v_cache, meta.slot_mapping)  # type: ignore[attr-defined]
+        if meta.is_decode:
+            attn = ops.paged_decode_attention(  # type: ignore[attr-defined]
+                q, k_cache, v_cache, meta.block_tables, meta.seq_lens, self.scale,
+                meta.max_seq_len,
+            )
+        else:
+            attn = ops.paged_attention(  # type: ignore[attr-defined]
+                q, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc,
+                self.scale, meta.max_query_len, meta.max_seq_len,
+            )
+        hidden = F.linear(attn.reshape(num_tokens, c.q_size), self.o_proj)
+        x, residual = ops.rms_norm(hidden, self.post_attention_layernorm, eps, residual)  # type: ignore[attr-defined]
+        gate, up = F.linear(x, self.gate_up_proj).chunk(2, dim=-1)
+        return F.linear(F.silu(gate) * up, self.down_proj), residual
+
+
+class DecoderModel(nn.Module):
+    """Embeddings, decoder layers, final norm and lm_head, for a flat batch of tokens."""
+
+    def __init__(
+        self, config: ModelConfig, dtype: torch.dtype, device: torch.device, max_positions: int
+    ) -> None:
+        super().__init__()
+        c = config
+        self.config = c
+        self.dtype = dtype
+        self.device = device
+        self.ops = select_ops(device)
+        self.embed_tokens = _param(c.vocab_size, c.hidden_size, dtype=dtype, device=device)
+        self.layers = nn.ModuleList(DecoderLayer(c, dtype, device) for _ in range(c.num_layers))
+        self.norm = _param(c.hidden_size, dtype=dtype, device=device)
+        self.lm_head = (
+            None if c.tie_word_embeddings else _param(c.vocab_size, c.hidden_size, dtype=dtype, device=device)
+        )
+        # fp32 table: rotary reads it per token and casts, so angles keep full precision
+        self.register_buffer(
+            "cos_sin_cache",
+            build_cos_sin_cache(c.head_dim, max_positions, c.rope_theta, c.rope_scaling,
+                                torch.float32, device),
+            persistent=False,
+        )
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_caches: list[KVCache],
+    ) -> torch.Tensor:
+        """Hidden states [N, hidden] of only the rows in meta.logits_indices, after the norm."""
+        hidden = F.embedding(input_ids, self.embed_tokens)
+        residual: torch.Tensor | None = None
+        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+            hidden, residual = layer(hidden, residual, positions, meta, kv_cache,
+                                     self.cos_sin_cache, self.ops)
+        assert residual is not None
+        idx = meta.logits_indices
+        out, _ = self.ops.rms_norm(hidden[idx], self.norm, self.config.rms_norm_eps, residual[idx])
+        return out
+
+    @torch.inference_mode()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """fp32 logits [N, vocab] for the selected hidden states."""
+        weight = self.embed_tokens if self.lm_head is None else self.lm_head
+        return F.linear(hidden, weight).float()
+
+    @torch.inference_mode()
+    def load_weights(self, tensors: Iterable[tuple[str, torch.Tensor]], source: str) -> None:
+        """Copy HF-named tensors into the fused parameters; every parameter must be filled."""
+        c = self.config
+        filled: set[str] = set()
+        q, kv, inter = c.q_size, c.kv_size, c.intermediate_size
+        fused = {
+            "self_attn.q_proj": ("qkv_proj", 0, q), "self_attn.k_proj": ("qkv_proj", q, kv),
+            "self_attn.v_proj": ("qkv_proj", q + kv, kv), "mlp.gate_proj": ("gate_up_proj", 0, inter),
+            "mlp.up_proj": ("gate_up_proj", inter, inter),
+        }
+        plain = {
+            "input_layernorm.weight": "input_layernorm", "self_attn.o_proj.weight": "o_proj",
+            "post_attention_layernorm.weight": "post_attention_layernorm",
+            "mlp.down_proj.weight": "down_proj", "self_attn.q_norm.weight": "q_norm",
+            "self_attn.k_norm.weight": "k_norm",
+        }
+        for name, tensor in tensors:
+            target, start, size, key = self._locate(name, fused, plain)
+            if target is None:
+                continue  # e.g. rotary_emb.inv_freq in old checkpoints
+            dest = target if start is None else target[start : start + size]
+            if tuple(dest.shape) != tuple(tensor.shape):
+                raise ModelLoadError(
+                    f"{source}: tensor {name!r} has shape {tuple(tensor.shape)}, "
+                    f"expected {tuple(dest.shape)} from the config"
+                )
+            dest.copy_(tensor)
+            filled.add(key)
+        missing = sorted(k for k in self._required_keys() if k not in filled)
+        if missing:
+            more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+            raise ModelLoadError(f"{source}: missing weights for {', '.join(missing[:5])}{more}")
+
+    def _required_keys(self) -> list[str]:
+        """Fill keys load_weights must see: one per plain parameter, one per fused slice."""
+        slices = {
+            "qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+            "qkv_bias": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+            "gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
+        }
+        keys = []
+        for name, _ in self.named_parameters():
+            last = name.rsplit(".", 1)[-1]
+            keys += [f"{name}#{part}" for part in slices[last]] if last in slices else [name]
+        return keys
+
+    def _locate(
+        self, name: str, fused: dict[str, tuple[str, int, int]], plain: dict[str, str]
+    ) -> tuple[torch.Tensor | None, int | None, int, str]:
+        """HF name -> (destination tensor, slice start or None, slice size, fill key)."""
+        if name == "model.embed_tokens.weight":
+            return self.embed_tokens, None, 0, "embed_tokens"
+        if name == "model.norm.weight":
+            return self.norm, None, 0, "norm"
+        if name == "lm_head.weight":
+            return self.lm_head, None, 0, "lm_head"  # None when tied: ignored
+        parts = name.split(".")
+        if len(parts) < 5 or parts[:2] != ["model", "layers"]:
+            return None, None, 0, ""
+        index = int(parts[2])
+        layer = self.layers[index]
+        rest = ".".join(parts[3:])
+        prefix = f"layers.{index}"
+        if rest in plain:
+            return getattr(layer, plain[rest]), None, 0, f"{prefix}.{plain[rest]}"
+        module, kind = rest.rsplit(".", 1)
+        if module in fused:
+            param, start, size = fused[module]
+            if kind == "bias":
+                if layer.qkv_bias is None:
+                    return None, None, 0, ""
+                return layer.qkv_bias, start, size, f"{prefix}.qkv_bias#{module}"
+            return getattr(layer, param), start, size, f"{prefix}.{param}#{module}"
+        return None, None, 0, ""

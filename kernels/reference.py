@@ -1,0 +1,109 @@
+"""Torch references for every kernel: slow, plain, and obviously right.
+
+They run on any device, compute in fp32 and return the input dtype. The Triton kernels are tested
+against these, and the CPU engine path runs on them.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def write_kv_ref(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Scatter key/value [N, Hkv, D] into the caches at slot_mapping [N]; slot < 0 is skipped."""
+    block_size = k_cache.shape[1]
+    keep = slot_mapping >= 0
+    slots = slot_mapping[keep].long()
+    blocks, offsets = slots // block_size, slots % block_size
+    k_cache[blocks, offsets] = key[keep].to(k_cache.dtype)
+    v_cache[blocks, offsets] = value[keep].to(v_cache.dtype)
+
+
+def gather_kv(
+    cache: torch.Tensor, block_table: torch.Tensor, seq_len: int
+) -> torch.Tensor:
+    """The first seq_len tokens of one sequence's cache, as [seq_len, Hkv, D]."""
+    block_size = cache.shape[1]
+    num_blocks = (seq_len + block_size - 1) // block_size
+    blocks = cache[block_table[:num_blocks].long()]  # [nb, bs, Hkv, D]
+    return blocks.reshape(-1, *cache.shape[2:])[:seq_len]
+
+
+def paged_attention_ref(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Varlen causal attention over paged KV; see kernels.ops.paged_attention for the contract."""
+    num_q_heads = q.shape[1]
+    out = torch.empty_like(q)
+    for s in range(seq_lens.shape[0]):
+        start, end = int(query_start_loc[s]), int(query_start_loc[s + 1])
+        seq_len, q_len = int(seq_lens[s]), end - start
+        if q_len == 0:
+            continue
+        k = gather_kv(k_cache, block_tables[s], seq_len).float()  # [L, Hkv, D]
+        v = gather_kv(v_cache, block_tables[s], seq_len).float()
+        group = num_q_heads // k.shape[1]
+        k = k.repeat_interleave(group, dim=1)  # [L, Hq, D]
+        v = v.repeat_interleave(group, dim=1)
+        scores = torch.einsum("qhd,khd->hqk", q[start:end].float(), k) * scale
+        q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)
+        k_pos = torch.arange(seq_len, device=q.device)
+        causal = k_pos[None, :] <= q_pos[:, None]  # [q_len, L]
+        scores = scores.masked_fill(~causal, float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        out[start:end] = torch.einsum("hqk,khd->qhd", probs, v).to(q.dtype)
+    return out
+
+
+def paged_decode_attention_ref(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """One query per sequence, at its last position: paged_attention with q_len = 1."""
+    num_seqs = q.shape[0]
+    query_start_loc = torch.arange(num_seqs + 1, dtype=torch.int32, device=q.device)
+    return paged_attention_ref(
+        q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale
+    )
+
+
+def rms_norm_ref(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rmsnorm(x [+ residual]) * weight, x [+ residual]); fp32 math, x's dtype out."""
+    h = x.float() if residual is None else x.float() + residual.float()
+    normed = h * torch.rsqrt(h.pow(2).mean(dim=-1, keepdim=True) + eps)
+    out = (normed * weight.float()).to(x.dtype)
+    return out, (x if residual is None else h.to(x.dtype))
+
+
+def rotary_ref(
+    q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Neox-style rotary (rotate_half) on q [T, Hq, D] and k [T, Hkv, D]; returns new tensors."""
+    half = cos_sin_cache.shape[1] // 2
+    cos_sin = cos_sin_cache[positions.long()].float()  # [T, D]
+    cos, sin = cos_sin[:, None, :half], cos_sin[:, None, half:]
+
+    def apply(x: torch.Tensor) -> torch.Tensor:
+        x1, x2 = x[..., :half].float(), x[..., half:].float()
+        rotated = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+        return rotated.to(x.dtype)
+
+    return apply(q), apply(k)

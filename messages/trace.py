@@ -1,0 +1,149 @@
+"""Trace codec: every message on every channel, as length-framed msgpack.
+
+File layout (each frame = 4-byte big-endian length, then one msgpack object):
+
+    frame 0      TraceHeader   (format version, what built the graph)
+    frame 1..n   TraceRecord   (seq, time, kind, actor, channel, batch, message)
+
+msgpack has no streaming decoder, so frames carry their own length; a short or unparsable frame
+raises TraceError naming the frame and the byte offset.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, BinaryIO, Literal
+
+import msgspec
+
+from troupe.messages.admission import AdmissionInbox
+from troupe.messages.allocator import AllocatorInbox
+from troupe.messages.events import ClientInbox
+from troupe.messages.executor import ExecutorInbox
+from troupe.messages.scheduler import SchedulerInbox
+from troupe.messages.streamer import StreamerInbox
+from troupe.messages.tokenizer import TokenizerInbox
+
+TRACE_VERSION = 1
+_LEN = struct.Struct(">I")
+
+AnyMessage = (
+    TokenizerInbox
+    | AdmissionInbox
+    | SchedulerInbox
+    | AllocatorInbox
+    | ExecutorInbox
+    | StreamerInbox
+    | ClientInbox
+)
+
+
+class TraceError(Exception):
+    """The trace file is unreadable: truncated, corrupt, or of another version."""
+
+
+class TraceHeader(msgspec.Struct, frozen=True, kw_only=True):
+    version: int
+    created: str  # ISO time, for people
+    engine_config: dict[str, Any]
+    core_args: dict[str, dict[str, Any]]  # constructor arguments of each actor core, by actor
+
+
+class TraceRecord(msgspec.Struct, frozen=True, array_like=True):
+    """`recv`: `actor` took `msg` from its inbox in batch `batch`.
+    `send`: `actor` sent `msg` to `channel` (the receiving actor's name)."""
+
+    seq: int
+    time: float
+    kind: Literal["recv", "send"]
+    actor: str
+    channel: str
+    batch: int
+    msg: AnyMessage
+
+
+_encoder = msgspec.msgpack.Encoder()
+_header_decoder = msgspec.msgpack.Decoder(TraceHeader)
+_record_decoder = msgspec.msgpack.Decoder(TraceRecord)
+
+
+def encode_message(msg: msgspec.Struct) -> bytes:
+    """Canonical bytes of a message (NaN-safe equality for replay comparisons)."""
+    return _encoder.encode(msg)
+
+
+class TraceWriter:
+    """Appends frames to a file. Not thread-safe: call it from the event loop only."""
+
+    def __init__(self, path: str | Path, header: TraceHeader) -> None:
+        self.path = Path(path)
+        self._file: BinaryIO = open(self.path, "wb")  # noqa: SIM115 - closed in close()
+        self._seq = 0
+        self._write(_encoder.encode(header))
+
+    def _write(self, payload: bytes) -> None:
+        self._file.write(_LEN.pack(len(payload)))
+        self._file.write(payload)
+
+    def record(
+        self,
+        kind: Literal["recv", "send"],
+        actor: str,
+        channel: str,
+        batch: int,
+        msg: msgspec.Struct,
+        time: float,
+    ) -> None:
+        rec = TraceRecord(self._seq, time, kind, actor, channel, batch, msg)  # type: ignore[arg-type]
+        self._seq += 1
+        self._write(_encoder.encode(rec))
+
+    def flush(self) -> None:
+        self._file.flush()
+
+    def close(self) -> None:
+        if not self._file.closed:
+            self._file.close()
+
+
+def _frames(data: bytes) -> Iterator[tuple[int, int, bytes]]:
+    offset, index = 0, 0
+    while offset < len(data):
+        if offset + _LEN.size > len(data):
+            raise TraceError(f"truncated trace: frame {index} header cut off at byte {offset}")
+        (size,) = _LEN.unpack_from(data, offset)
+        start = offset + _LEN.size
+        if start + size > len(data):
+            raise TraceError(
+                f"truncated trace: frame {index} at byte {offset} declares {size} bytes, "
+                f"only {len(data) - start} remain"
+            )
+        yield index, offset, data[start : start + size]
+        offset, index = start + size, index + 1
+
+
+def read_trace(path: str | Path) -> tuple[TraceHeader, list[TraceRecord]]:
+    """Read a whole trace; raises TraceError with the frame and byte offset of any damage."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise TraceError(f"cannot read trace {str(path)!r}: {exc.strerror}") from exc
+    header: TraceHeader | None = None
+    records: list[TraceRecord] = []
+    for index, offset, payload in _frames(data):
+        try:
+            if header is None:
+                header = _header_decoder.decode(payload)
+                if header.version != TRACE_VERSION:
+                    raise TraceError(
+                        f"trace version {header.version} is not supported (expected {TRACE_VERSION})"
+                    )
+            else:
+                records.append(_record_decoder.decode(payload))
+        except msgspec.DecodeError as exc:
+            raise TraceError(f"corrupt trace: frame {index} at byte {offset}: {exc}") from exc
+    if header is None:
+        raise TraceError(f"empty trace: {str(path)!r} has no header frame")
+    return header, records

@@ -1,0 +1,162 @@
+"""The `troupe` command: serve, generate, bench, replay.
+
+Every EngineConfig field is a flag in kebab-case (`--max-num-seqs 128`), generated from the
+dataclass so the two never drift apart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import types
+import typing
+from typing import Any, Literal
+
+from troupe.config import ConfigError, EngineConfig
+
+
+def add_config_arguments(parser: argparse.ArgumentParser) -> None:
+    """One flag per EngineConfig field, typed from its annotation."""
+    hints = typing.get_type_hints(EngineConfig)
+    group = parser.add_argument_group("engine")
+    for f in dataclasses.fields(EngineConfig):
+        flag = "--" + f.name.replace("_", "-")
+        hint = hints[f.name]
+        args = typing.get_args(hint)
+        if typing.get_origin(hint) in (typing.Union, types.UnionType):
+            hint = next(a for a in args if a is not type(None))
+            args = typing.get_args(hint)
+        default = f.default
+        if hint is bool:
+            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=default)
+        elif typing.get_origin(hint) is Literal:
+            group.add_argument(flag, choices=list(args), default=default)
+        else:
+            group.add_argument(flag, type=hint, default=default, metavar=f.name.upper())
+
+
+def config_from_args(ns: argparse.Namespace) -> EngineConfig:
+    values = {f.name: getattr(ns, f.name) for f in dataclasses.fields(EngineConfig)}
+    return EngineConfig(**values)
+
+
+def _cmd_generate(ns: argparse.Namespace, config: EngineConfig) -> int:
+    import anyio
+
+    from troupe import Engine, SamplingParams
+    from troupe.messages import Delta, Finished
+
+    params = SamplingParams(
+        max_tokens=ns.max_tokens, temperature=ns.temperature, top_p=ns.top_p, seed=ns.sampling_seed
+    )
+    prompt: Any = [{"role": "user", "content": ns.prompt}] if ns.chat else ns.prompt
+
+    async def run() -> int:
+        async with Engine.open(config) as engine:
+            async for event in engine.generate(prompt, params):
+                sys.stdout.write(event.text)
+                sys.stdout.flush()
+                if isinstance(event, Delta):
+                    continue
+                sys.stdout.write("\n")
+                if isinstance(event, Finished):
+                    t = event.timings
+                    print(
+                        f"[{event.finish_reason}] {event.usage.completion_tokens} tokens, "
+                        f"ttft {1000 * (t.ttft or 0):.1f} ms, tpot {1000 * (t.tpot or 0):.1f} ms",
+                        file=sys.stderr,
+                    )
+                    return 0
+                print(f"[{event.finish_reason}] {getattr(event, 'message', '')}", file=sys.stderr)
+                return 1
+        return 1
+
+    return anyio.run(run)
+
+
+def _cmd_replay(ns: argparse.Namespace) -> int:
+    from troupe.messages.trace import TraceError
+    from troupe.ops.replay import replay_trace
+
+    try:
+        report = replay_trace(ns.trace)
+    except TraceError as exc:
+        print(f"troupe replay: {exc}", file=sys.stderr)
+        return 2
+    if report.divergence is not None:
+        print(report.divergence.describe())
+        return 1
+    print(
+        f"replay ok: {report.num_records} records, {report.num_checked} messages matched "
+        f"({', '.join(report.actors)})"
+    )
+    return 0
+
+
+def _cmd_bench(ns: argparse.Namespace, config: EngineConfig) -> int:
+    if ns.workload == "graph":
+        from troupe.ops.bench_graph import main as bench_graph
+
+        return bench_graph(config, ns)
+    if ns.workload == "scheduler":
+        from troupe.ops.bench_scheduler import main as bench_scheduler
+
+        return bench_scheduler(ns)
+    from troupe.ops.bench_offline import main as bench_offline
+
+    return bench_offline(config, ns)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="troupe", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="serve the OpenAI-compatible HTTP + websocket API")
+    add_config_arguments(serve)
+    try:
+        from troupe.gateway.server import add_serve_arguments
+
+        add_serve_arguments(serve)
+    except ImportError:
+        pass
+
+    gen = sub.add_parser("generate", help="stream one completion to stdout")
+    gen.add_argument("prompt")
+    gen.add_argument("--chat", action="store_true", help="send the prompt as a user chat message")
+    gen.add_argument("--max-tokens", type=int, default=64)
+    gen.add_argument("--temperature", type=float, default=0.0)
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--sampling-seed", type=int, default=None)
+    add_config_arguments(gen)
+
+    bench = sub.add_parser("bench", help="benchmarks: graph overhead, scheduler, offline throughput")
+    bench.add_argument("workload", choices=["graph", "scheduler", "offline"])
+    bench.add_argument("--peer", choices=["hf"], default=None, help="offline: also run HF")
+    bench.add_argument("--num-seqs", type=int, default=None)
+    add_config_arguments(bench)
+
+    rep = sub.add_parser("replay", help="re-drive a recorded trace and check every message")
+    rep.add_argument("trace")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    if ns.command == "replay":
+        return _cmd_replay(ns)
+    try:
+        config = config_from_args(ns)
+    except ConfigError as exc:
+        parser.error(str(exc))
+    from troupe.ops.logs import configure_logging
+
+    configure_logging(config.log_format, config.log_level)
+    if ns.command == "generate":
+        return _cmd_generate(ns, config)
+    if ns.command == "bench":
+        return _cmd_bench(ns, config)
+    from troupe.gateway.server import run_serve
+
+    return run_serve(ns, config)

@@ -1,0 +1,113 @@
+"""Trace replay: re-drive every actor core from its recorded inbox and compare what it sends.
+
+Each core is a deterministic function of its inbox batches, so replaying the recorded batches
+through fresh cores (built from the arguments in the trace header) must reproduce every message
+the actor sent, byte for byte. The executor is not re-run: its recorded StepResults are part of
+the scheduler's inbox, so a GPU trace replays on a CPU with no model.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from troupe.actors.graph import CORE_ACTORS, build_core
+from troupe.messages.trace import TraceRecord, encode_message, read_trace
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """The first message that differs: on `channel` (receiving actor), the `index`-th message
+    `actor` sent there."""
+
+    actor: str
+    channel: str
+    index: int
+    expected: Any
+    got: Any
+    seq: int  # trace position of the expected record (or of the last one, if it is missing)
+
+    def describe(self) -> str:
+        return (
+            f"divergence on channel {self.channel!r} (sent by {self.actor}), message #{self.index}:\n"
+            f"  expected: {_show(self.expected)}\n  got:      {_show(self.got)}"
+        )
+
+
+@dataclass(frozen=True)
+class ReplayReport:
+    num_records: int
+    num_checked: int  # sent messages compared
+    actors: tuple[str, ...]
+    divergence: Divergence | None
+
+    @property
+    def ok(self) -> bool:
+        return self.divergence is None
+
+
+def _show(msg: Any) -> str:
+    if msg is None:
+        return "<nothing>"
+    text = msgspec.json.encode(msg).decode() if isinstance(msg, msgspec.Struct) else repr(msg)
+    return text if len(text) <= 600 else text[:600] + "..."
+
+
+def replay_trace(path: str | Path) -> ReplayReport:
+    """Replay every core actor of the trace; raises TraceError for an unreadable file."""
+    header, records = read_trace(path)
+    inbox: dict[str, dict[int, list[msgspec.Struct]]] = defaultdict(lambda: defaultdict(list))
+    sent: dict[str, list[TraceRecord]] = defaultdict(list)
+    for rec in records:
+        if rec.kind == "recv":
+            inbox[rec.actor][rec.batch].append(rec.msg)
+        else:
+            sent[rec.actor].append(rec)
+    actors = tuple(a for a in CORE_ACTORS if a in header.core_args)
+    first: Divergence | None = None
+    num_checked = 0
+    for actor in actors:
+        core = build_core(actor, header.core_args[actor])
+        got: list[tuple[str, msgspec.Struct]] = []
+        for batch_no in sorted(inbox[actor]):
+            got.extend(core.handle(inbox[actor][batch_no]))
+        divergence, checked = _compare(actor, sent[actor], got, records)
+        num_checked += checked
+        if divergence is not None and (first is None or divergence.seq < first.seq):
+            first = divergence
+    return ReplayReport(len(records), num_checked, actors, first)
+
+
+def _compare(
+    actor: str,
+    expected: list[TraceRecord],
+    got: list[tuple[str, msgspec.Struct]],
+    records: list[TraceRecord],
+) -> tuple[Divergence | None, int]:
+    by_channel_expected: dict[str, list[TraceRecord]] = defaultdict(list)
+    for rec in expected:
+        by_channel_expected[rec.channel].append(rec)
+    by_channel_got: dict[str, list[msgspec.Struct]] = defaultdict(list)
+    for channel, msg in got:
+        by_channel_got[channel].append(msg)
+    first: Divergence | None = None
+    checked = 0
+    last_seq = records[-1].seq if records else 0
+    for channel in sorted(set(by_channel_expected) | set(by_channel_got)):
+        exp, out = by_channel_expected[channel], by_channel_got[channel]
+        for index in range(max(len(exp), len(out))):
+            rec = exp[index] if index < len(exp) else None
+            msg = out[index] if index < len(out) else None
+            checked += 1
+            if rec is not None and msg is not None and encode_message(rec.msg) == encode_message(msg):
+                continue
+            seq = rec.seq if rec is not None else last_seq + 1
+            found = Divergence(actor, channel, index, rec.msg if rec else None, msg, seq)
+            if first is None or found.seq < first.seq:
+                first = found
+            break
+    return first, checked
