@@ -30,7 +30,7 @@ from anyio.streams.memory import MemoryObjectSendStream
 
 from troupe.actors.client_streams import ClientStreams, EventListener
 from troupe.actors.executor import ExecutorSetup, start_executor
-from troupe.actors.graph import CORE_ACTORS, _tokenizer, build_core
+from troupe.actors.graph import CORE_ACTORS, build_core, load_tokenizer_for
 from troupe.actors.request_input import RequestInputError, to_generate_request
 from troupe.actors.shell import Actor
 from troupe.config import EngineConfig
@@ -131,7 +131,7 @@ class Engine:
         setup: ExecutorSetup = await anyio.to_thread.run_sync(start_executor, config)
         self.model_name = setup.model_name
         self.max_model_len = setup.max_model_len
-        self.tokenizer = await anyio.to_thread.run_sync(_tokenizer, setup.model_path)
+        self.tokenizer = await anyio.to_thread.run_sync(load_tokenizer_for, config.model)
         tracer = None
         if config.trace_path:
             header = TraceHeader(

@@ -33,7 +33,7 @@ def start_executor(config: EngineConfig) -> ExecutorSetup:
     if config.max_model_len is not None:
         max_model_len = min(max_model_len, config.max_model_len)
     args = core_args(
-        model_path=str(path),
+        model=config.model,
         block_size=runner.block_size,
         num_gpu_blocks=runner.num_gpu_blocks,
         num_cpu_blocks=runner.num_cpu_blocks,

@@ -15,10 +15,12 @@ CORE_ACTORS = ("streamer", "scheduler", "allocator", "admission", "tokenizer")
 
 
 @functools.lru_cache(maxsize=4)
-def _tokenizer(model_path: str) -> Any:
+def load_tokenizer_for(model: str | None) -> Any:
+    """The tokenizer of `model` (None: the default model), loaded once per process."""
     from troupe.actors.core.tokenizer_files import load_tokenizer
+    from troupe.config import resolve_model_path
 
-    return load_tokenizer(model_path)
+    return load_tokenizer(resolve_model_path(model))
 
 
 def build_core(name: str, args: Mapping[str, Any]) -> Core[Any]:
@@ -26,11 +28,11 @@ def build_core(name: str, args: Mapping[str, Any]) -> Core[Any]:
     if name == "tokenizer":
         from troupe.actors.core.tokenizer import TokenizerCore
 
-        return TokenizerCore(_tokenizer(args["model_path"]))
+        return TokenizerCore(load_tokenizer_for(args["model"]))
     if name == "streamer":
         from troupe.actors.core.streamer import StreamerCore
 
-        return StreamerCore(_tokenizer(args["model_path"]))
+        return StreamerCore(load_tokenizer_for(args["model"]))
     if name == "admission":
         return AdmissionCore(**args)
     if name == "scheduler":
@@ -46,7 +48,7 @@ def build_core(name: str, args: Mapping[str, Any]) -> Core[Any]:
 
 def core_args(
     *,
-    model_path: str,
+    model: str | None,
     block_size: int,
     num_gpu_blocks: int,
     num_cpu_blocks: int,
@@ -62,8 +64,8 @@ def core_args(
 ) -> dict[str, dict[str, Any]]:
     """Constructor arguments of every core, from the config and the runner's numbers."""
     return {
-        "tokenizer": {"model_path": model_path},
-        "streamer": {"model_path": model_path},
+        "tokenizer": {"model": model},
+        "streamer": {"model": model},
         "admission": {
             "max_model_len": max_model_len,
             "vocab_size": vocab_size,

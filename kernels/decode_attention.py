@@ -108,11 +108,16 @@ def _decode_split_kernel(
     o = acc / l_safe[:, None]
     if NUM_SPLITS == 1:
         o_offs = seq * stride_os + heads[:, None] * stride_oh + offs_d[None, :]
-        tl.store(out_ptr + o_offs, o.to(out_ptr.dtype.element_ty), mask=g_mask[:, None] & d_mask[None, :])
+        tl.store(
+            out_ptr + o_offs, o.to(out_ptr.dtype.element_ty), mask=g_mask[:, None] & d_mask[None, :]
+        )
     else:
         row = (seq * NUM_Q_HEADS + heads) * NUM_SPLITS + split  # [BLOCK_G]
-        tl.store(part_out_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], o,
-                 mask=g_mask[:, None] & d_mask[None, :])
+        tl.store(
+            part_out_ptr + row[:, None] * HEAD_DIM + offs_d[None, :],
+            o,
+            mask=g_mask[:, None] & d_mask[None, :],
+        )
         tl.store(part_lse_ptr + row, m_i + tl.log2(l_safe), mask=g_mask)
 
 
@@ -138,11 +143,17 @@ def _decode_reduce_kernel(
     base = (seq * NUM_Q_HEADS + head) * NUM_SPLITS
     lse = tl.load(part_lse_ptr + base + offs_s, mask=s_mask, other=float("-inf"))
     weights = tl.exp2(lse - tl.max(lse, axis=0))  # split 0 is never empty: the max is finite
-    o = tl.load(part_out_ptr + (base + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
-                mask=s_mask[:, None] & d_mask[None, :], other=0.0)
+    o = tl.load(
+        part_out_ptr + (base + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
+        mask=s_mask[:, None] & d_mask[None, :],
+        other=0.0,
+    )
     out = tl.sum(o * weights[:, None], axis=0) / tl.sum(weights, axis=0)
-    tl.store(out_ptr + seq * stride_os + head * stride_oh + offs_d, out.to(out_ptr.dtype.element_ty),
-             mask=d_mask)
+    tl.store(
+        out_ptr + seq * stride_os + head * stride_oh + offs_d,
+        out.to(out_ptr.dtype.element_ty),
+        mask=d_mask,
+    )
 
 
 def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sms: int) -> int:
@@ -187,17 +198,30 @@ def paged_decode_attention_triton(
     group = num_q_heads // num_kv_heads
     block_d = triton.next_power_of_2(head_dim)
     if num_splits > 1:
-        part_out = torch.empty(num_seqs, num_q_heads, num_splits, head_dim,
-                               dtype=torch.float32, device=q.device)
-        part_lse = torch.empty(num_seqs, num_q_heads, num_splits, dtype=torch.float32,
-                               device=q.device)
+        part_out = torch.empty(
+            num_seqs, num_q_heads, num_splits, head_dim, dtype=torch.float32, device=q.device
+        )
+        part_lse = torch.empty(
+            num_seqs, num_q_heads, num_splits, dtype=torch.float32, device=q.device
+        )
     else:
         part_out = part_lse = out  # unused by the kernel
     on_gpu = q.is_cuda
     _decode_split_kernel[(num_seqs, num_kv_heads, num_splits)](
-        q, k_cache, v_cache, out, part_out, part_lse, block_tables, seq_lens,
+        q,
+        k_cache,
+        v_cache,
+        out,
+        part_out,
+        part_lse,
+        block_tables,
+        seq_lens,
         scale * _LOG2E,
-        q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
+        q.stride(0),
+        q.stride(1),
+        out.stride(0),
+        out.stride(1),
+        block_tables.stride(0),
         num_kv_heads * head_dim,
         NUM_Q_HEADS=num_q_heads,
         GROUP=group,
@@ -213,7 +237,11 @@ def paged_decode_attention_triton(
     )
     if num_splits > 1:
         _decode_reduce_kernel[(num_seqs, num_q_heads)](
-            part_out, part_lse, out, out.stride(0), out.stride(1),
+            part_out,
+            part_lse,
+            out,
+            out.stride(0),
+            out.stride(1),
             NUM_Q_HEADS=num_q_heads,
             HEAD_DIM=head_dim,
             NUM_SPLITS=num_splits,

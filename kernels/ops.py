@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 
 import torch
-
 from troupe.kernels import reference
 from troupe.kernels.rope_cache import build_cos_sin_cache
 
@@ -71,10 +70,20 @@ def paged_attention(
     if use_triton(q):
         from troupe.kernels.paged_attention import paged_attention_triton
 
-        return paged_attention_triton(q, k_cache, v_cache, block_tables, seq_lens,
-                                      query_start_loc, scale, max_query_len, max_seq_len)
-    return reference.paged_attention_ref(q, k_cache, v_cache, block_tables, seq_lens,
-                                         query_start_loc, scale)
+        return paged_attention_triton(
+            q,
+            k_cache,
+            v_cache,
+            block_tables,
+            seq_lens,
+            query_start_loc,
+            scale,
+            max_query_len,
+            max_seq_len,
+        )
+    return reference.paged_attention_ref(
+        q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale
+    )
 
 
 def paged_decode_attention(
@@ -94,10 +103,10 @@ def paged_decode_attention(
     if use_triton(q):
         from troupe.kernels.decode_attention import paged_decode_attention_triton
 
-        return paged_decode_attention_triton(q, k_cache, v_cache, block_tables, seq_lens, scale,
-                                             max_seq_len)
-    return reference.paged_decode_attention_ref(q, k_cache, v_cache, block_tables, seq_lens,
-                                                scale)
+        return paged_decode_attention_triton(
+            q, k_cache, v_cache, block_tables, seq_lens, scale, max_seq_len
+        )
+    return reference.paged_decode_attention_ref(q, k_cache, v_cache, block_tables, seq_lens, scale)
 
 
 def rms_norm(

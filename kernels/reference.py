@@ -25,9 +25,7 @@ def write_kv_ref(
     v_cache[blocks, offsets] = value[keep].to(v_cache.dtype)
 
 
-def gather_kv(
-    cache: torch.Tensor, block_table: torch.Tensor, seq_len: int
-) -> torch.Tensor:
+def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, seq_len: int) -> torch.Tensor:
     """The first seq_len tokens of one sequence's cache, as [seq_len, Hkv, D]."""
     block_size = cache.shape[1]
     num_blocks = (seq_len + block_size - 1) // block_size
@@ -78,9 +76,7 @@ def paged_decode_attention_ref(
     """One query per sequence, at its last position: paged_attention with q_len = 1."""
     num_seqs = q.shape[0]
     query_start_loc = torch.arange(num_seqs + 1, dtype=torch.int32, device=q.device)
-    return paged_attention_ref(
-        q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale
-    )
+    return paged_attention_ref(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale)
 
 
 def rms_norm_ref(

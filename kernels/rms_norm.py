@@ -29,12 +29,16 @@ def _rms_norm_kernel(
     h = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
     if HAS_RESIDUAL:
         h += tl.load(residual_ptr + row * stride_r + offs, mask=mask, other=0.0).to(tl.float32)
-        tl.store(residual_out_ptr + row * stride_ro + offs,
-                 h.to(residual_out_ptr.dtype.element_ty), mask=mask)
+        tl.store(
+            residual_out_ptr + row * stride_ro + offs,
+            h.to(residual_out_ptr.dtype.element_ty),
+            mask=mask,
+        )
     inv_rms = tl.rsqrt(tl.sum(h * h, axis=0) / HIDDEN + eps)
     w = tl.load(weight_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + row * stride_o + offs, (h * inv_rms * w).to(out_ptr.dtype.element_ty),
-             mask=mask)
+    tl.store(
+        out_ptr + row * stride_o + offs, (h * inv_rms * w).to(out_ptr.dtype.element_ty), mask=mask
+    )
 
 
 def rms_norm_triton(
@@ -63,8 +67,15 @@ def rms_norm_triton(
     if num_rows > 0:
         block = triton.next_power_of_2(hidden)
         _rms_norm_kernel[(num_rows,)](
-            x2, r2, weight, out, residual_out,
-            x2.stride(0), r2.stride(0), out.stride(0), residual_out.stride(0),
+            x2,
+            r2,
+            weight,
+            out,
+            residual_out,
+            x2.stride(0),
+            r2.stride(0),
+            out.stride(0),
+            residual_out.stride(0),
             eps,
             HIDDEN=hidden,
             BLOCK=block,

@@ -12,7 +12,9 @@ from collections.abc import Mapping
 import torch
 
 
-def rope_inv_freq(head_dim: int, theta: float, scaling: Mapping[str, object] | None) -> torch.Tensor:
+def rope_inv_freq(
+    head_dim: int, theta: float, scaling: Mapping[str, object] | None
+) -> torch.Tensor:
     """[head_dim // 2] fp32 inverse frequencies, llama3-scaled when scaling asks for it."""
     if head_dim % 2:
         raise ValueError(f"rotary head_dim must be even, got {head_dim}")

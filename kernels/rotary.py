@@ -13,9 +13,18 @@ import triton.language as tl
 
 
 @triton.jit
-def _rotate_heads(x_ptr, stride_t, stride_h, token, cos, sin,
-                  NUM_HEADS: tl.constexpr, HALF: tl.constexpr,
-                  BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr):
+def _rotate_heads(
+    x_ptr,
+    stride_t,
+    stride_h,
+    token,
+    cos,
+    sin,
+    NUM_HEADS: tl.constexpr,
+    HALF: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+):
     offs_h = tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, BLOCK_HALF)
     mask = (offs_h < NUM_HEADS)[:, None] & (offs_d < HALF)[None, :]
@@ -28,22 +37,54 @@ def _rotate_heads(x_ptr, stride_t, stride_h, token, cos, sin,
 
 @triton.jit
 def _rotary_kernel(
-    q_ptr, k_ptr, positions_ptr, cache_ptr,
-    stride_qt, stride_qh, stride_kt, stride_kh, stride_cache,
-    NUM_Q_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HALF: tl.constexpr,
-    BLOCK_QH: tl.constexpr, BLOCK_KH: tl.constexpr, BLOCK_HALF: tl.constexpr,
+    q_ptr,
+    k_ptr,
+    positions_ptr,
+    cache_ptr,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_cache,
+    NUM_Q_HEADS: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr,
+    HALF: tl.constexpr,
+    BLOCK_QH: tl.constexpr,
+    BLOCK_KH: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
 ):
     token = tl.program_id(0).to(tl.int64)
     pos = tl.load(positions_ptr + token).to(tl.int64)
     offs_d = tl.arange(0, BLOCK_HALF)
     d_mask = offs_d < HALF
     cos = tl.load(cache_ptr + pos * stride_cache + offs_d, mask=d_mask, other=0.0).to(tl.float32)
-    sin = tl.load(cache_ptr + pos * stride_cache + HALF + offs_d, mask=d_mask,
-                  other=0.0).to(tl.float32)
-    _rotate_heads(q_ptr, stride_qt, stride_qh, token, cos[None, :], sin[None, :],
-                  NUM_Q_HEADS, HALF, BLOCK_QH, BLOCK_HALF)
-    _rotate_heads(k_ptr, stride_kt, stride_kh, token, cos[None, :], sin[None, :],
-                  NUM_KV_HEADS, HALF, BLOCK_KH, BLOCK_HALF)
+    sin = tl.load(cache_ptr + pos * stride_cache + HALF + offs_d, mask=d_mask, other=0.0).to(
+        tl.float32
+    )
+    _rotate_heads(
+        q_ptr,
+        stride_qt,
+        stride_qh,
+        token,
+        cos[None, :],
+        sin[None, :],
+        NUM_Q_HEADS,
+        HALF,
+        BLOCK_QH,
+        BLOCK_HALF,
+    )
+    _rotate_heads(
+        k_ptr,
+        stride_kt,
+        stride_kh,
+        token,
+        cos[None, :],
+        sin[None, :],
+        NUM_KV_HEADS,
+        HALF,
+        BLOCK_KH,
+        BLOCK_HALF,
+    )
 
 
 def rotary_triton(
@@ -64,8 +105,15 @@ def rotary_triton(
         return q, k
     half = head_dim // 2
     _rotary_kernel[(num_tokens,)](
-        q, k, positions, cache,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), cache.stride(0),
+        q,
+        k,
+        positions,
+        cache,
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        cache.stride(0),
         NUM_Q_HEADS=num_q_heads,
         NUM_KV_HEADS=num_kv_heads,
         HALF=half,

@@ -12,7 +12,6 @@ import zlib
 
 import pytest
 import torch
-
 from troupe.kernels import ops, reference
 from troupe.kernels.decode_attention import paged_decode_attention_triton
 from troupe.kernels.paged_attention import paged_attention_triton
@@ -67,22 +66,52 @@ def test_paged_attention_matches_reference(device: str, group: int, case: str) -
     if device == "cuda":
         lens = [(16 * ctx, new if new == 1 else 16 * new) for ctx, new in lens]
     seed = _seed(case, group, device)
-    batch = make_paged_batch(lens, num_q_heads=group * num_kv_heads, num_kv_heads=num_kv_heads,
-                             head_dim=head_dim, block_size=block_size, dtype=dtype,
-                             device=device, seed=seed)
+    batch = make_paged_batch(
+        lens,
+        num_q_heads=group * num_kv_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        block_size=block_size,
+        dtype=dtype,
+        device=device,
+        seed=seed,
+    )
     scale = 1 / math.sqrt(head_dim)
     out = torch.full_like(batch.q, float("nan"))
-    paged_attention_triton(batch.q, batch.k_cache, batch.v_cache, batch.block_tables,
-                           batch.seq_lens, batch.query_start_loc, scale, batch.max_query_len,
-                           batch.max_seq_len, out=out)
-    ref = reference.paged_attention_ref(batch.q.float(), batch.k_cache.float(),
-                                        batch.v_cache.float(), batch.block_tables,
-                                        batch.seq_lens, batch.query_start_loc, scale)
+    paged_attention_triton(
+        batch.q,
+        batch.k_cache,
+        batch.v_cache,
+        batch.block_tables,
+        batch.seq_lens,
+        batch.query_start_loc,
+        scale,
+        batch.max_query_len,
+        batch.max_seq_len,
+        out=out,
+    )
+    ref = reference.paged_attention_ref(
+        batch.q.float(),
+        batch.k_cache.float(),
+        batch.v_cache.float(),
+        batch.block_tables,
+        batch.seq_lens,
+        batch.query_start_loc,
+        scale,
+    )
     assert _rel_err(out, ref) < bound
     # The dispatch layer takes the same path and returns the same numbers.
-    via_ops = ops.paged_attention(batch.q, batch.k_cache, batch.v_cache, batch.block_tables,
-                                  batch.seq_lens, batch.query_start_loc, scale,
-                                  batch.max_query_len, batch.max_seq_len)
+    via_ops = ops.paged_attention(
+        batch.q,
+        batch.k_cache,
+        batch.v_cache,
+        batch.block_tables,
+        batch.seq_lens,
+        batch.query_start_loc,
+        scale,
+        batch.max_query_len,
+        batch.max_seq_len,
+    )
     torch.testing.assert_close(via_ops, out, rtol=0, atol=0)
 
 
@@ -98,32 +127,81 @@ def test_paged_decode_matches_reference(
     if device == "cuda":
         seq_lens = [n if n == 1 else 16 * n for n in seq_lens]
     seed = _seed(case, group, device, num_splits)
-    batch = make_paged_batch([(n - 1, 1) for n in seq_lens], num_q_heads=group * num_kv_heads,
-                             num_kv_heads=num_kv_heads, head_dim=head_dim,
-                             block_size=block_size, dtype=dtype, device=device, seed=seed)
+    batch = make_paged_batch(
+        [(n - 1, 1) for n in seq_lens],
+        num_q_heads=group * num_kv_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        block_size=block_size,
+        dtype=dtype,
+        device=device,
+        seed=seed,
+    )
     scale = 1 / math.sqrt(head_dim)
     out = torch.full_like(batch.q, float("nan"))
-    paged_decode_attention_triton(batch.q, batch.k_cache, batch.v_cache, batch.block_tables,
-                                  batch.seq_lens, scale, batch.max_seq_len,
-                                  num_splits=num_splits, out=out)
-    ref = reference.paged_decode_attention_ref(batch.q.float(), batch.k_cache.float(),
-                                               batch.v_cache.float(), batch.block_tables,
-                                               batch.seq_lens, scale)
+    paged_decode_attention_triton(
+        batch.q,
+        batch.k_cache,
+        batch.v_cache,
+        batch.block_tables,
+        batch.seq_lens,
+        scale,
+        batch.max_seq_len,
+        num_splits=num_splits,
+        out=out,
+    )
+    ref = reference.paged_decode_attention_ref(
+        batch.q.float(),
+        batch.k_cache.float(),
+        batch.v_cache.float(),
+        batch.block_tables,
+        batch.seq_lens,
+        scale,
+    )
     assert _rel_err(out, ref) < bound
     if num_splits is None:
-        via_ops = ops.paged_decode_attention(batch.q, batch.k_cache, batch.v_cache,
-                                             batch.block_tables, batch.seq_lens, scale,
-                                             batch.max_seq_len)
+        via_ops = ops.paged_decode_attention(
+            batch.q,
+            batch.k_cache,
+            batch.v_cache,
+            batch.block_tables,
+            batch.seq_lens,
+            scale,
+            batch.max_seq_len,
+        )
         torch.testing.assert_close(via_ops, out, rtol=0, atol=0)
 
 
 def test_decode_equals_last_row_of_prefill() -> None:
     """A decode step is the last query of the same sequence run through paged_attention."""
-    batch = make_paged_batch([(10, 1), (3, 1)], num_q_heads=4, num_kv_heads=2, head_dim=16,
-                             block_size=4, dtype=torch.float32, device="cpu", seed=7)
-    decode = ops.paged_decode_attention(batch.q, batch.k_cache, batch.v_cache, batch.block_tables,
-                                        batch.seq_lens, 0.25, batch.max_seq_len)
-    prefill = ops.paged_attention(batch.q, batch.k_cache, batch.v_cache, batch.block_tables,
-                                  batch.seq_lens, batch.query_start_loc, 0.25, 1,
-                                  batch.max_seq_len)
+    batch = make_paged_batch(
+        [(10, 1), (3, 1)],
+        num_q_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        block_size=4,
+        dtype=torch.float32,
+        device="cpu",
+        seed=7,
+    )
+    decode = ops.paged_decode_attention(
+        batch.q,
+        batch.k_cache,
+        batch.v_cache,
+        batch.block_tables,
+        batch.seq_lens,
+        0.25,
+        batch.max_seq_len,
+    )
+    prefill = ops.paged_attention(
+        batch.q,
+        batch.k_cache,
+        batch.v_cache,
+        batch.block_tables,
+        batch.seq_lens,
+        batch.query_start_loc,
+        0.25,
+        1,
+        batch.max_seq_len,
+    )
     torch.testing.assert_close(decode, prefill, rtol=1e-5, atol=1e-5)

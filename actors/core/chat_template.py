@@ -1,0 +1,100 @@
+"""Chat templates: render a conversation into prompt text the way HF `apply_chat_template` does.
+
+Templates come from model files, so they are untrusted code: they run in jinja2's immutable
+sandbox. The environment mirrors transformers' (trim_blocks, lstrip_blocks, loop controls, a
+`tojson` that does not HTML-escape, `raise_exception`, `strftime_now`, and a pass-through
+`{% generation %}` tag) so that the same template gives the same text.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+import jinja2
+import jinja2.ext
+import jinja2.nodes
+import jinja2.parser
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+
+class ChatTemplateError(ValueError):
+    """The model has no chat template, the template is broken, or it rejected the messages."""
+
+
+class _GenerationTag(jinja2.ext.Extension):
+    """`{% generation %}...{% endgeneration %}` marks assistant text for training masks in HF;
+    for rendering it is a no-op, but templates that use it must still parse."""
+
+    tags = {"generation"}  # noqa: RUF012 - jinja2's own class attribute
+
+    def parse(self, parser: jinja2.parser.Parser) -> jinja2.nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return jinja2.nodes.Scope(body, lineno=lineno)
+
+
+def _raise_exception(message: str) -> None:
+    raise jinja2.TemplateError(message)
+
+
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
+    # jinja2's built-in tojson HTML-escapes '<' and '&', which would change the prompt.
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
+
+
+class ChatTemplate:
+    """A compiled chat template. `render()` is safe to call from any thread."""
+
+    def __init__(
+        self,
+        source: str,
+        *,
+        special_tokens: Mapping[str, str | None] | None = None,
+        now: Callable[[], datetime] = datetime.now,
+    ) -> None:
+        """`special_tokens` (bos_token, eos_token, ...) become template variables, as in HF.
+        `now` backs `strftime_now`; pass a fixed clock where output must be reproducible."""
+        env = ImmutableSandboxedEnvironment(
+            trim_blocks=True,
+            lstrip_blocks=True,
+            extensions=[jinja2.ext.loopcontrols, _GenerationTag],
+        )
+        env.filters["tojson"] = _tojson
+        env.globals["raise_exception"] = _raise_exception
+        env.globals["strftime_now"] = lambda fmt: now().strftime(fmt)
+        try:
+            self._template = env.from_string(source)
+        except jinja2.TemplateSyntaxError as exc:
+            raise ChatTemplateError(f"the chat template does not parse: {exc}") from exc
+        self._special_tokens = {k: v for k, v in (special_tokens or {}).items() if v is not None}
+
+    def render(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        **extra: Any,
+    ) -> str:
+        """The prompt text for `messages` (dicts with role and content, as in the OpenAI API).
+        `extra` passes further template variables (tools, documents, enable_thinking, ...)."""
+        variables: dict[str, Any] = {"tools": None, "documents": None, **self._special_tokens}
+        variables.update(extra)
+        try:
+            return self._template.render(
+                messages=[dict(m) for m in messages],
+                add_generation_prompt=add_generation_prompt,
+                **variables,
+            )
+        except Exception as exc:  # the template is foreign code: any failure is its verdict
+            raise ChatTemplateError(f"the chat template rejected the messages: {exc}") from exc

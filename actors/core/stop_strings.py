@@ -1,0 +1,69 @@
+"""Stop strings over a text stream: match across token boundaries, never leak a partial match.
+
+Text arrives in deltas. A stop string may start in one delta and end two deltas later, so the
+matcher holds back the longest suffix of what it has seen that could still grow into a stop
+string, and releases it once it cannot:
+
+    stop = "END"      feed("the E") -> "the "   (hold "E")
+                      feed("N")     -> ""       (hold "EN")
+                      feed("D!")    -> match: output stops before "END"; "!" is dropped
+    false start:      feed("the E") -> "the ", feed("x") -> "Ex"
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+class StopStringMatcher:
+    """Per-request stop-string state. Empty `stops` makes it a pass-through."""
+
+    def __init__(self, stops: Sequence[str], *, include_in_output: bool = False) -> None:
+        if any(not stop for stop in stops):
+            raise ValueError("stop strings must be non-empty")
+        self._stops = tuple(stops)
+        self._include = include_in_output
+        self._held = ""
+        self.matched: str | None = None  # the stop string that ended the stream, once it has
+
+    def feed(self, text: str) -> str:
+        """Text that is safe to emit after appending `text`. After a match, returns the text up
+        to the match (or through it, when included) and ignores all later input."""
+        if self.matched is not None:
+            return ""
+        if not self._stops:
+            return text
+        buffer = self._held + text
+        match = self._earliest_match(buffer)
+        if match is not None:
+            start, stop = match
+            self.matched = stop
+            self._held = ""
+            return buffer[: start + len(stop)] if self._include else buffer[:start]
+        keep = self._partial_suffix_len(buffer)
+        self._held = buffer[len(buffer) - keep :]
+        return buffer[: len(buffer) - keep]
+
+    def flush(self) -> str:
+        """At the end of the stream: the held-back text, which turned out not to be a stop."""
+        held, self._held = self._held, ""
+        return held
+
+    def _earliest_match(self, buffer: str) -> tuple[int, str] | None:
+        # The held text never holds a whole stop string, so any match ends in the new text. The
+        # earliest start wins; on a tie, the stop listed first.
+        best: tuple[int, str] | None = None
+        for stop in self._stops:
+            start = buffer.find(stop)
+            if start >= 0 and (best is None or start < best[0]):
+                best = (start, stop)
+        return best
+
+    def _partial_suffix_len(self, buffer: str) -> int:
+        """Length of the longest suffix of `buffer` that is a proper prefix of some stop."""
+        longest = max(len(stop) for stop in self._stops) - 1
+        for size in range(min(longest, len(buffer)), 0, -1):
+            tail = buffer[-size:]
+            if any(stop.startswith(tail) for stop in self._stops):
+                return size
+        return 0

@@ -1,0 +1,160 @@
+"""Build a `TextTokenizer` from the tokenizer metadata of a GGUF file.
+
+Only `tokenizer.ggml.model == "gpt2"` (byte-level BPE) is supported: the family of SmolLM2,
+Llama 3 and Qwen2/3. The pre-tokenizer follows llama.cpp's `tokenizer.ggml.pre` names, so that
+text splits the way the model was trained. Note that transformers' own GGUF loader drops the
+digit split of the "smollm" pre-tokenizer: for a whitespace run before a digit ("a  1") it
+gives [a, Ġ, Ġ, 1] where the original SmolLM2 tokenizer.json and llama.cpp give [a, ĠĠ, 1].
+We follow the original.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+
+from troupe.actors.core.tokenizer_gguf_metadata import MetadataValue, read_gguf_metadata
+from troupe.actors.core.tokenizer_text import TextTokenizer
+
+# GGUF token types (llama.cpp's llama_token_type).
+_NORMAL, _UNKNOWN, _CONTROL, _USER_DEFINED, _UNUSED, _BYTE = 1, 2, 3, 4, 5, 6
+
+_LLAMA3_REGEX = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2_REGEX = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+# llama.cpp pre-tokenizer names -> what they split on before byte-level BPE.
+_DIGITS_THEN_GPT2 = ("smollm", "starcoder", "refact", "command-r", "codeshell")
+_GPT2 = ("gpt2", "default", "mpt", "olmo")
+_SPLIT_REGEX = {"llama-bpe": _LLAMA3_REGEX, "llama3": _LLAMA3_REGEX, "qwen2": _QWEN2_REGEX}
+
+
+def load_gguf_tokenizer(path: Path) -> TextTokenizer:
+    """The tokenizer stored in the GGUF file at `path`. Raises ValueError naming the file and
+    the metadata key when something is missing or unsupported."""
+    meta = read_gguf_metadata(path)
+    kind = _get(meta, path, "tokenizer.ggml.model")
+    if kind != "gpt2":
+        raise ValueError(
+            f"{path}: tokenizer.ggml.model is {kind!r}; only 'gpt2' (byte-level BPE) GGUF "
+            "tokenizers are supported (use the model's HF folder instead)"
+        )
+    tokens = _str_list(meta, path, "tokenizer.ggml.tokens")
+    merges = _str_list(meta, path, "tokenizer.ggml.merges")
+    token_types = meta.get("tokenizer.ggml.token_type")
+    if not isinstance(token_types, list) or len(token_types) != len(tokens):
+        token_types = [_NORMAL] * len(tokens)
+
+    vocab = {token: token_id for token_id, token in enumerate(tokens)}
+    pairs = []
+    for merge in merges:
+        left, sep, right = merge.partition(" ")
+        if not sep:
+            raise ValueError(f"{path}: tokenizer.ggml.merges entry {merge!r} is not 'left right'")
+        pairs.append((left, right))
+    tokenizer = Tokenizer(models.BPE(vocab, pairs, fuse_unk=False, byte_fallback=False))
+    tokenizer.pre_tokenizer = _pre_tokenizer(meta, path)
+    tokenizer.decoder = decoders.ByteLevel()
+    # Control tokens are special (skipped on decode); user-defined ones are plain added tokens.
+    tokenizer.add_tokens(
+        [
+            AddedToken(tokens[i], special=token_types[i] == _CONTROL, normalized=False)
+            for i in range(len(tokens))
+            if token_types[i] in (_CONTROL, _USER_DEFINED)
+        ]
+    )
+
+    bos_id = _optional_id(meta, "tokenizer.ggml.bos_token_id", len(tokens))
+    eos_id = _optional_id(meta, "tokenizer.ggml.eos_token_id", len(tokens))
+    add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", False)) and bos_id is not None
+    add_eos = bool(meta.get("tokenizer.ggml.add_eos_token", False)) and eos_id is not None
+    if add_bos or add_eos:
+        tokenizer.post_processor = _bos_eos_processor(
+            tokens, bos_id if add_bos else None, eos_id if add_eos else None
+        )
+    eos_ids = [eos_id] if eos_id is not None else []
+    eot_id = _optional_id(meta, "tokenizer.ggml.eot_token_id", len(tokens))
+    if eot_id is not None and eot_id not in eos_ids:
+        eos_ids.append(eot_id)
+    template = meta.get("tokenizer.chat_template")
+    unk_id = _optional_id(meta, "tokenizer.ggml.unknown_token_id", len(tokens))
+    pad_id = _optional_id(meta, "tokenizer.ggml.padding_token_id", len(tokens))
+    return TextTokenizer(
+        tokenizer,
+        source=str(path),
+        bos_token_id=bos_id,
+        eos_token_ids=tuple(eos_ids),
+        chat_template=template if isinstance(template, str) else None,
+        unk_token=tokens[unk_id] if unk_id is not None else None,
+        pad_token=tokens[pad_id] if pad_id is not None else None,
+    )
+
+
+def _pre_tokenizer(meta: dict[str, MetadataValue], path: Path) -> pre_tokenizers.PreTokenizer:
+    pre = meta.get("tokenizer.ggml.pre", "default")
+    if pre in _DIGITS_THEN_GPT2:
+        return pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Digits(individual_digits=True),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+            ]
+        )
+    if pre in _GPT2:
+        return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    if isinstance(pre, str) and pre in _SPLIT_REGEX:
+        return pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(_SPLIT_REGEX[pre]), behavior="isolated"),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
+    supported = sorted((*_DIGITS_THEN_GPT2, *_GPT2, *_SPLIT_REGEX))
+    raise ValueError(
+        f"{path}: tokenizer.ggml.pre {pre!r} is not supported (supported: {', '.join(supported)})"
+    )
+
+
+def _bos_eos_processor(
+    tokens: list[str], bos_id: int | None, eos_id: int | None
+) -> processors.TemplateProcessing:
+    single, pair, special = ["$A"], ["$A", "$B"], []
+    if bos_id is not None:
+        single, pair = [tokens[bos_id], *single], [tokens[bos_id], "$A", tokens[bos_id], "$B"]
+        special.append((tokens[bos_id], bos_id))
+    if eos_id is not None:
+        single.append(tokens[eos_id])
+        pair = [*pair[: pair.index("$B")], tokens[eos_id], "$B", tokens[eos_id]]
+        special.append((tokens[eos_id], eos_id))
+    return processors.TemplateProcessing(single=single, pair=pair, special_tokens=special)
+
+
+def _get(meta: dict[str, MetadataValue], path: Path, key: str) -> MetadataValue:
+    if key not in meta:
+        raise ValueError(f"{path}: GGUF metadata has no {key!r}: the file carries no tokenizer")
+    return meta[key]
+
+
+def _str_list(meta: dict[str, MetadataValue], path: Path, key: str) -> list[str]:
+    value = _get(meta, path, key)
+    if not isinstance(value, list):
+        raise ValueError(f"{path}: GGUF metadata {key!r} is not an array")
+    out: list[str] = []
+    for item in value:
+        if isinstance(item, bytes):  # byte-level BPE token texts are ASCII-safe; be lenient
+            item = item.decode("utf-8", "replace")
+        if not isinstance(item, str):
+            raise ValueError(f"{path}: GGUF metadata {key!r} holds a non-string {item!r}")
+        out.append(item)
+    return out
+
+
+def _optional_id(meta: dict[str, MetadataValue], key: str, vocab_size: int) -> int | None:
+    value = meta.get(key)
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < vocab_size:
+        return value
+    return None

@@ -1,0 +1,95 @@
+"""The aiohttp application: routes, auth / drain / error middleware, health, metrics, page."""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Awaitable, Callable
+from importlib import resources
+
+from aiohttp import web
+
+from troupe.gateway import openai_routes
+from troupe.gateway.engine_api import EngineLike
+from troupe.gateway.errors import ApiError, from_http_exception
+from troupe.gateway.state import GATEWAY, Gateway, GatewaySettings
+from troupe.gateway.websocket import websocket
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def build_app(engine: EngineLike, settings: GatewaySettings | None = None) -> web.Application:
+    """An app serving `engine`; the engine's lifetime is the caller's business."""
+    settings = settings or GatewaySettings()
+    app = web.Application(
+        client_max_size=settings.max_body_bytes,
+        middlewares=[_errors, _auth, _drain],
+    )
+    app[GATEWAY] = Gateway(engine, settings)
+    app.router.add_get("/", playground)
+    app.router.add_get("/health", health)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/v1/models", openai_routes.models)
+    app.router.add_post("/v1/completions", openai_routes.completions)
+    app.router.add_post("/v1/chat/completions", openai_routes.chat_completions)
+    app.router.add_get("/v1/ws", websocket)
+    return app
+
+
+@web.middleware
+async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every error leaves in OpenAI's shape, aiohttp's own (404, 405, 413) included."""
+    try:
+        return await handler(request)
+    except ApiError as exc:
+        return exc.response()
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return from_http_exception(exc).response()
+
+
+@web.middleware
+async def _auth(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """With an api key set, /v1/* needs `Authorization: Bearer <key>` (the websocket may also
+    pass `?api_key=`, since browsers cannot set headers on a websocket)."""
+    key = request.app[GATEWAY].settings.api_key
+    if key is None or not request.path.startswith("/v1/"):
+        return await handler(request)
+    given = request.headers.get("Authorization", "")
+    token = given[7:] if given[:7].lower() == "bearer " else ""
+    if not token and request.path == "/v1/ws":
+        token = request.query.get("api_key", "")
+    if not token:
+        raise ApiError(401, "missing API key: send 'Authorization: Bearer <key>'",
+                       code="missing_api_key")  # fmt: skip
+    if not hmac.compare_digest(token.encode(), key.encode()):
+        raise ApiError(401, "invalid API key", code="invalid_api_key")
+    return await handler(request)
+
+
+@web.middleware
+async def _drain(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """While shutting down, new work gets 503; in-flight requests run on to their deadline."""
+    if request.app[GATEWAY].is_draining and request.path.startswith("/v1/"):
+        if request.method == "POST" or request.path == "/v1/ws":
+            raise ApiError(503, "the server is shutting down", code="shutting_down",
+                           headers={"Retry-After": "5"})  # fmt: skip
+    return await handler(request)
+
+
+async def health(request: web.Request) -> web.Response:
+    """200 while serving; 503 once draining (load balancers stop sending work)."""
+    gateway = request.app[GATEWAY]
+    if gateway.is_draining:
+        return web.json_response({"status": "draining"}, status=503)
+    return web.json_response({"status": "ok", "model": gateway.engine.model_name})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = request.app[GATEWAY].metrics.render()
+    return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4"})
+
+
+async def playground(request: web.Request) -> web.Response:
+    page = resources.files("troupe.gateway").joinpath("static/index.html").read_bytes()
+    return web.Response(body=page, content_type="text/html", charset="utf-8")

@@ -1,0 +1,134 @@
+"""Prometheus metrics: outcomes and latencies from engine events, state from engine.stats().
+
+Each app owns its CollectorRegistry, so several servers (tests) can live in one process.
+Latencies come from the event listener (called on the event loop for every event the engine
+dispatches); gauges and engine-side counters are read from `engine.stats()` at scrape time by
+a custom collector, so they are never stale and cost nothing between scrapes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from troupe.gateway.engine_api import EngineLike
+from troupe.messages import Aborted, Delta, Failed, Finished, Rejected, StreamEvent
+
+_LATENCY_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
+    1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+)  # fmt: skip
+
+
+class EngineStatsCollector(Collector):
+    """Reads engine.stats() at scrape time."""
+
+    def __init__(self, engine: EngineLike) -> None:
+        self._engine = engine
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self._engine.stats()
+        running = GaugeMetricFamily("troupe_requests_running", "Requests in the running batch")
+        running.add_metric([], stats.num_running)
+        waiting = GaugeMetricFamily("troupe_requests_waiting", "Requests waiting to be scheduled")
+        waiting.add_metric([], stats.num_waiting)
+        swapped = GaugeMetricFamily("troupe_requests_swapped", "Requests preempted to CPU")
+        swapped.add_metric([], stats.num_swapped)
+        used = GaugeMetricFamily(
+            "troupe_kv_blocks_used", "KV cache blocks owned by requests", labels=["pool"]
+        )
+        used.add_metric(["gpu"], stats.num_gpu_blocks_used)
+        used.add_metric(["cpu"], stats.num_cpu_blocks_used)
+        total = GaugeMetricFamily("troupe_kv_blocks_total", "KV cache blocks", labels=["pool"])
+        total.add_metric(["gpu"], stats.num_gpu_blocks)
+        total.add_metric(["cpu"], stats.num_cpu_blocks)
+        cached = GaugeMetricFamily(
+            "troupe_kv_blocks_cached", "Free GPU blocks holding reusable prefix KV"
+        )
+        cached.add_metric([], stats.num_gpu_blocks_cached)
+        preemptions = CounterMetricFamily(
+            "troupe_preemptions", "Preemptions by mode", labels=["mode"]
+        )
+        preemptions.add_metric(["swap"], stats.num_preemptions_swap)
+        preemptions.add_metric(["recompute"], stats.num_preemptions_recompute)
+        hits = CounterMetricFamily(
+            "troupe_prefix_cache_hit_tokens", "Prompt tokens served from the prefix cache"
+        )
+        hits.add_metric([], stats.prefix_cache_hit_tokens)
+        queries = CounterMetricFamily(
+            "troupe_prefix_cache_query_tokens", "Prompt tokens looked up in the prefix cache"
+        )
+        queries.add_metric([], stats.prefix_cache_query_tokens)
+        steps = CounterMetricFamily("troupe_engine_steps", "Scheduling steps run")
+        steps.add_metric([], stats.num_steps)
+        yield from (running, waiting, swapped, used, total, cached, preemptions, hits, queries)
+        yield steps
+
+
+class GatewayMetrics:
+    """The app's registry; `on_event` is the engine event listener."""
+
+    def __init__(self, engine: EngineLike) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.requests = Counter(
+            "troupe_requests",
+            "Requests by terminal outcome (stop, length, aborted, rejected, failed)",
+            ["outcome"],
+            registry=self.registry,
+        )
+        for outcome in ("stop", "length", "aborted", "rejected", "failed"):
+            self.requests.labels(outcome)  # export zeros so rate() works from the first scrape
+        self.ttft = Histogram(
+            "troupe_time_to_first_token_seconds",
+            "Arrival to first token",
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.itl = Histogram(
+            "troupe_inter_token_latency_seconds",
+            "Time between consecutive output tokens of a request",
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.e2e = Histogram(
+            "troupe_e2e_request_latency_seconds",
+            "Arrival to the terminal event",
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.registry.register(EngineStatsCollector(engine))
+        self._last_token_time: dict[str, float] = {}
+
+    def on_event(self, event: StreamEvent, now: float) -> None:
+        """Engine event listener: runs on the event loop for every event; keep it cheap."""
+        if event.token_ids:
+            last = self._last_token_time.get(event.request_id)
+            if last is not None:
+                # A delta may carry several tokens: spread the gap over them.
+                gap = (now - last) / len(event.token_ids)
+                for _ in event.token_ids:
+                    self.itl.observe(gap)
+            self._last_token_time[event.request_id] = now
+        if isinstance(event, Delta):
+            return
+        self._last_token_time.pop(event.request_id, None)
+        match event:
+            case Finished():
+                self.requests.labels(str(event.finish_reason)).inc()
+                if event.timings.ttft is not None:
+                    self.ttft.observe(event.timings.ttft)
+                self.e2e.observe(event.timings.e2e)
+            case Aborted():
+                self.requests.labels("aborted").inc()
+                if event.timings.ttft is not None:
+                    self.ttft.observe(event.timings.ttft)
+            case Rejected():
+                self.requests.labels("rejected").inc()
+            case Failed():
+                self.requests.labels("failed").inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,183 @@
+"""POST /v1/completions and /v1/chat/completions (JSON or SSE), GET /v1/models."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import Iterable
+from typing import Any
+
+import msgspec
+from aiohttp import web
+
+from troupe.gateway.errors import ApiError, error_for_event, invalid
+from troupe.gateway.openai_requests import Kind, OpenAIRequest, api_error_for_model, parse_request
+from troupe.gateway.openai_responses import ResponseBuilder
+from troupe.gateway.outbox import Outbox, Overflow
+from troupe.gateway.pump import abort_transport_later, pump
+from troupe.gateway.state import GATEWAY, Gateway
+from troupe.messages import Delta, Finished, StreamEvent, TokenLogprob
+
+_DONE = "data: [DONE]\n\n"
+_json = msgspec.json.Encoder()
+
+
+def _sse(obj: Any) -> str:
+    return f"data: {_json.encode(obj).decode()}\n\n"
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    return await _handle(request, "completion")
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    return await _handle(request, "chat")
+
+
+async def models(request: web.Request) -> web.Response:
+    engine = request.app[GATEWAY].engine
+    return web.json_response(
+        {
+            "object": "list",
+            "data": [
+                {
+                    "id": engine.model_name,
+                    "object": "model",
+                    "created": 0,
+                    "owned_by": "troupe",
+                    "max_model_len": engine.max_model_len,
+                }
+            ],
+        }
+    )
+
+
+async def _read_json(request: web.Request) -> Any:
+    body = await request.read()  # aiohttp raises 413 past client_max_size
+    try:
+        return msgspec.json.decode(body)
+    except msgspec.DecodeError as exc:
+        raise invalid("body", f"request body is not valid JSON: {exc}") from None
+
+
+async def _handle(request: web.Request, kind: Kind) -> web.StreamResponse:
+    gateway = request.app[GATEWAY]
+    engine = gateway.engine
+    # Chat answers run to the end of the context unless capped (the engine clips at
+    # max_model_len); completions keep OpenAI's default of 16.
+    default_max_tokens = engine.max_model_len if kind == "chat" else 16
+    req = parse_request(kind, await _read_json(request), default_max_tokens=default_max_tokens)
+    if (error := api_error_for_model(req.model, engine.model_name)) is not None:
+        raise error
+    prefix = "chatcmpl" if kind == "chat" else "cmpl"
+    request_id = f"{prefix}-{uuid.uuid4().hex}"
+    builder = ResponseBuilder(kind, engine.model_name, request_id, engine.tokenizer)
+    gateway.stream_opened()
+    try:
+        events = engine.generate(req.prompt, req.params, request_id=request_id)
+        if not req.stream:
+            return await _whole(events, builder)
+        return await _stream(request, gateway, events, builder, req)
+    finally:
+        gateway.stream_closed()
+
+
+async def _whole(events: Any, builder: ResponseBuilder) -> web.Response:
+    """Collect the stream; a vanished client cancels this handler, which aborts the request."""
+    texts: list[str] = []
+    logprobs: list[TokenLogprob] | None = None
+    async with contextlib.aclosing(events):
+        async for event in events:
+            texts.append(event.text)
+            if isinstance(event, Delta | Finished) and event.logprobs is not None:
+                logprobs = (logprobs or []) + list(event.logprobs)
+            if isinstance(event, Finished):
+                body = builder.full(
+                    "".join(texts),
+                    str(event.finish_reason),
+                    event.usage,
+                    logprobs,
+                    event.stop_reason,
+                )
+                return web.json_response(body, dumps=lambda o: _json.encode(o).decode())
+            if event.is_terminal:
+                raise error_for_event(event)
+    raise ApiError(500, "the engine ended the stream without a terminal event")
+
+
+async def _stream(
+    request: web.Request,
+    gateway: Gateway,
+    events: Any,
+    builder: ResponseBuilder,
+    req: OpenAIRequest,
+) -> web.StreamResponse:
+    # Wait for the first event before answering, so rejections get their real status (400,
+    # 429, 503) instead of a 200 stream carrying an error.
+    try:
+        first: StreamEvent = await anext(events)
+    except BaseException:
+        await events.aclose()
+        raise
+    if first.is_terminal and not isinstance(first, Finished):
+        await events.aclose()
+        raise error_for_event(first)  # type: ignore[arg-type]
+
+    response = web.StreamResponse(
+        headers={
+            "Content-Type": "text/event-stream",
+            "Cache-Control": "no-cache",
+            "X-Accel-Buffering": "no",  # proxies: do not buffer the stream
+        }
+    )
+    await response.prepare(request)
+    settings = gateway.settings
+    outbox = Outbox(max_frames=settings.max_buffered_frames, max_bytes=settings.max_buffered_bytes)
+    if req.kind == "chat":
+        outbox.put(_sse(builder.role_chunk()))
+    task = asyncio.create_task(_pump_sse(events, outbox, builder, req, first))
+    abort_handle: asyncio.TimerHandle | None = None
+    try:
+        while (frame := await outbox.get()) is not None:
+            if outbox.overflowed is not None and abort_handle is None:
+                abort_handle = abort_transport_later(request, settings.slow_client_grace)
+            await response.write(frame.encode())
+        await response.write_eof()
+    finally:
+        if abort_handle is not None:
+            abort_handle.cancel()
+        if not task.done():
+            task.cancel()  # the client went away: closing the stream aborts the request
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    return response
+
+
+async def _pump_sse(
+    events: Any,
+    outbox: Outbox,
+    builder: ResponseBuilder,
+    req: OpenAIRequest,
+    first: StreamEvent,
+) -> None:
+    def encode(event: StreamEvent) -> Iterable[str]:
+        if isinstance(event, Delta):
+            if event.text or event.logprobs:
+                yield _sse(builder.delta_chunk(event.text, event.logprobs))
+        elif isinstance(event, Finished):
+            finish = str(event.finish_reason)
+            yield _sse(builder.delta_chunk(event.text, event.logprobs, finish, event.stop_reason))
+            if req.include_usage:
+                yield _sse(builder.usage_chunk(event.usage))
+            yield _DONE
+        else:
+            yield _sse(error_for_event(event).body())  # type: ignore[arg-type]
+            yield _DONE
+
+    try:
+        await pump(events, outbox, encode, first)
+    except Overflow as exc:
+        outbox.put_final(_sse(ApiError(429, str(exc), code="slow_consumer").body()))
+    finally:
+        outbox.close()

@@ -1,0 +1,148 @@
+"""Batched sampling: penalties, temperature, top-k, top-p, min-p, seeded Gumbel-max, logprobs.
+
+Randomness is a counter-based hash of (request seed, position, token id) turned into Gumbel
+noise, so a request's tokens depend only on its own seed and logits: not on the rest of the
+batch, not on preemption, not on the device's RNG state. Every request has a seed (the
+executor draws one for requests without).
+
+Order per row (vLLM semantics): repetition, frequency and presence penalties; greedy rows take
+the argmax here. Others: divide by temperature, top-k, top-p, then min-p, then Gumbel-max.
+Logprobs come from the raw logits (no penalty, temperature 1), as vLLM's default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from troupe.messages import TokenLogprob
+
+_MASK32 = 0xFFFFFFFF
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer finalizer on int64 tensors holding values < 2**32.
+
+    Multipliers are < 2**31 so products stay below 2**63: no signed overflow anywhere.
+    """
+    x = x ^ (x >> 16)
+    x = (x * 0x7FEB352D) & _MASK32
+    x = x ^ (x >> 15)
+    x = (x * 0x2C1B3C6D) & _MASK32
+    return x ^ (x >> 16)
+
+
+def _splitmix64(value: int) -> int:
+    value = (value + 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
+    value = ((value ^ (value >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    value = ((value ^ (value >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    return value ^ (value >> 31)
+
+
+def row_keys(seed: int, position: int) -> tuple[int, int]:
+    """Two 32-bit keys for one (seed, position): the per-row part of the hash."""
+    key = _splitmix64(seed ^ _splitmix64(position))
+    return key & _MASK32, key >> 32
+
+
+def gumbel_noise(keys: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """[S, V] Gumbel(0, 1) noise from keys [S, 2] int64; a pure function of (key, token id)."""
+    token = _mix32(torch.arange(vocab_size, device=keys.device, dtype=torch.int64) + 0x632BE5AB)
+    x = _mix32(token[None, :] ^ keys[:, :1])
+    x = _mix32((x + keys[:, 1:]) & _MASK32)
+    uniform = ((x >> 8).float() + 0.5) * (1.0 / 2**24)  # in (0, 1): both logs stay finite
+    return -torch.log(-torch.log(uniform))
+
+
+@dataclasses.dataclass(kw_only=True)
+class SamplingBatch:
+    """Per-row sampling settings of one step, as device tensors."""
+
+    temperature: torch.Tensor  # [S] f32; 0 = greedy
+    top_k: torch.Tensor  # [S] int64; vocab size = off
+    top_p: torch.Tensor  # [S] f32
+    min_p: torch.Tensor  # [S] f32
+    keys: torch.Tensor  # [S, 2] int64 from row_keys(seed, position of the sampled token)
+    presence: torch.Tensor  # [S] f32
+    frequency: torch.Tensor  # [S] f32
+    repetition: torch.Tensor  # [S] f32
+    output_counts: torch.Tensor | None = None  # [S, V] f32 counts of output tokens
+    seen_mask: torch.Tensor | None = None  # [S, V] bool: in prompt or output
+    num_logprobs: tuple[int | None, ...] = ()
+    all_greedy: bool = False
+    use_top_k: bool = False
+    use_top_p: bool = False
+    use_min_p: bool = False
+
+
+def apply_penalties(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    """Repetition on prompt+output tokens; frequency and presence on output tokens."""
+    if batch.seen_mask is not None:
+        rep = batch.repetition[:, None]
+        penalized = torch.where(logits > 0, logits / rep, logits * rep)
+        logits = torch.where(batch.seen_mask, penalized, logits)
+    if batch.output_counts is not None:
+        counts = batch.output_counts
+        logits = logits - batch.frequency[:, None] * counts
+        logits = logits - batch.presence[:, None] * (counts > 0).float()
+    return logits
+
+
+def filter_logits(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    """Temperature-scaled logits with tokens outside top-k / top-p / min-p set to -inf."""
+    temperature = torch.where(batch.temperature > 0, batch.temperature, 1.0)
+    logits = logits / temperature[:, None]
+    if batch.use_top_k or batch.use_top_p:
+        ordered, order = logits.sort(dim=-1, descending=True)
+        if batch.use_top_k:
+            kth = ordered.gather(1, (batch.top_k - 1).clamp(min=0)[:, None])
+            ordered = ordered.masked_fill(ordered < kth, float("-inf"))
+        remove = ordered == float("-inf")
+        if batch.use_top_p:
+            probs = ordered.softmax(dim=-1)
+            before = probs.cumsum(dim=-1) - probs  # mass of the strictly better tokens
+            remove = remove | (before >= batch.top_p[:, None])
+        logits = logits.masked_fill(torch.zeros_like(remove).scatter(1, order, remove),
+                                    float("-inf"))
+    if batch.use_min_p:
+        probs = logits.softmax(dim=-1)
+        floor = batch.min_p[:, None] * probs.max(dim=-1, keepdim=True).values
+        logits = logits.masked_fill(probs < floor, float("-inf"))
+    return logits
+
+
+def sample(
+    logits: torch.Tensor, batch: SamplingBatch
+) -> tuple[torch.Tensor, tuple[TokenLogprob | None, ...]]:
+    """Token ids [S] (int64, on logits' device) and per-row logprobs (None where not asked)."""
+    raw = logits
+    logits = apply_penalties(logits.float(), batch)
+    greedy_ids = logits.argmax(dim=-1)
+    if batch.all_greedy:
+        token_ids = greedy_ids
+    else:
+        noisy = filter_logits(logits, batch) + gumbel_noise(batch.keys, logits.shape[-1])
+        token_ids = torch.where(batch.temperature > 0, noisy.argmax(dim=-1), greedy_ids)
+    return token_ids, _logprobs(raw, token_ids, batch.num_logprobs)
+
+
+def _logprobs(
+    raw: torch.Tensor, token_ids: torch.Tensor, wanted: tuple[int | None, ...]
+) -> tuple[TokenLogprob | None, ...]:
+    rows = [i for i, n in enumerate(wanted) if n is not None]
+    if not rows:
+        return tuple(None for _ in wanted)
+    index = torch.tensor(rows, device=raw.device)
+    logprobs = raw.index_select(0, index).float().log_softmax(dim=-1)
+    chosen = logprobs.gather(1, token_ids.index_select(0, index)[:, None])[:, 0].tolist()
+    top_n = max(wanted[i] or 0 for i in rows)
+    top_values, top_ids = logprobs.topk(top_n, dim=-1) if top_n else (logprobs[:, :0],) * 2
+    values, ids = top_values.tolist(), top_ids.tolist()
+    sampled = token_ids.index_select(0, index).tolist()
+    out: list[TokenLogprob | None] = [None] * len(wanted)
+    for j, row in enumerate(rows):
+        n = wanted[row] or 0
+        top = tuple(zip(ids[j][:n], values[j][:n], strict=True))
+        out[row] = TokenLogprob(sampled[j], chosen[j], top)
+    return tuple(out)

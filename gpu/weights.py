@@ -1,0 +1,130 @@
+"""Weight sources: HF folders (safetensors, single or sharded), GGUF files, random weights."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import torch
+
+from troupe.gpu.gguf_weights import iter_gguf_tensors, read_gguf_config
+from troupe.gpu.model_config import ModelConfig, ModelLoadError
+from troupe.gpu.models import DecoderModel
+
+INDEX_FILE = "model.safetensors.index.json"
+SINGLE_FILE = "model.safetensors"
+
+
+def read_config(path: Path) -> ModelConfig:
+    """ModelConfig of an HF folder or a .gguf file."""
+    if path.is_dir():
+        return ModelConfig.from_hf_folder(path)
+    if path.suffix == ".gguf":
+        return read_gguf_config(path)
+    raise ModelLoadError(f"{path}: expected an HF model folder or a .gguf file")
+
+
+def safetensors_files(folder: Path) -> list[Path]:
+    """The safetensors shards of an HF folder (index file first, then the single file)."""
+    index = folder / INDEX_FILE
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (OSError, ValueError, KeyError) as exc:
+            raise ModelLoadError(f"{index}: expected JSON with a 'weight_map' object") from exc
+        files = [folder / name for name in sorted(set(weight_map.values()))]
+        for file in files:
+            if not file.is_file():
+                raise ModelLoadError(f"{file}: listed in {INDEX_FILE} but missing")
+        return files
+    single = folder / SINGLE_FILE
+    if single.is_file():
+        return [single]
+    raise ModelLoadError(f"{folder}: no {SINGLE_FILE} or {INDEX_FILE}; expected safetensors weights")
+
+
+def iter_hf_tensors(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) of every tensor in the folder's safetensors files, one file at a time."""
+    from safetensors import SafetensorError, safe_open
+
+    for file in safetensors_files(folder):
+        try:
+            with safe_open(str(file), framework="pt") as handle:
+                for name in handle.keys():  # noqa: SIM118 - safe_open is not a dict
+                    yield name, handle.get_tensor(name)
+        except SafetensorError as exc:
+            raise ModelLoadError(f"{file}: not a readable safetensors file ({exc})") from exc
+
+
+def load_model(
+    path: Path, dtype: torch.dtype, device: torch.device, max_positions: int
+) -> tuple[ModelConfig, DecoderModel]:
+    """Read the config and weights of `path` into a DecoderModel on `device`."""
+    config = read_config(path)
+    tensors = iter_gguf_tensors(path, config) if path.suffix == ".gguf" else iter_hf_tensors(path)
+    return config, build_model(config, tensors, dtype, device, max_positions, source=str(path))
+
+
+def build_model(
+    config: ModelConfig,
+    tensors: Iterable[tuple[str, torch.Tensor]],
+    dtype: torch.dtype,
+    device: torch.device,
+    max_positions: int,
+    source: str = "weights",
+) -> DecoderModel:
+    """A DecoderModel with the given HF-named tensors loaded."""
+    model = DecoderModel(config, dtype, device, max_positions)
+    model.load_weights(tensors, source)
+    return model.eval()
+
+
+def random_weights(
+    config: ModelConfig, dtype: torch.dtype, seed: int, std: float = 0.02
+) -> dict[str, torch.Tensor]:
+    """HF-named random weights (normal matrices, norms near 1): benchmarks and tests.
+
+    Tests pass a larger `std` so tiny models have peaked logits (no near-ties in greedy).
+    """
+    gen = torch.Generator().manual_seed(seed)
+    c = config
+
+    def matrix(*shape: int) -> torch.Tensor:
+        return (torch.randn(*shape, generator=gen) * std).to(dtype)
+
+    def norm(size: int) -> torch.Tensor:
+        return (1.0 + 0.1 * torch.randn(size, generator=gen)).to(dtype)
+
+    out = {"model.embed_tokens.weight": matrix(c.vocab_size, c.hidden_size),
+           "model.norm.weight": norm(c.hidden_size)}
+    if not c.tie_word_embeddings:
+        out["lm_head.weight"] = matrix(c.vocab_size, c.hidden_size)
+    for i in range(c.num_layers):
+        p = f"model.layers.{i}."
+        out[p + "input_layernorm.weight"] = norm(c.hidden_size)
+        out[p + "post_attention_layernorm.weight"] = norm(c.hidden_size)
+        out[p + "self_attn.q_proj.weight"] = matrix(c.q_size, c.hidden_size)
+        out[p + "self_attn.k_proj.weight"] = matrix(c.kv_size, c.hidden_size)
+        out[p + "self_attn.v_proj.weight"] = matrix(c.kv_size, c.hidden_size)
+        out[p + "self_attn.o_proj.weight"] = matrix(c.hidden_size, c.q_size)
+        out[p + "mlp.gate_proj.weight"] = matrix(c.intermediate_size, c.hidden_size)
+        out[p + "mlp.up_proj.weight"] = matrix(c.intermediate_size, c.hidden_size)
+        out[p + "mlp.down_proj.weight"] = matrix(c.hidden_size, c.intermediate_size)
+        if c.qkv_bias:
+            for name, size in (("q", c.q_size), ("k", c.kv_size), ("v", c.kv_size)):
+                out[p + f"self_attn.{name}_proj.bias"] = matrix(size) * 5
+        if c.qk_norm:
+            out[p + "self_attn.q_norm.weight"] = norm(c.head_dim)
+            out[p + "self_attn.k_norm.weight"] = norm(c.head_dim)
+    return out
+
+
+def qwen3_0_6b_config() -> ModelConfig:
+    """The Qwen3-0.6B shape (benchmarks run it with random weights)."""
+    return ModelConfig(
+        model_type="qwen3", hidden_size=1024, num_layers=28, num_heads=16, num_kv_heads=8,
+        head_dim=128, intermediate_size=3072, vocab_size=151936, rms_norm_eps=1e-6,
+        rope_theta=1_000_000.0, tie_word_embeddings=True, qk_norm=True,
+        max_position_embeddings=40960, eos_token_ids=(151645, 151643), torch_dtype=torch.bfloat16,
+    )

@@ -1,0 +1,78 @@
+"""The graph's own CPU cost: the whole engine with the fake runner, at 1, 32 and 256 sequences.
+
+    troupe bench graph [--num-seqs N]
+
+Each level runs N concurrent requests (16-token prompts, 256 output tokens, ignore_eos) and
+reports the wall time per scheduling step and the output tokens/s through the graph. The fake
+runner's own work (a few numpy operations per step) is included: it stands in for the GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+import anyio
+
+from troupe import Engine, EngineConfig, SamplingParams
+
+TARGET_MS = {1: 0.3, 256: 2.0}
+
+
+async def _run_level(config: EngineConfig, num_seqs: int, num_tokens: int) -> dict[str, float]:
+    params = SamplingParams(max_tokens=num_tokens, ignore_eos=True, temperature=0.0)
+    async with Engine.open(config) as engine:
+        # Warm-up: one short request so tokenizer and detokenizer caches are hot.
+        async for _ in engine.generate([1, 2, 3], SamplingParams(max_tokens=4)):
+            pass
+        steps_before = engine.stats().num_steps
+        start = time.perf_counter()
+        counts: list[int] = []
+
+        async def one(i: int) -> None:
+            n = 0
+            async for event in engine.generate([100 + i % 500] * 16, params):
+                n += len(event.token_ids)
+            counts.append(n)
+
+        async with anyio.create_task_group() as tg:
+            for i in range(num_seqs):
+                tg.start_soon(one, i)
+        wall = time.perf_counter() - start
+        with anyio.fail_after(5):
+            while engine.stats().num_steps == steps_before:
+                await anyio.sleep(0.001)
+        steps = engine.stats().num_steps - steps_before
+    tokens = sum(counts)
+    return {
+        "num_seqs": num_seqs,
+        "steps": steps,
+        "ms_per_step": 1000 * wall / max(steps, 1),
+        "tokens_per_s": tokens / wall,
+    }
+
+
+def main(config: EngineConfig, ns: argparse.Namespace | None = None) -> int:
+    levels = [ns.num_seqs] if ns is not None and ns.num_seqs else [1, 32, 256]
+    config = config.replace(runner="fake", max_num_seqs=max(levels), num_kv_blocks=8192)
+    rows = []
+    for num_seqs in levels:
+        runs = [anyio.run(_run_level, config, num_seqs, 256) for _ in range(3)]
+        best = min(runs, key=lambda r: r["ms_per_step"])
+        best["ms_per_step_median"] = statistics.median(r["ms_per_step"] for r in runs)
+        rows.append(best)
+    print(f"{'seqs':>5} {'steps':>6} {'ms/step':>8} {'median':>8} {'tok/s':>10}  target")
+    for r in rows:
+        target = TARGET_MS.get(int(r["num_seqs"]))
+        mark = "" if target is None else f"<= {target} ms " + ("ok" if r["ms_per_step"] <= target else "MISSED")
+        print(
+            f"{int(r['num_seqs']):>5} {int(r['steps']):>6} {r['ms_per_step']:>8.3f} "
+            f"{r['ms_per_step_median']:>8.3f} {r['tokens_per_s']:>10.0f}  {mark}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(EngineConfig(runner="fake")))

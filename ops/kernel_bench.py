@@ -1,0 +1,239 @@
+"""Kernel benchmark (GPU): paged decode attention against copy bandwidth, and paged prefill.
+
+    python -m troupe.ops.kernel_bench [--sweep]
+
+Decode workload: 256 sequences x 1,024 context, Qwen3-0.6B heads (16 q, 8 kv, head_dim 128),
+block_size 16, bf16. Achieved bandwidth counts K and V read once plus q and out, over the median
+time from triton.testing.do_bench. torch's SDPA decode on contiguous KV (the approach of
+shared/bench/decode_anchor.py) runs on the same shapes for comparison.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+import torch
+import triton.testing
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from troupe.kernels import reference
+from troupe.kernels.decode_attention import (
+    DecodeConfig,
+    choose_num_splits,
+    paged_decode_attention_triton,
+)
+from troupe.kernels.paged_attention import paged_attention_triton
+from troupe.kernels.paged_batch import PagedBatch, make_paged_batch
+
+NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 16, 8, 128, 16
+DTYPE = torch.bfloat16
+
+
+def median_ms(fn: object) -> float:
+    return float(triton.testing.do_bench(fn, warmup=50, rep=300, return_mode="median"))
+
+
+def copy_bandwidth() -> float:
+    x = torch.randn(2**30 // 2, dtype=DTYPE, device="cuda")  # 1 GiB
+    y = torch.empty_like(x)
+    ms = median_ms(lambda: y.copy_(x))
+    return 2 * x.numel() * x.element_size() / (ms * 1e-3)
+
+
+def decode_bytes(batch: PagedBatch) -> int:
+    tokens = int(batch.seq_lens.sum())
+    kv = 2 * tokens * NUM_KV_HEADS * HEAD_DIM * batch.k_cache.element_size()
+    return kv + 2 * batch.q.numel() * batch.q.element_size()
+
+
+def decode_batch(num_seqs: int, context: int, seed: int) -> PagedBatch:
+    return make_paged_batch(
+        [(context - 1, 1)] * num_seqs,
+        num_q_heads=NUM_Q_HEADS,
+        num_kv_heads=NUM_KV_HEADS,
+        head_dim=HEAD_DIM,
+        block_size=BLOCK_SIZE,
+        dtype=DTYPE,
+        device="cuda",
+        seed=seed,
+        poison=False,
+    )
+
+
+def check(out: torch.Tensor, batch: PagedBatch, scale: float, rows: int = 16) -> float:
+    """Relative error against the fp32 reference on the first rows sequences."""
+    ref = reference.paged_decode_attention_ref(  # upcasts each gathered sequence to fp32
+        batch.q[:rows].float(),
+        batch.k_cache,
+        batch.v_cache,
+        batch.block_tables[:rows],
+        batch.seq_lens[:rows],
+        scale,
+    )
+    return float((out[:rows].float() - ref).norm() / ref.norm())
+
+
+def run_decode(num_seqs: int, context: int, copy_bw: float, sweep: bool, rows: list) -> None:
+    batch = decode_batch(num_seqs, context, seed=num_seqs + context)
+    scale = 1 / math.sqrt(HEAD_DIM)
+    nbytes = decode_bytes(batch)
+    auto = choose_num_splits(
+        num_seqs, NUM_KV_HEADS, context, torch.cuda.get_device_properties(0).multi_processor_count
+    )
+
+    def triton_fn(cfg: DecodeConfig, splits: int) -> object:
+        return lambda: paged_decode_attention_triton(
+            batch.q,
+            batch.k_cache,
+            batch.v_cache,
+            batch.block_tables,
+            batch.seq_lens,
+            scale,
+            batch.max_seq_len,
+            num_splits=splits,
+            config=cfg,
+        )
+
+    variants = [(DecodeConfig(), auto)]
+    if sweep:
+        for bn in (32, 64, 128):
+            for warps in (4, 8):
+                for stages in (2, 3, 4):
+                    variants.append((DecodeConfig(bn, warps, stages), auto))
+        for splits in {1, 2, 4, 8} - {auto}:
+            variants.append((DecodeConfig(), splits))
+    err = check(triton_fn(DecodeConfig(), auto)(), batch, scale)  # type: ignore[operator]
+    for cfg, splits in variants:
+        try:
+            ms = median_ms(triton_fn(cfg, splits))
+        except Exception as ex:  # a config that does not fit (shared memory) is reported, not fatal
+            print(f"decode {num_seqs}x{context} {cfg} splits={splits}: failed {str(ex)[:100]}")
+            continue
+        bw = nbytes / (ms * 1e-3)
+        name = f"triton bn={cfg.block_n} w={cfg.num_warps} st={cfg.num_stages} sp={splits}"
+        print(
+            f"decode {num_seqs}x{context} {name}: {ms * 1e3:.1f} us, {bw / 1e12:.2f} TB/s, "
+            f"{bw / copy_bw:.0%} of copy, rel err {err:.1e}",
+            flush=True,
+        )
+        rows.append(
+            (
+                f"decode {num_seqs}x{context}",
+                name,
+                ms,
+                f"{bw / 1e12:.2f} TB/s",
+                f"{bw / copy_bw:.0%}",
+            )
+        )
+    # torch SDPA on contiguous [B, H, T, D] KV, as shared/bench/decode_anchor.py does.
+    q4 = batch.q.view(num_seqs, NUM_Q_HEADS, 1, HEAD_DIM)
+    k4 = torch.randn(num_seqs, NUM_KV_HEADS, context, HEAD_DIM, dtype=DTYPE, device="cuda")
+    v4 = torch.randn_like(k4)
+    for label, backend in (
+        ("flash", SDPBackend.FLASH_ATTENTION),
+        ("efficient", SDPBackend.EFFICIENT_ATTENTION),
+    ):
+        try:
+            with sdpa_kernel(backend):
+                ms = median_ms(
+                    lambda: torch.nn.functional.scaled_dot_product_attention(
+                        q4, k4, v4, enable_gqa=True
+                    )
+                )
+        except Exception as ex:
+            print(f"sdpa[{label}] failed: {str(ex)[:100]}")
+            continue
+        bw = nbytes / (ms * 1e-3)
+        rows.append(
+            (
+                f"decode {num_seqs}x{context}",
+                f"torch sdpa[{label}] contiguous",
+                ms,
+                f"{bw / 1e12:.2f} TB/s",
+                f"{bw / copy_bw:.0%}",
+            )
+        )
+
+    torch.cuda.empty_cache()
+
+
+def run_prefill(lens: list[tuple[int, int]], label: str, rows: list) -> None:
+    batch = make_paged_batch(
+        lens,
+        num_q_heads=NUM_Q_HEADS,
+        num_kv_heads=NUM_KV_HEADS,
+        head_dim=HEAD_DIM,
+        block_size=BLOCK_SIZE,
+        dtype=DTYPE,
+        device="cuda",
+        seed=len(lens),
+        poison=False,
+    )
+    scale = 1 / math.sqrt(HEAD_DIM)
+    # Causal work: query i of a sequence sees ctx + i + 1 keys; 4 flops per (q, k, d) pair.
+    pairs = sum(new * ctx + new * (new + 1) // 2 for ctx, new in lens)
+    flops = 4 * pairs * NUM_Q_HEADS * HEAD_DIM
+    ms = median_ms(
+        lambda: paged_attention_triton(
+            batch.q,
+            batch.k_cache,
+            batch.v_cache,
+            batch.block_tables,
+            batch.seq_lens,
+            batch.query_start_loc,
+            scale,
+            batch.max_query_len,
+            batch.max_seq_len,
+        )
+    )
+    rows.append(
+        (
+            f"prefill {label}",
+            "triton paged_attention",
+            ms,
+            f"{flops / (ms * 1e-3) / 1e12:.0f} TFLOP/s",
+            "",
+        )
+    )
+    if all(ctx == 0 for ctx, _ in lens) and len({new for _, new in lens}) == 1:
+        num_seqs, new = len(lens), lens[0][1]
+        q4 = batch.q.view(num_seqs, new, NUM_Q_HEADS, HEAD_DIM).transpose(1, 2)
+        k4 = torch.randn(num_seqs, NUM_KV_HEADS, new, HEAD_DIM, dtype=DTYPE, device="cuda")
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            ms = median_ms(
+                lambda: torch.nn.functional.scaled_dot_product_attention(
+                    q4, k4, k4, is_causal=True, enable_gqa=True
+                )
+            )
+        rows.append(
+            (
+                f"prefill {label}",
+                "torch sdpa[flash] contiguous",
+                ms,
+                f"{flops / (ms * 1e-3) / 1e12:.0f} TFLOP/s",
+                "",
+            )
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--sweep", action="store_true", help="time many decode launch configs")
+    args = parser.parse_args()
+    copy_bw = copy_bandwidth()
+    print(f"{torch.cuda.get_device_name()}: copy {copy_bw / 1e12:.2f} TB/s (read + write)")
+    rows: list[tuple[str, str, float, str, str]] = []
+    run_decode(256, 1024, copy_bw, args.sweep, rows)
+    for num_seqs, context in ((64, 4096), (8, 16384), (1, 32768)):
+        run_decode(num_seqs, context, copy_bw, False, rows)
+    run_prefill([(0, 2048)] * 4, "4 x 2048 new", rows)
+    run_prefill([(0, 512)] * 16, "16 x 512 new", rows)
+    run_prefill([(1536, 512)] * 8, "8 x (1536 cached + 512 new)", rows)
+    run_prefill([(0, 1000), (300, 77), (2000, 1), (0, 5)] * 4, "16 mixed", rows)
+    print(f"\n{'workload':<34} {'kernel':<40} {'us':>9} {'rate':>14} {'copy':>5}")
+    for workload, kernel, ms, rate, frac in rows:
+        print(f"{workload:<34} {kernel:<40} {ms * 1e3:>9.1f} {rate:>14} {frac:>5}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,39 @@
+"""Shared helpers for whole-graph tests with the fake runner."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+
+from troupe import Engine
+from troupe.messages import Delta, StreamEvent
+
+
+async def collect(engine: Engine, prompt: Any, params: Any = None, **kw: Any) -> list[StreamEvent]:
+    """All events of one request."""
+    return [event async for event in engine.generate(prompt, params, **kw)]
+
+
+def terminal(events: list[StreamEvent]) -> StreamEvent:
+    """The single terminal event, asserting there is exactly one and it comes last."""
+    terminals = [e for e in events if not isinstance(e, Delta)]
+    assert len(terminals) == 1, f"expected one terminal event, got {terminals}"
+    assert events[-1] is terminals[0]
+    return terminals[0]
+
+
+def token_ids(events: list[StreamEvent]) -> list[int]:
+    return [t for e in events for t in e.token_ids]
+
+
+async def wait_blocks_free(engine: Engine, timeout: float = 10.0) -> None:
+    """Wait until the scheduler reports no GPU or CPU block owned by any request."""
+    with anyio.fail_after(timeout):
+        while True:
+            stats = engine.stats()
+            if stats.num_gpu_blocks_used == 0 and stats.num_cpu_blocks_used == 0 and (
+                stats.num_running + stats.num_waiting + stats.num_swapped == 0
+            ):
+                return
+            await anyio.sleep(0.01)
