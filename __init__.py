@@ -1,10 +1,10 @@
 """troupe: an LLM inference engine built as a troupe of async actors.
 
-    from troupe import Engine, EngineConfig, SamplingParams
+from troupe import Engine, EngineConfig, SamplingParams
 
-    async with Engine.open(EngineConfig()) as engine:
-        async for event in engine.generate("Hello", SamplingParams(max_tokens=16)):
-            print(event.text, end="")
+async with Engine.open(EngineConfig()) as engine:
+    async for event in engine.generate("Hello", SamplingParams(max_tokens=16)):
+        print(event.text, end="")
 """
 
 from troupe.actors.engine import Engine, EngineStopped

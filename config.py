@@ -44,8 +44,15 @@ class EngineConfig:
     log_level: str = "info"
 
     def __post_init__(self) -> None:
-        _positive(self, "block_size", "max_num_seqs", "max_num_batched_tokens", "max_queued_requests",
-                  "max_queued_tokens", "max_stream_buffer")
+        _positive(
+            self,
+            "block_size",
+            "max_num_seqs",
+            "max_num_batched_tokens",
+            "max_queued_requests",
+            "max_queued_tokens",
+            "max_stream_buffer",
+        )
         if self.block_size & (self.block_size - 1) or self.block_size > 256:
             raise ConfigError(f"block_size must be a power of two <= 256, got {self.block_size}")
         for name in ("num_kv_blocks", "max_model_len"):

@@ -11,8 +11,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import anyio
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
-
 from troupe.messages import Failed, StreamBatch, StreamEvent
 
 EventListener = Callable[[StreamEvent, float], None]
@@ -72,9 +70,7 @@ class ClientStreams:
     async def wait_empty(self) -> None:
         await self._empty.wait()
 
-    def dispatch(
-        self, batch: StreamBatch, now: float, listeners: list[EventListener]
-    ) -> list[str]:
+    def dispatch(self, batch: StreamBatch, now: float, listeners: list[EventListener]) -> list[str]:
         """Deliver the batch; return ids of readers cut off for being too slow."""
         cut_off: list[str] = []
         for event in batch.events:

@@ -27,7 +27,6 @@ import anyio
 import structlog
 from anyio.abc import TaskGroup, TaskStatus
 from anyio.streams.memory import MemoryObjectSendStream
-
 from troupe.actors.client_streams import ClientStreams, EventListener
 from troupe.actors.executor import ExecutorSetup, start_executor
 from troupe.actors.graph import CORE_ACTORS, build_core, load_tokenizer_for
@@ -38,8 +37,8 @@ from troupe.messages import (
     AbortRequest,
     EngineStats,
     Failed,
-    Rejected,
     RejectCode,
+    Rejected,
     SamplingParams,
     StreamBatch,
     StreamEvent,
@@ -265,8 +264,12 @@ class Engine:
                     if is_done:
                         return
             is_done = True
-            yield stream.overflow_event() if stream.is_overflowed else Failed(
-                request_id=request_id, message="engine stopped before this request finished"
+            yield (
+                stream.overflow_event()
+                if stream.is_overflowed
+                else Failed(
+                    request_id=request_id, message="engine stopped before this request finished"
+                )
             )
         finally:
             self._streams.close(request_id)

@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
-
 from troupe.actors.engine import Engine
 from troupe.config import EngineConfig
 from troupe.messages import Delta, SamplingParams, Timings, Usage

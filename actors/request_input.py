@@ -7,7 +7,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import msgspec
-
 from troupe.messages import ChatMessage, GenerateRequest, SamplingParams
 
 
@@ -39,7 +38,9 @@ def to_sampling_params(params: SamplingParams | Mapping[str, Any] | None) -> Sam
     try:
         return msgspec.convert(dict(params), SamplingParams)
     except msgspec.ValidationError as exc:
-        raise RequestInputError(_field_of(exc, "params"), f"invalid sampling params: {exc}") from exc
+        raise RequestInputError(
+            _field_of(exc, "params"), f"invalid sampling params: {exc}"
+        ) from exc
 
 
 def to_generate_request(

@@ -16,7 +16,6 @@ import anyio
 import msgspec
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
-
 from troupe.actors.core.base import Core
 from troupe.messages.trace import TraceWriter
 
@@ -73,7 +72,9 @@ class Actor:
                 break
         return batch
 
-    def _record(self, kind: str, channel: str, batch_no: int, msgs: Sequence[msgspec.Struct]) -> None:
+    def _record(
+        self, kind: str, channel: str, batch_no: int, msgs: Sequence[msgspec.Struct]
+    ) -> None:
         assert self._tracer is not None
         now = time.monotonic()
         for msg in msgs:

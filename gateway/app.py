@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import hmac
+import html
 from collections.abc import Awaitable, Callable
 from importlib import resources
 
 from aiohttp import web
-
+from prometheus_client import CONTENT_TYPE_LATEST
 from troupe.gateway import openai_routes
 from troupe.gateway.engine_api import EngineLike
 from troupe.gateway.errors import ApiError, from_http_exception
@@ -41,11 +42,13 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except ApiError as exc:
-        return exc.response()
+        error = exc
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        return from_http_exception(exc).response()
+        error = from_http_exception(exc)
+    response: web.Response = error.response()
+    return response
 
 
 @web.middleware
@@ -60,8 +63,9 @@ async def _auth(request: web.Request, handler: Handler) -> web.StreamResponse:
     if not token and request.path == "/v1/ws":
         token = request.query.get("api_key", "")
     if not token:
-        raise ApiError(401, "missing API key: send 'Authorization: Bearer <key>'",
-                       code="missing_api_key")  # fmt: skip
+        raise ApiError(
+            401, "missing API key: send 'Authorization: Bearer <key>'", code="missing_api_key"
+        )
     if not hmac.compare_digest(token.encode(), key.encode()):
         raise ApiError(401, "invalid API key", code="invalid_api_key")
     return await handler(request)
@@ -72,8 +76,12 @@ async def _drain(request: web.Request, handler: Handler) -> web.StreamResponse:
     """While shutting down, new work gets 503; in-flight requests run on to their deadline."""
     if request.app[GATEWAY].is_draining and request.path.startswith("/v1/"):
         if request.method == "POST" or request.path == "/v1/ws":
-            raise ApiError(503, "the server is shutting down", code="shutting_down",
-                           headers={"Retry-After": "5"})  # fmt: skip
+            raise ApiError(
+                503,
+                "the server is shutting down",
+                code="shutting_down",
+                headers={"Retry-After": "5"},
+            )
     return await handler(request)
 
 
@@ -87,9 +95,11 @@ async def health(request: web.Request) -> web.Response:
 
 async def metrics(request: web.Request) -> web.Response:
     body = request.app[GATEWAY].metrics.render()
-    return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4"})
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
 async def playground(request: web.Request) -> web.Response:
-    page = resources.files("troupe.gateway").joinpath("static/index.html").read_bytes()
-    return web.Response(body=page, content_type="text/html", charset="utf-8")
+    """The playground: one static page; the model name is filled in here so it needs no fetch."""
+    page = resources.files("troupe.gateway").joinpath("static/index.html").read_text("utf-8")
+    model = html.escape(request.app[GATEWAY].engine.model_name)
+    return web.Response(text=page.replace("__TROUPE_MODEL__", model), content_type="text/html")

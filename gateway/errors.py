@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import Any
 
 from aiohttp import web
-
 from troupe.messages import Aborted, Failed, RejectCode, Rejected
 
 RETRY_AFTER_SECONDS = 1  # what a 429 tells the client; queues drain within a few steps

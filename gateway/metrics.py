@@ -13,7 +13,6 @@ from collections.abc import Iterator
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
-
 from troupe.gateway.engine_api import EngineLike
 from troupe.messages import Aborted, Delta, Failed, Finished, Rejected, StreamEvent
 

@@ -51,7 +51,9 @@ _COMMON: dict[str, _Check] = {
     "min_p": (_is_number, "a number"),
     "seed": (_is_int, "an integer"),
     "stop": (
-        lambda v: isinstance(v, str) or (isinstance(v, list) and all(isinstance(s, str) for s in v)),
+        lambda v: (
+            isinstance(v, str) or (isinstance(v, list) and all(isinstance(s, str) for s in v))
+        ),
         "a string or a list of strings",
     ),
     "presence_penalty": (_is_number, "a number"),
@@ -128,7 +130,7 @@ def parse_request(kind: Kind, body: Any, *, default_max_tokens: int) -> OpenAIRe
         if body.get("logprobs") is not None:
             kw["logprobs"] = body["logprobs"]
     else:
-        prompt = _chat_messages(body.get("messages"))
+        prompt = chat_messages(body.get("messages"))
         if body.get("top_logprobs") is not None and not body.get("logprobs"):
             raise invalid("top_logprobs", "top_logprobs needs logprobs: true")
         if body.get("logprobs"):
@@ -170,7 +172,8 @@ def _completion_prompt(prompt: Any) -> str | list[int]:
     raise invalid("prompt", "'prompt' must be a string, a list of token ids, or a list of one")
 
 
-def _chat_messages(messages: Any) -> list[dict[str, str]]:
+def chat_messages(messages: Any) -> list[dict[str, str]]:
+    """Check OpenAI chat messages; content parts are joined into one string per message."""
     if not isinstance(messages, list) or not messages:
         raise invalid("messages", "'messages' must be a non-empty list of messages")
     out = []
@@ -199,7 +202,9 @@ def _content_text(content: Any, where: str) -> str:
                 f"{where}.content[{j}]", f"{where}.content[{j}]: only text parts are supported"
             )
         if not isinstance(part.get("text"), str):
-            raise invalid(f"{where}.content[{j}].text", f"{where}.content[{j}].text must be a string")
+            raise invalid(
+                f"{where}.content[{j}].text", f"{where}.content[{j}].text must be a string"
+            )
         texts.append(part["text"])
     return "".join(texts)
 
@@ -207,8 +212,6 @@ def _content_text(content: Any, where: str) -> str:
 def api_error_for_model(model: str | None, served: str) -> ApiError | None:
     """404 for a model this server does not serve (None or '' means the served one)."""
     if model and model != served:
-        return ApiError(
-            404, f"model '{model}' does not exist; this server serves '{served}'",
-            param="model", code="model_not_found",
-        )  # fmt: skip
+        message = f"model '{model}' does not exist; this server serves '{served}'"
+        return ApiError(404, message, param="model", code="model_not_found")
     return None

@@ -10,7 +10,6 @@ from typing import Any
 
 import msgspec
 from aiohttp import web
-
 from troupe.gateway.errors import ApiError, error_for_event, invalid
 from troupe.gateway.openai_requests import Kind, OpenAIRequest, api_error_for_model, parse_request
 from troupe.gateway.openai_responses import ResponseBuilder
@@ -122,7 +121,7 @@ async def _stream(
         raise
     if first.is_terminal and not isinstance(first, Finished):
         await events.aclose()
-        raise error_for_event(first)  # type: ignore[arg-type]
+        raise error_for_event(first)
 
     response = web.StreamResponse(
         headers={
@@ -172,7 +171,7 @@ async def _pump_sse(
                 yield _sse(builder.usage_chunk(event.usage))
             yield _DONE
         else:
-            yield _sse(error_for_event(event).body())  # type: ignore[arg-type]
+            yield _sse(error_for_event(event).body())
             yield _DONE
 
     try:

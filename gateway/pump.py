@@ -7,7 +7,6 @@ import contextlib
 from collections.abc import AsyncIterator, Callable, Iterable
 
 from aiohttp import web
-
 from troupe.gateway.outbox import Outbox, Overflow
 from troupe.messages import StreamEvent
 

@@ -7,7 +7,6 @@ import dataclasses
 import weakref
 
 from aiohttp import web
-
 from troupe.gateway.engine_api import EngineLike
 from troupe.gateway.metrics import GatewayMetrics
 
@@ -25,8 +24,12 @@ class GatewaySettings:
     ws_heartbeat: float | None = 30.0  # s between pings; dead peers are noticed and aborted
 
     def __post_init__(self) -> None:
-        for name in ("max_body_bytes", "max_buffered_frames", "max_buffered_bytes",
-                     "ws_max_requests"):  # fmt: skip
+        for name in (
+            "max_body_bytes",
+            "max_buffered_frames",
+            "max_buffered_bytes",
+            "ws_max_requests",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.slow_client_grace <= 0:

@@ -19,79 +19,16 @@ from typing import Any
 
 import msgspec
 from aiohttp import WSCloseCode, WSMsgType, web
-
 from troupe.gateway.errors import ApiError
-from troupe.gateway.openai_requests import _chat_messages
+from troupe.gateway.openai_requests import chat_messages
 from troupe.gateway.outbox import Outbox, Overflow
 from troupe.gateway.pump import abort_transport_later, pump
 from troupe.gateway.state import GATEWAY, Gateway
-from troupe.messages import Aborted, Delta, Failed, Finished, Rejected, StreamEvent, Usage
+from troupe.gateway.ws_frames import encode_event, error_frame, to_json
+from troupe.messages import StreamEvent
 
-_json = msgspec.json.Encoder()
 _MAX_REQUEST_ID = 128
-_RESERVED = ("type", "request_id", "prompt", "messages")
-
-
-def _frame(obj: dict[str, Any]) -> str:
-    return _json.encode(obj).decode()
-
-
-def _usage(usage: Usage) -> dict[str, int]:
-    return {
-        "prompt_tokens": usage.prompt_tokens,
-        "completion_tokens": usage.completion_tokens,
-        "total_tokens": usage.total_tokens,
-        "cached_tokens": usage.cached_tokens,
-    }
-
-
-def encode_event(client_id: str, event: StreamEvent) -> Iterable[str]:
-    """Engine event -> websocket frames for the client's request id."""
-    if event.text or event.token_ids:
-        delta: dict[str, Any] = {
-            "type": "delta",
-            "request_id": client_id,
-            "text": event.text,
-            "token_ids": list(event.token_ids),
-        }
-        if isinstance(event, Delta | Finished) and event.logprobs is not None:
-            delta["logprobs"] = [[lp.token_id, lp.logprob, list(lp.top)] for lp in event.logprobs]
-        yield _frame(delta)
-    match event:
-        case Finished():
-            yield _frame(
-                {
-                    "type": "done",
-                    "request_id": client_id,
-                    "finish_reason": str(event.finish_reason),
-                    "stop_reason": event.stop_reason,
-                    "usage": _usage(event.usage),
-                    "timings": msgspec.structs.asdict(event.timings),
-                }
-            )
-        case Aborted():
-            yield _frame(
-                {
-                    "type": "done",
-                    "request_id": client_id,
-                    "finish_reason": "abort",
-                    "reason": event.reason,
-                    "usage": _usage(event.usage),
-                    "timings": msgspec.structs.asdict(event.timings),
-                }
-            )
-        case Rejected():
-            yield error_frame(client_id, str(event.code), event.message, event.field)
-        case Failed():
-            yield error_frame(client_id, "failed", event.message)
-
-
-def error_frame(
-    request_id: str | None, code: str, message: str, field: str | None = None
-) -> str:
-    return _frame(
-        {"type": "error", "request_id": request_id, "code": code, "message": message, "field": field}
-    )
+_RESERVED = ("type", "request_id", "prompt", "messages")  # frame keys that are not params
 
 
 async def websocket(request: web.Request) -> web.WebSocketResponse:
@@ -215,7 +152,7 @@ class WsSession:
                 return reject("'prompt' must be a string or a list of token ids", "prompt")
         else:
             try:
-                prompt = _chat_messages(msg["messages"])
+                prompt = chat_messages(msg["messages"])
             except ApiError as exc:
                 return reject(exc.message, exc.param)
         params = {k: v for k, v in msg.items() if k not in _RESERVED}
@@ -232,7 +169,8 @@ class WsSession:
         def encode(event: StreamEvent) -> Iterable[str]:
             nonlocal num_tokens
             num_tokens += len(event.token_ids)
-            return encode_event(client_id, event)
+            frames: Iterable[str] = encode_event(client_id, event)
+            return frames
 
         loop = asyncio.get_running_loop()
         started = loop.time()
@@ -256,7 +194,7 @@ class WsSession:
                     },
                     "timings": {"e2e": loop.time() - started},
                 }
-                self.outbox_put(_frame(done))
+                self.outbox_put(to_json(done))
             else:
                 raise
         finally:

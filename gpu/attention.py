@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from types import ModuleType
 
 import torch
@@ -32,8 +33,9 @@ def select_ops(device: torch.device) -> ModuleType:
 
     The CPU runs the torch path even though Triton's interpreter could run the kernels: the
     interpreter is orders of magnitude slower, and the kernels have their own tests.
+    TROUPE_FORCE_TRITON=1 (read by kernels.ops) runs the kernels on the CPU too.
     """
-    if device.type == "cuda":
+    if device.type == "cuda" or os.environ.get("TROUPE_FORCE_TRITON", "0") == "1":
         try:
             from troupe.kernels import ops
 

@@ -88,12 +88,12 @@ def iter_gguf_tensors(path: Path, config: ModelConfig) -> Iterator[tuple[str, to
                 f"{path}: tensor {name!r} uses quantization {tensor.tensor_type.name}, "
                 "which the gguf package cannot dequantize"
             ) from exc
-        data = np.asarray(data, dtype=np.float32)
+        data = np.array(data, dtype=np.float32)  # a writable copy: the file is mmapped
         if rest_is(name, "attn_q.weight"):
             data = unpermute_rotary(data, config.num_heads)
         elif rest_is(name, "attn_k.weight"):
             data = unpermute_rotary(data, config.num_kv_heads)
-        yield hf_name, torch.from_numpy(np.ascontiguousarray(data))
+        yield hf_name, torch.from_numpy(data)
 
 
 def rest_is(name: str, suffix: str) -> bool:

@@ -15,7 +15,7 @@ from torch import nn
 
 from troupe.gpu.attention import AttentionMetadata, select_ops
 from troupe.gpu.model_config import ModelConfig, ModelLoadError
-from troupe.gpu.torch_ops import build_cos_sin_cache
+from troupe.kernels.rope_cache import build_cos_sin_cache
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
 

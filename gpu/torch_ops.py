@@ -8,8 +8,6 @@ sequence lives in block block_tables[s, p // block_size] at offset p % block_siz
 from __future__ import annotations
 
 import math
-from typing import Any
-
 import torch
 import torch.nn.functional as F
 
@@ -126,33 +124,3 @@ def rotary(
         return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 
     return rotate(q), rotate(k)
-
-
-def build_cos_sin_cache(
-    head_dim: int,
-    max_pos: int,
-    theta: float,
-    scaling: dict[str, Any] | None,
-    dtype: torch.dtype,
-    device: torch.device | str,
-) -> torch.Tensor:
-    """[max_pos, head_dim]: cos of each frequency in the first half, sin in the second."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
-    if scaling is not None:
-        inv_freq = _llama3_inv_freq(inv_freq, scaling)
-    freqs = torch.arange(max_pos, dtype=torch.int64).float()[:, None] * inv_freq[None, :]
-    return torch.cat((freqs.cos(), freqs.sin()), dim=-1).to(dtype=dtype, device=device)
-
-
-def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict[str, Any]) -> torch.Tensor:
-    """Llama 3.1 frequency scaling: long wavelengths divided by factor, a smooth band between."""
-    factor = float(scaling["factor"])
-    low = float(scaling.get("low_freq_factor", 1.0))
-    high = float(scaling.get("high_freq_factor", 4.0))
-    original = float(scaling["original_max_position_embeddings"])
-    wavelen = 2 * math.pi / inv_freq
-    scaled = torch.where(wavelen > original / low, inv_freq / factor, inv_freq)
-    smooth = (original / wavelen - low) / (high - low)
-    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
-    is_medium = ~(wavelen < original / high) & ~(wavelen > original / low)
-    return torch.where(is_medium, smoothed, scaled)

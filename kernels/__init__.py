@@ -1,0 +1,1 @@
+"""Triton kernels (paged attention, KV write, RMSNorm, rotary) and their torch references."""

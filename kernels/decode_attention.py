@@ -11,6 +11,9 @@ merges the splits:
     pass 2   out = sum_j 2^(lse_j - M) o_j / sum_j 2^(lse_j - M),  M = max_j lse_j
 """
 
+# Triton kernels take untyped pointers and constexprs; @triton.jit is untyped to mypy.
+# mypy: disable-error-code="untyped-decorator,no-untyped-def"
+
 from __future__ import annotations
 
 import dataclasses
@@ -160,8 +163,8 @@ def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sm
     """Splits per (sequence, kv head): enough programs to fill every SM about twice over, but no
     split shorter than _MIN_TOKENS_PER_SPLIT tokens."""
     programs = num_seqs * num_kv_heads
-    wanted = triton.cdiv(2 * num_sms, programs)
-    useful = triton.cdiv(max_seq_len, _MIN_TOKENS_PER_SPLIT)
+    wanted = -(-2 * num_sms // programs)  # ceil division
+    useful = -(-max_seq_len // _MIN_TOKENS_PER_SPLIT)
     return max(1, min(wanted, useful, _MAX_SPLITS))
 
 

@@ -13,8 +13,10 @@ from __future__ import annotations
 import os
 
 import torch
-from troupe.kernels import reference
-from troupe.kernels.rope_cache import build_cos_sin_cache
+
+# Relative imports: they resolve as troupe.kernels.* at run time and for mypy alike.
+from . import reference
+from .rope_cache import build_cos_sin_cache
 
 __all__ = [
     "build_cos_sin_cache",
@@ -41,7 +43,7 @@ def write_kv(
 ) -> None:
     """In place: key/value [N, Hkv, D] into the caches at slot_mapping [N] int64 (< 0 skips)."""
     if use_triton(key):
-        from troupe.kernels.kv_write import write_kv_triton
+        from .kv_write import write_kv_triton
 
         write_kv_triton(key, value, k_cache, v_cache, slot_mapping)
     else:
@@ -68,7 +70,7 @@ def paged_attention(
     q's dtype; softmax in fp32.
     """
     if use_triton(q):
-        from troupe.kernels.paged_attention import paged_attention_triton
+        from .paged_attention import paged_attention_triton
 
         return paged_attention_triton(
             q,
@@ -101,7 +103,7 @@ def paged_decode_attention(
     a CUDA graph captured with a fixed max_seq_len replays one fixed launch.
     """
     if use_triton(q):
-        from troupe.kernels.decode_attention import paged_decode_attention_triton
+        from .decode_attention import paged_decode_attention_triton
 
         return paged_decode_attention_triton(
             q, k_cache, v_cache, block_tables, seq_lens, scale, max_seq_len
@@ -118,7 +120,7 @@ def rms_norm(
     (rmsnorm(h) * weight, h): the fused add + norm of a pre-norm transformer block.
     """
     if use_triton(x):
-        from troupe.kernels.rms_norm import rms_norm_triton
+        from .rms_norm import rms_norm_triton
 
         return rms_norm_triton(x, weight, eps, residual)
     return reference.rms_norm_ref(x, weight, eps, residual)
@@ -133,7 +135,7 @@ def rotary(
     reference returns new tensors.
     """
     if use_triton(q):
-        from troupe.kernels.rotary import rotary_triton
+        from .rotary import rotary_triton
 
         return rotary_triton(q, k, positions, cos_sin_cache)
     return reference.rotary_ref(q, k, positions, cos_sin_cache)

@@ -9,6 +9,9 @@ one head, and streams that sequence's keys from the paged cache up to its last q
 and query i of the sequence sits at position seq_len - q_len + i.
 """
 
+# Triton kernels take untyped pointers and constexprs; @triton.jit is untyped to mypy.
+# mypy: disable-error-code="untyped-decorator,no-untyped-def"
+
 from __future__ import annotations
 
 import torch

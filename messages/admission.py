@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import msgspec
-
 from troupe.messages.sampling import SamplingParams
 from troupe.messages.tokenizer import AbortRequest
 

@@ -1,15 +1,77 @@
-"""Inbox of the Allocator: one batched request per scheduling step.
+"""Inbox of the Allocator: one AllocateBatch per scheduling step, an ordered list of ops.
 
-PROVISIONAL: the allocator/scheduler work owns this module and may reshape it.
+The allocator applies the ops in order and answers one `AllocationResult` (messages/scheduler.py).
+The scheduler builds each batch as: cache newly computed blocks, free ended requests, swap out,
+swap in, grow running requests, allocate new ones -- so blocks freed (and cached) by one op are
+available to the ops after it in the same batch.
 """
 
 from __future__ import annotations
 
 import msgspec
 
+# array_like + gc=False on ops: a batch carries a few per step on the hot path; no cycles.
 
-class AllocateBatch(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+
+class CacheBlocks(msgspec.Struct, frozen=True, array_like=True, gc=False, tag=True):
+    """Register the request's next full blocks (now computed) in the prefix cache.
+
+    `token_ids` fill whole blocks, starting at the first block not yet registered for it.
+    """
+
+    request_id: str
+    token_ids: tuple[int, ...]
+
+
+class FreeRequest(msgspec.Struct, frozen=True, array_like=True, gc=False, tag=True):
+    """Drop the request's blocks (GPU and CPU). Registered blocks stay cached until evicted."""
+
+    request_id: str
+
+
+class SwapOut(msgspec.Struct, frozen=True, array_like=True, gc=False, tag=True):
+    """Copy the request's GPU blocks to the CPU pool and release the GPU ones.
+
+    Without CPU room the allocator frees the request instead and reports it in
+    `AllocationResult.swap_failed` (the scheduler then recomputes it).
+    """
+
+    request_id: str
+
+
+class SwapIn(msgspec.Struct, frozen=True, array_like=True, gc=False, tag=True):
+    """Copy a swapped request back to fresh GPU blocks, then make its table cover `num_tokens`
+    (0: no growth). All or nothing; the grant is the whole new table."""
+
+    request_id: str
+    num_tokens: int = 0
+
+
+class Grow(msgspec.Struct, frozen=True, array_like=True, gc=False, tag=True):
+    """Make a request's table cover `num_tokens` tokens in all; the grant lists added blocks."""
+
+    request_id: str
+    num_tokens: int
+
+
+class AllocateNew(msgspec.Struct, frozen=True, array_like=True, gc=False, tag=True):
+    """Start a request: reuse its longest cached prefix of `token_ids` (block aligned, never the
+    last token, so there are logits to sample), then cover `num_new_tokens` more tokens (capped
+    at len(token_ids)). The grant is the whole table and the number of cached tokens."""
+
+    request_id: str
+    token_ids: tuple[int, ...]
+    num_new_tokens: int
+
+
+AllocOp = CacheBlocks | FreeRequest | SwapOut | SwapIn | Grow | AllocateNew
+
+
+class AllocateBatch(msgspec.Struct, frozen=True, kw_only=True, tag=True, gc=False):
+    """One step's worth of allocator work, applied in order."""
+
     step_id: int
+    ops: tuple[AllocOp, ...] = ()
 
 
 AllocatorInbox = AllocateBatch

@@ -7,7 +7,6 @@ Every request gets zero or more `Delta`s, then exactly one terminal event: `Fini
 from __future__ import annotations
 
 import msgspec
-
 from troupe.messages.common import FinishReason, RejectCode, Timings, TokenLogprob, Usage
 
 

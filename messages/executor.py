@@ -16,7 +16,6 @@ preemption rewrites the same entries.
 from __future__ import annotations
 
 import msgspec
-
 from troupe.messages.sampling import SamplingParams
 
 

@@ -71,7 +71,8 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
                 raise ParamError(name, f"{name} must be in [-2, 2], got {value}")
         if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0.0):
             raise ParamError(
-                "repetition_penalty", f"repetition_penalty must be > 0, got {self.repetition_penalty}"
+                "repetition_penalty",
+                f"repetition_penalty must be > 0, got {self.repetition_penalty}",
             )
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import msgspec
-
 from troupe.messages.common import FinishReason, RejectCode, TokenLogprob
 from troupe.messages.events import EngineStats
 from troupe.messages.sampling import SamplingParams

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import msgspec
-
 from troupe.messages.common import ChatMessage
 from troupe.messages.sampling import SamplingParams
 

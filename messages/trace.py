@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any, BinaryIO, Literal
 
 import msgspec
-
 from troupe.messages.admission import AdmissionInbox
 from troupe.messages.allocator import AllocatorInbox
 from troupe.messages.events import ClientInbox
@@ -79,7 +78,7 @@ class TraceWriter:
 
     def __init__(self, path: str | Path, header: TraceHeader) -> None:
         self.path = Path(path)
-        self._file: BinaryIO = open(self.path, "wb")  # noqa: SIM115 - closed in close()
+        self._file: BinaryIO = open(self.path, "wb")
         self._seq = 0
         self._write(_encoder.encode(header))
 

@@ -15,7 +15,6 @@ import sys
 import time
 
 import anyio
-
 from troupe import Engine, EngineConfig, SamplingParams
 
 TARGET_MS = {1: 0.3, 256: 2.0}
@@ -66,7 +65,11 @@ def main(config: EngineConfig, ns: argparse.Namespace | None = None) -> int:
     print(f"{'seqs':>5} {'steps':>6} {'ms/step':>8} {'median':>8} {'tok/s':>10}  target")
     for r in rows:
         target = TARGET_MS.get(int(r["num_seqs"]))
-        mark = "" if target is None else f"<= {target} ms " + ("ok" if r["ms_per_step"] <= target else "MISSED")
+        mark = (
+            ""
+            if target is None
+            else f"<= {target} ms " + ("ok" if r["ms_per_step"] <= target else "MISSED")
+        )
         print(
             f"{int(r['num_seqs']):>5} {int(r['steps']):>6} {r['ms_per_step']:>8.3f} "
             f"{r['ms_per_step_median']:>8.3f} {r['tokens_per_s']:>10.0f}  {mark}"

@@ -43,7 +43,6 @@ def config_from_args(ns: argparse.Namespace) -> EngineConfig:
 
 def _cmd_generate(ns: argparse.Namespace, config: EngineConfig) -> int:
     import anyio
-
     from troupe import Engine, SamplingParams
     from troupe.messages import Delta, Finished
 
@@ -130,7 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--sampling-seed", type=int, default=None)
     add_config_arguments(gen)
 
-    bench = sub.add_parser("bench", help="benchmarks: graph overhead, scheduler, offline throughput")
+    bench = sub.add_parser(
+        "bench", help="benchmarks: graph overhead, scheduler, offline throughput"
+    )
     bench.add_argument("workload", choices=["graph", "scheduler", "offline"])
     bench.add_argument("--peer", choices=["hf"], default=None, help="offline: also run HF")
     bench.add_argument("--num-seqs", type=int, default=None)

@@ -27,6 +27,7 @@ from troupe.kernels.paged_batch import PagedBatch, make_paged_batch
 
 NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 16, 8, 128, 16
 DTYPE = torch.bfloat16
+Row = tuple[str, str, float, str, str]  # workload, kernel, ms, rate, fraction of copy
 
 
 def median_ms(fn: object) -> float:
@@ -43,7 +44,7 @@ def copy_bandwidth() -> float:
 def decode_bytes(batch: PagedBatch) -> int:
     tokens = int(batch.seq_lens.sum())
     kv = 2 * tokens * NUM_KV_HEADS * HEAD_DIM * batch.k_cache.element_size()
-    return kv + 2 * batch.q.numel() * batch.q.element_size()
+    return int(kv + 2 * batch.q.numel() * batch.q.element_size())
 
 
 def decode_batch(num_seqs: int, context: int, seed: int) -> PagedBatch:
@@ -73,7 +74,7 @@ def check(out: torch.Tensor, batch: PagedBatch, scale: float, rows: int = 16) ->
     return float((out[:rows].float() - ref).norm() / ref.norm())
 
 
-def run_decode(num_seqs: int, context: int, copy_bw: float, sweep: bool, rows: list) -> None:
+def run_decode(num_seqs: int, context: int, copy_bw: float, sweep: bool, rows: list[Row]) -> None:
     batch = decode_batch(num_seqs, context, seed=num_seqs + context)
     scale = 1 / math.sqrt(HEAD_DIM)
     nbytes = decode_bytes(batch)
@@ -157,7 +158,7 @@ def run_decode(num_seqs: int, context: int, copy_bw: float, sweep: bool, rows: l
     torch.cuda.empty_cache()
 
 
-def run_prefill(lens: list[tuple[int, int]], label: str, rows: list) -> None:
+def run_prefill(lens: list[tuple[int, int]], label: str, rows: list[Row]) -> None:
     batch = make_paged_batch(
         lens,
         num_q_heads=NUM_Q_HEADS,
@@ -222,7 +223,7 @@ def main() -> None:
     args = parser.parse_args()
     copy_bw = copy_bandwidth()
     print(f"{torch.cuda.get_device_name()}: copy {copy_bw / 1e12:.2f} TB/s (read + write)")
-    rows: list[tuple[str, str, float, str, str]] = []
+    rows: list[Row] = []
     run_decode(256, 1024, copy_bw, args.sweep, rows)
     for num_seqs, context in ((64, 4096), (8, 16384), (1, 32768)):
         run_decode(num_seqs, context, copy_bw, False, rows)

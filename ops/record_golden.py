@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import anyio
-
 from troupe import Engine, EngineConfig, SamplingParams
 
 DEFAULT_DIR = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "traces"
@@ -30,8 +29,14 @@ async def _wait_idle(engine: Engine) -> None:
 
 async def mixed(path: Path) -> None:
     """Text, chat and token-id prompts, stop strings, and two rejections."""
-    config = EngineConfig(runner="fake", num_kv_blocks=128, num_cpu_blocks=64, max_num_seqs=8,
-                          max_num_batched_tokens=48, trace_path=str(path))
+    config = EngineConfig(
+        runner="fake",
+        num_kv_blocks=128,
+        num_cpu_blocks=64,
+        max_num_seqs=8,
+        max_num_batched_tokens=48,
+        trace_path=str(path),
+    )
     async with Engine.open(config) as engine:
         async with anyio.create_task_group() as tg:
             for i in range(6):
@@ -46,9 +51,17 @@ async def mixed(path: Path) -> None:
 
 async def preempt(path: Path, mode: str) -> None:
     """A pool too small for the load, so requests are preempted (swap or recompute)."""
-    config = EngineConfig(runner="fake", num_kv_blocks=12, num_cpu_blocks=16, block_size=4,
-                          max_num_seqs=6, max_num_batched_tokens=32, preemption_mode=mode,
-                          enable_prefix_caching=False, trace_path=str(path))
+    config = EngineConfig(
+        runner="fake",
+        num_kv_blocks=12,
+        num_cpu_blocks=16,
+        block_size=4,
+        max_num_seqs=6,
+        max_num_batched_tokens=32,
+        preemption_mode=mode,
+        enable_prefix_caching=False,
+        trace_path=str(path),
+    )
     async with Engine.open(config) as engine:
         async with anyio.create_task_group() as tg:
             for i in range(6):

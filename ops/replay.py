@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-
 from troupe.actors.graph import CORE_ACTORS, build_core
 from troupe.messages.trace import TraceRecord, encode_message, read_trace
 
@@ -103,7 +102,11 @@ def _compare(
             rec = exp[index] if index < len(exp) else None
             msg = out[index] if index < len(out) else None
             checked += 1
-            if rec is not None and msg is not None and encode_message(rec.msg) == encode_message(msg):
+            if (
+                rec is not None
+                and msg is not None
+                and encode_message(rec.msg) == encode_message(msg)
+            ):
                 continue
             seq = rec.seq if rec is not None else last_seq + 1
             found = Divergence(actor, channel, index, rec.msg if rec else None, msg, seq)

@@ -3,7 +3,6 @@
 import os
 
 import pytest
-
 import torch
 
 if not torch.cuda.is_available():

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 import anyio
-
 from troupe import Engine
 from troupe.messages import Delta, StreamEvent
 
@@ -32,8 +31,10 @@ async def wait_blocks_free(engine: Engine, timeout: float = 10.0) -> None:
     with anyio.fail_after(timeout):
         while True:
             stats = engine.stats()
-            if stats.num_gpu_blocks_used == 0 and stats.num_cpu_blocks_used == 0 and (
-                stats.num_running + stats.num_waiting + stats.num_swapped == 0
+            if (
+                stats.num_gpu_blocks_used == 0
+                and stats.num_cpu_blocks_used == 0
+                and (stats.num_running + stats.num_waiting + stats.num_swapped == 0)
             ):
                 return
             await anyio.sleep(0.01)

@@ -6,7 +6,6 @@ import time
 from collections.abc import Callable, Sequence
 
 import structlog
-
 from troupe.actors.core.base import Outgoing
 from troupe.gpu.runner import Runner
 from troupe.messages import StepPlan, StepResult

@@ -13,7 +13,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
-
 from troupe.actors.core.tokenizer_gguf_metadata import MetadataValue, read_gguf_metadata
 from troupe.actors.core.tokenizer_text import TextTokenizer
 

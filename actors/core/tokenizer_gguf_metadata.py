@@ -107,10 +107,10 @@ class _Parser:
                 self._pos += size * count
                 return list(values)
             return [self._value(elem_type) for _ in range(count)]
-        fmt = _SCALARS.get(value_type)
-        if fmt is None:
+        scalar_fmt = _SCALARS.get(value_type)
+        if scalar_fmt is None:
             raise GGUFFormatError(f"{self._path}: unknown GGUF value type {value_type}")
-        (value,) = struct.unpack_from(fmt, self._data, self._pos)
-        self._pos += struct.calcsize(fmt)
+        (value,) = struct.unpack_from(scalar_fmt, self._data, self._pos)
+        self._pos += struct.calcsize(scalar_fmt)
         result: MetadataValue = value
         return result

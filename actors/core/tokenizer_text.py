@@ -14,7 +14,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tokenizers import Tokenizer
-
 from troupe.actors.core.chat_template import ChatTemplate, ChatTemplateError
 
 _BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
@@ -84,7 +83,9 @@ class TextTokenizer:
         """Token ids of `text`; add_special_tokens adds BOS/EOS where the model does by default."""
         return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
 
-    def encode_batch(self, texts: Sequence[str], add_special_tokens: bool = True) -> list[list[int]]:
+    def encode_batch(
+        self, texts: Sequence[str], add_special_tokens: bool = True
+    ) -> list[list[int]]:
         """encode() of many texts at once (the Rust side runs them in parallel)."""
         if not texts:
             return []
@@ -109,9 +110,10 @@ class TextTokenizer:
     ) -> str:
         """The prompt text for chat `messages`. Raises ChatTemplateError (no template, or the
         template rejected the conversation)."""
-        return self._compiled_template.render(
+        text: str = self._compiled_template.render(
             messages, add_generation_prompt=add_generation_prompt, **extra
         )
+        return text
 
     @functools.cached_property
     def _compiled_template(self) -> ChatTemplate:
@@ -139,9 +141,7 @@ class TextTokenizer:
                 table.append(self._added_text[token_id].encode())
             elif is_byte_level:
                 table.append(
-                    b"".join(
-                        bytes([alphabet[c]]) if c in alphabet else c.encode() for c in token
-                    )
+                    b"".join(bytes([alphabet[c]]) if c in alphabet else c.encode() for c in token)
                 )
             elif is_byte_fallback and (match := _BYTE_TOKEN.fullmatch(token)):
                 table.append(bytes([int(match.group(1), 16)]))

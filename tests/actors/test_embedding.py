@@ -7,7 +7,6 @@ import asyncio
 import anyio
 import pytest
 import trio
-
 from graph_helpers import collect, terminal, token_ids, wait_blocks_free
 from troupe import Engine, EngineConfig, SamplingParams
 from troupe.gpu.fake_runner import FakeRunner

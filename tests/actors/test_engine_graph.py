@@ -6,7 +6,6 @@ import random
 
 import anyio
 import pytest
-
 from graph_helpers import collect, terminal, token_ids, wait_blocks_free
 from troupe import Engine, EngineConfig, SamplingParams
 from troupe.gpu.fake_runner import FakeRunner

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import zlib
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -25,7 +26,7 @@ SETUP = {
 }
 
 # (cached prefix, new tokens) per sequence, in units of block_size (b) plus offsets.
-PREFILL_CASES = {
+PREFILL_CASES: dict[str, Callable[[int], list[tuple[int, int]]]] = {
     "context_len_1": lambda b: [(0, 1)],
     "one_full_block": lambda b: [(0, b)],
     "partial_last_block": lambda b: [(0, b + 3)],
@@ -33,7 +34,7 @@ PREFILL_CASES = {
     "many_blocks_decode": lambda b: [(7 * b + 2, 1)],
     "mixed_prefill_decode": lambda b: [(0, 5), (3 * b - 1, 1), (0, 1), (b, 2 * b), (b + 1, 1)],
 }
-DECODE_CASES = {
+DECODE_CASES: dict[str, Callable[[int], list[int]]] = {
     "context_len_1": lambda b: [1],
     "one_full_block": lambda b: [b],
     "partial_last_block": lambda b: [b + 3],

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from troupe.kernels import ops, reference
@@ -53,18 +55,18 @@ def test_rotary_reference_by_hand() -> None:
 
 
 @pytest.mark.parametrize("scaling", [None, LLAMA3], ids=["plain", "llama3"])
-def test_cos_sin_cache_matches_transformers(scaling: dict | None) -> None:
+def test_cos_sin_cache_matches_transformers(scaling: dict[str, object] | None) -> None:
     from transformers import LlamaConfig
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
     head_dim, theta = 64, 500000.0
+    fields: dict[str, Any] = {"rope_theta": theta, "rope_scaling": scaling}
     config = LlamaConfig(
         hidden_size=head_dim * 4,
         num_attention_heads=4,
         head_dim=head_dim,
-        rope_theta=theta,
-        rope_scaling=scaling,
         max_position_embeddings=131072,
+        **fields,  # HF reads these from **kwargs; its stubs do not list them
     )
     got = rope_inv_freq(head_dim, theta, scaling)
     if scaling is None:

@@ -8,7 +8,6 @@ from pathlib import Path
 import anyio
 import msgspec
 import pytest
-
 from graph_helpers import collect, wait_blocks_free
 from troupe import Engine, EngineConfig, SamplingParams
 from troupe.messages import StepResult, TokenBatch
@@ -21,8 +20,12 @@ GOLDEN = Path(__file__).parent.parent / "fixtures" / "traces"
 
 async def record_run(path: Path) -> None:
     config = EngineConfig(
-        runner="fake", num_kv_blocks=64, num_cpu_blocks=32, max_num_seqs=8,
-        max_num_batched_tokens=64, trace_path=str(path),
+        runner="fake",
+        num_kv_blocks=64,
+        num_cpu_blocks=32,
+        max_num_seqs=8,
+        max_num_batched_tokens=64,
+        trace_path=str(path),
     )
     async with Engine.open(config) as engine:
         async with anyio.create_task_group() as tg:
@@ -68,7 +71,9 @@ def test_altered_step_result_is_caught_at_the_token_batch(recorded: Path, tmp_pa
 
     def change(rec: TraceRecord) -> TraceRecord:
         if (
-            rec.kind == "recv" and isinstance(rec.msg, StepResult) and rec.msg.sampled
+            rec.kind == "recv"
+            and isinstance(rec.msg, StepResult)
+            and rec.msg.sampled
             and not target
         ):
             target["step"] = rec.msg.step_id
@@ -89,7 +94,9 @@ def test_altered_step_result_is_caught_at_the_token_batch(recorded: Path, tmp_pa
 def test_altered_sent_message_is_caught_at_that_message(recorded: Path, tmp_path: Path) -> None:
     altered = tmp_path / "altered2.trace"
     _, records = read_trace(recorded)
-    sends = [r for r in records if r.kind == "send" and r.actor == "streamer" and r.channel == "client"]
+    sends = [
+        r for r in records if r.kind == "send" and r.actor == "streamer" and r.channel == "client"
+    ]
     victim = sends[len(sends) // 2]
 
     def change(rec: TraceRecord) -> TraceRecord:
@@ -103,7 +110,9 @@ def test_altered_sent_message_is_caught_at_that_message(recorded: Path, tmp_path
     assert d.index == len(sends) // 2
 
 
-def test_truncated_and_corrupt_traces_give_clear_errors(recorded: Path, tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+def test_truncated_and_corrupt_traces_give_clear_errors(
+    recorded: Path, tmp_path: Path, capsys
+) -> None:  # type: ignore[no-untyped-def]
     data = recorded.read_bytes()
     cut = tmp_path / "cut.trace"
     cut.write_bytes(data[: len(data) - 7])
@@ -121,7 +130,9 @@ def test_truncated_and_corrupt_traces_give_clear_errors(recorded: Path, tmp_path
         read_trace(tmp_path / "missing.trace")
 
 
-def test_cli_replay_reports_divergence_and_exit_code(recorded: Path, tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+def test_cli_replay_reports_divergence_and_exit_code(
+    recorded: Path, tmp_path: Path, capsys
+) -> None:  # type: ignore[no-untyped-def]
     assert cli_main(["replay", str(recorded)]) == 0
     assert "replay ok" in capsys.readouterr().out
     altered = tmp_path / "a.trace"
@@ -149,4 +160,3 @@ def test_golden_traces_replay(golden: Path) -> None:
 
 def test_golden_traces_exist() -> None:
     assert len(list(GOLDEN.glob("*.trace"))) >= 2
-

@@ -1,0 +1,94 @@
+"""A pool of KV blocks with reference counts and LRU eviction of cached free blocks.
+
+Every block is in exactly one state:
+
+    free        ref 0, not in the prefix cache        -> `_free` (FIFO)
+    cached      ref 0, holds reusable prefix KV        -> `_lru` (oldest first; evicted on demand)
+    owned       ref >= 1 (may also be in the cache)    -> shared by `ref` requests
+
+Allocation takes plain free blocks first, then evicts the least recently freed cached ones.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from collections.abc import Iterable
+
+from troupe.actors.core.prefix_cache import PrefixCache
+
+
+class BlockPool:
+    """`num_blocks` blocks; `cache` is the prefix index (None: no caching, e.g. the CPU pool)."""
+
+    def __init__(self, num_blocks: int, cache: PrefixCache | None = None) -> None:
+        if num_blocks < 0:
+            raise ValueError(f"num_blocks must be >= 0, got {num_blocks}")
+        self.num_blocks = num_blocks
+        self.cache = cache
+        self.ref = [0] * num_blocks
+        self._free: deque[int] = deque(range(num_blocks))
+        self._lru: OrderedDict[int, None] = OrderedDict()
+
+    @property
+    def num_free(self) -> int:
+        """Blocks not owned by any request (plain free plus evictable cached)."""
+        return len(self._free) + len(self._lru)
+
+    @property
+    def num_cached(self) -> int:
+        return len(self._lru)
+
+    @property
+    def num_used(self) -> int:
+        return self.num_blocks - self.num_free
+
+    def allocate(self, n: int) -> list[int] | None:
+        """`n` blocks with ref 1, or None (nothing changes) when fewer are free."""
+        if n > self.num_free:
+            return None
+        out: list[int] = []
+        free, lru, ref = self._free, self._lru, self.ref
+        while len(out) < n and free:
+            block_id = free.popleft()
+            ref[block_id] = 1
+            out.append(block_id)
+        while len(out) < n:
+            block_id, _ = lru.popitem(last=False)
+            assert self.cache is not None, "cached blocks exist only with a prefix cache"
+            self.cache.forget(block_id)
+            ref[block_id] = 1
+            out.append(block_id)
+        return out
+
+    def take(self, block_id: int) -> None:
+        """One more reference to a block (a prefix-cache hit); revives it if it was cached."""
+        if self.ref[block_id] == 0:
+            if block_id not in self._lru:
+                raise ValueError(f"block {block_id} is free and not cached; it cannot be shared")
+            del self._lru[block_id]
+        self.ref[block_id] += 1
+
+    def release(self, block_ids: Iterable[int]) -> None:
+        """Drop one reference to each block, in the order given (the LRU keeps that order)."""
+        ref = self.ref
+        for block_id in block_ids:
+            if ref[block_id] <= 0:
+                raise ValueError(f"double free of block {block_id}")
+            ref[block_id] -= 1
+            if ref[block_id] == 0:
+                if self.cache is not None and self.cache.is_cached(block_id):
+                    self._lru[block_id] = None
+                else:
+                    self._free.append(block_id)
+
+    def check(self) -> None:
+        """Assert the invariants: each block in exactly one state, counts add up."""
+        free, lru = set(self._free), set(self._lru)
+        assert len(free) == len(self._free), "a block is twice in the free list"
+        assert not (free & lru), f"blocks both free and cached: {sorted(free & lru)}"
+        owned = {b for b, r in enumerate(self.ref) if r > 0}
+        assert not (owned & (free | lru)), f"owned blocks on a free list: {sorted(owned & (free | lru))}"
+        assert len(owned) + len(free) + len(lru) == self.num_blocks, "blocks leaked"
+        assert all(r >= 0 for r in self.ref), "negative reference count"
+        if self.cache is not None:
+            assert all(self.cache.is_cached(b) for b in lru), "an LRU block is not in the cache"

@@ -1,0 +1,65 @@
+"""The prefix-cache index: which GPU block holds the KV of which chain of full blocks.
+
+A block's key is (serial of its parent's entry, its own token ids). Serials are never reused, so
+the key names the whole prefix exactly: the dict compares token tuples on every hit, a hash
+collision can never serve another prefix's KV, and children of an evicted parent simply become
+unreachable (they age out of the LRU like any other cached block).
+
+    prompt:   [ t0 .. t15 ][ t16 .. t31 ][ t32 .. t40 ]
+    keys:     (ROOT, b0)    (s0, b1)      -- partial blocks are never cached
+    serials:   s0            s1
+"""
+
+from __future__ import annotations
+
+ROOT_SERIAL = 0
+
+CacheKey = tuple[int, tuple[int, ...]]
+
+
+class PrefixCache:
+    """Maps (parent serial, block tokens) to the block that holds that KV, and back."""
+
+    def __init__(self) -> None:
+        self._index: dict[CacheKey, int] = {}
+        self._key_of: dict[int, CacheKey] = {}  # block id -> its key
+        self._serial_of: dict[int, int] = {}  # block id -> serial of its entry
+        self._next_serial = ROOT_SERIAL + 1
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def lookup(self, parent_serial: int, token_ids: tuple[int, ...]) -> int | None:
+        """The block holding exactly this block of tokens after this parent, if cached."""
+        return self._index.get((parent_serial, token_ids))
+
+    def serial(self, block_id: int) -> int:
+        return self._serial_of[block_id]
+
+    def is_cached(self, block_id: int) -> bool:
+        return block_id in self._key_of
+
+    def register(self, block_id: int, parent_serial: int, token_ids: tuple[int, ...]) -> int:
+        """Record that `block_id` holds these tokens; return the serial that now names them.
+
+        If another block already holds the same prefix, that entry wins (first writer keeps
+        it) and `block_id` stays unregistered; its request chains on from the existing serial.
+        """
+        key = (parent_serial, token_ids)
+        existing = self._index.get(key)
+        if existing is not None:
+            return self._serial_of[existing]
+        if block_id in self._key_of:
+            raise ValueError(f"block {block_id} is already registered in the prefix cache")
+        serial = self._next_serial
+        self._next_serial += 1
+        self._index[key] = block_id
+        self._key_of[block_id] = key
+        self._serial_of[block_id] = serial
+        return serial
+
+    def forget(self, block_id: int) -> None:
+        """Drop the block's entry (it is being evicted for reuse)."""
+        key = self._key_of.pop(block_id)
+        del self._serial_of[block_id]
+        del self._index[key]

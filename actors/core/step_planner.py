@@ -1,0 +1,393 @@
+"""The scheduler's policy: which requests run each step, with which blocks, and who is
+preempted when blocks run out.
+
+Order of a step's token budget (max_num_batched_tokens) and seats (max_num_seqs):
+
+    1. running decodes (one token each), in priority order
+    2. running prefills, in chunks of what budget is left (a long prompt never stalls decodes)
+    3. swapped requests, resumed before any new request is admitted
+    4. waiting requests (new, or preempted for recompute), in priority order, FCFS within one
+
+When a running request needs a block and none is free, the last running request in priority
+order (lowest priority, latest arrival) is preempted: swapped to CPU if the mode allows and the
+CPU pool has room, else freed for recompute. No new request is admitted in a step that
+preempted, so a preempted request is never overtaken by later arrivals of its priority.
+
+The planner keeps an exact count of allocatable GPU blocks (free + cached) from each
+AllocationResult, mirrors every request's block table with reference counts (it is the
+allocator's only client), and reserves the upper bound for new requests (prefix-cache hits
+only lower the need), so the allocator's grants do not fail.
+"""
+
+from __future__ import annotations
+
+import bisect
+
+from troupe.actors.core.request_state import Request, Status
+from troupe.messages.allocator import (
+    AllocateBatch,
+    AllocateNew,
+    AllocOp,
+    CacheBlocks,
+    FreeRequest,
+    Grow,
+    SwapIn,
+    SwapOut,
+)
+from troupe.messages.executor import SeqWork, StepPlan
+from troupe.messages.scheduler import AllocationResult
+
+_NEW, _GROW, _SWAP_IN = 0, 1, 2
+PREEMPTION_MODES = ("auto", "swap", "recompute")
+
+
+def _sort_key(req: Request) -> tuple[int, int]:
+    return req.sort_key
+
+
+class StepPlanner:
+    """Request queues, block accounting and step planning (the SchedulerCore's base)."""
+
+    def __init__(
+        self,
+        *,
+        block_size: int,
+        num_gpu_blocks: int,
+        num_cpu_blocks: int,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        enable_prefix_caching: bool,
+        preemption_mode: str,
+    ) -> None:
+        if preemption_mode not in PREEMPTION_MODES:
+            raise ValueError(
+                f"preemption_mode must be one of {', '.join(PREEMPTION_MODES)}; "
+                f"got {preemption_mode!r}"
+            )
+        for name, value in (("block_size", block_size), ("num_gpu_blocks", num_gpu_blocks),
+                            ("max_num_seqs", max_num_seqs),
+                            ("max_num_batched_tokens", max_num_batched_tokens)):
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        self.block_size = block_size
+        self.num_gpu_blocks = num_gpu_blocks
+        self.num_cpu_blocks = num_cpu_blocks
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.enable_prefix_caching = enable_prefix_caching
+        self.preemption_mode = preemption_mode
+        self.requests: dict[str, Request] = {}  # every live (unfinished) request
+        self.waiting: list[Request] = []  # each queue sorted by Request.sort_key
+        self.running: list[Request] = []
+        self.swapped: list[Request] = []
+        # Pool counts as of the last AllocationResult (exact), adjusted while planning.
+        self.gpu_free = num_gpu_blocks
+        self.gpu_cached = 0
+        self.cpu_free = num_cpu_blocks
+        self.prefix_cache_hit_tokens = 0
+        self.prefix_cache_query_tokens = 0
+        self.num_preemptions_swap = 0
+        self.num_preemptions_recompute = 0
+        self.step_id = 0
+        self.in_flight: list[tuple[Request, int, bool]] = []  # (request, end pos, sample)
+        self._refs: dict[int, int] = {}  # GPU block -> tables holding it (= allocator refs)
+        self._to_free: dict[str, Request] = {}  # ended; the allocator still holds blocks
+        self._to_commit: dict[str, Request] = {}  # computed new full blocks to cache
+        self._released: list[str] = []  # ended; the executor still holds state
+        self._unfittable: list[Request] = []
+        self._ops: dict[type, list[AllocOp]] = {}
+        self._planned: dict[str, tuple[Request, int, int]] = {}  # id -> (request, tokens, kind)
+        self._swapped_out: dict[str, Request] = {}  # this step's swap-out victims
+        self._avail = 0
+        self._cpu_avail = 0
+
+    # -- queues ------------------------------------------------------------------------------
+
+    def blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    @staticmethod
+    def enqueue(queue: list[Request], req: Request) -> None:
+        bisect.insort(queue, req, key=_sort_key)
+
+    def _queue(self, status: Status) -> list[Request]:
+        return {Status.WAITING: self.waiting, Status.RUNNING: self.running,
+                Status.SWAPPED: self.swapped}[status]
+
+    def finish(self, req: Request) -> None:
+        """End a request: out of its queue; blocks and executor state released next step."""
+        if req.status == Status.FINISHED:
+            return
+        self._queue(req.status).remove(req)
+        req.status = Status.FINISHED
+        del self.requests[req.request_id]
+        if req.in_allocator:
+            self._to_free[req.request_id] = req
+        if req.in_executor:
+            self._released.append(req.request_id)
+
+    def computed(self, req: Request, end: int) -> None:
+        """The step computed the request's KV up to position `end`."""
+        req.num_computed = end
+        if self.enable_prefix_caching and end // self.block_size > req.num_committed_blocks:
+            self._to_commit[req.request_id] = req
+
+    def take_unfittable(self) -> list[Request]:
+        out, self._unfittable = self._unfittable, []
+        return out
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.running or self.waiting or self.swapped or self._to_free)
+
+    # -- planning ----------------------------------------------------------------------------
+
+    def _release(self, table: list[int]) -> int:
+        """Drop the table's references; how many blocks become allocatable."""
+        refs, freed = self._refs, 0
+        for block_id in table:
+            left = refs[block_id] - 1
+            if left:
+                refs[block_id] = left
+            else:
+                del refs[block_id]
+                freed += 1
+        return freed
+
+    def _op(self, op: AllocOp) -> None:
+        self._ops.setdefault(type(op), []).append(op)
+
+    def plan_allocation(self) -> AllocateBatch | None:
+        """Decide this step's work; the allocator ops it needs (None: nothing to do)."""
+        bs = self.block_size
+        self._ops = {}
+        self._planned = {}
+        self._swapped_out = {}
+        self._avail, self._cpu_avail = self.gpu_free, self.cpu_free
+        for req in self._to_commit.values():
+            num_full = req.num_computed // bs
+            if req.in_allocator and num_full > req.num_committed_blocks:
+                tokens = tuple(req.token_ids[req.num_committed_blocks * bs : num_full * bs])
+                self._op(CacheBlocks(req.request_id, tokens))
+                req.num_committed_blocks = num_full
+        self._to_commit = {}
+        for req in self._to_free.values():
+            if req.in_allocator:
+                self._op(FreeRequest(req.request_id))
+                self._avail += self._release(req.table)
+                self._cpu_avail += req.num_cpu_blocks
+                req.table, req.num_cpu_blocks, req.in_allocator = [], 0, False
+        self._to_free = {}
+
+        budget = self.max_num_batched_tokens
+        preempted = False
+        planned = self._planned
+        for decode_pass in (True, False):
+            for req in list(self.running):
+                if budget == 0:
+                    break
+                if req.status != Status.RUNNING or req.request_id in planned:
+                    continue
+                remaining = req.num_tokens - req.num_computed
+                if (remaining == 1) != decode_pass:
+                    continue
+                n = min(remaining, budget)
+                need = self.blocks_for(req.num_computed + n) - len(req.table)
+                if need > self._avail and not decode_pass:
+                    # A prefill chunk shrinks to the blocks there are before anyone is preempted.
+                    fit = (len(req.table) + self._avail) * bs - req.num_computed
+                    if fit >= 1:
+                        n, need = fit, self._avail
+                while need > self._avail:
+                    victim = self.running[-1]
+                    if victim is req:
+                        if len(self.running) == 1:  # alone and still short: it can never fit
+                            self._drop_unfittable(req)
+                        else:
+                            self._preempt(req)
+                        preempted = True
+                        break
+                    undone = planned.pop(victim.request_id, None)
+                    if undone is not None:  # planned earlier this step: give its share back
+                        budget += undone[1]
+                        self._avail += undone[2]
+                    self._preempt(victim)
+                    preempted = True
+                else:
+                    planned[req.request_id] = (req, n, need)
+                    budget -= n
+                    self._avail -= need
+        # Running entries carry their block need in the kind slot until here; normalise.
+        for rid, (req, n, need) in list(planned.items()):
+            planned[rid] = (req, n, _GROW)
+            if need > 0:
+                self._op(Grow(rid, req.num_computed + n))
+        if not preempted:
+            budget = self._resume_swapped(budget)
+            if not self.swapped:
+                self._admit_waiting(budget)
+        ops: list[AllocOp] = []
+        for kind in (CacheBlocks, FreeRequest, SwapOut, SwapIn, Grow, AllocateNew):
+            ops.extend(self._ops.get(kind, ()))
+        if not ops and not planned:
+            return None
+        self.step_id += 1
+        return AllocateBatch(step_id=self.step_id, ops=tuple(ops))
+
+    def _preempt(self, req: Request) -> None:
+        """Take a running request off the GPU: swap it out, or free it for recompute."""
+        self.running.remove(req)
+        num_blocks = len(req.table)
+        self._avail += self._release(req.table)
+        req.table = []
+        req.needs_reset = True
+        swap = self.preemption_mode != "recompute" and 0 < num_blocks <= self._cpu_avail
+        if swap:  # mode "swap" without CPU room falls back to recompute: nothing else can run
+            self._op(SwapOut(req.request_id))
+            self._swapped_out[req.request_id] = req
+            self._cpu_avail -= num_blocks
+            req.num_cpu_blocks = num_blocks
+            req.status = Status.SWAPPED
+            self.enqueue(self.swapped, req)
+            self.num_preemptions_swap += 1
+        else:
+            self._op(FreeRequest(req.request_id))
+            self._to_recompute(req)
+            self.num_preemptions_recompute += 1
+
+    def _drop_unfittable(self, req: Request) -> None:
+        """End a request that needs more blocks than the pool has; free it in this batch."""
+        self.finish(req)
+        self._to_free.pop(req.request_id, None)
+        self._op(FreeRequest(req.request_id))
+        self._avail += self._release(req.table)
+        req.table, req.in_allocator = [], False
+        self._unfittable.append(req)
+
+    def _to_recompute(self, req: Request) -> None:
+        req.in_allocator = False
+        req.num_computed = req.num_committed_blocks = req.num_cpu_blocks = 0
+        req.status = Status.WAITING
+        self.enqueue(self.waiting, req)
+
+    def _resume_swapped(self, budget: int) -> int:
+        while self.swapped and budget > 0 and len(self.running) < self.max_num_seqs:
+            req = self.swapped[0]
+            n = min(req.num_tokens - req.num_computed, budget)
+            total = max(req.num_cpu_blocks, self.blocks_for(req.num_computed + n))
+            if total > self._avail:
+                break
+            self.swapped.pop(0)
+            self._op(SwapIn(req.request_id, req.num_computed + n))
+            self._avail -= total
+            req.status = Status.RUNNING
+            self.enqueue(self.running, req)
+            self._planned[req.request_id] = (req, n, _SWAP_IN)
+            budget -= n
+        return budget
+
+    def _admit_waiting(self, budget: int) -> None:
+        bs = self.block_size
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            req = self.waiting[0]
+            num_tokens = req.num_tokens
+            if self.blocks_for(num_tokens) > self.num_gpu_blocks:
+                self.finish(req)  # grew past the pool while preempted
+                self._unfittable.append(req)
+                continue
+            n = min(num_tokens, budget)
+            max_hit = (num_tokens - 1) // bs * bs if self.enable_prefix_caching else 0
+            upper = self.blocks_for(min(num_tokens, max_hit + n))
+            if upper > self._avail:
+                break
+            self.waiting.pop(0)
+            self._op(AllocateNew(req.request_id, tuple(req.token_ids), n))
+            self._avail -= upper
+            req.status = Status.RUNNING
+            req.in_allocator = True
+            self.enqueue(self.running, req)
+            self._planned[req.request_id] = (req, n, _NEW)
+            budget -= n
+
+    # -- the allocator's answer --------------------------------------------------------------
+
+    def build_plan(self, result: AllocationResult) -> StepPlan | None:
+        """Apply grants and denials; the StepPlan (None when there is nothing to send)."""
+        self.gpu_free, self.gpu_cached = result.num_gpu_free, result.num_gpu_cached
+        self.cpu_free = result.num_cpu_free
+        self.prefix_cache_hit_tokens = result.prefix_cache_hit_tokens
+        self.prefix_cache_query_tokens = result.prefix_cache_query_tokens
+        planned = self._planned
+        for rid in result.swap_failed:  # no CPU room after all: it was freed, so recompute
+            req = self._swapped_out[rid]
+            req.in_allocator = False
+            if req.status == Status.SWAPPED:
+                self.swapped.remove(req)
+                self._to_recompute(req)
+                self.num_preemptions_swap -= 1
+                self.num_preemptions_recompute += 1
+        added: dict[str, tuple[int, ...]] = {}
+        refs = self._refs
+        for grant in result.grants:
+            req, _, kind = planned[grant.request_id]
+            for block_id in grant.block_ids:
+                refs[block_id] = refs.get(block_id, 0) + 1
+            if kind == _GROW:
+                req.table.extend(grant.block_ids)
+                added[grant.request_id] = grant.block_ids
+            else:
+                req.table = list(grant.block_ids)
+                req.num_cpu_blocks = 0
+            if kind == _NEW:
+                req.num_computed = grant.num_cached_tokens
+                req.num_committed_blocks = grant.num_cached_tokens // self.block_size
+                if req.num_tokens == req.prompt_len:  # first start, not a recompute
+                    req.num_cached_tokens = grant.num_cached_tokens
+        for rid in result.denied:
+            req, _, kind = planned.pop(rid)
+            if req.status != Status.RUNNING:
+                if kind == _NEW:
+                    req.in_allocator = False
+                continue
+            if kind == _NEW:
+                self.running.remove(req)
+                req.in_allocator = False
+                req.status = Status.WAITING
+                self.enqueue(self.waiting, req)
+            elif kind == _SWAP_IN:
+                self.running.remove(req)
+                req.status = Status.SWAPPED
+                self.enqueue(self.swapped, req)
+        seqs: list[SeqWork] = []
+        in_flight: list[tuple[Request, int, bool]] = []
+        for req, n, _ in planned.values():
+            if req.status != Status.RUNNING:
+                continue  # ended while the allocator worked
+            start = req.num_computed
+            end = min(req.num_tokens, start + n)
+            sample = end == req.num_tokens
+            first = not req.in_executor
+            seqs.append(
+                SeqWork(
+                    request_id=req.request_id,
+                    token_ids=tuple(req.token_ids[start:end]),
+                    start_pos=start,
+                    block_ids=tuple(req.table) if req.needs_reset else added.get(req.request_id, ()),
+                    reset=req.needs_reset,
+                    sample=sample,
+                    params=req.params if first else None,
+                    num_prompt_tokens=req.prompt_len if first else 0,
+                )
+            )
+            req.in_executor = True
+            req.needs_reset = False
+            in_flight.append((req, end, sample))
+        self._planned = {}
+        self.in_flight = in_flight
+        if not seqs and not result.swap_out and not result.swap_in:
+            return None
+        released, self._released = tuple(self._released), []
+        return StepPlan(
+            step_id=result.step_id, seqs=tuple(seqs), swap_out=result.swap_out,
+            swap_in=result.swap_in, released=released,
+        )

@@ -1,0 +1,208 @@
+"""StreamerCore: token ids in, per-request text events out.
+
+Inbox -> outboxes, per handle() call:
+    RequestOpened    -> per-request state (detokenizer, stop matcher, counters); nothing sent
+    RequestRejected  -> ("client", StreamBatch([Rejected]))
+    TokenBatch       -> ("scheduler", StopRequests) when stop strings matched, then
+                        ("client", StreamBatch) -- exactly one per TokenBatch, with its stats
+    at the end       -> ("admission", RequestsEnded) with every request that ended in this call
+
+Every request gets exactly one terminal event (Finished, Rejected, Aborted or Failed); after it
+the request's state is gone and later outputs naming it are ignored. Timings come from the
+engine-stamped times in the messages, never from a clock, so a replay reproduces them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import msgspec
+from troupe.actors.core.detokenizer import IncrementalDetokenizer
+from troupe.actors.core.stop_strings import StopStringMatcher
+from troupe.actors.core.tokenizer_text import TextTokenizer
+from troupe.messages import (
+    Aborted,
+    Delta,
+    Failed,
+    Finished,
+    FinishReason,
+    Rejected,
+    RequestOpened,
+    RequestRejected,
+    RequestsEnded,
+    SeqOutput,
+    StopRequests,
+    StreamBatch,
+    StreamerInbox,
+    StreamEvent,
+    Timings,
+    TokenBatch,
+    TokenLogprob,
+    Usage,
+)
+
+
+@dataclasses.dataclass
+class _Stream:
+    """One live request."""
+
+    opened: RequestOpened
+    detokenizer: IncrementalDetokenizer
+    stops: StopStringMatcher
+    num_output_tokens: int = 0
+    num_cached_tokens: int = 0
+    first_token_time: float | None = None
+    last_token_time: float | None = None
+
+    def usage(self) -> Usage:
+        return Usage(
+            prompt_tokens=self.opened.num_prompt_tokens,
+            completion_tokens=self.num_output_tokens,
+            cached_tokens=self.num_cached_tokens,
+        )
+
+    def timings(self, end_time: float) -> Timings:
+        first, last, arrival = self.first_token_time, self.last_token_time, self.opened.arrival_time
+        tpot = None
+        if first is not None and last is not None and self.num_output_tokens > 1:
+            tpot = (last - first) / (self.num_output_tokens - 1)
+        return Timings(
+            ttft=None if first is None else first - arrival, tpot=tpot, e2e=end_time - arrival
+        )
+
+    def final_text(self) -> str:
+        """What is still held back when the request ends: incomplete bytes (as U+FFFD, like
+        decode) and a partial stop-string match that never completed."""
+        tail: str = self.stops.feed(self.detokenizer.flush())
+        return tail if self.stops.matched is not None else tail + self.stops.flush()
+
+
+class StreamerCore:
+    """Pure core of the Streamer actor."""
+
+    def __init__(self, tokenizer: TextTokenizer) -> None:
+        self._tokenizer = tokenizer
+        self._streams: dict[str, _Stream] = {}
+        tokenizer.token_bytes(0)  # build the byte table now, not on the first token batch
+
+    @property
+    def num_live_requests(self) -> int:
+        return len(self._streams)
+
+    def handle(self, batch: Sequence[StreamerInbox]) -> list[tuple[str, msgspec.Struct]]:
+        """Process inbox messages in order; return (outbox, message) pairs in send order."""
+        out: list[tuple[str, msgspec.Struct]] = []
+        ended: list[str] = []
+        for msg in batch:
+            if isinstance(msg, RequestOpened):
+                self._open(msg)
+            elif isinstance(msg, RequestRejected):
+                self._streams.pop(msg.request_id, None)
+                event = Rejected(
+                    request_id=msg.request_id, code=msg.code, message=msg.message, field=msg.field
+                )
+                out.append(("client", StreamBatch(events=(event,))))
+                ended.append(msg.request_id)
+            else:
+                out.extend(self._tokens(msg, ended))
+        if ended:
+            out.append(("admission", RequestsEnded(request_ids=tuple(ended))))
+        return out
+
+    def _open(self, msg: RequestOpened) -> None:
+        params = msg.params
+        self._streams[msg.request_id] = _Stream(
+            opened=msg,
+            detokenizer=IncrementalDetokenizer(
+                self._tokenizer, skip_special_tokens=params.skip_special_tokens
+            ),
+            stops=StopStringMatcher(
+                params.stop, include_in_output=params.include_stop_str_in_output
+            ),
+        )
+
+    def _tokens(self, batch: TokenBatch, ended: list[str]) -> list[tuple[str, msgspec.Struct]]:
+        events: list[StreamEvent] = []
+        stopped: list[str] = []
+        for output in batch.outputs:
+            stream = self._streams.get(output.request_id)
+            if stream is None:
+                continue  # already ended (a stop string won the race) or never opened
+            event = self._advance(stream, output, batch.time)
+            if event is None:
+                continue
+            events.append(event)
+            if event.is_terminal:
+                del self._streams[output.request_id]
+                ended.append(output.request_id)
+                # The scheduler only needs telling when it does not know the request ended.
+                if isinstance(event, Finished) and output.finish_reason is None:
+                    stopped.append(output.request_id)
+        out: list[tuple[str, msgspec.Struct]] = []
+        if stopped:
+            out.append(("scheduler", StopRequests(request_ids=tuple(stopped))))
+        out.append(("client", StreamBatch(events=tuple(events), stats=batch.stats)))
+        return out
+
+    def _advance(self, stream: _Stream, output: SeqOutput, time: float) -> StreamEvent | None:
+        """Feed one SeqOutput; the event it yields (None: nothing to say)."""
+        texts: list[str] = []
+        num_kept = 0
+        for token_id in output.token_ids:
+            num_kept += 1
+            texts.append(stream.stops.feed(stream.detokenizer.push(token_id)))
+            if stream.stops.matched is not None:
+                break  # tokens after the stop string are not part of the output
+        token_ids = output.token_ids[:num_kept]
+        logprobs = _kept(output.logprobs, num_kept)
+        if num_kept:
+            stream.num_output_tokens += num_kept
+            if stream.first_token_time is None:
+                stream.first_token_time = time
+            stream.last_token_time = time
+        stream.num_cached_tokens = max(stream.num_cached_tokens, output.num_cached_tokens)
+
+        rid = stream.opened.request_id
+        reason = output.finish_reason
+        if stream.stops.matched is None and reason is None:
+            if not num_kept:
+                return None
+            return Delta(
+                request_id=rid, text="".join(texts), token_ids=token_ids, logprobs=logprobs
+            )
+        texts.append(stream.final_text())
+        text = "".join(texts)
+        if stream.stops.matched is not None or reason in (FinishReason.STOP, FinishReason.LENGTH):
+            matched = stream.stops.matched
+            return Finished(
+                request_id=rid,
+                text=text,
+                token_ids=token_ids,
+                finish_reason=FinishReason.STOP if matched is not None else FinishReason(reason),
+                stop_reason=matched if matched is not None else output.stop_reason,
+                usage=stream.usage(),
+                timings=stream.timings(time),
+                logprobs=logprobs,
+            )
+        if reason == FinishReason.ABORT:
+            return Aborted(
+                request_id=rid,
+                reason=output.error or "aborted",
+                usage=stream.usage(),
+                timings=stream.timings(time),
+                text=text,
+                token_ids=token_ids,
+            )
+        return Failed(
+            request_id=rid,
+            message=output.error or "the engine failed",
+            text=text,
+            token_ids=token_ids,
+        )
+
+
+def _kept(
+    logprobs: tuple[TokenLogprob, ...] | None, num_kept: int
+) -> tuple[TokenLogprob, ...] | None:
+    return None if logprobs is None else logprobs[:num_kept]

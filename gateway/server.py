@@ -1,0 +1,127 @@
+"""`troupe serve`: run an Engine behind the gateway until SIGINT/SIGTERM, then drain.
+
+Shutdown: stop taking work (503, /health says draining), give in-flight requests
+`--shutdown-grace` seconds to finish, abort the rest (each gets its terminal event: an SSE
+error, a websocket `done` with finish_reason "abort"), close websockets, exit 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+from collections.abc import Callable
+
+import structlog
+from aiohttp import WSCloseCode, web
+from troupe.config import EngineConfig
+from troupe.gateway.app import build_app
+from troupe.gateway.engine_api import EngineLike
+from troupe.gateway.state import GATEWAY, GatewaySettings
+
+log = structlog.get_logger("troupe.gateway")
+
+_FLUSH_SECONDS = 5.0  # after aborting: time for handlers to write the terminal events
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    """Gateway flags of `troupe serve` (the CLI adds the EngineConfig flags)."""
+    group = parser.add_argument_group("server")
+    group.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    group.add_argument("--port", type=int, default=8000, help="port to bind; 0 picks a free one")
+    group.add_argument(
+        "--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/*"
+    )
+    group.add_argument(
+        "--shutdown-grace",
+        type=float,
+        default=30.0,
+        help="seconds in-flight requests get to finish after SIGINT/SIGTERM (default 30)",
+    )
+    group.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=GatewaySettings.max_body_bytes,
+        help="request bodies above this get 413",
+    )
+
+
+def run_serve(args: argparse.Namespace, config: EngineConfig) -> int:
+    """Serve until SIGINT/SIGTERM; returns the exit status (0 after a clean drain)."""
+    settings = GatewaySettings(api_key=args.api_key, max_body_bytes=args.max_body_bytes)
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await serve(
+            config,
+            settings,
+            host=args.host,
+            port=args.port,
+            shutdown_grace=args.shutdown_grace,
+            stop=stop,
+        )
+
+    asyncio.run(main())
+    return 0
+
+
+async def serve(
+    config: EngineConfig,
+    settings: GatewaySettings,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    shutdown_grace: float = 30.0,
+    stop: asyncio.Event,
+    on_ready: Callable[[str, EngineLike], None] | None = None,
+) -> None:
+    """Start the engine and the HTTP server; when `stop` is set, drain and return."""
+    from troupe.actors.engine import Engine  # the engine pulls in torch: import on use
+
+    async with Engine.open(config) as engine:
+        app = build_app(engine, settings)
+        runner = web.AppRunner(
+            app, handler_cancellation=True, access_log=None, shutdown_timeout=_FLUSH_SECONDS
+        )
+        await runner.setup()
+        try:
+            site = web.TCPSite(runner, host, port)
+            await site.start()
+            bound_host, bound_port = runner.addresses[0][:2]
+            url = f"http://{_url_host(bound_host)}:{bound_port}"
+            log.info("serving", url=url, model=engine.model_name, playground=f"{url}/")
+            if on_ready is not None:
+                on_ready(url, engine)
+            await stop.wait()
+            await drain(app, engine, shutdown_grace)
+        finally:
+            await runner.cleanup()
+    log.info("stopped")
+
+
+async def drain(app: web.Application, engine: EngineLike, grace: float) -> None:
+    """503 for new work; wait up to `grace` s for in-flight requests; abort the rest."""
+    gateway = app[GATEWAY]
+    gateway.is_draining = True
+    log.info("draining", in_flight=gateway.num_streams, grace_s=grace)
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(grace):
+            await gateway.wait_idle()
+    if gateway.num_streams:
+        log.info("aborting requests past the shutdown deadline", count=gateway.num_streams)
+        await engine.abort_all("server shutting down")
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(_FLUSH_SECONDS):
+                await gateway.wait_idle()
+    for ws in list(gateway.websockets):
+        if not ws.closed:
+            with contextlib.suppress(Exception):
+                await ws.close(code=WSCloseCode.GOING_AWAY, message=b"server shutting down")
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host

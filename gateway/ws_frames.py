@@ -1,0 +1,77 @@
+"""Websocket frames the server sends: delta, done, error (JSON text)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import msgspec
+from troupe.messages import Aborted, Delta, Failed, Finished, Rejected, StreamEvent, Usage
+
+_json = msgspec.json.Encoder()
+
+
+def to_json(obj: dict[str, Any]) -> str:
+    return _json.encode(obj).decode()
+
+
+def _usage(usage: Usage) -> dict[str, int]:
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.total_tokens,
+        "cached_tokens": usage.cached_tokens,
+    }
+
+
+def encode_event(client_id: str, event: StreamEvent) -> Iterable[str]:
+    """Engine event -> websocket frames for the client's request id."""
+    if event.text or event.token_ids:
+        delta: dict[str, Any] = {
+            "type": "delta",
+            "request_id": client_id,
+            "text": event.text,
+            "token_ids": list(event.token_ids),
+        }
+        if isinstance(event, Delta | Finished) and event.logprobs is not None:
+            delta["logprobs"] = [[lp.token_id, lp.logprob, list(lp.top)] for lp in event.logprobs]
+        yield to_json(delta)
+    match event:
+        case Finished():
+            yield to_json(
+                {
+                    "type": "done",
+                    "request_id": client_id,
+                    "finish_reason": str(event.finish_reason),
+                    "stop_reason": event.stop_reason,
+                    "usage": _usage(event.usage),
+                    "timings": msgspec.structs.asdict(event.timings),
+                }
+            )
+        case Aborted():
+            yield to_json(
+                {
+                    "type": "done",
+                    "request_id": client_id,
+                    "finish_reason": "abort",
+                    "reason": event.reason,
+                    "usage": _usage(event.usage),
+                    "timings": msgspec.structs.asdict(event.timings),
+                }
+            )
+        case Rejected():
+            yield error_frame(client_id, str(event.code), event.message, event.field)
+        case Failed():
+            yield error_frame(client_id, "failed", event.message)
+
+
+def error_frame(request_id: str | None, code: str, message: str, field: str | None = None) -> str:
+    return to_json(
+        {
+            "type": "error",
+            "request_id": request_id,
+            "code": code,
+            "message": message,
+            "field": field,
+        }
+    )

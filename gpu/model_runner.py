@@ -1,0 +1,221 @@
+"""ModelRunner: the real Runner. Owns the model, the KV pools and per-request state."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from troupe.config import ConfigError, EngineConfig, resolve_model_path
+from troupe.gpu.attention import AttentionMetadata
+from troupe.gpu.cuda_graphs import DecodeGraphs
+from troupe.gpu.kv_cache import (
+    KVCache,
+    block_bytes,
+    blocks_from_free_memory,
+    default_cpu_device_blocks,
+)
+from troupe.gpu.model_config import ModelConfig
+from troupe.gpu.models import DecoderModel
+from troupe.gpu.sampler import sample
+from troupe.gpu.sampling_batch import build_sampling_batch
+from troupe.gpu.step_inputs import RequestState, StepInputs, apply_seq_updates, build_step_inputs
+from troupe.gpu.weights import load_model, read_config
+from troupe.messages import SampledToken, StepPlan
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RunnerOptions:
+    """The engine settings the runner needs, resolved (no 'auto', no None pools)."""
+
+    block_size: int = 16
+    num_gpu_blocks: int
+    num_cpu_blocks: int = 0
+    max_num_seqs: int = 256
+    max_model_len: int
+    seed: int = 0
+    enforce_eager: bool = True
+
+
+class ModelRunner:
+    """Executes StepPlans on a DecoderModel over the paged KV cache; see gpu/runner.py."""
+
+    def __init__(self, config: ModelConfig, model: DecoderModel, options: RunnerOptions) -> None:
+        self.model_config = config
+        self.model = model
+        self.device = model.device
+        self.block_size = options.block_size
+        self.num_gpu_blocks = options.num_gpu_blocks
+        self.num_cpu_blocks = options.num_cpu_blocks
+        self.vocab_size = config.vocab_size
+        self.max_model_len = options.max_model_len
+        self.eos_token_ids = config.eos_token_ids
+        self.max_blocks_per_seq = -(-options.max_model_len // options.block_size)
+        self.kv = KVCache(
+            config, num_gpu_blocks=options.num_gpu_blocks, num_cpu_blocks=options.num_cpu_blocks,
+            block_size=options.block_size, dtype=model.dtype, device=self.device,
+        )
+        self._states: dict[str, RequestState] = {}
+        self._rng = np.random.default_rng(options.seed)
+        self._graphs: DecodeGraphs | None = None
+        if self.device.type == "cuda" and not options.enforce_eager:
+            self._graphs = DecodeGraphs(
+                model, self.kv.layers, max_num_seqs=options.max_num_seqs,
+                max_blocks_per_seq=self.max_blocks_per_seq, max_model_len=options.max_model_len,
+            )
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> ModelRunner:
+        """Load config.model (default GGUF when None) and size the pools from the config."""
+        path = resolve_model_path(config.model)
+        device = torch.device(
+            "cuda" if config.device == "cuda" or (config.device == "auto" and torch.cuda.is_available())
+            else "cpu"
+        )
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ConfigError("device is 'cuda' but torch sees no CUDA device")
+        if config.dtype == "auto":
+            dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+        else:
+            dtype = _DTYPES[config.dtype]
+        model_config = read_config(Path(path))
+        max_model_len = config.max_model_len or model_config.max_position_embeddings
+        if max_model_len > model_config.max_position_embeddings:
+            raise ConfigError(
+                f"max_model_len {max_model_len} exceeds the model's "
+                f"max_position_embeddings {model_config.max_position_embeddings}"
+            )
+        model_config, model = load_model(Path(path), dtype, device, max_model_len)
+        num_gpu_blocks = config.num_kv_blocks
+        if num_gpu_blocks is None and device.type == "cuda":
+            peak = _profile_peak_bytes(model, config, max_model_len)
+            num_gpu_blocks = blocks_from_free_memory(
+                model_config, config.block_size, dtype, device, config.gpu_memory_utilization, peak
+            )
+        elif num_gpu_blocks is None:
+            num_gpu_blocks = default_cpu_device_blocks(
+                model_config, config.block_size, dtype, config.max_num_seqs
+            )
+        num_cpu_blocks = config.num_cpu_blocks
+        if num_cpu_blocks is None:
+            per_block = block_bytes(model_config, config.block_size, dtype)
+            num_cpu_blocks = int(config.cpu_swap_gib * 2**30) // per_block
+        options = RunnerOptions(
+            block_size=config.block_size, num_gpu_blocks=num_gpu_blocks,
+            num_cpu_blocks=num_cpu_blocks, max_num_seqs=config.max_num_seqs,
+            max_model_len=max_model_len, seed=config.seed, enforce_eager=config.enforce_eager,
+        )
+        return cls(model_config, model, options)
+
+    def execute(self, plan: StepPlan) -> tuple[SampledToken, ...]:
+        """Apply released, swap_out, swap_in, then run plan.seqs; one token per sampled seq."""
+        for request_id in plan.released:
+            self._states.pop(request_id, None)
+        self.kv.swap_out(plan.swap_out)
+        self.kv.swap_in(plan.swap_in)
+        if not plan.seqs:
+            return ()
+        states = apply_seq_updates(
+            plan.seqs, self._states, max_model_len=self.max_model_len,
+            max_blocks_per_seq=self.max_blocks_per_seq, block_size=self.block_size,
+            new_seed=lambda: int(self._rng.integers(0, 2**63 - 1)),
+        )
+        inputs = build_step_inputs(plan.seqs, states, self.block_size, width=None)
+        if not len(inputs.sampled_rows):
+            self._forward(inputs)  # a mid-prompt chunk: fill the cache, sample nothing
+            return ()
+        logits = self._forward(inputs)
+        rows = inputs.sampled_rows.tolist()
+        batch = build_sampling_batch([states[r] for r in rows], self.vocab_size, self.device)
+        token_ids, logprobs = sample(logits, batch)
+        return tuple(
+            SampledToken(plan.seqs[r].request_id, token, logprob)
+            for r, token, logprob in zip(rows, token_ids.tolist(), logprobs, strict=True)
+        )
+
+    def _forward(self, inputs: StepInputs) -> torch.Tensor:
+        """fp32 logits of the sampled rows, in order."""
+        if self._graphs is not None and inputs.is_decode and self._graphs.can_run(
+            len(inputs.seq_lens)
+        ):
+            logits = self._graphs.run(inputs)
+            return logits[torch.from_numpy(inputs.sampled_rows).to(self.device)]
+        meta = _to_device(inputs, self.device)
+        hidden = self.model(
+            torch.from_numpy(inputs.input_ids).to(self.device, non_blocking=True),
+            torch.from_numpy(inputs.positions).to(self.device, non_blocking=True),
+            meta,
+            self.kv.layers,
+        )
+        return self.model.compute_logits(hidden)
+
+    def close(self) -> None:
+        """Drop the graphs, caches and state so device memory can be reused."""
+        self._graphs = None
+        self._states.clear()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def _to_device(inputs: StepInputs, device: torch.device) -> AttentionMetadata:
+    def put(array: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(array).to(device, non_blocking=True)
+
+    return AttentionMetadata(
+        slot_mapping=put(inputs.slot_mapping),
+        block_tables=put(inputs.block_tables),
+        seq_lens=put(inputs.seq_lens),
+        query_start_loc=put(inputs.query_start_loc),
+        max_query_len=inputs.max_query_len,
+        max_seq_len=inputs.max_seq_len,
+        is_decode=inputs.is_decode,
+        logits_indices=put(inputs.logits_indices),
+    )
+
+
+def _profile_peak_bytes(model: DecoderModel, config: EngineConfig, max_model_len: int) -> int:
+    """Activation peak of a forward at max_num_batched_tokens (plus max_num_seqs logits)."""
+    device = model.device
+    block_size = config.block_size
+    num_tokens = config.max_num_batched_tokens
+    seq_len = min(num_tokens, max_model_len)
+    num_seqs = -(-num_tokens // seq_len)
+    blocks_per_seq = -(-seq_len // block_size)
+    scratch = KVCache(model.config, num_gpu_blocks=num_seqs * blocks_per_seq, num_cpu_blocks=0,
+                      block_size=block_size, dtype=model.dtype, device=device)
+    lens = [min(seq_len, num_tokens - i * seq_len) for i in range(num_seqs)]
+    positions = np.concatenate([np.arange(n) for n in lens])
+    owner = np.repeat(np.arange(num_seqs), lens)
+    tables = np.arange(num_seqs * blocks_per_seq, dtype=np.int32).reshape(num_seqs, -1)
+    qsl = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    num_logits = min(config.max_num_seqs, num_tokens)
+    inputs = StepInputs(
+        input_ids=np.zeros(num_tokens, dtype=np.int64), positions=positions,
+        slot_mapping=tables[owner, positions // block_size] * block_size + positions % block_size,
+        block_tables=tables, seq_lens=np.asarray(lens, dtype=np.int32), query_start_loc=qsl,
+        logits_indices=np.arange(num_tokens - num_logits, num_tokens),
+        sampled_rows=np.arange(num_logits), max_query_len=max(lens), max_seq_len=max(lens),
+    )
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_allocated(device)
+    try:
+        hidden = model(torch.from_numpy(inputs.input_ids).to(device),
+                       torch.from_numpy(positions).to(device), _to_device(inputs, device),
+                       scratch.layers)
+        logits = model.compute_logits(hidden)
+        logits.softmax(dim=-1).sort(dim=-1)  # the sampler's biggest temporaries
+        torch.cuda.synchronize(device)
+    except torch.OutOfMemoryError as exc:
+        raise MemoryError(
+            f"out of device memory in a forward of max_num_batched_tokens={num_tokens} tokens; "
+            "lower max_num_batched_tokens or max_num_seqs"
+        ) from exc
+    peak = torch.cuda.max_memory_allocated(device) - before
+    del hidden, logits, scratch
+    torch.cuda.empty_cache()
+    return int(peak)

@@ -1,0 +1,259 @@
+"""StreamerCore with the real SmolLM2 tokenizer: exact events, routing, usage and timings."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import pytest
+from troupe.actors.core.streamer import StreamerCore
+from troupe.actors.core.tokenizer_files import load_tokenizer
+from troupe.actors.core.tokenizer_text import TextTokenizer
+from troupe.messages import (
+    Aborted,
+    Delta,
+    EngineStats,
+    Failed,
+    Finished,
+    FinishReason,
+    RejectCode,
+    Rejected,
+    RequestOpened,
+    RequestRejected,
+    RequestsEnded,
+    SamplingParams,
+    SeqOutput,
+    StopRequests,
+    StreamBatch,
+    StreamEvent,
+    Timings,
+    TokenBatch,
+    TokenLogprob,
+    Usage,
+)
+
+HELLO, WORLD = 19556, 905  # "Hello", " world"
+HI, EMOJI_HEAD, EMOJI_TAIL, BANG = 26843, 40303, 218, 17  # "Hi", " \xf0\x9f\x98", "\x80", "!"
+ST, OP, HERE = 5022, 7627, 1535  # " ST", "OP", " here"
+EOS = 2  # <|im_end|>
+
+
+@pytest.fixture(scope="module")
+def tok() -> TextTokenizer:
+    return load_tokenizer()
+
+
+def _open(rid: str, arrival: float = 100.0, **params: Any) -> RequestOpened:
+    return RequestOpened(
+        request_id=rid,
+        params=SamplingParams(**params),
+        num_prompt_tokens=7,
+        prompt_tail_ids=(HELLO,),
+        arrival_time=arrival,
+    )
+
+
+def _event(routed: tuple[str, msgspec.Struct]) -> StreamEvent:
+    """The single event of a StreamBatch sent to the client."""
+    box, batch = routed
+    assert box == "client" and isinstance(batch, StreamBatch) and len(batch.events) == 1
+    return batch.events[0]
+
+
+def _batch(
+    step: int, time: float, *outputs: SeqOutput, stats: EngineStats | None = None
+) -> TokenBatch:
+    return TokenBatch(step_id=step, time=time, outputs=outputs, stats=stats)
+
+
+def test_deltas_then_finished_with_usage_and_timings(tok: TextTokenizer) -> None:
+    core = StreamerCore(tok)
+    stats = EngineStats(num_running=1, num_steps=3)
+    assert core.handle([_open("r")]) == []
+    out = core.handle([_batch(1, 100.5, SeqOutput("r", (HI,)), stats=stats)])
+    assert out == [
+        (
+            "client",
+            StreamBatch(events=(Delta(request_id="r", text="Hi", token_ids=(HI,)),), stats=stats),
+        )
+    ]
+    out = core.handle([_batch(2, 100.75, SeqOutput("r", (EMOJI_HEAD,)))])
+    assert out == [
+        ("client", StreamBatch(events=(Delta(request_id="r", text=" ", token_ids=(EMOJI_HEAD,)),)))
+    ]
+    out = core.handle(
+        [
+            _batch(3, 101.0, SeqOutput("r", (EMOJI_TAIL,), num_cached_tokens=4)),
+            _batch(4, 101.5, SeqOutput("r", (BANG, EOS), FinishReason.STOP, stop_reason=EOS)),
+        ]
+    )
+    finished = Finished(
+        request_id="r",
+        text="!",
+        token_ids=(BANG, EOS),
+        finish_reason=FinishReason.STOP,
+        stop_reason=EOS,
+        usage=Usage(prompt_tokens=7, completion_tokens=5, cached_tokens=4),
+        timings=Timings(ttft=0.5, tpot=0.25, e2e=1.5),  # 1.0 s over 4 more tokens
+    )
+    assert out == [
+        (
+            "client",
+            StreamBatch(events=(Delta(request_id="r", text="😀", token_ids=(EMOJI_TAIL,)),)),
+        ),
+        ("client", StreamBatch(events=(finished,))),
+        ("admission", RequestsEnded(request_ids=("r",))),
+    ]
+    assert core.num_live_requests == 0
+    # Later outputs for an ended request are ignored, but the batch is still delivered.
+    assert core.handle([_batch(5, 102.0, SeqOutput("r", (HELLO,)))]) == [
+        ("client", StreamBatch(events=()))
+    ]
+
+
+def test_stop_string_over_tokens_stops_the_scheduler(tok: TextTokenizer) -> None:
+    core = StreamerCore(tok)
+    core.handle([_open("a", stop=("STOP",)), _open("b")])
+    out = core.handle([_batch(1, 101.0, SeqOutput("a", (HELLO, ST)), SeqOutput("b", (WORLD,)))])
+    assert out == [
+        (
+            "client",
+            StreamBatch(
+                events=(
+                    Delta(request_id="a", text="Hello ", token_ids=(HELLO, ST)),  # "ST" held
+                    Delta(request_id="b", text=" world", token_ids=(WORLD,)),
+                )
+            ),
+        )
+    ]
+    out = core.handle([_batch(2, 102.0, SeqOutput("a", (OP, HERE)), SeqOutput("b", (HERE,)))])
+    assert out[0] == ("scheduler", StopRequests(request_ids=("a",)))
+    route, batch = out[1]
+    assert route == "client" and isinstance(batch, StreamBatch)
+    done, delta_b = batch.events
+    assert done == Finished(
+        request_id="a",
+        text="",
+        token_ids=(OP,),  # " here" came after the stop string: dropped
+        finish_reason=FinishReason.STOP,
+        stop_reason="STOP",
+        usage=Usage(prompt_tokens=7, completion_tokens=3),
+        timings=Timings(ttft=1.0, tpot=0.5, e2e=2.0),
+    )
+    assert delta_b == Delta(request_id="b", text=" here", token_ids=(HERE,))
+    assert out[2] == ("admission", RequestsEnded(request_ids=("a",)))
+
+
+def test_stop_string_included_and_false_start_flushed_at_length(tok: TextTokenizer) -> None:
+    core = StreamerCore(tok)
+    core.handle([_open("inc", stop=("STOP",), include_stop_str_in_output=True)])
+    core.handle([_batch(1, 100.1, SeqOutput("inc", (ST,)))])
+    out = core.handle([_batch(2, 100.2, SeqOutput("inc", (OP,)))])
+    event = _event(out[1])
+    assert isinstance(event, Finished) and event.text == "STOP" and event.stop_reason == "STOP"
+
+    core.handle([_open("fs", stop=("STORM",))])
+    core.handle([_batch(3, 100.3, SeqOutput("fs", (HELLO, ST)))])
+    out = core.handle([_batch(4, 100.4, SeqOutput("fs", (), FinishReason.LENGTH))])
+    assert out[0][0] == "client"  # LENGTH came from the scheduler: no StopRequests
+    event = _event(out[0])
+    assert isinstance(event, Finished)
+    assert (event.text, event.finish_reason, event.stop_reason) == ("ST", FinishReason.LENGTH, None)
+    assert event.usage.completion_tokens == 2 and event.token_ids == ()
+
+
+def test_stop_string_in_a_finishing_output_needs_no_stop_request(tok: TextTokenizer) -> None:
+    core = StreamerCore(tok)
+    core.handle([_open("s", stop=(" world",))])
+    out = core.handle([_batch(1, 101.0, SeqOutput("s", (HELLO, WORLD), FinishReason.LENGTH))])
+    assert [box for box, _ in out] == ["client", "admission"]
+    event = _event(out[0])
+    assert (event.text, event.finish_reason, event.stop_reason) == (
+        "Hello",
+        FinishReason.STOP,
+        " world",
+    )
+
+
+def test_abort_error_and_rejection_are_terminal(tok: TextTokenizer) -> None:
+    core = StreamerCore(tok)
+    core.handle([_open("ab", stop=("STOP",)), _open("er"), _open("late")])
+    core.handle([_batch(1, 100.25, SeqOutput("ab", (HELLO, ST)))])
+    out = core.handle(
+        [
+            _batch(
+                2,
+                100.75,
+                SeqOutput("ab", (), FinishReason.ABORT, error="client went away"),
+                SeqOutput("er", (), FinishReason.ERROR, error="CUDA out of memory"),
+            ),
+            RequestRejected(
+                request_id="late",
+                code=RejectCode.TOO_LONG,
+                message="prompt too long",
+                field="prompt",
+            ),
+            RequestRejected(request_id="never", code=RejectCode.INVALID_REQUEST, message="bad"),
+        ]
+    )
+    assert out == [
+        (
+            "client",
+            StreamBatch(
+                events=(
+                    Aborted(
+                        request_id="ab",
+                        reason="client went away",
+                        usage=Usage(prompt_tokens=7, completion_tokens=2),
+                        timings=Timings(ttft=0.25, tpot=0.0, e2e=0.75),
+                        text="ST",  # held-back false start is flushed
+                    ),
+                    Failed(request_id="er", message="CUDA out of memory"),
+                )
+            ),
+        ),
+        (
+            "client",
+            StreamBatch(
+                events=(
+                    Rejected(
+                        request_id="late",
+                        code=RejectCode.TOO_LONG,
+                        message="prompt too long",
+                        field="prompt",
+                    ),
+                )
+            ),
+        ),
+        (
+            "client",
+            StreamBatch(
+                events=(
+                    Rejected(request_id="never", code=RejectCode.INVALID_REQUEST, message="bad"),
+                )
+            ),
+        ),
+        ("admission", RequestsEnded(request_ids=("ab", "er", "late", "never"))),
+    ]
+    assert core.num_live_requests == 0
+
+
+def test_logprobs_and_special_tokens(tok: TextTokenizer) -> None:
+    core = StreamerCore(tok)
+    core.handle([_open("lp", skip_special_tokens=False, logprobs=1)])
+    lps = (TokenLogprob(HELLO, -0.1, ((HELLO, -0.1),)), TokenLogprob(EOS, -0.3, ((EOS, -0.3),)))
+    out = core.handle(
+        [_batch(1, 100.125, SeqOutput("lp", (HELLO, EOS), FinishReason.STOP, EOS, lps))]
+    )
+    event = _event(out[0])
+    assert isinstance(event, Finished)
+    assert event.text == "Hello<|im_end|>" and event.logprobs == lps
+    assert event.timings == Timings(ttft=0.125, tpot=0.0, e2e=0.125)
+
+
+def test_finish_mid_character_flushes_a_replacement_char(tok: TextTokenizer) -> None:
+    core = StreamerCore(tok)
+    core.handle([_open("m")])
+    out = core.handle([_batch(1, 100.1, SeqOutput("m", (HI, EMOJI_HEAD), FinishReason.LENGTH))])
+    event = _event(out[0])
+    assert event.text == "Hi \ufffd" == tok.decode([HI, EMOJI_HEAD])

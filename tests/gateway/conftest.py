@@ -1,0 +1,151 @@
+"""A real gateway + fake-runner engine on 127.0.0.1 (ephemeral ports), in a background thread.
+
+The server runs its own asyncio loop in a thread, so tests can use blocking clients (openai,
+chromium) as well as async ones. `ServerThread.add_gateway` serves a second app (other
+settings, e.g. an API key) on the same engine, without paying another engine start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from aiohttp import web
+from troupe.config import EngineConfig
+from troupe.gateway.app import build_app
+from troupe.gateway.server import serve
+from troupe.gateway.state import GatewaySettings
+
+# Fake runner: deterministic, fast. 2000 blocks of 16 = room for 200 requests of ~150 tokens.
+BASE_CONFIG = EngineConfig(
+    runner="fake", device="cpu", num_kv_blocks=2000, num_cpu_blocks=64, max_model_len=1024
+)
+
+
+class ServerThread:
+    """`serve()` in a thread; `url` and `engine` once ready; `shutdown()` drains it."""
+
+    def __init__(
+        self, config: EngineConfig, settings: GatewaySettings, *, shutdown_grace: float = 5.0
+    ) -> None:
+        self.config = config
+        self.settings = settings
+        self.shutdown_grace = shutdown_grace
+        self.url = ""
+        self.engine: Any = None
+        self.error: BaseException | None = None
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._main, name="gateway-server", daemon=True)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._runners: list[web.AppRunner] = []
+
+    def start(self) -> ServerThread:
+        self._thread.start()
+        if not self._ready.wait(120):
+            raise TimeoutError("the gateway did not become ready in 120 s")
+        if self.error is not None:
+            raise RuntimeError("the gateway failed to start") from self.error
+        return self
+
+    def _main(self) -> None:
+        asyncio.run(self._serve())
+
+    async def _serve(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+
+        def on_ready(url: str, engine: Any) -> None:
+            self.url, self.engine = url, engine
+            self._ready.set()
+
+        try:
+            await serve(
+                self.config,
+                self.settings,
+                host="127.0.0.1",
+                port=0,
+                shutdown_grace=self.shutdown_grace,
+                stop=self._stop,
+                on_ready=on_ready,
+            )
+        except BaseException as exc:  # surfaced by start() / shutdown()
+            self.error = exc
+        finally:
+            for runner in self._runners:
+                await runner.cleanup()
+            self._ready.set()
+
+    def call(self, coro: Any, timeout: float = 30.0) -> Any:
+        """Run a coroutine on the server's loop and wait for its result."""
+        assert self._loop is not None
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    def add_gateway(self, settings: GatewaySettings) -> str:
+        """Serve another app on the same engine; returns its URL."""
+
+        async def start() -> str:
+            runner = web.AppRunner(build_app(self.engine, settings), handler_cancellation=True)
+            await runner.setup()
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            self._runners.append(runner)
+            host, port = runner.addresses[0][:2]
+            return f"http://{host}:{port}"
+
+        return str(self.call(start()))
+
+    def begin_shutdown(self) -> None:
+        """Like SIGTERM: start draining; returns at once."""
+        assert self._loop is not None and self._stop is not None
+        self._loop.call_soon_threadsafe(self._stop.set)
+
+    def join(self, timeout: float = 60.0) -> None:
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise TimeoutError(f"the gateway did not stop within {timeout} s")
+        if self.error is not None:
+            raise RuntimeError("the gateway failed") from self.error
+
+    def wait_idle(self, timeout: float = 10.0) -> None:
+        """Until no stream is open and no GPU block is owned by a request (blocking poll)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            stats = self.engine.stats()
+            busy = stats.num_running + stats.num_waiting + stats.num_swapped
+            if self.engine.num_active == 0 and stats.num_gpu_blocks_used == 0 and busy == 0:
+                return
+            assert time.monotonic() < deadline, f"engine still busy after {timeout} s: {stats}"
+            time.sleep(0.02)
+
+    def shutdown(self) -> None:
+        if self._thread.is_alive():
+            self.begin_shutdown()
+        self.join()
+
+
+@pytest.fixture(scope="session")
+def server() -> Iterator[ServerThread]:
+    """One shared server for the tests that do not stop it."""
+    srv = ServerThread(BASE_CONFIG, GatewaySettings()).start()
+    yield srv
+    srv.shutdown()
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    """aiohttp's client and the gateway run on asyncio."""
+    return "asyncio"
+
+
+@pytest.fixture(scope="module")
+def tight_server() -> Iterator[ServerThread]:
+    """An engine that one running and one queued request fill (for 429); short drain grace."""
+    config = BASE_CONFIG.replace(max_num_seqs=1, max_queued_requests=1)
+    srv = ServerThread(config, GatewaySettings(), shutdown_grace=0.5).start()
+    yield srv
+    srv.shutdown()

@@ -1,0 +1,60 @@
+"""GET /metrics: Prometheus text with the troupe_ families, values read from the engine."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+pytestmark = pytest.mark.anyio
+
+
+async def _scrape(
+    http: aiohttp.ClientSession, url: str
+) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    async with http.get(f"{url}/metrics") as resp:
+        assert resp.status == 200
+        assert resp.headers["Content-Type"].startswith("text/plain")
+        text = await resp.text()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+async def test_metrics_count_requests_and_read_engine_stats(server) -> None:  # type: ignore[no-untyped-def]
+    async with aiohttp.ClientSession() as http:
+        before = await _scrape(http, server.url)
+        for _ in range(2):
+            body = {"prompt": "metrics please", "max_tokens": 4, "ignore_eos": True}
+            async with http.post(f"{server.url}/v1/completions", json=body) as resp:
+                assert resp.status == 200
+        async with http.post(
+            f"{server.url}/v1/completions", json={"prompt": "x", "top_p": 9}
+        ) as resp:
+            assert resp.status == 400  # turned away by the gateway: never reaches the engine
+        body = {"prompt": "x", "stop_token_ids": [10**9]}
+        async with http.post(f"{server.url}/v1/completions", json=body) as resp:
+            assert resp.status == 400  # rejected by the engine: counted
+        await asyncio.to_thread(server.wait_idle)
+        after = await _scrape(http, server.url)
+
+    def delta(name: str, **labels: str) -> float:
+        key = (name, tuple(sorted(labels.items())))
+        return after[key] - before.get(key, 0.0)
+
+    assert delta("troupe_requests_total", outcome="length") == 2
+    assert delta("troupe_requests_total", outcome="rejected") == 1
+    assert delta("troupe_time_to_first_token_seconds_count") == 2
+    assert delta("troupe_inter_token_latency_seconds_count") == 2 * 3  # 4 tokens: 3 gaps each
+    assert after[("troupe_kv_blocks_total", (("pool", "gpu"),))] == server.config.num_kv_blocks
+    assert after[("troupe_kv_blocks_total", (("pool", "cpu"),))] == server.config.num_cpu_blocks
+    assert after[("troupe_kv_blocks_used", (("pool", "gpu"),))] == 0
+    assert after[("troupe_requests_running", ())] == 0
+    assert after[("troupe_requests_waiting", ())] == 0
+    for mode in ("swap", "recompute"):
+        assert ("troupe_preemptions_total", (("mode", mode),)) in after
+    assert ("troupe_prefix_cache_hit_tokens_total", ()) in after

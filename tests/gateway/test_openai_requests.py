@@ -1,0 +1,163 @@
+"""parse_request: OpenAI bodies -> prompt + SamplingParams, or a 400 naming the field."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from troupe.gateway.errors import ApiError
+from troupe.gateway.openai_requests import Kind, api_error_for_model, parse_request
+from troupe.messages import SamplingParams
+
+
+def _bad(kind: Kind, body: Any) -> ApiError:
+    with pytest.raises(ApiError) as info:
+        parse_request(kind, body, default_max_tokens=16)
+    assert info.value.status == 400
+    return info.value
+
+
+def test_completion_fields_map_to_sampling_params() -> None:
+    req = parse_request(
+        "completion",
+        {
+            "model": "m",
+            "prompt": ["Hello"],
+            "max_tokens": 7,
+            "temperature": 0,
+            "top_p": 0.5,
+            "top_k": 3,
+            "min_p": 0.1,
+            "seed": 11,
+            "stop": "\n",
+            "presence_penalty": 0.5,
+            "frequency_penalty": -0.5,
+            "logprobs": 2,
+            "n": 1,
+            "ignore_eos": True,
+            "stop_token_ids": [5, 6],
+            "repetition_penalty": 1.2,
+            "priority": 4,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        },
+        default_max_tokens=16,
+    )
+    assert req.prompt == "Hello"
+    assert req.model == "m"
+    assert req.stream and req.include_usage
+    assert req.params == SamplingParams(
+        max_tokens=7,
+        temperature=0,
+        top_p=0.5,
+        top_k=3,
+        min_p=0.1,
+        seed=11,
+        stop=("\n",),
+        presence_penalty=0.5,
+        frequency_penalty=-0.5,
+        logprobs=2,
+        ignore_eos=True,
+        stop_token_ids=(5, 6),
+        repetition_penalty=1.2,
+        priority=4,
+    )
+
+
+def test_chat_messages_parts_and_logprobs() -> None:
+    req = parse_request(
+        "chat",
+        {
+            "messages": [
+                {"role": "system", "content": "Be brief."},
+                {
+                    "role": "user",
+                    "content": [{"type": "text", "text": "Hi "}, {"type": "text", "text": "there"}],
+                },
+            ],
+            "max_completion_tokens": 9,
+            "logprobs": True,
+            "top_logprobs": 3,
+            "stop": ["a", "b"],
+        },
+        default_max_tokens=1024,
+    )
+    assert req.prompt == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi there"},
+    ]
+    assert (req.params.max_tokens, req.params.logprobs, req.params.stop) == (9, 3, ("a", "b"))
+    assert not req.stream
+
+
+def test_defaults_and_token_id_prompt() -> None:
+    req = parse_request("completion", {"prompt": [1, 2, 3]}, default_max_tokens=16)
+    assert req.prompt == [1, 2, 3]
+    assert req.params == SamplingParams(max_tokens=16)
+    chat = parse_request(
+        "chat", {"messages": [{"role": "user", "content": "x"}]}, default_max_tokens=900
+    )
+    assert chat.params.max_tokens == 900 and chat.params.logprobs is None
+
+
+@pytest.mark.parametrize(
+    ("kind", "body", "param"),
+    [
+        ("completion", {"prompt": "x", "n": 2}, "n"),
+        ("completion", {"prompt": "x", "temperature": "hot"}, "temperature"),
+        ("completion", {"prompt": "x", "temperature": -1}, "temperature"),
+        ("completion", {"prompt": "x", "max_tokens": 0}, "max_tokens"),
+        ("completion", {"prompt": "x", "max_tokens": True}, "max_tokens"),
+        ("completion", {"prompt": "x", "top_p": 1.5}, "top_p"),
+        ("completion", {"prompt": "x", "stop": [1]}, "stop"),
+        ("completion", {"prompt": "x", "logprobs": 99}, "logprobs"),
+        ("completion", {"prompt": "x", "frobnicate": 1}, "frobnicate"),
+        ("completion", {"prompt": "x", "echo": True}, "echo"),
+        ("completion", {"prompt": ["a", "b"]}, "prompt"),
+        ("completion", {}, "prompt"),
+        (
+            "completion",
+            {"prompt": "x", "stream_options": {"include_usage": True}},
+            "stream_options",
+        ),
+        ("chat", {"messages": []}, "messages"),
+        ("chat", {"messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
+        (
+            "chat",
+            {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+            "messages[0].content[0]",
+        ),
+        (
+            "chat",
+            {"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": -3},
+            "max_completion_tokens",
+        ),
+        (
+            "chat",
+            {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2},
+            "top_logprobs",
+        ),
+        (
+            "chat",
+            {"messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 50},
+            "top_logprobs",
+        ),
+        ("chat", [1, 2], "body"),
+    ],
+)
+def test_bad_fields_are_named(kind: Kind, body: Any, param: str) -> None:
+    error = _bad(kind, body)
+    assert error.param == param
+    assert error.body()["error"]["param"] == param
+    assert error.body()["error"]["type"] == "invalid_request_error"
+
+
+def test_n_message_is_clear() -> None:
+    assert _bad("completion", {"prompt": "x", "n": 3}).message == "only n=1 is supported, got n=3"
+
+
+def test_unknown_model_is_404() -> None:
+    assert api_error_for_model(None, "served") is None
+    assert api_error_for_model("served", "served") is None
+    error = api_error_for_model("gpt-9", "served")
+    assert error is not None and error.status == 404 and error.code == "model_not_found"

@@ -1,0 +1,180 @@
+"""Fixtures for the model tests: tiny HF models with random weights, and a plan driver."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+from troupe.gpu.model_config import ModelConfig
+from troupe.gpu.model_runner import ModelRunner, RunnerOptions
+from troupe.gpu.weights import load_model, random_weights
+from troupe.messages import SamplingParams, SeqWork, StepPlan
+
+TINY = {
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "intermediate_size": 128,
+    "vocab_size": 256,
+    "max_position_embeddings": 256,
+    "rms_norm_eps": 1e-5,
+}
+FAMILIES: dict[str, dict[str, Any]] = {
+    # llama3 rope scaling with a short original context, so scaled frequencies matter here
+    "llama": {"rope_scaling": {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0,
+                               "high_freq_factor": 4.0, "original_max_position_embeddings": 32},
+              "rope_theta": 500.0},
+    "qwen2": {"tie_word_embeddings": True, "rope_theta": 1000.0},
+    "qwen3": {"head_dim": 32, "num_key_value_heads": 1, "rope_theta": 1000.0},  # MQA, wide heads
+}
+
+
+def make_hf_model(family: str, std: float = 0.2, seed: int = 0, **overrides: Any) -> Any:
+    """A transformers CausalLM of the family with our random weights loaded (fp32, eval)."""
+    import transformers
+
+    kwargs = {**TINY, **FAMILIES[family], **overrides}
+    cls_name = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3"}[family]
+    hf_config = getattr(transformers, f"{cls_name}Config")(**kwargs)
+    hf_model = getattr(transformers, f"{cls_name}ForCausalLM")(hf_config).eval()
+    ours = ModelConfig.from_hf_dict(hf_config.to_dict())
+    weights = random_weights(ours, torch.float32, seed, std=std)
+    missing, unexpected = hf_model.load_state_dict(weights, strict=False)
+    assert not unexpected, unexpected
+    assert set(missing) <= {"lm_head.weight"}, missing
+    if hf_config.tie_word_embeddings:
+        hf_model.tie_weights()
+    return hf_model
+
+
+@pytest.fixture
+def hf_folder(tmp_path: Path) -> Callable[..., tuple[Path, Any]]:
+    """make(family, **overrides) -> (saved HF folder, the transformers model)."""
+
+    def make(family: str, **overrides: Any) -> tuple[Path, Any]:
+        hf_model = make_hf_model(family, **overrides)
+        folder = tmp_path / family
+        hf_model.save_pretrained(folder)
+        return folder, hf_model
+
+    return make
+
+
+def runner_for(path: Path, *, num_gpu_blocks: int = 64, num_cpu_blocks: int = 16,
+               block_size: int = 4, max_model_len: int = 256) -> ModelRunner:
+    config, model = load_model(path, torch.float32, torch.device("cpu"), max_model_len)
+    options = RunnerOptions(block_size=block_size, num_gpu_blocks=num_gpu_blocks,
+                            num_cpu_blocks=num_cpu_blocks, max_model_len=max_model_len)
+    return ModelRunner(config, model, options)
+
+
+def hf_greedy(hf_model: Any, prompt: list[int], num_tokens: int) -> list[int]:
+    """Greedy continuation by full re-forward each step (no HF cache in the way)."""
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(num_tokens):
+            logits = hf_model(torch.tensor([ids])).logits[0, -1]
+            ids.append(int(logits.argmax()))
+    return ids[len(prompt):]
+
+
+@dataclasses.dataclass
+class Seq:
+    request_id: str
+    prompt: list[int]
+    params: SamplingParams
+    blocks: list[int] = dataclasses.field(default_factory=list)
+    num_computed: int = 0  # tokens whose KV is in the cache
+    output: list[int] = dataclasses.field(default_factory=list)
+    started: bool = False
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.prompt + self.output
+
+
+class PlanDriver:
+    """A minimal scheduler: chunked prefill then decode, blocks from a free list."""
+
+    def __init__(self, runner: ModelRunner, chunk: int = 5) -> None:
+        self.runner = runner
+        self.chunk = chunk
+        self.free = list(range(runner.num_gpu_blocks))
+        self.step_id = 0
+        self.seqs: dict[str, Seq] = {}
+
+    def add(self, request_id: str, prompt: list[int], params: SamplingParams | None = None,
+            shared_blocks: list[int] | None = None) -> Seq:
+        """shared_blocks: full blocks holding this prompt's prefix (a prefix-cache hit)."""
+        seq = Seq(request_id, prompt, params or SamplingParams(temperature=0.0, max_tokens=64))
+        if shared_blocks:
+            seq.blocks = list(shared_blocks)
+            seq.num_computed = len(shared_blocks) * self.runner.block_size
+        self.seqs[request_id] = seq
+        return seq
+
+    def work(self, seq: Seq) -> SeqWork:
+        bs = self.runner.block_size
+        todo = seq.tokens[seq.num_computed:]
+        tokens = todo[: self.chunk] if len(seq.output) == 0 else todo
+        end = seq.num_computed + len(tokens)
+        new_blocks = [self.free.pop(0) for _ in range(-(-end // bs) - len(seq.blocks))]
+        first = not seq.started
+        seq.blocks += new_blocks
+        work = SeqWork(
+            request_id=seq.request_id, token_ids=tuple(tokens), start_pos=seq.num_computed,
+            block_ids=tuple(seq.blocks) if first else tuple(new_blocks), reset=first,
+            sample=end >= len(seq.tokens), params=seq.params if first else None,
+            num_prompt_tokens=len(seq.prompt) if first else 0,
+        )
+        seq.started = True
+        seq.num_computed = end
+        return work
+
+    def step(self, ids: list[str] | None = None, **plan_fields: Any) -> dict[str, Any]:
+        """One plan over `ids` (default: all); returns request id -> SampledToken."""
+        seqs = [self.seqs[i] for i in (ids if ids is not None else list(self.seqs))]
+        works = tuple(self.work(s) for s in seqs)
+        self.step_id += 1
+        out = self.runner.execute(StepPlan(step_id=self.step_id, seqs=works, **plan_fields))
+        by_id = {t.request_id: t for t in out}
+        for seq in seqs:
+            if seq.request_id in by_id:
+                seq.output.append(by_id[seq.request_id].token_id)
+        return by_id
+
+    def run(self, num_tokens: int) -> None:
+        """Step all sequences until each has num_tokens outputs."""
+        while any(len(s.output) < num_tokens for s in self.seqs.values()):
+            self.step([i for i, s in self.seqs.items() if len(s.output) < num_tokens])
+
+
+@pytest.fixture
+def mt() -> SimpleNamespace:
+    """The model-test toolkit (conftest helpers cannot be imported under importlib mode)."""
+    return SimpleNamespace(make_hf_model=make_hf_model, runner_for=runner_for,
+                           hf_greedy=hf_greedy, PlanDriver=PlanDriver)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Undo the root conftest's skip for tests that merely live in tests/gpu/.
+
+    The root hook tests `"gpu" in item.keywords`, which also matches this folder's name; only
+    a real @pytest.mark.gpu marker should need CUDA. (Remove once the root uses
+    item.get_closest_marker("gpu").)
+    """
+    for item in items:
+        if "tests/gpu/" not in item.nodeid.replace("\\", "/") and not item.nodeid.startswith("gpu/"):
+            continue
+        if item.get_closest_marker("gpu") is None:
+            item.own_markers[:] = [
+                m for m in item.own_markers
+                if not (m.name == "skip" and m.kwargs.get("reason") == "needs a CUDA device")
+            ]
