@@ -7,6 +7,7 @@ import html
 from collections.abc import Awaitable, Callable
 from importlib import resources
 
+import structlog
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 from troupe.gateway import openai_routes
@@ -14,6 +15,8 @@ from troupe.gateway.engine_api import EngineLike
 from troupe.gateway.errors import ApiError, from_http_exception
 from troupe.gateway.state import GATEWAY, Gateway, GatewaySettings
 from troupe.gateway.websocket import websocket
+
+log = structlog.get_logger("troupe.gateway")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -47,6 +50,9 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         if exc.status < 400:
             raise
         error = from_http_exception(exc)
+    except Exception as exc:  # a bug: answer in shape, keep the traceback in the log
+        log.exception("unhandled error", path=request.path)
+        error = ApiError(500, f"internal error: {exc!r}", code="internal_error")
     response: web.Response = error.response()
     return response
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import msgspec
@@ -135,17 +135,20 @@ async def _stream(
     outbox = Outbox(max_frames=settings.max_buffered_frames, max_bytes=settings.max_buffered_bytes)
     if req.kind == "chat":
         outbox.put(_sse(builder.role_chunk()))
-    task = asyncio.create_task(_pump_sse(events, outbox, builder, req, first))
-    abort_handle: asyncio.TimerHandle | None = None
+    abort_timers: list[asyncio.TimerHandle] = []
+
+    def on_overflow() -> None:
+        # The writer may be stuck on a stalled peer: drop the connection after the grace.
+        abort_timers.append(abort_transport_later(request, settings.slow_client_grace))
+
+    task = asyncio.create_task(_pump_sse(events, outbox, builder, req, first, on_overflow))
     try:
         while (frame := await outbox.get()) is not None:
-            if outbox.overflowed is not None and abort_handle is None:
-                abort_handle = abort_transport_later(request, settings.slow_client_grace)
             await response.write(frame.encode())
         await response.write_eof()
     finally:
-        if abort_handle is not None:
-            abort_handle.cancel()
+        for timer in abort_timers:
+            timer.cancel()
         if not task.done():
             task.cancel()  # the client went away: closing the stream aborts the request
         with contextlib.suppress(asyncio.CancelledError):
@@ -159,6 +162,7 @@ async def _pump_sse(
     builder: ResponseBuilder,
     req: OpenAIRequest,
     first: StreamEvent,
+    on_overflow: Callable[[], None],
 ) -> None:
     def encode(event: StreamEvent) -> Iterable[str]:
         if isinstance(event, Delta):
@@ -178,5 +182,6 @@ async def _pump_sse(
         await pump(events, outbox, encode, first)
     except Overflow as exc:
         outbox.put_final(_sse(ApiError(429, str(exc), code="slow_consumer").body()))
+        on_overflow()
     finally:
         outbox.close()

@@ -52,10 +52,15 @@ def run_serve(args: argparse.Namespace, config: EngineConfig) -> int:
     settings = GatewaySettings(api_key=args.api_key, max_body_bytes=args.max_body_bytes)
 
     async def main() -> None:
-        stop = asyncio.Event()
+        stop, force = asyncio.Event(), asyncio.Event()
+
+        def on_signal() -> None:
+            # The first signal drains; a second one cuts the grace period short.
+            (force if stop.is_set() else stop).set()
+
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, on_signal)
         await serve(
             config,
             settings,
@@ -63,6 +68,7 @@ def run_serve(args: argparse.Namespace, config: EngineConfig) -> int:
             port=args.port,
             shutdown_grace=args.shutdown_grace,
             stop=stop,
+            force=force,
         )
 
     asyncio.run(main())
@@ -77,9 +83,13 @@ async def serve(
     port: int = 8000,
     shutdown_grace: float = 30.0,
     stop: asyncio.Event,
-    on_ready: Callable[[str, EngineLike], None] | None = None,
+    force: asyncio.Event | None = None,
+    on_ready: Callable[[str, web.Application], None] | None = None,
 ) -> None:
-    """Start the engine and the HTTP server; when `stop` is set, drain and return."""
+    """Start the engine and the HTTP server; when `stop` is set, drain and return.
+
+    `force`, set while draining, aborts in-flight requests at once. `on_ready(url, app)` is
+    called once the socket listens (the app holds the engine)."""
     from troupe.actors.engine import Engine  # the engine pulls in torch: import on use
 
     async with Engine.open(config) as engine:
@@ -95,22 +105,30 @@ async def serve(
             url = f"http://{_url_host(bound_host)}:{bound_port}"
             log.info("serving", url=url, model=engine.model_name, playground=f"{url}/")
             if on_ready is not None:
-                on_ready(url, engine)
+                on_ready(url, app)
             await stop.wait()
-            await drain(app, engine, shutdown_grace)
+            await drain(app, engine, shutdown_grace, force)
         finally:
             await runner.cleanup()
     log.info("stopped")
 
 
-async def drain(app: web.Application, engine: EngineLike, grace: float) -> None:
-    """503 for new work; wait up to `grace` s for in-flight requests; abort the rest."""
+async def drain(
+    app: web.Application, engine: EngineLike, grace: float, force: asyncio.Event | None = None
+) -> None:
+    """503 for new work; wait up to `grace` s (or until `force`) for in-flight requests;
+    abort the rest."""
     gateway = app[GATEWAY]
     gateway.is_draining = True
     log.info("draining", in_flight=gateway.num_streams, grace_s=grace)
-    with contextlib.suppress(TimeoutError):
-        async with asyncio.timeout(grace):
-            await gateway.wait_idle()
+    waiters = [asyncio.ensure_future(gateway.wait_idle())]
+    if force is not None:
+        waiters.append(asyncio.ensure_future(force.wait()))
+    try:
+        await asyncio.wait(waiters, timeout=grace, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()
     if gateway.num_streams:
         log.info("aborting requests past the shutdown deadline", count=gateway.num_streams)
         await engine.abort_all("server shutting down")

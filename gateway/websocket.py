@@ -56,6 +56,7 @@ class WsSession:
         self.pumps: dict[str, asyncio.Task[None]] = {}
         self.cancelled: set[str] = set()
         self.session_id = uuid.uuid4().hex[:12]
+        self._abort_timer: asyncio.TimerHandle | None = None
 
     async def run(self) -> None:
         writer = asyncio.create_task(self._write())
@@ -76,20 +77,16 @@ class WsSession:
                 await writer
 
     async def _write(self) -> None:
-        abort_handle = None
         try:
             while (frame := await self.outbox.get()) is not None:
-                if self.outbox.overflowed is not None and abort_handle is None:
-                    grace = self.gateway.settings.slow_client_grace
-                    abort_handle = abort_transport_later(self.request, grace)
                 await self.ws.send_str(frame)
             if self.outbox.overflowed is not None:
                 await self.ws.close(code=WSCloseCode.POLICY_VIOLATION, message=b"client too slow")
         except (ConnectionError, RuntimeError):
             pass  # the peer vanished; the reader loop ends and aborts what is left
         finally:
-            if abort_handle is not None:
-                abort_handle.cancel()
+            if self._abort_timer is not None:
+                self._abort_timer.cancel()
 
     def outbox_put(self, frame: str) -> None:
         try:
@@ -98,10 +95,15 @@ class WsSession:
             self._cut_off(exc)
 
     def _cut_off(self, exc: Overflow) -> None:
+        """Abort every request, queue a last error frame, and drop the socket if the writer
+        cannot deliver it within the grace period (it may be stuck on a stalled peer)."""
         for task in self.pumps.values():
             task.cancel()
         self.outbox.put_final(error_frame(None, "slow_consumer", str(exc)))
         self.outbox.close()
+        if self._abort_timer is None:
+            grace = self.gateway.settings.slow_client_grace
+            self._abort_timer = abort_transport_later(self.request, grace)
 
     def _on_text(self, data: str) -> None:
         try:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-
 from troupe.gpu.attention import AttentionMetadata
 from troupe.gpu.models import DecoderModel, KVCache
 from troupe.gpu.step_inputs import StepInputs
@@ -66,7 +65,8 @@ class DecodeGraphs:
 
             def run(size: int = size, meta: AttentionMetadata = meta) -> torch.Tensor:
                 hidden = model(self.input_ids[:size], self.positions[:size], meta, kv_layers)
-                return model.compute_logits(hidden)
+                logits: torch.Tensor = model.compute_logits(hidden)
+                return logits
 
             run()  # warm up: kernel compilation and autotuning happen outside the capture
             torch.cuda.synchronize(device)

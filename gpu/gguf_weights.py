@@ -8,7 +8,6 @@ from typing import Any
 
 import numpy as np
 import torch
-
 from troupe.gpu.model_config import ModelConfig, ModelLoadError
 
 _TOP_LEVEL = {
@@ -59,9 +58,7 @@ def unpermute_rotary(weight: np.ndarray, num_heads: int) -> np.ndarray:
     rows = weight.shape[0]
     half = rows // num_heads // 2
     return (
-        weight.reshape(num_heads, half, 2, *weight.shape[1:])
-        .swapaxes(1, 2)
-        .reshape(weight.shape)
+        weight.reshape(num_heads, half, 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
     )
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-
 from troupe.gpu.model_config import ModelConfig
 
 CPU_DEFAULT_TOKENS_PER_SEQ = 2048
@@ -22,7 +21,7 @@ CPU_DEFAULT_MAX_BYTES = 2 * 1024**3
 
 def block_bytes(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
     """Bytes of one block across all layers (key and value)."""
-    elem = torch.empty((), dtype=dtype).element_size()
+    elem: int = torch.empty((), dtype=dtype).element_size()
     return 2 * config.num_layers * block_size * config.kv_size * elem
 
 
@@ -74,8 +73,14 @@ class KVCache:
         dtype: torch.dtype,
         device: torch.device,
     ) -> None:
-        shape = (config.num_layers, 2, num_gpu_blocks, block_size, config.num_kv_heads,
-                 config.head_dim)
+        shape = (
+            config.num_layers,
+            2,
+            num_gpu_blocks,
+            block_size,
+            config.num_kv_heads,
+            config.head_dim,
+        )
         try:
             # zeros, not empty: padded decode rows read block 0, and garbage could be NaN
             self.gpu = torch.zeros(shape, dtype=dtype, device=device)

@@ -121,7 +121,9 @@ class ModelConfig:
         """Build from decoded GGUF metadata (key -> python value); only the llama arch."""
         arch = fields.get("general.architecture")
         if arch != "llama":
-            raise ModelLoadError(f"GGUF general.architecture {arch!r} is not supported; expected 'llama'")
+            raise ModelLoadError(
+                f"GGUF general.architecture {arch!r} is not supported; expected 'llama'"
+            )
 
         def need(key: str) -> Any:
             if f"llama.{key}" not in fields:

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
 from troupe.config import ConfigError, EngineConfig, resolve_model_path
 from troupe.gpu.attention import AttentionMetadata
 from troupe.gpu.cuda_graphs import DecodeGraphs
@@ -56,16 +55,23 @@ class ModelRunner:
         self.eos_token_ids = config.eos_token_ids
         self.max_blocks_per_seq = -(-options.max_model_len // options.block_size)
         self.kv = KVCache(
-            config, num_gpu_blocks=options.num_gpu_blocks, num_cpu_blocks=options.num_cpu_blocks,
-            block_size=options.block_size, dtype=model.dtype, device=self.device,
+            config,
+            num_gpu_blocks=options.num_gpu_blocks,
+            num_cpu_blocks=options.num_cpu_blocks,
+            block_size=options.block_size,
+            dtype=model.dtype,
+            device=self.device,
         )
         self._states: dict[str, RequestState] = {}
         self._rng = np.random.default_rng(options.seed)
         self._graphs: DecodeGraphs | None = None
         if self.device.type == "cuda" and not options.enforce_eager:
             self._graphs = DecodeGraphs(
-                model, self.kv.layers, max_num_seqs=options.max_num_seqs,
-                max_blocks_per_seq=self.max_blocks_per_seq, max_model_len=options.max_model_len,
+                model,
+                self.kv.layers,
+                max_num_seqs=options.max_num_seqs,
+                max_blocks_per_seq=self.max_blocks_per_seq,
+                max_model_len=options.max_model_len,
             )
 
     @classmethod
@@ -73,7 +79,8 @@ class ModelRunner:
         """Load config.model (default GGUF when None) and size the pools from the config."""
         path = resolve_model_path(config.model)
         device = torch.device(
-            "cuda" if config.device == "cuda" or (config.device == "auto" and torch.cuda.is_available())
+            "cuda"
+            if config.device == "cuda" or (config.device == "auto" and torch.cuda.is_available())
             else "cpu"
         )
         if device.type == "cuda" and not torch.cuda.is_available():
@@ -105,31 +112,26 @@ class ModelRunner:
             per_block = block_bytes(model_config, config.block_size, dtype)
             num_cpu_blocks = int(config.cpu_swap_gib * 2**30) // per_block
         options = RunnerOptions(
-            block_size=config.block_size, num_gpu_blocks=num_gpu_blocks,
-            num_cpu_blocks=num_cpu_blocks, max_num_seqs=config.max_num_seqs,
-            max_model_len=max_model_len, seed=config.seed, enforce_eager=config.enforce_eager,
+            block_size=config.block_size,
+            num_gpu_blocks=num_gpu_blocks,
+            num_cpu_blocks=num_cpu_blocks,
+            max_num_seqs=config.max_num_seqs,
+            max_model_len=max_model_len,
+            seed=config.seed,
+            enforce_eager=config.enforce_eager,
         )
         return cls(model_config, model, options)
 
     def execute(self, plan: StepPlan) -> tuple[SampledToken, ...]:
         """Apply released, swap_out, swap_in, then run plan.seqs; one token per sampled seq."""
-        for request_id in plan.released:
-            self._states.pop(request_id, None)
-        self.kv.swap_out(plan.swap_out)
-        self.kv.swap_in(plan.swap_in)
-        if not plan.seqs:
+        prepared = self._prepare(plan)
+        if prepared is None:
             return ()
-        states = apply_seq_updates(
-            plan.seqs, self._states, max_model_len=self.max_model_len,
-            max_blocks_per_seq=self.max_blocks_per_seq, block_size=self.block_size,
-            new_seed=lambda: int(self._rng.integers(0, 2**63 - 1)),
-        )
-        inputs = build_step_inputs(plan.seqs, states, self.block_size, width=None)
-        if not len(inputs.sampled_rows):
-            self._forward(inputs)  # a mid-prompt chunk: fill the cache, sample nothing
-            return ()
+        states, inputs = prepared
         logits = self._forward(inputs)
         rows = inputs.sampled_rows.tolist()
+        if not rows:
+            return ()  # mid-prompt chunks only: the cache is filled, nothing is sampled
         batch = build_sampling_batch([states[r] for r in rows], self.vocab_size, self.device)
         token_ids, logprobs = sample(logits, batch)
         return tuple(
@@ -137,13 +139,40 @@ class ModelRunner:
             for r, token, logprob in zip(rows, token_ids.tolist(), logprobs, strict=True)
         )
 
+    def logits(self, plan: StepPlan) -> torch.Tensor:
+        """Like execute, but return the fp32 logits [sampled seqs, vocab] instead of sampling."""
+        prepared = self._prepare(plan)
+        if prepared is None:
+            return torch.empty(0, self.vocab_size, device=self.device)
+        return self._forward(prepared[1]).clone()
+
+    def _prepare(self, plan: StepPlan) -> tuple[list[RequestState], StepInputs] | None:
+        for request_id in plan.released:
+            self._states.pop(request_id, None)
+        self.kv.swap_out(plan.swap_out)
+        self.kv.swap_in(plan.swap_in)
+        if not plan.seqs:
+            return None
+        states = apply_seq_updates(
+            plan.seqs,
+            self._states,
+            max_model_len=self.max_model_len,
+            max_blocks_per_seq=self.max_blocks_per_seq,
+            block_size=self.block_size,
+            new_seed=lambda: int(self._rng.integers(0, 2**63 - 1)),
+        )
+        return states, build_step_inputs(plan.seqs, states, self.block_size, width=None)
+
     def _forward(self, inputs: StepInputs) -> torch.Tensor:
         """fp32 logits of the sampled rows, in order."""
-        if self._graphs is not None and inputs.is_decode and self._graphs.can_run(
-            len(inputs.seq_lens)
+        if (
+            self._graphs is not None
+            and inputs.is_decode
+            and self._graphs.can_run(len(inputs.seq_lens))
         ):
             logits = self._graphs.run(inputs)
-            return logits[torch.from_numpy(inputs.sampled_rows).to(self.device)]
+            rows = torch.from_numpy(inputs.sampled_rows).to(self.device)
+            return logits[rows]
         meta = _to_device(inputs, self.device)
         hidden = self.model(
             torch.from_numpy(inputs.input_ids).to(self.device, non_blocking=True),
@@ -151,7 +180,8 @@ class ModelRunner:
             meta,
             self.kv.layers,
         )
-        return self.model.compute_logits(hidden)
+        out: torch.Tensor = self.model.compute_logits(hidden)
+        return out
 
     def close(self) -> None:
         """Drop the graphs, caches and state so device memory can be reused."""
@@ -185,8 +215,14 @@ def _profile_peak_bytes(model: DecoderModel, config: EngineConfig, max_model_len
     seq_len = min(num_tokens, max_model_len)
     num_seqs = -(-num_tokens // seq_len)
     blocks_per_seq = -(-seq_len // block_size)
-    scratch = KVCache(model.config, num_gpu_blocks=num_seqs * blocks_per_seq, num_cpu_blocks=0,
-                      block_size=block_size, dtype=model.dtype, device=device)
+    scratch = KVCache(
+        model.config,
+        num_gpu_blocks=num_seqs * blocks_per_seq,
+        num_cpu_blocks=0,
+        block_size=block_size,
+        dtype=model.dtype,
+        device=device,
+    )
     lens = [min(seq_len, num_tokens - i * seq_len) for i in range(num_seqs)]
     positions = np.concatenate([np.arange(n) for n in lens])
     owner = np.repeat(np.arange(num_seqs), lens)
@@ -194,19 +230,27 @@ def _profile_peak_bytes(model: DecoderModel, config: EngineConfig, max_model_len
     qsl = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
     num_logits = min(config.max_num_seqs, num_tokens)
     inputs = StepInputs(
-        input_ids=np.zeros(num_tokens, dtype=np.int64), positions=positions,
+        input_ids=np.zeros(num_tokens, dtype=np.int64),
+        positions=positions,
         slot_mapping=tables[owner, positions // block_size] * block_size + positions % block_size,
-        block_tables=tables, seq_lens=np.asarray(lens, dtype=np.int32), query_start_loc=qsl,
+        block_tables=tables,
+        seq_lens=np.asarray(lens, dtype=np.int32),
+        query_start_loc=qsl,
         logits_indices=np.arange(num_tokens - num_logits, num_tokens),
-        sampled_rows=np.arange(num_logits), max_query_len=max(lens), max_seq_len=max(lens),
+        sampled_rows=np.arange(num_logits),
+        max_query_len=max(lens),
+        max_seq_len=max(lens),
     )
     torch.cuda.synchronize(device)
     torch.cuda.reset_peak_memory_stats(device)
     before = torch.cuda.memory_allocated(device)
     try:
-        hidden = model(torch.from_numpy(inputs.input_ids).to(device),
-                       torch.from_numpy(positions).to(device), _to_device(inputs, device),
-                       scratch.layers)
+        hidden = model(
+            torch.from_numpy(inputs.input_ids).to(device),
+            torch.from_numpy(positions).to(device),
+            _to_device(inputs, device),
+            scratch.layers,
+        )
         logits = model.compute_logits(hidden)
         logits.softmax(dim=-1).sort(dim=-1)  # the sampler's biggest temporaries
         torch.cuda.synchronize(device)

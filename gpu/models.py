@@ -12,7 +12,6 @@ from collections.abc import Iterable
 import torch
 import torch.nn.functional as F
 from torch import nn
-
 from troupe.gpu.attention import AttentionMetadata, select_ops
 from troupe.gpu.model_config import ModelConfig, ModelLoadError
 from troupe.kernels.rope_cache import build_cos_sin_cache
@@ -30,17 +29,20 @@ class DecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device) -> None:
         super().__init__()
         c = config
-        kw = {"dtype": dtype, "device": device}
         self.config = c
-        self.input_layernorm = _param(c.hidden_size, **kw)
-        self.qkv_proj = _param(c.q_size + 2 * c.kv_size, c.hidden_size, **kw)
-        self.qkv_bias = _param(c.q_size + 2 * c.kv_size, **kw) if c.qkv_bias else None
-        self.q_norm = _param(c.head_dim, **kw) if c.qk_norm else None
-        self.k_norm = _param(c.head_dim, **kw) if c.qk_norm else None
-        self.o_proj = _param(c.hidden_size, c.q_size, **kw)
-        self.post_attention_layernorm = _param(c.hidden_size, **kw)
-        self.gate_up_proj = _param(2 * c.intermediate_size, c.hidden_size, **kw)
-        self.down_proj = _param(c.hidden_size, c.intermediate_size, **kw)
+
+        def param(*shape: int) -> nn.Parameter:
+            return _param(*shape, dtype=dtype, device=device)
+
+        self.input_layernorm = param(c.hidden_size)
+        self.qkv_proj = param(c.q_size + 2 * c.kv_size, c.hidden_size)
+        self.qkv_bias = param(c.q_size + 2 * c.kv_size) if c.qkv_bias else None
+        self.q_norm = param(c.head_dim) if c.qk_norm else None
+        self.k_norm = param(c.head_dim) if c.qk_norm else None
+        self.o_proj = param(c.hidden_size, c.q_size)
+        self.post_attention_layernorm = param(c.hidden_size)
+        self.gate_up_proj = param(2 * c.intermediate_size, c.hidden_size)
+        self.down_proj = param(c.hidden_size, c.intermediate_size)
         self.scale = c.head_dim**-0.5
 
     def forward(
@@ -58,7 +60,7 @@ class DecoderLayer(nn.Module):
         x, residual = ops.rms_norm(hidden, self.input_layernorm, eps, residual)  # type: ignore[attr-defined]
         qkv = F.linear(x, self.qkv_proj, self.qkv_bias)
         num_tokens = qkv.shape[0]
-        q, k, v = qkv.split([c.q_size, c.kv_size, c.kv_size], dim=-1)
+        q, k, v = torch.split(qkv, [c.q_size, c.kv_size, c.kv_size], dim=-1)
         q = q.reshape(num_tokens, c.num_heads, c.head_dim)
         k = k.reshape(num_tokens, c.num_kv_heads, c.head_dim)
         v = v.reshape(num_tokens, c.num_kv_heads, c.head_dim)
@@ -70,13 +72,25 @@ class DecoderLayer(nn.Module):
         ops.write_kv(k, v.contiguous(), k_cache, v_cache, meta.slot_mapping)  # type: ignore[attr-defined]
         if meta.is_decode:
             attn = ops.paged_decode_attention(  # type: ignore[attr-defined]
-                q, k_cache, v_cache, meta.block_tables, meta.seq_lens, self.scale,
+                q,
+                k_cache,
+                v_cache,
+                meta.block_tables,
+                meta.seq_lens,
+                self.scale,
                 meta.max_seq_len,
             )
         else:
             attn = ops.paged_attention(  # type: ignore[attr-defined]
-                q, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc,
-                self.scale, meta.max_query_len, meta.max_seq_len,
+                q,
+                k_cache,
+                v_cache,
+                meta.block_tables,
+                meta.seq_lens,
+                meta.query_start_loc,
+                self.scale,
+                meta.max_query_len,
+                meta.max_seq_len,
             )
         hidden = F.linear(attn.reshape(num_tokens, c.q_size), self.o_proj)
         x, residual = ops.rms_norm(hidden, self.post_attention_layernorm, eps, residual)  # type: ignore[attr-defined]
@@ -100,13 +114,16 @@ class DecoderModel(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(c, dtype, device) for _ in range(c.num_layers))
         self.norm = _param(c.hidden_size, dtype=dtype, device=device)
         self.lm_head = (
-            None if c.tie_word_embeddings else _param(c.vocab_size, c.hidden_size, dtype=dtype, device=device)
+            None
+            if c.tie_word_embeddings
+            else _param(c.vocab_size, c.hidden_size, dtype=dtype, device=device)
         )
         # fp32 table: rotary reads it per token and casts, so angles keep full precision
         self.register_buffer(
             "cos_sin_cache",
-            build_cos_sin_cache(c.head_dim, max_positions, c.rope_theta, c.rope_scaling,
-                                torch.float32, device),
+            build_cos_sin_cache(
+                c.head_dim, max_positions, c.rope_theta, c.rope_scaling, torch.float32, device
+            ),
             persistent=False,
         )
 
@@ -122,11 +139,16 @@ class DecoderModel(nn.Module):
         hidden = F.embedding(input_ids, self.embed_tokens)
         residual: torch.Tensor | None = None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            hidden, residual = layer(hidden, residual, positions, meta, kv_cache,
-                                     self.cos_sin_cache, self.ops)
+            hidden, residual = layer(
+                hidden, residual, positions, meta, kv_cache, self.cos_sin_cache, self.ops
+            )
         assert residual is not None
         idx = meta.logits_indices
-        out, _ = self.ops.rms_norm(hidden[idx], self.norm, self.config.rms_norm_eps, residual[idx])
+        if idx.numel() == 0:  # only mid-prompt chunks: no kernel launch on an empty grid
+            return hidden[:0]
+        out: torch.Tensor = self.ops.rms_norm(
+            hidden[idx], self.norm, self.config.rms_norm_eps, residual[idx]
+        )[0]
         return out
 
     @torch.inference_mode()
@@ -142,14 +164,18 @@ class DecoderModel(nn.Module):
         filled: set[str] = set()
         q, kv, inter = c.q_size, c.kv_size, c.intermediate_size
         fused = {
-            "self_attn.q_proj": ("qkv_proj", 0, q), "self_attn.k_proj": ("qkv_proj", q, kv),
-            "self_attn.v_proj": ("qkv_proj", q + kv, kv), "mlp.gate_proj": ("gate_up_proj", 0, inter),
+            "self_attn.q_proj": ("qkv_proj", 0, q),
+            "self_attn.k_proj": ("qkv_proj", q, kv),
+            "self_attn.v_proj": ("qkv_proj", q + kv, kv),
+            "mlp.gate_proj": ("gate_up_proj", 0, inter),
             "mlp.up_proj": ("gate_up_proj", inter, inter),
         }
         plain = {
-            "input_layernorm.weight": "input_layernorm", "self_attn.o_proj.weight": "o_proj",
+            "input_layernorm.weight": "input_layernorm",
+            "self_attn.o_proj.weight": "o_proj",
             "post_attention_layernorm.weight": "post_attention_layernorm",
-            "mlp.down_proj.weight": "down_proj", "self_attn.q_norm.weight": "q_norm",
+            "mlp.down_proj.weight": "down_proj",
+            "self_attn.q_norm.weight": "q_norm",
             "self_attn.k_norm.weight": "k_norm",
         }
         for name, tensor in tensors:
@@ -197,10 +223,12 @@ class DecoderModel(nn.Module):
             return None, None, 0, ""
         index = int(parts[2])
         layer = self.layers[index]
+        assert isinstance(layer, DecoderLayer)
         rest = ".".join(parts[3:])
         prefix = f"layers.{index}"
         if rest in plain:
-            return getattr(layer, plain[rest]), None, 0, f"{prefix}.{plain[rest]}"
+            found: torch.Tensor | None = getattr(layer, plain[rest])
+            return found, None, 0, f"{prefix}.{plain[rest]}"
         module, kind = rest.rsplit(".", 1)
         if module in fused:
             param, start, size = fused[module]
@@ -208,5 +236,6 @@ class DecoderModel(nn.Module):
                 if layer.qkv_bias is None:
                     return None, None, 0, ""
                 return layer.qkv_bias, start, size, f"{prefix}.qkv_bias#{module}"
-            return getattr(layer, param), start, size, f"{prefix}.{param}#{module}"
+            dest: torch.Tensor = getattr(layer, param)
+            return dest, start, size, f"{prefix}.{param}#{module}"
         return None, None, 0, ""

@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 
 import torch
-
 from troupe.messages import TokenLogprob
 
 _MASK32 = 0xFFFFFFFF
@@ -103,8 +102,9 @@ def filter_logits(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
             probs = ordered.softmax(dim=-1)
             before = probs.cumsum(dim=-1) - probs  # mass of the strictly better tokens
             remove = remove | (before >= batch.top_p[:, None])
-        logits = logits.masked_fill(torch.zeros_like(remove).scatter(1, order, remove),
-                                    float("-inf"))
+        logits = logits.masked_fill(
+            torch.zeros_like(remove).scatter(1, order, remove), float("-inf")
+        )
     if batch.use_min_p:
         probs = logits.softmax(dim=-1)
         floor = batch.min_p[:, None] * probs.max(dim=-1, keepdim=True).values

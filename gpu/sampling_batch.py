@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-
 from troupe.gpu.sampler import SamplingBatch, row_keys
 from troupe.gpu.step_inputs import RequestState
 
@@ -48,8 +47,12 @@ def build_sampling_batch(
 
 
 def _counts(
-    states: list[RequestState], rows: list[bool], vocab_size: int, device: torch.device,
-    *, prompt: bool,
+    states: list[RequestState],
+    rows: list[bool],
+    vocab_size: int,
+    device: torch.device,
+    *,
+    prompt: bool,
 ) -> torch.Tensor:
     """[S, V] token counts per row: output tokens (or prompt + output when `prompt`)."""
     pieces = []
@@ -65,6 +68,7 @@ def _counts(
     if pieces:
         tokens = torch.from_numpy(np.concatenate(pieces)).to(device)
         owner = torch.from_numpy(np.concatenate(owners)).to(device)
-        counts.index_put_((owner, tokens), torch.ones_like(tokens, dtype=torch.float32),
-                          accumulate=True)
+        counts.index_put_(
+            (owner, tokens), torch.ones_like(tokens, dtype=torch.float32), accumulate=True
+        )
     return counts

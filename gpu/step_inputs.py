@@ -16,7 +16,6 @@ import dataclasses
 import itertools
 
 import numpy as np
-
 from troupe.messages import SamplingParams, SeqWork
 
 

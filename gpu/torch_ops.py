@@ -8,6 +8,7 @@ sequence lives in block block_tables[s, p // block_size] at offset p % block_siz
 from __future__ import annotations
 
 import math
+
 import torch
 import torch.nn.functional as F
 

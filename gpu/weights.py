@@ -7,7 +7,6 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import torch
-
 from troupe.gpu.gguf_weights import iter_gguf_tensors, read_gguf_config
 from troupe.gpu.model_config import ModelConfig, ModelLoadError
 from troupe.gpu.models import DecoderModel
@@ -41,7 +40,9 @@ def safetensors_files(folder: Path) -> list[Path]:
     single = folder / SINGLE_FILE
     if single.is_file():
         return [single]
-    raise ModelLoadError(f"{folder}: no {SINGLE_FILE} or {INDEX_FILE}; expected safetensors weights")
+    raise ModelLoadError(
+        f"{folder}: no {SINGLE_FILE} or {INDEX_FILE}; expected safetensors weights"
+    )
 
 
 def iter_hf_tensors(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
@@ -51,7 +52,7 @@ def iter_hf_tensors(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
     for file in safetensors_files(folder):
         try:
             with safe_open(str(file), framework="pt") as handle:
-                for name in handle.keys():  # noqa: SIM118 - safe_open is not a dict
+                for name in handle.keys():
                     yield name, handle.get_tensor(name)
         except SafetensorError as exc:
             raise ModelLoadError(f"{file}: not a readable safetensors file ({exc})") from exc
@@ -96,8 +97,10 @@ def random_weights(
     def norm(size: int) -> torch.Tensor:
         return (1.0 + 0.1 * torch.randn(size, generator=gen)).to(dtype)
 
-    out = {"model.embed_tokens.weight": matrix(c.vocab_size, c.hidden_size),
-           "model.norm.weight": norm(c.hidden_size)}
+    out = {
+        "model.embed_tokens.weight": matrix(c.vocab_size, c.hidden_size),
+        "model.norm.weight": norm(c.hidden_size),
+    }
     if not c.tie_word_embeddings:
         out["lm_head.weight"] = matrix(c.vocab_size, c.hidden_size)
     for i in range(c.num_layers):
@@ -123,8 +126,19 @@ def random_weights(
 def qwen3_0_6b_config() -> ModelConfig:
     """The Qwen3-0.6B shape (benchmarks run it with random weights)."""
     return ModelConfig(
-        model_type="qwen3", hidden_size=1024, num_layers=28, num_heads=16, num_kv_heads=8,
-        head_dim=128, intermediate_size=3072, vocab_size=151936, rms_norm_eps=1e-6,
-        rope_theta=1_000_000.0, tie_word_embeddings=True, qk_norm=True,
-        max_position_embeddings=40960, eos_token_ids=(151645, 151643), torch_dtype=torch.bfloat16,
+        model_type="qwen3",
+        hidden_size=1024,
+        num_layers=28,
+        num_heads=16,
+        num_kv_heads=8,
+        head_dim=128,
+        intermediate_size=3072,
+        vocab_size=151936,
+        rms_norm_eps=1e-6,
+        rope_theta=1_000_000.0,
+        tie_word_embeddings=True,
+        qk_norm=True,
+        max_position_embeddings=40960,
+        eos_token_ids=(151645, 151643),
+        torch_dtype=torch.bfloat16,
     )

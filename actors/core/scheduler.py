@@ -165,30 +165,49 @@ class SchedulerCore(StepPlanner):
         self._time = max(self._time, result.time)
         outputs = self._pending
         self._pending = []
-        sampled = {s.request_id: s for s in result.sampled}
+        sampled = result.sampled
+        # Tokens come in plan order; a dict is built only if the executor broke that order.
+        by_id = None
+        i = 0
+        bs = self.block_size
+        caching = self.enable_prefix_caching
+        finished = Status.FINISHED
         for req, end, sample in self.in_flight:
-            if req.status == Status.FINISHED:
+            if sample:
+                i += 1
+            if req.status == finished:
                 continue  # aborted or stopped mid-step: its KV and token are not wanted
             if result.error is not None:
                 self.finish(req)
                 outputs.append(self._fail_output(req, f"step failed: {result.error}"))
                 continue
-            self.computed(req, end)
+            req.num_computed = end
+            if caching and end // bs > req.num_committed_blocks:
+                self._to_commit[req.request_id] = req
             if not sample:
                 continue
-            token = sampled.get(req.request_id)
-            if token is None:
-                self.finish(req)
-                outputs.append(self._fail_output(req, "the executor returned no token for it"))
-                continue
-            reason, stop_id = req.append(token.token_id)
+            if by_id is None and i <= len(sampled) and sampled[i - 1].request_id == req.request_id:
+                token = sampled[i - 1]
+            else:
+                by_id = by_id or {s.request_id: s for s in sampled}
+                token = by_id.get(req.request_id)  # type: ignore[assignment]
+                if token is None:
+                    self.finish(req)
+                    outputs.append(self._fail_output(req, "the executor returned no token for it"))
+                    continue
+            token_id = token.token_id
+            req.token_ids.append(token_id)
+            reason = stop_id = None
+            if token_id in req.stop_ids:
+                reason, stop_id = FinishReason.STOP, token_id
+            elif len(req.token_ids) >= req.max_total_tokens:
+                reason = FinishReason.LENGTH
             if reason is not None:
                 self.finish(req)
             logprobs = (token.logprob,) if token.logprob is not None else None
             outputs.append(
                 SeqOutput(
-                    req.request_id, (token.token_id,), reason, stop_id, logprobs,
-                    req.num_cached_tokens,
+                    req.request_id, (token_id,), reason, stop_id, logprobs, req.num_cached_tokens
                 )
             )
         self.in_flight = []

@@ -37,7 +37,8 @@ from troupe.messages.allocator import (
 from troupe.messages.executor import SeqWork, StepPlan
 from troupe.messages.scheduler import AllocationResult
 
-_NEW, _GROW, _SWAP_IN = 0, 1, 2
+# Kinds of planned entries; a running request's entry holds its block need (>= 0) instead.
+_NEW, _SWAP_IN = -1, -2
 PREEMPTION_MODES = ("auto", "swap", "recompute")
 
 
@@ -182,22 +183,33 @@ class StepPlanner:
         budget = self.max_num_batched_tokens
         preempted = False
         planned = self._planned
-        for decode_pass in (True, False):
-            for req in list(self.running):
+        decodes: list[Request] = []
+        prefills: list[Request] = []
+        for req in self.running:
+            (decodes if len(req.token_ids) - req.num_computed == 1 else prefills).append(req)
+        running = Status.RUNNING
+        for is_decode, group in ((True, decodes), (False, prefills)):
+            for req in group:
                 if budget == 0:
                     break
-                if req.status != Status.RUNNING or req.request_id in planned:
-                    continue
-                remaining = req.num_tokens - req.num_computed
-                if (remaining == 1) != decode_pass:
-                    continue
-                n = min(remaining, budget)
-                need = self.blocks_for(req.num_computed + n) - len(req.table)
-                if need > self._avail and not decode_pass:
-                    # A prefill chunk shrinks to the blocks there are before anyone is preempted.
-                    fit = (len(req.table) + self._avail) * bs - req.num_computed
-                    if fit >= 1:
-                        n, need = fit, self._avail
+                if req.status != running:
+                    continue  # preempted earlier in this loop
+                if is_decode:  # the hot path: one token, a new block only at a boundary
+                    n = 1
+                    need = 1 if req.num_computed >= len(req.table) * bs else 0
+                    if need <= self._avail:
+                        planned[req.request_id] = (req, 1, need)
+                        budget -= 1
+                        self._avail -= need
+                        continue
+                else:
+                    n = min(len(req.token_ids) - req.num_computed, budget)
+                    need = self.blocks_for(req.num_computed + n) - len(req.table)
+                    if need > self._avail:
+                        # A prefill chunk shrinks to the blocks there are before preempting.
+                        fit = (len(req.table) + self._avail) * bs - req.num_computed
+                        if fit >= 1:
+                            n, need = fit, self._avail
                 while need > self._avail:
                     victim = self.running[-1]
                     if victim is req:
@@ -217,9 +229,7 @@ class StepPlanner:
                     planned[req.request_id] = (req, n, need)
                     budget -= n
                     self._avail -= need
-        # Running entries carry their block need in the kind slot until here; normalise.
-        for rid, (req, n, need) in list(planned.items()):
-            planned[rid] = (req, n, _GROW)
+        for rid, (req, n, need) in planned.items():
             if need > 0:
                 self._op(Grow(rid, req.num_computed + n))
         if not preempted:
@@ -332,7 +342,7 @@ class StepPlanner:
             req, _, kind = planned[grant.request_id]
             for block_id in grant.block_ids:
                 refs[block_id] = refs.get(block_id, 0) + 1
-            if kind == _GROW:
+            if kind >= 0:  # growing a running request
                 req.table.extend(grant.block_ids)
                 added[grant.request_id] = grant.block_ids
             else:
@@ -360,17 +370,30 @@ class StepPlanner:
                 self.enqueue(self.swapped, req)
         seqs: list[SeqWork] = []
         in_flight: list[tuple[Request, int, bool]] = []
+        running = Status.RUNNING
         for req, n, _ in planned.values():
-            if req.status != Status.RUNNING:
+            if req.status != running:
                 continue  # ended while the allocator worked
             start = req.num_computed
-            end = min(req.num_tokens, start + n)
-            sample = end == req.num_tokens
+            tokens = req.token_ids
+            num_tokens = len(tokens)
+            if n == 1 and start == num_tokens - 1 and req.in_executor and not req.needs_reset:
+                # The hot path: a decode (kw-only construction is the dominant cost here).
+                seqs.append(
+                    SeqWork(
+                        request_id=req.request_id, token_ids=(tokens[start],), start_pos=start,
+                        block_ids=added.get(req.request_id, ()) if added else (),
+                    )
+                )
+                in_flight.append((req, num_tokens, True))
+                continue
+            end = min(num_tokens, start + n)
+            sample = end == num_tokens
             first = not req.in_executor
             seqs.append(
                 SeqWork(
                     request_id=req.request_id,
-                    token_ids=tuple(req.token_ids[start:end]),
+                    token_ids=tuple(tokens[start:end]),
                     start_pos=start,
                     block_ids=tuple(req.table) if req.needs_reset else added.get(req.request_id, ()),
                     reset=req.needs_reset,

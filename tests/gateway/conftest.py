@@ -18,11 +18,11 @@ from aiohttp import web
 from troupe.config import EngineConfig
 from troupe.gateway.app import build_app
 from troupe.gateway.server import serve
-from troupe.gateway.state import GatewaySettings
+from troupe.gateway.state import GATEWAY, GatewaySettings
 
-# Fake runner: deterministic, fast. 2000 blocks of 16 = room for 200 requests of ~150 tokens.
+# Fake runner: deterministic, fast. 2000 blocks of 16 tokens: room for 200 requests of ~150 tokens; long ones stop early.
 BASE_CONFIG = EngineConfig(
-    runner="fake", device="cpu", num_kv_blocks=2000, num_cpu_blocks=64, max_model_len=1024
+    runner="fake", device="cpu", num_kv_blocks=2000, num_cpu_blocks=64, max_model_len=8192
 )
 
 
@@ -37,6 +37,7 @@ class ServerThread:
         self.shutdown_grace = shutdown_grace
         self.url = ""
         self.engine: Any = None
+        self.gateway: Any = None
         self.error: BaseException | None = None
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._main, name="gateway-server", daemon=True)
@@ -59,8 +60,9 @@ class ServerThread:
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
 
-        def on_ready(url: str, engine: Any) -> None:
-            self.url, self.engine = url, engine
+        def on_ready(url: str, app: web.Application) -> None:
+            self.url, self.gateway = url, app[GATEWAY]
+            self.engine = self.gateway.engine
             self._ready.set()
 
         try:

@@ -1,8 +1,10 @@
-"""`python -m troupe serve`: one ready line with the URL; SIGTERM drains and exits 0."""
+"""`python -m troupe serve`: one ready line with the URL; signals drain and exit 0."""
 
 from __future__ import annotations
 
 import argparse
+import http.client
+import json
 import os
 import re
 import signal
@@ -28,46 +30,61 @@ def test_serve_arguments_defaults() -> None:
     assert (args.host, args.port, args.api_key) == ("0.0.0.0", 0, "k")
 
 
-def test_serve_logs_url_and_exits_0_on_sigterm() -> None:
-    cmd = [
-        sys.executable,
-        "-m",
-        "troupe",
-        "serve",
-        "--runner",
-        "fake",
-        "--device",
-        "cpu",
-        "--num-kv-blocks",
-        "64",
-        "--num-cpu-blocks",
-        "0",
-        "--port",
-        "0",
-        "--shutdown-grace",
-        "1",
-    ]
+def _start(*flags: str) -> tuple[subprocess.Popen[str], str, list[str]]:
+    cmd = [sys.executable, "-m", "troupe", "serve", "--runner", "fake", "--device", "cpu",
+           "--num-kv-blocks", "1024", "--num-cpu-blocks", "0", "--port", "0", *flags]  # fmt: skip
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    assert proc.stderr is not None
+    deadline = time.monotonic() + 90
+    lines: list[str] = []
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if not line:
+            break
+        lines.append(line)
+        if match := re.search(r"serving .*url=(http://127\.0\.0\.1:\d+)", line):
+            return proc, match.group(1), lines
+    proc.kill()
+    raise AssertionError("no ready line:\n" + "".join(lines))
+
+
+def test_sigterm_drains_and_exits_0() -> None:
+    proc, url, lines = _start("--shutdown-grace", "1")
     try:
-        assert proc.stderr is not None
-        deadline = time.monotonic() + 90
-        url = None
-        lines = []
-        while url is None and time.monotonic() < deadline:
-            line = proc.stderr.readline()
-            if not line:
-                break
-            lines.append(line)
-            if match := re.search(r"serving .*url=(http://127\.0\.0\.1:\d+)", line):
-                url = match.group(1)
-        assert url is not None, "no ready line:\n" + "".join(lines)
         assert sum("serving" in line for line in lines) == 1
         with urllib.request.urlopen(f"{url}/health", timeout=10) as resp:
             assert resp.status == 200
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
-        assert "stopped" in proc.stderr.read()
+        assert proc.stderr is not None and "stopped" in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_second_signal_cuts_the_grace_short() -> None:
+    """SIGTERM starts a 60 s drain; SIGINT then aborts the in-flight stream at once."""
+    proc, url, _ = _start("--shutdown-grace", "60")
+    try:
+        conn = http.client.HTTPConnection(url.removeprefix("http://"), timeout=30)
+        body = {"prompt": "x", "max_tokens": 8000, "ignore_eos": True, "stream": True}
+        conn.request(
+            "POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"}
+        )
+        resp = conn.getresponse()
+        assert resp.status == 200 and resp.readline().startswith(b"data: ")
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        signalled = time.monotonic()
+        rest = resp.read().decode()
+        assert rest.endswith("data: [DONE]\n\n")
+        error = json.loads(rest.strip().split("\n\n")[-2].removeprefix("data: "))["error"]
+        assert error["code"] == "aborted" and "shutting down" in error["message"]
+        assert proc.wait(timeout=30) == 0
+        assert time.monotonic() - signalled < 5.0
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -27,9 +27,16 @@ TINY = {
 }
 FAMILIES: dict[str, dict[str, Any]] = {
     # llama3 rope scaling with a short original context, so scaled frequencies matter here
-    "llama": {"rope_scaling": {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0,
-                               "high_freq_factor": 4.0, "original_max_position_embeddings": 32},
-              "rope_theta": 500.0},
+    "llama": {
+        "rope_scaling": {
+            "rope_type": "llama3",
+            "factor": 4.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 32,
+        },
+        "rope_theta": 500.0,
+    },
     "qwen2": {"tie_word_embeddings": True, "rope_theta": 1000.0},
     "qwen3": {"head_dim": 32, "num_key_value_heads": 1, "rope_theta": 1000.0},  # MQA, wide heads
 }
@@ -66,11 +73,21 @@ def hf_folder(tmp_path: Path) -> Callable[..., tuple[Path, Any]]:
     return make
 
 
-def runner_for(path: Path, *, num_gpu_blocks: int = 64, num_cpu_blocks: int = 16,
-               block_size: int = 4, max_model_len: int = 256) -> ModelRunner:
+def runner_for(
+    path: Path,
+    *,
+    num_gpu_blocks: int = 64,
+    num_cpu_blocks: int = 16,
+    block_size: int = 4,
+    max_model_len: int = 256,
+) -> ModelRunner:
     config, model = load_model(path, torch.float32, torch.device("cpu"), max_model_len)
-    options = RunnerOptions(block_size=block_size, num_gpu_blocks=num_gpu_blocks,
-                            num_cpu_blocks=num_cpu_blocks, max_model_len=max_model_len)
+    options = RunnerOptions(
+        block_size=block_size,
+        num_gpu_blocks=num_gpu_blocks,
+        num_cpu_blocks=num_cpu_blocks,
+        max_model_len=max_model_len,
+    )
     return ModelRunner(config, model, options)
 
 
@@ -81,7 +98,7 @@ def hf_greedy(hf_model: Any, prompt: list[int], num_tokens: int) -> list[int]:
         for _ in range(num_tokens):
             logits = hf_model(torch.tensor([ids])).logits[0, -1]
             ids.append(int(logits.argmax()))
-    return ids[len(prompt):]
+    return ids[len(prompt) :]
 
 
 @dataclasses.dataclass
@@ -109,8 +126,13 @@ class PlanDriver:
         self.step_id = 0
         self.seqs: dict[str, Seq] = {}
 
-    def add(self, request_id: str, prompt: list[int], params: SamplingParams | None = None,
-            shared_blocks: list[int] | None = None) -> Seq:
+    def add(
+        self,
+        request_id: str,
+        prompt: list[int],
+        params: SamplingParams | None = None,
+        shared_blocks: list[int] | None = None,
+    ) -> Seq:
         """shared_blocks: full blocks holding this prompt's prefix (a prefix-cache hit)."""
         seq = Seq(request_id, prompt, params or SamplingParams(temperature=0.0, max_tokens=64))
         if shared_blocks:
@@ -121,16 +143,20 @@ class PlanDriver:
 
     def work(self, seq: Seq) -> SeqWork:
         bs = self.runner.block_size
-        todo = seq.tokens[seq.num_computed:]
+        todo = seq.tokens[seq.num_computed :]
         tokens = todo[: self.chunk] if len(seq.output) == 0 else todo
         end = seq.num_computed + len(tokens)
         new_blocks = [self.free.pop(0) for _ in range(-(-end // bs) - len(seq.blocks))]
         first = not seq.started
         seq.blocks += new_blocks
         work = SeqWork(
-            request_id=seq.request_id, token_ids=tuple(tokens), start_pos=seq.num_computed,
-            block_ids=tuple(seq.blocks) if first else tuple(new_blocks), reset=first,
-            sample=end >= len(seq.tokens), params=seq.params if first else None,
+            request_id=seq.request_id,
+            token_ids=tuple(tokens),
+            start_pos=seq.num_computed,
+            block_ids=tuple(seq.blocks) if first else tuple(new_blocks),
+            reset=first,
+            sample=end >= len(seq.tokens),
+            params=seq.params if first else None,
             num_prompt_tokens=len(seq.prompt) if first else 0,
         )
         seq.started = True
@@ -158,8 +184,12 @@ class PlanDriver:
 @pytest.fixture
 def mt() -> SimpleNamespace:
     """The model-test toolkit (conftest helpers cannot be imported under importlib mode)."""
-    return SimpleNamespace(make_hf_model=make_hf_model, runner_for=runner_for,
-                           hf_greedy=hf_greedy, PlanDriver=PlanDriver)
+    return SimpleNamespace(
+        make_hf_model=make_hf_model,
+        runner_for=runner_for,
+        hf_greedy=hf_greedy,
+        PlanDriver=PlanDriver,
+    )
 
 
 @pytest.hookimpl(trylast=True)
@@ -171,10 +201,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     item.get_closest_marker("gpu").)
     """
     for item in items:
-        if "tests/gpu/" not in item.nodeid.replace("\\", "/") and not item.nodeid.startswith("gpu/"):
+        if "tests/gpu/" not in item.nodeid.replace("\\", "/") and not item.nodeid.startswith(
+            "gpu/"
+        ):
             continue
         if item.get_closest_marker("gpu") is None:
             item.own_markers[:] = [
-                m for m in item.own_markers
+                m
+                for m in item.own_markers
                 if not (m.name == "skip" and m.kwargs.get("reason") == "needs a CUDA device")
             ]

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from troupe.config import default_model_path
-from troupe.gpu.model_runner import ModelRunner, RunnerOptions
-from troupe.gpu.weights import load_model
+from troupe.config import EngineConfig, default_model_path
+from troupe.gpu.model_runner import ModelRunner
 
 NUM_NEW = 32
 PROMPTS = [
@@ -24,13 +23,21 @@ def models() -> tuple[object, ModelRunner]:
     hf_model = transformers.AutoModelForCausalLM.from_pretrained(
         str(path.parent), gguf_file=path.name, dtype=torch.float32
     ).eval()
-    config, model = load_model(path, torch.float32, torch.device("cpu"), 512)
-    options = RunnerOptions(block_size=16, num_gpu_blocks=64, max_model_len=512)
-    return hf_model, ModelRunner(config, model, options)
+    config = EngineConfig(
+        device="cpu",
+        dtype="auto",
+        max_model_len=512,
+        num_kv_blocks=64,
+        num_cpu_blocks=8,
+        max_num_seqs=4,
+    )
+    return hf_model, ModelRunner.from_config(config)  # model=None: the default GGUF
 
 
 def test_config_from_gguf(models) -> None:
     _, runner = models
+    assert runner.device.type == "cpu" and runner.model.dtype == torch.float32
+    assert (runner.num_gpu_blocks, runner.num_cpu_blocks, runner.max_model_len) == (64, 8, 512)
     c = runner.model_config
     assert (c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim) == (30, 9, 3, 64)
     assert (c.hidden_size, c.intermediate_size, c.vocab_size) == (576, 1536, 49152)
@@ -38,15 +45,19 @@ def test_config_from_gguf(models) -> None:
     assert runner.eos_token_ids == (2,)
 
 
+@pytest.mark.slow
 def test_greedy_32_tokens_match_transformers(models, mt) -> None:
     hf_model, runner = models
     hf_model.generation_config.eos_token_id = None  # run past EOS, as the driver does
     with torch.no_grad():
         expected = [
             hf_model.generate(
-                torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
-                max_new_tokens=NUM_NEW, do_sample=False, pad_token_id=0,
-            )[0, len(p):].tolist()
+                torch.tensor([p]),
+                attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                max_new_tokens=NUM_NEW,
+                do_sample=False,
+                pad_token_id=0,
+            )[0, len(p) :].tolist()
             for p in PROMPTS
         ]
     driver = mt.PlanDriver(runner, chunk=8)

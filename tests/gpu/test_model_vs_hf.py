@@ -24,7 +24,7 @@ def test_greedy_matches_hf_with_chunked_prefill(family, hf_folder, mt) -> None:
 def test_cached_prefix_blocks_are_reused(hf_folder, mt) -> None:
     folder, hf_model = hf_folder("llama")
     base = PROMPTS[0]
-    second = base[:8] + [150, 151, 152]  # shares two full blocks (block_size 4) with `base`
+    second = [*base[:8], 150, 151, 152]  # shares two full blocks (block_size 4) with `base`
     driver = mt.PlanDriver(mt.runner_for(folder), chunk=16)
     first = driver.add("a", base)
     driver.step()  # a's whole prompt

@@ -1,0 +1,252 @@
+"""FakeRunner: a deterministic stand-in for the model that really models the paged KV cache.
+
+Each KV slot stores (token id, position) and a 64-bit mix of the two; each block keeps the sum of
+its slots' mixes. The next token of a sequence is a hash of everything read back through its
+block table -- full blocks' sums plus the written slots of the last block -- so a lost, stale,
+misplaced or wrongly swapped block changes the output (misplaced blocks also raise). Because a
+correct cache holds exactly the sequence, the next token is a pure function of the sequence's
+token ids and seed: `FakeRunner.reference_tokens` computes it without any cache.
+
+Tokens fall in [100, 30000) so they decode to text and never hit EOS, except on request: a seed
+of `EOS_SEED_BASE + k` makes the k-th output token (1-based) the first EOS id.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from troupe.config import EngineConfig
+from troupe.messages import SampledToken, SamplingParams, SeqWork, StepPlan, TokenLogprob
+
+EOS_SEED_BASE = 10**12
+_LOW, _HIGH = 100, 30000
+_U64 = np.uint64
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser, elementwise on uint64 (wrapping arithmetic)."""
+    x = (x ^ (x >> _U64(30))) * _U64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> _U64(27))) * _U64(0x94D049BB133111EB)
+    return x ^ (x >> _U64(31))
+
+
+def slot_mix(positions: np.ndarray, token_ids: np.ndarray) -> np.ndarray:
+    """What one KV slot contributes to the hash: a mix of its position and token."""
+    pos = positions.astype(_U64)
+    tok = token_ids.astype(_U64)
+    return _mix(pos * _U64(0x9E3779B97F4A7C15) + tok + _U64(1))
+
+
+def next_tokens(
+    sums: np.ndarray,
+    lengths: np.ndarray,
+    seeds: np.ndarray,
+    num_outputs: np.ndarray,
+    eos_token_id: int,
+) -> np.ndarray:
+    """Next token per sequence from its slot-mix sum, length, seed and outputs so far."""
+    x = _mix(
+        sums ^ _mix(lengths.astype(_U64) + _U64(0x632BE59BD9B4E019)) ^ _mix(seeds.astype(_U64))
+    )
+    tokens = (x % _U64(_HIGH - _LOW)).astype(np.int64) + _LOW
+    eos_at = seeds.astype(np.int64) - EOS_SEED_BASE
+    return np.where(num_outputs + 1 == eos_at, eos_token_id, tokens)
+
+
+def _seed(params: SamplingParams | None) -> int:
+    return params.seed if params is not None and params.seed is not None else 0
+
+
+@dataclass(slots=True)
+class _Seq:
+    table: np.ndarray  # GPU block ids; the first `num_blocks` are valid
+    num_blocks: int
+    seed: int
+    num_prompt_tokens: int
+    logprobs: int | None
+
+
+class _Store:
+    """One pool's contents: per-slot token, position and mix; per-block mix sums."""
+
+    def __init__(self, num_blocks: int, block_size: int) -> None:
+        self.tok = np.full((num_blocks, block_size), -1, dtype=np.int64)
+        self.pos = np.full((num_blocks, block_size), -1, dtype=np.int64)
+        self.mix = np.zeros((num_blocks, block_size), dtype=_U64)
+        self.sum = np.zeros(num_blocks, dtype=_U64)
+
+    def copy_to(self, other: _Store, pairs: Sequence[tuple[int, int]]) -> None:
+        src = np.fromiter((p[0] for p in pairs), np.int64, len(pairs))
+        dst = np.fromiter((p[1] for p in pairs), np.int64, len(pairs))
+        for name in ("tok", "pos", "mix", "sum"):
+            getattr(other, name)[dst] = getattr(self, name)[src]
+
+
+class FakeRunner:
+    """Implements gpu.runner.Runner with numpy; a few microseconds per sequence per step."""
+
+    def __init__(
+        self,
+        *,
+        block_size: int = 16,
+        num_gpu_blocks: int = 4096,
+        num_cpu_blocks: int = 1024,
+        vocab_size: int = 49152,
+        max_model_len: int = 8192,
+        eos_token_ids: tuple[int, ...] = (2,),
+    ) -> None:
+        self.block_size = block_size
+        self.num_gpu_blocks = num_gpu_blocks
+        self.num_cpu_blocks = num_cpu_blocks
+        self.vocab_size = vocab_size
+        self.max_model_len = max_model_len
+        self.eos_token_ids = tuple(eos_token_ids)
+        self.gpu = _Store(num_gpu_blocks, block_size)
+        self.cpu = _Store(num_cpu_blocks, block_size)
+        self._seqs: dict[str, _Seq] = {}
+        self._max_blocks = -(-max_model_len // block_size)
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> FakeRunner:
+        return cls(
+            block_size=config.block_size,
+            num_gpu_blocks=config.num_kv_blocks if config.num_kv_blocks is not None else 4096,
+            num_cpu_blocks=config.num_cpu_blocks if config.num_cpu_blocks is not None else 1024,
+            max_model_len=config.max_model_len if config.max_model_len is not None else 8192,
+        )
+
+    def close(self) -> None:
+        self._seqs.clear()
+
+    @property
+    def num_live(self) -> int:
+        """Requests whose state the runner holds (not yet released)."""
+        return len(self._seqs)
+
+    def execute(self, plan: StepPlan) -> tuple[SampledToken, ...]:
+        """Apply released, swap_out, swap_in, then write and read back plan.seqs."""
+        for request_id in plan.released:
+            self._seqs.pop(request_id, None)
+        if plan.swap_out:
+            self.gpu.copy_to(self.cpu, plan.swap_out)
+        if plan.swap_in:
+            self.cpu.copy_to(self.gpu, plan.swap_in)
+        if not plan.seqs:
+            return ()
+        bs = self.block_size
+        blocks: list[int] = []
+        positions: list[int] = []
+        tokens: list[int] = []
+        sampled: list[tuple[str, _Seq, int]] = []
+        for work in plan.seqs:
+            seq = self._update(work.request_id, work)
+            start, end = work.start_pos, work.start_pos + len(work.token_ids)
+            if -(-end // bs) > seq.num_blocks:
+                raise ValueError(
+                    f"request {work.request_id!r}: {end} tokens need {-(-end // bs)} blocks, "
+                    f"its table has {seq.num_blocks}"
+                )
+            if end - start == 1:
+                blocks.append(int(seq.table[start // bs]))
+                positions.append(start)
+            else:
+                pos = np.arange(start, end)
+                blocks.extend(seq.table[pos // bs].tolist())
+                positions.extend(range(start, end))
+            tokens.extend(work.token_ids)
+            if work.sample:
+                sampled.append((work.request_id, seq, end))
+        self._write(np.array(blocks), np.array(positions), np.array(tokens))
+        return self._sample(sampled) if sampled else ()
+
+    def _update(self, request_id: str, work: SeqWork) -> _Seq:
+        seq = self._seqs.get(request_id)
+        if seq is None:
+            if work.params is None:
+                raise ValueError(f"request {request_id!r}: first SeqWork carries no params")
+            seq = _Seq(
+                np.zeros(self._max_blocks, np.int64),
+                0,
+                _seed(work.params),
+                work.num_prompt_tokens,
+                work.params.logprobs,
+            )
+            self._seqs[request_id] = seq
+        first = 0 if work.reset else seq.num_blocks
+        if first + len(work.block_ids) > self._max_blocks:
+            raise ValueError(f"request {request_id!r}: table exceeds max_model_len")
+        seq.table[first : first + len(work.block_ids)] = work.block_ids
+        seq.num_blocks = first + len(work.block_ids)
+        return seq
+
+    def _write(self, blocks: np.ndarray, positions: np.ndarray, tokens: np.ndarray) -> None:
+        g, slots = self.gpu, positions % self.block_size
+        new = slot_mix(positions, tokens)
+        np.add.at(g.sum, blocks, new - g.mix[blocks, slots])  # wraps mod 2**64, like the sums
+        g.mix[blocks, slots] = new
+        g.pos[blocks, slots] = positions
+        g.tok[blocks, slots] = tokens
+
+    def _sample(self, sampled: list[tuple[str, _Seq, int]]) -> tuple[SampledToken, ...]:
+        bs, g = self.block_size, self.gpu
+        n = len(sampled)
+        ends = np.fromiter((s[2] for s in sampled), np.int64, n)
+        num_full = ends // bs
+        full = np.concatenate([seq.table[: end // bs] for _, seq, end in sampled])
+        owner = np.repeat(np.arange(n), num_full)
+        index = np.arange(len(full)) - np.repeat(np.cumsum(num_full) - num_full, num_full)
+        wrong = g.pos[full, 0] != index * bs
+        sums = np.zeros(n, dtype=_U64)
+        np.add.at(sums, owner, g.sum[full])
+        rem = ends % bs
+        last = np.fromiter(
+            (seq.table[end // bs] if end % bs else 0 for _, seq, end in sampled), np.int64, n
+        )
+        mask = np.arange(bs)[None, :] < rem[:, None]
+        sums += np.where(mask, g.mix[last], _U64(0)).sum(axis=1, dtype=_U64)
+        expected = (num_full * bs)[:, None] + np.arange(bs)[None, :]
+        wrong_last = (mask & (g.pos[last] != expected)).any(axis=1)
+        if wrong.any() or wrong_last.any():
+            bad = sorted(
+                {int(o) for o in owner[wrong]} | {int(i) for i in np.flatnonzero(wrong_last)}
+            )
+            raise RuntimeError(
+                "KV cache corruption: blocks hold the wrong positions for "
+                + ", ".join(repr(sampled[i][0]) for i in bad)
+            )
+        seeds = np.fromiter((s[1].seed for s in sampled), np.int64, n)
+        outputs = ends - np.fromiter((s[1].num_prompt_tokens for s in sampled), np.int64, n)
+        tokens = next_tokens(sums, ends, seeds, outputs, self.eos_token_ids[0]).tolist()
+        return tuple(
+            SampledToken(rid, tok, _logprob(tok, seq.logprobs))
+            for (rid, seq, _), tok in zip(sampled, tokens, strict=True)
+        )
+
+    @staticmethod
+    def reference_tokens(
+        prompt_ids: Sequence[int],
+        n: int,
+        params: SamplingParams | None = None,
+        eos_token_id: int = 2,
+    ) -> list[int]:
+        """The `n` tokens a correct cache gives after `prompt_ids` (not cut at EOS)."""
+        ids = np.asarray(prompt_ids, dtype=np.int64)
+        total = slot_mix(np.arange(len(ids)), ids).sum(dtype=_U64, keepdims=True)
+        seed = np.array([_seed(params)], np.int64)
+        out: list[int] = []
+        length = len(ids)
+        for i in range(n):
+            tok = int(next_tokens(total, np.array([length]), seed, np.array([i]), eos_token_id)[0])
+            out.append(tok)
+            total = total + slot_mix(np.array([length]), np.array([tok]))  # arrays wrap silently
+            length += 1
+        return out
+
+
+def _logprob(token_id: int, num_top: int | None) -> TokenLogprob | None:
+    if num_top is None:
+        return None
+    top = tuple(((token_id + i) % _HIGH, -1.0 - i) for i in range(num_top))
+    return TokenLogprob(token_id, -1.0, top)

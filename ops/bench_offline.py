@@ -1,0 +1,248 @@
+"""Offline throughput on the nano-vllm workload, against the H200's physical floor.
+
+256 sequences (seed 0), prompt and output lengths uniform in [100, 1024], random prompt ids
+< 10,000, ignore_eos, temperature 0.6, on the Qwen3-0.6B shape with random bf16 weights.
+
+    python -m troupe.ops.bench_offline                 # through troupe.Engine (the default)
+    python -m troupe.ops.bench_offline --mode runner   # ModelRunner with a local loop
+
+Floor: every decode step reads the weights and each sequence's KV once (HBM 4.26e12 B/s),
+plus prefill FLOPs at 773e12 FLOP/s (bf16 dense). The fraction reached is floor / measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from troupe.gpu.model_config import ModelConfig
+from troupe.gpu.weights import qwen3_0_6b_config, random_weights
+
+HBM_BYTES_PER_S = 4.26e12
+BF16_FLOPS = 773e12
+
+
+def workload(num_seqs: int, seed: int) -> tuple[list[list[int]], list[int]]:
+    """(prompt token ids, output lengths), as in nano-vllm's bench.py."""
+    rng = np.random.default_rng(seed)
+    prompt_lens = rng.integers(100, 1025, size=num_seqs)
+    output_lens = rng.integers(100, 1025, size=num_seqs)
+    prompts = [rng.integers(0, 10_000, size=int(n)).tolist() for n in prompt_lens]
+    return prompts, output_lens.tolist()
+
+
+def physical_floor_s(config: ModelConfig, prompts: list[list[int]], outputs: list[int]) -> float:
+    """Seconds the workload needs at least: decode bytes over HBM plus prefill FLOPs."""
+    c = config
+    params = sum(t.numel() for t in _shapes(c))
+    weight_bytes = 2 * params
+    kv_per_token = 2 * c.num_layers * c.kv_size * 2
+    decode_steps = max(outputs)  # all sequences fit in one batch: one weight read per step
+    kv_bytes = sum(len(p) * o + o * (o - 1) / 2 for p, o in zip(prompts, outputs, strict=True))
+    dense = 2 * (params - c.vocab_size * c.hidden_size)  # FLOPs per token, embedding is a gather
+    prefill_tokens = sum(len(p) for p in prompts)
+    attention = sum(2 * c.num_layers * len(p) ** 2 * c.q_size for p in prompts)  # causal QK + PV
+    logits = 2 * c.vocab_size * c.hidden_size * len(prompts)
+    byte_s = (decode_steps * weight_bytes + kv_bytes * kv_per_token) / HBM_BYTES_PER_S
+    return float(byte_s) + float(dense * prefill_tokens + attention + logits) / BF16_FLOPS
+
+
+def _shapes(c: ModelConfig) -> list[torch.Tensor]:
+    meta = torch.device("meta")
+    per_layer = [
+        torch.empty(c.q_size + 2 * c.kv_size, c.hidden_size, device=meta),
+        torch.empty(c.hidden_size, c.q_size, device=meta),
+        torch.empty(3 * c.intermediate_size, c.hidden_size, device=meta),
+    ]
+    return [torch.empty(c.vocab_size, c.hidden_size, device=meta), *per_layer * c.num_layers]
+
+
+def write_model_folder(folder: Path, config: ModelConfig) -> None:
+    """config.json, random bf16 model.safetensors and a word-level tokenizer.json."""
+    from safetensors.torch import save_file
+    from tokenizers import Tokenizer, models
+
+    c = config
+    (folder / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "qwen3",
+                "hidden_size": c.hidden_size,
+                "num_hidden_layers": c.num_layers,
+                "num_attention_heads": c.num_heads,
+                "num_key_value_heads": c.num_kv_heads,
+                "head_dim": c.head_dim,
+                "intermediate_size": c.intermediate_size,
+                "vocab_size": c.vocab_size,
+                "rms_norm_eps": c.rms_norm_eps,
+                "rope_theta": c.rope_theta,
+                "tie_word_embeddings": True,
+                "max_position_embeddings": c.max_position_embeddings,
+                "eos_token_id": list(c.eos_token_ids),
+                "torch_dtype": "bfloat16",
+            }
+        )
+    )
+    save_file(random_weights(c, torch.bfloat16, seed=0), str(folder / "model.safetensors"))
+    vocab = {f"t{i}": i for i in range(c.vocab_size)}
+    Tokenizer(models.WordLevel(vocab, unk_token="t0")).save(str(folder / "tokenizer.json"))
+
+
+def run_engine(
+    folder: Path, prompts: list[list[int]], outputs: list[int], args: argparse.Namespace
+) -> int:
+    import anyio
+    from troupe import Engine, EngineConfig, SamplingParams
+
+    config = EngineConfig(
+        model=str(folder),
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=4096,
+        enforce_eager=args.enforce_eager,
+    )
+    total = 0
+
+    async def main() -> None:
+        nonlocal total
+        async with Engine.open(config) as engine:
+
+            async def one(prompt: list[int], n: int) -> None:
+                nonlocal total
+                params = SamplingParams(temperature=0.6, max_tokens=n, ignore_eos=True)
+                async for event in engine.generate(prompt, params):
+                    total += len(event.token_ids)
+
+            await one([1, 2, 3], 4)  # warm-up: kernels compile before the clock starts
+            total = 0
+            start = time.perf_counter()
+            async with anyio.create_task_group() as tg:
+                for prompt, n in zip(prompts, outputs, strict=True):
+                    tg.start_soon(one, prompt, n)
+            run_engine.elapsed = time.perf_counter() - start  # type: ignore[attr-defined]
+
+    anyio.run(main)
+    return total
+
+
+def run_runner(
+    folder: Path, prompts: list[list[int]], outputs: list[int], args: argparse.Namespace
+) -> int:
+    """A minimal scheduler: admit while blocks last, prefill in token-budget chunks, decode."""
+    from troupe import EngineConfig, SamplingParams
+    from troupe.gpu.model_runner import ModelRunner
+    from troupe.messages import SeqWork, StepPlan
+
+    config = EngineConfig(
+        model=str(folder),
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=4096,
+        enforce_eager=args.enforce_eager,
+    )
+    runner = ModelRunner.from_config(config)
+    bs = runner.block_size
+    free = list(range(runner.num_gpu_blocks))
+    waiting = list(range(len(prompts)))
+    done = [0] * len(prompts)  # tokens whose KV is computed
+    outs: list[list[int]] = [[] for _ in prompts]
+    tables: dict[int, list[int]] = {}
+    running: list[int] = []
+    step = 0
+    start = time.perf_counter()
+    while waiting or running:
+        while waiting and len(running) < args.max_num_seqs:
+            need = -(-(len(prompts[waiting[0]]) + outputs[waiting[0]]) // bs)
+            if need > len(free):
+                break
+            seq = waiting.pop(0)
+            tables[seq], free = free[:need], free[need:]
+            running.append(seq)
+        budget = args.max_num_batched_tokens
+        works = []
+        for seq in running:
+            prompt = prompts[seq]
+            if done[seq] < len(prompt):
+                if budget <= 0:
+                    continue
+                tokens = prompt[done[seq] : done[seq] + budget]
+            else:
+                tokens = [outs[seq][-1]]
+            first = done[seq] == 0
+            works.append(
+                SeqWork(
+                    request_id=str(seq),
+                    token_ids=tuple(tokens),
+                    start_pos=done[seq],
+                    block_ids=tuple(tables[seq]) if first else (),
+                    reset=first,
+                    sample=done[seq] + len(tokens) >= len(prompt),
+                    params=SamplingParams(temperature=0.6, max_tokens=outputs[seq], ignore_eos=True)
+                    if first
+                    else None,
+                )
+            )
+            done[seq] += len(tokens)
+            budget -= len(tokens)
+        step += 1
+        finished = []
+        for token in runner.execute(StepPlan(step_id=step, seqs=tuple(works))):
+            seq = int(token.request_id)
+            outs[seq].append(token.token_id)
+            if len(outs[seq]) == outputs[seq]:
+                finished.append(seq)
+        for seq in finished:
+            running.remove(seq)
+            free += tables.pop(seq)
+        if finished:
+            runner.execute(StepPlan(step_id=step, seqs=(), released=tuple(map(str, finished))))
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    run_runner.elapsed = time.perf_counter() - start  # type: ignore[attr-defined]
+    return sum(len(o) for o in outs)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mode", choices=("engine", "runner"), default="engine")
+    parser.add_argument("--num-seqs", type=int, default=256)
+    parser.add_argument("--max-num-seqs", type=int, default=256)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=16384)
+    parser.add_argument("--enforce-eager", action="store_true")
+    parser.add_argument("--smoke", action="store_true", help="a 2-layer model: CPU smoke run")
+    args = parser.parse_args()
+    config = qwen3_0_6b_config()
+    if args.smoke:
+        config = dataclasses.replace(
+            config,
+            hidden_size=64,
+            num_layers=2,
+            num_heads=4,
+            num_kv_heads=2,
+            head_dim=16,
+            intermediate_size=128,
+            vocab_size=10_240,
+        )
+    prompts, outputs = workload(args.num_seqs, seed=0)
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        write_model_folder(folder, config)
+        fn = run_engine if args.mode == "engine" else run_runner
+        total = fn(folder, prompts, outputs, args)
+        elapsed = fn.elapsed  # type: ignore[attr-defined]
+    floor = physical_floor_s(config, prompts, outputs)
+    print(f"mode={args.mode} seqs={args.num_seqs} output tokens={total} time={elapsed:.2f}s")
+    print(f"throughput: {total / elapsed:,.0f} output tok/s")
+    print(
+        f"physical floor: {floor:.2f}s ({total / floor:,.0f} tok/s); reached {floor / elapsed:.1%}"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,162 @@
+"""Exact tests of the allocator core: which blocks, which order, which denial."""
+
+from __future__ import annotations
+
+import pytest
+
+from troupe.actors.core.allocator import AllocatorCore
+from troupe.messages.allocator import (
+    AllocateBatch,
+    AllocateNew,
+    CacheBlocks,
+    FreeRequest,
+    Grow,
+    SwapIn,
+    SwapOut,
+)
+from troupe.messages.scheduler import AllocationResult, Grant
+
+BS = 4
+
+
+def make(num_gpu: int = 8, num_cpu: int = 4, caching: bool = True) -> AllocatorCore:
+    return AllocatorCore(
+        block_size=BS, num_gpu_blocks=num_gpu, num_cpu_blocks=num_cpu,
+        enable_prefix_caching=caching,
+    )
+
+
+def apply(alloc: AllocatorCore, *ops: object, step_id: int = 1) -> AllocationResult:
+    result = alloc.apply(AllocateBatch(step_id=step_id, ops=tuple(ops)))  # type: ignore[arg-type]
+    alloc.check()
+    return result
+
+
+def test_allocate_grow_free_counts() -> None:
+    alloc = make()
+    res = apply(alloc, AllocateNew("a", tuple(range(10, 16)), 6), AllocateNew("b", (1, 2, 3), 3))
+    assert res.grants == (Grant("a", (0, 1), 0), Grant("b", (2,), 0))
+    assert (res.num_gpu_free, res.num_gpu_cached, res.denied) == (5, 0, ())
+    res = apply(alloc, Grow("a", 8), Grow("a", 9), Grow("b", 3))
+    assert res.grants == (Grant("a", ()), Grant("a", (3,)), Grant("b", ()))
+    assert alloc.seqs["a"].table == [0, 1, 3]
+    res = apply(alloc, FreeRequest("a"), FreeRequest("b"))
+    assert (res.num_gpu_free, res.num_gpu_cached) == (8, 0)  # nothing registered: plain free
+    assert list(alloc.gpu._free) == [4, 5, 6, 7, 3, 1, 0, 2]  # tails first, in free order
+
+
+def test_chunked_new_request_covers_only_its_chunk() -> None:
+    alloc = make()
+    res = apply(alloc, AllocateNew("a", tuple(range(100, 120)), 5))
+    assert res.grants == (Grant("a", (0, 1), 0),)
+
+
+def test_prefix_hit_shares_blocks_and_never_serves_the_last_token() -> None:
+    alloc = make()
+    prompt = tuple(range(100, 112))  # exactly 3 blocks
+    apply(alloc, AllocateNew("a", prompt, 12))
+    apply(alloc, CacheBlocks("a", prompt))
+    res = apply(alloc, AllocateNew("b", prompt, 12))
+    # Blocks 0 and 1 are shared; the block with the last token is recomputed in a fresh block.
+    assert res.grants == (Grant("b", (0, 1, 3), 8),)
+    assert alloc.gpu.ref[:4] == [2, 2, 1, 1]
+    res = apply(alloc, AllocateNew("c", (*prompt[:5], 999, 998), 7))
+    assert res.grants == (Grant("c", (0, 4), 4),)
+    assert (res.prefix_cache_hit_tokens, res.prefix_cache_query_tokens) == (12, 31)
+
+
+def test_same_tokens_after_a_different_prefix_do_not_hit() -> None:
+    alloc = make()
+    apply(alloc, AllocateNew("a", (1, 2, 3, 4, 5, 6, 7, 8, 9), 9))
+    apply(alloc, CacheBlocks("a", (1, 2, 3, 4, 5, 6, 7, 8)))
+    # Second block's tokens equal, first block differs: the chain must not match.
+    res = apply(alloc, AllocateNew("b", (9, 9, 9, 9, 5, 6, 7, 8, 9), 9))
+    assert res.grants[0].num_cached_tokens == 0
+    # A block whose parent matches but whose own tokens differ does not hit either.
+    res = apply(alloc, AllocateNew("c", (1, 2, 3, 4, 5, 6, 7, 0, 9), 9))
+    assert res.grants[0].num_cached_tokens == 4
+
+
+def test_freed_cached_blocks_are_evicted_lru_and_revived_by_hits() -> None:
+    alloc = make(num_gpu=4)
+    apply(alloc, AllocateNew("a", (1, 2, 3, 4, 5), 5), AllocateNew("b", (6, 7, 8, 9, 5), 5))
+    apply(alloc, CacheBlocks("a", (1, 2, 3, 4)), CacheBlocks("b", (6, 7, 8, 9)))
+    res = apply(alloc, FreeRequest("a"), FreeRequest("b"))
+    assert (res.num_gpu_free, res.num_gpu_cached) == (4, 2)
+    # a's block 0 was freed first, so it is the oldest; a hit on it revives it instead.
+    res = apply(alloc, AllocateNew("c", (1, 2, 3, 4, 0), 5))
+    assert res.grants == (Grant("c", (0, 1), 4),)
+    res = apply(alloc, AllocateNew("d", (42,) * 12, 12))  # needs 3, only 2 allocatable
+    assert res.denied == ("d",) and alloc.gpu.num_cached == 1
+    res = apply(alloc, AllocateNew("d", (42,) * 8, 8))
+    assert res.grants == (Grant("d", (3, 2)),)
+    assert alloc.cache is not None and alloc.cache.lookup(0, (6, 7, 8, 9)) is None  # evicted
+
+
+def test_denial_leaves_everything_unchanged() -> None:
+    alloc = make(num_gpu=2)
+    res = apply(alloc, AllocateNew("a", tuple(range(12)), 12), AllocateNew("b", (1,), 1))
+    assert res.denied == ("a",) and res.grants == (Grant("b", (0,)),)
+    assert "a" not in alloc.seqs
+    res = apply(alloc, Grow("b", 12))
+    assert res.denied == ("b",) and alloc.seqs["b"].table == [0]
+
+
+def test_swap_out_and_in_copy_lists() -> None:
+    alloc = make(num_gpu=6, num_cpu=3)
+    apply(alloc, AllocateNew("a", tuple(range(10)), 10), AllocateNew("b", (1, 2), 2))
+    res = apply(alloc, SwapOut("a"))
+    assert res.swap_out == ((0, 0), (1, 1), (2, 2))
+    assert (res.num_gpu_free, res.num_cpu_free) == (5, 0)
+    res = apply(alloc, SwapOut("b"))  # no CPU room: freed instead, for recompute
+    assert res.swap_failed == ("b",) and "b" not in alloc.seqs
+    res = apply(alloc, SwapIn("a", 13))
+    # Free list: 4, 5, then a's blocks tail first (2, 1, 0), then b's (3).
+    assert res.swap_in == ((0, 4), (1, 5), (2, 2))
+    assert res.grants == (Grant("a", (4, 5, 2, 1)),)
+    assert (res.num_gpu_free, res.num_cpu_free) == (2, 3)
+
+
+def test_cpu_blocks_read_by_swap_in_are_not_reused_in_the_same_batch() -> None:
+    alloc = make(num_gpu=4, num_cpu=2)
+    apply(alloc, AllocateNew("a", (1, 2, 3, 4, 5), 5), AllocateNew("b", (6, 7, 8), 3))
+    apply(alloc, SwapOut("a"))
+    res = apply(alloc, SwapIn("a"), SwapOut("b"))
+    # b cannot take a's CPU blocks in this batch: the executor copies out before in.
+    assert res.swap_failed == ("b",) and res.swap_in == ((0, 3), (1, 1))
+    assert res.num_cpu_free == 2
+
+
+def test_misuse_raises_value_error() -> None:
+    alloc = make()
+    apply(alloc, AllocateNew("a", (1, 2, 3), 3))
+    with pytest.raises(ValueError, match="already holds"):
+        apply(alloc, AllocateNew("a", (1, 2, 3), 3))
+    with pytest.raises(ValueError, match="unknown request 'x'"):
+        apply(alloc, Grow("x", 4))
+    with pytest.raises(ValueError, match="multiple of block_size"):
+        apply(alloc, CacheBlocks("a", (1, 2, 3)))
+    with pytest.raises(ValueError, match="not swapped out"):
+        apply(alloc, SwapIn("a"))
+    apply(alloc, FreeRequest("a"))
+    with pytest.raises(ValueError, match="double free"):
+        apply(alloc, FreeRequest("a"))
+    with pytest.raises(ValueError, match="double free of block 0"):
+        alloc.gpu.release([0])
+
+
+def test_handle_answers_each_batch() -> None:
+    alloc = make()
+    out = alloc.handle([AllocateBatch(step_id=7, ops=(AllocateNew("a", (1,), 1),))])
+    assert out == [("scheduler", AllocationResult(
+        step_id=7, grants=(Grant("a", (0,)),), num_gpu_free=7, num_cpu_free=4,
+        prefix_cache_query_tokens=1,
+    ))]
+
+
+def test_caching_off_never_hits() -> None:
+    alloc = make(caching=False)
+    apply(alloc, AllocateNew("a", tuple(range(9)), 9))
+    apply(alloc, CacheBlocks("a", tuple(range(8))), FreeRequest("a"))
+    res = apply(alloc, AllocateNew("b", tuple(range(9)), 9))
+    assert res.grants[0].num_cached_tokens == 0 and res.num_gpu_cached == 0
