@@ -56,6 +56,7 @@ class WsSession:
         self.pumps: dict[str, asyncio.Task[None]] = {}
         self.cancelled: set[str] = set()
         self.session_id = uuid.uuid4().hex[:12]
+        self.num_started = 0
         self._abort_timer: asyncio.TimerHandle | None = None
 
     async def run(self) -> None:
@@ -163,19 +164,27 @@ class WsSession:
 
     async def _run_request(self, client_id: str, prompt: Any, params: dict[str, Any]) -> None:
         engine = self.gateway.engine
-        engine_id = f"ws-{self.session_id}-{client_id}"
+        # Unique per generate: a client may reuse its ids once a request has ended.
+        self.num_started += 1
+        engine_id = f"ws-{self.session_id}-{self.num_started}-{client_id}"
         events = engine.generate(prompt, params, request_id=engine_id)
         self.gateway.stream_opened()
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        token_times: list[float] = []  # first and latest token arrival, for a cancel's timings
         num_tokens = 0
 
         def encode(event: StreamEvent) -> Iterable[str]:
             nonlocal num_tokens
-            num_tokens += len(event.token_ids)
+            if event.token_ids:
+                num_tokens += len(event.token_ids)
+                now = loop.time()
+                if not token_times:
+                    token_times.append(now)
+                token_times[1:] = [now]
             frames: Iterable[str] = encode_event(client_id, event)
             return frames
 
-        loop = asyncio.get_running_loop()
-        started = loop.time()
         try:
             await pump(events, self.outbox, encode)
         except Overflow as exc:
@@ -194,7 +203,13 @@ class WsSession:
                         "total_tokens": None,
                         "cached_tokens": None,
                     },
-                    "timings": {"e2e": loop.time() - started},
+                    "timings": {
+                        "ttft": token_times[0] - started if token_times else None,
+                        "tpot": (token_times[1] - token_times[0]) / (num_tokens - 1)
+                        if num_tokens > 1
+                        else None,
+                        "e2e": loop.time() - started,
+                    },
                 }
                 self.outbox_put(to_json(done))
             else:

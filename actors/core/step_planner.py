@@ -298,6 +298,13 @@ class StepPlanner:
 
     def _admit_waiting(self, budget: int) -> None:
         bs = self.block_size
+        # First blocks of prompts being prefilled: a request starting the same way waits until
+        # that prefill is done and cached, so a shared prefix is computed once, not per request.
+        leaders: set[tuple[int, ...]] = set()
+        if self.enable_prefix_caching:
+            leaders = {tuple(r.token_ids[:bs]) for r in self.running
+                       if r.num_computed < r.prompt_len and r.prompt_len > bs}
+        deferred: list[Request] = []
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             req = self.waiting[0]
             num_tokens = req.num_tokens
@@ -305,6 +312,12 @@ class StepPlanner:
                 self.finish(req)  # grew past the pool while preempted
                 self._unfittable.append(req)
                 continue
+            if self.enable_prefix_caching and num_tokens > bs:
+                head = tuple(req.token_ids[:bs])
+                if head in leaders:
+                    deferred.append(self.waiting.pop(0))
+                    continue
+                leaders.add(head)
             n = min(num_tokens, budget)
             max_hit = (num_tokens - 1) // bs * bs if self.enable_prefix_caching else 0
             upper = self.blocks_for(min(num_tokens, max_hit + n))
@@ -318,6 +331,8 @@ class StepPlanner:
             self.enqueue(self.running, req)
             self._planned[req.request_id] = (req, n, _NEW)
             budget -= n
+        for req in deferred:
+            self.enqueue(self.waiting, req)
 
     # -- the allocator's answer --------------------------------------------------------------
 

@@ -67,7 +67,7 @@ async def test_text_prompt_and_chat_stream_text() -> None:
     ("prompt", "params", "field"),
     [
         ("", {"max_tokens": 4}, "prompt"),
-        ([], {"max_tokens": 4}, "prompt"),
+        ([], {"max_tokens": 4}, "prompt_token_ids"),
         ("hi", {"max_tokens": 0}, "max_tokens"),
         ("hi", {"temperature": -0.5}, "temperature"),
         ("hi", {"temperature": float("nan")}, "temperature"),
@@ -117,40 +117,43 @@ async def test_break_aborts_and_frees_blocks() -> None:
 
 @pytest.mark.parametrize("stage", ["queued", "prefilling", "decoding"])
 async def test_abort_at_every_stage_frees_every_block(stage: str) -> None:
-    # Tiny budget so a long prompt takes many prefill steps; one seq at a time so others queue.
+    # A tiny token budget so the 3,000-token prompt takes ~190 prefill steps; one sequence at a
+    # time so a second request queues behind the first.
     config = fake_config(max_num_seqs=1, max_num_batched_tokens=16, num_kv_blocks=512)
     async with Engine.open(config) as engine:
         events: list = []
-        blocker_done = anyio.Event()
+        scope = anyio.CancelScope()
 
-        async def blocker() -> None:
-            await collect(engine, [9] * 64, SamplingParams(max_tokens=40))
-            blocker_done.set()
-
-        async def victim(cancel: anyio.CancelScope) -> None:
-            with cancel:
+        async def victim() -> None:
+            with scope:
                 async for event in engine.generate(
-                    [11] * 400, SamplingParams(max_tokens=500), request_id="victim"
+                    [11] * 3000, SamplingParams(max_tokens=500), request_id="victim"
                 ):
                     events.append(event)
 
+        async def until(condition) -> None:  # type: ignore[no-untyped-def]
+            with anyio.fail_after(10):
+                while not condition():
+                    await anyio.sleep(0.0005)
+
         async with anyio.create_task_group() as tg:
             if stage == "queued":
-                tg.start_soon(blocker)
-                await anyio.sleep(0.05)
-            scope = anyio.CancelScope()
-            tg.start_soon(victim, scope)
-            if stage == "decoding":
-                with anyio.fail_after(10):
-                    while not events:
-                        await anyio.sleep(0.001)
+                tg.start_soon(collect, engine, [9] * 64, SamplingParams(max_tokens=400))
+                await until(lambda: engine.stats().num_running == 1)
+            tg.start_soon(victim)
+            if stage == "queued":
+                await until(lambda: engine.stats().num_waiting == 1)
+            elif stage == "prefilling":
+                await until(lambda: engine.stats().num_gpu_blocks_used >= 4)
             else:
-                await anyio.sleep(0.05)
+                await until(lambda: len(events) >= 2)
+            used_before = engine.stats().num_gpu_blocks_used
             scope.cancel()
         if stage == "prefilling":
-            assert events == []  # still chewing through the 400-token prompt
+            assert events == []  # still chewing through the prompt
+            assert used_before >= 4
         if stage == "decoding":
-            assert events
+            assert len(events) >= 2
         await wait_blocks_free(engine)
         assert engine.num_active == 0
         # The engine still serves after the abort.

@@ -89,6 +89,8 @@ async def test_cancel(server) -> None:  # type: ignore[no-untyped-def]
         frames = [first, *(await _until_terminal(ws, {"long"}))["long"]]
         done = _check_one_terminal(frames)
         assert (done["type"], done["finish_reason"]) == ("done", "abort")
+        assert done["usage"]["completion_tokens"] == sum(len(f["token_ids"]) for f in frames[:-1])
+        assert 0 < done["timings"]["ttft"] <= done["timings"]["e2e"]
         num_streamed = sum(len(f["token_ids"]) for f in frames[:-1])
         assert 1 <= num_streamed < 900
         # The socket goes on after a cancel.
@@ -102,9 +104,7 @@ async def test_cancel(server) -> None:  # type: ignore[no-untyped-def]
                 "ignore_eos": True,
             },
         )
-        assert (
-            _check_one_terminal((await _until_terminal(ws, {"after"}))["after"])["type"] == "done"
-        )
+        assert _check_one_terminal((await _until_terminal(ws, {"long"}))["long"])["type"] == "done"
     server.wait_idle()
 
 

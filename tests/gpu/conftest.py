@@ -190,24 +190,3 @@ def mt() -> SimpleNamespace:
         hf_greedy=hf_greedy,
         PlanDriver=PlanDriver,
     )
-
-
-@pytest.hookimpl(trylast=True)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Undo the root conftest's skip for tests that merely live in tests/gpu/.
-
-    The root hook tests `"gpu" in item.keywords`, which also matches this folder's name; only
-    a real @pytest.mark.gpu marker should need CUDA. (Remove once the root uses
-    item.get_closest_marker("gpu").)
-    """
-    for item in items:
-        if "tests/gpu/" not in item.nodeid.replace("\\", "/") and not item.nodeid.startswith(
-            "gpu/"
-        ):
-            continue
-        if item.get_closest_marker("gpu") is None:
-            item.own_markers[:] = [
-                m
-                for m in item.own_markers
-                if not (m.name == "skip" and m.kwargs.get("reason") == "needs a CUDA device")
-            ]
