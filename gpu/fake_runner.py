@@ -140,24 +140,31 @@ class FakeRunner:
         positions: list[int] = []
         tokens: list[int] = []
         sampled: list[tuple[str, _Seq, int]] = []
-        for work in plan.seqs:
-            seq = self._update(work.request_id, work)
-            start, end = work.start_pos, work.start_pos + len(work.token_ids)
-            if -(-end // bs) > seq.num_blocks:
+        states = self._seqs
+        for work in plan.seqs:  # one pass; the decode path touches as little as it can
+            rid = work.request_id
+            seq = states.get(rid)
+            if seq is None or work.reset or work.block_ids or work.params is not None:
+                seq = self._update(rid, work)
+            start = work.start_pos
+            token_ids = work.token_ids
+            end = start + len(token_ids)
+            if end > seq.num_blocks * bs:
                 raise ValueError(
-                    f"request {work.request_id!r}: {end} tokens need {-(-end // bs)} blocks, "
+                    f"request {rid!r}: {end} tokens need {-(-end // bs)} blocks, "
                     f"its table has {seq.num_blocks}"
                 )
-            if end - start == 1:
+            if len(token_ids) == 1:
                 blocks.append(int(seq.table[start // bs]))
                 positions.append(start)
+                tokens.append(token_ids[0])
             else:
                 pos = np.arange(start, end)
                 blocks.extend(seq.table[pos // bs].tolist())
                 positions.extend(range(start, end))
-            tokens.extend(work.token_ids)
+                tokens.extend(token_ids)
             if work.sample:
-                sampled.append((work.request_id, seq, end))
+                sampled.append((rid, seq, end))
         self._write(np.array(blocks), np.array(positions), np.array(tokens))
         return self._sample(sampled) if sampled else ()
 
@@ -192,23 +199,27 @@ class FakeRunner:
     def _sample(self, sampled: list[tuple[str, _Seq, int]]) -> tuple[SampledToken, ...]:
         bs, g = self.block_size, self.gpu
         n = len(sampled)
-        ends = np.fromiter((s[2] for s in sampled), np.int64, n)
+        ends = np.array([end for _, _, end in sampled], np.int64)
         num_full = ends // bs
+        rem = ends - num_full * bs
+        # Full blocks: their sums, read through each table (segment sums by reduceat).
         full = np.concatenate([seq.table[: end // bs] for _, seq, end in sampled])
-        owner = np.repeat(np.arange(n), num_full)
-        index = np.arange(len(full)) - np.repeat(np.cumsum(num_full) - num_full, num_full)
-        wrong = g.pos[full, 0] != index * bs
+        seg_start = np.cumsum(num_full) - num_full
         sums = np.zeros(n, dtype=_U64)
-        np.add.at(sums, owner, g.sum[full])
-        rem = ends % bs
-        last = np.fromiter(
-            (seq.table[end // bs] if end % bs else 0 for _, seq, end in sampled), np.int64, n
-        )
+        has_full = num_full > 0
+        if len(full):
+            part = np.add.reduceat(g.sum[full], seg_start[has_full])
+            sums[has_full] = part
+        index = np.arange(len(full)) - np.repeat(seg_start, num_full)
+        wrong = g.pos[full, 0] != index * bs
+        # The last, partial block: only the slots written so far.
+        last = np.array([seq.table[end // bs] if end % bs else 0 for _, seq, end in sampled])
         mask = np.arange(bs)[None, :] < rem[:, None]
         sums += np.where(mask, g.mix[last], _U64(0)).sum(axis=1, dtype=_U64)
         expected = (num_full * bs)[:, None] + np.arange(bs)[None, :]
         wrong_last = (mask & (g.pos[last] != expected)).any(axis=1)
         if wrong.any() or wrong_last.any():
+            owner = np.repeat(np.arange(n), num_full)
             bad = sorted(
                 {int(o) for o in owner[wrong]} | {int(i) for i in np.flatnonzero(wrong_last)}
             )
@@ -216,11 +227,13 @@ class FakeRunner:
                 "KV cache corruption: blocks hold the wrong positions for "
                 + ", ".join(repr(sampled[i][0]) for i in bad)
             )
-        seeds = np.fromiter((s[1].seed for s in sampled), np.int64, n)
-        outputs = ends - np.fromiter((s[1].num_prompt_tokens for s in sampled), np.int64, n)
+        seeds = np.array([seq.seed for _, seq, _ in sampled], np.int64)
+        outputs = ends - np.array([seq.num_prompt_tokens for _, seq, _ in sampled], np.int64)
         tokens = next_tokens(sums, ends, seeds, outputs, self.eos_token_ids[0]).tolist()
         return tuple(
-            SampledToken(rid, tok, _logprob(tok, seq.logprobs))
+            SampledToken(
+                rid, tok, _logprob(tok, seq.logprobs) if seq.logprobs is not None else None
+            )
             for (rid, seq, _), tok in zip(sampled, tokens, strict=True)
         )
 

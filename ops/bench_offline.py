@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import random
 import tempfile
 import time
 from pathlib import Path
@@ -29,12 +30,14 @@ BF16_FLOPS = 773e12
 
 
 def workload(num_seqs: int, seed: int) -> tuple[list[list[int]], list[int]]:
-    """(prompt token ids, output lengths), as in nano-vllm's bench.py."""
-    rng = np.random.default_rng(seed)
-    prompt_lens = rng.integers(100, 1025, size=num_seqs)
-    output_lens = rng.integers(100, 1025, size=num_seqs)
-    prompts = [rng.integers(0, 10_000, size=int(n)).tolist() for n in prompt_lens]
-    return prompts, output_lens.tolist()
+    """(prompt token ids, output lengths): the same draw as ../shared/bench/peer_baseline.py
+    (python's `random`, seed 0), so our numbers compare with the recorded floor and HF peer."""
+    rng = random.Random(seed)
+    prompts = [
+        [rng.randint(0, 10_000) for _ in range(rng.randint(100, 1024))] for _ in range(num_seqs)
+    ]
+    outputs = [rng.randint(100, 1024) for _ in range(num_seqs)]
+    return prompts, outputs
 
 
 def physical_floor_s(config: ModelConfig, prompts: list[list[int]], outputs: list[int]) -> float:

@@ -19,7 +19,6 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 
 import msgspec
-
 from troupe.actors.core.allocator import AllocatorCore
 from troupe.actors.core.scheduler import SchedulerCore
 from troupe.gpu.fake_runner import FakeRunner
@@ -44,7 +43,11 @@ class CoreLoop:
     """
 
     def __init__(
-        self, scheduler: SchedulerCore, allocator: AllocatorCore, runner: FakeRunner, *,
+        self,
+        scheduler: SchedulerCore,
+        allocator: AllocatorCore,
+        runner: FakeRunner,
+        *,
         check: bool = False,
     ) -> None:
         self.scheduler = scheduler
@@ -94,7 +97,9 @@ class CoreLoop:
                     core_s = 0.0
                     sampled = self.runner.execute(msg)
                     self._inbox.append(
-                        StepResult(step_id=msg.step_id, time=float(len(self.plans)), sampled=sampled)
+                        StepResult(
+                            step_id=msg.step_id, time=float(len(self.plans)), sampled=sampled
+                        )
                     )
                 elif dest == "streamer":
                     assert isinstance(msg, TokenBatch)
@@ -113,23 +118,37 @@ class CoreLoop:
 
 
 def build_loop(
-    *, block_size: int = 16, num_gpu_blocks: int = 4096, num_cpu_blocks: int = 1024,
-    max_num_seqs: int = 256, max_num_batched_tokens: int = 4096,
-    enable_prefix_caching: bool = True, preemption_mode: str = "auto", check: bool = False,
+    *,
+    block_size: int = 16,
+    num_gpu_blocks: int = 4096,
+    num_cpu_blocks: int = 1024,
+    max_num_seqs: int = 256,
+    max_num_batched_tokens: int = 4096,
+    enable_prefix_caching: bool = True,
+    preemption_mode: str = "auto",
+    check: bool = False,
 ) -> CoreLoop:
     """Cores and a fake runner sized alike."""
     scheduler = SchedulerCore(
-        block_size=block_size, num_gpu_blocks=num_gpu_blocks, num_cpu_blocks=num_cpu_blocks,
-        max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-        enable_prefix_caching=enable_prefix_caching, preemption_mode=preemption_mode,
+        block_size=block_size,
+        num_gpu_blocks=num_gpu_blocks,
+        num_cpu_blocks=num_cpu_blocks,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        enable_prefix_caching=enable_prefix_caching,
+        preemption_mode=preemption_mode,
         eos_token_ids=(2,),
     )
     allocator = AllocatorCore(
-        block_size=block_size, num_gpu_blocks=num_gpu_blocks, num_cpu_blocks=num_cpu_blocks,
+        block_size=block_size,
+        num_gpu_blocks=num_gpu_blocks,
+        num_cpu_blocks=num_cpu_blocks,
         enable_prefix_caching=enable_prefix_caching,
     )
     runner = FakeRunner(
-        block_size=block_size, num_gpu_blocks=num_gpu_blocks, num_cpu_blocks=num_cpu_blocks,
+        block_size=block_size,
+        num_gpu_blocks=num_gpu_blocks,
+        num_cpu_blocks=num_cpu_blocks,
         max_model_len=65536,
     )
     return CoreLoop(scheduler, allocator, runner, check=check)
@@ -139,20 +158,25 @@ def measure(num_seqs: int = 256, prompt_len: int = 1000, num_decode: int = 64) -
     """Median scheduler + allocator ms per decode step with `num_seqs` running sequences."""
     blocks_per_seq = -(-(prompt_len + num_decode) // 16)
     loop = build_loop(
-        num_gpu_blocks=num_seqs * blocks_per_seq + 64, max_num_seqs=num_seqs,
+        num_gpu_blocks=num_seqs * blocks_per_seq + 64,
+        max_num_seqs=num_seqs,
         max_num_batched_tokens=max(16384, num_seqs),  # prefill fast, then measure decodes
     )
     params = SamplingParams(max_tokens=num_decode, ignore_eos=True, temperature=0.0)
     loop.submit(
         AdmittedRequest(
-            request_id=f"r{i}", prompt_token_ids=tuple(100 + (i * 7 + j) % 20000 for j in range(prompt_len)),
-            params=params, arrival_time=0.0, max_total_tokens=prompt_len + num_decode,
+            request_id=f"r{i}",
+            prompt_token_ids=tuple(100 + (i * 7 + j) % 20000 for j in range(prompt_len)),
+            params=params,
+            arrival_time=0.0,
+            max_total_tokens=prompt_len + num_decode,
         )
         for i in range(num_seqs)
     )
     loop.run()
     decode = [
-        s for s, plan in zip(loop.scheduler_s, loop.plans, strict=True)
+        s
+        for s, plan in zip(loop.scheduler_s, loop.plans, strict=True)
         if len(plan.seqs) == num_seqs and plan.num_tokens == num_seqs
     ]
     return {

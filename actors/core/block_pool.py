@@ -87,7 +87,9 @@ class BlockPool:
         assert len(free) == len(self._free), "a block is twice in the free list"
         assert not (free & lru), f"blocks both free and cached: {sorted(free & lru)}"
         owned = {b for b, r in enumerate(self.ref) if r > 0}
-        assert not (owned & (free | lru)), f"owned blocks on a free list: {sorted(owned & (free | lru))}"
+        assert not (owned & (free | lru)), (
+            f"owned blocks on a free list: {sorted(owned & (free | lru))}"
+        )
         assert len(owned) + len(free) + len(lru) == self.num_blocks, "blocks leaked"
         assert all(r >= 0 for r in self.ref), "negative reference count"
         if self.cache is not None:

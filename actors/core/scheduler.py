@@ -122,7 +122,9 @@ class SchedulerCore(StepPlanner):
         if req is not None:
             self.finish(req)
             self._pending.append(
-                SeqOutput(request_id, (), FinishReason.ABORT, None, None, req.num_cached_tokens, reason)
+                SeqOutput(
+                    request_id, (), FinishReason.ABORT, None, None, req.num_cached_tokens, reason
+                )
             )
 
     def stop(self, request_id: str) -> None:
@@ -238,7 +240,9 @@ class SchedulerCore(StepPlanner):
     def stats_batch(self) -> TokenBatch:
         """Pending terminal outputs (maybe none) and fresh stats, outside a step."""
         outputs, self._pending = tuple(self._pending), []
-        return TokenBatch(step_id=self.step_id, time=self._time, outputs=outputs, stats=self.stats())
+        return TokenBatch(
+            step_id=self.step_id, time=self._time, outputs=outputs, stats=self.stats()
+        )
 
     def _too_big(self, req: Request) -> str:
         need = self.blocks_for(req.num_tokens)
@@ -250,4 +254,6 @@ class SchedulerCore(StepPlanner):
 
     @staticmethod
     def _fail_output(req: Request, message: str) -> SeqOutput:
-        return SeqOutput(req.request_id, (), FinishReason.ERROR, None, None, req.num_cached_tokens, message)
+        return SeqOutput(
+            req.request_id, (), FinishReason.ERROR, None, None, req.num_cached_tokens, message
+        )

@@ -65,9 +65,12 @@ class StepPlanner:
                 f"preemption_mode must be one of {', '.join(PREEMPTION_MODES)}; "
                 f"got {preemption_mode!r}"
             )
-        for name, value in (("block_size", block_size), ("num_gpu_blocks", num_gpu_blocks),
-                            ("max_num_seqs", max_num_seqs),
-                            ("max_num_batched_tokens", max_num_batched_tokens)):
+        for name, value in (
+            ("block_size", block_size),
+            ("num_gpu_blocks", num_gpu_blocks),
+            ("max_num_seqs", max_num_seqs),
+            ("max_num_batched_tokens", max_num_batched_tokens),
+        ):
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
         self.block_size = block_size
@@ -112,8 +115,11 @@ class StepPlanner:
         bisect.insort(queue, req, key=_sort_key)
 
     def _queue(self, status: Status) -> list[Request]:
-        return {Status.WAITING: self.waiting, Status.RUNNING: self.running,
-                Status.SWAPPED: self.swapped}[status]
+        return {
+            Status.WAITING: self.waiting,
+            Status.RUNNING: self.running,
+            Status.SWAPPED: self.swapped,
+        }[status]
 
     def finish(self, req: Request) -> None:
         """End a request: out of its queue; blocks and executor state released next step."""
@@ -302,8 +308,11 @@ class StepPlanner:
         # that prefill is done and cached, so a shared prefix is computed once, not per request.
         leaders: set[tuple[int, ...]] = set()
         if self.enable_prefix_caching:
-            leaders = {tuple(r.token_ids[:bs]) for r in self.running
-                       if r.num_computed < r.prompt_len and r.prompt_len > bs}
+            leaders = {
+                tuple(r.token_ids[:bs])
+                for r in self.running
+                if r.num_computed < r.prompt_len and r.prompt_len > bs
+            }
         deferred: list[Request] = []
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             req = self.waiting[0]
@@ -396,7 +405,9 @@ class StepPlanner:
                 # The hot path: a decode (kw-only construction is the dominant cost here).
                 seqs.append(
                     SeqWork(
-                        request_id=req.request_id, token_ids=(tokens[start],), start_pos=start,
+                        request_id=req.request_id,
+                        token_ids=(tokens[start],),
+                        start_pos=start,
                         block_ids=added.get(req.request_id, ()) if added else (),
                     )
                 )
@@ -410,7 +421,9 @@ class StepPlanner:
                     request_id=req.request_id,
                     token_ids=tuple(tokens[start:end]),
                     start_pos=start,
-                    block_ids=tuple(req.table) if req.needs_reset else added.get(req.request_id, ()),
+                    block_ids=tuple(req.table)
+                    if req.needs_reset
+                    else added.get(req.request_id, ()),
                     reset=req.needs_reset,
                     sample=sample,
                     params=req.params if first else None,
@@ -426,6 +439,9 @@ class StepPlanner:
             return None
         released, self._released = tuple(self._released), []
         return StepPlan(
-            step_id=result.step_id, seqs=tuple(seqs), swap_out=result.swap_out,
-            swap_in=result.swap_in, released=released,
+            step_id=result.step_id,
+            seqs=tuple(seqs),
+            swap_out=result.swap_out,
+            swap_in=result.swap_in,
+            released=released,
         )

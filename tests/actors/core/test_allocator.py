@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from troupe.actors.core.allocator import AllocatorCore
 from troupe.messages.allocator import (
     AllocateBatch,
@@ -21,7 +20,9 @@ BS = 4
 
 def make(num_gpu: int = 8, num_cpu: int = 4, caching: bool = True) -> AllocatorCore:
     return AllocatorCore(
-        block_size=BS, num_gpu_blocks=num_gpu, num_cpu_blocks=num_cpu,
+        block_size=BS,
+        num_gpu_blocks=num_gpu,
+        num_cpu_blocks=num_cpu,
         enable_prefix_caching=caching,
     )
 
@@ -148,10 +149,18 @@ def test_misuse_raises_value_error() -> None:
 def test_handle_answers_each_batch() -> None:
     alloc = make()
     out = alloc.handle([AllocateBatch(step_id=7, ops=(AllocateNew("a", (1,), 1),))])
-    assert out == [("scheduler", AllocationResult(
-        step_id=7, grants=(Grant("a", (0,)),), num_gpu_free=7, num_cpu_free=4,
-        prefix_cache_query_tokens=1,
-    ))]
+    assert out == [
+        (
+            "scheduler",
+            AllocationResult(
+                step_id=7,
+                grants=(Grant("a", (0,)),),
+                num_gpu_free=7,
+                num_cpu_free=4,
+                prefix_cache_query_tokens=1,
+            ),
+        )
+    ]
 
 
 def test_caching_off_never_hits() -> None:

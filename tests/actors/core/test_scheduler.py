@@ -16,7 +16,7 @@ from troupe.messages import (
     StopRequests,
     TokenBatch,
 )
-from troupe.messages.allocator import AllocateBatch, AllocateNew, FreeRequest, Grow, SwapIn, SwapOut
+from troupe.messages.allocator import AllocateBatch, FreeRequest, Grow, SwapIn, SwapOut
 
 BS = 4
 
@@ -24,21 +24,44 @@ BS = 4
 class Rig:
     """A scheduler and an allocator driven one call at a time, with a fake runner."""
 
-    def __init__(self, num_gpu: int = 16, num_cpu: int = 8, budget: int = 64, max_seqs: int = 8,
-                 mode: str = "auto", caching: bool = True) -> None:
+    def __init__(
+        self,
+        num_gpu: int = 16,
+        num_cpu: int = 8,
+        budget: int = 64,
+        max_seqs: int = 8,
+        mode: str = "auto",
+        caching: bool = True,
+    ) -> None:
         self.s = SchedulerCore(
-            block_size=BS, num_gpu_blocks=num_gpu, num_cpu_blocks=num_cpu, max_num_seqs=max_seqs,
-            max_num_batched_tokens=budget, enable_prefix_caching=caching, preemption_mode=mode,
+            block_size=BS,
+            num_gpu_blocks=num_gpu,
+            num_cpu_blocks=num_cpu,
+            max_num_seqs=max_seqs,
+            max_num_batched_tokens=budget,
+            enable_prefix_caching=caching,
+            preemption_mode=mode,
             eos_token_ids=[2],
         )
-        self.a = AllocatorCore(block_size=BS, num_gpu_blocks=num_gpu, num_cpu_blocks=num_cpu,
-                               enable_prefix_caching=caching)
+        self.a = AllocatorCore(
+            block_size=BS,
+            num_gpu_blocks=num_gpu,
+            num_cpu_blocks=num_cpu,
+            enable_prefix_caching=caching,
+        )
         self.r = FakeRunner(block_size=BS, num_gpu_blocks=num_gpu, num_cpu_blocks=num_cpu)
 
     def add(self, rid: str, prompt: tuple[int, ...], max_tokens: int = 8, **kw: object) -> None:
         params = SamplingParams(max_tokens=max_tokens, **kw)  # type: ignore[arg-type]
-        self.s.add(AdmittedRequest(request_id=rid, prompt_token_ids=prompt, params=params,
-                                   arrival_time=0.0, max_total_tokens=len(prompt) + max_tokens))
+        self.s.add(
+            AdmittedRequest(
+                request_id=rid,
+                prompt_token_ids=prompt,
+                params=params,
+                arrival_time=0.0,
+                max_total_tokens=len(prompt) + max_tokens,
+            )
+        )
 
     def allocate(self) -> tuple[AllocateBatch, StepPlan | None]:
         batch = self.s.schedule()
@@ -50,7 +73,9 @@ class Rig:
     def step(self) -> tuple[AllocateBatch, StepPlan, TokenBatch]:
         batch, plan = self.allocate()
         assert plan is not None
-        out = self.s.update(StepResult(step_id=plan.step_id, time=1.0, sampled=self.r.execute(plan)))
+        out = self.s.update(
+            StepResult(step_id=plan.step_id, time=1.0, sampled=self.r.execute(plan))
+        )
         return batch, plan, out
 
 
@@ -62,15 +87,22 @@ def test_decodes_first_then_prefill_chunks_within_budget() -> None:
     rig = Rig(budget=8)
     rig.add("a", prompt(6))
     _, plan, _ = rig.step()
-    assert [(w.request_id, w.start_pos, w.num_tokens, w.sample) for w in plan.seqs] == [("a", 0, 6, True)]
+    assert [(w.request_id, w.start_pos, w.num_tokens, w.sample) for w in plan.seqs] == [
+        ("a", 0, 6, True)
+    ]
     assert plan.seqs[0].block_ids == (0, 1) and plan.seqs[0].reset
     rig.add("b", prompt(20, 300))
     _, plan, _ = rig.step()
     assert [(w.request_id, w.start_pos, w.num_tokens, w.sample) for w in plan.seqs] == [
-        ("a", 6, 1, True), ("b", 0, 7, False)]
+        ("a", 6, 1, True),
+        ("b", 0, 7, False),
+    ]
     assert plan.seqs[0].params is None and plan.seqs[1].params is not None
     _, plan, _ = rig.step()
-    assert [(w.request_id, w.start_pos, w.num_tokens) for w in plan.seqs] == [("a", 7, 1), ("b", 7, 7)]
+    assert [(w.request_id, w.start_pos, w.num_tokens) for w in plan.seqs] == [
+        ("a", 7, 1),
+        ("b", 7, 7),
+    ]
     assert plan.seqs[0].block_ids == () and plan.seqs[1].block_ids == (4, 5)
     assert not plan.seqs[1].reset
 
@@ -126,13 +158,15 @@ def test_abort_waiting_running_and_mid_step() -> None:
     rig = Rig(max_seqs=1)
     rig.add("a", prompt(5))
     rig.add("b", prompt(5, 200))
-    out = rig.s.handle([AbortRequest(request_id="b", reason="client went away"),
-                        AbortRequest(request_id="ghost")])
+    out = rig.s.handle(
+        [AbortRequest(request_id="b", reason="client went away"), AbortRequest(request_id="ghost")]
+    )
     assert out[0][0] == "streamer"
     aborted = out[0][1]
     assert isinstance(aborted, TokenBatch)
     assert [(o.request_id, o.finish_reason, o.error) for o in aborted.outputs] == [
-        ("b", FinishReason.ABORT, "client went away")]
+        ("b", FinishReason.ABORT, "client went away")
+    ]
     assert out[1][0] == "allocator"  # idle with work: the round trip starts
     plan = rig.s.on_allocated(rig.a.apply(out[1][1]))  # type: ignore[arg-type]
     assert plan is not None
@@ -157,22 +191,33 @@ def test_step_error_fails_its_requests() -> None:
     assert plan is not None
     out = rig.s.update(StepResult(step_id=plan.step_id, time=1.0, error="CUDA error: boom"))
     assert [(o.request_id, o.finish_reason, o.error) for o in out.outputs] == [
-        ("a", FinishReason.ERROR, "step failed: CUDA error: boom")]
+        ("a", FinishReason.ERROR, "step failed: CUDA error: boom")
+    ]
     batch = rig.s.schedule()
     assert batch is not None and batch.ops == (FreeRequest("a"),)
 
 
 def test_prompt_larger_than_pool_fails_with_clear_message() -> None:
     rig = Rig(num_gpu=2)
-    out = rig.s.handle([AdmittedRequest(request_id="big", prompt_token_ids=prompt(9),
-                                        params=SamplingParams(), arrival_time=0.0,
-                                        max_total_tokens=25)])
+    out = rig.s.handle(
+        [
+            AdmittedRequest(
+                request_id="big",
+                prompt_token_ids=prompt(9),
+                params=SamplingParams(),
+                arrival_time=0.0,
+                max_total_tokens=25,
+            )
+        ]
+    )
     [(dest, batch)] = out
     assert dest == "streamer"
     [o] = batch.outputs  # type: ignore[attr-defined]
     assert o.finish_reason == FinishReason.ERROR
-    assert o.error == ("request needs 3 KV blocks of 4 tokens for its 9 tokens, but the GPU pool "
-                       "holds only 2 (num_kv_blocks)")
+    assert o.error == (
+        "request needs 3 KV blocks of 4 tokens for its 9 tokens, but the GPU pool "
+        "holds only 2 (num_kv_blocks)"
+    )
 
 
 def test_growth_past_the_pool_fails_when_alone() -> None:

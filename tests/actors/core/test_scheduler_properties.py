@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from troupe.gpu.fake_runner import EOS_SEED_BASE, FakeRunner
 from troupe.messages import AbortRequest, AdmittedRequest, FinishReason, SamplingParams
 from troupe.ops.bench_scheduler import build_loop
@@ -28,7 +27,9 @@ def workloads(draw: st.DrawFn) -> dict:
         eos_at = draw(st.sampled_from([None, None, None, 1, 3]))
         seed = EOS_SEED_BASE + eos_at if eos_at is not None else draw(st.integers(0, 3))
         params = SamplingParams(
-            max_tokens=max_tokens, priority=draw(st.integers(0, 2)), seed=seed,
+            max_tokens=max_tokens,
+            priority=draw(st.integers(0, 2)),
+            seed=seed,
         )
         prompt = tuple(shared + own) if draw(st.booleans()) else tuple(own)
         at = draw(st.integers(0, 12))
@@ -53,14 +54,22 @@ def _expected(prompt: tuple[int, ...], params: SamplingParams) -> tuple[list[int
 
 def _run(w: dict, mode: str) -> None:
     loop = build_loop(
-        block_size=BLOCK, num_gpu_blocks=w["num_gpu_blocks"], num_cpu_blocks=w["num_cpu_blocks"],
-        max_num_seqs=w["max_num_seqs"], max_num_batched_tokens=w["budget"],
-        enable_prefix_caching=w["caching"], preemption_mode=mode, check=True,
+        block_size=BLOCK,
+        num_gpu_blocks=w["num_gpu_blocks"],
+        num_cpu_blocks=w["num_cpu_blocks"],
+        max_num_seqs=w["max_num_seqs"],
+        max_num_batched_tokens=w["budget"],
+        enable_prefix_caching=w["caching"],
+        preemption_mode=mode,
+        check=True,
     )
     inject: dict[int, list] = {}
     for rid, prompt, params, at, abort_at in w["reqs"]:
         msg = AdmittedRequest(
-            request_id=rid, prompt_token_ids=prompt, params=params, arrival_time=float(at),
+            request_id=rid,
+            prompt_token_ids=prompt,
+            params=params,
+            arrival_time=float(at),
             max_total_tokens=len(prompt) + params.max_tokens,
         )
         inject.setdefault(at, []).append(msg)
@@ -93,9 +102,7 @@ def _run(w: dict, mode: str) -> None:
     assert stats.num_gpu_blocks_cached == alloc.gpu.num_cached
 
 
-_settings = settings(
-    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow]
-)
+_settings = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @_settings

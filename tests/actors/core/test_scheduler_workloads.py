@@ -10,21 +10,28 @@ from troupe.ops.bench_scheduler import build_loop
 
 def _req(rid: str, prompt: tuple[int, ...], max_tokens: int) -> AdmittedRequest:
     return AdmittedRequest(
-        request_id=rid, prompt_token_ids=prompt, params=SamplingParams(max_tokens=max_tokens),
-        arrival_time=0.0, max_total_tokens=len(prompt) + max_tokens,
+        request_id=rid,
+        prompt_token_ids=prompt,
+        params=SamplingParams(max_tokens=max_tokens),
+        arrival_time=0.0,
+        max_total_tokens=len(prompt) + max_tokens,
     )
 
 
 def test_long_prompt_is_chunked_and_never_stalls_decodes() -> None:
     budget = 512
     loop = build_loop(max_num_batched_tokens=budget, max_num_seqs=128)
-    shorts = [_req(f"d{i}", tuple(200 + (i * 13 + j) % 900 for j in range(8)), 40) for i in range(64)]
+    shorts = [
+        _req(f"d{i}", tuple(200 + (i * 13 + j) % 900 for j in range(8)), 40) for i in range(64)
+    ]
     long_prompt = tuple(100 + (j * 7) % 20000 for j in range(10_000))
     loop.submit(shorts)
     loop.run({4: [_req("long", long_prompt, 3)]})
 
     assert max(plan.num_tokens for plan in loop.plans) <= budget
-    prefill_plans = [p for p in loop.plans if any(w.request_id == "long" and not w.sample for w in p.seqs)]
+    prefill_plans = [
+        p for p in loop.plans if any(w.request_id == "long" and not w.sample for w in p.seqs)
+    ]
     assert len(prefill_plans) >= 10_000 // budget
     for plan in prefill_plans:
         decodes = [w for w in plan.seqs if w.request_id != "long"]
@@ -39,7 +46,9 @@ def test_long_prompt_is_chunked_and_never_stalls_decodes() -> None:
 def _shared_prompt_run(caching: bool) -> tuple[dict[str, list[int]], int, int]:
     loop = build_loop(max_num_batched_tokens=4096, enable_prefix_caching=caching, check=False)
     system = tuple(100 + (j * 31) % 5000 for j in range(1000))
-    loop.submit(_req(f"r{i}", (*system, *(7000 + i * 8 + k for k in range(8))), 4) for i in range(200))
+    loop.submit(
+        _req(f"r{i}", (*system, *(7000 + i * 8 + k for k in range(8))), 4) for i in range(200)
+    )
     loop.run()
     computed = sum(plan.num_tokens for plan in loop.plans)
     stats = loop.batches[-1].stats
