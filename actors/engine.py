@@ -161,7 +161,7 @@ class Engine:
                 receivers["executor"],
                 {"scheduler": senders["scheduler"].clone()},
                 tracer=tracer,
-                in_thread=True,
+                in_thread=setup.is_blocking,
                 max_batch=1,
             )
         )
@@ -257,20 +257,20 @@ class Engine:
         is_done = False
         try:
             await self._to_tokenizer.send(request)
-            async with stream.receive:
-                async for event in stream.receive:
+            while not is_done:
+                events = await stream.get_batch()
+                if not events:  # closed without a terminal event: cut off or engine stopped
+                    is_done = True
+                    yield stream.overflow_event() if stream.is_overflowed else Failed(
+                        request_id=request_id,
+                        message="engine stopped before this request finished",
+                    )
+                    return
+                for event in events:
                     is_done = event.is_terminal
                     yield event
                     if is_done:
                         return
-            is_done = True
-            yield (
-                stream.overflow_event()
-                if stream.is_overflowed
-                else Failed(
-                    request_id=request_id, message="engine stopped before this request finished"
-                )
-            )
         finally:
             self._streams.close(request_id)
             if not is_done:

@@ -23,6 +23,7 @@ class ExecutorSetup:
     model_name: str
     max_model_len: int
     core_args: dict[str, dict[str, Any]]
+    is_blocking: bool  # the runner does real (GPU or CPU model) work: run it in a worker thread
 
 
 def start_executor(config: EngineConfig) -> ExecutorSetup:
@@ -53,6 +54,7 @@ def start_executor(config: EngineConfig) -> ExecutorSetup:
         model_name=model_name(config.model, path),
         max_model_len=max_model_len,
         core_args=args,
+        is_blocking=config.runner != "fake",
     )
 
 

@@ -29,7 +29,8 @@ def _mix(x: np.ndarray) -> np.ndarray:
     """splitmix64's finaliser, elementwise on uint64 (wrapping arithmetic)."""
     x = (x ^ (x >> _U64(30))) * _U64(0xBF58476D1CE4E5B9)
     x = (x ^ (x >> _U64(27))) * _U64(0x94D049BB133111EB)
-    return x ^ (x >> _U64(31))
+    out: np.ndarray = x ^ (x >> _U64(31))
+    return out
 
 
 def slot_mix(positions: np.ndarray, token_ids: np.ndarray) -> np.ndarray:

@@ -17,6 +17,7 @@ import statistics
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 import msgspec
 from troupe.actors.core.allocator import AllocatorCore
@@ -59,7 +60,7 @@ class CoreLoop:
         self.tokens: dict[str, list[int]] = defaultdict(list)
         self.finished: dict[str, list[tuple[FinishReason, str | None]]] = defaultdict(list)
         self.scheduler_s: list[float] = []  # per StepPlan: scheduler + allocator seconds
-        self._inbox: list[msgspec.Struct] = []
+        self._inbox: list[Any] = []  # SchedulerInbox messages
         self._num_deliveries = 0
 
     def submit(self, msgs: Iterable[msgspec.Struct]) -> None:
