@@ -28,6 +28,7 @@ import structlog
 from anyio.abc import TaskGroup, TaskStatus
 from anyio.streams.memory import MemoryObjectSendStream
 from troupe.actors.client_streams import ClientStreams, EventListener
+from troupe.actors.core.executor import ExecutorCore
 from troupe.actors.executor import ExecutorSetup, start_executor
 from troupe.actors.graph import CORE_ACTORS, build_core, load_tokenizer_for
 from troupe.actors.request_input import RequestInputError, to_generate_request
@@ -89,6 +90,7 @@ class Engine:
         self._stopped = anyio.Event()
         self._is_closing = False
         self._tg: TaskGroup | None = None
+        self._executor: ExecutorCore | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -129,6 +131,7 @@ class Engine:
         config = self.config
         setup: ExecutorSetup = await anyio.to_thread.run_sync(start_executor, config)
         self.model_name = setup.model_name
+        self._executor = setup.core
         self.max_model_len = setup.max_model_len
         self.tokenizer = await anyio.to_thread.run_sync(load_tokenizer_for, config.model)
         tracer = None
@@ -214,6 +217,11 @@ class Engine:
     def stats(self) -> EngineStats:
         """Latest snapshot published by the scheduler."""
         return self._stats
+
+    @property
+    def runner_busy_seconds(self) -> float:
+        """Seconds the runner has spent executing steps (to separate model from graph cost)."""
+        return self._executor.busy_seconds if self._executor is not None else 0.0
 
     @property
     def num_active(self) -> int:

@@ -20,7 +20,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 from troupe.gpu.model_config import ModelConfig
 from troupe.gpu.weights import qwen3_0_6b_config, random_weights
