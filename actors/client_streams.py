@@ -10,11 +10,34 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
+from typing import Protocol
 
 import anyio
+import sniffio
 from troupe.messages import Failed, StreamBatch, StreamEvent
 
 EventListener = Callable[[StreamEvent, float], None]
+
+
+class _Event(Protocol):
+    def set(self) -> object: ...
+
+    async def wait(self) -> object: ...
+
+
+def native_event_factory() -> Callable[[], _Event]:
+    """The running backend's own Event class. anyio.Event looks the backend up on every
+    construction; a reader creates one per wait, 256 times a step at full batch."""
+    backend = sniffio.current_async_library()
+    if backend == "trio":
+        import trio
+
+        return trio.Event
+    if backend == "asyncio":
+        import asyncio
+
+        return asyncio.Event
+    return anyio.Event
 
 
 class ClientStream:
@@ -24,13 +47,16 @@ class ClientStream:
     events per step, and a reader that wakes takes everything queued in one go.
     """
 
-    def __init__(self, request_id: str, max_buffer: int) -> None:
+    def __init__(
+        self, request_id: str, max_buffer: int, new_event: Callable[[], _Event] = anyio.Event
+    ) -> None:
         self.request_id = request_id
+        self._new_event = new_event
         self.max_buffer = max_buffer
         self.is_overflowed = False
         self.is_closed = False
         self._queue: deque[StreamEvent] = deque()
-        self._waiter: anyio.Event | None = None
+        self._waiter: _Event | None = None
 
     def put(self, event: StreamEvent) -> bool:
         """Queue an event; False (and the stream closes) when the reader is too far behind."""
@@ -58,7 +84,7 @@ class ClientStream:
         while not self._queue:
             if self.is_closed:
                 return []
-            self._waiter = anyio.Event()
+            self._waiter = self._new_event()
             await self._waiter.wait()
         events = list(self._queue)
         self._queue.clear()
@@ -78,6 +104,7 @@ class ClientStreams:
     def __init__(self, max_buffer: int) -> None:
         self._max_buffer = max_buffer
         self._streams: dict[str, ClientStream] = {}
+        self._new_event: Callable[[], _Event] | None = None
         self._empty = anyio.Event()
         self._empty.set()
 
@@ -93,7 +120,9 @@ class ClientStreams:
     def open(self, request_id: str) -> ClientStream:
         if request_id in self._streams:
             raise ValueError(f"request_id {request_id!r} is already in use")
-        stream = ClientStream(request_id, self._max_buffer)
+        if self._new_event is None:
+            self._new_event = native_event_factory()
+        stream = ClientStream(request_id, self._max_buffer, self._new_event)
         self._streams[request_id] = stream
         if self._empty.is_set():
             self._empty = anyio.Event()

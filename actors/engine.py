@@ -91,6 +91,7 @@ class Engine:
         self._is_closing = False
         self._tg: TaskGroup | None = None
         self._executor: ExecutorCore | None = None
+        self._actors: list[Actor] = []
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -168,6 +169,7 @@ class Engine:
                 max_batch=1,
             )
         )
+        self._actors = actors
         self._to_tokenizer = senders["tokenizer"]
         for name, sender in senders.items():
             if name != "tokenizer":
@@ -223,6 +225,10 @@ class Engine:
         """Seconds the runner has spent executing steps (to separate model from graph cost)."""
         return self._executor.busy_seconds if self._executor is not None else 0.0
 
+    def actor_busy_seconds(self) -> dict[str, float]:
+        """Seconds each actor has spent in its core's handle() (benchmarks, diagnostics)."""
+        return {actor.name: actor.busy_seconds for actor in self._actors}
+
     @property
     def num_active(self) -> int:
         """Requests whose stream is still open."""
@@ -269,9 +275,13 @@ class Engine:
                 events = await stream.get_batch()
                 if not events:  # closed without a terminal event: cut off or engine stopped
                     is_done = True
-                    yield stream.overflow_event() if stream.is_overflowed else Failed(
-                        request_id=request_id,
-                        message="engine stopped before this request finished",
+                    yield (
+                        stream.overflow_event()
+                        if stream.is_overflowed
+                        else Failed(
+                            request_id=request_id,
+                            message="engine stopped before this request finished",
+                        )
                     )
                     return
                 for event in events:

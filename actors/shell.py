@@ -41,6 +41,7 @@ class Actor:
         self._max_batch = max_batch
         self._in_thread = in_thread  # GPU work and long tokenization stay off the event loop
         self._tracer = tracer
+        self.busy_seconds = 0.0  # inside core.handle: the actor's own CPU cost, for benchmarks
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         async with AsyncExitStack() as stack:
@@ -53,10 +54,12 @@ class Actor:
                 batch = self._drain(first)
                 if self._tracer is not None:
                     self._record("recv", self.name, batch_no, batch)
+                start = time.perf_counter()
                 if self._in_thread:
                     out = await anyio.to_thread.run_sync(self.core.handle, batch)
                 else:
                     out = self.core.handle(batch)
+                self.busy_seconds += time.perf_counter() - start
                 for dest, msg in out:
                     if self._tracer is not None:
                         self._record("send", dest, batch_no, (msg,))

@@ -28,6 +28,7 @@ async def _run_level(config: EngineConfig, num_seqs: int, num_tokens: int) -> di
             pass
         steps_before = engine.stats().num_steps
         busy_before = engine.runner_busy_seconds
+        actors_before = engine.actor_busy_seconds()
         start = time.perf_counter()
         counts: list[int] = []
 
@@ -46,6 +47,10 @@ async def _run_level(config: EngineConfig, num_seqs: int, num_tokens: int) -> di
                 await anyio.sleep(0.001)
         steps = engine.stats().num_steps - steps_before
         busy = engine.runner_busy_seconds - busy_before
+        actors = {
+            name: 1000 * (t - actors_before[name]) / max(engine.stats().num_steps - steps_before, 1)
+            for name, t in engine.actor_busy_seconds().items()
+        }
     tokens = sum(counts)
     return {
         "num_seqs": num_seqs,
@@ -53,6 +58,7 @@ async def _run_level(config: EngineConfig, num_seqs: int, num_tokens: int) -> di
         "ms_per_step": 1000 * (wall - busy) / max(steps, 1),
         "runner_ms_per_step": 1000 * busy / max(steps, 1),
         "tokens_per_s": tokens / wall,
+        "actors_ms": actors,
     }
 
 
@@ -65,7 +71,9 @@ def main(config: EngineConfig, ns: argparse.Namespace | None = None) -> int:
         best = min(runs, key=lambda r: r["ms_per_step"])
         best["ms_per_step_median"] = statistics.median(r["ms_per_step"] for r in runs)
         rows.append(best)
-    print(f"{'seqs':>5} {'steps':>6} {'ms/step':>8} {'median':>8} {'runner':>7} {'tok/s':>10}  target")
+    print(
+        f"{'seqs':>5} {'steps':>6} {'ms/step':>8} {'median':>8} {'runner':>7} {'tok/s':>10}  target"
+    )
     for r in rows:
         target = TARGET_MS.get(int(r["num_seqs"]))
         mark = (
@@ -78,6 +86,10 @@ def main(config: EngineConfig, ns: argparse.Namespace | None = None) -> int:
             f"{r['ms_per_step_median']:>8.3f} {r['runner_ms_per_step']:>7.3f} "
             f"{r['tokens_per_s']:>10.0f}  {mark}"
         )
+    print("per-step time inside each actor's core (ms):")
+    for r in rows:
+        parts = ", ".join(f"{k} {v:.3f}" for k, v in r["actors_ms"].items())
+        print(f"  {int(r['num_seqs']):>4} seqs: {parts}")
     return 0
 
 

@@ -7,6 +7,6 @@ bash ops/install.sh
 if [ -f .ci/install-browser.sh ]; then bash .ci/install-browser.sh; fi
 echo "== ruff"; .venv/bin/ruff check .
 echo "== mypy"
-mkdir -p build/typecheck && ln -sfn ../.. build/typecheck/troupe
-(cd build/typecheck && ../../.venv/bin/mypy --config-file ../../pyproject.toml -p troupe)
+TC=$(mktemp -d) && ln -s "$PWD" "$TC/troupe"
+(cd "$TC" && "$OLDPWD/.venv/bin/mypy" --config-file "$OLDPWD/pyproject.toml" -p troupe)
 echo "== pytest"; .venv/bin/python -m pytest "$@"
