@@ -98,12 +98,34 @@ class ClientStream:
         )
 
 
+class CallbackSink:
+    """A request whose events go to a callback on the event loop (`Engine.submit`): no task
+    per request, so batch jobs pay nothing per event beyond the call."""
+
+    def __init__(self, request_id: str, on_event: Callable[[StreamEvent], None]) -> None:
+        self.request_id = request_id
+        self.is_closed = False
+        self.is_overflowed = False
+        self._on_event = on_event
+
+    def put(self, event: StreamEvent) -> bool:
+        if not self.is_closed:
+            if event.is_terminal:
+                self.is_closed = True
+            self._on_event(event)
+        return True
+
+    def close(self) -> None:
+        if not self.is_closed:  # closed before its terminal event: the engine is stopping
+            self.put(Failed(request_id=self.request_id, message="engine stopped"))
+
+
 class ClientStreams:
     """Registry of open request streams, owned by the engine's router task."""
 
     def __init__(self, max_buffer: int) -> None:
         self._max_buffer = max_buffer
-        self._streams: dict[str, ClientStream] = {}
+        self._streams: dict[str, ClientStream | CallbackSink] = {}
         self._new_event: Callable[[], _Event] | None = None
         self._empty = anyio.Event()
         self._empty.set()
@@ -118,15 +140,23 @@ class ClientStreams:
         return list(self._streams)
 
     def open(self, request_id: str) -> ClientStream:
-        if request_id in self._streams:
-            raise ValueError(f"request_id {request_id!r} is already in use")
+        """A stream read by one task (`Engine.generate`)."""
         if self._new_event is None:
             self._new_event = native_event_factory()
         stream = ClientStream(request_id, self._max_buffer, self._new_event)
-        self._streams[request_id] = stream
+        self._register(stream)
+        return stream
+
+    def open_callback(self, request_id: str, on_event: Callable[[StreamEvent], None]) -> None:
+        """A request whose events are handed to `on_event` (`Engine.submit`)."""
+        self._register(CallbackSink(request_id, on_event))
+
+    def _register(self, stream: ClientStream | CallbackSink) -> None:
+        if stream.request_id in self._streams:
+            raise ValueError(f"request_id {stream.request_id!r} is already in use")
+        self._streams[stream.request_id] = stream
         if self._empty.is_set():
             self._empty = anyio.Event()
-        return stream
 
     def close(self, request_id: str) -> None:
         stream = self._streams.pop(request_id, None)
@@ -150,11 +180,21 @@ class ClientStreams:
             if not stream.put(event):
                 cut_off.append(event.request_id)
             elif event.is_terminal:
-                stream.close()
+                if isinstance(stream, CallbackSink):
+                    self.close(event.request_id)  # no reader task will close it
+                else:
+                    stream.close()
         return cut_off
+
+    def fail_one(self, request_id: str, message: str) -> None:
+        stream = self._streams.get(request_id)
+        if stream is not None:
+            stream.put(Failed(request_id=request_id, message=message))
+            stream.close()
+            if isinstance(stream, CallbackSink):
+                self.close(request_id)
 
     def fail_all(self, message: str) -> None:
         """Give every open stream a Failed terminal event (engine crash or forced stop)."""
-        for request_id, stream in list(self._streams.items()):
-            stream.put(Failed(request_id=request_id, message=message))
-            stream.close()
+        for request_id in list(self._streams):
+            self.fail_one(request_id, message)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -38,6 +38,7 @@ from troupe.messages import (
     AbortRequest,
     EngineStats,
     Failed,
+    GenerateRequest,
     RejectCode,
     Rejected,
     SamplingParams,
@@ -47,6 +48,8 @@ from troupe.messages import (
 from troupe.messages.trace import TRACE_VERSION, TraceHeader, TraceWriter
 
 log = structlog.get_logger("troupe.engine")
+
+PromptInput = str | Sequence[int] | Sequence[Mapping[str, Any]] | Sequence[Any]
 
 # Which actors each actor sends to (outbox names are receiving actors).
 OUTBOXES: dict[str, tuple[str, ...]] = {
@@ -244,7 +247,7 @@ class Engine:
 
     async def generate(
         self,
-        prompt: str | Sequence[int] | Sequence[Mapping[str, Any]] | Sequence[Any],
+        prompt: PromptInput,
         params: SamplingParams | Mapping[str, Any] | None = None,
         *,
         request_id: str | None = None,
@@ -254,23 +257,14 @@ class Engine:
         Leaving the loop early (break, cancellation) aborts the request and frees its blocks.
         """
         request_id = request_id or f"req-{next(_ids)}"
-        try:
-            request = to_generate_request(request_id, prompt, params, time.monotonic())
-        except RequestInputError as exc:
-            yield self._reject_here(request_id, RejectCode.INVALID_REQUEST, exc.field, str(exc))
-            return
-        if self._is_closing or self._to_tokenizer is None:
-            reason = "the engine is shutting down"
-            yield self._reject_here(request_id, RejectCode.SHUTTING_DOWN, None, reason)
-            return
-        if request_id in self._streams:
-            message = f"request_id {request_id!r} is already in use"
-            yield self._reject_here(request_id, RejectCode.INVALID_REQUEST, "request_id", message)
+        request_or_reject = self._prepare(request_id, prompt, params)
+        if isinstance(request_or_reject, Rejected):
+            yield request_or_reject
             return
         stream = self._streams.open(request_id)
         is_done = False
         try:
-            await self._to_tokenizer.send(request)
+            await self._send_request(request_or_reject)
             while not is_done:
                 events = await stream.get_batch()
                 if not events:  # closed without a terminal event: cut off or engine stopped
@@ -294,6 +288,59 @@ class Engine:
             if not is_done:
                 with anyio.CancelScope(shield=True):
                     await self._send_abort(request_id, "client went away")
+
+    async def submit(
+        self,
+        prompt: PromptInput,
+        params: SamplingParams | Mapping[str, Any] | None,
+        on_event: Callable[[StreamEvent], None],
+        *,
+        request_id: str | None = None,
+    ) -> str:
+        """Start a request whose events are passed to `on_event` on the event loop, ending
+        with exactly one terminal event; returns its id. For batch jobs: no task per request.
+        Cancel with `abort(request_id)`."""
+        request_id = request_id or f"req-{next(_ids)}"
+        request_or_reject = self._prepare(request_id, prompt, params)
+        if isinstance(request_or_reject, Rejected):
+            on_event(request_or_reject)
+            return request_id
+        self._streams.open_callback(request_id, on_event)
+        try:
+            await self._send_request(request_or_reject)
+        except BaseException:
+            self._streams.close(request_id)
+            raise
+        return request_id
+
+    async def abort(self, request_id: str, reason: str = "aborted") -> None:
+        """Abort one request; its stream still ends with one terminal event (Aborted)."""
+        await self._send_abort(request_id, reason)
+
+    def _prepare(
+        self,
+        request_id: str,
+        prompt: PromptInput,
+        params: SamplingParams | Mapping[str, Any] | None,
+    ) -> GenerateRequest | Rejected:
+        try:
+            request = to_generate_request(request_id, prompt, params, time.monotonic())
+        except RequestInputError as exc:
+            return self._reject_here(request_id, RejectCode.INVALID_REQUEST, exc.field, str(exc))
+        if self._is_closing or self._to_tokenizer is None:
+            reason = "the engine is shutting down"
+            return self._reject_here(request_id, RejectCode.SHUTTING_DOWN, None, reason)
+        if request_id in self._streams:
+            message = f"request_id {request_id!r} is already in use"
+            return self._reject_here(request_id, RejectCode.INVALID_REQUEST, "request_id", message)
+        return request
+
+    async def _send_request(self, request: GenerateRequest) -> None:
+        assert self._to_tokenizer is not None
+        try:
+            await self._to_tokenizer.send(request)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            self._streams.fail_one(request.request_id, "the engine stopped")
 
     def _reject_here(
         self, request_id: str, code: RejectCode, field: str | None, message: str

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
 from troupe.actors.engine import Engine
 from troupe.config import EngineConfig
-from troupe.messages import Delta, SamplingParams, Timings, Usage
+from troupe.messages import Delta, SamplingParams, StreamEvent, Timings, Usage
 
 
 @dataclass
@@ -50,27 +50,35 @@ def generate_batch(
         from tqdm import tqdm
 
         bar = tqdm(total=len(prompts), disable=not progress, unit="req")
-        async with Engine.open(config or EngineConfig()) as engine:
+        all_done = anyio.Event()
+        num_done = 0
 
-            async def one(index: int) -> None:
-                out = results[index]
-                async for event in engine.generate(
-                    prompts[index], per_prompt[index], request_id=out.request_id
-                ):
-                    out.text += event.text
-                    out.token_ids.extend(event.token_ids)
-                    if isinstance(event, Delta):
-                        continue
-                    out.finish_reason = str(event.finish_reason)
-                    out.usage = getattr(event, "usage", None)
-                    out.timings = getattr(event, "timings", None)
-                    message = getattr(event, "message", None)
-                    out.error = message if isinstance(message, str) else None
+        def collector(out: Completion) -> Callable[[StreamEvent], None]:
+            def on_event(event: StreamEvent) -> None:
+                nonlocal num_done
+                out.text += event.text
+                out.token_ids.extend(event.token_ids)
+                if isinstance(event, Delta):
+                    return
+                out.finish_reason = str(event.finish_reason)
+                out.usage = getattr(event, "usage", None)
+                out.timings = getattr(event, "timings", None)
+                message = getattr(event, "message", None)
+                out.error = message if isinstance(message, str) else None
+                num_done += 1
                 bar.update(1)
+                if num_done == len(prompts):
+                    all_done.set()
 
-            async with anyio.create_task_group() as tg:
-                for index in range(len(prompts)):
-                    tg.start_soon(one, index)
+            return on_event
+
+        async with Engine.open(config or EngineConfig()) as engine:
+            for index, out in enumerate(results):
+                await engine.submit(
+                    prompts[index], per_prompt[index], collector(out), request_id=out.request_id
+                )
+            if prompts:
+                await all_done.wait()
         bar.close()
 
     anyio.run(run_all, backend=backend)

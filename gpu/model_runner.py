@@ -132,12 +132,16 @@ class ModelRunner:
         rows = inputs.sampled_rows.tolist()
         if not rows:
             return ()  # mid-prompt chunks only: the cache is filled, nothing is sampled
-        batch = build_sampling_batch([states[r] for r in rows], self.vocab_size, self.device)
-        token_ids, logprobs = sample(logits, batch)
+        token_ids, logprobs = self._sample(logits, [states[r] for r in rows])
         return tuple(
             SampledToken(plan.seqs[r].request_id, token, logprob)
-            for r, token, logprob in zip(rows, token_ids.tolist(), logprobs, strict=True)
+            for r, token, logprob in zip(rows, token_ids, logprobs, strict=True)
         )
+
+    def _sample(self, logits, states):
+        batch = build_sampling_batch(states, self.vocab_size, self.device)
+        token_ids, logprobs = sample(logits, batch)
+        return token_ids.tolist(), logprobs
 
     def logits(self, plan: StepPlan) -> torch.Tensor:
         """Like execute, but return the fp32 logits [sampled seqs, vocab] instead of sampling."""

@@ -2,8 +2,9 @@
 
     troupe bench graph [--num-seqs N]
 
-Each level runs N concurrent requests (16-token prompts, 256 output tokens, ignore_eos) and
-reports the graph's time per scheduling step (wall time minus the fake runner's own execute
+Each level runs N concurrent requests (16-token prompts, 256 output tokens, ignore_eos), once
+with events delivered to a callback (`Engine.submit`: the graph alone) and once with one reading
+task per request (`Engine.generate`, as a server has), and reports the graph's time per scheduling step (wall time minus the fake runner's own execute
 time, which stands in for the GPU) and the output tokens/s through the graph.
 """
 
@@ -13,14 +14,18 @@ import argparse
 import statistics
 import sys
 import time
+from typing import Any
 
 import anyio
 from troupe import Engine, EngineConfig, SamplingParams
+from troupe.messages import StreamEvent
 
 TARGET_MS = {1: 0.3, 256: 2.0}
 
 
-async def _run_level(config: EngineConfig, num_seqs: int, num_tokens: int) -> dict[str, float]:
+async def _run_level(
+    config: EngineConfig, num_seqs: int, num_tokens: int, consumers: str = "tasks"
+) -> dict[str, Any]:
     params = SamplingParams(max_tokens=num_tokens, ignore_eos=True, temperature=0.0)
     async with Engine.open(config) as engine:
         # Warm-up: one short request so tokenizer and detokenizer caches are hot.
@@ -31,16 +36,32 @@ async def _run_level(config: EngineConfig, num_seqs: int, num_tokens: int) -> di
         actors_before = engine.actor_busy_seconds()
         start = time.perf_counter()
         counts: list[int] = []
+        if consumers == "tasks":  # one reading task per request, as a server would have
 
-        async def one(i: int) -> None:
-            n = 0
-            async for event in engine.generate([100 + i % 500] * 16, params):
-                n += len(event.token_ids)
-            counts.append(n)
+            async def one(i: int) -> None:
+                n = 0
+                async for event in engine.generate([100 + i % 500] * 16, params):
+                    n += len(event.token_ids)
+                counts.append(n)
 
-        async with anyio.create_task_group() as tg:
+            async with anyio.create_task_group() as tg:
+                for i in range(num_seqs):
+                    tg.start_soon(one, i)
+        else:  # Engine.submit: events to a callback, no task per request
+            done = anyio.Event()
+            num_done = 0
+
+            def on_event(event: StreamEvent) -> None:
+                nonlocal num_done
+                counts.append(len(event.token_ids))
+                if event.is_terminal:
+                    num_done += 1
+                    if num_done == num_seqs:
+                        done.set()
+
             for i in range(num_seqs):
-                tg.start_soon(one, i)
+                await engine.submit([100 + i % 500] * 16, params, on_event)
+            await done.wait()
         wall = time.perf_counter() - start
         with anyio.fail_after(5):
             while engine.stats().num_steps == steps_before:
@@ -67,29 +88,29 @@ def main(config: EngineConfig, ns: argparse.Namespace | None = None) -> int:
     config = config.replace(runner="fake", max_num_seqs=max(levels), num_kv_blocks=8192)
     rows = []
     for num_seqs in levels:
-        runs = [anyio.run(_run_level, config, num_seqs, 256) for _ in range(3)]
-        best = min(runs, key=lambda r: r["ms_per_step"])
-        best["ms_per_step_median"] = statistics.median(r["ms_per_step"] for r in runs)
-        rows.append(best)
-    print(
-        f"{'seqs':>5} {'steps':>6} {'ms/step':>8} {'median':>8} {'runner':>7} {'tok/s':>10}  target"
-    )
+        for consumers in ("callback", "tasks"):
+            runs = [anyio.run(_run_level, config, num_seqs, 256, consumers) for _ in range(3)]
+            best = min(runs, key=lambda r: r["ms_per_step"])
+            best["ms_per_step_median"] = statistics.median(r["ms_per_step"] for r in runs)
+            best["consumers"] = consumers
+            rows.append(best)
+    print("consumers: callback = Engine.submit (graph only); tasks = one generate() task each")
+    header = f"{'seqs':>5} {'consumers':>9} {'steps':>6} {'ms/step':>8} {'median':>8}"
+    print(f"{header} {'runner':>7} {'tok/s':>10}  target")
     for r in rows:
         target = TARGET_MS.get(int(r["num_seqs"]))
-        mark = (
-            ""
-            if target is None
-            else f"<= {target} ms " + ("ok" if r["ms_per_step"] <= target else "MISSED")
-        )
+        mark = ""
+        if target is not None:
+            mark = f"<= {target} ms " + ("ok" if r["ms_per_step"] <= target else "MISSED")
         print(
-            f"{int(r['num_seqs']):>5} {int(r['steps']):>6} {r['ms_per_step']:>8.3f} "
-            f"{r['ms_per_step_median']:>8.3f} {r['runner_ms_per_step']:>7.3f} "
-            f"{r['tokens_per_s']:>10.0f}  {mark}"
+            f"{int(r['num_seqs']):>5} {r['consumers']:>9} {int(r['steps']):>6} "
+            f"{r['ms_per_step']:>8.3f} {r['ms_per_step_median']:>8.3f} "
+            f"{r['runner_ms_per_step']:>7.3f} {r['tokens_per_s']:>10.0f}  {mark}"
         )
     print("per-step time inside each actor's core (ms):")
     for r in rows:
         parts = ", ".join(f"{k} {v:.3f}" for k, v in r["actors_ms"].items())
-        print(f"  {int(r['num_seqs']):>4} seqs: {parts}")
+        print(f"  {int(r['num_seqs']):>4} seqs, {r['consumers']}: {parts}")
     return 0
 
 

@@ -177,3 +177,40 @@ async def test_abort_all_gives_each_request_one_terminal() -> None:
         for events in results:
             assert isinstance(terminal(events), Aborted)
         await wait_blocks_free(engine)
+
+
+async def test_slow_reader_is_cut_off_with_one_failed_event_and_blocks_freed() -> None:
+    async with Engine.open(fake_config(max_stream_buffer=4)) as engine:
+        events = []
+        gen = engine.generate([7] * 10, SamplingParams(max_tokens=2000, ignore_eos=True))
+        events.append(await gen.__anext__())
+        await anyio.sleep(0.3)  # stop reading: the engine runs on, the buffer fills
+        async for event in gen:
+            events.append(event)
+        end = terminal(events)
+        assert end.finish_reason == "error" and "too slow" in end.message
+        assert len(events) <= 1 + 4 + 1
+        await wait_blocks_free(engine)
+
+
+async def test_submit_delivers_to_callback_and_abort_ends_it() -> None:
+    async with Engine.open(fake_config()) as engine:
+        got: list = []
+        done = anyio.Event()
+
+        def on_event(event: object) -> None:
+            got.append(event)
+            if event.is_terminal:  # type: ignore[attr-defined]
+                done.set()
+
+        rid = await engine.submit([5, 6], SamplingParams(max_tokens=100_000), on_event)
+        with anyio.fail_after(5):
+            while not got:
+                await anyio.sleep(0.001)
+        await engine.abort(rid)
+        with anyio.fail_after(5):
+            await done.wait()
+        assert isinstance(got[-1], Aborted)
+        assert sum(1 for e in got if e.is_terminal) == 1
+        await wait_blocks_free(engine)
+        assert engine.num_active == 0

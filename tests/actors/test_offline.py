@@ -1,0 +1,27 @@
+"""generate_batch: the synchronous offline API, and Engine.submit under it."""
+
+from __future__ import annotations
+
+import pytest
+from troupe import EngineConfig, SamplingParams, generate_batch
+from troupe.gpu.fake_runner import FakeRunner
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_generate_batch_returns_outputs_in_prompt_order(backend: str) -> None:
+    config = EngineConfig(runner="fake", num_kv_blocks=512, num_cpu_blocks=8, max_num_seqs=8)
+    prompts: list = [[100 + i] * (3 + i) for i in range(20)]
+    prompts.append("")  # rejected, and reported as such
+    params = SamplingParams(max_tokens=5, temperature=0.0)
+    results = generate_batch(prompts, params, config, progress=False, backend=backend)
+    assert len(results) == 21
+    for prompt, out in zip(prompts[:20], results[:20], strict=True):
+        assert out.token_ids == FakeRunner.reference_tokens(prompt, 5, params)
+        assert out.finish_reason == "length" and out.error is None
+        assert out.usage is not None and out.usage.completion_tokens == 5
+    assert results[20].finish_reason == "rejected" and "prompt" in (results[20].error or "")
+
+
+def test_generate_batch_per_prompt_params_must_match_length() -> None:
+    with pytest.raises(ValueError, match="2 params for 1 prompts"):
+        generate_batch(["a"], [SamplingParams(), SamplingParams()], progress=False)
