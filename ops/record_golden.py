@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Literal
 
 import anyio
 from troupe import Engine, EngineConfig, SamplingParams
@@ -49,7 +50,7 @@ async def mixed(path: Path) -> None:
         await _wait_idle(engine)
 
 
-async def preempt(path: Path, mode: str) -> None:
+async def preempt(path: Path, mode: Literal["swap", "recompute"]) -> None:
     """A pool too small for the load, so requests are preempted (swap or recompute)."""
     config = EngineConfig(
         runner="fake",

@@ -99,8 +99,8 @@ def _compare(
     for channel in sorted(set(by_channel_expected) | set(by_channel_got)):
         exp, out = by_channel_expected[channel], by_channel_got[channel]
         for index in range(max(len(exp), len(out))):
-            rec = exp[index] if index < len(exp) else None
-            msg = out[index] if index < len(out) else None
+            rec: TraceRecord | None = exp[index] if index < len(exp) else None
+            msg: msgspec.Struct | None = out[index] if index < len(out) else None
             checked += 1
             if (
                 rec is not None

@@ -104,6 +104,7 @@ class StepPlanner:
         self._swapped_out: dict[str, Request] = {}  # this step's swap-out victims
         self._avail = 0
         self._cpu_avail = 0
+        self._preempted = False  # this step's planning preempted a request
 
     # -- queues ------------------------------------------------------------------------------
 
@@ -187,58 +188,55 @@ class StepPlanner:
         self._to_free = {}
 
         budget = self.max_num_batched_tokens
-        preempted = False
+        self._preempted = False
         planned = self._planned
-        decodes: list[Request] = []
+        growing: list[Request] = []  # planned with a block need, in plan order (for Grow ops)
         prefills: list[Request] = []
-        for req in self.running:
-            (decodes if len(req.token_ids) - req.num_computed == 1 else prefills).append(req)
         running = Status.RUNNING
-        for is_decode, group in ((True, decodes), (False, prefills)):
-            for req in group:
-                if budget == 0:
-                    break
-                if req.status != running:
-                    continue  # preempted earlier in this loop
-                if is_decode:  # the hot path: one token, a new block only at a boundary
-                    n = 1
-                    need = 1 if req.num_computed >= len(req.table) * bs else 0
-                    if need <= self._avail:
-                        planned[req.request_id] = (req, 1, need)
-                        budget -= 1
-                        self._avail -= need
-                        continue
-                else:
-                    n = min(len(req.token_ids) - req.num_computed, budget)
-                    need = self.blocks_for(req.num_computed + n) - len(req.table)
-                    if need > self._avail:
-                        # A prefill chunk shrinks to the blocks there are before preempting.
-                        fit = (len(req.table) + self._avail) * bs - req.num_computed
-                        if fit >= 1:
-                            n, need = fit, self._avail
-                while need > self._avail:
-                    victim = self.running[-1]
-                    if victim is req:
-                        if len(self.running) == 1:  # alone and still short: it can never fit
-                            self._drop_unfittable(req)
-                        else:
-                            self._preempt(req)
-                        preempted = True
-                        break
-                    undone = planned.pop(victim.request_id, None)
-                    if undone is not None:  # planned earlier this step: give its share back
-                        budget += undone[1]
-                        self._avail += undone[2]
-                    self._preempt(victim)
-                    preempted = True
-                else:
-                    planned[req.request_id] = (req, n, need)
-                    budget -= n
-                    self._avail -= need
-        for rid, (req, n, need) in planned.items():
-            if need > 0:
-                self._op(Grow(rid, req.num_computed + n))
-        if not preempted:
+        avail = self._avail
+        # Decodes first, in priority order; prefills after, with what budget is left. Iterate a
+        # snapshot: preemption removes victims from self.running while this loop runs.
+        for req in list(self.running):
+            if budget == 0:
+                break
+            if req.status != running:
+                continue  # preempted earlier in this loop
+            computed = req.num_computed
+            if len(req.token_ids) - computed != 1:
+                prefills.append(req)
+                continue
+            # The hot path: a decode is one token and needs a new block only at a boundary.
+            if computed < len(req.table) * bs:
+                planned[req.request_id] = (req, 1, 0)
+                budget -= 1
+            elif avail >= 1:
+                planned[req.request_id] = (req, 1, 1)
+                growing.append(req)
+                budget -= 1
+                avail -= 1
+            else:
+                self._avail = avail
+                budget = self._fit(req, 1, 1, budget, growing)
+                avail = self._avail
+        self._avail = avail
+        for req in prefills:
+            if budget == 0:
+                break
+            if req.status != running:
+                continue  # preempted earlier in this loop
+            n = min(len(req.token_ids) - req.num_computed, budget)
+            need = self.blocks_for(req.num_computed + n) - len(req.table)
+            if need > self._avail:
+                # A prefill chunk shrinks to the blocks there are before preempting.
+                fit = (len(req.table) + self._avail) * bs - req.num_computed
+                if fit >= 1:
+                    n, need = fit, self._avail
+            budget = self._fit(req, n, need, budget, growing)
+        for req in growing:
+            entry = planned.get(req.request_id)
+            if entry is not None:  # not undone by a later preemption
+                self._op(Grow(req.request_id, req.num_computed + entry[1]))
+        if not self._preempted:
             budget = self._resume_swapped(budget)
             if not self.swapped:
                 self._admit_waiting(budget)
@@ -249,6 +247,30 @@ class StepPlanner:
             return None
         self.step_id += 1
         return AllocateBatch(step_id=self.step_id, ops=tuple(ops))
+
+    def _fit(self, req: Request, n: int, need: int, budget: int, growing: list[Request]) -> int:
+        """Plan `n` tokens of a running request that needs `need` more blocks, preempting from
+        the back of the running queue until they fit; the budget left."""
+        planned = self._planned
+        while need > self._avail:
+            victim = self.running[-1]
+            self._preempted = True
+            if victim is req:
+                if len(self.running) == 1:  # alone and still short: it can never fit
+                    self._drop_unfittable(req)
+                else:
+                    self._preempt(req)
+                return budget
+            undone = planned.pop(victim.request_id, None)
+            if undone is not None:  # planned earlier this step: give its share back
+                budget += undone[1]
+                self._avail += undone[2]
+            self._preempt(victim)
+        planned[req.request_id] = (req, n, need)
+        if need > 0:
+            growing.append(req)
+        self._avail -= need
+        return budget - n
 
     def _preempt(self, req: Request) -> None:
         """Take a running request off the GPU: swap it out, or free it for recompute."""
@@ -303,6 +325,8 @@ class StepPlanner:
         return budget
 
     def _admit_waiting(self, budget: int) -> None:
+        if not self.waiting or budget <= 0 or len(self.running) >= self.max_num_seqs:
+            return
         bs = self.block_size
         # First blocks of prompts being prefilled: a request starting the same way waits until
         # that prefill is done and cached, so a shared prefix is computed once, not per request.

@@ -62,7 +62,7 @@ class TokenizerCore:
             if isinstance(result, tuple):
                 source, index = result
                 ids = prompt_ids[index] if source == "prompt" else chat_ids[index]
-                field = source
+                field: str = source
             else:
                 assert result is not None, "a GenerateRequest always has an outcome"
                 ids, field = result, "prompt_token_ids"
@@ -74,7 +74,7 @@ class TokenizerCore:
 
     def _prepare(
         self, req: GenerateRequest, prompts: list[str], chats: list[str]
-    ) -> tuple[int, str] | RequestRejected | list[int]:
+    ) -> tuple[str, int] | RequestRejected | list[int]:
         """Queue the text to encode: ("prompt"|"messages", index), or ids, or a rejection."""
         given = [
             name
