@@ -67,39 +67,41 @@ class AllocatorCore:
         # CPU blocks read by this step's swap-ins must not be rewritten by its swap-outs (the
         # executor copies out before in), so they return to the pool only after the batch.
         cpu_released: list[int] = []
+        # Dispatch on the exact type, commonest first (a decode step is mostly Grow and
+        # CacheBlocks): cheaper than a match statement's chain of isinstance checks.
         for op in batch.ops:
-            match op:
-                case CacheBlocks():
-                    self.cache_blocks(op.request_id, op.token_ids)
-                case FreeRequest():
-                    self.free(op.request_id)
-                case SwapOut():
-                    pairs = self.swap_out(op.request_id)
-                    if pairs is None:
-                        swap_failed.append(op.request_id)
-                    else:
-                        swap_out.extend(pairs)
-                case SwapIn():
-                    pairs = self.swap_in(op.request_id, op.num_tokens, cpu_released)
-                    if pairs is None:
-                        denied.append(op.request_id)
-                    else:
-                        swap_in.extend(pairs)
-                        grants.append(Grant(op.request_id, tuple(self.seqs[op.request_id].table)))
-                case Grow():
-                    added = self.grow(op.request_id, op.num_tokens)
-                    if added is None:
-                        denied.append(op.request_id)
-                    else:
-                        grants.append(Grant(op.request_id, tuple(added)))
-                case AllocateNew():
-                    got = self.allocate_new(op.request_id, op.token_ids, op.num_new_tokens)
-                    if got is None:
-                        denied.append(op.request_id)
-                    else:
-                        grants.append(Grant(op.request_id, tuple(got[0]), got[1]))
-                case _:
-                    raise ValueError(f"unknown allocator op {op!r}")
+            kind = type(op)
+            if kind is Grow:
+                added = self.grow(op.request_id, op.num_tokens)  # type: ignore[union-attr]
+                if added is None:
+                    denied.append(op.request_id)
+                else:
+                    grants.append(Grant(op.request_id, tuple(added)))
+            elif kind is CacheBlocks:
+                self.cache_blocks(op.request_id, op.token_ids)  # type: ignore[union-attr]
+            elif kind is FreeRequest:
+                self.free(op.request_id)
+            elif kind is SwapOut:
+                pairs = self.swap_out(op.request_id)
+                if pairs is None:
+                    swap_failed.append(op.request_id)
+                else:
+                    swap_out.extend(pairs)
+            elif kind is SwapIn:
+                pairs = self.swap_in(op.request_id, op.num_tokens, cpu_released)  # type: ignore[union-attr]
+                if pairs is None:
+                    denied.append(op.request_id)
+                else:
+                    swap_in.extend(pairs)
+                    grants.append(Grant(op.request_id, tuple(self.seqs[op.request_id].table)))
+            elif kind is AllocateNew:
+                got = self.allocate_new(op.request_id, op.token_ids, op.num_new_tokens)  # type: ignore[union-attr]
+                if got is None:
+                    denied.append(op.request_id)
+                else:
+                    grants.append(Grant(op.request_id, tuple(got[0]), got[1]))
+            else:
+                raise ValueError(f"unknown allocator op {op!r}")
         self.cpu.release(cpu_released)
         return AllocationResult(
             step_id=batch.step_id,
@@ -168,7 +170,7 @@ class AllocatorCore:
         seq = self._seq(request_id)
         if seq.cpu_blocks is not None:
             raise ValueError(f"allocator: request {request_id!r} is swapped out; swap it in first")
-        need = self._blocks_for(num_tokens) - len(seq.table)
+        need = -(-num_tokens // self.block_size) - len(seq.table)
         if need <= 0:
             return []
         added = self.gpu.allocate(need)
@@ -190,12 +192,19 @@ class AllocatorCore:
             )
         if seq.cpu_blocks is not None:
             raise ValueError(f"allocator: request {request_id!r} is swapped out; cannot cache")
-        if self.cache is None:
+        cache = self.cache
+        if cache is None:
+            return
+        if num_blocks == 1:  # the common case: one block filled since the last step
+            seq.serial = cache.register(
+                seq.table[seq.num_hashed_blocks], seq.serial, tuple(token_ids)
+            )
+            seq.num_hashed_blocks += 1
             return
         for i in range(num_blocks):
             block_id = seq.table[seq.num_hashed_blocks]
             chunk = tuple(token_ids[i * bs : (i + 1) * bs])
-            seq.serial = self.cache.register(block_id, seq.serial, chunk)
+            seq.serial = cache.register(block_id, seq.serial, chunk)
             seq.num_hashed_blocks += 1
 
     def free(self, request_id: str) -> None:

@@ -44,10 +44,15 @@ class BlockPool:
 
     def allocate(self, n: int) -> list[int] | None:
         """`n` blocks with ref 1, or None (nothing changes) when fewer are free."""
-        if n > self.num_free:
-            return None
-        out: list[int] = []
         free, lru, ref = self._free, self._lru, self.ref
+        if n <= len(free):  # the common case: no eviction
+            out = [free.popleft() for _ in range(n)]
+            for block_id in out:
+                ref[block_id] = 1
+            return out
+        if n > len(free) + len(lru):
+            return None
+        out = []
         while len(out) < n and free:
             block_id = free.popleft()
             ref[block_id] = 1

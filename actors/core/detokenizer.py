@@ -11,6 +11,10 @@ characters and keeps an incomplete tail until the next token completes it.
 Because the decoder sees the output bytes alone, the concatenated deltas equal
 `tokenizer.decode(output_ids)`. No prompt context is needed: byte-level and SentencePiece
 byte-fallback tokens carry their own spaces, so a token's bytes do not depend on its neighbours.
+
+The hot path skips the decoder: while no character is pending, a token whose bytes are complete
+UTF-8 on their own decodes to the same text every time, so that text is cached per token id
+(in a `TokenTexts` that every request with the same tokenizer and skip setting shares).
 """
 
 from __future__ import annotations
@@ -21,27 +25,77 @@ from collections.abc import Iterable
 from troupe.actors.core.tokenizer_text import TextTokenizer
 
 
+class TokenTexts:
+    """Token id -> its text, for tokens that decode alone (complete, valid UTF-8); skipped
+    special tokens map to "". Filled lazily; share one per (tokenizer, skip_special_tokens)."""
+
+    def __init__(self, tokenizer: TextTokenizer, *, skip_special_tokens: bool = True) -> None:
+        self.tokenizer = tokenizer
+        self.skip_special_tokens = skip_special_tokens
+        self.skip_ids = tokenizer.special_ids if skip_special_tokens else frozenset()
+        self.texts: dict[int, str] = {}
+        self._partial: set[int] = set()  # tokens whose bytes need the incremental decoder
+
+    def text(self, token_id: int) -> str | None:
+        """The token's text if it decodes alone (cached from then on), else None."""
+        if token_id in self._partial:
+            return None
+        if token_id in self.skip_ids:
+            text = ""
+        else:
+            try:
+                text = self.tokenizer.token_bytes(token_id).decode("utf-8")
+            except UnicodeDecodeError:
+                self._partial.add(token_id)
+                return None
+        self.texts[token_id] = text
+        return text
+
+
 class IncrementalDetokenizer:
     """Turns a request's output token ids into text deltas, one call per batch of tokens."""
 
-    def __init__(self, tokenizer: TextTokenizer, *, skip_special_tokens: bool = True) -> None:
+    def __init__(
+        self,
+        tokenizer: TextTokenizer,
+        *,
+        skip_special_tokens: bool = True,
+        texts: TokenTexts | None = None,
+    ) -> None:
+        if texts is None:
+            texts = TokenTexts(tokenizer, skip_special_tokens=skip_special_tokens)
+        elif texts.tokenizer is not tokenizer or texts.skip_special_tokens != skip_special_tokens:
+            raise ValueError("texts was built for another tokenizer or skip_special_tokens")
         self._tokenizer = tokenizer
-        self._skip_ids = tokenizer.special_ids if skip_special_tokens else frozenset()
+        self._texts = texts
+        self._cached = texts.texts
+        self._skip_ids = texts.skip_ids
         # errors="replace": invalid bytes (not merely incomplete ones) print U+FFFD, exactly as
         # the tokenizer's own decode does, so the stream and decode(all ids) agree.
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._pending = False  # the decoder holds bytes of an incomplete character
 
     def push(self, token_id: int) -> str:
         """The text that token `token_id` completes (often "", never half a character)."""
-        if token_id in self._skip_ids:
+        if not self._pending:
+            text = self._cached.get(token_id)
+            if text is not None:
+                return text
+            text = self._texts.text(token_id)
+            if text is not None:
+                return text
+        elif token_id in self._skip_ids:
             return ""
-        return str(self._decoder.decode(self._tokenizer.token_bytes(token_id)))
+        text = str(self._decoder.decode(self._tokenizer.token_bytes(token_id)))
+        self._pending = bool(self._decoder.getstate()[0])
+        return text
 
     def push_many(self, token_ids: Iterable[int]) -> str:
-        return "".join(self.push(token_id) for token_id in token_ids)
+        return "".join([self.push(token_id) for token_id in token_ids])
 
     def flush(self) -> str:
         """At the end of the stream: bytes that never completed a character become U+FFFD."""
+        self._pending = False
         return str(self._decoder.decode(b"", final=True))
 
     @property

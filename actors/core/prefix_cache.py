@@ -22,8 +22,8 @@ class PrefixCache:
 
     def __init__(self) -> None:
         self._index: dict[CacheKey, int] = {}
-        self._key_of: dict[int, CacheKey] = {}  # block id -> its key
-        self._serial_of: dict[int, int] = {}  # block id -> serial of its entry
+        # block id -> (its key, serial of its entry); one dict, so a register is one insert
+        self._entry_of: dict[int, tuple[CacheKey, int]] = {}
         self._next_serial = ROOT_SERIAL + 1
 
     def __len__(self) -> int:
@@ -34,10 +34,10 @@ class PrefixCache:
         return self._index.get((parent_serial, token_ids))
 
     def serial(self, block_id: int) -> int:
-        return self._serial_of[block_id]
+        return self._entry_of[block_id][1]
 
     def is_cached(self, block_id: int) -> bool:
-        return block_id in self._key_of
+        return block_id in self._entry_of
 
     def register(self, block_id: int, parent_serial: int, token_ids: tuple[int, ...]) -> int:
         """Record that `block_id` holds these tokens; return the serial that now names them.
@@ -46,20 +46,21 @@ class PrefixCache:
         it) and `block_id` stays unregistered; its request chains on from the existing serial.
         """
         key = (parent_serial, token_ids)
-        existing = self._index.get(key)
-        if existing is not None:
-            return self._serial_of[existing]
-        if block_id in self._key_of:
+        index = self._index
+        # setdefault: the key (a tuple of a block's tokens) is hashed once, hit or miss.
+        existing = index.setdefault(key, block_id)
+        entry = self._entry_of.get(existing)
+        if entry is not None:
+            if existing != block_id or entry[0] == key:  # the prefix is already cached
+                return entry[1]
+            del index[key]  # misuse: undo the insert before raising
             raise ValueError(f"block {block_id} is already registered in the prefix cache")
         serial = self._next_serial
-        self._next_serial += 1
-        self._index[key] = block_id
-        self._key_of[block_id] = key
-        self._serial_of[block_id] = serial
+        self._next_serial = serial + 1
+        self._entry_of[block_id] = (key, serial)
         return serial
 
     def forget(self, block_id: int) -> None:
         """Drop the block's entry (it is being evicted for reuse)."""
-        key = self._key_of.pop(block_id)
-        del self._serial_of[block_id]
+        key, _ = self._entry_of.pop(block_id)
         del self._index[key]

@@ -25,6 +25,7 @@ from troupe.messages.executor import StepPlan
 from troupe.messages.scheduler import (
     AdmittedRequest,
     AllocationResult,
+    SampledToken,
     SchedulerInbox,
     StepResult,
     StopRequests,
@@ -167,55 +168,71 @@ class SchedulerCore(StepPlanner):
         self._time = max(self._time, result.time)
         outputs = self._pending
         self._pending = []
-        sampled = result.sampled
+        if result.error is not None:
+            for req, _, _ in self.in_flight:
+                if req.status != Status.FINISHED:  # not aborted or stopped mid-step
+                    self.finish(req)
+                    outputs.append(self._fail_output(req, f"step failed: {result.error}"))
+        else:
+            self._apply_tokens(result.sampled, outputs)
+        self.in_flight = []
+        return TokenBatch(
+            step_id=result.step_id, time=self._time, outputs=tuple(outputs), stats=self.stats()
+        )
+
+    def _apply_tokens(self, sampled: Sequence[SampledToken], outputs: list[SeqOutput]) -> None:
+        """Append each in-flight request's sampled token; its SeqOutput goes to `outputs`."""
         # Tokens come in plan order; a dict is built only if the executor broke that order.
-        by_id = None
+        by_id: dict[str, SampledToken] | None = None
         i = 0
+        num_sampled = len(sampled)
         bs = self.block_size
         caching = self.enable_prefix_caching
+        to_commit = self._to_commit
         finished = Status.FINISHED
+        append = outputs.append
         for req, end, sample in self.in_flight:
             if sample:
                 i += 1
             if req.status == finished:
                 continue  # aborted or stopped mid-step: its KV and token are not wanted
-            if result.error is not None:
-                self.finish(req)
-                outputs.append(self._fail_output(req, f"step failed: {result.error}"))
-                continue
             req.num_computed = end
+            rid = req.request_id
             if caching and end // bs > req.num_committed_blocks:
-                self._to_commit[req.request_id] = req
+                to_commit[rid] = req
             if not sample:
                 continue
-            if by_id is None and i <= len(sampled) and sampled[i - 1].request_id == req.request_id:
-                token = sampled[i - 1]
+            if by_id is None and i <= num_sampled and (token := sampled[i - 1]).request_id == rid:
+                pass
             else:
                 by_id = by_id or {s.request_id: s for s in sampled}
-                token = by_id.get(req.request_id)  # type: ignore[assignment]
-                if token is None:
+                found = by_id.get(rid)
+                if found is None:
                     self.finish(req)
-                    outputs.append(self._fail_output(req, "the executor returned no token for it"))
+                    append(self._fail_output(req, "the executor returned no token for it"))
                     continue
+                token = found
             token_id = token.token_id
-            req.token_ids.append(token_id)
-            reason = stop_id = None
+            tokens = req.token_ids
+            tokens.append(token_id)
+            logprobs = None if token.logprob is None else (token.logprob,)
             if token_id in req.stop_ids:
-                reason, stop_id = FinishReason.STOP, token_id
-            elif len(req.token_ids) >= req.max_total_tokens:
-                reason = FinishReason.LENGTH
-            if reason is not None:
                 self.finish(req)
-            logprobs = (token.logprob,) if token.logprob is not None else None
-            outputs.append(
-                SeqOutput(
-                    req.request_id, (token_id,), reason, stop_id, logprobs, req.num_cached_tokens
+                append(
+                    SeqOutput(
+                        rid, (token_id,), FinishReason.STOP, token_id, logprobs,
+                        req.num_cached_tokens,
+                    )
                 )
-            )
-        self.in_flight = []
-        return TokenBatch(
-            step_id=result.step_id, time=self._time, outputs=tuple(outputs), stats=self.stats()
-        )
+            elif len(tokens) >= req.max_total_tokens:
+                self.finish(req)
+                append(
+                    SeqOutput(
+                        rid, (token_id,), FinishReason.LENGTH, None, logprobs, req.num_cached_tokens
+                    )
+                )
+            else:
+                append(SeqOutput(rid, (token_id,), None, None, logprobs, req.num_cached_tokens))
 
     # -- outputs -----------------------------------------------------------------------------
 

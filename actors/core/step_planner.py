@@ -419,6 +419,7 @@ class StepPlanner:
         seqs: list[SeqWork] = []
         in_flight: list[tuple[Request, int, bool]] = []
         running = Status.RUNNING
+        add_seq, add_in_flight, get_added = seqs.append, in_flight.append, added.get
         for req, n, _ in planned.values():
             if req.status != running:
                 continue  # ended while the allocator worked
@@ -427,15 +428,16 @@ class StepPlanner:
             num_tokens = len(tokens)
             if n == 1 and start == num_tokens - 1 and req.in_executor and not req.needs_reset:
                 # The hot path: a decode (kw-only construction is the dominant cost here).
-                seqs.append(
+                rid = req.request_id
+                add_seq(
                     SeqWork(
-                        request_id=req.request_id,
+                        request_id=rid,
                         token_ids=(tokens[start],),
                         start_pos=start,
-                        block_ids=added.get(req.request_id, ()) if added else (),
+                        block_ids=get_added(rid, ()),
                     )
                 )
-                in_flight.append((req, num_tokens, True))
+                add_in_flight((req, num_tokens, True))
                 continue
             end = min(num_tokens, start + n)
             sample = end == num_tokens

@@ -18,7 +18,7 @@ import dataclasses
 from collections.abc import Sequence
 
 import msgspec
-from troupe.actors.core.detokenizer import IncrementalDetokenizer
+from troupe.actors.core.detokenizer import IncrementalDetokenizer, TokenTexts
 from troupe.actors.core.stop_strings import StopStringMatcher
 from troupe.actors.core.tokenizer_text import TextTokenizer
 from troupe.messages import (
@@ -43,7 +43,7 @@ from troupe.messages import (
 )
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)
 class _Stream:
     """One live request."""
 
@@ -54,6 +54,10 @@ class _Stream:
     num_cached_tokens: int = 0
     first_token_time: float | None = None
     last_token_time: float | None = None
+    has_stops: bool = dataclasses.field(init=False)  # False: the per-token fast path applies
+
+    def __post_init__(self) -> None:
+        self.has_stops = bool(self.opened.params.stop)
 
     def usage(self) -> Usage:
         return Usage(
@@ -85,6 +89,10 @@ class StreamerCore:
         self._tokenizer = tokenizer
         self._streams: dict[str, _Stream] = {}
         tokenizer.token_bytes(0)  # build the byte table now, not on the first token batch
+        # Decoded text per token id, shared by all requests (one table per skip setting).
+        self._texts = {
+            skip: TokenTexts(tokenizer, skip_special_tokens=skip) for skip in (False, True)
+        }
 
     @property
     def num_live_requests(self) -> int:
@@ -115,7 +123,9 @@ class StreamerCore:
         self._streams[msg.request_id] = _Stream(
             opened=msg,
             detokenizer=IncrementalDetokenizer(
-                self._tokenizer, skip_special_tokens=params.skip_special_tokens
+                self._tokenizer,
+                skip_special_tokens=params.skip_special_tokens,
+                texts=self._texts[params.skip_special_tokens],
             ),
             stops=StopStringMatcher(
                 params.stop, include_in_output=params.include_stop_str_in_output
@@ -125,14 +135,41 @@ class StreamerCore:
     def _tokens(self, batch: TokenBatch, ended: list[str]) -> list[tuple[str, msgspec.Struct]]:
         events: list[StreamEvent] = []
         stopped: list[str] = []
+        time = batch.time
+        get_stream = self._streams.get
+        add_event = events.append
         for output in batch.outputs:
-            stream = self._streams.get(output.request_id)
+            stream = get_stream(output.request_id)
             if stream is None:
                 continue  # already ended (a stop string won the race) or never opened
-            event = self._advance(stream, output, batch.time)
+            token_ids = output.token_ids
+            if output.finish_reason is None and token_ids and not stream.has_stops:
+                # The hot path: new tokens of a running request without stop strings (what
+                # _advance would do, minus the stop-string matcher and the end handling).
+                push = stream.detokenizer.push
+                if len(token_ids) == 1:
+                    text = push(token_ids[0])
+                else:
+                    text = "".join([push(token_id) for token_id in token_ids])
+                stream.num_output_tokens += len(token_ids)
+                if stream.first_token_time is None:
+                    stream.first_token_time = time
+                stream.last_token_time = time
+                if output.num_cached_tokens > stream.num_cached_tokens:
+                    stream.num_cached_tokens = output.num_cached_tokens
+                add_event(
+                    Delta(
+                        request_id=output.request_id,
+                        text=text,
+                        token_ids=token_ids,
+                        logprobs=_kept(output.logprobs, len(token_ids)),
+                    )
+                )
+                continue
+            event = self._advance(stream, output, time)
             if event is None:
                 continue
-            events.append(event)
+            add_event(event)
             if event.is_terminal:
                 del self._streams[output.request_id]
                 ended.append(output.request_id)

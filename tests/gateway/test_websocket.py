@@ -93,12 +93,12 @@ async def test_cancel(server) -> None:  # type: ignore[no-untyped-def]
         assert 0 < done["timings"]["ttft"] <= done["timings"]["e2e"]
         num_streamed = sum(len(f["token_ids"]) for f in frames[:-1])
         assert 1 <= num_streamed < 900
-        # The socket goes on after a cancel.
+        # The socket goes on after a cancel, and an ended request's id may be used again.
         await send(
             ws,
             {
                 "type": "generate",
-                "request_id": "after",
+                "request_id": "long",
                 "prompt": "x",
                 "max_tokens": 2,
                 "ignore_eos": True,
