@@ -16,7 +16,7 @@ from troupe.gateway.openai_responses import ResponseBuilder
 from troupe.gateway.outbox import Outbox, Overflow
 from troupe.gateway.pump import abort_transport_later, pump
 from troupe.gateway.state import GATEWAY, Gateway
-from troupe.messages import Delta, Finished, StreamEvent, TokenLogprob
+from troupe.messages import Aborted, Delta, Failed, Finished, Rejected, StreamEvent, TokenLogprob
 
 _DONE = "data: [DONE]\n\n"
 _json = msgspec.json.Encoder()
@@ -119,7 +119,7 @@ async def _stream(
     except BaseException:
         await events.aclose()
         raise
-    if first.is_terminal and not isinstance(first, Finished):
+    if isinstance(first, Rejected | Aborted | Failed):
         await events.aclose()
         raise error_for_event(first)
 

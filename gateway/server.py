@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import signal
 from collections.abc import Callable
+from typing import Any
 
 import structlog
 from aiohttp import WSCloseCode, web
@@ -121,7 +122,7 @@ async def drain(
     gateway = app[GATEWAY]
     gateway.is_draining = True
     log.info("draining", in_flight=gateway.num_streams, grace_s=grace)
-    waiters = [asyncio.ensure_future(gateway.wait_idle())]
+    waiters: list[asyncio.Future[Any]] = [asyncio.ensure_future(gateway.wait_idle())]
     if force is not None:
         waiters.append(asyncio.ensure_future(force.wait()))
     try:

@@ -62,10 +62,8 @@ def _seed(params: SamplingParams | None) -> int:
 
 @dataclass(slots=True)
 class _Seq:
-    table: np.ndarray  # GPU block ids; the first `num_blocks` are valid
+    row: int  # its row of FakeRunner._tables (GPU block ids; the first `num_blocks` are valid)
     num_blocks: int
-    seed: int
-    num_prompt_tokens: int
     logprobs: int | None
 
 
@@ -108,6 +106,13 @@ class FakeRunner:
         self.cpu = _Store(num_cpu_blocks, block_size)
         self._seqs: dict[str, _Seq] = {}
         self._max_blocks = -(-max_model_len // block_size)
+        # Every live sequence's block table, seed and prompt length, one row each: reading
+        # the tables back is then one gather for the whole step, not one slice per sequence.
+        self._tables = np.zeros((0, self._max_blocks), np.int64)
+        self._seeds = np.zeros(0, np.int64)
+        self._num_prompt = np.zeros(0, np.int64)
+        self._free_rows: list[int] = []
+        self._num_with_logprobs = 0
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> FakeRunner:
@@ -119,7 +124,8 @@ class FakeRunner:
         )
 
     def close(self) -> None:
-        self._seqs.clear()
+        for request_id in list(self._seqs):
+            self._release(request_id)
 
     @property
     def num_live(self) -> int:
@@ -129,7 +135,7 @@ class FakeRunner:
     def execute(self, plan: StepPlan) -> tuple[SampledToken, ...]:
         """Apply released, swap_out, swap_in, then write and read back plan.seqs."""
         for request_id in plan.released:
-            self._seqs.pop(request_id, None)
+            self._release(request_id)
         if plan.swap_out:
             self.gpu.copy_to(self.cpu, plan.swap_out)
         if plan.swap_in:
@@ -137,10 +143,12 @@ class FakeRunner:
         if not plan.seqs:
             return ()
         bs = self.block_size
-        blocks: list[int] = []
+        rows: list[int] = []  # per written token: its sequence's table row
         positions: list[int] = []
         tokens: list[int] = []
-        sampled: list[tuple[str, _Seq, int]] = []
+        sampled: list[_Seq] = []
+        sampled_ids: list[str] = []
+        ends: list[int] = []
         states = self._seqs
         for work in plan.seqs:  # one pass; the decode path touches as little as it can
             rid = work.request_id
@@ -156,86 +164,109 @@ class FakeRunner:
                     f"its table has {seq.num_blocks}"
                 )
             if len(token_ids) == 1:
-                blocks.append(int(seq.table[start // bs]))
+                rows.append(seq.row)
                 positions.append(start)
                 tokens.append(token_ids[0])
             else:
-                pos = np.arange(start, end)
-                blocks.extend(seq.table[pos // bs].tolist())
+                rows.extend([seq.row] * len(token_ids))
                 positions.extend(range(start, end))
                 tokens.extend(token_ids)
             if work.sample:
-                sampled.append((rid, seq, end))
-        self._write(np.array(blocks), np.array(positions), np.array(tokens))
-        return self._sample(sampled) if sampled else ()
+                sampled.append(seq)
+                sampled_ids.append(rid)
+                ends.append(end)
+        pos = np.array(positions, np.int64)
+        blocks = self._tables[np.array(rows, np.int64), pos // bs]
+        self._write(blocks, pos, np.array(tokens, np.int64))
+        return self._sample(sampled, sampled_ids, ends) if sampled else ()
 
     def _update(self, request_id: str, work: SeqWork) -> _Seq:
         seq = self._seqs.get(request_id)
         if seq is None:
             if work.params is None:
                 raise ValueError(f"request {request_id!r}: first SeqWork carries no params")
-            seq = _Seq(
-                np.zeros(self._max_blocks, np.int64),
-                0,
-                _seed(work.params),
-                work.num_prompt_tokens,
-                work.params.logprobs,
-            )
+            seq = _Seq(self._take_row(), 0, work.params.logprobs)
+            self._seeds[seq.row] = _seed(work.params)
+            self._num_prompt[seq.row] = work.num_prompt_tokens
+            self._num_with_logprobs += seq.logprobs is not None
             self._seqs[request_id] = seq
         first = 0 if work.reset else seq.num_blocks
         if first + len(work.block_ids) > self._max_blocks:
             raise ValueError(f"request {request_id!r}: table exceeds max_model_len")
-        seq.table[first : first + len(work.block_ids)] = work.block_ids
+        self._tables[seq.row, first : first + len(work.block_ids)] = work.block_ids
         seq.num_blocks = first + len(work.block_ids)
         return seq
 
+    def _take_row(self) -> int:
+        if not self._free_rows:  # double the rows
+            old = len(self._tables)
+            new = max(2 * old, 64)
+            self._tables = np.concatenate(
+                [self._tables, np.zeros((new - old, self._max_blocks), np.int64)]
+            )
+            self._seeds = np.concatenate([self._seeds, np.zeros(new - old, np.int64)])
+            self._num_prompt = np.concatenate([self._num_prompt, np.zeros(new - old, np.int64)])
+            self._free_rows = list(range(new - 1, old - 1, -1))
+        return self._free_rows.pop()
+
+    def _release(self, request_id: str) -> None:
+        seq = self._seqs.pop(request_id, None)
+        if seq is not None:
+            self._free_rows.append(seq.row)
+            self._num_with_logprobs -= seq.logprobs is not None
+
     def _write(self, blocks: np.ndarray, positions: np.ndarray, tokens: np.ndarray) -> None:
         g, slots = self.gpu, positions % self.block_size
-        new = slot_mix(positions, tokens)
-        np.add.at(g.sum, blocks, new - g.mix[blocks, slots])  # wraps mod 2**64, like the sums
-        g.mix[blocks, slots] = new
+        g.mix[blocks, slots] = slot_mix(positions, tokens)
         g.pos[blocks, slots] = positions
         g.tok[blocks, slots] = tokens
+        # Each written block's sum, recomputed from its slots (wraps mod 2**64; a block
+        # listed twice gets the same value twice).
+        g.sum[blocks] = g.mix[blocks].sum(axis=1, dtype=_U64)
 
-    def _sample(self, sampled: list[tuple[str, _Seq, int]]) -> tuple[SampledToken, ...]:
+    def _sample(
+        self, sampled: list[_Seq], sampled_ids: list[str], end_list: list[int]
+    ) -> tuple[SampledToken, ...]:
         bs, g = self.block_size, self.gpu
         n = len(sampled)
-        ends = np.array([end for _, _, end in sampled], np.int64)
+        rows = np.fromiter((seq.row for seq in sampled), np.int64, n)
+        ends = np.array(end_list, np.int64)
         num_full = ends // bs
         rem = ends - num_full * bs
         # Full blocks: their sums, read through each table (segment sums by reduceat).
-        full = np.concatenate([seq.table[: end // bs] for _, seq, end in sampled])
         seg_start = np.cumsum(num_full) - num_full
+        owner = np.repeat(np.arange(n), num_full)
+        index = np.arange(len(owner)) - seg_start[owner]  # block index within its table
+        full = self._tables[rows[owner], index]
         sums = np.zeros(n, dtype=_U64)
         has_full = num_full > 0
         if len(full):
-            part = np.add.reduceat(g.sum[full], seg_start[has_full])
-            sums[has_full] = part
-        index = np.arange(len(full)) - np.repeat(seg_start, num_full)
+            sums[has_full] = np.add.reduceat(g.sum[full], seg_start[has_full])
         wrong = g.pos[full, 0] != index * bs
         # The last, partial block: only the slots written so far.
-        last = np.array([seq.table[end // bs] if end % bs else 0 for _, seq, end in sampled])
+        last_index = np.minimum(num_full, self._max_blocks - 1)  # unused where rem == 0
+        last = np.where(rem > 0, self._tables[rows, last_index], 0)
         mask = np.arange(bs)[None, :] < rem[:, None]
         sums += np.where(mask, g.mix[last], _U64(0)).sum(axis=1, dtype=_U64)
         expected = (num_full * bs)[:, None] + np.arange(bs)[None, :]
         wrong_last = (mask & (g.pos[last] != expected)).any(axis=1)
         if wrong.any() or wrong_last.any():
-            owner = np.repeat(np.arange(n), num_full)
             bad = sorted(
                 {int(o) for o in owner[wrong]} | {int(i) for i in np.flatnonzero(wrong_last)}
             )
             raise RuntimeError(
                 "KV cache corruption: blocks hold the wrong positions for "
-                + ", ".join(repr(sampled[i][0]) for i in bad)
+                + ", ".join(repr(sampled_ids[i]) for i in bad)
             )
-        seeds = np.array([seq.seed for _, seq, _ in sampled], np.int64)
-        outputs = ends - np.array([seq.num_prompt_tokens for _, seq, _ in sampled], np.int64)
-        tokens = next_tokens(sums, ends, seeds, outputs, self.eos_token_ids[0]).tolist()
+        outputs = ends - self._num_prompt[rows]
+        tokens = next_tokens(sums, ends, self._seeds[rows], outputs, self.eos_token_ids[0])
+        if not self._num_with_logprobs:
+            return tuple(map(SampledToken, sampled_ids, tokens.tolist()))
         return tuple(
             SampledToken(
                 rid, tok, _logprob(tok, seq.logprobs) if seq.logprobs is not None else None
             )
-            for (rid, seq, _), tok in zip(sampled, tokens, strict=True)
+            for rid, seq, tok in zip(sampled_ids, sampled, tokens.tolist(), strict=True)
         )
 
     @staticmethod

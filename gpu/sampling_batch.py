@@ -1,46 +1,58 @@
-"""Build a SamplingBatch from the sampled requests' params and token histories."""
+"""Build a SamplingBatch from the sampled requests' params and token histories.
+
+Per step this is one np.stack of the requests' precomputed param rows, the row keys hashed in
+numpy, and two host->device copies (floats, keys). Penalty tensors are built only for batches
+that use penalties, and the filter flags let the sampler skip top-k/top-p/min-p entirely.
+"""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
-from troupe.gpu.sampler import SamplingBatch, row_keys
-from troupe.gpu.step_inputs import RequestState
+from troupe.gpu import request_states as cols
+from troupe.gpu.request_states import RequestState
+from troupe.gpu.sampler import SamplingBatch, row_keys_array
 
 
 def build_sampling_batch(
     states: list[RequestState], vocab_size: int, device: torch.device
 ) -> SamplingBatch:
     """One row per sampled request. The sampled token's position is the request's num_tokens."""
-    params = [s.params for s in states]
-    greedy = [p.temperature == 0.0 for p in params]
-    top_k = [p.top_k if p.top_k > 0 else vocab_size for p in params]
-
-    def floats(values: list[float]) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.float32).to(device, non_blocking=True)
-
-    keys = [row_keys(s.seed, s.num_tokens) for s in states]
-    random_rows = [not g for g in greedy]
+    num_rows = len(states)
+    table = np.stack([s.param_row for s in states]) if states else np.zeros((0, 8))
+    top_k = table[:, cols.TOP_K]
+    top_k = np.where((top_k > 0) & (top_k < vocab_size), top_k, vocab_size)
+    table[:, cols.TOP_K] = top_k
+    seeds = np.fromiter((s.seed for s in states), np.uint64, num_rows)
+    positions = np.fromiter((s.num_tokens for s in states), np.uint64, num_rows)
+    keys = torch.from_numpy(row_keys_array(seeds, positions))
+    floats = torch.from_numpy(table.astype(np.float32))
+    if device.type == "cuda":
+        floats, keys = floats.pin_memory(), keys.pin_memory()
+    floats = floats.to(device, non_blocking=True)
+    temperature = table[:, cols.TEMPERATURE]
+    random_rows = temperature > 0.0
+    logprobs = table[:, cols.LOGPROBS].astype(np.int64).tolist()
     batch = SamplingBatch(
-        temperature=floats([p.temperature for p in params]),
-        top_k=torch.tensor(top_k, dtype=torch.int64).to(device, non_blocking=True),
-        top_p=floats([p.top_p for p in params]),
-        min_p=floats([p.min_p for p in params]),
-        keys=torch.tensor(keys, dtype=torch.int64).reshape(-1, 2).to(device, non_blocking=True),
-        presence=floats([p.presence_penalty for p in params]),
-        frequency=floats([p.frequency_penalty for p in params]),
-        repetition=floats([p.repetition_penalty for p in params]),
-        num_logprobs=tuple(p.logprobs for p in params),
-        all_greedy=all(greedy),
-        use_top_k=any(r and k < vocab_size for r, k in zip(random_rows, top_k, strict=True)),
-        use_top_p=any(r and p.top_p < 1.0 for r, p in zip(random_rows, params, strict=True)),
-        use_min_p=any(r and p.min_p > 0.0 for r, p in zip(random_rows, params, strict=True)),
+        temperature=floats[:, cols.TEMPERATURE],
+        top_k=floats[:, cols.TOP_K].long(),
+        top_p=floats[:, cols.TOP_P],
+        min_p=floats[:, cols.MIN_P],
+        keys=keys.to(device, non_blocking=True),
+        presence=floats[:, cols.PRESENCE],
+        frequency=floats[:, cols.FREQUENCY],
+        repetition=floats[:, cols.REPETITION],
+        num_logprobs=tuple(None if n < 0 else n for n in logprobs),
+        all_greedy=not random_rows.any(),
+        use_top_k=bool((random_rows & (top_k < vocab_size)).any()),
+        use_top_p=bool((random_rows & (table[:, cols.TOP_P] < 1.0)).any()),
+        use_min_p=bool((random_rows & (table[:, cols.MIN_P] > 0.0)).any()),
     )
-    uses_output = [p.presence_penalty != 0.0 or p.frequency_penalty != 0.0 for p in params]
-    uses_seen = [p.repetition_penalty != 1.0 for p in params]
-    if any(uses_output):
+    uses_output = (table[:, cols.PRESENCE] != 0.0) | (table[:, cols.FREQUENCY] != 0.0)
+    uses_seen = table[:, cols.REPETITION] != 1.0
+    if uses_output.any():
         batch.output_counts = _counts(states, uses_output, vocab_size, device, prompt=False)
-    if any(uses_seen):
+    if uses_seen.any():
         seen = _counts(states, uses_seen, vocab_size, device, prompt=True) > 0
         batch.seen_mask = seen
     return batch
@@ -48,7 +60,7 @@ def build_sampling_batch(
 
 def _counts(
     states: list[RequestState],
-    rows: list[bool],
+    rows: np.ndarray,
     vocab_size: int,
     device: torch.device,
     *,
@@ -57,9 +69,9 @@ def _counts(
     """[S, V] token counts per row: output tokens (or prompt + output when `prompt`)."""
     pieces = []
     owners = []
-    for row, (state, wanted) in enumerate(zip(states, rows, strict=True)):
-        if not wanted:
-            continue
+    for row in np.flatnonzero(rows).tolist():
+        state = states[row]
+        assert state.tokens is not None, "a request with penalties keeps its token history"
         first = 0 if prompt else min(state.num_prompt_tokens, state.num_tokens)
         piece = state.tokens[first : state.num_tokens]
         pieces.append(piece)

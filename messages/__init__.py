@@ -4,7 +4,17 @@ This package imports nothing else of the project.
 """
 
 from troupe.messages.admission import AdmissionInbox, RequestsEnded, TokenizedRequest
-from troupe.messages.allocator import AllocateBatch, AllocatorInbox
+from troupe.messages.allocator import (
+    AllocateBatch,
+    AllocateNew,
+    AllocatorInbox,
+    AllocOp,
+    CacheBlocks,
+    FreeRequest,
+    Grow,
+    SwapIn,
+    SwapOut,
+)
 from troupe.messages.common import (
     ChatMessage,
     FinishReason,
@@ -29,6 +39,7 @@ from troupe.messages.sampling import ParamError, SamplingParams
 from troupe.messages.scheduler import (
     AdmittedRequest,
     AllocationResult,
+    Grant,
     SampledToken,
     SchedulerInbox,
     StepResult,
@@ -48,9 +59,12 @@ __all__ = [
     "Aborted",
     "AdmissionInbox",
     "AdmittedRequest",
+    "AllocOp",
     "AllocateBatch",
+    "AllocateNew",
     "AllocationResult",
     "AllocatorInbox",
+    "CacheBlocks",
     "ChatMessage",
     "ClientInbox",
     "Delta",
@@ -59,7 +73,10 @@ __all__ = [
     "Failed",
     "FinishReason",
     "Finished",
+    "FreeRequest",
     "GenerateRequest",
+    "Grant",
+    "Grow",
     "ParamError",
     "RejectCode",
     "Rejected",
@@ -77,6 +94,8 @@ __all__ = [
     "StreamBatch",
     "StreamEvent",
     "StreamerInbox",
+    "SwapIn",
+    "SwapOut",
     "Timings",
     "TokenBatch",
     "TokenLogprob",

@@ -88,11 +88,11 @@ def _compare(
     records: list[TraceRecord],
 ) -> tuple[Divergence | None, int]:
     by_channel_expected: dict[str, list[TraceRecord]] = defaultdict(list)
-    for rec in expected:
-        by_channel_expected[rec.channel].append(rec)
+    for sent in expected:
+        by_channel_expected[sent.channel].append(sent)
     by_channel_got: dict[str, list[msgspec.Struct]] = defaultdict(list)
-    for channel, msg in got:
-        by_channel_got[channel].append(msg)
+    for channel, message in got:
+        by_channel_got[channel].append(message)
     first: Divergence | None = None
     checked = 0
     last_seq = records[-1].seq if records else 0

@@ -20,6 +20,7 @@ UTF-8 on their own decodes to the same text every time, so that text is cached p
 from __future__ import annotations
 
 import codecs
+import weakref
 from collections.abc import Iterable
 
 from troupe.actors.core.tokenizer_text import TextTokenizer
@@ -50,6 +51,31 @@ class TokenTexts:
                 return None
         self.texts[token_id] = text
         return text
+
+
+    def fill(self) -> None:
+        """Decode every id of the vocabulary now (a few tens of ms), not on the hot path."""
+        for token_id in range(self.tokenizer.vocab_size):
+            if token_id not in self.texts:
+                self.text(token_id)
+
+
+# A memo of a pure function (token id -> text), so sharing it between cores shares no state
+# anyone can observe; one per tokenizer object (loaded once per process) and skip setting.
+_shared: weakref.WeakKeyDictionary[TextTokenizer, dict[bool, TokenTexts]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def shared_token_texts(tokenizer: TextTokenizer, *, skip_special_tokens: bool) -> TokenTexts:
+    """The process-wide, fully decoded TokenTexts of this tokenizer and skip setting."""
+    tables = _shared.setdefault(tokenizer, {})
+    texts = tables.get(skip_special_tokens)
+    if texts is None:
+        texts = TokenTexts(tokenizer, skip_special_tokens=skip_special_tokens)
+        texts.fill()
+        tables[skip_special_tokens] = texts
+    return texts
 
 
 class IncrementalDetokenizer:

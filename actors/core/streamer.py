@@ -18,7 +18,7 @@ import dataclasses
 from collections.abc import Sequence
 
 import msgspec
-from troupe.actors.core.detokenizer import IncrementalDetokenizer, TokenTexts
+from troupe.actors.core.detokenizer import IncrementalDetokenizer, shared_token_texts
 from troupe.actors.core.stop_strings import StopStringMatcher
 from troupe.actors.core.tokenizer_text import TextTokenizer
 from troupe.messages import (
@@ -91,7 +91,7 @@ class StreamerCore:
         tokenizer.token_bytes(0)  # build the byte table now, not on the first token batch
         # Decoded text per token id, shared by all requests (one table per skip setting).
         self._texts = {
-            skip: TokenTexts(tokenizer, skip_special_tokens=skip) for skip in (False, True)
+            skip: shared_token_texts(tokenizer, skip_special_tokens=skip) for skip in (False, True)
         }
 
     @property
@@ -147,22 +147,24 @@ class StreamerCore:
                 # The hot path: new tokens of a running request without stop strings (what
                 # _advance would do, minus the stop-string matcher and the end handling).
                 push = stream.detokenizer.push
-                if len(token_ids) == 1:
+                num_tokens = len(token_ids)
+                if num_tokens == 1:
                     text = push(token_ids[0])
                 else:
                     text = "".join([push(token_id) for token_id in token_ids])
-                stream.num_output_tokens += len(token_ids)
+                stream.num_output_tokens += num_tokens
                 if stream.first_token_time is None:
                     stream.first_token_time = time
                 stream.last_token_time = time
                 if output.num_cached_tokens > stream.num_cached_tokens:
                     stream.num_cached_tokens = output.num_cached_tokens
+                logprobs = output.logprobs
                 add_event(
                     Delta(
                         request_id=output.request_id,
                         text=text,
                         token_ids=token_ids,
-                        logprobs=_kept(output.logprobs, len(token_ids)),
+                        logprobs=None if logprobs is None else logprobs[:num_tokens],
                     )
                 )
                 continue
