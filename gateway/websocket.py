@@ -54,6 +54,8 @@ class WsSession:
             max_frames=settings.max_buffered_frames, max_bytes=settings.max_buffered_bytes
         )
         self.pumps: dict[str, asyncio.Task[None]] = {}
+        self.engine_ids: dict[str, str] = {}  # client request id -> engine request id
+        self._aborts: set[asyncio.Task[None]] = set()
         self.cancelled: set[str] = set()
         self.session_id = uuid.uuid4().hex[:12]
         self.num_started = 0
@@ -124,11 +126,16 @@ class WsSession:
             case "generate":
                 self._generate(request_id, msg)
             case "cancel":
-                # Cancelling a finished or unknown request is a harmless race: ignore it.
-                task = self.pumps.get(request_id)
-                if task is not None:
+                # Cancelling a finished or unknown request is a harmless race: ignore it. The
+                # engine answers with its Aborted event (full usage), which ends the pump.
+                engine_id = self.engine_ids.get(request_id)
+                if engine_id is not None:
                     self.cancelled.add(request_id)
-                    task.cancel()
+                    abort = asyncio.create_task(
+                        self.gateway.engine.abort(engine_id, "cancelled by client")
+                    )
+                    self._aborts.add(abort)
+                    abort.add_done_callback(self._aborts.discard)
             case other:
                 message = f"'type' must be 'generate' or 'cancel', got {other!r}"
                 self.outbox_put(error_frame(request_id, "invalid_request", message, "type"))
@@ -167,6 +174,7 @@ class WsSession:
         # Unique per generate: a client may reuse its ids once a request has ended.
         self.num_started += 1
         engine_id = f"ws-{self.session_id}-{self.num_started}-{client_id}"
+        self.engine_ids[client_id] = engine_id
         events = engine.generate(prompt, params, request_id=engine_id)
         self.gateway.stream_opened()
         loop = asyncio.get_running_loop()
@@ -217,4 +225,5 @@ class WsSession:
         finally:
             self.gateway.stream_closed()
             self.pumps.pop(client_id, None)
+            self.engine_ids.pop(client_id, None)
             self.cancelled.discard(client_id)

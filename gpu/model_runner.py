@@ -20,9 +20,10 @@ from troupe.gpu.model_config import ModelConfig
 from troupe.gpu.models import DecoderModel
 from troupe.gpu.sampler import sample
 from troupe.gpu.sampling_batch import build_sampling_batch
-from troupe.gpu.step_inputs import RequestState, StepInputs, apply_seq_updates, build_step_inputs
+from troupe.gpu.request_states import RequestState, RequestStates
+from troupe.gpu.step_inputs import StepInputs, build_step_inputs
 from troupe.gpu.weights import load_model, read_config
-from troupe.messages import SampledToken, StepPlan
+from troupe.messages import SampledToken, StepPlan, TokenLogprob
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -62,8 +63,14 @@ class ModelRunner:
             dtype=model.dtype,
             device=self.device,
         )
-        self._states: dict[str, RequestState] = {}
         self._rng = np.random.default_rng(options.seed)
+        self._states = RequestStates(
+            max_model_len=options.max_model_len,
+            max_blocks_per_seq=self.max_blocks_per_seq,
+            block_size=options.block_size,
+            new_seed=lambda: int(self._rng.integers(0, 2**63 - 1)),
+            capacity=options.max_num_seqs,
+        )
         self._graphs: DecodeGraphs | None = None
         if self.device.type == "cuda" and not options.enforce_eager:
             self._graphs = DecodeGraphs(
@@ -138,7 +145,10 @@ class ModelRunner:
             for r, token, logprob in zip(rows, token_ids, logprobs, strict=True)
         )
 
-    def _sample(self, logits, states):
+    def _sample(
+        self, logits: torch.Tensor, states: list[RequestState]
+    ) -> tuple[list[int], tuple[TokenLogprob | None, ...]]:
+        """Token ids (one device->host copy) and logprobs of the sampled rows."""
         batch = build_sampling_batch(states, self.vocab_size, self.device)
         token_ids, logprobs = sample(logits, batch)
         return token_ids.tolist(), logprobs
@@ -151,21 +161,15 @@ class ModelRunner:
         return self._forward(prepared[1]).clone()
 
     def _prepare(self, plan: StepPlan) -> tuple[list[RequestState], StepInputs] | None:
-        for request_id in plan.released:
-            self._states.pop(request_id, None)
+        if plan.released:
+            self._states.release(plan.released)
         self.kv.swap_out(plan.swap_out)
         self.kv.swap_in(plan.swap_in)
         if not plan.seqs:
             return None
-        states = apply_seq_updates(
-            plan.seqs,
-            self._states,
-            max_model_len=self.max_model_len,
-            max_blocks_per_seq=self.max_blocks_per_seq,
-            block_size=self.block_size,
-            new_seed=lambda: int(self._rng.integers(0, 2**63 - 1)),
-        )
-        return states, build_step_inputs(plan.seqs, states, self.block_size, width=None)
+        states = self._states.apply(plan.seqs)
+        inputs = build_step_inputs(plan.seqs, states, self._states.tables, self.block_size)
+        return states, inputs
 
     def _forward(self, inputs: StepInputs) -> torch.Tensor:
         """fp32 logits of the sampled rows, in order."""

@@ -13,7 +13,9 @@ Logprobs come from the raw logits (no penalty, temperature 1), as vLLM's default
 from __future__ import annotations
 
 import dataclasses
+import functools
 
+import numpy as np
 import torch
 from troupe.messages import TokenLogprob
 
@@ -45,9 +47,32 @@ def row_keys(seed: int, position: int) -> tuple[int, int]:
     return key & _MASK32, key >> 32
 
 
+def _splitmix64_array(value: np.ndarray) -> np.ndarray:
+    """_splitmix64 on uint64 arrays (numpy array arithmetic wraps mod 2**64, silently)."""
+    value = value + np.uint64(0x9E3779B97F4A7C15)
+    value = (value ^ (value >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    value = (value ^ (value >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return value ^ (value >> np.uint64(31))  # type: ignore[no-any-return]
+
+
+def row_keys_array(seeds: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """int64 [S, 2]: row_keys for each (seed, position) pair, vectorised (uint64 inputs)."""
+    key = _splitmix64_array(seeds ^ _splitmix64_array(positions))
+    out = np.empty((len(key), 2), dtype=np.int64)
+    out[:, 0] = key & np.uint64(_MASK32)
+    out[:, 1] = key >> np.uint64(32)
+    return out
+
+
+@functools.lru_cache(maxsize=4)
+def _token_hashes(vocab_size: int, device: torch.device) -> torch.Tensor:
+    """The per-token half of the hash: fixed per vocabulary, so computed once."""
+    return _mix32(torch.arange(vocab_size, device=device, dtype=torch.int64) + 0x632BE5AB)
+
+
 def gumbel_noise(keys: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """[S, V] Gumbel(0, 1) noise from keys [S, 2] int64; a pure function of (key, token id)."""
-    token = _mix32(torch.arange(vocab_size, device=keys.device, dtype=torch.int64) + 0x632BE5AB)
+    token = _token_hashes(vocab_size, keys.device)
     x = _mix32(token[None, :] ^ keys[:, :1])
     x = _mix32((x + keys[:, 1:]) & _MASK32)
     uniform = ((x >> 8).float() + 0.5) * (1.0 / 2**24)  # in (0, 1): both logs stay finite

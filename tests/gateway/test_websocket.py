@@ -90,6 +90,7 @@ async def test_cancel(server) -> None:  # type: ignore[no-untyped-def]
         done = _check_one_terminal(frames)
         assert (done["type"], done["finish_reason"]) == ("done", "abort")
         assert done["usage"]["completion_tokens"] == sum(len(f["token_ids"]) for f in frames[:-1])
+        assert done["usage"]["prompt_tokens"] >= 1  # the engine's own Aborted event, full usage
         assert 0 < done["timings"]["ttft"] <= done["timings"]["e2e"]
         num_streamed = sum(len(f["token_ids"]) for f in frames[:-1])
         assert 1 <= num_streamed < 900
