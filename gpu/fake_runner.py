@@ -68,19 +68,23 @@ class _Seq:
 
 
 class _Store:
-    """One pool's contents: per-slot token, position and mix; per-block mix sums."""
+    """One pool's contents: per-slot token, position and mix; per-block mix sums.
+
+    Slot-major (`[slot, block]`): a slot's values across blocks are contiguous, so checking
+    the first position of every block a step reads is a 1-D gather."""
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
-        self.tok = np.full((num_blocks, block_size), -1, dtype=np.int64)
-        self.pos = np.full((num_blocks, block_size), -1, dtype=np.int64)
-        self.mix = np.zeros((num_blocks, block_size), dtype=_U64)
+        self.tok = np.full((block_size, num_blocks), -1, dtype=np.int64)
+        self.pos = np.full((block_size, num_blocks), -1, dtype=np.int64)
+        self.mix = np.zeros((block_size, num_blocks), dtype=_U64)
         self.sum = np.zeros(num_blocks, dtype=_U64)
 
     def copy_to(self, other: _Store, pairs: Sequence[tuple[int, int]]) -> None:
         src = np.fromiter((p[0] for p in pairs), np.int64, len(pairs))
         dst = np.fromiter((p[1] for p in pairs), np.int64, len(pairs))
-        for name in ("tok", "pos", "mix", "sum"):
-            getattr(other, name)[dst] = getattr(self, name)[src]
+        for name in ("tok", "pos", "mix"):
+            getattr(other, name)[:, dst] = getattr(self, name)[:, src]
+        other.sum[dst] = self.sum[src]
 
 
 class FakeRunner:
@@ -217,12 +221,12 @@ class FakeRunner:
 
     def _write(self, blocks: np.ndarray, positions: np.ndarray, tokens: np.ndarray) -> None:
         g, slots = self.gpu, positions % self.block_size
-        g.mix[blocks, slots] = slot_mix(positions, tokens)
-        g.pos[blocks, slots] = positions
-        g.tok[blocks, slots] = tokens
+        g.mix[slots, blocks] = slot_mix(positions, tokens)
+        g.pos[slots, blocks] = positions
+        g.tok[slots, blocks] = tokens
         # Each written block's sum, recomputed from its slots (wraps mod 2**64; a block
         # listed twice gets the same value twice).
-        g.sum[blocks] = g.mix[blocks].sum(axis=1, dtype=_U64)
+        g.sum[blocks] = g.mix[:, blocks].sum(axis=0, dtype=_U64)
 
     def _sample(
         self, sampled: list[_Seq], sampled_ids: list[str], end_list: list[int]
@@ -233,30 +237,24 @@ class FakeRunner:
         ends = np.array(end_list, np.int64)
         num_full = ends // bs
         rem = ends - num_full * bs
-        # Full blocks: their sums, read through each table (segment sums by reduceat).
-        seg_start = np.cumsum(num_full) - num_full
-        owner = np.repeat(np.arange(n), num_full)
-        index = np.arange(len(owner)) - seg_start[owner]  # block index within its table
-        full = self._tables[rows[owner], index]
-        sums = np.zeros(n, dtype=_U64)
-        has_full = num_full > 0
-        if len(full):
-            sums[has_full] = np.add.reduceat(g.sum[full], seg_start[has_full])
-        wrong = g.pos[full, 0] != index * bs
+        # Full blocks, read through each table: an (n, longest) matrix of block ids, masked
+        # past each sequence's own count (entries there are stale but valid ids).
+        width = int(num_full.max())
+        full = self._tables[rows, :width]
+        is_full = np.arange(width)[None, :] < num_full[:, None]
+        sums = np.where(is_full, g.sum[full], _U64(0)).sum(axis=1, dtype=_U64)
+        wrong = (is_full & (g.pos[0][full] != np.arange(0, width * bs, bs)[None, :])).any(axis=1)
         # The last, partial block: only the slots written so far.
         last_index = np.minimum(num_full, self._max_blocks - 1)  # unused where rem == 0
         last = np.where(rem > 0, self._tables[rows, last_index], 0)
-        mask = np.arange(bs)[None, :] < rem[:, None]
-        sums += np.where(mask, g.mix[last], _U64(0)).sum(axis=1, dtype=_U64)
-        expected = (num_full * bs)[:, None] + np.arange(bs)[None, :]
-        wrong_last = (mask & (g.pos[last] != expected)).any(axis=1)
-        if wrong.any() or wrong_last.any():
-            bad = sorted(
-                {int(o) for o in owner[wrong]} | {int(i) for i in np.flatnonzero(wrong_last)}
-            )
+        written = np.arange(bs)[:, None] < rem[None, :]  # [slot, sequence]
+        sums += np.where(written, g.mix[:, last], _U64(0)).sum(axis=0, dtype=_U64)
+        expected = (num_full * bs)[None, :] + np.arange(bs)[:, None]
+        wrong |= (written & (g.pos[:, last] != expected)).any(axis=0)
+        if wrong.any():
             raise RuntimeError(
                 "KV cache corruption: blocks hold the wrong positions for "
-                + ", ".join(repr(sampled_ids[i]) for i in bad)
+                + ", ".join(repr(sampled_ids[i]) for i in np.flatnonzero(wrong))
             )
         outputs = ends - self._num_prompt[rows]
         tokens = next_tokens(sums, ends, self._seeds[rows], outputs, self.eos_token_ids[0])

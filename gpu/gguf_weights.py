@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from troupe.gguf_file import GGUFFormatError, TensorInfo, read_gguf_tensor_infos, tensor_bytes
 from troupe.gpu.model_config import ModelConfig, ModelLoadError
 
 _TOP_LEVEL = {
@@ -28,26 +29,38 @@ _PER_LAYER = {
 }
 
 
-def _open(path: Path) -> Any:
-    import gguf
-
+def _read(path: Path) -> tuple[dict[str, Any], list[TensorInfo]]:
     try:
-        return gguf.GGUFReader(str(path))
-    except (OSError, ValueError) as exc:
-        raise ModelLoadError(f"{path}: not a readable GGUF file ({exc})") from exc
-
-
-def _fields(reader: Any) -> dict[str, Any]:
-    """Metadata as plain python values (token lists included)."""
-    return {name: field.contents() for name, field in reader.fields.items()}
+        return read_gguf_tensor_infos(path)
+    except GGUFFormatError as exc:
+        raise ModelLoadError(str(exc)) from exc
 
 
 def read_gguf_config(path: Path) -> ModelConfig:
     """ModelConfig from a GGUF file's metadata."""
-    reader = _open(path)
-    names = {t.name for t in reader.tensors}
-    fields = {k: v for k, v in _fields(reader).items() if k != "tokenizer.ggml.merges"}
+    metadata, infos = _read(path)
+    names = {t.name for t in infos}
+    fields = {k: v for k, v in metadata.items() if k != "tokenizer.ggml.merges"}
     return ModelConfig.from_gguf_fields(fields, has_output_weight="output.weight" in names)
+
+
+def _dequantize(path: Path, info: TensorInfo) -> np.ndarray:
+    """One tensor as a writable fp32 array of `info.shape`."""
+    import gguf
+
+    qtype = gguf.GGMLQuantizationType(info.ggml_type)
+    block, type_size = gguf.GGML_QUANT_SIZES[qtype]
+    num_values = int(np.prod(info.shape))
+    raw = tensor_bytes(path, info, num_values // block * type_size)
+    rows = raw.reshape(-1, info.shape[-1] // block * type_size)
+    try:
+        data = gguf.quants.dequantize(rows, qtype)
+    except NotImplementedError as exc:
+        raise ModelLoadError(
+            f"{path}: tensor {info.name!r} uses quantization {qtype.name}, "
+            "which the gguf package cannot dequantize"
+        ) from exc
+    return np.array(data, dtype=np.float32).reshape(info.shape)  # a copy: the file is mmapped
 
 
 def unpermute_rotary(weight: np.ndarray, num_heads: int) -> np.ndarray:
@@ -64,11 +77,9 @@ def unpermute_rotary(weight: np.ndarray, num_heads: int) -> np.ndarray:
 
 def iter_gguf_tensors(path: Path, config: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
     """(HF name, fp32 tensor) for every tensor, dequantized with gguf.quants."""
-    import gguf
-
-    reader = _open(path)
-    for tensor in reader.tensors:
-        name = tensor.name
+    _, infos = _read(path)
+    for info in infos:
+        name = info.name
         if name in _TOP_LEVEL:
             hf_name = _TOP_LEVEL[name]
         elif name.startswith("blk."):
@@ -78,19 +89,12 @@ def iter_gguf_tensors(path: Path, config: ModelConfig) -> Iterator[tuple[str, to
             hf_name = f"model.layers.{index}.{_PER_LAYER[rest]}"
         else:
             continue
-        try:
-            data = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
-        except NotImplementedError as exc:
-            raise ModelLoadError(
-                f"{path}: tensor {name!r} uses quantization {tensor.tensor_type.name}, "
-                "which the gguf package cannot dequantize"
-            ) from exc
-        data = np.array(data, dtype=np.float32)  # a writable copy: the file is mmapped
+        data = _dequantize(path, info)
         if rest_is(name, "attn_q.weight"):
             data = unpermute_rotary(data, config.num_heads)
         elif rest_is(name, "attn_k.weight"):
             data = unpermute_rotary(data, config.num_kv_heads)
-        yield hf_name, torch.from_numpy(data)
+        yield hf_name, torch.from_numpy(np.ascontiguousarray(data))
 
 
 def rest_is(name: str, suffix: str) -> bool:

@@ -128,6 +128,12 @@ def run_engine(
                 for prompt, n in zip(prompts, outputs, strict=True):
                     tg.start_soon(one, prompt, n)
             run_engine.elapsed = time.perf_counter() - start  # type: ignore[attr-defined]
+            # where the time went: the runner's share vs the actors' on the shared GIL
+            steps = engine.stats().num_steps
+            busy = engine.runner_busy_seconds
+            print(f"steps={steps} runner busy={busy:.2f}s ({1000 * busy / max(steps, 1):.2f} ms/step)")
+            actors = engine.actor_busy_seconds()
+            print("actor busy: " + ", ".join(f"{k}={v:.2f}s" for k, v in sorted(actors.items())))
 
     anyio.run(main)
     return total

@@ -72,13 +72,13 @@ class AllocatorCore:
         for op in batch.ops:
             kind = type(op)
             if kind is Grow:
-                added = self.grow(op.request_id, op.num_tokens)  # type: ignore[union-attr]
+                added = self.grow(op.request_id, op.num_tokens)
                 if added is None:
                     denied.append(op.request_id)
                 else:
                     grants.append(Grant(op.request_id, tuple(added)))
             elif kind is CacheBlocks:
-                self.cache_blocks(op.request_id, op.token_ids)  # type: ignore[union-attr]
+                self.cache_blocks(op.request_id, op.token_ids)
             elif kind is FreeRequest:
                 self.free(op.request_id)
             elif kind is SwapOut:
@@ -88,14 +88,14 @@ class AllocatorCore:
                 else:
                     swap_out.extend(pairs)
             elif kind is SwapIn:
-                pairs = self.swap_in(op.request_id, op.num_tokens, cpu_released)  # type: ignore[union-attr]
+                pairs = self.swap_in(op.request_id, op.num_tokens, cpu_released)
                 if pairs is None:
                     denied.append(op.request_id)
                 else:
                     swap_in.extend(pairs)
                     grants.append(Grant(op.request_id, tuple(self.seqs[op.request_id].table)))
             elif kind is AllocateNew:
-                got = self.allocate_new(op.request_id, op.token_ids, op.num_new_tokens)  # type: ignore[union-attr]
+                got = self.allocate_new(op.request_id, op.token_ids, op.num_new_tokens)
                 if got is None:
                     denied.append(op.request_id)
                 else:

@@ -52,7 +52,6 @@ class TokenTexts:
         self.texts[token_id] = text
         return text
 
-
     def fill(self) -> None:
         """Decode every id of the vocabulary now (a few tens of ms), not on the hot path."""
         for token_id in range(self.tokenizer.vocab_size):

@@ -220,7 +220,11 @@ class SchedulerCore(StepPlanner):
                 self.finish(req)
                 append(
                     SeqOutput(
-                        rid, (token_id,), FinishReason.STOP, token_id, logprobs,
+                        rid,
+                        (token_id,),
+                        FinishReason.STOP,
+                        token_id,
+                        logprobs,
                         req.num_cached_tokens,
                     )
                 )

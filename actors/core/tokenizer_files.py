@@ -12,8 +12,8 @@ from typing import Any
 
 from tokenizers import Tokenizer
 from troupe.actors.core.tokenizer_gguf import load_gguf_tokenizer
-from troupe.actors.core.tokenizer_gguf_metadata import GGUFFormatError
 from troupe.actors.core.tokenizer_text import TextTokenizer
+from troupe.gguf_file import GGUFFormatError
 
 
 class TokenizerLoadError(ValueError):

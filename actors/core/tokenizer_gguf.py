@@ -13,8 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
-from troupe.actors.core.tokenizer_gguf_metadata import MetadataValue, read_gguf_metadata
 from troupe.actors.core.tokenizer_text import TextTokenizer
+from troupe.gguf_file import MetadataValue, read_gguf_metadata
 
 # GGUF token types (llama.cpp's llama_token_type).
 _NORMAL, _UNKNOWN, _CONTROL, _USER_DEFINED, _UNUSED, _BYTE = 1, 2, 3, 4, 5, 6

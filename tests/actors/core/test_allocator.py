@@ -169,3 +169,18 @@ def test_caching_off_never_hits() -> None:
     apply(alloc, CacheBlocks("a", tuple(range(8))), FreeRequest("a"))
     res = apply(alloc, AllocateNew("b", tuple(range(9)), 9))
     assert res.grants[0].num_cached_tokens == 0 and res.num_gpu_cached == 0
+
+
+def test_prefix_cache_register_keeps_the_first_writer_and_rejects_a_reused_block() -> None:
+    from troupe.actors.core.prefix_cache import ROOT_SERIAL, PrefixCache
+
+    cache = PrefixCache()
+    s1 = cache.register(3, ROOT_SERIAL, (1, 2))
+    assert cache.register(3, ROOT_SERIAL, (1, 2)) == s1  # same block, same prefix: no-op
+    assert cache.register(7, ROOT_SERIAL, (1, 2)) == s1  # another block: first writer wins
+    assert not cache.is_cached(7) and cache.lookup(ROOT_SERIAL, (1, 2)) == 3
+    with pytest.raises(ValueError, match="block 3 is already registered"):
+        cache.register(3, s1, (5, 6))
+    assert cache.lookup(s1, (5, 6)) is None and len(cache) == 1  # the failed insert undone
+    cache.forget(3)
+    assert len(cache) == 0 and not cache.is_cached(3)

@@ -76,3 +76,23 @@ def test_deltas_concatenate_to_decode(tok: TextTokenizer, data: st.DataObject) -
             delta.encode("utf-8")  # no lone surrogates either
     else:
         assert "".join(deltas) + final == expected  # lossy the same way decode is
+
+
+def test_shared_text_table_serves_many_requests_without_mixing_their_bytes(
+    tok: TextTokenizer,
+) -> None:
+    from troupe.actors.core.detokenizer import TokenTexts
+
+    texts = TokenTexts(tok)
+    ids = tok.encode("Hi 😀! ok 😀")  # 40303 ends inside the emoji: it never enters the table
+    a = IncrementalDetokenizer(tok, texts=texts)
+    b = IncrementalDetokenizer(tok, texts=texts)
+    out_a, out_b = [], []
+    for i in ids:  # interleaved: b is mid-character whenever a is
+        out_a.append(a.push(i))
+        out_b.append(b.push(i))
+    assert out_a == out_b == ["Hi", " ", "😀", "!", " ok", " ", "😀"]
+    assert 40303 not in texts.texts and texts.texts[26843] == "Hi"
+    assert IncrementalDetokenizer(tok, texts=texts).push(2) == ""  # special, skipped
+    with pytest.raises(ValueError, match="skip_special_tokens"):
+        IncrementalDetokenizer(tok, skip_special_tokens=False, texts=texts)

@@ -1,20 +1,24 @@
-"""Read the key/value metadata of a GGUF file, and nothing else.
+"""A GGUF container reader: metadata and tensor directory, with `struct` and a memory map.
 
-The `gguf` package's reader parses every tensor header and wraps each array element in numpy
-views, which takes seconds for a 49k-token vocabulary. The tokenizer needs only the metadata
-section at the front of the file, so this reader walks it with `struct` and stops before the
-tensor infos. Layout (little-endian, GGUF v2/v3):
+Shared by the tokenizer (metadata only) and the weight loader (tensors). The `gguf` package's
+reader wraps every array element of the metadata in numpy views, which takes ~10 s for a
+49k-token vocabulary; this walks the same bytes in ~0.1 s. Layout (little-endian, GGUF v2/v3):
 
     magic "GGUF" | version u32 | tensor_count u64 | kv_count u64 | kv_count * (key, type, value)
-    key    = u64 length + utf-8 bytes
-    value  = scalar | string (u64 length + bytes) | array (elem type u32, count u64, elems)
+    | tensor_count * (name, n_dims u32, dims u64 * n_dims, ggml type u32, offset u64)
+    | padding to `general.alignment` (default 32) | tensor data (offsets relative to here)
+    key/name = u64 length + utf-8 bytes
+    value    = scalar | string (u64 length + bytes) | array (elem type u32, count u64, elems)
 """
 
 from __future__ import annotations
 
 import mmap
 import struct
+from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
 
 MetadataValue = int | float | bool | str | bytes | list["MetadataValue"]
 
@@ -54,6 +58,34 @@ def read_gguf_metadata(path: Path) -> dict[str, MetadataValue]:
         raise GGUFFormatError(f"{path}: not a GGUF file ({exc})") from exc
 
 
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    shape: tuple[int, ...]  # numpy order (GGUF stores dims fastest-first; reversed here)
+    ggml_type: int
+    offset: int  # absolute byte offset in the file
+
+
+def read_gguf_tensor_infos(path: Path) -> tuple[dict[str, MetadataValue], list[TensorInfo]]:
+    """Metadata and the tensor directory (names, shapes, types, absolute data offsets)."""
+    try:
+        with open(path, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+            parser = _Parser(buf, path)
+            metadata = parser.parse()
+            return metadata, parser.tensor_infos(metadata)
+    except (struct.error, IndexError) as exc:
+        raise GGUFFormatError(f"{path}: truncated or corrupt GGUF header ({exc})") from exc
+    except ValueError as exc:
+        if isinstance(exc, GGUFFormatError):
+            raise
+        raise GGUFFormatError(f"{path}: not a GGUF file ({exc})") from exc
+
+
+def tensor_bytes(path: Path, info: TensorInfo, num_bytes: int) -> np.ndarray:
+    """The raw bytes of one tensor, memory-mapped read-only (uint8)."""
+    return np.memmap(path, dtype=np.uint8, mode="r", offset=info.offset, shape=(num_bytes,))
+
+
 class _Parser:
     def __init__(self, data: mmap.mmap, path: Path) -> None:
         self._data = data
@@ -67,7 +99,7 @@ class _Parser:
         version = self._unpack("<I")
         if version not in (2, 3):
             raise GGUFFormatError(f"{self._path}: unsupported GGUF version {version} (need 2 or 3)")
-        self._unpack("<Q")  # tensor count: not needed here
+        self._num_tensors = self._unpack("<Q")
         num_kv = self._unpack("<Q")
         metadata: dict[str, MetadataValue] = {}
         for _ in range(num_kv):
@@ -77,6 +109,23 @@ class _Parser:
                 value_type
             )
         return metadata
+
+    def tensor_infos(self, metadata: dict[str, MetadataValue]) -> list[TensorInfo]:
+        """The tensor directory, read after `parse()` left off."""
+        raw: list[tuple[str, tuple[int, ...], int, int]] = []
+        for _ in range(self._num_tensors):
+            name = self._string()
+            num_dims = self._unpack("<I")
+            dims = struct.unpack_from(f"<{num_dims}Q", self._data, self._pos)
+            self._pos += 8 * num_dims
+            ggml_type = self._unpack("<I")
+            offset = self._unpack("<Q")
+            text = name if isinstance(name, str) else name.decode("utf-8", "replace")
+            raw.append((text, tuple(int(d) for d in reversed(dims)), ggml_type, offset))
+        alignment = metadata.get("general.alignment", 32)
+        assert isinstance(alignment, int)
+        start = -(-self._pos // alignment) * alignment
+        return [TensorInfo(n, shape, t, start + off) for n, shape, t, off in raw]
 
     def _unpack(self, fmt: str) -> int:
         (value,) = struct.unpack_from(fmt, self._data, self._pos)
