@@ -8,7 +8,6 @@ at capture, because a graph freezes every Python argument.
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 from troupe.gpu.attention import AttentionMetadata
 from troupe.gpu.models import DecoderModel, KVCache
@@ -76,6 +75,8 @@ class DecodeGraphs:
             self.graphs[size] = graph
         torch.cuda.synchronize(device)
         self.sizes = sorted(self.graphs)
+        self._host = _HostStaging(max_num_seqs, max_blocks_per_seq)
+        self._copied = torch.cuda.Event()  # type: ignore[no-untyped-call]
 
     def can_run(self, num_seqs: int) -> bool:
         return num_seqs <= self.max_batch
@@ -85,20 +86,47 @@ class DecodeGraphs:
         num_seqs = len(inputs.seq_lens)
         size = next(s for s in self.sizes if s >= num_seqs)
         width = min(inputs.block_tables.shape[1], self.width)
-        host_tables = np.zeros((size, self.width), dtype=np.int32)
-        host_tables[:num_seqs, :width] = inputs.block_tables[:, :width]
-        slots = np.full(size, -1, dtype=np.int64)
-        slots[:num_seqs] = inputs.slot_mapping
-        seq_lens = np.ones(size, dtype=np.int32)
-        seq_lens[:num_seqs] = inputs.seq_lens
-        ids = np.zeros(size, dtype=np.int64)
-        ids[:num_seqs] = inputs.input_ids
-        positions = np.zeros(size, dtype=np.int64)
-        positions[:num_seqs] = inputs.positions
-        self.input_ids[:size].copy_(torch.from_numpy(ids), non_blocking=True)
-        self.positions[:size].copy_(torch.from_numpy(positions), non_blocking=True)
-        self.slot_mapping[:size].copy_(torch.from_numpy(slots), non_blocking=True)
-        self.seq_lens[:size].copy_(torch.from_numpy(seq_lens), non_blocking=True)
-        self.block_tables[:size].copy_(torch.from_numpy(host_tables), non_blocking=True)
+        # one pinned staging area, reused: padding rows write nothing and read block 0
+        host = self._host
+        self._copied.synchronize()  # the previous step's copies have left the staging area
+        host.tables[:size] = 0
+        host.tables[:num_seqs, :width] = inputs.block_tables[:, :width]
+        host.slots[num_seqs:size] = -1
+        host.slots[:num_seqs] = inputs.slot_mapping
+        host.seq_lens[num_seqs:size] = 1
+        host.seq_lens[:num_seqs] = inputs.seq_lens
+        host.ids[num_seqs:size] = 0
+        host.ids[:num_seqs] = inputs.input_ids
+        host.positions[num_seqs:size] = 0
+        host.positions[:num_seqs] = inputs.positions
+        self.input_ids[:size].copy_(host.t_ids[:size], non_blocking=True)
+        self.positions[:size].copy_(host.t_positions[:size], non_blocking=True)
+        self.slot_mapping[:size].copy_(host.t_slots[:size], non_blocking=True)
+        self.seq_lens[:size].copy_(host.t_seq_lens[:size], non_blocking=True)
+        self.block_tables[:size].copy_(host.t_tables[:size], non_blocking=True)
+        self._copied.record()
         self.graphs[size].replay()
         return self.outputs[size][:num_seqs]
+
+
+class _HostStaging:
+    """Pinned host buffers of the graph inputs, with numpy views for filling them.
+
+    Before refilling, run() waits on an event recorded after the last copies (normally long
+    done: the runner reads each step's sampled ids back before the next step).
+    """
+
+    def __init__(self, max_num_seqs: int, width: int) -> None:
+        def pinned(*shape: int, dtype: torch.dtype) -> torch.Tensor:
+            return torch.zeros(*shape, dtype=dtype, pin_memory=True)
+
+        self.t_ids = pinned(max_num_seqs, dtype=torch.int64)
+        self.t_positions = pinned(max_num_seqs, dtype=torch.int64)
+        self.t_slots = pinned(max_num_seqs, dtype=torch.int64)
+        self.t_seq_lens = pinned(max_num_seqs, dtype=torch.int32)
+        self.t_tables = pinned(max_num_seqs, width, dtype=torch.int32)
+        self.ids = self.t_ids.numpy()
+        self.positions = self.t_positions.numpy()
+        self.slots = self.t_slots.numpy()
+        self.seq_lens = self.t_seq_lens.numpy()
+        self.tables = self.t_tables.numpy()

@@ -29,15 +29,15 @@ def available(logits: torch.Tensor) -> bool:
 if triton is not None:
 
     @triton.jit
-    def _mix32(x):  # noqa: ANN001, ANN202 - triton function
+    def _mix32(x):  # type: ignore[no-untyped-def]
         x = x ^ (x >> 16)
         x = x * 0x7FEB352D
         x = x ^ (x >> 15)
         x = x * 0x2C1B3C6D
         return x ^ (x >> 16)
 
-    @triton.jit
-    def _gumbel_argmax_kernel(  # noqa: ANN202 - triton kernel
+    @triton.jit  # type: ignore[untyped-decorator]
+    def _gumbel_argmax_kernel(  # type: ignore[no-untyped-def]
         logits_ptr,
         row_stride,
         temperature_ptr,

@@ -18,9 +18,9 @@ from troupe.gpu.kv_cache import (
 )
 from troupe.gpu.model_config import ModelConfig
 from troupe.gpu.models import DecoderModel
+from troupe.gpu.request_states import RequestState, RequestStates
 from troupe.gpu.sampler import sample
 from troupe.gpu.sampling_batch import build_sampling_batch
-from troupe.gpu.request_states import RequestState, RequestStates
 from troupe.gpu.step_inputs import StepInputs, build_step_inputs
 from troupe.gpu.weights import load_model, read_config
 from troupe.messages import SampledToken, StepPlan, TokenLogprob
@@ -178,13 +178,15 @@ class ModelRunner:
             and inputs.is_decode
             and self._graphs.can_run(len(inputs.seq_lens))
         ):
-            logits = self._graphs.run(inputs)
-            rows = torch.from_numpy(inputs.sampled_rows).to(self.device)
-            return logits[rows]
+            logits: torch.Tensor = self._graphs.run(inputs)
+            if len(inputs.sampled_rows) == len(inputs.seq_lens):
+                return logits  # every row samples, in order: no gather, no copy
+            picked: torch.Tensor = logits[host_to_device(inputs.sampled_rows, self.device)]
+            return picked
         meta = _to_device(inputs, self.device)
         hidden = self.model(
-            torch.from_numpy(inputs.input_ids).to(self.device, non_blocking=True),
-            torch.from_numpy(inputs.positions).to(self.device, non_blocking=True),
+            host_to_device(inputs.input_ids, self.device),
+            host_to_device(inputs.positions, self.device),
             meta,
             self.kv.layers,
         )
@@ -199,9 +201,17 @@ class ModelRunner:
             torch.cuda.empty_cache()
 
 
+def host_to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    """An async copy on CUDA: a pageable source would make the copy wait for the stream."""
+    tensor = torch.from_numpy(np.ascontiguousarray(array))
+    if device.type == "cuda":
+        tensor = tensor.pin_memory().to(device, non_blocking=True)
+    return tensor
+
+
 def _to_device(inputs: StepInputs, device: torch.device) -> AttentionMetadata:
     def put(array: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(array).to(device, non_blocking=True)
+        return host_to_device(array, device)
 
     return AttentionMetadata(
         slot_mapping=put(inputs.slot_mapping),

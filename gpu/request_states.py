@@ -43,7 +43,7 @@ def param_row(params: SamplingParams) -> np.ndarray:
 
 def needs_history(params: SamplingParams) -> bool:
     """Whether sampling reads the request's token history (any penalty)."""
-    return (
+    return bool(
         params.presence_penalty != 0.0
         or params.frequency_penalty != 0.0
         or params.repetition_penalty != 1.0

@@ -8,6 +8,7 @@ executor draws one for requests without).
 Order per row (vLLM semantics): repetition, frequency and presence penalties; greedy rows take
 the argmax here. Others: divide by temperature, top-k, top-p, then min-p, then Gumbel-max.
 Logprobs come from the raw logits (no penalty, temperature 1), as vLLM's default.
+On CUDA the noise and the argmax are one fused kernel (gpu/gumbel_argmax.py).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import functools
 
 import numpy as np
 import torch
+from troupe.gpu import gumbel_argmax
 from troupe.messages import TokenLogprob
 
 _MASK32 = 0xFFFFFFFF
@@ -143,13 +145,26 @@ def sample(
     """Token ids [S] (int64, on logits' device) and per-row logprobs (None where not asked)."""
     raw = logits
     logits = apply_penalties(logits.float(), batch)
-    greedy_ids = logits.argmax(dim=-1)
     if batch.all_greedy:
-        token_ids = greedy_ids
+        token_ids = logits.argmax(dim=-1)
+    elif gumbel_argmax.available(logits):
+        token_ids = _fused_draw(logits, batch)
     else:
         noisy = filter_logits(logits, batch) + gumbel_noise(batch.keys, logits.shape[-1])
-        token_ids = torch.where(batch.temperature > 0, noisy.argmax(dim=-1), greedy_ids)
+        token_ids = torch.where(batch.temperature > 0, noisy.argmax(dim=-1), logits.argmax(-1))
     return token_ids, _logprobs(raw, token_ids, batch.num_logprobs)
+
+
+def _fused_draw(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    """The same draw as the torch path through one kernel; filters (rare) still run in torch."""
+    if not (batch.use_top_k or batch.use_top_p or batch.use_min_p):
+        fused: torch.Tensor = gumbel_argmax.gumbel_argmax(logits, batch.temperature, batch.keys)
+        return fused
+    scaled = filter_logits(logits, batch)  # already divided by the temperature
+    is_random = batch.temperature > 0
+    drawn = gumbel_argmax.gumbel_argmax(scaled, is_random.float(), batch.keys)
+    out: torch.Tensor = torch.where(is_random, drawn, logits.argmax(dim=-1))
+    return out
 
 
 def _logprobs(

@@ -131,7 +131,9 @@ def run_engine(
             # where the time went: the runner's share vs the actors' on the shared GIL
             steps = engine.stats().num_steps
             busy = engine.runner_busy_seconds
-            print(f"steps={steps} runner busy={busy:.2f}s ({1000 * busy / max(steps, 1):.2f} ms/step)")
+            print(
+                f"steps={steps} runner busy={busy:.2f}s ({1000 * busy / max(steps, 1):.2f} ms/step)"
+            )
             actors = engine.actor_busy_seconds()
             print("actor busy: " + ", ".join(f"{k}={v:.2f}s" for k, v in sorted(actors.items())))
 

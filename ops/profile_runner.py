@@ -81,10 +81,10 @@ class Timers:
 
 def instrument(runner: ModelRunner, timers: Timers) -> None:
     """Wrap the runner's phase methods on the instance (the class is left alone)."""
-    runner._prepare = timers.wrap("prepare", runner._prepare)  # type: ignore[method-assign]
-    runner.model.forward = timers.wrap("forward", runner.model.forward)  # type: ignore[method-assign]
-    runner.model.compute_logits = timers.wrap("forward", runner.model.compute_logits)  # type: ignore[method-assign]
-    runner._sample = timers.wrap("sample", runner._sample)  # type: ignore[method-assign]
+    runner._prepare = timers.wrap("prepare", runner._prepare)
+    runner.model.forward = timers.wrap("forward", runner.model.forward)
+    runner.model.compute_logits = timers.wrap("forward", runner.model.compute_logits)
+    runner._sample = timers.wrap("sample", runner._sample)
 
 
 def drive(

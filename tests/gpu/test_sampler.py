@@ -6,9 +6,9 @@ import math
 
 import numpy as np
 import torch
+from troupe.gpu.request_states import RequestState
 from troupe.gpu.sampler import SamplingBatch, apply_penalties, filter_logits, row_keys, sample
 from troupe.gpu.sampling_batch import build_sampling_batch
-from troupe.gpu.request_states import RequestState
 from troupe.messages import SamplingParams
 
 VOCAB = 8
