@@ -1,0 +1,76 @@
+"""Where a decode step's time goes on the GPU: wall time per step vs CUDA kernel time, and the
+top kernels, for the Qwen3-0.6B shape at 256 sequences (random bf16 weights).
+
+    python -m troupe.ops.gpu_step_profile [--num-seqs 256] [--prompt-len 512] [--eager]
+
+Wall time per `ModelRunner.execute` (it ends with the copy of sampled ids to the host, so it
+includes all GPU work) against the sum of kernel times from torch.profiler: if wall is much
+larger, the step is CPU-bound (Python, launches, syncs); if close, the kernels are the cost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+from troupe.gpu.model_runner import ModelRunner, RunnerOptions
+from troupe.gpu.weights import build_model, qwen3_0_6b_config, random_weights
+from troupe.messages import StepPlan
+from troupe.ops.profile_runner import Timers, drive
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--num-seqs", type=int, default=256)
+    parser.add_argument("--prompt-len", type=int, default=512)
+    parser.add_argument("--num-decode", type=int, default=40)
+    parser.add_argument("--eager", action="store_true", help="no CUDA graphs")
+    args = parser.parse_args()
+    config = qwen3_0_6b_config()
+    device = torch.device("cuda")
+    weights = random_weights(config, torch.bfloat16, seed=0)
+    model = build_model(config, weights.items(), torch.bfloat16, device, 4096)
+    per_seq = -(-(args.prompt_len + args.num_decode + 8) // 16)
+    runner = ModelRunner(
+        config,
+        model,
+        RunnerOptions(
+            num_gpu_blocks=args.num_seqs * per_seq,
+            max_num_seqs=args.num_seqs,
+            max_model_len=4096,
+            enforce_eager=args.eager,
+        ),
+    )
+    release = StepPlan(step_id=-1, seqs=(), released=tuple(f"r{i}" for i in range(args.num_seqs)))
+    drive(runner, args.num_seqs, 5, args.prompt_len, Timers())  # warm-up, graph capture
+    runner.execute(release)
+    steps = drive(runner, args.num_seqs, args.num_decode, args.prompt_len, Timers())
+    runner.execute(release)
+    ctx = args.prompt_len + args.num_decode / 2
+    kv_bytes = args.num_seqs * ctx * 2 * config.num_layers * config.kv_size * 2
+    weight_bytes = 2 * sum(t.numel() for t in weights.values())
+    floor_ms = 1000 * (kv_bytes + weight_bytes) / 4.26e12
+    print(
+        f"decode {args.num_seqs} seqs, ctx ~{ctx:.0f}, graphs={not args.eager}: "
+        f"median {1000 * statistics.median(steps):.2f} ms/step, floor {floor_ms:.2f} ms"
+    )
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        start = time.perf_counter()
+        drive(runner, args.num_seqs, 6, args.prompt_len, Timers())
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - start
+    events = prof.key_averages()
+    cuda_total = sum(e.self_device_time_total for e in events) / 1000  # ms
+    print(
+        f"profiled 1 prefill + 6 decode steps: wall {1000 * wall:.1f} ms, kernels {cuda_total:.1f} ms"
+    )
+    print(events.table(sort_by="self_device_time_total", row_limit=18, max_name_column_width=60))
+    print(events.table(sort_by="self_cpu_time_total", row_limit=12, max_name_column_width=60))
+
+
+if __name__ == "__main__":
+    main()
