@@ -27,6 +27,7 @@ def main() -> None:
     parser.add_argument("--prompt-len", type=int, default=512)
     parser.add_argument("--num-decode", type=int, default=40)
     parser.add_argument("--eager", action="store_true", help="no CUDA graphs")
+    parser.add_argument("--cprofile", action="store_true", help="CPU profile of the decode steps")
     args = parser.parse_args()
     config = qwen3_0_6b_config()
     device = torch.device("cuda")
@@ -56,6 +57,20 @@ def main() -> None:
         f"decode {args.num_seqs} seqs, ctx ~{ctx:.0f}, graphs={not args.eager}: "
         f"median {1000 * statistics.median(steps):.2f} ms/step, floor {floor_ms:.2f} ms"
     )
+    if args.cprofile:
+        import cProfile
+        import pstats
+
+        cpu = cProfile.Profile()
+        timers = Timers()
+        timers.active = False
+        cpu.enable()
+        drive(runner, args.num_seqs, args.num_decode, args.prompt_len, timers)
+        cpu.disable()
+        runner.execute(release)
+        pstats.Stats(cpu).sort_stats("tottime").print_stats(30)
+        pstats.Stats(cpu).sort_stats("cumtime").print_stats(25)
+        return
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
