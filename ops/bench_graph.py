@@ -83,9 +83,14 @@ async def _run_level(
     }
 
 
-def main(config: EngineConfig, ns: argparse.Namespace | None = None) -> int:
-    levels = [ns.num_seqs] if ns is not None and ns.num_seqs else [1, 32, 256]
-    config = config.replace(runner="fake", max_num_seqs=max(levels), num_kv_blocks=8192)
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--num-seqs", type=int, default=None, help="one level instead of 1/32/256")
+    args = parser.parse_args(argv)
+    levels = [args.num_seqs] if args.num_seqs else [1, 32, 256]
+    config = EngineConfig(
+        runner="fake", max_num_seqs=max(levels), num_kv_blocks=8192, log_level="warning"
+    )
     rows = []
     for num_seqs in levels:
         for consumers in ("callback", "tasks"):
@@ -115,4 +120,4 @@ def main(config: EngineConfig, ns: argparse.Namespace | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(EngineConfig(runner="fake")))
+    sys.exit(main())

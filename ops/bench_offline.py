@@ -218,7 +218,33 @@ def run_runner(
     return sum(len(o) for o in outs)
 
 
-def main() -> None:
+def run_hf_peer(
+    folder: Path, prompts: list[list[int]], outputs: list[int], time_limit: float
+) -> tuple[int, float, int]:
+    """HF transformers' continuous batching on the same weights and workload, as
+    ../shared/bench/peer_baseline.py runs it: (tokens, seconds, requests done). Stops at
+    `time_limit` seconds and reports what it finished by then."""
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.bfloat16).cuda().eval()
+    gen = GenerationConfig(do_sample=True, temperature=0.6, max_new_tokens=1024, eos_token_id=-1)
+    manager = model.init_continuous_batching(generation_config=gen)
+    manager.warmup()
+    manager.start()
+    start = time.perf_counter()
+    ids = [manager.add_request(p, max_new_tokens=o) for p, o in zip(prompts, outputs, strict=True)]
+    done = tokens = 0
+    while done < len(ids) and time.perf_counter() - start < time_limit:
+        result = manager.get_result(timeout=1)
+        if result is not None and result.is_finished():
+            done += 1
+            tokens += len(result.generated_tokens)
+    elapsed = time.perf_counter() - start
+    manager.stop(block=True, timeout=10)
+    return tokens, elapsed, done
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mode", choices=("engine", "runner"), default="engine")
     parser.add_argument("--num-seqs", type=int, default=256)
@@ -226,7 +252,9 @@ def main() -> None:
     parser.add_argument("--max-num-batched-tokens", type=int, default=16384)
     parser.add_argument("--enforce-eager", action="store_true")
     parser.add_argument("--smoke", action="store_true", help="a 2-layer model: CPU smoke run")
-    args = parser.parse_args()
+    parser.add_argument("--peer", choices=("hf",), default=None, help="also run HF transformers")
+    parser.add_argument("--peer-time-limit", type=float, default=300.0)
+    args = parser.parse_args(argv)
     config = qwen3_0_6b_config()
     if args.smoke:
         config = dataclasses.replace(
@@ -246,13 +274,23 @@ def main() -> None:
         fn = run_engine if args.mode == "engine" else run_runner
         total = fn(folder, prompts, outputs, args)
         elapsed = fn.elapsed  # type: ignore[attr-defined]
+        peer = run_hf_peer(folder, prompts, outputs, args.peer_time_limit) if args.peer else None
     floor = physical_floor_s(config, prompts, outputs)
     print(f"mode={args.mode} seqs={args.num_seqs} output tokens={total} time={elapsed:.2f}s")
     print(f"throughput: {total / elapsed:,.0f} output tok/s")
     print(
         f"physical floor: {floor:.2f}s ({total / floor:,.0f} tok/s); reached {floor / elapsed:.1%}"
     )
+    if peer is not None:
+        tokens, seconds, done = peer
+        rate = tokens / seconds
+        print(
+            f"HF transformers continuous batching: {tokens} tokens in {seconds:.1f}s = "
+            f"{rate:,.0f} tok/s ({done}/{len(prompts)} requests done); "
+            f"troupe is {total / elapsed / rate:.1f}x"
+        )
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

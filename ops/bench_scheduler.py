@@ -188,8 +188,10 @@ def measure(num_seqs: int = 256, prompt_len: int = 1000, num_decode: int = 64) -
     }
 
 
-def main(ns: argparse.Namespace | None = None) -> int:
-    num_seqs = ns.num_seqs if ns is not None and getattr(ns, "num_seqs", None) else 256
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--num-seqs", type=int, default=256)
+    num_seqs = parser.parse_args(argv).num_seqs
     row = measure(num_seqs)
     verdict = "ok" if row["median_ms"] <= TARGET_MS else f"over the {TARGET_MS} ms target"
     print(

@@ -93,18 +93,16 @@ def _cmd_replay(ns: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_bench(ns: argparse.Namespace, config: EngineConfig) -> int:
-    if ns.workload == "graph":
-        from troupe.ops.bench_graph import main as bench_graph
+BENCHMARKS = ("graph", "scheduler", "offline")
 
-        return bench_graph(config, ns)
-    if ns.workload == "scheduler":
-        from troupe.ops.bench_scheduler import main as bench_scheduler
 
-        return bench_scheduler(ns)
-    from troupe.ops.bench_offline import main as bench_offline
+def _cmd_bench(workload: str, argv: list[str]) -> int:
+    """Each benchmark parses its own flags (`troupe bench offline --help`)."""
+    import importlib
 
-    return bench_offline(config, ns)
+    module = importlib.import_module(f"troupe.ops.bench_{workload}")
+    result: int = module.main(argv)
+    return result
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -130,12 +128,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_arguments(gen)
 
     bench = sub.add_parser(
-        "bench", help="benchmarks: graph overhead, scheduler, offline throughput"
+        "bench",
+        help="benchmarks: graph overhead, scheduler, offline throughput",
+        description="Run one benchmark; flags after its name are its own (`offline --help`).",
     )
-    bench.add_argument("workload", choices=["graph", "scheduler", "offline"])
-    bench.add_argument("--peer", choices=["hf"], default=None, help="offline: also run HF")
-    bench.add_argument("--num-seqs", type=int, default=None)
-    add_config_arguments(bench)
+    bench.add_argument("workload", choices=BENCHMARKS)
 
     rep = sub.add_parser("replay", help="re-drive a recorded trace and check every message")
     rep.add_argument("trace")
@@ -143,8 +140,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) >= 2 and args[0] == "bench" and args[1] in BENCHMARKS:
+        return _cmd_bench(args[1], args[2:])  # the rest are the benchmark's own flags
     parser = build_parser()
-    ns = parser.parse_args(argv)
+    ns = parser.parse_args(args)
     if ns.command == "replay":
         return _cmd_replay(ns)
     try:
@@ -156,8 +156,6 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(config.log_format, config.log_level)
     if ns.command == "generate":
         return _cmd_generate(ns, config)
-    if ns.command == "bench":
-        return _cmd_bench(ns, config)
     from troupe.gateway.server import run_serve
 
     return run_serve(ns, config)
