@@ -61,6 +61,7 @@ def core_args(
     preemption_mode: str,
     max_queued_requests: int,
     max_queued_tokens: int,
+    num_lookahead_tokens: int = 0,
 ) -> dict[str, dict[str, Any]]:
     """Constructor arguments of every core, from the config and the runner's numbers."""
     return {
@@ -82,6 +83,7 @@ def core_args(
             "enable_prefix_caching": enable_prefix_caching,
             "preemption_mode": preemption_mode,
             "eos_token_ids": list(eos_token_ids),
+            "num_lookahead_tokens": num_lookahead_tokens,
         },
         "allocator": {
             "block_size": block_size,

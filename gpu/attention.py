@@ -39,9 +39,9 @@ def select_ops(device: torch.device) -> ModuleType:
         try:
             from troupe.kernels import ops
 
-            return ops  # type: ignore[no-any-return]
+            return ops
         except ImportError:  # kernels not written yet: stay correct, if slower
             pass
     from troupe.gpu import torch_ops
 
-    return torch_ops  # type: ignore[no-any-return]
+    return torch_ops

@@ -1,8 +1,22 @@
-"""ModelRunner: the real Runner. Owns the model, the KV pools and per-request state."""
+"""ModelRunner: the real Runner. Owns the model, the KV pools and per-request state.
+
+Speculative continuation (on CUDA by default; TROUPE_SPECULATE=1/0 forces it on/off): when a
+step samples every sequence it ran, the runner launches the next decode step of those
+sequences right away, before its plan arrives, so the GPU computes while the actors plan:
+
+    execute(plan N):   forward N, sample N, tolist | launch N+1 (inputs: N's samples, pos + 1)
+    actors:                                         | update, plan, allocate  (GPU busy on N+1)
+    execute(plan N+1): plan is "the same step"? yes: tolist N+1's samples, launch N+2
+                                                no:  discard N+1, run plan N+1 normally
+
+The scheduler gives decodes one lookahead position (num_lookahead_tokens), so the runner owns
+the KV slot the speculated step writes.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 
 import numpy as np
@@ -18,12 +32,12 @@ from troupe.gpu.kv_cache import (
 )
 from troupe.gpu.model_config import ModelConfig
 from troupe.gpu.models import DecoderModel
-from troupe.gpu.request_states import RequestState, RequestStates
+from troupe.gpu.request_states import LOGPROBS, RequestState, RequestStates
 from troupe.gpu.sampler import sample
 from troupe.gpu.sampling_batch import build_sampling_batch
-from troupe.gpu.step_inputs import StepInputs, build_step_inputs
+from troupe.gpu.step_inputs import StepInputs, build_decode_inputs, build_step_inputs
 from troupe.gpu.weights import load_model, read_config
-from troupe.messages import SampledToken, StepPlan, TokenLogprob
+from troupe.messages import SampledToken, StepPlan
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -39,6 +53,25 @@ class RunnerOptions:
     max_model_len: int
     seed: int = 0
     enforce_eager: bool = True
+    speculate: bool | None = None  # launch the next decode step early; None: on CUDA only
+
+
+@dataclasses.dataclass(kw_only=True, eq=False)
+class _Speculation:
+    """A decode step launched before its plan arrived; its samples are still on the device."""
+
+    rows: dict[str, int]  # request id -> row of the launched batch
+    input_tokens: list[int]  # per row: the token fed (sampled by the step before)
+    positions: np.ndarray  # int64 per row: the position the step computes
+    token_ids: torch.Tensor  # int64 [rows] on the device: not read back yet
+
+
+def speculate_from_env() -> bool | None:
+    """TROUPE_SPECULATE: '1' forces speculation on, '0' off; unset or '' leaves the default."""
+    value = os.environ.get("TROUPE_SPECULATE", "")
+    if value not in ("", "0", "1"):
+        raise ConfigError(f"TROUPE_SPECULATE must be '0' or '1', got {value!r}")
+    return None if value == "" else value == "1"
 
 
 class ModelRunner:
@@ -80,6 +113,14 @@ class ModelRunner:
                 max_blocks_per_seq=self.max_blocks_per_seq,
                 max_model_len=options.max_model_len,
             )
+        self.speculate = (
+            options.speculate if options.speculate is not None else self.device.type == "cuda"
+        )
+        # the scheduler keeps one position past each decode in its table: the speculated slot
+        self.num_lookahead_tokens = 1 if self.speculate else 0
+        self.num_speculated = 0  # speculative steps launched
+        self.num_speculation_hits = 0  # ... whose plan matched, so their samples were used
+        self._pending: _Speculation | None = None
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> ModelRunner:
@@ -126,11 +167,32 @@ class ModelRunner:
             max_model_len=max_model_len,
             seed=config.seed,
             enforce_eager=config.enforce_eager,
+            speculate=speculate_from_env(),
         )
         return cls(model_config, model, options)
 
     def execute(self, plan: StepPlan) -> tuple[SampledToken, ...]:
         """Apply released, swap_out, swap_in, then run plan.seqs; one token per sampled seq."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            if not plan.seqs and not plan.swap_out and not plan.swap_in:
+                # Only releases: the speculated step is still the next one to run.
+                self._states.release(plan.released)
+                self._pending = pending
+                return ()
+            rows = _matching_rows(plan, pending)
+            if rows is not None:
+                return self._take(plan, pending, rows)
+            # Discard. The speculated step only wrote KV at position pos+1 of each of its
+            # requests, in blocks their tables own (the lookahead). A request that continues
+            # computes that slot again in this plan or a later one, with the same token and
+            # context: the same value. A request that ended never reads it, and the block is
+            # not full of committed tokens, so the prefix cache never hands it out; when the
+            # block is reused, its new owner writes a slot before reading it. Everything below
+            # (swap copies included) runs on the same CUDA stream after the speculated step,
+            # so a swap-out reads its blocks after that write and a reused block is written
+            # after it. Its samples are dropped; the state it advanced (num_tokens, history at
+            # pos+1) is rewritten by this plan's SeqWorks, position-indexed and idempotent.
         prepared = self._prepare(plan)
         if prepared is None:
             return ()
@@ -139,22 +201,88 @@ class ModelRunner:
         rows = inputs.sampled_rows.tolist()
         if not rows:
             return ()  # mid-prompt chunks only: the cache is filled, nothing is sampled
-        token_ids, logprobs = self._sample(logits, [states[r] for r in rows])
+        sampled_states = [states[r] for r in rows]
+        batch = build_sampling_batch(sampled_states, self.vocab_size, self.device)
+        ids_device, logprobs = sample(logits, batch)
+        token_ids = ids_device.tolist()  # the one device->host copy (waits for the step)
+        if self.speculate and len(rows) == len(plan.seqs):
+            # every sequence sampled: its next step is a decode of the token just sampled
+            next_pos = inputs.seq_lens.astype(np.int64)
+            self._speculate(states, next_pos, token_ids, [w.request_id for w in plan.seqs])
         return tuple(
             SampledToken(plan.seqs[r].request_id, token, logprob)
             for r, token, logprob in zip(rows, token_ids, logprobs, strict=True)
         )
 
-    def _sample(
-        self, logits: torch.Tensor, states: list[RequestState]
-    ) -> tuple[list[int], tuple[TokenLogprob | None, ...]]:
-        """Token ids (one device->host copy) and logprobs of the sampled rows."""
+    def _take(
+        self, plan: StepPlan, pending: _Speculation, rows: list[int]
+    ) -> tuple[SampledToken, ...]:
+        """The plan is the speculated step (or a subset of it): use its samples."""
+        if plan.released:
+            self._states.release(plan.released)  # ended requests drop out: samples discarded
+        # The plan's block_ids are lookahead blocks for the step after; its tokens and
+        # positions are what the speculated step already wrote.
+        states = self._states.apply(plan.seqs)
+        self.num_speculation_hits += 1
+        launched = pending.token_ids.tolist()  # waits for the speculated step
+        token_ids = [launched[r] for r in rows]
+        next_pos = pending.positions[rows] + 1
+        request_ids = [w.request_id for w in plan.seqs]
+        self._speculate(states, next_pos, token_ids, request_ids)
+        return tuple(
+            SampledToken(rid, token, None)
+            for rid, token in zip(request_ids, token_ids, strict=True)
+        )
+
+    def _speculate(
+        self,
+        states: list[RequestState],
+        next_pos: np.ndarray,
+        token_ids: list[int],
+        request_ids: list[str],
+    ) -> None:
+        """Launch the decode of `token_ids` at `next_pos` (one per state) without waiting.
+
+        Skipped when a table does not cover its next position (no lookahead block yet), past
+        max_model_len, or when a request wants logprobs (those are read back synchronously).
+        """
+        num_seqs = len(states)
+        num_blocks = np.fromiter((s.num_blocks for s in states), np.int64, num_seqs)
+        if (next_pos >= self.max_model_len).any() or (
+            num_blocks * self.block_size <= next_pos
+        ).any():
+            return
+        if any(s.param_row[LOGPROBS] >= 0 for s in states):
+            return
+        # The sampled tokens join the history exactly as the next plan's SeqWorks will put
+        # them (a rewrite by position, so a discarded speculation leaves nothing wrong).
+        for state, pos, token in zip(states, next_pos.tolist(), token_ids, strict=True):
+            state.num_tokens = pos + 1
+            if state.tokens is not None:
+                state.tokens[pos] = token
+        slots = np.fromiter((s.slot for s in states), np.int64, num_seqs)
+        inputs = build_decode_inputs(
+            np.asarray(token_ids, dtype=np.int64),
+            next_pos,
+            slots,
+            num_blocks,
+            self._states.tables,
+            self.block_size,
+        )
+        logits = self._forward(inputs)
         batch = build_sampling_batch(states, self.vocab_size, self.device)
-        token_ids, logprobs = sample(logits, batch)
-        return token_ids.tolist(), logprobs
+        ids_device, _ = sample(logits, batch)  # no logprobs asked: nothing is read back
+        self._pending = _Speculation(
+            rows={rid: i for i, rid in enumerate(request_ids)},
+            input_tokens=token_ids,
+            positions=next_pos,
+            token_ids=ids_device,
+        )
+        self.num_speculated += 1
 
     def logits(self, plan: StepPlan) -> torch.Tensor:
         """Like execute, but return the fp32 logits [sampled seqs, vocab] instead of sampling."""
+        self._pending = None  # stream order keeps its KV writes before this plan's
         prepared = self._prepare(plan)
         if prepared is None:
             return torch.empty(0, self.vocab_size, device=self.device)
@@ -196,9 +324,39 @@ class ModelRunner:
     def close(self) -> None:
         """Drop the graphs, caches and state so device memory can be reused."""
         self._graphs = None
+        self._pending = None
         self._states.clear()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
+
+
+def _matching_rows(plan: StepPlan, pending: _Speculation) -> list[int] | None:
+    """Rows of the speculated batch, in plan order, if the plan is the speculated step.
+
+    Each SeqWork must be a plain decode of a speculated request, fed the token sampled for it
+    with the position after, in the launch order; requests may drop out (they ended). No swaps.
+    """
+    if plan.swap_out or plan.swap_in:
+        return None
+    rows: list[int] = []
+    previous = -1
+    get, tokens, positions = pending.rows.get, pending.input_tokens, pending.positions.tolist()
+    for work in plan.seqs:
+        row = get(work.request_id)
+        if (
+            row is None
+            or row <= previous
+            or work.reset
+            or not work.sample
+            or work.params is not None
+            or len(work.token_ids) != 1
+            or work.token_ids[0] != tokens[row]
+            or work.start_pos != positions[row]
+        ):
+            return None
+        rows.append(row)
+        previous = row
+    return rows
 
 
 def host_to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:

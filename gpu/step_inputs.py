@@ -85,3 +85,38 @@ def build_step_inputs(
         max_query_len=int(lens.max(initial=0)),
         max_seq_len=int(seq_lens.max(initial=0)),
     )
+
+
+def build_decode_inputs(
+    input_ids: np.ndarray,
+    positions: np.ndarray,
+    slots: np.ndarray,
+    num_blocks: np.ndarray,
+    tables: np.ndarray,
+    block_size: int,
+) -> StepInputs:
+    """A pure-decode step from arrays (one token per sequence, every sequence samples).
+
+    The speculative step's inputs: no SeqWork to read, so nothing here loops per sequence.
+    `slots` index RequestStates.tables; `num_blocks` is each table's live length.
+    """
+    num_seqs = len(input_ids)
+    positions = positions.astype(np.int64, copy=False)
+    width = max(1, int(num_blocks.max(initial=1)))
+    step_tables = tables[:, :width][slots]
+    rows = np.arange(num_seqs)
+    slot_mapping = step_tables[rows, positions // block_size].astype(np.int64) * block_size
+    slot_mapping += positions % block_size
+    seq_lens = (positions + 1).astype(np.int32)
+    return StepInputs(
+        input_ids=input_ids.astype(np.int64, copy=False),
+        positions=positions,
+        slot_mapping=slot_mapping,
+        block_tables=step_tables,
+        seq_lens=seq_lens,
+        query_start_loc=np.arange(num_seqs + 1, dtype=np.int32),
+        logits_indices=rows.astype(np.int64),
+        sampled_rows=rows.astype(np.int64),
+        max_query_len=1,
+        max_seq_len=int(seq_lens.max(initial=0)),
+    )

@@ -19,6 +19,7 @@ import random
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 from troupe.gpu.model_config import ModelConfig
@@ -134,6 +135,11 @@ def run_engine(
             print(
                 f"steps={steps} runner busy={busy:.2f}s ({1000 * busy / max(steps, 1):.2f} ms/step)"
             )
+            runner = getattr(getattr(engine, "_executor", None), "runner", None)
+            if hasattr(runner, "num_speculated"):
+                print(
+                    f"speculated steps={runner.num_speculated} hits={runner.num_speculation_hits}"
+                )
             actors = engine.actor_busy_seconds()
             print("actor busy: " + ", ".join(f"{k}={v:.2f}s" for k, v in sorted(actors.items())))
 
@@ -226,8 +232,11 @@ def run_hf_peer(
     `time_limit` seconds and reports what it finished by then."""
     from transformers import AutoModelForCausalLM, GenerationConfig
 
-    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.bfloat16).cuda().eval()
-    gen = GenerationConfig(do_sample=True, temperature=0.6, max_new_tokens=1024, eos_token_id=-1)
+    model: Any = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.bfloat16)
+    model = model.cuda().eval()
+    gen = GenerationConfig(  # type: ignore[no-untyped-call]
+        do_sample=True, temperature=0.6, max_new_tokens=1024, eos_token_id=-1
+    )
     manager = model.init_continuous_batching(generation_config=gen)
     manager.warmup()
     manager.start()

@@ -67,34 +67,32 @@ class AllocatorCore:
         # CPU blocks read by this step's swap-ins must not be rewritten by its swap-outs (the
         # executor copies out before in), so they return to the pool only after the batch.
         cpu_released: list[int] = []
-        # Dispatch on the exact type, commonest first (a decode step is mostly Grow and
-        # CacheBlocks): cheaper than a match statement's chain of isinstance checks.
+        # Dispatch commonest first (a decode step is mostly Grow and CacheBlocks).
         for op in batch.ops:
-            kind = type(op)
-            if kind is Grow:
+            if isinstance(op, Grow):
                 added = self.grow(op.request_id, op.num_tokens)
                 if added is None:
                     denied.append(op.request_id)
                 else:
                     grants.append(Grant(op.request_id, tuple(added)))
-            elif kind is CacheBlocks:
+            elif isinstance(op, CacheBlocks):
                 self.cache_blocks(op.request_id, op.token_ids)
-            elif kind is FreeRequest:
+            elif isinstance(op, FreeRequest):
                 self.free(op.request_id)
-            elif kind is SwapOut:
+            elif isinstance(op, SwapOut):
                 pairs = self.swap_out(op.request_id)
                 if pairs is None:
                     swap_failed.append(op.request_id)
                 else:
                     swap_out.extend(pairs)
-            elif kind is SwapIn:
+            elif isinstance(op, SwapIn):
                 pairs = self.swap_in(op.request_id, op.num_tokens, cpu_released)
                 if pairs is None:
                     denied.append(op.request_id)
                 else:
                     swap_in.extend(pairs)
                     grants.append(Grant(op.request_id, tuple(self.seqs[op.request_id].table)))
-            elif kind is AllocateNew:
+            elif isinstance(op, AllocateNew):
                 got = self.allocate_new(op.request_id, op.token_ids, op.num_new_tokens)
                 if got is None:
                     denied.append(op.request_id)

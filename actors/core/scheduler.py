@@ -55,6 +55,7 @@ class SchedulerCore(StepPlanner):
         enable_prefix_caching: bool = True,
         preemption_mode: str = "auto",
         eos_token_ids: Iterable[int] = (),
+        num_lookahead_tokens: int = 0,
     ) -> None:
         super().__init__(
             block_size=block_size,
@@ -64,6 +65,7 @@ class SchedulerCore(StepPlanner):
             max_num_batched_tokens=max_num_batched_tokens,
             enable_prefix_caching=enable_prefix_caching,
             preemption_mode=preemption_mode,
+            num_lookahead_tokens=num_lookahead_tokens,
         )
         self.eos_token_ids = frozenset(eos_token_ids)
         self.phase: Phase = "idle"

@@ -17,6 +17,15 @@ The planner keeps an exact count of allocatable GPU blocks (free + cached) from 
 AllocationResult, mirrors every request's block table with reference counts (it is the
 allocator's only client), and reserves the upper bound for new requests (prefix-cache hits
 only lower the need), so the allocator's grants do not fail.
+
+Lookahead (num_lookahead_tokens = k > 0): a decoding request's table covers k positions past
+its tokens, so an executor that speculates the next decode step already owns the block it
+writes (see gpu/model_runner.py). Decodes and sampled prefill chunks grow to that cover, and the
+extra blocks count in the free-block accounting and preemption like any other need. New
+requests get it at their first decode: AllocateNew never covers past the prompt.
+
+    tokens  t0 .. t9 | t10 (to compute)   block_size 4, k = 1
+    table   [b0 b1 b2]  covers 12 >= 11 + 1 positions: the next step's KV slot is owned
 """
 
 from __future__ import annotations
@@ -59,6 +68,7 @@ class StepPlanner:
         max_num_batched_tokens: int,
         enable_prefix_caching: bool,
         preemption_mode: str,
+        num_lookahead_tokens: int = 0,
     ) -> None:
         if preemption_mode not in PREEMPTION_MODES:
             raise ValueError(
@@ -73,6 +83,9 @@ class StepPlanner:
         ):
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
+        if num_lookahead_tokens < 0:
+            raise ValueError(f"num_lookahead_tokens must be >= 0, got {num_lookahead_tokens}")
+        self.num_lookahead_tokens = num_lookahead_tokens
         self.block_size = block_size
         self.num_gpu_blocks = num_gpu_blocks
         self.num_cpu_blocks = num_cpu_blocks
@@ -194,6 +207,7 @@ class StepPlanner:
         prefills: list[Request] = []
         running = Status.RUNNING
         avail = self._avail
+        lookahead = self.num_lookahead_tokens
         # Decodes first, in priority order; prefills after, with what budget is left. Iterate a
         # snapshot: preemption removes victims from self.running while this loop runs.
         for req in list(self.running):
@@ -205,18 +219,21 @@ class StepPlanner:
             if len(req.token_ids) - computed != 1:
                 prefills.append(req)
                 continue
-            # The hot path: a decode is one token and needs a new block only at a boundary.
-            if computed < len(req.table) * bs:
+            # The hot path: a decode is one token and needs a new block only at a boundary
+            # (its table covers computed + 1 + lookahead positions after this step).
+            if computed + lookahead < len(req.table) * bs:
                 planned[req.request_id] = (req, 1, 0)
                 budget -= 1
-            elif avail >= 1:
-                planned[req.request_id] = (req, 1, 1)
+                continue
+            need = self.blocks_for(computed + 1 + lookahead) - len(req.table)
+            if avail >= need:
+                planned[req.request_id] = (req, 1, need)
                 growing.append(req)
                 budget -= 1
-                avail -= 1
+                avail -= need
             else:
                 self._avail = avail
-                budget = self._fit(req, 1, 1, budget, growing)
+                budget = self._fit(req, 1, need, budget, growing)
                 avail = self._avail
         self._avail = avail
         for req in prefills:
@@ -225,17 +242,20 @@ class StepPlanner:
             if req.status != running:
                 continue  # preempted earlier in this loop
             n = min(len(req.token_ids) - req.num_computed, budget)
-            need = self.blocks_for(req.num_computed + n) - len(req.table)
+            need = self.blocks_for(req.num_computed + n + self._lookahead(req, n)) - len(req.table)
+            need = max(need, 0)
             if need > self._avail:
-                # A prefill chunk shrinks to the blocks there are before preempting.
+                # A prefill chunk shrinks to the blocks there are before preempting (a last chunk
+                # that fits only without its lookahead keeps its length and goes without).
                 fit = (len(req.table) + self._avail) * bs - req.num_computed
                 if fit >= 1:
-                    n, need = fit, self._avail
+                    n = min(n, fit)
+                    need = max(self.blocks_for(req.num_computed + n) - len(req.table), 0)
             budget = self._fit(req, n, need, budget, growing)
         for req in growing:
             entry = planned.get(req.request_id)
             if entry is not None:  # not undone by a later preemption
-                self._op(Grow(req.request_id, req.num_computed + entry[1]))
+                self._op(Grow(req.request_id, self._cover(req, entry[1], entry[2])))
         if not self._preempted:
             budget = self._resume_swapped(budget)
             if not self.swapped:
@@ -247,6 +267,18 @@ class StepPlanner:
             return None
         self.step_id += 1
         return AllocateBatch(step_id=self.step_id, ops=tuple(ops))
+
+    def _lookahead(self, req: Request, n: int) -> int:
+        """Positions past the chunk its table must cover: the lookahead if the chunk samples."""
+        return self.num_lookahead_tokens if req.num_computed + n == req.num_tokens else 0
+
+    def _cover(self, req: Request, n: int, need: int) -> int:
+        """Tokens the table covers after granting `need` blocks for an `n`-token chunk (a Grow's
+        num_tokens): the chunk plus its lookahead, capped at what `need` was counted for."""
+        end = req.num_computed + n
+        if not self.num_lookahead_tokens:
+            return end
+        return min(end + self._lookahead(req, n), (len(req.table) + need) * self.block_size)
 
     def _fit(self, req: Request, n: int, need: int, budget: int, growing: list[Request]) -> int:
         """Plan `n` tokens of a running request that needs `need` more blocks, preempting from
@@ -312,11 +344,12 @@ class StepPlanner:
         while self.swapped and budget > 0 and len(self.running) < self.max_num_seqs:
             req = self.swapped[0]
             n = min(req.num_tokens - req.num_computed, budget)
-            total = max(req.num_cpu_blocks, self.blocks_for(req.num_computed + n))
+            cover = req.num_computed + n + self._lookahead(req, n)
+            total = max(req.num_cpu_blocks, self.blocks_for(cover))
             if total > self._avail:
                 break
             self.swapped.pop(0)
-            self._op(SwapIn(req.request_id, req.num_computed + n))
+            self._op(SwapIn(req.request_id, cover))
             self._avail -= total
             req.status = Status.RUNNING
             self.enqueue(self.running, req)

@@ -218,7 +218,9 @@ class StreamerCore:
                 request_id=rid,
                 text=text,
                 token_ids=token_ids,
-                finish_reason=FinishReason.STOP if matched is not None else FinishReason(reason),
+                finish_reason=FinishReason.STOP
+                if matched is not None or reason is None
+                else reason,
                 stop_reason=matched if matched is not None else output.stop_reason,
                 usage=stream.usage(),
                 timings=stream.timings(time),

@@ -39,7 +39,7 @@ class TokenizerCore:
     def handle(self, batch: Sequence[TokenizerInbox]) -> list[tuple[str, msgspec.Struct]]:
         """Tokenize a batch of requests; return (outbox, message) pairs in send order."""
         # Pass 1: decide what each request needs encoded (or why it is rejected).
-        outcome: list[tuple[int, str] | RequestRejected | list[int] | None] = []
+        outcome: list[tuple[str, int] | RequestRejected | list[int] | None] = []
         prompts: list[str] = []
         chats: list[str] = []
         for msg in batch:

@@ -9,7 +9,6 @@ from typing import Any
 import anyio
 import pytest
 import torch
-
 from graph_helpers import collect, terminal, token_ids, wait_blocks_free
 from troupe import Engine, EngineConfig, SamplingParams
 from troupe.actors.graph import load_tokenizer_for

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 from troupe.actors.core.tokenizer_files import TokenizerLoadError, load_tokenizer
-from troupe.gguf_file import read_gguf_metadata
 from troupe.actors.core.tokenizer_text import TextTokenizer
 from troupe.config import default_model_path
+from troupe.gguf_file import read_gguf_metadata
 
 TEXTS = [
     "Hello, world!",

@@ -1,0 +1,347 @@
+"""Speculative continuation in the ModelRunner: the same plans through a speculating runner and
+a plain one give the same tokens, and the hit counters say when the early step was used."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+import torch
+from graph_helpers import collect, terminal, token_ids, wait_blocks_free
+from troupe import Engine, EngineConfig
+from troupe.gpu.model_runner import ModelRunner, RunnerOptions
+from troupe.gpu.weights import load_model
+from troupe.messages import Finished, SamplingParams, SeqWork, StepPlan
+
+BLOCK_SIZE = 4
+GREEDY = SamplingParams(temperature=0.0, max_tokens=64)
+
+
+def make_runner(path: Path, *, speculate: bool) -> ModelRunner:
+    config, model = load_model(path, torch.float32, torch.device("cpu"), 128)
+    options = RunnerOptions(
+        block_size=BLOCK_SIZE,
+        num_gpu_blocks=64,
+        num_cpu_blocks=32,
+        max_model_len=128,
+        speculate=speculate,
+    )
+    return ModelRunner(config, model, options)
+
+
+@dataclasses.dataclass
+class Seq:
+    prompt: list[int]
+    params: SamplingParams
+    blocks: list[int] = dataclasses.field(default_factory=list)
+    cpu_blocks: list[int] = dataclasses.field(default_factory=list)
+    num_computed: int = 0
+    output: list[int] = dataclasses.field(default_factory=list)
+    needs_reset: bool = True
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.prompt + self.output
+
+
+class LookaheadDriver:
+    """Hand-built plans like the scheduler's with num_lookahead_tokens=1: whole prompts, then
+    decodes, each table covering one position past the chunk it computes."""
+
+    def __init__(self, runner: ModelRunner) -> None:
+        self.runner = runner
+        self.free = list(range(runner.num_gpu_blocks))
+        self.cpu_free = list(range(runner.num_cpu_blocks))
+        self.seqs: dict[str, Seq] = {}
+        self.step_id = 0
+        self.log: list[dict[str, int]] = []  # sampled tokens per step
+
+    def add(self, rid: str, prompt: list[int], params: SamplingParams = GREEDY) -> None:
+        self.seqs[rid] = Seq(prompt, params)
+
+    def _work(self, rid: str) -> SeqWork:
+        seq = self.seqs[rid]
+        tokens = seq.tokens[seq.num_computed :]
+        end = seq.num_computed + len(tokens)
+        need = -(-(end + 1) // BLOCK_SIZE) - len(seq.blocks)  # the lookahead position too
+        added = [self.free.pop(0) for _ in range(max(need, 0))]
+        seq.blocks += added
+        first = not any(seq.output) and seq.num_computed == 0
+        work = SeqWork(
+            request_id=rid,
+            token_ids=tuple(tokens),
+            start_pos=seq.num_computed,
+            block_ids=tuple(seq.blocks) if seq.needs_reset else tuple(added),
+            reset=seq.needs_reset,
+            params=seq.params if first else None,
+            num_prompt_tokens=len(seq.prompt) if first else 0,
+        )
+        seq.needs_reset = False
+        seq.num_computed = end
+        return work
+
+    def step(self, ids: list[str], **fields: Any) -> dict[str, int]:
+        works = tuple(self._work(rid) for rid in ids)
+        self.step_id += 1
+        out = self.runner.execute(StepPlan(step_id=self.step_id, seqs=works, **fields))
+        got = {t.request_id: t.token_id for t in out}
+        assert list(got) == ids
+        for rid, token in got.items():
+            self.seqs[rid].output.append(token)
+        self.log.append(got)
+        return got
+
+    def finish(self, rid: str) -> str:
+        """End a request: its blocks return to the pool; release it in the next plan."""
+        seq = self.seqs.pop(rid)
+        self.free += seq.blocks
+        return rid
+
+    def swap_out(self, rid: str) -> tuple[tuple[int, int], ...]:
+        seq = self.seqs[rid]
+        seq.cpu_blocks = [self.cpu_free.pop(0) for _ in seq.blocks]
+        pairs = tuple(zip(seq.blocks, seq.cpu_blocks, strict=True))
+        self.free += seq.blocks
+        seq.blocks = []
+        return pairs
+
+    def swap_in(self, rid: str) -> tuple[tuple[int, int], ...]:
+        seq = self.seqs[rid]
+        seq.blocks = [self.free.pop(0) for _ in seq.cpu_blocks]
+        pairs = tuple(zip(seq.cpu_blocks, seq.blocks, strict=True))
+        self.cpu_free += seq.cpu_blocks
+        seq.cpu_blocks = []
+        seq.needs_reset = True
+        return pairs
+
+
+@pytest.fixture
+def qwen3(hf_folder: Any) -> Path:
+    folder, _ = hf_folder("qwen3", max_position_embeddings=128)
+    return Path(folder)
+
+
+def both(qwen3: Path, scenario: Any) -> tuple[LookaheadDriver, LookaheadDriver]:
+    """Run `scenario(driver)` on a plain and a speculating runner; assert equal tokens."""
+    plain = LookaheadDriver(make_runner(qwen3, speculate=False))
+    spec = LookaheadDriver(make_runner(qwen3, speculate=True))
+    scenario(plain)
+    scenario(spec)
+    assert spec.log == plain.log
+    assert plain.runner.num_speculated == 0 and plain.runner.num_lookahead_tokens == 0
+    assert spec.runner.num_lookahead_tokens == 1
+    return plain, spec
+
+
+def prompts() -> dict[str, list[int]]:
+    return {
+        "a": [(7 * j + 3) % 256 for j in range(5)],
+        "b": [(11 * j + 1) % 256 for j in range(7)],
+        "c": [(13 * j + 5) % 256 for j in range(8)],  # ends on a block boundary
+    }
+
+
+def test_pure_decode_hits_every_step(qwen3: Path) -> None:
+    def scenario(d: LookaheadDriver) -> None:
+        for rid, prompt in prompts().items():
+            d.add(rid, prompt)
+        for _ in range(9):
+            d.step(["a", "b", "c"])
+
+    plain, spec = both(qwen3, scenario)
+    assert spec.runner.num_speculated == 9  # after the prefill and after each decode
+    assert spec.runner.num_speculation_hits == 8
+    assert len({tuple(s.output) for s in plain.seqs.values()}) == 3  # not a degenerate model
+
+
+def test_request_finishing_is_a_subset_hit(qwen3: Path) -> None:
+    def scenario(d: LookaheadDriver) -> None:
+        for rid, prompt in prompts().items():
+            d.add(rid, prompt)
+        for _ in range(3):
+            d.step(["a", "b", "c"])
+        released = d.finish("b")
+        d.step(["a", "c"], released=(released,))
+        d.runner.execute(StepPlan(step_id=99, seqs=(), released=()))  # nothing to run
+        for _ in range(3):
+            d.step(["a", "c"])
+        d.finish("a")
+        d.step(["c"])  # released later: state lingers, the plan is still a subset
+
+    _, spec = both(qwen3, scenario)
+    assert spec.runner.num_speculation_hits == spec.runner.num_speculated - 1 == 7
+
+
+def test_new_request_misses_then_hits_again(qwen3: Path) -> None:
+    def scenario(d: LookaheadDriver) -> None:
+        p = prompts()
+        d.add("a", p["a"])
+        d.add("b", p["b"])
+        for _ in range(3):
+            d.step(["a", "b"])
+        d.add("c", p["c"])
+        d.step(["a", "b", "c"])  # a prefill joins: miss, yet every seq samples: speculate
+        for _ in range(3):
+            d.step(["a", "b", "c"])
+        d.step(["b", "a", "c"])  # another order: miss
+
+    _, spec = both(qwen3, scenario)
+    assert spec.runner.num_speculated == 8
+    assert spec.runner.num_speculation_hits == 2 + 3
+
+
+def test_swap_out_is_a_miss(qwen3: Path) -> None:
+    def scenario(d: LookaheadDriver) -> None:
+        for rid, prompt in prompts().items():
+            d.add(rid, prompt)
+        for _ in range(3):
+            d.step(["a", "b", "c"])
+        d.step(["a", "b"], swap_out=d.swap_out("c"))  # miss, though a subset
+        d.step(["a", "b"])
+        d.step(["a", "b", "c"], swap_in=d.swap_in("c"))  # miss: swap-in and a reset
+        for _ in range(2):
+            d.step(["a", "b", "c"])
+
+    _, spec = both(qwen3, scenario)
+    assert spec.runner.num_speculated == 8
+    assert spec.runner.num_speculation_hits == 2 + 1 + 2
+
+
+def test_seeded_sampling_and_penalties_match(qwen3: Path) -> None:
+    params = {
+        "a": SamplingParams(temperature=0.9, seed=1234, max_tokens=64),
+        "b": SamplingParams(temperature=1.3, seed=99, top_k=20, top_p=0.9, max_tokens=64),
+        "c": SamplingParams(
+            temperature=0.7,
+            seed=5,
+            repetition_penalty=1.3,
+            frequency_penalty=0.4,
+            presence_penalty=0.2,
+            max_tokens=64,
+        ),
+    }
+
+    def scenario(d: LookaheadDriver) -> None:
+        for rid, prompt in prompts().items():
+            d.add(rid, prompt, params[rid])
+        for _ in range(5):
+            d.step(["a", "b", "c"])
+        d.step(["a", "c"], swap_out=d.swap_out("b"))  # a discarded step must not skew history
+        for _ in range(4):
+            d.step(["a", "c"])
+
+    plain, spec = both(qwen3, scenario)
+    assert spec.runner.num_speculation_hits == 4 + 4
+    assert len(set(plain.seqs["a"].output)) > 3  # really sampled, not a constant
+
+
+def test_no_speculation_without_lookahead_or_with_logprobs(qwen3: Path) -> None:
+    runner = make_runner(qwen3, speculate=True)
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6]  # 8 tokens: exactly two blocks, no room for position 8
+    work = SeqWork(
+        request_id="x",
+        token_ids=tuple(prompt),
+        start_pos=0,
+        block_ids=(0, 1),
+        reset=True,
+        params=GREEDY,
+        num_prompt_tokens=8,
+    )
+    runner.execute(StepPlan(step_id=1, seqs=(work,)))
+    assert runner.num_speculated == 0
+    logprob = SamplingParams(temperature=0.0, logprobs=2, max_tokens=8)
+    work = SeqWork(
+        request_id="y",
+        token_ids=tuple(prompt),
+        start_pos=0,
+        block_ids=(2, 3, 4),
+        reset=True,
+        params=logprob,
+        num_prompt_tokens=8,
+    )
+    (token,) = runner.execute(StepPlan(step_id=2, seqs=(work,), released=("x",)))
+    assert token.logprob is not None and runner.num_speculated == 0
+
+
+# -- the whole engine ------------------------------------------------------------------------
+
+
+def _add_tokenizer(folder: Path) -> None:
+    """A word-level tokenizer over the tiny vocabulary, so the engine can load the folder."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel({f"w{i}": i for i in range(256)}, unk_token="w0"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({"unk_token": "w0"}))
+
+
+async def _run_engine(config: EngineConfig) -> tuple[list[list[int]], Any, Any]:
+    lengths = [3, 17, 6, 11, 1]
+    results: dict[int, list[Any]] = {}
+    async with Engine.open(config) as engine:
+
+        async def one(i: int, n: int) -> None:
+            prompt = [(17 * i + 5 * j + 1) % 256 for j in range(4 + 3 * i)]
+            params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
+            results[i] = await collect(engine, prompt, params)
+
+        async with anyio.create_task_group() as tg:
+            for i, n in enumerate(lengths):
+                tg.start_soon(one, i, n)
+        await wait_blocks_free(engine, timeout=60)
+        stats = engine.stats()
+        assert engine._executor is not None
+        runner = engine._executor.runner
+    for events in results.values():
+        assert isinstance(terminal(events), Finished)
+    tokens = [token_ids(results[i]) for i in range(len(lengths))]
+    assert [len(t) for t in tokens] == lengths
+    return tokens, stats, runner
+
+
+def test_engine_same_tokens_with_speculation(
+    qwen3: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = tmp_path / "model"
+    folder.mkdir()
+    for file in qwen3.iterdir():
+        (folder / file.name).write_bytes(file.read_bytes())
+    _add_tokenizer(folder)
+    config = EngineConfig(
+        device="cpu",
+        model=str(folder),
+        num_kv_blocks=48,
+        num_cpu_blocks=8,
+        block_size=4,
+        max_model_len=128,
+        max_num_seqs=4,
+    )
+    monkeypatch.setenv("TROUPE_SPECULATE", "0")
+    plain, plain_stats, plain_runner = anyio.run(_run_engine, config)
+    monkeypatch.setenv("TROUPE_SPECULATE", "1")
+    spec, spec_stats, spec_runner = anyio.run(_run_engine, config)
+    assert spec == plain
+    assert spec_stats.num_gpu_blocks_used == 0 and plain_stats.num_gpu_blocks_used == 0
+    assert len({tuple(t) for t in plain}) == len(plain)  # distinct outputs: not degenerate
+    assert plain_runner.num_speculated == 0
+    # the scheduler got the lookahead: most decode steps were taken from the early launch
+    assert spec_runner.num_speculation_hits >= 8
+    assert spec_runner.num_speculated >= spec_runner.num_speculation_hits
+
+
+def test_bad_env_value_fails_loudly(monkeypatch: pytest.MonkeyPatch) -> None:
+    from troupe.config import ConfigError
+    from troupe.gpu.model_runner import speculate_from_env
+
+    monkeypatch.setenv("TROUPE_SPECULATE", "yes")
+    with pytest.raises(ConfigError, match="TROUPE_SPECULATE"):
+        speculate_from_env()
+    monkeypatch.setenv("TROUPE_SPECULATE", "1")
+    assert speculate_from_env() is True
+    monkeypatch.delenv("TROUPE_SPECULATE")
+    assert speculate_from_env() is None
