@@ -206,6 +206,9 @@ class Engine:
                 if batch.stats is not None:
                     self._stats = batch.stats
                 cut_off = self._streams.dispatch(batch, time.monotonic(), self._listeners)
+                for event in batch.events:
+                    if event.is_terminal:
+                        _log_end(event)
                 for request_id in cut_off:
                     assert self._tg is not None
                     self._tg.start_soon(self._send_abort, request_id, "stream reader too slow")
@@ -333,6 +336,7 @@ class Engine:
         if request_id in self._streams:
             message = f"request_id {request_id!r} is already in use"
             return self._reject_here(request_id, RejectCode.INVALID_REQUEST, "request_id", message)
+        log.debug("request received", request_id=request_id, max_tokens=request.params.max_tokens)
         return request
 
     async def _send_request(self, request: GenerateRequest) -> None:
@@ -346,10 +350,24 @@ class Engine:
         self, request_id: str, code: RejectCode, field: str | None, message: str
     ) -> Rejected:
         event = Rejected(request_id=request_id, code=code, field=field, message=message)
+        _log_end(event)
         now = time.monotonic()
         for listener in self._listeners:
             listener(event, now)
         return event
+
+
+def _log_end(event: StreamEvent) -> None:
+    """One line per request at its end, bound to its request_id (debug level: busy servers)."""
+    fields: dict[str, Any] = {"request_id": event.request_id, "finish_reason": event.finish_reason}
+    usage = getattr(event, "usage", None)
+    if usage is not None:
+        fields["prompt_tokens"] = usage.prompt_tokens
+        fields["completion_tokens"] = usage.completion_tokens
+    message = getattr(event, "message", None)
+    if message:
+        fields["message"] = message
+    log.debug("request ended", **fields)
 
 
 class _Counter:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Any
+from typing import IO, Any
 
 import msgspec
 import structlog
@@ -14,8 +14,14 @@ def _json(obj: Any, **_: Any) -> bytes:
     return msgspec.json.encode(obj, enc_hook=str)
 
 
-def configure_logging(fmt: str = "console", level: str = "info") -> None:
-    """Configure structlog once for the process. Request ids travel as bound key `request_id`."""
+def configure_logging(
+    fmt: str = "console", level: str = "info", stream: IO[Any] | None = None
+) -> None:
+    """Configure structlog for the process: JSON lines (msgspec) or console text on `stream`
+    (default stderr). Every line about a request carries `request_id`.
+
+    Loggers are not cached on first use, so configuring again (tests, embedding apps) takes
+    effect everywhere, module-level loggers included."""
     numeric = logging.getLevelNamesMapping().get(level.upper())
     if numeric is None:
         raise ValueError(f"log_level must be a logging level name, got {level!r}")
@@ -31,14 +37,16 @@ def configure_logging(fmt: str = "console", level: str = "info") -> None:
                 structlog.processors.format_exc_info,
                 structlog.processors.JSONRenderer(serializer=_json),
             ],
-            logger_factory=structlog.BytesLoggerFactory(sys.stderr.buffer),
+            logger_factory=structlog.BytesLoggerFactory(
+                stream if stream is not None else sys.stderr.buffer
+            ),
             wrapper_class=structlog.make_filtering_bound_logger(numeric),
-            cache_logger_on_first_use=True,
+            cache_logger_on_first_use=False,
         )
     else:
         structlog.configure(
             processors=[*shared, structlog.dev.ConsoleRenderer(colors=False)],
-            logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+            logger_factory=structlog.PrintLoggerFactory(stream or sys.stderr),
             wrapper_class=structlog.make_filtering_bound_logger(numeric),
-            cache_logger_on_first_use=True,
+            cache_logger_on_first_use=False,
         )
