@@ -37,7 +37,7 @@ from troupe.gpu.sampler import sample
 from troupe.gpu.sampling_batch import build_sampling_batch
 from troupe.gpu.step_inputs import StepInputs, build_decode_inputs, build_step_inputs
 from troupe.gpu.weights import load_model, read_config
-from troupe.messages import SampledToken, StepPlan
+from troupe.messages import SampledToken, StepPlan, TokenLogprob
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -201,10 +201,7 @@ class ModelRunner:
         rows = inputs.sampled_rows.tolist()
         if not rows:
             return ()  # mid-prompt chunks only: the cache is filled, nothing is sampled
-        sampled_states = [states[r] for r in rows]
-        batch = build_sampling_batch(sampled_states, self.vocab_size, self.device)
-        ids_device, logprobs = sample(logits, batch)
-        token_ids = ids_device.tolist()  # the one device->host copy (waits for the step)
+        token_ids, logprobs = self._sample(logits, [states[r] for r in rows])
         if self.speculate and len(rows) == len(plan.seqs):
             # every sequence sampled: its next step is a decode of the token just sampled
             next_pos = inputs.seq_lens.astype(np.int64)
@@ -213,6 +210,14 @@ class ModelRunner:
             SampledToken(plan.seqs[r].request_id, token, logprob)
             for r, token, logprob in zip(rows, token_ids, logprobs, strict=True)
         )
+
+    def _sample(
+        self, logits: torch.Tensor, states: list[RequestState]
+    ) -> tuple[list[int], tuple[TokenLogprob | None, ...]]:
+        """Token ids (one device->host copy: waits for the step) and logprobs of the rows."""
+        batch = build_sampling_batch(states, self.vocab_size, self.device)
+        token_ids, logprobs = sample(logits, batch)
+        return token_ids.tolist(), logprobs
 
     def _take(
         self, plan: StepPlan, pending: _Speculation, rows: list[int]
