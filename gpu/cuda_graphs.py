@@ -81,8 +81,12 @@ class DecodeGraphs:
     def can_run(self, num_seqs: int) -> bool:
         return num_seqs <= self.max_batch
 
-    def run(self, inputs: StepInputs) -> torch.Tensor:
-        """fp32 logits [S, vocab] of a pure-decode step (a view into the graph's output)."""
+    def run(self, inputs: StepInputs, input_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """fp32 logits [S, vocab] of a pure-decode step (a view into the graph's output).
+
+        `input_ids` (int64 [S] on the device) replaces inputs.input_ids: a copy queued on the
+        stream, so it may be the output of work not finished yet.
+        """
         num_seqs = len(inputs.seq_lens)
         size = next(s for s in self.sizes if s >= num_seqs)
         width = min(inputs.block_tables.shape[1], self.width)
@@ -105,6 +109,8 @@ class DecodeGraphs:
         self.seq_lens[:size].copy_(host.t_seq_lens[:size], non_blocking=True)
         self.block_tables[:size].copy_(host.t_tables[:size], non_blocking=True)
         self._copied.record()
+        if input_ids is not None:
+            self.input_ids[:num_seqs].copy_(input_ids)
         self.graphs[size].replay()
         return self.outputs[size][:num_seqs]
 

@@ -6,7 +6,8 @@ sequences right away, before its plan arrives, so the GPU computes while the act
 
     execute(plan N):   forward N, sample N, tolist | launch N+1 (inputs: N's samples, pos + 1)
     actors:                                         | update, plan, allocate  (GPU busy on N+1)
-    execute(plan N+1): plan is "the same step"? yes: tolist N+1's samples, launch N+2
+    execute(plan N+1): plan is "the same step"? yes: launch N+2 fed N+1's ids on the device,
+                                                     then read N+1's ids (copied before N+2)
                                                 no:  discard N+1, run plan N+1 normally
 
 The scheduler gives decodes one lookahead position (num_lookahead_tokens), so the runner owns
@@ -61,9 +62,18 @@ class _Speculation:
     """A decode step launched before its plan arrived; its samples are still on the device."""
 
     rows: dict[str, int]  # request id -> row of the launched batch
-    input_tokens: list[int]  # per row: the token fed (sampled by the step before)
     positions: np.ndarray  # int64 per row: the position the step computes
     token_ids: torch.Tensor  # int64 [rows] on the device: not read back yet
+    host_ids: torch.Tensor  # their copy to (pinned) host memory, queued right after sampling
+    copied: torch.cuda.Event | None  # recorded after that copy; None on the CPU
+    input_tokens: list[int] = dataclasses.field(default_factory=list)  # per row: token fed
+
+    def read(self) -> list[int]:
+        """The sampled ids on the host; waits for this step only, not for work queued later."""
+        if self.copied is not None:
+            self.copied.synchronize()
+        out: list[int] = self.host_ids.tolist()
+        return out
 
 
 def speculate_from_env() -> bool | None:
@@ -205,7 +215,8 @@ class ModelRunner:
         if self.speculate and len(rows) == len(plan.seqs):
             # every sequence sampled: its next step is a decode of the token just sampled
             next_pos = inputs.seq_lens.astype(np.int64)
-            self._speculate(states, next_pos, token_ids, [w.request_id for w in plan.seqs])
+            request_ids = [w.request_id for w in plan.seqs]
+            self._pending = self._launch(states, next_pos, request_ids, token_ids)
         return tuple(
             SampledToken(plan.seqs[r].request_id, token, logprob)
             for r, token, logprob in zip(rows, token_ids, logprobs, strict=True)
@@ -229,26 +240,42 @@ class ModelRunner:
         # positions are what the speculated step already wrote.
         states = self._states.apply(plan.seqs)
         self.num_speculation_hits += 1
-        launched = pending.token_ids.tolist()  # waits for the speculated step
-        token_ids = [launched[r] for r in rows]
         next_pos = pending.positions[rows] + 1
         request_ids = [w.request_id for w in plan.seqs]
-        self._speculate(states, next_pos, token_ids, request_ids)
+        # Without penalties the following step needs no host copy of these samples: feed the
+        # device ids and queue it before waiting, so the GPU goes from one step to the next.
+        # Penalty history needs the tokens on the host first.
+        early = all(s.tokens is None for s in states)
+        following = None
+        if early:
+            device_ids = pending.token_ids
+            if len(rows) != len(pending.rows):
+                device_ids = device_ids[host_to_device(np.asarray(rows), self.device)]
+            following = self._launch(states, next_pos, request_ids, device_ids)
+        launched = pending.read()  # waits for the speculated step's samples
+        token_ids = [launched[r] for r in rows]
+        if early:
+            if following is not None:
+                following.input_tokens = token_ids
+        else:
+            following = self._launch(states, next_pos, request_ids, token_ids)
+        self._pending = following
         return tuple(
             SampledToken(rid, token, None)
             for rid, token in zip(request_ids, token_ids, strict=True)
         )
 
-    def _speculate(
+    def _launch(
         self,
         states: list[RequestState],
         next_pos: np.ndarray,
-        token_ids: list[int],
         request_ids: list[str],
-    ) -> None:
-        """Launch the decode of `token_ids` at `next_pos` (one per state) without waiting.
+        token_ids: list[int] | torch.Tensor,
+    ) -> _Speculation | None:
+        """Queue the decode of `token_ids` (host list, or device ids with no penalty state) at
+        `next_pos`, one per state, and the copy of its samples to the host; wait for nothing.
 
-        Skipped when a table does not cover its next position (no lookahead block yet), past
+        None when a table does not cover its next position (no lookahead block yet), past
         max_model_len, or when a request wants logprobs (those are read back synchronously).
         """
         num_seqs = len(states)
@@ -256,34 +283,48 @@ class ModelRunner:
         if (next_pos >= self.max_model_len).any() or (
             num_blocks * self.block_size <= next_pos
         ).any():
-            return
+            return None
         if any(s.param_row[LOGPROBS] >= 0 for s in states):
-            return
-        # The sampled tokens join the history exactly as the next plan's SeqWorks will put
-        # them (a rewrite by position, so a discarded speculation leaves nothing wrong).
-        for state, pos, token in zip(states, next_pos.tolist(), token_ids, strict=True):
-            state.num_tokens = pos + 1
-            if state.tokens is not None:
-                state.tokens[pos] = token
+            return None
+        # The fed tokens join the history exactly as the next plan's SeqWorks will put them
+        # (a rewrite by position, so a discarded speculation leaves nothing wrong).
+        positions = next_pos.tolist()
+        if isinstance(token_ids, list):
+            device_ids = None
+            host_ids = np.asarray(token_ids, dtype=np.int64)
+            for state, pos, token in zip(states, positions, token_ids, strict=True):
+                state.num_tokens = pos + 1
+                if state.tokens is not None:
+                    state.tokens[pos] = token
+        else:
+            device_ids, host_ids = token_ids, np.zeros(num_seqs, dtype=np.int64)
+            for state, pos in zip(states, positions, strict=True):
+                assert state.tokens is None, "penalty history needs the fed tokens on the host"
+                state.num_tokens = pos + 1
         slots = np.fromiter((s.slot for s in states), np.int64, num_seqs)
         inputs = build_decode_inputs(
-            np.asarray(token_ids, dtype=np.int64),
-            next_pos,
-            slots,
-            num_blocks,
-            self._states.tables,
-            self.block_size,
+            host_ids, next_pos, slots, num_blocks, self._states.tables, self.block_size
         )
-        logits = self._forward(inputs)
+        logits = self._forward(inputs, device_ids)
         batch = build_sampling_batch(states, self.vocab_size, self.device)
         ids_device, _ = sample(logits, batch)  # no logprobs asked: nothing is read back
-        self._pending = _Speculation(
+        copied = None
+        if self.device.type == "cuda":
+            host = torch.empty(num_seqs, dtype=torch.int64, pin_memory=True)
+            host.copy_(ids_device, non_blocking=True)
+            copied = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            copied.record()
+        else:
+            host = ids_device
+        self.num_speculated += 1
+        return _Speculation(
             rows={rid: i for i, rid in enumerate(request_ids)},
-            input_tokens=token_ids,
             positions=next_pos,
             token_ids=ids_device,
+            host_ids=host,
+            copied=copied,
+            input_tokens=token_ids if isinstance(token_ids, list) else [],
         )
-        self.num_speculated += 1
 
     def logits(self, plan: StepPlan) -> torch.Tensor:
         """Like execute, but return the fp32 logits [sampled seqs, vocab] instead of sampling."""
@@ -304,21 +345,22 @@ class ModelRunner:
         inputs = build_step_inputs(plan.seqs, states, self._states.tables, self.block_size)
         return states, inputs
 
-    def _forward(self, inputs: StepInputs) -> torch.Tensor:
-        """fp32 logits of the sampled rows, in order."""
+    def _forward(self, inputs: StepInputs, input_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """fp32 logits of the sampled rows, in order. `input_ids` (on the device) replaces
+        inputs.input_ids: a speculated step fed the previous step's samples without a copy."""
         if (
             self._graphs is not None
             and inputs.is_decode
             and self._graphs.can_run(len(inputs.seq_lens))
         ):
-            logits: torch.Tensor = self._graphs.run(inputs)
+            logits: torch.Tensor = self._graphs.run(inputs, input_ids)
             if len(inputs.sampled_rows) == len(inputs.seq_lens):
                 return logits  # every row samples, in order: no gather, no copy
             picked: torch.Tensor = logits[host_to_device(inputs.sampled_rows, self.device)]
             return picked
         meta = _to_device(inputs, self.device)
         hidden = self.model(
-            host_to_device(inputs.input_ids, self.device),
+            host_to_device(inputs.input_ids, self.device) if input_ids is None else input_ids,
             host_to_device(inputs.positions, self.device),
             meta,
             self.kv.layers,

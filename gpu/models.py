@@ -60,16 +60,19 @@ class DecoderLayer(nn.Module):
         x, residual = ops.rms_norm(hidden, self.input_layernorm, eps, residual)  # type: ignore[attr-defined]
         qkv = F.linear(x, self.qkv_proj, self.qkv_bias)
         num_tokens = qkv.shape[0]
-        q, k, v = torch.split(qkv, [c.q_size, c.kv_size, c.kv_size], dim=-1)
-        q = q.reshape(num_tokens, c.num_heads, c.head_dim)
-        k = k.reshape(num_tokens, c.num_kv_heads, c.head_dim)
-        v = v.reshape(num_tokens, c.num_kv_heads, c.head_dim)
-        if self.q_norm is not None and self.k_norm is not None:
-            q = ops.rms_norm(q.reshape(-1, c.head_dim), self.q_norm, eps)[0].view_as(q)  # type: ignore[attr-defined]
-            k = ops.rms_norm(k.reshape(-1, c.head_dim), self.k_norm, eps)[0].view_as(k)  # type: ignore[attr-defined]
-        q, k = ops.rotary(q.contiguous(), k.contiguous(), positions, cos_sin)  # type: ignore[attr-defined]
         k_cache, v_cache = kv_cache
-        ops.write_kv(k, v.contiguous(), k_cache, v_cache, meta.slot_mapping)  # type: ignore[attr-defined]
+        # q/k norm (Qwen3), rotary and the KV write in one pass; None weights skip the norm
+        q = ops.prepare_qkv(  # type: ignore[attr-defined]
+            qkv,
+            self.q_norm,
+            self.k_norm,
+            eps,
+            positions,
+            cos_sin,
+            k_cache,
+            v_cache,
+            meta.slot_mapping,
+        )
         if meta.is_decode:
             attn = ops.paged_decode_attention(  # type: ignore[attr-defined]
                 q,
@@ -94,8 +97,8 @@ class DecoderLayer(nn.Module):
             )
         hidden = F.linear(attn.reshape(num_tokens, c.q_size), self.o_proj)
         x, residual = ops.rms_norm(hidden, self.post_attention_layernorm, eps, residual)  # type: ignore[attr-defined]
-        gate, up = F.linear(x, self.gate_up_proj).chunk(2, dim=-1)
-        return F.linear(F.silu(gate) * up, self.down_proj), residual
+        act = ops.silu_mul(F.linear(x, self.gate_up_proj))  # type: ignore[attr-defined]
+        return F.linear(act, self.down_proj), residual
 
 
 class DecoderModel(nn.Module):

@@ -22,8 +22,10 @@ __all__ = [
     "build_cos_sin_cache",
     "paged_attention",
     "paged_decode_attention",
+    "prepare_qkv",
     "rms_norm",
     "rotary",
+    "silu_mul",
     "use_triton",
     "write_kv",
 ]
@@ -139,3 +141,56 @@ def rotary(
 
         return rotary_triton(q, k, positions, cos_sin_cache)
     return reference.rotary_ref(q, k, positions, cos_sin_cache)
+
+
+def prepare_qkv(
+    qkv: torch.Tensor,
+    q_norm_weight: torch.Tensor | None,
+    k_norm_weight: torch.Tensor | None,
+    eps: float,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> torch.Tensor:
+    """The attention prologue on the fused projection output qkv [T, (Hq + 2*Hkv) * D].
+
+    Per head RMSNorm of q and k over D (Qwen3; only when both weights are given), neox rotary
+    at positions [T], k and v written to the caches at slot_mapping [T] (< 0 skips). Hkv and D
+    come from the cache shape. Returns q [T, Hq, D], new and contiguous, in qkv's dtype.
+    """
+    if use_triton(qkv):
+        from .qkv_prepare import prepare_qkv_triton
+
+        return prepare_qkv_triton(
+            qkv,
+            q_norm_weight,
+            k_norm_weight,
+            eps,
+            positions,
+            cos_sin_cache,
+            k_cache,
+            v_cache,
+            slot_mapping,
+        )
+    return reference.prepare_qkv_ref(
+        qkv,
+        q_norm_weight,
+        k_norm_weight,
+        eps,
+        positions,
+        cos_sin_cache,
+        k_cache,
+        v_cache,
+        slot_mapping,
+    )
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """SwiGLU: silu(gate) * up for gate_up [T, 2I] = [gate | up]; returns [T, I], fp32 math."""
+    if use_triton(gate_up):
+        from .silu_mul import silu_mul_triton
+
+        return silu_mul_triton(gate_up)
+    return reference.silu_mul_ref(gate_up)

@@ -103,3 +103,39 @@ def rotary_ref(
         return rotated.to(x.dtype)
 
     return apply(q), apply(k)
+
+
+def prepare_qkv_ref(
+    qkv: torch.Tensor,
+    q_norm_weight: torch.Tensor | None,
+    k_norm_weight: torch.Tensor | None,
+    eps: float,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> torch.Tensor:
+    """Split qkv [T, (Hq + 2*Hkv) * D], per-head q/k RMSNorm (when weighted), rotary, write_kv.
+
+    Hkv and D come from the cache shape. Returns q [T, Hq, D], new and contiguous.
+    """
+    num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
+    num_tokens = qkv.shape[0]
+    kv_size = num_kv_heads * head_dim
+    q, k, v = torch.split(qkv, [qkv.shape[1] - 2 * kv_size, kv_size, kv_size], dim=-1)
+    q = q.reshape(num_tokens, -1, head_dim)
+    k = k.reshape(num_tokens, num_kv_heads, head_dim)
+    v = v.reshape(num_tokens, num_kv_heads, head_dim)
+    if q_norm_weight is not None and k_norm_weight is not None:
+        q = rms_norm_ref(q, q_norm_weight, eps)[0]  # over the last dim: per head
+        k = rms_norm_ref(k, k_norm_weight, eps)[0]
+    q, k = rotary_ref(q, k, positions, cos_sin_cache)
+    write_kv_ref(k, v, k_cache, v_cache, slot_mapping)
+    return q.contiguous()
+
+
+def silu_mul_ref(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up for gate_up [T, 2I] = [gate | up]; fp32 math, [T, I] in the input dtype."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return (torch.nn.functional.silu(gate.float()) * up.float()).to(gate_up.dtype)

@@ -136,10 +136,10 @@ def run_engine(
                 f"steps={steps} runner busy={busy:.2f}s ({1000 * busy / max(steps, 1):.2f} ms/step)"
             )
             runner = getattr(getattr(engine, "_executor", None), "runner", None)
-            if hasattr(runner, "num_speculated"):
-                print(
-                    f"speculated steps={runner.num_speculated} hits={runner.num_speculation_hits}"
-                )
+            speculated = getattr(runner, "num_speculated", None)
+            if speculated is not None:
+                hits = getattr(runner, "num_speculation_hits", 0)
+                print(f"speculated steps={speculated} hits={hits}")
             actors = engine.actor_busy_seconds()
             print("actor busy: " + ", ".join(f"{k}={v:.2f}s" for k, v in sorted(actors.items())))
 

@@ -21,14 +21,16 @@ BLOCK_SIZE = 4
 GREEDY = SamplingParams(temperature=0.0, max_tokens=64)
 
 
-def make_runner(path: Path, *, speculate: bool) -> ModelRunner:
-    config, model = load_model(path, torch.float32, torch.device("cpu"), 128)
+def make_runner(path: Path, *, speculate: bool, device: str = "cpu") -> ModelRunner:
+    config, model = load_model(path, torch.float32, torch.device(device), 128)
     options = RunnerOptions(
         block_size=BLOCK_SIZE,
         num_gpu_blocks=64,
         num_cpu_blocks=32,
+        max_num_seqs=8,
         max_model_len=128,
         speculate=speculate,
+        enforce_eager=device == "cpu",
     )
     return ModelRunner(config, model, options)
 
@@ -125,10 +127,12 @@ def qwen3(hf_folder: Any) -> Path:
     return Path(folder)
 
 
-def both(qwen3: Path, scenario: Any) -> tuple[LookaheadDriver, LookaheadDriver]:
+def both(
+    qwen3: Path, scenario: Any, device: str = "cpu"
+) -> tuple[LookaheadDriver, LookaheadDriver]:
     """Run `scenario(driver)` on a plain and a speculating runner; assert equal tokens."""
-    plain = LookaheadDriver(make_runner(qwen3, speculate=False))
-    spec = LookaheadDriver(make_runner(qwen3, speculate=True))
+    plain = LookaheadDriver(make_runner(qwen3, speculate=False, device=device))
+    spec = LookaheadDriver(make_runner(qwen3, speculate=True, device=device))
     scenario(plain)
     scenario(spec)
     assert spec.log == plain.log
@@ -237,6 +241,29 @@ def test_seeded_sampling_and_penalties_match(qwen3: Path) -> None:
     plain, spec = both(qwen3, scenario)
     assert spec.runner.num_speculation_hits == 4 + 4
     assert len(set(plain.seqs["a"].output)) > 3  # really sampled, not a constant
+
+
+@pytest.mark.gpu
+def test_cuda_graphs_same_tokens(qwen3: Path) -> None:
+    """On CUDA with graphs: early launches fed device ids, subsets gathered on the device."""
+    greedy_and_seeded = {
+        "a": GREEDY,
+        "b": SamplingParams(temperature=0.9, seed=7, max_tokens=64),
+        "c": SamplingParams(temperature=0.8, seed=3, top_p=0.9, max_tokens=64),
+    }
+
+    def scenario(d: LookaheadDriver) -> None:
+        for rid, prompt in prompts().items():
+            d.add(rid, prompt, greedy_and_seeded[rid])
+        for _ in range(6):
+            d.step(["a", "b", "c"])
+        d.step(["a", "c"], released=(d.finish("b"),))
+        for _ in range(4):
+            d.step(["a", "c"])
+
+    _, spec = both(qwen3, scenario, device="cuda")
+    assert spec.runner._graphs is not None
+    assert spec.runner.num_speculation_hits == 10 == spec.runner.num_speculated - 1
 
 
 def test_no_speculation_without_lookahead_or_with_logprobs(qwen3: Path) -> None:
