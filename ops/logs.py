@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import IO, Any
+from typing import Any
 
 import msgspec
 import structlog
