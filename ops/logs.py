@@ -15,7 +15,7 @@ def _json(obj: Any, **_: Any) -> bytes:
 
 
 def configure_logging(
-    fmt: str = "console", level: str = "info", stream: IO[Any] | None = None
+    fmt: str = "console", level: str = "info", stream: Any | None = None
 ) -> None:
     """Configure structlog for the process: JSON lines (msgspec) or console text on `stream`
     (default stderr). Every line about a request carries `request_id`.
