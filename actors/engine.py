@@ -46,6 +46,7 @@ from troupe.messages import (
     StreamEvent,
 )
 from troupe.messages.trace import TRACE_VERSION, TraceHeader, TraceWriter
+from troupe.ops.logs import configure_logging
 
 log = structlog.get_logger("troupe.engine")
 
@@ -133,6 +134,8 @@ class Engine:
 
     async def _run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         config = self.config
+        if not structlog.is_configured():  # an app that set up structlog keeps its own set-up
+            configure_logging(config.log_format, config.log_level)
         setup: ExecutorSetup = await anyio.to_thread.run_sync(start_executor, config)
         self.model_name = setup.model_name
         self._executor = setup.core
@@ -230,6 +233,17 @@ class Engine:
     def runner_busy_seconds(self) -> float:
         """Seconds the runner has spent executing steps (to separate model from graph cost)."""
         return self._executor.busy_seconds if self._executor is not None else 0.0
+
+    def runner_counters(self) -> dict[str, float]:
+        """The runner's own counters (benchmarks): busy seconds, and speculation counts when
+        the runner speculates."""
+        counters = {"busy_seconds": self.runner_busy_seconds}
+        runner = self._executor.runner if self._executor is not None else None
+        for name in ("num_speculated", "num_speculation_hits"):
+            value = getattr(runner, name, None)
+            if isinstance(value, int | float):
+                counters[name] = float(value)
+        return counters
 
     def actor_busy_seconds(self) -> dict[str, float]:
         """Seconds each actor has spent in its core's handle() (benchmarks, diagnostics)."""

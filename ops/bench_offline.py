@@ -135,11 +135,12 @@ def run_engine(
             print(
                 f"steps={steps} runner busy={busy:.2f}s ({1000 * busy / max(steps, 1):.2f} ms/step)"
             )
-            runner = getattr(getattr(engine, "_executor", None), "runner", None)
-            speculated = getattr(runner, "num_speculated", None)
-            if speculated is not None:
-                hits = getattr(runner, "num_speculation_hits", 0)
-                print(f"speculated steps={speculated} hits={hits}")
+            counters = engine.runner_counters()
+            if "num_speculated" in counters:
+                print(
+                    f"speculated steps={counters['num_speculated']:.0f} "
+                    f"hits={counters.get('num_speculation_hits', 0):.0f}"
+                )
             actors = engine.actor_busy_seconds()
             print("actor busy: " + ", ".join(f"{k}={v:.2f}s" for k, v in sorted(actors.items())))
 
@@ -283,7 +284,12 @@ def main(argv: list[str] | None = None) -> int:
         fn = run_engine if args.mode == "engine" else run_runner
         total = fn(folder, prompts, outputs, args)
         elapsed = fn.elapsed  # type: ignore[attr-defined]
-        peer = run_hf_peer(folder, prompts, outputs, args.peer_time_limit) if args.peer else None
+        peer = None
+        if args.peer:
+            try:
+                peer = run_hf_peer(folder, prompts, outputs, args.peer_time_limit)
+            except Exception as exc:  # the peer failing must not hide our own numbers
+                print(f"HF peer failed: {exc!r}"[:500])
     floor = physical_floor_s(config, prompts, outputs)
     print(f"mode={args.mode} seqs={args.num_seqs} output tokens={total} time={elapsed:.2f}s")
     print(f"throughput: {total / elapsed:,.0f} output tok/s")

@@ -14,9 +14,7 @@ def _json(obj: Any, **_: Any) -> bytes:
     return msgspec.json.encode(obj, enc_hook=str)
 
 
-def configure_logging(
-    fmt: str = "console", level: str = "info", stream: Any | None = None
-) -> None:
+def configure_logging(fmt: str = "console", level: str = "info", stream: Any | None = None) -> None:
     """Configure structlog for the process: JSON lines (msgspec) or console text on `stream`
     (default stderr). Every line about a request carries `request_id`.
 
@@ -37,8 +35,8 @@ def configure_logging(
                 structlog.processors.format_exc_info,
                 structlog.processors.JSONRenderer(serializer=_json),
             ],
-            logger_factory=structlog.BytesLoggerFactory(
-                stream if stream is not None else sys.stderr.buffer
+            logger_factory=lambda *_: structlog.BytesLogger(
+                stream if stream is not None else sys.stderr.buffer  # looked up per logger
             ),
             wrapper_class=structlog.make_filtering_bound_logger(numeric),
             cache_logger_on_first_use=False,
@@ -46,7 +44,7 @@ def configure_logging(
     else:
         structlog.configure(
             processors=[*shared, structlog.dev.ConsoleRenderer(colors=False)],
-            logger_factory=structlog.PrintLoggerFactory(stream or sys.stderr),
+            logger_factory=lambda *_: structlog.PrintLogger(stream or sys.stderr),
             wrapper_class=structlog.make_filtering_bound_logger(numeric),
             cache_logger_on_first_use=False,
         )

@@ -1,0 +1,264 @@
+"""Speculative continuation: the next decode step launched before its plan arrives.
+
+On CUDA by default; TROUPE_SPECULATE=1/0 forces it on/off. When a step samples every sequence
+it ran, the runner launches the next decode step of those sequences right away, before its
+plan arrives, so the GPU computes while the actors plan:
+
+    execute(plan N):   forward N, sample N, tolist | launch N+1 (inputs: N's samples, pos + 1)
+    actors:                                         | update, plan, allocate  (GPU busy on N+1)
+    execute(plan N+1): plan is "the same step"? yes: launch N+2 fed N+1's ids on the device,
+                                                     then read N+1's ids (copied before N+2)
+                                                no:  discard N+1, run plan N+1 normally
+
+The scheduler gives decodes one lookahead position (num_lookahead_tokens), so the runner owns
+the KV slot the speculated step writes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable
+
+import numpy as np
+import torch
+from troupe.config import ConfigError
+from troupe.gpu.request_states import LOGPROBS, RequestState, RequestStates
+from troupe.gpu.sampler import sample
+from troupe.gpu.sampling_batch import build_sampling_batch
+from troupe.gpu.step_inputs import StepInputs, build_decode_inputs
+from troupe.messages import SampledToken, StepPlan
+
+# The runner's forward: fp32 logits of the sampled rows; the tensor, when given, replaces
+# inputs.input_ids with ids already on the device.
+Forward = Callable[[StepInputs, torch.Tensor | None], torch.Tensor]
+
+
+def speculate_from_env() -> bool | None:
+    """TROUPE_SPECULATE: '1' forces speculation on, '0' off; unset or '' leaves the default."""
+    value = os.environ.get("TROUPE_SPECULATE", "")
+    if value not in ("", "0", "1"):
+        raise ConfigError(f"TROUPE_SPECULATE must be '0' or '1', got {value!r}")
+    return None if value == "" else value == "1"
+
+
+@dataclasses.dataclass(kw_only=True, eq=False)
+class _Speculation:
+    """A decode step launched before its plan arrived; its samples are still on the device."""
+
+    rows: dict[str, int]  # request id -> row of the launched batch
+    positions: np.ndarray  # int64 per row: the position the step computes
+    token_ids: torch.Tensor  # int64 [rows] on the device: not read back yet
+    host_ids: torch.Tensor  # their copy to (pinned) host memory, queued right after sampling
+    copied: torch.cuda.Event | None  # recorded after that copy; None on the CPU
+    input_tokens: list[int] = dataclasses.field(default_factory=list)  # per row: token fed
+
+    def read(self) -> list[int]:
+        """The sampled ids on the host; waits for this step only, not for work queued later."""
+        if self.copied is not None:
+            self.copied.synchronize()
+        out: list[int] = self.host_ids.tolist()
+        return out
+
+
+class Speculator:
+    """Owns the pending speculated step: launches it, and answers the next plan from it.
+
+    The runner calls `take(plan)` first on every plan: a tuple (possibly empty) is the plan's
+    answer; None means the runner runs the plan itself (nothing pending, or a miss: the
+    pending step is discarded). After a normal step that sampled every sequence, the runner
+    calls `launch(...)`. `discard()` drops the pending step (stream order keeps its KV writes
+    before anything queued later).
+    """
+
+    def __init__(
+        self,
+        states: RequestStates,
+        forward: Forward,
+        *,
+        device: torch.device,
+        block_size: int,
+        max_model_len: int,
+        vocab_size: int,
+    ) -> None:
+        self._states = states
+        self._forward = forward
+        self.device = device
+        self.block_size = block_size
+        self.max_model_len = max_model_len
+        self.vocab_size = vocab_size
+        self.num_speculated = 0  # speculative steps launched
+        self.num_speculation_hits = 0  # ... whose plan matched, so their samples were used
+        self._pending: _Speculation | None = None
+
+    def take(self, plan: StepPlan) -> tuple[SampledToken, ...] | None:
+        """The plan's tokens from the pending step, or None: the runner must run the plan."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return None
+        if not plan.seqs and not plan.swap_out and not plan.swap_in:
+            # Only releases: the speculated step is still the next one to run.
+            self._states.release(plan.released)
+            self._pending = pending
+            return ()
+        rows = _matching_rows(plan, pending)
+        if rows is not None:
+            return self._take(plan, pending, rows)
+        # Discard. The speculated step only wrote KV at position pos+1 of each of its
+        # requests, in blocks their tables own (the lookahead). A request that continues
+        # computes that slot again in this plan or a later one, with the same token and
+        # context: the same value. A request that ended never reads it, and the block is
+        # not full of committed tokens, so the prefix cache never hands it out; when the
+        # block is reused, its new owner writes a slot before reading it. Everything below
+        # (swap copies included) runs on the same CUDA stream after the speculated step,
+        # so a swap-out reads its blocks after that write and a reused block is written
+        # after it. Its samples are dropped; the state it advanced (num_tokens, history at
+        # pos+1) is rewritten by this plan's SeqWorks, position-indexed and idempotent.
+        return None
+
+    def launch(
+        self,
+        states: list[RequestState],
+        next_pos: np.ndarray,
+        request_ids: list[str],
+        token_ids: list[int],
+    ) -> None:
+        """Launch the decode of the just-sampled `token_ids` at `next_pos`, one per state."""
+        self._pending = self._launch(states, next_pos, request_ids, token_ids)
+
+    def discard(self) -> None:
+        """Drop the pending step; stream order keeps its KV writes before later work."""
+        self._pending = None
+
+    def _take(
+        self, plan: StepPlan, pending: _Speculation, rows: list[int]
+    ) -> tuple[SampledToken, ...]:
+        """The plan is the speculated step (or a subset of it): use its samples."""
+        if plan.released:
+            self._states.release(plan.released)  # ended requests drop out: samples discarded
+        # The plan's block_ids are lookahead blocks for the step after; its tokens and
+        # positions are what the speculated step already wrote.
+        states = self._states.apply(plan.seqs)
+        self.num_speculation_hits += 1
+        next_pos = pending.positions[rows] + 1
+        request_ids = [w.request_id for w in plan.seqs]
+        # Without penalties the following step needs no host copy of these samples: feed the
+        # device ids and queue it before waiting, so the GPU goes from one step to the next.
+        # Penalty history needs the tokens on the host first.
+        early = all(s.tokens is None for s in states)
+        following = None
+        if early:
+            device_ids = pending.token_ids
+            if len(rows) != len(pending.rows):
+                device_ids = device_ids[host_to_device(np.asarray(rows), self.device)]
+            following = self._launch(states, next_pos, request_ids, device_ids)
+        launched = pending.read()  # waits for the speculated step's samples
+        token_ids = [launched[r] for r in rows]
+        if early:
+            if following is not None:
+                following.input_tokens = token_ids
+        else:
+            following = self._launch(states, next_pos, request_ids, token_ids)
+        self._pending = following
+        return tuple(
+            SampledToken(rid, token, None)
+            for rid, token in zip(request_ids, token_ids, strict=True)
+        )
+
+    def _launch(
+        self,
+        states: list[RequestState],
+        next_pos: np.ndarray,
+        request_ids: list[str],
+        token_ids: list[int] | torch.Tensor,
+    ) -> _Speculation | None:
+        """Queue the decode of `token_ids` (host list, or device ids with no penalty state) at
+        `next_pos`, one per state, and the copy of its samples to the host; wait for nothing.
+
+        None when a table does not cover its next position (no lookahead block yet), past
+        max_model_len, or when a request wants logprobs (those are read back synchronously).
+        """
+        num_seqs = len(states)
+        num_blocks = np.fromiter((s.num_blocks for s in states), np.int64, num_seqs)
+        if (next_pos >= self.max_model_len).any() or (
+            num_blocks * self.block_size <= next_pos
+        ).any():
+            return None
+        if any(s.param_row[LOGPROBS] >= 0 for s in states):
+            return None
+        # The fed tokens join the history exactly as the next plan's SeqWorks will put them
+        # (a rewrite by position, so a discarded speculation leaves nothing wrong).
+        positions = next_pos.tolist()
+        if isinstance(token_ids, list):
+            device_ids = None
+            host_ids = np.asarray(token_ids, dtype=np.int64)
+            for state, pos, token in zip(states, positions, token_ids, strict=True):
+                state.num_tokens = pos + 1
+                if state.tokens is not None:
+                    state.tokens[pos] = token
+        else:
+            device_ids, host_ids = token_ids, np.zeros(num_seqs, dtype=np.int64)
+            for state, pos in zip(states, positions, strict=True):
+                assert state.tokens is None, "penalty history needs the fed tokens on the host"
+                state.num_tokens = pos + 1
+        slots = np.fromiter((s.slot for s in states), np.int64, num_seqs)
+        inputs = build_decode_inputs(
+            host_ids, next_pos, slots, num_blocks, self._states.tables, self.block_size
+        )
+        logits = self._forward(inputs, device_ids)
+        batch = build_sampling_batch(states, self.vocab_size, self.device)
+        ids_device, _ = sample(logits, batch)  # no logprobs asked: nothing is read back
+        copied = None
+        if self.device.type == "cuda":
+            host = torch.empty(num_seqs, dtype=torch.int64, pin_memory=True)
+            host.copy_(ids_device, non_blocking=True)
+            copied = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            copied.record()
+        else:
+            host = ids_device
+        self.num_speculated += 1
+        return _Speculation(
+            rows={rid: i for i, rid in enumerate(request_ids)},
+            positions=next_pos,
+            token_ids=ids_device,
+            host_ids=host,
+            copied=copied,
+            input_tokens=token_ids if isinstance(token_ids, list) else [],
+        )
+
+
+def _matching_rows(plan: StepPlan, pending: _Speculation) -> list[int] | None:
+    """Rows of the speculated batch, in plan order, if the plan is the speculated step.
+
+    Each SeqWork must be a plain decode of a speculated request, fed the token sampled for it
+    with the position after, in the launch order; requests may drop out (they ended). No swaps.
+    """
+    if plan.swap_out or plan.swap_in:
+        return None
+    rows: list[int] = []
+    previous = -1
+    get, tokens, positions = pending.rows.get, pending.input_tokens, pending.positions.tolist()
+    for work in plan.seqs:
+        row = get(work.request_id)
+        if (
+            row is None
+            or row <= previous
+            or work.reset
+            or not work.sample
+            or work.params is not None
+            or len(work.token_ids) != 1
+            or work.token_ids[0] != tokens[row]
+            or work.start_pos != positions[row]
+        ):
+            return None
+        rows.append(row)
+        previous = row
+    return rows
+
+
+def host_to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    """An async copy on CUDA: a pageable source would make the copy wait for the stream."""
+    tensor = torch.from_numpy(np.ascontiguousarray(array))
+    if device.type == "cuda":
+        tensor = tensor.pin_memory().to(device, non_blocking=True)
+    return tensor
