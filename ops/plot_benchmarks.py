@@ -25,7 +25,7 @@ def offline_rows(markdown: str) -> list[tuple[str, float]]:
     for line in section.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if len(cells) >= 4 and re.fullmatch(r"[0-9a-f]{7,}", cells[1]):
-            rows.append((cells[1], float(cells[3].replace(",", ""))))
+            rows.append((cells[1], float(cells[3].replace(",", "").strip("*"))))
     return rows
 
 
