@@ -109,11 +109,12 @@ class Speculator:
         # computes that slot again in this plan or a later one, with the same token and
         # context: the same value. A request that ended never reads it, and the block is
         # not full of committed tokens, so the prefix cache never hands it out; when the
-        # block is reused, its new owner writes a slot before reading it. Everything below
-        # (swap copies included) runs on the same CUDA stream after the speculated step,
-        # so a swap-out reads its blocks after that write and a reused block is written
-        # after it. Its samples are dropped; the state it advanced (num_tokens, history at
-        # pos+1) is rewritten by this plan's SeqWorks, position-indexed and idempotent.
+        # block is reused, its new owner writes a slot before reading it. Everything the
+        # runner does next (swap copies included) runs on the same CUDA stream after the
+        # speculated step, so a swap-out reads its blocks after that write and a reused
+        # block is written after it. Its samples are dropped; the state it advanced
+        # (num_tokens, history at pos+1) is rewritten by this plan's SeqWorks,
+        # position-indexed and idempotent.
         return None
 
     def launch(
