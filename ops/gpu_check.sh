@@ -13,7 +13,7 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
 TESTS=${TESTS:-tests/kernels tests/gpu}
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   timeout "${TEST_TIMEOUT:-240}" python3 -m pytest -m gpu $TESTS -q -p no:cacheprovider \
-    --durations=5 2>&1 | tee "$OUT/gpu_tests.log" | tail -30
+    --durations=5 ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/gpu_tests.log" | grep -v "^$" | tail -30
 fi
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
   timeout "${BENCH_TIMEOUT:-300}" python3 -m troupe.ops.bench_offline ${BENCH_ARGS:-} 2>&1 \
