@@ -24,6 +24,10 @@ PROMPTS = [
     [9, 8, 7, 6, 5, 4, 3, 2, 1] * 3,
     [151, 2000, 35000, 77, 1024, 4096, 12, 99999, 5] * 7,
 ]
+# More prompts for the bf16 greedy check: random-weight logits are flat (std ~0.6 over 152k
+# tokens), so a near-tie within bf16 noise turns up in about two of three 64-token runs.
+EXTRA_PROMPTS = [[(i * 7919 + j * 104729) % 150000 for j in range(8 + 5 * i)] for i in range(9)]
+MIN_IDENTICAL = 3  # prompts that must match HF exactly over all 64 tokens, in bf16
 
 
 def build_pair(dtype: torch.dtype) -> tuple[object, ModelRunner, ModelRunner]:
@@ -58,7 +62,7 @@ def build_pair(dtype: torch.dtype) -> tuple[object, ModelRunner, ModelRunner]:
             block_size=16,
             num_gpu_blocks=512,
             num_cpu_blocks=64,
-            max_num_seqs=8,
+            max_num_seqs=16,
             max_model_len=1024,
             enforce_eager=eager,
         )
@@ -115,14 +119,15 @@ def _hf_greedy(hf_model, prompt: list[int]) -> tuple[list[int], list[float]]:
 def test_greedy_64_tokens_match_hf(models, mt, graphs) -> None:
     hf_model, eager_runner, graph_runner = models
     runner = graph_runner if graphs else eager_runner
+    prompts = PROMPTS + EXTRA_PROMPTS
     driver = mt.PlanDriver(runner, chunk=32)
-    for i, prompt in enumerate(PROMPTS):
+    for i, prompt in enumerate(prompts):
         driver.add(f"r{i}", prompt, SamplingParams(temperature=0.0, max_tokens=NUM_NEW))
     driver.run(NUM_NEW)
     driver.step_id += 1
     runner.execute(StepPlan(step_id=driver.step_id, seqs=(), released=tuple(driver.seqs)))
     identical = 0
-    for i, prompt in enumerate(PROMPTS):
+    for i, prompt in enumerate(prompts):
         expected, gaps = _hf_greedy(hf_model, prompt)
         got = driver.seqs[f"r{i}"].output
         first_diff = next(
@@ -135,7 +140,8 @@ def test_greedy_64_tokens_match_hf(models, mt, graphs) -> None:
                 f"{gaps[first_diff]:.3f}\nours {got}\nhf   {expected}"
             )
     # Shown with `pytest -rP`: how many prompts matched HF over all NUM_NEW tokens.
-    print(f"greedy identical to HF over {NUM_NEW} tokens: {identical}/{len(PROMPTS)} prompts")
+    print(f"greedy identical to HF over {NUM_NEW} tokens: {identical}/{len(prompts)} prompts")
+    assert identical >= MIN_IDENTICAL
 
 
 def test_greedy_64_tokens_identical_to_hf_in_fp32(mt) -> None:
