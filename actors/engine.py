@@ -17,6 +17,8 @@ few batches so the scheduler can start the next step while text is being detoken
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import math
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -146,7 +148,7 @@ class Engine:
             header = TraceHeader(
                 version=TRACE_VERSION,
                 created=time.strftime("%Y-%m-%dT%H:%M:%S"),
-                engine_config=_config_dict(config),
+                engine_config=dataclasses.asdict(config),
                 core_args=setup.core_args,
             )
             tracer = TraceWriter(config.trace_path, header)
@@ -384,22 +386,8 @@ def _log_end(event: StreamEvent) -> None:
     log.debug("request ended", **fields)
 
 
-class _Counter:
-    def __init__(self) -> None:
-        self._next = 0
-
-    def __next__(self) -> int:
-        self._next += 1
-        return self._next
-
-
-_ids = _Counter()
-
-
-def _config_dict(config: EngineConfig) -> dict[str, Any]:
-    import dataclasses
-
-    return dataclasses.asdict(config)
+# Engine-made request ids; a caller's own ids are checked for clashes at the client edge.
+_ids = itertools.count(1)
 
 
 def _pool_sizes(setup: ExecutorSetup) -> dict[str, int]:
