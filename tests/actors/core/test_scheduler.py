@@ -270,3 +270,66 @@ def test_priority_then_fcfs_admission_order() -> None:
     _, plan, _ = rig.step()
     assert [w.request_id for w in plan.seqs] == ["high", "low"]
     assert rig.s.waiting[0].request_id == "low2" and rig.s.waiting[0].status == Status.WAITING
+
+
+def _pump(rig: Rig, out: list) -> list:  # type: ignore[type-arg]
+    """Answer the scheduler's allocator and executor messages until it goes idle; return what
+    it sent to the streamer."""
+    to_streamer = []
+    while out:
+        replies = []
+        for dest, msg in out:
+            if dest == "allocator":
+                replies.append(rig.a.apply(msg))
+                rig.a.check()
+            elif dest == "executor":
+                replies.append(
+                    StepResult(step_id=msg.step_id, time=3.0, sampled=rig.r.execute(msg))
+                )
+            else:
+                to_streamer.append(msg)
+        out = rig.s.handle(replies) if replies else []
+    return to_streamer
+
+
+def test_abort_while_swapped_frees_its_cpu_blocks() -> None:
+    rig = Rig(num_gpu=4, num_cpu=4, mode="auto", caching=False)
+    for rid, base in (("a", 100), ("b", 200), ("c", 300)):
+        rig.add(rid, prompt(4, base))
+    rig.step()
+    rig.step()  # c is swapped out to the CPU pool
+    assert [r.request_id for r in rig.s.swapped] == ["c"] and rig.a.cpu.num_free == 3
+    out = rig.s.handle([AbortRequest(request_id="c"), AbortRequest(request_id="a")])
+    aborted = [o for d, m in out if d == "streamer" for o in m.outputs]  # type: ignore[attr-defined]
+    assert [(o.request_id, o.finish_reason) for o in aborted][:2] == [
+        ("c", FinishReason.ABORT),
+        ("a", FinishReason.ABORT),
+    ]
+    assert not rig.s.swapped
+    _pump(rig, out)
+    _pump(rig, rig.s.handle([AbortRequest(request_id="b")]))
+    stats = rig.s.stats()
+    assert rig.a.cpu.num_free == 4 and stats.num_cpu_blocks_used == 0
+    assert stats.num_gpu_blocks_used == 0 and rig.s.phase == "idle"
+
+
+def test_abort_mid_swap_frees_gpu_and_cpu_blocks() -> None:
+    rig = Rig(num_gpu=4, num_cpu=4, mode="auto", caching=False)
+    for rid, base in (("a", 100), ("b", 200), ("c", 300)):
+        rig.add(rid, prompt(4, base))
+    rig.step()
+    batch, plan = rig.allocate()  # this step swaps c out: the copy is in flight
+    assert plan is not None and plan.swap_out and batch.ops[0] == SwapOut("c")
+    rig.s.handle([AbortRequest(request_id="c")])  # the abort arrives mid-swap
+    sampled = rig.r.execute(plan)
+    out = rig.s.handle(
+        [
+            StepResult(step_id=plan.step_id, time=2.0, sampled=sampled),
+            AbortRequest(request_id="a"),
+            AbortRequest(request_id="b"),
+        ]
+    )
+    _pump(rig, out)
+    stats = rig.s.stats()
+    assert rig.a.cpu.num_free == 4 and stats.num_cpu_blocks_used == 0
+    assert stats.num_gpu_blocks_used == 0 and stats.num_running + stats.num_swapped == 0
