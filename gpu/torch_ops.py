@@ -11,6 +11,7 @@ import math
 
 import torch
 import torch.nn.functional as F
+from troupe.kernels.reference import compose_prepare_qkv
 
 
 def write_kv(
@@ -127,31 +128,7 @@ def rotary(
     return rotate(q), rotate(k)
 
 
-def prepare_qkv(
-    qkv: torch.Tensor,
-    q_norm_weight: torch.Tensor | None,
-    k_norm_weight: torch.Tensor | None,
-    eps: float,
-    positions: torch.Tensor,
-    cos_sin_cache: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,
-) -> torch.Tensor:
-    """Split qkv [T, (Hq + 2*Hkv) * D] (Hkv, D from the cache), per-head q/k RMSNorm when
-    weighted, RoPE, k/v into the caches; returns q [T, Hq, D]."""
-    num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
-    num_tokens, kv_size = qkv.shape[0], num_kv_heads * head_dim
-    q, k, v = torch.split(qkv, [qkv.shape[1] - 2 * kv_size, kv_size, kv_size], dim=-1)
-    q = q.reshape(num_tokens, -1, head_dim)
-    k = k.reshape(num_tokens, num_kv_heads, head_dim)
-    v = v.reshape(num_tokens, num_kv_heads, head_dim)
-    if q_norm_weight is not None and k_norm_weight is not None:
-        q = rms_norm(q, q_norm_weight, eps)[0]  # over the last dim: per head
-        k = rms_norm(k, k_norm_weight, eps)[0]
-    q, k = rotary(q, k, positions, cos_sin_cache)
-    write_kv(k, v, k_cache, v_cache, slot_mapping)
-    return q.contiguous()
+prepare_qkv = compose_prepare_qkv(rms_norm, rotary, write_kv)
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:

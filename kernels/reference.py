@@ -1,10 +1,12 @@
 """Torch references for every kernel: slow, plain, and obviously right.
 
 They run on any device, compute in fp32 and return the input dtype. The Triton kernels are tested
-against these, and the CPU engine path runs on them.
+against these; `kernels.ops` falls back to them off CUDA.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 
@@ -105,34 +107,47 @@ def rotary_ref(
     return apply(q), apply(k)
 
 
-def prepare_qkv_ref(
-    qkv: torch.Tensor,
-    q_norm_weight: torch.Tensor | None,
-    k_norm_weight: torch.Tensor | None,
-    eps: float,
-    positions: torch.Tensor,
-    cos_sin_cache: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,
-) -> torch.Tensor:
-    """Split qkv [T, (Hq + 2*Hkv) * D], per-head q/k RMSNorm (when weighted), rotary, write_kv.
+RmsNorm = Callable[..., tuple[torch.Tensor, torch.Tensor]]
+Rotary = Callable[..., tuple[torch.Tensor, torch.Tensor]]
+WriteKV = Callable[..., None]
+PrepareQKV = Callable[..., torch.Tensor]
 
-    Hkv and D come from the cache shape. Returns q [T, Hq, D], new and contiguous.
-    """
-    num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
-    num_tokens = qkv.shape[0]
-    kv_size = num_kv_heads * head_dim
-    q, k, v = torch.split(qkv, [qkv.shape[1] - 2 * kv_size, kv_size, kv_size], dim=-1)
-    q = q.reshape(num_tokens, -1, head_dim)
-    k = k.reshape(num_tokens, num_kv_heads, head_dim)
-    v = v.reshape(num_tokens, num_kv_heads, head_dim)
-    if q_norm_weight is not None and k_norm_weight is not None:
-        q = rms_norm_ref(q, q_norm_weight, eps)[0]  # over the last dim: per head
-        k = rms_norm_ref(k, k_norm_weight, eps)[0]
-    q, k = rotary_ref(q, k, positions, cos_sin_cache)
-    write_kv_ref(k, v, k_cache, v_cache, slot_mapping)
-    return q.contiguous()
+
+def compose_prepare_qkv(rms_norm: RmsNorm, rotary: Rotary, write_kv: WriteKV) -> PrepareQKV:
+    """prepare_qkv built from three separate ops (the references here; gpu/torch_ops.py's
+    HF-ordered CPU versions there): what the fused Triton kernel computes in one pass."""
+
+    def prepare_qkv(
+        qkv: torch.Tensor,
+        q_norm_weight: torch.Tensor | None,
+        k_norm_weight: torch.Tensor | None,
+        eps: float,
+        positions: torch.Tensor,
+        cos_sin_cache: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+    ) -> torch.Tensor:
+        """Split qkv [T, (Hq + 2*Hkv) * D], per-head q/k RMSNorm (when weighted), rotary,
+        write_kv. Hkv and D come from the cache shape. Returns q [T, Hq, D], contiguous."""
+        num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
+        num_tokens = qkv.shape[0]
+        kv_size = num_kv_heads * head_dim
+        q, k, v = torch.split(qkv, [qkv.shape[1] - 2 * kv_size, kv_size, kv_size], dim=-1)
+        q = q.reshape(num_tokens, -1, head_dim)
+        k = k.reshape(num_tokens, num_kv_heads, head_dim)
+        v = v.reshape(num_tokens, num_kv_heads, head_dim)
+        if q_norm_weight is not None and k_norm_weight is not None:
+            q = rms_norm(q, q_norm_weight, eps)[0]  # over the last dim: per head
+            k = rms_norm(k, k_norm_weight, eps)[0]
+        q, k = rotary(q, k, positions, cos_sin_cache)
+        write_kv(k, v, k_cache, v_cache, slot_mapping)
+        return q.contiguous()
+
+    return prepare_qkv
+
+
+prepare_qkv_ref = compose_prepare_qkv(rms_norm_ref, rotary_ref, write_kv_ref)
 
 
 def silu_mul_ref(gate_up: torch.Tensor) -> torch.Tensor:

@@ -6,6 +6,8 @@ Every request gets zero or more `Delta`s, then exactly one terminal event: `Fini
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import msgspec
 from troupe.messages.common import FinishReason, RejectCode, Timings, TokenLogprob, Usage
 
@@ -17,9 +19,7 @@ class Delta(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     logprobs: tuple[TokenLogprob, ...] | None = None
     finish_reason: None = None
 
-    @property
-    def is_terminal(self) -> bool:
-        return False
+    is_terminal: ClassVar[bool] = False
 
 
 class Finished(msgspec.Struct, frozen=True, kw_only=True, tag=True):
@@ -34,9 +34,7 @@ class Finished(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     stop_reason: str | int | None = None  # the stop string or stop token id that matched
     logprobs: tuple[TokenLogprob, ...] | None = None
 
-    @property
-    def is_terminal(self) -> bool:
-        return True
+    is_terminal: ClassVar[bool] = True
 
 
 class Rejected(msgspec.Struct, frozen=True, kw_only=True, tag=True):
@@ -50,9 +48,7 @@ class Rejected(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     token_ids: tuple[int, ...] = ()
     finish_reason: str = "rejected"
 
-    @property
-    def is_terminal(self) -> bool:
-        return True
+    is_terminal: ClassVar[bool] = True
 
 
 class Aborted(msgspec.Struct, frozen=True, kw_only=True, tag=True):
@@ -64,9 +60,7 @@ class Aborted(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     token_ids: tuple[int, ...] = ()
     finish_reason: FinishReason = FinishReason.ABORT
 
-    @property
-    def is_terminal(self) -> bool:
-        return True
+    is_terminal: ClassVar[bool] = True
 
 
 class Failed(msgspec.Struct, frozen=True, kw_only=True, tag=True):
@@ -76,9 +70,7 @@ class Failed(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     token_ids: tuple[int, ...] = ()
     finish_reason: FinishReason = FinishReason.ERROR
 
-    @property
-    def is_terminal(self) -> bool:
-        return True
+    is_terminal: ClassVar[bool] = True
 
 
 StreamEvent = Delta | Finished | Rejected | Aborted | Failed
