@@ -40,6 +40,9 @@ class EngineConfig:
     trace_path: str | None = None
     seed: int = 0
     enforce_eager: bool = False  # no CUDA graphs
+    # One executor step running longer than this stops the engine (watchdog): open requests
+    # fail, /health turns 503 and `troupe serve` exits non-zero. None: no watchdog.
+    step_timeout_s: float | None = 300.0
     log_format: Literal["console", "json"] = "console"
     log_level: str = "info"
 
@@ -61,6 +64,8 @@ class EngineConfig:
                 raise ConfigError(f"{name} must be >= 1, got {value}")
         if self.num_cpu_blocks is not None and self.num_cpu_blocks < 0:
             raise ConfigError(f"num_cpu_blocks must be >= 0, got {self.num_cpu_blocks}")
+        if self.step_timeout_s is not None and not self.step_timeout_s > 0:
+            raise ConfigError(f"step_timeout_s must be > 0 or None, got {self.step_timeout_s}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ConfigError(
                 f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"

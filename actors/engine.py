@@ -1,41 +1,36 @@
-"""The Engine: builds the actor graph, supervises it, and is the public API.
+"""The Engine: builds the actor graph (actors/wiring.py), supervises it, and is the public API.
 
-    client ─► tokenizer ─► admission ─► scheduler ◄─► allocator
-                  │            │          │  ▲
-                  ▼            ▼          ▼  │
-               streamer ◄──────┴──── scheduler ◄── executor ◄── scheduler (StepPlan)
-                  │
-                  ▼
-            ClientStreams (one bounded channel per request) ─► engine.generate()
-
-Channel buffers: the client edge (tokenizer inbox) is bounded, so callers feel backpressure.
-Admission and scheduler inboxes sit on cycles (streamer → admission → streamer; streamer →
-scheduler → streamer; executor and allocator answer the scheduler), so they are unbounded; what
-is in flight is bounded by admission's limits instead. The streamer and client inboxes hold a
-few batches so the scheduler can start the next step while text is being detokenized.
+Callers talk to the tokenizer's inbox (the client edge, bounded: callers feel backpressure) and
+read their events from ClientStreams, which the engine's router fills from the streamer's
+StreamBatches. An actor that raises, or an executor step that hangs past `step_timeout_s`,
+stops the graph: every open request gets a Failed event and `is_healthy` turns False.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
-import math
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import structlog
 from anyio.abc import TaskGroup, TaskStatus
 from anyio.streams.memory import MemoryObjectSendStream
 from troupe.actors.client_streams import ClientStreams, EventListener
+from troupe.actors.core.base import ActorName, Core
 from troupe.actors.core.executor import ExecutorCore
+from troupe.actors.exception_groups import single_leaf, unwrap_single
 from troupe.actors.executor import ExecutorSetup, start_executor
 from troupe.actors.graph import CORE_ACTORS, build_core, load_tokenizer_for
 from troupe.actors.request_input import RequestInputError, to_generate_request
 from troupe.actors.shell import Actor
+from troupe.actors.watchdog import watch_executor
+from troupe.actors.wiring import graph_specs, wire
 from troupe.config import EngineConfig
+from troupe.logs import configure_logging
 from troupe.messages import (
     AbortRequest,
     EngineStats,
@@ -48,30 +43,13 @@ from troupe.messages import (
     StreamEvent,
 )
 from troupe.messages.trace import TRACE_VERSION, TraceHeader, TraceWriter
-from troupe.ops.logs import configure_logging
+
+if TYPE_CHECKING:
+    from troupe.gpu.runner import Runner
 
 log = structlog.get_logger("troupe.engine")
 
 PromptInput = str | Sequence[int] | Sequence[Mapping[str, Any]] | Sequence[Any]
-
-# Which actors each actor sends to (outbox names are receiving actors).
-OUTBOXES: dict[str, tuple[str, ...]] = {
-    "tokenizer": ("admission", "streamer"),
-    "admission": ("scheduler", "streamer"),
-    "scheduler": ("allocator", "executor", "streamer"),
-    "allocator": ("scheduler",),
-    "executor": ("scheduler",),
-    "streamer": ("client", "scheduler", "admission"),
-}
-INBOX_BUFFERS: dict[str, float] = {
-    "tokenizer": 64,  # the client edge: bounded, so callers feel backpressure
-    "admission": math.inf,  # on the streamer <-> admission cycle
-    "scheduler": math.inf,  # on every cycle; admission bounds what is in flight
-    "allocator": 0,
-    "executor": 0,
-    "streamer": 8,  # lets the scheduler start the next step while text is detokenized
-    "client": 8,
-}
 
 
 class EngineStopped(RuntimeError):
@@ -97,27 +75,50 @@ class Engine:
         self._is_closing = False
         self._tg: TaskGroup | None = None
         self._executor: ExecutorCore | None = None
+        self._injected_runner: Runner | None = None
+        self._vocab_size: int | None = None  # the model's, once loaded
         self._actors: list[Actor] = []
 
     # -- lifecycle ---------------------------------------------------------------------------
 
     @classmethod
     @asynccontextmanager
-    async def open(cls, config: EngineConfig | None = None) -> AsyncIterator[Engine]:
-        """Start an engine in its own task group; stop it on exit."""
-        async with anyio.create_task_group() as tg:
-            engine = await cls.start(config or EngineConfig(), tg)
-            try:
-                yield engine
-            finally:
-                await engine.aclose()
+    async def open(
+        cls, config: EngineConfig | None = None, *, runner: Runner | None = None
+    ) -> AsyncIterator[Engine]:
+        """Start an engine in its own task group; stop it on exit.
+
+        Errors leave as themselves (a ModelLoadError, the caller's own exception), not wrapped
+        in the ExceptionGroup the task group would make of a single failure."""
+        with unwrap_single():
+            async with anyio.create_task_group() as tg:
+                engine = await cls.start(config or EngineConfig(), tg, runner=runner)
+                try:
+                    yield engine
+                finally:
+                    await engine.aclose()
 
     @classmethod
-    async def start(cls, config: EngineConfig, task_group: TaskGroup) -> Engine:
-        """Start inside a caller's task group (a trio nursery works too, via anyio)."""
+    async def start(
+        cls, config: EngineConfig, task_group: TaskGroup, *, runner: Runner | None = None
+    ) -> Engine:
+        """Start inside a caller's task group (a trio nursery works too, via anyio).
+
+        `runner`: an already built runner to drive instead of the one `config` describes (tests
+        inject faults this way); its steps run in a worker thread."""
         engine = cls(config)
+        engine._injected_runner = runner
         await task_group.start(engine._run)
         return engine
+
+    @property
+    def is_healthy(self) -> bool:
+        """False once the graph has stopped because an actor failed (or the executor hung)."""
+        return self.error is None and not self._stopped.is_set()
+
+    async def wait_stopped(self) -> None:
+        """Until the actor graph has stopped (closed, or crashed: then `error` is set)."""
+        await self._stopped.wait()
 
     async def aclose(self, grace: float = 5.0) -> None:
         """Abort what is in flight, wait up to `grace` s for terminal events, stop the actors."""
@@ -138,10 +139,13 @@ class Engine:
         config = self.config
         if not structlog.is_configured():  # an app that set up structlog keeps its own set-up
             configure_logging(config.log_format, config.log_level)
-        setup: ExecutorSetup = await anyio.to_thread.run_sync(start_executor, config)
+        setup: ExecutorSetup = await anyio.to_thread.run_sync(
+            start_executor, config, self._injected_runner
+        )
         self.model_name = setup.model_name
         self._executor = setup.core
         self.max_model_len = setup.max_model_len
+        self._vocab_size = setup.core_args["admission"]["vocab_size"]
         self.tokenizer = await anyio.to_thread.run_sync(load_tokenizer_for, config.model)
         tracer = None
         if config.trace_path:
@@ -152,56 +156,42 @@ class Engine:
                 core_args=setup.core_args,
             )
             tracer = TraceWriter(config.trace_path, header)
-        senders, receivers = {}, {}
-        for name, size in INBOX_BUFFERS.items():
-            senders[name], receivers[name] = anyio.create_memory_object_stream[Any](size)
-        actors = [
-            Actor(
-                name,
-                build_core(name, setup.core_args[name]),
-                receivers[name],
-                {dest: senders[dest].clone() for dest in OUTBOXES[name]},
-                tracer=tracer,
-                in_thread=name == "tokenizer",
-            )
-            for name in CORE_ACTORS
-        ]
-        actors.append(
-            Actor(
-                "executor",
-                setup.core,
-                receivers["executor"],
-                {"scheduler": senders["scheduler"].clone()},
-                tracer=tracer,
-                in_thread=setup.is_blocking,
-                max_batch=1,
-            )
-        )
-        self._actors = actors
-        self._to_tokenizer = senders["tokenizer"]
-        for name, sender in senders.items():
-            if name != "tokenizer":
-                sender.close()  # only the clones held by actors keep inboxes open
+        cores: dict[ActorName, Core[Any]] = {
+            name: build_core(name, setup.core_args[name]) for name in CORE_ACTORS
+        }
+        cores["executor"] = setup.core
+        graph = wire(graph_specs(executor_in_thread=setup.is_blocking), cores, tracer)
+        self._actors = list(graph.actors)
+        self._to_tokenizer = graph.to_tokenizer
         try:
             with self._cancel_scope:
                 async with anyio.create_task_group() as tg:
                     self._tg = tg
-                    tg.start_soon(self._route, receivers["client"])
-                    for actor in actors:
+                    tg.start_soon(self._route, graph.client_inbox)
+                    for actor in graph.actors:
                         await tg.start(actor.run)
+                        if actor.name == "executor" and setup.is_blocking and config.step_timeout_s:
+                            tg.start_soon(watch_executor, actor, config.step_timeout_s)
                     log.info("engine ready", model=self.model_name, **_pool_sizes(setup))
                     task_status.started()
         except Exception as exc:  # an actor crashed: fail its requests, keep the caller alive
-            self.error = exc
-            log.exception("engine crashed")
-            self._streams.fail_all(f"engine failure: {exc!r}")
+            self.error = single_leaf(exc) or exc
+            log.error("engine crashed", exc_info=self.error)
+            self._streams.fail_all(f"engine failure: {self.error}")
         finally:
             self._is_closing = True
             with anyio.CancelScope(shield=True):
-                await self._to_tokenizer.aclose()
+                await graph.to_tokenizer.aclose()
                 if tracer is not None:
                     tracer.close()
-                await anyio.to_thread.run_sync(setup.core.runner.close)
+                if any(actor.is_hung for actor in graph.actors):
+                    # The runner is stuck in a step; closing it may block too: bounded, abandoned.
+                    with anyio.move_on_after(5):
+                        await anyio.to_thread.run_sync(
+                            setup.core.runner.close, abandon_on_cancel=True
+                        )
+                else:
+                    await anyio.to_thread.run_sync(setup.core.runner.close)
             self._stopped.set()
 
     async def _route(self, inbox: Any) -> None:
@@ -343,7 +333,9 @@ class Engine:
         params: SamplingParams | Mapping[str, Any] | None,
     ) -> GenerateRequest | Rejected:
         try:
-            request = to_generate_request(request_id, prompt, params, time.monotonic())
+            request = to_generate_request(
+                request_id, prompt, params, time.monotonic(), vocab_size=self._vocab_size
+            )
         except RequestInputError as exc:
             return self._reject_here(request_id, RejectCode.INVALID_REQUEST, exc.field, str(exc))
         if self._is_closing or self._to_tokenizer is None:

@@ -13,7 +13,7 @@ from typing import Any
 from troupe.actors.core.executor import ExecutorCore
 from troupe.actors.graph import core_args
 from troupe.config import DEFAULT_MODEL_NAME, EngineConfig, resolve_model_path
-from troupe.gpu.runner import build_runner
+from troupe.gpu.runner import Runner, build_runner
 
 
 @dataclass(frozen=True)
@@ -26,10 +26,14 @@ class ExecutorSetup:
     is_blocking: bool  # the runner does real (GPU or CPU model) work: run it in a worker thread
 
 
-def start_executor(config: EngineConfig) -> ExecutorSetup:
-    """Load the model and size the pools (blocking: run it in a worker thread)."""
+def start_executor(config: EngineConfig, runner: Runner | None = None) -> ExecutorSetup:
+    """Load the model and size the pools (blocking: run it in a worker thread).
+
+    `runner`: drive this one instead of building what the config asks for (fault injection)."""
     path = resolve_model_path(config.model)
-    runner = build_runner(config)
+    injected = runner is not None
+    if runner is None:
+        runner = build_runner(config)
     max_model_len = runner.max_model_len
     if config.max_model_len is not None:
         max_model_len = min(max_model_len, config.max_model_len)
@@ -56,7 +60,7 @@ def start_executor(config: EngineConfig) -> ExecutorSetup:
         model_name=model_name(config.model, path),
         max_model_len=max_model_len,
         core_args=args,
-        is_blocking=config.runner != "fake",
+        is_blocking=injected or config.runner != "fake",
     )
 
 

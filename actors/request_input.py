@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import msgspec
-from troupe.messages import ChatMessage, GenerateRequest, SamplingParams
+from troupe.messages import ChatMessage, GenerateRequest, ParamError, SamplingParams
 
 
 class RequestInputError(ValueError):
@@ -48,9 +48,18 @@ def to_generate_request(
     prompt: Any,
     params: SamplingParams | Mapping[str, Any] | None,
     arrival_time: float,
+    *,
+    vocab_size: int | None = None,
 ) -> GenerateRequest:
-    """Classify the prompt (text, chat messages or token ids) and convert params."""
+    """Classify the prompt (text, chat messages or token ids), convert and check params.
+
+    Every client edge (Engine.generate/submit, hence HTTP and the websocket) comes through
+    here, so a request with bad parameters never enters the graph."""
     sampling = to_sampling_params(params)
+    try:
+        sampling.check(vocab_size=vocab_size)
+    except ParamError as exc:
+        raise RequestInputError(exc.field, str(exc)) from exc
     if isinstance(prompt, str):
         return GenerateRequest(
             request_id=request_id, params=sampling, arrival_time=arrival_time, prompt=prompt

@@ -7,6 +7,7 @@ same). When the inbox closes, the actor closes its outboxes and returns.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from contextlib import AsyncExitStack
@@ -42,6 +43,10 @@ class Actor:
         self._in_thread = in_thread  # GPU work and long tokenization stay off the event loop
         self._tracer = tracer
         self.busy_seconds = 0.0  # inside core.handle: the actor's own CPU cost, for benchmarks
+        self.busy_since: float | None = None  # monotonic start of the handle() in progress
+        # Set by a watchdog that gave up on a handle() that never returns: cancellation then
+        # abandons the worker thread instead of waiting for it.
+        self.is_hung = False
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         async with AsyncExitStack() as stack:
@@ -55,16 +60,37 @@ class Actor:
                 if self._tracer is not None:
                     self._record("recv", self.name, batch_no, batch)
                 start = time.perf_counter()
+                self.busy_since = time.monotonic()
                 if self._in_thread:
-                    out = await anyio.to_thread.run_sync(self.core.handle, batch)
+                    out = await self._handle_in_thread(batch)
                 else:
                     out = self.core.handle(batch)
+                self.busy_since = None
                 self.busy_seconds += time.perf_counter() - start
                 for dest, msg in out:
                     if self._tracer is not None:
                         self._record("send", dest, batch_no, (msg,))
                     await self._outboxes[dest].send(msg)
                 batch_no += 1
+
+    async def _handle_in_thread(self, batch: list[Any]) -> Any:
+        """core.handle in a worker thread. Cancelled, it still waits for the thread to finish
+        (the core's state must not change under whoever runs next), unless the actor is hung."""
+        finished = threading.Event()
+
+        def work() -> Any:
+            try:
+                return self.core.handle(batch)
+            finally:
+                finished.set()
+
+        try:
+            return await anyio.to_thread.run_sync(work, abandon_on_cancel=True)
+        except anyio.get_cancelled_exc_class():
+            if not self.is_hung:
+                with anyio.CancelScope(shield=True):
+                    await anyio.to_thread.run_sync(finished.wait)
+            raise
 
     def _drain(self, first: Any) -> list[Any]:
         batch = [first]

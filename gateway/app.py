@@ -92,8 +92,11 @@ async def _drain(request: web.Request, handler: Handler) -> web.StreamResponse:
 
 
 async def health(request: web.Request) -> web.Response:
-    """200 while serving; 503 once draining (load balancers stop sending work)."""
+    """200 while serving; 503 once draining (load balancers stop sending work) or once the
+    engine has failed (a supervisor restarts the process)."""
     gateway = request.app[GATEWAY]
+    if not gateway.engine.is_healthy:
+        return web.json_response({"status": "failed"}, status=503)
     if gateway.is_draining:
         return web.json_response({"status": "draining"}, status=503)
     return web.json_response({"status": "ok", "model": gateway.engine.model_name})

@@ -2,7 +2,9 @@
 
 Shutdown: stop taking work (503, /health says draining), give in-flight requests
 `--shutdown-grace` seconds to finish, abort the rest (each gets its terminal event: an SSE
-error, a websocket `done` with finish_reason "abort"), close websockets, exit 0.
+error, a websocket `done` with finish_reason "abort"), close websockets, exit 0. If the engine
+fails instead (an actor crashed, or the executor hung past step_timeout_s), /health answers
+503 and the process exits 1 so that a supervisor restarts it.
 """
 
 from __future__ import annotations
@@ -11,8 +13,8 @@ import argparse
 import asyncio
 import contextlib
 import signal
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
 import structlog
 from aiohttp import WSCloseCode, web
@@ -20,6 +22,9 @@ from troupe.config import EngineConfig
 from troupe.gateway.app import build_app
 from troupe.gateway.engine_api import EngineLike
 from troupe.gateway.state import GATEWAY, GatewaySettings
+
+if TYPE_CHECKING:
+    from troupe.gpu.runner import Runner
 
 log = structlog.get_logger("troupe.gateway")
 
@@ -72,7 +77,13 @@ def run_serve(args: argparse.Namespace, config: EngineConfig) -> int:
             force=force,
         )
 
-    asyncio.run(main())
+    from troupe.actors.engine import EngineStopped
+
+    try:
+        asyncio.run(main())
+    except EngineStopped as exc:  # a supervisor should restart us: say why, exit non-zero
+        log.error("engine failed; exiting", error=str(exc))
+        return 1
     return 0
 
 
@@ -86,14 +97,17 @@ async def serve(
     stop: asyncio.Event,
     force: asyncio.Event | None = None,
     on_ready: Callable[[str, web.Application], None] | None = None,
+    runner: Runner | None = None,
 ) -> None:
     """Start the engine and the HTTP server; when `stop` is set, drain and return.
 
     `force`, set while draining, aborts in-flight requests at once. `on_ready(url, app)` is
-    called once the socket listens (the app holds the engine)."""
+    called once the socket listens (the app holds the engine). `runner`: drive this one instead
+    of the config's (fault injection). If the engine fails, serving stops at once and
+    EngineStopped leaves this function."""
     from troupe.actors.engine import Engine  # the engine pulls in torch: import on use
 
-    async with Engine.open(config) as engine:
+    async with Engine.open(config, runner=runner) as engine:
         app = build_app(engine, settings)
         runner = web.AppRunner(
             app, handler_cancellation=True, access_log=None, shutdown_timeout=_FLUSH_SECONDS
@@ -107,8 +121,9 @@ async def serve(
             log.info("serving", url=url, model=engine.model_name, playground=f"{url}/")
             if on_ready is not None:
                 on_ready(url, app)
-            await stop.wait()
-            await drain(app, engine, shutdown_grace, force)
+            await _first_of(stop.wait(), engine.wait_stopped())
+            if engine.is_healthy:
+                await drain(app, engine, shutdown_grace, force)
         finally:
             await runner.cleanup()
     log.info("stopped")
@@ -140,6 +155,16 @@ async def drain(
         if not ws.closed:
             with contextlib.suppress(Exception):
                 await ws.close(code=WSCloseCode.GOING_AWAY, message=b"server shutting down")
+
+
+async def _first_of(*waits: Awaitable[object]) -> None:
+    """Until the first of `waits` is done; the others are cancelled."""
+    tasks = [asyncio.ensure_future(w) for w in waits]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
 
 
 def _url_host(host: str) -> str:

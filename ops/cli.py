@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         config = config_from_args(ns)
     except ConfigError as exc:
         parser.error(str(exc))
-    from troupe.ops.logs import configure_logging
+    from troupe.logs import configure_logging
 
     configure_logging(config.log_format, config.log_level)
     if ns.command == "generate":

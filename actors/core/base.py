@@ -7,7 +7,7 @@ trace replay (ops/replay.py) calls `handle` with recorded batches and compares t
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol, TypeVar
+from typing import Literal, Protocol, TypeVar, get_args
 
 import msgspec
 
@@ -16,7 +16,11 @@ Outgoing = list[tuple[str, msgspec.Struct]]
 
 InboxT = TypeVar("InboxT", contravariant=True)
 
-ACTOR_NAMES = ("tokenizer", "admission", "scheduler", "allocator", "executor", "streamer", "client")
+# Every inbox of the graph; "client" is the engine's router (StreamBatches for the callers).
+ActorName = Literal[
+    "tokenizer", "admission", "scheduler", "allocator", "executor", "streamer", "client"
+]
+ACTOR_NAMES: tuple[ActorName, ...] = get_args(ActorName)
 
 
 class Core(Protocol[InboxT]):

@@ -18,6 +18,7 @@ import dataclasses
 from collections.abc import Sequence
 
 import msgspec
+import structlog
 from troupe.actors.core.detokenizer import IncrementalDetokenizer, shared_token_texts
 from troupe.actors.core.stop_strings import StopStringMatcher
 from troupe.actors.core.tokenizer_text import TextTokenizer
@@ -41,6 +42,8 @@ from troupe.messages import (
     TokenLogprob,
     Usage,
 )
+
+log = structlog.get_logger("troupe.streamer")
 
 
 @dataclasses.dataclass(slots=True)
@@ -88,6 +91,7 @@ class StreamerCore:
     def __init__(self, tokenizer: TextTokenizer) -> None:
         self._tokenizer = tokenizer
         self._streams: dict[str, _Stream] = {}
+        self._failed: dict[str, str] = {}  # request id -> why its stream could not be opened
         tokenizer.token_bytes(0)  # build the byte table now, not on the first token batch
         # Decoded text per token id, shared by all requests (one table per skip setting).
         self._texts = {
@@ -107,6 +111,7 @@ class StreamerCore:
                 self._open(msg)
             elif isinstance(msg, RequestRejected):
                 self._streams.pop(msg.request_id, None)
+                self._failed.pop(msg.request_id, None)
                 event = Rejected(
                     request_id=msg.request_id, code=msg.code, message=msg.message, field=msg.field
                 )
@@ -119,8 +124,16 @@ class StreamerCore:
         return out
 
     def _open(self, msg: RequestOpened) -> None:
+        try:
+            self._streams[msg.request_id] = self._new_stream(msg)
+        except Exception as exc:  # one bad request must not stop the streamer
+            log.exception("cannot open the request's stream", request_id=msg.request_id)
+            # It fails at its first output: by then the scheduler knows it and can free it.
+            self._failed[msg.request_id] = f"the streamer could not open this request: {exc}"
+
+    def _new_stream(self, msg: RequestOpened) -> _Stream:
         params = msg.params
-        self._streams[msg.request_id] = _Stream(
+        return _Stream(
             opened=msg,
             detokenizer=IncrementalDetokenizer(
                 self._tokenizer,
@@ -141,34 +154,18 @@ class StreamerCore:
         for output in batch.outputs:
             stream = get_stream(output.request_id)
             if stream is None:
+                if output.request_id in self._failed:
+                    message = self._failed.pop(output.request_id)
+                    self._end_failed(output, message, events, stopped, ended)
                 continue  # already ended (a stop string won the race) or never opened
-            token_ids = output.token_ids
-            if output.finish_reason is None and token_ids and not stream.has_stops:
-                # The hot path: new tokens of a running request without stop strings (what
-                # _advance would do, minus the stop-string matcher and the end handling).
-                push = stream.detokenizer.push
-                num_tokens = len(token_ids)
-                if num_tokens == 1:
-                    text = push(token_ids[0])
-                else:
-                    text = "".join([push(token_id) for token_id in token_ids])
-                stream.num_output_tokens += num_tokens
-                if stream.first_token_time is None:
-                    stream.first_token_time = time
-                stream.last_token_time = time
-                if output.num_cached_tokens > stream.num_cached_tokens:
-                    stream.num_cached_tokens = output.num_cached_tokens
-                logprobs = output.logprobs
-                add_event(
-                    Delta(
-                        request_id=output.request_id,
-                        text=text,
-                        token_ids=token_ids,
-                        logprobs=None if logprobs is None else logprobs[:num_tokens],
-                    )
-                )
+            try:
+                event = self._output(stream, output, time)
+            except Exception as exc:  # fail this request only; the others go on
+                log.exception("cannot stream the request's output", request_id=output.request_id)
+                del self._streams[output.request_id]
+                message = f"the streamer failed on this request's output: {exc}"
+                self._end_failed(output, message, events, stopped, ended)
                 continue
-            event = self._advance(stream, output, time)
             if event is None:
                 continue
             add_event(event)
@@ -183,6 +180,47 @@ class StreamerCore:
             out.append(("scheduler", StopRequests(request_ids=tuple(stopped))))
         out.append(("client", StreamBatch(events=tuple(events), stats=batch.stats)))
         return out
+
+    @staticmethod
+    def _end_failed(
+        output: SeqOutput,
+        message: str,
+        events: list[StreamEvent],
+        stopped: list[str],
+        ended: list[str],
+    ) -> None:
+        """A Failed event for a request the streamer cannot serve; the scheduler frees it."""
+        events.append(Failed(request_id=output.request_id, message=message))
+        ended.append(output.request_id)
+        if output.finish_reason is None:  # the scheduler still runs it
+            stopped.append(output.request_id)
+
+    def _output(self, stream: _Stream, output: SeqOutput, time: float) -> StreamEvent | None:
+        """The event for one request's output (None: nothing to say yet)."""
+        token_ids = output.token_ids
+        if output.finish_reason is not None or not token_ids or stream.has_stops:
+            return self._advance(stream, output, time)
+        # The hot path: new tokens of a running request without stop strings (what _advance
+        # does, minus the stop-string matcher and the end handling).
+        push = stream.detokenizer.push
+        num_tokens = len(token_ids)
+        if num_tokens == 1:
+            text = push(token_ids[0])
+        else:
+            text = "".join([push(token_id) for token_id in token_ids])
+        stream.num_output_tokens += num_tokens
+        if stream.first_token_time is None:
+            stream.first_token_time = time
+        stream.last_token_time = time
+        if output.num_cached_tokens > stream.num_cached_tokens:
+            stream.num_cached_tokens = output.num_cached_tokens
+        logprobs = output.logprobs
+        return Delta(
+            request_id=output.request_id,
+            text=text,
+            token_ids=token_ids,
+            logprobs=None if logprobs is None else logprobs[:num_tokens],
+        )
 
     def _advance(self, stream: _Stream, output: SeqOutput, time: float) -> StreamEvent | None:
         """Feed one SeqOutput; the event it yields (None: nothing to say)."""

@@ -19,6 +19,8 @@ from troupe.config import EngineConfig
 from troupe.gateway.app import build_app
 from troupe.gateway.server import serve
 from troupe.gateway.state import GATEWAY, GatewaySettings
+from troupe.gpu.fake_runner import FakeRunner
+from troupe.gpu.faulty_runner import FaultyRunner
 
 # Fake runner: deterministic, fast. 2000 blocks of 16 tokens: room for 200 requests of ~150 tokens; long ones stop early.
 BASE_CONFIG = EngineConfig(
@@ -30,9 +32,15 @@ class ServerThread:
     """`serve()` in a thread; `url` and `engine` once ready; `shutdown()` drains it."""
 
     def __init__(
-        self, config: EngineConfig, settings: GatewaySettings, *, shutdown_grace: float = 5.0
+        self,
+        config: EngineConfig,
+        settings: GatewaySettings,
+        *,
+        shutdown_grace: float = 5.0,
+        runner: Any = None,
     ) -> None:
         self.config = config
+        self.runner = runner  # an injected runner (e.g. a FaultyRunner), or None
         self.settings = settings
         self.shutdown_grace = shutdown_grace
         self.url = ""
@@ -74,6 +82,7 @@ class ServerThread:
                 shutdown_grace=self.shutdown_grace,
                 stop=self._stop,
                 on_ready=on_ready,
+                runner=self.runner,
             )
         except BaseException as exc:  # surfaced by start() / shutdown()
             self.error = exc
@@ -146,8 +155,29 @@ def anyio_backend() -> str:
 
 @pytest.fixture(scope="module")
 def tight_server() -> Iterator[ServerThread]:
-    """An engine that one running and one queued request fill (for 429); short drain grace."""
+    """An engine that one running and one queued request fill (for 429); short drain grace.
+    Its runner can hold a step until the test releases it (`srv.runner`, a FaultyRunner)."""
     config = BASE_CONFIG.replace(max_num_seqs=1, max_queued_requests=1)
-    srv = ServerThread(config, GatewaySettings(), shutdown_grace=0.5).start()
+    runner = FaultyRunner(FakeRunner.from_config(config))
+    srv = ServerThread(config, GatewaySettings(), shutdown_grace=0.5, runner=runner).start()
     yield srv
+    runner.release()
     srv.shutdown()
+
+
+@pytest.fixture
+def make_server() -> Iterator[Any]:
+    """Start a ServerThread of one's own: `make_server(config, runner=...)`; stopped after."""
+    started: list[ServerThread] = []
+
+    def make(config: EngineConfig = BASE_CONFIG, **kwargs: Any) -> ServerThread:
+        srv = ServerThread(config, GatewaySettings(), **kwargs).start()
+        started.append(srv)
+        return srv
+
+    yield make
+    for srv in started:
+        if srv.runner is not None:
+            srv.runner.release()
+        if srv._thread.is_alive():
+            srv.shutdown()

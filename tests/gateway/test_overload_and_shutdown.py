@@ -45,10 +45,15 @@ async def test_429_with_retry_after(tight_server) -> None:  # type: ignore[no-un
 
 async def test_shutdown_drains_then_aborts(tight_server) -> None:  # type: ignore[no-untyped-def]
     base = tight_server.url
+    runner = tight_server.runner
+    # Two steps run (the first tokens stream), then the third waits until the test releases
+    # it: the stream outlives the drain grace however fast this machine is.
+    runner.hold_after(2)
     async with aiohttp.ClientSession() as http:
         async with http.post(f"{base}/v1/completions", json=LONG) as resp:
             assert resp.status == 200
             lines = [(await resp.content.readline()).decode().strip()]
+            assert await asyncio.to_thread(runner.wait_until_held, 30)
             tight_server.begin_shutdown()
             async with asyncio.timeout(5):
                 while True:  # /health turns 503 as soon as the server starts draining
@@ -71,4 +76,6 @@ async def test_shutdown_drains_then_aborts(tight_server) -> None:  # type: ignor
     assert lines[-1] == "data: [DONE]"
     last = json.loads(lines[-2][len("data: ") :])
     assert last["error"]["code"] == "aborted" and "shutting down" in last["error"]["message"]
+    assert runner.num_held == 1  # the stream was cut while its step was held, not after it ended
+    runner.release()  # the engine's close waits for the held step to finish
     await asyncio.to_thread(tight_server.join, 30.0)  # serve() returned without an error

@@ -32,6 +32,7 @@ class FloodEngine:
     model_name = "flood"
     max_model_len = 1 << 30
     tokenizer = None
+    is_healthy = True
 
     def __init__(self) -> None:
         self.num_yielded = 0
@@ -50,6 +51,9 @@ class FloodEngine:
 
     async def abort_all(self, reason: str) -> None:
         pass
+
+    async def wait_stopped(self) -> None:
+        await asyncio.Event().wait()  # never stops by itself
 
     async def generate(
         self, prompt: Any, params: Any, *, request_id: str | None = None

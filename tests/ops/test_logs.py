@@ -10,7 +10,7 @@ import pytest
 import structlog
 from graph_helpers import collect
 from troupe import Engine, EngineConfig, SamplingParams
-from troupe.ops.logs import configure_logging
+from troupe.logs import configure_logging
 
 
 @pytest.fixture

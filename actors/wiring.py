@@ -1,0 +1,86 @@
+"""The actor graph as one typed table, and the channels it is wired with.
+
+Every actor is one `ActorSpec` row: its name, the actors it sends to, its inbox buffer and
+whether its core runs in a worker thread. `wire` creates one inbox per receiver, gives each
+sender its own clone, and returns the actors (downstream first: the order to start them in).
+
+Inbox buffers: the client edge (tokenizer) is bounded, so callers feel backpressure. Admission
+and the scheduler sit on cycles (streamer -> admission -> streamer; streamer -> scheduler ->
+streamer; the executor and allocator answer the scheduler), so they are unbounded; admission's
+limits bound what is in flight instead. The streamer and client inboxes hold a few batches so
+the scheduler can start the next step while text is being detokenized.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from troupe.actors.core.base import ActorName, Core
+from troupe.actors.shell import Actor
+from troupe.messages.trace import TraceWriter
+
+
+@dataclass(frozen=True, slots=True)
+class ActorSpec:
+    name: ActorName
+    sends_to: tuple[ActorName, ...]
+    inbox_buffer: float  # math.inf: unbounded (only on a documented cycle)
+    in_thread: bool  # the core blocks (tokenizing, GPU work): keep it off the event loop
+    max_batch: int = 256  # messages drained from the inbox into one handle() call
+
+
+def graph_specs(*, executor_in_thread: bool) -> tuple[ActorSpec, ...]:
+    """The graph, downstream first. The executor runs in a thread when its runner blocks."""
+    return (
+        ActorSpec("streamer", ("client", "scheduler", "admission"), 8, in_thread=False),
+        ActorSpec("executor", ("scheduler",), 0, executor_in_thread, max_batch=1),
+        ActorSpec("scheduler", ("allocator", "executor", "streamer"), math.inf, in_thread=False),
+        ActorSpec("allocator", ("scheduler",), 0, in_thread=False),
+        ActorSpec("admission", ("scheduler", "streamer"), math.inf, in_thread=False),
+        ActorSpec("tokenizer", ("admission", "streamer"), 64, in_thread=True),
+    )
+
+
+CLIENT_BUFFER = 8  # StreamBatches the engine's router may fall behind by
+
+
+@dataclass(frozen=True, slots=True)
+class WiredGraph:
+    actors: tuple[Actor, ...]  # downstream first
+    to_tokenizer: MemoryObjectSendStream[Any]  # the client edge: the engine's own sender
+    client_inbox: MemoryObjectReceiveStream[Any]  # StreamBatches for the engine's router
+
+
+def wire(
+    specs: tuple[ActorSpec, ...],
+    cores: Mapping[ActorName, Core[Any]],
+    tracer: TraceWriter | None = None,
+) -> WiredGraph:
+    """Channels and actors for `specs`; `cores` holds one core per spec."""
+    senders: dict[ActorName, MemoryObjectSendStream[Any]] = {}
+    receivers: dict[ActorName, MemoryObjectReceiveStream[Any]] = {}
+    buffers: dict[ActorName, float] = {spec.name: spec.inbox_buffer for spec in specs}
+    buffers["client"] = CLIENT_BUFFER
+    for name, size in buffers.items():
+        senders[name], receivers[name] = anyio.create_memory_object_stream[Any](size)
+    actors = tuple(
+        Actor(
+            spec.name,
+            cores[spec.name],
+            receivers[spec.name],
+            {dest: senders[dest].clone() for dest in spec.sends_to},
+            max_batch=spec.max_batch,
+            in_thread=spec.in_thread,
+            tracer=tracer,
+        )
+        for spec in specs
+    )
+    for name, sender in senders.items():
+        if name != "tokenizer":
+            sender.close()  # only the clones held by actors keep these inboxes open
+    return WiredGraph(actors, senders["tokenizer"], receivers["client"])

@@ -1,0 +1,81 @@
+"""FaultyRunner: wraps any runner to inject faults at chosen steps, and to hold steps.
+
+Tests and the soak harness use it to prove that a failure stays contained (a raising step fails
+only its requests, a hung step is caught by the engine's watchdog), and to make timing-dependent
+scenarios deterministic: `hold_after(n)` lets `n` more steps run, then blocks the next one until
+`release()` -- a stream is then certain to outlive a drain grace, however fast the machine.
+
+Steps are counted from 1 over `execute` calls. The wrapper blocks its caller, so the engine runs
+an injected runner's steps in a worker thread (never on the event loop).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Collection
+
+from troupe.gpu.runner import Runner
+from troupe.messages import SampledToken, StepPlan
+
+
+class InjectedFault(RuntimeError):
+    """The error a FaultyRunner raises at a step in `fail_at_steps`."""
+
+
+class FaultyRunner:
+    """A Runner that delegates to `inner`, except at the steps it was told to break."""
+
+    def __init__(
+        self,
+        inner: Runner,
+        *,
+        fail_at_steps: Collection[int] = (),
+        hang_at_step: int | None = None,
+    ) -> None:
+        self.inner = inner
+        self.block_size = inner.block_size
+        self.num_gpu_blocks = inner.num_gpu_blocks
+        self.num_cpu_blocks = inner.num_cpu_blocks
+        self.vocab_size = inner.vocab_size
+        self.max_model_len = inner.max_model_len
+        self.eos_token_ids = inner.eos_token_ids
+        self._fail_at = frozenset(fail_at_steps)
+        self._cond = threading.Condition()
+        self._hold_at: int | None = hang_at_step  # the first step that must wait for release()
+        self.num_steps = 0  # execute calls so far (the one in progress included)
+        self.num_held = 0  # steps that are waiting (or waited) at the gate
+        self.is_waiting = False
+
+    def hold_after(self, num_steps: int) -> None:
+        """Let `num_steps` more steps run, then hold the next one until `release()`."""
+        with self._cond:
+            self._hold_at = self.num_steps + num_steps + 1
+
+    def release(self) -> None:
+        """Let held steps (and all later ones) run."""
+        with self._cond:
+            self._hold_at = None
+            self._cond.notify_all()
+
+    def wait_until_held(self, timeout: float | None = None) -> bool:
+        """Block until a step waits at the gate (True), or `timeout` seconds pass (False)."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self.is_waiting, timeout)
+
+    def execute(self, plan: StepPlan) -> tuple[SampledToken, ...]:
+        with self._cond:
+            self.num_steps += 1
+            step = self.num_steps
+            if self._hold_at is not None and step >= self._hold_at:
+                self.num_held += 1
+                self.is_waiting = True
+                self._cond.notify_all()
+                self._cond.wait_for(lambda: self._hold_at is None or step < self._hold_at)
+                self.is_waiting = False
+        if step in self._fail_at:
+            raise InjectedFault(f"fault injected at step {step}")
+        return self.inner.execute(plan)
+
+    def close(self) -> None:
+        self.release()
+        self.inner.close()

@@ -1,0 +1,104 @@
+"""Faults injected through the runner: a raising step fails only its requests, a hung step is
+caught by the watchdog, and the engine reports what happened. Runs on asyncio and trio."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+from graph_helpers import collect, terminal, token_ids, wait_blocks_free
+from troupe import Engine, EngineConfig, SamplingParams
+from troupe.actors.engine import EngineStopped
+from troupe.actors.watchdog import ExecutorHung
+from troupe.config import ConfigError
+from troupe.gpu.fake_runner import FakeRunner
+from troupe.gpu.faulty_runner import FaultyRunner
+from troupe.messages import Failed, Finished
+
+pytestmark = pytest.mark.anyio
+
+CONFIG = EngineConfig(runner="fake", num_kv_blocks=256, num_cpu_blocks=16)
+PARAMS = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+
+
+async def test_a_raising_step_fails_only_its_requests() -> None:
+    runner = FaultyRunner(FakeRunner.from_config(CONFIG), fail_at_steps={2})
+    first: list = []
+    async with Engine.open(CONFIG, runner=runner) as engine:
+        runner.hold_after(1)  # step 2 (the one that raises) waits until the second request is in
+        async with anyio.create_task_group() as tg:
+
+            async def run_first() -> None:
+                first.extend(await collect(engine, [11, 12, 13], PARAMS))
+
+            tg.start_soon(run_first)
+            await anyio.to_thread.run_sync(runner.wait_until_held)
+            tg.start_soon(_finishes, engine, [21, 22])
+            while engine.num_active < 2:
+                await anyio.sleep(0.01)
+            runner.release()
+        event = terminal(first)
+        assert isinstance(event, Failed), event
+        assert "fault injected at step 2" in event.message
+        assert len(token_ids(first)) == 1  # step 1's token streamed before the fault
+        await _finishes(engine, [31, 32, 33])  # the engine still serves
+        assert engine.is_healthy
+        await wait_blocks_free(engine)
+
+
+async def _finishes(engine: Engine, prompt: list[int]) -> None:
+    events = await collect(engine, prompt, PARAMS)
+    assert isinstance(terminal(events), Finished)
+    assert token_ids(events) == FakeRunner.reference_tokens(prompt, 6, PARAMS)
+
+
+async def test_a_hung_step_is_caught_by_the_watchdog() -> None:
+    config = CONFIG.replace(step_timeout_s=1.0)
+    runner = FaultyRunner(FakeRunner.from_config(config), hang_at_step=3)
+    try:
+        with pytest.raises(EngineStopped, match="step_timeout_s") as info:
+            async with Engine.open(config, runner=runner) as engine:
+                with anyio.fail_after(60):  # a hang detector only; the watchdog fires in ~1 s
+                    events = await collect(engine, [5, 6, 7], PARAMS)
+                event = terminal(events)
+                assert isinstance(event, Failed) and "step_timeout_s" in event.message
+                assert len(token_ids(events)) <= 2  # steps 1 and 2 ran (unless the machine is slow)
+                assert not engine.is_healthy
+                late = await collect(engine, [1, 2], PARAMS)
+                assert terminal(late).finish_reason is not None  # refused, not hung
+        assert isinstance(info.value.__cause__, ExecutorHung)
+    finally:
+        runner.release()  # let the abandoned worker thread end
+
+
+async def test_an_actor_crash_fails_open_requests_and_is_reported() -> None:
+    runner = FaultyRunner(FakeRunner.from_config(CONFIG))
+    with pytest.raises(EngineStopped) as info:
+        async with Engine.open(CONFIG, runner=runner) as engine:
+            runner.hold_after(1)
+            async with anyio.create_task_group() as tg:
+                results: list = []
+
+                async def run() -> None:
+                    results.extend(await collect(engine, [9, 8, 7], PARAMS))
+
+                tg.start_soon(run)
+                await anyio.to_thread.run_sync(runner.wait_until_held)
+                # Break the graph itself (not one request): the allocator's core is corrupted.
+                allocator = next(a for a in engine._actors if a.name == "allocator")
+                allocator.core.handle = None  # type: ignore[method-assign]
+                runner.release()
+            event = terminal(results)
+            assert isinstance(event, Failed) and "engine failure" in event.message
+            assert not engine.is_healthy
+    assert isinstance(info.value.__cause__, TypeError)
+
+
+async def test_open_raises_the_load_error_itself() -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        async with Engine.open(CONFIG.replace(runner="model", model="/no/such/model")):
+            pass
+
+
+def test_step_timeout_is_validated() -> None:
+    with pytest.raises(ConfigError, match="step_timeout_s"):
+        EngineConfig(step_timeout_s=0)
