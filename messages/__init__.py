@@ -46,6 +46,7 @@ from troupe.messages.scheduler import (
     StopRequests,
 )
 from troupe.messages.streamer import (
+    RequestFailed,
     RequestOpened,
     RequestRejected,
     SeqOutput,
@@ -80,6 +81,7 @@ __all__ = [
     "ParamError",
     "RejectCode",
     "Rejected",
+    "RequestFailed",
     "RequestOpened",
     "RequestRejected",
     "RequestsEnded",

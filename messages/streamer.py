@@ -28,6 +28,14 @@ class RequestRejected(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     field: str | None = None
 
 
+class RequestFailed(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """From the Tokenizer or Admission: handling this request raised (an engine fault, not the
+    client's); it never runs and ends with a Failed event. Other requests are unaffected."""
+
+    request_id: str
+    message: str
+
+
 # array_like + gc=False: one per sequence per step on the hot path.
 class SeqOutput(msgspec.Struct, frozen=True, array_like=True, gc=False):
     request_id: str
@@ -48,4 +56,4 @@ class TokenBatch(msgspec.Struct, frozen=True, kw_only=True, tag=True, gc=False):
     stats: EngineStats | None = None
 
 
-StreamerInbox = RequestOpened | RequestRejected | TokenBatch
+StreamerInbox = RequestOpened | RequestRejected | RequestFailed | TokenBatch

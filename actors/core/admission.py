@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import structlog
 from troupe.actors.core.base import Outgoing
 from troupe.messages import (
     AbortRequest,
@@ -11,15 +12,19 @@ from troupe.messages import (
     AdmittedRequest,
     ParamError,
     RejectCode,
+    RequestFailed,
     RequestRejected,
     RequestsEnded,
     TokenizedRequest,
 )
 
+log = structlog.get_logger("troupe.admission")
+
 
 class AdmissionCore:
     """Inbox: TokenizedRequest, AbortRequest, RequestsEnded.
-    Outboxes: "scheduler" (AdmittedRequest, AbortRequest), "streamer" (RequestRejected).
+    Outboxes: "scheduler" (AdmittedRequest, AbortRequest), "streamer" (RequestRejected, or
+    RequestFailed when handling one request raised: that request fails, admission goes on).
 
     Counts every admitted request until the Streamer reports its terminal event, and turns new
     work away with OVERLOADED once `max_num_seqs + max_queued_requests` requests or
@@ -43,7 +48,6 @@ class AdmissionCore:
         self.max_logprobs = max_logprobs
         self._num_tokens: dict[str, int] = {}  # request id -> prompt tokens, while in the engine
         self._total_tokens = 0
-        self.is_closed = False  # set by the engine at shutdown
 
     @property
     def num_in_flight(self) -> int:
@@ -54,7 +58,14 @@ class AdmissionCore:
         for msg in batch:
             match msg:
                 case TokenizedRequest():
-                    out.append(self._admit(msg))
+                    try:
+                        out.append(self._admit(msg))
+                    except Exception as exc:  # one bad request must not stop admission
+                        log.exception("admission failed", request_id=msg.request_id)
+                        message = f"admission failed on this request: {exc}"
+                        out.append(
+                            ("streamer", RequestFailed(request_id=msg.request_id, message=message))
+                        )
                 case AbortRequest():
                     out.append(("scheduler", msg))
                 case RequestsEnded():
@@ -70,15 +81,17 @@ class AdmissionCore:
                 request_id=req.request_id, code=code, field=field, message=message
             )
         num_prompt = len(req.prompt_token_ids)
-        self._num_tokens[req.request_id] = num_prompt
-        self._total_tokens += num_prompt
-        return "scheduler", AdmittedRequest(
+        admitted = AdmittedRequest(
             request_id=req.request_id,
             prompt_token_ids=req.prompt_token_ids,
             params=req.params,
             arrival_time=req.arrival_time,
             max_total_tokens=min(num_prompt + req.params.max_tokens, self.max_model_len),
         )
+        # Counted only once nothing can fail: a failed request holds no share of the limits.
+        self._num_tokens[req.request_id] = num_prompt
+        self._total_tokens += num_prompt
+        return "scheduler", admitted
 
     def _check(self, req: TokenizedRequest) -> tuple[RejectCode, str | None, str] | None:
         if req.request_id in self._num_tokens:
@@ -101,8 +114,6 @@ class AdmissionCore:
                 f"prompt has {num_prompt} tokens; max_model_len is {self.max_model_len} "
                 "(the prompt must leave room for at least one generated token)",
             )
-        if self.is_closed:
-            return RejectCode.SHUTTING_DOWN, None, "the engine is shutting down"
         if len(self._num_tokens) >= self.max_requests:
             return (
                 RejectCode.OVERLOADED,

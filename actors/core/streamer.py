@@ -3,6 +3,7 @@
 Inbox -> outboxes, per handle() call:
     RequestOpened    -> per-request state (detokenizer, stop matcher, counters); nothing sent
     RequestRejected  -> ("client", StreamBatch([Rejected]))
+    RequestFailed    -> ("client", StreamBatch([Failed]))
     TokenBatch       -> ("scheduler", StopRequests) when stop strings matched, then
                         ("client", StreamBatch) -- exactly one per TokenBatch, with its stats
     at the end       -> ("admission", RequestsEnded) with every request that ended in this call
@@ -29,6 +30,7 @@ from troupe.messages import (
     Finished,
     FinishReason,
     Rejected,
+    RequestFailed,
     RequestOpened,
     RequestRejected,
     RequestsEnded,
@@ -109,11 +111,18 @@ class StreamerCore:
         for msg in batch:
             if isinstance(msg, RequestOpened):
                 self._open(msg)
-            elif isinstance(msg, RequestRejected):
+            elif isinstance(msg, RequestRejected | RequestFailed):
                 self._streams.pop(msg.request_id, None)
                 self._failed.pop(msg.request_id, None)
-                event = Rejected(
-                    request_id=msg.request_id, code=msg.code, message=msg.message, field=msg.field
+                event: StreamEvent = (
+                    Rejected(
+                        request_id=msg.request_id,
+                        code=msg.code,
+                        message=msg.message,
+                        field=msg.field,
+                    )
+                    if isinstance(msg, RequestRejected)
+                    else Failed(request_id=msg.request_id, message=msg.message)
                 )
                 out.append(("client", StreamBatch(events=(event,))))
                 ended.append(msg.request_id)
