@@ -45,6 +45,11 @@ def _token(rid: str, token_id: int, reason: FinishReason | None = None) -> SeqOu
     return SeqOutput(rid, (token_id,), reason, None, None, 0)
 
 
+def _malformed(rid: str, reason: FinishReason | None = None) -> SeqOutput:
+    """An output whose logprobs are not a tuple: streaming it raises TypeError."""
+    return SeqOutput(rid, (HELLO,), reason, None, 5, 0)  # type: ignore[arg-type]
+
+
 def test_a_stream_that_cannot_open_fails_at_its_first_output(streamer: StreamerCore) -> None:
     # An empty stop string bypassed the client edge's check (a core driven directly).
     out = streamer.handle(
@@ -64,24 +69,26 @@ def test_a_stream_that_cannot_open_fails_at_its_first_output(streamer: StreamerC
     assert isinstance(delta, Delta) and (delta.request_id, delta.text) == ("good", "Hello")
     assert out[2] == ("admission", RequestsEnded(request_ids=("bad",)))
     # Later outputs for the failed request are ignored; the good one goes on.
-    out = streamer.handle([_batch(_token("bad", HELLO), _token("good", HELLO, FinishReason.LENGTH))])
+    out = streamer.handle(
+        [_batch(_token("bad", HELLO), _token("good", HELLO, FinishReason.LENGTH))]
+    )
     (box, batch), ended = out
     assert [e.request_id for e in batch.events] == ["good"]
     assert ended == ("admission", RequestsEnded(request_ids=("good",)))
     assert streamer.num_live_requests == 0
 
 
-def test_an_output_that_breaks_the_detokenizer_fails_only_its_request(
+def test_an_output_that_breaks_the_streamer_fails_only_its_request(
     streamer: StreamerCore,
 ) -> None:
     streamer.handle([_opened("odd", SamplingParams()), _opened("fine", SamplingParams())])
-    out = streamer.handle([_batch(_token("odd", 10**9), _token("fine", HELLO))])
+    out = streamer.handle([_batch(_malformed("odd"), _token("fine", HELLO))])
     assert out[0] == ("scheduler", StopRequests(request_ids=("odd",)))
     failed, delta = out[1][1].events  # type: ignore[attr-defined]
     assert isinstance(failed, Failed) and "streamer failed" in failed.message
     assert isinstance(delta, Delta) and delta.request_id == "fine"
     # A terminal output that fails needs no StopRequests: the scheduler already ended it.
-    out = streamer.handle([_batch(_token("fine", 10**9, FinishReason.LENGTH))])
+    out = streamer.handle([_batch(_malformed("fine", FinishReason.LENGTH))])
     assert [box for box, _ in out] == ["client", "admission"]
     assert streamer.num_live_requests == 0
 
