@@ -1,4 +1,9 @@
-"""The aiohttp application: routes, auth / drain / error middleware, health, metrics, page."""
+"""The aiohttp application: routes, the middleware chain, health, metrics, page.
+
+Middleware, outermost first: errors (every error in OpenAI's shape; a vanished client is
+routine), browser_guard (pages of unlisted origins get 403; CORS for listed ones), auth (the
+API key on /v1/*), drain (503 for new work while shutting down).
+"""
 
 from __future__ import annotations
 
@@ -11,6 +16,7 @@ import structlog
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 from troupe.gateway import openai_routes
+from troupe.gateway.browser_policy import add_cors_headers, browser_guard
 from troupe.gateway.engine_api import EngineLike
 from troupe.gateway.errors import ApiError, from_http_exception
 from troupe.gateway.state import GATEWAY, Gateway, GatewaySettings
@@ -26,9 +32,10 @@ def build_app(engine: EngineLike, settings: GatewaySettings | None = None) -> we
     settings = settings or GatewaySettings()
     app = web.Application(
         client_max_size=settings.max_body_bytes,
-        middlewares=[_errors, _auth, _drain],
+        middlewares=[_errors, browser_guard, _auth, _drain],
     )
     app[GATEWAY] = Gateway(engine, settings)
+    app.on_response_prepare.append(add_cors_headers)
     app.router.add_get("/", playground)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
@@ -50,6 +57,11 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         if exc.status < 400:
             raise
         error = from_http_exception(exc)
+    except ConnectionError:
+        # The client went away mid-answer: routine, and nobody is left to answer. aiohttp's
+        # own write of this response fails quietly too.
+        log.debug("client went away", path=request.path)
+        return web.Response(status=499)
     except Exception as exc:  # a bug: answer in shape, keep the traceback in the log
         log.exception("unhandled error", path=request.path)
         error = ApiError(500, f"internal error: {exc!r}", code="internal_error")

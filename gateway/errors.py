@@ -16,9 +16,12 @@ RETRY_AFTER_SECONDS = 1  # what a 429 tells the client; queues drain within a fe
 _TYPE_BY_STATUS = {
     400: "invalid_request_error",
     401: "authentication_error",
+    403: "permission_error",
     404: "not_found_error",
     405: "invalid_request_error",
+    408: "invalid_request_error",
     413: "invalid_request_error",
+    415: "invalid_request_error",
     429: "rate_limit_error",
     500: "internal_server_error",
     503: "service_unavailable",
@@ -64,6 +67,15 @@ def invalid(param: str, message: str) -> ApiError:
     return ApiError(400, message, param=param, code="invalid_value")
 
 
+# The engine names a token-id prompt `prompt_token_ids`; clients sent it as `prompt`.
+_CLIENT_FIELDS = {"prompt_token_ids": "prompt"}
+
+
+def client_field(engine_field: str | None) -> str | None:
+    """The request field a client wrote, for a field named in an engine rejection."""
+    return _CLIENT_FIELDS.get(engine_field, engine_field) if engine_field else engine_field
+
+
 def error_for_event(event: Rejected | Aborted | Failed) -> ApiError:
     """The HTTP error that stands for an engine's non-normal terminal event."""
     if isinstance(event, Rejected):
@@ -79,10 +91,15 @@ def error_for_event(event: Rejected | Aborted | Failed) -> ApiError:
                 return ApiError(503, event.message, code="shutting_down")
             case RejectCode.TOO_LONG:
                 return ApiError(
-                    400, event.message, param=event.field, code="context_length_exceeded"
+                    400,
+                    event.message,
+                    param=client_field(event.field),
+                    code="context_length_exceeded",
                 )
             case _:
-                return ApiError(400, event.message, param=event.field, code="invalid_value")
+                return ApiError(
+                    400, event.message, param=client_field(event.field), code="invalid_value"
+                )
     if isinstance(event, Aborted):
         return ApiError(503, f"request aborted: {event.reason}", code="aborted")
     return ApiError(500, f"request failed: {event.message}", code="internal_error")

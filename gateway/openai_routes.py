@@ -9,14 +9,18 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import msgspec
+import structlog
 from aiohttp import web
-from troupe.gateway.errors import ApiError, error_for_event, invalid
+from troupe.gateway.errors import ApiError, error_for_event
+from troupe.gateway.http_body import read_json_body
 from troupe.gateway.openai_requests import Kind, OpenAIRequest, api_error_for_model, parse_request
 from troupe.gateway.openai_responses import ResponseBuilder
 from troupe.gateway.outbox import Outbox, Overflow
 from troupe.gateway.pump import abort_transport_later, pump
 from troupe.gateway.state import GATEWAY, Gateway
 from troupe.messages import Aborted, Delta, Failed, Finished, Rejected, StreamEvent, TokenLogprob
+
+log = structlog.get_logger("troupe.gateway")
 
 _DONE = "data: [DONE]\n\n"
 _json = msgspec.json.Encoder()
@@ -52,21 +56,14 @@ async def models(request: web.Request) -> web.Response:
     )
 
 
-async def _read_json(request: web.Request) -> Any:
-    body = await request.read()  # aiohttp raises 413 past client_max_size
-    try:
-        return msgspec.json.decode(body)
-    except msgspec.DecodeError as exc:
-        raise invalid("body", f"request body is not valid JSON: {exc}") from None
-
-
 async def _handle(request: web.Request, kind: Kind) -> web.StreamResponse:
     gateway = request.app[GATEWAY]
     engine = gateway.engine
     # Chat answers run to the end of the context unless capped (the engine clips at
     # max_model_len); completions keep OpenAI's default of 16.
     default_max_tokens = engine.max_model_len if kind == "chat" else 16
-    req = parse_request(kind, await _read_json(request), default_max_tokens=default_max_tokens)
+    raw = await read_json_body(request, gateway.settings)
+    req = parse_request(kind, raw, default_max_tokens=default_max_tokens)
     if (error := api_error_for_model(req.model, engine.model_name)) is not None:
         raise error
     prefix = "chatcmpl" if kind == "chat" else "cmpl"
@@ -146,6 +143,8 @@ async def _stream(
         while (frame := await outbox.get()) is not None:
             await response.write(frame.encode())
         await response.write_eof()
+    except ConnectionError:
+        log.debug("client went away mid-stream", request_id=builder.id)
     finally:
         for timer in abort_timers:
             timer.cancel()

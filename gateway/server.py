@@ -20,7 +20,9 @@ import structlog
 from aiohttp import WSCloseCode, web
 from troupe.config import EngineConfig
 from troupe.gateway.app import build_app
+from troupe.gateway.connections import ConnectionGate, GatedSite
 from troupe.gateway.engine_api import EngineLike
+from troupe.gateway.settings import add_settings_arguments, settings_from_args
 from troupe.gateway.state import GATEWAY, GatewaySettings
 
 if TYPE_CHECKING:
@@ -32,30 +34,23 @@ _FLUSH_SECONDS = 5.0  # after aborting: time for handlers to write the terminal 
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
-    """Gateway flags of `troupe serve` (the CLI adds the EngineConfig flags)."""
+    """Server flags of `troupe serve`: where to listen, the drain grace, and one flag per
+    GatewaySettings field (the CLI adds the EngineConfig flags)."""
     group = parser.add_argument_group("server")
     group.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     group.add_argument("--port", type=int, default=8000, help="port to bind; 0 picks a free one")
-    group.add_argument(
-        "--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/*"
-    )
     group.add_argument(
         "--shutdown-grace",
         type=float,
         default=30.0,
         help="seconds in-flight requests get to finish after SIGINT/SIGTERM (default 30)",
     )
-    group.add_argument(
-        "--max-body-bytes",
-        type=int,
-        default=GatewaySettings.max_body_bytes,
-        help="request bodies above this get 413",
-    )
+    add_settings_arguments(parser)
 
 
 def run_serve(args: argparse.Namespace, config: EngineConfig) -> int:
     """Serve until SIGINT/SIGTERM; returns the exit status (0 after a clean drain)."""
-    settings = GatewaySettings(api_key=args.api_key, max_body_bytes=args.max_body_bytes)
+    settings = settings_from_args(args)
 
     async def main() -> None:
         stop, force = asyncio.Event(), asyncio.Event()
@@ -109,14 +104,21 @@ async def serve(
 
     async with Engine.open(config, runner=runner) as engine:
         app = build_app(engine, settings)
-        runner = web.AppRunner(
-            app, handler_cancellation=True, access_log=None, shutdown_timeout=_FLUSH_SECONDS
+        app_runner = web.AppRunner(
+            app,
+            handler_cancellation=True,
+            access_log=None,
+            shutdown_timeout=_FLUSH_SECONDS,
+            # Closes a kept-alive connection idle (or trickling its next request head) this
+            # long; the gate bounds the first head the same way.
+            keepalive_timeout=settings.header_timeout,
         )
-        await runner.setup()
+        await app_runner.setup()
         try:
-            site = web.TCPSite(runner, host, port)
+            assert app_runner.server is not None  # set by setup()
+            site = GatedSite(app_runner, host, port, ConnectionGate(app_runner.server, settings))
             await site.start()
-            bound_host, bound_port = runner.addresses[0][:2]
+            bound_host, bound_port = app_runner.addresses[0][:2]
             url = f"http://{_url_host(bound_host)}:{bound_port}"
             log.info("serving", url=url, model=engine.model_name, playground=f"{url}/")
             if on_ready is not None:
@@ -125,7 +127,7 @@ async def serve(
             if engine.is_healthy:
                 await drain(app, engine, shutdown_grace, force)
         finally:
-            await runner.cleanup()
+            await app_runner.cleanup()
     log.info("stopped")
 
 

@@ -7,28 +7,33 @@ frame and the socket goes on; a closed socket aborts all of its requests.
 
 One pump task per request moves engine events into the socket's bounded Outbox; one writer
 task drains it. A reader too far behind is sent an error and the socket is closed (1008).
+
+A cancel wins whenever it arrives before the request's terminal event:
+- before the pump has started, the request never reaches the engine (`done`, "abort");
+- once started, the engine is asked to abort at once, and again at the first event, which
+  proves the request is in the engine (an abort sent earlier may have raced its request);
+  the engine's own Aborted event, with full usage, ends the stream.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import uuid
-from collections.abc import Iterable
+from collections.abc import Coroutine, Iterable
 from typing import Any
 
-import msgspec
+import structlog
 from aiohttp import WSCloseCode, WSMsgType, web
-from troupe.gateway.errors import ApiError
-from troupe.gateway.openai_requests import chat_messages
 from troupe.gateway.outbox import Outbox, Overflow
 from troupe.gateway.pump import abort_transport_later, pump
 from troupe.gateway.state import GATEWAY, Gateway
-from troupe.gateway.ws_frames import encode_event, error_frame, to_json
+from troupe.gateway.ws_frames import cancelled_frame, encode_event, error_frame
+from troupe.gateway.ws_requests import Cancel, FrameError, Generate, parse_frame
 from troupe.messages import StreamEvent
 
-_MAX_REQUEST_ID = 128
-_RESERVED = ("type", "request_id", "prompt", "messages")  # frame keys that are not params
+log = structlog.get_logger("troupe.gateway")
+
+_CLOSE_GRACE_SECONDS = 5.0  # for the writer to flush the last frames of a closing socket
 
 
 async def websocket(request: web.Request) -> web.WebSocketResponse:
@@ -38,8 +43,27 @@ async def websocket(request: web.Request) -> web.WebSocketResponse:
     )
     await ws.prepare(request)
     gateway.websockets.add(ws)
-    await WsSession(request, ws, gateway).run()
+    try:
+        await WsSession(request, ws, gateway).run()
+    except Exception:
+        # A bug: never let it reach the error middleware, which would write an HTTP response
+        # into the upgraded socket. Close it as a websocket, keep the traceback in the log.
+        log.exception("websocket session failed")
+        if not ws.closed:
+            await ws.close(code=WSCloseCode.INTERNAL_ERROR, message=b"internal error")
     return ws
+
+
+class WsRequest:
+    """One client request on the socket: ids, its pump task and where its cancel stands."""
+
+    def __init__(self, client_id: str, engine_id: str) -> None:
+        self.client_id = client_id
+        self.engine_id = engine_id
+        self.task: asyncio.Task[None] | None = None
+        self.is_started = False  # the pump has handed the request to the engine
+        self.is_cancelled = False
+        self.num_events = 0
 
 
 class WsSession:
@@ -53,10 +77,8 @@ class WsSession:
         self.outbox = Outbox(
             max_frames=settings.max_buffered_frames, max_bytes=settings.max_buffered_bytes
         )
-        self.pumps: dict[str, asyncio.Task[None]] = {}
-        self.engine_ids: dict[str, str] = {}  # client request id -> engine request id
-        self._aborts: set[asyncio.Task[None]] = set()
-        self.cancelled: set[str] = set()
+        self.requests: dict[str, WsRequest] = {}  # by client request id, while in flight
+        self._tasks: set[asyncio.Task[None]] = set()  # pumps and aborts, until they end
         self.session_id = uuid.uuid4().hex[:12]
         self.num_started = 0
         self._abort_timer: asyncio.TimerHandle | None = None
@@ -72,12 +94,22 @@ class WsSession:
                 if self.outbox.overflowed is not None:
                     break
         finally:
-            for task in self.pumps.values():
-                task.cancel()  # the socket is gone: closing each stream aborts its request
-            await asyncio.gather(*self.pumps.values(), return_exceptions=True)
-            self.outbox.close()
-            with contextlib.suppress(asyncio.CancelledError):
-                await writer
+            # Shielded: aiohttp cancels this handler when the peer vanishes, and the pumps
+            # (each aborts its request on the way out) and the writer must still end here
+            # rather than be left pending.
+            await asyncio.shield(self._close(writer))
+
+    async def _close(self, writer: asyncio.Task[None]) -> None:
+        for req in self.requests.values():
+            if req.task is not None:
+                req.task.cancel()  # the socket is gone: closing each stream aborts its request
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self.outbox.close()
+        done, _ = await asyncio.wait({writer}, timeout=_CLOSE_GRACE_SECONDS)
+        if not done:  # stuck on a peer that stopped reading
+            writer.cancel()
+            await asyncio.gather(writer, return_exceptions=True)
+        log.debug("websocket closed", session=self.session_id, requests=self.num_started)
 
     async def _write(self) -> None:
         try:
@@ -100,130 +132,89 @@ class WsSession:
     def _cut_off(self, exc: Overflow) -> None:
         """Abort every request, queue a last error frame, and drop the socket if the writer
         cannot deliver it within the grace period (it may be stuck on a stalled peer)."""
-        for task in self.pumps.values():
-            task.cancel()
+        for req in self.requests.values():
+            if req.task is not None:
+                req.task.cancel()
         self.outbox.put_final(error_frame(None, "slow_consumer", str(exc)))
         self.outbox.close()
         if self._abort_timer is None:
             grace = self.gateway.settings.slow_client_grace
             self._abort_timer = abort_transport_later(self.request, grace)
 
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
     def _on_text(self, data: str) -> None:
-        try:
-            msg = msgspec.json.decode(data)
-        except msgspec.DecodeError as exc:
-            self.outbox_put(error_frame(None, "invalid_request", f"frame is not JSON: {exc}"))
-            return
-        if not isinstance(msg, dict):
-            self.outbox_put(error_frame(None, "invalid_request", "a frame must be a JSON object"))
-            return
-        request_id = msg.get("request_id")
-        if not isinstance(request_id, str) or not 0 < len(request_id) <= _MAX_REQUEST_ID:
-            message = f"'request_id' must be a non-empty string of at most {_MAX_REQUEST_ID} chars"
-            self.outbox_put(error_frame(None, "invalid_request", message, "request_id"))
-            return
-        match msg.get("type"):
-            case "generate":
-                self._generate(request_id, msg)
-            case "cancel":
-                # Cancelling a finished or unknown request is a harmless race: ignore it. The
-                # engine answers with its Aborted event (full usage), which ends the pump.
-                engine_id = self.engine_ids.get(request_id)
-                if engine_id is not None:
-                    self.cancelled.add(request_id)
-                    abort = asyncio.create_task(
-                        self.gateway.engine.abort(engine_id, "cancelled by client")
-                    )
-                    self._aborts.add(abort)
-                    abort.add_done_callback(self._aborts.discard)
-            case other:
-                message = f"'type' must be 'generate' or 'cancel', got {other!r}"
-                self.outbox_put(error_frame(request_id, "invalid_request", message, "type"))
+        match parse_frame(data):
+            case FrameError(request_id, message, field, code):
+                self.outbox_put(error_frame(request_id, code, message, field))
+            case Cancel(request_id):
+                self._cancel(request_id)
+            case Generate() as command:
+                self._generate(command)
 
-    def _generate(self, request_id: str, msg: dict[str, Any]) -> None:
+    def _cancel(self, client_id: str) -> None:
+        # Cancelling a finished or unknown request is a harmless race: ignore it.
+        req = self.requests.get(client_id)
+        if req is None or req.is_cancelled:
+            return
+        req.is_cancelled = True
+        if req.is_started:
+            self._abort(req)
+
+    def _abort(self, req: WsRequest) -> None:
+        self._spawn(self.gateway.engine.abort(req.engine_id, "cancelled by client"))
+
+    def _generate(self, command: Generate) -> None:
+        client_id = command.request_id
+
         def reject(message: str, field: str | None, code: str = "invalid_request") -> None:
-            self.outbox_put(error_frame(request_id, code, message, field))
+            self.outbox_put(error_frame(client_id, code, message, field))
 
-        if request_id in self.pumps:
-            return reject(f"request_id {request_id!r} is already in flight", "request_id")
+        if client_id in self.requests:
+            return reject(f"request_id {client_id!r} is already in flight", "request_id")
         if self.gateway.is_draining:
             return reject("the server is shutting down", None, "shutting_down")
-        if len(self.pumps) >= self.gateway.settings.ws_max_requests:
+        if len(self.requests) >= self.gateway.settings.ws_max_requests:
             limit = self.gateway.settings.ws_max_requests
             return reject(f"at most {limit} requests in flight per socket", None, "overloaded")
-        prompt: Any
-        if ("prompt" in msg) == ("messages" in msg):
-            return reject("send exactly one of 'prompt' or 'messages'", "prompt")
-        if "prompt" in msg:
-            prompt = msg["prompt"]
-            if not isinstance(prompt, str) and not (
-                isinstance(prompt, list) and all(type(t) is int for t in prompt)
-            ):
-                return reject("'prompt' must be a string or a list of token ids", "prompt")
-        else:
-            try:
-                prompt = chat_messages(msg["messages"])
-            except ApiError as exc:
-                return reject(exc.message, exc.param)
-        params = {k: v for k, v in msg.items() if k not in _RESERVED}
-        self.pumps[request_id] = asyncio.create_task(self._run_request(request_id, prompt, params))
-        return None
-
-    async def _run_request(self, client_id: str, prompt: Any, params: dict[str, Any]) -> None:
-        engine = self.gateway.engine
         # Unique per generate: a client may reuse its ids once a request has ended.
         self.num_started += 1
         engine_id = f"ws-{self.session_id}-{self.num_started}-{client_id}"
-        self.engine_ids[client_id] = engine_id
-        events = engine.generate(prompt, params, request_id=engine_id)
-        self.gateway.stream_opened()
-        loop = asyncio.get_running_loop()
-        started = loop.time()
-        token_times: list[float] = []  # first and latest token arrival, for a cancel's timings
-        num_tokens = 0
+        req = WsRequest(client_id, engine_id)
+        self.requests[client_id] = req  # before the task runs: a cancel may come next
+        req.task = self._spawn(self._run_request(req, command))
+        return None
 
+    async def _run_request(self, req: WsRequest, command: Generate) -> None:
         def encode(event: StreamEvent) -> Iterable[str]:
-            nonlocal num_tokens
-            if event.token_ids:
-                num_tokens += len(event.token_ids)
-                now = loop.time()
-                if not token_times:
-                    token_times.append(now)
-                token_times[1:] = [now]
-            frames: Iterable[str] = encode_event(client_id, event)
-            return frames
+            req.num_events += 1
+            if req.num_events == 1 and req.is_cancelled and not event.is_terminal:
+                self._abort(req)  # now surely behind the request in the engine's inbox
+            return encode_event(req.client_id, event)
 
         try:
-            await pump(events, self.outbox, encode)
+            if req.is_cancelled:  # cancelled before it started: the engine never sees it
+                self.outbox_put(cancelled_frame(req.client_id))
+                return
+            events = self.gateway.engine.generate(
+                command.prompt, command.params, request_id=req.engine_id
+            )
+            # No await between here and the pump's first step, which hands the request to
+            # the engine: a cancel read from now on is sent behind it.
+            req.is_started = True
+            self.gateway.stream_opened()
+            try:
+                await pump(events, self.outbox, encode)
+            finally:
+                self.gateway.stream_closed()
         except Overflow as exc:
             self._cut_off(exc)
-        except asyncio.CancelledError:
-            if client_id in self.cancelled and self.outbox.overflowed is None:
-                # The engine's Aborted event went to a closed stream; answer from what we saw.
-                done = {
-                    "type": "done",
-                    "request_id": client_id,
-                    "finish_reason": "abort",
-                    "reason": "cancelled by client",
-                    "usage": {
-                        "prompt_tokens": None,  # known only to the engine's Aborted event
-                        "completion_tokens": num_tokens,
-                        "total_tokens": None,
-                        "cached_tokens": None,
-                    },
-                    "timings": {
-                        "ttft": token_times[0] - started if token_times else None,
-                        "tpot": (token_times[1] - token_times[0]) / (num_tokens - 1)
-                        if num_tokens > 1
-                        else None,
-                        "e2e": loop.time() - started,
-                    },
-                }
-                self.outbox_put(to_json(done))
-            else:
-                raise
+        except Exception:  # a bug: this request ends with an error frame, the socket goes on
+            log.exception("websocket request failed", request_id=req.engine_id)
+            self.outbox_put(error_frame(req.client_id, "internal_error", "internal error"))
         finally:
-            self.gateway.stream_closed()
-            self.pumps.pop(client_id, None)
-            self.engine_ids.pop(client_id, None)
-            self.cancelled.discard(client_id)
+            self.requests.pop(req.client_id, None)

@@ -6,6 +6,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import msgspec
+from troupe.gateway.errors import client_field
 from troupe.messages import Aborted, Delta, Failed, Finished, Rejected, StreamEvent, Usage
 
 _json = msgspec.json.Encoder()
@@ -60,7 +61,7 @@ def encode_event(client_id: str, event: StreamEvent) -> Iterable[str]:
                 }
             )
         case Rejected():
-            yield error_frame(client_id, str(event.code), event.message, event.field)
+            yield error_frame(client_id, str(event.code), event.message, client_field(event.field))
         case Failed():
             yield error_frame(client_id, "failed", event.message)
 
@@ -73,5 +74,24 @@ def error_frame(request_id: str | None, code: str, message: str, field: str | No
             "code": code,
             "message": message,
             "field": field,
+        }
+    )
+
+
+def cancelled_frame(request_id: str) -> str:
+    """`done` for a request cancelled before it reached the engine: nothing was computed."""
+    return to_json(
+        {
+            "type": "done",
+            "request_id": request_id,
+            "finish_reason": "abort",
+            "reason": "cancelled by client",
+            "usage": {
+                "prompt_tokens": 0,
+                "completion_tokens": 0,
+                "total_tokens": 0,
+                "cached_tokens": 0,
+            },
+            "timings": {"ttft": None, "tpot": None, "e2e": 0.0},
         }
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import msgspec
 
@@ -40,42 +41,90 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
         return self.temperature == 0.0
 
     def check(self, *, max_logprobs: int = 20, vocab_size: int | None = None) -> None:
-        """Raise ParamError naming the first field outside its limits."""
-        if self.max_tokens < 1:
-            raise ParamError("max_tokens", f"max_tokens must be >= 1, got {self.max_tokens}")
-        _finite_at_least("temperature", self.temperature, 0.0)
-        if not (math.isfinite(self.top_p) and 0.0 < self.top_p <= 1.0):
-            raise ParamError("top_p", f"top_p must be in (0, 1], got {self.top_p}")
+        """Raise ParamError naming the first field outside its limits.
+
+        Types first (a directly built SamplingParams is not type-checked by msgspec), then
+        ranges. Every float must survive the device's float32 math unchanged: 0, or a
+        magnitude in [1e-30, 1e30]; every int fits an int32 (seed: int64)."""
+        try:
+            msgspec.convert(msgspec.structs.asdict(self), SamplingParams)
+        except msgspec.ValidationError as exc:
+            match = _PATH.search(str(exc))
+            raise ParamError(match.group(1) if match else "params", str(exc)) from None
+        _int_in("max_tokens", self.max_tokens, 1, INT32_MAX)
+        if self.temperature != 0.0:
+            _float_in("temperature", self.temperature, 0.0, FLOAT_CEIL, what="0 (greedy) or in")
+        _float_in("top_p", self.top_p, 0.0, 1.0, open_low=True)
         if self.top_k < -1:
             raise ParamError("top_k", f"top_k must be -1, 0 (off) or >= 1, got {self.top_k}")
-        if not (math.isfinite(self.min_p) and 0.0 <= self.min_p <= 1.0):
-            raise ParamError("min_p", f"min_p must be in [0, 1], got {self.min_p}")
+        _int_in("top_k", self.top_k, -1, INT32_MAX)
+        _float_in("min_p", self.min_p, 0.0, 1.0)
         if self.seed is not None and not (0 <= self.seed < 2**63):
             raise ParamError("seed", f"seed must be in [0, 2**63), got {self.seed}")
         if any(not s for s in self.stop):
             raise ParamError("stop", "stop strings must be non-empty")
-        if len(self.stop) > 16:
-            raise ParamError("stop", f"at most 16 stop strings, got {len(self.stop)}")
+        if len(self.stop) > MAX_STOP_STRINGS:
+            raise ParamError(
+                "stop", f"at most {MAX_STOP_STRINGS} stop strings, got {len(self.stop)}"
+            )
+        if any(len(s) > MAX_STOP_CHARS for s in self.stop):
+            # The streamer's matcher holds back partial matches: its cost per token grows
+            # with the square of the longest stop string, and it serves every request.
+            raise ParamError("stop", f"each stop string must be at most {MAX_STOP_CHARS} chars")
+        limit = vocab_size if vocab_size is not None else INT32_MAX + 1
         for token_id in self.stop_token_ids:
-            if token_id < 0 or (vocab_size is not None and token_id >= vocab_size):
+            if not 0 <= token_id < limit:
                 raise ParamError(
-                    "stop_token_ids", f"stop token id {token_id} is outside [0, {vocab_size})"
+                    "stop_token_ids", f"stop token id {token_id} is outside [0, {limit})"
                 )
         if self.logprobs is not None and not (0 <= self.logprobs <= max_logprobs):
             raise ParamError(
                 "logprobs", f"logprobs must be in [0, {max_logprobs}], got {self.logprobs}"
             )
-        for name in ("presence_penalty", "frequency_penalty"):
-            value = getattr(self, name)
-            if not (math.isfinite(value) and -2.0 <= value <= 2.0):
-                raise ParamError(name, f"{name} must be in [-2, 2], got {value}")
-        if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0.0):
-            raise ParamError(
-                "repetition_penalty",
-                f"repetition_penalty must be > 0, got {self.repetition_penalty}",
-            )
+        _float_in("presence_penalty", self.presence_penalty, -2.0, 2.0)
+        _float_in("frequency_penalty", self.frequency_penalty, -2.0, 2.0)
+        _float_in("repetition_penalty", self.repetition_penalty, 0.0, FLOAT_CEIL, open_low=True)
+        _int_in("priority", self.priority, -MAX_PRIORITY, MAX_PRIORITY)
 
 
-def _finite_at_least(field: str, value: float, low: float) -> None:
-    if not (math.isfinite(value) and value >= low):
-        raise ParamError(field, f"{field} must be a finite number >= {low}, got {value}")
+INT32_MAX = 2**31 - 1
+MAX_PRIORITY = INT32_MAX  # |priority| bound: it is compared, never used as an index
+MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 512
+# Floats go to the device as float32: a nonzero magnitude below FLOAT_FLOOR would flush to 0
+# there (top_p 1e-300 would become 0, which means something else), and dividing logits by it
+# would overflow; one above FLOAT_CEIL would become inf. Both are rejected, not clamped.
+FLOAT_FLOOR = 1e-30
+FLOAT_CEIL = 1e30
+_PATH = re.compile(r"at `\$\.([A-Za-z_]\w*)")
+
+
+def _int_in(field: str, value: int, low: int, high: int) -> None:
+    if value < low:
+        raise ParamError(field, f"{field} must be >= {low}, got {value}")
+    if value > high:
+        raise ParamError(field, f"{field} must be <= {high}, got {value}")
+
+
+def _float_in(
+    field: str,
+    value: float,
+    low: float,
+    high: float,
+    *,
+    open_low: bool = False,
+    what: str = "in",
+) -> None:
+    """`value` in [low, high] (or (low, high]), and 0 or of a float32-safe magnitude."""
+    above_low = low < value if open_low else low <= value
+    if not (math.isfinite(value) and above_low and value <= high):
+        bracket = "(" if open_low else "["
+        raise ParamError(
+            field, f"{field} must be {what} {bracket}{low:g}, {high:g}], got {value!r}"
+        )
+    if value != 0.0 and not FLOAT_FLOOR <= abs(value) <= FLOAT_CEIL:
+        raise ParamError(
+            field,
+            f"{field} = {value!r} would not survive float32 math: use 0 or a magnitude in "
+            f"[{FLOAT_FLOOR:g}, {FLOAT_CEIL:g}]",
+        )

@@ -81,7 +81,9 @@ async def test_400_names_the_field(server, body: dict[str, Any], param: str, cod
 
 async def test_400_bad_json(server) -> None:  # type: ignore[no-untyped-def]
     async with aiohttp.ClientSession() as http:
-        async with http.post(f"{server.url}/v1/chat/completions", data=b"{nope") as resp:
+        headers = {"Content-Type": "application/json"}
+        url = f"{server.url}/v1/chat/completions"
+        async with http.post(url, data=b"{nope", headers=headers) as resp:
             assert resp.status == 400
             assert _error(await resp.json())["param"] == "body"
 

@@ -4,10 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 import pytest
 from troupe.gateway.errors import ApiError
-from troupe.gateway.openai_requests import Kind, api_error_for_model, parse_request
+from troupe.gateway.openai_requests import Kind, OpenAIRequest, api_error_for_model
+from troupe.gateway.openai_requests import parse_request as parse_raw
 from troupe.messages import SamplingParams
+
+
+def parse_request(kind: Kind, body: Any, *, default_max_tokens: int) -> OpenAIRequest:
+    return parse_raw(kind, msgspec.json.encode(body), default_max_tokens=default_max_tokens)
 
 
 def _bad(kind: Kind, body: Any) -> ApiError:
@@ -109,7 +115,7 @@ def test_defaults_and_token_id_prompt() -> None:
         ("completion", {"prompt": "x", "max_tokens": 0}, "max_tokens"),
         ("completion", {"prompt": "x", "max_tokens": True}, "max_tokens"),
         ("completion", {"prompt": "x", "top_p": 1.5}, "top_p"),
-        ("completion", {"prompt": "x", "stop": [1]}, "stop"),
+        ("completion", {"prompt": "x", "stop": [1]}, "stop[0]"),
         ("completion", {"prompt": "x", "logprobs": 99}, "logprobs"),
         ("completion", {"prompt": "x", "frobnicate": 1}, "frobnicate"),
         ("completion", {"prompt": "x", "echo": True}, "echo"),

@@ -1,0 +1,106 @@
+"""The listening socket's gate: a cap on open connections, and a deadline for request heads.
+
+aiohttp by itself lets a client hold a connection by sending its headers a byte at a time
+(older versions never time out a connection that has not finished its first request head),
+and takes any number of connections. `GatedSite` listens like `web.TCPSite`, but through a
+`ConnectionGate`:
+
+- past `max_connections` open connections, a new one is answered 503 and closed at once;
+- a connection that has not delivered a complete request head `header_timeout` seconds after
+  it opened is closed. Later heads on a kept-alive connection are bounded by aiohttp's
+  keep-alive timeout, which `serve` sets to the same value.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import msgspec
+import structlog
+from aiohttp import web
+from troupe.gateway.errors import ApiError
+from troupe.gateway.settings import GatewaySettings
+
+log = structlog.get_logger("troupe.gateway")
+
+
+class _Refusal(asyncio.Protocol):
+    """Answers 503 to a connection over the cap and closes it, whatever the client sent."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        error = ApiError(503, "too many open connections; retry later", code="overloaded")
+        body = msgspec.json.encode(error.body())
+        head = (
+            "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nRetry-After: 1\r\nConnection: close\r\n\r\n"
+        )
+        assert isinstance(transport, asyncio.WriteTransport)
+        transport.write(head.encode() + body)
+        transport.close()
+
+
+class ConnectionGate:
+    """Protocol factory in front of aiohttp's `web.Server` (see the module docstring)."""
+
+    def __init__(self, server: web.Server, settings: GatewaySettings) -> None:
+        self._server = server
+        self._max_connections = settings.max_connections
+        self._header_timeout = settings.header_timeout
+        # Handler -> its deadline, until its first request head or the deadline (handlers
+        # take no weak references, so each entry lives at most `header_timeout` s).
+        self._deadlines: dict[Any, asyncio.TimerHandle] = {}
+        self.num_refused = 0
+        self.num_timed_out = 0
+        make_request = server.request_factory
+
+        def request_factory(message: Any, payload: Any, protocol: Any, *rest: Any) -> Any:
+            # A request head has arrived on this connection: its deadline is met.
+            deadline = self._deadlines.pop(protocol, None)
+            if deadline is not None:
+                deadline.cancel()
+            return make_request(message, payload, protocol, *rest)
+
+        # Handlers read the factory when they are built, so this takes effect for every
+        # connection the gate lets in.
+        server.request_factory = request_factory
+
+    def __call__(self) -> asyncio.BaseProtocol:
+        if len(self._server.connections) >= self._max_connections:
+            self.num_refused += 1
+            log.info("connection refused: at max_connections", limit=self._max_connections)
+            return _Refusal()
+        handler = self._server()
+        loop = asyncio.get_running_loop()
+        self._deadlines[handler] = loop.call_later(self._header_timeout, self._expire, handler)
+        return handler
+
+    def _expire(self, handler: Any) -> None:
+        if self._deadlines.pop(handler, None) is None:
+            return
+        transport = handler.transport
+        if transport is not None and not transport.is_closing():
+            self.num_timed_out += 1
+            log.info("connection closed: no request head in time", seconds=self._header_timeout)
+            transport.close()
+
+
+class GatedSite(web.BaseSite):
+    """`web.TCPSite` through a ConnectionGate."""
+
+    def __init__(self, runner: web.BaseRunner, host: str, port: int, gate: ConnectionGate) -> None:
+        super().__init__(runner)
+        self._host = host
+        self._port = port
+        self._gate = gate
+
+    @property
+    def name(self) -> str:
+        return f"http://{self._host}:{self._port}"
+
+    async def start(self) -> None:
+        await super().start()
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            self._gate, self._host, self._port, reuse_address=True
+        )

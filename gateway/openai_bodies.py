@@ -1,0 +1,149 @@
+"""OpenAI request bodies as msgspec Structs: every field typed in one place.
+
+Decoding straight into these bounds what a client can send: a field of the wrong type, an
+unknown field or a number out of range fails at the byte it is in, with its path; a nested
+value where a number belongs fails at its first bracket instead of being walked. Ranges are
+checked afterwards by SamplingParams.check (the engine's own limits, shared with the Python
+API), and the fields troupe does not support yet by `openai_requests`.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal, TypeVar
+
+import msgspec
+from troupe.gateway.errors import invalid
+
+Role = Literal["system", "developer", "user", "assistant", "tool"]
+
+
+class _Body(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    pass
+
+
+class StreamOptions(_Body, kw_only=True):
+    include_usage: bool | None = None
+
+
+class ContentPart(msgspec.Struct, kw_only=True):
+    """One part of a message's content; only text parts are served (others named in a 400)."""
+
+    type: str
+    text: str | None = None
+
+
+class Message(_Body, kw_only=True):
+    role: Role
+    content: str | list[ContentPart]  # required: a message without content is a 400
+    name: str | None = None  # accepted, not used by chat templates
+
+
+class ResponseFormat(_Body, kw_only=True):
+    type: str
+
+
+class _Common(_Body, kw_only=True):
+    model: str | None = None
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    n: int | None = None
+    ignore_eos: bool | None = None
+    stop_token_ids: list[int] | None = None
+    priority: int | None = None  # vLLM's extra, passed through: lower is served first
+    skip_special_tokens: bool | None = None
+    include_stop_str_in_output: bool | None = None
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+
+
+class CompletionBody(_Common, kw_only=True):
+    # One prompt: text, token ids, or a list holding one of those (checked after decoding).
+    prompt: str | list[str | int | list[int]]
+    logprobs: int | None = None
+    echo: bool | None = None
+    best_of: int | None = None
+    suffix: str | None = None
+
+
+class ChatBody(_Common, kw_only=True):
+    messages: list[Message]
+    max_completion_tokens: int | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    response_format: ResponseFormat | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | None = None
+    parallel_tool_calls: bool | None = None
+    store: bool | None = None
+    metadata: dict[str, str] | None = None
+
+
+T = TypeVar("T")
+
+_PATH = re.compile(r" - at `\$\.?(.*)`$")
+_FIELD = re.compile(r"(?:unknown|missing required) field `([^`]*)`")
+
+
+def field_path(exc: msgspec.ValidationError, default: str = "body") -> str:
+    """The field a msgspec error is about, as the client wrote it: `messages[0].content`."""
+    text = str(exc)
+    match = _PATH.search(text)
+    path = match.group(1) if match else ""
+    named = _FIELD.search(text)
+    if named:  # unknown or missing field: msgspec points at its parent object
+        path = f"{path}.{named.group(1)}" if path else named.group(1)
+    return path or default
+
+
+def _reason(exc: msgspec.ValidationError) -> str:
+    return _PATH.sub("", str(exc))
+
+
+def decode_body(raw: bytes, body_type: type[T]) -> T:
+    """JSON bytes -> `body_type`, or a 400 naming the field (the whole body: `body`)."""
+    try:
+        return msgspec.json.decode(raw, type=body_type)
+    except msgspec.ValidationError as exc:
+        field = field_path(exc)
+        raise invalid(field, f"invalid '{field}': {_reason(exc)}") from None
+    except msgspec.DecodeError as exc:
+        raise invalid("body", f"request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        # msgspec guards its recursion with the interpreter's limit; the body is just hostile.
+        raise invalid("body", "request body is nested too deeply") from None
+
+
+def convert_field(value: Any, field_type: type[T], field: str) -> T:
+    """An already decoded value -> `field_type`, or a 400 naming `field` (and the path in it)."""
+    try:
+        return msgspec.convert(value, field_type)
+    except msgspec.ValidationError as exc:
+        inner = field_path(exc, "")
+        where = (
+            f"{field}{inner}" if inner.startswith("[") else ".".join(filter(None, (field, inner)))
+        )
+        raise invalid(where, f"invalid '{where}': {_reason(exc)}") from None
+    except RecursionError:
+        raise invalid(field, f"'{field}' is nested too deeply") from None
+
+
+__all__ = [
+    "ChatBody",
+    "CompletionBody",
+    "ContentPart",
+    "Message",
+    "convert_field",
+    "decode_body",
+    "field_path",
+]

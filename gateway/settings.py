@@ -1,0 +1,128 @@
+"""The gateway's knobs (the engine's are in EngineConfig), checked on construction.
+
+`troupe serve` has one kebab-case flag per field (`--allowed-origins`, `--header-timeout`),
+generated from this dataclass by `add_settings_arguments`, with each field's `help`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import types
+import typing
+import urllib.parse
+from typing import Any
+
+from troupe.config import ConfigError
+
+
+def _knob(default: Any, help: str) -> Any:
+    return dataclasses.field(default=default, metadata={"help": help})
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class GatewaySettings:
+    """How the HTTP and websocket server treats its clients."""
+
+    api_key: str | None = _knob(
+        None,
+        "require 'Authorization: Bearer KEY' on /v1/* (the websocket also takes ?api_key=); "
+        "/, /health and /metrics stay open",
+    )
+    allowed_origins: tuple[str, ...] = _knob(
+        (),
+        "web origins (scheme://host[:port]) besides this server's own whose pages may call "
+        "/v1/* (CORS and the websocket); '*' allows any page anywhere",
+    )
+    max_body_bytes: int = _knob(4 * 1024 * 1024, "request bodies above this get 413")
+    body_timeout: float = _knob(30.0, "seconds a client has to send a request body (408 after)")
+    header_timeout: float = _knob(
+        15.0,
+        "seconds a connection may go without a complete request head: from connect, and "
+        "between requests on a kept-alive connection (then it is closed)",
+    )
+    max_connections: int = _knob(
+        1024, "open client connections; one more gets 503 and is closed at once"
+    )
+    max_buffered_frames: int = _knob(
+        2048, "per connection: unread frames before a reader is cut off"
+    )
+    max_buffered_bytes: int = _knob(8 * 1024 * 1024, "per connection: unread bytes, same")
+    slow_client_grace: float = _knob(
+        5.0, "seconds a cut-off client gets to take its error before it is dropped"
+    )
+    ws_max_requests: int = _knob(256, "requests in flight on one websocket")
+    ws_heartbeat: float | None = _knob(
+        30.0, "seconds between websocket pings; a dead peer is noticed and its requests aborted"
+    )
+
+    def __post_init__(self) -> None:
+        for name in (
+            "max_body_bytes",
+            "max_connections",
+            "max_buffered_frames",
+            "max_buffered_bytes",
+            "ws_max_requests",
+        ):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("body_timeout", "header_timeout", "slow_client_grace", "ws_heartbeat"):
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and value > 0):
+                raise ConfigError(f"{name} must be a number of seconds > 0, got {value}")
+        if self.api_key is not None and not self.api_key:
+            raise ConfigError("api_key must be non-empty when set")
+        object.__setattr__(self, "allowed_origins", tuple(self.allowed_origins))
+        for origin in self.allowed_origins:
+            if origin != "*" and canonical_origin(origin) is None:
+                raise ConfigError(
+                    f"allowed_origins: {origin!r} is not '*' or an origin such as "
+                    "'https://example.com' or 'http://localhost:3000' (no path)"
+                )
+
+    def replace(self, **changes: Any) -> GatewaySettings:
+        return dataclasses.replace(self, **changes)
+
+
+def canonical_origin(origin: str) -> str | None:
+    """`scheme://host:port`, lowercased, with the scheme's default port made explicit; None if
+    `origin` is not a plain http(s) origin (a path, a query, 'null')."""
+    try:
+        url = urllib.parse.urlsplit(origin)
+        port = url.port
+    except ValueError:
+        return None
+    if url.scheme not in ("http", "https") or not url.hostname or url.path not in ("", "/"):
+        return None
+    if url.query or url.fragment or url.username is not None:
+        return None
+    if port is None:
+        port = 443 if url.scheme == "https" else 80
+    return f"{url.scheme}://{url.hostname}:{port}"
+
+
+def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
+    """One flag per GatewaySettings field, typed from its annotation."""
+    hints = typing.get_type_hints(GatewaySettings)
+    group = parser.add_argument_group("gateway")
+    for f in dataclasses.fields(GatewaySettings):
+        flag = "--" + f.name.replace("_", "-")
+        hint = hints[f.name]
+        if typing.get_origin(hint) in (typing.Union, types.UnionType):
+            hint = next(a for a in typing.get_args(hint) if a is not type(None))
+        help_text = f"{f.metadata['help']} (default: {f.default!r})"
+        if typing.get_origin(hint) is tuple:
+            group.add_argument(flag, nargs="*", default=f.default, metavar="ORIGIN", help=help_text)
+        else:
+            group.add_argument(
+                flag, type=hint, default=f.default, metavar=f.name.upper(), help=help_text
+            )
+
+
+def settings_from_args(ns: argparse.Namespace) -> GatewaySettings:
+    """Settings from parsed flags; a field without its flag keeps its default."""
+    fields = dataclasses.fields(GatewaySettings)
+    values = {f.name: getattr(ns, f.name, f.default) for f in fields}
+    values["allowed_origins"] = tuple(values["allowed_origins"] or ())
+    return GatewaySettings(**values)

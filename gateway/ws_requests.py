@@ -1,0 +1,93 @@
+"""Websocket client frames -> a typed command, or an error naming the field.
+
+A frame is a JSON object: `{"type": "generate", "request_id", "prompt" | "messages", ...}`
+with SamplingParams' own field names for the rest, or `{"type": "cancel", "request_id"}`.
+Nothing a client sends can raise out of `parse_frame`: every failure is a FrameError.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import msgspec
+from troupe.gateway.errors import ApiError
+from troupe.gateway.openai_bodies import convert_field, field_path
+from troupe.gateway.openai_requests import chat_messages
+from troupe.messages import ParamError, SamplingParams
+
+MAX_REQUEST_ID = 128
+_RESERVED = ("type", "request_id", "prompt", "messages")  # frame keys that are not params
+
+
+@dataclasses.dataclass(frozen=True)
+class Generate:
+    request_id: str
+    prompt: str | list[int] | list[dict[str, str]]
+    params: SamplingParams
+
+
+@dataclasses.dataclass(frozen=True)
+class Cancel:
+    request_id: str
+
+
+@dataclasses.dataclass(frozen=True)
+class FrameError:
+    """What to answer with: an error frame for `request_id` (None: about the socket)."""
+
+    request_id: str | None
+    message: str
+    field: str | None = None
+    code: str = "invalid_request"
+
+
+def parse_frame(data: str) -> Generate | Cancel | FrameError:
+    try:
+        frame = msgspec.json.decode(data)
+    except msgspec.DecodeError as exc:
+        return FrameError(None, f"frame is not JSON: {exc}")
+    except RecursionError:
+        return FrameError(None, "frame is nested too deeply")
+    if not isinstance(frame, dict):
+        return FrameError(None, "a frame must be a JSON object")
+    request_id = frame.get("request_id")
+    if not isinstance(request_id, str) or not 0 < len(request_id) <= MAX_REQUEST_ID:
+        message = f"'request_id' must be a non-empty string of at most {MAX_REQUEST_ID} chars"
+        return FrameError(None, message, "request_id")
+    kind = frame.get("type")
+    if kind == "cancel":
+        return Cancel(request_id)
+    if kind != "generate":
+        shown = kind if isinstance(kind, str | None) else type(kind).__name__
+        message = f"'type' must be 'generate' or 'cancel', got {shown!r:.40}"
+        return FrameError(request_id, message, "type")
+    try:
+        return Generate(request_id, _prompt(frame), _params(frame))
+    except ApiError as exc:
+        return FrameError(request_id, exc.message, exc.param)
+
+
+def _prompt(frame: dict[str, Any]) -> str | list[int] | list[dict[str, str]]:
+    if ("prompt" in frame) == ("messages" in frame):
+        raise ApiError(400, "send exactly one of 'prompt' or 'messages'", param="prompt")
+    if "messages" in frame:
+        return chat_messages(frame["messages"])
+    prompt: str | list[int] = convert_field(frame["prompt"], str | list[int], "prompt")
+    return prompt
+
+
+def _params(frame: dict[str, Any]) -> SamplingParams:
+    fields = {k: v for k, v in frame.items() if k not in _RESERVED}
+    try:
+        params = msgspec.convert(fields, SamplingParams)
+    except msgspec.ValidationError as exc:
+        field = field_path(exc, "params")
+        raise ApiError(400, f"invalid '{field}': {exc}", param=field) from None
+    except RecursionError:
+        raise ApiError(400, "a sampling field is nested too deeply", param="params") from None
+    try:
+        params.check()
+    except ParamError as exc:
+        raise ApiError(400, str(exc), param=exc.field) from None
+    return params
