@@ -74,11 +74,18 @@ class Actor:
                 batch_no += 1
 
     async def _handle_in_thread(self, batch: list[Any]) -> Any:
-        """core.handle in a worker thread. Cancelled, it still waits for the thread to finish
-        (the core's state must not change under whoever runs next), unless the actor is hung."""
+        """core.handle in a worker thread. Cancelled, it still waits for a handle() that began
+        (the core's state must not change under whoever runs next), unless the actor is hung;
+        one that had not begun never runs."""
+        lock = threading.Lock()
         finished = threading.Event()
+        state = {"began": False, "cancelled": False}
 
         def work() -> Any:
+            with lock:
+                if state["cancelled"]:
+                    return None
+                state["began"] = True
             try:
                 return self.core.handle(batch)
             finally:
@@ -87,7 +94,10 @@ class Actor:
         try:
             return await anyio.to_thread.run_sync(work, abandon_on_cancel=True)
         except anyio.get_cancelled_exc_class():
-            if not self.is_hung:
+            with lock:
+                state["cancelled"] = True
+                began = state["began"]
+            if began and not self.is_hung:
                 with anyio.CancelScope(shield=True):
                     await anyio.to_thread.run_sync(finished.wait)
             raise
