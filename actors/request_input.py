@@ -43,6 +43,17 @@ def to_sampling_params(params: SamplingParams | Mapping[str, Any] | None) -> Sam
         ) from exc
 
 
+def check_params(params: SamplingParams, *, vocab_size: int | None) -> None:
+    """The one check of sampling parameters before a request enters the graph (every client
+    edge, and trace replay); RequestInputError names the field and its limit."""
+    try:
+        params.check(vocab_size=vocab_size)
+    except ParamError as exc:
+        raise RequestInputError(exc.field, str(exc)) from exc
+    except (TypeError, ValueError) as exc:  # a struct built without validation (wrong types)
+        raise RequestInputError("params", f"invalid sampling params: {exc}") from exc
+
+
 def to_generate_request(
     request_id: str,
     prompt: Any,
@@ -56,10 +67,7 @@ def to_generate_request(
     Every client edge (Engine.generate/submit, hence HTTP and the websocket) comes through
     here, so a request with bad parameters never enters the graph."""
     sampling = to_sampling_params(params)
-    try:
-        sampling.check(vocab_size=vocab_size)
-    except ParamError as exc:
-        raise RequestInputError(exc.field, str(exc)) from exc
+    check_params(sampling, vocab_size=vocab_size)
     if isinstance(prompt, str):
         return GenerateRequest(
             request_id=request_id, params=sampling, arrival_time=arrival_time, prompt=prompt

@@ -15,7 +15,9 @@ from typing import Any
 
 import msgspec
 from troupe.actors.graph import CORE_ACTORS, build_core
-from troupe.messages.trace import TraceRecord, encode_message, read_trace
+from troupe.actors.request_input import RequestInputError, check_params
+from troupe.messages import GenerateRequest
+from troupe.messages.trace import TraceError, TraceRecord, encode_message, read_trace
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,7 @@ def replay_trace(path: str | Path) -> ReplayReport:
             inbox[rec.actor][rec.batch].append(rec.msg)
         else:
             sent[rec.actor].append(rec)
+    _check_inputs(inbox["tokenizer"], header.core_args.get("admission", {}).get("vocab_size"))
     actors = tuple(a for a in CORE_ACTORS if a in header.core_args)
     first: Divergence | None = None
     num_checked = 0
@@ -79,6 +82,21 @@ def replay_trace(path: str | Path) -> ReplayReport:
         if divergence is not None and (first is None or divergence.seq < first.seq):
             first = divergence
     return ReplayReport(len(records), num_checked, actors, first)
+
+
+def _check_inputs(batches: dict[int, list[msgspec.Struct]], vocab_size: int | None) -> None:
+    """Client requests go through the same check as at the engine's edge: a trace holding one
+    that the engine would have refused is not a trace of this engine (TraceError)."""
+    for batch_no in sorted(batches):
+        for msg in batches[batch_no]:
+            if isinstance(msg, GenerateRequest):
+                try:
+                    check_params(msg.params, vocab_size=vocab_size)
+                except RequestInputError as exc:
+                    raise TraceError(
+                        f"tokenizer batch {batch_no}: request {msg.request_id!r} has invalid "
+                        f"{exc.field}: {exc}; the engine refuses it before the graph"
+                    ) from exc
 
 
 def _compare(

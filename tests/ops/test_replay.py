@@ -10,7 +10,7 @@ import msgspec
 import pytest
 from graph_helpers import collect, wait_blocks_free
 from troupe import Engine, EngineConfig, SamplingParams
-from troupe.messages import StepResult, TokenBatch
+from troupe.messages import GenerateRequest, StepResult, TokenBatch
 from troupe.messages.trace import TraceError, TraceRecord, TraceWriter, read_trace
 from troupe.ops.cli import main as cli_main
 from troupe.ops.replay import replay_trace
@@ -160,3 +160,25 @@ def test_golden_traces_replay(golden: Path) -> None:
 
 def test_golden_traces_exist() -> None:
     assert len(list(GOLDEN.glob("*.trace"))) >= 2
+
+
+def test_a_request_the_engine_would_refuse_is_a_trace_error(
+    recorded: Path, tmp_path: Path, capsys
+) -> None:  # type: ignore[no-untyped-def]
+    """Replay checks client requests with the engine's own edge check: a bad one never drives
+    the cores (an empty stop string would otherwise reach the streamer)."""
+    altered = tmp_path / "bad-input.trace"
+    done: list[str] = []
+
+    def change(rec: TraceRecord) -> TraceRecord:
+        if rec.kind == "recv" and isinstance(rec.msg, GenerateRequest) and not done:
+            done.append(rec.msg.request_id)
+            params = msgspec.structs.replace(rec.msg.params, stop=("",))
+            return msgspec.structs.replace(rec, msg=msgspec.structs.replace(rec.msg, params=params))
+        return rec
+
+    rewrite(recorded, altered, change)
+    with pytest.raises(TraceError, match=f"request '{done[0]}' has invalid stop"):
+        replay_trace(altered)
+    assert cli_main(["replay", str(altered)]) == 2
+    assert "stop strings must be non-empty" in capsys.readouterr().err
