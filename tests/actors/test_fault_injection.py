@@ -3,6 +3,9 @@ caught by the watchdog, and the engine reports what happened. Runs on asyncio an
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import anyio
 import pytest
 from graph_helpers import collect, terminal, token_ids, wait_blocks_free
@@ -12,6 +15,7 @@ from troupe.actors.watchdog import ExecutorHung
 from troupe.config import ConfigError
 from troupe.gpu.fake_runner import FakeRunner
 from troupe.gpu.faulty_runner import FaultyRunner
+from troupe.gpu.model_config import ModelLoadError
 from troupe.messages import Failed, Finished
 
 pytestmark = pytest.mark.anyio
@@ -93,9 +97,26 @@ async def test_an_actor_crash_fails_open_requests_and_is_reported() -> None:
     assert isinstance(info.value.__cause__, TypeError)
 
 
-async def test_open_raises_the_load_error_itself() -> None:
+async def test_open_raises_the_load_error_itself(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="does not exist"):
         async with Engine.open(CONFIG.replace(runner="model", model="/no/such/model")):
+            pass
+    folder = tmp_path / "gpt2-like"
+    folder.mkdir()
+    (folder / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "gpt2",
+                "hidden_size": 64,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+                "vocab_size": 100,
+                "intermediate_size": 128,
+            }
+        )
+    )
+    with pytest.raises(ModelLoadError, match="model_type 'gpt2' is not supported"):
+        async with Engine.open(EngineConfig(model=str(folder), device="cpu")):
             pass
 
 
