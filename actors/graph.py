@@ -28,7 +28,10 @@ def build_core(name: str, args: Mapping[str, Any]) -> Core[Any]:
     if name == "tokenizer":
         from troupe.actors.core.tokenizer import TokenizerCore
 
-        return TokenizerCore(load_tokenizer_for(args["model"]))
+        # Traces recorded before the tokenizer knew max_model_len replay without it.
+        return TokenizerCore(
+            load_tokenizer_for(args["model"]), max_model_len=args.get("max_model_len")
+        )
     if name == "streamer":
         from troupe.actors.core.streamer import StreamerCore
 
@@ -59,13 +62,14 @@ def core_args(
     max_num_batched_tokens: int,
     enable_prefix_caching: bool,
     preemption_mode: str,
+    scheduling_policy: str,
     max_queued_requests: int,
     max_queued_tokens: int,
     num_lookahead_tokens: int = 0,
 ) -> dict[str, dict[str, Any]]:
     """Constructor arguments of every core, from the config and the runner's numbers."""
     return {
-        "tokenizer": {"model": model},
+        "tokenizer": {"model": model, "max_model_len": max_model_len},
         "streamer": {"model": model},
         "admission": {
             "max_model_len": max_model_len,
@@ -82,6 +86,7 @@ def core_args(
             "max_num_batched_tokens": max_num_batched_tokens,
             "enable_prefix_caching": enable_prefix_caching,
             "preemption_mode": preemption_mode,
+            "scheduling_policy": scheduling_policy,
             "eos_token_ids": list(eos_token_ids),
             "num_lookahead_tokens": num_lookahead_tokens,
         },

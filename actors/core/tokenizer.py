@@ -6,14 +6,28 @@ Per GenerateRequest, in inbox order:
 AbortRequest is forwarded to admission unchanged, in order, so it never overtakes its request.
 A whole batch is encoded with two `encode_batch` calls (prompts with the model's default special
 tokens, rendered chats without: the template already wrote them).
+
+Long inputs (a client may send megabytes) cost little and harm nobody else's request:
+- a text whose cheap lower bound on its token count (tokenizer_bound.py: its UTF-8 bytes and
+  ASCII letters over the most of each one token can cover) reaches max_model_len is rejected
+  TOO_LONG before any tokenizing, as are prompt_token_ids that long;
+- a text over LONG_TEXT_CHARS is encoded on its own, in chunks, and dropped as TOO_LONG as soon
+  as its count reaches max_model_len (tokenizer_chunks.py; ids identical to a whole encode).
+  Long texts are encoded one at a time, so their encodings in memory are bounded by about
+  max_model_len + one chunk of tokens, whatever the batch holds.
+Text with a lone surrogate (possible through the Python API) is rejected, not handed to the
+Rust tokenizer, which would raise. The core runs in the actor's worker thread, off the loop.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import msgspec
 from troupe.actors.core.chat_template import ChatTemplateError
+from troupe.actors.core.tokenizer_bound import token_count_bound
+from troupe.actors.core.tokenizer_chunks import CHUNK_CHARS, ChunkedEncoder, LimitReached
 from troupe.actors.core.tokenizer_text import TextTokenizer
 from troupe.messages import (
     AbortRequest,
@@ -26,20 +40,46 @@ from troupe.messages import (
 )
 
 PROMPT_TAIL_LEN = 8  # prompt tokens handed to the streamer as detokenization context
+LONG_TEXT_CHARS = CHUNK_CHARS  # longer texts are encoded alone, in chunks, up to the limit
+
+
+@dataclass(frozen=True, slots=True)
+class _Queued:
+    """A text waiting in this batch's encode_batch call for `field` ("prompt" or "messages")."""
+
+    field: str
+    index: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Encoded:
+    field: str
+    ids: Sequence[int]
 
 
 class TokenizerCore:
     """Pure core of the Tokenizer actor. Deterministic given the tokenizer and the inbox."""
 
-    def __init__(self, tokenizer: TextTokenizer, *, vocab_size: int | None = None) -> None:
-        """`vocab_size`: the model's (embedding rows) if it differs from the tokenizer's."""
+    def __init__(
+        self,
+        tokenizer: TextTokenizer,
+        *,
+        vocab_size: int | None = None,
+        max_model_len: int | None = None,
+    ) -> None:
+        """`vocab_size`: the model's (embedding rows) if it differs from the tokenizer's.
+        `max_model_len`: prompts that surely reach it are rejected before tokenizing (None:
+        admission alone judges lengths)."""
         self._tokenizer = tokenizer
         self._vocab_size = vocab_size if vocab_size is not None else tokenizer.vocab_size
+        self._max_model_len = max_model_len
+        self._bound = token_count_bound(tokenizer.tokenizer)
+        self._chunked = ChunkedEncoder(tokenizer.tokenizer)
 
     def handle(self, batch: Sequence[TokenizerInbox]) -> list[tuple[str, msgspec.Struct]]:
         """Tokenize a batch of requests; return (outbox, message) pairs in send order."""
         # Pass 1: decide what each request needs encoded (or why it is rejected).
-        outcome: list[tuple[str, int] | RequestRejected | list[int] | None] = []
+        outcome: list[_Queued | _Encoded | RequestRejected | None] = []
         prompts: list[str] = []
         chats: list[str] = []
         for msg in batch:
@@ -59,13 +99,13 @@ class TokenizerCore:
             if isinstance(result, RequestRejected):
                 out.append(("streamer", result))
                 continue
-            if isinstance(result, tuple):
-                source, index = result
-                ids = prompt_ids[index] if source == "prompt" else chat_ids[index]
-                field: str = source
+            assert result is not None, "a GenerateRequest always has an outcome"
+            field = result.field
+            ids: Sequence[int]
+            if isinstance(result, _Queued):
+                ids = (prompt_ids if field == "prompt" else chat_ids)[result.index]
             else:
-                assert result is not None, "a GenerateRequest always has an outcome"
-                ids, field = result, "prompt_token_ids"
+                ids = result.ids
             if not ids:
                 out.append(("streamer", _reject(msg, field, f"{field} encodes to no tokens")))
                 continue
@@ -74,8 +114,8 @@ class TokenizerCore:
 
     def _prepare(
         self, req: GenerateRequest, prompts: list[str], chats: list[str]
-    ) -> tuple[str, int] | RequestRejected | list[int]:
-        """Queue the text to encode: ("prompt"|"messages", index), or ids, or a rejection."""
+    ) -> _Queued | _Encoded | RequestRejected:
+        """Queue the text to encode, or encode a long one now, or say why it is rejected."""
         given = [
             name
             for name in ("prompt", "messages", "prompt_token_ids")
@@ -91,8 +131,7 @@ class TokenizerCore:
         if req.prompt is not None:
             if not req.prompt:
                 return _reject(req, "prompt", "prompt must not be empty")
-            prompts.append(req.prompt)
-            return ("prompt", len(prompts) - 1)
+            return self._text(req, "prompt", req.prompt, prompts)
         if req.messages is not None:
             if not req.messages:
                 return _reject(req, "messages", "messages must not be empty")
@@ -103,11 +142,13 @@ class TokenizerCore:
                 )
             except ChatTemplateError as exc:
                 return _reject(req, "messages", str(exc))
-            chats.append(text)
-            return ("messages", len(chats) - 1)
+            return self._text(req, "messages", text, chats)
         assert req.prompt_token_ids is not None
         if not req.prompt_token_ids:
             return _reject(req, "prompt_token_ids", "prompt_token_ids must not be empty")
+        num_ids = len(req.prompt_token_ids)
+        if self._max_model_len is not None and num_ids >= self._max_model_len:
+            return self._too_long(req, "prompt_token_ids", num_ids, exact=True)
         for position, token_id in enumerate(req.prompt_token_ids):
             if not 0 <= token_id < self._vocab_size:
                 return _reject(
@@ -116,7 +157,46 @@ class TokenizerCore:
                     f"prompt_token_ids[{position}] = {token_id} is outside the vocabulary "
                     f"[0, {self._vocab_size})",
                 )
-        return list(req.prompt_token_ids)
+        return _Encoded("prompt_token_ids", req.prompt_token_ids)
+
+    def _text(
+        self, req: GenerateRequest, field: str, text: str, queue: list[str]
+    ) -> _Queued | _Encoded | RequestRejected:
+        """Check `text` cheaply; encode it now if long, else queue it for encode_batch."""
+        try:  # the Rust tokenizer raises TypeError on a lone surrogate: catch it here
+            min_tokens = self._bound.min_tokens(text) if self._bound is not None else 0
+            if self._bound is None and not text.isascii():
+                text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            return _reject(
+                req,
+                field,
+                f"{field} is not valid Unicode text: lone surrogate {text[exc.start]!r} "
+                f"at character {exc.start}",
+            )
+        limit = self._max_model_len
+        if limit is not None and min_tokens >= limit:
+            return self._too_long(req, field, min_tokens, exact=False)
+        if len(text) > LONG_TEXT_CHARS:
+            ids = self._chunked.encode(text, add_special_tokens=field == "prompt", limit=limit)
+            if isinstance(ids, LimitReached):
+                return self._too_long(req, field, ids.num_tokens, exact=False)
+            return _Encoded(field, ids)
+        queue.append(text)
+        return _Queued(field, len(queue) - 1)
+
+    def _too_long(
+        self, req: GenerateRequest, field: str, num_tokens: int, *, exact: bool
+    ) -> RequestRejected:
+        # Worded as admission words its own length check, so clients see one message shape.
+        count = f"{num_tokens}" if exact else f"at least {num_tokens}"
+        return RequestRejected(
+            request_id=req.request_id,
+            code=RejectCode.TOO_LONG,
+            field=field,
+            message=f"{field} has {count} tokens; max_model_len is {self._max_model_len} "
+            "(the prompt must leave room for at least one generated token)",
+        )
 
     def _accept(
         self, req: GenerateRequest, ids: tuple[int, ...]

@@ -20,7 +20,7 @@ _BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
 
 @functools.cache
-def _byte_level_alphabet() -> dict[str, int]:
+def byte_level_alphabet() -> dict[str, int]:
     """GPT-2's byte <-> printable-char table, inverted: char -> byte.
 
     Printable Latin-1 bytes stand for themselves; the other 68 bytes are shifted to 256+.
@@ -131,7 +131,7 @@ class TextTokenizer:
         decoder = json.dumps(json.loads(state))
         is_byte_level = '"ByteLevel"' in decoder
         is_byte_fallback = '"ByteFallback"' in decoder
-        alphabet = _byte_level_alphabet()
+        alphabet = byte_level_alphabet()
         table: list[bytes] = []
         for token_id in range(self.vocab_size):
             token = self.tokenizer.id_to_token(token_id)

@@ -160,3 +160,103 @@ def test_vocab_size_override_is_the_limit(tok: TextTokenizer) -> None:
     (out,) = TokenizerCore(tok, vocab_size=100).handle([_req("v", prompt_token_ids=(100,))])
     assert isinstance(out[1], RequestRejected)
     assert out[1].message.endswith("[0, 100)")
+
+
+# -- long inputs: rejected by a cheap bound, or encoded in chunks up to the limit ------------
+
+PROSE = "The quick brown fox jumps over the lazy dog. "  # 10 tokens, 35 ASCII letters
+
+
+def _rejection(out: list[tuple[str, object]]) -> RequestRejected:
+    (only,) = out
+    assert only[0] == "streamer" and isinstance(only[1], RequestRejected)
+    return only[1]
+
+
+def test_megabyte_prompt_is_rejected_by_the_bound(tok: TextTokenizer) -> None:
+    core = TokenizerCore(tok, max_model_len=8192)
+    prompt = PROSE * 87_000  # 3.9 MB, 870,000 tokens
+    rejected = _rejection(core.handle([_req("big", prompt=prompt)]))
+    # 3,045,000 letters, at most 25 per SmolLM2 token: the bound, not a tokenization.
+    assert rejected == RequestRejected(
+        request_id="big",
+        code=RejectCode.TOO_LONG,
+        field="prompt",
+        message="prompt has at least 121800 tokens; max_model_len is 8192 "
+        "(the prompt must leave room for at least one generated token)",
+    )
+
+
+def test_long_prompt_under_the_bound_stops_at_the_limit(tok: TextTokenizer) -> None:
+    core = TokenizerCore(tok, max_model_len=1000)
+    prompt = PROSE * 500  # 5,000 tokens; the bound says only >= 700
+    rejected = _rejection(core.handle([_req("long", prompt=prompt)]))
+    assert rejected.code == RejectCode.TOO_LONG and rejected.field == "prompt"
+    # Stopped within one chunk (16,384 characters, ~3,700 tokens) of the limit.
+    count = int(rejected.message.split("at least ")[1].split(" ")[0])
+    assert 1000 <= count < 5000
+
+
+def test_long_prompts_and_chats_under_the_limit_encode_exactly(tok: TextTokenizer) -> None:
+    core = TokenizerCore(tok, max_model_len=100_000)
+    prompt = PROSE * 1_500  # 67 KB: encoded alone, in five chunks
+    messages = (ChatMessage(role="user", content=prompt),)
+    out = core.handle([_req("p", prompt=prompt), _req("c", messages=messages)])
+    chat_text = tok.render_chat([{"role": "user", "content": prompt}])
+    assert [type(m).__name__ for _, m in out] == ["RequestOpened", "TokenizedRequest"] * 2
+    p, c = out[1][1], out[3][1]
+    assert isinstance(p, TokenizedRequest) and isinstance(c, TokenizedRequest)
+    assert p.prompt_token_ids == tuple(tok.encode(prompt))
+    assert c.prompt_token_ids == tuple(tok.encode(chat_text, add_special_tokens=False))
+    assert len(p.prompt_token_ids) == 15_001  # 1,500 x 10, and the trailing space
+
+
+def test_long_chat_is_rejected_naming_messages(tok: TextTokenizer) -> None:
+    core = TokenizerCore(tok, max_model_len=8192)
+    messages = (ChatMessage(role="user", content=PROSE * 87_000),)
+    rejected = _rejection(core.handle([_req("c", messages=messages)]))
+    assert rejected.code == RejectCode.TOO_LONG and rejected.field == "messages"
+    assert rejected.message.startswith("messages has at least ")
+
+
+def test_too_many_prompt_token_ids_are_rejected_before_the_vocab_scan(tok: TextTokenizer) -> None:
+    core = TokenizerCore(tok, max_model_len=8)
+    rejected = _rejection(core.handle([_req("t", prompt_token_ids=(1,) * 7 + (10**9,))]))
+    assert rejected == RequestRejected(
+        request_id="t",
+        code=RejectCode.TOO_LONG,
+        field="prompt_token_ids",
+        message="prompt_token_ids has 8 tokens; max_model_len is 8 "
+        "(the prompt must leave room for at least one generated token)",
+    )
+
+
+@pytest.mark.parametrize("max_model_len", [None, 8192])
+def test_lone_surrogate_is_rejected_and_harms_nobody(
+    tok: TextTokenizer, max_model_len: int | None
+) -> None:
+    # The Rust tokenizer raises TypeError on it, which would have crashed the actor.
+    core = TokenizerCore(tok, max_model_len=max_model_len)
+    bad_chat = (ChatMessage(role="user", content="hi \udc80"),)
+    out = core.handle(
+        [_req("s", prompt="ok \ud800 no"), _req("c", messages=bad_chat), _req("g", prompt="fine")]
+    )
+    s, c = out[0][1], out[1][1]
+    assert isinstance(s, RequestRejected) and s.code == RejectCode.INVALID_REQUEST
+    assert s.field == "prompt"
+    assert s.message == "prompt is not valid Unicode text: lone surrogate '\\ud800' at character 3"
+    assert isinstance(c, RequestRejected) and c.field == "messages"
+    assert [type(m).__name__ for _, m in out[2:]] == ["RequestOpened", "TokenizedRequest"]
+
+
+def test_graph_builds_the_tokenizer_with_max_model_len() -> None:
+    from troupe.actors.graph import build_core
+
+    core = build_core("tokenizer", {"model": None, "max_model_len": 4})
+    (out,) = core.handle([_req("g", prompt_token_ids=(1, 2, 3, 4))])
+    assert isinstance(out[1], RequestRejected) and out[1].code == RejectCode.TOO_LONG
+    old_trace = build_core("tokenizer", {"model": None})  # traces from before: no bound
+    assert [box for box, _ in old_trace.handle([_req("g", prompt_token_ids=(1, 2, 3, 4))])] == [
+        "streamer",
+        "admission",
+    ]
