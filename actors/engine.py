@@ -30,6 +30,7 @@ from troupe.actors.shell import Actor
 from troupe.actors.watchdog import watch_executor
 from troupe.actors.wiring import graph_specs, wire
 from troupe.config import EngineConfig
+from troupe.gpu.runner import RunnerStats
 from troupe.logs import configure_logging
 from troupe.messages import (
     AbortRequest,
@@ -226,16 +227,9 @@ class Engine:
         """Seconds the runner has spent executing steps (to separate model from graph cost)."""
         return self._executor.busy_seconds if self._executor is not None else 0.0
 
-    def runner_counters(self) -> dict[str, float]:
-        """The runner's own counters (benchmarks): busy seconds, and speculation counts when
-        the runner speculates."""
-        counters = {"busy_seconds": self.runner_busy_seconds}
-        runner = self._executor.runner if self._executor is not None else None
-        for name in ("num_speculated", "num_speculation_hits"):
-            value = getattr(runner, name, None)
-            if isinstance(value, int | float):
-                counters[name] = float(value)
-        return counters
+    def runner_stats(self) -> RunnerStats:
+        """The runner's statistics() (benchmarks): steps, overlapped steps and their hits."""
+        return self._executor.runner.statistics() if self._executor is not None else RunnerStats()
 
     def actor_busy_seconds(self) -> dict[str, float]:
         """Seconds each actor has spent in its core's handle() (benchmarks, diagnostics)."""

@@ -51,8 +51,8 @@ def start_executor(config: EngineConfig, runner: Runner | None = None) -> Execut
         preemption_mode=config.preemption_mode,
         max_queued_requests=config.max_queued_requests,
         max_queued_tokens=config.max_queued_tokens,
-        # a speculating runner needs each decode's next KV slot already in its table
-        num_lookahead_tokens=getattr(runner, "num_lookahead_tokens", 0),
+        # an overlapping runner needs each decode's next KV slot already in its table
+        num_lookahead_tokens=runner.num_lookahead_tokens,
     )
     return ExecutorSetup(
         core=ExecutorCore(runner),

@@ -1,10 +1,8 @@
-"""Attention metadata of one step, and the choice of op implementations per device."""
+"""Attention metadata of one step: what the attention ops read besides q and the caches."""
 
 from __future__ import annotations
 
 import dataclasses
-import os
-from types import ModuleType
 
 import torch
 
@@ -26,22 +24,3 @@ class AttentionMetadata:
     max_seq_len: int
     is_decode: bool
     logits_indices: torch.Tensor  # [N] int64: rows whose hidden state reaches lm_head
-
-
-def select_ops(device: torch.device) -> ModuleType:
-    """The Triton dispatch module on CUDA (when present), the torch path on the CPU.
-
-    The CPU runs the torch path even though Triton's interpreter could run the kernels: the
-    interpreter is orders of magnitude slower, and the kernels have their own tests.
-    TROUPE_FORCE_TRITON=1 (read by kernels.ops) runs the kernels on the CPU too.
-    """
-    if device.type == "cuda" or os.environ.get("TROUPE_FORCE_TRITON", "0") == "1":
-        try:
-            from troupe.kernels import ops
-
-            return ops
-        except ImportError:  # kernels not written yet: stay correct, if slower
-            pass
-    from troupe.gpu import torch_ops
-
-    return torch_ops

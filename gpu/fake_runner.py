@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from troupe.config import EngineConfig
+from troupe.gpu.runner import RunnerStats
 from troupe.messages import SampledToken, SamplingParams, SeqWork, StepPlan, TokenLogprob
 
 EOS_SEED_BASE = 10**12
@@ -106,6 +107,8 @@ class FakeRunner:
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
         self.eos_token_ids = tuple(eos_token_ids)
+        self.num_lookahead_tokens = 0  # no overlap: each step runs when its plan arrives
+        self._num_steps = 0
         self.gpu = _Store(num_gpu_blocks, block_size)
         self.cpu = _Store(num_cpu_blocks, block_size)
         self._seqs: dict[str, _Seq] = {}
@@ -136,8 +139,12 @@ class FakeRunner:
         """Requests whose state the runner holds (not yet released)."""
         return len(self._seqs)
 
+    def statistics(self) -> RunnerStats:
+        return RunnerStats(num_steps=self._num_steps)
+
     def execute(self, plan: StepPlan) -> tuple[SampledToken, ...]:
         """Apply released, swap_out, swap_in, then write and read back plan.seqs."""
+        self._num_steps += 1
         for request_id in plan.released:
             self._release(request_id)
         if plan.swap_out:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Collection
 
-from troupe.gpu.runner import Runner
+from troupe.gpu.runner import Runner, RunnerStats
 from troupe.messages import SampledToken, StepPlan
 
 
@@ -39,6 +39,7 @@ class FaultyRunner:
         self.vocab_size = inner.vocab_size
         self.max_model_len = inner.max_model_len
         self.eos_token_ids = inner.eos_token_ids
+        self.num_lookahead_tokens = inner.num_lookahead_tokens
         self._fail_at = frozenset(fail_at_steps)
         self._cond = threading.Condition()
         self._hold_at: int | None = hang_at_step  # the first step that must wait for release()
@@ -75,6 +76,9 @@ class FaultyRunner:
         if step in self._fail_at:
             raise InjectedFault(f"fault injected at step {step}")
         return self.inner.execute(plan)
+
+    def statistics(self) -> RunnerStats:
+        return self.inner.statistics()
 
     def close(self) -> None:
         self.release()

@@ -1,4 +1,4 @@
-"""The paged KV pools: per-layer device caches and the CPU swap pool, plus pool sizing.
+"""The paged KV pools: per-layer device caches and the CPU swap pool (sizes: pool_sizing.py).
 
 Layout, one tensor per pool so a swap is one gather + one scatter for all layers:
 
@@ -14,50 +14,7 @@ from collections.abc import Sequence
 
 import torch
 from troupe.gpu.model_config import ModelConfig
-
-CPU_DEFAULT_TOKENS_PER_SEQ = 2048
-CPU_DEFAULT_MAX_BYTES = 2 * 1024**3
-
-
-def block_bytes(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
-    """Bytes of one block across all layers (key and value)."""
-    elem: int = torch.empty((), dtype=dtype).element_size()
-    return 2 * config.num_layers * block_size * config.kv_size * elem
-
-
-def default_cpu_device_blocks(
-    config: ModelConfig, block_size: int, dtype: torch.dtype, max_num_seqs: int
-) -> int:
-    """Device pool size on the CPU: max_num_seqs x 2048 tokens, capped at 2 GiB."""
-    wanted = max_num_seqs * CPU_DEFAULT_TOKENS_PER_SEQ // block_size
-    cap = CPU_DEFAULT_MAX_BYTES // block_bytes(config, block_size, dtype)
-    return max(1, min(wanted, cap))
-
-
-def blocks_from_free_memory(
-    config: ModelConfig,
-    block_size: int,
-    dtype: torch.dtype,
-    device: torch.device,
-    gpu_memory_utilization: float,
-    peak_activation_bytes: int,
-) -> int:
-    """Blocks that fit in utilization x total, after what is in use and the profiled peak.
-
-    Call after a profiling forward at max_num_batched_tokens (peak_activation_bytes is that
-    forward's peak minus what stays allocated).
-    """
-    free, total = torch.cuda.mem_get_info(device)
-    in_use = total - free
-    budget = int(total * gpu_memory_utilization) - in_use - peak_activation_bytes
-    num_blocks = budget // block_bytes(config, block_size, dtype)
-    if num_blocks < 1:
-        raise MemoryError(
-            f"no device memory left for the KV cache: {in_use / 2**30:.1f} GiB in use and a "
-            f"{peak_activation_bytes / 2**30:.1f} GiB activation peak of {total / 2**30:.1f} GiB; "
-            "lower max_num_batched_tokens, raise gpu_memory_utilization, or set num_kv_blocks"
-        )
-    return int(num_blocks)
+from troupe.gpu.pool_sizing import block_bytes
 
 
 class KVCache:
@@ -81,9 +38,13 @@ class KVCache:
             config.num_kv_heads,
             config.head_dim,
         )
+        # CUDA: zeros, not empty: CUDA-graph padding rows read block 0, and garbage could be
+        # NaN. CPU: empty, so the OS commits a page when a block is first written and an
+        # engine holds the RAM it uses, not the whole pool; no op reads a slot before it is
+        # written there (the torch ops gather exactly seq_len tokens or mask the rest).
+        alloc = torch.zeros if device.type == "cuda" else torch.empty
         try:
-            # zeros, not empty: padded decode rows read block 0, and garbage could be NaN
-            self.gpu = torch.zeros(shape, dtype=dtype, device=device)
+            self.gpu = alloc(shape, dtype=dtype, device=device)
         except torch.OutOfMemoryError as exc:
             raise MemoryError(
                 f"cannot allocate {num_gpu_blocks} KV blocks "
@@ -91,8 +52,8 @@ class KVCache:
                 "lower num_kv_blocks or gpu_memory_utilization"
             ) from exc
         cpu_shape = (config.num_layers, 2, num_cpu_blocks, *shape[3:])
-        pin = device.type == "cuda"
-        self.cpu = torch.zeros(cpu_shape, dtype=dtype, device="cpu", pin_memory=pin)
+        pin = device.type == "cuda"  # pinned memory is committed anyway: zero it
+        self.cpu = alloc(cpu_shape, dtype=dtype, device="cpu", pin_memory=pin)
         self.num_gpu_blocks = num_gpu_blocks
         self.num_cpu_blocks = num_cpu_blocks
         self.block_size = block_size

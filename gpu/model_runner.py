@@ -1,8 +1,8 @@
 """ModelRunner: the real Runner. Owns the model, the KV pools and per-request state.
 
-It runs each StepPlan: prepare the state, forward, sample. Before that it asks its Speculator
-(gpu/speculation.py) whether a decode step launched early already answers the plan, and after a
-step that sampled every sequence it lets the Speculator launch the next one.
+It runs each StepPlan: prepare the state, forward, sample. Before that it asks its
+DecodeOverlap (gpu/overlap.py) whether a decode step launched early already answers the plan,
+and after a step that sampled every sequence it lets the DecodeOverlap launch the next one.
 """
 
 from __future__ import annotations
@@ -15,18 +15,15 @@ import torch
 from troupe.config import ConfigError, EngineConfig, resolve_model_path
 from troupe.gpu.attention import AttentionMetadata
 from troupe.gpu.cuda_graphs import DecodeGraphs
-from troupe.gpu.kv_cache import (
-    KVCache,
-    block_bytes,
-    blocks_from_free_memory,
-    default_cpu_device_blocks,
-)
+from troupe.gpu.kv_cache import KVCache
 from troupe.gpu.model_config import ModelConfig
 from troupe.gpu.models import DecoderModel
+from troupe.gpu.overlap import DecodeOverlap, host_to_device
+from troupe.gpu.pool_sizing import blocks_from_free_memory, cpu_device_blocks, swap_pool_blocks
 from troupe.gpu.request_states import RequestState, RequestStates
+from troupe.gpu.runner import RunnerStats
 from troupe.gpu.sampler import sample
 from troupe.gpu.sampling_batch import build_sampling_batch
-from troupe.gpu.speculation import Speculator, host_to_device, speculate_from_env
 from troupe.gpu.step_inputs import StepInputs, build_step_inputs
 from troupe.gpu.weights import load_model, read_config
 from troupe.messages import SampledToken, StepPlan, TokenLogprob
@@ -45,7 +42,7 @@ class RunnerOptions:
     max_model_len: int
     seed: int = 0
     enforce_eager: bool = True
-    speculate: bool | None = None  # launch the next decode step early; None: on CUDA only
+    overlap_schedule: bool = False  # launch each decode step before its plan (gpu/overlap.py)
 
 
 class ModelRunner:
@@ -87,12 +84,11 @@ class ModelRunner:
                 max_blocks_per_seq=self.max_blocks_per_seq,
                 max_model_len=options.max_model_len,
             )
-        self.speculate = (
-            options.speculate if options.speculate is not None else self.device.type == "cuda"
-        )
-        # the scheduler keeps one position past each decode in its table: the speculated slot
-        self.num_lookahead_tokens = 1 if self.speculate else 0
-        self._speculator = Speculator(
+        self.overlap_schedule = options.overlap_schedule
+        # the scheduler keeps one position past each decode in its table: the overlapped slot
+        self.num_lookahead_tokens = 1 if options.overlap_schedule else 0
+        self._num_steps = 0
+        self._overlap = DecodeOverlap(
             self._states,
             self._forward,
             device=self.device,
@@ -101,15 +97,13 @@ class ModelRunner:
             vocab_size=config.vocab_size,
         )
 
-    @property
-    def num_speculated(self) -> int:
-        """Speculative steps launched."""
-        return self._speculator.num_speculated
-
-    @property
-    def num_speculation_hits(self) -> int:
-        """Speculative steps whose plan matched, so their samples were used."""
-        return self._speculator.num_speculation_hits
+    def statistics(self) -> RunnerStats:
+        """Steps run and overlapped steps launched and used, so far."""
+        return RunnerStats(
+            num_steps=self._num_steps,
+            num_overlapped=self._overlap.num_overlapped,
+            num_overlap_hits=self._overlap.num_overlap_hits,
+        )
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> ModelRunner:
@@ -133,7 +127,11 @@ class ModelRunner:
                 f"max_model_len {max_model_len} exceeds the model's "
                 f"max_position_embeddings {model_config.max_position_embeddings}"
             )
-        model_config, model = load_model(Path(path), dtype, device, max_model_len)
+        model_config, model = load_model(
+            Path(path), dtype, device, max_model_len, config.kernel_backend
+        )
+        # A CPU step runs synchronously: launching the next one early overlaps nothing.
+        overlap = config.enable_overlap_schedule and device.type == "cuda"
         num_gpu_blocks = config.num_kv_blocks
         if num_gpu_blocks is None and device.type == "cuda":
             peak = _profile_peak_bytes(model, config, max_model_len)
@@ -141,13 +139,14 @@ class ModelRunner:
                 model_config, config.block_size, dtype, device, config.gpu_memory_utilization, peak
             )
         elif num_gpu_blocks is None:
-            num_gpu_blocks = default_cpu_device_blocks(
-                model_config, config.block_size, dtype, config.max_num_seqs
+            num_gpu_blocks = cpu_device_blocks(
+                model_config, config, dtype, max_model_len=max_model_len
             )
         num_cpu_blocks = config.num_cpu_blocks
         if num_cpu_blocks is None:
-            per_block = block_bytes(model_config, config.block_size, dtype)
-            num_cpu_blocks = int(config.cpu_swap_gib * 2**30) // per_block
+            num_cpu_blocks = swap_pool_blocks(
+                model_config, config, dtype, device, num_gpu_blocks=num_gpu_blocks
+            )
         options = RunnerOptions(
             block_size=config.block_size,
             num_gpu_blocks=num_gpu_blocks,
@@ -155,16 +154,18 @@ class ModelRunner:
             max_num_seqs=config.max_num_seqs,
             max_model_len=max_model_len,
             seed=config.seed,
-            enforce_eager=config.enforce_eager,
-            speculate=speculate_from_env(),
+            # the reference ops sync with the host (tolist): no CUDA graphs for them
+            enforce_eager=config.enforce_eager or config.kernel_backend == "torch",
+            overlap_schedule=overlap,
         )
         return cls(model_config, model, options)
 
     def execute(self, plan: StepPlan) -> tuple[SampledToken, ...]:
         """Apply released, swap_out, swap_in, then run plan.seqs; one token per sampled seq."""
-        taken = self._speculator.take(plan)
+        self._num_steps += 1
+        taken = self._overlap.take(plan)
         if taken is not None:
-            return taken  # the pending speculated step answered it (or only releases)
+            return taken  # the pending overlapped step answered it (or only releases)
         prepared = self._prepare(plan)
         if prepared is None:
             return ()
@@ -174,11 +175,11 @@ class ModelRunner:
         if not rows:
             return ()  # mid-prompt chunks only: the cache is filled, nothing is sampled
         token_ids, logprobs = self._sample(logits, [states[r] for r in rows])
-        if self.speculate and len(rows) == len(plan.seqs):
+        if self.overlap_schedule and len(rows) == len(plan.seqs):
             # every sequence sampled: its next step is a decode of the token just sampled
             next_pos = inputs.seq_lens.astype(np.int64)
             request_ids = [w.request_id for w in plan.seqs]
-            self._speculator.launch(states, next_pos, request_ids, token_ids)
+            self._overlap.launch(states, next_pos, request_ids, token_ids)
         return tuple(
             SampledToken(plan.seqs[r].request_id, token, logprob)
             for r, token, logprob in zip(rows, token_ids, logprobs, strict=True)
@@ -194,7 +195,7 @@ class ModelRunner:
 
     def logits(self, plan: StepPlan) -> torch.Tensor:
         """Like execute, but return the fp32 logits [sampled seqs, vocab] instead of sampling."""
-        self._speculator.discard()  # stream order keeps its KV writes before this plan's
+        self._overlap.discard()  # stream order keeps its KV writes before this plan's
         prepared = self._prepare(plan)
         if prepared is None:
             return torch.empty(0, self.vocab_size, device=self.device)
@@ -213,7 +214,7 @@ class ModelRunner:
 
     def _forward(self, inputs: StepInputs, input_ids: torch.Tensor | None = None) -> torch.Tensor:
         """fp32 logits of the sampled rows, in order. `input_ids` (on the device) replaces
-        inputs.input_ids: a speculated step fed the previous step's samples without a copy."""
+        inputs.input_ids: an overlapped step fed the previous step's samples without a copy."""
         if (
             self._graphs is not None
             and inputs.is_decode
@@ -237,7 +238,7 @@ class ModelRunner:
     def close(self) -> None:
         """Drop the graphs, caches and state so device memory can be reused."""
         self._graphs = None
-        self._speculator.discard()
+        self._overlap.discard()
         self._states.clear()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()

@@ -12,8 +12,9 @@ from collections.abc import Iterable
 import torch
 import torch.nn.functional as F
 from torch import nn
-from troupe.gpu.attention import AttentionMetadata, select_ops
+from troupe.gpu.attention import AttentionMetadata
 from troupe.gpu.model_config import ModelConfig, ModelLoadError
+from troupe.kernels.ops import KernelBackend, KernelOps, select_ops
 from troupe.kernels.rope_cache import build_cos_sin_cache
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
@@ -53,16 +54,16 @@ class DecoderLayer(nn.Module):
         meta: AttentionMetadata,
         kv_cache: KVCache,
         cos_sin: torch.Tensor,
-        ops: object,
+        ops: KernelOps,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         c = self.config
         eps = c.rms_norm_eps
-        x, residual = ops.rms_norm(hidden, self.input_layernorm, eps, residual)  # type: ignore[attr-defined]
+        x, residual = ops.rms_norm(hidden, self.input_layernorm, eps, residual)
         qkv = F.linear(x, self.qkv_proj, self.qkv_bias)
         num_tokens = qkv.shape[0]
         k_cache, v_cache = kv_cache
         # q/k norm (Qwen3), rotary and the KV write in one pass; None weights skip the norm
-        q = ops.prepare_qkv(  # type: ignore[attr-defined]
+        q = ops.prepare_qkv(
             qkv,
             self.q_norm,
             self.k_norm,
@@ -74,7 +75,7 @@ class DecoderLayer(nn.Module):
             meta.slot_mapping,
         )
         if meta.is_decode:
-            attn = ops.paged_decode_attention(  # type: ignore[attr-defined]
+            attn = ops.paged_decode_attention(
                 q,
                 k_cache,
                 v_cache,
@@ -84,7 +85,7 @@ class DecoderLayer(nn.Module):
                 meta.max_seq_len,
             )
         else:
-            attn = ops.paged_attention(  # type: ignore[attr-defined]
+            attn = ops.paged_attention(
                 q,
                 k_cache,
                 v_cache,
@@ -96,8 +97,8 @@ class DecoderLayer(nn.Module):
                 meta.max_seq_len,
             )
         hidden = F.linear(attn.reshape(num_tokens, c.q_size), self.o_proj)
-        x, residual = ops.rms_norm(hidden, self.post_attention_layernorm, eps, residual)  # type: ignore[attr-defined]
-        act = ops.silu_mul(F.linear(x, self.gate_up_proj))  # type: ignore[attr-defined]
+        x, residual = ops.rms_norm(hidden, self.post_attention_layernorm, eps, residual)
+        act = ops.silu_mul(F.linear(x, self.gate_up_proj))
         return F.linear(act, self.down_proj), residual
 
 
@@ -105,14 +106,19 @@ class DecoderModel(nn.Module):
     """Embeddings, decoder layers, final norm and lm_head, for a flat batch of tokens."""
 
     def __init__(
-        self, config: ModelConfig, dtype: torch.dtype, device: torch.device, max_positions: int
+        self,
+        config: ModelConfig,
+        dtype: torch.dtype,
+        device: torch.device,
+        max_positions: int,
+        kernel_backend: KernelBackend = "auto",
     ) -> None:
         super().__init__()
         c = config
         self.config = c
         self.dtype = dtype
         self.device = device
-        self.ops = select_ops(device)
+        self.ops = select_ops(device, kernel_backend)
         self.embed_tokens = _param(c.vocab_size, c.hidden_size, dtype=dtype, device=device)
         self.layers = nn.ModuleList(DecoderLayer(c, dtype, device) for _ in range(c.num_layers))
         self.norm = _param(c.hidden_size, dtype=dtype, device=device)

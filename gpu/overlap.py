@@ -1,8 +1,8 @@
-"""Speculative continuation: the next decode step launched before its plan arrives.
+"""Overlap scheduling: the next decode step launched before its plan arrives.
 
-On CUDA by default; TROUPE_SPECULATE=1/0 forces it on/off. When a step samples every sequence
-it ran, the runner launches the next decode step of those sequences right away, before its
-plan arrives, so the GPU computes while the actors plan:
+On CUDA when EngineConfig.enable_overlap_schedule (the default). When a step samples every
+sequence it ran, the runner launches the next decode step of those sequences right away,
+before its plan arrives, so the GPU computes while the actors plan:
 
     execute(plan N):   forward N, sample N, tolist | launch N+1 (inputs: N's samples, pos + 1)
     actors:                                         | update, plan, allocate  (GPU busy on N+1)
@@ -11,18 +11,18 @@ plan arrives, so the GPU computes while the actors plan:
                                                 no:  discard N+1, run plan N+1 normally
 
 The scheduler gives decodes one lookahead position (num_lookahead_tokens), so the runner owns
-the KV slot the speculated step writes.
+the KV slot the overlapped step writes. This is not speculative decoding: every token is
+sampled from the same distribution as without overlap, one step at a time; only when the step
+runs changes.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Callable
 
 import numpy as np
 import torch
-from troupe.config import ConfigError
 from troupe.gpu.request_states import LOGPROBS, RequestState, RequestStates
 from troupe.gpu.sampler import sample
 from troupe.gpu.sampling_batch import build_sampling_batch
@@ -34,16 +34,8 @@ from troupe.messages import SampledToken, StepPlan
 Forward = Callable[[StepInputs, torch.Tensor | None], torch.Tensor]
 
 
-def speculate_from_env() -> bool | None:
-    """TROUPE_SPECULATE: '1' forces speculation on, '0' off; unset or '' leaves the default."""
-    value = os.environ.get("TROUPE_SPECULATE", "")
-    if value not in ("", "0", "1"):
-        raise ConfigError(f"TROUPE_SPECULATE must be '0' or '1', got {value!r}")
-    return None if value == "" else value == "1"
-
-
 @dataclasses.dataclass(kw_only=True, eq=False)
-class _Speculation:
+class _PendingStep:
     """A decode step launched before its plan arrived; its samples are still on the device."""
 
     rows: dict[str, int]  # request id -> row of the launched batch
@@ -61,8 +53,8 @@ class _Speculation:
         return out
 
 
-class Speculator:
-    """Owns the pending speculated step: launches it, and answers the next plan from it.
+class DecodeOverlap:
+    """Owns the pending overlapped step: launches it, and answers the next plan from it.
 
     The runner calls `take(plan)` first on every plan: a tuple (possibly empty) is the plan's
     answer; None means the runner runs the plan itself (nothing pending, or a miss: the
@@ -87,9 +79,9 @@ class Speculator:
         self.block_size = block_size
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
-        self.num_speculated = 0  # speculative steps launched
-        self.num_speculation_hits = 0  # ... whose plan matched, so their samples were used
-        self._pending: _Speculation | None = None
+        self.num_overlapped = 0  # decode steps launched before their plan arrived
+        self.num_overlap_hits = 0  # ... whose plan matched, so their samples were used
+        self._pending: _PendingStep | None = None
 
     def take(self, plan: StepPlan) -> tuple[SampledToken, ...] | None:
         """The plan's tokens from the pending step, or None: the runner must run the plan."""
@@ -97,21 +89,21 @@ class Speculator:
         if pending is None:
             return None
         if not plan.seqs and not plan.swap_out and not plan.swap_in:
-            # Only releases: the speculated step is still the next one to run.
+            # Only releases: the overlapped step is still the next one to run.
             self._states.release(plan.released)
             self._pending = pending
             return ()
         rows = _matching_rows(plan, pending)
         if rows is not None:
             return self._take(plan, pending, rows)
-        # Discard. The speculated step only wrote KV at position pos+1 of each of its
+        # Discard. The overlapped step only wrote KV at position pos+1 of each of its
         # requests, in blocks their tables own (the lookahead). A request that continues
         # computes that slot again in this plan or a later one, with the same token and
         # context: the same value. A request that ended never reads it, and the block is
         # not full of committed tokens, so the prefix cache never hands it out; when the
         # block is reused, its new owner writes a slot before reading it. Everything the
         # runner does next (swap copies included) runs on the same CUDA stream after the
-        # speculated step, so a swap-out reads its blocks after that write and a reused
+        # overlapped step, so a swap-out reads its blocks after that write and a reused
         # block is written after it. Its samples are dropped; the state it advanced
         # (num_tokens, history at pos+1) is rewritten by this plan's SeqWorks,
         # position-indexed and idempotent.
@@ -132,15 +124,15 @@ class Speculator:
         self._pending = None
 
     def _take(
-        self, plan: StepPlan, pending: _Speculation, rows: list[int]
+        self, plan: StepPlan, pending: _PendingStep, rows: list[int]
     ) -> tuple[SampledToken, ...]:
-        """The plan is the speculated step (or a subset of it): use its samples."""
+        """The plan is the overlapped step (or a subset of it): use its samples."""
         if plan.released:
             self._states.release(plan.released)  # ended requests drop out: samples discarded
         # The plan's block_ids are lookahead blocks for the step after; its tokens and
-        # positions are what the speculated step already wrote.
+        # positions are what the overlapped step already wrote.
         states = self._states.apply(plan.seqs)
-        self.num_speculation_hits += 1
+        self.num_overlap_hits += 1
         next_pos = pending.positions[rows] + 1
         request_ids = [w.request_id for w in plan.seqs]
         # Without penalties the following step needs no host copy of these samples: feed the
@@ -153,7 +145,7 @@ class Speculator:
             if len(rows) != len(pending.rows):
                 device_ids = device_ids[host_to_device(np.asarray(rows), self.device)]
             following = self._launch(states, next_pos, request_ids, device_ids)
-        launched = pending.read()  # waits for the speculated step's samples
+        launched = pending.read()  # waits for the overlapped step's samples
         token_ids = [launched[r] for r in rows]
         if early:
             if following is not None:
@@ -172,7 +164,7 @@ class Speculator:
         next_pos: np.ndarray,
         request_ids: list[str],
         token_ids: list[int] | torch.Tensor,
-    ) -> _Speculation | None:
+    ) -> _PendingStep | None:
         """Queue the decode of `token_ids` (host list, or device ids with no penalty state) at
         `next_pos`, one per state, and the copy of its samples to the host; wait for nothing.
 
@@ -188,7 +180,7 @@ class Speculator:
         if any(s.param_row[LOGPROBS] >= 0 for s in states):
             return None
         # The fed tokens join the history exactly as the next plan's SeqWorks will put them
-        # (a rewrite by position, so a discarded speculation leaves nothing wrong).
+        # (a rewrite by position, so a discarded step leaves nothing wrong).
         positions = next_pos.tolist()
         if isinstance(token_ids, list):
             device_ids = None
@@ -217,8 +209,8 @@ class Speculator:
             copied.record()
         else:
             host = ids_device
-        self.num_speculated += 1
-        return _Speculation(
+        self.num_overlapped += 1
+        return _PendingStep(
             rows={rid: i for i, rid in enumerate(request_ids)},
             positions=next_pos,
             token_ids=ids_device,
@@ -228,10 +220,10 @@ class Speculator:
         )
 
 
-def _matching_rows(plan: StepPlan, pending: _Speculation) -> list[int] | None:
-    """Rows of the speculated batch, in plan order, if the plan is the speculated step.
+def _matching_rows(plan: StepPlan, pending: _PendingStep) -> list[int] | None:
+    """Rows of the overlapped batch, in plan order, if the plan is the overlapped step.
 
-    Each SeqWork must be a plain decode of a speculated request, fed the token sampled for it
+    Each SeqWork must be a plain decode of an overlapped request, fed the token sampled for it
     with the position after, in the launch order; requests may drop out (they ended). No swaps.
     """
     if plan.swap_out or plan.swap_in:

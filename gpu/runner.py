@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Protocol
 
 from troupe.config import EngineConfig
 from troupe.messages import SampledToken, StepPlan
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RunnerStats:
+    """A runner's counts since it started: a snapshot, like trio's channel statistics()."""
+
+    num_steps: int = 0  # execute() calls
+    num_overlapped: int = 0  # decode steps launched before their plan arrived (gpu/overlap.py)
+    num_overlap_hits: int = 0  # ... whose plan matched, so their samples answered it
 
 
 class Runner(Protocol):
@@ -17,9 +27,16 @@ class Runner(Protocol):
     vocab_size: int
     max_model_len: int
     eos_token_ids: tuple[int, ...]
+    # Positions past each decoding request's tokens the scheduler must keep in its block table:
+    # 1 when the runner overlaps (it writes the next step's KV before that plan arrives).
+    num_lookahead_tokens: int
 
     def execute(self, plan: StepPlan) -> tuple[SampledToken, ...]:
         """Apply released, swap_out, swap_in, then compute plan.seqs; one token per sampled seq."""
+        ...
+
+    def statistics(self) -> RunnerStats:
+        """Counts so far (benchmarks, diagnostics); a frozen snapshot, safe to keep."""
         ...
 
     def close(self) -> None: ...

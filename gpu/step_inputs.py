@@ -97,7 +97,7 @@ def build_decode_inputs(
 ) -> StepInputs:
     """A pure-decode step from arrays (one token per sequence, every sequence samples).
 
-    The speculative step's inputs: no SeqWork to read, so nothing here loops per sequence.
+    The overlapped step's inputs: no SeqWork to read, so nothing here loops per sequence.
     `slots` index RequestStates.tables; `num_blocks` is each table's live length.
     """
     num_seqs = len(input_ids)

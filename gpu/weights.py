@@ -10,6 +10,7 @@ import torch
 from troupe.gpu.gguf_weights import iter_gguf_tensors, read_gguf_config
 from troupe.gpu.model_config import ModelConfig, ModelLoadError
 from troupe.gpu.models import DecoderModel
+from troupe.kernels.ops import KernelBackend
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -59,12 +60,25 @@ def iter_hf_tensors(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
 
 
 def load_model(
-    path: Path, dtype: torch.dtype, device: torch.device, max_positions: int
+    path: Path,
+    dtype: torch.dtype,
+    device: torch.device,
+    max_positions: int,
+    kernel_backend: KernelBackend = "auto",
 ) -> tuple[ModelConfig, DecoderModel]:
     """Read the config and weights of `path` into a DecoderModel on `device`."""
     config = read_config(path)
     tensors = iter_gguf_tensors(path, config) if path.suffix == ".gguf" else iter_hf_tensors(path)
-    return config, build_model(config, tensors, dtype, device, max_positions, source=str(path))
+    model = build_model(
+        config,
+        tensors,
+        dtype,
+        device,
+        max_positions,
+        source=str(path),
+        kernel_backend=kernel_backend,
+    )
+    return config, model
 
 
 def build_model(
@@ -74,9 +88,10 @@ def build_model(
     device: torch.device,
     max_positions: int,
     source: str = "weights",
+    kernel_backend: KernelBackend = "auto",
 ) -> DecoderModel:
     """A DecoderModel with the given HF-named tensors loaded."""
-    model = DecoderModel(config, dtype, device, max_positions)
+    model = DecoderModel(config, dtype, device, max_positions, kernel_backend)
     model.load_weights(tensors, source)
     return model.eval()
 

@@ -1,41 +1,51 @@
-"""Torch references for every kernel: slow, plain, and obviously right.
+"""The torch implementation of every model op: the CPU path, and the reference of the kernels.
 
-They run on any device, compute in fp32 and return the input dtype. The Triton kernels are tested
-against these; `kernels.ops` falls back to them off CUDA.
+One implementation serves both, so the kernel tests check the Triton kernels against exactly
+what the CPU runs. Two choices make it fit both roles:
+
+- HF transformers' rounding order (normalise in fp32, cast, then scale; rotary and SwiGLU in
+  the input dtype; residual adds in the input dtype), so a CPU model is token-identical to
+  transformers. In fp32, which the kernel tests compare in, the order changes nothing.
+- Fast torch ops, not loops of small ones: scaled_dot_product_attention, index_copy_, one
+  batched gather for decode. Attention softmax is fp32 whatever the input dtype.
+
+It is also robust to what the kernel tests feed it: block-table padding may hold any block id
+and cache slots past a sequence's end may hold NaN; neither reaches an output.
+
+Cache layout per layer: k_cache, v_cache [num_blocks, block_size, Hkv, D]; the token at
+position p of sequence s is in block block_tables[s, p // block_size] at offset p % block_size.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
 
 import torch
+import torch.nn.functional as F
 
 
-def write_kv_ref(
+def write_kv(
     key: torch.Tensor,
     value: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
 ) -> None:
-    """Scatter key/value [N, Hkv, D] into the caches at slot_mapping [N]; slot < 0 is skipped."""
-    block_size = k_cache.shape[1]
+    """Store key/value [N, Hkv, D] at flat slots (block * block_size + offset); slots < 0 skip."""
     keep = slot_mapping >= 0
     slots = slot_mapping[keep].long()
-    blocks, offsets = slots // block_size, slots % block_size
-    k_cache[blocks, offsets] = key[keep].to(k_cache.dtype)
-    v_cache[blocks, offsets] = value[keep].to(v_cache.dtype)
+    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slots, key[keep].to(k_cache.dtype))
+    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slots, value[keep].to(v_cache.dtype))
 
 
-def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, seq_len: int) -> torch.Tensor:
-    """The first seq_len tokens of one sequence's cache, as [seq_len, Hkv, D]."""
+def _gather(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
+    """The first `length` tokens of one sequence's cache, [length, Hkv, D], position order."""
     block_size = cache.shape[1]
-    num_blocks = (seq_len + block_size - 1) // block_size
-    blocks = cache[block_table[:num_blocks].long()]  # [nb, bs, Hkv, D]
-    return blocks.reshape(-1, *cache.shape[2:])[:seq_len]
+    blocks = block_table[: math.ceil(length / block_size)].long()
+    return cache[blocks].reshape(-1, *cache.shape[2:])[:length]
 
 
-def paged_attention_ref(
+def paged_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
@@ -43,114 +53,133 @@ def paged_attention_ref(
     seq_lens: torch.Tensor,
     query_start_loc: torch.Tensor,
     scale: float,
+    max_query_len: int,
+    max_seq_len: int,
 ) -> torch.Tensor:
-    """Varlen causal attention over paged KV; see kernels.ops.paged_attention for the contract."""
-    num_q_heads = q.shape[1]
+    """Causal varlen attention: q [T, Hq, D]; sequence s owns q rows qsl[s]:qsl[s+1], which are
+    the last tokens of its seq_lens[s] (already written to the cache). See kernels.ops."""
+    del max_query_len, max_seq_len  # bounds for the kernels' launch grids
     out = torch.empty_like(q)
-    for s in range(seq_lens.shape[0]):
-        start, end = int(query_start_loc[s]), int(query_start_loc[s + 1])
-        seq_len, q_len = int(seq_lens[s]), end - start
-        if q_len == 0:
+    group = q.shape[1] // k_cache.shape[2]
+    starts = query_start_loc.tolist()
+    for s, seq_len in enumerate(seq_lens.tolist()):
+        lo, hi = starts[s], starts[s + 1]
+        if hi == lo:
             continue
-        k = gather_kv(k_cache, block_tables[s], seq_len).float()  # [L, Hkv, D]
-        v = gather_kv(v_cache, block_tables[s], seq_len).float()
-        group = num_q_heads // k.shape[1]
-        k = k.repeat_interleave(group, dim=1)  # [L, Hq, D]
-        v = v.repeat_interleave(group, dim=1)
-        scores = torch.einsum("qhd,khd->hqk", q[start:end].float(), k) * scale
-        q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)
-        k_pos = torch.arange(seq_len, device=q.device)
-        causal = k_pos[None, :] <= q_pos[:, None]  # [q_len, L]
-        scores = scores.masked_fill(~causal, float("-inf"))
-        probs = torch.softmax(scores, dim=-1)
-        out[start:end] = torch.einsum("hqk,khd->qhd", probs, v).to(q.dtype)
+        k = _gather(k_cache, block_tables[s], seq_len).repeat_interleave(group, dim=1)
+        v = _gather(v_cache, block_tables[s], seq_len).repeat_interleave(group, dim=1)
+        # query i sits at position seq_len - num_q + i and sees keys 0..that position
+        q_pos = torch.arange(seq_len - (hi - lo), seq_len, device=q.device)
+        mask = torch.arange(seq_len, device=q.device)[None, :] <= q_pos[:, None]
+        attn = F.scaled_dot_product_attention(
+            q[lo:hi].transpose(0, 1).float(),
+            k.transpose(0, 1).float(),
+            v.transpose(0, 1).float(),
+            attn_mask=mask,
+            scale=scale,
+        )
+        out[lo:hi] = attn.transpose(0, 1).to(q.dtype)
     return out
 
 
-def paged_decode_attention_ref(
+def paged_decode_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     block_tables: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float,
+    max_seq_len: int,
 ) -> torch.Tensor:
-    """One query per sequence, at its last position: paged_attention with q_len = 1."""
-    num_seqs = q.shape[0]
-    query_start_loc = torch.arange(num_seqs + 1, dtype=torch.int32, device=q.device)
-    return paged_attention_ref(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale)
+    """One query per sequence (q [S, Hq, D], the last of its seq_lens[s] tokens), batched: all
+    sequences' blocks are gathered into one [S, W] window, W = max_seq_len in whole blocks."""
+    num_seqs, num_q_heads, head_dim = q.shape
+    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    num_blocks = min(max(1, math.ceil(max_seq_len / block_size)), block_tables.shape[1])
+    width = num_blocks * block_size
+    lens = seq_lens.long()[:, None]
+    # Table entries past a sequence's blocks may be padding (any id): read block 0 there.
+    owned = torch.arange(num_blocks, device=q.device)[None, :] * block_size < lens
+    blocks = torch.where(owned, block_tables[:, :num_blocks].long(), 0)
+    visible = torch.arange(width, device=q.device)[None, :] < lens  # [S, W]
+    hidden = ~visible[:, :, None, None]
+    group = num_q_heads // num_kv_heads
+
+    def window(cache: torch.Tensor) -> torch.Tensor:
+        """[S, Hq, W, D] fp32; slots past a sequence's end zeroed (0 * NaN would leak)."""
+        kv = cache[blocks].reshape(num_seqs, width, num_kv_heads, head_dim).float()
+        kv = kv.masked_fill(hidden, 0.0)
+        return kv.repeat_interleave(group, dim=2).transpose(1, 2)
+
+    attn = F.scaled_dot_product_attention(
+        q[:, :, None, :].float(),
+        window(k_cache),
+        window(v_cache),
+        attn_mask=visible[:, None, None, :],
+        scale=scale,
+    )
+    return attn[:, :, 0, :].to(q.dtype)
 
 
-def rms_norm_ref(
+def rms_norm(
     x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(rmsnorm(x [+ residual]) * weight, x [+ residual]); fp32 math, x's dtype out."""
-    h = x.float() if residual is None else x.float() + residual.float()
-    normed = h * torch.rsqrt(h.pow(2).mean(dim=-1, keepdim=True) + eps)
-    out = (normed * weight.float()).to(x.dtype)
-    return out, (x if residual is None else h.to(x.dtype))
+    """(norm(x + residual) * weight, x + residual); HF order: normalise in fp32, cast, scale."""
+    if residual is not None:
+        x = x + residual
+    xf = x.float()
+    normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * normed.to(x.dtype), x
 
 
-def rotary_ref(
+def rotary(
     q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Neox-style rotary (rotate_half) on q [T, Hq, D] and k [T, Hkv, D]; returns new tensors."""
-    half = cos_sin_cache.shape[1] // 2
-    cos_sin = cos_sin_cache[positions.long()].float()  # [T, D]
-    cos, sin = cos_sin[:, None, :half], cos_sin[:, None, half:]
+    """HF rotate_half RoPE on q [T, Hq, D] and k [T, Hkv, D]; cache rows [cos | sin].
 
-    def apply(x: torch.Tensor) -> torch.Tensor:
-        x1, x2 = x[..., :half].float(), x[..., half:].float()
-        rotated = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
-        return rotated.to(x.dtype)
+    Returns new tensors (the Triton kernel rotates in place: callers use the return value)."""
+    cos_sin = cos_sin_cache[positions.long()]
+    half = cos_sin.shape[-1] // 2
+    cos = cos_sin[:, None, :half].repeat(1, 1, 2).to(q.dtype)
+    sin = cos_sin[:, None, half:].repeat(1, 1, 2).to(q.dtype)
 
-    return apply(q), apply(k)
+    def rotate(x: torch.Tensor) -> torch.Tensor:
+        x1, x2 = x[..., :half], x[..., half:]
+        return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 
-
-RmsNorm = Callable[..., tuple[torch.Tensor, torch.Tensor]]
-Rotary = Callable[..., tuple[torch.Tensor, torch.Tensor]]
-WriteKV = Callable[..., None]
-PrepareQKV = Callable[..., torch.Tensor]
+    return rotate(q), rotate(k)
 
 
-def compose_prepare_qkv(rms_norm: RmsNorm, rotary: Rotary, write_kv: WriteKV) -> PrepareQKV:
-    """prepare_qkv built from three separate ops (the references here; gpu/torch_ops.py's
-    HF-ordered CPU versions there): what the fused Triton kernel computes in one pass."""
-
-    def prepare_qkv(
-        qkv: torch.Tensor,
-        q_norm_weight: torch.Tensor | None,
-        k_norm_weight: torch.Tensor | None,
-        eps: float,
-        positions: torch.Tensor,
-        cos_sin_cache: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        slot_mapping: torch.Tensor,
-    ) -> torch.Tensor:
-        """Split qkv [T, (Hq + 2*Hkv) * D], per-head q/k RMSNorm (when weighted), rotary,
-        write_kv. Hkv and D come from the cache shape. Returns q [T, Hq, D], contiguous."""
-        num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
-        num_tokens = qkv.shape[0]
-        kv_size = num_kv_heads * head_dim
-        q, k, v = torch.split(qkv, [qkv.shape[1] - 2 * kv_size, kv_size, kv_size], dim=-1)
-        q = q.reshape(num_tokens, -1, head_dim)
-        k = k.reshape(num_tokens, num_kv_heads, head_dim)
-        v = v.reshape(num_tokens, num_kv_heads, head_dim)
-        if q_norm_weight is not None and k_norm_weight is not None:
-            q = rms_norm(q, q_norm_weight, eps)[0]  # over the last dim: per head
-            k = rms_norm(k, k_norm_weight, eps)[0]
-        q, k = rotary(q, k, positions, cos_sin_cache)
-        write_kv(k, v, k_cache, v_cache, slot_mapping)
-        return q.contiguous()
-
-    return prepare_qkv
+def prepare_qkv(
+    qkv: torch.Tensor,
+    q_norm_weight: torch.Tensor | None,
+    k_norm_weight: torch.Tensor | None,
+    eps: float,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> torch.Tensor:
+    """Split qkv [T, (Hq + 2*Hkv) * D], per-head q/k RMSNorm (when weighted), rotary, write_kv:
+    what the fused kernel does in one pass. Hkv and D come from the cache shape. Returns q
+    [T, Hq, D], contiguous."""
+    num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
+    num_tokens = qkv.shape[0]
+    kv_size = num_kv_heads * head_dim
+    q, k, v = torch.split(qkv, [qkv.shape[1] - 2 * kv_size, kv_size, kv_size], dim=-1)
+    q = q.reshape(num_tokens, -1, head_dim)
+    k = k.reshape(num_tokens, num_kv_heads, head_dim)
+    v = v.reshape(num_tokens, num_kv_heads, head_dim)
+    if q_norm_weight is not None and k_norm_weight is not None:
+        q = rms_norm(q, q_norm_weight, eps)[0]  # over the last dim: per head
+        k = rms_norm(k, k_norm_weight, eps)[0]
+    q, k = rotary(q, k, positions, cos_sin_cache)
+    write_kv(k, v, k_cache, v_cache, slot_mapping)
+    return q.contiguous()
 
 
-prepare_qkv_ref = compose_prepare_qkv(rms_norm_ref, rotary_ref, write_kv_ref)
-
-
-def silu_mul_ref(gate_up: torch.Tensor) -> torch.Tensor:
-    """silu(gate) * up for gate_up [T, 2I] = [gate | up]; fp32 math, [T, I] in the input dtype."""
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up for gate_up [T, 2I] = [gate | up], in the input dtype like HF's MLP."""
     gate, up = gate_up.chunk(2, dim=-1)
-    return (torch.nn.functional.silu(gate.float()) * up.float()).to(gate_up.dtype)
+    return F.silu(gate) * up

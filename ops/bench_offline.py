@@ -135,11 +135,11 @@ def run_engine(
             print(
                 f"steps={steps} runner busy={busy:.2f}s ({1000 * busy / max(steps, 1):.2f} ms/step)"
             )
-            counters = engine.runner_counters()
-            if "num_speculated" in counters:
+            runner = engine.runner_stats()  # counts since start: the warm-up is in them
+            if runner.num_overlapped:
                 print(
-                    f"speculated steps={counters['num_speculated']:.0f} "
-                    f"hits={counters.get('num_speculation_hits', 0):.0f}"
+                    f"overlapped steps={runner.num_overlapped} hits={runner.num_overlap_hits} "
+                    f"of {runner.num_steps} runner steps"
                 )
             actors = engine.actor_busy_seconds()
             print("actor busy: " + ", ".join(f"{k}={v:.2f}s" for k, v in sorted(actors.items())))

@@ -1,5 +1,7 @@
-"""Speculative continuation in the ModelRunner: the same plans through a speculating runner and
-a plain one give the same tokens, and the hit counters say when the early step was used."""
+"""Overlap scheduling in the ModelRunner (gpu/overlap.py): the same plans through an overlapping
+runner and a plain one give the same tokens, and the hit counters say when the early step was
+used. On the CPU the runner is built with overlap forced on (from a config it never overlaps
+there); on CUDA (-m gpu) with graphs too."""
 
 from __future__ import annotations
 
@@ -13,7 +15,9 @@ import pytest
 import torch
 from graph_helpers import collect, terminal, token_ids, wait_blocks_free
 from troupe import Engine, EngineConfig
+from troupe.config import ConfigError
 from troupe.gpu.model_runner import ModelRunner, RunnerOptions
+from troupe.gpu.runner import RunnerStats
 from troupe.gpu.weights import load_model
 from troupe.messages import Finished, SamplingParams, SeqWork, StepPlan
 
@@ -21,7 +25,7 @@ BLOCK_SIZE = 4
 GREEDY = SamplingParams(temperature=0.0, max_tokens=64)
 
 
-def make_runner(path: Path, *, speculate: bool, device: str = "cpu") -> ModelRunner:
+def make_runner(path: Path, *, overlap: bool, device: str = "cpu") -> ModelRunner:
     config, model = load_model(path, torch.float32, torch.device(device), 128)
     options = RunnerOptions(
         block_size=BLOCK_SIZE,
@@ -29,7 +33,7 @@ def make_runner(path: Path, *, speculate: bool, device: str = "cpu") -> ModelRun
         num_cpu_blocks=32,
         max_num_seqs=8,
         max_model_len=128,
-        speculate=speculate,
+        overlap_schedule=overlap,
         enforce_eager=device == "cpu",
     )
     return ModelRunner(config, model, options)
@@ -130,15 +134,23 @@ def qwen3(hf_folder: Any) -> Path:
 def both(
     qwen3: Path, scenario: Any, device: str = "cpu"
 ) -> tuple[LookaheadDriver, LookaheadDriver]:
-    """Run `scenario(driver)` on a plain and a speculating runner; assert equal tokens."""
-    plain = LookaheadDriver(make_runner(qwen3, speculate=False, device=device))
-    spec = LookaheadDriver(make_runner(qwen3, speculate=True, device=device))
+    """Run `scenario(driver)` on a plain and an overlapping runner; assert equal tokens."""
+    plain = LookaheadDriver(make_runner(qwen3, overlap=False, device=device))
+    over = LookaheadDriver(make_runner(qwen3, overlap=True, device=device))
     scenario(plain)
-    scenario(spec)
-    assert spec.log == plain.log
-    assert plain.runner.num_speculated == 0 and plain.runner.num_lookahead_tokens == 0
-    assert spec.runner.num_lookahead_tokens == 1
-    return plain, spec
+    scenario(over)
+    assert over.log == plain.log
+    assert plain.runner.statistics().num_overlapped == 0
+    assert plain.runner.num_lookahead_tokens == 0
+    assert over.runner.num_lookahead_tokens == 1
+    assert over.runner.statistics().num_steps == plain.runner.statistics().num_steps
+    return plain, over
+
+
+def counts(driver: LookaheadDriver) -> tuple[int, int]:
+    """(overlapped steps launched, those whose plan matched)."""
+    stats = driver.runner.statistics()
+    return stats.num_overlapped, stats.num_overlap_hits
 
 
 def prompts() -> dict[str, list[int]]:
@@ -156,9 +168,8 @@ def test_pure_decode_hits_every_step(qwen3: Path) -> None:
         for _ in range(9):
             d.step(["a", "b", "c"])
 
-    plain, spec = both(qwen3, scenario)
-    assert spec.runner.num_speculated == 9  # after the prefill and after each decode
-    assert spec.runner.num_speculation_hits == 8
+    plain, over = both(qwen3, scenario)
+    assert counts(over) == (9, 8)  # launched after the prefill and after each decode
     assert len({tuple(s.output) for s in plain.seqs.values()}) == 3  # not a degenerate model
 
 
@@ -176,8 +187,8 @@ def test_request_finishing_is_a_subset_hit(qwen3: Path) -> None:
         d.finish("a")
         d.step(["c"])  # released later: state lingers, the plan is still a subset
 
-    _, spec = both(qwen3, scenario)
-    assert spec.runner.num_speculation_hits == spec.runner.num_speculated - 1 == 7
+    _, over = both(qwen3, scenario)
+    assert counts(over) == (8, 7)
 
 
 def test_new_request_misses_then_hits_again(qwen3: Path) -> None:
@@ -188,14 +199,13 @@ def test_new_request_misses_then_hits_again(qwen3: Path) -> None:
         for _ in range(3):
             d.step(["a", "b"])
         d.add("c", p["c"])
-        d.step(["a", "b", "c"])  # a prefill joins: miss, yet every seq samples: speculate
+        d.step(["a", "b", "c"])  # a prefill joins: miss, yet every seq samples: launch
         for _ in range(3):
             d.step(["a", "b", "c"])
         d.step(["b", "a", "c"])  # another order: miss
 
-    _, spec = both(qwen3, scenario)
-    assert spec.runner.num_speculated == 8
-    assert spec.runner.num_speculation_hits == 2 + 3
+    _, over = both(qwen3, scenario)
+    assert counts(over) == (8, 2 + 3)
 
 
 def test_swap_out_is_a_miss(qwen3: Path) -> None:
@@ -210,9 +220,8 @@ def test_swap_out_is_a_miss(qwen3: Path) -> None:
         for _ in range(2):
             d.step(["a", "b", "c"])
 
-    _, spec = both(qwen3, scenario)
-    assert spec.runner.num_speculated == 8
-    assert spec.runner.num_speculation_hits == 2 + 1 + 2
+    _, over = both(qwen3, scenario)
+    assert counts(over) == (8, 2 + 1 + 2)
 
 
 def test_seeded_sampling_and_penalties_match(qwen3: Path) -> None:
@@ -238,8 +247,8 @@ def test_seeded_sampling_and_penalties_match(qwen3: Path) -> None:
         for _ in range(4):
             d.step(["a", "c"])
 
-    plain, spec = both(qwen3, scenario)
-    assert spec.runner.num_speculation_hits == 4 + 4
+    plain, over = both(qwen3, scenario)
+    assert counts(over)[1] == 4 + 4
     assert len(set(plain.seqs["a"].output)) > 3  # really sampled, not a constant
 
 
@@ -261,13 +270,13 @@ def test_cuda_graphs_same_tokens(qwen3: Path) -> None:
         for _ in range(4):
             d.step(["a", "c"])
 
-    _, spec = both(qwen3, scenario, device="cuda")
-    assert spec.runner._graphs is not None
-    assert spec.runner.num_speculation_hits == 10 == spec.runner.num_speculated - 1
+    _, over = both(qwen3, scenario, device="cuda")
+    assert over.runner._graphs is not None
+    assert counts(over) == (11, 10)
 
 
-def test_no_speculation_without_lookahead_or_with_logprobs(qwen3: Path) -> None:
-    runner = make_runner(qwen3, speculate=True)
+def test_no_overlap_without_lookahead_or_with_logprobs(qwen3: Path) -> None:
+    runner = make_runner(qwen3, overlap=True)
     prompt = [3, 1, 4, 1, 5, 9, 2, 6]  # 8 tokens: exactly two blocks, no room for position 8
     work = SeqWork(
         request_id="x",
@@ -279,7 +288,7 @@ def test_no_speculation_without_lookahead_or_with_logprobs(qwen3: Path) -> None:
         num_prompt_tokens=8,
     )
     runner.execute(StepPlan(step_id=1, seqs=(work,)))
-    assert runner.num_speculated == 0
+    assert runner.statistics() == RunnerStats(num_steps=1)
     logprob = SamplingParams(temperature=0.0, logprobs=2, max_tokens=8)
     work = SeqWork(
         request_id="y",
@@ -291,7 +300,8 @@ def test_no_speculation_without_lookahead_or_with_logprobs(qwen3: Path) -> None:
         num_prompt_tokens=8,
     )
     (token,) = runner.execute(StepPlan(step_id=2, seqs=(work,), released=("x",)))
-    assert token.logprob is not None and runner.num_speculated == 0
+    assert token.logprob is not None
+    assert runner.statistics() == RunnerStats(num_steps=2)
 
 
 # -- the whole engine ------------------------------------------------------------------------
@@ -307,10 +317,10 @@ def _add_tokenizer(folder: Path) -> None:
     (folder / "tokenizer_config.json").write_text(json.dumps({"unk_token": "w0"}))
 
 
-async def _run_engine(config: EngineConfig) -> tuple[list[list[int]], Any, Any]:
+async def _run_engine(config: EngineConfig, runner: ModelRunner) -> tuple[list[list[int]], Any]:
     lengths = [3, 17, 6, 11, 1]
     results: dict[int, list[Any]] = {}
-    async with Engine.open(config) as engine:
+    async with Engine.open(config, runner=runner) as engine:
 
         async def one(i: int, n: int) -> None:
             prompt = [(17 * i + 5 * j + 1) % 256 for j in range(4 + 3 * i)]
@@ -322,53 +332,70 @@ async def _run_engine(config: EngineConfig) -> tuple[list[list[int]], Any, Any]:
                 tg.start_soon(one, i, n)
         await wait_blocks_free(engine, timeout=60)
         stats = engine.stats()
-        assert engine._executor is not None
-        runner = engine._executor.runner
+        assert engine.runner_stats() == runner.statistics()
     for events in results.values():
         assert isinstance(terminal(events), Finished)
     tokens = [token_ids(results[i]) for i in range(len(lengths))]
     assert [len(t) for t in tokens] == lengths
-    return tokens, stats, runner
+    return tokens, stats
 
 
-def test_engine_same_tokens_with_speculation(
-    qwen3: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _engine_runner(folder: Path, *, overlap: bool) -> ModelRunner:
+    """The runner an EngineConfig of this test describes, with overlap chosen by the test (from
+    a config, a CPU runner never overlaps)."""
+    config, model = load_model(folder, torch.float32, torch.device("cpu"), 128)
+    options = RunnerOptions(
+        block_size=4,
+        num_gpu_blocks=48,
+        num_cpu_blocks=8,
+        max_num_seqs=4,
+        max_model_len=128,
+        overlap_schedule=overlap,
+    )
+    return ModelRunner(config, model, options)
+
+
+def test_engine_same_tokens_with_overlap(qwen3: Path, tmp_path: Path) -> None:
     folder = tmp_path / "model"
     folder.mkdir()
     for file in qwen3.iterdir():
         (folder / file.name).write_bytes(file.read_bytes())
     _add_tokenizer(folder)
-    config = EngineConfig(
-        device="cpu",
-        model=str(folder),
-        num_kv_blocks=48,
-        num_cpu_blocks=8,
-        block_size=4,
-        max_model_len=128,
-        max_num_seqs=4,
-    )
-    monkeypatch.setenv("TROUPE_SPECULATE", "0")
-    plain, plain_stats, plain_runner = anyio.run(_run_engine, config)
-    monkeypatch.setenv("TROUPE_SPECULATE", "1")
-    spec, spec_stats, spec_runner = anyio.run(_run_engine, config)
-    assert spec == plain
-    assert spec_stats.num_gpu_blocks_used == 0 and plain_stats.num_gpu_blocks_used == 0
+    config = EngineConfig(device="cpu", model=str(folder), max_model_len=128, max_num_seqs=4)
+    plain_runner = _engine_runner(folder, overlap=False)
+    plain, plain_stats = anyio.run(_run_engine, config, plain_runner)
+    over_runner = _engine_runner(folder, overlap=True)
+    over, over_stats = anyio.run(_run_engine, config, over_runner)
+    assert over == plain
+    assert over_stats.num_gpu_blocks_used == 0 and plain_stats.num_gpu_blocks_used == 0
     assert len({tuple(t) for t in plain}) == len(plain)  # distinct outputs: not degenerate
-    assert plain_runner.num_speculated == 0
+    assert plain_runner.statistics().num_overlapped == 0
     # the scheduler got the lookahead: most decode steps were taken from the early launch
-    assert spec_runner.num_speculation_hits >= 8
-    assert spec_runner.num_speculated >= spec_runner.num_speculation_hits
+    stats = over_runner.statistics()
+    assert stats.num_overlap_hits >= 8
+    assert stats.num_overlapped >= stats.num_overlap_hits
 
 
-def test_bad_env_value_fails_loudly(monkeypatch: pytest.MonkeyPatch) -> None:
-    from troupe.config import ConfigError
-    from troupe.gpu.model_runner import speculate_from_env
+def test_cpu_runner_from_config_never_overlaps(qwen3: Path) -> None:
+    config = EngineConfig(device="cpu", model=str(qwen3), num_kv_blocks=16, num_cpu_blocks=0)
+    runner = ModelRunner.from_config(config)
+    assert runner.num_lookahead_tokens == 0 and not runner.overlap_schedule
 
-    monkeypatch.setenv("TROUPE_SPECULATE", "yes")
-    with pytest.raises(ConfigError, match="TROUPE_SPECULATE"):
-        speculate_from_env()
-    monkeypatch.setenv("TROUPE_SPECULATE", "1")
-    assert speculate_from_env() is True
-    monkeypatch.delenv("TROUPE_SPECULATE")
-    assert speculate_from_env() is None
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("enabled", [True, False])
+def test_cuda_runner_follows_the_config(qwen3: Path, enabled: bool) -> None:
+    config = EngineConfig(
+        device="cuda",
+        model=str(qwen3),
+        num_kv_blocks=16,
+        num_cpu_blocks=0,
+        enable_overlap_schedule=enabled,
+    )
+    runner = ModelRunner.from_config(config)
+    assert runner.num_lookahead_tokens == int(enabled)
+
+
+def test_bad_config_value_names_the_field() -> None:
+    with pytest.raises(ConfigError, match="enable_overlap_schedule"):
+        EngineConfig(enable_overlap_schedule="yes")  # type: ignore[arg-type]

@@ -1,6 +1,6 @@
 """Paged attention kernels against the torch reference.
 
-CPU: fp32, tiny shapes, Triton under TRITON_INTERPRET=1 (forced through TROUPE_FORCE_TRITON).
+CPU: fp32, tiny shapes, Triton under TRITON_INTERPRET=1.
 GPU (-m gpu): bf16, real head sizes, bf16 error bound. Every cache slot no sequence owns is NaN
 and outputs start as NaN, so stray reads and unwritten outputs fail.
 """
@@ -13,8 +13,9 @@ from collections.abc import Callable
 
 import pytest
 import torch
-from troupe.kernels import ops, reference
+from troupe.kernels import reference
 from troupe.kernels.decode_attention import paged_decode_attention_triton
+from troupe.kernels.ops import KernelBackend, KernelOps, select_ops
 from troupe.kernels.paged_attention import paged_attention_triton
 from troupe.kernels.paged_batch import make_paged_batch
 
@@ -43,11 +44,6 @@ DECODE_CASES: dict[str, Callable[[int], list[int]]] = {
 }
 
 
-@pytest.fixture(autouse=True)
-def _force_triton(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TROUPE_FORCE_TRITON", "1")
-
-
 def _seed(*parts: object) -> int:
     """A per-test seed: varied across tests, reproducible across runs."""
     return zlib.crc32(repr(parts).encode())
@@ -61,7 +57,9 @@ def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("group", [1, 3, 8])
 @pytest.mark.parametrize("case", sorted(PREFILL_CASES))
-def test_paged_attention_matches_reference(device: str, group: int, case: str) -> None:
+def test_paged_attention_matches_reference(
+    device: str, group: int, case: str, triton_ops: KernelOps
+) -> None:
     block_size, num_kv_heads, head_dim, dtype, bound = SETUP[device]
     lens = PREFILL_CASES[case](block_size)
     if device == "cuda":
@@ -91,7 +89,7 @@ def test_paged_attention_matches_reference(device: str, group: int, case: str) -
         batch.max_seq_len,
         out=out,
     )
-    ref = reference.paged_attention_ref(
+    ref = reference.paged_attention(
         batch.q.float(),
         batch.k_cache.float(),
         batch.v_cache.float(),
@@ -99,10 +97,12 @@ def test_paged_attention_matches_reference(device: str, group: int, case: str) -
         batch.seq_lens,
         batch.query_start_loc,
         scale,
+        batch.max_query_len,
+        batch.max_seq_len,
     )
     assert _rel_err(out, ref) < bound
-    # The dispatch layer takes the same path and returns the same numbers.
-    via_ops = ops.paged_attention(
+    # The dispatcher's Triton ops take the same path and return the same numbers.
+    via_ops = triton_ops.paged_attention(
         batch.q,
         batch.k_cache,
         batch.v_cache,
@@ -121,7 +121,7 @@ def test_paged_attention_matches_reference(device: str, group: int, case: str) -
 @pytest.mark.parametrize("group", [1, 3, 8])
 @pytest.mark.parametrize("case", sorted(DECODE_CASES))
 def test_paged_decode_matches_reference(
-    device: str, group: int, case: str, num_splits: int | None
+    device: str, group: int, case: str, num_splits: int | None, triton_ops: KernelOps
 ) -> None:
     block_size, num_kv_heads, head_dim, dtype, bound = SETUP[device]
     seq_lens = DECODE_CASES[case](block_size)
@@ -151,17 +151,18 @@ def test_paged_decode_matches_reference(
         num_splits=num_splits,
         out=out,
     )
-    ref = reference.paged_decode_attention_ref(
+    ref = reference.paged_decode_attention(
         batch.q.float(),
         batch.k_cache.float(),
         batch.v_cache.float(),
         batch.block_tables,
         batch.seq_lens,
         scale,
+        batch.max_seq_len,
     )
     assert _rel_err(out, ref) < bound
     if num_splits is None:
-        via_ops = ops.paged_decode_attention(
+        via_ops = triton_ops.paged_decode_attention(
             batch.q,
             batch.k_cache,
             batch.v_cache,
@@ -173,8 +174,10 @@ def test_paged_decode_matches_reference(
         torch.testing.assert_close(via_ops, out, rtol=0, atol=0)
 
 
-def test_decode_equals_last_row_of_prefill() -> None:
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_decode_equals_last_row_of_prefill(backend: KernelBackend) -> None:
     """A decode step is the last query of the same sequence run through paged_attention."""
+    ops = select_ops(torch.device("cpu"), backend)
     batch = make_paged_batch(
         [(10, 1), (3, 1)],
         num_q_heads=4,

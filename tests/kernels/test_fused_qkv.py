@@ -1,6 +1,6 @@
 """prepare_qkv (q/k norm + rotary + KV write in one kernel) against the composed reference.
 
-CPU: fp32, tiny shapes, Triton under TRITON_INTERPRET=1 (forced through TROUPE_FORCE_TRITON).
+CPU: fp32, tiny shapes, Triton under TRITON_INTERPRET=1.
 GPU (-m gpu): bf16, real head counts, bf16 error bound. Caches start as NaN, so a slot written
 that should not be (slot -1, or a wrong offset) or one left unwritten fails.
 """
@@ -12,8 +12,7 @@ from typing import Any
 
 import pytest
 import torch
-from troupe.gpu import torch_ops
-from troupe.kernels import ops, reference
+from troupe.kernels import reference
 from troupe.kernels.qkv_prepare import prepare_qkv_triton
 from troupe.kernels.rope_cache import build_cos_sin_cache
 
@@ -24,11 +23,6 @@ SETUP = {
     "cuda": (8, 300, 16, torch.bfloat16, 1e-2),
 }
 MAX_POS = 4096
-
-
-@pytest.fixture(autouse=True)
-def _force_triton(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TROUPE_FORCE_TRITON", "1")
 
 
 def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -88,7 +82,7 @@ def test_prepare_qkv_matches_reference(
     ref_args = _as_float(args)
 
     q = prepare_qkv_triton(eps=1e-6, **args)
-    q_ref = reference.prepare_qkv_ref(eps=1e-6, **ref_args)
+    q_ref = reference.prepare_qkv(eps=1e-6, **ref_args)
 
     num_tokens = args["qkv"].shape[0]
     assert q.shape == (num_tokens, num_q_heads, head_dim) and q.is_contiguous()
@@ -108,20 +102,6 @@ def test_prepare_qkv_matches_reference(
     torch.testing.assert_close(args["v_cache"].flatten(0, 1)[slot].flatten(), v_row, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("with_norm", [True, False], ids=["qk_norm", "no_norm"])
-def test_reference_matches_cpu_model_path(monkeypatch: pytest.MonkeyPatch, with_norm: bool) -> None:
-    # Two independent torch compositions (kernels.reference and the model's CPU ops) agree,
-    # and ops dispatches to the reference without TROUPE_FORCE_TRITON.
-    monkeypatch.setenv("TROUPE_FORCE_TRITON", "0")
-    args, _, _ = _inputs("cpu", 3, 64, with_norm)
-    other = _as_float(args)
-    q = ops.prepare_qkv(eps=1e-6, **args)
-    q_cpu = torch_ops.prepare_qkv(eps=1e-6, **other)
-    torch.testing.assert_close(q, q_cpu, rtol=1e-5, atol=1e-5)
-    for name in ("k_cache", "v_cache"):
-        torch.testing.assert_close(args[name], other[name], rtol=1e-5, atol=1e-5, equal_nan=True)
-
-
 def test_reference_by_hand() -> None:
     # One token, Hq = Hkv = 1, D = 2, position 1: q = [3, 4] normalised by rms 5/sqrt(2) with
     # weight [2, 1] -> [1.2*sqrt(2), 0.8*sqrt(2)], then rotated by angle 1.
@@ -130,7 +110,7 @@ def test_reference_by_hand() -> None:
     k_cache = torch.full((2, 2, 1, 2), float("nan"), dtype=torch.float64)
     v_cache = k_cache.clone()
     w = torch.tensor([2.0, 1.0], dtype=torch.float64)
-    q = reference.prepare_qkv_ref(
+    q = reference.prepare_qkv(
         qkv, w, w, 0.0, torch.tensor([1]), cache, k_cache, v_cache, torch.tensor([2])
     )
     c, s = torch.cos(torch.tensor(1.0)).item(), torch.sin(torch.tensor(1.0)).item()

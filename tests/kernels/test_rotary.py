@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 import torch
-from troupe.kernels import ops, reference
+from troupe.kernels import reference
+from troupe.kernels.ops import KernelOps
 from troupe.kernels.rope_cache import build_cos_sin_cache, rope_inv_freq
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
@@ -19,15 +20,10 @@ LLAMA3 = {
 }
 
 
-@pytest.fixture(autouse=True)
-def _force_triton(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TROUPE_FORCE_TRITON", "1")
-
-
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("num_q_heads,num_kv_heads,head_dim", [(2, 2, 8), (6, 2, 16), (9, 3, 64)])
 def test_rotary_matches_reference(
-    device: str, num_q_heads: int, num_kv_heads: int, head_dim: int
+    device: str, num_q_heads: int, num_kv_heads: int, head_dim: int, triton_ops: KernelOps
 ) -> None:
     dtype, bound = (torch.float32, 1e-6) if device == "cpu" else (torch.bfloat16, 1e-2)
     gen = torch.Generator().manual_seed(num_q_heads * 1000 + head_dim)
@@ -36,8 +32,8 @@ def test_rotary_matches_reference(
     positions = torch.randint(1, max_pos, (num_tokens,), generator=gen).to(device)
     q = torch.randn(num_tokens, num_q_heads, head_dim, generator=gen).to(device, dtype)
     k = torch.randn(num_tokens, num_kv_heads, head_dim, generator=gen).to(device, dtype)
-    q_ref, k_ref = reference.rotary_ref(q.float(), k.float(), positions, cache)
-    q_out, k_out = ops.rotary(q.clone(), k.clone(), positions, cache)
+    q_ref, k_ref = reference.rotary(q.float(), k.float(), positions, cache)
+    q_out, k_out = triton_ops.rotary(q.clone(), k.clone(), positions, cache)
     for out, ref in ((q_out, q_ref), (k_out, k_ref)):
         assert out.dtype == dtype
         assert float((out.float() - ref).norm() / ref.norm()) < bound
@@ -49,7 +45,7 @@ def test_rotary_reference_by_hand() -> None:
     # D = 2: one pair (x1, x2) rotated by angle pos * 1.
     cache = build_cos_sin_cache(2, 4, 10000.0, None, torch.float64, "cpu")
     q = torch.tensor([[[1.0, 0.0]]], dtype=torch.float64)
-    q_out, _ = reference.rotary_ref(q, q.clone(), torch.tensor([1]), cache)
+    q_out, _ = reference.rotary(q, q.clone(), torch.tensor([1]), cache)
     c, s = torch.cos(torch.tensor(1.0)), torch.sin(torch.tensor(1.0))
     torch.testing.assert_close(q_out[0, 0], torch.stack([c, s]).double())
 
