@@ -8,7 +8,7 @@ and takes any number of connections. `GatedSite` listens like `web.TCPSite`, but
 - past `max_connections` open connections, a new one is answered 503 and closed at once;
 - a connection that has not delivered a complete request head `header_timeout` seconds after
   it opened is closed. Later heads on a kept-alive connection are bounded by aiohttp's
-  keep-alive timeout, which `serve` sets to the same value.
+  keep-alive timeout (`keepalive_timeout`, set by `server.listen`).
 """
 
 from __future__ import annotations

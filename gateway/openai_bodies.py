@@ -106,7 +106,8 @@ def field_path(exc: msgspec.ValidationError, default: str = "body") -> str:
     return path or default
 
 
-def _reason(exc: msgspec.ValidationError) -> str:
+def reason(exc: msgspec.ValidationError) -> str:
+    """msgspec's message without its ` - at `$...`` suffix (the field is named apart)."""
     return _PATH.sub("", str(exc))
 
 
@@ -116,7 +117,7 @@ def decode_body(raw: bytes, body_type: type[T]) -> T:
         return msgspec.json.decode(raw, type=body_type)
     except msgspec.ValidationError as exc:
         field = field_path(exc)
-        raise invalid(field, f"invalid '{field}': {_reason(exc)}") from None
+        raise invalid(field, f"invalid '{field}': {reason(exc)}") from None
     except msgspec.DecodeError as exc:
         raise invalid("body", f"request body is not valid JSON: {exc}") from None
     except RecursionError:
@@ -124,7 +125,7 @@ def decode_body(raw: bytes, body_type: type[T]) -> T:
         raise invalid("body", "request body is nested too deeply") from None
 
 
-def convert_field(value: Any, field_type: type[T], field: str) -> T:
+def convert_field(value: Any, field_type: Any, field: str) -> Any:
     """An already decoded value -> `field_type`, or a 400 naming `field` (and the path in it)."""
     try:
         return msgspec.convert(value, field_type)
@@ -133,7 +134,7 @@ def convert_field(value: Any, field_type: type[T], field: str) -> T:
         where = (
             f"{field}{inner}" if inner.startswith("[") else ".".join(filter(None, (field, inner)))
         )
-        raise invalid(where, f"invalid '{where}': {_reason(exc)}") from None
+        raise invalid(where, f"invalid '{where}': {reason(exc)}") from None
     except RecursionError:
         raise invalid(field, f"'{field}' is nested too deeply") from None
 
@@ -146,4 +147,5 @@ __all__ = [
     "convert_field",
     "decode_body",
     "field_path",
+    "reason",
 ]

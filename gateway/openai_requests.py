@@ -45,9 +45,11 @@ _PASSTHROUGH = (
 
 def parse_request(kind: Kind, raw: bytes, *, default_max_tokens: int) -> OpenAIRequest:
     """Decode and check a JSON body; raise ApiError(400) naming the first bad field."""
-    body: CompletionBody | ChatBody = decode_body(
-        raw, CompletionBody if kind == "completion" else ChatBody
-    )
+    body: CompletionBody | ChatBody
+    if kind == "completion":
+        body = decode_body(raw, CompletionBody)
+    else:
+        body = decode_body(raw, ChatBody)
     _refuse_unsupported(body)
     kw: dict[str, Any] = {k: getattr(body, k) for k in _PASSTHROUGH if getattr(body, k) is not None}
     max_tokens_field = "max_tokens"

@@ -13,12 +13,13 @@ import argparse
 import asyncio
 import contextlib
 import signal
+import sys
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import structlog
 from aiohttp import WSCloseCode, web
-from troupe.config import EngineConfig
+from troupe.config import ConfigError, EngineConfig
 from troupe.gateway.app import build_app
 from troupe.gateway.connections import ConnectionGate, GatedSite
 from troupe.gateway.engine_api import EngineLike
@@ -50,7 +51,11 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_serve(args: argparse.Namespace, config: EngineConfig) -> int:
     """Serve until SIGINT/SIGTERM; returns the exit status (0 after a clean drain)."""
-    settings = settings_from_args(args)
+    try:
+        settings = settings_from_args(args)
+    except ConfigError as exc:
+        print(f"troupe serve: {exc}", file=sys.stderr)
+        return 2
 
     async def main() -> None:
         stop, force = asyncio.Event(), asyncio.Event()
@@ -104,20 +109,8 @@ async def serve(
 
     async with Engine.open(config, runner=runner) as engine:
         app = build_app(engine, settings)
-        app_runner = web.AppRunner(
-            app,
-            handler_cancellation=True,
-            access_log=None,
-            shutdown_timeout=_FLUSH_SECONDS,
-            # Closes a kept-alive connection idle (or trickling its next request head) this
-            # long; the gate bounds the first head the same way.
-            keepalive_timeout=settings.header_timeout,
-        )
-        await app_runner.setup()
+        app_runner = await listen(app, settings, host, port)
         try:
-            assert app_runner.server is not None  # set by setup()
-            site = GatedSite(app_runner, host, port, ConnectionGate(app_runner.server, settings))
-            await site.start()
             bound_host, bound_port = app_runner.addresses[0][:2]
             url = f"http://{_url_host(bound_host)}:{bound_port}"
             log.info("serving", url=url, model=engine.model_name, playground=f"{url}/")
@@ -129,6 +122,30 @@ async def serve(
         finally:
             await app_runner.cleanup()
     log.info("stopped")
+
+
+async def listen(
+    app: web.Application, settings: GatewaySettings, host: str, port: int
+) -> web.AppRunner:
+    """Serve `app` on host:port through the connection gate; `cleanup()` the runner to stop."""
+    app_runner = web.AppRunner(
+        app,
+        handler_cancellation=True,
+        access_log=None,
+        shutdown_timeout=_FLUSH_SECONDS,
+        # Closes a kept-alive connection idle (or trickling its next request head) this long;
+        # the gate bounds the first head of a connection (header_timeout).
+        keepalive_timeout=settings.keepalive_timeout,
+    )
+    await app_runner.setup()
+    try:
+        assert app_runner.server is not None  # set by setup()
+        site = GatedSite(app_runner, host, port, ConnectionGate(app_runner.server, settings))
+        await site.start()
+    except BaseException:
+        await app_runner.cleanup()
+        raise
+    return app_runner
 
 
 async def drain(

@@ -38,9 +38,12 @@ class GatewaySettings:
     max_body_bytes: int = _knob(4 * 1024 * 1024, "request bodies above this get 413")
     body_timeout: float = _knob(30.0, "seconds a client has to send a request body (408 after)")
     header_timeout: float = _knob(
-        15.0,
-        "seconds a connection may go without a complete request head: from connect, and "
-        "between requests on a kept-alive connection (then it is closed)",
+        15.0, "seconds a new connection has to send its first complete request head"
+    )
+    keepalive_timeout: float = _knob(
+        75.0,
+        "seconds a kept-alive connection may wait for (or trickle) its next request head; "
+        "keep it above a reverse proxy's own idle timeout",
     )
     max_connections: int = _knob(
         1024, "open client connections; one more gets 503 and is closed at once"
@@ -67,7 +70,8 @@ class GatewaySettings:
         ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("body_timeout", "header_timeout", "slow_client_grace", "ws_heartbeat"):
+        timeouts = ("body_timeout", "header_timeout", "keepalive_timeout", "slow_client_grace")
+        for name in (*timeouts, "ws_heartbeat"):
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and value > 0):
                 raise ConfigError(f"{name} must be a number of seconds > 0, got {value}")
@@ -123,6 +127,6 @@ def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
 def settings_from_args(ns: argparse.Namespace) -> GatewaySettings:
     """Settings from parsed flags; a field without its flag keeps its default."""
     fields = dataclasses.fields(GatewaySettings)
-    values = {f.name: getattr(ns, f.name, f.default) for f in fields}
+    values: dict[str, Any] = {f.name: getattr(ns, f.name, f.default) for f in fields}
     values["allowed_origins"] = tuple(values["allowed_origins"] or ())
     return GatewaySettings(**values)

@@ -12,7 +12,7 @@ from typing import Any
 
 import msgspec
 from troupe.gateway.errors import ApiError
-from troupe.gateway.openai_bodies import convert_field, field_path
+from troupe.gateway.openai_bodies import convert_field, field_path, reason
 from troupe.gateway.openai_requests import chat_messages
 from troupe.messages import ParamError, SamplingParams
 
@@ -83,7 +83,7 @@ def _params(frame: dict[str, Any]) -> SamplingParams:
         params = msgspec.convert(fields, SamplingParams)
     except msgspec.ValidationError as exc:
         field = field_path(exc, "params")
-        raise ApiError(400, f"invalid '{field}': {exc}", param=field) from None
+        raise ApiError(400, f"invalid '{field}': {reason(exc)}", param=field) from None
     except RecursionError:
         raise ApiError(400, "a sampling field is nested too deeply", param="params") from None
     try:

@@ -17,7 +17,7 @@ import pytest
 from aiohttp import web
 from troupe.config import EngineConfig
 from troupe.gateway.app import build_app
-from troupe.gateway.server import serve
+from troupe.gateway.server import listen, serve
 from troupe.gateway.state import GATEWAY, GatewaySettings
 from troupe.gpu.fake_runner import FakeRunner
 from troupe.gpu.faulty_runner import FaultyRunner
@@ -100,10 +100,8 @@ class ServerThread:
         """Serve another app on the same engine; returns its URL."""
 
         async def start() -> str:
-            runner = web.AppRunner(build_app(self.engine, settings), handler_cancellation=True)
-            await runner.setup()
-            site = web.TCPSite(runner, "127.0.0.1", 0)
-            await site.start()
+            # The same listener as `troupe serve`: gate, timeouts and connection cap included.
+            runner = await listen(build_app(self.engine, settings), settings, "127.0.0.1", 0)
             self._runners.append(runner)
             host, port = runner.addresses[0][:2]
             return f"http://{host}:{port}"
@@ -181,3 +179,12 @@ def make_server() -> Iterator[Any]:
             srv.runner.release()
         if srv._thread.is_alive():
             srv.shutdown()
+
+
+@pytest.fixture(scope="module")
+def fuzz_server() -> Iterator[ServerThread]:
+    """A short max_model_len: a valid request with a huge max_tokens still ends in ~100 steps."""
+    config = BASE_CONFIG.replace(max_model_len=128, num_kv_blocks=512, num_cpu_blocks=16)
+    srv = ServerThread(config, GatewaySettings(max_body_bytes=256 * 1024)).start()
+    yield srv
+    srv.shutdown()
