@@ -50,10 +50,16 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
             msgspec.convert(msgspec.structs.asdict(self), SamplingParams)
         except msgspec.ValidationError as exc:
             match = _PATH.search(str(exc))
-            raise ParamError(match.group(1) if match else "params", str(exc)) from None
+            field = match.group(1) if match else "params"
+            raise ParamError(field, f"invalid '{field}': {_PATH.sub('', str(exc))}") from None
         _int_in("max_tokens", self.max_tokens, 1, INT32_MAX)
-        if self.temperature != 0.0:
-            _float_in("temperature", self.temperature, 0.0, FLOAT_CEIL, what="0 (greedy) or in")
+        t = self.temperature
+        if t != 0.0 and not (math.isfinite(t) and FLOAT_FLOOR <= t <= FLOAT_CEIL):
+            raise ParamError(
+                "temperature",
+                f"temperature must be 0 (greedy) or in [{FLOAT_FLOOR:g}, {FLOAT_CEIL:g}] "
+                f"(float32-safe), got {t!r}",
+            )
         _float_in("top_p", self.top_p, 0.0, 1.0, open_low=True)
         if self.top_k < -1:
             raise ParamError("top_k", f"top_k must be -1, 0 (off) or >= 1, got {self.top_k}")
@@ -96,7 +102,7 @@ MAX_STOP_CHARS = 512
 # would overflow; one above FLOAT_CEIL would become inf. Both are rejected, not clamped.
 FLOAT_FLOOR = 1e-30
 FLOAT_CEIL = 1e30
-_PATH = re.compile(r"at `\$\.([A-Za-z_]\w*)")
+_PATH = re.compile(r" - at `\$\.([A-Za-z_]\w*).*`$")
 
 
 def _int_in(field: str, value: int, low: int, high: int) -> None:
@@ -113,15 +119,12 @@ def _float_in(
     high: float,
     *,
     open_low: bool = False,
-    what: str = "in",
 ) -> None:
     """`value` in [low, high] (or (low, high]), and 0 or of a float32-safe magnitude."""
     above_low = low < value if open_low else low <= value
     if not (math.isfinite(value) and above_low and value <= high):
         bracket = "(" if open_low else "["
-        raise ParamError(
-            field, f"{field} must be {what} {bracket}{low:g}, {high:g}], got {value!r}"
-        )
+        raise ParamError(field, f"{field} must be in {bracket}{low:g}, {high:g}], got {value!r}")
     if value != 0.0 and not FLOAT_FLOOR <= abs(value) <= FLOAT_CEIL:
         raise ParamError(
             field,
