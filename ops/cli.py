@@ -93,7 +93,7 @@ def _cmd_replay(ns: argparse.Namespace) -> int:
     return 0
 
 
-BENCHMARKS = ("graph", "scheduler", "offline")
+BENCHMARKS = ("graph", "scheduler", "offline", "soak")
 
 
 def _cmd_bench(workload: str, argv: list[str]) -> int:
@@ -129,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser(
         "bench",
-        help="benchmarks: graph overhead, scheduler, offline throughput",
+        help="benchmarks: graph overhead, scheduler, offline throughput, soak (leak check)",
         description="Run one benchmark; flags after its name are its own (`offline --help`).",
     )
     bench.add_argument("workload", choices=BENCHMARKS)
