@@ -6,8 +6,9 @@ what the CPU runs. Two choices make it fit both roles:
 - HF transformers' rounding order (normalise in fp32, cast, then scale; rotary and SwiGLU in
   the input dtype; residual adds in the input dtype), so a CPU model is token-identical to
   transformers. In fp32, which the kernel tests compare in, the order changes nothing.
-- Fast torch ops, not loops of small ones: scaled_dot_product_attention, index_copy_, one
-  batched gather for decode. Attention softmax is fp32 whatever the input dtype.
+- Fast torch ops, not loops of small ones: scaled_dot_product_attention (grouped-query heads
+  without copies), index_select / index_copy_, one batched gather for all decodes. Attention
+  softmax is fp32 whatever the input dtype.
 
 It is also robust to what the kernel tests feed it: block-table padding may hold any block id
 and cache slots past a sequence's end may hold NaN; neither reaches an output.
@@ -42,7 +43,7 @@ def _gather(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torc
     """The first `length` tokens of one sequence's cache, [length, Hkv, D], position order."""
     block_size = cache.shape[1]
     blocks = block_table[: math.ceil(length / block_size)].long()
-    return cache[blocks].reshape(-1, *cache.shape[2:])[:length]
+    return cache.index_select(0, blocks).reshape(-1, *cache.shape[2:])[:length]
 
 
 def paged_attention(
@@ -60,14 +61,13 @@ def paged_attention(
     the last tokens of its seq_lens[s] (already written to the cache). See kernels.ops."""
     del max_query_len, max_seq_len  # bounds for the kernels' launch grids
     out = torch.empty_like(q)
-    group = q.shape[1] // k_cache.shape[2]
     starts = query_start_loc.tolist()
     for s, seq_len in enumerate(seq_lens.tolist()):
         lo, hi = starts[s], starts[s + 1]
         if hi == lo:
             continue
-        k = _gather(k_cache, block_tables[s], seq_len).repeat_interleave(group, dim=1)
-        v = _gather(v_cache, block_tables[s], seq_len).repeat_interleave(group, dim=1)
+        k = _gather(k_cache, block_tables[s], seq_len)
+        v = _gather(v_cache, block_tables[s], seq_len)
         # query i sits at position seq_len - num_q + i and sees keys 0..that position
         q_pos = torch.arange(seq_len - (hi - lo), seq_len, device=q.device)
         mask = torch.arange(seq_len, device=q.device)[None, :] <= q_pos[:, None]
@@ -77,6 +77,7 @@ def paged_attention(
             v.transpose(0, 1).float(),
             attn_mask=mask,
             scale=scale,
+            enable_gqa=True,  # Hq = group x Hkv without copying K and V group times
         )
         out[lo:hi] = attn.transpose(0, 1).to(q.dtype)
     return out
@@ -91,25 +92,27 @@ def paged_decode_attention(
     scale: float,
     max_seq_len: int,
 ) -> torch.Tensor:
-    """One query per sequence (q [S, Hq, D], the last of its seq_lens[s] tokens), batched: all
-    sequences' blocks are gathered into one [S, W] window, W = max_seq_len in whole blocks."""
-    num_seqs, num_q_heads, head_dim = q.shape
+    """One query per sequence (q [S, Hq, D], the last of its seq_lens[s] tokens), batched: every
+    sequence's context is gathered into one [S, W] window, W = max_seq_len in whole blocks.
+
+    Window position p of sequence s holds its token p when p < seq_lens[s], else its token 0:
+    that slot is written, so finite (past the end, a slot or a padding table entry may hold
+    anything, and 0 * NaN would reach the output), and the mask hides it.
+    """
+    num_seqs, _, head_dim = q.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     num_blocks = min(max(1, math.ceil(max_seq_len / block_size)), block_tables.shape[1])
     width = num_blocks * block_size
-    lens = seq_lens.long()[:, None]
-    # Table entries past a sequence's blocks may be padding (any id): read block 0 there.
-    owned = torch.arange(num_blocks, device=q.device)[None, :] * block_size < lens
-    blocks = torch.where(owned, block_tables[:, :num_blocks].long(), 0)
-    visible = torch.arange(width, device=q.device)[None, :] < lens  # [S, W]
-    hidden = ~visible[:, :, None, None]
-    group = num_q_heads // num_kv_heads
+    pos = torch.arange(width, device=q.device)
+    visible = pos[None, :] < seq_lens.long()[:, None]  # [S, W]
+    pos = torch.where(visible, pos[None, :], 0)
+    blocks = block_tables[:, :num_blocks].long().gather(1, pos // block_size)
+    slots = (blocks * block_size + pos % block_size).view(-1)
 
     def window(cache: torch.Tensor) -> torch.Tensor:
-        """[S, Hq, W, D] fp32; slots past a sequence's end zeroed (0 * NaN would leak)."""
-        kv = cache[blocks].reshape(num_seqs, width, num_kv_heads, head_dim).float()
-        kv = kv.masked_fill(hidden, 0.0)
-        return kv.repeat_interleave(group, dim=2).transpose(1, 2)
+        """[S, Hkv, W, D] fp32: one index_select of token rows."""
+        rows = cache.reshape(-1, num_kv_heads, head_dim).index_select(0, slots)
+        return rows.view(num_seqs, width, num_kv_heads, head_dim).float().transpose(1, 2)
 
     attn = F.scaled_dot_product_attention(
         q[:, :, None, :].float(),
@@ -117,6 +120,7 @@ def paged_decode_attention(
         window(v_cache),
         attn_mask=visible[:, None, None, :],
         scale=scale,
+        enable_gqa=True,
     )
     return attn[:, :, 0, :].to(q.dtype)
 
