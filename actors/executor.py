@@ -49,6 +49,7 @@ def start_executor(config: EngineConfig, runner: Runner | None = None) -> Execut
         max_num_batched_tokens=config.max_num_batched_tokens,
         enable_prefix_caching=config.enable_prefix_caching,
         preemption_mode=config.preemption_mode,
+        scheduling_policy=config.scheduling_policy,
         max_queued_requests=config.max_queued_requests,
         max_queued_tokens=config.max_queued_tokens,
         # an overlapping runner needs each decode's next KV slot already in its table

@@ -2,8 +2,9 @@
 
 The allocator applies the ops in order and answers one `AllocationResult` (messages/scheduler.py).
 The scheduler builds each batch as: cache newly computed blocks, free ended requests, swap out,
-swap in, grow running requests, allocate new ones -- so blocks freed (and cached) by one op are
-available to the ops after it in the same batch.
+grow running requests, swap in, allocate new ones -- so blocks freed (and cached) by one op are
+available to the ops after it, and a shortage lands on the least urgent work, which the
+allocator refuses (`Refusal`, with a reason).
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ class FreeRequest(msgspec.Struct, frozen=True, array_like=True, gc=False, tag=Tr
 class SwapOut(msgspec.Struct, frozen=True, array_like=True, gc=False, tag=True):
     """Copy the request's GPU blocks to the CPU pool and release the GPU ones.
 
-    Without CPU room the allocator frees the request instead and reports it in
-    `AllocationResult.swap_failed` (the scheduler then recomputes it).
+    Without CPU room the allocator frees the request instead and refuses the op with
+    NO_CPU_BLOCKS (the scheduler then recomputes it).
     """
 
     request_id: str

@@ -32,7 +32,7 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
-    priority: int = 0  # higher runs first
+    priority: int = 0  # lower runs first (as in vLLM); ties: first come, first served
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
 

@@ -7,6 +7,8 @@ it), so its inbox is the one unbounded channel; admission bounds how much can be
 
 from __future__ import annotations
 
+import enum
+
 import msgspec
 from troupe.messages.common import TokenLogprob
 from troupe.messages.sampling import SamplingParams
@@ -28,20 +30,38 @@ class StopRequests(msgspec.Struct, frozen=True, kw_only=True, tag=True):
 
 
 class Grant(msgspec.Struct, frozen=True, array_like=True, gc=False):
-    """Blocks given to one request: appended to its table (AllocateNew/SwapIn: the whole table)."""
+    """Blocks given to one request, in transit to the executor: a Grow's added blocks, or the
+    whole table after AllocateNew/SwapIn. The scheduler keeps only their number."""
 
     request_id: str
     block_ids: tuple[int, ...]
     num_cached_tokens: int = 0  # AllocateNew: prompt tokens found in the prefix cache
 
 
+class RefusalReason(enum.StrEnum):
+    """Why the allocator refused one op; what it did instead."""
+
+    NO_GPU_BLOCKS = "no_gpu_blocks"  # Grow/SwapIn/AllocateNew did not fit: nothing changed
+    NO_CPU_BLOCKS = "no_cpu_blocks"  # SwapOut without CPU room: the request was freed instead
+
+
+class Refusal(msgspec.Struct, frozen=True, array_like=True, gc=False):
+    request_id: str
+    reason: RefusalReason
+
+
 class AllocationResult(msgspec.Struct, frozen=True, kw_only=True, tag=True, gc=False):
-    """The allocator's answer to one AllocateBatch, with the pools' counts after it."""
+    """The allocator's answer to one AllocateBatch, with the counts the scheduler plans with.
+
+    `shared` lists, for each request whose number changed in this batch, how many of its GPU
+    blocks other requests hold too (prefix-cache sharing): releasing a request frees at least
+    its blocks minus that number.
+    """
 
     step_id: int
-    grants: tuple[Grant, ...] = ()  # in op order (SwapIn, Grow, AllocateNew)
-    denied: tuple[str, ...] = ()  # requests whose SwapIn/Grow/AllocateNew did not fit: unchanged
-    swap_failed: tuple[str, ...] = ()  # SwapOut without CPU room: freed instead (recompute)
+    grants: tuple[Grant, ...] = ()  # in op order (Grow, SwapIn, AllocateNew)
+    refused: tuple[Refusal, ...] = ()  # in op order
+    shared: tuple[tuple[str, int], ...] = ()  # (request id, GPU blocks it shares), changed ones
     swap_out: tuple[tuple[int, int], ...] = ()  # (gpu block, cpu block) copies
     swap_in: tuple[tuple[int, int], ...] = ()  # (cpu block, gpu block) copies
     num_gpu_free: int = 0  # not owned by any request (includes cached)

@@ -25,6 +25,7 @@ from troupe.actors.core.scheduler import SchedulerCore
 from troupe.gpu.fake_runner import FakeRunner
 from troupe.messages import (
     AdmittedRequest,
+    AllocationResult,
     FinishReason,
     SamplingParams,
     StepPlan,
@@ -60,6 +61,7 @@ class CoreLoop:
         self.tokens: dict[str, list[int]] = defaultdict(list)
         self.finished: dict[str, list[tuple[FinishReason, str | None]]] = defaultdict(list)
         self.scheduler_s: list[float] = []  # per StepPlan: scheduler + allocator seconds
+        self.num_refused = 0  # ops the allocator refused (the scheduler planned too much)
         self._inbox: list[Any] = []  # SchedulerInbox messages
         self._num_deliveries = 0
 
@@ -90,6 +92,9 @@ class CoreLoop:
                     core_s += time.perf_counter() - t0
                     if self.check:
                         self.allocator.check()
+                    for _, answer in answers:
+                        assert isinstance(answer, AllocationResult)
+                        self.num_refused += len(answer.refused)
                     self._inbox.extend(m for _, m in answers)
                 elif dest == "executor":
                     assert isinstance(msg, StepPlan)
@@ -127,6 +132,7 @@ def build_loop(
     max_num_batched_tokens: int = 4096,
     enable_prefix_caching: bool = True,
     preemption_mode: str = "auto",
+    scheduling_policy: str = "priority",
     check: bool = False,
 ) -> CoreLoop:
     """Cores and a fake runner sized alike."""
@@ -138,6 +144,7 @@ def build_loop(
         max_num_batched_tokens=max_num_batched_tokens,
         enable_prefix_caching=enable_prefix_caching,
         preemption_mode=preemption_mode,
+        scheduling_policy=scheduling_policy,
         eos_token_ids=(2,),
     )
     allocator = AllocatorCore(

@@ -18,13 +18,13 @@ from troupe.actors.core.prefix_cache import PrefixCache
 
 
 class BlockPool:
-    """`num_blocks` blocks; `cache` is the prefix index (None: no caching, e.g. the CPU pool)."""
+    """`num_blocks` blocks; `cache` is the prefix index (none given: nothing is ever cached)."""
 
     def __init__(self, num_blocks: int, cache: PrefixCache | None = None) -> None:
         if num_blocks < 0:
             raise ValueError(f"num_blocks must be >= 0, got {num_blocks}")
         self.num_blocks = num_blocks
-        self.cache = cache
+        self.cache = cache if cache is not None else PrefixCache()
         self.ref = [0] * num_blocks
         self._free: deque[int] = deque(range(num_blocks))
         self._lru: OrderedDict[int, None] = OrderedDict()
@@ -44,25 +44,21 @@ class BlockPool:
 
     def allocate(self, n: int) -> list[int] | None:
         """`n` blocks with ref 1, or None (nothing changes) when fewer are free."""
-        free, lru, ref = self._free, self._lru, self.ref
+        free, lru = self._free, self._lru
         if n <= len(free):  # the common case: no eviction
             out = [free.popleft() for _ in range(n)]
-            for block_id in out:
-                ref[block_id] = 1
-            return out
-        if n > len(free) + len(lru):
+        elif n <= len(free) + len(lru):
+            out = list(free)
+            free.clear()
+            while len(out) < n:  # evict the oldest cached: the cache forgets what it held
+                block_id, _ = lru.popitem(last=False)
+                self.cache.forget(block_id)
+                out.append(block_id)
+        else:
             return None
-        out = []
-        while len(out) < n and free:
-            block_id = free.popleft()
+        ref = self.ref
+        for block_id in out:
             ref[block_id] = 1
-            out.append(block_id)
-        while len(out) < n:
-            block_id, _ = lru.popitem(last=False)
-            assert self.cache is not None, "cached blocks exist only with a prefix cache"
-            self.cache.forget(block_id)
-            ref[block_id] = 1
-            out.append(block_id)
         return out
 
     def take(self, block_id: int) -> None:
@@ -75,13 +71,13 @@ class BlockPool:
 
     def release(self, block_ids: Iterable[int]) -> None:
         """Drop one reference to each block, in the order given (the LRU keeps that order)."""
-        ref = self.ref
+        ref, cache = self.ref, self.cache
         for block_id in block_ids:
             if ref[block_id] <= 0:
                 raise ValueError(f"double free of block {block_id}")
             ref[block_id] -= 1
             if ref[block_id] == 0:
-                if self.cache is not None and self.cache.is_cached(block_id):
+                if cache.is_cached(block_id):
                     self._lru[block_id] = None
                 else:
                     self._free.append(block_id)
@@ -89,13 +85,9 @@ class BlockPool:
     def check(self) -> None:
         """Assert the invariants: each block in exactly one state, counts add up."""
         free, lru = set(self._free), set(self._lru)
-        assert len(free) == len(self._free), "a block is twice in the free list"
-        assert not (free & lru), f"blocks both free and cached: {sorted(free & lru)}"
         owned = {b for b, r in enumerate(self.ref) if r > 0}
-        assert not (owned & (free | lru)), (
-            f"owned blocks on a free list: {sorted(owned & (free | lru))}"
-        )
+        assert len(free) == len(self._free), "a block is twice in the free list"
+        assert not (free & lru) and not (owned & (free | lru)), "a block is in two states"
         assert len(owned) + len(free) + len(lru) == self.num_blocks, "blocks leaked"
-        assert all(r >= 0 for r in self.ref), "negative reference count"
-        if self.cache is not None:
-            assert all(self.cache.is_cached(b) for b in lru), "an LRU block is not in the cache"
+        assert min(self.ref, default=0) >= 0, "negative reference count"
+        assert all(self.cache.is_cached(b) for b in lru), "an LRU block is not in the cache"

@@ -1,10 +1,19 @@
-"""One request as the scheduler sees it: tokens, progress, blocks, and where it lives."""
+"""Requests as the scheduler sees them: one request's tokens, progress and counts of what it
+holds, and the queues that hold the live ones.
+
+No block ids: the allocator owns them. A request keeps only the counts the allocator reports
+(GPU blocks held, how many of them others share, CPU blocks while swapped out).
+"""
 
 from __future__ import annotations
 
+import bisect
 import enum
+from dataclasses import dataclass, field
+from operator import attrgetter
 
-from troupe.messages.common import FinishReason
+import msgspec
+from troupe.actors.core.queue_policy import QueuePolicy
 from troupe.messages.sampling import SamplingParams
 from troupe.messages.scheduler import AdmittedRequest
 
@@ -16,73 +25,98 @@ class Status(enum.IntEnum):
     FINISHED = 3
 
 
+class Kind(enum.Enum):
+    RUN = "run"  # running already: a decode or a prefill chunk, growing by `need` blocks
+    NEW = "new"  # AllocateNew (first start or recompute): the grant is the whole table
+    SWAP_IN = "swap_in"  # back from the CPU pool: the grant is the whole table
+
+
+class Work(msgspec.Struct):
+    """One request's planned share of a step (the step planner's typed entry)."""
+
+    req: Request
+    num_tokens: int
+    kind: Kind
+    need: int = 0  # GPU blocks counted for it (Grow; the reservation of NEW and SWAP_IN)
+
+
+@dataclass(slots=True, eq=False)  # eq=False: queues find and remove requests by identity
 class Request:
     """Mutable scheduler-side state of one request (never leaves the scheduler)."""
 
-    __slots__ = (
-        "arrival_seq",
-        "in_allocator",
-        "in_executor",
-        "max_total_tokens",
-        "needs_reset",
-        "num_cached_tokens",
-        "num_committed_blocks",
-        "num_computed",
-        "num_cpu_blocks",
-        "params",
-        "priority",
-        "prompt_len",
-        "request_id",
-        "sort_key",
-        "status",
-        "stop_ids",
-        "table",
-        "token_ids",
-    )
+    request_id: str
+    params: SamplingParams
+    token_ids: list[int]
+    prompt_len: int
+    max_total_tokens: int  # prompt + max_tokens, capped by max_model_len
+    arrival_seq: int
+    stop_ids: frozenset[int]
+    sort_key: tuple[int, ...] = ()  # the queue policy's, fixed while queued
+    status: Status = Status.WAITING
+    num_computed: int = 0  # tokens whose KV is in the request's blocks (GPU or CPU)
+    num_blocks: int = 0  # GPU blocks it holds (counted from its grants)
+    num_shared: int = 0  # of those, blocks other requests hold too (allocator-reported)
+    num_cpu_blocks: int = 0  # while swapped
+    num_committed_blocks: int = 0  # leading blocks the allocator has cached/hashed
+    num_cached_tokens: int = 0  # prompt tokens served by the prefix cache (first start)
+    in_allocator: bool = False  # the allocator holds blocks for it (or an op is in flight)
+    in_executor: bool = False  # the executor holds its state (params sent)
+    needs_reset: bool = True  # next SeqWork replaces the executor's block table
+    decode: Work = field(init=False)  # its plan entry for a decode that needs no new block
 
-    def __init__(self, msg: AdmittedRequest, arrival_seq: int, eos_token_ids: frozenset[int]):
-        self.request_id = msg.request_id
-        self.params: SamplingParams = msg.params
-        self.token_ids: list[int] = list(msg.prompt_token_ids)
-        self.prompt_len = len(msg.prompt_token_ids)
-        self.max_total_tokens = msg.max_total_tokens
-        self.priority = msg.params.priority
-        self.arrival_seq = arrival_seq
-        # Higher priority first, then first come first served: the scheduling order. The victim
-        # of a preemption is the last in this order (lowest priority, latest arrival).
-        self.sort_key = (-self.priority, arrival_seq)
-        eos = frozenset() if msg.params.ignore_eos else eos_token_ids
-        self.stop_ids = eos | frozenset(msg.params.stop_token_ids)
-        self.status = Status.WAITING
-        self.num_computed = 0  # tokens whose KV is in the request's blocks (GPU or CPU)
-        self.table: list[int] = []  # GPU block ids (mirror of the allocator's table)
-        self.num_cpu_blocks = 0  # while swapped
-        self.num_committed_blocks = 0  # leading blocks the allocator has cached/hashed
-        self.num_cached_tokens = 0  # prompt tokens served by the prefix cache (first start)
-        self.in_allocator = False  # the allocator holds blocks for it (or an op is in flight)
-        self.in_executor = False  # the executor holds its state (params sent)
-        self.needs_reset = True  # next SeqWork replaces the executor's block table
+    @classmethod
+    def admit(cls, msg: AdmittedRequest, arrival_seq: int, eos_ids: frozenset[int]) -> Request:
+        eos = frozenset() if msg.params.ignore_eos else eos_ids
+        prompt = msg.prompt_token_ids
+        args = (msg.request_id, msg.params, list(prompt), len(prompt), msg.max_total_tokens)
+        req = cls(*args, arrival_seq, eos | frozenset(msg.params.stop_token_ids))
+        req.decode = Work(req, 1, Kind.RUN)
+        return req
 
     @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
 
-    @property
-    def num_remaining(self) -> int:
-        """Tokens still to compute before the next token can be sampled."""
-        return len(self.token_ids) - self.num_computed
 
-    def append(self, token_id: int) -> tuple[FinishReason | None, int | None]:
-        """Append a sampled token; (finish reason, stop token id) if it ends the request."""
-        self.token_ids.append(token_id)
-        if token_id in self.stop_ids:
-            return FinishReason.STOP, token_id
-        if len(self.token_ids) >= self.max_total_tokens:
-            return FinishReason.LENGTH, None
-        return None, None
+class RequestQueues:
+    """Live requests by id, in three queues sorted by `sort_key`; ended requests whose blocks
+    (`to_free`) or executor state (`released`) the next step releases."""
 
-    def __repr__(self) -> str:
-        return (
-            f"Request({self.request_id!r}, {self.status.name}, tokens={len(self.token_ids)}, "
-            f"computed={self.num_computed}, blocks={len(self.table)})"
-        )
+    def __init__(self, policy: QueuePolicy) -> None:
+        self.policy = policy
+        self.requests: dict[str, Request] = {}
+        self.waiting: list[Request] = []
+        self.running: list[Request] = []
+        self.swapped: list[Request] = []
+        self.to_free: dict[str, Request] = {}
+        self.released: list[str] = []
+        self._queues = {Status.WAITING: self.waiting, Status.RUNNING: self.running}
+        self._queues[Status.SWAPPED] = self.swapped
+
+    def add(self, req: Request) -> None:
+        req.sort_key = self.policy.sort_key(req)
+        self.requests[req.request_id] = req
+        self.enqueue(req, Status.WAITING)
+
+    def enqueue(self, req: Request, status: Status) -> None:
+        req.status = status
+        bisect.insort(self._queues[status], req, key=attrgetter("sort_key"))
+
+    def move(self, req: Request, status: Status) -> None:
+        self._queues[req.status].remove(req)
+        self.enqueue(req, status)
+
+    def finish(self, req: Request) -> None:
+        """End a request: out of its queue; blocks and executor state released next step."""
+        if req.status != Status.FINISHED:
+            self._queues[req.status].remove(req)
+            req.status = Status.FINISHED
+            del self.requests[req.request_id]
+            if req.in_allocator:
+                self.to_free[req.request_id] = req
+            if req.in_executor:
+                self.released.append(req.request_id)
+
+    def find(self, request_id: str) -> Request | None:
+        """A request the allocator may hold blocks for: live, or ended and not yet freed."""
+        return self.requests.get(request_id) or self.to_free.get(request_id)

@@ -7,7 +7,11 @@ Each step is one round trip to the allocator, then one to the executor:
          <-- StepResult: update(): TokenBatch --> streamer; next round trip if work exists
 
 Messages arriving meanwhile (new requests, aborts, stop-string hits) change the state and take
-effect at the next plan. Planning policy lives in step_planner.py.
+effect at the next plan. The parts, composed here:
+
+    RequestQueues   where each request is, in the QueuePolicy's order (fcfs or priority)
+    StepPlanner     what runs next and who gives way (the PreemptionPolicy's victim and mode)
+    build_plan      the allocator's answer -> the executor's StepPlan
 """
 
 from __future__ import annotations
@@ -16,8 +20,11 @@ from collections.abc import Iterable, Sequence
 from typing import Literal
 
 from troupe.actors.core.base import Outgoing
-from troupe.actors.core.request_state import Request, Status
-from troupe.actors.core.step_planner import StepPlanner
+from troupe.actors.core.plan_builder import InFlight, build_plan
+from troupe.actors.core.preemption_policy import make_preemption_policy
+from troupe.actors.core.queue_policy import make_queue_policy
+from troupe.actors.core.request_state import Request, RequestQueues, Status
+from troupe.actors.core.step_planner import StepLimits, StepPlanner
 from troupe.messages.allocator import AllocateBatch
 from troupe.messages.common import FinishReason
 from troupe.messages.events import EngineStats
@@ -34,9 +41,10 @@ from troupe.messages.streamer import SeqOutput, TokenBatch
 from troupe.messages.tokenizer import AbortRequest
 
 Phase = Literal["idle", "allocating", "stepping"]
+STOP, LENGTH, ABORT = FinishReason.STOP, FinishReason.LENGTH, FinishReason.ABORT
 
 
-class SchedulerCore(StepPlanner):
+class SchedulerCore:
     """Inbox: AdmittedRequest, AbortRequest, StopRequests, AllocationResult, StepResult.
     Outboxes: "allocator" (AllocateBatch), "executor" (StepPlan), "streamer" (TokenBatch).
 
@@ -54,25 +62,27 @@ class SchedulerCore(StepPlanner):
         max_num_batched_tokens: int,
         enable_prefix_caching: bool = True,
         preemption_mode: str = "auto",
+        scheduling_policy: str = "priority",
         eos_token_ids: Iterable[int] = (),
         num_lookahead_tokens: int = 0,
     ) -> None:
-        super().__init__(
-            block_size=block_size,
-            num_gpu_blocks=num_gpu_blocks,
-            num_cpu_blocks=num_cpu_blocks,
-            max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens,
-            enable_prefix_caching=enable_prefix_caching,
-            preemption_mode=preemption_mode,
-            num_lookahead_tokens=num_lookahead_tokens,
+        sizes = (block_size, num_gpu_blocks, max_num_seqs, max_num_batched_tokens)
+        self.limits = StepLimits(*sizes, enable_prefix_caching, num_lookahead_tokens)
+        self.num_cpu_blocks = num_cpu_blocks
+        self.queues = RequestQueues(make_queue_policy(scheduling_policy))
+        preemption = make_preemption_policy(preemption_mode)
+        self.planner = StepPlanner(self.limits, self.queues, preemption)
+        # The allocator's counts as of its last answer: what the next plan starts from.
+        self.pools = AllocationResult(
+            step_id=0, num_gpu_free=self.limits.num_gpu_blocks, num_cpu_free=num_cpu_blocks
         )
+        self.requests = self.queues.requests  # every live request, by id
         self.eos_token_ids = frozenset(eos_token_ids)
         self.phase: Phase = "idle"
-        self._num_arrivals = 0
+        self.step_id = self.num_steps = self._num_arrivals = 0
+        self.in_flight: list[InFlight] = []
         self._pending: list[SeqOutput] = []  # terminal outputs from outside a step
         self._time = 0.0  # latest time seen in a message (TokenBatch.time outside steps)
-        self.num_steps = 0
 
     # -- the actor interface -----------------------------------------------------------------
 
@@ -84,9 +94,9 @@ class SchedulerCore(StepPlanner):
                     self.add(msg)
                 case AbortRequest():
                     self.abort(msg.request_id, msg.reason)
-                case StopRequests():
+                case StopRequests():  # the streamer has ended them: free them silently
                     for request_id in msg.request_ids:
-                        self.stop(request_id)
+                        self.abort(request_id, None)
                 case AllocationResult():
                     plan = self.on_allocated(msg)
                     # Nothing to run (a free-only round trip): publish the fresh stats anyway.
@@ -97,10 +107,8 @@ class SchedulerCore(StepPlanner):
                     raise ValueError(f"scheduler: unexpected message {type(msg).__name__}")
         if self._pending:
             out.append(("streamer", self.stats_batch()))
-        if self.phase == "idle":
-            request = self.schedule()
-            if request is not None:
-                out.append(("allocator", request))
+        if self.phase == "idle" and (request := self.schedule()) is not None:
+            out.append(("allocator", request))
         return out
 
     # -- inbox events ------------------------------------------------------------------------
@@ -111,72 +119,58 @@ class SchedulerCore(StepPlanner):
         if msg.request_id in self.requests:
             return
         self._num_arrivals += 1
-        req = Request(msg, self._num_arrivals, self.eos_token_ids)
-        need = self.blocks_for(req.num_tokens)
-        if need > self.num_gpu_blocks or not req.token_ids:
+        req = Request.admit(msg, self._num_arrivals, self.eos_token_ids)
+        if self.limits.blocks_for(req.num_tokens) > self.limits.num_gpu_blocks or not req.token_ids:
             self._pending.append(self._fail_output(req, self._too_big(req)))
-            return
-        self.requests[req.request_id] = req
-        self.enqueue(self.waiting, req)
+        else:
+            self.queues.add(req)
 
-    def abort(self, request_id: str, reason: str = "aborted") -> None:
-        """End a request wherever it is; unknown ids are ignored (races are normal)."""
+    def abort(self, request_id: str, reason: str | None = "aborted") -> None:
+        """End a request wherever it is (reason None: without a terminal output); unknown ids
+        are ignored (races are normal)."""
         req = self.requests.get(request_id)
         if req is not None:
-            self.finish(req)
-            self._pending.append(
-                SeqOutput(
-                    request_id, (), FinishReason.ABORT, None, None, req.num_cached_tokens, reason
-                )
-            )
-
-    def stop(self, request_id: str) -> None:
-        """A stop string matched: the streamer has ended it; free it silently."""
-        req = self.requests.get(request_id)
-        if req is not None:
-            self.finish(req)
-
-    def on_allocated(self, result: AllocationResult) -> StepPlan | None:
-        """Apply the allocator's answer; the step to run, or None (idle) if nothing runs."""
-        if self.phase != "allocating" or result.step_id != self.step_id:
-            raise ValueError(
-                f"scheduler: AllocationResult for step {result.step_id} while {self.phase} "
-                f"step {self.step_id}"
-            )
-        plan = self.build_plan(result)
-        self.phase = "stepping" if plan is not None else "idle"
-        return plan
+            self.queues.finish(req)
+            if reason is not None:
+                cached = req.num_cached_tokens
+                self._pending.append(SeqOutput(request_id, (), ABORT, None, None, cached, reason))
 
     def schedule(self) -> AllocateBatch | None:
         """Plan the next step's allocation; None if there is nothing to do."""
         if self.phase != "idle":
             raise ValueError(f"scheduler: cannot schedule while {self.phase}")
-        batch = self.plan_allocation()
-        if batch is not None:
-            self.phase = "allocating"
-        for req in self.take_unfittable():
-            self._pending.append(self._fail_output(req, self._too_big(req)))
-        return batch
+        ops = self.planner.plan(self.pools.num_gpu_free, self.pools.num_cpu_free)
+        self._pending.extend(
+            self._fail_output(r, self._too_big(r)) for r in self.planner.unfittable
+        )
+        self.planner.unfittable = []
+        if ops is None:
+            return None
+        self.phase = "allocating"
+        self.step_id += 1
+        return AllocateBatch(step_id=self.step_id, ops=tuple(ops))
+
+    def on_allocated(self, result: AllocationResult) -> StepPlan | None:
+        """Apply the allocator's answer; the step to run, or None (idle) if nothing runs."""
+        self._check_phase("allocating", result.step_id, "AllocationResult")
+        self.pools = result
+        plan, self.in_flight = build_plan(self.planner, result)
+        self.phase = "stepping" if plan is not None else "idle"
+        return plan
 
     def update(self, result: StepResult) -> TokenBatch:
         """Apply a step's sampled tokens; the TokenBatch for the streamer."""
-        if self.phase != "stepping" or result.step_id != self.step_id:
-            raise ValueError(
-                f"scheduler: StepResult for step {result.step_id} while {self.phase} "
-                f"step {self.step_id}"
-            )
+        self._check_phase("stepping", result.step_id, "StepResult")
         self.phase = "idle"
         self.num_steps += 1
         self._time = max(self._time, result.time)
-        outputs = self._pending
-        self._pending = []
-        if result.error is not None:
-            for req, _, _ in self.in_flight:
-                if req.status != Status.FINISHED:  # not aborted or stopped mid-step
-                    self.finish(req)
-                    outputs.append(self._fail_output(req, f"step failed: {result.error}"))
-        else:
+        outputs, self._pending = self._pending, []
+        if result.error is None:
             self._apply_tokens(result.sampled, outputs)
+        for req, _, _ in self.in_flight if result.error is not None else ():
+            if req.status != Status.FINISHED:  # not aborted or stopped mid-step
+                self.queues.finish(req)
+                outputs.append(self._fail_output(req, f"step failed: {result.error}"))
         self.in_flight = []
         return TokenBatch(
             step_id=result.step_id, time=self._time, outputs=tuple(outputs), stats=self.stats()
@@ -186,13 +180,10 @@ class SchedulerCore(StepPlanner):
         """Append each in-flight request's sampled token; its SeqOutput goes to `outputs`."""
         # Tokens come in plan order; a dict is built only if the executor broke that order.
         by_id: dict[str, SampledToken] | None = None
-        i = 0
-        num_sampled = len(sampled)
-        bs = self.block_size
-        caching = self.enable_prefix_caching
-        to_commit = self._to_commit
+        i, num_sampled = 0, len(sampled)
+        bs, caching = self.limits.block_size, self.limits.enable_prefix_caching
+        to_commit, finish, append = self.planner.to_commit, self.queues.finish, outputs.append
         finished = Status.FINISHED
-        append = outputs.append
         for req, end, sample in self.in_flight:
             if sample:
                 i += 1
@@ -204,59 +195,49 @@ class SchedulerCore(StepPlanner):
                 to_commit[rid] = req
             if not sample:
                 continue
-            if by_id is None and i <= num_sampled and (token := sampled[i - 1]).request_id == rid:
-                pass
-            else:
+            if by_id is not None or i > num_sampled or (token := sampled[i - 1]).request_id != rid:
                 by_id = by_id or {s.request_id: s for s in sampled}
-                found = by_id.get(rid)
-                if found is None:
-                    self.finish(req)
+                if (found := by_id.get(rid)) is None:
+                    finish(req)
                     append(self._fail_output(req, "the executor returned no token for it"))
                     continue
                 token = found
             token_id = token.token_id
             tokens = req.token_ids
             tokens.append(token_id)
-            logprobs = None if token.logprob is None else (token.logprob,)
+            lp = None if token.logprob is None else (token.logprob,)
             if token_id in req.stop_ids:
-                self.finish(req)
-                append(
-                    SeqOutput(
-                        rid,
-                        (token_id,),
-                        FinishReason.STOP,
-                        token_id,
-                        logprobs,
-                        req.num_cached_tokens,
-                    )
-                )
+                finish(req)
+                append(SeqOutput(rid, (token_id,), STOP, token_id, lp, req.num_cached_tokens))
             elif len(tokens) >= req.max_total_tokens:
-                self.finish(req)
-                append(
-                    SeqOutput(
-                        rid, (token_id,), FinishReason.LENGTH, None, logprobs, req.num_cached_tokens
-                    )
-                )
+                finish(req)
+                append(SeqOutput(rid, (token_id,), LENGTH, None, lp, req.num_cached_tokens))
             else:
-                append(SeqOutput(rid, (token_id,), None, None, logprobs, req.num_cached_tokens))
+                append(SeqOutput(rid, (token_id,), None, None, lp, req.num_cached_tokens))
 
     # -- outputs -----------------------------------------------------------------------------
 
     def stats(self) -> EngineStats:
         """A snapshot of pools (as of the last AllocationResult), queues and counters."""
+        pools, q, planner, num_gpu = (
+            self.pools,
+            self.queues,
+            self.planner,
+            self.limits.num_gpu_blocks,
+        )
         return EngineStats(
-            num_gpu_blocks=self.num_gpu_blocks,
-            num_gpu_blocks_used=self.num_gpu_blocks - self.gpu_free,
-            num_gpu_blocks_cached=self.gpu_cached,
+            num_gpu_blocks=num_gpu,
+            num_gpu_blocks_used=num_gpu - pools.num_gpu_free,
+            num_gpu_blocks_cached=pools.num_gpu_cached,
             num_cpu_blocks=self.num_cpu_blocks,
-            num_cpu_blocks_used=self.num_cpu_blocks - self.cpu_free,
-            num_running=len(self.running),
-            num_waiting=len(self.waiting),
-            num_swapped=len(self.swapped),
-            num_preemptions_swap=self.num_preemptions_swap,
-            num_preemptions_recompute=self.num_preemptions_recompute,
-            prefix_cache_hit_tokens=self.prefix_cache_hit_tokens,
-            prefix_cache_query_tokens=self.prefix_cache_query_tokens,
+            num_cpu_blocks_used=self.num_cpu_blocks - pools.num_cpu_free,
+            num_running=len(q.running),
+            num_waiting=len(q.waiting),
+            num_swapped=len(q.swapped),
+            num_preemptions_swap=planner.num_preemptions_swap,
+            num_preemptions_recompute=planner.num_preemptions_recompute,
+            prefix_cache_hit_tokens=pools.prefix_cache_hit_tokens,
+            prefix_cache_query_tokens=pools.prefix_cache_query_tokens,
             num_steps=self.num_steps,
         )
 
@@ -267,12 +248,17 @@ class SchedulerCore(StepPlanner):
             step_id=self.step_id, time=self._time, outputs=outputs, stats=self.stats()
         )
 
+    def _check_phase(self, phase: Phase, step_id: int, what: str) -> None:
+        if self.phase != phase or step_id != self.step_id:
+            raise ValueError(
+                f"scheduler: {what} for step {step_id} while {self.phase} step {self.step_id}"
+            )
+
     def _too_big(self, req: Request) -> str:
-        need = self.blocks_for(req.num_tokens)
         return (
-            f"request needs {need} KV blocks of {self.block_size} tokens for its "
-            f"{req.num_tokens} tokens, but the GPU pool holds only {self.num_gpu_blocks} "
-            f"(num_kv_blocks)"
+            f"request needs {self.limits.blocks_for(req.num_tokens)} KV blocks of "
+            f"{self.limits.block_size} tokens for its {req.num_tokens} tokens, but the GPU pool "
+            f"holds only {self.limits.num_gpu_blocks} (num_kv_blocks)"
         )
 
     @staticmethod

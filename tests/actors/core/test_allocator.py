@@ -13,9 +13,10 @@ from troupe.messages.allocator import (
     SwapIn,
     SwapOut,
 )
-from troupe.messages.scheduler import AllocationResult, Grant
+from troupe.messages.scheduler import AllocationResult, Grant, Refusal, RefusalReason
 
 BS = 4
+NO_GPU, NO_CPU = RefusalReason.NO_GPU_BLOCKS, RefusalReason.NO_CPU_BLOCKS
 
 
 def make(num_gpu: int = 8, num_cpu: int = 4, caching: bool = True) -> AllocatorCore:
@@ -37,7 +38,7 @@ def test_allocate_grow_free_counts() -> None:
     alloc = make()
     res = apply(alloc, AllocateNew("a", tuple(range(10, 16)), 6), AllocateNew("b", (1, 2, 3), 3))
     assert res.grants == (Grant("a", (0, 1), 0), Grant("b", (2,), 0))
-    assert (res.num_gpu_free, res.num_gpu_cached, res.denied) == (5, 0, ())
+    assert (res.num_gpu_free, res.num_gpu_cached, res.refused) == (5, 0, ())
     res = apply(alloc, Grow("a", 8), Grow("a", 9), Grow("b", 3))
     assert res.grants == (Grant("a", ()), Grant("a", (3,)), Grant("b", ()))
     assert alloc.seqs["a"].table == [0, 1, 3]
@@ -88,7 +89,7 @@ def test_freed_cached_blocks_are_evicted_lru_and_revived_by_hits() -> None:
     res = apply(alloc, AllocateNew("c", (1, 2, 3, 4, 0), 5))
     assert res.grants == (Grant("c", (0, 1), 4),)
     res = apply(alloc, AllocateNew("d", (42,) * 12, 12))  # needs 3, only 2 allocatable
-    assert res.denied == ("d",) and alloc.gpu.num_cached == 1
+    assert res.refused == (Refusal("d", NO_GPU),) and alloc.gpu.num_cached == 1
     res = apply(alloc, AllocateNew("d", (42,) * 8, 8))
     assert res.grants == (Grant("d", (3, 2)),)
     assert alloc.cache is not None and alloc.cache.lookup(0, (6, 7, 8, 9)) is None  # evicted
@@ -97,10 +98,10 @@ def test_freed_cached_blocks_are_evicted_lru_and_revived_by_hits() -> None:
 def test_denial_leaves_everything_unchanged() -> None:
     alloc = make(num_gpu=2)
     res = apply(alloc, AllocateNew("a", tuple(range(12)), 12), AllocateNew("b", (1,), 1))
-    assert res.denied == ("a",) and res.grants == (Grant("b", (0,)),)
+    assert res.refused == (Refusal("a", NO_GPU),) and res.grants == (Grant("b", (0,)),)
     assert "a" not in alloc.seqs
     res = apply(alloc, Grow("b", 12))
-    assert res.denied == ("b",) and alloc.seqs["b"].table == [0]
+    assert res.refused == (Refusal("b", NO_GPU),) and alloc.seqs["b"].table == [0]
 
 
 def test_swap_out_and_in_copy_lists() -> None:
@@ -110,7 +111,7 @@ def test_swap_out_and_in_copy_lists() -> None:
     assert res.swap_out == ((0, 0), (1, 1), (2, 2))
     assert (res.num_gpu_free, res.num_cpu_free) == (5, 0)
     res = apply(alloc, SwapOut("b"))  # no CPU room: freed instead, for recompute
-    assert res.swap_failed == ("b",) and "b" not in alloc.seqs
+    assert res.refused == (Refusal("b", NO_CPU),) and "b" not in alloc.seqs
     res = apply(alloc, SwapIn("a", 13))
     # Free list: 4, 5, then a's blocks tail first (2, 1, 0), then b's (3).
     assert res.swap_in == ((0, 4), (1, 5), (2, 2))
@@ -124,7 +125,7 @@ def test_cpu_blocks_read_by_swap_in_are_not_reused_in_the_same_batch() -> None:
     apply(alloc, SwapOut("a"))
     res = apply(alloc, SwapIn("a"), SwapOut("b"))
     # b cannot take a's CPU blocks in this batch: the executor copies out before in.
-    assert res.swap_failed == ("b",) and res.swap_in == ((0, 3), (1, 1))
+    assert res.refused == (Refusal("b", NO_CPU),) and res.swap_in == ((0, 3), (1, 1))
     assert res.num_cpu_free == 2
 
 
@@ -184,3 +185,32 @@ def test_prefix_cache_register_keeps_the_first_writer_and_rejects_a_reused_block
     assert cache.lookup(s1, (5, 6)) is None and len(cache) == 1  # the failed insert undone
     cache.forget(3)
     assert len(cache) == 0 and not cache.is_cached(3)
+
+
+def test_shared_counts_follow_hits_and_releases() -> None:
+    alloc = make(num_gpu=8)
+    prompt = tuple(range(100, 109))  # two full blocks and one token
+    apply(alloc, AllocateNew("a", prompt, 9))
+    res = apply(alloc, CacheBlocks("a", prompt[:8]))
+    assert res.shared == ()  # registered, but a holds them alone
+    res = apply(alloc, AllocateNew("b", prompt, 9))
+    # b hit a's two blocks: both now hold two blocks that the other holds too
+    assert res.grants == (Grant("b", (0, 1, 3), 8),) and res.shared == (("a", 2), ("b", 2))
+    res = apply(alloc, AllocateNew("c", (*prompt[:4], 7, 7, 7, 7, 7), 9))
+    assert res.shared == (("c", 1),)  # block 0 had two holders already: only c's count moves
+    res = apply(alloc, FreeRequest("a"))
+    assert res.shared == (("b", 1),)  # block 1 is b's alone now; block 0 still has b and c
+    res = apply(alloc, SwapOut("b"), Grow("c", 12))
+    assert res.shared == (("c", 0),) and res.num_gpu_free == 8 - 3  # only c's 3 blocks held
+
+
+def test_freeing_a_request_frees_at_least_its_unshared_blocks() -> None:
+    alloc = make(num_gpu=8)
+    prompt = tuple(range(100, 113))
+    apply(alloc, AllocateNew("a", prompt, 13))
+    apply(alloc, CacheBlocks("a", prompt[:12]))
+    res = apply(alloc, AllocateNew("b", prompt, 13))
+    held = {rid: (len(seq.table), seq.num_shared) for rid, seq in alloc.seqs.items()}
+    assert held == {"a": (4, 3), "b": (4, 3)} and res.num_gpu_free == 3
+    res = apply(alloc, FreeRequest("b"))
+    assert res.num_gpu_free == 3 + (4 - 3) and res.shared == (("a", 0),)

@@ -32,6 +32,7 @@ class Rig:
         max_seqs: int = 8,
         mode: str = "auto",
         caching: bool = True,
+        policy: str = "priority",
     ) -> None:
         self.s = SchedulerCore(
             block_size=BS,
@@ -41,6 +42,7 @@ class Rig:
             max_num_batched_tokens=budget,
             enable_prefix_caching=caching,
             preemption_mode=mode,
+            scheduling_policy=policy,
             eos_token_ids=[2],
         )
         self.a = AllocatorCore(
@@ -110,14 +112,14 @@ def test_decodes_first_then_prefill_chunks_within_budget() -> None:
 def test_preempts_lowest_priority_latest_arrival_for_recompute() -> None:
     rig = Rig(num_gpu=4, mode="recompute", caching=False)
     rig.add("b", prompt(4, 100))
-    rig.add("a", prompt(4, 200), priority=1)
+    rig.add("a", prompt(4, 200), priority=-1)  # lower value: served first
     rig.add("c", prompt(4, 300))
     rig.step()  # three blocks used, one free; each now needs a second block
     batch, plan, out = rig.step()
     assert batch.ops == (FreeRequest("c"), Grow("a", 5), Grow("b", 5))
     assert [w.request_id for w in plan.seqs] == ["a", "b"]
-    assert [r.request_id for r in rig.s.waiting] == ["c"]
-    assert rig.s.waiting[0].num_computed == 0
+    assert [r.request_id for r in rig.s.queues.waiting] == ["c"]
+    assert rig.s.queues.waiting[0].num_computed == 0
     assert out.stats is not None and out.stats.num_preemptions_recompute == 1
 
 
@@ -130,7 +132,7 @@ def test_swap_preemption_and_resume_before_new_requests() -> None:
     batch, plan, out = rig.step()
     assert batch.ops == (SwapOut("c"), Grow("a", 5), Grow("b", 5))
     assert plan.swap_out == ((2, 0),)
-    assert [r.request_id for r in rig.s.swapped] == ["c"]
+    assert [r.request_id for r in rig.s.queues.swapped] == ["c"]
     assert out.stats is not None and out.stats.num_preemptions_swap == 1
     rig.add("d", prompt(2, 400))
     rig.s.abort("a")
@@ -142,7 +144,7 @@ def test_swap_preemption_and_resume_before_new_requests() -> None:
     works = {w.request_id: w for w in plan.seqs}
     assert works["c"].reset and works["c"].params is None and works["c"].start_pos == 4
     assert works["c"].block_ids == (3, 0) and plan.released == ("a",)
-    assert [r.request_id for r in rig.s.waiting] == ["d"] and not rig.s.swapped
+    assert [r.request_id for r in rig.s.queues.waiting] == ["d"] and not rig.s.queues.swapped
 
 
 def test_swap_mode_without_cpu_room_recomputes() -> None:
@@ -265,11 +267,15 @@ def test_stop_requests_free_silently() -> None:
 def test_priority_then_fcfs_admission_order() -> None:
     rig = Rig(max_seqs=2)
     rig.add("low", prompt(2))
-    rig.add("high", prompt(2, 200), priority=5)
+    rig.add("high", prompt(2, 200), priority=-5)  # as in vLLM: a lower value is served first
     rig.add("low2", prompt(2, 300))
+    rig.add("later", prompt(2, 400), priority=3)
     _, plan, _ = rig.step()
     assert [w.request_id for w in plan.seqs] == ["high", "low"]
-    assert rig.s.waiting[0].request_id == "low2" and rig.s.waiting[0].status == Status.WAITING
+    assert (
+        rig.s.queues.waiting[0].request_id == "low2"
+        and rig.s.queues.waiting[0].status == Status.WAITING
+    )
 
 
 def _pump(rig: Rig, out: list) -> list:  # type: ignore[type-arg]
@@ -298,14 +304,14 @@ def test_abort_while_swapped_frees_its_cpu_blocks() -> None:
         rig.add(rid, prompt(4, base))
     rig.step()
     rig.step()  # c is swapped out to the CPU pool
-    assert [r.request_id for r in rig.s.swapped] == ["c"] and rig.a.cpu.num_free == 3
+    assert [r.request_id for r in rig.s.queues.swapped] == ["c"] and rig.a.cpu.num_free == 3
     out = rig.s.handle([AbortRequest(request_id="c"), AbortRequest(request_id="a")])
     aborted = [o for d, m in out if d == "streamer" for o in m.outputs]  # type: ignore[attr-defined]
     assert [(o.request_id, o.finish_reason) for o in aborted][:2] == [
         ("c", FinishReason.ABORT),
         ("a", FinishReason.ABORT),
     ]
-    assert not rig.s.swapped
+    assert not rig.s.queues.swapped
     _pump(rig, out)
     _pump(rig, rig.s.handle([AbortRequest(request_id="b")]))
     stats = rig.s.stats()

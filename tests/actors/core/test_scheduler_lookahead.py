@@ -108,7 +108,7 @@ def test_decodes_cover_one_position_ahead() -> None:
 
 
 def test_scheduler_tables_cover_lookahead_at_plan_time() -> None:
-    """The scheduler's own mirror: after each plan, decoding requests cover num_tokens + 1."""
+    """The scheduler's own count: after each plan, decoding requests cover num_tokens + 1."""
     loop, _ = _loop(1, num_gpu_blocks=256, num_cpu_blocks=0)
     scheduler = loop.scheduler
     checked = 0
@@ -119,7 +119,7 @@ def test_scheduler_tables_cover_lookahead_at_plan_time() -> None:
         for work in plan.seqs:
             req = scheduler.requests.get(work.request_id)
             if req is not None and work.num_tokens == 1 and work.start_pos >= req.prompt_len:
-                assert len(req.table) * 4 >= req.num_tokens + 1, req
+                assert req.num_blocks * 4 >= req.num_tokens + 1, req
                 checked += 1
         return original(plan)
 

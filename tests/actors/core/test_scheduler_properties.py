@@ -1,34 +1,80 @@
 """Property tests: scheduler + allocator + fake runner under random load, tiny pools, aborts.
 
-Whatever the pool size and preemption mode, every request that is not aborted must produce
-exactly the tokens it produces with an unlimited pool (the fake runner's output depends on every
-KV slot it reads back), end exactly once, and leave every block free or cached.
+Whatever the pool size, queue policy and preemption mode, every request that is not aborted
+must produce exactly the tokens it produces with an unlimited pool (the fake runner's output
+depends on every KV slot it reads back), end exactly once and in bounded time (nothing starves),
+and leave every block free or cached. The planner counts what it may ask for exactly enough that
+the real allocator never refuses; an allocator that refuses at random shows the scheduler
+survives refusals all the same.
 """
 
 from __future__ import annotations
 
+import msgspec
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from troupe.actors.core.allocator import AllocatorCore
 from troupe.gpu.fake_runner import EOS_SEED_BASE, FakeRunner
 from troupe.messages import AbortRequest, AdmittedRequest, FinishReason, SamplingParams
+from troupe.messages.allocator import (
+    AllocateBatch,
+    AllocateNew,
+    AllocOp,
+    FreeRequest,
+    Grow,
+    SwapIn,
+    SwapOut,
+)
+from troupe.messages.scheduler import AllocationResult, Refusal, RefusalReason
 from troupe.ops.bench_scheduler import build_loop
 
 BLOCK = 4
+# Deliveries (scheduler inbox batches) a workload may take: each request needs at most a few
+# per token it computes; far more means something waits forever.
+MAX_DELIVERIES = 4000
+
+
+class RefusingAllocator(AllocatorCore):
+    """The real allocator, but it refuses the ops `refusals` picks (consumed from the end, one
+    per Grow/SwapIn/AllocateNew/SwapOut, until none are left): refused ops are dropped, as a
+    real refusal leaves the request unchanged, and a refused SwapOut frees the request."""
+
+    def __init__(self, refusals: list[bool], **kw: object) -> None:
+        super().__init__(**kw)  # type: ignore[arg-type]
+        self.refusals = refusals
+
+    def apply(self, batch: AllocateBatch) -> AllocationResult:
+        ops: list[AllocOp] = []
+        refused: list[Refusal] = []
+        for op in batch.ops:
+            if not isinstance(op, Grow | SwapIn | AllocateNew | SwapOut) or not (
+                self.refusals and self.refusals.pop()
+            ):
+                ops.append(op)
+            elif isinstance(op, SwapOut):
+                ops.append(FreeRequest(op.request_id))
+                refused.append(Refusal(op.request_id, RefusalReason.NO_CPU_BLOCKS))
+            else:
+                refused.append(Refusal(op.request_id, RefusalReason.NO_GPU_BLOCKS))
+        result = super().apply(AllocateBatch(step_id=batch.step_id, ops=tuple(ops)))
+        return msgspec.structs.replace(result, refused=result.refused + tuple(refused))
 
 
 @st.composite
 def workloads(draw: st.DrawFn) -> dict:
     num = draw(st.integers(1, 10))
-    shared = draw(st.lists(st.integers(100, 120), min_size=0, max_size=9))
+    # A two-token vocabulary makes equal blocks (prefix-cache sharing) common.
+    tokens = st.integers(100, draw(st.sampled_from([101, 120])))
+    shared = draw(st.lists(tokens, min_size=0, max_size=9))
     reqs = []
     for i in range(num):
-        own = draw(st.lists(st.integers(100, 120), min_size=1, max_size=14))
+        own = draw(st.lists(tokens, min_size=1, max_size=14))
         max_tokens = draw(st.integers(1, 24))
         eos_at = draw(st.sampled_from([None, None, None, 1, 3]))
         seed = EOS_SEED_BASE + eos_at if eos_at is not None else draw(st.integers(0, 3))
         params = SamplingParams(
             max_tokens=max_tokens,
-            priority=draw(st.integers(0, 2)),
+            priority=draw(st.integers(-1, 2)),
             seed=seed,
         )
         prompt = tuple(shared + own) if draw(st.booleans()) else tuple(own)
@@ -42,6 +88,8 @@ def workloads(draw: st.DrawFn) -> dict:
         "max_num_seqs": draw(st.integers(1, 8)),
         "budget": draw(st.integers(4, 40)),
         "caching": draw(st.booleans()),
+        "policy": draw(st.sampled_from(["fcfs", "priority"])),
+        "refusals": draw(st.lists(st.booleans(), max_size=80)),
     }
 
 
@@ -52,7 +100,7 @@ def _expected(prompt: tuple[int, ...], params: SamplingParams) -> tuple[list[int
     return tokens, FinishReason.LENGTH
 
 
-def _run(w: dict, mode: str) -> None:
+def _run(w: dict, mode: str, refusing: bool = False) -> None:
     loop = build_loop(
         block_size=BLOCK,
         num_gpu_blocks=w["num_gpu_blocks"],
@@ -61,8 +109,17 @@ def _run(w: dict, mode: str) -> None:
         max_num_batched_tokens=w["budget"],
         enable_prefix_caching=w["caching"],
         preemption_mode=mode,
+        scheduling_policy=w["policy"],
         check=True,
     )
+    if refusing:
+        loop.allocator = RefusingAllocator(
+            list(w["refusals"]),
+            block_size=BLOCK,
+            num_gpu_blocks=w["num_gpu_blocks"],
+            num_cpu_blocks=w["num_cpu_blocks"],
+            enable_prefix_caching=w["caching"],
+        )
     inject: dict[int, list] = {}
     for rid, prompt, params, at, abort_at in w["reqs"]:
         msg = AdmittedRequest(
@@ -76,7 +133,9 @@ def _run(w: dict, mode: str) -> None:
         if abort_at is not None:
             inject.setdefault(at + abort_at, []).append(AbortRequest(request_id=rid))
     inject.setdefault(0, []).append(AbortRequest(request_id="nobody"))  # unknown: ignored
-    loop.run(inject)
+    loop.run(inject, max_deliveries=MAX_DELIVERIES)
+    if not refusing:
+        assert loop.num_refused == 0, "the planner asked for blocks it had not counted"
 
     pool_tokens = w["num_gpu_blocks"] * BLOCK
     for rid, prompt, params, _, abort_at in w["reqs"]:
@@ -121,3 +180,9 @@ def test_random_load_matches_unlimited_pool_swap(w: dict) -> None:
 @given(workloads())
 def test_random_load_matches_unlimited_pool_recompute(w: dict) -> None:
     _run(w, "recompute")
+
+
+@_settings
+@given(workloads(), st.sampled_from(["auto", "swap", "recompute"]))
+def test_random_refusals_lose_nothing(w: dict, mode: str) -> None:
+    _run(w, mode, refusing=True)

@@ -1,0 +1,107 @@
+"""From the allocator's answer to the executor's StepPlan.
+
+Granted block ids pass through here into each SeqWork (a Grow's added blocks; the whole table
+after AllocateNew or SwapIn, sent with reset=True); the scheduler keeps only their number. A
+refused op takes its request out of this step: a refused Grow waits for the next plan (which
+preempts, or finds the blocks then), a refused SwapIn or AllocateNew goes back to its queue, and
+a refused SwapOut was freed by the allocator instead, so its request is recomputed.
+"""
+
+from __future__ import annotations
+
+from troupe.actors.core.request_state import Kind, Request, Status
+from troupe.actors.core.step_planner import StepPlanner
+from troupe.messages.executor import SeqWork, StepPlan
+from troupe.messages.scheduler import AllocationResult, RefusalReason
+
+InFlight = tuple[Request, int, bool]  # (request, its end position after the step, samples)
+
+
+def build_plan(
+    planner: StepPlanner, result: AllocationResult
+) -> tuple[StepPlan | None, list[InFlight]]:
+    """Apply `result` to the planner's entries; the StepPlan (None: nothing to send) and what
+    it computes."""
+    q, work = planner.queues, planner.work
+    for refusal in result.refused:
+        rid = refusal.request_id
+        if refusal.reason == RefusalReason.NO_CPU_BLOCKS:  # a SwapOut: freed instead
+            req = planner.swapping[rid]
+            req.in_allocator = False
+            if req.status == Status.SWAPPED:
+                planner.to_recompute(req)
+                planner.num_preemptions_swap -= 1
+                planner.num_preemptions_recompute += 1
+            continue
+        w = work.pop(rid)
+        if w.kind is Kind.NEW:
+            w.req.in_allocator = False
+        if w.kind is not Kind.RUN and w.req.status == Status.RUNNING:
+            q.move(w.req, Status.WAITING if w.kind is Kind.NEW else Status.SWAPPED)
+    blocks: dict[str, tuple[int, ...]] = {}
+    for grant in result.grants:
+        w = work[grant.request_id]
+        req, blocks[req.request_id] = w.req, grant.block_ids
+        if w.kind is Kind.RUN:
+            req.num_blocks += len(grant.block_ids)
+            continue
+        req.num_blocks, req.num_shared, req.num_cpu_blocks = len(grant.block_ids), 0, 0
+        if w.kind is Kind.NEW:
+            req.num_computed = grant.num_cached_tokens
+            req.num_committed_blocks = grant.num_cached_tokens // planner.limits.block_size
+            if req.num_tokens == req.prompt_len:  # first start, not a recompute
+                req.num_cached_tokens = grant.num_cached_tokens
+    for rid, num_shared in result.shared:
+        if (found := q.find(rid)) is not None:
+            found.num_shared = num_shared
+    seqs: list[SeqWork] = []
+    in_flight: list[InFlight] = []
+    running = Status.RUNNING
+    add_seq, add_in_flight, get_blocks = seqs.append, in_flight.append, blocks.get
+    for w in work.values():
+        req = w.req
+        if req.status != running:
+            continue  # ended while the allocator worked
+        start, tokens = req.num_computed, req.token_ids
+        num_tokens = len(tokens)
+        if w.num_tokens == 1 and start == num_tokens - 1 and not req.needs_reset:
+            # The hot path: a decode (kw-only construction is the dominant cost here).
+            rid = req.request_id
+            add_seq(
+                SeqWork(
+                    request_id=rid,
+                    token_ids=(tokens[start],),
+                    start_pos=start,
+                    block_ids=get_blocks(rid, ()),
+                )
+            )
+            add_in_flight((req, num_tokens, True))
+            continue
+        assert not req.needs_reset or w.kind is not Kind.RUN, f"{req} has no whole table"
+        end = min(num_tokens, start + w.num_tokens)
+        first = not req.in_executor
+        seqs.append(
+            SeqWork(
+                request_id=req.request_id,
+                token_ids=tuple(tokens[start:end]),
+                start_pos=start,
+                block_ids=get_blocks(req.request_id, ()),
+                reset=req.needs_reset,
+                sample=end == num_tokens,
+                params=req.params if first else None,
+                num_prompt_tokens=req.prompt_len if first else 0,
+            )
+        )
+        req.in_executor, req.needs_reset = True, False
+        in_flight.append((req, end, end == num_tokens))
+    planner.work = {}
+    if not seqs and not result.swap_out and not result.swap_in:
+        return None, in_flight
+    released, q.released = tuple(q.released), []
+    return StepPlan(
+        step_id=result.step_id,
+        seqs=tuple(seqs),
+        swap_out=result.swap_out,
+        swap_in=result.swap_in,
+        released=released,
+    ), in_flight
