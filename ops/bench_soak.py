@@ -140,6 +140,7 @@ async def run_soak(
     specs = make_specs(num_requests, seed)
     if num_warmup is None:
         num_warmup = min(100, num_requests // 10)
+    num_warmup = min(num_warmup, num_requests)
     workload = Workload(base_url, concurrency=concurrency, oversize_bytes=oversize_bytes)
     # Warm-up: caches, pools and connections settle before the baseline is taken.
     outcomes = await workload.run(specs[:num_warmup])
@@ -186,6 +187,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=1000, help="requests in all")
     parser.add_argument("--concurrency", type=int, default=32, help="requests in flight")
     parser.add_argument("--seed", type=int, default=0, help="draws the mix of request kinds")
+    parser.add_argument(
+        "--warmup", type=int, default=None, help="requests before the RSS/FD baseline (N/10)"
+    )
     parser.add_argument("--base-url", default=None, help="a running server (else one is started)")
     parser.add_argument("--pid", type=int, default=None, help="that server's pid, for RSS/FDs")
     parser.add_argument("--runner", choices=["fake", "model"], default="fake")
@@ -217,6 +221,7 @@ def main(argv: list[str] | None = None) -> int:
                 pid=pid,
                 seed=args.seed,
                 concurrency=args.concurrency,
+                num_warmup=args.warmup,
                 max_rss_growth_mb=args.max_rss_growth_mb,
                 max_fd_growth=args.max_fd_growth,
                 oversize_bytes=args.oversize_bytes,
