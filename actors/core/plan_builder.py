@@ -41,7 +41,8 @@ def build_plan(
     blocks: dict[str, tuple[int, ...]] = {}
     for grant in result.grants:
         w = work[grant.request_id]
-        req, blocks[req.request_id] = w.req, grant.block_ids
+        req = w.req
+        blocks[grant.request_id] = grant.block_ids
         if w.kind is Kind.RUN:
             req.num_blocks += len(grant.block_ids)
             continue
