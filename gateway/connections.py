@@ -24,20 +24,42 @@ from troupe.gateway.settings import GatewaySettings
 
 log = structlog.get_logger("troupe.gateway")
 
+_REFUSAL_LINGER_SECONDS = 1.0  # a refused client's time to read its 503 before the close
+
 
 class _Refusal(asyncio.Protocol):
-    """Answers 503 to a connection over the cap and closes it, whatever the client sent."""
+    """Answers 503 to a connection over the cap, whatever the client sent, and closes it.
+
+    Closing a socket with unread input resets it, and the reset may destroy the 503 before the
+    client reads it: so the answer is followed by a FIN, input is discarded, and the socket is
+    closed when the client closes its side or after `_REFUSAL_LINGER_SECONDS` at most."""
+
+    def __init__(self) -> None:
+        self._timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
         error = ApiError(503, "too many open connections; retry later", code="overloaded")
         body = msgspec.json.encode(error.body())
         head = (
             "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(body)}\r\nRetry-After: 1\r\nConnection: close\r\n\r\n"
         )
-        assert isinstance(transport, asyncio.WriteTransport)
         transport.write(head.encode() + body)
-        transport.close()
+        if transport.can_write_eof():
+            transport.write_eof()
+        loop = asyncio.get_running_loop()
+        self._timer = loop.call_later(_REFUSAL_LINGER_SECONDS, transport.close)
+
+    def data_received(self, data: bytes) -> None:
+        pass  # the request is not read: it is refused whatever it says
+
+    def eof_received(self) -> bool:
+        return False  # the client is done: close
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
 
 
 class ConnectionGate:
@@ -52,6 +74,8 @@ class ConnectionGate:
         self._deadlines: dict[Any, asyncio.TimerHandle] = {}
         self.num_refused = 0
         self.num_timed_out = 0
+        self._is_full = False
+        self._num_unregistered = 0  # handlers made whose connection aiohttp has not counted yet
         make_request = server.request_factory
 
         def request_factory(message: Any, payload: Any, protocol: Any, *rest: Any) -> Any:
@@ -66,14 +90,27 @@ class ConnectionGate:
         server.request_factory = request_factory
 
     def __call__(self) -> asyncio.BaseProtocol:
-        if len(self._server.connections) >= self._max_connections:
+        if len(self._server.connections) + self._num_unregistered >= self._max_connections:
             self.num_refused += 1
-            log.info("connection refused: at max_connections", limit=self._max_connections)
+            if not self._is_full:  # one line per episode, not one per refused connection
+                self._is_full = True
+                limit = self._max_connections
+                log.warning("refusing connections: max_connections reached", limit=limit)
             return _Refusal()
+        self._is_full = False
         handler = self._server()
         loop = asyncio.get_running_loop()
+        # aiohttp counts a connection in `connections` in its connection_made, which the loop
+        # schedules (call_soon) right after this factory returns. Until then it is counted
+        # here: a callback queued behind that one (two call_soon hops) takes it off again. So
+        # a burst of connections accepted at once cannot pass the cap.
+        self._num_unregistered += 1
+        loop.call_soon(loop.call_soon, self._registered)
         self._deadlines[handler] = loop.call_later(self._header_timeout, self._expire, handler)
         return handler
+
+    def _registered(self) -> None:
+        self._num_unregistered -= 1
 
     def _expire(self, handler: Any) -> None:
         if self._deadlines.pop(handler, None) is None:
@@ -81,7 +118,7 @@ class ConnectionGate:
         transport = handler.transport
         if transport is not None and not transport.is_closing():
             self.num_timed_out += 1
-            log.info("connection closed: no request head in time", seconds=self._header_timeout)
+            log.debug("connection closed: no request head in time", seconds=self._header_timeout)
             transport.close()
 
 
