@@ -148,7 +148,7 @@ class TokenizerCore:
             return _reject(req, "prompt_token_ids", "prompt_token_ids must not be empty")
         num_ids = len(req.prompt_token_ids)
         if self._max_model_len is not None and num_ids >= self._max_model_len:
-            return self._too_long(req, "prompt_token_ids", num_ids, exact=True)
+            return self._too_long(req, num_ids, exact=True)
         for position, token_id in enumerate(req.prompt_token_ids):
             if not 0 <= token_id < self._vocab_size:
                 return _reject(
@@ -176,25 +176,24 @@ class TokenizerCore:
             )
         limit = self._max_model_len
         if limit is not None and min_tokens >= limit:
-            return self._too_long(req, field, min_tokens, exact=False)
+            return self._too_long(req, min_tokens, exact=False)
         if len(text) > LONG_TEXT_CHARS:
             ids = self._chunked.encode(text, add_special_tokens=field == "prompt", limit=limit)
             if isinstance(ids, LimitReached):
-                return self._too_long(req, field, ids.num_tokens, exact=False)
+                return self._too_long(req, ids.num_tokens, exact=False)
             return _Encoded(field, ids)
         queue.append(text)
         return _Queued(field, len(queue) - 1)
 
-    def _too_long(
-        self, req: GenerateRequest, field: str, num_tokens: int, *, exact: bool
-    ) -> RequestRejected:
-        # Worded as admission words its own length check, so clients see one message shape.
+    def _too_long(self, req: GenerateRequest, num_tokens: int, *, exact: bool) -> RequestRejected:
+        # Admission's own length rejection, word for word (field "prompt" whatever the input
+        # was), so clients see one shape however early the length is caught.
         count = f"{num_tokens}" if exact else f"at least {num_tokens}"
         return RequestRejected(
             request_id=req.request_id,
             code=RejectCode.TOO_LONG,
-            field=field,
-            message=f"{field} has {count} tokens; max_model_len is {self._max_model_len} "
+            field="prompt",
+            message=f"prompt has {count} tokens; max_model_len is {self._max_model_len} "
             "(the prompt must leave room for at least one generated token)",
         )
 

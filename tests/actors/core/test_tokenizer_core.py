@@ -211,12 +211,13 @@ def test_long_prompts_and_chats_under_the_limit_encode_exactly(tok: TextTokenize
     assert len(p.prompt_token_ids) == 15_001  # 1,500 x 10, and the trailing space
 
 
-def test_long_chat_is_rejected_naming_messages(tok: TextTokenizer) -> None:
+def test_long_chat_is_rejected_as_admission_would(tok: TextTokenizer) -> None:
     core = TokenizerCore(tok, max_model_len=8192)
     messages = (ChatMessage(role="user", content=PROSE * 87_000),)
     rejected = _rejection(core.handle([_req("c", messages=messages)]))
-    assert rejected.code == RejectCode.TOO_LONG and rejected.field == "messages"
-    assert rejected.message.startswith("messages has at least ")
+    # Admission's shape: field "prompt" for chats too.
+    assert rejected.code == RejectCode.TOO_LONG and rejected.field == "prompt"
+    assert rejected.message.startswith("prompt has at least ")
 
 
 def test_too_many_prompt_token_ids_are_rejected_before_the_vocab_scan(tok: TextTokenizer) -> None:
@@ -225,8 +226,8 @@ def test_too_many_prompt_token_ids_are_rejected_before_the_vocab_scan(tok: TextT
     assert rejected == RequestRejected(
         request_id="t",
         code=RejectCode.TOO_LONG,
-        field="prompt_token_ids",
-        message="prompt_token_ids has 8 tokens; max_model_len is 8 "
+        field="prompt",
+        message="prompt has 8 tokens; max_model_len is 8 "
         "(the prompt must leave room for at least one generated token)",
     )
 
