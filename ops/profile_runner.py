@@ -2,11 +2,13 @@
 
     python -m troupe.ops.profile_runner                  # 256 seqs, vocab 1024 and 151936
     python -m troupe.ops.profile_runner --vocab 151936 --cprofile
+    python -m troupe.ops.profile_runner --model default --num-seqs 8 --threads 2  # SmolLM2
 
 The model is 2 layers of hidden 64, so on the CPU its forward is small and what remains is the
 runner's Python (plans to arrays, sampling bookkeeping, tensor creation, output conversion): the
-same overhead a GPU step pays before its kernels can run. Phases are timed by wrapping the
-runner's own methods, so the split follows the code:
+same overhead a GPU step pays before its kernels can run. `--model` (a path, or "default" for
+SmolLM2-135M) times a real model on the CPU instead: then the forward is most of the step.
+Phases are timed by wrapping the runner's own methods, so the split follows the code:
 
     prepare   plan -> per-request state -> step arrays (and their copy to the device)
     forward   model.forward + compute_logits
@@ -28,6 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from troupe.config import EngineConfig
 from troupe.gpu.model_runner import ModelRunner, RunnerOptions
 from troupe.gpu.weights import build_model, qwen3_0_6b_config, random_weights
 from troupe.messages import SamplingParams, SeqWork, StepPlan
@@ -136,9 +139,22 @@ def drive(
     return step_seconds
 
 
-def report(vocab: int, args: argparse.Namespace) -> None:
+def report(vocab: int | None, args: argparse.Namespace) -> None:
+    """Time decode steps of the tiny model with `vocab`, or of args.model when vocab is None."""
     blocks = args.num_seqs * -(-(args.prompt_len + args.num_decode + 1) // 16)
-    runner = tiny_runner(vocab, args.num_seqs, args.max_model_len, blocks)
+    if vocab is None:
+        model = None if args.model == "default" else args.model
+        config = EngineConfig(
+            device="cpu",
+            model=model,
+            num_kv_blocks=blocks,
+            num_cpu_blocks=0,
+            max_num_seqs=args.num_seqs,
+            max_model_len=args.max_model_len,
+        )
+        runner = ModelRunner.from_config(config)
+    else:
+        runner = tiny_runner(vocab, args.num_seqs, args.max_model_len, blocks)
     timers = Timers()
     profiler = cProfile.Profile() if args.cprofile else None
     drive(runner, args.num_seqs, 3, args.prompt_len, Timers())  # warm-up
@@ -156,7 +172,7 @@ def report(vocab: int, args: argparse.Namespace) -> None:
     split = {name: 1000 * timers.seconds[name] / n for name in PHASES}
     split["output"] = total_ms - sum(split.values())
     print(
-        f"vocab={vocab} seqs={args.num_seqs} decode steps={n}: "
+        f"{args.model or f'vocab={vocab}'} seqs={args.num_seqs} decode steps={n}: "
         f"{total_ms:.2f} ms/step (median {1000 * statistics.median(steps):.2f})"
     )
     print("  " + "  ".join(f"{k}={v:.2f}ms" for k, v in split.items()))
@@ -167,6 +183,7 @@ def report(vocab: int, args: argparse.Namespace) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--vocab", type=int, action="append", help="default: 1024 and 151936")
+    parser.add_argument("--model", help='a real model on the CPU: a path, or "default"')
     parser.add_argument("--num-seqs", type=int, default=256)
     parser.add_argument("--num-decode", type=int, default=50)
     parser.add_argument("--prompt-len", type=int, default=100)
@@ -176,6 +193,9 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=25)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.model is not None:
+        report(None, args)
+        return
     for vocab in args.vocab or [1024, 151936]:
         report(vocab, args)
 
