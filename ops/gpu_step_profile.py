@@ -1,7 +1,7 @@
 """Where a decode step's time goes on the GPU: wall time per step vs CUDA kernel time, and the
 top kernels, for the Qwen3-0.6B shape at 256 sequences (random bf16 weights).
 
-    python -m troupe.ops.gpu_step_profile [--num-seqs 256] [--prompt-len 512] [--eager]
+    python -m troupe.ops.gpu_step_profile [--num-seqs N] [--prompt-len N] [--eager] [--no-overlap]
 
 Wall time per `ModelRunner.execute` (it ends with the copy of sampled ids to the host, so it
 includes all GPU work) against the sum of kernel times from torch.profiler: if wall is much
@@ -27,6 +27,7 @@ def main() -> None:
     parser.add_argument("--prompt-len", type=int, default=512)
     parser.add_argument("--num-decode", type=int, default=40)
     parser.add_argument("--eager", action="store_true", help="no CUDA graphs")
+    parser.add_argument("--no-overlap", action="store_true", help="no overlap scheduling")
     parser.add_argument("--cprofile", action="store_true", help="CPU profile of the decode steps")
     args = parser.parse_args()
     config = qwen3_0_6b_config()
@@ -42,6 +43,7 @@ def main() -> None:
             max_num_seqs=args.num_seqs,
             max_model_len=4096,
             enforce_eager=args.eager,
+            overlap_schedule=not args.no_overlap,  # on, as an engine on CUDA runs it
         ),
     )
     release = StepPlan(step_id=-1, seqs=(), released=tuple(f"r{i}" for i in range(args.num_seqs)))
@@ -54,7 +56,8 @@ def main() -> None:
     weight_bytes = 2 * sum(t.numel() for t in weights.values())
     floor_ms = 1000 * (kv_bytes + weight_bytes) / 4.26e12
     print(
-        f"decode {args.num_seqs} seqs, ctx ~{ctx:.0f}, graphs={not args.eager}: "
+        f"decode {args.num_seqs} seqs, ctx ~{ctx:.0f}, graphs={not args.eager}, "
+        f"overlap={not args.no_overlap}: "
         f"median {1000 * statistics.median(steps):.2f} ms/step, floor {floor_ms:.2f} ms"
     )
     if args.cprofile:

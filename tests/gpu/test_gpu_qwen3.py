@@ -65,6 +65,7 @@ def build_pair(dtype: torch.dtype) -> tuple[object, ModelRunner, ModelRunner]:
             max_num_seqs=16,
             max_model_len=1024,
             enforce_eager=eager,
+            overlap_schedule=True,  # as an engine on CUDA runs it
         )
         runners.append(ModelRunner(config, model, options))
     return hf_model, runners[0], runners[1]
