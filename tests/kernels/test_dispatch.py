@@ -31,4 +31,3 @@ def test_unknown_backend_is_rejected() -> None:
         select_ops(CPU, "cuda")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="kernel_backend"):
         EngineConfig(kernel_backend="cuda")  # type: ignore[arg-type]
-
