@@ -101,8 +101,13 @@ def test_admission_fails_one_request_and_keeps_its_limits_whole() -> None:
         max_queued_requests=0,
         max_queued_tokens=50,
     )
-    # A malformed struct that bypassed the edge makes check() raise TypeError.
-    broken = SamplingParams(stop_token_ids=("x",))  # type: ignore[arg-type]
+    # A check() that raises what it never should (check() itself turns malformed fields
+    # into ParamError, so the fault is injected).
+    class _Broken(SamplingParams):
+        def check(self, *, max_logprobs: int = 20, vocab_size: int | None = None) -> None:
+            raise TypeError("boom")
+
+    broken = _Broken()
     bad = TokenizedRequest(
         request_id="bad", prompt_token_ids=(1, 2), params=broken, arrival_time=1.0
     )
