@@ -8,10 +8,16 @@ from collections.abc import Mapping
 from typing import Any
 
 from troupe.actors.core.admission import AdmissionCore
-from troupe.actors.core.base import Core
+from troupe.actors.core.base import ActorName, Core
 
 # Receiving actors, downstream first: the order the engine starts them in.
-CORE_ACTORS = ("streamer", "scheduler", "allocator", "admission", "tokenizer")
+CORE_ACTORS: tuple[ActorName, ...] = (
+    "streamer",
+    "scheduler",
+    "allocator",
+    "admission",
+    "tokenizer",
+)
 
 
 @functools.lru_cache(maxsize=4)
