@@ -50,14 +50,17 @@ class StopStringMatcher:
         return held
 
     def _earliest_match(self, buffer: str) -> tuple[int, str] | None:
-        # The held text never holds a whole stop string, so any match ends in the new text. The
-        # earliest start wins; on a tie, the stop listed first.
-        best: tuple[int, str] | None = None
+        # The match that completes first wins, as it would token by token, so the result does
+        # not depend on how the text was cut into deltas; on a tie, the earliest start (the
+        # longer stop), then the stop listed first. The held text never holds a whole stop.
+        best: tuple[int, int, str] | None = None  # (end, start, stop)
         for stop in self._stops:
             start = buffer.find(stop)
-            if start >= 0 and (best is None or start < best[0]):
-                best = (start, stop)
-        return best
+            if start >= 0:
+                found = (start + len(stop), start, stop)
+                if best is None or found[:2] < best[:2]:
+                    best = found
+        return None if best is None else (best[1], best[2])
 
     def _partial_suffix_len(self, buffer: str) -> int:
         """Length of the longest suffix of `buffer` that is a proper prefix of some stop."""
