@@ -101,6 +101,7 @@ def test_admission_fails_one_request_and_keeps_its_limits_whole() -> None:
         max_queued_requests=0,
         max_queued_tokens=50,
     )
+
     # A check() that raises what it never should (check() itself turns malformed fields
     # into ParamError, so the fault is injected).
     class _Broken(SamplingParams):
