@@ -37,6 +37,11 @@ def start_executor(config: EngineConfig, runner: Runner | None = None) -> Execut
     max_model_len = runner.max_model_len
     if config.max_model_len is not None:
         max_model_len = min(max_model_len, config.max_model_len)
+    # Every admitted request must fit the GPU pool alone (with its lookahead slot); a longer
+    # one could only fail after streaming tokens, so cap the length: admission then rejects
+    # such prompts up front (400 too_long) and generation stops at the cap (finish "length").
+    capacity = runner.num_gpu_blocks * runner.block_size - runner.num_lookahead_tokens
+    max_model_len = max(1, min(max_model_len, capacity))
     args = core_args(
         model=config.model,
         block_size=runner.block_size,

@@ -10,7 +10,7 @@ preemption policy's victim gives way; a step that preempted admits nobody, so a 
 request is not overtaken by later arrivals.
 
 Lookahead (num_lookahead_tokens = k): a decoding request's table covers k positions past its
-tokens, so an executor that speculates the next decode step owns the block it writes (see
+tokens, so an executor that overlaps the next decode step owns the block it writes (see
 gpu/model_runner.py). Decodes and sampled prefill chunks grow to that cover and count it like
 any need; AllocateNew never covers past the prompt (new requests get it at their first decode).
 
