@@ -93,7 +93,7 @@ def _cmd_replay(ns: argparse.Namespace) -> int:
     return 0
 
 
-BENCHMARKS = ("graph", "scheduler", "offline", "soak")
+BENCHMARKS = ("graph", "scheduler", "offline", "soak", "serve")
 
 
 def _cmd_bench(workload: str, argv: list[str]) -> int:
@@ -129,7 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser(
         "bench",
-        help="benchmarks: graph overhead, scheduler, offline throughput, soak (leak check)",
+        help="benchmarks: graph overhead, scheduler, offline throughput, soak (leak check), "
+        "serve (online latency, as `vllm bench serve`)",
         description="Run one benchmark; flags after its name are its own (`offline --help`).",
     )
     bench.add_argument("workload", choices=BENCHMARKS)

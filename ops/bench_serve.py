@@ -1,0 +1,238 @@
+"""Serving benchmark: latency and throughput of streamed requests, as `vllm bench serve` measures.
+
+    troupe bench serve --num-prompts 200 --request-rate 8          # starts `troupe serve`
+    troupe bench serve --model PATH --device cuda --request-rate 24 --goodput ttft:200 tpot:20
+    troupe bench serve --base-url http://127.0.0.1:8000 --max-concurrency 64
+    troupe bench serve --engine --model PATH ...     # Engine.generate in-process: no gateway
+
+Flags this benchmark does not know are `troupe serve` flags (engine and server settings: --model,
+--device, --max-num-seqs, ...): passed to the server it starts, or, with --engine, to the
+in-process engine. `--serve-arg` passes one whose name the benchmark uses itself (`--seed`).
+Workload: serve_workload.py; timing: serve_client.py; metrics: serve_metrics.py; the definitions
+side by side with vLLM's: docs/bench_serve.md. Exit status 0 when every request completed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import shlex
+import sys
+import time
+from typing import Any
+
+import aiohttp
+from troupe.ops.serve_client import Client, EngineClient, HttpClient
+from troupe.ops.serve_load import Progress, run_load
+from troupe.ops.serve_metrics import RequestResult, compute_metrics, parse_goodput
+from troupe.ops.serve_report import print_report, rate_json, result_json, write_result
+from troupe.ops.serve_workload import BenchRequest, LengthSpec, make_requests
+
+_CLIENT_TIMEOUT_S = 6 * 3600  # one request may take long under load; vLLM's bound too
+
+
+def build_parser() -> argparse.ArgumentParser:
+    # No abbreviations: `--model` must reach the server, not be read as `--model-name`.
+    p = argparse.ArgumentParser(
+        prog="troupe bench serve",
+        description=__doc__.splitlines()[0],
+        epilog="Other flags go to `troupe serve` (or, with --engine, to the engine): "
+        "--model, --device, --max-num-seqs, ... (`troupe serve --help`).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        allow_abbrev=False,
+    )
+    where = p.add_argument_group("target")
+    where.add_argument("--base-url", default=None, help="a running server (else one is started)")
+    where.add_argument("--engine", action="store_true", help="Engine.generate in this process")
+    where.add_argument("--model-name", default=None, help="'model' sent (default: /v1/models)")
+    where.add_argument("--api-key", default=None, help="Bearer key (given to a started server)")
+    where.add_argument("--serve-arg", action="append", default=[], help="a `troupe serve` flag")
+    where.add_argument("--server-timeout", type=float, default=900.0, help="s to wait for /health")
+    load = p.add_argument_group("workload")
+    load.add_argument("--dataset-name", choices=["random", "sharegpt-synth"], default="random")
+    load.add_argument("--input-len", "--random-input-len", type=int, default=1024)
+    load.add_argument("--output-len", "--random-output-len", type=int, default=128)
+    load.add_argument("--range-ratio", "--random-range-ratio", type=float, default=0.0)
+    for flag in ("--min-input-len", "--max-input-len", "--min-output-len", "--max-output-len"):
+        load.add_argument(flag, type=int, default=None, help="explicit uniform bound")
+    load.add_argument("--num-prompts", type=int, default=1000)
+    load.add_argument("--request-rate", type=float, default=float("inf"), help="req/s; inf: all")
+    load.add_argument("--burstiness", type=float, default=1.0, help="gamma shape; 1: Poisson")
+    load.add_argument("--max-concurrency", type=int, default=None, help="requests in flight")
+    load.add_argument("--seed", type=int, default=0, help="draws lengths, prompts, arrivals")
+    load.add_argument("--temperature", type=float, default=0.0)
+    load.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True)
+    load.add_argument("--num-warmups", type=int, default=1, help="uncounted requests first")
+    out = p.add_argument_group("report")
+    out.add_argument("--goodput", nargs="+", default=[], metavar="KEY:MS", help="ttft:200 tpot:20")
+    out.add_argument("--metric-percentiles", default="50,90,99")
+    out.add_argument("--result-file", default=None, help="write the JSON result here")
+    out.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    return p
+
+
+async def _warm_up(client: Client, requests: list[BenchRequest], n: int) -> str | None:
+    """Send the first request `n` times, uncounted (compiles kernels, opens connections)."""
+    for _ in range(n if requests else 0):
+        result = await client.send(requests[0])
+        if not result.success:
+            return result.error
+    return None
+
+
+async def _drive(
+    client: Client, requests: list[BenchRequest], args: argparse.Namespace
+) -> tuple[list[RequestResult], float]:
+    if (error := await _warm_up(client, requests, args.num_warmups)) is not None:
+        raise RuntimeError(f"the warm-up request failed: {error}")
+    progress = Progress(len(requests), enabled=not args.no_progress)
+    return await run_load(client, requests, max_concurrency=args.max_concurrency, progress=progress)
+
+
+async def _wait_healthy(session: aiohttp.ClientSession, base_url: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            async with session.get(f"{base_url}/health") as resp:
+                if resp.status == 200:
+                    return
+        except aiohttp.ClientError:
+            pass  # not listening yet
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{base_url}/health did not answer 200 within {timeout:g} s")
+        await asyncio.sleep(0.2)
+
+
+async def _run_http(
+    base_url: str, requests: list[BenchRequest], args: argparse.Namespace
+) -> tuple[list[RequestResult], float, str]:
+    connector = aiohttp.TCPConnector(limit=0)  # --max-concurrency bounds it, as in vLLM
+    timeout = aiohttp.ClientTimeout(total=_CLIENT_TIMEOUT_S)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        await _wait_healthy(session, base_url, args.server_timeout)
+        model = args.model_name
+        if model is None:
+            headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+            async with session.get(f"{base_url}/v1/models", headers=headers) as resp:
+                model = str((await resp.json())["data"][0]["id"])
+        client = HttpClient(
+            session,
+            base_url,
+            model=model,
+            temperature=args.temperature,
+            ignore_eos=args.ignore_eos,
+            api_key=args.api_key,
+        )
+        results, duration = await _drive(client, requests, args)
+    return results, duration, model
+
+
+async def _run_engine(
+    engine_args: list[str], requests: list[BenchRequest], args: argparse.Namespace
+) -> tuple[list[RequestResult], float, str]:
+    from troupe.actors.engine import Engine
+    from troupe.logs import configure_logging
+    from troupe.ops.cli import add_config_arguments, config_from_args
+
+    parser = argparse.ArgumentParser(prog="troupe bench serve --engine")
+    add_config_arguments(parser)
+    config = config_from_args(parser.parse_args(engine_args))
+    configure_logging(config.log_format, config.log_level)
+    async with Engine.open(config) as engine:
+        client = EngineClient(engine, temperature=args.temperature, ignore_eos=args.ignore_eos)
+        results, duration = await _drive(client, requests, args)
+        return results, duration, str(engine.model_name)
+
+
+def _run_started_server(
+    serve_args: list[str], requests: list[BenchRequest], args: argparse.Namespace
+) -> tuple[list[RequestResult], float, str, str]:
+    from troupe.ops.bench_soak import ServerProcess
+
+    if args.api_key:
+        serve_args = [*serve_args, "--api-key", args.api_key]
+    server = ServerProcess(serve_args)
+    try:
+        base_url = server.wait_ready()  # its message carries the server's last log lines
+        try:
+            results, duration, model = asyncio.run(_run_http(base_url, requests, args))
+        except RuntimeError:
+            print("\n".join(server.log_tail), file=sys.stderr)
+            raise
+    finally:
+        status = server.stop()
+        if status != 0:
+            print(f"troupe bench serve: the server exited with {status}", file=sys.stderr)
+    return results, duration, model, base_url
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    engine_args = [*extra, *(a for s in args.serve_arg for a in shlex.split(s))]
+    try:
+        slos = parse_goodput(args.goodput)
+        percentiles = [float(p) for p in args.metric_percentiles.split(",")]
+        spec = LengthSpec(
+            dataset=args.dataset_name,
+            input_len=args.input_len,
+            output_len=args.output_len,
+            range_ratio=args.range_ratio,
+            min_input_len=args.min_input_len,
+            max_input_len=args.max_input_len,
+            min_output_len=args.min_output_len,
+            max_output_len=args.max_output_len,
+        )
+        requests = make_requests(
+            spec,
+            args.num_prompts,
+            seed=args.seed,
+            request_rate=args.request_rate,
+            burstiness=args.burstiness,
+        )
+    except ValueError as exc:
+        parser.error(str(exc))
+    if args.engine and args.base_url:
+        parser.error("--engine runs in this process: it takes no --base-url")
+    if args.base_url and engine_args:
+        parser.error(f"engine flags need a server this benchmark starts: {' '.join(engine_args)}")
+    if "--log-format" in engine_args:
+        parser.error("--log-format: a started server logs JSON (its 'serving' line is read)")
+
+    base_url = args.base_url.rstrip("/") if args.base_url else None
+    try:
+        if args.engine:
+            results, duration, model = asyncio.run(_run_engine(engine_args, requests, args))
+        elif base_url is not None:
+            results, duration, model = asyncio.run(_run_http(base_url, requests, args))
+        else:
+            results, duration, model, base_url = _run_started_server(engine_args, requests, args)
+    except RuntimeError as exc:
+        print(f"troupe bench serve: {exc}", file=sys.stderr)
+        return 2
+
+    metrics = compute_metrics(results, duration, percentiles=percentiles, goodput=slos or None)
+    settings: dict[str, Any] = {
+        "date": datetime.datetime.now().strftime("%Y%m%d-%H%M%S"),
+        "mode": "engine" if args.engine else "http",
+        "base_url": base_url,
+        "model_id": model,
+        "dataset_name": args.dataset_name,
+        "num_prompts": args.num_prompts,
+        "request_rate": rate_json(args.request_rate),
+        "burstiness": args.burstiness,
+        "max_concurrency": args.max_concurrency,
+        "seed": args.seed,
+        "temperature": args.temperature,
+        "ignore_eos": args.ignore_eos,
+        "goodput": slos,
+    }
+    print_report(metrics, settings, results)
+    if args.result_file:
+        write_result(args.result_file, result_json(metrics, settings, results))
+    return 0 if metrics.failed == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

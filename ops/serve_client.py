@@ -1,0 +1,143 @@
+"""Send one benchmark request and time what comes back: over HTTP (OpenAI SSE) or in-process.
+
+`HttpClient` posts to /v1/completions with `stream: true`, the prompt as token ids, `ignore_eos`
+(vLLM's extra field, which troupe's gateway takes too) and `stream_options.include_usage`, so
+output tokens are counted by the server. `EngineClient` runs the same request through
+`Engine.generate` in this process: the difference between the two is the gateway's share.
+
+Stamps follow vLLM's benchmark client: the clock starts just before the request is sent; every
+chunk with a non-empty `choices` list is a content chunk; the first sets TTFT, each later one
+adds a gap to ITL, the last one ends the E2E latency. In-process, a content chunk is an event
+carrying tokens, or the terminal Finished (the gateway always sends a chunk for that one).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, Protocol
+
+import aiohttp
+from troupe.ops.serve_metrics import RequestResult
+from troupe.ops.serve_workload import BenchRequest
+
+
+class Client(Protocol):
+    async def send(self, req: BenchRequest) -> RequestResult: ...
+
+
+class _Stamps:
+    """TTFT, ITL and latency from the arrival times of content chunks."""
+
+    def __init__(self, result: RequestResult) -> None:
+        self.result = result
+        self.num_chunks = 0
+        self.start = self.last = time.perf_counter()
+
+    def chunk(self) -> None:
+        now = time.perf_counter()
+        if self.num_chunks == 0:
+            self.result.ttft = now - self.start
+        else:
+            self.result.itl.append(now - self.last)
+        self.last = now
+        self.num_chunks += 1
+        self.result.latency = now - self.start
+
+
+class HttpClient:
+    """Streams completions from an OpenAI-compatible server (troupe's, or another's)."""
+
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        base_url: str,
+        *,
+        model: str | None,
+        temperature: float,
+        ignore_eos: bool,
+        api_key: str | None = None,
+    ) -> None:
+        self.session = session
+        self.url = base_url.rstrip("/") + "/v1/completions"
+        self.model = model
+        self.temperature = temperature
+        self.ignore_eos = ignore_eos
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+    async def send(self, req: BenchRequest) -> RequestResult:
+        body: dict[str, Any] = {
+            "prompt": req.prompt_ids,
+            "max_tokens": req.output_len,
+            "temperature": self.temperature,
+            "ignore_eos": self.ignore_eos,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        if self.model:
+            body["model"] = self.model
+        result = RequestResult(prompt_len=req.input_len)
+        stamps = _Stamps(result)
+        usage_tokens: int | None = None
+        try:
+            async with self.session.post(self.url, json=body, headers=self.headers) as resp:
+                if resp.status != 200:
+                    result.error = f"HTTP {resp.status}: {(await resp.text())[:300]}"
+                    return result
+                async for raw in resp.content:  # one SSE line per iteration
+                    line = raw.strip()
+                    if not line.startswith(b"data:"):
+                        continue  # blank separators and ": keep-alive" comments
+                    data = line[len(b"data:") :].strip()
+                    if data == b"[DONE]":
+                        continue
+                    chunk = json.loads(data)
+                    if "error" in chunk:
+                        result.error = str(chunk["error"].get("message", chunk["error"]))[:300]
+                        return result
+                    if chunk.get("choices"):
+                        stamps.chunk()
+                    usage = chunk.get("usage")
+                    if usage:
+                        usage_tokens = usage.get("completion_tokens")
+                        result.prompt_len = usage.get("prompt_tokens", result.prompt_len)
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            result.error = f"{type(exc).__name__}: {exc}"[:300]
+            return result
+        if stamps.num_chunks == 0:
+            result.error = "the stream held no content chunk"
+            return result
+        # Without usage (a server that ignores include_usage) chunks stand in for tokens.
+        result.output_tokens = usage_tokens if usage_tokens is not None else stamps.num_chunks
+        result.success = True
+        return result
+
+
+class EngineClient:
+    """The same requests through `Engine.generate`: no HTTP, no SSE, no JSON."""
+
+    def __init__(self, engine: Any, *, temperature: float, ignore_eos: bool) -> None:
+        self.engine = engine
+        self.temperature = temperature
+        self.ignore_eos = ignore_eos
+
+    async def send(self, req: BenchRequest) -> RequestResult:
+        from troupe.messages import Delta, Finished, SamplingParams
+
+        params = SamplingParams(
+            max_tokens=req.output_len, temperature=self.temperature, ignore_eos=self.ignore_eos
+        )
+        result = RequestResult(prompt_len=req.input_len)
+        stamps = _Stamps(result)
+        async for event in self.engine.generate(req.prompt_ids, params):
+            if isinstance(event, Delta):
+                if event.token_ids:
+                    stamps.chunk()
+            elif isinstance(event, Finished):
+                stamps.chunk()
+                result.output_tokens = event.usage.completion_tokens
+                result.prompt_len = event.usage.prompt_tokens
+                result.success = True
+            else:
+                result.error = f"{type(event).__name__}: {getattr(event, 'message', '')}"[:300]
+        return result
