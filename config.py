@@ -45,6 +45,9 @@ class EngineConfig:
     trace_path: str | None = None
     seed: int = 0
     enforce_eager: bool = False  # no CUDA graphs
+    # steps with prefill chunks replay CUDA graphs too, one per token bucket up to
+    # max_num_batched_tokens (gpu/mixed_graphs.py); off: only pure-decode steps do
+    enable_mixed_cuda_graphs: bool = True
     # Launch each decode step before its plan arrives, so the device computes while the actors
     # plan (gpu/overlap.py). CUDA only: a CPU step runs synchronously, nothing to overlap.
     enable_overlap_schedule: bool = True

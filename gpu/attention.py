@@ -24,3 +24,5 @@ class AttentionMetadata:
     max_seq_len: int
     is_decode: bool
     logits_indices: torch.Tensor  # [N] int64: rows whose hidden state reaches lm_head
+    # int32 [1] on the device: the first N sequences are one-token decodes (a kernel hint)
+    decode_prefix: torch.Tensor | None = None

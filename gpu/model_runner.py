@@ -16,6 +16,7 @@ from troupe.config import ConfigError, EngineConfig, resolve_model_path
 from troupe.gpu.attention import AttentionMetadata
 from troupe.gpu.cuda_graphs import DecodeGraphs
 from troupe.gpu.kv_cache import KVCache
+from troupe.gpu.mixed_graphs import MixedGraphs
 from troupe.gpu.model_config import ModelConfig
 from troupe.gpu.models import DecoderModel
 from troupe.gpu.overlap import DecodeOverlap, host_to_device
@@ -42,6 +43,9 @@ class RunnerOptions:
     max_model_len: int
     seed: int = 0
     enforce_eager: bool = True
+    # steps with prefill chunks replay CUDA graphs too (gpu/mixed_graphs.py), up to this many
+    # tokens; 0: they run eagerly
+    mixed_graph_tokens: int = 0
     overlap_schedule: bool = False  # launch each decode step before its plan (gpu/overlap.py)
 
 
@@ -81,6 +85,16 @@ class ModelRunner:
                 model,
                 self.kv.layers,
                 max_num_seqs=options.max_num_seqs,
+                max_blocks_per_seq=self.max_blocks_per_seq,
+                max_model_len=options.max_model_len,
+            )
+        self._mixed: MixedGraphs | None = None
+        if self._graphs is not None and options.mixed_graph_tokens > 0:
+            self._mixed = MixedGraphs(
+                model,
+                self.kv.layers,
+                max_num_seqs=options.max_num_seqs,
+                max_num_tokens=options.mixed_graph_tokens,
                 max_blocks_per_seq=self.max_blocks_per_seq,
                 max_model_len=options.max_model_len,
             )
@@ -156,6 +170,9 @@ class ModelRunner:
             seed=config.seed,
             # the reference ops sync with the host (tolist): no CUDA graphs for them
             enforce_eager=config.enforce_eager or config.kernel_backend == "torch",
+            mixed_graph_tokens=config.max_num_batched_tokens
+            if config.enable_mixed_cuda_graphs
+            else 0,
             overlap_schedule=overlap,
         )
         return cls(model_config, model, options)
@@ -225,6 +242,8 @@ class ModelRunner:
                 return logits  # every row samples, in order: no gather, no copy
             picked: torch.Tensor = logits[host_to_device(inputs.sampled_rows, self.device)]
             return picked
+        if self._mixed is not None and not inputs.is_decode and self._mixed.can_run(inputs):
+            return self._mixed.run(inputs)
         meta = _to_device(inputs, self.device)
         hidden = self.model(
             host_to_device(inputs.input_ids, self.device) if input_ids is None else input_ids,
@@ -257,6 +276,11 @@ def _to_device(inputs: StepInputs, device: torch.device) -> AttentionMetadata:
         max_seq_len=inputs.max_seq_len,
         is_decode=inputs.is_decode,
         logits_indices=put(inputs.logits_indices),
+        decode_prefix=(
+            put(np.array([inputs.num_decode_prefix], dtype=np.int32))
+            if inputs.num_decode_prefix and not inputs.is_decode
+            else None
+        ),
     )
 
 

@@ -95,6 +95,7 @@ class DecoderLayer(nn.Module):
                 self.scale,
                 meta.max_query_len,
                 meta.max_seq_len,
+                meta.decode_prefix,
             )
         hidden = F.linear(attn.reshape(num_tokens, c.q_size), self.o_proj)
         x, residual = ops.rms_norm(hidden, self.post_attention_layernorm, eps, residual)

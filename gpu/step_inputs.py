@@ -34,6 +34,7 @@ class StepInputs:
     sampled_rows: np.ndarray  # [N] int64: which seqs (plan order) sample
     max_query_len: int
     max_seq_len: int
+    num_decode_prefix: int = 0  # leading sequences with one new token each
 
     @property
     def is_decode(self) -> bool:
@@ -73,6 +74,7 @@ def build_step_inputs(
     sampled = np.fromiter((w.sample for w in seqs), bool, num_seqs)
     sampled_rows = np.flatnonzero(sampled)
     seq_lens = (starts + lens).astype(np.int32)
+    ones = lens == 1
     return StepInputs(
         input_ids=input_ids,
         positions=positions,
@@ -84,6 +86,7 @@ def build_step_inputs(
         sampled_rows=sampled_rows,
         max_query_len=int(lens.max(initial=0)),
         max_seq_len=int(seq_lens.max(initial=0)),
+        num_decode_prefix=num_seqs if ones.all() else int(ones.argmin()),
     )
 
 
@@ -119,4 +122,5 @@ def build_decode_inputs(
         sampled_rows=rows.astype(np.int64),
         max_query_len=1,
         max_seq_len=int(seq_lens.max(initial=0)),
+        num_decode_prefix=num_seqs,
     )

@@ -49,6 +49,7 @@ def _decode_split_kernel(
     part_lse_ptr,  # [S, Hq, NUM_SPLITS] fp32
     block_tables_ptr,
     seq_lens_ptr,
+    num_valid_ptr,  # int32 [1] when HAS_LIMIT: sequences from this one on are skipped
     qk_scale,  # softmax scale * log2(e)
     stride_qs,
     stride_qh,
@@ -61,6 +62,7 @@ def _decode_split_kernel(
     HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
+    HAS_LIMIT: tl.constexpr,
     BLOCK_G: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -68,6 +70,9 @@ def _decode_split_kernel(
     seq = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
+    if HAS_LIMIT:
+        if seq >= tl.load(num_valid_ptr):
+            return
     seq_len = tl.load(seq_lens_ptr + seq).to(tl.int32)
     # Per-sequence chunking keeps splits balanced when lengths differ within the batch.
     chunk = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
@@ -129,16 +134,21 @@ def _decode_reduce_kernel(
     part_out_ptr,
     part_lse_ptr,
     out_ptr,
+    num_valid_ptr,
     stride_os,
     stride_oh,
     NUM_Q_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
+    HAS_LIMIT: tl.constexpr,
     BLOCK_S: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
     seq = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
+    if HAS_LIMIT:
+        if seq >= tl.load(num_valid_ptr):
+            return
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
     s_mask = offs_s < NUM_SPLITS
@@ -186,8 +196,13 @@ def paged_decode_attention_triton(
     num_splits: int | None = None,
     config: DecodeConfig = DEFAULT_CONFIG,
     out: torch.Tensor | None = None,
+    num_valid: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """q [S, Hq, D], one query per sequence at its last position; returns [S, Hq, D]."""
+    """q [S, Hq, D], one query per sequence at its last position; returns [S, Hq, D].
+
+    `num_valid` (device int32 [1]): only sequences below it are computed, the other rows of
+    out are left alone; the grid stays S, so a CUDA graph replays it for any count.
+    """
     num_seqs, num_q_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     assert num_q_heads % num_kv_heads == 0, f"Hq={num_q_heads} not a multiple of Hkv={num_kv_heads}"
@@ -219,6 +234,7 @@ def paged_decode_attention_triton(
         part_lse,
         block_tables,
         seq_lens,
+        seq_lens if num_valid is None else num_valid,
         scale * _LOG2E,
         q.stride(0),
         q.stride(1),
@@ -231,6 +247,7 @@ def paged_decode_attention_triton(
         HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size,
         NUM_SPLITS=num_splits,
+        HAS_LIMIT=num_valid is not None,
         # tl.dot needs at least 16 rows on the GPU; the padded rows are masked off.
         BLOCK_G=max(16, triton.next_power_of_2(group)),
         BLOCK_N=config.block_n if on_gpu else 16,
@@ -243,11 +260,13 @@ def paged_decode_attention_triton(
             part_out,
             part_lse,
             out,
+            seq_lens if num_valid is None else num_valid,
             out.stride(0),
             out.stride(1),
             NUM_Q_HEADS=num_q_heads,
             HEAD_DIM=head_dim,
             NUM_SPLITS=num_splits,
+            HAS_LIMIT=num_valid is not None,
             BLOCK_S=triton.next_power_of_2(num_splits),
             BLOCK_D=block_d,
             num_warps=4,

@@ -48,6 +48,7 @@ class KernelOps(Protocol):
         scale: float,
         max_query_len: int,
         max_seq_len: int,
+        decode_prefix: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Varlen causal attention for prefill, chunked prefill and decode rows in one call.
 
@@ -55,7 +56,12 @@ class KernelOps(Protocol):
         cumulative). seq_lens [S] int32 counts each sequence's tokens INCLUDING the new ones,
         whose KV is already in the cache. Query i of sequence s sits at position
         seq_lens[s] - q_len_s + i and sees keys at positions <= its own. Hq must be a multiple
-        of Hkv. Returns [T, Hq, D] in q's dtype; softmax in fp32.
+        of Hkv. Returns [T, Hq, D] in q's dtype; softmax in fp32. Sequences past the last token
+        (q_len 0) and token rows past query_start_loc[S] are padding: nothing is written there.
+
+        decode_prefix (device int32 [1]), a hint: the first N sequences have one token each, so
+        an implementation may send them to its decode kernel. The launch grid depends on shapes
+        only (not on max_query_len or the values), so a CUDA graph can capture the call.
         """
         ...
 

@@ -1,12 +1,23 @@
-"""Triton varlen paged attention: prefill, chunked prefill and decode rows in one launch.
+"""Triton varlen paged attention: prefill, chunked prefill and mixed steps, over a flat tile grid.
 
-Grid: (query tile, sequence, query head). A program owns BLOCK_M new tokens of one sequence and
-one head, and streams that sequence's keys from the paged cache up to its last query's position
-(online softmax in fp32, exp2 domain). Token t of the sequence lives at
+Grid: (query tile, kv head). A tile is BLOCK_Q new tokens of one sequence times the GROUP query
+heads that share a kv head, packed as BLOCK_M = BLOCK_Q * BLOCK_G rows, so each key/value row
+loaded from HBM serves the whole group. The tiles are numbered without any host-side table:
+sequence s owns tiles from
 
-    block_tables[s, t // block_size] * block_size + t % block_size   (a cache "slot")
+    first_tile(s) = query_start_loc[s] // BLOCK_Q + s
 
-and query i of the sequence sits at position seq_len - q_len + i.
+on (an upper bound that always leaves room for its ceil(q_len / BLOCK_Q) tiles), and a program
+finds its sequence by binary search over query_start_loc. The grid size, num_tokens // BLOCK_Q
++ num_seqs + 1, depends only on tensor shapes, so a CUDA graph captured for a token count
+replays any mix of sequences padded to it (padding sequences have q_len 0: no tiles).
+
+With `decode_prefix` (a device int32 [1]: the first N sequences are one-token decodes), those
+rows go to the decode kernel instead (GQA-packed, split over the context), which reads long
+contexts at copy bandwidth, and the tile kernel skips them; a graph replays both launches.
+
+Token t of a sequence lives at block_tables[s, t // block_size] * block_size + t % block_size
+(a cache "slot"), and query i of the sequence sits at position seq_len - q_len + i.
 """
 
 # Triton kernels take untyped pointers and constexprs; @triton.jit is untyped to mypy.
@@ -14,11 +25,89 @@ and query i of the sequence sits at position seq_len - q_len + i.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import triton
 import triton.language as tl
 
+from .decode_attention import paged_decode_attention_triton
+
 _LOG2E = 1.4426950408889634
+
+
+@dataclasses.dataclass(frozen=True)
+class PrefillConfig:
+    """Launch parameters of the tile kernel on the GPU; the benchmark sweeps these."""
+
+    block_m: int = 128  # rows: BLOCK_Q tokens x BLOCK_G heads
+    block_n: int = 64
+    num_warps: int = 8
+    num_stages: int = 3
+
+
+DEFAULT_CONFIG = PrefillConfig()
+
+
+@triton.jit
+def _find_seq(query_start_loc_ptr, num_seqs, tile, BLOCK_Q: tl.constexpr):
+    """The last sequence s with query_start_loc[s] // BLOCK_Q + s <= tile."""
+    lo = 0
+    hi = num_seqs
+    while lo < hi:
+        mid = (lo + hi) // 2
+        first = tl.load(query_start_loc_ptr + mid) // BLOCK_Q + mid
+        if first <= tile:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo - 1
+
+
+@triton.jit
+def _attend(
+    acc,
+    m_i,
+    l_i,
+    q,
+    q_pos,
+    k_cache_ptr,
+    v_cache_ptr,
+    bt_row,
+    kv_head,
+    start,
+    end,
+    stride_slot,
+    qk_scale,
+    MASKED: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """Online softmax over keys [start, end); MASKED applies the causal and length masks."""
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < HEAD_DIM
+    for n in range(start, end, BLOCK_N):
+        offs_n = n + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < end
+        block_ids = tl.load(bt_row + offs_n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
+        slots = block_ids * BLOCK_SIZE + (offs_n % BLOCK_SIZE)
+        kv_offs = slots[:, None] * stride_slot + kv_head * HEAD_DIM + offs_d[None, :]
+        kv_mask = n_mask[:, None] & d_mask[None, :]
+        k = tl.load(k_cache_ptr + kv_offs, mask=kv_mask, other=0.0)
+        v = tl.load(v_cache_ptr + kv_offs, mask=kv_mask, other=0.0)
+        qk = tl.dot(q, tl.trans(k.to(q.dtype))) * qk_scale
+        if MASKED:
+            visible = n_mask[None, :] & (offs_n[None, :] <= q_pos[:, None])
+            qk = tl.where(visible, qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(qk - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v.to(v.dtype))
+        m_i = m_new
+    return acc, m_i, l_i
 
 
 @triton.jit
@@ -30,6 +119,8 @@ def _paged_attention_kernel(
     block_tables_ptr,
     seq_lens_ptr,
     query_start_loc_ptr,
+    decode_prefix_ptr,  # int32 [1] when HAS_PREFIX: these leading sequences are skipped
+    num_seqs,
     qk_scale,  # softmax scale * log2(e)
     stride_qt,
     stride_qh,
@@ -37,66 +128,66 @@ def _paged_attention_kernel(
     stride_oh,
     stride_bt,
     stride_slot,  # cache elements between consecutive slots: Hkv * D
+    HAS_PREFIX: tl.constexpr,
     GROUP: tl.constexpr,  # query heads per kv head
     HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,  # tokens per KV block
-    BLOCK_M: tl.constexpr,
+    BLOCK_Q: tl.constexpr,  # tokens per tile
+    BLOCK_G: tl.constexpr,  # GROUP rounded up to a power of two
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    m_tile = tl.program_id(0)
-    seq = tl.program_id(1).to(tl.int64)
-    head = tl.program_id(2)
-    q_start = tl.load(query_start_loc_ptr + seq).to(tl.int64)
-    q_len = (tl.load(query_start_loc_ptr + seq + 1) - q_start).to(tl.int32)
-    if m_tile * BLOCK_M >= q_len:
+    tile = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    seq = _find_seq(query_start_loc_ptr, num_seqs, tile, BLOCK_Q)
+    if HAS_PREFIX:
+        if seq < tl.load(decode_prefix_ptr):
+            return
+    q_start = tl.load(query_start_loc_ptr + seq)
+    q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
+    local = tile - (q_start // BLOCK_Q + seq)  # this sequence's tile number
+    if local * BLOCK_Q >= q_len:
         return
+    seq = seq.to(tl.int64)
     seq_len = tl.load(seq_lens_ptr + seq).to(tl.int32)
     ctx_len = seq_len - q_len
-    kv_head = head // GROUP
 
-    offs_m = m_tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    rows = tl.arange(0, BLOCK_Q * BLOCK_G)
+    tok = local * BLOCK_Q + rows // BLOCK_G  # token within the sequence's new tokens
+    grp = rows % BLOCK_G
     offs_d = tl.arange(0, BLOCK_D)
-    m_mask = offs_m < q_len
+    row_mask = (tok < q_len) & (grp < GROUP)
     d_mask = offs_d < HEAD_DIM
-    q_rows = (q_start + offs_m.to(tl.int64))[:, None] * stride_qt + head * stride_qh
-    q = tl.load(q_ptr + q_rows + offs_d[None, :], mask=m_mask[:, None] & d_mask[None, :], other=0.0)
-    q_pos = ctx_len + offs_m
+    heads = kv_head * GROUP + grp
+    tokens = q_start.to(tl.int64) + tok.to(tl.int64)
+    q_rows = tokens * stride_qt + heads * stride_qh
+    io_mask = row_mask[:, None] & d_mask[None, :]
+    q = tl.load(q_ptr + q_rows[:, None] + offs_d[None, :], mask=io_mask, other=0.0)
+    q_pos = ctx_len + tok
 
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    # Keys past this tile's last query are never visible: stop there (causal).
-    kv_end = tl.minimum(ctx_len + (m_tile + 1) * BLOCK_M, seq_len)
+    m_i = tl.full([BLOCK_Q * BLOCK_G], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_Q * BLOCK_G], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_Q * BLOCK_G, BLOCK_D], dtype=tl.float32)
     bt_row = block_tables_ptr + seq * stride_bt
-    for start in range(0, kv_end, BLOCK_N):
-        offs_n = start + tl.arange(0, BLOCK_N)
-        n_mask = offs_n < kv_end
-        block_ids = tl.load(bt_row + offs_n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
-        slots = block_ids * BLOCK_SIZE + (offs_n % BLOCK_SIZE)
-        kv_offs = slots[:, None] * stride_slot + kv_head * HEAD_DIM + offs_d[None, :]
-        kv_mask = n_mask[:, None] & d_mask[None, :]
-        k = tl.load(k_cache_ptr + kv_offs, mask=kv_mask, other=0.0)
-        v = tl.load(v_cache_ptr + kv_offs, mask=kv_mask, other=0.0)
-
-        qk = tl.dot(q, tl.trans(k.to(q.dtype))) * qk_scale
-        visible = n_mask[None, :] & (offs_n[None, :] <= q_pos[:, None])
-        qk = tl.where(visible, qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, axis=1))
-        # Every row sees key 0 in the first tile, so m_new is finite from then on.
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(qk - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v.to(v.dtype))
-        m_i = m_new
-
-    out = acc / l_i[:, None]
-    o_rows = (q_start + offs_m.to(tl.int64))[:, None] * stride_ot + head * stride_oh
-    tl.store(
-        out_ptr + o_rows + offs_d[None, :],
-        out.to(out_ptr.dtype.element_ty),
-        mask=m_mask[:, None] & d_mask[None, :],
-    )
+    # Keys before the tile's first query are visible to every row: no mask. Keys past its last
+    # query are never visible (causal): stop there.
+    first_q = ctx_len + local * BLOCK_Q
+    full_end = (first_q // BLOCK_N) * BLOCK_N
+    kv_end = tl.minimum(first_q + BLOCK_Q, seq_len)
+    acc, m_i, l_i = _attend(
+        acc, m_i, l_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row, kv_head, 0, full_end,
+        stride_slot, qk_scale, False, HEAD_DIM, BLOCK_SIZE, BLOCK_N, BLOCK_D,
+    )  # fmt: skip
+    acc, m_i, l_i = _attend(
+        acc, m_i, l_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row, kv_head, full_end, kv_end,
+        stride_slot, qk_scale, True, HEAD_DIM, BLOCK_SIZE, BLOCK_N, BLOCK_D,
+    )  # fmt: skip
+    # Every valid row sees key 0, so l_i > 0 there; padded rows are not stored.
+    l_safe = tl.where(l_i > 0.0, l_i, 1.0)
+    out = acc / l_safe[:, None]
+    o_rows = tokens * stride_ot + heads * stride_oh
+    o_ptrs = out_ptr + o_rows[:, None] + offs_d[None, :]
+    tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=io_mask)
 
 
 def paged_attention_triton(
@@ -109,12 +200,14 @@ def paged_attention_triton(
     scale: float,
     max_query_len: int,
     max_seq_len: int,
+    decode_prefix: torch.Tensor | None = None,
     *,
+    config: PrefillConfig = DEFAULT_CONFIG,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Varlen causal attention of q [T, Hq, D] over the paged cache; returns [T, Hq, D]
-    (written into out when given)."""
-    del max_seq_len  # the loop bound comes from each sequence's own length
+    (written into out when given). See the module doc for `decode_prefix`."""
+    del max_query_len  # the grid depends on shapes only, so a CUDA graph can replay it
     num_tokens, num_q_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     assert num_q_heads % num_kv_heads == 0, f"Hq={num_q_heads} not a multiple of Hkv={num_kv_heads}"
@@ -124,10 +217,26 @@ def paged_attention_triton(
     num_seqs = seq_lens.shape[0]
     if num_tokens == 0 or num_seqs == 0:
         return out
+    if decode_prefix is not None:
+        # rows 0..S-1 hold the decodes of sequences 0..N-1 (one token each come first); the
+        # decode kernel's programs past N return at once
+        paged_decode_attention_triton(
+            q[:num_seqs],
+            k_cache,
+            v_cache,
+            block_tables,
+            seq_lens,
+            scale,
+            max_seq_len,
+            out=out[:num_seqs],
+            num_valid=decode_prefix,
+        )
+    group = num_q_heads // num_kv_heads
+    block_g = triton.next_power_of_2(group)
     on_gpu = q.is_cuda
-    block_m = 64 if on_gpu else 16
-    block_n = 64 if on_gpu else 16
-    grid = (triton.cdiv(max_query_len, block_m), num_seqs, num_q_heads)
+    block_m = config.block_m if on_gpu else 16
+    block_q = max(1, block_m // block_g)
+    grid = (num_tokens // block_q + num_seqs + 1, num_kv_heads)
     _paged_attention_kernel[grid](
         q,
         k_cache,
@@ -136,6 +245,8 @@ def paged_attention_triton(
         block_tables,
         seq_lens,
         query_start_loc,
+        seq_lens if decode_prefix is None else decode_prefix,
+        num_seqs,
         scale * _LOG2E,
         q.stride(0),
         q.stride(1),
@@ -143,13 +254,15 @@ def paged_attention_triton(
         out.stride(1),
         block_tables.stride(0),
         num_kv_heads * head_dim,
-        GROUP=num_q_heads // num_kv_heads,
+        HAS_PREFIX=decode_prefix is not None,
+        GROUP=group,
         HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size,
-        BLOCK_M=block_m,
-        BLOCK_N=block_n,
+        BLOCK_Q=block_q,
+        BLOCK_G=block_g,
+        BLOCK_N=config.block_n if on_gpu else 16,
         BLOCK_D=triton.next_power_of_2(head_dim),
-        num_warps=4,
-        num_stages=2 if on_gpu else 1,
+        num_warps=config.num_warps if on_gpu else 4,
+        num_stages=config.num_stages if on_gpu else 1,
     )
     return out

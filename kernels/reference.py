@@ -56,10 +56,11 @@ def paged_attention(
     scale: float,
     max_query_len: int,
     max_seq_len: int,
+    decode_prefix: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal varlen attention: q [T, Hq, D]; sequence s owns q rows qsl[s]:qsl[s+1], which are
     the last tokens of its seq_lens[s] (already written to the cache). See kernels.ops."""
-    del max_query_len, max_seq_len  # bounds for the kernels' launch grids
+    del max_query_len, max_seq_len, decode_prefix  # launch hints for the kernels
     out = torch.empty_like(q)
     starts = query_start_loc.tolist()
     for s, seq_len in enumerate(seq_lens.tolist()):

@@ -22,7 +22,7 @@ from troupe.kernels.decode_attention import (
     choose_num_splits,
     paged_decode_attention_triton,
 )
-from troupe.kernels.paged_attention import paged_attention_triton
+from troupe.kernels.paged_attention import PrefillConfig, paged_attention_triton
 from troupe.kernels.paged_batch import PagedBatch, make_paged_batch
 
 NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 16, 8, 128, 16
@@ -102,8 +102,9 @@ def run_decode(num_seqs: int, context: int, copy_bw: float, sweep: bool, rows: l
             for warps in (4, 8):
                 for stages in (2, 3, 4):
                     variants.append((DecodeConfig(bn, warps, stages), auto))
-        for splits in {1, 2, 4, 8} - {auto}:
+        for splits in sorted({1, 2, 4, 8, 16, 32, 64, 128} - {auto}):
             variants.append((DecodeConfig(), splits))
+            variants.append((DecodeConfig(128, 4, 3), splits))
     err = check(triton_fn(DecodeConfig(), auto)(), batch, scale)  # type: ignore[operator]
     for cfg, splits in variants:
         try:
@@ -159,7 +160,9 @@ def run_decode(num_seqs: int, context: int, copy_bw: float, sweep: bool, rows: l
     torch.cuda.empty_cache()
 
 
-def run_prefill(lens: list[tuple[int, int]], label: str, rows: list[Row]) -> None:
+def run_prefill(
+    lens: list[tuple[int, int]], label: str, rows: list[Row], sweep: bool = False
+) -> None:
     batch = make_paged_batch(
         lens,
         num_q_heads=NUM_Q_HEADS,
@@ -175,28 +178,40 @@ def run_prefill(lens: list[tuple[int, int]], label: str, rows: list[Row]) -> Non
     # Causal work: query i of a sequence sees ctx + i + 1 keys; 4 flops per (q, k, d) pair.
     pairs = sum(new * ctx + new * (new + 1) // 2 for ctx, new in lens)
     flops = 4 * pairs * NUM_Q_HEADS * HEAD_DIM
-    ms = median_ms(
-        lambda: paged_attention_triton(
-            batch.q,
-            batch.k_cache,
-            batch.v_cache,
-            batch.block_tables,
-            batch.seq_lens,
-            batch.query_start_loc,
-            scale,
-            batch.max_query_len,
-            batch.max_seq_len,
-        )
-    )
-    rows.append(
-        (
-            f"prefill {label}",
-            "triton paged_attention",
-            ms,
-            f"{flops / (ms * 1e-3) / 1e12:.0f} TFLOP/s",
-            "",
-        )
-    )
+    configs = [PrefillConfig()]
+    if sweep:
+        configs += [
+            PrefillConfig(bm, bn, warps, stages)
+            for bm in (64, 128)
+            for bn in (32, 64, 128)
+            for warps in (4, 8)
+            for stages in (2, 3)
+        ]
+    for cfg in configs:
+
+        def run(cfg: PrefillConfig = cfg) -> torch.Tensor:
+            return paged_attention_triton(
+                batch.q,
+                batch.k_cache,
+                batch.v_cache,
+                batch.block_tables,
+                batch.seq_lens,
+                batch.query_start_loc,
+                scale,
+                batch.max_query_len,
+                batch.max_seq_len,
+                config=cfg,
+            )
+
+        try:
+            ms = median_ms(run)
+        except Exception as ex:  # a config that does not fit (shared memory) is reported
+            print(f"prefill {label} {cfg}: failed {str(ex)[:100]}")
+            continue
+        name = f"triton bm={cfg.block_m} bn={cfg.block_n} w={cfg.num_warps} st={cfg.num_stages}"
+        rate = f"{flops / (ms * 1e-3) / 1e12:.0f} TFLOP/s"
+        print(f"prefill {label} {name}: {ms * 1e3:.1f} us, {rate}", flush=True)
+        rows.append((f"prefill {label}", name, ms, rate, ""))
     if all(ctx == 0 for ctx, _ in lens) and len({new for _, new in lens}) == 1:
         num_seqs, new = len(lens), lens[0][1]
         q4 = batch.q.view(num_seqs, new, NUM_Q_HEADS, HEAD_DIM).transpose(1, 2)
@@ -227,8 +242,8 @@ def main() -> None:
     rows: list[Row] = []
     run_decode(256, 1024, copy_bw, args.sweep, rows)
     for num_seqs, context in ((64, 4096), (8, 16384), (1, 32768)):
-        run_decode(num_seqs, context, copy_bw, False, rows)
-    run_prefill([(0, 2048)] * 4, "4 x 2048 new", rows)
+        run_decode(num_seqs, context, copy_bw, args.sweep and num_seqs == 1, rows)
+    run_prefill([(0, 2048)] * 4, "4 x 2048 new", rows, args.sweep)
     run_prefill([(0, 512)] * 16, "16 x 512 new", rows)
     run_prefill([(1536, 512)] * 8, "8 x (1536 cached + 512 new)", rows)
     run_prefill([(0, 1000), (300, 77), (2000, 1), (0, 5)] * 4, "16 mixed", rows)

@@ -66,6 +66,7 @@ def build_pair(dtype: torch.dtype) -> tuple[object, ModelRunner, ModelRunner]:
             max_model_len=1024,
             enforce_eager=eager,
             overlap_schedule=True,  # as an engine on CUDA runs it
+            mixed_graph_tokens=0 if eager else 512,  # prefill chunks replay graphs too
         )
         runners.append(ModelRunner(config, model, options))
     return hf_model, runners[0], runners[1]
@@ -145,10 +146,15 @@ def test_greedy_64_tokens_match_hf(models, mt, graphs) -> None:
     assert identical >= MIN_IDENTICAL
 
 
-def test_greedy_64_tokens_identical_to_hf_in_fp32(mt) -> None:
+@pytest.fixture(scope="module")
+def fp32_models() -> tuple[object, ModelRunner, ModelRunner]:
+    return build_pair(torch.float32)
+
+
+def test_greedy_64_tokens_identical_to_hf_in_fp32(fp32_models, mt) -> None:
     """The same bf16 weights computed in fp32 on both sides: no bf16 rounding to flip near-ties,
     so every prompt's 64 greedy tokens must match HF exactly, eager and with CUDA graphs."""
-    hf_model, eager_runner, graph_runner = build_pair(torch.float32)
+    hf_model, eager_runner, graph_runner = fp32_models
     expected = [_hf_greedy(hf_model, prompt)[0] for prompt in PROMPTS]
     for runner in (eager_runner, graph_runner):
         driver = mt.PlanDriver(runner, chunk=32)
@@ -156,8 +162,29 @@ def test_greedy_64_tokens_identical_to_hf_in_fp32(mt) -> None:
             driver.add(f"r{i}", prompt, SamplingParams(temperature=0.0, max_tokens=NUM_NEW))
         driver.run(NUM_NEW)
         assert [driver.seqs[f"r{i}"].output for i in range(len(PROMPTS))] == expected
-    del hf_model, eager_runner, graph_runner
-    torch.cuda.empty_cache()
+        driver.step_id += 1
+        runner.execute(StepPlan(step_id=driver.step_id, seqs=(), released=tuple(driver.seqs)))
+
+
+def test_mixed_steps_with_leading_decodes_match_eager(fp32_models, mt) -> None:
+    """Steps as the scheduler builds them, decodes first and a long prompt's chunks after,
+    replayed from mixed-step graphs (decode rows through the decode kernel, the chunk through
+    the tile kernel, padding to the bucket) give the eager runner's tokens, in fp32."""
+    _, eager_runner, graph_runner = fp32_models
+    outputs = []
+    for runner in (eager_runner, graph_runner):
+        driver = mt.PlanDriver(runner, chunk=100)
+        for i in range(5):
+            driver.add(f"d{i}", [*PROMPTS[i % 3], i], SamplingParams(temperature=0.0))
+        driver.run(1)
+        driver.add("long", EXTRA_PROMPTS[-1] * 6, SamplingParams(temperature=0.0))
+        driver.chunk = 37  # 306 prompt tokens: chunks of 37 beside five decodes
+        driver.run(12)
+        outputs.append({rid: seq.output for rid, seq in driver.seqs.items()})
+        driver.step_id += 1
+        runner.execute(StepPlan(step_id=driver.step_id, seqs=(), released=tuple(driver.seqs)))
+    assert outputs[0] == outputs[1]
+    assert len(outputs[0]["long"]) == 12
 
 
 def test_swap_round_trip_on_device(models) -> None:

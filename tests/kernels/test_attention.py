@@ -209,3 +209,46 @@ def test_decode_equals_last_row_of_prefill(backend: KernelBackend) -> None:
         batch.max_seq_len,
     )
     torch.testing.assert_close(decode, prefill, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("group", [1, 3, 8])
+def test_mixed_step_with_decode_prefix_and_padding(device: str, group: int) -> None:
+    """The layout a mixed-step CUDA graph replays: one-token decodes first (sent to the decode
+    kernel through decode_prefix), prefill chunks after, then padding sequences with no tokens
+    and padding token rows owned by nobody. Real rows match the reference; padding rows are
+    never written (they stay NaN)."""
+    block_size, num_kv_heads, head_dim, dtype, bound = SETUP[device]
+    b = block_size
+    lens = [(3 * b + 1, 1), (5, 1), (9 * b, 1), (0, 2 * b + 3), (b + 2, 3 * b)]
+    if device == "cuda":
+        lens = [(16 * ctx, new if new == 1 else 16 * new) for ctx, new in lens]
+    batch = make_paged_batch(
+        lens,
+        num_q_heads=group * num_kv_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        block_size=block_size,
+        dtype=dtype,
+        device=device,
+        seed=_seed("mixed-prefix", group, device),
+    )
+    num_tokens = batch.q.shape[0]
+    pad_seqs, pad_tokens = 3, 5
+    q = torch.cat([batch.q, torch.randn_like(batch.q[:pad_tokens])])
+    qsl = torch.cat([batch.query_start_loc, batch.query_start_loc[-1:].repeat(pad_seqs)])
+    seq_lens = torch.cat([batch.seq_lens, torch.ones_like(batch.seq_lens[:pad_seqs])])
+    tables = torch.cat([batch.block_tables, torch.zeros_like(batch.block_tables[:pad_seqs])])
+    prefix = torch.tensor([3], dtype=torch.int32, device=device)
+    scale = 1 / math.sqrt(head_dim)
+    out = torch.full_like(q, float("nan"))
+    paged_attention_triton(
+        q, batch.k_cache, batch.v_cache, tables, seq_lens, qsl, scale,
+        batch.max_query_len, batch.max_seq_len, prefix, out=out,
+    )  # fmt: skip
+    ref = reference.paged_attention(
+        batch.q.float(), batch.k_cache.float(), batch.v_cache.float(), batch.block_tables,
+        batch.seq_lens, batch.query_start_loc, scale, batch.max_query_len, batch.max_seq_len,
+    )  # fmt: skip
+    assert _rel_err(out[:num_tokens], ref) < bound
+    assert out[num_tokens:].isnan().all(), "a padding row was written"

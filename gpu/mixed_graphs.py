@@ -1,0 +1,165 @@
+"""CUDA graphs for steps that carry prefill chunks: one graph per padded token count.
+
+A step that mixes decodes with prefill chunks (or holds prefills only) launches some 15 kernels
+per layer; run eagerly, the launches cost more than the GPU work. Here each token-count bucket
+is captured once, whole model and lm_head, like the decode graphs (gpu/cuda_graphs.py). What
+lets attention be captured is kernels/paged_attention.py: its grid depends on the token and
+sequence counts only, and the decodes that lead the step (the scheduler puts them first) go to
+the decode kernel through a device-side count.
+
+A step of T tokens and S sequences replays the graph of the smallest bucket >= T, with
+min(bucket, max_num_seqs) sequence slots:
+
+    tokens     | seq 0 | seq 1 | chunk of seq 2 ........ | padding (slot -1, id 0, pos 0) |
+    sequences  | 0 1 2 | padding: q_len 0 (query_start_loc = T), seq_len 1: no tiles    |
+    lm_head    | the sampled rows' last tokens, then row 0 repeated (never read back)      |
+"""
+
+from __future__ import annotations
+
+import torch
+from troupe.gpu.attention import AttentionMetadata
+from troupe.gpu.models import DecoderModel, KVCache
+from troupe.gpu.step_inputs import StepInputs
+
+
+def token_buckets(max_num_tokens: int) -> list[int]:
+    """Multiples of 64 to 512, of 128 to 2,048, of 256 beyond; max_num_tokens always included.
+
+    Padding costs GEMM work in proportion: the steps stay below ~13% waste past 512 tokens.
+    """
+    sizes = [*range(64, 513, 64), *range(640, 2049, 128), *range(2304, max_num_tokens, 256)]
+    return sorted({s for s in sizes if s < max_num_tokens} | {max_num_tokens})
+
+
+class MixedGraphs:
+    """Captured forwards (model + lm_head) of steps with prefill chunks, over static buffers."""
+
+    def __init__(
+        self,
+        model: DecoderModel,
+        kv_layers: list[KVCache],
+        *,
+        max_num_seqs: int,
+        max_num_tokens: int,
+        max_blocks_per_seq: int,
+        max_model_len: int,
+    ) -> None:
+        device = model.device
+        self.max_num_seqs = max_num_seqs
+        self.max_tokens = max_num_tokens
+        self.width = max_blocks_per_seq
+        s_max = max_num_seqs
+
+        def zeros(*shape: int, dtype: torch.dtype) -> torch.Tensor:
+            return torch.zeros(*shape, dtype=dtype, device=device)
+
+        self.input_ids = zeros(max_num_tokens, dtype=torch.int64)
+        self.positions = zeros(max_num_tokens, dtype=torch.int64)
+        self.slot_mapping = torch.full((max_num_tokens,), -1, dtype=torch.int64, device=device)
+        self.block_tables = zeros(s_max, max_blocks_per_seq, dtype=torch.int32)
+        self.seq_lens = torch.ones(s_max, dtype=torch.int32, device=device)
+        self.query_start_loc = zeros(s_max + 1, dtype=torch.int32)
+        self.logits_indices = zeros(s_max, dtype=torch.int64)
+        self.decode_prefix = zeros(1, dtype=torch.int32)
+        # one output for every bucket: a graph's own output would stay pinned in the pool
+        self.logits = torch.empty(s_max, model.config.vocab_size, device=device)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        pool = torch.cuda.graph_pool_handle()
+        for size in sorted(token_buckets(max_num_tokens), reverse=True):  # largest first
+            seqs = min(size, s_max)
+            meta = AttentionMetadata(
+                slot_mapping=self.slot_mapping[:size],
+                block_tables=self.block_tables[:seqs],
+                seq_lens=self.seq_lens[:seqs],
+                query_start_loc=self.query_start_loc[: seqs + 1],
+                max_query_len=size,
+                max_seq_len=max_model_len,
+                is_decode=False,
+                logits_indices=self.logits_indices[:seqs],
+                decode_prefix=self.decode_prefix,
+            )
+
+            def run(size: int = size, seqs: int = seqs, meta: AttentionMetadata = meta) -> None:
+                hidden = model(self.input_ids[:size], self.positions[:size], meta, kv_layers)
+                self.logits[:seqs].copy_(model.compute_logits(hidden))
+
+            run()  # warm up: compilation and autotuning happen outside the capture
+            torch.cuda.synchronize(device)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                run()
+            self.graphs[size] = graph
+        torch.cuda.synchronize(device)
+        self.sizes = sorted(self.graphs)
+        self._host = _HostStaging(max_num_tokens, s_max, max_blocks_per_seq)
+        self._copied = torch.cuda.Event()  # type: ignore[no-untyped-call]
+
+    def can_run(self, inputs: StepInputs) -> bool:
+        return (
+            len(inputs.input_ids) <= self.max_tokens
+            and len(inputs.seq_lens) <= self.max_num_seqs
+            and inputs.block_tables.shape[1] <= self.width
+        )
+
+    def run(self, inputs: StepInputs) -> torch.Tensor:
+        """fp32 logits [sampled rows, vocab] of the step (a view into the shared output)."""
+        num_tokens = len(inputs.input_ids)
+        num_seqs = len(inputs.seq_lens)
+        num_logits = len(inputs.logits_indices)
+        size = next(s for s in self.sizes if s >= num_tokens)
+        seqs = min(size, self.max_num_seqs)
+        width = inputs.block_tables.shape[1]
+        host = self._host
+        self._copied.synchronize()  # the previous step's copies have left the staging area
+        host.ids[:num_tokens] = inputs.input_ids
+        host.ids[num_tokens:size] = 0
+        host.positions[:num_tokens] = inputs.positions
+        host.positions[num_tokens:size] = 0
+        host.slots[:num_tokens] = inputs.slot_mapping
+        host.slots[num_tokens:size] = -1
+        # padding sequences own no tokens (and no tiles); their tables are never read
+        host.qsl[: num_seqs + 1] = inputs.query_start_loc
+        host.qsl[num_seqs + 1 : seqs + 1] = num_tokens
+        host.seq_lens[:num_seqs] = inputs.seq_lens
+        host.seq_lens[num_seqs:seqs] = 1
+        host.tables[:num_seqs, :width] = inputs.block_tables
+        host.logits_indices[:num_logits] = inputs.logits_indices
+        host.logits_indices[num_logits:seqs] = 0
+        host.prefix[0] = inputs.num_decode_prefix
+        self.input_ids[:size].copy_(host.t_ids[:size], non_blocking=True)
+        self.positions[:size].copy_(host.t_positions[:size], non_blocking=True)
+        self.slot_mapping[:size].copy_(host.t_slots[:size], non_blocking=True)
+        self.query_start_loc[: seqs + 1].copy_(host.t_qsl[: seqs + 1], non_blocking=True)
+        self.seq_lens[:seqs].copy_(host.t_seq_lens[:seqs], non_blocking=True)
+        self.block_tables[:num_seqs].copy_(host.t_tables[:num_seqs], non_blocking=True)
+        self.logits_indices[:seqs].copy_(host.t_logits_indices[:seqs], non_blocking=True)
+        self.decode_prefix.copy_(host.t_prefix, non_blocking=True)
+        self._copied.record()
+        self.graphs[size].replay()
+        return self.logits[:num_logits]
+
+
+class _HostStaging:
+    """Pinned host buffers of the graph inputs, with numpy views for filling them."""
+
+    def __init__(self, max_tokens: int, max_seqs: int, width: int) -> None:
+        def pinned(*shape: int, dtype: torch.dtype) -> torch.Tensor:
+            return torch.zeros(*shape, dtype=dtype, pin_memory=True)
+
+        self.t_ids = pinned(max_tokens, dtype=torch.int64)
+        self.t_positions = pinned(max_tokens, dtype=torch.int64)
+        self.t_slots = pinned(max_tokens, dtype=torch.int64)
+        self.t_qsl = pinned(max_seqs + 1, dtype=torch.int32)
+        self.t_seq_lens = pinned(max_seqs, dtype=torch.int32)
+        self.t_tables = pinned(max_seqs, width, dtype=torch.int32)
+        self.t_logits_indices = pinned(max_seqs, dtype=torch.int64)
+        self.t_prefix = pinned(1, dtype=torch.int32)
+        self.ids = self.t_ids.numpy()
+        self.positions = self.t_positions.numpy()
+        self.slots = self.t_slots.numpy()
+        self.qsl = self.t_qsl.numpy()
+        self.seq_lens = self.t_seq_lens.numpy()
+        self.tables = self.t_tables.numpy()
+        self.logits_indices = self.t_logits_indices.numpy()
+        self.prefix = self.t_prefix.numpy()
