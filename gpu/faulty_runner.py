@@ -1,7 +1,8 @@
 """FaultyRunner: wraps any runner to inject faults at chosen steps, and to hold steps.
 
 Tests and the soak harness use it to prove that a failure stays contained (a raising step fails
-only its requests, a hung step is caught by the engine's watchdog), and to make timing-dependent
+only its requests, a request whose logits turn non-finite fails alone, a hung step is caught by
+the engine's watchdog), and to make timing-dependent
 scenarios deterministic: `hold_after(n)` lets `n` more steps run, then blocks the next one until
 `release()` -- a stream is then certain to outlive a drain grace, however fast the machine.
 
@@ -12,10 +13,10 @@ an injected runner's steps in a worker thread (never on the event loop).
 from __future__ import annotations
 
 import threading
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 
-from troupe.gpu.runner import Runner, RunnerStats
-from troupe.messages import SampledToken, StepPlan
+from troupe.gpu.runner import Runner, RunnerStats, SequencesFailed
+from troupe.messages import FailedSeq, SampledToken, SeqFailureReason, StepPlan
 
 
 class InjectedFault(RuntimeError):
@@ -31,7 +32,10 @@ class FaultyRunner:
         *,
         fail_at_steps: Collection[int] = (),
         hang_at_step: int | None = None,
+        nan_at: Mapping[int, Collection[str]] | None = None,
     ) -> None:
+        """`nan_at`: step -> request ids whose logits come out non-finite at that step (as the
+        real sampler reports them: no token, a FailedSeq); ids not sampled then are unaffected."""
         self.inner = inner
         self.block_size = inner.block_size
         self.num_gpu_blocks = inner.num_gpu_blocks
@@ -41,6 +45,7 @@ class FaultyRunner:
         self.eos_token_ids = inner.eos_token_ids
         self.num_lookahead_tokens = inner.num_lookahead_tokens
         self._fail_at = frozenset(fail_at_steps)
+        self._nan_at = {step: frozenset(ids) for step, ids in (nan_at or {}).items()}
         self._cond = threading.Condition()
         self._hold_at: int | None = hang_at_step  # the first step that must wait for release()
         self.num_steps = 0  # execute calls so far (the one in progress included)
@@ -75,7 +80,18 @@ class FaultyRunner:
                 self.is_waiting = False
         if step in self._fail_at:
             raise InjectedFault(f"fault injected at step {step}")
-        return self.inner.execute(plan)
+        sampled = self.inner.execute(plan)
+        poisoned = self._nan_at.get(step)
+        if poisoned is None or not any(s.request_id in poisoned for s in sampled):
+            return sampled
+        raise SequencesFailed(
+            tuple(s for s in sampled if s.request_id not in poisoned),
+            tuple(
+                FailedSeq(s.request_id, SeqFailureReason.NON_FINITE_LOGITS)
+                for s in sampled
+                if s.request_id in poisoned
+            ),
+        )
 
     def statistics(self) -> RunnerStats:
         return self.inner.statistics()

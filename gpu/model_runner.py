@@ -19,11 +19,11 @@ from troupe.gpu.kv_cache import KVCache
 from troupe.gpu.mixed_graphs import MixedGraphs
 from troupe.gpu.model_config import ModelConfig
 from troupe.gpu.models import DecoderModel
-from troupe.gpu.overlap import DecodeOverlap, host_to_device
+from troupe.gpu.overlap import DecodeOverlap, LogitsHook, host_to_device
 from troupe.gpu.pool_sizing import blocks_from_free_memory, cpu_device_blocks, swap_pool_blocks
 from troupe.gpu.request_states import RequestState, RequestStates
 from troupe.gpu.runner import RunnerStats
-from troupe.gpu.sampler import sample
+from troupe.gpu.sampler import WITHHELD, sample, sampled_tokens, withhold_non_finite
 from troupe.gpu.sampling_batch import build_sampling_batch
 from troupe.gpu.step_inputs import StepInputs, build_step_inputs
 from troupe.gpu.weights import load_model, read_config
@@ -52,7 +52,16 @@ class RunnerOptions:
 class ModelRunner:
     """Executes StepPlans on a DecoderModel over the paged KV cache; see gpu/runner.py."""
 
-    def __init__(self, config: ModelConfig, model: DecoderModel, options: RunnerOptions) -> None:
+    def __init__(
+        self,
+        config: ModelConfig,
+        model: DecoderModel,
+        options: RunnerOptions,
+        *,
+        logits_hook: LogitsHook | None = None,
+    ) -> None:
+        """`logits_hook`: a test seam that may change each step's logits before sampling (fault
+        injection: a NaN row must fail its request only); the engine never sets it."""
         self.model_config = config
         self.model = model
         self.device = model.device
@@ -109,7 +118,9 @@ class ModelRunner:
             block_size=options.block_size,
             max_model_len=options.max_model_len,
             vocab_size=config.vocab_size,
+            logits_hook=logits_hook,
         )
+        self._logits_hook = logits_hook
 
     def statistics(self) -> RunnerStats:
         """Steps run and overlapped steps launched and used, so far."""
@@ -191,24 +202,25 @@ class ModelRunner:
         rows = inputs.sampled_rows.tolist()
         if not rows:
             return ()  # mid-prompt chunks only: the cache is filled, nothing is sampled
+        request_ids = [plan.seqs[r].request_id for r in rows]
+        if self._logits_hook is not None:
+            with torch.inference_mode():  # the logits are inference tensors: edits need it
+                self._logits_hook(request_ids, logits)
         token_ids, logprobs = self._sample(logits, [states[r] for r in rows])
-        if self.overlap_schedule and len(rows) == len(plan.seqs):
+        if self.overlap_schedule and len(rows) == len(plan.seqs) and WITHHELD not in token_ids:
             # every sequence sampled: its next step is a decode of the token just sampled
             next_pos = inputs.seq_lens.astype(np.int64)
-            request_ids = [w.request_id for w in plan.seqs]
             self._overlap.launch(states, next_pos, request_ids, token_ids)
-        return tuple(
-            SampledToken(plan.seqs[r].request_id, token, logprob)
-            for r, token, logprob in zip(rows, token_ids, logprobs, strict=True)
-        )
+        return sampled_tokens(request_ids, token_ids, logprobs)
 
     def _sample(
         self, logits: torch.Tensor, states: list[RequestState]
     ) -> tuple[list[int], tuple[TokenLogprob | None, ...]]:
-        """Token ids (one device->host copy: waits for the step) and logprobs of the rows."""
+        """Token ids (one device->host copy: waits for the step; WITHHELD for a row whose logits
+        are not finite) and logprobs of the rows."""
         batch = build_sampling_batch(states, self.vocab_size, self.device)
         token_ids, logprobs = sample(logits, batch)
-        return token_ids.tolist(), logprobs
+        return withhold_non_finite(token_ids, logits).tolist(), logprobs
 
     def logits(self, plan: StepPlan) -> torch.Tensor:
         """Like execute, but return the fp32 logits [sampled seqs, vocab] instead of sampling."""

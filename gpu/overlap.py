@@ -19,12 +19,12 @@ runs changes.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
 from troupe.gpu.request_states import LOGPROBS, RequestState, RequestStates
-from troupe.gpu.sampler import sample
+from troupe.gpu.sampler import WITHHELD, sample, sampled_tokens, withhold_non_finite
 from troupe.gpu.sampling_batch import build_sampling_batch
 from troupe.gpu.step_inputs import StepInputs, build_decode_inputs
 from troupe.messages import SampledToken, StepPlan
@@ -32,6 +32,9 @@ from troupe.messages import SampledToken, StepPlan
 # The runner's forward: fp32 logits of the sampled rows; the tensor, when given, replaces
 # inputs.input_ids with ids already on the device.
 Forward = Callable[[StepInputs, torch.Tensor | None], torch.Tensor]
+# A test seam (ModelRunner's logits_hook): called with the request ids of the rows and their
+# fp32 logits [rows, vocab] right before sampling; it may change the logits in place.
+LogitsHook = Callable[[Sequence[str], torch.Tensor], None]
 
 
 @dataclasses.dataclass(kw_only=True, eq=False)
@@ -42,6 +45,7 @@ class _PendingStep:
     positions: np.ndarray  # int64 per row: the position the step computes
     token_ids: torch.Tensor  # int64 [rows] on the device: not read back yet
     host_ids: torch.Tensor  # their copy to (pinned) host memory, queued right after sampling
+    # (WITHHELD where a row's logits were not finite: sampler.withhold_non_finite)
     copied: torch.cuda.Event | None  # recorded after that copy; None on the CPU
     input_tokens: list[int] = dataclasses.field(default_factory=list)  # per row: token fed
 
@@ -72,9 +76,11 @@ class DecodeOverlap:
         block_size: int,
         max_model_len: int,
         vocab_size: int,
+        logits_hook: LogitsHook | None = None,
     ) -> None:
         self._states = states
         self._forward = forward
+        self._logits_hook = logits_hook
         self.device = device
         self.block_size = block_size
         self.max_model_len = max_model_len
@@ -150,13 +156,10 @@ class DecodeOverlap:
         if early:
             if following is not None:
                 following.input_tokens = token_ids
-        else:
+        elif WITHHELD not in token_ids:  # a failed row has no token to feed: run the plan
             following = self._launch(states, next_pos, request_ids, token_ids)
         self._pending = following
-        return tuple(
-            SampledToken(rid, token, None)
-            for rid, token in zip(request_ids, token_ids, strict=True)
-        )
+        return sampled_tokens(request_ids, token_ids, [None] * len(token_ids))
 
     def _launch(
         self,
@@ -199,16 +202,21 @@ class DecodeOverlap:
             host_ids, next_pos, slots, num_blocks, self._states.tables, self.block_size
         )
         logits = self._forward(inputs, device_ids)
+        if self._logits_hook is not None:
+            with torch.inference_mode():  # the logits are inference tensors: edits need it
+                self._logits_hook(request_ids, logits)
         batch = build_sampling_batch(states, self.vocab_size, self.device)
         ids_device, _ = sample(logits, batch)  # no logprobs asked: nothing is read back
+        # The next step is fed ids_device (real tokens); only the read-back copy marks failures.
+        checked = withhold_non_finite(ids_device, logits)
         copied = None
         if self.device.type == "cuda":
             host = torch.empty(num_seqs, dtype=torch.int64, pin_memory=True)
-            host.copy_(ids_device, non_blocking=True)
+            host.copy_(checked, non_blocking=True)
             copied = torch.cuda.Event()  # type: ignore[no-untyped-call]
             copied.record()
         else:
-            host = ids_device
+            host = checked
         self.num_overlapped += 1
         return _PendingStep(
             rows={rid: i for i, rid in enumerate(request_ids)},

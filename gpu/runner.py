@@ -6,7 +6,23 @@ import dataclasses
 from typing import Protocol
 
 from troupe.config import EngineConfig
-from troupe.messages import SampledToken, StepPlan
+from troupe.messages import FailedSeq, SampledToken, StepPlan
+
+
+class SequencesFailed(Exception):
+    """Raised by Runner.execute when the step ran but some sequences could not be sampled
+    (non-finite logits). It carries the step's answer: the other sequences' tokens (in plan
+    order) and the failed ones; the executor sends both in one StepResult.
+
+    An exception rather than a second return value: every caller that only wants tokens (tests,
+    benchmarks) keeps the one-tuple contract and still cannot miss a failure.
+    """
+
+    def __init__(self, sampled: tuple[SampledToken, ...], failed: tuple[FailedSeq, ...]) -> None:
+        names = ", ".join(f"{f.request_id!r} ({f.reason})" for f in failed)
+        super().__init__(f"no token for {names}")
+        self.sampled = sampled
+        self.failed = failed
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -32,7 +48,9 @@ class Runner(Protocol):
     num_lookahead_tokens: int
 
     def execute(self, plan: StepPlan) -> tuple[SampledToken, ...]:
-        """Apply released, swap_out, swap_in, then compute plan.seqs; one token per sampled seq."""
+        """Apply released, swap_out, swap_in, then compute plan.seqs; one token per sampled seq.
+
+        Raises SequencesFailed (with the others' tokens) when some sequences get no token."""
         ...
 
     def statistics(self) -> RunnerStats:

@@ -9,19 +9,25 @@ Order per row (vLLM semantics): repetition, frequency and presence penalties; gr
 the argmax here. Others: divide by temperature, top-k, top-p, then min-p, then Gumbel-max.
 Logprobs come from the raw logits (no penalty, temperature 1), as vLLM's default.
 On CUDA the noise and the argmax are one fused kernel (gpu/gumbel_argmax.py).
+
+A row whose logits hold a NaN or an infinity gets no token: `withhold_non_finite` marks it on
+the device, in the ids the runner reads back anyway, and `sampled_tokens` reports it failed.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Sequence
 
 import numpy as np
 import torch
 from troupe.gpu import gumbel_argmax
-from troupe.messages import TokenLogprob
+from troupe.gpu.runner import SequencesFailed
+from troupe.messages import FailedSeq, SampledToken, SeqFailureReason, TokenLogprob
 
 _MASK32 = 0xFFFFFFFF
+WITHHELD = -1  # in read-back token ids: the row's logits were not finite (no vocabulary has -1)
 
 
 def _mix32(x: torch.Tensor) -> torch.Tensor:
@@ -186,3 +192,33 @@ def _logprobs(
         top = tuple(zip(ids[j][:n], values[j][:n], strict=True))
         out[row] = TokenLogprob(sampled[j], chosen[j], top)
     return tuple(out)
+
+
+def withhold_non_finite(token_ids: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """`token_ids` with WITHHELD in the rows whose `logits` hold a NaN or an infinity.
+
+    One reduction over the logits (a row sum: NaN and inf propagate through it, and finite
+    logits would need magnitudes near 1e34 to overflow it in fp32) and a select over [S], both
+    queued on the device: no sync. The result replaces the ids the caller reads back anyway,
+    so the check costs no extra transfer. Only for reading back: never feed WITHHELD to a model.
+    """
+    return token_ids.masked_fill(~torch.isfinite(logits.float().sum(dim=-1)), WITHHELD)
+
+
+def sampled_tokens(
+    request_ids: Sequence[str],
+    token_ids: Sequence[int],
+    logprobs: Sequence[TokenLogprob | None],
+) -> tuple[SampledToken, ...]:
+    """One SampledToken per row; raises SequencesFailed (with the others' tokens) if some rows
+    were WITHHELD."""
+    if WITHHELD not in token_ids:  # the hot path: one scan in C
+        return tuple(map(SampledToken, request_ids, token_ids, logprobs))
+    sampled: list[SampledToken] = []
+    failed: list[FailedSeq] = []
+    for rid, token, logprob in zip(request_ids, token_ids, logprobs, strict=True):
+        if token == WITHHELD:
+            failed.append(FailedSeq(rid, SeqFailureReason.NON_FINITE_LOGITS))
+        else:
+            sampled.append(SampledToken(rid, token, logprob))
+    raise SequencesFailed(tuple(sampled), tuple(failed))

@@ -39,9 +39,11 @@ from troupe.messages.sampling import ParamError, SamplingParams
 from troupe.messages.scheduler import (
     AdmittedRequest,
     AllocationResult,
+    FailedSeq,
     Grant,
     SampledToken,
     SchedulerInbox,
+    SeqFailureReason,
     StepResult,
     StopRequests,
 )
@@ -72,6 +74,7 @@ __all__ = [
     "EngineStats",
     "ExecutorInbox",
     "Failed",
+    "FailedSeq",
     "FinishReason",
     "Finished",
     "FreeRequest",
@@ -88,6 +91,7 @@ __all__ = [
     "SampledToken",
     "SamplingParams",
     "SchedulerInbox",
+    "SeqFailureReason",
     "SeqOutput",
     "SeqWork",
     "StepPlan",

@@ -77,8 +77,22 @@ class SampledToken(msgspec.Struct, frozen=True, array_like=True, gc=False):
     logprob: TokenLogprob | None = None
 
 
+class SeqFailureReason(enum.StrEnum):
+    """Why the executor gave one sequence no token; the value is the text clients see."""
+
+    NON_FINITE_LOGITS = "non-finite logits"  # NaN or inf in the sequence's row of logits
+
+
+class FailedSeq(msgspec.Struct, frozen=True, array_like=True, gc=False):
+    """A sequence of the step that was computed but could not be sampled."""
+
+    request_id: str
+    reason: SeqFailureReason
+
+
 class StepResult(msgspec.Struct, frozen=True, kw_only=True, tag=True, gc=False):
-    """One per StepPlan, in plan order: a token for each SeqWork with sample=True.
+    """One per StepPlan, in plan order: a token for each SeqWork with sample=True, except the
+    sequences in `failed` (the scheduler fails those requests alone; the others go on).
 
     `error` set means the step failed: no tokens, and the scheduler fails that step's requests.
     """
@@ -86,6 +100,7 @@ class StepResult(msgspec.Struct, frozen=True, kw_only=True, tag=True, gc=False):
     step_id: int
     time: float  # executor monotonic clock when the step finished
     sampled: tuple[SampledToken, ...] = ()
+    failed: tuple[FailedSeq, ...] = ()  # in plan order; a default, so older traces still decode
     error: str | None = None
 
 

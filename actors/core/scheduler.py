@@ -166,6 +166,8 @@ class SchedulerCore:
         self._time = max(self._time, result.time)
         outputs, self._pending = self._pending, []
         if result.error is None:
+            if result.failed:
+                self._fail_seqs(result, outputs)
             self._apply_tokens(result.sampled, outputs)
         for req, _, _ in self.in_flight if result.error is not None else ():
             if req.status != Status.FINISHED:  # not aborted or stopped mid-step
@@ -175,6 +177,16 @@ class SchedulerCore:
         return TokenBatch(
             step_id=result.step_id, time=self._time, outputs=tuple(outputs), stats=self.stats()
         )
+
+    def _fail_seqs(self, result: StepResult, outputs: list[SeqOutput]) -> None:
+        """Fail the in-flight requests the executor gave no token (non-finite logits), alone.
+        Finished here, _apply_tokens skips them: nothing of this step is committed or cached."""
+        reasons = {f.request_id: f.reason for f in result.failed}
+        for req, _, sample in self.in_flight:
+            reason = reasons.get(req.request_id)
+            if reason is not None and sample and req.status != Status.FINISHED:
+                self.queues.finish(req)
+                outputs.append(self._fail_output(req, f"{reason} at step {result.step_id}"))
 
     def _apply_tokens(self, sampled: Sequence[SampledToken], outputs: list[SeqOutput]) -> None:
         """Append each in-flight request's sampled token; its SeqOutput goes to `outputs`."""

@@ -4,6 +4,7 @@ caught by the watchdog, and the engine reports what happened. Runs on asyncio an
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import anyio
@@ -47,6 +48,40 @@ async def test_a_raising_step_fails_only_its_requests() -> None:
         await _finishes(engine, [31, 32, 33])  # the engine still serves
         assert engine.is_healthy
         await wait_blocks_free(engine)
+
+
+async def test_non_finite_logits_fail_only_that_request() -> None:
+    # Step 1 (a's prefill) is held until b and c are in: step 2 runs a's decode with their
+    # prefills, and step 3, where a's logits come out NaN, decodes all three.
+    runner = FaultyRunner(FakeRunner.from_config(CONFIG), nan_at={3: {"a"}})
+    results: dict[str, list] = {}
+    prompts = {"a": [11, 12, 13], "b": [21, 22], "c": [31, 32, 33, 34]}
+    async with Engine.open(CONFIG, runner=runner) as engine:
+        runner.hold_after(0)
+        async with anyio.create_task_group() as tg:
+
+            async def run(rid: str) -> None:
+                results[rid] = await collect(engine, prompts[rid], PARAMS, request_id=rid)
+
+            tg.start_soon(run, "a")
+            await anyio.to_thread.run_sync(runner.wait_until_held)
+            tg.start_soon(run, "b")
+            tg.start_soon(run, "c")
+            while engine.num_active < 3:
+                await anyio.sleep(0.01)
+            runner.release()
+        event = terminal(results["a"])
+        assert isinstance(event, Failed), event
+        assert re.fullmatch(r"non-finite logits at step \d+", event.message), event.message
+        # the tokens of steps 1 and 2 streamed before the fault, and they are the right ones
+        assert token_ids(results["a"]) == FakeRunner.reference_tokens(prompts["a"], 2, PARAMS)
+        for rid in ("b", "c"):
+            assert isinstance(terminal(results[rid]), Finished)
+            assert token_ids(results[rid]) == FakeRunner.reference_tokens(prompts[rid], 6, PARAMS)
+        await wait_blocks_free(engine)
+        assert engine.stats().num_gpu_blocks_used == 0
+        await _finishes(engine, [41, 42, 43])  # the engine still serves
+        assert engine.is_healthy
 
 
 async def _finishes(engine: Engine, prompt: list[int]) -> None:

@@ -5,11 +5,22 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 import torch
 from troupe.gpu.request_states import RequestState
-from troupe.gpu.sampler import SamplingBatch, apply_penalties, filter_logits, row_keys, sample
+from troupe.gpu.runner import SequencesFailed
+from troupe.gpu.sampler import (
+    WITHHELD,
+    SamplingBatch,
+    apply_penalties,
+    filter_logits,
+    row_keys,
+    sample,
+    sampled_tokens,
+    withhold_non_finite,
+)
 from troupe.gpu.sampling_batch import build_sampling_batch
-from troupe.messages import SamplingParams
+from troupe.messages import FailedSeq, SampledToken, SamplingParams, SeqFailureReason
 
 VOCAB = 8
 LOGITS = torch.log(torch.tensor([[0.4, 0.25, 0.15, 0.1, 0.05, 0.03, 0.015, 0.005]]))
@@ -122,3 +133,46 @@ def test_gumbel_draws_follow_the_distribution() -> None:
     )
     counts = torch.bincount(sample(logits, batch)[0], minlength=3).float() / 4000
     assert torch.allclose(counts, probs, atol=0.03), counts
+
+
+def test_rows_with_non_finite_logits_are_withheld_and_reported() -> None:
+    generator = torch.Generator().manual_seed(5)
+    logits = torch.randn(6, 300, generator=generator) * 4
+    logits[1, 7] = math.nan
+    logits[3, 0] = math.inf
+    logits[4, 299] = -math.inf
+    logits[5] *= 1e30  # huge but finite: the row sum must not overflow into a false alarm
+    params = [
+        SamplingParams(temperature=0.0, logprobs=2),
+        SamplingParams(temperature=0.9, seed=3),
+        SamplingParams(temperature=0.7, seed=4, top_p=0.9),
+        SamplingParams(temperature=0.0),
+        SamplingParams(temperature=1.2, seed=5, top_k=10),
+        SamplingParams(temperature=0.0),
+    ]
+    states = [state(p, [1, 2, 3], seed=p.seed or 0) for p in params]
+    batch = build_sampling_batch(states, 300, torch.device("cpu"))
+    token_ids, logprobs = sample(logits.clone(), batch)
+    checked = withhold_non_finite(token_ids, logits).tolist()
+    ids = token_ids.tolist()
+    assert checked == [ids[0], WITHHELD, ids[2], WITHHELD, WITHHELD, ids[5]]
+    assert ids[0] == int(logits[0].argmax()) and ids[5] == int(logits[5].argmax())
+    # bf16 logits are checked the same way
+    half = logits.bfloat16()
+    assert withhold_non_finite(token_ids, half).tolist() == checked
+
+    with pytest.raises(SequencesFailed) as info:
+        sampled_tokens(list("abcdef"), checked, logprobs)
+    assert info.value.sampled == (
+        SampledToken("a", ids[0], logprobs[0]),
+        SampledToken("c", ids[2], None),
+        SampledToken("f", ids[5], None),
+    )
+    nan = SeqFailureReason.NON_FINITE_LOGITS
+    assert info.value.failed == (FailedSeq("b", nan), FailedSeq("d", nan), FailedSeq("e", nan))
+    assert "'b' (non-finite logits)" in str(info.value)
+    # All finite: the plain tuple, nothing raised.
+    assert sampled_tokens(["a", "c"], [ids[0], ids[2]], [logprobs[0], None]) == (
+        SampledToken("a", ids[0], logprobs[0]),
+        SampledToken("c", ids[2], None),
+    )
