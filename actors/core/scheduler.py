@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Literal
 
+import structlog
 from troupe.actors.core.base import Outgoing
 from troupe.actors.core.plan_builder import InFlight, build_plan
 from troupe.actors.core.preemption_policy import make_preemption_policy
@@ -40,6 +41,7 @@ from troupe.messages.scheduler import (
 from troupe.messages.streamer import SeqOutput, TokenBatch
 from troupe.messages.tokenizer import AbortRequest
 
+log = structlog.get_logger("troupe.scheduler")
 Phase = Literal["idle", "allocating", "stepping"]
 STOP, LENGTH, ABORT = FinishReason.STOP, FinishReason.LENGTH, FinishReason.ABORT
 
@@ -91,7 +93,7 @@ class SchedulerCore:
         for msg in batch:
             match msg:
                 case AdmittedRequest():
-                    self.add(msg)
+                    self._add_alone(msg)
                 case AbortRequest():
                     self.abort(msg.request_id, msg.reason)
                 case StopRequests():  # the streamer has ended them: free them silently
@@ -124,6 +126,23 @@ class SchedulerCore:
             self._pending.append(self._fail_output(req, self._too_big(req)))
         else:
             self.queues.add(req)
+
+    def _add_alone(self, msg: AdmittedRequest) -> None:
+        """add(), but a request that makes it raise (malformed past the edge) fails alone: it
+        holds no blocks yet, so forgetting what add() recorded is all the cleanup."""
+        was_live = msg.request_id in self.requests
+        try:
+            self.add(msg)
+        except Exception as exc:
+            log.exception("scheduler failed on a request", request_id=msg.request_id)
+            if was_live:
+                return  # a duplicate id: the live request keeps its state and its one ending
+            req = self.requests.pop(msg.request_id, None)
+            for queue in (self.queues.waiting, self.queues.running, self.queues.swapped):
+                if req is not None and req in queue:  # identity: Request has eq=False
+                    queue.remove(req)
+            message = f"scheduler failed on this request: {type(exc).__name__}: {exc}"
+            self._pending.append(SeqOutput(msg.request_id, (), FinishReason.ERROR, error=message))
 
     def abort(self, request_id: str, reason: str | None = "aborted") -> None:
         """End a request wherever it is (reason None: without a terminal output); unknown ids

@@ -1,14 +1,15 @@
 """Faults around the scheduler core, driven through the real scheduler, allocator and executor
 cores with a fake runner: a sequence whose logits come out non-finite fails alone, with the
-reason and the step; the others finish with the tokens they get without the fault, and every
-block returns to the pool."""
+reason and the step, and so does an admitted request that makes the scheduler raise; the others
+finish with the tokens they get without the fault, and every block returns to the pool."""
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import msgspec
+import pytest
 from troupe.actors.core.allocator import AllocatorCore
 from troupe.actors.core.executor import ExecutorCore
 from troupe.actors.core.scheduler import SchedulerCore
@@ -130,6 +131,70 @@ def test_the_same_run_without_the_fault_is_the_reference() -> None:
     loop.run(requests())
     assert all(not r.failed for r in loop.results)
     for rid in PROMPTS:
+        assert loop.ending(rid) == (FinishReason.LENGTH, None)
+        assert loop.tokens(rid) == reference(rid)
+    loop.assert_all_blocks_back()
+
+
+def _no_params(rid: str) -> AdmittedRequest:
+    """Params missing altogether: Request.admit raises before anything is recorded."""
+    return AdmittedRequest(
+        request_id=rid,
+        prompt_token_ids=(41, 42),
+        params=None,  # type: ignore[arg-type]
+        arrival_time=0.0,
+        max_total_tokens=8,
+    )
+
+
+def _text_priority(rid: str) -> AdmittedRequest:
+    """A priority of the wrong type: it raises while being sorted into the waiting queue, after
+    the request was recorded by id (the cleanup must undo that)."""
+    return admitted(rid, (41, 42), SamplingParams(priority="high"))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("make_bad", "error"),
+    [
+        (_no_params, "AttributeError: 'NoneType' object has no attribute 'ignore_eos'"),
+        (_text_priority, "TypeError: '<' not supported between instances of"),
+    ],
+    ids=["no-params", "text-priority"],
+)
+def test_a_request_that_makes_the_scheduler_raise_fails_alone(
+    make_bad: Callable[[str], AdmittedRequest], error: str
+) -> None:
+    loop = Loop(fake_runner())
+    a, b, c = requests()
+    loop.run([a, make_bad("bad"), b, c])  # "a" is queued first, so "bad" is compared with it
+    reason, message = loop.ending("bad")
+    assert reason == FinishReason.ERROR and message is not None
+    assert message.startswith(f"scheduler failed on this request: {error}"), message
+    assert loop.tokens("bad") == []
+    for rid in PROMPTS:
+        assert loop.ending(rid) == (FinishReason.LENGTH, None)
+        assert loop.tokens(rid) == reference(rid)
+    assert all(w.request_id != "bad" for p in loop.plans for w in p.seqs)
+    loop.assert_all_blocks_back()
+    # The scheduler goes on serving.
+    loop.run([admitted("later", (51, 52, 53), SamplingParams(max_tokens=3))])
+    assert loop.ending("later") == (FinishReason.LENGTH, None)
+    assert loop.tokens("later") == FakeRunner.reference_tokens((51, 52, 53), 3)
+    loop.assert_all_blocks_back()
+
+
+def test_a_raising_duplicate_leaves_the_live_request_alone() -> None:
+    loop = Loop(fake_runner())
+    a, b, c = requests()
+    twin = AdmittedRequest(
+        request_id="a",
+        prompt_token_ids=(1, 2),
+        params=SamplingParams(),
+        arrival_time="soon",  # type: ignore[arg-type]
+        max_total_tokens=8,
+    )
+    loop.run([a, twin, b, c])
+    for rid in PROMPTS:  # "a" got exactly one ending, its own
         assert loop.ending(rid) == (FinishReason.LENGTH, None)
         assert loop.tokens(rid) == reference(rid)
     loop.assert_all_blocks_back()
