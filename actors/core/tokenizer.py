@@ -16,7 +16,9 @@ Long inputs (a client may send megabytes) cost little and harm nobody else's req
   Long texts are encoded one at a time, so their encodings in memory are bounded by about
   max_model_len + one chunk of tokens, whatever the batch holds.
 Text with a lone surrogate (possible through the Python API) is rejected, not handed to the
-Rust tokenizer, which would raise. The core runs in the actor's worker thread, off the loop.
+Rust tokenizer, which would raise. Any other exception while handling one request fails that
+request alone (RequestFailed to the streamer): if it breaks a batch encode, the batch's texts
+are encoded again one by one. The core runs in the actor's worker thread, off the loop.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import msgspec
+import structlog
 from troupe.actors.core.chat_template import ChatTemplateError
 from troupe.actors.core.tokenizer_bound import token_count_bound
 from troupe.actors.core.tokenizer_chunks import CHUNK_CHARS, ChunkedEncoder, LimitReached
@@ -33,11 +36,14 @@ from troupe.messages import (
     AbortRequest,
     GenerateRequest,
     RejectCode,
+    RequestFailed,
     RequestOpened,
     RequestRejected,
     TokenizedRequest,
     TokenizerInbox,
 )
+
+log = structlog.get_logger("troupe.tokenizer")
 
 PROMPT_TAIL_LEN = 8  # prompt tokens handed to the streamer as detokenization context
 LONG_TEXT_CHARS = CHUNK_CHARS  # longer texts are encoded alone, in chunks, up to the limit
@@ -79,38 +85,72 @@ class TokenizerCore:
     def handle(self, batch: Sequence[TokenizerInbox]) -> list[tuple[str, msgspec.Struct]]:
         """Tokenize a batch of requests; return (outbox, message) pairs in send order."""
         # Pass 1: decide what each request needs encoded (or why it is rejected).
-        outcome: list[_Queued | _Encoded | RequestRejected | None] = []
+        outcome: list[_Queued | _Encoded | RequestRejected | RequestFailed | None] = []
         prompts: list[str] = []
         chats: list[str] = []
         for msg in batch:
             if isinstance(msg, GenerateRequest):
-                outcome.append(self._prepare(msg, prompts, chats))
+                try:
+                    outcome.append(self._prepare(msg, prompts, chats))
+                except Exception as exc:  # one bad request must not stop the tokenizer
+                    outcome.append(_failed(msg, exc))
             else:
                 outcome.append(None)
-        prompt_ids = self._tokenizer.encode_batch(prompts, add_special_tokens=True)
-        chat_ids = self._tokenizer.encode_batch(chats, add_special_tokens=False)
+        prompt_ids = self._encode_batch_isolated(prompts, add_special_tokens=True)
+        chat_ids = self._encode_batch_isolated(chats, add_special_tokens=False)
 
         # Pass 2: emit in inbox order.
         out: list[tuple[str, msgspec.Struct]] = []
         for msg, result in zip(batch, outcome, strict=True):
             if isinstance(msg, AbortRequest):
                 out.append(("admission", msg))
-                continue
-            if isinstance(result, RequestRejected):
+            elif isinstance(result, RequestRejected | RequestFailed):
                 out.append(("streamer", result))
-                continue
-            assert result is not None, "a GenerateRequest always has an outcome"
-            field = result.field
-            ids: Sequence[int]
-            if isinstance(result, _Queued):
-                ids = (prompt_ids if field == "prompt" else chat_ids)[result.index]
             else:
-                ids = result.ids
-            if not ids:
-                out.append(("streamer", _reject(msg, field, f"{field} encodes to no tokens")))
-                continue
-            out.extend(self._accept(msg, tuple(ids)))
+                assert result is not None, "a GenerateRequest always has an outcome"
+                try:
+                    out.extend(self._emit(msg, result, prompt_ids, chat_ids))
+                except Exception as exc:
+                    out.append(("streamer", _failed(msg, exc)))
         return out
+
+    def _encode_batch_isolated(
+        self, texts: list[str], *, add_special_tokens: bool
+    ) -> Sequence[Sequence[int] | Exception]:
+        """encode_batch(texts); if it raises, each text alone, so only the texts that raise
+        fail (their exception takes their place)."""
+        try:
+            return self._tokenizer.encode_batch(texts, add_special_tokens=add_special_tokens)
+        except Exception:
+            encoded: list[Sequence[int] | Exception] = []
+            for text in texts:
+                try:
+                    [ids] = self._tokenizer.encode_batch(
+                        [text], add_special_tokens=add_special_tokens
+                    )
+                except Exception as exc:
+                    ids = exc
+                encoded.append(ids)
+            return encoded
+
+    def _emit(
+        self,
+        req: GenerateRequest,
+        result: _Queued | _Encoded,
+        prompt_ids: Sequence[Sequence[int] | Exception],
+        chat_ids: Sequence[Sequence[int] | Exception],
+    ) -> list[tuple[str, msgspec.Struct]]:
+        """What one request's encoding turns into: opened and admitted, or rejected (empty)."""
+        field = result.field
+        if isinstance(result, _Queued):
+            ids = (prompt_ids if field == "prompt" else chat_ids)[result.index]
+            if isinstance(ids, Exception):
+                raise ids
+        else:
+            ids = result.ids
+        if not ids:
+            return [("streamer", _reject(req, field, f"{field} encodes to no tokens"))]
+        return self._accept(req, tuple(ids))
 
     def _prepare(
         self, req: GenerateRequest, prompts: list[str], chats: list[str]
@@ -214,6 +254,13 @@ class TokenizerCore:
             arrival_time=req.arrival_time,
         )
         return [("streamer", opened), ("admission", tokenized)]
+
+
+def _failed(req: GenerateRequest, exc: Exception) -> RequestFailed:
+    """An engine fault on this request (not the client's): it ends Failed, the others go on."""
+    log.error("tokenizer failed on a request", request_id=req.request_id, exc_info=exc)
+    message = f"tokenizer failed on this request: {type(exc).__name__}: {exc}"
+    return RequestFailed(request_id=req.request_id, message=message)
 
 
 def _reject(req: GenerateRequest, field: str, message: str) -> RequestRejected:
