@@ -23,6 +23,7 @@ import time
 from typing import Any
 
 import aiohttp
+from troupe.config import ConfigError, EngineConfig
 from troupe.ops.serve_client import Client, EngineClient, HttpClient
 from troupe.ops.serve_load import Progress, run_load
 from troupe.ops.serve_metrics import RequestResult, compute_metrics, parse_goodput
@@ -115,6 +116,9 @@ async def _run_http(
         if model is None:
             headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
             async with session.get(f"{base_url}/v1/models", headers=headers) as resp:
+                if resp.status != 200:
+                    text = (await resp.text())[:300]
+                    raise RuntimeError(f"{base_url}/v1/models answered {resp.status}: {text}")
                 model = str((await resp.json())["data"][0]["id"])
         client = HttpClient(
             session,
@@ -128,16 +132,25 @@ async def _run_http(
     return results, duration, model
 
 
+def engine_config(engine_args: list[str]) -> EngineConfig:
+    """--engine: the flags the benchmark does not know, read as `troupe serve` engine flags."""
+    from troupe.ops.cli import add_config_arguments, config_from_args
+
+    parser = argparse.ArgumentParser(prog="troupe bench serve --engine", allow_abbrev=False)
+    add_config_arguments(parser)
+    ns = parser.parse_args(engine_args)
+    try:
+        return config_from_args(ns)
+    except ConfigError as exc:
+        parser.error(str(exc))
+
+
 async def _run_engine(
-    engine_args: list[str], requests: list[BenchRequest], args: argparse.Namespace
+    config: EngineConfig, requests: list[BenchRequest], args: argparse.Namespace
 ) -> tuple[list[RequestResult], float, str]:
     from troupe.actors.engine import Engine
     from troupe.logs import configure_logging
-    from troupe.ops.cli import add_config_arguments, config_from_args
 
-    parser = argparse.ArgumentParser(prog="troupe bench serve --engine")
-    add_config_arguments(parser)
-    config = config_from_args(parser.parse_args(engine_args))
     configure_logging(config.log_format, config.log_level)
     async with Engine.open(config) as engine:
         client = EngineClient(engine, temperature=args.temperature, ignore_eos=args.ignore_eos)
@@ -203,7 +216,8 @@ def main(argv: list[str] | None = None) -> int:
     base_url = args.base_url.rstrip("/") if args.base_url else None
     try:
         if args.engine:
-            results, duration, model = asyncio.run(_run_engine(engine_args, requests, args))
+            config = engine_config(engine_args)
+            results, duration, model = asyncio.run(_run_engine(config, requests, args))
         elif base_url is not None:
             results, duration, model = asyncio.run(_run_http(base_url, requests, args))
         else:
