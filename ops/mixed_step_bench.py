@@ -104,7 +104,9 @@ def median_ms(step: Callable[[], float], repeat: int) -> float:
     return 1000 * statistics.median(step() for _ in range(repeat))
 
 
-def measure(runner: ModelRunner, num_seqs: int, context: int, repeat: int) -> dict[str, float]:
+def measure(
+    runner: ModelRunner, num_seqs: int, context: int, repeat: int, profile: int
+) -> dict[str, float]:
     driver = Driver(runner, num_seqs, context)
     pending: list[str] = []  # chunk requests to release (and their blocks to reuse)
 
@@ -123,6 +125,18 @@ def measure(runner: ModelRunner, num_seqs: int, context: int, repeat: int) -> di
     for size in CHUNKS:
         result[f"chunk {size}"] = median_ms(functools.partial(step, False, size), repeat)
         result[f"mixed {size}"] = median_ms(functools.partial(step, True, size), repeat)
+    if profile:
+        from torch.profiler import ProfilerActivity
+        from torch.profiler import profile as torch_profile
+
+        step(True, profile)
+        with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(3):
+                step(True, profile)
+        table = prof.key_averages().table(
+            sort_by="self_device_time_total", row_limit=14, max_name_column_width=70
+        )
+        print(f"3 mixed steps of {num_seqs} decodes + a {profile}-token chunk:\n{table}")
     return result
 
 
@@ -131,6 +145,7 @@ def main() -> None:
     parser.add_argument("--num-seqs", type=int, default=256)
     parser.add_argument("--context", type=int, default=512)
     parser.add_argument("--repeat", type=int, default=10)
+    parser.add_argument("--profile", type=int, default=0, help="chunk size to profile (0: none)")
     args = parser.parse_args()
     config = qwen3_0_6b_config()
     device = torch.device("cuda")
@@ -154,7 +169,8 @@ def main() -> None:
                 mixed_graph_tokens=mixed_tokens,
             ),
         )
-        results[label] = measure(runner, args.num_seqs, args.context, args.repeat)
+        print(label, flush=True)
+        results[label] = measure(runner, args.num_seqs, args.context, args.repeat, args.profile)
         runner.close()
         del runner, model
         torch.cuda.empty_cache()
