@@ -21,7 +21,8 @@ import msgspec
 from troupe.ops.serve_metrics import RequestResult
 from troupe.ops.serve_workload import BenchRequest
 
-_decode = msgspec.json.Decoder().decode  # the client's own CPU time must not cap what it measures
+# msgspec, not json: the client's own CPU time must not cap what it measures
+_decode = msgspec.json.Decoder().decode
 
 
 class Client(Protocol):
