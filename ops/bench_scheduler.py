@@ -16,7 +16,7 @@ import argparse
 import statistics
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import msgspec
@@ -50,12 +50,12 @@ class CoreLoop:
         allocator: AllocatorCore,
         runner: FakeRunner,
         *,
-        check: bool = False,
+        check: Callable[[AllocatorCore], None] | None = None,
     ) -> None:
         self.scheduler = scheduler
         self.allocator = allocator
         self.runner = runner
-        self.check = check  # assert allocator invariants after every batch (tests)
+        self.check = check  # asserts allocator invariants after every batch (tests)
         self.batches: list[TokenBatch] = []
         self.plans: list[StepPlan] = []
         self.tokens: dict[str, list[int]] = defaultdict(list)
@@ -90,8 +90,8 @@ class CoreLoop:
                     t0 = time.perf_counter()
                     answers = self.allocator.handle([msg])  # type: ignore[list-item]
                     core_s += time.perf_counter() - t0
-                    if self.check:
-                        self.allocator.check()
+                    if self.check is not None:
+                        self.check(self.allocator)
                     for _, answer in answers:
                         assert isinstance(answer, AllocationResult)
                         self.num_refused += len(answer.refused)
@@ -133,7 +133,7 @@ def build_loop(
     enable_prefix_caching: bool = True,
     preemption_mode: str = "auto",
     scheduling_policy: str = "priority",
-    check: bool = False,
+    check: Callable[[AllocatorCore], None] | None = None,
 ) -> CoreLoop:
     """Cores and a fake runner sized alike."""
     scheduler = SchedulerCore(

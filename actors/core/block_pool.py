@@ -38,10 +38,6 @@ class BlockPool:
     def num_cached(self) -> int:
         return len(self._lru)
 
-    @property
-    def num_used(self) -> int:
-        return self.num_blocks - self.num_free
-
     def allocate(self, n: int) -> list[int] | None:
         """`n` blocks with ref 1, or None (nothing changes) when fewer are free."""
         free, lru = self._free, self._lru
@@ -81,13 +77,3 @@ class BlockPool:
                     self._lru[block_id] = None
                 else:
                     self._free.append(block_id)
-
-    def check(self) -> None:
-        """Assert the invariants: each block in exactly one state, counts add up."""
-        free, lru = set(self._free), set(self._lru)
-        owned = {b for b, r in enumerate(self.ref) if r > 0}
-        assert len(free) == len(self._free), "a block is twice in the free list"
-        assert not (free & lru) and not (owned & (free | lru)), "a block is in two states"
-        assert len(owned) + len(free) + len(lru) == self.num_blocks, "blocks leaked"
-        assert min(self.ref, default=0) >= 0, "negative reference count"
-        assert all(self.cache.is_cached(b) for b in lru), "an LRU block is not in the cache"

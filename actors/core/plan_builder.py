@@ -1,11 +1,7 @@
-"""From the allocator's answer to the executor's StepPlan.
-
-Granted block ids pass through here into each SeqWork (a Grow's added blocks; the whole table
-after AllocateNew or SwapIn, sent with reset=True); the scheduler keeps only their number. A
-refused op takes its request out of this step: a refused Grow waits for the next plan (which
-preempts, or finds the blocks then), a refused SwapIn or AllocateNew goes back to its queue, and
-a refused SwapOut was freed by the allocator instead, so its request is recomputed.
-"""
+"""From the allocator's answer to the executor's StepPlan. Granted block ids pass through here
+into each SeqWork; the scheduler keeps only their number. A refused op takes its request out of
+this step: a Grow waits for the next plan, a SwapIn or AllocateNew goes back to its queue, and a
+SwapOut was freed by the allocator instead, so its request is recomputed."""
 
 from __future__ import annotations
 
@@ -26,7 +22,8 @@ def build_plan(
     for refusal in result.refused:
         rid = refusal.request_id
         if refusal.reason == RefusalReason.NO_CPU_BLOCKS:  # a SwapOut: freed instead
-            req = planner.swapping[rid]
+            req = q.find(rid)
+            assert req is not None, f"refused SwapOut of unknown request {rid!r}"
             req.in_allocator = False
             if req.status == Status.SWAPPED:
                 planner.to_recompute(req)

@@ -26,9 +26,6 @@ class PrefixCache:
         self._entry_of: dict[int, tuple[CacheKey, int]] = {}
         self._next_serial = ROOT_SERIAL + 1
 
-    def __len__(self) -> int:
-        return len(self._index)
-
     def lookup(self, parent_serial: int, token_ids: tuple[int, ...]) -> int | None:
         """The block holding exactly this block of tokens after this parent, if cached."""
         return self._index.get((parent_serial, token_ids))

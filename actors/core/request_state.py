@@ -1,9 +1,5 @@
-"""Requests as the scheduler sees them: one request's tokens, progress and counts of what it
-holds, and the queues that hold the live ones.
-
-No block ids: the allocator owns them. A request keeps only the counts the allocator reports
-(GPU blocks held, how many of them others share, CPU blocks while swapped out).
-"""
+"""Requests as the scheduler sees them, and the queues that hold the live ones. No block ids:
+the allocator owns them; a request keeps only the counts the allocator reports."""
 
 from __future__ import annotations
 

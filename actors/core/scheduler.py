@@ -6,12 +6,8 @@ Each step is one round trip to the allocator, then one to the executor:
          <-- AllocationResult: on_allocated(): StepPlan --> executor (nothing to run: idle)
          <-- StepResult: update(): TokenBatch --> streamer; next round trip if work exists
 
-Messages arriving meanwhile (new requests, aborts, stop-string hits) change the state and take
-effect at the next plan. The parts, composed here:
-
-    RequestQueues   where each request is, in the QueuePolicy's order (fcfs or priority)
-    StepPlanner     what runs next and who gives way (the PreemptionPolicy's victim and mode)
-    build_plan      the allocator's answer -> the executor's StepPlan
+Messages arriving meanwhile (new requests, aborts, stop-string hits) take effect at the next
+plan. Composed of RequestQueues (request_state.py), StepPlanner and build_plan (plan_builder.py).
 """
 
 from __future__ import annotations
@@ -250,12 +246,7 @@ class SchedulerCore:
 
     def stats(self) -> EngineStats:
         """A snapshot of pools (as of the last AllocationResult), queues and counters."""
-        pools, q, planner, num_gpu = (
-            self.pools,
-            self.queues,
-            self.planner,
-            self.limits.num_gpu_blocks,
-        )
+        pools, q, num_gpu = self.pools, self.queues, self.limits.num_gpu_blocks
         return EngineStats(
             num_gpu_blocks=num_gpu,
             num_gpu_blocks_used=num_gpu - pools.num_gpu_free,
@@ -265,8 +256,8 @@ class SchedulerCore:
             num_running=len(q.running),
             num_waiting=len(q.waiting),
             num_swapped=len(q.swapped),
-            num_preemptions_swap=planner.num_preemptions_swap,
-            num_preemptions_recompute=planner.num_preemptions_recompute,
+            num_preemptions_swap=self.planner.num_preemptions_swap,
+            num_preemptions_recompute=self.planner.num_preemptions_recompute,
             prefix_cache_hit_tokens=pools.prefix_cache_hit_tokens,
             prefix_cache_query_tokens=pools.prefix_cache_query_tokens,
             num_steps=self.num_steps,

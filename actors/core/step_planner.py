@@ -1,18 +1,13 @@
-"""The step planner: which requests run each step, with how many blocks, and who gives way when
-blocks run out. It emits the step's allocator ops and a typed entry (Work) per request.
+"""The step planner: who runs each step, with how many blocks, and who gives way when blocks run
+out. It emits the step's allocator ops and one typed entry (Work) per request.
 
-A step's token budget and seats go to: running decodes, then running prefills in chunks of what
-budget is left (a long prompt never stalls decodes), then swapped requests, then waiting ones,
-each in queue order. The counts come from the last AllocationResult, and releasing a request
-frees at least `num_blocks - num_shared`; ops go out in queue order, so a shortage the counts
-missed is refused on the last ones. When a running request needs blocks that are not there, the
-preemption policy's victim gives way; a step that preempted admits nobody, so a preempted
-request is not overtaken by later arrivals.
+Budget and seats go to running decodes, then running prefills in chunks (a long prompt never
+stalls decodes), then swapped requests, then waiting ones, each in queue order. A step that
+preempted admits nobody, so a preempted request is not overtaken by later arrivals.
 
-Lookahead (num_lookahead_tokens = k): a decoding request's table covers k positions past its
-tokens, so an executor that overlaps the next decode step owns the block it writes (see
-gpu/model_runner.py). Decodes and sampled prefill chunks grow to that cover and count it like
-any need; AllocateNew never covers past the prompt (new requests get it at their first decode).
+Lookahead k: a decoding request's table covers k positions past its tokens, so an executor that
+overlaps the next decode step owns the block it writes (gpu/overlap.py). AllocateNew never
+covers past the prompt (a new request gets it at its first decode).
 
     tokens  t0 .. t9 | t10 (to compute)   block_size 4, k = 1
     table   [b0 b1 b2]  covers 12 >= 11 + 1 positions: the next step's KV slot is owned
@@ -70,19 +65,19 @@ class StepPlanner:
         self.to_commit: dict[str, Request] = {}  # computed new full blocks to cache
         self.num_preemptions_swap = self.num_preemptions_recompute = 0
         self.work: dict[str, Work] = {}  # this step's entries, in plan order
-        self.swapping: dict[str, Request] = {}  # this step's swap-out victims
         self.unfittable: list[Request] = []  # ended: more blocks than the pool has
         self._ops: dict[type, list[AllocOp]] = {}
+        self._growing: list[Work] = []  # entries with a block need, in plan order
         self._avail = self._cpu_avail = 0  # blocks left to plan with, this step
         self._preempted = False
 
     def plan(self, num_gpu_free: int, num_cpu_free: int) -> list[AllocOp] | None:
         """This step's allocator ops, in the order they must apply (None: nothing to do)."""
         lim, q = self.limits, self.queues
-        bs, lookahead, blocks_for = lim.block_size, lim.num_lookahead_tokens, lim.blocks_for
+        bs, lookahead = lim.block_size, lim.num_lookahead_tokens
         ops = self._ops = {kind: [] for kind in OP_ORDER}
         work: dict[str, Work] = {}
-        self.work, self.swapping, self._preempted = work, {}, False
+        self.work, self._growing, self._preempted = work, [], False
         self._avail, self._cpu_avail = num_gpu_free, num_cpu_free
         for req in self.to_commit.values():
             num_full = req.num_computed // bs
@@ -96,10 +91,8 @@ class StepPlanner:
                 self._free(req)
         q.to_free = {}
         budget = lim.max_num_batched_tokens
-        growing: list[Work] = []  # entries with a block need, in plan order (for Grow ops)
         prefills: list[Request] = []
-        running, run = Status.RUNNING, Kind.RUN
-        avail = self._avail
+        running = Status.RUNNING
         # Decodes first, in queue order; prefills after, with what budget is left. Iterate a
         # snapshot: preemption removes victims from q.running while this loop runs.
         for req in list(q.running):
@@ -110,24 +103,12 @@ class StepPlanner:
             computed = req.num_computed
             if len(req.token_ids) - computed != 1:
                 prefills.append(req)
-                continue
-            # The hot path: a decode is one token and needs a new block only at a boundary
-            # (its table covers computed + 1 + lookahead positions after this step).
-            if computed + lookahead < req.num_blocks * bs:
+            elif computed + lookahead < req.num_blocks * bs:  # the common decode: no new block
                 work[req.request_id] = req.decode  # made once per request: no allocation
                 budget -= 1
-                continue
-            need = blocks_for(computed + 1 + lookahead) - req.num_blocks
-            if avail >= need:
-                growing.append(Work(req, 1, run, need))
-                work[req.request_id] = growing[-1]
-                budget -= 1
-                avail -= need
             else:
-                self._avail = avail
-                budget = self._fit(req, 1, need, budget, growing)
-                avail = self._avail
-        self._avail = avail
+                need = lim.blocks_for(computed + 1 + lookahead) - req.num_blocks
+                budget = self._fit(req, 1, need, budget)
         for req in prefills:
             if budget == 0:
                 break
@@ -135,15 +116,15 @@ class StepPlanner:
                 continue  # preempted earlier in this loop
             computed = req.num_computed
             n = min(len(req.token_ids) - computed, budget)
-            need = max(blocks_for(computed + n + self._lookahead(req, n)) - req.num_blocks, 0)
+            need = max(lim.blocks_for(computed + n + self._lookahead(req, n)) - req.num_blocks, 0)
             fit = (req.num_blocks + self._avail) * bs - computed
             if need > self._avail and fit >= 1:
                 # A chunk shrinks to the blocks there are before preempting (a last chunk that
                 # fits only without its lookahead keeps its length and goes without).
                 n = min(n, fit)
-                need = max(blocks_for(computed + n) - req.num_blocks, 0)
-            budget = self._fit(req, n, need, budget, growing)
-        for w in growing:
+                need = max(lim.blocks_for(computed + n) - req.num_blocks, 0)
+            budget = self._fit(req, n, need, budget)
+        for w in self._growing:
             if work.get(w.req.request_id) is w:  # not undone by a later preemption
                 ops[Grow].append(Grow(w.req.request_id, self._cover(w.req, w.num_tokens, w.need)))
         if not self._preempted:
@@ -159,14 +140,11 @@ class StepPlanner:
         return self.limits.num_lookahead_tokens if req.num_computed + n == req.num_tokens else 0
 
     def _cover(self, req: Request, n: int, need: int) -> int:
-        """Tokens the table covers after granting `need` blocks for an `n`-token chunk (a Grow's
-        num_tokens): the chunk plus its lookahead, capped at what `need` was counted for."""
+        """A Grow's num_tokens: the chunk plus its lookahead, capped at what `need` covers."""
         end = req.num_computed + n
-        if not self.limits.num_lookahead_tokens:
-            return end
         return min(end + self._lookahead(req, n), (req.num_blocks + need) * self.limits.block_size)
 
-    def _fit(self, req: Request, n: int, need: int, budget: int, growing: list[Work]) -> int:
+    def _fit(self, req: Request, n: int, need: int, budget: int) -> int:
         """Plan `n` tokens of a running request that needs `need` more blocks, preempting the
         policy's victims until they fit; the budget left."""
         work, running, lim = self.work, self.queues.running, self.limits
@@ -191,7 +169,7 @@ class StepPlanner:
             self._preempt(victim)
         work[req.request_id] = Work(req, n, Kind.RUN, need)
         if need > 0:
-            growing.append(work[req.request_id])
+            self._growing.append(work[req.request_id])
         self._avail -= need
         return budget - n
 
@@ -212,7 +190,6 @@ class StepPlanner:
             self.num_preemptions_recompute += 1
             return
         self._ops[SwapOut].append(SwapOut(req.request_id))
-        self.swapping[req.request_id] = req
         self._avail += req.num_blocks - req.num_shared
         self._cpu_avail -= req.num_blocks
         req.num_cpu_blocks, req.num_blocks, req.num_shared = req.num_blocks, 0, 0
@@ -249,14 +226,12 @@ class StepPlanner:
 
     def _admit_waiting(self, budget: int) -> None:
         q, lim = self.queues, self.limits
-        if not q.waiting:
-            return
         bs, caching = lim.block_size, lim.enable_prefix_caching
         # First blocks of prompts being prefilled: a request starting the same way waits until
         # that prefill is done and cached, so a shared prefix is computed once, not per request.
         leaders = {
             tuple(r.token_ids[:bs])
-            for r in (q.running if caching else ())
+            for r in (q.running if caching and q.waiting else ())
             if r.num_computed < r.prompt_len and r.prompt_len > bs
         }
         deferred: list[Request] = []

@@ -15,6 +15,8 @@ from troupe.messages.allocator import (
 )
 from troupe.messages.scheduler import AllocationResult, Grant, Refusal, RefusalReason
 
+from tests.actors.core.allocator_invariants import check_allocator
+
 BS = 4
 NO_GPU, NO_CPU = RefusalReason.NO_GPU_BLOCKS, RefusalReason.NO_CPU_BLOCKS
 
@@ -30,7 +32,7 @@ def make(num_gpu: int = 8, num_cpu: int = 4, caching: bool = True) -> AllocatorC
 
 def apply(alloc: AllocatorCore, *ops: object, step_id: int = 1) -> AllocationResult:
     result = alloc.apply(AllocateBatch(step_id=step_id, ops=tuple(ops)))  # type: ignore[arg-type]
-    alloc.check()
+    check_allocator(alloc)
     return result
 
 
@@ -182,9 +184,9 @@ def test_prefix_cache_register_keeps_the_first_writer_and_rejects_a_reused_block
     assert not cache.is_cached(7) and cache.lookup(ROOT_SERIAL, (1, 2)) == 3
     with pytest.raises(ValueError, match="block 3 is already registered"):
         cache.register(3, s1, (5, 6))
-    assert cache.lookup(s1, (5, 6)) is None and len(cache) == 1  # the failed insert undone
+    assert cache.lookup(s1, (5, 6)) is None and len(cache._index) == 1  # the failed insert undone
     cache.forget(3)
-    assert len(cache) == 0 and not cache.is_cached(3)
+    assert not cache._index and not cache.is_cached(3)
 
 
 def test_shared_counts_follow_hits_and_releases() -> None:

@@ -18,6 +18,8 @@ from troupe.messages import (
 )
 from troupe.messages.allocator import AllocateBatch, FreeRequest, Grow, SwapIn, SwapOut
 
+from tests.actors.core.allocator_invariants import check_allocator
+
 BS = 4
 
 
@@ -69,7 +71,7 @@ class Rig:
         batch = self.s.schedule()
         assert batch is not None
         plan = self.s.on_allocated(self.a.apply(batch))
-        self.a.check()
+        check_allocator(self.a)
         return batch, plan
 
     def step(self) -> tuple[AllocateBatch, StepPlan, TokenBatch]:
@@ -287,7 +289,7 @@ def _pump(rig: Rig, out: list) -> list:  # type: ignore[type-arg]
         for dest, msg in out:
             if dest == "allocator":
                 replies.append(rig.a.apply(msg))
-                rig.a.check()
+                check_allocator(rig.a)
             elif dest == "executor":
                 replies.append(
                     StepResult(step_id=msg.step_id, time=3.0, sampled=rig.r.execute(msg))

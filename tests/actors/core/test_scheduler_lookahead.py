@@ -10,6 +10,8 @@ from troupe.gpu.fake_runner import FakeRunner
 from troupe.messages import AdmittedRequest, FinishReason, SampledToken, SamplingParams, StepPlan
 from troupe.ops.bench_scheduler import CoreLoop
 
+from tests.actors.core.allocator_invariants import check_allocator
+
 
 class TableWatcher:
     """A FakeRunner that mirrors the executor's block tables and records, per decode, how many
@@ -63,7 +65,7 @@ def _loop(
         max_model_len=4096,
     )
     watcher = TableWatcher(runner)
-    return CoreLoop(scheduler, allocator, watcher, check=True), watcher  # type: ignore[arg-type]
+    return CoreLoop(scheduler, allocator, watcher, check=check_allocator), watcher  # type: ignore[arg-type]
 
 
 def _requests(lengths: list[tuple[int, int]]) -> list[AdmittedRequest]:

@@ -28,6 +28,8 @@ from troupe.messages.allocator import (
 from troupe.messages.scheduler import AllocationResult, Refusal, RefusalReason
 from troupe.ops.bench_scheduler import build_loop
 
+from tests.actors.core.allocator_invariants import check_allocator
+
 BLOCK = 4
 # Deliveries (scheduler inbox batches) a workload may take: each request needs at most a few
 # per token it computes; far more means something waits forever.
@@ -110,7 +112,7 @@ def _run(w: dict, mode: str, refusing: bool = False) -> None:
         enable_prefix_caching=w["caching"],
         preemption_mode=mode,
         scheduling_policy=w["policy"],
-        check=True,
+        check=check_allocator,
     )
     if refusing:
         loop.allocator = RefusingAllocator(
@@ -154,7 +156,7 @@ def _run(w: dict, mode: str, refusing: bool = False) -> None:
             assert (loop.tokens[rid], reason) == (tokens, expected_reason), rid
     alloc = loop.allocator
     assert not alloc.seqs, f"blocks still held by {sorted(alloc.seqs)}"
-    assert alloc.gpu.num_used == 0 and alloc.cpu.num_used == 0
+    assert alloc.gpu.num_free == alloc.gpu.num_blocks and alloc.cpu.num_free == alloc.cpu.num_blocks
     assert loop.runner.num_live <= len(w["reqs"])
     stats = loop.batches[-1].stats
     assert stats is not None and stats.num_gpu_blocks_used == 0 and stats.num_running == 0

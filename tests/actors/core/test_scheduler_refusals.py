@@ -10,6 +10,7 @@ from troupe.messages.allocator import AllocateBatch, AllocateNew, FreeRequest, G
 from troupe.messages.executor import StepPlan
 from troupe.messages.scheduler import Refusal, RefusalReason, StepResult
 
+from tests.actors.core.allocator_invariants import check_allocator
 from tests.actors.core.test_scheduler import Rig, prompt
 
 NO_GPU, NO_CPU = RefusalReason.NO_GPU_BLOCKS, RefusalReason.NO_CPU_BLOCKS
@@ -31,7 +32,7 @@ def refuse(
     result = rig.a.apply(AllocateBatch(step_id=batch.step_id, ops=tuple(ops)))
     refusals = (*result.refused, Refusal(rid, reason))
     plan = rig.s.on_allocated(msgspec.structs.replace(result, refused=refusals))
-    rig.a.check()
+    check_allocator(rig.a)
     if plan is not None:
         rig.s.update(StepResult(step_id=plan.step_id, time=1.0, sampled=rig.r.execute(plan)))
     return batch, plan
@@ -91,7 +92,7 @@ def test_refused_swap_out_is_recomputed() -> None:
     while rig.s.requests:
         rig.step()
     rig.allocate()  # frees the last request's blocks
-    assert not rig.a.seqs and rig.a.gpu.num_used == 0
+    assert not rig.a.seqs and rig.a.gpu.num_free == rig.a.gpu.num_blocks
 
 
 def test_planner_counts_shared_blocks_as_staying() -> None:

@@ -44,7 +44,7 @@ def test_long_prompt_is_chunked_and_never_stalls_decodes() -> None:
 
 
 def _shared_prompt_run(caching: bool) -> tuple[dict[str, list[int]], int, int]:
-    loop = build_loop(max_num_batched_tokens=4096, enable_prefix_caching=caching, check=False)
+    loop = build_loop(max_num_batched_tokens=4096, enable_prefix_caching=caching)
     system = tuple(100 + (j * 31) % 5000 for j in range(1000))
     loop.submit(
         _req(f"r{i}", (*system, *(7000 + i * 8 + k for k in range(8))), 4) for i in range(200)
