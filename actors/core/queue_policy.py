@@ -1,18 +1,18 @@
 """Queue policy: the order requests are served in, and read backwards, preempted in.
 
-The scheduler keeps each queue (waiting, running, swapped) sorted by the policy's key, lowest
-first, computed once when a request arrives. Chosen by EngineConfig.scheduling_policy (vLLM's
-name). A new policy: a class and its name in QUEUE_POLICIES and QueuePolicyName, and a test.
+Each queue (waiting, running, swapped) stays sorted by the policy's key, lowest first, computed
+once when a request arrives. A new policy: a class, its entry in QUEUE_POLICIES and its name in
+config.QueuePolicyName (the check below fails until both agree), and a test.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Protocol, get_args
+
+from troupe.config import QueuePolicyName
 
 if TYPE_CHECKING:
     from troupe.actors.core.request_state import Request
-
-QueuePolicyName = Literal["fcfs", "priority"]
 
 
 class QueuePolicy(Protocol):
@@ -34,6 +34,7 @@ class Priority:
 
 
 QUEUE_POLICIES: dict[str, type[QueuePolicy]] = {"fcfs": Fcfs, "priority": Priority}
+assert set(QUEUE_POLICIES) == set(get_args(QueuePolicyName)), "config.QueuePolicyName differs"
 
 
 def make_queue_policy(name: str) -> QueuePolicy:

@@ -9,14 +9,13 @@ from typing import get_args
 import pytest
 from troupe.actors.core.preemption_policy import (
     PREEMPTION_POLICIES,
-    PreemptionMode,
     Recompute,
     SwapWhenRoom,
     make_preemption_policy,
 )
-from troupe.actors.core.queue_policy import QUEUE_POLICIES, QueuePolicyName, make_queue_policy
+from troupe.actors.core.queue_policy import QUEUE_POLICIES, make_queue_policy
 from troupe.actors.core.request_state import Request
-from troupe.config import ConfigError, EngineConfig
+from troupe.config import ConfigError, EngineConfig, PreemptionMode, QueuePolicyName
 from troupe.messages.allocator import FreeRequest, Grow
 
 from tests.actors.core.test_scheduler import Rig, prompt
