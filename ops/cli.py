@@ -160,3 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     from troupe.gateway.server import run_serve
 
     return run_serve(ns, config)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -154,6 +154,7 @@ def main() -> None:
     steps = 1 + (1 + len(CHUNKS) * 2) * (args.repeat + 1)
     per_seq = -(-(args.context + steps + 1) // BLOCK)
     chunk_blocks = sum(-(-c // BLOCK) for c in CHUNKS) * (args.repeat + 1) * 2
+    chunk_blocks += 8 * -(-args.profile // BLOCK)  # the profiled steps' chunks
     results = {}
     for label, mixed_tokens in (("mixed graphs", max_tokens), ("mixed eager", 0)):
         model = build_model(config, weights.items(), torch.bfloat16, device, 4096)

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# One device call: issue #9's serving workload (Qwen3-0.6B shape, random bf16 weights, 300
+# requests per rate, input U[128, 1024], output U[64, 512], temperature 0.6, ignore_eos) through
+# HTTP (`troupe serve`, one server for every rate) and through Engine.generate (--engine).
+# Run from the repo root with .whl carried; results (JSON per run, logs) go to $OUT.
+#   RATES="8 24 40 inf" ENGINE_RATES="40 inf" SERVE_ARGS="" bash ops/serve_gpu.sh
+set -uo pipefail
+OUT=${OUT:-/tmp/troupe-gpu}; mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target /tmp/site .whl/*.whl || exit 1
+mkdir -p /tmp/pkg && ln -sfn "$PWD" /tmp/pkg/troupe
+export PYTHONPATH=/tmp/pkg:/tmp/site PYTHONUNBUFFERED=1
+MODEL=/tmp/qwen3-random
+[ -f $MODEL/model.safetensors ] || python3 -c "
+from pathlib import Path
+from troupe.gpu.weights import qwen3_0_6b_config
+from troupe.ops.bench_offline import write_model_folder
+p = Path('$MODEL'); p.mkdir(exist_ok=True); write_model_folder(p, qwen3_0_6b_config())"
+TROUPE="python3 -m troupe.ops.cli"
+LOAD="--num-prompts ${NUM_PROMPTS:-300} --min-input-len 128 --max-input-len 1024 --min-output-len 64
+  --max-output-len 512 --temperature 0.6 --goodput ttft:200 tpot:20 --no-progress"
+PORT=8011
+$TROUPE serve --model $MODEL --device cuda --port $PORT ${SERVE_ARGS:-} > "$OUT/server.log" 2>&1 &
+SERVER=$!
+for _ in $(seq 240); do
+  python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$PORT/health')" \
+    2> /dev/null && break
+  sleep 0.5
+done
+for rate in ${RATES:-8 24 40 inf}; do
+  echo "== http rate $rate"
+  # a seed per rate: the server's prefix cache must not see a run's prompts again
+  $TROUPE bench serve --base-url http://127.0.0.1:$PORT --request-rate $rate --seed ${rate/inf/999} $LOAD \
+    --result-file "$OUT/http_$rate.json" 2>&1 | tail -${TAIL:-22}
+done
+kill -TERM $SERVER; wait $SERVER
+for rate in ${ENGINE_RATES:-40 inf}; do
+  echo "== engine rate $rate"
+  $TROUPE bench serve --engine --model $MODEL --device cuda ${SERVE_ARGS:-} --request-rate $rate \
+    --seed ${rate/inf/999} $LOAD --result-file "$OUT/engine_$rate.json" 2>&1 | tail -${TAIL:-22}
+done
