@@ -125,12 +125,11 @@ class TokenizerCore:
             encoded: list[Sequence[int] | Exception] = []
             for text in texts:
                 try:
-                    [ids] = self._tokenizer.encode_batch(
+                    encoded += self._tokenizer.encode_batch(
                         [text], add_special_tokens=add_special_tokens
                     )
                 except Exception as exc:
-                    ids = exc
-                encoded.append(ids)
+                    encoded.append(exc)
             return encoded
 
     def _emit(
