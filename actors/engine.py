@@ -20,11 +20,10 @@ import structlog
 from anyio.abc import TaskGroup, TaskStatus
 from anyio.streams.memory import MemoryObjectSendStream
 from troupe.actors.client_streams import ClientStreams, EventListener
-from troupe.actors.core.base import ActorName, Core
 from troupe.actors.core.executor import ExecutorCore
 from troupe.actors.exception_groups import single_leaf, unwrap_single
 from troupe.actors.executor import ExecutorSetup, start_executor
-from troupe.actors.graph import CORE_ACTORS, build_core, load_tokenizer_for
+from troupe.actors.graph import GraphInputs, load_tokenizer_for
 from troupe.actors.request_input import RequestInputError, to_generate_request
 from troupe.actors.shell import Actor
 from troupe.actors.watchdog import watch_executor
@@ -144,9 +143,8 @@ class Engine:
             start_executor, config, self._injected_runner
         )
         self.model_name = setup.model_name
-        self._executor = setup.core
-        self.max_model_len = setup.max_model_len
-        self._vocab_size = setup.core_args["admission"]["vocab_size"]
+        self.max_model_len = setup.numbers.max_model_len
+        self._vocab_size = setup.numbers.vocab_size
         self.tokenizer = await anyio.to_thread.run_sync(load_tokenizer_for, config.model)
         tracer = None
         if config.trace_path:
@@ -154,15 +152,13 @@ class Engine:
                 version=TRACE_VERSION,
                 created=time.strftime("%Y-%m-%dT%H:%M:%S"),
                 engine_config=dataclasses.asdict(config),
-                core_args=setup.core_args,
+                runner=setup.numbers,
             )
             tracer = TraceWriter(config.trace_path, header)
-        cores: dict[ActorName, Core[Any]] = {
-            name: build_core(name, setup.core_args[name]) for name in CORE_ACTORS
-        }
-        cores["executor"] = setup.core
-        graph = wire(graph_specs(executor_in_thread=setup.is_blocking), cores, tracer)
+        inputs = GraphInputs(config, setup.numbers, self.tokenizer, setup.runner)
+        graph = wire(graph_specs(executor_in_thread=setup.is_blocking), inputs, tracer)
         self._actors = list(graph.actors)
+        self._executor = next(a.core for a in graph.actors if isinstance(a.core, ExecutorCore))
         self._to_tokenizer = graph.to_tokenizer
         try:
             with self._cancel_scope:
@@ -173,7 +169,12 @@ class Engine:
                         await tg.start(actor.run)
                         if actor.name == "executor" and setup.is_blocking and config.step_timeout_s:
                             tg.start_soon(watch_executor, actor, config.step_timeout_s)
-                    log.info("engine ready", model=self.model_name, **_pool_sizes(setup))
+                    log.info(
+                        "engine ready",
+                        model=self.model_name,
+                        num_gpu_blocks=setup.numbers.num_gpu_blocks,
+                        num_cpu_blocks=setup.numbers.num_cpu_blocks,
+                    )
                     task_status.started()
         except Exception as exc:  # an actor crashed: fail its requests, keep the caller alive
             self.error = single_leaf(exc) or exc
@@ -188,11 +189,9 @@ class Engine:
                 if any(actor.is_hung for actor in graph.actors):
                     # The runner is stuck in a step; closing it may block too: bounded, abandoned.
                     with anyio.move_on_after(5):
-                        await anyio.to_thread.run_sync(
-                            setup.core.runner.close, abandon_on_cancel=True
-                        )
+                        await anyio.to_thread.run_sync(setup.runner.close, abandon_on_cancel=True)
                 else:
-                    await anyio.to_thread.run_sync(setup.core.runner.close)
+                    await anyio.to_thread.run_sync(setup.runner.close)
             self._stopped.set()
 
     async def _route(self, inbox: Any) -> None:
@@ -374,8 +373,3 @@ def _log_end(event: StreamEvent) -> None:
 
 # Engine-made request ids; a caller's own ids are checked for clashes at the client edge.
 _ids = itertools.count(1)
-
-
-def _pool_sizes(setup: ExecutorSetup) -> dict[str, int]:
-    sched = setup.core_args["scheduler"]
-    return {"num_gpu_blocks": sched["num_gpu_blocks"], "num_cpu_blocks": sched["num_cpu_blocks"]}

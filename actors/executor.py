@@ -1,28 +1,25 @@
 """Executor set-up: the only place outside the executor core that touches gpu/.
 
 Builds the runner (model load, KV pools sized from memory) off the event loop and derives the
-numbers every other core is built from.
+numbers every other core is built from (RunnerNumbers).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from troupe.actors.core.executor import ExecutorCore
-from troupe.actors.graph import core_args
 from troupe.config import DEFAULT_MODEL_NAME, EngineConfig, resolve_model_path
 from troupe.gpu.runner import Runner, build_runner
+from troupe.messages.trace import RunnerNumbers
 
 
 @dataclass(frozen=True)
 class ExecutorSetup:
-    core: ExecutorCore
+    runner: Runner
+    numbers: RunnerNumbers
     model_path: str
     model_name: str
-    max_model_len: int
-    core_args: dict[str, dict[str, Any]]
     is_blocking: bool  # the runner does real (GPU or CPU model) work: run it in a worker thread
 
 
@@ -42,30 +39,21 @@ def start_executor(config: EngineConfig, runner: Runner | None = None) -> Execut
     # such prompts up front (400 too_long) and generation stops at the cap (finish "length").
     capacity = runner.num_gpu_blocks * runner.block_size - runner.num_lookahead_tokens
     max_model_len = max(1, min(max_model_len, capacity))
-    args = core_args(
-        model=config.model,
+    numbers = RunnerNumbers(
         block_size=runner.block_size,
         num_gpu_blocks=runner.num_gpu_blocks,
         num_cpu_blocks=runner.num_cpu_blocks,
         vocab_size=runner.vocab_size,
         max_model_len=max_model_len,
         eos_token_ids=tuple(runner.eos_token_ids),
-        max_num_seqs=config.max_num_seqs,
-        max_num_batched_tokens=config.max_num_batched_tokens,
-        enable_prefix_caching=config.enable_prefix_caching,
-        preemption_mode=config.preemption_mode,
-        scheduling_policy=config.scheduling_policy,
-        max_queued_requests=config.max_queued_requests,
-        max_queued_tokens=config.max_queued_tokens,
         # an overlapping runner needs each decode's next KV slot already in its table
         num_lookahead_tokens=runner.num_lookahead_tokens,
     )
     return ExecutorSetup(
-        core=ExecutorCore(runner),
+        runner=runner,
+        numbers=numbers,
         model_path=str(path),
         model_name=model_name(config.model, path),
-        max_model_len=max_model_len,
-        core_args=args,
         is_blocking=injected or config.runner != "fake",
     )
 

@@ -1,105 +1,89 @@
-"""How the graph's cores are built: from plain constructor arguments, so that a trace header
-can record them and replay can build the same cores without a model or a GPU."""
+"""How the graph's cores are built: one typed factory per actor, each reading only GraphInputs
+(the EngineConfig, the runner's numbers, and the two shared objects: tokenizer and runner).
+A trace header records the config and the numbers, so replay builds the same cores with the
+same factories, without a model or a GPU (ops/replay.py)."""
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from troupe.actors.core.admission import AdmissionCore
-from troupe.actors.core.base import ActorName, Core
+from troupe.actors.core.allocator import AllocatorCore
+from troupe.actors.core.executor import ExecutorCore
+from troupe.actors.core.scheduler import SchedulerCore
+from troupe.actors.core.streamer import StreamerCore
+from troupe.actors.core.tokenizer import TokenizerCore
+from troupe.actors.core.tokenizer_text import TextTokenizer
+from troupe.config import EngineConfig, resolve_model_path
+from troupe.messages.trace import RunnerNumbers
 
-# Receiving actors, downstream first: the order the engine starts them in.
-CORE_ACTORS: tuple[ActorName, ...] = (
-    "streamer",
-    "scheduler",
-    "allocator",
-    "admission",
-    "tokenizer",
-)
+if TYPE_CHECKING:
+    from troupe.gpu.runner import Runner
 
 
 @functools.lru_cache(maxsize=4)
-def load_tokenizer_for(model: str | None) -> Any:
+def load_tokenizer_for(model: str | None) -> TextTokenizer:
     """The tokenizer of `model` (None: the default model), loaded once per process."""
     from troupe.actors.core.tokenizer_files import load_tokenizer
-    from troupe.config import resolve_model_path
 
     return load_tokenizer(resolve_model_path(model))
 
 
-def build_core(name: str, args: Mapping[str, Any]) -> Core[Any]:
-    """A fresh core for actor `name` from its recorded constructor arguments."""
-    if name == "tokenizer":
-        from troupe.actors.core.tokenizer import TokenizerCore
+@dataclass(frozen=True, slots=True)
+class GraphInputs:
+    """All that a core factory may read."""
 
-        # Traces recorded before the tokenizer knew max_model_len replay without it.
-        return TokenizerCore(
-            load_tokenizer_for(args["model"]), max_model_len=args.get("max_model_len")
-        )
-    if name == "streamer":
-        from troupe.actors.core.streamer import StreamerCore
-
-        return StreamerCore(load_tokenizer_for(args["model"]))
-    if name == "admission":
-        return AdmissionCore(**args)
-    if name == "scheduler":
-        from troupe.actors.core.scheduler import SchedulerCore
-
-        return SchedulerCore(**args)
-    if name == "allocator":
-        from troupe.actors.core.allocator import AllocatorCore
-
-        return AllocatorCore(**args)
-    raise ValueError(f"unknown actor {name!r}; expected one of {', '.join(CORE_ACTORS)}")
+    config: EngineConfig
+    numbers: RunnerNumbers
+    tokenizer: TextTokenizer  # shared, read-only: see docs/architecture.md
+    runner: Runner | None = None  # None on replay, which does not rebuild the executor
 
 
-def core_args(
-    *,
-    model: str | None,
-    block_size: int,
-    num_gpu_blocks: int,
-    num_cpu_blocks: int,
-    vocab_size: int,
-    max_model_len: int,
-    eos_token_ids: tuple[int, ...],
-    max_num_seqs: int,
-    max_num_batched_tokens: int,
-    enable_prefix_caching: bool,
-    preemption_mode: str,
-    scheduling_policy: str,
-    max_queued_requests: int,
-    max_queued_tokens: int,
-    num_lookahead_tokens: int = 0,
-) -> dict[str, dict[str, Any]]:
-    """Constructor arguments of every core, from the config and the runner's numbers."""
-    return {
-        "tokenizer": {"model": model, "max_model_len": max_model_len},
-        "streamer": {"model": model},
-        "admission": {
-            "max_model_len": max_model_len,
-            "vocab_size": vocab_size,
-            "max_num_seqs": max_num_seqs,
-            "max_queued_requests": max_queued_requests,
-            "max_queued_tokens": max_queued_tokens,
-        },
-        "scheduler": {
-            "block_size": block_size,
-            "num_gpu_blocks": num_gpu_blocks,
-            "num_cpu_blocks": num_cpu_blocks,
-            "max_num_seqs": max_num_seqs,
-            "max_num_batched_tokens": max_num_batched_tokens,
-            "enable_prefix_caching": enable_prefix_caching,
-            "preemption_mode": preemption_mode,
-            "scheduling_policy": scheduling_policy,
-            "eos_token_ids": list(eos_token_ids),
-            "num_lookahead_tokens": num_lookahead_tokens,
-        },
-        "allocator": {
-            "block_size": block_size,
-            "num_gpu_blocks": num_gpu_blocks,
-            "num_cpu_blocks": num_cpu_blocks,
-            "enable_prefix_caching": enable_prefix_caching,
-        },
-    }
+def build_tokenizer(g: GraphInputs) -> TokenizerCore:
+    return TokenizerCore(g.tokenizer, max_model_len=g.numbers.max_model_len)
+
+
+def build_admission(g: GraphInputs) -> AdmissionCore:
+    return AdmissionCore(
+        max_model_len=g.numbers.max_model_len,
+        vocab_size=g.numbers.vocab_size,
+        max_num_seqs=g.config.max_num_seqs,
+        max_queued_requests=g.config.max_queued_requests,
+        max_queued_tokens=g.config.max_queued_tokens,
+    )
+
+
+def build_scheduler(g: GraphInputs) -> SchedulerCore:
+    return SchedulerCore(
+        block_size=g.numbers.block_size,
+        num_gpu_blocks=g.numbers.num_gpu_blocks,
+        num_cpu_blocks=g.numbers.num_cpu_blocks,
+        max_num_seqs=g.config.max_num_seqs,
+        max_num_batched_tokens=g.config.max_num_batched_tokens,
+        enable_prefix_caching=g.config.enable_prefix_caching,
+        preemption_mode=g.config.preemption_mode,
+        scheduling_policy=g.config.scheduling_policy,
+        eos_token_ids=g.numbers.eos_token_ids,
+        num_lookahead_tokens=g.numbers.num_lookahead_tokens,
+    )
+
+
+def build_allocator(g: GraphInputs) -> AllocatorCore:
+    return AllocatorCore(
+        block_size=g.numbers.block_size,
+        num_gpu_blocks=g.numbers.num_gpu_blocks,
+        num_cpu_blocks=g.numbers.num_cpu_blocks,
+        enable_prefix_caching=g.config.enable_prefix_caching,
+    )
+
+
+def build_executor(g: GraphInputs) -> ExecutorCore:
+    if g.runner is None:
+        raise ValueError("the executor core needs a runner (replay does not rebuild it)")
+    return ExecutorCore(g.runner)
+
+
+def build_streamer(g: GraphInputs) -> StreamerCore:
+    return StreamerCore(g.tokenizer)

@@ -1,8 +1,9 @@
 """The actor graph as one typed table, and the channels it is wired with.
 
-Every actor is one `ActorSpec` row: its name, the actors it sends to, its inbox buffer and
-whether its core runs in a worker thread. `wire` creates one inbox per receiver, gives each
-sender its own clone, and returns the actors (downstream first: the order to start them in).
+Every actor is one `ActorSpec` row: its name, the factory of its core (actors/graph.py), the
+actors it sends to, its inbox buffer and whether its core runs in a worker thread. `wire`
+builds the cores, creates one inbox per receiver, gives each sender its own clone, and returns
+the actors (downstream first: the order to start them in).
 
 Inbox buffers: the client edge (tokenizer) is bounded, so callers feel backpressure. Admission
 and the scheduler sit on cycles (streamer -> admission -> streamer; streamer -> scheduler ->
@@ -14,13 +15,22 @@ the scheduler can start the next step while text is being detokenized.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from troupe.actors.core.base import ActorName, Core
+from troupe.actors.graph import (
+    GraphInputs,
+    build_admission,
+    build_allocator,
+    build_executor,
+    build_scheduler,
+    build_streamer,
+    build_tokenizer,
+)
 from troupe.actors.shell import Actor
 from troupe.messages.trace import TraceWriter
 
@@ -28,6 +38,7 @@ from troupe.messages.trace import TraceWriter
 @dataclass(frozen=True, slots=True)
 class ActorSpec:
     name: ActorName
+    build: Callable[[GraphInputs], Core[Any]]  # its core
     sends_to: tuple[ActorName, ...]
     inbox_buffer: float  # math.inf: unbounded (only on a documented cycle)
     in_thread: bool  # the core blocks (tokenizing, GPU work): keep it off the event loop
@@ -36,13 +47,14 @@ class ActorSpec:
 
 def graph_specs(*, executor_in_thread: bool) -> tuple[ActorSpec, ...]:
     """The graph, downstream first. The executor runs in a thread when its runner blocks."""
-    return (
-        ActorSpec("streamer", ("client", "scheduler", "admission"), 8, in_thread=False),
-        ActorSpec("executor", ("scheduler",), 0, executor_in_thread, max_batch=1),
-        ActorSpec("scheduler", ("allocator", "executor", "streamer"), math.inf, in_thread=False),
-        ActorSpec("allocator", ("scheduler",), 0, in_thread=False),
-        ActorSpec("admission", ("scheduler", "streamer"), math.inf, in_thread=False),
-        ActorSpec("tokenizer", ("admission", "streamer"), 64, in_thread=True),
+    inf = math.inf
+    return (  # name, core factory, sends to, inbox buffer, in a thread
+        ActorSpec("streamer", build_streamer, ("client", "scheduler", "admission"), 8, False),
+        ActorSpec("executor", build_executor, ("scheduler",), 0, executor_in_thread, max_batch=1),
+        ActorSpec("scheduler", build_scheduler, ("allocator", "executor", "streamer"), inf, False),
+        ActorSpec("allocator", build_allocator, ("scheduler",), 0, False),
+        ActorSpec("admission", build_admission, ("scheduler", "streamer"), inf, False),
+        ActorSpec("tokenizer", build_tokenizer, ("admission", "streamer"), 64, True),
     )
 
 
@@ -57,11 +69,9 @@ class WiredGraph:
 
 
 def wire(
-    specs: tuple[ActorSpec, ...],
-    cores: Mapping[ActorName, Core[Any]],
-    tracer: TraceWriter | None = None,
+    specs: tuple[ActorSpec, ...], inputs: GraphInputs, tracer: TraceWriter | None = None
 ) -> WiredGraph:
-    """Channels and actors for `specs`; `cores` holds one core per spec."""
+    """Cores, channels and actors for `specs`."""
     senders: dict[ActorName, MemoryObjectSendStream[Any]] = {}
     receivers: dict[ActorName, MemoryObjectReceiveStream[Any]] = {}
     buffers: dict[ActorName, float] = {spec.name: spec.inbox_buffer for spec in specs}
@@ -71,7 +81,7 @@ def wire(
     actors = tuple(
         Actor(
             spec.name,
-            cores[spec.name],
+            spec.build(inputs),
             receivers[spec.name],
             {dest: senders[dest].clone() for dest in spec.sends_to},
             max_batch=spec.max_batch,

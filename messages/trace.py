@@ -43,11 +43,26 @@ class TraceError(Exception):
     """The trace file is unreadable: truncated, corrupt, or of another version."""
 
 
+class RunnerNumbers(msgspec.Struct, frozen=True, kw_only=True):
+    """What the loaded runner decided that the cores are built from, beside the EngineConfig."""
+
+    block_size: int
+    num_gpu_blocks: int
+    num_cpu_blocks: int
+    vocab_size: int
+    max_model_len: int  # the model's, capped by the config and by the GPU pool
+    eos_token_ids: tuple[int, ...]
+    num_lookahead_tokens: int = 0  # KV slots a decode's table covers past its tokens
+
+
 class TraceHeader(msgspec.Struct, frozen=True, kw_only=True):
+    """With the config and the runner's numbers, replay rebuilds the cores (actors/graph.py)."""
+
     version: int
     created: str  # ISO time, for people
     engine_config: dict[str, Any]
-    core_args: dict[str, dict[str, Any]]  # constructor arguments of each actor core, by actor
+    runner: RunnerNumbers | None = None  # None: a trace from before, with `core_args` instead
+    core_args: dict[str, dict[str, Any]] = {}  # before `runner`: each core's constructor args
 
 
 class TraceRecord(msgspec.Struct, frozen=True, array_like=True):

@@ -1,23 +1,34 @@
 """Trace replay: re-drive every actor core from its recorded inbox and compare what it sends.
 
 Each core is a deterministic function of its inbox batches, so replaying the recorded batches
-through fresh cores (built from the arguments in the trace header) must reproduce every message
+through fresh cores (built by the graph's own factories from the config and runner numbers in
+the trace header) must reproduce every message
 the actor sent, byte for byte. The executor is not re-run: its recorded StepResults are part of
 the scheduler's inbox, so a GPU trace replays on a CPU with no model.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import msgspec
-from troupe.actors.graph import CORE_ACTORS, build_core
+from troupe.actors.graph import GraphInputs, load_tokenizer_for
 from troupe.actors.request_input import RequestInputError, check_params
+from troupe.actors.wiring import graph_specs
+from troupe.config import EngineConfig
 from troupe.messages import GenerateRequest
-from troupe.messages.trace import TraceError, TraceRecord, encode_message, read_trace
+from troupe.messages.trace import (
+    RunnerNumbers,
+    TraceError,
+    TraceHeader,
+    TraceRecord,
+    encode_message,
+    read_trace,
+)
 
 
 @dataclass(frozen=True)
@@ -68,12 +79,14 @@ def replay_trace(path: str | Path) -> ReplayReport:
             inbox[rec.actor][rec.batch].append(rec.msg)
         else:
             sent[rec.actor].append(rec)
-    _check_inputs(inbox["tokenizer"], header.core_args.get("admission", {}).get("vocab_size"))
-    actors = tuple(a for a in CORE_ACTORS if a in header.core_args)
+    inputs = graph_inputs(header)
+    _check_inputs(inbox["tokenizer"], inputs.numbers.vocab_size)
+    specs = tuple(s for s in graph_specs(executor_in_thread=False) if s.name != "executor")
+    actors = tuple(spec.name for spec in specs)
     first: Divergence | None = None
     num_checked = 0
-    for actor in actors:
-        core = build_core(actor, header.core_args[actor])
+    for actor, spec in zip(actors, specs, strict=True):
+        core = spec.build(inputs)
         got: list[tuple[str, msgspec.Struct]] = []
         for batch_no in sorted(inbox[actor]):
             got.extend(core.handle(inbox[actor][batch_no]))
@@ -82,6 +95,25 @@ def replay_trace(path: str | Path) -> ReplayReport:
         if divergence is not None and (first is None or divergence.seq < first.seq):
             first = divergence
     return ReplayReport(len(records), num_checked, actors, first)
+
+
+def graph_inputs(header: TraceHeader) -> GraphInputs:
+    """What built the recorded graph's cores (the executor's runner aside)."""
+    names = {f.name for f in dataclasses.fields(EngineConfig)}
+    config = EngineConfig(**{k: v for k, v in header.engine_config.items() if k in names})
+    numbers = header.runner
+    if numbers is None:  # a trace from before RunnerNumbers: read them from the core arguments
+        scheduler, admission = header.core_args["scheduler"], header.core_args["admission"]
+        numbers = RunnerNumbers(
+            block_size=scheduler["block_size"],
+            num_gpu_blocks=scheduler["num_gpu_blocks"],
+            num_cpu_blocks=scheduler["num_cpu_blocks"],
+            vocab_size=admission["vocab_size"],
+            max_model_len=admission["max_model_len"],
+            eos_token_ids=tuple(scheduler["eos_token_ids"]),
+            num_lookahead_tokens=scheduler.get("num_lookahead_tokens", 0),
+        )
+    return GraphInputs(config, numbers, load_tokenizer_for(config.model))
 
 
 def _check_inputs(batches: dict[int, list[msgspec.Struct]], vocab_size: int | None) -> None:

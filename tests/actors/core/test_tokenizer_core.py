@@ -250,14 +250,26 @@ def test_lone_surrogate_is_rejected_and_harms_nobody(
     assert [type(m).__name__ for _, m in out[2:]] == ["RequestOpened", "TokenizedRequest"]
 
 
-def test_graph_builds_the_tokenizer_with_max_model_len() -> None:
-    from troupe.actors.graph import build_core
+def test_graph_builds_the_tokenizer_with_max_model_len(tok: TextTokenizer) -> None:
+    from troupe.actors.graph import GraphInputs, build_tokenizer
+    from troupe.config import EngineConfig
+    from troupe.messages.trace import RunnerNumbers
 
-    core = build_core("tokenizer", {"model": None, "max_model_len": 4})
+    def numbers(max_model_len: int) -> RunnerNumbers:
+        return RunnerNumbers(
+            block_size=16,
+            num_gpu_blocks=8,
+            num_cpu_blocks=0,
+            vocab_size=tok.vocab_size,
+            max_model_len=max_model_len,
+            eos_token_ids=(2,),
+        )
+
+    core = build_tokenizer(GraphInputs(EngineConfig(), numbers(4), tok))
     (out,) = core.handle([_req("g", prompt_token_ids=(1, 2, 3, 4))])
     assert isinstance(out[1], RequestRejected) and out[1].code == RejectCode.TOO_LONG
-    old_trace = build_core("tokenizer", {"model": None})  # traces from before: no bound
-    assert [box for box, _ in old_trace.handle([_req("g", prompt_token_ids=(1, 2, 3, 4))])] == [
+    roomy = build_tokenizer(GraphInputs(EngineConfig(), numbers(5), tok))
+    assert [box for box, _ in roomy.handle([_req("g", prompt_token_ids=(1, 2, 3, 4))])] == [
         "streamer",
         "admission",
     ]
