@@ -91,8 +91,8 @@ class RequestQueues:
 
     def add(self, req: Request) -> None:
         req.sort_key = self.policy.sort_key(req)
+        self.enqueue(req, Status.WAITING)  # first: it may raise (keys that do not compare)
         self.requests[req.request_id] = req
-        self.enqueue(req, Status.WAITING)
 
     def enqueue(self, req: Request, status: Status) -> None:
         req.status = status

@@ -124,8 +124,8 @@ class SchedulerCore:
             self.queues.add(req)
 
     def _add_alone(self, msg: AdmittedRequest) -> None:
-        """add(), but a request that makes it raise (malformed past the edge) fails alone: it
-        holds no blocks yet, so forgetting what add() recorded is all the cleanup."""
+        """add(), but a request that makes it raise (malformed past the edge) fails alone: add()
+        records a request only once it is queued, so there is nothing to undo."""
         was_live = msg.request_id in self.requests
         try:
             self.add(msg)
@@ -133,10 +133,6 @@ class SchedulerCore:
             log.exception("scheduler failed on a request", request_id=msg.request_id)
             if was_live:
                 return  # a duplicate id: the live request keeps its state and its one ending
-            req = self.requests.pop(msg.request_id, None)
-            for queue in (self.queues.waiting, self.queues.running, self.queues.swapped):
-                if req is not None and req in queue:  # identity: Request has eq=False
-                    queue.remove(req)
             message = f"scheduler failed on this request: {type(exc).__name__}: {exc}"
             self._pending.append(SeqOutput(msg.request_id, (), FinishReason.ERROR, error=message))
 
