@@ -3,8 +3,8 @@
     python -m troupe.ops.mixed_step_bench [--num-seqs 256] [--context 512]
 
 Qwen3-0.6B shape, random bf16 weights. Every sequence is prefilled to `context` tokens, then
-steps are timed (wall time of ModelRunner.execute, which ends with the sampled ids' copy to the
-host, so it includes all GPU work; overlap off, so each step stands alone):
+steps are timed (wall time of ModelRunner.execute and a device sync, so all GPU work is in;
+overlap off, so each step stands alone):
 
     decode      the num_seqs decodes alone
     chunk C     a C-token prompt chunk alone (a fresh request per step)
@@ -92,6 +92,7 @@ class Driver:
         plan = StepPlan(step_id=self.step_id, seqs=tuple(works), released=released)
         start = time.perf_counter()
         out = self.runner.execute(plan)
+        torch.cuda.synchronize()  # a step that samples nothing returns before its GPU work ends
         seconds = time.perf_counter() - start
         for token in out:
             if token.request_id.startswith("r"):
