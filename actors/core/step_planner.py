@@ -67,7 +67,7 @@ class StepPlanner:
         self.work: dict[str, Work] = {}  # this step's entries, in plan order
         self.unfittable: list[Request] = []  # ended: more blocks than the pool has
         self._ops: dict[type, list[AllocOp]] = {}
-        self._growing: list[Work] = []  # entries with a block need, in plan order
+        self._grows: dict[str, Grow] = {}  # this step's, in plan order (a victim's undone)
         self._avail = self._cpu_avail = 0  # blocks left to plan with, this step
         self._preempted = False
 
@@ -77,7 +77,7 @@ class StepPlanner:
         bs, lookahead = lim.block_size, lim.num_lookahead_tokens
         ops = self._ops = {kind: [] for kind in OP_ORDER}
         work: dict[str, Work] = {}
-        self.work, self._growing, self._preempted = work, [], False
+        self.work, self._grows, self._preempted = work, {}, False
         self._avail, self._cpu_avail = num_gpu_free, num_cpu_free
         for req in self.to_commit.values():
             num_full = req.num_computed // bs
@@ -124,9 +124,7 @@ class StepPlanner:
                 n = min(n, fit)
                 need = max(lim.blocks_for(computed + n) - req.num_blocks, 0)
             budget = self._fit(req, n, need, budget)
-        for w in self._growing:
-            if work.get(w.req.request_id) is w:  # not undone by a later preemption
-                ops[Grow].append(Grow(w.req.request_id, self._cover(w.req, w.num_tokens, w.need)))
+        ops[Grow] = list(self._grows.values())
         if not self._preempted:
             budget = self._resume_swapped(budget)
             if not q.swapped:
@@ -138,11 +136,6 @@ class StepPlanner:
     def _lookahead(self, req: Request, n: int) -> int:
         """Positions past the chunk its table must cover: the lookahead if the chunk samples."""
         return self.limits.num_lookahead_tokens if req.num_computed + n == req.num_tokens else 0
-
-    def _cover(self, req: Request, n: int, need: int) -> int:
-        """A Grow's num_tokens: the chunk plus its lookahead, capped at what `need` covers."""
-        end = req.num_computed + n
-        return min(end + self._lookahead(req, n), (req.num_blocks + need) * self.limits.block_size)
 
     def _fit(self, req: Request, n: int, need: int, budget: int) -> int:
         """Plan `n` tokens of a running request that needs `need` more blocks, preempting the
@@ -163,13 +156,16 @@ class StepPlanner:
                 need = self._avail = min(need, lim.num_gpu_blocks - req.num_blocks)
                 break
             undone = work.pop(victim.request_id, None)
+            self._grows.pop(victim.request_id, None)
             if undone is not None:  # planned earlier this step: give its share back
                 budget += undone.num_tokens
                 self._avail += undone.need
             self._preempt(victim)
         work[req.request_id] = Work(req, n, Kind.RUN, need)
-        if need > 0:
-            self._growing.append(work[req.request_id])
+        if need > 0:  # the Grow covers the chunk and its lookahead, as far as `need` reaches
+            cover = req.num_computed + n + self._lookahead(req, n)
+            cover = min(cover, (req.num_blocks + need) * lim.block_size)
+            self._grows[req.request_id] = Grow(req.request_id, cover)
         self._avail -= need
         return budget - n
 
