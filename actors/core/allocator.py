@@ -13,7 +13,6 @@ from troupe.actors.core.prefix_cache import ROOT_SERIAL, PrefixCache
 from troupe.messages.allocator import (
     AllocateBatch,
     AllocateNew,
-    AllocOp,
     CacheBlocks,
     FreeRequest,
     Grow,
@@ -70,15 +69,38 @@ class AllocatorCore:
 
     def apply(self, batch: AllocateBatch) -> AllocationResult:
         self._copies_out, self._copies_in = [], []
-        answers = [self._apply_op(op) for op in batch.ops]
+        grants: list[Grant] = []
+        refused: list[Refusal] = []
+        answer: Grant | Refusal | None
+        for op in batch.ops:  # commonest first: a decode step is mostly Grow and CacheBlocks
+            if isinstance(op, Grow):
+                answer = self._grow(op)
+            elif isinstance(op, CacheBlocks):
+                self._cache_blocks(op)
+                continue
+            elif isinstance(op, FreeRequest):
+                self._free(op.request_id)
+                continue
+            elif isinstance(op, SwapOut):
+                answer = self._swap_out(op)
+            elif isinstance(op, SwapIn):
+                answer = self._swap_in(op)
+            elif isinstance(op, AllocateNew):
+                answer = self._allocate_new(op)
+            else:
+                raise ValueError(f"unknown allocator op {op!r}")
+            if isinstance(answer, Grant):
+                grants.append(answer)
+            elif answer is not None:
+                refused.append(answer)
         # CPU blocks read by this step's swap-ins must not be rewritten by its swap-outs (the
         # executor copies out before in), so they return to the pool only after the batch.
         self.cpu.release(cpu for cpu, _ in self._copies_in)
         seqs, changed, self._shared_changed = self.seqs, self._shared_changed, {}
         return AllocationResult(
             step_id=batch.step_id,
-            grants=tuple(a for a in answers if type(a) is Grant),
-            refused=tuple(a for a in answers if type(a) is Refusal),
+            grants=tuple(grants),
+            refused=tuple(refused),
             shared=tuple((r, seqs[r].num_shared) for r in changed if r in seqs) if changed else (),
             swap_out=tuple(self._copies_out),
             swap_in=tuple(self._copies_in),
@@ -88,26 +110,6 @@ class AllocatorCore:
             prefix_cache_hit_tokens=self.prefix_cache_hit_tokens,
             prefix_cache_query_tokens=self.prefix_cache_query_tokens,
         )
-
-    def _apply_op(self, op: AllocOp) -> Grant | Refusal | None:
-        """One op's answer: a Grant, a Refusal (nothing changed, but a SwapOut: freed), or
-        None (CacheBlocks, FreeRequest). Commonest first: decode steps are Grow and CacheBlocks."""
-        match op:
-            case Grow():
-                return self._grow(op)
-            case CacheBlocks():
-                self._cache_blocks(op)
-            case FreeRequest():
-                self._free(op.request_id)
-            case SwapOut():
-                return self._swap_out(op)
-            case SwapIn():
-                return self._swap_in(op)
-            case AllocateNew():
-                return self._allocate_new(op)
-            case _:
-                raise ValueError(f"unknown allocator op {op!r}")
-        return None
 
     def _seq(self, request_id: str, swapped: bool | None = False) -> _Seq:
         """The request's blocks; `swapped`: whether it must be swapped out (None: either)."""

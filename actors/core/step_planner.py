@@ -106,9 +106,13 @@ class StepPlanner:
             elif computed + lookahead < req.num_blocks * bs:  # the common decode: no new block
                 work[req.request_id] = req.decode  # made once per request: no allocation
                 budget -= 1
-            else:
-                need = lim.blocks_for(computed + 1 + lookahead) - req.num_blocks
-                budget = self._fit(req, 1, need, budget)
+            elif (need := lim.blocks_for(computed + 1 + lookahead) - req.num_blocks) > self._avail:
+                budget = self._fit(req, 1, need, budget)  # preempts
+            else:  # _fit's last lines, inlined: a call per boundary decode costs ~2% of a step
+                work[req.request_id] = Work(req, 1, Kind.RUN, need)
+                self._grows[req.request_id] = Grow(req.request_id, computed + 1 + lookahead)
+                self._avail -= need
+                budget -= 1
         for req in prefills:
             if budget == 0:
                 break
@@ -140,9 +144,10 @@ class StepPlanner:
     def _fit(self, req: Request, n: int, need: int, budget: int) -> int:
         """Plan `n` tokens of a running request that needs `need` more blocks, preempting the
         policy's victims until they fit; the budget left."""
-        work, running, lim = self.work, self.queues.running, self.limits
+        lim = self.limits
         while need > self._avail:
             self._preempted = True
+            running = self.queues.running
             victim = self.preemption.victim(running)
             if victim is req and len(running) > 1:
                 self._preempt(req)
@@ -155,13 +160,13 @@ class StepPlanner:
                     return budget
                 need = self._avail = min(need, lim.num_gpu_blocks - req.num_blocks)
                 break
-            undone = work.pop(victim.request_id, None)
+            undone = self.work.pop(victim.request_id, None)
             self._grows.pop(victim.request_id, None)
             if undone is not None:  # planned earlier this step: give its share back
                 budget += undone.num_tokens
                 self._avail += undone.need
             self._preempt(victim)
-        work[req.request_id] = Work(req, n, Kind.RUN, need)
+        self.work[req.request_id] = Work(req, n, Kind.RUN, need)
         if need > 0:  # the Grow covers the chunk and its lookahead, as far as `need` reaches
             cover = req.num_computed + n + self._lookahead(req, n)
             cover = min(cover, (req.num_blocks + need) * lim.block_size)
