@@ -47,9 +47,10 @@ class EngineConfig:
     trace_path: str | None = None
     seed: int = 0
     enforce_eager: bool = False  # no CUDA graphs
-    # steps with prefill chunks replay CUDA graphs too, one per token bucket up to
-    # max_num_batched_tokens (gpu/mixed_graphs.py); off: only pure-decode steps do
-    enable_mixed_cuda_graphs: bool = True
+    # Steps with prefill chunks replay CUDA graphs too (gpu/mixed_graphs.py), one per token
+    # bucket up to min(this, max_num_batched_tokens); bigger steps are GPU-bound and run eagerly.
+    # 0: only pure-decode steps replay graphs.
+    max_mixed_graph_tokens: int = 8192
     # Launch each decode step before its plan arrives, so the device computes while the actors
     # plan (gpu/overlap.py). CUDA only: a CPU step runs synchronously, nothing to overlap.
     enable_overlap_schedule: bool = True
@@ -78,6 +79,10 @@ class EngineConfig:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"{name} must be >= 1, got {value}")
+        if not isinstance(self.max_mixed_graph_tokens, int) or self.max_mixed_graph_tokens < 0:
+            raise ConfigError(
+                f"max_mixed_graph_tokens must be an integer >= 0, got {self.max_mixed_graph_tokens!r}"
+            )
         if self.num_cpu_blocks is not None and self.num_cpu_blocks < 0:
             raise ConfigError(f"num_cpu_blocks must be >= 0, got {self.num_cpu_blocks}")
         if self.step_timeout_s is not None and not self.step_timeout_s > 0:

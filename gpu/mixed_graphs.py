@@ -24,11 +24,19 @@ from troupe.gpu.step_inputs import StepInputs
 
 
 def token_buckets(max_num_tokens: int) -> list[int]:
-    """Multiples of 64 to 512, of 128 to 2,048, of 256 beyond; max_num_tokens always included.
+    """Multiples of 64 to 512, of 128 to 2,048, of 256 to 4,096, of 512 to 8,192, of 1,024
+    beyond; max_num_tokens always included.
 
-    Padding costs GEMM work in proportion: the steps stay below ~13% waste past 512 tokens.
+    Padding costs GEMM work in proportion: a step pads by at most a quarter of its tokens past
+    512, an eighth past 2,048.
     """
-    sizes = [*range(64, 513, 64), *range(640, 2049, 128), *range(2304, max_num_tokens, 256)]
+    sizes = [
+        *range(64, 513, 64),
+        *range(640, 2049, 128),
+        *range(2304, 4097, 256),
+        *range(4608, 8193, 512),
+        *range(9216, max_num_tokens, 1024),
+    ]
     return sorted({s for s in sizes if s < max_num_tokens} | {max_num_tokens})
 
 

@@ -181,9 +181,7 @@ class ModelRunner:
             seed=config.seed,
             # the reference ops sync with the host (tolist): no CUDA graphs for them
             enforce_eager=config.enforce_eager or config.kernel_backend == "torch",
-            mixed_graph_tokens=config.max_num_batched_tokens
-            if config.enable_mixed_cuda_graphs
-            else 0,
+            mixed_graph_tokens=min(config.max_mixed_graph_tokens, config.max_num_batched_tokens),
             overlap_schedule=overlap,
         )
         return cls(model_config, model, options)
