@@ -68,6 +68,7 @@ class Engine:
         self.error: BaseException | None = None
         self._streams = ClientStreams(config.max_stream_buffer)
         self._listeners: list[EventListener] = []
+        self._stats_listeners: list[Callable[[EngineStats], None]] = []
         self._stats = EngineStats()
         self._to_tokenizer: MemoryObjectSendStream[Any] | None = None
         self._cancel_scope = anyio.CancelScope()
@@ -200,6 +201,8 @@ class Engine:
                 assert isinstance(batch, StreamBatch), batch
                 if batch.stats is not None:
                     self._stats = batch.stats
+                    for stats_listener in self._stats_listeners:
+                        stats_listener(batch.stats)
                 cut_off = self._streams.dispatch(batch, time.monotonic(), self._listeners)
                 for event in batch.events:
                     if event.is_terminal:
@@ -242,6 +245,11 @@ class Engine:
     def add_event_listener(self, listener: EventListener) -> None:
         """Call `listener(event, now)` for every event the engine dispatches (metrics)."""
         self._listeners.append(listener)
+
+    def add_stats_listener(self, listener: Callable[[EngineStats], None]) -> None:
+        """Call `listener(stats)` for every stats snapshot the scheduler publishes (also those
+        that come without events: an engine in a child process forwards them)."""
+        self._stats_listeners.append(listener)
 
     async def abort_all(self, reason: str = "aborted") -> None:
         for request_id in self._streams.ids():
@@ -298,12 +306,14 @@ class Engine:
         on_event: Callable[[StreamEvent], None],
         *,
         request_id: str | None = None,
+        arrival_time: float | None = None,
     ) -> str:
         """Start a request whose events are passed to `on_event` on the event loop, ending
         with exactly one terminal event; returns its id. For batch jobs: no task per request.
-        Cancel with `abort(request_id)`."""
+        Cancel with `abort(request_id)`. `arrival_time` (time.monotonic()): when the request
+        reached the caller's edge, if earlier than now (a gateway in another process)."""
         request_id = request_id or f"req-{next(_ids)}"
-        request_or_reject = self._prepare(request_id, prompt, params)
+        request_or_reject = self._prepare(request_id, prompt, params, arrival_time)
         if isinstance(request_or_reject, Rejected):
             on_event(request_or_reject)
             return request_id
@@ -324,10 +334,12 @@ class Engine:
         request_id: str,
         prompt: PromptInput,
         params: SamplingParams | Mapping[str, Any] | None,
+        arrival_time: float | None = None,
     ) -> GenerateRequest | Rejected:
+        now = time.monotonic() if arrival_time is None else arrival_time
         try:
             request = to_generate_request(
-                request_id, prompt, params, time.monotonic(), vocab_size=self._vocab_size
+                request_id, prompt, params, now, vocab_size=self._vocab_size
             )
         except RequestInputError as exc:
             return self._reject_here(request_id, RejectCode.INVALID_REQUEST, exc.field, str(exc))

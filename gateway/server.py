@@ -1,5 +1,8 @@
 """`troupe serve`: run an Engine behind the gateway until SIGINT/SIGTERM, then drain.
 
+The engine runs in a child process (gateway/remote_engine.py) unless
+`GatewaySettings.engine_process` is off or a runner is injected: then in this process.
+
 Shutdown: stop taking work (503, /health says draining), give in-flight requests
 `--shutdown-grace` seconds to finish, abort the rest (each gets its terminal event: an SSE
 error, a websocket `done` with finish_reason "abort"), close websockets, exit 0. If the engine
@@ -15,6 +18,7 @@ import contextlib
 import signal
 import sys
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -27,6 +31,7 @@ from troupe.gateway.settings import add_settings_arguments, settings_from_args
 from troupe.gateway.state import GATEWAY, GatewaySettings
 
 if TYPE_CHECKING:
+    from troupe.gateway.engine_process import RunnerFactory
     from troupe.gpu.runner import Runner
 
 log = structlog.get_logger("troupe.gateway")
@@ -84,7 +89,20 @@ def run_serve(args: argparse.Namespace, config: EngineConfig) -> int:
     except EngineStopped as exc:  # a supervisor should restart us: say why, exit non-zero
         log.error("engine failed; exiting", error=str(exc))
         return 1
+    except ValueError as exc:
+        if not _is_start_error(exc):
+            raise
+        print(f"troupe serve: {exc}", file=sys.stderr)  # a bad model or setting: no traceback
+        return 1
     return 0
+
+
+def _is_start_error(exc: BaseException) -> bool:
+    """A model or setting the engine refused at start (the same in both engine placements)."""
+    from troupe.actors.core.tokenizer_files import TokenizerLoadError
+    from troupe.gpu.model_config import ModelLoadError
+
+    return isinstance(exc, ConfigError | ModelLoadError | TokenizerLoadError)
 
 
 async def serve(
@@ -98,16 +116,16 @@ async def serve(
     force: asyncio.Event | None = None,
     on_ready: Callable[[str, web.Application], None] | None = None,
     runner: Runner | None = None,
+    runner_factory: RunnerFactory | None = None,
 ) -> None:
     """Start the engine and the HTTP server; when `stop` is set, drain and return.
 
     `force`, set while draining, aborts in-flight requests at once. `on_ready(url, app)` is
     called once the socket listens (the app holds the engine). `runner`: drive this one instead
-    of the config's (fault injection). If the engine fails, serving stops at once and
+    of the config's, in this process; `runner_factory`: build the engine process's runner with
+    it (both for fault injection). If the engine fails, serving stops at once and
     EngineStopped leaves this function."""
-    from troupe.actors.engine import Engine  # the engine pulls in torch: import on use
-
-    async with Engine.open(config, runner=runner) as engine:
+    async with open_engine(config, settings, runner, runner_factory) as engine:
         app = build_app(engine, settings)
         app_runner = await listen(app, settings, host, port)
         try:
@@ -122,6 +140,25 @@ async def serve(
         finally:
             await app_runner.cleanup()
     log.info("stopped")
+
+
+def open_engine(
+    config: EngineConfig,
+    settings: GatewaySettings,
+    runner: Runner | None = None,
+    runner_factory: RunnerFactory | None = None,
+) -> AbstractAsyncContextManager[EngineLike]:
+    """The engine in a child process (settings.engine_process, without an injected runner),
+    or in this one."""
+    if settings.engine_process and runner is None:
+        from troupe.gateway.remote_engine import open_remote_engine
+
+        return open_remote_engine(config, runner_factory=runner_factory)
+    from troupe.actors.engine import Engine  # the engine pulls in torch: import on use
+
+    if runner is None and runner_factory is not None:
+        runner = runner_factory(config)
+    return Engine.open(config, runner=runner)
 
 
 async def listen(

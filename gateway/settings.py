@@ -59,6 +59,12 @@ class GatewaySettings:
     ws_heartbeat: float | None = _knob(
         30.0, "seconds between websocket pings; a dead peer is noticed and its requests aborted"
     )
+    engine_process: bool = _knob(
+        True,
+        "run the engine (its actors and the model runner) in a child process, so that HTTP "
+        "work never holds the engine's interpreter lock; --no-engine-process runs it inside "
+        "the server's own process",
+    )
 
     def __post_init__(self) -> None:
         for name in (
@@ -75,6 +81,8 @@ class GatewaySettings:
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and value > 0):
                 raise ConfigError(f"{name} must be a number of seconds > 0, got {value}")
+        if not isinstance(self.engine_process, bool):
+            raise ConfigError(f"engine_process must be a bool, got {self.engine_process!r}")
         if self.api_key is not None and not self.api_key:
             raise ConfigError("api_key must be non-empty when set")
         object.__setattr__(self, "allowed_origins", tuple(self.allowed_origins))
@@ -118,6 +126,9 @@ def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
         help_text = f"{f.metadata['help']} (default: {f.default!r})"
         if typing.get_origin(hint) is tuple:
             group.add_argument(flag, nargs="*", default=f.default, metavar="ORIGIN", help=help_text)
+        elif hint is bool:
+            action = argparse.BooleanOptionalAction
+            group.add_argument(flag, action=action, default=f.default, help=help_text)
         else:
             group.add_argument(
                 flag, type=hint, default=f.default, metavar=f.name.upper(), help=help_text

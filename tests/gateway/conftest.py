@@ -1,8 +1,10 @@
 """A real gateway + fake-runner engine on 127.0.0.1 (ephemeral ports), in a background thread.
 
 The server runs its own asyncio loop in a thread, so tests can use blocking clients (openai,
-chromium) as well as async ones. `ServerThread.add_gateway` serves a second app (other
-settings, e.g. an API key) on the same engine, without paying another engine start.
+chromium) as well as async ones. The engine runs in a child process, as `troupe serve` runs it
+(GatewaySettings.engine_process), unless a test injects a runner object.
+`ServerThread.add_gateway` serves a second app (other settings, e.g. an API key) on the same
+engine, without paying another engine start.
 """
 
 from __future__ import annotations
@@ -38,9 +40,11 @@ class ServerThread:
         *,
         shutdown_grace: float = 5.0,
         runner: Any = None,
+        runner_factory: Any = None,
     ) -> None:
         self.config = config
         self.runner = runner  # an injected runner (e.g. a FaultyRunner), or None
+        self.runner_factory = runner_factory  # builds the engine process's runner, or None
         self.settings = settings
         self.shutdown_grace = shutdown_grace
         self.url = ""
@@ -83,6 +87,7 @@ class ServerThread:
                 stop=self._stop,
                 on_ready=on_ready,
                 runner=self.runner,
+                runner_factory=self.runner_factory,
             )
         except BaseException as exc:  # surfaced by start() / shutdown()
             self.error = exc

@@ -41,7 +41,8 @@ def _gateway_tasks() -> list[str]:
     for task in asyncio.all_tasks():
         code = getattr(task.get_coro(), "cr_code", None)
         if code is not None and pathlib.Path(code.co_filename).parent == _GATEWAY_DIR:
-            names.append(code.co_qualname)
+            if code.co_qualname != "RemoteEngine.wait_stopped":  # serve()'s, for the server's life
+                names.append(code.co_qualname)
     return names
 
 

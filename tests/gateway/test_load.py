@@ -59,8 +59,10 @@ async def test_200_streams_with_a_third_dropped(server) -> None:  # type: ignore
         assert results.count("done") == NUM_REQUESTS - num_dropped
         await asyncio.to_thread(server.wait_idle, 20.0)
         after = await _outcomes(http, server.url)
-    # Every request reached a terminal event in the engine: finished, or aborted when dropped.
-    assert after["length"] - before["length"] == NUM_REQUESTS - num_dropped
-    assert after["aborted"] - before["aborted"] == num_dropped
+    # Every request reached one terminal event in the engine: finished, or aborted when dropped
+    # (an engine in its own process may finish a dropped one before the gateway sees it go).
+    num_aborted = after["aborted"] - before["aborted"]
+    assert after["length"] - before["length"] == NUM_REQUESTS - num_aborted
+    assert num_aborted <= num_dropped
     assert server.engine.stats().num_gpu_blocks_used == 0
     assert json.dumps(after)  # the outcomes are plain numbers

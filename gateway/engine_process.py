@@ -1,0 +1,178 @@
+"""The engine child of `troupe serve`: an Engine (every actor and the runner) in a process of
+its own, driven over one socket by the gateway's RemoteEngine (messages/engine_protocol.py).
+
+Why a process: in one interpreter the gateway's per-token work (SSE and JSON formatting,
+socket writes) takes the interpreter lock from the actors and the runner's thread.
+
+Life: start the engine, send Hello (or StartFailed, exit 1); then apply commands in the order
+they come (Generate -> Engine.submit, Abort, AbortAll: an Abort never overtakes its Generate)
+and forward events (gateway/event_forwarder.py); stop on Shutdown, when the socket closes (the
+gateway is gone: no orphan is left), or when the engine fails. The last frame is Stopped; the
+exit status is 0 after a clean stop, 1 otherwise. SIGINT and SIGTERM are ignored: a Ctrl-C (or
+a supervisor's SIGTERM) sent to the process group reaches the gateway too, which drains and
+then sends Shutdown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import structlog
+from troupe.config import ConfigError, EngineConfig
+from troupe.gateway.event_forwarder import EventForwarder
+from troupe.messages import GenerateRequest
+from troupe.messages.engine_protocol import (
+    HEADER_BYTES,
+    Abort,
+    AbortAll,
+    Generate,
+    Hello,
+    Shutdown,
+    StartFailed,
+    Stopped,
+    encode_frame,
+    frame_length,
+    to_engine_decoder,
+)
+
+if TYPE_CHECKING:
+    from troupe.actors.engine import Engine, PromptInput
+    from troupe.gpu.runner import Runner
+
+log = structlog.get_logger("troupe.engine_process")
+
+RunnerFactory = Callable[[EngineConfig], "Runner"]  # sent to the child: must be picklable
+_CLOSE_SECONDS = 5.0  # for the last frames to reach a gateway that still reads
+
+
+def run_engine_process(
+    sock: socket.socket, config: EngineConfig, runner_factory: RunnerFactory | None = None
+) -> None:
+    """The child's entry point (a multiprocessing target). `runner_factory(config)`, called
+    in the child, builds the runner the config would (tests inject faults this way)."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+    sys.exit(asyncio.run(_main(sock, config, runner_factory)))
+
+
+async def _main(
+    sock: socket.socket, config: EngineConfig, runner_factory: RunnerFactory | None
+) -> int:
+    reader, writer = await asyncio.open_unix_connection(sock=sock)
+    forwarder = EventForwarder(writer, config.max_stream_buffer)
+    ready: asyncio.Future[Engine] = asyncio.get_running_loop().create_future()
+    commands = asyncio.create_task(_apply_commands(reader, ready, forwarder))
+    try:
+        last = await _run_engine(config, runner_factory, forwarder, ready, commands)
+    finally:
+        commands.cancel()
+    await forwarder.close(_CLOSE_SECONDS)  # every event goes out before Stopped
+    with contextlib.suppress(ConnectionError, TimeoutError):
+        async with asyncio.timeout(_CLOSE_SECONDS):
+            writer.write(encode_frame(last))
+            await writer.drain()
+            writer.close()
+            await writer.wait_closed()
+    return 0 if isinstance(last, Stopped) and last.error is None else 1
+
+
+async def _run_engine(
+    config: EngineConfig,
+    runner_factory: RunnerFactory | None,
+    forwarder: EventForwarder,
+    ready: asyncio.Future[Engine],
+    commands: asyncio.Task[float],
+) -> Stopped | StartFailed:
+    """Serve until Shutdown, the socket's end or the engine's failure; the frame to end with."""
+    from troupe.actors.engine import Engine, EngineStopped  # torch: in the child only
+
+    try:
+        runner = await asyncio.to_thread(runner_factory, config) if runner_factory else None
+        async with Engine.open(config, runner=runner) as engine:
+            forwarder.attach(engine.abort)
+            engine.add_stats_listener(forwarder.on_stats)
+            forwarder.send(
+                Hello(
+                    model_name=engine.model_name,
+                    max_model_len=engine.max_model_len,
+                    pid=os.getpid(),
+                )
+            )
+            ready.set_result(engine)
+            stopped = asyncio.ensure_future(engine.wait_stopped())
+            await asyncio.wait({commands, stopped}, return_when=asyncio.FIRST_COMPLETED)
+            stopped.cancel()
+            # Shutdown's grace, or none once the gateway is gone (nobody reads the events).
+            grace = commands.result() if commands.done() else 0.0
+            await engine.aclose(grace)  # aborts what is left; raises EngineStopped if it failed
+        return Stopped()
+    except EngineStopped as exc:
+        return Stopped(error=str(exc))
+    except Exception as exc:
+        if ready.done():  # a failure after the start (a bug here): stop, say why
+            log.exception("engine process failed")
+            return Stopped(error=f"the engine process failed: {exc!r}")
+        return _start_failed(exc)
+
+
+async def _apply_commands(
+    reader: asyncio.StreamReader, ready: asyncio.Future[Engine], forwarder: EventForwarder
+) -> float:
+    """Apply commands in order; return Shutdown's grace, or 0 once the socket closed."""
+    while True:
+        try:
+            header = await reader.readexactly(HEADER_BYTES)
+            body = await reader.readexactly(frame_length(header))
+        except (asyncio.IncompleteReadError, ConnectionError):
+            if not ready.done():
+                # The gateway died while the engine was loading: nobody will ever use it, and
+                # a model load cannot be interrupted. Leave no orphan behind.
+                os._exit(1)
+            log.info("the gateway closed the engine's socket; stopping")
+            return 0.0
+        engine = await ready  # the gateway sends nothing before Hello
+        match to_engine_decoder.decode(body):
+            case Generate(request=request):
+                await engine.submit(
+                    _prompt_of(request),
+                    request.params,
+                    forwarder.put,
+                    request_id=request.request_id,
+                    arrival_time=request.arrival_time,
+                )
+            case Abort(request_id=request_id, reason=reason):
+                await engine.abort(request_id, reason)
+            case AbortAll(reason=reason):
+                await engine.abort_all(reason)
+            case Shutdown(grace=grace):
+                return grace
+
+
+def _prompt_of(request: GenerateRequest) -> PromptInput:
+    if request.prompt is not None:
+        return request.prompt
+    if request.messages is not None:
+        return request.messages
+    return request.prompt_token_ids or ()
+
+
+def _start_failed(exc: Exception) -> StartFailed:
+    from troupe.actors.core.tokenizer_files import TokenizerLoadError
+    from troupe.gpu.model_config import ModelLoadError
+
+    # The gateway raises these again and prints their message: no traceback needed here.
+    if isinstance(exc, ModelLoadError):
+        return StartFailed(error_type="ModelLoadError", message=str(exc))
+    if isinstance(exc, TokenizerLoadError):
+        return StartFailed(error_type="TokenizerLoadError", message=str(exc))
+    if isinstance(exc, ConfigError):
+        return StartFailed(error_type="ConfigError", message=str(exc))
+    log.error("engine failed to start", exc_info=exc)
+    return StartFailed(error_type="other", message=repr(exc))

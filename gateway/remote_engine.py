@@ -1,0 +1,354 @@
+"""RemoteEngine: the gateway's handle on an engine in a child process (gateway/engine_process.py).
+
+It is the EngineLike of gateway/engine_api.py over the engine protocol
+(messages/engine_protocol.py), with the in-process Engine's client-edge semantics: requests are
+checked here (a bad one is Rejected without a round trip), every stream ends with exactly one
+terminal event, leaving a stream early aborts its request, a reader too far behind is cut off.
+
+The socket is read by an asyncio Protocol: the loop hands it bytes as they come, no task and no
+polling; each EventBatch is dispatched to the per-request streams (actors/client_streams.py, the
+same as the Engine's) with the engine's delivery time, so metrics listeners see the engine's
+own inter-token gaps. Commands are written at once, in call order, so an abort can never
+overtake its request; a caller then waits while the socket's buffer is full (backpressure).
+
+If the child dies, every open stream gets a Failed event, `is_healthy` turns False and
+`wait_stopped` returns: `troupe serve` answers /health with 503 and exits 1, as with an engine
+that fails in-process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import multiprocessing
+import socket
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any
+
+import structlog
+from troupe.actors.client_streams import ClientStreams, EventListener
+from troupe.actors.request_input import RequestInputError, to_generate_request
+from troupe.config import EngineConfig
+from troupe.gateway.engine_api import TokenizerLike
+from troupe.messages import (
+    EngineStats,
+    Failed,
+    GenerateRequest,
+    RejectCode,
+    Rejected,
+    SamplingParams,
+    StreamBatch,
+    StreamEvent,
+)
+from troupe.messages.engine_protocol import (
+    Abort,
+    AbortAll,
+    EventBatch,
+    FrameSplitter,
+    FromEngine,
+    Generate,
+    Hello,
+    Shutdown,
+    StartFailed,
+    Stopped,
+    ToEngine,
+    encode_frame,
+    from_engine_decoder,
+)
+
+if TYPE_CHECKING:
+    from troupe.gateway.engine_process import RunnerFactory
+
+log = structlog.get_logger("troupe.gateway")
+
+_ENGINE_GRACE = 5.0  # s the engine gives what is left at shutdown (as Engine.aclose)
+_STOP_SECONDS = 30.0  # then for the process to stop (closing the runner) before it is killed
+
+
+@asynccontextmanager
+async def open_remote_engine(
+    config: EngineConfig, *, runner_factory: RunnerFactory | None = None
+) -> AsyncIterator[RemoteEngine]:
+    """Start the engine in a child process; on exit stop it and wait for it.
+
+    Start-up errors leave as the in-process engine raises them (ConfigError, ModelLoadError);
+    an engine that failed makes the exit raise EngineStopped, as Engine.open does.
+    `runner_factory(config)`: build the child's runner with this (picklable) function."""
+    from troupe.actors.engine import EngineStopped
+    from troupe.gateway.engine_process import run_engine_process
+
+    # spawn, not fork: this process runs threads (the event loop's executor, maybe CUDA).
+    context = multiprocessing.get_context("spawn")
+    parent_sock, child_sock = socket.socketpair()
+    process = context.Process(
+        target=run_engine_process, args=(child_sock, config, runner_factory), name="troupe-engine"
+    )
+    try:
+        await asyncio.to_thread(process.start)
+    finally:
+        child_sock.close()  # the child's copy alone keeps its end open: its exit is our EOF
+    log.info("engine process started", pid=process.pid)
+    engine = RemoteEngine(config.max_stream_buffer)
+    try:
+        await asyncio.get_running_loop().create_unix_connection(lambda: engine, sock=parent_sock)
+        await engine.wait_started(lambda: _load_tokenizer(config.model))
+        yield engine
+    finally:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(_STOP_SECONDS):
+                await engine.shutdown(Shutdown(grace=_ENGINE_GRACE))
+        engine.close_transport()
+        exitcode = await asyncio.to_thread(_reap, process)
+        log.debug("engine process exited", pid=process.pid, exitcode=exitcode)
+    if engine.error is not None:
+        if engine.error == _DIED:
+            raise EngineStopped(f"the engine crashed: {_DIED} (exit code {exitcode})")
+        raise EngineStopped(engine.error)
+
+
+def _reap(process: multiprocessing.process.BaseProcess) -> int | None:
+    """The exit status, once the process is gone (killed if it does not stop in time)."""
+    process.join(_STOP_SECONDS)
+    if process.exitcode is None:
+        log.error("the engine process did not stop; killing it", pid=process.pid)
+        process.kill()
+        process.join()
+    return process.exitcode
+
+
+def _load_tokenizer(model: str | None) -> TokenizerLike:
+    from troupe.actors.core.tokenizer_files import load_tokenizer
+    from troupe.config import resolve_model_path
+
+    return load_tokenizer(resolve_model_path(model))
+
+
+_DIED = "the engine process exited unexpectedly"
+
+
+class RemoteEngine(asyncio.Protocol):
+    """An engine in another process, behind one socket. Built by `open_remote_engine`."""
+
+    def __init__(self, max_stream_buffer: int) -> None:
+        self.model_name = ""
+        self.max_model_len = 0
+        self.pid = 0  # the engine process, once it said Hello
+        self.error: str | None = None  # why the engine stopped, if it failed
+        self._tokenizer: TokenizerLike | None = None
+        self._streams = ClientStreams(max_stream_buffer)
+        self._listeners: list[EventListener] = []
+        self._stats = EngineStats()
+        self._transport: asyncio.Transport | None = None
+        self._frames = FrameSplitter()
+        self._hello: asyncio.Future[Hello] = asyncio.get_running_loop().create_future()
+        self._writable = asyncio.Event()
+        self._writable.set()
+        self._stopped = asyncio.Event()
+        self._is_closing = False
+
+    # -- the EngineLike slice ----------------------------------------------------------------
+
+    @property
+    def tokenizer(self) -> TokenizerLike:
+        assert self._tokenizer is not None, "the tokenizer is loaded before the engine is used"
+        return self._tokenizer
+
+    @property
+    def num_active(self) -> int:
+        return len(self._streams)
+
+    @property
+    def is_healthy(self) -> bool:
+        return self.error is None and not self._stopped.is_set()
+
+    async def wait_stopped(self) -> None:
+        """Until the engine process has stopped (closed, or died: then `error` is set)."""
+        await self._stopped.wait()
+
+    def stats(self) -> EngineStats:
+        """The latest snapshot the engine sent."""
+        return self._stats
+
+    def add_event_listener(self, fn: EventListener) -> None:
+        """Call `fn(event, time)` for every event, `time` being when the engine delivered it."""
+        self._listeners.append(fn)
+
+    async def abort(self, request_id: str, reason: str = "aborted") -> None:
+        self._send(Abort(request_id=request_id, reason=reason))
+        await self._writable.wait()
+
+    async def abort_all(self, reason: str = "aborted") -> None:
+        self._send(AbortAll(reason=reason))
+        await self._writable.wait()
+
+    async def generate(
+        self,
+        prompt: Any,
+        params: SamplingParams | Mapping[str, Any] | None = None,
+        *,
+        request_id: str | None = None,
+    ) -> AsyncIterator[StreamEvent]:
+        """Stream one request's events: Deltas, then exactly one terminal event. Leaving the
+        loop early (break, cancellation) aborts the request in the engine."""
+        request_id = request_id or f"req-{next(_ids)}"
+        request = self._prepare(request_id, prompt, params)
+        if isinstance(request, Rejected):
+            yield request
+            return
+        stream = self._streams.open(request_id)
+        is_done = False
+        try:
+            # Written before the first await: a later abort of this id travels behind it.
+            self._send(Generate(request=request))
+            await self._writable.wait()
+            while not is_done:
+                events = await stream.get_batch()
+                if not events:  # closed without a terminal event: cut off, or the engine died
+                    is_done = True
+                    yield (
+                        stream.overflow_event()
+                        if stream.is_overflowed
+                        else Failed(request_id=request_id, message=self._failure_message())
+                    )
+                    return
+                for event in events:
+                    is_done = event.is_terminal
+                    yield event
+                    if is_done:
+                        return
+        finally:
+            self._streams.close(request_id)
+            if not is_done:
+                self._send(Abort(request_id=request_id, reason="client went away"))
+
+    def _prepare(
+        self, request_id: str, prompt: Any, params: SamplingParams | Mapping[str, Any] | None
+    ) -> GenerateRequest | Rejected:
+        """The client edge, as Engine._prepare (the engine checks token ids against the
+        vocabulary again: a prompt it refuses comes back Rejected)."""
+        try:
+            request = to_generate_request(request_id, prompt, params, time.monotonic())
+        except RequestInputError as exc:
+            return self._reject(request_id, RejectCode.INVALID_REQUEST, exc.field, str(exc))
+        if self._is_closing or not self.is_healthy:
+            reason = "the engine is shutting down"
+            return self._reject(request_id, RejectCode.SHUTTING_DOWN, None, reason)
+        if request_id in self._streams:
+            message = f"request_id {request_id!r} is already in use"
+            return self._reject(request_id, RejectCode.INVALID_REQUEST, "request_id", message)
+        return request
+
+    def _reject(
+        self, request_id: str, code: RejectCode, field: str | None, message: str
+    ) -> Rejected:
+        event = Rejected(request_id=request_id, code=code, field=field, message=message)
+        now = time.monotonic()
+        for listener in self._listeners:
+            listener(event, now)
+        return event
+
+    def _failure_message(self) -> str:
+        if self.error is not None:
+            return f"engine failure: {self.error}"
+        return "engine stopped before this request finished"
+
+    def _send(self, command: ToEngine) -> None:
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.write(encode_frame(command))
+
+    # -- asyncio.Protocol: the socket --------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        for body in self._frames.feed(data):
+            self._on_reply(from_engine_decoder.decode(body))
+
+    def pause_writing(self) -> None:
+        self._writable.clear()  # the engine reads slower than commands come: callers wait
+
+    def resume_writing(self) -> None:
+        self._writable.set()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._writable.set()  # nobody waits on a dead socket
+        if not self._stopped.is_set():
+            self._stop(_DIED if self.pid else None, exc)
+
+    def _on_reply(self, reply: FromEngine) -> None:
+        match reply:
+            case EventBatch():
+                if reply.stats is not None:
+                    self._stats = reply.stats
+                batch = StreamBatch(events=reply.events)
+                for request_id in self._streams.dispatch(batch, reply.time, self._listeners):
+                    self._send(Abort(request_id=request_id, reason="stream reader too slow"))
+            case Hello():
+                self.model_name, self.max_model_len, self.pid = (
+                    reply.model_name,
+                    reply.max_model_len,
+                    reply.pid,
+                )
+                self._hello.set_result(reply)
+            case StartFailed():
+                self._hello.set_exception(start_error(reply))
+            case Stopped():
+                self._stop(reply.error, None)
+
+    def _stop(self, error: str | None, exc: Exception | None) -> None:
+        """The engine is gone (cleanly when `error` is None): fail what is still open."""
+        if error is not None:
+            self.error = error
+            log.error("engine process failed", error=error, pid=self.pid)
+        self._is_closing = True
+        self._streams.fail_all(self._failure_message())
+        self._stopped.set()
+        if not self._hello.done():
+            self._hello.set_exception(
+                RuntimeError(f"the engine process exited before it started ({exc or 'no error'})")
+            )
+
+    # -- lifecycle (open_remote_engine) ------------------------------------------------------
+
+    async def wait_started(self, tokenizer: Callable[[], TokenizerLike]) -> None:
+        """Until the engine said Hello (raises its start-up error); then load the tokenizer
+        here too: the gateway decodes single tokens for logprobs with it."""
+        await self._hello
+        self._tokenizer = await asyncio.to_thread(tokenizer)
+
+    async def shutdown(self, command: ToEngine) -> None:
+        """Ask the engine to stop; until it has (the caller bounds the wait)."""
+        self._is_closing = True
+        self._send(command)
+        await self._stopped.wait()
+
+    def close_transport(self) -> None:
+        if self._transport is not None:
+            self._transport.close()
+
+
+def start_error(reply: StartFailed) -> Exception:
+    """The start-up error the engine reported, as the class the in-process engine raises, so
+    `troupe serve` prints the same message."""
+    from troupe.config import ConfigError
+
+    if reply.error_type == "ConfigError":
+        return ConfigError(reply.message)
+    if reply.error_type == "ModelLoadError":
+        from troupe.gpu.model_config import ModelLoadError
+
+        return ModelLoadError(reply.message)
+    if reply.error_type == "TokenizerLoadError":
+        from troupe.actors.core.tokenizer_files import TokenizerLoadError
+
+        return TokenizerLoadError(reply.message)
+    return RuntimeError(f"the engine failed to start: {reply.message}")
+
+
+# Gateway-made request ids when the caller gives none (the gateway always does).
+_ids = itertools.count(1)

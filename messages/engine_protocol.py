@@ -1,0 +1,145 @@
+"""The engine-process protocol: what `troupe serve`'s gateway and its engine child exchange.
+
+One duplex byte stream (a Unix socketpair) joins the two processes (gateway/remote_engine.py
+is the gateway's end, gateway/engine_process.py the child's). Each frame is a 4-byte big-endian
+length, then one msgpack-encoded message: commands to the engine (`ToEngine`), replies from it
+(`FromEngine`). Events travel in batches, one `EventBatch` for what the engine's router
+delivered together (one scheduling step), never one frame per token.
+
+    gateway                                   engine child
+       │                  Hello | StartFailed     │  once, after the engine started (or not)
+       │ ◄─────────────────────────────────────── │
+       │ Generate, Abort, AbortAll                │
+       │ ───────────────────────────────────────► │
+       │                  EventBatch (per step)   │
+       │ ◄─────────────────────────────────────── │
+       │ Shutdown (or the socket closes)          │
+       │ ───────────────────────────────────────► │
+       │                  Stopped (error or None) │  last frame; then the child exits
+       │ ◄─────────────────────────────────────── │
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Literal
+
+import msgspec
+from troupe.messages.events import EngineStats, StreamEvent
+from troupe.messages.tokenizer import GenerateRequest
+
+_LEN = struct.Struct(">I")
+MAX_FRAME_BYTES = 1 << 30  # a length past this is a corrupt stream, not a message
+
+
+# -- commands (gateway -> engine) ------------------------------------------------------------
+
+
+class Generate(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """Start a request, already checked at the gateway's client edge (arrival time included)."""
+
+    request: GenerateRequest
+
+
+class Abort(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    request_id: str
+    reason: str
+
+
+class AbortAll(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    reason: str
+
+
+class Shutdown(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """Stop: abort what is left, give it `grace` seconds for its terminal events, exit."""
+
+    grace: float = 5.0
+
+
+ToEngine = Generate | Abort | AbortAll | Shutdown
+
+
+# -- replies (engine -> gateway) -------------------------------------------------------------
+
+
+class Hello(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """The engine is serving: what the gateway needs to know about it."""
+
+    model_name: str
+    max_model_len: int
+    pid: int
+
+
+class StartFailed(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """The engine did not start; the gateway raises `error_type` again with `message`."""
+
+    error_type: Literal["ConfigError", "ModelLoadError", "TokenizerLoadError", "other"]
+    message: str
+
+
+class EventBatch(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """Events the engine delivered together, the latest stats, and when they were delivered
+    (the engine's time.monotonic(): CLOCK_MONOTONIC, one clock for every process of the
+    machine, so the gateway's listeners see the engine's own times)."""
+
+    events: tuple[StreamEvent, ...]
+    stats: EngineStats | None
+    time: float
+
+
+class Stopped(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """The last frame: the engine stopped, cleanly (error None) or because it failed."""
+
+    error: str | None = None
+
+
+FromEngine = Hello | StartFailed | EventBatch | Stopped
+
+
+# -- framing ---------------------------------------------------------------------------------
+
+_encoder = msgspec.msgpack.Encoder()
+
+
+def encode_frame(message: ToEngine | FromEngine) -> bytes:
+    """One frame: the length, then the msgpack body."""
+    body = _encoder.encode(message)
+    return _LEN.pack(len(body)) + body
+
+
+def frame_length(header: bytes) -> int:
+    """The body length a 4-byte header announces; ValueError if it cannot be a frame."""
+    (length,) = _LEN.unpack(header)
+    if length > MAX_FRAME_BYTES:
+        raise ValueError(f"engine protocol: frame of {length} bytes (corrupt stream?)")
+    return int(length)
+
+
+HEADER_BYTES = _LEN.size
+
+
+class FrameSplitter:
+    """Cuts a byte stream into frame bodies, whatever the chunks it arrives in."""
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+
+    def feed(self, data: bytes) -> list[bytes]:
+        """The bodies of every frame `data` completes (possibly none)."""
+        buffer = self._buffer
+        buffer += data
+        bodies: list[bytes] = []
+        start = 0
+        while len(buffer) - start >= HEADER_BYTES:
+            length = frame_length(bytes(buffer[start : start + HEADER_BYTES]))
+            end = start + HEADER_BYTES + length
+            if len(buffer) < end:
+                break
+            bodies.append(bytes(buffer[start + HEADER_BYTES : end]))
+            start = end
+        del buffer[:start]
+        return bodies
+
+
+to_engine_decoder = msgspec.msgpack.Decoder(ToEngine)
+from_engine_decoder = msgspec.msgpack.Decoder(FromEngine)

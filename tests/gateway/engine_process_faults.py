@@ -1,0 +1,54 @@
+"""A FaultyRunner inside the engine child process, held and released from the test process.
+
+`ChildRunnerGate(hang_at_step=n).factory` is a picklable runner factory for `serve(...,
+runner_factory=...)`: in the child it builds a fake runner whose step `n` waits at the gate;
+the test learns that a step is held through one cross-process event and releases it through
+another, so a stream is certain to be open (or to outlive a drain grace) however fast anything
+runs.
+"""
+
+from __future__ import annotations
+
+import functools
+import multiprocessing
+import threading
+from multiprocessing.synchronize import Event
+
+from troupe.config import EngineConfig
+from troupe.gpu.fake_runner import FakeRunner
+from troupe.gpu.faulty_runner import FaultyRunner
+
+
+class ChildRunnerGate:
+    def __init__(self, *, hang_at_step: int) -> None:
+        context = multiprocessing.get_context("spawn")  # the engine process's own context
+        self.held = context.Event()
+        self.released = context.Event()
+        self.factory = functools.partial(
+            held_fake_runner, hang_at_step=hang_at_step, held=self.held, released=self.released
+        )
+
+    def wait_until_held(self, timeout: float) -> bool:
+        return self.held.wait(timeout)
+
+    def release(self) -> None:
+        self.released.set()
+
+
+def held_fake_runner(
+    config: EngineConfig, *, hang_at_step: int, held: Event, released: Event
+) -> FaultyRunner:
+    """Runs in the engine child: the fake runner, gated at `hang_at_step`."""
+    runner = FaultyRunner(FakeRunner.from_config(config), hang_at_step=hang_at_step)
+
+    def tell_held() -> None:
+        if runner.wait_until_held():
+            held.set()
+
+    def wait_release() -> None:
+        released.wait()
+        runner.release()
+
+    for target in (tell_held, wait_release):
+        threading.Thread(target=target, daemon=True).start()
+    return runner
