@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import structlog
 from anyio.abc import TaskGroup, TaskStatus
-from anyio.streams.memory import MemoryObjectSendStream
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from troupe.actors.client_streams import ClientStreams, EventListener
 from troupe.actors.core.executor import ExecutorCore
 from troupe.actors.exception_groups import single_leaf, unwrap_single
@@ -42,6 +42,7 @@ from troupe.messages import (
     StreamBatch,
     StreamEvent,
 )
+from troupe.messages.graph_stats import GraphStats
 from troupe.messages.trace import TRACE_VERSION, TraceHeader, TraceWriter
 
 if TYPE_CHECKING:
@@ -79,6 +80,7 @@ class Engine:
         self._injected_runner: Runner | None = None
         self._vocab_size: int | None = None  # the model's, once loaded
         self._actors: list[Actor] = []
+        self._client_inbox: MemoryObjectReceiveStream[Any] | None = None  # the router's
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -159,6 +161,7 @@ class Engine:
         inputs = GraphInputs(config, setup.numbers, self.tokenizer, setup.runner)
         graph = wire(graph_specs(executor_in_thread=setup.is_blocking), inputs, tracer)
         self._actors = list(graph.actors)
+        self._client_inbox = graph.client_inbox
         self._executor = next(a.core for a in graph.actors if isinstance(a.core, ExecutorCore))
         self._to_tokenizer = graph.to_tokenizer
         try:
@@ -232,6 +235,16 @@ class Engine:
     def runner_stats(self) -> RunnerStats:
         """The runner's statistics() (benchmarks): steps, overlapped steps and their hits."""
         return self._executor.runner.statistics() if self._executor is not None else RunnerStats()
+
+    async def graph_stats(self) -> GraphStats:
+        """Each actor's message counts and inbox now (the gateway's live view). Async so that
+        an engine in another process answers the same call (gateway/remote_engine.py)."""
+        inbox = self._client_inbox
+        return GraphStats(
+            actors=tuple(actor.statistics() for actor in self._actors),
+            client_inbox_depth=inbox.statistics().current_buffer_used if inbox else 0,
+            time=time.monotonic(),
+        )
 
     def actor_busy_seconds(self) -> dict[str, float]:
         """Seconds each actor has spent in its core's handle() (benchmarks, diagnostics)."""

@@ -7,6 +7,7 @@ same). When the inbox closes, the actor closes its outboxes and returns.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -18,6 +19,7 @@ import msgspec
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from troupe.actors.core.base import Core
+from troupe.messages.graph_stats import ActorStats, ChannelCount
 from troupe.messages.trace import TraceWriter
 
 
@@ -44,6 +46,11 @@ class Actor:
         self._tracer = tracer
         self.busy_seconds = 0.0  # inside core.handle: the actor's own CPU cost, for benchmarks
         self.busy_since: float | None = None  # monotonic start of the handle() in progress
+        # Message counts for statistics(): kept here because every message passes through
+        # this loop (one int add per message; read on demand, never published per step).
+        self.num_received = 0
+        self.num_batches = 0
+        self._num_sent = dict.fromkeys(self._outboxes, 0)
         # Set by a watchdog that gave up on a handle() that never returns: cancellation then
         # abandons the worker thread instead of waiting for it.
         self.is_hung = False
@@ -57,6 +64,8 @@ class Actor:
             batch_no = 0
             async for first in self._inbox:
                 batch = self._drain(first)
+                self.num_received += len(batch)
+                self.num_batches += 1
                 if self._tracer is not None:
                     self._record("recv", self.name, batch_no, batch)
                 start = time.perf_counter()
@@ -67,11 +76,28 @@ class Actor:
                     out = self.core.handle(batch)
                 self.busy_since = None
                 self.busy_seconds += time.perf_counter() - start
+                num_sent = self._num_sent
                 for dest, msg in out:
                     if self._tracer is not None:
                         self._record("send", dest, batch_no, (msg,))
                     await self._outboxes[dest].send(msg)
+                    num_sent[dest] += 1
                 batch_no += 1
+
+    def statistics(self) -> ActorStats:
+        """Counts since start and the inbox now (anyio's own channel statistics)."""
+        inbox = self._inbox.statistics()
+        buffer = inbox.max_buffer_size
+        return ActorStats(
+            name=self.name,
+            num_received=self.num_received,
+            num_batches=self.num_batches,
+            busy_seconds=self.busy_seconds,
+            inbox_depth=inbox.current_buffer_used,
+            inbox_buffer=None if math.isinf(buffer) else int(buffer),
+            num_blocked_senders=inbox.tasks_waiting_send,
+            sent=tuple(ChannelCount(receiver=d, num_messages=n) for d, n in self._num_sent.items()),
+        )
 
     async def _handle_in_thread(self, batch: list[Any]) -> Any:
         """core.handle in a worker thread. Cancelled, it still waits for a handle() that began

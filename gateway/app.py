@@ -3,6 +3,10 @@
 Middleware, outermost first: errors (every error in OpenAI's shape; a vanished client is
 routine), browser_guard (pages of unlisted origins get 403; CORS for listed ones), auth (the
 API key on /v1/*), drain (503 for new work while shutting down).
+
+The page is static files (gateway/static: HTML, CSS, plain JS modules, no build step and no
+CDN), served under a Content-Security-Policy that allows only this server's own scripts and
+connections: model text the page renders can never run as script.
 """
 
 from __future__ import annotations
@@ -10,7 +14,7 @@ from __future__ import annotations
 import hmac
 import html
 from collections.abc import Awaitable, Callable
-from importlib import resources
+from pathlib import Path
 
 import structlog
 from aiohttp import web
@@ -18,13 +22,26 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from troupe.gateway import openai_routes
 from troupe.gateway.browser_policy import add_cors_headers, browser_guard
 from troupe.gateway.engine_api import EngineLike
+from troupe.gateway.engine_view import add_engine_view
 from troupe.gateway.errors import ApiError, from_http_exception
 from troupe.gateway.state import GATEWAY, Gateway, GatewaySettings
 from troupe.gateway.websocket import websocket
+from troupe.gateway.ws_auth import key_from_protocols
 
 log = structlog.get_logger("troupe.gateway")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+STATIC = Path(__file__).parent / "static"
+_PAGE_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+        "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-cache",
+}
 
 
 def build_app(engine: EngineLike, settings: GatewaySettings | None = None) -> web.Application:
@@ -37,12 +54,14 @@ def build_app(engine: EngineLike, settings: GatewaySettings | None = None) -> we
     app[GATEWAY] = Gateway(engine, settings)
     app.on_response_prepare.append(add_cors_headers)
     app.router.add_get("/", playground)
+    app.router.add_static("/static/", STATIC)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/v1/models", openai_routes.models)
     app.router.add_post("/v1/completions", openai_routes.completions)
     app.router.add_post("/v1/chat/completions", openai_routes.chat_completions)
     app.router.add_get("/v1/ws", websocket)
+    add_engine_view(app)
     return app
 
 
@@ -71,15 +90,17 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
 
 @web.middleware
 async def _auth(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """With an api key set, /v1/* needs `Authorization: Bearer <key>` (the websocket may also
-    pass `?api_key=`, since browsers cannot set headers on a websocket)."""
+    """With an api key set, /v1/* needs `Authorization: Bearer <key>`. Browsers cannot set
+    headers on a websocket: it may send the key as a subprotocol (gateway/ws_auth.py; the
+    page does) or, for old clients, as `?api_key=`."""
     key = request.app[GATEWAY].settings.api_key
     if key is None or not request.path.startswith("/v1/"):
         return await handler(request)
     given = request.headers.get("Authorization", "")
     token = given[7:] if given[:7].lower() == "bearer " else ""
     if not token and request.path == "/v1/ws":
-        token = request.query.get("api_key", "")
+        protocols = request.headers.get("Sec-WebSocket-Protocol", "")
+        token = key_from_protocols(protocols) or request.query.get("api_key", "")
     if not token:
         raise ApiError(
             401, "missing API key: send 'Authorization: Bearer <key>'", code="missing_api_key"
@@ -120,7 +141,11 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 async def playground(request: web.Request) -> web.Response:
-    """The playground: one static page; the model name is filled in here so it needs no fetch."""
-    page = resources.files("troupe.gateway").joinpath("static/index.html").read_text("utf-8")
+    """The page (chat and live engine view); the model name is filled in here."""
+    page = (STATIC / "index.html").read_text("utf-8")
     model = html.escape(request.app[GATEWAY].engine.model_name)
-    return web.Response(text=page.replace("__TROUPE_MODEL__", model), content_type="text/html")
+    return web.Response(
+        text=page.replace("__TROUPE_MODEL__", model),
+        content_type="text/html",
+        headers=_PAGE_HEADERS,
+    )

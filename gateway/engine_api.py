@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from troupe.messages import EngineStats, SamplingParams, StreamEvent
+from troupe.messages.graph_stats import GraphStats
 
 Prompt = str | Sequence[Mapping[str, Any]] | Sequence[int]
 
@@ -37,6 +38,8 @@ class EngineLike(Protocol):
     def tokenizer(self) -> TokenizerLike: ...
 
     def stats(self) -> EngineStats: ...
+
+    async def graph_stats(self) -> GraphStats: ...
 
     def generate(
         self,

@@ -33,7 +33,9 @@ from troupe.messages.engine_protocol import (
     Abort,
     AbortAll,
     Generate,
+    GraphStatsReply,
     Hello,
+    QueryGraphStats,
     Shutdown,
     StartFailed,
     Stopped,
@@ -151,6 +153,8 @@ async def _apply_commands(
                 await engine.abort(request_id, reason)
             case AbortAll(reason=reason):
                 await engine.abort_all(reason)
+            case QueryGraphStats():
+                forwarder.send(GraphStatsReply(graph=await engine.graph_stats()))
             case Shutdown(grace=grace):
                 return grace
 

@@ -19,6 +19,7 @@ that fails in-process.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import itertools
 import multiprocessing
@@ -50,7 +51,9 @@ from troupe.messages.engine_protocol import (
     FrameSplitter,
     FromEngine,
     Generate,
+    GraphStatsReply,
     Hello,
+    QueryGraphStats,
     Shutdown,
     StartFailed,
     Stopped,
@@ -58,6 +61,7 @@ from troupe.messages.engine_protocol import (
     encode_frame,
     from_engine_decoder,
 )
+from troupe.messages.graph_stats import GraphStats
 
 if TYPE_CHECKING:
     from troupe.gateway.engine_process import RunnerFactory
@@ -148,6 +152,8 @@ class RemoteEngine(asyncio.Protocol):
         self._writable.set()
         self._stopped = asyncio.Event()
         self._is_closing = False
+        # Waiters of graph_stats(), answered in the order asked (one socket, FIFO both ways).
+        self._graph_queries: collections.deque[asyncio.Future[GraphStats]] = collections.deque()
 
     # -- the EngineLike slice ----------------------------------------------------------------
 
@@ -171,6 +177,15 @@ class RemoteEngine(asyncio.Protocol):
     def stats(self) -> EngineStats:
         """The latest snapshot the engine sent."""
         return self._stats
+
+    async def graph_stats(self) -> GraphStats:
+        """The engine's actor counts now: one round trip (empty once the engine stopped)."""
+        if self._stopped.is_set():
+            return GraphStats()
+        reply: asyncio.Future[GraphStats] = asyncio.get_running_loop().create_future()
+        self._graph_queries.append(reply)
+        self._send(QueryGraphStats())
+        return await reply
 
     def add_event_listener(self, fn: EventListener) -> None:
         """Call `fn(event, time)` for every event, `time` being when the engine delivered it."""
@@ -297,6 +312,10 @@ class RemoteEngine(asyncio.Protocol):
                 self._hello.set_result(reply)
             case StartFailed():
                 self._hello.set_exception(start_error(reply))
+            case GraphStatsReply():
+                waiter = self._graph_queries.popleft()
+                if not waiter.done():  # its caller may have given up
+                    waiter.set_result(reply.graph)
             case Stopped():
                 self._stop(reply.error, None)
 
@@ -308,6 +327,10 @@ class RemoteEngine(asyncio.Protocol):
         self._is_closing = True
         self._streams.fail_all(self._failure_message())
         self._stopped.set()
+        while self._graph_queries:
+            waiter = self._graph_queries.popleft()
+            if not waiter.done():
+                waiter.set_result(GraphStats())
         if not self._hello.done():
             self._hello.set_exception(
                 RuntimeError(f"the engine process exited before it started ({exc or 'no error'})")

@@ -27,6 +27,7 @@ from aiohttp import WSCloseCode, WSMsgType, web
 from troupe.gateway.outbox import Outbox, Overflow
 from troupe.gateway.pump import abort_transport_later, pump
 from troupe.gateway.state import GATEWAY, Gateway
+from troupe.gateway.ws_auth import WS_PROTOCOL
 from troupe.gateway.ws_frames import cancelled_frame, encode_event, error_frame
 from troupe.gateway.ws_requests import Cancel, FrameError, Generate, parse_frame
 from troupe.messages import StreamEvent
@@ -39,7 +40,9 @@ _CLOSE_GRACE_SECONDS = 5.0  # for the writer to flush the last frames of a closi
 async def websocket(request: web.Request) -> web.WebSocketResponse:
     gateway = request.app[GATEWAY]
     ws = web.WebSocketResponse(
-        heartbeat=gateway.settings.ws_heartbeat, max_msg_size=gateway.settings.max_body_bytes
+        heartbeat=gateway.settings.ws_heartbeat,
+        max_msg_size=gateway.settings.max_body_bytes,
+        protocols=(WS_PROTOCOL,),  # selected when offered (the page offers its key beside it)
     )
     await ws.prepare(request)
     gateway.websockets.add(ws)

@@ -13,6 +13,7 @@ delivered together (one scheduling step), never one frame per token.
        │ ───────────────────────────────────────► │
        │                  EventBatch (per step)   │
        │ ◄─────────────────────────────────────── │
+       │ QueryGraphStats ──► GraphStatsReply      │  on demand (the live view), in order
        │ Shutdown (or the socket closes)          │
        │ ───────────────────────────────────────► │
        │                  Stopped (error or None) │  last frame; then the child exits
@@ -26,6 +27,7 @@ from typing import Literal
 
 import msgspec
 from troupe.messages.events import EngineStats, StreamEvent
+from troupe.messages.graph_stats import GraphStats
 from troupe.messages.tokenizer import GenerateRequest
 
 _LEN = struct.Struct(">I")
@@ -56,7 +58,12 @@ class Shutdown(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     grace: float = 5.0
 
 
-ToEngine = Generate | Abort | AbortAll | Shutdown
+class QueryGraphStats(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """Ask for the actors' counts now (the live view); answered by one GraphStatsReply, in
+    the order asked."""
+
+
+ToEngine = Generate | Abort | AbortAll | Shutdown | QueryGraphStats
 
 
 # -- replies (engine -> gateway) -------------------------------------------------------------
@@ -93,7 +100,11 @@ class Stopped(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     error: str | None = None
 
 
-FromEngine = Hello | StartFailed | EventBatch | Stopped
+class GraphStatsReply(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    graph: GraphStats
+
+
+FromEngine = Hello | StartFailed | EventBatch | Stopped | GraphStatsReply
 
 
 # -- framing ---------------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 from typing import Any
 
@@ -174,3 +175,30 @@ async def test_connections_over_the_cap_get_503(server) -> None:  # type: ignore
                 except aiohttp.ClientError:
                     pass  # closed before the server saw the others go
                 await asyncio.sleep(0.01)
+
+
+def _key_protocol(key: str) -> str:
+    return "troupe.key." + base64.urlsafe_b64encode(key.encode()).decode().rstrip("=")
+
+
+async def test_websocket_key_as_a_subprotocol(server) -> None:  # type: ignore[no-untyped-def]
+    """The page's way: the key never appears in a URL, and is never echoed back."""
+    url = server.add_gateway(GatewaySettings(api_key="s3cret ✓"))
+    async with connect(_ws(url), subprotocols=["troupe.v1", _key_protocol("s3cret ✓")]) as ws:  # type: ignore[list-item]
+        assert ws.subprotocol == "troupe.v1"
+        await ws.send(json.dumps({"type": "generate", "request_id": "a", **BODY}))
+        while (frame := json.loads(await ws.recv()))["type"] == "delta":
+            pass
+        assert frame["type"] == "done"
+    refused = {
+        ("troupe.v1", _key_protocol("wrong")): 401,
+        ("troupe.v1", "troupe.key.a"): 401,  # not base64
+        (_key_protocol("s3cret ✓"),): 400,  # nothing to select: the key would be logged
+        ("troupe.v1",): 401,
+    }
+    for protocols, status in refused.items():
+        try:
+            async with connect(_ws(url), subprotocols=list(protocols)):  # type: ignore[arg-type]
+                raise AssertionError(f"opened with {protocols}")
+        except InvalidStatus as exc:
+            assert exc.response.status_code == status, protocols
