@@ -140,8 +140,10 @@ async def _stream(
 
     task = asyncio.create_task(_pump_sse(events, outbox, builder, req, first, on_overflow))
     try:
-        while (frame := await outbox.get()) is not None:
-            await response.write(frame.encode())
+        while frames := await outbox.get_all():
+            # What queued while the last write was out goes in one write: one syscall, not one
+            # per token, when the client (or this process) falls behind.
+            await response.write("".join(frames).encode())
         await response.write_eof()
     except ConnectionError:
         log.debug("client went away mid-stream", request_id=builder.id)

@@ -78,3 +78,15 @@ class Outbox:
         frame = self._frames.popleft()
         self._num_bytes -= len(frame)
         return frame
+
+    async def get_all(self) -> list[str]:
+        """Every queued frame (at least one), or [] once closed (or overflowed) and drained."""
+        while not self._frames:
+            if self._closed:
+                return []
+            self._wakeup.clear()
+            await self._wakeup.wait()
+        frames = list(self._frames)
+        self._frames.clear()
+        self._num_bytes = 0
+        return frames

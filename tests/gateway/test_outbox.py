@@ -32,6 +32,17 @@ async def test_outbox_drains_then_ends() -> None:
     assert [await box.get(), await box.get(), await box.get()] == ["a", "b", None]
 
 
+async def test_outbox_hands_out_everything_queued_at_once() -> None:
+    box = Outbox(max_frames=3, max_bytes=100)
+    box.put("a")
+    box.put("bc")
+    assert await box.get_all() == ["a", "bc"]
+    assert (len(box), box.num_bytes) == (0, 0)  # room again for the next frames
+    box.put("d")
+    box.close()
+    assert [await box.get_all(), await box.get_all()] == [["d"], []]
+
+
 def _delta(i: int) -> Delta:
     return Delta(request_id="r", text=f"t{i}", token_ids=(i,))
 
