@@ -239,10 +239,11 @@ class Engine:
     async def graph_stats(self) -> GraphStats:
         """Each actor's message counts and inbox now (the gateway's live view). Async so that
         an engine in another process answers the same call (gateway/remote_engine.py)."""
-        inbox = self._client_inbox
+        inbox = self._client_inbox.statistics() if self._client_inbox is not None else None
         return GraphStats(
             actors=tuple(actor.statistics() for actor in self._actors),
-            client_inbox_depth=inbox.statistics().current_buffer_used if inbox else 0,
+            client_inbox_depth=inbox.current_buffer_used if inbox else 0,
+            client_inbox_buffer=int(inbox.max_buffer_size) if inbox else 0,
             time=time.monotonic(),
         )
 

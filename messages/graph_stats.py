@@ -33,4 +33,5 @@ class GraphStats(msgspec.Struct, frozen=True, kw_only=True):
 
     actors: tuple[ActorStats, ...] = ()
     client_inbox_depth: int = 0
+    client_inbox_buffer: int = 0
     time: float = 0.0  # time.monotonic() when taken (CLOCK_MONOTONIC: one clock per machine)

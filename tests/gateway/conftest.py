@@ -10,9 +10,11 @@ engine, without paying another engine start.
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -193,3 +195,37 @@ def fuzz_server() -> Iterator[ServerThread]:
     srv = ServerThread(config, GatewaySettings(max_body_bytes=256 * 1024)).start()
     yield srv
     srv.shutdown()
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One headless Chromium per test module (skips where chromium is not installed)."""
+    from tests.gateway.browser import CHROMIUM, Browser
+
+    if not Path(CHROMIUM).exists():
+        pytest.skip("chromium is not installed (run .ci/install-browser.sh)")
+    chromium = Browser(tmp_path_factory.mktemp("chromium-profile"))
+    yield chromium
+    chromium.close()
+
+
+@pytest.fixture(scope="module")
+def page_server() -> Iterator[ServerThread]:
+    """An in-process engine whose runner the page tests steer: `srv.runner` holds steps
+    (HeldRunner.hold_after/release) and `srv.runner.inner.script` makes exact replies."""
+    from tests.gateway.scripted_runner import HeldRunner, ScriptedRunner
+
+    runner = HeldRunner(ScriptedRunner(FakeRunner.from_config(BASE_CONFIG)))
+    srv = ServerThread(BASE_CONFIG, GatewaySettings(), runner=runner).start()
+    yield srv
+    runner.release()
+    srv.shutdown()
+
+
+@pytest.fixture(scope="session")
+def artifacts(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the page tests save screenshots: $TROUPE_TEST_ARTIFACTS, else a pytest tmp dir."""
+    chosen = os.environ.get("TROUPE_TEST_ARTIFACTS")
+    path = Path(chosen) if chosen else tmp_path_factory.mktemp("artifacts")
+    path.mkdir(parents=True, exist_ok=True)
+    return path

@@ -1,155 +1,249 @@
-"""The playground page in headless Chromium, driven over the DevTools protocol.
+"""The chat page in headless Chromium: multi-turn, Stop, safe rendering, keyboard, the key.
 
-Types a prompt, presses Generate, watches text stream in, presses Stop, and saves a
-screenshot to artifacts/playground.png. Needs Debian's chromium (.ci/install-browser.sh).
+The engine runs in this process with a steerable runner (`page_server`): the fake runner's
+reply is a function of the prompt, so a reply that depends on the history is checkable;
+FaultyRunner.hold_after pins a stream mid-way; ScriptedRunner makes exact replies.
 """
 
 from __future__ import annotations
 
-import base64
-import itertools
 import json
-import shutil
-import subprocess
-import time
-import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from websockets.sync.client import ClientConnection, connect
+from troupe.gateway.state import GatewaySettings
 
-ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+from tests.gateway.browser import Browser, Page
 
-
-class Page:
-    """A minimal DevTools-protocol client for one page target."""
-
-    def __init__(self, ws: ClientConnection) -> None:
-        self.ws = ws
-        self._ids = itertools.count(1)
-
-    def send(self, method: str, **params: Any) -> dict[str, Any]:
-        call_id = next(self._ids)
-        self.ws.send(json.dumps({"id": call_id, "method": method, "params": params}))
-        while True:
-            msg = json.loads(self.ws.recv(timeout=30))
-            if msg.get("id") == call_id:
-                assert "error" not in msg, msg
-                return msg["result"]  # type: ignore[no-any-return]
-
-    def eval(self, expression: str) -> Any:
-        result = self.send("Runtime.evaluate", expression=expression, returnByValue=True)
-        assert "exceptionDetails" not in result, result
-        return result["result"].get("value")
-
-    def wait_for(self, expression: str, timeout: float = 20.0) -> Any:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if value := self.eval(expression):
-                return value
-            time.sleep(0.05)
-        raise AssertionError(f"timed out waiting for {expression}")
-
-    def click(self, element_id: str) -> None:
-        """A real mouse click at the element's centre."""
-        box = self.eval(
-            f"(() => {{ const r = document.getElementById('{element_id}').getBoundingClientRect();"
-            " return [r.x + r.width / 2, r.y + r.height / 2]; })()"
-        )
-        for kind in ("mousePressed", "mouseReleased"):
-            self.send(
-                "Input.dispatchMouseEvent",
-                type=kind,
-                x=box[0],
-                y=box[1],
-                button="left",
-                clickCount=1,
-            )
+MAX_TOKENS = 8
+REPLY = "#messages .msg.assistant"
 
 
-def _devtools_port(profile: Path, proc: subprocess.Popen[bytes]) -> int:
-    marker = profile / "DevToolsActivePort"
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if marker.exists() and marker.read_text().strip():
-            return int(marker.read_text().splitlines()[0])
-        assert proc.poll() is None, f"chromium exited with {proc.returncode}"
-        time.sleep(0.05)
-    raise AssertionError("chromium did not open its DevTools port")
+@pytest.fixture
+def page(browser: Browser, page_server: Any) -> Iterator[Page]:
+    tab = browser.open(f"{page_server.url}/")
+    yield tab
+    browser.close_page(tab)
+    page_server.runner.release()
+    page_server.runner.inner.script = None
+    page_server.wait_idle()
 
 
-@pytest.mark.skipif(
-    not Path(CHROMIUM).exists(), reason="chromium is not installed (run .ci/install-browser.sh)"
-)
-def test_playground_streams_and_stops(server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    profile = tmp_path / "profile"
-    proc = subprocess.Popen(
-        [
-            CHROMIUM,
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-quic",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            f"--user-data-dir={profile}",
-            "--remote-debugging-port=0",
-            "--window-size=1100,720",
-            f"{server.url}/",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+def _say(page: Page, text: str) -> None:
+    page.type_text("#prompt", text)
+    page.press_enter()
+
+
+def _wait_reply_done(page: Page, count: int) -> str:
+    """The status once the `count`-th reply has ended."""
+    page.wait_for(
+        f"document.querySelectorAll('{REPLY}').length === {count}"
+        " && !document.getElementById('send').disabled"
     )
+    return page.text("#status")
+
+
+def _generate_frames(page: Page) -> list[dict[str, Any]]:
+    return [f for f in page.ws_frames("Sent") if f["type"] == "generate"]
+
+
+def _reply_text(page: Page, request_id: str) -> str:
+    frames = page.ws_frames("Received")
+    return "".join(f["text"] for f in frames if f["request_id"] == request_id and "text" in f)
+
+
+def _chat_completion(page: Page, frame: dict[str, Any], messages: list[dict[str, str]]) -> str:
+    """The same request over HTTP, from inside the page (same origin, no key)."""
+    params = {k: v for k, v in frame.items() if k not in ("type", "request_id", "messages")}
+    body = json.dumps({"messages": messages, **params})
+    return str(
+        page.eval(
+            "fetch('/v1/chat/completions', {method: 'POST', headers: {'Content-Type':"
+            f" 'application/json'}}, body: {json.dumps(body)}}})"
+            ".then(r => r.json()).then(b => b.choices[0].message.content)"
+        )
+    )
+
+
+def test_three_turns_each_reply_follows_the_history(
+    page: Page, page_server: Any, artifacts: Path
+) -> None:
+    page.fill("#max-tokens", str(MAX_TOKENS))
+    page.fill("#system", "You are terse.")
+    for turn, question in enumerate(["Who are you?", "And the troupe?", "Thanks."], 1):
+        _say(page, question)
+        assert _wait_reply_done(page, turn) == "done (length)"
+    frames = _generate_frames(page)
+    assert len(frames) == 3
+    replies = [_reply_text(page, f["request_id"]) for f in frames]
+    assert all(replies) and len(set(replies)) == 3
+    # Each request carries the whole conversation, the model's replies included.
+    assert frames[1]["messages"] == [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "Who are you?"},
+        {"role": "assistant", "content": replies[0]},
+        {"role": "user", "content": "And the troupe?"},
+    ]
+    assert frames[2]["messages"][4:] == [
+        {"role": "assistant", "content": replies[1]},
+        {"role": "user", "content": "Thanks."},
+    ]
+    assert frames[1]["max_tokens"] == MAX_TOKENS
+    # The fake model's reply is a function of its prompt: the second reply is the one that
+    # history gives, and a different first reply would have given another.
+    assert _chat_completion(page, frames[1], frames[1]["messages"]) == replies[1]
+    other = [*frames[1]["messages"][:2], {"role": "assistant", "content": "Nobody."}]
+    assert _chat_completion(page, frames[1], [*other, frames[1]["messages"][3]]) != replies[1]
+    metas = page.eval(
+        f"[...document.querySelectorAll('{REPLY} .meta')].map(m =>"
+        " [m.querySelector('.ttft').textContent, m.querySelector('.ntokens').textContent,"
+        " m.querySelector('.finish').textContent])"
+    )
+    assert [m[1:] for m in metas] == [[f"{MAX_TOKENS} tokens", "length"]] * 3
+    assert all(m[0].startswith("TTFT ") and m[0].endswith(" ms") for m in metas)
+    page.screenshot(artifacts / "chat.png")
+
+    # Regenerate: the last reply is asked again with the same history (same fake answer).
+    page.eval(f"[...document.querySelectorAll('{REPLY}')].at(-1).dataset.old = 'yes'")
+    page.click("#regenerate")
+    page.wait_for("!document.querySelector('[data-old]')")
+    assert _wait_reply_done(page, 3) == "done (length)"
+    again = _generate_frames(page)[3]
+    assert again["messages"] == frames[2]["messages"]
+    assert _reply_text(page, again["request_id"]) == replies[2]
+
+
+def test_stop_aborts_the_request_in_the_engine(page: Page, page_server: Any) -> None:
+    runner = page_server.runner
+    page.fill("#max-tokens", "500")
+    runner.hold_after(3)  # three tokens, then the fourth step waits
+    _say(page, "Tell me a long story.")
+    assert runner.wait_until_held(30)
+    page.wait_for(
+        f"/^[1-9]\\d* tokens$/.test(document.querySelector('{REPLY} .ntokens')?.textContent)"
+    )
+    assert page.text("#status") == "streaming"
+    stats = "fetch('/v1/engine/stats').then(r => r.json())"
+    assert page.eval(f"{stats}.then(s => s.engine.num_running)") == 1
+    sent_to_scheduler = (
+        "s.graph.actors.find(a => a.name === 'admission').sent"
+        ".find(c => c.receiver === 'scheduler').num_messages"
+    )
+    num_before = page.eval(f"{stats}.then(s => {sent_to_scheduler})")
+    page.click("#stop")
+    # The abort is queued at the scheduler before the held step's result: it wins.
+    page.wait_for(f"{stats}.then(s => {sent_to_scheduler} === {num_before + 1})")
+    runner.release()
+    assert _wait_reply_done(page, 1) == "stopped"
+    done = [f for f in page.ws_frames("Received") if f["type"] == "done"]
+    assert [d["finish_reason"] for d in done] == ["abort"]
+    partial = _reply_text(page, done[0]["request_id"])
+    assert partial and 1 <= done[0]["usage"]["completion_tokens"] < 500
+    assert page.text(f"{REPLY} .finish") == "stopped"
+    # Freed in the engine: nothing running, no block held.
+    assert page.wait_for(
+        f"{stats}.then(s => s.engine.num_running === 0 && s.engine.num_gpu_blocks_used === 0"
+        " && s.num_streams === 0)"
+    )
+    # The stopped reply stays in the conversation; the next turn carries it.
+    page.fill("#max-tokens", "4")
+    _say(page, "Go on.")
+    assert _wait_reply_done(page, 2) == "done (length)"
+    assert _generate_frames(page)[1]["messages"][-2:] == [
+        {"role": "assistant", "content": partial},
+        {"role": "user", "content": "Go on."},
+    ]
+
+
+SCRIPT = (
+    "Look: <script>alert('x')</script> and <img src=x onerror=alert(1)>\n\n"
+    "```html\n<script>alert(2)</script>\n```\n"
+    "**bold** and [a link](javascript:alert(3)) and [troupe](https://example.com/)"
+)
+
+
+def test_reply_with_script_is_rendered_as_text(page: Page, page_server: Any) -> None:
+    tokenizer = page_server.engine.tokenizer
+    script = tokenizer.encode(SCRIPT, add_special_tokens=False)
+    assert tokenizer.decode(script) == SCRIPT
+    page_server.runner.inner.script = tuple(script)
+    page.fill("#max-tokens", str(len(script)))
+    num_scripts = page.eval("document.scripts.length")
+    _say(page, "Show me some HTML.")
+    assert _wait_reply_done(page, 1) == "done (length)"
+    body = f"document.querySelector('{REPLY} .body')"
+    text = page.eval(f"{body}.textContent")
+    assert "<script>alert('x')</script>" in text and "<img src=x onerror=alert(1)>" in text
+    assert page.eval("document.scripts.length") == num_scripts
+    assert page.eval("document.querySelectorAll('#messages script, #messages img').length") == 0
+    assert page.eval("document.querySelectorAll('[onerror]').length") == 0
+    assert page.eval(f"{body}.querySelector('pre code').textContent") == "<script>alert(2)</script>"
+    assert page.eval(f"{body}.querySelector('strong').textContent") == "bold"
+    links = page.eval(f"[...{body}.querySelectorAll('a')].map(a => a.href)")
+    assert links == ["https://example.com/"]  # the javascript: one stays text
+    assert page.dialogs() == []
+
+
+def test_keyboard_alone(page: Page) -> None:
+    page.fill("#max-tokens", "4")
+    page.type_text("#prompt", "line one")
+    page.press_enter(shift=True)
+    page.send("Input.insertText", text="line two")
+    assert page.eval("document.getElementById('prompt').value") == "line one\nline two"
+    assert page.eval("document.querySelectorAll('#messages .msg').length") == 0
+    page.press_enter()
+    assert _wait_reply_done(page, 1) == "done (length)"
+    assert page.text("#messages .msg.user .body") == "line one\nline two"
+    assert page.eval("document.getElementById('prompt').value") == ""
+
+
+def test_max_tokens_bounded_by_the_context(page: Page, page_server: Any) -> None:
+    limit = page_server.engine.max_model_len
+    page.wait_for(f"document.getElementById('max-tokens').max === '{limit}'")
+    page.fill("#max-tokens", str(limit + 1))
+    _say(page, "Too long?")
+    assert "max tokens must be a whole number in [1, " in page.text("#status")
+    assert _generate_frames(page) == []  # never sent
+
+
+def test_narrow_screen(page: Page, artifacts: Path) -> None:
+    page.send(
+        "Emulation.setDeviceMetricsOverride",
+        width=380,
+        height=760,
+        deviceScaleFactor=1,
+        mobile=True,
+    )
+    page.send("Page.reload")
+    page.wait_for("document.body && document.body.dataset.ready === 'true'")
+    assert page.eval("document.getElementById('settings').open") is False
+    page.fill("#max-tokens", "12")
+    _say(page, "A long line " * 20)
+    assert _wait_reply_done(page, 1) == "done (length)"
+    assert page.eval("document.documentElement.scrollWidth <= window.innerWidth")
+    page.screenshot(artifacts / "chat-narrow.png")
+    page.send("Emulation.clearDeviceMetricsOverride")
+
+
+def test_api_key_stays_out_of_urls_and_storage(browser: Browser, page_server: Any) -> None:
+    url = page_server.add_gateway(GatewaySettings(api_key="s3cret-key"))
+    page = browser.open(f"{url}/")
     try:
-        port = _devtools_port(profile, proc)
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=10) as resp:
-            targets = json.load(resp)
-        target = next(t for t in targets if t["type"] == "page" and t["url"].startswith(server.url))
-        with connect(target["webSocketDebuggerUrl"], max_size=None) as ws:
-            page = Page(ws)
-            page.wait_for(
-                "document.readyState === 'complete' && !!document.getElementById('generate')"
-            )
-            assert (
-                page.eval("document.getElementById('model').textContent")
-                == server.engine.model_name
-            )
-            page.eval("document.getElementById('max-tokens').value = '8000'")
-            page.eval(
-                "(() => { const p = document.getElementById('prompt'); p.value = ''; p.focus(); })()"
-            )
-            page.send("Input.insertText", text="Tell me a story about actors.")
-            assert (
-                page.eval("document.getElementById('prompt').value")
-                == "Tell me a story about actors."
-            )
-            page.click("generate")
-            page.wait_for("document.getElementById('output').textContent.length > 20")
-            assert page.eval("document.getElementById('status').textContent") == "streaming"
-            page.click("stop")
-            status = page.wait_for(
-                "(() => { const s = document.getElementById('status').textContent;"
-                " return s === 'streaming' || s === 'waiting' ? '' : s; })()"
-            )
-            assert status == "stopped"
-            text = page.eval("document.getElementById('output').textContent")
-            ntokens = int(page.eval("document.getElementById('ntokens').textContent"))
-            assert text and 0 < ntokens < 8000
-            assert page.eval("document.getElementById('ttft').textContent").endswith(" ms")
-            assert float(page.eval("document.getElementById('tps').textContent")) > 0
-            assert page.eval("document.getElementById('generate').disabled") is False
-            shot = page.send("Page.captureScreenshot", format="png")
-            ARTIFACTS.mkdir(exist_ok=True)
-            (ARTIFACTS / "playground.png").write_bytes(base64.b64decode(shot["data"]))
+        page.wait_for("document.getElementById('key-status').textContent.includes('API key')")
+        page.fill("#api-key", "s3cret-key")
+        page.wait_for("document.getElementById('key-status').textContent === 'key accepted'")
+        page.fill("#max-tokens", "4")
+        _say(page, "hello")
+        assert _wait_reply_done(page, 1) == "done (length)"
+        urls = [
+            e["params"].get("url") or e["params"].get("request", {}).get("url", "")
+            for e in page.events
+            if e["method"] in ("Network.webSocketCreated", "Network.requestWillBeSent")
+        ]
+        assert urls and not any("s3cret" in u or "api_key" in u for u in urls)
+        assert page.eval("localStorage.length + sessionStorage.length") == 0
+        assert page.eval("document.cookie") == ""
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    server.wait_idle()
+        browser.close_page(page)

@@ -1,0 +1,61 @@
+"""Runners the page tests steer: ScriptedRunner replies with chosen tokens, so a test can make
+the model say anything (markdown, `<script>`), exactly, without a model; HeldRunner is a
+FaultyRunner whose held step also moves on when the gate moves past it.
+
+While `script` is set, the n-th token sampled for each request is `script[n % len(script)]`;
+otherwise the inner runner's token passes through (the fake runner's, a function of the prompt).
+The chosen tokens go back to the inner runner in the next plan like any sampled token, so its
+KV cache stays consistent.
+"""
+
+from __future__ import annotations
+
+import msgspec
+from troupe.gpu.faulty_runner import FaultyRunner
+from troupe.gpu.runner import Runner, RunnerStats
+from troupe.messages import SampledToken, StepPlan
+
+
+class ScriptedRunner:
+    def __init__(self, inner: Runner) -> None:
+        self.inner = inner
+        self.block_size = inner.block_size
+        self.num_gpu_blocks = inner.num_gpu_blocks
+        self.num_cpu_blocks = inner.num_cpu_blocks
+        self.vocab_size = inner.vocab_size
+        self.max_model_len = inner.max_model_len
+        self.eos_token_ids = inner.eos_token_ids
+        self.num_lookahead_tokens = inner.num_lookahead_tokens
+        self.script: tuple[int, ...] | None = None  # set by the test between requests
+        self._num_sampled: dict[str, int] = {}
+
+    def execute(self, plan: StepPlan) -> tuple[SampledToken, ...]:
+        for request_id in plan.released:
+            self._num_sampled.pop(request_id, None)
+        sampled = self.inner.execute(plan)
+        script = self.script
+        if not script:
+            return sampled
+        out = []
+        for token in sampled:
+            n = self._num_sampled.get(token.request_id, 0)
+            self._num_sampled[token.request_id] = n + 1
+            out.append(msgspec.structs.replace(token, token_id=script[n % len(script)]))
+        return tuple(out)
+
+    def statistics(self) -> RunnerStats:
+        return self.inner.statistics()
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class HeldRunner(FaultyRunner):
+    """`hold_after(n)` while a step is held lets it go, then n - 1 more, and holds the next:
+    so a test can let requests gather at a held first step, then run an exact number of steps
+    with all of them (FaultyRunner's own hold_after does not wake a step already waiting)."""
+
+    def hold_after(self, num_steps: int) -> None:
+        super().hold_after(num_steps)
+        with self._cond:
+            self._cond.notify_all()
