@@ -20,19 +20,14 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import itertools
-import multiprocessing
-import socket
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
-from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import structlog
 from troupe.actors.client_streams import ClientStreams, EventListener
 from troupe.actors.request_input import RequestInputError, to_generate_request
-from troupe.config import EngineConfig
 from troupe.gateway.engine_api import TokenizerLike
 from troupe.messages import (
     EngineStats,
@@ -54,7 +49,6 @@ from troupe.messages.engine_protocol import (
     GraphStatsReply,
     Hello,
     QueryGraphStats,
-    Shutdown,
     StartFailed,
     Stopped,
     ToEngine,
@@ -63,78 +57,14 @@ from troupe.messages.engine_protocol import (
 )
 from troupe.messages.graph_stats import GraphStats
 
-if TYPE_CHECKING:
-    from troupe.gateway.engine_process import RunnerFactory
-
 log = structlog.get_logger("troupe.gateway")
 
-_ENGINE_GRACE = 5.0  # s the engine gives what is left at shutdown (as Engine.aclose)
-_STOP_SECONDS = 30.0  # then for the process to stop (closing the runner) before it is killed
-
-
-@asynccontextmanager
-async def open_remote_engine(
-    config: EngineConfig, *, runner_factory: RunnerFactory | None = None
-) -> AsyncIterator[RemoteEngine]:
-    """Start the engine in a child process; on exit stop it and wait for it.
-
-    Start-up errors leave as the in-process engine raises them (ConfigError, ModelLoadError);
-    an engine that failed makes the exit raise EngineStopped, as Engine.open does.
-    `runner_factory(config)`: build the child's runner with this (picklable) function."""
-    from troupe.actors.engine import EngineStopped
-    from troupe.gateway.engine_process import run_engine_process
-
-    # spawn, not fork: this process runs threads (the event loop's executor, maybe CUDA).
-    context = multiprocessing.get_context("spawn")
-    parent_sock, child_sock = socket.socketpair()
-    process = context.Process(
-        target=run_engine_process, args=(child_sock, config, runner_factory), name="troupe-engine"
-    )
-    try:
-        await asyncio.to_thread(process.start)
-    finally:
-        child_sock.close()  # the child's copy alone keeps its end open: its exit is our EOF
-    log.info("engine process started", pid=process.pid)
-    engine = RemoteEngine(config.max_stream_buffer)
-    try:
-        await asyncio.get_running_loop().create_unix_connection(lambda: engine, sock=parent_sock)
-        await engine.wait_started(lambda: _load_tokenizer(config.model))
-        yield engine
-    finally:
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(_STOP_SECONDS):
-                await engine.shutdown(Shutdown(grace=_ENGINE_GRACE))
-        engine.close_transport()
-        exitcode = await asyncio.to_thread(_reap, process)
-        log.debug("engine process exited", pid=process.pid, exitcode=exitcode)
-    if engine.error is not None:
-        if engine.error == _DIED:
-            raise EngineStopped(f"the engine crashed: {_DIED} (exit code {exitcode})")
-        raise EngineStopped(engine.error)
-
-
-def _reap(process: multiprocessing.process.BaseProcess) -> int | None:
-    """The exit status, once the process is gone (killed if it does not stop in time)."""
-    process.join(_STOP_SECONDS)
-    if process.exitcode is None:
-        log.error("the engine process did not stop; killing it", pid=process.pid)
-        process.kill()
-        process.join()
-    return process.exitcode
-
-
-def _load_tokenizer(model: str | None) -> TokenizerLike:
-    from troupe.actors.core.tokenizer_files import load_tokenizer
-    from troupe.config import resolve_model_path
-
-    return load_tokenizer(resolve_model_path(model))
-
-
-_DIED = "the engine process exited unexpectedly"
+DIED = "the engine process exited unexpectedly"  # the error when the socket just closes
 
 
 class RemoteEngine(asyncio.Protocol):
-    """An engine in another process, behind one socket. Built by `open_remote_engine`."""
+    """An engine in another process, behind one socket. Built by `open_remote_engine`
+    (gateway/engine_launch.py)."""
 
     def __init__(self, max_stream_buffer: int) -> None:
         self.model_name = ""
@@ -293,7 +223,7 @@ class RemoteEngine(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._writable.set()  # nobody waits on a dead socket
         if not self._stopped.is_set():
-            self._stop(_DIED if self.pid else None, exc)
+            self._stop(DIED if self.pid else None, exc)
 
     def _on_reply(self, reply: FromEngine) -> None:
         match reply:

@@ -1,7 +1,7 @@
 """`troupe serve`: run an Engine behind the gateway until SIGINT/SIGTERM, then drain.
 
-The engine runs in a child process (gateway/remote_engine.py) unless
-`GatewaySettings.engine_process` is off or a runner is injected: then in this process.
+The engine runs in a child process (gateway/engine_launch.py, gateway/remote_engine.py)
+unless `GatewaySettings.engine_process` is off or a runner is injected: then in this one.
 
 Shutdown: stop taking work (503, /health says draining), give in-flight requests
 `--shutdown-grace` seconds to finish, abort the rest (each gets its terminal event: an SSE
@@ -151,7 +151,7 @@ def open_engine(
     """The engine in a child process (settings.engine_process, without an injected runner),
     or in this one."""
     if settings.engine_process and runner is None:
-        from troupe.gateway.remote_engine import open_remote_engine
+        from troupe.gateway.engine_launch import open_remote_engine
 
         return open_remote_engine(config, runner_factory=runner_factory)
     from troupe.actors.engine import Engine  # the engine pulls in torch: import on use
