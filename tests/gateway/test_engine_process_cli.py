@@ -3,6 +3,7 @@ exit 1 when the engine process dies, and no orphan engine when the server dies."
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import signal
@@ -12,6 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
+from troupe.gateway.server import add_serve_arguments
+from troupe.gateway.settings import settings_from_args
 
 HANG = 60  # s: a hang detector only
 _FAKE = ["--runner", "fake", "--device", "cpu", "--num-kv-blocks", "256", "--port", "0"]
@@ -45,6 +48,14 @@ def _is_gone(pid: int) -> bool:
     except FileNotFoundError:
         return True
     return state in ("Z", "X")
+
+
+def test_the_engine_process_is_the_default_and_a_flag_turns_it_off() -> None:
+    parser = argparse.ArgumentParser()
+    add_serve_arguments(parser)
+    assert settings_from_args(parser.parse_args([])).engine_process is True
+    off = settings_from_args(parser.parse_args(["--no-engine-process"]))
+    assert off.engine_process is False
 
 
 @pytest.mark.parametrize("placement", ["--engine-process", "--no-engine-process"])
