@@ -210,7 +210,10 @@ export function regenerate() {
 }
 
 export function newChat() {
-  if (current) stop();
+  if (current) {
+    stop();
+    current = null; // its last frames are ignored: it belongs to no conversation now
+  }
   history.length = 0;
   $("messages").replaceChildren();
   setRunning(false);

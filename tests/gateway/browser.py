@@ -138,6 +138,17 @@ class Page:
             if e["method"] == method
         ]
 
+    def errors(self) -> list[str]:
+        """Uncaught exceptions and console errors (a CSP refusal, a failed load) so far."""
+        self.eval("0")  # read what is pending
+        out = []
+        for e in self.events:
+            if e["method"] == "Runtime.exceptionThrown":
+                out.append(str(e["params"]["exceptionDetails"].get("exception", {})))
+            elif e["method"] == "Log.entryAdded" and e["params"]["entry"]["level"] == "error":
+                out.append(e["params"]["entry"]["text"])
+        return out
+
     def dialogs(self) -> list[dict[str, Any]]:
         return [e for e in self.events if e["method"] == "Page.javascriptDialogOpening"]
 
@@ -187,8 +198,8 @@ class Browser:
             target = json.load(resp)
         ws = self._stack.enter_context(connect(target["webSocketDebuggerUrl"], max_size=None))
         page = Page(ws, target["id"])
-        page.send("Page.enable")
-        page.send("Network.enable")
+        for domain in ("Page", "Network", "Runtime", "Log"):
+            page.send(f"{domain}.enable")
         page.goto(url)
         self._pages.append(page)
         return page

@@ -158,5 +158,6 @@ def test_live_view_follows_requests(browser, page_server, artifacts) -> None:  #
         page.wait_for(f"{rate} === '0.0/s'")  # no traffic since the last poll
         assert int(page.text("#ev-ttft-count")) >= 3
         page.screenshot(artifacts / "engine-view-idle.png")
+        assert page.errors() == []
     finally:
         browser.close_page(page)

@@ -25,7 +25,9 @@ REPLY = "#messages .msg.assistant"
 def page(browser: Browser, page_server: Any) -> Iterator[Page]:
     tab = browser.open(f"{page_server.url}/")
     yield tab
+    errors = tab.errors()
     browser.close_page(tab)
+    assert errors == []
     page_server.runner.release()
     page_server.runner.inner.script = None
     page_server.wait_idle()
@@ -197,6 +199,11 @@ def test_keyboard_alone(page: Page) -> None:
     assert _wait_reply_done(page, 1) == "done (length)"
     assert page.text("#messages .msg.user .body") == "line one\nline two"
     assert page.eval("document.getElementById('prompt').value") == ""
+    page.click("#new-chat")  # a fresh conversation: only the system prompt and the new turn
+    assert page.eval("document.querySelectorAll('#messages .msg').length") == 0
+    _say(page, "again")
+    assert _wait_reply_done(page, 1) == "done (length)"
+    assert [m["role"] for m in _generate_frames(page)[-1]["messages"]] == ["system", "user"]
 
 
 def test_max_tokens_bounded_by_the_context(page: Page, page_server: Any) -> None:
