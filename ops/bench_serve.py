@@ -27,6 +27,7 @@ from troupe.config import ConfigError, EngineConfig
 from troupe.ops.serve_client import Client, EngineClient, HttpClient
 from troupe.ops.serve_load import Progress, run_load
 from troupe.ops.serve_metrics import RequestResult, compute_metrics, parse_goodput
+from troupe.ops.serve_poller import StatsPoller
 from troupe.ops.serve_report import print_report, rate_json, result_json, write_result
 from troupe.ops.serve_workload import BenchRequest, LengthSpec, make_requests
 
@@ -50,6 +51,13 @@ def build_parser() -> argparse.ArgumentParser:
     where.add_argument("--api-key", default=None, help="Bearer key (given to a started server)")
     where.add_argument("--serve-arg", action="append", default=[], help="a `troupe serve` flag")
     where.add_argument("--server-timeout", type=float, default=900.0, help="s to wait for /health")
+    where.add_argument(
+        "--poll-engine-stats",
+        type=float,
+        default=None,
+        metavar="S",
+        help="GET /v1/engine/stats every S s during the run, as the page's live view does",
+    )
     load = p.add_argument_group("workload")
     load.add_argument("--dataset-name", choices=["random", "sharegpt-synth"], default="random")
     load.add_argument("--input-len", "--random-input-len", type=int, default=1024)
@@ -107,7 +115,8 @@ async def _wait_healthy(session: aiohttp.ClientSession, base_url: str, timeout: 
 
 async def _run_http(
     base_url: str, requests: list[BenchRequest], args: argparse.Namespace
-) -> tuple[list[RequestResult], float, str]:
+) -> tuple[list[RequestResult], float, str, int]:
+    """Results, duration, model name, and how many times /v1/engine/stats was polled."""
     connector = aiohttp.TCPConnector(limit=0)  # --max-concurrency bounds it, as in vLLM
     timeout = aiohttp.ClientTimeout(total=_CLIENT_TIMEOUT_S)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
@@ -128,8 +137,20 @@ async def _run_http(
             ignore_eos=args.ignore_eos,
             api_key=args.api_key,
         )
-        results, duration = await _drive(client, requests, args)
-    return results, duration, model
+        if args.poll_engine_stats is None:
+            results, duration = await _drive(client, requests, args)
+            return results, duration, model, 0
+        poller = StatsPoller(
+            session, base_url, interval=args.poll_engine_stats, api_key=args.api_key
+        )
+        async with poller:
+            results, duration = await _drive(client, requests, args)
+        if poller.failures:
+            raise RuntimeError(
+                f"/v1/engine/stats failed {len(poller.failures)} of {poller.polls} polls: "
+                f"{poller.failures[0]}"
+            )
+    return results, duration, model, poller.polls
 
 
 def engine_config(engine_args: list[str]) -> EngineConfig:
@@ -160,7 +181,7 @@ async def _run_engine(
 
 def _run_started_server(
     serve_args: list[str], requests: list[BenchRequest], args: argparse.Namespace
-) -> tuple[list[RequestResult], float, str, str]:
+) -> tuple[list[RequestResult], float, str, int, str]:
     from troupe.ops.bench_soak import ServerProcess
 
     if args.api_key:
@@ -169,7 +190,7 @@ def _run_started_server(
     try:
         base_url = server.wait_ready()  # its message carries the server's last log lines
         try:
-            results, duration, model = asyncio.run(_run_http(base_url, requests, args))
+            results, duration, model, polls = asyncio.run(_run_http(base_url, requests, args))
         except RuntimeError:
             print("\n".join(server.log_tail), file=sys.stderr)
             raise
@@ -177,7 +198,7 @@ def _run_started_server(
         status = server.stop()
         if status != 0:
             print(f"troupe bench serve: the server exited with {status}", file=sys.stderr)
-    return results, duration, model, base_url
+    return results, duration, model, polls, base_url
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -206,6 +227,10 @@ def main(argv: list[str] | None = None) -> int:
         )
     except ValueError as exc:
         parser.error(str(exc))
+    if args.poll_engine_stats is not None and args.poll_engine_stats <= 0:
+        parser.error(f"--poll-engine-stats must be > 0 s, got {args.poll_engine_stats:g}")
+    if args.engine and args.poll_engine_stats is not None:
+        parser.error("--poll-engine-stats reads the server's endpoint: it takes no --engine")
     if args.engine and args.base_url:
         parser.error("--engine runs in this process: it takes no --base-url")
     if args.base_url and engine_args:
@@ -214,14 +239,17 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--log-format: a started server logs JSON (its 'serving' line is read)")
 
     base_url = args.base_url.rstrip("/") if args.base_url else None
+    polls = 0
     try:
         if args.engine:
             config = engine_config(engine_args)
             results, duration, model = asyncio.run(_run_engine(config, requests, args))
         elif base_url is not None:
-            results, duration, model = asyncio.run(_run_http(base_url, requests, args))
+            results, duration, model, polls = asyncio.run(_run_http(base_url, requests, args))
         else:
-            results, duration, model, base_url = _run_started_server(engine_args, requests, args)
+            results, duration, model, polls, base_url = _run_started_server(
+                engine_args, requests, args
+            )
     except RuntimeError as exc:
         print(f"troupe bench serve: {exc}", file=sys.stderr)
         return 2
@@ -241,6 +269,8 @@ def main(argv: list[str] | None = None) -> int:
         "temperature": args.temperature,
         "ignore_eos": args.ignore_eos,
         "goodput": slos,
+        "poll_engine_stats_s": args.poll_engine_stats,
+        "engine_stats_polls": polls,
     }
     print_report(metrics, settings, results)
     if args.result_file:

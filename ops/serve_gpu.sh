@@ -3,7 +3,7 @@
 # requests per rate, input U[128, 1024], output U[64, 512], temperature 0.6, ignore_eos) through
 # HTTP (`troupe serve`, one server for every rate) and through Engine.generate (--engine).
 # Run from the repo root with .whl carried; results (JSON per run, logs) go to $OUT.
-#   RATES="8 24 40 inf" ENGINE_RATES="40 inf" SERVE_ARGS="" bash ops/serve_gpu.sh
+#   RATES="8 24 40 inf" ENGINE_RATES="40 inf" POLL_RATES="24" SERVE_ARGS="" bash ops/serve_gpu.sh
 set -uo pipefail
 OUT=${OUT:-/tmp/troupe-gpu}; mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -32,6 +32,16 @@ for rate in ${RATES:-8 24 40 inf}; do
   # a seed per rate: the server's prefix cache must not see a run's prompts again
   $TROUPE bench serve --base-url http://127.0.0.1:$PORT --request-rate $rate --seed ${rate/inf/999} $LOAD \
     --result-file "$OUT/http_$rate.json" 2>&1 | tail -${TAIL:-22}
+done
+# Issue #15: the live view's cost. Off and on alternate, each run with its own seed (fresh
+# prompts for the prefix cache), so drift in the server shows up on both sides.
+for rate in ${POLL_RATES:-}; do
+  for i in 1 2 3 4; do
+    poll=""; [ $((i % 2)) = 0 ] && poll="--poll-engine-stats 1"
+    echo "== http rate $rate run $i ${poll:-no poll}"
+    $TROUPE bench serve --base-url http://127.0.0.1:$PORT --request-rate $rate --seed $((7000 + i)) \
+      $LOAD $poll --result-file "$OUT/poll_${rate}_$i.json" 2>&1 | tail -${TAIL:-22}
+  done
 done
 kill -TERM $SERVER; wait $SERVER
 for rate in ${ENGINE_RATES:-40 inf}; do

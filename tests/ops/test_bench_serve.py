@@ -293,7 +293,8 @@ FLAGS += ["--seed", "7", "--goodput", "ttft:60000", "--no-progress"]
 @pytest.mark.parametrize(
     "mode",
     [
-        ["--request-rate", "400", "--runner", "fake"],  # starts `troupe serve --runner fake`
+        # starts `troupe serve --runner fake`; polls the live view's endpoint as the page does
+        ["--request-rate", "400", "--runner", "fake", "--poll-engine-stats", "0.05"],
         ["--engine", "--max-concurrency", "6", "--runner", "fake", "--device", "cpu"],
     ],
     ids=["http", "engine"],
@@ -317,6 +318,8 @@ def test_ci_sized_run_completes_every_request(
     assert result["input_lens"] == [r.input_len for r in planned]
     assert result["total_output_tokens"] == sum(r.output_len for r in planned)
     assert result["mode"] == ("engine" if "--engine" in mode else "http")
+    # the first poll is awaited before the load: an HTTP run reports at least one
+    assert (result["engine_stats_polls"] >= 1) == ("--engine" not in mode)
     assert result["request_goodput"] is not None and len(result["ttfts"]) == 40
     assert all(len(itl) >= 1 for itl in result["itls"])  # 8 +- 4 tokens: more than one chunk
 
@@ -327,6 +330,8 @@ def test_flag_errors_exit_2() -> None:
         ["--goodput", "itl:5"],
         ["--base-url", "http://127.0.0.1:1", "--max-num-seqs", "4"],
         ["--range-ratio", "1.5"],
+        ["--poll-engine-stats", "0"],
+        ["--engine", "--poll-engine-stats", "1"],
     ):
         with pytest.raises(SystemExit) as exc:
             main(argv)
