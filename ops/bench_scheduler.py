@@ -133,6 +133,7 @@ def build_loop(
     enable_prefix_caching: bool = True,
     preemption_mode: str = "auto",
     scheduling_policy: str = "priority",
+    max_chunk_tokens: int = 0,
     check: Callable[[AllocatorCore], None] | None = None,
 ) -> CoreLoop:
     """Cores and a fake runner sized alike."""
@@ -146,6 +147,7 @@ def build_loop(
         preemption_mode=preemption_mode,
         scheduling_policy=scheduling_policy,
         eos_token_ids=(2,),
+        max_chunk_tokens=max_chunk_tokens,
     )
     allocator = AllocatorCore(
         block_size=block_size,

@@ -43,13 +43,24 @@ class StepLimits:
     max_num_batched_tokens: int
     enable_prefix_caching: bool = True
     num_lookahead_tokens: int = 0
+    # The most prompt tokens one request computes in a step (0: no cap but the budget). Long
+    # prompts then share steps with decodes in smaller chunks: a step's latency stays near a
+    # decode's, at the price of a few more steps to the first token (vLLM's
+    # long_prefill_token_threshold).
+    max_chunk_tokens: int = 0
 
     def __post_init__(self) -> None:
         for name in ("block_size", "num_gpu_blocks", "max_num_seqs", "max_num_batched_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.num_lookahead_tokens < 0:
-            raise ValueError(f"num_lookahead_tokens must be >= 0, got {self.num_lookahead_tokens}")
+        for name in ("num_lookahead_tokens", "max_chunk_tokens"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+
+    def chunk(self, num_tokens: int, budget: int) -> int:
+        """Tokens of a `num_tokens` prefill that one step computes, within `budget`."""
+        cap = self.max_chunk_tokens
+        return min(num_tokens, budget, cap) if cap else min(num_tokens, budget)
 
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -119,7 +130,7 @@ class StepPlanner:
             if req.status != running:
                 continue  # preempted earlier in this loop
             computed = req.num_computed
-            n = min(len(req.token_ids) - computed, budget)
+            n = lim.chunk(len(req.token_ids) - computed, budget)
             need = max(lim.blocks_for(computed + n + self._lookahead(req, n)) - req.num_blocks, 0)
             fit = (req.num_blocks + self._avail) * bs - computed
             if need > self._avail and fit >= 1:
@@ -213,7 +224,7 @@ class StepPlanner:
         q, lim = self.queues, self.limits
         while q.swapped and budget > 0 and len(q.running) < lim.max_num_seqs:
             req = q.swapped[0]
-            n = min(req.num_tokens - req.num_computed, budget)
+            n = lim.chunk(req.num_tokens - req.num_computed, budget)
             cover = req.num_computed + n + self._lookahead(req, n)
             total = max(req.num_cpu_blocks, lim.blocks_for(cover))
             if total > self._avail:
@@ -246,7 +257,7 @@ class StepPlanner:
             if head in leaders:
                 deferred.append(q.waiting.pop(0))
                 continue
-            n = min(num_tokens, budget)
+            n = lim.chunk(num_tokens, budget)
             # The most it can take: any block but those of a cached prefix may be new.
             max_hit = (num_tokens - 1) // bs * bs if caching else 0
             upper = lim.blocks_for(min(num_tokens, max_hit + n))

@@ -3,6 +3,8 @@ and a shared system prompt through the prefix cache."""
 
 from __future__ import annotations
 
+import pytest
+from troupe.config import ConfigError, EngineConfig
 from troupe.gpu.fake_runner import FakeRunner
 from troupe.messages import AdmittedRequest, FinishReason, SamplingParams
 from troupe.ops.bench_scheduler import build_loop
@@ -41,6 +43,36 @@ def test_long_prompt_is_chunked_and_never_stalls_decodes() -> None:
     for req in shorts:
         assert loop.tokens[req.request_id] == FakeRunner.reference_tokens(req.prompt_token_ids, 40)
         assert loop.finished[req.request_id] == [(FinishReason.LENGTH, None)]
+
+
+def test_chunk_cap_splits_every_prefill_and_keeps_outputs() -> None:
+    cap = 96
+    loop = build_loop(max_num_batched_tokens=4096, max_num_seqs=64, max_chunk_tokens=cap)
+    system = tuple(100 + (j * 31) % 5000 for j in range(700))
+    reqs = [_req(f"r{i}", (*system, *(7000 + i * 8 + k for k in range(40))), 6) for i in range(6)]
+    loop.submit(reqs[:3])
+    loop.run({6: reqs[3:]})  # later arrivals find the shared prefix cached
+
+    prompt_lens = {r.request_id: len(r.prompt_token_ids) for r in reqs}
+    chunks: dict[str, list[int]] = {r.request_id: [] for r in reqs}
+    for plan in loop.plans:
+        for w in plan.seqs:
+            if w.start_pos < prompt_lens[w.request_id]:
+                assert w.num_tokens <= cap, (w.request_id, w.start_pos, w.num_tokens)
+                chunks[w.request_id].append(w.num_tokens)
+    assert all(len(c) >= 740 // cap for c in list(chunks.values())[:1])  # the first computes all
+    assert max(plan.num_tokens for plan in loop.plans) <= 6 * cap  # no step carries a whole prompt
+    for req in reqs:
+        assert loop.tokens[req.request_id] == FakeRunner.reference_tokens(req.prompt_token_ids, 6)
+    stats = loop.batches[-1].stats
+    assert stats is not None and stats.num_gpu_blocks_used == 0
+    assert stats.prefix_cache_hit_tokens > 0
+
+
+@pytest.mark.parametrize("value", [-1, 1.5, "256"])
+def test_chunk_cap_is_checked(value: object) -> None:
+    with pytest.raises(ConfigError, match="long_prefill_token_threshold must be an integer >= 0"):
+        EngineConfig(long_prefill_token_threshold=value)  # type: ignore[arg-type]
 
 
 def _shared_prompt_run(caching: bool) -> tuple[dict[str, list[int]], int, int]:
