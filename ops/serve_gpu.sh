@@ -3,7 +3,7 @@
 # requests per rate, input U[128, 1024], output U[64, 512], temperature 0.6, ignore_eos) through
 # HTTP (`troupe serve`, one server for every rate) and through Engine.generate (--engine).
 # Run from the repo root with .whl carried; results (JSON per run, logs) go to $OUT.
-#   RATES="8 24 40 inf" ENGINE_RATES="40 inf" POLL_RATES="24" SERVE_ARGS="" bash ops/serve_gpu.sh
+#   RATES="8 24 40 inf" ENGINE_RATES="40 inf" SERVE_ARGS="" bash ops/serve_gpu.sh
 set -uo pipefail
 OUT=${OUT:-/tmp/troupe-gpu}; mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -27,24 +27,27 @@ for _ in $(seq 240); do
     2> /dev/null && break
   sleep 0.5
 done
-for rate in ${RATES:-8 24 40 inf}; do
+for rate in ${RATES-8 24 40 inf}; do
   echo "== http rate $rate"
   # a seed per rate: the server's prefix cache must not see a run's prompts again
   $TROUPE bench serve --base-url http://127.0.0.1:$PORT --request-rate $rate --seed ${rate/inf/999} $LOAD \
     --result-file "$OUT/http_$rate.json" 2>&1 | tail -${TAIL:-22}
 done
-# Issue #15: the live view's cost. Off and on alternate, each run with its own seed (fresh
-# prompts for the prefix cache), so drift in the server shows up on both sides.
+# Issue #15: the live view's cost. Off and on alternate with the same seed (the same requests),
+# so drift in the server shows up on both sides: run it on a server without prefix caching,
+#   RATES="" ENGINE_RATES="" POLL_RATES=24 SERVE_ARGS="--no-enable-prefix-caching" ...
 for rate in ${POLL_RATES:-}; do
-  for i in 1 2 3 4; do
+  case "${SERVE_ARGS:-}" in *--no-enable-prefix-caching*) ;;
+    *) echo "POLL_RATES needs SERVE_ARGS=--no-enable-prefix-caching (same prompts each run)"; break;; esac
+  for i in 1 2 3 4 5 6; do
     poll=""; [ $((i % 2)) = 0 ] && poll="--poll-engine-stats 1"
     echo "== http rate $rate run $i ${poll:-no poll}"
-    $TROUPE bench serve --base-url http://127.0.0.1:$PORT --request-rate $rate --seed $((7000 + i)) \
+    $TROUPE bench serve --base-url http://127.0.0.1:$PORT --request-rate $rate --seed 7001 \
       $LOAD $poll --result-file "$OUT/poll_${rate}_$i.json" 2>&1 | tail -${TAIL:-22}
   done
 done
 kill -TERM $SERVER; wait $SERVER
-for rate in ${ENGINE_RATES:-40 inf}; do
+for rate in ${ENGINE_RATES-40 inf}; do
   echo "== engine rate $rate"
   $TROUPE bench serve --engine --model $MODEL --device cuda ${SERVE_ARGS:-} --request-rate $rate \
     --seed ${rate/inf/999} $LOAD --result-file "$OUT/engine_$rate.json" 2>&1 | tail -${TAIL:-22}
