@@ -19,7 +19,7 @@ from troupe.gpu.kv_cache import KVCache
 from troupe.gpu.mixed_graphs import MixedGraphs
 from troupe.gpu.model_config import ModelConfig
 from troupe.gpu.models import DecoderModel
-from troupe.gpu.overlap import DecodeOverlap, LogitsHook, host_to_device
+from troupe.gpu.overlap import DecodeOverlap, LogitsHook, Split, host_to_device
 from troupe.gpu.pool_sizing import blocks_from_free_memory, cpu_device_blocks, swap_pool_blocks
 from troupe.gpu.request_states import RequestState, RequestStates
 from troupe.gpu.runner import RunnerStats
@@ -27,7 +27,7 @@ from troupe.gpu.sampler import WITHHELD, sample, sampled_tokens, withhold_non_fi
 from troupe.gpu.sampling_batch import build_sampling_batch
 from troupe.gpu.step_inputs import StepInputs, build_step_inputs
 from troupe.gpu.weights import load_model, read_config
-from troupe.messages import SampledToken, StepPlan, TokenLogprob
+from troupe.messages import SampledToken, SeqWork, StepPlan, TokenLogprob
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -128,6 +128,7 @@ class ModelRunner:
             num_steps=self._num_steps,
             num_overlapped=self._overlap.num_overlapped,
             num_overlap_hits=self._overlap.num_overlap_hits,
+            num_overlap_splits=self._overlap.num_overlap_splits,
         )
 
     @classmethod
@@ -190,26 +191,57 @@ class ModelRunner:
         """Apply released, swap_out, swap_in, then run plan.seqs; one token per sampled seq."""
         self._num_steps += 1
         taken = self._overlap.take(plan)
+        if isinstance(taken, Split):
+            return self._run_split(taken)
         if taken is not None:
             return taken  # the pending overlapped step answered it (or only releases)
         prepared = self._prepare(plan)
         if prepared is None:
             return ()
-        states, inputs = prepared
+        return self._run(plan.seqs, *prepared)
+
+    def _run(
+        self,
+        seqs: tuple[SeqWork, ...],
+        states: list[RequestState],
+        inputs: StepInputs,
+        split: Split | None = None,
+    ) -> tuple[SampledToken, ...]:
+        """Forward and sample `seqs`; with a split, its decodes' tokens go first. Then launch
+        the next decode of every row that sampled (a chunk that did not joins later)."""
         logits = self._forward(inputs)
         rows = inputs.sampled_rows.tolist()
-        if not rows:
-            return ()  # mid-prompt chunks only: the cache is filled, nothing is sampled
-        request_ids = [plan.seqs[r].request_id for r in rows]
-        if self._logits_hook is not None:
-            with torch.inference_mode():  # the logits are inference tensors: edits need it
-                self._logits_hook(request_ids, logits)
-        token_ids, logprobs = self._sample(logits, [states[r] for r in rows])
-        if self.overlap_schedule and len(rows) == len(plan.seqs) and WITHHELD not in token_ids:
-            # every sequence sampled: its next step is a decode of the token just sampled
-            next_pos = inputs.seq_lens.astype(np.int64)
-            self._overlap.launch(states, next_pos, request_ids, token_ids)
+        request_ids = [seqs[r].request_id for r in rows]
+        token_ids: list[int] = []
+        logprobs: tuple[TokenLogprob | None, ...] = ()
+        if rows:
+            if self._logits_hook is not None:
+                with torch.inference_mode():  # the logits are inference tensors: edits need it
+                    self._logits_hook(request_ids, logits)
+            token_ids, logprobs = self._sample(logits, [states[r] for r in rows])
+        next_pos = inputs.seq_lens[rows].astype(np.int64)
+        sampled = [states[r] for r in rows]
+        if split is not None:
+            request_ids = split.request_ids + request_ids
+            token_ids = split.token_ids + token_ids
+            logprobs = (None,) * len(split.token_ids) + logprobs
+            if not split.launched:
+                sampled = split.states + sampled
+                next_pos = np.concatenate([split.next_pos, next_pos])
+            else:
+                sampled = []  # the decodes' next step is queued; the extras fill the cache
+        if self.overlap_schedule and sampled and WITHHELD not in token_ids:
+            # each row that sampled: its next step is a decode of the token just sampled
+            tail = len(request_ids) - len(sampled)
+            self._overlap.launch(sampled, next_pos, request_ids[tail:], token_ids[tail:])
         return sampled_tokens(request_ids, token_ids, logprobs)
+
+    def _run_split(self, split: Split) -> tuple[SampledToken, ...]:
+        """The pending step answered the plan's decodes; run the extras (prefill chunks, new
+        requests: no swaps) on their own."""
+        states = self._states.apply(split.extras)
+        inputs = build_step_inputs(split.extras, states, self._states.tables, self.block_size)
+        return self._run(split.extras, states, inputs, split)
 
     def _sample(
         self, logits: torch.Tensor, states: list[RequestState]

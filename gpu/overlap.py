@@ -10,6 +10,14 @@ before its plan arrives, so the GPU computes while the actors plan:
                                                      then read N+1's ids (copied before N+2)
                                                 no:  discard N+1, run plan N+1 normally
 
+A plan that is the pending step plus work the pending step does not have (a prefill chunk
+joining, or a new request) is a split: the pending samples answer its decodes, and the runner
+runs only the rest. Without it such a mixed step would throw the pending decode away and
+recompute it, with the actors' planning no longer hidden behind the GPU:
+
+    split, extras only fill the cache: launch N+2 of the decodes early, then the chunk
+    split, extras sample:              run the extras, then launch N+2 of decodes and extras
+
 The scheduler gives decodes one lookahead position (num_lookahead_tokens), so the runner owns
 the KV slot the overlapped step writes. This is not speculative decoding: every token is
 sampled from the same distribution as without overlap, one step at a time; only when the step
@@ -27,7 +35,7 @@ from troupe.gpu.request_states import LOGPROBS, RequestState, RequestStates
 from troupe.gpu.sampler import WITHHELD, sample, sampled_tokens, withhold_non_finite
 from troupe.gpu.sampling_batch import build_sampling_batch
 from troupe.gpu.step_inputs import StepInputs, build_decode_inputs
-from troupe.messages import SampledToken, StepPlan
+from troupe.messages import SampledToken, SeqWork, StepPlan
 
 # The runner's forward: fp32 logits of the sampled rows; the tensor, when given, replaces
 # inputs.input_ids with ids already on the device.
@@ -35,6 +43,19 @@ Forward = Callable[[StepInputs, torch.Tensor | None], torch.Tensor]
 # A test seam (ModelRunner's logits_hook): called with the request ids of the rows and their
 # fp32 logits [rows, vocab] right before sampling; it may change the logits in place.
 LogitsHook = Callable[[Sequence[str], torch.Tensor], None]
+
+
+@dataclasses.dataclass(kw_only=True, eq=False)
+class Split:
+    """A plan the pending step answers in part: its leading decodes got `token_ids` from it; the
+    runner runs `extras` and, unless `launched`, launches the next decode of both."""
+
+    request_ids: list[str]  # the decodes answered, in plan order
+    token_ids: list[int]  # their samples (WITHHELD where logits were not finite)
+    states: list[RequestState]
+    next_pos: np.ndarray  # int64: the position each decode's next step computes
+    extras: tuple[SeqWork, ...]  # the rest of the plan, none of it in the pending step
+    launched: bool  # the decodes' next step is already queued (the extras do not sample)
 
 
 @dataclasses.dataclass(kw_only=True, eq=False)
@@ -87,10 +108,12 @@ class DecodeOverlap:
         self.vocab_size = vocab_size
         self.num_overlapped = 0  # decode steps launched before their plan arrived
         self.num_overlap_hits = 0  # ... whose plan matched, so their samples were used
+        self.num_overlap_splits = 0  # ... hits whose plan had more work besides (Split)
         self._pending: _PendingStep | None = None
 
-    def take(self, plan: StepPlan) -> tuple[SampledToken, ...] | None:
-        """The plan's tokens from the pending step, or None: the runner must run the plan."""
+    def take(self, plan: StepPlan) -> tuple[SampledToken, ...] | Split | None:
+        """The plan's tokens from the pending step; a Split: its decodes' tokens, the runner
+        runs the rest; None: the runner must run the plan."""
         pending, self._pending = self._pending, None
         if pending is None:
             return None
@@ -99,9 +122,14 @@ class DecodeOverlap:
             self._states.release(plan.released)
             self._pending = pending
             return ()
-        rows = _matching_rows(plan, pending)
+        if plan.swap_out or plan.swap_in:
+            return None
+        rows = _matching_rows(plan.seqs, pending)
         if rows is not None:
             return self._take(plan, pending, rows)
+        split = _split_rows(plan.seqs, pending)
+        if split is not None:
+            return self._split(plan, pending, split)
         # Discard. The overlapped step only wrote KV at position pos+1 of each of its
         # requests, in blocks their tables own (the lookahead). A request that continues
         # computes that slot again in this plan or a later one, with the same token and
@@ -133,14 +161,26 @@ class DecodeOverlap:
         self, plan: StepPlan, pending: _PendingStep, rows: list[int]
     ) -> tuple[SampledToken, ...]:
         """The plan is the overlapped step (or a subset of it): use its samples."""
-        if plan.released:
-            self._states.release(plan.released)  # ended requests drop out: samples discarded
+        request_ids, token_ids = self._answer(plan.released, plan.seqs, pending, rows)
+        return sampled_tokens(request_ids, token_ids, [None] * len(token_ids))
+
+    def _answer(
+        self,
+        released: Sequence[str],
+        seqs: Sequence[SeqWork],
+        pending: _PendingStep,
+        rows: list[int],
+    ) -> tuple[list[str], list[int]]:
+        """`seqs` are decodes the pending step computed: their ids and samples; the step after
+        is launched (early, fed device ids, when no row keeps a penalty history)."""
+        if released:
+            self._states.release(released)  # ended requests drop out: samples discarded
         # The plan's block_ids are lookahead blocks for the step after; its tokens and
         # positions are what the overlapped step already wrote.
-        states = self._states.apply(plan.seqs)
+        states = self._states.apply(tuple(seqs))
         self.num_overlap_hits += 1
         next_pos = pending.positions[rows] + 1
-        request_ids = [w.request_id for w in plan.seqs]
+        request_ids = [w.request_id for w in seqs]
         # Without penalties the following step needs no host copy of these samples: feed the
         # device ids and queue it before waiting, so the GPU goes from one step to the next.
         # Penalty history needs the tokens on the host first.
@@ -159,7 +199,35 @@ class DecodeOverlap:
         elif WITHHELD not in token_ids:  # a failed row has no token to feed: run the plan
             following = self._launch(states, next_pos, request_ids, token_ids)
         self._pending = following
-        return sampled_tokens(request_ids, token_ids, [None] * len(token_ids))
+        return request_ids, token_ids
+
+    def _split(self, plan: StepPlan, pending: _PendingStep, rows: list[int]) -> Split:
+        """The leading len(rows) SeqWorks are the pending step's decodes; the rest are new."""
+        decodes, extras = plan.seqs[: len(rows)], plan.seqs[len(rows) :]
+        self.num_overlap_splits += 1
+        if not any(w.sample for w in extras):
+            # The extras only fill the cache: the decodes' next step goes first, as in a hit.
+            request_ids, token_ids = self._answer(plan.released, decodes, pending, rows)
+            return Split(
+                request_ids=request_ids,
+                token_ids=token_ids,
+                states=[],
+                next_pos=np.empty(0, np.int64),
+                extras=extras,
+                launched=True,
+            )
+        if plan.released:
+            self._states.release(plan.released)
+        self.num_overlap_hits += 1
+        launched = pending.read()
+        return Split(
+            request_ids=[w.request_id for w in decodes],
+            token_ids=[launched[r] for r in rows],
+            states=self._states.apply(decodes),
+            next_pos=pending.positions[rows] + 1,
+            extras=extras,
+            launched=False,
+        )
 
     def _launch(
         self,
@@ -228,18 +296,31 @@ class DecodeOverlap:
         )
 
 
-def _matching_rows(plan: StepPlan, pending: _PendingStep) -> list[int] | None:
+def _matching_rows(seqs: Sequence[SeqWork], pending: _PendingStep) -> list[int] | None:
     """Rows of the overlapped batch, in plan order, if the plan is the overlapped step.
 
     Each SeqWork must be a plain decode of an overlapped request, fed the token sampled for it
-    with the position after, in the launch order; requests may drop out (they ended). No swaps.
+    with the position after, in the launch order; requests may drop out (they ended).
     """
-    if plan.swap_out or plan.swap_in:
+    rows = _leading_rows(seqs, pending)
+    return rows if len(rows) == len(seqs) else None
+
+
+def _split_rows(seqs: Sequence[SeqWork], pending: _PendingStep) -> list[int] | None:
+    """Rows of the leading decodes if the plan is a split: at least one of them, and none of
+    the SeqWorks after them belongs to a request of the overlapped step."""
+    rows = _leading_rows(seqs, pending)
+    if not rows or any(w.request_id in pending.rows for w in seqs[len(rows) :]):
         return None
+    return rows
+
+
+def _leading_rows(seqs: Sequence[SeqWork], pending: _PendingStep) -> list[int]:
+    """Rows of the longest prefix of `seqs` that the overlapped step computed as planned."""
     rows: list[int] = []
     previous = -1
     get, tokens, positions = pending.rows.get, pending.input_tokens, pending.positions.tolist()
-    for work in plan.seqs:
+    for work in seqs:
         row = get(work.request_id)
         if (
             row is None
@@ -251,7 +332,7 @@ def _matching_rows(plan: StepPlan, pending: _PendingStep) -> list[int] | None:
             or work.token_ids[0] != tokens[row]
             or work.start_pos != positions[row]
         ):
-            return None
+            break
         rows.append(row)
         previous = row
     return rows

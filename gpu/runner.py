@@ -32,6 +32,7 @@ class RunnerStats:
     num_steps: int = 0  # execute() calls
     num_overlapped: int = 0  # decode steps launched before their plan arrived (gpu/overlap.py)
     num_overlap_hits: int = 0  # ... whose plan matched, so their samples answered it
+    num_overlap_splits: int = 0  # ... hits whose plan also had other work (gpu/overlap.py)
 
 
 class Runner(Protocol):

@@ -65,9 +65,11 @@ class LookaheadDriver:
     def add(self, rid: str, prompt: list[int], params: SamplingParams = GREEDY) -> None:
         self.seqs[rid] = Seq(prompt, params)
 
-    def _work(self, rid: str) -> SeqWork:
+    def _work(self, rid: str, chunk: int | None = None) -> SeqWork:
+        """The rest of the request's tokens, or its next `chunk` of them (mid-prompt: no
+        sample)."""
         seq = self.seqs[rid]
-        tokens = seq.tokens[seq.num_computed :]
+        tokens = seq.tokens[seq.num_computed :][:chunk]
         end = seq.num_computed + len(tokens)
         need = -(-(end + 1) // BLOCK_SIZE) - len(seq.blocks)  # the lookahead position too
         added = [self.free.pop(0) for _ in range(max(need, 0))]
@@ -81,17 +83,20 @@ class LookaheadDriver:
             reset=seq.needs_reset,
             params=seq.params if first else None,
             num_prompt_tokens=len(seq.prompt) if first else 0,
+            sample=end == len(seq.tokens),
         )
         seq.needs_reset = False
         seq.num_computed = end
         return work
 
-    def step(self, ids: list[str], **fields: Any) -> dict[str, int]:
-        works = tuple(self._work(rid) for rid in ids)
+    def step(
+        self, ids: list[str], chunks: dict[str, int] | None = None, **fields: Any
+    ) -> dict[str, int]:
+        works = tuple(self._work(rid, (chunks or {}).get(rid)) for rid in ids)
         self.step_id += 1
         out = self.runner.execute(StepPlan(step_id=self.step_id, seqs=works, **fields))
         got = {t.request_id: t.token_id for t in out}
-        assert list(got) == ids
+        assert list(got) == [w.request_id for w in works if w.sample]
         for rid, token in got.items():
             self.seqs[rid].output.append(token)
         self.log.append(got)
@@ -195,13 +200,47 @@ def test_new_request_misses_then_hits_again(qwen3: Path) -> None:
         for _ in range(3):
             d.step(["a", "b"])
         d.add("c", p["c"])
-        d.step(["a", "b", "c"])  # a prefill joins: miss, yet every seq samples: launch
+        d.step(["a", "b", "c"])  # a prefill joins: a split; then all three launch together
         for _ in range(3):
             d.step(["a", "b", "c"])
         d.step(["b", "a", "c"])  # another order: miss
 
     _, over = both(qwen3, scenario)
-    assert counts(over) == (8, 2 + 3)
+    assert counts(over) == (8, 2 + 1 + 3)
+    assert over.runner.statistics().num_overlap_splits == 1
+
+
+def test_prefill_chunks_beside_decodes_split_every_step(qwen3: Path) -> None:
+    params = {
+        "a": GREEDY,
+        "b": SamplingParams(temperature=0.9, seed=11, max_tokens=64),
+        "c": SamplingParams(temperature=0.8, seed=4, repetition_penalty=1.2, max_tokens=64),
+        "d": SamplingParams(temperature=1.1, seed=8, top_k=30, max_tokens=64),
+    }
+    long_prompt = [(17 * j + 2) % 256 for j in range(23)]
+
+    def scenario(d: LookaheadDriver) -> None:
+        p = prompts()
+        d.add("a", p["a"], params["a"])
+        d.add("b", p["b"], params["b"])
+        for _ in range(2):
+            d.step(["a", "b"])
+        d.add("c", long_prompt, params["c"])  # a penalty history: its launches read the host
+        for _ in range(3):
+            d.step(["a", "b", "c"], chunks={"c": 6})  # mid-prompt: the decodes go first
+        d.step(["a", "b", "c"])  # its last chunk samples: all three launch after it
+        d.add("d", p["c"], params["d"])
+        d.step(["a", "c", "d"], released=(d.finish("b"),))  # one ends as another joins
+        for _ in range(3):
+            d.step(["a", "c", "d"])
+
+    plain, over = both(qwen3, scenario)
+    stats = over.runner.statistics()
+    # launched: after the first prefill, each decode step, and each split; every step but
+    # the first is answered by the pending one (five of them in part)
+    assert stats.num_overlap_splits == 5
+    assert counts(over) == (10, 9)
+    assert len(plain.seqs["c"].output) == 5 and len(set(plain.seqs["d"].output)) > 1
 
 
 def test_swap_out_is_a_miss(qwen3: Path) -> None:
