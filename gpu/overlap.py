@@ -166,8 +166,8 @@ class DecodeOverlap:
 
     def _answer(
         self,
-        released: Sequence[str],
-        seqs: Sequence[SeqWork],
+        released: tuple[str, ...],
+        seqs: tuple[SeqWork, ...],
         pending: _PendingStep,
         rows: list[int],
     ) -> tuple[list[str], list[int]]:
@@ -177,7 +177,7 @@ class DecodeOverlap:
             self._states.release(released)  # ended requests drop out: samples discarded
         # The plan's block_ids are lookahead blocks for the step after; its tokens and
         # positions are what the overlapped step already wrote.
-        states = self._states.apply(tuple(seqs))
+        states = self._states.apply(seqs)
         self.num_overlap_hits += 1
         next_pos = pending.positions[rows] + 1
         request_ids = [w.request_id for w in seqs]
