@@ -21,6 +21,7 @@ from troupe.actors.core.plan_builder import InFlight, build_plan
 from troupe.actors.core.preemption_policy import make_preemption_policy
 from troupe.actors.core.queue_policy import make_queue_policy
 from troupe.actors.core.request_state import Request, RequestQueues, Status
+from troupe.actors.core.speculator import SpecSettings, Speculator
 from troupe.actors.core.step_planner import StepLimits, StepPlanner
 from troupe.messages.allocator import AllocateBatch
 from troupe.messages.common import FinishReason
@@ -63,13 +64,15 @@ class SchedulerCore:
         scheduling_policy: str = "priority",
         eos_token_ids: Iterable[int] = (),
         num_lookahead_tokens: int = 0,
+        speculative: SpecSettings | None = None,
     ) -> None:
         sizes = (block_size, num_gpu_blocks, max_num_seqs, max_num_batched_tokens)
         self.limits = StepLimits(*sizes, enable_prefix_caching, num_lookahead_tokens)
         self.num_cpu_blocks = num_cpu_blocks
         self.queues = RequestQueues(make_queue_policy(scheduling_policy))
         preemption = make_preemption_policy(preemption_mode)
-        self.planner = StepPlanner(self.limits, self.queues, preemption)
+        self.speculator = Speculator(speculative or SpecSettings())
+        self.planner = StepPlanner(self.limits, self.queues, preemption, self.speculator)
         # The allocator's counts as of its last answer: what the next plan starts from.
         self.pools = AllocationResult(
             step_id=0, num_gpu_free=self.limits.num_gpu_blocks, num_cpu_free=num_cpu_blocks
@@ -225,6 +228,14 @@ class SchedulerCore:
                     append(self._fail_output(req, "the executor returned no token for it"))
                     continue
                 token = found
+            if req.draft:  # a verification: several tokens may land
+                out = self.speculator.land(req, token, end)
+                if caching and req.num_computed // bs > req.num_committed_blocks:
+                    to_commit[rid] = req
+                if out.finish_reason is not None:
+                    finish(req)
+                append(out)
+                continue
             token_id = token.token_id
             tokens = req.token_ids
             tokens.append(token_id)
@@ -257,6 +268,11 @@ class SchedulerCore:
             prefix_cache_hit_tokens=pools.prefix_cache_hit_tokens,
             prefix_cache_query_tokens=pools.prefix_cache_query_tokens,
             num_steps=self.num_steps,
+            num_spec_proposed_tokens=self.speculator.num_proposed,
+            num_spec_accepted_tokens=self.speculator.num_accepted,
+            spec_accepted_lengths=(
+                tuple(self.speculator.accepted_lengths) if self.speculator.enabled else ()
+            ),
         )
 
     def stats_batch(self) -> TokenBatch:

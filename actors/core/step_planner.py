@@ -19,18 +19,21 @@ from dataclasses import dataclass
 
 from troupe.actors.core.preemption_policy import PreemptionPolicy
 from troupe.actors.core.request_state import Kind, Request, RequestQueues, Status, Work
+from troupe.actors.core.speculator import SpecSettings, Speculator
 from troupe.messages.allocator import (
     AllocateNew,
     AllocOp,
     CacheBlocks,
     FreeRequest,
     Grow,
+    Shrink,
     SwapIn,
     SwapOut,
 )
 
-# The order ops apply in: releases first (their blocks serve the rest), then by queue.
-OP_ORDER = (CacheBlocks, FreeRequest, SwapOut, Grow, SwapIn, AllocateNew)
+# The order ops apply in: releases first (their blocks serve the rest), then by queue. A
+# Shrink goes before FreeRequest: a request shrunk, then chosen as a victim, is freed after.
+OP_ORDER = (CacheBlocks, Shrink, FreeRequest, SwapOut, Grow, SwapIn, AllocateNew)
 
 
 @dataclass(frozen=True)
@@ -58,16 +61,24 @@ class StepLimits:
 class StepPlanner:
     """Plans steps over `queues`; who gives way, and how, is the `preemption` policy's choice."""
 
-    def __init__(self, limits: StepLimits, queues: RequestQueues, preemption: PreemptionPolicy):
+    def __init__(
+        self,
+        limits: StepLimits,
+        queues: RequestQueues,
+        preemption: PreemptionPolicy,
+        speculator: Speculator | None = None,
+    ):
         self.limits = limits
         self.queues = queues
         self.preemption = preemption
+        self.speculator = speculator or Speculator(SpecSettings())
         self.to_commit: dict[str, Request] = {}  # computed new full blocks to cache
         self.num_preemptions_swap = self.num_preemptions_recompute = 0
         self.work: dict[str, Work] = {}  # this step's entries, in plan order
         self.unfittable: list[Request] = []  # ended: more blocks than the pool has
         self._ops: dict[type, list[AllocOp]] = {}
         self._grows: dict[str, Grow] = {}  # this step's, in plan order (a victim's undone)
+        self._shrinks: dict[str, Shrink] = {}  # this step's
         self._avail = self._cpu_avail = 0  # blocks left to plan with, this step
         self._preempted = False
 
@@ -77,7 +88,7 @@ class StepPlanner:
         bs, lookahead = lim.block_size, lim.num_lookahead_tokens
         ops = self._ops = {kind: [] for kind in OP_ORDER}
         work: dict[str, Work] = {}
-        self.work, self._grows, self._preempted = work, {}, False
+        self.work, self._grows, self._shrinks, self._preempted = work, {}, {}, False
         self._avail, self._cpu_avail = num_gpu_free, num_cpu_free
         for req in self.to_commit.values():
             num_full = req.num_computed // bs
@@ -93,6 +104,8 @@ class StepPlanner:
         budget = lim.max_num_batched_tokens
         prefills: list[Request] = []
         running = Status.RUNNING
+        spec = self.speculator
+        proposing = spec.step_allows(len(q.running))
         # Decodes first, in queue order; prefills after, with what budget is left. Iterate a
         # snapshot: preemption removes victims from q.running while this loop runs.
         for req in list(q.running):
@@ -103,6 +116,8 @@ class StepPlanner:
             computed = req.num_computed
             if len(req.token_ids) - computed != 1:
                 prefills.append(req)
+            elif spec.enabled:
+                budget = self._plan_spec_decode(req, budget, proposing)
             elif computed + lookahead < req.num_blocks * bs:  # the common decode: no new block
                 work[req.request_id] = req.decode  # made once per request: no allocation
                 budget -= 1
@@ -129,6 +144,7 @@ class StepPlanner:
                 need = max(lim.blocks_for(computed + n) - req.num_blocks, 0)
             budget = self._fit(req, n, need, budget)
         ops[Grow] = list(self._grows.values())
+        ops[Shrink] = list(self._shrinks.values())
         if not self._preempted:
             budget = self._resume_swapped(budget)
             if not q.swapped:
@@ -136,6 +152,32 @@ class StepPlanner:
         if not work and not any(ops.values()):
             return None
         return [op for kind_ops in ops.values() for op in kind_ops]
+
+    def _plan_spec_decode(self, req: Request, budget: int, proposing: bool) -> int:
+        """A decode with speculative decoding on: the proposals that fit the budget and the
+        free blocks (a proposal never preempts anyone), and back to the allocator the blocks
+        that only earlier proposals needed (Shrink). The budget left."""
+        lim, rid = self.limits, req.request_id
+        lookahead, computed = lim.num_lookahead_tokens, req.num_computed
+        draft = self.speculator.propose(req, budget - 1) if proposing else ()
+        need = lim.blocks_for(computed + 1 + len(draft) + lookahead) - req.num_blocks
+        if draft and need > self._avail:
+            draft = ()
+            need = lim.blocks_for(computed + 1 + lookahead) - req.num_blocks
+        num_dropped = max(-need, 0)
+        if num_dropped:  # held for earlier proposals, past everything this step needs
+            req.num_blocks -= num_dropped
+            self._shrinks[rid] = Shrink(rid, req.num_blocks * lim.block_size)
+            self._avail += num_dropped
+            need = 0
+        if need > self._avail:  # no proposals: the plain decode, which may preempt
+            return self._fit(req, 1, need, budget)
+        n = 1 + len(draft)
+        self.work[rid] = Work(req, n, Kind.RUN, need, draft, num_dropped)
+        if need > 0:
+            self._grows[rid] = Grow(rid, computed + n + lookahead)
+        self._avail -= need
+        return budget - n
 
     def _lookahead(self, req: Request, n: int) -> int:
         """Positions past the chunk its table must cover: the lookahead if the chunk samples."""
