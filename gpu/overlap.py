@@ -247,6 +247,8 @@ def _matching_rows(plan: StepPlan, pending: _PendingStep) -> list[int] | None:
             or work.reset
             or not work.sample
             or work.params is not None
+            or work.draft_token_ids  # a verification: its own step
+            or work.num_dropped_blocks
             or len(work.token_ids) != 1
             or work.token_ids[0] != tokens[row]
             or work.start_pos != positions[row]
