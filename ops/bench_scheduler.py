@@ -22,6 +22,7 @@ from typing import Any
 import msgspec
 from troupe.actors.core.allocator import AllocatorCore
 from troupe.actors.core.scheduler import SchedulerCore
+from troupe.actors.core.speculator import SpecSettings
 from troupe.gpu.fake_runner import FakeRunner
 from troupe.messages import (
     AdmittedRequest,
@@ -134,6 +135,7 @@ def build_loop(
     preemption_mode: str = "auto",
     scheduling_policy: str = "priority",
     check: Callable[[AllocatorCore], None] | None = None,
+    speculative: SpecSettings | None = None,
 ) -> CoreLoop:
     """Cores and a fake runner sized alike."""
     scheduler = SchedulerCore(
@@ -146,6 +148,7 @@ def build_loop(
         preemption_mode=preemption_mode,
         scheduling_policy=scheduling_policy,
         eos_token_ids=(2,),
+        speculative=speculative,
     )
     allocator = AllocatorCore(
         block_size=block_size,
