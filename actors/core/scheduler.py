@@ -7,7 +7,7 @@ Each step is one round trip to the allocator, then one to the executor:
          <-- StepResult: update(): TokenBatch --> streamer; next round trip if work exists
 
 Messages arriving meanwhile (new requests, aborts, stop-string hits) take effect at the next
-plan. Composed of RequestQueues (request_state.py), StepPlanner and build_plan (plan_builder.py).
+plan. Composed of RequestQueues, StepPlanner, build_plan and a Speculator (a module each).
 """
 
 from __future__ import annotations
@@ -71,8 +71,8 @@ class SchedulerCore:
         self.num_cpu_blocks = num_cpu_blocks
         self.queues = RequestQueues(make_queue_policy(scheduling_policy))
         preemption = make_preemption_policy(preemption_mode)
-        self.speculator = Speculator(speculative or SpecSettings())
-        self.planner = StepPlanner(self.limits, self.queues, preemption, self.speculator)
+        self.planner = StepPlanner(self.limits, self.queues, preemption)
+        self.speculator = self.planner.speculator = Speculator(speculative or SpecSettings())
         # The allocator's counts as of its last answer: what the next plan starts from.
         self.pools = AllocationResult(
             step_id=0, num_gpu_free=self.limits.num_gpu_blocks, num_cpu_free=num_cpu_blocks
@@ -229,12 +229,11 @@ class SchedulerCore:
                     continue
                 token = found
             if req.draft:  # a verification: several tokens may land
-                out = self.speculator.land(req, token, end)
-                if caching and req.num_computed // bs > req.num_committed_blocks:
+                append(out := self.speculator.land(req, token, end))
+                if caching:  # plan() caches the blocks its accepted tokens filled, if any
                     to_commit[rid] = req
                 if out.finish_reason is not None:
                     finish(req)
-                append(out)
                 continue
             token_id = token.token_id
             tokens = req.token_ids
@@ -254,6 +253,7 @@ class SchedulerCore:
     def stats(self) -> EngineStats:
         """A snapshot of pools (as of the last AllocationResult), queues and counters."""
         pools, q, num_gpu = self.pools, self.queues, self.limits.num_gpu_blocks
+        spec = self.speculator
         return EngineStats(
             num_gpu_blocks=num_gpu,
             num_gpu_blocks_used=num_gpu - pools.num_gpu_free,
@@ -268,11 +268,9 @@ class SchedulerCore:
             prefix_cache_hit_tokens=pools.prefix_cache_hit_tokens,
             prefix_cache_query_tokens=pools.prefix_cache_query_tokens,
             num_steps=self.num_steps,
-            num_spec_proposed_tokens=self.speculator.num_proposed,
-            num_spec_accepted_tokens=self.speculator.num_accepted,
-            spec_accepted_lengths=(
-                tuple(self.speculator.accepted_lengths) if self.speculator.enabled else ()
-            ),
+            num_spec_proposed_tokens=spec.num_proposed,
+            num_spec_accepted_tokens=spec.num_accepted,
+            spec_accepted_lengths=tuple(spec.accepted_lengths) if spec.enabled else (),
         )
 
     def stats_batch(self) -> TokenBatch:

@@ -11,6 +11,9 @@ covers past the prompt (a new request gets it at its first decode).
 
     tokens  t0 .. t9 | t10 (to compute)   block_size 4, k = 1
     table   [b0 b1 b2]  covers 12 >= 11 + 1 positions: the next step's KV slot is owned
+
+Speculative decoding: a decode's table also covers its proposals (Work.draft), and shrinks
+back when fewer are proposed (speculator.py says when and what).
 """
 
 from __future__ import annotations
@@ -61,17 +64,9 @@ class StepLimits:
 class StepPlanner:
     """Plans steps over `queues`; who gives way, and how, is the `preemption` policy's choice."""
 
-    def __init__(
-        self,
-        limits: StepLimits,
-        queues: RequestQueues,
-        preemption: PreemptionPolicy,
-        speculator: Speculator | None = None,
-    ):
-        self.limits = limits
-        self.queues = queues
-        self.preemption = preemption
-        self.speculator = speculator or Speculator(SpecSettings())
+    def __init__(self, limits: StepLimits, queues: RequestQueues, preemption: PreemptionPolicy):
+        self.limits, self.queues, self.preemption = limits, queues, preemption
+        self.speculator = Speculator(SpecSettings())  # the scheduler sets its own
         self.to_commit: dict[str, Request] = {}  # computed new full blocks to cache
         self.num_preemptions_swap = self.num_preemptions_recompute = 0
         self.work: dict[str, Work] = {}  # this step's entries, in plan order
@@ -154,30 +149,25 @@ class StepPlanner:
         return [op for kind_ops in ops.values() for op in kind_ops]
 
     def _plan_spec_decode(self, req: Request, budget: int, proposing: bool) -> int:
-        """A decode with speculative decoding on: the proposals that fit the budget and the
-        free blocks (a proposal never preempts anyone), and back to the allocator the blocks
-        that only earlier proposals needed (Shrink). The budget left."""
-        lim, rid = self.limits, req.request_id
-        lookahead, computed = lim.num_lookahead_tokens, req.num_computed
+        """A decode with speculative decoding on: proposals that fit the budget and the free
+        blocks (they never preempt); blocks only earlier proposals needed go back (Shrink)."""
+        lim, rid, computed = self.limits, req.request_id, req.num_computed
+        cover = computed + 1 + lim.num_lookahead_tokens
         draft = self.speculator.propose(req, budget - 1) if proposing else ()
-        need = lim.blocks_for(computed + 1 + len(draft) + lookahead) - req.num_blocks
-        if draft and need > self._avail:
+        if draft and lim.blocks_for(cover + len(draft)) - req.num_blocks > self._avail:
             draft = ()
-            need = lim.blocks_for(computed + 1 + lookahead) - req.num_blocks
-        num_dropped = max(-need, 0)
-        if num_dropped:  # held for earlier proposals, past everything this step needs
-            req.num_blocks -= num_dropped
-            self._shrinks[rid] = Shrink(rid, req.num_blocks * lim.block_size)
-            self._avail += num_dropped
-            need = 0
-        if need > self._avail:  # no proposals: the plain decode, which may preempt
+        need = lim.blocks_for(cover + len(draft)) - req.num_blocks
+        if need > self._avail:  # the plain decode, which may preempt
             return self._fit(req, 1, need, budget)
-        n = 1 + len(draft)
-        self.work[rid] = Work(req, n, Kind.RUN, need, draft, num_dropped)
+        if need < 0:  # held for earlier proposals, past everything this step needs
+            req.num_blocks += need
+            self._shrinks[rid] = Shrink(rid, req.num_blocks * lim.block_size)
+            self._avail -= need
+        self.work[rid] = Work(req, 1 + len(draft), Kind.RUN, max(need, 0), draft, max(-need, 0))
         if need > 0:
-            self._grows[rid] = Grow(rid, computed + n + lookahead)
-        self._avail -= need
-        return budget - n
+            self._grows[rid] = Grow(rid, cover + len(draft))
+            self._avail -= need
+        return budget - 1 - len(draft)
 
     def _lookahead(self, req: Request, n: int) -> int:
         """Positions past the chunk its table must cover: the lookahead if the chunk samples."""
