@@ -16,6 +16,10 @@ DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 # Policy names: each policy module (actors/core/) checks that its registry covers its names.
 QueuePolicyName = Literal["fcfs", "priority"]  # queue_policy.py
 PreemptionMode = Literal["auto", "swap", "recompute"]  # preemption_policy.py
+SpeculativeMethod = Literal["ngram", "draft_model"]  # actors/core/ngram_proposer.py
+
+
+MAX_SPECULATIVE_TOKENS = 16
 
 
 class ConfigError(ValueError):
@@ -64,6 +68,21 @@ class EngineConfig:
     # One executor step running longer than this stops the engine (watchdog): open requests
     # fail, /health turns 503 and `troupe serve` exits non-zero. None: no watchdog.
     step_timeout_s: float | None = 300.0
+    # Speculative decoding (vLLM's names). "ngram": prompt lookup, proposals from each
+    # request's own prompt and output (actors/core/ngram_proposer.py); "draft_model" is not
+    # built yet. The target verifies num_speculative_tokens proposals in one step.
+    speculative_method: SpeculativeMethod | None = None
+    num_speculative_tokens: int = 4
+    prompt_lookup_min: int = 2  # shortest n-gram (suffix of the sequence) that may match
+    prompt_lookup_max: int = 4  # longest; the longest matching one proposes
+    draft_model: str | None = None  # for "draft_model"
+    # Per step: no proposals in a step with at least this many running requests (verifying
+    # k+1 tokens each costs more than it saves once the batch is compute-bound). None: never.
+    speculative_disable_by_batch_size: int | None = 32
+    # Per request: a request whose acceptance rate (accepted / proposed, over its last
+    # proposals) falls below this stops proposing for speculative_backoff_steps steps.
+    speculative_min_acceptance: float = 0.2
+    speculative_backoff_steps: int = 16
     log_format: Literal["console", "json"] = "console"
     log_level: str = "info"
 
@@ -109,11 +128,55 @@ class EngineConfig:
         _choice(self, "preemption_mode", get_args(PreemptionMode))
         _choice(self, "scheduling_policy", get_args(QueuePolicyName))
         _choice(self, "log_format", ("console", "json"))
+        self._check_speculative()
         _choice(self, "kernel_backend", get_args(KernelBackend))
         if not isinstance(self.enable_overlap_schedule, bool):
             raise ConfigError(
                 f"enable_overlap_schedule must be a bool, got {self.enable_overlap_schedule!r}"
             )
+
+    def _check_speculative(self) -> None:
+        if self.speculative_method is not None:
+            _choice(self, "speculative_method", get_args(SpeculativeMethod))
+        _positive(
+            self,
+            "num_speculative_tokens",
+            "prompt_lookup_min",
+            "prompt_lookup_max",
+            "speculative_backoff_steps",
+        )
+        if self.num_speculative_tokens > MAX_SPECULATIVE_TOKENS:
+            raise ConfigError(
+                f"num_speculative_tokens must be <= {MAX_SPECULATIVE_TOKENS}, "
+                f"got {self.num_speculative_tokens}"
+            )
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise ConfigError(
+                f"prompt_lookup_min ({self.prompt_lookup_min}) must be <= prompt_lookup_max "
+                f"({self.prompt_lookup_max})"
+            )
+        size = self.speculative_disable_by_batch_size
+        if size is not None and (not isinstance(size, int) or size < 1):
+            raise ConfigError(
+                f"speculative_disable_by_batch_size must be an integer >= 1 or None, got {size!r}"
+            )
+        if not 0.0 <= self.speculative_min_acceptance <= 1.0:
+            raise ConfigError(
+                "speculative_min_acceptance must be in [0, 1], "
+                f"got {self.speculative_min_acceptance!r}"
+            )
+        if self.speculative_method == "draft_model":
+            raise ConfigError(
+                "speculative_method 'draft_model' is not supported yet; use 'ngram' "
+                f"(draft_model={self.draft_model!r})"
+            )
+        if self.draft_model is not None:  # without speculative_method 'draft_model' (above)
+            raise ConfigError("draft_model is set but speculative_method is not 'draft_model'")
+
+    @property
+    def num_proposals(self) -> int:
+        """Tokens proposed per request per step: 0 when speculative decoding is off."""
+        return self.num_speculative_tokens if self.speculative_method is not None else 0
 
     def replace(self, **changes: object) -> EngineConfig:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]

@@ -13,6 +13,7 @@ from troupe.actors.core.admission import AdmissionCore
 from troupe.actors.core.allocator import AllocatorCore
 from troupe.actors.core.executor import ExecutorCore
 from troupe.actors.core.scheduler import SchedulerCore
+from troupe.actors.core.speculator import SpecSettings
 from troupe.actors.core.streamer import StreamerCore
 from troupe.actors.core.tokenizer import TokenizerCore
 from troupe.actors.core.tokenizer_text import TextTokenizer
@@ -68,6 +69,7 @@ def build_scheduler(g: GraphInputs) -> SchedulerCore:
         eos_token_ids=g.numbers.eos_token_ids,
         num_lookahead_tokens=g.numbers.num_lookahead_tokens,
         max_chunk_tokens=g.config.long_prefill_token_threshold,
+        speculative=SpecSettings.from_config(g.config),
     )
 
 

@@ -11,10 +11,23 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 from troupe.gateway.engine_api import EngineLike
-from troupe.messages import Aborted, Delta, Failed, Finished, Rejected, StreamEvent
+from troupe.messages import (
+    Aborted,
+    Delta,
+    EngineStats,
+    Failed,
+    Finished,
+    Rejected,
+    StreamEvent,
+)
 
 _LATENCY_BUCKETS = (
     0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
@@ -65,6 +78,31 @@ class EngineStatsCollector(Collector):
         steps.add_metric([], stats.num_steps)
         yield from (running, waiting, swapped, used, total, cached, preemptions, hits, queries)
         yield steps
+        yield from _spec_metrics(stats)
+
+
+def _spec_metrics(stats: EngineStats) -> Iterator[Metric]:
+    """Speculative decoding: proposed and accepted tokens, accepted length per verification."""
+    proposed = CounterMetricFamily(
+        "troupe_spec_decode_proposed_tokens", "Speculative tokens proposed and verified"
+    )
+    proposed.add_metric([], stats.num_spec_proposed_tokens)
+    accepted = CounterMetricFamily(
+        "troupe_spec_decode_accepted_tokens", "Speculative tokens accepted by the target"
+    )
+    accepted.add_metric([], stats.num_spec_accepted_tokens)
+    lengths = HistogramMetricFamily(
+        "troupe_spec_decode_accepted_length", "Proposals accepted per verification"
+    )
+    counts = stats.spec_accepted_lengths
+    cumulative, buckets = 0, []
+    for length, count in enumerate(counts):
+        cumulative += count
+        buckets.append((str(length), cumulative))
+    buckets.append(("+Inf", cumulative))
+    total = sum(length * count for length, count in enumerate(counts))
+    lengths.add_metric([], buckets, sum_value=total)
+    yield from (proposed, accepted, lengths)
 
 
 class GatewayMetrics:

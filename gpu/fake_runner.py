@@ -8,7 +8,13 @@ correct cache holds exactly the sequence, the next token is a pure function of t
 token ids and seed: `FakeRunner.reference_tokens` computes it without any cache.
 
 Tokens fall in [100, 30000) so they decode to text and never hit EOS, except on request: a seed
-of `EOS_SEED_BASE + k` makes the k-th output token (1-based) the first EOS id.
+of `EOS_SEED_BASE + k` makes the k-th output token (1-based) the first EOS id. A seed of
+`COPY_SEED_BASE + p` makes each next token the one p positions back, read through the block
+table (a text that repeats itself: what n-gram proposals match).
+
+Speculative decoding: a SeqWork's `draft_token_ids` are written after its token and checked
+one by one against the next token the cache gives; the accepted ones and the first other
+token answer (SampledToken.more), exactly as decoding them one step at a time would.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from troupe.gpu.runner import RunnerStats
 from troupe.messages import SampledToken, SamplingParams, SeqWork, StepPlan, TokenLogprob
 
 EOS_SEED_BASE = 10**12
+COPY_SEED_BASE = 2 * 10**12
 _LOW, _HIGH = 100, 30000
 _U64 = np.uint64
 
@@ -159,15 +166,25 @@ class FakeRunner:
         tokens: list[int] = []
         sampled: list[_Seq] = []
         sampled_ids: list[str] = []
-        ends: list[int] = []
+        ends: list[int] = []  # per sampled sequence: its tokens before any proposal
+        drafts: dict[int, tuple[int, ...]] = {}  # index in `sampled` -> proposals
         states = self._seqs
         for work in plan.seqs:  # one pass; the decode path touches as little as it can
             rid = work.request_id
             seq = states.get(rid)
-            if seq is None or work.reset or work.block_ids or work.params is not None:
+            if (
+                seq is None
+                or work.reset
+                or work.block_ids
+                or work.params is not None
+                or work.num_dropped_blocks
+            ):
                 seq = self._update(rid, work)
             start = work.start_pos
             token_ids = work.token_ids
+            if work.draft_token_ids:
+                token_ids = token_ids + work.draft_token_ids
+                drafts[len(sampled)] = work.draft_token_ids
             end = start + len(token_ids)
             if end > seq.num_blocks * bs:
                 raise ValueError(
@@ -185,11 +202,51 @@ class FakeRunner:
             if work.sample:
                 sampled.append(seq)
                 sampled_ids.append(rid)
-                ends.append(end)
+                ends.append(end - len(work.draft_token_ids))
         pos = np.array(positions, np.int64)
         blocks = self._tables[np.array(rows, np.int64), pos // bs]
         self._write(blocks, pos, np.array(tokens, np.int64))
-        return self._sample(sampled, sampled_ids, ends) if sampled else ()
+        if not sampled:
+            return ()
+        if drafts:
+            return self._verify(sampled, sampled_ids, ends, drafts)
+        return self._sample(sampled, sampled_ids, ends)
+
+    def _verify(
+        self,
+        sampled: list[_Seq],
+        sampled_ids: list[str],
+        ends: list[int],
+        drafts: dict[int, tuple[int, ...]],
+    ) -> tuple[SampledToken, ...]:
+        """Each sequence's next token after each of its proposals, accepted while they match."""
+        rows: list[int] = []  # per read: its sequence's index
+        read_ends: list[int] = []
+        for i, end in enumerate(ends):
+            num = 1 + len(drafts.get(i, ()))
+            rows.extend([i] * num)
+            read_ends.extend(range(end, end + num))
+        got = self._sample([sampled[i] for i in rows], [sampled_ids[i] for i in rows], read_ends)
+        out: list[SampledToken] = []
+        j = 0
+        for i in range(len(ends)):
+            draft = drafts.get(i, ())
+            reads = got[j : j + 1 + len(draft)]
+            j += 1 + len(draft)
+            accepted = 0
+            while accepted < len(draft) and reads[accepted].token_id == draft[accepted]:
+                accepted += 1
+            first, more = reads[0], reads[1 : accepted + 1]
+            out.append(
+                SampledToken(
+                    first.request_id,
+                    first.token_id,
+                    first.logprob,
+                    tuple(r.token_id for r in more),
+                    tuple(r.logprob for r in more),
+                )
+            )
+        return tuple(out)
 
     def _update(self, request_id: str, work: SeqWork) -> _Seq:
         seq = self._seqs.get(request_id)
@@ -201,7 +258,9 @@ class FakeRunner:
             self._num_prompt[seq.row] = work.num_prompt_tokens
             self._num_with_logprobs += seq.logprobs is not None
             self._seqs[request_id] = seq
-        first = 0 if work.reset else seq.num_blocks
+        first = 0 if work.reset else seq.num_blocks - work.num_dropped_blocks
+        if first < 0:
+            raise ValueError(f"request {request_id!r}: drops more blocks than it holds")
         if first + len(work.block_ids) > self._max_blocks:
             raise ValueError(f"request {request_id!r}: table exceeds max_model_len")
         self._tables[seq.row, first : first + len(work.block_ids)] = work.block_ids
@@ -264,7 +323,10 @@ class FakeRunner:
                 + ", ".join(repr(sampled_ids[i]) for i in np.flatnonzero(wrong))
             )
         outputs = ends - self._num_prompt[rows]
-        tokens = next_tokens(sums, ends, self._seeds[rows], outputs, self.eos_token_ids[0])
+        seeds = self._seeds[rows]
+        tokens = next_tokens(sums, ends, seeds, outputs, self.eos_token_ids[0])
+        if (seeds >= COPY_SEED_BASE).any():
+            tokens = self._copied(tokens, rows, ends, seeds - COPY_SEED_BASE, sampled_ids)
         if not self._num_with_logprobs:
             return tuple(map(SampledToken, sampled_ids, tokens.tolist()))
         return tuple(
@@ -273,6 +335,28 @@ class FakeRunner:
             )
             for rid, seq, tok in zip(sampled_ids, sampled, tokens.tolist(), strict=True)
         )
+
+    def _copied(
+        self,
+        tokens: np.ndarray,
+        rows: np.ndarray,
+        ends: np.ndarray,
+        periods: np.ndarray,
+        ids: list[str],
+    ) -> np.ndarray:
+        """Copy-seed rows take the token `period` positions back, read from the cache."""
+        use = (periods >= 1) & (ends >= periods)
+        if not use.any():
+            return tokens
+        bs, g = self.block_size, self.gpu
+        back = np.where(use, ends - periods, 0)
+        block = self._tables[rows, back // bs]
+        found = g.tok[back % bs, block]
+        wrong = use & (g.pos[back % bs, block] != back)
+        if wrong.any():
+            bad = ", ".join(repr(ids[i]) for i in np.flatnonzero(wrong))
+            raise RuntimeError(f"KV cache corruption: copied slots are wrong for {bad}")
+        return np.where(use, found, tokens)
 
     @staticmethod
     def reference_tokens(
@@ -287,8 +371,11 @@ class FakeRunner:
         seed = np.array([_seed(params)], np.int64)
         out: list[int] = []
         length = len(ids)
+        period = int(seed[0]) - COPY_SEED_BASE
         for i in range(n):
             tok = int(next_tokens(total, np.array([length]), seed, np.array([i]), eos_token_id)[0])
+            if 1 <= period <= length:
+                tok = ([*prompt_ids, *out])[length - period]
             out.append(tok)
             total = total + slot_mix(np.array([length]), np.array([tok]))  # arrays wrap silently
             length += 1

@@ -12,7 +12,7 @@ min(bucket, max_num_seqs) sequence slots:
 
     tokens     | seq 0 | seq 1 | chunk of seq 2 ........ | padding (slot -1, id 0, pos 0) |
     sequences  | 0 1 2 | padding: q_len 0 (query_start_loc = T), seq_len 1: no tiles    |
-    lm_head    | the sampled rows' last tokens, then row 0 repeated (never read back)      |
+    lm_head    | the sampled rows (a verification: 1 + k each), then row 0 repeated        |
 """
 
 from __future__ import annotations
@@ -52,9 +52,13 @@ class MixedGraphs:
         max_num_tokens: int,
         max_blocks_per_seq: int,
         max_model_len: int,
+        max_logits_per_seq: int = 1,
     ) -> None:
+        """`max_logits_per_seq`: 1 + the proposals a sequence may carry (speculative
+        decoding verifies each in its own logits row)."""
         device = model.device
         self.max_num_seqs = max_num_seqs
+        max_logits = max_num_seqs * max_logits_per_seq
         self.max_tokens = max_num_tokens
         self.width = max_blocks_per_seq
         s_max = max_num_seqs
@@ -68,14 +72,16 @@ class MixedGraphs:
         self.block_tables = zeros(s_max, max_blocks_per_seq, dtype=torch.int32)
         self.seq_lens = torch.ones(s_max, dtype=torch.int32, device=device)
         self.query_start_loc = zeros(s_max + 1, dtype=torch.int32)
-        self.logits_indices = zeros(s_max, dtype=torch.int64)
+        self.logits_indices = zeros(max_logits, dtype=torch.int64)
         self.decode_prefix = zeros(1, dtype=torch.int32)
         # one output for every bucket: a graph's own output would stay pinned in the pool
-        self.logits = torch.empty(s_max, model.config.vocab_size, device=device)
+        self.logits = torch.empty(max_logits, model.config.vocab_size, device=device)
+        self.max_logits = max_logits
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         pool = torch.cuda.graph_pool_handle()
         for size in sorted(token_buckets(max_num_tokens), reverse=True):  # largest first
             seqs = min(size, s_max)
+            rows = min(size, max_logits)
             meta = AttentionMetadata(
                 slot_mapping=self.slot_mapping[:size],
                 block_tables=self.block_tables[:seqs],
@@ -84,13 +90,13 @@ class MixedGraphs:
                 max_query_len=size,
                 max_seq_len=max_model_len,
                 is_decode=False,
-                logits_indices=self.logits_indices[:seqs],
+                logits_indices=self.logits_indices[:rows],
                 decode_prefix=self.decode_prefix,
             )
 
-            def run(size: int = size, seqs: int = seqs, meta: AttentionMetadata = meta) -> None:
+            def run(size: int = size, rows: int = rows, meta: AttentionMetadata = meta) -> None:
                 hidden = model(self.input_ids[:size], self.positions[:size], meta, kv_layers)
-                self.logits[:seqs].copy_(model.compute_logits(hidden))
+                self.logits[:rows].copy_(model.compute_logits(hidden))
 
             run()  # warm up: compilation and autotuning happen outside the capture
             torch.cuda.synchronize(device)
@@ -100,7 +106,7 @@ class MixedGraphs:
             self.graphs[size] = graph
         torch.cuda.synchronize(device)
         self.sizes = sorted(self.graphs)
-        self._host = _HostStaging(max_num_tokens, s_max, max_blocks_per_seq)
+        self._host = _HostStaging(max_num_tokens, s_max, max_blocks_per_seq, max_logits)
         self._copied = torch.cuda.Event()  # type: ignore[no-untyped-call]
 
     def can_run(self, inputs: StepInputs) -> bool:
@@ -108,6 +114,7 @@ class MixedGraphs:
             len(inputs.input_ids) <= self.max_tokens
             and len(inputs.seq_lens) <= self.max_num_seqs
             and inputs.block_tables.shape[1] <= self.width
+            and len(inputs.logits_indices) <= self.max_logits
         )
 
     def run(self, inputs: StepInputs) -> torch.Tensor:
@@ -117,6 +124,7 @@ class MixedGraphs:
         num_logits = len(inputs.logits_indices)
         size = next(s for s in self.sizes if s >= num_tokens)
         seqs = min(size, self.max_num_seqs)
+        rows = min(size, self.max_logits)
         width = inputs.block_tables.shape[1]
         host = self._host
         self._copied.synchronize()  # the previous step's copies have left the staging area
@@ -133,7 +141,7 @@ class MixedGraphs:
         host.seq_lens[num_seqs:seqs] = 1
         host.tables[:num_seqs, :width] = inputs.block_tables
         host.logits_indices[:num_logits] = inputs.logits_indices
-        host.logits_indices[num_logits:seqs] = 0
+        host.logits_indices[num_logits:rows] = 0
         host.prefix[0] = inputs.num_decode_prefix
         self.input_ids[:size].copy_(host.t_ids[:size], non_blocking=True)
         self.positions[:size].copy_(host.t_positions[:size], non_blocking=True)
@@ -141,7 +149,7 @@ class MixedGraphs:
         self.query_start_loc[: seqs + 1].copy_(host.t_qsl[: seqs + 1], non_blocking=True)
         self.seq_lens[:seqs].copy_(host.t_seq_lens[:seqs], non_blocking=True)
         self.block_tables[:num_seqs].copy_(host.t_tables[:num_seqs], non_blocking=True)
-        self.logits_indices[:seqs].copy_(host.t_logits_indices[:seqs], non_blocking=True)
+        self.logits_indices[:rows].copy_(host.t_logits_indices[:rows], non_blocking=True)
         self.decode_prefix.copy_(host.t_prefix, non_blocking=True)
         self._copied.record()
         self.graphs[size].replay()
@@ -151,7 +159,7 @@ class MixedGraphs:
 class _HostStaging:
     """Pinned host buffers of the graph inputs, with numpy views for filling them."""
 
-    def __init__(self, max_tokens: int, max_seqs: int, width: int) -> None:
+    def __init__(self, max_tokens: int, max_seqs: int, width: int, max_logits: int) -> None:
         def pinned(*shape: int, dtype: torch.dtype) -> torch.Tensor:
             return torch.zeros(*shape, dtype=dtype, pin_memory=True)
 
@@ -161,7 +169,7 @@ class _HostStaging:
         self.t_qsl = pinned(max_seqs + 1, dtype=torch.int32)
         self.t_seq_lens = pinned(max_seqs, dtype=torch.int32)
         self.t_tables = pinned(max_seqs, width, dtype=torch.int32)
-        self.t_logits_indices = pinned(max_seqs, dtype=torch.int64)
+        self.t_logits_indices = pinned(max_logits, dtype=torch.int64)
         self.t_prefix = pinned(1, dtype=torch.int32)
         self.ids = self.t_ids.numpy()
         self.positions = self.t_positions.numpy()

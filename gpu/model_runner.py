@@ -25,6 +25,7 @@ from troupe.gpu.request_states import RequestState, RequestStates
 from troupe.gpu.runner import RunnerStats
 from troupe.gpu.sampler import WITHHELD, sample, sampled_tokens, withhold_non_finite
 from troupe.gpu.sampling_batch import build_sampling_batch
+from troupe.gpu.spec_verify import verify_proposals
 from troupe.gpu.step_inputs import StepInputs, build_step_inputs
 from troupe.gpu.weights import load_model, read_config
 from troupe.messages import SampledToken, SeqWork, StepPlan, TokenLogprob
@@ -47,6 +48,7 @@ class RunnerOptions:
     # tokens; 0: they run eagerly
     mixed_graph_tokens: int = 0
     overlap_schedule: bool = False  # launch each decode step before its plan (gpu/overlap.py)
+    num_speculative_tokens: int = 0  # proposals per sequence a step may verify
 
 
 class ModelRunner:
@@ -104,6 +106,7 @@ class ModelRunner:
                 self.kv.layers,
                 max_num_seqs=options.max_num_seqs,
                 max_num_tokens=options.mixed_graph_tokens,
+                max_logits_per_seq=1 + options.num_speculative_tokens,
                 max_blocks_per_seq=self.max_blocks_per_seq,
                 max_model_len=options.max_model_len,
             )
@@ -184,6 +187,7 @@ class ModelRunner:
             enforce_eager=config.enforce_eager or config.kernel_backend == "torch",
             mixed_graph_tokens=min(config.max_mixed_graph_tokens, config.max_num_batched_tokens),
             overlap_schedule=overlap,
+            num_speculative_tokens=config.num_proposals,
         )
         return cls(model_config, model, options)
 
@@ -211,6 +215,17 @@ class ModelRunner:
         the next decode of every row that sampled (a chunk that did not joins later)."""
         logits = self._forward(inputs)
         rows = inputs.sampled_rows.tolist()
+        if inputs.num_logits is not None:  # proposals to verify: no overlap after this step
+            assert split is None, "a split never carries proposals (overlap._split_rows)"
+            return verify_proposals(
+                seqs,
+                states,
+                rows,
+                inputs.num_logits,
+                logits,
+                vocab_size=self.vocab_size,
+                logits_hook=self._logits_hook,
+            )
         request_ids = [seqs[r].request_id for r in rows]
         token_ids: list[int] = []
         logprobs: tuple[TokenLogprob | None, ...] = ()
@@ -347,7 +362,7 @@ def _profile_peak_bytes(model: DecoderModel, config: EngineConfig, max_model_len
     owner = np.repeat(np.arange(num_seqs), lens)
     tables = np.arange(num_seqs * blocks_per_seq, dtype=np.int32).reshape(num_seqs, -1)
     qsl = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
-    num_logits = min(config.max_num_seqs, num_tokens)
+    num_logits = min(config.max_num_seqs * (1 + config.num_proposals), num_tokens)
     inputs = StepInputs(
         input_ids=np.zeros(num_tokens, dtype=np.int64),
         positions=positions,

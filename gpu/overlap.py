@@ -310,8 +310,11 @@ def _split_rows(seqs: Sequence[SeqWork], pending: _PendingStep) -> list[int] | N
     """Rows of the leading decodes if the plan is a split: at least one of them, and none of
     the SeqWorks after them belongs to a request of the overlapped step."""
     rows = _leading_rows(seqs, pending)
-    if not rows or any(w.request_id in pending.rows for w in seqs[len(rows) :]):
-        return None
+    extras = seqs[len(rows) :]
+    if not rows or any(
+        w.request_id in pending.rows or w.draft_token_ids or w.num_dropped_blocks for w in extras
+    ):
+        return None  # proposals to verify run as a step of their own
     return rows
 
 
@@ -328,6 +331,8 @@ def _leading_rows(seqs: Sequence[SeqWork], pending: _PendingStep) -> list[int]:
             or work.reset
             or not work.sample
             or work.params is not None
+            or work.draft_token_ids  # a verification: its own step
+            or work.num_dropped_blocks
             or len(work.token_ids) != 1
             or work.token_ids[0] != tokens[row]
             or work.start_pos != positions[row]

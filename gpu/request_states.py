@@ -119,8 +119,10 @@ class RequestStates:
                 state.set_params(work.params, self.max_model_len)
             num_new = len(work.token_ids)
             end = work.start_pos + num_new
-            if work.block_ids or work.reset:
+            if work.block_ids or work.reset or work.num_dropped_blocks:
                 self._add_blocks(state, work)
+            if work.draft_token_ids:  # proposals: their KV and history after the token
+                self._add_drafts(state, work, end)
             if state.tokens is not None:
                 if end > self.max_model_len:
                     self._check_fail(work, state)
@@ -146,8 +148,22 @@ class RequestStates:
         self.by_id[work.request_id] = state
         return state
 
+    def _add_drafts(self, state: RequestState, work: SeqWork, end: int) -> None:
+        """Proposals are written at end.. (history rewritten by position later, like all)."""
+        last = end + len(work.draft_token_ids)
+        if last > self.max_model_len or -(-last // self.block_size) > state.num_blocks:
+            raise ValueError(
+                f"request {work.request_id!r}: {len(work.draft_token_ids)} proposals after "
+                f"position {end - 1} pass max_model_len {self.max_model_len} or its "
+                f"{state.num_blocks} blocks"
+            )
+        if state.tokens is not None:
+            state.tokens[end:last] = work.draft_token_ids
+
     def _add_blocks(self, state: RequestState, work: SeqWork) -> None:
-        first = 0 if work.reset else state.num_blocks
+        first = 0 if work.reset else state.num_blocks - work.num_dropped_blocks
+        if first < 0:
+            raise ValueError(f"request {work.request_id!r}: drops more blocks than it holds")
         last = first + len(work.block_ids)
         if last > self.max_blocks_per_seq:
             raise ValueError(

@@ -15,16 +15,24 @@ from troupe.gpu.sampler import SamplingBatch, row_keys_array
 
 
 def build_sampling_batch(
-    states: list[RequestState], vocab_size: int, device: torch.device
+    states: list[RequestState],
+    vocab_size: int,
+    device: torch.device,
+    offsets: np.ndarray | None = None,
 ) -> SamplingBatch:
-    """One row per sampled request. The sampled token's position is the request's num_tokens."""
+    """One row per sampled request. The sampled token's position is the request's num_tokens,
+    plus the row's offset when given (verifying proposals: a request has a row per proposal,
+    its history read up to that position, proposals included)."""
     num_rows = len(states)
     table = np.stack([s.param_row for s in states]) if states else np.zeros((0, 8))
     top_k = table[:, cols.TOP_K]
     top_k = np.where((top_k > 0) & (top_k < vocab_size), top_k, vocab_size)
     table[:, cols.TOP_K] = top_k
     seeds = np.fromiter((s.seed for s in states), np.uint64, num_rows)
-    positions = np.fromiter((s.num_tokens for s in states), np.uint64, num_rows)
+    ends = np.fromiter((s.num_tokens for s in states), np.int64, num_rows)
+    if offsets is not None:
+        ends += offsets
+    positions = ends.astype(np.uint64)
     keys = torch.from_numpy(row_keys_array(seeds, positions))
     floats = torch.from_numpy(table.astype(np.float32))
     if device.type == "cuda":
@@ -51,29 +59,32 @@ def build_sampling_batch(
     uses_output = (table[:, cols.PRESENCE] != 0.0) | (table[:, cols.FREQUENCY] != 0.0)
     uses_seen = table[:, cols.REPETITION] != 1.0
     if uses_output.any():
-        batch.output_counts = _counts(states, uses_output, vocab_size, device, prompt=False)
+        batch.output_counts = _counts(states, ends, uses_output, vocab_size, device, prompt=False)
     if uses_seen.any():
-        seen = _counts(states, uses_seen, vocab_size, device, prompt=True) > 0
+        seen = _counts(states, ends, uses_seen, vocab_size, device, prompt=True) > 0
         batch.seen_mask = seen
     return batch
 
 
 def _counts(
     states: list[RequestState],
+    ends: np.ndarray,
     rows: np.ndarray,
     vocab_size: int,
     device: torch.device,
     *,
     prompt: bool,
 ) -> torch.Tensor:
-    """[S, V] token counts per row: output tokens (or prompt + output when `prompt`)."""
+    """[S, V] token counts per row, its history up to `ends`: output tokens (or prompt +
+    output when `prompt`)."""
     pieces = []
     owners = []
     for row in np.flatnonzero(rows).tolist():
         state = states[row]
         assert state.tokens is not None, "a request with penalties keeps its token history"
-        first = 0 if prompt else min(state.num_prompt_tokens, state.num_tokens)
-        piece = state.tokens[first : state.num_tokens]
+        end = int(ends[row])
+        first = 0 if prompt else min(state.num_prompt_tokens, end)
+        piece = state.tokens[first:end]
         pieces.append(piece)
         owners.append(np.full(len(piece), row, dtype=np.int64))
     counts = torch.zeros(len(states), vocab_size, dtype=torch.float32, device=device)

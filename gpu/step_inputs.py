@@ -35,6 +35,9 @@ class StepInputs:
     max_query_len: int
     max_seq_len: int
     num_decode_prefix: int = 0  # leading sequences with one new token each
+    # Speculative decoding: logits rows per sampled sequence (1 + its proposals), None when
+    # no sequence carries proposals (one row each)
+    num_logits: np.ndarray | None = None
 
     @property
     def is_decode(self) -> bool:
@@ -50,6 +53,10 @@ def build_step_inputs(
     """
     num_seqs = len(seqs)
     lens = np.fromiter((len(w.token_ids) for w in seqs), np.int64, num_seqs)
+    drafts = np.fromiter((len(w.draft_token_ids) for w in seqs), np.int64, num_seqs)
+    has_drafts = bool(drafts.any())
+    if has_drafts:
+        lens += drafts
     starts = np.fromiter((w.start_pos for w in seqs), np.int64, num_seqs)
     slots = np.fromiter((s.slot for s in states), np.int64, num_seqs)
     num_blocks = np.fromiter((s.num_blocks for s in states), np.int64, num_seqs)
@@ -60,8 +67,9 @@ def build_step_inputs(
         positions = starts
         owner = np.arange(num_seqs)
     else:
+        fed = (w.token_ids + w.draft_token_ids for w in seqs) if has_drafts else None
         input_ids = np.fromiter(
-            itertools.chain.from_iterable(w.token_ids for w in seqs), np.int64, total
+            itertools.chain.from_iterable(fed or (w.token_ids for w in seqs)), np.int64, total
         )
         qsl = np.zeros(num_seqs + 1, dtype=np.int64)
         np.cumsum(lens, out=qsl[1:])
@@ -75,6 +83,12 @@ def build_step_inputs(
     sampled_rows = np.flatnonzero(sampled)
     seq_lens = (starts + lens).astype(np.int32)
     ones = lens == 1
+    logits_indices = qsl[1:][sampled_rows] - 1
+    num_logits = None
+    if has_drafts:  # each sampled sequence's last 1 + d rows
+        num_logits = 1 + drafts[sampled_rows]
+        offsets = np.arange(int(num_logits.sum())) - np.repeat(np.cumsum(num_logits), num_logits)
+        logits_indices = np.repeat(logits_indices, num_logits) + offsets + 1
     return StepInputs(
         input_ids=input_ids,
         positions=positions,
@@ -82,11 +96,12 @@ def build_step_inputs(
         block_tables=step_tables,
         seq_lens=seq_lens,
         query_start_loc=qsl.astype(np.int32),
-        logits_indices=qsl[1:][sampled_rows] - 1,
+        logits_indices=logits_indices,
         sampled_rows=sampled_rows,
         max_query_len=int(lens.max(initial=0)),
         max_seq_len=int(seq_lens.max(initial=0)),
         num_decode_prefix=num_seqs if ones.all() else int(ones.argmin()),
+        num_logits=num_logits,
     )
 
 

@@ -12,6 +12,7 @@ from troupe.messages.allocator import (
     CacheBlocks,
     FreeRequest,
     Grow,
+    Shrink,
     SwapIn,
     SwapOut,
 )
@@ -94,6 +95,7 @@ __all__ = [
     "SeqFailureReason",
     "SeqOutput",
     "SeqWork",
+    "Shrink",
     "StepPlan",
     "StepResult",
     "StopRequests",

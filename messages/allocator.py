@@ -1,7 +1,8 @@
 """Inbox of the Allocator: one AllocateBatch per scheduling step, an ordered list of ops.
 
 The allocator applies the ops in order and answers one `AllocationResult` (messages/scheduler.py).
-The scheduler builds each batch as: cache newly computed blocks, free ended requests, swap out,
+The scheduler builds each batch as: cache newly computed blocks, free ended requests, shrink
+the tables of requests that hold proposal slots they no longer need, swap out,
 grow running requests, swap in, allocate new ones -- so blocks freed (and cached) by one op are
 available to the ops after it, and a shortage lands on the least urgent work, which the
 allocator refuses (`Refusal`, with a reason).
@@ -28,6 +29,15 @@ class FreeRequest(msgspec.Struct, frozen=True, array_like=True, gc=False, tag=Tr
     """Drop the request's blocks (GPU and CPU). Registered blocks stay cached until evicted."""
 
     request_id: str
+
+
+class Shrink(msgspec.Struct, frozen=True, array_like=True, gc=False, tag=True):
+    """Release the request's trailing blocks past those covering `num_tokens` (slots held for
+    speculative proposals that are no longer needed). They hold no committed token, so no
+    prefix-cache entry and no other holder; no answer."""
+
+    request_id: str
+    num_tokens: int
 
 
 class SwapOut(msgspec.Struct, frozen=True, array_like=True, gc=False, tag=True):
@@ -65,7 +75,7 @@ class AllocateNew(msgspec.Struct, frozen=True, array_like=True, gc=False, tag=Tr
     num_new_tokens: int
 
 
-AllocOp = CacheBlocks | FreeRequest | SwapOut | SwapIn | Grow | AllocateNew
+AllocOp = CacheBlocks | FreeRequest | Shrink | SwapOut | SwapIn | Grow | AllocateNew
 
 
 class AllocateBatch(msgspec.Struct, frozen=True, kw_only=True, tag=True, gc=False):

@@ -92,6 +92,11 @@ class EngineStats(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     prefix_cache_hit_tokens: int = 0
     prefix_cache_query_tokens: int = 0
     num_steps: int = 0
+    # Speculative decoding: tokens proposed and accepted, and how many verifications accepted
+    # 0, 1, ... k proposals (index = accepted length).
+    num_spec_proposed_tokens: int = 0
+    num_spec_accepted_tokens: int = 0
+    spec_accepted_lengths: tuple[int, ...] = ()
 
     @property
     def num_gpu_blocks_free(self) -> int:

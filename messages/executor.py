@@ -7,6 +7,11 @@ history for penalties) so that plans carry deltas, not whole sequences:
     SeqWork(reset=False, block_ids=(12,),  start_pos=32, token_ids=prompt[32:40]) # table += [12]
     SeqWork(reset=False, block_ids=(),     start_pos=40, token_ids=(last_sampled,))
 
+Speculative decoding: `draft_token_ids` are proposed tokens after `token_ids` (a decode's one
+token). The runner computes their KV too (k+1 query tokens), verifies them against the target
+and answers the accepted ones and one more (SampledToken.more). `num_dropped_blocks` trailing
+blocks leave the table first (the allocator took them back: Shrink).
+
 `reset=True` replaces the table (first schedule, after swap-in, after recompute-preemption).
 `params` is set the first time a request is scheduled; state is dropped when its id is in
 `released`. Token history is indexed by position, so re-feeding tokens after a recompute
@@ -31,6 +36,8 @@ class SeqWork(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     sample: bool = True  # sample a next token after this chunk (False mid-prompt)
     params: SamplingParams | None = None  # first schedule only
     num_prompt_tokens: int = 0  # penalties tell prompt from output tokens by position
+    draft_token_ids: tuple[int, ...] = ()  # proposals to verify after token_ids (sample=True)
+    num_dropped_blocks: int = 0  # trailing table blocks to drop before block_ids are appended
 
     @property
     def num_tokens(self) -> int:

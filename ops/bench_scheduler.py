@@ -22,6 +22,7 @@ from typing import Any
 import msgspec
 from troupe.actors.core.allocator import AllocatorCore
 from troupe.actors.core.scheduler import SchedulerCore
+from troupe.actors.core.speculator import SpecSettings
 from troupe.gpu.fake_runner import FakeRunner
 from troupe.messages import (
     AdmittedRequest,
@@ -135,6 +136,7 @@ def build_loop(
     scheduling_policy: str = "priority",
     max_chunk_tokens: int = 0,
     check: Callable[[AllocatorCore], None] | None = None,
+    speculative: SpecSettings | None = None,
 ) -> CoreLoop:
     """Cores and a fake runner sized alike."""
     scheduler = SchedulerCore(
@@ -148,6 +150,7 @@ def build_loop(
         scheduling_policy=scheduling_policy,
         eos_token_ids=(2,),
         max_chunk_tokens=max_chunk_tokens,
+        speculative=speculative,
     )
     allocator = AllocatorCore(
         block_size=block_size,

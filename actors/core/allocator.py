@@ -16,6 +16,7 @@ from troupe.messages.allocator import (
     CacheBlocks,
     FreeRequest,
     Grow,
+    Shrink,
     SwapIn,
     SwapOut,
 )
@@ -80,6 +81,9 @@ class AllocatorCore:
                 continue
             elif isinstance(op, FreeRequest):
                 self._free(op.request_id)
+                continue
+            elif isinstance(op, Shrink):
+                self._shrink(op)
                 continue
             elif isinstance(op, SwapOut):
                 answer = self._swap_out(op)
@@ -161,6 +165,18 @@ class AllocatorCore:
             return Refusal(op.request_id, NO_GPU)
         seq.table.extend(added)
         return Grant(op.request_id, tuple(added))
+
+    def _shrink(self, op: Shrink) -> None:  # the blocks past num_tokens go back
+        seq = self._seq(op.request_id)
+        keep = -(-op.num_tokens // self.block_size)
+        if keep < seq.num_hashed_blocks or keep > len(seq.table):
+            raise ValueError(
+                f"allocator: Shrink of {op.request_id!r} to {keep} blocks; it holds "
+                f"{len(seq.table)}, {seq.num_hashed_blocks} of them cached"
+            )
+        dropped = seq.table[keep:]
+        del seq.table[keep:]
+        self.gpu.release(reversed(dropped))
 
     def _cache_blocks(self, op: CacheBlocks) -> None:  # its next full blocks
         rid, token_ids, bs = op.request_id, op.token_ids, self.block_size

@@ -62,7 +62,7 @@ def build_plan(
             continue  # ended while the allocator worked
         start, tokens = req.num_computed, req.token_ids
         num_tokens = len(tokens)
-        if w.num_tokens == 1 and start == num_tokens - 1 and not req.needs_reset:
+        if w.num_tokens == 1 and start == num_tokens - 1 and not (req.needs_reset or w.num_dropped):
             # The hot path: a decode (kw-only construction is the dominant cost here).
             rid = req.request_id
             add_seq(
@@ -88,9 +88,11 @@ def build_plan(
                 sample=end == num_tokens,
                 params=req.params if first else None,
                 num_prompt_tokens=req.prompt_len if first else 0,
+                draft_token_ids=w.draft,
+                num_dropped_blocks=w.num_dropped,
             )
         )
-        req.in_executor, req.needs_reset = True, False
+        req.in_executor, req.needs_reset, req.draft = True, False, w.draft
         in_flight.append((req, end, end == num_tokens))
     planner.work = {}
     if not seqs and not result.swap_out and not result.swap_in:

@@ -34,6 +34,8 @@ class Work(msgspec.Struct):
     num_tokens: int
     kind: Kind
     need: int = 0  # GPU blocks counted for it (Grow; the reservation of NEW and SWAP_IN)
+    draft: tuple[int, ...] = ()  # proposals to verify (a decode: num_tokens = 1 + len(draft))
+    num_dropped: int = 0  # trailing blocks a Shrink takes back first
 
 
 @dataclass(slots=True, eq=False)  # eq=False: queues find and remove requests by identity
@@ -58,6 +60,9 @@ class Request:
     in_allocator: bool = False  # the allocator holds blocks for it (or an op is in flight)
     in_executor: bool = False  # the executor holds its state (params sent)
     needs_reset: bool = True  # next SeqWork replaces the executor's block table
+    draft: tuple[int, ...] = ()  # proposals in the step in flight
+    spec_rate: float = 1.0  # acceptance rate of its proposals (speculator.py)
+    spec_paused: int = 0  # decode steps left without proposals (speculator.py backoff)
     decode: Work = field(init=False)  # its plan entry for a decode that needs no new block
 
     @classmethod

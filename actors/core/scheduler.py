@@ -7,7 +7,7 @@ Each step is one round trip to the allocator, then one to the executor:
          <-- StepResult: update(): TokenBatch --> streamer; next round trip if work exists
 
 Messages arriving meanwhile (new requests, aborts, stop-string hits) take effect at the next
-plan. Composed of RequestQueues (request_state.py), StepPlanner and build_plan (plan_builder.py).
+plan. Composed of RequestQueues, StepPlanner, build_plan and a Speculator (a module each).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from troupe.actors.core.plan_builder import InFlight, build_plan
 from troupe.actors.core.preemption_policy import make_preemption_policy
 from troupe.actors.core.queue_policy import make_queue_policy
 from troupe.actors.core.request_state import Request, RequestQueues, Status
+from troupe.actors.core.speculator import SpecSettings, Speculator
 from troupe.actors.core.step_planner import StepLimits, StepPlanner
 from troupe.messages.allocator import AllocateBatch
 from troupe.messages.common import FinishReason
@@ -64,6 +65,7 @@ class SchedulerCore:
         eos_token_ids: Iterable[int] = (),
         num_lookahead_tokens: int = 0,
         max_chunk_tokens: int = 0,
+        speculative: SpecSettings | None = None,
     ) -> None:
         sizes = (block_size, num_gpu_blocks, max_num_seqs, max_num_batched_tokens)
         self.limits = StepLimits(
@@ -73,6 +75,7 @@ class SchedulerCore:
         self.queues = RequestQueues(make_queue_policy(scheduling_policy))
         preemption = make_preemption_policy(preemption_mode)
         self.planner = StepPlanner(self.limits, self.queues, preemption)
+        self.speculator = self.planner.speculator = Speculator(speculative or SpecSettings())
         # The allocator's counts as of its last answer: what the next plan starts from.
         self.pools = AllocationResult(
             step_id=0, num_gpu_free=self.limits.num_gpu_blocks, num_cpu_free=num_cpu_blocks
@@ -228,6 +231,13 @@ class SchedulerCore:
                     append(self._fail_output(req, "the executor returned no token for it"))
                     continue
                 token = found
+            if req.draft:  # a verification: several tokens may land
+                append(out := self.speculator.land(req, token, end))
+                if caching:  # plan() caches the blocks its accepted tokens filled, if any
+                    to_commit[rid] = req
+                if out.finish_reason is not None:
+                    finish(req)
+                continue
             token_id = token.token_id
             tokens = req.token_ids
             tokens.append(token_id)
@@ -246,6 +256,7 @@ class SchedulerCore:
     def stats(self) -> EngineStats:
         """A snapshot of pools (as of the last AllocationResult), queues and counters."""
         pools, q, num_gpu = self.pools, self.queues, self.limits.num_gpu_blocks
+        spec = self.speculator
         return EngineStats(
             num_gpu_blocks=num_gpu,
             num_gpu_blocks_used=num_gpu - pools.num_gpu_free,
@@ -260,6 +271,9 @@ class SchedulerCore:
             prefix_cache_hit_tokens=pools.prefix_cache_hit_tokens,
             prefix_cache_query_tokens=pools.prefix_cache_query_tokens,
             num_steps=self.num_steps,
+            num_spec_proposed_tokens=spec.num_proposed,
+            num_spec_accepted_tokens=spec.num_accepted,
+            spec_accepted_lengths=tuple(spec.accepted_lengths) if spec.enabled else (),
         )
 
     def stats_batch(self) -> TokenBatch:

@@ -11,6 +11,9 @@ covers past the prompt (a new request gets it at its first decode).
 
     tokens  t0 .. t9 | t10 (to compute)   block_size 4, k = 1
     table   [b0 b1 b2]  covers 12 >= 11 + 1 positions: the next step's KV slot is owned
+
+Speculative decoding: a decode's table also covers its proposals (Work.draft), and shrinks
+back when fewer are proposed (speculator.py says when and what).
 """
 
 from __future__ import annotations
@@ -19,18 +22,21 @@ from dataclasses import dataclass
 
 from troupe.actors.core.preemption_policy import PreemptionPolicy
 from troupe.actors.core.request_state import Kind, Request, RequestQueues, Status, Work
+from troupe.actors.core.speculator import SpecSettings, Speculator
 from troupe.messages.allocator import (
     AllocateNew,
     AllocOp,
     CacheBlocks,
     FreeRequest,
     Grow,
+    Shrink,
     SwapIn,
     SwapOut,
 )
 
-# The order ops apply in: releases first (their blocks serve the rest), then by queue.
-OP_ORDER = (CacheBlocks, FreeRequest, SwapOut, Grow, SwapIn, AllocateNew)
+# The order ops apply in: releases first (their blocks serve the rest), then by queue. A
+# Shrink goes before FreeRequest: a request shrunk, then chosen as a victim, is freed after.
+OP_ORDER = (CacheBlocks, Shrink, FreeRequest, SwapOut, Grow, SwapIn, AllocateNew)
 
 
 @dataclass(frozen=True)
@@ -70,15 +76,15 @@ class StepPlanner:
     """Plans steps over `queues`; who gives way, and how, is the `preemption` policy's choice."""
 
     def __init__(self, limits: StepLimits, queues: RequestQueues, preemption: PreemptionPolicy):
-        self.limits = limits
-        self.queues = queues
-        self.preemption = preemption
+        self.limits, self.queues, self.preemption = limits, queues, preemption
+        self.speculator = Speculator(SpecSettings())  # the scheduler sets its own
         self.to_commit: dict[str, Request] = {}  # computed new full blocks to cache
         self.num_preemptions_swap = self.num_preemptions_recompute = 0
         self.work: dict[str, Work] = {}  # this step's entries, in plan order
         self.unfittable: list[Request] = []  # ended: more blocks than the pool has
         self._ops: dict[type, list[AllocOp]] = {}
         self._grows: dict[str, Grow] = {}  # this step's, in plan order (a victim's undone)
+        self._shrinks: dict[str, Shrink] = {}  # this step's
         self._avail = self._cpu_avail = 0  # blocks left to plan with, this step
         self._preempted = False
 
@@ -88,7 +94,7 @@ class StepPlanner:
         bs, lookahead = lim.block_size, lim.num_lookahead_tokens
         ops = self._ops = {kind: [] for kind in OP_ORDER}
         work: dict[str, Work] = {}
-        self.work, self._grows, self._preempted = work, {}, False
+        self.work, self._grows, self._shrinks, self._preempted = work, {}, {}, False
         self._avail, self._cpu_avail = num_gpu_free, num_cpu_free
         for req in self.to_commit.values():
             num_full = req.num_computed // bs
@@ -104,6 +110,8 @@ class StepPlanner:
         budget = lim.max_num_batched_tokens
         prefills: list[Request] = []
         running = Status.RUNNING
+        spec = self.speculator
+        proposing = spec.step_allows(len(q.running))
         # Decodes first, in queue order; prefills after, with what budget is left. Iterate a
         # snapshot: preemption removes victims from q.running while this loop runs.
         for req in list(q.running):
@@ -114,6 +122,8 @@ class StepPlanner:
             computed = req.num_computed
             if len(req.token_ids) - computed != 1:
                 prefills.append(req)
+            elif spec.enabled:
+                budget = self._plan_spec_decode(req, budget, proposing)
             elif computed + lookahead < req.num_blocks * bs:  # the common decode: no new block
                 work[req.request_id] = req.decode  # made once per request: no allocation
                 budget -= 1
@@ -140,6 +150,7 @@ class StepPlanner:
                 need = max(lim.blocks_for(computed + n) - req.num_blocks, 0)
             budget = self._fit(req, n, need, budget)
         ops[Grow] = list(self._grows.values())
+        ops[Shrink] = list(self._shrinks.values())
         if not self._preempted:
             budget = self._resume_swapped(budget)
             if not q.swapped:
@@ -147,6 +158,27 @@ class StepPlanner:
         if not work and not any(ops.values()):
             return None
         return [op for kind_ops in ops.values() for op in kind_ops]
+
+    def _plan_spec_decode(self, req: Request, budget: int, proposing: bool) -> int:
+        """A decode with speculative decoding on: proposals that fit the budget and the free
+        blocks (they never preempt); blocks only earlier proposals needed go back (Shrink)."""
+        lim, rid, computed = self.limits, req.request_id, req.num_computed
+        cover = computed + 1 + lim.num_lookahead_tokens
+        draft = self.speculator.propose(req, budget - 1) if proposing else ()
+        if draft and lim.blocks_for(cover + len(draft)) - req.num_blocks > self._avail:
+            draft = ()
+        need = lim.blocks_for(cover + len(draft)) - req.num_blocks
+        if need > self._avail:  # the plain decode, which may preempt
+            return self._fit(req, 1, need, budget)
+        if need < 0:  # held for earlier proposals, past everything this step needs
+            req.num_blocks += need
+            self._shrinks[rid] = Shrink(rid, req.num_blocks * lim.block_size)
+            self._avail -= need
+        self.work[rid] = Work(req, 1 + len(draft), Kind.RUN, max(need, 0), draft, max(-need, 0))
+        if need > 0:
+            self._grows[rid] = Grow(rid, cover + len(draft))
+            self._avail -= need
+        return budget - 1 - len(draft)
 
     def _lookahead(self, req: Request, n: int) -> int:
         """Positions past the chunk its table must cover: the lookahead if the chunk samples."""

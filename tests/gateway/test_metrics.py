@@ -58,3 +58,37 @@ async def test_metrics_count_requests_and_read_engine_stats(server) -> None:  # 
     for mode in ("swap", "recompute"):
         assert ("troupe_preemptions_total", (("mode", mode),)) in after
     assert ("troupe_prefix_cache_hit_tokens_total", ()) in after
+
+
+def test_speculative_decoding_metrics_from_stats() -> None:
+    from types import SimpleNamespace
+
+    from prometheus_client import CollectorRegistry, generate_latest
+    from troupe.gateway.metrics import EngineStatsCollector
+    from troupe.messages import EngineStats
+
+    stats = EngineStats(
+        num_spec_proposed_tokens=40,
+        num_spec_accepted_tokens=17,
+        spec_accepted_lengths=(5, 2, 0, 1, 3),
+    )
+    registry = CollectorRegistry()
+    registry.register(EngineStatsCollector(SimpleNamespace(stats=lambda: stats)))  # type: ignore[arg-type]
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(generate_latest(registry).decode())
+        for s in family.samples
+    }
+    assert samples[("troupe_spec_decode_proposed_tokens_total", ())] == 40
+    assert samples[("troupe_spec_decode_accepted_tokens_total", ())] == 17
+    bucket = "troupe_spec_decode_accepted_length_bucket"
+    assert [samples[(bucket, (("le", le),))] for le in ("0", "1", "2", "3", "4", "+Inf")] == [
+        5,
+        7,
+        7,
+        8,
+        11,
+        11,
+    ]
+    assert samples[("troupe_spec_decode_accepted_length_sum", ())] == 17
+    assert samples[("troupe_spec_decode_accepted_length_count", ())] == 11

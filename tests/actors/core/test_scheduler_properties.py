@@ -14,6 +14,7 @@ import msgspec
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from troupe.actors.core.allocator import AllocatorCore
+from troupe.actors.core.speculator import SpecSettings
 from troupe.gpu.fake_runner import EOS_SEED_BASE, FakeRunner
 from troupe.messages import AbortRequest, AdmittedRequest, FinishReason, SamplingParams
 from troupe.messages.allocator import (
@@ -102,7 +103,9 @@ def _expected(prompt: tuple[int, ...], params: SamplingParams) -> tuple[list[int
     return tokens, FinishReason.LENGTH
 
 
-def _run(w: dict, mode: str, refusing: bool = False) -> None:
+def _run(
+    w: dict, mode: str, refusing: bool = False, speculative: SpecSettings | None = None
+) -> None:
     loop = build_loop(
         block_size=BLOCK,
         num_gpu_blocks=w["num_gpu_blocks"],
@@ -113,6 +116,7 @@ def _run(w: dict, mode: str, refusing: bool = False) -> None:
         preemption_mode=mode,
         scheduling_policy=w["policy"],
         check=check_allocator,
+        speculative=speculative,
     )
     if refusing:
         loop.allocator = RefusingAllocator(

@@ -1,0 +1,213 @@
+"""Speculative decoding (n-gram) through the engine: ITL, throughput, acceptance and the cost
+of a verification step, with speculation off and on, at several batch sizes.
+
+Qwen3-0.6B shape, random bf16 weights (ops/bench_offline.write_model_folder), greedy, ignore_eos.
+
+- matching: first each prompt p's greedy continuation C (speculation off, not timed), then
+  the timed request asks again with the document in its prompt, p + C + p: what prompt lookup
+  exists for ("edit this text"). How much the model repeats C there is the model's business:
+  the acceptance printed says how honest the match was.
+- nonmatching: fresh random prompts (ids < 10,000 drawn uniformly: n-grams rarely recur).
+
+    python -m troupe.ops.spec_bench                       # H200: batches 1 8 64 256
+    python -m troupe.ops.spec_bench --smoke --batches 1 2 # CPU: a 2-layer model
+
+Per (workload, batch, mode): output tok/s over the batch's wall time, mean ITL (per request:
+time from its first to its last token over the tokens after the first), steps and ms/step
+(the cost of a step: a verification computes 1 + k tokens per sequence), acceptance
+(accepted / proposed), mean accepted length per verification. The speculative run keeps the
+engine's backoff (speculative_disable_by_batch_size: --disable-by-batch-size 0 turns it off).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import random
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from troupe.gpu.weights import qwen3_0_6b_config
+from troupe.ops.bench_offline import write_model_folder
+
+
+@dataclasses.dataclass
+class Row:
+    workload: str
+    batch: int
+    mode: str
+    tokens: int
+    seconds: float
+    itl_ms: float
+    steps: int
+    proposed: int
+    accepted: int
+    verifications: int
+
+    def line(self) -> str:
+        rate = self.accepted / self.proposed if self.proposed else 0.0
+        mean_len = self.accepted / self.verifications if self.verifications else 0.0
+        return (
+            f"{self.workload:<11} batch={self.batch:<4} {self.mode:<5} "
+            f"tok/s={self.tokens / self.seconds:>9,.0f}  ITL={self.itl_ms:7.2f} ms  "
+            f"steps={self.steps:<5} ms/step={1000 * self.seconds / max(self.steps, 1):6.2f}  "
+            f"acceptance={rate:5.1%} ({self.accepted}/{self.proposed})  "
+            f"accepted len={mean_len:4.2f} over {self.verifications} verifications"
+        )
+
+
+def run_batches(
+    config: Any, mode: str, workloads: dict[str, list[list[int]]], args: argparse.Namespace
+) -> tuple[list[Row], list[list[int]]]:
+    """Each workload at each batch size through one engine; the outputs of `generate` first
+    (not timed) when args.generate is set."""
+    import anyio
+    from troupe import Engine, SamplingParams
+
+    rows: list[Row] = []
+    generated: list[list[int]] = []
+    params = SamplingParams(max_tokens=args.output_len, temperature=0.0, ignore_eos=True)
+
+    async def main() -> None:
+        async with Engine.open(config) as engine:
+
+            async def one(prompt: list[int], out: list[Any]) -> None:
+                tokens: list[int] = []
+                times: list[float] = []
+                async for event in engine.generate(prompt, params):
+                    if event.token_ids:
+                        tokens.extend(event.token_ids)
+                        times.append(time.perf_counter())
+                out.append((tokens, times))
+
+            async def batch(prompts: list[list[int]]) -> list[Any]:
+                outs: list[Any] = [[] for _ in prompts]
+                async with anyio.create_task_group() as tg:
+                    for prompt, out in zip(prompts, outs, strict=True):
+                        tg.start_soon(one, prompt, out)
+                return [o[0] for o in outs]
+
+            await batch([[1, 2, 3, 1, 2, 3]])  # warm-up: compile before the clock starts
+            if "generate" in workloads:
+                generated.extend(t for t, _ in await batch(workloads["generate"]))
+            for name, prompts in workloads.items():
+                if name == "generate":
+                    continue
+                for size in args.batches:
+                    before = engine.stats()
+                    start = time.perf_counter()
+                    results = await batch(prompts[:size])
+                    seconds = time.perf_counter() - start
+                    after = engine.stats()
+                    itls = [
+                        (times[-1] - times[0]) / (len(tokens) - len(first))
+                        for tokens, times, first in (
+                            (t, ts, _first_delta(t, ts)) for t, ts in results
+                        )
+                        if len(tokens) > len(first)
+                    ]
+                    lengths = after.spec_accepted_lengths
+                    old = before.spec_accepted_lengths or (0,) * len(lengths)
+                    rows.append(
+                        Row(
+                            workload=name,
+                            batch=size,
+                            mode=mode,
+                            tokens=sum(len(t) for t, _ in results),
+                            seconds=seconds,
+                            itl_ms=1000 * sum(itls) / max(len(itls), 1),
+                            steps=after.num_steps - before.num_steps,
+                            proposed=after.num_spec_proposed_tokens
+                            - before.num_spec_proposed_tokens,
+                            accepted=after.num_spec_accepted_tokens
+                            - before.num_spec_accepted_tokens,
+                            verifications=sum(lengths) - sum(old),
+                        )
+                    )
+                    print(rows[-1].line(), flush=True)
+
+    anyio.run(main)
+    return rows, generated
+
+
+def _first_delta(tokens: list[int], times: list[float]) -> list[int]:
+    """The first delta's tokens (one, the prefill's): ITL counts the tokens after it."""
+    return tokens[:1]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64, 256])
+    parser.add_argument("--prompt-len", type=int, default=128)
+    parser.add_argument("--output-len", type=int, default=128)
+    parser.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
+    parser.add_argument("--prompt-lookup-min", type=int, default=2)
+    parser.add_argument("--prompt-lookup-max", type=int, default=4)
+    parser.add_argument(
+        "--disable-by-batch-size", type=int, default=32, help="0: speculate at any batch size"
+    )
+    parser.add_argument("--enforce-eager", action="store_true")
+    parser.add_argument("--smoke", action="store_true", help="a 2-layer model: CPU smoke run")
+    args = parser.parse_args(argv)
+    from troupe import EngineConfig
+
+    model = qwen3_0_6b_config()
+    if args.smoke:
+        model = dataclasses.replace(
+            model,
+            hidden_size=64,
+            num_layers=2,
+            num_heads=4,
+            num_kv_heads=2,
+            head_dim=16,
+            intermediate_size=128,
+            vocab_size=10_240,
+        )
+    rng = random.Random(0)
+    num = max(args.batches)
+
+    def prompts() -> list[list[int]]:
+        return [[rng.randint(0, 10_000) for _ in range(args.prompt_len)] for _ in range(num)]
+
+    base, nonmatching = prompts(), prompts()
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        write_model_folder(folder, model)
+        common: dict[str, Any] = {
+            "model": str(folder),
+            "max_num_seqs": max(256, num),
+            "max_model_len": 3 * args.prompt_len + 2 * args.output_len + 64,
+            "enforce_eager": args.enforce_eager,
+        }
+        if args.smoke:
+            common.update(device="cpu", num_kv_blocks=max(64, num * 40))
+        off = EngineConfig(**common)
+        rows, docs = run_batches(off, "off", {"generate": base, "nonmatching": nonmatching}, args)
+        matching = [p + c + p for p, c in zip(base, docs, strict=True)]
+        more, _ = run_batches(off, "off", {"matching": matching}, args)
+        on = EngineConfig(
+            **common,
+            speculative_method="ngram",
+            num_speculative_tokens=args.k,
+            prompt_lookup_min=args.prompt_lookup_min,
+            prompt_lookup_max=args.prompt_lookup_max,
+            speculative_disable_by_batch_size=args.disable_by_batch_size or None,
+        )
+        spec, _ = run_batches(on, "ngram", {"matching": matching, "nonmatching": nonmatching}, args)
+    print("\nspeedup (ngram vs off): ITL ratio off/on, throughput ratio on/off")
+    by_key = {(r.workload, r.batch, r.mode): r for r in [*rows, *more, *spec]}
+    for r in spec:
+        base_row = by_key[(r.workload, r.batch, "off")]
+        print(
+            f"{r.workload:<11} batch={r.batch:<4} ITL {base_row.itl_ms / max(r.itl_ms, 1e-9):5.2f}x"
+            f"  throughput {r.tokens / r.seconds / (base_row.tokens / base_row.seconds):5.2f}x"
+            f"  step cost {1000 * r.seconds / max(r.steps, 1):.2f} ms vs "
+            f"{1000 * base_row.seconds / max(base_row.steps, 1):.2f} ms"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
