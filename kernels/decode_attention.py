@@ -51,6 +51,7 @@ def _decode_split_kernel(
     seq_lens_ptr,
     num_valid_ptr,  # int32 [1] when HAS_LIMIT: sequences from this one on are skipped
     qk_scale,  # softmax scale * log2(e)
+    window,  # sliding window in tokens, 0: none
     stride_qs,
     stride_qh,
     stride_os,
@@ -74,9 +75,12 @@ def _decode_split_kernel(
         if seq >= tl.load(num_valid_ptr):
             return
     seq_len = tl.load(seq_lens_ptr + seq).to(tl.int32)
+    # The query sees keys [ctx_start, seq_len): all of them, or the last `window`; nothing
+    # before ctx_start is read (a window may have freed those blocks).
+    ctx_start = tl.where(window > 0, tl.maximum(seq_len - window, 0), 0)
     # Per-sequence chunking keeps splits balanced when lengths differ within the batch.
-    chunk = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    start = split * chunk
+    chunk = tl.cdiv(tl.cdiv(seq_len - ctx_start, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = ctx_start + split * chunk
     end = tl.minimum(start + chunk, seq_len)
 
     offs_g = tl.arange(0, BLOCK_G)
@@ -197,8 +201,11 @@ def paged_decode_attention_triton(
     config: DecodeConfig = DEFAULT_CONFIG,
     out: torch.Tensor | None = None,
     num_valid: torch.Tensor | None = None,
+    sliding_window: int = 0,
 ) -> torch.Tensor:
     """q [S, Hq, D], one query per sequence at its last position; returns [S, Hq, D].
+
+    sliding_window > 0: the query sees only the last sliding_window keys (splits cover those).
 
     `num_valid` (device int32 [1]): only sequences below it are computed, the other rows of
     out are left alone; the grid stays S, so a CUDA graph replays it for any count.
@@ -212,7 +219,8 @@ def paged_decode_attention_triton(
     if num_seqs == 0:
         return out
     if num_splits is None:
-        num_splits = choose_num_splits(num_seqs, num_kv_heads, max_seq_len, _num_sms(q.device))
+        context = min(max_seq_len, sliding_window) if sliding_window > 0 else max_seq_len
+        num_splits = choose_num_splits(num_seqs, num_kv_heads, context, _num_sms(q.device))
     group = num_q_heads // num_kv_heads
     block_d = triton.next_power_of_2(head_dim)
     if num_splits > 1:
@@ -236,6 +244,7 @@ def paged_decode_attention_triton(
         seq_lens,
         seq_lens if num_valid is None else num_valid,
         scale * _LOG2E,
+        sliding_window,
         q.stride(0),
         q.stride(1),
         out.stride(0),

@@ -39,11 +39,16 @@ def write_kv(
     v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slots, value[keep].to(v_cache.dtype))
 
 
-def _gather(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
-    """The first `length` tokens of one sequence's cache, [length, Hkv, D], position order."""
+def _gather(
+    cache: torch.Tensor, block_table: torch.Tensor, first_block: int, length: int
+) -> torch.Tensor:
+    """Tokens first_block * block_size .. length - 1 of one sequence's cache, [n, Hkv, D], in
+    position order; blocks before first_block are never read (a window may have freed them)."""
     block_size = cache.shape[1]
-    blocks = block_table[: math.ceil(length / block_size)].long()
-    return cache.index_select(0, blocks).reshape(-1, *cache.shape[2:])[:length]
+    blocks = block_table[first_block : math.ceil(length / block_size)].long()
+    return cache.index_select(0, blocks).reshape(-1, *cache.shape[2:])[
+        : length - first_block * block_size
+    ]
 
 
 def paged_attention(
@@ -57,21 +62,31 @@ def paged_attention(
     max_query_len: int,
     max_seq_len: int,
     decode_prefix: torch.Tensor | None = None,
+    *,
+    sliding_window: int = 0,
 ) -> torch.Tensor:
     """Causal varlen attention: q [T, Hq, D]; sequence s owns q rows qsl[s]:qsl[s+1], which are
     the last tokens of its seq_lens[s] (already written to the cache). See kernels.ops."""
     del max_query_len, max_seq_len, decode_prefix  # launch hints for the kernels
     out = torch.empty_like(q)
     starts = query_start_loc.tolist()
+    block_size = k_cache.shape[1]
     for s, seq_len in enumerate(seq_lens.tolist()):
         lo, hi = starts[s], starts[s + 1]
         if hi == lo:
             continue
-        k = _gather(k_cache, block_tables[s], seq_len)
-        v = _gather(v_cache, block_tables[s], seq_len)
-        # query i sits at position seq_len - num_q + i and sees keys 0..that position
-        q_pos = torch.arange(seq_len - (hi - lo), seq_len, device=q.device)
-        mask = torch.arange(seq_len, device=q.device)[None, :] <= q_pos[:, None]
+        first_q = seq_len - (hi - lo)
+        # the first block any query of this sequence still sees
+        first_block = max(0, first_q - sliding_window + 1) // block_size if sliding_window else 0
+        k = _gather(k_cache, block_tables[s], first_block, seq_len)
+        v = _gather(v_cache, block_tables[s], first_block, seq_len)
+        # query i sits at position seq_len - num_q + i and sees keys 0..that position (the last
+        # sliding_window of them when windowed)
+        q_pos = torch.arange(first_q, seq_len, device=q.device)
+        k_pos = torch.arange(first_block * block_size, seq_len, device=q.device)
+        mask = k_pos[None, :] <= q_pos[:, None]
+        if sliding_window:
+            mask &= k_pos[None, :] > q_pos[:, None] - sliding_window
         attn = F.scaled_dot_product_attention(
             q[lo:hi].transpose(0, 1).float(),
             k.transpose(0, 1).float(),
@@ -92,21 +107,30 @@ def paged_decode_attention(
     seq_lens: torch.Tensor,
     scale: float,
     max_seq_len: int,
+    *,
+    sliding_window: int = 0,
 ) -> torch.Tensor:
     """One query per sequence (q [S, Hq, D], the last of its seq_lens[s] tokens), batched: every
-    sequence's context is gathered into one [S, W] window, W = max_seq_len in whole blocks.
+    sequence's context is gathered into one [S, W] window, W = max_seq_len in whole blocks (or
+    sliding_window tokens, when smaller: then window position p holds token base + p, with
+    base = seq_len - sliding_window clamped at 0).
 
-    Window position p of sequence s holds its token p when p < seq_lens[s], else its token 0:
-    that slot is written, so finite (past the end, a slot or a padding table entry may hold
-    anything, and 0 * NaN would reach the output), and the mask hides it.
+    Window position p of sequence s holds its token base + p when that is < seq_lens[s], else
+    its token base: that slot is written, so finite (past the end, a slot or a padding table
+    entry may hold anything, and 0 * NaN would reach the output), and the mask hides it.
     """
     num_seqs, _, head_dim = q.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     num_blocks = min(max(1, math.ceil(max_seq_len / block_size)), block_tables.shape[1])
     width = num_blocks * block_size
-    pos = torch.arange(width, device=q.device)
-    visible = pos[None, :] < seq_lens.long()[:, None]  # [S, W]
-    pos = torch.where(visible, pos[None, :], 0)
+    lens = seq_lens.long()[:, None]
+    base = torch.zeros_like(lens)
+    if sliding_window and sliding_window < width:
+        width = sliding_window
+        base = (lens - sliding_window).clamp(min=0)
+    pos = base + torch.arange(width, device=q.device)[None, :]
+    visible = pos < lens  # [S, W]
+    pos = torch.where(visible, pos, base)
     blocks = block_tables[:, :num_blocks].long().gather(1, pos // block_size)
     slots = (blocks * block_size + pos % block_size).view(-1)
 
@@ -188,3 +212,9 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up for gate_up [T, 2I] = [gate | up], in the input dtype like HF's MLP."""
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up
+
+
+def gelu_tanh_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """gelu_tanh(gate) * up (GeGLU) for gate_up [T, 2I], in the input dtype like HF's Gemma MLP."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.gelu(gate, approximate="tanh") * up
