@@ -67,6 +67,7 @@ def build_scheduler(g: GraphInputs) -> SchedulerCore:
         scheduling_policy=g.config.scheduling_policy,
         eos_token_ids=g.numbers.eos_token_ids,
         num_lookahead_tokens=g.numbers.num_lookahead_tokens,
+        kv_window=g.numbers.kv_window,
     )
 
 

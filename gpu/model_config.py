@@ -49,6 +49,12 @@ class ModelConfig:
     def is_gemma3(self) -> bool:
         return self.model_type == "gemma3_text"
 
+    @property
+    def kv_window(self) -> int:
+        """The widest window when every layer has one (KV behind it is dead), else 0."""
+        windowed = len(self.layer_windows) == self.num_layers and all(self.layer_windows)
+        return max(self.layer_windows) if windowed else 0
+
     def window_of(self, layer: int) -> int:
         """The sliding window of a layer in tokens, 0 for full attention."""
         return self.layer_windows[layer] if self.layer_windows else 0

@@ -110,6 +110,7 @@ class ModelRunner:
         self.overlap_schedule = options.overlap_schedule
         # the scheduler keeps one position past each decode in its table: the overlapped slot
         self.num_lookahead_tokens = 1 if options.overlap_schedule else 0
+        self.kv_window = config.kv_window
         self._num_steps = 0
         self._overlap = DecodeOverlap(
             self._states,

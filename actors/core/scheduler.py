@@ -63,9 +63,10 @@ class SchedulerCore:
         scheduling_policy: str = "priority",
         eos_token_ids: Iterable[int] = (),
         num_lookahead_tokens: int = 0,
+        kv_window: int = 0,
     ) -> None:
         sizes = (block_size, num_gpu_blocks, max_num_seqs, max_num_batched_tokens)
-        self.limits = StepLimits(*sizes, enable_prefix_caching, num_lookahead_tokens)
+        self.limits = StepLimits(*sizes, enable_prefix_caching, num_lookahead_tokens, kv_window)
         self.num_cpu_blocks = num_cpu_blocks
         self.queues = RequestQueues(make_queue_policy(scheduling_policy))
         preemption = make_preemption_policy(preemption_mode)

@@ -42,7 +42,14 @@ def test_gemma3_fields_old_and_new_spelling() -> None:
 def test_model_config_reads_windows_and_names_bad_ones() -> None:
     base = {"model_type": "mistral", "num_attention_heads": 4, "hidden_size": 64,
             "num_hidden_layers": 2, "intermediate_size": 128, "vocab_size": 256}  # fmt: skip
-    assert ModelConfig.from_hf_dict({**base, "sliding_window": 16}).layer_windows == (16, 16)
+    mistral = ModelConfig.from_hf_dict({**base, "sliding_window": 16})
+    assert mistral.layer_windows == (16, 16) and mistral.kv_window == 16
+    # a full layer keeps all KV: nothing is released (interleaved Gemma 3, Qwen2's low layers)
+    qwen = {**base, "model_type": "qwen2", "sliding_window": 16, "use_sliding_window": True,
+            "max_window_layers": 1}  # fmt: skip
+    assert ModelConfig.from_hf_dict(qwen).layer_windows == (0, 16)
+    assert ModelConfig.from_hf_dict(qwen).kv_window == 0
+    assert ModelConfig.from_hf_dict(base).kv_window == 0
     with pytest.raises(ModelLoadError, match="layer_types"):
         ModelConfig.from_hf_dict({**base, "sliding_window": 16, "layer_types": ["x"]})
 

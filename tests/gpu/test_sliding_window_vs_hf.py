@@ -92,3 +92,46 @@ def test_windowed_greedy_matches_hf(family: str, tmp_path: Path, mt: Any) -> Non
     got = [driver.seqs[f"r{i}"].output for i in range(len(PROMPTS))]
     assert got == expected
     assert len(set(expected[0])) > 2  # the model is not stuck on one token
+
+
+def test_released_blocks_keep_greedy_identical(tmp_path: Path, mt: Any) -> None:
+    """The real scheduler and allocator release blocks behind the window (Mistral: every layer
+    windowed) while the model runs 8x the window in a pool smaller than one request; tokens stay
+    HF's."""
+    from troupe.actors.core.allocator import AllocatorCore
+    from troupe.actors.core.scheduler import SchedulerCore
+    from troupe.messages import AdmittedRequest, SamplingParams
+    from troupe.ops.bench_scheduler import CoreLoop
+
+    hf_model = _hf_model("mistral")
+    folder = tmp_path / "mistral"
+    hf_model.save_pretrained(folder)
+    num_blocks = 10
+    runner = mt.runner_for(folder, num_gpu_blocks=num_blocks)
+    assert runner.kv_window == WINDOW
+    num_new = 8 * WINDOW
+    sizes = dict(block_size=4, num_gpu_blocks=num_blocks, num_cpu_blocks=0)
+    scheduler = SchedulerCore(
+        **sizes, max_num_seqs=4, max_num_batched_tokens=8, kv_window=runner.kv_window
+    )
+    allocator = AllocatorCore(block_size=4, num_gpu_blocks=num_blocks, num_cpu_blocks=0)
+    held: list[int] = []
+    loop = CoreLoop(
+        scheduler, allocator, runner, check=lambda a: held.append(num_blocks - a.gpu.num_free)
+    )
+    loop.submit(
+        AdmittedRequest(
+            request_id=f"r{i}",
+            prompt_token_ids=tuple(p),
+            params=SamplingParams(max_tokens=num_new, temperature=0.0, ignore_eos=True),
+            arrival_time=0.0,
+            max_total_tokens=len(p) + num_new,
+        )
+        for i, p in enumerate(PROMPTS)
+    )
+    loop.run()
+    for i, p in enumerate(PROMPTS):
+        assert loop.tokens[f"r{i}"] == mt.hf_greedy(hf_model, p, num_new)
+    assert 4 * num_blocks < len(PROMPTS[0]) + num_new  # one request alone overflows it
+    assert max(held) <= num_blocks
+    assert loop.num_refused == 0 and allocator.gpu.num_free == num_blocks
