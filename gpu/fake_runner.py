@@ -306,7 +306,8 @@ class FakeRunner:
             tok = int(next_tokens(total, np.array([length]), seed, np.array([i]), eos_token_id)[0])
             out.append(tok)
             new = slot_mix(np.array([length]), np.array([tok]))
-            mixes = np.concatenate([mixes, new])
+            if kv_window:
+                mixes = np.concatenate([mixes, new])
             total = total + new  # arrays wrap silently
             length += 1
         return out
