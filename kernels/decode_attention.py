@@ -50,6 +50,8 @@ def _decode_split_kernel(
     block_tables_ptr,
     seq_lens_ptr,
     num_valid_ptr,  # int32 [1] when HAS_LIMIT: sequences from this one on are skipped
+    k_scale_ptr,  # [Hkv] fp32 when FP8: folded into qk_scale and the output
+    v_scale_ptr,
     qk_scale,  # softmax scale * log2(e)
     window,  # sliding window in tokens, 0: none
     stride_qs,
@@ -64,6 +66,7 @@ def _decode_split_kernel(
     BLOCK_SIZE: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     HAS_LIMIT: tl.constexpr,
+    FP8: tl.constexpr,
     BLOCK_G: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -71,6 +74,10 @@ def _decode_split_kernel(
     seq = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
+    v_scale = 1.0
+    if FP8:
+        qk_scale = qk_scale * tl.load(k_scale_ptr + kv_head)
+        v_scale = tl.load(v_scale_ptr + kv_head)
     if HAS_LIMIT:
         if seq >= tl.load(num_valid_ptr):
             return
@@ -102,10 +109,10 @@ def _decode_split_kernel(
         slots = block_ids * BLOCK_SIZE + (offs_n % BLOCK_SIZE)
         kv_offs = slots[:, None] * stride_slot + kv_head * HEAD_DIM + offs_d[None, :]
         kv_mask = n_mask[:, None] & d_mask[None, :]
-        k = tl.load(k_cache_ptr + kv_offs, mask=kv_mask, other=0.0)
-        v = tl.load(v_cache_ptr + kv_offs, mask=kv_mask, other=0.0)
+        k = tl.load(k_cache_ptr + kv_offs, mask=kv_mask, other=0.0).to(q.dtype)
+        v = tl.load(v_cache_ptr + kv_offs, mask=kv_mask, other=0.0).to(q.dtype)
 
-        qk = tl.dot(q, tl.trans(k.to(q.dtype))) * qk_scale  # [BLOCK_G, BLOCK_N]
+        qk = tl.dot(q, tl.trans(k)) * qk_scale  # [BLOCK_G, BLOCK_N]
         qk = tl.where(n_mask[None, :], qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, axis=1))
         alpha = tl.exp2(m_i - m_new)
@@ -117,7 +124,7 @@ def _decode_split_kernel(
     # An empty split (short sequence) leaves l_i = 0, m_i = -inf: it stores o = 0, lse = -inf,
     # which pass 2 weighs as zero.
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
-    o = acc / l_safe[:, None]
+    o = acc * (v_scale / l_safe)[:, None]
     if NUM_SPLITS == 1:
         o_offs = seq * stride_os + heads[:, None] * stride_oh + offs_d[None, :]
         tl.store(
@@ -202,6 +209,8 @@ def paged_decode_attention_triton(
     out: torch.Tensor | None = None,
     num_valid: torch.Tensor | None = None,
     sliding_window: int = 0,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q [S, Hq, D], one query per sequence at its last position; returns [S, Hq, D].
 
@@ -243,6 +252,8 @@ def paged_decode_attention_triton(
         block_tables,
         seq_lens,
         seq_lens if num_valid is None else num_valid,
+        seq_lens if k_scale is None else k_scale,  # unused unless FP8
+        seq_lens if v_scale is None else v_scale,
         scale * _LOG2E,
         sliding_window,
         q.stride(0),
@@ -257,6 +268,7 @@ def paged_decode_attention_triton(
         BLOCK_SIZE=block_size,
         NUM_SPLITS=num_splits,
         HAS_LIMIT=num_valid is not None,
+        FP8=k_scale is not None,
         # tl.dot needs at least 16 rows on the GPU; the padded rows are masked off.
         BLOCK_G=max(16, triton.next_power_of_2(group)),
         BLOCK_N=config.block_n if on_gpu else 16,

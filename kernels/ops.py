@@ -33,8 +33,14 @@ class KernelOps(Protocol):
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
         slot_mapping: torch.Tensor,
+        *,
+        k_scale: torch.Tensor | None = None,
+        v_scale: torch.Tensor | None = None,
     ) -> None:
-        """In place: key/value [N, Hkv, D] into the caches at slot_mapping [N] int64 (< 0 skips)."""
+        """In place: key/value [N, Hkv, D] into the caches at slot_mapping [N] int64 (< 0 skips).
+
+        fp8 caches (kernels.kv_quant) take per-head scales [Hkv] fp32: x / scale is stored. The
+        attention ops take the same scales and read fp8 caches as float(x) * scale."""
         ...
 
     def paged_attention(
@@ -51,6 +57,8 @@ class KernelOps(Protocol):
         decode_prefix: torch.Tensor | None = None,
         *,
         sliding_window: int = 0,
+        k_scale: torch.Tensor | None = None,
+        v_scale: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Varlen causal attention for prefill, chunked prefill and decode rows in one call.
 
@@ -82,6 +90,8 @@ class KernelOps(Protocol):
         max_seq_len: int,
         *,
         sliding_window: int = 0,
+        k_scale: torch.Tensor | None = None,
+        v_scale: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Decode: q [S, Hq, D] holds one query per sequence, at position seq_lens[s] - 1.
         With sliding_window > 0 it sees (and reads) only the last sliding_window keys.
@@ -129,6 +139,9 @@ class KernelOps(Protocol):
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
         slot_mapping: torch.Tensor,
+        *,
+        k_scale: torch.Tensor | None = None,
+        v_scale: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The attention prologue on the fused projection output qkv [T, (Hq + 2*Hkv) * D].
 

@@ -99,9 +99,10 @@ def _attend(
         slots = block_ids * BLOCK_SIZE + (offs_n % BLOCK_SIZE)
         kv_offs = slots[:, None] * stride_slot + kv_head * HEAD_DIM + offs_d[None, :]
         kv_mask = n_mask[:, None] & d_mask[None, :]
-        k = tl.load(k_cache_ptr + kv_offs, mask=kv_mask, other=0.0)
-        v = tl.load(v_cache_ptr + kv_offs, mask=kv_mask, other=0.0)
-        qk = tl.dot(q, tl.trans(k.to(q.dtype))) * qk_scale
+        # fp8 caches: the scales are folded into qk_scale and the output, so KV is only cast
+        k = tl.load(k_cache_ptr + kv_offs, mask=kv_mask, other=0.0).to(q.dtype)
+        v = tl.load(v_cache_ptr + kv_offs, mask=kv_mask, other=0.0).to(q.dtype)
+        qk = tl.dot(q, tl.trans(k)) * qk_scale
         if MASKED:
             visible = n_mask[None, :] & (offs_n[None, :] <= q_pos[:, None])
             visible &= offs_n[None, :] > q_pos[:, None] - window
@@ -128,6 +129,8 @@ def _paged_attention_kernel(
     seq_lens_ptr,
     query_start_loc_ptr,
     decode_prefix_ptr,  # int32 [1] when HAS_PREFIX: these leading sequences are skipped
+    k_scale_ptr,  # [Hkv] fp32 when FP8
+    v_scale_ptr,
     num_seqs,
     qk_scale,  # softmax scale * log2(e)
     window,  # sliding window in tokens, 0: none
@@ -138,6 +141,7 @@ def _paged_attention_kernel(
     stride_bt,
     stride_slot,  # cache elements between consecutive slots: Hkv * D
     HAS_PREFIX: tl.constexpr,
+    FP8: tl.constexpr,
     GROUP: tl.constexpr,  # query heads per kv head
     HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,  # tokens per KV block
@@ -148,6 +152,10 @@ def _paged_attention_kernel(
 ):
     tile = tl.program_id(0)
     kv_head = tl.program_id(1)
+    v_scale = 1.0
+    if FP8:
+        qk_scale = qk_scale * tl.load(k_scale_ptr + kv_head)
+        v_scale = tl.load(v_scale_ptr + kv_head)
     seq = _find_seq(query_start_loc_ptr, num_seqs, tile, BLOCK_Q)
     if HAS_PREFIX:
         if seq < tl.load(decode_prefix_ptr):
@@ -211,7 +219,7 @@ def _paged_attention_kernel(
     )  # fmt: skip
     # Every valid row sees itself, so l_i > 0 there; padded rows are not stored.
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
-    out = acc / l_safe[:, None]
+    out = acc * (v_scale / l_safe)[:, None]
     o_rows = tokens * stride_ot + heads * stride_oh
     o_ptrs = out_ptr + o_rows[:, None] + offs_d[None, :]
     tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=io_mask)
@@ -230,6 +238,8 @@ def paged_attention_triton(
     decode_prefix: torch.Tensor | None = None,
     *,
     sliding_window: int = 0,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
     config: PrefillConfig = DEFAULT_CONFIG,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
@@ -260,6 +270,8 @@ def paged_attention_triton(
             out=out[:num_seqs],
             num_valid=decode_prefix,
             sliding_window=sliding_window,
+            k_scale=k_scale,
+            v_scale=v_scale,
         )
     group = num_q_heads // num_kv_heads
     block_g = triton.next_power_of_2(group)
@@ -276,6 +288,8 @@ def paged_attention_triton(
         seq_lens,
         query_start_loc,
         seq_lens if decode_prefix is None else decode_prefix,
+        seq_lens if k_scale is None else k_scale,  # unused unless FP8
+        seq_lens if v_scale is None else v_scale,
         num_seqs,
         scale * _LOG2E,
         sliding_window,
@@ -286,6 +300,7 @@ def paged_attention_triton(
         block_tables.stride(0),
         num_kv_heads * head_dim,
         HAS_PREFIX=decode_prefix is not None,
+        FP8=k_scale is not None,
         GROUP=group,
         HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size,

@@ -24,6 +24,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from .kv_quant import dequantize, quantize
+
 
 def write_kv(
     key: torch.Tensor,
@@ -31,12 +33,24 @@ def write_kv(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    *,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> None:
-    """Store key/value [N, Hkv, D] at flat slots (block * block_size + offset); slots < 0 skip."""
+    """Store key/value [N, Hkv, D] at flat slots (block * block_size + offset); slots < 0 skip.
+    fp8 caches store x / scale (per head, kernels.kv_quant)."""
     keep = slot_mapping >= 0
     slots = slot_mapping[keep].long()
-    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slots, key[keep].to(k_cache.dtype))
-    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slots, value[keep].to(v_cache.dtype))
+    key, value = key[keep], value[keep]
+    if k_scale is not None and v_scale is not None:
+        # fp8 has no index_copy_: scatter its bytes
+        k_bytes = quantize(key, k_scale).view(torch.uint8)
+        v_bytes = quantize(value, v_scale).view(torch.uint8)
+        k_cache.view(torch.uint8).view(-1, *k_cache.shape[2:]).index_copy_(0, slots, k_bytes)
+        v_cache.view(torch.uint8).view(-1, *v_cache.shape[2:]).index_copy_(0, slots, v_bytes)
+        return
+    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slots, key.to(k_cache.dtype))
+    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slots, value.to(v_cache.dtype))
 
 
 def _gather(
@@ -46,9 +60,11 @@ def _gather(
     position order; blocks before first_block are never read (a window may have freed them)."""
     block_size = cache.shape[1]
     blocks = block_table[first_block : math.ceil(length / block_size)].long()
-    return cache.index_select(0, blocks).reshape(-1, *cache.shape[2:])[
-        : length - first_block * block_size
-    ]
+    if cache.dtype == torch.float8_e4m3fn:  # index_select has no fp8 kernel: move bytes
+        rows = cache.view(torch.uint8).index_select(0, blocks).view(cache.dtype)
+    else:
+        rows = cache.index_select(0, blocks)
+    return rows.reshape(-1, *cache.shape[2:])[: length - first_block * block_size]
 
 
 def paged_attention(
@@ -64,6 +80,8 @@ def paged_attention(
     decode_prefix: torch.Tensor | None = None,
     *,
     sliding_window: int = 0,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal varlen attention: q [T, Hq, D]; sequence s owns q rows qsl[s]:qsl[s+1], which are
     the last tokens of its seq_lens[s] (already written to the cache). See kernels.ops."""
@@ -80,6 +98,8 @@ def paged_attention(
         first_block = max(0, first_q - sliding_window + 1) // block_size if sliding_window else 0
         k = _gather(k_cache, block_tables[s], first_block, seq_len)
         v = _gather(v_cache, block_tables[s], first_block, seq_len)
+        if k_scale is not None and v_scale is not None:  # fp8 cache
+            k, v = dequantize(k, k_scale), dequantize(v, v_scale)
         # query i sits at position seq_len - num_q + i and sees keys 0..that position (the last
         # sliding_window of them when windowed)
         q_pos = torch.arange(first_q, seq_len, device=q.device)
@@ -109,6 +129,8 @@ def paged_decode_attention(
     max_seq_len: int,
     *,
     sliding_window: int = 0,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One query per sequence (q [S, Hq, D], the last of its seq_lens[s] tokens), batched: every
     sequence's context is gathered into one [S, W] window, W = max_seq_len in whole blocks (or
@@ -134,15 +156,21 @@ def paged_decode_attention(
     blocks = block_tables[:, :num_blocks].long().gather(1, pos // block_size)
     slots = (blocks * block_size + pos % block_size).view(-1)
 
-    def window(cache: torch.Tensor) -> torch.Tensor:
-        """[S, Hkv, W, D] fp32: one index_select of token rows."""
-        rows = cache.reshape(-1, num_kv_heads, head_dim).index_select(0, slots)
+    def window(cache: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+        """[S, Hkv, W, D] fp32: one index_select of token rows (dequantized when fp8)."""
+        flat = cache.reshape(-1, num_kv_heads, head_dim)
+        if scale is not None:  # fp8: index_select moves the bytes
+            rows = dequantize(
+                flat.view(torch.uint8).index_select(0, slots).view(cache.dtype), scale
+            )
+        else:
+            rows = flat.index_select(0, slots)
         return rows.view(num_seqs, width, num_kv_heads, head_dim).float().transpose(1, 2)
 
     attn = F.scaled_dot_product_attention(
         q[:, :, None, :].float(),
-        window(k_cache),
-        window(v_cache),
+        window(k_cache, k_scale),
+        window(v_cache, v_scale),
         attn_mask=visible[:, None, None, :],
         scale=scale,
         enable_gqa=True,
@@ -189,6 +217,9 @@ def prepare_qkv(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    *,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Split qkv [T, (Hq + 2*Hkv) * D], per-head q/k RMSNorm (when weighted), rotary, write_kv:
     what the fused kernel does in one pass. Hkv and D come from the cache shape. Returns q
@@ -204,7 +235,7 @@ def prepare_qkv(
         q = rms_norm(q, q_norm_weight, eps)[0]  # over the last dim: per head
         k = rms_norm(k, k_norm_weight, eps)[0]
     q, k = rotary(q, k, positions, cos_sin_cache)
-    write_kv(k, v, k_cache, v_cache, slot_mapping)
+    write_kv(k, v, k_cache, v_cache, slot_mapping, k_scale=k_scale, v_scale=v_scale)
     return q.contiguous()
 
 
