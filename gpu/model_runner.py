@@ -27,9 +27,15 @@ from troupe.gpu.sampler import WITHHELD, sample, sampled_tokens, withhold_non_fi
 from troupe.gpu.sampling_batch import build_sampling_batch
 from troupe.gpu.step_inputs import StepInputs, build_step_inputs
 from troupe.gpu.weights import load_model, read_config
+from troupe.kernels.kv_quant import FP8_DTYPE
 from troupe.messages import SampledToken, StepPlan, TokenLogprob
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def kv_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
+    """The KV pools' element type: e4m3 for "fp8", else the model's."""
+    return FP8_DTYPE if kv_cache_dtype == "fp8" else model_dtype
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -47,6 +53,7 @@ class RunnerOptions:
     # tokens; 0: they run eagerly
     mixed_graph_tokens: int = 0
     overlap_schedule: bool = False  # launch each decode step before its plan (gpu/overlap.py)
+    kv_cache_dtype: str = "auto"  # "fp8": e4m3 blocks with per layer and KV head scales
 
 
 class ModelRunner:
@@ -77,9 +84,10 @@ class ModelRunner:
             num_gpu_blocks=options.num_gpu_blocks,
             num_cpu_blocks=options.num_cpu_blocks,
             block_size=options.block_size,
-            dtype=model.dtype,
+            dtype=kv_dtype(options.kv_cache_dtype, model.dtype),
             device=self.device,
         )
+        model.set_kv_scales(self.kv.scales)
         self._rng = np.random.default_rng(options.seed)
         self._states = RequestStates(
             max_model_len=options.max_model_len,
@@ -122,6 +130,7 @@ class ModelRunner:
             logits_hook=logits_hook,
         )
         self._logits_hook = logits_hook
+        self.kv.reset_scales()  # graph captures wrote made-up KV: the first real write sets them
 
     def statistics(self) -> RunnerStats:
         """Steps run and overlapped steps launched and used, so far."""
@@ -156,22 +165,28 @@ class ModelRunner:
         model_config, model = load_model(
             Path(path), dtype, device, max_model_len, config.kernel_backend
         )
+        cache_dtype = kv_dtype(config.kv_cache_dtype, dtype)  # what the pools are sized in
         # A CPU step runs synchronously: launching the next one early overlaps nothing.
         overlap = config.enable_overlap_schedule and device.type == "cuda"
         num_gpu_blocks = config.num_kv_blocks
         if num_gpu_blocks is None and device.type == "cuda":
             peak = _profile_peak_bytes(model, config, max_model_len)
             num_gpu_blocks = blocks_from_free_memory(
-                model_config, config.block_size, dtype, device, config.gpu_memory_utilization, peak
+                model_config,
+                config.block_size,
+                cache_dtype,
+                device,
+                config.gpu_memory_utilization,
+                peak,
             )
         elif num_gpu_blocks is None:
             num_gpu_blocks = cpu_device_blocks(
-                model_config, config, dtype, max_model_len=max_model_len
+                model_config, config, cache_dtype, max_model_len=max_model_len
             )
         num_cpu_blocks = config.num_cpu_blocks
         if num_cpu_blocks is None:
             num_cpu_blocks = swap_pool_blocks(
-                model_config, config, dtype, device, num_gpu_blocks=num_gpu_blocks
+                model_config, config, cache_dtype, device, num_gpu_blocks=num_gpu_blocks
             )
         options = RunnerOptions(
             block_size=config.block_size,
@@ -184,6 +199,7 @@ class ModelRunner:
             enforce_eager=config.enforce_eager or config.kernel_backend == "torch",
             mixed_graph_tokens=min(config.max_mixed_graph_tokens, config.max_num_batched_tokens),
             overlap_schedule=overlap,
+            kv_cache_dtype=config.kv_cache_dtype,
         )
         return cls(model_config, model, options)
 

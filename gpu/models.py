@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 from troupe.gpu.attention import AttentionMetadata
 from troupe.gpu.model_config import ModelConfig, ModelLoadError
+from troupe.kernels.kv_quant import update_kv_scales
 from troupe.kernels.ops import KernelBackend, KernelOps, select_ops
 from troupe.kernels.rope_cache import build_cos_sin_cache
 
@@ -49,6 +50,9 @@ class DecoderLayer(nn.Module):
         self.gate_up_proj = param(2 * c.intermediate_size, c.hidden_size)
         self.down_proj = param(c.hidden_size, c.intermediate_size)
         self.scale = (c.query_pre_attn_scalar or c.head_dim) ** -0.5
+        # fp8 KV: this layer's per-KV-head scales [Hkv] (views of the pool's; set_kv_scales)
+        self.k_scale: torch.Tensor | None = None
+        self.v_scale: torch.Tensor | None = None
 
     def forward(
         self,
@@ -82,6 +86,9 @@ class DecoderLayer(nn.Module):
         qkv = F.linear(x, self.qkv_proj, self.qkv_bias)
         num_tokens = qkv.shape[0]
         k_cache, v_cache = kv_cache
+        k_scale, v_scale = self.k_scale, self.v_scale
+        if k_scale is not None and v_scale is not None:  # fp8: unset scales from this batch
+            update_kv_scales(qkv, self.k_norm, eps, c.num_kv_heads, c.head_dim, k_scale, v_scale)
         # q/k norm (Qwen3), rotary and the KV write in one pass; None weights skip the norm
         q = ops.prepare_qkv(
             qkv,
@@ -93,6 +100,8 @@ class DecoderLayer(nn.Module):
             k_cache,
             v_cache,
             meta.slot_mapping,
+            k_scale=k_scale,
+            v_scale=v_scale,
         )
         if meta.is_decode:
             attn = ops.paged_decode_attention(
@@ -104,6 +113,8 @@ class DecoderLayer(nn.Module):
                 self.scale,
                 meta.max_seq_len,
                 sliding_window=self.sliding_window,
+                k_scale=k_scale,
+                v_scale=v_scale,
             )
         else:
             attn = ops.paged_attention(
@@ -118,6 +129,8 @@ class DecoderLayer(nn.Module):
                 meta.max_seq_len,
                 meta.decode_prefix,
                 sliding_window=self.sliding_window,
+                k_scale=k_scale,
+                v_scale=v_scale,
             )
         return F.linear(attn.reshape(num_tokens, c.q_size), self.o_proj)
 
@@ -177,6 +190,13 @@ class DecoderModel(nn.Module):
             else "cos_sin_cache"
             for i in range(c.num_layers)
         ]
+
+    def set_kv_scales(self, scales: torch.Tensor | None) -> None:
+        """fp8 KV: scales [layer, k | v, kv head] that each layer's writes set and reads use."""
+        for i, layer in enumerate(self.layers):
+            assert isinstance(layer, DecoderLayer)
+            layer.k_scale = None if scales is None else scales[i, 0]
+            layer.v_scale = None if scales is None else scales[i, 1]
 
     @torch.inference_mode()
     def forward(
