@@ -34,6 +34,9 @@ class EngineConfig:
     runner: Literal["model", "fake"] = "model"  # "fake": deterministic fake model (tests, benches)
     device: Literal["auto", "cpu", "cuda"] = "auto"
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    # "fp8": e4m3 KV blocks, scales per layer and KV head set from the first write
+    # (kernels/kv_quant.py); half the bytes of bf16, so twice the blocks in the same memory
+    kv_cache_dtype: Literal["auto", "fp8"] = "auto"
     block_size: int = 16
     num_kv_blocks: int | None = None  # None: size the GPU pool from free memory
     num_cpu_blocks: int | None = None  # swap pool; None: cpu_swap_gib worth of blocks
@@ -125,6 +128,7 @@ class EngineConfig:
         _choice(self, "runner", ("model", "fake"))
         _choice(self, "device", ("auto", "cpu", "cuda"))
         _choice(self, "dtype", ("auto", "float32", "bfloat16", "float16"))
+        _choice(self, "kv_cache_dtype", ("auto", "fp8"))
         _choice(self, "preemption_mode", get_args(PreemptionMode))
         _choice(self, "scheduling_policy", get_args(QueuePolicyName))
         _choice(self, "log_format", ("console", "json"))

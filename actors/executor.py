@@ -48,6 +48,7 @@ def start_executor(config: EngineConfig, runner: Runner | None = None) -> Execut
         eos_token_ids=tuple(runner.eos_token_ids),
         # an overlapping runner needs each decode's next KV slot already in its table
         num_lookahead_tokens=runner.num_lookahead_tokens,
+        kv_window=runner.kv_window,
     )
     return ExecutorSetup(
         runner=runner,

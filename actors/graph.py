@@ -70,6 +70,7 @@ def build_scheduler(g: GraphInputs) -> SchedulerCore:
         num_lookahead_tokens=g.numbers.num_lookahead_tokens,
         max_chunk_tokens=g.config.long_prefill_token_threshold,
         speculative=SpecSettings.from_config(g.config),
+        kv_window=g.numbers.kv_window,
     )
 
 

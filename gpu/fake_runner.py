@@ -107,6 +107,7 @@ class FakeRunner:
         vocab_size: int = 49152,
         max_model_len: int = 8192,
         eos_token_ids: tuple[int, ...] = (2,),
+        kv_window: int = 0,
     ) -> None:
         self.block_size = block_size
         self.num_gpu_blocks = num_gpu_blocks
@@ -115,6 +116,9 @@ class FakeRunner:
         self.max_model_len = max_model_len
         self.eos_token_ids = tuple(eos_token_ids)
         self.num_lookahead_tokens = 0  # no overlap: each step runs when its plan arrives
+        # > 0: the fake model reads only the blocks from its window's first one on, so the
+        # scheduler may release those before (a sliding-window model's view, block-grained)
+        self.kv_window = kv_window
         self._num_steps = 0
         self.gpu = _Store(num_gpu_blocks, block_size)
         self.cpu = _Store(num_cpu_blocks, block_size)
@@ -308,6 +312,9 @@ class FakeRunner:
         width = int(num_full.max())
         full = self._tables[rows, :width]
         is_full = np.arange(width)[None, :] < num_full[:, None]
+        if self.kv_window:
+            first = np.maximum(ends - self.kv_window, 0) // bs
+            is_full &= np.arange(width)[None, :] >= first[:, None]
         sums = np.where(is_full, g.sum[full], _U64(0)).sum(axis=1, dtype=_U64)
         wrong = (is_full & (g.pos[0][full] != np.arange(0, width * bs, bs)[None, :])).any(axis=1)
         # The last, partial block: only the slots written so far.
@@ -364,20 +371,31 @@ class FakeRunner:
         n: int,
         params: SamplingParams | None = None,
         eos_token_id: int = 2,
+        *,
+        kv_window: int = 0,
+        block_size: int = 16,
     ) -> list[int]:
-        """The `n` tokens a correct cache gives after `prompt_ids` (not cut at EOS)."""
+        """The `n` tokens a correct cache gives after `prompt_ids` (not cut at EOS); with a
+        window, as a FakeRunner of that kv_window and block_size gives them."""
         ids = np.asarray(prompt_ids, dtype=np.int64)
-        total = slot_mix(np.arange(len(ids)), ids).sum(dtype=_U64, keepdims=True)
+        mixes = slot_mix(np.arange(len(ids)), ids)
+        total = mixes.sum(dtype=_U64, keepdims=True)
         seed = np.array([_seed(params)], np.int64)
         out: list[int] = []
         length = len(ids)
         period = int(seed[0]) - COPY_SEED_BASE
         for i in range(n):
+            if kv_window:  # blocks from the window's first one on
+                first = max(length - kv_window, 0) // block_size * block_size
+                total = mixes[first:].sum(dtype=_U64, keepdims=True)
             tok = int(next_tokens(total, np.array([length]), seed, np.array([i]), eos_token_id)[0])
             if 1 <= period <= length:
                 tok = ([*prompt_ids, *out])[length - period]
             out.append(tok)
-            total = total + slot_mix(np.array([length]), np.array([tok]))  # arrays wrap silently
+            new = slot_mix(np.array([length]), np.array([tok]))
+            if kv_window:
+                mixes = np.concatenate([mixes, new])
+            total = total + new  # arrays wrap silently
             length += 1
         return out
 

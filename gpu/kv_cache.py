@@ -5,7 +5,9 @@ Layout, one tensor per pool so a swap is one gather + one scatter for all layers
     pool[layer, 0 = key | 1 = value, block, offset in block, kv head, head_dim]
 
 `pool[l, 0]` is layer l's k_cache [num_blocks, block_size, Hkv, D], contiguous as the kernels
-expect.
+expect. An fp8 pool is stored as bytes (torch has no fp8 index_select for the swaps) and viewed
+as e4m3 for the model; its scales, [layer, k | v, kv head] fp32, stay on the device (set at the
+first write, kernels/kv_quant.py), so a swap moves the blocks' bytes alone.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from collections.abc import Sequence
 import torch
 from troupe.gpu.model_config import ModelConfig
 from troupe.gpu.pool_sizing import block_bytes
+from troupe.kernels.kv_quant import FP8_DTYPE
 
 
 class KVCache:
@@ -43,8 +46,10 @@ class KVCache:
         # engine holds the RAM it uses, not the whole pool; no op reads a slot before it is
         # written there (the torch ops gather exactly seq_len tokens or mask the rest).
         alloc = torch.zeros if device.type == "cuda" else torch.empty
+        is_fp8 = dtype == FP8_DTYPE
+        store = torch.uint8 if is_fp8 else dtype
         try:
-            self.gpu = alloc(shape, dtype=dtype, device=device)
+            self.gpu = alloc(shape, dtype=store, device=device)
         except torch.OutOfMemoryError as exc:
             raise MemoryError(
                 f"cannot allocate {num_gpu_blocks} KV blocks "
@@ -53,12 +58,24 @@ class KVCache:
             ) from exc
         cpu_shape = (config.num_layers, 2, num_cpu_blocks, *shape[3:])
         pin = device.type == "cuda"  # pinned memory is committed anyway: zero it
-        self.cpu = alloc(cpu_shape, dtype=dtype, device="cpu", pin_memory=pin)
+        self.cpu = alloc(cpu_shape, dtype=store, device="cpu", pin_memory=pin)
         self.num_gpu_blocks = num_gpu_blocks
         self.num_cpu_blocks = num_cpu_blocks
         self.block_size = block_size
         self.device = device
-        self.layers = [(self.gpu[i, 0], self.gpu[i, 1]) for i in range(config.num_layers)]
+        view = self.gpu.view(dtype)
+        self.layers = [(view[i, 0], view[i, 1]) for i in range(config.num_layers)]
+        # fp8: 0 = unset; the first write sets each (kernels/kv_quant.update_kv_scales)
+        self.scales = (
+            torch.zeros(config.num_layers, 2, config.num_kv_heads, device=device)
+            if is_fp8
+            else None
+        )
+
+    def reset_scales(self) -> None:
+        """Unset the fp8 scales (after warm-up forwards over made-up data)."""
+        if self.scales is not None:
+            self.scales.zero_()
 
     def swap_out(self, pairs: Sequence[tuple[int, int]]) -> None:
         """Copy (gpu block, cpu block) pairs device -> CPU, all layers in one batched copy."""

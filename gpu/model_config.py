@@ -8,8 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from troupe.gpu.hf_families import gemma3_fields, layer_windows
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
 
 
 class ModelLoadError(ValueError):
@@ -18,7 +19,8 @@ class ModelLoadError(ValueError):
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ModelConfig:
-    """Everything the decoder module needs to know about a Llama/Qwen2/Qwen3 model."""
+    """Everything the decoder module needs to know about a Llama/Mistral/Qwen2/Qwen3/Gemma 3
+    text model (gpu/hf_families.py reads the windows and Gemma's fields)."""
 
     model_type: str
     hidden_size: int
@@ -37,12 +39,35 @@ class ModelConfig:
     max_position_embeddings: int = 4096
     eos_token_ids: tuple[int, ...] = ()
     torch_dtype: torch.dtype = torch.float32
+    layer_windows: tuple[int, ...] = ()  # per layer sliding window (0: full); (): none
+    hidden_act: str = "silu"  # "silu" (SwiGLU) or "gelu_tanh" (GeGLU)
+    query_pre_attn_scalar: float | None = None  # softmax scale ** -2 when not head_dim
+    rope_local_theta: float | None = None  # RoPE base of the windowed layers (Gemma 3)
+    final_logit_softcapping: float | None = None
+
+    @property
+    def is_gemma3(self) -> bool:
+        return self.model_type == "gemma3_text"
+
+    @property
+    def kv_window(self) -> int:
+        """The widest window when every layer has one (KV behind it is dead), else 0."""
+        windowed = len(self.layer_windows) == self.num_layers and all(self.layer_windows)
+        return max(self.layer_windows) if windowed else 0
+
+    def window_of(self, layer: int) -> int:
+        """The sliding window of a layer in tokens, 0 for full attention."""
+        return self.layer_windows[layer] if self.layer_windows else 0
 
     def __post_init__(self) -> None:
         if self.model_type not in SUPPORTED_MODEL_TYPES:
             raise ModelLoadError(
                 f"model_type {self.model_type!r} is not supported; "
                 f"expected one of {', '.join(SUPPORTED_MODEL_TYPES)}"
+            )
+        if self.layer_windows and len(self.layer_windows) != self.num_layers:
+            raise ModelLoadError(
+                f"layer_windows has {len(self.layer_windows)} entries for {self.num_layers} layers"
             )
         if self.num_heads % self.num_kv_heads:
             raise ModelLoadError(
@@ -69,9 +94,9 @@ class ModelConfig:
         scaling = cfg.get("rope_scaling") or rope_params or None
         if scaling is not None:
             kind = scaling.get("rope_type", scaling.get("type", "default"))
-            if kind == "default":
+            if kind == "default" or model_type == "gemma3_text":  # gemma3_fields reads it
                 scaling = None
-            elif kind != "llama3":
+            elif kind not in ("llama3", "linear"):
                 raise ModelLoadError(f"config.json: rope_scaling type {kind!r} is not supported")
         num_heads = int(cfg["num_attention_heads"])
         hidden = int(cfg["hidden_size"])
@@ -82,10 +107,16 @@ class ModelConfig:
                 if isinstance(token, int) and token not in eos:
                     eos.append(token)
         dtype_name = cfg.get("torch_dtype") or cfg.get("dtype") or "float32"
-        return cls(
+        num_layers = int(cfg["num_hidden_layers"])
+        try:
+            windows = layer_windows(cfg, model_type, num_layers)
+            family = gemma3_fields(cfg) if model_type == "gemma3_text" else {}
+        except ValueError as exc:
+            raise ModelLoadError(str(exc)) from exc
+        fields: dict[str, Any] = dict(
             model_type=model_type,
             hidden_size=hidden,
-            num_layers=int(cfg["num_hidden_layers"]),
+            num_layers=num_layers,
             num_heads=num_heads,
             num_kv_heads=int(cfg.get("num_key_value_heads") or num_heads),
             head_dim=int(cfg.get("head_dim") or hidden // num_heads),
@@ -100,7 +131,9 @@ class ModelConfig:
             max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
             eos_token_ids=tuple(eos),
             torch_dtype=getattr(torch, str(dtype_name), torch.float32),
+            layer_windows=windows,
         )
+        return cls(**{**fields, **family})
 
     @classmethod
     def from_hf_folder(cls, folder: Path) -> ModelConfig:

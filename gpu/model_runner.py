@@ -13,13 +13,13 @@ from pathlib import Path
 import numpy as np
 import torch
 from troupe.config import ConfigError, EngineConfig, resolve_model_path
-from troupe.gpu.attention import AttentionMetadata
 from troupe.gpu.cuda_graphs import DecodeGraphs
+from troupe.gpu.device_inputs import device_metadata, host_to_device
 from troupe.gpu.kv_cache import KVCache
 from troupe.gpu.mixed_graphs import MixedGraphs
 from troupe.gpu.model_config import ModelConfig
 from troupe.gpu.models import DecoderModel
-from troupe.gpu.overlap import DecodeOverlap, LogitsHook, Split, host_to_device
+from troupe.gpu.overlap import DecodeOverlap, LogitsHook, Split
 from troupe.gpu.pool_sizing import blocks_from_free_memory, cpu_device_blocks, swap_pool_blocks
 from troupe.gpu.request_states import RequestState, RequestStates
 from troupe.gpu.runner import RunnerStats
@@ -28,9 +28,15 @@ from troupe.gpu.sampling_batch import build_sampling_batch
 from troupe.gpu.spec_verify import verify_proposals
 from troupe.gpu.step_inputs import StepInputs, build_step_inputs
 from troupe.gpu.weights import load_model, read_config
+from troupe.kernels.kv_quant import FP8_DTYPE
 from troupe.messages import SampledToken, SeqWork, StepPlan, TokenLogprob
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def kv_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
+    """The KV pools' element type: e4m3 for "fp8", else the model's."""
+    return FP8_DTYPE if kv_cache_dtype == "fp8" else model_dtype
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -49,6 +55,7 @@ class RunnerOptions:
     mixed_graph_tokens: int = 0
     overlap_schedule: bool = False  # launch each decode step before its plan (gpu/overlap.py)
     num_speculative_tokens: int = 0  # proposals per sequence a step may verify
+    kv_cache_dtype: str = "auto"  # "fp8": e4m3 blocks with per layer and KV head scales
 
 
 class ModelRunner:
@@ -79,9 +86,10 @@ class ModelRunner:
             num_gpu_blocks=options.num_gpu_blocks,
             num_cpu_blocks=options.num_cpu_blocks,
             block_size=options.block_size,
-            dtype=model.dtype,
+            dtype=kv_dtype(options.kv_cache_dtype, model.dtype),
             device=self.device,
         )
+        model.set_kv_scales(self.kv.scales)
         self._rng = np.random.default_rng(options.seed)
         self._states = RequestStates(
             max_model_len=options.max_model_len,
@@ -113,6 +121,7 @@ class ModelRunner:
         self.overlap_schedule = options.overlap_schedule
         # the scheduler keeps one position past each decode in its table: the overlapped slot
         self.num_lookahead_tokens = 1 if options.overlap_schedule else 0
+        self.kv_window = config.kv_window
         self._num_steps = 0
         self._overlap = DecodeOverlap(
             self._states,
@@ -124,6 +133,7 @@ class ModelRunner:
             logits_hook=logits_hook,
         )
         self._logits_hook = logits_hook
+        self.kv.reset_scales()  # graph captures wrote made-up KV: the first real write sets them
 
     def statistics(self) -> RunnerStats:
         """Steps run and overlapped steps launched and used, so far."""
@@ -159,22 +169,28 @@ class ModelRunner:
         model_config, model = load_model(
             Path(path), dtype, device, max_model_len, config.kernel_backend
         )
+        cache_dtype = kv_dtype(config.kv_cache_dtype, dtype)  # what the pools are sized in
         # A CPU step runs synchronously: launching the next one early overlaps nothing.
         overlap = config.enable_overlap_schedule and device.type == "cuda"
         num_gpu_blocks = config.num_kv_blocks
         if num_gpu_blocks is None and device.type == "cuda":
             peak = _profile_peak_bytes(model, config, max_model_len)
             num_gpu_blocks = blocks_from_free_memory(
-                model_config, config.block_size, dtype, device, config.gpu_memory_utilization, peak
+                model_config,
+                config.block_size,
+                cache_dtype,
+                device,
+                config.gpu_memory_utilization,
+                peak,
             )
         elif num_gpu_blocks is None:
             num_gpu_blocks = cpu_device_blocks(
-                model_config, config, dtype, max_model_len=max_model_len
+                model_config, config, cache_dtype, max_model_len=max_model_len
             )
         num_cpu_blocks = config.num_cpu_blocks
         if num_cpu_blocks is None:
             num_cpu_blocks = swap_pool_blocks(
-                model_config, config, dtype, device, num_gpu_blocks=num_gpu_blocks
+                model_config, config, cache_dtype, device, num_gpu_blocks=num_gpu_blocks
             )
         options = RunnerOptions(
             block_size=config.block_size,
@@ -188,6 +204,7 @@ class ModelRunner:
             mixed_graph_tokens=min(config.max_mixed_graph_tokens, config.max_num_batched_tokens),
             overlap_schedule=overlap,
             num_speculative_tokens=config.num_proposals,
+            kv_cache_dtype=config.kv_cache_dtype,
         )
         return cls(model_config, model, options)
 
@@ -301,7 +318,7 @@ class ModelRunner:
             return picked
         if self._mixed is not None and not inputs.is_decode and self._mixed.can_run(inputs):
             return self._mixed.run(inputs)
-        meta = _to_device(inputs, self.device)
+        meta = device_metadata(inputs, self.device)
         hidden = self.model(
             host_to_device(inputs.input_ids, self.device) if input_ids is None else input_ids,
             host_to_device(inputs.positions, self.device),
@@ -318,27 +335,6 @@ class ModelRunner:
         self._states.clear()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
-
-
-def _to_device(inputs: StepInputs, device: torch.device) -> AttentionMetadata:
-    def put(array: np.ndarray) -> torch.Tensor:
-        return host_to_device(array, device)
-
-    return AttentionMetadata(
-        slot_mapping=put(inputs.slot_mapping),
-        block_tables=put(inputs.block_tables),
-        seq_lens=put(inputs.seq_lens),
-        query_start_loc=put(inputs.query_start_loc),
-        max_query_len=inputs.max_query_len,
-        max_seq_len=inputs.max_seq_len,
-        is_decode=inputs.is_decode,
-        logits_indices=put(inputs.logits_indices),
-        decode_prefix=(
-            put(np.array([inputs.num_decode_prefix], dtype=np.int32))
-            if inputs.num_decode_prefix and not inputs.is_decode
-            else None
-        ),
-    )
 
 
 def _profile_peak_bytes(model: DecoderModel, config: EngineConfig, max_model_len: int) -> int:
@@ -382,7 +378,7 @@ def _profile_peak_bytes(model: DecoderModel, config: EngineConfig, max_model_len
         hidden = model(
             torch.from_numpy(inputs.input_ids).to(device),
             torch.from_numpy(positions).to(device),
-            _to_device(inputs, device),
+            device_metadata(inputs, device),
             scratch.layers,
         )
         logits = model.compute_logits(hidden)

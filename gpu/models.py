@@ -1,7 +1,8 @@
-"""One decoder module for the Llama, Qwen2 and Qwen3 families, over a paged KV cache.
+"""One decoder module for the Llama, Mistral, Qwen2, Qwen3 and Gemma 3 families, paged KV.
 
 Differences between the families are flags of ModelConfig: qkv bias (Qwen2), per-head q/k
-RMSNorm before RoPE (Qwen3), tied embeddings, llama3 RoPE scaling. Projections are fused
+RMSNorm before RoPE (Qwen3, Gemma 3), tied embeddings, llama3 RoPE scaling, per layer sliding
+windows (Mistral, Qwen2, Gemma 3); Gemma 3's layer is gpu/gemma3_layer.py. Projections are fused
 (qkv, gate+up) so a layer runs four GEMMs; `load_weights` takes HF tensor names.
 """
 
@@ -14,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 from troupe.gpu.attention import AttentionMetadata
 from troupe.gpu.model_config import ModelConfig, ModelLoadError
+from troupe.kernels.kv_quant import update_kv_scales
 from troupe.kernels.ops import KernelBackend, KernelOps, select_ops
 from troupe.kernels.rope_cache import build_cos_sin_cache
 
@@ -27,10 +29,13 @@ def _param(*shape: int, dtype: torch.dtype, device: torch.device) -> nn.Paramete
 class DecoderLayer(nn.Module):
     """Pre-norm attention + SwiGLU MLP; the residual stream is carried by the fused norm."""
 
-    def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(
+        self, config: ModelConfig, dtype: torch.dtype, device: torch.device, layer_index: int = 0
+    ) -> None:
         super().__init__()
         c = config
         self.config = c
+        self.sliding_window = c.window_of(layer_index)  # 0: full attention
 
         def param(*shape: int) -> nn.Parameter:
             return _param(*shape, dtype=dtype, device=device)
@@ -44,7 +49,10 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = param(c.hidden_size)
         self.gate_up_proj = param(2 * c.intermediate_size, c.hidden_size)
         self.down_proj = param(c.hidden_size, c.intermediate_size)
-        self.scale = c.head_dim**-0.5
+        self.scale = (c.query_pre_attn_scalar or c.head_dim) ** -0.5
+        # fp8 KV: this layer's per-KV-head scales [Hkv] (views of the pool's; set_kv_scales)
+        self.k_scale: torch.Tensor | None = None
+        self.v_scale: torch.Tensor | None = None
 
     def forward(
         self,
@@ -57,11 +65,30 @@ class DecoderLayer(nn.Module):
         ops: KernelOps,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         c = self.config
+        x, residual = ops.rms_norm(hidden, self.input_layernorm, c.rms_norm_eps, residual)
+        hidden = self.attention(x, positions, meta, kv_cache, cos_sin, ops)
+        x, residual = ops.rms_norm(hidden, self.post_attention_layernorm, c.rms_norm_eps, residual)
+        act = ops.silu_mul(F.linear(x, self.gate_up_proj))
+        return F.linear(act, self.down_proj), residual
+
+    def attention(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_cache: KVCache,
+        cos_sin: torch.Tensor,
+        ops: KernelOps,
+    ) -> torch.Tensor:
+        """o_proj(attention(x)): the KV of x written to the cache, then paged attention."""
+        c = self.config
         eps = c.rms_norm_eps
-        x, residual = ops.rms_norm(hidden, self.input_layernorm, eps, residual)
         qkv = F.linear(x, self.qkv_proj, self.qkv_bias)
         num_tokens = qkv.shape[0]
         k_cache, v_cache = kv_cache
+        k_scale, v_scale = self.k_scale, self.v_scale
+        if k_scale is not None and v_scale is not None:  # fp8: unset scales from this batch
+            update_kv_scales(qkv, self.k_norm, eps, c.num_kv_heads, c.head_dim, k_scale, v_scale)
         # q/k norm (Qwen3), rotary and the KV write in one pass; None weights skip the norm
         q = ops.prepare_qkv(
             qkv,
@@ -73,6 +100,8 @@ class DecoderLayer(nn.Module):
             k_cache,
             v_cache,
             meta.slot_mapping,
+            k_scale=k_scale,
+            v_scale=v_scale,
         )
         if meta.is_decode:
             attn = ops.paged_decode_attention(
@@ -83,6 +112,9 @@ class DecoderLayer(nn.Module):
                 meta.seq_lens,
                 self.scale,
                 meta.max_seq_len,
+                sliding_window=self.sliding_window,
+                k_scale=k_scale,
+                v_scale=v_scale,
             )
         else:
             attn = ops.paged_attention(
@@ -96,11 +128,11 @@ class DecoderLayer(nn.Module):
                 meta.max_query_len,
                 meta.max_seq_len,
                 meta.decode_prefix,
+                sliding_window=self.sliding_window,
+                k_scale=k_scale,
+                v_scale=v_scale,
             )
-        hidden = F.linear(attn.reshape(num_tokens, c.q_size), self.o_proj)
-        x, residual = ops.rms_norm(hidden, self.post_attention_layernorm, eps, residual)
-        act = ops.silu_mul(F.linear(x, self.gate_up_proj))
-        return F.linear(act, self.down_proj), residual
+        return F.linear(attn.reshape(num_tokens, c.q_size), self.o_proj)
 
 
 class DecoderModel(nn.Module):
@@ -121,7 +153,12 @@ class DecoderModel(nn.Module):
         self.device = device
         self.ops = select_ops(device, kernel_backend)
         self.embed_tokens = _param(c.vocab_size, c.hidden_size, dtype=dtype, device=device)
-        self.layers = nn.ModuleList(DecoderLayer(c, dtype, device) for _ in range(c.num_layers))
+        layer_cls = DecoderLayer
+        if c.is_gemma3:
+            from troupe.gpu.gemma3_layer import Gemma3Layer  # it subclasses DecoderLayer
+
+            layer_cls = Gemma3Layer
+        self.layers = nn.ModuleList(layer_cls(c, dtype, device, i) for i in range(c.num_layers))
         self.norm = _param(c.hidden_size, dtype=dtype, device=device)
         self.lm_head = (
             None
@@ -136,6 +173,30 @@ class DecoderModel(nn.Module):
             ),
             persistent=False,
         )
+        # Gemma 3's windowed layers rotate on their own base, without scaling
+        self.register_buffer(
+            "cos_sin_local",
+            None
+            if c.rope_local_theta is None
+            else build_cos_sin_cache(
+                c.head_dim, max_positions, c.rope_local_theta, None, torch.float32, device
+            ),
+            persistent=False,
+        )
+
+        self._rope_tables = [
+            "cos_sin_local"
+            if c.window_of(i) and c.rope_local_theta is not None
+            else "cos_sin_cache"
+            for i in range(c.num_layers)
+        ]
+
+    def set_kv_scales(self, scales: torch.Tensor | None) -> None:
+        """fp8 KV: scales [layer, k | v, kv head] that each layer's writes set and reads use."""
+        for i, layer in enumerate(self.layers):
+            assert isinstance(layer, DecoderLayer)
+            layer.k_scale = None if scales is None else scales[i, 0]
+            layer.v_scale = None if scales is None else scales[i, 1]
 
     @torch.inference_mode()
     def forward(
@@ -147,11 +208,12 @@ class DecoderModel(nn.Module):
     ) -> torch.Tensor:
         """Hidden states [N, hidden] of only the rows in meta.logits_indices, after the norm."""
         hidden = F.embedding(input_ids, self.embed_tokens)
+        if self.config.is_gemma3:  # HF scales in the weights' dtype
+            hidden = hidden * torch.tensor(self.config.hidden_size**0.5, dtype=hidden.dtype)
         residual: torch.Tensor | None = None
-        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            hidden, residual = layer(
-                hidden, residual, positions, meta, kv_cache, self.cos_sin_cache, self.ops
-            )
+        for layer, kv_cache, table in zip(self.layers, kv_caches, self._rope_tables, strict=True):
+            cos_sin = self.get_buffer(table)
+            hidden, residual = layer(hidden, residual, positions, meta, kv_cache, cos_sin, self.ops)
         assert residual is not None
         idx = meta.logits_indices
         if idx.numel() == 0:  # only mid-prompt chunks: no kernel launch on an empty grid
@@ -165,7 +227,9 @@ class DecoderModel(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """fp32 logits [N, vocab] for the selected hidden states."""
         weight = self.embed_tokens if self.lm_head is None else self.lm_head
-        return F.linear(hidden, weight).float()
+        logits = F.linear(hidden, weight).float()
+        cap = self.config.final_logit_softcapping
+        return logits if cap is None else torch.tanh(logits / cap) * cap
 
     @torch.inference_mode()
     def load_weights(self, tensors: Iterable[tuple[str, torch.Tensor]], source: str) -> None:
@@ -182,6 +246,8 @@ class DecoderModel(nn.Module):
         }
         plain = {
             "input_layernorm.weight": "input_layernorm",
+            "pre_feedforward_layernorm.weight": "pre_feedforward_layernorm",
+            "post_feedforward_layernorm.weight": "post_feedforward_layernorm",
             "self_attn.o_proj.weight": "o_proj",
             "post_attention_layernorm.weight": "post_attention_layernorm",
             "mlp.down_proj.weight": "down_proj",
@@ -204,6 +270,10 @@ class DecoderModel(nn.Module):
         if missing:
             more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
             raise ModelLoadError(f"{source}: missing weights for {', '.join(missing[:5])}{more}")
+        if c.is_gemma3:  # Gemma's RMSNorm scales by (1 + weight): fold the 1 in once
+            for name, param in self.named_parameters():
+                if name.endswith("norm") or name.endswith("layernorm"):
+                    param.add_(1.0)
 
     def _required_keys(self) -> list[str]:
         """Fill keys load_weights must see: one per plain parameter, one per fused slice."""

@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
+from troupe.gpu.device_inputs import host_to_device
 from troupe.gpu.request_states import LOGPROBS, RequestState, RequestStates
 from troupe.gpu.sampler import WITHHELD, sample, sampled_tokens, withhold_non_finite
 from troupe.gpu.sampling_batch import build_sampling_batch
@@ -341,11 +342,3 @@ def _leading_rows(seqs: Sequence[SeqWork], pending: _PendingStep) -> list[int]:
         rows.append(row)
         previous = row
     return rows
-
-
-def host_to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
-    """An async copy on CUDA: a pageable source would make the copy wait for the stream."""
-    tensor = torch.from_numpy(np.ascontiguousarray(array))
-    if device.type == "cuda":
-        tensor = tensor.pin_memory().to(device, non_blocking=True)
-    return tensor

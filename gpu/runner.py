@@ -47,6 +47,9 @@ class Runner(Protocol):
     # Positions past each decoding request's tokens the scheduler must keep in its block table:
     # 1 when the runner overlaps (it writes the next step's KV before that plan arrives).
     num_lookahead_tokens: int
+    # Every layer's sliding window (the widest) in tokens, 0 when some layer attends to all:
+    # the scheduler releases blocks wholly behind it while a request runs.
+    kv_window: int
 
     def execute(self, plan: StepPlan) -> tuple[SampledToken, ...]:
         """Apply released, swap_out, swap_in, then compute plan.seqs; one token per sampled seq.

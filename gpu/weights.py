@@ -110,7 +110,8 @@ def random_weights(
         return (torch.randn(*shape, generator=gen) * std).to(dtype)
 
     def norm(size: int) -> torch.Tensor:
-        return (1.0 + 0.1 * torch.randn(size, generator=gen)).to(dtype)
+        center = 0.0 if c.is_gemma3 else 1.0  # Gemma's norms scale by (1 + weight)
+        return (center + 0.1 * torch.randn(size, generator=gen)).to(dtype)
 
     out = {
         "model.embed_tokens.weight": matrix(c.vocab_size, c.hidden_size),
@@ -135,6 +136,9 @@ def random_weights(
         if c.qk_norm:
             out[p + "self_attn.q_norm.weight"] = norm(c.head_dim)
             out[p + "self_attn.k_norm.weight"] = norm(c.head_dim)
+        if c.is_gemma3:
+            out[p + "pre_feedforward_layernorm.weight"] = norm(c.hidden_size)
+            out[p + "post_feedforward_layernorm.weight"] = norm(c.hidden_size)
     return out
 
 

@@ -50,7 +50,10 @@ def _decode_split_kernel(
     block_tables_ptr,
     seq_lens_ptr,
     num_valid_ptr,  # int32 [1] when HAS_LIMIT: sequences from this one on are skipped
+    k_scale_ptr,  # [Hkv] fp32 when FP8: folded into qk_scale and the output
+    v_scale_ptr,
     qk_scale,  # softmax scale * log2(e)
+    window,  # sliding window in tokens, 0: none
     stride_qs,
     stride_qh,
     stride_os,
@@ -63,6 +66,7 @@ def _decode_split_kernel(
     BLOCK_SIZE: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     HAS_LIMIT: tl.constexpr,
+    FP8: tl.constexpr,
     BLOCK_G: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -70,13 +74,20 @@ def _decode_split_kernel(
     seq = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
+    v_scale = 1.0
+    if FP8:
+        qk_scale = qk_scale * tl.load(k_scale_ptr + kv_head)
+        v_scale = tl.load(v_scale_ptr + kv_head)
     if HAS_LIMIT:
         if seq >= tl.load(num_valid_ptr):
             return
     seq_len = tl.load(seq_lens_ptr + seq).to(tl.int32)
+    # The query sees keys [ctx_start, seq_len): all of them, or the last `window`; nothing
+    # before ctx_start is read (a window may have freed those blocks).
+    ctx_start = tl.where(window > 0, tl.maximum(seq_len - window, 0), 0)
     # Per-sequence chunking keeps splits balanced when lengths differ within the batch.
-    chunk = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    start = split * chunk
+    chunk = tl.cdiv(tl.cdiv(seq_len - ctx_start, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = ctx_start + split * chunk
     end = tl.minimum(start + chunk, seq_len)
 
     offs_g = tl.arange(0, BLOCK_G)
@@ -98,10 +109,10 @@ def _decode_split_kernel(
         slots = block_ids * BLOCK_SIZE + (offs_n % BLOCK_SIZE)
         kv_offs = slots[:, None] * stride_slot + kv_head * HEAD_DIM + offs_d[None, :]
         kv_mask = n_mask[:, None] & d_mask[None, :]
-        k = tl.load(k_cache_ptr + kv_offs, mask=kv_mask, other=0.0)
-        v = tl.load(v_cache_ptr + kv_offs, mask=kv_mask, other=0.0)
+        k = tl.load(k_cache_ptr + kv_offs, mask=kv_mask, other=0.0).to(q.dtype)
+        v = tl.load(v_cache_ptr + kv_offs, mask=kv_mask, other=0.0).to(q.dtype)
 
-        qk = tl.dot(q, tl.trans(k.to(q.dtype))) * qk_scale  # [BLOCK_G, BLOCK_N]
+        qk = tl.dot(q, tl.trans(k)) * qk_scale  # [BLOCK_G, BLOCK_N]
         qk = tl.where(n_mask[None, :], qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, axis=1))
         alpha = tl.exp2(m_i - m_new)
@@ -113,7 +124,7 @@ def _decode_split_kernel(
     # An empty split (short sequence) leaves l_i = 0, m_i = -inf: it stores o = 0, lse = -inf,
     # which pass 2 weighs as zero.
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
-    o = acc / l_safe[:, None]
+    o = acc * (v_scale / l_safe)[:, None]
     if NUM_SPLITS == 1:
         o_offs = seq * stride_os + heads[:, None] * stride_oh + offs_d[None, :]
         tl.store(
@@ -197,8 +208,13 @@ def paged_decode_attention_triton(
     config: DecodeConfig = DEFAULT_CONFIG,
     out: torch.Tensor | None = None,
     num_valid: torch.Tensor | None = None,
+    sliding_window: int = 0,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q [S, Hq, D], one query per sequence at its last position; returns [S, Hq, D].
+
+    sliding_window > 0: the query sees only the last sliding_window keys (splits cover those).
 
     `num_valid` (device int32 [1]): only sequences below it are computed, the other rows of
     out are left alone; the grid stays S, so a CUDA graph replays it for any count.
@@ -212,7 +228,8 @@ def paged_decode_attention_triton(
     if num_seqs == 0:
         return out
     if num_splits is None:
-        num_splits = choose_num_splits(num_seqs, num_kv_heads, max_seq_len, _num_sms(q.device))
+        context = min(max_seq_len, sliding_window) if sliding_window > 0 else max_seq_len
+        num_splits = choose_num_splits(num_seqs, num_kv_heads, context, _num_sms(q.device))
     group = num_q_heads // num_kv_heads
     block_d = triton.next_power_of_2(head_dim)
     if num_splits > 1:
@@ -235,7 +252,10 @@ def paged_decode_attention_triton(
         block_tables,
         seq_lens,
         seq_lens if num_valid is None else num_valid,
+        seq_lens if k_scale is None else k_scale,  # unused unless FP8
+        seq_lens if v_scale is None else v_scale,
         scale * _LOG2E,
+        sliding_window,
         q.stride(0),
         q.stride(1),
         out.stride(0),
@@ -248,6 +268,7 @@ def paged_decode_attention_triton(
         BLOCK_SIZE=block_size,
         NUM_SPLITS=num_splits,
         HAS_LIMIT=num_valid is not None,
+        FP8=k_scale is not None,
         # tl.dot needs at least 16 rows on the GPU; the padded rows are masked off.
         BLOCK_G=max(16, triton.next_power_of_2(group)),
         BLOCK_N=config.block_n if on_gpu else 16,

@@ -33,8 +33,14 @@ class KernelOps(Protocol):
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
         slot_mapping: torch.Tensor,
+        *,
+        k_scale: torch.Tensor | None = None,
+        v_scale: torch.Tensor | None = None,
     ) -> None:
-        """In place: key/value [N, Hkv, D] into the caches at slot_mapping [N] int64 (< 0 skips)."""
+        """In place: key/value [N, Hkv, D] into the caches at slot_mapping [N] int64 (< 0 skips).
+
+        fp8 caches (kernels.kv_quant) take per-head scales [Hkv] fp32: x / scale is stored. The
+        attention ops take the same scales and read fp8 caches as float(x) * scale."""
         ...
 
     def paged_attention(
@@ -49,6 +55,10 @@ class KernelOps(Protocol):
         max_query_len: int,
         max_seq_len: int,
         decode_prefix: torch.Tensor | None = None,
+        *,
+        sliding_window: int = 0,
+        k_scale: torch.Tensor | None = None,
+        v_scale: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Varlen causal attention for prefill, chunked prefill and decode rows in one call.
 
@@ -62,6 +72,10 @@ class KernelOps(Protocol):
         decode_prefix (device int32 [1]), a hint: the first N sequences have one token each, so
         an implementation may send them to its decode kernel. The launch grid depends on shapes
         only (not on max_query_len or the values), so a CUDA graph can capture the call.
+
+        sliding_window > 0: query at position p sees only keys p - sliding_window < k <= p (HF's
+        sliding-window mask), and no key before the window of the sequence's first new query is
+        read, so the blocks wholly before it may hold anything (freed and reused).
         """
         ...
 
@@ -74,8 +88,13 @@ class KernelOps(Protocol):
         seq_lens: torch.Tensor,
         scale: float,
         max_seq_len: int,
+        *,
+        sliding_window: int = 0,
+        k_scale: torch.Tensor | None = None,
+        v_scale: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Decode: q [S, Hq, D] holds one query per sequence, at position seq_lens[s] - 1.
+        With sliding_window > 0 it sees (and reads) only the last sliding_window keys.
 
         max_seq_len (a host int, an upper bound of seq_lens) picks the number of context splits,
         so a CUDA graph captured with a fixed max_seq_len replays one fixed launch.
@@ -120,6 +139,9 @@ class KernelOps(Protocol):
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
         slot_mapping: torch.Tensor,
+        *,
+        k_scale: torch.Tensor | None = None,
+        v_scale: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The attention prologue on the fused projection output qkv [T, (Hq + 2*Hkv) * D].
 
@@ -131,6 +153,10 @@ class KernelOps(Protocol):
 
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         """SwiGLU: silu(gate) * up for gate_up [T, 2I] = [gate | up]; returns [T, I]."""
+        ...
+
+    def gelu_tanh_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """GeGLU (Gemma): gelu_tanh(gate) * up for gate_up [T, 2I] = [gate | up]; returns [T, I]."""
         ...
 
 

@@ -81,13 +81,15 @@ def _attend(
     end,
     stride_slot,
     qk_scale,
+    window,  # keys older than q_pos - window are hidden (a huge number when unwindowed)
     MASKED: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    """Online softmax over keys [start, end); MASKED applies the causal and length masks."""
+    """Online softmax over keys [start, end); MASKED applies the causal, window and length
+    masks. Nothing before start is read: a window may have freed those blocks."""
     offs_d = tl.arange(0, BLOCK_D)
     d_mask = offs_d < HEAD_DIM
     for n in range(start, end, BLOCK_N):
@@ -97,15 +99,20 @@ def _attend(
         slots = block_ids * BLOCK_SIZE + (offs_n % BLOCK_SIZE)
         kv_offs = slots[:, None] * stride_slot + kv_head * HEAD_DIM + offs_d[None, :]
         kv_mask = n_mask[:, None] & d_mask[None, :]
-        k = tl.load(k_cache_ptr + kv_offs, mask=kv_mask, other=0.0)
-        v = tl.load(v_cache_ptr + kv_offs, mask=kv_mask, other=0.0)
-        qk = tl.dot(q, tl.trans(k.to(q.dtype))) * qk_scale
+        # fp8 caches: the scales are folded into qk_scale and the output, so KV is only cast
+        k = tl.load(k_cache_ptr + kv_offs, mask=kv_mask, other=0.0).to(q.dtype)
+        v = tl.load(v_cache_ptr + kv_offs, mask=kv_mask, other=0.0).to(q.dtype)
+        qk = tl.dot(q, tl.trans(k)) * qk_scale
         if MASKED:
             visible = n_mask[None, :] & (offs_n[None, :] <= q_pos[:, None])
+            visible &= offs_n[None, :] > q_pos[:, None] - window
             qk = tl.where(visible, qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(qk - m_new[:, None])
+        m_use = m_new
+        if MASKED:  # a window can hide a whole tile from a row: -inf - -inf would be NaN
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_use)
+        p = tl.exp2(qk - m_use[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v.to(v.dtype))
         m_i = m_new
@@ -122,8 +129,11 @@ def _paged_attention_kernel(
     seq_lens_ptr,
     query_start_loc_ptr,
     decode_prefix_ptr,  # int32 [1] when HAS_PREFIX: these leading sequences are skipped
+    k_scale_ptr,  # [Hkv] fp32 when FP8
+    v_scale_ptr,
     num_seqs,
     qk_scale,  # softmax scale * log2(e)
+    window,  # sliding window in tokens, 0: none
     stride_qt,
     stride_qh,
     stride_ot,
@@ -131,6 +141,7 @@ def _paged_attention_kernel(
     stride_bt,
     stride_slot,  # cache elements between consecutive slots: Hkv * D
     HAS_PREFIX: tl.constexpr,
+    FP8: tl.constexpr,
     GROUP: tl.constexpr,  # query heads per kv head
     HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,  # tokens per KV block
@@ -141,6 +152,10 @@ def _paged_attention_kernel(
 ):
     tile = tl.program_id(0)
     kv_head = tl.program_id(1)
+    v_scale = 1.0
+    if FP8:
+        qk_scale = qk_scale * tl.load(k_scale_ptr + kv_head)
+        v_scale = tl.load(v_scale_ptr + kv_head)
     seq = _find_seq(query_start_loc_ptr, num_seqs, tile, BLOCK_Q)
     if HAS_PREFIX:
         if seq < tl.load(decode_prefix_ptr):
@@ -175,22 +190,36 @@ def _paged_attention_kernel(
     l_i = tl.zeros([BLOCK_Q * BLOCK_G], dtype=tl.float32)
     acc = tl.zeros([BLOCK_Q * BLOCK_G, BLOCK_D], dtype=tl.float32)
     bt_row = block_tables_ptr + seq * stride_bt
-    # Keys before the tile's first query are visible to every row: no mask. Keys past its last
-    # query are never visible (causal): stop there.
+    # Keys before the tile's first query are visible to every row (causal) and, windowed, so
+    # are keys from the last row's window start on: that band runs unmasked. Keys past the last
+    # query are never visible (causal), keys before the first row's window start neither:
+    #
+    #   keys  |... not read ...|-- A masked --|---- B unmasked ----|-- C masked --|
+    #         0              win_lo        b_start              c_start        kv_end
     first_q = ctx_len + local * BLOCK_Q
     full_end = (first_q // BLOCK_N) * BLOCK_N
     kv_end = tl.minimum(first_q + BLOCK_Q, seq_len)
+    windowed = window > 0
+    win = tl.where(windowed, window, 1 << 30)
+    win_lo = tl.where(windowed, tl.maximum(first_q - window + 1, 0), 0)
+    full_lo = tl.where(windowed, tl.maximum(kv_end - window, 0), 0)  # row kv_end - 1's start
+    c_start = tl.maximum(full_end, win_lo)
+    b_start = tl.minimum(tl.maximum(tl.cdiv(full_lo, BLOCK_N) * BLOCK_N, win_lo), c_start)
     acc, m_i, l_i = _attend(
-        acc, m_i, l_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row, kv_head, 0, full_end,
-        stride_slot, qk_scale, False, HEAD_DIM, BLOCK_SIZE, BLOCK_N, BLOCK_D,
+        acc, m_i, l_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row, kv_head, win_lo, b_start,
+        stride_slot, qk_scale, win, True, HEAD_DIM, BLOCK_SIZE, BLOCK_N, BLOCK_D,
     )  # fmt: skip
     acc, m_i, l_i = _attend(
-        acc, m_i, l_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row, kv_head, full_end, kv_end,
-        stride_slot, qk_scale, True, HEAD_DIM, BLOCK_SIZE, BLOCK_N, BLOCK_D,
+        acc, m_i, l_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row, kv_head, b_start, c_start,
+        stride_slot, qk_scale, win, False, HEAD_DIM, BLOCK_SIZE, BLOCK_N, BLOCK_D,
     )  # fmt: skip
-    # Every valid row sees key 0, so l_i > 0 there; padded rows are not stored.
+    acc, m_i, l_i = _attend(
+        acc, m_i, l_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row, kv_head, c_start, kv_end,
+        stride_slot, qk_scale, win, True, HEAD_DIM, BLOCK_SIZE, BLOCK_N, BLOCK_D,
+    )  # fmt: skip
+    # Every valid row sees itself, so l_i > 0 there; padded rows are not stored.
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
-    out = acc / l_safe[:, None]
+    out = acc * (v_scale / l_safe)[:, None]
     o_rows = tokens * stride_ot + heads * stride_oh
     o_ptrs = out_ptr + o_rows[:, None] + offs_d[None, :]
     tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=io_mask)
@@ -208,11 +237,15 @@ def paged_attention_triton(
     max_seq_len: int,
     decode_prefix: torch.Tensor | None = None,
     *,
+    sliding_window: int = 0,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
     config: PrefillConfig = DEFAULT_CONFIG,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Varlen causal attention of q [T, Hq, D] over the paged cache; returns [T, Hq, D]
-    (written into out when given). See the module doc for `decode_prefix`."""
+    (written into out when given). See the module doc for `decode_prefix`; sliding_window > 0
+    hides keys older than the last sliding_window positions of each query (HF's mask)."""
     del max_query_len  # the grid depends on shapes only, so a CUDA graph can replay it
     num_tokens, num_q_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
@@ -236,6 +269,9 @@ def paged_attention_triton(
             max_seq_len,
             out=out[:num_seqs],
             num_valid=decode_prefix,
+            sliding_window=sliding_window,
+            k_scale=k_scale,
+            v_scale=v_scale,
         )
     group = num_q_heads // num_kv_heads
     block_g = triton.next_power_of_2(group)
@@ -252,8 +288,11 @@ def paged_attention_triton(
         seq_lens,
         query_start_loc,
         seq_lens if decode_prefix is None else decode_prefix,
+        seq_lens if k_scale is None else k_scale,  # unused unless FP8
+        seq_lens if v_scale is None else v_scale,
         num_seqs,
         scale * _LOG2E,
+        sliding_window,
         q.stride(0),
         q.stride(1),
         out.stride(0),
@@ -261,6 +300,7 @@ def paged_attention_triton(
         block_tables.stride(0),
         num_kv_heads * head_dim,
         HAS_PREFIX=decode_prefix is not None,
+        FP8=k_scale is not None,
         GROUP=group,
         HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size,

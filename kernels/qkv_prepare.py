@@ -20,6 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .fp8_round import round_to_e4m3
+
 
 @triton.jit
 def _norm_rope_heads(
@@ -34,6 +36,8 @@ def _norm_rope_heads(
     BLOCK_H: tl.constexpr,
     BLOCK_HALF: tl.constexpr,
     HAS_NORM: tl.constexpr,
+    scale_ptr=None,  # [NUM_HEADS] fp32 when QUANT: dst holds x / scale (fp8)
+    QUANT: tl.constexpr = False,
 ):
     """NUM_HEADS consecutive heads (D apart) from src to dst: optional RMSNorm, then rotary."""
     half = HEAD_DIM // 2
@@ -52,8 +56,15 @@ def _norm_rope_heads(
         x1 = x1 * inv_rms * w1[None, :]
         x2 = x2 * inv_rms * w2[None, :]
     out_ty = dst_ptr.dtype.element_ty
-    tl.store(dst_ptr + offs, (x1 * cos - x2 * sin).to(out_ty), mask=mask)
-    tl.store(dst_ptr + offs + half, (x2 * cos + x1 * sin).to(out_ty), mask=mask)
+    y1 = x1 * cos - x2 * sin
+    y2 = x2 * cos + x1 * sin
+    if QUANT:
+        s = tl.load(scale_ptr + offs_h, mask=offs_h < NUM_HEADS, other=1.0)[:, None]
+        # IEEE division and e4m3 rounding in fp32: every backend rounds as the CPU path
+        y1 = round_to_e4m3(tl.clamp(tl.math.div_rn(y1, s), -448.0, 448.0))
+        y2 = round_to_e4m3(tl.clamp(tl.math.div_rn(y2, s), -448.0, 448.0))
+    tl.store(dst_ptr + offs, y1.to(out_ty), mask=mask)
+    tl.store(dst_ptr + offs + half, y2.to(out_ty), mask=mask)
 
 
 @triton.jit
@@ -67,6 +78,8 @@ def _prepare_qkv_kernel(
     k_cache_ptr,
     v_cache_ptr,
     slot_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
     stride_qkv,
     stride_cos_sin,
     eps,
@@ -78,6 +91,7 @@ def _prepare_qkv_kernel(
     BLOCK_HALF: tl.constexpr,
     BLOCK_KV_ROW: tl.constexpr,
     HAS_NORM: tl.constexpr,
+    FP8: tl.constexpr,
 ):
     token = tl.program_id(0).to(tl.int64)
     is_kv = tl.program_id(1) == 1
@@ -107,10 +121,15 @@ def _prepare_qkv_kernel(
                 BLOCK_KH,
                 BLOCK_HALF,
                 HAS_NORM,
+                k_scale_ptr,
+                FP8,
             )
             offs = tl.arange(0, BLOCK_KV_ROW)
             mask = offs < kv_size
             v = tl.load(row_ptr + q_size + kv_size + offs, mask=mask)
+            if FP8:
+                v_s = tl.load(v_scale_ptr + offs // HEAD_DIM, mask=mask, other=1.0)
+                v = round_to_e4m3(tl.clamp(tl.math.div_rn(v.to(tl.float32), v_s), -448.0, 448.0))
             tl.store(v_cache_ptr + dst + offs, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
     else:
         _norm_rope_heads(
@@ -138,6 +157,9 @@ def prepare_qkv_triton(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    *,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q [T, Hq, D] (new, contiguous, qkv's dtype) from qkv [T, (Hq + 2*Hkv) * D]; k and v go
     to the caches [blocks, block_size, Hkv, D] at slot_mapping [T]. Hkv and D come from the
@@ -172,6 +194,8 @@ def prepare_qkv_triton(
         k_cache,
         v_cache,
         slot_mapping,
+        slot_mapping if k_scale is None else k_scale,  # unused unless FP8
+        slot_mapping if v_scale is None else v_scale,
         qkv.stride(0),
         cache.stride(0),
         eps,
@@ -183,6 +207,7 @@ def prepare_qkv_triton(
         BLOCK_HALF=triton.next_power_of_2(head_dim // 2),
         BLOCK_KV_ROW=triton.next_power_of_2(num_kv_heads * head_dim),
         HAS_NORM=has_norm,
+        FP8=k_scale is not None,
         num_warps=4,
     )
     return q

@@ -24,6 +24,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from .kv_quant import dequantize, quantize
+
 
 def write_kv(
     key: torch.Tensor,
@@ -31,19 +33,38 @@ def write_kv(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    *,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> None:
-    """Store key/value [N, Hkv, D] at flat slots (block * block_size + offset); slots < 0 skip."""
+    """Store key/value [N, Hkv, D] at flat slots (block * block_size + offset); slots < 0 skip.
+    fp8 caches store x / scale (per head, kernels.kv_quant)."""
     keep = slot_mapping >= 0
     slots = slot_mapping[keep].long()
-    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slots, key[keep].to(k_cache.dtype))
-    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slots, value[keep].to(v_cache.dtype))
+    key, value = key[keep], value[keep]
+    if k_scale is not None and v_scale is not None:
+        # fp8 has no index_copy_: scatter its bytes
+        k_bytes = quantize(key, k_scale).view(torch.uint8)
+        v_bytes = quantize(value, v_scale).view(torch.uint8)
+        k_cache.view(torch.uint8).view(-1, *k_cache.shape[2:]).index_copy_(0, slots, k_bytes)
+        v_cache.view(torch.uint8).view(-1, *v_cache.shape[2:]).index_copy_(0, slots, v_bytes)
+        return
+    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slots, key.to(k_cache.dtype))
+    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slots, value.to(v_cache.dtype))
 
 
-def _gather(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
-    """The first `length` tokens of one sequence's cache, [length, Hkv, D], position order."""
+def _gather(
+    cache: torch.Tensor, block_table: torch.Tensor, first_block: int, length: int
+) -> torch.Tensor:
+    """Tokens first_block * block_size .. length - 1 of one sequence's cache, [n, Hkv, D], in
+    position order; blocks before first_block are never read (a window may have freed them)."""
     block_size = cache.shape[1]
-    blocks = block_table[: math.ceil(length / block_size)].long()
-    return cache.index_select(0, blocks).reshape(-1, *cache.shape[2:])[:length]
+    blocks = block_table[first_block : math.ceil(length / block_size)].long()
+    if cache.dtype == torch.float8_e4m3fn:  # index_select has no fp8 kernel: move bytes
+        rows = cache.view(torch.uint8).index_select(0, blocks).view(cache.dtype)
+    else:
+        rows = cache.index_select(0, blocks)
+    return rows.reshape(-1, *cache.shape[2:])[: length - first_block * block_size]
 
 
 def paged_attention(
@@ -57,21 +78,35 @@ def paged_attention(
     max_query_len: int,
     max_seq_len: int,
     decode_prefix: torch.Tensor | None = None,
+    *,
+    sliding_window: int = 0,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal varlen attention: q [T, Hq, D]; sequence s owns q rows qsl[s]:qsl[s+1], which are
     the last tokens of its seq_lens[s] (already written to the cache). See kernels.ops."""
     del max_query_len, max_seq_len, decode_prefix  # launch hints for the kernels
     out = torch.empty_like(q)
     starts = query_start_loc.tolist()
+    block_size = k_cache.shape[1]
     for s, seq_len in enumerate(seq_lens.tolist()):
         lo, hi = starts[s], starts[s + 1]
         if hi == lo:
             continue
-        k = _gather(k_cache, block_tables[s], seq_len)
-        v = _gather(v_cache, block_tables[s], seq_len)
-        # query i sits at position seq_len - num_q + i and sees keys 0..that position
-        q_pos = torch.arange(seq_len - (hi - lo), seq_len, device=q.device)
-        mask = torch.arange(seq_len, device=q.device)[None, :] <= q_pos[:, None]
+        first_q = seq_len - (hi - lo)
+        # the first block any query of this sequence still sees
+        first_block = max(0, first_q - sliding_window + 1) // block_size if sliding_window else 0
+        k = _gather(k_cache, block_tables[s], first_block, seq_len)
+        v = _gather(v_cache, block_tables[s], first_block, seq_len)
+        if k_scale is not None and v_scale is not None:  # fp8 cache
+            k, v = dequantize(k, k_scale), dequantize(v, v_scale)
+        # query i sits at position seq_len - num_q + i and sees keys 0..that position (the last
+        # sliding_window of them when windowed)
+        q_pos = torch.arange(first_q, seq_len, device=q.device)
+        k_pos = torch.arange(first_block * block_size, seq_len, device=q.device)
+        mask = k_pos[None, :] <= q_pos[:, None]
+        if sliding_window:
+            mask &= k_pos[None, :] > q_pos[:, None] - sliding_window
         attn = F.scaled_dot_product_attention(
             q[lo:hi].transpose(0, 1).float(),
             k.transpose(0, 1).float(),
@@ -92,33 +127,50 @@ def paged_decode_attention(
     seq_lens: torch.Tensor,
     scale: float,
     max_seq_len: int,
+    *,
+    sliding_window: int = 0,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One query per sequence (q [S, Hq, D], the last of its seq_lens[s] tokens), batched: every
-    sequence's context is gathered into one [S, W] window, W = max_seq_len in whole blocks.
+    sequence's context is gathered into one [S, W] window, W = max_seq_len in whole blocks (or
+    sliding_window tokens, when smaller: then window position p holds token base + p, with
+    base = seq_len - sliding_window clamped at 0).
 
-    Window position p of sequence s holds its token p when p < seq_lens[s], else its token 0:
-    that slot is written, so finite (past the end, a slot or a padding table entry may hold
-    anything, and 0 * NaN would reach the output), and the mask hides it.
+    Window position p of sequence s holds its token base + p when that is < seq_lens[s], else
+    its token base: that slot is written, so finite (past the end, a slot or a padding table
+    entry may hold anything, and 0 * NaN would reach the output), and the mask hides it.
     """
     num_seqs, _, head_dim = q.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     num_blocks = min(max(1, math.ceil(max_seq_len / block_size)), block_tables.shape[1])
     width = num_blocks * block_size
-    pos = torch.arange(width, device=q.device)
-    visible = pos[None, :] < seq_lens.long()[:, None]  # [S, W]
-    pos = torch.where(visible, pos[None, :], 0)
+    lens = seq_lens.long()[:, None]
+    base = torch.zeros_like(lens)
+    if sliding_window and sliding_window < width:
+        width = sliding_window
+        base = (lens - sliding_window).clamp(min=0)
+    pos = base + torch.arange(width, device=q.device)[None, :]
+    visible = pos < lens  # [S, W]
+    pos = torch.where(visible, pos, base)
     blocks = block_tables[:, :num_blocks].long().gather(1, pos // block_size)
     slots = (blocks * block_size + pos % block_size).view(-1)
 
-    def window(cache: torch.Tensor) -> torch.Tensor:
-        """[S, Hkv, W, D] fp32: one index_select of token rows."""
-        rows = cache.reshape(-1, num_kv_heads, head_dim).index_select(0, slots)
+    def window(cache: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+        """[S, Hkv, W, D] fp32: one index_select of token rows (dequantized when fp8)."""
+        flat = cache.reshape(-1, num_kv_heads, head_dim)
+        if scale is not None:  # fp8: index_select moves the bytes
+            rows = dequantize(
+                flat.view(torch.uint8).index_select(0, slots).view(cache.dtype), scale
+            )
+        else:
+            rows = flat.index_select(0, slots)
         return rows.view(num_seqs, width, num_kv_heads, head_dim).float().transpose(1, 2)
 
     attn = F.scaled_dot_product_attention(
         q[:, :, None, :].float(),
-        window(k_cache),
-        window(v_cache),
+        window(k_cache, k_scale),
+        window(v_cache, v_scale),
         attn_mask=visible[:, None, None, :],
         scale=scale,
         enable_gqa=True,
@@ -165,6 +217,9 @@ def prepare_qkv(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    *,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Split qkv [T, (Hq + 2*Hkv) * D], per-head q/k RMSNorm (when weighted), rotary, write_kv:
     what the fused kernel does in one pass. Hkv and D come from the cache shape. Returns q
@@ -180,7 +235,7 @@ def prepare_qkv(
         q = rms_norm(q, q_norm_weight, eps)[0]  # over the last dim: per head
         k = rms_norm(k, k_norm_weight, eps)[0]
     q, k = rotary(q, k, positions, cos_sin_cache)
-    write_kv(k, v, k_cache, v_cache, slot_mapping)
+    write_kv(k, v, k_cache, v_cache, slot_mapping, k_scale=k_scale, v_scale=v_scale)
     return q.contiguous()
 
 
@@ -188,3 +243,9 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up for gate_up [T, 2I] = [gate | up], in the input dtype like HF's MLP."""
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up
+
+
+def gelu_tanh_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """gelu_tanh(gate) * up (GeGLU) for gate_up [T, 2I], in the input dtype like HF's Gemma MLP."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.gelu(gate, approximate="tanh") * up

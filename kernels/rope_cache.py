@@ -1,4 +1,4 @@
-"""The cos/sin table that kernels.rotary reads: plain RoPE and llama3 rope_scaling.
+"""The cos/sin table that kernels.rotary reads: plain RoPE, linear and llama3 rope_scaling.
 
 Numbers match HF transformers (`_compute_default_rope_parameters`, `_compute_llama3_parameters`):
 inverse frequencies in fp32 from an int64 arange, angles = position * inv_freq in fp32.
@@ -23,9 +23,13 @@ def rope_inv_freq(
     rope_type = None if scaling is None else scaling.get("rope_type", scaling.get("type"))
     if rope_type in (None, "default"):
         return inv_freq
-    if rope_type != "llama3":
-        raise ValueError(f"rope_scaling type {rope_type!r} is not supported (default, llama3)")
     assert scaling is not None
+    if rope_type == "linear":  # positions / factor (Gemma 3's global layers)
+        return inv_freq / _number(scaling, "factor")
+    if rope_type != "llama3":
+        raise ValueError(
+            f"rope_scaling type {rope_type!r} is not supported (default, linear, llama3)"
+        )
     factor = _number(scaling, "factor")
     low_freq_factor = _number(scaling, "low_freq_factor")
     high_freq_factor = _number(scaling, "high_freq_factor")

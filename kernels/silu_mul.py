@@ -1,6 +1,8 @@
-"""Triton SwiGLU activation: out = silu(gate) * up, from the fused gate_up projection.
+"""Triton gated activations from the fused gate_up projection: SwiGLU and GeGLU (Gemma).
 
-    gate_up[t] = [ gate (I wide) | up (I wide) ]   ->   out[t] = silu(gate) * up   (I wide)
+    gate_up[t] = [ gate (I wide) | up (I wide) ]   ->   out[t] = act(gate) * up   (I wide)
+
+act is silu, or gelu with the tanh approximation (HF's gelu_pytorch_tanh).
 
 fp32 math, stored in the input dtype. Grid (T, ceil(I / BLOCK)).
 """
@@ -25,6 +27,7 @@ def _silu_mul_kernel(
     stride_out,
     INTER: tl.constexpr,
     BLOCK: tl.constexpr,
+    GELU_TANH: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
@@ -32,12 +35,26 @@ def _silu_mul_kernel(
     src = gate_up_ptr + row * stride_in + offs
     gate = tl.load(src, mask=mask, other=0.0).to(tl.float32)
     up = tl.load(src + INTER, mask=mask, other=0.0).to(tl.float32)
-    out = gate * tl.sigmoid(gate) * up
+    if GELU_TANH:
+        inner = 0.7978845608028654 * (gate + 0.044715 * gate * gate * gate)  # sqrt(2/pi)
+        # 0.5 * (1 + tanh(inner)) == sigmoid(2 * inner)
+        out = gate * tl.sigmoid(2.0 * inner) * up
+    else:
+        out = gate * tl.sigmoid(gate) * up
     tl.store(out_ptr + row * stride_out + offs, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def silu_mul_triton(gate_up: torch.Tensor) -> torch.Tensor:
     """silu(gate_up[:, :I]) * gate_up[:, I:] as a new contiguous [T, I] tensor."""
+    return _gated(gate_up, gelu_tanh=False)
+
+
+def gelu_tanh_mul_triton(gate_up: torch.Tensor) -> torch.Tensor:
+    """gelu_tanh(gate_up[:, :I]) * gate_up[:, I:] as a new contiguous [T, I] tensor."""
+    return _gated(gate_up, gelu_tanh=True)
+
+
+def _gated(gate_up: torch.Tensor, *, gelu_tanh: bool) -> torch.Tensor:
     num_rows, width = gate_up.shape
     if width % 2 != 0:
         raise ValueError(f"gate_up width {width} is odd: expected [gate | up] halves")
@@ -54,6 +71,7 @@ def silu_mul_triton(gate_up: torch.Tensor) -> torch.Tensor:
         out.stride(0),
         INTER=inter,
         BLOCK=block,
+        GELU_TANH=gelu_tanh,
         num_warps=4,
     )
     return out

@@ -13,9 +13,11 @@ from .paged_attention import paged_attention_triton as paged_attention
 from .qkv_prepare import prepare_qkv_triton as prepare_qkv
 from .rms_norm import rms_norm_triton as rms_norm
 from .rotary import rotary_triton as rotary
+from .silu_mul import gelu_tanh_mul_triton as gelu_tanh_mul
 from .silu_mul import silu_mul_triton as silu_mul
 
 __all__ = [
+    "gelu_tanh_mul",
     "paged_attention",
     "paged_decode_attention",
     "prepare_qkv",

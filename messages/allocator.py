@@ -25,6 +25,15 @@ class CacheBlocks(msgspec.Struct, frozen=True, array_like=True, gc=False, tag=Tr
     token_ids: tuple[int, ...]
 
 
+class ReleaseBlocks(msgspec.Struct, frozen=True, array_like=True, gc=False, tag=True):
+    """Release the request's leading blocks up to table position `num_blocks`: every layer's
+    sliding window has passed them. Their positions stay in its table (the attention kernels
+    never read them); the request keeps its other blocks."""
+
+    request_id: str
+    num_blocks: int
+
+
 class FreeRequest(msgspec.Struct, frozen=True, array_like=True, gc=False, tag=True):
     """Drop the request's blocks (GPU and CPU). Registered blocks stay cached until evicted."""
 
@@ -75,7 +84,7 @@ class AllocateNew(msgspec.Struct, frozen=True, array_like=True, gc=False, tag=Tr
     num_new_tokens: int
 
 
-AllocOp = CacheBlocks | FreeRequest | Shrink | SwapOut | SwapIn | Grow | AllocateNew
+AllocOp = CacheBlocks | ReleaseBlocks | FreeRequest | Shrink | SwapOut | SwapIn | Grow | AllocateNew
 
 
 class AllocateBatch(msgspec.Struct, frozen=True, kw_only=True, tag=True, gc=False):

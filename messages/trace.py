@@ -53,6 +53,7 @@ class RunnerNumbers(msgspec.Struct, frozen=True, kw_only=True):
     max_model_len: int  # the model's, capped by the config and by the GPU pool
     eos_token_ids: tuple[int, ...]
     num_lookahead_tokens: int = 0  # KV slots a decode's table covers past its tokens
+    kv_window: int = 0  # KV wholly behind every layer's sliding window is released
 
 
 class TraceHeader(msgspec.Struct, frozen=True, kw_only=True):

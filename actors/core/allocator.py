@@ -16,6 +16,7 @@ from troupe.messages.allocator import (
     CacheBlocks,
     FreeRequest,
     Grow,
+    ReleaseBlocks,
     Shrink,
     SwapIn,
     SwapOut,
@@ -32,6 +33,10 @@ class _Seq:
     num_hashed_blocks: int = 0  # leading blocks registered in (or served by) the prefix cache
     serial: int = ROOT_SERIAL  # cache serial of the last hashed block
     num_shared: int = 0  # blocks of `table` that other requests hold too
+    # Leading table positions released behind a sliding window: their ids are stale (never
+    # read), the request no longer holds them. Caching stops if one was never registered.
+    num_released: int = 0
+    is_cache_stopped: bool = False
 
 
 class AllocatorCore:
@@ -84,6 +89,9 @@ class AllocatorCore:
                 continue
             elif isinstance(op, Shrink):
                 self._shrink(op)
+                continue
+            elif isinstance(op, ReleaseBlocks):
+                self._release_leading(op)
                 continue
             elif isinstance(op, SwapOut):
                 answer = self._swap_out(op)
@@ -186,7 +194,11 @@ class AllocatorCore:
                 f"allocator: CacheBlocks for {rid!r} has {len(token_ids)} tokens; it needs a "
                 f"multiple of block_size {bs} within its {len(seq.table)} blocks"
             )
-        num_blocks = len(token_ids) // bs if self.caching else 0
+        if seq.num_hashed_blocks < seq.num_released:  # released unregistered: the chain ends
+            seq.is_cache_stopped = True
+        num_blocks = len(token_ids) // bs if self.caching and not seq.is_cache_stopped else 0
+        if num_blocks == 0:
+            seq.num_hashed_blocks += len(token_ids) // bs
         for i in range(num_blocks):
             block_id = seq.table[seq.num_hashed_blocks]
             # a message's tuple is sliced only when it holds several blocks
@@ -201,27 +213,38 @@ class AllocatorCore:
         del self.seqs[rid]
         self.cpu.release(seq.cpu_blocks or ())
 
+    def _release_leading(self, op: ReleaseBlocks) -> None:
+        seq = self._seq(op.request_id)
+        end = min(op.num_blocks, len(seq.table))
+        if end > seq.num_released:
+            self._release_blocks(op.request_id, seq, seq.table[seq.num_released : end])
+            seq.num_released = end
+
     def _swap_out(self, op: SwapOut) -> Refusal | None:  # refused: freed instead
         seq = self._seq(op.request_id)
-        cpu_blocks = self.cpu.allocate(len(seq.table))
+        held = seq.table[seq.num_released :]
+        cpu_blocks = self.cpu.allocate(len(held))
         if cpu_blocks is None:
             self._free(op.request_id)
             return Refusal(op.request_id, NO_CPU)
-        self._copies_out.extend(zip(seq.table, cpu_blocks, strict=True))
+        self._copies_out.extend(zip(held, cpu_blocks, strict=True))
+        stale = seq.table[: seq.num_released]
         self._release_gpu(op.request_id, seq)
-        seq.cpu_blocks = cpu_blocks
+        # the released positions stay for the swap-in, which allocates after them
+        seq.table, seq.num_released, seq.cpu_blocks = stale, len(stale), cpu_blocks
         return None
 
     def _swap_in(self, op: SwapIn) -> Grant | Refusal:
         """Fresh GPU blocks for its CPU ones, covering `num_tokens`; the grant: the table."""
         seq = self._seq(op.request_id, swapped=True)
         cpu_blocks = seq.cpu_blocks or []
-        gpu_blocks = self.gpu.allocate(max(len(cpu_blocks), -(-op.num_tokens // self.block_size)))
+        positions = -(-op.num_tokens // self.block_size) - seq.num_released
+        gpu_blocks = self.gpu.allocate(max(len(cpu_blocks), positions))
         if gpu_blocks is None:
             return Refusal(op.request_id, NO_GPU)
         self._copies_in.extend(zip(cpu_blocks, gpu_blocks, strict=False))
-        seq.table, seq.cpu_blocks = gpu_blocks, None
-        return Grant(op.request_id, tuple(gpu_blocks))
+        seq.table, seq.cpu_blocks = seq.table + gpu_blocks, None  # after the released ones
+        return Grant(op.request_id, tuple(seq.table))
 
     # -- who shares which block: what releasing a request frees ------------------------------
 
@@ -233,9 +256,14 @@ class AllocatorCore:
         if len(holders) > 1:
             self._count_shared(rid, 1)
 
-    def _release_gpu(self, rid: str, seq: _Seq) -> None:  # tail first: evicted first
+    def _release_gpu(self, rid: str, seq: _Seq) -> None:
+        self._release_blocks(rid, seq, seq.table[seq.num_released :])
+        seq.table, seq.num_shared, seq.num_released = [], 0, 0
+
+    def _release_blocks(self, rid: str, seq: _Seq, blocks: list[int]) -> None:
+        """Drop rid's hold on `blocks`, tail first (evicted first)."""
         holders_of = self.holders
-        for block_id in seq.table:
+        for block_id in blocks:
             holders = holders_of.get(block_id)
             if holders is not None:
                 holders.remove(rid)
@@ -243,8 +271,7 @@ class AllocatorCore:
                     self._count_shared(holders[0], -1)
                 elif not holders:
                     del holders_of[block_id]
-        self.gpu.release(reversed(seq.table))
-        seq.table, seq.num_shared = [], 0
+        self.gpu.release(reversed(blocks))
 
     def _count_shared(self, rid: str, delta: int) -> None:
         self.seqs[rid].num_shared += delta

@@ -30,7 +30,7 @@ class SwapWhenRoom:
         return running[-1]
 
     def swaps(self, victim: Request, num_cpu_free: int) -> bool:
-        return 0 < victim.num_blocks <= num_cpu_free
+        return 0 < victim.num_blocks - victim.num_released <= num_cpu_free
 
 
 class Recompute(SwapWhenRoom):

@@ -52,8 +52,9 @@ class Request:
     sort_key: tuple[int, ...] = ()  # the queue policy's, fixed while queued
     status: Status = Status.WAITING
     num_computed: int = 0  # tokens whose KV is in the request's blocks (GPU or CPU)
-    num_blocks: int = 0  # GPU blocks it holds (counted from its grants)
-    num_shared: int = 0  # of those, blocks other requests hold too (allocator-reported)
+    num_blocks: int = 0  # positions of its GPU table (counted from its grants)
+    num_released: int = 0  # of those, leading ones released behind a sliding window
+    num_shared: int = 0  # of the held ones, blocks others hold too (allocator-reported)
     num_cpu_blocks: int = 0  # while swapped
     num_committed_blocks: int = 0  # leading blocks the allocator has cached/hashed
     num_cached_tokens: int = 0  # prompt tokens served by the prefix cache (first start)

@@ -66,10 +66,15 @@ class SchedulerCore:
         num_lookahead_tokens: int = 0,
         max_chunk_tokens: int = 0,
         speculative: SpecSettings | None = None,
+        kv_window: int = 0,
     ) -> None:
         sizes = (block_size, num_gpu_blocks, max_num_seqs, max_num_batched_tokens)
         self.limits = StepLimits(
-            *sizes, enable_prefix_caching, num_lookahead_tokens, max_chunk_tokens=max_chunk_tokens
+            *sizes,
+            enable_prefix_caching,
+            num_lookahead_tokens,
+            kv_window,
+            max_chunk_tokens=max_chunk_tokens,
         )
         self.num_cpu_blocks = num_cpu_blocks
         self.queues = RequestQueues(make_queue_policy(scheduling_policy))

@@ -29,14 +29,16 @@ from troupe.messages.allocator import (
     CacheBlocks,
     FreeRequest,
     Grow,
+    ReleaseBlocks,
     Shrink,
     SwapIn,
     SwapOut,
 )
 
-# The order ops apply in: releases first (their blocks serve the rest), then by queue. A
-# Shrink goes before FreeRequest: a request shrunk, then chosen as a victim, is freed after.
-OP_ORDER = (CacheBlocks, Shrink, FreeRequest, SwapOut, Grow, SwapIn, AllocateNew)
+# The order ops apply in: releases first (their blocks serve the rest), then by queue.
+# CacheBlocks before ReleaseBlocks: a block is registered before a window lets it go. A Shrink
+# goes before FreeRequest: a request shrunk, then chosen as a victim, is freed after.
+OP_ORDER = (CacheBlocks, ReleaseBlocks, Shrink, FreeRequest, SwapOut, Grow, SwapIn, AllocateNew)
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,9 @@ class StepLimits:
     max_num_batched_tokens: int
     enable_prefix_caching: bool = True
     num_lookahead_tokens: int = 0
+    # every layer's sliding window (the widest), 0 when any layer attends to everything:
+    # blocks wholly before the next query's window are released while the request runs
+    kv_window: int = 0
     # The most prompt tokens one request computes in a step (0: no cap but the budget). Long
     # prompts then share steps with decodes in smaller chunks: a step's latency stays near a
     # decode's, at the price of a few more steps to the first token (vLLM's
@@ -59,7 +64,7 @@ class StepLimits:
         for name in ("block_size", "num_gpu_blocks", "max_num_seqs", "max_num_batched_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("num_lookahead_tokens", "max_chunk_tokens"):
+        for name in ("num_lookahead_tokens", "kv_window", "max_chunk_tokens"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
 
@@ -70,6 +75,18 @@ class StepLimits:
 
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
+
+    def peak_blocks(self, num_tokens: int) -> int:
+        """The most blocks a request of num_tokens holds at once: with a window, the window
+        and one step's tokens (behind it blocks are released), plus a partial block each side."""
+        whole = self.blocks_for(num_tokens)
+        if not self.kv_window:
+            return whole
+        return min(whole, self.blocks_for(self.kv_window + self.max_num_batched_tokens) + 2)
+
+    def num_passed_blocks(self, num_computed: int) -> int:
+        """Leading blocks wholly before the window of a query at position num_computed."""
+        return max(0, num_computed - self.kv_window + 1) // self.block_size
 
 
 class StepPlanner:
@@ -107,6 +124,8 @@ class StepPlanner:
             if req.in_allocator:
                 self._free(req)
         q.to_free = {}
+        if lim.kv_window:
+            self._release_passed()
         budget = lim.max_num_batched_tokens
         prefills: list[Request] = []
         running = Status.RUNNING
@@ -198,10 +217,11 @@ class StepPlanner:
             if victim is req:
                 # Alone: once this batch's releases apply, every other block is free, whatever
                 # the (lower-bound) count says; it fits if its tokens fit in the whole pool.
-                if lim.blocks_for(req.num_computed + n) > lim.num_gpu_blocks:
+                held = req.num_blocks - req.num_released
+                if lim.blocks_for(req.num_computed + n) - req.num_released > lim.num_gpu_blocks:
                     self._fail(req)
                     return budget
-                need = self._avail = min(need, lim.num_gpu_blocks - req.num_blocks)
+                need = self._avail = min(need, lim.num_gpu_blocks - held)
                 break
             undone = self.work.pop(victim.request_id, None)
             self._grows.pop(victim.request_id, None)
@@ -217,12 +237,22 @@ class StepPlanner:
         self._avail -= need
         return budget - n
 
+    def _release_passed(self) -> None:
+        """ReleaseBlocks for running requests whose window moved past whole blocks. A shared
+        block may stay held by another request: count only what surely frees."""
+        for req in self.queues.running:
+            passed = min(self.limits.num_passed_blocks(req.num_computed), req.num_blocks)
+            if passed > req.num_released:
+                self._ops[ReleaseBlocks].append(ReleaseBlocks(req.request_id, passed))
+                self._avail += max(0, passed - req.num_released - req.num_shared)
+                req.num_released = passed
+
     def _free(self, req: Request) -> None:
         """Release all the request's blocks in this batch, counting what that frees."""
         self._ops[FreeRequest].append(FreeRequest(req.request_id))
-        self._avail += req.num_blocks - req.num_shared
+        self._avail += req.num_blocks - req.num_released - req.num_shared
         self._cpu_avail += req.num_cpu_blocks
-        req.num_blocks = req.num_shared = req.num_cpu_blocks = 0
+        req.num_blocks = req.num_shared = req.num_cpu_blocks = req.num_released = 0
         req.in_allocator = False
 
     def _preempt(self, req: Request) -> None:
@@ -234,9 +264,10 @@ class StepPlanner:
             self.num_preemptions_recompute += 1
             return
         self._ops[SwapOut].append(SwapOut(req.request_id))
-        self._avail += req.num_blocks - req.num_shared
-        self._cpu_avail -= req.num_blocks
-        req.num_cpu_blocks, req.num_blocks, req.num_shared = req.num_blocks, 0, 0
+        held = req.num_blocks - req.num_released  # released positions stay in its table
+        self._avail += held - req.num_shared
+        self._cpu_avail -= held
+        req.num_cpu_blocks, req.num_blocks, req.num_shared = held, req.num_released, 0
         self.queues.move(req, Status.SWAPPED)
         self.num_preemptions_swap += 1
 
@@ -258,7 +289,7 @@ class StepPlanner:
             req = q.swapped[0]
             n = lim.chunk(req.num_tokens - req.num_computed, budget)
             cover = req.num_computed + n + self._lookahead(req, n)
-            total = max(req.num_cpu_blocks, lim.blocks_for(cover))
+            total = max(req.num_cpu_blocks, lim.blocks_for(cover) - req.num_released)
             if total > self._avail:
                 break
             self._ops[SwapIn].append(SwapIn(req.request_id, cover))
@@ -282,7 +313,7 @@ class StepPlanner:
         while q.waiting and budget > 0 and len(q.running) < lim.max_num_seqs:
             req = q.waiting[0]
             num_tokens = req.num_tokens
-            if lim.blocks_for(num_tokens) > lim.num_gpu_blocks:
+            if lim.peak_blocks(num_tokens) > lim.num_gpu_blocks:
                 self._fail(req)  # grew past the pool while preempted
                 continue
             head = tuple(req.token_ids[:bs]) if caching and num_tokens > bs else None

@@ -8,7 +8,7 @@ import pytest
 import torch
 from troupe.kernels import reference
 from troupe.kernels.ops import KernelOps
-from troupe.kernels.silu_mul import silu_mul_triton
+from troupe.kernels.silu_mul import gelu_tanh_mul_triton, silu_mul_triton
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
@@ -43,3 +43,22 @@ def test_silu_mul_reference_by_hand() -> None:
 def test_silu_mul_rejects_odd_width() -> None:
     with pytest.raises(ValueError, match="odd"):
         silu_mul_triton(torch.ones(2, 5))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gelu_tanh_mul_matches_reference(device: str, triton_ops: KernelOps) -> None:
+    dtype, bound = (torch.float32, 1e-6) if device == "cpu" else (torch.bfloat16, 1e-2)
+    gen = torch.Generator().manual_seed(5)
+    gate_up = (torch.randn(9, 2 * 1500 + 2, generator=gen) * 3).to(device, dtype)[:, :3000]
+    out = gelu_tanh_mul_triton(gate_up)
+    ref = reference.gelu_tanh_mul(gate_up.float())
+    assert out.shape == (9, 1500) and not out.isnan().any()
+    assert float((out.float() - ref).norm() / ref.norm()) < bound
+    torch.testing.assert_close(triton_ops.gelu_tanh_mul(gate_up), out, rtol=0, atol=0)
+
+
+def test_gelu_tanh_mul_reference_by_hand() -> None:
+    x = 0.7
+    gelu = 0.5 * x * (1 + math.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
+    out = reference.gelu_tanh_mul(torch.tensor([[x, 2.0]]))
+    torch.testing.assert_close(out[0], torch.tensor([gelu * 2.0]))

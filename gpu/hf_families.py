@@ -1,0 +1,72 @@
+"""What an HF config.json declares beyond the Llama shape: sliding windows and Gemma 3's fields.
+
+Sliding windows, per layer (0: full attention), as transformers builds them:
+
+    layer_types present        "sliding_attention" layers get `sliding_window`, others full
+    mistral                    `sliding_window` (or none) on every layer
+    qwen2 / qwen3              `use_sliding_window`: layers i >= max_window_layers get it
+    gemma3_text                every `sliding_window_pattern`-th layer (1-based) is global
+
+Gemma 3 text: attention scaled by query_pre_attn_scalar ** -0.5, GeGLU, embeddings times
+sqrt(hidden), RMSNorm with (1 + weight), sandwich norms around attention and MLP, q/k norm,
+local layers on their own RoPE base (rope_local_base_freq), final logit soft-capping.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def layer_windows(cfg: dict[str, Any], model_type: str, num_layers: int) -> tuple[int, ...]:
+    """Per layer sliding window in tokens (0: full attention); () when no layer has one."""
+    window = cfg.get("sliding_window")
+    if model_type in ("qwen2", "qwen3") and not cfg.get("use_sliding_window", False):
+        window = None
+    if not window:
+        return ()
+    window = int(window)
+    types = cfg.get("layer_types")
+    if types is not None:
+        if len(types) != num_layers:
+            raise ValueError(
+                f"config.json: layer_types has {len(types)} entries, expected num_hidden_layers "
+                f"({num_layers})"
+            )
+        windows = [window if kind == "sliding_attention" else 0 for kind in types]
+    elif model_type in ("qwen2", "qwen3"):
+        first = int(cfg.get("max_window_layers", num_layers))
+        windows = [window if i >= first else 0 for i in range(num_layers)]
+    elif model_type == "gemma3_text":
+        pattern = int(cfg.get("sliding_window_pattern", 6))
+        windows = [window if (i + 1) % pattern else 0 for i in range(num_layers)]
+    else:
+        windows = [window] * num_layers
+    return tuple(windows) if any(windows) else ()
+
+
+def gemma3_fields(cfg: dict[str, Any]) -> dict[str, Any]:
+    """ModelConfig fields that Gemma 3 text sets differently (both config.json spellings)."""
+    if cfg.get("use_bidirectional_attention"):
+        raise ValueError("config.json: use_bidirectional_attention is not supported")
+    act = cfg.get("hidden_activation") or cfg.get("hidden_act") or "gelu_pytorch_tanh"
+    if act not in ("gelu_pytorch_tanh", "gelu"):  # HF's Gemma 3 runs gelu as tanh-gelu too
+        raise ValueError(f"config.json: hidden_activation {act!r} is not supported")
+    rope = cfg.get("rope_parameters") or {}
+    full = dict(rope.get("full_attention") or {})
+    local = dict(rope.get("sliding_attention") or {})
+    theta = full.get("rope_theta", cfg.get("rope_theta", 1_000_000.0))
+    local_theta = local.get("rope_theta", cfg.get("rope_local_base_freq", 10_000.0))
+    scaling = cfg.get("rope_scaling") or {k: v for k, v in full.items() if k != "rope_theta"}
+    if scaling.get("rope_type", scaling.get("type", "default")) == "default":
+        scaling = {}
+    cap = cfg.get("final_logit_softcapping")
+    return {
+        "qk_norm": True,
+        "hidden_act": "gelu_tanh",
+        "rope_theta": float(theta),
+        "rope_local_theta": float(local_theta),
+        "rope_scaling": scaling or None,
+        "query_pre_attn_scalar": float(cfg.get("query_pre_attn_scalar", 256)),
+        "final_logit_softcapping": float(cap) if cap else None,
+        "tie_word_embeddings": bool(cfg.get("tie_word_embeddings", True)),
+    }
