@@ -19,7 +19,15 @@ from dataclasses import dataclass
 import numpy as np
 from troupe.config import EngineConfig
 from troupe.gpu.runner import RunnerStats
-from troupe.messages import SampledToken, SamplingParams, SeqWork, StepPlan, TokenLogprob
+from troupe.gpu.token_bitmask import constrain_sampled
+from troupe.messages import (
+    SampledToken,
+    SamplingParams,
+    SeqWork,
+    StepPlan,
+    TokenLogprob,
+    TokenMasks,
+)
 
 EOS_SEED_BASE = 10**12
 _LOW, _HIGH = 100, 30000
@@ -120,6 +128,7 @@ class FakeRunner:
         self._num_prompt = np.zeros(0, np.int64)
         self._free_rows: list[int] = []
         self._num_with_logprobs = 0
+        self._launched: StepPlan | None = None
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> FakeRunner:
@@ -190,6 +199,17 @@ class FakeRunner:
         blocks = self._tables[np.array(rows, np.int64), pos // bs]
         self._write(blocks, pos, np.array(tokens, np.int64))
         return self._sample(sampled, sampled_ids, ends) if sampled else ()
+
+    def launch(self, plan: StepPlan) -> None:
+        """Hold a plan that awaits grammar masks; finish() runs it."""
+        self._launched = plan
+
+    def finish(self, masks: TokenMasks) -> tuple[SampledToken, ...]:
+        """Run the held plan; a token the masks disallow becomes an allowed one."""
+        plan, self._launched = self._launched, None
+        if plan is None:
+            return ()
+        return constrain_sampled(self.execute(plan), masks, self.vocab_size)
 
     def _update(self, request_id: str, work: SeqWork) -> _Seq:
         seq = self._seqs.get(request_id)

@@ -26,8 +26,9 @@ from troupe.gpu.runner import RunnerStats
 from troupe.gpu.sampler import WITHHELD, sample, sampled_tokens, withhold_non_finite
 from troupe.gpu.sampling_batch import build_sampling_batch
 from troupe.gpu.step_inputs import StepInputs, build_step_inputs
+from troupe.gpu.token_bitmask import step_bitmask, to_device
 from troupe.gpu.weights import load_model, read_config
-from troupe.messages import SampledToken, StepPlan, TokenLogprob
+from troupe.messages import SampledToken, StepPlan, TokenLogprob, TokenMasks
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -121,6 +122,9 @@ class ModelRunner:
             logits_hook=logits_hook,
         )
         self._logits_hook = logits_hook
+        # a plan launched by launch(), awaiting its grammar masks: (plan, states, inputs, logits)
+        self._launched: tuple[StepPlan, list[RequestState], StepInputs, torch.Tensor] | None
+        self._launched = None
 
     def statistics(self) -> RunnerStats:
         """Steps run and overlapped steps launched and used, so far."""
@@ -196,7 +200,33 @@ class ModelRunner:
         if prepared is None:
             return ()
         states, inputs = prepared
-        logits = self._forward(inputs)
+        return self._sample_step(plan, states, inputs, self._forward(inputs), None)
+
+    def launch(self, plan: StepPlan) -> None:
+        """Run a plan that awaits grammar masks up to its logits; finish() samples it."""
+        self._num_steps += 1
+        self._overlap.discard()  # its samples were drawn without masks
+        prepared = self._prepare(plan)
+        self._launched = None
+        if prepared is not None:
+            states, inputs = prepared
+            self._launched = (plan, states, inputs, self._forward(inputs))
+
+    def finish(self, masks: TokenMasks) -> tuple[SampledToken, ...]:
+        """Sample the launched plan under `masks` (no overlapped launch after it)."""
+        launched, self._launched = self._launched, None
+        if launched is None:
+            return ()
+        return self._sample_step(*launched, masks)
+
+    def _sample_step(
+        self,
+        plan: StepPlan,
+        states: list[RequestState],
+        inputs: StepInputs,
+        logits: torch.Tensor,
+        masks: TokenMasks | None,
+    ) -> tuple[SampledToken, ...]:
         rows = inputs.sampled_rows.tolist()
         if not rows:
             return ()  # mid-prompt chunks only: the cache is filled, nothing is sampled
@@ -204,19 +234,27 @@ class ModelRunner:
         if self._logits_hook is not None:
             with torch.inference_mode():  # the logits are inference tensors: edits need it
                 self._logits_hook(request_ids, logits)
-        token_ids, logprobs = self._sample(logits, [states[r] for r in rows])
-        if self.overlap_schedule and len(rows) == len(plan.seqs) and WITHHELD not in token_ids:
+        bitmask = None if masks is None else step_bitmask(masks, request_ids)
+        token_ids, logprobs = self._sample(logits, [states[r] for r in rows], bitmask)
+        if (
+            masks is None
+            and self.overlap_schedule
+            and len(rows) == len(plan.seqs)
+            and WITHHELD not in token_ids
+        ):
             # every sequence sampled: its next step is a decode of the token just sampled
             next_pos = inputs.seq_lens.astype(np.int64)
             self._overlap.launch(states, next_pos, request_ids, token_ids)
         return sampled_tokens(request_ids, token_ids, logprobs)
 
     def _sample(
-        self, logits: torch.Tensor, states: list[RequestState]
+        self, logits: torch.Tensor, states: list[RequestState], bitmask: np.ndarray | None = None
     ) -> tuple[list[int], tuple[TokenLogprob | None, ...]]:
         """Token ids (one device->host copy: waits for the step; WITHHELD for a row whose logits
         are not finite) and logprobs of the rows."""
         batch = build_sampling_batch(states, self.vocab_size, self.device)
+        if bitmask is not None:
+            batch.token_bitmask = to_device(bitmask, self.device)
         token_ids, logprobs = sample(logits, batch)
         return withhold_non_finite(token_ids, logits).tolist(), logprobs
 

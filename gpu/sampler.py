@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from troupe.gpu import gumbel_argmax
 from troupe.gpu.runner import SequencesFailed
+from troupe.gpu.token_bitmask import apply_token_bitmask
 from troupe.messages import FailedSeq, SampledToken, SeqFailureReason, TokenLogprob
 
 _MASK32 = 0xFFFFFFFF
@@ -100,6 +101,7 @@ class SamplingBatch:
     frequency: torch.Tensor  # [S] f32
     repetition: torch.Tensor  # [S] f32
     output_counts: torch.Tensor | None = None  # [S, V] f32 counts of output tokens
+    token_bitmask: torch.Tensor | None = None  # [S, ceil(V/32)] int32: grammar (token_bitmask)
     seen_mask: torch.Tensor | None = None  # [S, V] bool: in prompt or output
     num_logprobs: tuple[int | None, ...] = ()
     all_greedy: bool = False
@@ -151,6 +153,8 @@ def sample(
     """Token ids [S] (int64, on logits' device) and per-row logprobs (None where not asked)."""
     raw = logits
     logits = apply_penalties(logits.float(), batch)
+    if batch.token_bitmask is not None:
+        logits = apply_token_bitmask(logits, batch.token_bitmask)
     if batch.all_greedy:
         token_ids = logits.argmax(dim=-1)
     elif gumbel_argmax.available(logits):

@@ -34,7 +34,8 @@ from troupe.messages.events import (
     StreamBatch,
     StreamEvent,
 )
-from troupe.messages.executor import ExecutorInbox, SeqWork, StepPlan
+from troupe.messages.executor import ExecutorInbox, SeqWork, StepPlan, TokenMasks
+from troupe.messages.grammar import ComputeMasks, GrammarInbox, GrammarRow
 from troupe.messages.sampling import ParamError, SamplingParams
 from troupe.messages.scheduler import (
     AdmittedRequest,
@@ -55,6 +56,7 @@ from troupe.messages.streamer import (
     StreamerInbox,
     TokenBatch,
 )
+from troupe.messages.structured import StructuredOutputs
 from troupe.messages.tokenizer import AbortRequest, GenerateRequest, TokenizerInbox
 
 __all__ = [
@@ -70,6 +72,7 @@ __all__ = [
     "CacheBlocks",
     "ChatMessage",
     "ClientInbox",
+    "ComputeMasks",
     "Delta",
     "EngineStats",
     "ExecutorInbox",
@@ -79,6 +82,8 @@ __all__ = [
     "Finished",
     "FreeRequest",
     "GenerateRequest",
+    "GrammarInbox",
+    "GrammarRow",
     "Grant",
     "Grow",
     "ParamError",
@@ -100,11 +105,13 @@ __all__ = [
     "StreamBatch",
     "StreamEvent",
     "StreamerInbox",
+    "StructuredOutputs",
     "SwapIn",
     "SwapOut",
     "Timings",
     "TokenBatch",
     "TokenLogprob",
+    "TokenMasks",
     "TokenizedRequest",
     "TokenizerInbox",
     "Usage",
