@@ -84,8 +84,14 @@ def gumbel_noise(keys: torch.Tensor, vocab_size: int) -> torch.Tensor:
     token = _token_hashes(vocab_size, keys.device)
     x = _mix32(token[None, :] ^ keys[:, :1])
     x = _mix32((x + keys[:, 1:]) & _MASK32)
-    uniform = ((x >> 8).float() + 0.5) * (1.0 / 2**24)  # in (0, 1): both logs stay finite
-    return -torch.log(-torch.log(uniform))
+    return -torch.log(-torch.log(uniform_from_hash(x)))
+
+
+def uniform_from_hash(x: torch.Tensor) -> torch.Tensor:
+    """float32 in (0, 1) from 32-bit hashes. 23 bits: (2**23 - 0.5) / 2**23 is exact in
+    float32, so both logs of the noise stay finite; with 24 bits the top value rounded to 1.0,
+    whose +inf noise beat every logit (and made NaN of a grammar's -inf)."""
+    return ((x >> 9).float() + 0.5) * (1.0 / 2**23)
 
 
 @dataclasses.dataclass(kw_only=True)

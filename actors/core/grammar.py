@@ -101,7 +101,7 @@ class GrammarCore:
             except GrammarError as exc:
                 self._broken[request_id] = str(exc)
                 return None
-            matcher = self._xgr.GrammarMatcher(compiled, max_rollback_tokens=0)
+            matcher = self._xgr.GrammarMatcher(compiled)
             self.matchers[request_id] = matcher
         for token_id in row.new_token_ids:
             if not matcher.accept_token(token_id):
