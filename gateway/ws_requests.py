@@ -31,6 +31,8 @@ class Generate:
     request_id: str
     prompt: str | list[int] | list[dict[str, str]]
     params: SamplingParams
+    # engine field -> the field the client wrote (structured output errors name the latter)
+    client_fields: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,7 +71,7 @@ def parse_frame(data: str) -> Generate | Cancel | FrameError:
         message = f"'type' must be 'generate' or 'cancel', got {shown!r:.40}"
         return FrameError(request_id, message, "type")
     try:
-        return Generate(request_id, _prompt(frame), _params(frame))
+        return Generate(request_id, _prompt(frame), *_params(frame))
     except ApiError as exc:
         return FrameError(request_id, exc.message, exc.param)
 
@@ -83,10 +85,10 @@ def _prompt(frame: dict[str, Any]) -> str | list[int] | list[dict[str, str]]:
     return prompt
 
 
-def _params(frame: dict[str, Any]) -> SamplingParams:
+def _params(frame: dict[str, Any]) -> tuple[SamplingParams, dict[str, str]]:
     fields = {k: v for k, v in frame.items() if k not in _RESERVED}
     structured = {k: fields.pop(k) for k in STRUCTURED_KEYS if k in fields}
-    spec, _ = structured_outputs(convert_field(structured, StructuredFields, ""))
+    spec, client_fields = structured_outputs(convert_field(structured, StructuredFields, ""))
     try:
         params = msgspec.convert(fields, SamplingParams)
         if spec is not None:
@@ -99,5 +101,6 @@ def _params(frame: dict[str, Any]) -> SamplingParams:
     try:
         params.check()
     except ParamError as exc:
-        raise ApiError(400, str(exc), param=exc.field) from None
-    return params
+        field = client_fields.get(exc.field, exc.field)
+        raise ApiError(400, str(exc), param=field) from None
+    return params, client_fields

@@ -59,9 +59,11 @@ class StructuredOutputs(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
             if not all(self.choice):
                 return name, "choice strings must be non-empty"
             size = sum(len(c) for c in self.choice)
+        elif name == "json_object":
+            size = 0
         else:
-            size = len(getattr(self, name) or "")
-            if name != "json_object" and size == 0:
+            size = len(getattr(self, name))
+            if size == 0:
                 return name, f"{name} must not be empty"
         if size > MAX_SPEC_CHARS:
             return name, f"{name} is {size} characters; at most {MAX_SPEC_CHARS}"
