@@ -86,6 +86,10 @@ class EngineConfig:
     # proposals) falls below this stops proposing for speculative_backoff_steps steps.
     speculative_min_acceptance: float = 0.2
     speculative_backoff_steps: int = 16
+    # Structured output: the longest a grammar may take to compile (a request past it is
+    # rejected naming its field), and the threads that fill token masks (actors/core/grammar.py).
+    grammar_compile_timeout_s: float = 10.0
+    grammar_threads: int = 4
     log_format: Literal["console", "json"] = "console"
     log_level: str = "info"
 
@@ -121,6 +125,11 @@ class EngineConfig:
             raise ConfigError(f"num_cpu_blocks must be >= 0, got {self.num_cpu_blocks}")
         if self.step_timeout_s is not None and not self.step_timeout_s > 0:
             raise ConfigError(f"step_timeout_s must be > 0 or None, got {self.step_timeout_s}")
+        if not self.grammar_compile_timeout_s > 0:
+            raise ConfigError(
+                f"grammar_compile_timeout_s must be > 0, got {self.grammar_compile_timeout_s}"
+            )
+        _positive(self, "grammar_threads")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ConfigError(
                 f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"

@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING
 from troupe.actors.core.admission import AdmissionCore
 from troupe.actors.core.allocator import AllocatorCore
 from troupe.actors.core.executor import ExecutorCore
+from troupe.actors.core.grammar import GrammarCore
+from troupe.actors.core.grammar_compiler import GrammarCompiler, grammar_compiler_for
 from troupe.actors.core.scheduler import SchedulerCore
 from troupe.actors.core.speculator import SpecSettings
 from troupe.actors.core.streamer import StreamerCore
@@ -42,8 +44,25 @@ class GraphInputs:
     runner: Runner | None = None  # None on replay, which does not rebuild the executor
 
 
+def grammar_compiler(g: GraphInputs) -> GrammarCompiler:
+    """The process's compiler for this tokenizer and vocabulary (shared, like the tokenizer:
+    the tokenizer core compiles at the edge, the grammar core finds the result cached)."""
+    return grammar_compiler_for(
+        g.tokenizer,
+        g.numbers.vocab_size,
+        g.numbers.eos_token_ids,
+        g.config.grammar_compile_timeout_s,
+    )
+
+
 def build_tokenizer(g: GraphInputs) -> TokenizerCore:
-    return TokenizerCore(g.tokenizer, max_model_len=g.numbers.max_model_len)
+    return TokenizerCore(
+        g.tokenizer, max_model_len=g.numbers.max_model_len, grammars=grammar_compiler(g)
+    )
+
+
+def build_grammar(g: GraphInputs) -> GrammarCore:
+    return GrammarCore(grammar_compiler(g), max_threads=g.config.grammar_threads)
 
 
 def build_admission(g: GraphInputs) -> AdmissionCore:

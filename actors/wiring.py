@@ -27,6 +27,7 @@ from troupe.actors.graph import (
     build_admission,
     build_allocator,
     build_executor,
+    build_grammar,
     build_scheduler,
     build_streamer,
     build_tokenizer,
@@ -51,7 +52,16 @@ def graph_specs(*, executor_in_thread: bool) -> tuple[ActorSpec, ...]:
     return (  # name, core factory, sends to, inbox buffer, in a thread
         ActorSpec("streamer", build_streamer, ("client", "scheduler", "admission"), 8, False),
         ActorSpec("executor", build_executor, ("scheduler",), 0, executor_in_thread, max_batch=1),
-        ActorSpec("scheduler", build_scheduler, ("allocator", "executor", "streamer"), inf, False),
+        # grammar: one ComputeMasks per constrained step from the scheduler, which sends the
+        # next only after that step's result: buffer 0 never blocks it for long
+        ActorSpec("grammar", build_grammar, ("executor",), 0, True),
+        ActorSpec(
+            "scheduler",
+            build_scheduler,
+            ("allocator", "grammar", "executor", "streamer"),
+            inf,
+            False,
+        ),
         ActorSpec("allocator", build_allocator, ("scheduler",), 0, False),
         ActorSpec("admission", build_admission, ("scheduler", "streamer"), inf, False),
         ActorSpec("tokenizer", build_tokenizer, ("admission", "streamer"), 64, True),

@@ -6,6 +6,7 @@ Every error the gateway sends, on HTTP or in an SSE stream, is
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from aiohttp import web
@@ -71,12 +72,19 @@ def invalid(param: str, message: str) -> ApiError:
 _CLIENT_FIELDS = {"prompt_token_ids": "prompt"}
 
 
-def client_field(engine_field: str | None) -> str | None:
-    """The request field a client wrote, for a field named in an engine rejection."""
-    return _CLIENT_FIELDS.get(engine_field, engine_field) if engine_field else engine_field
+def client_field(engine_field: str | None, fields: Mapping[str, str] | None = None) -> str | None:
+    """The request field a client wrote, for a field named in an engine rejection (`fields`:
+    this request's own renames, e.g. structured_outputs.json -> guided_json)."""
+    if not engine_field:
+        return engine_field
+    if fields and engine_field in fields:
+        return fields[engine_field]
+    return _CLIENT_FIELDS.get(engine_field, engine_field)
 
 
-def error_for_event(event: Rejected | Aborted | Failed) -> ApiError:
+def error_for_event(
+    event: Rejected | Aborted | Failed, fields: Mapping[str, str] | None = None
+) -> ApiError:
     """The HTTP error that stands for an engine's non-normal terminal event."""
     if isinstance(event, Rejected):
         match event.code:
@@ -93,12 +101,15 @@ def error_for_event(event: Rejected | Aborted | Failed) -> ApiError:
                 return ApiError(
                     400,
                     event.message,
-                    param=client_field(event.field),
+                    param=client_field(event.field, fields),
                     code="context_length_exceeded",
                 )
             case _:
                 return ApiError(
-                    400, event.message, param=client_field(event.field), code="invalid_value"
+                    400,
+                    event.message,
+                    param=client_field(event.field, fields),
+                    code="invalid_value",
                 )
     if isinstance(event, Aborted):
         return ApiError(503, f"request aborted: {event.reason}", code="aborted")

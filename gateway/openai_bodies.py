@@ -14,6 +14,7 @@ from typing import Any, Literal, TypeVar
 
 import msgspec
 from troupe.gateway.errors import invalid
+from troupe.gateway.structured_requests import StructuredFields
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 
@@ -39,11 +40,7 @@ class Message(_Body, kw_only=True):
     name: str | None = None  # accepted, not used by chat templates
 
 
-class ResponseFormat(_Body, kw_only=True):
-    type: str
-
-
-class _Common(_Body, kw_only=True):
+class _Common(StructuredFields, kw_only=True):
     model: str | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
@@ -81,7 +78,6 @@ class ChatBody(_Common, kw_only=True):
     max_completion_tokens: int | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None
-    response_format: ResponseFormat | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | None = None
     parallel_tool_calls: bool | None = None

@@ -18,6 +18,7 @@ from troupe.gateway.openai_bodies import (
     convert_field,
     decode_body,
 )
+from troupe.gateway.structured_requests import structured_outputs
 from troupe.messages import ParamError, SamplingParams
 
 Kind = Literal["completion", "chat"]
@@ -33,6 +34,8 @@ class OpenAIRequest:
     params: SamplingParams
     stream: bool
     include_usage: bool  # stream_options.include_usage: a last chunk carrying usage
+    # engine field -> the field the client wrote (structured output errors name the latter)
+    client_fields: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 # Fields passed to SamplingParams under the same name (priority included: vLLM's polarity).
@@ -76,11 +79,12 @@ def parse_request(kind: Kind, raw: bytes, *, default_max_tokens: int) -> OpenAIR
             kw["logprobs"] = body.top_logprobs or 0
             logprobs_field = "top_logprobs" if body.top_logprobs is not None else "logprobs"
 
+    kw["structured_outputs"], client_fields = structured_outputs(body)
     params = SamplingParams(**kw)
     try:
         params.check()
     except ParamError as exc:
-        renamed = {"max_tokens": max_tokens_field, "logprobs": logprobs_field}
+        renamed = {"max_tokens": max_tokens_field, "logprobs": logprobs_field, **client_fields}
         raise invalid(renamed.get(exc.field, exc.field), str(exc)) from None
 
     if body.stream_options is not None and not body.stream:
@@ -92,6 +96,7 @@ def parse_request(kind: Kind, raw: bytes, *, default_max_tokens: int) -> OpenAIR
         params=params,
         stream=bool(body.stream),
         include_usage=bool(body.stream_options and body.stream_options.include_usage),
+        client_fields=client_fields,
     )
 
 
@@ -112,10 +117,6 @@ def _refuse_unsupported(body: CompletionBody | ChatBody) -> None:
         if body.suffix:
             raise invalid("suffix", "suffix is not supported: leave it out")
         return
-    if body.response_format is not None and body.response_format.type != "text":
-        raise invalid(
-            "response_format.type", 'only {"type": "text"} is supported (no JSON mode yet)'
-        )
     if body.tools:
         raise invalid("tools", "tools are not supported: send [] or leave it out")
     if body.tool_choice not in (None, "none"):

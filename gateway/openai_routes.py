@@ -73,13 +73,15 @@ async def _handle(request: web.Request, kind: Kind) -> web.StreamResponse:
     try:
         events = engine.generate(req.prompt, req.params, request_id=request_id)
         if not req.stream:
-            return await _whole(events, builder)
+            return await _whole(events, builder, req.client_fields)
         return await _stream(request, gateway, events, builder, req)
     finally:
         gateway.stream_closed()
 
 
-async def _whole(events: Any, builder: ResponseBuilder) -> web.Response:
+async def _whole(
+    events: Any, builder: ResponseBuilder, client_fields: dict[str, str]
+) -> web.Response:
     """Collect the stream; a vanished client cancels this handler, which aborts the request."""
     texts: list[str] = []
     logprobs: list[TokenLogprob] | None = None
@@ -98,7 +100,7 @@ async def _whole(events: Any, builder: ResponseBuilder) -> web.Response:
                 )
                 return web.json_response(body, dumps=lambda o: _json.encode(o).decode())
             if event.is_terminal:
-                raise error_for_event(event)
+                raise error_for_event(event, client_fields)
     raise ApiError(500, "the engine ended the stream without a terminal event")
 
 
@@ -118,7 +120,7 @@ async def _stream(
         raise
     if isinstance(first, Rejected | Aborted | Failed):
         await events.aclose()
-        raise error_for_event(first)
+        raise error_for_event(first, req.client_fields)
 
     response = web.StreamResponse(
         headers={
@@ -176,7 +178,7 @@ async def _pump_sse(
                 yield _sse(builder.usage_chunk(event.usage))
             yield _DONE
         else:
-            yield _sse(error_for_event(event).body())
+            yield _sse(error_for_event(event, req.client_fields).body())
             yield _DONE
 
     try:

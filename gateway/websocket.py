@@ -197,7 +197,7 @@ class WsSession:
             req.num_events += 1
             if req.num_events == 1 and req.is_cancelled and not event.is_terminal:
                 self._abort(req)  # now surely behind the request in the engine's inbox
-            return encode_event(req.client_id, event)
+            return encode_event(req.client_id, event, command.client_fields)
 
         try:
             if req.is_cancelled:  # cancelled before it started: the engine never sees it

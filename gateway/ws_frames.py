@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import msgspec
@@ -25,8 +25,11 @@ def _usage(usage: Usage) -> dict[str, int]:
     }
 
 
-def encode_event(client_id: str, event: StreamEvent) -> Iterable[str]:
-    """Engine event -> websocket frames for the client's request id."""
+def encode_event(
+    client_id: str, event: StreamEvent, client_fields: Mapping[str, str] | None = None
+) -> Iterable[str]:
+    """Engine event -> websocket frames for the client's request id (`client_fields`: renames
+    of engine field names, as ws_requests.Generate.client_fields)."""
     if event.text or event.token_ids:
         delta: dict[str, Any] = {
             "type": "delta",
@@ -61,7 +64,9 @@ def encode_event(client_id: str, event: StreamEvent) -> Iterable[str]:
                 }
             )
         case Rejected():
-            yield error_frame(client_id, str(event.code), event.message, client_field(event.field))
+            yield error_frame(
+                client_id, str(event.code), event.message, client_field(event.field, client_fields)
+            )
         case Failed():
             yield error_frame(client_id, "failed", event.message)
 

@@ -1,7 +1,8 @@
 """Websocket client frames -> a typed command, or an error naming the field.
 
 A frame is a JSON object: `{"type": "generate", "request_id", "prompt" | "messages", ...}`
-with SamplingParams' own field names for the rest, or `{"type": "cancel", "request_id"}`.
+with SamplingParams' own field names for the rest (structured output as on HTTP:
+`response_format`, `structured_outputs` with a schema object, `guided_*`), or `{"type": "cancel", "request_id"}`.
 Nothing a client sends can raise out of `parse_frame`: every failure is a FrameError.
 """
 
@@ -14,6 +15,11 @@ import msgspec
 from troupe.gateway.errors import ApiError
 from troupe.gateway.openai_bodies import convert_field, field_path, reason
 from troupe.gateway.openai_requests import chat_messages
+from troupe.gateway.structured_requests import (
+    STRUCTURED_KEYS,
+    StructuredFields,
+    structured_outputs,
+)
 from troupe.messages import ParamError, SamplingParams
 
 MAX_REQUEST_ID = 128
@@ -25,6 +31,8 @@ class Generate:
     request_id: str
     prompt: str | list[int] | list[dict[str, str]]
     params: SamplingParams
+    # engine field -> the field the client wrote (structured output errors name the latter)
+    client_fields: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,7 +71,7 @@ def parse_frame(data: str) -> Generate | Cancel | FrameError:
         message = f"'type' must be 'generate' or 'cancel', got {shown!r:.40}"
         return FrameError(request_id, message, "type")
     try:
-        return Generate(request_id, _prompt(frame), _params(frame))
+        return Generate(request_id, _prompt(frame), *_params(frame))
     except ApiError as exc:
         return FrameError(request_id, exc.message, exc.param)
 
@@ -77,10 +85,14 @@ def _prompt(frame: dict[str, Any]) -> str | list[int] | list[dict[str, str]]:
     return prompt
 
 
-def _params(frame: dict[str, Any]) -> SamplingParams:
+def _params(frame: dict[str, Any]) -> tuple[SamplingParams, dict[str, str]]:
     fields = {k: v for k, v in frame.items() if k not in _RESERVED}
+    structured = {k: fields.pop(k) for k in STRUCTURED_KEYS if k in fields}
+    spec, client_fields = structured_outputs(convert_field(structured, StructuredFields, ""))
     try:
         params = msgspec.convert(fields, SamplingParams)
+        if spec is not None:
+            params = msgspec.structs.replace(params, structured_outputs=spec)
     except msgspec.ValidationError as exc:
         field = field_path(exc, "params")
         raise ApiError(400, f"invalid '{field}': {reason(exc)}", param=field) from None
@@ -89,5 +101,6 @@ def _params(frame: dict[str, Any]) -> SamplingParams:
     try:
         params.check()
     except ParamError as exc:
-        raise ApiError(400, str(exc), param=exc.field) from None
-    return params
+        field = client_fields.get(exc.field, exc.field)
+        raise ApiError(400, str(exc), param=field) from None
+    return params, client_fields

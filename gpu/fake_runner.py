@@ -25,7 +25,15 @@ from dataclasses import dataclass
 import numpy as np
 from troupe.config import EngineConfig
 from troupe.gpu.runner import RunnerStats
-from troupe.messages import SampledToken, SamplingParams, SeqWork, StepPlan, TokenLogprob
+from troupe.gpu.token_bitmask import constrain_sampled
+from troupe.messages import (
+    SampledToken,
+    SamplingParams,
+    SeqWork,
+    StepPlan,
+    TokenLogprob,
+    TokenMasks,
+)
 
 EOS_SEED_BASE = 10**12
 COPY_SEED_BASE = 2 * 10**12
@@ -131,6 +139,7 @@ class FakeRunner:
         self._num_prompt = np.zeros(0, np.int64)
         self._free_rows: list[int] = []
         self._num_with_logprobs = 0
+        self._launched: StepPlan | None = None
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> FakeRunner:
@@ -251,6 +260,17 @@ class FakeRunner:
                 )
             )
         return tuple(out)
+
+    def launch(self, plan: StepPlan) -> None:
+        """Hold a plan that awaits grammar masks; finish() runs it."""
+        self._launched = plan
+
+    def finish(self, masks: TokenMasks) -> tuple[SampledToken, ...]:
+        """Run the held plan; a token the masks disallow becomes an allowed one."""
+        plan, self._launched = self._launched, None
+        if plan is None:
+            return ()
+        return constrain_sampled(self.execute(plan), masks, self.vocab_size)
 
     def _update(self, request_id: str, work: SeqWork) -> _Seq:
         seq = self._seqs.get(request_id)

@@ -16,7 +16,7 @@ import threading
 from collections.abc import Collection, Mapping
 
 from troupe.gpu.runner import Runner, RunnerStats, SequencesFailed
-from troupe.messages import FailedSeq, SampledToken, SeqFailureReason, StepPlan
+from troupe.messages import FailedSeq, SampledToken, SeqFailureReason, StepPlan, TokenMasks
 
 
 class InjectedFault(RuntimeError):
@@ -68,6 +68,12 @@ class FaultyRunner:
         """Block until a step waits at the gate (True), or `timeout` seconds pass (False)."""
         with self._cond:
             return self._cond.wait_for(lambda: self.is_waiting, timeout)
+
+    def launch(self, plan: StepPlan) -> None:
+        self.inner.launch(plan)
+
+    def finish(self, masks: TokenMasks) -> tuple[SampledToken, ...]:
+        return self.inner.finish(masks)
 
     def execute(self, plan: StepPlan) -> tuple[SampledToken, ...]:
         with self._cond:

@@ -62,7 +62,7 @@ if triton is not None:
             x = _mix32(ids.to(tl.uint32) + 0x632BE5AB)
             x = _mix32(x ^ key0)
             x = _mix32(x + key1)
-            uniform = ((x >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
+            uniform = ((x >> 9).to(tl.float32) + 0.5) * (1.0 / 8388608.0)  # as sampler.py
             noise = -tl.log(-tl.log(uniform))
             value = tl.where(is_random, logit / divisor + noise, logit)
             value = tl.where(mask, value, float("-inf"))

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from troupe.config import ConfigError, EngineConfig, resolve_model_path
+from troupe.gpu.activation_profile import profile_activation_peak
 from troupe.gpu.cuda_graphs import DecodeGraphs
 from troupe.gpu.device_inputs import device_metadata, host_to_device
 from troupe.gpu.kv_cache import KVCache
@@ -27,9 +28,10 @@ from troupe.gpu.sampler import WITHHELD, sample, sampled_tokens, withhold_non_fi
 from troupe.gpu.sampling_batch import build_sampling_batch
 from troupe.gpu.spec_verify import verify_proposals
 from troupe.gpu.step_inputs import StepInputs, build_step_inputs
+from troupe.gpu.token_bitmask import step_bitmask, to_device
 from troupe.gpu.weights import load_model, read_config
 from troupe.kernels.kv_quant import FP8_DTYPE
-from troupe.messages import SampledToken, SeqWork, StepPlan, TokenLogprob
+from troupe.messages import SampledToken, SeqWork, StepPlan, TokenLogprob, TokenMasks
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -134,6 +136,9 @@ class ModelRunner:
         )
         self._logits_hook = logits_hook
         self.kv.reset_scales()  # graph captures wrote made-up KV: the first real write sets them
+        # a plan launched by launch(), awaiting its grammar masks: (plan, states, inputs, logits)
+        self._launched: tuple[StepPlan, list[RequestState], StepInputs, torch.Tensor] | None
+        self._launched = None
 
     def statistics(self) -> RunnerStats:
         """Steps run and overlapped steps launched and used, so far."""
@@ -174,7 +179,7 @@ class ModelRunner:
         overlap = config.enable_overlap_schedule and device.type == "cuda"
         num_gpu_blocks = config.num_kv_blocks
         if num_gpu_blocks is None and device.type == "cuda":
-            peak = _profile_peak_bytes(model, config, max_model_len)
+            peak = profile_activation_peak(model, config, max_model_len)
             num_gpu_blocks = blocks_from_free_memory(
                 model_config,
                 config.block_size,
@@ -219,18 +224,40 @@ class ModelRunner:
         prepared = self._prepare(plan)
         if prepared is None:
             return ()
-        return self._run(plan.seqs, *prepared)
+        states, inputs = prepared
+        return self._run(plan.seqs, states, inputs, self._forward(inputs))
+
+    def launch(self, plan: StepPlan) -> None:
+        """Run a plan that awaits grammar masks up to its logits; finish() samples it."""
+        self._num_steps += 1
+        self._overlap.discard()  # its samples were drawn without masks
+        prepared = self._prepare(plan)
+        self._launched = None
+        if prepared is not None:
+            states, inputs = prepared
+            self._launched = (plan, states, inputs, self._forward(inputs))
+
+    def finish(self, masks: TokenMasks) -> tuple[SampledToken, ...]:
+        """Sample the launched plan under `masks` (no overlapped launch after it)."""
+        launched, self._launched = self._launched, None
+        if launched is None:
+            return ()
+        plan, states, inputs, logits = launched
+        return self._run(plan.seqs, states, inputs, logits, masks=masks)
 
     def _run(
         self,
         seqs: tuple[SeqWork, ...],
         states: list[RequestState],
         inputs: StepInputs,
+        logits: torch.Tensor,
+        *,
         split: Split | None = None,
+        masks: TokenMasks | None = None,
     ) -> tuple[SampledToken, ...]:
-        """Forward and sample `seqs`; with a split, its decodes' tokens go first. Then launch
-        the next decode of every row that sampled (a chunk that did not joins later)."""
-        logits = self._forward(inputs)
+        """Sample `seqs` from their `logits` (under grammar `masks` if given); with a split, its
+        decodes' tokens go first. Then, without masks, launch the next decode of every row
+        that sampled (a chunk that did not joins later)."""
         rows = inputs.sampled_rows.tolist()
         if inputs.num_logits is not None:  # proposals to verify: no overlap after this step
             assert split is None, "a split never carries proposals (overlap._split_rows)"
@@ -250,9 +277,10 @@ class ModelRunner:
             if self._logits_hook is not None:
                 with torch.inference_mode():  # the logits are inference tensors: edits need it
                     self._logits_hook(request_ids, logits)
-            token_ids, logprobs = self._sample(logits, [states[r] for r in rows])
+            bitmask = None if masks is None else step_bitmask(masks, request_ids)
+            token_ids, logprobs = self._sample(logits, [states[r] for r in rows], bitmask)
         next_pos = inputs.seq_lens[rows].astype(np.int64)
-        sampled = [states[r] for r in rows]
+        sampled = [states[r] for r in rows] if masks is None else []
         if split is not None:
             request_ids = split.request_ids + request_ids
             token_ids = split.token_ids + token_ids
@@ -273,14 +301,16 @@ class ModelRunner:
         requests: no swaps) on their own."""
         states = self._states.apply(split.extras)
         inputs = build_step_inputs(split.extras, states, self._states.tables, self.block_size)
-        return self._run(split.extras, states, inputs, split)
+        return self._run(split.extras, states, inputs, self._forward(inputs), split=split)
 
     def _sample(
-        self, logits: torch.Tensor, states: list[RequestState]
+        self, logits: torch.Tensor, states: list[RequestState], bitmask: np.ndarray | None = None
     ) -> tuple[list[int], tuple[TokenLogprob | None, ...]]:
         """Token ids (one device->host copy: waits for the step; WITHHELD for a row whose logits
         are not finite) and logprobs of the rows."""
         batch = build_sampling_batch(states, self.vocab_size, self.device)
+        if bitmask is not None:
+            batch.token_bitmask = to_device(bitmask, self.device)
         token_ids, logprobs = sample(logits, batch)
         return withhold_non_finite(token_ids, logits).tolist(), logprobs
 
@@ -335,61 +365,3 @@ class ModelRunner:
         self._states.clear()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
-
-
-def _profile_peak_bytes(model: DecoderModel, config: EngineConfig, max_model_len: int) -> int:
-    """Activation peak of a forward at max_num_batched_tokens (plus max_num_seqs logits)."""
-    device = model.device
-    block_size = config.block_size
-    num_tokens = config.max_num_batched_tokens
-    seq_len = min(num_tokens, max_model_len)
-    num_seqs = -(-num_tokens // seq_len)
-    blocks_per_seq = -(-seq_len // block_size)
-    scratch = KVCache(
-        model.config,
-        num_gpu_blocks=num_seqs * blocks_per_seq,
-        num_cpu_blocks=0,
-        block_size=block_size,
-        dtype=model.dtype,
-        device=device,
-    )
-    lens = [min(seq_len, num_tokens - i * seq_len) for i in range(num_seqs)]
-    positions = np.concatenate([np.arange(n) for n in lens])
-    owner = np.repeat(np.arange(num_seqs), lens)
-    tables = np.arange(num_seqs * blocks_per_seq, dtype=np.int32).reshape(num_seqs, -1)
-    qsl = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
-    num_logits = min(config.max_num_seqs * (1 + config.num_proposals), num_tokens)
-    inputs = StepInputs(
-        input_ids=np.zeros(num_tokens, dtype=np.int64),
-        positions=positions,
-        slot_mapping=tables[owner, positions // block_size] * block_size + positions % block_size,
-        block_tables=tables,
-        seq_lens=np.asarray(lens, dtype=np.int32),
-        query_start_loc=qsl,
-        logits_indices=np.arange(num_tokens - num_logits, num_tokens),
-        sampled_rows=np.arange(num_logits),
-        max_query_len=max(lens),
-        max_seq_len=max(lens),
-    )
-    torch.cuda.synchronize(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    before = torch.cuda.memory_allocated(device)
-    try:
-        hidden = model(
-            torch.from_numpy(inputs.input_ids).to(device),
-            torch.from_numpy(positions).to(device),
-            device_metadata(inputs, device),
-            scratch.layers,
-        )
-        logits = model.compute_logits(hidden)
-        logits.softmax(dim=-1).sort(dim=-1)  # the sampler's biggest temporaries
-        torch.cuda.synchronize(device)
-    except torch.OutOfMemoryError as exc:
-        raise MemoryError(
-            f"out of device memory in a forward of max_num_batched_tokens={num_tokens} tokens; "
-            "lower max_num_batched_tokens or max_num_seqs"
-        ) from exc
-    peak = torch.cuda.max_memory_allocated(device) - before
-    del hidden, logits, scratch
-    torch.cuda.empty_cache()
-    return int(peak)

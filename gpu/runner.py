@@ -6,7 +6,7 @@ import dataclasses
 from typing import Protocol
 
 from troupe.config import EngineConfig
-from troupe.messages import FailedSeq, SampledToken, StepPlan
+from troupe.messages import FailedSeq, SampledToken, StepPlan, TokenMasks
 
 
 class SequencesFailed(Exception):
@@ -55,6 +55,15 @@ class Runner(Protocol):
         """Apply released, swap_out, swap_in, then compute plan.seqs; one token per sampled seq.
 
         Raises SequencesFailed (with the others' tokens) when some sequences get no token."""
+        ...
+
+    def launch(self, plan: StepPlan) -> None:
+        """Start a plan that `awaits_masks`: released, swaps and the forward pass, no sampling
+        (on CUDA the forward runs while the grammar actor computes the masks)."""
+        ...
+
+    def finish(self, masks: TokenMasks) -> tuple[SampledToken, ...]:
+        """Sample the launched plan with the grammar's masks; as execute's answer."""
         ...
 
     def statistics(self) -> RunnerStats:

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from troupe.gpu import gumbel_argmax
 from troupe.gpu.runner import SequencesFailed
+from troupe.gpu.token_bitmask import apply_token_bitmask
 from troupe.messages import FailedSeq, SampledToken, SeqFailureReason, TokenLogprob
 
 _MASK32 = 0xFFFFFFFF
@@ -83,8 +84,14 @@ def gumbel_noise(keys: torch.Tensor, vocab_size: int) -> torch.Tensor:
     token = _token_hashes(vocab_size, keys.device)
     x = _mix32(token[None, :] ^ keys[:, :1])
     x = _mix32((x + keys[:, 1:]) & _MASK32)
-    uniform = ((x >> 8).float() + 0.5) * (1.0 / 2**24)  # in (0, 1): both logs stay finite
-    return -torch.log(-torch.log(uniform))
+    return -torch.log(-torch.log(uniform_from_hash(x)))
+
+
+def uniform_from_hash(x: torch.Tensor) -> torch.Tensor:
+    """float32 in (0, 1) from 32-bit hashes. 23 bits: (2**23 - 0.5) / 2**23 is exact in
+    float32, so both logs of the noise stay finite; with 24 bits the top value rounded to 1.0,
+    whose +inf noise beat every logit (and made NaN of a grammar's -inf)."""
+    return ((x >> 9).float() + 0.5) * (1.0 / 2**23)
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -100,6 +107,7 @@ class SamplingBatch:
     frequency: torch.Tensor  # [S] f32
     repetition: torch.Tensor  # [S] f32
     output_counts: torch.Tensor | None = None  # [S, V] f32 counts of output tokens
+    token_bitmask: torch.Tensor | None = None  # [S, ceil(V/32)] int32: grammar (token_bitmask)
     seen_mask: torch.Tensor | None = None  # [S, V] bool: in prompt or output
     num_logprobs: tuple[int | None, ...] = ()
     all_greedy: bool = False
@@ -151,6 +159,8 @@ def sample(
     """Token ids [S] (int64, on logits' device) and per-row logprobs (None where not asked)."""
     raw = logits
     logits = apply_penalties(logits.float(), batch)
+    if batch.token_bitmask is not None:
+        logits = apply_token_bitmask(logits, batch.token_bitmask)
     if batch.all_greedy:
         token_ids = logits.argmax(dim=-1)
     elif gumbel_argmax.available(logits):

@@ -35,7 +35,8 @@ from troupe.messages.events import (
     StreamBatch,
     StreamEvent,
 )
-from troupe.messages.executor import ExecutorInbox, SeqWork, StepPlan
+from troupe.messages.executor import ExecutorInbox, SeqWork, StepPlan, TokenMasks
+from troupe.messages.grammar import ComputeMasks, GrammarInbox, GrammarRow
 from troupe.messages.sampling import ParamError, SamplingParams
 from troupe.messages.scheduler import (
     AdmittedRequest,
@@ -56,6 +57,7 @@ from troupe.messages.streamer import (
     StreamerInbox,
     TokenBatch,
 )
+from troupe.messages.structured import StructuredOutputs
 from troupe.messages.tokenizer import AbortRequest, GenerateRequest, TokenizerInbox
 
 __all__ = [
@@ -71,6 +73,7 @@ __all__ = [
     "CacheBlocks",
     "ChatMessage",
     "ClientInbox",
+    "ComputeMasks",
     "Delta",
     "EngineStats",
     "ExecutorInbox",
@@ -80,6 +83,8 @@ __all__ = [
     "Finished",
     "FreeRequest",
     "GenerateRequest",
+    "GrammarInbox",
+    "GrammarRow",
     "Grant",
     "Grow",
     "ParamError",
@@ -102,11 +107,13 @@ __all__ = [
     "StreamBatch",
     "StreamEvent",
     "StreamerInbox",
+    "StructuredOutputs",
     "SwapIn",
     "SwapOut",
     "Timings",
     "TokenBatch",
     "TokenLogprob",
+    "TokenMasks",
     "TokenizedRequest",
     "TokenizerInbox",
     "Usage",

@@ -52,10 +52,25 @@ class StepPlan(msgspec.Struct, frozen=True, kw_only=True, tag=True, gc=False):
     swap_out: tuple[tuple[int, int], ...] = ()  # (gpu block, cpu block)
     swap_in: tuple[tuple[int, int], ...] = ()  # (cpu block, gpu block)
     released: tuple[str, ...] = ()  # requests whose executor state is dropped
+    awaits_masks: bool = False  # a TokenMasks for this step comes from the grammar actor
 
     @property
     def num_tokens(self) -> int:
         return sum(len(s.token_ids) for s in self.seqs)
 
 
-ExecutorInbox = StepPlan
+class TokenMasks(msgspec.Struct, frozen=True, kw_only=True, tag=True, gc=False):
+    """From the Grammar actor: which tokens each constrained row of step `step_id` may sample.
+
+    `bitmask` is int32 [len(request_ids), num_words] in native byte order, bit t of word t // 32
+    set when token t is allowed (xgrammar's layout). `failed` names the requests whose grammar
+    broke (a token it refused, a spec that would not compile): they get no token this step."""
+
+    step_id: int
+    request_ids: tuple[str, ...]
+    num_words: int
+    bitmask: bytes
+    failed: tuple[tuple[str, str], ...] = ()  # (request id, why)
+
+
+ExecutorInbox = StepPlan | TokenMasks

@@ -6,6 +6,7 @@ import math
 import re
 
 import msgspec
+from troupe.messages.structured import StructuredOutputs
 
 
 class ParamError(ValueError):
@@ -35,6 +36,7 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     priority: int = 0  # lower runs first (as in vLLM); ties: first come, first served
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    structured_outputs: StructuredOutputs | None = None  # constrain the text (grammar actor)
 
     @property
     def is_greedy(self) -> bool:
@@ -91,6 +93,16 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
         _float_in("frequency_penalty", self.frequency_penalty, -2.0, 2.0)
         _float_in("repetition_penalty", self.repetition_penalty, 0.0, FLOAT_CEIL, open_low=True)
         _int_in("priority", self.priority, -MAX_PRIORITY, MAX_PRIORITY)
+        if self.structured_outputs is not None:
+            broken = self.structured_outputs.check()
+            if broken is not None:
+                name, message = broken
+                raise ParamError(".".join(filter(None, ("structured_outputs", name))), message)
+            if self.ignore_eos:
+                # the grammar ends the text by allowing only EOS: ignoring it would run on
+                raise ParamError(
+                    "ignore_eos", "ignore_eos cannot be combined with structured output"
+                )
 
 
 INT32_MAX = 2**31 - 1

@@ -87,6 +87,7 @@ class SeqFailureReason(enum.StrEnum):
     """Why the executor gave one sequence no token; the value is the text clients see."""
 
     NON_FINITE_LOGITS = "non-finite logits"  # NaN or inf in the sequence's row of logits
+    GRAMMAR = "structured output failed"  # its grammar refused a token or would not compile
 
 
 class FailedSeq(msgspec.Struct, frozen=True, array_like=True, gc=False):

@@ -21,6 +21,7 @@ from troupe.messages.admission import AdmissionInbox
 from troupe.messages.allocator import AllocatorInbox
 from troupe.messages.events import ClientInbox
 from troupe.messages.executor import ExecutorInbox
+from troupe.messages.grammar import GrammarInbox
 from troupe.messages.scheduler import SchedulerInbox
 from troupe.messages.streamer import StreamerInbox
 from troupe.messages.tokenizer import TokenizerInbox
@@ -34,6 +35,7 @@ AnyMessage = (
     | SchedulerInbox
     | AllocatorInbox
     | ExecutorInbox
+    | GrammarInbox
     | StreamerInbox
     | ClientInbox
 )

@@ -18,7 +18,7 @@ InboxT = TypeVar("InboxT", contravariant=True)
 
 # Every inbox of the graph; "client" is the engine's router (StreamBatches for the callers).
 ActorName = Literal[
-    "tokenizer", "admission", "scheduler", "allocator", "executor", "streamer", "client"
+    "tokenizer", "admission", "scheduler", "allocator", "grammar", "executor", "streamer", "client"
 ]
 ACTOR_NAMES: tuple[ActorName, ...] = get_args(ActorName)
 

@@ -1,4 +1,9 @@
-"""Executor core: runs each StepPlan on the runner and answers one StepResult."""
+"""Executor core: runs each StepPlan on the runner and answers one StepResult.
+
+A plan that `awaits_masks` meets its TokenMasks (from the grammar actor) here, whichever comes
+first: the plan is launched at once (the forward pass runs while the masks are computed), and
+sampled under the masks when both are in.
+"""
 
 from __future__ import annotations
 
@@ -8,44 +13,100 @@ from collections.abc import Callable, Sequence
 import structlog
 from troupe.actors.core.base import Outgoing
 from troupe.gpu.runner import Runner, SequencesFailed
-from troupe.messages import StepPlan, StepResult
+from troupe.messages import (
+    ExecutorInbox,
+    FailedSeq,
+    SampledToken,
+    SeqFailureReason,
+    StepPlan,
+    StepResult,
+    TokenMasks,
+)
 
 log = structlog.get_logger("troupe.executor")
 
 
 class ExecutorCore:
-    """Inbox: StepPlan. Outbox: "scheduler" (StepResult).
+    """Inbox: StepPlan, TokenMasks. Outbox: "scheduler" (StepResult).
 
     A runner exception fails only that step: the scheduler turns the error into Failed events
     for the step's requests and the engine keeps serving the others. A sequence the runner
-    could not sample (SequencesFailed: non-finite logits) fails alone, in `StepResult.failed`.
+    could not sample (SequencesFailed: non-finite logits) fails alone, in `StepResult.failed`,
+    as does one whose grammar failed (TokenMasks.failed).
     """
 
     def __init__(self, runner: Runner, clock: Callable[[], float] = time.monotonic) -> None:
         self.runner = runner
         self._clock = clock
-        self.busy_seconds = 0.0  # time inside runner.execute, for overhead benchmarks
+        self.busy_seconds = 0.0  # time inside the runner, for overhead benchmarks
+        self._launched: StepPlan | None = None  # awaiting its masks
+        self._launch_error: str | None = None
+        self._early_masks: TokenMasks | None = None  # came before their plan
 
-    def handle(self, batch: Sequence[StepPlan]) -> Outgoing:
+    def handle(self, batch: Sequence[ExecutorInbox]) -> Outgoing:
         out: Outgoing = []
-        for plan in batch:
+        for msg in batch:
             start = time.perf_counter()
-            try:
-                sampled = self.runner.execute(plan)
-            except SequencesFailed as exc:  # the step ran: the others' tokens are good
-                log.warning("sequences failed", step_id=plan.step_id, failed=str(exc))
-                result = StepResult(
-                    step_id=plan.step_id, time=self._clock(), sampled=exc.sampled, failed=exc.failed
-                )
-            except Exception as exc:
-                log.exception("step failed", step_id=plan.step_id)
-                result = StepResult(
-                    step_id=plan.step_id,
-                    time=self._clock(),
-                    error=f"{type(exc).__name__}: {exc}",
-                )
-            else:
-                result = StepResult(step_id=plan.step_id, time=self._clock(), sampled=sampled)
+            result = self._on_masks(msg) if isinstance(msg, TokenMasks) else self._on_plan(msg)
             self.busy_seconds += time.perf_counter() - start
-            out.append(("scheduler", result))
+            if result is not None:
+                out.append(("scheduler", result))
         return out
+
+    def _on_plan(self, plan: StepPlan) -> StepResult | None:
+        if not plan.awaits_masks:
+            return self._run(plan.step_id, lambda: self.runner.execute(plan))
+        self._launched, self._launch_error = plan, None
+        try:
+            self.runner.launch(plan)
+        except Exception as exc:
+            log.exception("step failed", step_id=plan.step_id)
+            self._launch_error = f"{type(exc).__name__}: {exc}"
+        early, self._early_masks = self._early_masks, None
+        return None if early is None else self._on_masks(early)
+
+    def _on_masks(self, masks: TokenMasks) -> StepResult | None:
+        plan = self._launched
+        if plan is None or plan.step_id != masks.step_id:
+            self._early_masks = masks
+            return None
+        self._launched = None
+        if self._launch_error is not None:
+            return StepResult(step_id=plan.step_id, time=self._clock(), error=self._launch_error)
+        result = self._run(plan.step_id, lambda: self.runner.finish(masks))
+        return _grammar_failures(result, masks) if masks.failed else result
+
+    def _run(self, step_id: int, step: Callable[[], tuple[SampledToken, ...]]) -> StepResult:
+        try:
+            sampled = step()
+        except SequencesFailed as exc:  # the step ran: the others' tokens are good
+            log.warning("sequences failed", step_id=step_id, failed=str(exc))
+            return StepResult(
+                step_id=step_id, time=self._clock(), sampled=exc.sampled, failed=exc.failed
+            )
+        except Exception as exc:
+            log.exception("step failed", step_id=step_id)
+            return StepResult(
+                step_id=step_id, time=self._clock(), error=f"{type(exc).__name__}: {exc}"
+            )
+        return StepResult(step_id=step_id, time=self._clock(), sampled=sampled)
+
+
+def _grammar_failures(result: StepResult, masks: TokenMasks) -> StepResult:
+    """`result` with the requests whose grammar failed moved from `sampled` to `failed`."""
+    if result.error is not None:
+        return result
+    broken = dict(masks.failed)
+    for request_id, why in masks.failed:
+        log.warning("structured output failed", request_id=request_id, reason=why)
+    return StepResult(
+        step_id=result.step_id,
+        time=result.time,
+        sampled=tuple(s for s in result.sampled if s.request_id not in broken),
+        failed=result.failed
+        + tuple(
+            FailedSeq(s.request_id, SeqFailureReason.GRAMMAR)
+            for s in result.sampled
+            if s.request_id in broken
+        ),
+    )

@@ -17,6 +17,7 @@ from typing import Literal
 
 import structlog
 from troupe.actors.core.base import Outgoing
+from troupe.actors.core.grammar_feed import GrammarFeed
 from troupe.actors.core.plan_builder import InFlight, build_plan
 from troupe.actors.core.preemption_policy import make_preemption_policy
 from troupe.actors.core.queue_policy import make_queue_policy
@@ -45,7 +46,8 @@ STOP, LENGTH, ABORT = FinishReason.STOP, FinishReason.LENGTH, FinishReason.ABORT
 
 class SchedulerCore:
     """Inbox: AdmittedRequest, AbortRequest, StopRequests, AllocationResult, StepResult.
-    Outboxes: "allocator" (AllocateBatch), "executor" (StepPlan), "streamer" (TokenBatch).
+    Outboxes: "allocator" (AllocateBatch), "executor" (StepPlan), "streamer" (TokenBatch),
+    "grammar" (ComputeMasks, for steps that sample constrained requests: grammar_feed.py).
 
     Every request gets exactly one terminal SeqOutput (STOP/LENGTH/ABORT/ERROR), except those
     ended by a stop string: the streamer already told the client, so StopRequests only frees.
@@ -90,6 +92,7 @@ class SchedulerCore:
         self.phase: Phase = "idle"
         self.step_id = self.num_steps = self._num_arrivals = 0
         self.in_flight: list[InFlight] = []
+        self.grammar = GrammarFeed()
         self._pending: list[SeqOutput] = []  # terminal outputs from outside a step
         self._time = 0.0  # latest time seen in a message (TokenBatch.time outside steps)
 
@@ -108,6 +111,10 @@ class SchedulerCore:
                         self.abort(request_id, None)
                 case AllocationResult():
                     plan = self.on_allocated(msg)
+                    if plan is not None:
+                        plan, masks = self.grammar.feed(plan, self.in_flight)
+                        if masks is not None:  # computed while the executor runs the plan
+                            out.append(("grammar", masks))
                     # Nothing to run (a free-only round trip): publish the fresh stats anyway.
                     out.append(("executor", plan) if plan else ("streamer", self.stats_batch()))
                 case StepResult():

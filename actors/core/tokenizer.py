@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import msgspec
 import structlog
 from troupe.actors.core.chat_template import ChatTemplateError
+from troupe.actors.core.grammar_compiler import GrammarCompiler, GrammarError
 from troupe.actors.core.tokenizer_bound import token_count_bound
 from troupe.actors.core.tokenizer_chunks import CHUNK_CHARS, ChunkedEncoder, LimitReached
 from troupe.actors.core.tokenizer_text import TextTokenizer
@@ -72,10 +73,13 @@ class TokenizerCore:
         *,
         vocab_size: int | None = None,
         max_model_len: int | None = None,
+        grammars: GrammarCompiler | None = None,
     ) -> None:
         """`vocab_size`: the model's (embedding rows) if it differs from the tokenizer's.
         `max_model_len`: prompts that surely reach it are rejected before tokenizing (None:
-        admission alone judges lengths)."""
+        admission alone judges lengths). `grammars`: compiles structured-output specs here, so
+        a bad one is rejected at the edge, naming its field (None: structured output refused)."""
+        self._grammars = grammars
         self._tokenizer = tokenizer
         self._vocab_size = vocab_size if vocab_size is not None else tokenizer.vocab_size
         self._max_model_len = max_model_len
@@ -155,6 +159,14 @@ class TokenizerCore:
         self, req: GenerateRequest, prompts: list[str], chats: list[str]
     ) -> _Queued | _Encoded | RequestRejected:
         """Queue the text to encode, or encode a long one now, or say why it is rejected."""
+        spec = req.params.structured_outputs
+        if spec is not None:
+            if self._grammars is None:
+                return _reject(req, "structured_outputs", "structured output is not available")
+            try:
+                self._grammars.compile(spec)  # cached: the grammar actor finds it compiled
+            except GrammarError as exc:
+                return _reject(req, exc.field, str(exc))
         given = [
             name
             for name in ("prompt", "messages", "prompt_token_ids")

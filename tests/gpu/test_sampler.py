@@ -176,3 +176,11 @@ def test_rows_with_non_finite_logits_are_withheld_and_reported() -> None:
         SampledToken("a", ids[0], logprobs[0]),
         SampledToken("c", ids[2], None),
     )
+
+
+def test_uniform_from_hash_stays_inside_the_open_interval() -> None:
+    from troupe.gpu.sampler import uniform_from_hash
+
+    u = uniform_from_hash(torch.tensor([0, 1, 2**31, 2**32 - 1], dtype=torch.int64))
+    assert bool(((u > 0) & (u < 1)).all()), u
+    assert torch.isfinite(-torch.log(-torch.log(u))).all()

@@ -57,7 +57,14 @@ def rewrite(src: Path, dst: Path, change) -> None:  # type: ignore[no-untyped-de
 def test_recorded_run_replays_without_divergence(recorded: Path) -> None:
     report = replay_trace(recorded)
     assert report.ok, report.divergence and report.divergence.describe()
-    assert set(report.actors) == {"tokenizer", "admission", "scheduler", "allocator", "streamer"}
+    assert set(report.actors) == {
+        "tokenizer",
+        "admission",
+        "scheduler",
+        "allocator",
+        "grammar",
+        "streamer",
+    }
     assert report.num_checked > 50
     _, records = read_trace(recorded)
     channels = {(r.kind, r.actor, r.channel) for r in records}

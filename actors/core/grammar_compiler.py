@@ -1,0 +1,146 @@
+"""GrammarCompiler: a request's StructuredOutputs -> an xgrammar CompiledGrammar, cached.
+
+Shared by the tokenizer core (which compiles at the client edge, in its worker thread, so a bad
+schema or regex is rejected there, naming the field) and the grammar core (which finds the
+compiled grammar in the cache). Compiles run in a small pool of their own threads; a caller
+waits at most `timeout_s` (a compile cannot be interrupted: one past the limit finishes in the
+pool and is cached, the request that waited is rejected). Failures are cached too, so the same
+bad schema is refused at once. Thread-safe: xgrammar's compiler is, and the cache is locked.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import functools
+import json
+import threading
+from collections import OrderedDict
+from typing import TYPE_CHECKING
+
+from troupe.messages.structured import StructuredOutputs
+
+if TYPE_CHECKING:
+    import xgrammar
+    from troupe.actors.core.tokenizer_text import TextTokenizer
+
+MAX_CACHED = 1024  # compiled grammars kept (LRU); a JSON schema's is tens of kilobytes
+
+
+class GrammarError(ValueError):
+    """A spec that does not compile (or not within the time limit); `field` names it."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class GrammarCompiler:
+    """Compiles and caches grammars for one tokenizer and model vocabulary."""
+
+    def __init__(
+        self,
+        tokenizer: TextTokenizer,
+        *,
+        vocab_size: int,
+        eos_token_ids: tuple[int, ...],
+        timeout_s: float = 10.0,
+        max_threads: int = 2,
+    ) -> None:
+        self._tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.eos_token_ids = eos_token_ids
+        self.timeout_s = timeout_s
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_threads, "troupe-grammar")
+        self._max_threads = max_threads
+        self._lock = threading.Lock()
+        self._cache: OrderedDict[StructuredOutputs, concurrent.futures.Future[object]]
+        self._cache = OrderedDict()
+
+    @functools.cached_property
+    def _compiler(self) -> xgrammar.GrammarCompiler:
+        """Built on first use (a second or so for a large vocabulary). Special tokens get no
+        bytes, so a grammar never allows them; ids past the tokenizer's are padding."""
+        import xgrammar
+
+        tok = self._tokenizer
+        special = tok.special_ids
+        vocab = [
+            b"" if i in special or i >= tok.vocab_size else tok.token_bytes(i)
+            for i in range(self.vocab_size)
+        ]
+        info = xgrammar.TokenizerInfo(
+            vocab,
+            xgrammar.VocabType.RAW,
+            vocab_size=self.vocab_size,
+            stop_token_ids=list(self.eos_token_ids),
+        )
+        return xgrammar.GrammarCompiler(info, max_threads=self._max_threads)
+
+    def compile(self, spec: StructuredOutputs) -> xgrammar.CompiledGrammar:
+        """The compiled grammar of `spec`; raises GrammarError naming the field."""
+        field = f"structured_outputs.{spec.kind}"
+        with self._lock:
+            self._compiler  # noqa: B018 -- built once, here: its time is not the spec's
+            future = self._cache.get(spec)
+            if future is None:
+                future = self._pool.submit(self._compile_now, spec)
+                self._cache[spec] = future
+                while len(self._cache) > MAX_CACHED:
+                    self._cache.popitem(last=False)
+            else:
+                self._cache.move_to_end(spec)
+        try:
+            compiled = future.result(timeout=self.timeout_s)
+        except concurrent.futures.TimeoutError:
+            raise GrammarError(
+                field,
+                f"compiling {field} took longer than {self.timeout_s:g} s "
+                "(grammar_compile_timeout_s); simplify it",
+            ) from None
+        except (RuntimeError, ValueError) as exc:  # xgrammar's parse and conversion errors
+            raise GrammarError(field, f"invalid {field}: {_clean(exc)}") from None
+        return compiled  # type: ignore[return-value]
+
+    def _compile_now(self, spec: StructuredOutputs) -> xgrammar.CompiledGrammar:
+        compiler = self._compiler
+        if spec.json is not None:
+            try:
+                schema = json.loads(spec.json)
+            except ValueError as exc:
+                raise ValueError(f"not JSON: {exc}") from None
+            if not isinstance(schema, dict | bool):
+                raise ValueError("a JSON schema is an object (or true/false)")
+            return compiler.compile_json_schema(spec.json, any_whitespace=False)
+        if spec.json_object:
+            return compiler.compile_json_schema('{"type": "object"}', any_whitespace=False)
+        if spec.regex is not None:
+            return compiler.compile_regex(spec.regex)
+        if spec.choice is not None:
+            alternatives = " | ".join(json.dumps(c, ensure_ascii=False) for c in spec.choice)
+            return compiler.compile_grammar(f"root ::= {alternatives}")
+        assert spec.grammar is not None, "StructuredOutputs.check ensures one kind is set"
+        return compiler.compile_grammar(spec.grammar)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _clean(exc: Exception) -> str:
+    """xgrammar's message without its `[time] /path/file.cc:line: ` prefix."""
+    text = str(exc).strip()
+    if text.startswith("[") and ": " in text:
+        head, _, rest = text.partition(": ")
+        if ".cc:" in head or ".h:" in head:
+            return rest
+    return text
+
+
+@functools.lru_cache(maxsize=4)
+def grammar_compiler_for(
+    tokenizer: TextTokenizer, vocab_size: int, eos_token_ids: tuple[int, ...], timeout_s: float
+) -> GrammarCompiler:
+    """One compiler per (tokenizer, vocabulary) in a process: the tokenizer and grammar cores
+    share its cache."""
+    return GrammarCompiler(
+        tokenizer, vocab_size=vocab_size, eos_token_ids=eos_token_ids, timeout_s=timeout_s
+    )

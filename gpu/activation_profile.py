@@ -1,0 +1,70 @@
+"""The activation peak of the biggest forward the engine runs, measured once at start-up so that
+the KV pool can take the rest of the device (gpu/pool_sizing.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from troupe.config import EngineConfig
+from troupe.gpu.device_inputs import device_metadata
+from troupe.gpu.kv_cache import KVCache
+from troupe.gpu.models import DecoderModel
+from troupe.gpu.step_inputs import StepInputs
+
+
+def profile_activation_peak(model: DecoderModel, config: EngineConfig, max_model_len: int) -> int:
+    """Activation peak of a forward at max_num_batched_tokens (plus max_num_seqs logits)."""
+    device = model.device
+    block_size = config.block_size
+    num_tokens = config.max_num_batched_tokens
+    seq_len = min(num_tokens, max_model_len)
+    num_seqs = -(-num_tokens // seq_len)
+    blocks_per_seq = -(-seq_len // block_size)
+    scratch = KVCache(
+        model.config,
+        num_gpu_blocks=num_seqs * blocks_per_seq,
+        num_cpu_blocks=0,
+        block_size=block_size,
+        dtype=model.dtype,
+        device=device,
+    )
+    lens = [min(seq_len, num_tokens - i * seq_len) for i in range(num_seqs)]
+    positions = np.concatenate([np.arange(n) for n in lens])
+    owner = np.repeat(np.arange(num_seqs), lens)
+    tables = np.arange(num_seqs * blocks_per_seq, dtype=np.int32).reshape(num_seqs, -1)
+    qsl = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    num_logits = min(config.max_num_seqs * (1 + config.num_proposals), num_tokens)
+    inputs = StepInputs(
+        input_ids=np.zeros(num_tokens, dtype=np.int64),
+        positions=positions,
+        slot_mapping=tables[owner, positions // block_size] * block_size + positions % block_size,
+        block_tables=tables,
+        seq_lens=np.asarray(lens, dtype=np.int32),
+        query_start_loc=qsl,
+        logits_indices=np.arange(num_tokens - num_logits, num_tokens),
+        sampled_rows=np.arange(num_logits),
+        max_query_len=max(lens),
+        max_seq_len=max(lens),
+    )
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_allocated(device)
+    try:
+        hidden = model(
+            torch.from_numpy(inputs.input_ids).to(device),
+            torch.from_numpy(positions).to(device),
+            device_metadata(inputs, device),
+            scratch.layers,
+        )
+        logits = model.compute_logits(hidden)
+        logits.softmax(dim=-1).sort(dim=-1)  # the sampler's biggest temporaries
+        torch.cuda.synchronize(device)
+    except torch.OutOfMemoryError as exc:
+        raise MemoryError(
+            f"out of device memory in a forward of max_num_batched_tokens={num_tokens} tokens; "
+            "lower max_num_batched_tokens or max_num_seqs"
+        ) from exc
+    peak = torch.cuda.max_memory_allocated(device) - before
+    del hidden, logits, scratch
+    torch.cuda.empty_cache()
+    return int(peak)

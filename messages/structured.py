@@ -1,0 +1,70 @@
+"""Structured output: what a request's text must match (a JSON schema, a regex, a choice, an
+EBNF grammar), as one SamplingParams field. vLLM's StructuredOutputsParams, by name.
+
+Exactly one kind is set. A JSON schema travels as its JSON text (key order kept: it is the order
+the fields are generated in), so the struct stays frozen and hashable: the grammar cache is
+keyed by the struct itself.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import msgspec
+
+MAX_SPEC_CHARS = 64 * 1024  # a schema, regex or grammar longer than this is refused
+MAX_CHOICES = 256
+
+
+class StructuredOutputs(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """One constraint on the generated text. `json`: a JSON schema (its JSON text);
+    `json_object`: any JSON object; `regex`; `choice`: one of these strings exactly;
+    `grammar`: EBNF in xgrammar's (GBNF-like) syntax, root rule `root`."""
+
+    json: str | None = None
+    json_object: bool = False
+    regex: str | None = None
+    choice: tuple[str, ...] | None = None
+    grammar: str | None = None
+
+    @classmethod
+    def from_schema(cls, schema: Any) -> StructuredOutputs:
+        """From a decoded JSON schema (a dict) or its JSON text."""
+        text = schema if isinstance(schema, str) else json.dumps(schema, ensure_ascii=False)
+        return cls(json=text)
+
+    @property
+    def kind(self) -> str:
+        """The field that is set (for error messages: `structured_outputs.<kind>`)."""
+        for name in ("json", "regex", "choice", "grammar"):
+            if getattr(self, name) is not None:
+                return name
+        return "json_object"
+
+    def check(self) -> tuple[str, str] | None:
+        """(field, message) for the first broken limit; None when well formed. Whether the
+        schema, regex or grammar compiles is the grammar compiler's to say."""
+        given = [n for n in ("json", "regex", "choice", "grammar") if getattr(self, n) is not None]
+        if self.json_object:
+            given.append("json_object")
+        if len(given) != 1:
+            found = ", ".join(given) or "none"
+            return "", f"exactly one of json, json_object, regex, choice, grammar (got {found})"
+        name = given[0]
+        if name == "choice":
+            assert self.choice is not None
+            if not self.choice or len(self.choice) > MAX_CHOICES:
+                return name, f"choice needs 1 to {MAX_CHOICES} strings, got {len(self.choice)}"
+            if not all(self.choice):
+                return name, "choice strings must be non-empty"
+            size = sum(len(c) for c in self.choice)
+        elif name == "json_object":
+            size = 0
+        else:
+            size = len(getattr(self, name))
+            if size == 0:
+                return name, f"{name} must not be empty"
+        if size > MAX_SPEC_CHARS:
+            return name, f"{name} is {size} characters; at most {MAX_SPEC_CHARS}"
+        return None

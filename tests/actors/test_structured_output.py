@@ -1,0 +1,154 @@
+"""Structured output through the whole engine with the real default model (SmolLM2) on the CPU.
+
+One engine serves every request of the module; requests go in together, so the CPU pays for
+batched steps, not for one request at a time.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+import jsonschema
+import pytest
+from graph_helpers import collect, terminal, wait_blocks_free
+from troupe import Engine, EngineConfig, SamplingParams
+from troupe.messages import Finished, Rejected, StructuredOutputs
+from troupe.ops.json_schemas import make_schemas
+
+pytestmark = pytest.mark.anyio
+CONFIG = EngineConfig(device="cpu", max_model_len=256, max_num_seqs=128, num_kv_blocks=512)
+PROMPT = "One short JSON object:"
+
+
+def prompt(i: int) -> str:
+    """Distinct from its first token on: identical prompts are admitted one per step (each
+    waits for the previous one's prefix to be cached), which would cost a step per request."""
+    return f"{i}. {PROMPT}"
+
+
+NUM_SCHEMAS = 50
+
+
+@pytest.fixture(scope="module")
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="module")
+async def engine() -> AsyncIterator[Engine]:
+    async with Engine.open(CONFIG) as eng:
+        yield eng
+
+
+async def run_all(engine: Engine, jobs: list[tuple[Any, SamplingParams]]) -> list[list[Any]]:
+    """Every job's events, the jobs submitted together."""
+    results: list[list[Any]] = [[] for _ in jobs]
+
+    async def one(i: int, prompt: Any, params: SamplingParams) -> None:
+        results[i] = await collect(engine, prompt, params)
+
+    async with anyio.create_task_group() as tg:
+        for i, (prompt, params) in enumerate(jobs):
+            tg.start_soon(one, i, prompt, params)
+    return results
+
+
+def text(events: list[Any]) -> str:
+    return "".join(e.text for e in events)
+
+
+async def test_json_schemas_greedy_and_sampled_validate(engine: Engine) -> None:
+    schemas = make_schemas(NUM_SCHEMAS)
+    jobs = []
+    for i, schema in enumerate(schemas):
+        spec = StructuredOutputs.from_schema(schema)
+        for temperature in (0.0, 1.0):
+            jobs.append(
+                (
+                    prompt(len(jobs)),
+                    SamplingParams(
+                        max_tokens=32, temperature=temperature, seed=i, structured_outputs=spec
+                    ),
+                )
+            )
+    results = await run_all(engine, jobs)
+    num_stop = 0
+    for (_, params), events in zip(jobs, results, strict=True):
+        end = terminal(events)
+        assert isinstance(end, Finished), end
+        if end.finish_reason == "stop":
+            num_stop += 1
+            schema = json.loads(params.structured_outputs.json)  # type: ignore[union-attr]
+            jsonschema.validate(json.loads(text(events)), schema)
+        else:
+            assert end.finish_reason == "length"
+    assert num_stop >= 0.75 * len(jobs), f"only {num_stop} of {len(jobs)} finished"
+    await wait_blocks_free(engine)
+
+
+async def test_regex_choice_grammar_and_json_object(engine: Engine) -> None:
+    regex = r"[0-9]{3}-[a-z]{2,4}"
+    choices = ("alpha", "beta", 'say "gamma"')
+    grammar = 'root ::= "(" num ("+" num)? ")"\nnum ::= [1-9] [0-9]?'
+    specs = [
+        StructuredOutputs(regex=regex),
+        StructuredOutputs(choice=choices),
+        StructuredOutputs(grammar=grammar),
+        StructuredOutputs(json_object=True),
+    ]
+    jobs = [
+        (prompt(i), SamplingParams(max_tokens=24, temperature=t, seed=i, structured_outputs=spec))
+        for i, (spec, t) in enumerate((s, t) for s in specs for t in (0.0, 1.0, 1.0))
+    ]
+    results = await run_all(engine, jobs)
+    outputs = [(terminal(ev), text(ev)) for ev in results]
+    for end, out in outputs[0:3]:
+        assert end.finish_reason == "stop" and re.fullmatch(regex, out), out
+    for end, out in outputs[3:6]:
+        assert end.finish_reason == "stop" and out in choices, out
+    for end, out in outputs[6:9]:
+        assert end.finish_reason == "stop" and re.fullmatch(r"\([1-9][0-9]?(\+[1-9][0-9]?)?\)", out)
+    for end, out in outputs[9:12]:
+        if end.finish_reason == "stop":
+            assert isinstance(json.loads(out), dict), out
+
+
+async def test_truncated_json_says_length(engine: Engine) -> None:
+    spec = StructuredOutputs.from_schema(
+        {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}
+    )
+    events = await collect(
+        engine, PROMPT, SamplingParams(max_tokens=3, temperature=0.0, structured_outputs=spec)
+    )
+    end = terminal(events)
+    assert isinstance(end, Finished) and end.finish_reason == "length"
+    assert end.usage.completion_tokens == 3 and text(events).startswith("{")
+
+
+@pytest.mark.parametrize(
+    ("spec", "field"),
+    [
+        (StructuredOutputs(regex="(ab"), "structured_outputs.regex"),
+        (StructuredOutputs(json='{"type": "nonsense"}'), "structured_outputs.json"),
+        (StructuredOutputs(json="[1, 2"), "structured_outputs.json"),
+        (StructuredOutputs(grammar='root ::= "a" |'), "structured_outputs.grammar"),
+        (StructuredOutputs(choice=()), "structured_outputs.choice"),
+        (StructuredOutputs(regex="a", choice=("a",)), "structured_outputs"),
+    ],
+)
+async def test_bad_specs_are_rejected_naming_the_field(
+    engine: Engine, spec: StructuredOutputs, field: str
+) -> None:
+    events = await collect(engine, PROMPT, SamplingParams(max_tokens=4, structured_outputs=spec))
+    end = terminal(events)
+    assert isinstance(end, Rejected) and end.field == field, end
+
+
+async def test_ignore_eos_with_structured_output_is_rejected(engine: Engine) -> None:
+    params = SamplingParams(ignore_eos=True, structured_outputs=StructuredOutputs(regex="a+"))
+    end = terminal(await collect(engine, PROMPT, params))
+    assert isinstance(end, Rejected) and end.field == "ignore_eos"
