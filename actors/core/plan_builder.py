@@ -55,6 +55,7 @@ def build_plan(
     seqs: list[SeqWork] = []
     in_flight: list[InFlight] = []
     running = Status.RUNNING
+    speculating = planner.speculator.enabled
     verifications: list[SeqWork] = []
     verified: list[InFlight] = []
     add_seq, add_in_flight, get_blocks = seqs.append, in_flight.append, blocks.get
@@ -64,7 +65,11 @@ def build_plan(
             continue  # ended while the allocator worked
         start, tokens = req.num_computed, req.token_ids
         num_tokens = len(tokens)
-        if w.num_tokens == 1 and start == num_tokens - 1 and not (req.needs_reset or w.num_dropped):
+        if (
+            w.num_tokens == 1
+            and start == num_tokens - 1
+            and not (req.needs_reset or (speculating and w.num_dropped))
+        ):
             # The hot path: a decode (kw-only construction is the dominant cost here).
             rid = req.request_id
             add_seq(
