@@ -1,13 +1,15 @@
 """Speculative decoding (n-gram) through the engine: ITL, throughput, acceptance and the cost
 of a verification step, with speculation off and on, at several batch sizes.
 
-Qwen3-0.6B shape, random bf16 weights (ops/bench_offline.write_model_folder), greedy, ignore_eos.
+Qwen3-0.6B shape, random bf16 weights (ops/bench_offline.write_model_folder), ignore_eos.
 
 - matching: first each prompt p's greedy continuation C (speculation off, not timed), then
   the timed request asks again with the document in its prompt, p + C + p: what prompt lookup
   exists for ("edit this text"). How much the model repeats C there is the model's business:
   the acceptance printed says how honest the match was.
-- nonmatching: fresh random prompts (ids < 10,000 drawn uniformly: n-grams rarely recur).
+- nonmatching: fresh random prompts (ids < 10,000 drawn uniformly), sampled at temperature
+  1 (seeded): a random model's distribution is nearly flat, so its output does not repeat
+  either. Greedy, a random model soon loops, and n-gram proposals match the loop.
 
     python -m troupe.ops.spec_bench                       # H200: batches 1 8 64 256
     python -m troupe.ops.spec_bench --smoke --batches 1 2 # CPU: a 2-layer model
@@ -29,6 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import msgspec
 from troupe.gpu.weights import qwen3_0_6b_config
 from troupe.ops.bench_offline import write_model_folder
 
@@ -68,12 +71,12 @@ def run_batches(
 
     rows: list[Row] = []
     generated: list[list[int]] = []
-    params = SamplingParams(max_tokens=args.output_len, temperature=0.0, ignore_eos=True)
+    greedy = SamplingParams(max_tokens=args.output_len, temperature=0.0, ignore_eos=True)
 
     async def main() -> None:
         async with Engine.open(config) as engine:
 
-            async def one(prompt: list[int], out: list[Any]) -> None:
+            async def one(prompt: list[int], out: list[Any], params: Any) -> None:
                 tokens: list[int] = []
                 times: list[float] = []
                 async for event in engine.generate(prompt, params):
@@ -82,11 +85,14 @@ def run_batches(
                         times.append(time.perf_counter())
                 out.append((tokens, times))
 
-            async def batch(prompts: list[list[int]]) -> list[Any]:
+            async def batch(prompts: list[list[int]], sampled: bool = False) -> list[Any]:
                 outs: list[Any] = [[] for _ in prompts]
                 async with anyio.create_task_group() as tg:
-                    for prompt, out in zip(prompts, outs, strict=True):
-                        tg.start_soon(one, prompt, out)
+                    for i, (prompt, out) in enumerate(zip(prompts, outs, strict=True)):
+                        params = greedy
+                        if sampled:
+                            params = msgspec.structs.replace(greedy, temperature=1.0, seed=i)
+                        tg.start_soon(one, prompt, out, params)
                 return [o[0] for o in outs]
 
             await batch([[1, 2, 3, 1, 2, 3]])  # warm-up: compile before the clock starts
@@ -98,7 +104,7 @@ def run_batches(
                 for size in args.batches:
                     before = engine.stats()
                     start = time.perf_counter()
-                    results = await batch(prompts[:size])
+                    results = await batch(prompts[:size], sampled=name == "nonmatching")
                     seconds = time.perf_counter() - start
                     after = engine.stats()
                     itls = [

@@ -55,6 +55,9 @@ def build_plan(
     seqs: list[SeqWork] = []
     in_flight: list[InFlight] = []
     running = Status.RUNNING
+    speculating = planner.speculator.enabled
+    verifications: list[SeqWork] = []
+    verified: list[InFlight] = []
     add_seq, add_in_flight, get_blocks = seqs.append, in_flight.append, blocks.get
     for w in work.values():
         req = w.req
@@ -62,7 +65,11 @@ def build_plan(
             continue  # ended while the allocator worked
         start, tokens = req.num_computed, req.token_ids
         num_tokens = len(tokens)
-        if w.num_tokens == 1 and start == num_tokens - 1 and not (req.needs_reset or w.num_dropped):
+        if (
+            w.num_tokens == 1
+            and start == num_tokens - 1
+            and not (req.needs_reset or (speculating and w.num_dropped))
+        ):
             # The hot path: a decode (kw-only construction is the dominant cost here).
             rid = req.request_id
             add_seq(
@@ -78,7 +85,9 @@ def build_plan(
         assert not req.needs_reset or w.kind is not Kind.RUN, f"{req} has no whole table"
         end = min(num_tokens, start + w.num_tokens)
         first = not req.in_executor
-        seqs.append(
+        # Verifications go last, so the one-token decodes lead the step (the runner's decode
+        # kernel takes that prefix: gpu/step_inputs.py num_decode_prefix).
+        (verifications if w.draft else seqs).append(
             SeqWork(
                 request_id=req.request_id,
                 token_ids=tuple(tokens[start:end]),
@@ -93,7 +102,9 @@ def build_plan(
             )
         )
         req.in_executor, req.needs_reset, req.draft = True, False, w.draft
-        in_flight.append((req, end, end == num_tokens))
+        (verified if w.draft else in_flight).append((req, end, end == num_tokens))
+    seqs += verifications
+    in_flight += verified
     planner.work = {}
     if not seqs and not result.swap_out and not result.swap_in:
         return None, in_flight

@@ -224,7 +224,7 @@ class SchedulerCore:
         i, num_sampled = 0, len(sampled)
         bs, caching = self.limits.block_size, self.limits.enable_prefix_caching
         to_commit, finish, append = self.planner.to_commit, self.queues.finish, outputs.append
-        finished = Status.FINISHED
+        finished, speculating = Status.FINISHED, self.speculator.enabled
         for req, end, sample in self.in_flight:
             if sample:
                 i += 1
@@ -243,7 +243,7 @@ class SchedulerCore:
                     append(self._fail_output(req, "the executor returned no token for it"))
                     continue
                 token = found
-            if req.draft:  # a verification: several tokens may land
+            if speculating and req.draft:  # a verification: several tokens may land
                 append(out := self.speculator.land(req, token, end))
                 if caching:  # plan() caches the blocks its accepted tokens filled, if any
                     to_commit[rid] = req

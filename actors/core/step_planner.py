@@ -129,8 +129,8 @@ class StepPlanner:
         budget = lim.max_num_batched_tokens
         prefills: list[Request] = []
         running = Status.RUNNING
-        spec = self.speculator
-        proposing = spec.step_allows(len(q.running))
+        speculating = self.speculator.enabled  # a local: the decode loop below is hot
+        proposing = self.speculator.step_allows(len(q.running))
         # Decodes first, in queue order; prefills after, with what budget is left. Iterate a
         # snapshot: preemption removes victims from q.running while this loop runs.
         for req in list(q.running):
@@ -141,7 +141,7 @@ class StepPlanner:
             computed = req.num_computed
             if len(req.token_ids) - computed != 1:
                 prefills.append(req)
-            elif spec.enabled:
+            elif speculating:
                 budget = self._plan_spec_decode(req, budget, proposing)
             elif computed + lookahead < req.num_blocks * bs:  # the common decode: no new block
                 work[req.request_id] = req.decode  # made once per request: no allocation

@@ -1,7 +1,8 @@
 """n-gram speculation through the whole engine on a tiny random Qwen3: the same greedy tokens
 as without it, on the CPU with an overlapping runner (a verification never takes an
 overlapped step, and a step after one is planned normally), and on CUDA with CUDA graphs
-(decode graphs for plain steps, mixed-step graphs for verifications) and overlap."""
+(decode graphs for plain steps, mixed-step graphs for verifications) and overlap, greedy
+and seeded sampling alike."""
 
 from __future__ import annotations
 
@@ -34,14 +35,16 @@ def folder(hf_folder: Any, tmp_path: Path) -> Path:
     return out
 
 
-async def _run(config: EngineConfig, runner: ModelRunner | None = None) -> tuple[Any, Any]:
+async def _run(
+    config: EngineConfig, runner: ModelRunner | None = None, temperature: float = 0.0
+) -> tuple[Any, Any]:
     results: dict[int, list[Any]] = {}
     async with Engine.open(config, runner=runner) as engine:
 
         async def one(i: int, n: int) -> None:
             # repeating prompts: the last token often recurs, so proposals are made
             prompt = [(7 * i + j % 5) % 256 for j in range(6 + 3 * i)]
-            params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
+            params = SamplingParams(max_tokens=n, temperature=temperature, seed=i, ignore_eos=True)
             results[i] = await collect(engine, prompt, params)
 
         async with anyio.create_task_group() as tg:
@@ -96,3 +99,7 @@ def test_cuda_graphs_and_overlap_same_tokens(folder: Path) -> None:
     assert stats.num_spec_proposed_tokens > 0
     eager, _ = anyio.run(_run, EngineConfig(**base, **SPEC, enforce_eager=True))
     assert eager == plain
+    # seeded sampling (the fused Gumbel kernel, keyed by seed and position): the same tokens
+    sampled, _ = anyio.run(_run, EngineConfig(**base), None, 0.8)
+    sampled_spec, _ = anyio.run(_run, EngineConfig(**base, **SPEC), None, 0.8)
+    assert sampled_spec == sampled

@@ -122,6 +122,9 @@ def test_blocks_held_for_proposals_go_back_exactly() -> None:
     assert held and all(h == want for h, want in held), held
     spec = loop.scheduler.speculator
     assert 0 < spec.num_accepted < spec.num_proposed
+    for plan in loop.plans:  # verifications last: one-token decodes lead each step
+        has = [bool(w.draft_token_ids) for w in plan.seqs]
+        assert has == sorted(has), plan
     assert not loop.allocator.seqs and loop.allocator.gpu.num_free == 64
 
 
