@@ -13,7 +13,9 @@ const H = 58;
 const PLACES = {
   client: [20, 30], tokenizer: [230, 30], admission: [440, 30],
   streamer: [230, 190], scheduler: [440, 190], allocator: [650, 190], executor: [440, 340],
+  grammar: [650, 340],
 };
+const NUM_PLACED = Object.keys(PLACES).length;
 const PERIOD_MS = 1000;
 
 let timer = null;
@@ -31,7 +33,7 @@ function svg(tag, attrs, parent) {
 }
 
 function place(name) {
-  if (!PLACES[name]) PLACES[name] = [20 + 210 * (Object.keys(PLACES).length - 7), 340];
+  if (!PLACES[name]) PLACES[name] = [20 + 210 * (Object.keys(PLACES).length - NUM_PLACED), 340];
   return PLACES[name];
 }
 
