@@ -127,7 +127,7 @@ class ServerThread:
         if self.error is not None:
             raise RuntimeError("the gateway failed") from self.error
 
-    def wait_idle(self, timeout: float = 10.0) -> None:
+    def wait_idle(self, timeout: float = 120.0) -> None:
         """Until no stream is open and no GPU block is owned by a request (blocking poll)."""
         deadline = time.monotonic() + timeout
         while True:

@@ -8,6 +8,10 @@ from typing import Any
 import aiohttp
 import pytest
 from troupe.gateway.state import GatewaySettings
+from troupe.gpu.fake_runner import FakeRunner
+from troupe.gpu.faulty_runner import FaultyRunner
+
+from tests.gateway.conftest import BASE_CONFIG
 
 pytestmark = pytest.mark.anyio
 
@@ -131,19 +135,27 @@ async def test_413_body_too_large(server) -> None:  # type: ignore[no-untyped-de
             assert error["code"] == "request_too_large" and "1000" in error["message"]
 
 
-async def test_vanished_client_aborts_its_request(server) -> None:  # type: ignore[no-untyped-def]
-    """A non-streaming client that hangs up: the handler is cancelled and the engine aborts."""
+async def test_vanished_client_aborts_its_request(make_server) -> None:  # type: ignore[no-untyped-def]
+    """A non-streaming client that hangs up: the handler is cancelled and the engine aborts.
+    The runner holds the request's third step, so it cannot finish before the hang-up, however
+    fast or slow this machine is."""
     import asyncio
 
+    runner = FaultyRunner(FakeRunner.from_config(BASE_CONFIG))
+    server = make_server(BASE_CONFIG, runner=runner)
+    runner.hold_after(2)
     async with aiohttp.ClientSession() as http:
         before = await _aborted(http, server.url)
         body = {"prompt": "a long answer", "max_tokens": 1000, "ignore_eos": True}
         task = asyncio.create_task(http.post(f"{server.url}/v1/completions", json=body))
-        async with asyncio.timeout(10):
-            while server.engine.num_active == 0:
-                await asyncio.sleep(0.005)
+        assert await asyncio.to_thread(runner.wait_until_held, 120)  # a hang guard only
         task.cancel()  # closes the connection mid-request
         await asyncio.gather(task, return_exceptions=True)
+        # The abort's terminal event does not wait for the held step.
+        async with asyncio.timeout(120):  # a hang guard only
+            while await _aborted(http, server.url) != before + 1:
+                await asyncio.sleep(0.01)
+        runner.release()
         await asyncio.to_thread(server.wait_idle)
         assert await _aborted(http, server.url) == before + 1
 
