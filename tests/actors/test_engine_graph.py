@@ -204,11 +204,11 @@ async def test_submit_delivers_to_callback_and_abort_ends_it() -> None:
                 done.set()
 
         rid = await engine.submit([5, 6], SamplingParams(max_tokens=100_000), on_event)
-        with anyio.fail_after(5):
+        with anyio.fail_after(120):  # a hang guard only
             while not got:
                 await anyio.sleep(0.001)
         await engine.abort(rid)
-        with anyio.fail_after(5):
+        with anyio.fail_after(120):  # a hang guard only
             await done.wait()
         assert isinstance(got[-1], Aborted)
         assert sum(1 for e in got if e.is_terminal) == 1
