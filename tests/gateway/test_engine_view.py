@@ -125,7 +125,7 @@ def test_live_view_follows_requests(browser, page_server, artifacts) -> None:  #
             # All three in the scheduler, then the held step and one more run with all three:
             # the step after is held (HeldRunner), and the stats published show three running.
             page.wait_for(f"{STATS}.then(s => {admitted} === {num_admitted + 3})")
-            assert runner.wait_until_held(30)
+            assert runner.wait_until_held(120)
             runner.hold_after(2)
             page.wait_for(
                 f"{_figure('running')} === '3' && {_figure('streams')} === '3'"

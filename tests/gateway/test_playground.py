@@ -122,7 +122,7 @@ def test_stop_aborts_the_request_in_the_engine(page: Page, page_server: Any) -> 
     page.fill("#max-tokens", "500")
     runner.hold_after(3)  # three tokens, then the fourth step waits
     _say(page, "Tell me a long story.")
-    assert runner.wait_until_held(30)
+    assert runner.wait_until_held(120)
     page.wait_for(
         f"/^[1-9]\\d* tokens$/.test(document.querySelector('{REPLY} .ntokens')?.textContent)"
     )
