@@ -13,6 +13,7 @@ const H = 58;
 const PLACES = {
   client: [20, 30], tokenizer: [230, 30], admission: [440, 30],
   streamer: [230, 190], scheduler: [440, 190], allocator: [650, 190], executor: [440, 340],
+  grammar: [650, 340],
 };
 const PERIOD_MS = 1000;
 

@@ -12,7 +12,7 @@ from websockets.sync.client import connect
 
 pytestmark = pytest.mark.anyio
 
-ACTORS = {"tokenizer", "admission", "scheduler", "allocator", "executor", "streamer"}
+ACTORS = {"tokenizer", "admission", "scheduler", "allocator", "grammar", "executor", "streamer"}
 
 
 async def _stats(http: aiohttp.ClientSession, url: str, **kw: Any) -> dict[str, Any]:
