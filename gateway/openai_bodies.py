@@ -15,6 +15,7 @@ from typing import Any, Literal, TypeVar
 import msgspec
 from troupe.gateway.errors import invalid
 from troupe.gateway.structured_requests import StructuredFields
+from troupe.gateway.tool_calls import Tool, ToolChoice
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 
@@ -78,8 +79,8 @@ class ChatBody(_Common, kw_only=True):
     max_completion_tokens: int | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | None = None
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
     store: bool | None = None
     metadata: dict[str, str] | None = None

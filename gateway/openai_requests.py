@@ -19,6 +19,7 @@ from troupe.gateway.openai_bodies import (
     decode_body,
 )
 from troupe.gateway.structured_requests import structured_outputs
+from troupe.gateway.tool_calls import ToolPlan, tool_plan
 from troupe.messages import ParamError, SamplingParams
 
 Kind = Literal["completion", "chat"]
@@ -36,6 +37,7 @@ class OpenAIRequest:
     include_usage: bool  # stream_options.include_usage: a last chunk carrying usage
     # engine field -> the field the client wrote (structured output errors name the latter)
     client_fields: dict[str, str] = dataclasses.field(default_factory=dict)
+    tools: ToolPlan | None = None  # chat: the answer is tool calls (gateway/tool_calls.py)
 
 
 # Fields passed to SamplingParams under the same name (priority included: vLLM's polarity).
@@ -80,6 +82,15 @@ def parse_request(kind: Kind, raw: bytes, *, default_max_tokens: int) -> OpenAIR
             logprobs_field = "top_logprobs" if body.top_logprobs is not None else "logprobs"
 
     kw["structured_outputs"], client_fields = structured_outputs(body)
+    tools = None
+    if isinstance(body, ChatBody):
+        tools = tool_plan(body.tools, body.tool_choice, body.parallel_tool_calls)
+        if tools is not None:
+            if kw["structured_outputs"] is not None:
+                field = next(iter(client_fields.values()))
+                raise invalid(field, "structured output and tool calls cannot be combined")
+            kw["structured_outputs"] = tools.spec
+            client_fields = {"structured_outputs.json": "tools", "structured_outputs": "tools"}
     params = SamplingParams(**kw)
     try:
         params.check()
@@ -97,6 +108,7 @@ def parse_request(kind: Kind, raw: bytes, *, default_max_tokens: int) -> OpenAIR
         stream=bool(body.stream),
         include_usage=bool(body.stream_options and body.stream_options.include_usage),
         client_fields=client_fields,
+        tools=tools,
     )
 
 
@@ -117,10 +129,6 @@ def _refuse_unsupported(body: CompletionBody | ChatBody) -> None:
         if body.suffix:
             raise invalid("suffix", "suffix is not supported: leave it out")
         return
-    if body.tools:
-        raise invalid("tools", "tools are not supported: send [] or leave it out")
-    if body.tool_choice not in (None, "none"):
-        raise invalid("tool_choice", 'tools are not supported: send "none" or leave it out')
 
 
 def _completion_prompt(prompt: str | list[str | int | list[int]]) -> str | list[int]:

@@ -83,9 +83,14 @@ class ResponseBuilder:
         usage: Usage,
         logprobs: Sequence[TokenLogprob] | None,
         stop_reason: str | int | None,
+        tool_calls: list[dict[str, Any]] | None = None,
     ) -> dict[str, Any]:
+        """`tool_calls`: the answer is these calls (content null, finish "tool_calls")."""
         choice: dict[str, Any] = {"index": 0, "logprobs": self.logprobs_json(logprobs)}
-        if self.kind == "chat":
+        if tool_calls is not None:
+            choice["message"] = {"role": "assistant", "content": None, "tool_calls": tool_calls}
+            finish_reason = "tool_calls"
+        elif self.kind == "chat":
             choice["message"] = {"role": "assistant", "content": text}
         else:
             choice["text"] = text
@@ -141,6 +146,14 @@ class ResponseBuilder:
         choice["finish_reason"] = finish_reason
         if finish_reason is not None:
             choice["stop_reason"] = stop_reason
+        return self._chunk([choice])
+
+    def tool_call_chunk(
+        self, tool_calls: list[dict[str, Any]], finish_reason: str | None = None
+    ) -> dict[str, Any]:
+        """Chat: a delta carrying tool_calls (streamed pieces, as OpenAI's)."""
+        delta = {"tool_calls": tool_calls} if tool_calls else {}
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
         return self._chunk([choice])
 
     def usage_chunk(self, usage: Usage) -> dict[str, Any]:

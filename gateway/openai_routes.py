@@ -18,12 +18,30 @@ from troupe.gateway.openai_responses import ResponseBuilder
 from troupe.gateway.outbox import Outbox, Overflow
 from troupe.gateway.pump import abort_transport_later, pump
 from troupe.gateway.state import GATEWAY, Gateway
+from troupe.gateway.tool_calls import ToolCallStream, tool_calls
 from troupe.messages import Aborted, Delta, Failed, Finished, Rejected, StreamEvent, TokenLogprob
 
 log = structlog.get_logger("troupe.gateway")
 
 _DONE = "data: [DONE]\n\n"
 _json = msgspec.json.Encoder()
+
+
+def _tool_call_chunks(
+    builder: ResponseBuilder, calls: ToolCallStream, event: Delta | Finished
+) -> Iterable[str]:
+    for piece in calls.delta(event.text):
+        yield _sse(builder.tool_call_chunk(piece))
+    if isinstance(event, Finished):
+        last = calls.finish() if event.finish_reason == "stop" else None
+        if last is None:  # cut short: what was written, as text
+            finish = str(event.finish_reason)
+            text = calls.text if calls.plan.name is None else ""
+            yield _sse(builder.delta_chunk(text, None, finish, event.stop_reason))
+        else:
+            if last:
+                yield _sse(builder.tool_call_chunk(last))
+            yield _sse(builder.tool_call_chunk([], "tool_calls"))
 
 
 def _sse(obj: Any) -> str:
@@ -73,15 +91,13 @@ async def _handle(request: web.Request, kind: Kind) -> web.StreamResponse:
     try:
         events = engine.generate(req.prompt, req.params, request_id=request_id)
         if not req.stream:
-            return await _whole(events, builder, req.client_fields)
+            return await _whole(events, builder, req)
         return await _stream(request, gateway, events, builder, req)
     finally:
         gateway.stream_closed()
 
 
-async def _whole(
-    events: Any, builder: ResponseBuilder, client_fields: dict[str, str]
-) -> web.Response:
+async def _whole(events: Any, builder: ResponseBuilder, req: OpenAIRequest) -> web.Response:
     """Collect the stream; a vanished client cancels this handler, which aborts the request."""
     texts: list[str] = []
     logprobs: list[TokenLogprob] | None = None
@@ -91,16 +107,14 @@ async def _whole(
             if isinstance(event, Delta | Finished) and event.logprobs is not None:
                 logprobs = (logprobs or []) + list(event.logprobs)
             if isinstance(event, Finished):
-                body = builder.full(
-                    "".join(texts),
-                    str(event.finish_reason),
-                    event.usage,
-                    logprobs,
-                    event.stop_reason,
-                )
+                text, finish = "".join(texts), str(event.finish_reason)
+                calls = None
+                if req.tools is not None and finish == "stop":
+                    calls = tool_calls(req.tools, text)
+                body = builder.full(text, finish, event.usage, logprobs, event.stop_reason, calls)
                 return web.json_response(body, dumps=lambda o: _json.encode(o).decode())
             if event.is_terminal:
-                raise error_for_event(event, client_fields)
+                raise error_for_event(event, req.client_fields)
     raise ApiError(500, "the engine ended the stream without a terminal event")
 
 
@@ -167,7 +181,16 @@ async def _pump_sse(
     first: StreamEvent,
     on_overflow: Callable[[], None],
 ) -> None:
+    calls = ToolCallStream(req.tools) if req.tools is not None else None
+
     def encode(event: StreamEvent) -> Iterable[str]:
+        if calls is not None and isinstance(event, Delta | Finished):
+            yield from _tool_call_chunks(builder, calls, event)
+            if isinstance(event, Finished):
+                if req.include_usage:
+                    yield _sse(builder.usage_chunk(event.usage))
+                yield _DONE
+            return
         if isinstance(event, Delta):
             if event.text or event.logprobs:
                 yield _sse(builder.delta_chunk(event.text, event.logprobs))

@@ -28,7 +28,7 @@ from troupe.gpu.sampler import WITHHELD, sample, sampled_tokens, withhold_non_fi
 from troupe.gpu.sampling_batch import build_sampling_batch
 from troupe.gpu.spec_verify import verify_proposals
 from troupe.gpu.step_inputs import StepInputs, build_step_inputs
-from troupe.gpu.token_bitmask import step_bitmask, to_device
+from troupe.gpu.token_bitmask import BitmaskUpload, step_bitmask
 from troupe.gpu.weights import load_model, read_config
 from troupe.kernels.kv_quant import FP8_DTYPE
 from troupe.messages import SampledToken, SeqWork, StepPlan, TokenLogprob, TokenMasks
@@ -139,6 +139,7 @@ class ModelRunner:
         # a plan launched by launch(), awaiting its grammar masks: (plan, states, inputs, logits)
         self._launched: tuple[StepPlan, list[RequestState], StepInputs, torch.Tensor] | None
         self._launched = None
+        self._upload_bitmask = BitmaskUpload(self.device)
 
     def statistics(self) -> RunnerStats:
         """Steps run and overlapped steps launched and used, so far."""
@@ -310,7 +311,7 @@ class ModelRunner:
         are not finite) and logprobs of the rows."""
         batch = build_sampling_batch(states, self.vocab_size, self.device)
         if bitmask is not None:
-            batch.token_bitmask = to_device(bitmask, self.device)
+            batch.token_bitmask = self._upload_bitmask(bitmask)
         token_ids, logprobs = sample(logits, batch)
         return withhold_non_finite(token_ids, logits).tolist(), logprobs
 

@@ -42,7 +42,18 @@ def _raw_number(body: dict[str, Any], field: str, literal: str) -> str:
         ("/v1/completions", '{"prompt": ' + _deep() + "}", "prompt[0][0]"),
         ("/v1/completions", '{"prompt": "x", "zzz": ' + _deep() + "}", "zzz"),
         ("/v1/chat/completions", '{"messages": [], "metadata": {"a": ' + _deep() + "}}", None),
-        ("/v1/chat/completions", '{"messages": [], "tools": [{"a": ' + _deep() + "}]}", "body"),
+        (
+            "/v1/chat/completions",
+            '{"messages": [], "tools": [{"a": ' + _deep() + "}]}",
+            "tools[0].a",
+        ),
+        (
+            "/v1/chat/completions",
+            '{"messages": [], "tools": [{"type": "function", "function": {"name": "f", '
+            '"parameters": {"a": ' + _deep() + "}}}]}",
+            "body",
+        ),
+        ("/v1/completions", '{"prompt": "x", "guided_json": {"a": ' + _deep() + "}}", "body"),
         ("/v1/completions", _deep(), "body"),
     ],
 )

@@ -10,7 +10,7 @@ import msgspec
 import pytest
 from graph_helpers import collect, wait_blocks_free
 from troupe import Engine, EngineConfig, SamplingParams
-from troupe.messages import GenerateRequest, StepResult, TokenBatch
+from troupe.messages import GenerateRequest, StepResult, StructuredOutputs, TokenBatch
 from troupe.messages.trace import TraceError, TraceRecord, TraceWriter, read_trace
 from troupe.ops.cli import main as cli_main
 from troupe.ops.replay import replay_trace
@@ -35,6 +35,19 @@ async def record_run(path: Path) -> None:
             tg.start_soon(collect, engine, "Hello, trace", {"max_tokens": 5, "stop": ["zz"]})
             tg.start_soon(collect, engine, "", {"max_tokens": 5})  # rejected
             tg.start_soon(collect, engine, "x", {"temperature": -1})  # rejected
+            # structured output: the grammar actor's masks replay too; a bad regex is rejected
+            regex = StructuredOutputs(regex="[a-z]{3,9}")
+            tg.start_soon(
+                collect, engine, "r", SamplingParams(max_tokens=6, structured_outputs=regex)
+            )
+            choice = StructuredOutputs(choice=("yes", "no"))
+            tg.start_soon(
+                collect, engine, "c", SamplingParams(max_tokens=6, structured_outputs=choice)
+            )
+            bad = StructuredOutputs(regex="(ab")
+            tg.start_soon(
+                collect, engine, "b", SamplingParams(max_tokens=6, structured_outputs=bad)
+            )
         await wait_blocks_free(engine)
 
 
@@ -69,6 +82,7 @@ def test_recorded_run_replays_without_divergence(recorded: Path) -> None:
     _, records = read_trace(recorded)
     channels = {(r.kind, r.actor, r.channel) for r in records}
     assert ("recv", "executor", "executor") in channels  # executor inbox recorded too
+    assert ("recv", "grammar", "grammar") in channels  # masks were computed and replayed
     assert ("send", "streamer", "client") in channels
 
 

@@ -1,0 +1,157 @@
+"""Tool calls on chat completions: `tools` + `tool_choice` -> a constraint, text -> tool_calls.
+
+`tool_choice` "required": the model writes a JSON array of calls, each
+{"name": one of the tools, "arguments": that tool's parameters}, constrained by one schema
+(one call when parallel_tool_calls is false). A named function: the model writes its
+arguments, constrained by its parameters schema. "none": the tools are not used. "auto" (the
+default when tools are sent) needs the model's own tool-call format parsed out of free text,
+which troupe does not do: a 400 says what is supported.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import uuid
+from typing import Any, Literal
+
+import msgspec
+from troupe.gateway.errors import invalid
+from troupe.messages import StructuredOutputs
+
+
+class _Body(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    pass
+
+
+class ToolFunction(_Body, kw_only=True):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None  # constrained either way
+
+
+class Tool(_Body, kw_only=True):
+    type: Literal["function"]
+    function: ToolFunction
+
+
+class ChoiceName(_Body, kw_only=True):
+    name: str
+
+
+class NamedToolChoice(_Body, kw_only=True):
+    type: Literal["function"]
+    function: ChoiceName
+
+
+ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
+
+_ANY_OBJECT: dict[str, Any] = {"type": "object"}
+
+
+@dataclasses.dataclass(frozen=True)
+class ToolPlan:
+    """How this request calls tools: `name` set for a named function, else "required"."""
+
+    spec: StructuredOutputs
+    name: str | None = None
+
+
+def tool_plan(
+    tools: list[Tool] | None, choice: ToolChoice | None, parallel: bool | None
+) -> ToolPlan | None:
+    """The constraint the tool fields ask for (None: plain text), or a 400 naming the field."""
+    if not tools:
+        if choice not in (None, "none"):
+            raise invalid("tool_choice", "tool_choice needs tools")
+        return None
+    names = [t.function.name for t in tools]
+    if len(set(names)) != len(names):
+        raise invalid("tools", "tool function names must be distinct")
+    if choice == "none":
+        return None
+    if choice is None or choice == "auto":
+        raise invalid(
+            "tool_choice",
+            'tool_choice "auto" is not supported (troupe does not parse a model\'s own tool-call '
+            'format): send "required", a named function {"type": "function", "function": '
+            '{"name": ...}}, or "none"',
+        )
+    by_name = {t.function.name: t.function for t in tools}
+    if isinstance(choice, NamedToolChoice):
+        function = by_name.get(choice.function.name)
+        if function is None:
+            raise invalid("tool_choice.function.name", f"no tool named {choice.function.name!r}")
+        return ToolPlan(
+            StructuredOutputs.from_schema(function.parameters or _ANY_OBJECT), function.name
+        )
+    calls = [
+        {
+            "type": "object",
+            "properties": {"name": {"const": f.name}, "arguments": f.parameters or _ANY_OBJECT},
+            "required": ["name", "arguments"],
+        }
+        for f in by_name.values()
+    ]
+    item = calls[0] if len(calls) == 1 else {"anyOf": calls}
+    schema = {"type": "array", "items": item, "minItems": 1}
+    if parallel is False:
+        schema["maxItems"] = 1
+    return ToolPlan(StructuredOutputs.from_schema(schema))
+
+
+def tool_calls(plan: ToolPlan, text: str) -> list[dict[str, Any]] | None:
+    """The calls the text makes, as OpenAI's `tool_calls`; None if it does not parse (cut
+    short by max_tokens or a stop string)."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    if plan.name is not None:
+        pairs = [(plan.name, value)]
+    else:
+        pairs = [(call["name"], call["arguments"]) for call in value]
+    return [
+        {
+            "id": f"call_{uuid.uuid4().hex[:24]}",
+            "type": "function",
+            "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False)},
+        }
+        for name, args in pairs
+    ]
+
+
+class ToolCallStream:
+    """SSE deltas of one request's tool calls. A named function streams its arguments as the
+    model writes them; "required" calls are parsed whole at the end (one delta per call)."""
+
+    def __init__(self, plan: ToolPlan) -> None:
+        self.plan = plan
+        self.text = ""
+        self._id = f"call_{uuid.uuid4().hex[:24]}"
+        self._opened = False
+
+    def delta(self, text: str) -> list[list[dict[str, Any]]]:
+        """`tool_calls` delta lists for a piece of generated text (maybe none)."""
+        self.text += text
+        if self.plan.name is None or not text:
+            return []
+        out: list[list[dict[str, Any]]] = []
+        if not self._opened:
+            self._opened = True
+            head = {"id": self._id, "type": "function"}
+            out.append(
+                [{"index": 0, **head, "function": {"name": self.plan.name, "arguments": ""}}]
+            )
+        out.append([{"index": 0, "function": {"arguments": text}}])
+        return out
+
+    def finish(self) -> list[dict[str, Any]] | None:
+        """The last tool_calls delta ("required": every call); None if the text did not parse."""
+        if self.plan.name is not None:
+            return [] if tool_calls(self.plan, self.text) is not None else None
+        calls = tool_calls(self.plan, self.text)
+        if calls is None:
+            return None
+        return [{"index": i, **call} for i, call in enumerate(calls)]

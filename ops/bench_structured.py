@@ -1,0 +1,208 @@
+"""Structured-output overhead: step time with a JSON schema per request vs without.
+
+Qwen3-0.6B shape, random bf16 weights, a synthetic byte-level vocabulary of the model's full
+size (151,936 tokens: bytes, then random fragments of letters, digits, spaces and JSON
+punctuation; xgrammar's mask cost grows with the vocabulary), N concurrent requests with
+random prompt ids, each with its own schema (ops/json_schemas.py). Run A constrains every
+request and records how many tokens each produced; run B runs the same prompts unconstrained
+with exactly those lengths (ignore_eos), so both runs take the same steps over the same
+batches. Every schema is compiled before the clock starts (`--cold` leaves that to run A).
+Prints ms/step for both runs and their ratio (target <= 1.15), and the grammar actor's time.
+
+    python -m troupe.ops.bench_structured                 # the H200 run
+    python -m troupe.ops.bench_structured --smoke         # a tiny model on the CPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import random
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from troupe.gpu.model_config import ModelConfig
+from troupe.gpu.weights import qwen3_0_6b_config, random_weights
+from troupe.ops.json_schemas import make_schemas
+
+_ALPHABET = "abcdefghijklmnopqrstuvwxyz" * 4 + "ABCDEFGHIJ0123456789" + ' {}[]":,.-_'
+
+
+def synthetic_vocab(size: int, special_ids: tuple[int, ...], seed: int = 0) -> list[str]:
+    """`size` distinct byte-level (GPT-2 alphabet) token strings; `special_ids` get names."""
+    from troupe.actors.core.tokenizer_text import byte_level_alphabet
+
+    to_char = {b: c for c, b in byte_level_alphabet().items()}
+    rng = random.Random(seed)
+    seen: set[str] = set()
+    vocab: list[str] = []
+    for b in range(256):
+        vocab.append(to_char[b])
+        seen.add(vocab[-1])
+    while len(vocab) < size:
+        text = ("Ġ" if rng.random() < 0.4 else "") + "".join(
+            rng.choice(_ALPHABET) for _ in range(rng.randint(1, 7))
+        )
+        token = "".join(to_char[b] for b in text.replace("Ġ", " ").encode())
+        if token not in seen:
+            seen.add(token)
+            vocab.append(token)
+    for i in special_ids:
+        vocab[i] = f"<|special{i}|>"
+    return vocab
+
+
+def write_model_folder(folder: Path, config: ModelConfig) -> None:
+    """config.json, random bf16 weights and a byte-level tokenizer.json of the full vocab."""
+    from safetensors.torch import save_file
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    c = config
+    (folder / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "qwen3",
+                "hidden_size": c.hidden_size,
+                "num_hidden_layers": c.num_layers,
+                "num_attention_heads": c.num_heads,
+                "num_key_value_heads": c.num_kv_heads,
+                "head_dim": c.head_dim,
+                "intermediate_size": c.intermediate_size,
+                "vocab_size": c.vocab_size,
+                "rms_norm_eps": c.rms_norm_eps,
+                "rope_theta": c.rope_theta,
+                "tie_word_embeddings": True,
+                "max_position_embeddings": c.max_position_embeddings,
+                "eos_token_id": list(c.eos_token_ids),
+                "torch_dtype": "bfloat16",
+            }
+        )
+    )
+    save_file(random_weights(c, torch.bfloat16, seed=0), str(folder / "model.safetensors"))
+    vocab = synthetic_vocab(c.vocab_size, c.eos_token_ids)
+    tok = Tokenizer(models.WordLevel({t: i for i, t in enumerate(vocab)}, unk_token=vocab[0]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(vocab[i], special=True) for i in c.eos_token_ids])
+    tok.save(str(folder / "tokenizer.json"))
+
+
+def run(folder: Path, args: argparse.Namespace, vocab_size: int) -> dict[str, Any]:
+    import anyio
+    from troupe import Engine, EngineConfig, SamplingParams
+    from troupe.messages import StructuredOutputs
+
+    rng = random.Random(0)
+    prompts = [
+        [rng.randrange(300, vocab_size - 300) for _ in range(args.prompt_len)]
+        for _ in range(args.num_seqs)
+    ]
+    specs = [StructuredOutputs.from_schema(s) for s in make_schemas(args.num_seqs)]
+    config = EngineConfig(
+        model=str(folder),
+        max_num_seqs=args.num_seqs,
+        max_model_len=args.prompt_len + args.max_tokens + 16,
+        enforce_eager=args.enforce_eager,
+    )
+    out: dict[str, Any] = {}
+
+    async def main() -> None:
+        async with Engine.open(config) as engine:
+
+            async def one(prompt: list[int], params: SamplingParams) -> int:
+                n = 0
+                async for event in engine.generate(prompt, params):
+                    n += len(event.token_ids)
+                return n
+
+            async def timed(params: list[SamplingParams]) -> tuple[list[int], float, int, float]:
+                counts = [0] * len(params)
+                steps0, busy0 = (
+                    engine.stats().num_steps,
+                    engine.actor_busy_seconds().get("grammar", 0.0),
+                )
+
+                async def job(i: int) -> None:
+                    counts[i] = await one(prompts[i], params[i])
+
+                start = time.perf_counter()
+                async with anyio.create_task_group() as tg:
+                    for i in range(len(params)):
+                        tg.start_soon(job, i)
+                elapsed = time.perf_counter() - start
+                steps = engine.stats().num_steps - steps0
+                grammar = engine.actor_busy_seconds().get("grammar", 0.0) - busy0
+                return counts, elapsed, steps, grammar
+
+            start = time.perf_counter()
+            await one([1, 2, 3], SamplingParams(max_tokens=4, structured_outputs=specs[0]))
+            out["first_compile_s"] = time.perf_counter() - start  # includes the vocab's info
+            if not args.cold:
+                start = time.perf_counter()
+                async with anyio.create_task_group() as tg:
+                    for spec in specs:
+                        tg.start_soon(
+                            one, [1, 2, 3], SamplingParams(max_tokens=1, structured_outputs=spec)
+                        )
+                out["compile_all_s"] = time.perf_counter() - start
+            constrained = [
+                SamplingParams(
+                    max_tokens=args.max_tokens, temperature=0.6, seed=i, structured_outputs=s
+                )
+                for i, s in enumerate(specs)
+            ]
+            counts, t_a, steps_a, grammar_a = await timed(constrained)
+            free = [
+                SamplingParams(max_tokens=max(n, 1), temperature=0.6, seed=i, ignore_eos=True)
+                for i, n in enumerate(counts)
+            ]
+            _, t_b, steps_b, _ = await timed(free)
+            out.update(
+                tokens=sum(counts),
+                num_length=sum(n >= args.max_tokens for n in counts),
+                structured=(t_a, steps_a),
+                free=(t_b, steps_b),
+                grammar_busy_s=grammar_a,
+            )
+
+    anyio.run(main)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--num-seqs", type=int, default=256)
+    parser.add_argument("--prompt-len", type=int, default=128)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--enforce-eager", action="store_true")
+    parser.add_argument("--cold", action="store_true", help="compile the schemas inside run A")
+    parser.add_argument("--smoke", action="store_true", help="a 2-layer model: CPU smoke run")
+    args = parser.parse_args(argv)
+    config = qwen3_0_6b_config()
+    if args.smoke:
+        config = dataclasses.replace(
+            config, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
+            intermediate_size=128, vocab_size=4096, eos_token_ids=(4000, 4001),
+        )  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        write_model_folder(folder, config)
+        r = run(folder, args, config.vocab_size)
+    (t_a, steps_a), (t_b, steps_b) = r["structured"], r["free"]
+    ms_a, ms_b = 1000 * t_a / max(steps_a, 1), 1000 * t_b / max(steps_b, 1)
+    print(f"seqs={args.num_seqs} prompt={args.prompt_len} output tokens={r['tokens']} "
+          f"(hit max_tokens: {r['num_length']}); first compile {r['first_compile_s']:.2f}s, "
+          f"all schemas {r.get('compile_all_s', float('nan')):.2f}s")  # fmt: skip
+    print(f"structured: {t_a:.2f}s {steps_a} steps {ms_a:.2f} ms/step; "
+          f"grammar actor busy {r['grammar_busy_s']:.2f}s")  # fmt: skip
+    print(f"free:       {t_b:.2f}s {steps_b} steps {ms_b:.2f} ms/step")
+    print(f"step time ratio structured/free: {ms_a / ms_b:.3f} (target <= 1.15)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
