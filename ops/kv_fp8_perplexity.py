@@ -7,6 +7,7 @@ scales are set by the first chunk and kept, as in the engine. Prints perplexity 
 the teacher-forced greedy agreement (argmax equal at each position).
 
     python -m troupe.ops.kv_fp8_perplexity [--tokens 12000] [--segment 2048] [--chunk 512]
+                                           [--only bf16|fp8]
 """
 
 from __future__ import annotations
@@ -78,6 +79,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=12000)
     parser.add_argument("--segment", type=int, default=2048)
     parser.add_argument("--chunk", type=int, default=512)
+    parser.add_argument("--only", choices=("bf16", "fp8"), default=None, help="one KV dtype")
     args = parser.parse_args()
     torch.set_grad_enabled(False)
     tokenizer = load_tokenizer_for(None)
@@ -88,6 +90,8 @@ def main() -> None:
     nll: dict[str, float] = {}
     argmax: dict[str, list[torch.Tensor]] = {}
     for name, dtype in (("bf16", torch.bfloat16), ("fp8", FP8_DTYPE)):
+        if args.only not in (None, name):
+            continue
         t0 = time.perf_counter()
         kv = KVCache(config, num_gpu_blocks=-(-args.segment // BLOCK), num_cpu_blocks=0,
                      block_size=BLOCK, dtype=dtype, device=torch.device("cpu"))  # fmt: skip
@@ -106,6 +110,8 @@ def main() -> None:
         argmax[name] = picks
         print(f"{name}: {count} scored tokens, perplexity {math.exp(nll[name]):.4f} "
               f"({time.perf_counter() - t0:.0f} s)")  # fmt: skip
+    if args.only is not None:
+        return
     same = sum(int((a == b).sum()) for a, b in zip(argmax["bf16"], argmax["fp8"], strict=True))
     num = sum(len(a) for a in argmax["bf16"])
     ratio = math.exp(nll["fp8"]) / math.exp(nll["bf16"])
