@@ -217,7 +217,8 @@ class AllocatorCore:
         seq = self._seq(op.request_id)
         end = min(op.num_blocks, len(seq.table))
         if end > seq.num_released:
-            self._release_blocks(op.request_id, seq, seq.table[seq.num_released : end])
+            blocks = seq.table[seq.num_released : end]
+            self._release_blocks(op.request_id, seq, blocks, is_partial=True)
             seq.num_released = end
 
     def _swap_out(self, op: SwapOut) -> Refusal | None:  # refused: freed instead
@@ -260,12 +261,17 @@ class AllocatorCore:
         self._release_blocks(rid, seq, seq.table[seq.num_released :])
         seq.table, seq.num_shared, seq.num_released = [], 0, 0
 
-    def _release_blocks(self, rid: str, seq: _Seq, blocks: list[int]) -> None:
-        """Drop rid's hold on `blocks`, tail first (evicted first)."""
+    def _release_blocks(
+        self, rid: str, seq: _Seq, blocks: list[int], *, is_partial: bool = False
+    ) -> None:
+        """Drop rid's hold on `blocks`, tail first (evicted first). A partial release (behind
+        a window) keeps rid's num_shared true; a whole one resets it after."""
         holders_of = self.holders
         for block_id in blocks:
             holders = holders_of.get(block_id)
             if holders is not None:
+                if is_partial and len(holders) > 1:  # rid shared it: one fewer
+                    self._count_shared(rid, -1)
                 holders.remove(rid)
                 if len(holders) == 1:  # the one left holds it alone now
                     self._count_shared(holders[0], -1)

@@ -141,3 +141,26 @@ def test_decode_kernel_window_matches_reference(window: int, num_splits: int | N
         batch.max_seq_len, num_splits=num_splits, out=out, sliding_window=window,
     )  # fmt: skip
     assert _rel_err(out, ref) < 1e-4
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("window", [100, 1000, 4096])
+def test_window_kernels_on_gpu(window: int) -> None:
+    """bf16, real head sizes: the tile kernel (with leading decodes) and the split decode."""
+    lens = [(3000, 1), (700, 1), (0, 1500), (2000, 300)]
+    batch = make_paged_batch(
+        lens, num_q_heads=32, num_kv_heads=8, head_dim=128, block_size=16,
+        dtype=torch.bfloat16, device="cuda", seed=window,
+    )  # fmt: skip
+    for s, (ctx, _) in enumerate(lens):  # free the blocks before each window
+        num_free = max(0, ctx - window + 1) // 16
+        for b in batch.block_tables[s, :num_free].tolist():
+            batch.k_cache[b] = float("nan")
+            batch.v_cache[b] = float("nan")
+        batch.block_tables[s, :num_free] = PADDING_BLOCK_ID
+    args = (batch.q, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens,
+            batch.query_start_loc, 1 / math.sqrt(128), batch.max_query_len, batch.max_seq_len)  # fmt: skip
+    ref = reference.paged_attention(*args, sliding_window=window)
+    prefix = torch.tensor([2], dtype=torch.int32, device="cuda")
+    out = paged_attention_triton(*args, prefix, sliding_window=window)
+    assert _rel_err(out.float(), ref.float()) < 1e-2

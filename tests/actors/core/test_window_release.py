@@ -47,7 +47,7 @@ class WindowWatcher:
 
 def _run(
     lengths: list[tuple[int, int]], *, window: int, num_gpu_blocks: int, mode: str = "auto",
-    num_cpu_blocks: int = 0, lookahead: int = 0,
+    num_cpu_blocks: int = 0, lookahead: int = 0, same_prompts: bool = False,
 ) -> tuple[CoreLoop, WindowWatcher, list[int]]:  # fmt: skip
     """Run the requests; also returns the most GPU blocks held at once, per allocator batch."""
     scheduler = SchedulerCore(
@@ -79,7 +79,9 @@ def _run(
     requests = [
         AdmittedRequest(
             request_id=f"r{i}",
-            prompt_token_ids=tuple(100 + (i * 37 + j * 11) % 900 for j in range(prompt)),
+            prompt_token_ids=tuple(
+                100 + ((0 if same_prompts else i) * 37 + j * 11) % 900 for j in range(prompt)
+            ),
             params=SamplingParams(max_tokens=out, ignore_eos=True),
             arrival_time=0.0,
             max_total_tokens=prompt + out,
@@ -125,3 +127,11 @@ def test_swap_and_recompute_with_released_blocks() -> None:
         stats = loop.scheduler.stats()
         assert stats.num_preemptions_swap + stats.num_preemptions_recompute > 0, mode
         assert loop.num_refused == 0
+
+
+def test_shared_prefixes_released_behind_the_window() -> None:
+    """Requests sharing a cached prompt prefix release it behind their windows one by one: the
+    allocator's sharing counts stay true (check_allocator) and nothing is refused."""
+    loop, _, _ = _run([(20, 30)] * 4, window=WINDOW, num_gpu_blocks=24, same_prompts=True)
+    assert loop.num_refused == 0
+    assert loop.scheduler.stats().prefix_cache_hit_tokens > 0

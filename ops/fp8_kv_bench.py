@@ -1,0 +1,173 @@
+"""fp8 vs bf16 KV on the GPU: decode attention bandwidth, and a Llama-3.1-8B-shape workload.
+
+    python -m troupe.ops.fp8_kv_bench attention          # decode kernel, bytes counted in fp8
+    python -m troupe.ops.fp8_kv_bench workload [--num-seqs 1024]
+
+attention: Llama-3.1-8B heads (32 q, 8 kv, head_dim 128), block_size 16; achieved bandwidth
+counts K and V once in the cache's own bytes (1 per element for fp8) plus q and out, against a
+1 GiB device copy.
+
+workload: random bf16 weights of the Llama-3.1-8B shape generated on the device (no files),
+the KV pool sized from free memory in each KV dtype (fp8: twice the blocks), then N requests of
+1,000 prompt and 1,000 output tokens (ignore_eos, greedy) through ModelRunner with a local loop
+that admits while blocks last: output tokens/s for bf16 KV then fp8 KV in the same process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import math
+import time
+
+import torch
+from troupe.gpu.model_config import ModelConfig
+from troupe.gpu.model_runner import ModelRunner, RunnerOptions, kv_dtype
+from troupe.gpu.models import DecoderModel
+from troupe.gpu.pool_sizing import blocks_from_free_memory
+from troupe.kernels.decode_attention import paged_decode_attention_triton
+from troupe.kernels.kv_quant import quantize
+from troupe.kernels.paged_batch import make_paged_batch
+from troupe.messages import SamplingParams, SeqWork, StepPlan
+from troupe.ops.kernel_bench import copy_bandwidth, median_ms
+
+LLAMA_8B = ModelConfig(
+    model_type="llama", hidden_size=4096, num_layers=32, num_heads=32, num_kv_heads=8,
+    head_dim=128, intermediate_size=14336, vocab_size=128256, rms_norm_eps=1e-5,
+    rope_theta=500000.0, max_position_embeddings=8192, eos_token_ids=(128001,),
+    torch_dtype=torch.bfloat16,
+)  # fmt: skip
+
+
+def attention(copy_bw: float) -> None:
+    for num_seqs, context in ((256, 1024), (64, 4096), (16, 16384)):
+        batch = make_paged_batch(
+            [(context - 1, 1)] * num_seqs, num_q_heads=32, num_kv_heads=8, head_dim=128,
+            block_size=16, dtype=torch.bfloat16, device="cuda", seed=0, poison=False,
+        )  # fmt: skip
+        scales = torch.full((8,), 1 / 64, device="cuda")
+        k8 = quantize(batch.k_cache.flatten(0, 1), scales).view(batch.k_cache.shape)
+        v8 = quantize(batch.v_cache.flatten(0, 1), scales).view(batch.v_cache.shape)
+        tokens = int(batch.seq_lens.sum())
+        for name, k, v, extra in (
+            ("bf16", batch.k_cache, batch.v_cache, {}),
+            ("fp8", k8, v8, {"k_scale": scales, "v_scale": scales}),
+        ):
+            ms = median_ms(
+                lambda b=batch, k=k, v=v, extra=extra: paged_decode_attention_triton(
+                    b.q, k, v, b.block_tables, b.seq_lens, 1 / math.sqrt(128),
+                    b.max_seq_len, **extra,
+                )
+            )  # fmt: skip
+            nbytes = 2 * tokens * 8 * 128 * k.element_size() + 4 * batch.q.numel()
+            bw = nbytes / (ms * 1e-3)
+            print(
+                f"decode {num_seqs}x{context} {name}: {ms * 1e3:.1f} us, "
+                f"{bw / 1e12:.2f} TB/s, {bw / copy_bw:.0%} of copy",
+                flush=True,
+            )
+
+
+def random_model() -> DecoderModel:
+    model = DecoderModel(LLAMA_8B, torch.bfloat16, torch.device("cuda"), 8192)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    for name, param in model.named_parameters():
+        if name.endswith("norm") or name.endswith("layernorm"):
+            param.fill_(1.0)
+        else:
+            param.normal_(0.0, 0.02, generator=gen)
+    return model.eval()
+
+
+def workload(model: DecoderModel, cache: str, num_seqs: int, batched: int) -> None:
+    gc.collect()
+    torch.cuda.empty_cache()
+    dtype = kv_dtype(cache, torch.bfloat16)
+    num_blocks = blocks_from_free_memory(
+        LLAMA_8B, 16, dtype, torch.device("cuda"), 0.9, peak_activation_bytes=8 * 2**30
+    )
+    options = RunnerOptions(
+        block_size=16, num_gpu_blocks=num_blocks, max_num_seqs=num_seqs, max_model_len=2048,
+        enforce_eager=False, mixed_graph_tokens=min(batched, 8192), kv_cache_dtype=cache,
+    )  # fmt: skip
+    runner = ModelRunner(LLAMA_8B, model, options)
+    prompt_len = out_len = 1000
+    per_seq = -(-(prompt_len + out_len) // 16)
+    free = list(range(num_blocks))
+    waiting = list(range(num_seqs))
+    done = [0] * num_seqs
+    outs: list[list[int]] = [[] for _ in range(num_seqs)]
+    tables: dict[int, list[int]] = {}
+    running: list[int] = []
+    prompts = [
+        [(7 * s + 13 * i) % 100_000 + 10 for i in range(prompt_len)] for s in range(num_seqs)
+    ]
+    params = SamplingParams(temperature=0.0, max_tokens=out_len, ignore_eos=True)
+    step = peak_running = 0
+    start = time.perf_counter()
+    while waiting or running:
+        while waiting and len(free) >= per_seq:
+            seq = waiting.pop(0)
+            tables[seq], free = free[:per_seq], free[per_seq:]
+            running.append(seq)
+        peak_running = max(peak_running, len(running))
+        budget, works = batched, []
+        for seq in running:  # decodes first, then prefill chunks
+            if done[seq] >= prompt_len:
+                works.append(SeqWork(request_id=str(seq), token_ids=(outs[seq][-1],),
+                                     start_pos=done[seq], block_ids=()))  # fmt: skip
+                done[seq] += 1
+                budget -= 1
+        for seq in running:
+            if done[seq] < prompt_len and budget > 0:
+                first = done[seq] == 0
+                tokens = prompts[seq][done[seq] : done[seq] + budget]
+                works.append(SeqWork(
+                    request_id=str(seq), token_ids=tuple(tokens), start_pos=done[seq],
+                    block_ids=tuple(tables[seq]) if first else (), reset=first,
+                    sample=done[seq] + len(tokens) == prompt_len,
+                    params=params if first else None, num_prompt_tokens=prompt_len if first else 0,
+                ))  # fmt: skip
+                done[seq] += len(tokens)
+                budget -= len(tokens)
+        step += 1
+        finished = []
+        for token in runner.execute(StepPlan(step_id=step, seqs=tuple(works))):
+            seq = int(token.request_id)
+            outs[seq].append(token.token_id)
+            if len(outs[seq]) == out_len:
+                finished.append(seq)
+        for seq in finished:
+            running.remove(seq)
+            free += tables.pop(seq)
+        if finished:
+            runner.execute(StepPlan(step_id=step, seqs=(), released=tuple(map(str, finished))))
+    torch.cuda.synchronize()
+    elapsed = time.perf_counter() - start
+    total = sum(len(o) for o in outs)
+    print(
+        f"{cache} KV: {num_blocks} blocks ({num_blocks * 16} tokens), peak {peak_running} "
+        f"running, {total} output tokens in {elapsed:.1f} s = {total / elapsed:.0f} tok/s",
+        flush=True,
+    )
+    runner.close()
+    del runner
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("what", choices=("attention", "workload"))
+    parser.add_argument("--num-seqs", type=int, default=1024)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    args = parser.parse_args()
+    torch.set_grad_enabled(False)
+    if args.what == "attention":
+        attention(copy_bandwidth())
+        return
+    model = random_model()
+    for cache in ("auto", "fp8"):
+        workload(model, cache, args.num_seqs, args.max_num_batched_tokens)
+
+
+if __name__ == "__main__":
+    main()
