@@ -15,6 +15,9 @@ DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 
 # Policy names: each policy module (actors/core/) checks that its registry covers its names.
 QueuePolicyName = Literal["fcfs", "priority"]  # queue_policy.py
+# "auto": quantized weights stay as shipped (GGUF blocks, fp8) and are dequantized inside the
+# matmul (gpu/quant_linear.py); "dequantize": expand them to `dtype` at load.
+Quantization = Literal["auto", "dequantize"]
 PreemptionMode = Literal["auto", "swap", "recompute"]  # preemption_policy.py
 
 
@@ -30,6 +33,7 @@ class EngineConfig:
     runner: Literal["model", "fake"] = "model"  # "fake": deterministic fake model (tests, benches)
     device: Literal["auto", "cpu", "cuda"] = "auto"
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    quantization: Quantization = "auto"
     block_size: int = 16
     num_kv_blocks: int | None = None  # None: size the GPU pool from free memory
     num_cpu_blocks: int | None = None  # swap pool; None: cpu_swap_gib worth of blocks
@@ -97,6 +101,7 @@ class EngineConfig:
         _choice(self, "preemption_mode", get_args(PreemptionMode))
         _choice(self, "scheduling_policy", get_args(QueuePolicyName))
         _choice(self, "log_format", ("console", "json"))
+        _choice(self, "quantization", get_args(Quantization))
         _choice(self, "kernel_backend", get_args(KernelBackend))
         if not isinstance(self.enable_overlap_schedule, bool):
             raise ConfigError(
