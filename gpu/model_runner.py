@@ -153,7 +153,7 @@ class ModelRunner:
                 f"max_position_embeddings {model_config.max_position_embeddings}"
             )
         model_config, model = load_model(
-            Path(path), dtype, device, max_model_len, config.kernel_backend
+            Path(path), dtype, device, max_model_len, config.kernel_backend, config.quantization
         )
         # A CPU step runs synchronously: launching the next one early overlaps nothing.
         overlap = config.enable_overlap_schedule and device.type == "cuda"

@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from troupe.gpu.attention import AttentionMetadata
 from troupe.gpu.model_config import ModelConfig, ModelLoadError
+from troupe.gpu.quant_linear import Weight, embedding, linear
 from troupe.kernels.ops import KernelBackend, KernelOps, select_ops
 from troupe.kernels.rope_cache import build_cos_sin_cache
 
@@ -22,6 +22,11 @@ KVCache = tuple[torch.Tensor, torch.Tensor]
 
 def _param(*shape: int, dtype: torch.dtype, device: torch.device) -> nn.Parameter:
     return nn.Parameter(torch.empty(*shape, dtype=dtype, device=device), requires_grad=False)
+
+
+def _dense(weight: Weight | None) -> torch.Tensor | None:
+    """The parameter to copy a dense tensor into; None (skip) where a quantized weight sits."""
+    return weight if isinstance(weight, torch.Tensor) else None
 
 
 class DecoderLayer(nn.Module):
@@ -36,14 +41,15 @@ class DecoderLayer(nn.Module):
             return _param(*shape, dtype=dtype, device=device)
 
         self.input_layernorm = param(c.hidden_size)
-        self.qkv_proj = param(c.q_size + 2 * c.kv_size, c.hidden_size)
+        # projections: dense, or quantized as shipped (gpu/quant_install.py replaces them)
+        self.qkv_proj: Weight = param(c.q_size + 2 * c.kv_size, c.hidden_size)
         self.qkv_bias = param(c.q_size + 2 * c.kv_size) if c.qkv_bias else None
         self.q_norm = param(c.head_dim) if c.qk_norm else None
         self.k_norm = param(c.head_dim) if c.qk_norm else None
-        self.o_proj = param(c.hidden_size, c.q_size)
+        self.o_proj: Weight = param(c.hidden_size, c.q_size)
         self.post_attention_layernorm = param(c.hidden_size)
-        self.gate_up_proj = param(2 * c.intermediate_size, c.hidden_size)
-        self.down_proj = param(c.hidden_size, c.intermediate_size)
+        self.gate_up_proj: Weight = param(2 * c.intermediate_size, c.hidden_size)
+        self.down_proj: Weight = param(c.hidden_size, c.intermediate_size)
         self.scale = c.head_dim**-0.5
 
     def forward(
@@ -59,7 +65,7 @@ class DecoderLayer(nn.Module):
         c = self.config
         eps = c.rms_norm_eps
         x, residual = ops.rms_norm(hidden, self.input_layernorm, eps, residual)
-        qkv = F.linear(x, self.qkv_proj, self.qkv_bias)
+        qkv = linear(x, self.qkv_proj, self.qkv_bias)
         num_tokens = qkv.shape[0]
         k_cache, v_cache = kv_cache
         # q/k norm (Qwen3), rotary and the KV write in one pass; None weights skip the norm
@@ -97,10 +103,10 @@ class DecoderLayer(nn.Module):
                 meta.max_seq_len,
                 meta.decode_prefix,
             )
-        hidden = F.linear(attn.reshape(num_tokens, c.q_size), self.o_proj)
+        hidden = linear(attn.reshape(num_tokens, c.q_size), self.o_proj)
         x, residual = ops.rms_norm(hidden, self.post_attention_layernorm, eps, residual)
-        act = ops.silu_mul(F.linear(x, self.gate_up_proj))
-        return F.linear(act, self.down_proj), residual
+        act = ops.silu_mul(linear(x, self.gate_up_proj))
+        return linear(act, self.down_proj), residual
 
 
 class DecoderModel(nn.Module):
@@ -120,10 +126,10 @@ class DecoderModel(nn.Module):
         self.dtype = dtype
         self.device = device
         self.ops = select_ops(device, kernel_backend)
-        self.embed_tokens = _param(c.vocab_size, c.hidden_size, dtype=dtype, device=device)
+        self.embed_tokens: Weight = _param(c.vocab_size, c.hidden_size, dtype=dtype, device=device)
         self.layers = nn.ModuleList(DecoderLayer(c, dtype, device) for _ in range(c.num_layers))
         self.norm = _param(c.hidden_size, dtype=dtype, device=device)
-        self.lm_head = (
+        self.lm_head: Weight | None = (
             None
             if c.tie_word_embeddings
             else _param(c.vocab_size, c.hidden_size, dtype=dtype, device=device)
@@ -146,7 +152,7 @@ class DecoderModel(nn.Module):
         kv_caches: list[KVCache],
     ) -> torch.Tensor:
         """Hidden states [N, hidden] of only the rows in meta.logits_indices, after the norm."""
-        hidden = F.embedding(input_ids, self.embed_tokens)
+        hidden = embedding(input_ids, self.embed_tokens, self.dtype)
         residual: torch.Tensor | None = None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             hidden, residual = layer(
@@ -165,7 +171,7 @@ class DecoderModel(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """fp32 logits [N, vocab] for the selected hidden states."""
         weight = self.embed_tokens if self.lm_head is None else self.lm_head
-        return F.linear(hidden, weight).float()
+        return linear(hidden, weight).float()
 
     @torch.inference_mode()
     def load_weights(self, tensors: Iterable[tuple[str, torch.Tensor]], source: str) -> None:
@@ -223,11 +229,11 @@ class DecoderModel(nn.Module):
     ) -> tuple[torch.Tensor | None, int | None, int, str]:
         """HF name -> (destination tensor, slice start or None, slice size, fill key)."""
         if name == "model.embed_tokens.weight":
-            return self.embed_tokens, None, 0, "embed_tokens"
+            return _dense(self.embed_tokens), None, 0, "embed_tokens"
         if name == "model.norm.weight":
             return self.norm, None, 0, "norm"
         if name == "lm_head.weight":
-            return self.lm_head, None, 0, "lm_head"  # None when tied: ignored
+            return _dense(self.lm_head), None, 0, "lm_head"  # None when tied: ignored
         parts = name.split(".")
         if len(parts) < 5 or parts[:2] != ["model", "layers"]:
             return None, None, 0, ""

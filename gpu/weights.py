@@ -7,9 +7,11 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import torch
-from troupe.gpu.gguf_weights import iter_gguf_tensors, read_gguf_config
+from troupe.config import Quantization
+from troupe.gpu.gguf_weights import iter_gguf_quantized, iter_gguf_tensors, read_gguf_config
 from troupe.gpu.model_config import ModelConfig, ModelLoadError
 from troupe.gpu.models import DecoderModel
+from troupe.gpu.quant_install import install_quantized
 from troupe.kernels.ops import KernelBackend
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -65,9 +67,18 @@ def load_model(
     device: torch.device,
     max_positions: int,
     kernel_backend: KernelBackend = "auto",
+    quantization: Quantization = "dequantize",
 ) -> tuple[ModelConfig, DecoderModel]:
-    """Read the config and weights of `path` into a DecoderModel on `device`."""
+    """Read the config and weights of `path` into a DecoderModel on `device`.
+
+    quantization="auto" keeps a GGUF file's quantized matrices as shipped (gpu/quant_linear.py);
+    "dequantize" expands every tensor to `dtype`."""
     config = read_config(path)
+    if path.suffix == ".gguf" and quantization == "auto":
+        model = DecoderModel(config, dtype, device, max_positions, kernel_backend)
+        used = install_quantized(model, dict(iter_gguf_quantized(path, config)))
+        model.load_weights(iter_gguf_tensors(path, config, frozenset(used)), str(path))
+        return config, model.eval()
     tensors = iter_gguf_tensors(path, config) if path.suffix == ".gguf" else iter_hf_tensors(path)
     model = build_model(
         config,
