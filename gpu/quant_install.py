@@ -4,7 +4,10 @@ then fills only the parameters left (norms, biases, anything shipped dense)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from torch import nn
+from troupe.gpu.fp8_weights import Fp8Weight, concat_fp8
 from troupe.gpu.gguf_quant import QuantBlocks, concat_rows
 from troupe.gpu.model_config import ModelLoadError
 from troupe.gpu.models import DecoderModel
@@ -19,7 +22,9 @@ _FUSED = {
 }
 
 
-def install_quantized(model: DecoderModel, tensors: dict[str, QuantBlocks]) -> set[str]:
+def install_quantized(
+    model: DecoderModel, tensors: Mapping[str, QuantBlocks | Fp8Weight]
+) -> set[str]:
     """Replace every parameter whose parts are all in `tensors` (HF names); returns the HF names
     used. A fused parameter with only some parts quantized, or a form with no packed path on
     the model's device, stays dense: the loader expands those tensors."""
@@ -32,7 +37,7 @@ def install_quantized(model: DecoderModel, tensors: dict[str, QuantBlocks]) -> s
             if not all(name in tensors for name in names):
                 continue
             try:
-                blocks = concat_rows([tensors[name] for name in names])
+                blocks = _concat([tensors[name] for name in names])
             except ValueError:
                 continue  # mixed forms: leave them to the dense path
             weight = make_quant_linear(blocks, device)
@@ -49,6 +54,15 @@ def install_quantized(model: DecoderModel, tensors: dict[str, QuantBlocks]) -> s
                 _replace(model, attr, weight, hf_name)
                 used.add(hf_name)
     return used
+
+
+def _concat(parts: list[QuantBlocks | Fp8Weight]) -> QuantBlocks | Fp8Weight:
+    fp8 = [p for p in parts if isinstance(p, Fp8Weight)]
+    if not fp8:
+        return concat_rows([p for p in parts if not isinstance(p, Fp8Weight)])
+    if len(fp8) != len(parts):
+        raise ValueError("cannot fuse fp8 with GGUF blocks")
+    return concat_fp8(fp8)
 
 
 def _replace(module: nn.Module, attr: str, weight: QuantLinear, name: str) -> None:

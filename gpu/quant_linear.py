@@ -15,7 +15,9 @@ function either way.
            127; error <= r / 2). Prefill and the embedding lookup use the exact codes.
       CUDA: expanded to the model dtype at load (dense; make_quant_linear returns None).
 
-The exact expansion of either equals gguf-py's dequantization bit for bit, so
+    Fp8Linear    HF fp8 e4m3 (gpu/fp8_weights.py), CUDA only: kernels/quant_gemv.py.
+
+The exact expansion of the GGUF forms equals gguf-py's dequantization bit for bit, so
 quantization="dequantize" and this path differ only where the notes above say.
 """
 
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from troupe.gpu.fp8_weights import Fp8Weight
 from troupe.gpu.gguf_quant import Int4Blocks, Int8Blocks, QuantBlocks
 
 CPU_PACKED_MAX_ROWS = 16  # above: expanding the weight and one fp32 GEMM is faster (measured)
@@ -95,13 +98,28 @@ class Int8Linear:
         return self.blocks.rows(ids).dequantize()
 
 
-QuantLinear = Int4Linear | Int8Linear
+class Fp8Linear:
+    """An fp8 e4m3 weight with block or per-channel scales (CUDA: kernels/quant_gemv.py)."""
+
+    def __init__(self, fp8: Fp8Weight, device: torch.device) -> None:
+        self.fp8 = Fp8Weight(fp8.weight.to(device), fp8.scale.to(device, torch.float32))
+        self.shape = fp8.shape
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        from troupe.kernels.quant_gemv import fp8_matmul
+
+        return fp8_matmul(x, self.fp8.weight, self.fp8.scale)
+
+
+QuantLinear = Int4Linear | Int8Linear | Fp8Linear
 Weight = torch.Tensor | QuantLinear
 
 
-def make_quant_linear(blocks: QuantBlocks, device: torch.device) -> QuantLinear | None:
+def make_quant_linear(blocks: QuantBlocks | Fp8Weight, device: torch.device) -> QuantLinear | None:
     """The layer for `blocks` on `device`; None where it has no packed path (the loader then
     expands the tensor to the model dtype)."""
+    if isinstance(blocks, Fp8Weight):
+        return Fp8Linear(blocks, device) if device.type == "cuda" else None
     if isinstance(blocks, Int4Blocks):
         return Int4Linear(blocks, device)
     if device.type == "cpu":
@@ -123,4 +141,8 @@ def embedding(ids: torch.Tensor, weight: Weight, dtype: torch.dtype) -> torch.Te
         return F.embedding(ids, weight)
     if isinstance(weight, Int8Linear):
         return weight.embedding(ids).to(dtype)
+    if isinstance(weight, Fp8Linear):
+        fp8 = weight.fp8
+        rows = Fp8Weight(fp8.weight[ids], fp8.scale[ids // fp8.block_rows])
+        return rows.dequantize().to(dtype)
     return weight.blocks.rows(ids).dequantize().to(dtype)
