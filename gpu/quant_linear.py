@@ -39,12 +39,14 @@ class Int4Linear:
         self.shape = blocks.shape
         self.device = device
         if device.type == "cpu":
-            codes = blocks.codes().to(torch.int32)
+            pad = -self.shape[0] % 16  # the packed format wants N in multiples of 16
+            codes = F.pad(blocks.codes().to(torch.int32), (0, 0, 0, pad))
             self._packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
             zero = blocks.bias + 8 * blocks.scale
             # [K / group, N, 2] = (scale, zero)
-            self._scale_zero = torch.stack((blocks.scale, zero), dim=-1).transpose(0, 1)
-            self._scale_zero = self._scale_zero.contiguous().to(torch.bfloat16)
+            scale_zero = torch.stack((blocks.scale, zero), dim=-1)
+            scale_zero = F.pad(scale_zero, (0, 0, 0, 0, 0, pad)).transpose(0, 1)
+            self._scale_zero = scale_zero.contiguous().to(torch.bfloat16)
         else:  # fp16 factors: exact for Q4_0 and Q4_1 (fp16 in the file), rounded for Q4_K
             self.blocks = Int4Blocks(
                 blocks.packed.to(device),
@@ -67,7 +69,7 @@ class Int4Linear:
         out: torch.Tensor = torch.ops.aten._weight_int4pack_mm_for_cpu(
             x.to(torch.bfloat16), self._packed, self.blocks.group_size, self._scale_zero
         )
-        return out.to(x.dtype)
+        return out[:, : self.shape[0]].to(x.dtype)
 
 
 class Int8Linear:

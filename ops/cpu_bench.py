@@ -73,7 +73,9 @@ def run_troupe(model: str | None, quantization: str, repeats: int, threads: int)
     from troupe.messages.events import Delta, Finished
 
     torch.set_num_threads(threads)
-    config = EngineConfig(model=model, device="cpu", quantization=quantization)  # type: ignore[arg-type]
+    # "auto" is the default: leave it out, so the script also runs on commits without the field
+    extra = {} if quantization == "auto" else {"quantization": quantization}
+    config = EngineConfig(model=model, device="cpu", **extra)  # type: ignore[arg-type]
     result: dict[str, Any] = {}
 
     async def main() -> None:
