@@ -15,8 +15,9 @@ factors computed as gguf-py computes them (Q4_0: bias = -8 d; Q4_K: scale = d * 
                       sub-block 2c in low nibbles, 2c + 1 in high    w = d sc q - dmin m
     Q6_K 210 B / 256: 128 B ql | 64 B qh | 16 int8 sc | d           w = d sc (q - 32)
 
-Int4Blocks packs two codes a byte, element 2i in the low nibble of byte i (the layout the
-Triton kernels read).
+Int4Blocks keeps Q4_0's nibble order (the Triton kernels read it): per group of 32, byte j
+holds element j in its low nibble and element j + 16 in its high one. Q4_0 and Q4_1 codes are
+the file's bytes as they are; Q4_K's are reordered into it.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ BLOCK_BYTES = {Q4_0: (32, 18), Q4_1: (32, 20), Q8_0: (32, 34), Q4_K: (256, 144),
 class Int4Blocks:
     """w = scale * q + bias per group of `group_size` along K; two 4-bit codes a byte."""
 
-    packed: torch.Tensor  # uint8 [N, K // 2]
+    packed: torch.Tensor  # uint8 [N, K // 2], Q4_0 nibble order (module docstring)
     scale: torch.Tensor  # fp32 [N, K // group_size]
     bias: torch.Tensor  # fp32 [N, K // group_size]
     group_size: int
@@ -45,7 +46,8 @@ class Int4Blocks:
 
     def codes(self) -> torch.Tensor:
         """uint8 [N, K] in 0..15."""
-        return torch.stack((self.packed & 15, self.packed >> 4), dim=-1).reshape(self.shape)
+        p = self.packed.reshape(self.shape[0], -1, 16)
+        return torch.cat((p & 15, p >> 4), dim=-1).reshape(self.shape)
 
     def dequantize(self) -> torch.Tensor:
         n, k = self.shape
@@ -81,9 +83,9 @@ QuantBlocks = Int4Blocks | Int8Blocks
 
 
 def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
-    """uint8 codes [N, K] in 0..15 -> [N, K // 2], element 2i low."""
-    pairs = codes.reshape(codes.shape[0], -1, 2)
-    return pairs[..., 0] | (pairs[..., 1] << 4)
+    """uint8 codes [N, K] in 0..15 -> [N, K // 2] in Q4_0 nibble order."""
+    groups = codes.reshape(codes.shape[0], -1, 32)
+    return (groups[..., :16] | (groups[..., 16:] << 4)).reshape(codes.shape[0], -1)
 
 
 def _f16(raw: torch.Tensor) -> torch.Tensor:
@@ -100,8 +102,7 @@ def from_gguf(raw: np.ndarray, ggml_type: int, shape: tuple[int, int]) -> QuantB
         d = _f16(b[..., 0:2])
         bias = -8.0 * d if ggml_type == Q4_0 else _f16(b[..., 2:4])
         qs = b[..., 2:18] if ggml_type == Q4_0 else b[..., 4:20]
-        codes = torch.cat((qs & 15, qs >> 4), dim=-1)  # [n, blocks, 32] in element order
-        return Int4Blocks(pack_nibbles(codes.reshape(n, k)), d, bias, 32)
+        return Int4Blocks(qs.reshape(n, k // 2), d, bias, 32)  # the file's nibble order
     if ggml_type == Q8_0:
         codes8 = b[..., 2:].contiguous().view(torch.int8).reshape(n, k)
         return Int8Blocks(codes8, _f16(b[..., 0:2]), 32)

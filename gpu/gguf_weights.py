@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,18 @@ _PER_LAYER = {
 
 
 def _read(path: Path) -> tuple[dict[str, Any], list[TensorInfo]]:
+    """Metadata and tensor directory, parsed once per file version (read_config, the quantized
+    pass and the dense pass all ask; a 49k-token vocabulary takes a while to walk)."""
+    try:
+        stat = path.stat()
+    except OSError as exc:
+        raise ModelLoadError(f"{path}: cannot read ({exc})") from exc
+    return _read_version(path, stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=2)
+def _read_version(path: Path, mtime_ns: int, size: int) -> tuple[dict[str, Any], list[TensorInfo]]:
+    del mtime_ns, size  # cache keys only
     try:
         return read_gguf_tensor_infos(path)
     except GGUFFormatError as exc:

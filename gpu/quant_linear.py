@@ -40,12 +40,14 @@ class Int4Linear:
         self.device = device
         if device.type == "cpu":
             pad = -self.shape[0] % 16  # the packed format wants N in multiples of 16
-            codes = F.pad(blocks.codes().to(torch.int32), (0, 0, 0, pad))
+            codes = blocks.codes().to(torch.int32)
+            codes = F.pad(codes, (0, 0, 0, pad)) if pad else codes
             self._packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
             zero = blocks.bias + 8 * blocks.scale
             # [K / group, N, 2] = (scale, zero)
             scale_zero = torch.stack((blocks.scale, zero), dim=-1)
-            scale_zero = F.pad(scale_zero, (0, 0, 0, 0, 0, pad)).transpose(0, 1)
+            scale_zero = F.pad(scale_zero, (0, 0, 0, 0, 0, pad)) if pad else scale_zero
+            scale_zero = scale_zero.transpose(0, 1)
             self._scale_zero = scale_zero.contiguous().to(torch.bfloat16)
         else:  # fp16 factors: exact for Q4_0 and Q4_1 (fp16 in the file), rounded for Q4_K
             self.blocks = Int4Blocks(
@@ -78,9 +80,9 @@ class Int8Linear:
     def __init__(self, blocks: Int8Blocks) -> None:
         self.blocks = blocks
         self.shape = blocks.shape
-        row_max = blocks.dequantize().abs().amax(dim=1).clamp_min(1e-30)
-        self._row_scale = row_max / 127
-        requant = torch.round(blocks.dequantize() / self._row_scale[:, None])
+        weight = blocks.dequantize()
+        self._row_scale = weight.abs().amax(dim=1).clamp_min(1e-30) / 127
+        requant = torch.round(weight.div_(self._row_scale[:, None]))
         self._row_codes = requant.clamp(-127, 127).to(torch.int8)
         self._row_scale_bf16 = self._row_scale.to(torch.bfloat16)
 

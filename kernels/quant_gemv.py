@@ -2,9 +2,9 @@
 
 Two weight forms, two shapes each:
 
-    int4   packed uint8 [N, K/2] (element 2i in the low nibble of byte i), scale and bias
-           [N, K/G] (fp16 on the GPU): w = scale * q + bias per group of G along K
-           (gpu/gguf_quant.Int4Blocks: GGUF Q4_0, Q4_1, Q4_K)
+    int4   packed uint8 [N, K/2] in Q4_0 nibble order (per group of 32: byte j holds element
+           j low and j + 16 high), scale and bias [N, K/32] (fp16 on the GPU): w = scale * q
+           + bias per group (gpu/gguf_quant.Int4Blocks: GGUF Q4_0, Q4_1, Q4_K)
     fp8    e4m3 [N, K] with scales [ceil(N/Bn), ceil(K/Bk)] fp32: w = scale[n // Bn, k // Bk]
            * q (per channel: Bn = 1, Bk = K; DeepSeek/Qwen block fp8: 128 x 128)
 
@@ -52,8 +52,9 @@ def _int4_gemv_kernel(
             mask=row_ok[:, None] & byte_ok[None, :],
             other=0,
         )
-        xe = tl.load(x_ptr + m.to(tl.int64) * K + 2 * byte, mask=byte_ok, other=0.0).to(tl.float32)
-        xo = tl.load(x_ptr + m.to(tl.int64) * K + 2 * byte + 1, mask=byte_ok, other=0.0)
+        elem = (byte // 16) * 32 + byte % 16  # the low nibble's element; the high one: + 16
+        xe = tl.load(x_ptr + m.to(tl.int64) * K + elem, mask=byte_ok, other=0.0).to(tl.float32)
+        xo = tl.load(x_ptr + m.to(tl.int64) * K + elem + 16, mask=byte_ok, other=0.0)
         xo = xo.to(tl.float32)
         lo = (p & 15).to(tl.float32)
         hi = (p >> 4).to(tl.float32)
@@ -103,10 +104,11 @@ def _int4_gemm_kernel(
         w_hi = tl.reshape(
             tl.reshape((p >> 4).to(tl.float32), shape3) * s + b, (BLOCK_N, BLOCK_K // 2)
         )
-        x_off = rm.to(tl.int64)[:, None] * K + 2 * byte[None, :]
+        elem = (byte // 16) * 32 + byte % 16
+        x_off = rm.to(tl.int64)[:, None] * K + elem[None, :]
         x_mask = (rm < M)[:, None] & byte_ok[None, :]
         xe = tl.load(x_ptr + x_off, mask=x_mask, other=0.0)
-        xo = tl.load(x_ptr + x_off + 1, mask=x_mask, other=0.0)
+        xo = tl.load(x_ptr + x_off + 16, mask=x_mask, other=0.0)
         acc += tl.dot(xe, tl.trans(w_lo.to(xe.dtype)))
         acc += tl.dot(xo, tl.trans(w_hi.to(xo.dtype)))
     out = out_ptr + rm.to(tl.int64)[:, None] * N + rn[None, :]
@@ -186,6 +188,7 @@ def int4_matmul(
     x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor, group: int
 ) -> torch.Tensor:
     """x [M, K] @ W^T for the int4 form above; returns [M, N] in x's dtype."""
+    assert group == 32, f"the int4 layout has groups of 32, got {group}"
     m, k = x.shape
     n = packed.shape[0]
     x = x.contiguous()
@@ -243,7 +246,8 @@ def int4_reference(
 ) -> torch.Tensor:
     """The torch reference of int4_matmul (fp32 weight expanded, fp32 matmul)."""
     n = packed.shape[0]
-    q = torch.stack((packed & 15, packed >> 4), dim=-1).reshape(n, -1, group).float()
+    p = packed.reshape(n, -1, 16)
+    q = torch.cat((p & 15, p >> 4), dim=-1).reshape(n, -1, group).float()
     w = (q * scale.float()[..., None] + bias.float()[..., None]).reshape(n, -1)
     return (x.float() @ w.T).to(x.dtype)
 
