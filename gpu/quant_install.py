@@ -4,8 +4,6 @@ then fills only the parameters left (norms, biases, anything shipped dense)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from torch import nn
 from troupe.gpu.fp8_weights import Fp8Weight, concat_fp8
 from troupe.gpu.gguf_quant import QuantBlocks, concat_rows
@@ -22,12 +20,11 @@ _FUSED = {
 }
 
 
-def install_quantized(
-    model: DecoderModel, tensors: Mapping[str, QuantBlocks | Fp8Weight]
-) -> set[str]:
+def install_quantized(model: DecoderModel, tensors: dict[str, QuantBlocks | Fp8Weight]) -> set[str]:
     """Replace every parameter whose parts are all in `tensors` (HF names); returns the HF names
     used. A fused parameter with only some parts quantized, or a form with no packed path on
-    the model's device, stays dense: the loader expands those tensors."""
+    the model's device, stays dense: the loader expands those tensors. Installed entries are
+    taken out of `tensors`, so the unfused parts are freed as their fused copy is made."""
     used: set[str] = set()
     device = model.device
     for index, layer in enumerate(model.layers):
@@ -44,6 +41,8 @@ def install_quantized(
             if weight is not None:
                 _replace(layer, param, weight, names[0])
                 used.update(names)
+                for name in names:
+                    del tensors[name]
     tops = [("model.embed_tokens.weight", "embed_tokens")]
     if model.lm_head is not None:  # tied embeddings: embed_tokens serves both
         tops.append(("lm_head.weight", "lm_head"))
@@ -53,6 +52,7 @@ def install_quantized(
             if weight is not None:
                 _replace(model, attr, weight, hf_name)
                 used.add(hf_name)
+                del tensors[hf_name]
     return used
 
 

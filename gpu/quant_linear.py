@@ -80,10 +80,16 @@ class Int8Linear:
     def __init__(self, blocks: Int8Blocks) -> None:
         self.blocks = blocks
         self.shape = blocks.shape
-        weight = blocks.dequantize()
-        self._row_scale = weight.abs().amax(dim=1).clamp_min(1e-30) / 127
-        requant = torch.round(weight.div_(self._row_scale[:, None]))
-        self._row_codes = requant.clamp(-127, 127).to(torch.int8)
+        n = self.shape[0]
+        self._row_scale = torch.empty(n)
+        self._row_codes = torch.empty(self.shape, dtype=torch.int8)
+        for start in range(0, n, 4096):  # in slices: no full fp32 copy of a vocabulary
+            rows = torch.arange(start, min(n, start + 4096))
+            weight = blocks.rows(rows).dequantize()
+            scale = weight.abs().amax(dim=1).clamp_min(1e-30) / 127
+            self._row_scale[rows] = scale
+            requant = torch.round(weight.div_(scale[:, None])).clamp_(-127, 127)
+            self._row_codes[rows] = requant.to(torch.int8)
         self._row_scale_bf16 = self._row_scale.to(torch.bfloat16)
 
     def dequantize(self) -> torch.Tensor:
