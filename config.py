@@ -15,6 +15,9 @@ DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 
 # Policy names: each policy module (actors/core/) checks that its registry covers its names.
 QueuePolicyName = Literal["fcfs", "priority"]  # queue_policy.py
+# "auto": quantized weights stay as shipped (GGUF blocks, fp8) and are dequantized inside the
+# matmul (gpu/quant_linear.py); "dequantize": expand them to `dtype` at load.
+Quantization = Literal["auto", "dequantize"]
 PreemptionMode = Literal["auto", "swap", "recompute"]  # preemption_policy.py
 SpeculativeMethod = Literal["ngram", "draft_model"]  # actors/core/ngram_proposer.py
 
@@ -37,6 +40,10 @@ class EngineConfig:
     # "fp8": e4m3 KV blocks, scales per layer and KV head set from the first write
     # (kernels/kv_quant.py); half the bytes of bf16, so twice the blocks in the same memory
     kv_cache_dtype: Literal["auto", "fp8"] = "auto"
+    # GGUF (and fp8 HF) weights: "auto" keeps them as shipped and expands them inside the matmul
+    # (gpu/quant_linear.py); "dequantize" expands them to `dtype` at load. The default stays
+    # "dequantize" until the kept path's CUDA kernels are measured and its CPU start-up is fast.
+    quantization: Quantization = "dequantize"
     block_size: int = 16
     num_kv_blocks: int | None = None  # None: size the GPU pool from free memory
     num_cpu_blocks: int | None = None  # swap pool; None: cpu_swap_gib worth of blocks
@@ -142,6 +149,7 @@ class EngineConfig:
         _choice(self, "scheduling_policy", get_args(QueuePolicyName))
         _choice(self, "log_format", ("console", "json"))
         self._check_speculative()
+        _choice(self, "quantization", get_args(Quantization))
         _choice(self, "kernel_backend", get_args(KernelBackend))
         if not isinstance(self.enable_overlap_schedule, bool):
             raise ConfigError(

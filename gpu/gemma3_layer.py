@@ -13,11 +13,11 @@ difference).
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from troupe.gpu.attention import AttentionMetadata
 from troupe.gpu.model_config import ModelConfig
 from troupe.gpu.models import DecoderLayer, KVCache
+from troupe.gpu.quant_linear import linear
 from troupe.kernels.ops import KernelOps
 
 
@@ -52,6 +52,6 @@ class Gemma3Layer(DecoderLayer):
         attn = self.attention(x, positions, meta, kv_cache, cos_sin, ops)
         attn = ops.rms_norm(attn, self.post_attention_layernorm, eps)[0]
         x, residual = ops.rms_norm(attn, self.pre_feedforward_layernorm, eps, residual)
-        act = ops.gelu_tanh_mul(F.linear(x, self.gate_up_proj))
-        out = ops.rms_norm(F.linear(act, self.down_proj), self.post_feedforward_layernorm, eps)[0]
+        act = ops.gelu_tanh_mul(linear(x, self.gate_up_proj))
+        out = ops.rms_norm(linear(act, self.down_proj), self.post_feedforward_layernorm, eps)[0]
         return out, residual

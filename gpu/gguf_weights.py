@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -9,6 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 from troupe.gguf_file import GGUFFormatError, TensorInfo, read_gguf_tensor_infos, tensor_bytes
+from troupe.gpu.gguf_quant import BLOCK_BYTES, QuantBlocks, from_gguf
 from troupe.gpu.model_config import ModelConfig, ModelLoadError
 
 _TOP_LEVEL = {
@@ -30,6 +32,18 @@ _PER_LAYER = {
 
 
 def _read(path: Path) -> tuple[dict[str, Any], list[TensorInfo]]:
+    """Metadata and tensor directory, parsed once per file version (read_config, the quantized
+    pass and the dense pass all ask; a 49k-token vocabulary takes a while to walk)."""
+    try:
+        stat = path.stat()
+    except OSError as exc:
+        raise ModelLoadError(f"{path}: cannot read ({exc})") from exc
+    return _read_version(path, stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=2)
+def _read_version(path: Path, mtime_ns: int, size: int) -> tuple[dict[str, Any], list[TensorInfo]]:
+    del mtime_ns, size  # cache keys only
     try:
         return read_gguf_tensor_infos(path)
     except GGUFFormatError as exc:
@@ -75,26 +89,61 @@ def unpermute_rotary(weight: np.ndarray, num_heads: int) -> np.ndarray:
     )
 
 
-def iter_gguf_tensors(path: Path, config: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
-    """(HF name, fp32 tensor) for every tensor, dequantized with gguf.quants."""
+def _hf_name(name: str) -> str | None:
+    """The HF name of a GGUF tensor; None for tensors the model does not load."""
+    if name in _TOP_LEVEL:
+        return _TOP_LEVEL[name]
+    if name.startswith("blk."):
+        _, index, rest = name.split(".", 2)
+        if rest in _PER_LAYER:
+            return f"model.layers.{index}.{_PER_LAYER[rest]}"
+    return None  # e.g. rope_freqs: recomputed from the metadata
+
+
+def _rotary_heads(name: str, config: ModelConfig) -> int | None:
+    """Heads whose rows llama.cpp permuted (q and k); None for other tensors."""
+    if rest_is(name, "attn_q.weight"):
+        return config.num_heads
+    if rest_is(name, "attn_k.weight"):
+        return config.num_kv_heads
+    return None
+
+
+def iter_gguf_tensors(
+    path: Path, config: ModelConfig, skip: frozenset[str] = frozenset()
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """(HF name, fp32 tensor) for every tensor not in `skip` (HF names), dequantized with
+    gguf.quants."""
     _, infos = _read(path)
     for info in infos:
-        name = info.name
-        if name in _TOP_LEVEL:
-            hf_name = _TOP_LEVEL[name]
-        elif name.startswith("blk."):
-            _, index, rest = name.split(".", 2)
-            if rest not in _PER_LAYER:
-                continue  # e.g. rope_freqs: recomputed from the metadata
-            hf_name = f"model.layers.{index}.{_PER_LAYER[rest]}"
-        else:
+        hf_name = _hf_name(info.name)
+        if hf_name is None or hf_name in skip:
             continue
         data = _dequantize(path, info)
-        if rest_is(name, "attn_q.weight"):
-            data = unpermute_rotary(data, config.num_heads)
-        elif rest_is(name, "attn_k.weight"):
-            data = unpermute_rotary(data, config.num_kv_heads)
+        heads = _rotary_heads(info.name, config)
+        if heads is not None:
+            data = unpermute_rotary(data, heads)
         yield hf_name, torch.from_numpy(np.ascontiguousarray(data))
+
+
+def iter_gguf_quantized(path: Path, config: ModelConfig) -> Iterator[tuple[str, QuantBlocks]]:
+    """(HF name, blocks as shipped) for every 2-D tensor in a form gguf_quant.py keeps."""
+    _, infos = _read(path)
+    for info in infos:
+        hf_name = _hf_name(info.name)
+        if hf_name is None or info.ggml_type not in BLOCK_BYTES or len(info.shape) != 2:
+            continue
+        block, type_size = BLOCK_BYTES[info.ggml_type]
+        if info.shape[1] % block:
+            continue
+        num_bytes = info.shape[0] * info.shape[1] // block * type_size
+        raw = tensor_bytes(path, info, num_bytes)
+        blocks = from_gguf(raw, info.ggml_type, (info.shape[0], info.shape[1]))
+        heads = _rotary_heads(info.name, config)
+        if heads is not None:
+            order = unpermute_rotary(np.arange(info.shape[0]), heads)
+            blocks = blocks.rows(torch.from_numpy(order))
+        yield hf_name, blocks
 
 
 def rest_is(name: str, suffix: str) -> bool:

@@ -21,7 +21,7 @@ from troupe.kernels.kv_quant import FP8_DTYPE
 
 
 class KVCache:
-    """Device pool (per-layer views for the model) and the CPU swap pool."""
+    """Device pool (per-layer views for the model) and the CPU swap pool (allocated lazily)."""
 
     def __init__(
         self,
@@ -56,9 +56,12 @@ class KVCache:
                 f"({num_gpu_blocks * block_bytes(config, block_size, dtype) / 2**30:.1f} GiB); "
                 "lower num_kv_blocks or gpu_memory_utilization"
             ) from exc
-        cpu_shape = (config.num_layers, 2, num_cpu_blocks, *shape[3:])
-        pin = device.type == "cuda"  # pinned memory is committed anyway: zero it
-        self.cpu = alloc(cpu_shape, dtype=store, device="cpu", pin_memory=pin)
+        # On the CPU the swap pool is allocated at the first swap-out: most engines never
+        # preempt. On CUDA it is pinned (committed and zeroed when allocated): allocated now, so
+        # the first preemption under load does not stall on it.
+        self._cpu_shape = (config.num_layers, 2, num_cpu_blocks, *shape[3:])
+        self._cpu: torch.Tensor | None = None
+        self._dtype = store
         self.num_gpu_blocks = num_gpu_blocks
         self.num_cpu_blocks = num_cpu_blocks
         self.block_size = block_size
@@ -71,11 +74,27 @@ class KVCache:
             if is_fp8
             else None
         )
+        if device.type == "cuda":
+            _ = self.cpu
 
     def reset_scales(self) -> None:
         """Unset the fp8 scales (after warm-up forwards over made-up data)."""
         if self.scales is not None:
             self.scales.zero_()
+
+    @property
+    def cpu(self) -> torch.Tensor:
+        """The swap pool [layers, 2, num_cpu_blocks, block_size, Hkv, D], made on first use."""
+        if self._cpu is None:
+            pin = self.device.type == "cuda"
+            alloc = torch.zeros if pin else torch.empty  # as the device pool: see __init__
+            self._cpu = alloc(self._cpu_shape, dtype=self._dtype, device="cpu", pin_memory=pin)
+        return self._cpu
+
+    @property
+    def swap_pool_bytes(self) -> int:
+        """Bytes the swap pool holds now: 0 until the first swap-out."""
+        return 0 if self._cpu is None else self._cpu.numel() * self._cpu.element_size()
 
     def swap_out(self, pairs: Sequence[tuple[int, int]]) -> None:
         """Copy (gpu block, cpu block) pairs device -> CPU, all layers in one batched copy."""

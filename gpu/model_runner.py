@@ -173,7 +173,7 @@ class ModelRunner:
                 f"max_position_embeddings {model_config.max_position_embeddings}"
             )
         model_config, model = load_model(
-            Path(path), dtype, device, max_model_len, config.kernel_backend
+            Path(path), dtype, device, max_model_len, config.kernel_backend, config.quantization
         )
         cache_dtype = kv_dtype(config.kv_cache_dtype, dtype)  # what the pools are sized in
         # A CPU step runs synchronously: launching the next one early overlaps nothing.

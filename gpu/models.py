@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from troupe.gpu.attention import AttentionMetadata
 from troupe.gpu.model_config import ModelConfig, ModelLoadError
+from troupe.gpu.quant_linear import Weight, embedding, linear
 from troupe.kernels.kv_quant import update_kv_scales
 from troupe.kernels.ops import KernelBackend, KernelOps, select_ops
 from troupe.kernels.rope_cache import build_cos_sin_cache
@@ -24,6 +24,11 @@ KVCache = tuple[torch.Tensor, torch.Tensor]
 
 def _param(*shape: int, dtype: torch.dtype, device: torch.device) -> nn.Parameter:
     return nn.Parameter(torch.empty(*shape, dtype=dtype, device=device), requires_grad=False)
+
+
+def _dense(weight: Weight | None) -> torch.Tensor | None:
+    """The parameter to copy a dense tensor into; None (skip) where a quantized weight sits."""
+    return weight if isinstance(weight, torch.Tensor) else None
 
 
 class DecoderLayer(nn.Module):
@@ -41,14 +46,15 @@ class DecoderLayer(nn.Module):
             return _param(*shape, dtype=dtype, device=device)
 
         self.input_layernorm = param(c.hidden_size)
-        self.qkv_proj = param(c.q_size + 2 * c.kv_size, c.hidden_size)
+        # projections: dense, or quantized as shipped (gpu/quant_install.py replaces them)
+        self.qkv_proj: Weight = param(c.q_size + 2 * c.kv_size, c.hidden_size)
         self.qkv_bias = param(c.q_size + 2 * c.kv_size) if c.qkv_bias else None
         self.q_norm = param(c.head_dim) if c.qk_norm else None
         self.k_norm = param(c.head_dim) if c.qk_norm else None
-        self.o_proj = param(c.hidden_size, c.q_size)
+        self.o_proj: Weight = param(c.hidden_size, c.q_size)
         self.post_attention_layernorm = param(c.hidden_size)
-        self.gate_up_proj = param(2 * c.intermediate_size, c.hidden_size)
-        self.down_proj = param(c.hidden_size, c.intermediate_size)
+        self.gate_up_proj: Weight = param(2 * c.intermediate_size, c.hidden_size)
+        self.down_proj: Weight = param(c.hidden_size, c.intermediate_size)
         self.scale = (c.query_pre_attn_scalar or c.head_dim) ** -0.5
         # fp8 KV: this layer's per-KV-head scales [Hkv] (views of the pool's; set_kv_scales)
         self.k_scale: torch.Tensor | None = None
@@ -68,8 +74,8 @@ class DecoderLayer(nn.Module):
         x, residual = ops.rms_norm(hidden, self.input_layernorm, c.rms_norm_eps, residual)
         hidden = self.attention(x, positions, meta, kv_cache, cos_sin, ops)
         x, residual = ops.rms_norm(hidden, self.post_attention_layernorm, c.rms_norm_eps, residual)
-        act = ops.silu_mul(F.linear(x, self.gate_up_proj))
-        return F.linear(act, self.down_proj), residual
+        act = ops.silu_mul(linear(x, self.gate_up_proj))
+        return linear(act, self.down_proj), residual
 
     def attention(
         self,
@@ -83,7 +89,7 @@ class DecoderLayer(nn.Module):
         """o_proj(attention(x)): the KV of x written to the cache, then paged attention."""
         c = self.config
         eps = c.rms_norm_eps
-        qkv = F.linear(x, self.qkv_proj, self.qkv_bias)
+        qkv = linear(x, self.qkv_proj, self.qkv_bias)
         num_tokens = qkv.shape[0]
         k_cache, v_cache = kv_cache
         k_scale, v_scale = self.k_scale, self.v_scale
@@ -132,7 +138,7 @@ class DecoderLayer(nn.Module):
                 k_scale=k_scale,
                 v_scale=v_scale,
             )
-        return F.linear(attn.reshape(num_tokens, c.q_size), self.o_proj)
+        return linear(attn.reshape(num_tokens, c.q_size), self.o_proj)
 
 
 class DecoderModel(nn.Module):
@@ -152,7 +158,7 @@ class DecoderModel(nn.Module):
         self.dtype = dtype
         self.device = device
         self.ops = select_ops(device, kernel_backend)
-        self.embed_tokens = _param(c.vocab_size, c.hidden_size, dtype=dtype, device=device)
+        self.embed_tokens: Weight = _param(c.vocab_size, c.hidden_size, dtype=dtype, device=device)
         layer_cls = DecoderLayer
         if c.is_gemma3:
             from troupe.gpu.gemma3_layer import Gemma3Layer  # it subclasses DecoderLayer
@@ -160,7 +166,7 @@ class DecoderModel(nn.Module):
             layer_cls = Gemma3Layer
         self.layers = nn.ModuleList(layer_cls(c, dtype, device, i) for i in range(c.num_layers))
         self.norm = _param(c.hidden_size, dtype=dtype, device=device)
-        self.lm_head = (
+        self.lm_head: Weight | None = (
             None
             if c.tie_word_embeddings
             else _param(c.vocab_size, c.hidden_size, dtype=dtype, device=device)
@@ -207,7 +213,7 @@ class DecoderModel(nn.Module):
         kv_caches: list[KVCache],
     ) -> torch.Tensor:
         """Hidden states [N, hidden] of only the rows in meta.logits_indices, after the norm."""
-        hidden = F.embedding(input_ids, self.embed_tokens)
+        hidden = embedding(input_ids, self.embed_tokens, self.dtype)
         if self.config.is_gemma3:  # HF scales in the weights' dtype
             hidden = hidden * torch.tensor(self.config.hidden_size**0.5, dtype=hidden.dtype)
         residual: torch.Tensor | None = None
@@ -227,7 +233,7 @@ class DecoderModel(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """fp32 logits [N, vocab] for the selected hidden states."""
         weight = self.embed_tokens if self.lm_head is None else self.lm_head
-        logits = F.linear(hidden, weight).float()
+        logits = linear(hidden, weight).float()
         cap = self.config.final_logit_softcapping
         return logits if cap is None else torch.tanh(logits / cap) * cap
 
@@ -293,11 +299,11 @@ class DecoderModel(nn.Module):
     ) -> tuple[torch.Tensor | None, int | None, int, str]:
         """HF name -> (destination tensor, slice start or None, slice size, fill key)."""
         if name == "model.embed_tokens.weight":
-            return self.embed_tokens, None, 0, "embed_tokens"
+            return _dense(self.embed_tokens), None, 0, "embed_tokens"
         if name == "model.norm.weight":
             return self.norm, None, 0, "norm"
         if name == "lm_head.weight":
-            return self.lm_head, None, 0, "lm_head"  # None when tied: ignored
+            return _dense(self.lm_head), None, 0, "lm_head"  # None when tied: ignored
         parts = name.split(".")
         if len(parts) < 5 or parts[:2] != ["model", "layers"]:
             return None, None, 0, ""

@@ -4,6 +4,7 @@
                         the profiled activation peak of a max_num_batched_tokens forward
     device pool, CPU    what the config can use: max_num_seqs sequences of max_model_len tokens
                         (no lookahead: the CPU does not overlap), capped at CPU_POOL_MAX_BYTES
+                        and a quarter of the machine's RAM
     swap pool           none under preemption_mode="recompute" (never swapped to); on CUDA
                         cpu_swap_gib of pinned memory; on the CPU no more than the device pool
                         (swapped blocks are ones the device pool held) nor cpu_swap_gib
@@ -16,6 +17,7 @@ can take, and an idle or small one holds little.
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 from troupe.config import EngineConfig
@@ -30,6 +32,12 @@ def block_bytes(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int
     return 2 * config.num_layers * block_size * config.kv_size * elem
 
 
+def cpu_pool_cap_bytes() -> int:
+    """The most a default CPU device pool may take: 2 GiB, or a quarter of the RAM if less."""
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return min(CPU_POOL_MAX_BYTES, ram // 4)
+
+
 def cpu_device_blocks(
     model_config: ModelConfig,
     config: EngineConfig,
@@ -37,10 +45,10 @@ def cpu_device_blocks(
     *,
     max_model_len: int,
 ) -> int:
-    """Device pool on the CPU: every running sequence at full length, at most 2 GiB."""
+    """Device pool on the CPU: every running sequence at full length, capped (above)."""
     per_seq = math.ceil(max_model_len / config.block_size)
     need = config.max_num_seqs * per_seq
-    cap = CPU_POOL_MAX_BYTES // block_bytes(model_config, config.block_size, dtype)
+    cap = cpu_pool_cap_bytes() // block_bytes(model_config, config.block_size, dtype)
     return max(1, min(need, cap))
 
 

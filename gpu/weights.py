@@ -7,9 +7,13 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import torch
-from troupe.gpu.gguf_weights import iter_gguf_tensors, read_gguf_config
+from troupe.config import Quantization
+from troupe.gpu.fp8_weights import Fp8Weight, expand_fp8, read_fp8_weights
+from troupe.gpu.gguf_quant import QuantBlocks
+from troupe.gpu.gguf_weights import iter_gguf_quantized, iter_gguf_tensors, read_gguf_config
 from troupe.gpu.model_config import ModelConfig, ModelLoadError
 from troupe.gpu.models import DecoderModel
+from troupe.gpu.quant_install import install_quantized
 from troupe.kernels.ops import KernelBackend
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -65,9 +69,27 @@ def load_model(
     device: torch.device,
     max_positions: int,
     kernel_backend: KernelBackend = "auto",
+    quantization: Quantization = "dequantize",
 ) -> tuple[ModelConfig, DecoderModel]:
-    """Read the config and weights of `path` into a DecoderModel on `device`."""
+    """Read the config and weights of `path` into a DecoderModel on `device`.
+
+    quantization="auto" keeps a GGUF file's quantized matrices as shipped, and an HF folder's
+    fp8 weights as fp8 on CUDA (gpu/quant_linear.py); "dequantize" expands every tensor to
+    `dtype`."""
     config = read_config(path)
+    if path.suffix == ".gguf" and quantization == "auto":
+        model = DecoderModel(config, dtype, device, max_positions, kernel_backend)
+        blocks: dict[str, QuantBlocks | Fp8Weight] = dict(iter_gguf_quantized(path, config))
+        used = install_quantized(model, blocks)
+        model.load_weights(iter_gguf_tensors(path, config, frozenset(used)), str(path))
+        return config, model.eval()
+    if path.is_dir():
+        fp8 = read_fp8_weights(safetensors_files(path))
+        if fp8:  # shipped in fp8: kept as fp8 where a kernel runs it, else expanded
+            model = DecoderModel(config, dtype, device, max_positions, kernel_backend)
+            kept = install_quantized(model, dict(fp8)) if quantization == "auto" else set()
+            model.load_weights(expand_fp8(iter_hf_tensors(path), fp8, kept), str(path))
+            return config, model.eval()
     tensors = iter_gguf_tensors(path, config) if path.suffix == ".gguf" else iter_hf_tensors(path)
     model = build_model(
         config,

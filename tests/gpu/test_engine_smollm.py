@@ -77,7 +77,14 @@ async def run_engine(config: EngineConfig) -> tuple[list[list[int]], Any]:
     return [token_ids(results[i]) for i in range(len(results))], stats
 
 
-BASE = {"device": "cpu", "max_model_len": 512, "max_num_seqs": 4, "block_size": 16}
+# dequantized to fp32 as transformers runs it: token-identical (the default keeps 4-bit weights)
+BASE = {
+    "device": "cpu",
+    "max_model_len": 512,
+    "max_num_seqs": 4,
+    "block_size": 16,
+    "quantization": "dequantize",
+}
 
 
 @pytest.mark.slow

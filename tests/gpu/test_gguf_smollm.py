@@ -26,6 +26,7 @@ def models() -> tuple[object, ModelRunner]:
     config = EngineConfig(
         device="cpu",
         dtype="auto",
+        quantization="dequantize",  # fp32 as transformers runs it (token-identical)
         max_model_len=512,
         num_kv_blocks=64,
         num_cpu_blocks=8,

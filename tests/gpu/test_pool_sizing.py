@@ -6,9 +6,9 @@ import pytest
 import torch
 from troupe import EngineConfig
 from troupe.gpu.pool_sizing import (
-    CPU_POOL_MAX_BYTES,
     block_bytes,
     cpu_device_blocks,
+    cpu_pool_cap_bytes,
     swap_pool_blocks,
 )
 from troupe.gpu.weights import qwen3_0_6b_config
@@ -31,7 +31,8 @@ def test_cpu_pool_holds_every_sequence_at_full_length() -> None:
 def test_cpu_pool_is_capped() -> None:
     config = EngineConfig()  # 256 sequences
     got = cpu_device_blocks(MODEL, config, torch.float32, max_model_len=8192)
-    assert got == CPU_POOL_MAX_BYTES // block_bytes(MODEL, 16, torch.float32) < 256 * 512
+    assert 0 < cpu_pool_cap_bytes() <= 2 * 2**30
+    assert got == cpu_pool_cap_bytes() // block_bytes(MODEL, 16, torch.float32) < 256 * 512
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,76 @@
+"""Put quantized weights into a DecoderModel in place of its dense parameters, fusing as the
+model does (q|k|v -> qkv_proj, gate|up -> gate_up_proj). Called before `load_weights`, which
+then fills only the parameters left (norms, biases, anything shipped dense)."""
+
+from __future__ import annotations
+
+from torch import nn
+from troupe.gpu.fp8_weights import Fp8Weight, concat_fp8
+from troupe.gpu.gguf_quant import QuantBlocks, concat_rows
+from troupe.gpu.model_config import ModelLoadError
+from troupe.gpu.models import DecoderModel
+from troupe.gpu.quant_linear import QuantLinear, make_quant_linear
+
+# HF module name in a layer -> (the layer's fused parameter, parts in row order)
+_FUSED = {
+    "qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+    "gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
+    "o_proj": ("self_attn.o_proj",),
+    "down_proj": ("mlp.down_proj",),
+}
+
+
+def install_quantized(model: DecoderModel, tensors: dict[str, QuantBlocks | Fp8Weight]) -> set[str]:
+    """Replace every parameter whose parts are all in `tensors` (HF names); returns the HF names
+    used. A fused parameter with only some parts quantized, or a form with no packed path on
+    the model's device, stays dense: the loader expands those tensors. Installed entries are
+    taken out of `tensors`, so the unfused parts are freed as their fused copy is made."""
+    used: set[str] = set()
+    device = model.device
+    for index, layer in enumerate(model.layers):
+        prefix = f"model.layers.{index}."
+        for param, parts in _FUSED.items():
+            names = [f"{prefix}{part}.weight" for part in parts]
+            if not all(name in tensors for name in names):
+                continue
+            try:
+                blocks = _concat([tensors[name] for name in names])
+            except ValueError:
+                continue  # mixed forms: leave them to the dense path
+            weight = make_quant_linear(blocks, device)
+            if weight is not None:
+                _replace(layer, param, weight, names[0])
+                used.update(names)
+                for name in names:
+                    del tensors[name]
+    tops = [("model.embed_tokens.weight", "embed_tokens")]
+    if model.lm_head is not None:  # tied embeddings: embed_tokens serves both
+        tops.append(("lm_head.weight", "lm_head"))
+    for hf_name, attr in tops:
+        if hf_name in tensors:
+            weight = make_quant_linear(tensors[hf_name], device)
+            if weight is not None:
+                _replace(model, attr, weight, hf_name)
+                used.add(hf_name)
+                del tensors[hf_name]
+    return used
+
+
+def _concat(parts: list[QuantBlocks | Fp8Weight]) -> QuantBlocks | Fp8Weight:
+    fp8 = [p for p in parts if isinstance(p, Fp8Weight)]
+    if not fp8:
+        return concat_rows([p for p in parts if not isinstance(p, Fp8Weight)])
+    if len(fp8) != len(parts):
+        raise ValueError("cannot fuse fp8 with GGUF blocks")
+    return concat_fp8(fp8)
+
+
+def _replace(module: nn.Module, attr: str, weight: QuantLinear, name: str) -> None:
+    dense = module._parameters.pop(attr)
+    assert dense is not None
+    if tuple(dense.shape) != tuple(weight.shape):
+        raise ModelLoadError(
+            f"tensor {name!r} fuses to shape {tuple(weight.shape)}, "
+            f"expected {tuple(dense.shape)} from the config"
+        )
+    setattr(module, attr, weight)

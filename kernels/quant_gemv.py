@@ -1,0 +1,260 @@
+"""Triton matmuls over weights kept quantized: y[M, N] = x[M, K] @ W^T, W expanded in registers.
+
+Two weight forms, two shapes each:
+
+    int4   packed uint8 [N, K/2] in Q4_0 nibble order (per group of 32: byte j holds element
+           j low and j + 16 high), scale and bias [N, K/32] (fp16 on the GPU): w = scale * q
+           + bias per group (gpu/gguf_quant.Int4Blocks: GGUF Q4_0, Q4_1, Q4_K)
+    fp8    e4m3 [N, K] with scales [ceil(N/Bn), ceil(K/Bk)] fp32: w = scale[n // Bn, k // Bk]
+           * q (per channel: Bn = 1, Bk = K; DeepSeek/Qwen block fp8: 128 x 128)
+
+    decode   M <= GEMV_MAX_ROWS: one program per (BLOCK_N rows, K split, row of x); each
+             streams its weight bytes once with 16-byte loads, products summed in fp32;
+             split-K partials land in an fp32 [SPLIT, M, N] buffer that one sum reduces
+             (no atomics: the result does not depend on timing)
+    prefill  more rows: tiles of W expanded to x's dtype in registers, then tl.dot
+
+Int4 sums per group first (sum_k x q, and sum_k x), then scales once per group:
+    y[n] = sum_g scale[n, g] * (x_g . q_g) + bias[n, g] * sum(x_g)
+The torch references at the end are what the kernel tests compare against.
+"""
+
+# Triton kernels take untyped pointers and constexprs; @triton.jit is untyped to mypy.
+# mypy: disable-error-code="untyped-decorator,no-untyped-def"
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+GEMV_MAX_ROWS = 8
+
+
+@triton.jit
+def _int4_gemv_kernel(
+    x_ptr, packed_ptr, scale_ptr, bias_ptr, out_ptr,
+    N, K, k_per_split,
+    G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    pid_n, pid_k, m = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    half = tl.arange(0, BLOCK_K // 2)
+    groups = tl.arange(0, BLOCK_K // G)
+    row_ok = rows < N
+    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    k_start = pid_k * k_per_split
+    for k0 in range(k_start, k_start + k_per_split, BLOCK_K):
+        byte = k0 // 2 + half
+        byte_ok = byte < K // 2
+        p = tl.load(
+            packed_ptr + rows.to(tl.int64)[:, None] * (K // 2) + byte[None, :],
+            mask=row_ok[:, None] & byte_ok[None, :],
+            other=0,
+        )
+        elem = (byte // 16) * 32 + byte % 16  # the low nibble's element; the high one: + 16
+        xe = tl.load(x_ptr + m.to(tl.int64) * K + elem, mask=byte_ok, other=0.0).to(tl.float32)
+        xo = tl.load(x_ptr + m.to(tl.int64) * K + elem + 16, mask=byte_ok, other=0.0)
+        xo = xo.to(tl.float32)
+        lo = (p & 15).to(tl.float32)
+        hi = (p >> 4).to(tl.float32)
+        dot = tl.reshape(lo * xe[None, :] + hi * xo[None, :], (BLOCK_N, BLOCK_K // G, G // 2))
+        dot_g = tl.sum(dot, axis=2)  # [BLOCK_N, groups]
+        x_g = tl.sum(tl.reshape(xe + xo, (BLOCK_K // G, G // 2)), axis=1)
+        g = k0 // G + groups
+        g_ok = g < K // G
+        sb_off = rows.to(tl.int64)[:, None] * (K // G) + g[None, :]
+        sb_mask = row_ok[:, None] & g_ok[None, :]
+        s = tl.load(scale_ptr + sb_off, mask=sb_mask, other=0.0).to(tl.float32)
+        b = tl.load(bias_ptr + sb_off, mask=sb_mask, other=0.0).to(tl.float32)
+        acc += tl.sum(dot_g * s + b * x_g[None, :], axis=1)
+    out = out_ptr + (pid_k.to(tl.int64) * tl.num_programs(2) + m) * N + rows
+    tl.store(out, acc, mask=row_ok)
+
+
+@triton.jit
+def _int4_gemm_kernel(
+    x_ptr, packed_ptr, scale_ptr, bias_ptr, out_ptr,
+    M, N, K,
+    G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    pid_m, pid_n = tl.program_id(0), tl.program_id(1)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    half = tl.arange(0, BLOCK_K // 2)
+    groups = tl.arange(0, BLOCK_K // G)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        byte = k0 // 2 + half
+        byte_ok = byte < K // 2
+        p = tl.load(
+            packed_ptr + rn.to(tl.int64)[:, None] * (K // 2) + byte[None, :],
+            mask=(rn < N)[:, None] & byte_ok[None, :],
+            other=0,
+        )
+        g = k0 // G + groups
+        sb_off = rn.to(tl.int64)[:, None] * (K // G) + g[None, :]
+        sb_mask = (rn < N)[:, None] & (g < K // G)[None, :]
+        s = tl.load(scale_ptr + sb_off, mask=sb_mask, other=0.0).to(tl.float32)[:, :, None]
+        b = tl.load(bias_ptr + sb_off, mask=sb_mask, other=0.0).to(tl.float32)[:, :, None]
+        shape3 = (BLOCK_N, BLOCK_K // G, G // 2)
+        w_lo = tl.reshape(
+            tl.reshape((p & 15).to(tl.float32), shape3) * s + b, (BLOCK_N, BLOCK_K // 2)
+        )
+        w_hi = tl.reshape(
+            tl.reshape((p >> 4).to(tl.float32), shape3) * s + b, (BLOCK_N, BLOCK_K // 2)
+        )
+        elem = (byte // 16) * 32 + byte % 16
+        x_off = rm.to(tl.int64)[:, None] * K + elem[None, :]
+        x_mask = (rm < M)[:, None] & byte_ok[None, :]
+        xe = tl.load(x_ptr + x_off, mask=x_mask, other=0.0)
+        xo = tl.load(x_ptr + x_off + 16, mask=x_mask, other=0.0)
+        acc += tl.dot(xe, tl.trans(w_lo.to(xe.dtype)))
+        acc += tl.dot(xo, tl.trans(w_hi.to(xo.dtype)))
+    out = out_ptr + rm.to(tl.int64)[:, None] * N + rn[None, :]
+    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=(rm < M)[:, None] & (rn < N)[None, :])
+
+
+@triton.jit
+def _fp8_gemv_kernel(
+    x_ptr, w_ptr, scale_ptr, out_ptr,
+    N, K, k_per_split, scale_bn, scale_bk, scale_cols,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    pid_n, pid_k, m = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = tl.arange(0, BLOCK_K)
+    row_ok = rows < N
+    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    k_start = pid_k * k_per_split
+    for k0 in range(k_start, k_start + k_per_split, BLOCK_K):
+        k = k0 + cols
+        k_ok = k < K
+        w = tl.load(
+            w_ptr + rows.to(tl.int64)[:, None] * K + k[None, :],
+            mask=row_ok[:, None] & k_ok[None, :],
+            other=0.0,
+        ).to(tl.float32)
+        x = tl.load(x_ptr + m.to(tl.int64) * K + k, mask=k_ok, other=0.0).to(tl.float32)
+        # BLOCK_K divides scale_bk: one scale per row for the whole tile
+        s = tl.load(scale_ptr + (rows // scale_bn) * scale_cols + k0 // scale_bk, mask=row_ok)
+        acc += tl.sum(w * x[None, :], axis=1) * s
+    out = out_ptr + (pid_k.to(tl.int64) * tl.num_programs(2) + m) * N + rows
+    tl.store(out, acc, mask=row_ok)
+
+
+@triton.jit
+def _fp8_gemm_kernel(
+    x_ptr, w_ptr, scale_ptr, out_ptr,
+    M, N, K, scale_bn, scale_bk, scale_cols,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    pid_m, pid_n = tl.program_id(0), tl.program_id(1)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = tl.arange(0, BLOCK_K)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + cols
+        x = tl.load(
+            x_ptr + rm.to(tl.int64)[:, None] * K + k[None, :],
+            mask=(rm < M)[:, None] & (k < K)[None, :],
+            other=0.0,
+        )
+        w = tl.load(
+            w_ptr + rn.to(tl.int64)[:, None] * K + k[None, :],
+            mask=(rn < N)[:, None] & (k < K)[None, :],
+            other=0.0,
+        )
+        s = tl.load(scale_ptr + (rn // scale_bn) * scale_cols + k0 // scale_bk, mask=rn < N)
+        acc += tl.dot(x, tl.trans(w.to(tl.float32).to(x.dtype))) * s[None, :]
+    out = out_ptr + rm.to(tl.int64)[:, None] * N + rn[None, :]
+    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=(rm < M)[:, None] & (rn < N)[None, :])
+
+
+def _splits(n_tiles: int, k: int, block_k: int, device: torch.device) -> int:
+    """K splits so the grid covers the device about four times over (a CPU: 1)."""
+    if device.type != "cuda":
+        return 1
+    sms = int(torch.cuda.get_device_properties(device).multi_processor_count)
+    chunks = triton.cdiv(k, block_k)
+    split = max(1, min(chunks, 4 * sms // max(1, n_tiles)))
+    while chunks % split:  # whole chunks per split
+        split -= 1
+    return int(split)
+
+
+def int4_matmul(
+    x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor, group: int
+) -> torch.Tensor:
+    """x [M, K] @ W^T for the int4 form above; returns [M, N] in x's dtype."""
+    assert group == 32, f"the int4 layout has groups of 32, got {group}"
+    m, k = x.shape
+    n = packed.shape[0]
+    x = x.contiguous()
+    if m <= GEMV_MAX_ROWS:
+        block_n = 32
+        block_k = 256
+        split = _splits(triton.cdiv(n, block_n) * m, k, block_k, x.device)
+        part = torch.empty(split, m, n, dtype=torch.float32, device=x.device)
+        per_split = triton.cdiv(triton.cdiv(k, block_k), split) * block_k
+        grid = (triton.cdiv(n, block_n), split, m)
+        _int4_gemv_kernel[grid](
+            x, packed, scale, bias, part, n, k, per_split, group, block_n, block_k
+        )
+        return (part[0] if split == 1 else part.sum(0)).to(x.dtype)
+    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    block_m, block_n = (64, 64) if x.device.type == "cuda" else (16, 32)
+    block_k = 64
+    tiles = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
+    _int4_gemm_kernel[tiles](x, packed, scale, bias, out, m, n, k, group, block_m, block_n, block_k)
+    return out
+
+
+def fp8_matmul(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """x [M, K] @ W^T for fp8 W [N, K] with block scales [ceil(N/Bn), ceil(K/Bk)] fp32."""
+    m, k = x.shape
+    n = weight.shape[0]
+    scale_bn = triton.cdiv(n, scale.shape[0])
+    scale_bk = triton.cdiv(k, scale.shape[1])
+    x, scale = x.contiguous(), scale.contiguous().float()
+    if m <= GEMV_MAX_ROWS:
+        block_n = 16
+        block_k = min(512, scale_bk & -scale_bk)  # a power of two that divides scale_bk
+        split = _splits(triton.cdiv(n, block_n) * m, k, block_k, x.device)
+        part = torch.empty(split, m, n, dtype=torch.float32, device=x.device)
+        per_split = triton.cdiv(triton.cdiv(k, block_k), split) * block_k
+        grid = (triton.cdiv(n, block_n), split, m)
+        _fp8_gemv_kernel[grid](
+            x, weight, scale, part, n, k, per_split, scale_bn, scale_bk, scale.shape[1],
+            block_n, block_k,
+        )  # fmt: skip
+        return (part[0] if split == 1 else part.sum(0)).to(x.dtype)
+    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    block_k = min(128, scale_bk & -scale_bk)
+    block_m, block_n = (64, 64) if x.device.type == "cuda" else (16, 32)
+    tiles = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
+    _fp8_gemm_kernel[tiles](
+        x, weight, scale, out, m, n, k, scale_bn, scale_bk, scale.shape[1],
+        block_m, block_n, block_k,
+    )  # fmt: skip
+    return out
+
+
+def int4_reference(
+    x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor, group: int
+) -> torch.Tensor:
+    """The torch reference of int4_matmul (fp32 weight expanded, fp32 matmul)."""
+    n = packed.shape[0]
+    p = packed.reshape(n, -1, 16)
+    q = torch.cat((p & 15, p >> 4), dim=-1).reshape(n, -1, group).float()
+    w = (q * scale.float()[..., None] + bias.float()[..., None]).reshape(n, -1)
+    return (x.float() @ w.T).to(x.dtype)
+
+
+def fp8_reference(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """The torch reference of fp8_matmul."""
+    n, k = weight.shape
+    bn, bk = triton.cdiv(n, scale.shape[0]), triton.cdiv(k, scale.shape[1])
+    s = scale.float().repeat_interleave(bn, 0)[:n].repeat_interleave(bk, 1)[:, :k]
+    return (x.float() @ (weight.float() * s).T).to(x.dtype)

@@ -1,0 +1,122 @@
+"""Batch-1 decode step of the Llama-3.1-8B shape: bf16 weights vs 4-bit (Q4_0-style) vs fp8.
+
+    python -m troupe.ops.quant_bench                 # on a CUDA device
+    python -m troupe.ops.quant_bench --rows 1 4 16   # more x rows (decode batch sizes)
+
+Random weights for every linear layer of 32 decoder layers (qkv 6144 x 4096, o 4096 x 4096,
+gate_up 28672 x 4096, down 4096 x 14336) and lm_head (128256 x 4096). One "step" runs each
+layer's four matmuls on x [rows, K] in sequence (what a decode step reads; attention, norms
+and the KV cache are the same in every variant and left out). Each variant is captured in a
+CUDA graph and replayed, so launch overhead is not measured. Reported: ms per step, weight
+bytes read per step, their rate against the copy bandwidth measured here (and the H200's
+4.26 TB/s), the speed-up over bf16, and each form's error against its dequantized reference
+on one layer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+
+import torch
+from troupe.kernels.quant_gemv import fp8_matmul, fp8_reference, int4_matmul, int4_reference
+
+HIDDEN, INTER, LAYERS, VOCAB = 4096, 14336, 32, 128256
+SHAPES = [(6144, HIDDEN), (HIDDEN, HIDDEN), (2 * INTER, HIDDEN), (HIDDEN, INTER)]
+GROUP = 32
+
+
+def copy_bandwidth(device: torch.device) -> float:
+    src = torch.empty(2 * 2**30, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    for _ in range(10):
+        dst.copy_(src)
+    torch.cuda.synchronize(device)
+    return 2 * src.numel() * 10 / (time.perf_counter() - start)
+
+
+def timed(step: Callable[[], None], device: torch.device, iters: int = 50) -> float:
+    """Seconds per replay of `step` captured in a CUDA graph."""
+    stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            step()  # compile and warm up outside the capture
+    torch.cuda.synchronize(device)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    for _ in range(5):
+        graph.replay()
+    torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    for _ in range(iters):
+        graph.replay()
+    torch.cuda.synchronize(device)
+    return (time.perf_counter() - start) / iters
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rows", type=int, nargs="*", default=[1])
+    parser.add_argument("--layers", type=int, default=LAYERS)
+    args = parser.parse_args()
+    device = torch.device("cuda")
+    torch.manual_seed(0)
+    bw = copy_bandwidth(device)
+    print(f"copy bandwidth {bw / 1e12:.2f} TB/s (H200 spec 4.26 TB/s)")
+    shapes = SHAPES * args.layers + [(VOCAB, HIDDEN)]
+    dense = [torch.randn(n, k, device=device, dtype=torch.bfloat16) * 0.02 for n, k in shapes]
+    int4 = []
+    for w in dense:
+        n, k = w.shape
+        packed = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device=device)
+        scale = (torch.rand(n, k // GROUP, device=device) * 0.004 + 0.001).half()
+        int4.append((packed, scale, (-8 * scale.float()).half()))
+    fp8 = []
+    for w in dense:
+        scale = w.float().abs().amax(dim=1, keepdim=True).clamp_min(1e-8) / 448
+        fp8.append(((w.float() / scale).to(torch.float8_e4m3fn), scale))
+    bytes_bf16 = sum(w.numel() * 2 for w in dense)
+    bytes_int4 = sum(p.numel() + s.numel() * 2 + b.numel() * 2 for p, s, b in int4)
+    bytes_fp8 = sum(q.numel() + s.numel() * 4 for q, s in fp8)
+    for rows in args.rows:
+        xs = {k: torch.randn(rows, k, device=device, dtype=torch.bfloat16) for k in (HIDDEN, INTER)}
+
+        def step_bf16(xs: dict[int, torch.Tensor] = xs) -> None:
+            for w in dense:
+                torch.nn.functional.linear(xs[w.shape[1]], w)
+
+        def step_int4(xs: dict[int, torch.Tensor] = xs) -> None:
+            for p, s, b in int4:
+                int4_matmul(xs[p.shape[1] * 2], p, s, b, GROUP)
+
+        def step_fp8(xs: dict[int, torch.Tensor] = xs) -> None:
+            for q, s in fp8:
+                fp8_matmul(xs[q.shape[1]], q, s)
+
+        t_bf16 = timed(step_bf16, device)
+        print(f"rows {rows}: bf16 {t_bf16 * 1e3:.3f} ms, {bytes_bf16 / t_bf16 / bw:.0%} of copy")
+        for name, step, nbytes in (("int4", step_int4, bytes_int4), ("fp8", step_fp8, bytes_fp8)):
+            t = timed(step, device)
+            print(
+                f"rows {rows}: {name} {t * 1e3:.3f} ms, {t_bf16 / t:.2f}x bf16, weights "
+                f"{nbytes / 2**30:.2f} GiB at {nbytes / t / 1e12:.2f} TB/s = {nbytes / t / bw:.0%}"
+                " of copy"
+            )
+    x = torch.randn(1, HIDDEN, device=device, dtype=torch.bfloat16)
+    p, s, b = int4[2]
+    want = int4_reference(x.float(), p, s, b, GROUP)
+    err = (int4_matmul(x, p, s, b, GROUP).float() - want).abs().max() / want.abs().max()
+    q, sc = fp8[2]
+    want8 = fp8_reference(x.float(), q, sc)
+    err8 = (fp8_matmul(x, q, sc).float() - want8).abs().max() / want8.abs().max()
+    print(f"gate_up, 1 row: max error / max |y|: int4 {err:.2e}, fp8 {err8:.2e}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,71 @@
+"""Quantized-weight matmuls (kernels/quant_gemv.py) against their torch references: decode
+(GEMV, split K) and prefill (tile expanded, tl.dot) shapes, int4 groups and fp8 block scales."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from troupe.kernels.quant_gemv import (
+    GEMV_MAX_ROWS,
+    fp8_matmul,
+    fp8_reference,
+    int4_matmul,
+    int4_reference,
+)
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+def int4_weight(n: int, k: int, group: int, device: str, seed: int) -> tuple[torch.Tensor, ...]:
+    gen = torch.Generator().manual_seed(seed)
+    packed = torch.randint(0, 256, (n, k // 2), generator=gen, dtype=torch.uint8)
+    scale = torch.rand(n, k // group, generator=gen) * 0.02 + 0.001
+    bias = -8 * scale + torch.randn(n, k // group, generator=gen) * 0.01
+    half = torch.float32 if device == "cpu" else torch.float16
+    return packed.to(device), scale.to(device, half), bias.to(device, half)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(
+    ("m", "n", "k"), [(1, 40, 128), (3, 96, 320), (GEMV_MAX_ROWS + 9, 72, 192)]
+)
+def test_int4_matmul(device: str, m: int, n: int, k: int) -> None:
+    if device == "cuda":
+        n, k = n * 32, k * 16
+    packed, scale, bias = int4_weight(n, k, 32, device, seed=m + n + k)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(device)
+    if device == "cuda":
+        x = x.to(torch.bfloat16)
+    got = int4_matmul(x, packed, scale, bias, 32).float()
+    want = int4_reference(x.float(), packed, scale, bias, 32).float()
+    bound = 1e-4 if device == "cpu" else 2e-2
+    assert (got - want).abs().max() <= bound * want.abs().max()
+    assert want.abs().max() > 0.1
+
+
+def fp8_weight(
+    n: int, k: int, scale_shape: tuple[int, int], device: str
+) -> tuple[torch.Tensor, ...]:
+    gen = torch.Generator().manual_seed(n * k)
+    weight = (torch.randn(n, k, generator=gen) * 100).clamp(-448, 448).to(torch.float8_e4m3fn)
+    scale = torch.rand(*scale_shape, generator=gen) * 1e-3 + 1e-4
+    return weight.to(device), scale.to(device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(
+    ("m", "n", "k", "scale_shape"),
+    [
+        (1, 48, 256, (48, 1)),  # per channel
+        (2, 40, 384, (1, 3)),  # 40 x 128 blocks (the last partial)
+        (GEMV_MAX_ROWS + 3, 64, 256, (1, 2)),  # prefill, 64 x 128 blocks
+        (GEMV_MAX_ROWS + 1, 80, 192, (80, 1)),
+    ],
+)
+def test_fp8_matmul(device: str, m: int, n: int, k: int, scale_shape: tuple[int, int]) -> None:
+    weight, scale = fp8_weight(n, k, scale_shape, device)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(device)
+    got = fp8_matmul(x, weight, scale)
+    want = fp8_reference(x, weight, scale)
+    assert (got - want).abs().max() <= 1e-4 * want.abs().max()
+    assert want.abs().max() > 0.1
