@@ -135,3 +135,31 @@ def test_scheduler_prefix_cache_and_preemption(
     assert stats.num_preemptions_swap + stats.num_preemptions_recompute > 0
     assert allocator.prefix_cache_hit_tokens > 0
     assert loop.num_refused == 0 and allocator.gpu.num_free == num_gpu
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "cuda_graphs"])
+def test_cuda_kernels_match_hf(graphs: bool, moe_model: tuple[Path, Any], mt: Any) -> None:
+    """The fused Triton MoE in the model on CUDA (fp32, CUDA graphs for decode and mixed
+    steps, overlap) gives transformers' greedy tokens."""
+    from troupe.gpu.model_runner import ModelRunner, RunnerOptions
+    from troupe.gpu.weights import load_model
+
+    folder, hf_model = moe_model
+    expected = [mt.hf_greedy(hf_model, p, NUM_NEW) for p in PROMPTS]
+    config, model = load_model(folder, torch.float32, torch.device("cuda"), 256)
+    options = RunnerOptions(
+        block_size=4,
+        num_gpu_blocks=64,
+        max_model_len=256,
+        max_num_seqs=4,
+        enforce_eager=not graphs,
+        overlap_schedule=graphs,
+        mixed_graph_tokens=32 if graphs else 0,
+    )
+    driver = mt.PlanDriver(ModelRunner(config, model, options), chunk=5)
+    for i, prompt in enumerate(PROMPTS):
+        driver.add(f"r{i}", prompt)
+    driver.run(NUM_NEW)
+    assert [driver.seqs[f"r{i}"].output for i in range(len(PROMPTS))] == expected

@@ -73,3 +73,23 @@ def test_kernel_bf16_on_cuda(tokens: int) -> None:
     got = fused_moe_triton(*args, ids.cuda()).float()
     expected = fused_moe(*[a.float() for a in args], ids.cuda())
     torch.testing.assert_close(got, expected, rtol=3e-2, atol=3e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_kernel_replays_in_a_cuda_graph() -> None:
+    """Sort, grids and kernels are shape-only: a captured call replays new routings."""
+    from troupe.kernels.fused_moe import fused_moe_triton
+
+    x, w13, w2, weights, ids = (t.cuda() for t in _problem(64, 16, 4, 256, 128, seed=2))
+    static = [x.clone(), weights.clone(), ids.clone()]
+    fused_moe_triton(static[0], w13, w2, static[1], static[2])  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fused_moe_triton(static[0], w13, w2, static[1], static[2])
+    x2, _, _, weights2, ids2 = (t.cuda() for t in _problem(64, 16, 4, 256, 128, seed=3))
+    for tensor, new in zip(static, (x2, weights2, ids2), strict=True):
+        tensor.copy_(new)
+    graph.replay()
+    expected = fused_moe(x2, w13, w2, weights2, ids2)
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
