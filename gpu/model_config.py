@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from troupe.gpu.deepseek_config import DEEPSEEK_TYPES, not_supported_message
 from troupe.gpu.hf_families import gemma3_fields, layer_windows
 from troupe.gpu.moe_config import MoeConfig, qwen3_moe_fields
 
@@ -100,6 +101,12 @@ class ModelConfig:
     ) -> ModelConfig:
         """Build from the dict of an HF config.json (transformers 4 or 5 spelling)."""
         model_type = cfg.get("model_type", "")
+        if model_type in DEEPSEEK_TYPES:  # parsed and checked, not built yet
+            try:
+                message = not_supported_message(cfg, int(cfg["num_hidden_layers"]))
+            except ValueError as exc:
+                raise ModelLoadError(str(exc)) from exc
+            raise ModelLoadError(message)
         rope_params = cfg.get("rope_parameters") or {}
         rope_theta = cfg.get("rope_theta", rope_params.get("rope_theta", 10000.0))
         scaling = cfg.get("rope_scaling") or rope_params or None

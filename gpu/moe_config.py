@@ -13,6 +13,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from troupe.kernels.moe_router import GroupedRouting
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class MoeConfig:
@@ -21,6 +23,8 @@ class MoeConfig:
     intermediate_size: int  # of one expert
     norm_topk_prob: bool
     sparse_layers: tuple[bool, ...]  # per layer: experts (True) or the dense MLP
+    num_shared_experts: int = 0  # DeepSeek: an MLP every token runs (gpu/deepseek_config.py)
+    routing: GroupedRouting | None = None  # DeepSeek's grouped routers; None: softmax top-k
 
     def __post_init__(self) -> None:
         if not 0 < self.top_k <= self.num_experts:
