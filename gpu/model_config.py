@@ -8,9 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from troupe.gpu.deepseek_config import DEEPSEEK_TYPES, not_supported_message
 from troupe.gpu.hf_families import gemma3_fields, layer_windows
+from troupe.gpu.moe_config import MoeConfig, qwen3_moe_fields
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "gemma3_text")
 
 
 class ModelLoadError(ValueError):
@@ -44,6 +46,7 @@ class ModelConfig:
     query_pre_attn_scalar: float | None = None  # softmax scale ** -2 when not head_dim
     rope_local_theta: float | None = None  # RoPE base of the windowed layers (Gemma 3)
     final_logit_softcapping: float | None = None
+    moe: MoeConfig | None = None  # experts (Qwen3-MoE, gpu/moe_config.py); None: dense MLPs
 
     @property
     def is_gemma3(self) -> bool:
@@ -59,6 +62,10 @@ class ModelConfig:
         """The sliding window of a layer in tokens, 0 for full attention."""
         return self.layer_windows[layer] if self.layer_windows else 0
 
+    def is_sparse(self, layer: int) -> bool:
+        """Whether the layer's MLP is a mixture of experts."""
+        return self.moe is not None and self.moe.sparse_layers[layer]
+
     def __post_init__(self) -> None:
         if self.model_type not in SUPPORTED_MODEL_TYPES:
             raise ModelLoadError(
@@ -68,6 +75,11 @@ class ModelConfig:
         if self.layer_windows and len(self.layer_windows) != self.num_layers:
             raise ModelLoadError(
                 f"layer_windows has {len(self.layer_windows)} entries for {self.num_layers} layers"
+            )
+        if self.moe is not None and len(self.moe.sparse_layers) != self.num_layers:
+            raise ModelLoadError(
+                f"moe.sparse_layers has {len(self.moe.sparse_layers)} entries for "
+                f"{self.num_layers} layers"
             )
         if self.num_heads % self.num_kv_heads:
             raise ModelLoadError(
@@ -89,6 +101,12 @@ class ModelConfig:
     ) -> ModelConfig:
         """Build from the dict of an HF config.json (transformers 4 or 5 spelling)."""
         model_type = cfg.get("model_type", "")
+        if model_type in DEEPSEEK_TYPES:  # parsed and checked, not built yet
+            try:
+                message = not_supported_message(cfg, int(cfg["num_hidden_layers"]))
+            except ValueError as exc:
+                raise ModelLoadError(str(exc)) from exc
+            raise ModelLoadError(message)
         rope_params = cfg.get("rope_parameters") or {}
         rope_theta = cfg.get("rope_theta", rope_params.get("rope_theta", 10000.0))
         scaling = cfg.get("rope_scaling") or rope_params or None
@@ -111,6 +129,8 @@ class ModelConfig:
         try:
             windows = layer_windows(cfg, model_type, num_layers)
             family = gemma3_fields(cfg) if model_type == "gemma3_text" else {}
+            if model_type == "qwen3_moe":
+                family = {"moe": qwen3_moe_fields(cfg, num_layers)}
         except ValueError as exc:
             raise ModelLoadError(str(exc)) from exc
         fields: dict[str, Any] = dict(
@@ -127,7 +147,7 @@ class ModelConfig:
             rope_scaling=dict(scaling) if scaling else None,
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             qkv_bias=model_type == "qwen2" or bool(cfg.get("attention_bias", False)),
-            qk_norm=model_type == "qwen3",
+            qk_norm=model_type in ("qwen3", "qwen3_moe"),
             max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
             eos_token_ids=tuple(eos),
             torch_dtype=getattr(torch, str(dtype_name), torch.float32),

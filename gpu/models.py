@@ -140,6 +140,28 @@ class DecoderLayer(nn.Module):
             )
         return linear(attn.reshape(num_tokens, c.q_size), self.o_proj)
 
+    def locate_extra(self, rest: str, prefix: str) -> tuple[torch.Tensor, tuple[str, ...]] | None:
+        """A subclass's own weights (gpu/moe_layer.py): (destination, fill keys) of a
+        layer-relative HF name, None when not one of them."""
+        return None
+
+    def fill_parts(self) -> dict[str, tuple[str, ...]]:
+        """A subclass's parameters filled piece by piece: name -> the pieces' fill keys."""
+        return {}
+
+
+def _layer_class(config: ModelConfig, layer: int) -> type[DecoderLayer]:
+    """The module of one layer: Gemma 3's, an MoE layer (gpu/moe_layer.py) or the plain one."""
+    if config.is_gemma3:
+        from troupe.gpu.gemma3_layer import Gemma3Layer  # they subclass DecoderLayer
+
+        return Gemma3Layer
+    if config.is_sparse(layer):
+        from troupe.gpu.moe_layer import MoeLayer
+
+        return MoeLayer
+    return DecoderLayer
+
 
 class DecoderModel(nn.Module):
     """Embeddings, decoder layers, final norm and lm_head, for a flat batch of tokens."""
@@ -159,12 +181,9 @@ class DecoderModel(nn.Module):
         self.device = device
         self.ops = select_ops(device, kernel_backend)
         self.embed_tokens: Weight = _param(c.vocab_size, c.hidden_size, dtype=dtype, device=device)
-        layer_cls = DecoderLayer
-        if c.is_gemma3:
-            from troupe.gpu.gemma3_layer import Gemma3Layer  # it subclasses DecoderLayer
-
-            layer_cls = Gemma3Layer
-        self.layers = nn.ModuleList(layer_cls(c, dtype, device, i) for i in range(c.num_layers))
+        self.layers = nn.ModuleList(
+            _layer_class(c, i)(c, dtype, device, i) for i in range(c.num_layers)
+        )
         self.norm = _param(c.hidden_size, dtype=dtype, device=device)
         self.lm_head: Weight | None = (
             None
@@ -262,6 +281,10 @@ class DecoderModel(nn.Module):
         }
         for name, tensor in tensors:
             target, start, size, key = self._locate(name, fused, plain)
+            keys: tuple[str, ...] = (key,)
+            extra = self._locate_extra(name) if target is None else None
+            if extra is not None:
+                target, start, keys = extra[0], None, extra[1]
             if target is None:
                 continue  # e.g. rotary_emb.inv_freq in old checkpoints
             dest = target if start is None else target[start : start + size]
@@ -271,7 +294,7 @@ class DecoderModel(nn.Module):
                     f"expected {tuple(dest.shape)} from the config"
                 )
             dest.copy_(tensor)
-            filled.add(key)
+            filled.update(keys)
         missing = sorted(k for k in self._required_keys() if k not in filled)
         if missing:
             more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
@@ -292,7 +315,21 @@ class DecoderModel(nn.Module):
         for name, _ in self.named_parameters():
             last = name.rsplit(".", 1)[-1]
             keys += [f"{name}#{part}" for part in slices[last]] if last in slices else [name]
+        for index, layer in enumerate(self.layers):
+            assert isinstance(layer, DecoderLayer)
+            for param, parts in layer.fill_parts().items():
+                whole = f"layers.{index}.{param}"
+                keys = [k for k in keys if k != whole] + [f"{whole}#{part}" for part in parts]
         return keys
+
+    def _locate_extra(self, name: str) -> tuple[torch.Tensor, tuple[str, ...]] | None:
+        """A layer subclass's weight (MoE experts and router): (destination, fill keys)."""
+        parts = name.split(".")
+        if len(parts) < 5 or parts[:2] != ["model", "layers"] or not parts[2].isdigit():
+            return None
+        layer = self.layers[int(parts[2])]
+        assert isinstance(layer, DecoderLayer)
+        return layer.locate_extra(".".join(parts[3:]), f"layers.{parts[2]}")
 
     def _locate(
         self, name: str, fused: dict[str, tuple[str, int, int]], plain: dict[str, str]

@@ -149,9 +149,14 @@ def random_weights(
         out[p + "self_attn.k_proj.weight"] = matrix(c.kv_size, c.hidden_size)
         out[p + "self_attn.v_proj.weight"] = matrix(c.kv_size, c.hidden_size)
         out[p + "self_attn.o_proj.weight"] = matrix(c.hidden_size, c.q_size)
-        out[p + "mlp.gate_proj.weight"] = matrix(c.intermediate_size, c.hidden_size)
-        out[p + "mlp.up_proj.weight"] = matrix(c.intermediate_size, c.hidden_size)
-        out[p + "mlp.down_proj.weight"] = matrix(c.hidden_size, c.intermediate_size)
+        mlp = [("mlp.", c.intermediate_size)]
+        if c.moe is not None and c.is_sparse(i):  # experts one by one, as checkpoints name them
+            mlp = [(f"mlp.experts.{e}.", c.moe.intermediate_size) for e in range(c.moe.num_experts)]
+            out[p + "mlp.gate.weight"] = matrix(c.moe.num_experts, c.hidden_size)
+        for mp, inter in mlp:
+            out[p + mp + "gate_proj.weight"] = matrix(inter, c.hidden_size)
+            out[p + mp + "up_proj.weight"] = matrix(inter, c.hidden_size)
+            out[p + mp + "down_proj.weight"] = matrix(c.hidden_size, inter)
         if c.qkv_bias:
             for name, size in (("q", c.q_size), ("k", c.kv_size), ("v", c.kv_size)):
                 out[p + f"self_attn.{name}_proj.bias"] = matrix(size) * 5

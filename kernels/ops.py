@@ -159,6 +159,19 @@ class KernelOps(Protocol):
         """GeGLU (Gemma): gelu_tanh(gate) * up for gate_up [T, 2I] = [gate | up]; returns [T, I]."""
         ...
 
+    def fused_moe(
+        self,
+        x: torch.Tensor,
+        w13: torch.Tensor,
+        w2: torch.Tensor,
+        topk_weights: torch.Tensor,
+        topk_ids: torch.Tensor,
+    ) -> torch.Tensor:
+        """Mixture of SwiGLU experts: x [T, H], w13 [E, 2I, H] (gate | up), w2 [E, H, I],
+        each token's experts topk_ids [T, k] and weights topk_weights [T, k] (x's dtype).
+        Returns sum_k weight * expert(x) [T, H] (kernels/moe_reference.py states it exactly)."""
+        ...
+
 
 def select_ops(device: torch.device, backend: KernelBackend = "auto") -> KernelOps:
     """The ops for a model on `device`: "auto" is Triton on CUDA and the reference elsewhere.

@@ -8,6 +8,7 @@ calls them through these names only. On the CPU they run under Triton's interpre
 from __future__ import annotations
 
 from .decode_attention import paged_decode_attention_triton as paged_decode_attention
+from .fused_moe import fused_moe_triton as fused_moe
 from .kv_write import write_kv_triton as write_kv
 from .paged_attention import paged_attention_triton as paged_attention
 from .qkv_prepare import prepare_qkv_triton as prepare_qkv
@@ -17,6 +18,7 @@ from .silu_mul import gelu_tanh_mul_triton as gelu_tanh_mul
 from .silu_mul import silu_mul_triton as silu_mul
 
 __all__ = [
+    "fused_moe",
     "gelu_tanh_mul",
     "paged_attention",
     "paged_decode_attention",

@@ -1,0 +1,144 @@
+"""DeepSeek-V2 / V3 config.json: multi-head latent attention (MLA) and the grouped-routed MoE.
+
+Parsed and checked here; the model itself is not built yet (MLA attention and its latent paged
+cache are missing), so ModelConfig.from_hf_dict refuses deepseek_v2 / deepseek_v3 with a
+ModelLoadError that names what was read and what is missing (`not_supported_message`).
+
+    MLA       q_lora_rank (None: a plain q_proj), kv_lora_rank, qk_nope_head_dim,
+              qk_rope_head_dim, v_head_dim; the cache holds kv_lora_rank + qk_rope_head_dim
+              values per token (512 + 64 for DeepSeek-V2-Lite, one vector for all heads)
+    RoPE      rope_scaling (or rope_parameters) of type yarn: the softmax scale is multiplied
+              by yarn_mscale(factor, mscale_all_dim) ** 2, as transformers does
+    MoE       n_routed_experts, n_shared_experts (one MLP of n_shared * moe_intermediate_size),
+              num_experts_per_tok, n_group / topk_group, topk_method (V3: noaux_tc with
+              e_score_correction_bias), routed_scaling_factor, norm_topk_prob (V3 only, as in
+              transformers); layers before first_k_dense_replace are dense, then every
+              moe_layer_freq-th
+    MTP       num_nextn_predict_layers: the multi-token-prediction layers after the last
+              decoder layer are skipped (their weights ignored)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from troupe.gpu.moe_config import MoeConfig
+from troupe.kernels.moe_router import GroupedRouting
+
+DEEPSEEK_TYPES = ("deepseek_v2", "deepseek_v3")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MlaConfig:
+    num_heads: int
+    q_lora_rank: int  # 0: q_proj straight from the hidden state
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    rope_interleave: bool
+    rope_scaling: dict[str, Any] | None  # yarn parameters, None without scaling
+
+    @property
+    def latent_size(self) -> int:
+        """Cache values per token (all heads): the latent vector and the rope key."""
+        return self.kv_lora_rank + self.qk_rope_head_dim
+
+    @property
+    def softmax_scale(self) -> float:
+        scale = 1.0 / math.sqrt(self.qk_nope_head_dim + self.qk_rope_head_dim)
+        mscale_all_dim = (self.rope_scaling or {}).get("mscale_all_dim", 0)
+        if self.rope_scaling and mscale_all_dim:
+            mscale = yarn_mscale(float(self.rope_scaling["factor"]), float(mscale_all_dim))
+            scale *= mscale * mscale
+        return scale
+
+
+def yarn_mscale(factor: float, mscale: float) -> float:
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def _rope_scaling(cfg: dict[str, Any]) -> dict[str, Any] | None:
+    scaling = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind == "default":
+        return None
+    if kind != "yarn":
+        raise ValueError(f"config.json: rope_scaling type {kind!r} is not supported; expected yarn")
+    if "factor" not in scaling:
+        raise ValueError("config.json: rope_scaling of type yarn needs 'factor'")
+    return {k: v for k, v in scaling.items() if k != "rope_theta"}
+
+
+def deepseek_fields(cfg: dict[str, Any], num_layers: int) -> tuple[MlaConfig, MoeConfig | None]:
+    """The MLA and MoE shape of a deepseek_v2 / deepseek_v3 config.json (ValueError naming the
+    field when one is missing or out of range)."""
+    model_type = cfg.get("model_type")
+    for key in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+        if not cfg.get(key):
+            raise ValueError(f"config.json: {model_type} needs a positive {key!r}")
+    mla = MlaConfig(
+        num_heads=int(cfg["num_attention_heads"]),
+        q_lora_rank=int(cfg.get("q_lora_rank") or 0),
+        kv_lora_rank=int(cfg["kv_lora_rank"]),
+        qk_nope_head_dim=int(cfg["qk_nope_head_dim"]),
+        qk_rope_head_dim=int(cfg["qk_rope_head_dim"]),
+        v_head_dim=int(cfg["v_head_dim"]),
+        rope_interleave=bool(cfg.get("rope_interleave", model_type == "deepseek_v3")),
+        rope_scaling=_rope_scaling(cfg),
+    )
+    num_experts = int(cfg.get("n_routed_experts") or 0)
+    first_dense = int(cfg.get("first_k_dense_replace") or 0)
+    freq = int(cfg.get("moe_layer_freq") or 1)
+    sparse = tuple(
+        num_experts > 0 and i >= first_dense and i % freq == 0 for i in range(num_layers)
+    )
+    if not any(sparse):
+        return mla, None
+    top_k = cfg.get("num_experts_per_tok")
+    if not top_k:
+        raise ValueError(f"config.json: {model_type} with experts needs 'num_experts_per_tok'")
+    groups = int(cfg.get("n_group") or 1)
+    if num_experts % groups:
+        raise ValueError(
+            f"config.json: n_routed_experts ({num_experts}) must be a multiple of n_group ({groups})"
+        )
+    v3 = model_type == "deepseek_v3"
+    routing = GroupedRouting(
+        top_k=int(top_k),
+        num_groups=groups,
+        topk_groups=int(cfg.get("topk_group") or 1),
+        method="noaux_tc" if v3 else str(cfg.get("topk_method") or "greedy"),
+        norm_topk_prob=v3 and bool(cfg.get("norm_topk_prob", False)),
+        routed_scaling_factor=float(cfg.get("routed_scaling_factor", 1.0)),
+    )
+    moe = MoeConfig(
+        num_experts=num_experts,
+        top_k=int(top_k),
+        intermediate_size=int(cfg.get("moe_intermediate_size") or 0),
+        norm_topk_prob=routing.norm_topk_prob,
+        sparse_layers=sparse,
+        num_shared_experts=int(cfg.get("n_shared_experts") or 0),
+        routing=routing,
+    )
+    return mla, moe
+
+
+def not_supported_message(cfg: dict[str, Any], num_layers: int) -> str:
+    """Why a DeepSeek config cannot load yet, with what was read from it."""
+    mla, moe = deepseek_fields(cfg, num_layers)
+    experts = (
+        "no experts"
+        if moe is None
+        else f"{moe.num_experts} routed + {moe.num_shared_experts} shared experts, "
+        f"top-{moe.top_k}, {sum(moe.sparse_layers)} of {num_layers} layers sparse"
+    )
+    mtp = int(cfg.get("num_nextn_predict_layers") or 0)
+    skipped = f"; {mtp} multi-token-prediction layer(s) would be skipped" if mtp else ""
+    return (
+        f"config.json: model_type {cfg.get('model_type')!r} (MLA kv_lora_rank "
+        f"{mla.kv_lora_rank} + rope {mla.qk_rope_head_dim} per token, {experts}{skipped}) is "
+        "not supported yet: multi-head latent attention and its latent KV cache are missing"
+    )

@@ -1,0 +1,96 @@
+"""A decoder layer whose MLP is a mixture of experts (Qwen3-MoE's sparse layers).
+
+Attention is DecoderLayer's. The MLP is a router (gate [E, H]) picking top-k experts per token
+(kernels/moe_reference.route_topk) and the ops' fused_moe over all experts' weights of the layer,
+held as two tensors: w13 [E, 2I, H] (gate | up) and w2 [E, H, I]. Checkpoints name experts one
+by one (mlp.experts.<e>.gate_proj.weight ...) or, as transformers 5 holds them in memory, fused
+(mlp.experts.gate_up_proj, mlp.experts.down_proj); `locate` maps both.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from troupe.gpu.attention import AttentionMetadata
+from troupe.gpu.model_config import ModelConfig
+from troupe.gpu.models import DecoderLayer, KVCache
+from troupe.kernels.moe_reference import route_topk
+from troupe.kernels.ops import KernelOps
+
+
+class MoeLayer(DecoderLayer):
+    """DecoderLayer with the dense MLP replaced by router + experts."""
+
+    def __init__(
+        self, config: ModelConfig, dtype: torch.dtype, device: torch.device, layer_index: int = 0
+    ) -> None:
+        super().__init__(config, dtype, device, layer_index)
+        moe = config.moe
+        assert moe is not None and moe.sparse_layers[layer_index]
+        del self.gate_up_proj, self.down_proj  # no dense MLP in this layer
+        e, h, inter = moe.num_experts, config.hidden_size, moe.intermediate_size
+
+        def param(*shape: int) -> nn.Parameter:
+            data = torch.empty(*shape, dtype=dtype, device=device)
+            return nn.Parameter(data, requires_grad=False)
+
+        self.router = param(e, h)
+        self.w13 = param(e, 2 * inter, h)
+        self.w2 = param(e, h, inter)
+        self.top_k = moe.top_k
+        self.renormalize = moe.norm_topk_prob
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        residual: torch.Tensor | None,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_cache: KVCache,
+        cos_sin: torch.Tensor,
+        ops: KernelOps,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        c = self.config
+        x, residual = ops.rms_norm(hidden, self.input_layernorm, c.rms_norm_eps, residual)
+        hidden = self.attention(x, positions, meta, kv_cache, cos_sin, ops)
+        x, residual = ops.rms_norm(hidden, self.post_attention_layernorm, c.rms_norm_eps, residual)
+        weights, ids = route_topk(F.linear(x, self.router), self.top_k, self.renormalize)
+        return ops.fused_moe(x, self.w13, self.w2, weights, ids), residual
+
+    def locate_extra(self, rest: str, prefix: str) -> tuple[torch.Tensor, tuple[str, ...]] | None:
+        """Destination and fill keys of a layer-relative HF name (e.g. 'mlp.gate.weight',
+        'mlp.experts.3.up_proj.weight', 'mlp.experts.gate_up_proj'); None if not an MoE weight."""
+        num_experts = self.w13.shape[0]
+        parts = self.fill_parts()
+        if rest == "mlp.gate.weight":
+            return self.router, (f"{prefix}.router",)
+        if rest == "mlp.experts.gate_up_proj":
+            return self.w13, tuple(f"{prefix}.w13#{p}" for p in parts["w13"])
+        if rest == "mlp.experts.down_proj":
+            return self.w2, tuple(f"{prefix}.w2#{p}" for p in parts["w2"])
+        bits = rest.split(".")
+        if len(bits) != 5 or bits[:2] != ["mlp", "experts"] or bits[4] != "weight":
+            return None
+        if not bits[2].isdigit() or int(bits[2]) >= num_experts:
+            return None
+        expert, kind = int(bits[2]), bits[3]
+        inter = self.w2.shape[2]
+        if kind == "gate_proj":
+            target = self.w13[expert, :inter]
+        elif kind == "up_proj":
+            target = self.w13[expert, inter:]
+        elif kind == "down_proj":
+            target = self.w2[expert]
+        else:
+            return None
+        param = "w2" if kind == "down_proj" else "w13"
+        return target, (f"{prefix}.{param}#{expert}.{kind}",)
+
+    def fill_parts(self) -> dict[str, tuple[str, ...]]:
+        """The pieces load_weights must fill per parameter: every expert's projections."""
+        experts = range(self.w13.shape[0])
+        return {
+            "w13": tuple(f"{e}.{kind}" for e in experts for kind in ("gate_proj", "up_proj")),
+            "w2": tuple(f"{e}.down_proj" for e in experts),
+        }

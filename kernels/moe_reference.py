@@ -1,0 +1,49 @@
+"""Mixture of experts in torch: the router's top-k and the experts' SwiGLU, HF's arithmetic.
+
+Expert weights, one tensor each for all experts of a layer (transformers 5's layout):
+
+    w13 [E, 2I, H]   gate rows 0..I-1, up rows I..2I-1
+    w2  [E, H, I]    down
+
+    out[t] = sum_k topk_weights[t, k] * w2[e] @ (silu(w13[e, :I] @ x[t]) * (w13[e, I:] @ x[t]))
+             with e = topk_ids[t, k]
+
+The reference runs one GEMM pair per expert that any token picked, ascending expert id, adding
+into a zero output like transformers' Qwen3MoeExperts, so a CPU model is token-identical to it.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def route_topk(
+    router_logits: torch.Tensor, top_k: int, renormalize: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weights [T, k] in the logits' dtype, expert ids [T, k] int64): softmax over every
+    expert in fp32, its top-k, divided by their sum when renormalize (norm_topk_prob)."""
+    probs = torch.softmax(router_logits, dim=-1, dtype=torch.float32)
+    weights, ids = torch.topk(probs, top_k, dim=-1)
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights.to(router_logits.dtype), ids
+
+
+def fused_moe(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+) -> torch.Tensor:
+    """The experts' weighted sum [T, H] for x [T, H] routed by topk_ids / topk_weights [T, k]."""
+    out = torch.zeros_like(x)
+    inter = w13.shape[1] // 2
+    for expert in torch.unique(topk_ids).tolist():
+        token, slot = torch.where(topk_ids == expert)
+        gate_up = F.linear(x[token], w13[expert])
+        act = F.silu(gate_up[:, :inter]) * gate_up[:, inter:]
+        y = F.linear(act, w2[expert]) * topk_weights[token, slot, None]
+        out.index_add_(0, token, y.to(out.dtype))
+    return out
