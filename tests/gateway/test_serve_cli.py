@@ -65,8 +65,9 @@ def test_sigterm_drains_and_exits_0() -> None:
 
 
 def test_second_signal_cuts_the_grace_short() -> None:
-    """SIGTERM starts a 60 s drain; SIGINT then aborts the in-flight stream at once."""
-    proc, url, _ = _start("--shutdown-grace", "60")
+    """SIGTERM starts an hour's drain; SIGINT then aborts the in-flight stream at once (the
+    process exits long before the grace would end: no bound here depends on speed)."""
+    proc, url, _ = _start("--shutdown-grace", "3600")
     try:
         conn = http.client.HTTPConnection(url.removeprefix("http://"), timeout=30)
         body = {"prompt": "x", "max_tokens": 8000, "ignore_eos": True, "stream": True}
@@ -78,13 +79,11 @@ def test_second_signal_cuts_the_grace_short() -> None:
         proc.send_signal(signal.SIGTERM)
         time.sleep(0.2)
         proc.send_signal(signal.SIGINT)
-        signalled = time.monotonic()
         rest = resp.read().decode()
         assert rest.endswith("data: [DONE]\n\n")
         error = json.loads(rest.strip().split("\n\n")[-2].removeprefix("data: "))["error"]
         assert error["code"] == "aborted" and "shutting down" in error["message"]
-        assert proc.wait(timeout=30) == 0
-        assert time.monotonic() - signalled < 5.0
+        assert proc.wait(timeout=600) == 0  # a hang guard, far below the grace
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 from troupe.config import EngineConfig
 from troupe.gpu.fake_runner import EOS_SEED_BASE, FakeRunner
@@ -148,7 +146,9 @@ def test_from_config_defaults() -> None:
     assert (r.num_gpu_blocks, r.max_model_len) == (64, 512)
 
 
-def test_256_decodes_are_fast() -> None:
+def test_256_decodes_at_1000_tokens_follow_the_reference() -> None:
+    """A wide decode batch at long context (the shape `troupe bench scheduler` times: no test
+    here depends on speed) gives each sequence its reference tokens."""
     r = FakeRunner(block_size=16, num_gpu_blocks=256 * 64, num_cpu_blocks=0)
     seqs = tuple(
         SeqWork(
@@ -163,7 +163,7 @@ def test_256_decodes_are_fast() -> None:
         for i in range(256)
     )
     last = {s.request_id: s.token_id for s in r.execute(StepPlan(step_id=1, seqs=seqs))}
-    times = []
+    out = {rid: [tok] for rid, tok in last.items()}
     for step in range(10):
         plan = StepPlan(
             step_id=2 + step,
@@ -172,7 +172,8 @@ def test_256_decodes_are_fast() -> None:
                 for rid, tok in last.items()
             ),
         )
-        t0 = time.perf_counter()
         last = {s.request_id: s.token_id for s in r.execute(plan)}
-        times.append(time.perf_counter() - t0)
-    assert sorted(times)[5] < 0.005  # ~1 ms here on a shared 2-core box; generous for CI noise
+        for rid, tok in last.items():
+            out[rid].append(tok)
+    prompt = tuple(range(100, 1100))
+    assert out["r0"] == out["r255"] == FakeRunner.reference_tokens(prompt, 11, PARAMS)
