@@ -25,6 +25,7 @@ from troupe.actors.exception_groups import single_leaf, unwrap_single
 from troupe.actors.executor import ExecutorSetup, start_executor
 from troupe.actors.graph import GraphInputs, load_tokenizer_for
 from troupe.actors.request_input import RequestInputError, to_generate_request
+from troupe.actors.request_log import log_end
 from troupe.actors.shell import Actor
 from troupe.actors.watchdog import watch_executor
 from troupe.actors.wiring import graph_specs, wire
@@ -209,7 +210,7 @@ class Engine:
                 cut_off = self._streams.dispatch(batch, time.monotonic(), self._listeners)
                 for event in batch.events:
                     if event.is_terminal:
-                        _log_end(event)
+                        log_end(event)
                 for request_id in cut_off:
                     assert self._tg is not None
                     self._tg.start_soon(self._send_abort, request_id, "stream reader too slow")
@@ -377,24 +378,11 @@ class Engine:
         self, request_id: str, code: RejectCode, field: str | None, message: str
     ) -> Rejected:
         event = Rejected(request_id=request_id, code=code, field=field, message=message)
-        _log_end(event)
+        log_end(event)
         now = time.monotonic()
         for listener in self._listeners:
             listener(event, now)
         return event
-
-
-def _log_end(event: StreamEvent) -> None:
-    """One line per request at its end, bound to its request_id (debug level: busy servers)."""
-    fields: dict[str, Any] = {"request_id": event.request_id, "finish_reason": event.finish_reason}
-    usage = getattr(event, "usage", None)
-    if usage is not None:
-        fields["prompt_tokens"] = usage.prompt_tokens
-        fields["completion_tokens"] = usage.completion_tokens
-    message = getattr(event, "message", None)
-    if message:
-        fields["message"] = message
-    log.debug("request ended", **fields)
 
 
 # Engine-made request ids; a caller's own ids are checked for clashes at the client edge.

@@ -24,6 +24,15 @@ from dataclasses import dataclass
 
 import numpy as np
 from troupe.config import EngineConfig
+from troupe.gpu.fake_model import (
+    COPY_SEED_BASE,
+    U64,
+    fake_logprob,
+    next_tokens,
+    seed_of,
+    slot_mix,
+)
+from troupe.gpu.fake_model import EOS_SEED_BASE as EOS_SEED_BASE  # tests seed EOS with it
 from troupe.gpu.runner import RunnerStats
 from troupe.gpu.token_bitmask import constrain_sampled
 from troupe.messages import (
@@ -31,49 +40,8 @@ from troupe.messages import (
     SamplingParams,
     SeqWork,
     StepPlan,
-    TokenLogprob,
     TokenMasks,
 )
-
-EOS_SEED_BASE = 10**12
-COPY_SEED_BASE = 2 * 10**12
-_LOW, _HIGH = 100, 30000
-_U64 = np.uint64
-
-
-def _mix(x: np.ndarray) -> np.ndarray:
-    """splitmix64's finaliser, elementwise on uint64 (wrapping arithmetic)."""
-    x = (x ^ (x >> _U64(30))) * _U64(0xBF58476D1CE4E5B9)
-    x = (x ^ (x >> _U64(27))) * _U64(0x94D049BB133111EB)
-    out: np.ndarray = x ^ (x >> _U64(31))
-    return out
-
-
-def slot_mix(positions: np.ndarray, token_ids: np.ndarray) -> np.ndarray:
-    """What one KV slot contributes to the hash: a mix of its position and token."""
-    pos = positions.astype(_U64)
-    tok = token_ids.astype(_U64)
-    return _mix(pos * _U64(0x9E3779B97F4A7C15) + tok + _U64(1))
-
-
-def next_tokens(
-    sums: np.ndarray,
-    lengths: np.ndarray,
-    seeds: np.ndarray,
-    num_outputs: np.ndarray,
-    eos_token_id: int,
-) -> np.ndarray:
-    """Next token per sequence from its slot-mix sum, length, seed and outputs so far."""
-    x = _mix(
-        sums ^ _mix(lengths.astype(_U64) + _U64(0x632BE59BD9B4E019)) ^ _mix(seeds.astype(_U64))
-    )
-    tokens = (x % _U64(_HIGH - _LOW)).astype(np.int64) + _LOW
-    eos_at = seeds.astype(np.int64) - EOS_SEED_BASE
-    return np.where(num_outputs + 1 == eos_at, eos_token_id, tokens)
-
-
-def _seed(params: SamplingParams | None) -> int:
-    return params.seed if params is not None and params.seed is not None else 0
 
 
 @dataclass(slots=True)
@@ -92,8 +60,8 @@ class _Store:
     def __init__(self, num_blocks: int, block_size: int) -> None:
         self.tok = np.full((block_size, num_blocks), -1, dtype=np.int64)
         self.pos = np.full((block_size, num_blocks), -1, dtype=np.int64)
-        self.mix = np.zeros((block_size, num_blocks), dtype=_U64)
-        self.sum = np.zeros(num_blocks, dtype=_U64)
+        self.mix = np.zeros((block_size, num_blocks), dtype=U64)
+        self.sum = np.zeros(num_blocks, dtype=U64)
 
     def copy_to(self, other: _Store, pairs: Sequence[tuple[int, int]]) -> None:
         src = np.fromiter((p[0] for p in pairs), np.int64, len(pairs))
@@ -278,7 +246,7 @@ class FakeRunner:
             if work.params is None:
                 raise ValueError(f"request {request_id!r}: first SeqWork carries no params")
             seq = _Seq(self._take_row(), 0, work.params.logprobs)
-            self._seeds[seq.row] = _seed(work.params)
+            self._seeds[seq.row] = seed_of(work.params)
             self._num_prompt[seq.row] = work.num_prompt_tokens
             self._num_with_logprobs += seq.logprobs is not None
             self._seqs[request_id] = seq
@@ -316,7 +284,7 @@ class FakeRunner:
         g.tok[slots, blocks] = tokens
         # Each written block's sum, recomputed from its slots (wraps mod 2**64; a block
         # listed twice gets the same value twice).
-        g.sum[blocks] = g.mix[:, blocks].sum(axis=0, dtype=_U64)
+        g.sum[blocks] = g.mix[:, blocks].sum(axis=0, dtype=U64)
 
     def _sample(
         self, sampled: list[_Seq], sampled_ids: list[str], end_list: list[int]
@@ -335,13 +303,13 @@ class FakeRunner:
         if self.kv_window:
             first = np.maximum(ends - self.kv_window, 0) // bs
             is_full &= np.arange(width)[None, :] >= first[:, None]
-        sums = np.where(is_full, g.sum[full], _U64(0)).sum(axis=1, dtype=_U64)
+        sums = np.where(is_full, g.sum[full], U64(0)).sum(axis=1, dtype=U64)
         wrong = (is_full & (g.pos[0][full] != np.arange(0, width * bs, bs)[None, :])).any(axis=1)
         # The last, partial block: only the slots written so far.
         last_index = np.minimum(num_full, self._max_blocks - 1)  # unused where rem == 0
         last = np.where(rem > 0, self._tables[rows, last_index], 0)
         written = np.arange(bs)[:, None] < rem[None, :]  # [slot, sequence]
-        sums += np.where(written, g.mix[:, last], _U64(0)).sum(axis=0, dtype=_U64)
+        sums += np.where(written, g.mix[:, last], U64(0)).sum(axis=0, dtype=U64)
         expected = (num_full * bs)[None, :] + np.arange(bs)[:, None]
         wrong |= (written & (g.pos[:, last] != expected)).any(axis=0)
         if wrong.any():
@@ -358,7 +326,7 @@ class FakeRunner:
             return tuple(map(SampledToken, sampled_ids, tokens.tolist()))
         return tuple(
             SampledToken(
-                rid, tok, _logprob(tok, seq.logprobs) if seq.logprobs is not None else None
+                rid, tok, fake_logprob(tok, seq.logprobs) if seq.logprobs is not None else None
             )
             for rid, seq, tok in zip(sampled_ids, sampled, tokens.tolist(), strict=True)
         )
@@ -399,15 +367,15 @@ class FakeRunner:
         window, as a FakeRunner of that kv_window and block_size gives them."""
         ids = np.asarray(prompt_ids, dtype=np.int64)
         mixes = slot_mix(np.arange(len(ids)), ids)
-        total = mixes.sum(dtype=_U64, keepdims=True)
-        seed = np.array([_seed(params)], np.int64)
+        total = mixes.sum(dtype=U64, keepdims=True)
+        seed = np.array([seed_of(params)], np.int64)
         out: list[int] = []
         length = len(ids)
         period = int(seed[0]) - COPY_SEED_BASE
         for i in range(n):
             if kv_window:  # blocks from the window's first one on
                 first = max(length - kv_window, 0) // block_size * block_size
-                total = mixes[first:].sum(dtype=_U64, keepdims=True)
+                total = mixes[first:].sum(dtype=U64, keepdims=True)
             tok = int(next_tokens(total, np.array([length]), seed, np.array([i]), eos_token_id)[0])
             if 1 <= period <= length:
                 tok = ([*prompt_ids, *out])[length - period]
@@ -418,10 +386,3 @@ class FakeRunner:
             total = total + new  # arrays wrap silently
             length += 1
         return out
-
-
-def _logprob(token_id: int, num_top: int | None) -> TokenLogprob | None:
-    if num_top is None:
-        return None
-    top = tuple(((token_id + i) % _HIGH, -1.0 - i) for i in range(num_top))
-    return TokenLogprob(token_id, -1.0, top)

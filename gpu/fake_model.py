@@ -1,0 +1,54 @@
+"""The fake model's arithmetic (gpu/fake_runner.py): a KV slot's mix of its position and token,
+and the next token as a hash of a sequence's slot mixes, length, seed and outputs so far. Pure
+functions of their arguments, so FakeRunner.reference_tokens can compute outputs without a cache.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from troupe.messages import SamplingParams, TokenLogprob
+
+EOS_SEED_BASE = 10**12
+COPY_SEED_BASE = 2 * 10**12
+_LOW, _HIGH = 100, 30000
+U64 = np.uint64
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser, elementwise on uint64 (wrapping arithmetic)."""
+    x = (x ^ (x >> U64(30))) * U64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> U64(27))) * U64(0x94D049BB133111EB)
+    out: np.ndarray = x ^ (x >> U64(31))
+    return out
+
+
+def slot_mix(positions: np.ndarray, token_ids: np.ndarray) -> np.ndarray:
+    """What one KV slot contributes to the hash: a mix of its position and token."""
+    pos = positions.astype(U64)
+    tok = token_ids.astype(U64)
+    return _mix(pos * U64(0x9E3779B97F4A7C15) + tok + U64(1))
+
+
+def next_tokens(
+    sums: np.ndarray,
+    lengths: np.ndarray,
+    seeds: np.ndarray,
+    num_outputs: np.ndarray,
+    eos_token_id: int,
+) -> np.ndarray:
+    """Next token per sequence from its slot-mix sum, length, seed and outputs so far."""
+    x = _mix(sums ^ _mix(lengths.astype(U64) + U64(0x632BE59BD9B4E019)) ^ _mix(seeds.astype(U64)))
+    tokens = (x % U64(_HIGH - _LOW)).astype(np.int64) + _LOW
+    eos_at = seeds.astype(np.int64) - EOS_SEED_BASE
+    return np.where(num_outputs + 1 == eos_at, eos_token_id, tokens)
+
+
+def seed_of(params: SamplingParams | None) -> int:
+    return params.seed if params is not None and params.seed is not None else 0
+
+
+def fake_logprob(token_id: int, num_top: int | None) -> TokenLogprob | None:
+    if num_top is None:
+        return None
+    top = tuple(((token_id + i) % _HIGH, -1.0 - i) for i in range(num_top))
+    return TokenLogprob(token_id, -1.0, top)
