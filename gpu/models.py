@@ -74,8 +74,11 @@ class DecoderLayer(nn.Module):
         x, residual = ops.rms_norm(hidden, self.input_layernorm, c.rms_norm_eps, residual)
         hidden = self.attention(x, positions, meta, kv_cache, cos_sin, ops)
         x, residual = ops.rms_norm(hidden, self.post_attention_layernorm, c.rms_norm_eps, residual)
-        act = ops.silu_mul(linear(x, self.gate_up_proj))
-        return linear(act, self.down_proj), residual
+        return self.mlp(x, ops), residual
+
+    def mlp(self, x: torch.Tensor, ops: KernelOps) -> torch.Tensor:
+        """The feed-forward block (SwiGLU); an MoE layer routes to its experts instead."""
+        return linear(ops.silu_mul(linear(x, self.gate_up_proj)), self.down_proj)
 
     def attention(
         self,

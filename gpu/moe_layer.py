@@ -12,9 +12,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-from troupe.gpu.attention import AttentionMetadata
 from troupe.gpu.model_config import ModelConfig
-from troupe.gpu.models import DecoderLayer, KVCache
+from troupe.gpu.models import DecoderLayer
 from troupe.kernels.moe_reference import route_topk
 from troupe.kernels.ops import KernelOps
 
@@ -41,22 +40,10 @@ class MoeLayer(DecoderLayer):
         self.top_k = moe.top_k
         self.renormalize = moe.norm_topk_prob
 
-    def forward(
-        self,
-        hidden: torch.Tensor,
-        residual: torch.Tensor | None,
-        positions: torch.Tensor,
-        meta: AttentionMetadata,
-        kv_cache: KVCache,
-        cos_sin: torch.Tensor,
-        ops: KernelOps,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        c = self.config
-        x, residual = ops.rms_norm(hidden, self.input_layernorm, c.rms_norm_eps, residual)
-        hidden = self.attention(x, positions, meta, kv_cache, cos_sin, ops)
-        x, residual = ops.rms_norm(hidden, self.post_attention_layernorm, c.rms_norm_eps, residual)
+    def mlp(self, x: torch.Tensor, ops: KernelOps) -> torch.Tensor:
+        """Router softmax top-k, then the fused experts (ops.fused_moe)."""
         weights, ids = route_topk(F.linear(x, self.router), self.top_k, self.renormalize)
-        return ops.fused_moe(x, self.w13, self.w2, weights, ids), residual
+        return ops.fused_moe(x, self.w13, self.w2, weights, ids)
 
     def locate_extra(self, rest: str, prefix: str) -> tuple[torch.Tensor, tuple[str, ...]] | None:
         """Destination and fill keys of a layer-relative HF name (e.g. 'mlp.gate.weight',

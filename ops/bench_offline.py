@@ -68,8 +68,16 @@ def _shapes(c: ModelConfig) -> list[torch.Tensor]:
 
 def write_model_folder(folder: Path, config: ModelConfig) -> None:
     """config.json, random bf16 model.safetensors and a word-level tokenizer.json."""
-    from safetensors.torch import save_file
     from tokenizers import Tokenizer, models
+
+    write_model_weights(folder, config)
+    vocab = {f"t{i}": i for i in range(config.vocab_size)}
+    Tokenizer(models.WordLevel(vocab, unk_token="t0")).save(str(folder / "tokenizer.json"))
+
+
+def write_model_weights(folder: Path, config: ModelConfig) -> None:
+    """A Qwen3 config.json and random bf16 model.safetensors of `config`'s shape."""
+    from safetensors.torch import save_file
 
     c = config
     (folder / "config.json").write_text(
@@ -93,8 +101,6 @@ def write_model_folder(folder: Path, config: ModelConfig) -> None:
         )
     )
     save_file(random_weights(c, torch.bfloat16, seed=0), str(folder / "model.safetensors"))
-    vocab = {f"t{i}": i for i in range(c.vocab_size)}
-    Tokenizer(models.WordLevel(vocab, unk_token="t0")).save(str(folder / "tokenizer.json"))
 
 
 def run_engine(

@@ -17,16 +17,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import random
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-import torch
 from troupe.gpu.model_config import ModelConfig
-from troupe.gpu.weights import qwen3_0_6b_config, random_weights
+from troupe.gpu.weights import qwen3_0_6b_config
+from troupe.ops.bench_offline import write_model_weights
 from troupe.ops.json_schemas import make_schemas
 
 _ALPHABET = "abcdefghijklmnopqrstuvwxyz" * 4 + "ABCDEFGHIJ0123456789" + ' {}[]":,.-_'
@@ -58,31 +57,10 @@ def synthetic_vocab(size: int, special_ids: tuple[int, ...], seed: int = 0) -> l
 
 def write_model_folder(folder: Path, config: ModelConfig) -> None:
     """config.json, random bf16 weights and a byte-level tokenizer.json of the full vocab."""
-    from safetensors.torch import save_file
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
     c = config
-    (folder / "config.json").write_text(
-        json.dumps(
-            {
-                "model_type": "qwen3",
-                "hidden_size": c.hidden_size,
-                "num_hidden_layers": c.num_layers,
-                "num_attention_heads": c.num_heads,
-                "num_key_value_heads": c.num_kv_heads,
-                "head_dim": c.head_dim,
-                "intermediate_size": c.intermediate_size,
-                "vocab_size": c.vocab_size,
-                "rms_norm_eps": c.rms_norm_eps,
-                "rope_theta": c.rope_theta,
-                "tie_word_embeddings": True,
-                "max_position_embeddings": c.max_position_embeddings,
-                "eos_token_id": list(c.eos_token_ids),
-                "torch_dtype": "bfloat16",
-            }
-        )
-    )
-    save_file(random_weights(c, torch.bfloat16, seed=0), str(folder / "model.safetensors"))
+    write_model_weights(folder, c)
     vocab = synthetic_vocab(c.vocab_size, c.eos_token_ids)
     tok = Tokenizer(models.WordLevel({t: i for i, t in enumerate(vocab)}, unk_token=vocab[0]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
