@@ -77,6 +77,7 @@ def _int4_gemm_kernel(
     x_ptr, packed_ptr, scale_ptr, bias_ptr, out_ptr,
     M, N, K,
     G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):  # fmt: skip
     pid_m, pid_n = tl.program_id(0), tl.program_id(1)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -97,20 +98,22 @@ def _int4_gemm_kernel(
         sb_mask = (rn < N)[:, None] & (g < K // G)[None, :]
         s = tl.load(scale_ptr + sb_off, mask=sb_mask, other=0.0).to(tl.float32)[:, :, None]
         b = tl.load(bias_ptr + sb_off, mask=sb_mask, other=0.0).to(tl.float32)[:, :, None]
-        shape3 = (BLOCK_N, BLOCK_K // G, G // 2)
+        # shapes spelled inline: a tuple held in a variable stops being constexpr (triton 3.6)
         w_lo = tl.reshape(
-            tl.reshape((p & 15).to(tl.float32), shape3) * s + b, (BLOCK_N, BLOCK_K // 2)
+            tl.reshape((p & 15).to(tl.float32), (BLOCK_N, BLOCK_K // G, G // 2)) * s + b,
+            (BLOCK_N, BLOCK_K // 2),
         )
         w_hi = tl.reshape(
-            tl.reshape((p >> 4).to(tl.float32), shape3) * s + b, (BLOCK_N, BLOCK_K // 2)
+            tl.reshape((p >> 4).to(tl.float32), (BLOCK_N, BLOCK_K // G, G // 2)) * s + b,
+            (BLOCK_N, BLOCK_K // 2),
         )
         elem = (byte // 16) * 32 + byte % 16
         x_off = rm.to(tl.int64)[:, None] * K + elem[None, :]
         x_mask = (rm < M)[:, None] & byte_ok[None, :]
         xe = tl.load(x_ptr + x_off, mask=x_mask, other=0.0)
         xo = tl.load(x_ptr + x_off + 16, mask=x_mask, other=0.0)
-        acc += tl.dot(xe, tl.trans(w_lo.to(xe.dtype)))
-        acc += tl.dot(xo, tl.trans(w_hi.to(xo.dtype)))
+        acc += tl.dot(xe, tl.trans(w_lo.to(xe.dtype)), input_precision=PRECISION)
+        acc += tl.dot(xo, tl.trans(w_hi.to(xo.dtype)), input_precision=PRECISION)
     out = out_ptr + rm.to(tl.int64)[:, None] * N + rn[None, :]
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=(rm < M)[:, None] & (rn < N)[None, :])
 
@@ -147,7 +150,7 @@ def _fp8_gemv_kernel(
 def _fp8_gemm_kernel(
     x_ptr, w_ptr, scale_ptr, out_ptr,
     M, N, K, scale_bn, scale_bk, scale_cols,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     pid_m, pid_n = tl.program_id(0), tl.program_id(1)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -167,7 +170,8 @@ def _fp8_gemm_kernel(
             other=0.0,
         )
         s = tl.load(scale_ptr + (rn // scale_bn) * scale_cols + k0 // scale_bk, mask=rn < N)
-        acc += tl.dot(x, tl.trans(w.to(tl.float32).to(x.dtype))) * s[None, :]
+        w = tl.trans(w.to(tl.float32).to(x.dtype))
+        acc += tl.dot(x, w, input_precision=PRECISION) * s[None, :]
     out = out_ptr + rm.to(tl.int64)[:, None] * N + rn[None, :]
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=(rm < M)[:, None] & (rn < N)[None, :])
 
@@ -182,6 +186,11 @@ def _splits(n_tiles: int, k: int, block_k: int, device: torch.device) -> int:
     while chunks % split:  # whole chunks per split
         split -= 1
     return int(split)
+
+
+def _precision(x: torch.Tensor) -> str:
+    """tl.dot's input precision: fp32 activations stay fp32 (the default would round to tf32)."""
+    return "ieee" if x.dtype == torch.float32 else "tf32"
 
 
 def int4_matmul(
@@ -207,7 +216,9 @@ def int4_matmul(
     block_m, block_n = (64, 64) if x.device.type == "cuda" else (16, 32)
     block_k = 64
     tiles = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
-    _int4_gemm_kernel[tiles](x, packed, scale, bias, out, m, n, k, group, block_m, block_n, block_k)
+    _int4_gemm_kernel[tiles](
+        x, packed, scale, bias, out, m, n, k, group, block_m, block_n, block_k, _precision(x)
+    )
     return out
 
 
@@ -236,7 +247,7 @@ def fp8_matmul(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> to
     tiles = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
     _fp8_gemm_kernel[tiles](
         x, weight, scale, out, m, n, k, scale_bn, scale_bk, scale.shape[1],
-        block_m, block_n, block_k,
+        block_m, block_n, block_k, _precision(x),
     )  # fmt: skip
     return out
 

@@ -187,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
             "max_model_len": 3 * args.prompt_len + 2 * args.output_len + 64,
             "enforce_eager": args.enforce_eager,
         }
+        # a pool sized to the workload: each engine's pool is freed only when the next starts
+        common["num_kv_blocks"] = num * -(-common["max_model_len"] // 16) + 64
         if args.smoke:
             common.update(device="cpu", num_kv_blocks=max(64, num * 40))
         off = EngineConfig(**common)
