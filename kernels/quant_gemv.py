@@ -12,6 +12,9 @@ Two weight forms, two shapes each:
              streams its weight bytes once with 16-byte loads, products summed in fp32;
              split-K partials land in an fp32 [SPLIT, M, N] buffer that one sum reduces
              (no atomics: the result does not depend on timing)
+    skinny   fp8, 2 <= M <= SKINNY_MAX_ROWS: like decode, but all rows of x in one program
+             (padded to 16 for tl.dot), so W is read once, not once per row (H200, Llama-8B
+             step at 4 and 16 rows: 3.5 ms instead of 7.1-7.4)
     prefill  more rows: tiles of W expanded to x's dtype in registers, then tl.dot
 
 Int4 sums per group first (sum_k x q, and sum_k x), then scales once per group:
@@ -29,6 +32,7 @@ import triton
 import triton.language as tl
 
 GEMV_MAX_ROWS = 8
+SKINNY_MAX_ROWS = 16
 
 
 @triton.jit
@@ -176,6 +180,39 @@ def _fp8_gemm_kernel(
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=(rm < M)[:, None] & (rn < N)[None, :])
 
 
+@triton.jit
+def _fp8_skinny_kernel(
+    x_ptr, w_ptr, scale_ptr, out_ptr,
+    M, N, K, k_per_split, scale_bn, scale_bk, scale_cols,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    pid_n, pid_k = tl.program_id(0), tl.program_id(1)
+    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rm = tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_K)
+    row_ok = rows < N
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    k_start = pid_k * k_per_split
+    for k0 in range(k_start, k_start + k_per_split, BLOCK_K):
+        k = k0 + cols
+        k_ok = k < K
+        w = tl.load(
+            w_ptr + rows.to(tl.int64)[:, None] * K + k[None, :],
+            mask=row_ok[:, None] & k_ok[None, :],
+            other=0.0,
+        )
+        x = tl.load(
+            x_ptr + rm.to(tl.int64)[:, None] * K + k[None, :],
+            mask=(rm < M)[:, None] & k_ok[None, :],
+            other=0.0,
+        )
+        s = tl.load(scale_ptr + (rows // scale_bn) * scale_cols + k0 // scale_bk, mask=row_ok)
+        w = tl.trans(w.to(tl.float32).to(x.dtype))
+        acc += tl.dot(x, w, input_precision=PRECISION) * s[None, :]
+    out = out_ptr + (pid_k.to(tl.int64) * M + rm.to(tl.int64))[:, None] * N + rows[None, :]
+    tl.store(out, acc, mask=(rm < M)[:, None] & row_ok[None, :])
+
+
 def _splits(n_tiles: int, k: int, block_k: int, device: torch.device) -> int:
     """K splits so the grid covers the device about four times over (a CPU: 1)."""
     if device.type != "cuda":
@@ -229,7 +266,7 @@ def fp8_matmul(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> to
     scale_bn = triton.cdiv(n, scale.shape[0])
     scale_bk = triton.cdiv(k, scale.shape[1])
     x, scale = x.contiguous(), scale.contiguous().float()
-    if m <= GEMV_MAX_ROWS:
+    if m == 1 or (m <= GEMV_MAX_ROWS and scale_bk & -scale_bk < 16):
         block_n = 16
         block_k = min(512, scale_bk & -scale_bk)  # a power of two that divides scale_bk
         split = _splits(triton.cdiv(n, block_n) * m, k, block_k, x.device)
@@ -239,6 +276,17 @@ def fp8_matmul(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> to
         _fp8_gemv_kernel[grid](
             x, weight, scale, part, n, k, per_split, scale_bn, scale_bk, scale.shape[1],
             block_n, block_k,
+        )  # fmt: skip
+        return (part[0] if split == 1 else part.sum(0)).to(x.dtype)
+    if m <= SKINNY_MAX_ROWS and scale_bk & -scale_bk >= 16:
+        block_n = 32  # the best of an H200 sweep (block_n 16-64, block_k 128-512, 4/8 warps)
+        block_k = min(256, scale_bk & -scale_bk)
+        split = _splits(triton.cdiv(n, block_n), k, block_k, x.device)
+        part = torch.empty(split, m, n, dtype=torch.float32, device=x.device)
+        per_split = triton.cdiv(triton.cdiv(k, block_k), split) * block_k
+        _fp8_skinny_kernel[(triton.cdiv(n, block_n), split)](
+            x, weight, scale, part, m, n, k, per_split, scale_bn, scale_bk, scale.shape[1],
+            16, block_n, block_k, _precision(x),
         )  # fmt: skip
         return (part[0] if split == 1 else part.sum(0)).to(x.dtype)
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)

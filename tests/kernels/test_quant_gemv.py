@@ -7,6 +7,7 @@ import pytest
 import torch
 from troupe.kernels.quant_gemv import (
     GEMV_MAX_ROWS,
+    SKINNY_MAX_ROWS,
     fp8_matmul,
     fp8_reference,
     int4_matmul,
@@ -58,8 +59,9 @@ def fp8_weight(
     [
         (1, 48, 256, (48, 1)),  # per channel
         (2, 40, 384, (1, 3)),  # 40 x 128 blocks (the last partial)
-        (GEMV_MAX_ROWS + 3, 64, 256, (1, 2)),  # prefill, 64 x 128 blocks
+        (GEMV_MAX_ROWS + 3, 64, 256, (1, 2)),  # skinny, 64 x 128 blocks
         (GEMV_MAX_ROWS + 1, 80, 192, (80, 1)),
+        (SKINNY_MAX_ROWS + 2, 64, 256, (1, 2)),  # prefill
     ],
 )
 def test_fp8_matmul(device: str, m: int, n: int, k: int, scale_shape: tuple[int, int]) -> None:
