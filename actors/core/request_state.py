@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from operator import attrgetter
 
 import msgspec
+from troupe.actors.core.ngram_proposer import NgramIndex
 from troupe.actors.core.queue_policy import QueuePolicy
 from troupe.messages.sampling import SamplingParams
 from troupe.messages.scheduler import AdmittedRequest
@@ -64,6 +65,7 @@ class Request:
     draft: tuple[int, ...] = ()  # proposals in the step in flight
     spec_rate: float = 1.0  # acceptance rate of its proposals (speculator.py)
     spec_paused: int = 0  # decode steps left without proposals (speculator.py backoff)
+    ngrams: NgramIndex | None = None  # its n-grams' positions, made at its first proposal
     decode: Work = field(init=False)  # its plan entry for a decode that needs no new block
 
     @classmethod

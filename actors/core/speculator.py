@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from troupe.actors.core.ngram_proposer import propose_ngram
+from troupe.actors.core.ngram_proposer import NgramIndex
 from troupe.actors.core.request_state import Request
 from troupe.config import EngineConfig
 from troupe.messages.common import FinishReason
@@ -74,7 +74,9 @@ class Speculator:
         k = min(k, req.max_total_tokens - req.num_tokens - 1)
         if k < 1:
             return ()
-        return propose_ngram(req.token_ids, k, s.min_n, s.max_n)
+        if (index := req.ngrams) is None:
+            index = req.ngrams = NgramIndex(s.min_n, s.max_n)
+        return index.propose(req.token_ids, k)
 
     def record(self, req: Request, num_proposed: int, num_accepted: int) -> None:
         """One verification of `num_proposed` proposals of `req`, `num_accepted` accepted."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from troupe.actors.core.ngram_proposer import propose_ngram
+from troupe.actors.core.ngram_proposer import NgramIndex, propose_ngram
 from troupe.actors.core.request_state import Request
 from troupe.actors.core.speculator import SpecSettings, Speculator
 from troupe.config import ConfigError, EngineConfig
@@ -163,3 +163,22 @@ def test_random_load_with_speculation_matches_unlimited_pool(
     _run(
         _with_copy_seeds(w, period), mode, speculative=SpecSettings(num_tokens=3, min_n=1, max_n=3)
     )
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    tokens=st.lists(st.integers(0, 3), max_size=60),
+    k=st.integers(0, 5),
+    bounds=st.tuples(st.integers(1, 4), st.integers(0, 3)),
+    cuts=st.lists(st.integers(0, 60), max_size=6),
+)
+def test_ngram_index_answers_as_the_scan(
+    tokens: list[int], k: int, bounds: tuple[int, int], cuts: list[int]
+) -> None:
+    """The incremental index equals the full scan at every prefix it is asked about, in
+    order (each call extends the last), and after a shorter list (a rebuild)."""
+    min_n, extra = bounds
+    index = NgramIndex(min_n, min_n + extra)
+    for end in [*sorted(cuts), len(tokens), *cuts[:1]]:
+        prefix = tokens[:end]
+        assert index.propose(prefix, k) == propose_ngram(prefix, k, min_n, min_n + extra)
