@@ -16,6 +16,7 @@ from troupe.config import ConfigError, EngineConfig, resolve_model_path
 from troupe.gpu.activation_profile import profile_activation_peak
 from troupe.gpu.cuda_graphs import DecodeGraphs
 from troupe.gpu.device_inputs import device_metadata, host_to_device
+from troupe.gpu.forward_ahead import ForwardAhead
 from troupe.gpu.kv_cache import KVCache
 from troupe.gpu.mixed_graphs import MixedGraphs
 from troupe.gpu.model_config import ModelConfig
@@ -134,6 +135,12 @@ class ModelRunner:
             vocab_size=config.vocab_size,
             logits_hook=logits_hook,
         )
+        self._ahead = ForwardAhead(
+            self._states,
+            self._forward,
+            block_size=options.block_size,
+            max_model_len=options.max_model_len,
+        )
         self._logits_hook = logits_hook
         self.kv.reset_scales()  # graph captures wrote made-up KV: the first real write sets them
         # a plan launched by launch(), awaiting its grammar masks: (plan, states, inputs, logits)
@@ -145,8 +152,8 @@ class ModelRunner:
         """Steps run and overlapped steps launched and used, so far."""
         return RunnerStats(
             num_steps=self._num_steps,
-            num_overlapped=self._overlap.num_overlapped,
-            num_overlap_hits=self._overlap.num_overlap_hits,
+            num_overlapped=self._overlap.num_overlapped + self._ahead.num_launched,
+            num_overlap_hits=self._overlap.num_overlap_hits + self._ahead.num_hits,
             num_overlap_splits=self._overlap.num_overlap_splits,
         )
 
@@ -217,6 +224,8 @@ class ModelRunner:
     def execute(self, plan: StepPlan) -> tuple[SampledToken, ...]:
         """Apply released, swap_out, swap_in, then run plan.seqs; one token per sampled seq."""
         self._num_steps += 1
+        if plan.seqs or plan.swap_out or plan.swap_in:
+            self._ahead.discard()  # a masked step's kept forward: this plan is not it
         taken = self._overlap.take(plan)
         if isinstance(taken, Split):
             return self._run_split(taken)
@@ -232,6 +241,10 @@ class ModelRunner:
         """Run a plan that awaits grammar masks up to its logits; finish() samples it."""
         self._num_steps += 1
         self._overlap.discard()  # its samples were drawn without masks
+        ahead = self._ahead.take(plan)  # the forward queued after the last masked step?
+        if ahead is not None:
+            self._launched = (plan, *ahead)
+            return
         prepared = self._prepare(plan)
         self._launched = None
         if prepared is not None:
@@ -281,7 +294,11 @@ class ModelRunner:
             bitmask = None if masks is None else step_bitmask(masks, request_ids)
             token_ids, logprobs = self._sample(logits, [states[r] for r in rows], bitmask)
         next_pos = inputs.seq_lens[rows].astype(np.int64)
-        sampled = [states[r] for r in rows] if masks is None else []
+        if masks is not None:  # the next step needs the next masks: queue only its forward
+            if self.overlap_schedule and rows and WITHHELD not in token_ids:
+                self._ahead.launch([states[r] for r in rows], next_pos, request_ids, token_ids)
+            return sampled_tokens(request_ids, token_ids, logprobs)
+        sampled = [states[r] for r in rows]
         if split is not None:
             request_ids = split.request_ids + request_ids
             token_ids = split.token_ids + token_ids
@@ -318,6 +335,7 @@ class ModelRunner:
     def logits(self, plan: StepPlan) -> torch.Tensor:
         """Like execute, but return the fp32 logits [sampled seqs, vocab] instead of sampling."""
         self._overlap.discard()  # stream order keeps its KV writes before this plan's
+        self._ahead.discard()
         prepared = self._prepare(plan)
         if prepared is None:
             return torch.empty(0, self.vocab_size, device=self.device)
@@ -363,6 +381,7 @@ class ModelRunner:
         """Drop the graphs, caches and state so device memory can be reused."""
         self._graphs = None
         self._overlap.discard()
+        self._ahead.discard()
         self._states.clear()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()

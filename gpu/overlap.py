@@ -125,7 +125,7 @@ class DecodeOverlap:
             return ()
         if plan.swap_out or plan.swap_in:
             return None
-        rows = _matching_rows(plan.seqs, pending)
+        rows = matching_rows(plan.seqs, pending.rows, pending.input_tokens, pending.positions)
         if rows is not None:
             return self._take(plan, pending, rows)
         split = _split_rows(plan.seqs, pending)
@@ -244,12 +244,8 @@ class DecodeOverlap:
         max_model_len, or when a request wants logprobs (those are read back synchronously).
         """
         num_seqs = len(states)
-        num_blocks = np.fromiter((s.num_blocks for s in states), np.int64, num_seqs)
-        if (next_pos >= self.max_model_len).any() or (
-            num_blocks * self.block_size <= next_pos
-        ).any():
-            return None
-        if any(s.param_row[LOGPROBS] >= 0 for s in states):
+        num_blocks = launchable(states, next_pos, self.block_size, self.max_model_len)
+        if num_blocks is None:
             return None
         # The fed tokens join the history exactly as the next plan's SeqWorks will put them
         # (a rewrite by position, so a discarded step leaves nothing wrong).
@@ -297,20 +293,37 @@ class DecodeOverlap:
         )
 
 
-def _matching_rows(seqs: Sequence[SeqWork], pending: _PendingStep) -> list[int] | None:
-    """Rows of the overlapped batch, in plan order, if the plan is the overlapped step.
+def launchable(
+    states: list[RequestState], next_pos: np.ndarray, block_size: int, max_model_len: int
+) -> np.ndarray | None:
+    """Each state's block count if their next decode at `next_pos` may be launched early:
+    None when a table does not cover its position (no lookahead block yet), past
+    max_model_len, or when a request wants logprobs (those are read back synchronously)."""
+    num_blocks = np.fromiter((s.num_blocks for s in states), np.int64, len(states))
+    if (next_pos >= max_model_len).any() or (num_blocks * block_size <= next_pos).any():
+        return None
+    if any(s.param_row[LOGPROBS] >= 0 for s in states):
+        return None
+    return num_blocks
 
-    Each SeqWork must be a plain decode of an overlapped request, fed the token sampled for it
+
+def matching_rows(
+    seqs: Sequence[SeqWork], rows: dict[str, int], tokens: list[int], positions: np.ndarray
+) -> list[int] | None:
+    """Rows of an early-launched batch (request id -> row, the token fed and the position of
+    each row), in plan order, if the plan is that step.
+
+    Each SeqWork must be a plain decode of a launched request, fed the token sampled for it
     with the position after, in the launch order; requests may drop out (they ended).
     """
-    rows = _leading_rows(seqs, pending)
-    return rows if len(rows) == len(seqs) else None
+    found = _leading_rows(seqs, rows, tokens, positions)
+    return found if len(found) == len(seqs) else None
 
 
 def _split_rows(seqs: Sequence[SeqWork], pending: _PendingStep) -> list[int] | None:
     """Rows of the leading decodes if the plan is a split: at least one of them, and none of
     the SeqWorks after them belongs to a request of the overlapped step."""
-    rows = _leading_rows(seqs, pending)
+    rows = _leading_rows(seqs, pending.rows, pending.input_tokens, pending.positions)
     extras = seqs[len(rows) :]
     if not rows or any(
         w.request_id in pending.rows or w.draft_token_ids or w.num_dropped_blocks for w in extras
@@ -319,11 +332,13 @@ def _split_rows(seqs: Sequence[SeqWork], pending: _PendingStep) -> list[int] | N
     return rows
 
 
-def _leading_rows(seqs: Sequence[SeqWork], pending: _PendingStep) -> list[int]:
-    """Rows of the longest prefix of `seqs` that the overlapped step computed as planned."""
+def _leading_rows(
+    seqs: Sequence[SeqWork], launched: dict[str, int], fed: list[int], at: np.ndarray
+) -> list[int]:
+    """Rows of the longest prefix of `seqs` that the launched step computed as planned."""
     rows: list[int] = []
     previous = -1
-    get, tokens, positions = pending.rows.get, pending.input_tokens, pending.positions.tolist()
+    get, tokens, positions = launched.get, fed, at.tolist()
     for work in seqs:
         row = get(work.request_id)
         if (

@@ -1,0 +1,130 @@
+"""Overlap for steps under grammar masks: the next step's forward launched before its plan.
+
+A step of structured output cannot be sampled before the grammar actor has seen the tokens of
+the step before it, so DecodeOverlap (gpu/overlap.py), which samples its early step, leaves
+those steps alone. The forward pass needs no mask, only those tokens, which the runner holds
+right after sampling under the masks. So after a masked step the runner queues the next
+decode's forward at once (fed the host tokens, one position on) and keeps its logits on the
+device; the actors plan and the grammar computes the next masks while the GPU runs it:
+
+    finish(masks N):  sample N under masks, tolist | forward N+1 (logits kept)
+    actors:                                       | update, grammar masks, plan (GPU busy)
+    launch(plan N+1): the kept step? yes: its logits wait for the masks; finish samples them
+                                     no:  discard, run plan N+1's forward as before
+
+A plan that is not the kept step (a request joins, a chunk, a swap, proposals) discards it:
+the forward wrote KV only at each request's lookahead slot, and the same argument as for a
+discarded DecodeOverlap step holds (gpu/overlap.py, DecodeOverlap.take).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import numpy as np
+import torch
+from troupe.gpu.overlap import launchable, matching_rows
+from troupe.gpu.request_states import RequestState, RequestStates
+from troupe.gpu.step_inputs import StepInputs, build_decode_inputs
+from troupe.messages import StepPlan
+
+Forward = Callable[[StepInputs], torch.Tensor]
+
+
+@dataclasses.dataclass(kw_only=True, eq=False)
+class _Ahead:
+    """A decode forward launched before its plan; its logits are still on the device."""
+
+    rows: dict[str, int]  # request id -> row
+    positions: np.ndarray  # int64 per row: the position the step computes
+    input_tokens: list[int]  # per row: the token fed
+    inputs: StepInputs
+    logits: torch.Tensor  # fp32 [rows, vocab]
+
+
+class ForwardAhead:
+    """Owns the kept forward: launches it after a masked step, hands it to the next masked plan
+    that is the same step (`take`), or drops it (`discard`)."""
+
+    def __init__(
+        self,
+        states: RequestStates,
+        forward: Forward,
+        *,
+        block_size: int,
+        max_model_len: int,
+    ) -> None:
+        self._states = states
+        self._forward = forward
+        self.block_size = block_size
+        self.max_model_len = max_model_len
+        self.num_launched = 0  # forwards launched ahead of their plan
+        self.num_hits = 0  # ... whose plan was that step
+        self._ahead: _Ahead | None = None
+
+    @property
+    def pending(self) -> bool:
+        return self._ahead is not None
+
+    def discard(self) -> None:
+        self._ahead = None
+
+    def launch(
+        self,
+        states: list[RequestState],
+        next_pos: np.ndarray,
+        request_ids: list[str],
+        token_ids: list[int],
+    ) -> None:
+        """Queue the forward of the just-sampled `token_ids` at `next_pos`, one per state."""
+        self._ahead = None
+        num_blocks = launchable(states, next_pos, self.block_size, self.max_model_len)
+        if num_blocks is None:
+            return
+        # The fed tokens join the history as the next plan's SeqWorks will put them (a
+        # rewrite by position: a discarded step leaves nothing wrong).
+        for state, pos, token in zip(states, next_pos.tolist(), token_ids, strict=True):
+            state.num_tokens = pos + 1
+            if state.tokens is not None:
+                state.tokens[pos] = token
+        slots = np.fromiter((s.slot for s in states), np.int64, len(states))
+        inputs = build_decode_inputs(
+            np.asarray(token_ids, dtype=np.int64),
+            next_pos,
+            slots,
+            num_blocks,
+            self._states.tables,
+            self.block_size,
+        )
+        self.num_launched += 1
+        self._ahead = _Ahead(
+            rows={rid: i for i, rid in enumerate(request_ids)},
+            positions=next_pos,
+            input_tokens=list(token_ids),
+            inputs=inputs,
+            logits=self._forward(inputs),
+        )
+
+    def take(self, plan: StepPlan) -> tuple[list[RequestState], StepInputs, torch.Tensor] | None:
+        """The plan's states, inputs and logits if it is the kept step (or the kept step less
+        requests that ended); else None, and the kept step is dropped."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is None or plan.swap_out or plan.swap_in or not plan.seqs:
+            return None
+        rows = matching_rows(plan.seqs, ahead.rows, ahead.input_tokens, ahead.positions)
+        if rows is None:
+            return None
+        if plan.released:
+            self._states.release(plan.released)
+        states = self._states.apply(plan.seqs)  # lookahead blocks for the step after
+        self.num_hits += 1
+        logits, inputs = ahead.logits, ahead.inputs
+        if len(rows) != len(ahead.rows):
+            picked = np.asarray(rows, dtype=np.int64)
+            logits = logits[torch.from_numpy(picked).to(logits.device)]
+            # only what the runner reads after a forward: which rows sample, their lengths
+            inputs = dataclasses.replace(
+                inputs, sampled_rows=np.arange(len(rows)), seq_lens=inputs.seq_lens[picked]
+            )
+        return states, inputs, logits
