@@ -1,4 +1,5 @@
-"""GGUF (llama arch) reading: metadata to ModelConfig, tensors to HF names and layout."""
+"""GGUF reading (llama and gemma3 archs, gpu/gguf_arch.py): metadata to ModelConfig, tensors
+to HF names and layout."""
 
 from __future__ import annotations
 
@@ -10,25 +11,9 @@ from typing import Any
 import numpy as np
 import torch
 from troupe.gguf_file import GGUFFormatError, TensorInfo, read_gguf_tensor_infos, tensor_bytes
+from troupe.gpu.gguf_arch import ARCHITECTURES, gemma3_hf_config, hf_name, norm_offset
 from troupe.gpu.gguf_quant import BLOCK_BYTES, QuantBlocks, from_gguf
 from troupe.gpu.model_config import ModelConfig, ModelLoadError
-
-_TOP_LEVEL = {
-    "token_embd.weight": "model.embed_tokens.weight",
-    "output_norm.weight": "model.norm.weight",
-    "output.weight": "lm_head.weight",
-}
-_PER_LAYER = {
-    "attn_norm.weight": "input_layernorm.weight",
-    "ffn_norm.weight": "post_attention_layernorm.weight",
-    "attn_q.weight": "self_attn.q_proj.weight",
-    "attn_k.weight": "self_attn.k_proj.weight",
-    "attn_v.weight": "self_attn.v_proj.weight",
-    "attn_output.weight": "self_attn.o_proj.weight",
-    "ffn_gate.weight": "mlp.gate_proj.weight",
-    "ffn_up.weight": "mlp.up_proj.weight",
-    "ffn_down.weight": "mlp.down_proj.weight",
-}
 
 
 def _read(path: Path) -> tuple[dict[str, Any], list[TensorInfo]]:
@@ -55,7 +40,20 @@ def read_gguf_config(path: Path) -> ModelConfig:
     metadata, infos = _read(path)
     names = {t.name for t in infos}
     fields = {k: v for k, v in metadata.items() if k != "tokenizer.ggml.merges"}
+    if _arch(path) == "gemma3":
+        cfg = gemma3_hf_config(fields, has_output_weight="output.weight" in names)
+        return ModelConfig.from_hf_dict(cfg)
     return ModelConfig.from_gguf_fields(fields, has_output_weight="output.weight" in names)
+
+
+def _arch(path: Path) -> str:
+    arch = _read(path)[0].get("general.architecture")
+    if arch not in ARCHITECTURES:
+        raise ModelLoadError(
+            f"{path}: GGUF general.architecture {arch!r} is not supported; expected one of "
+            f"{', '.join(ARCHITECTURES)}"
+        )
+    return str(arch)
 
 
 def _dequantize(path: Path, info: TensorInfo) -> np.ndarray:
@@ -89,19 +87,10 @@ def unpermute_rotary(weight: np.ndarray, num_heads: int) -> np.ndarray:
     )
 
 
-def _hf_name(name: str) -> str | None:
-    """The HF name of a GGUF tensor; None for tensors the model does not load."""
-    if name in _TOP_LEVEL:
-        return _TOP_LEVEL[name]
-    if name.startswith("blk."):
-        _, index, rest = name.split(".", 2)
-        if rest in _PER_LAYER:
-            return f"model.layers.{index}.{_PER_LAYER[rest]}"
-    return None  # e.g. rope_freqs: recomputed from the metadata
-
-
 def _rotary_heads(name: str, config: ModelConfig) -> int | None:
-    """Heads whose rows llama.cpp permuted (q and k); None for other tensors."""
+    """Heads whose rows llama.cpp permuted (q and k of the llama arch); None otherwise."""
+    if config.model_type != "llama":
+        return None
     if rest_is(name, "attn_q.weight"):
         return config.num_heads
     if rest_is(name, "attn_k.weight"):
@@ -115,23 +104,27 @@ def iter_gguf_tensors(
     """(HF name, fp32 tensor) for every tensor not in `skip` (HF names), dequantized with
     gguf.quants."""
     _, infos = _read(path)
+    arch = _arch(path)
     for info in infos:
-        hf_name = _hf_name(info.name)
-        if hf_name is None or hf_name in skip:
+        name = hf_name(info.name, arch)
+        if name is None or name in skip:
             continue
         data = _dequantize(path, info)
         heads = _rotary_heads(info.name, config)
         if heads is not None:
             data = unpermute_rotary(data, heads)
-        yield hf_name, torch.from_numpy(np.ascontiguousarray(data))
+        if offset := norm_offset(info.name, arch):
+            data += np.float32(offset)
+        yield name, torch.from_numpy(np.ascontiguousarray(data))
 
 
 def iter_gguf_quantized(path: Path, config: ModelConfig) -> Iterator[tuple[str, QuantBlocks]]:
     """(HF name, blocks as shipped) for every 2-D tensor in a form gguf_quant.py keeps."""
     _, infos = _read(path)
+    arch = _arch(path)
     for info in infos:
-        hf_name = _hf_name(info.name)
-        if hf_name is None or info.ggml_type not in BLOCK_BYTES or len(info.shape) != 2:
+        name = hf_name(info.name, arch)
+        if name is None or info.ggml_type not in BLOCK_BYTES or len(info.shape) != 2:
             continue
         block, type_size = BLOCK_BYTES[info.ggml_type]
         if info.shape[1] % block:
@@ -143,7 +136,7 @@ def iter_gguf_quantized(path: Path, config: ModelConfig) -> Iterator[tuple[str, 
         if heads is not None:
             order = unpermute_rotary(np.arange(info.shape[0]), heads)
             blocks = blocks.rows(torch.from_numpy(order))
-        yield hf_name, blocks
+        yield name, blocks
 
 
 def rest_is(name: str, suffix: str) -> bool:

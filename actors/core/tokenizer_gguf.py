@@ -1,7 +1,7 @@
 """Build a `TextTokenizer` from the tokenizer metadata of a GGUF file.
 
-Only `tokenizer.ggml.model == "gpt2"` (byte-level BPE) is supported: the family of SmolLM2,
-Llama 3 and Qwen2/3. The pre-tokenizer follows llama.cpp's `tokenizer.ggml.pre` names, so that
+`tokenizer.ggml.model == "gpt2"` (byte-level BPE: the family of SmolLM2, Llama 3 and Qwen2/3),
+and "llama" (sentencepiece) for the Gemma architectures (actors/core/tokenizer_spm.py). The pre-tokenizer follows llama.cpp's `tokenizer.ggml.pre` names, so that
 text splits the way the model was trained. Note that transformers' own GGUF loader drops the
 digit split of the "smollm" pre-tokenizer: for a whitespace run before a digit ("a  1") it
 gives [a, Ġ, Ġ, 1] where the original SmolLM2 tokenizer.json and llama.cpp give [a, ĠĠ, 1].
@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+from troupe.actors.core.tokenizer_spm import gemma_tokenizer, user_defined_kept
 from troupe.actors.core.tokenizer_text import TextTokenizer
 from troupe.gguf_file import MetadataValue, read_gguf_metadata
 
@@ -30,6 +31,7 @@ _QWEN2_REGEX = (
 # llama.cpp pre-tokenizer names -> what they split on before byte-level BPE.
 _DIGITS_THEN_GPT2 = ("smollm", "starcoder", "refact", "command-r", "codeshell")
 _GPT2 = ("gpt2", "default", "mpt", "olmo")
+_SPM_ARCHS = ("gemma", "gemma2", "gemma3")  # sentencepiece files whose merges we rebuild
 _SPLIT_REGEX = {"llama-bpe": _LLAMA3_REGEX, "llama3": _LLAMA3_REGEX, "qwen2": _QWEN2_REGEX}
 
 
@@ -38,17 +40,39 @@ def load_gguf_tokenizer(path: Path) -> TextTokenizer:
     the metadata key when something is missing or unsupported."""
     meta = read_gguf_metadata(path)
     kind = _get(meta, path, "tokenizer.ggml.model")
-    if kind != "gpt2":
+    arch = meta.get("general.architecture")
+    spm = kind == "llama" and arch in _SPM_ARCHS
+    if kind != "gpt2" and not spm:
         raise ValueError(
-            f"{path}: tokenizer.ggml.model is {kind!r}; only 'gpt2' (byte-level BPE) GGUF "
-            "tokenizers are supported (use the model's HF folder instead)"
+            f"{path}: tokenizer.ggml.model is {kind!r} (architecture {arch!r}); supported: "
+            f"'gpt2' (byte-level BPE), and 'llama' for {', '.join(_SPM_ARCHS)} "
+            "(use the model's HF folder instead)"
         )
     tokens = _str_list(meta, path, "tokenizer.ggml.tokens")
-    merges = _str_list(meta, path, "tokenizer.ggml.merges")
     token_types = meta.get("tokenizer.ggml.token_type")
     if not isinstance(token_types, list) or len(token_types) != len(tokens):
         token_types = [_NORMAL] * len(tokens)
+    if spm:
+        tokenizer = gemma_tokenizer(tokens)
+        added = [
+            i
+            for i, kind in enumerate(token_types)
+            if kind == _CONTROL
+            or (kind == _USER_DEFINED and user_defined_kept(tokens[i], tokenizer))
+        ]
+    else:
+        tokenizer = _byte_level(meta, path, tokens)
+        added = [i for i, kind in enumerate(token_types) if kind in (_CONTROL, _USER_DEFINED)]
+    # Control tokens are special (skipped on decode); user-defined ones are plain added tokens.
+    tokenizer.add_tokens(
+        [AddedToken(tokens[i], special=token_types[i] == _CONTROL, normalized=False) for i in added]
+    )
+    return _text_tokenizer(meta, path, tokens, tokenizer)
 
+
+def _byte_level(meta: dict[str, MetadataValue], path: Path, tokens: list[str]) -> Tokenizer:
+    """Byte-level BPE from the file's tokens and merges, split as `tokenizer.ggml.pre` says."""
+    merges = _str_list(meta, path, "tokenizer.ggml.merges")
     vocab = {token: token_id for token_id, token in enumerate(tokens)}
     pairs = []
     for merge in merges:
@@ -59,15 +83,13 @@ def load_gguf_tokenizer(path: Path) -> TextTokenizer:
     tokenizer = Tokenizer(models.BPE(vocab, pairs, fuse_unk=False, byte_fallback=False))
     tokenizer.pre_tokenizer = _pre_tokenizer(meta, path)
     tokenizer.decoder = decoders.ByteLevel()
-    # Control tokens are special (skipped on decode); user-defined ones are plain added tokens.
-    tokenizer.add_tokens(
-        [
-            AddedToken(tokens[i], special=token_types[i] == _CONTROL, normalized=False)
-            for i in range(len(tokens))
-            if token_types[i] in (_CONTROL, _USER_DEFINED)
-        ]
-    )
+    return tokenizer
 
+
+def _text_tokenizer(
+    meta: dict[str, MetadataValue], path: Path, tokens: list[str], tokenizer: Tokenizer
+) -> TextTokenizer:
+    """The TextTokenizer around `tokenizer`: BOS/EOS template, stop ids, chat template."""
     bos_id = _optional_id(meta, "tokenizer.ggml.bos_token_id", len(tokens))
     eos_id = _optional_id(meta, "tokenizer.ggml.eos_token_id", len(tokens))
     add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", False)) and bos_id is not None
