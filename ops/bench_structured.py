@@ -104,6 +104,8 @@ def run(folder: Path, args: argparse.Namespace, vocab_size: int) -> dict[str, An
                     engine.actor_busy_seconds().get("grammar", 0.0),
                 )
 
+                before, busy_before = engine.runner_stats(), engine.actor_busy_seconds()
+
                 async def job(i: int) -> None:
                     counts[i] = await one(prompts[i], params[i])
 
@@ -114,6 +116,15 @@ def run(folder: Path, args: argparse.Namespace, vocab_size: int) -> dict[str, An
                 elapsed = time.perf_counter() - start
                 steps = engine.stats().num_steps - steps0
                 grammar = engine.actor_busy_seconds().get("grammar", 0.0) - busy0
+                after = engine.runner_stats()
+                print(
+                    f"  {steps} steps: overlapped {after.num_overlapped - before.num_overlapped},"
+                    f" hits {after.num_overlap_hits - before.num_overlap_hits}; actor busy "
+                    + ", ".join(
+                        f"{k}={v - busy_before.get(k, 0.0):.2f}s"
+                        for k, v in sorted(engine.actor_busy_seconds().items())
+                    )
+                )
                 return counts, elapsed, steps, grammar
 
             start = time.perf_counter()
