@@ -113,3 +113,56 @@ def test_yarn_table_matches_transformers() -> None:
     torch.testing.assert_close(table[:, :8], cos[0, :, :8])
     torch.testing.assert_close(table[:, 8:], sin[0, :, :8])
     assert abs(float(cos[0, 0, 0]) - 1.0) > 1e-3  # the attention factor is not 1 here
+
+
+def _v2_lite_problem(num_seqs: int, context: int, seed: int) -> dict[str, torch.Tensor]:
+    """DeepSeek-V2-Lite's MLA shape (16 heads, 512 + 64 latent, nope 128, v 128) in bf16."""
+    gen = torch.Generator().manual_seed(seed)
+    per_seq = -(-context // 16)
+    num_blocks = num_seqs * per_seq + 3
+    order = torch.randperm(num_blocks, generator=gen)[: num_seqs * per_seq]
+    return {
+        "cache": torch.randn(num_blocks, 16, 576, generator=gen).bfloat16().cuda(),
+        "table": order.view(num_seqs, per_seq).to(torch.int32).cuda(),
+        "q_nope": torch.randn(num_seqs, 16, 128, generator=gen).bfloat16().cuda(),
+        "q_rope": torch.randn(num_seqs, 16, 64, generator=gen).bfloat16().cuda(),
+        "kv_b": (torch.randn(16 * 256, 512, generator=gen) * 512**-0.5).bfloat16().cuda(),
+    }
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_v2_lite_shape_bf16_on_cuda() -> None:
+    from troupe.kernels import mla_ops
+
+    p = _v2_lite_problem(num_seqs=8, context=700, seed=7)
+    lens = torch.tensor([700, 1, 16, 17, 333, 512, 650, 699], dtype=torch.int32).cuda()
+    qsl = torch.arange(9, dtype=torch.int32).cuda()
+    args = (p["q_nope"], p["q_rope"], p["cache"], p["kv_b"], p["table"], lens, qsl, 128, 0.07)
+    got = mla_ops.mla_attention(*args, is_decode=True).float()
+    expected = ref.mla_attention(
+        p["q_nope"].float(), p["q_rope"].float(), p["cache"], p["kv_b"].float(), p["table"],
+        lens, qsl, 128, 0.07, is_decode=True,
+    )  # fmt: skip
+    assert float((got - expected).norm() / expected.norm()) < 2e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_kernel_replays_in_a_cuda_graph() -> None:
+    """Captured once, replayed after the lengths change on the device: the splits follow the
+    new lengths, nothing was baked in from the host."""
+    from troupe.kernels import mla_ops
+
+    p = _v2_lite_problem(num_seqs=4, context=512, seed=9)
+    lens = torch.tensor([100, 200, 300, 400], dtype=torch.int32).cuda()
+    qsl = torch.arange(5, dtype=torch.int32).cuda()
+    args = (p["q_nope"], p["q_rope"], p["cache"], p["kv_b"], p["table"], lens, qsl, 128, 0.07)
+    mla_ops.mla_attention(*args, is_decode=True)  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = mla_ops.mla_attention(*args, is_decode=True)
+    lens.copy_(torch.tensor([512, 3, 250, 77], dtype=torch.int32))
+    graph.replay()
+    torch.testing.assert_close(out, mla_ops.mla_attention(*args, is_decode=True))
+    assert not torch.equal(out[0], out[1])
