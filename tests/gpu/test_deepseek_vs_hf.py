@@ -152,6 +152,26 @@ def test_scheduler_prefix_cache_and_preemption(deepseek: Any, mode: str, mt: Any
     assert loop.num_refused == 0 and allocator.gpu.num_free == num_gpu
 
 
+@pytest.mark.parametrize("deepseek", ["v3"], indirect=True)  # one variant: interpreter time
+def test_triton_ops_match_hf(deepseek: Any, mt: Any) -> None:
+    """The model on the Triton ops (the CUDA path: absorbed MLA kernel for prefill and decode
+    rows, latent write, fused MoE), on the CPU under TRITON_INTERPRET=1 when there is no GPU."""
+    from troupe.gpu.model_runner import ModelRunner, RunnerOptions
+    from troupe.gpu.weights import load_model
+
+    _, folder, hf_model = deepseek
+    num_new = 6
+    expected = [mt.hf_greedy(hf_model, p, num_new) for p in PROMPTS]
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    config, model = load_model(folder, torch.float32, device, 256, "triton")
+    options = RunnerOptions(block_size=4, num_gpu_blocks=64, max_model_len=256, max_num_seqs=4)
+    driver = mt.PlanDriver(ModelRunner(config, model, options), chunk=5)
+    for i, prompt in enumerate(PROMPTS):
+        driver.add(f"r{i}", prompt)
+    driver.run(num_new)
+    assert [driver.seqs[f"r{i}"].output for i in range(len(PROMPTS))] == expected
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("graphs", [False, True], ids=["eager", "cuda_graphs"])
