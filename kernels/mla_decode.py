@@ -31,7 +31,7 @@ _LOG2E = 1.4426950408889634
 
 
 @dataclasses.dataclass(frozen=True)
-class MlaConfig:
+class MlaLaunch:
     """Launch parameters; ops/mla_bench.py sweeps them."""
 
     block_h: int = 16
@@ -40,7 +40,7 @@ class MlaConfig:
     num_stages: int = 2
 
 
-DEFAULT_CONFIG = MlaConfig()
+DEFAULT_CONFIG = MlaLaunch()
 
 
 @triton.jit
@@ -191,7 +191,7 @@ def mla_attention_triton(
     scale: float,
     *,
     num_splits: int | None = None,
-    config: MlaConfig = DEFAULT_CONFIG,
+    config: MlaLaunch = DEFAULT_CONFIG,
 ) -> torch.Tensor:
     """o_lat [T, H, L] in q_lat's dtype for q_lat [T, H, L], q_rope [T, H, R] over cache
     [blocks, block_size, 1, L + R]; row t sees the first row_ctx[t] tokens of sequence

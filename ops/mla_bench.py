@@ -17,7 +17,7 @@ import argparse
 import itertools
 
 import torch
-from troupe.kernels.mla_decode import MlaConfig, mla_attention_triton
+from troupe.kernels.mla_decode import MlaLaunch, mla_attention_triton
 from troupe.kernels.mla_ops import mla_attention
 from troupe.kernels.mla_reference import mla_decode_absorbed
 from troupe.ops.kernel_bench import copy_bandwidth, median_ms
@@ -71,17 +71,17 @@ def decode(num_seqs: int, context: int, sweep: bool, copy_bw: float) -> None:
     ms = median_ms(op)
     print(f"S={num_seqs} ctx={context} op (absorb + kernel + W_uv, default launch): "
           f"{ms * 1e3:8.1f} us  rel err {err:.1e}")  # fmt: skip
-    configs: list[tuple[MlaConfig, int | None]] = [(MlaConfig(), None)]
+    configs: list[tuple[MlaLaunch, int | None]] = [(MlaLaunch(), None)]
     if sweep:
         configs += [
-            (MlaConfig(block_h=16, block_n=bn, num_warps=nw, num_stages=ns), splits)
+            (MlaLaunch(block_h=16, block_n=bn, num_warps=nw, num_stages=ns), splits)
             for bn, nw, ns, splits in itertools.product(
                 (16, 32, 64), (4, 8), (1, 2, 3), (1, 2, 4, 8)
             )
         ]
     for config, splits in configs:
 
-        def kernel(config: MlaConfig = config, splits: int | None = splits) -> torch.Tensor:
+        def kernel(config: MlaLaunch = config, splits: int | None = splits) -> torch.Tensor:
             return mla_attention_triton(q_lat, p["q_rope"], p["cache"], p["table"], seq,
                                         p["seq_lens"], scale, num_splits=splits, config=config)  # fmt: skip
 
