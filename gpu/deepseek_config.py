@@ -1,8 +1,7 @@
 """DeepSeek-V2 / V3 config.json: multi-head latent attention (MLA) and the grouped-routed MoE.
 
-Parsed and checked here; the model itself is not built yet (MLA attention and its latent paged
-cache are missing), so ModelConfig.from_hf_dict refuses deepseek_v2 / deepseek_v3 with a
-ModelLoadError that names what was read and what is missing (`not_supported_message`).
+Parsed and checked here into ModelConfig fields (`deepseek_model_fields`); the model is
+gpu/mla_layer.py (attention) and gpu/deepseek_moe.py (experts) inside DecoderModel.
 
     MLA       q_lora_rank (None: a plain q_proj), kv_lora_rank, qk_nope_head_dim,
               qk_rope_head_dim, v_head_dim; the cache holds kv_lora_rank + qk_rope_head_dim
@@ -15,7 +14,9 @@ ModelLoadError that names what was read and what is missing (`not_supported_mess
               transformers); layers before first_k_dense_replace are dense, then every
               moe_layer_freq-th
     MTP       num_nextn_predict_layers: the multi-token-prediction layers after the last
-              decoder layer are skipped (their weights ignored)
+              decoder layer are skipped (their weights ignored, DecoderModel.load_weights logs it)
+    RoPE layout  DeepSeek-V2 rotates interleaved pairs (x0, x1), (x2, x3) ... (transformers'
+              complex product); V3 too unless rope_interleave is false, then halves (rotate_half)
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ def deepseek_fields(cfg: dict[str, Any], num_layers: int) -> tuple[MlaConfig, Mo
         qk_nope_head_dim=int(cfg["qk_nope_head_dim"]),
         qk_rope_head_dim=int(cfg["qk_rope_head_dim"]),
         v_head_dim=int(cfg["v_head_dim"]),
-        rope_interleave=bool(cfg.get("rope_interleave", model_type == "deepseek_v3")),
+        rope_interleave=model_type == "deepseek_v2" or bool(cfg.get("rope_interleave", True)),
         rope_scaling=_rope_scaling(cfg),
     )
     num_experts = int(cfg.get("n_routed_experts") or 0)
@@ -126,19 +127,22 @@ def deepseek_fields(cfg: dict[str, Any], num_layers: int) -> tuple[MlaConfig, Mo
     return mla, moe
 
 
-def not_supported_message(cfg: dict[str, Any], num_layers: int) -> str:
-    """Why a DeepSeek config cannot load yet, with what was read from it."""
+def deepseek_model_fields(cfg: dict[str, Any], num_layers: int) -> dict[str, Any]:
+    """ModelConfig fields of a DeepSeek config.json beyond the common ones (ValueError naming the
+    field when unsupported). head_dim is the rope dim, as transformers sets it: the rotary table
+    is built for it."""
+    if cfg.get("attention_bias"):
+        raise ValueError(
+            f"config.json: {cfg.get('model_type')} with attention_bias is not supported"
+        )
+    if cfg.get("hidden_act", "silu") != "silu":
+        raise ValueError(f"config.json: hidden_act {cfg.get('hidden_act')!r} is not supported")
     mla, moe = deepseek_fields(cfg, num_layers)
-    experts = (
-        "no experts"
-        if moe is None
-        else f"{moe.num_experts} routed + {moe.num_shared_experts} shared experts, "
-        f"top-{moe.top_k}, {sum(moe.sparse_layers)} of {num_layers} layers sparse"
-    )
-    mtp = int(cfg.get("num_nextn_predict_layers") or 0)
-    skipped = f"; {mtp} multi-token-prediction layer(s) would be skipped" if mtp else ""
-    return (
-        f"config.json: model_type {cfg.get('model_type')!r} (MLA kv_lora_rank "
-        f"{mla.kv_lora_rank} + rope {mla.qk_rope_head_dim} per token, {experts}{skipped}) is "
-        "not supported yet: multi-head latent attention and its latent KV cache are missing"
-    )
+    return {
+        "mla": mla,
+        "moe": moe,
+        "num_kv_heads": mla.num_heads,
+        "head_dim": mla.qk_rope_head_dim,
+        "rope_scaling": mla.rope_scaling,
+        "num_mtp_layers": int(cfg.get("num_nextn_predict_layers") or 0),
+    }

@@ -3,9 +3,11 @@
 Layout, one tensor per pool so a swap is one gather + one scatter for all layers:
 
     pool[layer, 0 = key | 1 = value, block, offset in block, kv head, head_dim]
+    pool[layer, 0 = latent, block, offset in block, 1, kv_lora_rank + rope dim]     MLA
 
 `pool[l, 0]` is layer l's k_cache [num_blocks, block_size, Hkv, D], contiguous as the kernels
-expect. An fp8 pool is stored as bytes (torch has no fp8 index_select for the swaps) and viewed
+expect; an MLA model's layer gets its one latent cache as (cache, cache) (gpu/mla_layer.py). The
+planes, heads and width come from ModelConfig.kv_cache_*: nothing else here knows the model. An fp8 pool is stored as bytes (torch has no fp8 index_select for the swaps) and viewed
 as e4m3 for the model; its scales, [layer, k | v, kv head] fp32, stay on the device (set at the
 first write, kernels/kv_quant.py), so a swap moves the blocks' bytes alone.
 """
@@ -35,11 +37,11 @@ class KVCache:
     ) -> None:
         shape = (
             config.num_layers,
-            2,
+            config.kv_cache_planes,
             num_gpu_blocks,
             block_size,
-            config.num_kv_heads,
-            config.head_dim,
+            config.kv_cache_heads,
+            config.kv_cache_head_dim,
         )
         # CUDA: zeros, not empty: CUDA-graph padding rows read block 0, and garbage could be
         # NaN. CPU: empty, so the OS commits a page when a block is first written and an
@@ -47,6 +49,11 @@ class KVCache:
         # written there (the torch ops gather exactly seq_len tokens or mask the rest).
         alloc = torch.zeros if device.type == "cuda" else torch.empty
         is_fp8 = dtype == FP8_DTYPE
+        if is_fp8 and config.mla is not None:
+            raise ValueError(
+                "kv_cache_dtype 'fp8' is not supported for latent attention (MLA) models; "
+                "use kv_cache_dtype 'auto'"
+            )
         store = torch.uint8 if is_fp8 else dtype
         try:
             self.gpu = alloc(shape, dtype=store, device=device)
@@ -59,7 +66,7 @@ class KVCache:
         # On the CPU the swap pool is allocated at the first swap-out: most engines never
         # preempt. On CUDA it is pinned (committed and zeroed when allocated): allocated now, so
         # the first preemption under load does not stall on it.
-        self._cpu_shape = (config.num_layers, 2, num_cpu_blocks, *shape[3:])
+        self._cpu_shape = (config.num_layers, shape[1], num_cpu_blocks, *shape[3:])
         self._cpu: torch.Tensor | None = None
         self._dtype = store
         self.num_gpu_blocks = num_gpu_blocks
@@ -67,7 +74,8 @@ class KVCache:
         self.block_size = block_size
         self.device = device
         view = self.gpu.view(dtype)
-        self.layers = [(view[i, 0], view[i, 1]) for i in range(config.num_layers)]
+        last = config.kv_cache_planes - 1
+        self.layers = [(view[i, 0], view[i, last]) for i in range(config.num_layers)]
         # fp8: 0 = unset; the first write sets each (kernels/kv_quant.update_kv_scales)
         self.scales = (
             torch.zeros(config.num_layers, 2, config.num_kv_heads, device=device)
@@ -84,7 +92,8 @@ class KVCache:
 
     @property
     def cpu(self) -> torch.Tensor:
-        """The swap pool [layers, 2, num_cpu_blocks, block_size, Hkv, D], made on first use."""
+        """The swap pool [layers, planes, num_cpu_blocks, block_size, heads, D], made on first
+        use."""
         if self._cpu is None:
             pin = self.device.type == "cuda"
             alloc = torch.zeros if pin else torch.empty  # as the device pool: see __init__

@@ -8,11 +8,19 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from troupe.gpu.deepseek_config import DEEPSEEK_TYPES, not_supported_message
+from troupe.gpu.deepseek_config import DEEPSEEK_TYPES, MlaConfig, deepseek_model_fields
 from troupe.gpu.hf_families import gemma3_fields, layer_windows
 from troupe.gpu.moe_config import MoeConfig, qwen3_moe_fields
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "gemma3_text")
+SUPPORTED_MODEL_TYPES = (
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "qwen3_moe",
+    "gemma3_text",
+    *DEEPSEEK_TYPES,
+)
 
 
 class ModelLoadError(ValueError):
@@ -47,6 +55,8 @@ class ModelConfig:
     rope_local_theta: float | None = None  # RoPE base of the windowed layers (Gemma 3)
     final_logit_softcapping: float | None = None
     moe: MoeConfig | None = None  # experts (Qwen3-MoE, gpu/moe_config.py); None: dense MLPs
+    mla: MlaConfig | None = None  # latent attention (DeepSeek, gpu/deepseek_config.py)
+    num_mtp_layers: int = 0  # multi-token-prediction layers in the checkpoint, skipped
 
     @property
     def is_gemma3(self) -> bool:
@@ -88,6 +98,26 @@ class ModelConfig:
             )
 
     @property
+    def kv_cache_planes(self) -> int:
+        """Tensors per layer in the KV pool: key and value (2), or MLA's latent alone (1)."""
+        return 1 if self.mla is not None else 2
+
+    @property
+    def kv_cache_heads(self) -> int:
+        """Heads per token in one plane: the KV heads, or 1 (MLA's latent is shared by all)."""
+        return 1 if self.mla is not None else self.num_kv_heads
+
+    @property
+    def kv_cache_head_dim(self) -> int:
+        """Values per cached head: head_dim, or MLA's kv_lora_rank + qk_rope_head_dim."""
+        return self.mla.latent_size if self.mla is not None else self.head_dim
+
+    @property
+    def kv_values_per_token(self) -> int:
+        """Cache values one token takes in one layer: all the pools need to know of a model."""
+        return self.kv_cache_planes * self.kv_cache_heads * self.kv_cache_head_dim
+
+    @property
     def q_size(self) -> int:
         return self.num_heads * self.head_dim
 
@@ -101,18 +131,12 @@ class ModelConfig:
     ) -> ModelConfig:
         """Build from the dict of an HF config.json (transformers 4 or 5 spelling)."""
         model_type = cfg.get("model_type", "")
-        if model_type in DEEPSEEK_TYPES:  # parsed and checked, not built yet
-            try:
-                message = not_supported_message(cfg, int(cfg["num_hidden_layers"]))
-            except ValueError as exc:
-                raise ModelLoadError(str(exc)) from exc
-            raise ModelLoadError(message)
         rope_params = cfg.get("rope_parameters") or {}
         rope_theta = cfg.get("rope_theta", rope_params.get("rope_theta", 10000.0))
         scaling = cfg.get("rope_scaling") or rope_params or None
         if scaling is not None:
             kind = scaling.get("rope_type", scaling.get("type", "default"))
-            if kind == "default" or model_type == "gemma3_text":  # gemma3_fields reads it
+            if kind == "default" or model_type in ("gemma3_text", *DEEPSEEK_TYPES):  # read below
                 scaling = None
             elif kind not in ("llama3", "linear"):
                 raise ModelLoadError(f"config.json: rope_scaling type {kind!r} is not supported")
@@ -131,6 +155,8 @@ class ModelConfig:
             family = gemma3_fields(cfg) if model_type == "gemma3_text" else {}
             if model_type == "qwen3_moe":
                 family = {"moe": qwen3_moe_fields(cfg, num_layers)}
+            if model_type in DEEPSEEK_TYPES:
+                family = deepseek_model_fields(cfg, num_layers)
         except ValueError as exc:
             raise ModelLoadError(str(exc)) from exc
         fields: dict[str, Any] = dict(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+import structlog
 import torch
 from torch import nn
 from troupe.gpu.attention import AttentionMetadata
@@ -20,6 +21,7 @@ from troupe.kernels.ops import KernelBackend, KernelOps, select_ops
 from troupe.kernels.rope_cache import build_cos_sin_cache
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
+_log = structlog.get_logger("troupe.models")
 
 
 def _param(*shape: int, dtype: torch.dtype, device: torch.device) -> nn.Parameter:
@@ -154,7 +156,12 @@ class DecoderLayer(nn.Module):
 
 
 def _layer_class(config: ModelConfig, layer: int) -> type[DecoderLayer]:
-    """The module of one layer: Gemma 3's, an MoE layer (gpu/moe_layer.py) or the plain one."""
+    """The module of one layer: Gemma 3's, DeepSeek's MLA layer (gpu/mla_layer.py), an MoE
+    layer (gpu/moe_layer.py) or the plain one."""
+    if config.mla is not None:
+        from troupe.gpu.mla_layer import MlaLayer
+
+        return MlaLayer
     if config.is_gemma3:
         from troupe.gpu.gemma3_layer import Gemma3Layer  # they subclass DecoderLayer
 
@@ -282,12 +289,19 @@ class DecoderModel(nn.Module):
             "self_attn.q_norm.weight": "q_norm",
             "self_attn.k_norm.weight": "k_norm",
         }
+        num_beyond = 0
         for name, tensor in tensors:
-            target, start, size, key = self._locate(name, fused, plain)
-            keys: tuple[str, ...] = (key,)
-            extra = self._locate_extra(name) if target is None else None
+            if self._beyond_last_layer(name):  # DeepSeek's multi-token-prediction layers
+                num_beyond += 1
+                continue
+            # a layer subclass's own weights first: MLA's q_proj is not the fused qkv's
+            extra = self._locate_extra(name)
+            target: torch.Tensor | None
             if extra is not None:
-                target, start, keys = extra[0], None, extra[1]
+                target, start, size, keys = extra[0], None, 0, extra[1]
+            else:
+                target, start, size, key = self._locate(name, fused, plain)
+                keys = (key,)
             if target is None:
                 continue  # e.g. rotary_emb.inv_freq in old checkpoints
             dest = target if start is None else target[start : start + size]
@@ -298,6 +312,13 @@ class DecoderModel(nn.Module):
                 )
             dest.copy_(tensor)
             filled.update(keys)
+        if num_beyond or c.num_mtp_layers:
+            _log.info(
+                "skipped multi-token-prediction layers",
+                source=source,
+                num_mtp_layers=c.num_mtp_layers,
+                num_tensors_skipped=num_beyond,
+            )
         missing = sorted(k for k in self._required_keys() if k not in filled)
         if missing:
             more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
@@ -324,6 +345,15 @@ class DecoderModel(nn.Module):
                 whole = f"layers.{index}.{param}"
                 keys = [k for k in keys if k != whole] + [f"{whole}#{part}" for part in parts]
         return keys
+
+    def _beyond_last_layer(self, name: str) -> bool:
+        parts = name.split(".")
+        return (
+            len(parts) > 3
+            and parts[:2] == ["model", "layers"]
+            and parts[2].isdigit()
+            and int(parts[2]) >= len(self.layers)
+        )
 
     def _locate_extra(self, name: str) -> tuple[torch.Tensor, tuple[str, ...]] | None:
         """A layer subclass's weight (MoE experts and router): (destination, fill keys)."""

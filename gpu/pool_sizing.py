@@ -27,9 +27,10 @@ CPU_POOL_MAX_BYTES = 2 * 2**30
 
 
 def block_bytes(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
-    """Bytes of one block across all layers (key and value)."""
+    """Bytes of one block across all layers: the per-token cache size is all it asks of the
+    model (key and value heads, or MLA's one latent vector)."""
     elem: int = torch.empty((), dtype=dtype).element_size()
-    return 2 * config.num_layers * block_size * config.kv_size * elem
+    return config.num_layers * block_size * config.kv_values_per_token * elem
 
 
 def cpu_pool_cap_bytes() -> int:

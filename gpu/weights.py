@@ -145,6 +145,11 @@ def random_weights(
         p = f"model.layers.{i}."
         out[p + "input_layernorm.weight"] = norm(c.hidden_size)
         out[p + "post_attention_layernorm.weight"] = norm(c.hidden_size)
+        if c.mla is not None:  # DeepSeek: latent attention, shared experts
+            from troupe.gpu.deepseek_weights import deepseek_layer_weights
+
+            out.update(deepseek_layer_weights(c, i, matrix, norm))
+            continue
         out[p + "self_attn.q_proj.weight"] = matrix(c.q_size, c.hidden_size)
         out[p + "self_attn.k_proj.weight"] = matrix(c.kv_size, c.hidden_size)
         out[p + "self_attn.v_proj.weight"] = matrix(c.kv_size, c.hidden_size)

@@ -13,7 +13,8 @@ kv_b_proj [H * (Dn + Dv), L] expands c into per-head keys and values: head h's r
                          out_h = W_uv,h (softmax(score) @ c): the cache is read once, latent only
 
 Both compute the same function (the tests check them against each other and transformers'
-DeepseekV3Attention). Softmax in fp32.
+DeepseekV3Attention). Softmax in fp32. `mla_attention` is the CPU model's op: expanded for
+prefill rows (transformers' arithmetic), absorbed for decode steps.
 """
 
 from __future__ import annotations
@@ -96,3 +97,26 @@ def mla_decode_absorbed(
         o_lat = scores.softmax(dim=-1) @ latent  # [H, L]
         out[s] = torch.einsum("hl,hvl->hv", o_lat, w_uv).to(out.dtype)
     return out
+
+
+def mla_attention(
+    q_nope: torch.Tensor,
+    q_rope: torch.Tensor,
+    cache: torch.Tensor,
+    kv_b_proj: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    v_head_dim: int,
+    scale: float,
+    is_decode: bool,
+) -> torch.Tensor:
+    """The KernelOps op (kernels/ops.py): absorbed for a decode step, expanded otherwise."""
+    if is_decode:
+        num_rows = q_nope.shape[0]
+        return mla_decode_absorbed(
+            q_nope, q_rope, cache, block_tables, seq_lens[:num_rows], kv_b_proj, v_head_dim, scale
+        )
+    return mla_prefill_expanded(
+        q_nope, q_rope, cache, block_tables, seq_lens, query_start_loc, kv_b_proj, v_head_dim, scale
+    )

@@ -172,6 +172,35 @@ class KernelOps(Protocol):
         Returns sum_k weight * expert(x) [T, H] (kernels/moe_reference.py states it exactly)."""
         ...
 
+    def write_latent(
+        self,
+        latent: torch.Tensor,
+        k_rope: torch.Tensor,
+        cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+    ) -> None:
+        """MLA: in place, [c | k_r] of latent [N, L] and k_rope [N, R] into the latent cache
+        [blocks, block_size, L + R] at slot_mapping [N] (< 0 skips)."""
+        ...
+
+    def mla_attention(
+        self,
+        q_nope: torch.Tensor,
+        q_rope: torch.Tensor,
+        cache: torch.Tensor,
+        kv_b_proj: torch.Tensor,
+        block_tables: torch.Tensor,
+        seq_lens: torch.Tensor,
+        query_start_loc: torch.Tensor,
+        v_head_dim: int,
+        scale: float,
+        is_decode: bool,
+    ) -> torch.Tensor:
+        """MLA attention [T, H, Dv] over the latent cache (kernels/mla_reference.py states it):
+        q_nope [T, H, Dn], rotated q_rope [T, H, R], kv_b_proj [H * (Dn + Dv), L]; rows and
+        sequences as in paged_attention; is_decode: one row per sequence."""
+        ...
+
 
 def select_ops(device: torch.device, backend: KernelBackend = "auto") -> KernelOps:
     """The ops for a model on `device`: "auto" is Triton on CUDA and the reference elsewhere.

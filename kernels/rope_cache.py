@@ -1,4 +1,4 @@
-"""The cos/sin table that kernels.rotary reads: plain RoPE, linear and llama3 rope_scaling.
+"""The cos/sin table that kernels.rotary reads: plain RoPE, linear, llama3 and yarn rope_scaling.
 
 Numbers match HF transformers (`_compute_default_rope_parameters`, `_compute_llama3_parameters`):
 inverse frequencies in fp32 from an int64 arange, angles = position * inv_freq in fp32.
@@ -10,6 +10,8 @@ import math
 from collections.abc import Mapping
 
 import torch
+
+from .yarn_rope import yarn_attention_factor, yarn_inv_freq
 
 
 def rope_inv_freq(
@@ -26,9 +28,11 @@ def rope_inv_freq(
     assert scaling is not None
     if rope_type == "linear":  # positions / factor (Gemma 3's global layers)
         return inv_freq / _number(scaling, "factor")
+    if rope_type == "yarn":  # DeepSeek-V2/V3 (kernels/yarn_rope.py)
+        return yarn_inv_freq(head_dim, theta, scaling)
     if rope_type != "llama3":
         raise ValueError(
-            f"rope_scaling type {rope_type!r} is not supported (default, linear, llama3)"
+            f"rope_scaling type {rope_type!r} is not supported (default, linear, llama3, yarn)"
         )
     factor = _number(scaling, "factor")
     low_freq_factor = _number(scaling, "low_freq_factor")
@@ -53,12 +57,17 @@ def build_cos_sin_cache(
     dtype: torch.dtype,
     device: torch.device | str,
 ) -> torch.Tensor:
-    """[max_pos, head_dim]: cos(pos * inv_freq) in the first half, sin in the second."""
+    """[max_pos, head_dim]: cos(pos * inv_freq) in the first half, sin in the second (both
+    times yarn's attention factor under yarn scaling)."""
     if max_pos < 1:
         raise ValueError(f"max_pos must be >= 1, got {max_pos}")
     inv_freq = rope_inv_freq(head_dim, theta, scaling)
     angles = torch.arange(max_pos, dtype=torch.int64).to(torch.float32)[:, None] * inv_freq[None, :]
-    return torch.cat((angles.cos(), angles.sin()), dim=-1).to(dtype=dtype, device=device)
+    table = torch.cat((angles.cos(), angles.sin()), dim=-1)
+    rope_type = None if scaling is None else scaling.get("rope_type", scaling.get("type"))
+    if scaling is not None and rope_type == "yarn":
+        table = table * yarn_attention_factor(scaling)
+    return table.to(dtype=dtype, device=device)
 
 
 def _number(scaling: Mapping[str, object], key: str) -> float:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from .decode_attention import paged_decode_attention_triton as paged_decode_attention
 from .fused_moe import fused_moe_triton as fused_moe
 from .kv_write import write_kv_triton as write_kv
+from .mla_ops import mla_attention, write_latent
 from .paged_attention import paged_attention_triton as paged_attention
 from .qkv_prepare import prepare_qkv_triton as prepare_qkv
 from .rms_norm import rms_norm_triton as rms_norm
@@ -20,6 +21,7 @@ from .silu_mul import silu_mul_triton as silu_mul
 __all__ = [
     "fused_moe",
     "gelu_tanh_mul",
+    "mla_attention",
     "paged_attention",
     "paged_decode_attention",
     "prepare_qkv",
@@ -27,4 +29,5 @@ __all__ = [
     "rotary",
     "silu_mul",
     "write_kv",
+    "write_latent",
 ]

@@ -45,7 +45,7 @@ def physical_floor_s(config: ModelConfig, prompts: list[list[int]], outputs: lis
     c = config
     params = sum(t.numel() for t in _shapes(c))
     weight_bytes = 2 * params
-    kv_per_token = 2 * c.num_layers * c.kv_size * 2
+    kv_per_token = c.num_layers * c.kv_values_per_token * 2  # bf16
     decode_steps = max(outputs)  # all sequences fit in one batch: one weight read per step
     kv_bytes = sum(len(p) * o + o * (o - 1) / 2 for p, o in zip(prompts, outputs, strict=True))
     dense = 2 * (params - c.vocab_size * c.hidden_size)  # FLOPs per token, embedding is a gather

@@ -52,7 +52,7 @@ def main() -> None:
     steps = drive(runner, args.num_seqs, args.num_decode, args.prompt_len, Timers())
     runner.execute(release)
     ctx = args.prompt_len + args.num_decode / 2
-    kv_bytes = args.num_seqs * ctx * 2 * config.num_layers * config.kv_size * 2
+    kv_bytes = args.num_seqs * ctx * config.num_layers * config.kv_values_per_token * 2
     weight_bytes = 2 * sum(t.numel() for t in weights.values())
     floor_ms = 1000 * (kv_bytes + weight_bytes) / 4.26e12
     print(

@@ -1,0 +1,239 @@
+"""Triton multi-head latent attention over the paged latent cache, absorbed form, one pass.
+
+Every query row t (a decode token, or a prefill token attending causally) attends to the first
+ctx[t] tokens of sequence seq[t]. The query comes in already absorbed into the latent space
+(gpu/mla_layer.py: q_lat,h = W_uk,h^T q_nope,h), so all heads score against the same cached
+row [c | k_r] and a program reads each latent row once for BLOCK_H heads:
+
+    cache [blocks, block_size, 1, L + R]           slot = block * block_size + offset
+    score[h, n] = (q_lat[h] . c[n] + q_rope[h] . k_r[n]) * scale
+    o_lat[h]    = softmax(score[h]) @ c             [T, H, L]; the caller applies W_uv
+
+Pass 1, grid (row, head block, split): a split streams its slice of the context in BLOCK_N
+tiles with an online softmax (base 2). One split writes o_lat directly; more write partial
+outputs and log-sum-exps, merged by pass 2, grid (row, head). Splits cut the context by the
+row's own ctx (read from the device), the grid depends on shapes only: no host sync, so a CUDA
+graph captures it.
+"""
+
+# Triton kernels take untyped pointers and constexprs; @triton.jit is untyped to mypy.
+# mypy: disable-error-code="untyped-decorator,no-untyped-def"
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import triton
+import triton.language as tl
+
+_LOG2E = 1.4426950408889634
+
+
+@dataclasses.dataclass(frozen=True)
+class MlaLaunch:
+    """Launch parameters; ops/mla_bench.py sweeps them."""
+
+    block_h: int = 16
+    block_n: int = 32
+    num_warps: int = 4
+    num_stages: int = 2
+
+
+DEFAULT_CONFIG = MlaLaunch()
+
+
+@triton.jit
+def _mla_split_kernel(
+    q_lat_ptr,  # [T, H, L]
+    q_rope_ptr,  # [T, H, R]
+    cache_ptr,  # [slots, L + R]
+    out_ptr,  # [T, H, L] when NUM_SPLITS == 1
+    part_out_ptr,  # [T, H, NUM_SPLITS, L] fp32 otherwise
+    part_lse_ptr,  # [T, H, NUM_SPLITS] fp32
+    block_tables_ptr,
+    row_seq_ptr,  # [T] int32: the sequence of each row
+    row_ctx_ptr,  # [T] int32: tokens the row sees (0: padding row)
+    qk_scale,  # softmax scale * log2(e)
+    stride_qt,
+    stride_qh,
+    stride_rt,
+    stride_rh,
+    stride_ot,
+    stride_oh,
+    stride_bt,
+    NUM_HEADS: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    LATENT: tl.constexpr,
+    ROPE: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_L: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    head_block = tl.program_id(1)
+    split = tl.program_id(2)
+    seq = tl.load(row_seq_ptr + row).to(tl.int64)
+    ctx = tl.load(row_ctx_ptr + row)
+    heads = head_block * BLOCK_H + tl.arange(0, BLOCK_H)
+    h_mask = heads < NUM_HEADS
+    offs_l = tl.arange(0, BLOCK_L)
+    offs_r = tl.arange(0, BLOCK_R)
+    l_mask = offs_l < LATENT
+    r_mask = offs_r < ROPE
+    q_rows = row * stride_qt + heads[:, None].to(tl.int64) * stride_qh
+    q = tl.load(q_lat_ptr + q_rows + offs_l[None, :], mask=h_mask[:, None] & l_mask[None, :])
+    r_rows = row * stride_rt + heads[:, None].to(tl.int64) * stride_rh
+    qr = tl.load(q_rope_ptr + r_rows + offs_r[None, :], mask=h_mask[:, None] & r_mask[None, :])
+    chunk = tl.cdiv(tl.cdiv(ctx, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = split * chunk
+    end = tl.minimum(start + chunk, ctx)
+    m = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    denom = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_L], tl.float32)
+    for n0 in range(start, end, BLOCK_N):
+        pos = n0 + tl.arange(0, BLOCK_N)
+        p_mask = pos < end
+        block = tl.load(
+            block_tables_ptr + seq * stride_bt + pos // BLOCK_SIZE, mask=p_mask, other=0
+        )
+        slot = block.to(tl.int64) * BLOCK_SIZE + (pos % BLOCK_SIZE)
+        base = cache_ptr + slot[:, None] * (LATENT + ROPE)
+        c = tl.load(base + offs_l[None, :], mask=p_mask[:, None] & l_mask[None, :], other=0.0)
+        kr = tl.load(
+            base + LATENT + offs_r[None, :], mask=p_mask[:, None] & r_mask[None, :], other=0.0
+        )
+        s = tl.dot(q, tl.trans(c), input_precision=PRECISION)
+        s += tl.dot(qr, tl.trans(kr), input_precision=PRECISION)
+        s = tl.where(p_mask[None, :], s * qk_scale, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        p = tl.math.exp2(s - m_new[:, None])
+        alpha = tl.math.exp2(m - m_new)
+        denom = denom * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(c.dtype), c, input_precision=PRECISION)
+        m = m_new
+    has = denom > 0
+    o = acc / tl.where(has, denom, 1.0)[:, None]
+    o_mask = h_mask[:, None] & l_mask[None, :]
+    if NUM_SPLITS == 1:
+        dst = out_ptr + row * stride_ot + heads[:, None].to(tl.int64) * stride_oh + offs_l[None, :]
+        tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=o_mask)
+    else:
+        part = (row * NUM_HEADS + heads.to(tl.int64)) * NUM_SPLITS + split
+        tl.store(part_out_ptr + part[:, None] * LATENT + offs_l[None, :], o, mask=o_mask)
+        lse = tl.where(has, m + tl.math.log2(tl.where(has, denom, 1.0)), float("-inf"))
+        tl.store(part_lse_ptr + part, lse, mask=h_mask)
+
+
+@triton.jit
+def _mla_merge_kernel(
+    part_out_ptr,
+    part_lse_ptr,
+    out_ptr,
+    stride_ot,
+    stride_oh,
+    NUM_HEADS: tl.constexpr,
+    LATENT: tl.constexpr,
+    BLOCK_L: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1).to(tl.int64)
+    splits = tl.arange(0, BLOCK_S)
+    s_mask = splits < NUM_SPLITS
+    base = (row * NUM_HEADS + head) * NUM_SPLITS
+    lse = tl.load(part_lse_ptr + base + splits, mask=s_mask, other=float("-inf"))
+    top = tl.max(lse, axis=0)
+    w = tl.where(
+        lse > float("-inf"), tl.math.exp2(lse - tl.where(top > float("-inf"), top, 0.0)), 0.0
+    )
+    total = tl.sum(w, axis=0)
+    offs_l = tl.arange(0, BLOCK_L)
+    l_mask = offs_l < LATENT
+    parts = tl.load(
+        part_out_ptr + (base + splits)[:, None] * LATENT + offs_l[None, :],
+        mask=s_mask[:, None] & l_mask[None, :],
+        other=0.0,
+    )
+    o = tl.sum(parts * w[:, None], axis=0) / tl.where(total > 0, total, 1.0)
+    tl.store(
+        out_ptr + row * stride_ot + head * stride_oh + offs_l,
+        o.to(out_ptr.dtype.element_ty),
+        mask=l_mask,
+    )
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 4  # interpreter: a few splits so the tests exercise the merge
+    return int(torch.cuda.get_device_properties(device).multi_processor_count)
+
+
+def choose_num_splits(num_rows: int, num_head_blocks: int, max_context: int, num_sms: int) -> int:
+    """Splits so that about four programs run per SM, each over >= 128 tokens of the longest
+    context the table can hold (shapes only: a CUDA graph replays the same launch)."""
+    programs = num_rows * num_head_blocks
+    wanted = max(1, (4 * num_sms) // max(programs, 1))
+    return max(1, min(wanted, max_context // 128, 16))
+
+
+def mla_attention_triton(
+    q_lat: torch.Tensor,
+    q_rope: torch.Tensor,
+    cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    row_seq: torch.Tensor,
+    row_ctx: torch.Tensor,
+    scale: float,
+    *,
+    num_splits: int | None = None,
+    config: MlaLaunch = DEFAULT_CONFIG,
+) -> torch.Tensor:
+    """o_lat [T, H, L] in q_lat's dtype for q_lat [T, H, L], q_rope [T, H, R] over cache
+    [blocks, block_size, 1, L + R]; row t sees the first row_ctx[t] tokens of sequence
+    row_seq[t] (both int32 [T] on the device; ctx 0 gives zeros)."""
+    num_rows, num_heads, latent = q_lat.shape
+    rope = q_rope.shape[2]
+    block_size = cache.shape[1]
+    assert cache.shape[-1] == latent + rope, f"cache rows {cache.shape[-1]} != {latent} + {rope}"
+    assert cache.is_contiguous(), "the latent cache must be contiguous"
+    assert q_lat.stride(2) == 1 and q_rope.stride(2) == 1, "head rows must be contiguous"
+    out = torch.empty(num_rows, num_heads, latent, dtype=q_lat.dtype, device=q_lat.device)
+    if num_rows == 0:
+        return out
+    block_h = max(16, min(config.block_h, triton.next_power_of_2(num_heads)))
+    head_blocks = triton.cdiv(num_heads, block_h)
+    if num_splits is None:
+        max_context = block_tables.shape[1] * block_size
+        num_splits = choose_num_splits(num_rows, head_blocks, max_context, _num_sms(q_lat.device))
+    part_out = part_lse = out  # unused with one split
+    if num_splits > 1:
+        part_out = torch.empty(
+            num_rows, num_heads, num_splits, latent, dtype=torch.float32, device=q_lat.device
+        )
+        part_lse = torch.empty(
+            num_rows, num_heads, num_splits, dtype=torch.float32, device=q_lat.device
+        )
+    block_l = max(16, triton.next_power_of_2(latent))
+    _mla_split_kernel[(num_rows, head_blocks, num_splits)](
+        q_lat, q_rope, cache, out, part_out, part_lse, block_tables, row_seq, row_ctx,
+        scale * _LOG2E,
+        q_lat.stride(0), q_lat.stride(1), q_rope.stride(0), q_rope.stride(1),
+        out.stride(0), out.stride(1), block_tables.stride(0),
+        NUM_HEADS=num_heads, BLOCK_SIZE=block_size, LATENT=latent, ROPE=rope,
+        BLOCK_H=block_h, BLOCK_L=block_l, BLOCK_R=max(16, triton.next_power_of_2(rope)),
+        BLOCK_N=config.block_n, NUM_SPLITS=num_splits,
+        PRECISION="ieee" if q_lat.dtype == torch.float32 else "tf32",
+        num_warps=config.num_warps, num_stages=config.num_stages,
+    )  # fmt: skip
+    if num_splits > 1:
+        _mla_merge_kernel[(num_rows, num_heads)](
+            part_out, part_lse, out, out.stride(0), out.stride(1),
+            NUM_HEADS=num_heads, LATENT=latent, BLOCK_L=block_l, NUM_SPLITS=num_splits,
+            BLOCK_S=triton.next_power_of_2(num_splits),
+        )  # fmt: skip
+    return out

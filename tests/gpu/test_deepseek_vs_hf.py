@@ -1,0 +1,200 @@
+"""DeepSeek-V2 (plain q_proj, softmax group-limited routing) and DeepSeek-V3 (q LoRA, sigmoid
+routing with correction bias, an MTP layer to skip), both with YaRN rope, a dense first layer
+and shared experts, are greedy token-identical to HF transformers (fp32, CPU) through chunked
+prefill, the real scheduler and allocator with prefix caching, and preemption by swap and by
+recompute. The KV pool holds one latent row (kv_lora_rank + rope dim) per token."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from troupe.gpu.model_config import ModelConfig, ModelLoadError
+from troupe.gpu.pool_sizing import block_bytes
+from troupe.gpu.weights import random_weights
+
+COMMON = {
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "kv_lora_rank": 32,
+    "qk_rope_head_dim": 8,
+    "qk_nope_head_dim": 16,
+    "v_head_dim": 16,
+    "n_routed_experts": 8,
+    "n_shared_experts": 1,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 32,
+    "intermediate_size": 96,  # the dense first layer
+    "first_k_dense_replace": 1,
+    "n_group": 4,
+    "topk_group": 2,
+    "routed_scaling_factor": 1.5,
+    "vocab_size": 256,
+    "max_position_embeddings": 256,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 1000.0,
+    # a short original context so YaRN's blend and its attention factor matter here
+    "rope_scaling": {
+        "type": "yarn",
+        "factor": 4.0,
+        "original_max_position_embeddings": 16,
+        "mscale": 1.0,
+        "mscale_all_dim": 0.8,
+        "beta_fast": 32,
+        "beta_slow": 1,
+    },
+}
+VARIANTS = {
+    "v2": ("DeepseekV2", {"q_lora_rank": None, "topk_method": "group_limited_greedy"}),
+    "v3": (
+        "DeepseekV3",
+        {"q_lora_rank": 24, "norm_topk_prob": True, "num_nextn_predict_layers": 1},
+    ),
+}
+PROMPTS = [[5, 17, 42, 99, 3, 250, 7, 8, 64, 12, 31], [200, 1, 77, 13, 90, 4, 4, 4, 18]]
+NUM_NEW = 12
+_HF_TOKENS: dict[tuple[str, tuple[int, ...], int], list[int]] = {}
+
+
+@pytest.fixture(scope="module", params=sorted(VARIANTS))
+def deepseek(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """(variant, HF folder, transformers' model loaded from it); V3's folder also holds an MTP
+    layer's tensor, which the engine must skip."""
+    import transformers
+    from safetensors.torch import save_file
+
+    variant: str = request.param
+    prefix, extra = VARIANTS[variant]
+    folder = tmp_path_factory.mktemp(f"deepseek_{variant}")
+    hf_config = getattr(transformers, f"{prefix}Config")(**COMMON, **extra)
+    hf_config.save_pretrained(folder)
+    config = ModelConfig.from_hf_folder(folder)
+    weights = random_weights(config, torch.float32, seed=3, std=0.2)
+    if variant == "v3":
+        weights["model.layers.2.eh_proj.weight"] = torch.zeros(4, 4)  # the MTP layer
+    save_file(weights, folder / "model.safetensors")
+    hf_model = getattr(transformers, f"{prefix}ForCausalLM").from_pretrained(
+        folder, dtype=torch.float32
+    )
+    return variant, folder, hf_model.eval()
+
+
+def test_config_and_latent_pool_size() -> None:
+    cfg = {"model_type": "deepseek_v3", **COMMON, **VARIANTS["v3"][1]}
+    config = ModelConfig.from_hf_dict(cfg)
+    assert config.mla is not None and config.moe is not None
+    assert config.moe.sparse_layers == (False, True)
+    assert config.num_mtp_layers == 1 and config.mla.rope_interleave
+    # one plane of kv_lora_rank + rope values per token and layer: no per-head K and V
+    assert config.kv_values_per_token == 32 + 8
+    assert block_bytes(config, 16, torch.bfloat16) == 2 * 16 * 40 * 2
+    v2 = ModelConfig.from_hf_dict({"model_type": "deepseek_v2", **COMMON, **VARIANTS["v2"][1]})
+    assert v2.mla is not None and v2.mla.q_lora_rank == 0 and v2.mla.rope_interleave
+    with pytest.raises(ModelLoadError, match="attention_bias"):
+        ModelConfig.from_hf_dict({**cfg, "attention_bias": True})
+    with pytest.raises(ModelLoadError, match="n_group"):
+        ModelConfig.from_hf_dict({**cfg, "n_group": 3})
+
+
+def test_greedy_matches_hf_with_chunked_prefill(deepseek: Any, mt: Any) -> None:
+    _, folder, hf_model = deepseek
+    expected = [mt.hf_greedy(hf_model, p, NUM_NEW) for p in PROMPTS]
+    runner = mt.runner_for(folder)
+    assert runner.kv.gpu.shape[1:] == (1, 64, 4, 1, 40)  # planes, blocks, block size, 1, L + R
+    driver = mt.PlanDriver(runner, chunk=5)
+    for i, prompt in enumerate(PROMPTS):
+        driver.add(f"r{i}", prompt)
+    driver.run(NUM_NEW)
+    assert [driver.seqs[f"r{i}"].output for i in range(len(PROMPTS))] == expected
+    assert len(set(expected[0])) > 2  # the model is not stuck on one token
+
+
+@pytest.mark.parametrize("mode", ["swap", "recompute"])
+def test_scheduler_prefix_cache_and_preemption(deepseek: Any, mode: str, mt: Any) -> None:
+    from troupe.actors.core.allocator import AllocatorCore
+    from troupe.actors.core.scheduler import SchedulerCore
+    from troupe.messages import AdmittedRequest, SamplingParams
+    from troupe.ops.bench_scheduler import CoreLoop
+
+    variant, folder, hf_model = deepseek
+    prompts = [*PROMPTS, [*PROMPTS[0][:8], 150, 151]]  # shares two blocks with the first
+    num_gpu, num_cpu = 12, 32 if mode == "swap" else 0
+    runner = mt.runner_for(folder, num_gpu_blocks=num_gpu, num_cpu_blocks=num_cpu)
+    sizes = dict(block_size=4, num_gpu_blocks=num_gpu, num_cpu_blocks=num_cpu)
+    scheduler = SchedulerCore(
+        **sizes, max_num_seqs=4, max_num_batched_tokens=16, preemption_mode=mode
+    )
+    allocator = AllocatorCore(**sizes)
+    loop = CoreLoop(scheduler, allocator, runner)
+    num_new = 16
+    requests = [
+        AdmittedRequest(
+            request_id=f"r{i}",
+            prompt_token_ids=tuple(p),
+            params=SamplingParams(max_tokens=num_new, temperature=0.0, ignore_eos=True),
+            arrival_time=0.0,
+            max_total_tokens=len(p) + num_new,
+        )
+        for i, p in enumerate(prompts)
+    ]
+    loop.submit(requests[:2])
+    loop.run(inject={3: [requests[2]]})  # after r0's prompt is cached
+    for i, p in enumerate(prompts):
+        key = (variant, tuple(p), num_new)
+        if key not in _HF_TOKENS:  # both modes compare against the same continuations
+            _HF_TOKENS[key] = mt.hf_greedy(hf_model, p, num_new)
+        assert loop.tokens[f"r{i}"] == _HF_TOKENS[key], i
+    stats = scheduler.stats()
+    assert stats.num_preemptions_swap + stats.num_preemptions_recompute > 0
+    assert allocator.prefix_cache_hit_tokens > 0
+    assert loop.num_refused == 0 and allocator.gpu.num_free == num_gpu
+
+
+@pytest.mark.parametrize("deepseek", ["v3"], indirect=True)  # one variant: interpreter time
+def test_triton_ops_match_hf(deepseek: Any, mt: Any) -> None:
+    """The model on the Triton ops (the CUDA path: absorbed MLA kernel for prefill and decode
+    rows, latent write, fused MoE), on the CPU under TRITON_INTERPRET=1 when there is no GPU."""
+    from troupe.gpu.model_runner import ModelRunner, RunnerOptions
+    from troupe.gpu.weights import load_model
+
+    _, folder, hf_model = deepseek
+    num_new = 6
+    expected = [mt.hf_greedy(hf_model, p, num_new) for p in PROMPTS]
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    config, model = load_model(folder, torch.float32, device, 256, "triton")
+    options = RunnerOptions(block_size=4, num_gpu_blocks=64, max_model_len=256, max_num_seqs=4)
+    driver = mt.PlanDriver(ModelRunner(config, model, options), chunk=5)
+    for i, prompt in enumerate(PROMPTS):
+        driver.add(f"r{i}", prompt)
+    driver.run(num_new)
+    assert [driver.seqs[f"r{i}"].output for i in range(len(PROMPTS))] == expected
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "cuda_graphs"])
+def test_cuda_kernels_match_hf(deepseek: Any, graphs: bool, mt: Any) -> None:
+    """The Triton MLA kernel (absorbed, decode and prefill rows) and fused MoE in the model on
+    CUDA (fp32, CUDA graphs for decode and mixed steps, overlap) give transformers' tokens."""
+    from troupe.gpu.model_runner import ModelRunner, RunnerOptions
+    from troupe.gpu.weights import load_model
+
+    _, folder, hf_model = deepseek
+    expected = [mt.hf_greedy(hf_model, p, NUM_NEW) for p in PROMPTS]
+    config, model = load_model(folder, torch.float32, torch.device("cuda"), 256)
+    options = RunnerOptions(
+        block_size=4,
+        num_gpu_blocks=64,
+        max_model_len=256,
+        max_num_seqs=4,
+        enforce_eager=not graphs,
+        overlap_schedule=graphs,
+        mixed_graph_tokens=32 if graphs else 0,
+    )
+    driver = mt.PlanDriver(ModelRunner(config, model, options), chunk=5)
+    for i, prompt in enumerate(PROMPTS):
+        driver.add(f"r{i}", prompt)
+    driver.run(NUM_NEW)
+    assert [driver.seqs[f"r{i}"].output for i in range(len(PROMPTS))] == expected
