@@ -14,16 +14,16 @@ import numpy as np
 import torch
 from troupe.config import ConfigError, EngineConfig, resolve_model_path
 from troupe.gpu.activation_profile import profile_activation_peak
-from troupe.gpu.cuda_graphs import DecodeGraphs
-from troupe.gpu.device_inputs import device_metadata, host_to_device
+from troupe.gpu.draft_model import DraftModel, load_draft
+from troupe.gpu.draft_runner import DraftRunner
+from troupe.gpu.forward_pass import ForwardPass
 from troupe.gpu.kv_cache import KVCache
-from troupe.gpu.mixed_graphs import MixedGraphs
 from troupe.gpu.model_config import ModelConfig
 from troupe.gpu.models import DecoderModel
 from troupe.gpu.overlap import DecodeOverlap, LogitsHook, Split
 from troupe.gpu.pool_sizing import blocks_from_free_memory, cpu_device_blocks, swap_pool_blocks
 from troupe.gpu.request_states import RequestState, RequestStates
-from troupe.gpu.runner import RunnerStats
+from troupe.gpu.runner import RunnerStats, SequencesFailed
 from troupe.gpu.sampler import WITHHELD, sample, sampled_tokens, withhold_non_finite
 from troupe.gpu.sampling_batch import build_sampling_batch
 from troupe.gpu.spec_verify import verify_proposals
@@ -58,6 +58,9 @@ class RunnerOptions:
     overlap_schedule: bool = False  # launch each decode step before its plan (gpu/overlap.py)
     num_speculative_tokens: int = 0  # proposals per sequence a step may verify
     kv_cache_dtype: str = "auto"  # "fp8": e4m3 blocks with per layer and KV head scales
+    # a draft model's round reads at most this many tokens (its catch-up: gpu/draft_runner.py)
+    max_num_batched_tokens: int = 4096
+    spec_disable_batch_size: int | None = None  # no draft round in steps sampling this many
 
 
 class ModelRunner:
@@ -70,9 +73,11 @@ class ModelRunner:
         options: RunnerOptions,
         *,
         logits_hook: LogitsHook | None = None,
+        draft: DraftModel | None = None,
     ) -> None:
         """`logits_hook`: a test seam that may change each step's logits before sampling (fault
-        injection: a NaN row must fail its request only); the engine never sets it."""
+        injection: a NaN row must fail its request only); the engine never sets it. `draft`:
+        a draft model proposing options.num_speculative_tokens tokens after each step."""
         self.model_config = config
         self.model = model
         self.device = model.device
@@ -100,29 +105,40 @@ class ModelRunner:
             new_seed=lambda: int(self._rng.integers(0, 2**63 - 1)),
             capacity=options.max_num_seqs,
         )
-        self._graphs: DecodeGraphs | None = None
-        if self.device.type == "cuda" and not options.enforce_eager:
-            self._graphs = DecodeGraphs(
-                model,
-                self.kv.layers,
+        self._pass = ForwardPass(
+            model,
+            self.kv,
+            max_num_seqs=options.max_num_seqs,
+            max_blocks_per_seq=self.max_blocks_per_seq,
+            max_model_len=options.max_model_len,
+            use_graphs=not options.enforce_eager,
+            mixed_graph_tokens=options.mixed_graph_tokens,
+            max_logits_per_seq=1 + options.num_speculative_tokens,
+        )
+        self._forward = self._pass
+        self._draft: DraftRunner | None = None
+        if draft is not None:
+            self._draft = DraftRunner(
+                draft,
+                num_tokens=options.num_speculative_tokens,
+                num_gpu_blocks=options.num_gpu_blocks,
+                num_cpu_blocks=options.num_cpu_blocks,
+                block_size=options.block_size,
                 max_num_seqs=options.max_num_seqs,
-                max_blocks_per_seq=self.max_blocks_per_seq,
                 max_model_len=options.max_model_len,
+                kv_dtype=kv_dtype(options.kv_cache_dtype, draft.model.dtype),
+                use_graphs=not options.enforce_eager,
+                mixed_graph_tokens=options.mixed_graph_tokens,
+                max_round_tokens=options.max_num_batched_tokens,
+                disable_batch_size=options.spec_disable_batch_size,
             )
-        self._mixed: MixedGraphs | None = None
-        if self._graphs is not None and options.mixed_graph_tokens > 0:
-            self._mixed = MixedGraphs(
-                model,
-                self.kv.layers,
-                max_num_seqs=options.max_num_seqs,
-                max_num_tokens=options.mixed_graph_tokens,
-                max_logits_per_seq=1 + options.num_speculative_tokens,
-                max_blocks_per_seq=self.max_blocks_per_seq,
-                max_model_len=options.max_model_len,
-            )
-        self.overlap_schedule = options.overlap_schedule
-        # the scheduler keeps one position past each decode in its table: the overlapped slot
-        self.num_lookahead_tokens = 1 if options.overlap_schedule else 0
+        # every plan carries proposals with a draft: an overlapped plain decode would never hit
+        self.overlap_schedule = options.overlap_schedule and draft is None
+        # the scheduler keeps one position past each decode in its table: the overlapped slot;
+        # with a draft, k: the draft writes its proposals' KV there (gpu/draft_runner.py)
+        self.num_lookahead_tokens = 1 if self.overlap_schedule else 0
+        if draft is not None:
+            self.num_lookahead_tokens = options.num_speculative_tokens
         self.kv_window = config.kv_window
         self._num_steps = 0
         self._overlap = DecodeOverlap(
@@ -176,6 +192,9 @@ class ModelRunner:
             Path(path), dtype, device, max_model_len, config.kernel_backend, config.quantization
         )
         cache_dtype = kv_dtype(config.kv_cache_dtype, dtype)  # what the pools are sized in
+        draft = None
+        if config.speculative_method == "draft_model":
+            draft = load_draft(config, model_config, dtype, device, max_model_len)
         # A CPU step runs synchronously: launching the next one early overlaps nothing.
         overlap = config.enable_overlap_schedule and device.type == "cuda"
         num_gpu_blocks = config.num_kv_blocks
@@ -188,6 +207,7 @@ class ModelRunner:
                 device,
                 config.gpu_memory_utilization,
                 peak,
+                extra_block_bytes=draft.block_bytes(config.block_size, cache_dtype) if draft else 0,
             )
         elif num_gpu_blocks is None:
             num_gpu_blocks = cpu_device_blocks(
@@ -211,8 +231,10 @@ class ModelRunner:
             overlap_schedule=overlap,
             num_speculative_tokens=config.num_proposals,
             kv_cache_dtype=config.kv_cache_dtype,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            spec_disable_batch_size=config.speculative_disable_by_batch_size,
         )
-        return cls(model_config, model, options)
+        return cls(model_config, model, options, draft=draft)
 
     def execute(self, plan: StepPlan) -> tuple[SampledToken, ...]:
         """Apply released, swap_out, swap_in, then run plan.seqs; one token per sampled seq."""
@@ -226,7 +248,7 @@ class ModelRunner:
         if prepared is None:
             return ()
         states, inputs = prepared
-        return self._run(plan.seqs, states, inputs, self._forward(inputs))
+        return self._run_and_draft(plan.seqs, states, inputs, self._forward(inputs))
 
     def launch(self, plan: StepPlan) -> None:
         """Run a plan that awaits grammar masks up to its logits; finish() samples it."""
@@ -244,7 +266,26 @@ class ModelRunner:
         if launched is None:
             return ()
         plan, states, inputs, logits = launched
-        return self._run(plan.seqs, states, inputs, logits, masks=masks)
+        return self._run_and_draft(plan.seqs, states, inputs, logits, masks)
+
+    def _run_and_draft(
+        self,
+        seqs: tuple[SeqWork, ...],
+        states: list[RequestState],
+        inputs: StepInputs,
+        logits: torch.Tensor,
+        masks: TokenMasks | None = None,
+    ) -> tuple[SampledToken, ...]:
+        """_run, then the draft's proposals after the tokens (the failed sequences' too)."""
+        draft = self._draft
+        if draft is None:
+            return self._run(seqs, states, inputs, logits, masks=masks)
+        try:
+            sampled = self._run(seqs, states, inputs, logits, masks=masks)
+        except SequencesFailed as exc:
+            sampled = draft.propose(seqs, states, self._states.tables, exc.sampled)
+            raise SequencesFailed(sampled, exc.failed) from None
+        return draft.propose(seqs, states, self._states.tables, sampled)
 
     def _run(
         self,
@@ -326,6 +367,8 @@ class ModelRunner:
     def _prepare(self, plan: StepPlan) -> tuple[list[RequestState], StepInputs] | None:
         if plan.released:
             self._states.release(plan.released)
+        if self._draft is not None:
+            self._draft.prepare(plan)
         self.kv.swap_out(plan.swap_out)
         self.kv.swap_in(plan.swap_in)
         if not plan.seqs:
@@ -334,34 +377,11 @@ class ModelRunner:
         inputs = build_step_inputs(plan.seqs, states, self._states.tables, self.block_size)
         return states, inputs
 
-    def _forward(self, inputs: StepInputs, input_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """fp32 logits of the sampled rows, in order. `input_ids` (on the device) replaces
-        inputs.input_ids: an overlapped step fed the previous step's samples without a copy."""
-        if (
-            self._graphs is not None
-            and inputs.is_decode
-            and self._graphs.can_run(len(inputs.seq_lens))
-        ):
-            logits: torch.Tensor = self._graphs.run(inputs, input_ids)
-            if len(inputs.sampled_rows) == len(inputs.seq_lens):
-                return logits  # every row samples, in order: no gather, no copy
-            picked: torch.Tensor = logits[host_to_device(inputs.sampled_rows, self.device)]
-            return picked
-        if self._mixed is not None and not inputs.is_decode and self._mixed.can_run(inputs):
-            return self._mixed.run(inputs)
-        meta = device_metadata(inputs, self.device)
-        hidden = self.model(
-            host_to_device(inputs.input_ids, self.device) if input_ids is None else input_ids,
-            host_to_device(inputs.positions, self.device),
-            meta,
-            self.kv.layers,
-        )
-        out: torch.Tensor = self.model.compute_logits(hidden)
-        return out
-
     def close(self) -> None:
         """Drop the graphs, caches and state so device memory can be reused."""
-        self._graphs = None
+        self._pass.close()
+        if self._draft is not None:
+            self._draft.close()
         self._overlap.discard()
         self._states.clear()
         if self.device.type == "cuda":
