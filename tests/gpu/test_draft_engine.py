@@ -183,3 +183,30 @@ def test_cuda_graphs_same_tokens(models: dict[str, Path]) -> None:
     sampled_spec, stats, _ = anyio.run(_run, _draft(models, "target", **cuda), 0.8)
     assert sampled_spec == sampled
     assert _acceptance(stats) > 0.8
+
+
+@pytest.mark.gpu
+def test_cuda_draft_graphs_swap_and_bf16(models: dict[str, Path]) -> None:
+    from troupe.gpu.model_runner import ModelRunner
+
+    runner = ModelRunner.from_config(_draft(models, "small", device="cuda"))
+    draft = runner._draft
+    assert draft is not None and draft._pass.graphs is not None and draft._pass.mixed is not None
+    assert runner.num_lookahead_tokens == 3 and not runner.overlap_schedule
+    runner.close()
+    cuda = {"device": "cuda", "num_kv_blocks": 20, "num_cpu_blocks": 8}
+    plain_config = EngineConfig(**{**BASE, "device": "cuda"}, model=str(models["target"]))
+    plain, _, _ = anyio.run(_run, plain_config, 0.0, True, 0.0, LONG)
+    same, stats, runner_stats = anyio.run(
+        _run, _draft(models, "target", **cuda), 0.0, True, 0.0, LONG
+    )
+    assert same == plain
+    assert stats.num_preemptions_swap > 0  # the draft's blocks went to its pinned pool too
+    assert _acceptance(stats) > 0.9
+    assert runner_stats.num_draft_rounds > 0 and runner_stats.num_draft_tokens > 0
+    # bf16: a one-token draft step and the target's (k+1)-token verification round
+    # differently, so near-ties may flip a proposal (and, as for n-gram speculation in bf16,
+    # an output: only fp32 promises identical tokens); acceptance stays high
+    bf16 = {"device": "cuda", "dtype": "bfloat16"}
+    _, stats, _ = anyio.run(_run, _draft(models, "target", **bf16))
+    assert _acceptance(stats) > 0.7
