@@ -123,7 +123,7 @@ class DraftRunner:
                 self.seqs.commit(seq, work, token)
                 if state.tokens is not None:  # penalties read the history up to each draw
                     end = work.start_pos + len(work.token_ids)
-                    new = (token.token_id, *token.more)
+                    new = (token.token_id, *token.more)[: len(state.tokens) - end]
                     state.tokens[end : end + len(new)] = new
             wants = token is not None and state.params.structured_outputs is None
             entries.append((work, seq, state, wants))
