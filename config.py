@@ -19,7 +19,8 @@ QueuePolicyName = Literal["fcfs", "priority"]  # queue_policy.py
 # matmul (gpu/quant_linear.py); "dequantize": expand them to `dtype` at load.
 Quantization = Literal["auto", "dequantize"]
 PreemptionMode = Literal["auto", "swap", "recompute"]  # preemption_policy.py
-SpeculativeMethod = Literal["ngram", "draft_model"]  # actors/core/ngram_proposer.py
+# "ngram": actors/core/ngram_proposer.py; "draft_model": gpu/draft_runner.py
+SpeculativeMethod = Literal["ngram", "draft_model"]
 
 
 MAX_SPECULATIVE_TOKENS = 16
@@ -79,13 +80,15 @@ class EngineConfig:
     # fail, /health turns 503 and `troupe serve` exits non-zero. None: no watchdog.
     step_timeout_s: float | None = 300.0
     # Speculative decoding (vLLM's names). "ngram": prompt lookup, proposals from each
-    # request's own prompt and output (actors/core/ngram_proposer.py); "draft_model" is not
-    # built yet. The target verifies num_speculative_tokens proposals in one step.
+    # request's own prompt and output (actors/core/ngram_proposer.py); "draft_model": a smaller
+    # model of the same vocabulary (`draft_model`: HF folder or .gguf) that the executor runs
+    # beside the target (gpu/draft_runner.py). The target verifies num_speculative_tokens
+    # proposals in one step.
     speculative_method: SpeculativeMethod | None = None
     num_speculative_tokens: int = 4
     prompt_lookup_min: int = 2  # shortest n-gram (suffix of the sequence) that may match
     prompt_lookup_max: int = 4  # longest; the longest matching one proposes
-    draft_model: str | None = None  # for "draft_model"
+    draft_model: str | None = None  # for "draft_model": its HF folder or .gguf file
     # Per step: no proposals in a step with at least this many running requests (verifying
     # k+1 tokens each costs more than it saves once the batch is compute-bound). None: never.
     speculative_disable_by_batch_size: int | None = 32
@@ -187,11 +190,14 @@ class EngineConfig:
                 f"got {self.speculative_min_acceptance!r}"
             )
         if self.speculative_method == "draft_model":
-            raise ConfigError(
-                "speculative_method 'draft_model' is not supported yet; use 'ngram' "
-                f"(draft_model={self.draft_model!r})"
-            )
-        if self.draft_model is not None:  # without speculative_method 'draft_model' (above)
+            if not self.draft_model:
+                raise ConfigError(
+                    "speculative_method 'draft_model' needs draft_model (a path to a smaller "
+                    "model of the same vocabulary)"
+                )
+            if self.runner == "fake":
+                raise ConfigError("speculative_method 'draft_model' needs runner='model'")
+        elif self.draft_model is not None:
             raise ConfigError("draft_model is set but speculative_method is not 'draft_model'")
 
     @property

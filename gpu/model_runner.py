@@ -1,64 +1,36 @@
 """ModelRunner: the real Runner. Owns the model, the KV pools and per-request state.
 
-It runs each StepPlan: prepare the state, forward, sample. Before that it asks its
+It runs each StepPlan: prepare the state, forward, sample (and, with a draft model, let it
+propose after the step: gpu/draft_runner.py). Before that it asks its
 DecodeOverlap (gpu/overlap.py) whether a decode step launched early already answers the plan,
 and after a step that sampled every sequence it lets the DecodeOverlap launch the next one.
+From an EngineConfig: gpu/runner_setup.py (RunnerOptions, loading, pool sizing).
 """
 
 from __future__ import annotations
 
-import dataclasses
-from pathlib import Path
-
 import numpy as np
 import torch
-from troupe.config import ConfigError, EngineConfig, resolve_model_path
-from troupe.gpu.activation_profile import profile_activation_peak
-from troupe.gpu.cuda_graphs import DecodeGraphs
-from troupe.gpu.device_inputs import device_metadata, host_to_device
+from troupe.config import EngineConfig
+from troupe.gpu.draft_model import DraftModel
+from troupe.gpu.draft_runner import DraftRunner
 from troupe.gpu.forward_ahead import ForwardAhead
+from troupe.gpu.forward_pass import ForwardPass
 from troupe.gpu.kv_cache import KVCache
-from troupe.gpu.mixed_graphs import MixedGraphs
 from troupe.gpu.model_config import ModelConfig
 from troupe.gpu.models import DecoderModel
 from troupe.gpu.overlap import DecodeOverlap, LogitsHook, Split
-from troupe.gpu.pool_sizing import blocks_from_free_memory, cpu_device_blocks, swap_pool_blocks
 from troupe.gpu.request_states import RequestState, RequestStates
-from troupe.gpu.runner import RunnerStats
+from troupe.gpu.runner import RunnerStats, SequencesFailed
+from troupe.gpu.runner_setup import RunnerOptions, kv_dtype, load_for_config
 from troupe.gpu.sampler import WITHHELD, sample, sampled_tokens, withhold_non_finite
 from troupe.gpu.sampling_batch import build_sampling_batch
 from troupe.gpu.spec_verify import verify_proposals
 from troupe.gpu.step_inputs import StepInputs, build_step_inputs
 from troupe.gpu.token_bitmask import BitmaskUpload, step_bitmask
-from troupe.gpu.weights import load_model, read_config
-from troupe.kernels.kv_quant import FP8_DTYPE
 from troupe.messages import SampledToken, SeqWork, StepPlan, TokenLogprob, TokenMasks
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def kv_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
-    """The KV pools' element type: e4m3 for "fp8", else the model's."""
-    return FP8_DTYPE if kv_cache_dtype == "fp8" else model_dtype
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class RunnerOptions:
-    """The engine settings the runner needs, resolved (no 'auto', no None pools)."""
-
-    block_size: int = 16
-    num_gpu_blocks: int
-    num_cpu_blocks: int = 0
-    max_num_seqs: int = 256
-    max_model_len: int
-    seed: int = 0
-    enforce_eager: bool = True
-    # steps with prefill chunks replay CUDA graphs too (gpu/mixed_graphs.py), up to this many
-    # tokens; 0: they run eagerly
-    mixed_graph_tokens: int = 0
-    overlap_schedule: bool = False  # launch each decode step before its plan (gpu/overlap.py)
-    num_speculative_tokens: int = 0  # proposals per sequence a step may verify
-    kv_cache_dtype: str = "auto"  # "fp8": e4m3 blocks with per layer and KV head scales
+__all__ = ["ModelRunner", "RunnerOptions", "kv_dtype"]  # the options live in runner_setup.py
 
 
 class ModelRunner:
@@ -71,9 +43,11 @@ class ModelRunner:
         options: RunnerOptions,
         *,
         logits_hook: LogitsHook | None = None,
+        draft: DraftModel | None = None,
     ) -> None:
         """`logits_hook`: a test seam that may change each step's logits before sampling (fault
-        injection: a NaN row must fail its request only); the engine never sets it."""
+        injection: a NaN row must fail its request only); the engine never sets it. `draft`:
+        a draft model proposing options.num_speculative_tokens tokens after each step."""
         self.model_config = config
         self.model = model
         self.device = model.device
@@ -101,29 +75,40 @@ class ModelRunner:
             new_seed=lambda: int(self._rng.integers(0, 2**63 - 1)),
             capacity=options.max_num_seqs,
         )
-        self._graphs: DecodeGraphs | None = None
-        if self.device.type == "cuda" and not options.enforce_eager:
-            self._graphs = DecodeGraphs(
-                model,
-                self.kv.layers,
+        self._pass = ForwardPass(
+            model,
+            self.kv,
+            max_num_seqs=options.max_num_seqs,
+            max_blocks_per_seq=self.max_blocks_per_seq,
+            max_model_len=options.max_model_len,
+            use_graphs=not options.enforce_eager,
+            mixed_graph_tokens=options.mixed_graph_tokens,
+            max_logits_per_seq=1 + options.num_speculative_tokens,
+        )
+        self._forward = self._pass
+        self._draft: DraftRunner | None = None
+        if draft is not None:
+            self._draft = DraftRunner(
+                draft,
+                num_tokens=options.num_speculative_tokens,
+                num_gpu_blocks=options.num_gpu_blocks,
+                num_cpu_blocks=options.num_cpu_blocks,
+                block_size=options.block_size,
                 max_num_seqs=options.max_num_seqs,
-                max_blocks_per_seq=self.max_blocks_per_seq,
                 max_model_len=options.max_model_len,
+                kv_dtype=kv_dtype(options.kv_cache_dtype, draft.model.dtype),
+                use_graphs=not options.enforce_eager,
+                mixed_graph_tokens=options.mixed_graph_tokens,
+                max_round_tokens=options.max_num_batched_tokens,
+                disable_batch_size=options.spec_disable_batch_size,
             )
-        self._mixed: MixedGraphs | None = None
-        if self._graphs is not None and options.mixed_graph_tokens > 0:
-            self._mixed = MixedGraphs(
-                model,
-                self.kv.layers,
-                max_num_seqs=options.max_num_seqs,
-                max_num_tokens=options.mixed_graph_tokens,
-                max_logits_per_seq=1 + options.num_speculative_tokens,
-                max_blocks_per_seq=self.max_blocks_per_seq,
-                max_model_len=options.max_model_len,
-            )
-        self.overlap_schedule = options.overlap_schedule
-        # the scheduler keeps one position past each decode in its table: the overlapped slot
-        self.num_lookahead_tokens = 1 if options.overlap_schedule else 0
+        # every plan carries proposals with a draft: an overlapped plain decode would never hit
+        self.overlap_schedule = options.overlap_schedule and draft is None
+        # the scheduler keeps one position past each decode in its table: the overlapped slot;
+        # with a draft, k: the draft writes its proposals' KV there (gpu/draft_runner.py)
+        self.num_lookahead_tokens = 1 if self.overlap_schedule else 0
+        if draft is not None:
+            self.num_lookahead_tokens = options.num_speculative_tokens
         self.kv_window = config.kv_window
         self._num_steps = 0
         self._overlap = DecodeOverlap(
@@ -155,71 +140,15 @@ class ModelRunner:
             num_overlapped=self._overlap.num_overlapped + self._ahead.num_launched,
             num_overlap_hits=self._overlap.num_overlap_hits + self._ahead.num_hits,
             num_overlap_splits=self._overlap.num_overlap_splits,
+            num_draft_rounds=self._draft.num_rounds if self._draft else 0,
+            num_draft_tokens=self._draft.num_proposed if self._draft else 0,
         )
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> ModelRunner:
         """Load config.model (default GGUF when None) and size the pools from the config."""
-        path = resolve_model_path(config.model)
-        device = torch.device(
-            "cuda"
-            if config.device == "cuda" or (config.device == "auto" and torch.cuda.is_available())
-            else "cpu"
-        )
-        if device.type == "cuda" and not torch.cuda.is_available():
-            raise ConfigError("device is 'cuda' but torch sees no CUDA device")
-        if config.dtype == "auto":
-            dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-        else:
-            dtype = _DTYPES[config.dtype]
-        model_config = read_config(Path(path))
-        max_model_len = config.max_model_len or model_config.max_position_embeddings
-        if max_model_len > model_config.max_position_embeddings:
-            raise ConfigError(
-                f"max_model_len {max_model_len} exceeds the model's "
-                f"max_position_embeddings {model_config.max_position_embeddings}"
-            )
-        model_config, model = load_model(
-            Path(path), dtype, device, max_model_len, config.kernel_backend, config.quantization
-        )
-        cache_dtype = kv_dtype(config.kv_cache_dtype, dtype)  # what the pools are sized in
-        # A CPU step runs synchronously: launching the next one early overlaps nothing.
-        overlap = config.enable_overlap_schedule and device.type == "cuda"
-        num_gpu_blocks = config.num_kv_blocks
-        if num_gpu_blocks is None and device.type == "cuda":
-            peak = profile_activation_peak(model, config, max_model_len)
-            num_gpu_blocks = blocks_from_free_memory(
-                model_config,
-                config.block_size,
-                cache_dtype,
-                device,
-                config.gpu_memory_utilization,
-                peak,
-            )
-        elif num_gpu_blocks is None:
-            num_gpu_blocks = cpu_device_blocks(
-                model_config, config, cache_dtype, max_model_len=max_model_len
-            )
-        num_cpu_blocks = config.num_cpu_blocks
-        if num_cpu_blocks is None:
-            num_cpu_blocks = swap_pool_blocks(
-                model_config, config, cache_dtype, device, num_gpu_blocks=num_gpu_blocks
-            )
-        options = RunnerOptions(
-            block_size=config.block_size,
-            num_gpu_blocks=num_gpu_blocks,
-            num_cpu_blocks=num_cpu_blocks,
-            max_num_seqs=config.max_num_seqs,
-            max_model_len=max_model_len,
-            seed=config.seed,
-            # the reference ops sync with the host (tolist): no CUDA graphs for them
-            enforce_eager=config.enforce_eager or config.kernel_backend == "torch",
-            mixed_graph_tokens=min(config.max_mixed_graph_tokens, config.max_num_batched_tokens),
-            overlap_schedule=overlap,
-            num_speculative_tokens=config.num_proposals,
-            kv_cache_dtype=config.kv_cache_dtype,
-        )
-        return cls(model_config, model, options)
+        loaded = load_for_config(config)
+        return cls(loaded.config, loaded.model, loaded.options, draft=loaded.draft)
 
     def execute(self, plan: StepPlan) -> tuple[SampledToken, ...]:
         """Apply released, swap_out, swap_in, then run plan.seqs; one token per sampled seq."""
@@ -235,7 +164,7 @@ class ModelRunner:
         if prepared is None:
             return ()
         states, inputs = prepared
-        return self._run(plan.seqs, states, inputs, self._forward(inputs))
+        return self._run_and_draft(plan.seqs, states, inputs, self._forward(inputs))
 
     def launch(self, plan: StepPlan) -> None:
         """Run a plan that awaits grammar masks up to its logits; finish() samples it."""
@@ -257,7 +186,26 @@ class ModelRunner:
         if launched is None:
             return ()
         plan, states, inputs, logits = launched
-        return self._run(plan.seqs, states, inputs, logits, masks=masks)
+        return self._run_and_draft(plan.seqs, states, inputs, logits, masks)
+
+    def _run_and_draft(
+        self,
+        seqs: tuple[SeqWork, ...],
+        states: list[RequestState],
+        inputs: StepInputs,
+        logits: torch.Tensor,
+        masks: TokenMasks | None = None,
+    ) -> tuple[SampledToken, ...]:
+        """_run, then the draft's proposals after the tokens (the failed sequences' too)."""
+        draft = self._draft
+        if draft is None:
+            return self._run(seqs, states, inputs, logits, masks=masks)
+        try:
+            sampled = self._run(seqs, states, inputs, logits, masks=masks)
+        except SequencesFailed as exc:
+            sampled = draft.propose(seqs, states, self._states.tables, exc.sampled)
+            raise SequencesFailed(sampled, exc.failed) from None
+        return draft.propose(seqs, states, self._states.tables, sampled)
 
     def _run(
         self,
@@ -344,6 +292,8 @@ class ModelRunner:
     def _prepare(self, plan: StepPlan) -> tuple[list[RequestState], StepInputs] | None:
         if plan.released:
             self._states.release(plan.released)
+        if self._draft is not None:
+            self._draft.prepare(plan)
         self.kv.swap_out(plan.swap_out)
         self.kv.swap_in(plan.swap_in)
         if not plan.seqs:
@@ -352,34 +302,11 @@ class ModelRunner:
         inputs = build_step_inputs(plan.seqs, states, self._states.tables, self.block_size)
         return states, inputs
 
-    def _forward(self, inputs: StepInputs, input_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """fp32 logits of the sampled rows, in order. `input_ids` (on the device) replaces
-        inputs.input_ids: an overlapped step fed the previous step's samples without a copy."""
-        if (
-            self._graphs is not None
-            and inputs.is_decode
-            and self._graphs.can_run(len(inputs.seq_lens))
-        ):
-            logits: torch.Tensor = self._graphs.run(inputs, input_ids)
-            if len(inputs.sampled_rows) == len(inputs.seq_lens):
-                return logits  # every row samples, in order: no gather, no copy
-            picked: torch.Tensor = logits[host_to_device(inputs.sampled_rows, self.device)]
-            return picked
-        if self._mixed is not None and not inputs.is_decode and self._mixed.can_run(inputs):
-            return self._mixed.run(inputs)
-        meta = device_metadata(inputs, self.device)
-        hidden = self.model(
-            host_to_device(inputs.input_ids, self.device) if input_ids is None else input_ids,
-            host_to_device(inputs.positions, self.device),
-            meta,
-            self.kv.layers,
-        )
-        out: torch.Tensor = self.model.compute_logits(hidden)
-        return out
-
     def close(self) -> None:
         """Drop the graphs, caches and state so device memory can be reused."""
-        self._graphs = None
+        self._pass.close()
+        if self._draft is not None:
+            self._draft.close()
         self._overlap.discard()
         self._ahead.discard()
         self._states.clear()

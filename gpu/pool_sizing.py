@@ -75,16 +75,19 @@ def blocks_from_free_memory(
     device: torch.device,
     gpu_memory_utilization: float,
     peak_activation_bytes: int,
+    *,
+    extra_block_bytes: int = 0,
 ) -> int:
     """Blocks that fit in utilization x total, after what is in use and the profiled peak.
 
     Call after a profiling forward at max_num_batched_tokens (peak_activation_bytes is that
-    forward's peak minus what stays allocated).
+    forward's peak minus what stays allocated). `extra_block_bytes`: what each block id costs
+    besides (a draft model's pool has a block per id: gpu/draft_runner.py).
     """
     free, total = torch.cuda.mem_get_info(device)
     in_use = total - free
     budget = int(total * gpu_memory_utilization) - in_use - peak_activation_bytes
-    num_blocks = budget // block_bytes(config, block_size, dtype)
+    num_blocks = budget // (block_bytes(config, block_size, dtype) + extra_block_bytes)
     if num_blocks < 1:
         raise MemoryError(
             f"no device memory left for the KV cache: {in_use / 2**30:.1f} GiB in use and a "

@@ -74,13 +74,15 @@ class AllocationResult(msgspec.Struct, frozen=True, kw_only=True, tag=True, gc=F
 class SampledToken(msgspec.Struct, frozen=True, array_like=True, gc=False):
     """A sequence's token of the step. After a verified proposal, `more` holds the tokens
     after `token_id`: token_id and all of `more` but the last are accepted proposals, the last
-    is the target's own (len(more) proposals were accepted)."""
+    is the target's own (len(more) proposals were accepted). `proposals`: a draft model's
+    tokens after the last of these, for the scheduler to have verified next step."""
 
     request_id: str
     token_id: int
     logprob: TokenLogprob | None = None
     more: tuple[int, ...] = ()
     more_logprobs: tuple[TokenLogprob | None, ...] = ()
+    proposals: tuple[int, ...] = ()
 
 
 class SeqFailureReason(enum.StrEnum):

@@ -1,5 +1,6 @@
-"""Speculative decoding (n-gram) through the engine: ITL, throughput, acceptance and the cost
-of a verification step, with speculation off and on, at several batch sizes.
+"""Speculative decoding (n-gram or a draft model) through the engine: ITL, throughput,
+acceptance and the cost of a verification step, with speculation off and on, at several batch
+sizes.
 
 Qwen3-0.6B shape, random bf16 weights (ops/bench_offline.write_model_folder), ignore_eos.
 
@@ -19,6 +20,21 @@ time from its first to its last token over the tokens after the first), steps an
 (the cost of a step: a verification computes 1 + k tokens per sequence), acceptance
 (accepted / proposed), mean accepted length per verification. The speculative run keeps the
 engine's backoff (speculative_disable_by_batch_size: --disable-by-batch-size 0 turns it off).
+
+--draft runs speculative_method="draft_model" instead of n-gram (mode "draft"):
+  small  a random Qwen3 of the same vocabulary, 4 layers of width 512 (~1/7 of the target's
+         weights): unrelated to the target, so it measures what a draft round and its
+         rejected verifications cost (acceptance near 0: the backoff's case)
+  self   the target drafts for itself: acceptance near 100%, the ceiling of the machinery,
+         at the cost of a second target-sized model per step
+  PATH   any draft model folder or .gguf of the target's vocabulary (151,936 tokens)
+The draft draws with the target's noise (gpu/draft_runner.py). A random model's sampled
+distribution is nearly flat, so at temperature 1 both draws are mostly the noise's argmax:
+"nonmatching" then shows a high acceptance for any draft, which real models would not.
+The greedy "matching" rows are the honest ones for an unrelated draft.
+
+    python -m troupe.ops.spec_bench --draft small      # H200
+    python -m troupe.ops.spec_bench --draft self --batches 1 8
 """
 
 from __future__ import annotations
@@ -32,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+from troupe.gpu.model_config import ModelConfig
 from troupe.gpu.weights import qwen3_0_6b_config
 from troupe.ops.bench_offline import write_model_folder
 
@@ -143,6 +160,20 @@ def _first_delta(tokens: list[int], times: list[float]) -> list[int]:
     return tokens[:1]
 
 
+def draft_shape(model: ModelConfig) -> ModelConfig:
+    """A smaller Qwen3 of `model`'s vocabulary: 4 layers (1 for a tiny model), half as wide."""
+    heads = max(model.num_heads // 2, 1)
+    return dataclasses.replace(
+        model,
+        hidden_size=model.hidden_size // 2,
+        num_layers=4 if model.num_layers > 4 else 1,
+        num_heads=heads,
+        num_kv_heads=max(model.num_kv_heads // 2, 1),
+        head_dim=model.head_dim // 2,
+        intermediate_size=model.intermediate_size // 2,
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64, 256])
@@ -154,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--disable-by-batch-size", type=int, default=32, help="0: speculate at any batch size"
     )
+    parser.add_argument("--draft", help="small | self | PATH: draft-model speculation (above)")
     parser.add_argument("--enforce-eager", action="store_true")
     parser.add_argument("--smoke", action="store_true", help="a 2-layer model: CPU smoke run")
     args = parser.parse_args(argv)
@@ -179,7 +211,8 @@ def main(argv: list[str] | None = None) -> int:
 
     base, nonmatching = prompts(), prompts()
     with tempfile.TemporaryDirectory() as tmp:
-        folder = Path(tmp)
+        folder = Path(tmp) / "model"
+        folder.mkdir()
         write_model_folder(folder, model)
         common: dict[str, Any] = {
             "model": str(folder),
@@ -195,16 +228,28 @@ def main(argv: list[str] | None = None) -> int:
         rows, docs = run_batches(off, "off", {"generate": base, "nonmatching": nonmatching}, args)
         matching = [p + c + p for p, c in zip(base, docs, strict=True)]
         more, _ = run_batches(off, "off", {"matching": matching}, args)
+        method: dict[str, Any] = {
+            "speculative_method": "ngram",
+            "prompt_lookup_min": args.prompt_lookup_min,
+            "prompt_lookup_max": args.prompt_lookup_max,
+        }
+        if args.draft:
+            method = {"speculative_method": "draft_model", "draft_model": args.draft}
+            if args.draft == "self":
+                method["draft_model"] = str(folder)
+            elif args.draft == "small":
+                method["draft_model"] = str(Path(tmp) / "draft")
+                (Path(tmp) / "draft").mkdir()
+                write_model_folder(Path(tmp) / "draft", draft_shape(model))
         on = EngineConfig(
             **common,
-            speculative_method="ngram",
+            **method,
             num_speculative_tokens=args.k,
-            prompt_lookup_min=args.prompt_lookup_min,
-            prompt_lookup_max=args.prompt_lookup_max,
             speculative_disable_by_batch_size=args.disable_by_batch_size or None,
         )
-        spec, _ = run_batches(on, "ngram", {"matching": matching, "nonmatching": nonmatching}, args)
-    print("\nspeedup (ngram vs off): ITL ratio off/on, throughput ratio on/off")
+        mode = "draft" if args.draft else "ngram"
+        spec, _ = run_batches(on, mode, {"matching": matching, "nonmatching": nonmatching}, args)
+    print(f"\nspeedup ({mode} vs off): ITL ratio off/on, throughput ratio on/off")
     by_key = {(r.workload, r.batch, r.mode): r for r in [*rows, *more, *spec]}
     for r in spec:
         base_row = by_key[(r.workload, r.batch, "off")]

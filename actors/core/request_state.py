@@ -63,6 +63,7 @@ class Request:
     in_executor: bool = False  # the executor holds its state (params sent)
     needs_reset: bool = True  # next SeqWork replaces the executor's block table
     draft: tuple[int, ...] = ()  # proposals in the step in flight
+    proposed: tuple[int, ...] = ()  # the draft model's proposals after its last token
     spec_rate: float = 1.0  # acceptance rate of its proposals (speculator.py)
     spec_paused: int = 0  # decode steps left without proposals (speculator.py backoff)
     ngrams: NgramIndex | None = None  # its n-grams' positions, made at its first proposal

@@ -243,6 +243,8 @@ class SchedulerCore:
                     append(self._fail_output(req, "the executor returned no token for it"))
                     continue
                 token = found
+            if speculating:  # a draft model's proposals for the next step (or none)
+                req.proposed = token.proposals
             if speculating and req.draft:  # a verification: several tokens may land
                 append(out := self.speculator.land(req, token, end))
                 if caching:  # plan() caches the blocks its accepted tokens filled, if any

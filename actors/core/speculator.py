@@ -1,7 +1,10 @@
 """Speculative decoding on the scheduler's side: when to propose, what, and what came of it.
 
 The step planner asks `propose` for each decode it plans; the scheduler reports each
-verification to `record`. Backoff, so speculation never makes a workload much slower:
+verification to `record`. Proposals come from the n-gram proposer (here, over the request's
+tokens) or, with a draft model, from the executor: its last SampledToken for the request
+carried the draft's `proposals` for the step after it (gpu/draft_runner.py), which the
+scheduler keeps in `Request.proposed` until the next decode is planned. Backoff, so speculation never makes a workload much slower:
 
 - per step: no proposals while `disable_batch_size` or more requests run (verifying k + 1
   tokens per request costs more than it saves once a step is compute-bound);
@@ -17,7 +20,7 @@ from dataclasses import dataclass
 
 from troupe.actors.core.ngram_proposer import NgramIndex
 from troupe.actors.core.request_state import Request
-from troupe.config import EngineConfig
+from troupe.config import EngineConfig, SpeculativeMethod
 from troupe.messages.common import FinishReason
 from troupe.messages.scheduler import SampledToken
 from troupe.messages.streamer import SeqOutput
@@ -30,6 +33,7 @@ class SpecSettings:
     """The speculative-decoding knobs of EngineConfig; num_tokens 0: off."""
 
     num_tokens: int = 0
+    method: SpeculativeMethod = "ngram"
     min_n: int = 2
     max_n: int = 4
     disable_batch_size: int | None = None
@@ -40,6 +44,7 @@ class SpecSettings:
     def from_config(cls, config: EngineConfig) -> SpecSettings:
         return cls(
             num_tokens=config.num_proposals,
+            method=config.speculative_method or "ngram",
             min_n=config.prompt_lookup_min,
             max_n=config.prompt_lookup_max,
             disable_batch_size=config.speculative_disable_by_batch_size,
@@ -72,8 +77,11 @@ class Speculator:
         k = min(s.num_tokens, max_tokens)
         # the token after the last proposal is the target's own: leave room for it
         k = min(k, req.max_total_tokens - req.num_tokens - 1)
-        if k < 1:
+        # structured output masks only the target's own row: no proposals to verify unmasked
+        if k < 1 or req.params.structured_outputs is not None:
             return ()
+        if s.method == "draft_model":
+            return req.proposed[:k]
         if (index := req.ngrams) is None:
             index = req.ngrams = NgramIndex(s.min_n, s.max_n)
         return index.propose(req.token_ids, k)

@@ -306,7 +306,7 @@ def test_cuda_graphs_same_tokens(qwen3: Path) -> None:
             d.step(["a", "c"])
 
     _, over = both(qwen3, scenario, device="cuda")
-    assert over.runner._graphs is not None
+    assert over.runner._pass.graphs is not None
     assert counts(over) == (11, 10)
 
 

@@ -53,3 +53,15 @@ def test_bad_config_value_names_the_field() -> None:
 def test_bench_help_comes_from_each_benchmark(workload: str) -> None:
     out = run("bench", workload, "--help")
     assert out.returncode == 0 and "--num-seqs" in out.stdout
+
+
+def test_draft_model_flags_for_generate_and_serve() -> None:
+    flags = ["--speculative-method", "draft_model", "--draft-model", "small/", "--num-speculative-tokens", "3"]  # fmt: skip
+    expected = EngineConfig(
+        speculative_method="draft_model", draft_model="small/", num_speculative_tokens=3
+    )
+    for command in (["generate", "x"], ["serve"]):
+        assert config_from_args(build_parser().parse_args([*command, *flags])) == expected
+    out = run("generate", "x", "--speculative-method", "draft_model")
+    assert out.returncode == 2
+    assert "needs draft_model" in out.stderr

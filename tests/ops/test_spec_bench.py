@@ -21,3 +21,14 @@ def test_spec_bench_smoke(capsys: pytest.CaptureFixture[str]) -> None:
     found = re.findall(r"ngram .*acceptance=.*\((\d+)/(\d+)\)", out)
     assert len(found) == 4 and any(int(p) > 0 for _, p in found)
     assert all(int(a) <= int(p) for a, p in found)
+
+
+def test_spec_bench_draft_smoke(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["--smoke", "--batches", "1", "--prompt-len", "16", "--output-len", "8"]
+    assert main([*args, "--draft", "self"]) == 0
+    out = capsys.readouterr().out
+    found = re.findall(r"^(\w+) +batch=1 +draft .*acceptance=.*\((\d+)/(\d+)\)", out, re.M)
+    assert {w for w, _, _ in found} == {"matching", "nonmatching"}, out
+    # the target drafting for itself: its proposals are its own draws, greedy or sampled
+    assert all(int(p) > 0 and int(a) >= 0.8 * int(p) for _, a, p in found), out
+    assert re.search(r"^speedup \(draft vs off\)", out, re.M), out

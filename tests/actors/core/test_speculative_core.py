@@ -64,8 +64,13 @@ def test_config_checks_name_the_field() -> None:
         EngineConfig(speculative_method="ngram", num_speculative_tokens=0)
     with pytest.raises(ConfigError, match="prompt_lookup_min"):
         EngineConfig(prompt_lookup_min=5, prompt_lookup_max=3)
-    with pytest.raises(ConfigError, match="draft_model"):
-        EngineConfig(speculative_method="draft_model", draft_model="x")
+    with pytest.raises(ConfigError, match="needs draft_model"):
+        EngineConfig(speculative_method="draft_model")
+    with pytest.raises(ConfigError, match="draft_model is set"):
+        EngineConfig(draft_model="x")
+    with pytest.raises(ConfigError, match="runner='model'"):
+        EngineConfig(speculative_method="draft_model", draft_model="x", runner="fake")
+    assert EngineConfig(speculative_method="draft_model", draft_model="x").num_proposals == 4
     assert EngineConfig(num_speculative_tokens=5).num_proposals == 0
     assert EngineConfig(speculative_method="ngram", num_speculative_tokens=5).num_proposals == 5
 

@@ -1,0 +1,84 @@
+"""One model's forward over its KV pool, the fastest way the step allows: a decode graph for a
+pure-decode step (gpu/cuda_graphs.py), a mixed-step graph for one with prefill chunks up to
+its token bucket (gpu/mixed_graphs.py), else eagerly. The target model and the draft model
+(gpu/draft_runner.py) each have one."""
+
+from __future__ import annotations
+
+import torch
+from troupe.gpu.cuda_graphs import DecodeGraphs
+from troupe.gpu.device_inputs import device_metadata, host_to_device
+from troupe.gpu.kv_cache import KVCache
+from troupe.gpu.mixed_graphs import MixedGraphs
+from troupe.gpu.models import DecoderModel
+from troupe.gpu.step_inputs import StepInputs
+
+
+class ForwardPass:
+    """fp32 logits of a step's sampled rows; CUDA graphs are captured at construction."""
+
+    def __init__(
+        self,
+        model: DecoderModel,
+        kv: KVCache,
+        *,
+        max_num_seqs: int,
+        max_blocks_per_seq: int,
+        max_model_len: int,
+        use_graphs: bool,
+        mixed_graph_tokens: int = 0,
+        max_logits_per_seq: int = 1,
+    ) -> None:
+        self.model = model
+        self.kv = kv
+        self.graphs: DecodeGraphs | None = None
+        if model.device.type == "cuda" and use_graphs:
+            self.graphs = DecodeGraphs(
+                model,
+                kv.layers,
+                max_num_seqs=max_num_seqs,
+                max_blocks_per_seq=max_blocks_per_seq,
+                max_model_len=max_model_len,
+            )
+        self.mixed: MixedGraphs | None = None
+        if self.graphs is not None and mixed_graph_tokens > 0:
+            self.mixed = MixedGraphs(
+                model,
+                kv.layers,
+                max_num_seqs=max_num_seqs,
+                max_num_tokens=mixed_graph_tokens,
+                max_logits_per_seq=max_logits_per_seq,
+                max_blocks_per_seq=max_blocks_per_seq,
+                max_model_len=max_model_len,
+            )
+
+    def __call__(self, inputs: StepInputs, input_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """fp32 logits of the sampled rows, in order. `input_ids` (on the device) replaces
+        inputs.input_ids: tokens sampled by earlier work, fed without a copy to the host."""
+        graphs, mixed = self.graphs, self.mixed
+        if graphs is not None and inputs.is_decode and graphs.can_run(len(inputs.seq_lens)):
+            logits: torch.Tensor = graphs.run(inputs, input_ids)
+            if len(inputs.sampled_rows) == len(inputs.seq_lens):
+                return logits  # every row samples, in order: no gather, no copy
+            picked: torch.Tensor = logits[host_to_device(inputs.sampled_rows, self.model.device)]
+            return picked
+        if (
+            mixed is not None
+            and input_ids is None
+            and not inputs.is_decode
+            and mixed.can_run(inputs)
+        ):
+            return mixed.run(inputs)
+        device = self.model.device
+        meta = device_metadata(inputs, device)
+        hidden = self.model(
+            host_to_device(inputs.input_ids, device) if input_ids is None else input_ids,
+            host_to_device(inputs.positions, device),
+            meta,
+            self.kv.layers,
+        )
+        out: torch.Tensor = self.model.compute_logits(hidden)
+        return out
+
+    def close(self) -> None:
+        self.graphs = self.mixed = None

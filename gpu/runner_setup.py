@@ -1,0 +1,127 @@
+"""From an EngineConfig to what a ModelRunner is built from: the device and dtype resolved,
+the model (and a draft model) loaded, the KV pools sized (gpu/pool_sizing.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import torch
+from troupe.config import ConfigError, EngineConfig, resolve_model_path
+from troupe.gpu.activation_profile import profile_activation_peak
+from troupe.gpu.draft_model import DraftModel, load_draft
+from troupe.gpu.model_config import ModelConfig
+from troupe.gpu.models import DecoderModel
+from troupe.gpu.pool_sizing import blocks_from_free_memory, cpu_device_blocks, swap_pool_blocks
+from troupe.gpu.weights import load_model, read_config
+from troupe.kernels.kv_quant import FP8_DTYPE
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def kv_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
+    """The KV pools' element type: e4m3 for "fp8", else the model's."""
+    return FP8_DTYPE if kv_cache_dtype == "fp8" else model_dtype
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RunnerOptions:
+    """The engine settings the runner needs, resolved (no 'auto', no None pools)."""
+
+    block_size: int = 16
+    num_gpu_blocks: int
+    num_cpu_blocks: int = 0
+    max_num_seqs: int = 256
+    max_model_len: int
+    seed: int = 0
+    enforce_eager: bool = True
+    # steps with prefill chunks replay CUDA graphs too (gpu/mixed_graphs.py), up to this many
+    # tokens; 0: they run eagerly
+    mixed_graph_tokens: int = 0
+    overlap_schedule: bool = False  # launch each decode step before its plan (gpu/overlap.py)
+    num_speculative_tokens: int = 0  # proposals per sequence a step may verify
+    kv_cache_dtype: str = "auto"  # "fp8": e4m3 blocks with per layer and KV head scales
+    # a draft model's round reads at most this many tokens (its catch-up: gpu/draft_runner.py)
+    max_num_batched_tokens: int = 4096
+    spec_disable_batch_size: int | None = None  # no draft round in steps sampling this many
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadedRunner:
+    """The arguments of ModelRunner(...) for one EngineConfig."""
+
+    config: ModelConfig
+    model: DecoderModel
+    options: RunnerOptions
+    draft: DraftModel | None = None
+
+
+def load_for_config(config: EngineConfig) -> LoadedRunner:
+    """Load config.model (default GGUF when None) and size the pools from the config."""
+    path = resolve_model_path(config.model)
+    device = torch.device(
+        "cuda"
+        if config.device == "cuda" or (config.device == "auto" and torch.cuda.is_available())
+        else "cpu"
+    )
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device is 'cuda' but torch sees no CUDA device")
+    if config.dtype == "auto":
+        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    else:
+        dtype = _DTYPES[config.dtype]
+    model_config = read_config(Path(path))
+    max_model_len = config.max_model_len or model_config.max_position_embeddings
+    if max_model_len > model_config.max_position_embeddings:
+        raise ConfigError(
+            f"max_model_len {max_model_len} exceeds the model's "
+            f"max_position_embeddings {model_config.max_position_embeddings}"
+        )
+    model_config, model = load_model(
+        Path(path), dtype, device, max_model_len, config.kernel_backend, config.quantization
+    )
+    cache_dtype = kv_dtype(config.kv_cache_dtype, dtype)  # what the pools are sized in
+    draft = None
+    if config.speculative_method == "draft_model":
+        draft = load_draft(config, model_config, dtype, device, max_model_len)
+    # A CPU step runs synchronously: launching the next one early overlaps nothing.
+    overlap = config.enable_overlap_schedule and device.type == "cuda"
+    num_gpu_blocks = config.num_kv_blocks
+    if num_gpu_blocks is None and device.type == "cuda":
+        peak = profile_activation_peak(model, config, max_model_len)
+        num_gpu_blocks = blocks_from_free_memory(
+            model_config,
+            config.block_size,
+            cache_dtype,
+            device,
+            config.gpu_memory_utilization,
+            peak,
+            extra_block_bytes=draft.block_bytes(config.block_size, cache_dtype) if draft else 0,
+        )
+    elif num_gpu_blocks is None:
+        num_gpu_blocks = cpu_device_blocks(
+            model_config, config, cache_dtype, max_model_len=max_model_len
+        )
+    num_cpu_blocks = config.num_cpu_blocks
+    if num_cpu_blocks is None:
+        num_cpu_blocks = swap_pool_blocks(
+            model_config, config, cache_dtype, device, num_gpu_blocks=num_gpu_blocks
+        )
+    options = RunnerOptions(
+        block_size=config.block_size,
+        num_gpu_blocks=num_gpu_blocks,
+        num_cpu_blocks=num_cpu_blocks,
+        max_num_seqs=config.max_num_seqs,
+        max_model_len=max_model_len,
+        seed=config.seed,
+        # the reference ops sync with the host (tolist): no CUDA graphs for them
+        enforce_eager=config.enforce_eager or config.kernel_backend == "torch",
+        mixed_graph_tokens=min(config.max_mixed_graph_tokens, config.max_num_batched_tokens),
+        overlap_schedule=overlap,
+        num_speculative_tokens=config.num_proposals,
+        kv_cache_dtype=config.kv_cache_dtype,
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        spec_disable_batch_size=config.speculative_disable_by_batch_size,
+    )
+
+    return LoadedRunner(model_config, model, options, draft)
