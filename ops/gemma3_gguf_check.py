@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 from troupe.actors.core.tokenizer_gguf import load_gguf_tokenizer
@@ -80,9 +81,10 @@ def main() -> None:
     print(f"troupe: tokenizer + model loaded in {time.perf_counter() - start:.1f} s")
     start = time.perf_counter()
     hf_tok = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    hf_model = transformers.AutoModelForCausalLM.from_pretrained(
+    hf_model: Any = transformers.AutoModelForCausalLM.from_pretrained(
         str(path.parent), gguf_file=path.name, dtype=torch.float32
-    ).eval()
+    )
+    hf_model.eval()
     print(f"transformers: loaded in {time.perf_counter() - start:.1f} s")
     agree = total = 0
     for text in TEXTS:
