@@ -139,7 +139,8 @@ class SchedulerCore:
         if self.limits.blocks_for(req.num_tokens) > self.limits.num_gpu_blocks or not req.token_ids:
             self._pending.append(self._fail_output(req, self._too_big(req)))
         else:
-            self.queues.add(req)
+            for queued in self.planner.forks.add(req):  # itself, or its samples (n > 1)
+                self.queues.add(queued)
 
     def _add_alone(self, msg: AdmittedRequest) -> None:
         """add(), but a request that makes it raise (malformed past the edge) fails alone: add()
@@ -160,9 +161,13 @@ class SchedulerCore:
         req = self.requests.get(request_id)
         if req is not None:
             self.queues.finish(req)
-            if reason is not None:
-                cached = req.num_cached_tokens
-                self._pending.append(SeqOutput(request_id, (), ABORT, None, None, cached, reason))
+            cached = req.num_cached_tokens
+        elif self.planner.forks.abort(request_id, self.queues):  # a forked request's samples
+            cached = 0
+        else:
+            return
+        if reason is not None:  # under a parent's id: the streamer ends each open sample
+            self._pending.append(SeqOutput(request_id, (), ABORT, None, None, cached, reason))
 
     def schedule(self) -> AllocateBatch | None:
         """Plan the next step's allocation; None if there is nothing to do."""
