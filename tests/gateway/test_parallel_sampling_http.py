@@ -3,6 +3,7 @@ not, best_of > n on completions, and the errors naming their field."""
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 
 import openai
@@ -141,3 +142,12 @@ def test_greedy_n_is_allowed(client: OpenAI, server) -> None:  # type: ignore[no
         model=server.engine.model_name, prompt=PROMPT, max_tokens=4, n=2, temperature=0
     )
     assert len(out.choices) == 2 and out.choices[0].text == out.choices[1].text
+
+
+def test_websocket_frames_refuse_several_samples_by_name() -> None:
+    from troupe.gateway.ws_requests import FrameError, parse_frame
+
+    for extra, field in (({"n": 2}, "n"), ({"best_of": 3}, "best_of")):
+        frame = {"type": "generate", "request_id": "w", "prompt": "hi", **extra}
+        error = parse_frame(json.dumps(frame))
+        assert isinstance(error, FrameError) and error.field == field, error
