@@ -136,8 +136,12 @@ class SchedulerCore:
             return
         self._num_arrivals += 1
         req = Request.admit(msg, self._num_arrivals, self.eos_token_ids)
-        if self.limits.blocks_for(req.num_tokens) > self.limits.num_gpu_blocks or not req.token_ids:
+        lim = self.limits
+        if lim.blocks_for(req.num_tokens) > lim.num_gpu_blocks or not req.token_ids:
             self._pending.append(self._fail_output(req, self._too_big(req)))
+        elif req.num_samples > min(lim.max_num_seqs, lim.max_num_batched_tokens):
+            message = f"{req.num_samples} samples cannot run at once (max_num_seqs)"
+            self._pending.append(self._fail_output(req, message))
         else:
             for queued in self.planner.forks.add(req):  # itself, or its samples (n > 1)
                 self.queues.add(queued)

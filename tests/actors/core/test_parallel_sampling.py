@@ -248,3 +248,48 @@ def test_forks_wait_for_seats_counted_from_admission() -> None:
         for i in range(3):
             assert rig.tokens[sample_id(rid, i)] == expected(prompt_of(40), params, i)
     rig.check_all_back()
+
+
+def test_abort_while_the_fork_is_being_allocated_frees_every_sample() -> None:
+    rig = Rig()
+    msg = AdmittedRequest(
+        request_id="p",
+        prompt_token_ids=tuple(prompt_of(50)),
+        params=SamplingParams(n=3, max_tokens=8, seed=2),
+        arrival_time=0.0,
+        max_total_tokens=58,
+    )
+    (prefill,) = [m for d, m in rig.s.handle([msg]) if d == "allocator"]
+    plan = rig.s.on_allocated(rig.a.apply(prefill))
+    assert plan is not None
+    rig.s.update(StepResult(step_id=plan.step_id, time=1.0, sampled=rig.r.execute(plan)))
+    fork_batch = rig.s.schedule()
+    assert fork_batch is not None and any(isinstance(op, Fork) for op in fork_batch.ops)
+    out = rig.s.handle([AbortRequest(request_id="p")])  # arrives while the allocator works
+    ends = [o for _, m in out if isinstance(m, TokenBatch) for o in m.outputs]
+    assert [(o.request_id, o.finish_reason) for o in ends] == [("p", FinishReason.ABORT)]
+    plan = rig.s.on_allocated(rig.a.apply(fork_batch))
+    check_allocator(rig.a)
+    assert plan is not None and not plan.seqs and plan.copy_blocks and plan.released == ("p",)
+    rig.s.update(StepResult(step_id=plan.step_id, time=1.0, sampled=rig.r.execute(plan)))
+    rig.pump(rig.s.handle([]))  # the next batch frees the three samples
+    rig.check_all_back()
+
+
+def test_more_samples_than_seats_fail_with_a_message() -> None:
+    rig = Rig(max_seqs=2)
+    params = SamplingParams(n=3, max_tokens=4)
+    out = rig.s.handle(
+        [
+            AdmittedRequest(
+                request_id="p",
+                prompt_token_ids=(5, 6, 7),
+                params=params,
+                arrival_time=0.0,
+                max_total_tokens=7,
+            )
+        ]
+    )
+    ends = [o for _, m in out if isinstance(m, TokenBatch) for o in m.outputs]
+    assert [(o.request_id, o.finish_reason) for o in ends] == [("p", FinishReason.ERROR)]
+    assert "max_num_seqs" in (ends[0].error or "")
