@@ -39,7 +39,6 @@ class SampleForks:
         self.parents: dict[str, Request] = {}  # live, not forked yet
         self.samples: dict[str, list[Request]] = {}  # forked parent id -> its samples
         self._rejoin: list[Request] = []  # out of the running queue while the loops plan
-        self.num_forks = 0
 
     def add(self, req: Request) -> list[Request]:
         """The requests to queue for an admitted one: itself, or for a one-token prompt (nothing
@@ -127,7 +126,6 @@ class SampleForks:
             q.requests[sample.request_id] = sample
             planner.work[sample.request_id] = Work(sample, 1, Kind.FORK)
             self._rejoin.append(sample)
-        self.num_forks += 1
 
     @staticmethod
     def _sample(parent: Request, index: int) -> Request:

@@ -42,16 +42,8 @@ from troupe.messages.allocator import (
 # goes before FreeRequest: a request shrunk, then chosen as a victim, is freed after. A Fork
 # after every release (the blocks it takes were counted free) and before its samples' ops.
 OP_ORDER = (
-    CacheBlocks,
-    ReleaseBlocks,
-    Shrink,
-    FreeRequest,
-    SwapOut,
-    Fork,
-    Grow,
-    SwapIn,
-    AllocateNew,
-)
+    CacheBlocks, ReleaseBlocks, Shrink, FreeRequest, SwapOut, Fork, Grow, SwapIn, AllocateNew
+)  # fmt: skip
 
 
 @dataclass(frozen=True)

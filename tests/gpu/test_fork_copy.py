@@ -56,6 +56,7 @@ def _runner(path: Any, device: str) -> ModelRunner:
         max_num_seqs=8,
         max_model_len=128,
         enforce_eager=device == "cpu",
+        overlap_schedule=device == "cuda",  # a fork step's copies never meet an overlapped step
     )
     return ModelRunner(config, model, options)
 
