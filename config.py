@@ -51,6 +51,9 @@ class EngineConfig:
     cpu_swap_gib: float = 2.0
     gpu_memory_utilization: float = 0.9
     max_num_seqs: int = 256
+    # Parallel sampling: the most samples one request may ask for (n, best_of); a request's
+    # samples run at once, so the limit is also capped by max_num_seqs.
+    max_num_samples: int = 16
     max_num_batched_tokens: int = 4096
     # The most prompt tokens one request computes per step (0: no cap but the step's budget).
     # Smaller chunks keep the decodes sharing their steps fast (ITL), at a few steps more to the
@@ -108,6 +111,7 @@ class EngineConfig:
             self,
             "block_size",
             "max_num_seqs",
+            "max_num_samples",
             "max_num_batched_tokens",
             "max_queued_requests",
             "max_queued_tokens",

@@ -72,6 +72,9 @@ def build_admission(g: GraphInputs) -> AdmissionCore:
         max_num_seqs=g.config.max_num_seqs,
         max_queued_requests=g.config.max_queued_requests,
         max_queued_tokens=g.config.max_queued_tokens,
+        max_num_samples=min(
+            g.config.max_num_samples, g.config.max_num_seqs, g.config.max_num_batched_tokens
+        ),
     )
 
 

@@ -141,6 +141,8 @@ class GatewayMetrics:
 
     def on_event(self, event: StreamEvent, now: float) -> None:
         """Engine event listener: runs on the event loop for every event; keep it cheap."""
+        if not isinstance(event, Rejected) and event.index:
+            return  # parallel sampling: a request's latency and outcome are its sample 0's
         if event.token_ids:
             last = self._last_token_time.get(event.request_id)
             if last is not None:

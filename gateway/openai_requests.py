@@ -66,6 +66,9 @@ def parse_request(kind: Kind, raw: bytes, *, default_max_tokens: int) -> OpenAIR
         kw["stop"] = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop)
     if body.stop_token_ids:
         kw["stop_token_ids"] = tuple(body.stop_token_ids)
+    kw["n"] = 1 if body.n is None else body.n
+    if isinstance(body, CompletionBody) and body.best_of is not None:
+        kw["best_of"] = body.best_of
 
     logprobs_field = "logprobs"
     prompt: str | list[int] | list[dict[str, str]]
@@ -86,6 +89,8 @@ def parse_request(kind: Kind, raw: bytes, *, default_max_tokens: int) -> OpenAIR
     if isinstance(body, ChatBody):
         tools = tool_plan(body.tools, body.tool_choice, body.parallel_tool_calls)
         if tools is not None:
+            if kw["n"] > 1:
+                raise invalid("n", "n > 1 with tool calls is not supported")
             if kw["structured_outputs"] is not None:
                 field = next(iter(client_fields.values()))
                 raise invalid(field, "structured output and tool calls cannot be combined")
@@ -115,15 +120,13 @@ def parse_request(kind: Kind, raw: bytes, *, default_max_tokens: int) -> OpenAIR
 def _refuse_unsupported(body: CompletionBody | ChatBody) -> None:
     """OpenAI fields troupe does not serve yet: only their neutral value is accepted."""
     n = 1 if body.n is None else body.n
-    if n != 1:
-        raise invalid("n", f"only n=1 is supported, got n={n}")
     if body.logit_bias:
         raise invalid("logit_bias", "logit_bias is not supported: send {} or leave it out")
     if isinstance(body, CompletionBody):
         if body.best_of is not None and body.best_of < n:
             raise invalid("best_of", f"best_of must be >= n ({n}), got {body.best_of}")
-        if body.best_of not in (None, 1):
-            raise invalid("best_of", f"only best_of=1 is supported, got best_of={body.best_of}")
+        if body.best_of is not None and body.best_of > n and body.stream:
+            raise invalid("best_of", "best_of > n cannot stream: the best are known at the end")
         if body.echo:
             raise invalid("echo", "echo is not supported: send false or leave it out")
         if body.suffix:

@@ -10,6 +10,15 @@ from troupe.gateway.engine_api import TokenizerLike
 from troupe.messages import TokenLogprob, Usage
 
 
+def total_usage(usages: Sequence[Usage]) -> Usage:
+    """Parallel sampling: the prompt once, every sample's completion tokens."""
+    return Usage(
+        prompt_tokens=usages[0].prompt_tokens,
+        completion_tokens=sum(u.completion_tokens for u in usages),
+        cached_tokens=max(u.cached_tokens for u in usages),
+    )
+
+
 def usage_json(usage: Usage) -> dict[str, Any]:
     return {
         "prompt_tokens": usage.prompt_tokens,
@@ -30,14 +39,17 @@ class ResponseBuilder:
         self.id = response_id
         self.created = int(time.time())
         self._tokenizer = tokenizer
-        self._text_offset = 0  # completions logprobs: where each token starts in the text
+        # completions logprobs: where each token starts in its choice's text, per choice
+        self._text_offsets: dict[int, int] = {}
 
     # -- logprobs ------------------------------------------------------------------------------
 
     def _token_text(self, token_id: int) -> str:
         return self._tokenizer.decode([token_id]) if self._tokenizer is not None else ""
 
-    def logprobs_json(self, logprobs: Sequence[TokenLogprob] | None) -> dict[str, Any] | None:
+    def logprobs_json(
+        self, logprobs: Sequence[TokenLogprob] | None, index: int = 0
+    ) -> dict[str, Any] | None:
         """Completions: tokens/token_logprobs/top_logprobs/text_offset. Chat: content list."""
         if logprobs is None:
             return None
@@ -62,11 +74,13 @@ class ResponseBuilder:
                 )
             return {"content": content}
         tokens, offsets = [], []
+        offset = self._text_offsets.get(index, 0)
         for lp in logprobs:
             token = self._token_text(lp.token_id)
             tokens.append(token)
-            offsets.append(self._text_offset)
-            self._text_offset += len(token)
+            offsets.append(offset)
+            offset += len(token)
+        self._text_offsets[index] = offset
         return {
             "tokens": tokens,
             "token_logprobs": [lp.logprob for lp in logprobs],
@@ -85,8 +99,22 @@ class ResponseBuilder:
         stop_reason: str | int | None,
         tool_calls: list[dict[str, Any]] | None = None,
     ) -> dict[str, Any]:
-        """`tool_calls`: the answer is these calls (content null, finish "tool_calls")."""
-        choice: dict[str, Any] = {"index": 0, "logprobs": self.logprobs_json(logprobs)}
+        """A response of one choice; see `choice` and `full_choices`."""
+        choice = self.choice(0, text, finish_reason, logprobs, stop_reason, tool_calls)
+        return self.full_choices([choice], usage)
+
+    def choice(
+        self,
+        index: int,
+        text: str,
+        finish_reason: str,
+        logprobs: Sequence[TokenLogprob] | None,
+        stop_reason: str | int | None,
+        tool_calls: list[dict[str, Any]] | None = None,
+    ) -> dict[str, Any]:
+        """One choice; `tool_calls`: the answer is these calls (content null, finish
+        "tool_calls")."""
+        choice: dict[str, Any] = {"index": index, "logprobs": self.logprobs_json(logprobs, index)}
         if tool_calls is not None:
             choice["message"] = {"role": "assistant", "content": None, "tool_calls": tool_calls}
             finish_reason = "tool_calls"
@@ -96,12 +124,16 @@ class ResponseBuilder:
             choice["text"] = text
         choice["finish_reason"] = finish_reason
         choice["stop_reason"] = stop_reason  # vLLM's extra: the stop string or token id hit
+        return choice
+
+    def full_choices(self, choices: list[dict[str, Any]], usage: Usage) -> dict[str, Any]:
+        """The whole response: its choices (n of them with parallel sampling) and usage."""
         return {
             "id": self.id,
             "object": "chat.completion" if self.kind == "chat" else "text_completion",
             "created": self.created,
             "model": self.model,
-            "choices": [choice],
+            "choices": choices,
             "usage": usage_json(usage),
         }
 
@@ -117,12 +149,12 @@ class ResponseBuilder:
             "usage": usage_json(usage) if usage is not None else None,
         }
 
-    def role_chunk(self) -> dict[str, Any]:
-        """Chat streams open with the assistant role (OpenAI does the same)."""
+    def role_chunk(self, index: int = 0) -> dict[str, Any]:
+        """Chat streams open with the assistant role, per choice (OpenAI does the same)."""
         return self._chunk(
             [
                 {
-                    "index": 0,
+                    "index": index,
                     "delta": {"role": "assistant", "content": ""},
                     "logprobs": None,
                     "finish_reason": None,
@@ -136,13 +168,14 @@ class ResponseBuilder:
         logprobs: Sequence[TokenLogprob] | None,
         finish_reason: str | None = None,
         stop_reason: str | int | None = None,
+        index: int = 0,
     ) -> dict[str, Any]:
-        choice: dict[str, Any] = {"index": 0}
+        choice: dict[str, Any] = {"index": index}
         if self.kind == "chat":
             choice["delta"] = {"content": text} if text or finish_reason is None else {}
         else:
             choice["text"] = text
-        choice["logprobs"] = self.logprobs_json(logprobs)
+        choice["logprobs"] = self.logprobs_json(logprobs, index)
         choice["finish_reason"] = finish_reason
         if finish_reason is not None:
             choice["stop_reason"] = stop_reason

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
+from collections import defaultdict
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -14,12 +15,21 @@ from aiohttp import web
 from troupe.gateway.errors import ApiError, error_for_event
 from troupe.gateway.http_body import read_json_body
 from troupe.gateway.openai_requests import Kind, OpenAIRequest, api_error_for_model, parse_request
-from troupe.gateway.openai_responses import ResponseBuilder
+from troupe.gateway.openai_responses import ResponseBuilder, total_usage
 from troupe.gateway.outbox import Outbox, Overflow
 from troupe.gateway.pump import abort_transport_later, pump
 from troupe.gateway.state import GATEWAY, Gateway
 from troupe.gateway.tool_calls import ToolCallStream, tool_calls
-from troupe.messages import Aborted, Delta, Failed, Finished, Rejected, StreamEvent, TokenLogprob
+from troupe.messages import (
+    Aborted,
+    Delta,
+    Failed,
+    Finished,
+    Rejected,
+    StreamEvent,
+    TokenLogprob,
+    Usage,
+)
 
 log = structlog.get_logger("troupe.gateway")
 
@@ -98,23 +108,32 @@ async def _handle(request: web.Request, kind: Kind) -> web.StreamResponse:
 
 
 async def _whole(events: Any, builder: ResponseBuilder, req: OpenAIRequest) -> web.Response:
-    """Collect the stream; a vanished client cancels this handler, which aborts the request."""
-    texts: list[str] = []
-    logprobs: list[TokenLogprob] | None = None
+    """Collect the stream (one choice per sample, by index); a vanished client cancels this
+    handler, which aborts the request."""
+    texts: dict[int, list[str]] = defaultdict(list)
+    logprobs: dict[int, list[TokenLogprob]] = {}
+    choices: dict[int, dict[str, Any]] = {}
+    usages: list[Usage] = []
     async with contextlib.aclosing(events):
         async for event in events:
-            texts.append(event.text)
-            if isinstance(event, Delta | Finished) and event.logprobs is not None:
-                logprobs = (logprobs or []) + list(event.logprobs)
+            if isinstance(event, Rejected | Aborted | Failed):
+                raise error_for_event(event, req.client_fields)  # one sample's failure fails all
+            index = event.index
+            texts[index].append(event.text)
+            if event.logprobs is not None:
+                logprobs.setdefault(index, []).extend(event.logprobs)
             if isinstance(event, Finished):
-                text, finish = "".join(texts), str(event.finish_reason)
+                text, finish = "".join(texts[index]), str(event.finish_reason)
                 calls = None
                 if req.tools is not None and finish == "stop":
                     calls = tool_calls(req.tools, text)
-                body = builder.full(text, finish, event.usage, logprobs, event.stop_reason, calls)
-                return web.json_response(body, dumps=lambda o: _json.encode(o).decode())
+                lps = logprobs.get(index)
+                choices[index] = builder.choice(index, text, finish, lps, event.stop_reason, calls)
+                usages.append(event.usage)
             if event.is_terminal:
-                raise error_for_event(event, req.client_fields)
+                ordered = [choices[i] for i in sorted(choices)]
+                body = builder.full_choices(ordered, total_usage(usages))
+                return web.json_response(body, dumps=lambda o: _json.encode(o).decode())
     raise ApiError(500, "the engine ended the stream without a terminal event")
 
 
@@ -147,7 +166,8 @@ async def _stream(
     settings = gateway.settings
     outbox = Outbox(max_frames=settings.max_buffered_frames, max_bytes=settings.max_buffered_bytes)
     if req.kind == "chat":
-        outbox.put(_sse(builder.role_chunk()))
+        for index in range(req.params.n):
+            outbox.put(_sse(builder.role_chunk(index)))
     abort_timers: list[asyncio.TimerHandle] = []
 
     def on_overflow() -> None:
@@ -182,6 +202,7 @@ async def _pump_sse(
     on_overflow: Callable[[], None],
 ) -> None:
     calls = ToolCallStream(req.tools) if req.tools is not None else None
+    usages: list[Usage] = []  # each sample's, for the last chunk
 
     def encode(event: StreamEvent) -> Iterable[str]:
         if calls is not None and isinstance(event, Delta | Finished):
@@ -193,16 +214,22 @@ async def _pump_sse(
             return
         if isinstance(event, Delta):
             if event.text or event.logprobs:
-                yield _sse(builder.delta_chunk(event.text, event.logprobs))
+                yield _sse(builder.delta_chunk(event.text, event.logprobs, index=event.index))
         elif isinstance(event, Finished):
-            finish = str(event.finish_reason)
-            yield _sse(builder.delta_chunk(event.text, event.logprobs, finish, event.stop_reason))
+            finish, index = str(event.finish_reason), event.index
+            yield _sse(
+                builder.delta_chunk(event.text, event.logprobs, finish, event.stop_reason, index)
+            )
+            usages.append(event.usage)
+            if not event.is_terminal:
+                return  # more samples to come
             if req.include_usage:
-                yield _sse(builder.usage_chunk(event.usage))
+                yield _sse(builder.usage_chunk(total_usage(usages)))
             yield _DONE
         else:
             yield _sse(error_for_event(event, req.client_fields).body())
-            yield _DONE
+            if event.is_terminal:
+                yield _DONE
 
     try:
         await pump(events, outbox, encode, first)

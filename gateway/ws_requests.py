@@ -103,4 +103,7 @@ def _params(frame: dict[str, Any]) -> tuple[SamplingParams, dict[str, str]]:
     except ParamError as exc:
         field = client_fields.get(exc.field, exc.field)
         raise ApiError(400, str(exc), param=field) from None
+    if params.num_samples > 1:  # frames name no sample: parallel sampling is HTTP's
+        field = "n" if params.best_of is None else "best_of"
+        raise ApiError(400, f"{field} > 1 is served on HTTP only, not the websocket", param=field)
     return params, client_fields

@@ -131,7 +131,7 @@ class FakeRunner:
         return RunnerStats(num_steps=self._num_steps)
 
     def execute(self, plan: StepPlan) -> tuple[SampledToken, ...]:
-        """Apply released, swap_out, swap_in, then write and read back plan.seqs."""
+        """Apply released, swap_out, swap_in, copy_blocks, then write and read back plan.seqs."""
         self._num_steps += 1
         for request_id in plan.released:
             self._release(request_id)
@@ -139,6 +139,8 @@ class FakeRunner:
             self.gpu.copy_to(self.cpu, plan.swap_out)
         if plan.swap_in:
             self.cpu.copy_to(self.gpu, plan.swap_in)
+        if plan.copy_blocks:  # parallel sampling's copy on write of a partial block
+            self.gpu.copy_to(self.gpu, plan.copy_blocks)
         if not plan.seqs:
             return ()
         bs = self.block_size

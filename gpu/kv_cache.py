@@ -123,6 +123,15 @@ class KVCache:
             moved = moved.pin_memory().to(self.device, non_blocking=True)
         self.gpu.index_copy_(2, gpu_ids.to(self.device), moved)
 
+    def copy_blocks(self, pairs: Sequence[tuple[int, int]]) -> None:
+        """Copy (src, dst) device blocks, all layers, K and V, in one gather + one scatter
+        (parallel sampling's copy on write of a prompt's last, partial block)."""
+        if not pairs:
+            return
+        src, dst = self._indices(pairs)
+        device = self.device
+        self.gpu.index_copy_(2, dst.to(device), self.gpu.index_select(2, src.to(device)))
+
     def _indices(self, pairs: Sequence[tuple[int, int]]) -> tuple[torch.Tensor, torch.Tensor]:
         ids = torch.tensor(pairs, dtype=torch.int64).reshape(-1, 2)
         return ids[:, 0].contiguous(), ids[:, 1].contiguous()

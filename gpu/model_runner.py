@@ -296,6 +296,7 @@ class ModelRunner:
             self._draft.prepare(plan)
         self.kv.swap_out(plan.swap_out)
         self.kv.swap_in(plan.swap_in)
+        self.kv.copy_blocks(plan.copy_blocks)
         if not plan.seqs:
             return None
         states = self._states.apply(plan.seqs)

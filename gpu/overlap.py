@@ -118,12 +118,12 @@ class DecodeOverlap:
         pending, self._pending = self._pending, None
         if pending is None:
             return None
-        if not plan.seqs and not plan.swap_out and not plan.swap_in:
+        if not plan.seqs and not plan.swap_out and not plan.swap_in and not plan.copy_blocks:
             # Only releases: the overlapped step is still the next one to run.
             self._states.release(plan.released)
             self._pending = pending
             return ()
-        if plan.swap_out or plan.swap_in:
+        if plan.swap_out or plan.swap_in or plan.copy_blocks:
             return None
         rows = matching_rows(plan.seqs, pending.rows, pending.input_tokens, pending.positions)
         if rows is not None:

@@ -84,7 +84,31 @@ class AllocateNew(msgspec.Struct, frozen=True, array_like=True, gc=False, tag=Tr
     num_new_tokens: int
 
 
-AllocOp = CacheBlocks | ReleaseBlocks | FreeRequest | Shrink | SwapOut | SwapIn | Grow | AllocateNew
+class Fork(msgspec.Struct, frozen=True, array_like=True, gc=False, tag=True):
+    """Parallel sampling: the request's table becomes `child_ids[0]`'s and is shared by every
+    child (one more reference per child on each block holding its first `num_computed`
+    tokens); its last, partial block is copied for the others (copy on write: the answer's
+    `copy_blocks`). Each child's table then grows to cover `num_tokens`. The request's id is
+    gone afterwards. The grants: each child's whole table. The scheduler plans the blocks it
+    needs, so it is never refused (a shortage raises)."""
+
+    request_id: str
+    child_ids: tuple[str, ...]
+    num_computed: int
+    num_tokens: int
+
+
+AllocOp = (
+    CacheBlocks
+    | ReleaseBlocks
+    | FreeRequest
+    | Shrink
+    | SwapOut
+    | SwapIn
+    | Grow
+    | AllocateNew
+    | Fork
+)
 
 
 class AllocateBatch(msgspec.Struct, frozen=True, kw_only=True, tag=True, gc=False):

@@ -2,6 +2,11 @@
 
 Every request gets zero or more `Delta`s, then exactly one terminal event: `Finished`,
 `Rejected`, `Aborted` or `Failed`.
+
+Parallel sampling (SamplingParams.n / best_of): events carry the sample's `index`, and each
+sample ends with exactly one `Finished`, `Aborted` or `Failed`; `samples_left` counts the
+request's samples still open after it, so the request's terminal event (`is_terminal`) is the
+end of its last sample. A request refused before it ran gets one `Rejected`, as always.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ class Delta(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     token_ids: tuple[int, ...]
     logprobs: tuple[TokenLogprob, ...] | None = None
     finish_reason: None = None
+    index: int = 0  # the sample (parallel sampling)
 
     is_terminal: ClassVar[bool] = False
 
@@ -33,8 +39,13 @@ class Finished(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     timings: Timings
     stop_reason: str | int | None = None  # the stop string or stop token id that matched
     logprobs: tuple[TokenLogprob, ...] | None = None
+    index: int = 0
+    samples_left: int = 0  # the request's samples still open after this one ends
+    cumulative_logprob: float | None = None  # best_of: the sum it was ranked by
 
-    is_terminal: ClassVar[bool] = True
+    @property
+    def is_terminal(self) -> bool:
+        return self.samples_left == 0
 
 
 class Rejected(msgspec.Struct, frozen=True, kw_only=True, tag=True):
@@ -59,8 +70,12 @@ class Aborted(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     text: str = ""
     token_ids: tuple[int, ...] = ()
     finish_reason: FinishReason = FinishReason.ABORT
+    index: int = 0
+    samples_left: int = 0
 
-    is_terminal: ClassVar[bool] = True
+    @property
+    def is_terminal(self) -> bool:
+        return self.samples_left == 0
 
 
 class Failed(msgspec.Struct, frozen=True, kw_only=True, tag=True):
@@ -69,8 +84,12 @@ class Failed(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     text: str = ""
     token_ids: tuple[int, ...] = ()
     finish_reason: FinishReason = FinishReason.ERROR
+    index: int = 0
+    samples_left: int = 0
 
-    is_terminal: ClassVar[bool] = True
+    @property
+    def is_terminal(self) -> bool:
+        return self.samples_left == 0
 
 
 StreamEvent = Delta | Finished | Rejected | Aborted | Failed

@@ -45,13 +45,17 @@ class SeqWork(msgspec.Struct, frozen=True, kw_only=True, gc=False):
 
 
 class StepPlan(msgspec.Struct, frozen=True, kw_only=True, tag=True, gc=False):
-    """One step: apply `released`, then swap_out, then swap_in, then compute `seqs`."""
+    """One step: apply `released`, then swap_out, then swap_in, then copy_blocks, then compute
+    `seqs`."""
 
     step_id: int
     seqs: tuple[SeqWork, ...]
     swap_out: tuple[tuple[int, int], ...] = ()  # (gpu block, cpu block)
     swap_in: tuple[tuple[int, int], ...] = ()  # (cpu block, gpu block)
     released: tuple[str, ...] = ()  # requests whose executor state is dropped
+    # (src, dst) device block copies, all layers (parallel sampling's copy on write of the
+    # prompt's last, partial block); done before the forward pass
+    copy_blocks: tuple[tuple[int, int], ...] = ()
     awaits_masks: bool = False  # a TokenMasks for this step comes from the grammar actor
 
     @property

@@ -37,10 +37,21 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     structured_outputs: StructuredOutputs | None = None  # constrain the text (grammar actor)
+    # Parallel sampling: `n` samples of one prompt (prefilled once, its KV blocks shared);
+    # `best_of` >= n samples are drawn and the n with the highest cumulative logprob returned.
+    # With a seed, sample i draws with seed + i (mod 2**63): sample i equals this request with
+    # n=1 and that seed (messages/samples.py).
+    n: int = 1
+    best_of: int | None = None
 
     @property
     def is_greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def num_samples(self) -> int:
+        """Sequences the request runs: best_of if set, else n."""
+        return self.best_of if self.best_of is not None else self.n
 
     def check(self, *, max_logprobs: int = 20, vocab_size: int | None = None) -> None:
         """Raise ParamError naming the first field outside its limits.
@@ -93,6 +104,11 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
         _float_in("frequency_penalty", self.frequency_penalty, -2.0, 2.0)
         _float_in("repetition_penalty", self.repetition_penalty, 0.0, FLOAT_CEIL, open_low=True)
         _int_in("priority", self.priority, -MAX_PRIORITY, MAX_PRIORITY)
+        _int_in("n", self.n, 1, INT32_MAX)
+        if self.best_of is not None:
+            if self.best_of < self.n:
+                raise ParamError("best_of", f"best_of must be >= n ({self.n}), got {self.best_of}")
+            _int_in("best_of", self.best_of, 1, INT32_MAX)
         if self.structured_outputs is not None:
             broken = self.structured_outputs.check()
             if broken is not None:

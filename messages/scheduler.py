@@ -59,11 +59,12 @@ class AllocationResult(msgspec.Struct, frozen=True, kw_only=True, tag=True, gc=F
     """
 
     step_id: int
-    grants: tuple[Grant, ...] = ()  # in op order (Grow, SwapIn, AllocateNew)
+    grants: tuple[Grant, ...] = ()  # in op order (Fork, Grow, SwapIn, AllocateNew)
     refused: tuple[Refusal, ...] = ()  # in op order
     shared: tuple[tuple[str, int], ...] = ()  # (request id, GPU blocks it shares), changed ones
     swap_out: tuple[tuple[int, int], ...] = ()  # (gpu block, cpu block) copies
     swap_in: tuple[tuple[int, int], ...] = ()  # (cpu block, gpu block) copies
+    copy_blocks: tuple[tuple[int, int], ...] = ()  # (src, dst) GPU copies: Fork's partial block
     num_gpu_free: int = 0  # not owned by any request (includes cached)
     num_gpu_cached: int = 0  # free but holding reusable prefix KV (evictable)
     num_cpu_free: int = 0

@@ -17,6 +17,7 @@ from troupe.messages import (
     RequestsEnded,
     TokenizedRequest,
 )
+from troupe.messages.samples import SAMPLE_SEP
 
 log = structlog.get_logger("troupe.admission")
 
@@ -40,12 +41,14 @@ class AdmissionCore:
         max_queued_requests: int,
         max_queued_tokens: int,
         max_logprobs: int = 20,
+        max_num_samples: int = 16,
     ) -> None:
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
         self.max_requests = max_num_seqs + max_queued_requests
         self.max_queued_tokens = max_queued_tokens
         self.max_logprobs = max_logprobs
+        self.max_num_samples = max_num_samples  # n / best_of (capped by max_num_seqs)
         self._num_tokens: dict[str, int] = {}  # request id -> prompt tokens, while in the engine
         self._total_tokens = 0
 
@@ -100,10 +103,20 @@ class AdmissionCore:
                 "request_id",
                 f"request_id {req.request_id!r} is already in use",
             )
+        if SAMPLE_SEP in req.request_id:
+            message = "request_id must not contain U+001F (it names parallel samples)"
+            return RejectCode.INVALID_REQUEST, "request_id", message
         try:
             req.params.check(max_logprobs=self.max_logprobs, vocab_size=self.vocab_size)
         except ParamError as exc:
             return RejectCode.INVALID_REQUEST, exc.field, str(exc)
+        if req.params.num_samples > self.max_num_samples:
+            field = "n" if req.params.best_of is None else "best_of"
+            message = (
+                f"{field} must be <= {self.max_num_samples} (max_num_samples, capped by "
+                f"max_num_seqs), got {req.params.num_samples}"
+            )
+            return RejectCode.INVALID_REQUEST, field, message
         num_prompt = len(req.prompt_token_ids)
         if num_prompt == 0:
             return RejectCode.INVALID_REQUEST, "prompt", "prompt is empty"

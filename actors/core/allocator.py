@@ -14,6 +14,7 @@ from troupe.messages.allocator import (
     AllocateBatch,
     AllocateNew,
     CacheBlocks,
+    Fork,
     FreeRequest,
     Grow,
     ReleaseBlocks,
@@ -67,6 +68,7 @@ class AllocatorCore:
         self._shared_changed: dict[str, None] = {}  # requests whose num_shared changed
         self._copies_out: list[tuple[int, int]] = []  # this batch's (gpu, cpu) copies
         self._copies_in: list[tuple[int, int]] = []  # this batch's (cpu, gpu) copies
+        self._copies: list[tuple[int, int]] = []  # this batch's (gpu, gpu) copies (Fork)
         self.prefix_cache_hit_tokens = 0
         self.prefix_cache_query_tokens = 0
 
@@ -74,7 +76,7 @@ class AllocatorCore:
         return [("scheduler", self.apply(msg)) for msg in batch]
 
     def apply(self, batch: AllocateBatch) -> AllocationResult:
-        self._copies_out, self._copies_in = [], []
+        self._copies_out, self._copies_in, self._copies = [], [], []
         grants: list[Grant] = []
         refused: list[Refusal] = []
         answer: Grant | Refusal | None
@@ -99,6 +101,9 @@ class AllocatorCore:
                 answer = self._swap_in(op)
             elif isinstance(op, AllocateNew):
                 answer = self._allocate_new(op)
+            elif isinstance(op, Fork):
+                grants.extend(self._fork(op))
+                continue
             else:
                 raise ValueError(f"unknown allocator op {op!r}")
             if isinstance(answer, Grant):
@@ -116,6 +121,7 @@ class AllocatorCore:
             shared=tuple((r, seqs[r].num_shared) for r in changed if r in seqs) if changed else (),
             swap_out=tuple(self._copies_out),
             swap_in=tuple(self._copies_in),
+            copy_blocks=tuple(self._copies),
             num_gpu_free=self.gpu.num_free,
             num_gpu_cached=self.gpu.num_cached,
             num_cpu_free=self.cpu.num_free,
@@ -164,6 +170,52 @@ class AllocatorCore:
         self.prefix_cache_query_tokens += len(token_ids)
         self.prefix_cache_hit_tokens += num_cached
         return Grant(rid, tuple(seq.table), num_cached)
+
+    def _fork(self, op: Fork) -> list[Grant]:
+        """Child 0 takes the parent's table; the others share its full blocks (one reference
+        each) and get a copy of its partial last block; each then grows to num_tokens."""
+        rid, children, bs = op.request_id, op.child_ids, self.block_size
+        parent = self._seq(rid)
+        if len(children) < 2 or any(c in self.seqs for c in children):
+            raise ValueError(f"allocator: Fork of {rid!r} into {children} (ids in use?)")
+        num_full, has_partial = divmod(op.num_computed, bs)
+        if len(parent.table) < num_full + (has_partial > 0):
+            raise ValueError(
+                f"allocator: Fork of {rid!r} at {op.num_computed} tokens; it holds "
+                f"{len(parent.table)} blocks"
+            )
+        cover = -(-op.num_tokens // bs)
+        grow0 = max(0, cover - len(parent.table))
+        grow = max(0, cover - num_full - (has_partial > 0))
+        need = grow0 + (len(children) - 1) * ((has_partial > 0) + grow)
+        fresh = self.gpu.allocate(need)
+        if fresh is None:
+            raise ValueError(
+                f"allocator: Fork of {rid!r} needs {need} blocks, "
+                f"{self.gpu.num_free} are free: the planner must count them"
+            )
+        del self.seqs[rid]
+        shared = parent.table[parent.num_released : num_full]
+        tables = [parent.table + [fresh.pop() for _ in range(grow0)]]
+        for _ in children[1:]:
+            table = parent.table[:num_full]
+            if has_partial:
+                table.append(fresh.pop())
+                self._copies.append((parent.table[num_full], table[-1]))
+            tables.append(table + [fresh.pop() for _ in range(grow)])
+        for child, table in zip(children, tables, strict=True):
+            seq = self.seqs[child] = _Seq(table, None, parent.num_hashed_blocks, parent.serial)
+            seq.num_released, seq.is_cache_stopped = parent.num_released, parent.is_cache_stopped
+        for block_id in shared:  # the parent's hold passes to child 0; the others add theirs
+            holders = self.holders.setdefault(block_id, [])
+            if rid in holders:
+                holders.remove(rid)
+            holders.extend(children)
+            self.gpu.ref[block_id] += len(children) - 1
+        for child in children:  # every one of them shares each of those blocks
+            self.seqs[child].num_shared = len(shared)
+            self._shared_changed[child] = None
+        return [Grant(c, tuple(t)) for c, t in zip(children, tables, strict=True)]
 
     def _grow(self, op: Grow) -> Grant | Refusal:  # grant: the added blocks
         seq = self._seq(op.request_id)

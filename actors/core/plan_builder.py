@@ -83,7 +83,9 @@ def build_plan(
             add_in_flight((req, num_tokens, True))
             continue
         assert not req.needs_reset or w.kind is not Kind.RUN, f"{req} has no whole table"
-        end = min(num_tokens, start + w.num_tokens)
+        end = min(req.compute_end, start + w.num_tokens)
+        if end <= start:
+            continue  # a parallel-sampling parent with all it computes cached: it forks next
         first = not req.in_executor
         # Verifications go last, so the one-token decodes lead the step (the runner's decode
         # kernel takes that prefix: gpu/step_inputs.py num_decode_prefix).
@@ -106,7 +108,7 @@ def build_plan(
     seqs += verifications
     in_flight += verified
     planner.work = {}
-    if not seqs and not result.swap_out and not result.swap_in:
+    if not seqs and not result.swap_out and not result.swap_in and not result.copy_blocks:
         return None, in_flight
     released, q.released = tuple(q.released), []
     return StepPlan(
@@ -115,4 +117,5 @@ def build_plan(
         swap_out=result.swap_out,
         swap_in=result.swap_in,
         released=released,
+        copy_blocks=result.copy_blocks,
     ), in_flight

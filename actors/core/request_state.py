@@ -26,6 +26,7 @@ class Kind(enum.Enum):
     RUN = "run"  # running already: a decode or a prefill chunk, growing by `need` blocks
     NEW = "new"  # AllocateNew (first start or recompute): the grant is the whole table
     SWAP_IN = "swap_in"  # back from the CPU pool: the grant is the whole table
+    FORK = "fork"  # a sample forked from its parent (sample_fork.py): the grant is the table
 
 
 class Work(msgspec.Struct):
@@ -67,6 +68,7 @@ class Request:
     spec_rate: float = 1.0  # acceptance rate of its proposals (speculator.py)
     spec_paused: int = 0  # decode steps left without proposals (speculator.py backoff)
     ngrams: NgramIndex | None = None  # its n-grams' positions, made at its first proposal
+    num_samples: int = 1  # > 1: a parent of parallel samples, not forked yet (sample_fork.py)
     decode: Work = field(init=False)  # its plan entry for a decode that needs no new block
 
     @classmethod
@@ -76,11 +78,17 @@ class Request:
         args = (msg.request_id, msg.params, list(prompt), len(prompt), msg.max_total_tokens)
         req = cls(*args, arrival_seq, eos | frozenset(msg.params.stop_token_ids))
         req.decode = Work(req, 1, Kind.RUN)
+        req.num_samples = msg.params.num_samples
         return req
 
     @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
+
+    @property
+    def compute_end(self) -> int:
+        """Tokens it computes before sampling: all, but a parent stops before its last one."""
+        return len(self.token_ids) - (self.num_samples > 1)
 
 
 class RequestQueues:

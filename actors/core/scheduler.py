@@ -136,10 +136,15 @@ class SchedulerCore:
             return
         self._num_arrivals += 1
         req = Request.admit(msg, self._num_arrivals, self.eos_token_ids)
-        if self.limits.blocks_for(req.num_tokens) > self.limits.num_gpu_blocks or not req.token_ids:
+        lim = self.limits
+        if lim.blocks_for(req.num_tokens) > lim.num_gpu_blocks or not req.token_ids:
             self._pending.append(self._fail_output(req, self._too_big(req)))
+        elif req.num_samples > min(lim.max_num_seqs, lim.max_num_batched_tokens):
+            message = f"{req.num_samples} samples cannot run at once (max_num_seqs)"
+            self._pending.append(self._fail_output(req, message))
         else:
-            self.queues.add(req)
+            for queued in self.planner.forks.add(req):  # itself, or its samples (n > 1)
+                self.queues.add(queued)
 
     def _add_alone(self, msg: AdmittedRequest) -> None:
         """add(), but a request that makes it raise (malformed past the edge) fails alone: add()
@@ -160,9 +165,13 @@ class SchedulerCore:
         req = self.requests.get(request_id)
         if req is not None:
             self.queues.finish(req)
-            if reason is not None:
-                cached = req.num_cached_tokens
-                self._pending.append(SeqOutput(request_id, (), ABORT, None, None, cached, reason))
+            cached = req.num_cached_tokens
+        elif self.planner.forks.abort(request_id, self.queues):  # a forked request's samples
+            cached = 0
+        else:
+            return
+        if reason is not None:  # under a parent's id: the streamer ends each open sample
+            self._pending.append(SeqOutput(request_id, (), ABORT, None, None, cached, reason))
 
     def schedule(self) -> AllocateBatch | None:
         """Plan the next step's allocation; None if there is nothing to do."""

@@ -22,11 +22,13 @@ from dataclasses import dataclass
 
 from troupe.actors.core.preemption_policy import PreemptionPolicy
 from troupe.actors.core.request_state import Kind, Request, RequestQueues, Status, Work
+from troupe.actors.core.sample_fork import SampleForks
 from troupe.actors.core.speculator import SpecSettings, Speculator
 from troupe.messages.allocator import (
     AllocateNew,
     AllocOp,
     CacheBlocks,
+    Fork,
     FreeRequest,
     Grow,
     ReleaseBlocks,
@@ -37,8 +39,11 @@ from troupe.messages.allocator import (
 
 # The order ops apply in: releases first (their blocks serve the rest), then by queue.
 # CacheBlocks before ReleaseBlocks: a block is registered before a window lets it go. A Shrink
-# goes before FreeRequest: a request shrunk, then chosen as a victim, is freed after.
-OP_ORDER = (CacheBlocks, ReleaseBlocks, Shrink, FreeRequest, SwapOut, Grow, SwapIn, AllocateNew)
+# goes before FreeRequest: a request shrunk, then chosen as a victim, is freed after. A Fork
+# after every release (the blocks it takes were counted free) and before its samples' ops.
+OP_ORDER = (
+    CacheBlocks, ReleaseBlocks, Shrink, FreeRequest, SwapOut, Fork, Grow, SwapIn, AllocateNew
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -95,6 +100,7 @@ class StepPlanner:
     def __init__(self, limits: StepLimits, queues: RequestQueues, preemption: PreemptionPolicy):
         self.limits, self.queues, self.preemption = limits, queues, preemption
         self.speculator = Speculator(SpecSettings())  # the scheduler sets its own
+        self.forks = SampleForks()  # parallel sampling's parents and samples
         self.to_commit: dict[str, Request] = {}  # computed new full blocks to cache
         self.num_preemptions_swap = self.num_preemptions_recompute = 0
         self.work: dict[str, Work] = {}  # this step's entries, in plan order
@@ -103,6 +109,7 @@ class StepPlanner:
         self._grows: dict[str, Grow] = {}  # this step's, in plan order (a victim's undone)
         self._shrinks: dict[str, Shrink] = {}  # this step's
         self._avail = self._cpu_avail = 0  # blocks left to plan with, this step
+        self._extra_seats = 0  # seats running parents hold for their samples (sample_fork.py)
         self._preempted = False
 
     def plan(self, num_gpu_free: int, num_cpu_free: int) -> list[AllocOp] | None:
@@ -127,6 +134,9 @@ class StepPlanner:
         if lim.kv_window:
             self._release_passed()
         budget = lim.max_num_batched_tokens
+        forks = self.forks
+        if forks.parents or forks.samples:
+            budget = forks.plan(self, budget)
         prefills: list[Request] = []
         running = Status.RUNNING
         speculating = self.speculator.enabled  # a local: the decode loop below is hot
@@ -159,7 +169,7 @@ class StepPlanner:
             if req.status != running:
                 continue  # preempted earlier in this loop
             computed = req.num_computed
-            n = lim.chunk(len(req.token_ids) - computed, budget)
+            n = lim.chunk(req.compute_end - computed, budget)
             need = max(lim.blocks_for(computed + n + self._lookahead(req, n)) - req.num_blocks, 0)
             fit = (req.num_blocks + self._avail) * bs - computed
             if need > self._avail and fit >= 1:
@@ -168,6 +178,8 @@ class StepPlanner:
                 n = min(n, fit)
                 need = max(lim.blocks_for(computed + n) - req.num_blocks, 0)
             budget = self._fit(req, n, need, budget)
+        forks.rejoin(q)
+        self._extra_seats = forks.extra_seats() if forks.parents else 0
         ops[Grow] = list(self._grows.values())
         ops[Shrink] = list(self._shrinks.values())
         if not self._preempted:
@@ -198,6 +210,33 @@ class StepPlanner:
             self._grows[rid] = Grow(rid, cover + len(draft))
             self._avail -= need
         return budget - 1 - len(draft)
+
+    def add_fork(self, fork: Fork) -> None:
+        self._ops[Fork].append(fork)
+
+    def make_room(self, req: Request, need: int) -> bool:
+        """Count `need` blocks for running `req` (a fork), preempting the policy's victims
+        until they fit, as a grow would; False if `req` itself gave way (or failed)."""
+        while need > self._avail:
+            self._preempted = True
+            running = self.queues.running
+            victim = self.preemption.victim(running)
+            if victim is req and len(running) > 1:
+                self._preempt(req)
+                return False
+            if victim is req:  # alone: once the releases apply, every other block is free
+                held = req.num_blocks - req.num_released
+                if need + held > self.limits.num_gpu_blocks:
+                    self._fail(req)
+                    return False
+                self._avail = need
+                break
+            self._preempt(victim)
+        self._avail -= need
+        return True
+
+    def _seats(self) -> int:
+        return self.limits.max_num_seqs - len(self.queues.running) - self._extra_seats
 
     def _lookahead(self, req: Request, n: int) -> int:
         """Positions past the chunk its table must cover: the lookahead if the chunk samples."""
@@ -285,9 +324,9 @@ class StepPlanner:
 
     def _resume_swapped(self, budget: int) -> int:
         q, lim = self.queues, self.limits
-        while q.swapped and budget > 0 and len(q.running) < lim.max_num_seqs:
+        while q.swapped and budget > 0 and q.swapped[0].num_samples <= self._seats():
             req = q.swapped[0]
-            n = lim.chunk(req.num_tokens - req.num_computed, budget)
+            n = lim.chunk(req.compute_end - req.num_computed, budget)
             cover = req.num_computed + n + self._lookahead(req, n)
             total = max(req.num_cpu_blocks, lim.blocks_for(cover) - req.num_released)
             if total > self._avail:
@@ -296,6 +335,7 @@ class StepPlanner:
             self._avail -= total
             q.move(req, Status.RUNNING)
             self.work[req.request_id] = Work(req, n, Kind.SWAP_IN, total)
+            self._extra_seats += req.num_samples - 1
             budget -= n
         return budget
 
@@ -310,7 +350,7 @@ class StepPlanner:
             if r.num_computed < r.prompt_len and r.prompt_len > bs
         }
         deferred: list[Request] = []
-        while q.waiting and budget > 0 and len(q.running) < lim.max_num_seqs:
+        while q.waiting and budget > 0 and q.waiting[0].num_samples <= self._seats():
             req = q.waiting[0]
             num_tokens = req.num_tokens
             if lim.peak_blocks(num_tokens) > lim.num_gpu_blocks:
@@ -320,7 +360,7 @@ class StepPlanner:
             if head in leaders:
                 deferred.append(q.waiting.pop(0))
                 continue
-            n = lim.chunk(num_tokens, budget)
+            n = lim.chunk(req.compute_end, budget)
             # The most it can take: any block but those of a cached prefix may be new.
             max_hit = (num_tokens - 1) // bs * bs if caching else 0
             upper = lim.blocks_for(min(num_tokens, max_hit + n))
@@ -333,6 +373,7 @@ class StepPlanner:
             req.in_allocator = True
             q.move(req, Status.RUNNING)
             self.work[req.request_id] = Work(req, n, Kind.NEW, upper)
+            self._extra_seats += req.num_samples - 1
             budget -= n
         for req in deferred:
             q.enqueue(req, Status.WAITING)

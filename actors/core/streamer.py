@@ -21,6 +21,7 @@ from collections.abc import Sequence
 import msgspec
 import structlog
 from troupe.actors.core.detokenizer import IncrementalDetokenizer, shared_token_texts
+from troupe.actors.core.sample_streams import SampleFamily
 from troupe.actors.core.stop_strings import StopStringMatcher
 from troupe.actors.core.tokenizer_text import TextTokenizer
 from troupe.messages import (
@@ -44,6 +45,7 @@ from troupe.messages import (
     TokenLogprob,
     Usage,
 )
+from troupe.messages.samples import sample_id
 
 log = structlog.get_logger("troupe.streamer")
 
@@ -59,6 +61,8 @@ class _Stream:
     num_cached_tokens: int = 0
     first_token_time: float | None = None
     last_token_time: float | None = None
+    index: int = 0  # its sample (parallel sampling)
+    family: SampleFamily | None = None  # the request's samples, when it has several
     has_stops: bool = dataclasses.field(init=False)  # False: the per-token fast path applies
 
     def __post_init__(self) -> None:
@@ -94,6 +98,7 @@ class StreamerCore:
         self._tokenizer = tokenizer
         self._streams: dict[str, _Stream] = {}
         self._failed: dict[str, str] = {}  # request id -> why its stream could not be opened
+        self._families: dict[str, SampleFamily] = {}  # request id -> its samples (n > 1)
         tokenizer.token_bytes(0)  # build the byte table now, not on the first token batch
         # Decoded text per token id, shared by all requests (one table per skip setting).
         self._texts = {
@@ -113,6 +118,9 @@ class StreamerCore:
                 self._open(msg)
             elif isinstance(msg, RequestRejected | RequestFailed):
                 self._streams.pop(msg.request_id, None)
+                family = self._families.pop(msg.request_id, None)
+                for sample in family.open if family is not None else ():
+                    self._streams.pop(sample, None)
                 self._failed.pop(msg.request_id, None)
                 event: StreamEvent = (
                     Rejected(
@@ -134,7 +142,19 @@ class StreamerCore:
 
     def _open(self, msg: RequestOpened) -> None:
         try:
-            self._streams[msg.request_id] = self._new_stream(msg)
+            params = msg.params
+            if params.num_samples == 1:
+                self._streams[msg.request_id] = self._new_stream(msg)
+                return
+            ids = [sample_id(msg.request_id, i) for i in range(params.num_samples)]
+            ranks = params.num_samples > params.n
+            family = SampleFamily(
+                ids, params.n, ranks=ranks, keeps_logprobs=params.logprobs is not None
+            )
+            for i, sample in enumerate(ids):
+                stream = self._streams[sample] = self._new_stream(msg)
+                stream.index, stream.family = i, family
+            self._families[msg.request_id] = family
         except Exception as exc:  # one bad request must not stop the streamer
             log.exception("cannot open the request's stream", request_id=msg.request_id)
             # It fails at its first output: by then the scheduler knows it and can free it.
@@ -163,6 +183,13 @@ class StreamerCore:
         for output in batch.outputs:
             stream = get_stream(output.request_id)
             if stream is None:
+                family = self._families.get(output.request_id)
+                if family is not None:  # an end for the whole request: each open sample's
+                    reason, error = output.finish_reason, output.error
+                    for sample in list(family.open):
+                        end = SeqOutput(sample, (), reason, None, None, 0, error)
+                        self._sample_event(get_stream(sample), end, time, events, ended)
+                    continue
                 if output.request_id in self._failed:
                     message = self._failed.pop(output.request_id)
                     self._end_failed(output, message, events, stopped, ended)
@@ -177,6 +204,10 @@ class StreamerCore:
                 continue
             if event is None:
                 continue
+            if stream.family is not None:
+                if self._sample_event(stream, output, time, events, ended, event):
+                    stopped.append(output.request_id)
+                continue
             add_event(event)
             if event.is_terminal:
                 del self._streams[output.request_id]
@@ -189,6 +220,35 @@ class StreamerCore:
             out.append(("scheduler", StopRequests(request_ids=tuple(stopped))))
         out.append(("client", StreamBatch(events=tuple(events), stats=batch.stats)))
         return out
+
+    def _sample_event(
+        self,
+        stream: _Stream | None,
+        output: SeqOutput,
+        time: float,
+        events: list[StreamEvent],
+        ended: list[str],
+        event: StreamEvent | None = None,
+    ) -> bool:
+        """Pass one sample's event through its family; True if a stop string ended it (the
+        scheduler still runs it)."""
+        if stream is None or stream.family is None:
+            return False
+        if event is None:
+            event = self._output(stream, output, time)
+            if event is None:
+                return False
+        assert isinstance(event, Delta | Finished | Aborted | Failed)
+        family = stream.family
+        events.extend(family.on_event(output.request_id, stream.index, event))
+        if isinstance(event, Delta):
+            return False
+        del self._streams[output.request_id]
+        if not family.open:
+            rid = stream.opened.request_id
+            self._families.pop(rid, None)
+            ended.append(rid)
+        return isinstance(event, Finished) and output.finish_reason is None
 
     @staticmethod
     def _end_failed(
@@ -225,10 +285,11 @@ class StreamerCore:
             stream.num_cached_tokens = output.num_cached_tokens
         logprobs = output.logprobs
         return Delta(
-            request_id=output.request_id,
+            request_id=stream.opened.request_id,
             text=text,
             token_ids=token_ids,
             logprobs=None if logprobs is None else logprobs[:num_tokens],
+            index=stream.index,
         )
 
     def _advance(self, stream: _Stream, output: SeqOutput, time: float) -> StreamEvent | None:
@@ -255,7 +316,11 @@ class StreamerCore:
             if not num_kept:
                 return None
             return Delta(
-                request_id=rid, text="".join(texts), token_ids=token_ids, logprobs=logprobs
+                request_id=rid,
+                text="".join(texts),
+                token_ids=token_ids,
+                logprobs=logprobs,
+                index=stream.index,
             )
         texts.append(stream.final_text())
         text = "".join(texts)
@@ -272,6 +337,7 @@ class StreamerCore:
                 usage=stream.usage(),
                 timings=stream.timings(time),
                 logprobs=logprobs,
+                index=stream.index,
             )
         if reason == FinishReason.ABORT:
             return Aborted(
@@ -281,12 +347,14 @@ class StreamerCore:
                 timings=stream.timings(time),
                 text=text,
                 token_ids=token_ids,
+                index=stream.index,
             )
         return Failed(
             request_id=rid,
             message=output.error or "the engine failed",
             text=text,
             token_ids=token_ids,
+            index=stream.index,
         )
 
 

@@ -66,7 +66,8 @@ async def test_health(server) -> None:  # type: ignore[no-untyped-def]
     ("body", "param", "code"),
     [
         ({"prompt": "x", "temperature": "hot"}, "temperature", "invalid_value"),
-        ({"prompt": "x", "n": 2}, "n", "invalid_value"),
+        ({"prompt": "x", "n": 0}, "n", "invalid_value"),
+        ({"prompt": "x", "n": 1000}, "n", "invalid_value"),  # over max_num_samples
         ({"prompt": "x", "stop_token_ids": [10**9]}, "stop_token_ids", "invalid_value"),
         ({"prompt": list(range(1, 9000))}, "prompt", "context_length_exceeded"),
     ],

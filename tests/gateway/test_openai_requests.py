@@ -109,7 +109,9 @@ def test_defaults_and_token_id_prompt() -> None:
 @pytest.mark.parametrize(
     ("kind", "body", "param"),
     [
-        ("completion", {"prompt": "x", "n": 2}, "n"),
+        ("completion", {"prompt": "x", "n": 0}, "n"),
+        ("completion", {"prompt": "x", "n": 2, "best_of": 1}, "best_of"),
+        ("completion", {"prompt": "x", "best_of": 2, "stream": True}, "best_of"),
         ("completion", {"prompt": "x", "temperature": "hot"}, "temperature"),
         ("completion", {"prompt": "x", "temperature": -1}, "temperature"),
         ("completion", {"prompt": "x", "max_tokens": 0}, "max_tokens"),
@@ -158,8 +160,10 @@ def test_bad_fields_are_named(kind: Kind, body: Any, param: str) -> None:
     assert error.body()["error"]["type"] == "invalid_request_error"
 
 
-def test_n_message_is_clear() -> None:
-    assert _bad("completion", {"prompt": "x", "n": 3}).message == "only n=1 is supported, got n=3"
+def test_n_and_best_of_messages_are_clear() -> None:
+    assert _bad("completion", {"prompt": "x", "n": 0}).message == "n must be >= 1, got 0"
+    error = _bad("completion", {"prompt": "x", "n": 3, "best_of": 2})
+    assert error.message == "best_of must be >= n (3), got 2"
 
 
 def test_unknown_model_is_404() -> None:
