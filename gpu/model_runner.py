@@ -99,6 +99,7 @@ class ModelRunner:
             block_size=options.block_size,
             new_seed=lambda: int(self._rng.integers(0, 2**63 - 1)),
             capacity=options.max_num_seqs,
+            eos_token_ids=tuple(config.eos_token_ids),
         )
         self._graphs: DecodeGraphs | None = None
         if self.device.type == "cuda" and not options.enforce_eager:

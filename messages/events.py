@@ -18,6 +18,7 @@ class Delta(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     token_ids: tuple[int, ...]
     logprobs: tuple[TokenLogprob, ...] | None = None
     finish_reason: None = None
+    prompt_tokens: int | None = None  # on a request's first Delta: its prompt's token count
 
     is_terminal: ClassVar[bool] = False
 
