@@ -86,20 +86,32 @@ async def _handle(request: web.Request, kind: Kind) -> web.StreamResponse:
         raise error
     prefix = "chatcmpl" if kind == "chat" else "cmpl"
     request_id = f"{prefix}-{uuid.uuid4().hex}"
-    builder = ResponseBuilder(kind, engine.model_name, request_id, engine.tokenizer)
+    builder = ResponseBuilder(
+        kind,
+        engine.model_name,
+        request_id,
+        engine.tokenizer,
+        continuous_usage=req.continuous_usage,
+    )
+    # completions' echo: a text prompt as sent, token ids decoded (special tokens kept)
+    echo = req.echo if isinstance(req.echo, str) else ""
+    if isinstance(req.echo, list):
+        echo = engine.tokenizer.decode(req.echo, False)
     gateway.stream_opened()
     try:
         events = engine.generate(req.prompt, req.params, request_id=request_id)
         if not req.stream:
-            return await _whole(events, builder, req)
-        return await _stream(request, gateway, events, builder, req)
+            return await _whole(events, builder, req, echo)
+        return await _stream(request, gateway, events, builder, req, echo)
     finally:
         gateway.stream_closed()
 
 
-async def _whole(events: Any, builder: ResponseBuilder, req: OpenAIRequest) -> web.Response:
+async def _whole(
+    events: Any, builder: ResponseBuilder, req: OpenAIRequest, echo: str
+) -> web.Response:
     """Collect the stream; a vanished client cancels this handler, which aborts the request."""
-    texts: list[str] = []
+    texts: list[str] = [echo]
     logprobs: list[TokenLogprob] | None = None
     async with contextlib.aclosing(events):
         async for event in events:
@@ -124,6 +136,7 @@ async def _stream(
     events: Any,
     builder: ResponseBuilder,
     req: OpenAIRequest,
+    echo: str,
 ) -> web.StreamResponse:
     # Wait for the first event before answering, so rejections get their real status (400,
     # 429, 503) instead of a 200 stream carrying an error.
@@ -146,8 +159,11 @@ async def _stream(
     await response.prepare(request)
     settings = gateway.settings
     outbox = Outbox(max_frames=settings.max_buffered_frames, max_bytes=settings.max_buffered_bytes)
+    builder.see_prompt(first)  # continuous usage: the chunks before the first event's
     if req.kind == "chat":
         outbox.put(_sse(builder.role_chunk()))
+    if echo:
+        outbox.put(_sse(builder.delta_chunk(echo, None)))
     abort_timers: list[asyncio.TimerHandle] = []
 
     def on_overflow() -> None:
@@ -184,6 +200,7 @@ async def _pump_sse(
     calls = ToolCallStream(req.tools) if req.tools is not None else None
 
     def encode(event: StreamEvent) -> Iterable[str]:
+        builder.count(event)
         if calls is not None and isinstance(event, Delta | Finished):
             yield from _tool_call_chunks(builder, calls, event)
             if isinstance(event, Finished):
