@@ -262,3 +262,18 @@ def test_tokenize_wants_the_api_key(server) -> None:  # type: ignore[no-untyped-
         assert _post(f"{url}{path}", body)[0] == 401
         assert _post(f"{url}{path}", body, {"Authorization": "Bearer sesame"})[0] == 200
     assert _post(f"{server.url}/tokenize", {"prompt": "x", "model": "other"})[0] == 404
+
+
+def test_websocket_frames_take_the_extras() -> None:
+    from troupe.gateway.ws_requests import FrameError, Generate, parse_frame
+
+    frame = {"type": "generate", "request_id": "r", "prompt": "x", "max_tokens": 4}
+    ok = parse_frame(json.dumps({**frame, "logit_bias": {"7": -100}, "min_tokens": 2}))
+    assert isinstance(ok, Generate)
+    assert ok.params.logit_bias == {7: -100.0} and ok.params.min_tokens == 2
+    for extra, field in (
+        ({"logit_bias": {"x": 1}}, "logit_bias"),
+        ({"min_tokens": 5}, "min_tokens"),
+    ):
+        bad = parse_frame(json.dumps({**frame, **extra}))
+        assert isinstance(bad, FrameError) and bad.field == field, bad
