@@ -37,6 +37,7 @@ class OpenAIRequest:
     include_usage: bool  # stream_options.include_usage: a last chunk carrying usage
     continuous_usage: bool = False  # stream_options.continuous_usage_stats: usage on each chunk
     echo: str | list[int] | None = None  # completions' echo: the prompt that leads the answer
+    user: str | None = None  # OpenAI's end-user id: logged with the request id (debug level)
     # engine field -> the field the client wrote (structured output errors name the latter)
     client_fields: dict[str, str] = dataclasses.field(default_factory=dict)
     tools: ToolPlan | None = None  # chat: the answer is tool calls (gateway/tool_calls.py)
@@ -73,8 +74,10 @@ def parse_request(kind: Kind, raw: bytes, *, default_max_tokens: int) -> OpenAIR
 
     logprobs_field = "logprobs"
     prompt: str | list[int] | list[dict[str, str]]
+    echo: str | list[int] | None = None
     if isinstance(body, CompletionBody):
-        prompt = _completion_prompt(body.prompt)
+        completion_prompt = _completion_prompt(body.prompt)
+        prompt, echo = completion_prompt, completion_prompt if body.echo else None
         if body.logprobs is not None:
             kw["logprobs"] = body.logprobs
     else:
@@ -119,9 +122,8 @@ def parse_request(kind: Kind, raw: bytes, *, default_max_tokens: int) -> OpenAIR
         stream=bool(body.stream),
         include_usage=bool(options and options.include_usage),
         continuous_usage=continuous,
-        echo=_completion_prompt(body.prompt)
-        if isinstance(body, CompletionBody) and body.echo
-        else None,
+        echo=echo,
+        user=body.user,
         client_fields=client_fields,
         tools=tools,
     )

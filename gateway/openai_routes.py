@@ -86,6 +86,8 @@ async def _handle(request: web.Request, kind: Kind) -> web.StreamResponse:
         raise error
     prefix = "chatcmpl" if kind == "chat" else "cmpl"
     request_id = f"{prefix}-{uuid.uuid4().hex}"
+    if req.user is not None:
+        log.debug("request from a named user", request_id=request_id, user=req.user)
     builder = ResponseBuilder(
         kind,
         engine.model_name,
@@ -95,8 +97,8 @@ async def _handle(request: web.Request, kind: Kind) -> web.StreamResponse:
     )
     # completions' echo: a text prompt as sent, token ids decoded (special tokens kept)
     echo = req.echo if isinstance(req.echo, str) else ""
-    if isinstance(req.echo, list):
-        echo = engine.tokenizer.decode(req.echo, False)
+    if isinstance(req.echo, list):  # a long prompt is decoded off the event loop
+        echo = await asyncio.to_thread(engine.tokenizer.decode, req.echo, False)
     gateway.stream_opened()
     try:
         events = engine.generate(req.prompt, req.params, request_id=request_id)
