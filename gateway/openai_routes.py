@@ -97,7 +97,9 @@ async def _handle(request: web.Request, kind: Kind) -> web.StreamResponse:
     )
     # completions' echo: a text prompt as sent, token ids decoded (special tokens kept)
     echo = req.echo if isinstance(req.echo, str) else ""
-    if isinstance(req.echo, list):  # a long prompt is decoded off the event loop
+    vocab_size = engine.tokenizer.vocab_size
+    if isinstance(req.echo, list) and all(0 <= t < vocab_size for t in req.echo):
+        # (ids outside the vocabulary: the engine rejects the prompt, naming it)
         echo = await asyncio.to_thread(engine.tokenizer.decode, req.echo, False)
     gateway.stream_opened()
     try:

@@ -89,6 +89,13 @@ def test_echo_leads_with_the_prompt(client: OpenAI, server) -> None:  # type: ig
         model=model, prompt=ids, max_tokens=2, temperature=0, echo=True
     )
     assert by_ids.choices[0].text.startswith("token ids")
+    for bad in ([-1], [10**12]):
+        error = _bad_request(
+            lambda bad=bad: client.completions.create(  # type: ignore[misc]
+                model=model, prompt=bad, max_tokens=2, echo=True
+            )
+        )
+        assert _param(error) == "prompt"
 
 
 def test_continuous_usage_on_every_chunk(client: OpenAI, server) -> None:  # type: ignore[no-untyped-def]
