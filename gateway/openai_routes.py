@@ -97,10 +97,11 @@ async def _handle(request: web.Request, kind: Kind) -> web.StreamResponse:
     )
     # completions' echo: a text prompt as sent, token ids decoded (special tokens kept)
     echo = req.echo if isinstance(req.echo, str) else ""
-    vocab_size = engine.tokenizer.vocab_size
-    if isinstance(req.echo, list) and all(0 <= t < vocab_size for t in req.echo):
-        # (ids outside the vocabulary: the engine rejects the prompt, naming it)
-        echo = await asyncio.to_thread(engine.tokenizer.decode, req.echo, False)
+    if isinstance(req.echo, list):
+        tokenizer = engine.tokenizer
+        # ids outside the vocabulary are not decoded: the engine rejects the prompt, naming it
+        if all(0 <= t < tokenizer.vocab_size for t in req.echo):
+            echo = await asyncio.to_thread(tokenizer.decode, req.echo, False)
     gateway.stream_opened()
     try:
         events = engine.generate(req.prompt, req.params, request_id=request_id)
