@@ -12,9 +12,17 @@ Prompt = str | Sequence[Mapping[str, Any]] | Sequence[int]
 
 
 class TokenizerLike(Protocol):
-    def encode(self, text: str) -> Any: ...
+    """The gateway's read-only tokenizer (actors/core/tokenizer_text.TextTokenizer)."""
 
-    def decode(self, ids: Sequence[int]) -> str: ...
+    vocab_size: int
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> Any: ...
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str: ...
+
+    def render_chat(
+        self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True
+    ) -> str: ...
 
 
 class EngineLike(Protocol):

@@ -26,6 +26,7 @@ class _Body(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 class StreamOptions(_Body, kw_only=True):
     include_usage: bool | None = None
+    continuous_usage_stats: bool | None = None  # vLLM's: usage on every chunk
 
 
 class ContentPart(msgspec.Struct, kw_only=True):
@@ -61,8 +62,9 @@ class _Common(StructuredFields, kw_only=True):
     priority: int | None = None  # vLLM's extra, passed through: lower is served first
     skip_special_tokens: bool | None = None
     include_stop_str_in_output: bool | None = None
-    logit_bias: dict[str, float] | None = None
-    user: str | None = None
+    logit_bias: dict[str, float] | None = None  # token id (as a string) -> [-100, 100]
+    min_tokens: int | None = None  # vLLM's extra
+    user: str | None = None  # accepted: an end-user id for the operator's logs (OpenAI's)
 
 
 class CompletionBody(_Common, kw_only=True):
@@ -88,7 +90,7 @@ class ChatBody(_Common, kw_only=True):
 
 T = TypeVar("T")
 
-_PATH = re.compile(r" - at `\$\.?(.*)`$")
+_PATH = re.compile(r" - at `(?:key` in `)?\$\.?(.*)`$")
 _FIELD = re.compile(r"(?:unknown|missing required) field `([^`]*)`")
 
 
@@ -100,7 +102,8 @@ def field_path(exc: msgspec.ValidationError, default: str = "body") -> str:
     named = _FIELD.search(text)
     if named:  # unknown or missing field: msgspec points at its parent object
         path = f"{path}.{named.group(1)}" if path else named.group(1)
-    return path or default
+    # a dict's value is `[...]` to msgspec: name the dict (`logit_bias`)
+    return path.replace("[...]", "") or default
 
 
 def reason(exc: msgspec.ValidationError) -> str:

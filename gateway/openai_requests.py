@@ -2,7 +2,8 @@
 
 Types come from the Structs in `openai_bodies` (decoded straight from the bytes), ranges from
 SamplingParams.check; this module maps OpenAI's names onto troupe's and turns away, by name,
-what troupe does not serve yet (n > 1, best_of > 1, echo, suffix, tools, logit_bias, ...).
+what troupe does not serve yet (suffix, echo with logprobs, best_of > n streamed, n > 1 with
+tools, ...).
 """
 
 from __future__ import annotations
@@ -35,6 +36,9 @@ class OpenAIRequest:
     params: SamplingParams
     stream: bool
     include_usage: bool  # stream_options.include_usage: a last chunk carrying usage
+    continuous_usage: bool = False  # stream_options.continuous_usage_stats: usage on each chunk
+    echo: str | list[int] | None = None  # completions' echo: the prompt that leads the answer
+    user: str | None = None  # OpenAI's end-user id: logged with the request id (debug level)
     # engine field -> the field the client wrote (structured output errors name the latter)
     client_fields: dict[str, str] = dataclasses.field(default_factory=dict)
     tools: ToolPlan | None = None  # chat: the answer is tool calls (gateway/tool_calls.py)
@@ -44,7 +48,7 @@ class OpenAIRequest:
 _PASSTHROUGH = (
     "temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty", "frequency_penalty",
     "repetition_penalty", "ignore_eos", "priority", "skip_special_tokens",
-    "include_stop_str_in_output",
+    "include_stop_str_in_output", "min_tokens",
 )  # fmt: skip
 
 
@@ -69,11 +73,15 @@ def parse_request(kind: Kind, raw: bytes, *, default_max_tokens: int) -> OpenAIR
     kw["n"] = 1 if body.n is None else body.n
     if isinstance(body, CompletionBody) and body.best_of is not None:
         kw["best_of"] = body.best_of
+    if body.logit_bias:
+        kw["logit_bias"] = _logit_bias(body.logit_bias)
 
     logprobs_field = "logprobs"
     prompt: str | list[int] | list[dict[str, str]]
+    echo: str | list[int] | None = None
     if isinstance(body, CompletionBody):
-        prompt = _completion_prompt(body.prompt)
+        completion_prompt = _completion_prompt(body.prompt)
+        prompt, echo = completion_prompt, completion_prompt if body.echo else None
         if body.logprobs is not None:
             kw["logprobs"] = body.logprobs
     else:
@@ -103,32 +111,51 @@ def parse_request(kind: Kind, raw: bytes, *, default_max_tokens: int) -> OpenAIR
         renamed = {"max_tokens": max_tokens_field, "logprobs": logprobs_field, **client_fields}
         raise invalid(renamed.get(exc.field, exc.field), str(exc)) from None
 
-    if body.stream_options is not None and not body.stream:
+    options = body.stream_options
+    if options is not None and not body.stream:
         raise invalid("stream_options", "stream_options needs stream: true")
+    continuous = bool(options and options.continuous_usage_stats)
+    if continuous and not (options and options.include_usage):
+        raise invalid(
+            "stream_options.continuous_usage_stats",
+            "continuous_usage_stats needs include_usage: true",
+        )
     return OpenAIRequest(
         kind=kind,
         model=body.model,
         prompt=prompt,
         params=params,
         stream=bool(body.stream),
-        include_usage=bool(body.stream_options and body.stream_options.include_usage),
+        include_usage=bool(options and options.include_usage),
+        continuous_usage=continuous,
+        echo=echo,
+        user=body.user,
         client_fields=client_fields,
         tools=tools,
     )
 
 
+def _logit_bias(raw: dict[str, float]) -> dict[int, float]:
+    """OpenAI's token-id strings -> ints (ranges: SamplingParams.check)."""
+    out = {}
+    for key, bias in raw.items():
+        if not key.isascii() or not key.isdigit() or len(key) > 10:
+            raise invalid("logit_bias", f"logit_bias keys must be token ids, got {key!r}")
+        out[int(key)] = bias
+    return out
+
+
 def _refuse_unsupported(body: CompletionBody | ChatBody) -> None:
     """OpenAI fields troupe does not serve yet: only their neutral value is accepted."""
     n = 1 if body.n is None else body.n
-    if body.logit_bias:
-        raise invalid("logit_bias", "logit_bias is not supported: send {} or leave it out")
     if isinstance(body, CompletionBody):
         if body.best_of is not None and body.best_of < n:
             raise invalid("best_of", f"best_of must be >= n ({n}), got {body.best_of}")
         if body.best_of is not None and body.best_of > n and body.stream:
             raise invalid("best_of", "best_of > n cannot stream: the best are known at the end")
-        if body.echo:
-            raise invalid("echo", "echo is not supported: send false or leave it out")
+        if body.echo and body.logprobs is not None:
+            # vLLM answers with the prompt's logprobs too; troupe does not compute those
+            raise invalid("echo", "echo cannot be combined with logprobs (no prompt logprobs)")
         if body.suffix:
             raise invalid("suffix", "suffix is not supported: leave it out")
         return

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from troupe.gateway.engine_api import TokenizerLike
-from troupe.messages import TokenLogprob, Usage
+from troupe.messages import Aborted, Delta, Failed, Finished, StreamEvent, TokenLogprob, Usage
 
 
 def total_usage(usages: Sequence[Usage]) -> Usage:
@@ -32,7 +32,13 @@ class ResponseBuilder:
     """Shapes one request's answer: a full object, or chunks for SSE."""
 
     def __init__(
-        self, kind: str, model: str, response_id: str, tokenizer: TokenizerLike | None
+        self,
+        kind: str,
+        model: str,
+        response_id: str,
+        tokenizer: TokenizerLike | None,
+        *,
+        continuous_usage: bool = False,
     ) -> None:
         self.kind = kind
         self.model = model
@@ -41,6 +47,30 @@ class ResponseBuilder:
         self._tokenizer = tokenizer
         # completions logprobs: where each token starts in its choice's text, per choice
         self._text_offsets: dict[int, int] = {}
+        # stream_options.continuous_usage_stats: every chunk carries the counts so far
+        self._continuous_usage = continuous_usage
+        self._num_prompt_tokens = 0
+        self._completion_tokens: dict[int, int] = {}  # per sample (choice index)
+
+    def see_prompt(self, event: StreamEvent) -> None:
+        """Learn the prompt's length from an event that tells it (chunks before its own)."""
+        if isinstance(event, Delta) and event.prompt_tokens is not None:
+            self._num_prompt_tokens = event.prompt_tokens
+        elif isinstance(event, Finished):
+            self._num_prompt_tokens = event.usage.prompt_tokens
+
+    def count(self, event: StreamEvent) -> None:
+        """Continuous usage: fold in an event before its chunks are built."""
+        self.see_prompt(event)
+        if isinstance(event, Finished):
+            self._completion_tokens[event.index] = event.usage.completion_tokens
+        elif isinstance(event, (Delta, Aborted, Failed)):
+            done = self._completion_tokens.get(event.index, 0)
+            self._completion_tokens[event.index] = done + len(event.token_ids)
+
+    @property
+    def _num_completion_tokens(self) -> int:
+        return sum(self._completion_tokens.values())
 
     # -- logprobs ------------------------------------------------------------------------------
 
@@ -140,13 +170,20 @@ class ResponseBuilder:
     # -- stream chunks -------------------------------------------------------------------------
 
     def _chunk(self, choices: list[dict[str, Any]], usage: Usage | None = None) -> dict[str, Any]:
+        usage_dict = usage_json(usage) if usage is not None else None
+        if usage_dict is None and self._continuous_usage:
+            usage_dict = {  # vLLM's shape: no details mid-stream
+                "prompt_tokens": self._num_prompt_tokens,
+                "completion_tokens": self._num_completion_tokens,
+                "total_tokens": self._num_prompt_tokens + self._num_completion_tokens,
+            }
         return {
             "id": self.id,
             "object": "chat.completion.chunk" if self.kind == "chat" else "text_completion",
             "created": self.created,
             "model": self.model,
             "choices": choices,
-            "usage": usage_json(usage) if usage is not None else None,
+            "usage": usage_dict,
         }
 
     def role_chunk(self, index: int = 0) -> dict[str, Any]:

@@ -96,21 +96,38 @@ async def _handle(request: web.Request, kind: Kind) -> web.StreamResponse:
         raise error
     prefix = "chatcmpl" if kind == "chat" else "cmpl"
     request_id = f"{prefix}-{uuid.uuid4().hex}"
-    builder = ResponseBuilder(kind, engine.model_name, request_id, engine.tokenizer)
+    if req.user is not None:
+        log.debug("request from a named user", request_id=request_id, user=req.user)
+    builder = ResponseBuilder(
+        kind,
+        engine.model_name,
+        request_id,
+        engine.tokenizer,
+        continuous_usage=req.continuous_usage,
+    )
+    # completions' echo: a text prompt as sent, token ids decoded (special tokens kept)
+    echo = req.echo if isinstance(req.echo, str) else ""
+    if isinstance(req.echo, list):
+        tokenizer = engine.tokenizer
+        # ids outside the vocabulary are not decoded: the engine rejects the prompt, naming it
+        if all(0 <= t < tokenizer.vocab_size for t in req.echo):
+            echo = await asyncio.to_thread(tokenizer.decode, req.echo, False)
     gateway.stream_opened()
     try:
         events = engine.generate(req.prompt, req.params, request_id=request_id)
         if not req.stream:
-            return await _whole(events, builder, req)
-        return await _stream(request, gateway, events, builder, req)
+            return await _whole(events, builder, req, echo)
+        return await _stream(request, gateway, events, builder, req, echo)
     finally:
         gateway.stream_closed()
 
 
-async def _whole(events: Any, builder: ResponseBuilder, req: OpenAIRequest) -> web.Response:
-    """Collect the stream (one choice per sample, by index); a vanished client cancels this
-    handler, which aborts the request."""
-    texts: dict[int, list[str]] = defaultdict(list)
+async def _whole(
+    events: Any, builder: ResponseBuilder, req: OpenAIRequest, echo: str
+) -> web.Response:
+    """Collect the stream (one choice per sample, by index; each opens with `echo`); a
+    vanished client cancels this handler, which aborts the request."""
+    texts: dict[int, list[str]] = defaultdict(lambda: [echo])
     logprobs: dict[int, list[TokenLogprob]] = {}
     choices: dict[int, dict[str, Any]] = {}
     usages: list[Usage] = []
@@ -143,6 +160,7 @@ async def _stream(
     events: Any,
     builder: ResponseBuilder,
     req: OpenAIRequest,
+    echo: str,
 ) -> web.StreamResponse:
     # Wait for the first event before answering, so rejections get their real status (400,
     # 429, 503) instead of a 200 stream carrying an error.
@@ -165,9 +183,13 @@ async def _stream(
     await response.prepare(request)
     settings = gateway.settings
     outbox = Outbox(max_frames=settings.max_buffered_frames, max_bytes=settings.max_buffered_bytes)
+    builder.see_prompt(first)  # continuous usage: the chunks before the first event's
     if req.kind == "chat":
         for index in range(req.params.n):
             outbox.put(_sse(builder.role_chunk(index)))
+    if echo:
+        for index in range(req.params.n):
+            outbox.put(_sse(builder.delta_chunk(echo, None, index=index)))
     abort_timers: list[asyncio.TimerHandle] = []
 
     def on_overflow() -> None:
@@ -205,6 +227,7 @@ async def _pump_sse(
     usages: list[Usage] = []  # each sample's, for the last chunk
 
     def encode(event: StreamEvent) -> Iterable[str]:
+        builder.count(event)
         if calls is not None and isinstance(event, Delta | Finished):
             yield from _tool_call_chunks(builder, calls, event)
             if isinstance(event, Finished):

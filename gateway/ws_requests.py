@@ -90,7 +90,7 @@ def _params(frame: dict[str, Any]) -> tuple[SamplingParams, dict[str, str]]:
     structured = {k: fields.pop(k) for k in STRUCTURED_KEYS if k in fields}
     spec, client_fields = structured_outputs(convert_field(structured, StructuredFields, ""))
     try:
-        params = msgspec.convert(fields, SamplingParams)
+        params = msgspec.convert(fields, SamplingParams, str_keys=True)  # JSON: logit_bias
         if spec is not None:
             params = msgspec.structs.replace(params, structured_outputs=spec)
     except msgspec.ValidationError as exc:

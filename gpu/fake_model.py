@@ -52,3 +52,15 @@ def fake_logprob(token_id: int, num_top: int | None) -> TokenLogprob | None:
         return None
     top = tuple(((token_id + i) % _HIGH, -1.0 - i) for i in range(num_top))
     return TokenLogprob(token_id, -1.0, top)
+
+
+def held_back(token_id: int, num_outputs: int, params: SamplingParams, eos_token_id: int) -> int:
+    """min_tokens on a model without logits: a stop token (EOS unless ignored, stop_token_ids)
+    drawn before `params.min_tokens` outputs becomes the next id that is none, as masking the
+    stop tokens' logits would make another token win."""
+    if num_outputs >= params.min_tokens:
+        return token_id
+    stops = set(params.stop_token_ids) | (set() if params.ignore_eos else {eos_token_id})
+    while token_id in stops:
+        token_id = _LOW + (token_id + 1 - _LOW) % (_HIGH - _LOW)
+    return token_id

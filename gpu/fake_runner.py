@@ -11,6 +11,7 @@ Tokens fall in [100, 30000) so they decode to text and never hit EOS, except on 
 of `EOS_SEED_BASE + k` makes the k-th output token (1-based) the first EOS id. A seed of
 `COPY_SEED_BASE + p` makes each next token the one p positions back, read through the block
 table (a text that repeats itself: what n-gram proposals match).
+`min_tokens` holds back stop tokens (fake_model.held_back); `logit_bias` needs logits: no effect.
 
 Speculative decoding: a SeqWork's `draft_token_ids` are written after its token and checked
 one by one against the next token the cache gives; the accepted ones and the first other
@@ -28,6 +29,7 @@ from troupe.gpu.fake_model import (
     COPY_SEED_BASE,
     U64,
     fake_logprob,
+    held_back,
     next_tokens,
     seed_of,
     slot_mix,
@@ -49,6 +51,7 @@ class _Seq:
     row: int  # its row of FakeRunner._tables (GPU block ids; the first `num_blocks` are valid)
     num_blocks: int
     logprobs: int | None
+    params: SamplingParams
 
 
 class _Store:
@@ -105,6 +108,7 @@ class FakeRunner:
         self._tables = np.zeros((0, self._max_blocks), np.int64)
         self._seeds = np.zeros(0, np.int64)
         self._num_prompt = np.zeros(0, np.int64)
+        self._min_tokens = np.zeros(0, np.int64)
         self._free_rows: list[int] = []
         self._num_with_logprobs = 0
         self._launched: StepPlan | None = None
@@ -247,9 +251,10 @@ class FakeRunner:
         if seq is None:
             if work.params is None:
                 raise ValueError(f"request {request_id!r}: first SeqWork carries no params")
-            seq = _Seq(self._take_row(), 0, work.params.logprobs)
+            seq = _Seq(self._take_row(), 0, work.params.logprobs, work.params)
             self._seeds[seq.row] = seed_of(work.params)
             self._num_prompt[seq.row] = work.num_prompt_tokens
+            self._min_tokens[seq.row] = work.params.min_tokens
             self._num_with_logprobs += seq.logprobs is not None
             self._seqs[request_id] = seq
         first = 0 if work.reset else seq.num_blocks - work.num_dropped_blocks
@@ -270,6 +275,7 @@ class FakeRunner:
             )
             self._seeds = np.concatenate([self._seeds, np.zeros(new - old, np.int64)])
             self._num_prompt = np.concatenate([self._num_prompt, np.zeros(new - old, np.int64)])
+            self._min_tokens = np.concatenate([self._min_tokens, np.zeros(new - old, np.int64)])
             self._free_rows = list(range(new - 1, old - 1, -1))
         return self._free_rows.pop()
 
@@ -321,9 +327,12 @@ class FakeRunner:
             )
         outputs = ends - self._num_prompt[rows]
         seeds = self._seeds[rows]
-        tokens = next_tokens(sums, ends, seeds, outputs, self.eos_token_ids[0])
+        eos_id = self.eos_token_ids[0]
+        tokens = next_tokens(sums, ends, seeds, outputs, eos_id)
         if (seeds >= COPY_SEED_BASE).any():
             tokens = self._copied(tokens, rows, ends, seeds - COPY_SEED_BASE, sampled_ids)
+        for i in np.flatnonzero(outputs < self._min_tokens[rows]).tolist():
+            tokens[i] = held_back(int(tokens[i]), int(outputs[i]), sampled[i].params, eos_id)
         if not self._num_with_logprobs:
             return tuple(map(SampledToken, sampled_ids, tokens.tolist()))
         return tuple(
@@ -381,6 +390,8 @@ class FakeRunner:
             tok = int(next_tokens(total, np.array([length]), seed, np.array([i]), eos_token_id)[0])
             if 1 <= period <= length:
                 tok = ([*prompt_ids, *out])[length - period]
+            if params is not None:
+                tok = held_back(tok, i, params, eos_token_id)
             out.append(tok)
             new = slot_mix(np.array([length]), np.array([tok]))
             if kv_window:

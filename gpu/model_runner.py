@@ -74,6 +74,7 @@ class ModelRunner:
             block_size=options.block_size,
             new_seed=lambda: int(self._rng.integers(0, 2**63 - 1)),
             capacity=options.max_num_seqs,
+            eos_token_ids=tuple(config.eos_token_ids),
         )
         self._pass = ForwardPass(
             model,

@@ -17,6 +17,7 @@ import dataclasses
 from collections.abc import Callable
 
 import numpy as np
+from troupe.gpu.logit_edits import RequestEdits, request_edits
 from troupe.messages import SamplingParams, SeqWork
 
 # columns of RequestState.param_row
@@ -62,14 +63,18 @@ class RequestState:
     num_tokens: int = 0  # positions 0..num_tokens-1 are known
     num_prompt_tokens: int = 0
     slot: int = -1  # row of RequestStates.tables; -1 when standalone (tests)
+    eos_token_ids: tuple[int, ...] = ()  # what min_tokens bans besides stop_token_ids
     param_row: np.ndarray = dataclasses.field(init=False)
+    edits: RequestEdits | None = dataclasses.field(init=False)  # logit_bias, min_tokens
 
     def __post_init__(self) -> None:
         self.param_row = param_row(self.params)
+        self.edits = request_edits(self.params, self.eos_token_ids)
 
     def set_params(self, params: SamplingParams, max_model_len: int) -> None:
         self.params = params
         self.param_row = param_row(params)
+        self.edits = request_edits(params, self.eos_token_ids)
         if self.tokens is None and needs_history(params):
             self.tokens = np.zeros(max_model_len, dtype=np.int64)
 
@@ -85,8 +90,10 @@ class RequestStates:
         block_size: int,
         new_seed: Callable[[], int],
         capacity: int = 256,
+        eos_token_ids: tuple[int, ...] = (),
     ) -> None:
         self.max_model_len = max_model_len
+        self.eos_token_ids = eos_token_ids
         self.max_blocks_per_seq = max_blocks_per_seq
         self.block_size = block_size
         self._new_seed = new_seed
@@ -142,7 +149,11 @@ class RequestStates:
             self._grow()
         slot = self._free_slots.pop()
         state = RequestState(
-            params=work.params, seed=int(seed), block_table=self.tables[slot], slot=slot
+            params=work.params,
+            seed=int(seed),
+            block_table=self.tables[slot],
+            slot=slot,
+            eos_token_ids=self.eos_token_ids,
         )
         state.set_params(work.params, self.max_model_len)
         self.by_id[work.request_id] = state

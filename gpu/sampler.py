@@ -5,8 +5,9 @@ noise, so a request's tokens depend only on its own seed and logits: not on the 
 batch, not on preemption, not on the device's RNG state. Every request has a seed (the
 executor draws one for requests without).
 
-Order per row (vLLM semantics): repetition, frequency and presence penalties; greedy rows take
-the argmax here. Others: divide by temperature, top-k, top-p, then min-p, then Gumbel-max.
+Order per row (vLLM semantics): logit_bias and min_tokens' ban of stop tokens
+(gpu/logit_edits.py); repetition, frequency and presence penalties; greedy rows take the
+argmax here. Others: divide by temperature, top-k, top-p, then min-p, then Gumbel-max.
 Logprobs come from the raw logits (no penalty, temperature 1), as vLLM's default.
 On CUDA the noise and the argmax are one fused kernel (gpu/gumbel_argmax.py).
 
@@ -23,6 +24,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 from troupe.gpu import gumbel_argmax
+from troupe.gpu.logit_edits import LogitEdits, apply_logit_edits
 from troupe.gpu.runner import SequencesFailed
 from troupe.gpu.token_bitmask import apply_token_bitmask
 from troupe.messages import FailedSeq, SampledToken, SeqFailureReason, TokenLogprob
@@ -109,6 +111,7 @@ class SamplingBatch:
     output_counts: torch.Tensor | None = None  # [S, V] f32 counts of output tokens
     token_bitmask: torch.Tensor | None = None  # [S, ceil(V/32)] int32: grammar (token_bitmask)
     seen_mask: torch.Tensor | None = None  # [S, V] bool: in prompt or output
+    logit_edits: LogitEdits | None = None  # logit_bias, min_tokens (sparse, per row)
     num_logprobs: tuple[int | None, ...] = ()
     all_greedy: bool = False
     use_top_k: bool = False
@@ -158,7 +161,10 @@ def sample(
 ) -> tuple[torch.Tensor, tuple[TokenLogprob | None, ...]]:
     """Token ids [S] (int64, on logits' device) and per-row logprobs (None where not asked)."""
     raw = logits
-    logits = apply_penalties(logits.float(), batch)
+    logits = logits.float()
+    if batch.logit_edits is not None:
+        logits = apply_logit_edits(logits, batch.logit_edits)
+    logits = apply_penalties(logits, batch)
     if batch.token_bitmask is not None:
         logits = apply_token_bitmask(logits, batch.token_bitmask)
     if batch.all_greedy:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 from troupe.gpu import request_states as cols
+from troupe.gpu.logit_edits import build_logit_edits
 from troupe.gpu.request_states import RequestState
 from troupe.gpu.sampler import SamplingBatch, row_keys_array
 
@@ -56,6 +57,10 @@ def build_sampling_batch(
         use_top_p=bool((random_rows & (table[:, cols.TOP_P] < 1.0)).any()),
         use_min_p=bool((random_rows & (table[:, cols.MIN_P] > 0.0)).any()),
     )
+    edits = [s.edits for s in states]
+    if any(e is not None for e in edits):
+        num_prompt = np.fromiter((s.num_prompt_tokens for s in states), np.int64, num_rows)
+        batch.logit_edits = build_logit_edits(edits, ends - num_prompt, device)
     uses_output = (table[:, cols.PRESENCE] != 0.0) | (table[:, cols.FREQUENCY] != 0.0)
     uses_seen = table[:, cols.REPETITION] != 1.0
     if uses_output.any():

@@ -24,6 +24,7 @@ class Delta(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     logprobs: tuple[TokenLogprob, ...] | None = None
     finish_reason: None = None
     index: int = 0  # the sample (parallel sampling)
+    prompt_tokens: int | None = None  # on a request's first Delta: its prompt's token count
 
     is_terminal: ClassVar[bool] = False
 

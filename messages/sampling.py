@@ -43,6 +43,11 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     # n=1 and that seed (messages/samples.py).
     n: int = 1
     best_of: int | None = None
+    # token id -> added to its logit before penalties and filters (vLLM/OpenAI: [-100, 100])
+    logit_bias: dict[int, float] | None = None
+    # EOS and stop_token_ids are masked, and stop strings not matched, before this many
+    # output tokens (vLLM's semantics)
+    min_tokens: int = 0
 
     @property
     def is_greedy(self) -> bool:
@@ -109,6 +114,7 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
             if self.best_of < self.n:
                 raise ParamError("best_of", f"best_of must be >= n ({self.n}), got {self.best_of}")
             _int_in("best_of", self.best_of, 1, INT32_MAX)
+        self._check_extras(vocab_size)
         if self.structured_outputs is not None:
             broken = self.structured_outputs.check()
             if broken is not None:
@@ -119,18 +125,52 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
                 raise ParamError(
                     "ignore_eos", "ignore_eos cannot be combined with structured output"
                 )
+            if self.min_tokens:
+                # the grammar may allow only EOS where min_tokens forbids it: no token left
+                raise ParamError(
+                    "min_tokens", "min_tokens cannot be combined with structured output"
+                )
+
+    def _check_extras(self, vocab_size: int | None) -> None:
+        """logit_bias and min_tokens."""
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            raise ParamError(
+                "min_tokens",
+                f"min_tokens must be in [0, max_tokens = {self.max_tokens}], got {self.min_tokens}",
+            )
+        if self.logit_bias is None:
+            return
+        if len(self.logit_bias) > MAX_LOGIT_BIAS:
+            raise ParamError(
+                "logit_bias",
+                f"logit_bias holds at most {MAX_LOGIT_BIAS} tokens, got {len(self.logit_bias)}",
+            )
+        limit = vocab_size if vocab_size is not None else INT32_MAX + 1
+        for token_id, bias in self.logit_bias.items():
+            if not 0 <= token_id < limit:
+                raise ParamError(
+                    "logit_bias", f"logit_bias token id {token_id} is outside [0, {limit})"
+                )
+            if not (math.isfinite(bias) and -LOGIT_BIAS_LIMIT <= bias <= LOGIT_BIAS_LIMIT):
+                raise ParamError(
+                    "logit_bias",
+                    f"logit_bias[{token_id}] must be in [-{LOGIT_BIAS_LIMIT:g}, "
+                    f"{LOGIT_BIAS_LIMIT:g}], got {bias!r}",
+                )
 
 
 INT32_MAX = 2**31 - 1
 MAX_PRIORITY = INT32_MAX  # |priority| bound: it is compared, never used as an index
 MAX_STOP_STRINGS = 16
+LOGIT_BIAS_LIMIT = 100.0  # OpenAI's range; a bias applies to the raw logit, so it is float32-safe
+MAX_LOGIT_BIAS = 1024  # entries per request: bounds the per-step scatter on the device
 MAX_STOP_CHARS = 512
 # Floats go to the device as float32: a nonzero magnitude below FLOAT_FLOOR would flush to 0
 # there (top_p 1e-300 would become 0, which means something else), and dividing logits by it
 # would overflow; one above FLOAT_CEIL would become inf. Both are rejected, not clamped.
 FLOAT_FLOOR = 1e-30
 FLOAT_CEIL = 1e30
-_PATH = re.compile(r" - at `\$\.([A-Za-z_]\w*).*`$")
+_PATH = re.compile(r" - at `(?:key` in `)?\$\.([A-Za-z_]\w*).*`$")
 
 
 def _int_in(field: str, value: int, low: int, high: int) -> None:

@@ -278,8 +278,10 @@ class StreamerCore:
         else:
             text = "".join([push(token_id) for token_id in token_ids])
         stream.num_output_tokens += num_tokens
+        prompt_tokens = None
         if stream.first_token_time is None:
             stream.first_token_time = time
+            prompt_tokens = stream.opened.num_prompt_tokens
         stream.last_token_time = time
         if output.num_cached_tokens > stream.num_cached_tokens:
             stream.num_cached_tokens = output.num_cached_tokens
@@ -290,23 +292,29 @@ class StreamerCore:
             token_ids=token_ids,
             logprobs=None if logprobs is None else logprobs[:num_tokens],
             index=stream.index,
+            prompt_tokens=prompt_tokens,
         )
 
     def _advance(self, stream: _Stream, output: SeqOutput, time: float) -> StreamEvent | None:
         """Feed one SeqOutput; the event it yields (None: nothing to say)."""
         texts: list[str] = []
         num_kept = 0
+        # vLLM's min_tokens: stop strings are matched only in the text of later tokens
+        num_unmatched = stream.opened.params.min_tokens - stream.num_output_tokens
         for token_id in output.token_ids:
             num_kept += 1
-            texts.append(stream.stops.feed(stream.detokenizer.push(token_id)))
+            text = stream.detokenizer.push(token_id)
+            texts.append(text if num_kept <= num_unmatched else stream.stops.feed(text))
             if stream.stops.matched is not None:
                 break  # tokens after the stop string are not part of the output
         token_ids = output.token_ids[:num_kept]
         logprobs = _kept(output.logprobs, num_kept)
+        prompt_tokens = None
         if num_kept:
             stream.num_output_tokens += num_kept
             if stream.first_token_time is None:
                 stream.first_token_time = time
+                prompt_tokens = stream.opened.num_prompt_tokens
             stream.last_token_time = time
         stream.num_cached_tokens = max(stream.num_cached_tokens, output.num_cached_tokens)
 
@@ -321,6 +329,7 @@ class StreamerCore:
                 token_ids=token_ids,
                 logprobs=logprobs,
                 index=stream.index,
+                prompt_tokens=prompt_tokens,
             )
         texts.append(stream.final_text())
         text = "".join(texts)

@@ -88,6 +88,7 @@ SAMPLING: dict[str, st.SearchStrategy[Any]] = {
     "priority": st.integers(-10, 10),
     "skip_special_tokens": st.booleans(),
     "include_stop_str_in_output": st.booleans(),
+    "min_tokens": st.integers(0, 1),
 }
 PART = st.fixed_dictionaries({"type": st.just("text"), "text": TEXT})
 MESSAGE_FIELDS: dict[str, st.SearchStrategy[Any]] = {
@@ -108,7 +109,7 @@ COMMON_HTTP: dict[str, st.SearchStrategy[Any]] = {
     "model": st.just("SmolLM2-135M-Instruct"),
     "stream": st.booleans(),
     "n": st.just(1),
-    "logit_bias": st.just({}),
+    "logit_bias": st.dictionaries(st.integers(0, 40000).map(str), st.floats(-100, 100), max_size=3),
     "user": TEXT,
 }
 COMPLETION = perturbed(

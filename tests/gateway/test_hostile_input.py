@@ -115,9 +115,9 @@ async def test_numbers_out_of_range_name_the_field(server, field: str, literal: 
         ("/v1/chat/completions", {"messages": [{"content": "x"}]}, "messages[0].role", ""),
         (
             "/v1/chat/completions",
-            {"messages": [{"role": "user", "content": "x"}], "logit_bias": {"5": 1}},
+            {"messages": [{"role": "user", "content": "x"}], "logit_bias": {"5": -101}},
             "logit_bias",
-            "not supported",
+            "[-100, 100]",
         ),
         ("/v1/completions", {"prompt": "x", "stop": ["a" * 513]}, "stop", "512"),
         ("/v1/completions", {"prompt": "x", "stream_options": {"x": 1}}, "stream_options.x", ""),

@@ -120,7 +120,24 @@ def test_defaults_and_token_id_prompt() -> None:
         ("completion", {"prompt": "x", "stop": [1]}, "stop[0]"),
         ("completion", {"prompt": "x", "logprobs": 99}, "logprobs"),
         ("completion", {"prompt": "x", "frobnicate": 1}, "frobnicate"),
-        ("completion", {"prompt": "x", "echo": True}, "echo"),
+        ("completion", {"prompt": "x", "echo": True, "logprobs": 1}, "echo"),
+        ("completion", {"prompt": "x", "suffix": "y"}, "suffix"),
+        ("completion", {"prompt": "x", "logit_bias": {"abc": 1}}, "logit_bias"),
+        ("completion", {"prompt": "x", "logit_bias": {"-5": 1}}, "logit_bias"),
+        ("completion", {"prompt": "x", "logit_bias": {"5": 100.5}}, "logit_bias"),
+        ("completion", {"prompt": "x", "logit_bias": {"5": "up"}}, "logit_bias"),
+        ("completion", {"prompt": "x", "min_tokens": 17}, "min_tokens"),
+        ("completion", {"prompt": "x", "min_tokens": -1}, "min_tokens"),
+        (
+            "completion",
+            {"prompt": "x", "min_tokens": 2, "response_format": {"type": "json_object"}},
+            "min_tokens",
+        ),
+        (
+            "completion",
+            {"prompt": "x", "stream": True, "stream_options": {"continuous_usage_stats": True}},
+            "stream_options.continuous_usage_stats",
+        ),
         ("completion", {"prompt": ["a", "b"]}, "prompt"),
         ("completion", {}, "prompt"),
         (
@@ -171,3 +188,30 @@ def test_unknown_model_is_404() -> None:
     assert api_error_for_model("served", "served") is None
     error = api_error_for_model("gpt-9", "served")
     assert error is not None and error.status == 404 and error.code == "model_not_found"
+
+
+def test_extras_map_to_sampling_params() -> None:
+    req = parse_request(
+        "completion",
+        {
+            "prompt": [5, 6],
+            "echo": True,
+            "logit_bias": {"7": -100, "42": 2.5},
+            "min_tokens": 3,
+            "seed": 9,
+            "user": "someone",
+            "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+        },
+        default_max_tokens=16,
+    )
+    assert req.params.logit_bias == {7: -100.0, 42: 2.5}
+    assert req.params.min_tokens == 3 and req.params.seed == 9
+    assert req.echo == [5, 6] and req.include_usage and req.continuous_usage
+    chat = parse_request(
+        "chat",
+        {"messages": [{"role": "user", "content": "x"}], "logit_bias": {"3": 1}, "min_tokens": 1},
+        default_max_tokens=16,
+    )
+    assert chat.params.logit_bias == {3: 1.0} and chat.params.min_tokens == 1
+    assert chat.echo is None and not chat.continuous_usage

@@ -74,7 +74,10 @@ def test_deltas_then_finished_with_usage_and_timings(tok: TextTokenizer) -> None
     assert out == [
         (
             "client",
-            StreamBatch(events=(Delta(request_id="r", text="Hi", token_ids=(HI,)),), stats=stats),
+            StreamBatch(
+                events=(Delta(request_id="r", text="Hi", token_ids=(HI,), prompt_tokens=7),),
+                stats=stats,
+            ),
         )
     ]
     out = core.handle([_batch(2, 100.75, SeqOutput("r", (EMOJI_HEAD,)))])
@@ -120,8 +123,9 @@ def test_stop_string_over_tokens_stops_the_scheduler(tok: TextTokenizer) -> None
             "client",
             StreamBatch(
                 events=(
-                    Delta(request_id="a", text="Hello ", token_ids=(HELLO, ST)),  # "ST" held
-                    Delta(request_id="b", text=" world", token_ids=(WORLD,)),
+                    # "ST" held; first deltas carry the prompt's length
+                    Delta(request_id="a", text="Hello ", token_ids=(HELLO, ST), prompt_tokens=7),
+                    Delta(request_id="b", text=" world", token_ids=(WORLD,), prompt_tokens=7),
                 )
             ),
         )
@@ -257,3 +261,19 @@ def test_finish_mid_character_flushes_a_replacement_char(tok: TextTokenizer) -> 
     out = core.handle([_batch(1, 100.1, SeqOutput("m", (HI, EMOJI_HEAD), FinishReason.LENGTH))])
     event = _event(out[0])
     assert event.text == "Hi \ufffd" == tok.decode([HI, EMOJI_HEAD])
+
+
+def test_min_tokens_defers_stop_strings(tok: TextTokenizer) -> None:
+    """vLLM's min_tokens: a stop string in the first min_tokens tokens' text is output as
+    text; one in later tokens' text stops the request."""
+    core = StreamerCore(tok)
+    core.handle([_open("a", stop=("STOP",), min_tokens=3)])
+    out = core.handle([_batch(1, 101.0, SeqOutput("a", (HELLO, ST, OP)))])
+    assert _event(out[0]) == Delta(
+        request_id="a", text="Hello STOP", token_ids=(HELLO, ST, OP), prompt_tokens=7
+    )
+    out = core.handle([_batch(2, 102.0, SeqOutput("a", (ST, OP, HERE)))])
+    assert out[0] == ("scheduler", StopRequests(request_ids=("a",)))
+    done = _event(out[1])
+    assert isinstance(done, Finished) and done.stop_reason == "STOP"
+    assert done.text == " " and done.token_ids == (ST, OP)  # ST is " ST"

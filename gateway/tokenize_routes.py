@@ -1,0 +1,93 @@
+"""POST /tokenize and /detokenize, in vLLM's request and response shapes.
+
+    /tokenize    {"prompt": str, "add_special_tokens": true}
+                 {"messages": [...], "add_generation_prompt": true, "add_special_tokens": false}
+                 -> {"count", "max_model_len", "tokens", "token_strs": null}
+    /detokenize  {"tokens": [int, ...]} -> {"prompt": str}
+
+The gateway's own read-only tokenizer answers (the engine's graph is not involved); chat
+messages are rendered with the model's template, as the tokenizer actor renders them. Behind
+the API key like /v1/*. Bad input is a 400 naming its field.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import msgspec
+from aiohttp import web
+from troupe.actors.core.chat_template import ChatTemplateError
+from troupe.gateway.errors import invalid
+from troupe.gateway.http_body import read_json_body
+from troupe.gateway.openai_bodies import Message, decode_body
+from troupe.gateway.openai_requests import api_error_for_model, message_dicts
+from troupe.gateway.state import GATEWAY
+
+PATHS = ("/tokenize", "/detokenize")
+
+
+class _Body(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    model: str | None = None
+
+
+class TokenizeBody(_Body, kw_only=True):
+    prompt: str | None = None
+    messages: list[Message] | None = None
+    add_special_tokens: bool | None = None  # default: True for a prompt, False for messages
+    add_generation_prompt: bool = True  # messages only
+
+
+class DetokenizeBody(_Body, kw_only=True):
+    tokens: list[int]
+
+
+async def tokenize(request: web.Request) -> web.Response:
+    gateway = request.app[GATEWAY]
+    engine = gateway.engine
+    body = decode_body(await read_json_body(request, gateway.settings), TokenizeBody)
+    if (error := api_error_for_model(body.model, engine.model_name)) is not None:
+        raise error
+    if (body.prompt is None) == (body.messages is None):
+        raise invalid("prompt", "send exactly one of 'prompt' and 'messages'")
+    tokenizer = engine.tokenizer
+    if body.messages is not None:
+        messages = message_dicts(body.messages)
+        try:
+            text = tokenizer.render_chat(messages, add_generation_prompt=body.add_generation_prompt)
+        except ChatTemplateError as exc:
+            raise invalid("messages", str(exc)) from None
+        special = bool(body.add_special_tokens)
+    else:
+        if body.add_generation_prompt is not True:
+            raise invalid("add_generation_prompt", "add_generation_prompt needs 'messages'")
+        text, special = str(body.prompt), body.add_special_tokens is not False
+    # a long prompt is encoded off the event loop (the body size bounds it)
+    ids = list(await asyncio.to_thread(tokenizer.encode, text, special))
+    return web.json_response(
+        {
+            "count": len(ids),
+            "max_model_len": engine.max_model_len,
+            "tokens": ids,
+            "token_strs": None,
+        }
+    )
+
+
+async def detokenize(request: web.Request) -> web.Response:
+    gateway = request.app[GATEWAY]
+    engine = gateway.engine
+    body = decode_body(await read_json_body(request, gateway.settings), DetokenizeBody)
+    if (error := api_error_for_model(body.model, engine.model_name)) is not None:
+        raise error
+    tokenizer = engine.tokenizer
+    limit = tokenizer.vocab_size
+    for i, token_id in enumerate(body.tokens):
+        if not 0 <= token_id < limit:
+            raise invalid(f"tokens[{i}]", f"token id {token_id} is outside [0, {limit})")
+    text = await asyncio.to_thread(tokenizer.decode, body.tokens, False)
+    return web.json_response({"prompt": text})
+
+
+def add_tokenize_routes(app: web.Application) -> None:
+    app.router.add_post("/tokenize", tokenize)
+    app.router.add_post("/detokenize", detokenize)
