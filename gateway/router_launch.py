@@ -83,8 +83,17 @@ class ReplicaProcess:
         self.index = index
         command = [sys.executable, "-m", "troupe", *serve_args]  # serve_args start with "serve"
         command += ["--host", "127.0.0.1", "--port", "0", "--log-format", "json"]
+        self.is_stopping = False
+        # Its own session: a Ctrl-C to the terminal reaches the router alone, which then
+        # stops each replica once (a second signal would cut a replica's drain short).
         self._proc = subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+            command,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
         )
 
     def wait_url(self) -> str:
@@ -105,10 +114,13 @@ class ReplicaProcess:
         assert self._proc.stdout is not None
         for line in self._proc.stdout:
             sys.stderr.write(f"[replica {self.index}] {line}")
-        log.warning("replica exited", index=self.index, status=self._proc.wait())
+        status = self._proc.wait()
+        if not self.is_stopping:
+            log.warning("replica exited", index=self.index, status=status)
 
     def stop(self, timeout: float) -> int | None:
         """SIGTERM (it drains), then its exit status; None if it had to be killed."""
+        self.is_stopping = True
         if self._proc.poll() is None:
             self._proc.send_signal(signal.SIGTERM)
         try:
@@ -117,6 +129,16 @@ class ReplicaProcess:
             self._proc.kill()
             self._proc.wait()
             return None
+
+
+def _die_with_parent() -> None:
+    """In the replica, before exec: SIGTERM when the router's process dies (Linux), so a
+    killed router leaves no replica behind."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
 def replica_args(argv: list[str]) -> list[str]:
