@@ -123,11 +123,14 @@ async def measure(url: str, label: str, args: argparse.Namespace) -> Run:
     return run
 
 
+def ms(xs: list[float], q: float) -> float:
+    return 1000 * float(np.percentile(xs, q)) if xs else float("nan")
+
+
 def report(runs: list[Run]) -> str:
     head = f"{'run':<10}{'req/s':>8}{'out tok/s':>11}{'TTFT p50':>10}{'TTFT p99':>10}{'E2E p50':>9}{'E2E p99':>9}{'cache hit':>10}{'errors':>8}"  # fmt: skip
     lines = [head]
     for r in runs:
-        ms = lambda xs, q: 1000 * float(np.percentile(xs, q)) if xs else float("nan")  # noqa: E731
         hit = r.cache.get("troupe_prefix_cache_hit_tokens_total", 0.0)
         looked = r.cache.get("troupe_prefix_cache_query_tokens_total", 0.0) or float("nan")
         lines.append(
