@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -269,5 +270,65 @@ def test_a_replica_dying_mid_stream_gives_one_error_event(make_router, how: str)
         with pytest.raises(openai.APIError, match=r"mid-stream|before its end"):
             list(_client(fresh.url).chat.completions.create(
                 model="m", messages=[{"role": "user", "content": "hi"}], stream=True))  # fmt: skip
+    finally:
+        stand_in.close()
+
+
+def _outcome(url: str, outcome: str) -> float:
+    text = _get(f"{url}/metrics")[1]
+    return sum(
+        s.value for f in text_string_to_metric_families(text) for s in f.samples
+        if s.name == "troupe_requests_total" and s.labels.get("outcome") == outcome
+    )  # fmt: skip
+
+
+def test_a_client_leaving_aborts_the_request_on_its_replica(backends, make_router) -> None:  # type: ignore[no-untyped-def]
+    srv = backends[1]
+    router = make_router([srv.url])
+    aborted = _outcome(srv.url, "aborted")
+    body = {"prompt": "A long story", "max_tokens": 4000, "ignore_eos": True, "stream": True}
+    srv.runner.hold_after(3)
+    try:
+        with urllib.request.urlopen(_post(f"{router.url}/v1/completions", body), timeout=30) as r:
+            assert r.readline().startswith(b"data: {")  # streaming; then the client hangs up
+        assert srv.runner.wait_until_held(30)
+    finally:
+        srv.runner.release()
+    srv.wait_idle(60)
+    assert _outcome(srv.url, "aborted") == aborted + 1  # not run to its 4000 tokens
+    assert router.stats()[0]["in_flight"] == 0 and router.stats()[0]["failures"] == 0
+
+
+def test_a_replica_that_recovers_gets_traffic_again(make_router) -> None:  # type: ignore[no-untyped-def]
+    state = {"healthy": True}
+
+    async def health(request: web.Request) -> web.Response:
+        return web.json_response({}, status=200 if state["healthy"] else 503)
+
+    async def completions(request: web.Request) -> web.Response:
+        if not state["healthy"]:
+            return web.json_response({"error": {"message": "draining"}}, status=503)
+        return web.json_response({"choices": [{"text": "ok"}]})
+
+    stand_in = LoopThread()
+    try:
+        app = web.Application()
+        app.router.add_get("/health", health)
+        app.router.add_post("/v1/completions", completions)
+        router = make_router([stand_in.add_app(app)], health_check_interval_s=0.05)
+        state["healthy"] = False
+        req = _post(f"{router.url}/v1/completions", {"prompt": "hi"})
+        with pytest.raises(urllib.error.HTTPError) as info:  # its 503: down, nobody else
+            urllib.request.urlopen(req, timeout=30)
+        assert info.value.code == 503 and "no replica is up" in info.value.read().decode()
+        assert router.stats()[0]["up"] is False
+        state["healthy"] = True
+        deadline = time.monotonic() + 30
+        while not router.stats()[0]["up"]:  # the health loop's next round brings it back
+            assert time.monotonic() < deadline, "the replica never came back"
+            time.sleep(0.02)
+        assert json.loads(_post_text(f"{router.url}/v1/completions", {"prompt": "hi"})) == {
+            "choices": [{"text": "ok"}]
+        }
     finally:
         stand_in.close()
