@@ -287,11 +287,10 @@ def test_a_client_leaving_aborts_the_request_on_its_replica(backends, make_route
     router = make_router([srv.url])
     aborted = _outcome(srv.url, "aborted")
     body = {"prompt": "A long story", "max_tokens": 4000, "ignore_eos": True, "stream": True}
-    srv.runner.hold_after(3)
+    srv.runner.hold_after(3)  # the request cannot run to its end before the client leaves
     try:
         with urllib.request.urlopen(_post(f"{router.url}/v1/completions", body), timeout=30) as r:
             assert r.readline().startswith(b"data: {")  # streaming; then the client hangs up
-        assert srv.runner.wait_until_held(30)
     finally:
         srv.runner.release()
     srv.wait_idle(60)
