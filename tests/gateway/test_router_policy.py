@@ -120,3 +120,18 @@ def test_replica_args_drop_where_to_listen_and_the_dp_size() -> None:
     argv = ["serve", "--port", "9000", "--host=0.0.0.0", "--data-parallel-size", "2",
             "--runner", "fake", "--log-format", "console", "--api-key", "k"]  # fmt: skip
     assert replica_args(argv) == ["serve", "--runner", "fake", "--api-key", "k"]
+
+
+def test_router_command_line_builds_its_settings(capsys: pytest.CaptureFixture[str]) -> None:
+    from troupe.gateway.router_launch import router_settings_from_args
+    from troupe.ops.cli import build_parser, main
+
+    argv = ["router", "--backend-urls", "http://a:1", "http://b:2/", "--cache-threshold", "0.7"]
+    ns = build_parser().parse_args(argv)
+    settings = router_settings_from_args(ns, ns.backend_urls)
+    assert settings.backend_urls == ("http://a:1", "http://b:2")
+    assert settings.cache_threshold == 0.7 and settings.balance_abs_threshold == 16
+    assert main(["router", "--backend-urls", "localhost:1"]) == 2
+    assert "backend_urls: 'localhost:1'" in capsys.readouterr().err
+    assert main(["serve", "--data-parallel-size", "0", "--runner", "fake"]) == 2
+    assert "--data-parallel-size must be >= 1" in capsys.readouterr().err
