@@ -1,8 +1,8 @@
 """Proxy one OpenAI request to the replica the policy picks; SSE streams pass through as they come.
 
     client ──POST──► router: key = routing_key(body) ─► ReplicaSet.route ─► replica i
-                        │ refused / unreachable / 503 before any answer: replica i marked down,
-                        │ the next replica is tried (each at most once)
+                        │ refused / unreachable before any answer: replica i marked down; a 503:
+                        │ its /health decides; the next replica is tried (each at most once)
                         ▼
                      answer: JSON as the replica sent it, or its SSE stream chunk by chunk
 
@@ -74,8 +74,9 @@ async def _forward(
         except _READ_ERRORS as exc:
             replicas.fail(replica, f"request failed: {exc!r}")
             raise _TryAnother from exc
-        if resp.status == 503:  # draining or failed: its health check says when it is back
-            replicas.fail(replica, "answered 503")
+        if resp.status == 503:  # draining, failed, or at its connection cap: /health decides
+            replicas.fail(replica, "answered 503", is_down=False)
+            await replicas.check(session, replica)
             raise _TryAnother
         if resp.content_type == "text/event-stream":
             return await _pipe_stream(request, resp, replica)

@@ -1,9 +1,10 @@
 """The router's replicas: who is up, what each has in flight, and the counts per replica.
 
 `ReplicaSet` owns these facts (the policy owns the prefix trees). A replica is up after its
-`/health` answers 200 and down after it answers anything else, cannot be reached, or refuses a
-connection or answers 503 to a proxied request (the health loop brings it back). Only replicas
-that are up get traffic.
+`/health` answers 200 and down after it answers anything else or cannot be reached, or after a
+proxied request finds it refusing connections or cutting a stream (the health loop brings it
+back). A 503 to a proxied request (draining, failed, or only at its connection cap) triggers a
+health check at once, which decides. Only replicas that are up get traffic.
 """
 
 from __future__ import annotations
@@ -72,10 +73,12 @@ class ReplicaSet:
             log.info("replica up" if is_up else "replica down", url=replica.url, reason=why)
             replica.is_up = is_up
 
-    def fail(self, replica: Replica, why: str) -> None:
-        """A proxied request found the replica failing: count it and take it out of rotation."""
+    def fail(self, replica: Replica, why: str, *, is_down: bool = True) -> None:
+        """A proxied request found the replica failing: count it and, when it is down (refused,
+        unreachable, a stream cut), take it out of rotation until a health check passes."""
         replica.num_failures += 1
-        self.mark(replica, False, why)
+        if is_down:
+            self.mark(replica, False, why)
 
     @property
     def num_up(self) -> int:
@@ -83,9 +86,10 @@ class ReplicaSet:
 
     async def check_all(self, session: aiohttp.ClientSession) -> None:
         """One round of `/health` checks, all replicas at once."""
-        await asyncio.gather(*(self._check(session, r) for r in self.replicas))
+        await asyncio.gather(*(self.check(session, r) for r in self.replicas))
 
-    async def _check(self, session: aiohttp.ClientSession, replica: Replica) -> None:
+    async def check(self, session: aiohttp.ClientSession, replica: Replica) -> None:
+        """Ask one replica's `/health`: up on 200, down otherwise."""
         timeout = aiohttp.ClientTimeout(total=self.settings.connect_timeout_s)
         try:
             async with session.get(f"{replica.url}/health", timeout=timeout) as resp:

@@ -331,3 +331,29 @@ def test_a_replica_that_recovers_gets_traffic_again(make_router) -> None:  # typ
         }
     finally:
         stand_in.close()
+
+
+def test_a_503_from_a_healthy_replica_goes_elsewhere_and_keeps_it_up(make_router) -> None:  # type: ignore[no-untyped-def]
+    def replica(status: int, text: str) -> web.Application:
+        async def health(request: web.Request) -> web.Response:
+            return web.json_response({"status": "ok"})
+
+        async def completions(request: web.Request) -> web.Response:
+            return web.json_response({"choices": [{"text": text}]}, status=status)
+
+        app = web.Application()
+        app.router.add_get("/health", health)
+        app.router.add_post("/v1/completions", completions)
+        return app
+
+    stand_in = LoopThread()
+    try:
+        capped = stand_in.add_app(replica(503, "at its connection cap"))
+        router = make_router([capped, stand_in.add_app(replica(200, "served"))])
+        out = json.loads(_post_text(f"{router.url}/v1/completions", {"prompt": "hi"}))
+        assert out == {"choices": [{"text": "served"}]}
+        first, second = router.stats()
+        assert first["routed"] == 1 and first["failures"] == 1 and first["up"] is True
+        assert second["routed"] == 1 and second["failures"] == 0
+    finally:
+        stand_in.close()
