@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 from collections.abc import Awaitable, Callable
 
 import aiohttp
@@ -84,6 +85,11 @@ async def metrics(request: web.Request) -> web.Response:
 
 async def stats(request: web.Request) -> web.Response:
     replicas = request.app[ROUTER]
+    key = replicas.settings.api_key
+    if key is not None and not hmac.compare_digest(
+        request.headers.get("Authorization", "").encode(), f"Bearer {key}".encode()
+    ):
+        raise ApiError(401, "missing or invalid API key", code="invalid_api_key")
     rows = [
         {
             "url": r.url,

@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import threading
+import types
 import typing
 
 import structlog
@@ -36,6 +37,7 @@ _HELP = {
     "health_check_interval_s": "seconds between /health checks of each replica",
     "connect_timeout_s": "seconds to connect to a replica",
     "max_body_bytes": "request bodies above this get 413",
+    "api_key": "required of /v1/router/stats (the replicas check their own routes)",
 }
 
 
@@ -50,7 +52,10 @@ def add_router_arguments(parser: argparse.ArgumentParser, *, with_backends: bool
         if f.name == "backend_urls":
             group.add_argument(flag, nargs="+", required=True, metavar="URL", help=help_text)
         else:
-            group.add_argument(flag, type=hints[f.name], default=f.default, help=help_text)
+            hint = hints[f.name]
+            if typing.get_origin(hint) in (typing.Union, types.UnionType):
+                hint = next(a for a in typing.get_args(hint) if a is not type(None))
+            group.add_argument(flag, type=hint, default=f.default, help=help_text)
 
 
 def router_settings_from_args(ns: argparse.Namespace, backend_urls: list[str]) -> RouterSettings:
@@ -169,7 +174,9 @@ def run_data_parallel(ns: argparse.Namespace, argv: list[str], *, use_cuda: bool
                 env["CUDA_VISIBLE_DEVICES"] = _visible_device(i)
             replicas.append(ReplicaProcess(i, args, env))
         urls = [r.wait_url() for r in replicas]
-        settings = RouterSettings(backend_urls=tuple(urls), max_body_bytes=ns.max_body_bytes)
+        settings = RouterSettings(
+            backend_urls=tuple(urls), max_body_bytes=ns.max_body_bytes, api_key=ns.api_key
+        )
         return run_router(ns, settings)
     except (RuntimeError, ConfigError) as exc:
         print(f"troupe serve: {exc}", file=sys.stderr)

@@ -25,7 +25,7 @@ from troupe.gateway.router_replicas import NoReplicaUp, Replica, ReplicaSet
 
 _DONE = b"data: [DONE]\n\n"
 _FORWARDED = ("Authorization", "Content-Type", "Accept")
-_REPLICA_HEADER = "X-Troupe-Replica"  # which replica answered (its URL), for debugging
+_REPLICA_HEADER = "X-Troupe-Replica"  # which replica answered (its index), for debugging
 # What a replica's failure can raise while we read from it.
 _READ_ERRORS = (aiohttp.ClientError, OSError, TimeoutError)
 
@@ -86,7 +86,7 @@ async def _forward(
             replicas.fail(replica, f"answer cut: {exc!r}")
             message = f"replica {replica.url} failed while answering: {exc!r}"
             raise ApiError(502, message, code="replica_failed") from exc
-        out_headers = {_REPLICA_HEADER: replica.url}
+        out_headers = {_REPLICA_HEADER: str(replica.index)}
         if (retry := resp.headers.get("Retry-After")) is not None:
             out_headers["Retry-After"] = retry
         return web.Response(
@@ -104,7 +104,7 @@ async def _pipe_stream(
         headers={
             "Content-Type": resp.headers.get("Content-Type", "text/event-stream"),
             "Cache-Control": "no-cache",
-            _REPLICA_HEADER: replica.url,
+            _REPLICA_HEADER: str(replica.index),
         },
     )
     await out.prepare(request)

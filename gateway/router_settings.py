@@ -25,6 +25,8 @@ class RouterSettings:
     health_check_interval_s: float = 2.0
     connect_timeout_s: float = 5.0  # to open a connection to a replica
     max_body_bytes: int = 4 * 1024 * 1024  # request bodies above this get 413
+    # Required of /v1/router/stats (it names the replicas); the replicas check their own routes.
+    api_key: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "backend_urls", tuple(u.rstrip("/") for u in self.backend_urls))
@@ -50,6 +52,8 @@ class RouterSettings:
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise ConfigError(f"{name} must be a number of seconds > 0, got {value}")
+        if self.api_key is not None and not self.api_key:
+            raise ConfigError("api_key must be non-empty when set")
         if self.max_body_bytes < 1:
             raise ConfigError(f"max_body_bytes must be >= 1, got {self.max_body_bytes}")
 

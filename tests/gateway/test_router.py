@@ -357,3 +357,13 @@ def test_a_503_from_a_healthy_replica_goes_elsewhere_and_keeps_it_up(make_router
         assert second["routed"] == 1 and second["failures"] == 0
     finally:
         stand_in.close()
+
+
+def test_router_stats_need_the_key_when_one_is_set(make_router) -> None:  # type: ignore[no-untyped-def]
+    router = make_router([_dead_url()], api_key="sesame")
+    assert _get(f"{router.url}/v1/router/stats")[0] == 401
+    req = urllib.request.Request(
+        f"{router.url}/v1/router/stats", headers={"Authorization": "Bearer sesame"}
+    )
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        assert json.loads(resp.read())["replicas"][0]["is_up"] is False

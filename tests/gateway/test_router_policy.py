@@ -126,11 +126,13 @@ def test_router_command_line_builds_its_settings(capsys: pytest.CaptureFixture[s
     from troupe.gateway.router_launch import router_settings_from_args
     from troupe.ops.cli import build_parser, main
 
-    argv = ["router", "--backend-urls", "http://a:1", "http://b:2/", "--cache-threshold", "0.7"]
+    argv = ["router", "--backend-urls", "http://a:1", "http://b:2/", "--cache-threshold", "0.7",
+            "--api-key", "k"]  # fmt: skip
     ns = build_parser().parse_args(argv)
     settings = router_settings_from_args(ns, ns.backend_urls)
     assert settings.backend_urls == ("http://a:1", "http://b:2")
     assert settings.cache_threshold == 0.7 and settings.balance_abs_threshold == 16
+    assert settings.api_key == "k"
     assert main(["router", "--backend-urls", "localhost:1"]) == 2
     assert "backend_urls: 'localhost:1'" in capsys.readouterr().err
     assert main(["serve", "--data-parallel-size", "0", "--runner", "fake"]) == 2
