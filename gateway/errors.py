@@ -25,6 +25,7 @@ _TYPE_BY_STATUS = {
     415: "invalid_request_error",
     429: "rate_limit_error",
     500: "internal_server_error",
+    502: "internal_server_error",  # the router: a replica failed while answering
     503: "service_unavailable",
 }
 

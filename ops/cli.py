@@ -118,6 +118,24 @@ def build_parser() -> argparse.ArgumentParser:
     except ImportError:
         pass
 
+    serve.add_argument(
+        "--data-parallel-size",
+        type=int,
+        default=1,
+        help="replicas of the engine on this machine (one GPU each on CUDA) behind a "
+        "prefix-cache-aware router on --host/--port (default 1: no router)",
+    )
+    router = sub.add_parser(
+        "router",
+        help="spread OpenAI requests over `troupe serve` replicas (prefix-cache-aware)",
+    )
+    router.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    router.add_argument("--port", type=int, default=8000, help="port to bind (default 8000)")
+    router.add_argument("--shutdown-grace", type=float, default=30.0, help="drain seconds")
+    from troupe.gateway.router_launch import add_router_arguments
+
+    add_router_arguments(router, with_backends=True)
+
     gen = sub.add_parser("generate", help="stream one completion to stdout")
     gen.add_argument("prompt")
     gen.add_argument("--chat", action="store_true", help="send the prompt as a user chat message")
@@ -148,6 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     ns = parser.parse_args(args)
     if ns.command == "replay":
         return _cmd_replay(ns)
+    if ns.command == "router":
+        return _cmd_router(ns)
     try:
         config = config_from_args(ns)
     except ConfigError as exc:
@@ -157,9 +177,40 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(config.log_format, config.log_level)
     if ns.command == "generate":
         return _cmd_generate(ns, config)
+    if ns.data_parallel_size != 1:
+        return _cmd_data_parallel(ns, args, config)
     from troupe.gateway.server import run_serve
 
     return run_serve(ns, config)
+
+
+def _cmd_router(ns: argparse.Namespace) -> int:
+    from troupe.gateway.router_launch import router_settings_from_args, run_router
+    from troupe.logs import configure_logging
+
+    configure_logging("console", "info")
+    try:
+        settings = router_settings_from_args(ns, ns.backend_urls)
+    except ConfigError as exc:
+        print(f"troupe router: {exc}", file=sys.stderr)
+        return 2
+    return run_router(ns, settings)
+
+
+def _cmd_data_parallel(ns: argparse.Namespace, argv: list[str], config: EngineConfig) -> int:
+    """`troupe serve --data-parallel-size N`: N replicas and a router in front."""
+    from troupe.gateway.router_launch import run_data_parallel
+
+    if ns.data_parallel_size < 1:
+        print(f"troupe serve: --data-parallel-size must be >= 1, got {ns.data_parallel_size}",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    use_cuda = config.device == "cuda"
+    if config.device == "auto" and config.runner != "fake":
+        import torch
+
+        use_cuda = torch.cuda.is_available()
+    return run_data_parallel(ns, argv, use_cuda=use_cuda)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,145 @@
+"""`troupe router`: an HTTP front that spreads OpenAI requests over `troupe serve` replicas.
+
+    POST /v1/completions, /v1/chat/completions   proxied (gateway/router_proxy.py)
+    GET  /v1/models                              the first replica that is up answers
+    GET  /health                                 200 while a replica is up, else 503
+    GET  /metrics                                per-replica counters (gateway/router_metrics.py)
+    GET  /v1/router/stats                        the same as JSON
+
+The replicas check API keys themselves: the router forwards `Authorization` unchanged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+from collections.abc import Awaitable, Callable
+
+import aiohttp
+import structlog
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
+from troupe.gateway.errors import ApiError, from_http_exception
+from troupe.gateway.router_metrics import render_metrics
+from troupe.gateway.router_proxy import ROUTER, SESSION, proxy
+from troupe.gateway.router_replicas import ReplicaSet
+from troupe.gateway.router_settings import RouterSettings
+
+log = structlog.get_logger("troupe.router")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def build_router_app(replicas: ReplicaSet, session: aiohttp.ClientSession) -> web.Application:
+    """The router's app over `replicas`, proxying through `session` (both the caller's)."""
+    app = web.Application(client_max_size=replicas.settings.max_body_bytes, middlewares=[_errors])
+    app[ROUTER] = replicas
+    app[SESSION] = session
+    app.router.add_post("/v1/completions", proxy)
+    app.router.add_post("/v1/chat/completions", proxy)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/health", health)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/v1/router/stats", stats)
+    return app
+
+
+@web.middleware
+async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except ApiError as exc:
+        return exc.response()
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return from_http_exception(exc).response()
+    except ConnectionError:  # the client went away
+        return web.Response(status=499)
+
+
+async def models(request: web.Request) -> web.Response:
+    replicas, session = request.app[ROUTER], request.app[SESSION]
+    headers = {k: v for k in ("Authorization",) if (v := request.headers.get(k)) is not None}
+    for replica in [r for r in replicas.replicas if r.is_up]:
+        try:
+            async with session.get(f"{replica.url}/v1/models", headers=headers) as resp:
+                data = await resp.read()
+                return web.Response(status=resp.status, body=data, content_type=resp.content_type)
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            replicas.fail(replica, f"/v1/models failed: {exc!r}")
+    raise ApiError(503, "no replica is up to answer /v1/models", code="no_replica_up")
+
+
+async def health(request: web.Request) -> web.Response:
+    replicas = request.app[ROUTER]
+    body = {"status": "ok" if replicas.num_up else "no_replica_up", "replicas_up": replicas.num_up}
+    return web.json_response(body, status=200 if replicas.num_up else 503)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = render_metrics(request.app[ROUTER])
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def stats(request: web.Request) -> web.Response:
+    replicas = request.app[ROUTER]
+    key = replicas.settings.api_key
+    if key is not None and not hmac.compare_digest(
+        request.headers.get("Authorization", "").encode(), f"Bearer {key}".encode()
+    ):
+        raise ApiError(401, "missing or invalid API key", code="invalid_api_key")
+    rows = [
+        {
+            "url": r.url,
+            "is_up": r.is_up,
+            "num_in_flight": r.num_in_flight,
+            "num_routed": r.num_routed,
+            "num_prefix_hits": r.num_prefix_hits,
+            "num_failures": r.num_failures,
+            "tree_chars": tree.num_chars,
+        }
+        for r, tree in zip(replicas.replicas, replicas.policy.trees, strict=True)
+    ]
+    return web.json_response({"replicas": rows})
+
+
+async def serve_router(
+    settings: RouterSettings,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    stop: asyncio.Event,
+    on_ready: Callable[[str, ReplicaSet], None] | None = None,
+    shutdown_grace: float = 30.0,
+) -> None:
+    """Route until `stop` is set; in-flight requests get `shutdown_grace` s to end."""
+    replicas = ReplicaSet(settings)
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=settings.connect_timeout_s)
+    connector = aiohttp.TCPConnector(limit=0)  # the replicas bound their own concurrency
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+        await replicas.check_all(session)
+        checks = asyncio.ensure_future(replicas.run_health_checks(session))
+        runner = web.AppRunner(
+            build_router_app(replicas, session),
+            handler_cancellation=True,
+            access_log=None,
+            shutdown_timeout=shutdown_grace,
+        )
+        await runner.setup()
+        try:
+            site = web.TCPSite(runner, host, port)
+            await site.start()
+            bound_host, bound_port = runner.addresses[0][:2]
+            url = f"http://{f'[{bound_host}]' if ':' in bound_host else bound_host}:{bound_port}"
+            log.info("serving", url=url, replicas=list(settings.backend_urls), up=replicas.num_up)
+            if on_ready is not None:
+                on_ready(url, replicas)
+            await stop.wait()
+        finally:
+            checks.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await checks
+            await runner.cleanup()
+    log.info("stopped")

@@ -1,0 +1,130 @@
+"""Proxy one OpenAI request to the replica the policy picks; SSE streams pass through as they come.
+
+    client ──POST──► router: key = routing_key(body) ─► ReplicaSet.route ─► replica i
+                        │ refused / unreachable before any answer: replica i marked down; a 503:
+                        │ its /health decides; the next replica is tried (each at most once)
+                        ▼
+                     answer: JSON as the replica sent it, or its SSE stream chunk by chunk
+
+Every request ends with exactly one terminal event: when the replica's stream breaks, or ends
+without `data: [DONE]`, the client gets an error event and `[DONE]`; a JSON answer cut short is
+a 502; no replica up is a 503 naming how many are configured and which are down. A client that
+goes away closes the replica's connection, which aborts the request there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+
+import aiohttp
+from aiohttp import web
+from troupe.gateway.errors import ApiError
+from troupe.gateway.router_keys import routing_key
+from troupe.gateway.router_replicas import NoReplicaUp, Replica, ReplicaSet
+
+_DONE = b"data: [DONE]\n\n"
+_FORWARDED = ("Authorization", "Content-Type", "Accept")
+_REPLICA_HEADER = "X-Troupe-Replica"  # which replica answered (its index), for debugging
+# What a replica's failure can raise while we read from it.
+_READ_ERRORS = (aiohttp.ClientError, OSError, TimeoutError)
+
+ROUTER = web.AppKey("router", ReplicaSet)
+SESSION = web.AppKey("router_session", aiohttp.ClientSession)
+
+
+class _TryAnother(Exception):
+    """The replica failed before answering; the request can go to another one."""
+
+
+async def proxy(request: web.Request) -> web.StreamResponse:
+    """POST /v1/completions and /v1/chat/completions."""
+    replicas = request.app[ROUTER]
+    body = await request.read()
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        parsed = None  # the replica answers the 400
+    key = routing_key(parsed)
+    headers = {k: v for k in _FORWARDED if (v := request.headers.get(k)) is not None}
+    tried: set[int] = set()
+    while True:
+        try:
+            replica = replicas.route(key, exclude=tried)
+        except NoReplicaUp as exc:
+            error = ApiError(503, str(exc), code="no_replica_up", headers={"Retry-After": "1"})
+            raise error from None
+        tried.add(replica.index)
+        try:
+            return await _forward(request, replica, body, headers)
+        except _TryAnother:
+            continue
+        finally:
+            replicas.release(replica)
+
+
+async def _forward(
+    request: web.Request, replica: Replica, body: bytes, headers: dict[str, str]
+) -> web.StreamResponse:
+    replicas, session = request.app[ROUTER], request.app[SESSION]
+    url = f"{replica.url}{request.path}"
+    async with contextlib.AsyncExitStack() as stack:
+        try:
+            resp = await stack.enter_async_context(session.post(url, data=body, headers=headers))
+        except _READ_ERRORS as exc:
+            replicas.fail(replica, f"request failed: {exc!r}")
+            raise _TryAnother from exc
+        if resp.status == 503:  # draining, failed, or at its connection cap: /health decides
+            replicas.fail(replica, "answered 503", is_down=False)
+            await replicas.check(session, replica)
+            raise _TryAnother
+        if resp.content_type == "text/event-stream":
+            return await _pipe_stream(request, resp, replica)
+        try:
+            data = await resp.read()
+        except _READ_ERRORS as exc:
+            replicas.fail(replica, f"answer cut: {exc!r}")
+            message = f"replica {replica.url} failed while answering: {exc!r}"
+            raise ApiError(502, message, code="replica_failed") from exc
+        out_headers = {_REPLICA_HEADER: str(replica.index)}
+        if (retry := resp.headers.get("Retry-After")) is not None:
+            out_headers["Retry-After"] = retry
+        return web.Response(
+            status=resp.status, body=data, content_type=resp.content_type, headers=out_headers
+        )
+    raise AssertionError("unreachable")  # mypy: the exit stack does not swallow exceptions
+
+
+async def _pipe_stream(
+    request: web.Request, resp: aiohttp.ClientResponse, replica: Replica
+) -> web.StreamResponse:
+    """Write the replica's SSE bytes as they arrive; end with an error event if it breaks."""
+    out = web.StreamResponse(
+        status=resp.status,
+        headers={
+            "Content-Type": resp.headers.get("Content-Type", "text/event-stream"),
+            "Cache-Control": "no-cache",
+            _REPLICA_HEADER: str(replica.index),
+        },
+    )
+    await out.prepare(request)
+    tail, error = b"", ""
+    chunks = resp.content.iter_any().__aiter__()
+    while True:
+        try:
+            chunk = await chunks.__anext__()
+        except StopAsyncIteration:
+            break
+        except _READ_ERRORS as exc:
+            error = f"replica {replica.url} failed mid-stream: {exc!r}"
+            break
+        await out.write(chunk)  # a client gone raises here: the replica's connection closes
+        tail = (tail + chunk)[-len(_DONE) :]
+    if not error and tail != _DONE:
+        error = f"replica {replica.url} closed the stream before its end"
+    if error:
+        request.app[ROUTER].fail(replica, error)
+        event = ApiError(502, error, code="replica_failed").body()
+        await out.write(f"data: {json.dumps(event)}\n\n".encode() + _DONE)
+    await out.write_eof()
+    return out
