@@ -185,7 +185,7 @@ class DecoderModel(nn.Module):
         self.ops = select_ops(device, kernel_backend)
         self.embed_tokens: Weight = _param(c.vocab_size, c.hidden_size, dtype=dtype, device=device)
         self.layers = nn.ModuleList(
-            _layer_class(c, i)(c, dtype, device, i) for i in range(c.num_layers)
+            self.make_layer(c, dtype, device, i) for i in range(c.num_layers)
         )
         self.norm = _param(c.hidden_size, dtype=dtype, device=device)
         self.lm_head: Weight | None = (
@@ -219,6 +219,16 @@ class DecoderModel(nn.Module):
             for i in range(c.num_layers)
         ]
 
+    def make_layer(
+        self, config: ModelConfig, dtype: torch.dtype, device: torch.device, index: int
+    ) -> DecoderLayer:
+        """Layer `index` (a seam: the tensor-parallel model, gpu/tp_model.py, builds its own)."""
+        return _layer_class(config, index)(config, dtype, device, index)
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Embedding rows of the tokens (the tensor-parallel model gathers its vocab shards)."""
+        return embedding(input_ids, self.embed_tokens, self.dtype)
+
     def set_kv_scales(self, scales: torch.Tensor | None) -> None:
         """fp8 KV: scales [layer, k | v, kv head] that each layer's writes set and reads use."""
         for i, layer in enumerate(self.layers):
@@ -235,7 +245,7 @@ class DecoderModel(nn.Module):
         kv_caches: list[KVCache],
     ) -> torch.Tensor:
         """Hidden states [N, hidden] of only the rows in meta.logits_indices, after the norm."""
-        hidden = embedding(input_ids, self.embed_tokens, self.dtype)
+        hidden = self.embed(input_ids)
         if self.config.is_gemma3:  # HF scales in the weights' dtype
             hidden = hidden * torch.tensor(self.config.hidden_size**0.5, dtype=hidden.dtype)
         residual: torch.Tensor | None = None
