@@ -16,6 +16,7 @@ pipe (the engine process died) broadcasts Close, so no rank outlives the engine.
 from __future__ import annotations
 
 import os
+import signal
 import traceback
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -110,6 +111,9 @@ def worker_main(
     """The process body of rank `rank` (a spawn target: importable, picklable arguments)."""
     group: TPGroup | None = None
     runner: ModelRunner | None = None
+    # the engine process decides when ranks stop (Close, or the end of rank 0's pipe): a
+    # Ctrl-C to the process group must not kill them under a draining engine
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         device = rank_device(config, rank)
         if device.type == "cuda":
