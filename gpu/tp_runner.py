@@ -203,7 +203,10 @@ class TPRunner:
             self._stop()
             error = ConfigError if failed.error_type == "ConfigError" else ModelLoadError
             raise error(failed.message)
-        self._fail(f"rank {failed.rank} raised {failed.error_type}: {failed.message}")
+        # a rank that died first is the cause (the others' collectives then fail): name it
+        raised = f"rank {failed.rank} raised {failed.error_type}: {failed.message}"
+        dead = self._exit_report()
+        self._fail(f"{dead}; {raised}" if dead else raised)
 
     def _fail(self, reason: str) -> NoReturn:
         self._error = f"tensor-parallel worker failed: {reason}"

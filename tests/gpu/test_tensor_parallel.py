@@ -7,6 +7,7 @@ worker behind; a clean close stops every worker. The GPU case (NCCL, 2 GPUs) is 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -112,12 +113,16 @@ def test_shard_ranges_and_checks() -> None:
         check_tensor_parallel(mqa, 3)
     with pytest.raises(ConfigError, match="tensor_parallel_size"):
         EngineConfig(tensor_parallel_size=0)
+    with pytest.raises(ConfigError, match=r"\(3\).*num_key_value_heads \(2\)"):
+        check_tensor_parallel(dataclasses.replace(gqa, num_heads=6), 3)
     with pytest.raises(ConfigError, match="runner 'model'"):
         EngineConfig(tensor_parallel_size=2, runner="fake")
 
 
 def test_qwen3_one_kv_head_same_tokens_and_clean_close(models: dict[str, Path]) -> None:
     folder = models["qwen3"]
+    with pytest.raises(ConfigError, match=r"\(3\).*num_attention_heads \(4\)"):
+        build_runner(_config(folder, tensor_parallel_size=3))  # refused before any spawn
     expected = anyio.run(_reference, folder)
     assert len({tuple(t) for t in expected}) == len(expected)  # distinct: not degenerate
     config = _config(folder, tensor_parallel_size=2)
@@ -147,7 +152,8 @@ def test_qwen2_same_tokens_then_a_dead_worker_fails_requests(models: dict[str, P
                 events = await collect(engine, PROMPTS[0], SamplingParams(max_tokens=3))
                 event = terminal(events)
                 assert isinstance(event, Failed)
-                assert "tensor-parallel worker failed: rank 1 exited with code" in event.message
+                assert "tensor-parallel worker failed" in event.message
+                assert "rank 1 exited with code -9" in event.message
                 # rank 0 was stopped as soon as the failure was seen: no orphan
                 assert all(code is not None for code in runner.worker_exit_codes())
 
