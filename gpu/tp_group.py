@@ -46,6 +46,9 @@ class TPGroup:
         group._control_group = (
             dist.new_group(backend="gloo") if backend != "gloo" else dist.group.WORLD
         )
+        # NCCL creates its communicator at the first collective: make that now, not inside a
+        # CUDA graph capture (the runner captures its graphs before any step)
+        group.all_reduce(torch.zeros(1, device=device))
         return group
 
     @property

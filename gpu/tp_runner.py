@@ -137,6 +137,9 @@ class TPRunner:
         """Each rank's exit code, None while it runs."""
         return tuple(proc.exitcode for proc in self._procs)
 
+    def worker_pids(self) -> tuple[int, ...]:
+        return tuple(proc.pid or 0 for proc in self._procs)
+
     def kill_worker(self, rank: int) -> None:
         """SIGKILL one rank and wait until it is gone (a crash, for tests)."""
         self._procs[rank].kill()

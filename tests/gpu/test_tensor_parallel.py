@@ -3,7 +3,8 @@ random model at tensor_parallel_size=2 streams the same greedy tokens as at 1, i
 Qwen3 with one KV head (replicated on both ranks; q/k norm; untied lm_head) and a Qwen2 (KV
 heads split; qkv bias; tied embeddings, so lm_head is the vocab-parallel embedding); a
 killed worker fails the open request (and every later one) with a clear error and leaves no
-worker behind; a clean close stops every worker. The GPU case (NCCL, 2 GPUs) is marked and needs two devices."""
+worker behind; a clean close stops every worker, and so does the engine process dying. The
+GPU case (NCCL, 2 GPUs) is marked and needs two devices."""
 
 from __future__ import annotations
 
@@ -175,3 +176,44 @@ def test_cuda_two_gpus_same_tokens(models: dict[str, Path]) -> None:
         expected = anyio.run(run, base)
         assert anyio.run(run, base.replace(tensor_parallel_size=2, enforce_eager=True)) == expected
         assert anyio.run(run, base.replace(tensor_parallel_size=2)) == expected
+
+
+ORPHAN_SCRIPT = """
+import os, sys
+from troupe import EngineConfig
+from troupe.gpu.tp_runner import TPRunner
+config = EngineConfig(model=sys.argv[1], device="cpu", dtype="float32", num_kv_blocks=16,
+                      block_size=4, max_model_len=64, tensor_parallel_size=2)
+runner = TPRunner(config)
+print(" ".join(str(p) for p in runner.worker_pids()), flush=True)
+os._exit(0)  # no close(), no atexit: as if the engine process were killed
+"""
+
+
+def _is_gone(pid: int) -> bool:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return True
+    return "\\nState:\\tZ" in status  # exited, waiting for a reaper
+
+
+def test_engine_process_death_stops_the_workers(models: dict[str, Path]) -> None:
+    """Rank 0 reads the end of its pipe and stops every rank."""
+    import subprocess
+    import sys
+    import time
+
+    out = subprocess.run(
+        [sys.executable, "-c", ORPHAN_SCRIPT, str(models["qwen3"])],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    pids = [int(p) for p in out.stdout.split()]
+    assert len(pids) == 2
+    deadline = time.monotonic() + 120  # a hang detector only
+    while not all(_is_gone(pid) for pid in pids):
+        assert time.monotonic() < deadline, f"workers {pids} still running"
+        time.sleep(0.05)
