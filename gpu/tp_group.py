@@ -88,6 +88,9 @@ class TPGroup:
         dist.all_reduce(tensor, op=dist.ReduceOp.MIN, group=self._control_group)
         return int(tensor.item())
 
+    def barrier(self) -> None:
+        dist.barrier(group=self._control_group)
+
     def destroy(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()

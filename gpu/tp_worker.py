@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import traceback
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -109,11 +110,12 @@ def worker_main(
     rank: int, config: EngineConfig, world_size: int, init_file: str, conn: Connection
 ) -> None:
     """The process body of rank `rank` (a spawn target: importable, picklable arguments)."""
-    group: TPGroup | None = None
-    runner: ModelRunner | None = None
     # the engine process decides when ranks stop (Close, or the end of rank 0's pipe): a
     # Ctrl-C to the process group must not kill them under a draining engine
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    group: TPGroup | None = None
+    runner: ModelRunner | None = None
+    exit_code = 0
     try:
         device = rank_device(config, rank)
         if device.type == "cuda":
@@ -124,16 +126,22 @@ def worker_main(
         runner = build_rank_runner(config, group)
         conn.send_bytes(command_encoder.encode(_ready(rank, runner)))
         _serve(runner, group, conn)
+        group.barrier()  # every rank is out of its last collective before any tears down
     except BaseException as exc:  # reported to the engine, then this rank exits
         if not isinstance(exc, (ConfigError, ModelLoadError)):
             traceback.print_exc()  # the worker's stderr: the engine gets one line
         _report(conn, rank, exc)
-        raise SystemExit(1) from None
+        exit_code = 1
     finally:
         if runner is not None:
             runner.close()
-        if group is not None:
+        if group is not None and exit_code == 0:
             group.destroy()
+    # no interpreter teardown: C++ destructors of the communication threads racing the
+    # peers' exits can abort a process that has finished cleanly
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(exit_code)
 
 
 def _serve(runner: ModelRunner, group: TPGroup, conn: Connection) -> None:
