@@ -186,8 +186,11 @@ class TPRunner:
                     self._fail(f"rank {rank} answered out of turn ({type(reply).__name__})")
                 replies[rank] = reply
                 pending.discard(rank)
-            if any(s in ready for s in sentinels) and pending:
-                self._fail(self._exit_report() or "a rank exited")
+            exited = [rank for s, rank in sentinels.items() if s in ready]
+            if exited and pending:
+                for rank in exited:  # its sentinel fired: it is gone, join only reaps it
+                    self._procs[rank].join(timeout=5)
+                self._fail(self._exit_report() or f"rank {exited[0]} exited")
         return replies
 
     def _exit_report(self) -> str:
