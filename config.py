@@ -103,6 +103,10 @@ class EngineConfig:
     # rejected naming its field), and the threads that fill token masks (actors/core/grammar.py).
     grammar_compile_timeout_s: float = 10.0
     grammar_threads: int = 4
+    # Megatron-style tensor parallelism over this many ranks, one worker process each (one GPU
+    # each on CUDA; gloo on the CPU): gpu/tp_runner.py. It must divide the model's attention
+    # heads (checked at load, naming both).
+    tensor_parallel_size: int = 1
     log_format: Literal["console", "json"] = "console"
     log_level: str = "info"
 
@@ -143,7 +147,12 @@ class EngineConfig:
             raise ConfigError(
                 f"grammar_compile_timeout_s must be > 0, got {self.grammar_compile_timeout_s}"
             )
-        _positive(self, "grammar_threads")
+        _positive(self, "grammar_threads", "tensor_parallel_size")
+        if self.tensor_parallel_size > 1 and self.runner != "model":
+            raise ConfigError(
+                f"tensor_parallel_size {self.tensor_parallel_size} needs runner 'model', "
+                f"got {self.runner!r}"
+            )
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ConfigError(
                 f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"

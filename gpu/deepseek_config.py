@@ -14,7 +14,7 @@ gpu/mla_layer.py (attention) and gpu/deepseek_moe.py (experts) inside DecoderMod
               transformers); layers before first_k_dense_replace are dense, then every
               moe_layer_freq-th
     MTP       num_nextn_predict_layers: the multi-token-prediction layers after the last
-              decoder layer are skipped (their weights ignored, DecoderModel.load_weights logs it)
+              decoder layer are skipped (their weights ignored, gpu/weight_fill.py logs it)
     RoPE layout  DeepSeek-V2 rotates interleaved pairs (x0, x1), (x2, x3) ... (transformers'
               complex product); V3 too unless rope_interleave is false, then halves (rotate_half)
 """

@@ -5,7 +5,7 @@
 
 The residual stream is carried as in DecoderLayer: each layer returns (mlp output after its
 post norm, residual) and the next layer's fused add + norm folds them. Norm weights hold
-(1 + weight) (DecoderModel.load_weights adds the 1), so the shared rms_norm op serves; in fp32
+(1 + weight) (gpu/weight_fill.py adds the 1), so the shared rms_norm op serves; in fp32
 that is HF's arithmetic exactly, in bf16 HF multiplies in fp32 before the cast (a last-bit
 difference).
 """

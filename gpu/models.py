@@ -3,34 +3,25 @@
 Differences between the families are flags of ModelConfig: qkv bias (Qwen2), per-head q/k
 RMSNorm before RoPE (Qwen3, Gemma 3), tied embeddings, llama3 RoPE scaling, per layer sliding
 windows (Mistral, Qwen2, Gemma 3); Gemma 3's layer is gpu/gemma3_layer.py. Projections are fused
-(qkv, gate+up) so a layer runs four GEMMs; `load_weights` takes HF tensor names.
+(qkv, gate+up) so a layer runs four GEMMs; gpu/weight_fill.py fills them from HF tensor names.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
-import structlog
 import torch
 from torch import nn
 from troupe.gpu.attention import AttentionMetadata
-from troupe.gpu.model_config import ModelConfig, ModelLoadError
+from troupe.gpu.model_config import ModelConfig
 from troupe.gpu.quant_linear import Weight, embedding, linear
 from troupe.kernels.kv_quant import update_kv_scales
 from troupe.kernels.ops import KernelBackend, KernelOps, select_ops
 from troupe.kernels.rope_cache import build_cos_sin_cache
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
-_log = structlog.get_logger("troupe.models")
 
 
 def _param(*shape: int, dtype: torch.dtype, device: torch.device) -> nn.Parameter:
     return nn.Parameter(torch.empty(*shape, dtype=dtype, device=device), requires_grad=False)
-
-
-def _dense(weight: Weight | None) -> torch.Tensor | None:
-    """The parameter to copy a dense tensor into; None (skip) where a quantized weight sits."""
-    return weight if isinstance(weight, torch.Tensor) else None
 
 
 class DecoderLayer(nn.Module):
@@ -192,7 +183,7 @@ class DecoderModel(nn.Module):
         self.ops = select_ops(device, kernel_backend)
         self.embed_tokens: Weight = _param(c.vocab_size, c.hidden_size, dtype=dtype, device=device)
         self.layers = nn.ModuleList(
-            _layer_class(c, i)(c, dtype, device, i) for i in range(c.num_layers)
+            self.make_layer(c, dtype, device, i) for i in range(c.num_layers)
         )
         self.norm = _param(c.hidden_size, dtype=dtype, device=device)
         self.lm_head: Weight | None = (
@@ -226,6 +217,16 @@ class DecoderModel(nn.Module):
             for i in range(c.num_layers)
         ]
 
+    def make_layer(
+        self, config: ModelConfig, dtype: torch.dtype, device: torch.device, index: int
+    ) -> DecoderLayer:
+        """Layer `index` (a seam: the tensor-parallel model, gpu/tp_model.py, builds its own)."""
+        return _layer_class(config, index)(config, dtype, device, index)
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Embedding rows of the tokens (the tensor-parallel model gathers its vocab shards)."""
+        return embedding(input_ids, self.embed_tokens, self.dtype)
+
     def set_kv_scales(self, scales: torch.Tensor | None) -> None:
         """fp8 KV: scales [layer, k | v, kv head] that each layer's writes set and reads use."""
         for i, layer in enumerate(self.layers):
@@ -242,7 +243,7 @@ class DecoderModel(nn.Module):
         kv_caches: list[KVCache],
     ) -> torch.Tensor:
         """Hidden states [N, hidden] of only the rows in meta.logits_indices, after the norm."""
-        hidden = embedding(input_ids, self.embed_tokens, self.dtype)
+        hidden = self.embed(input_ids)
         if self.config.is_gemma3:  # HF scales in the weights' dtype
             hidden = hidden * torch.tensor(self.config.hidden_size**0.5, dtype=hidden.dtype)
         residual: torch.Tensor | None = None
@@ -265,133 +266,3 @@ class DecoderModel(nn.Module):
         logits = linear(hidden, weight).float()
         cap = self.config.final_logit_softcapping
         return logits if cap is None else torch.tanh(logits / cap) * cap
-
-    @torch.inference_mode()
-    def load_weights(self, tensors: Iterable[tuple[str, torch.Tensor]], source: str) -> None:
-        """Copy HF-named tensors into the fused parameters; every parameter must be filled."""
-        c = self.config
-        filled: set[str] = set()
-        q, kv, inter = c.q_size, c.kv_size, c.intermediate_size
-        fused = {
-            "self_attn.q_proj": ("qkv_proj", 0, q),
-            "self_attn.k_proj": ("qkv_proj", q, kv),
-            "self_attn.v_proj": ("qkv_proj", q + kv, kv),
-            "mlp.gate_proj": ("gate_up_proj", 0, inter),
-            "mlp.up_proj": ("gate_up_proj", inter, inter),
-        }
-        plain = {
-            "input_layernorm.weight": "input_layernorm",
-            "pre_feedforward_layernorm.weight": "pre_feedforward_layernorm",
-            "post_feedforward_layernorm.weight": "post_feedforward_layernorm",
-            "self_attn.o_proj.weight": "o_proj",
-            "post_attention_layernorm.weight": "post_attention_layernorm",
-            "mlp.down_proj.weight": "down_proj",
-            "self_attn.q_norm.weight": "q_norm",
-            "self_attn.k_norm.weight": "k_norm",
-        }
-        num_beyond = 0
-        for name, tensor in tensors:
-            if self._beyond_last_layer(name):  # DeepSeek's multi-token-prediction layers
-                num_beyond += 1
-                continue
-            # a layer subclass's own weights first: MLA's q_proj is not the fused qkv's
-            extra = self._locate_extra(name)
-            target: torch.Tensor | None
-            if extra is not None:
-                target, start, size, keys = extra[0], None, 0, extra[1]
-            else:
-                target, start, size, key = self._locate(name, fused, plain)
-                keys = (key,)
-            if target is None:
-                continue  # e.g. rotary_emb.inv_freq in old checkpoints
-            dest = target if start is None else target[start : start + size]
-            if tuple(dest.shape) != tuple(tensor.shape):
-                raise ModelLoadError(
-                    f"{source}: tensor {name!r} has shape {tuple(tensor.shape)}, "
-                    f"expected {tuple(dest.shape)} from the config"
-                )
-            dest.copy_(tensor)
-            filled.update(keys)
-        if num_beyond or c.num_mtp_layers:
-            _log.info(
-                "skipped multi-token-prediction layers",
-                source=source,
-                num_mtp_layers=c.num_mtp_layers,
-                num_tensors_skipped=num_beyond,
-            )
-        missing = sorted(k for k in self._required_keys() if k not in filled)
-        if missing:
-            more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
-            raise ModelLoadError(f"{source}: missing weights for {', '.join(missing[:5])}{more}")
-        if c.is_gemma3:  # Gemma's RMSNorm scales by (1 + weight): fold the 1 in once
-            for name, param in self.named_parameters():
-                if name.endswith("norm") or name.endswith("layernorm"):
-                    param.add_(1.0)
-
-    def _required_keys(self) -> list[str]:
-        """Fill keys load_weights must see: one per plain parameter, one per fused slice."""
-        slices = {
-            "qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
-            "qkv_bias": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
-            "gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
-        }
-        keys = []
-        for name, _ in self.named_parameters():
-            last = name.rsplit(".", 1)[-1]
-            keys += [f"{name}#{part}" for part in slices[last]] if last in slices else [name]
-        for index, layer in enumerate(self.layers):
-            assert isinstance(layer, DecoderLayer)
-            for param, parts in layer.fill_parts().items():
-                whole = f"layers.{index}.{param}"
-                keys = [k for k in keys if k != whole] + [f"{whole}#{part}" for part in parts]
-        return keys
-
-    def _beyond_last_layer(self, name: str) -> bool:
-        parts = name.split(".")
-        return (
-            len(parts) > 3
-            and parts[:2] == ["model", "layers"]
-            and parts[2].isdigit()
-            and int(parts[2]) >= len(self.layers)
-        )
-
-    def _locate_extra(self, name: str) -> tuple[torch.Tensor, tuple[str, ...]] | None:
-        """A layer subclass's weight (MoE experts and router): (destination, fill keys)."""
-        parts = name.split(".")
-        if len(parts) < 5 or parts[:2] != ["model", "layers"] or not parts[2].isdigit():
-            return None
-        layer = self.layers[int(parts[2])]
-        assert isinstance(layer, DecoderLayer)
-        return layer.locate_extra(".".join(parts[3:]), f"layers.{parts[2]}")
-
-    def _locate(
-        self, name: str, fused: dict[str, tuple[str, int, int]], plain: dict[str, str]
-    ) -> tuple[torch.Tensor | None, int | None, int, str]:
-        """HF name -> (destination tensor, slice start or None, slice size, fill key)."""
-        if name == "model.embed_tokens.weight":
-            return _dense(self.embed_tokens), None, 0, "embed_tokens"
-        if name == "model.norm.weight":
-            return self.norm, None, 0, "norm"
-        if name == "lm_head.weight":
-            return _dense(self.lm_head), None, 0, "lm_head"  # None when tied: ignored
-        parts = name.split(".")
-        if len(parts) < 5 or parts[:2] != ["model", "layers"]:
-            return None, None, 0, ""
-        index = int(parts[2])
-        layer = self.layers[index]
-        assert isinstance(layer, DecoderLayer)
-        rest = ".".join(parts[3:])
-        prefix = f"layers.{index}"
-        if rest in plain:
-            found: torch.Tensor | None = getattr(layer, plain[rest])
-            return found, None, 0, f"{prefix}.{plain[rest]}"
-        module, kind = rest.rsplit(".", 1)
-        if module in fused:
-            param, start, size = fused[module]
-            if kind == "bias":
-                if layer.qkv_bias is None:
-                    return None, None, 0, ""
-                return layer.qkv_bias, start, size, f"{prefix}.qkv_bias#{module}"
-            dest: torch.Tensor = getattr(layer, param)
-            return dest, start, size, f"{prefix}.{param}#{module}"
-        return None, None, 0, ""

@@ -75,7 +75,7 @@ class MoeLayer(DecoderLayer):
         return target, (f"{prefix}.{param}#{expert}.{kind}",)
 
     def fill_parts(self) -> dict[str, tuple[str, ...]]:
-        """The pieces load_weights must fill per parameter: every expert's projections."""
+        """The pieces fill_weights (gpu/weight_fill.py) must fill per parameter: every expert's projections."""
         experts = range(self.w13.shape[0])
         return {
             "w13": tuple(f"{e}.{kind}" for e in experts for kind in ("gate_proj", "up_proj")),

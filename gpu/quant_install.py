@@ -1,5 +1,5 @@
 """Put quantized weights into a DecoderModel in place of its dense parameters, fusing as the
-model does (q|k|v -> qkv_proj, gate|up -> gate_up_proj). Called before `load_weights`, which
+model does (q|k|v -> qkv_proj, gate|up -> gate_up_proj). Called before `fill_weights`, which
 then fills only the parameters left (norms, biases, anything shipped dense)."""
 
 from __future__ import annotations

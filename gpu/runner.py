@@ -81,6 +81,10 @@ def build_runner(config: EngineConfig) -> Runner:
         from troupe.gpu.fake_runner import FakeRunner
 
         return FakeRunner.from_config(config)
+    if config.tensor_parallel_size > 1:  # one worker process per rank (gpu/tp_runner.py)
+        from troupe.gpu.tp_runner import TPRunner
+
+        return TPRunner(config)
     from troupe.gpu.model_runner import ModelRunner
 
     return ModelRunner.from_config(config)

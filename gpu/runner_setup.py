@@ -16,7 +16,7 @@ from troupe.gpu.pool_sizing import blocks_from_free_memory, cpu_device_blocks, s
 from troupe.gpu.weights import load_model, read_config
 from troupe.kernels.kv_quant import FP8_DTYPE
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def kv_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
@@ -69,7 +69,7 @@ def load_for_config(config: EngineConfig) -> LoadedRunner:
     if config.dtype == "auto":
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     else:
-        dtype = _DTYPES[config.dtype]
+        dtype = DTYPES[config.dtype]
     model_config = read_config(Path(path))
     max_model_len = config.max_model_len or model_config.max_position_embeddings
     if max_model_len > model_config.max_position_embeddings:

@@ -14,6 +14,7 @@ from troupe.gpu.gguf_weights import iter_gguf_quantized, iter_gguf_tensors, read
 from troupe.gpu.model_config import ModelConfig, ModelLoadError
 from troupe.gpu.models import DecoderModel
 from troupe.gpu.quant_install import install_quantized
+from troupe.gpu.weight_fill import fill_weights
 from troupe.kernels.ops import KernelBackend
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -81,14 +82,14 @@ def load_model(
         model = DecoderModel(config, dtype, device, max_positions, kernel_backend)
         blocks: dict[str, QuantBlocks | Fp8Weight] = dict(iter_gguf_quantized(path, config))
         used = install_quantized(model, blocks)
-        model.load_weights(iter_gguf_tensors(path, config, frozenset(used)), str(path))
+        fill_weights(model, iter_gguf_tensors(path, config, frozenset(used)), str(path))
         return config, model.eval()
     if path.is_dir():
         fp8 = read_fp8_weights(safetensors_files(path))
         if fp8:  # shipped in fp8: kept as fp8 where a kernel runs it, else expanded
             model = DecoderModel(config, dtype, device, max_positions, kernel_backend)
             kept = install_quantized(model, dict(fp8)) if quantization == "auto" else set()
-            model.load_weights(expand_fp8(iter_hf_tensors(path), fp8, kept), str(path))
+            fill_weights(model, expand_fp8(iter_hf_tensors(path), fp8, kept), str(path))
             return config, model.eval()
     tensors = iter_gguf_tensors(path, config) if path.suffix == ".gguf" else iter_hf_tensors(path)
     model = build_model(
@@ -114,7 +115,7 @@ def build_model(
 ) -> DecoderModel:
     """A DecoderModel with the given HF-named tensors loaded."""
     model = DecoderModel(config, dtype, device, max_positions, kernel_backend)
-    model.load_weights(tensors, source)
+    fill_weights(model, tensors, source)
     return model.eval()
 
 

@@ -1,0 +1,180 @@
+"""The decoder, Megatron-style sharded over tensor-parallel ranks.
+
+Each rank holds (H heads, Hkv KV heads, I intermediate, V vocab, P = tensor_parallel_size):
+
+    qkv_proj      column-parallel: H/P query heads, and max(1, Hkv/P) KV heads (when Hkv < P
+                  each KV head is replicated on the P/Hkv ranks whose query heads use it)
+    o_proj        row-parallel: the rank's H/P heads' columns; partial sums all-reduced
+    gate_up_proj  column-parallel: I/P rows of gate and of up
+    down_proj     row-parallel: I/P columns; partial sums all-reduced
+    embed_tokens  vocab-parallel: rows [r*ceil(V/P), (r+1)*ceil(V/P)); a rank embeds the ids
+                  it owns, zeros the others, and the all-reduce adds the one non-zero row
+    lm_head       vocab-parallel like the embedding (the same shard when tied): each rank's
+                  logits columns, all-gathered, so every rank holds the full logits
+
+The layers are DecoderLayer over a config with the rank's head and intermediate counts (so
+the KV pool a runner builds from it holds only the rank's KV heads); the all-reduces wrap
+their attention() and mlp(). Norms and rotary tables are whole on every rank.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from torch.nn import functional as F
+from troupe.config import ConfigError
+from troupe.gpu.attention import AttentionMetadata
+from troupe.gpu.model_config import ModelConfig
+from troupe.gpu.models import DecoderLayer, DecoderModel, KVCache
+from troupe.gpu.quant_linear import linear
+from troupe.gpu.tp_group import TPGroup
+from troupe.kernels.ops import KernelBackend, KernelOps
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TPShard:
+    """What rank `rank` of `size` holds of a model: ranges in heads, rows and vocab ids."""
+
+    rank: int
+    size: int
+    full: ModelConfig  # the unsharded model
+
+    @property
+    def num_heads(self) -> int:
+        return self.full.num_heads // self.size
+
+    @property
+    def num_kv_heads(self) -> int:
+        return max(1, self.full.num_kv_heads // self.size)
+
+    @property
+    def first_head(self) -> int:
+        return self.rank * self.num_heads
+
+    @property
+    def first_kv_head(self) -> int:
+        """The rank's first KV head: the one its first query head reads."""
+        group = self.full.num_heads // self.full.num_kv_heads  # query heads per KV head
+        return self.first_head // group
+
+    @property
+    def intermediate_size(self) -> int:
+        return self.full.intermediate_size // self.size
+
+    @property
+    def vocab_per_rank(self) -> int:
+        return -(-self.full.vocab_size // self.size)
+
+    @property
+    def vocab_start(self) -> int:
+        return self.rank * self.vocab_per_rank
+
+    @property
+    def num_vocab_rows(self) -> int:
+        """Real rows of the rank's vocab shard (the last one may be short: padded)."""
+        return max(0, min(self.vocab_per_rank, self.full.vocab_size - self.vocab_start))
+
+    def layer_config(self) -> ModelConfig:
+        """The rank's layers' config: its heads and intermediate rows, the full vocabulary."""
+        return dataclasses.replace(
+            self.full,
+            num_heads=self.num_heads,
+            num_kv_heads=self.num_kv_heads,
+            intermediate_size=self.intermediate_size,
+        )
+
+
+def check_tensor_parallel(config: ModelConfig, size: int) -> None:
+    """ConfigError unless `size` ranks can split this model's heads and MLP evenly."""
+    if size == 1:
+        return
+    if config.num_heads % size:
+        raise ConfigError(
+            f"tensor_parallel_size ({size}) must divide the model's num_attention_heads "
+            f"({config.num_heads})"
+        )
+    hkv = config.num_kv_heads
+    if hkv % size and size % hkv:
+        raise ConfigError(
+            f"tensor_parallel_size ({size}) and the model's num_key_value_heads ({hkv}) must "
+            "divide one another (KV heads are split, or replicated when fewer than ranks)"
+        )
+    if config.intermediate_size % size:
+        raise ConfigError(
+            f"tensor_parallel_size ({size}) must divide the model's intermediate_size "
+            f"({config.intermediate_size})"
+        )
+    if config.moe is not None or config.is_gemma3:
+        raise ConfigError(
+            f"tensor_parallel_size > 1 is not supported for model_type {config.model_type!r} "
+            "yet (dense Llama, Mistral, Qwen2 and Qwen3 are)"
+        )
+
+
+class TPDecoderLayer(DecoderLayer):
+    """A DecoderLayer over the rank's shard: o_proj and down_proj outputs are all-reduced."""
+
+    group: TPGroup  # set by TPDecoderModel right after construction
+
+    def attention(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_cache: KVCache,
+        cos_sin: torch.Tensor,
+        ops: KernelOps,
+    ) -> torch.Tensor:
+        return self.group.all_reduce(super().attention(x, positions, meta, kv_cache, cos_sin, ops))
+
+    def mlp(self, x: torch.Tensor, ops: KernelOps) -> torch.Tensor:
+        return self.group.all_reduce(super().mlp(x, ops))
+
+
+class TPDecoderModel(DecoderModel):
+    """DecoderModel of one rank: sharded layers, vocab-parallel embedding and lm_head."""
+
+    def __init__(
+        self,
+        shard: TPShard,
+        group: TPGroup,
+        dtype: torch.dtype,
+        device: torch.device,
+        max_positions: int,
+        kernel_backend: KernelBackend = "auto",
+    ) -> None:
+        layers = shard.layer_config()
+        # built with the vocab shard's rows (embed_tokens, lm_head), then told the full size:
+        # callers (the runner, graph buffers) see logits over the whole vocabulary
+        local = dataclasses.replace(layers, vocab_size=shard.vocab_per_rank)
+        super().__init__(local, dtype, device, max_positions, kernel_backend)
+        self.config = layers
+        self.shard = shard
+        self.group = group
+        for layer in self.layers:
+            assert isinstance(layer, TPDecoderLayer)
+            layer.group = group
+
+    def make_layer(
+        self, config: ModelConfig, dtype: torch.dtype, device: torch.device, index: int
+    ) -> DecoderLayer:
+        return TPDecoderLayer(config, dtype, device, index)
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        start, rows = self.shard.vocab_start, self.shard.vocab_per_rank
+        local = input_ids - start
+        owned = (local >= 0) & (local < rows)
+        assert isinstance(self.embed_tokens, torch.Tensor), "TP shards are dense"
+        hidden = F.embedding(local.clamp(0, rows - 1), self.embed_tokens)
+        hidden = hidden.masked_fill(~owned.unsqueeze(1), 0)
+        return self.group.all_reduce(hidden)
+
+    @torch.inference_mode()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        weight = self.embed_tokens if self.lm_head is None else self.lm_head
+        shard_logits = linear(hidden, weight).float()
+        gathered = self.group.all_gather_columns(shard_logits)
+        logits = gathered[:, : self.shard.full.vocab_size].contiguous()  # no pad columns
+        cap = self.config.final_logit_softcapping
+        return logits if cap is None else torch.tanh(logits / cap) * cap

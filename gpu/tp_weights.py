@@ -1,0 +1,199 @@
+"""Shard-by-shard weight loading: each tensor-parallel rank reads only its slice of each tensor.
+
+safetensors   `get_slice` reads the rows (column-parallel) or columns (row-parallel) of the
+              rank, never the whole tensor
+GGUF          the file is memory-mapped; a row slice dequantizes only its rows, a column
+              slice only its quant blocks when the slice starts and ends on a block edge
+              (else the rows are dequantized whole, then cut: noted, not hit by common shapes);
+              llama.cpp's q/k row permutation is within a head, so a slice of whole heads is
+              unpermuted on its own
+
+The shards are dense in the model's dtype: quantized weights are expanded as they load (a
+quantized shard path is not built).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+from troupe.gguf_file import TensorInfo, tensor_bytes
+from troupe.gpu.gguf_arch import hf_name
+from troupe.gpu.gguf_weights import read_gguf_config, rest_is, unpermute_rotary
+from troupe.gpu.model_config import ModelConfig, ModelLoadError
+from troupe.gpu.quant_linear import Weight
+from troupe.gpu.tp_model import TPDecoderLayer, TPDecoderModel
+from troupe.gpu.weights import safetensors_files
+
+# where one HF tensor goes on this rank: (destination, dim sliced or None for whole, start, stop)
+Target = tuple[torch.Tensor, int | None, int, int]
+
+
+class ShardReader(Protocol):
+    """Reads one slice of a named tensor from a checkpoint."""
+
+    def has(self, name: str) -> bool: ...
+
+    def read(self, name: str, dim: int | None, start: int, stop: int) -> torch.Tensor:
+        """The whole tensor (dim None) or rows/columns [start, stop) of dim 0/1."""
+        ...
+
+
+class SafetensorsShardReader:
+    """An HF folder's safetensors files, every file kept open while loading."""
+
+    def __init__(self, folder: Path, stack: contextlib.ExitStack) -> None:
+        from safetensors import safe_open
+
+        self._handles: dict[str, Any] = {}
+        for file in safetensors_files(folder):
+            handle = stack.enter_context(safe_open(str(file), framework="pt"))
+            for name in handle.keys():
+                self._handles[name] = handle
+
+    def has(self, name: str) -> bool:
+        return name in self._handles
+
+    def read(self, name: str, dim: int | None, start: int, stop: int) -> torch.Tensor:
+        part = self._handles[name].get_slice(name)
+        if dim is None:
+            tensor: torch.Tensor = part[:]
+        elif dim == 0:
+            tensor = part[start:stop]
+        else:
+            tensor = part[:, start:stop]
+        if tensor.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+            raise ModelLoadError(f"{name}: fp8 weights are not supported with tensor parallelism")
+        return tensor
+
+
+class GGUFShardReader:
+    """A GGUF file's tensors under HF names, sliced before dequantizing."""
+
+    def __init__(self, path: Path, config: ModelConfig) -> None:
+        from troupe.gpu.gguf_weights import _read
+
+        self._path = path
+        self._config = config
+        metadata, infos = _read(path)
+        self._arch = str(metadata.get("general.architecture"))
+        self._infos: dict[str, TensorInfo] = {}
+        for info in infos:
+            name = hf_name(info.name, self._arch)
+            if name is not None:
+                self._infos[name] = info
+
+    def has(self, name: str) -> bool:
+        return name in self._infos
+
+    def read(self, name: str, dim: int | None, start: int, stop: int) -> torch.Tensor:
+        import gguf
+
+        info = self._infos[name]
+        qtype = gguf.GGMLQuantizationType(info.ggml_type)
+        block, type_size = gguf.GGML_QUANT_SIZES[qtype]
+        cols = int(info.shape[-1])
+        row_bytes = cols // block * type_size
+        num_rows = int(np.prod(info.shape[:-1])) if len(info.shape) > 1 else 1
+        raw = tensor_bytes(self._path, info, num_rows * row_bytes).reshape(num_rows, row_bytes)
+        cut_after = False
+        if dim == 0:
+            raw = raw[start:stop]
+        elif dim == 1 and start % block == 0 and stop % block == 0:
+            raw = raw[:, start // block * type_size : stop // block * type_size]
+        elif dim == 1:
+            cut_after = True
+        data = np.array(gguf.quants.dequantize(np.ascontiguousarray(raw), qtype), np.float32)
+        if cut_after:
+            data = np.ascontiguousarray(data[:, start:stop])
+        if dim is None:
+            data = data.reshape(info.shape)
+        if self._config.model_type == "llama" and (
+            rest_is(info.name, "attn_q.weight") or rest_is(info.name, "attn_k.weight")
+        ):
+            data = unpermute_rotary(data, data.shape[0] // self._config.head_dim)
+        return torch.from_numpy(data)
+
+
+@contextlib.contextmanager
+def open_shard_reader(path: Path) -> Iterator[ShardReader]:
+    """The reader of an HF folder or a .gguf file."""
+    with contextlib.ExitStack() as stack:
+        if path.suffix == ".gguf":
+            yield GGUFShardReader(path, read_gguf_config(path))
+        else:
+            yield SafetensorsShardReader(path, stack)
+
+
+def shard_targets(model: TPDecoderModel) -> dict[str, Target]:
+    """HF name -> where this rank's slice of it goes."""
+    shard = model.shard
+    hd = model.config.head_dim
+    q0, nq = shard.first_head * hd, shard.num_heads * hd
+    k0, nk = shard.first_kv_head * hd, shard.num_kv_heads * hd
+    i0, ni = shard.rank * shard.intermediate_size, shard.intermediate_size
+    v0, nv = shard.vocab_start, shard.num_vocab_rows
+    assert isinstance(model.embed_tokens, torch.Tensor)
+    targets: dict[str, Target] = {
+        "model.embed_tokens.weight": (model.embed_tokens[:nv], 0, v0, v0 + nv),
+        "model.norm.weight": (model.norm, None, 0, 0),
+    }
+    if model.lm_head is not None:
+        assert isinstance(model.lm_head, torch.Tensor)
+        targets["lm_head.weight"] = (model.lm_head[:nv], 0, v0, v0 + nv)
+    for index, layer in enumerate(model.layers):
+        assert isinstance(layer, TPDecoderLayer)
+        p = f"model.layers.{index}."
+        qkv, gate_up = _dense(layer.qkv_proj), _dense(layer.gate_up_proj)
+        o, down = _dense(layer.o_proj), _dense(layer.down_proj)
+        targets |= {
+            p + "input_layernorm.weight": (layer.input_layernorm, None, 0, 0),
+            p + "post_attention_layernorm.weight": (layer.post_attention_layernorm, None, 0, 0),
+            p + "self_attn.q_proj.weight": (qkv[:nq], 0, q0, q0 + nq),
+            p + "self_attn.k_proj.weight": (qkv[nq : nq + nk], 0, k0, k0 + nk),
+            p + "self_attn.v_proj.weight": (qkv[nq + nk :], 0, k0, k0 + nk),
+            p + "self_attn.o_proj.weight": (o, 1, q0, q0 + nq),
+            p + "mlp.gate_proj.weight": (gate_up[:ni], 0, i0, i0 + ni),
+            p + "mlp.up_proj.weight": (gate_up[ni:], 0, i0, i0 + ni),
+            p + "mlp.down_proj.weight": (down, 1, i0, i0 + ni),
+        }
+        if layer.qkv_bias is not None:
+            b = layer.qkv_bias
+            targets[p + "self_attn.q_proj.bias"] = (b[:nq], 0, q0, q0 + nq)
+            targets[p + "self_attn.k_proj.bias"] = (b[nq : nq + nk], 0, k0, k0 + nk)
+            targets[p + "self_attn.v_proj.bias"] = (b[nq + nk :], 0, k0, k0 + nk)
+        if layer.q_norm is not None and layer.k_norm is not None:
+            targets[p + "self_attn.q_norm.weight"] = (layer.q_norm, None, 0, 0)
+            targets[p + "self_attn.k_norm.weight"] = (layer.k_norm, None, 0, 0)
+    return targets
+
+
+def _dense(weight: Weight) -> torch.Tensor:
+    assert isinstance(weight, torch.Tensor), "tensor-parallel shards are dense"
+    return weight
+
+
+@torch.inference_mode()
+def load_shard(model: TPDecoderModel, reader: ShardReader, source: str) -> None:
+    """Fill every parameter of the rank's model with its slice; pad vocab rows are zero."""
+    targets = shard_targets(model)
+    missing = [name for name in targets if not reader.has(name)]
+    if missing:
+        more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+        raise ModelLoadError(f"{source}: missing weights for {', '.join(missing[:5])}{more}")
+    for name, (dest, dim, start, stop) in targets.items():
+        tensor = reader.read(name, dim, start, stop)
+        if tuple(tensor.shape) != tuple(dest.shape):
+            raise ModelLoadError(
+                f"{source}: slice of {name!r} has shape {tuple(tensor.shape)}, expected "
+                f"{tuple(dest.shape)} on rank {model.shard.rank} of {model.shard.size}"
+            )
+        dest.copy_(tensor)
+    nv = model.shard.num_vocab_rows
+    for table in (model.embed_tokens, model.lm_head):
+        if isinstance(table, torch.Tensor):
+            table[nv:].zero_()  # padding rows: their logits are cut off after the gather

@@ -1,0 +1,158 @@
+"""HF-named tensors into a DecoderModel's parameters: q/k/v and gate/up into their fused
+matrices, layer subclasses' own weights (MoE experts, MLA) first, DeepSeek's multi-token-
+prediction layers skipped; every parameter must be filled, Gemma's norms get their 1 folded in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import structlog
+import torch
+from troupe.gpu.model_config import ModelLoadError
+from troupe.gpu.models import DecoderLayer, DecoderModel
+from troupe.gpu.quant_linear import Weight
+
+_log = structlog.get_logger("troupe.models")
+
+
+def _dense(weight: Weight | None) -> torch.Tensor | None:
+    """The parameter to copy a dense tensor into; None (skip) where a quantized weight sits."""
+    return weight if isinstance(weight, torch.Tensor) else None
+
+
+@torch.inference_mode()
+def fill_weights(
+    model: DecoderModel, tensors: Iterable[tuple[str, torch.Tensor]], source: str
+) -> None:
+    """Copy HF-named tensors into the fused parameters; every parameter must be filled."""
+    c = model.config
+    filled: set[str] = set()
+    q, kv, inter = c.q_size, c.kv_size, c.intermediate_size
+    fused = {
+        "self_attn.q_proj": ("qkv_proj", 0, q),
+        "self_attn.k_proj": ("qkv_proj", q, kv),
+        "self_attn.v_proj": ("qkv_proj", q + kv, kv),
+        "mlp.gate_proj": ("gate_up_proj", 0, inter),
+        "mlp.up_proj": ("gate_up_proj", inter, inter),
+    }
+    plain = {
+        "input_layernorm.weight": "input_layernorm",
+        "pre_feedforward_layernorm.weight": "pre_feedforward_layernorm",
+        "post_feedforward_layernorm.weight": "post_feedforward_layernorm",
+        "self_attn.o_proj.weight": "o_proj",
+        "post_attention_layernorm.weight": "post_attention_layernorm",
+        "mlp.down_proj.weight": "down_proj",
+        "self_attn.q_norm.weight": "q_norm",
+        "self_attn.k_norm.weight": "k_norm",
+    }
+    num_beyond = 0
+    for name, tensor in tensors:
+        if _beyond_last_layer(model, name):  # DeepSeek's multi-token-prediction layers
+            num_beyond += 1
+            continue
+        # a layer subclass's own weights first: MLA's q_proj is not the fused qkv's
+        extra = _locate_extra(model, name)
+        target: torch.Tensor | None
+        if extra is not None:
+            target, start, size, keys = extra[0], None, 0, extra[1]
+        else:
+            target, start, size, key = _locate(model, name, fused, plain)
+            keys = (key,)
+        if target is None:
+            continue  # e.g. rotary_emb.inv_freq in old checkpoints
+        dest = target if start is None else target[start : start + size]
+        if tuple(dest.shape) != tuple(tensor.shape):
+            raise ModelLoadError(
+                f"{source}: tensor {name!r} has shape {tuple(tensor.shape)}, "
+                f"expected {tuple(dest.shape)} from the config"
+            )
+        dest.copy_(tensor)
+        filled.update(keys)
+    if num_beyond or c.num_mtp_layers:
+        _log.info(
+            "skipped multi-token-prediction layers",
+            source=source,
+            num_mtp_layers=c.num_mtp_layers,
+            num_tensors_skipped=num_beyond,
+        )
+    missing = sorted(k for k in _required_keys(model) if k not in filled)
+    if missing:
+        more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+        raise ModelLoadError(f"{source}: missing weights for {', '.join(missing[:5])}{more}")
+    if c.is_gemma3:  # Gemma's RMSNorm scales by (1 + weight): fold the 1 in once
+        for name, param in model.named_parameters():
+            if name.endswith("norm") or name.endswith("layernorm"):
+                param.add_(1.0)
+
+
+def _required_keys(model: DecoderModel) -> list[str]:
+    """Fill keys fill_weights must see: one per plain parameter, one per fused slice."""
+    slices = {
+        "qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+        "qkv_bias": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+        "gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
+    }
+    keys = []
+    for name, _ in model.named_parameters():
+        last = name.rsplit(".", 1)[-1]
+        keys += [f"{name}#{part}" for part in slices[last]] if last in slices else [name]
+    for index, layer in enumerate(model.layers):
+        assert isinstance(layer, DecoderLayer)
+        for param, parts in layer.fill_parts().items():
+            whole = f"layers.{index}.{param}"
+            keys = [k for k in keys if k != whole] + [f"{whole}#{part}" for part in parts]
+    return keys
+
+
+def _beyond_last_layer(model: DecoderModel, name: str) -> bool:
+    parts = name.split(".")
+    return (
+        len(parts) > 3
+        and parts[:2] == ["model", "layers"]
+        and parts[2].isdigit()
+        and int(parts[2]) >= len(model.layers)
+    )
+
+
+def _locate_extra(model: DecoderModel, name: str) -> tuple[torch.Tensor, tuple[str, ...]] | None:
+    """A layer subclass's weight (MoE experts and router): (destination, fill keys)."""
+    parts = name.split(".")
+    if len(parts) < 5 or parts[:2] != ["model", "layers"] or not parts[2].isdigit():
+        return None
+    layer = model.layers[int(parts[2])]
+    assert isinstance(layer, DecoderLayer)
+    return layer.locate_extra(".".join(parts[3:]), f"layers.{parts[2]}")
+
+
+def _locate(
+    model: DecoderModel, name: str, fused: dict[str, tuple[str, int, int]], plain: dict[str, str]
+) -> tuple[torch.Tensor | None, int | None, int, str]:
+    """HF name -> (destination tensor, slice start or None, slice size, fill key)."""
+    if name == "model.embed_tokens.weight":
+        return _dense(model.embed_tokens), None, 0, "embed_tokens"
+    if name == "model.norm.weight":
+        return model.norm, None, 0, "norm"
+    if name == "lm_head.weight":
+        return _dense(model.lm_head), None, 0, "lm_head"  # None when tied: ignored
+    parts = name.split(".")
+    if len(parts) < 5 or parts[:2] != ["model", "layers"]:
+        return None, None, 0, ""
+    index = int(parts[2])
+    layer = model.layers[index]
+    assert isinstance(layer, DecoderLayer)
+    rest = ".".join(parts[3:])
+    prefix = f"layers.{index}"
+    if rest in plain:
+        found: torch.Tensor | None = getattr(layer, plain[rest])
+        return found, None, 0, f"{prefix}.{plain[rest]}"
+    module, kind = rest.rsplit(".", 1)
+    if module in fused:
+        param, start, size = fused[module]
+        if kind == "bias":
+            if layer.qkv_bias is None:
+                return None, None, 0, ""
+            return layer.qkv_bias, start, size, f"{prefix}.qkv_bias#{module}"
+        dest: torch.Tensor = getattr(layer, param)
+        return dest, start, size, f"{prefix}.{param}#{module}"
+    return None, None, 0, ""
