@@ -3,12 +3,12 @@ matmul. `linear` and `embedding` take a dense tensor or one of these, so the mod
 function either way.
 
     Int4Linear   Int4Blocks (GGUF Q4_0, Q4_1, Q4_K: exact codes and per-32 scale and bias)
-      CPU (gpu/cpu_int4.py), <= CPU_PACKED_MAX_ROWS rows (decode): torch's
+      CPU (gpu/cpu_int4.py), <= CPU_PACKED_MAX_ROWS (256) rows (decode, short prefills): torch's
            _weight_int4pack_mm_for_cpu, the file's codes repacked at load into its layout. Its
            format is w = (q - 8) * scale + zero per group, so zero = bias + 8 scale; scale and
            zero are rounded to bf16 and the activations too (~2^-9 of a step, far under the
            4-bit step itself).
-      CPU, more rows (prefill): the exact weight expanded per call, rounded to bf16, one bf16
+      CPU, more rows (long prefills): the exact weight expanded per call, rounded to bf16, one bf16
            GEMM (oneDNN; AMX where the CPU has it); activations rounded to bf16.
       CUDA: kernels/quant_gemv.py (Triton; scale and bias in fp16: exact for Q4_0/Q4_1).
     Int8Linear   Int8Blocks (GGUF Q8_0, Q6_K: int8 codes and per-32/16 scales)
