@@ -69,7 +69,7 @@ def load_model(
     device: torch.device,
     max_positions: int,
     kernel_backend: KernelBackend = "auto",
-    quantization: Quantization = "dequantize",
+    quantization: Quantization = "auto",
 ) -> tuple[ModelConfig, DecoderModel]:
     """Read the config and weights of `path` into a DecoderModel on `device`.
 
@@ -79,9 +79,16 @@ def load_model(
     config = read_config(path)
     if path.suffix == ".gguf" and quantization == "auto":
         model = DecoderModel(config, dtype, device, max_positions, kernel_backend)
-        blocks: dict[str, QuantBlocks | Fp8Weight] = dict(iter_gguf_quantized(path, config))
-        used = install_quantized(model, blocks)
-        model.load_weights(iter_gguf_tensors(path, config, frozenset(used)), str(path))
+        # hundreds of small byte shuffles (repacking): one thread, so no op waits at a barrier
+        # for a second thread the OS has not scheduled (a shared machine); restored after
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            blocks: dict[str, QuantBlocks | Fp8Weight] = dict(iter_gguf_quantized(path, config))
+            used = install_quantized(model, blocks)
+            model.load_weights(iter_gguf_tensors(path, config, frozenset(used)), str(path))
+        finally:
+            torch.set_num_threads(threads)
         return config, model.eval()
     if path.is_dir():
         fp8 = read_fp8_weights(safetensors_files(path))
