@@ -17,7 +17,7 @@ DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 QueuePolicyName = Literal["fcfs", "priority"]  # queue_policy.py
 # "auto": quantized weights stay as shipped (GGUF blocks, fp8) and are dequantized inside the
 # matmul (gpu/quant_linear.py); "dequantize": expand them to `dtype` at load.
-Quantization = Literal["auto", "dequantize"]
+Quantization = Literal["auto", "keep", "dequantize"]  # gpu/weights.load_model
 PreemptionMode = Literal["auto", "swap", "recompute"]  # preemption_policy.py
 # "ngram": actors/core/ngram_proposer.py; "draft_model": gpu/draft_runner.py
 SpeculativeMethod = Literal["ngram", "draft_model"]
@@ -42,9 +42,10 @@ class EngineConfig:
     # (kernels/kv_quant.py); half the bytes of bf16, so twice the blocks in the same memory
     kv_cache_dtype: Literal["auto", "fp8"] = "auto"
     # GGUF (and fp8 HF) weights: "auto" keeps them as shipped and expands them inside the matmul
-    # (gpu/quant_linear.py); "dequantize" expands them to `dtype` at load. The default stays
-    # "dequantize" until the kept path's CUDA kernels are measured and its CPU start-up is fast.
-    quantization: Quantization = "dequantize"
+    # (gpu/quant_linear.py); "dequantize" expands them to `dtype` at load (in fp32 on the CPU:
+    # token-identical to transformers). "auto" is the default: on the CPU it loads faster,
+    # decodes ~2x faster and prefills faster than "dequantize" (docs/benchmarks.md, issue 16).
+    quantization: Quantization = "auto"
     block_size: int = 16
     num_kv_blocks: int | None = None  # None: size the GPU pool from free memory
     num_cpu_blocks: int | None = None  # swap pool; None: cpu_swap_gib worth of blocks

@@ -86,6 +86,9 @@ def tensor_bytes(path: Path, info: TensorInfo, num_bytes: int) -> np.ndarray:
     return np.memmap(path, dtype=np.uint8, mode="r", offset=info.offset, shape=(num_bytes,))
 
 
+_U64 = struct.Struct("<Q")
+
+
 class _Parser:
     def __init__(self, data: mmap.mmap, path: Path) -> None:
         self._data = data
@@ -143,6 +146,23 @@ class _Parser:
         except UnicodeDecodeError:
             return raw
 
+    def _strings(self, count: int) -> list[MetadataValue]:
+        data, pos = self._data, self._pos
+        out: list[MetadataValue] = []
+        length_of = _U64.unpack_from
+        for _ in range(count):
+            (length,) = length_of(data, pos)
+            raw = data[pos + 8 : pos + 8 + length]
+            if len(raw) != length:
+                raise GGUFFormatError(f"{self._path}: string runs past the end of the metadata")
+            pos += 8 + length
+            try:
+                out.append(raw.decode("utf-8"))
+            except UnicodeDecodeError:
+                out.append(raw)
+        self._pos = pos
+        return out
+
     def _value(self, value_type: int) -> MetadataValue:
         if value_type == _STRING:
             return self._string()
@@ -155,6 +175,8 @@ class _Parser:
                 values = struct.unpack_from(f"<{count}{fmt[1]}", self._data, self._pos)
                 self._pos += size * count
                 return list(values)
+            if elem_type == _STRING:  # vocabularies and merges: ~100k strings, one tight loop
+                return self._strings(count)
             return [self._value(elem_type) for _ in range(count)]
         scalar_fmt = _SCALARS.get(value_type)
         if scalar_fmt is None:

@@ -70,25 +70,35 @@ def load_model(
     device: torch.device,
     max_positions: int,
     kernel_backend: KernelBackend = "auto",
-    quantization: Quantization = "dequantize",
+    quantization: Quantization = "auto",
 ) -> tuple[ModelConfig, DecoderModel]:
     """Read the config and weights of `path` into a DecoderModel on `device`.
 
-    quantization="auto" keeps a GGUF file's quantized matrices as shipped, and an HF folder's
-    fp8 weights as fp8 on CUDA (gpu/quant_linear.py); "dequantize" expands every tensor to
-    `dtype`."""
+    quantization="keep" keeps a GGUF file's quantized matrices as shipped, and an HF folder's
+    fp8 weights as fp8 (gpu/quant_linear.py); "dequantize" expands every tensor to `dtype`;
+    "auto" keeps them where troupe's kernels for them were measured faster than the expanded
+    weights: on the CPU. On CUDA the kept int4 and fp8 matmuls lose to bf16 beyond one row
+    (docs/benchmarks.md, "H200 figures, 2026-12-01"), so "auto" expands there until they win."""
     config = read_config(path)
-    if path.suffix == ".gguf" and quantization == "auto":
+    keep = quantization == "keep" or (quantization == "auto" and device.type != "cuda")
+    if path.suffix == ".gguf" and keep:
         model = DecoderModel(config, dtype, device, max_positions, kernel_backend)
-        blocks: dict[str, QuantBlocks | Fp8Weight] = dict(iter_gguf_quantized(path, config))
-        used = install_quantized(model, blocks)
-        fill_weights(model, iter_gguf_tensors(path, config, frozenset(used)), str(path))
+        # hundreds of small byte shuffles (repacking): one thread, so no op waits at a barrier
+        # for a second thread the OS has not scheduled (a shared machine); restored after
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            blocks: dict[str, QuantBlocks | Fp8Weight] = dict(iter_gguf_quantized(path, config))
+            used = install_quantized(model, blocks)
+            fill_weights(model, iter_gguf_tensors(path, config, frozenset(used)), str(path))
+        finally:
+            torch.set_num_threads(threads)
         return config, model.eval()
     if path.is_dir():
         fp8 = read_fp8_weights(safetensors_files(path))
         if fp8:  # shipped in fp8: kept as fp8 where a kernel runs it, else expanded
             model = DecoderModel(config, dtype, device, max_positions, kernel_backend)
-            kept = install_quantized(model, dict(fp8)) if quantization == "auto" else set()
+            kept = install_quantized(model, dict(fp8)) if keep else set()
             fill_weights(model, expand_fp8(iter_hf_tensors(path), fp8, kept), str(path))
             return config, model.eval()
     tensors = iter_gguf_tensors(path, config) if path.suffix == ".gguf" else iter_hf_tensors(path)

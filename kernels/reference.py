@@ -42,9 +42,10 @@ def write_kv(
 ) -> None:
     """Store key/value [N, Hkv, D] at flat slots (block * block_size + offset); slots < 0 skip.
     fp8 caches store x / scale (per head, kernels.kv_quant)."""
-    keep = slot_mapping >= 0
-    slots = slot_mapping[keep].long()
-    key, value = key[keep], value[keep]
+    slots = slot_mapping.long()
+    keep = slots >= 0
+    if not bool(keep.all()):  # padding rows: drop them (a decode step on the CPU has none)
+        slots, key, value = slots[keep], key[keep], value[keep]
     if k_scale is not None and v_scale is not None:
         # fp8 has no index_copy_: scatter its bytes
         k_bytes = quantize(key, k_scale).view(torch.uint8)
@@ -150,6 +151,8 @@ def paged_decode_attention(
     entry may hold anything, and 0 * NaN would reach the output), and the mask hides it.
     """
     num_seqs, _, head_dim = q.shape
+    if num_seqs == 1 and not sliding_window and k_scale is None:  # one stream: no mask
+        return _single_decode(q, k_cache, v_cache, block_tables[0], int(seq_lens[0]), scale)
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     num_blocks = min(max(1, math.ceil(max_seq_len / block_size)), block_tables.shape[1])
     width = num_blocks * block_size
@@ -186,6 +189,23 @@ def paged_decode_attention(
     return attn[:, :, 0, :].to(q.dtype)
 
 
+def _single_decode(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_len: int,
+    scale: float,
+) -> torch.Tensor:
+    """One sequence's decode: its seq_len keys gathered in order, SDPA without a mask."""
+    k = _gather(k_cache, block_table, 0, seq_len)[None].transpose(1, 2)  # [1, Hkv, n, D]
+    v = _gather(v_cache, block_table, 0, seq_len)[None].transpose(1, 2)
+    attn = F.scaled_dot_product_attention(
+        q[:, :, None, :].float(), k.float(), v.float(), scale=scale, enable_gqa=True
+    )
+    return attn[:, :, 0, :].to(q.dtype)
+
+
 def rms_norm(
     x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -203,16 +223,23 @@ def rotary(
     """HF rotate_half RoPE on q [T, Hq, D] and k [T, Hkv, D]; cache rows [cos | sin].
 
     Returns new tensors (the Triton kernel rotates in place: callers use the return value)."""
-    cos_sin = cos_sin_cache[positions.long()]
-    half = cos_sin.shape[-1] // 2
-    cos = cos_sin[:, None, :half].repeat(1, 1, 2).to(q.dtype)
-    sin = cos_sin[:, None, half:].repeat(1, 1, 2).to(q.dtype)
+    cos, sin = _cos_sin(positions, cos_sin_cache, q.dtype)
+    return _rotate(q, cos, sin), _rotate(k, cos, sin)
 
-    def rotate(x: torch.Tensor) -> torch.Tensor:
-        x1, x2 = x[..., :half], x[..., half:]
-        return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 
-    return rotate(q), rotate(k)
+def _cos_sin(
+    positions: torch.Tensor, cos_sin_cache: torch.Tensor, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [T, 1, D / 2] in `dtype` (rounded from the fp32 table, as HF does)."""
+    cos, sin = cos_sin_cache[positions.long()].to(dtype)[:, None].chunk(2, dim=-1)
+    return cos, sin
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x * [cos | cos] + rotate_half(x) * [sin | sin], half by half: the same roundings as HF
+    (x1 cos + (-x2) sin == x1 cos - x2 sin exactly), without building the repeated tables."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
 
 
 def prepare_qkv(
@@ -235,14 +262,18 @@ def prepare_qkv(
     num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
     num_tokens = qkv.shape[0]
     kv_size = num_kv_heads * head_dim
-    q, k, v = torch.split(qkv, [qkv.shape[1] - 2 * kv_size, kv_size, kv_size], dim=-1)
-    q = q.reshape(num_tokens, -1, head_dim)
-    k = k.reshape(num_tokens, num_kv_heads, head_dim)
-    v = v.reshape(num_tokens, num_kv_heads, head_dim)
+    q_size = qkv.shape[1] - 2 * kv_size
+    v = qkv[:, q_size + kv_size :].reshape(num_tokens, num_kv_heads, head_dim)
     if q_norm_weight is not None and k_norm_weight is not None:
-        q = rms_norm(q, q_norm_weight, eps)[0]  # over the last dim: per head
-        k = rms_norm(k, k_norm_weight, eps)[0]
-    q, k = rotary(q, k, positions, cos_sin_cache)
+        q, k = qkv[:, :q_size], qkv[:, q_size : q_size + kv_size]
+        q = rms_norm(q.reshape(num_tokens, -1, head_dim), q_norm_weight, eps)[0]  # per head
+        k = rms_norm(k.reshape(num_tokens, num_kv_heads, head_dim), k_norm_weight, eps)[0]
+        q, k = rotary(q, k, positions, cos_sin_cache)
+    else:  # q and k sit side by side in qkv: rotate them as one [T, Hq + Hkv, D] tensor
+        qk = qkv[:, : q_size + kv_size].reshape(num_tokens, -1, head_dim)
+        qk = _rotate(qk, *_cos_sin(positions, cos_sin_cache, qkv.dtype))
+        num_q_heads = qk.shape[1] - num_kv_heads
+        q, k = qk[:, :num_q_heads], qk[:, num_q_heads:]
     write_kv(k, v, k_cache, v_cache, slot_mapping, k_scale=k_scale, v_scale=v_scale)
     return q.contiguous()
 

@@ -12,6 +12,10 @@ token ids (random ids < 10,000, seed 0), greedy, and reports:
     ttft_100    seconds to the first token of a 100-token prompt (median of --repeats)
     ttft_1000   the same for 1,000 tokens
     decode      tokens/s of one stream after its first token (64 tokens of a 16-token prompt)
+    batch       tokens/s of 16 requests x 64 tokens (16-token prompts), from submit to the last
+                token: troupe submits all 16 at once, HF generates them as one batch (equal
+                lengths, no padding), llama-cpp-python runs them one at a time (one sequence
+                per context)
     peak_rss    MiB (ru_maxrss of the subprocess)
 
 A warm-up request runs first. Prompts differ per repeat (prefix caching would otherwise serve
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import resource
 import statistics
@@ -40,11 +45,16 @@ def prompts(length: int, count: int, seed: int) -> list[list[int]]:
 
 
 Generate = Callable[[list[int], int], tuple[list[int], list[float]]]
+GenerateMany = Callable[[list[list[int]], int], int]  # prompts, max_tokens -> tokens generated
+BATCH, BATCH_TOKENS = 16, 64
 
 
-def measure(generate: Generate, repeats: int, start_s: float) -> dict[str, Any]:
+def measure(
+    generate: Generate, repeats: int, start_s: float, many: GenerateMany | None = None
+) -> dict[str, Any]:
     """TTFT and decode figures through `generate(ids, max_tokens) -> (token ids, arrival
-    times)`, the times taken when each token reached the caller (perf_counter)."""
+    times)`, the times taken when each token reached the caller (perf_counter), and the batch
+    figure through `many` (one at a time through `generate` when None)."""
     generate(prompts(32, 1, 99)[0], 4)  # warm-up
     out: dict[str, Any] = {"start_s": start_s}
     for length in (100, 1000):
@@ -61,6 +71,18 @@ def measure(generate: Generate, repeats: int, start_s: float) -> dict[str, Any]:
         rates.append((len(stamps) - 1) / (stamps[-1] - stamps[0]))
         first = first or tokens
     out["decode_tok_s"] = statistics.median(rates)
+    if many is None:
+
+        def many(prompts: list[list[int]], max_tokens: int) -> int:
+            return sum(len(generate(ids, max_tokens)[0]) for ids in prompts)
+
+    batch_rates = []
+    for seed in range(repeats):
+        batch = prompts(16, BATCH, 10 + seed)
+        t0 = time.perf_counter()
+        count = many(batch, BATCH_TOKENS)
+        batch_rates.append(count / (time.perf_counter() - t0))
+    out["batch_tok_s"] = statistics.median(batch_rates)
     out["tokens"] = first
     out["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return out
@@ -98,7 +120,21 @@ def run_troupe(model: str | None, quantization: str, repeats: int, threads: int)
             def generate(ids: list[int], max_tokens: int) -> tuple[list[int], list[float]]:
                 return anyio.from_thread.run(gen, ids, max_tokens)
 
-            result.update(await anyio.to_thread.run_sync(measure, generate, repeats, start))
+            async def gen_many(batch: list[list[int]], max_tokens: int) -> int:
+                counts: list[int] = []
+
+                async def one(ids: list[int]) -> None:
+                    counts.append(len((await gen(ids, max_tokens))[0]))
+
+                async with anyio.create_task_group() as tg:
+                    for ids in batch:
+                        tg.start_soon(one, ids)
+                return sum(counts)
+
+            def many(batch: list[list[int]], max_tokens: int) -> int:
+                return anyio.from_thread.run(gen_many, batch, max_tokens)
+
+            result.update(await anyio.to_thread.run_sync(measure, generate, repeats, start, many))
 
     anyio.run(main)
     return result
@@ -143,7 +179,19 @@ def run_hf(model: str, repeats: int, threads: int) -> dict[str, Any]:
         )
         return out[0, len(ids) :].tolist(), stamps.times[1:]
 
-    return measure(generate, repeats, start)
+    @torch.inference_mode()
+    def many(batch: list[list[int]], max_tokens: int) -> int:
+        input_ids = torch.tensor(batch)  # equal lengths: no padding
+        out = hf.generate(
+            input_ids,
+            attention_mask=torch.ones_like(input_ids),
+            max_new_tokens=max_tokens,
+            min_new_tokens=max_tokens,
+            do_sample=False,
+        )
+        return int(out[:, input_ids.shape[1] :].numel())
+
+    return measure(generate, repeats, start, many)
 
 
 def run_llama_cpp(model: str, repeats: int, threads: int) -> dict[str, Any]:
@@ -210,13 +258,17 @@ def main() -> None:
         cmd += ["--troupe-quantization", args.troupe_quantization]
         if args.model:
             cmd += ["--model", args.model]
+        load_before = os.getloadavg()[0]
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        load = f"load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after"
         lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
         if proc.returncode or not lines:
             print(f"{system}: failed\n{proc.stderr[-2000:]}", flush=True)
             continue
         results[system] = json.loads(lines[-1][len("RESULT ") :])
+        results[system]["load"] = load
         print_row(system, results[system])
+        print(f"{'':10s} ({load})", flush=True)
     reference = results.get("troupe", {}).get("tokens")
     for system, result in results.items():
         if reference and system != "troupe":
@@ -231,6 +283,7 @@ def print_row(system: str, r: dict[str, Any]) -> None:
     print(
         f"{system:10s} start {r['start_s']:6.2f} s | TTFT 100 {r['ttft_100_s'] * 1e3:7.1f} ms | "
         f"TTFT 1000 {r['ttft_1000_s'] * 1e3:7.1f} ms | decode {r['decode_tok_s']:6.1f} tok/s | "
+        f"16 x 64 {r['batch_tok_s']:6.1f} tok/s | "
         f"peak RSS {r['peak_rss_mib']:7.0f} MiB",
         flush=True,
     )

@@ -85,7 +85,7 @@ def test_concat_fp8_keeps_rows_and_refuses_misaligned_blocks() -> None:
 def test_fp8_folder_stays_fp8_on_cuda(tmp_path: Path) -> None:
     expanded = fp8_folder(tmp_path)
     cuda = torch.device("cuda")
-    _, model = load_model(tmp_path, torch.bfloat16, cuda, 64, quantization="auto")
+    _, model = load_model(tmp_path, torch.bfloat16, cuda, 64, quantization="keep")
     layer = model.layers[0]
     assert isinstance(layer.qkv_proj, Fp8Linear) and isinstance(layer.gate_up_proj, Fp8Linear)
     x = torch.randn(3, 64, device=cuda, dtype=torch.bfloat16)

@@ -1,0 +1,38 @@
+"""The CPU int4 layout built from GGUF codes (gpu/cpu_int4.py) is torch's own, and both the
+packed decode path and the bf16 prefill path stay within their documented rounding of the
+exact (gguf-py) weight."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from troupe.gpu.cpu_int4 import CPU_PACKED_MAX_ROWS, CpuInt4, expand_bf16, pack_int4_for_cpu
+from troupe.gpu.gguf_quant import Q4_0, Q4_1, Q4_K, from_gguf
+
+from tests.gpu.test_gguf_quant import random_blocks
+
+
+@pytest.mark.parametrize("ggml_type", [Q4_1, Q4_K])
+@pytest.mark.parametrize("n", [64, 192, 40, 96])  # 40, 96: not whole blocks of 64 rows
+def test_pack_is_torchs_layout(ggml_type: int, n: int) -> None:
+    k = 512
+    blocks = from_gguf(random_blocks(ggml_type, n, k, seed=n), ggml_type, (n, k))
+    codes = torch.nn.functional.pad(blocks.codes().to(torch.int32), (0, 0, 0, -n % 16))
+    want = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
+    assert torch.equal(pack_int4_for_cpu(blocks), want)
+
+
+@pytest.mark.parametrize("ggml_type", [Q4_0, Q4_1, Q4_K])
+@pytest.mark.parametrize("rows", [1, 7, CPU_PACKED_MAX_ROWS + 9])
+def test_decode_and_prefill_paths_match_the_exact_weight(ggml_type: int, rows: int) -> None:
+    n, k = 128, 512
+    blocks = from_gguf(random_blocks(ggml_type, n, k, seed=3), ggml_type, (n, k))
+    exact = blocks.dequantize()
+    assert torch.equal(expand_bf16(blocks), exact.to(torch.bfloat16))
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
+    want = x @ exact.T
+    got = CpuInt4(blocks)(x)
+    assert got.dtype == torch.float32 and got.shape == (rows, n)
+    # bf16 activations (and factors, or the weight): a few bf16 ulps of the output's magnitude
+    error = (got - want).abs().max()
+    assert 0 < error <= 0.02 * want.abs().max()
