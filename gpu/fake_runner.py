@@ -37,13 +37,7 @@ from troupe.gpu.fake_model import (
 from troupe.gpu.fake_model import EOS_SEED_BASE as EOS_SEED_BASE  # tests seed EOS with it
 from troupe.gpu.runner import RunnerStats
 from troupe.gpu.token_bitmask import constrain_sampled
-from troupe.messages import (
-    SampledToken,
-    SamplingParams,
-    SeqWork,
-    StepPlan,
-    TokenMasks,
-)
+from troupe.messages import SampledToken, SamplingParams, SeqWork, StepPlan, TokenMasks
 
 
 @dataclass(slots=True)
