@@ -56,6 +56,52 @@ class LoadedRunner:
     draft: DraftModel | None = None
 
 
+def model_dtype(config: EngineConfig, device: torch.device) -> torch.dtype:
+    """The weights' dtype: config.dtype, or bf16 on CUDA and fp32 on the CPU for "auto"."""
+    if config.dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return DTYPES[config.dtype]
+
+
+def checked_max_model_len(config: EngineConfig, model_config: ModelConfig) -> int:
+    """config.max_model_len (the model's limit when unset); past that limit: ConfigError."""
+    max_model_len = config.max_model_len or model_config.max_position_embeddings
+    if max_model_len > model_config.max_position_embeddings:
+        raise ConfigError(
+            f"max_model_len {max_model_len} exceeds the model's "
+            f"max_position_embeddings {model_config.max_position_embeddings}"
+        )
+    return max_model_len
+
+
+def runner_options(
+    config: EngineConfig,
+    device: torch.device,
+    *,
+    num_gpu_blocks: int,
+    num_cpu_blocks: int,
+    max_model_len: int,
+) -> RunnerOptions:
+    """RunnerOptions from the config and the numbers resolved for this device."""
+    return RunnerOptions(
+        block_size=config.block_size,
+        num_gpu_blocks=num_gpu_blocks,
+        num_cpu_blocks=num_cpu_blocks,
+        max_num_seqs=config.max_num_seqs,
+        max_model_len=max_model_len,
+        seed=config.seed,
+        # the reference ops sync with the host (tolist): no CUDA graphs for them
+        enforce_eager=config.enforce_eager or config.kernel_backend == "torch",
+        mixed_graph_tokens=min(config.max_mixed_graph_tokens, config.max_num_batched_tokens),
+        # a CPU step runs synchronously: launching the next one early overlaps nothing
+        overlap_schedule=config.enable_overlap_schedule and device.type == "cuda",
+        num_speculative_tokens=config.num_proposals,
+        kv_cache_dtype=config.kv_cache_dtype,
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        spec_disable_batch_size=config.speculative_disable_by_batch_size,
+    )
+
+
 def load_for_config(config: EngineConfig) -> LoadedRunner:
     """Load config.model (default GGUF when None) and size the pools from the config."""
     path = resolve_model_path(config.model)
@@ -66,17 +112,8 @@ def load_for_config(config: EngineConfig) -> LoadedRunner:
     )
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device is 'cuda' but torch sees no CUDA device")
-    if config.dtype == "auto":
-        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    else:
-        dtype = DTYPES[config.dtype]
-    model_config = read_config(Path(path))
-    max_model_len = config.max_model_len or model_config.max_position_embeddings
-    if max_model_len > model_config.max_position_embeddings:
-        raise ConfigError(
-            f"max_model_len {max_model_len} exceeds the model's "
-            f"max_position_embeddings {model_config.max_position_embeddings}"
-        )
+    dtype = model_dtype(config, device)
+    max_model_len = checked_max_model_len(config, read_config(Path(path)))
     model_config, model = load_model(
         Path(path), dtype, device, max_model_len, config.kernel_backend, config.quantization
     )
@@ -84,8 +121,6 @@ def load_for_config(config: EngineConfig) -> LoadedRunner:
     draft = None
     if config.speculative_method == "draft_model":
         draft = load_draft(config, model_config, dtype, device, max_model_len)
-    # A CPU step runs synchronously: launching the next one early overlaps nothing.
-    overlap = config.enable_overlap_schedule and device.type == "cuda"
     num_gpu_blocks = config.num_kv_blocks
     if num_gpu_blocks is None and device.type == "cuda":
         peak = profile_activation_peak(model, config, max_model_len)
@@ -107,21 +142,11 @@ def load_for_config(config: EngineConfig) -> LoadedRunner:
         num_cpu_blocks = swap_pool_blocks(
             model_config, config, cache_dtype, device, num_gpu_blocks=num_gpu_blocks
         )
-    options = RunnerOptions(
-        block_size=config.block_size,
+    options = runner_options(
+        config,
+        device,
         num_gpu_blocks=num_gpu_blocks,
         num_cpu_blocks=num_cpu_blocks,
-        max_num_seqs=config.max_num_seqs,
         max_model_len=max_model_len,
-        seed=config.seed,
-        # the reference ops sync with the host (tolist): no CUDA graphs for them
-        enforce_eager=config.enforce_eager or config.kernel_backend == "torch",
-        mixed_graph_tokens=min(config.max_mixed_graph_tokens, config.max_num_batched_tokens),
-        overlap_schedule=overlap,
-        num_speculative_tokens=config.num_proposals,
-        kv_cache_dtype=config.kv_cache_dtype,
-        max_num_batched_tokens=config.max_num_batched_tokens,
-        spec_disable_batch_size=config.speculative_disable_by_batch_size,
     )
-
     return LoadedRunner(model_config, model, options, draft)

@@ -26,10 +26,10 @@ import torch
 from troupe.config import ConfigError, EngineConfig, resolve_model_path
 from troupe.gpu.activation_profile import profile_activation_peak
 from troupe.gpu.model_config import ModelLoadError
-from troupe.gpu.model_runner import ModelRunner, RunnerOptions, kv_dtype
+from troupe.gpu.model_runner import ModelRunner, kv_dtype
 from troupe.gpu.pool_sizing import blocks_from_free_memory, cpu_device_blocks, swap_pool_blocks
 from troupe.gpu.runner import SequencesFailed
-from troupe.gpu.runner_setup import DTYPES
+from troupe.gpu.runner_setup import checked_max_model_len, model_dtype, runner_options
 from troupe.gpu.tp_group import TPGroup
 from troupe.gpu.tp_model import TPDecoderModel, TPShard, check_tensor_parallel
 from troupe.gpu.tp_protocol import (
@@ -60,16 +60,8 @@ def build_rank_runner(config: EngineConfig, group: TPGroup) -> ModelRunner:
     full = read_config(path)
     check_tensor_parallel(full, group.world_size)
     device = group.device
-    if config.dtype == "auto":
-        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    else:
-        dtype = DTYPES[config.dtype]
-    max_model_len = config.max_model_len or full.max_position_embeddings
-    if max_model_len > full.max_position_embeddings:
-        raise ConfigError(
-            f"max_model_len {max_model_len} exceeds the model's "
-            f"max_position_embeddings {full.max_position_embeddings}"
-        )
+    dtype = model_dtype(config, device)
+    max_model_len = checked_max_model_len(config, full)
     shard = TPShard(rank=group.rank, size=group.world_size, full=full)
     model = TPDecoderModel(shard, group, dtype, device, max_model_len, config.kernel_backend)
     with open_shard_reader(path) as reader:
@@ -91,18 +83,13 @@ def build_rank_runner(config: EngineConfig, group: TPGroup) -> ModelRunner:
         num_cpu_blocks = swap_pool_blocks(
             layers, config, cache_dtype, device, num_gpu_blocks=num_gpu_blocks
         )
-    options = RunnerOptions(
-        block_size=config.block_size,
+    # the same seed on every rank: the same per-request sampling seeds
+    options = runner_options(
+        config,
+        device,
         num_gpu_blocks=num_gpu_blocks,
         num_cpu_blocks=group.min_int(num_cpu_blocks),
-        max_num_seqs=config.max_num_seqs,
         max_model_len=max_model_len,
-        seed=config.seed,  # the same seed on every rank: the same per-request sampling seeds
-        enforce_eager=config.enforce_eager or config.kernel_backend == "torch",
-        mixed_graph_tokens=min(config.max_mixed_graph_tokens, config.max_num_batched_tokens),
-        overlap_schedule=config.enable_overlap_schedule and device.type == "cuda",
-        num_speculative_tokens=config.num_proposals,
-        kv_cache_dtype=config.kv_cache_dtype,
     )
     return ModelRunner(layers, model, options)
 
