@@ -24,9 +24,9 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
-from troupe.gpu.overlap import launchable, matching_rows
+from troupe.gpu.overlap import fed_decode_inputs, launchable, matching_rows
 from troupe.gpu.request_states import RequestState, RequestStates
-from troupe.gpu.step_inputs import StepInputs, build_decode_inputs
+from troupe.gpu.step_inputs import StepInputs
 from troupe.messages import StepPlan
 
 Forward = Callable[[StepInputs], torch.Tensor]
@@ -82,20 +82,8 @@ class ForwardAhead:
         num_blocks = launchable(states, next_pos, self.block_size, self.max_model_len)
         if num_blocks is None:
             return
-        # The fed tokens join the history as the next plan's SeqWorks will put them (a
-        # rewrite by position: a discarded step leaves nothing wrong).
-        for state, pos, token in zip(states, next_pos.tolist(), token_ids, strict=True):
-            state.num_tokens = pos + 1
-            if state.tokens is not None:
-                state.tokens[pos] = token
-        slots = np.fromiter((s.slot for s in states), np.int64, len(states))
-        inputs = build_decode_inputs(
-            np.asarray(token_ids, dtype=np.int64),
-            next_pos,
-            slots,
-            num_blocks,
-            self._states.tables,
-            self.block_size,
+        inputs = fed_decode_inputs(
+            states, next_pos, num_blocks, token_ids, self._states.tables, self.block_size
         )
         self.num_launched += 1
         self._ahead = _Ahead(

@@ -247,24 +247,10 @@ class DecodeOverlap:
         num_blocks = launchable(states, next_pos, self.block_size, self.max_model_len)
         if num_blocks is None:
             return None
-        # The fed tokens join the history exactly as the next plan's SeqWorks will put them
-        # (a rewrite by position, so a discarded step leaves nothing wrong).
-        positions = next_pos.tolist()
-        if isinstance(token_ids, list):
-            device_ids = None
-            host_ids = np.asarray(token_ids, dtype=np.int64)
-            for state, pos, token in zip(states, positions, token_ids, strict=True):
-                state.num_tokens = pos + 1
-                if state.tokens is not None:
-                    state.tokens[pos] = token
-        else:
-            device_ids, host_ids = token_ids, np.zeros(num_seqs, dtype=np.int64)
-            for state, pos in zip(states, positions, strict=True):
-                assert state.tokens is None, "penalty history needs the fed tokens on the host"
-                state.num_tokens = pos + 1
-        slots = np.fromiter((s.slot for s in states), np.int64, num_seqs)
-        inputs = build_decode_inputs(
-            host_ids, next_pos, slots, num_blocks, self._states.tables, self.block_size
+        device_ids = None if isinstance(token_ids, list) else token_ids
+        host_ids = token_ids if isinstance(token_ids, list) else None
+        inputs = fed_decode_inputs(
+            states, next_pos, num_blocks, host_ids, self._states.tables, self.block_size
         )
         logits = self._forward(inputs, device_ids)
         if self._logits_hook is not None:
@@ -305,6 +291,31 @@ def launchable(
     if any(s.param_row[LOGPROBS] >= 0 for s in states):
         return None
     return num_blocks
+
+
+def fed_decode_inputs(
+    states: list[RequestState],
+    next_pos: np.ndarray,
+    num_blocks: np.ndarray,
+    token_ids: list[int] | None,
+    tables: np.ndarray,
+    block_size: int,
+) -> StepInputs:
+    """The inputs of a decode launched before its plan, fed `token_ids` from the host (None:
+    ids already on the device, which only rows without penalty history take). The fed tokens
+    join the history exactly as the next plan's SeqWorks will put them (a rewrite by
+    position, so a discarded step leaves nothing wrong)."""
+    num_seqs = len(states)
+    for i, (state, pos) in enumerate(zip(states, next_pos.tolist(), strict=True)):
+        state.num_tokens = pos + 1
+        if state.tokens is not None:
+            assert token_ids is not None, "penalty history needs the fed tokens on the host"
+            state.tokens[pos] = token_ids[i]
+    slots = np.fromiter((s.slot for s in states), np.int64, num_seqs)
+    host_ids = np.zeros(num_seqs, np.int64) if token_ids is None else np.asarray(token_ids)
+    return build_decode_inputs(
+        host_ids.astype(np.int64, copy=False), next_pos, slots, num_blocks, tables, block_size
+    )
 
 
 def matching_rows(
