@@ -73,6 +73,19 @@ def hf_folder(tmp_path: Path) -> Callable[..., tuple[Path, Any]]:
     return make
 
 
+def add_word_tokenizer(folder: Path) -> None:
+    """A word-level tokenizer over the tiny vocabulary (w0..w255), so an engine can load a
+    random HF folder."""
+    import json
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel({f"w{i}": i for i in range(256)}, unk_token="w0"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({"unk_token": "w0"}))
+
+
 def runner_for(
     path: Path,
     *,

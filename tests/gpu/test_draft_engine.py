@@ -16,8 +16,7 @@ from troupe.config import ConfigError
 from troupe.messages import Finished, SamplingParams
 from troupe.ops.replay import replay_trace
 
-from tests.gpu.conftest import make_hf_model
-from tests.gpu.test_overlap_step_engine import _add_tokenizer
+from tests.gpu.conftest import add_word_tokenizer, make_hf_model
 
 LENGTHS = (4, 14, 7, 11)
 LONG = (24, 30, 20, 28)  # outgrow a pool of 20 blocks of 4 together: preemption
@@ -34,7 +33,7 @@ BASE: dict[str, Any] = {
 def _save(tmp_path: Path, name: str, **overrides: Any) -> Path:
     folder = tmp_path / name
     make_hf_model("qwen3", max_position_embeddings=128, **overrides).save_pretrained(folder)
-    _add_tokenizer(folder)
+    add_word_tokenizer(folder)
     return folder
 
 

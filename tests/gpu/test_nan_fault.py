@@ -10,7 +10,6 @@ overlap on (as the engine runs there) and off.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,8 @@ from troupe.gpu.faulty_runner import FaultyRunner
 from troupe.gpu.model_runner import ModelRunner, RunnerOptions
 from troupe.gpu.weights import load_model
 from troupe.messages import Failed, Finished, SamplingParams
+
+from tests.gpu.conftest import add_word_tokenizer
 
 PROMPTS = {
     "a": [(7 * j + 3) % 256 for j in range(5)],
@@ -65,13 +66,8 @@ class PoisonRequest:
 def model_folder(hf_folder: Any) -> Path:
     """A tiny random Qwen3 (tests/gpu/conftest.py) with a word-level tokenizer, so an engine
     can load it."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
     folder, _ = hf_folder("qwen3", max_position_embeddings=128)
-    tok = Tokenizer(models.WordLevel({f"w{i}": i for i in range(256)}, unk_token="w0"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.save(str(folder / "tokenizer.json"))
-    (folder / "tokenizer_config.json").write_text(json.dumps({"unk_token": "w0"}))
+    add_word_tokenizer(Path(folder))
     return Path(folder)
 
 

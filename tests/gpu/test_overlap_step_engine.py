@@ -6,7 +6,6 @@ overlaps. The runner-level cases are in test_overlap_step.py."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -20,21 +19,13 @@ from troupe.gpu.model_runner import ModelRunner, RunnerOptions
 from troupe.gpu.weights import load_model
 from troupe.messages import Finished, SamplingParams
 
+from tests.gpu.conftest import add_word_tokenizer
+
 
 @pytest.fixture
 def qwen3(hf_folder: Any) -> Path:
     folder, _ = hf_folder("qwen3", max_position_embeddings=128)
     return Path(folder)
-
-
-def _add_tokenizer(folder: Path) -> None:
-    """A word-level tokenizer over the tiny vocabulary, so the engine can load the folder."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    tok = Tokenizer(models.WordLevel({f"w{i}": i for i in range(256)}, unk_token="w0"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.save(str(folder / "tokenizer.json"))
-    (folder / "tokenizer_config.json").write_text(json.dumps({"unk_token": "w0"}))
 
 
 async def _run_engine(config: EngineConfig, runner: ModelRunner) -> tuple[list[list[int]], Any]:
@@ -80,7 +71,7 @@ def test_engine_same_tokens_with_overlap(qwen3: Path, tmp_path: Path) -> None:
     folder.mkdir()
     for file in qwen3.iterdir():
         (folder / file.name).write_bytes(file.read_bytes())
-    _add_tokenizer(folder)
+    add_word_tokenizer(folder)
     config = EngineConfig(device="cpu", model=str(folder), max_model_len=128, max_num_seqs=4)
     plain_runner = _engine_runner(folder, overlap=False)
     plain, plain_stats = anyio.run(_run_engine, config, plain_runner)

@@ -18,7 +18,7 @@ from troupe.gpu.model_runner import ModelRunner, RunnerOptions
 from troupe.gpu.weights import load_model
 from troupe.messages import Finished, SamplingParams
 
-from tests.gpu.test_overlap_step_engine import _add_tokenizer
+from tests.gpu.conftest import add_word_tokenizer
 
 LENGTHS = [5, 23, 9, 17, 30]
 SPEC = {"speculative_method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1}
@@ -31,7 +31,7 @@ def folder(hf_folder: Any, tmp_path: Path) -> Path:
     out.mkdir()
     for file in Path(model).iterdir():
         (out / file.name).write_bytes(file.read_bytes())
-    _add_tokenizer(out)
+    add_word_tokenizer(out)
     return out
 
 

@@ -26,7 +26,7 @@ from troupe.gpu.tp_runner import TPRunner
 from troupe.gpu.weights import random_weights
 from troupe.messages import Failed, Finished, SamplingParams
 
-from tests.gpu.test_overlap_step_engine import _add_tokenizer
+from tests.gpu.conftest import add_word_tokenizer
 
 TINY = {
     "hidden_size": 64,
@@ -56,7 +56,7 @@ def _write_model(folder: Path, family: str) -> Path:
     (folder / "config.json").write_text(json.dumps(cfg))
     weights = random_weights(ModelConfig.from_hf_dict(cfg), torch.float32, seed=1, std=0.2)
     save_file({k: v.contiguous() for k, v in weights.items()}, str(folder / "model.safetensors"))
-    _add_tokenizer(folder)
+    add_word_tokenizer(folder)
     return folder
 
 
