@@ -23,7 +23,8 @@ from troupe.actors.core.preemption_policy import make_preemption_policy
 from troupe.actors.core.queue_policy import make_queue_policy
 from troupe.actors.core.request_state import Request, RequestQueues, Status
 from troupe.actors.core.speculator import SpecSettings, Speculator
-from troupe.actors.core.step_planner import StepLimits, StepPlanner
+from troupe.actors.core.step_limits import StepLimits
+from troupe.actors.core.step_planner import StepPlanner
 from troupe.messages.allocator import AllocateBatch
 from troupe.messages.common import FinishReason
 from troupe.messages.events import EngineStats

@@ -18,12 +18,11 @@ back when fewer are proposed (speculator.py says when and what).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from troupe.actors.core.preemption_policy import PreemptionPolicy
 from troupe.actors.core.request_state import Kind, Request, RequestQueues, Status, Work
 from troupe.actors.core.sample_fork import SampleForks
 from troupe.actors.core.speculator import SpecSettings, Speculator
+from troupe.actors.core.step_limits import StepLimits
 from troupe.messages.allocator import (
     AllocateNew,
     AllocOp,
@@ -46,54 +45,6 @@ OP_ORDER = (
 )  # fmt: skip
 
 
-@dataclass(frozen=True)
-class StepLimits:
-    """What one step may take; each >= 1 but the lookahead (>= 0)."""
-
-    block_size: int
-    num_gpu_blocks: int
-    max_num_seqs: int
-    max_num_batched_tokens: int
-    enable_prefix_caching: bool = True
-    num_lookahead_tokens: int = 0
-    # every layer's sliding window (the widest), 0 when any layer attends to everything:
-    # blocks wholly before the next query's window are released while the request runs
-    kv_window: int = 0
-    # The most prompt tokens one request computes in a step (0: no cap but the budget). Long
-    # prompts then share steps with decodes in smaller chunks: a step's latency stays near a
-    # decode's, at the price of a few more steps to the first token (vLLM's
-    # long_prefill_token_threshold).
-    max_chunk_tokens: int = 0
-
-    def __post_init__(self) -> None:
-        for name in ("block_size", "num_gpu_blocks", "max_num_seqs", "max_num_batched_tokens"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("num_lookahead_tokens", "kv_window", "max_chunk_tokens"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-
-    def chunk(self, num_tokens: int, budget: int) -> int:
-        """Tokens of a `num_tokens` prefill that one step computes, within `budget`."""
-        cap = self.max_chunk_tokens
-        return min(num_tokens, budget, cap) if cap else min(num_tokens, budget)
-
-    def blocks_for(self, num_tokens: int) -> int:
-        return -(-num_tokens // self.block_size)
-
-    def peak_blocks(self, num_tokens: int) -> int:
-        """The most blocks a request of num_tokens holds at once: with a window, the window
-        and one step's tokens (behind it blocks are released), plus a partial block each side."""
-        whole = self.blocks_for(num_tokens)
-        if not self.kv_window:
-            return whole
-        return min(whole, self.blocks_for(self.kv_window + self.max_num_batched_tokens) + 2)
-
-    def num_passed_blocks(self, num_computed: int) -> int:
-        """Leading blocks wholly before the window of a query at position num_computed."""
-        return max(0, num_computed - self.kv_window + 1) // self.block_size
-
-
 class StepPlanner:
     """Plans steps over `queues`; who gives way, and how, is the `preemption` policy's choice."""
 
@@ -110,6 +61,7 @@ class StepPlanner:
         self._shrinks: dict[str, Shrink] = {}  # this step's
         self._avail = self._cpu_avail = 0  # blocks left to plan with, this step
         self._extra_seats = 0  # seats running parents hold for their samples (sample_fork.py)
+        self._returned = 0  # tokens of this step's victims, back to the budget
         self._preempted = False
 
     def plan(self, num_gpu_free: int, num_cpu_free: int) -> list[AllocOp] | None:
@@ -156,13 +108,9 @@ class StepPlanner:
             elif computed + lookahead < req.num_blocks * bs:  # the common decode: no new block
                 work[req.request_id] = req.decode  # made once per request: no allocation
                 budget -= 1
-            elif (need := lim.blocks_for(computed + 1 + lookahead) - req.num_blocks) > self._avail:
-                budget = self._fit(req, 1, need, budget)  # preempts
-            else:  # _fit's last lines, inlined: a call per boundary decode costs ~2% of a step
-                work[req.request_id] = Work(req, 1, Kind.RUN, need)
-                self._grows[req.request_id] = Grow(req.request_id, computed + 1 + lookahead)
-                self._avail -= need
-                budget -= 1
+            else:
+                need = lim.blocks_for(computed + 1 + lookahead) - req.num_blocks
+                budget = self._fit(req, 1, need, budget)
         for req in prefills:
             if budget == 0:
                 break
@@ -217,23 +165,8 @@ class StepPlanner:
     def make_room(self, req: Request, need: int) -> bool:
         """Count `need` blocks for running `req` (a fork), preempting the policy's victims
         until they fit, as a grow would; False if `req` itself gave way (or failed)."""
-        while need > self._avail:
-            self._preempted = True
-            running = self.queues.running
-            victim = self.preemption.victim(running)
-            if victim is req and len(running) > 1:
-                self._preempt(req)
-                return False
-            if victim is req:  # alone: once the releases apply, every other block is free
-                held = req.num_blocks - req.num_released
-                if need + held > self.limits.num_gpu_blocks:
-                    self._fail(req)
-                    return False
-                self._avail = need
-                break
-            self._preempt(victim)
-        self._avail -= need
-        return True
+        held = req.num_blocks - req.num_released
+        return self._room(req, need, need + held) is not None
 
     def _seats(self) -> int:
         return self.limits.max_num_seqs - len(self.queues.running) - self._extra_seats
@@ -243,8 +176,25 @@ class StepPlanner:
         return self.limits.num_lookahead_tokens if req.num_computed + n == req.num_tokens else 0
 
     def _fit(self, req: Request, n: int, need: int, budget: int) -> int:
-        """Plan `n` tokens of a running request that needs `need` more blocks, preempting the
-        policy's victims until they fit; the budget left."""
+        """Plan `n` tokens of a running request that needs `need` more blocks (preempting if
+        they do not fit); the budget left."""
+        total = self.limits.blocks_for(req.num_computed + n) - req.num_released
+        got = self._room(req, need, total)
+        budget, self._returned = budget + self._returned, 0
+        if got is None:
+            return budget
+        self.work[req.request_id] = Work(req, n, Kind.RUN, got)
+        if got > 0:  # the Grow covers the chunk and its lookahead, as far as `got` reaches
+            cover = req.num_computed + n + self._lookahead(req, n)
+            cover = min(cover, (req.num_blocks + got) * self.limits.block_size)
+            self._grows[req.request_id] = Grow(req.request_id, cover)
+        return budget - n
+
+    def _room(self, req: Request, need: int, total: int) -> int | None:
+        """Count `need` more blocks for running `req`, preempting the policy's victims until
+        they fit; the count taken, or None if `req` gave way (preempted, or failed: `total`,
+        the blocks it would hold, exceeds the pool). Tokens that victims had planned this step
+        go to `_returned`."""
         lim = self.limits
         while need > self._avail:
             self._preempted = True
@@ -252,29 +202,24 @@ class StepPlanner:
             victim = self.preemption.victim(running)
             if victim is req and len(running) > 1:
                 self._preempt(req)
-                return budget
+                return None
             if victim is req:
                 # Alone: once this batch's releases apply, every other block is free, whatever
                 # the (lower-bound) count says; it fits if its tokens fit in the whole pool.
-                held = req.num_blocks - req.num_released
-                if lim.blocks_for(req.num_computed + n) - req.num_released > lim.num_gpu_blocks:
+                if total > lim.num_gpu_blocks:
                     self._fail(req)
-                    return budget
+                    return None
+                held = req.num_blocks - req.num_released
                 need = self._avail = min(need, lim.num_gpu_blocks - held)
                 break
             undone = self.work.pop(victim.request_id, None)
             self._grows.pop(victim.request_id, None)
             if undone is not None:  # planned earlier this step: give its share back
-                budget += undone.num_tokens
+                self._returned += undone.num_tokens
                 self._avail += undone.need
             self._preempt(victim)
-        self.work[req.request_id] = Work(req, n, Kind.RUN, need)
-        if need > 0:  # the Grow covers the chunk and its lookahead, as far as `need` reaches
-            cover = req.num_computed + n + self._lookahead(req, n)
-            cover = min(cover, (req.num_blocks + need) * lim.block_size)
-            self._grows[req.request_id] = Grow(req.request_id, cover)
         self._avail -= need
-        return budget - n
+        return need
 
     def _release_passed(self) -> None:
         """ReleaseBlocks for running requests whose window moved past whole blocks. A shared

@@ -1,0 +1,53 @@
+"""What one step may take, and the block arithmetic the planner does with it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class StepLimits:
+    """What one step may take; each >= 1 but the lookahead (>= 0)."""
+
+    block_size: int
+    num_gpu_blocks: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    enable_prefix_caching: bool = True
+    num_lookahead_tokens: int = 0
+    # every layer's sliding window (the widest), 0 when any layer attends to everything:
+    # blocks wholly before the next query's window are released while the request runs
+    kv_window: int = 0
+    # The most prompt tokens one request computes in a step (0: no cap but the budget). Long
+    # prompts then share steps with decodes in smaller chunks: a step's latency stays near a
+    # decode's, at the price of a few more steps to the first token (vLLM's
+    # long_prefill_token_threshold).
+    max_chunk_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("block_size", "num_gpu_blocks", "max_num_seqs", "max_num_batched_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("num_lookahead_tokens", "kv_window", "max_chunk_tokens"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+
+    def chunk(self, num_tokens: int, budget: int) -> int:
+        """Tokens of a `num_tokens` prefill that one step computes, within `budget`."""
+        cap = self.max_chunk_tokens
+        return min(num_tokens, budget, cap) if cap else min(num_tokens, budget)
+
+    def blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def peak_blocks(self, num_tokens: int) -> int:
+        """The most blocks a request of num_tokens holds at once: with a window, the window
+        and one step's tokens (behind it blocks are released), plus a partial block each side."""
+        whole = self.blocks_for(num_tokens)
+        if not self.kv_window:
+            return whole
+        return min(whole, self.blocks_for(self.kv_window + self.max_num_batched_tokens) + 2)
+
+    def num_passed_blocks(self, num_computed: int) -> int:
+        """Leading blocks wholly before the window of a query at position num_computed."""
+        return max(0, num_computed - self.kv_window + 1) // self.block_size
