@@ -4,11 +4,13 @@ LRU of cached free blocks. Answers each AllocateBatch with one AllocationResult,
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from troupe.actors.core.base import Outgoing
 from troupe.actors.core.block_pool import BlockPool
+from troupe.actors.core.block_sharing import BlockSharing
 from troupe.actors.core.prefix_cache import ROOT_SERIAL, PrefixCache
 from troupe.messages.allocator import (
     AllocateBatch,
@@ -33,7 +35,6 @@ class _Seq:
     cpu_blocks: list[int] | None = None  # set while swapped out
     num_hashed_blocks: int = 0  # leading blocks registered in (or served by) the prefix cache
     serial: int = ROOT_SERIAL  # cache serial of the last hashed block
-    num_shared: int = 0  # blocks of `table` that other requests hold too
     # Leading table positions released behind a sliding window: their ids are stale (never
     # read), the request no longer holds them. Caching stops if one was never registered.
     num_released: int = 0
@@ -62,15 +63,23 @@ class AllocatorCore:
         self.gpu = BlockPool(num_gpu_blocks, self.cache)
         self.cpu = BlockPool(num_cpu_blocks)
         self.seqs: dict[str, _Seq] = {}
-        # The requests holding each block that was registered or hit, while any holds it: the
-        # only blocks that can be shared, so the only ones whose release changes num_shared.
-        self.holders: dict[int, list[str]] = {}
-        self._shared_changed: dict[str, None] = {}  # requests whose num_shared changed
+        self.sharing = BlockSharing()  # who holds the blocks that can be shared
         self._copies_out: list[tuple[int, int]] = []  # this batch's (gpu, cpu) copies
         self._copies_in: list[tuple[int, int]] = []  # this batch's (cpu, gpu) copies
         self._copies: list[tuple[int, int]] = []  # this batch's (gpu, gpu) copies (Fork)
         self.prefix_cache_hit_tokens = 0
         self.prefix_cache_query_tokens = 0
+        self._ops: dict[type, Callable[[Any], Grant | Refusal | list[Grant] | None]] = {
+            Grow: self._grow,
+            CacheBlocks: self._cache_blocks,
+            FreeRequest: lambda op: self._free(op.request_id),
+            Shrink: self._shrink,
+            ReleaseBlocks: self._release_leading,
+            SwapOut: self._swap_out,
+            SwapIn: self._swap_in,
+            AllocateNew: self._allocate_new,
+            Fork: self._fork,
+        }
 
     def handle(self, batch: Sequence[AllocateBatch]) -> Outgoing:
         return [("scheduler", self.apply(msg)) for msg in batch]
@@ -79,46 +88,26 @@ class AllocatorCore:
         self._copies_out, self._copies_in, self._copies = [], [], []
         grants: list[Grant] = []
         refused: list[Refusal] = []
-        answer: Grant | Refusal | None
-        for op in batch.ops:  # commonest first: a decode step is mostly Grow and CacheBlocks
-            if isinstance(op, Grow):
-                answer = self._grow(op)
-            elif isinstance(op, CacheBlocks):
-                self._cache_blocks(op)
-                continue
-            elif isinstance(op, FreeRequest):
-                self._free(op.request_id)
-                continue
-            elif isinstance(op, Shrink):
-                self._shrink(op)
-                continue
-            elif isinstance(op, ReleaseBlocks):
-                self._release_leading(op)
-                continue
-            elif isinstance(op, SwapOut):
-                answer = self._swap_out(op)
-            elif isinstance(op, SwapIn):
-                answer = self._swap_in(op)
-            elif isinstance(op, AllocateNew):
-                answer = self._allocate_new(op)
-            elif isinstance(op, Fork):
-                grants.extend(self._fork(op))
-                continue
-            else:
+        ops = self._ops
+        for op in batch.ops:
+            handler = ops.get(type(op))
+            if handler is None:
                 raise ValueError(f"unknown allocator op {op!r}")
+            answer = handler(op)
             if isinstance(answer, Grant):
                 grants.append(answer)
-            elif answer is not None:
+            elif isinstance(answer, Refusal):
                 refused.append(answer)
+            elif answer is not None:  # a Fork's grants
+                grants.extend(answer)
         # CPU blocks read by this step's swap-ins must not be rewritten by its swap-outs (the
         # executor copies out before in), so they return to the pool only after the batch.
         self.cpu.release(cpu for cpu, _ in self._copies_in)
-        seqs, changed, self._shared_changed = self.seqs, self._shared_changed, {}
         return AllocationResult(
             step_id=batch.step_id,
             grants=tuple(grants),
             refused=tuple(refused),
-            shared=tuple((r, seqs[r].num_shared) for r in changed if r in seqs) if changed else (),
+            shared=self.sharing.take_changes(self.seqs),
             swap_out=tuple(self._copies_out),
             swap_in=tuple(self._copies_in),
             copy_blocks=tuple(self._copies),
@@ -162,7 +151,7 @@ class AllocatorCore:
             return Refusal(rid, NO_GPU)
         seq = self.seqs[rid] = _Seq(hits, None, len(hits), serial)
         for block_id in hits:  # taken before allocating: allocation may evict cached blocks
-            self._hold(block_id, rid)
+            self.sharing.hold(block_id, rid)
             self.gpu.take(block_id)
         fresh = self.gpu.allocate(need)
         assert fresh is not None, "checked above"
@@ -206,15 +195,9 @@ class AllocatorCore:
         for child, table in zip(children, tables, strict=True):
             seq = self.seqs[child] = _Seq(table, None, parent.num_hashed_blocks, parent.serial)
             seq.num_released, seq.is_cache_stopped = parent.num_released, parent.is_cache_stopped
-        for block_id in shared:  # the parent's hold passes to child 0; the others add theirs
-            holders = self.holders.setdefault(block_id, [])
-            if rid in holders:
-                holders.remove(rid)
-            holders.extend(children)
+        for block_id in shared:  # one reference more per child but the first
             self.gpu.ref[block_id] += len(children) - 1
-        for child in children:  # every one of them shares each of those blocks
-            self.seqs[child].num_shared = len(shared)
-            self._shared_changed[child] = None
+        self.sharing.fork(rid, children, shared)
         return [Grant(c, tuple(t)) for c, t in zip(children, tables, strict=True)]
 
     def _grow(self, op: Grow) -> Grant | Refusal:  # grant: the added blocks
@@ -257,7 +240,7 @@ class AllocatorCore:
             chunk = token_ids if num_blocks == 1 else token_ids[i * bs : (i + 1) * bs]
             seq.serial = self.cache.register(block_id, seq.serial, chunk)
             seq.num_hashed_blocks += 1
-            self.holders[block_id] = [rid]  # a fresh block: only `rid` holds it
+            self.sharing.register(block_id, rid)
 
     def _free(self, rid: str) -> None:
         seq = self._seq(rid, swapped=None)
@@ -270,7 +253,8 @@ class AllocatorCore:
         end = min(op.num_blocks, len(seq.table))
         if end > seq.num_released:
             blocks = seq.table[seq.num_released : end]
-            self._release_blocks(op.request_id, seq, blocks, is_partial=True)
+            self.sharing.release(op.request_id, blocks, is_partial=True)
+            self.gpu.release(reversed(blocks))
             seq.num_released = end
 
     def _swap_out(self, op: SwapOut) -> Refusal | None:  # refused: freed instead
@@ -299,38 +283,10 @@ class AllocatorCore:
         seq.table, seq.cpu_blocks = seq.table + gpu_blocks, None  # after the released ones
         return Grant(op.request_id, tuple(seq.table))
 
-    # -- who shares which block: what releasing a request frees ------------------------------
-
-    def _hold(self, block_id: int, rid: str) -> None:  # `rid` takes a prefix-cache hit on it
-        holders = self.holders.setdefault(block_id, [])  # none: revived from the cached free
-        holders.append(rid)
-        if len(holders) == 2:  # its one holder shares it from now on
-            self._count_shared(holders[0], 1)
-        if len(holders) > 1:
-            self._count_shared(rid, 1)
-
     def _release_gpu(self, rid: str, seq: _Seq) -> None:
-        self._release_blocks(rid, seq, seq.table[seq.num_released :])
-        seq.table, seq.num_shared, seq.num_released = [], 0, 0
-
-    def _release_blocks(
-        self, rid: str, seq: _Seq, blocks: list[int], *, is_partial: bool = False
-    ) -> None:
-        """Drop rid's hold on `blocks`, tail first (evicted first). A partial release (behind
-        a window) keeps rid's num_shared true; a whole one resets it after."""
-        holders_of = self.holders
-        for block_id in blocks:
-            holders = holders_of.get(block_id)
-            if holders is not None:
-                if is_partial and len(holders) > 1:  # rid shared it: one fewer
-                    self._count_shared(rid, -1)
-                holders.remove(rid)
-                if len(holders) == 1:  # the one left holds it alone now
-                    self._count_shared(holders[0], -1)
-                elif not holders:
-                    del holders_of[block_id]
+        """Drop all of rid's GPU blocks, tail first (evicted first)."""
+        blocks = seq.table[seq.num_released :]
+        self.sharing.release(rid, blocks)
+        self.sharing.forget(rid)
         self.gpu.release(reversed(blocks))
-
-    def _count_shared(self, rid: str, delta: int) -> None:
-        self.seqs[rid].num_shared += delta
-        self._shared_changed[rid] = None
+        seq.table, seq.num_released = [], 0

@@ -34,11 +34,12 @@ def check_allocator(alloc: AllocatorCore) -> None:
             cpu_refs[b] += 1
     assert refs == alloc.gpu.ref, "GPU reference counts disagree with the block tables"
     assert cpu_refs == alloc.cpu.ref, "CPU reference counts disagree with the swapped tables"
-    for b, names in alloc.holders.items():
+    for b, names in alloc.sharing.holders.items():
         assert Counter(names) == Counter(holders.get(b, ())), f"block {b} held by {names}"
     for b in alloc.cache._entry_of:
         if refs[b]:
-            assert b in alloc.holders, f"cached block {b} is held but has no holders entry"
+            assert b in alloc.sharing.holders, f"cached block {b} is held but has no holders entry"
     for rid, seq in alloc.seqs.items():
         num_shared = sum(1 for b in seq.table[seq.num_released :] if refs[b] > 1)
-        assert seq.num_shared == num_shared, f"{rid} shares {num_shared}, not {seq.num_shared}"
+        counted = alloc.sharing.count(rid)
+        assert counted == num_shared, f"{rid} shares {num_shared}, not {counted}"

@@ -212,7 +212,7 @@ def test_freeing_a_request_frees_at_least_its_unshared_blocks() -> None:
     apply(alloc, AllocateNew("a", prompt, 13))
     apply(alloc, CacheBlocks("a", prompt[:12]))
     res = apply(alloc, AllocateNew("b", prompt, 13))
-    held = {rid: (len(seq.table), seq.num_shared) for rid, seq in alloc.seqs.items()}
+    held = {rid: (len(seq.table), alloc.sharing.count(rid)) for rid, seq in alloc.seqs.items()}
     assert held == {"a": (4, 3), "b": (4, 3)} and res.num_gpu_free == 3
     res = apply(alloc, FreeRequest("b"))
     assert res.num_gpu_free == 3 + (4 - 3) and res.shared == (("a", 0),)

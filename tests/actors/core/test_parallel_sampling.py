@@ -157,7 +157,7 @@ def test_shared_blocks_hold_one_reference_per_sample() -> None:
         assert rig.a.gpu.ref[b] == 8
     assert len({t[62] for t in tables}) == 8  # the partial block: one each
     assert all(t[:62] == tables[0][:62] for t in tables)
-    assert all(rig.a.seqs[sample_id("p", i)].num_shared == 62 for i in range(8))
+    assert all(rig.a.sharing.count(sample_id("p", i)) == 62 for i in range(8))
     rig.pump([*rig.s.handle([AbortRequest(request_id="p")]), ("executor", rig.held)])
     rig.check_all_back()
 
