@@ -1,4 +1,11 @@
-"""What one step may take, and the block arithmetic the planner does with it."""
+"""What one step may take, and the block arithmetic the planner does with it.
+
+Lookahead k: a decoding request's table covers k positions past its tokens, so an executor that
+overlaps the next decode step owns the block it writes (gpu/overlap.py).
+
+    tokens  t0 .. t9 | t10 (to compute)   block_size 4, k = 1
+    table   [b0 b1 b2]  covers 12 >= 11 + 1 positions: the next step's KV slot is owned
+"""
 
 from __future__ import annotations
 

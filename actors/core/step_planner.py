@@ -5,13 +5,8 @@ Budget and seats go to running decodes, then running prefills in chunks (a long 
 stalls decodes), then swapped requests, then waiting ones, each in queue order. A step that
 preempted admits nobody, so a preempted request is not overtaken by later arrivals.
 
-Lookahead k: a decoding request's table covers k positions past its tokens, so an executor that
-overlaps the next decode step owns the block it writes (gpu/overlap.py). AllocateNew never
-covers past the prompt (a new request gets it at its first decode).
-
-    tokens  t0 .. t9 | t10 (to compute)   block_size 4, k = 1
-    table   [b0 b1 b2]  covers 12 >= 11 + 1 positions: the next step's KV slot is owned
-
+Lookahead: see step_limits.py. AllocateNew never covers past the prompt (a new request gets its
+lookahead at its first decode).
 Speculative decoding: a decode's table also covers its proposals (Work.draft), and shrinks
 back when fewer are proposed (speculator.py says when and what).
 """
@@ -267,6 +262,14 @@ class StepPlanner:
         req.num_computed = req.num_committed_blocks = req.num_cpu_blocks = 0
         self.queues.move(req, Status.WAITING)
 
+    def _start(self, req: Request, work: Work, op: SwapIn | AllocateNew) -> None:
+        """Start a swapped or waiting request this step, with the blocks `work` counts."""
+        self._ops[type(op)].append(op)
+        self._avail -= work.need
+        self.queues.move(req, Status.RUNNING)
+        self.work[req.request_id] = work
+        self._extra_seats += req.num_samples - 1
+
     def _resume_swapped(self, budget: int) -> int:
         q, lim = self.queues, self.limits
         while q.swapped and budget > 0 and q.swapped[0].num_samples <= self._seats():
@@ -276,11 +279,7 @@ class StepPlanner:
             total = max(req.num_cpu_blocks, lim.blocks_for(cover) - req.num_released)
             if total > self._avail:
                 break
-            self._ops[SwapIn].append(SwapIn(req.request_id, cover))
-            self._avail -= total
-            q.move(req, Status.RUNNING)
-            self.work[req.request_id] = Work(req, n, Kind.SWAP_IN, total)
-            self._extra_seats += req.num_samples - 1
+            self._start(req, Work(req, n, Kind.SWAP_IN, total), SwapIn(req.request_id, cover))
             budget -= n
         return budget
 
@@ -313,12 +312,9 @@ class StepPlanner:
                 break
             if head is not None:
                 leaders.add(head)
-            self._ops[AllocateNew].append(AllocateNew(req.request_id, tuple(req.token_ids), n))
-            self._avail -= upper
             req.in_allocator = True
-            q.move(req, Status.RUNNING)
-            self.work[req.request_id] = Work(req, n, Kind.NEW, upper)
-            self._extra_seats += req.num_samples - 1
+            op = AllocateNew(req.request_id, tuple(req.token_ids), n)
+            self._start(req, Work(req, n, Kind.NEW, upper), op)
             budget -= n
         for req in deferred:
             q.enqueue(req, Status.WAITING)
