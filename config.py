@@ -62,6 +62,9 @@ class EngineConfig:
     long_prefill_token_threshold: int = 0
     max_model_len: int | None = None  # None: the model's own limit
     enable_prefix_caching: bool = True
+    # Cached GPU blocks that are evicted move to the CPU pool (num_cpu_blocks, shared with
+    # swapping) and come back on a prefix hit instead of being recomputed (prefix_tier.py).
+    prefix_cache_cpu_tier: bool = False
     preemption_mode: PreemptionMode = "auto"  # auto, swap, recompute: preemption_policy.py
     scheduling_policy: QueuePolicyName = "priority"  # priority, fcfs: queue_policy.py
     max_queued_requests: int = 4096

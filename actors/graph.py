@@ -102,6 +102,7 @@ def build_allocator(g: GraphInputs) -> AllocatorCore:
         num_gpu_blocks=g.numbers.num_gpu_blocks,
         num_cpu_blocks=g.numbers.num_cpu_blocks,
         enable_prefix_caching=g.config.enable_prefix_caching,
+        cpu_prefix_tier=g.config.prefix_cache_cpu_tier,
     )
 
 

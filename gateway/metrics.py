@@ -70,6 +70,14 @@ class EngineStatsCollector(Collector):
             "troupe_prefix_cache_hit_tokens", "Prompt tokens served from the prefix cache"
         )
         hits.add_metric([], stats.prefix_cache_hit_tokens)
+        by_tier = CounterMetricFamily(
+            "troupe_prefix_cache_tier_hit_tokens",
+            "Prompt tokens served from the prefix cache, by the tier that held them",
+            labels=["tier"],
+        )
+        cpu_hits = stats.prefix_cache_cpu_hit_tokens
+        by_tier.add_metric(["gpu"], stats.prefix_cache_hit_tokens - cpu_hits)
+        by_tier.add_metric(["cpu"], cpu_hits)
         queries = CounterMetricFamily(
             "troupe_prefix_cache_query_tokens", "Prompt tokens looked up in the prefix cache"
         )
@@ -77,7 +85,7 @@ class EngineStatsCollector(Collector):
         steps = CounterMetricFamily("troupe_engine_steps", "Scheduling steps run")
         steps.add_metric([], stats.num_steps)
         yield from (running, waiting, swapped, used, total, cached, preemptions, hits, queries)
-        yield steps
+        yield from (steps, by_tier)
         yield from _spec_metrics(stats)
 
 

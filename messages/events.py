@@ -111,6 +111,7 @@ class EngineStats(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     num_preemptions_recompute: int = 0
     prefix_cache_hit_tokens: int = 0
     prefix_cache_query_tokens: int = 0
+    prefix_cache_cpu_hit_tokens: int = 0  # of the hits, those served by the CPU tier
     num_steps: int = 0
     # Speculative decoding: tokens proposed and accepted, and how many verifications accepted
     # 0, 1, ... k proposals (index = accepted length).

@@ -70,6 +70,7 @@ class AllocationResult(msgspec.Struct, frozen=True, kw_only=True, tag=True, gc=F
     num_cpu_free: int = 0
     prefix_cache_hit_tokens: int = 0  # cumulative since start
     prefix_cache_query_tokens: int = 0  # cumulative since start
+    prefix_cache_cpu_hit_tokens: int = 0  # of the hits, those served by the CPU tier
 
 
 class SampledToken(msgspec.Struct, frozen=True, array_like=True, gc=False):

@@ -137,6 +137,7 @@ def build_loop(
     max_chunk_tokens: int = 0,
     check: Callable[[AllocatorCore], None] | None = None,
     speculative: SpecSettings | None = None,
+    cpu_prefix_tier: bool = False,
 ) -> CoreLoop:
     """Cores and a fake runner sized alike."""
     scheduler = SchedulerCore(
@@ -157,6 +158,7 @@ def build_loop(
         num_gpu_blocks=num_gpu_blocks,
         num_cpu_blocks=num_cpu_blocks,
         enable_prefix_caching=enable_prefix_caching,
+        cpu_prefix_tier=cpu_prefix_tier,
     )
     runner = FakeRunner(
         block_size=block_size,

@@ -11,7 +11,8 @@ from typing import Any
 from troupe.actors.core.base import Outgoing
 from troupe.actors.core.block_pool import BlockPool
 from troupe.actors.core.block_sharing import BlockSharing
-from troupe.actors.core.prefix_cache import ROOT_SERIAL, PrefixCache
+from troupe.actors.core.prefix_cache import ROOT_SERIAL, CacheKey, PrefixCache
+from troupe.actors.core.prefix_tier import CpuPrefixTier
 from troupe.messages.allocator import (
     AllocateBatch,
     AllocateNew,
@@ -54,14 +55,16 @@ class AllocatorCore:
         num_gpu_blocks: int,
         num_cpu_blocks: int,
         enable_prefix_caching: bool = True,
+        cpu_prefix_tier: bool = False,
     ) -> None:
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         self.block_size = block_size
         self.caching = enable_prefix_caching  # off: nothing is registered, so nothing hits
         self.cache = PrefixCache()
-        self.gpu = BlockPool(num_gpu_blocks, self.cache)
-        self.cpu = BlockPool(num_cpu_blocks)
+        self.cpu = BlockPool(num_cpu_blocks, PrefixCache())
+        self.tier = CpuPrefixTier(self.cpu, enabled=cpu_prefix_tier and self.caching)
+        self.gpu = BlockPool(num_gpu_blocks, self.cache, self.tier.evicted)
         self.seqs: dict[str, _Seq] = {}
         self.sharing = BlockSharing()  # who holds the blocks that can be shared
         self._copies_out: list[tuple[int, int]] = []  # this batch's (gpu, cpu) copies
@@ -103,19 +106,21 @@ class AllocatorCore:
         # CPU blocks read by this step's swap-ins must not be rewritten by its swap-outs (the
         # executor copies out before in), so they return to the pool only after the batch.
         self.cpu.release(cpu for cpu, _ in self._copies_in)
+        tier_out, tier_in = self.tier.end_batch()
         return AllocationResult(
             step_id=batch.step_id,
             grants=tuple(grants),
             refused=tuple(refused),
             shared=self.sharing.take_changes(self.seqs),
-            swap_out=tuple(self._copies_out),
-            swap_in=tuple(self._copies_in),
+            swap_out=tuple(self._copies_out + tier_out),
+            swap_in=tuple(self._copies_in + tier_in),
             copy_blocks=tuple(self._copies),
             num_gpu_free=self.gpu.num_free,
             num_gpu_cached=self.gpu.num_cached,
             num_cpu_free=self.cpu.num_free,
             prefix_cache_hit_tokens=self.prefix_cache_hit_tokens,
             prefix_cache_query_tokens=self.prefix_cache_query_tokens,
+            prefix_cache_cpu_hit_tokens=self.tier.hit_tokens,
         )
 
     def _seq(self, request_id: str, swapped: bool | None = False) -> _Seq:
@@ -136,28 +141,43 @@ class AllocatorCore:
             raise ValueError(f"allocator: request {rid!r} already holds blocks")
         if op.num_new_tokens < 1 or not token_ids:
             raise ValueError(f"allocator: AllocateNew of {rid!r} needs tokens, got {op}")
-        hits: list[int] = []
-        serial = ROOT_SERIAL
+        hits: list[tuple[int, bool]] = []  # (block, whether in the CPU tier)
+        serial, tier = ROOT_SERIAL, self.tier
         for i in range((len(token_ids) - 1) // bs):
-            block_id = cache.lookup(serial, token_ids[i * bs : (i + 1) * bs])
+            chunk = token_ids[i * bs : (i + 1) * bs]
+            block_id = cache.lookup(serial, chunk)
+            on_cpu = block_id is None and (block_id := tier.lookup(serial, chunk)) is not None
             if block_id is None:
                 break
-            hits.append(block_id)
-            serial = cache.serial(block_id)
+            hits.append((block_id, on_cpu))
+            serial = tier.serial(block_id) if on_cpu else cache.serial(block_id)
         num_cached = len(hits) * bs
         need = -(-min(len(token_ids), num_cached + op.num_new_tokens) // bs) - len(hits)
-        revived = sum(1 for b in hits if self.gpu.ref[b] == 0)  # cached-free hits use up free
-        if need + revived > self.gpu.num_free:
+        # cached-free GPU hits use up free blocks, and each CPU hit needs a GPU block
+        num_cpu = sum(1 for _, on_cpu in hits if on_cpu)
+        revived = sum(1 for b, on_cpu in hits if not on_cpu and self.gpu.ref[b] == 0)
+        if need + revived + num_cpu > self.gpu.num_free:
             return Refusal(rid, NO_GPU)
-        seq = self.seqs[rid] = _Seq(hits, None, len(hits), serial)
-        for block_id in hits:  # taken before allocating: allocation may evict cached blocks
-            self.sharing.hold(block_id, rid)
-            self.gpu.take(block_id)
-        fresh = self.gpu.allocate(need)
+        seq = self.seqs[rid] = _Seq([], None, len(hits), serial)
+        moved: list[tuple[int, tuple[CacheKey, int]]] = []  # taken before allocating: allocation may evict cached blocks
+        for block_id, on_cpu in hits:
+            if on_cpu:
+                moved.append((block_id, tier.take(block_id)))
+            else:
+                self.sharing.hold(block_id, rid)
+                self.gpu.take(block_id)
+        fresh = self.gpu.allocate(need + num_cpu)
         assert fresh is not None, "checked above"
-        seq.table = hits + fresh
+        gpu_of: dict[int, int] = {}
+        for cpu_block, (key, key_serial) in moved:  # back in the GPU tier, same key
+            gpu_block = gpu_of[cpu_block] = fresh.pop()
+            cache.register(gpu_block, key[0], key[1], key_serial)
+            self.sharing.register(gpu_block, rid)
+            tier.copies_in.append((cpu_block, gpu_block))
+        seq.table = [gpu_of[b] if on_cpu else b for b, on_cpu in hits] + fresh
         self.prefix_cache_query_tokens += len(token_ids)
         self.prefix_cache_hit_tokens += num_cached
+        tier.hit_tokens += num_cpu * bs
         return Grant(rid, tuple(seq.table), num_cached)
 
     def _fork(self, op: Fork) -> list[Grant]:

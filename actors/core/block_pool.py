@@ -12,19 +12,24 @@ Allocation takes plain free blocks first, then evicts the least recently freed c
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
-from troupe.actors.core.prefix_cache import PrefixCache
+from troupe.actors.core.prefix_cache import CacheKey, PrefixCache
+
+Evicted = Callable[[int, CacheKey, int], None]  # (block id, its key, its serial)
 
 
 class BlockPool:
     """`num_blocks` blocks; `cache` is the prefix index (none given: nothing is ever cached)."""
 
-    def __init__(self, num_blocks: int, cache: PrefixCache | None = None) -> None:
+    def __init__(
+        self, num_blocks: int, cache: PrefixCache | None = None, on_evict: Evicted | None = None
+    ) -> None:
         if num_blocks < 0:
             raise ValueError(f"num_blocks must be >= 0, got {num_blocks}")
         self.num_blocks = num_blocks
         self.cache = cache if cache is not None else PrefixCache()
+        self.on_evict = on_evict  # told of each cached block evicted (the CPU tier keeps it)
         self.ref = [0] * num_blocks
         self._free: deque[int] = deque(range(num_blocks))
         self._lru: OrderedDict[int, None] = OrderedDict()
@@ -48,7 +53,9 @@ class BlockPool:
             free.clear()
             while len(out) < n:  # evict the oldest cached: the cache forgets what it held
                 block_id, _ = lru.popitem(last=False)
-                self.cache.forget(block_id)
+                key, serial = self.cache.forget(block_id)
+                if self.on_evict is not None:
+                    self.on_evict(block_id, key, serial)
                 out.append(block_id)
         else:
             return None

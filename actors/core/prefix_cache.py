@@ -36,8 +36,12 @@ class PrefixCache:
     def is_cached(self, block_id: int) -> bool:
         return block_id in self._entry_of
 
-    def register(self, block_id: int, parent_serial: int, token_ids: tuple[int, ...]) -> int:
-        """Record that `block_id` holds these tokens; return the serial that now names them.
+    def register(
+        self, block_id: int, parent_serial: int, token_ids: tuple[int, ...], serial: int = 0
+    ) -> int:
+        """Record that `block_id` holds these tokens; return the serial that now names them
+        (`serial`: the one an entry moving in from the other tier keeps, so its children's
+        keys stay valid; 0: a new one).
 
         If another block already holds the same prefix, that entry wins (first writer keeps
         it) and `block_id` stays unregistered; its request chains on from the existing serial.
@@ -52,12 +56,14 @@ class PrefixCache:
                 return entry[1]
             del index[key]  # misuse: undo the insert before raising
             raise ValueError(f"block {block_id} is already registered in the prefix cache")
-        serial = self._next_serial
-        self._next_serial = serial + 1
+        if serial == ROOT_SERIAL:
+            serial = self._next_serial
+            self._next_serial = serial + 1
         self._entry_of[block_id] = (key, serial)
         return serial
 
-    def forget(self, block_id: int) -> None:
-        """Drop the block's entry (it is being evicted for reuse)."""
-        key, _ = self._entry_of.pop(block_id)
-        del self._index[key]
+    def forget(self, block_id: int) -> tuple[CacheKey, int]:
+        """Drop the block's entry (it is being evicted for reuse); its key and serial."""
+        entry = self._entry_of.pop(block_id)
+        del self._index[entry[0]]
+        return entry

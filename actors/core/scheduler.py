@@ -294,6 +294,7 @@ class SchedulerCore:
             num_preemptions_recompute=self.planner.num_preemptions_recompute,
             prefix_cache_hit_tokens=pools.prefix_cache_hit_tokens,
             prefix_cache_query_tokens=pools.prefix_cache_query_tokens,
+            prefix_cache_cpu_hit_tokens=pools.prefix_cache_cpu_hit_tokens,
             num_steps=self.num_steps,
             num_spec_proposed_tokens=spec.num_proposed,
             num_spec_accepted_tokens=spec.num_accepted,

@@ -58,6 +58,8 @@ async def test_metrics_count_requests_and_read_engine_stats(server) -> None:  # 
     for mode in ("swap", "recompute"):
         assert ("troupe_preemptions_total", (("mode", mode),)) in after
     assert ("troupe_prefix_cache_hit_tokens_total", ()) in after
+    for tier in ("gpu", "cpu"):
+        assert ("troupe_prefix_cache_tier_hit_tokens_total", (("tier", tier),)) in after
 
 
 def test_speculative_decoding_metrics_from_stats() -> None:

@@ -1,7 +1,8 @@
 """Property tests: scheduler + allocator + fake runner under random load, tiny pools, aborts.
 
 Whatever the pool size, queue policy and preemption mode, every request that is not aborted
-must produce exactly the tokens it produces with an unlimited pool (the fake runner's output
+must produce exactly the tokens it produces with an unlimited pool (with or without the prefix
+cache's CPU tier) (the fake runner's output
 depends on every KV slot it reads back), end exactly once and in bounded time (nothing starves),
 and leave every block free or cached. The planner counts what it may ask for exactly enough that
 the real allocator never refuses; an allocator that refuses at random shows the scheduler
@@ -91,6 +92,7 @@ def workloads(draw: st.DrawFn) -> dict:
         "max_num_seqs": draw(st.integers(1, 8)),
         "budget": draw(st.integers(4, 40)),
         "caching": draw(st.booleans()),
+        "cpu_tier": draw(st.booleans()),  # evicted cached blocks move to the CPU pool
         "policy": draw(st.sampled_from(["fcfs", "priority"])),
         "refusals": draw(st.lists(st.booleans(), max_size=80)),
     }
@@ -117,6 +119,7 @@ def _run(
         scheduling_policy=w["policy"],
         check=check_allocator,
         speculative=speculative,
+        cpu_prefix_tier=w["cpu_tier"],
     )
     if refusing:
         loop.allocator = RefusingAllocator(
@@ -125,6 +128,7 @@ def _run(
             num_gpu_blocks=w["num_gpu_blocks"],
             num_cpu_blocks=w["num_cpu_blocks"],
             enable_prefix_caching=w["caching"],
+            cpu_prefix_tier=w["cpu_tier"],
         )
     inject: dict[int, list] = {}
     for rid, prompt, params, at, abort_at in w["reqs"]:
@@ -192,3 +196,11 @@ def test_random_load_matches_unlimited_pool_recompute(w: dict) -> None:
 @given(workloads(), st.sampled_from(["auto", "swap", "recompute"]))
 def test_random_refusals_lose_nothing(w: dict, mode: str) -> None:
     _run(w, mode, refusing=True)
+
+
+@_settings
+@given(workloads(), st.sampled_from(["auto", "recompute"]))
+def test_random_load_with_the_cpu_tier_matches_unlimited_pool(w: dict, mode: str) -> None:
+    """Evicted cached blocks move to a roomy CPU pool and come back on hits (the fake runner
+    reads back every KV slot, so a wrong copy changes the tokens)."""
+    _run({**w, "caching": True, "cpu_tier": True, "num_cpu_blocks": 64}, mode)

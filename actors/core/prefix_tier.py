@@ -1,0 +1,59 @@
+"""The prefix cache's CPU tier: cached GPU blocks that are evicted move to the CPU pool instead of
+being forgotten, and come back on a prefix hit instead of being recomputed.
+
+An entry keeps its key and serial when it moves between tiers, so the chain of keys stays valid
+across them (a GPU child of a CPU parent is found by walking both). Its CPU blocks share the
+pool with swapping: they are cached free blocks there, evicted (oldest first) when a swap-out
+or a newer entry needs room. Copies ride the swap path: the executor copies GPU to CPU before
+CPU to GPU, both before the step computes, so an evicted GPU block is read before its new owner
+writes it.
+
+    GPU evicts b7 (key K, serial 9)   copy b7 -> c3, K now names c3 in the CPU index
+    a prompt hits K                   c3 -> fresh GPU b2, K names b2 in the GPU index again
+"""
+
+from __future__ import annotations
+
+from troupe.actors.core.block_pool import BlockPool
+from troupe.actors.core.prefix_cache import CacheKey
+
+
+class CpuPrefixTier:
+    def __init__(self, cpu: BlockPool, *, enabled: bool) -> None:
+        self.cpu, self.enabled = cpu, enabled
+        self.copies_out: list[tuple[int, int]] = []  # this batch's (gpu, cpu) copies
+        self.copies_in: list[tuple[int, int]] = []  # this batch's (cpu, gpu) copies
+        self.hit_tokens = 0  # cumulative prompt tokens served from this tier
+        self._held: list[int] = []  # CPU blocks this batch writes or reads: kept until it ends
+
+    def evicted(self, gpu_block: int, key: CacheKey, serial: int) -> None:
+        """A cached GPU block is being reused: keep its KV here if there is room."""
+        cache = self.cpu.cache
+        if not self.enabled or cache.lookup(*key) is not None:
+            return
+        got = self.cpu.allocate(1)  # may evict this tier's oldest entry
+        if got is None:
+            return
+        cache.register(got[0], key[0], key[1], serial)
+        self.copies_out.append((gpu_block, got[0]))
+        self._held += got
+
+    def lookup(self, parent_serial: int, token_ids: tuple[int, ...]) -> int | None:
+        return self.cpu.cache.lookup(parent_serial, token_ids) if self.enabled else None
+
+    def serial(self, cpu_block: int) -> int:
+        return self.cpu.cache.serial(cpu_block)
+
+    def take(self, cpu_block: int) -> tuple[CacheKey, int]:
+        """A hit: its entry (key, serial) leaves this tier, to move back to a GPU block (the
+        caller adds the copy); the block is held while the batch reads it, never evicted."""
+        self.cpu.take(cpu_block)
+        self._held.append(cpu_block)
+        return self.cpu.cache.forget(cpu_block)
+
+    def end_batch(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+        """This batch's copies (out, in); its blocks go back to the pool (entries: cached)."""
+        copies = self.copies_out, self.copies_in
+        self.cpu.release(self._held)
+        self.copies_out, self.copies_in, self._held = [], [], []
+        return copies
