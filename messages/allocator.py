@@ -1,13 +1,10 @@
 """Inbox of the Allocator: one AllocateBatch per scheduling step, an ordered list of ops.
 
 The allocator applies the ops in order and answers one `AllocationResult` (messages/scheduler.py).
-The scheduler builds each batch as: cache newly computed blocks, free ended requests, shrink
-the tables of requests that hold proposal slots they no longer need, swap out,
-grow running requests, swap in, allocate new ones -- so blocks freed (and cached) by one op are
+The scheduler sends them in OP_ORDER (below), so blocks freed (and cached) by one op are
 available to the ops after it, and a shortage lands on the least urgent work, which the
 allocator refuses (`Refusal`, with a reason).
 """
-
 from __future__ import annotations
 
 import msgspec
@@ -109,6 +106,15 @@ AllocOp = (
     | AllocateNew
     | Fork
 )
+
+
+# The order ops apply in: releases first (their blocks serve the rest), then by queue.
+# CacheBlocks before ReleaseBlocks: a block is registered before a window lets it go. A Shrink
+# goes before FreeRequest: a request shrunk, then chosen as a victim, is freed after. A Fork
+# after every release (the blocks it takes were counted free) and before its samples' ops.
+OP_ORDER = (
+    CacheBlocks, ReleaseBlocks, Shrink, FreeRequest, SwapOut, Fork, Grow, SwapIn, AllocateNew
+)  # fmt: skip
 
 
 class AllocateBatch(msgspec.Struct, frozen=True, kw_only=True, tag=True, gc=False):

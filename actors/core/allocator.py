@@ -11,7 +11,7 @@ from typing import Any
 from troupe.actors.core.base import Outgoing
 from troupe.actors.core.block_pool import BlockPool
 from troupe.actors.core.block_sharing import BlockSharing
-from troupe.actors.core.prefix_cache import ROOT_SERIAL, CacheKey, PrefixCache
+from troupe.actors.core.prefix_cache import ROOT_SERIAL, PrefixCache
 from troupe.actors.core.prefix_tier import CpuPrefixTier
 from troupe.messages.allocator import (
     AllocateBatch,
@@ -134,23 +134,14 @@ class AllocatorCore:
         return seq
 
     def _allocate_new(self, op: AllocateNew) -> Grant | Refusal:
-        """Its longest cached prefix (whole blocks, never the last token: it must be computed to
-        give logits), then blocks for `num_new_tokens` more tokens."""
+        """Its longest cached prefix (prefix_tier.walk), then blocks for num_new_tokens more."""
         rid, token_ids, bs, cache = op.request_id, op.token_ids, self.block_size, self.cache
         if rid in self.seqs:
             raise ValueError(f"allocator: request {rid!r} already holds blocks")
         if op.num_new_tokens < 1 or not token_ids:
             raise ValueError(f"allocator: AllocateNew of {rid!r} needs tokens, got {op}")
-        hits: list[tuple[int, bool]] = []  # (block, whether in the CPU tier)
-        serial, tier = ROOT_SERIAL, self.tier
-        for i in range((len(token_ids) - 1) // bs):
-            chunk = token_ids[i * bs : (i + 1) * bs]
-            block_id = cache.lookup(serial, chunk)
-            on_cpu = block_id is None and (block_id := tier.lookup(serial, chunk)) is not None
-            if block_id is None:
-                break
-            hits.append((block_id, on_cpu))
-            serial = tier.serial(block_id) if on_cpu else cache.serial(block_id)
+        tier = self.tier
+        hits, serial = tier.walk(cache, token_ids, bs)  # (block, whether in the CPU tier)
         num_cached = len(hits) * bs
         need = -(-min(len(token_ids), num_cached + op.num_new_tokens) // bs) - len(hits)
         # cached-free GPU hits use up free blocks, and each CPU hit needs a GPU block
@@ -159,21 +150,18 @@ class AllocatorCore:
         if need + revived + num_cpu > self.gpu.num_free:
             return Refusal(rid, NO_GPU)
         seq = self.seqs[rid] = _Seq([], None, len(hits), serial)
-        moved: list[tuple[int, tuple[CacheKey, int]]] = []  # taken before allocating: allocation may evict cached blocks
+        # taken before allocating: allocation may evict cached blocks
+        moved = [(b, tier.take(b)) for b, on_cpu in hits if on_cpu]
         for block_id, on_cpu in hits:
-            if on_cpu:
-                moved.append((block_id, tier.take(block_id)))
-            else:
+            if not on_cpu:
                 self.sharing.hold(block_id, rid)
                 self.gpu.take(block_id)
         fresh = self.gpu.allocate(need + num_cpu)
         assert fresh is not None, "checked above"
         gpu_of: dict[int, int] = {}
-        for cpu_block, (key, key_serial) in moved:  # back in the GPU tier, same key
-            gpu_block = gpu_of[cpu_block] = fresh.pop()
-            cache.register(gpu_block, key[0], key[1], key_serial)
+        for cpu_block, entry in moved:  # back in the GPU tier under the same key
+            gpu_block = gpu_of[cpu_block] = tier.bring_back(cpu_block, entry, fresh.pop(), cache)
             self.sharing.register(gpu_block, rid)
-            tier.copies_in.append((cpu_block, gpu_block))
         seq.table = [gpu_of[b] if on_cpu else b for b, on_cpu in hits] + fresh
         self.prefix_cache_query_tokens += len(token_ids)
         self.prefix_cache_hit_tokens += num_cached

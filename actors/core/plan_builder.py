@@ -26,7 +26,7 @@ def build_plan(
             assert req is not None, f"refused SwapOut of unknown request {rid!r}"
             req.in_allocator = False
             if req.status == Status.SWAPPED:
-                planner.to_recompute(req)
+                q.recompute(req)
                 planner.num_preemptions_swap -= 1
                 planner.num_preemptions_recompute += 1
             continue

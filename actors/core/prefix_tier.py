@@ -15,7 +15,7 @@ writes it.
 from __future__ import annotations
 
 from troupe.actors.core.block_pool import BlockPool
-from troupe.actors.core.prefix_cache import CacheKey
+from troupe.actors.core.prefix_cache import ROOT_SERIAL, CacheKey, PrefixCache
 
 
 class CpuPrefixTier:
@@ -38,11 +38,24 @@ class CpuPrefixTier:
         self.copies_out.append((gpu_block, got[0]))
         self._held += got
 
-    def lookup(self, parent_serial: int, token_ids: tuple[int, ...]) -> int | None:
-        return self.cpu.cache.lookup(parent_serial, token_ids) if self.enabled else None
-
-    def serial(self, cpu_block: int) -> int:
-        return self.cpu.cache.serial(cpu_block)
+    def walk(
+        self, gpu: PrefixCache, token_ids: tuple[int, ...], block_size: int
+    ) -> tuple[list[tuple[int, bool]], int]:
+        """The longest cached prefix of whole blocks (never the last token: it must be computed
+        to give logits), across both tiers: [(block, whether in this tier)], its last serial."""
+        hits: list[tuple[int, bool]] = []
+        serial, bs, cpu = ROOT_SERIAL, block_size, self.cpu.cache
+        for i in range((len(token_ids) - 1) // bs):
+            chunk = token_ids[i * bs : (i + 1) * bs]
+            block_id = gpu.lookup(serial, chunk)
+            on_cpu = block_id is None and self.enabled
+            if on_cpu:
+                block_id = cpu.lookup(serial, chunk)
+            if block_id is None:
+                break
+            hits.append((block_id, on_cpu))
+            serial = cpu.serial(block_id) if on_cpu else gpu.serial(block_id)
+        return hits, serial
 
     def take(self, cpu_block: int) -> tuple[CacheKey, int]:
         """A hit: its entry (key, serial) leaves this tier, to move back to a GPU block (the
@@ -50,6 +63,15 @@ class CpuPrefixTier:
         self.cpu.take(cpu_block)
         self._held.append(cpu_block)
         return self.cpu.cache.forget(cpu_block)
+
+    def bring_back(
+        self, cpu_block: int, entry: tuple[CacheKey, int], gpu_block: int, gpu: PrefixCache
+    ) -> int:
+        """A taken hit's entry, registered again for `gpu_block`, which its KV is copied to."""
+        (parent, token_ids), serial = entry
+        gpu.register(gpu_block, parent, token_ids, serial)
+        self.copies_in.append((cpu_block, gpu_block))
+        return gpu_block
 
     def end_batch(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
         """This batch's copies (out, in); its blocks go back to the pool (entries: cached)."""

@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import bisect
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
 
 import msgspec
 from troupe.actors.core.ngram_proposer import NgramIndex
 from troupe.actors.core.queue_policy import QueuePolicy
+from troupe.messages.common import FinishReason
 from troupe.messages.sampling import SamplingParams
 from troupe.messages.scheduler import AdmittedRequest
+from troupe.messages.streamer import SeqOutput
 
 
 class Status(enum.IntEnum):
@@ -85,6 +88,24 @@ class Request:
     def num_tokens(self) -> int:
         return len(self.token_ids)
 
+    def append_tokens(self, new: Sequence[int]) -> tuple[int, FinishReason | None, int | None]:
+        """Append sampled tokens up to the first stop token or max_total_tokens: how many it
+        kept, the finish reason if that ended it, and the stop token."""
+        tokens = self.token_ids
+        for kept, token_id in enumerate(new, 1):
+            tokens.append(token_id)
+            if token_id in self.stop_ids:
+                return kept, FinishReason.STOP, token_id
+            if len(tokens) >= self.max_total_tokens:
+                return kept, FinishReason.LENGTH, None
+        return len(new), None, None
+
+    def failed(self, message: str) -> SeqOutput:
+        """Its terminal output when it fails with `message`."""
+        return SeqOutput(
+            self.request_id, (), FinishReason.ERROR, None, None, self.num_cached_tokens, message
+        )
+
     @property
     def compute_end(self) -> int:
         """Tokens it computes before sampling: all, but a parent stops before its last one."""
@@ -129,6 +150,11 @@ class RequestQueues:
                 self.to_free[req.request_id] = req
             if req.in_executor:
                 self.released.append(req.request_id)
+
+    def recompute(self, req: Request) -> None:
+        """Back to waiting with nothing computed (its blocks are freed)."""
+        req.num_computed = req.num_committed_blocks = req.num_cpu_blocks = 0
+        self.move(req, Status.WAITING)
 
     def find(self, request_id: str) -> Request | None:
         """A request the allocator may hold blocks for: live, or ended and not yet freed."""

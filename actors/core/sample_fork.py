@@ -88,7 +88,8 @@ class SampleForks:
                 q.running.remove(parent)  # waits a step, neither planned nor a victim
                 self._rejoin.append(parent)
                 continue
-            if not planner.make_room(parent, need):
+            held = parent.num_blocks - parent.num_released
+            if planner.room(parent, need, need + held) is None:
                 continue  # preempted or failed
             budget -= k
             self._fork(planner, parent, cover)

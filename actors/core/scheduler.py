@@ -42,7 +42,7 @@ from troupe.messages.tokenizer import AbortRequest
 
 log = structlog.get_logger("troupe.scheduler")
 Phase = Literal["idle", "allocating", "stepping"]
-STOP, LENGTH, ABORT = FinishReason.STOP, FinishReason.LENGTH, FinishReason.ABORT
+ABORT = FinishReason.ABORT
 
 
 class SchedulerCore:
@@ -71,14 +71,10 @@ class SchedulerCore:
         speculative: SpecSettings | None = None,
         kv_window: int = 0,
     ) -> None:
-        sizes = (block_size, num_gpu_blocks, max_num_seqs, max_num_batched_tokens)
         self.limits = StepLimits(
-            *sizes,
-            enable_prefix_caching,
-            num_lookahead_tokens,
-            kv_window,
-            max_chunk_tokens=max_chunk_tokens,
-        )
+            block_size, num_gpu_blocks, max_num_seqs, max_num_batched_tokens,
+            enable_prefix_caching, num_lookahead_tokens, kv_window, max_chunk_tokens,
+        )  # fmt: skip
         self.num_cpu_blocks = num_cpu_blocks
         self.queues = RequestQueues(make_queue_policy(scheduling_policy))
         preemption = make_preemption_policy(preemption_mode)
@@ -96,8 +92,6 @@ class SchedulerCore:
         self.grammar = GrammarFeed()
         self._pending: list[SeqOutput] = []  # terminal outputs from outside a step
         self._time = 0.0  # latest time seen in a message (TokenBatch.time outside steps)
-
-    # -- the actor interface -----------------------------------------------------------------
 
     def handle(self, batch: Sequence[SchedulerInbox]) -> Outgoing:
         out: Outgoing = []
@@ -128,8 +122,6 @@ class SchedulerCore:
             out.append(("allocator", request))
         return out
 
-    # -- inbox events ------------------------------------------------------------------------
-
     def add(self, msg: AdmittedRequest) -> None:
         """Queue a new request (duplicates of a live id are ignored: admission prevents them)."""
         self._time = max(self._time, msg.arrival_time)
@@ -139,10 +131,10 @@ class SchedulerCore:
         req = Request.admit(msg, self._num_arrivals, self.eos_token_ids)
         lim = self.limits
         if lim.blocks_for(req.num_tokens) > lim.num_gpu_blocks or not req.token_ids:
-            self._pending.append(self._fail_output(req, self._too_big(req)))
+            self._pending.append(req.failed(self.limits.too_big(req.num_tokens)))
         elif req.num_samples > min(lim.max_num_seqs, lim.max_num_batched_tokens):
             message = f"{req.num_samples} samples cannot run at once (max_num_seqs)"
-            self._pending.append(self._fail_output(req, message))
+            self._pending.append(req.failed(message))
         else:
             for queued in self.planner.forks.add(req):  # itself, or its samples (n > 1)
                 self.queues.add(queued)
@@ -180,7 +172,7 @@ class SchedulerCore:
             raise ValueError(f"scheduler: cannot schedule while {self.phase}")
         ops = self.planner.plan(self.pools.num_gpu_free, self.pools.num_cpu_free)
         self._pending.extend(
-            self._fail_output(r, self._too_big(r)) for r in self.planner.unfittable
+            r.failed(self.limits.too_big(r.num_tokens)) for r in self.planner.unfittable
         )
         self.planner.unfittable = []
         if ops is None:
@@ -211,7 +203,7 @@ class SchedulerCore:
         for req, _, _ in self.in_flight if result.error is not None else ():
             if req.status != Status.FINISHED:  # not aborted or stopped mid-step
                 self.queues.finish(req)
-                outputs.append(self._fail_output(req, f"step failed: {result.error}"))
+                outputs.append(req.failed(f"step failed: {result.error}"))
         self.in_flight = []
         return TokenBatch(
             step_id=result.step_id, time=self._time, outputs=tuple(outputs), stats=self.stats()
@@ -225,7 +217,7 @@ class SchedulerCore:
             reason = reasons.get(req.request_id)
             if reason is not None and sample and req.status != Status.FINISHED:
                 self.queues.finish(req)
-                outputs.append(self._fail_output(req, f"{reason} at step {result.step_id}"))
+                outputs.append(req.failed(f"{reason} at step {result.step_id}"))
 
     def _apply_tokens(self, sampled: Sequence[SampledToken], outputs: list[SeqOutput]) -> None:
         """Append each in-flight request's sampled token; its SeqOutput goes to `outputs`."""
@@ -250,7 +242,7 @@ class SchedulerCore:
                 by_id = by_id or {s.request_id: s for s in sampled}
                 if (found := by_id.get(rid)) is None:
                     finish(req)
-                    append(self._fail_output(req, "the executor returned no token for it"))
+                    append(req.failed("the executor returned no token for it"))
                     continue
                 token = found
             if speculating:  # a draft model's proposals for the next step (or none)
@@ -262,20 +254,12 @@ class SchedulerCore:
                 if out.finish_reason is not None:
                     finish(req)
                 continue
-            token_id = token.token_id
-            tokens = req.token_ids
-            tokens.append(token_id)
+            new = (token.token_id,)
+            _, reason, stop = req.append_tokens(new)
+            if reason is not None:
+                finish(req)
             lp = None if token.logprob is None else (token.logprob,)
-            if token_id in req.stop_ids:
-                finish(req)
-                append(SeqOutput(rid, (token_id,), STOP, token_id, lp, req.num_cached_tokens))
-            elif len(tokens) >= req.max_total_tokens:
-                finish(req)
-                append(SeqOutput(rid, (token_id,), LENGTH, None, lp, req.num_cached_tokens))
-            else:
-                append(SeqOutput(rid, (token_id,), None, None, lp, req.num_cached_tokens))
-
-    # -- outputs -----------------------------------------------------------------------------
+            append(SeqOutput(rid, new, reason, stop, lp, req.num_cached_tokens))
 
     def stats(self) -> EngineStats:
         """A snapshot of pools (as of the last AllocationResult), queues and counters."""
@@ -313,16 +297,3 @@ class SchedulerCore:
             raise ValueError(
                 f"scheduler: {what} for step {step_id} while {self.phase} step {self.step_id}"
             )
-
-    def _too_big(self, req: Request) -> str:
-        return (
-            f"request needs {self.limits.blocks_for(req.num_tokens)} KV blocks of "
-            f"{self.limits.block_size} tokens for its {req.num_tokens} tokens, but the GPU pool "
-            f"holds only {self.limits.num_gpu_blocks} (num_kv_blocks)"
-        )
-
-    @staticmethod
-    def _fail_output(req: Request, message: str) -> SeqOutput:
-        return SeqOutput(
-            req.request_id, (), FinishReason.ERROR, None, None, req.num_cached_tokens, message
-        )

@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from troupe.actors.core.ngram_proposer import NgramIndex
 from troupe.actors.core.request_state import Request
 from troupe.config import EngineConfig, SpeculativeMethod
-from troupe.messages.common import FinishReason
 from troupe.messages.scheduler import SampledToken
 from troupe.messages.streamer import SeqOutput
 
@@ -107,21 +106,9 @@ class Speculator:
         if accepted > len(draft) or new[:accepted] != draft[:accepted]:
             raise ValueError(f"executor accepted {new} for proposals {draft} of {req.request_id}")
         self.record(req, len(draft), accepted)
-        tokens = req.token_ids
-        reason: FinishReason | None = None
-        stop: int | None = None
-        kept = 0
-        for token_id in new:
-            tokens.append(token_id)
-            kept += 1
-            if token_id in req.stop_ids:
-                reason, stop = FinishReason.STOP, token_id
-                break
-            if len(tokens) >= req.max_total_tokens:
-                reason = FinishReason.LENGTH
-                break
+        kept, reason, stop = req.append_tokens(new)
         # the accepted proposals' KV is the sequence's (as far as it was kept)
-        req.num_computed = min(end + accepted, len(tokens))
+        req.num_computed = min(end + accepted, len(req.token_ids))
         logprobs = None
         if token.logprob is not None:
             lps = (token.logprob, *token.more_logprobs)[:kept]

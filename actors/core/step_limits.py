@@ -44,6 +44,14 @@ class StepLimits:
         cap = self.max_chunk_tokens
         return min(num_tokens, budget, cap) if cap else min(num_tokens, budget)
 
+    def too_big(self, num_tokens: int) -> str:
+        """Why a request of num_tokens can never run here."""
+        return (
+            f"request needs {self.blocks_for(num_tokens)} KV blocks of {self.block_size} tokens "
+            f"for its {num_tokens} tokens, but the GPU pool holds only {self.num_gpu_blocks} "
+            "(num_kv_blocks)"
+        )
+
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 

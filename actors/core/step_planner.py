@@ -5,10 +5,9 @@ Budget and seats go to running decodes, then running prefills in chunks (a long 
 stalls decodes), then swapped requests, then waiting ones, each in queue order. A step that
 preempted admits nobody, so a preempted request is not overtaken by later arrivals.
 
-Lookahead: see step_limits.py. AllocateNew never covers past the prompt (a new request gets its
-lookahead at its first decode).
-Speculative decoding: a decode's table also covers its proposals (Work.draft), and shrinks
-back when fewer are proposed (speculator.py says when and what).
+Lookahead: step_limits.py (AllocateNew never covers it: a new request gets it at its first
+decode). Speculative decoding: a decode's table also covers its proposals (Work.draft), and
+shrinks back when fewer are proposed (speculator.py says when and what).
 """
 
 from __future__ import annotations
@@ -19,6 +18,7 @@ from troupe.actors.core.sample_fork import SampleForks
 from troupe.actors.core.speculator import SpecSettings, Speculator
 from troupe.actors.core.step_limits import StepLimits
 from troupe.messages.allocator import (
+    OP_ORDER,
     AllocateNew,
     AllocOp,
     CacheBlocks,
@@ -30,14 +30,6 @@ from troupe.messages.allocator import (
     SwapIn,
     SwapOut,
 )
-
-# The order ops apply in: releases first (their blocks serve the rest), then by queue.
-# CacheBlocks before ReleaseBlocks: a block is registered before a window lets it go. A Shrink
-# goes before FreeRequest: a request shrunk, then chosen as a victim, is freed after. A Fork
-# after every release (the blocks it takes were counted free) and before its samples' ops.
-OP_ORDER = (
-    CacheBlocks, ReleaseBlocks, Shrink, FreeRequest, SwapOut, Fork, Grow, SwapIn, AllocateNew
-)  # fmt: skip
 
 
 class StepPlanner:
@@ -147,21 +139,14 @@ class StepPlanner:
         if need < 0:  # held for earlier proposals, past everything this step needs
             req.num_blocks += need
             self._shrinks[rid] = Shrink(rid, req.num_blocks * lim.block_size)
-            self._avail -= need
-        self.work[rid] = Work(req, 1 + len(draft), Kind.RUN, max(need, 0), draft, max(-need, 0))
-        if need > 0:
+        elif need > 0:
             self._grows[rid] = Grow(rid, cover + len(draft))
-            self._avail -= need
+        self._avail -= need
+        self.work[rid] = Work(req, 1 + len(draft), Kind.RUN, max(need, 0), draft, max(-need, 0))
         return budget - 1 - len(draft)
 
     def add_fork(self, fork: Fork) -> None:
         self._ops[Fork].append(fork)
-
-    def make_room(self, req: Request, need: int) -> bool:
-        """Count `need` blocks for running `req` (a fork), preempting the policy's victims
-        until they fit, as a grow would; False if `req` itself gave way (or failed)."""
-        held = req.num_blocks - req.num_released
-        return self._room(req, need, need + held) is not None
 
     def _seats(self) -> int:
         return self.limits.max_num_seqs - len(self.queues.running) - self._extra_seats
@@ -171,10 +156,9 @@ class StepPlanner:
         return self.limits.num_lookahead_tokens if req.num_computed + n == req.num_tokens else 0
 
     def _fit(self, req: Request, n: int, need: int, budget: int) -> int:
-        """Plan `n` tokens of a running request that needs `need` more blocks (preempting if
-        they do not fit); the budget left."""
+        """Plan `n` tokens of a running request needing `need` more blocks; the budget left."""
         total = self.limits.blocks_for(req.num_computed + n) - req.num_released
-        got = self._room(req, need, total)
+        got = self.room(req, need, total)
         budget, self._returned = budget + self._returned, 0
         if got is None:
             return budget
@@ -185,11 +169,10 @@ class StepPlanner:
             self._grows[req.request_id] = Grow(req.request_id, cover)
         return budget - n
 
-    def _room(self, req: Request, need: int, total: int) -> int | None:
-        """Count `need` more blocks for running `req`, preempting the policy's victims until
-        they fit; the count taken, or None if `req` gave way (preempted, or failed: `total`,
-        the blocks it would hold, exceeds the pool). Tokens that victims had planned this step
-        go to `_returned`."""
+    def room(self, req: Request, need: int, total: int) -> int | None:
+        """Count `need` more blocks for running `req` (a grow, a chunk, a fork), preempting the
+        policy's victims until they fit; the count taken, or None if `req` gave way (preempted,
+        or failed: `total`, the blocks it would hold, exceeds the pool)."""
         lim = self.limits
         while need > self._avail:
             self._preempted = True
@@ -209,7 +192,7 @@ class StepPlanner:
                 break
             undone = self.work.pop(victim.request_id, None)
             self._grows.pop(victim.request_id, None)
-            if undone is not None:  # planned earlier this step: give its share back
+            if undone is not None:  # planned earlier this step: its share back (_fit's budget)
                 self._returned += undone.num_tokens
                 self._avail += undone.need
             self._preempt(victim)
@@ -239,7 +222,7 @@ class StepPlanner:
         req.needs_reset = True
         if not self.preemption.swaps(req, self._cpu_avail):
             self._free(req)
-            self.to_recompute(req)
+            self.queues.recompute(req)
             self.num_preemptions_recompute += 1
             return
         self._ops[SwapOut].append(SwapOut(req.request_id))
@@ -256,11 +239,6 @@ class StepPlanner:
         if self.queues.to_free.pop(req.request_id, None) is not None:
             self._free(req)
         self.unfittable.append(req)
-
-    def to_recompute(self, req: Request) -> None:
-        """Back to waiting with nothing computed (its blocks are freed)."""
-        req.num_computed = req.num_committed_blocks = req.num_cpu_blocks = 0
-        self.queues.move(req, Status.WAITING)
 
     def _start(self, req: Request, work: Work, op: SwapIn | AllocateNew) -> None:
         """Start a swapped or waiting request this step, with the blocks `work` counts."""
