@@ -8,6 +8,10 @@ string, and releases it once it cannot:
                       feed("N")     -> ""       (hold "EN")
                       feed("D!")    -> match: output stops before "END"; "!" is dropped
     false start:      feed("the E") -> "the ", feed("x") -> "Ex"
+
+Text passed through `skip` (tokens before min_tokens, as vLLM has it) is emitted unmatched but
+kept as context: a stop string may start in it and end in fed text (the client has already seen
+its start; the output ends there).
 """
 
 from __future__ import annotations
@@ -23,7 +27,9 @@ class StopStringMatcher:
             raise ValueError("stop strings must be non-empty")
         self._stops = tuple(stops)
         self._include = include_in_output
-        self._held = ""
+        self._held = ""  # seen, not emitted: could grow into a stop string
+        self._context = ""  # the end of the emitted text a stop string may start in
+        self._lookback = max((len(stop) for stop in self._stops), default=1) - 1
         self.matched: str | None = None  # the stop string that ended the stream, once it has
 
     def feed(self, text: str) -> str:
@@ -33,29 +39,44 @@ class StopStringMatcher:
             return ""
         if not self._stops:
             return text
-        buffer = self._held + text
-        match = self._earliest_match(buffer)
+        emitted = len(self._context)
+        buffer = self._context + self._held + text
+        match = self._earliest_match(buffer, emitted)
         if match is not None:
             start, stop = match
             self.matched = stop
-            self._held = ""
-            return buffer[: start + len(stop)] if self._include else buffer[:start]
-        keep = self._partial_suffix_len(buffer)
+            self._held = self._context = ""
+            return buffer[emitted : start + len(stop)] if self._include else buffer[emitted:start]
+        keep = min(self._partial_suffix_len(buffer), len(buffer) - emitted)
         self._held = buffer[len(buffer) - keep :]
-        return buffer[: len(buffer) - keep]
+        out = buffer[emitted : len(buffer) - keep]
+        self._remember(out)
+        return out
+
+    def skip(self, text: str) -> str:
+        """Emit `text` unmatched, keeping its end as context for the text fed later."""
+        if self._stops and self.matched is None:
+            self._remember(self._held + text)  # nothing is held across skips: flush it
+            text, self._held = self._held + text, ""
+        return text
+
+    def _remember(self, emitted: str) -> None:
+        if self._lookback:
+            self._context = (self._context + emitted)[-self._lookback :]
 
     def flush(self) -> str:
         """At the end of the stream: the held-back text, which turned out not to be a stop."""
         held, self._held = self._held, ""
         return held
 
-    def _earliest_match(self, buffer: str) -> tuple[int, str] | None:
+    def _earliest_match(self, buffer: str, emitted: int) -> tuple[int, str] | None:
         # The match that completes first wins, as it would token by token, so the result does
         # not depend on how the text was cut into deltas; on a tie, the earliest start (the
-        # longer stop), then the stop listed first. The held text never holds a whole stop.
+        # longer stop), then the stop listed first. Only a match that ends past the `emitted`
+        # context counts (the context itself never held a whole stop that could match).
         best: tuple[int, int, str] | None = None  # (end, start, stop)
         for stop in self._stops:
-            start = buffer.find(stop)
+            start = buffer.find(stop, max(0, emitted - len(stop) + 1))
             if start >= 0:
                 found = (start + len(stop), start, stop)
                 if best is None or found[:2] < best[:2]:

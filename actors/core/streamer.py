@@ -304,7 +304,8 @@ class StreamerCore:
         for token_id in output.token_ids:
             num_kept += 1
             text = stream.detokenizer.push(token_id)
-            texts.append(text if num_kept <= num_unmatched else stream.stops.feed(text))
+            stops = stream.stops
+            texts.append(stops.skip(text) if num_kept <= num_unmatched else stops.feed(text))
             if stream.stops.matched is not None:
                 break  # tokens after the stop string are not part of the output
         token_ids = output.token_ids[:num_kept]

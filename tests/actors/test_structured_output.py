@@ -152,3 +152,24 @@ async def test_ignore_eos_with_structured_output_is_rejected(engine: Engine) -> 
     params = SamplingParams(ignore_eos=True, structured_outputs=StructuredOutputs(regex="a+"))
     end = terminal(await collect(engine, PROMPT, params))
     assert isinstance(end, Rejected) and end.field == "ignore_eos"
+
+
+async def test_parallel_samples_each_follow_the_schema(engine: Engine) -> None:
+    """n = 4 samples of one prompt share its prefill (sample_fork.py), then each is constrained
+    by its own grammar state: every one validates, and they differ (sampled, seed + index)."""
+    schema = make_schemas(1)[0]
+    spec = StructuredOutputs.from_schema(schema)
+    params = SamplingParams(max_tokens=48, temperature=1.0, seed=3, n=4, structured_outputs=spec)
+    events = await collect(engine, "Four JSON objects, one each:", params)
+    samples: dict[int, list[Any]] = {}
+    for event in events:
+        samples.setdefault(event.index, []).append(event)
+    assert sorted(samples) == [0, 1, 2, 3]
+    texts = []
+    for sample in samples.values():
+        end = sample[-1]
+        assert isinstance(end, Finished) and end.finish_reason == "stop", end
+        texts.append(text(sample))
+        jsonschema.validate(json.loads(texts[-1]), json.loads(spec.json))  # type: ignore[arg-type]
+    assert len(set(texts)) > 1, texts
+    await wait_blocks_free(engine)

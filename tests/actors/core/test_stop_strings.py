@@ -86,3 +86,24 @@ def test_equivalent_to_matching_the_whole_text(
     else:
         assert m.matched is None
         assert out + m.flush() == text
+
+
+def test_a_stop_string_may_start_in_skipped_text() -> None:
+    """vLLM's min_tokens: skipped text is emitted unmatched, but a stop string that starts in
+    it and ends in later text matches (the client already saw its start)."""
+    m = StopStringMatcher(["END"])
+    assert m.skip("the EN") == "the EN"  # would have matched "END" here: not checked yet
+    assert m.matched is None
+    assert m.feed("D and more") == ""
+    assert m.matched == "END"
+    included = StopStringMatcher(["END"], include_in_output=True)
+    assert included.skip("the E") == "the E"
+    assert included.feed("N") == ""  # held: could still be END
+    assert included.feed("D!") == "ND"
+
+
+def test_a_stop_string_wholly_in_skipped_text_never_matches() -> None:
+    m = StopStringMatcher(["END"])
+    assert m.skip("END") == "END"
+    assert m.feed("x") == "x" and m.matched is None
+    assert m.feed(" EN") == " " and m.feed("Dx") == "" and m.matched == "END"
