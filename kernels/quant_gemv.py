@@ -213,6 +213,22 @@ def _fp8_skinny_kernel(
     tl.store(out, acc, mask=(rm < M)[:, None] & row_ok[None, :])
 
 
+def _gemv_shape(
+    n: int, m: int, k: int, block_k: int, device: torch.device, widths: tuple[int, ...]
+) -> tuple[int, int]:
+    """(block_n, K splits) for a GEMV: the widest tile that still gives the device about four
+    programs per SM without splitting K (one kernel, written straight into the output), else
+    the narrowest, with K split to make up the rest (partials summed after)."""
+    if device.type != "cuda":
+        return widths[0], 1
+    sms = int(torch.cuda.get_device_properties(device).multi_processor_count)
+    for block_n in widths:
+        if triton.cdiv(n, block_n) * m >= 4 * sms:
+            return block_n, 1
+    block_n = widths[-1]
+    return block_n, _splits(triton.cdiv(n, block_n) * m, k, block_k, device)
+
+
 def _splits(n_tiles: int, k: int, block_k: int, device: torch.device) -> int:
     """K splits so the grid covers the device about four times over (a CPU: 1)."""
     if device.type != "cuda":
@@ -223,6 +239,12 @@ def _splits(n_tiles: int, k: int, block_k: int, device: torch.device) -> int:
     while chunks % split:  # whole chunks per split
         split -= 1
     return int(split)
+
+
+def _partials(split: int, m: int, n: int, x: torch.Tensor) -> torch.Tensor:
+    """Where a GEMV writes: K-split partials in fp32, or (one split) the output itself."""
+    dtype = torch.float32 if split > 1 else x.dtype
+    return torch.empty(split, m, n, dtype=dtype, device=x.device)
 
 
 def _precision(x: torch.Tensor) -> str:
@@ -239,16 +261,15 @@ def int4_matmul(
     n = packed.shape[0]
     x = x.contiguous()
     if m <= GEMV_MAX_ROWS:
-        block_n = 32
         block_k = 256
-        split = _splits(triton.cdiv(n, block_n) * m, k, block_k, x.device)
-        part = torch.empty(split, m, n, dtype=torch.float32, device=x.device)
+        block_n, split = _gemv_shape(n, m, k, block_k, x.device, (32, 16, 8))
+        part = _partials(split, m, n, x)
         per_split = triton.cdiv(triton.cdiv(k, block_k), split) * block_k
         grid = (triton.cdiv(n, block_n), split, m)
         _int4_gemv_kernel[grid](
             x, packed, scale, bias, part, n, k, per_split, group, block_n, block_k
         )
-        return (part[0] if split == 1 else part.sum(0)).to(x.dtype)
+        return part[0] if split == 1 else part.sum(0).to(x.dtype)
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     block_m, block_n = (64, 64) if x.device.type == "cuda" else (16, 32)
     block_k = 64
@@ -267,17 +288,16 @@ def fp8_matmul(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> to
     scale_bk = triton.cdiv(k, scale.shape[1])
     x, scale = x.contiguous(), scale.contiguous().float()
     if m == 1 or (m <= GEMV_MAX_ROWS and scale_bk & -scale_bk < 16):
-        block_n = 16
         block_k = min(512, scale_bk & -scale_bk)  # a power of two that divides scale_bk
-        split = _splits(triton.cdiv(n, block_n) * m, k, block_k, x.device)
-        part = torch.empty(split, m, n, dtype=torch.float32, device=x.device)
+        block_n, split = _gemv_shape(n, m, k, block_k, x.device, (16, 8))
+        part = _partials(split, m, n, x)
         per_split = triton.cdiv(triton.cdiv(k, block_k), split) * block_k
         grid = (triton.cdiv(n, block_n), split, m)
         _fp8_gemv_kernel[grid](
             x, weight, scale, part, n, k, per_split, scale_bn, scale_bk, scale.shape[1],
             block_n, block_k,
         )  # fmt: skip
-        return (part[0] if split == 1 else part.sum(0)).to(x.dtype)
+        return part[0] if split == 1 else part.sum(0).to(x.dtype)
     if m <= SKINNY_MAX_ROWS and scale_bk & -scale_bk >= 16:
         block_n = 32  # the best of an H200 sweep (block_n 16-64, block_k 128-512, 4/8 warps)
         block_k = min(256, scale_bk & -scale_bk)
