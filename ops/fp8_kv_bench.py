@@ -25,7 +25,7 @@ from troupe.gpu.model_config import ModelConfig
 from troupe.gpu.model_runner import ModelRunner, RunnerOptions, kv_dtype
 from troupe.gpu.models import DecoderModel
 from troupe.gpu.pool_sizing import blocks_from_free_memory
-from troupe.kernels.decode_attention import paged_decode_attention_triton
+from troupe.kernels.decode_attention import DecodeConfig, paged_decode_attention_triton
 from troupe.kernels.kv_quant import quantize
 from troupe.kernels.paged_batch import make_paged_batch
 from troupe.messages import SamplingParams, SeqWork, StepPlan
@@ -39,7 +39,9 @@ LLAMA_8B = ModelConfig(
 )  # fmt: skip
 
 
-def attention(copy_bw: float) -> None:
+def attention(copy_bw: float, sweep: bool = False) -> None:
+    """Each shape in bf16 and fp8 at the default launch; `sweep`: fp8 over launch parameters
+    too (fp8 moves half the bytes per tile, so its best tile may be larger)."""
     for num_seqs, context in ((256, 1024), (64, 4096), (16, 16384)):
         batch = make_paged_batch(
             [(context - 1, 1)] * num_seqs, num_q_heads=32, num_kv_heads=8, head_dim=128,
@@ -49,10 +51,17 @@ def attention(copy_bw: float) -> None:
         k8 = quantize(batch.k_cache.flatten(0, 1), scales).view(batch.k_cache.shape)
         v8 = quantize(batch.v_cache.flatten(0, 1), scales).view(batch.v_cache.shape)
         tokens = int(batch.seq_lens.sum())
-        for name, k, v, extra in (
+        fp8 = {"k_scale": scales, "v_scale": scales}
+        variants: list[tuple[str, torch.Tensor, torch.Tensor, dict]] = [
             ("bf16", batch.k_cache, batch.v_cache, {}),
-            ("fp8", k8, v8, {"k_scale": scales, "v_scale": scales}),
-        ):
+            ("fp8", k8, v8, fp8),
+        ]
+        if sweep:
+            variants += [
+                (f"fp8 bn={bn} warps={w} stages={st}", k8, v8, {**fp8, "config": DecodeConfig(bn, w, st)})
+                for bn in (32, 64, 128, 256) for w in (4, 8) for st in (2, 3, 4)
+            ]  # fmt: skip
+        for name, k, v, extra in variants:
             ms = median_ms(
                 lambda b=batch, k=k, v=v, extra=extra: paged_decode_attention_triton(
                     b.q, k, v, b.block_tables, b.seq_lens, 1 / math.sqrt(128),
@@ -159,10 +168,11 @@ def main() -> None:
     parser.add_argument("what", choices=("attention", "workload"))
     parser.add_argument("--num-seqs", type=int, default=1024)
     parser.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    parser.add_argument("--sweep", action="store_true", help="attention: fp8 launch parameters")
     args = parser.parse_args()
     torch.set_grad_enabled(False)
     if args.what == "attention":
-        attention(copy_bandwidth())
+        attention(copy_bandwidth(), args.sweep)
         return
     model = random_model()
     for cache in ("auto", "fp8"):
