@@ -19,6 +19,7 @@ import argparse
 import gc
 import math
 import time
+from typing import Any
 
 import torch
 from troupe.gpu.model_config import ModelConfig
@@ -52,7 +53,7 @@ def attention(copy_bw: float, sweep: bool = False) -> None:
         v8 = quantize(batch.v_cache.flatten(0, 1), scales).view(batch.v_cache.shape)
         tokens = int(batch.seq_lens.sum())
         fp8 = {"k_scale": scales, "v_scale": scales}
-        variants: list[tuple[str, torch.Tensor, torch.Tensor, dict]] = [
+        variants: list[tuple[str, torch.Tensor, torch.Tensor, dict[str, Any]]] = [
             ("bf16", batch.k_cache, batch.v_cache, {}),
             ("fp8", k8, v8, fp8),
         ]
