@@ -74,6 +74,10 @@ class EngineConfig:
     # bucket up to min(this, max_num_batched_tokens); bigger steps are GPU-bound and run eagerly.
     # 0: only pure-decode steps replay graphs.
     max_mixed_graph_tokens: int = 8192
+    # MLA models (DeepSeek): a step whose longest prefill chunk has at least this many tokens
+    # runs eagerly, its prefills with the latent expanded to per-head K/V (compute-bound; the
+    # absorbed decode form spends ~3x the FLOPs there). 0: always the absorbed form.
+    mla_expand_min_tokens: int = 128
     # Launch each decode step before its plan arrives, so the device computes while the actors
     # plan (gpu/overlap.py). CUDA only: a CPU step runs synchronously, nothing to overlap.
     enable_overlap_schedule: bool = True
@@ -131,6 +135,10 @@ class EngineConfig:
         if not isinstance(self.max_mixed_graph_tokens, int) or self.max_mixed_graph_tokens < 0:
             raise ConfigError(
                 f"max_mixed_graph_tokens must be an integer >= 0, got {self.max_mixed_graph_tokens!r}"
+            )
+        if not isinstance(self.mla_expand_min_tokens, int) or self.mla_expand_min_tokens < 0:
+            raise ConfigError(
+                f"mla_expand_min_tokens must be an integer >= 0, got {self.mla_expand_min_tokens!r}"
             )
         if (
             not isinstance(self.long_prefill_token_threshold, int)

@@ -7,6 +7,16 @@ import dataclasses
 import torch
 
 
+@dataclasses.dataclass(frozen=True)
+class ExpandedPrefill:
+    """An eager step whose prefill chunks MLA attends to in the expanded form (gpu/mla_layer.py):
+    the sequences before first_prefill are one-token decodes (the absorbed form), the others,
+    the longest of them max_seq_len tokens, expand the latent to per-head K/V. Host numbers."""
+
+    first_prefill: int
+    max_seq_len: int
+
+
 @dataclasses.dataclass(kw_only=True)
 class AttentionMetadata:
     """Where each token's KV goes and what each sequence attends to, for one forward.
@@ -26,3 +36,6 @@ class AttentionMetadata:
     logits_indices: torch.Tensor  # [N] int64: rows whose hidden state reaches lm_head
     # int32 [1] on the device: the first N sequences are one-token decodes (a kernel hint)
     decode_prefix: torch.Tensor | None = None
+    # MLA models: set when the step's longest prefill chunk is long enough to expand
+    # (gpu/forward_pass.py decides); None: every row takes the absorbed form
+    expanded_prefill: ExpandedPrefill | None = None

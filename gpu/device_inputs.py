@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from troupe.gpu.attention import AttentionMetadata
+from troupe.gpu.attention import AttentionMetadata, ExpandedPrefill
 from troupe.gpu.step_inputs import StepInputs
 
 
@@ -17,8 +17,20 @@ def host_to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
     return tensor
 
 
-def device_metadata(inputs: StepInputs, device: torch.device) -> AttentionMetadata:
-    """The step's attention metadata on `device` (positions and ids travel separately)."""
+def expanded_prefill(inputs: StepInputs, min_tokens: int) -> ExpandedPrefill | None:
+    """The split of a step whose longest prefill chunk has at least min_tokens tokens (an MLA
+    model then expands its prefill sequences, gpu/mla_layer.py); None otherwise or when 0."""
+    if min_tokens <= 0 or inputs.is_decode or inputs.max_query_len < min_tokens:
+        return None
+    first = inputs.num_decode_prefix
+    return ExpandedPrefill(first_prefill=first, max_seq_len=int(inputs.seq_lens[first:].max()))
+
+
+def device_metadata(
+    inputs: StepInputs, device: torch.device, expand_min_tokens: int = 0
+) -> AttentionMetadata:
+    """The step's attention metadata on `device` (positions and ids travel separately);
+    expand_min_tokens > 0: see expanded_prefill."""
 
     def put(array: np.ndarray) -> torch.Tensor:
         return host_to_device(array, device)
@@ -37,4 +49,5 @@ def device_metadata(inputs: StepInputs, device: torch.device) -> AttentionMetada
             if inputs.num_decode_prefix and not inputs.is_decode
             else None
         ),
+        expanded_prefill=expanded_prefill(inputs, expand_min_tokens),
     )

@@ -85,6 +85,7 @@ class ModelRunner:
             use_graphs=not options.enforce_eager,
             mixed_graph_tokens=options.mixed_graph_tokens,
             max_logits_per_seq=1 + options.num_speculative_tokens,
+            mla_expand_min_tokens=options.mla_expand_min_tokens,
         )
         self._forward = self._pass
         self._draft: DraftRunner | None = None

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import torch
+from troupe.config import ConfigError, EngineConfig
 from troupe.gpu.model_config import ModelConfig, ModelLoadError
 from troupe.gpu.pool_sizing import block_bytes
 from troupe.gpu.weights import random_weights
@@ -96,6 +97,8 @@ def test_config_and_latent_pool_size() -> None:
         ModelConfig.from_hf_dict({**cfg, "attention_bias": True})
     with pytest.raises(ModelLoadError, match="n_group"):
         ModelConfig.from_hf_dict({**cfg, "n_group": 3})
+    with pytest.raises(ConfigError, match="mla_expand_min_tokens must be an integer >= 0"):
+        EngineConfig(mla_expand_min_tokens=-1)
 
 
 def test_greedy_matches_hf_with_chunked_prefill(deepseek: Any, mt: Any) -> None:
@@ -121,7 +124,12 @@ def test_scheduler_prefix_cache_and_preemption(deepseek: Any, mode: str, mt: Any
     variant, folder, hf_model = deepseek
     prompts = [*PROMPTS, [*PROMPTS[0][:8], 150, 151]]  # shares two blocks with the first
     num_gpu, num_cpu = 12, 32 if mode == "swap" else 0
-    runner = mt.runner_for(folder, num_gpu_blocks=num_gpu, num_cpu_blocks=num_cpu)
+    # swap also splits each step with a chunk of >= 2 tokens: decodes absorbed, prefills
+    # expanded through ops.mla_prefill (gpu/mla_layer.py); recompute keeps steps whole
+    expand = 2 if mode == "swap" else 0
+    runner = mt.runner_for(
+        folder, num_gpu_blocks=num_gpu, num_cpu_blocks=num_cpu, mla_expand_min_tokens=expand
+    )
     sizes = dict(block_size=4, num_gpu_blocks=num_gpu, num_cpu_blocks=num_cpu)
     scheduler = SchedulerCore(
         **sizes, max_num_seqs=4, max_num_batched_tokens=16, preemption_mode=mode
@@ -154,8 +162,9 @@ def test_scheduler_prefix_cache_and_preemption(deepseek: Any, mode: str, mt: Any
 
 @pytest.mark.parametrize("deepseek", ["v3"], indirect=True)  # one variant: interpreter time
 def test_triton_ops_match_hf(deepseek: Any, mt: Any) -> None:
-    """The model on the Triton ops (the CUDA path: absorbed MLA kernel for prefill and decode
-    rows, latent write, fused MoE), on the CPU under TRITON_INTERPRET=1 when there is no GPU."""
+    """The model on the Triton ops (the CUDA path: absorbed MLA kernel for decode rows and short
+    chunks, the expanded prefill for chunks of >= 4 tokens, latent write, fused MoE), on the
+    CPU under TRITON_INTERPRET=1 when there is no GPU."""
     from troupe.gpu.model_runner import ModelRunner, RunnerOptions
     from troupe.gpu.weights import load_model
 
@@ -164,7 +173,9 @@ def test_triton_ops_match_hf(deepseek: Any, mt: Any) -> None:
     expected = [mt.hf_greedy(hf_model, p, num_new) for p in PROMPTS]
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     config, model = load_model(folder, torch.float32, device, 256, "triton")
-    options = RunnerOptions(block_size=4, num_gpu_blocks=64, max_model_len=256, max_num_seqs=4)
+    options = RunnerOptions(
+        block_size=4, num_gpu_blocks=64, max_model_len=256, max_num_seqs=4, mla_expand_min_tokens=4
+    )
     driver = mt.PlanDriver(ModelRunner(config, model, options), chunk=5)
     for i, prompt in enumerate(PROMPTS):
         driver.add(f"r{i}", prompt)
@@ -174,10 +185,14 @@ def test_triton_ops_match_hf(deepseek: Any, mt: Any) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "cuda_graphs"])
-def test_cuda_kernels_match_hf(deepseek: Any, graphs: bool, mt: Any) -> None:
-    """The Triton MLA kernel (absorbed, decode and prefill rows) and fused MoE in the model on
-    CUDA (fp32, CUDA graphs for decode and mixed steps, overlap) give transformers' tokens."""
+@pytest.mark.parametrize(
+    ("graphs", "expand"), [(False, 0), (True, 0), (True, 4)], ids=["eager", "graphs", "expanded"]
+)
+def test_cuda_kernels_match_hf(deepseek: Any, graphs: bool, expand: int, mt: Any) -> None:
+    """The Triton MLA kernels (absorbed for decode and prefill rows; with `expand`, chunks of
+    >= 4 tokens in the expanded form, eagerly, beside graphs for the rest) and fused MoE in
+    the model on CUDA (fp32, CUDA graphs for decode and mixed steps, overlap) give
+    transformers' tokens."""
     from troupe.gpu.model_runner import ModelRunner, RunnerOptions
     from troupe.gpu.weights import load_model
 
@@ -192,6 +207,7 @@ def test_cuda_kernels_match_hf(deepseek: Any, graphs: bool, mt: Any) -> None:
         enforce_eager=not graphs,
         overlap_schedule=graphs,
         mixed_graph_tokens=32 if graphs else 0,
+        mla_expand_min_tokens=expand,
     )
     driver = mt.PlanDriver(ModelRunner(config, model, options), chunk=5)
     for i, prompt in enumerate(PROMPTS):
