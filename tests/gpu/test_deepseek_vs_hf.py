@@ -214,3 +214,61 @@ def test_cuda_kernels_match_hf(deepseek: Any, graphs: bool, expand: int, mt: Any
         driver.add(f"r{i}", prompt)
     driver.run(NUM_NEW)
     assert [driver.seqs[f"r{i}"].output for i in range(len(PROMPTS))] == expected
+
+
+def _step_meta(seq_lens: list[int], q_lens: list[int], split: bool, device: torch.device) -> Any:
+    """Metadata of one step over sequences in blocks s * 16 ... (block size 4); with `split`,
+    the expanded form for the sequences after the leading one-token decodes."""
+    from troupe.gpu.attention import AttentionMetadata, ExpandedPrefill
+
+    slots, positions = [], []
+    for s, (n, q) in enumerate(zip(seq_lens, q_lens, strict=True)):
+        positions += list(range(n - q, n))
+        slots += [(s * 16 + p // 4) * 4 + p % 4 for p in range(n - q, n)]
+    first = next(i for i, q in enumerate(q_lens) if q > 1)
+    ends = torch.tensor(q_lens).cumsum(0)
+    meta = AttentionMetadata(
+        slot_mapping=torch.tensor(slots, device=device),
+        block_tables=torch.arange(len(seq_lens) * 16, dtype=torch.int32, device=device).view(
+            -1, 16
+        ),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
+        query_start_loc=torch.tensor([0, *ends.tolist()], dtype=torch.int32, device=device),
+        max_query_len=max(q_lens),
+        max_seq_len=max(seq_lens),
+        is_decode=False,
+        logits_indices=(ends - 1).to(device),
+        expanded_prefill=ExpandedPrefill(first_prefill=first, max_seq_len=max(seq_lens[first:]))
+        if split
+        else None,
+    )
+    return meta, torch.tensor(positions, device=device)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_expanded_and_absorbed_steps_agree_bf16_on_cuda(deepseek: Any) -> None:
+    """The model in bf16 on CUDA: a mixed step (a decode, then a chunk after cached context,
+    then a whole prompt) with its prefills expanded gives the logits of the all-absorbed step."""
+    from troupe.gpu.kv_cache import KVCache
+    from troupe.gpu.weights import load_model
+
+    _, folder, _ = deepseek
+    device = torch.device("cuda")
+    config, model = load_model(folder, torch.bfloat16, device, 256)
+    kv = KVCache(config, num_gpu_blocks=64, num_cpu_blocks=0, block_size=4,
+                 dtype=torch.bfloat16, device=device)  # fmt: skip
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        # fill the cache: 30 and 20 tokens of the first two sequences
+        meta, pos = _step_meta([30, 20, 2], [30, 20, 2], split=False, device=device)
+        ids = torch.randint(0, config.vocab_size, (52,), generator=gen).to(device)
+        model(ids, pos, meta, kv.layers)
+        ids = torch.randint(0, config.vocab_size, (1 + 25 + 40,), generator=gen).to(device)
+        logits = []
+        for split in (False, True):
+            meta, pos = _step_meta([31, 45, 40], [1, 25, 40], split=split, device=device)
+            logits.append(model.compute_logits(model(ids, pos, meta, kv.layers)).float())
+    absorbed, expanded = logits
+    assert float((expanded - absorbed).norm() / absorbed.norm()) < 2e-2
+    assert torch.equal(expanded.argmax(-1), absorbed.argmax(-1))
