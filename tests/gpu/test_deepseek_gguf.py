@@ -1,10 +1,11 @@
-"""DeepSeek-V2 from a GGUF file (arch "deepseek2", gpu/gguf_deepseek.py), written as llama.cpp's
-convert_hf_to_gguf.py writes one: the routed experts merged per layer, kv_b_proj either split
-per head into attn_k_b (transposed) and attn_v_b with the *_length_mla keys (newer writers) or
-whole as attn_kv_b with per-head key/value lengths (older ones), YaRN as
-rope.scaling.yarn_log_multiplier, Q8_0 / F16 / F32 tensors. transformers cannot read this
-arch, so its reference loads an HF folder holding the very values the file stores
-(dequantized): greedy tokens must be identical (fp32, CPU)."""
+"""DeepSeek-V2 (and V3) from a GGUF file (arch "deepseek2", gpu/gguf_deepseek.py), written as
+llama.cpp's convert_hf_to_gguf.py writes one: the routed experts merged per layer, kv_b_proj
+either split per head into attn_k_b (transposed) and attn_v_b with the *_length_mla keys (newer
+writers) or whole as attn_kv_b with per-head key/value lengths (older ones), YaRN as
+rope.scaling.yarn_log_multiplier, Q8_0 / F16 / F32 tensors; V3 adds the q LoRA, sigmoid gating
+and exp_probs_b. transformers cannot read this arch, so its reference loads an HF folder
+holding the very values the file stores (dequantized): greedy tokens must be identical (fp32,
+CPU)."""
 
 from __future__ import annotations
 
@@ -53,11 +54,15 @@ HF = {
         "beta_slow": 1,
     },
 }
+V3 = {"q_lora_rank": 24, "norm_topk_prob": True, "topk_method": "noaux_tc"}
 Q8 = gguf.GGMLQuantizationType.Q8_0
 LAYER = {  # HF name under model.layers.N. -> llama.cpp's (experts and kv_b: below)
     "input_layernorm.weight": "attn_norm.weight",
     "post_attention_layernorm.weight": "ffn_norm.weight",
     "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.q_a_proj.weight": "attn_q_a.weight",
+    "self_attn.q_a_layernorm.weight": "attn_q_a_norm.weight",
+    "self_attn.q_b_proj.weight": "attn_q_b.weight",
     "self_attn.kv_a_proj_with_mqa.weight": "attn_kv_a_mqa.weight",
     "self_attn.kv_a_layernorm.weight": "attn_kv_a_norm.weight",
     "self_attn.o_proj.weight": "attn_output.weight",
@@ -65,6 +70,7 @@ LAYER = {  # HF name under model.layers.N. -> llama.cpp's (experts and kv_b: bel
     "mlp.up_proj.weight": "ffn_up.weight",
     "mlp.down_proj.weight": "ffn_down.weight",
     "mlp.gate.weight": "ffn_gate_inp.weight",
+    "mlp.gate.e_score_correction_bias": "exp_probs_b.bias",
     "mlp.shared_experts.gate_proj.weight": "ffn_gate_shexp.weight",
     "mlp.shared_experts.up_proj.weight": "ffn_up_shexp.weight",
     "mlp.shared_experts.down_proj.weight": "ffn_down_shexp.weight",
@@ -76,7 +82,7 @@ NUM_NEW = 10
 def _stored_as(hf_name: str) -> Any:
     """The GGUF type of an HF tensor: Q8_0 for projections and experts, F32 for norms and
     the router (as llama.cpp keeps 1-D and gate_inp tensors), F16 for the rest."""
-    if hf_name.endswith("norm.weight") or hf_name.endswith("mlp.gate.weight"):
+    if hf_name.endswith(("norm.weight", "mlp.gate.weight", "correction_bias")):
         return gguf.GGMLQuantizationType.F32
     if any(k in hf_name for k in ("q_proj", "kv_a_proj", "mlp.experts.")):
         return Q8
@@ -101,9 +107,8 @@ def _add(writer: Any, name: str, data: np.ndarray, qtype: Any) -> None:
         writer.add_tensor(name, data.astype(np.float32))
 
 
-def _write_gguf(path: Path, weights: dict[str, np.ndarray], split_kv_b: bool) -> None:
-    """As convert_hf_to_gguf.py's DeepseekV2Model writes a DeepSeek-V2(-Lite) checkpoint."""
-    c = HF
+def _write_gguf(path: Path, weights: dict[str, np.ndarray], c: dict[str, Any], split_kv_b: bool) -> None:  # fmt: skip
+    """As convert_hf_to_gguf.py's DeepseekV2Model writes a DeepSeek-V2 / V3 checkpoint."""
     w = gguf.GGUFWriter(str(path), "deepseek2")
     w.add_context_length(c["max_position_embeddings"])
     w.add_embedding_length(c["hidden_size"])
@@ -117,7 +122,12 @@ def _write_gguf(path: Path, weights: dict[str, np.ndarray], split_kv_b: bool) ->
     w.add_expert_used_count(c["num_experts_per_tok"])
     w.add_expert_group_count(c["n_group"])
     w.add_expert_group_used_count(c["topk_group"])
-    w.add_expert_gating_func(gguf.ExpertGatingFuncType.SOFTMAX)
+    v3 = c["topk_method"] == "noaux_tc"
+    sigmoid = gguf.ExpertGatingFuncType.SIGMOID
+    w.add_expert_gating_func(sigmoid if v3 else gguf.ExpertGatingFuncType.SOFTMAX)
+    if v3:
+        w.add_q_lora_rank(c["q_lora_rank"])
+        w.add_expert_weights_norm(True)
     w.add_leading_dense_block_count(c["first_k_dense_replace"])
     w.add_vocab_size(c["vocab_size"])
     w.add_kv_lora_rank(c["kv_lora_rank"])
@@ -170,46 +180,50 @@ def _write_gguf(path: Path, weights: dict[str, np.ndarray], split_kv_b: bool) ->
     w.close()
 
 
-@pytest.fixture(scope="module")
-def deepseek_files(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """(GGUF paths by writer, transformers' model over the stored values)."""
+@pytest.fixture(
+    scope="module", params=[("v2", True), ("v2", False), ("v3", True)], ids=["v2", "v2_kv_b", "v3"]
+)
+def deepseek_gguf(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """(GGUF path, HF folder, transformers' model over the values the file stores) for a
+    variant and a writer (kv_b split into k_b / v_b, or whole)."""
     from safetensors.torch import save_file
 
-    folder = tmp_path_factory.mktemp("deepseek_gguf")
-    hf_config = transformers.DeepseekV2Config(**HF)
-    hf_config.save_pretrained(folder)
+    variant, split = request.param
+    folder = tmp_path_factory.mktemp(f"deepseek_gguf_{variant}")
+    cfg = {**HF, **V3} if variant == "v3" else HF
+    prefix = "DeepseekV3" if variant == "v3" else "DeepseekV2"
+    getattr(transformers, f"{prefix}Config")(**cfg).save_pretrained(folder)
     ours = ModelConfig.from_hf_folder(folder)
     weights = {
         k: t.numpy() for k, t in random_weights(ours, torch.float32, seed=5, std=0.2).items()
     }
-    paths = {}
-    for split in (True, False):
-        paths[split] = folder / f"tiny-deepseek2-{'split' if split else 'kv_b'}.gguf"
-        _write_gguf(paths[split], weights, split)
+    path = folder / f"tiny-deepseek2-{variant}-{'split' if split else 'kv_b'}.gguf"
+    _write_gguf(path, weights, cfg, split)
     stored = {k: torch.from_numpy(_round(t, _stored_as(k))) for k, t in weights.items()}
     save_file(stored, folder / "model.safetensors")
-    hf_model = transformers.DeepseekV2ForCausalLM.from_pretrained(folder, dtype=torch.float32)
-    return paths, folder, hf_model.eval()
+    model = getattr(transformers, f"{prefix}ForCausalLM").from_pretrained(
+        folder, dtype=torch.float32
+    )
+    return path, folder, model.eval()
 
 
-def test_config_from_metadata_equals_the_hf_one(deepseek_files: Any) -> None:
+def test_config_from_metadata_equals_the_hf_one(deepseek_gguf: Any) -> None:
     from troupe.gpu.gguf_weights import read_gguf_config
 
-    paths, folder, _ = deepseek_files
+    path, folder, _ = deepseek_gguf
     expected = ModelConfig.from_hf_folder(folder)
-    for path in paths.values():
-        config = read_gguf_config(path)
-        assert config.mla == expected.mla and config.moe == expected.moe
-        assert config.mla is not None and config.mla.rope_scaling is not None
-        assert config.mla.softmax_scale == pytest.approx(expected.mla.softmax_scale, rel=1e-6)
-        assert (config.num_layers, config.vocab_size, config.tie_word_embeddings) == (2, 256, False)
+    config = read_gguf_config(path)
+    assert config.model_type == expected.model_type
+    assert config.mla == expected.mla and config.moe == expected.moe
+    assert config.mla is not None and config.mla.rope_scaling is not None
+    assert config.mla.softmax_scale == pytest.approx(expected.mla.softmax_scale, rel=1e-6)
+    assert (config.num_layers, config.vocab_size, config.tie_word_embeddings) == (2, 256, False)
 
 
-@pytest.mark.parametrize("split", [True, False], ids=["k_b_v_b", "kv_b"])
-def test_greedy_equals_transformers(deepseek_files: Any, split: bool, mt: Any) -> None:
-    paths, _, hf_model = deepseek_files
+def test_greedy_equals_transformers(deepseek_gguf: Any, mt: Any) -> None:
+    path, _, hf_model = deepseek_gguf
     expected = [mt.hf_greedy(hf_model, p, NUM_NEW) for p in PROMPTS]
-    driver = mt.PlanDriver(mt.runner_for(paths[split], max_model_len=128), chunk=5)
+    driver = mt.PlanDriver(mt.runner_for(path, max_model_len=128), chunk=5)
     for i, prompt in enumerate(PROMPTS):
         driver.add(f"r{i}", prompt)
     driver.run(NUM_NEW)
