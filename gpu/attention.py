@@ -10,11 +10,16 @@ import torch
 @dataclasses.dataclass(frozen=True)
 class ExpandedPrefill:
     """An eager step whose prefill chunks MLA attends to in the expanded form (gpu/mla_layer.py):
-    the sequences before first_prefill are one-token decodes (the absorbed form), the others,
-    the longest of them max_seq_len tokens, expand the latent to per-head K/V. Host numbers."""
+    the sequences before first_prefill are one-token decodes (the absorbed form); the others
+    (the longest max_seq_len tokens) expand the latent of exactly their cache blocks, `blocks`,
+    to per-head K/V, and `tables` row s lists sequence first_prefill + s's blocks as indices
+    into `blocks` (padding entries 0, never read). Built on the host once per step
+    (gpu/device_inputs.py)."""
 
     first_prefill: int
     max_seq_len: int
+    blocks: torch.Tensor  # [NB] int64 on the device: cache block ids
+    tables: torch.Tensor  # [S - first_prefill, W] int32 on the device: indices into blocks
 
 
 @dataclasses.dataclass(kw_only=True)

@@ -17,20 +17,41 @@ def host_to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
     return tensor
 
 
-def expanded_prefill(inputs: StepInputs, min_tokens: int) -> ExpandedPrefill | None:
-    """The split of a step whose longest prefill chunk has at least min_tokens tokens (an MLA
-    model then expands its prefill sequences, gpu/mla_layer.py); None otherwise or when 0."""
-    if min_tokens <= 0 or inputs.is_decode or inputs.max_query_len < min_tokens:
+def expands_prefill(inputs: StepInputs, min_tokens: int) -> bool:
+    """Whether an MLA model expands the step's prefills (gpu/mla_layer.py): its longest chunk
+    has at least min_tokens tokens (0: never)."""
+    return min_tokens > 0 and not inputs.is_decode and inputs.max_query_len >= min_tokens
+
+
+def expanded_prefill(
+    inputs: StepInputs, min_tokens: int, block_size: int, device: torch.device
+) -> ExpandedPrefill | None:
+    """The split of a step that expands_prefill, None for others: the prefill sequences'
+    blocks and their tables into them, on `device`."""
+    if not expands_prefill(inputs, min_tokens):
         return None
     first = inputs.num_decode_prefix
-    return ExpandedPrefill(first_prefill=first, max_seq_len=int(inputs.seq_lens[first:].max()))
+    lens = inputs.seq_lens[first:].astype(np.int64)
+    counts = -(-lens // block_size)
+    width = int(counts.max())
+    cols = np.arange(width)
+    used = cols[None, :] < counts[:, None]
+    starts = np.cumsum(counts) - counts
+    tables = np.where(used, starts[:, None] + cols[None, :], 0).astype(np.int32)
+    blocks = inputs.block_tables[first:, :width][used].astype(np.int64)  # row-major: in order
+    return ExpandedPrefill(
+        first_prefill=first,
+        max_seq_len=int(lens.max()),
+        blocks=host_to_device(blocks, device),
+        tables=host_to_device(tables, device),
+    )
 
 
 def device_metadata(
-    inputs: StepInputs, device: torch.device, expand_min_tokens: int = 0
+    inputs: StepInputs, device: torch.device, expand_min_tokens: int = 0, block_size: int = 0
 ) -> AttentionMetadata:
     """The step's attention metadata on `device` (positions and ids travel separately);
-    expand_min_tokens > 0: see expanded_prefill."""
+    expand_min_tokens > 0 (with the cache's block_size): see expanded_prefill."""
 
     def put(array: np.ndarray) -> torch.Tensor:
         return host_to_device(array, device)
@@ -49,5 +70,5 @@ def device_metadata(
             if inputs.num_decode_prefix and not inputs.is_decode
             else None
         ),
-        expanded_prefill=expanded_prefill(inputs, expand_min_tokens),
+        expanded_prefill=expanded_prefill(inputs, expand_min_tokens, block_size, device),
     )

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 from troupe.gpu.cuda_graphs import DecodeGraphs
-from troupe.gpu.device_inputs import device_metadata, expanded_prefill, host_to_device
+from troupe.gpu.device_inputs import device_metadata, expands_prefill, host_to_device
 from troupe.gpu.kv_cache import KVCache
 from troupe.gpu.mixed_graphs import MixedGraphs
 from troupe.gpu.models import DecoderModel
@@ -74,11 +74,11 @@ class ForwardPass:
             and input_ids is None
             and not inputs.is_decode
             and mixed.can_run(inputs)
-            and expanded_prefill(inputs, self.expand_min_tokens) is None
+            and not expands_prefill(inputs, self.expand_min_tokens)
         ):
             return mixed.run(inputs)
         device = self.model.device
-        meta = device_metadata(inputs, device, self.expand_min_tokens)
+        meta = device_metadata(inputs, device, self.expand_min_tokens, self.kv.block_size)
         hidden = self.model(
             host_to_device(inputs.input_ids, device) if input_ids is None else input_ids,
             host_to_device(inputs.positions, device),

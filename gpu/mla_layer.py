@@ -164,14 +164,13 @@ class MlaLayer(DecoderLayer):
                 self.scale,
                 True,
             )
-        block_size = cache.shape[1]
-        width = -(-split.max_seq_len // block_size)
         out[first:] = ops.mla_prefill(
             q_nope[first:],
             q_pe[first:],
             cache,
             self.kv_b_proj,
-            meta.block_tables[first:, :width],
+            split.blocks,
+            split.tables,
             meta.seq_lens[first:],
             meta.query_start_loc[first:] - first,
             m.v_head_dim,

@@ -129,7 +129,8 @@ def mla_prefill(
     q_rope: torch.Tensor,
     cache: torch.Tensor,
     kv_b_proj: torch.Tensor,
-    block_tables: torch.Tensor,
+    blocks: torch.Tensor,
+    tables: torch.Tensor,
     seq_lens: torch.Tensor,
     query_start_loc: torch.Tensor,
     v_head_dim: int,
@@ -139,6 +140,7 @@ def mla_prefill(
 ) -> torch.Tensor:
     """The KernelOps op (kernels/ops.py): the expanded form for every sequence."""
     del max_query_len, max_seq_len  # launch hints of the Triton side
+    block_tables = blocks[tables.long()]
     return mla_prefill_expanded(
         q_nope, q_rope, cache, block_tables, seq_lens, query_start_loc, kv_b_proj, v_head_dim, scale
     )

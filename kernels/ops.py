@@ -207,7 +207,8 @@ class KernelOps(Protocol):
         q_rope: torch.Tensor,
         cache: torch.Tensor,
         kv_b_proj: torch.Tensor,
-        block_tables: torch.Tensor,
+        blocks: torch.Tensor,
+        tables: torch.Tensor,
         seq_lens: torch.Tensor,
         query_start_loc: torch.Tensor,
         v_head_dim: int,
@@ -216,8 +217,9 @@ class KernelOps(Protocol):
         max_seq_len: int,
     ) -> torch.Tensor:
         """MLA attention [T, H, Dv] in the expanded form (the latent decompressed to per-head
-        K/V, kernels/mla_prefill.py), for prefill chunks; arguments as in mla_attention, the
-        block tables cut to the longest sequence. Eager only: its shapes follow the tables."""
+        K/V, kernels/mla_prefill.py), for prefill chunks; arguments as in mla_attention but
+        the blocks: sequence s's j-th cache block is blocks[tables[s, j]] (blocks [NB] int64,
+        exactly the blocks to expand). Eager only: its shapes follow the blocks."""
         ...
 
 

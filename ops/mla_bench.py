@@ -120,8 +120,11 @@ def prefill(num_seqs: int, context: int, q_len: int) -> None:
     def absorbed() -> torch.Tensor:
         return mla_attention(*args, False)
 
+    blocks = p["table"].flatten().long()  # every entry a sequence's own block
+    tables = torch.arange(blocks.numel(), dtype=torch.int32, device="cuda").view(num_seqs, -1)
+
     def expanded() -> torch.Tensor:
-        return mla_prefill(*args, q_len, context)
+        return mla_prefill(*args[:4], blocks, tables, *args[5:], q_len, context)
 
     a, e = absorbed().float(), expanded().float()
     diff = float((e - a).norm() / a.norm())

@@ -238,7 +238,16 @@ def _step_meta(seq_lens: list[int], q_lens: list[int], split: bool, device: torc
         max_seq_len=max(seq_lens),
         is_decode=False,
         logits_indices=(ends - 1).to(device),
-        expanded_prefill=ExpandedPrefill(first_prefill=first, max_seq_len=max(seq_lens[first:]))
+        expanded_prefill=ExpandedPrefill(
+            first_prefill=first,
+            max_seq_len=max(seq_lens[first:]),
+            blocks=torch.tensor(
+                [s * 16 + b for s in range(first, len(seq_lens)) for b in range(16)], device=device
+            ),
+            tables=torch.arange(
+                (len(seq_lens) - first) * 16, dtype=torch.int32, device=device
+            ).view(-1, 16),
+        )
         if split
         else None,
     )
@@ -272,3 +281,33 @@ def test_expanded_and_absorbed_steps_agree_bf16_on_cuda(deepseek: Any) -> None:
     absorbed, expanded = logits
     assert float((expanded - absorbed).norm() / absorbed.norm()) < 2e-2
     assert torch.equal(expanded.argmax(-1), absorbed.argmax(-1))
+
+
+def test_expanded_prefill_lists_exactly_the_prefill_blocks() -> None:
+    """Two leading decodes, then chunks of 6 and 9 tokens: the split starts at the third
+    sequence and lists only the blocks the prefill sequences hold, in order."""
+    import numpy as np
+    from troupe.gpu.device_inputs import expanded_prefill
+    from troupe.gpu.step_inputs import StepInputs
+
+    lens = np.array([7, 30, 10, 9], dtype=np.int32)
+    q_lens = np.array([1, 1, 6, 9])
+    tables = np.array([[1, 2, 0], [3, 4, 5], [9, 8, 7], [6, 11, 12]], dtype=np.int32)
+    inputs = StepInputs(
+        input_ids=np.zeros(17, np.int64), positions=np.zeros(17, np.int64),
+        slot_mapping=np.zeros(17, np.int64), block_tables=tables, seq_lens=lens,
+        query_start_loc=np.concatenate([[0], q_lens.cumsum()]).astype(np.int32),
+        logits_indices=np.zeros(4, np.int64), sampled_rows=np.arange(4), max_query_len=9,
+        max_seq_len=30, num_decode_prefix=2,
+    )  # fmt: skip
+    cpu = torch.device("cpu")
+    assert expanded_prefill(inputs, 10, 4, cpu) is None  # the longest chunk is 9 tokens
+    assert expanded_prefill(inputs, 0, 4, cpu) is None
+    split = expanded_prefill(inputs, 9, 4, cpu)
+    assert split is not None and (split.first_prefill, split.max_seq_len) == (2, 10)
+    assert split.blocks.tolist() == [9, 8, 7, 6, 11, 12]
+    assert split.tables.tolist() == [[0, 1, 2], [3, 4, 5]]
+    lens[3] = 5  # two blocks: the table row pads with 0
+    split = expanded_prefill(inputs, 9, 4, cpu)
+    assert split is not None and split.blocks.tolist() == [9, 8, 7, 6, 11]
+    assert split.tables.tolist() == [[0, 1, 2], [3, 4, 0]]

@@ -82,7 +82,7 @@ def test_prefill_rows_match_expanded_reference(triton_ops: KernelOps) -> None:
 
 def test_expanded_prefill_matches_reference(triton_ops: KernelOps) -> None:
     """The expanded form (latent blocks decompressed, the paged prefill kernel over them):
-    chunks after cached context and a whole prompt; tables cut to the longest sequence."""
+    chunks after cached context and a whole prompt; only the sequences' own blocks expanded."""
     seq_lens, q_lens = [13, 6, 9], [5, 6, 2]
     cache, table, kv_b = _setup(seq_lens, seed=8)
     gen = torch.Generator().manual_seed(9)
@@ -90,13 +90,21 @@ def test_expanded_prefill_matches_reference(triton_ops: KernelOps) -> None:
     q_rope = torch.randn(sum(q_lens), HEADS, ROPE, generator=gen)
     lens = torch.tensor(seq_lens, dtype=torch.int32)
     qsl = torch.tensor([0, 5, 11, 13], dtype=torch.int32)
-    width = -(-max(seq_lens) // BS)
-    args = (q_nope, q_rope, cache, kv_b, table[:, :width], lens, qsl, V, 0.25, 6, 13)
+    # the blocks to expand (a sequence's own, listed in another order) and tables into them
+    blocks = torch.cat([table[s, : -(-n // BS)] for s, n in enumerate(seq_lens)]).long()
+    order = torch.randperm(len(blocks), generator=gen)
+    tables = torch.zeros(3, 4, dtype=torch.int32)  # padding entries: 0
+    start = 0
+    for s, n in enumerate(seq_lens):
+        count = -(-n // BS)
+        tables[s, :count] = order.argsort()[start : start + count].int()
+        start += count
+    args = (q_nope, q_rope, cache, kv_b, blocks[order], tables, lens, qsl, V, 0.25, 6, 13)
     out = triton_ops.mla_prefill(*args)
     assert out.shape == (13, HEADS, V)
     torch.testing.assert_close(out, ref.mla_prefill(*args))
     # the same function as the absorbed form
-    absorbed = ref.mla_attention(*args[:9], is_decode=False)
+    absorbed = ref.mla_attention(q_nope, q_rope, cache, kv_b, table, lens, qsl, V, 0.25, False)
     torch.testing.assert_close(out, absorbed)
 
 
@@ -203,7 +211,11 @@ def test_expanded_and_absorbed_prefill_agree_bf16_on_cuda() -> None:
     lens = torch.tensor(seq_lens, dtype=torch.int32).cuda()
     qsl = torch.tensor([0, 300, 633, 634, 763], dtype=torch.int32).cuda()
     args = (q_nope, q_rope, p["cache"], p["kv_b"], p["table"], lens, qsl, 128, 0.07)
-    expanded = mla_prefill.mla_prefill(*args, max(q_lens), max(seq_lens)).float()
+    blocks = p["table"].flatten().long()  # every entry a sequence's own block here
+    tables = torch.arange(blocks.numel(), dtype=torch.int32, device="cuda").view(4, -1)
+    expanded = mla_prefill.mla_prefill(
+        *args[:4], blocks, tables, *args[5:], max(q_lens), max(seq_lens)
+    ).float()
     absorbed = mla_ops.mla_attention(*args, is_decode=False).float()
     expected = ref.mla_attention(
         q_nope.float(), q_rope.float(), p["cache"], p["kv_b"].float(), p["table"], lens, qsl,
