@@ -3,6 +3,8 @@ attention metadata of one step."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import torch
 from troupe.gpu.attention import AttentionMetadata, ExpandedPrefill
@@ -17,18 +19,32 @@ def host_to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
     return tensor
 
 
-def expands_prefill(inputs: StepInputs, min_tokens: int) -> bool:
-    """Whether an MLA model expands the step's prefills (gpu/mla_layer.py): its longest chunk
-    has at least min_tokens tokens (0: never)."""
-    return min_tokens > 0 and not inputs.is_decode and inputs.max_query_len >= min_tokens
+@dataclasses.dataclass(frozen=True)
+class ExpandPolicy:
+    """When an MLA model expands a step's prefills (gpu/mla_layer.py): the longest chunk has at
+    least min_tokens tokens (0: never) and the prefill sequences' blocks hold at most
+    max_tokens tokens, which bounds the expansion's transient memory (per-head K/V of every
+    cached token of those sequences, one layer at a time)."""
+
+    min_tokens: int = 0
+    max_tokens: int = 0
+
+    def applies(self, inputs: StepInputs, block_size: int) -> bool:
+        if self.min_tokens <= 0 or inputs.is_decode or inputs.max_query_len < self.min_tokens:
+            return False
+        blocks = -(-inputs.seq_lens[inputs.num_decode_prefix :].astype(np.int64) // block_size)
+        return int(blocks.sum()) * block_size <= self.max_tokens
+
+
+NEVER = ExpandPolicy()
 
 
 def expanded_prefill(
-    inputs: StepInputs, min_tokens: int, block_size: int, device: torch.device
+    inputs: StepInputs, policy: ExpandPolicy, block_size: int, device: torch.device
 ) -> ExpandedPrefill | None:
-    """The split of a step that expands_prefill, None for others: the prefill sequences'
-    blocks and their tables into them, on `device`."""
-    if not expands_prefill(inputs, min_tokens):
+    """The split of a step the policy expands, None for others: the prefill sequences' blocks
+    and their tables into them, on `device`."""
+    if not policy.applies(inputs, block_size):
         return None
     first = inputs.num_decode_prefix
     lens = inputs.seq_lens[first:].astype(np.int64)
@@ -48,10 +64,10 @@ def expanded_prefill(
 
 
 def device_metadata(
-    inputs: StepInputs, device: torch.device, expand_min_tokens: int = 0, block_size: int = 0
+    inputs: StepInputs, device: torch.device, expand: ExpandPolicy = NEVER, block_size: int = 1
 ) -> AttentionMetadata:
-    """The step's attention metadata on `device` (positions and ids travel separately);
-    expand_min_tokens > 0 (with the cache's block_size): see expanded_prefill."""
+    """The step's attention metadata on `device` (positions and ids travel separately); with
+    an expand policy (and the cache's block_size) see expanded_prefill."""
 
     def put(array: np.ndarray) -> torch.Tensor:
         return host_to_device(array, device)
@@ -70,5 +86,5 @@ def device_metadata(
             if inputs.num_decode_prefix and not inputs.is_decode
             else None
         ),
-        expanded_prefill=expanded_prefill(inputs, expand_min_tokens, block_size, device),
+        expanded_prefill=expanded_prefill(inputs, expand, block_size, device),
     )

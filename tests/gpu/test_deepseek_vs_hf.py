@@ -99,6 +99,8 @@ def test_config_and_latent_pool_size() -> None:
         ModelConfig.from_hf_dict({**cfg, "n_group": 3})
     with pytest.raises(ConfigError, match="mla_expand_min_tokens must be an integer >= 0"):
         EngineConfig(mla_expand_min_tokens=-1)
+    with pytest.raises(ConfigError, match="mla_expand_max_tokens must be an integer >= 0"):
+        EngineConfig(mla_expand_max_tokens=1.5)  # type: ignore[arg-type]
 
 
 def test_greedy_matches_hf_with_chunked_prefill(deepseek: Any, mt: Any) -> None:
@@ -285,9 +287,10 @@ def test_expanded_and_absorbed_steps_agree_bf16_on_cuda(deepseek: Any) -> None:
 
 def test_expanded_prefill_lists_exactly_the_prefill_blocks() -> None:
     """Two leading decodes, then chunks of 6 and 9 tokens: the split starts at the third
-    sequence and lists only the blocks the prefill sequences hold, in order."""
+    sequence and lists only the blocks the prefill sequences hold, in order; the policy
+    refuses short chunks and more than max_tokens tokens to expand."""
     import numpy as np
-    from troupe.gpu.device_inputs import expanded_prefill
+    from troupe.gpu.device_inputs import ExpandPolicy, expanded_prefill
     from troupe.gpu.step_inputs import StepInputs
 
     lens = np.array([7, 30, 10, 9], dtype=np.int32)
@@ -301,13 +304,14 @@ def test_expanded_prefill_lists_exactly_the_prefill_blocks() -> None:
         max_seq_len=30, num_decode_prefix=2,
     )  # fmt: skip
     cpu = torch.device("cpu")
-    assert expanded_prefill(inputs, 10, 4, cpu) is None  # the longest chunk is 9 tokens
-    assert expanded_prefill(inputs, 0, 4, cpu) is None
-    split = expanded_prefill(inputs, 9, 4, cpu)
+    assert expanded_prefill(inputs, ExpandPolicy(10, 100), 4, cpu) is None  # chunks up to 9
+    assert expanded_prefill(inputs, ExpandPolicy(0, 100), 4, cpu) is None
+    assert expanded_prefill(inputs, ExpandPolicy(9, 23), 4, cpu) is None  # 6 blocks: 24 tokens
+    split = expanded_prefill(inputs, ExpandPolicy(9, 24), 4, cpu)
     assert split is not None and (split.first_prefill, split.max_seq_len) == (2, 10)
     assert split.blocks.tolist() == [9, 8, 7, 6, 11, 12]
     assert split.tables.tolist() == [[0, 1, 2], [3, 4, 5]]
     lens[3] = 5  # two blocks: the table row pads with 0
-    split = expanded_prefill(inputs, 9, 4, cpu)
+    split = expanded_prefill(inputs, ExpandPolicy(9, 24), 4, cpu)
     assert split is not None and split.blocks.tolist() == [9, 8, 7, 6, 11]
     assert split.tables.tolist() == [[0, 1, 2], [3, 4, 0]]
