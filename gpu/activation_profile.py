@@ -26,7 +26,7 @@ def profile_activation_peak(model: DecoderModel, config: EngineConfig, max_model
     lens = [min(seq_len, num_tokens - i * seq_len) for i in range(num_seqs)]
     context = [0] * num_seqs
     policy = NEVER
-    if model.config.mla is not None:
+    if model.config.mla is not None and config.mla_expand_min_tokens > 0:
         policy = ExpandPolicy(config.mla_expand_min_tokens, config.mla_expand_max_tokens)
         room = policy.max_tokens - sum(-(-n // block_size) * block_size for n in lens)
         context[0] = max(0, min(room, max_model_len - lens[0])) // block_size * block_size
