@@ -77,6 +77,14 @@ class EngineConfig:
     # bucket up to min(this, max_num_batched_tokens); bigger steps are GPU-bound and run eagerly.
     # 0: only pure-decode steps replay graphs.
     max_mixed_graph_tokens: int = 8192
+    # MLA models (DeepSeek): a step whose longest prefill chunk has at least this many tokens
+    # runs eagerly, its prefills with the latent expanded to per-head K/V (compute-bound; the
+    # absorbed decode form spends ~3x the FLOPs there). 0: always the absorbed form.
+    mla_expand_min_tokens: int = 128
+    # ... when the step's prefill sequences hold at most this many tokens: the expansion makes
+    # per-head K/V of all of them, one layer at a time (~21 KB per token at DeepSeek-V2-Lite
+    # shape); longer contexts stay absorbed. The start-up memory profile expands this many.
+    mla_expand_max_tokens: int = 32768
     # Launch each decode step before its plan arrives, so the device computes while the actors
     # plan (gpu/overlap.py). CUDA only: a CPU step runs synchronously, nothing to overlap.
     enable_overlap_schedule: bool = True
@@ -135,6 +143,10 @@ class EngineConfig:
             raise ConfigError(
                 f"max_mixed_graph_tokens must be an integer >= 0, got {self.max_mixed_graph_tokens!r}"
             )
+        for name in ("mla_expand_min_tokens", "mla_expand_max_tokens"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 0:
+                raise ConfigError(f"{name} must be an integer >= 0, got {value!r}")
         if (
             not isinstance(self.long_prefill_token_threshold, int)
             or self.long_prefill_token_threshold < 0

@@ -7,6 +7,21 @@ import dataclasses
 import torch
 
 
+@dataclasses.dataclass(frozen=True)
+class ExpandedPrefill:
+    """An eager step whose prefill chunks MLA attends to in the expanded form (gpu/mla_layer.py):
+    the sequences before first_prefill are one-token decodes (the absorbed form); the others
+    (the longest max_seq_len tokens) expand the latent of exactly their cache blocks, `blocks`,
+    to per-head K/V, and `tables` row s lists sequence first_prefill + s's blocks as indices
+    into `blocks` (padding entries 0, never read). Built on the host once per step
+    (gpu/device_inputs.py)."""
+
+    first_prefill: int
+    max_seq_len: int
+    blocks: torch.Tensor  # [NB] int64 on the device: cache block ids
+    tables: torch.Tensor  # [S - first_prefill, W] int32 on the device: indices into blocks
+
+
 @dataclasses.dataclass(kw_only=True)
 class AttentionMetadata:
     """Where each token's KV goes and what each sequence attends to, for one forward.
@@ -26,3 +41,6 @@ class AttentionMetadata:
     logits_indices: torch.Tensor  # [N] int64: rows whose hidden state reaches lm_head
     # int32 [1] on the device: the first N sequences are one-token decodes (a kernel hint)
     decode_prefix: torch.Tensor | None = None
+    # MLA models: set when the step's longest prefill chunk is long enough to expand
+    # (gpu/forward_pass.py decides); None: every row takes the absorbed form
+    expanded_prefill: ExpandedPrefill | None = None

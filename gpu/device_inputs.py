@@ -3,9 +3,11 @@ attention metadata of one step."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import torch
-from troupe.gpu.attention import AttentionMetadata
+from troupe.gpu.attention import AttentionMetadata, ExpandedPrefill
 from troupe.gpu.step_inputs import StepInputs
 
 
@@ -17,8 +19,55 @@ def host_to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
     return tensor
 
 
-def device_metadata(inputs: StepInputs, device: torch.device) -> AttentionMetadata:
-    """The step's attention metadata on `device` (positions and ids travel separately)."""
+@dataclasses.dataclass(frozen=True)
+class ExpandPolicy:
+    """When an MLA model expands a step's prefills (gpu/mla_layer.py): the longest chunk has at
+    least min_tokens tokens (0: never) and the prefill sequences' blocks hold at most
+    max_tokens tokens, which bounds the expansion's transient memory (per-head K/V of every
+    cached token of those sequences, one layer at a time)."""
+
+    min_tokens: int = 0
+    max_tokens: int = 0
+
+    def applies(self, inputs: StepInputs, block_size: int) -> bool:
+        if self.min_tokens <= 0 or inputs.is_decode or inputs.max_query_len < self.min_tokens:
+            return False
+        blocks = -(-inputs.seq_lens[inputs.num_decode_prefix :].astype(np.int64) // block_size)
+        return int(blocks.sum()) * block_size <= self.max_tokens
+
+
+NEVER = ExpandPolicy()
+
+
+def expanded_prefill(
+    inputs: StepInputs, policy: ExpandPolicy, block_size: int, device: torch.device
+) -> ExpandedPrefill | None:
+    """The split of a step the policy expands, None for others: the prefill sequences' blocks
+    and their tables into them, on `device`."""
+    if not policy.applies(inputs, block_size):
+        return None
+    first = inputs.num_decode_prefix
+    lens = inputs.seq_lens[first:].astype(np.int64)
+    counts = -(-lens // block_size)
+    width = int(counts.max())
+    cols = np.arange(width)
+    used = cols[None, :] < counts[:, None]
+    starts = np.cumsum(counts) - counts
+    tables = np.where(used, starts[:, None] + cols[None, :], 0).astype(np.int32)
+    blocks = inputs.block_tables[first:, :width][used].astype(np.int64)  # row-major: in order
+    return ExpandedPrefill(
+        first_prefill=first,
+        max_seq_len=int(lens.max()),
+        blocks=host_to_device(blocks, device),
+        tables=host_to_device(tables, device),
+    )
+
+
+def device_metadata(
+    inputs: StepInputs, device: torch.device, expand: ExpandPolicy = NEVER, block_size: int = 1
+) -> AttentionMetadata:
+    """The step's attention metadata on `device` (positions and ids travel separately); with
+    an expand policy (and the cache's block_size) see expanded_prefill."""
 
     def put(array: np.ndarray) -> torch.Tensor:
         return host_to_device(array, device)
@@ -37,4 +86,5 @@ def device_metadata(inputs: StepInputs, device: torch.device) -> AttentionMetada
             if inputs.num_decode_prefix and not inputs.is_decode
             else None
         ),
+        expanded_prefill=expanded_prefill(inputs, expand, block_size, device),
     )

@@ -1,13 +1,19 @@
 """One model's forward over its KV pool, the fastest way the step allows: a decode graph for a
 pure-decode step (gpu/cuda_graphs.py), a mixed-step graph for one with prefill chunks up to
 its token bucket (gpu/mixed_graphs.py), else eagerly. The target model and the draft model
-(gpu/draft_runner.py) each have one."""
+(gpu/draft_runner.py) each have one.
+
+An MLA model (DeepSeek) runs a step that its ExpandPolicy expands (a chunk of at least
+mla_expand_min_tokens tokens, at most mla_expand_max_tokens cached tokens to expand) eagerly,
+its prefill sequences in the expanded form (gpu/mla_layer.py): compute-bound work, where launch
+overhead does not matter and the absorbed form of the graphs would spend several times the
+FLOPs."""
 
 from __future__ import annotations
 
 import torch
 from troupe.gpu.cuda_graphs import DecodeGraphs
-from troupe.gpu.device_inputs import device_metadata, host_to_device
+from troupe.gpu.device_inputs import NEVER, ExpandPolicy, device_metadata, host_to_device
 from troupe.gpu.kv_cache import KVCache
 from troupe.gpu.mixed_graphs import MixedGraphs
 from troupe.gpu.models import DecoderModel
@@ -28,9 +34,11 @@ class ForwardPass:
         use_graphs: bool,
         mixed_graph_tokens: int = 0,
         max_logits_per_seq: int = 1,
+        mla_expand: ExpandPolicy = NEVER,
     ) -> None:
         self.model = model
         self.kv = kv
+        self.expand = mla_expand if model.config.mla is not None else NEVER
         self.graphs: DecodeGraphs | None = None
         if model.device.type == "cuda" and use_graphs:
             self.graphs = DecodeGraphs(
@@ -67,10 +75,11 @@ class ForwardPass:
             and input_ids is None
             and not inputs.is_decode
             and mixed.can_run(inputs)
+            and not self.expand.applies(inputs, self.kv.block_size)
         ):
             return mixed.run(inputs)
         device = self.model.device
-        meta = device_metadata(inputs, device)
+        meta = device_metadata(inputs, device, self.expand, self.kv.block_size)
         hidden = self.model(
             host_to_device(inputs.input_ids, device) if input_ids is None else input_ids,
             host_to_device(inputs.positions, device),

@@ -6,6 +6,8 @@ gemma3  metadata under "gemma3.*", read into an HF Gemma 3 text config; no permu
         applies at run time), so loading subtracts it. The file says nothing of the
         window pattern, query_pre_attn_scalar or the local RoPE base: HF's Gemma3TextConfig
         defaults apply (every 6th layer global, 256, 10,000), as in transformers' own loader.
+deepseek2  DeepSeek-V2 / V3 (MLA, MoE): metadata and the tensors that are not one to one
+        (merged experts, kv_b split into k_b / v_b) in gpu/gguf_deepseek.py
 """
 
 from __future__ import annotations
@@ -38,7 +40,27 @@ _GEMMA3_LAYER = {
     "attn_q_norm.weight": "self_attn.q_norm.weight",
     "attn_k_norm.weight": "self_attn.k_norm.weight",
 }
-PER_LAYER = {"llama": _LLAMA_LAYER, "gemma3": _GEMMA3_LAYER}
+_DEEPSEEK2_LAYER = {  # the merged experts and attn_k_b / attn_v_b: gpu/gguf_deepseek.py
+    "attn_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_q_a.weight": "self_attn.q_a_proj.weight",
+    "attn_q_a_norm.weight": "self_attn.q_a_layernorm.weight",
+    "attn_q_b.weight": "self_attn.q_b_proj.weight",
+    "attn_kv_a_mqa.weight": "self_attn.kv_a_proj_with_mqa.weight",
+    "attn_kv_a_norm.weight": "self_attn.kv_a_layernorm.weight",
+    "attn_kv_b.weight": "self_attn.kv_b_proj.weight",  # older writers
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+    "ffn_gate_inp.weight": "mlp.gate.weight",
+    "exp_probs_b.bias": "mlp.gate.e_score_correction_bias",
+    "ffn_gate_shexp.weight": "mlp.shared_experts.gate_proj.weight",
+    "ffn_up_shexp.weight": "mlp.shared_experts.up_proj.weight",
+    "ffn_down_shexp.weight": "mlp.shared_experts.down_proj.weight",
+}
+PER_LAYER = {"llama": _LLAMA_LAYER, "gemma3": _GEMMA3_LAYER, "deepseek2": _DEEPSEEK2_LAYER}
 ARCHITECTURES = tuple(PER_LAYER)
 
 

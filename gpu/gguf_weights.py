@@ -1,5 +1,5 @@
-"""GGUF reading (llama and gemma3 archs, gpu/gguf_arch.py): metadata to ModelConfig, tensors
-to HF names and layout."""
+"""GGUF reading (llama, gemma3 and deepseek2 archs, gpu/gguf_arch.py, gpu/gguf_deepseek.py):
+metadata to ModelConfig, tensors to HF names and layout."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import numpy as np
 import torch
 from troupe.gguf_file import GGUFFormatError, TensorInfo, read_gguf_tensor_infos, tensor_bytes
 from troupe.gpu.gguf_arch import ARCHITECTURES, gemma3_hf_config, hf_name, norm_offset
+from troupe.gpu.gguf_deepseek import deepseek2_hf_config, deepseek2_split_tensors
 from troupe.gpu.gguf_quant import BLOCK_BYTES, QuantBlocks, from_gguf
 from troupe.gpu.model_config import ModelConfig, ModelLoadError
 
@@ -42,6 +43,9 @@ def read_gguf_config(path: Path) -> ModelConfig:
     fields = {k: v for k, v in metadata.items() if k != "tokenizer.ggml.merges"}
     if _arch(path) == "gemma3":
         cfg = gemma3_hf_config(fields, has_output_weight="output.weight" in names)
+        return ModelConfig.from_hf_dict(cfg)
+    if _arch(path) == "deepseek2":
+        cfg = deepseek2_hf_config(fields, has_output_weight="output.weight" in names)
         return ModelConfig.from_hf_dict(cfg)
     return ModelConfig.from_gguf_fields(fields, has_output_weight="output.weight" in names)
 
@@ -116,6 +120,10 @@ def iter_gguf_tensors(
         if offset := norm_offset(info.name, arch):
             data += np.float32(offset)
         yield name, torch.from_numpy(np.ascontiguousarray(data))
+    if arch == "deepseek2":
+        for name, data in deepseek2_split_tensors(infos, lambda info: _dequantize(path, info)):
+            if name not in skip:
+                yield name, torch.from_numpy(np.ascontiguousarray(data))
 
 
 def iter_gguf_quantized(path: Path, config: ModelConfig) -> Iterator[tuple[str, QuantBlocks]]:

@@ -3,8 +3,11 @@
     q        q_proj(x), or q_b_proj(rms(q_a_proj(x))) with q_lora_rank   -> [T, H, Dn | R]
     latent   kv_a_proj_with_mqa(x) = [c' | k_r'];  c = rms(c') (L), k_r = rope(k_r') (R)
     cache    [c | k_r] per token, one row for all heads (gpu/kv_cache.py, L + R values)
-    attend   ops.mla_attention: kv_b_proj expands c per head (prefill on the CPU) or absorbs
-             into the query (decode; everything on CUDA, kernels/mla_ops.py)
+    attend   ops.mla_attention: kv_b_proj absorbed into the query (decode rows; every row
+             on CUDA unless the step expands, kernels/mla_ops.py; the CPU reference expands
+             prefill rows); a step with meta.expanded_prefill splits: its leading decodes
+             absorbed, its prefill sequences through ops.mla_prefill, kv_b_proj expanding c
+             to per-head K/V for the paged prefill kernel (kernels/mla_prefill.py)
     out      o_proj(attention [T, H * Dv])
 
 RoPE touches only the R rope dims. DeepSeek rotates interleaved pairs (x0, x1), (x2, x3) ...
@@ -117,19 +120,65 @@ class MlaLayer(DecoderLayer):
         k_pe = rotate_rope(k_pe, positions, cos_sin, m.rope_interleave)[:, 0].contiguous()
         cache = kv_cache[0].flatten(2)  # [blocks, block_size, L + R]
         ops.write_latent(latent, k_pe, cache, meta.slot_mapping)
-        attn = ops.mla_attention(
-            q_nope,
-            q_pe,
+        if meta.expanded_prefill is None:
+            attn = ops.mla_attention(
+                q_nope,
+                q_pe,
+                cache,
+                self.kv_b_proj,
+                meta.block_tables,
+                meta.seq_lens,
+                meta.query_start_loc,
+                m.v_head_dim,
+                self.scale,
+                meta.is_decode,
+            )
+        else:
+            attn = self._split_attention(q_nope, q_pe, cache, meta, ops)
+        return linear(attn.reshape(num_tokens, m.num_heads * m.v_head_dim), self.o_proj)
+
+    def _split_attention(
+        self,
+        q_nope: torch.Tensor,
+        q_pe: torch.Tensor,
+        cache: torch.Tensor,
+        meta: AttentionMetadata,
+        ops: KernelOps,
+    ) -> torch.Tensor:
+        """The leading one-token decodes absorbed, the prefill sequences expanded (rows
+        first..T: decode s owns row s, so the prefill rows start at row `first`)."""
+        split = meta.expanded_prefill
+        assert split is not None
+        m, first = self.mla, split.first_prefill
+        out = q_nope.new_empty(q_nope.shape[0], m.num_heads, m.v_head_dim)
+        if first:
+            out[:first] = ops.mla_attention(
+                q_nope[:first],
+                q_pe[:first],
+                cache,
+                self.kv_b_proj,
+                meta.block_tables[:first],
+                meta.seq_lens[:first],
+                meta.query_start_loc[: first + 1],
+                m.v_head_dim,
+                self.scale,
+                True,
+            )
+        out[first:] = ops.mla_prefill(
+            q_nope[first:],
+            q_pe[first:],
             cache,
             self.kv_b_proj,
-            meta.block_tables,
-            meta.seq_lens,
-            meta.query_start_loc,
+            split.blocks,
+            split.tables,
+            meta.seq_lens[first:],
+            meta.query_start_loc[first:] - first,
             m.v_head_dim,
             self.scale,
-            meta.is_decode,
+            meta.max_query_len,
+            split.max_seq_len,
         )
-        return linear(attn.reshape(num_tokens, m.num_heads * m.v_head_dim), self.o_proj)
+        return out
 
     def locate_extra(self, rest: str, prefix: str) -> tuple[torch.Tensor, tuple[str, ...]] | None:
         """MLA projections (self_attn.*) and the experts (mlp.gate, mlp.experts, ...)."""

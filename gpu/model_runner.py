@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 from troupe.config import EngineConfig
+from troupe.gpu.device_inputs import ExpandPolicy
 from troupe.gpu.draft_model import DraftModel
 from troupe.gpu.draft_runner import DraftRunner
 from troupe.gpu.forward_ahead import ForwardAhead
@@ -85,6 +86,7 @@ class ModelRunner:
             use_graphs=not options.enforce_eager,
             mixed_graph_tokens=options.mixed_graph_tokens,
             max_logits_per_seq=1 + options.num_speculative_tokens,
+            mla_expand=ExpandPolicy(options.mla_expand_min_tokens, options.mla_expand_max_tokens),
         )
         self._forward = self._pass
         self._draft: DraftRunner | None = None

@@ -44,6 +44,10 @@ class RunnerOptions:
     # a draft model's round reads at most this many tokens (its catch-up: gpu/draft_runner.py)
     max_num_batched_tokens: int = 4096
     spec_disable_batch_size: int | None = None  # no draft round in steps sampling this many
+    # MLA models: steps with a prefill chunk of this many tokens expand it, when the prefill
+    # sequences hold at most mla_expand_max_tokens tokens (gpu/forward_pass.py)
+    mla_expand_min_tokens: int = 128
+    mla_expand_max_tokens: int = 32768
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,6 +103,8 @@ def runner_options(
         kv_cache_dtype=config.kv_cache_dtype,
         max_num_batched_tokens=config.max_num_batched_tokens,
         spec_disable_batch_size=config.speculative_disable_by_batch_size,
+        mla_expand_min_tokens=config.mla_expand_min_tokens,
+        mla_expand_max_tokens=config.mla_expand_max_tokens,
     )
 
 

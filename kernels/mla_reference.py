@@ -14,7 +14,9 @@ kv_b_proj [H * (Dn + Dv), L] expands c into per-head keys and values: head h's r
 
 Both compute the same function (the tests check them against each other and transformers'
 DeepseekV3Attention). Softmax in fp32. `mla_attention` is the CPU model's op: expanded for
-prefill rows (transformers' arithmetic), absorbed for decode steps.
+prefill rows (transformers' arithmetic), absorbed for decode steps; `mla_prefill` is the
+expanded op by name (the model calls it for the prefill sequences of a step it splits,
+kernels/mla_prefill.py being its Triton side).
 """
 
 from __future__ import annotations
@@ -117,6 +119,28 @@ def mla_attention(
         return mla_decode_absorbed(
             q_nope, q_rope, cache, block_tables, seq_lens[:num_rows], kv_b_proj, v_head_dim, scale
         )
+    return mla_prefill_expanded(
+        q_nope, q_rope, cache, block_tables, seq_lens, query_start_loc, kv_b_proj, v_head_dim, scale
+    )
+
+
+def mla_prefill(
+    q_nope: torch.Tensor,
+    q_rope: torch.Tensor,
+    cache: torch.Tensor,
+    kv_b_proj: torch.Tensor,
+    blocks: torch.Tensor,
+    tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    v_head_dim: int,
+    scale: float,
+    max_query_len: int,
+    max_seq_len: int,
+) -> torch.Tensor:
+    """The KernelOps op (kernels/ops.py): the expanded form for every sequence."""
+    del max_query_len, max_seq_len  # launch hints of the Triton side
+    block_tables = blocks[tables.long()]
     return mla_prefill_expanded(
         q_nope, q_rope, cache, block_tables, seq_lens, query_start_loc, kv_b_proj, v_head_dim, scale
     )

@@ -201,6 +201,27 @@ class KernelOps(Protocol):
         sequences as in paged_attention; is_decode: one row per sequence."""
         ...
 
+    def mla_prefill(
+        self,
+        q_nope: torch.Tensor,
+        q_rope: torch.Tensor,
+        cache: torch.Tensor,
+        kv_b_proj: torch.Tensor,
+        blocks: torch.Tensor,
+        tables: torch.Tensor,
+        seq_lens: torch.Tensor,
+        query_start_loc: torch.Tensor,
+        v_head_dim: int,
+        scale: float,
+        max_query_len: int,
+        max_seq_len: int,
+    ) -> torch.Tensor:
+        """MLA attention [T, H, Dv] in the expanded form (the latent decompressed to per-head
+        K/V, kernels/mla_prefill.py), for prefill chunks; arguments as in mla_attention but
+        the blocks: sequence s's j-th cache block is blocks[tables[s, j]] (blocks [NB] int64,
+        exactly the blocks to expand). Eager only: its shapes follow the blocks."""
+        ...
+
 
 def select_ops(device: torch.device, backend: KernelBackend = "auto") -> KernelOps:
     """The ops for a model on `device`: "auto" is Triton on CUDA and the reference elsewhere.

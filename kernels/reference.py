@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 from .kv_quant import dequantize, quantize
 from .mla_reference import mla_attention as mla_attention  # MLA has its own module
+from .mla_reference import mla_prefill as mla_prefill
 from .mla_reference import write_latent as write_latent
 from .moe_reference import fused_moe as fused_moe  # the MoE op has its own module
 

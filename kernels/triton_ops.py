@@ -11,6 +11,7 @@ from .decode_attention import paged_decode_attention_triton as paged_decode_atte
 from .fused_moe import fused_moe_triton as fused_moe
 from .kv_write import write_kv_triton as write_kv
 from .mla_ops import mla_attention, write_latent
+from .mla_prefill import mla_prefill
 from .paged_attention import paged_attention_triton as paged_attention
 from .qkv_prepare import prepare_qkv_triton as prepare_qkv
 from .rms_norm import rms_norm_triton as rms_norm
@@ -22,6 +23,7 @@ __all__ = [
     "fused_moe",
     "gelu_tanh_mul",
     "mla_attention",
+    "mla_prefill",
     "paged_attention",
     "paged_decode_attention",
     "prepare_qkv",

@@ -104,7 +104,11 @@ def write_model_weights(folder: Path, config: ModelConfig) -> None:
 
 
 def run_engine(
-    folder: Path, prompts: list[list[int]], outputs: list[int], args: argparse.Namespace
+    folder: Path,
+    prompts: list[list[int]],
+    outputs: list[int],
+    args: argparse.Namespace,
+    **options: Any,
 ) -> int:
     import anyio
     from troupe import Engine, EngineConfig, SamplingParams
@@ -115,6 +119,7 @@ def run_engine(
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=4096,
         enforce_eager=args.enforce_eager,
+        **options,  # more EngineConfig fields (ops/deepseek_offline.py)
     )
     total = 0
 
@@ -155,7 +160,11 @@ def run_engine(
 
 
 def run_runner(
-    folder: Path, prompts: list[list[int]], outputs: list[int], args: argparse.Namespace
+    folder: Path,
+    prompts: list[list[int]],
+    outputs: list[int],
+    args: argparse.Namespace,
+    **options: Any,
 ) -> int:
     """A minimal scheduler: admit while blocks last, prefill in token-budget chunks, decode."""
     from troupe import EngineConfig, SamplingParams
@@ -168,6 +177,7 @@ def run_runner(
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=4096,
         enforce_eager=args.enforce_eager,
+        **options,  # more EngineConfig fields (ops/deepseek_offline.py)
     )
     runner = ModelRunner.from_config(config)
     bs = runner.block_size

@@ -2,6 +2,7 @@
 workload, against its physical floor computed as for dense models (ops/bench_offline.py).
 
     python -m troupe.ops.deepseek_offline [--mode runner] [--layers 27] [--smoke]
+        [--mla-expand-min-tokens 128]   (0: every prefill row in the absorbed form)
 
 Shape: 27 layers (the first dense), hidden 2048, 16 heads, MLA kv_lora_rank 512 + rope 64
 (no q LoRA), 64 routed experts (moe_intermediate 1408) + 2 shared, top-6, vocab 102,400.
@@ -115,6 +116,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--enforce-eager", action="store_true")
     parser.add_argument("--layers", type=int, default=27, help="fewer layers: a quicker run")
     parser.add_argument("--smoke", action="store_true", help="tiny dims: a CPU smoke run")
+    parser.add_argument(
+        "--mla-expand-min-tokens",
+        type=int,
+        default=128,
+        help="steps with a prefill chunk this long expand the latent (0: absorbed everywhere)",
+    )
     args = parser.parse_args(argv)
     cfg = {**V2_LITE, "num_hidden_layers": args.layers}
     if args.smoke:
@@ -128,10 +135,11 @@ def main(argv: list[str] | None = None) -> int:
         folder = Path(tmp)
         config = write_folder(folder, cfg, device)
         fn = run_engine if args.mode == "engine" else run_runner
-        total = fn(folder, prompts, outputs, args)
+        total = fn(folder, prompts, outputs, args, mla_expand_min_tokens=args.mla_expand_min_tokens)
         elapsed = fn.elapsed  # type: ignore[attr-defined]
     floor = physical_floor_s(config, prompts, outputs)
     print(f"deepseek_v2 ({config.num_layers} layers) mode={args.mode} seqs={args.num_seqs} "
+          f"mla_expand_min_tokens={args.mla_expand_min_tokens} "
           f"output tokens={total} time={elapsed:.2f}s: {total / elapsed:,.0f} output tok/s")  # fmt: skip
     print(f"physical floor: {floor:.2f}s; reached {floor / elapsed:.1%}")
     return 0

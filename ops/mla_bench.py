@@ -1,14 +1,19 @@
-"""MLA decode kernel benchmark (GPU): the absorbed latent attention at DeepSeek-V2-Lite shape.
+"""MLA kernel benchmark (GPU): absorbed decode and both prefill forms at DeepSeek-V2-Lite shape.
 
-    python -m troupe.ops.mla_bench [--sweep] [--num-seqs 256] [--context 1024]
+    python -m troupe.ops.mla_bench [--sweep] [--num-seqs 256] [--context 1024] [--prefill-only]
 
 16 heads, kv_lora_rank 512, rope 64, nope 128, v 128, bf16, block_size 16, blocks shuffled.
 Decode: num_seqs sequences of `context` tokens; the rate is bytes/s over what the kernel must
 read and write (the latent cache rows [c | k_r] of every sequence once, q_lat, q_rope and
 o_lat) against copy bandwidth (read + write of 1 GiB). "op" adds the absorption GEMMs
-(q_nope @ W_uk, o_lat @ W_uv: kernels/mla_ops.mla_attention). Prefill: rows of one 2,048-token
-prompt through the same kernel (each row rereads its context), in ms. Times are medians of
-triton.testing.do_bench; the error is against kernels/mla_reference on 8 sequences.
+(q_nope @ W_uk, o_lat @ W_uv: kernels/mla_ops.mla_attention). Prefill: chunks through the
+absorbed kernel (each row rereads its context) and the expanded form (kernels/mla_prefill.py:
+the latent blocks decompressed to per-head K/V, the paged prefill kernel), in ms, with each
+form's own FLOPs (absorbed: H * (2L + R) per query-key pair plus the absorption GEMMs;
+expanded: H * (Dn + R + Dv) per pair plus the expansion of every context token) and the
+speedup; the q_len sweep at 8 x 2,048 shows where EngineConfig.mla_expand_min_tokens belongs.
+Times are medians of triton.testing.do_bench; the decode error is against kernels/mla_reference
+on 8 sequences, the prefill "diff" is expanded against absorbed.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import itertools
 import torch
 from troupe.kernels.mla_decode import MlaLaunch, mla_attention_triton
 from troupe.kernels.mla_ops import mla_attention
+from troupe.kernels.mla_prefill import mla_prefill
 from troupe.kernels.mla_reference import mla_decode_absorbed
 from troupe.ops.kernel_bench import copy_bandwidth, median_ms
 
@@ -99,22 +105,38 @@ def decode(num_seqs: int, context: int, sweep: bool, copy_bw: float) -> None:
         )
 
 
-def prefill(prompt_len: int) -> None:
-    p = problem(1, prompt_len, seed=7)
+def prefill(num_seqs: int, context: int, q_len: int) -> None:
+    """num_seqs chunks of q_len new tokens at the end of `context` cached tokens each, through
+    both forms: absorbed rows (kernels/mla_ops.py) and expanded K/V (kernels/mla_prefill.py)."""
+    p = problem(num_seqs, context, seed=7)
     scale = (NOPE + ROPE) ** -0.5
+    rows = num_seqs * q_len
     gen = torch.Generator(device="cuda").manual_seed(8)
-    q_nope = torch.randn(prompt_len, HEADS, NOPE, generator=gen, device="cuda").to(DTYPE)
-    q_rope = torch.randn(prompt_len, HEADS, ROPE, generator=gen, device="cuda").to(DTYPE)
-    qsl = torch.tensor([0, prompt_len], dtype=torch.int32, device="cuda")
+    q_nope = torch.randn(rows, HEADS, NOPE, generator=gen, device="cuda").to(DTYPE)
+    q_rope = torch.randn(rows, HEADS, ROPE, generator=gen, device="cuda").to(DTYPE)
+    qsl = torch.arange(0, rows + 1, q_len, dtype=torch.int32, device="cuda")
+    args = (q_nope, q_rope, p["cache"], p["kv_b"], p["table"], p["seq_lens"], qsl, V, scale)
 
-    def op() -> torch.Tensor:
-        return mla_attention(q_nope, q_rope, p["cache"], p["kv_b"], p["table"], p["seq_lens"],
-                             qsl, V, scale, False)  # fmt: skip
+    def absorbed() -> torch.Tensor:
+        return mla_attention(*args, False)
 
-    ms = median_ms(op)
-    flops = 2 * HEADS * (LORA + ROPE + LORA) * prompt_len * (prompt_len + 1) / 2
-    print(f"prefill {prompt_len} tokens (absorbed rows): {ms:7.2f} ms  "
-          f"{flops / (ms * 1e-3) / 1e12:5.1f} TFLOP/s in the latent space")  # fmt: skip
+    blocks = p["table"].flatten().long()  # every entry a sequence's own block
+    tables = torch.arange(blocks.numel(), dtype=torch.int32, device="cuda").view(num_seqs, -1)
+
+    def expanded() -> torch.Tensor:
+        return mla_prefill(*args[:4], blocks, tables, *args[5:], q_len, context)
+
+    a, e = absorbed().float(), expanded().float()
+    diff = float((e - a).norm() / a.norm())
+    ms_a, ms_e = median_ms(absorbed), median_ms(expanded)
+    pairs = num_seqs * (q_len * (context - q_len) + q_len * (q_len + 1) // 2)
+    flops_a = 2 * HEADS * (LORA + ROPE + LORA) * pairs + 2 * rows * HEADS * LORA * (NOPE + V)
+    flops_e = 2 * HEADS * (NOPE + ROPE + V) * pairs + 2 * num_seqs * context * LORA * HEADS * (NOPE + V)  # fmt: skip
+    print(
+        f"prefill {num_seqs} x {q_len} new of {context}: absorbed {ms_a:8.3f} ms "
+        f"({flops_a / (ms_a * 1e-3) / 1e12:5.1f} TFLOP/s), expanded {ms_e:8.3f} ms "
+        f"({flops_e / (ms_e * 1e-3) / 1e12:5.1f} TFLOP/s): x{ms_a / ms_e:4.1f}, diff {diff:.1e}"
+    )
 
 
 def main() -> None:
@@ -122,12 +144,18 @@ def main() -> None:
     parser.add_argument("--sweep", action="store_true", help="try launch parameters")
     parser.add_argument("--num-seqs", type=int, default=256)
     parser.add_argument("--context", type=int, default=1024)
+    parser.add_argument("--prefill-only", action="store_true", help="skip the decode runs")
     args = parser.parse_args()
     copy_bw = copy_bandwidth()
     print(f"{torch.cuda.get_device_name()}: copy {copy_bw / 1e12:.2f} TB/s")
-    decode(args.num_seqs, args.context, args.sweep, copy_bw)
-    decode(32, 4096, False, copy_bw)
-    prefill(2048)
+    if not args.prefill_only:
+        decode(args.num_seqs, args.context, args.sweep, copy_bw)
+        decode(32, 4096, False, copy_bw)
+    prefill(1, 2048, 2048)  # one prompt
+    prefill(1, 8192, 2048)  # a chunk after 6,144 cached tokens
+    prefill(4, 4096, 4096)  # 16,384 prefill tokens in one step
+    for q_len in (8, 16, 32, 64, 128, 256, 512):  # where expanding starts to pay
+        prefill(8, 2048, q_len)
 
 
 if __name__ == "__main__":

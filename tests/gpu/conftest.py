@@ -93,6 +93,7 @@ def runner_for(
     num_cpu_blocks: int = 16,
     block_size: int = 4,
     max_model_len: int = 256,
+    mla_expand_min_tokens: int = 128,
 ) -> ModelRunner:
     config, model = load_model(path, torch.float32, torch.device("cpu"), max_model_len)
     options = RunnerOptions(
@@ -100,6 +101,7 @@ def runner_for(
         num_gpu_blocks=num_gpu_blocks,
         num_cpu_blocks=num_cpu_blocks,
         max_model_len=max_model_len,
+        mla_expand_min_tokens=mla_expand_min_tokens,
     )
     return ModelRunner(config, model, options)
 

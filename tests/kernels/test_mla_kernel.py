@@ -80,6 +80,34 @@ def test_prefill_rows_match_expanded_reference(triton_ops: KernelOps) -> None:
     assert torch.equal(out[12:], torch.zeros_like(out[12:]))
 
 
+def test_expanded_prefill_matches_reference(triton_ops: KernelOps) -> None:
+    """The expanded form (latent blocks decompressed, the paged prefill kernel over them):
+    chunks after cached context and a whole prompt; only the sequences' own blocks expanded."""
+    seq_lens, q_lens = [13, 6, 9], [5, 6, 2]
+    cache, table, kv_b = _setup(seq_lens, seed=8)
+    gen = torch.Generator().manual_seed(9)
+    q_nope = torch.randn(sum(q_lens), HEADS, NOPE, generator=gen)
+    q_rope = torch.randn(sum(q_lens), HEADS, ROPE, generator=gen)
+    lens = torch.tensor(seq_lens, dtype=torch.int32)
+    qsl = torch.tensor([0, 5, 11, 13], dtype=torch.int32)
+    # the blocks to expand (a sequence's own, listed in another order) and tables into them
+    blocks = torch.cat([table[s, : -(-n // BS)] for s, n in enumerate(seq_lens)]).long()
+    order = torch.randperm(len(blocks), generator=gen)
+    tables = torch.zeros(3, 4, dtype=torch.int32)  # padding entries: 0
+    start = 0
+    for s, n in enumerate(seq_lens):
+        count = -(-n // BS)
+        tables[s, :count] = order.argsort()[start : start + count].int()
+        start += count
+    args = (q_nope, q_rope, cache, kv_b, blocks[order], tables, lens, qsl, V, 0.25, 6, 13)
+    out = triton_ops.mla_prefill(*args)
+    assert out.shape == (13, HEADS, V)
+    torch.testing.assert_close(out, ref.mla_prefill(*args))
+    # the same function as the absorbed form
+    absorbed = ref.mla_attention(q_nope, q_rope, cache, kv_b, table, lens, qsl, V, 0.25, False)
+    torch.testing.assert_close(out, absorbed)
+
+
 @pytest.mark.parametrize("num_splits", [1, 3])
 def test_splits_merge_to_the_one_pass_softmax(num_splits: int) -> None:
     seq_lens = [40, 3, 17]
@@ -166,3 +194,33 @@ def test_kernel_replays_in_a_cuda_graph() -> None:
     graph.replay()
     torch.testing.assert_close(out, mla_ops.mla_attention(*args, is_decode=True))
     assert not torch.equal(out[0], out[1])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_expanded_and_absorbed_prefill_agree_bf16_on_cuda() -> None:
+    """DeepSeek-V2-Lite's shape in bf16: prefill chunks after cached context (and a whole
+    prompt) through both forms, against each other and the fp32 reference."""
+    from troupe.kernels import mla_ops, mla_prefill
+
+    seq_lens, q_lens = [700, 333, 512, 130], [300, 333, 1, 129]
+    p = _v2_lite_problem(num_seqs=4, context=700, seed=11)
+    gen = torch.Generator().manual_seed(12)
+    q_nope = torch.randn(sum(q_lens), 16, 128, generator=gen).bfloat16().cuda()
+    q_rope = torch.randn(sum(q_lens), 16, 64, generator=gen).bfloat16().cuda()
+    lens = torch.tensor(seq_lens, dtype=torch.int32).cuda()
+    qsl = torch.tensor([0, 300, 633, 634, 763], dtype=torch.int32).cuda()
+    args = (q_nope, q_rope, p["cache"], p["kv_b"], p["table"], lens, qsl, 128, 0.07)
+    blocks = p["table"].flatten().long()  # every entry a sequence's own block here
+    tables = torch.arange(blocks.numel(), dtype=torch.int32, device="cuda").view(4, -1)
+    expanded = mla_prefill.mla_prefill(
+        *args[:4], blocks, tables, *args[5:], max(q_lens), max(seq_lens)
+    ).float()
+    absorbed = mla_ops.mla_attention(*args, is_decode=False).float()
+    expected = ref.mla_attention(
+        q_nope.float(), q_rope.float(), p["cache"], p["kv_b"].float(), p["table"], lens, qsl,
+        128, 0.07, is_decode=False,
+    )  # fmt: skip
+    for got in (expanded, absorbed):
+        assert float((got - expected).norm() / expected.norm()) < 2e-2
+    assert float((expanded - absorbed).norm() / absorbed.norm()) < 2e-2
