@@ -59,6 +59,12 @@ def build_parser() -> argparse.ArgumentParser:
     where.add_argument("--serve-arg", action="append", default=[], help="a `troupe serve` flag")
     where.add_argument("--server-timeout", type=float, default=900.0, help="s to wait for /health")
     where.add_argument(
+        "--server-pid",
+        type=int,
+        default=None,
+        help="--base-url's `troupe serve` process: report its CPU time (and its engine child's)",
+    )
+    where.add_argument(
         "--poll-engine-stats",
         type=float,
         default=None,
@@ -244,6 +250,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--poll-engine-stats reads the server's endpoint: it takes no --engine")
     if args.engine and args.base_url:
         parser.error("--engine runs in this process: it takes no --base-url")
+    if args.server_pid is not None and not args.base_url:
+        parser.error("--server-pid names the process behind --base-url (a started one is read)")
     if args.base_url and engine_args:
         parser.error(f"engine flags need a server this benchmark starts: {' '.join(engine_args)}")
     if "--log-format" in engine_args:
@@ -257,7 +265,10 @@ def main(argv: list[str] | None = None) -> int:
             config = engine_config(engine_args)
             results, duration, model = asyncio.run(_run_engine(config, requests, args))
         elif base_url is not None:
+            before = read_server_cpu(args.server_pid) if args.server_pid else None
             results, duration, model, polls = asyncio.run(_run_http(base_url, requests, args))
+            after = read_server_cpu(args.server_pid) if args.server_pid else None
+            cpu = cpu_used(before, after) if before and after else None
         else:
             results, duration, model, polls, base_url, cpu = _run_started_server(
                 engine_args, requests, args

@@ -338,6 +338,7 @@ def test_flag_errors_exit_2() -> None:
         ["--range-ratio", "1.5"],
         ["--poll-engine-stats", "0"],
         ["--engine", "--poll-engine-stats", "1"],
+        ["--server-pid", "1"],  # only with --base-url
     ):
         with pytest.raises(SystemExit) as exc:
             main(argv)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import sys
+from multiprocessing.synchronize import Event
 
 import pytest
 from troupe.ops.serve_cpu import ServerCpu, cpu_used, engine_child, read_server_cpu
@@ -12,12 +13,18 @@ from troupe.ops.serve_cpu import ServerCpu, cpu_used, engine_child, read_server_
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
 
+def _started(ready: Event, release: Event) -> None:
+    ready.set()
+    release.wait()
+
+
 def test_a_spawned_child_is_the_engine_and_is_timed_apart() -> None:
     context = multiprocessing.get_context("spawn")  # as gateway/engine_launch.py starts it
-    release = context.Event()
-    child = context.Process(target=release.wait)
-    child.start()
+    ready, release = context.Event(), context.Event()
+    child = context.Process(target=_started, args=(ready, release))
+    child.start()  # returns before the child's exec: its command line is ours until then
     try:
+        assert ready.wait(60)
         assert engine_child(os.getpid()) == child.pid
         cpu = read_server_cpu(os.getpid())
         assert cpu is not None and cpu.gateway_s > 0  # this process imported pytest
