@@ -186,15 +186,22 @@ class ClientStreams:
                     stream.close()
         return cut_off
 
-    def fail_one(self, request_id: str, message: str) -> None:
+    def fail_one(self, request_id: str, message: str) -> Failed | None:
+        """Give one stream a Failed terminal event; the event, unless the stream had already
+        ended (its terminal event delivered, or cut off) or is unknown."""
         stream = self._streams.get(request_id)
-        if stream is not None:
-            stream.put(Failed(request_id=request_id, message=message))
-            stream.close()
-            if isinstance(stream, CallbackSink):
-                self.close(request_id)
+        if stream is None:
+            return None
+        event = None if stream.is_closed else Failed(request_id=request_id, message=message)
+        if event is not None:
+            stream.put(event)
+        stream.close()
+        if isinstance(stream, CallbackSink):
+            self.close(request_id)
+        return event
 
-    def fail_all(self, message: str) -> None:
-        """Give every open stream a Failed terminal event (engine crash or forced stop)."""
-        for request_id in list(self._streams):
-            self.fail_one(request_id, message)
+    def fail_all(self, message: str) -> list[Failed]:
+        """Give every open stream a Failed terminal event (engine crash or forced stop); the
+        events given (for listeners: a stream that had already ended gets none)."""
+        failed = (self.fail_one(request_id, message) for request_id in list(self._streams))
+        return [event for event in failed if event is not None]

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import msgspec
-from prometheus_client import Histogram
+from prometheus_client.registry import Collector
 
 
 class Percentiles(msgspec.Struct, frozen=True, kw_only=True):
@@ -34,7 +34,7 @@ class _Snapshot:
     cumulative: tuple[float, ...]  # observations <= each bound (the last bound is +Inf)
 
 
-def bucket_counts(histogram: Histogram) -> tuple[tuple[float, ...], tuple[float, ...]]:
+def bucket_counts(histogram: Collector) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """(upper bounds, cumulative counts) of an unlabelled histogram, +Inf last."""
     pairs = [
         (float(s.labels["le"]), s.value)
@@ -70,7 +70,7 @@ class LatencyWindow:
 
     def __init__(
         self,
-        histogram: Histogram,
+        histogram: Collector,
         *,
         now: float,
         window_s: float = 60.0,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -19,6 +19,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 from troupe.gateway.engine_api import EngineLike
+from troupe.gateway.latency_histogram import LatencyHistogram
 from troupe.messages import (
     Aborted,
     Delta,
@@ -126,23 +127,23 @@ class GatewayMetrics:
         )
         for outcome in ("stop", "length", "aborted", "rejected", "failed"):
             self.requests.labels(outcome)  # export zeros so rate() works from the first scrape
-        self.ttft = Histogram(
+        self.ttft = LatencyHistogram(
             "troupe_time_to_first_token_seconds",
             "Arrival to first token",
-            buckets=_LATENCY_BUCKETS,
-            registry=self.registry,
+            _LATENCY_BUCKETS,
+            self.registry,
         )
-        self.itl = Histogram(
+        self.itl = LatencyHistogram(
             "troupe_inter_token_latency_seconds",
             "Time between consecutive output tokens of a request",
-            buckets=_LATENCY_BUCKETS,
-            registry=self.registry,
+            _LATENCY_BUCKETS,
+            self.registry,
         )
-        self.e2e = Histogram(
+        self.e2e = LatencyHistogram(
             "troupe_e2e_request_latency_seconds",
             "Arrival to the terminal event",
-            buckets=_LATENCY_BUCKETS,
-            registry=self.registry,
+            _LATENCY_BUCKETS,
+            self.registry,
         )
         self.registry.register(EngineStatsCollector(engine))
         self._last_token_time: dict[str, float] = {}
@@ -155,9 +156,8 @@ class GatewayMetrics:
             last = self._last_token_time.get(event.request_id)
             if last is not None:
                 # A delta may carry several tokens: spread the gap over them.
-                gap = (now - last) / len(event.token_ids)
-                for _ in event.token_ids:
-                    self.itl.observe(gap)
+                num_tokens = len(event.token_ids)
+                self.itl.observe((now - last) / num_tokens, num_tokens)
             self._last_token_time[event.request_id] = now
         if isinstance(event, Delta):
             return

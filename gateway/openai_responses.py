@@ -52,6 +52,11 @@ class ResponseBuilder:
         self._num_prompt_tokens = 0
         self._completion_tokens: dict[int, int] = {}  # per sample (choice index)
 
+    @property
+    def continuous_usage(self) -> bool:
+        """stream_options.continuous_usage_stats: every chunk carries the counts so far."""
+        return self._continuous_usage
+
     def see_prompt(self, event: StreamEvent) -> None:
         """Learn the prompt's length from an event that tells it (chunks before its own)."""
         if isinstance(event, Delta) and event.prompt_tokens is not None:
@@ -61,6 +66,8 @@ class ResponseBuilder:
 
     def count(self, event: StreamEvent) -> None:
         """Continuous usage: fold in an event before its chunks are built."""
+        if not self._continuous_usage:
+            return  # the counts are read only for continuous usage
         self.see_prompt(event)
         if isinstance(event, Finished):
             self._completion_tokens[event.index] = event.usage.completion_tokens

@@ -18,6 +18,9 @@ from troupe.gateway.openai_requests import Kind, OpenAIRequest, api_error_for_mo
 from troupe.gateway.openai_responses import ResponseBuilder, total_usage
 from troupe.gateway.outbox import Outbox, Overflow
 from troupe.gateway.pump import abort_transport_later, pump
+from troupe.gateway.sse_frames import DONE as _DONE
+from troupe.gateway.sse_frames import sse as _sse
+from troupe.gateway.sse_frames import text_delta_frames
 from troupe.gateway.state import GATEWAY, Gateway
 from troupe.gateway.tool_calls import ToolCallStream, tool_calls
 from troupe.messages import (
@@ -33,7 +36,6 @@ from troupe.messages import (
 
 log = structlog.get_logger("troupe.gateway")
 
-_DONE = "data: [DONE]\n\n"
 _json = msgspec.json.Encoder()
 
 
@@ -52,10 +54,6 @@ def _tool_call_chunks(
             if last:
                 yield _sse(builder.tool_call_chunk(last))
             yield _sse(builder.tool_call_chunk([], "tool_calls"))
-
-
-def _sse(obj: Any) -> str:
-    return f"data: {_json.encode(obj).decode()}\n\n"
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
@@ -225,6 +223,7 @@ async def _pump_sse(
 ) -> None:
     calls = ToolCallStream(req.tools) if req.tools is not None else None
     usages: list[Usage] = []  # each sample's, for the last chunk
+    text_frames = text_delta_frames(builder)
 
     def encode(event: StreamEvent) -> Iterable[str]:
         builder.count(event)
@@ -236,7 +235,10 @@ async def _pump_sse(
                 yield _DONE
             return
         if isinstance(event, Delta):
-            if event.text or event.logprobs:
+            if event.logprobs is None and text_frames is not None:
+                if event.text:  # the common frame, from its template
+                    yield text_frames.frame(event.text, event.index)
+            elif event.text or event.logprobs:
                 yield _sse(builder.delta_chunk(event.text, event.logprobs, index=event.index))
         elif isinstance(event, Finished):
             finish, index = str(event.finish_reason), event.index

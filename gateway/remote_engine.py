@@ -11,9 +11,9 @@ same as the Engine's) with the engine's delivery time, so metrics listeners see 
 own inter-token gaps. Commands are written at once, in call order, so an abort can never
 overtake its request; a caller then waits while the socket's buffer is full (backpressure).
 
-If the child dies, every open stream gets a Failed event, `is_healthy` turns False and
-`wait_stopped` returns: `troupe serve` answers /health with 503 and exits 1, as with an engine
-that fails in-process.
+If the child dies, every open stream gets one Failed event (listeners see it too: /metrics
+counts it), `is_healthy` turns False and `wait_stopped` returns: `troupe serve` answers /health
+with 503 and exits 1, as with an engine that fails in-process.
 """
 
 from __future__ import annotations
@@ -255,7 +255,10 @@ class RemoteEngine(asyncio.Protocol):
             self.error = error
             log.error("engine process failed", error=error, pid=self.pid)
         self._is_closing = True
-        self._streams.fail_all(self._failure_message())
+        now = time.monotonic()
+        for event in self._streams.fail_all(self._failure_message()):
+            for listener in self._listeners:  # metrics count these as failed requests too
+                listener(event, now)
         self._stopped.set()
         while self._graph_queries:
             waiter = self._graph_queries.popleft()

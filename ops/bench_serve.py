@@ -25,10 +25,17 @@ from typing import Any
 import aiohttp
 from troupe.config import ConfigError, EngineConfig
 from troupe.ops.serve_client import Client, EngineClient, HttpClient
+from troupe.ops.serve_cpu import ServerCpu, cpu_used, read_server_cpu
 from troupe.ops.serve_load import Progress, run_load
 from troupe.ops.serve_metrics import RequestResult, compute_metrics, parse_goodput
 from troupe.ops.serve_poller import StatsPoller
-from troupe.ops.serve_report import print_report, rate_json, result_json, write_result
+from troupe.ops.serve_report import (
+    print_report,
+    rate_json,
+    result_json,
+    server_cpu_json,
+    write_result,
+)
 from troupe.ops.serve_workload import BenchRequest, LengthSpec, make_requests
 
 _CLIENT_TIMEOUT_S = 6 * 3600  # one request may take long under load; vLLM's bound too
@@ -51,6 +58,12 @@ def build_parser() -> argparse.ArgumentParser:
     where.add_argument("--api-key", default=None, help="Bearer key (given to a started server)")
     where.add_argument("--serve-arg", action="append", default=[], help="a `troupe serve` flag")
     where.add_argument("--server-timeout", type=float, default=900.0, help="s to wait for /health")
+    where.add_argument(
+        "--server-pid",
+        type=int,
+        default=None,
+        help="--base-url's `troupe serve` process: report its CPU time (and its engine child's)",
+    )
     where.add_argument(
         "--poll-engine-stats",
         type=float,
@@ -181,7 +194,8 @@ async def _run_engine(
 
 def _run_started_server(
     serve_args: list[str], requests: list[BenchRequest], args: argparse.Namespace
-) -> tuple[list[RequestResult], float, str, int, str]:
+) -> tuple[list[RequestResult], float, str, int, str, ServerCpu | None]:
+    """The run, and the CPU time its gateway and engine processes used meanwhile."""
     from troupe.ops.bench_soak import ServerProcess
 
     if args.api_key:
@@ -189,16 +203,19 @@ def _run_started_server(
     server = ServerProcess(serve_args)
     try:
         base_url = server.wait_ready()  # its message carries the server's last log lines
+        before = read_server_cpu(server.pid)
         try:
             results, duration, model, polls = asyncio.run(_run_http(base_url, requests, args))
         except RuntimeError:
             print("\n".join(server.log_tail), file=sys.stderr)
             raise
+        after = read_server_cpu(server.pid)
     finally:
         status = server.stop()
         if status != 0:
             print(f"troupe bench serve: the server exited with {status}", file=sys.stderr)
-    return results, duration, model, polls, base_url
+    cpu = cpu_used(before, after) if before and after else None
+    return results, duration, model, polls, base_url, cpu
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -233,6 +250,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--poll-engine-stats reads the server's endpoint: it takes no --engine")
     if args.engine and args.base_url:
         parser.error("--engine runs in this process: it takes no --base-url")
+    if args.server_pid is not None and not args.base_url:
+        parser.error("--server-pid names the process behind --base-url (a started one is read)")
     if args.base_url and engine_args:
         parser.error(f"engine flags need a server this benchmark starts: {' '.join(engine_args)}")
     if "--log-format" in engine_args:
@@ -240,14 +259,18 @@ def main(argv: list[str] | None = None) -> int:
 
     base_url = args.base_url.rstrip("/") if args.base_url else None
     polls = 0
+    cpu: ServerCpu | None = None  # read only from a server this benchmark started
     try:
         if args.engine:
             config = engine_config(engine_args)
             results, duration, model = asyncio.run(_run_engine(config, requests, args))
         elif base_url is not None:
+            before = read_server_cpu(args.server_pid) if args.server_pid else None
             results, duration, model, polls = asyncio.run(_run_http(base_url, requests, args))
+            after = read_server_cpu(args.server_pid) if args.server_pid else None
+            cpu = cpu_used(before, after) if before and after else None
         else:
-            results, duration, model, polls, base_url = _run_started_server(
+            results, duration, model, polls, base_url, cpu = _run_started_server(
                 engine_args, requests, args
             )
     except RuntimeError as exc:
@@ -271,6 +294,7 @@ def main(argv: list[str] | None = None) -> int:
         "goodput": slos,
         "poll_engine_stats_s": args.poll_engine_stats,
         "engine_stats_polls": polls,
+        "server_cpu": server_cpu_json(cpu, metrics.total_output),
     }
     print_report(metrics, settings, results)
     if args.result_file:

@@ -4,6 +4,10 @@
 # HTTP (`troupe serve`, one server for every rate) and through Engine.generate (--engine).
 # Run from the repo root with .whl carried; results (JSON per run, logs) go to $OUT.
 #   RATES="8 24 40 inf" ENGINE_RATES="40 inf" SERVE_ARGS="" bash ops/serve_gpu.sh
+# HTTP runs report the server's CPU (gateway and engine child apart). The engine in the
+# server's own process instead (issue 9 point 3's comparison; the engine flags of SERVE_ARGS
+# also go to --engine runs, which know no --no-engine-process):
+#   RATES="40 inf" ENGINE_RATES="" SERVE_ARGS="--no-engine-process" bash ops/serve_gpu.sh
 set -uo pipefail
 OUT=${OUT:-/tmp/troupe-gpu}; mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -30,8 +34,8 @@ done
 for rate in ${RATES-8 24 40 inf}; do
   echo "== http rate $rate"
   # a seed per rate: the server's prefix cache must not see a run's prompts again
-  $TROUPE bench serve --base-url http://127.0.0.1:$PORT --request-rate $rate --seed ${rate/inf/999} $LOAD \
-    --result-file "$OUT/http_$rate.json" 2>&1 | tail -${TAIL:-22}
+  $TROUPE bench serve --base-url http://127.0.0.1:$PORT --server-pid $SERVER --request-rate $rate \
+    --seed ${rate/inf/999} $LOAD --result-file "$OUT/http_$rate.json" 2>&1 | tail -${TAIL:-24}
 done
 # Issue #15: the live view's cost. Off and on alternate with the same seed (the same requests),
 # so drift in the server shows up on both sides: run it on a server without prefix caching,

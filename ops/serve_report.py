@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from troupe.ops.serve_cpu import ServerCpu
 from troupe.ops.serve_metrics import BenchMetrics, RequestResult, metrics_json, percentile_word
 
 _NAMES = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2el": "E2E"}
@@ -41,6 +42,14 @@ def format_report(m: BenchMetrics, settings: Mapping[str, Any], errors: Sequence
         ("Output token throughput (tok/s)", f"{m.output_throughput:.2f}"),
         ("Total token throughput (tok/s)", f"{m.total_token_throughput:.2f}"),
     ]
+    cpu = settings.get("server_cpu")
+    if cpu is not None:
+        engine = "in gateway" if cpu["engine_s"] is None else f"{cpu['engine_s']:.2f}"
+        rows += [
+            ("Gateway CPU (s) / per output token (us)", f"{cpu['gateway_s']:.2f} / "
+             f"{cpu['gateway_us_per_output_token']:.1f}"),
+            ("Engine process CPU (s)", engine),
+        ]  # fmt: skip
     label_width = max(len(name) for name, _ in rows) + 2
     lines = [" Serving Benchmark Result ".center(_WIDTH, "=")]
     lines += [f"{name + ':':<{label_width}}{value:>{_WIDTH - label_width}}" for name, value in rows]
@@ -81,6 +90,19 @@ def result_json(
         "itls": [r.itl for r in results],
         "e2els": [r.latency for r in results],
         "errors": [r.error for r in results],
+    }
+
+
+def server_cpu_json(cpu: ServerCpu | None, num_output_tokens: int) -> dict[str, Any] | None:
+    """A started server's CPU seconds during the run: the gateway's (and per output token, in
+    microseconds) and the engine child's (None when the engine ran in the gateway's process)."""
+    if cpu is None:
+        return None
+    per_token = cpu.gateway_s / num_output_tokens * 1e6 if num_output_tokens else 0.0
+    return {
+        "gateway_s": cpu.gateway_s,
+        "engine_s": cpu.engine_s,
+        "gateway_us_per_output_token": per_token,
     }
 
 

@@ -320,6 +320,12 @@ def test_ci_sized_run_completes_every_request(
     assert result["mode"] == ("engine" if "--engine" in mode else "http")
     # the first poll is awaited before the load: an HTTP run reports at least one
     assert (result["engine_stats_polls"] >= 1) == ("--engine" not in mode)
+    cpu = result["server_cpu"]  # a started server's processes, read from /proc
+    if "--engine" in mode:
+        assert cpu is None
+    else:  # `troupe serve` runs its engine in a child by default
+        assert cpu["gateway_s"] >= 0 and cpu["engine_s"] is not None and cpu["engine_s"] >= 0
+        assert "Gateway CPU (s) / per output token (us)" in out
     assert result["request_goodput"] is not None and len(result["ttfts"]) == 40
     assert all(len(itl) >= 1 for itl in result["itls"])  # 8 +- 4 tokens: more than one chunk
 
@@ -332,6 +338,7 @@ def test_flag_errors_exit_2() -> None:
         ["--range-ratio", "1.5"],
         ["--poll-engine-stats", "0"],
         ["--engine", "--poll-engine-stats", "1"],
+        ["--server-pid", "1"],  # only with --base-url
     ):
         with pytest.raises(SystemExit) as exc:
             main(argv)
