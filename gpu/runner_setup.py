@@ -15,6 +15,7 @@ from troupe.gpu.models import DecoderModel
 from troupe.gpu.pool_sizing import blocks_from_free_memory, cpu_device_blocks, swap_pool_blocks
 from troupe.gpu.weights import load_model, read_config
 from troupe.kernels.kv_quant import FP8_DTYPE
+from troupe.spec_cost import batch_limit
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -44,6 +45,7 @@ class RunnerOptions:
     # a draft model's round reads at most this many tokens (its catch-up: gpu/draft_runner.py)
     max_num_batched_tokens: int = 4096
     spec_disable_batch_size: int | None = None  # no draft round in steps sampling this many
+    spec_backoff_steps: int = 16  # rounds a draft skips a request whose proposals went unused
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,7 +100,8 @@ def runner_options(
         num_speculative_tokens=config.num_proposals,
         kv_cache_dtype=config.kv_cache_dtype,
         max_num_batched_tokens=config.max_num_batched_tokens,
-        spec_disable_batch_size=config.speculative_disable_by_batch_size,
+        spec_disable_batch_size=batch_limit(config),
+        spec_backoff_steps=config.speculative_backoff_steps,
     )
 
 
