@@ -120,18 +120,21 @@ class Speculator:
 
     def propose(self, req: Request, max_tokens: int) -> tuple[int, ...]:
         """Up to min(k, max_tokens) proposals after the request's tokens (its decode step)."""
-        self._decodes += 1
-        if req.spec_paused > 0:
-            req.spec_paused -= 1
-            return ()
         s = self.settings
         k = min(s.num_tokens, max_tokens)
         # the token after the last proposal is the target's own: leave room for it
         k = min(k, req.max_total_tokens - req.num_tokens - 1)
         # structured output masks only the target's own row: no proposals to verify unmasked
         if k < 1 or req.params.structured_outputs is not None:
+            return ()  # not counted in the per-step averages: nothing could be proposed
+        draft_model = s.method == "draft_model"
+        if draft_model and not req.proposed:
+            return ()  # the draft offered none (it skips requests whose offers went unused)
+        self._decodes += 1
+        if req.spec_paused > 0:
+            req.spec_paused -= 1
             return ()
-        if s.method == "draft_model":
+        if draft_model:
             draft = req.proposed[:k]
         else:
             if (index := req.ngrams) is None:
