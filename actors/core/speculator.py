@@ -13,7 +13,8 @@ cost model, in step tokens):
 - per step, measured: the speculator keeps averages of the tokens proposed per decode and of
   the share accepted; when they say a verification step would cost more than the tokens it
   adds (its overhead included), steps go without proposals. After `backoff_steps` such steps
-  it probes: steps may propose again until one does, and the averages move;
+  it probes: the next step with a decode that could propose asks for proposals (with a draft
+  model: the next one it offered proposals for), and the averages move;
 - per request: each request keeps an acceptance rate (an exponential average of accepted /
   proposed over its verifications); below `min_acceptance`, or below the share of a step its
   tokens take at this batch size (a proposal accepted less often than that costs more compute
@@ -114,8 +115,7 @@ class Speculator:
         if self._open and self._decodes:
             now = self._proposals / self._decodes
             self.per_decode = STEP_WEIGHT * now + (1 - STEP_WEIGHT) * self.per_decode
-            if self._proposals:
-                self._probing = False
+            self._probing = False  # probed: a step asked for proposals (with a draft: had some)
         self._decodes = self._proposals = 0
 
     def propose(self, req: Request, max_tokens: int) -> tuple[int, ...]:

@@ -152,13 +152,17 @@ def test_measured_backoff_holds_steps_then_probes() -> None:
     while not spec.step_allows(8):
         held += 1
         assert held <= 3, "never probed"
-    assert held == 3 and spec.num_steps_held == 3  # then one probe step
+    assert held == 3 and spec.num_steps_held == 3
+    assert spec.step_allows(8)  # the probe step
     assert spec.propose(nothing, 10) == ()
-    assert spec.step_allows(8)  # the probe stays open until something is proposed
+    assert not spec.step_allows(8)  # probed, nothing came: held again
+    for _ in range(2):
+        assert not spec.step_allows(8)
+    assert spec.step_allows(8)
     match = _request([1, 2, 3, 1, 2])
     assert spec.propose(match, 10) == (3, 1, 2)
     spec.record(match, 3, 3)
-    assert spec.step_allows(8)  # one decode of two proposing, all accepted: it pays
+    assert spec.step_allows(8)  # proposals came and were accepted: it pays
 
 
 def test_low_acceptance_at_large_batch_pauses_the_request() -> None:
