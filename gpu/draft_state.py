@@ -34,6 +34,7 @@ class DraftSeq:
     spec: tuple[int, ...] = ()  # fed while proposing, at positions `computed`.. (known empty)
     offered: bool = False  # the draft proposed after its last token (not yet planned)
     skip: int = 0  # rounds left without proposals: the scheduler declined the last ones
+    declines: int = 0  # offers declined in a row (each doubles the skip, up to 16x)
 
     @property
     def num_tokens(self) -> int:
@@ -107,13 +108,18 @@ class DraftSeqs:
         """Whether the scheduler used the proposals the draft offered for this step. It
         declines them for a request it paused, in a step it keeps from proposing (batch
         size, the cost model) or without room: then the draft skips that request's next
-        `backoff_steps` rounds (the scheduler's pause is as long), and offers again after."""
+        `backoff_steps` rounds (the scheduler's pause is as long), twice as many after each
+        further decline in a row (up to 16x: the scheduler's per-step probes back off so), and
+        offers again after."""
         if work.sample and seq.skip > 0:
             seq.skip -= 1
         if seq.offered and work.sample:
             seq.offered = False
-            if not work.draft_token_ids and not work.reset:
-                seq.skip = self.backoff_steps
+            if work.draft_token_ids:
+                seq.declines = 0
+            elif not work.reset:
+                seq.skip = self.backoff_steps << min(seq.declines, 4)
+                seq.declines += 1
 
     def wants(self, seq: DraftSeq) -> bool:
         """Whether the draft proposes after this request's step."""

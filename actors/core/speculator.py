@@ -13,7 +13,7 @@ cost model, in step tokens):
 - per step, measured: the speculator keeps averages of the tokens proposed per decode and of
   the share accepted; when they say a verification step would cost more than the tokens it
   adds (its overhead included), steps go without proposals. After `backoff_steps` such steps
-  it probes: the next step with a decode that could propose asks for proposals (with a draft
+  (doubling while probes fail, up to 16x) it probes: the next step with a decode that could propose asks for proposals (with a draft
   model: the next one it offered proposals for), and the averages move;
 - per request: each request keeps an acceptance rate (an exponential average of accepted /
   proposed over its verifications); below `min_acceptance`, or below the share of a step its
@@ -37,6 +37,7 @@ from troupe.spec_cost import SpecCost, batch_limit, spec_cost
 
 RATE_WEIGHT = 0.5  # weight of the newest verification in a request's acceptance rate
 STEP_WEIGHT = 0.5  # weight of the newest proposing step in the per-step averages
+MAX_HOLD_FACTOR = 16  # probes that keep failing come every backoff_steps .. 16x that steps
 
 
 @dataclass(frozen=True)
@@ -83,14 +84,15 @@ class Speculator:
         self.per_decode = float(settings.num_tokens)
         self.rate = 1.0
         self._open = False  # the step being planned may propose
-        self._probing = False  # open until a step proposes something
+        self._probing = False  # open until a step asks for proposals (the probe)
         self._held = 0  # steps held back in a row
+        self._hold = settings.backoff_steps  # ... before a probe: doubles while probes fail
         self._decodes = self._proposals = 0  # this open step's propose calls, tokens proposed
         self._verified = self._accepted = 0  # verified since the last step was planned
 
     def step_allows(self, num_running: int) -> bool:
         """Whether this step may carry proposals at all (the per-step backoff)."""
-        self._fold()
+        probed = self._fold()
         self.batch = num_running
         self._open = False
         limit = self.settings.disable_batch_size
@@ -98,16 +100,21 @@ class Speculator:
             return False
         cost, expected = self.cost, self.per_decode * self.rate
         if cost is None or self._probing or cost.pays(num_running, expected, self.per_decode):
+            if not self._probing:
+                self._hold = self.settings.backoff_steps  # it pays: the next hold is short
             self._open, self._held = True, 0
             return True
+        if probed:  # a probe that did not pay: wait longer for the next
+            self._hold = min(2 * self._hold, MAX_HOLD_FACTOR * self.settings.backoff_steps)
         self._held += 1
         self.num_steps_held += 1
-        if self._held >= self.settings.backoff_steps:
+        if self._held >= self._hold:
             self._probing = True  # the next step probes
         return False
 
-    def _fold(self) -> None:
-        """The last step's counts into the per-step averages."""
+    def _fold(self) -> bool:
+        """The last step's counts into the per-step averages; whether it was a probe."""
+        probed = False
         if self._verified:
             now = self._accepted / self._verified
             self.rate = STEP_WEIGHT * now + (1 - STEP_WEIGHT) * self.rate
@@ -115,8 +122,10 @@ class Speculator:
         if self._open and self._decodes:
             now = self._proposals / self._decodes
             self.per_decode = STEP_WEIGHT * now + (1 - STEP_WEIGHT) * self.per_decode
-            self._probing = False  # probed: a step asked for proposals (with a draft: had some)
+            probed = self._probing  # a step asked for proposals (with a draft: had some)
+            self._probing = False
         self._decodes = self._proposals = 0
+        return probed
 
     def propose(self, req: Request, max_tokens: int) -> tuple[int, ...]:
         """Up to min(k, max_tokens) proposals after the request's tokens (its decode step)."""

@@ -98,7 +98,16 @@ def test_declined_proposals_pause_the_drafts_for_that_request() -> None:
     assert not seqs.wants(seq)
     seqs.apply(_work(6, (7,)), num_blocks=3)
     assert seqs.wants(seq)  # offers again after two rounds
+    seq.offered = True
+    seqs.apply(_work(7, (8,)), num_blocks=3)  # declined again: twice as long
+    assert seq.skip == 4
+    for pos in range(8, 12):
+        seqs.apply(_work(pos, (pos + 1,)), num_blocks=4)
+    assert seqs.wants(seq)
+    seq.offered = True
+    seqs.apply(_work(12, (13,), draft_token_ids=(14,)), num_blocks=4)  # used: back to short
+    assert seq.declines == 0
     # a chunk that does not sample, or proposals not offered, change nothing
-    seqs.apply(_work(7, (8,), sample=False), num_blocks=3)
-    seqs.apply(_work(8, (9,)), num_blocks=3)
+    seqs.apply(_work(13, (14,), sample=False), num_blocks=4)
+    seqs.apply(_work(14, (15,)), num_blocks=4)
     assert seqs.wants(seq)

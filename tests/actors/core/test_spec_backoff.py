@@ -155,10 +155,10 @@ def test_measured_backoff_holds_steps_then_probes() -> None:
     assert held == 3 and spec.num_steps_held == 3
     assert spec.step_allows(8)  # the probe step
     assert spec.propose(nothing, 10) == ()
-    assert not spec.step_allows(8)  # probed, nothing came: held again
-    for _ in range(2):
+    assert not spec.step_allows(8)  # probed, nothing came: held again, twice as long
+    for _ in range(5):
         assert not spec.step_allows(8)
-    assert spec.step_allows(8)
+    assert spec.step_allows(8) and spec.num_steps_held == 3 + 6
     match = _request([1, 2, 3, 1, 2])
     assert spec.propose(match, 10) == (3, 1, 2)
     spec.record(match, 3, 3)
