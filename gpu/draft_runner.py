@@ -160,14 +160,16 @@ class DraftRunner:
     def _round(
         self, entries: list[tuple[SeqWork, DraftSeq, RequestState, bool]], tables: np.ndarray
     ) -> dict[str, tuple[int, ...]]:
-        """Catch every sequence up (within the round's budget), then draw k tokens after
-        each one that wants proposals and has room for them."""
+        """Catch every sequence up (within the round's budget; not those skipping rounds),
+        then draw k tokens after each one that wants proposals and has room for them."""
         budget = self.max_round_tokens
         feeds: list[SeqWork] = []
         feed_states: list[RequestState] = []
         rows: list[_Row] = []
         row_seqs: list[DraftSeq] = []
         for work, seq, state, wants in entries:
+            if seq.skip > 0:
+                continue  # its offers go unused: it catches up when it proposes again
             cap = min(state.num_blocks * self.block_size, self.max_model_len)
             n = min(len(seq.known), max(cap - seq.computed, 0), budget)
             if n == 0:
