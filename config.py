@@ -111,6 +111,14 @@ class EngineConfig:
     # proposals) falls below this stops proposing for speculative_backoff_steps steps.
     speculative_min_acceptance: float = 0.2
     speculative_backoff_steps: int = 16
+    # The cost model that turns proposals off where they cost more than they save
+    # (spec_cost.py): a step's fixed cost in tokens computed, and the extra cost of a
+    # verification step (and of a draft model's round) in decode steps. False: propose in
+    # every step the limits above allow (measurements, tests).
+    speculative_cost_model: bool = True
+    speculative_step_fixed_tokens: int = 128
+    speculative_verify_overhead: float = 0.4
+    speculative_draft_overhead: float = 1.3
     # Structured output: the longest a grammar may take to compile (a request past it is
     # rejected naming its field), and the threads that fill token masks (actors/core/grammar.py).
     grammar_compile_timeout_s: float = 10.0
@@ -197,6 +205,7 @@ class EngineConfig:
             "prompt_lookup_min",
             "prompt_lookup_max",
             "speculative_backoff_steps",
+            "speculative_step_fixed_tokens",
         )
         if self.num_speculative_tokens > MAX_SPECULATIVE_TOKENS:
             raise ConfigError(
@@ -213,6 +222,10 @@ class EngineConfig:
             raise ConfigError(
                 f"speculative_disable_by_batch_size must be an integer >= 1 or None, got {size!r}"
             )
+        for name in ("speculative_verify_overhead", "speculative_draft_overhead"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or not 0.0 <= value <= 100.0:
+                raise ConfigError(f"{name} must be a number in [0, 100], got {value!r}")
         if not 0.0 <= self.speculative_min_acceptance <= 1.0:
             raise ConfigError(
                 "speculative_min_acceptance must be in [0, 1], "

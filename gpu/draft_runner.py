@@ -24,10 +24,15 @@ draw at that position (gpu/sampler.py), so a draft close to the target proposes 
 target will draw, sampled or greedy; the target accepts each proposal only if it equals its
 own draw (gpu/spec_verify.py), so outputs do not depend on the draft at all.
 
-Backoff: no round in a step that samples speculative_disable_by_batch_size sequences or more
-(the scheduler plans no proposals then either); sequences catch up at their next round, at
-most max_num_batched_tokens tokens per round. A request the scheduler pauses still gets
-proposals (the executor does not know of the pause); they are not verified.
+Backoff: no round in a step that samples `disable_batch_size` sequences or more (the
+scheduler's limit: speculative_disable_by_batch_size, or where the cost model says proposals
+cannot pay, spec_cost.batch_limit; the scheduler plans no proposals then either), nor in a
+step where no sequence wants proposals; sequences catch up at their next round, at most
+max_num_batched_tokens tokens per round. The executor is not told of the scheduler's per-request
+pause or its measured per-step backoff, but it sees their effect: a plan that carries a decode
+without the proposals the draft offered for it. The draft then skips that request's next
+`backoff_steps` rounds (gpu/draft_state.py, DraftSeqs._follow), so a paused request costs one
+wasted round per pause, not one per step.
 """
 
 from __future__ import annotations
@@ -67,6 +72,7 @@ class DraftRunner:
         mixed_graph_tokens: int = 0,
         max_round_tokens: int = 4096,
         disable_batch_size: int | None = None,
+        backoff_steps: int = 16,
     ) -> None:
         model = draft.model
         self.num_tokens = num_tokens  # k: proposals per sequence per round
@@ -96,7 +102,7 @@ class DraftRunner:
             mixed_graph_tokens=mixed_graph_tokens,
         )
         self.kv.reset_scales()  # graph captures wrote made-up KV
-        self.seqs = DraftSeqs(block_size)
+        self.seqs = DraftSeqs(block_size, backoff_steps)
         self.num_rounds = 0
         self.num_proposed = 0
 
@@ -125,11 +131,17 @@ class DraftRunner:
                     end = work.start_pos + len(work.token_ids)
                     new = (token.token_id, *token.more)[: len(state.tokens) - end]
                     state.tokens[end : end + len(new)] = new
-            wants = token is not None and state.params.structured_outputs is None
+            wants = (
+                token is not None
+                and state.params.structured_outputs is None
+                and self.seqs.wants(seq)
+            )
             entries.append((work, seq, state, wants))
         limit = self.disable_batch_size
         if limit is not None and len(sampled) >= limit:
             return sampled  # per-step backoff: the scheduler proposes nothing this step
+        if not any(wants for _, _, _, wants in entries):
+            return sampled  # nobody to propose for: the catch-up waits for the next round
         proposals = self._round(entries, tables)
         if not proposals:
             return sampled
@@ -148,14 +160,16 @@ class DraftRunner:
     def _round(
         self, entries: list[tuple[SeqWork, DraftSeq, RequestState, bool]], tables: np.ndarray
     ) -> dict[str, tuple[int, ...]]:
-        """Catch every sequence up (within the round's budget), then draw k tokens after
-        each one that wants proposals and has room for them."""
+        """Catch every sequence up (within the round's budget; not those skipping rounds),
+        then draw k tokens after each one that wants proposals and has room for them."""
         budget = self.max_round_tokens
         feeds: list[SeqWork] = []
         feed_states: list[RequestState] = []
         rows: list[_Row] = []
         row_seqs: list[DraftSeq] = []
         for work, seq, state, wants in entries:
+            if seq.skip > 0:
+                continue  # its offers go unused: it catches up when it proposes again
             cap = min(state.num_blocks * self.block_size, self.max_model_len)
             n = min(len(seq.known), max(cap - seq.computed, 0), budget)
             if n == 0:
@@ -192,6 +206,7 @@ class DraftRunner:
         out: dict[str, tuple[int, ...]] = {}
         for (rid, _, _, _), seq, tokens in zip(rows, row_seqs, drawn, strict=True):
             seq.spec = tuple(tokens[:-1])  # their KV is in the pool, after the last fed token
+            seq.offered = True
             out[rid] = tuple(tokens)
             self.num_proposed += len(tokens)
         return out

@@ -40,6 +40,23 @@ def token_buckets(max_num_tokens: int) -> list[int]:
     return sorted({s for s in sizes if s < max_num_tokens} | {max_num_tokens})
 
 
+def bucket_rows(
+    buckets: list[int], max_num_seqs: int, max_logits: int
+) -> dict[int, tuple[int, ...]]:
+    """The lm_head row counts captured per bucket: min(bucket, max_num_seqs), what a step
+    without proposals needs (one row per sequence), and where proposals can need more rows
+    (a bucket past max_num_seqs, up to the first that holds max_logits), a second graph with
+    min(bucket, max_logits) rows. So a step that verifies nothing computes no more logits
+    than with speculation off; a verification with more rows than its bucket has runs
+    eagerly (it also carries prefill chunks: rare)."""
+    top = next((b for b in buckets if b >= max_logits), buckets[-1])
+    rows: dict[int, tuple[int, ...]] = {}
+    for size in buckets:
+        plain, spec = min(size, max_num_seqs), min(size, max_logits)
+        rows[size] = (plain, spec) if spec > plain and size <= top else (plain,)
+    return rows
+
+
 class MixedGraphs:
     """Captured forwards (model + lm_head) of steps with prefill chunks, over static buffers."""
 
@@ -77,11 +94,12 @@ class MixedGraphs:
         # one output for every bucket: a graph's own output would stay pinned in the pool
         self.logits = torch.empty(max_logits, model.config.vocab_size, device=device)
         self.max_logits = max_logits
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}  # (bucket, rows)
+        self.rows = bucket_rows(token_buckets(max_num_tokens), s_max, max_logits)
         pool = torch.cuda.graph_pool_handle()
-        for size in sorted(token_buckets(max_num_tokens), reverse=True):  # largest first
+        captures = [(size, rows) for size, all_rows in self.rows.items() for rows in all_rows]
+        for size, rows in sorted(captures, reverse=True):  # largest first
             seqs = min(size, s_max)
-            rows = min(size, max_logits)
             meta = AttentionMetadata(
                 slot_mapping=self.slot_mapping[:size],
                 block_tables=self.block_tables[:seqs],
@@ -103,19 +121,22 @@ class MixedGraphs:
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
                 run()
-            self.graphs[size] = graph
+            self.graphs[size, rows] = graph
         torch.cuda.synchronize(device)
-        self.sizes = sorted(self.graphs)
+        self.sizes = sorted(self.rows)
         self._host = _HostStaging(max_num_tokens, s_max, max_blocks_per_seq, max_logits)
         self._copied = torch.cuda.Event()  # type: ignore[no-untyped-call]
 
     def can_run(self, inputs: StepInputs) -> bool:
-        return (
-            len(inputs.input_ids) <= self.max_tokens
-            and len(inputs.seq_lens) <= self.max_num_seqs
-            and inputs.block_tables.shape[1] <= self.width
-            and len(inputs.logits_indices) <= self.max_logits
-        )
+        num_tokens = len(inputs.input_ids)
+        if (
+            num_tokens > self.max_tokens
+            or len(inputs.seq_lens) > self.max_num_seqs
+            or inputs.block_tables.shape[1] > self.width
+        ):
+            return False
+        size = next(s for s in self.sizes if s >= num_tokens)
+        return len(inputs.logits_indices) <= self.rows[size][-1]
 
     def run(self, inputs: StepInputs) -> torch.Tensor:
         """fp32 logits [sampled rows, vocab] of the step (a view into the shared output)."""
@@ -124,7 +145,7 @@ class MixedGraphs:
         num_logits = len(inputs.logits_indices)
         size = next(s for s in self.sizes if s >= num_tokens)
         seqs = min(size, self.max_num_seqs)
-        rows = min(size, self.max_logits)
+        rows = next(r for r in self.rows[size] if r >= num_logits)
         width = inputs.block_tables.shape[1]
         host = self._host
         self._copied.synchronize()  # the previous step's copies have left the staging area
@@ -152,7 +173,7 @@ class MixedGraphs:
         self.logits_indices[:rows].copy_(host.t_logits_indices[:rows], non_blocking=True)
         self.decode_prefix.copy_(host.t_prefix, non_blocking=True)
         self._copied.record()
-        self.graphs[size].replay()
+        self.graphs[size, rows].replay()
         return self.logits[:num_logits]
 
 

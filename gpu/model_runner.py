@@ -104,6 +104,7 @@ class ModelRunner:
                 mixed_graph_tokens=options.mixed_graph_tokens,
                 max_round_tokens=options.max_num_batched_tokens,
                 disable_batch_size=options.spec_disable_batch_size,
+                backoff_steps=options.spec_backoff_steps,
             )
         # every plan carries proposals with a draft: an overlapped plain decode would never hit
         self.overlap_schedule = options.overlap_schedule and draft is None

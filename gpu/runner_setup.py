@@ -15,6 +15,7 @@ from troupe.gpu.models import DecoderModel
 from troupe.gpu.pool_sizing import blocks_from_free_memory, cpu_device_blocks, swap_pool_blocks
 from troupe.gpu.weights import load_model, read_config
 from troupe.kernels.kv_quant import FP8_DTYPE
+from troupe.spec_cost import batch_limit
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -48,6 +49,7 @@ class RunnerOptions:
     # sequences hold at most mla_expand_max_tokens tokens (gpu/forward_pass.py)
     mla_expand_min_tokens: int = 128
     mla_expand_max_tokens: int = 32768
+    spec_backoff_steps: int = 16  # rounds a draft skips a request whose proposals went unused
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,7 +104,8 @@ def runner_options(
         num_speculative_tokens=config.num_proposals,
         kv_cache_dtype=config.kv_cache_dtype,
         max_num_batched_tokens=config.max_num_batched_tokens,
-        spec_disable_batch_size=config.speculative_disable_by_batch_size,
+        spec_disable_batch_size=batch_limit(config),
+        spec_backoff_steps=config.speculative_backoff_steps,
         mla_expand_min_tokens=config.mla_expand_min_tokens,
         mla_expand_max_tokens=config.mla_expand_max_tokens,
     )

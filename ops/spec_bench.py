@@ -19,7 +19,8 @@ Per (workload, batch, mode): output tok/s over the batch's wall time, mean ITL (
 time from its first to its last token over the tokens after the first), steps and ms/step
 (the cost of a step: a verification computes 1 + k tokens per sequence), acceptance
 (accepted / proposed), mean accepted length per verification. The speculative run keeps the
-engine's backoff (speculative_disable_by_batch_size: --disable-by-batch-size 0 turns it off).
+engine's backoff (speculative_disable_by_batch_size: --disable-by-batch-size 0 turns it off;
+the cost model of spec_cost.py: --no-cost-model turns it off).
 
 --draft runs speculative_method="draft_model" instead of n-gram (mode "draft"):
   small  a random Qwen3 of the same vocabulary, 4 layers of width 512 (~1/7 of the target's
@@ -185,6 +186,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--disable-by-batch-size", type=int, default=32, help="0: speculate at any batch size"
     )
+    parser.add_argument(
+        "--no-cost-model",
+        action="store_true",
+        help="speculative_cost_model=False: propose in every step the batch limit allows",
+    )
     parser.add_argument("--draft", help="small | self | PATH: draft-model speculation (above)")
     parser.add_argument("--enforce-eager", action="store_true")
     parser.add_argument("--smoke", action="store_true", help="a 2-layer model: CPU smoke run")
@@ -246,6 +252,7 @@ def main(argv: list[str] | None = None) -> int:
             **method,
             num_speculative_tokens=args.k,
             speculative_disable_by_batch_size=args.disable_by_batch_size or None,
+            speculative_cost_model=not args.no_cost_model,
         )
         mode = "draft" if args.draft else "ngram"
         spec, _ = run_batches(on, mode, {"matching": matching, "nonmatching": nonmatching}, args)

@@ -90,7 +90,8 @@ class StepPlanner:
             computed = req.num_computed
             if len(req.token_ids) - computed != 1:
                 prefills.append(req)
-            elif speculating:
+            elif speculating and (proposing or (req.num_blocks - 1) * bs > computed + lookahead):
+                # proposing, or holding a block only earlier proposals needed (to shrink)
                 budget = self._plan_spec_decode(req, budget, proposing)
             elif computed + lookahead < req.num_blocks * bs:  # the common decode: no new block
                 work[req.request_id] = req.decode  # made once per request: no allocation

@@ -91,6 +91,7 @@ def _draft(models: dict[str, Path], name: str, k: int = 3, **extra: Any) -> Engi
         "draft_model": str(models[name]),
         "num_speculative_tokens": k,
         "speculative_min_acceptance": 0.0,  # no backoff unless asked: every decode verifies
+        "speculative_cost_model": False,
         **extra,
     }
     return EngineConfig(**settings)
@@ -126,6 +127,14 @@ def test_greedy_same_tokens_self_and_unrelated_draft(
     assert 0 < small_batches.num_spec_proposed_tokens < stats.num_spec_proposed_tokens / 2
     # the draft skips its rounds in those steps too (it proposes only in the last ones)
     assert 0 < by_size_runner.num_draft_rounds < runner.num_draft_rounds / 2
+    # the cost model (spec_cost.py): an unrelated draft's proposals soon stop, and so do its
+    # rounds (declined proposals pause the request's drafts: gpu/draft_state.py)
+    costed, costed_stats, costed_runner = anyio.run(
+        _run, _draft(models, "small", speculative_cost_model=True)
+    )
+    assert costed == plain
+    assert costed_stats.num_spec_proposed_tokens < stats.num_spec_proposed_tokens / 2
+    assert 0 < costed_runner.num_draft_rounds < runner.num_draft_rounds / 2
 
 
 def test_seeded_sampling_and_penalties_same_tokens(models: dict[str, Path]) -> None:

@@ -79,3 +79,35 @@ def test_reset_rewinds_and_prefix_starts_are_taken_as_present() -> None:
     assert (seq.computed, seq.known) == (12, [13])
     seqs.release(("r",))
     assert not seqs.by_id
+
+
+def test_declined_proposals_pause_the_drafts_for_that_request() -> None:
+    """The scheduler planned a decode without the proposals offered for it (paused, or a step
+    it keeps from proposing): no proposals for the next backoff_steps rounds, then again."""
+    seqs = DraftSeqs(block_size=4, backoff_steps=2)
+    seq = seqs.apply(_work(0, (1, 2, 3)), num_blocks=2)
+    assert seqs.wants(seq)
+    seq.offered = True  # the round after the prefill proposed
+    used = _work(3, (4,), draft_token_ids=(5, 6))
+    seqs.apply(used, num_blocks=2)
+    assert seqs.wants(seq) and not seq.offered  # verified: keep proposing
+    seq.offered = True
+    seqs.apply(_work(4, (5,)), num_blocks=2)  # declined
+    assert not seqs.wants(seq)
+    seqs.apply(_work(5, (6,)), num_blocks=3)
+    assert not seqs.wants(seq)
+    seqs.apply(_work(6, (7,)), num_blocks=3)
+    assert seqs.wants(seq)  # offers again after two rounds
+    seq.offered = True
+    seqs.apply(_work(7, (8,)), num_blocks=3)  # declined again: twice as long
+    assert seq.skip == 4
+    for pos in range(8, 12):
+        seqs.apply(_work(pos, (pos + 1,)), num_blocks=4)
+    assert seqs.wants(seq)
+    seq.offered = True
+    seqs.apply(_work(12, (13,), draft_token_ids=(14,)), num_blocks=4)  # used: back to short
+    assert seq.declines == 0
+    # a chunk that does not sample, or proposals not offered, change nothing
+    seqs.apply(_work(13, (14,), sample=False), num_blocks=4)
+    seqs.apply(_work(14, (15,)), num_blocks=4)
+    assert seqs.wants(seq)
