@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from troupe.gpu.gguf_quant import Int4Blocks
+from troupe.gpu.gguf_quant import Int4Blocks, pack_nibbles
 
 # Above this many rows one bf16 GEMM over the weight expanded per call is faster than the
 # packed kernel (measured here, 3,072 x 576: 100 rows 7 vs 15 ms, 200 rows 12 vs 14 ms, 1,000
@@ -57,29 +57,66 @@ def scale_zero_for_cpu(blocks: Int4Blocks) -> torch.Tensor:
     return scale_zero.transpose(0, 1).contiguous().to(torch.bfloat16)
 
 
+def unpack_int4_for_cpu(
+    packed: torch.Tensor, k: int, rows: torch.Tensor | None = None
+) -> torch.Tensor:
+    """uint8 codes [N, K] (or of `rows` only) back from pack_int4_for_cpu's layout (N a
+    multiple of 64): row r is column r % 32 of block r // 64, high nibble when r % 64 >= 32."""
+    blocks = packed.view(-1, k, _BLOCK_N // 2)
+    if rows is None:
+        both = torch.cat((blocks & 15, blocks >> 4), dim=2)  # [blocks, K, 64 rows]
+        return both.transpose(1, 2).reshape(-1, k)
+    r = rows.long()
+    picked = blocks[r // _BLOCK_N, :, r % (_BLOCK_N // 2)]  # [len(rows), K]
+    shift = (r % _BLOCK_N >= _BLOCK_N // 2).to(torch.uint8)[:, None] * 4
+    return (picked >> shift) & 15
+
+
 def expand_bf16(blocks: Int4Blocks) -> torch.Tensor:
     """The weight [N, K] in bf16: the exact fp32 value (scale * q + bias), rounded once."""
-    n, k = blocks.shape
-    q = blocks.codes().view(n, -1, blocks.group_size).float()
-    weight = torch.addcmul(blocks.bias[..., None], q, blocks.scale[..., None])
-    return weight.view(n, k).to(torch.bfloat16)
+    return blocks.dequantize().to(torch.bfloat16)
 
 
 class CpuInt4:
-    """One 4-bit weight on the CPU: packed for decode rows, expanded to bf16 for prefill."""
+    """One 4-bit weight on the CPU: packed for decode rows, expanded to bf16 for prefill.
+
+    Held: the packed codes and their bf16 (scale, zero) for the kernel, and the exact fp32
+    scale and bias for the expansion; the GGUF nibbles themselves are dropped (the codes are
+    read back from the packed copy), except for N not a multiple of 64 (torch's padded form)."""
 
     def __init__(self, blocks: Int4Blocks) -> None:
-        self.blocks = blocks
-        self.num_rows = blocks.shape[0]
+        self.num_rows, self.k = blocks.shape
+        self.group_size = blocks.group_size
         self.packed = pack_int4_for_cpu(blocks)
         self.scale_zero = scale_zero_for_cpu(blocks)
+        self.scale, self.bias = blocks.scale, blocks.bias
+        self._nibbles = blocks.packed if self.num_rows % _BLOCK_N else None
+
+    def blocks(self, rows: torch.Tensor | None = None) -> Int4Blocks:
+        """The exact Int4Blocks (of `rows` only, when given), rebuilt from the packed codes."""
+        scale = self.scale if rows is None else self.scale[rows]
+        bias = self.bias if rows is None else self.bias[rows]
+        if self._nibbles is not None:
+            nibbles = self._nibbles if rows is None else self._nibbles[rows]
+        else:
+            nibbles = pack_nibbles(unpack_int4_for_cpu(self.packed, self.k, rows))
+        return Int4Blocks(nibbles, scale, bias, self.group_size)
+
+    def expand_bf16(self) -> torch.Tensor:
+        """expand_bf16 of the exact weight, from the packed codes."""
+        if self._nibbles is not None:
+            return expand_bf16(self.blocks())
+        n, k = self.num_rows, self.k
+        q = unpack_int4_for_cpu(self.packed, k).view(n, -1, self.group_size).float()
+        weight = torch.addcmul(self.bias[..., None], q, self.scale[..., None])
+        return weight.view(n, k).to(torch.bfloat16)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x [M, K] -> [M, N] in x's dtype."""
         if x.shape[0] > CPU_PACKED_MAX_ROWS:
-            return F.linear(x.to(torch.bfloat16), expand_bf16(self.blocks)).to(x.dtype)
+            return F.linear(x.to(torch.bfloat16), self.expand_bf16()).to(x.dtype)
         out: torch.Tensor = torch.ops.aten._weight_int4pack_mm_for_cpu(
-            x.to(torch.bfloat16), self.packed, self.blocks.group_size, self.scale_zero
+            x.to(torch.bfloat16), self.packed, self.group_size, self.scale_zero
         )
         if out.shape[1] != self.num_rows:
             out = out[:, : self.num_rows]

@@ -41,27 +41,35 @@ class Int4Linear:
     """A 4-bit weight [N, K]; see the module docstring."""
 
     def __init__(self, blocks: Int4Blocks, device: torch.device) -> None:
-        self.blocks = blocks
         self.shape = blocks.shape
         self.device = device
+        # CPU: only the packed copy is kept (gpu/cpu_int4.py); blocks() rebuilds the exact form
         self._cpu = CpuInt4(blocks) if device.type == "cpu" else None
+        self._cuda: Int4Blocks | None = None
         if device.type != "cpu":  # fp16 factors: exact for Q4_0 and Q4_1, rounded for Q4_K
-            self.blocks = Int4Blocks(
+            self._cuda = Int4Blocks(
                 blocks.packed.to(device),
                 blocks.scale.to(device, torch.float16),
                 blocks.bias.to(device, torch.float16),
                 blocks.group_size,
             )
 
+    def blocks(self, rows: torch.Tensor | None = None) -> Int4Blocks:
+        """The weight's blocks (of `rows` only, when given)."""
+        if self._cpu is not None:
+            return self._cpu.blocks(rows)
+        assert self._cuda is not None
+        return self._cuda if rows is None else self._cuda.rows(rows)
+
     def dequantize(self) -> torch.Tensor:
-        return self.blocks.dequantize()
+        return self.blocks().dequantize()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self._cpu is not None:
             return self._cpu(x)
         from troupe.kernels.quant_gemv import int4_matmul
 
-        b = self.blocks
+        b = self.blocks()
         return int4_matmul(x, b.packed, b.scale, b.bias, b.group_size)
 
 
@@ -151,4 +159,4 @@ def embedding(ids: torch.Tensor, weight: Weight, dtype: torch.dtype) -> torch.Te
         fp8 = weight.fp8
         rows = Fp8Weight(fp8.weight[ids], fp8.scale[ids // fp8.block_rows])
         return rows.dequantize().to(dtype)
-    return weight.blocks.rows(ids).dequantize().to(dtype)
+    return weight.blocks(ids).dequantize().to(dtype)

@@ -10,6 +10,7 @@ import torch
 from troupe.config import ConfigError, EngineConfig, resolve_model_path
 from troupe.gpu.activation_profile import profile_activation_peak
 from troupe.gpu.draft_model import DraftModel, load_draft
+from troupe.gpu.heap_trim import release_freed_heap
 from troupe.gpu.model_config import ModelConfig
 from troupe.gpu.models import DecoderModel
 from troupe.gpu.pool_sizing import blocks_from_free_memory, cpu_device_blocks, swap_pool_blocks
@@ -126,6 +127,8 @@ def load_for_config(config: EngineConfig) -> LoadedRunner:
     model_config, model = load_model(
         Path(path), dtype, device, max_model_len, config.kernel_backend, config.quantization
     )
+    if device.type == "cpu":  # the load's temporaries: back to the OS (peak RSS)
+        release_freed_heap()
     cache_dtype = kv_dtype(config.kv_cache_dtype, dtype)  # what the pools are sized in
     draft = None
     if config.speculative_method == "draft_model":

@@ -43,9 +43,11 @@ def write_kv(
 ) -> None:
     """Store key/value [N, Hkv, D] at flat slots (block * block_size + offset); slots < 0 skip.
     fp8 caches store x / scale (per head, kernels.kv_quant)."""
-    slots = slot_mapping.long()
-    keep = slots >= 0
-    if not bool(keep.all()):  # padding rows: drop them (a decode step on the CPU has none)
+    slots = _as(slot_mapping, torch.int64)
+    if (
+        slots.numel() and int(slots.min()) < 0
+    ):  # padding rows: drop them (a decode step on the CPU has none)
+        keep = slots >= 0
         slots, key, value = slots[keep], key[keep], value[keep]
     if k_scale is not None and v_scale is not None:
         # fp8 has no index_copy_: scatter its bytes
@@ -54,22 +56,56 @@ def write_kv(
         k_cache.view(torch.uint8).view(-1, *k_cache.shape[2:]).index_copy_(0, slots, k_bytes)
         v_cache.view(torch.uint8).view(-1, *v_cache.shape[2:]).index_copy_(0, slots, v_bytes)
         return
-    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slots, key.to(k_cache.dtype))
-    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slots, value.to(v_cache.dtype))
+    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slots, _as(key, k_cache.dtype))
+    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slots, _as(value, v_cache.dtype))
+
+
+_UNKNOWN = -1  # _gather's run when the caller has not looked (real runs start at >= 0)
 
 
 def _gather(
-    cache: torch.Tensor, block_table: torch.Tensor, first_block: int, length: int
+    cache: torch.Tensor,
+    block_table: torch.Tensor,
+    first_block: int,
+    length: int,
+    run: int | None = _UNKNOWN,
 ) -> torch.Tensor:
     """Tokens first_block * block_size .. length - 1 of one sequence's cache, [n, Hkv, D], in
     position order; blocks before first_block are never read (a window may have freed them)."""
     block_size = cache.shape[1]
-    blocks = block_table[first_block : math.ceil(length / block_size)].long()
+    blocks = block_table[first_block : math.ceil(length / block_size)]
+    run = _contiguous_run(blocks) if run == _UNKNOWN else run
+    if run is not None:  # consecutive block ids (the usual case): a view, no copy
+        rows = cache[run : run + blocks.shape[0]]
+        return rows.reshape(-1, *cache.shape[2:])[: length - first_block * block_size]
+    blocks = blocks.long()
     if cache.dtype == torch.float8_e4m3fn:  # index_select has no fp8 kernel: move bytes
         rows = cache.view(torch.uint8).index_select(0, blocks).view(cache.dtype)
     else:
         rows = cache.index_select(0, blocks)
     return rows.reshape(-1, *cache.shape[2:])[: length - first_block * block_size]
+
+
+def _as(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """x in `dtype`; x itself when it already is (no aten::to call: the CPU decode path makes
+    ~30 such calls per layer, each a dispatch even when it changes nothing)."""
+    return x if x.dtype == dtype else x.to(dtype)
+
+
+def _contiguous_run(blocks: torch.Tensor) -> int | None:
+    """The first id when the block ids are consecutive (b, b + 1, ...), else None. A one-
+    sequence table usually is (the allocator hands out a fresh pool in order), and its
+    gather is then a view: ~2x faster decode attention on the CPU at 100 tokens, ~2.5x at
+    1,000."""
+    if blocks.device.type != "cpu" or blocks.numel() == 0:
+        return None
+    ids = blocks.tolist()
+    first: int = ids[0]
+    return (
+        first
+        if ids[-1] - first == len(ids) - 1 and ids == list(range(first, first + len(ids)))
+        else None
+    )
 
 
 def paged_attention(
@@ -117,15 +153,15 @@ def paged_attention(
             if sliding_window:
                 mask &= k_pos[None, :] > q_pos[:, None] - sliding_window
         attn = F.scaled_dot_product_attention(
-            q[None, lo:hi].transpose(1, 2).float(),
-            k[None].transpose(1, 2).float(),
-            v[None].transpose(1, 2).float(),
+            _as(q[None, lo:hi].transpose(1, 2), torch.float32),
+            _as(k[None].transpose(1, 2), torch.float32),
+            _as(v[None].transpose(1, 2), torch.float32),
             attn_mask=mask,
             is_causal=mask is None and hi - lo > 1,
             scale=scale,
             enable_gqa=True,  # Hq = group x Hkv without copying K and V group times
         )
-        out[lo:hi] = attn[0].transpose(0, 1).to(q.dtype)
+        out[lo:hi] = _as(attn[0].transpose(0, 1), q.dtype)
     return out
 
 
@@ -199,12 +235,15 @@ def _single_decode(
     scale: float,
 ) -> torch.Tensor:
     """One sequence's decode: its seq_len keys gathered in order, SDPA without a mask."""
-    k = _gather(k_cache, block_table, 0, seq_len)[None].transpose(1, 2)  # [1, Hkv, n, D]
-    v = _gather(v_cache, block_table, 0, seq_len)[None].transpose(1, 2)
+    blocks = block_table[: math.ceil(seq_len / k_cache.shape[1])]
+    run = _contiguous_run(blocks)  # once for both caches
+    k = _gather(k_cache, blocks, 0, seq_len, run)[None].transpose(1, 2)  # [1, Hkv, n, D]
+    v = _gather(v_cache, blocks, 0, seq_len, run)[None].transpose(1, 2)
+    f32 = torch.float32
     attn = F.scaled_dot_product_attention(
-        q[:, :, None, :].float(), k.float(), v.float(), scale=scale, enable_gqa=True
+        _as(q[:, :, None, :], f32), _as(k, f32), _as(v, f32), scale=scale, enable_gqa=True
     )
-    return attn[:, :, 0, :].to(q.dtype)
+    return _as(attn[:, :, 0, :], q.dtype)
 
 
 def rms_norm(
@@ -213,9 +252,9 @@ def rms_norm(
     """(norm(x + residual) * weight, x + residual); HF order: normalise in fp32, cast, scale."""
     if residual is not None:
         x = x + residual
-    xf = x.float()
-    normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * normed.to(x.dtype), x
+    xf = _as(x, torch.float32)
+    normed = xf * xf.pow(2).mean(-1, keepdim=True).add_(eps).rsqrt_()
+    return weight * _as(normed, x.dtype), x
 
 
 def rotary(
@@ -232,7 +271,7 @@ def _cos_sin(
     positions: torch.Tensor, cos_sin_cache: torch.Tensor, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin [T, 1, D / 2] in `dtype` (rounded from the fp32 table, as HF does)."""
-    cos, sin = cos_sin_cache[positions.long()].to(dtype)[:, None].chunk(2, dim=-1)
+    cos, sin = _as(cos_sin_cache.index_select(0, positions), dtype)[:, None].chunk(2, dim=-1)
     return cos, sin
 
 

@@ -3,6 +3,17 @@
     python -m troupe.ops.cpu_bench                      # every system that is installed
     python -m troupe.ops.cpu_bench --systems troupe --troupe-quantization dequantize
     python -m troupe.ops.cpu_bench --json out.json
+    python -m troupe.ops.cpu_bench --llama-python /work/llamacpp-venv/bin/python
+
+llama-cpp-python may live in its own virtual environment (`--llama-python`: its interpreter;
+it runs this file directly, without troupe). Build it for the machine's instruction set but
+without -march=native where the VM refuses some of what the CPU flags list (AMX here):
+
+    CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
+      -DGGML_BMI2=ON -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON \
+      -DGGML_AVX512_BF16=ON -DGGML_AVX_VNNI=ON" pip install llama-cpp-python
+
+(GGML_NATIVE=OFF alone builds for baseline x86-64, without AVX: far slower than llama.cpp is.)
 
 Each system runs in its own subprocess (so start time and peak RSS are its own), on the same
 token ids (random ids < 10,000, seed 0), greedy, and reports:
@@ -219,20 +230,35 @@ def child(args: argparse.Namespace) -> None:
     model = args.model
     if args.system == "troupe":
         result = run_troupe(model, args.troupe_quantization, args.repeats, args.threads)
+    elif args.system == "llama_cpp":  # model: a path already (the parent resolved it)
+        result = run_llama_cpp(model, args.repeats, args.threads)
     else:
         from troupe.config import resolve_model_path
 
-        path = str(resolve_model_path(model))
-        runner = run_hf if args.system == "hf" else run_llama_cpp
-        result = runner(path, args.repeats, args.threads)
+        result = run_hf(str(resolve_model_path(model)), args.repeats, args.threads)
     print("RESULT " + json.dumps(result), flush=True)
 
 
-def installed(system: str) -> bool:
-    import importlib.util
+MODULES = {"troupe": "torch", "hf": "transformers", "llama_cpp": "llama_cpp"}
 
-    module = {"troupe": "torch", "hf": "transformers", "llama_cpp": "llama_cpp"}[system]
-    return importlib.util.find_spec(module) is not None
+
+def installed(python: str, system: str) -> bool:
+    check = f"import importlib.util, sys; sys.exit(importlib.util.find_spec({MODULES[system]!r}) is None)"
+    return subprocess.run([python, "-c", check], check=False).returncode == 0
+
+
+def child_command(args: argparse.Namespace, system: str) -> list[str]:
+    """The child's command line: llama.cpp runs this file under --llama-python (no troupe
+    import there), the others `-m troupe.ops.cpu_bench` under this interpreter."""
+    common = ["--system", system, "--repeats", str(args.repeats), "--threads", str(args.threads)]
+    if system == "llama_cpp":
+        from troupe.config import resolve_model_path
+
+        model = str(resolve_model_path(args.model))
+        return [args.llama_python, os.path.abspath(__file__), *common, "--model", model]
+    cmd = [sys.executable, "-m", "troupe.ops.cpu_bench", *common]
+    cmd += ["--troupe-quantization", args.troupe_quantization]
+    return cmd + (["--model", args.model] if args.model else [])
 
 
 def main() -> None:
@@ -243,6 +269,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", default=None, help="write the results here")
+    parser.add_argument(
+        "--llama-python", default=sys.executable, help="the interpreter with llama_cpp installed"
+    )
     parser.add_argument("--system", default=None, help=argparse.SUPPRESS)  # the child's side
     args = parser.parse_args()
     if args.system:
@@ -250,14 +279,11 @@ def main() -> None:
         return
     results: dict[str, Any] = {}
     for system in args.systems:
-        if not installed(system):
-            print(f"{system}: not installed, skipped", flush=True)
+        python = args.llama_python if system == "llama_cpp" else sys.executable
+        if not installed(python, system):
+            print(f"{system}: not installed for {python}, skipped", flush=True)
             continue
-        cmd = [sys.executable, "-m", "troupe.ops.cpu_bench", "--system", system]
-        cmd += ["--repeats", str(args.repeats), "--threads", str(args.threads)]
-        cmd += ["--troupe-quantization", args.troupe_quantization]
-        if args.model:
-            cmd += ["--model", args.model]
+        cmd = child_command(args, system)
         load_before = os.getloadavg()[0]
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
         load = f"load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after"

@@ -17,6 +17,7 @@ no token and the scheduler fails it alone.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -38,14 +39,19 @@ class GrammarCore:
     """Inbox: ComputeMasks. Outbox: "executor" (TokenMasks, one per ComputeMasks with rows)."""
 
     def __init__(self, compiler: GrammarCompiler, *, max_threads: int = 4) -> None:
-        import xgrammar
-
-        self._xgr = xgrammar
         self.compiler = compiler
         self.num_words = (compiler.vocab_size + 31) // 32
         self.matchers: dict[str, xgrammar.GrammarMatcher] = {}
         self._broken: dict[str, str] = {}  # request id -> why its grammar failed
-        self._batch = xgrammar.BatchGrammarMatcher(min(max_threads, os.cpu_count() or 1))
+        self._max_threads = max_threads
+
+    @functools.cached_property
+    def _batch(self) -> xgrammar.BatchGrammarMatcher:
+        """Made at the first constrained row: importing xgrammar (which pulls in transformers)
+        takes 1-3 s of start-up on a small CPU, and most engines never need it."""
+        import xgrammar
+
+        return xgrammar.BatchGrammarMatcher(min(self._max_threads, os.cpu_count() or 1))
 
     def handle(self, batch: Sequence[GrammarInbox]) -> Outgoing:
         out: Outgoing = []
@@ -101,7 +107,9 @@ class GrammarCore:
             except GrammarError as exc:
                 self._broken[request_id] = str(exc)
                 return None
-            matcher = self._xgr.GrammarMatcher(compiled)
+            import xgrammar
+
+            matcher = xgrammar.GrammarMatcher(compiled)
             self.matchers[request_id] = matcher
         for token_id in row.new_token_ids:
             if not matcher.accept_token(token_id):

@@ -132,6 +132,9 @@ class TextTokenizer:
         is_byte_level = '"ByteLevel"' in decoder
         is_byte_fallback = '"ByteFallback"' in decoder
         alphabet = byte_level_alphabet()
+        # byte level: each alphabet char -> the Latin-1 char of its byte, then one encode; the
+        # other chars below 256 -> U+0100, so a token holding one takes the slow branch
+        to_latin1 = {o: 0x100 for o in range(256)} | {ord(c): b for c, b in alphabet.items()}
         table: list[bytes] = []
         for token_id in range(self.vocab_size):
             token = self.tokenizer.id_to_token(token_id)
@@ -140,9 +143,15 @@ class TextTokenizer:
             elif token_id in self._added_text:
                 table.append(self._added_text[token_id].encode())
             elif is_byte_level:
-                table.append(
-                    b"".join(bytes([alphabet[c]]) if c in alphabet else c.encode() for c in token)
-                )
+                latin1 = token.translate(to_latin1)
+                if latin1.isascii() or max(latin1) <= "\xff":
+                    table.append(latin1.encode("latin-1"))
+                else:  # a char outside the alphabet: its UTF-8 bytes, as before
+                    table.append(
+                        b"".join(
+                            bytes([alphabet[c]]) if c in alphabet else c.encode() for c in token
+                        )
+                    )
             elif is_byte_fallback and (match := _BYTE_TOKEN.fullmatch(token)):
                 table.append(bytes([int(match.group(1), 16)]))
             elif is_byte_fallback or "Metaspace" in decoder:

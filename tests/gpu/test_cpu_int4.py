@@ -6,7 +6,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from troupe.gpu.cpu_int4 import CPU_PACKED_MAX_ROWS, CpuInt4, expand_bf16, pack_int4_for_cpu
+from troupe.gpu.cpu_int4 import (
+    CPU_PACKED_MAX_ROWS,
+    CpuInt4,
+    expand_bf16,
+    pack_int4_for_cpu,
+    unpack_int4_for_cpu,
+)
 from troupe.gpu.gguf_quant import Q4_0, Q4_1, Q4_K, from_gguf
 
 from tests.gpu.test_gguf_quant import random_blocks
@@ -20,6 +26,19 @@ def test_pack_is_torchs_layout(ggml_type: int, n: int) -> None:
     codes = torch.nn.functional.pad(blocks.codes().to(torch.int32), (0, 0, 0, -n % 16))
     want = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
     assert torch.equal(pack_int4_for_cpu(blocks), want)
+
+
+@pytest.mark.parametrize("n", [64, 192, 40])  # 40: torch's padded form keeps the nibbles
+def test_exact_blocks_come_back_from_the_packed_copy(n: int) -> None:
+    k = 256
+    blocks = from_gguf(random_blocks(Q4_1, n, k, seed=n + 1), Q4_1, (n, k))
+    cpu = CpuInt4(blocks)
+    if n % 64 == 0:
+        assert torch.equal(unpack_int4_for_cpu(cpu.packed, k), blocks.codes())
+    assert torch.equal(cpu.blocks().packed, blocks.packed)
+    rows = torch.tensor([n - 1, 0, 33, 5, 33])
+    assert torch.equal(cpu.blocks(rows).dequantize(), blocks.dequantize()[rows])
+    assert torch.equal(cpu.expand_bf16(), blocks.dequantize().to(torch.bfloat16))
 
 
 @pytest.mark.parametrize("ggml_type", [Q4_0, Q4_1, Q4_K])

@@ -1,0 +1,28 @@
+"""Give freed heap back to the OS after a CPU model load.
+
+Loading a GGUF on the CPU allocates and frees a few hundred MiB of temporaries (fp32 row slices
+of the re-quantised lm_head, the packing passes of the 4-bit weights). glibc keeps freed heap
+below its trim threshold and in per-thread arenas, so the process's RSS stays ~100 MiB above
+what it holds; malloc_trim(0) returns those pages. Elsewhere (not glibc) it does nothing.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL | None:
+    name = ctypes.util.find_library("c")
+    return None if name is None else ctypes.CDLL(name)
+
+
+def release_freed_heap() -> bool:
+    """malloc_trim(0) where libc has it (glibc); whether it ran."""
+    libc = _libc()
+    if libc is None or not hasattr(libc, "malloc_trim"):
+        return False
+    libc.malloc_trim(0)
+    return True
