@@ -281,7 +281,8 @@ def test_expanded_and_absorbed_steps_agree_bf16_on_cuda(deepseek: Any) -> None:
             meta, pos = _step_meta([31, 45, 40], [1, 25, 40], split=split, device=device)
             logits.append(model.compute_logits(model(ids, pos, meta, kv.layers)).float())
     absorbed, expanded = logits
-    assert float((expanded - absorbed).norm() / absorbed.norm()) < 2e-2
+    # bf16 through two orders of summation (H200, 2026-12-02: 0.0217); a wrong form is O(1)
+    assert float((expanded - absorbed).norm() / absorbed.norm()) < 4e-2
     assert torch.equal(expanded.argmax(-1), absorbed.argmax(-1))
 
 
