@@ -14,6 +14,7 @@ first write, kernels/kv_quant.py), so a swap moves the blocks' bytes alone.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -84,6 +85,8 @@ class KVCache:
         )
         if device.type == "cuda":
             _ = self.cpu
+            self._stage = torch.empty(0, dtype=store, pin_memory=True)
+            self._staged = torch.cuda.Event()  # type: ignore[no-untyped-call]
 
     def reset_scales(self) -> None:
         """Unset the fp8 scales (after warm-up forwards over made-up data)."""
@@ -110,7 +113,9 @@ class KVCache:
         if not pairs:
             return
         gpu_ids, cpu_ids = self._indices(pairs)
-        moved = self.gpu.index_select(2, gpu_ids.to(self.device)).to("cpu")
+        moved = self.gpu.index_select(2, gpu_ids.to(self.device))
+        if self.device.type == "cuda":  # into pinned staging: no pageable bounce
+            moved = self._staging(len(pairs)).copy_(moved)
         self.cpu.index_copy_(2, cpu_ids, moved)
 
     def swap_in(self, pairs: Sequence[tuple[int, int]]) -> None:
@@ -118,10 +123,23 @@ class KVCache:
         if not pairs:
             return
         cpu_ids, gpu_ids = self._indices(pairs)
-        moved = self.cpu.index_select(2, cpu_ids)
-        if self.device.type == "cuda":
-            moved = moved.pin_memory().to(self.device, non_blocking=True)
+        if self.device.type == "cuda":  # gathered into pinned staging, then one async copy
+            staged = torch.index_select(self.cpu, 2, cpu_ids, out=self._staging(len(pairs)))
+            moved = staged.to(self.device, non_blocking=True)
+            self._staged.record()  # the staging buffer is free again once this copy is done
+        else:
+            moved = self.cpu.index_select(2, cpu_ids)
         self.gpu.index_copy_(2, gpu_ids.to(self.device), moved)
+
+    def _staging(self, num_blocks: int) -> torch.Tensor:
+        """A pinned [layers, planes, num_blocks, ...] buffer, kept and grown (pinning memory
+        per swap costs more than the copy), once its last asynchronous copy is done."""
+        shape = (self._cpu_shape[0], self._cpu_shape[1], num_blocks, *self._cpu_shape[3:])
+        numel = math.prod(shape)
+        if self._stage.numel() < numel:
+            self._stage = torch.empty(2 * numel, dtype=self._dtype, pin_memory=True)
+        self._staged.synchronize()
+        return self._stage[:numel].view(shape)
 
     def copy_blocks(self, pairs: Sequence[tuple[int, int]]) -> None:
         """Copy (src, dst) device blocks, all layers, K and V, in one gather + one scatter

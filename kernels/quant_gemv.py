@@ -262,7 +262,7 @@ def int4_matmul(
     x = x.contiguous()
     if m <= GEMV_MAX_ROWS:
         block_k = 256
-        block_n, split = _gemv_shape(n, m, k, block_k, x.device, (32, 16, 8))
+        block_n, split = _gemv_shape(n, m, k, block_k, x.device, (32,))  # narrower: slower (H200)
         part = _partials(split, m, n, x)
         per_split = triton.cdiv(triton.cdiv(k, block_k), split) * block_k
         grid = (triton.cdiv(n, block_n), split, m)
