@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import multiprocessing
-import os
 import sys
 from multiprocessing.synchronize import Event
 
@@ -18,22 +17,38 @@ def _started(ready: Event, release: Event) -> None:
     release.wait()
 
 
-def test_a_spawned_child_is_the_engine_and_is_timed_apart() -> None:
-    context = multiprocessing.get_context("spawn")  # as gateway/engine_launch.py starts it
-    ready, release = context.Event(), context.Event()
+def _server(ready: Event, release: Event, joined: Event, finish: Event) -> None:
+    """A stand-in server: it spawns one engine-like child, as gateway/engine_launch.py does,
+    and outlives it until told to finish."""
+    context = multiprocessing.get_context("spawn")
     child = context.Process(target=_started, args=(ready, release))
-    child.start()  # returns before the child's exec: its command line is ours until then
+    child.start()
+    child.join()
+    joined.set()
+    finish.wait()
+
+
+def test_a_spawned_child_is_the_engine_and_is_timed_apart() -> None:
+    # The server is a process of its own: pytest's may have spawned children of other tests.
+    context = multiprocessing.get_context("spawn")
+    ready, release, joined, finish = (context.Event() for _ in range(4))
+    server = context.Process(target=_server, args=(ready, release, joined, finish))
+    server.start()
     try:
         assert ready.wait(60)
-        assert engine_child(os.getpid()) == child.pid
-        cpu = read_server_cpu(os.getpid())
-        assert cpu is not None and cpu.gateway_s > 0  # this process imported pytest
+        child = engine_child(server.pid)  # type: ignore[arg-type]
+        assert child is not None and child != server.pid
+        cpu = read_server_cpu(server.pid)  # type: ignore[arg-type]
+        assert cpu is not None and cpu.gateway_s > 0  # the server imported multiprocessing
         assert cpu.engine_s is not None and cpu.engine_s >= 0
+        release.set()
+        assert joined.wait(60)
+        after = read_server_cpu(server.pid)  # type: ignore[arg-type]
+        assert after is not None and after.engine_s is None  # the child is gone
     finally:
         release.set()
-        child.join()
-    after = read_server_cpu(os.getpid())
-    assert after is not None and after.engine_s is None  # the child is gone
+        finish.set()
+        server.join()
     assert read_server_cpu(2**22 + 1) is None  # past pid_max: no such process
 
 
