@@ -90,7 +90,6 @@ def main(argv: list[str] | None = None) -> int:
             model, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
             intermediate_size=128, vocab_size=10_240,
         )  # fmt: skip
-    rng = random.Random(0)
     total_len = args.prefix_len + args.turns * (args.question_len + args.output_len) + 64
     history_blocks = args.users * -(-total_len // BLOCK)
     with tempfile.TemporaryDirectory() as tmp:
@@ -106,10 +105,10 @@ def main(argv: list[str] | None = None) -> int:
                                   args.concurrency * -(-total_len // BLOCK)),
                 num_cpu_blocks=history_blocks + 64, prefix_cache_cpu_tier=tier,
             )  # fmt: skip
+            rng = random.Random(0)  # the same histories for both runs
             histories = [
                 [rng.randint(0, 10_000) for _ in range(args.prefix_len)] for _ in range(args.users)
             ]
-            rng = random.Random(0)  # the same histories for both runs
             results[tier] = r = run(config, histories, args)
             print(
                 f"cpu tier {'on ' if tier else 'off'}: TTFT p50 {r['ttft_p50']:8.1f} ms  "

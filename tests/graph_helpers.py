@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import defaultdict
 from typing import Any
 
 import anyio
@@ -38,3 +39,16 @@ async def wait_blocks_free(engine: Engine, timeout: float = 10.0) -> None:
             ):
                 return
             await anyio.sleep(0.01)
+
+
+def by_index(events: list[StreamEvent]) -> dict[int, list[StreamEvent]]:
+    """Events per sample (n > 1); checks one end per sample, and that only the last event ends
+    the request."""
+    out: dict[int, list[StreamEvent]] = defaultdict(list)
+    for event in events:
+        out[event.index].append(event)  # type: ignore[union-attr]
+    for index, sample in out.items():
+        ends = [e for e in sample if not isinstance(e, Delta)]
+        assert len(ends) == 1 and sample[-1] is ends[0], (index, sample)
+    assert [e.is_terminal for e in events] == [False] * (len(events) - 1) + [True]
+    return out

@@ -50,7 +50,8 @@ class StopStringMatcher:
         keep = min(self._partial_suffix_len(buffer), len(buffer) - emitted)
         self._held = buffer[len(buffer) - keep :]
         out = buffer[emitted : len(buffer) - keep]
-        self._remember(out)
+        if emitted:  # only after skip: the held suffix alone carries a fed stream's matches
+            self._remember(out)
         return out
 
     def skip(self, text: str) -> str:

@@ -3,11 +3,9 @@ index, one end per sample, the request's stream closing at the last; aborts; bes
 
 from __future__ import annotations
 
-from collections import defaultdict
-
 import anyio
 import pytest
-from graph_helpers import collect, wait_blocks_free
+from graph_helpers import by_index, collect, wait_blocks_free
 from troupe import Engine, EngineConfig, SamplingParams
 from troupe.actors.core.sample_streams import SampleFamily
 from troupe.gpu.fake_runner import EOS_SEED_BASE, FakeRunner
@@ -28,19 +26,6 @@ pytestmark = pytest.mark.anyio
 
 CONFIG = EngineConfig(runner="fake", num_kv_blocks=512, num_cpu_blocks=64, max_num_samples=8)
 PROMPT = [100 + (i * 37) % 5000 for i in range(70)]
-
-
-def by_index(events: list[StreamEvent]) -> dict[int, list[StreamEvent]]:
-    """Events per sample; checks one end per sample, and that only the last event ends the
-    request."""
-    out: dict[int, list[StreamEvent]] = defaultdict(list)
-    for event in events:
-        out[event.index].append(event)  # type: ignore[union-attr]
-    for index, sample in out.items():
-        ends = [e for e in sample if not isinstance(e, Delta)]
-        assert len(ends) == 1 and sample[-1] is ends[0], (index, sample)
-    assert [e.is_terminal for e in events] == [False] * (len(events) - 1) + [True]
-    return out
 
 
 async def test_n_samples_stream_under_their_index_and_equal_lone_runs() -> None:

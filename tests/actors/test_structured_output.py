@@ -14,7 +14,7 @@ from typing import Any
 import anyio
 import jsonschema
 import pytest
-from graph_helpers import collect, terminal, wait_blocks_free
+from graph_helpers import by_index, collect, terminal, wait_blocks_free
 from troupe import Engine, EngineConfig, SamplingParams
 from troupe.messages import Finished, Rejected, StructuredOutputs
 from troupe.ops.json_schemas import make_schemas
@@ -161,9 +161,7 @@ async def test_parallel_samples_each_follow_the_schema(engine: Engine) -> None:
     spec = StructuredOutputs.from_schema(schema)
     params = SamplingParams(max_tokens=48, temperature=1.0, seed=3, n=4, structured_outputs=spec)
     events = await collect(engine, "Four JSON objects, one each:", params)
-    samples: dict[int, list[Any]] = {}
-    for event in events:
-        samples.setdefault(event.index, []).append(event)
+    samples = by_index(events)
     assert sorted(samples) == [0, 1, 2, 3]
     texts = []
     for sample in samples.values():
