@@ -51,10 +51,19 @@ def graph_specs(*, executor_in_thread: bool) -> tuple[ActorSpec, ...]:
     inf = math.inf
     return (  # name, core factory, sends to, inbox buffer, in a thread
         ActorSpec("streamer", build_streamer, ("client", "scheduler", "admission"), 8, False),
-        ActorSpec("executor", build_executor, ("scheduler",), 0, executor_in_thread, max_batch=1),
-        # grammar: one ComputeMasks per constrained step from the scheduler, which sends the
-        # next only after that step's result: buffer 0 never blocks it for long
-        ActorSpec("grammar", build_grammar, ("executor",), 0, True),
+        ActorSpec(
+            "executor",
+            build_executor,
+            ("grammar", "scheduler"),
+            0,
+            executor_in_thread,
+            max_batch=1,
+        ),
+        # grammar: per masked step, the executor's GrammarTokens, then the scheduler's
+        # ComputeMasks for the next (sent only after that step's result), so at most two wait:
+        # the scheduler never blocks on a grammar still filling the masks ahead. No deadlock on
+        # the executor <-> grammar cycle: TokenMasks N+1 follows GrammarTokens N in time
+        ActorSpec("grammar", build_grammar, ("executor",), 2, True),
         ActorSpec(
             "scheduler",
             build_scheduler,

@@ -37,7 +37,7 @@ from troupe.messages.events import (
     StreamEvent,
 )
 from troupe.messages.executor import ExecutorInbox, SeqWork, StepPlan, TokenMasks
-from troupe.messages.grammar import ComputeMasks, GrammarInbox, GrammarRow
+from troupe.messages.grammar import ComputeMasks, GrammarInbox, GrammarRow, GrammarTokens
 from troupe.messages.sampling import ParamError, SamplingParams
 from troupe.messages.scheduler import (
     AdmittedRequest,
@@ -87,6 +87,7 @@ __all__ = [
     "GenerateRequest",
     "GrammarInbox",
     "GrammarRow",
+    "GrammarTokens",
     "Grant",
     "Grow",
     "ParamError",

@@ -5,6 +5,7 @@ The scheduler sends them in OP_ORDER (below), so blocks freed (and cached) by on
 available to the ops after it, and a shortage lands on the least urgent work, which the
 allocator refuses (`Refusal`, with a reason).
 """
+
 from __future__ import annotations
 
 import msgspec

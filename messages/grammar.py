@@ -1,8 +1,12 @@
-"""Inbox of the Grammar actor: one ComputeMasks per step that samples constrained requests.
+"""Inbox of the Grammar actor: one ComputeMasks per step that samples constrained requests,
+and the executor's GrammarTokens after each masked step.
 
-The scheduler sends it beside the StepPlan; the grammar actor advances each request's matcher
-by the tokens sampled since its last row and answers the executor with the step's TokenMasks
-(messages/executor.py), computed on the CPU while the executor runs the forward pass.
+The scheduler sends ComputeMasks beside the StepPlan; the grammar actor advances each request's
+matcher by the tokens sampled since its last row and answers the executor with the step's
+TokenMasks (messages/executor.py), computed on the CPU while the executor runs the forward pass.
+GrammarTokens come straight from the executor the moment a masked step's tokens reach the host,
+so the grammar advances its matchers and fills the likely next masks while the scheduler is
+still planning; ComputeMasks then finds them ready (actors/core/grammar.py).
 """
 
 from __future__ import annotations
@@ -27,4 +31,13 @@ class ComputeMasks(msgspec.Struct, frozen=True, kw_only=True, tag=True, gc=False
     released: tuple[str, ...] = ()
 
 
-GrammarInbox = ComputeMasks
+class GrammarTokens(msgspec.Struct, frozen=True, kw_only=True, tag=True, gc=False):
+    """From the executor: the tokens masked step `step_id` sampled, one per constrained request
+    that got one (the scheduler's next rows carry them again: the grammar skips what it saw)."""
+
+    step_id: int
+    request_ids: tuple[str, ...]
+    token_ids: tuple[int, ...]
+
+
+GrammarInbox = ComputeMasks | GrammarTokens

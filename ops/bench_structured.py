@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from troupe.config import EngineConfig
 from troupe.gpu.model_config import ModelConfig
 from troupe.gpu.weights import qwen3_0_6b_config
 from troupe.ops.bench_offline import write_model_weights
@@ -71,7 +72,7 @@ def write_model_folder(folder: Path, config: ModelConfig) -> None:
 
 def run(folder: Path, args: argparse.Namespace, vocab_size: int) -> dict[str, Any]:
     import anyio
-    from troupe import Engine, EngineConfig, SamplingParams
+    from troupe import Engine, SamplingParams
     from troupe.messages import StructuredOutputs
 
     rng = random.Random(0)
@@ -85,6 +86,7 @@ def run(folder: Path, args: argparse.Namespace, vocab_size: int) -> dict[str, An
         max_num_seqs=args.num_seqs,
         max_model_len=args.prompt_len + args.max_tokens + 16,
         enforce_eager=args.enforce_eager,
+        grammar_threads=args.grammar_threads,
     )
     out: dict[str, Any] = {}
 
@@ -168,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--enforce-eager", action="store_true")
+    parser.add_argument("--grammar-threads", type=int, default=EngineConfig.grammar_threads)
     parser.add_argument("--cold", action="store_true", help="compile the schemas inside run A")
     parser.add_argument("--smoke", action="store_true", help="a 2-layer model: CPU smoke run")
     args = parser.parse_args(argv)

@@ -2,7 +2,9 @@
 
 A plan that `awaits_masks` meets its TokenMasks (from the grammar actor) here, whichever comes
 first: the plan is launched at once (the forward pass runs while the masks are computed), and
-sampled under the masks when both are in.
+sampled under the masks when both are in. The tokens sampled under masks go to the grammar
+actor first (GrammarTokens), then the StepResult to the scheduler: the grammar fills the next
+masks while the scheduler plans the next step (actors/core/grammar.py, "Masks ahead").
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from troupe.gpu.runner import Runner, SequencesFailed
 from troupe.messages import (
     ExecutorInbox,
     FailedSeq,
+    GrammarTokens,
     SampledToken,
     SeqFailureReason,
     StepPlan,
@@ -27,7 +30,8 @@ log = structlog.get_logger("troupe.executor")
 
 
 class ExecutorCore:
-    """Inbox: StepPlan, TokenMasks. Outbox: "scheduler" (StepResult).
+    """Inbox: StepPlan, TokenMasks. Outbox: "scheduler" (StepResult), "grammar" (GrammarTokens,
+    one per step sampled under masks).
 
     A runner exception fails only that step: the scheduler turns the error into Failed events
     for the step's requests and the engine keeps serving the others. A sequence the runner
@@ -42,15 +46,21 @@ class ExecutorCore:
         self._launched: StepPlan | None = None  # awaiting its masks
         self._launch_error: str | None = None
         self._early_masks: TokenMasks | None = None  # came before their plan
+        self._met: TokenMasks | None = None  # the masks the message in hand sampled under
 
     def handle(self, batch: Sequence[ExecutorInbox]) -> Outgoing:
         out: Outgoing = []
         for msg in batch:
             start = time.perf_counter()
+            self._met = None
             result = self._on_masks(msg) if isinstance(msg, TokenMasks) else self._on_plan(msg)
+            masks = self._met
             self.busy_seconds += time.perf_counter() - start
-            if result is not None:
-                out.append(("scheduler", result))
+            if result is None:
+                continue
+            if masks is not None and result.sampled:
+                out.append(("grammar", _grammar_tokens(result, masks)))
+            out.append(("scheduler", result))
         return out
 
     def _on_plan(self, plan: StepPlan) -> StepResult | None:
@@ -73,6 +83,7 @@ class ExecutorCore:
         self._launched = None
         if self._launch_error is not None:
             return StepResult(step_id=plan.step_id, time=self._clock(), error=self._launch_error)
+        self._met = masks
         result = self._run(plan.step_id, lambda: self.runner.finish(masks))
         return _grammar_failures(result, masks) if masks.failed else result
 
@@ -90,6 +101,17 @@ class ExecutorCore:
                 step_id=step_id, time=self._clock(), error=f"{type(exc).__name__}: {exc}"
             )
         return StepResult(step_id=step_id, time=self._clock(), sampled=sampled)
+
+
+def _grammar_tokens(result: StepResult, masks: TokenMasks) -> GrammarTokens:
+    """The tokens of `result` that the grammar matches: its constrained rows' (none failed)."""
+    constrained = set(masks.request_ids)
+    sampled = [s for s in result.sampled if s.request_id in constrained]
+    return GrammarTokens(
+        step_id=result.step_id,
+        request_ids=tuple(s.request_id for s in sampled),
+        token_ids=tuple(s.token_id for s in sampled),
+    )
 
 
 def _grammar_failures(result: StepResult, masks: TokenMasks) -> StepResult:

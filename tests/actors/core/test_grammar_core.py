@@ -19,6 +19,7 @@ from troupe.messages import (
     AdmittedRequest,
     ComputeMasks,
     GrammarRow,
+    GrammarTokens,
     SamplingParams,
     SeqFailureReason,
     SeqWork,
@@ -143,8 +144,15 @@ def test_executor_meets_plan_and_masks_in_either_order(masks_first: bool) -> Non
     core = ExecutorCore(FakeRunner(block_size=4, num_gpu_blocks=4, num_cpu_blocks=0))
     order = [masks, plan] if masks_first else [plan, masks]
     assert core.handle([order[0]]) == []
-    ((dest, result),) = core.handle([order[1]])
+    (to_grammar, (dest, result)) = core.handle([order[1]])
     assert dest == "scheduler" and [s.token_id for s in result.sampled] == [1000]
+    # the grammar hears the masked step's tokens first, to fill the next masks ahead
+    assert to_grammar == (
+        "grammar",
+        GrammarTokens(step_id=1, request_ids=("a",), token_ids=(1000,)),
+    )
+    ((dest, _),) = core.handle([StepPlan(step_id=2, seqs=())])  # unmasked: nothing to the grammar
+    assert dest == "scheduler"
 
 
 def test_executor_fails_the_requests_whose_grammar_failed() -> None:
@@ -158,5 +166,62 @@ def test_executor_fails_the_requests_whose_grammar_failed() -> None:
     )
     core = ExecutorCore(FakeRunner(block_size=4, num_gpu_blocks=4, num_cpu_blocks=0))
     core.handle([_plan(1, "a", SamplingParams(structured_outputs=REGEX))])
-    ((_, result),) = core.handle([masks])
+    ((_, result),) = core.handle([masks])  # no token sampled: nothing for the grammar
     assert result.sampled == () and [f.reason for f in result.failed] == [SeqFailureReason.GRAMMAR]
+
+
+JSON = StructuredOutputs.from_schema(
+    {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "n": {"type": "integer"}},
+        "required": ["name", "n"],
+    }
+)
+
+
+def test_masks_ahead_equal_masks_computed_on_the_row(tok, compiler) -> None:  # type: ignore[no-untyped-def]
+    """Two requests walk their grammars on allowed tokens. One core hears each step's tokens
+    from the executor first (GrammarTokens) and fills ahead; the other sees only the rows. The
+    masks are identical every step, and the ahead fill served the rows that had no other news."""
+    ahead, plain = GrammarCore(compiler), GrammarCore(compiler)
+    rng = np.random.default_rng(0)
+    rows = (GrammarRow("a", (), JSON), GrammarRow("b", (), REGEX))
+    for step in range(1, 12):
+        msg = ComputeMasks(step_id=step, rows=rows)
+        got, want = ahead.masks(msg), plain.masks(msg)
+        assert got is not None and want is not None
+        assert got.bitmask == want.bitmask and got.failed == want.failed
+        picked = []
+        for i, row in enumerate(rows):
+            allowed = allowed_ids(mask_array(want)[i], VOCAB)
+            if len(allowed):  # prefer going on: EOS only when nothing else is allowed
+                going = [t for t in allowed if t not in tok.eos_token_ids]
+                picked.append((row.request_id, int(rng.choice(going or allowed))))
+        if not picked:
+            break
+        ahead.handle([GrammarTokens(step_id=step, request_ids=tuple(r for r, _ in picked),
+                                    token_ids=tuple(t for _, t in picked))])  # fmt: skip
+        rows = tuple(GrammarRow(rid, (t,)) for rid, t in picked)
+    assert ahead.num_ahead_hits >= 4 and plain.num_ahead_hits == 0
+
+
+def test_rows_with_more_news_than_the_ahead_fill_are_filled_again(tok, compiler) -> None:  # type: ignore[no-untyped-def]
+    """A row that carries tokens past the ones accepted ahead (a request that skipped a step)
+    is advanced by the rest and filled on the spot; tokens that are not the ones accepted
+    ahead fail the request alone; a release forgets what was pending."""
+    core = GrammarCore(compiler)
+    core.masks(
+        ComputeMasks(step_id=1, rows=(GrammarRow("a", (), REGEX), GrammarRow("b", (), REGEX)))
+    )
+    one, two = (tuple(tok.encode(d, add_special_tokens=False)) for d in "12")
+    core.handle([GrammarTokens(step_id=1, request_ids=("a", "b"), token_ids=(one[0], one[0]))])
+    masks = core.masks(
+        ComputeMasks(step_id=2, rows=(GrammarRow("a", one + two), GrammarRow("b", two)))
+    )
+    assert masks is not None and core.num_ahead_hits == 0
+    allowed = set(allowed_ids(mask_array(masks)[0], VOCAB).tolist())
+    assert allowed == set(tok.eos_token_ids)  # "12": the regex is complete, only EOS
+    assert [rid for rid, _ in masks.failed] == ["b"] and "ahead" in masks.failed[0][1]
+    core.handle([GrammarTokens(step_id=2, request_ids=("a",), token_ids=(two[0],))])
+    core.masks(ComputeMasks(step_id=3, released=("a",)))
+    assert core.matchers == {} and core._pending == {}
