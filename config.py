@@ -123,6 +123,12 @@ class EngineConfig:
     # rejected naming its field), and the threads that fill token masks (actors/core/grammar.py).
     grammar_compile_timeout_s: float = 10.0
     grammar_threads: int = 4
+    # The interpreter's thread switch interval while an engine runs (sys.setswitchinterval;
+    # actors/switch_interval.py). A worker thread (the executor after a GPU sync, the grammar
+    # after a mask fill) that gave up the interpreter lock waits up to this long to take it
+    # back while the event loop runs the scheduler: CPython's 5 ms default sat on every
+    # step's critical path. None: leave the interpreter's setting alone.
+    gil_switch_interval_s: float | None = 0.0005
     # Megatron-style tensor parallelism over this many ranks, one worker process each (one GPU
     # each on CUDA; gloo on the CPU): gpu/tp_runner.py. It must divide the model's attention
     # heads (checked at load, naming both).
@@ -172,6 +178,10 @@ class EngineConfig:
                 f"grammar_compile_timeout_s must be > 0, got {self.grammar_compile_timeout_s}"
             )
         _positive(self, "grammar_threads", "tensor_parallel_size")
+        if self.gil_switch_interval_s is not None and not self.gil_switch_interval_s > 0:
+            raise ConfigError(
+                f"gil_switch_interval_s must be > 0 or None, got {self.gil_switch_interval_s}"
+            )
         if self.tensor_parallel_size > 1 and self.runner != "model":
             raise ConfigError(
                 f"tensor_parallel_size {self.tensor_parallel_size} needs runner 'model', "

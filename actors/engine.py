@@ -27,6 +27,7 @@ from troupe.actors.graph import GraphInputs, load_tokenizer_for
 from troupe.actors.request_input import RequestInputError, to_generate_request
 from troupe.actors.request_log import log_end
 from troupe.actors.shell import Actor
+from troupe.actors.switch_interval import switch_interval
 from troupe.actors.watchdog import watch_executor
 from troupe.actors.wiring import graph_specs, wire
 from troupe.config import EngineConfig
@@ -166,7 +167,7 @@ class Engine:
         self._executor = next(a.core for a in graph.actors if isinstance(a.core, ExecutorCore))
         self._to_tokenizer = graph.to_tokenizer
         try:
-            with self._cancel_scope:
+            with self._cancel_scope, switch_interval(config.gil_switch_interval_s):
                 async with anyio.create_task_group() as tg:
                     self._tg = tg
                     tg.start_soon(self._route, graph.client_inbox)

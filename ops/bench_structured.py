@@ -87,6 +87,7 @@ def run(folder: Path, args: argparse.Namespace, vocab_size: int) -> dict[str, An
         max_model_len=args.prompt_len + args.max_tokens + 16,
         enforce_eager=args.enforce_eager,
         grammar_threads=args.grammar_threads,
+        gil_switch_interval_s=args.gil_switch_interval,
     )
     out: dict[str, Any] = {}
 
@@ -171,9 +172,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--enforce-eager", action="store_true")
     parser.add_argument("--grammar-threads", type=int, default=EngineConfig.grammar_threads)
+    parser.add_argument(
+        "--gil-switch-interval", type=float, default=EngineConfig.gil_switch_interval_s,
+        help="seconds; 0 leaves the interpreter's own (5 ms)",
+    )  # fmt: skip
     parser.add_argument("--cold", action="store_true", help="compile the schemas inside run A")
     parser.add_argument("--smoke", action="store_true", help="a 2-layer model: CPU smoke run")
     args = parser.parse_args(argv)
+    args.gil_switch_interval = args.gil_switch_interval or None
     config = qwen3_0_6b_config()
     if args.smoke:
         config = dataclasses.replace(

@@ -83,14 +83,25 @@ class GrammarCore:
         return out
 
     def ahead(self, msg: GrammarTokens) -> None:
-        """Accept a masked step's tokens now and fill the next masks of every live matcher."""
-        live: list[xgrammar.GrammarMatcher] = []
-        rows: dict[str, int] = {}
+        """Accept a masked step's tokens now and fill the next masks of every live matcher.
+        One call each into xgrammar: every call that releases the interpreter lock waits to
+        take it back while the scheduler runs (config.gil_switch_interval_s)."""
+        rids: list[str] = []
+        matchers: list[xgrammar.GrammarMatcher] = []
+        tokens: list[int] = []
         for request_id, token_id in zip(msg.request_ids, msg.token_ids, strict=True):
             matcher = self.matchers.get(request_id)
-            if matcher is None:  # broken, or released before its last token came back
-                continue
-            if not self._accept(request_id, matcher, (token_id,)):
+            if matcher is not None:  # else broken, or released before its token came back
+                rids.append(request_id)
+                matchers.append(matcher)
+                tokens.append(token_id)
+        accepted = self._batch.batch_accept_token(matchers, tokens) if matchers else []
+        live: list[xgrammar.GrammarMatcher] = []
+        rows: dict[str, int] = {}
+        for request_id, matcher, token_id, ok in zip(rids, matchers, tokens, accepted, strict=True):
+            if not ok:
+                log.warning("grammar refused a token", request_id=request_id, token_id=token_id)
+                self._fail(request_id, f"its grammar refused token {token_id}")
                 continue
             self._pending.setdefault(request_id, []).append(token_id)
             if not matcher.is_terminated():

@@ -225,3 +225,8 @@ def test_rows_with_more_news_than_the_ahead_fill_are_filled_again(tok, compiler)
     core.handle([GrammarTokens(step_id=2, request_ids=("a",), token_ids=(two[0],))])
     core.masks(ComputeMasks(step_id=3, released=("a",)))
     assert core.matchers == {} and core._pending == {}
+    core.masks(ComputeMasks(step_id=4, rows=(GrammarRow("c", (), REGEX),)))
+    letter = tok.encode("x", add_special_tokens=False)[0]
+    core.handle([GrammarTokens(step_id=4, request_ids=("c",), token_ids=(letter,))])
+    masks = core.masks(ComputeMasks(step_id=5, rows=(GrammarRow("c", (letter,)),)))
+    assert masks is not None and "refused token" in dict(masks.failed)["c"]
