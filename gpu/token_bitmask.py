@@ -37,6 +37,18 @@ def step_bitmask(masks: TokenMasks, request_ids: Sequence[str]) -> np.ndarray:
     return out
 
 
+def join_masks(first: TokenMasks, second: TokenMasks) -> TokenMasks:
+    """One TokenMasks with the rows of both (a step's fresh masks and those filled ahead)."""
+    assert first.num_words == second.num_words, "masks of one vocabulary"
+    return TokenMasks(
+        step_id=first.step_id,
+        request_ids=first.request_ids + second.request_ids,
+        num_words=first.num_words,
+        bitmask=first.bitmask + second.bitmask,
+        failed=first.failed + second.failed,
+    )
+
+
 class BitmaskUpload:
     """Copies step bitmasks to the device. On CUDA through one pinned buffer, kept and grown:
     pinning a fresh 5 MB tensor every step (256 rows of a 152k vocabulary) costs more than the

@@ -57,14 +57,23 @@ class StepPlan(msgspec.Struct, frozen=True, kw_only=True, tag=True, gc=False):
     # prompt's last, partial block); done before the forward pass
     copy_blocks: tuple[tuple[int, int], ...] = ()
     awaits_masks: bool = False  # a TokenMasks for this step comes from the grammar actor
+    # The constrained rows that sampled in step `ahead_masks_of` (the plan before) take the
+    # masks the grammar filled ahead from that step's tokens (TokenMasks.ahead)
+    ahead_masks_of: int | None = None
 
     @property
     def num_tokens(self) -> int:
         return sum(len(s.token_ids) for s in self.seqs)
 
+    @property
+    def is_masked(self) -> bool:
+        """Sampled under grammar masks: fresh ones for this step, ahead ones, or both."""
+        return self.awaits_masks or self.ahead_masks_of is not None
+
 
 class TokenMasks(msgspec.Struct, frozen=True, kw_only=True, tag=True, gc=False):
-    """From the Grammar actor: which tokens each constrained row of step `step_id` may sample.
+    """From the Grammar actor: which tokens each constrained row of step `step_id` may sample
+    (`ahead`: of the step after step `step_id`, filled from its tokens before that plan).
 
     `bitmask` is int32 [len(request_ids), num_words] in native byte order, bit t of word t // 32
     set when token t is allowed (xgrammar's layout). `failed` names the requests whose grammar
@@ -75,6 +84,7 @@ class TokenMasks(msgspec.Struct, frozen=True, kw_only=True, tag=True, gc=False):
     num_words: int
     bitmask: bytes
     failed: tuple[tuple[str, str], ...] = ()  # (request id, why)
+    ahead: bool = False
 
 
 ExecutorInbox = StepPlan | TokenMasks

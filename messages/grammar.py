@@ -1,12 +1,11 @@
 """Inbox of the Grammar actor: one ComputeMasks per step that samples constrained requests,
 and the executor's GrammarTokens after each masked step.
 
-The scheduler sends ComputeMasks beside the StepPlan; the grammar actor advances each request's
-matcher by the tokens sampled since its last row and answers the executor with the step's
-TokenMasks (messages/executor.py), computed on the CPU while the executor runs the forward pass.
-GrammarTokens come straight from the executor the moment a masked step's tokens reach the host,
-so the grammar advances its matchers and fills the likely next masks while the scheduler is
-still planning; ComputeMasks then finds them ready (actors/core/grammar.py).
+GrammarTokens come straight from the executor the moment a masked step's tokens reach the
+host: the grammar advances those matchers and answers every one's next mask ahead, while the
+scheduler is still planning (actors/core/grammar.py). ComputeMasks comes with a StepPlan whose
+constrained rows are not all covered by those: the grammar answers the executor with the
+step's TokenMasks (messages/executor.py) while the executor runs the forward pass.
 """
 
 from __future__ import annotations
@@ -16,10 +15,11 @@ from troupe.messages.structured import StructuredOutputs
 
 
 class GrammarRow(msgspec.Struct, frozen=True, array_like=True, gc=False):
-    """One constrained request that samples this step."""
+    """One constrained request whose mask this step is filled now: its first row (with the
+    spec), or one that did not sample in the step before (back from a preemption). Tokens come
+    only through GrammarTokens."""
 
     request_id: str
-    new_token_ids: tuple[int, ...]  # output tokens sampled since this request's last row
     spec: StructuredOutputs | None = None  # its first row only: what to compile and match
 
 
@@ -33,7 +33,7 @@ class ComputeMasks(msgspec.Struct, frozen=True, kw_only=True, tag=True, gc=False
 
 class GrammarTokens(msgspec.Struct, frozen=True, kw_only=True, tag=True, gc=False):
     """From the executor: the tokens masked step `step_id` sampled, one per constrained request
-    that got one (the scheduler's next rows carry them again: the grammar skips what it saw)."""
+    that got one (every token a matcher accepts comes this way)."""
 
     step_id: int
     request_ids: tuple[str, ...]

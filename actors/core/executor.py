@@ -1,10 +1,11 @@
 """Executor core: runs each StepPlan on the runner and answers one StepResult.
 
-A plan that `awaits_masks` meets its TokenMasks (from the grammar actor) here, whichever comes
-first: the plan is launched at once (the forward pass runs while the masks are computed), and
-sampled under the masks when both are in. The tokens sampled under masks go to the grammar
-actor first (GrammarTokens), then the StepResult to the scheduler: the grammar fills the next
-masks while the scheduler plans the next step (actors/core/grammar.py, "Masks ahead").
+A masked plan meets its TokenMasks from the grammar actor here, in any order: the fresh ones of
+its own step (`awaits_masks`) and those the grammar filled ahead from the step before
+(`ahead_masks_of`). The plan is launched at once (the forward pass runs while the masks are
+computed) and sampled under the masks when all are in. The tokens sampled under masks go to
+the grammar actor first (GrammarTokens), then the StepResult to the scheduler: the grammar
+fills the next masks while the scheduler plans the next step (actors/core/grammar.py).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Callable, Sequence
 import structlog
 from troupe.actors.core.base import Outgoing
 from troupe.gpu.runner import Runner, SequencesFailed
+from troupe.gpu.token_bitmask import join_masks
 from troupe.messages import (
     ExecutorInbox,
     FailedSeq,
@@ -45,7 +47,8 @@ class ExecutorCore:
         self.busy_seconds = 0.0  # time inside the runner, for overhead benchmarks
         self._launched: StepPlan | None = None  # awaiting its masks
         self._launch_error: str | None = None
-        self._early_masks: TokenMasks | None = None  # came before their plan
+        self._fresh: TokenMasks | None = None  # the latest masks of a step (maybe before it)
+        self._ahead: TokenMasks | None = None  # the latest masks filled ahead
         self._met: TokenMasks | None = None  # the masks the message in hand sampled under
 
     def handle(self, batch: Sequence[ExecutorInbox]) -> Outgoing:
@@ -64,7 +67,7 @@ class ExecutorCore:
         return out
 
     def _on_plan(self, plan: StepPlan) -> StepResult | None:
-        if not plan.awaits_masks:
+        if not plan.is_masked:
             return self._run(plan.step_id, lambda: self.runner.execute(plan))
         self._launched, self._launch_error = plan, None
         try:
@@ -72,17 +75,35 @@ class ExecutorCore:
         except Exception as exc:
             log.exception("step failed", step_id=plan.step_id)
             self._launch_error = f"{type(exc).__name__}: {exc}"
-        early, self._early_masks = self._early_masks, None
-        return None if early is None else self._on_masks(early)
+        return self._sample()
 
     def _on_masks(self, masks: TokenMasks) -> StepResult | None:
-        plan = self._launched
-        if plan is None or plan.step_id != masks.step_id:
-            self._early_masks = masks
+        if masks.ahead:
+            self._ahead = masks
+        else:
+            self._fresh = masks
+        return self._sample()
+
+    def _sample(self) -> StepResult | None:
+        """Sample the launched plan once all its masks are in (None while any is missing)."""
+        plan, fresh, ahead = self._launched, self._fresh, self._ahead
+        if plan is None:
+            return None
+        if plan.awaits_masks and (fresh is None or fresh.step_id != plan.step_id):
+            return None
+        if plan.ahead_masks_of is not None and (
+            ahead is None or ahead.step_id != plan.ahead_masks_of
+        ):
             return None
         self._launched = None
         if self._launch_error is not None:
             return StepResult(step_id=plan.step_id, time=self._clock(), error=self._launch_error)
+        used = (
+            ahead if plan.ahead_masks_of is not None else None,
+            fresh if plan.awaits_masks else None,
+        )
+        parts = [m for m in used if m is not None]  # a fresh row wins over an ahead one
+        masks = parts[0] if len(parts) == 1 else join_masks(parts[0], parts[1])
         self._met = masks
         result = self._run(plan.step_id, lambda: self.runner.finish(masks))
         return _grammar_failures(result, masks) if masks.failed else result

@@ -1,31 +1,29 @@
 """GrammarCore: one xgrammar matcher per constrained request; each step's token masks.
 
-Per ComputeMasks (one per step that samples constrained requests):
+Two messages, each answered with TokenMasks to the executor:
 
-    released -> drop those matchers
-    rows     -> per row: the matcher (made from the compiled spec on its first row), advanced
-                by the tokens sampled since its last row; then one batch fill of every row's
-                bitmask (xgrammar's threads) -> TokenMasks to the executor
+    GrammarTokens N (from the executor, the moment masked step N's tokens reach the host):
+        accept each token (one batch call), fill every live matcher's next mask (one batch
+        fill on xgrammar's threads, without the interpreter lock) -> TokenMasks(ahead=True)
+    ComputeMasks N+1 (from the scheduler, beside plan N+1): drop the released matchers; for
+        each row (a first row, with the spec; or a request back from a preemption) make or
+        find its matcher and fill its mask now -> TokenMasks
 
-The scheduler sends ComputeMasks beside the StepPlan, so the masks are computed on the CPU
-while the executor runs the forward pass; the executor meets the two before sampling.
+The masks of step N+1 need step N's tokens. Going through the scheduler would put the fill on
+the host's critical path after its planning and the allocator's round trip; going straight from
+the executor, the fill runs while the scheduler plans and the GPU runs step N+1's forward:
 
-Masks ahead. The masks of step N+1 need step N's tokens, so without help the fill sits on the
-host's critical path after the scheduler's planning. The executor therefore sends GrammarTokens
-the moment step N's tokens reach the host; the grammar accepts them and fills every live row's
-next mask at once (xgrammar's threads run without the GIL, beside the scheduler):
+    executor:  sample N | GrammarTokens N -> grammar: accept, fill -> TokenMasks(ahead) N
+                        | StepResult N    -> scheduler -> allocator -> plan N+1 (+ ComputeMasks
+                                             for rows not covered ahead)
+    executor:  plan N+1 meets the ahead masks (and any fresh ones), samples N+1
 
-    executor:  sample N | GrammarTokens N -> grammar: accept, fill ahead (rows of step N)
-                        | StepResult N    -> scheduler: plan N+1, ComputeMasks N+1 -> grammar
-    grammar, ComputeMasks N+1: a row whose new tokens are exactly those accepted ahead takes
-                        its mask from the ahead fill; any other row is advanced and filled now
-
-The ahead tokens stay pending per request until a row carries them (they must match: the
-scheduler appends every sampled token), so the matcher never accepts a token twice. A matcher
-is never rolled back: a recompute preemption replays the KV of tokens the matcher has already
-accepted, and the rows carry only tokens it has not seen. A request whose grammar fails (a spec
-that will not compile, a token the matcher refuses) is named in `failed`; the executor gives it
-no token and the scheduler fails it alone.
+The scheduler's GrammarFeed decides which rows the ahead masks cover (`ahead_masks_of`: every
+request that sampled in the plan before). Every token a matcher accepts comes through
+GrammarTokens, once, and a matcher is never rolled back: a recompute preemption replays the KV
+of tokens the matcher has already accepted. A request whose grammar fails (a spec that will not
+compile, a token the matcher refuses) is named in `failed`; the executor gives it no token and
+the scheduler fails it alone.
 """
 
 from __future__ import annotations
@@ -47,10 +45,12 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("troupe.grammar")
 
+_ENDED = "sampled past the end of its grammar"
+
 
 class GrammarCore:
-    """Inbox: ComputeMasks, GrammarTokens. Outbox: "executor" (TokenMasks, one per ComputeMasks
-    with rows)."""
+    """Inbox: ComputeMasks, GrammarTokens. Outbox: "executor" (TokenMasks: one per ComputeMasks
+    with rows, one `ahead` per GrammarTokens)."""
 
     def __init__(self, compiler: GrammarCompiler, *, max_threads: int = 4) -> None:
         self.compiler = compiler
@@ -58,10 +58,6 @@ class GrammarCore:
         self.matchers: dict[str, xgrammar.GrammarMatcher] = {}
         self._broken: dict[str, str] = {}  # request id -> why its grammar failed
         self._max_threads = max_threads
-        self._pending: dict[str, list[int]] = {}  # tokens accepted ahead, not yet in a row
-        self._ahead_rows: dict[str, int] = {}  # request id -> its row in _ahead
-        self._ahead = np.empty((0, self.num_words), dtype=np.int32)
-        self.num_ahead_hits = 0  # rows whose mask the ahead fill had ready (benchmarks)
 
     @functools.cached_property
     def _batch(self) -> xgrammar.BatchGrammarMatcher:
@@ -74,82 +70,70 @@ class GrammarCore:
     def handle(self, batch: Sequence[GrammarInbox]) -> Outgoing:
         out: Outgoing = []
         for msg in batch:
-            if isinstance(msg, GrammarTokens):
-                self.ahead(msg)
-                continue
-            masks = self.masks(msg)
+            masks = self.ahead(msg) if isinstance(msg, GrammarTokens) else self.masks(msg)
             if masks is not None:
                 out.append(("executor", masks))
         return out
 
-    def ahead(self, msg: GrammarTokens) -> None:
-        """Accept a masked step's tokens now and fill the next masks of every live matcher.
-        One call each into xgrammar: every call that releases the interpreter lock waits to
+    def ahead(self, msg: GrammarTokens) -> TokenMasks:
+        """Accept a masked step's tokens now; every request's next mask (or its failure).
+        One call each into xgrammar: each call that lets go of the interpreter lock waits to
         take it back while the scheduler runs (config.gil_switch_interval_s)."""
+        known = [
+            (rid, self.matchers[rid], token_id)
+            for rid, token_id in zip(msg.request_ids, msg.token_ids, strict=True)
+            if rid in self.matchers  # else broken, or released before its token came back
+        ]
+        tokens = [token_id for _, _, token_id in known]
+        accepted = self._batch.batch_accept_token([m for _, m, _ in known], tokens) if known else []
         rids: list[str] = []
-        matchers: list[xgrammar.GrammarMatcher] = []
-        tokens: list[int] = []
-        for request_id, token_id in zip(msg.request_ids, msg.token_ids, strict=True):
-            matcher = self.matchers.get(request_id)
-            if matcher is not None:  # else broken, or released before its token came back
-                rids.append(request_id)
-                matchers.append(matcher)
-                tokens.append(token_id)
-        accepted = self._batch.batch_accept_token(matchers, tokens) if matchers else []
         live: list[xgrammar.GrammarMatcher] = []
-        rows: dict[str, int] = {}
-        for request_id, matcher, token_id, ok in zip(rids, matchers, tokens, accepted, strict=True):
+        ended: list[tuple[str, str]] = []
+        for (rid, matcher, token_id), ok in zip(known, accepted, strict=True):
             if not ok:
-                log.warning("grammar refused a token", request_id=request_id, token_id=token_id)
-                self._fail(request_id, f"its grammar refused token {token_id}")
+                log.warning("grammar refused a token", request_id=rid, token_id=token_id)
+                self._fail(rid, f"its grammar refused token {token_id}")
                 continue
-            self._pending.setdefault(request_id, []).append(token_id)
-            if not matcher.is_terminated():
-                rows[request_id] = len(live)
+            if matcher.is_terminated():
+                ended.append((rid, _ENDED))
+            else:
+                rids.append(rid)
                 live.append(matcher)
-        self._ahead_rows = rows
+        failed = [(rid, self._broken[rid]) for rid in msg.request_ids if rid in self._broken]
+        failed += ended
+        bitmask = np.zeros((len(live) + len(failed), self.num_words), dtype=np.int32)
         if live:
-            if self._ahead.shape[0] < len(live):
-                self._ahead = np.empty((len(live), self.num_words), dtype=np.int32)
-            self._batch.batch_fill_next_token_bitmask(live, self._ahead[: len(live)])
+            self._batch.batch_fill_next_token_bitmask(live, bitmask[: len(live)])
+        return TokenMasks(
+            step_id=msg.step_id,
+            request_ids=tuple(rids) + tuple(rid for rid, _ in failed),
+            num_words=self.num_words,
+            bitmask=bitmask.tobytes(),
+            failed=tuple(failed),
+            ahead=True,
+        )
 
     def masks(self, msg: ComputeMasks) -> TokenMasks | None:
         """Release, advance, fill: the step's TokenMasks (None when it has no rows)."""
         for request_id in msg.released:
             self.matchers.pop(request_id, None)
             self._broken.pop(request_id, None)
-            self._pending.pop(request_id, None)
-            self._ahead_rows.pop(request_id, None)
         if not msg.rows:
             return None
+        bitmask = np.full((len(msg.rows), self.num_words), -1, dtype=np.int32)
         live: list[xgrammar.GrammarMatcher] = []
         indices: list[int] = []
         failed: list[tuple[str, str]] = []
-        done: list[int] = []  # rows of stopped matchers: nothing more may follow
-        ready: list[int] = []  # per row, its row in the ahead fill (-1: none)
-        ahead, self._ahead_rows = self._ahead_rows, {}  # good for this step only
         for index, row in enumerate(msg.rows):
-            matcher, moved = self._advance(row)
-            ready.append(-1)
+            matcher = self._advance(row)
             if matcher is None:
                 failed.append((row.request_id, self._broken[row.request_id]))
             elif matcher.is_terminated():
-                done.append(index)
-                failed.append((row.request_id, "sampled past the end of its grammar"))
-            elif not moved and row.request_id in ahead:
-                ready[-1] = ahead[row.request_id]
+                bitmask[index] = 0  # it accepted a stop token: nothing more may follow
+                failed.append((row.request_id, _ENDED))
             else:
                 live.append(matcher)
                 indices.append(index)
-        self.num_ahead_hits += sum(r >= 0 for r in ready)
-        if ready == list(range(len(ready))):  # the ahead fill is this step's: no copy
-            bitmask = self._ahead[: len(ready)]
-        else:
-            bitmask = np.full((len(msg.rows), self.num_words), -1, dtype=np.int32)
-            for index, row_ahead in enumerate(ready):
-                if row_ahead >= 0:
-                    bitmask[index] = self._ahead[row_ahead]
-            bitmask[done] = 0
         if live:
             self._batch.batch_fill_next_token_bitmask(live, bitmask, indices)
         return TokenMasks(
@@ -160,49 +144,28 @@ class GrammarCore:
             failed=tuple(failed),
         )
 
-    def _advance(self, row: GrammarRow) -> tuple[xgrammar.GrammarMatcher | None, bool]:
-        """The row's matcher after its new tokens (None, and a reason in _broken, if broken),
-        and whether it accepted any here (the ahead tokens it skips do not count)."""
+    def _advance(self, row: GrammarRow) -> xgrammar.GrammarMatcher | None:
+        """The row's matcher, made from its spec on its first row; None, and a reason in
+        _broken, if broken."""
         request_id = row.request_id
         if request_id in self._broken:
-            return None, False
-        new = row.new_token_ids
-        pending = self._pending.pop(request_id, None)
-        if pending:
-            if list(new[: len(pending)]) != pending:
-                self._fail(request_id, "the tokens its grammar accepted ahead are not its own")
-                return None, False
-            new = new[len(pending) :]
+            return None
         matcher = self.matchers.get(request_id)
         if matcher is None:
             if row.spec is None:
                 self._broken[request_id] = "no grammar spec reached the grammar actor"
-                return None, False
+                return None
             try:
                 compiled = self.compiler.compile(row.spec)
             except GrammarError as exc:
                 self._broken[request_id] = str(exc)
-                return None, False
+                return None
             import xgrammar
 
             matcher = xgrammar.GrammarMatcher(compiled)
             self.matchers[request_id] = matcher
-        if not self._accept(request_id, matcher, new):
-            return None, False
-        return matcher, bool(new)
-
-    def _accept(
-        self, request_id: str, matcher: xgrammar.GrammarMatcher, token_ids: Sequence[int]
-    ) -> bool:
-        """Feed `token_ids` to the matcher; False (the request broken) at the first refusal."""
-        for token_id in token_ids:
-            if not matcher.accept_token(token_id):
-                log.warning("grammar refused a token", request_id=request_id, token_id=token_id)
-                self._fail(request_id, f"its grammar refused token {token_id}")
-                return False
-        return True
+        return matcher
 
     def _fail(self, request_id: str, why: str) -> None:
         self._broken[request_id] = why
         self.matchers.pop(request_id, None)
-        self._pending.pop(request_id, None)

@@ -1,10 +1,15 @@
 """GrammarFeed: the scheduler's side of structured output (a field of SchedulerCore).
 
-For each StepPlan it builds the grammar actor's ComputeMasks: one row per constrained request
-that samples in the step, carrying the output tokens the grammar actor has not seen yet (and
-the spec, on the request's first row), plus the constrained requests the plan releases. The
-plan then says `awaits_masks`, so the executor meets it with the TokenMasks before sampling.
-Plans without constrained requests pass unchanged: no message, no cost.
+For each StepPlan it sorts the constrained requests that sample in the step:
+
+    sampled in the plan before, one token since -> the grammar has filled its mask ahead from
+        that token (the executor sent it straight there): the plan says `ahead_masks_of`
+    any other (its first row, back after a preemption) -> a row of ComputeMasks (with the
+        spec, on its first row): the grammar fills its mask now
+
+plus the constrained requests the plan releases. The plan says `awaits_masks` when it has rows,
+so the executor meets it with both kinds of TokenMasks before sampling. Plans without
+constrained requests pass unchanged: no message, no cost.
 """
 
 from __future__ import annotations
@@ -18,31 +23,42 @@ from troupe.messages.grammar import ComputeMasks, GrammarRow
 
 
 class GrammarFeed:
-    """Owns how many output tokens of each constrained request the grammar actor has seen."""
+    """Owns which constrained requests the grammar actor knows and which sampled last step."""
 
     def __init__(self) -> None:
-        self.num_seen: dict[str, int] = {}  # request id -> output tokens sent to the grammar
+        self.known: set[str] = set()  # requests whose first row (the spec) went out
+        self._last: frozenset[str] = frozenset()  # constrained rows of the last plan
+        self._last_step = -1
 
     def feed(
         self, plan: StepPlan, in_flight: Sequence[InFlight]
     ) -> tuple[StepPlan, ComputeMasks | None]:
-        """The plan to send (marked when it awaits masks) and the grammar actor's message."""
-        num_seen = self.num_seen
-        released = tuple(r for r in plan.released if num_seen.pop(r, None) is not None)
+        """The plan to send (marked with the masks it waits for) and the grammar's message.
+
+        A request in the last plan that is in this one sampled there (else it would have
+        failed, or ended and been released): the executor sent that token to the grammar,
+        which answered with its next mask (or its failure) ahead."""
+        known = self.known
+        released = tuple(r for r in plan.released if r in known)
+        known.difference_update(released)
         rows: list[GrammarRow] = []
+        sampling: list[str] = []
         for req, _, sample in in_flight:
             spec = req.params.structured_outputs
             if spec is None or not sample:
                 continue
             rid = req.request_id
-            seen = num_seen.get(rid)
-            outputs = req.token_ids[req.prompt_len :]
-            new = tuple(outputs[seen or 0 :])
-            rows.append(GrammarRow(rid, new, spec if seen is None else None))
-            num_seen[rid] = len(outputs)
+            sampling.append(rid)
+            if rid in self._last:
+                continue  # its mask was filled ahead
+            rows.append(GrammarRow(rid, None if rid in known else spec))
+            known.add(rid)
+        ahead = len(sampling) > len(rows)
+        last_step, self._last, self._last_step = self._last_step, frozenset(sampling), plan.step_id
+        if sampling:
+            plan = msgspec.structs.replace(
+                plan, awaits_masks=bool(rows), ahead_masks_of=last_step if ahead else None
+            )
         if not rows and not released:
             return plan, None
-        msg = ComputeMasks(step_id=plan.step_id, rows=tuple(rows), released=released)
-        if rows:
-            plan = msgspec.structs.replace(plan, awaits_masks=True)
-        return plan, msg
+        return plan, ComputeMasks(step_id=plan.step_id, rows=tuple(rows), released=released)

@@ -14,11 +14,13 @@ def test_synthetic_vocab_is_distinct_and_names_specials() -> None:
 
 
 def test_smoke_run_prints_both_step_times(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["--smoke", "--num-seqs", "6", "--max-tokens", "12", "--prompt-len", "8"]) == 0
+    assert main(["--smoke", "--num-seqs", "6", "--max-tokens", "12", "--prompt-len", "8",
+                 "--repeats", "2"]) == 0  # fmt: skip
     out = capsys.readouterr().out
-    structured = re.search(r"structured: \S+s (\d+) steps", out)
-    free = re.search(r"free: +\S+s (\d+) steps", out)
-    # (the same lengths over the same prompts; the step counts may still differ by when the
-    # requests reached the scheduler, so they are not compared)
-    assert structured and free and int(structured.group(1)) > 0 and int(free.group(1)) > 0, out
+    structured = re.search(r"structured: (\d+\.\d+) ms/step \(median of 2, (\d+) steps each\)", out)
+    free = re.search(r"free: +(\d+\.\d+) ms/step", out)
+    repeats = re.search(r"per repeat \(structured / free ms/step\): (.*)", out)
+    assert structured and free and repeats, out
+    assert int(structured.group(2)) > 0 and float(free.group(1)) > 0
+    assert len(repeats.group(1).split(", ")) == 2
     assert re.search(r"step time ratio structured/free: \d+\.\d{3}", out)

@@ -47,42 +47,50 @@ def allowed_texts(tok, masks: TokenMasks, row: int) -> set[str]:  # type: ignore
     return {tok.token_bytes(int(i)).decode("utf-8", "replace") for i in ids}
 
 
+def _tokens(step_id: int, **tokens: int) -> GrammarTokens:
+    return GrammarTokens(
+        step_id=step_id, request_ids=tuple(tokens), token_ids=tuple(tokens.values())
+    )
+
+
 def test_masks_follow_the_grammar_and_advance(tok, compiler) -> None:  # type: ignore[no-untyped-def]
     core = GrammarCore(compiler)
-    first = core.masks(ComputeMasks(step_id=1, rows=(GrammarRow("a", (), REGEX),)))
+    first = core.masks(ComputeMasks(step_id=1, rows=(GrammarRow("a", REGEX),)))
     assert first is not None and first.request_ids == ("a",) and first.failed == ()
     texts = allowed_texts(tok, first, 0)
     assert texts and all(re.fullmatch("[0-9]{1,2}", t) for t in texts), texts
-    seven = tok.encode("7", add_special_tokens=False)
-    second = core.masks(ComputeMasks(step_id=2, rows=(GrammarRow("a", tuple(seven)),)))
-    assert second is not None
+    (seven,) = tok.encode("7", add_special_tokens=False)
+    second = core.ahead(_tokens(1, a=seven))
+    assert second.ahead and second.step_id == 1 and second.request_ids == ("a",)
     assert allowed_texts(tok, second, 0) == {str(d) for d in range(10)}
-    done = core.masks(ComputeMasks(step_id=3, rows=(GrammarRow("a", tuple(seven)),)))
-    assert done is not None
+    again = core.masks(ComputeMasks(step_id=2, rows=(GrammarRow("a"),)))  # back: same mask
+    assert again is not None and again.bitmask == second.bitmask
+    done = core.ahead(_tokens(2, a=seven))
     assert set(allowed_ids(mask_array(done)[0], VOCAB).tolist()) == set(tok.eos_token_ids)
+    ended = core.ahead(_tokens(3, a=tok.eos_token_ids[0]))
+    assert ended.failed == (("a", "sampled past the end of its grammar"),)
+    assert not mask_array(ended).any()  # nothing more may follow
 
 
 def test_refused_token_and_missing_spec_fail_the_request_alone(tok, compiler) -> None:  # type: ignore[no-untyped-def]
     core = GrammarCore(compiler)
-    core.masks(
-        ComputeMasks(step_id=1, rows=(GrammarRow("a", (), REGEX), GrammarRow("b", (), REGEX)))
-    )
-    letter = tuple(tok.encode("x", add_special_tokens=False))
-    masks = core.masks(
-        ComputeMasks(
-            step_id=2,
-            rows=(GrammarRow("a", letter), GrammarRow("b", ()), GrammarRow("c", ())),
-        )
-    )
+    core.masks(ComputeMasks(step_id=1, rows=(GrammarRow("a", REGEX), GrammarRow("b", REGEX))))
+    (letter,) = tok.encode("x", add_special_tokens=False)
+    (one,) = tok.encode("1", add_special_tokens=False)
+    ahead = core.ahead(_tokens(1, a=letter, b=one))
+    assert ahead.request_ids == ("b", "a") and [rid for rid, _ in ahead.failed] == ["a"]
+    assert "refused token" in ahead.failed[0][1]
+    masks = core.masks(ComputeMasks(step_id=2, rows=(GrammarRow("a"), GrammarRow("c"))))
     assert masks is not None
     assert [rid for rid, _ in masks.failed] == ["a", "c"]
     assert "refused token" in masks.failed[0][1] and "no grammar spec" in masks.failed[1][1]
     assert "b" in core.matchers and "a" not in core.matchers
+    assert core.ahead(_tokens(2, a=one)).failed == ahead.failed  # still broken, until released
 
 
 def test_release_drops_matchers_and_no_rows_sends_nothing(compiler) -> None:  # type: ignore[no-untyped-def]
     core = GrammarCore(compiler)
-    core.masks(ComputeMasks(step_id=1, rows=(GrammarRow("a", (), REGEX),)))
+    core.masks(ComputeMasks(step_id=1, rows=(GrammarRow("a", REGEX),)))
     assert core.handle([ComputeMasks(step_id=2, released=("a",))]) == []
     assert core.matchers == {}
 
@@ -110,21 +118,28 @@ def _request(rid: str, outputs: list[int], spec: StructuredOutputs | None) -> Re
     return req
 
 
-def test_feed_sends_new_tokens_once_and_the_spec_first() -> None:
+def test_feed_covers_last_steps_rows_ahead_and_sends_the_spec_first() -> None:
     feed = GrammarFeed()
     a, b, free = _request("a", [], REGEX), _request("b", [], REGEX), _request("f", [], None)
-    plan = StepPlan(step_id=1, seqs=())
-    sent, msg = feed.feed(plan, [(a, 3, True), (b, 2, False), (free, 3, True)])
-    assert sent.awaits_masks and msg is not None
-    assert msg.rows == (GrammarRow("a", (), REGEX),)  # b does not sample; f is free text
-    a.token_ids.extend([40, 41])
-    b.token_ids.extend([])
-    sent, msg = feed.feed(StepPlan(step_id=2, seqs=()), [(a, 5, True), (b, 3, True)])
-    assert msg is not None and msg.rows == (GrammarRow("a", (40, 41)), GrammarRow("b", (), REGEX))
-    sent, msg = feed.feed(StepPlan(step_id=3, seqs=(), released=("a", "f")), [(free, 4, True)])
-    assert not sent.awaits_masks and msg == ComputeMasks(step_id=3, released=("a",))
-    sent, msg = feed.feed(StepPlan(step_id=4, seqs=()), [(free, 5, True)])
-    assert msg is None and sent == StepPlan(step_id=4, seqs=())
+    sent, msg = feed.feed(
+        StepPlan(step_id=1, seqs=()), [(a, 3, True), (b, 2, False), (free, 3, True)]
+    )
+    assert sent.awaits_masks and sent.ahead_masks_of is None and msg is not None
+    assert msg.rows == (GrammarRow("a", REGEX),)  # b does not sample; f is free text
+    # a sampled in step 1: its mask comes ahead; b's first row carries its spec
+    sent, msg = feed.feed(StepPlan(step_id=2, seqs=()), [(a, 1, True), (b, 3, True)])
+    assert sent.awaits_masks and sent.ahead_masks_of == 1
+    assert msg is not None and msg.rows == (GrammarRow("b", REGEX),)
+    sent, msg = feed.feed(StepPlan(step_id=3, seqs=()), [(a, 1, True), (b, 1, True)])
+    assert not sent.awaits_masks and sent.ahead_masks_of == 2 and msg is None  # all ahead
+    sent, msg = feed.feed(StepPlan(step_id=4, seqs=(), released=("a", "f")), [(free, 4, True)])
+    assert not sent.is_masked and msg == ComputeMasks(step_id=4, released=("a",))
+    # b skipped step 4 (preempted): its mask is filled on its row, without the spec again
+    sent, msg = feed.feed(StepPlan(step_id=5, seqs=()), [(b, 1, True)])
+    assert sent.awaits_masks and sent.ahead_masks_of is None
+    assert msg is not None and msg.rows == (GrammarRow("b"),)
+    sent, msg = feed.feed(StepPlan(step_id=6, seqs=()), [(free, 5, True)])
+    assert msg is None and sent == StepPlan(step_id=6, seqs=())
 
 
 def _plan(step_id: int, rid: str, params: SamplingParams | None) -> StepPlan:
@@ -134,12 +149,16 @@ def _plan(step_id: int, rid: str, params: SamplingParams | None) -> StepPlan:
     return StepPlan(step_id=step_id, seqs=(work,), awaits_masks=True)
 
 
+def _only(token: int, rids: tuple[str, ...], **kw: object) -> TokenMasks:
+    words = (VOCAB + 31) // 32
+    bitmask = np.zeros((len(rids), words), dtype=np.int32)
+    bitmask[:, token // 32] = 1 << (token % 32)
+    return TokenMasks(request_ids=rids, num_words=words, bitmask=bitmask.tobytes(), **kw)  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize("masks_first", [False, True])
 def test_executor_meets_plan_and_masks_in_either_order(masks_first: bool) -> None:
-    words = (VOCAB + 31) // 32
-    bitmask = np.zeros((1, words), dtype=np.int32)
-    bitmask[0, 1000 // 32] = 1 << (1000 % 32)  # only token 1000
-    masks = TokenMasks(step_id=1, request_ids=("a",), num_words=words, bitmask=bitmask.tobytes())
+    masks = _only(1000, ("a",), step_id=1)
     plan = _plan(1, "a", SamplingParams(structured_outputs=REGEX))
     core = ExecutorCore(FakeRunner(block_size=4, num_gpu_blocks=4, num_cpu_blocks=0))
     order = [masks, plan] if masks_first else [plan, masks]
@@ -153,6 +172,36 @@ def test_executor_meets_plan_and_masks_in_either_order(masks_first: bool) -> Non
     )
     ((dest, _),) = core.handle([StepPlan(step_id=2, seqs=())])  # unmasked: nothing to the grammar
     assert dest == "scheduler"
+
+
+@pytest.mark.parametrize(
+    "order", ["plan, ahead, fresh", "fresh, plan, ahead", "ahead, fresh, plan"]
+)
+def test_executor_waits_for_the_masks_ahead_and_the_fresh_ones(order: str) -> None:
+    """A plan whose row "a" takes the masks filled ahead after step 1 and whose row "b" waits
+    for fresh ones samples once both are in; masks ahead of another step do not count."""
+    constrained = SamplingParams(structured_outputs=REGEX)
+    works = tuple(
+        SeqWork(request_id=r, token_ids=(5,), start_pos=0, block_ids=(i,), reset=True, params=constrained)
+        for i, r in enumerate("ab")
+    )  # fmt: skip
+    plan = StepPlan(step_id=2, seqs=works, awaits_masks=True, ahead_masks_of=1)
+    msgs = {
+        "plan": plan,
+        "ahead": _only(1001, ("a", "gone"), step_id=1, ahead=True),
+        "fresh": _only(1002, ("b",), step_id=2),
+    }
+    core = ExecutorCore(FakeRunner(block_size=4, num_gpu_blocks=4, num_cpu_blocks=0))
+    assert core.handle([_only(1003, ("a",), step_id=0, ahead=True)]) == []  # stale: ignored
+    *early, last = order.split(", ")
+    for name in early:
+        assert core.handle([msgs[name]]) == []
+    (to_grammar, (_, result)) = core.handle([msgs[last]])
+    assert {(s.request_id, s.token_id) for s in result.sampled} == {("a", 1001), ("b", 1002)}
+    assert set(zip(to_grammar[1].request_ids, to_grammar[1].token_ids, strict=True)) == {
+        ("a", 1001),
+        ("b", 1002),
+    }
 
 
 def test_executor_fails_the_requests_whose_grammar_failed() -> None:
@@ -179,54 +228,42 @@ JSON = StructuredOutputs.from_schema(
 )
 
 
-def test_masks_ahead_equal_masks_computed_on_the_row(tok, compiler) -> None:  # type: ignore[no-untyped-def]
-    """Two requests walk their grammars on allowed tokens. One core hears each step's tokens
-    from the executor first (GrammarTokens) and fills ahead; the other sees only the rows. The
-    masks are identical every step, and the ahead fill served the rows that had no other news."""
-    ahead, plain = GrammarCore(compiler), GrammarCore(compiler)
+def test_masks_ahead_follow_each_walk(tok, compiler) -> None:  # type: ignore[no-untyped-def]
+    """Two requests walk their grammars on allowed tokens, hearing each token only through
+    GrammarTokens: every ahead mask equals a fresh matcher's after the same tokens, and asking
+    again on a row (a request back from a preemption) gives the same mask."""
+    import xgrammar
+
+    core = GrammarCore(compiler)
+    specs = {"a": JSON, "b": REGEX}
+    walks: dict[str, list[int]] = {rid: [] for rid in specs}
+    masks = core.masks(
+        ComputeMasks(step_id=1, rows=tuple(GrammarRow(r, s) for r, s in specs.items()))
+    )
     rng = np.random.default_rng(0)
-    rows = (GrammarRow("a", (), JSON), GrammarRow("b", (), REGEX))
-    for step in range(1, 12):
-        msg = ComputeMasks(step_id=step, rows=rows)
-        got, want = ahead.masks(msg), plain.masks(msg)
-        assert got is not None and want is not None
-        assert got.bitmask == want.bitmask and got.failed == want.failed
-        picked = []
-        for i, row in enumerate(rows):
-            allowed = allowed_ids(mask_array(want)[i], VOCAB)
-            if len(allowed):  # prefer going on: EOS only when nothing else is allowed
-                going = [t for t in allowed if t not in tok.eos_token_ids]
-                picked.append((row.request_id, int(rng.choice(going or allowed))))
+    for step in range(1, 14):
+        assert masks is not None
+        picked = {}
+        for i, rid in enumerate(masks.request_ids):
+            allowed = allowed_ids(mask_array(masks)[i], VOCAB)
+            if rid not in dict(masks.failed):
+                going = [t for t in allowed if t not in tok.eos_token_ids]  # EOS when only it
+                picked[rid] = int(rng.choice(going or allowed))
         if not picked:
             break
-        ahead.handle([GrammarTokens(step_id=step, request_ids=tuple(r for r, _ in picked),
-                                    token_ids=tuple(t for _, t in picked))])  # fmt: skip
-        rows = tuple(GrammarRow(rid, (t,)) for rid, t in picked)
-    assert ahead.num_ahead_hits >= 4 and plain.num_ahead_hits == 0
-
-
-def test_rows_with_more_news_than_the_ahead_fill_are_filled_again(tok, compiler) -> None:  # type: ignore[no-untyped-def]
-    """A row that carries tokens past the ones accepted ahead (a request that skipped a step)
-    is advanced by the rest and filled on the spot; tokens that are not the ones accepted
-    ahead fail the request alone; a release forgets what was pending."""
-    core = GrammarCore(compiler)
-    core.masks(
-        ComputeMasks(step_id=1, rows=(GrammarRow("a", (), REGEX), GrammarRow("b", (), REGEX)))
-    )
-    one, two = (tuple(tok.encode(d, add_special_tokens=False)) for d in "12")
-    core.handle([GrammarTokens(step_id=1, request_ids=("a", "b"), token_ids=(one[0], one[0]))])
-    masks = core.masks(
-        ComputeMasks(step_id=2, rows=(GrammarRow("a", one + two), GrammarRow("b", two)))
-    )
-    assert masks is not None and core.num_ahead_hits == 0
-    allowed = set(allowed_ids(mask_array(masks)[0], VOCAB).tolist())
-    assert allowed == set(tok.eos_token_ids)  # "12": the regex is complete, only EOS
-    assert [rid for rid, _ in masks.failed] == ["b"] and "ahead" in masks.failed[0][1]
-    core.handle([GrammarTokens(step_id=2, request_ids=("a",), token_ids=(two[0],))])
-    core.masks(ComputeMasks(step_id=3, released=("a",)))
-    assert core.matchers == {} and core._pending == {}
-    core.masks(ComputeMasks(step_id=4, rows=(GrammarRow("c", (), REGEX),)))
-    letter = tok.encode("x", add_special_tokens=False)[0]
-    core.handle([GrammarTokens(step_id=4, request_ids=("c",), token_ids=(letter,))])
-    masks = core.masks(ComputeMasks(step_id=5, rows=(GrammarRow("c", (letter,)),)))
-    assert masks is not None and "refused token" in dict(masks.failed)["c"]
+        for rid, token in picked.items():
+            walks[rid].append(token)
+        masks = core.ahead(_tokens(step, **picked))
+        for i, rid in enumerate(masks.request_ids):
+            fresh = xgrammar.GrammarMatcher(compiler.compile(specs[rid]))
+            assert all(fresh.accept_token(t) for t in walks[rid])
+            want = xgrammar.allocate_token_bitmask(1, VOCAB).numpy()
+            if not fresh.is_terminated():
+                fresh.fill_next_token_bitmask(want)
+                assert (mask_array(masks)[i] == want[0]).all(), (rid, step)
+        if step % 3 == 0:
+            again = core.masks(
+                ComputeMasks(step_id=step + 1, rows=tuple(GrammarRow(r) for r in masks.request_ids))
+            )
+            assert again is not None and again.bitmask == masks.bitmask
+    assert step > 5
