@@ -28,12 +28,12 @@ def step_bitmask(masks: TokenMasks, request_ids: Sequence[str]) -> np.ndarray:
     given = mask_array(masks)
     if tuple(request_ids) == masks.request_ids:
         return given
-    index = {rid: i for i, rid in enumerate(masks.request_ids)}
-    out = np.full((len(request_ids), masks.num_words), -1, dtype=np.int32)
-    for row, rid in enumerate(request_ids):
-        found = index.get(rid)
-        if found is not None:
-            out[row] = given[found]
+    index = {rid: i for i, rid in enumerate(masks.request_ids)}  # a later row wins
+    rows = np.fromiter((index.get(rid, -1) for rid in request_ids), np.intp, len(request_ids))
+    if not len(given):
+        return np.full((len(request_ids), masks.num_words), -1, dtype=np.int32)
+    out = given[rows]  # one gather
+    out[rows < 0] = -1
     return out
 
 

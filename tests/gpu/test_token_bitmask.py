@@ -9,6 +9,7 @@ from troupe.gpu.token_bitmask import (
     allowed_ids,
     apply_token_bitmask,
     constrain_sampled,
+    join_masks,
     step_bitmask,
     to_device,
 )
@@ -44,6 +45,16 @@ def test_step_bitmask_lays_masks_over_sampled_rows() -> None:
     laid = step_bitmask(masks, ["x", "b", "a"])
     assert laid.tolist() == [[-1, -1], [4, 8], [1, 2]]
     assert allowed_ids(bits[1], 64).tolist() == [2, 35]
+
+
+def test_joined_masks_lay_both_and_the_second_wins() -> None:
+    ahead = TokenMasks(step_id=1, request_ids=("a", "b"), num_words=1, ahead=True,
+                       bitmask=np.array([[1], [2]], np.int32).tobytes(), failed=(("b", "x"),))  # fmt: skip
+    fresh = TokenMasks(step_id=2, request_ids=("b", "c"), num_words=1,
+                       bitmask=np.array([[4], [8]], np.int32).tobytes())  # fmt: skip
+    joined = join_masks(ahead, fresh)
+    assert step_bitmask(joined, ["c", "a", "b", "z"]).tolist() == [[8], [1], [4], [-1]]
+    assert joined.failed == (("b", "x"),)
 
 
 def test_constrain_sampled_keeps_allowed_and_replaces_others() -> None:
