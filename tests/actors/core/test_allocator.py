@@ -52,6 +52,24 @@ def test_allocate_grow_free_counts() -> None:
     assert res.grants == (Grant("c", (2, 0, 1, 3, 4, 5, 6, 7), 0),)
 
 
+def test_blocks_touched_stay_within_the_peak_of_live_blocks() -> None:
+    """LIFO reuse: over many requests without caching, no block beyond the most ever held at
+    once is handed out (a pool committed page by page, the CPU's, stays that small)."""
+    alloc = make(num_gpu=64, num_cpu=0, caching=False)
+    touched: set[int] = set()
+    peak = 0
+    for i in range(30):
+        sizes = {"a": 3 + i % 5, "b": 1 + (i * 7) % 9}
+        for rid, blocks in sizes.items():
+            res = apply(alloc, AllocateNew(rid, tuple(range(blocks * BS)), blocks * BS))
+            touched.update(res.grants[0].block_ids)
+        res = apply(alloc, Grow("a", sizes["a"] * BS + 1))
+        touched.update(res.grants[0].block_ids)
+        peak = max(peak, sum(len(seq.table) for seq in alloc.seqs.values()))
+        apply(alloc, FreeRequest("b"), FreeRequest("a"))
+    assert peak < 64 and touched == set(range(peak))
+
+
 def test_chunked_new_request_covers_only_its_chunk() -> None:
     alloc = make()
     res = apply(alloc, AllocateNew("a", tuple(range(100, 120)), 5))
