@@ -9,7 +9,8 @@ we follow the original, so that text splits the way the model was trained:
 - "deepseek-llm" (DeepSeek-LLM, DeepSeek-V2 and Coder-V2) and "deepseek-coder" (DeepSeek-Coder
   v1): DeepSeek's tokenizer.json is a Sequence of isolating Splits, then Digits(individual),
   then ByteLevel without its regex. llama.cpp writes the digit step as `\\p{N}+` for
-  deepseek-llm (the same ids on DeepSeek's vocabularies, which hold no multi-digit merges).
+  deepseek-llm (the same ids wherever the vocabulary has no merge of two digits, as a
+  vocabulary trained on single digits should not).
   llama.cpp's source also carries six letters of the deepseek-llm letter class NFC-normalised
   (U+1F7D, U+1FBE, U+1FD3, U+1FDB, U+2126, U+212A became their singleton equivalents, which
   turns three ranges upside down); the class below is written by code point, as shipped.
