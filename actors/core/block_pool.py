@@ -2,16 +2,21 @@
 
 Every block is in exactly one state:
 
-    free        ref 0, not in the prefix cache        -> `_free` (FIFO)
+    free        ref 0, not in the prefix cache        -> `_free` (a stack: LIFO)
     cached      ref 0, holds reusable prefix KV        -> `_lru` (oldest first; evicted on demand)
     owned       ref >= 1 (may also be in the cache)    -> shared by `ref` requests
 
-Allocation takes plain free blocks first, then evicts the least recently freed cached ones.
+Allocation takes plain free blocks first, most recently freed first, then evicts the least
+recently freed cached ones. LIFO keeps the blocks in use near the ones used before: a pool that
+is committed page by page when first written (the CPU pool) then holds about as much memory as
+is live, where FIFO would walk every block of the pool over a run. Released in reverse table
+order (as the allocator does), a request's blocks come back in their old order, so a table
+that was consecutive stays so.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 
 from troupe.actors.core.prefix_cache import CacheKey, PrefixCache
@@ -31,7 +36,7 @@ class BlockPool:
         self.cache = cache if cache is not None else PrefixCache()
         self.on_evict = on_evict  # told of each cached block evicted (the CPU tier keeps it)
         self.ref = [0] * num_blocks
-        self._free: deque[int] = deque(range(num_blocks))
+        self._free = list(range(num_blocks - 1, -1, -1))  # pops 0, 1, 2, ... first
         self._lru: OrderedDict[int, None] = OrderedDict()
 
     @property
@@ -47,9 +52,9 @@ class BlockPool:
         """`n` blocks with ref 1, or None (nothing changes) when fewer are free."""
         free, lru = self._free, self._lru
         if n <= len(free):  # the common case: no eviction
-            out = [free.popleft() for _ in range(n)]
+            out = [free.pop() for _ in range(n)]
         elif n <= len(free) + len(lru):
-            out = list(free)
+            out = free[::-1]
             free.clear()
             while len(out) < n:  # evict the oldest cached: the cache forgets what it held
                 block_id, _ = lru.popitem(last=False)

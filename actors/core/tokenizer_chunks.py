@@ -30,11 +30,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from tokenizers import Encoding, Tokenizer, models
-from troupe.actors.core.tokenizer_gguf import _LLAMA3_REGEX, _QWEN2_REGEX
+from troupe.actors.core.tokenizer_gguf_pre import LLAMA3_REGEX, QWEN2_REGEX
 
 CHUNK_CHARS = 16_384  # ~4,000 tokens of prose: ~10 ms of encoding between limit checks
 _CUT = re.compile(r"[A-Za-z](?= )")
-_SPLIT_REGEXES = (_LLAMA3_REGEX, _QWEN2_REGEX)  # split regexes the argument above holds for
+_SPLIT_REGEXES = (LLAMA3_REGEX, QWEN2_REGEX)  # split regexes the argument above holds for
 
 
 @dataclass(frozen=True)

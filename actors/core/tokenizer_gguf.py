@@ -1,18 +1,17 @@
 """Build a `TextTokenizer` from the tokenizer metadata of a GGUF file.
 
-`tokenizer.ggml.model == "gpt2"` (byte-level BPE: the family of SmolLM2, Llama 3 and Qwen2/3),
-and "llama" (sentencepiece) for the Gemma architectures (actors/core/tokenizer_spm.py). The pre-tokenizer follows llama.cpp's `tokenizer.ggml.pre` names, so that
-text splits the way the model was trained. Note that transformers' own GGUF loader drops the
-digit split of the "smollm" pre-tokenizer: for a whitespace run before a digit ("a  1") it
-gives [a, Ġ, Ġ, 1] where the original SmolLM2 tokenizer.json and llama.cpp give [a, ĠĠ, 1].
-We follow the original.
+`tokenizer.ggml.model == "gpt2"` (byte-level BPE: the family of SmolLM2, Llama 3, Qwen2/3 and
+DeepSeek), and "llama" (sentencepiece) for the Gemma architectures (actors/core/tokenizer_spm.py).
+The pre-tokenizer follows llama.cpp's `tokenizer.ggml.pre` names, split the way the model's
+original tokenizer.json splits (actors/core/tokenizer_gguf_pre.py).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+from tokenizers import AddedToken, Tokenizer, decoders, models, processors
+from troupe.actors.core.tokenizer_gguf_pre import gguf_pre_tokenizer
 from troupe.actors.core.tokenizer_spm import gemma_tokenizer, user_defined_kept
 from troupe.actors.core.tokenizer_text import TextTokenizer
 from troupe.gguf_file import MetadataValue, read_gguf_metadata
@@ -20,19 +19,7 @@ from troupe.gguf_file import MetadataValue, read_gguf_metadata
 # GGUF token types (llama.cpp's llama_token_type).
 _NORMAL, _UNKNOWN, _CONTROL, _USER_DEFINED, _UNUSED, _BYTE = 1, 2, 3, 4, 5, 6
 
-_LLAMA3_REGEX = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
-    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_QWEN2_REGEX = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
-    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-# llama.cpp pre-tokenizer names -> what they split on before byte-level BPE.
-_DIGITS_THEN_GPT2 = ("smollm", "starcoder", "refact", "command-r", "codeshell")
-_GPT2 = ("gpt2", "default", "mpt", "olmo")
 _SPM_ARCHS = ("gemma", "gemma2", "gemma3")  # sentencepiece files whose merges we rebuild
-_SPLIT_REGEX = {"llama-bpe": _LLAMA3_REGEX, "llama3": _LLAMA3_REGEX, "qwen2": _QWEN2_REGEX}
 
 
 def load_gguf_tokenizer(path: Path) -> TextTokenizer:
@@ -81,7 +68,8 @@ def _byte_level(meta: dict[str, MetadataValue], path: Path, tokens: list[str]) -
             raise ValueError(f"{path}: tokenizer.ggml.merges entry {merge!r} is not 'left right'")
         pairs.append((left, right))
     tokenizer = Tokenizer(models.BPE(vocab, pairs, fuse_unk=False, byte_fallback=False))
-    tokenizer.pre_tokenizer = _pre_tokenizer(meta, path)
+    pre = meta.get("tokenizer.ggml.pre", "default")
+    tokenizer.pre_tokenizer = gguf_pre_tokenizer(pre, path)
     tokenizer.decoder = decoders.ByteLevel()
     return tokenizer
 
@@ -113,30 +101,6 @@ def _text_tokenizer(
         chat_template=template if isinstance(template, str) else None,
         unk_token=tokens[unk_id] if unk_id is not None else None,
         pad_token=tokens[pad_id] if pad_id is not None else None,
-    )
-
-
-def _pre_tokenizer(meta: dict[str, MetadataValue], path: Path) -> pre_tokenizers.PreTokenizer:
-    pre = meta.get("tokenizer.ggml.pre", "default")
-    if pre in _DIGITS_THEN_GPT2:
-        return pre_tokenizers.Sequence(
-            [
-                pre_tokenizers.Digits(individual_digits=True),
-                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
-            ]
-        )
-    if pre in _GPT2:
-        return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    if isinstance(pre, str) and pre in _SPLIT_REGEX:
-        return pre_tokenizers.Sequence(
-            [
-                pre_tokenizers.Split(Regex(_SPLIT_REGEX[pre]), behavior="isolated"),
-                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-            ]
-        )
-    supported = sorted((*_DIGITS_THEN_GPT2, *_GPT2, *_SPLIT_REGEX))
-    raise ValueError(
-        f"{path}: tokenizer.ggml.pre {pre!r} is not supported (supported: {', '.join(supported)})"
     )
 
 

@@ -46,7 +46,28 @@ def test_allocate_grow_free_counts() -> None:
     assert alloc.seqs["a"].table == [0, 1, 3]
     res = apply(alloc, FreeRequest("a"), FreeRequest("b"))
     assert (res.num_gpu_free, res.num_gpu_cached) == (8, 0)  # nothing registered: plain free
-    assert list(alloc.gpu._free) == [4, 5, 6, 7, 3, 1, 0, 2]  # tails first, in free order
+    # Plain free blocks are reused most recently freed first (LIFO): b's, then a's, which were
+    # released tail first and so come back in a's table order; the untouched 4..7 last.
+    res = apply(alloc, AllocateNew("c", tuple(range(32)), 32))
+    assert res.grants == (Grant("c", (2, 0, 1, 3, 4, 5, 6, 7), 0),)
+
+
+def test_blocks_touched_stay_within_the_peak_of_live_blocks() -> None:
+    """LIFO reuse: over many requests without caching, no block beyond the most ever held at
+    once is handed out (a pool committed page by page, the CPU's, stays that small)."""
+    alloc = make(num_gpu=64, num_cpu=0, caching=False)
+    touched: set[int] = set()
+    peak = 0
+    for i in range(30):
+        sizes = {"a": 3 + i % 5, "b": 1 + (i * 7) % 9}
+        for rid, blocks in sizes.items():
+            res = apply(alloc, AllocateNew(rid, tuple(range(blocks * BS)), blocks * BS))
+            touched.update(res.grants[0].block_ids)
+        res = apply(alloc, Grow("a", sizes["a"] * BS + 1))
+        touched.update(res.grants[0].block_ids)
+        peak = max(peak, sum(len(seq.table) for seq in alloc.seqs.values()))
+        apply(alloc, FreeRequest("b"), FreeRequest("a"))
+    assert peak < 64 and touched == set(range(peak))
 
 
 def test_chunked_new_request_covers_only_its_chunk() -> None:
@@ -87,13 +108,17 @@ def test_freed_cached_blocks_are_evicted_lru_and_revived_by_hits() -> None:
     apply(alloc, CacheBlocks("a", (1, 2, 3, 4)), CacheBlocks("b", (6, 7, 8, 9)))
     res = apply(alloc, FreeRequest("a"), FreeRequest("b"))
     assert (res.num_gpu_free, res.num_gpu_cached) == (4, 2)
-    # a's block 0 was freed first, so it is the oldest; a hit on it revives it instead.
+    # a's block 0 was freed first, so it is the oldest; a hit on it revives it instead, and
+    # c's second block is a plain free one (b's cached block 2 stays cached).
     res = apply(alloc, AllocateNew("c", (1, 2, 3, 4, 0), 5))
-    assert res.grants == (Grant("c", (0, 1), 4),)
+    (c,) = res.grants
+    assert c.block_ids[0] == 0 and c.block_ids[1] in (1, 3) and c.num_cached_tokens == 4
+    assert alloc.gpu.num_cached == 1
     res = apply(alloc, AllocateNew("d", (42,) * 12, 12))  # needs 3, only 2 allocatable
     assert res.refused == (Refusal("d", NO_GPU),) and alloc.gpu.num_cached == 1
-    res = apply(alloc, AllocateNew("d", (42,) * 8, 8))
-    assert res.grants == (Grant("d", (3, 2)),)
+    res = apply(alloc, AllocateNew("d", (42,) * 8, 8))  # the last plain free one, then evicts 2
+    (free_one,) = {1, 3} - set(c.block_ids)
+    assert res.grants == (Grant("d", (free_one, 2)),)
     assert alloc.cache is not None and alloc.cache.lookup(0, (6, 7, 8, 9)) is None  # evicted
 
 
@@ -115,9 +140,10 @@ def test_swap_out_and_in_copy_lists() -> None:
     res = apply(alloc, SwapOut("b"))  # no CPU room: freed instead, for recompute
     assert res.refused == (Refusal("b", NO_CPU),) and "b" not in alloc.seqs
     res = apply(alloc, SwapIn("a", 13))
-    # Free list: 4, 5, then a's blocks tail first (2, 1, 0), then b's (3).
-    assert res.swap_in == ((0, 4), (1, 5), (2, 2))
-    assert res.grants == (Grant("a", (4, 5, 2, 1)),)
+    # a's three CPU blocks are copied into the first three blocks of its new four-block table.
+    (grant,) = res.grants
+    assert grant.request_id == "a" and len(set(grant.block_ids)) == 4
+    assert res.swap_in == tuple(zip((0, 1, 2), grant.block_ids[:3], strict=True))
     assert (res.num_gpu_free, res.num_cpu_free) == (2, 3)
 
 
@@ -127,7 +153,8 @@ def test_cpu_blocks_read_by_swap_in_are_not_reused_in_the_same_batch() -> None:
     apply(alloc, SwapOut("a"))
     res = apply(alloc, SwapIn("a"), SwapOut("b"))
     # b cannot take a's CPU blocks in this batch: the executor copies out before in.
-    assert res.refused == (Refusal("b", NO_CPU),) and res.swap_in == ((0, 3), (1, 1))
+    assert res.refused == (Refusal("b", NO_CPU),) and [c for c, _ in res.swap_in] == [0, 1]
+    assert list(alloc.seqs["a"].table) == [g for _, g in res.swap_in]
     assert res.num_cpu_free == 2
 
 

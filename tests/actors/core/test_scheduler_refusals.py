@@ -75,7 +75,8 @@ def test_refused_swap_in_goes_back_to_swapped() -> None:
     assert [r.request_id for r in rig.s.queues.swapped] == ["c"]
     assert rig.s.requests["c"].num_cpu_blocks == 1 and rig.a.seqs["c"].cpu_blocks == [0]
     batch, plan, _ = rig.step()
-    assert batch.ops[-1] == SwapIn("c", 5) and plan.swap_in == ((0, 3),)
+    works = {w.request_id: w for w in plan.seqs}
+    assert batch.ops[-1] == SwapIn("c", 5) and plan.swap_in == ((0, works["c"].block_ids[0]),)
 
 
 def test_refused_swap_out_is_recomputed() -> None:

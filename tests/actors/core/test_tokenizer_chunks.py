@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from tokenizers import Regex, Tokenizer, normalizers, pre_tokenizers, processors
 from troupe.actors.core.tokenizer_chunks import ChunkedEncoder, LimitReached
 from troupe.actors.core.tokenizer_files import load_tokenizer
-from troupe.actors.core.tokenizer_gguf import _LLAMA3_REGEX, _QWEN2_REGEX
+from troupe.actors.core.tokenizer_gguf_pre import LLAMA3_REGEX, QWEN2_REGEX
 
 # Text near every kind of cut: letter-space pairs, contractions, digits, punctuation runs,
 # newlines, combining marks (NFC), chat tokens (added tokens), non-ASCII letters.
@@ -68,8 +68,8 @@ def tokenizers(smol: Tokenizer) -> dict[str, Tokenizer]:
     return {
         "smollm2": smol,
         "smollm2+bos/eos": with_bos,
-        "llama3": _variant(smol, _LLAMA3_REGEX, nfc=False),
-        "qwen2+nfc": _variant(smol, _QWEN2_REGEX, nfc=True),
+        "llama3": _variant(smol, LLAMA3_REGEX, nfc=False),
+        "qwen2+nfc": _variant(smol, QWEN2_REGEX, nfc=True),
     }
 
 
