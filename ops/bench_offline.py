@@ -277,6 +277,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-num-seqs", type=int, default=256)
     parser.add_argument("--max-num-batched-tokens", type=int, default=16384)
     parser.add_argument("--enforce-eager", action="store_true")
+    parser.add_argument(
+        "--gil-switch-interval", type=float, default=None,
+        help="EngineConfig.gil_switch_interval_s (default: its default; 0: the interpreter's own)",
+    )  # fmt: skip
     parser.add_argument("--smoke", action="store_true", help="a 2-layer model: CPU smoke run")
     parser.add_argument("--peer", choices=("hf",), default=None, help="also run HF transformers")
     parser.add_argument("--peer-time-limit", type=float, default=300.0)
@@ -297,8 +301,15 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         write_model_folder(folder, config)
-        fn = run_engine if args.mode == "engine" else run_runner
-        total = fn(folder, prompts, outputs, args)
+        if args.mode == "engine":
+            options: dict[str, Any] = {}
+            if args.gil_switch_interval is not None:
+                options["gil_switch_interval_s"] = args.gil_switch_interval or None
+            total = run_engine(folder, prompts, outputs, args, **options)
+            fn = run_engine
+        else:
+            fn = run_runner
+            total = fn(folder, prompts, outputs, args)
         elapsed = fn.elapsed  # type: ignore[attr-defined]
         peer = None
         if args.peer:
