@@ -134,7 +134,7 @@ class Engine:
                     await self.abort_all("engine shutting down")
                     with anyio.move_on_after(grace):
                         await self._streams.wait_empty()
-                self._streams.fail_all("engine stopped before this request finished")
+                self._fail_open("engine stopped before this request finished")
                 self._cancel_scope.cancel()
                 await self._stopped.wait()
         if self.error is not None:
@@ -185,7 +185,7 @@ class Engine:
         except Exception as exc:  # an actor crashed: fail its requests, keep the caller alive
             self.error = single_leaf(exc) or exc
             log.error("engine crashed", exc_info=self.error)
-            self._streams.fail_all(f"engine failure: {self.error}")
+            self._fail_open(f"engine failure: {self.error}")
         finally:
             self._is_closing = True
             with anyio.CancelScope(shield=True):
@@ -374,6 +374,13 @@ class Engine:
             await self._to_tokenizer.send(request)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
             self._streams.fail_one(request.request_id, "the engine stopped")
+
+    def _fail_open(self, message: str) -> None:
+        """Fail every open stream; listeners (metrics) count those requests as failed too."""
+        now = time.monotonic()
+        for event in self._streams.fail_all(message):
+            for listener in self._listeners:
+                listener(event, now)
 
     def _reject_here(
         self, request_id: str, code: RejectCode, field: str | None, message: str

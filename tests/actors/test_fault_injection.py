@@ -93,29 +93,34 @@ async def _finishes(engine: Engine, prompt: list[int]) -> None:
 async def test_a_hung_step_is_caught_by_the_watchdog() -> None:
     config = CONFIG.replace(step_timeout_s=1.0)
     runner = FaultyRunner(FakeRunner.from_config(config), hang_at_step=3)
+    seen: dict = {}
     try:
-        with pytest.raises(EngineStopped, match="step_timeout_s") as info:
+        with pytest.raises(EngineStopped, match="step_timeout_s") as info:  # raised on leaving
             async with Engine.open(config, runner=runner) as engine:
                 with anyio.fail_after(60):  # a hang detector only; the watchdog fires in ~1 s
-                    events = await collect(engine, [5, 6, 7], PARAMS)
-                event = terminal(events)
-                assert isinstance(event, Failed) and "step_timeout_s" in event.message
-                assert len(token_ids(events)) <= 2  # steps 1 and 2 ran (unless the machine is slow)
-                assert not engine.is_healthy
-                late = await collect(engine, [1, 2], PARAMS)
-                assert terminal(late).finish_reason is not None  # refused, not hung
+                    seen["events"] = await collect(engine, [5, 6, 7], PARAMS)
+                seen["healthy"] = engine.is_healthy
+                seen["late"] = await collect(engine, [1, 2], PARAMS)
         assert isinstance(info.value.__cause__, ExecutorHung)
     finally:
         runner.release()  # let the abandoned worker thread end
+    event = terminal(seen["events"])
+    assert isinstance(event, Failed) and "step_timeout_s" in event.message
+    assert len(token_ids(seen["events"])) <= 2  # steps 1 and 2 ran (unless the machine is slow)
+    assert seen["healthy"] is False
+    assert terminal(seen["late"]).finish_reason is not None  # refused, not hung
 
 
 async def test_an_actor_crash_fails_open_requests_and_is_reported() -> None:
     runner = FaultyRunner(FakeRunner.from_config(CONFIG))
-    with pytest.raises(EngineStopped) as info:
+    heard: list = []  # what metrics see: the crash's Failed too
+    results: list = []
+    healthy = []
+    with pytest.raises(EngineStopped) as info:  # raised on leaving: check the rest after it
         async with Engine.open(CONFIG, runner=runner) as engine:
+            engine.add_event_listener(lambda event, now: heard.append(event))
             runner.hold_after(1)
             async with anyio.create_task_group() as tg:
-                results: list = []
 
                 async def run() -> None:
                     results.extend(await collect(engine, [9, 8, 7], PARAMS))
@@ -126,10 +131,11 @@ async def test_an_actor_crash_fails_open_requests_and_is_reported() -> None:
                 allocator = next(a for a in engine._actors if a.name == "allocator")
                 allocator.core.handle = None  # type: ignore[method-assign]
                 runner.release()
-            event = terminal(results)
-            assert isinstance(event, Failed) and "engine failure" in event.message
-            assert not engine.is_healthy
+            healthy.append(engine.is_healthy)
     assert isinstance(info.value.__cause__, TypeError)
+    event = terminal(results)
+    assert isinstance(event, Failed) and "engine failure" in event.message
+    assert heard[-1] == event and healthy == [False]
 
 
 async def test_open_raises_the_load_error_itself(tmp_path: Path) -> None:

@@ -77,6 +77,10 @@ async def test_a_killed_engine_process_ends_each_request_once() -> None:
     gate = ChildRunnerGate(hang_at_step=3)
     settings = GatewaySettings()
     pid = 0
+    streams: list[list[StreamEvent]] = [[], [], []]
+    lines: list[str] = []
+    outcomes: dict[str, float] = {}
+    late: list[StreamEvent] = []
     with pytest.raises(EngineStopped, match="exit code -9"):
         async with open_remote_engine(BASE_CONFIG, runner_factory=gate.factory) as engine:
             pid = engine.pid
@@ -87,8 +91,7 @@ async def test_a_killed_engine_process_ends_each_request_once() -> None:
                 async with aiohttp.ClientSession() as http:
                     body = {**LONG, "stream": True}
                     resp = await http.post(f"{url}/v1/completions", json=body)
-                    lines = [(await resp.content.readline()).decode().strip()]
-                    streams: list[list[StreamEvent]] = [[], [], []]
+                    lines.append((await resp.content.readline()).decode().strip())
                     readers = [
                         asyncio.create_task(_collect(events, engine.generate("x", PARAMS)))
                         for events in streams
@@ -108,17 +111,18 @@ async def test_a_killed_engine_process_ends_each_request_once() -> None:
                 late = [event async for event in engine.generate("x", PARAMS)]
             finally:
                 await app_runner.cleanup()
-            for events in streams:
-                assert sum(event.is_terminal for event in events) == 1
-                assert isinstance(events[-1], Failed)
-                assert "exited unexpectedly" in events[-1].message
-            sse = [line for line in lines if line]
-            assert sse[-1] == "data: [DONE]"
-            assert sum('"error"' in line for line in sse) == 1
-            assert "exited unexpectedly" in sse[-2]
-            assert outcomes["failed"] == 4  # the three streams and the HTTP request
-            assert len(late) == 1 and isinstance(late[0], Rejected)
-            assert late[0].code == RejectCode.SHUTTING_DOWN
+    # checked here, not inside: leaving the engine raises EngineStopped, which would hide them
+    for events in streams:
+        assert sum(event.is_terminal for event in events) == 1
+        assert isinstance(events[-1], Failed)
+        assert "exited unexpectedly" in events[-1].message
+    sse = [line for line in lines if line]
+    assert sse[-1] == "data: [DONE]"
+    assert sum('"error"' in line for line in sse) == 1
+    assert "exited unexpectedly" in sse[-2]
+    assert outcomes["failed"] == 4  # the three streams and the HTTP request
+    assert len(late) == 1 and isinstance(late[0], Rejected)
+    assert late[0].code == RejectCode.SHUTTING_DOWN
     assert pid != 0
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)  # reaped: no orphan, no zombie
