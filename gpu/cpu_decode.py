@@ -146,13 +146,18 @@ class CpuDecode:
         model = self.model
         seq_len = int(inputs.seq_lens[0])
         position = int(inputs.positions[0])
-        slots = torch.from_numpy(inputs.slot_mapping[:1])
+        slot = int(inputs.slot_mapping[0])
         hidden = model.embed(torch.from_numpy(inputs.input_ids[:1]))
-        cos, sin = self.cos_sin[position : position + 1, None].chunk(2, dim=-1)
+        # [cos | cos] and [-sin | sin]: x cos2 + roll(x) sin2 = [x1 cos - x2 sin | x2 cos + x1 sin]
+        # with HF's roundings (x2 (-sin) is -(x2 sin) exactly; a sum's order is exact)
+        row = self.cos_sin[position : position + 1, None]
+        half = row.shape[-1] // 2
+        cos, sin = row[..., :half], row[..., half:]
+        cos2, sin2 = torch.cat((cos, cos), dim=-1), torch.cat((-sin, sin), dim=-1)
         keys = self._keys(inputs.block_tables[0], seq_len)
         residual: torch.Tensor | None = None
         for layer in self.layers:
-            hidden, residual = self._layer(layer, hidden, residual, cos, sin, slots, keys, seq_len)
+            hidden, residual = self._layer(layer, hidden, residual, cos2, sin2, slot, keys, seq_len)
         assert residual is not None
         out: torch.Tensor = model.ops.rms_norm(hidden, model.norm, self.eps, residual)[0]
         return model.compute_logits(out)
@@ -180,9 +185,9 @@ class CpuDecode:
         layer: _Layer,
         hidden: torch.Tensor,
         residual: torch.Tensor | None,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        slots: torch.Tensor,
+        cos2: torch.Tensor,
+        sin2: torch.Tensor,
+        slot: int,
         keys: int | torch.Tensor,
         seq_len: int,
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -195,11 +200,10 @@ class CpuDecode:
         # rotary on q and k side by side, as kernels/reference.py rotates them
         hq, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
         qk = qkv[:, : self.q_size + self.kv_size].view(1, hq + hkv, d)
-        x1, x2 = qk.chunk(2, dim=-1)
-        qk = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+        qk = torch.roll(qk, d // 2, -1).mul_(sin2).add_(qk * cos2)
         v = qkv[:, self.q_size + self.kv_size :].view(1, hkv, d)
-        layer.flat_k.index_copy_(0, slots, qk[:, hq:])
-        layer.flat_v.index_copy_(0, slots, v)
+        layer.flat_k[slot].copy_(qk[0, hq:])
+        layer.flat_v[slot].copy_(v[0])
         attn = F.scaled_dot_product_attention(
             qk[:, :hq, None, :],
             self._kv(layer.flat_k, keys, seq_len),
@@ -217,5 +221,6 @@ class CpuDecode:
     def _norm_bf16(self, x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """rms_norm(x) * weight as kernels/reference.py computes it in fp32, rounded once to
         bf16 into `out` (the int4 matmul's input)."""
-        normed = x * x.pow(2).mean(-1, keepdim=True).add_(self.eps).rsqrt_()
+        # x * x is pow(x, 2)'s own kernel, sum then div_ is mean's on the CPU: same bits
+        normed = x * (x * x).sum(-1, keepdim=True).div_(x.shape[-1]).add_(self.eps).rsqrt_()
         return torch.mul(weight, normed, out=out)
