@@ -49,6 +49,7 @@ def start_executor(config: EngineConfig, runner: Runner | None = None) -> Execut
         # an overlapping runner needs each decode's next KV slot already in its table
         num_lookahead_tokens=runner.num_lookahead_tokens,
         kv_window=runner.kv_window,
+        kv_pages_on_write=runner.kv_pages_on_write,
     )
     return ExecutorSetup(
         runner=runner,

@@ -103,6 +103,7 @@ def build_allocator(g: GraphInputs) -> AllocatorCore:
         num_cpu_blocks=g.numbers.num_cpu_blocks,
         enable_prefix_caching=g.config.enable_prefix_caching,
         cpu_prefix_tier=g.config.prefix_cache_cpu_tier,
+        warm_first=g.numbers.kv_pages_on_write,
     )
 
 

@@ -44,6 +44,7 @@ class FaultyRunner:
         self.max_model_len = inner.max_model_len
         self.eos_token_ids = inner.eos_token_ids
         self.num_lookahead_tokens = inner.num_lookahead_tokens
+        self.kv_pages_on_write = inner.kv_pages_on_write
         self.kv_window = inner.kv_window
         self._fail_at = frozenset(fail_at_steps)
         self._nan_at = {step: frozenset(ids) for step, ids in (nan_at or {}).items()}

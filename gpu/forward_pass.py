@@ -12,6 +12,7 @@ FLOPs."""
 from __future__ import annotations
 
 import torch
+from troupe.gpu.cpu_decode import CpuDecode
 from troupe.gpu.cuda_graphs import DecodeGraphs
 from troupe.gpu.device_inputs import NEVER, ExpandPolicy, device_metadata, host_to_device
 from troupe.gpu.kv_cache import KVCache
@@ -48,6 +49,8 @@ class ForwardPass:
                 max_blocks_per_seq=max_blocks_per_seq,
                 max_model_len=max_model_len,
             )
+        # one CPU decoding sequence: few torch calls (gpu/cpu_decode.py), None where n/a
+        self.cpu_decode = CpuDecode.build(model, kv) if model.device.type == "cpu" else None
         self.mixed: MixedGraphs | None = None
         if self.graphs is not None and mixed_graph_tokens > 0:
             self.mixed = MixedGraphs(
@@ -78,6 +81,9 @@ class ForwardPass:
             and not self.expand.applies(inputs, self.kv.block_size)
         ):
             return mixed.run(inputs)
+        cpu_decode = self.cpu_decode
+        if cpu_decode is not None and input_ids is None and cpu_decode.fits(inputs):
+            return cpu_decode(inputs)
         device = self.model.device
         meta = device_metadata(inputs, device, self.expand, self.kv.block_size)
         hidden = self.model(

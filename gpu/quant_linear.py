@@ -54,6 +54,11 @@ class Int4Linear:
                 blocks.group_size,
             )
 
+    @property
+    def cpu_int4(self) -> CpuInt4 | None:
+        """The packed CPU form (gpu/cpu_decode.py calls its kernel directly), None on CUDA."""
+        return self._cpu
+
     def blocks(self, rows: torch.Tensor | None = None) -> Int4Blocks:
         """The weight's blocks (of `rows` only, when given)."""
         if self._cpu is not None:

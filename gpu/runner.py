@@ -52,6 +52,9 @@ class Runner(Protocol):
     # Every layer's sliding window (the widest) in tokens, 0 when some layer attends to all:
     # the scheduler releases blocks wholly behind it while a request runs.
     kv_window: int
+    # The device pool is ordinary memory that the OS commits page by page as blocks are first
+    # written (the CPU pool): the allocator then reuses written blocks before fresh ones.
+    kv_pages_on_write: bool
 
     def execute(self, plan: StepPlan) -> tuple[SampledToken, ...]:
         """Apply released, swap_out, swap_in, then compute plan.seqs; one token per sampled seq.

@@ -105,6 +105,7 @@ class TPRunner:
         self.max_model_len = first.max_model_len
         self.eos_token_ids = first.eos_token_ids
         self.num_lookahead_tokens = first.num_lookahead_tokens
+        self.kv_pages_on_write = False  # CUDA pools: committed when allocated
         self.kv_window = first.kv_window
 
     # -- the Runner protocol -------------------------------------------------------------------

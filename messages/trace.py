@@ -56,6 +56,9 @@ class RunnerNumbers(msgspec.Struct, frozen=True, kw_only=True):
     eos_token_ids: tuple[int, ...]
     num_lookahead_tokens: int = 0  # KV slots a decode's table covers past its tokens
     kv_window: int = 0  # KV wholly behind every layer's sliding window is released
+    # the device pool's memory is committed as blocks are first written (the CPU): the
+    # allocator reuses written blocks, evicting cached ones, before it touches new ones
+    kv_pages_on_write: bool = False
 
 
 class TraceHeader(msgspec.Struct, frozen=True, kw_only=True):

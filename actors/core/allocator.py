@@ -56,6 +56,7 @@ class AllocatorCore:
         num_cpu_blocks: int,
         enable_prefix_caching: bool = True,
         cpu_prefix_tier: bool = False,
+        warm_first: bool = False,
     ) -> None:
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
@@ -64,7 +65,8 @@ class AllocatorCore:
         self.cache = PrefixCache()
         self.cpu = BlockPool(num_cpu_blocks, PrefixCache())
         self.tier = CpuPrefixTier(self.cpu, enabled=cpu_prefix_tier and self.caching)
-        self.gpu = BlockPool(num_gpu_blocks, self.cache, self.tier.evicted)
+        # warm_first: a pool committed as written (the CPU) evicts before it touches new blocks
+        self.gpu = BlockPool(num_gpu_blocks, self.cache, self.tier.evicted, warm_first=warm_first)
         self.seqs: dict[str, _Seq] = {}
         self.sharing = BlockSharing()  # who holds the blocks that can be shared
         self._copies_out: list[tuple[int, int]] = []  # this batch's (gpu, cpu) copies

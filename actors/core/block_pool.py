@@ -3,6 +3,7 @@
 Every block is in exactly one state:
 
     free        ref 0, not in the prefix cache        -> `_free` (a stack: LIFO)
+    fresh       free and never handed out (warm_first) -> `_fresh` (a stack: 0, 1, 2, ... first)
     cached      ref 0, holds reusable prefix KV        -> `_lru` (oldest first; evicted on demand)
     owned       ref >= 1 (may also be in the cache)    -> shared by `ref` requests
 
@@ -12,6 +13,13 @@ is committed page by page when first written (the CPU pool) then holds about as 
 is live, where FIFO would walk every block of the pool over a run. Released in reverse table
 order (as the allocator does), a request's blocks come back in their old order, so a table
 that was consecutive stays so.
+
+Never-used blocks: by default they are plain free blocks (at the bottom of the stack), so they
+are taken before a cached block is evicted: the prefix cache may fill the whole pool (GPU
+memory is committed at allocation: an unused block is wasted). With `warm_first` (a pool whose
+pages are committed when first written: the CPU) they come last, after every cached block:
+the blocks ever handed out are then no more than the most ever owned at once, and so is the
+memory the pool commits, at the price of a prefix cache no larger than that.
 """
 
 from __future__ import annotations
@@ -28,7 +36,12 @@ class BlockPool:
     """`num_blocks` blocks; `cache` is the prefix index (none given: nothing is ever cached)."""
 
     def __init__(
-        self, num_blocks: int, cache: PrefixCache | None = None, on_evict: Evicted | None = None
+        self,
+        num_blocks: int,
+        cache: PrefixCache | None = None,
+        on_evict: Evicted | None = None,
+        *,
+        warm_first: bool = False,
     ) -> None:
         if num_blocks < 0:
             raise ValueError(f"num_blocks must be >= 0, got {num_blocks}")
@@ -36,13 +49,15 @@ class BlockPool:
         self.cache = cache if cache is not None else PrefixCache()
         self.on_evict = on_evict  # told of each cached block evicted (the CPU tier keeps it)
         self.ref = [0] * num_blocks
-        self._free = list(range(num_blocks - 1, -1, -1))  # pops 0, 1, 2, ... first
+        never_used = list(range(num_blocks - 1, -1, -1))  # pops 0, 1, 2, ... first
+        self._free = [] if warm_first else never_used
+        self._fresh = never_used if warm_first else []  # taken after every cached block
         self._lru: OrderedDict[int, None] = OrderedDict()
 
     @property
     def num_free(self) -> int:
         """Blocks not owned by any request (plain free plus evictable cached)."""
-        return len(self._free) + len(self._lru)
+        return len(self._free) + len(self._lru) + len(self._fresh)
 
     @property
     def num_cached(self) -> int:
@@ -50,18 +65,20 @@ class BlockPool:
 
     def allocate(self, n: int) -> list[int] | None:
         """`n` blocks with ref 1, or None (nothing changes) when fewer are free."""
-        free, lru = self._free, self._lru
+        free, lru, fresh = self._free, self._lru, self._fresh
         if n <= len(free):  # the common case: no eviction
             out = [free.pop() for _ in range(n)]
-        elif n <= len(free) + len(lru):
+        elif n <= len(free) + len(lru) + len(fresh):
             out = free[::-1]
             free.clear()
-            while len(out) < n:  # evict the oldest cached: the cache forgets what it held
+            while len(out) < n and lru:  # evict the oldest cached: the cache forgets it
                 block_id, _ = lru.popitem(last=False)
                 key, serial = self.cache.forget(block_id)
                 if self.on_evict is not None:
                     self.on_evict(block_id, key, serial)
                 out.append(block_id)
+            while len(out) < n:
+                out.append(fresh.pop())
         else:
             return None
         ref = self.ref

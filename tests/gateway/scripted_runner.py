@@ -26,6 +26,7 @@ class ScriptedRunner:
         self.max_model_len = inner.max_model_len
         self.eos_token_ids = inner.eos_token_ids
         self.num_lookahead_tokens = inner.num_lookahead_tokens
+        self.kv_pages_on_write = inner.kv_pages_on_write
         self.kv_window = inner.kv_window
         self.script: tuple[int, ...] | None = None  # set by the test between requests
         self._num_sampled: dict[str, int] = {}

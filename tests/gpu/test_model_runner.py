@@ -22,6 +22,8 @@ def test_seeded_sampling_is_batch_independent(hf_folder, mt) -> None:
         return driver.seqs["s"].output
 
     alone = generate(False)
+    # a CPU pool is committed as written: the allocator reuses written blocks first
+    assert mt.runner_for(folder).kv_pages_on_write
     assert alone == generate(True)
     greedy = mt.PlanDriver(mt.runner_for(folder), chunk=3)
     greedy.add("g", PROMPT_A)

@@ -10,10 +10,11 @@ from troupe.actors.core.block_pool import BlockPool
 
 
 def check_pool(pool: BlockPool) -> None:
-    """Each block free, cached (LRU) or owned, exactly once; every LRU block in the cache."""
-    free, lru = set(pool._free), set(pool._lru)
+    """Each block free (or never used), cached (LRU) or owned, exactly once; every LRU block in
+    the cache."""
+    free, lru = set(pool._free) | set(pool._fresh), set(pool._lru)
     owned = {b for b, r in enumerate(pool.ref) if r > 0}
-    assert len(free) == len(pool._free), "a block is twice in the free list"
+    assert len(free) == len(pool._free) + len(pool._fresh), "a block is twice in the free list"
     assert not (free & lru) and not (owned & (free | lru)), "a block is in two states"
     assert len(owned) + len(free) + len(lru) == pool.num_blocks, "blocks leaked"
     assert min(pool.ref, default=0) >= 0, "negative reference count"
