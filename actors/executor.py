@@ -49,6 +49,7 @@ def start_executor(config: EngineConfig, runner: Runner | None = None) -> Execut
         # an overlapping runner needs each decode's next KV slot already in its table
         num_lookahead_tokens=runner.num_lookahead_tokens,
         kv_window=runner.kv_window,
+        max_stream_len=runner.max_stream_len,
     )
     return ExecutorSetup(
         runner=runner,

@@ -45,6 +45,7 @@ class FaultyRunner:
         self.eos_token_ids = inner.eos_token_ids
         self.num_lookahead_tokens = inner.num_lookahead_tokens
         self.kv_window = inner.kv_window
+        self.max_stream_len = inner.max_stream_len
         self._fail_at = frozenset(fail_at_steps)
         self._nan_at = {step: frozenset(ids) for step, ids in (nan_at or {}).items()}
         self._cond = threading.Condition()

@@ -52,6 +52,9 @@ class Runner(Protocol):
     # Every layer's sliding window (the widest) in tokens, 0 when some layer attends to all:
     # the scheduler releases blocks wholly behind it while a request runs.
     kv_window: int
+    # The longest a StreamingLLM request (SamplingParams.streaming_window) may run, prompt and
+    # output; 0: this runner has no streaming attention (admission refuses such requests).
+    max_stream_len: int
 
     def execute(self, plan: StepPlan) -> tuple[SampledToken, ...]:
         """Apply released, swap_out, swap_in, then compute plan.seqs; one token per sampled seq.

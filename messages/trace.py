@@ -56,6 +56,7 @@ class RunnerNumbers(msgspec.Struct, frozen=True, kw_only=True):
     eos_token_ids: tuple[int, ...]
     num_lookahead_tokens: int = 0  # KV slots a decode's table covers past its tokens
     kv_window: int = 0  # KV wholly behind every layer's sliding window is released
+    max_stream_len: int = 0  # StreamingLLM requests may run this long (0: not supported)
 
 
 class TraceHeader(msgspec.Struct, frozen=True, kw_only=True):

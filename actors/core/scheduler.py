@@ -137,7 +137,7 @@ class SchedulerCore:
             self._pending.append(req.failed(message))
         else:
             for queued in self.planner.forks.add(req):  # itself, or its samples (n > 1)
-                self.queues.add(queued)
+                self.planner.add(queued)
 
     def _add_alone(self, msg: AdmittedRequest) -> None:
         """add(), but a request that makes it raise (malformed past the edge) fails alone: add()
