@@ -141,12 +141,15 @@ def test_long_generation_matches_reference_in_bounded_kv(family: str) -> None:
     assert held[-2] <= -(-SINKS // BS) + -(-WINDOW // BS) + 1
 
 
-def test_swapped_streaming_requests_keep_their_sinks() -> None:
+@pytest.mark.parametrize("mode", ["swap", "recompute"])
+def test_preempted_streaming_requests_match(mode: str) -> None:
     """Two streaming requests in a pool too small for both: preemption swaps one out and back
-    (its sink blocks return in front of the released positions); both still match."""
+    (its sink blocks return in front of the released positions) or recomputes it (its whole
+    history prefilled again, sinks + window at a time); both still match."""
     loop, captured, _held, model, reqs = _run(
-        "llama", [(9, 60), (13, 60)], num_gpu_blocks=11, num_cpu_blocks=16, mode="swap"
+        "llama", [(9, 60), (13, 60)], num_gpu_blocks=11, num_cpu_blocks=16, mode=mode
     )
-    assert loop.scheduler.planner.num_preemptions_swap > 0
+    planner = loop.scheduler.planner
+    assert planner.num_preemptions_swap if mode == "swap" else planner.num_preemptions_recompute
     for req in reqs:
         _check_logits(loop, captured, model, req)
