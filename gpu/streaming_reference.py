@@ -79,11 +79,10 @@ class StreamingReference:
             self.values[i] = values = [values[j] for j in keep]
             k_all = _rope(torch.stack(keys), cos, sin)  # [n, Hkv, D] at 0 .. n-1
             q_rot = _rope(q[None], cos[-1:], sin[-1:])  # at n-1
-            group = c.num_heads // c.num_kv_heads
-            k_all = k_all.repeat_interleave(group, dim=1)
-            v_all = torch.stack(values).repeat_interleave(group, dim=1)
-            scores = torch.einsum("hd,nhd->hn", q_rot[0], k_all) * layer.scale
-            attn = torch.einsum("hn,nhd->hd", scores.softmax(-1), v_all)
+            # query head h reads KV head h // group (grouped-query attention)
+            q_grouped = q_rot[0].view(c.num_kv_heads, -1, c.head_dim)
+            scores = torch.einsum("kgd,nkd->kgn", q_grouped, k_all) * layer.scale
+            attn = torch.einsum("kgn,nkd->kgd", scores.softmax(-1), torch.stack(values))
             x = x + linear(attn.reshape(1, c.q_size), layer.o_proj).float()
             h = _norm(x, layer.post_attention_layernorm.float(), c.rms_norm_eps)
             gate, up = linear(h, layer.gate_up_proj).float().chunk(2, dim=-1)

@@ -78,7 +78,7 @@ def _run(
 
     def check(alloc: AllocatorCore) -> None:
         check_allocator(alloc)
-        held.append(alloc.gpu.num_blocks - alloc.gpu.num_free - alloc.gpu.num_cached)
+        held.append(alloc.gpu.num_blocks - alloc.gpu.num_free)  # num_free counts cached-free
 
     loop = CoreLoop(scheduler, allocator, runner, check=check)  # type: ignore[arg-type]
     params = SamplingParams(
