@@ -35,10 +35,11 @@ class StreamingDefaults:
     max_len: int = 0
 
     def resolve(self, params: SamplingParams) -> SamplingParams:
-        """params with both fields set (what the scheduler and the executor read)."""
+        """params with both fields set when the request streams (what the scheduler and the
+        executor read); others unchanged (a recorded trace replays the same messages)."""
         window = self.window if params.streaming_window is None else params.streaming_window
         sinks = self.sink_tokens if params.sink_tokens is None else params.sink_tokens
-        if params.streaming_window == window and params.sink_tokens == sinks:
+        if not window or (params.streaming_window == window and params.sink_tokens == sinks):
             return params
         return msgspec.structs.replace(params, streaming_window=window, sink_tokens=sinks)
 
