@@ -92,8 +92,8 @@ class DecoderLayer(nn.Module):
         k_scale, v_scale = self.k_scale, self.v_scale
         if k_scale is not None and v_scale is not None:  # fp8: unset scales from this batch
             update_kv_scales(qkv, self.k_norm, eps, c.num_kv_heads, c.head_dim, k_scale, v_scale)
-        stream = meta.streaming
-        if stream is not None:  # StreamingLLM: the queries at their cache positions too
+        stream, q_sink = meta.streaming, None
+        if stream is not None and not meta.is_decode:  # StreamingLLM chunks: cache positions
             q_sink = rotate_queries(
                 qkv, self.q_norm, eps, stream.cache_positions, cos_sin, c.num_heads, c.head_dim
             )
@@ -114,7 +114,8 @@ class DecoderLayer(nn.Module):
         if stream is not None:
             attn = streaming_attention(
                 q, q_sink, k_cache, v_cache, meta.block_tables, meta.seq_lens,
-                meta.query_start_loc, stream, self.scale, k_scale=k_scale, v_scale=v_scale,
+                meta.query_start_loc, stream, self.scale, cos_sin, k_scale=k_scale,
+                v_scale=v_scale,
             )  # fmt: skip
         elif meta.is_decode:
             attn = ops.paged_decode_attention(
