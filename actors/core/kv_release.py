@@ -62,3 +62,27 @@ def window_releases(
 def peak_blocks(limits: StepLimits, req: Request) -> int:
     """The most blocks `req` holds at once (StepLimits.peak_blocks with its own window)."""
     return limits.peak_blocks(req.num_tokens, req.stream_window, req.num_sink_tokens)
+
+
+def never_fits(limits: StepLimits, req: Request) -> bool:
+    """Whether a new request could never run alone in the pool: its tokens' blocks, or for a
+    streaming one the most it will hold up to max_total_tokens (checked before any token)."""
+    if not req.stream_window:
+        return limits.blocks_for(req.num_tokens) > limits.num_gpu_blocks
+    return _streaming_peak(limits, req) > limits.num_gpu_blocks
+
+
+def _streaming_peak(limits: StepLimits, req: Request) -> int:
+    return limits.peak_blocks(req.max_total_tokens, req.stream_window, req.num_sink_tokens)
+
+
+def too_big(limits: StepLimits, req: Request) -> str:
+    """Why `req` can never run here (its peak, StepLimits.too_big's whole KV otherwise)."""
+    if not req.stream_window:
+        return limits.too_big(req.num_tokens)
+    return (
+        f"a streaming request holds up to {_streaming_peak(limits, req)} KV blocks of "
+        f"{limits.block_size} tokens (sink_tokens {req.num_sink_tokens} + streaming_window "
+        f"{req.stream_window} + one step's {limits.max_num_batched_tokens} tokens), but the GPU "
+        f"pool holds only {limits.num_gpu_blocks} (num_kv_blocks)"
+    )

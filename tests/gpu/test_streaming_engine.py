@@ -1,7 +1,8 @@
 """StreamingLLM through the whole engine (CPU, a tiny random Llama): the engine default turns
 it on, a request past max_model_len finishes at its own max_tokens, an opted-out request stops
 at max_model_len, one past streaming_max_len is rejected naming the field and the limit, and
-an abort mid-stream ends with one terminal event and every block back."""
+a window wider than the pool fails naming it, and an abort mid-stream ends with one terminal
+event and every block back."""
 
 from __future__ import annotations
 
@@ -73,6 +74,10 @@ def test_engine_streams_past_max_model_len(folder: Path) -> None:
             assert not isinstance(rejected, Finished)
             assert "streaming_max_len = 400" in str(rejected)
             assert "max_tokens" in str(rejected)
+            wide = SamplingParams(max_tokens=300, streaming_window=100, **greedy)
+            failed = await collect(engine, prompt, wide)  # refused before any token
+            assert len(failed) == 1 and "streaming_window 100" in str(failed[0])
+            assert "num_kv_blocks" in str(failed[0])
             # abort mid-stream: one terminal event (Aborted), every block back
             events: list[StreamEvent] = []
             ended = anyio.Event()
