@@ -121,3 +121,18 @@ def test_admission_refuses_streaming_without_support() -> None:
     out = admit(SamplingParams(streaming_window=8, n=2))
     assert isinstance(out, RequestRejected) and out.field == "n"
     assert not isinstance(admit(SamplingParams(max_tokens=500)), RequestRejected)  # capped
+
+
+def test_runner_streams_only_where_the_sink_clause_exists() -> None:
+    """The runner's max_stream_len: the config's on the CPU for a plain model; 0 on CUDA, for a
+    windowed model, with a draft model or tensor parallelism (admission then refuses)."""
+    from troupe.gpu.runner_setup import max_stream_len
+
+    plain = ModelConfig.from_hf_dict({**TINY, "model_type": "llama"})
+    windowed = ModelConfig.from_hf_dict({**TINY, "model_type": "mistral", "sliding_window": 8})
+    config = EngineConfig(streaming_max_len=1000)
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert max_stream_len(config, cpu, plain) == 1000
+    assert max_stream_len(config, cuda, plain) == 0
+    assert max_stream_len(config, cpu, windowed) == 0
+    assert max_stream_len(config.replace(tensor_parallel_size=2), cpu, plain) == 0
