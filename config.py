@@ -61,6 +61,14 @@ class EngineConfig:
     # first token. vLLM's name for the same knob.
     long_prefill_token_threshold: int = 0
     max_model_len: int | None = None  # None: the model's own limit
+    # StreamingLLM (attention sinks): a request with a window keeps the KV of its first
+    # `sink_tokens` tokens and of its last `streaming_window` ones and frees the blocks between,
+    # so it runs past max_model_len in bounded memory, up to streaming_max_len tokens
+    # (docs/architecture.md). Defaults for requests that do not say (SamplingParams fields of
+    # the same names); streaming_window 0: off. CPU path, models without a sliding window.
+    streaming_window: int = 0
+    sink_tokens: int = 4
+    streaming_max_len: int = 32768
     enable_prefix_caching: bool = True
     # Cached GPU blocks that are evicted move to the CPU pool (num_cpu_blocks, shared with
     # swapping) and come back on a prefix hit instead of being recomputed (prefix_tier.py).
@@ -169,6 +177,11 @@ class EngineConfig:
                 "long_prefill_token_threshold must be an integer >= 0, "
                 f"got {self.long_prefill_token_threshold!r}"
             )
+        for name in ("streaming_window", "sink_tokens"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 0:
+                raise ConfigError(f"{name} must be an integer >= 0, got {value!r}")
+        _positive(self, "streaming_max_len")
         if self.num_cpu_blocks is not None and self.num_cpu_blocks < 0:
             raise ConfigError(f"num_cpu_blocks must be >= 0, got {self.num_cpu_blocks}")
         if self.step_timeout_s is not None and not self.step_timeout_s > 0:

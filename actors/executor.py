@@ -50,6 +50,7 @@ def start_executor(config: EngineConfig, runner: Runner | None = None) -> Execut
         num_lookahead_tokens=runner.num_lookahead_tokens,
         kv_window=runner.kv_window,
         kv_pages_on_write=runner.kv_pages_on_write,
+        max_stream_len=runner.max_stream_len,
     )
     return ExecutorSetup(
         runner=runner,

@@ -9,7 +9,7 @@ import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from troupe.actors.core.admission import AdmissionCore
+from troupe.actors.core.admission import AdmissionCore, StreamingDefaults
 from troupe.actors.core.allocator import AllocatorCore
 from troupe.actors.core.executor import ExecutorCore
 from troupe.actors.core.grammar import GrammarCore
@@ -74,6 +74,9 @@ def build_admission(g: GraphInputs) -> AdmissionCore:
         max_queued_tokens=g.config.max_queued_tokens,
         max_num_samples=min(
             g.config.max_num_samples, g.config.max_num_seqs, g.config.max_num_batched_tokens
+        ),
+        streaming=StreamingDefaults(
+            g.config.streaming_window, g.config.sink_tokens, g.numbers.max_stream_len
         ),
     )
 

@@ -48,7 +48,7 @@ class OpenAIRequest:
 _PASSTHROUGH = (
     "temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty", "frequency_penalty",
     "repetition_penalty", "ignore_eos", "priority", "skip_special_tokens",
-    "include_stop_str_in_output", "min_tokens",
+    "include_stop_str_in_output", "min_tokens", "streaming_window", "sink_tokens",
 )  # fmt: skip
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import torch
+from troupe.kernels.streaming_attention import StreamingMetadata
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,3 +45,5 @@ class AttentionMetadata:
     # MLA models: set when the step's longest prefill chunk is long enough to expand
     # (gpu/forward_pass.py decides); None: every row takes the absorbed form
     expanded_prefill: ExpandedPrefill | None = None
+    # StreamingLLM sequences in the step (kernels/streaming_attention.py); None: none
+    streaming: StreamingMetadata | None = None

@@ -133,9 +133,11 @@ class CpuDecode:
         return cls(model, layers, kv)
 
     def fits(self, inputs: StepInputs) -> bool:
-        """A decode step of one sequence that samples, whose slot is real (no padding)."""
+        """A decode step of one sequence that samples, whose slot is real (no padding) and which
+        attends to its whole table (a StreamingLLM sequence takes the generic path)."""
         return (
             inputs.is_decode
+            and inputs.streaming is None
             and len(inputs.seq_lens) == 1
             and len(inputs.sampled_rows) == 1
             and int(inputs.slot_mapping[0]) >= 0

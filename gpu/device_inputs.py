@@ -9,6 +9,7 @@ import numpy as np
 import torch
 from troupe.gpu.attention import AttentionMetadata, ExpandedPrefill
 from troupe.gpu.step_inputs import StepInputs
+from troupe.kernels.streaming_attention import StreamingMetadata
 
 
 def host_to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
@@ -87,4 +88,13 @@ def device_metadata(
             else None
         ),
         expanded_prefill=expanded_prefill(inputs, expand, block_size, device),
+        streaming=(
+            None
+            if inputs.streaming is None
+            else StreamingMetadata(
+                put(inputs.streaming.windows),
+                put(inputs.streaming.sink_tokens),
+                put(inputs.streaming.cache_positions),
+            )
+        ),
     )

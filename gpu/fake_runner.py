@@ -93,6 +93,7 @@ class FakeRunner:
         # > 0: the fake model reads only the blocks from its window's first one on, so the
         # scheduler may release those before (a sliding-window model's view, block-grained)
         self.kv_window = kv_window
+        self.max_stream_len = 0  # the fake model has no attention to stream
         self._num_steps = 0
         self.gpu = _Store(num_gpu_blocks, block_size)
         self.cpu = _Store(num_cpu_blocks, block_size)

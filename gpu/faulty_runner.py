@@ -46,6 +46,7 @@ class FaultyRunner:
         self.num_lookahead_tokens = inner.num_lookahead_tokens
         self.kv_pages_on_write = inner.kv_pages_on_write
         self.kv_window = inner.kv_window
+        self.max_stream_len = inner.max_stream_len
         self._fail_at = frozenset(fail_at_steps)
         self._nan_at = {step: frozenset(ids) for step, ids in (nan_at or {}).items()}
         self._cond = threading.Condition()

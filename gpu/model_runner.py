@@ -27,7 +27,7 @@ from troupe.gpu.runner_setup import RunnerOptions, kv_dtype, load_for_config
 from troupe.gpu.sampler import WITHHELD, sample, sampled_tokens, withhold_non_finite
 from troupe.gpu.sampling_batch import build_sampling_batch
 from troupe.gpu.spec_verify import verify_proposals
-from troupe.gpu.step_inputs import StepInputs, build_step_inputs
+from troupe.gpu.step_inputs import StepInputs, build_step_inputs, streaming_inputs
 from troupe.gpu.token_bitmask import BitmaskUpload, step_bitmask
 from troupe.messages import SampledToken, SeqWork, StepPlan, TokenLogprob, TokenMasks
 
@@ -59,6 +59,10 @@ class ModelRunner:
         self.max_model_len = options.max_model_len
         self.eos_token_ids = config.eos_token_ids
         self.max_blocks_per_seq = -(-options.max_model_len // options.block_size)
+        # StreamingLLM requests run up to max_stream_len positions: tables and histories span
+        # them (the rotary table too: runner_setup.max_positions)
+        self.max_stream_len = options.max_stream_len
+        max_positions = max(options.max_model_len, options.max_stream_len)
         self.kv = KVCache(
             config,
             num_gpu_blocks=options.num_gpu_blocks,
@@ -70,8 +74,8 @@ class ModelRunner:
         model.set_kv_scales(self.kv.scales)
         self._rng = np.random.default_rng(options.seed)
         self._states = RequestStates(
-            max_model_len=options.max_model_len,
-            max_blocks_per_seq=self.max_blocks_per_seq,
+            max_model_len=max_positions,
+            max_blocks_per_seq=-(-max_positions // options.block_size),
             block_size=options.block_size,
             new_seed=lambda: int(self._rng.integers(0, 2**63 - 1)),
             capacity=options.max_num_seqs,
@@ -306,6 +310,8 @@ class ModelRunner:
             return None
         states = self._states.apply(plan.seqs)
         inputs = build_step_inputs(plan.seqs, states, self._states.tables, self.block_size)
+        if self.max_stream_len:
+            inputs.streaming = streaming_inputs(states, inputs)
         return states, inputs
 
     def close(self) -> None:

@@ -16,6 +16,7 @@ from troupe.gpu.quant_linear import Weight, embedding, linear
 from troupe.kernels.kv_quant import update_kv_scales
 from troupe.kernels.ops import KernelBackend, KernelOps, select_ops
 from troupe.kernels.rope_cache import build_cos_sin_cache
+from troupe.kernels.streaming_attention import rotate_queries, streaming_attention
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
 
@@ -91,6 +92,11 @@ class DecoderLayer(nn.Module):
         k_scale, v_scale = self.k_scale, self.v_scale
         if k_scale is not None and v_scale is not None:  # fp8: unset scales from this batch
             update_kv_scales(qkv, self.k_norm, eps, c.num_kv_heads, c.head_dim, k_scale, v_scale)
+        stream, q_sink = meta.streaming, None
+        if stream is not None and not meta.is_decode:  # StreamingLLM chunks: cache positions
+            q_sink = rotate_queries(
+                qkv, self.q_norm, eps, stream.cache_positions, cos_sin, c.num_heads, c.head_dim
+            )
         # q/k norm (Qwen3), rotary and the KV write in one pass; None weights skip the norm
         q = ops.prepare_qkv(
             qkv,
@@ -105,7 +111,13 @@ class DecoderLayer(nn.Module):
             k_scale=k_scale,
             v_scale=v_scale,
         )
-        if meta.is_decode:
+        if stream is not None:
+            attn = streaming_attention(
+                q, q_sink, k_cache, v_cache, meta.block_tables, meta.seq_lens,
+                meta.query_start_loc, stream, self.scale, cos_sin, k_scale=k_scale,
+                v_scale=v_scale,
+            )  # fmt: skip
+        elif meta.is_decode:
             attn = ops.paged_decode_attention(
                 q,
                 k_cache,

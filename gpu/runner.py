@@ -55,6 +55,9 @@ class Runner(Protocol):
     # The device pool is ordinary memory that the OS commits page by page as blocks are first
     # written (the CPU pool): the allocator then reuses written blocks before fresh ones.
     kv_pages_on_write: bool
+    # The longest a StreamingLLM request (SamplingParams.streaming_window) may run, prompt and
+    # output; 0: this runner has no streaming attention (admission refuses such requests).
+    max_stream_len: int
 
     def execute(self, plan: StepPlan) -> tuple[SampledToken, ...]:
         """Apply released, swap_out, swap_in, then compute plan.seqs; one token per sampled seq.

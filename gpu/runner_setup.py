@@ -51,6 +51,8 @@ class RunnerOptions:
     mla_expand_min_tokens: int = 128
     mla_expand_max_tokens: int = 32768
     spec_backoff_steps: int = 16  # rounds a draft skips a request whose proposals went unused
+    # StreamingLLM requests may run this many positions (0: no streaming attention here)
+    max_stream_len: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,6 +83,16 @@ def checked_max_model_len(config: EngineConfig, model_config: ModelConfig) -> in
     return max_model_len
 
 
+def max_stream_len(config: EngineConfig, device: torch.device, model: ModelConfig) -> int:
+    """How long a StreamingLLM request may run: config.streaming_max_len where the attention
+    has the sink clause (the CPU: kernels/streaming_attention.py; the Triton kernels, the
+    CUDA graphs and the overlapped decode do not have it yet) and the model attends as it
+    expects (no sliding window, no MLA, no draft model to keep in step, one rank); else 0."""
+    plain = not model.layer_windows and model.mla is None and not model.is_gemma3
+    single = config.speculative_method != "draft_model" and config.tensor_parallel_size == 1
+    return config.streaming_max_len if device.type == "cpu" and plain and single else 0
+
+
 def runner_options(
     config: EngineConfig,
     device: torch.device,
@@ -88,6 +100,7 @@ def runner_options(
     num_gpu_blocks: int,
     num_cpu_blocks: int,
     max_model_len: int,
+    stream_len: int = 0,
 ) -> RunnerOptions:
     """RunnerOptions from the config and the numbers resolved for this device."""
     return RunnerOptions(
@@ -109,6 +122,7 @@ def runner_options(
         spec_backoff_steps=config.speculative_backoff_steps,
         mla_expand_min_tokens=config.mla_expand_min_tokens,
         mla_expand_max_tokens=config.mla_expand_max_tokens,
+        max_stream_len=stream_len,
     )
 
 
@@ -125,9 +139,16 @@ def load_for_config(config: EngineConfig) -> LoadedRunner:
     if device.type == "cpu":  # large temporaries go back to the OS when freed (peak RSS)
         map_large_blocks()
     dtype = model_dtype(config, device)
-    max_model_len = checked_max_model_len(config, read_config(Path(path)))
-    model_config, model = load_model(
-        Path(path), dtype, device, max_model_len, config.kernel_backend, config.quantization
+    declared = read_config(Path(path))
+    max_model_len = checked_max_model_len(config, declared)
+    stream_len = max_stream_len(config, device, declared)
+    model_config, model = load_model(  # the rotary table spans what streaming requests reach
+        Path(path),
+        dtype,
+        device,
+        max(max_model_len, stream_len),
+        config.kernel_backend,
+        config.quantization,
     )
     if device.type == "cpu":  # the load's temporaries: back to the OS (peak RSS)
         release_freed_heap()
@@ -162,5 +183,6 @@ def load_for_config(config: EngineConfig) -> LoadedRunner:
         num_gpu_blocks=num_gpu_blocks,
         num_cpu_blocks=num_cpu_blocks,
         max_model_len=max_model_len,
+        stream_len=stream_len,
     )
     return LoadedRunner(model_config, model, options, draft)

@@ -20,6 +20,15 @@ from troupe.gpu.request_states import RequestState
 from troupe.messages import SeqWork
 
 
+@dataclasses.dataclass(frozen=True)
+class StreamingInputs:
+    """Host arrays of a step's StreamingLLM sequences (kernels/streaming_attention.py)."""
+
+    windows: np.ndarray  # [S] int32; 0: the sequence does not stream
+    sink_tokens: np.ndarray  # [S] int32
+    cache_positions: np.ndarray  # [T] int64: where each query meets the sinks
+
+
 @dataclasses.dataclass(kw_only=True)
 class StepInputs:
     """Host arrays of one step, ready to copy to the device."""
@@ -38,6 +47,7 @@ class StepInputs:
     # Speculative decoding: logits rows per sampled sequence (1 + its proposals), None when
     # no sequence carries proposals (one row each)
     num_logits: np.ndarray | None = None
+    streaming: StreamingInputs | None = None  # StreamingLLM sequences (streaming_inputs)
 
     @property
     def is_decode(self) -> bool:
@@ -138,4 +148,24 @@ def build_decode_inputs(
         max_query_len=1,
         max_seq_len=int(seq_lens.max(initial=0)),
         num_decode_prefix=num_seqs,
+    )
+
+
+def streaming_inputs(states: list[RequestState], inputs: StepInputs) -> StreamingInputs | None:
+    """The step's StreamingLLM arrays, None when no sequence streams: a query at position p
+    meets the sinks at its cache position min(p, S + W - 1)."""
+    params = [s.params for s in states]
+    if not any(p.is_streaming for p in params):
+        return None
+    num_seqs = len(states)
+    windows = np.fromiter((p.streaming_window or 0 for p in params), np.int64, num_seqs)
+    sinks = np.fromiter((p.sink_tokens or 0 for p in params), np.int64, num_seqs)
+    sinks[windows == 0] = 0
+    owner = np.repeat(np.arange(num_seqs), np.diff(inputs.query_start_loc))
+    positions = inputs.positions
+    last = np.where(windows > 0, sinks + windows - 1, np.iinfo(np.int64).max)[owner]
+    return StreamingInputs(
+        windows=windows.astype(np.int32),
+        sink_tokens=sinks.astype(np.int32),
+        cache_positions=np.minimum(positions, last).astype(np.int64),
     )

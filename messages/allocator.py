@@ -24,12 +24,15 @@ class CacheBlocks(msgspec.Struct, frozen=True, array_like=True, gc=False, tag=Tr
 
 
 class ReleaseBlocks(msgspec.Struct, frozen=True, array_like=True, gc=False, tag=True):
-    """Release the request's leading blocks up to table position `num_blocks`: every layer's
-    sliding window has passed them. Their positions stay in its table (the attention kernels
-    never read them); the request keeps its other blocks."""
+    """Release the request's blocks at table positions num_kept .. num_blocks - 1: every
+    layer's sliding window (or a streaming request's window) has passed them; the first
+    `num_kept` hold a streaming request's sink tokens and stay (the same for all its
+    releases). Their positions stay in its table (the attention kernels never read them); the
+    request keeps its other blocks."""
 
     request_id: str
     num_blocks: int
+    num_kept: int = 0
 
 
 class FreeRequest(msgspec.Struct, frozen=True, array_like=True, gc=False, tag=True):
@@ -80,6 +83,7 @@ class AllocateNew(msgspec.Struct, frozen=True, array_like=True, gc=False, tag=Tr
     request_id: str
     token_ids: tuple[int, ...]
     num_new_tokens: int
+    cache_limit: int = 0  # the hit covers at most the first this many tokens (0: no limit)
 
 
 class Fork(msgspec.Struct, frozen=True, array_like=True, gc=False, tag=True):

@@ -48,6 +48,17 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     # EOS and stop_token_ids are masked, and stop strings not matched, before this many
     # output tokens (vLLM's semantics)
     min_tokens: int = 0
+    # StreamingLLM (attention sinks): keep the KV of the first `sink_tokens` tokens and of the
+    # last `streaming_window` ones (the token itself included), free the blocks between, and
+    # attend with positions within that cache; the request may then run past max_model_len.
+    # None: the engine's default (EngineConfig fields of the same names); window 0: off.
+    streaming_window: int | None = None
+    sink_tokens: int | None = None
+
+    @property
+    def is_streaming(self) -> bool:
+        """Whether the request keeps only sinks + window of KV (after defaults are applied)."""
+        return bool(self.streaming_window)
 
     @property
     def is_greedy(self) -> bool:
@@ -132,7 +143,15 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
                 )
 
     def _check_extras(self, vocab_size: int | None) -> None:
-        """logit_bias and min_tokens."""
+        """logit_bias, min_tokens and the streaming window."""
+        for name in ("streaming_window", "sink_tokens"):
+            value = getattr(self, name)
+            if value is not None:
+                _int_in(name, value, 0, INT32_MAX)
+        if self.is_streaming and self.num_samples > 1:
+            # samples would share blocks that each one's window then releases at its own pace
+            field = "n" if self.best_of is None else "best_of"
+            raise ParamError(field, f"{field} must be 1 with streaming_window (StreamingLLM)")
         if not 0 <= self.min_tokens <= self.max_tokens:
             raise ParamError(
                 "min_tokens",

@@ -59,6 +59,7 @@ class RunnerNumbers(msgspec.Struct, frozen=True, kw_only=True):
     # the device pool's memory is committed as blocks are first written (the CPU): the
     # allocator reuses written blocks, evicting cached ones, before it touches new ones
     kv_pages_on_write: bool = False
+    max_stream_len: int = 0  # StreamingLLM requests may run this long (0: not supported)
 
 
 class TraceHeader(msgspec.Struct, frozen=True, kw_only=True):

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
+import msgspec
 import structlog
 from troupe.actors.core.base import Outgoing
 from troupe.messages import (
@@ -15,11 +17,31 @@ from troupe.messages import (
     RequestFailed,
     RequestRejected,
     RequestsEnded,
+    SamplingParams,
     TokenizedRequest,
 )
 from troupe.messages.samples import SAMPLE_SEP
 
 log = structlog.get_logger("troupe.admission")
+
+
+@dataclass(frozen=True)
+class StreamingDefaults:
+    """StreamingLLM settings: the engine's defaults for requests that do not say, and how long
+    a streaming request may run (the runner's max_stream_len; 0: it cannot stream)."""
+
+    window: int = 0
+    sink_tokens: int = 4
+    max_len: int = 0
+
+    def resolve(self, params: SamplingParams) -> SamplingParams:
+        """params with both fields set when the request streams (what the scheduler and the
+        executor read); others unchanged (a recorded trace replays the same messages)."""
+        window = self.window if params.streaming_window is None else params.streaming_window
+        sinks = self.sink_tokens if params.sink_tokens is None else params.sink_tokens
+        if not window or (params.streaming_window == window and params.sink_tokens == sinks):
+            return params
+        return msgspec.structs.replace(params, streaming_window=window, sink_tokens=sinks)
 
 
 class AdmissionCore:
@@ -42,6 +64,7 @@ class AdmissionCore:
         max_queued_tokens: int,
         max_logprobs: int = 20,
         max_num_samples: int = 16,
+        streaming: StreamingDefaults | None = None,
     ) -> None:
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
@@ -49,6 +72,7 @@ class AdmissionCore:
         self.max_queued_tokens = max_queued_tokens
         self.max_logprobs = max_logprobs
         self.max_num_samples = max_num_samples  # n / best_of (capped by max_num_seqs)
+        self.streaming = streaming or StreamingDefaults()
         self._num_tokens: dict[str, int] = {}  # request id -> prompt tokens, while in the engine
         self._total_tokens = 0
 
@@ -77,6 +101,9 @@ class AdmissionCore:
         return out
 
     def _admit(self, req: TokenizedRequest) -> tuple[str, RequestRejected | AdmittedRequest]:
+        params = self.streaming.resolve(req.params)
+        if params is not req.params:
+            req = msgspec.structs.replace(req, params=params)
         problem = self._check(req)
         if problem is not None:
             code, field, message = problem
@@ -84,12 +111,14 @@ class AdmissionCore:
                 request_id=req.request_id, code=code, field=field, message=message
             )
         num_prompt = len(req.prompt_token_ids)
+        # a streaming request's KV is bounded: only max_stream_len (checked) limits its length
+        limit = self.streaming.max_len if req.params.is_streaming else self.max_model_len
         admitted = AdmittedRequest(
             request_id=req.request_id,
             prompt_token_ids=req.prompt_token_ids,
             params=req.params,
             arrival_time=req.arrival_time,
-            max_total_tokens=min(num_prompt + req.params.max_tokens, self.max_model_len),
+            max_total_tokens=min(num_prompt + req.params.max_tokens, limit),
         )
         # Counted only once nothing can fail: a failed request holds no share of the limits.
         self._num_tokens[req.request_id] = num_prompt
@@ -127,6 +156,10 @@ class AdmissionCore:
                 f"prompt has {num_prompt} tokens; max_model_len is {self.max_model_len} "
                 "(the prompt must leave room for at least one generated token)",
             )
+        if req.params.is_streaming:
+            problem = self._check_streaming(req.params, num_prompt)
+            if problem is not None:
+                return RejectCode.INVALID_REQUEST, *problem
         if len(self._num_tokens) >= self.max_requests:
             return (
                 RejectCode.OVERLOADED,
@@ -140,5 +173,21 @@ class AdmissionCore:
                 None,
                 f"overloaded: {self._total_tokens} prompt tokens in flight; "
                 f"adding {num_prompt} would pass max_queued_tokens = {self.max_queued_tokens}",
+            )
+        return None
+
+    def _check_streaming(self, params: SamplingParams, num_prompt: int) -> tuple[str, str] | None:
+        """(field, message) when a streaming request cannot run here."""
+        max_len = self.streaming.max_len
+        if max_len == 0:
+            return "streaming_window", (
+                "streaming_window (StreamingLLM) is not supported by this engine: it needs the "
+                "CPU (torch) attention path and a model without sliding windows, MLA, tensor "
+                "parallelism or a draft model"
+            )
+        if num_prompt + params.max_tokens > max_len:
+            return "max_tokens", (
+                f"prompt ({num_prompt} tokens) + max_tokens ({params.max_tokens}) must be <= "
+                f"streaming_max_len = {max_len} for a streaming request"
             )
         return None

@@ -5,13 +5,13 @@ LRU of cached free blocks. Answers each AllocateBatch with one AllocationResult,
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from troupe.actors.core.base import Outgoing
 from troupe.actors.core.block_pool import BlockPool
 from troupe.actors.core.block_sharing import BlockSharing
-from troupe.actors.core.prefix_cache import ROOT_SERIAL, PrefixCache
+from troupe.actors.core.block_table import BlockTable
+from troupe.actors.core.prefix_cache import PrefixCache
 from troupe.actors.core.prefix_tier import CpuPrefixTier
 from troupe.messages.allocator import (
     AllocateBatch,
@@ -30,18 +30,6 @@ from troupe.messages.scheduler import AllocationResult, Grant, Refusal, RefusalR
 NO_GPU, NO_CPU = RefusalReason.NO_GPU_BLOCKS, RefusalReason.NO_CPU_BLOCKS
 
 
-@dataclass(slots=True)
-class _Seq:
-    table: list[int] = field(default_factory=list)  # GPU blocks, in position order
-    cpu_blocks: list[int] | None = None  # set while swapped out
-    num_hashed_blocks: int = 0  # leading blocks registered in (or served by) the prefix cache
-    serial: int = ROOT_SERIAL  # cache serial of the last hashed block
-    # Leading table positions released behind a sliding window: their ids are stale (never
-    # read), the request no longer holds them. Caching stops if one was never registered.
-    num_released: int = 0
-    is_cache_stopped: bool = False
-
-
 class AllocatorCore:
     """Inbox: AllocateBatch. Outbox: "scheduler" (AllocationResult).
 
@@ -56,7 +44,7 @@ class AllocatorCore:
         num_cpu_blocks: int,
         enable_prefix_caching: bool = True,
         cpu_prefix_tier: bool = False,
-        warm_first: bool = False,
+        warm_first: bool = False,  # the pool is committed as written (CPU): see BlockPool
     ) -> None:
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
@@ -65,9 +53,8 @@ class AllocatorCore:
         self.cache = PrefixCache()
         self.cpu = BlockPool(num_cpu_blocks, PrefixCache())
         self.tier = CpuPrefixTier(self.cpu, enabled=cpu_prefix_tier and self.caching)
-        # warm_first: a pool committed as written (the CPU) evicts before it touches new blocks
         self.gpu = BlockPool(num_gpu_blocks, self.cache, self.tier.evicted, warm_first=warm_first)
-        self.seqs: dict[str, _Seq] = {}
+        self.seqs: dict[str, BlockTable] = {}
         self.sharing = BlockSharing()  # who holds the blocks that can be shared
         self._copies_out: list[tuple[int, int]] = []  # this batch's (gpu, cpu) copies
         self._copies_in: list[tuple[int, int]] = []  # this batch's (cpu, gpu) copies
@@ -125,7 +112,7 @@ class AllocatorCore:
             prefix_cache_cpu_hit_tokens=self.tier.hit_tokens,
         )
 
-    def _seq(self, request_id: str, swapped: bool | None = False) -> _Seq:
+    def _seq(self, request_id: str, swapped: bool | None = False) -> BlockTable:
         """The request's blocks; `swapped`: whether it must be swapped out (None: either)."""
         seq = self.seqs.get(request_id)
         if seq is None:
@@ -143,7 +130,8 @@ class AllocatorCore:
         if op.num_new_tokens < 1 or not token_ids:
             raise ValueError(f"allocator: AllocateNew of {rid!r} needs tokens, got {op}")
         tier = self.tier
-        hits, serial = tier.walk(cache, token_ids, bs)  # (block, whether in the CPU tier)
+        looked_up = token_ids[: op.cache_limit] if op.cache_limit else token_ids
+        hits, serial = tier.walk(cache, looked_up, bs)  # (block, whether in the CPU tier)
         num_cached = len(hits) * bs
         need = -(-min(len(token_ids), num_cached + op.num_new_tokens) // bs) - len(hits)
         # cached-free GPU hits use up free blocks, and each CPU hit needs a GPU block
@@ -151,7 +139,7 @@ class AllocatorCore:
         revived = sum(1 for b, on_cpu in hits if not on_cpu and self.gpu.ref[b] == 0)
         if need + revived + num_cpu > self.gpu.num_free:
             return Refusal(rid, NO_GPU)
-        seq = self.seqs[rid] = _Seq([], None, len(hits), serial)
+        seq = self.seqs[rid] = BlockTable([], None, len(hits), serial)
         # taken before allocating: allocation may evict cached blocks
         moved = [(b, tier.take(b)) for b, on_cpu in hits if on_cpu]
         for block_id, on_cpu in hits:
@@ -203,7 +191,9 @@ class AllocatorCore:
                 self._copies.append((parent.table[num_full], table[-1]))
             tables.append(table + [fresh.pop() for _ in range(grow)])
         for child, table in zip(children, tables, strict=True):
-            seq = self.seqs[child] = _Seq(table, None, parent.num_hashed_blocks, parent.serial)
+            seq = self.seqs[child] = BlockTable(
+                table, None, parent.num_hashed_blocks, parent.serial
+            )
             seq.num_released, seq.is_cache_stopped = parent.num_released, parent.is_cache_stopped
         for block_id in shared:  # one reference more per child but the first
             self.gpu.ref[block_id] += len(children) - 1
@@ -239,15 +229,14 @@ class AllocatorCore:
                 f"allocator: CacheBlocks for {rid!r} has {len(token_ids)} tokens; it needs a "
                 f"multiple of block_size {bs} within its {len(seq.table)} blocks"
             )
-        if seq.num_hashed_blocks < seq.num_released:  # released unregistered: the chain ends
+        if seq.num_hashed_blocks < seq.released_end:  # released unregistered: the chain ends
             seq.is_cache_stopped = True
         num_blocks = len(token_ids) // bs if self.caching and not seq.is_cache_stopped else 0
         if num_blocks == 0:
             seq.num_hashed_blocks += len(token_ids) // bs
         for i in range(num_blocks):
             block_id = seq.table[seq.num_hashed_blocks]
-            # a message's tuple is sliced only when it holds several blocks
-            chunk = token_ids if num_blocks == 1 else token_ids[i * bs : (i + 1) * bs]
+            chunk = token_ids if num_blocks == 1 else token_ids[i * bs : (i + 1) * bs]  # 1: as is
             seq.serial = self.cache.register(block_id, seq.serial, chunk)
             seq.num_hashed_blocks += 1
             self.sharing.register(block_id, rid)
@@ -260,25 +249,32 @@ class AllocatorCore:
 
     def _release_leading(self, op: ReleaseBlocks) -> None:
         seq = self._seq(op.request_id)
-        end = min(op.num_blocks, len(seq.table))
-        if end > seq.num_released:
-            blocks = seq.table[seq.num_released : end]
+        if seq.num_released and op.num_kept != seq.num_kept:
+            raise ValueError(
+                f"allocator: ReleaseBlocks of {op.request_id!r} keeps {op.num_kept} blocks, "
+                f"its earlier releases kept {seq.num_kept}"
+            )
+        seq.num_kept = op.num_kept
+        start, end = seq.num_kept + seq.num_released, min(op.num_blocks, len(seq.table))
+        if end > start:
+            blocks = seq.table[start:end]
             self.sharing.release(op.request_id, blocks, is_partial=True)
             self.gpu.release(reversed(blocks))
-            seq.num_released = end
+            seq.num_released = end - seq.num_kept
 
     def _swap_out(self, op: SwapOut) -> Refusal | None:  # refused: freed instead
         seq = self._seq(op.request_id)
-        held = seq.table[seq.num_released :]
+        held = seq.held()
         cpu_blocks = self.cpu.allocate(len(held))
         if cpu_blocks is None:
             self._free(op.request_id)
             return Refusal(op.request_id, NO_CPU)
         self._copies_out.extend(zip(held, cpu_blocks, strict=True))
-        stale = seq.table[: seq.num_released]
+        num_released = seq.num_released
+        stale = seq.table[: seq.num_kept + num_released] if num_released else []
         self._release_gpu(op.request_id, seq)
-        # the released positions stay for the swap-in, which allocates after them
-        seq.table, seq.num_released, seq.cpu_blocks = stale, len(stale), cpu_blocks
+        # the released positions stay for the swap-in, which allocates around them
+        seq.table, seq.num_released, seq.cpu_blocks = stale, num_released, cpu_blocks
         return None
 
     def _swap_in(self, op: SwapIn) -> Grant | Refusal:
@@ -290,12 +286,14 @@ class AllocatorCore:
         if gpu_blocks is None:
             return Refusal(op.request_id, NO_GPU)
         self._copies_in.extend(zip(cpu_blocks, gpu_blocks, strict=False))
-        seq.table, seq.cpu_blocks = seq.table + gpu_blocks, None  # after the released ones
+        kept = seq.num_kept if seq.num_released else 0  # sink blocks before the released ones
+        seq.table = gpu_blocks[:kept] + seq.table[kept:] + gpu_blocks[kept:]
+        seq.cpu_blocks = None
         return Grant(op.request_id, tuple(seq.table))
 
-    def _release_gpu(self, rid: str, seq: _Seq) -> None:
+    def _release_gpu(self, rid: str, seq: BlockTable) -> None:
         """Drop all of rid's GPU blocks, tail first (evicted first)."""
-        blocks = seq.table[seq.num_released :]
+        blocks = seq.held()
         self.sharing.release(rid, blocks)
         self.sharing.forget(rid)
         self.gpu.release(reversed(blocks))

@@ -58,7 +58,8 @@ class Request:
     status: Status = Status.WAITING
     num_computed: int = 0  # tokens whose KV is in the request's blocks (GPU or CPU)
     num_blocks: int = 0  # positions of its GPU table (counted from its grants)
-    num_released: int = 0  # of those, leading ones released behind a sliding window
+    # of those, released ones behind a window (after the sink blocks when streaming)
+    num_released: int = 0
     num_shared: int = 0  # of the held ones, blocks others hold too (allocator-reported)
     num_cpu_blocks: int = 0  # while swapped
     num_committed_blocks: int = 0  # leading blocks the allocator has cached/hashed
@@ -72,6 +73,9 @@ class Request:
     spec_paused: int = 0  # decode steps left without proposals (speculator.py backoff)
     ngrams: NgramIndex | None = None  # its n-grams' positions, made at its first proposal
     num_samples: int = 1  # > 1: a parent of parallel samples, not forked yet (sample_fork.py)
+    # StreamingLLM (SamplingParams.streaming_window): the window, 0 when off, and the sinks
+    stream_window: int = 0
+    num_sink_tokens: int = 0
     decode: Work = field(init=False)  # its plan entry for a decode that needs no new block
 
     @classmethod
@@ -82,6 +86,9 @@ class Request:
         req = cls(*args, arrival_seq, eos | frozenset(msg.params.stop_token_ids))
         req.decode = Work(req, 1, Kind.RUN)
         req.num_samples = msg.params.num_samples
+        if msg.params.is_streaming:
+            req.stream_window = msg.params.streaming_window or 0
+            req.num_sink_tokens = msg.params.sink_tokens or 0
         return req
 
     @property

@@ -18,6 +18,7 @@ from typing import Literal
 import structlog
 from troupe.actors.core.base import Outgoing
 from troupe.actors.core.grammar_feed import GrammarFeed
+from troupe.actors.core.kv_release import never_fits, too_big
 from troupe.actors.core.plan_builder import InFlight, build_plan
 from troupe.actors.core.preemption_policy import make_preemption_policy
 from troupe.actors.core.queue_policy import make_queue_policy
@@ -130,14 +131,14 @@ class SchedulerCore:
         self._num_arrivals += 1
         req = Request.admit(msg, self._num_arrivals, self.eos_token_ids)
         lim = self.limits
-        if lim.blocks_for(req.num_tokens) > lim.num_gpu_blocks or not req.token_ids:
-            self._pending.append(req.failed(self.limits.too_big(req.num_tokens)))
+        if never_fits(lim, req) or not req.token_ids:
+            self._pending.append(req.failed(too_big(lim, req)))
         elif req.num_samples > min(lim.max_num_seqs, lim.max_num_batched_tokens):
             message = f"{req.num_samples} samples cannot run at once (max_num_seqs)"
             self._pending.append(req.failed(message))
         else:
             for queued in self.planner.forks.add(req):  # itself, or its samples (n > 1)
-                self.queues.add(queued)
+                self.planner.add(queued)
 
     def _add_alone(self, msg: AdmittedRequest) -> None:
         """add(), but a request that makes it raise (malformed past the edge) fails alone: add()
@@ -171,9 +172,7 @@ class SchedulerCore:
         if self.phase != "idle":
             raise ValueError(f"scheduler: cannot schedule while {self.phase}")
         ops = self.planner.plan(self.pools.num_gpu_free, self.pools.num_cpu_free)
-        self._pending.extend(
-            r.failed(self.limits.too_big(r.num_tokens)) for r in self.planner.unfittable
-        )
+        self._pending.extend(r.failed(too_big(self.limits, r)) for r in self.planner.unfittable)
         self.planner.unfittable = []
         if ops is None:
             return None

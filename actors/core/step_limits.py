@@ -55,14 +55,19 @@ class StepLimits:
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
-    def peak_blocks(self, num_tokens: int) -> int:
-        """The most blocks a request of num_tokens holds at once: with a window, the window
-        and one step's tokens (behind it blocks are released), plus a partial block each side."""
+    def peak_blocks(self, num_tokens: int, window: int = 0, num_sinks: int = 0) -> int:
+        """The most blocks a request of num_tokens holds at once: with a window (the model's,
+        or a streaming request's `window` after its `num_sinks` tokens), the sink blocks, the
+        window and one step's tokens (behind it blocks are released), plus a partial block
+        each side."""
         whole = self.blocks_for(num_tokens)
-        if not self.kv_window:
+        window = window or self.kv_window
+        if not window:
             return whole
-        return min(whole, self.blocks_for(self.kv_window + self.max_num_batched_tokens) + 2)
+        span = self.blocks_for(window + self.max_num_batched_tokens) + 2
+        return min(whole, self.blocks_for(num_sinks) + span)
 
-    def num_passed_blocks(self, num_computed: int) -> int:
-        """Leading blocks wholly before the window of a query at position num_computed."""
-        return max(0, num_computed - self.kv_window + 1) // self.block_size
+    def num_passed_blocks(self, num_computed: int, window: int = 0) -> int:
+        """Leading blocks wholly before the window (the model's, or `window`) of a query at
+        position num_computed."""
+        return max(0, num_computed - (window or self.kv_window) + 1) // self.block_size

@@ -12,6 +12,7 @@ shrinks back when fewer are proposed (speculator.py says when and what).
 
 from __future__ import annotations
 
+from troupe.actors.core.kv_release import cache_limit, peak_blocks, window_releases
 from troupe.actors.core.preemption_policy import PreemptionPolicy
 from troupe.actors.core.request_state import Kind, Request, RequestQueues, Status, Work
 from troupe.actors.core.sample_fork import SampleForks
@@ -50,6 +51,7 @@ class StepPlanner:
         self._extra_seats = 0  # seats running parents hold for their samples (sample_fork.py)
         self._returned = 0  # tokens of this step's victims, back to the budget
         self._preempted = False
+        self.has_streaming = False  # a StreamingLLM request was ever added: check releases
 
     def plan(self, num_gpu_free: int, num_cpu_free: int) -> list[AllocOp] | None:
         """This step's allocator ops, in the order they must apply (None: nothing to do)."""
@@ -61,6 +63,8 @@ class StepPlanner:
         self._avail, self._cpu_avail = num_gpu_free, num_cpu_free
         for req in self.to_commit.values():
             num_full = req.num_computed // bs
+            if req.stream_window:  # only blocks full attention would compute the same
+                num_full = min(num_full, cache_limit(req) // bs)
             if req.in_allocator and num_full > req.num_committed_blocks:
                 tokens = tuple(req.token_ids[req.num_committed_blocks * bs : num_full * bs])
                 ops[CacheBlocks].append(CacheBlocks(req.request_id, tokens))
@@ -70,8 +74,10 @@ class StepPlanner:
             if req.in_allocator:
                 self._free(req)
         q.to_free = {}
-        if lim.kv_window:
-            self._release_passed()
+        if lim.kv_window or self.has_streaming:
+            for op, num_freed in window_releases(lim, q.running):
+                ops[ReleaseBlocks].append(op)
+                self._avail += num_freed
         budget = lim.max_num_batched_tokens
         forks = self.forks
         if forks.parents or forks.samples:
@@ -146,6 +152,10 @@ class StepPlanner:
         self.work[rid] = Work(req, 1 + len(draft), Kind.RUN, max(need, 0), draft, max(-need, 0))
         return budget - 1 - len(draft)
 
+    def add(self, req: Request) -> None:
+        self.queues.add(req)
+        self.has_streaming = self.has_streaming or bool(req.stream_window)
+
     def add_fork(self, fork: Fork) -> None:
         self._ops[Fork].append(fork)
 
@@ -199,16 +209,6 @@ class StepPlanner:
             self._preempt(victim)
         self._avail -= need
         return need
-
-    def _release_passed(self) -> None:
-        """ReleaseBlocks for running requests whose window moved past whole blocks. A shared
-        block may stay held by another request: count only what surely frees."""
-        for req in self.queues.running:
-            passed = min(self.limits.num_passed_blocks(req.num_computed), req.num_blocks)
-            if passed > req.num_released:
-                self._ops[ReleaseBlocks].append(ReleaseBlocks(req.request_id, passed))
-                self._avail += max(0, passed - req.num_released - req.num_shared)
-                req.num_released = passed
 
     def _free(self, req: Request) -> None:
         """Release all the request's blocks in this batch, counting what that frees."""
@@ -276,7 +276,7 @@ class StepPlanner:
         while q.waiting and budget > 0 and q.waiting[0].num_samples <= self._seats():
             req = q.waiting[0]
             num_tokens = req.num_tokens
-            if lim.peak_blocks(num_tokens) > lim.num_gpu_blocks:
+            if peak_blocks(lim, req) > lim.num_gpu_blocks:
                 self._fail(req)  # grew past the pool while preempted
                 continue
             head = tuple(req.token_ids[:bs]) if caching and num_tokens > bs else None
@@ -285,14 +285,15 @@ class StepPlanner:
                 continue
             n = lim.chunk(req.compute_end, budget)
             # The most it can take: any block but those of a cached prefix may be new.
-            max_hit = (num_tokens - 1) // bs * bs if caching else 0
+            limit = cache_limit(req)  # streaming: hits only where its KV is the same
+            max_hit = (min(num_tokens, limit or num_tokens) - 1) // bs * bs if caching else 0
             upper = lim.blocks_for(min(num_tokens, max_hit + n))
             if upper > self._avail:
                 break
             if head is not None:
                 leaders.add(head)
             req.in_allocator = True
-            op = AllocateNew(req.request_id, tuple(req.token_ids), n)
+            op = AllocateNew(req.request_id, tuple(req.token_ids), n, limit)
             self._start(req, Work(req, n, Kind.NEW, upper), op)
             budget -= n
         for req in deferred:

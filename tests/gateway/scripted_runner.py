@@ -28,6 +28,7 @@ class ScriptedRunner:
         self.num_lookahead_tokens = inner.num_lookahead_tokens
         self.kv_pages_on_write = inner.kv_pages_on_write
         self.kv_window = inner.kv_window
+        self.max_stream_len = inner.max_stream_len
         self.script: tuple[int, ...] | None = None  # set by the test between requests
         self._num_sampled: dict[str, int] = {}
 

@@ -215,3 +215,11 @@ def test_extras_map_to_sampling_params() -> None:
     )
     assert chat.params.logit_bias == {3: 1.0} and chat.params.min_tokens == 1
     assert chat.echo is None and not chat.continuous_usage
+
+
+def test_streaming_fields_pass_through() -> None:
+    """StreamingLLM's fields reach SamplingParams; a negative window is a 400 naming it."""
+    body = {"prompt": "hi", "streaming_window": 1020, "sink_tokens": 4}
+    params = parse_request("completion", body, default_max_tokens=16).params
+    assert (params.streaming_window, params.sink_tokens) == (1020, 4)
+    assert "streaming_window" in str(_bad("completion", {"prompt": "hi", "streaming_window": -1}))

@@ -14,7 +14,7 @@ from troupe.gpu.gguf_quant import Q4_1, from_gguf
 from troupe.gpu.kv_cache import KVCache
 from troupe.gpu.models import DecoderModel
 from troupe.gpu.quant_linear import Int4Linear
-from troupe.gpu.step_inputs import StepInputs
+from troupe.gpu.step_inputs import StepInputs, StreamingInputs
 from troupe.gpu.weights import build_model, qwen3_0_6b_config, random_weights
 
 from tests.gpu.test_gguf_quant import random_blocks
@@ -136,3 +136,6 @@ def test_fits_one_sampling_decode_only() -> None:
     assert fast.fits(step)
     assert not fast.fits(dataclasses.replace(step, sampled_rows=np.array([], dtype=np.int64)))
     assert not fast.fits(dataclasses.replace(step, slot_mapping=np.array([-1])))
+    window = StreamingInputs(windows=np.array([8]), sink_tokens=np.array([4]),
+                             cache_positions=np.array([12]))  # fmt: skip
+    assert not fast.fits(dataclasses.replace(step, streaming=window))  # sinks + window only

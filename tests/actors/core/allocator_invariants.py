@@ -28,7 +28,7 @@ def check_allocator(alloc: AllocatorCore) -> None:
     refs, cpu_refs = [0] * alloc.gpu.num_blocks, [0] * alloc.cpu.num_blocks
     holders: dict[int, list[str]] = {}
     for rid, seq in alloc.seqs.items():
-        for b in seq.table[seq.num_released :]:  # positions before: released behind a window
+        for b in seq.held():  # the others were released behind a window
             refs[b] += 1
             holders.setdefault(b, []).append(rid)
         for b in seq.cpu_blocks or ():
@@ -41,6 +41,6 @@ def check_allocator(alloc: AllocatorCore) -> None:
         if refs[b]:
             assert b in alloc.sharing.holders, f"cached block {b} is held but has no holders entry"
     for rid, seq in alloc.seqs.items():
-        num_shared = sum(1 for b in seq.table[seq.num_released :] if refs[b] > 1)
+        num_shared = sum(1 for b in seq.held() if refs[b] > 1)
         counted = alloc.sharing.count(rid)
         assert counted == num_shared, f"{rid} shares {num_shared}, not {counted}"

@@ -37,7 +37,7 @@ class WindowWatcher:
             else:
                 table.extend(work.block_ids)
             seq = self.allocator.seqs[work.request_id]
-            held = set(seq.table[seq.num_released :])
+            held = set(seq.held())
             first = max(0, work.start_pos - self.window + 1) // BS
             last = (work.start_pos + len(work.token_ids) - 1) // BS
             assert set(table[first : last + 1]) <= held, "a window reaches a released block"

@@ -1,0 +1,41 @@
+"""One request's block table as the allocator keeps it: GPU blocks by position, CPU blocks while
+swapped out, how far the prefix cache has hashed it, and the positions released behind a window.
+
+    streaming request, num_kept 1, num_released 2:
+    table   [b3 | b8 b9 | b4 b6]    held(): [b3, b4, b6]; b8, b9 are stale ids (never read)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from troupe.actors.core.prefix_cache import ROOT_SERIAL
+
+
+@dataclass(slots=True)
+class BlockTable:
+    """One request's blocks, as the allocator keeps them."""
+
+    table: list[int] = field(default_factory=list)  # GPU blocks, in position order
+    cpu_blocks: list[int] | None = None  # set while swapped out
+    num_hashed_blocks: int = 0  # leading blocks registered in (or served by) the prefix cache
+    serial: int = ROOT_SERIAL  # cache serial of the last hashed block
+    # Table positions num_kept .. num_kept + num_released - 1 were released behind a window
+    # (num_kept: a streaming request's sink blocks): their ids are stale (never read), the
+    # request no longer holds them. Caching stops if one was never registered.
+    num_released: int = 0
+    is_cache_stopped: bool = False
+    num_kept: int = 0
+
+    @property
+    def released_end(self) -> int:
+        """The position after the released ones (0: none released)."""
+        return self.num_kept + self.num_released if self.num_released else 0
+
+    def held(self) -> list[int]:
+        """The GPU blocks it holds, in position order (none while swapped out)."""
+        if self.cpu_blocks is not None:
+            return []
+        if not self.num_released:
+            return self.table
+        return self.table[: self.num_kept] + self.table[self.num_kept + self.num_released :]
