@@ -1,16 +1,14 @@
-"""Give freed heap back to the OS on the CPU: after a model load, and for every large block.
+"""Give freed heap back to the OS on the CPU after a model load.
 
 Loading a GGUF on the CPU allocates and frees a few hundred MiB of temporaries (fp32 row slices
 of the re-quantised lm_head, the packing passes of the 4-bit weights). glibc keeps freed heap
 below its trim threshold and in per-thread arenas, so the process's RSS stays ~100 MiB above
 what it holds; malloc_trim(0) returns those pages. Elsewhere (not glibc) it does nothing.
 
-While serving, glibc's mmap threshold is dynamic: once a block above it is freed, blocks up to
-that size come from the heap, and a long prefill's activations (MiBs each) then stay in the
-worker thread's arena after the step, on top of the KV pages. `map_large_blocks` fixes the
-threshold (mallopt M_MMAP_THRESHOLD; that also turns the dynamic rise off), so such blocks are
-mapped and unmapped per use: the engine's peak RSS follows what is live. The price is a page
-fault per 4 KiB of each large block per use; the decode step's blocks (one row) stay below it.
+Fixing glibc's mmap threshold as well (mallopt M_MMAP_THRESHOLD at 1 MiB, so a long prefill's
+activations are unmapped after each use) lowered peak RSS by ~35-45 MiB but made TTFT for a
+1,000-token prompt 1.7-2.4x slower (a page fault per 4 KiB of every large temporary, each use;
+A/B on the 2-core machine, 2026-12-02): not done.
 """
 
 from __future__ import annotations
@@ -33,15 +31,3 @@ def release_freed_heap() -> bool:
         return False
     libc.malloc_trim(0)
     return True
-
-
-M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
-LARGE_BLOCK_BYTES = 1 << 20  # a decode row's tensors are far below; prefill activations above
-
-
-def map_large_blocks(threshold: int = LARGE_BLOCK_BYTES) -> bool:
-    """mallopt(M_MMAP_THRESHOLD, threshold) where libc has it (glibc); whether it took."""
-    libc = _libc()
-    if libc is None or not hasattr(libc, "mallopt"):
-        return False
-    return bool(libc.mallopt(M_MMAP_THRESHOLD, threshold))

@@ -10,7 +10,7 @@ import torch
 from troupe.config import ConfigError, EngineConfig, resolve_model_path
 from troupe.gpu.activation_profile import profile_activation_peak
 from troupe.gpu.draft_model import DraftModel, load_draft
-from troupe.gpu.heap_trim import map_large_blocks, release_freed_heap
+from troupe.gpu.heap_trim import release_freed_heap
 from troupe.gpu.model_config import ModelConfig
 from troupe.gpu.models import DecoderModel
 from troupe.gpu.pool_sizing import blocks_from_free_memory, cpu_device_blocks, swap_pool_blocks
@@ -136,8 +136,6 @@ def load_for_config(config: EngineConfig) -> LoadedRunner:
     )
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device is 'cuda' but torch sees no CUDA device")
-    if device.type == "cpu":  # large temporaries go back to the OS when freed (peak RSS)
-        map_large_blocks()
     dtype = model_dtype(config, device)
     declared = read_config(Path(path))
     max_model_len = checked_max_model_len(config, declared)
