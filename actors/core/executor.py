@@ -30,6 +30,8 @@ from troupe.messages import (
 
 log = structlog.get_logger("troupe.executor")
 
+_Ran = tuple[StepResult, TokenMasks | None]  # a step's result and the masks it sampled under
+
 
 class ExecutorCore:
     """Inbox: StepPlan, TokenMasks. Outbox: "scheduler" (StepResult), "grammar" (GrammarTokens,
@@ -49,26 +51,24 @@ class ExecutorCore:
         self._launch_error: str | None = None
         self._fresh: TokenMasks | None = None  # the latest masks of a step (maybe before it)
         self._ahead: TokenMasks | None = None  # the latest masks filled ahead
-        self._met: TokenMasks | None = None  # the masks the message in hand sampled under
 
     def handle(self, batch: Sequence[ExecutorInbox]) -> Outgoing:
         out: Outgoing = []
         for msg in batch:
             start = time.perf_counter()
-            self._met = None
-            result = self._on_masks(msg) if isinstance(msg, TokenMasks) else self._on_plan(msg)
-            masks = self._met
+            ran = self._on_masks(msg) if isinstance(msg, TokenMasks) else self._on_plan(msg)
             self.busy_seconds += time.perf_counter() - start
-            if result is None:
+            if ran is None:
                 continue
+            result, masks = ran
             if masks is not None and result.sampled:
                 out.append(("grammar", _grammar_tokens(result, masks)))
             out.append(("scheduler", result))
         return out
 
-    def _on_plan(self, plan: StepPlan) -> StepResult | None:
+    def _on_plan(self, plan: StepPlan) -> _Ran | None:
         if not plan.is_masked:
-            return self._run(plan.step_id, lambda: self.runner.execute(plan))
+            return self._run(plan.step_id, lambda: self.runner.execute(plan)), None
         self._launched, self._launch_error = plan, None
         try:
             self.runner.launch(plan)
@@ -77,14 +77,14 @@ class ExecutorCore:
             self._launch_error = f"{type(exc).__name__}: {exc}"
         return self._sample()
 
-    def _on_masks(self, masks: TokenMasks) -> StepResult | None:
+    def _on_masks(self, masks: TokenMasks) -> _Ran | None:
         if masks.ahead:
             self._ahead = masks
         else:
             self._fresh = masks
         return self._sample()
 
-    def _sample(self) -> StepResult | None:
+    def _sample(self) -> _Ran | None:
         """Sample the launched plan once all its masks are in (None while any is missing)."""
         plan, fresh, ahead = self._launched, self._fresh, self._ahead
         if plan is None:
@@ -97,16 +97,16 @@ class ExecutorCore:
             return None
         self._launched = None
         if self._launch_error is not None:
-            return StepResult(step_id=plan.step_id, time=self._clock(), error=self._launch_error)
+            error = StepResult(step_id=plan.step_id, time=self._clock(), error=self._launch_error)
+            return error, None
         used = (
             ahead if plan.ahead_masks_of is not None else None,
             fresh if plan.awaits_masks else None,
         )
         parts = [m for m in used if m is not None]  # a fresh row wins over an ahead one
         masks = parts[0] if len(parts) == 1 else join_masks(parts[0], parts[1])
-        self._met = masks
         result = self._run(plan.step_id, lambda: self.runner.finish(masks))
-        return _grammar_failures(result, masks) if masks.failed else result
+        return (_grammar_failures(result, masks) if masks.failed else result), masks
 
     def _run(self, step_id: int, step: Callable[[], tuple[SampledToken, ...]]) -> StepResult:
         try:

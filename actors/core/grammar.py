@@ -131,7 +131,8 @@ class GrammarCore:
         )
 
     def masks(self, msg: ComputeMasks) -> TokenMasks | None:
-        """Release, advance, fill: the step's TokenMasks (None when it has no rows)."""
+        """Release, find or make each row's matcher, fill: the step's TokenMasks (None when it has
+        no rows)."""
         for request_id in msg.released:
             self.matchers.pop(request_id, None)
             self._broken.pop(request_id, None)
@@ -142,7 +143,7 @@ class GrammarCore:
         indices: list[int] = []
         failed: list[tuple[str, str]] = []
         for index, row in enumerate(msg.rows):
-            matcher = self._advance(row)
+            matcher = self._matcher(row)
             if matcher is None:
                 failed.append((row.request_id, self._broken[row.request_id]))
             elif matcher.is_terminated():
@@ -161,7 +162,7 @@ class GrammarCore:
             failed=tuple(failed),
         )
 
-    def _advance(self, row: GrammarRow) -> xgrammar.GrammarMatcher | None:
+    def _matcher(self, row: GrammarRow) -> xgrammar.GrammarMatcher | None:
         """The row's matcher, made from its spec on its first row; None, and a reason in
         _broken, if broken."""
         request_id = row.request_id
