@@ -75,8 +75,17 @@ class ConnectionGate:
         self.num_refused = 0
         self.num_timed_out = 0
         self._is_full = False
-        self._num_unregistered = 0  # handlers made whose connection aiohttp has not counted yet
+        # Handlers made whose connection aiohttp has not counted in `connections` yet: it
+        # counts one in its connection_made, which the loop runs a hop or more after this
+        # factory returns, and a burst of accepts may interleave with those hops. So a handler
+        # is counted here from the factory until the server registers it, exactly.
+        self._unregistered: set[Any] = set()
         make_request = server.request_factory
+        register = server.connection_made
+
+        def connection_made(handler: Any, transport: asyncio.Transport) -> None:
+            self._unregistered.discard(handler)
+            register(handler, transport)
 
         def request_factory(message: Any, payload: Any, protocol: Any, *rest: Any) -> Any:
             # A request head has arrived on this connection: its deadline is met.
@@ -88,9 +97,10 @@ class ConnectionGate:
         # Handlers read the factory when they are built, so this takes effect for every
         # connection the gate lets in.
         server.request_factory = request_factory
+        server.connection_made = connection_made  # type: ignore[method-assign]
 
     def __call__(self) -> asyncio.BaseProtocol:
-        if len(self._server.connections) + self._num_unregistered >= self._max_connections:
+        if len(self._server.connections) + len(self._unregistered) >= self._max_connections:
             self.num_refused += 1
             if not self._is_full:  # one line per episode, not one per refused connection
                 self._is_full = True
@@ -100,19 +110,12 @@ class ConnectionGate:
         self._is_full = False
         handler = self._server()
         loop = asyncio.get_running_loop()
-        # aiohttp counts a connection in `connections` in its connection_made, which the loop
-        # schedules (call_soon) right after this factory returns. Until then it is counted
-        # here: a callback queued behind that one (two call_soon hops) takes it off again. So
-        # a burst of connections accepted at once cannot pass the cap.
-        self._num_unregistered += 1
-        loop.call_soon(loop.call_soon, self._registered)
+        self._unregistered.add(handler)
         self._deadlines[handler] = loop.call_later(self._header_timeout, self._expire, handler)
         return handler
 
-    def _registered(self) -> None:
-        self._num_unregistered -= 1
-
     def _expire(self, handler: Any) -> None:
+        self._unregistered.discard(handler)  # its transport never came up
         if self._deadlines.pop(handler, None) is None:
             return
         transport = handler.transport
