@@ -3,11 +3,15 @@ processes (gloo) stream the same greedy tokens as one executor, for concurrent p
 several lengths in chunks (max_num_batched_tokens 8), under recompute preemption (a pool of
 16 blocks), for a prefix-cache hit on blocks the prefill side wrote and for a multi-turn
 prompt whose prefix the decode side wrote (its blocks travel back); every request ends once
-and every block comes back. What the mode refuses is refused by name."""
+and every block comes back. Seeded and unseeded sampling draw what one executor draws. A
+killed worker fails the requests by name and takes its peer down. What the mode refuses is
+refused by name."""
 
 from __future__ import annotations
 
 import json
+import multiprocessing
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +23,7 @@ from troupe import Engine, EngineConfig
 from troupe.config import ConfigError
 from troupe.gpu.model_config import ModelConfig
 from troupe.gpu.weights import random_weights
-from troupe.messages import Finished, Rejected, SamplingParams, StructuredOutputs
+from troupe.messages import Failed, Finished, Rejected, SamplingParams, StructuredOutputs
 
 from tests.gpu.conftest import add_word_tokenizer
 
@@ -98,6 +102,8 @@ async def _workload(engine: Engine) -> dict[str, Any]:
     out["turn"] = await _one(engine, [*LONG, *first, 9, 8, 7], _greedy(6))
     seeded = SamplingParams(max_tokens=6, temperature=0.8, seed=11, ignore_eos=True)
     out["seeded"] = await _one(engine, BATCH[1], seeded)
+    # no seed: the engine's seed stream, drawn by the phase router as one executor draws it
+    out["unseeded"] = await _one(engine, BATCH[2], SamplingParams(max_tokens=6, temperature=0.8))
     await wait_blocks_free(engine)
     out["hits"] = engine.stats().prefix_cache_hit_tokens
     return out
@@ -114,7 +120,29 @@ async def _disaggregated(config: EngineConfig) -> tuple[dict[str, Any], Any]:
         params = SamplingParams(max_tokens=2, structured_outputs=spec)
         end = terminal(await collect(engine, [1], params))
         assert isinstance(end, Rejected) and end.field == "structured_outputs", end
+        workers = _workers()
+    # closed cleanly: both sides left their group and exited 0
+    assert {name: p.exitcode for name, p in workers.items()} == {
+        "troupe-prefill": 0,
+        "troupe-decode": 0,
+    }
     return got, stats
+
+
+def _workers() -> dict[str, BaseProcess]:
+    return {p.name: p for p in multiprocessing.active_children() if p.name.startswith("troupe-")}
+
+
+async def _kill_a_worker(config: EngineConfig) -> None:
+    async with Engine.open(config) as engine:
+        assert await _one(engine, BATCH[0], _greedy(2))
+        workers = _workers()
+        workers["troupe-prefill"].kill()
+        for _ in range(2):  # the step that finds it dead, and any step after it
+            end = terminal(await collect(engine, [1, 2, 3], _greedy(2)))
+            assert isinstance(end, Failed), end
+            assert "disaggregation worker failed: the prefill worker exited" in end.message
+        assert workers["troupe-decode"].exitcode is not None  # stopped with it: no orphan
 
 
 async def _colocated(config: EngineConfig) -> dict[str, Any]:
@@ -127,10 +155,16 @@ def test_same_tokens_as_one_executor(model: Path) -> None:
     got, stats = anyio.run(_disaggregated, _config(model, disaggregation="prefill_decode"))
     assert expected["preempted"] > 0 and got["preempted"] > 0
     assert expected["hits"] > 0 and got["hits"] == expected["hits"]
-    for key in ("batch", "long", "hit", "turn", "seeded"):
+    assert len({tuple(t) for t in expected["batch"]}) == len(BATCH)  # not degenerate
+    for key in ("batch", "long", "hit", "turn", "seeded", "unseeded"):
         assert got[key] == expected[key], key
     assert stats.num_kv_blocks_received > 0  # prefill -> decode
     assert stats.num_kv_blocks_sent > 0  # decode -> prefill: the multi-turn prompt's blocks
+
+
+def test_a_dead_worker_fails_requests_by_name(model: Path) -> None:
+    anyio.run(_kill_a_worker, _config(model, disaggregation="prefill_decode"))
+    assert _workers() == {}
 
 
 def test_refused_combinations_name_their_field() -> None:
@@ -145,3 +179,19 @@ def test_refused_combinations_name_their_field() -> None:
         EngineConfig(tensor_parallel_size=2, **pd)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="disaggregation must be one of"):
         EngineConfig(disaggregation="both")  # type: ignore[arg-type]
+
+
+@pytest.mark.gpu
+def test_cuda_two_gpus_nccl_same_tokens(model: Path) -> None:
+    """NCCL between cuda:0 (prefill) and cuda:1 (decode), eager and with CUDA graphs and the
+    decode side's overlapped steps (the defaults), against one GPU."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two CUDA devices")
+    base = _config(model).replace(device="cuda")
+    expected = anyio.run(_colocated, base)
+    for changes in ({"enforce_eager": True}, {}):
+        config = base.replace(disaggregation="prefill_decode", **changes)
+        got, stats = anyio.run(_disaggregated, config)
+        for key in ("batch", "long", "hit", "turn", "seeded", "unseeded"):
+            assert got[key] == expected[key], (key, changes)
+        assert stats.num_kv_blocks_received > 0 and stats.num_kv_blocks_sent > 0
