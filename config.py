@@ -146,7 +146,7 @@ class EngineConfig:
     # continuations on another, each with its own worker process, model and KV pool; KV blocks
     # move between them through torch.distributed (gloo on the CPU, NCCL on CUDA). On CUDA the
     # two sides run on these device indices. What it does not combine with is refused here
-    # (check_disaggregation below; docs/disaggregation.md).
+    # (check_disaggregation below; docs/architecture.md).
     disaggregation: Disaggregation = "none"
     prefill_device_index: int = 0
     decode_device_index: int = 1

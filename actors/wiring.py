@@ -86,18 +86,18 @@ def graph_specs(*, executor_in_thread: bool, disaggregated: bool = False) -> tup
 
 def disaggregated_specs() -> tuple[ActorSpec, ...]:
     """Prefill/decode disaggregation: the phase router between the scheduler and two
-    executors ("executor" is the decode side). The router sits on the scheduler's cycle and
-    holds at most a plan and two answers: unbounded like the scheduler's inbox."""
+    executors ("executor" is the decode side). The router sits on the scheduler's cycle:
+    unbounded like the scheduler's inbox (a plan, a decode answer, prefill answers)."""
     inf = math.inf
     to_router: tuple[tuple[ActorName, ActorName], ...] = (("executor", "phase_router"),)
     return (
         ActorSpec("streamer", build_streamer, ("client", "scheduler", "admission"), 8, False),
         ActorSpec("executor", build_executor, ("grammar", "phase_router"), 0, True, max_batch=1),
-        ActorSpec(
-            "prefill_executor",
-            build_prefill_executor,
+        ActorSpec(  # unbounded: the router queues prompt chunks the prefill side has not
+            "prefill_executor",  # reached yet instead of waiting (step_join.py); at most the
+            build_prefill_executor,  # chunks of the admitted prompts
             ("grammar", "phase_router"),
-            0,
+            inf,
             True,
             max_batch=1,
         ),

@@ -7,6 +7,10 @@ direction per step, every layer of every block in it.
 
 Both sides take the directions in the same order, so the pair never waits on each other
 crosswise. The receiver knows the shape from the plan (its `recv_blocks`): no size message.
+Sends do not wait for the receiver (isend; the gathered copy is kept until it completes): the
+prefill side may be steps behind (actors/core/step_join.py), and the decode side must not
+wait for it to catch up just to hand over blocks it will read later. Receives wait: the step
+reads what they bring.
 Pools of the same geometry on both sides are what makes one block id one slot in both.
 """
 
@@ -30,6 +34,7 @@ class KVTransfer:
         self.peer = PEER_RANK[phase]
         self.num_sent = 0
         self.num_received = 0
+        self._sending: list[tuple[dist.Work, torch.Tensor]] = []  # in flight, with their data
 
     def apply(self, plan: StepPlan) -> None:
         """The plan's transfers, prefill -> decode first."""
@@ -45,8 +50,17 @@ class KVTransfer:
             return
         ids = torch.tensor(block_ids, dtype=torch.int64, device=self.kv.device)
         blocks = self.kv.gpu.index_select(2, ids)  # [layers, planes, n, block, heads, dim]
-        dist.send(blocks, dst=self.peer)
+        self._sending = [(w, t) for w, t in self._sending if not w.is_completed()]
+        work = dist.isend(blocks, dst=self.peer)
+        assert work is not None  # None only for a rank outside the group
+        self._sending.append((work, blocks))
         self.num_sent += len(block_ids)
+
+    def flush(self) -> None:
+        """Wait until every send has completed (before the group is torn down)."""
+        for work, _ in self._sending:
+            work.wait()
+        self._sending = []
 
     def _recv(self, block_ids: tuple[int, ...]) -> None:
         if not block_ids:

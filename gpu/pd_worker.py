@@ -84,7 +84,9 @@ def worker_main(phase: Phase, config: EngineConfig, init_file: str, conn: Connec
                 "window are released while their ids stay in the tables"
             )
         conn.send_bytes(command_encoder.encode(_ready(phase, runner)))
-        if _serve(runner, KVTransfer(runner.kv, phase), conn):
+        transfer = KVTransfer(runner.kv, phase)
+        if _serve(runner, transfer, conn):
+            transfer.flush()
             dist.barrier()  # both sides are out of their last transfer before either tears down
     except BaseException as exc:  # reported to the engine, then this side exits
         if not isinstance(exc, ConfigError):

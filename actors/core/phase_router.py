@@ -11,8 +11,10 @@ block (kv_residency.py).
     blocks a side reads but the other holds ─► send_blocks / recv_blocks of both shares
 
 Both executors' pools share the allocator's block ids, so the allocator and the scheduler's
-block accounting are unchanged. A side with nothing to do this step gets no plan; the decode
-side answers a step with nothing in it (it gives the step its time).
+block accounting are unchanged. A side with nothing to do this step gets no plan. A prefill
+share that samples nothing is not waited for (step_join.py): the decodes of the step are
+answered at their own pace while the prefill side works through prompt chunks, and a step
+with nothing awaited is answered at once.
 
 Requests without a seed get one here, drawn from the engine's `seed` in the order a single
 executor would draw it (request_seeds.py): both sides then sample the same stream.
@@ -26,7 +28,7 @@ import msgspec
 from troupe.actors.core.base import Outgoing
 from troupe.actors.core.kv_residency import KVResidency
 from troupe.actors.core.phase_requests import PhaseRequest
-from troupe.actors.core.step_join import StepJoin
+from troupe.actors.core.step_join import StepJoins
 from troupe.messages.executor import SeqWork, StepPlan
 from troupe.messages.phase_router import Phase, PhaseRouterInbox
 from troupe.request_seeds import SeedSource
@@ -43,7 +45,7 @@ class PhaseRouterCore:
         self.block_size = block_size
         self.residency = KVResidency()
         self.requests: dict[str, PhaseRequest] = {}
-        self._joins: dict[int, StepJoin] = {}
+        self.joins = StepJoins()
         self._seeds = SeedSource(seed)
         self.num_blocks_sent = {Phase.PREFILL: 0, Phase.DECODE: 0}  # by the sending side
 
@@ -53,12 +55,8 @@ class PhaseRouterCore:
             if isinstance(msg, StepPlan):
                 out += self.split(msg)
                 continue
-            join = self._joins.get(msg.result.step_id)
-            if join is None:
-                raise ValueError(f"an answer to step {msg.result.step_id}, which is not running")
-            joined = join.add(msg.phase, msg.result)
+            joined = self.joins.answer(msg.phase, msg.result)
             if joined is not None:
-                del self._joins[join.step_id]
                 out.append(("scheduler", joined))
         return out
 
@@ -75,6 +73,7 @@ class PhaseRouterCore:
             if gone is not None and gone.holder is not None:
                 released[gone.holder].append(request_id)
         seqs: dict[Phase, list[SeqWork]] = {Phase.PREFILL: [], Phase.DECODE: []}
+        sampling = {Phase.PREFILL: False, Phase.DECODE: False}
         reads: list[tuple[Phase, list[int]]] = []
         writes: list[tuple[Phase, list[int]]] = []
         bs = self.block_size
@@ -94,6 +93,7 @@ class PhaseRouterCore:
                 share = work
             req.holder = side
             seqs[side].append(share)
+            sampling[side] = sampling[side] or work.sample
             end = work.start_pos + len(work.token_ids)
             reads.append((side, req.table[: -(-work.start_pos // bs)]))
             writes.append((side, req.table[work.start_pos // bs : -(-end // bs)]))
@@ -113,12 +113,13 @@ class PhaseRouterCore:
                     recv_blocks=tuple(receives),
                 )
             self.num_blocks_sent[side] += len(sends)
-        if not shares:  # nothing to do: the decode side still answers (the step's time)
-            shares[Phase.DECODE] = StepPlan(step_id=plan.step_id, seqs=())
-        if plan.step_id in self._joins:
-            raise ValueError(f"step {plan.step_id} is already running")
-        self._joins[plan.step_id] = StepJoin(plan.step_id, order, set(shares))
-        return [(OUTBOX[side], share) for side, share in shares.items()]
+        # a prefill share that samples nothing is not awaited (step_join.py)
+        awaited = {side for side in shares if side == Phase.DECODE or sampling[side]}
+        out: Outgoing = [(OUTBOX[side], share) for side, share in shares.items()]
+        joined = self.joins.start(plan.step_id, order, set(shares), awaited)
+        if joined is not None:
+            out.append(("scheduler", joined))
+        return out
 
     def _request(self, work: SeqWork) -> PhaseRequest:
         req = self.requests.get(work.request_id)

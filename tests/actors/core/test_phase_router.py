@@ -28,10 +28,18 @@ def _router() -> PhaseRouterCore:
 
 
 def _shares(router: PhaseRouterCore, plan: StepPlan) -> dict[str, StepPlan]:
-    out = router.handle([plan])
-    shares = {dest: msg for dest, msg in out}
-    assert all(isinstance(m, StepPlan) for m in shares.values())
-    return shares  # type: ignore[return-value]
+    """The executors' shares of `plan`; a result answered at once is kept in ANSWERED."""
+    shares: dict[str, StepPlan] = {}
+    for dest, msg in router.handle([plan]):
+        if isinstance(msg, StepResult):
+            ANSWERED.append(msg)
+        else:
+            assert isinstance(msg, StepPlan)
+            shares[dest] = msg
+    return shares
+
+
+ANSWERED: list[StepResult] = []
 
 
 def _answer(
@@ -74,7 +82,11 @@ def test_chunks_go_to_prefill_and_the_first_decode_moves_the_blocks() -> None:
     assert set(shares) == {"prefill_executor"}
     first = shares["prefill_executor"].seqs[0]
     assert first.reset and first.block_ids == (3, 5) and first.params is not None
-    assert router.handle([_answer(1, P)]) == [("scheduler", StepResult(step_id=1, time=1.0))]
+    # it samples nothing: the step is answered at once, the prefill side works on
+    assert ANSWERED.pop() == StepResult(step_id=1, time=0.0)
+    assert router.joins.num_ahead == 1
+    assert router.handle([_answer(1, P)]) == []
+    assert router.joins.num_ahead == 0
     # step 2: the last chunk samples on the prefill side
     last = SeqWork(request_id="a", token_ids=(6, 7, 8, 9), start_pos=6, block_ids=(8,))
     shares = _shares(router, StepPlan(step_id=2, seqs=(last,)))
@@ -155,11 +167,12 @@ def test_join_keeps_plan_order_and_failures_and_errors() -> None:
         ]
     )
     error = PhaseStepResult(phase=D, result=StepResult(step_id=3, time=2.0, error="boom"))
-    assert router.handle([error]) == []  # z moved to decode: the prefill side sent its block
-    [(_, joined)] = router.handle([_answer(3, P)])
+    # z moved: the prefill side sends its block and releases it (samples nothing: not awaited)
+    [(_, joined)] = router.handle([error])
     assert joined.error == "decode executor: boom" and joined.sampled == ()
-    with pytest.raises(ValueError, match="not running"):
-        router.handle([_answer(3, P)])
+    assert router.handle([_answer(3, P)]) == []
+    with pytest.raises(ValueError, match="not awaited"):
+        router.handle([_answer(3, D)])
 
 
 def test_prefix_hit_on_blocks_decode_wrote_moves_them_back() -> None:
@@ -239,11 +252,32 @@ def test_refusals_and_an_empty_step() -> None:
     router = _router()
     with pytest.raises(ValueError, match="swaps or block copies"):
         router.handle([StepPlan(step_id=1, seqs=(), swap_out=((1, 0),))])
-    shares = _shares(router, StepPlan(step_id=2, seqs=()))
-    assert set(shares) == {"executor"}  # the decode side gives the step its time
-    assert router.handle([_answer(2, D, time=4.0)]) == [
-        ("scheduler", StepResult(step_id=2, time=4.0))
-    ]
+    [(dest, result)] = router.handle([StepPlan(step_id=2, seqs=())])  # nothing to run
+    assert (dest, result) == ("scheduler", StepResult(step_id=2, time=0.0))
     # reading a block nobody wrote is a bug the router names
     with pytest.raises(AssertionError, match=r"block 6 .* never written"):
         router.handle([StepPlan(step_id=3, seqs=(_prompt("q", 4, [1], (6, 7), sample=True),))])
+
+
+def test_prefill_runs_ahead_and_a_late_error_fails_the_next_step() -> None:
+    router = _router()
+    chunk = _prompt("a", 0, [1, 2, 3, 4], (0,), sample=False)
+    other = _prompt("b", 0, [5], (1,), sample=True)
+    router.handle([StepPlan(step_id=1, seqs=(other,))])
+    router.handle([_answer(1, P, ("b", 6))])
+    # step 2: b decodes (awaited), a's chunk samples nothing (not awaited)
+    plan = StepPlan(step_id=2, seqs=(SeqWork(request_id="b", token_ids=(6,), start_pos=1), chunk))
+    shares = _shares(router, plan)
+    assert set(shares) == {"prefill_executor", "executor"}
+    [(_, joined)] = router.handle([_answer(2, D, ("b", 7), time=2.0)])
+    assert joined == StepResult(step_id=2, time=2.0, sampled=(SampledToken("b", 7),))
+    # step 3 is planned while the prefill side still runs step 2: its share queues behind it
+    more = SeqWork(request_id="a", token_ids=(9,), start_pos=4, block_ids=(2,), sample=False)
+    decode = SeqWork(request_id="b", token_ids=(7,), start_pos=2)
+    shares = _shares(router, StepPlan(step_id=3, seqs=(decode, more)))
+    assert router.joins.num_ahead == 2
+    late = PhaseStepResult(phase=P, result=StepResult(step_id=2, time=3.0, error="worker died"))
+    assert router.handle([late, _answer(3, P)]) == []
+    [(_, joined)] = router.handle([_answer(3, D, ("b", 8), time=4.0)])
+    assert joined.error == "prefill executor (step 2): worker died"
+    assert router.joins.num_ahead == 0 and router.joins.num_answered_ahead == 2
