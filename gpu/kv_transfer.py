@@ -16,11 +16,14 @@ Pools of the same geometry on both sides are what makes one block id one slot in
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import torch
 import torch.distributed as dist
 from troupe.gpu.kv_cache import KVCache
 from troupe.messages import Phase, StepPlan
 
+FLUSH_TIMEOUT = timedelta(seconds=5)
 PEER_RANK = {Phase.PREFILL: 1, Phase.DECODE: 0}  # the other side's rank in the pair's group
 RANK = {Phase.PREFILL: 0, Phase.DECODE: 1}
 
@@ -56,11 +59,17 @@ class KVTransfer:
         self._sending.append((work, blocks))
         self.num_sent += len(block_ids)
 
-    def flush(self) -> None:
-        """Wait until every send has completed (before the group is torn down)."""
-        for work, _ in self._sending:
-            work.wait()
+    def flush(self, timeout: timedelta = FLUSH_TIMEOUT) -> bool:
+        """Wait until every send has completed (before the group is torn down); False if one
+        did not within `timeout` (the peer stopped before reaching the step that receives
+        it: an engine closing with prefill shares still queued)."""
+        try:
+            for work, _ in self._sending:
+                work.wait(timeout)
+        except RuntimeError:
+            return False
         self._sending = []
+        return True
 
     def _recv(self, block_ids: tuple[int, ...]) -> None:
         if not block_ids:

@@ -62,6 +62,7 @@ def worker_main(phase: Phase, config: EngineConfig, init_file: str, conn: Connec
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the engine decides when the pair stops
     runner: ModelRunner | None = None
     exit_code = 0
+    clean = False  # left the group's last transfer with the peer: tear the group down
     try:
         device = side_device(config, phase)
         if device.type == "cuda":
@@ -85,8 +86,8 @@ def worker_main(phase: Phase, config: EngineConfig, init_file: str, conn: Connec
             )
         conn.send_bytes(command_encoder.encode(_ready(phase, runner)))
         transfer = KVTransfer(runner.kv, phase)
-        if _serve(runner, transfer, conn):
-            transfer.flush()
+        clean = _serve(runner, transfer, conn) and transfer.flush()
+        if clean:
             dist.barrier()  # both sides are out of their last transfer before either tears down
     except BaseException as exc:  # reported to the engine, then this side exits
         if not isinstance(exc, ConfigError):
@@ -96,7 +97,7 @@ def worker_main(phase: Phase, config: EngineConfig, init_file: str, conn: Connec
     finally:
         if runner is not None:
             runner.close()
-        if exit_code == 0 and dist.is_initialized():
+        if exit_code == 0 and clean and dist.is_initialized():
             dist.destroy_process_group()
     sys.stdout.flush()
     sys.stderr.flush()
