@@ -102,6 +102,10 @@ async def _workload(engine: Engine) -> dict[str, Any]:
     out["turn"] = await _one(engine, [*LONG, *first, 9, 8, 7], _greedy(6))
     seeded = SamplingParams(max_tokens=6, temperature=0.8, seed=11, ignore_eos=True)
     out["seeded"] = await _one(engine, BATCH[1], seeded)
+    # penalties read the history, which moves with the request (SeqWork.history): a prompt
+    # of tokens the model likes (an answer above), no prefix hit (it starts anew)
+    penalized = SamplingParams(max_tokens=8, temperature=0.0, repetition_penalty=3.0)
+    out["penalized"] = await _one(engine, [250, *out["batch"][0]], penalized)
     # no seed: the engine's seed stream, drawn by the phase router as one executor draws it
     out["unseeded"] = await _one(engine, BATCH[2], SamplingParams(max_tokens=6, temperature=0.8))
     await wait_blocks_free(engine)
@@ -156,7 +160,7 @@ def test_same_tokens_as_one_executor(model: Path) -> None:
     assert expected["preempted"] > 0 and got["preempted"] > 0
     assert expected["hits"] > 0 and got["hits"] == expected["hits"]
     assert len({tuple(t) for t in expected["batch"]}) == len(BATCH)  # not degenerate
-    for key in ("batch", "long", "hit", "turn", "seeded", "unseeded"):
+    for key in ("batch", "long", "hit", "turn", "seeded", "penalized", "unseeded"):
         assert got[key] == expected[key], key
     assert stats.num_kv_blocks_received > 0  # prefill -> decode
     assert stats.num_kv_blocks_sent > 0  # decode -> prefill: the multi-turn prompt's blocks
@@ -192,6 +196,6 @@ def test_cuda_two_gpus_nccl_same_tokens(model: Path) -> None:
     for changes in ({"enforce_eager": True}, {}):
         config = base.replace(disaggregation="prefill_decode", **changes)
         got, stats = anyio.run(_disaggregated, config)
-        for key in ("batch", "long", "hit", "turn", "seeded", "unseeded"):
+        for key in ("batch", "long", "hit", "turn", "seeded", "penalized", "unseeded"):
             assert got[key] == expected[key], (key, changes)
         assert stats.num_kv_blocks_received > 0 and stats.num_kv_blocks_sent > 0
