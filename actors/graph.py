@@ -88,6 +88,11 @@ def build_admission(g: GraphInputs) -> AdmissionCore:
         streaming=StreamingDefaults(
             g.config.streaming_window, g.config.sink_tokens, g.numbers.max_stream_len
         ),
+        samples_limit=(
+            "disaggregation 'prefill_decode' runs one sample per request"
+            if g.is_disaggregated
+            else "max_num_samples, capped by max_num_seqs"
+        ),
     )
 
 

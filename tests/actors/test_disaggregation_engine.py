@@ -120,6 +120,7 @@ async def _disaggregated(config: EngineConfig) -> tuple[dict[str, Any], Any]:
         # n > 1 and structured output are refused per request, naming the field
         end = terminal(await collect(engine, [1, 2], SamplingParams(max_tokens=2, n=2)))
         assert isinstance(end, Rejected) and end.field == "n", end
+        assert "n must be <= 1 (disaggregation 'prefill_decode'" in end.message
         spec = StructuredOutputs(regex="[ab]+")
         params = SamplingParams(max_tokens=2, structured_outputs=spec)
         end = terminal(await collect(engine, [1], params))
