@@ -37,6 +37,9 @@ class PhaseRequest:
                 del self.table[len(self.table) - work.num_dropped_blocks :]
             self.table.extend(work.block_ids)
         if self.tokens is not None:
+            if len(self.tokens) < len(work.history):
+                self.tokens.extend([0] * (len(work.history) - len(self.tokens)))
+            self.tokens[: len(work.history)] = work.history
             end = work.start_pos + len(work.token_ids)
             if len(self.tokens) < end:
                 self.tokens.extend([0] * (end - len(self.tokens)))

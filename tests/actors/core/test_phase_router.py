@@ -281,3 +281,24 @@ def test_prefill_runs_ahead_and_a_late_error_fails_the_next_step() -> None:
     [(_, joined)] = router.handle([_answer(3, D, ("b", 8), time=4.0)])
     assert joined.error == "prefill executor (step 2): worker died"
     assert router.joins.num_ahead == 0 and router.joins.num_answered_ahead == 2
+
+
+def test_a_history_the_scheduler_sends_is_kept_for_the_move() -> None:
+    router = _router()
+    params = SamplingParams(max_tokens=8, temperature=0.0, presence_penalty=1.0)
+    first = SeqWork(
+        request_id="a",
+        token_ids=(7, 8),
+        start_pos=4,  # four tokens from the prefix cache, their ids in `history`
+        block_ids=(0, 1),
+        params=params,
+        num_prompt_tokens=6,
+        history=(1, 2, 3, 4),
+    )
+    router.residency.written(P, [0])  # the cached block
+    router.handle([StepPlan(step_id=1, seqs=(first,))])
+    router.handle([_answer(1, P, ("a", 9))])
+    shares = _shares(
+        router, StepPlan(step_id=2, seqs=(SeqWork(request_id="a", token_ids=(9,), start_pos=6),))
+    )
+    assert shares["executor"].seqs[0].history == (1, 2, 3, 4, 7, 8)
