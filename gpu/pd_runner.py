@@ -61,6 +61,7 @@ class WorkerPair:
                     f"{name} ({device.index}) is not a CUDA device torch sees "
                     f"({torch.cuda.device_count()})"
                 )
+        self.config = config
         self._dir = tempfile.mkdtemp(prefix="troupe-pd-")
         self._lock = threading.Lock()
         self._error: str | None = None
@@ -192,7 +193,8 @@ class PhaseRunner:
         self.eos_token_ids = ready[phase].eos_token_ids
         self.num_lookahead_tokens = max(r.num_lookahead_tokens for r in ready.values())
         self.kv_window = 0  # sliding-window models are refused by the workers
-        self.kv_pages_on_write = False
+        # CPU pools are committed as blocks are first written (gpu/kv_cache.py)
+        self.kv_pages_on_write = side_device(pair.config, phase).type == "cpu"
         self.max_stream_len = 0  # StreamingLLM is refused with disaggregation
         self._stats = RunnerStats()
 
