@@ -60,8 +60,18 @@ def _arch(path: Path) -> str:
     return str(arch)
 
 
+# Unquantized ggml types read here directly (the gguf package, ~0.1 s to import, is for the rest)
+_PLAIN: dict[int, np.dtype[Any]] = {0: np.dtype("<f4"), 1: np.dtype("<f2")}  # F32, F16
+
+
 def _dequantize(path: Path, info: TensorInfo) -> np.ndarray:
     """One tensor as a writable fp32 array of `info.shape`."""
+    plain = _PLAIN.get(info.ggml_type)
+    if plain is not None:
+        num_values = int(np.prod(info.shape))
+        raw = tensor_bytes(path, info, num_values * plain.itemsize)
+        data: np.ndarray = raw.view(plain).astype(np.float32)  # a copy: the file is mmapped
+        return data.reshape(info.shape)
     import gguf
 
     qtype = gguf.GGMLQuantizationType(info.ggml_type)

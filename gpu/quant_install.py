@@ -4,6 +4,8 @@ then fills only the parameters left (norms, biases, anything shipped dense)."""
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 from torch import nn
 from troupe.gpu.fp8_weights import Fp8Weight, concat_fp8
 from troupe.gpu.gguf_quant import QuantBlocks, concat_rows
@@ -27,32 +29,38 @@ def install_quantized(model: DecoderModel, tensors: dict[str, QuantBlocks | Fp8W
     taken out of `tensors`, so the unfused parts are freed as their fused copy is made."""
     used: set[str] = set()
     device = model.device
-    for index, layer in enumerate(model.layers):
-        prefix = f"model.layers.{index}."
-        for param, parts in _FUSED.items():
-            names = [f"{prefix}{part}.weight" for part in parts]
-            if not all(name in tensors for name in names):
-                continue
-            try:
-                blocks = _concat([tensors[name] for name in names])
-            except ValueError:
-                continue  # mixed forms: leave them to the dense path
-            weight = make_quant_linear(blocks, device)
-            if weight is not None:
-                _replace(layer, param, weight, names[0])
-                used.update(names)
-                for name in names:
-                    del tensors[name]
     tops = [("model.embed_tokens.weight", "embed_tokens")]
     if model.lm_head is not None:  # tied embeddings: embed_tokens serves both
         tops.append(("lm_head.weight", "lm_head"))
+    top_blocks = {name: tensors.pop(name) for name, _ in tops if name in tensors}
+    # The vocabulary's int8 layer (fbgemm's prepack: ~0.4 s of CPU that releases the GIL) is
+    # built in a second thread while this one repacks the layers
+    with ThreadPoolExecutor(1, thread_name_prefix="weight-pack") as pool:
+        made = {name: pool.submit(make_quant_linear, b, device) for name, b in top_blocks.items()}
+        for index, layer in enumerate(model.layers):
+            prefix = f"model.layers.{index}."
+            for param, parts in _FUSED.items():
+                names = [f"{prefix}{part}.weight" for part in parts]
+                if not all(name in tensors for name in names):
+                    continue
+                try:
+                    blocks = _concat([tensors[name] for name in names])
+                except ValueError:
+                    continue  # mixed forms: leave them to the dense path
+                weight = make_quant_linear(blocks, device)
+                if weight is not None:
+                    _replace(layer, param, weight, names[0])
+                    used.update(names)
+                    for name in names:
+                        del tensors[name]
     for hf_name, attr in tops:
-        if hf_name in tensors:
-            weight = make_quant_linear(tensors[hf_name], device)
-            if weight is not None:
-                _replace(model, attr, weight, hf_name)
-                used.add(hf_name)
-                del tensors[hf_name]
+        if hf_name in made:
+            top = made[hf_name].result()
+            if top is None:  # no packed path here: back to the dense pass
+                tensors[hf_name] = top_blocks[hf_name]
+                continue
+            _replace(model, attr, top, hf_name)
+            used.add(hf_name)
     return used
 
 
