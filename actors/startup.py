@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from troupe.actors.core.detokenizer import shared_token_texts
+from troupe.actors.core.tokenizer_bound import shared_count_bound
 from troupe.actors.core.tokenizer_text import TextTokenizer
 from troupe.actors.executor import ExecutorSetup, start_executor
 from troupe.actors.graph import load_tokenizer_for
@@ -24,11 +25,13 @@ if TYPE_CHECKING:
 
 
 def prepared_tokenizer(model: str | None) -> TextTokenizer:
-    """The process's tokenizer for `model` with the streamer's tables built (token bytes, and
-    the shared token texts of both skip settings), so building a StreamerCore is cheap."""
+    """The process's tokenizer for `model` with what the cores derive from it computed (the
+    streamer's token texts for both skip settings, the tokenizer core's count bound), so
+    building those cores on the event loop is cheap."""
     tokenizer = load_tokenizer_for(model)
     for skip in (False, True):
         shared_token_texts(tokenizer, skip_special_tokens=skip)
+    shared_count_bound(tokenizer)
     return tokenizer
 
 

@@ -80,22 +80,34 @@ def expand_bf16(blocks: Int4Blocks) -> torch.Tensor:
 class CpuInt4:
     """One 4-bit weight on the CPU: packed for decode rows, expanded to bf16 for prefill.
 
-    Held: the packed codes and their bf16 (scale, zero) for the kernel, and the exact fp32
-    scale and bias for the expansion; the GGUF nibbles themselves are dropped (the codes are
-    read back from the packed copy), except for N not a multiple of 64 (torch's padded form)."""
+    Held: the packed codes and their bf16 (scale, zero) for the kernel, and the exact scale
+    and bias for the expansion (in fp16 where that holds them exactly, as for Q4_0 and Q4_1,
+    whose factors the file ships in fp16; else fp32); the GGUF nibbles themselves are dropped
+    (the codes are read back from the packed copy), except for N not a multiple of 64 (torch's
+    padded form)."""
 
     def __init__(self, blocks: Int4Blocks) -> None:
         self.num_rows, self.k = blocks.shape
         self.group_size = blocks.group_size
         self.packed = pack_int4_for_cpu(blocks)
         self.scale_zero = scale_zero_for_cpu(blocks)
-        self.scale, self.bias = blocks.scale, blocks.bias
+        self._scale, self._bias = _compact(blocks.scale), _compact(blocks.bias)
         self._nibbles = blocks.packed if self.num_rows % _BLOCK_N else None
+
+    @property
+    def scale(self) -> torch.Tensor:
+        """The exact fp32 scale [N, K / group]."""
+        return self._scale.float()
+
+    @property
+    def bias(self) -> torch.Tensor:
+        """The exact fp32 bias [N, K / group]."""
+        return self._bias.float()
 
     def blocks(self, rows: torch.Tensor | None = None) -> Int4Blocks:
         """The exact Int4Blocks (of `rows` only, when given), rebuilt from the packed codes."""
-        scale = self.scale if rows is None else self.scale[rows]
-        bias = self.bias if rows is None else self.bias[rows]
+        scale = self.scale if rows is None else self._scale[rows].float()
+        bias = self.bias if rows is None else self._bias[rows].float()
         if self._nibbles is not None:
             nibbles = self._nibbles if rows is None else self._nibbles[rows]
         else:
@@ -121,3 +133,9 @@ class CpuInt4:
         if out.shape[1] != self.num_rows:
             out = out[:, : self.num_rows]
         return out.to(x.dtype)
+
+
+def _compact(factors: torch.Tensor) -> torch.Tensor:
+    """fp32 `factors` as fp16 when that round-trips every value exactly, else unchanged."""
+    half = factors.half()
+    return half if torch.equal(half.float(), factors) else factors

@@ -36,6 +36,12 @@ def _read_version(path: Path, mtime_ns: int, size: int) -> tuple[dict[str, Any],
         raise ModelLoadError(str(exc)) from exc
 
 
+def forget_gguf_directories() -> None:
+    """Drop the parsed metadata kept for the load (~10 MiB for a 49k vocabulary and its merges,
+    which the tokenizer parses for itself): call once the model is loaded."""
+    _read_version.cache_clear()
+
+
 def read_gguf_config(path: Path) -> ModelConfig:
     """ModelConfig from a GGUF file's metadata."""
     metadata, infos = _read(path)

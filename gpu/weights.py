@@ -9,7 +9,12 @@ from pathlib import Path
 import torch
 from troupe.config import Quantization
 from troupe.gpu.fp8_weights import expand_fp8, read_fp8_weights
-from troupe.gpu.gguf_weights import iter_gguf_quantized, iter_gguf_tensors, read_gguf_config
+from troupe.gpu.gguf_weights import (
+    forget_gguf_directories,
+    iter_gguf_quantized,
+    iter_gguf_tensors,
+    read_gguf_config,
+)
 from troupe.gpu.model_config import ModelConfig, ModelLoadError
 from troupe.gpu.models import DecoderModel
 from troupe.gpu.quant_install import install_quantized
@@ -91,6 +96,7 @@ def load_model(
             fill_weights(model, iter_gguf_tensors(path, config, frozenset(used)), str(path))
         finally:
             torch.set_num_threads(threads)
+            forget_gguf_directories()
         return config, model.eval()
     if path.is_dir():
         fp8 = read_fp8_weights(safetensors_files(path))
@@ -100,15 +106,12 @@ def load_model(
             fill_weights(model, expand_fp8(iter_hf_tensors(path), fp8, kept), str(path))
             return config, model.eval()
     tensors = iter_gguf_tensors(path, config) if path.suffix == ".gguf" else iter_hf_tensors(path)
-    model = build_model(
-        config,
-        tensors,
-        dtype,
-        device,
-        max_positions,
-        source=str(path),
-        kernel_backend=kernel_backend,
-    )
+    try:
+        model = build_model(
+            config, tensors, dtype, device, max_positions, str(path), kernel_backend
+        )
+    finally:
+        forget_gguf_directories()
     return config, model
 
 
