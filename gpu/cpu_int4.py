@@ -28,6 +28,7 @@ from troupe.gpu.gguf_quant import Int4Blocks, pack_nibbles
 # rows 68 vs 18 ms; the expansion alone is ~8 ms)
 CPU_PACKED_MAX_ROWS = 256
 _BLOCK_N = 64  # rows per block of torch's CPU int4 layout
+_EXPAND_ROWS = 512  # rows expanded at a time for a long prefill (multiple of _BLOCK_N)
 
 
 def pack_int4_for_cpu(blocks: Int4Blocks) -> torch.Tensor:
@@ -114,14 +115,20 @@ class CpuInt4:
             nibbles = pack_nibbles(unpack_int4_for_cpu(self.packed, self.k, rows))
         return Int4Blocks(nibbles, scale, bias, self.group_size)
 
-    def expand_bf16(self) -> torch.Tensor:
-        """expand_bf16 of the exact weight, from the packed codes."""
+    def expand_bf16(self, chunk_rows: int = _EXPAND_ROWS) -> torch.Tensor:
+        """expand_bf16 of the exact weight, from the packed codes, `chunk_rows` (a multiple of
+        64) at a time: the fp32 temporaries stay a few MiB (a long prefill's peak RSS)."""
         if self._nibbles is not None:
             return expand_bf16(self.blocks())
-        n, k = self.num_rows, self.k
-        q = unpack_int4_for_cpu(self.packed, k).view(n, -1, self.group_size).float()
-        weight = torch.addcmul(self.bias[..., None], q, self.scale[..., None])
-        return weight.view(n, k).to(torch.bfloat16)
+        n, k, g = self.num_rows, self.k, self.group_size
+        out = torch.empty((n, k), dtype=torch.bfloat16)
+        for start in range(0, n, chunk_rows):
+            end = min(n, start + chunk_rows)
+            q = unpack_int4_for_cpu(self.packed[start:end], k).view(end - start, -1, g).float()
+            scale, bias = self._scale[start:end, :, None], self._bias[start:end, :, None]
+            weight = torch.addcmul(bias.float(), q, scale.float())
+            out[start:end] = weight.view(end - start, k)  # rounded to bf16 as .to() does
+        return out
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x [M, K] -> [M, N] in x's dtype."""

@@ -44,6 +44,7 @@ def test_exact_blocks_come_back_from_the_packed_copy(ggml_type: int, n: int) -> 
     rows = torch.tensor([n - 1, 0, 33, 5, 33])
     assert torch.equal(cpu.blocks(rows).dequantize(), blocks.dequantize()[rows])
     assert torch.equal(cpu.expand_bf16(), blocks.dequantize().to(torch.bfloat16))
+    assert torch.equal(cpu.expand_bf16(chunk_rows=64), cpu.expand_bf16())  # 1-3 chunks
 
 
 @pytest.mark.parametrize("ggml_type", [Q4_0, Q4_1, Q4_K])
