@@ -22,11 +22,10 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from troupe.actors.client_streams import ClientStreams, EventListener
 from troupe.actors.core.executor import ExecutorCore
 from troupe.actors.exception_groups import single_leaf, unwrap_single
-from troupe.actors.executor import ExecutorSetup, start_executor
-from troupe.actors.graph import load_tokenizer_for
 from troupe.actors.request_input import RequestInputError, to_generate_request
 from troupe.actors.request_log import log_end
 from troupe.actors.shell import Actor
+from troupe.actors.startup import load_engine_parts
 from troupe.actors.switch_interval import switch_interval
 from troupe.actors.watchdog import watch_executor
 from troupe.actors.wiring import wire
@@ -144,13 +143,12 @@ class Engine:
         config = self.config
         if not structlog.is_configured():  # an app that set up structlog keeps its own set-up
             configure_logging(config.log_format, config.log_level)
-        setup: ExecutorSetup = await anyio.to_thread.run_sync(
-            start_executor, config, self._injected_runner
+        setup, self.tokenizer = await anyio.to_thread.run_sync(
+            load_engine_parts, config, self._injected_runner
         )
         self.model_name = setup.model_name
         self.max_model_len = setup.numbers.max_model_len
         self._vocab_size = setup.numbers.vocab_size
-        self.tokenizer = await anyio.to_thread.run_sync(load_tokenizer_for, config.model)
         tracer = None
         if config.trace_path:
             header = TraceHeader(

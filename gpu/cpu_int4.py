@@ -28,6 +28,7 @@ from troupe.gpu.gguf_quant import Int4Blocks, pack_nibbles
 # rows 68 vs 18 ms; the expansion alone is ~8 ms)
 CPU_PACKED_MAX_ROWS = 256
 _BLOCK_N = 64  # rows per block of torch's CPU int4 layout
+_EXPAND_ROWS = 512  # rows expanded at a time for a long prefill (multiple of _BLOCK_N)
 
 
 def pack_int4_for_cpu(blocks: Int4Blocks) -> torch.Tensor:
@@ -80,36 +81,54 @@ def expand_bf16(blocks: Int4Blocks) -> torch.Tensor:
 class CpuInt4:
     """One 4-bit weight on the CPU: packed for decode rows, expanded to bf16 for prefill.
 
-    Held: the packed codes and their bf16 (scale, zero) for the kernel, and the exact fp32
-    scale and bias for the expansion; the GGUF nibbles themselves are dropped (the codes are
-    read back from the packed copy), except for N not a multiple of 64 (torch's padded form)."""
+    Held: the packed codes and their bf16 (scale, zero) for the kernel, and the exact scale
+    and bias for the expansion (in fp16 where that holds them exactly, as for Q4_0 and Q4_1,
+    whose factors the file ships in fp16; else fp32); the GGUF nibbles themselves are dropped
+    (the codes are read back from the packed copy), except for N not a multiple of 64 (torch's
+    padded form)."""
 
     def __init__(self, blocks: Int4Blocks) -> None:
         self.num_rows, self.k = blocks.shape
         self.group_size = blocks.group_size
         self.packed = pack_int4_for_cpu(blocks)
         self.scale_zero = scale_zero_for_cpu(blocks)
-        self.scale, self.bias = blocks.scale, blocks.bias
+        self._scale, self._bias = _compact(blocks.scale), _compact(blocks.bias)
         self._nibbles = blocks.packed if self.num_rows % _BLOCK_N else None
+
+    @property
+    def scale(self) -> torch.Tensor:
+        """The exact fp32 scale [N, K / group]."""
+        return self._scale.float()
+
+    @property
+    def bias(self) -> torch.Tensor:
+        """The exact fp32 bias [N, K / group]."""
+        return self._bias.float()
 
     def blocks(self, rows: torch.Tensor | None = None) -> Int4Blocks:
         """The exact Int4Blocks (of `rows` only, when given), rebuilt from the packed codes."""
-        scale = self.scale if rows is None else self.scale[rows]
-        bias = self.bias if rows is None else self.bias[rows]
+        scale = self.scale if rows is None else self._scale[rows].float()
+        bias = self.bias if rows is None else self._bias[rows].float()
         if self._nibbles is not None:
             nibbles = self._nibbles if rows is None else self._nibbles[rows]
         else:
             nibbles = pack_nibbles(unpack_int4_for_cpu(self.packed, self.k, rows))
         return Int4Blocks(nibbles, scale, bias, self.group_size)
 
-    def expand_bf16(self) -> torch.Tensor:
-        """expand_bf16 of the exact weight, from the packed codes."""
+    def expand_bf16(self, chunk_rows: int = _EXPAND_ROWS) -> torch.Tensor:
+        """expand_bf16 of the exact weight, from the packed codes, `chunk_rows` (a multiple of
+        64) at a time: the fp32 temporaries stay a few MiB (a long prefill's peak RSS)."""
         if self._nibbles is not None:
             return expand_bf16(self.blocks())
-        n, k = self.num_rows, self.k
-        q = unpack_int4_for_cpu(self.packed, k).view(n, -1, self.group_size).float()
-        weight = torch.addcmul(self.bias[..., None], q, self.scale[..., None])
-        return weight.view(n, k).to(torch.bfloat16)
+        n, k, g = self.num_rows, self.k, self.group_size
+        out = torch.empty((n, k), dtype=torch.bfloat16)
+        for start in range(0, n, chunk_rows):
+            end = min(n, start + chunk_rows)
+            q = unpack_int4_for_cpu(self.packed[start:end], k).view(end - start, -1, g).float()
+            scale, bias = self._scale[start:end, :, None], self._bias[start:end, :, None]
+            weight = torch.addcmul(bias.float(), q, scale.float())
+            out[start:end] = weight.view(end - start, k)  # rounded to bf16 as .to() does
+        return out
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x [M, K] -> [M, N] in x's dtype."""
@@ -121,3 +140,9 @@ class CpuInt4:
         if out.shape[1] != self.num_rows:
             out = out[:, : self.num_rows]
         return out.to(x.dtype)
+
+
+def _compact(factors: torch.Tensor) -> torch.Tensor:
+    """fp32 `factors` as fp16 when that round-trips every value exactly, else unchanged."""
+    half = factors.half()
+    return half if torch.equal(half.float(), factors) else factors

@@ -36,6 +36,12 @@ def _read_version(path: Path, mtime_ns: int, size: int) -> tuple[dict[str, Any],
         raise ModelLoadError(str(exc)) from exc
 
 
+def forget_gguf_directories() -> None:
+    """Drop the parsed metadata kept for the load (~10 MiB for a 49k vocabulary and its merges,
+    which the tokenizer parses for itself): call once the model is loaded."""
+    _read_version.cache_clear()
+
+
 def read_gguf_config(path: Path) -> ModelConfig:
     """ModelConfig from a GGUF file's metadata."""
     metadata, infos = _read(path)
@@ -60,8 +66,18 @@ def _arch(path: Path) -> str:
     return str(arch)
 
 
+# Unquantized ggml types read here directly (the gguf package, ~0.1 s to import, is for the rest)
+_PLAIN: dict[int, np.dtype[Any]] = {0: np.dtype("<f4"), 1: np.dtype("<f2")}  # F32, F16
+
+
 def _dequantize(path: Path, info: TensorInfo) -> np.ndarray:
     """One tensor as a writable fp32 array of `info.shape`."""
+    plain = _PLAIN.get(info.ggml_type)
+    if plain is not None:
+        num_values = int(np.prod(info.shape))
+        raw = tensor_bytes(path, info, num_values * plain.itemsize)
+        data: np.ndarray = raw.view(plain).astype(np.float32)  # a copy: the file is mmapped
+        return data.reshape(info.shape)
     import gguf
 
     qtype = gguf.GGMLQuantizationType(info.ggml_type)

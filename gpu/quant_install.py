@@ -4,6 +4,9 @@ then fills only the parameters left (norms, biases, anything shipped dense)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+
 from torch import nn
 from troupe.gpu.fp8_weights import Fp8Weight, concat_fp8
 from troupe.gpu.gguf_quant import QuantBlocks, concat_rows
@@ -20,39 +23,54 @@ _FUSED = {
 }
 
 
-def install_quantized(model: DecoderModel, tensors: dict[str, QuantBlocks | Fp8Weight]) -> set[str]:
-    """Replace every parameter whose parts are all in `tensors` (HF names); returns the HF names
-    used. A fused parameter with only some parts quantized, or a form with no packed path on
-    the model's device, stays dense: the loader expands those tensors. Installed entries are
-    taken out of `tensors`, so the unfused parts are freed as their fused copy is made."""
+def install_quantized(
+    model: DecoderModel, tensors: Iterable[tuple[str, QuantBlocks | Fp8Weight]]
+) -> set[str]:
+    """Replace every parameter whose parts all come in `tensors` (HF names, read as they are
+    yielded); returns the HF names used. A fused parameter with only some parts quantized, or a
+    form with no packed path on the model's device, stays dense: the loader expands those.
+    Each layer's parts are fused and repacked as soon as the last one arrives, so only one
+    layer's worth of file blocks is held at a time."""
     used: set[str] = set()
     device = model.device
+    groups: dict[str, tuple[nn.Module, str, list[str]]] = {}  # part -> its fused parameter
     for index, layer in enumerate(model.layers):
-        prefix = f"model.layers.{index}."
         for param, parts in _FUSED.items():
-            names = [f"{prefix}{part}.weight" for part in parts]
-            if not all(name in tensors for name in names):
+            names = [f"model.layers.{index}.{part}.weight" for part in parts]
+            groups.update((name, (layer, param, names)) for name in names)
+    tops = {"model.embed_tokens.weight": "embed_tokens"}
+    if model.lm_head is not None:  # tied embeddings: embed_tokens serves both
+        tops["lm_head.weight"] = "lm_head"
+    pending: dict[str, QuantBlocks | Fp8Weight] = {}
+    # The vocabulary's int8 layer (fbgemm's prepack: ~0.4 s of CPU that releases the GIL) is
+    # built in a second thread, from when the file yields it (first, in llama.cpp's order),
+    # while this one reads and repacks the layers
+    with ThreadPoolExecutor(1, thread_name_prefix="weight-pack") as pool:
+        made: dict[str, Future[QuantLinear | None]] = {}
+        for name, blocks in tensors:
+            if name in tops:
+                made[name] = pool.submit(make_quant_linear, blocks, device)
                 continue
+            if name not in groups:
+                continue
+            pending[name] = blocks
+            layer, param, names = groups[name]
+            if not all(part in pending for part in names):
+                continue
+            arrived = [pending.pop(part) for part in names]
             try:
-                blocks = _concat([tensors[name] for name in names])
+                fused = _concat(arrived)
             except ValueError:
                 continue  # mixed forms: leave them to the dense path
-            weight = make_quant_linear(blocks, device)
+            weight = make_quant_linear(fused, device)
             if weight is not None:
                 _replace(layer, param, weight, names[0])
                 used.update(names)
-                for name in names:
-                    del tensors[name]
-    tops = [("model.embed_tokens.weight", "embed_tokens")]
-    if model.lm_head is not None:  # tied embeddings: embed_tokens serves both
-        tops.append(("lm_head.weight", "lm_head"))
-    for hf_name, attr in tops:
-        if hf_name in tensors:
-            weight = make_quant_linear(tensors[hf_name], device)
-            if weight is not None:
-                _replace(model, attr, weight, hf_name)
-                used.add(hf_name)
-                del tensors[hf_name]
+    for name, future in made.items():
+        top = future.result()
+        if top is not None:
+            _replace(model, tops[name], top, name)
+            used.add(name)
     return used
 
 

@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from troupe.gpu.cpu_int4 import CPU_PACKED_MAX_ROWS, CpuInt4
 from troupe.gpu.fp8_weights import Fp8Weight
 from troupe.gpu.gguf_quant import Int4Blocks, Int8Blocks, QuantBlocks
+from troupe.gpu.int8_rows import per_row_int8
 
 
 class Int4Linear:
@@ -85,15 +86,7 @@ class Int8Linear:
         self.blocks = blocks
         self.shape = blocks.shape
         n = self.shape[0]
-        row_scale = torch.empty(n)
-        row_codes = torch.empty(self.shape, dtype=torch.int8)
-        for start in range(0, n, 4096):  # in slices: no full fp32 copy of a vocabulary
-            rows = torch.arange(start, min(n, start + 4096))
-            weight = blocks.rows(rows).dequantize()
-            scale = weight.abs().amax(dim=1).clamp_min(1e-30) / 127
-            row_scale[rows] = scale
-            requant = torch.round(weight.div_(scale[:, None])).clamp_(-127, 127)
-            row_codes[rows] = requant.to(torch.int8)
+        row_codes, row_scale = per_row_int8(blocks)
         with warnings.catch_warnings():  # quantized tensors are deprecated; fbgemm reads them
             warnings.simplefilter("ignore", UserWarning)
             qweight = torch._make_per_channel_quantized_tensor(

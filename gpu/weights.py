@@ -8,9 +8,13 @@ from pathlib import Path
 
 import torch
 from troupe.config import Quantization
-from troupe.gpu.fp8_weights import Fp8Weight, expand_fp8, read_fp8_weights
-from troupe.gpu.gguf_quant import QuantBlocks
-from troupe.gpu.gguf_weights import iter_gguf_quantized, iter_gguf_tensors, read_gguf_config
+from troupe.gpu.fp8_weights import expand_fp8, read_fp8_weights
+from troupe.gpu.gguf_weights import (
+    forget_gguf_directories,
+    iter_gguf_quantized,
+    iter_gguf_tensors,
+    read_gguf_config,
+)
 from troupe.gpu.model_config import ModelConfig, ModelLoadError
 from troupe.gpu.models import DecoderModel
 from troupe.gpu.quant_install import install_quantized
@@ -88,29 +92,26 @@ def load_model(
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
         try:
-            blocks: dict[str, QuantBlocks | Fp8Weight] = dict(iter_gguf_quantized(path, config))
-            used = install_quantized(model, blocks)
+            used = install_quantized(model, iter_gguf_quantized(path, config))
             fill_weights(model, iter_gguf_tensors(path, config, frozenset(used)), str(path))
         finally:
             torch.set_num_threads(threads)
+            forget_gguf_directories()
         return config, model.eval()
     if path.is_dir():
         fp8 = read_fp8_weights(safetensors_files(path))
         if fp8:  # shipped in fp8: kept as fp8 where a kernel runs it, else expanded
             model = DecoderModel(config, dtype, device, max_positions, kernel_backend)
-            kept = install_quantized(model, dict(fp8)) if keep else set()
+            kept = install_quantized(model, fp8.items()) if keep else set()
             fill_weights(model, expand_fp8(iter_hf_tensors(path), fp8, kept), str(path))
             return config, model.eval()
     tensors = iter_gguf_tensors(path, config) if path.suffix == ".gguf" else iter_hf_tensors(path)
-    model = build_model(
-        config,
-        tensors,
-        dtype,
-        device,
-        max_positions,
-        source=str(path),
-        kernel_backend=kernel_backend,
-    )
+    try:
+        model = build_model(
+            config, tensors, dtype, device, max_positions, str(path), kernel_backend
+        )
+    finally:
+        forget_gguf_directories()
     return config, model
 
 

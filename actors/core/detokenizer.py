@@ -54,9 +54,28 @@ class TokenTexts:
 
     def fill(self) -> None:
         """Decode every id of the vocabulary now (a few tens of ms), not on the hot path."""
-        for token_id in range(self.tokenizer.vocab_size):
-            if token_id not in self.texts:
-                self.text(token_id)
+        texts, partial, skip_ids = self.texts, self._partial, self.skip_ids
+        for token_id, data in enumerate(self.tokenizer.all_token_bytes()):
+            if token_id in texts or token_id in partial:
+                continue
+            if token_id in skip_ids:
+                texts[token_id] = ""
+                continue
+            try:
+                texts[token_id] = data.decode("utf-8")
+            except UnicodeDecodeError:
+                partial.add(token_id)
+
+    def fill_from(self, other: TokenTexts) -> None:
+        """Fill from `other` (the same tokenizer, the other skip setting): its texts, the
+        special ids of either setting decoded anew (half the work of fill())."""
+        if other.tokenizer is not self.tokenizer:
+            raise ValueError("fill_from needs a TokenTexts of the same tokenizer")
+        redo = other.skip_ids | self.skip_ids
+        self.texts.update((i, t) for i, t in other.texts.items() if i not in redo)
+        self._partial.update(i for i in other._partial if i not in redo)
+        for token_id in redo:
+            self.text(token_id)
 
 
 # A memo of a pure function (token id -> text), so sharing it between cores shares no state
@@ -72,7 +91,11 @@ def shared_token_texts(tokenizer: TextTokenizer, *, skip_special_tokens: bool) -
     texts = tables.get(skip_special_tokens)
     if texts is None:
         texts = TokenTexts(tokenizer, skip_special_tokens=skip_special_tokens)
-        texts.fill()
+        other = tables.get(not skip_special_tokens)
+        if other is not None:
+            texts.fill_from(other)
+        else:
+            texts.fill()
         tables[skip_special_tokens] = texts
     return texts
 

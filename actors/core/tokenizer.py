@@ -30,7 +30,7 @@ import msgspec
 import structlog
 from troupe.actors.core.chat_template import ChatTemplateError
 from troupe.actors.core.grammar_compiler import GrammarCompiler, GrammarError
-from troupe.actors.core.tokenizer_bound import token_count_bound
+from troupe.actors.core.tokenizer_bound import shared_count_bound
 from troupe.actors.core.tokenizer_chunks import CHUNK_CHARS, ChunkedEncoder, LimitReached
 from troupe.actors.core.tokenizer_text import TextTokenizer
 from troupe.messages import (
@@ -83,7 +83,7 @@ class TokenizerCore:
         self._tokenizer = tokenizer
         self._vocab_size = vocab_size if vocab_size is not None else tokenizer.vocab_size
         self._max_model_len = max_model_len
-        self._bound = token_count_bound(tokenizer.tokenizer)
+        self._bound = shared_count_bound(tokenizer)
         self._chunked = ChunkedEncoder(tokenizer.tokenizer)
 
     def handle(self, batch: Sequence[TokenizerInbox]) -> list[tuple[str, msgspec.Struct]]:

@@ -23,11 +23,12 @@ from __future__ import annotations
 import json
 import math
 import string
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
 from tokenizers import Tokenizer, models, pre_tokenizers
-from troupe.actors.core.tokenizer_text import byte_level_alphabet
+from troupe.actors.core.tokenizer_text import TextTokenizer, byte_level_alphabet
 
 # Worst ratio of UTF-8 bytes in / bytes out of one normalizer, over every input. Single code
 # points (checked exhaustively in the tests): NFC/NFD 3 (U+1FEF -> "`"), NFKC/NFKD 4
@@ -72,16 +73,32 @@ def token_count_bound(tokenizer: Tokenizer) -> TokenCountBound | None:
     model = _model_bound(tokenizer)
     if shrink is None or model is None:
         return None
-    longest, uncounted = model
-    vocab = tokenizer.get_vocab(with_added_tokens=True)  # added tokens cover their own text
+    longest, uncounted, vocab = model
+    added_texts = []  # added tokens cover their own text
     for added in tokenizer.get_added_tokens_decoder().values():
         if added.lstrip or added.rstrip:  # swallows the whitespace run beside it
             return None
         longest = max(longest, len(added.content.encode()))
+        added_texts.append(added.content)
     letters = None
     if tokenizer.normalizer is None and not any(b in _LETTERS for b in uncounted):
-        letters = max(_num_letters(token.encode()) for token in vocab)
+        letters = max(_num_letters(token.encode()) for token in (*vocab, *added_texts))
     return TokenCountBound(shrink * longest, uncounted, letters)
+
+
+# A memo of a pure function of the tokenizer (loaded once per process), so the engine's start
+# can compute it beside the model load (actors/startup.py) and the tokenizer core find it.
+_shared: weakref.WeakKeyDictionary[TextTokenizer, tuple[TokenCountBound | None]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def shared_count_bound(tokenizer: TextTokenizer) -> TokenCountBound | None:
+    """token_count_bound of this tokenizer's model, computed once per tokenizer object."""
+    memo = _shared.get(tokenizer)
+    if memo is None:
+        memo = _shared[tokenizer] = (token_count_bound(tokenizer.tokenizer),)
+    return memo[0]
 
 
 def _num_letters(data: bytes) -> int:
@@ -116,9 +133,10 @@ def _shrink_factor(normalizer: dict[str, Any] | None) -> int | None:
     return _SHRINK.get(str(kind))  # Strip, StripAccents, Precompiled...: unbounded, None
 
 
-def _model_bound(tokenizer: Tokenizer) -> tuple[int, bytes] | None:
-    """(bytes of input the longest vocabulary token covers, bytes the model drops); None if
-    unknown words can become one token (neither a byte-level alphabet nor a byte fallback)."""
+def _model_bound(tokenizer: Tokenizer) -> tuple[int, bytes, dict[str, int]] | None:
+    """(bytes of input the longest vocabulary token covers, bytes the model drops, the model's
+    vocabulary); None if unknown words can become one token (neither a byte-level alphabet nor
+    a byte fallback)."""
     model = tokenizer.model
     if not isinstance(model, models.BPE) or model.dropout:
         return None
@@ -136,10 +154,10 @@ def _model_bound(tokenizer: Tokenizer) -> tuple[int, bytes] | None:
             )
         )
         # Every character of a byte-level token stands for exactly one byte of the input.
-        return max(len(token) for token in vocab), uncounted
+        return max(len(token) for token in vocab), uncounted, vocab
     if model.byte_fallback and all(f"<0x{b:02X}>" in vocab for b in range(256)):
         # The model reads the normalized text's characters; a byte token covers one byte.
-        return max(len(token.encode()) for token in vocab), b""
+        return max(len(token.encode()) for token in vocab), b"", vocab
     return None
 
 

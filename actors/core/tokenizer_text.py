@@ -95,6 +95,10 @@ class TextTokenizer:
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return str(self.tokenizer.decode(list(token_ids), skip_special_tokens=skip_special_tokens))
 
+    def all_token_bytes(self) -> tuple[bytes, ...]:
+        """token_bytes of every id, in id order."""
+        return self._bytes_table
+
     def token_bytes(self, token_id: int) -> bytes:
         """The raw bytes token `token_id` stands for (b"" for ids outside the vocabulary)."""
         if 0 <= token_id < len(self._bytes_table):

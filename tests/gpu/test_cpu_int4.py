@@ -28,17 +28,23 @@ def test_pack_is_torchs_layout(ggml_type: int, n: int) -> None:
     assert torch.equal(pack_int4_for_cpu(blocks), want)
 
 
+@pytest.mark.parametrize("ggml_type", [Q4_0, Q4_1, Q4_K])
 @pytest.mark.parametrize("n", [64, 192, 40])  # 40: torch's padded form keeps the nibbles
-def test_exact_blocks_come_back_from_the_packed_copy(n: int) -> None:
+def test_exact_blocks_come_back_from_the_packed_copy(ggml_type: int, n: int) -> None:
     k = 256
-    blocks = from_gguf(random_blocks(Q4_1, n, k, seed=n + 1), Q4_1, (n, k))
+    blocks = from_gguf(random_blocks(ggml_type, n, k, seed=n + 1), ggml_type, (n, k))
     cpu = CpuInt4(blocks)
+    # factors held in fp16 where the file's fp16 fields give them exactly (Q4_0: -8 d too)
+    held = torch.float32 if ggml_type == Q4_K else torch.float16
+    assert cpu._scale.dtype == cpu._bias.dtype == held
+    assert torch.equal(cpu.scale, blocks.scale) and torch.equal(cpu.bias, blocks.bias)
     if n % 64 == 0:
         assert torch.equal(unpack_int4_for_cpu(cpu.packed, k), blocks.codes())
     assert torch.equal(cpu.blocks().packed, blocks.packed)
     rows = torch.tensor([n - 1, 0, 33, 5, 33])
     assert torch.equal(cpu.blocks(rows).dequantize(), blocks.dequantize()[rows])
     assert torch.equal(cpu.expand_bf16(), blocks.dequantize().to(torch.bfloat16))
+    assert torch.equal(cpu.expand_bf16(chunk_rows=64), cpu.expand_bf16())  # 1-3 chunks
 
 
 @pytest.mark.parametrize("ggml_type", [Q4_0, Q4_1, Q4_K])

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 from troupe.gpu.gguf_quant import BLOCK_BYTES, Q4_0, Q4_1, Q4_K, Q6_K, Q8_0, concat_rows, from_gguf
+from troupe.gpu.int8_rows import per_row_int8
 from troupe.gpu.quant_linear import CPU_PACKED_MAX_ROWS, Int4Linear, Int8Linear, embedding, linear
 
 # byte offsets of the fp16 fields in each block (random bytes there could be NaN or inf)
@@ -74,3 +75,20 @@ def test_int8_linear_and_embedding(ggml_type: int) -> None:
     assert (got - 1 - want).abs().max() <= 0.03 * want.abs().max()
     ids = torch.tensor([5, 0, 79, 5])
     assert torch.equal(embedding(ids, layer, torch.float32), blocks.dequantize()[ids])
+
+
+@pytest.mark.parametrize("ggml_type", [Q8_0, Q6_K])
+def test_per_row_int8_equals_requantising_the_expanded_weight(ggml_type: int) -> None:
+    n, k = 4096 + 40, 256  # two slices, the second partial
+    raw = random_blocks(ggml_type, n, k, seed=13)
+    if ggml_type == Q8_0:  # code -128 in some rows (|-128| overflows int8), all zero in one
+        raw.reshape(n, k // 32, 34)[:50, 3, 2] = 0x80
+        raw.reshape(n, k // 32, 34)[7, :, 2:] = 0
+    blocks = from_gguf(raw, ggml_type, (n, k))
+    weight = blocks.dequantize()
+    want_scale = weight.abs().amax(dim=1).clamp_min(1e-30) / 127
+    want = torch.round(weight / want_scale[:, None]).clamp(-127, 127).to(torch.int8)
+    codes, scale = per_row_int8(blocks)
+    assert torch.equal(scale, want_scale)
+    assert torch.equal(codes, want)
+    assert (codes == -127).any() and (codes == 127).any()

@@ -96,3 +96,27 @@ def test_shared_text_table_serves_many_requests_without_mixing_their_bytes(
     assert IncrementalDetokenizer(tok, texts=texts).push(2) == ""  # special, skipped
     with pytest.raises(ValueError, match="skip_special_tokens"):
         IncrementalDetokenizer(tok, skip_special_tokens=False, texts=texts)
+
+
+@pytest.mark.parametrize("first", [True, False])
+def test_a_table_filled_from_the_other_skip_setting_equals_one_filled_alone(
+    tok: TextTokenizer, first: bool
+) -> None:
+    from troupe.actors.core.detokenizer import TokenTexts
+
+    def filled(skip: bool) -> TokenTexts:
+        texts = TokenTexts(tok, skip_special_tokens=skip)
+        texts.fill()
+        return texts
+
+    derived = TokenTexts(tok, skip_special_tokens=not first)
+    derived.fill_from(filled(first))
+    alone = filled(not first)
+    assert derived.texts == alone.texts and derived._partial == alone._partial
+    assert len(alone.texts) + len(alone._partial) == tok.vocab_size
+    assert alone._partial and tok.special_ids  # both kinds of token are there to get wrong
+    special = min(tok.special_ids)
+    assert derived.texts[special] == ("<|endoftext|>" if first else "")
+    # a fresh table decoded one token at a time agrees with the filled one
+    lazy = TokenTexts(tok, skip_special_tokens=not first)
+    assert all(lazy.text(i) == alone.texts.get(i) for i in range(0, tok.vocab_size, 97))

@@ -1,0 +1,51 @@
+"""What Engine.open waits for before it wires the graph: the runner and the tokenizer, loaded
+side by side (blocking: run it in a worker thread).
+
+The model load spends much of its time in torch ops that release the GIL (the int4 repacking,
+fbgemm's prepack of the int8 lm_head), so on a machine with a second core the tokenizer, and
+the tables the streamer builds from it, load in the meantime: start-up takes about the model's
+load instead of the sum (docs/benchmarks.md, "CPU start").
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
+
+from troupe.actors.core.detokenizer import shared_token_texts
+from troupe.actors.core.tokenizer_bound import shared_count_bound
+from troupe.actors.core.tokenizer_text import TextTokenizer
+from troupe.actors.executor import ExecutorSetup, start_executor
+from troupe.actors.graph import load_tokenizer_for
+from troupe.actors.switch_interval import switch_interval
+from troupe.config import EngineConfig
+
+if TYPE_CHECKING:
+    from troupe.gpu.runner import Runner
+
+
+def prepared_tokenizer(model: str | None) -> TextTokenizer:
+    """The process's tokenizer for `model` with what the cores derive from it computed (the
+    streamer's token texts for both skip settings, the tokenizer core's count bound), so
+    building those cores on the event loop is cheap."""
+    tokenizer = load_tokenizer_for(model)
+    for skip in (False, True):
+        shared_token_texts(tokenizer, skip_special_tokens=skip)
+    shared_count_bound(tokenizer)
+    return tokenizer
+
+
+def load_engine_parts(
+    config: EngineConfig, runner: Runner | None = None
+) -> tuple[ExecutorSetup, TextTokenizer]:
+    """start_executor(config, runner) and the tokenizer, the latter in a second thread. A
+    failure of either raises here (the runner's first: it names the model's problem)."""
+    # The load thread gives up the GIL around each torch op; the engine's short switch
+    # interval gets it back soon after, not 5 ms later (actors/switch_interval.py)
+    with (
+        switch_interval(config.gil_switch_interval_s),
+        ThreadPoolExecutor(1, thread_name_prefix="tokenizer-load") as pool,
+    ):
+        tokenizer = pool.submit(prepared_tokenizer, config.model)
+        setup = start_executor(config, runner)
+        return setup, tokenizer.result()
