@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 
 import torch
@@ -47,6 +48,10 @@ def main() -> None:
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--chunk", type=int, default=64, help="max_num_batched_tokens")
     ap.add_argument("--checks", type=int, default=8, help="steps whose logits are compared")
+    ap.add_argument(
+        "--progress", type=int, default=1000, help="print steps done and seconds to stderr "
+        "every this many steps (0: never)",
+    )  # fmt: skip
     ap.add_argument("--model", default=None, help="default: SmolLM2-135M-Instruct (GGUF)")
     ap.add_argument(
         "--quantization", default="dequantize", choices=("auto", "dequantize"),
@@ -73,6 +78,9 @@ def main() -> None:
         if num_steps[0] in steps:
             captured[num_steps[0]] = logits[0].clone()
         num_steps[0] += 1
+        if args.progress and num_steps[0] % args.progress == 0:
+            print(f"engine: {num_steps[0]} steps, {time.perf_counter() - t0:.0f} s",
+                  file=sys.stderr, flush=True)  # fmt: skip
 
     runner = ModelRunner(loaded.config, loaded.model, loaded.options, logits_hook=hook)
     scheduler = SchedulerCore(
@@ -106,6 +114,9 @@ def main() -> None:
     t1 = time.perf_counter()
     for i, token in enumerate(tokens[: len(PROMPT) + max(steps)]):
         logits = reference.step(token)
+        if args.progress and (i + 1) % args.progress == 0:
+            print(f"reference: {i + 1} tokens, {time.perf_counter() - t1:.0f} s",
+                  file=sys.stderr, flush=True)  # fmt: skip
         step = i - (len(PROMPT) - 1)
         if step in captured:
             diffs.append(float((captured[step] - logits).abs().max()))
