@@ -144,14 +144,16 @@ class Actor:
                 first = inbox.get()
             except (anyio.EndOfStream, InboxCancelled):
                 return
-            out = self._handle(self._drain(first), batch_no)
-            for dest, msg in out:
+            to_loop: list[tuple[MemoryObjectSendStream[Any], Any]] = []
+            for dest, msg in self._handle(self._drain(first), batch_no):
                 self._sent(dest, msg, batch_no)
                 outbox = self._outboxes[dest]
                 if isinstance(outbox, InboxSender):
                     outbox.put(msg)  # thread to thread: no trip through the event loop
                 else:
-                    anyio.from_thread.run(outbox.send, msg, token=token)
+                    to_loop.append((outbox, msg))
+            if to_loop:  # one trip through the loop for all of them, in order
+                anyio.from_thread.run(_send_all, to_loop, token=token)
             batch_no += 1
 
     def statistics(self) -> ActorStats:
@@ -190,3 +192,8 @@ class Actor:
         now = time.monotonic()
         for msg in msgs:
             self._tracer.record(kind, self.name, channel, batch_no, msg, now)  # type: ignore[arg-type]
+
+
+async def _send_all(messages: list[tuple[MemoryObjectSendStream[Any], Any]]) -> None:
+    for outbox, msg in messages:
+        await outbox.send(msg)

@@ -5,7 +5,9 @@ a message from another thread actor goes straight from one thread to the other: 
 GrammarTokens wake the grammar's thread, and the grammar's TokenMasks wake the executor's,
 without a trip through the event loop (which a busy server keeps late by milliseconds). A
 sender on the event loop puts without blocking while there is room, and waits in a worker
-thread only when the inbox is full (backpressure, as a bounded anyio stream gives).
+thread only when the inbox is full (backpressure, as a bounded anyio stream gives). The reader
+is woken at the sender's next checkpoint, so what the loop's tasks send in one iteration is
+read as one batch, as an event-loop actor would drain it.
 
 It keeps anyio's channel contract where senders see it: `send` (async), `clone`, `close` /
 `aclose` and `async with`; a closed receiver raises BrokenResourceError in senders, a closed
@@ -92,15 +94,21 @@ class ThreadInbox:
 
     # -- the senders ------------------------------------------------------------------------
 
-    def try_put(self, item: Any) -> bool:
+    def try_put(self, item: Any, *, wake: bool = True) -> bool:
+        """Put if there is room; `wake` False: the reader is woken by a later wake()."""
         with self._cond:
             if self._is_closed:
                 raise anyio.BrokenResourceError
             if len(self._items) >= self._room:
                 return False
             self._items.append(item)
-            self._cond.notify_all()
+            if wake:
+                self._cond.notify_all()
             return True
+
+    def wake(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
 
     def put(self, item: Any) -> None:
         """Put, blocking while the inbox is full."""
@@ -139,10 +147,13 @@ class InboxSender:
         """Send from the event loop: at once if there is room, else wait in a worker thread."""
         if self._is_closed:
             raise anyio.ClosedResourceError
-        if not self._inbox.try_put(item):
+        if not self._inbox.try_put(item, wake=False):
             await anyio.to_thread.run_sync(self._inbox.put, item, abandon_on_cancel=True)
-        else:
-            await anyio.lowlevel.checkpoint()
+            return
+        try:
+            await anyio.lowlevel.checkpoint()  # the loop's other tasks send theirs first
+        finally:
+            self._inbox.wake()
 
     def clone(self) -> InboxSender:
         if self._is_closed:
