@@ -21,6 +21,7 @@ Quantization = Literal["auto", "keep", "dequantize"]  # gpu/weights.load_model
 PreemptionMode = Literal["auto", "swap", "recompute"]  # preemption_policy.py
 # "ngram": actors/core/ngram_proposer.py; "draft_model": gpu/draft_runner.py
 SpeculativeMethod = Literal["ngram", "draft_model"]
+Disaggregation = Literal["none", "prefill_decode"]  # actors/core/phase_router.py
 
 
 MAX_SPECULATIVE_TOKENS = 16
@@ -141,6 +142,14 @@ class EngineConfig:
     # each on CUDA; gloo on the CPU): gpu/tp_runner.py. It must divide the model's attention
     # heads (checked at load, naming both).
     tensor_parallel_size: int = 1
+    # Prefill/decode disaggregation: "prefill_decode" computes prompts on one executor and their
+    # continuations on another, each with its own worker process, model and KV pool; KV blocks
+    # move between them through torch.distributed (gloo on the CPU, NCCL on CUDA). On CUDA the
+    # two sides run on these device indices. What it does not combine with is refused here
+    # (check_disaggregation below; docs/architecture.md).
+    disaggregation: Disaggregation = "none"
+    prefill_device_index: int = 0
+    decode_device_index: int = 1
     log_format: Literal["console", "json"] = "console"
     log_level: str = "info"
 
@@ -214,6 +223,9 @@ class EngineConfig:
         self._check_speculative()
         _choice(self, "quantization", get_args(Quantization))
         _choice(self, "kernel_backend", get_args(KernelBackend))
+        _choice(self, "disaggregation", get_args(Disaggregation))
+        if self.disaggregation != "none":
+            check_disaggregation(self)
         if not isinstance(self.enable_overlap_schedule, bool):
             raise ConfigError(
                 f"enable_overlap_schedule must be a bool, got {self.enable_overlap_schedule!r}"
@@ -272,6 +284,37 @@ class EngineConfig:
 
     def replace(self, **changes: object) -> EngineConfig:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+
+
+# What prefill/decode disaggregation does not combine with: (field, the value it needs)
+_DISAGGREGATION_NEEDS: tuple[tuple[str, object, str], ...] = (
+    ("runner", "model", "'model'"),
+    ("tensor_parallel_size", 1, "1"),
+    ("speculative_method", None, "None"),
+    ("streaming_window", 0, "0"),
+    ("kv_cache_dtype", "auto", "'auto'"),
+    ("prefix_cache_cpu_tier", False, "False"),
+    ("trace_path", None, "None"),
+)
+
+
+def check_disaggregation(config: EngineConfig) -> None:
+    """ConfigError naming the first field prefill/decode disaggregation cannot serve."""
+    for name, needed, shown in _DISAGGREGATION_NEEDS:
+        if getattr(config, name) != needed:
+            raise ConfigError(
+                f"{name} must be {shown} with disaggregation {config.disaggregation!r} "
+                f"(not supported together), got {getattr(config, name)!r}"
+            )
+    if config.preemption_mode == "swap":  # each side's pool would need its own CPU pool
+        raise ConfigError(
+            f"preemption_mode must be 'auto' or 'recompute' with disaggregation "
+            f"{config.disaggregation!r} (preempted requests are recomputed), got 'swap'"
+        )
+    for name in ("prefill_device_index", "decode_device_index"):
+        value = getattr(config, name)
+        if not isinstance(value, int) or value < 0:
+            raise ConfigError(f"{name} must be an integer >= 0, got {value!r}")
 
 
 def _positive(config: EngineConfig, *names: str) -> None:

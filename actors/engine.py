@@ -23,13 +23,13 @@ from troupe.actors.client_streams import ClientStreams, EventListener
 from troupe.actors.core.executor import ExecutorCore
 from troupe.actors.exception_groups import single_leaf, unwrap_single
 from troupe.actors.executor import ExecutorSetup, start_executor
-from troupe.actors.graph import GraphInputs, load_tokenizer_for
+from troupe.actors.graph import load_tokenizer_for
 from troupe.actors.request_input import RequestInputError, to_generate_request
 from troupe.actors.request_log import log_end
 from troupe.actors.shell import Actor, Outbox
 from troupe.actors.switch_interval import switch_interval
 from troupe.actors.watchdog import watch_executor
-from troupe.actors.wiring import graph_specs, wire
+from troupe.actors.wiring import wire
 from troupe.config import EngineConfig
 from troupe.gpu.runner import RunnerStats
 from troupe.logs import configure_logging
@@ -160,8 +160,8 @@ class Engine:
                 runner=setup.numbers,
             )
             tracer = TraceWriter(config.trace_path, header)
-        inputs = GraphInputs(config, setup.numbers, self.tokenizer, setup.runner)
-        graph = wire(graph_specs(executor_in_thread=setup.is_blocking), inputs, tracer)
+        inputs = setup.graph_inputs(config, self.tokenizer)
+        graph = wire(setup.graph_specs(), inputs, tracer)
         self._actors = list(graph.actors)
         self._client_inbox = graph.client_inbox
         self._executor = next(a.core for a in graph.actors if isinstance(a.core, ExecutorCore))

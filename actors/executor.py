@@ -9,7 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from troupe.config import DEFAULT_MODEL_NAME, EngineConfig, resolve_model_path
+from troupe.actors.core.tokenizer_text import TextTokenizer
+from troupe.actors.graph import GraphInputs
+from troupe.actors.wiring import ActorSpec, graph_specs
+from troupe.config import DEFAULT_MODEL_NAME, ConfigError, EngineConfig, resolve_model_path
 from troupe.gpu.runner import Runner, build_runner
 from troupe.messages.trace import RunnerNumbers
 
@@ -21,6 +24,17 @@ class ExecutorSetup:
     model_path: str
     model_name: str
     is_blocking: bool  # the runner does real (GPU or CPU model) work: run it in a worker thread
+    # prefill/decode disaggregation: the prefill side (`runner` is the decode side; closing
+    # either stops both workers: gpu/pd_runner.py)
+    prefill_runner: Runner | None = None
+
+    def graph_inputs(self, config: EngineConfig, tokenizer: TextTokenizer) -> GraphInputs:
+        return GraphInputs(config, self.numbers, tokenizer, self.runner, self.prefill_runner)
+
+    def graph_specs(self) -> tuple[ActorSpec, ...]:
+        return graph_specs(
+            executor_in_thread=self.is_blocking, disaggregated=self.prefill_runner is not None
+        )
 
 
 def start_executor(config: EngineConfig, runner: Runner | None = None) -> ExecutorSetup:
@@ -29,6 +43,13 @@ def start_executor(config: EngineConfig, runner: Runner | None = None) -> Execut
     `runner`: drive this one instead of building what the config asks for (fault injection)."""
     path = resolve_model_path(config.model)
     injected = runner is not None
+    prefill_runner: Runner | None = None
+    if runner is None and config.disaggregation == "prefill_decode":
+        from troupe.gpu.pd_runner import launch_disaggregated
+
+        prefill_runner, runner = launch_disaggregated(config)
+    elif runner is not None and config.disaggregation != "none":
+        raise ConfigError("an injected runner cannot serve disaggregation (it builds its own)")
     if runner is None:
         runner = build_runner(config)
     max_model_len = runner.max_model_len
@@ -58,6 +79,7 @@ def start_executor(config: EngineConfig, runner: Runner | None = None) -> Execut
         model_path=str(path),
         model_name=model_name(config.model, path),
         is_blocking=injected or config.runner != "fake",
+        prefill_runner=prefill_runner,
     )
 
 

@@ -14,12 +14,14 @@ from troupe.actors.core.allocator import AllocatorCore
 from troupe.actors.core.executor import ExecutorCore
 from troupe.actors.core.grammar import GrammarCore
 from troupe.actors.core.grammar_compiler import GrammarCompiler, grammar_compiler_for
+from troupe.actors.core.phase_router import PhaseRouterCore
 from troupe.actors.core.scheduler import SchedulerCore
 from troupe.actors.core.speculator import SpecSettings
 from troupe.actors.core.streamer import StreamerCore
 from troupe.actors.core.tokenizer import TokenizerCore
 from troupe.actors.core.tokenizer_text import TextTokenizer
 from troupe.config import EngineConfig, resolve_model_path
+from troupe.messages.phase_router import Phase
 from troupe.messages.trace import RunnerNumbers
 
 if TYPE_CHECKING:
@@ -42,6 +44,11 @@ class GraphInputs:
     numbers: RunnerNumbers
     tokenizer: TextTokenizer  # shared, read-only: see docs/architecture.md
     runner: Runner | None = None  # None on replay, which does not rebuild the executor
+    prefill_runner: Runner | None = None  # disaggregation's prefill side (the other: runner)
+
+    @property
+    def is_disaggregated(self) -> bool:
+        return self.config.disaggregation != "none"
 
 
 def grammar_compiler(g: GraphInputs) -> GrammarCompiler:
@@ -56,9 +63,9 @@ def grammar_compiler(g: GraphInputs) -> GrammarCompiler:
 
 
 def build_tokenizer(g: GraphInputs) -> TokenizerCore:
-    return TokenizerCore(
-        g.tokenizer, max_model_len=g.numbers.max_model_len, grammars=grammar_compiler(g)
-    )
+    # no grammars: structured output is refused (naming its field) with disaggregation
+    grammars = None if g.is_disaggregated else grammar_compiler(g)
+    return TokenizerCore(g.tokenizer, max_model_len=g.numbers.max_model_len, grammars=grammars)
 
 
 def build_grammar(g: GraphInputs) -> GrammarCore:
@@ -72,11 +79,19 @@ def build_admission(g: GraphInputs) -> AdmissionCore:
         max_num_seqs=g.config.max_num_seqs,
         max_queued_requests=g.config.max_queued_requests,
         max_queued_tokens=g.config.max_queued_tokens,
+        # disaggregation: one sample per request (parallel sampling copies blocks on one side)
         max_num_samples=min(
-            g.config.max_num_samples, g.config.max_num_seqs, g.config.max_num_batched_tokens
+            1 if g.is_disaggregated else g.config.max_num_samples,
+            g.config.max_num_seqs,
+            g.config.max_num_batched_tokens,
         ),
         streaming=StreamingDefaults(
             g.config.streaming_window, g.config.sink_tokens, g.numbers.max_stream_len
+        ),
+        samples_limit=(
+            "disaggregation 'prefill_decode' runs one sample per request"
+            if g.is_disaggregated
+            else "max_num_samples, capped by max_num_seqs"
         ),
     )
 
@@ -113,7 +128,17 @@ def build_allocator(g: GraphInputs) -> AllocatorCore:
 def build_executor(g: GraphInputs) -> ExecutorCore:
     if g.runner is None:
         raise ValueError("the executor core needs a runner (replay does not rebuild it)")
-    return ExecutorCore(g.runner)
+    return ExecutorCore(g.runner, phase=Phase.DECODE if g.is_disaggregated else None)
+
+
+def build_prefill_executor(g: GraphInputs) -> ExecutorCore:
+    if g.prefill_runner is None:
+        raise ValueError("the prefill executor needs a prefill runner (disaggregation)")
+    return ExecutorCore(g.prefill_runner, phase=Phase.PREFILL)
+
+
+def build_phase_router(g: GraphInputs) -> PhaseRouterCore:
+    return PhaseRouterCore(block_size=g.numbers.block_size, seed=g.config.seed)
 
 
 def build_streamer(g: GraphInputs) -> StreamerCore:

@@ -30,6 +30,8 @@ from troupe.actors.graph import (
     build_allocator,
     build_executor,
     build_grammar,
+    build_phase_router,
+    build_prefill_executor,
     build_scheduler,
     build_streamer,
     build_tokenizer,
@@ -47,10 +49,15 @@ class ActorSpec:
     inbox_buffer: float  # math.inf: unbounded (only on a documented cycle)
     in_thread: bool  # the core blocks (tokenizing, GPU work): a thread of its own
     max_batch: int = 256  # messages drained from the inbox into one handle() call
+    # (outbox, receiving actor) for outboxes not named after their receiver: with
+    # disaggregation the scheduler's "executor" outbox feeds the phase router
+    routes: tuple[tuple[ActorName, ActorName], ...] = ()
 
 
-def graph_specs(*, executor_in_thread: bool) -> tuple[ActorSpec, ...]:
+def graph_specs(*, executor_in_thread: bool, disaggregated: bool = False) -> tuple[ActorSpec, ...]:
     """The graph, downstream first. The executor runs in a thread when its runner blocks."""
+    if disaggregated:
+        return disaggregated_specs()
     inf = math.inf
     return (  # name, core factory, sends to, inbox buffer, in a thread
         ActorSpec("streamer", build_streamer, ("client", "scheduler", "admission"), 8, False),
@@ -73,6 +80,47 @@ def graph_specs(*, executor_in_thread: bool) -> tuple[ActorSpec, ...]:
             ("allocator", "grammar", "executor", "streamer"),
             inf,
             False,
+        ),
+        ActorSpec("allocator", build_allocator, ("scheduler",), 0, False),
+        ActorSpec("admission", build_admission, ("scheduler", "streamer"), inf, False),
+        ActorSpec("tokenizer", build_tokenizer, ("admission", "streamer"), 64, True),
+    )
+
+
+def disaggregated_specs() -> tuple[ActorSpec, ...]:
+    """Prefill/decode disaggregation: the phase router between the scheduler and two
+    executors ("executor" is the decode side). The router sits on the scheduler's cycle:
+    unbounded like the scheduler's inbox (a plan, a decode answer, prefill answers)."""
+    inf = math.inf
+    to_router: tuple[tuple[ActorName, ActorName], ...] = (("executor", "phase_router"),)
+    return (
+        ActorSpec("streamer", build_streamer, ("client", "scheduler", "admission"), 8, False),
+        ActorSpec("executor", build_executor, ("grammar", "phase_router"), 0, True, max_batch=1),
+        ActorSpec(  # unbounded: the router queues prompt chunks the prefill side has not
+            "prefill_executor",  # reached yet instead of waiting (step_join.py); at most the
+            build_prefill_executor,  # chunks of the admitted prompts
+            ("grammar", "phase_router"),
+            inf,
+            True,
+            max_batch=1,
+        ),
+        ActorSpec(  # masks are never asked for (structured output is refused), but wired
+            "grammar", build_grammar, ("executor",), 2, True
+        ),
+        ActorSpec(
+            "phase_router",
+            build_phase_router,
+            ("prefill_executor", "executor", "scheduler"),
+            inf,
+            False,
+        ),
+        ActorSpec(
+            "scheduler",
+            build_scheduler,
+            ("allocator", "grammar", "executor", "streamer"),
+            inf,
+            False,
+            routes=to_router,
         ),
         ActorSpec("allocator", build_allocator, ("scheduler",), 0, False),
         ActorSpec("admission", build_admission, ("scheduler", "streamer"), inf, False),
@@ -110,7 +158,7 @@ def wire(
             spec.name,
             spec.build(inputs),
             receivers[spec.name],
-            {dest: senders[dest].clone() for dest in spec.sends_to},
+            {dest: senders[dict(spec.routes).get(dest, dest)].clone() for dest in spec.sends_to},
             max_batch=spec.max_batch,
             tracer=tracer,
         )

@@ -30,6 +30,7 @@ from troupe.gpu.spec_verify import verify_proposals
 from troupe.gpu.step_inputs import StepInputs, build_step_inputs, streaming_inputs
 from troupe.gpu.token_bitmask import BitmaskUpload, step_bitmask
 from troupe.messages import SampledToken, SeqWork, StepPlan, TokenLogprob, TokenMasks
+from troupe.request_seeds import SeedSource
 
 __all__ = ["ModelRunner", "RunnerOptions", "kv_dtype"]  # the options live in runner_setup.py
 
@@ -72,12 +73,12 @@ class ModelRunner:
             device=self.device,
         )
         model.set_kv_scales(self.kv.scales)
-        self._rng = np.random.default_rng(options.seed)
+        self._seeds = SeedSource(options.seed)
         self._states = RequestStates(
             max_model_len=max_positions,
             max_blocks_per_seq=-(-max_positions // options.block_size),
             block_size=options.block_size,
-            new_seed=lambda: int(self._rng.integers(0, 2**63 - 1)),
+            new_seed=self._seeds.draw,
             capacity=options.max_num_seqs,
             eos_token_ids=tuple(config.eos_token_ids),
         )

@@ -44,11 +44,7 @@ def param_row(params: SamplingParams) -> np.ndarray:
 
 def needs_history(params: SamplingParams) -> bool:
     """Whether sampling reads the request's token history (any penalty)."""
-    return bool(
-        params.presence_penalty != 0.0
-        or params.frequency_penalty != 0.0
-        or params.repetition_penalty != 1.0
-    )
+    return params.has_penalties
 
 
 @dataclasses.dataclass(kw_only=True, eq=False)
@@ -131,6 +127,8 @@ class RequestStates:
             if work.draft_token_ids:  # proposals: their KV and history after the token
                 self._add_drafts(state, work, end)
             if state.tokens is not None:
+                if work.history:  # moved in from another executor (disaggregation)
+                    state.tokens[: len(work.history)] = work.history
                 if end > self.max_model_len:
                     self._check_fail(work, state)
                 state.tokens[work.start_pos : end] = work.token_ids

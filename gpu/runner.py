@@ -35,6 +35,8 @@ class RunnerStats:
     num_overlap_splits: int = 0  # ... hits whose plan also had other work (gpu/overlap.py)
     num_draft_rounds: int = 0  # a draft model's rounds: catch-up forwards (gpu/draft_runner.py)
     num_draft_tokens: int = 0  # ... and the tokens it proposed in them
+    num_kv_blocks_sent: int = 0  # disaggregation: KV blocks sent to the other side (all layers)
+    num_kv_blocks_received: int = 0  # ... and received from it (gpu/kv_transfer.py)
 
 
 class Runner(Protocol):

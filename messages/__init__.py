@@ -38,6 +38,7 @@ from troupe.messages.events import (
 )
 from troupe.messages.executor import ExecutorInbox, SeqWork, StepPlan, TokenMasks
 from troupe.messages.grammar import ComputeMasks, GrammarInbox, GrammarRow, GrammarTokens
+from troupe.messages.phase_router import Phase, PhaseRouterInbox, PhaseStepResult
 from troupe.messages.sampling import ParamError, SamplingParams
 from troupe.messages.scheduler import (
     AdmittedRequest,
@@ -91,6 +92,9 @@ __all__ = [
     "Grant",
     "Grow",
     "ParamError",
+    "Phase",
+    "PhaseRouterInbox",
+    "PhaseStepResult",
     "RejectCode",
     "Rejected",
     "RequestFailed",

@@ -38,6 +38,9 @@ class SeqWork(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     num_prompt_tokens: int = 0  # penalties tell prompt from output tokens by position
     draft_token_ids: tuple[int, ...] = ()  # proposals to verify after token_ids (sample=True)
     num_dropped_blocks: int = 0  # trailing table blocks to drop before block_ids are appended
+    # Prefill/decode disaggregation: a request that moves in from the other executor (reset)
+    # brings the tokens of positions 0..start_pos-1 that executor knew, for its penalties
+    history: tuple[int, ...] = ()
 
     @property
     def num_tokens(self) -> int:
@@ -60,6 +63,11 @@ class StepPlan(msgspec.Struct, frozen=True, kw_only=True, tag=True, gc=False):
     # The constrained rows that sampled in step `ahead_masks_of` (the plan before) take the
     # masks the grammar filled ahead from that step's tokens (TokenMasks.ahead)
     ahead_masks_of: int | None = None
+    # Prefill/decode disaggregation (actors/core/phase_router.py): KV blocks (all layers) this
+    # executor sends to / receives from its peer before anything else in the step. Both sides
+    # move the prefill->decode blocks first, then the decode->prefill ones (gpu/kv_transfer.py)
+    send_blocks: tuple[int, ...] = ()
+    recv_blocks: tuple[int, ...] = ()
 
     @property
     def num_tokens(self) -> int:

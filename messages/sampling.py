@@ -65,6 +65,15 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
         return self.temperature == 0.0
 
     @property
+    def has_penalties(self) -> bool:
+        """Sampling reads the request's token history (presence, frequency, repetition)."""
+        return bool(
+            self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+            or self.repetition_penalty != 1.0
+        )
+
+    @property
     def num_samples(self) -> int:
         """Sequences the request runs: best_of if set, else n."""
         return self.best_of if self.best_of is not None else self.n

@@ -65,13 +65,16 @@ class AdmissionCore:
         max_logprobs: int = 20,
         max_num_samples: int = 16,
         streaming: StreamingDefaults | None = None,
+        samples_limit: str = "max_num_samples, capped by max_num_seqs",
     ) -> None:
+        """`samples_limit`: what sets max_num_samples, named in the rejection."""
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
         self.max_requests = max_num_seqs + max_queued_requests
         self.max_queued_tokens = max_queued_tokens
         self.max_logprobs = max_logprobs
         self.max_num_samples = max_num_samples  # n / best_of (capped by max_num_seqs)
+        self.samples_limit = samples_limit
         self.streaming = streaming or StreamingDefaults()
         self._num_tokens: dict[str, int] = {}  # request id -> prompt tokens, while in the engine
         self._total_tokens = 0
@@ -142,8 +145,8 @@ class AdmissionCore:
         if req.params.num_samples > self.max_num_samples:
             field = "n" if req.params.best_of is None else "best_of"
             message = (
-                f"{field} must be <= {self.max_num_samples} (max_num_samples, capped by "
-                f"max_num_seqs), got {req.params.num_samples}"
+                f"{field} must be <= {self.max_num_samples} ({self.samples_limit}), "
+                f"got {req.params.num_samples}"
             )
             return RejectCode.INVALID_REQUEST, field, message
         num_prompt = len(req.prompt_token_ids)

@@ -18,7 +18,16 @@ InboxT = TypeVar("InboxT", contravariant=True)
 
 # Every inbox of the graph; "client" is the engine's router (StreamBatches for the callers).
 ActorName = Literal[
-    "tokenizer", "admission", "scheduler", "allocator", "grammar", "executor", "streamer", "client"
+    "tokenizer",
+    "admission",
+    "scheduler",
+    "allocator",
+    "grammar",
+    "executor",
+    "streamer",
+    "client",
+    "phase_router",  # prefill/decode disaggregation: "executor" is then the decode side
+    "prefill_executor",
 ]
 ACTOR_NAMES: tuple[ActorName, ...] = get_args(ActorName)
 

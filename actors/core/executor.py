@@ -21,6 +21,8 @@ from troupe.messages import (
     ExecutorInbox,
     FailedSeq,
     GrammarTokens,
+    Phase,
+    PhaseStepResult,
     SampledToken,
     SeqFailureReason,
     StepPlan,
@@ -34,8 +36,8 @@ _Ran = tuple[StepResult, TokenMasks | None]  # a step's result and the masks it 
 
 
 class ExecutorCore:
-    """Inbox: StepPlan, TokenMasks. Outbox: "scheduler" (StepResult), "grammar" (GrammarTokens,
-    one per step sampled under masks).
+    """Inbox: StepPlan, TokenMasks. Outbox: "scheduler" (StepResult; "phase_router" with
+    disaggregation), "grammar" (GrammarTokens, one per step sampled under masks).
 
     A runner exception fails only that step: the scheduler turns the error into Failed events
     for the step's requests and the engine keeps serving the others. A sequence the runner
@@ -43,8 +45,17 @@ class ExecutorCore:
     as does one whose grammar failed (TokenMasks.failed).
     """
 
-    def __init__(self, runner: Runner, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        runner: Runner,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        phase: Phase | None = None,
+    ) -> None:
+        """`phase`: one side of prefill/decode disaggregation; its results then go to the
+        phase router ("phase_router", PhaseStepResult) instead of the scheduler."""
         self.runner = runner
+        self.phase = phase
         self._clock = clock
         self.busy_seconds = 0.0  # time inside the runner, for overhead benchmarks
         self._launched: StepPlan | None = None  # awaiting its masks
@@ -63,7 +74,10 @@ class ExecutorCore:
             result, masks = ran
             if masks is not None and result.sampled:
                 out.append(("grammar", _grammar_tokens(result, masks)))
-            out.append(("scheduler", result))
+            if self.phase is None:
+                out.append(("scheduler", result))
+            else:
+                out.append(("phase_router", PhaseStepResult(phase=self.phase, result=result)))
         return out
 
     def _on_plan(self, plan: StepPlan) -> _Ran | None:

@@ -101,6 +101,10 @@ def build_plan(
                 num_prompt_tokens=req.prompt_len if first else 0,
                 draft_token_ids=w.draft,
                 num_dropped_blocks=w.num_dropped,
+                # penalties read every earlier token: those a prefix hit (or a parent) computed
+                history=tuple(tokens[:start])
+                if first and start and req.params.has_penalties
+                else (),
             )
         )
         req.in_executor, req.needs_reset, req.draft = True, False, w.draft
