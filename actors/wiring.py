@@ -95,7 +95,7 @@ def disaggregated_specs() -> tuple[ActorSpec, ...]:
     to_router: tuple[tuple[ActorName, ActorName], ...] = (("executor", "phase_router"),)
     return (
         ActorSpec("streamer", build_streamer, ("client", "scheduler", "admission"), 8, False),
-        ActorSpec("executor", build_executor, ("grammar", "phase_router"), 0, True, max_batch=1),
+        ActorSpec("executor", build_executor, ("grammar", "phase_router"), inf, True, max_batch=1),
         ActorSpec(  # unbounded: the router queues prompt chunks the prefill side has not
             "prefill_executor",  # reached yet instead of waiting (step_join.py); at most the
             build_prefill_executor,  # chunks of the admitted prompts
