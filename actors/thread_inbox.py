@@ -5,9 +5,10 @@ a message from another thread actor goes straight from one thread to the other: 
 GrammarTokens wake the grammar's thread, and the grammar's TokenMasks wake the executor's,
 without a trip through the event loop (which a busy server keeps late by milliseconds). A
 sender on the event loop puts without blocking while there is room, and waits in a worker
-thread only when the inbox is full (backpressure, as a bounded anyio stream gives). The reader
-is woken at the sender's next checkpoint, so what the loop's tasks send in one iteration is
-read as one batch, as an event-loop actor would drain it.
+thread only when the inbox is full (backpressure, as a bounded anyio stream gives). A reader
+that drains batches is woken at the sender's next checkpoint, so what the loop's tasks send in
+one iteration is read as one batch, as an event-loop actor would drain it; one that takes a
+message at a time (the executor: a plan) is woken at once.
 
 It keeps anyio's channel contract where senders see it: `send` (async), `clone`, `close` /
 `aclose` and `async with`; a closed receiver raises BrokenResourceError in senders, a closed
@@ -32,10 +33,11 @@ class InboxCancelled(Exception):
 class ThreadInbox:
     """The receiving end (read by the actor's thread); `sender()` makes each sender's handle."""
 
-    def __init__(self, max_buffer: float) -> None:
+    def __init__(self, max_buffer: float, *, batches: bool = True) -> None:
         # 0 (a rendezvous in anyio) holds one message here: a thread reader has no waiting
         # receive for a sender to meet, and one message in the queue is the same hand-off.
         self.max_buffer = max_buffer
+        self.batches = batches  # loop senders wake the reader at their next checkpoint
         self._room = max(1.0, max_buffer)
         self._items: deque[Any] = deque()
         self._cond = threading.Condition()
@@ -147,13 +149,17 @@ class InboxSender:
         """Send from the event loop: at once if there is room, else wait in a worker thread."""
         if self._is_closed:
             raise anyio.ClosedResourceError
-        if not self._inbox.try_put(item, wake=False):
-            await anyio.to_thread.run_sync(self._inbox.put, item, abandon_on_cancel=True)
+        inbox = self._inbox
+        if not inbox.try_put(item, wake=not inbox.batches):
+            await anyio.to_thread.run_sync(inbox.put, item, abandon_on_cancel=True)
+            return
+        if not inbox.batches:
+            await anyio.lowlevel.checkpoint()
             return
         try:
             await anyio.lowlevel.checkpoint()  # the loop's other tasks send theirs first
         finally:
-            self._inbox.wake()
+            inbox.wake()
 
     def clone(self) -> InboxSender:
         if self._is_closed:

@@ -146,7 +146,8 @@ def wire(
     receivers: dict[ActorName, Inbox] = {}
     for spec in specs:
         if spec.in_thread:
-            inbox = receivers[spec.name] = ThreadInbox(spec.inbox_buffer)
+            inbox = ThreadInbox(spec.inbox_buffer, batches=spec.max_batch > 1)
+            receivers[spec.name] = inbox
             senders[spec.name] = inbox.sender()
         else:
             senders[spec.name], receivers[spec.name] = anyio.create_memory_object_stream[Any](

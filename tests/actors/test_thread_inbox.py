@@ -115,3 +115,26 @@ async def test_cancelled_thread_actor_waits_for_its_handle() -> None:
     with pytest.raises(anyio.BrokenResourceError):
         await sender.send(9)  # the actor is gone
     out_recv.close()
+
+
+class Sizes:
+    def __init__(self) -> None:
+        self.sizes: list[int] = []
+
+    def handle(self, batch: Sequence[int]) -> list[tuple[str, Any]]:
+        self.sizes.append(len(batch))
+        return []
+
+
+async def test_what_the_loop_sends_in_one_iteration_is_one_batch() -> None:
+    core = Sizes()
+    inbox = ThreadInbox(16)
+    actor = Actor("sizes", core, inbox, {})
+    sender = inbox.sender()
+    async with anyio.create_task_group() as tg:
+        await tg.start(actor.run)
+        async with anyio.create_task_group() as senders:
+            for n in range(8):  # eight tasks, each sending in the same loop iteration
+                senders.start_soon(sender.send, n)
+        sender.close()  # the actor ends once it has read them
+    assert core.sizes == [8]
