@@ -18,13 +18,13 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import structlog
 from anyio.abc import TaskGroup, TaskStatus
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from anyio.streams.memory import MemoryObjectReceiveStream
 from troupe.actors.client_streams import ClientStreams, EventListener
 from troupe.actors.core.executor import ExecutorCore
 from troupe.actors.exception_groups import single_leaf, unwrap_single
 from troupe.actors.request_input import RequestInputError, to_generate_request
 from troupe.actors.request_log import log_end
-from troupe.actors.shell import Actor
+from troupe.actors.shell import Actor, Outbox
 from troupe.actors.startup import load_engine_parts
 from troupe.actors.switch_interval import switch_interval
 from troupe.actors.watchdog import watch_executor
@@ -72,7 +72,7 @@ class Engine:
         self._listeners: list[EventListener] = []
         self._stats_listeners: list[Callable[[EngineStats], None]] = []
         self._stats = EngineStats()
-        self._to_tokenizer: MemoryObjectSendStream[Any] | None = None
+        self._to_tokenizer: Outbox | None = None
         self._cancel_scope = anyio.CancelScope()
         self._stopped = anyio.Event()
         self._is_closing = False

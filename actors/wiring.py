@@ -1,15 +1,17 @@
 """The actor graph as one typed table, and the channels it is wired with.
 
 Every actor is one `ActorSpec` row: its name, the factory of its core (actors/graph.py), the
-actors it sends to, its inbox buffer and whether its core runs in a worker thread. `wire`
-builds the cores, creates one inbox per receiver, gives each sender its own clone, and returns
-the actors (downstream first: the order to start them in).
+actors it sends to, its inbox buffer and whether its core runs in a thread of its own. `wire`
+builds the cores, creates one inbox per receiver (an anyio stream, or a ThreadInbox for a
+thread actor: thread_inbox.py), gives each sender its own clone, and returns the actors
+(downstream first: the order to start them in).
 
 Inbox buffers: the client edge (tokenizer) is bounded, so callers feel backpressure. Admission
 and the scheduler sit on cycles (streamer -> admission -> streamer; streamer -> scheduler ->
 streamer; the executor and allocator answer the scheduler), so they are unbounded; admission's
 limits bound what is in flight instead. The streamer and client inboxes hold a few batches so
-the scheduler can start the next step while text is being detokenized.
+the scheduler can start the next step while text is being detokenized. The executor's is
+unbounded too: it holds at most the scheduler's one plan in flight and that plan's masks.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import anyio
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from anyio.streams.memory import MemoryObjectReceiveStream
 from troupe.actors.core.base import ActorName, Core
 from troupe.actors.graph import (
     GraphInputs,
@@ -34,7 +36,8 @@ from troupe.actors.graph import (
     build_streamer,
     build_tokenizer,
 )
-from troupe.actors.shell import Actor
+from troupe.actors.shell import Actor, Inbox, Outbox
+from troupe.actors.thread_inbox import ThreadInbox
 from troupe.messages.trace import TraceWriter
 
 
@@ -44,7 +47,7 @@ class ActorSpec:
     build: Callable[[GraphInputs], Core[Any]]  # its core
     sends_to: tuple[ActorName, ...]
     inbox_buffer: float  # math.inf: unbounded (only on a documented cycle)
-    in_thread: bool  # the core blocks (tokenizing, GPU work): keep it off the event loop
+    in_thread: bool  # the core blocks (tokenizing, GPU work): a thread of its own
     max_batch: int = 256  # messages drained from the inbox into one handle() call
     # (outbox, receiving actor) for outboxes not named after their receiver: with
     # disaggregation the scheduler's "executor" outbox feeds the phase router
@@ -62,7 +65,7 @@ def graph_specs(*, executor_in_thread: bool, disaggregated: bool = False) -> tup
             "executor",
             build_executor,
             ("grammar", "scheduler"),
-            0,
+            inf,
             executor_in_thread,
             max_batch=1,
         ),
@@ -92,7 +95,7 @@ def disaggregated_specs() -> tuple[ActorSpec, ...]:
     to_router: tuple[tuple[ActorName, ActorName], ...] = (("executor", "phase_router"),)
     return (
         ActorSpec("streamer", build_streamer, ("client", "scheduler", "admission"), 8, False),
-        ActorSpec("executor", build_executor, ("grammar", "phase_router"), 0, True, max_batch=1),
+        ActorSpec("executor", build_executor, ("grammar", "phase_router"), inf, True, max_batch=1),
         ActorSpec(  # unbounded: the router queues prompt chunks the prefill side has not
             "prefill_executor",  # reached yet instead of waiting (step_join.py); at most the
             build_prefill_executor,  # chunks of the admitted prompts
@@ -131,7 +134,7 @@ CLIENT_BUFFER = 8  # StreamBatches the engine's router may fall behind by
 @dataclass(frozen=True, slots=True)
 class WiredGraph:
     actors: tuple[Actor, ...]  # downstream first
-    to_tokenizer: MemoryObjectSendStream[Any]  # the client edge: the engine's own sender
+    to_tokenizer: Outbox  # the client edge: the engine's own sender
     client_inbox: MemoryObjectReceiveStream[Any]  # StreamBatches for the engine's router
 
 
@@ -139,12 +142,18 @@ def wire(
     specs: tuple[ActorSpec, ...], inputs: GraphInputs, tracer: TraceWriter | None = None
 ) -> WiredGraph:
     """Cores, channels and actors for `specs`."""
-    senders: dict[ActorName, MemoryObjectSendStream[Any]] = {}
-    receivers: dict[ActorName, MemoryObjectReceiveStream[Any]] = {}
-    buffers: dict[ActorName, float] = {spec.name: spec.inbox_buffer for spec in specs}
-    buffers["client"] = CLIENT_BUFFER
-    for name, size in buffers.items():
-        senders[name], receivers[name] = anyio.create_memory_object_stream[Any](size)
+    senders: dict[ActorName, Outbox] = {}
+    receivers: dict[ActorName, Inbox] = {}
+    for spec in specs:
+        if spec.in_thread:
+            inbox = ThreadInbox(spec.inbox_buffer, batches=spec.max_batch > 1)
+            receivers[spec.name] = inbox
+            senders[spec.name] = inbox.sender()
+        else:
+            senders[spec.name], receivers[spec.name] = anyio.create_memory_object_stream[Any](
+                spec.inbox_buffer
+            )
+    senders["client"], client_inbox = anyio.create_memory_object_stream[Any](CLIENT_BUFFER)
     actors = tuple(
         Actor(
             spec.name,
@@ -152,7 +161,6 @@ def wire(
             receivers[spec.name],
             {dest: senders[dict(spec.routes).get(dest, dest)].clone() for dest in spec.sends_to},
             max_batch=spec.max_batch,
-            in_thread=spec.in_thread,
             tracer=tracer,
         )
         for spec in specs
@@ -160,4 +168,4 @@ def wire(
     for name, sender in senders.items():
         if name != "tokenizer":
             sender.close()  # only the clones held by actors keep these inboxes open
-    return WiredGraph(actors, senders["tokenizer"], receivers["client"])
+    return WiredGraph(actors, senders["tokenizer"], client_inbox)

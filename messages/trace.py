@@ -12,6 +12,7 @@ raises TraceError naming the frame and the byte offset.
 from __future__ import annotations
 
 import struct
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO, Literal
@@ -96,10 +97,11 @@ def encode_message(msg: msgspec.Struct) -> bytes:
 
 
 class TraceWriter:
-    """Appends frames to a file. Not thread-safe: call it from the event loop only."""
+    """Appends frames to a file; thread actors record from their own threads (a lock)."""
 
     def __init__(self, path: str | Path, header: TraceHeader) -> None:
         self.path = Path(path)
+        self._lock = threading.Lock()
         self._file: BinaryIO = open(self.path, "wb")
         self._seq = 0
         self._write(_encoder.encode(header))
@@ -117,16 +119,18 @@ class TraceWriter:
         msg: msgspec.Struct,
         time: float,
     ) -> None:
-        rec = TraceRecord(self._seq, time, kind, actor, channel, batch, msg)  # type: ignore[arg-type]
-        self._seq += 1
-        self._write(_encoder.encode(rec))
+        with self._lock:
+            rec = TraceRecord(self._seq, time, kind, actor, channel, batch, msg)  # type: ignore[arg-type]
+            self._seq += 1
+            self._write(_encoder.encode(rec))
 
     def flush(self) -> None:
         self._file.flush()
 
     def close(self) -> None:
-        if not self._file.closed:
-            self._file.close()
+        with self._lock:
+            if not self._file.closed:
+                self._file.close()
 
 
 def _frames(data: bytes) -> Iterator[tuple[int, int, bytes]]:
