@@ -1,11 +1,13 @@
 """The graph's own CPU cost: the whole engine with the fake runner, at 1, 32 and 256 sequences.
 
-    troupe bench graph [--num-seqs N]
+    troupe bench graph [--num-seqs N] [--executor-thread]
 
 Each level runs N concurrent requests (16-token prompts, 256 output tokens, ignore_eos), once
 with events delivered to a callback (`Engine.submit`: the graph alone) and once with one reading
 task per request (`Engine.generate`, as a server has), and reports the graph's time per scheduling step (wall time minus the fake runner's own execute
 time, which stands in for the GPU) and the output tokens/s through the graph.
+`--executor-thread` runs the fake runner's executor in a thread of its own, as a real runner's
+is (actors/thread_inbox.py), so the plan, result and mask hops are those of a GPU engine.
 """
 
 from __future__ import annotations
@@ -18,16 +20,23 @@ from typing import Any
 
 import anyio
 from troupe import Engine, EngineConfig, SamplingParams
+from troupe.gpu.fake_runner import FakeRunner
 from troupe.messages import StreamEvent
 
 TARGET_MS = {1: 0.3, 256: 2.0}
 
 
 async def _run_level(
-    config: EngineConfig, num_seqs: int, num_tokens: int, consumers: str = "tasks"
+    config: EngineConfig,
+    num_seqs: int,
+    num_tokens: int,
+    consumers: str = "tasks",
+    executor_thread: bool = False,
 ) -> dict[str, Any]:
     params = SamplingParams(max_tokens=num_tokens, ignore_eos=True, temperature=0.0)
-    async with Engine.open(config) as engine:
+    # an injected runner counts as blocking: its executor gets a thread of its own
+    runner = FakeRunner.from_config(config) if executor_thread else None
+    async with Engine.open(config, runner=runner) as engine:
         # Warm-up: one short request so tokenizer and detokenizer caches are hot.
         async for _ in engine.generate([1, 2, 3], SamplingParams(max_tokens=4)):
             pass
@@ -86,6 +95,9 @@ async def _run_level(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--num-seqs", type=int, default=None, help="one level instead of 1/32/256")
+    parser.add_argument(
+        "--executor-thread", action="store_true", help="the executor in a thread, as on a GPU"
+    )
     args = parser.parse_args(argv)
     levels = [args.num_seqs] if args.num_seqs else [1, 32, 256]
     config = EngineConfig(
@@ -94,7 +106,10 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for num_seqs in levels:
         for consumers in ("callback", "tasks"):
-            runs = [anyio.run(_run_level, config, num_seqs, 256, consumers) for _ in range(3)]
+            runs = [
+                anyio.run(_run_level, config, num_seqs, 256, consumers, args.executor_thread)
+                for _ in range(3)
+            ]
             best = min(runs, key=lambda r: r["ms_per_step"])
             best["ms_per_step_median"] = statistics.median(r["ms_per_step"] for r in runs)
             best["consumers"] = consumers
