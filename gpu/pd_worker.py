@@ -29,11 +29,10 @@ from troupe.gpu.tp_protocol import (
     Close,
     Execute,
     StepAnswer,
-    WorkerFailed,
-    WorkerReady,
     command_decoder,
     command_encoder,
 )
+from troupe.gpu.tp_worker import report_failure, worker_ready
 from troupe.messages import Phase
 
 
@@ -84,7 +83,7 @@ def worker_main(phase: Phase, config: EngineConfig, init_file: str, conn: Connec
                 f"layer has a sliding window (kv_window {runner.kv_window}): blocks behind the "
                 "window are released while their ids stay in the tables"
             )
-        conn.send_bytes(command_encoder.encode(_ready(phase, runner)))
+        conn.send_bytes(command_encoder.encode(worker_ready(RANK[phase], runner)))
         transfer = KVTransfer(runner.kv, phase)
         clean = _serve(runner, transfer, conn) and transfer.flush()
         if clean:
@@ -92,7 +91,7 @@ def worker_main(phase: Phase, config: EngineConfig, init_file: str, conn: Connec
     except BaseException as exc:  # reported to the engine, then this side exits
         if not isinstance(exc, ConfigError):
             traceback.print_exc()
-        _report(conn, phase, exc)
+        report_failure(conn, RANK[phase], exc)
         exit_code = 1
     finally:
         if runner is not None:
@@ -146,26 +145,3 @@ def _serve(runner: ModelRunner, transfer: KVTransfer, conn: Connection) -> bool:
                 )
             )
         )
-
-
-def _ready(phase: Phase, runner: ModelRunner) -> WorkerReady:
-    return WorkerReady(
-        rank=RANK[phase],
-        block_size=runner.block_size,
-        num_gpu_blocks=runner.num_gpu_blocks,
-        num_cpu_blocks=runner.num_cpu_blocks,
-        vocab_size=runner.vocab_size,
-        max_model_len=runner.max_model_len,
-        eos_token_ids=tuple(runner.eos_token_ids),
-        num_lookahead_tokens=runner.num_lookahead_tokens,
-        kv_window=runner.kv_window,
-    )
-
-
-def _report(conn: Connection, phase: Phase, exc: BaseException) -> None:
-    """Best effort: the engine may be gone already."""
-    failed = WorkerFailed(rank=RANK[phase], error_type=type(exc).__name__, message=str(exc))
-    try:
-        conn.send_bytes(command_encoder.encode(failed))
-    except (OSError, ValueError):
-        pass

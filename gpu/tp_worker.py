@@ -112,13 +112,13 @@ def worker_main(
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
         group = TPGroup.init(rank=rank, world_size=world_size, device=device, init_file=init_file)
         runner = build_rank_runner(config, group)
-        conn.send_bytes(command_encoder.encode(_ready(rank, runner)))
+        conn.send_bytes(command_encoder.encode(worker_ready(rank, runner)))
         _serve(runner, group, conn)
         group.barrier()  # every rank is out of its last collective before any tears down
     except BaseException as exc:  # reported to the engine, then this rank exits
         if not isinstance(exc, (ConfigError, ModelLoadError)):
             traceback.print_exc()  # the worker's stderr: the engine gets one line
-        _report(conn, rank, exc)
+        report_failure(conn, rank, exc)
         exit_code = 1
     finally:
         if runner is not None:
@@ -168,7 +168,7 @@ def _serve(runner: ModelRunner, group: TPGroup, conn: Connection) -> None:
             conn.send_bytes(command_encoder.encode(answer))
 
 
-def _ready(rank: int, runner: ModelRunner) -> WorkerReady:
+def worker_ready(rank: int, runner: ModelRunner) -> WorkerReady:
     return WorkerReady(
         rank=rank,
         block_size=runner.block_size,
@@ -182,7 +182,7 @@ def _ready(rank: int, runner: ModelRunner) -> WorkerReady:
     )
 
 
-def _report(conn: Connection, rank: int, exc: BaseException) -> None:
+def report_failure(conn: Connection, rank: int, exc: BaseException) -> None:
     """Best effort: the engine may be gone already."""
     failed = WorkerFailed(rank=rank, error_type=type(exc).__name__, message=str(exc))
     try:
