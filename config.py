@@ -132,6 +132,12 @@ class EngineConfig:
     # rejected naming its field), and the threads that fill token masks (actors/core/grammar.py).
     grammar_compile_timeout_s: float = 10.0
     grammar_threads: int = 4
+    # Where the grammar actor's matchers run (actors/grammar_process.py): "process", a child
+    # process with an interpreter of its own (xgrammar's calls then never wait for the lock
+    # that the event loop and the executor hold); "thread", the actor's own thread; "auto":
+    # a process on CUDA (where a masked step's critical path is the grammar), a thread on the
+    # CPU (no second interpreter to start).
+    grammar_worker: Literal["auto", "thread", "process"] = "auto"
     # The interpreter's thread switch interval while an engine runs (sys.setswitchinterval;
     # actors/switch_interval.py). A worker thread (the executor after a GPU sync, the grammar
     # after a mask fill) that gave up the interpreter lock waits up to this long to take it
@@ -217,6 +223,7 @@ class EngineConfig:
         _choice(self, "device", ("auto", "cpu", "cuda"))
         _choice(self, "dtype", ("auto", "float32", "bfloat16", "float16"))
         _choice(self, "kv_cache_dtype", ("auto", "fp8"))
+        _choice(self, "grammar_worker", ("auto", "thread", "process"))
         _choice(self, "preemption_mode", get_args(PreemptionMode))
         _choice(self, "scheduling_policy", get_args(QueuePolicyName))
         _choice(self, "log_format", ("console", "json"))

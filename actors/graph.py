@@ -13,13 +13,18 @@ from troupe.actors.core.admission import AdmissionCore, StreamingDefaults
 from troupe.actors.core.allocator import AllocatorCore
 from troupe.actors.core.executor import ExecutorCore
 from troupe.actors.core.grammar import GrammarCore
-from troupe.actors.core.grammar_compiler import GrammarCompiler, grammar_compiler_for
+from troupe.actors.core.grammar_compiler import (
+    GrammarCompiler,
+    grammar_compiler_for,
+    grammar_vocab,
+)
 from troupe.actors.core.phase_router import PhaseRouterCore
 from troupe.actors.core.scheduler import SchedulerCore
 from troupe.actors.core.speculator import SpecSettings
 from troupe.actors.core.streamer import StreamerCore
 from troupe.actors.core.tokenizer import TokenizerCore
 from troupe.actors.core.tokenizer_text import TextTokenizer
+from troupe.actors.grammar_process import GrammarProcess
 from troupe.config import EngineConfig, resolve_model_path
 from troupe.messages.phase_router import Phase
 from troupe.messages.trace import RunnerNumbers
@@ -68,8 +73,28 @@ def build_tokenizer(g: GraphInputs) -> TokenizerCore:
     return TokenizerCore(g.tokenizer, max_model_len=g.numbers.max_model_len, grammars=grammars)
 
 
-def build_grammar(g: GraphInputs) -> GrammarCore:
-    return GrammarCore(grammar_compiler(g), max_threads=g.config.grammar_threads)
+def build_grammar(g: GraphInputs) -> GrammarCore | GrammarProcess:
+    config = g.config
+    if not _grammar_in_process(config):
+        return GrammarCore(grammar_compiler(g), max_threads=config.grammar_threads)
+    return GrammarProcess(
+        grammar_vocab(g.tokenizer, g.numbers.vocab_size),
+        vocab_size=g.numbers.vocab_size,
+        eos_token_ids=g.numbers.eos_token_ids,
+        timeout_s=config.grammar_compile_timeout_s,
+        max_threads=config.grammar_threads,
+        max_rows=config.max_num_seqs,
+    )
+
+
+def _grammar_in_process(config: EngineConfig) -> bool:
+    if config.grammar_worker != "auto":
+        return config.grammar_worker == "process"
+    if config.device != "auto":
+        return config.device == "cuda"
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def build_admission(g: GraphInputs) -> AdmissionCore:

@@ -88,6 +88,7 @@ def run(folder: Path, args: argparse.Namespace, vocab_size: int) -> dict[str, An
         max_model_len=args.prompt_len + args.max_tokens + 16,
         enforce_eager=args.enforce_eager,
         grammar_threads=args.grammar_threads,
+        grammar_worker=args.grammar_worker,
         gil_switch_interval_s=args.gil_switch_interval,
     )
     out: dict[str, Any] = {}
@@ -182,6 +183,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--gil-switch-interval", type=float, default=EngineConfig.gil_switch_interval_s,
         help="seconds; 0 leaves the interpreter's own (5 ms)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--grammar-worker", choices=("auto", "thread", "process"),
+        default=EngineConfig.grammar_worker,
     )  # fmt: skip
     parser.add_argument("--cold", action="store_true", help="compile the schemas inside run A")
     parser.add_argument("--smoke", action="store_true", help="a 2-layer model: CPU smoke run")

@@ -39,14 +39,18 @@ class GrammarCompiler:
 
     def __init__(
         self,
-        tokenizer: TextTokenizer,
+        tokenizer: TextTokenizer | None,
         *,
+        vocab: list[bytes] | None = None,
         vocab_size: int,
         eos_token_ids: tuple[int, ...],
         timeout_s: float = 10.0,
         max_threads: int = 2,
     ) -> None:
+        if (tokenizer is None) == (vocab is None):
+            raise ValueError("a GrammarCompiler takes a tokenizer or its vocabulary's bytes")
         self._tokenizer = tokenizer
+        self._vocab = vocab  # given: a process without the tokenizer (grammar_process.py)
         self.vocab_size = vocab_size
         self.eos_token_ids = eos_token_ids
         self.timeout_s = timeout_s
@@ -58,16 +62,13 @@ class GrammarCompiler:
 
     @functools.cached_property
     def _compiler(self) -> xgrammar.GrammarCompiler:
-        """Built on first use (a second or so for a large vocabulary). Special tokens get no
-        bytes, so a grammar never allows them; ids past the tokenizer's are padding."""
+        """Built on first use (a second or so for a large vocabulary) from grammar_vocab."""
         import xgrammar
 
-        tok = self._tokenizer
-        special = tok.special_ids
-        vocab = [
-            b"" if i in special or i >= tok.vocab_size else tok.token_bytes(i)
-            for i in range(self.vocab_size)
-        ]
+        vocab = self._vocab
+        if vocab is None:
+            assert self._tokenizer is not None
+            vocab = grammar_vocab(self._tokenizer, self.vocab_size)
         info = xgrammar.TokenizerInfo(
             vocab,
             xgrammar.VocabType.RAW,
@@ -123,6 +124,16 @@ class GrammarCompiler:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def grammar_vocab(tokenizer: TextTokenizer, vocab_size: int) -> list[bytes]:
+    """Each id's bytes as the grammar sees them: special tokens get none, so a grammar never
+    allows them; ids past the tokenizer's are the model's padding."""
+    special = tokenizer.special_ids
+    return [
+        b"" if i in special or i >= tokenizer.vocab_size else tokenizer.token_bytes(i)
+        for i in range(vocab_size)
+    ]
 
 
 def _clean(exc: Exception) -> str:

@@ -1,0 +1,177 @@
+"""The grammar actor's core in a process of its own (EngineConfig.grammar_worker).
+
+Every xgrammar call lets go of the interpreter lock and must take it back to return. Beside an
+event loop that is busy with a step's results (scheduler, streamer, readers) and an executor
+thread that is planning the next launch, each of those takes waits for a switch interval: on
+the H200's host a masked step's batch accept of 256 tokens took 3.4 ms in the engine (0.5 ms
+alone), and the grammar's whole step 4.8 ms, all of it on the step's critical path
+(docs/benchmarks.md, session 9). In a process of its own the grammar has an interpreter to
+itself.
+
+    grammar actor (a thread of the engine)          child process
+    GrammarProcess.handle(batch) --msgpack, pipe-->  GrammarCore.handle(batch)
+                                 <--headers, pipe--  masks' bits written to a shared file
+    TokenMasks (bits copied out) -> executor
+
+The actor's thread waits for each answer (the pipe read lets go of the lock once), so the
+protocol, the order of messages and the outputs are the GrammarCore's (replay and tests see
+one core either way). The bits travel through a memory-mapped file in /dev/shm, sized for two
+full steps; a batch whose masks do not fit sends the rest inline. The child is spawned when the
+actor is built (its imports overlap the engine's start) and stops when the pipe closes.
+"""
+
+from __future__ import annotations
+
+import mmap
+import multiprocessing
+import os
+import tempfile
+import weakref
+from collections.abc import Sequence
+from multiprocessing.connection import Connection
+from typing import Any
+
+import msgspec
+from troupe.actors.core.base import Outgoing
+from troupe.messages.executor import TokenMasks
+from troupe.messages.grammar import GrammarInbox
+
+
+class _Masks(msgspec.Struct, frozen=True, array_like=True):
+    """A TokenMasks with its bits left out (`bitmask` empty) or inline; `offset`: where in the
+    shared file they are (-1: inline)."""
+
+    masks: TokenMasks
+    offset: int = -1
+
+
+class _Reply(msgspec.Struct, frozen=True):
+    masks: tuple[_Masks, ...] = ()
+    error: str | None = None  # the core raised: the actor fails with this
+
+
+_batch_type = list[GrammarInbox]
+
+
+class GrammarProcess:
+    """Core (inbox: ComputeMasks, GrammarTokens; outbox "executor"): GrammarCore's answers,
+    computed in a child process."""
+
+    def __init__(
+        self,
+        vocab: list[bytes],
+        *,
+        vocab_size: int,
+        eos_token_ids: tuple[int, ...],
+        timeout_s: float,
+        max_threads: int,
+        max_rows: int,
+    ) -> None:
+        num_words = (vocab_size + 31) // 32
+        self._size = 2 * max_rows * num_words * 4  # two full steps' masks
+        where = "/dev/shm" if os.path.isdir("/dev/shm") else None
+        fd, path = tempfile.mkstemp(prefix="troupe-masks-", dir=where)
+        try:
+            os.ftruncate(fd, self._size)
+            self._shared = mmap.mmap(fd, self._size)
+        finally:
+            os.close(fd)
+        context = multiprocessing.get_context("spawn")
+        self._conn, child_end = context.Pipe()
+        self._process = context.Process(
+            target=_serve,
+            args=(child_end, path, self._size, vocab, vocab_size, eos_token_ids, timeout_s),
+            kwargs={"max_threads": max_threads},
+            name="troupe-grammar",
+            daemon=True,
+        )
+        self._process.start()
+        child_end.close()
+        self._path: str | None = path  # unlinked once the child has it open (first answer)
+        self._encoder = msgspec.msgpack.Encoder()
+        self._decoder = msgspec.msgpack.Decoder(_Reply)
+        self._finalizer = weakref.finalize(self, _stop, self._conn, self._process, path)
+
+    def handle(self, batch: Sequence[GrammarInbox]) -> Outgoing:
+        try:
+            self._conn.send_bytes(self._encoder.encode(list(batch)))
+            reply = self._decoder.decode(self._conn.recv_bytes())
+        except (EOFError, OSError) as exc:
+            code = self._process.exitcode
+            raise RuntimeError(f"the grammar process stopped (exit code {code})") from exc
+        if self._path is not None:
+            os.unlink(self._path)
+            self._path = None
+        if reply.error is not None:
+            raise RuntimeError(f"the grammar process failed: {reply.error}")
+        out: Outgoing = []
+        for item in reply.masks:
+            masks = item.masks
+            if item.offset >= 0:
+                size = len(masks.request_ids) * masks.num_words * 4
+                bits = self._shared[item.offset : item.offset + size]
+                masks = msgspec.structs.replace(masks, bitmask=bits)
+            out.append(("executor", masks))
+        return out
+
+    def close(self) -> None:
+        self._finalizer()
+
+
+def _stop(conn: Connection, process: Any, path: str) -> None:
+    conn.close()  # the child's read ends: it returns
+    process.join(timeout=5)
+    if process.is_alive():
+        process.kill()
+    if os.path.exists(path):
+        os.unlink(path)
+
+
+def _serve(
+    conn: Connection,
+    path: str,
+    size: int,
+    vocab: list[bytes],
+    vocab_size: int,
+    eos_token_ids: tuple[int, ...],
+    timeout_s: float,
+    *,
+    max_threads: int,
+) -> None:
+    """The child: a GrammarCore answering batches until the pipe closes."""
+    from troupe.actors.core.grammar import GrammarCore
+    from troupe.actors.core.grammar_compiler import GrammarCompiler
+
+    with open(path, "r+b") as file:
+        shared = mmap.mmap(file.fileno(), size)
+    compiler = GrammarCompiler(
+        None, vocab=vocab, vocab_size=vocab_size, eos_token_ids=eos_token_ids, timeout_s=timeout_s
+    )
+    core = GrammarCore(compiler, max_threads=max_threads)
+    decoder = msgspec.msgpack.Decoder(_batch_type)
+    encoder = msgspec.msgpack.Encoder()
+    while True:
+        try:
+            batch = decoder.decode(conn.recv_bytes())
+        except (EOFError, OSError):
+            return
+        try:
+            reply = _Reply(masks=tuple(_place(core.handle(batch), shared, size)))
+        except Exception as exc:  # a bug: the parent fails the actor with it
+            reply = _Reply(error=f"{type(exc).__name__}: {exc}")
+        conn.send_bytes(encoder.encode(reply))
+
+
+def _place(out: Outgoing, shared: mmap.mmap, size: int) -> list[_Masks]:
+    """Each TokenMasks' bits into the shared file while they fit (inline after)."""
+    placed, offset = [], 0
+    for _, masks in out:
+        assert isinstance(masks, TokenMasks)
+        nbytes = len(masks.bitmask)
+        if offset + nbytes <= size:
+            shared[offset : offset + nbytes] = masks.bitmask
+            placed.append(_Masks(msgspec.structs.replace(masks, bitmask=b""), offset))
+            offset += nbytes
+        else:
+            placed.append(_Masks(masks))
+    return placed

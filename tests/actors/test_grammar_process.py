@@ -1,0 +1,101 @@
+"""The grammar core in a child process (EngineConfig.grammar_worker="process") answers every
+batch exactly as the in-thread GrammarCore does, through the shared file and inline alike, and
+a dead child fails the actor with a clear error. The default model's tokenizer, no model."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from troupe import EngineConfig
+from troupe.actors.core.grammar import GrammarCore
+from troupe.actors.core.grammar_compiler import grammar_compiler_for, grammar_vocab
+from troupe.actors.grammar_process import GrammarProcess
+from troupe.actors.graph import load_tokenizer_for
+from troupe.config import ConfigError
+from troupe.gpu.token_bitmask import allowed_ids, mask_array
+from troupe.messages import (
+    ComputeMasks,
+    GrammarRow,
+    GrammarTokens,
+    StructuredOutputs,
+    TokenMasks,
+)
+from troupe.ops.json_schemas import make_schemas
+
+VOCAB = 49152
+
+
+@pytest.fixture(scope="module")
+def tok():  # type: ignore[no-untyped-def]
+    return load_tokenizer_for(None)
+
+
+def _process(tok, max_rows: int) -> GrammarProcess:  # type: ignore[no-untyped-def]
+    return GrammarProcess(
+        grammar_vocab(tok, VOCAB),
+        vocab_size=VOCAB,
+        eos_token_ids=tok.eos_token_ids,
+        timeout_s=30.0,
+        max_threads=2,
+        max_rows=max_rows,
+    )
+
+
+def _masks(out: list[tuple[str, object]]) -> list[TokenMasks]:
+    assert all(dest == "executor" for dest, _ in out)
+    return [m for _, m in out if isinstance(m, TokenMasks)]
+
+
+def test_process_answers_as_the_thread_core_then_fails_when_killed(tok) -> None:  # type: ignore[no-untyped-def]
+    """The shared file holds 4 rows (max_rows 2): the first step's 5 go inline, later ones
+    through the file."""
+    specs = [StructuredOutputs.from_schema(s) for s in make_schemas(3)]
+    specs.append(StructuredOutputs(regex="[a-c]{3,6}"))
+    specs.append(StructuredOutputs(choice=("yes", "no")))
+    ids = [f"r{i}" for i in range(len(specs))]
+    core = GrammarCore(grammar_compiler_for(tok, VOCAB, tok.eos_token_ids, 30.0), max_threads=2)
+    remote = _process(tok, 2)
+    rng = random.Random(0)
+    batch: list[ComputeMasks | GrammarTokens] = [
+        ComputeMasks(
+            step_id=0, rows=tuple(GrammarRow(r, s) for r, s in zip(ids, specs, strict=True))
+        )
+    ]
+    try:
+        for step in range(1, 12):
+            want = _masks(core.handle(batch))
+            got = _masks(remote.handle(batch))
+            assert got == want, f"step {step}"
+            picks = {}
+            for masks in want:  # a fresh row's mask wins over its ahead one
+                failed = {rid for rid, _ in masks.failed}
+                rows = mask_array(masks)
+                for i, rid in enumerate(masks.request_ids):
+                    allowed = allowed_ids(rows[i], VOCAB)
+                    if rid not in failed and len(allowed):
+                        picks[rid] = int(rng.choice(allowed.tolist()))
+            if not picks:
+                break
+            tokens = GrammarTokens(
+                step_id=step, request_ids=tuple(picks), token_ids=tuple(picks.values())
+            )
+            # a later step: tokens, a request released, one back from a preemption (a fresh row)
+            back = next(iter(picks))
+            batch = [tokens]
+            if step % 3 == 0:
+                batch.append(ComputeMasks(step_id=step + 1, rows=(GrammarRow(back),)))
+            if step == 5:
+                batch.append(ComputeMasks(step_id=step + 1, released=(ids[0],)))
+        assert step > 5, "the walk ended early: the test did not cover what it says"
+        remote._process.kill()
+        remote._process.join()
+        with pytest.raises(RuntimeError, match="grammar process stopped"):
+            remote.handle([ComputeMasks(step_id=99, rows=(GrammarRow("z", specs[0]),))])
+    finally:
+        remote.close()
+
+
+def test_grammar_worker_is_checked() -> None:
+    with pytest.raises(ConfigError, match="grammar_worker"):
+        EngineConfig(grammar_worker="fork")  # type: ignore[arg-type]
