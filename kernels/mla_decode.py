@@ -14,6 +14,14 @@ tiles with an online softmax (base 2). One split writes o_lat directly; more wri
 outputs and log-sum-exps, merged by pass 2, grid (row, head). Splits cut the context by the
 row's own ctx (read from the device), the grid depends on shapes only: no host sync, so a CUDA
 graph captures it.
+
+Variants (MlaLaunch.variant; DEFAULT_CONFIG is the one the engine runs, ops/mla_bench.py
+--sweep-variants times them all):
+    HEADS_M   this file's pass 1: heads are the M side ([BLOCK_H x 576] @ [576 x BLOCK_N])
+    TOKENS_M  kernels/mla_decode_tokens.py: the products transposed, the BLOCK_N tokens are M
+              (wgmma-sized with BLOCK_N >= 64 on Hopper)
+MlaLaunch.half_partials keeps the split partial outputs in the output dtype (half the merge
+traffic of fp32 partials).
 """
 
 # Triton kernels take untyped pointers and constexprs; @triton.jit is untyped to mypy.
@@ -22,24 +30,38 @@ graph captures it.
 from __future__ import annotations
 
 import dataclasses
+import enum
 
 import torch
 import triton
 import triton.language as tl
 
+from .mla_decode_tokens import mla_split_tokens_kernel
+
 _LOG2E = 1.4426950408889634
+
+
+class MlaVariant(enum.Enum):
+    """Pass-1 algorithm (see the module docstring)."""
+
+    HEADS_M = "heads_m"
+    TOKENS_M = "tokens_m"
 
 
 @dataclasses.dataclass(frozen=True)
 class MlaLaunch:
-    """Launch parameters; ops/mla_bench.py sweeps them."""
+    """Algorithm and launch parameters; ops/mla_bench.py sweeps them."""
 
+    variant: MlaVariant = MlaVariant.HEADS_M
     block_h: int = 16
     block_n: int = 32
     num_warps: int = 4
     num_stages: int = 2
+    half_partials: bool = False  # split partials in the output dtype instead of fp32
 
 
+# The launch the engine runs (kernels/mla_ops.py): set it to the BEST line of
+# `python3 -m troupe.ops.mla_bench --sweep-variants`.
 DEFAULT_CONFIG = MlaLaunch()
 
 
@@ -123,7 +145,8 @@ def _mla_split_kernel(
         tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=o_mask)
     else:
         part = (row * NUM_HEADS + heads.to(tl.int64)) * NUM_SPLITS + split
-        tl.store(part_out_ptr + part[:, None] * LATENT + offs_l[None, :], o, mask=o_mask)
+        dst = part_out_ptr + part[:, None] * LATENT + offs_l[None, :]
+        tl.store(dst, o.to(part_out_ptr.dtype.element_ty), mask=o_mask)
         lse = tl.where(has, m + tl.math.log2(tl.where(has, denom, 1.0)), float("-inf"))
         tl.store(part_lse_ptr + part, lse, mask=h_mask)
 
@@ -158,13 +181,19 @@ def _mla_merge_kernel(
         part_out_ptr + (base + splits)[:, None] * LATENT + offs_l[None, :],
         mask=s_mask[:, None] & l_mask[None, :],
         other=0.0,
-    )
+    ).to(tl.float32)
     o = tl.sum(parts * w[:, None], axis=0) / tl.where(total > 0, total, 1.0)
     tl.store(
         out_ptr + row * stride_ot + head * stride_oh + offs_l,
         o.to(out_ptr.dtype.element_ty),
         mask=l_mask,
     )
+
+
+_SPLIT_KERNELS = {
+    MlaVariant.HEADS_M: _mla_split_kernel,
+    MlaVariant.TOKENS_M: mla_split_tokens_kernel,
+}
 
 
 def _num_sms(device: torch.device) -> int:
@@ -212,14 +241,16 @@ def mla_attention_triton(
         num_splits = choose_num_splits(num_rows, head_blocks, max_context, _num_sms(q_lat.device))
     part_out = part_lse = out  # unused with one split
     if num_splits > 1:
+        part_dtype = q_lat.dtype if config.half_partials else torch.float32
         part_out = torch.empty(
-            num_rows, num_heads, num_splits, latent, dtype=torch.float32, device=q_lat.device
+            num_rows, num_heads, num_splits, latent, dtype=part_dtype, device=q_lat.device
         )
         part_lse = torch.empty(
             num_rows, num_heads, num_splits, dtype=torch.float32, device=q_lat.device
         )
     block_l = max(16, triton.next_power_of_2(latent))
-    _mla_split_kernel[(num_rows, head_blocks, num_splits)](
+    split_kernel = _SPLIT_KERNELS[config.variant]
+    split_kernel[(num_rows, head_blocks, num_splits)](
         q_lat, q_rope, cache, out, part_out, part_lse, block_tables, row_seq, row_ctx,
         scale * _LOG2E,
         q_lat.stride(0), q_lat.stride(1), q_rope.stride(0), q_rope.stride(1),

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from troupe.kernels import mla_reference as ref
-from troupe.kernels.mla_decode import mla_attention_triton
+from troupe.kernels.mla_decode import MlaLaunch, MlaVariant, mla_attention_triton
 from troupe.kernels.mla_ops import mla_rows
 from troupe.kernels.ops import KernelOps
 
@@ -108,17 +108,30 @@ def test_expanded_prefill_matches_reference(triton_ops: KernelOps) -> None:
     torch.testing.assert_close(out, absorbed)
 
 
+_VARIANT_CONFIGS = [
+    MlaLaunch(),
+    MlaLaunch(half_partials=True),
+    MlaLaunch(variant=MlaVariant.TOKENS_M, block_n=16),
+    MlaLaunch(variant=MlaVariant.TOKENS_M, block_n=32, half_partials=True),
+]
+
+
+@pytest.mark.parametrize("config", _VARIANT_CONFIGS, ids=str)
 @pytest.mark.parametrize("num_splits", [1, 3])
-def test_splits_merge_to_the_one_pass_softmax(num_splits: int) -> None:
-    seq_lens = [40, 3, 17]
+def test_splits_merge_to_the_one_pass_softmax(num_splits: int, config: MlaLaunch) -> None:
+    """Every pass-1 variant, one pass and split + merge; ctx 0 (a padding row) gives zeros."""
+    seq_lens = [40, 3, 17, 0]
     cache, table, _ = _setup(seq_lens, seed=5)
     gen = torch.Generator().manual_seed(6)
-    q_lat = torch.randn(3, HEADS, LORA, generator=gen)
-    q_rope = torch.randn(3, HEADS, ROPE, generator=gen)
-    seq = torch.tensor([0, 1, 2], dtype=torch.int32)
+    q_lat = torch.randn(4, HEADS, LORA, generator=gen)
+    q_rope = torch.randn(4, HEADS, ROPE, generator=gen)
+    seq = torch.tensor([0, 1, 2, 3], dtype=torch.int32)
     ctx = torch.tensor(seq_lens, dtype=torch.int32)
-    out = mla_attention_triton(q_lat, q_rope, cache, table, seq, ctx, 0.2, num_splits=num_splits)
-    for s, n in enumerate(seq_lens):
+    out = mla_attention_triton(
+        q_lat, q_rope, cache, table, seq, ctx, 0.2, num_splits=num_splits, config=config
+    )
+    assert torch.equal(out[3], torch.zeros_like(out[3]))
+    for s, n in enumerate(seq_lens[:3]):
         rows = torch.cat([cache[int(b)] for b in table[s, : -(-n // BS)]])[:n]
         scores = (q_lat[s] @ rows[:, :LORA].T + q_rope[s] @ rows[:, LORA:].T) * 0.2
         torch.testing.assert_close(out[s], scores.softmax(-1) @ rows[:, :LORA])
@@ -173,6 +186,25 @@ def test_v2_lite_shape_bf16_on_cuda() -> None:
         lens, qsl, 128, 0.07, is_decode=True,
     )  # fmt: skip
     assert float((got - expected).norm() / expected.norm()) < 2e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("config", _VARIANT_CONFIGS + [MlaLaunch(MlaVariant.TOKENS_M)], ids=str)
+@pytest.mark.parametrize("num_splits", [1, 4])
+def test_variants_bf16_on_cuda(config: MlaLaunch, num_splits: int) -> None:
+    p = _v2_lite_problem(num_seqs=8, context=700, seed=13)
+    lens = torch.tensor([700, 1, 16, 17, 333, 512, 650, 699], dtype=torch.int32).cuda()
+    w = p["kv_b"].view(16, 256, 512)[:, :128].float()
+    q_lat = torch.einsum("shd,hdl->shl", p["q_nope"].float(), w).bfloat16()
+    seq = torch.arange(8, dtype=torch.int32).cuda()
+    got = mla_attention_triton(q_lat, p["q_rope"], p["cache"], p["table"], seq, lens, 0.07,
+                               num_splits=num_splits, config=config).float()  # fmt: skip
+    for s, n in enumerate(lens.tolist()):
+        rows = torch.cat([p["cache"][int(b)] for b in p["table"][s, : -(-n // 16)]])[:n].float()
+        scores = (q_lat[s].float() @ rows[:, :512].T + p["q_rope"][s].float() @ rows[:, 512:].T)
+        expected = (scores * 0.07).softmax(-1) @ rows[:, :512]
+        assert float((got[s] - expected).norm() / expected.norm()) < 2e-2
 
 
 @pytest.mark.gpu
