@@ -21,7 +21,8 @@ Variants (MlaLaunch.variant; DEFAULT_CONFIG is the one the engine runs, ops/mla_
     TOKENS_M  kernels/mla_decode_tokens.py: the products transposed, the BLOCK_N tokens are M
               (wgmma-sized with BLOCK_N >= 64 on Hopper)
 MlaLaunch.half_partials keeps the split partial outputs in the output dtype (half the merge
-traffic of fp32 partials).
+traffic of fp32 partials); MlaLaunch.fused_merge has the last split of a row merge the
+partials inside pass 1 (kernels/mla_split_merge.py: one launch instead of two).
 """
 
 # Triton kernels take untyped pointers and constexprs; @triton.jit is untyped to mypy.
@@ -37,6 +38,7 @@ import triton
 import triton.language as tl
 
 from .mla_decode_tokens import mla_split_tokens_kernel
+from .mla_split_merge import arrival_counters, merge_if_last
 
 _LOG2E = 1.4426950408889634
 
@@ -58,6 +60,7 @@ class MlaLaunch:
     num_warps: int = 4
     num_stages: int = 2
     half_partials: bool = False  # split partials in the output dtype instead of fp32
+    fused_merge: bool = False  # the last split of a row merges (kernels/mla_split_merge.py)
 
 
 # The launch the engine runs (kernels/mla_ops.py): set it to the BEST line of
@@ -76,6 +79,7 @@ def _mla_split_kernel(
     block_tables_ptr,
     row_seq_ptr,  # [T] int32: the sequence of each row
     row_ctx_ptr,  # [T] int32: tokens the row sees (0: padding row)
+    counter_ptr,  # [T * head blocks] int32 arrival counters (FUSED_MERGE), zero between launches
     qk_scale,  # softmax scale * log2(e)
     stride_qt,
     stride_qh,
@@ -94,6 +98,7 @@ def _mla_split_kernel(
     BLOCK_N: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     PRECISION: tl.constexpr,
+    FUSED_MERGE: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     head_block = tl.program_id(1)
@@ -149,6 +154,10 @@ def _mla_split_kernel(
         tl.store(dst, o.to(part_out_ptr.dtype.element_ty), mask=o_mask)
         lse = tl.where(has, m + tl.math.log2(tl.where(has, denom, 1.0)), float("-inf"))
         tl.store(part_lse_ptr + part, lse, mask=h_mask)
+        if FUSED_MERGE:
+            counter = counter_ptr + row * tl.num_programs(1) + head_block
+            merge_if_last(counter, part_out_ptr, part_lse_ptr, out_ptr, row, heads, h_mask,
+                          stride_ot, stride_oh, NUM_HEADS, LATENT, BLOCK_H, BLOCK_L, NUM_SPLITS)  # fmt: skip
 
 
 @triton.jit
@@ -249,19 +258,21 @@ def mla_attention_triton(
             num_rows, num_heads, num_splits, dtype=torch.float32, device=q_lat.device
         )
     block_l = max(16, triton.next_power_of_2(latent))
+    fused = config.fused_merge and num_splits > 1
+    counters = arrival_counters(num_rows * head_blocks, q_lat.device) if fused else row_ctx
     split_kernel = _SPLIT_KERNELS[config.variant]
     split_kernel[(num_rows, head_blocks, num_splits)](
-        q_lat, q_rope, cache, out, part_out, part_lse, block_tables, row_seq, row_ctx,
+        q_lat, q_rope, cache, out, part_out, part_lse, block_tables, row_seq, row_ctx, counters,
         scale * _LOG2E,
         q_lat.stride(0), q_lat.stride(1), q_rope.stride(0), q_rope.stride(1),
         out.stride(0), out.stride(1), block_tables.stride(0),
         NUM_HEADS=num_heads, BLOCK_SIZE=block_size, LATENT=latent, ROPE=rope,
         BLOCK_H=block_h, BLOCK_L=block_l, BLOCK_R=max(16, triton.next_power_of_2(rope)),
         BLOCK_N=config.block_n, NUM_SPLITS=num_splits,
-        PRECISION="ieee" if q_lat.dtype == torch.float32 else "tf32",
+        PRECISION="ieee" if q_lat.dtype == torch.float32 else "tf32", FUSED_MERGE=fused,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
-    if num_splits > 1:
+    if num_splits > 1 and not fused:
         _mla_merge_kernel[(num_rows, num_heads)](
             part_out, part_lse, out, out.stride(0), out.stride(1),
             NUM_HEADS=num_heads, LATENT=latent, BLOCK_L=block_l, NUM_SPLITS=num_splits,

@@ -21,6 +21,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .mla_split_merge import merge_if_last
+
 
 @triton.jit
 def mla_split_tokens_kernel(
@@ -33,6 +35,7 @@ def mla_split_tokens_kernel(
     block_tables_ptr,
     row_seq_ptr,  # [T] int32: the sequence of each row
     row_ctx_ptr,  # [T] int32: tokens the row sees (0: padding row)
+    counter_ptr,  # [T * head blocks] int32 arrival counters (FUSED_MERGE), zero between launches
     qk_scale,  # softmax scale * log2(e)
     stride_qt,
     stride_qh,
@@ -51,6 +54,7 @@ def mla_split_tokens_kernel(
     BLOCK_N: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     PRECISION: tl.constexpr,
+    FUSED_MERGE: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     head_block = tl.program_id(1)
@@ -107,3 +111,7 @@ def mla_split_tokens_kernel(
         tl.store(dst, o.to(part_out_ptr.dtype.element_ty), mask=o_mask)
         lse = tl.where(has, m + tl.math.log2(tl.where(has, denom, 1.0)), float("-inf"))
         tl.store(part_lse_ptr + part, lse, mask=h_mask)
+        if FUSED_MERGE:
+            counter = counter_ptr + row * tl.num_programs(1) + head_block
+            merge_if_last(counter, part_out_ptr, part_lse_ptr, out_ptr, row, heads, h_mask,
+                          stride_ot, stride_oh, NUM_HEADS, LATENT, BLOCK_H, BLOCK_L, NUM_SPLITS)  # fmt: skip

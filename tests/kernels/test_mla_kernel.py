@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from troupe.kernels import mla_reference as ref
+from troupe.kernels import mla_split_merge
 from troupe.kernels.mla_decode import MlaLaunch, MlaVariant, mla_attention_triton
 from troupe.kernels.mla_ops import mla_rows
 from troupe.kernels.ops import KernelOps
@@ -113,6 +114,8 @@ _VARIANT_CONFIGS = [
     MlaLaunch(half_partials=True),
     MlaLaunch(variant=MlaVariant.TOKENS_M, block_n=16),
     MlaLaunch(variant=MlaVariant.TOKENS_M, block_n=32, half_partials=True),
+    MlaLaunch(fused_merge=True),
+    MlaLaunch(variant=MlaVariant.TOKENS_M, block_n=16, half_partials=True, fused_merge=True),
 ]
 
 
@@ -131,6 +134,8 @@ def test_splits_merge_to_the_one_pass_softmax(num_splits: int, config: MlaLaunch
         q_lat, q_rope, cache, table, seq, ctx, 0.2, num_splits=num_splits, config=config
     )
     assert torch.equal(out[3], torch.zeros_like(out[3]))
+    if config.fused_merge:  # the last split of each row set its arrival counter back to 0
+        assert not mla_split_merge.arrival_counters(4, out.device)[:4].any()
     for s, n in enumerate(seq_lens[:3]):
         rows = torch.cat([cache[int(b)] for b in table[s, : -(-n // BS)]])[:n]
         scores = (q_lat[s] @ rows[:, :LORA].T + q_rope[s] @ rows[:, LORA:].T) * 0.2
@@ -190,7 +195,7 @@ def test_v2_lite_shape_bf16_on_cuda() -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("config", _VARIANT_CONFIGS + [MlaLaunch(MlaVariant.TOKENS_M)], ids=str)
+@pytest.mark.parametrize("config", [*_VARIANT_CONFIGS, MlaLaunch(MlaVariant.TOKENS_M)], ids=str)
 @pytest.mark.parametrize("num_splits", [1, 4])
 def test_variants_bf16_on_cuda(config: MlaLaunch, num_splits: int) -> None:
     p = _v2_lite_problem(num_seqs=8, context=700, seed=13)
@@ -202,7 +207,7 @@ def test_variants_bf16_on_cuda(config: MlaLaunch, num_splits: int) -> None:
                                num_splits=num_splits, config=config).float()  # fmt: skip
     for s, n in enumerate(lens.tolist()):
         rows = torch.cat([p["cache"][int(b)] for b in p["table"][s, : -(-n // 16)]])[:n].float()
-        scores = (q_lat[s].float() @ rows[:, :512].T + p["q_rope"][s].float() @ rows[:, 512:].T)
+        scores = q_lat[s].float() @ rows[:, :512].T + p["q_rope"][s].float() @ rows[:, 512:].T
         expected = (scores * 0.07).softmax(-1) @ rows[:, :512]
         assert float((got[s] - expected).norm() / expected.norm()) < 2e-2
 
