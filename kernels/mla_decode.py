@@ -61,6 +61,7 @@ class MlaLaunch:
     num_stages: int = 2
     half_partials: bool = False  # split partials in the output dtype instead of fp32
     fused_merge: bool = False  # the last split of a row merges (kernels/mla_split_merge.py)
+    programs_per_sm: int = 4  # the split count aims at this many programs per SM
 
 
 # The launch the engine runs (kernels/mla_ops.py): set it to the BEST line of
@@ -211,11 +212,13 @@ def _num_sms(device: torch.device) -> int:
     return int(torch.cuda.get_device_properties(device).multi_processor_count)
 
 
-def choose_num_splits(num_rows: int, num_head_blocks: int, max_context: int, num_sms: int) -> int:
-    """Splits so that about four programs run per SM, each over >= 128 tokens of the longest
-    context the table can hold (shapes only: a CUDA graph replays the same launch)."""
+def choose_num_splits(
+    num_rows: int, num_head_blocks: int, max_context: int, num_sms: int, programs_per_sm: int = 4
+) -> int:
+    """Splits so that about programs_per_sm programs run per SM, each over >= 128 tokens of the
+    longest context the table can hold (shapes only: a CUDA graph replays the same launch)."""
     programs = num_rows * num_head_blocks
-    wanted = max(1, (4 * num_sms) // max(programs, 1))
+    wanted = max(1, (programs_per_sm * num_sms) // max(programs, 1))
     return max(1, min(wanted, max_context // 128, 16))
 
 
@@ -247,7 +250,9 @@ def mla_attention_triton(
     head_blocks = triton.cdiv(num_heads, block_h)
     if num_splits is None:
         max_context = block_tables.shape[1] * block_size
-        num_splits = choose_num_splits(num_rows, head_blocks, max_context, _num_sms(q_lat.device))
+        num_splits = choose_num_splits(
+            num_rows, head_blocks, max_context, _num_sms(q_lat.device), config.programs_per_sm
+        )
     part_out = part_lse = out  # unused with one split
     if num_splits > 1:
         part_dtype = q_lat.dtype if config.half_partials else torch.float32
