@@ -235,6 +235,30 @@ def test_kernel_replays_in_a_cuda_graph() -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("variant", list(MlaVariant))
+def test_fused_merge_replays_in_a_cuda_graph(variant: MlaVariant) -> None:
+    """The in-kernel merge's arrival counters are left zeroed by every launch: replays after
+    the lengths change on the device give the eager result."""
+    p = _v2_lite_problem(num_seqs=4, context=512, seed=15)
+    config = MlaLaunch(variant=variant, block_n=64, half_partials=True, fused_merge=True)
+    lens = torch.tensor([100, 200, 300, 400], dtype=torch.int32).cuda()
+    q_lat = torch.randn(4, 16, 512, device="cuda").bfloat16()
+    seq = torch.arange(4, dtype=torch.int32).cuda()
+    args = (q_lat, p["q_rope"], p["cache"], p["table"], seq, lens, 0.07)
+    mla_attention_triton(*args, num_splits=4, config=config)  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = mla_attention_triton(*args, num_splits=4, config=config)
+    for new in ([512, 3, 250, 77], [1, 512, 0, 129]):
+        lens.copy_(torch.tensor(new, dtype=torch.int32))
+        graph.replay()
+        torch.testing.assert_close(out, mla_attention_triton(*args, num_splits=4, config=config))
+        eager = mla_attention_triton(*args, num_splits=4, config=MlaLaunch())
+        torch.testing.assert_close(out.float(), eager.float(), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_expanded_and_absorbed_prefill_agree_bf16_on_cuda() -> None:
     """DeepSeek-V2-Lite's shape in bf16: prefill chunks after cached context (and a whole
     prompt) through both forms, against each other and the fp32 reference."""
