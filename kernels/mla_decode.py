@@ -22,7 +22,8 @@ Variants (MlaLaunch.variant; DEFAULT_CONFIG is the one the engine runs, ops/mla_
               (wgmma-sized with BLOCK_N >= 64 on Hopper)
 MlaLaunch.half_partials keeps the split partial outputs in the output dtype (half the merge
 traffic of fp32 partials); MlaLaunch.fused_merge has the last split of a row merge the
-partials inside pass 1 (kernels/mla_split_merge.py: one launch instead of two).
+partials inside pass 1 (kernels/mla_split_merge.py: one launch instead of two); MlaLaunch.prefetch double-buffers
+the latent tiles in registers by hand (kernels/mla_tile.py).
 """
 
 # Triton kernels take untyped pointers and constexprs; @triton.jit is untyped to mypy.
@@ -39,6 +40,7 @@ import triton.language as tl
 
 from .mla_decode_tokens import mla_split_tokens_kernel
 from .mla_split_merge import arrival_counters, merge_if_last
+from .mla_tile import load_latent_tile
 
 _LOG2E = 1.4426950408889634
 
@@ -62,6 +64,7 @@ class MlaLaunch:
     half_partials: bool = False  # split partials in the output dtype instead of fp32
     fused_merge: bool = False  # the last split of a row merges (kernels/mla_split_merge.py)
     programs_per_sm: int = 4  # the split count aims at this many programs per SM
+    prefetch: bool = False  # load the next tile before using this one (kernels/mla_tile.py)
 
 
 # The launch the engine runs (kernels/mla_ops.py): set it to the BEST line of
@@ -100,6 +103,7 @@ def _mla_split_kernel(
     NUM_SPLITS: tl.constexpr,
     PRECISION: tl.constexpr,
     FUSED_MERGE: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     head_block = tl.program_id(1)
@@ -122,18 +126,20 @@ def _mla_split_kernel(
     m = tl.full([BLOCK_H], float("-inf"), tl.float32)
     denom = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_L], tl.float32)
+    table_row = block_tables_ptr + seq * stride_bt
+    if PREFETCH:
+        c_next, kr_next = load_latent_tile(cache_ptr, table_row, start, end, offs_l, offs_r,
+                                           l_mask, r_mask, BLOCK_SIZE, LATENT, ROPE, BLOCK_N)  # fmt: skip
     for n0 in range(start, end, BLOCK_N):
-        pos = n0 + tl.arange(0, BLOCK_N)
-        p_mask = pos < end
-        block = tl.load(
-            block_tables_ptr + seq * stride_bt + pos // BLOCK_SIZE, mask=p_mask, other=0
-        )
-        slot = block.to(tl.int64) * BLOCK_SIZE + (pos % BLOCK_SIZE)
-        base = cache_ptr + slot[:, None] * (LATENT + ROPE)
-        c = tl.load(base + offs_l[None, :], mask=p_mask[:, None] & l_mask[None, :], other=0.0)
-        kr = tl.load(
-            base + LATENT + offs_r[None, :], mask=p_mask[:, None] & r_mask[None, :], other=0.0
-        )
+        if PREFETCH:
+            c, kr = c_next, kr_next
+            c_next, kr_next = load_latent_tile(cache_ptr, table_row, n0 + BLOCK_N, end, offs_l,
+                                               offs_r, l_mask, r_mask, BLOCK_SIZE, LATENT, ROPE,
+                                               BLOCK_N)  # fmt: skip
+        else:
+            c, kr = load_latent_tile(cache_ptr, table_row, n0, end, offs_l, offs_r, l_mask,
+                                     r_mask, BLOCK_SIZE, LATENT, ROPE, BLOCK_N)  # fmt: skip
+        p_mask = n0 + tl.arange(0, BLOCK_N) < end
         s = tl.dot(q, tl.trans(c), input_precision=PRECISION)
         s += tl.dot(qr, tl.trans(kr), input_precision=PRECISION)
         s = tl.where(p_mask[None, :], s * qk_scale, float("-inf"))
@@ -275,6 +281,7 @@ def mla_attention_triton(
         BLOCK_H=block_h, BLOCK_L=block_l, BLOCK_R=max(16, triton.next_power_of_2(rope)),
         BLOCK_N=config.block_n, NUM_SPLITS=num_splits,
         PRECISION="ieee" if q_lat.dtype == torch.float32 else "tf32", FUSED_MERGE=fused,
+        PREFETCH=config.prefetch,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
     if num_splits > 1 and not fused:

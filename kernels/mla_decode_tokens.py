@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from .mla_split_merge import merge_if_last
+from .mla_tile import load_latent_tile
 
 
 @triton.jit
@@ -55,6 +56,7 @@ def mla_split_tokens_kernel(
     NUM_SPLITS: tl.constexpr,
     PRECISION: tl.constexpr,
     FUSED_MERGE: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     head_block = tl.program_id(1)
@@ -78,18 +80,20 @@ def mla_split_tokens_kernel(
     m = tl.full([BLOCK_H], float("-inf"), tl.float32)
     denom = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_L, BLOCK_H], tl.float32)
+    table_row = block_tables_ptr + seq * stride_bt
+    if PREFETCH:
+        c_next, kr_next = load_latent_tile(cache_ptr, table_row, start, end, offs_l, offs_r,
+                                           l_mask, r_mask, BLOCK_SIZE, LATENT, ROPE, BLOCK_N)  # fmt: skip
     for n0 in range(start, end, BLOCK_N):
-        pos = n0 + tl.arange(0, BLOCK_N)
-        p_mask = pos < end
-        block = tl.load(
-            block_tables_ptr + seq * stride_bt + pos // BLOCK_SIZE, mask=p_mask, other=0
-        )
-        slot = block.to(tl.int64) * BLOCK_SIZE + (pos % BLOCK_SIZE)
-        base = cache_ptr + slot[:, None] * (LATENT + ROPE)
-        c = tl.load(base + offs_l[None, :], mask=p_mask[:, None] & l_mask[None, :], other=0.0)
-        kr = tl.load(
-            base + LATENT + offs_r[None, :], mask=p_mask[:, None] & r_mask[None, :], other=0.0
-        )
+        if PREFETCH:
+            c, kr = c_next, kr_next
+            c_next, kr_next = load_latent_tile(cache_ptr, table_row, n0 + BLOCK_N, end, offs_l,
+                                               offs_r, l_mask, r_mask, BLOCK_SIZE, LATENT, ROPE,
+                                               BLOCK_N)  # fmt: skip
+        else:
+            c, kr = load_latent_tile(cache_ptr, table_row, n0, end, offs_l, offs_r, l_mask,
+                                     r_mask, BLOCK_SIZE, LATENT, ROPE, BLOCK_N)  # fmt: skip
+        p_mask = n0 + tl.arange(0, BLOCK_N) < end
         s = tl.dot(c, q_t, input_precision=PRECISION)
         s += tl.dot(kr, qr_t, input_precision=PRECISION)
         s = tl.where(p_mask[:, None], s * qk_scale, float("-inf"))

@@ -2,8 +2,8 @@
 
     python3 -m troupe.ops.mla_bench --sweep-variants
 
-Every kernels/mla_decode.MlaLaunch below runs at 256 sequences x 1,024 tokens, the best few
-and today's default again at 32 x 4,096. Each row: the split count the config picks, the
+Every kernels/mla_decode.MlaLaunch below runs at 256 sequences x 1,024 tokens; today's default,
+the best two and the best at 4 / 8 / 16 splits run again at 32 x 4,096. Each row: the split count the config picks, the
 median kernel time, the rate over the bytes the kernel must move (latent cache rows once, q_lat,
 q_rope, o_lat: ops/mla_bench.py's count) against copy bandwidth, and the error of o_lat against
 a torch fp32 softmax over the same gathered latent rows, computed on the GPU for every row
@@ -34,33 +34,37 @@ MAX_REL_ERROR = 2e-2
 H, T = MlaVariant.HEADS_M, MlaVariant.TOKENS_M
 
 
-def _c(variant: MlaVariant, bn: int, warps: int, stages: int, pps: int, fast: bool) -> MlaLaunch:
+def _c(
+    variant: MlaVariant, bn: int, warps: int, stages: int, pps: int, fast: bool, prefetch: bool
+) -> MlaLaunch:
     """fast: bf16 partials merged inside pass 1 (half_partials + fused_merge)."""
     return MlaLaunch(variant=variant, block_n=bn, num_warps=warps, num_stages=stages,
-                     programs_per_sm=pps, half_partials=fast, fused_merge=fast)  # fmt: skip
+                     programs_per_sm=pps, half_partials=fast, fused_merge=fast, prefetch=prefetch)  # fmt: skip
 
 
-# programs_per_sm on 132 SMs at 256 rows: 2 -> 1 split, 4 -> 2, 6 -> 3, 8 -> 4
+# programs_per_sm on 132 SMs at 256 rows: 2 -> 1 split, 4 -> 2, 8 -> 4. Compiled for sm_90 by
+# triton 3.7 (ahead of time, no GPU): HEADS_M gets ONE shared buffer for the latent tile at any
+# num_stages (load and compute never overlap), so its variants here prefetch into registers
+# (bn 32, 4 warps: 255 registers, no spills: 2 programs per SM); TOKENS_M with bn 64 gets two
+# buffers at num_stages 2-3 (168 KB: 1 program per SM) and wgmma for both products.
 CONFIGS = [
     DEFAULT_CONFIG,
     MlaLaunch(),
-    _c(H, 32, 4, 3, 2, False),
-    _c(H, 32, 4, 4, 2, False),
-    _c(H, 32, 4, 2, 4, True),
-    _c(H, 32, 4, 3, 4, True),
-    _c(H, 32, 8, 2, 4, True),
-    _c(H, 32, 4, 2, 8, True),
-    _c(H, 16, 4, 4, 4, True),
-    _c(T, 64, 4, 2, 2, False),
-    _c(T, 64, 4, 3, 2, False),
-    _c(T, 64, 8, 3, 2, False),
-    _c(T, 64, 4, 2, 4, False),
-    _c(T, 64, 4, 2, 4, True),
-    _c(T, 64, 4, 3, 4, True),
-    _c(T, 64, 8, 2, 4, True),
-    _c(T, 32, 4, 3, 4, True),
-    _c(T, 32, 4, 4, 2, False),
-    _c(T, 64, 4, 2, 8, True),
+    _c(H, 32, 4, 2, 4, True, False),
+    _c(H, 32, 4, 3, 2, False, False),
+    _c(H, 32, 4, 1, 2, False, True),
+    _c(H, 32, 4, 1, 4, True, True),
+    _c(H, 32, 8, 1, 2, False, True),
+    _c(H, 16, 4, 1, 4, True, True),
+    _c(T, 64, 4, 2, 2, False, False),
+    _c(T, 64, 4, 3, 2, False, False),
+    _c(T, 64, 8, 3, 2, False, False),
+    _c(T, 64, 4, 3, 4, True, False),
+    _c(T, 64, 8, 3, 4, True, False),
+    _c(T, 64, 4, 3, 8, True, False),
+    _c(T, 64, 8, 1, 2, False, True),
+    _c(T, 64, 8, 1, 4, True, True),
+    _c(T, 32, 4, 3, 4, True, False),
 ]
 
 
@@ -77,6 +81,7 @@ def config_expr(config: MlaLaunch) -> str:
 
 def _short(config: MlaLaunch) -> str:
     extra = (" half" if config.half_partials else "") + (" fused" if config.fused_merge else "")
+    extra += " prefetch" if config.prefetch else ""
     return (f"bn={config.block_n} w={config.num_warps} st={config.num_stages} "
             f"pps={config.programs_per_sm}{extra}")  # fmt: skip
 
@@ -132,7 +137,7 @@ def sweep_shape(
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count if on_gpu else 4
     moved = (p["cache"].numel() + 2 * p["q_lat"].numel() + p["q_rope"].numel()) * 2
     print(f"\n{num_seqs} x {context}: {moved / 1e6:.0f} MB to move")
-    print(f"{'variant':<9} {'config':<34} {'splits':>6} {'us':>8} {'TB/s':>6} {'copy':>5} "
+    print(f"{'variant':<9} {'config':<43} {'splits':>6} {'us':>8} {'TB/s':>6} {'copy':>5} "
           f"{'max abs':>8} {'rel':>8}")  # fmt: skip
     good: list[Row] = []
     for config in configs:
@@ -142,7 +147,7 @@ def sweep_shape(
             return mla_attention_triton(p["q_lat"], p["q_rope"], p["cache"], p["table"], p["seq"],
                                         p["ctx"], scale, config=config)  # fmt: skip
 
-        head = f"{config.variant.value:<9} {_short(config):<34} {splits:>6}"
+        head = f"{config.variant.value:<9} {_short(config):<43} {splits:>6}"
         try:
             out = kernel().float()
             ms = (timer or _median_ms)(kernel)
@@ -162,7 +167,7 @@ def sweep_shape(
 
 
 def _median_ms(fn: Callable[[], torch.Tensor]) -> float:
-    return float(triton.testing.do_bench(fn, warmup=20, rep=100, return_mode="median"))
+    return float(triton.testing.do_bench(fn, warmup=10, rep=60, return_mode="median"))
 
 
 def sweep_variants(copy_bw: float) -> None:
@@ -172,7 +177,10 @@ def sweep_variants(copy_bw: float) -> None:
     main = sweep_shape(256, 1024, unique, copy_bw)
     if main:
         best.append(("256x1024", main[0]))
-    long_configs = list(dict.fromkeys([DEFAULT_CONFIG] + [c for _, c in main[:5]]))
+    # at 32 rows the split count matters most: the winner again at 4, 8 and 16 splits
+    pps = [dataclasses.replace(main[0][1], programs_per_sm=n, half_partials=True,
+                               fused_merge=True) for n in (1, 2, 4)] if main else []  # fmt: skip
+    long_configs = list(dict.fromkeys([DEFAULT_CONFIG] + [c for _, c in main[:2]] + pps))
     long = sweep_shape(32, 4096, long_configs, copy_bw)
     if long:
         best.append(("32x4096", long[0]))

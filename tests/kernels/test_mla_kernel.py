@@ -116,6 +116,8 @@ _VARIANT_CONFIGS = [
     MlaLaunch(variant=MlaVariant.TOKENS_M, block_n=32, half_partials=True),
     MlaLaunch(fused_merge=True),
     MlaLaunch(variant=MlaVariant.TOKENS_M, block_n=16, half_partials=True, fused_merge=True),
+    MlaLaunch(prefetch=True, num_stages=1),
+    MlaLaunch(variant=MlaVariant.TOKENS_M, block_n=16, prefetch=True, fused_merge=True),
 ]
 
 
