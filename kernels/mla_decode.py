@@ -206,7 +206,7 @@ def _mla_merge_kernel(
     )
 
 
-_SPLIT_KERNELS = {
+SPLIT_KERNELS = {
     MlaVariant.HEADS_M: _mla_split_kernel,
     MlaVariant.TOKENS_M: mla_split_tokens_kernel,
 }
@@ -271,7 +271,7 @@ def mla_attention_triton(
     block_l = max(16, triton.next_power_of_2(latent))
     fused = config.fused_merge and num_splits > 1
     counters = arrival_counters(num_rows * head_blocks, q_lat.device) if fused else row_ctx
-    split_kernel = _SPLIT_KERNELS[config.variant]
+    split_kernel = SPLIT_KERNELS[config.variant]
     split_kernel[(num_rows, head_blocks, num_splits)](
         q_lat, q_rope, cache, out, part_out, part_lse, block_tables, row_seq, row_ctx, counters,
         scale * _LOG2E,
