@@ -14,6 +14,16 @@ tiles with an online softmax (base 2). One split writes o_lat directly; more wri
 outputs and log-sum-exps, merged by pass 2, grid (row, head). Splits cut the context by the
 row's own ctx (read from the device), the grid depends on shapes only: no host sync, so a CUDA
 graph captures it.
+
+Variants (MlaLaunch.variant; DEFAULT_CONFIG is the one the engine runs, ops/mla_bench.py
+--sweep-variants times them all):
+    HEADS_M   this file's pass 1: heads are the M side ([BLOCK_H x 576] @ [576 x BLOCK_N])
+    TOKENS_M  kernels/mla_decode_tokens.py: the products transposed, the BLOCK_N tokens are M
+              (wgmma-sized with BLOCK_N >= 64 on Hopper)
+MlaLaunch.half_partials keeps the split partial outputs in the output dtype (half the merge
+traffic of fp32 partials); MlaLaunch.fused_merge has the last split of a row merge the
+partials inside pass 1 (kernels/mla_split_merge.py: one launch instead of two); MlaLaunch.prefetch double-buffers
+the latent tiles in registers by hand (kernels/mla_tile.py).
 """
 
 # Triton kernels take untyped pointers and constexprs; @triton.jit is untyped to mypy.
@@ -22,24 +32,43 @@ graph captures it.
 from __future__ import annotations
 
 import dataclasses
+import enum
 
 import torch
 import triton
 import triton.language as tl
 
+from .mla_decode_tokens import mla_split_tokens_kernel
+from .mla_split_merge import arrival_counters, merge_if_last
+from .mla_tile import load_latent_tile
+
 _LOG2E = 1.4426950408889634
+
+
+class MlaVariant(enum.Enum):
+    """Pass-1 algorithm (see the module docstring)."""
+
+    HEADS_M = "heads_m"
+    TOKENS_M = "tokens_m"
 
 
 @dataclasses.dataclass(frozen=True)
 class MlaLaunch:
-    """Launch parameters; ops/mla_bench.py sweeps them."""
+    """Algorithm and launch parameters; ops/mla_bench.py sweeps them."""
 
+    variant: MlaVariant = MlaVariant.HEADS_M
     block_h: int = 16
     block_n: int = 32
     num_warps: int = 4
     num_stages: int = 2
+    half_partials: bool = False  # split partials in the output dtype instead of fp32
+    fused_merge: bool = False  # the last split of a row merges (kernels/mla_split_merge.py)
+    programs_per_sm: int = 4  # the split count aims at this many programs per SM
+    prefetch: bool = False  # load the next tile before using this one (kernels/mla_tile.py)
 
 
+# The launch the engine runs (kernels/mla_ops.py): set it to the BEST line of
+# `python3 -m troupe.ops.mla_bench --sweep-variants`.
 DEFAULT_CONFIG = MlaLaunch()
 
 
@@ -54,6 +83,7 @@ def _mla_split_kernel(
     block_tables_ptr,
     row_seq_ptr,  # [T] int32: the sequence of each row
     row_ctx_ptr,  # [T] int32: tokens the row sees (0: padding row)
+    counter_ptr,  # [T * head blocks] int32 arrival counters (FUSED_MERGE), zero between launches
     qk_scale,  # softmax scale * log2(e)
     stride_qt,
     stride_qh,
@@ -72,6 +102,8 @@ def _mla_split_kernel(
     BLOCK_N: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     PRECISION: tl.constexpr,
+    FUSED_MERGE: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     head_block = tl.program_id(1)
@@ -94,18 +126,20 @@ def _mla_split_kernel(
     m = tl.full([BLOCK_H], float("-inf"), tl.float32)
     denom = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_L], tl.float32)
+    table_row = block_tables_ptr + seq * stride_bt
+    if PREFETCH:
+        c_next, kr_next = load_latent_tile(cache_ptr, table_row, start, end, offs_l, offs_r,
+                                           l_mask, r_mask, BLOCK_SIZE, LATENT, ROPE, BLOCK_N)  # fmt: skip
     for n0 in range(start, end, BLOCK_N):
-        pos = n0 + tl.arange(0, BLOCK_N)
-        p_mask = pos < end
-        block = tl.load(
-            block_tables_ptr + seq * stride_bt + pos // BLOCK_SIZE, mask=p_mask, other=0
-        )
-        slot = block.to(tl.int64) * BLOCK_SIZE + (pos % BLOCK_SIZE)
-        base = cache_ptr + slot[:, None] * (LATENT + ROPE)
-        c = tl.load(base + offs_l[None, :], mask=p_mask[:, None] & l_mask[None, :], other=0.0)
-        kr = tl.load(
-            base + LATENT + offs_r[None, :], mask=p_mask[:, None] & r_mask[None, :], other=0.0
-        )
+        if PREFETCH:
+            c, kr = c_next, kr_next
+            c_next, kr_next = load_latent_tile(cache_ptr, table_row, n0 + BLOCK_N, end, offs_l,
+                                               offs_r, l_mask, r_mask, BLOCK_SIZE, LATENT, ROPE,
+                                               BLOCK_N)  # fmt: skip
+        else:
+            c, kr = load_latent_tile(cache_ptr, table_row, n0, end, offs_l, offs_r, l_mask,
+                                     r_mask, BLOCK_SIZE, LATENT, ROPE, BLOCK_N)  # fmt: skip
+        p_mask = n0 + tl.arange(0, BLOCK_N) < end
         s = tl.dot(q, tl.trans(c), input_precision=PRECISION)
         s += tl.dot(qr, tl.trans(kr), input_precision=PRECISION)
         s = tl.where(p_mask[None, :], s * qk_scale, float("-inf"))
@@ -123,9 +157,14 @@ def _mla_split_kernel(
         tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=o_mask)
     else:
         part = (row * NUM_HEADS + heads.to(tl.int64)) * NUM_SPLITS + split
-        tl.store(part_out_ptr + part[:, None] * LATENT + offs_l[None, :], o, mask=o_mask)
+        dst = part_out_ptr + part[:, None] * LATENT + offs_l[None, :]
+        tl.store(dst, o.to(part_out_ptr.dtype.element_ty), mask=o_mask)
         lse = tl.where(has, m + tl.math.log2(tl.where(has, denom, 1.0)), float("-inf"))
         tl.store(part_lse_ptr + part, lse, mask=h_mask)
+        if FUSED_MERGE:
+            counter = counter_ptr + row * tl.num_programs(1) + head_block
+            merge_if_last(counter, part_out_ptr, part_lse_ptr, out_ptr, row, heads, h_mask,
+                          stride_ot, stride_oh, NUM_HEADS, LATENT, BLOCK_H, BLOCK_L, NUM_SPLITS)  # fmt: skip
 
 
 @triton.jit
@@ -158,7 +197,7 @@ def _mla_merge_kernel(
         part_out_ptr + (base + splits)[:, None] * LATENT + offs_l[None, :],
         mask=s_mask[:, None] & l_mask[None, :],
         other=0.0,
-    )
+    ).to(tl.float32)
     o = tl.sum(parts * w[:, None], axis=0) / tl.where(total > 0, total, 1.0)
     tl.store(
         out_ptr + row * stride_ot + head * stride_oh + offs_l,
@@ -167,17 +206,25 @@ def _mla_merge_kernel(
     )
 
 
+SPLIT_KERNELS = {
+    MlaVariant.HEADS_M: _mla_split_kernel,
+    MlaVariant.TOKENS_M: mla_split_tokens_kernel,
+}
+
+
 def _num_sms(device: torch.device) -> int:
     if device.type != "cuda":
         return 4  # interpreter: a few splits so the tests exercise the merge
     return int(torch.cuda.get_device_properties(device).multi_processor_count)
 
 
-def choose_num_splits(num_rows: int, num_head_blocks: int, max_context: int, num_sms: int) -> int:
-    """Splits so that about four programs run per SM, each over >= 128 tokens of the longest
-    context the table can hold (shapes only: a CUDA graph replays the same launch)."""
+def choose_num_splits(
+    num_rows: int, num_head_blocks: int, max_context: int, num_sms: int, programs_per_sm: int = 4
+) -> int:
+    """Splits so that about programs_per_sm programs run per SM, each over >= 128 tokens of the
+    longest context the table can hold (shapes only: a CUDA graph replays the same launch)."""
     programs = num_rows * num_head_blocks
-    wanted = max(1, (4 * num_sms) // max(programs, 1))
+    wanted = max(1, (programs_per_sm * num_sms) // max(programs, 1))
     return max(1, min(wanted, max_context // 128, 16))
 
 
@@ -209,28 +256,35 @@ def mla_attention_triton(
     head_blocks = triton.cdiv(num_heads, block_h)
     if num_splits is None:
         max_context = block_tables.shape[1] * block_size
-        num_splits = choose_num_splits(num_rows, head_blocks, max_context, _num_sms(q_lat.device))
+        num_splits = choose_num_splits(
+            num_rows, head_blocks, max_context, _num_sms(q_lat.device), config.programs_per_sm
+        )
     part_out = part_lse = out  # unused with one split
     if num_splits > 1:
+        part_dtype = q_lat.dtype if config.half_partials else torch.float32
         part_out = torch.empty(
-            num_rows, num_heads, num_splits, latent, dtype=torch.float32, device=q_lat.device
+            num_rows, num_heads, num_splits, latent, dtype=part_dtype, device=q_lat.device
         )
         part_lse = torch.empty(
             num_rows, num_heads, num_splits, dtype=torch.float32, device=q_lat.device
         )
     block_l = max(16, triton.next_power_of_2(latent))
-    _mla_split_kernel[(num_rows, head_blocks, num_splits)](
-        q_lat, q_rope, cache, out, part_out, part_lse, block_tables, row_seq, row_ctx,
+    fused = config.fused_merge and num_splits > 1
+    counters = arrival_counters(num_rows * head_blocks, q_lat.device) if fused else row_ctx
+    split_kernel = SPLIT_KERNELS[config.variant]
+    split_kernel[(num_rows, head_blocks, num_splits)](
+        q_lat, q_rope, cache, out, part_out, part_lse, block_tables, row_seq, row_ctx, counters,
         scale * _LOG2E,
         q_lat.stride(0), q_lat.stride(1), q_rope.stride(0), q_rope.stride(1),
         out.stride(0), out.stride(1), block_tables.stride(0),
         NUM_HEADS=num_heads, BLOCK_SIZE=block_size, LATENT=latent, ROPE=rope,
         BLOCK_H=block_h, BLOCK_L=block_l, BLOCK_R=max(16, triton.next_power_of_2(rope)),
         BLOCK_N=config.block_n, NUM_SPLITS=num_splits,
-        PRECISION="ieee" if q_lat.dtype == torch.float32 else "tf32",
+        PRECISION="ieee" if q_lat.dtype == torch.float32 else "tf32", FUSED_MERGE=fused,
+        PREFETCH=config.prefetch,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
-    if num_splits > 1:
+    if num_splits > 1 and not fused:
         _mla_merge_kernel[(num_rows, num_heads)](
             part_out, part_lse, out, out.stride(0), out.stride(1),
             NUM_HEADS=num_heads, LATENT=latent, BLOCK_L=block_l, NUM_SPLITS=num_splits,

@@ -1,6 +1,7 @@
 """MLA kernel benchmark (GPU): absorbed decode and both prefill forms at DeepSeek-V2-Lite shape.
 
     python -m troupe.ops.mla_bench [--sweep] [--num-seqs 256] [--context 1024] [--prefill-only]
+    python -m troupe.ops.mla_bench --sweep-variants    (ops/mla_variant_sweep.py, about a minute)
 
 16 heads, kv_lora_rank 512, rope 64, nope 128, v 128, bf16, block_size 16, blocks shuffled.
 Decode: num_seqs sequences of `context` tokens; the rate is bytes/s over what the kernel must
@@ -27,6 +28,7 @@ from troupe.kernels.mla_ops import mla_attention
 from troupe.kernels.mla_prefill import mla_prefill
 from troupe.kernels.mla_reference import mla_decode_absorbed
 from troupe.ops.kernel_bench import copy_bandwidth, median_ms
+from troupe.ops.mla_variant_sweep import sweep_variants
 
 HEADS, LORA, ROPE, NOPE, V, BLOCK_SIZE = 16, 512, 64, 128, 128, 16
 DTYPE = torch.bfloat16
@@ -145,9 +147,15 @@ def main() -> None:
     parser.add_argument("--num-seqs", type=int, default=256)
     parser.add_argument("--context", type=int, default=1024)
     parser.add_argument("--prefill-only", action="store_true", help="skip the decode runs")
+    parser.add_argument(
+        "--sweep-variants", action="store_true", help="only the decode variants x configs table"
+    )
     args = parser.parse_args()
     copy_bw = copy_bandwidth()
     print(f"{torch.cuda.get_device_name()}: copy {copy_bw / 1e12:.2f} TB/s")
+    if args.sweep_variants:
+        sweep_variants(copy_bw)
+        return
     if not args.prefill_only:
         decode(args.num_seqs, args.context, args.sweep, copy_bw)
         decode(32, 4096, False, copy_bw)

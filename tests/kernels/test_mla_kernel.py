@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 from troupe.kernels import mla_reference as ref
-from troupe.kernels.mla_decode import mla_attention_triton
+from troupe.kernels import mla_split_merge
+from troupe.kernels.mla_decode import MlaLaunch, MlaVariant, mla_attention_triton
 from troupe.kernels.mla_ops import mla_rows
 from troupe.kernels.ops import KernelOps
 
@@ -108,17 +109,36 @@ def test_expanded_prefill_matches_reference(triton_ops: KernelOps) -> None:
     torch.testing.assert_close(out, absorbed)
 
 
+_VARIANT_CONFIGS = [
+    MlaLaunch(),
+    MlaLaunch(half_partials=True),
+    MlaLaunch(variant=MlaVariant.TOKENS_M, block_n=16),
+    MlaLaunch(variant=MlaVariant.TOKENS_M, block_n=32, half_partials=True),
+    MlaLaunch(fused_merge=True),
+    MlaLaunch(variant=MlaVariant.TOKENS_M, block_n=16, half_partials=True, fused_merge=True),
+    MlaLaunch(prefetch=True, num_stages=1),
+    MlaLaunch(variant=MlaVariant.TOKENS_M, block_n=16, prefetch=True, fused_merge=True),
+]
+
+
+@pytest.mark.parametrize("config", _VARIANT_CONFIGS, ids=str)
 @pytest.mark.parametrize("num_splits", [1, 3])
-def test_splits_merge_to_the_one_pass_softmax(num_splits: int) -> None:
-    seq_lens = [40, 3, 17]
+def test_splits_merge_to_the_one_pass_softmax(num_splits: int, config: MlaLaunch) -> None:
+    """Every pass-1 variant, one pass and split + merge; ctx 0 (a padding row) gives zeros."""
+    seq_lens = [40, 3, 17, 0]
     cache, table, _ = _setup(seq_lens, seed=5)
     gen = torch.Generator().manual_seed(6)
-    q_lat = torch.randn(3, HEADS, LORA, generator=gen)
-    q_rope = torch.randn(3, HEADS, ROPE, generator=gen)
-    seq = torch.tensor([0, 1, 2], dtype=torch.int32)
+    q_lat = torch.randn(4, HEADS, LORA, generator=gen)
+    q_rope = torch.randn(4, HEADS, ROPE, generator=gen)
+    seq = torch.tensor([0, 1, 2, 3], dtype=torch.int32)
     ctx = torch.tensor(seq_lens, dtype=torch.int32)
-    out = mla_attention_triton(q_lat, q_rope, cache, table, seq, ctx, 0.2, num_splits=num_splits)
-    for s, n in enumerate(seq_lens):
+    out = mla_attention_triton(
+        q_lat, q_rope, cache, table, seq, ctx, 0.2, num_splits=num_splits, config=config
+    )
+    assert torch.equal(out[3], torch.zeros_like(out[3]))
+    if config.fused_merge:  # the last split of each row set its arrival counter back to 0
+        assert not mla_split_merge.arrival_counters(4, out.device)[:4].any()
+    for s, n in enumerate(seq_lens[:3]):
         rows = torch.cat([cache[int(b)] for b in table[s, : -(-n // BS)]])[:n]
         scores = (q_lat[s] @ rows[:, :LORA].T + q_rope[s] @ rows[:, LORA:].T) * 0.2
         torch.testing.assert_close(out[s], scores.softmax(-1) @ rows[:, :LORA])
@@ -177,6 +197,25 @@ def test_v2_lite_shape_bf16_on_cuda() -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("config", [*_VARIANT_CONFIGS, MlaLaunch(MlaVariant.TOKENS_M)], ids=str)
+@pytest.mark.parametrize("num_splits", [1, 4])
+def test_variants_bf16_on_cuda(config: MlaLaunch, num_splits: int) -> None:
+    p = _v2_lite_problem(num_seqs=8, context=700, seed=13)
+    lens = torch.tensor([700, 1, 16, 17, 333, 512, 650, 699], dtype=torch.int32).cuda()
+    w = p["kv_b"].view(16, 256, 512)[:, :128].float()
+    q_lat = torch.einsum("shd,hdl->shl", p["q_nope"].float(), w).bfloat16()
+    seq = torch.arange(8, dtype=torch.int32).cuda()
+    got = mla_attention_triton(q_lat, p["q_rope"], p["cache"], p["table"], seq, lens, 0.07,
+                               num_splits=num_splits, config=config).float()  # fmt: skip
+    for s, n in enumerate(lens.tolist()):
+        rows = torch.cat([p["cache"][int(b)] for b in p["table"][s, : -(-n // 16)]])[:n].float()
+        scores = q_lat[s].float() @ rows[:, :512].T + p["q_rope"][s].float() @ rows[:, 512:].T
+        expected = (scores * 0.07).softmax(-1) @ rows[:, :512]
+        assert float((got[s] - expected).norm() / expected.norm()) < 2e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_kernel_replays_in_a_cuda_graph() -> None:
     """Captured once, replayed after the lengths change on the device: the splits follow the
     new lengths, nothing was baked in from the host."""
@@ -194,6 +233,30 @@ def test_kernel_replays_in_a_cuda_graph() -> None:
     graph.replay()
     torch.testing.assert_close(out, mla_ops.mla_attention(*args, is_decode=True))
     assert not torch.equal(out[0], out[1])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("variant", list(MlaVariant))
+def test_fused_merge_replays_in_a_cuda_graph(variant: MlaVariant) -> None:
+    """The in-kernel merge's arrival counters are left zeroed by every launch: replays after
+    the lengths change on the device give the eager result."""
+    p = _v2_lite_problem(num_seqs=4, context=512, seed=15)
+    config = MlaLaunch(variant=variant, block_n=64, half_partials=True, fused_merge=True)
+    lens = torch.tensor([100, 200, 300, 400], dtype=torch.int32).cuda()
+    q_lat = torch.randn(4, 16, 512, device="cuda").bfloat16()
+    seq = torch.arange(4, dtype=torch.int32).cuda()
+    args = (q_lat, p["q_rope"], p["cache"], p["table"], seq, lens, 0.07)
+    mla_attention_triton(*args, num_splits=4, config=config)  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = mla_attention_triton(*args, num_splits=4, config=config)
+    for new in ([512, 3, 250, 77], [1, 512, 0, 129]):
+        lens.copy_(torch.tensor(new, dtype=torch.int32))
+        graph.replay()
+        torch.testing.assert_close(out, mla_attention_triton(*args, num_splits=4, config=config))
+        eager = mla_attention_triton(*args, num_splits=4, config=MlaLaunch())
+        torch.testing.assert_close(out.float(), eager.float(), atol=2e-2, rtol=2e-2)
 
 
 @pytest.mark.gpu
