@@ -1,6 +1,8 @@
 """Kernel benchmark (GPU): paged decode attention against copy bandwidth, and paged prefill.
 
-    python -m troupe.ops.kernel_bench [--sweep]
+    python -m troupe.ops.kernel_bench [--sweep | --sweep-variants]
+
+--sweep-variants: every decode/prefill algorithm variant x launch config (ops/attention_sweep.py).
 
 Decode workload: 256 sequences x 1,024 context, Qwen3-0.6B heads (16 q, 8 kv, head_dim 128),
 block_size 16, bf16. Achieved bandwidth counts K and V read once plus q and out, over the median
@@ -24,6 +26,7 @@ from troupe.kernels.decode_attention import (
 )
 from troupe.kernels.paged_attention import PrefillConfig, paged_attention_triton
 from troupe.kernels.paged_batch import PagedBatch, make_paged_batch
+from troupe.ops.attention_sweep import sweep_variants
 
 NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 16, 8, 128, 16
 DTYPE = torch.bfloat16
@@ -236,9 +239,15 @@ def run_prefill(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--sweep", action="store_true", help="time many decode launch configs")
+    parser.add_argument(
+        "--sweep-variants", action="store_true", help="time every kernel variant, print BEST lines"
+    )
     args = parser.parse_args()
     copy_bw = copy_bandwidth()
     print(f"{torch.cuda.get_device_name()}: copy {copy_bw / 1e12:.2f} TB/s (read + write)")
+    if args.sweep_variants:
+        sweep_variants(copy_bw)
+        return
     rows: list[Row] = []
     run_decode(256, 1024, copy_bw, args.sweep, rows)
     for num_seqs, context in ((64, 4096), (8, 16384), (1, 32768)):
