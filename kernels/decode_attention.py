@@ -30,6 +30,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .decode_combine import combine_head, decode_reduce_kernel
+
 _LOG2E = 1.4426950408889634
 _MIN_TOKENS_PER_SPLIT = 256  # below this a split's fixed cost outweighs the parallelism gained
 _MAX_SPLITS = 32
@@ -61,30 +63,6 @@ class DecodeConfig:
 # The engine's launch, split policy and algorithm: set to the BEST decode line of
 # `python -m troupe.ops.kernel_bench --sweep-variants`.
 DEFAULT_CONFIG = DecodeConfig()
-
-
-@triton.jit
-def _combine_head(
-    part_out_ptr, part_lse_ptr, out_ptr, row0, num_splits, CG: tl.constexpr,
-    HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
-):  # fmt: skip
-    """Merges the partials at rows row0.. into out_ptr[:D]; CG reads around L1 (FUSED)."""
-    offs_s = tl.arange(0, BLOCK_S)
-    offs_d = tl.arange(0, BLOCK_D)
-    s_mask = offs_s < num_splits
-    d_mask = offs_d < HEAD_DIM
-    o_ptrs = part_out_ptr + (row0 + offs_s)[:, None] * HEAD_DIM + offs_d[None, :]
-    o_mask = s_mask[:, None] & d_mask[None, :]
-    if CG:
-        lse_ptrs = part_lse_ptr + row0 + offs_s
-        lse = tl.load(lse_ptrs, mask=s_mask, other=float("-inf"), cache_modifier=".cg")
-        o = tl.load(o_ptrs, mask=o_mask, other=0.0, cache_modifier=".cg")
-    else:
-        lse = tl.load(part_lse_ptr + row0 + offs_s, mask=s_mask, other=float("-inf"))
-        o = tl.load(o_ptrs, mask=o_mask, other=0.0)
-    weights = tl.exp2(lse - tl.max(lse, axis=0))  # split 0 is never empty: the max is finite
-    out = tl.sum(o * weights[:, None], axis=0) / tl.sum(weights, axis=0)
-    tl.store(out_ptr + offs_d, out.to(out_ptr.dtype.element_ty), mask=d_mask)
 
 
 @triton.jit(do_not_specialize=["num_splits"])  # one compile serves every split count
@@ -217,38 +195,12 @@ def _decode_split_kernel(
                 tl.debug_barrier()
                 for g in tl.static_range(GROUP):
                     head = kv_head * GROUP + g
-                    _combine_head(
+                    combine_head(
                         part_out_ptr, part_lse_ptr, out_ptr + seq * stride_os + head * stride_oh,
                         (seq * NUM_Q_HEADS + head) * num_splits, num_splits, True,
                         HEAD_DIM, BLOCK_S, BLOCK_D,
                     )  # fmt: skip
                 tl.atomic_xchg(count_ptr, 0)  # ready for the next launch (a graph replay)
-
-
-@triton.jit
-def _decode_reduce_kernel(
-    part_out_ptr,
-    part_lse_ptr,
-    out_ptr,
-    num_valid_ptr,
-    num_splits,
-    stride_os,
-    stride_oh,
-    NUM_Q_HEADS: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    HAS_LIMIT: tl.constexpr,
-    BLOCK_S: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-):
-    seq = tl.program_id(0).to(tl.int64)
-    head = tl.program_id(1)
-    if HAS_LIMIT:
-        if seq >= tl.load(num_valid_ptr):
-            return
-    _combine_head(
-        part_out_ptr, part_lse_ptr, out_ptr + seq * stride_os + head * stride_oh,
-        (seq * NUM_Q_HEADS + head) * num_splits, num_splits, False, HEAD_DIM, BLOCK_S, BLOCK_D,
-    )  # fmt: skip
 
 
 def choose_num_splits(
@@ -373,12 +325,12 @@ def paged_decode_attention_triton(
         BLOCK_G=max(16, triton.next_power_of_2(group)),
         BLOCK_N=block_n,
         BLOCK_D=block_d,
-        BLOCK_S=block_s if fused else 1,
+        BLOCK_S=min(block_s, 32) if fused else 1,  # merged 32 splits at a time
         num_warps=config.num_warps,
         num_stages=config.num_stages if on_gpu else 1,
     )
     if num_splits > 1 and not fused:
-        _decode_reduce_kernel[(num_seqs, num_q_heads)](
+        decode_reduce_kernel[(num_seqs, num_q_heads)](
             part_out,
             part_lse,
             out,

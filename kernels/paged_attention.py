@@ -40,11 +40,13 @@ _LOG2E = 1.4426950408889634
 class PrefillVariant(enum.Enum):
     """The tile loop's algorithm. BASE: a block-table load per key, qk scaled by a multiply.
     PAGED: a block-table load per page (unwindowed only), the scale folded into exp2's FMA.
-    LAZY: PAGED, and acc/l rescaled only when some row's max grows by more than 8 (log2)."""
+    LAZY: PAGED, and acc/l rescaled only when some row's max grows by more than 8 (log2).
+    WS: PAGED, and the unmasked band's loop warp-specialized (tl.range(warp_specialize=True))."""
 
     BASE = "base"
     PAGED = "paged"
     LAZY = "lazy"
+    WS = "ws"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,6 +102,7 @@ def _attend(
     PAGED: tl.constexpr,  # one block-table load per page (start page-aligned, no window)
     FOLD: tl.constexpr,  # the scale folded into exp2's argument (an FMA) instead of a multiply
     LAZY: tl.constexpr,  # FOLD, and acc rescaled only when a row max grows by more than 8
+    WS: tl.constexpr,  # Triton's warp specialization of the loop (load warps, math warps)
     HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -110,7 +113,7 @@ def _attend(
     (log2) units whatever the flags."""
     offs_d = tl.arange(0, BLOCK_D)
     d_mask = offs_d < HEAD_DIM
-    for n in range(start, end, BLOCK_N):
+    for n in tl.range(start, end, BLOCK_N, warp_specialize=WS):
         offs_n = n + tl.arange(0, BLOCK_N)
         n_mask = offs_n < end
         if PAGED:
@@ -198,6 +201,7 @@ def _paged_attention_kernel(
     PAGED: tl.constexpr,
     FOLD: tl.constexpr,
     LAZY: tl.constexpr,
+    WS: tl.constexpr,  # warp-specialize the unmasked band's loop
     GROUP: tl.constexpr,  # query heads per kv head
     HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,  # tokens per KV block
@@ -263,15 +267,15 @@ def _paged_attention_kernel(
     b_start = tl.minimum(tl.maximum(tl.cdiv(full_lo, BLOCK_N) * BLOCK_N, win_lo), c_start)
     acc, m_i, l_i = _attend(
         acc, m_i, l_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row, kv_head, win_lo, b_start,
-        stride_slot, qk_scale, win, True, PAGED, FOLD, LAZY, HEAD_DIM, BLOCK_SIZE, BLOCK_N, BLOCK_D,
+        stride_slot, qk_scale, win, True, PAGED, FOLD, LAZY, False, HEAD_DIM, BLOCK_SIZE, BLOCK_N, BLOCK_D,
     )  # fmt: skip
     acc, m_i, l_i = _attend(
         acc, m_i, l_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row, kv_head, b_start, c_start,
-        stride_slot, qk_scale, win, False, PAGED, FOLD, LAZY, HEAD_DIM, BLOCK_SIZE, BLOCK_N, BLOCK_D,
+        stride_slot, qk_scale, win, False, PAGED, FOLD, LAZY, WS, HEAD_DIM, BLOCK_SIZE, BLOCK_N, BLOCK_D,
     )  # fmt: skip
     acc, m_i, l_i = _attend(
         acc, m_i, l_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row, kv_head, c_start, kv_end,
-        stride_slot, qk_scale, win, True, PAGED, FOLD, LAZY, HEAD_DIM, BLOCK_SIZE, BLOCK_N, BLOCK_D,
+        stride_slot, qk_scale, win, True, PAGED, FOLD, LAZY, False, HEAD_DIM, BLOCK_SIZE, BLOCK_N, BLOCK_D,
     )  # fmt: skip
     # Every valid row sees itself, so l_i > 0 there; padded rows are not stored.
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
@@ -362,6 +366,7 @@ def paged_attention_triton(
         PAGED=fold and sliding_window == 0 and block_n % block_size == 0,
         FOLD=fold,
         LAZY=config.variant is PrefillVariant.LAZY,
+        WS=config.variant is PrefillVariant.WS,
         GROUP=group,
         HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size,

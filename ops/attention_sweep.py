@@ -51,7 +51,7 @@ DEVICE = "cuda"  # a dry run on the CPU (TRITON_INTERPRET=1) patches this and th
 
 
 def _ms(fn: Callable[[], object]) -> float:
-    return float(triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median"))
+    return float(triton.testing.do_bench(fn, warmup=5, rep=30, return_mode="median"))
 
 
 def config_code(cfg: object) -> str:

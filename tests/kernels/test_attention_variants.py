@@ -120,3 +120,17 @@ def test_prefill_variant_fp8_and_large_logits(variant: PrefillVariant) -> None:
         *args, config=PrefillConfig(variant=variant), out=out, k_scale=k_scale, v_scale=v_scale
     )
     assert _rel_err(out, ref) < BOUND
+
+
+@pytest.mark.parametrize("variant", [DecodeVariant.TWO_PASS, DecodeVariant.FUSED])
+def test_decode_merges_more_splits_than_one_chunk(variant: DecodeVariant) -> None:
+    """40 splits: FUSED merges 32 at a time (a running max across two chunks)."""
+    batch = _batch([(699, 1)], 4, seed=11)
+    args = (batch.q, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens, 0.25,
+            batch.max_seq_len)  # fmt: skip
+    ref = reference.paged_decode_attention(*args)
+    out = torch.full_like(batch.q, float("nan"))
+    paged_decode_attention_triton(
+        *args, num_splits=40, config=DecodeConfig(variant=variant), out=out
+    )
+    assert _rel_err(out, ref) < BOUND
