@@ -232,7 +232,7 @@ def _counters(device: torch.device, size: int) -> torch.Tensor:
     """FUSED's per-(sequence, kv head) counters, zero between launches (made before capture)."""
     have = _COUNTERS.get(device)
     if have is None or have.numel() < size:
-        have = torch.zeros(max(size, 4096), dtype=torch.int32, device=device)
+        have = torch.zeros(max(size, 1 << 16), dtype=torch.int32, device=device)
         _COUNTERS[device] = have
     return have
 
@@ -325,7 +325,7 @@ def paged_decode_attention_triton(
         BLOCK_G=max(16, triton.next_power_of_2(group)),
         BLOCK_N=block_n,
         BLOCK_D=block_d,
-        BLOCK_S=min(block_s, 32) if fused else 1,  # merged 32 splits at a time
+        BLOCK_S=32 if fused else 1,  # merged 32 splits at a time (one compile for all counts)
         num_warps=config.num_warps,
         num_stages=config.num_stages if on_gpu else 1,
     )
@@ -341,7 +341,7 @@ def paged_decode_attention_triton(
             NUM_Q_HEADS=num_q_heads,
             HEAD_DIM=head_dim,
             HAS_LIMIT=num_valid is not None,
-            BLOCK_S=block_s,
+            BLOCK_S=min(block_s, 64),
             BLOCK_D=block_d,
             num_warps=4,
         )
