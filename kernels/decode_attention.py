@@ -9,6 +9,13 @@ merges the splits:
     context  |--- split 0 ---|--- split 1 ---|-- split 2 --|     (chunks of BLOCK_N multiples)
     pass 1   o_0, lse_0       o_1, lse_1      o_2, lse_2
     pass 2   out = sum_j 2^(lse_j - M) o_j / sum_j 2^(lse_j - M),  M = max_j lse_j
+
+Variants (DecodeConfig.variant; DEFAULT_CONFIG picks the engine's):
+    TWO_PASS  the above, one block-table load per token
+    PAGED     one block-table load per page (BLOCK_N / block_size of them per tile)
+    FUSED     PAGED, and no pass 2: each split bumps a per-(sequence, kv head) counter after
+              writing its partials; the split that finds it at NUM_SPLITS - 1 merges them
+              for its GROUP heads and resets the counter (one launch instead of two)
 """
 
 # Triton kernels take untyped pointers and constexprs; @triton.jit is untyped to mypy.
@@ -17,14 +24,25 @@ merges the splits:
 from __future__ import annotations
 
 import dataclasses
+import enum
 
 import torch
 import triton
 import triton.language as tl
 
+from .decode_combine import combine_head, decode_reduce_kernel
+
 _LOG2E = 1.4426950408889634
 _MIN_TOKENS_PER_SPLIT = 256  # below this a split's fixed cost outweighs the parallelism gained
 _MAX_SPLITS = 32
+
+
+class DecodeVariant(enum.Enum):
+    """The decode algorithm (see the module doc)."""
+
+    TWO_PASS = "two_pass"
+    PAGED = "paged"
+    FUSED = "fused"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,19 +52,28 @@ class DecodeConfig:
     block_n: int = 64
     num_warps: int = 4
     num_stages: int = 3
+    variant: DecodeVariant = DecodeVariant.TWO_PASS
+    # split policy: about programs_per_sm programs per SM, at most max_splits per (sequence, kv
+    # head), none shorter than min_split tokens
+    programs_per_sm: int = 2
+    max_splits: int = _MAX_SPLITS
+    min_split: int = _MIN_TOKENS_PER_SPLIT
 
 
+# The engine's launch, split policy and algorithm: set to the BEST decode line of
+# `python -m troupe.ops.kernel_bench --sweep-variants`.
 DEFAULT_CONFIG = DecodeConfig()
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])  # one compile serves every split count
 def _decode_split_kernel(
     q_ptr,
     k_cache_ptr,
     v_cache_ptr,
-    out_ptr,  # [S, Hq, D] when NUM_SPLITS == 1
-    part_out_ptr,  # [S, Hq, NUM_SPLITS, D] fp32 otherwise
-    part_lse_ptr,  # [S, Hq, NUM_SPLITS] fp32
+    out_ptr,  # [S, Hq, D]: written when not SPLIT, or by the merging split when FUSED
+    part_out_ptr,  # [S, Hq, num_splits, D] fp32 when SPLIT
+    part_lse_ptr,  # [S, Hq, num_splits] fp32
+    counter_ptr,  # int32 [>= S * Hkv], zero between launches, when FUSED
     block_tables_ptr,
     seq_lens_ptr,
     num_valid_ptr,  # int32 [1] when HAS_LIMIT: sequences from this one on are skipped
@@ -54,6 +81,7 @@ def _decode_split_kernel(
     v_scale_ptr,
     qk_scale,  # softmax scale * log2(e)
     window,  # sliding window in tokens, 0: none
+    num_splits,
     stride_qs,
     stride_qh,
     stride_os,
@@ -61,15 +89,19 @@ def _decode_split_kernel(
     stride_bt,
     stride_slot,
     NUM_Q_HEADS: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr,
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
+    SPLIT: tl.constexpr,  # num_splits > 1
+    PAGED: tl.constexpr,  # block ids per page (BLOCK_N is a multiple of BLOCK_SIZE)
+    FUSED: tl.constexpr,  # the last split merges (SPLIT only)
     HAS_LIMIT: tl.constexpr,
     FP8: tl.constexpr,
     BLOCK_G: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    BLOCK_S: tl.constexpr,  # num_splits rounded up to a power of two (FUSED)
 ):
     seq = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
@@ -85,9 +117,13 @@ def _decode_split_kernel(
     # The query sees keys [ctx_start, seq_len): all of them, or the last `window`; nothing
     # before ctx_start is read (a window may have freed those blocks).
     ctx_start = tl.where(window > 0, tl.maximum(seq_len - window, 0), 0)
+    # PAGED walks whole pages: from the page holding ctx_start, masking the keys before it.
+    lo = ctx_start
+    if PAGED:
+        lo = (ctx_start // BLOCK_SIZE) * BLOCK_SIZE
     # Per-sequence chunking keeps splits balanced when lengths differ within the batch.
-    chunk = tl.cdiv(tl.cdiv(seq_len - ctx_start, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    start = ctx_start + split * chunk
+    chunk = tl.cdiv(tl.cdiv(seq_len - lo, num_splits), BLOCK_N) * BLOCK_N
+    start = lo + split * chunk
     end = tl.minimum(start + chunk, seq_len)
 
     offs_g = tl.arange(0, BLOCK_G)
@@ -105,8 +141,19 @@ def _decode_split_kernel(
     for n in range(start, end, BLOCK_N):
         offs_n = n + tl.arange(0, BLOCK_N)
         n_mask = offs_n < end
-        block_ids = tl.load(bt_row + offs_n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
-        slots = block_ids * BLOCK_SIZE + (offs_n % BLOCK_SIZE)
+        if PAGED:
+            n_mask &= offs_n >= ctx_start
+            PAGES: tl.constexpr = BLOCK_N // BLOCK_SIZE
+            offs_p = tl.arange(0, PAGES)
+            page_ids = tl.load(
+                bt_row + n // BLOCK_SIZE + offs_p, mask=n + offs_p * BLOCK_SIZE < end, other=0
+            ).to(tl.int64)
+            slots = tl.reshape(
+                page_ids[:, None] * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)[None, :], [BLOCK_N]
+            )
+        else:
+            block_ids = tl.load(bt_row + offs_n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
+            slots = block_ids * BLOCK_SIZE + (offs_n % BLOCK_SIZE)
         kv_offs = slots[:, None] * stride_slot + kv_head * HEAD_DIM + offs_d[None, :]
         kv_mask = n_mask[:, None] & d_mask[None, :]
         k = tl.load(k_cache_ptr + kv_offs, mask=kv_mask, other=0.0).to(q.dtype)
@@ -122,77 +169,72 @@ def _decode_split_kernel(
         m_i = m_new
 
     # An empty split (short sequence) leaves l_i = 0, m_i = -inf: it stores o = 0, lse = -inf,
-    # which pass 2 weighs as zero.
+    # which the merge weighs as zero.
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
     o = acc * (v_scale / l_safe)[:, None]
-    if NUM_SPLITS == 1:
+    if not SPLIT:
         o_offs = seq * stride_os + heads[:, None] * stride_oh + offs_d[None, :]
         tl.store(
             out_ptr + o_offs, o.to(out_ptr.dtype.element_ty), mask=g_mask[:, None] & d_mask[None, :]
         )
     else:
-        row = (seq * NUM_Q_HEADS + heads) * NUM_SPLITS + split  # [BLOCK_G]
+        row = (seq * NUM_Q_HEADS + heads) * num_splits + split  # [BLOCK_G]
         tl.store(
             part_out_ptr + row[:, None] * HEAD_DIM + offs_d[None, :],
             o,
             mask=g_mask[:, None] & d_mask[None, :],
         )
         tl.store(part_lse_ptr + row, m_i + tl.log2(l_safe), mask=g_mask)
+        if FUSED:
+            # every thread's partials are written before the (release) count; the split that
+            # counts last reads them all after its (acquire) count
+            tl.debug_barrier()
+            count_ptr = counter_ptr + seq * NUM_KV_HEADS + kv_head
+            done = tl.atomic_add(count_ptr, 1, sem="acq_rel", scope="gpu")
+            if done == num_splits - 1:
+                tl.debug_barrier()
+                for g in tl.static_range(GROUP):
+                    head = kv_head * GROUP + g
+                    combine_head(
+                        part_out_ptr, part_lse_ptr, out_ptr + seq * stride_os + head * stride_oh,
+                        (seq * NUM_Q_HEADS + head) * num_splits, num_splits, True,
+                        HEAD_DIM, BLOCK_S, BLOCK_D,
+                    )  # fmt: skip
+                tl.atomic_xchg(count_ptr, 0)  # ready for the next launch (a graph replay)
 
 
-@triton.jit
-def _decode_reduce_kernel(
-    part_out_ptr,
-    part_lse_ptr,
-    out_ptr,
-    num_valid_ptr,
-    stride_os,
-    stride_oh,
-    NUM_Q_HEADS: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
-    HAS_LIMIT: tl.constexpr,
-    BLOCK_S: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-):
-    seq = tl.program_id(0).to(tl.int64)
-    head = tl.program_id(1)
-    if HAS_LIMIT:
-        if seq >= tl.load(num_valid_ptr):
-            return
-    offs_s = tl.arange(0, BLOCK_S)
-    offs_d = tl.arange(0, BLOCK_D)
-    s_mask = offs_s < NUM_SPLITS
-    d_mask = offs_d < HEAD_DIM
-    base = (seq * NUM_Q_HEADS + head) * NUM_SPLITS
-    lse = tl.load(part_lse_ptr + base + offs_s, mask=s_mask, other=float("-inf"))
-    weights = tl.exp2(lse - tl.max(lse, axis=0))  # split 0 is never empty: the max is finite
-    o = tl.load(
-        part_out_ptr + (base + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
-        mask=s_mask[:, None] & d_mask[None, :],
-        other=0.0,
-    )
-    out = tl.sum(o * weights[:, None], axis=0) / tl.sum(weights, axis=0)
-    tl.store(
-        out_ptr + seq * stride_os + head * stride_oh + offs_d,
-        out.to(out_ptr.dtype.element_ty),
-        mask=d_mask,
-    )
-
-
-def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sms: int) -> int:
-    """Splits per (sequence, kv head): enough programs to fill every SM about twice over, but no
-    split shorter than _MIN_TOKENS_PER_SPLIT tokens."""
+def choose_num_splits(
+    num_seqs: int,
+    num_kv_heads: int,
+    max_seq_len: int,
+    num_sms: int,
+    config: DecodeConfig | None = None,
+) -> int:
+    """Splits per (sequence, kv head): enough programs to fill every SM programs_per_sm times
+    over, but no split shorter than min_split tokens and at most max_splits."""
+    cfg = DEFAULT_CONFIG if config is None else config
     programs = num_seqs * num_kv_heads
-    wanted = -(-2 * num_sms // programs)  # ceil division
-    useful = -(-max_seq_len // _MIN_TOKENS_PER_SPLIT)
-    return max(1, min(wanted, useful, _MAX_SPLITS))
+    wanted = -(-cfg.programs_per_sm * num_sms // programs)  # ceil division
+    useful = -(-max_seq_len // cfg.min_split)
+    return max(1, min(wanted, useful, cfg.max_splits))
 
 
 def _num_sms(device: torch.device) -> int:
     if device.type != "cuda":
         return 4  # interpreter: a few splits so the tests exercise the reduction
     return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+
+
+def _counters(device: torch.device, size: int) -> torch.Tensor:
+    """FUSED's per-(sequence, kv head) counters, zero between launches (made before capture)."""
+    have = _COUNTERS.get(device)
+    if have is None or have.numel() < size:
+        have = torch.zeros(max(size, 1 << 16), dtype=torch.int32, device=device)
+        _COUNTERS[device] = have
+    return have
 
 
 def paged_decode_attention_triton(
@@ -229,9 +271,14 @@ def paged_decode_attention_triton(
         return out
     if num_splits is None:
         context = min(max_seq_len, sliding_window) if sliding_window > 0 else max_seq_len
-        num_splits = choose_num_splits(num_seqs, num_kv_heads, context, _num_sms(q.device))
+        num_splits = choose_num_splits(num_seqs, num_kv_heads, context, _num_sms(q.device), config)
     group = num_q_heads // num_kv_heads
     block_d = triton.next_power_of_2(head_dim)
+    block_s = triton.next_power_of_2(num_splits)
+    on_gpu = q.is_cuda
+    block_n = config.block_n if on_gpu else 16
+    paged = config.variant is not DecodeVariant.TWO_PASS and block_n % block_size == 0
+    fused = config.variant is DecodeVariant.FUSED and num_splits > 1
     if num_splits > 1:
         part_out = torch.empty(
             num_seqs, num_q_heads, num_splits, head_dim, dtype=torch.float32, device=q.device
@@ -241,7 +288,7 @@ def paged_decode_attention_triton(
         )
     else:
         part_out = part_lse = out  # unused by the kernel
-    on_gpu = q.is_cuda
+    counters = _counters(q.device, num_seqs * num_kv_heads) if fused else seq_lens
     _decode_split_kernel[(num_seqs, num_kv_heads, num_splits)](
         q,
         k_cache,
@@ -249,6 +296,7 @@ def paged_decode_attention_triton(
         out,
         part_out,
         part_lse,
+        counters,
         block_tables,
         seq_lens,
         seq_lens if num_valid is None else num_valid,
@@ -256,6 +304,7 @@ def paged_decode_attention_triton(
         seq_lens if v_scale is None else v_scale,
         scale * _LOG2E,
         sliding_window,
+        num_splits,
         q.stride(0),
         q.stride(1),
         out.stride(0),
@@ -263,32 +312,36 @@ def paged_decode_attention_triton(
         block_tables.stride(0),
         num_kv_heads * head_dim,
         NUM_Q_HEADS=num_q_heads,
+        NUM_KV_HEADS=num_kv_heads,
         GROUP=group,
         HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size,
-        NUM_SPLITS=num_splits,
+        SPLIT=num_splits > 1,
+        PAGED=paged,
+        FUSED=fused,
         HAS_LIMIT=num_valid is not None,
         FP8=k_scale is not None,
         # tl.dot needs at least 16 rows on the GPU; the padded rows are masked off.
         BLOCK_G=max(16, triton.next_power_of_2(group)),
-        BLOCK_N=config.block_n if on_gpu else 16,
+        BLOCK_N=block_n,
         BLOCK_D=block_d,
+        BLOCK_S=32 if fused else 1,  # merged 32 splits at a time (one compile for all counts)
         num_warps=config.num_warps,
         num_stages=config.num_stages if on_gpu else 1,
     )
-    if num_splits > 1:
-        _decode_reduce_kernel[(num_seqs, num_q_heads)](
+    if num_splits > 1 and not fused:
+        decode_reduce_kernel[(num_seqs, num_q_heads)](
             part_out,
             part_lse,
             out,
             seq_lens if num_valid is None else num_valid,
+            num_splits,
             out.stride(0),
             out.stride(1),
             NUM_Q_HEADS=num_q_heads,
             HEAD_DIM=head_dim,
-            NUM_SPLITS=num_splits,
             HAS_LIMIT=num_valid is not None,
-            BLOCK_S=triton.next_power_of_2(num_splits),
+            BLOCK_S=min(block_s, 64),
             BLOCK_D=block_d,
             num_warps=4,
         )

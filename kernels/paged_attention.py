@@ -26,6 +26,7 @@ Token t of a sequence lives at block_tables[s, t // block_size] * block_size + t
 from __future__ import annotations
 
 import dataclasses
+import enum
 
 import torch
 import triton
@@ -34,6 +35,18 @@ import triton.language as tl
 from .decode_attention import paged_decode_attention_triton
 
 _LOG2E = 1.4426950408889634
+
+
+class PrefillVariant(enum.Enum):
+    """The tile loop's algorithm. BASE: a block-table load per key, qk scaled by a multiply.
+    PAGED: a block-table load per page (unwindowed only), the scale folded into exp2's FMA.
+    LAZY: PAGED, and acc/l rescaled only when some row's max grows by more than 8 (log2).
+    WS: PAGED, and the unmasked band's loop warp-specialized (tl.range(warp_specialize=True))."""
+
+    BASE = "base"
+    PAGED = "paged"
+    LAZY = "lazy"
+    WS = "ws"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,8 +59,11 @@ class PrefillConfig:
     block_n: int = 64
     num_warps: int = 4
     num_stages: int = 2
+    variant: PrefillVariant = PrefillVariant.BASE
 
 
+# The engine's launch and algorithm: set to the BEST line of
+# `python -m troupe.ops.kernel_bench --sweep-variants` (4 x 2,048 new tokens).
 DEFAULT_CONFIG = PrefillConfig()
 
 
@@ -83,39 +99,79 @@ def _attend(
     qk_scale,
     window,  # keys older than q_pos - window are hidden (a huge number when unwindowed)
     MASKED: tl.constexpr,
+    PAGED: tl.constexpr,  # one block-table load per page (start page-aligned, no window)
+    FOLD: tl.constexpr,  # the scale folded into exp2's argument (an FMA) instead of a multiply
+    LAZY: tl.constexpr,  # FOLD, and acc rescaled only when a row max grows by more than 8
+    WS: tl.constexpr,  # Triton's warp specialization of the loop (load warps, math warps)
     HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
     """Online softmax over keys [start, end); MASKED applies the causal, window and length
-    masks. Nothing before start is read: a window may have freed those blocks."""
+    masks. Nothing before start is read: a window may have freed those blocks. m_i is in scaled
+    (log2) units whatever the flags."""
     offs_d = tl.arange(0, BLOCK_D)
     d_mask = offs_d < HEAD_DIM
-    for n in range(start, end, BLOCK_N):
+    for n in tl.range(start, end, BLOCK_N, warp_specialize=WS):
         offs_n = n + tl.arange(0, BLOCK_N)
         n_mask = offs_n < end
-        block_ids = tl.load(bt_row + offs_n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
-        slots = block_ids * BLOCK_SIZE + (offs_n % BLOCK_SIZE)
+        if PAGED:
+            offs_p = tl.arange(0, BLOCK_N // BLOCK_SIZE)
+            p_mask = n + offs_p * BLOCK_SIZE < end
+            page_ids = tl.load(bt_row + n // BLOCK_SIZE + offs_p, mask=p_mask, other=0)
+            slots = tl.reshape(
+                page_ids.to(tl.int64)[:, None] * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)[None, :],
+                [BLOCK_N],
+            )
+        else:
+            block_ids = tl.load(bt_row + offs_n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
+            slots = block_ids * BLOCK_SIZE + (offs_n % BLOCK_SIZE)
         kv_offs = slots[:, None] * stride_slot + kv_head * HEAD_DIM + offs_d[None, :]
         kv_mask = n_mask[:, None] & d_mask[None, :]
         # fp8 caches: the scales are folded into qk_scale and the output, so KV is only cast
         k = tl.load(k_cache_ptr + kv_offs, mask=kv_mask, other=0.0).to(q.dtype)
         v = tl.load(v_cache_ptr + kv_offs, mask=kv_mask, other=0.0).to(q.dtype)
-        qk = tl.dot(q, tl.trans(k)) * qk_scale
+        qk = tl.dot(q, tl.trans(k))
+        if not FOLD:
+            qk = qk * qk_scale
         if MASKED:
             visible = n_mask[None, :] & (offs_n[None, :] <= q_pos[:, None])
             visible &= offs_n[None, :] > q_pos[:, None] - window
             qk = tl.where(visible, qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, axis=1))
-        m_use = m_new
-        if MASKED:  # a window can hide a whole tile from a row: -inf - -inf would be NaN
-            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_use)
-        p = tl.exp2(qk - m_use[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v.to(v.dtype))
-        m_i = m_new
+        if FOLD:
+            m_new = tl.maximum(m_i, tl.max(qk, axis=1) * qk_scale)
+        else:
+            m_new = tl.maximum(m_i, tl.max(qk, axis=1))
+        if LAZY:
+            # keep the old max unless some row's grew by more than 8 (p stays below 2^8)
+            grow = m_new - tl.maximum(m_i, -1e30)  # no -inf - -inf (NaN)
+            if tl.max(grow, axis=0) > 8.0:
+                m_use = m_new
+                if MASKED:
+                    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+                alpha = tl.exp2(m_i - m_use)
+                l_i = l_i * alpha
+                acc = acc * alpha[:, None]
+                m_i = m_new
+            m_use = m_i
+            if MASKED:
+                m_use = tl.where(m_i == float("-inf"), 0.0, m_i)
+            p = tl.exp2(qk * qk_scale - m_use[:, None])
+            l_i = l_i + tl.sum(p, axis=1)
+            acc = acc + tl.dot(p.to(v.dtype), v)
+        else:
+            m_use = m_new
+            if MASKED:  # a window can hide a whole tile from a row: -inf - -inf would be NaN
+                m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp2(m_i - m_use)
+            if FOLD:
+                p = tl.exp2(qk * qk_scale - m_use[:, None])
+            else:
+                p = tl.exp2(qk - m_use[:, None])
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            m_i = m_new
     return acc, m_i, l_i
 
 
@@ -142,6 +198,10 @@ def _paged_attention_kernel(
     stride_slot,  # cache elements between consecutive slots: Hkv * D
     HAS_PREFIX: tl.constexpr,
     FP8: tl.constexpr,
+    PAGED: tl.constexpr,
+    FOLD: tl.constexpr,
+    LAZY: tl.constexpr,
+    WS: tl.constexpr,  # warp-specialize the unmasked band's loop
     GROUP: tl.constexpr,  # query heads per kv head
     HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,  # tokens per KV block
@@ -207,15 +267,15 @@ def _paged_attention_kernel(
     b_start = tl.minimum(tl.maximum(tl.cdiv(full_lo, BLOCK_N) * BLOCK_N, win_lo), c_start)
     acc, m_i, l_i = _attend(
         acc, m_i, l_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row, kv_head, win_lo, b_start,
-        stride_slot, qk_scale, win, True, HEAD_DIM, BLOCK_SIZE, BLOCK_N, BLOCK_D,
+        stride_slot, qk_scale, win, True, PAGED, FOLD, LAZY, False, HEAD_DIM, BLOCK_SIZE, BLOCK_N, BLOCK_D,
     )  # fmt: skip
     acc, m_i, l_i = _attend(
         acc, m_i, l_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row, kv_head, b_start, c_start,
-        stride_slot, qk_scale, win, False, HEAD_DIM, BLOCK_SIZE, BLOCK_N, BLOCK_D,
+        stride_slot, qk_scale, win, False, PAGED, FOLD, LAZY, WS, HEAD_DIM, BLOCK_SIZE, BLOCK_N, BLOCK_D,
     )  # fmt: skip
     acc, m_i, l_i = _attend(
         acc, m_i, l_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row, kv_head, c_start, kv_end,
-        stride_slot, qk_scale, win, True, HEAD_DIM, BLOCK_SIZE, BLOCK_N, BLOCK_D,
+        stride_slot, qk_scale, win, True, PAGED, FOLD, LAZY, False, HEAD_DIM, BLOCK_SIZE, BLOCK_N, BLOCK_D,
     )  # fmt: skip
     # Every valid row sees itself, so l_i > 0 there; padded rows are not stored.
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
@@ -278,6 +338,8 @@ def paged_attention_triton(
     on_gpu = q.is_cuda
     block_m = config.block_m if on_gpu else 16
     block_q = max(1, block_m // block_g)
+    block_n = config.block_n if on_gpu else 16
+    fold = config.variant is not PrefillVariant.BASE
     grid = (num_tokens // block_q + num_seqs + 1, num_kv_heads)
     _paged_attention_kernel[grid](
         q,
@@ -301,12 +363,16 @@ def paged_attention_triton(
         num_kv_heads * head_dim,
         HAS_PREFIX=decode_prefix is not None,
         FP8=k_scale is not None,
+        PAGED=fold and sliding_window == 0 and block_n % block_size == 0,
+        FOLD=fold,
+        LAZY=config.variant is PrefillVariant.LAZY,
+        WS=config.variant is PrefillVariant.WS,
         GROUP=group,
         HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size,
         BLOCK_Q=block_q,
         BLOCK_G=block_g,
-        BLOCK_N=config.block_n if on_gpu else 16,
+        BLOCK_N=block_n,
         BLOCK_D=triton.next_power_of_2(head_dim),
         num_warps=config.num_warps if on_gpu else 4,
         num_stages=config.num_stages if on_gpu else 1,

@@ -1,6 +1,8 @@
 """Kernel benchmark (GPU): paged decode attention against copy bandwidth, and paged prefill.
 
-    python -m troupe.ops.kernel_bench [--sweep]
+    python -m troupe.ops.kernel_bench [--sweep | --sweep-variants]
+
+--sweep-variants: every decode/prefill algorithm variant x launch config (ops/attention_sweep.py).
 
 Decode workload: 256 sequences x 1,024 context, Qwen3-0.6B heads (16 q, 8 kv, head_dim 128),
 block_size 16, bf16. Achieved bandwidth counts K and V read once plus q and out, over the median
@@ -12,11 +14,12 @@ from __future__ import annotations
 
 import argparse
 import math
+from dataclasses import replace
 
 import torch
 import triton.testing
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from troupe.kernels import reference
+from troupe.kernels import decode_attention, paged_attention, reference
 from troupe.kernels.decode_attention import (
     DecodeConfig,
     choose_num_splits,
@@ -24,6 +27,7 @@ from troupe.kernels.decode_attention import (
 )
 from troupe.kernels.paged_attention import PrefillConfig, paged_attention_triton
 from troupe.kernels.paged_batch import PagedBatch, make_paged_batch
+from troupe.ops.attention_sweep import sweep_variants
 
 NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 16, 8, 128, 16
 DTYPE = torch.bfloat16
@@ -96,16 +100,19 @@ def run_decode(num_seqs: int, context: int, copy_bw: float, sweep: bool, rows: l
             config=cfg,
         )
 
-    variants = [(DecodeConfig(), auto)]
+    default = decode_attention.DEFAULT_CONFIG  # the engine's (variant and split policy too)
+    variants = [(default, auto)]
     if sweep:
         for bn in (32, 64, 128):
             for warps in (4, 8):
                 for stages in (2, 3, 4):
-                    variants.append((DecodeConfig(bn, warps, stages), auto))
+                    variants.append(
+                        (replace(default, block_n=bn, num_warps=warps, num_stages=stages), auto)
+                    )
         for splits in sorted({1, 2, 4, 8, 16, 32, 64, 128} - {auto}):
-            variants.append((DecodeConfig(), splits))
-            variants.append((DecodeConfig(128, 4, 3), splits))
-    err = check(triton_fn(DecodeConfig(), auto)(), batch, scale)  # type: ignore[operator]
+            variants.append((default, splits))
+            variants.append((replace(default, block_n=128, num_warps=4, num_stages=3), splits))
+    err = check(triton_fn(default, auto)(), batch, scale)  # type: ignore[operator]
     for cfg, splits in variants:
         try:
             ms = median_ms(triton_fn(cfg, splits))
@@ -113,7 +120,10 @@ def run_decode(num_seqs: int, context: int, copy_bw: float, sweep: bool, rows: l
             print(f"decode {num_seqs}x{context} {cfg} splits={splits}: failed {str(ex)[:100]}")
             continue
         bw = nbytes / (ms * 1e-3)
-        name = f"triton bn={cfg.block_n} w={cfg.num_warps} st={cfg.num_stages} sp={splits}"
+        name = (
+            f"triton {cfg.variant.value} bn={cfg.block_n} w={cfg.num_warps} "
+            f"st={cfg.num_stages} sp={splits}"
+        )
         print(
             f"decode {num_seqs}x{context} {name}: {ms * 1e3:.1f} us, {bw / 1e12:.2f} TB/s, "
             f"{bw / copy_bw:.0%} of copy, rel err {err:.1e}",
@@ -178,10 +188,16 @@ def run_prefill(
     # Causal work: query i of a sequence sees ctx + i + 1 keys; 4 flops per (q, k, d) pair.
     pairs = sum(new * ctx + new * (new + 1) // 2 for ctx, new in lens)
     flops = 4 * pairs * NUM_Q_HEADS * HEAD_DIM
-    configs = [PrefillConfig()]
+    configs = [paged_attention.DEFAULT_CONFIG]
     if sweep:
         configs += [
-            PrefillConfig(bm, bn, warps, stages)
+            replace(
+                paged_attention.DEFAULT_CONFIG,
+                block_m=bm,
+                block_n=bn,
+                num_warps=warps,
+                num_stages=stages,
+            )
             for bm in (64, 128)
             for bn in (32, 64, 128)
             for warps in (4, 8)
@@ -208,7 +224,10 @@ def run_prefill(
         except Exception as ex:  # a config that does not fit (shared memory) is reported
             print(f"prefill {label} {cfg}: failed {str(ex)[:100]}")
             continue
-        name = f"triton bm={cfg.block_m} bn={cfg.block_n} w={cfg.num_warps} st={cfg.num_stages}"
+        name = (
+            f"triton {cfg.variant.value} bm={cfg.block_m} bn={cfg.block_n} "
+            f"w={cfg.num_warps} st={cfg.num_stages}"
+        )
         rate = f"{flops / (ms * 1e-3) / 1e12:.0f} TFLOP/s"
         print(f"prefill {label} {name}: {ms * 1e3:.1f} us, {rate}", flush=True)
         rows.append((f"prefill {label}", name, ms, rate, ""))
@@ -236,9 +255,15 @@ def run_prefill(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--sweep", action="store_true", help="time many decode launch configs")
+    parser.add_argument(
+        "--sweep-variants", action="store_true", help="time every kernel variant, print BEST lines"
+    )
     args = parser.parse_args()
     copy_bw = copy_bandwidth()
     print(f"{torch.cuda.get_device_name()}: copy {copy_bw / 1e12:.2f} TB/s (read + write)")
+    if args.sweep_variants:
+        sweep_variants(copy_bw)
+        return
     rows: list[Row] = []
     run_decode(256, 1024, copy_bw, args.sweep, rows)
     for num_seqs, context in ((64, 4096), (8, 16384), (1, 32768)):
