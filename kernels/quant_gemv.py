@@ -30,9 +30,22 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from troupe.kernels.quant_wide import (
+    Fp8Gemv,
+    Fp8GemvConfig,
+    Int4Gemv,
+    Int4GemvConfig,
+    fp8_wide,
+    fp8_wide_fits,
+    int4_wide,
+)
 
 GEMV_MAX_ROWS = 8
 SKINNY_MAX_ROWS = 16
+# The decode GEMVs the engine's quantized linears use (gpu/quant_linear.py): switch a variant by
+# editing one of these lines (`python -m troupe.ops.quant_bench --sweep-variants` ranks them).
+INT4_GEMV = Int4GemvConfig(Int4Gemv.BYTES)
+FP8_GEMV = Fp8GemvConfig(Fp8Gemv.BYTES)
 
 
 @triton.jit
@@ -253,13 +266,22 @@ def _precision(x: torch.Tensor) -> str:
 
 
 def int4_matmul(
-    x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor, group: int
+    x: torch.Tensor,
+    packed: torch.Tensor,
+    scale: torch.Tensor,
+    bias: torch.Tensor,
+    group: int,
+    gemv: Int4GemvConfig | None = None,
 ) -> torch.Tensor:
-    """x [M, K] @ W^T for the int4 form above; returns [M, N] in x's dtype."""
+    """x [M, K] @ W^T for the int4 form above; returns [M, N] in x's dtype. `gemv`: the decode
+    GEMV (None: INT4_GEMV)."""
     assert group == 32, f"the int4 layout has groups of 32, got {group}"
+    gemv = INT4_GEMV if gemv is None else gemv
     m, k = x.shape
     n = packed.shape[0]
     x = x.contiguous()
+    if m <= GEMV_MAX_ROWS and gemv.variant is not Int4Gemv.BYTES:
+        return int4_wide(x, packed, scale, bias, gemv)
     if m <= GEMV_MAX_ROWS:
         block_k = 256
         block_n, split = _gemv_shape(n, m, k, block_k, x.device, (32,))  # narrower: slower (H200)
@@ -280,14 +302,28 @@ def int4_matmul(
     return out
 
 
-def fp8_matmul(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """x [M, K] @ W^T for fp8 W [N, K] with block scales [ceil(N/Bn), ceil(K/Bk)] fp32."""
+def fp8_matmul(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    scale: torch.Tensor,
+    gemv: Fp8GemvConfig | None = None,
+) -> torch.Tensor:
+    """x [M, K] @ W^T for fp8 W [N, K] with block scales [ceil(N/Bn), ceil(K/Bk)] fp32. `gemv`:
+    the decode GEMV (None: FP8_GEMV)."""
+    gemv = FP8_GEMV if gemv is None else gemv
     m, k = x.shape
     n = weight.shape[0]
     scale_bn = triton.cdiv(n, scale.shape[0])
     scale_bk = triton.cdiv(k, scale.shape[1])
     x, scale = x.contiguous(), scale.contiguous().float()
-    if m == 1 or (m <= GEMV_MAX_ROWS and scale_bk & -scale_bk < 16):
+    gemv_rows = m == 1 or (m <= GEMV_MAX_ROWS and scale_bk & -scale_bk < 16)
+    if (
+        gemv_rows
+        and gemv.variant is not Fp8Gemv.BYTES
+        and fp8_wide_fits(weight, scale_bk, scale.shape[1])
+    ):
+        return fp8_wide(x, weight, scale, gemv)
+    if gemv_rows:
         block_k = min(512, scale_bk & -scale_bk)  # a power of two that divides scale_bk
         block_n, split = _gemv_shape(n, m, k, block_k, x.device, (16, 8))
         part = _partials(split, m, n, x)
