@@ -318,7 +318,7 @@ def fp8_matmul(
     x, scale = x.contiguous(), scale.contiguous().float()
     gemv_rows = m == 1 or (m <= GEMV_MAX_ROWS and scale_bk & -scale_bk < 16)
     if (
-        gemv_rows
+        m <= GEMV_MAX_ROWS  # the wide GEMV takes every decode row count (no skinny path)
         and gemv.variant is not Fp8Gemv.BYTES
         and fp8_wide_fits(weight, scale_bk, scale.shape[1])
     ):

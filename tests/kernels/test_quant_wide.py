@@ -63,6 +63,7 @@ def fp8_weight(
     ("m", "n", "k", "scale_shape", "block_w"),
     [
         (1, 10, 36, (10, 1), 4),  # per channel, K not a multiple of the tile
+        (3, 8, 64, (8, 1), 8),  # 3 rows of x
         (1, 12, 256, (1, 2), 64),  # 12 x 128 blocks: tile cut to 32 words
         (1, 40, 384, (40, 3), 16),  # per row, 128 columns
     ],
