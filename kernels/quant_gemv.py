@@ -30,6 +30,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from troupe.kernels.quant_rows import fp8_rows, int4_rows
 from troupe.kernels.quant_wide import (
     Fp8Gemv,
     Fp8GemvConfig,
@@ -280,6 +281,8 @@ def int4_matmul(
     m, k = x.shape
     n = packed.shape[0]
     x = x.contiguous()
+    if m <= GEMV_MAX_ROWS and gemv.variant is Int4Gemv.ROWS_FOLD:
+        return int4_rows(x, packed, scale, bias, gemv)
     if m <= GEMV_MAX_ROWS and gemv.variant is not Int4Gemv.BYTES:
         return int4_wide(x, packed, scale, bias, gemv)
     if m <= GEMV_MAX_ROWS:
@@ -322,6 +325,8 @@ def fp8_matmul(
         and gemv.variant is not Fp8Gemv.BYTES
         and fp8_wide_fits(weight, scale_bk, scale.shape[1])
     ):
+        if gemv.variant is Fp8Gemv.ROWS_MAGIC:
+            return fp8_rows(x, weight, scale, gemv)
         return fp8_wide(x, weight, scale, gemv)
     if gemv_rows:
         block_k = min(512, scale_bk & -scale_bk)  # a power of two that divides scale_bk

@@ -47,12 +47,14 @@ class Int4Gemv(enum.Enum):
     WIDE_CVT = "wide_cvt"
     WIDE_MAGIC = "wide_magic"
     WIDE_FOLD = "wide_fold"
+    ROWS_FOLD = "rows_fold"  # WIDE_FOLD, every x row in each program (quant_rows.py)
 
 
 class Fp8Gemv(enum.Enum):
     BYTES = "bytes"  # quant_gemv._fp8_gemv_kernel: fp8 tiles, split K (the old default)
     WIDE_CVT = "wide_cvt"
     WIDE_MAGIC = "wide_magic"
+    ROWS_MAGIC = "rows_magic"  # WIDE_MAGIC, every x row in each program (quant_rows.py)
 
 
 @dataclass(frozen=True)
@@ -79,11 +81,11 @@ class Fp8GemvConfig:
 
 _INT4_CONVERT = {Int4Gemv.WIDE_CVT: 0, Int4Gemv.WIDE_MAGIC: 1, Int4Gemv.WIDE_FOLD: 2}
 _FP8_CONVERT = {Fp8Gemv.WIDE_CVT: 0, Fp8Gemv.WIDE_MAGIC: 1}
-_FP8_SIGN_EXP_MANT = 0x87F00000 - 2**32  # bits 31 and 20-26, as an int32
+FP8_SIGN_EXP_MANT = 0x87F00000 - 2**32  # bits 31 and 20-26, as an int32
 
 
 @triton.jit
-def _nibble(w, J: tl.constexpr, CONVERT: tl.constexpr):
+def nibble_f32(w, J: tl.constexpr, CONVERT: tl.constexpr):
     """Nibble J of each int32 word as fp32: q (CONVERT 0 convert, 1 magic 2^23), 1 + q/16 (2)."""
     if CONVERT == 0:
         return ((w >> (4 * J)) & 15).to(tl.float32)
@@ -98,7 +100,7 @@ def _nibble(w, J: tl.constexpr, CONVERT: tl.constexpr):
         return ((moved & 0x00780000) | 0x3F800000).to(tl.float32, bitcast=True)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])  # one compile for every row count
 def _int4_wide_kernel(
     x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr,
     M, N, K, row_words, row_groups,
@@ -129,7 +131,7 @@ def _int4_wide_kernel(
         for j in tl.static_range(8):
             xj = tl.load(x_row + x_at + (j // 2 + 16 * (j % 2)), mask=g_ok[:, None], other=0.0)
             xj = xj.to(tl.float32)
-            part += _nibble(w, j, CONVERT) * xj[None, :, :]
+            part += nibble_f32(w, j, CONVERT) * xj[None, :, :]
             x_sum += xj
         dot = tl.sum(part, axis=2)
         xs = tl.sum(x_sum, axis=1)[None, :]
@@ -146,7 +148,7 @@ def _int4_wide_kernel(
 
 
 @triton.jit
-def _fp8_byte(w, B: tl.constexpr, CONVERT: tl.constexpr, SIGN_EXP_MANT: tl.constexpr):
+def fp8_byte_f32(w, B: tl.constexpr, CONVERT: tl.constexpr, SIGN_EXP_MANT: tl.constexpr):
     """Byte B of each int32 word as fp32: the e4m3 value (CONVERT 0), it times 2^-120 (1)."""
     if CONVERT == 0:
         code = ((w >> (8 * B)) & 255).to(tl.uint8)
@@ -159,7 +161,7 @@ def _fp8_byte(w, B: tl.constexpr, CONVERT: tl.constexpr, SIGN_EXP_MANT: tl.const
         return ((top >> 4) & SIGN_EXP_MANT).to(tl.float32, bitcast=True)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])  # one compile for every row count
 def _fp8_wide_kernel(
     x_ptr, w_ptr, scale_ptr, out_ptr,
     M, N, K, row_words, scale_bn, scale_bk, scale_cols,
@@ -187,7 +189,7 @@ def _fp8_wide_kernel(
             xb = tl.load(x_row + wi * 4 + b, mask=w_ok, other=0.0).to(tl.float32)
             if CONVERT == 1:
                 xb = xb * 18446744073709551616.0  # 2^64
-            part += _fp8_byte(w, b, CONVERT, SIGN_EXP_MANT) * xb[None, :]
+            part += fp8_byte_f32(w, b, CONVERT, SIGN_EXP_MANT) * xb[None, :]
         if ONE_SCALE:
             acc_w += part
         else:  # BLOCK_W * 4 divides scale_bk: one scale per row for the tile
@@ -247,6 +249,6 @@ def fp8_wide(
     _fp8_wide_kernel[grid](
         x.contiguous(), words, scale.contiguous().float(), out, m, n, k, k // 4, scale_bn,
         scale_bk, scale.shape[1], config.block_n, block_w, _FP8_CONVERT[config.variant],
-        one_scale, _FP8_SIGN_EXP_MANT, num_warps=config.num_warps,
+        one_scale, FP8_SIGN_EXP_MANT, num_warps=config.num_warps,
     )  # fmt: skip
     return out
