@@ -60,12 +60,14 @@ class Fp8Gemv(enum.Enum):
 @dataclass(frozen=True)
 class Int4GemvConfig:
     """The int4 decode GEMV: variant, W rows per program, groups of 32 per row per iteration
-    (wide variants; a power of two), warps."""
+    (wide variants; a power of two), warps, and (WIDE_*) how x is read: one 2-byte load per
+    nibble, or x_split: two 8-byte loads per word, taken apart with tl.split."""
 
     variant: Int4Gemv = Int4Gemv.BYTES
     block_n: int = 4
     groups: int = 16
     num_warps: int = 4
+    x_split: bool = False
 
 
 @dataclass(frozen=True)
@@ -100,11 +102,20 @@ def nibble_f32(w, J: tl.constexpr, CONVERT: tl.constexpr):
         return ((moved & 0x00780000) | 0x3F800000).to(tl.float32, bitcast=True)
 
 
+@triton.jit
+def _quarters(x, GROUPS: tl.constexpr):
+    """[GROUPS, 4, 4] -> its four [GROUPS, 4] slices along the last dimension."""
+    even, odd = tl.split(tl.reshape(x, (GROUPS, 4, 2, 2)))
+    x0, x2 = tl.split(even)
+    x1, x3 = tl.split(odd)
+    return x0, x1, x2, x3
+
+
 @triton.jit(do_not_specialize=["M"])  # one compile for every row count
 def _int4_wide_kernel(
     x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr,
     M, N, K, row_words, row_groups,
-    BLOCK_N: tl.constexpr, GROUPS: tl.constexpr, CONVERT: tl.constexpr,
+    BLOCK_N: tl.constexpr, GROUPS: tl.constexpr, CONVERT: tl.constexpr, X_SPLIT: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     m, pid_n = pid % M, pid // M
@@ -125,16 +136,33 @@ def _int4_wide_kernel(
             mask=row_ok[:, None, None] & g_ok[None, :, None],
             other=0,
         )
-        x_at = (g * 32)[:, None] + (word * 4)[None, :]  # [GROUPS, 4]: nibble 0's element
-        part = tl.zeros((BLOCK_N, GROUPS, 4), dtype=tl.float32)
-        x_sum = tl.zeros((GROUPS, 4), dtype=tl.float32)
-        for j in tl.static_range(8):
-            xj = tl.load(x_row + x_at + (j // 2 + 16 * (j % 2)), mask=g_ok[:, None], other=0.0)
-            xj = xj.to(tl.float32)
-            part += nibble_f32(w, j, CONVERT) * xj[None, :, :]
-            x_sum += xj
+        if X_SPLIT:  # two 8-byte x loads a word: its low nibbles' 4 elements, its high ones'
+            x_at = (g * 32)[:, None, None] + (word * 4)[None, :, None] + word[None, None, :]
+            x_lo = tl.load(x_row + x_at, mask=g_ok[:, None, None], other=0.0).to(tl.float32)
+            x_hi = tl.load(x_row + x_at + 16, mask=g_ok[:, None, None], other=0.0)
+            x_hi = x_hi.to(tl.float32)
+            lo0, lo1, lo2, lo3 = _quarters(x_lo, GROUPS)
+            hi0, hi1, hi2, hi3 = _quarters(x_hi, GROUPS)
+            part = nibble_f32(w, 0, CONVERT) * lo0[None, :, :]
+            part += nibble_f32(w, 1, CONVERT) * hi0[None, :, :]
+            part += nibble_f32(w, 2, CONVERT) * lo1[None, :, :]
+            part += nibble_f32(w, 3, CONVERT) * hi1[None, :, :]
+            part += nibble_f32(w, 4, CONVERT) * lo2[None, :, :]
+            part += nibble_f32(w, 5, CONVERT) * hi2[None, :, :]
+            part += nibble_f32(w, 6, CONVERT) * lo3[None, :, :]
+            part += nibble_f32(w, 7, CONVERT) * hi3[None, :, :]
+            xs = tl.sum(tl.sum(x_lo + x_hi, axis=2), axis=1)[None, :]
+        else:  # one 2-byte x load a nibble (L1 hits)
+            x_at2 = (g * 32)[:, None] + (word * 4)[None, :]  # [GROUPS, 4]: nibble 0's element
+            part = tl.zeros((BLOCK_N, GROUPS, 4), dtype=tl.float32)
+            x_sum = tl.zeros((GROUPS, 4), dtype=tl.float32)
+            for j in tl.static_range(8):
+                x_j = x_row + x_at2 + (j // 2 + 16 * (j % 2))
+                xj = tl.load(x_j, mask=g_ok[:, None], other=0.0).to(tl.float32)
+                part += nibble_f32(w, j, CONVERT) * xj[None, :, :]
+                x_sum += xj
+            xs = tl.sum(x_sum, axis=1)[None, :]
         dot = tl.sum(part, axis=2)
-        xs = tl.sum(x_sum, axis=1)[None, :]
         sb_off = rows64[:, None] * row_groups + g[None, :]
         sb_mask = row_ok[:, None] & g_ok[None, :]
         s = tl.load(scale_ptr + sb_off, mask=sb_mask, other=0.0).to(tl.float32)
@@ -220,7 +248,7 @@ def int4_wide(
     grid = (m * triton.cdiv(n, config.block_n),)
     _int4_wide_kernel[grid](
         x.contiguous(), words, scale.contiguous(), bias.contiguous(), out, m, n, k, k // 8,
-        k // 32, config.block_n, config.groups, _INT4_CONVERT[config.variant],
+        k // 32, config.block_n, config.groups, _INT4_CONVERT[config.variant], config.x_split,
         num_warps=config.num_warps,
     )  # fmt: skip
     return out

@@ -11,8 +11,8 @@ on the GPU; an error over 2e-2 marks the row WRONG (bf16 output rounding is ~4e-
 that raises (out of resources, compile error) is printed and skipped. At the end one
 `BEST <form>/<variant> <config> <time> ...` line per form and row count, over correct rows,
 and the kernels/quant_gemv.py line that makes the best at one row the engine's default.
-About 22 compiles (one per config; the rows_* variants one per power of two of rows) and
-2 x 18 timed graphs: ~60 s on an H200.
+About 25 compiles (one per config; the rows_* variants one per power of two of rows) and
+2 x 21 timed graphs: ~60 s on an H200.
 """
 
 from __future__ import annotations
@@ -31,16 +31,23 @@ GemvConfig = Int4GemvConfig | Fp8GemvConfig
 
 # (block_n, groups of 32 per row per iteration, warps): 16-byte loads need a tile of
 # block_n x groups x 16 bytes >= 16 x 32 x warps
-INT4_CONFIGS = [Int4GemvConfig(Int4Gemv.BYTES)] + [
-    Int4GemvConfig(variant, block_n, groups, warps)
-    for variant, shapes in (
-        (Int4Gemv.WIDE_CVT, ((4, 32, 4),)),
-        (Int4Gemv.WIDE_MAGIC, ((4, 32, 4), (8, 32, 8))),
-        (Int4Gemv.WIDE_FOLD, ((4, 32, 4), (8, 32, 8), (2, 64, 4), (16, 32, 8))),
-        (Int4Gemv.ROWS_FOLD, ((4, 32, 4), (8, 32, 8))),
-    )
-    for block_n, groups, warps in shapes
-]
+INT4_CONFIGS = (
+    [Int4GemvConfig(Int4Gemv.BYTES)]
+    + [
+        Int4GemvConfig(variant, block_n, groups, warps)
+        for variant, shapes in (
+            (Int4Gemv.WIDE_CVT, ((4, 32, 4),)),
+            (Int4Gemv.WIDE_MAGIC, ((4, 32, 4), (8, 32, 8))),
+            (Int4Gemv.WIDE_FOLD, ((4, 32, 4), (8, 32, 8), (2, 64, 4), (16, 32, 8))),
+            (Int4Gemv.ROWS_FOLD, ((4, 32, 4), (8, 32, 8))),
+        )
+        for block_n, groups, warps in shapes
+    ]
+    + [  # x read with two 8-byte loads per word
+        Int4GemvConfig(Int4Gemv.WIDE_FOLD, block_n, groups, warps, x_split=True)
+        for block_n, groups, warps in ((4, 32, 4), (8, 32, 8), (2, 64, 4))
+    ]
+)
 # (block_n, int32 words per row per iteration, warps)
 FP8_CONFIGS = [Fp8GemvConfig(Fp8Gemv.BYTES)] + [
     Fp8GemvConfig(variant, block_n, block_w, warps)
@@ -67,7 +74,8 @@ def label(config: GemvConfig) -> str:
         return "split-K"
     tile = config.groups if isinstance(config, Int4GemvConfig) else config.block_w
     unit = "g" if isinstance(config, Int4GemvConfig) else "w"
-    return f"n{config.block_n}/{unit}{tile}/warps{config.num_warps}"
+    split = "/xsplit" if isinstance(config, Int4GemvConfig) and config.x_split else ""
+    return f"n{config.block_n}/{unit}{tile}/warps{config.num_warps}{split}"
 
 
 def default_line(config: GemvConfig) -> str:
@@ -75,7 +83,8 @@ def default_line(config: GemvConfig) -> str:
     if isinstance(config, Int4GemvConfig):
         return (
             f"INT4_GEMV = Int4GemvConfig(Int4Gemv.{config.variant.name}, block_n="
-            f"{config.block_n}, groups={config.groups}, num_warps={config.num_warps})"
+            f"{config.block_n}, groups={config.groups}, num_warps={config.num_warps}, "
+            f"x_split={config.x_split})"
         )
     return (
         f"FP8_GEMV = Fp8GemvConfig(Fp8Gemv.{config.variant.name}, block_n={config.block_n}, "

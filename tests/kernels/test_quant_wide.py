@@ -23,12 +23,22 @@ def int4_weight(n: int, k: int, device: str) -> tuple[torch.Tensor, ...]:
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("variant", INT4_WIDE)
+@pytest.mark.parametrize(
+    ("variant", "x_split"),
+    [(v, False) for v in INT4_WIDE] + [(Int4Gemv.WIDE_FOLD, True), (Int4Gemv.WIDE_MAGIC, True)],
+)
 @pytest.mark.parametrize(
     ("m", "n", "k", "block_n", "groups"), [(1, 10, 96, 4, 2), (3, 8, 64, 2, 4)]
 )
 def test_int4_wide(
-    device: str, variant: Int4Gemv, m: int, n: int, k: int, block_n: int, groups: int
+    device: str,
+    variant: Int4Gemv,
+    x_split: bool,
+    m: int,
+    n: int,
+    k: int,
+    block_n: int,
+    groups: int,
 ) -> None:
     """Rows of W not a multiple of block_n, groups not a multiple of the tile's."""
     if device == "cuda":
@@ -37,7 +47,7 @@ def test_int4_wide(
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(device)
     if device == "cuda":
         x = x.to(torch.bfloat16)
-    config = Int4GemvConfig(variant, block_n=block_n, groups=groups)
+    config = Int4GemvConfig(variant, block_n=block_n, groups=groups, x_split=x_split)
     got = int4_matmul(x, packed, scale, bias, 32, config).float()
     want = int4_reference(x.float(), packed, scale, bias, 32).float()
     bound = 1e-5 if device == "cpu" else 2e-2
