@@ -73,12 +73,14 @@ class Int4GemvConfig:
 @dataclass(frozen=True)
 class Fp8GemvConfig:
     """The fp8 decode GEMV: variant, W rows per program, int32 words (4 codes each) per row per
-    iteration (wide variants; a power of two), warps."""
+    iteration (wide variants; a power of two), warps, and (WIDE_*) how x is read: one 2-byte
+    load per code, or x_split: one 8-byte load per word, taken apart with tl.split."""
 
     variant: Fp8Gemv = Fp8Gemv.BYTES
     block_n: int = 4
     block_w: int = 128
     num_warps: int = 4
+    x_split: bool = False
 
 
 _INT4_CONVERT = {Int4Gemv.WIDE_CVT: 0, Int4Gemv.WIDE_MAGIC: 1, Int4Gemv.WIDE_FOLD: 2}
@@ -194,7 +196,7 @@ def _fp8_wide_kernel(
     x_ptr, w_ptr, scale_ptr, out_ptr,
     M, N, K, row_words, scale_bn, scale_bk, scale_cols,
     BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr, CONVERT: tl.constexpr,
-    ONE_SCALE: tl.constexpr, SIGN_EXP_MANT: tl.constexpr,
+    ONE_SCALE: tl.constexpr, SIGN_EXP_MANT: tl.constexpr, X_SPLIT: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     m, pid_n = pid % M, pid // M
@@ -212,12 +214,25 @@ def _fp8_wide_kernel(
             mask=row_ok[:, None] & w_ok[None, :],
             other=0,
         )
-        part = tl.zeros((BLOCK_N, BLOCK_W), dtype=tl.float32)
-        for b in tl.static_range(4):
-            xb = tl.load(x_row + wi * 4 + b, mask=w_ok, other=0.0).to(tl.float32)
+        if X_SPLIT:  # one 8-byte x load a word, taken apart with tl.split
+            x_at = (wi * 4)[:, None] + tl.arange(0, 4)[None, :]
+            x4 = tl.load(x_row + x_at, mask=w_ok[:, None], other=0.0).to(tl.float32)
             if CONVERT == 1:
-                xb = xb * 18446744073709551616.0  # 2^64
-            part += fp8_byte_f32(w, b, CONVERT, SIGN_EXP_MANT) * xb[None, :]
+                x4 = x4 * 18446744073709551616.0  # 2^64
+            even, odd = tl.split(tl.reshape(x4, (BLOCK_W, 2, 2)))
+            x0, x2 = tl.split(even)
+            x1, x3 = tl.split(odd)
+            part = fp8_byte_f32(w, 0, CONVERT, SIGN_EXP_MANT) * x0[None, :]
+            part += fp8_byte_f32(w, 1, CONVERT, SIGN_EXP_MANT) * x1[None, :]
+            part += fp8_byte_f32(w, 2, CONVERT, SIGN_EXP_MANT) * x2[None, :]
+            part += fp8_byte_f32(w, 3, CONVERT, SIGN_EXP_MANT) * x3[None, :]
+        else:  # one 2-byte x load a code (L1 hits)
+            part = tl.zeros((BLOCK_N, BLOCK_W), dtype=tl.float32)
+            for b in tl.static_range(4):
+                xb = tl.load(x_row + wi * 4 + b, mask=w_ok, other=0.0).to(tl.float32)
+                if CONVERT == 1:
+                    xb = xb * 18446744073709551616.0  # 2^64
+                part += fp8_byte_f32(w, b, CONVERT, SIGN_EXP_MANT) * xb[None, :]
         if ONE_SCALE:
             acc_w += part
         else:  # BLOCK_W * 4 divides scale_bk: one scale per row for the tile
@@ -277,6 +292,6 @@ def fp8_wide(
     _fp8_wide_kernel[grid](
         x.contiguous(), words, scale.contiguous().float(), out, m, n, k, k // 4, scale_bn,
         scale_bk, scale.shape[1], config.block_n, block_w, _FP8_CONVERT[config.variant],
-        one_scale, FP8_SIGN_EXP_MANT, num_warps=config.num_warps,
+        one_scale, FP8_SIGN_EXP_MANT, config.x_split, num_warps=config.num_warps,
     )  # fmt: skip
     return out

@@ -11,8 +11,8 @@ on the GPU; an error over 2e-2 marks the row WRONG (bf16 output rounding is ~4e-
 that raises (out of resources, compile error) is printed and skipped. At the end one
 `BEST <form>/<variant> <config> <time> ...` line per form and row count, over correct rows,
 and the kernels/quant_gemv.py line that makes the best at one row the engine's default.
-About 25 compiles (one per config; the rows_* variants one per power of two of rows) and
-2 x 21 timed graphs: ~60 s on an H200.
+About 27 compiles (one per config; the rows_* variants one per power of two of rows) and
+2 x 23 timed graphs: ~60 s on an H200.
 """
 
 from __future__ import annotations
@@ -49,15 +49,22 @@ INT4_CONFIGS = (
     ]
 )
 # (block_n, int32 words per row per iteration, warps)
-FP8_CONFIGS = [Fp8GemvConfig(Fp8Gemv.BYTES)] + [
-    Fp8GemvConfig(variant, block_n, block_w, warps)
-    for variant, shapes in (
-        (Fp8Gemv.WIDE_CVT, ((4, 128, 4),)),
-        (Fp8Gemv.WIDE_MAGIC, ((4, 128, 4), (8, 128, 8), (2, 256, 4), (16, 128, 8))),
-        (Fp8Gemv.ROWS_MAGIC, ((4, 128, 4), (8, 128, 8))),
-    )
-    for block_n, block_w, warps in shapes
-]
+FP8_CONFIGS = (
+    [Fp8GemvConfig(Fp8Gemv.BYTES)]
+    + [
+        Fp8GemvConfig(variant, block_n, block_w, warps)
+        for variant, shapes in (
+            (Fp8Gemv.WIDE_CVT, ((4, 128, 4),)),
+            (Fp8Gemv.WIDE_MAGIC, ((4, 128, 4), (8, 128, 8), (2, 256, 4), (16, 128, 8))),
+            (Fp8Gemv.ROWS_MAGIC, ((4, 128, 4), (8, 128, 8))),
+        )
+        for block_n, block_w, warps in shapes
+    ]
+    + [  # x read with one 8-byte load per word
+        Fp8GemvConfig(Fp8Gemv.WIDE_MAGIC, block_n, block_w, warps, x_split=True)
+        for block_n, block_w, warps in ((4, 128, 4), (8, 128, 8))
+    ]
+)
 
 
 @dataclass(frozen=True)
@@ -74,7 +81,7 @@ def label(config: GemvConfig) -> str:
         return "split-K"
     tile = config.groups if isinstance(config, Int4GemvConfig) else config.block_w
     unit = "g" if isinstance(config, Int4GemvConfig) else "w"
-    split = "/xsplit" if isinstance(config, Int4GemvConfig) and config.x_split else ""
+    split = "/xsplit" if config.x_split else ""
     return f"n{config.block_n}/{unit}{tile}/warps{config.num_warps}{split}"
 
 
@@ -88,7 +95,7 @@ def default_line(config: GemvConfig) -> str:
         )
     return (
         f"FP8_GEMV = Fp8GemvConfig(Fp8Gemv.{config.variant.name}, block_n={config.block_n}, "
-        f"block_w={config.block_w}, num_warps={config.num_warps})"
+        f"block_w={config.block_w}, num_warps={config.num_warps}, x_split={config.x_split})"
     )
 
 

@@ -68,7 +68,10 @@ def fp8_weight(
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("variant", FP8_WIDE)
+@pytest.mark.parametrize(
+    ("variant", "x_split"),
+    [(v, False) for v in FP8_WIDE] + [(Fp8Gemv.WIDE_MAGIC, True), (Fp8Gemv.WIDE_CVT, True)],
+)
 @pytest.mark.parametrize(
     ("m", "n", "k", "scale_shape", "block_w"),
     [
@@ -81,6 +84,7 @@ def fp8_weight(
 def test_fp8_wide(
     device: str,
     variant: Fp8Gemv,
+    x_split: bool,
     m: int,
     n: int,
     k: int,
@@ -89,7 +93,7 @@ def test_fp8_wide(
 ) -> None:
     weight, scale = fp8_weight(n, k, scale_shape, device)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(device)
-    config = Fp8GemvConfig(variant, block_n=4, block_w=block_w)
+    config = Fp8GemvConfig(variant, block_n=4, block_w=block_w, x_split=x_split)
     got = fp8_matmul(x, weight, scale, config)
     want = fp8_reference(x, weight, scale)
     assert (got - want).abs().max() <= 1e-5 * want.abs().max()
