@@ -17,6 +17,9 @@ Two weight forms, two shapes each:
              step at 4 and 16 rows: 3.5 ms instead of 7.1-7.4)
     prefill  more rows: tiles of W expanded to x's dtype in registers, then tl.dot
 
+The decode GEMV above is the BYTES variant; INT4_GEMV / FP8_GEMV below pick another
+(kernels/quant_wide.py: int32-word tiles and magic-number conversions; quant_rows.py).
+
 Int4 sums per group first (sum_k x q, and sum_k x), then scales once per group:
     y[n] = sum_g scale[n, g] * (x_g . q_g) + bias[n, g] * sum(x_g)
 The torch references at the end are what the kernel tests compare against.
