@@ -17,6 +17,9 @@ Two weight forms, two shapes each:
              step at 4 and 16 rows: 3.5 ms instead of 7.1-7.4)
     prefill  more rows: tiles of W expanded to x's dtype in registers, then tl.dot
 
+The decode GEMV above is the BYTES variant; INT4_GEMV / FP8_GEMV below pick another
+(kernels/quant_wide.py: int32-word tiles and magic-number conversions; quant_rows.py).
+
 Int4 sums per group first (sum_k x q, and sum_k x), then scales once per group:
     y[n] = sum_g scale[n, g] * (x_g . q_g) + bias[n, g] * sum(x_g)
 The torch references at the end are what the kernel tests compare against.
@@ -30,9 +33,23 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from troupe.kernels.quant_rows import fp8_rows, int4_rows
+from troupe.kernels.quant_wide import (
+    Fp8Gemv,
+    Fp8GemvConfig,
+    Int4Gemv,
+    Int4GemvConfig,
+    fp8_wide,
+    fp8_wide_fits,
+    int4_wide,
+)
 
 GEMV_MAX_ROWS = 8
 SKINNY_MAX_ROWS = 16
+# The decode GEMVs the engine's quantized linears use (gpu/quant_linear.py): switch a variant by
+# editing one of these lines (`python -m troupe.ops.quant_bench --sweep-variants` ranks them).
+INT4_GEMV = Int4GemvConfig(Int4Gemv.BYTES)
+FP8_GEMV = Fp8GemvConfig(Fp8Gemv.BYTES)
 
 
 @triton.jit
@@ -253,13 +270,24 @@ def _precision(x: torch.Tensor) -> str:
 
 
 def int4_matmul(
-    x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor, group: int
+    x: torch.Tensor,
+    packed: torch.Tensor,
+    scale: torch.Tensor,
+    bias: torch.Tensor,
+    group: int,
+    gemv: Int4GemvConfig | None = None,
 ) -> torch.Tensor:
-    """x [M, K] @ W^T for the int4 form above; returns [M, N] in x's dtype."""
+    """x [M, K] @ W^T for the int4 form above; returns [M, N] in x's dtype. `gemv`: the decode
+    GEMV (None: INT4_GEMV)."""
     assert group == 32, f"the int4 layout has groups of 32, got {group}"
+    gemv = INT4_GEMV if gemv is None else gemv
     m, k = x.shape
     n = packed.shape[0]
     x = x.contiguous()
+    if m <= GEMV_MAX_ROWS and gemv.variant is Int4Gemv.ROWS_FOLD:
+        return int4_rows(x, packed, scale, bias, gemv)
+    if m <= GEMV_MAX_ROWS and gemv.variant is not Int4Gemv.BYTES:
+        return int4_wide(x, packed, scale, bias, gemv)
     if m <= GEMV_MAX_ROWS:
         block_k = 256
         block_n, split = _gemv_shape(n, m, k, block_k, x.device, (32,))  # narrower: slower (H200)
@@ -280,14 +308,30 @@ def int4_matmul(
     return out
 
 
-def fp8_matmul(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """x [M, K] @ W^T for fp8 W [N, K] with block scales [ceil(N/Bn), ceil(K/Bk)] fp32."""
+def fp8_matmul(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    scale: torch.Tensor,
+    gemv: Fp8GemvConfig | None = None,
+) -> torch.Tensor:
+    """x [M, K] @ W^T for fp8 W [N, K] with block scales [ceil(N/Bn), ceil(K/Bk)] fp32. `gemv`:
+    the decode GEMV (None: FP8_GEMV)."""
+    gemv = FP8_GEMV if gemv is None else gemv
     m, k = x.shape
     n = weight.shape[0]
     scale_bn = triton.cdiv(n, scale.shape[0])
     scale_bk = triton.cdiv(k, scale.shape[1])
     x, scale = x.contiguous(), scale.contiguous().float()
-    if m == 1 or (m <= GEMV_MAX_ROWS and scale_bk & -scale_bk < 16):
+    gemv_rows = m == 1 or (m <= GEMV_MAX_ROWS and scale_bk & -scale_bk < 16)
+    if (
+        m <= GEMV_MAX_ROWS  # the wide GEMV takes every decode row count (no skinny path)
+        and gemv.variant is not Fp8Gemv.BYTES
+        and fp8_wide_fits(weight, scale_bk, scale.shape[1])
+    ):
+        if gemv.variant is Fp8Gemv.ROWS_MAGIC:
+            return fp8_rows(x, weight, scale, gemv)
+        return fp8_wide(x, weight, scale, gemv)
+    if gemv_rows:
         block_k = min(512, scale_bk & -scale_bk)  # a power of two that divides scale_bk
         block_n, split = _gemv_shape(n, m, k, block_k, x.device, (16, 8))
         part = _partials(split, m, n, x)

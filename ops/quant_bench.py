@@ -2,6 +2,7 @@
 
     python -m troupe.ops.quant_bench                 # on a CUDA device
     python -m troupe.ops.quant_bench --rows 1 4 16   # more x rows (decode batch sizes)
+    python -m troupe.ops.quant_bench --sweep-variants  # every decode GEMV variant (quant_sweep)
 
 Random weights for every linear layer of 32 decoder layers (qkv 6144 x 4096, o 4096 x 4096,
 gate_up 28672 x 4096, down 4096 x 14336) and lm_head (128256 x 4096). One "step" runs each
@@ -60,16 +61,15 @@ def timed(step: Callable[[], None], device: torch.device, iters: int = 50) -> fl
     return (time.perf_counter() - start) / iters
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rows", type=int, nargs="*", default=[1])
-    parser.add_argument("--layers", type=int, default=LAYERS)
-    args = parser.parse_args()
-    device = torch.device("cuda")
-    torch.manual_seed(0)
-    bw = copy_bandwidth(device)
-    print(f"copy bandwidth {bw / 1e12:.2f} TB/s (H200 spec 4.26 TB/s)")
-    shapes = SHAPES * args.layers + [(VOCAB, HIDDEN)]
+Int4W = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+Fp8W = tuple[torch.Tensor, torch.Tensor]
+
+
+def weights(
+    layers: int, device: torch.device
+) -> tuple[list[torch.Tensor], list[Int4W], list[Fp8W]]:
+    """Random weights of every linear of the step: bf16, int4 (packed, scale, bias), fp8."""
+    shapes = SHAPES * layers + [(VOCAB, HIDDEN)]
     dense = [torch.randn(n, k, device=device, dtype=torch.bfloat16) * 0.02 for n, k in shapes]
     int4 = []
     for w in dense:
@@ -81,10 +81,31 @@ def main() -> None:
     for w in dense:
         scale = w.float().abs().amax(dim=1, keepdim=True).clamp_min(1e-8) / 448
         fp8.append(((w.float() / scale).to(torch.float8_e4m3fn), scale))
+    return dense, int4, fp8
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rows", type=int, nargs="*", help="default: 1 (sweep: 1 4)")
+    parser.add_argument("--layers", type=int, default=LAYERS)
+    parser.add_argument(
+        "--sweep-variants", action="store_true", help="time every decode GEMV variant x config"
+    )
+    args = parser.parse_args()
+    device = torch.device("cuda")
+    torch.manual_seed(0)
+    bw = copy_bandwidth(device)
+    print(f"copy bandwidth {bw / 1e12:.2f} TB/s (H200 spec 4.26 TB/s)")
+    dense, int4, fp8 = weights(args.layers, device)
+    if args.sweep_variants:
+        from troupe.ops.quant_sweep import sweep
+
+        sweep(dense, int4, fp8, bw, args.rows or [1, 4])
+        return
     bytes_bf16 = sum(w.numel() * 2 for w in dense)
     bytes_int4 = sum(p.numel() + s.numel() * 2 + b.numel() * 2 for p, s, b in int4)
     bytes_fp8 = sum(q.numel() + s.numel() * 4 for q, s in fp8)
-    for rows in args.rows:
+    for rows in args.rows or [1]:
         xs = {k: torch.randn(rows, k, device=device, dtype=torch.bfloat16) for k in (HIDDEN, INTER)}
 
         def step_bf16(xs: dict[int, torch.Tensor] = xs) -> None:

@@ -1,0 +1,191 @@
+"""Every decode GEMV variant (kernels/quant_wide.py) x a few launch configs on the Llama-3.1-8B
+step of ops/quant_bench.py (all 32 layers' linears + lm_head, CUDA graph replays):
+
+    python -m troupe.ops.quant_bench --sweep-variants            # rows 1 and 4
+    python -m troupe.ops.quant_bench --sweep-variants --rows 1   # one row only
+
+One table row per (form, variant, config, x rows): step time, weight bytes per step against
+the copy bandwidth, speed-up over bf16 (torch linear, same step), and the relative error
+(max |y - ref| / max |y_ref|) of the gate_up layer against the dequantized torch reference,
+on the GPU; an error over 2e-2 marks the row WRONG (bf16 output rounding is ~4e-3). A config
+that raises (out of resources, compile error) is printed and skipped. At the end one
+`BEST <form>/<variant> <config> <time> ...` line per form and row count, over correct rows,
+and the kernels/quant_gemv.py line that makes the best at one row the engine's default.
+About 25 compiles (one per config; the rows_* variants one per power of two of rows) and
+2 x 20 timed graphs: ~60 s on an H200.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from troupe.kernels.quant_gemv import fp8_matmul, fp8_reference, int4_matmul, int4_reference
+from troupe.kernels.quant_wide import Fp8Gemv, Fp8GemvConfig, Int4Gemv, Int4GemvConfig
+from troupe.ops.quant_bench import GROUP, HIDDEN, INTER, Fp8W, Int4W, timed
+
+WRONG = 2e-2
+GemvConfig = Int4GemvConfig | Fp8GemvConfig
+
+# (block_n, groups of 32 per row per iteration, warps): 16-byte loads need a tile of
+# block_n x groups x 16 bytes >= 16 x 32 x warps
+INT4_CONFIGS = (
+    [Int4GemvConfig(Int4Gemv.BYTES)]
+    + [
+        Int4GemvConfig(variant, block_n, groups, warps)
+        for variant, shapes in (
+            (Int4Gemv.WIDE_CVT, ((4, 32, 4),)),
+            (Int4Gemv.WIDE_MAGIC, ((4, 32, 4),)),
+            (Int4Gemv.WIDE_FOLD, ((4, 32, 4), (8, 32, 8), (2, 64, 4))),
+            (Int4Gemv.ROWS_FOLD, ((4, 32, 4), (8, 32, 8))),
+        )
+        for block_n, groups, warps in shapes
+    ]
+    + [  # x read with two 8-byte loads per word
+        Int4GemvConfig(Int4Gemv.WIDE_FOLD, block_n, groups, warps, x_split=True)
+        for block_n, groups, warps in ((4, 32, 4), (8, 32, 8), (2, 64, 4))
+    ]
+)
+# (block_n, int32 words per row per iteration, warps)
+FP8_CONFIGS = (
+    [Fp8GemvConfig(Fp8Gemv.BYTES)]
+    + [
+        Fp8GemvConfig(variant, block_n, block_w, warps)
+        for variant, shapes in (
+            (Fp8Gemv.WIDE_CVT, ((4, 128, 4),)),
+            (Fp8Gemv.WIDE_MAGIC, ((4, 128, 4), (8, 128, 8), (2, 256, 4))),
+            (Fp8Gemv.ROWS_MAGIC, ((4, 128, 4), (8, 128, 8))),
+        )
+        for block_n, block_w, warps in shapes
+    ]
+    + [  # x read with one 8-byte load per word
+        Fp8GemvConfig(Fp8Gemv.WIDE_MAGIC, block_n, block_w, warps, x_split=True)
+        for block_n, block_w, warps in ((4, 128, 4), (8, 128, 8))
+    ]
+)
+
+
+@dataclass(frozen=True)
+class Result:
+    form: str
+    config: GemvConfig
+    rows: int
+    seconds: float
+    error: float
+
+
+def label(config: GemvConfig) -> str:
+    if config.variant in (Int4Gemv.BYTES, Fp8Gemv.BYTES):
+        return "split-K"
+    tile = config.groups if isinstance(config, Int4GemvConfig) else config.block_w
+    unit = "g" if isinstance(config, Int4GemvConfig) else "w"
+    split = "/xsplit" if config.x_split else ""
+    return f"n{config.block_n}/{unit}{tile}/warps{config.num_warps}{split}"
+
+
+def default_line(config: GemvConfig) -> str:
+    """The kernels/quant_gemv.py line that makes `config` the engine's default."""
+    if isinstance(config, Int4GemvConfig):
+        return (
+            f"INT4_GEMV = Int4GemvConfig(Int4Gemv.{config.variant.name}, block_n="
+            f"{config.block_n}, groups={config.groups}, num_warps={config.num_warps}, "
+            f"x_split={config.x_split})"
+        )
+    return (
+        f"FP8_GEMV = Fp8GemvConfig(Fp8Gemv.{config.variant.name}, block_n={config.block_n}, "
+        f"block_w={config.block_w}, num_warps={config.num_warps}, x_split={config.x_split})"
+    )
+
+
+Run = tuple[str, GemvConfig, Callable[[], torch.Tensor], Callable[[], None]]
+
+
+def _runs(
+    x: torch.Tensor, xs: dict[int, torch.Tensor], int4: list[Int4W], fp8: list[Fp8W]
+) -> list[Run]:
+    """(form, config, gate_up alone, the whole step) for every config."""
+    p, s, b = int4[2]  # gate_up
+    q, sc = fp8[2]
+    runs: list[Run] = []
+    for c4 in INT4_CONFIGS:
+
+        def one4(c: Int4GemvConfig = c4) -> torch.Tensor:
+            return int4_matmul(x, p, s, b, GROUP, c)
+
+        def step4(c: Int4GemvConfig = c4) -> None:
+            for pk, sk, bk in int4:
+                int4_matmul(xs[pk.shape[1] * 2], pk, sk, bk, GROUP, c)
+
+        runs.append(("int4", c4, one4, step4))
+    for c8 in FP8_CONFIGS:
+
+        def one8(c: Fp8GemvConfig = c8) -> torch.Tensor:
+            return fp8_matmul(x, q, sc, c)
+
+        def step8(c: Fp8GemvConfig = c8) -> None:
+            for qk, sk in fp8:
+                fp8_matmul(xs[qk.shape[1]], qk, sk, c)
+
+        runs.append(("fp8", c8, one8, step8))
+    return runs
+
+
+def sweep(
+    dense: list[torch.Tensor], int4: list[Int4W], fp8: list[Fp8W], bw: float, rows_list: list[int]
+) -> None:
+    start = time.perf_counter()
+    device = dense[0].device
+    nbytes = {
+        "int4": sum(p.numel() + s.numel() * 2 + b.numel() * 2 for p, s, b in int4),
+        "fp8": sum(q.numel() + s.numel() * 4 for q, s in fp8),
+    }
+    results: list[Result] = []
+    print(f"{'form':5} {'variant':11} {'config':20} {'rows':>4} {'time us':>9} {'copy':>5} "
+          f"{'x bf16':>6} {'error':>8}")  # fmt: skip
+    for rows in rows_list:
+        xs = {k: torch.randn(rows, k, device=device, dtype=torch.bfloat16) for k in (HIDDEN, INTER)}
+
+        def step_bf16(xs: dict[int, torch.Tensor] = xs) -> None:
+            for w in dense:
+                torch.nn.functional.linear(xs[w.shape[1]], w)
+
+        t_bf16 = timed(step_bf16, device)
+        print(f"bf16  {'torch':11} {'F.linear':20} {rows:4} {t_bf16 * 1e6:9.1f} "
+              f"{sum(w.numel() * 2 for w in dense) / t_bf16 / bw:5.0%}")  # fmt: skip
+        x = xs[HIDDEN]
+        p, s, b = int4[2]  # gate_up
+        want = {"int4": int4_reference(x.float(), p, s, b, GROUP)}
+        q, sc = fp8[2]
+        want["fp8"] = fp8_reference(x.float(), q, sc)
+        runs = _runs(x, xs, int4, fp8)
+        for form, config, one, step in runs:
+            head = f"{form:5} {config.variant.value:11} {label(config):20} {rows:4}"
+            try:
+                ref = want[form]
+                err = float((one().float() - ref).abs().max() / ref.abs().max())
+                t = timed(step, device)
+            except Exception as exc:  # out of resources, a compile error: report, go on
+                print(f"{head} FAILED {type(exc).__name__}: {str(exc).splitlines()[0][:120]}")
+                continue
+            results.append(Result(form, config, rows, t, err))
+            mark = "" if err <= WRONG else "  WRONG"
+            print(f"{head} {t * 1e6:9.1f} {nbytes[form] / t / bw:5.0%} {t_bf16 / t:6.2f} "
+                  f"{err:8.1e}{mark}")  # fmt: skip
+        for form in ("int4", "fp8"):
+            ok = [r for r in results if r.form == form and r.rows == rows and r.error <= WRONG]
+            if ok:
+                best = min(ok, key=lambda r: r.seconds)
+                print(
+                    f"BEST {form}/{best.config.variant.value} {label(best.config)}"
+                    f" {best.seconds * 1e6:.1f}us rows {rows}: "
+                    f"{nbytes[form] / best.seconds / bw:.0%} of copy, "
+                    f"{t_bf16 / best.seconds:.2f}x bf16"
+                )
+    for form in ("int4", "fp8"):
+        ok = [r for r in results if r.form == form and r.rows == rows_list[0] and r.error <= WRONG]
+        if ok:
+            best = min(ok, key=lambda r: r.seconds)
+            print(f"default for {form} (kernels/quant_gemv.py): {default_line(best.config)}")
+    print(f"sweep took {time.perf_counter() - start:.0f} s")
