@@ -6,7 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from troupe.kernels import moe_config
 from troupe.kernels.moe_align import moe_align, padded_rows
+from troupe.kernels.moe_config import MoeKernelConfig, MoeVariant, config_for
 from troupe.kernels.moe_reference import fused_moe, route_topk
 from troupe.kernels.ops import KernelOps
 
@@ -58,8 +60,43 @@ def test_kernel_matches_reference(
     if block_m is None:
         got = triton_ops.fused_moe(x, w13, w2, weights, ids)  # through the dispatcher
     else:
-        got = fused_moe_triton(x, w13, w2, weights, ids, block_m=block_m, block_n=32, block_k=32)
+        config = MoeKernelConfig(block_m=block_m, block_n=32, block_k=32)
+        got = fused_moe_triton(x, w13, w2, weights, ids, config=config)
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+
+
+FUSED, SPLIT = MoeVariant.FUSED, MoeVariant.SPLIT_K
+VARIANTS = [
+    MoeKernelConfig(FUSED, block_m=16, block_n=32, block_k=32, group_m=3),
+    MoeKernelConfig(FUSED, block_m=16, block_n=16, block_k=32, group_m=1),
+    MoeKernelConfig(FUSED, block_m=16, block_n=32, block_k=32, atomic_reduce=True),
+    MoeKernelConfig(FUSED, block_m=32, block_n=32, block_k=16, group_m=2, atomic_reduce=True),
+    MoeKernelConfig(SPLIT, block_m=16, block_n=32, block_k=16, split_k=3),
+    MoeKernelConfig(SPLIT, block_m=16, block_n=32, block_k=32, group_m=2, split_k=1),
+]
+
+
+@pytest.mark.parametrize("config", VARIANTS, ids=lambda c: f"{c.variant.value} {c.label()}")
+def test_every_variant_matches_reference(config: MoeKernelConfig) -> None:
+    """Each variant on ragged K (80) and N (48), 23 tokens over 8 experts: several row blocks
+    per expert, partial groups and K slices, padding rows."""
+    from troupe.kernels.fused_moe import fused_moe_triton
+
+    x, w13, w2, weights, ids = _problem(23, 8, 2, 80, 48, seed=5)
+    expected = fused_moe(x, w13, w2, weights, ids)
+    got = fused_moe_triton(x, w13, w2, weights, ids, config=config)
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_config_names_the_bad_field_and_picks_by_size() -> None:
+    with pytest.raises(ValueError, match="block_n"):
+        MoeKernelConfig(block_n=48)
+    with pytest.raises(ValueError, match="split_k"):
+        MoeKernelConfig(SPLIT, split_k=0)
+    with pytest.raises(ValueError, match="split_k"):
+        MoeKernelConfig(FUSED, split_k=2)
+    assert config_for(256 * 6, 64) is moe_config.DECODE_CONFIG
+    assert config_for(16384 * 6, 64) is moe_config.PREFILL_CONFIG
 
 
 @pytest.mark.gpu
