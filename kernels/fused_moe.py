@@ -36,7 +36,7 @@ def _gate_up_kernel(
     x_ptr, w_ptr, act_ptr, rows_ptr, block_expert_ptr,
     num_rows, num_blocks, hidden, inter, top_k, stride_x, stride_we, stride_wn,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, PRECISION: tl.constexpr,
+    GROUP_M: tl.constexpr, SWAP_AB: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     pid_m, pid_n = tile_ids(num_blocks, tl.cdiv(inter, BLOCK_N), GROUP_M)
     expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
@@ -49,30 +49,43 @@ def _gate_up_kernel(
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < inter
     w_base = w_ptr + expert * stride_we
-    acc_gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if SWAP_AB:  # acc^T = w @ x^T: the weight tile is wgmma's M side, the rows its N side
+        acc_gate = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        acc_gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_up = tl.zeros_like(acc_gate)
     for k0 in range(0, hidden, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_mask = offs_k < hidden
-        a = tl.load(
-            x_ptr + token[:, None] * stride_x + offs_k[None, :],
-            mask=valid[:, None] & k_mask[None, :],
-            other=0.0,
-        )
-        w_mask = k_mask[:, None] & n_mask[None, :]
-        w_gate = tl.load(
-            w_base + offs_n[None, :] * stride_wn + offs_k[:, None], mask=w_mask, other=0.0
-        )
-        w_up = tl.load(
-            w_base + (offs_n[None, :] + inter) * stride_wn + offs_k[:, None],
-            mask=w_mask,
-            other=0.0,
-        )
-        acc_gate += tl.dot(a, w_gate, input_precision=PRECISION)
-        acc_up += tl.dot(a, w_up, input_precision=PRECISION)
-    act = acc_gate * tl.sigmoid(acc_gate) * acc_up
-    dst = act_ptr + offs_m[:, None] * inter + offs_n[None, :]
-    tl.store(dst, act.to(act_ptr.dtype.element_ty), mask=n_mask[None, :])
+        if SWAP_AB:
+            a_t = tl.load(
+                x_ptr + token[None, :] * stride_x + offs_k[:, None],
+                mask=valid[None, :] & k_mask[:, None],
+                other=0.0,
+            )
+            w_mask = n_mask[:, None] & k_mask[None, :]
+            w_rows = w_base + offs_n[:, None] * stride_wn + offs_k[None, :]
+            w_gate = tl.load(w_rows, mask=w_mask, other=0.0)
+            w_up = tl.load(w_rows + inter * stride_wn, mask=w_mask, other=0.0)
+            acc_gate += tl.dot(w_gate, a_t, input_precision=PRECISION)
+            acc_up += tl.dot(w_up, a_t, input_precision=PRECISION)
+        else:
+            a = tl.load(
+                x_ptr + token[:, None] * stride_x + offs_k[None, :],
+                mask=valid[:, None] & k_mask[None, :],
+                other=0.0,
+            )
+            w_mask = k_mask[:, None] & n_mask[None, :]
+            w_cols = w_base + offs_n[None, :] * stride_wn + offs_k[:, None]
+            w_gate = tl.load(w_cols, mask=w_mask, other=0.0)
+            w_up = tl.load(w_cols + inter * stride_wn, mask=w_mask, other=0.0)
+            acc_gate += tl.dot(a, w_gate, input_precision=PRECISION)
+            acc_up += tl.dot(a, w_up, input_precision=PRECISION)
+    act = (acc_gate * tl.sigmoid(acc_gate) * acc_up).to(act_ptr.dtype.element_ty)
+    if SWAP_AB:
+        tl.store(act_ptr + offs_m[None, :] * inter + offs_n[:, None], act, mask=n_mask[:, None])
+    else:
+        tl.store(act_ptr + offs_m[:, None] * inter + offs_n[None, :], act, mask=n_mask[None, :])
 
 
 @triton.jit
@@ -80,7 +93,8 @@ def _down_kernel(
     act_ptr, w_ptr, out_ptr, weights_ptr, rows_ptr, block_expert_ptr,
     num_rows, num_blocks, hidden, inter, top_k, stride_we, stride_wn,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, ATOMIC: tl.constexpr, PRECISION: tl.constexpr,
+    GROUP_M: tl.constexpr, SWAP_AB: tl.constexpr, ATOMIC: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):  # fmt: skip
     pid_m, pid_n = tile_ids(num_blocks, tl.cdiv(hidden, BLOCK_N), GROUP_M)
     expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
@@ -92,30 +106,56 @@ def _down_kernel(
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < hidden
     w_base = w_ptr + expert * stride_we
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if SWAP_AB:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, inter, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_mask = offs_k < inter
-        a = tl.load(
-            act_ptr + offs_m[:, None] * inter + offs_k[None, :],
-            mask=valid[:, None] & k_mask[None, :],
-            other=0.0,
-        )
-        w = tl.load(
-            w_base + offs_n[None, :] * stride_wn + offs_k[:, None],
-            mask=k_mask[:, None] & n_mask[None, :],
-            other=0.0,
-        )
-        acc += tl.dot(a, w, input_precision=PRECISION)
+        if SWAP_AB:
+            a_t = tl.load(
+                act_ptr + offs_m[None, :] * inter + offs_k[:, None],
+                mask=valid[None, :] & k_mask[:, None],
+                other=0.0,
+            )
+            w = tl.load(
+                w_base + offs_n[:, None] * stride_wn + offs_k[None, :],
+                mask=n_mask[:, None] & k_mask[None, :],
+                other=0.0,
+            )
+            acc += tl.dot(w, a_t, input_precision=PRECISION)
+        else:
+            a = tl.load(
+                act_ptr + offs_m[:, None] * inter + offs_k[None, :],
+                mask=valid[:, None] & k_mask[None, :],
+                other=0.0,
+            )
+            w = tl.load(
+                w_base + offs_n[None, :] * stride_wn + offs_k[:, None],
+                mask=k_mask[:, None] & n_mask[None, :],
+                other=0.0,
+            )
+            acc += tl.dot(a, w, input_precision=PRECISION)
     weight = tl.load(weights_ptr + rows, mask=valid, other=0.0).to(tl.float32)
-    acc = acc * weight[:, None]
-    mask = valid[:, None] & n_mask[None, :]
-    if ATOMIC:
-        token = rows // top_k
-        tl.atomic_add(out_ptr + token[:, None] * hidden + offs_n[None, :], acc, mask=mask)
+    if SWAP_AB:  # [N, M]: rows along axis 1
+        acc = acc * weight[None, :]
+        mask = n_mask[:, None] & valid[None, :]
+        if ATOMIC:
+            dst = out_ptr + (rows // top_k)[None, :] * hidden + offs_n[:, None]
+            tl.atomic_add(dst, acc, mask=mask)
+        else:
+            dst = out_ptr + rows[None, :] * hidden + offs_n[:, None]
+            tl.store(dst, acc.to(out_ptr.dtype.element_ty), mask=mask)
     else:
-        dst = out_ptr + rows[:, None] * hidden + offs_n[None, :]
-        tl.store(dst, acc.to(out_ptr.dtype.element_ty), mask=mask)
+        acc = acc * weight[:, None]
+        mask = valid[:, None] & n_mask[None, :]
+        if ATOMIC:
+            dst = out_ptr + (rows // top_k)[:, None] * hidden + offs_n[None, :]
+            tl.atomic_add(dst, acc, mask=mask)
+        else:
+            dst = out_ptr + rows[:, None] * hidden + offs_n[None, :]
+            tl.store(dst, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def fused_moe_triton(
@@ -155,7 +195,8 @@ def fused_moe_triton(
     _gate_up_kernel[grid(inter)](
         x, w13, act, sorted_rows, block_expert,
         num_rows, num_blocks, hidden, inter, top_k, x.stride(0), w13.stride(0), w13.stride(1),
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group_m, PRECISION=precision, **launch,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group_m, SWAP_AB=cfg.swap_ab,
+        PRECISION=precision, **launch,
     )  # fmt: skip
     if cfg.atomic_reduce:
         out = torch.zeros(num_tokens, hidden, dtype=torch.float32, device=x.device)
@@ -164,7 +205,8 @@ def fused_moe_triton(
     _down_kernel[grid(hidden)](
         act, w2, out, weights, sorted_rows, block_expert,
         num_rows, num_blocks, hidden, inter, top_k, w2.stride(0), w2.stride(1),
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group_m, ATOMIC=cfg.atomic_reduce,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group_m, SWAP_AB=cfg.swap_ab,
+        ATOMIC=cfg.atomic_reduce,
         PRECISION=precision, **launch,
     )  # fmt: skip
     if cfg.atomic_reduce:

@@ -15,6 +15,9 @@ Orthogonal knobs, both variants:
                    blocks x every N tile for L2 reuse of x rows (kernels/moe_tiles.py).
     atomic_reduce  FUSED: the down kernel adds each weighted row into an fp32 [T, H] output
                    instead of storing [T*k, H] per slot and summing after (SPLIT_K always).
+    swap_ab        FUSED: each tile computes (w @ x^T)^T, so the weight tile (block_n rows)
+                   is the dot's M side and the block's 16-32 rows its N side: Hopper's wgmma
+                   wants M >= 64, decode blocks have few rows (otherwise mma.sync).
 
 The engine's fused_moe takes config_for(rows, experts): DECODE_CONFIG while an expert holds at
 most DECODE_MAX_ROWS_PER_EXPERT rows on average, PREFILL_CONFIG above. Switching the default
@@ -52,6 +55,7 @@ class MoeKernelConfig:
     group_m: int = 0  # 0: 2-D grid; else row blocks per group of the 1-D grid
     split_k: int = 1  # SPLIT_K: K slices per projection
     atomic_reduce: bool = False
+    swap_ab: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_n", "block_k"):
@@ -74,6 +78,8 @@ class MoeKernelConfig:
             raise ValueError(f"MoeKernelConfig.group_m must be >= 0, got {self.group_m}")
         if self.split_k < 1:
             raise ValueError(f"MoeKernelConfig.split_k must be >= 1, got {self.split_k}")
+        if self.swap_ab and self.variant is not MoeVariant.FUSED:
+            raise ValueError("MoeKernelConfig.swap_ab needs variant FUSED")
         if self.split_k > 1 and self.variant is not MoeVariant.SPLIT_K:
             raise ValueError("MoeKernelConfig.split_k > 1 needs variant SPLIT_K")
 
@@ -87,6 +93,8 @@ class MoeKernelConfig:
             text += f" k{self.split_k}"
         elif self.atomic_reduce:
             text += " atomic"
+        if self.swap_ab:
+            text += " swap"
         return text
 
 

@@ -50,9 +50,10 @@ DECODE_SWEEP = [
     MoeKernelConfig(F, 32, 128, 128, num_warps=4, num_stages=3),
     MoeKernelConfig(F, 16, 64, 256, num_warps=4, num_stages=3),
     MoeKernelConfig(F, 64, 64, 128, num_warps=4, num_stages=4),
-    MoeKernelConfig(F, 32, 64, 128, num_warps=4, num_stages=4, atomic_reduce=True),
+    MoeKernelConfig(F, 32, 64, 128, num_warps=4, num_stages=4, swap_ab=True),
+    MoeKernelConfig(F, 16, 64, 256, num_warps=4, num_stages=3, swap_ab=True),
+    MoeKernelConfig(F, 32, 128, 128, num_warps=8, num_stages=3, swap_ab=True, atomic_reduce=True),
     MoeKernelConfig(S, 32, 64, 128, num_warps=4, num_stages=3, split_k=2),
-    MoeKernelConfig(S, 32, 64, 128, num_warps=4, num_stages=3, split_k=4),
     MoeKernelConfig(S, 16, 64, 128, num_warps=4, num_stages=4, split_k=4),
 ]
 PREFILL_SWEEP = [

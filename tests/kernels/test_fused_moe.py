@@ -71,6 +71,10 @@ VARIANTS = [
     MoeKernelConfig(FUSED, block_m=16, block_n=16, block_k=32, group_m=1),
     MoeKernelConfig(FUSED, block_m=16, block_n=32, block_k=32, atomic_reduce=True),
     MoeKernelConfig(FUSED, block_m=32, block_n=32, block_k=16, group_m=2, atomic_reduce=True),
+    MoeKernelConfig(FUSED, block_m=16, block_n=32, block_k=32, swap_ab=True),
+    MoeKernelConfig(
+        FUSED, block_m=32, block_n=16, block_k=16, group_m=2, atomic_reduce=True, swap_ab=True
+    ),
     MoeKernelConfig(SPLIT, block_m=16, block_n=32, block_k=16, split_k=3),
     MoeKernelConfig(SPLIT, block_m=16, block_n=32, block_k=32, group_m=2, split_k=1),
 ]
@@ -130,3 +134,16 @@ def test_kernel_replays_in_a_cuda_graph() -> None:
     graph.replay()
     expected = fused_moe(x2, w13, w2, weights2, ids2)
     torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("config", VARIANTS, ids=lambda c: f"{c.variant.value} {c.label()}")
+def test_every_variant_bf16_on_cuda(config: MoeKernelConfig) -> None:
+    from troupe.kernels.fused_moe import fused_moe_triton
+
+    x, w13, w2, weights, ids = _problem(300, 16, 4, 256, 192, seed=4)
+    args = [t.cuda().bfloat16() for t in (x, w13, w2, weights)]
+    got = fused_moe_triton(*args, ids.cuda(), config=config).float()
+    expected = fused_moe(*[a.float() for a in args], ids.cuda())
+    torch.testing.assert_close(got, expected, rtol=3e-2, atol=3e-2)
