@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from .moe_align import moe_align
+from .moe_align_triton import moe_align_triton
 from .moe_config import MoeKernelConfig, MoeVariant, block_m_for, config_for, precision_for
 from .moe_split_k import fused_moe_split_k
 from .moe_tiles import tile_grid, tile_ids
@@ -179,7 +180,8 @@ def fused_moe_triton(
     x = x.contiguous()
     w13, w2 = w13.contiguous(), w2.contiguous()
     bm = cfg.block_m or block_m_for(num_rows, num_experts)
-    sorted_rows, block_expert = moe_align(topk_ids, num_experts, bm)
+    align = moe_align_triton if cfg.triton_align else moe_align
+    sorted_rows, block_expert = align(topk_ids, num_experts, bm)
     weights = topk_weights.reshape(-1).contiguous()
     if cfg.variant is MoeVariant.SPLIT_K:
         return fused_moe_split_k(x, w13, w2, weights, sorted_rows, block_expert, top_k, bm, cfg)

@@ -18,6 +18,8 @@ Orthogonal knobs, both variants:
     swap_ab        FUSED: each tile computes (w @ x^T)^T, so the weight tile (block_n rows)
                    is the dot's M side and the block's 16-32 rows its N side: Hopper's wgmma
                    wants M >= 64, decode blocks have few rows (otherwise mma.sync).
+    triton_align   sort the rows by expert in one Triton program (kernels/moe_align_triton.py)
+                   instead of ~25 torch kernels; batches over its MAX_ROWS use torch.
 
 The engine's fused_moe takes config_for(rows, experts): DECODE_CONFIG while an expert holds at
 most DECODE_MAX_ROWS_PER_EXPERT rows on average, PREFILL_CONFIG above. Switching the default
@@ -56,6 +58,7 @@ class MoeKernelConfig:
     split_k: int = 1  # SPLIT_K: K slices per projection
     atomic_reduce: bool = False
     swap_ab: bool = False
+    triton_align: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_n", "block_k"):
@@ -95,6 +98,8 @@ class MoeKernelConfig:
             text += " atomic"
         if self.swap_ab:
             text += " swap"
+        if self.triton_align:
+            text += " talign"
         return text
 
 

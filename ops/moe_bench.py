@@ -22,7 +22,9 @@ from dataclasses import dataclass
 import torch
 import triton.testing
 from troupe.kernels.fused_moe import fused_moe_triton
-from troupe.kernels.moe_config import MoeKernelConfig, MoeVariant, config_for
+from troupe.kernels.moe_align import moe_align
+from troupe.kernels.moe_align_triton import moe_align_triton
+from troupe.kernels.moe_config import MoeKernelConfig, MoeVariant, block_m_for, config_for
 from troupe.kernels.moe_reference import fused_moe, route_topk
 from troupe.ops.kernel_bench import copy_bandwidth, median_ms
 
@@ -51,10 +53,11 @@ DECODE_SWEEP = [
     MoeKernelConfig(F, 16, 64, 256, num_warps=4, num_stages=3),
     MoeKernelConfig(F, 64, 64, 128, num_warps=4, num_stages=4),
     MoeKernelConfig(F, 32, 64, 128, num_warps=4, num_stages=4, swap_ab=True),
+    MoeKernelConfig(F, 32, 64, 128, num_warps=4, num_stages=4, swap_ab=True, triton_align=True),
     MoeKernelConfig(F, 16, 64, 256, num_warps=4, num_stages=3, swap_ab=True),
     MoeKernelConfig(F, 32, 128, 128, num_warps=8, num_stages=3, swap_ab=True, atomic_reduce=True),
     MoeKernelConfig(S, 32, 64, 128, num_warps=4, num_stages=3, split_k=2),
-    MoeKernelConfig(S, 16, 64, 128, num_warps=4, num_stages=4, split_k=4),
+    MoeKernelConfig(S, 16, 64, 128, num_warps=4, num_stages=4, split_k=4, triton_align=True),
 ]
 PREFILL_SWEEP = [
     MoeKernelConfig(F, 128, 128, 64, num_warps=8, num_stages=3),
@@ -140,6 +143,15 @@ def sweep(work: Workload, copy_bw: float, peak: float, variants: bool) -> None:
     if variants:
         configs += DECODE_SWEEP if decode else PREFILL_SWEEP
     best: tuple[float, str, str] | None = None
+    if variants:  # the expert sort alone, at the default block_m
+        ids, num_experts = work.args[4], work.args[1].shape[0]
+        bm = block_m_for(ids.numel(), num_experts)
+        times = [
+            median_ms(lambda align=align: align(ids, num_experts, bm)) * 1e3
+            for align in (moe_align, moe_align_triton)
+        ]
+        print(f"{work.name:<17} T={work.tokens:>6} moe_align bm={bm}: torch {times[0]:.1f} us, "
+              f"triton {times[1]:.1f} us")  # fmt: skip
     for config in configs:
         if config is None:
             w13, ids = work.args[1], work.args[4]

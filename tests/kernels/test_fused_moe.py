@@ -34,6 +34,18 @@ def test_align_groups_rows_by_expert_with_padding() -> None:
     assert block_expert.tolist() == [0, 1, 3, 3, -1]
 
 
+@pytest.mark.parametrize(("tokens", "experts", "top_k", "block_m"), [(3, 4, 2, 2), (37, 8, 2, 16)])
+def test_triton_align_matches_torch(tokens: int, experts: int, top_k: int, block_m: int) -> None:
+    from troupe.kernels.moe_align_triton import moe_align_triton
+
+    gen = torch.Generator().manual_seed(tokens)
+    ids = torch.stack([torch.randperm(experts, generator=gen)[:top_k] for _ in range(tokens)])
+    want_rows, want_blocks = moe_align(ids, experts, block_m)
+    got_rows, got_blocks = moe_align_triton(ids, experts, block_m)
+    assert got_rows.tolist() == want_rows.tolist()
+    assert got_blocks.tolist() == want_blocks.tolist()
+
+
 def test_reference_is_the_per_token_sum() -> None:
     x, w13, w2, weights, ids = _problem(5, 6, 3, 16, 8, seed=0)
     expected = torch.zeros_like(x)
@@ -75,7 +87,7 @@ VARIANTS = [
     MoeKernelConfig(
         FUSED, block_m=32, block_n=16, block_k=16, group_m=2, atomic_reduce=True, swap_ab=True
     ),
-    MoeKernelConfig(SPLIT, block_m=16, block_n=32, block_k=16, split_k=3),
+    MoeKernelConfig(SPLIT, block_m=16, block_n=32, block_k=16, split_k=3, triton_align=True),
     MoeKernelConfig(SPLIT, block_m=16, block_n=32, block_k=32, group_m=2, split_k=1),
 ]
 
@@ -147,3 +159,20 @@ def test_every_variant_bf16_on_cuda(config: MoeKernelConfig) -> None:
     got = fused_moe_triton(*args, ids.cuda(), config=config).float()
     expected = fused_moe(*[a.float() for a in args], ids.cuda())
     torch.testing.assert_close(got, expected, rtol=3e-2, atol=3e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize(
+    ("tokens", "experts", "top_k", "block_m"), [(256, 64, 6, 64), (512, 128, 8, 16)]
+)
+def test_triton_align_matches_torch_on_cuda(
+    tokens: int, experts: int, top_k: int, block_m: int
+) -> None:
+    from troupe.kernels.moe_align_triton import moe_align_triton
+
+    ids = torch.randn(tokens, experts, device="cuda").topk(top_k, dim=-1).indices
+    want_rows, want_blocks = moe_align(ids, experts, block_m)
+    got_rows, got_blocks = moe_align_triton(ids, experts, block_m)
+    assert torch.equal(got_rows, want_rows)
+    assert torch.equal(got_blocks, want_blocks)
