@@ -6,13 +6,13 @@ Here one program does it all, with the same output (rows ascending within each e
 walking the rows in chunks of CHUNK with a one-hot [CHUNK, EXPERTS] matrix:
 
     counts   pass 1: column sums of the one-hot chunks
-    offsets  exclusive cumsums of counts and of counts padded to BLOCK_M
+    offsets  exclusive cumsums of counts and of counts padded to block_m
     fill     sorted_rows = T*k (the sentinel), block_expert = the expert whose padded range
              holds the block's first row (-1 past the last)
     scatter  pass 2: a row's rank in its expert = rows of that expert in earlier chunks +
              the one-hot's cumsum down the chunk; it lands at pad_start[e] + rank
 
-No sort network and no size-dependent constexpr: one compile per (BLOCK_M, experts). The
+No sort network and no size-dependent constexpr: one compile per expert count (rounded to a power of two). The
 passes are serial in the row count, so batches over MAX_ROWS take the torch version.
 """
 
@@ -33,8 +33,8 @@ MAX_ROWS = 4096
 @triton.jit
 def _align_kernel(
     ids_ptr, sorted_rows_ptr, block_expert_ptr,
-    num_rows, num_experts, total_rows, num_blocks,
-    BLOCK_M: tl.constexpr, EXPERTS: tl.constexpr, CHUNK: tl.constexpr,
+    num_rows, num_experts, total_rows, num_blocks, block_m,
+    EXPERTS: tl.constexpr, CHUNK: tl.constexpr,
 ):  # fmt: skip
     e_offs = tl.arange(0, EXPERTS)
     counts = tl.zeros((EXPERTS,), dtype=tl.int32)
@@ -42,7 +42,7 @@ def _align_kernel(
         r = r0 + tl.arange(0, CHUNK)
         expert = tl.load(ids_ptr + r, mask=r < num_rows, other=-1).to(tl.int32)
         counts += tl.sum((expert[:, None] == e_offs[None, :]).to(tl.int32), axis=0)
-    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    padded = (counts + block_m - 1) // block_m * block_m
     pad_end = tl.cumsum(padded, 0)
     pad_start = pad_end - padded
     for p0 in range(0, total_rows, CHUNK):
@@ -50,7 +50,7 @@ def _align_kernel(
         tl.store(sorted_rows_ptr + p, tl.zeros_like(p) + num_rows, mask=p < total_rows)
     for b0 in range(0, num_blocks, CHUNK):
         b = b0 + tl.arange(0, CHUNK)
-        before = (pad_end[None, :] <= (b * BLOCK_M)[:, None]).to(tl.int32)
+        before = (pad_end[None, :] <= (b * block_m)[:, None]).to(tl.int32)
         owner = tl.sum(before, axis=1)  # experts whose padded range ends at or before the block
         owner = tl.where(owner < num_experts, owner, -1)
         tl.store(block_expert_ptr + b, owner, mask=b < num_blocks)
@@ -82,7 +82,7 @@ def moe_align_triton(
     experts_p2 = max(triton.next_power_of_2(num_experts), 16)
     _align_kernel[(1,)](
         topk_ids.reshape(-1).contiguous(), sorted_rows, block_expert,
-        num_rows, num_experts, total, num_blocks,
-        BLOCK_M=block_m, EXPERTS=experts_p2, CHUNK=max(16, 16384 // experts_p2), num_warps=8,
+        num_rows, num_experts, total, num_blocks, block_m,
+        EXPERTS=experts_p2, CHUNK=max(16, 16384 // experts_p2), num_warps=8,
     )  # fmt: skip
     return sorted_rows, block_expert

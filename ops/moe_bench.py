@@ -49,12 +49,11 @@ SHAPES = {
 F, S = MoeVariant.FUSED, MoeVariant.SPLIT_K
 DECODE_SWEEP = [
     MoeKernelConfig(F, 32, 64, 128, num_warps=4, num_stages=4),
-    MoeKernelConfig(F, 32, 128, 128, num_warps=4, num_stages=3),
     MoeKernelConfig(F, 16, 64, 256, num_warps=4, num_stages=3),
-    MoeKernelConfig(F, 64, 64, 128, num_warps=4, num_stages=4),
     MoeKernelConfig(F, 32, 64, 128, num_warps=4, num_stages=4, swap_ab=True),
     MoeKernelConfig(F, 32, 64, 128, num_warps=4, num_stages=4, swap_ab=True, triton_align=True),
     MoeKernelConfig(F, 16, 64, 256, num_warps=4, num_stages=3, swap_ab=True),
+    MoeKernelConfig(F, 64, 64, 128, num_warps=4, num_stages=4, swap_ab=True, triton_align=True),
     MoeKernelConfig(F, 32, 128, 128, num_warps=8, num_stages=3, swap_ab=True, atomic_reduce=True),
     MoeKernelConfig(S, 32, 64, 128, num_warps=4, num_stages=3, split_k=2),
     MoeKernelConfig(S, 16, 64, 128, num_warps=4, num_stages=4, split_k=4, triton_align=True),
@@ -65,7 +64,6 @@ PREFILL_SWEEP = [
     MoeKernelConfig(F, 128, 128, 64, num_warps=8, num_stages=3, group_m=8),
     MoeKernelConfig(F, 128, 128, 64, num_warps=8, num_stages=4, group_m=8),
     MoeKernelConfig(F, 128, 64, 64, num_warps=4, num_stages=4, group_m=8),
-    MoeKernelConfig(F, 64, 128, 64, num_warps=4, num_stages=4, group_m=8),
     MoeKernelConfig(F, 128, 128, 64, num_warps=8, num_stages=3, group_m=8, atomic_reduce=True),
     MoeKernelConfig(S, 128, 128, 64, num_warps=8, num_stages=3, group_m=8, split_k=1),
 ]
