@@ -176,3 +176,26 @@ def test_triton_align_matches_torch_on_cuda(
     got_rows, got_blocks = moe_align_triton(ids, experts, block_m)
     assert torch.equal(got_rows, want_rows)
     assert torch.equal(got_blocks, want_blocks)
+
+
+def test_the_engine_path_runs_the_default_config(
+    triton_ops: KernelOps, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ops.fused_moe (what the MoE layers call) takes moe_config.DECODE_CONFIG at decode sizes:
+    flipping that one constant switches the engine's kernel."""
+    from troupe.kernels import fused_moe as fused_moe_module
+
+    calls: list[MoeKernelConfig] = []
+    real = fused_moe_module.fused_moe_split_k
+
+    def spy(*args: object) -> torch.Tensor:
+        calls.append(args[-1])  # type: ignore[arg-type]
+        return real(*args)  # type: ignore[arg-type]
+
+    split = MoeKernelConfig(SPLIT, block_m=16, block_n=32, block_k=32, split_k=2)
+    monkeypatch.setattr(moe_config, "DECODE_CONFIG", split)
+    monkeypatch.setattr(fused_moe_module, "fused_moe_split_k", spy)
+    x, w13, w2, weights, ids = _problem(5, 8, 2, 64, 32, seed=6)
+    got = triton_ops.fused_moe(x, w13, w2, weights, ids)
+    assert calls == [split]
+    torch.testing.assert_close(got, fused_moe(x, w13, w2, weights, ids), rtol=1e-4, atol=1e-4)
