@@ -15,7 +15,7 @@ Orthogonal knobs, both variants:
                    blocks x every N tile for L2 reuse of x rows (kernels/moe_tiles.py).
     atomic_reduce  FUSED: the down kernel adds each weighted row into an fp32 [T, H] output
                    instead of storing [T*k, H] per slot and summing after (SPLIT_K always).
-    swap_ab        FUSED: each tile computes (w @ x^T)^T, so the weight tile (block_n rows)
+    swap_ab        each tile computes (w @ x^T)^T, so the weight tile (block_n rows)
                    is the dot's M side and the block's 16-32 rows its N side: Hopper's wgmma
                    wants M >= 64, decode blocks have few rows (otherwise mma.sync).
     triton_align   sort the rows by expert in one Triton program (kernels/moe_align_triton.py)
@@ -81,8 +81,6 @@ class MoeKernelConfig:
             raise ValueError(f"MoeKernelConfig.group_m must be >= 0, got {self.group_m}")
         if self.split_k < 1:
             raise ValueError(f"MoeKernelConfig.split_k must be >= 1, got {self.split_k}")
-        if self.swap_ab and self.variant is not MoeVariant.FUSED:
-            raise ValueError("MoeKernelConfig.swap_ab needs variant FUSED")
         if self.split_k > 1 and self.variant is not MoeVariant.SPLIT_K:
             raise ValueError("MoeKernelConfig.split_k > 1 needs variant SPLIT_K")
 

@@ -33,7 +33,8 @@ def _gate_up_split_kernel(
     x_ptr, w_ptr, h_ptr, rows_ptr, block_expert_ptr,
     num_rows, num_blocks, hidden, inter2, top_k, k_slice, stride_x, stride_we, stride_wn,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, PRECISION: tl.constexpr,
+    GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, SWAP_AB: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):  # fmt: skip
     pid_m, pid_n = tile_ids(num_blocks, tl.cdiv(inter2, BLOCK_N), GROUP_M)
     pid_k = tl.program_id(2)
@@ -49,7 +50,10 @@ def _gate_up_split_kernel(
     w_base = w_ptr + expert * stride_we
     k_start = pid_k * k_slice
     k_end = tl.minimum(k_start + k_slice, hidden)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if SWAP_AB:  # (w^T)^T @ a^T: the weight tile is the dot's M side (wgmma at few rows)
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(k_start, k_end, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_mask = offs_k < k_end
@@ -63,7 +67,12 @@ def _gate_up_split_kernel(
             mask=k_mask[:, None] & n_mask[None, :],
             other=0.0,
         )
-        acc += tl.dot(a, w, input_precision=PRECISION)
+        if SWAP_AB:
+            acc += tl.dot(tl.trans(w), tl.trans(a), input_precision=PRECISION)
+        else:
+            acc += tl.dot(a, w, input_precision=PRECISION)
+    if SWAP_AB:
+        acc = tl.trans(acc)
     dst = h_ptr + offs_m[:, None] * inter2 + offs_n[None, :]
     mask = valid[:, None] & n_mask[None, :]
     if SPLIT_K == 1:
@@ -77,7 +86,7 @@ def _down_split_kernel(
     h_ptr, w_ptr, out_ptr, weights_ptr, rows_ptr, block_expert_ptr,
     num_rows, num_blocks, hidden, inter, top_k, k_slice, stride_we, stride_wn,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, PRECISION: tl.constexpr,
+    GROUP_M: tl.constexpr, SWAP_AB: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     pid_m, pid_n = tile_ids(num_blocks, tl.cdiv(hidden, BLOCK_N), GROUP_M)
     pid_k = tl.program_id(2)
@@ -93,7 +102,10 @@ def _down_split_kernel(
     h_rows = h_ptr + offs_m[:, None] * (2 * inter)
     k_start = pid_k * k_slice
     k_end = tl.minimum(k_start + k_slice, inter)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if SWAP_AB:  # (w^T)^T @ a^T: the weight tile is the dot's M side (wgmma at few rows)
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(k_start, k_end, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_mask = offs_k < k_end
@@ -106,7 +118,12 @@ def _down_split_kernel(
             mask=k_mask[:, None] & n_mask[None, :],
             other=0.0,
         )
-        acc += tl.dot(act, w, input_precision=PRECISION)
+        if SWAP_AB:
+            acc += tl.dot(tl.trans(w), tl.trans(act), input_precision=PRECISION)
+        else:
+            acc += tl.dot(act, w, input_precision=PRECISION)
+    if SWAP_AB:
+        acc = tl.trans(acc)
     weight = tl.load(weights_ptr + rows, mask=valid, other=0.0).to(tl.float32)
     acc = acc * weight[:, None]
     token = rows // top_k
@@ -146,12 +163,14 @@ def fused_moe_split_k(
         x, w13, h, sorted_rows, block_expert,
         num_rows, num_blocks, hidden, 2 * inter, top_k, _k_slice(hidden, split, bk),
         x.stride(0), w13.stride(0), w13.stride(1),
-        BLOCK_M=block_m, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group_m, SPLIT_K=split, PRECISION=precision, **launch,
+        BLOCK_M=block_m, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group_m, SPLIT_K=split, SWAP_AB=cfg.swap_ab,
+        PRECISION=precision, **launch,
     )  # fmt: skip
     out = torch.zeros(num_tokens, hidden, dtype=torch.float32, device=x.device)
     _down_split_kernel[tile_grid(num_blocks, triton.cdiv(hidden, bn), group_m, split)](
         h, w2, out, weights, sorted_rows, block_expert,
         num_rows, num_blocks, hidden, inter, top_k, _k_slice(inter, split, bk), w2.stride(0), w2.stride(1),
-        BLOCK_M=block_m, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group_m, PRECISION=precision, **launch,
+        BLOCK_M=block_m, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group_m, SWAP_AB=cfg.swap_ab,
+        PRECISION=precision, **launch,
     )  # fmt: skip
     return out.to(x.dtype)

@@ -57,6 +57,7 @@ DECODE_SWEEP = [
     MoeKernelConfig(F, 32, 128, 128, num_warps=8, num_stages=3, swap_ab=True, atomic_reduce=True),
     MoeKernelConfig(S, 32, 64, 128, num_warps=4, num_stages=3, split_k=2),
     MoeKernelConfig(S, 16, 64, 128, num_warps=4, num_stages=4, split_k=4, triton_align=True),
+    MoeKernelConfig(S, 32, 64, 128, num_warps=4, num_stages=4, split_k=4, swap_ab=True),
 ]
 PREFILL_SWEEP = [
     MoeKernelConfig(F, 128, 128, 64, num_warps=8, num_stages=3),

@@ -88,6 +88,7 @@ VARIANTS = [
         FUSED, block_m=32, block_n=16, block_k=16, group_m=2, atomic_reduce=True, swap_ab=True
     ),
     MoeKernelConfig(SPLIT, block_m=16, block_n=32, block_k=16, split_k=3, triton_align=True),
+    MoeKernelConfig(SPLIT, block_m=16, block_n=32, block_k=16, split_k=2, swap_ab=True),
     MoeKernelConfig(SPLIT, block_m=16, block_n=32, block_k=32, group_m=2, split_k=1),
 ]
 
