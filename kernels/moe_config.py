@@ -29,7 +29,7 @@ after a sweep (python -m troupe.ops.moe_bench --sweep-variants) is one line each
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -99,6 +99,16 @@ class MoeKernelConfig:
         if self.triton_align:
             text += " talign"
         return text
+
+
+def config_source(config: MoeKernelConfig) -> str:
+    """config as the Python that builds it (its non-default fields), for the one-line switch."""
+    parts = [f"MoeVariant.{config.variant.name}"]
+    for field in fields(config)[1:]:
+        value = getattr(config, field.name)
+        if value != field.default:
+            parts.append(f"{field.name}={value!r}")
+    return f"MoeKernelConfig({', '.join(parts)})"
 
 
 def block_m_for(num_rows: int, num_experts: int) -> int:

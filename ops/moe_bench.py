@@ -24,7 +24,13 @@ import triton.testing
 from troupe.kernels.fused_moe import fused_moe_triton
 from troupe.kernels.moe_align import moe_align
 from troupe.kernels.moe_align_triton import moe_align_triton
-from troupe.kernels.moe_config import MoeKernelConfig, MoeVariant, block_m_for, config_for
+from troupe.kernels.moe_config import (
+    MoeKernelConfig,
+    MoeVariant,
+    block_m_for,
+    config_for,
+    config_source,
+)
 from troupe.kernels.moe_reference import fused_moe, route_topk
 from troupe.ops.kernel_bench import copy_bandwidth, median_ms
 
@@ -141,7 +147,7 @@ def sweep(work: Workload, copy_bw: float, peak: float, variants: bool) -> None:
     configs: list[MoeKernelConfig | None] = [None]
     if variants:
         configs += DECODE_SWEEP if decode else PREFILL_SWEEP
-    best: tuple[float, str, str] | None = None
+    best: tuple[float, str, str, MoeKernelConfig] | None = None
     if variants:  # the expert sort alone, at the default block_m
         ids, num_experts = work.args[4], work.args[1].shape[0]
         bm = block_m_for(ids.numel(), num_experts)
@@ -170,10 +176,13 @@ def sweep(work: Workload, copy_bw: float, peak: float, variants: bool) -> None:
         rate = work.num_bytes / (us * 1e-6) / copy_bw if decode else work.flops / (us * 1e-6)
         figure = f"{rate:.0%} of copy" if decode else f"{rate / 1e12:.0f} TFLOP/s"
         if best is None or us < best[0]:
-            best = (us, label, f"{figure} ({us:.1f} us, {work.name} T={work.tokens})")
+            used = config or config_for(work.args[4].numel(), work.args[1].shape[0])
+            best = (us, label, f"{figure} ({us:.1f} us, {work.name} T={work.tokens})", used)
     if variants and best is not None:
         variant, _, cfg = best[1].partition(" ")
         print(f"BEST {variant} {cfg} {best[2]}", flush=True)
+        name = "DECODE_CONFIG" if decode else "PREFILL_CONFIG"
+        print(f"  kernels/moe_config.py: {name} = {config_source(best[3])}", flush=True)
 
 
 def main() -> None:

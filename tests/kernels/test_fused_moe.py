@@ -112,6 +112,11 @@ def test_config_names_the_bad_field_and_picks_by_size() -> None:
         MoeKernelConfig(SPLIT, split_k=0)
     with pytest.raises(ValueError, match="split_k"):
         MoeKernelConfig(FUSED, split_k=2)
+    split = MoeKernelConfig(SPLIT, block_m=16, split_k=4, swap_ab=True)
+    assert moe_config.config_source(split) == (
+        "MoeKernelConfig(MoeVariant.SPLIT_K, block_m=16, split_k=4, swap_ab=True)"
+    )
+    assert eval(moe_config.config_source(split), vars(moe_config)) == split
     assert config_for(256 * 6, 64) is moe_config.DECODE_CONFIG
     assert config_for(16384 * 6, 64) is moe_config.PREFILL_CONFIG
 
