@@ -1,27 +1,138 @@
-"""MoE kernel benchmark (GPU): the fused Triton MoE at decode and prefill sizes.
+"""MoE kernel benchmark (GPU): the fused Triton MoE at decode and prefill sizes, two shapes.
 
-    python -m troupe.ops.moe_bench [--sweep]
+    python -m troupe.ops.moe_bench                     # the engine's defaults (moe_config)
+    python -m troupe.ops.moe_bench --sweep-variants    # every variant x a few configs, BEST
 
-DeepSeek-V2-Lite expert shapes, random bf16 weights: 64 routed experts, top-6, hidden 2048,
-moe_intermediate 1408; routing from random router logits (softmax top-k, renormalised).
-Decode: 256 tokens; the rate is bytes/s over the active experts' weights (w13 and w2 of every
-expert some token picked, read once) plus x and out, against copy bandwidth (read + write of
-1 GiB). Prefill: 16,384 tokens; the rate is TFLOP/s (6 * H * I per (token, expert) pair)
-against a bf16 torch.matmul of 8192^3. Times are medians of triton.testing.do_bench.
+Expert layers, random bf16 weights, routing from random router logits (softmax top-k):
+    deepseek-v2-lite  64 routed experts top-6, hidden 2048, moe_intermediate 1408 (its 2
+                      shared experts are a dense MLP outside the fused kernel: not counted)
+    qwen3-30b-a3b     128 experts top-8, hidden 2048, moe_intermediate 768
+Decode: 256 tokens; the rate is bytes/s over the weights of the experts some token picked
+(w13 and w2 of each, read once) plus x and out, against copy bandwidth (read + write of 1 GiB).
+Prefill: 16,384 tokens; the rate is TFLOP/s (6 * H * I per (token, expert) pair) against a
+bf16 torch.matmul of 8192^3. Every config is checked against the fp32 torch reference on the
+first 64 tokens (relative error; WRONG above 2e-2). Times are medians of do_bench.
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
+from dataclasses import dataclass
 
 import torch
-from troupe.kernels.fused_moe import block_m_for, fused_moe_triton
+import triton.testing
+from troupe.kernels.fused_moe import fused_moe_triton
+from troupe.kernels.moe_align import moe_align
+from troupe.kernels.moe_align_triton import moe_align_triton
+from troupe.kernels.moe_config import (
+    MoeKernelConfig,
+    MoeVariant,
+    block_m_for,
+    config_for,
+    config_source,
+)
 from troupe.kernels.moe_reference import fused_moe, route_topk
 from troupe.ops.kernel_bench import copy_bandwidth, median_ms
 
-NUM_EXPERTS, TOP_K, HIDDEN, INTER = 64, 6, 2048, 1408
 DTYPE = torch.bfloat16
+CHECK_ROWS, MAX_REL_ERROR = 64, 2e-2
+DECODE_TOKENS, PREFILL_TOKENS = 256, 16384
+
+
+@dataclass(frozen=True)
+class Shape:
+    num_experts: int
+    top_k: int
+    hidden: int
+    inter: int
+
+
+SHAPES = {
+    "deepseek-v2-lite": Shape(num_experts=64, top_k=6, hidden=2048, inter=1408),
+    "qwen3-30b-a3b": Shape(num_experts=128, top_k=8, hidden=2048, inter=768),
+}
+
+F, S = MoeVariant.FUSED, MoeVariant.SPLIT_K
+DECODE_SWEEP = [
+    MoeKernelConfig(F, 32, 64, 128, num_warps=4, num_stages=4),
+    MoeKernelConfig(F, 16, 64, 256, num_warps=4, num_stages=3),
+    MoeKernelConfig(F, 32, 64, 128, num_warps=4, num_stages=4, swap_ab=True),
+    MoeKernelConfig(F, 32, 64, 128, num_warps=4, num_stages=4, swap_ab=True, triton_align=True),
+    MoeKernelConfig(F, 16, 64, 256, num_warps=4, num_stages=3, swap_ab=True),
+    MoeKernelConfig(F, 64, 64, 128, num_warps=4, num_stages=4, swap_ab=True, triton_align=True),
+    MoeKernelConfig(F, 32, 128, 128, num_warps=8, num_stages=3, swap_ab=True, atomic_reduce=True),
+    MoeKernelConfig(S, 32, 64, 128, num_warps=4, num_stages=3, split_k=2),
+    MoeKernelConfig(S, 16, 64, 128, num_warps=4, num_stages=4, split_k=4, triton_align=True),
+    MoeKernelConfig(S, 32, 64, 128, num_warps=4, num_stages=4, split_k=4, swap_ab=True),
+]
+PREFILL_SWEEP = [
+    MoeKernelConfig(F, 128, 128, 64, num_warps=8, num_stages=3),
+    MoeKernelConfig(F, 128, 128, 64, num_warps=8, num_stages=3, group_m=1),
+    MoeKernelConfig(F, 128, 128, 64, num_warps=8, num_stages=3, group_m=8),
+    MoeKernelConfig(F, 128, 128, 64, num_warps=8, num_stages=4, group_m=8),
+    MoeKernelConfig(F, 128, 64, 64, num_warps=4, num_stages=4, group_m=8),
+    MoeKernelConfig(F, 128, 128, 64, num_warps=8, num_stages=3, group_m=8, atomic_reduce=True),
+    MoeKernelConfig(S, 128, 128, 64, num_warps=8, num_stages=3, group_m=8, split_k=1),
+]
+
+
+@dataclass
+class Workload:
+    name: str
+    tokens: int
+    args: tuple[torch.Tensor, ...]  # x, w13, w2, topk_weights, topk_ids
+    ref: torch.Tensor  # fp32 reference of the first CHECK_ROWS tokens
+    active: int  # experts some token picked
+    num_bytes: int  # their weights + x + out
+    flops: int
+
+
+def workloads(
+    name: str, shape: Shape, token_counts: list[int], device: str = "cuda"
+) -> list[Workload]:
+    gen = torch.Generator(device=device).manual_seed(0)
+
+    def randn(*dims: int, scale: float) -> torch.Tensor:
+        return (torch.randn(*dims, generator=gen, device=device) * scale).to(DTYPE)
+
+    e, h, inter = shape.num_experts, shape.hidden, shape.inter
+    w13, w2 = randn(e, 2 * inter, h, scale=h**-0.5), randn(e, h, inter, scale=inter**-0.5)
+    w13_f, w2_f = w13.float(), w2.float()
+    out = []
+    for tokens in token_counts:
+        x = randn(tokens, h, scale=1.0)
+        weights, ids = route_topk(randn(tokens, e, scale=1.0), shape.top_k, renormalize=True)
+        r = CHECK_ROWS
+        ref = fused_moe(x[:r].float(), w13_f, w2_f, weights[:r].float(), ids[:r])
+        active = int(torch.unique(ids).numel())
+        num_bytes = active * 3 * h * inter * w13.element_size() + 2 * x.numel() * x.element_size()
+        flops = 6 * h * inter * tokens * shape.top_k
+        out.append(
+            Workload(name, tokens, (x, w13, w2, weights, ids), ref, active, num_bytes, flops)
+        )
+    return out
+
+
+def measure(work: Workload, config: MoeKernelConfig | None, rep_ms: int) -> tuple[float, float]:
+    """(median us, relative error on the first CHECK_ROWS tokens) of one config."""
+
+    def call() -> torch.Tensor:
+        return fused_moe_triton(*work.args, config=config)
+
+    got = call()[:CHECK_ROWS].float()
+    err = float((got - work.ref).norm() / work.ref.norm())
+    ms = float(triton.testing.do_bench(call, warmup=10, rep=rep_ms, return_mode="median"))
+    return ms * 1e3, err
+
+
+def row(work: Workload, label: str, us: float, err: float, copy_bw: float, peak: float) -> str:
+    bw, fl = work.num_bytes / (us * 1e-6), work.flops / (us * 1e-6)
+    flag = "" if err <= MAX_REL_ERROR else "  WRONG"
+    return (
+        f"{work.name:<17} T={work.tokens:>6} {label:<42} {us:>9.1f} us  "
+        f"{bw / 1e12:5.2f} TB/s {bw / copy_bw:4.0%} copy  "
+        f"{fl / 1e12:6.1f} TFLOP/s {fl / peak:4.0%} mm  err {err:.1e}{flag}"
+    )
 
 
 def matmul_peak() -> float:
@@ -31,72 +142,64 @@ def matmul_peak() -> float:
     return 2 * 8192**3 / (ms * 1e-3)
 
 
-def problem(tokens: int, seed: int) -> tuple[torch.Tensor, ...]:
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-
-    def randn(*shape: int, scale: float) -> torch.Tensor:
-        return (torch.randn(*shape, generator=gen, device="cuda") * scale).to(DTYPE)
-
-    x = randn(tokens, HIDDEN, scale=1.0)
-    w13 = randn(NUM_EXPERTS, 2 * INTER, HIDDEN, scale=HIDDEN**-0.5)
-    w2 = randn(NUM_EXPERTS, HIDDEN, INTER, scale=INTER**-0.5)
-    logits = randn(tokens, NUM_EXPERTS, scale=1.0)
-    weights, ids = route_topk(logits, TOP_K, renormalize=True)
-    return x, w13, w2, weights, ids
-
-
-def rel_error(got: torch.Tensor, args: tuple[torch.Tensor, ...], rows: int = 64) -> float:
-    x, w13, w2, weights, ids = args
-    ref = fused_moe(x[:rows].float(), w13.float(), w2.float(), weights[:rows].float(), ids[:rows])
-    return float((got[:rows].float() - ref).norm() / ref.norm())
-
-
-def run(tokens: int, sweep: bool, copy_bw: float, peak: float) -> None:
-    args = problem(tokens, seed=tokens)
-    x, w13, w2, _weights, ids = args
-    active = int(torch.unique(ids).numel())
-    weight_bytes = active * (w13[0].numel() + w2[0].numel()) * w13.element_size()
-    io_bytes = 2 * x.numel() * x.element_size()
-    flops = 6 * HIDDEN * INTER * tokens * TOP_K
-    default_bm = block_m_for(tokens * TOP_K, NUM_EXPERTS)
-    configs = [(default_bm, 64, 64)]
-    if sweep:
-        configs += [
-            c for c in itertools.product((16, 32, 64, 128), (32, 64, 128), (32, 64, 128))
-            if c != configs[0]
-        ]  # fmt: skip
-    for bm, bn, bk in configs:
-
-        def call(bm: int = bm, bn: int = bn, bk: int = bk) -> torch.Tensor:
-            return fused_moe_triton(*args, block_m=bm, block_n=bn, block_k=bk)
-
+def sweep(work: Workload, copy_bw: float, peak: float, variants: bool) -> None:
+    decode = work.tokens <= DECODE_TOKENS
+    configs: list[MoeKernelConfig | None] = [None]
+    if variants:
+        configs += DECODE_SWEEP if decode else PREFILL_SWEEP
+    best: tuple[float, str, str, MoeKernelConfig] | None = None
+    if variants:  # the expert sort alone, at the default block_m
+        ids, num_experts = work.args[4], work.args[1].shape[0]
+        bm = block_m_for(ids.numel(), num_experts)
+        times = [
+            median_ms(lambda align=align: align(ids, num_experts, bm)) * 1e3
+            for align in (moe_align, moe_align_triton)
+        ]
+        print(f"{work.name:<17} T={work.tokens:>6} moe_align bm={bm}: torch {times[0]:.1f} us, "
+              f"triton {times[1]:.1f} us")  # fmt: skip
+    for config in configs:
+        if config is None:
+            w13, ids = work.args[1], work.args[4]
+            used = config_for(ids.numel(), w13.shape[0])
+            label = f"{used.variant.value} {used.label()} (default)"
+        else:
+            label = f"{config.variant.value} {config.label()}"
         try:
-            err = rel_error(call(), args)
-            ms = median_ms(call)
-        except Exception as exc:  # a sweep tile the GPU cannot hold
-            print(f"  T={tokens} bm={bm} bn={bn} bk={bk}: failed ({type(exc).__name__})")
+            us, err = measure(work, config, rep_ms=100 if variants else 300)
+        except Exception as exc:  # out of shared memory, a compile error: next config
+            why = f"{type(exc).__name__} {(str(exc).splitlines() or [''])[0][:120]}"
+            print(f"{work.name:<17} T={work.tokens:>6} {label:<42} failed: {why}", flush=True)
             continue
-        bw = (weight_bytes + io_bytes) / (ms * 1e-3)
-        tflops = flops / (ms * 1e-3)
-        print(
-            f"T={tokens:>6} bm={bm:>3} bn={bn:>3} bk={bk:>3}  {ms * 1e3:>9.1f} us  "
-            f"active experts {active:>2}  {bw / 1e12:5.2f} TB/s ({bw / copy_bw:4.0%} of copy)  "
-            f"{tflops / 1e12:6.1f} TFLOP/s ({tflops / peak:4.0%} of matmul)  rel err {err:.1e}"
-        )
+        print(row(work, label, us, err, copy_bw, peak), flush=True)
+        if err > MAX_REL_ERROR:
+            continue
+        rate = work.num_bytes / (us * 1e-6) / copy_bw if decode else work.flops / (us * 1e-6)
+        figure = f"{rate:.0%} of copy" if decode else f"{rate / 1e12:.0f} TFLOP/s"
+        if best is None or us < best[0]:
+            used = config or config_for(work.args[4].numel(), work.args[1].shape[0])
+            best = (us, label, f"{figure} ({us:.1f} us, {work.name} T={work.tokens})", used)
+    if variants and best is not None:
+        variant, _, cfg = best[1].partition(" ")
+        print(f"BEST {variant} {cfg} {best[2]}", flush=True)
+        name = "DECODE_CONFIG" if decode else "PREFILL_CONFIG"
+        print(f"  kernels/moe_config.py: {name} = {config_source(best[3])}", flush=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sweep", action="store_true", help="try tile sizes")
+    parser.add_argument("--sweep-variants", action="store_true", help="every variant, BEST")
+    parser.add_argument("--shape", choices=sorted(SHAPES), action="append", help="default: both")
+    parser.add_argument("--tokens", type=int, action="append", help="default: 256 and 16384")
     args = parser.parse_args()
-    copy_bw = copy_bandwidth()
-    peak = matmul_peak()
+    copy_bw, peak = copy_bandwidth(), matmul_peak()
     print(
         f"{torch.cuda.get_device_name()}: copy {copy_bw / 1e12:.2f} TB/s, "
         f"bf16 matmul {peak / 1e12:.0f} TFLOP/s"
     )
-    for tokens in (256, 16384):
-        run(tokens, args.sweep, copy_bw, peak)
+    for name in args.shape or list(SHAPES):
+        for work in workloads(name, SHAPES[name], args.tokens or [DECODE_TOKENS, PREFILL_TOKENS]):
+            sweep(work, copy_bw, peak, args.sweep_variants)
+        torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":

@@ -6,7 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from troupe.kernels import moe_config
 from troupe.kernels.moe_align import moe_align, padded_rows
+from troupe.kernels.moe_config import MoeKernelConfig, MoeVariant, config_for
 from troupe.kernels.moe_reference import fused_moe, route_topk
 from troupe.kernels.ops import KernelOps
 
@@ -30,6 +32,18 @@ def test_align_groups_rows_by_expert_with_padding() -> None:
     assert rows.tolist()[:8] == [1, 4, 3, sentinel, 0, 2, 5, sentinel]
     assert set(rows.tolist()[8:]) == {sentinel}
     assert block_expert.tolist() == [0, 1, 3, 3, -1]
+
+
+@pytest.mark.parametrize(("tokens", "experts", "top_k", "block_m"), [(3, 4, 2, 2), (37, 8, 2, 16)])
+def test_triton_align_matches_torch(tokens: int, experts: int, top_k: int, block_m: int) -> None:
+    from troupe.kernels.moe_align_triton import moe_align_triton
+
+    gen = torch.Generator().manual_seed(tokens)
+    ids = torch.stack([torch.randperm(experts, generator=gen)[:top_k] for _ in range(tokens)])
+    want_rows, want_blocks = moe_align(ids, experts, block_m)
+    got_rows, got_blocks = moe_align_triton(ids, experts, block_m)
+    assert got_rows.tolist() == want_rows.tolist()
+    assert got_blocks.tolist() == want_blocks.tolist()
 
 
 def test_reference_is_the_per_token_sum() -> None:
@@ -58,8 +72,53 @@ def test_kernel_matches_reference(
     if block_m is None:
         got = triton_ops.fused_moe(x, w13, w2, weights, ids)  # through the dispatcher
     else:
-        got = fused_moe_triton(x, w13, w2, weights, ids, block_m=block_m, block_n=32, block_k=32)
+        config = MoeKernelConfig(block_m=block_m, block_n=32, block_k=32)
+        got = fused_moe_triton(x, w13, w2, weights, ids, config=config)
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+
+
+FUSED, SPLIT = MoeVariant.FUSED, MoeVariant.SPLIT_K
+VARIANTS = [
+    MoeKernelConfig(FUSED, block_m=16, block_n=32, block_k=32, group_m=3),
+    MoeKernelConfig(FUSED, block_m=16, block_n=16, block_k=32, group_m=1),
+    MoeKernelConfig(FUSED, block_m=16, block_n=32, block_k=32, atomic_reduce=True),
+    MoeKernelConfig(FUSED, block_m=32, block_n=32, block_k=16, group_m=2, atomic_reduce=True),
+    MoeKernelConfig(FUSED, block_m=16, block_n=32, block_k=32, swap_ab=True),
+    MoeKernelConfig(
+        FUSED, block_m=32, block_n=16, block_k=16, group_m=2, atomic_reduce=True, swap_ab=True
+    ),
+    MoeKernelConfig(SPLIT, block_m=16, block_n=32, block_k=16, split_k=3, triton_align=True),
+    MoeKernelConfig(SPLIT, block_m=16, block_n=32, block_k=16, split_k=2, swap_ab=True),
+    MoeKernelConfig(SPLIT, block_m=16, block_n=32, block_k=32, group_m=2, split_k=1),
+]
+
+
+@pytest.mark.parametrize("config", VARIANTS, ids=lambda c: f"{c.variant.value} {c.label()}")
+def test_every_variant_matches_reference(config: MoeKernelConfig) -> None:
+    """Each variant on ragged K (80) and N (48), 23 tokens over 8 experts: several row blocks
+    per expert, partial groups and K slices, padding rows."""
+    from troupe.kernels.fused_moe import fused_moe_triton
+
+    x, w13, w2, weights, ids = _problem(23, 8, 2, 80, 48, seed=5)
+    expected = fused_moe(x, w13, w2, weights, ids)
+    got = fused_moe_triton(x, w13, w2, weights, ids, config=config)
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_config_names_the_bad_field_and_picks_by_size() -> None:
+    with pytest.raises(ValueError, match="block_n"):
+        MoeKernelConfig(block_n=48)
+    with pytest.raises(ValueError, match="split_k"):
+        MoeKernelConfig(SPLIT, split_k=0)
+    with pytest.raises(ValueError, match="split_k"):
+        MoeKernelConfig(FUSED, split_k=2)
+    split = MoeKernelConfig(SPLIT, block_m=16, split_k=4, swap_ab=True)
+    assert moe_config.config_source(split) == (
+        "MoeKernelConfig(MoeVariant.SPLIT_K, block_m=16, split_k=4, swap_ab=True)"
+    )
+    assert eval(moe_config.config_source(split), vars(moe_config)) == split
+    assert config_for(256 * 6, 64) is moe_config.DECODE_CONFIG
+    assert config_for(16384 * 6, 64) is moe_config.PREFILL_CONFIG
 
 
 @pytest.mark.gpu
@@ -93,3 +152,56 @@ def test_kernel_replays_in_a_cuda_graph() -> None:
     graph.replay()
     expected = fused_moe(x2, w13, w2, weights2, ids2)
     torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("config", VARIANTS, ids=lambda c: f"{c.variant.value} {c.label()}")
+def test_every_variant_bf16_on_cuda(config: MoeKernelConfig) -> None:
+    from troupe.kernels.fused_moe import fused_moe_triton
+
+    x, w13, w2, weights, ids = _problem(300, 16, 4, 256, 192, seed=4)
+    args = [t.cuda().bfloat16() for t in (x, w13, w2, weights)]
+    got = fused_moe_triton(*args, ids.cuda(), config=config).float()
+    expected = fused_moe(*[a.float() for a in args], ids.cuda())
+    torch.testing.assert_close(got, expected, rtol=3e-2, atol=3e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize(
+    ("tokens", "experts", "top_k", "block_m"), [(256, 64, 6, 64), (512, 128, 8, 16)]
+)
+def test_triton_align_matches_torch_on_cuda(
+    tokens: int, experts: int, top_k: int, block_m: int
+) -> None:
+    from troupe.kernels.moe_align_triton import moe_align_triton
+
+    ids = torch.randn(tokens, experts, device="cuda").topk(top_k, dim=-1).indices
+    want_rows, want_blocks = moe_align(ids, experts, block_m)
+    got_rows, got_blocks = moe_align_triton(ids, experts, block_m)
+    assert torch.equal(got_rows, want_rows)
+    assert torch.equal(got_blocks, want_blocks)
+
+
+def test_the_engine_path_runs_the_default_config(
+    triton_ops: KernelOps, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ops.fused_moe (what the MoE layers call) takes moe_config.DECODE_CONFIG at decode sizes:
+    flipping that one constant switches the engine's kernel."""
+    from troupe.kernels import fused_moe as fused_moe_module
+
+    calls: list[MoeKernelConfig] = []
+    real = fused_moe_module.fused_moe_split_k
+
+    def spy(*args: object) -> torch.Tensor:
+        calls.append(args[-1])  # type: ignore[arg-type]
+        return real(*args)  # type: ignore[arg-type]
+
+    split = MoeKernelConfig(SPLIT, block_m=16, block_n=32, block_k=32, split_k=2)
+    monkeypatch.setattr(moe_config, "DECODE_CONFIG", split)
+    monkeypatch.setattr(fused_moe_module, "fused_moe_split_k", spy)
+    x, w13, w2, weights, ids = _problem(5, 8, 2, 64, 32, seed=6)
+    got = triton_ops.fused_moe(x, w13, w2, weights, ids)
+    assert calls == [split]
+    torch.testing.assert_close(got, fused_moe(x, w13, w2, weights, ids), rtol=1e-4, atol=1e-4)

@@ -1,0 +1,176 @@
+"""The SPLIT_K fused-MoE variant: both projections split along K, partial sums added in fp32.
+
+    1. _gate_up_split_kernel, (row block, 2I / BLOCK_N) tiles x SPLIT_K slices: x rows @ w13[e]^T
+       over one K slice of H, the whole [gate | up] row of w13 as one GEMM (no SiLU yet),
+       atomically added into h [P, 2I] fp32 (stored directly when SPLIT_K is 1).
+    2. _down_split_kernel, (row block, H / BLOCK_N) tiles x SPLIT_K slices: loads gate and up slices
+       of h, act = silu(gate) * up rounded to the weights' dtype (the fused kernel's act),
+       act @ w2[e]^T over one K slice of I, times the routing weight, atomically added into
+       out [T, H] fp32 at the row's token.
+
+At decode sizes an expert has one or two row blocks: split_k multiplies the programs that
+stream its weights (every SM busy with a few K slices each) at the cost of the fp32 h buffer
+(P x 2I x 4 bytes, small next to the weights) and atomics. With split_k 1 it is the
+unfused pair: gate/up as one plain GEMM, SiLU moved into the down kernel's load. Tile order:
+kernels/moe_tiles.py; sorting: kernels/moe_align.py.
+"""
+
+# Triton kernels take untyped pointers and constexprs; @triton.jit is untyped to mypy.
+# mypy: disable-error-code="untyped-decorator,no-untyped-def"
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .moe_config import MoeKernelConfig, precision_for
+from .moe_tiles import tile_grid, tile_ids
+
+
+@triton.jit
+def _gate_up_split_kernel(
+    x_ptr, w_ptr, h_ptr, rows_ptr, block_expert_ptr,
+    num_rows, num_blocks, hidden, inter2, top_k, k_slice, stride_x, stride_we, stride_wn,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, SWAP_AB: tl.constexpr,
+    PRECISION: tl.constexpr,
+):  # fmt: skip
+    pid_m, pid_n = tile_ids(num_blocks, tl.cdiv(inter2, BLOCK_N), GROUP_M)
+    pid_k = tl.program_id(2)
+    expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+    if expert < 0:
+        return
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rows = tl.load(rows_ptr + offs_m).to(tl.int64)
+    valid = rows < num_rows
+    token = rows // top_k
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < inter2
+    w_base = w_ptr + expert * stride_we
+    k_start = pid_k * k_slice
+    k_end = tl.minimum(k_start + k_slice, hidden)
+    if SWAP_AB:  # (w^T)^T @ a^T: the weight tile is the dot's M side (wgmma at few rows)
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(k_start, k_end, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        k_mask = offs_k < k_end
+        a = tl.load(
+            x_ptr + token[:, None] * stride_x + offs_k[None, :],
+            mask=valid[:, None] & k_mask[None, :],
+            other=0.0,
+        )
+        w = tl.load(
+            w_base + offs_n[None, :] * stride_wn + offs_k[:, None],
+            mask=k_mask[:, None] & n_mask[None, :],
+            other=0.0,
+        )
+        if SWAP_AB:
+            acc += tl.dot(tl.trans(w), tl.trans(a), input_precision=PRECISION)
+        else:
+            acc += tl.dot(a, w, input_precision=PRECISION)
+    if SWAP_AB:
+        acc = tl.trans(acc)
+    dst = h_ptr + offs_m[:, None] * inter2 + offs_n[None, :]
+    mask = valid[:, None] & n_mask[None, :]
+    if SPLIT_K == 1:
+        tl.store(dst, acc, mask=mask)
+    else:
+        tl.atomic_add(dst, acc, mask=mask)
+
+
+@triton.jit
+def _down_split_kernel(
+    h_ptr, w_ptr, out_ptr, weights_ptr, rows_ptr, block_expert_ptr,
+    num_rows, num_blocks, hidden, inter, top_k, k_slice, stride_we, stride_wn,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr, SWAP_AB: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    pid_m, pid_n = tile_ids(num_blocks, tl.cdiv(hidden, BLOCK_N), GROUP_M)
+    pid_k = tl.program_id(2)
+    expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+    if expert < 0:
+        return
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rows = tl.load(rows_ptr + offs_m).to(tl.int64)
+    valid = rows < num_rows
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < hidden
+    w_base = w_ptr + expert * stride_we
+    h_rows = h_ptr + offs_m[:, None] * (2 * inter)
+    k_start = pid_k * k_slice
+    k_end = tl.minimum(k_start + k_slice, inter)
+    if SWAP_AB:  # (w^T)^T @ a^T: the weight tile is the dot's M side (wgmma at few rows)
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(k_start, k_end, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        k_mask = offs_k < k_end
+        a_mask = valid[:, None] & k_mask[None, :]
+        gate = tl.load(h_rows + offs_k[None, :], mask=a_mask, other=0.0)
+        up = tl.load(h_rows + inter + offs_k[None, :], mask=a_mask, other=0.0)
+        act = (gate * tl.sigmoid(gate) * up).to(w_ptr.dtype.element_ty)
+        w = tl.load(
+            w_base + offs_n[None, :] * stride_wn + offs_k[:, None],
+            mask=k_mask[:, None] & n_mask[None, :],
+            other=0.0,
+        )
+        if SWAP_AB:
+            acc += tl.dot(tl.trans(w), tl.trans(act), input_precision=PRECISION)
+        else:
+            acc += tl.dot(act, w, input_precision=PRECISION)
+    if SWAP_AB:
+        acc = tl.trans(acc)
+    weight = tl.load(weights_ptr + rows, mask=valid, other=0.0).to(tl.float32)
+    acc = acc * weight[:, None]
+    token = rows // top_k
+    dst = out_ptr + token[:, None] * hidden + offs_n[None, :]
+    tl.atomic_add(dst, acc, mask=valid[:, None] & n_mask[None, :])
+
+
+def _k_slice(k: int, split_k: int, block_k: int) -> int:
+    """Elements of K per slice, a multiple of block_k (the last slice may be short)."""
+    per_slice = -(-k // split_k)
+    return -(-per_slice // block_k) * block_k
+
+
+def fused_moe_split_k(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    weights: torch.Tensor,
+    sorted_rows: torch.Tensor,
+    block_expert: torch.Tensor,
+    top_k: int,
+    block_m: int,
+    cfg: MoeKernelConfig,
+) -> torch.Tensor:
+    """The experts' weighted sum [T, H] for contiguous x, w13, w2, flat weights [T*k] and the
+    expert-sorted rows of moe_align(block_m)."""
+    num_tokens, hidden = x.shape
+    inter = w2.shape[2]
+    num_rows = num_tokens * top_k
+    num_blocks = block_expert.numel()
+    bn, bk, split, group_m = cfg.block_n, cfg.block_k, cfg.split_k, cfg.group_m
+    launch = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+    precision = precision_for(x.dtype)
+    alloc = torch.empty if split == 1 else torch.zeros
+    h = alloc(sorted_rows.numel(), 2 * inter, dtype=torch.float32, device=x.device)
+    _gate_up_split_kernel[tile_grid(num_blocks, triton.cdiv(2 * inter, bn), group_m, split)](
+        x, w13, h, sorted_rows, block_expert,
+        num_rows, num_blocks, hidden, 2 * inter, top_k, _k_slice(hidden, split, bk),
+        x.stride(0), w13.stride(0), w13.stride(1),
+        BLOCK_M=block_m, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group_m, SPLIT_K=split, SWAP_AB=cfg.swap_ab,
+        PRECISION=precision, **launch,
+    )  # fmt: skip
+    out = torch.zeros(num_tokens, hidden, dtype=torch.float32, device=x.device)
+    _down_split_kernel[tile_grid(num_blocks, triton.cdiv(hidden, bn), group_m, split)](
+        h, w2, out, weights, sorted_rows, block_expert,
+        num_rows, num_blocks, hidden, inter, top_k, _k_slice(inter, split, bk), w2.stride(0), w2.stride(1),
+        BLOCK_M=block_m, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group_m, SWAP_AB=cfg.swap_ab,
+        PRECISION=precision, **launch,
+    )  # fmt: skip
+    return out.to(x.dtype)
