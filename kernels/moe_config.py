@@ -120,8 +120,12 @@ def block_m_for(num_rows: int, num_experts: int) -> int:
 
 DECODE_MAX_ROWS_PER_EXPERT = 32
 # The defaults the engine runs: change these two lines to the sweep's BEST rows.
-DECODE_CONFIG = MoeKernelConfig()
-PREFILL_CONFIG = MoeKernelConfig()
+# H200 sweep, 2026-12-02 (docs/benchmarks.md): DeepSeek-V2-Lite 256 tokens 77% of copy (was 26%),
+# 16,384 tokens 476 TFLOP/s (was 314); Qwen3-30B-A3B 67% (40%) and 416 TFLOP/s (293)
+DECODE_CONFIG = MoeKernelConfig(
+    MoeVariant.FUSED, block_m=32, block_k=128, num_stages=4, swap_ab=True, triton_align=True
+)
+PREFILL_CONFIG = MoeKernelConfig(MoeVariant.FUSED, block_m=128, block_n=128, num_warps=8, group_m=1)
 
 
 def config_for(num_rows: int, num_experts: int) -> MoeKernelConfig:

@@ -64,7 +64,8 @@ class PrefillConfig:
 
 # The engine's launch and algorithm: set to the BEST line of
 # `python -m troupe.ops.kernel_bench --sweep-variants` (4 x 2,048 new tokens).
-DEFAULT_CONFIG = PrefillConfig()
+# H200, 2026-12-02: PAGED 286 TFLOP/s at 4 x 2,048 vs BASE 237 in the same sweep (docs/benchmarks.md)
+DEFAULT_CONFIG = PrefillConfig(variant=PrefillVariant.PAGED)
 
 
 @triton.jit
