@@ -22,6 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .decode_attention_fp8 import Fp8Variant, decode_split_fp8_kernel, fp8_modes
+
 _LOG2E = 1.4426950408889634
 _MIN_TOKENS_PER_SPLIT = 256  # below this a split's fixed cost outweighs the parallelism gained
 _MAX_SPLITS = 32
@@ -29,14 +31,21 @@ _MAX_SPLITS = 32
 
 @dataclasses.dataclass(frozen=True)
 class DecodeConfig:
-    """Launch parameters of the decode kernel; the benchmark sweeps these."""
+    """Launch parameters of the decode kernel; the benchmark sweeps these. `fp8` picks the
+    kernel variant for an fp8 cache (kernels/decode_attention_fp8.py); bf16 ignores it.
+    `min_split_tokens` / `split_waves`: see choose_num_splits."""
 
     block_n: int = 64
     num_warps: int = 4
     num_stages: int = 3
+    fp8: Fp8Variant = Fp8Variant.BF16_DOT
+    min_split_tokens: int = _MIN_TOKENS_PER_SPLIT
+    split_waves: int = 2
 
 
-DEFAULT_CONFIG = DecodeConfig()
+DEFAULT_CONFIG = DecodeConfig()  # bf16 (and any 16-bit) KV
+# fp8 KV: the winner of `python -m troupe.ops.fp8_kv_bench attention --sweep-variants` goes here
+FP8_DEFAULT_CONFIG = DecodeConfig()
 
 
 @triton.jit
@@ -180,12 +189,19 @@ def _decode_reduce_kernel(
     )
 
 
-def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sms: int) -> int:
-    """Splits per (sequence, kv head): enough programs to fill every SM about twice over, but no
-    split shorter than _MIN_TOKENS_PER_SPLIT tokens."""
+def choose_num_splits(
+    num_seqs: int,
+    num_kv_heads: int,
+    max_seq_len: int,
+    num_sms: int,
+    min_split_tokens: int = _MIN_TOKENS_PER_SPLIT,
+    waves: int = 2,
+) -> int:
+    """Splits per (sequence, kv head): enough programs to fill every SM `waves` times over, but
+    no split shorter than `min_split_tokens` tokens."""
     programs = num_seqs * num_kv_heads
-    wanted = -(-2 * num_sms // programs)  # ceil division
-    useful = -(-max_seq_len // _MIN_TOKENS_PER_SPLIT)
+    wanted = -(-waves * num_sms // programs)  # ceil division
+    useful = -(-max_seq_len // min_split_tokens)
     return max(1, min(wanted, useful, _MAX_SPLITS))
 
 
@@ -205,7 +221,7 @@ def paged_decode_attention_triton(
     max_seq_len: int,
     *,
     num_splits: int | None = None,
-    config: DecodeConfig = DEFAULT_CONFIG,
+    config: DecodeConfig | None = None,
     out: torch.Tensor | None = None,
     num_valid: torch.Tensor | None = None,
     sliding_window: int = 0,
@@ -227,9 +243,15 @@ def paged_decode_attention_triton(
     out = torch.empty_like(q) if out is None else out
     if num_seqs == 0:
         return out
+    fp8 = k_scale is not None
+    if config is None:
+        config = FP8_DEFAULT_CONFIG if fp8 else DEFAULT_CONFIG
     if num_splits is None:
         context = min(max_seq_len, sliding_window) if sliding_window > 0 else max_seq_len
-        num_splits = choose_num_splits(num_seqs, num_kv_heads, context, _num_sms(q.device))
+        num_splits = choose_num_splits(
+            num_seqs, num_kv_heads, context, _num_sms(q.device),
+            config.min_split_tokens, config.split_waves,
+        )  # fmt: skip
     group = num_q_heads // num_kv_heads
     block_d = triton.next_power_of_2(head_dim)
     if num_splits > 1:
@@ -242,7 +264,14 @@ def paged_decode_attention_triton(
     else:
         part_out = part_lse = out  # unused by the kernel
     on_gpu = q.is_cuda
-    _decode_split_kernel[(num_seqs, num_kv_heads, num_splits)](
+    if fp8 and config.fp8 is not Fp8Variant.BF16_DOT:
+        k_mode, v_mode, prefetch = fp8_modes(config.fp8)
+        kernel, variant_args = decode_split_fp8_kernel, {
+            "K_MODE": k_mode, "V_MODE": v_mode, "PREFETCH": prefetch,
+        }  # fmt: skip
+    else:
+        kernel, variant_args = _decode_split_kernel, {"FP8": fp8}
+    kernel[(num_seqs, num_kv_heads, num_splits)](
         q,
         k_cache,
         v_cache,
@@ -268,13 +297,13 @@ def paged_decode_attention_triton(
         BLOCK_SIZE=block_size,
         NUM_SPLITS=num_splits,
         HAS_LIMIT=num_valid is not None,
-        FP8=k_scale is not None,
         # tl.dot needs at least 16 rows on the GPU; the padded rows are masked off.
         BLOCK_G=max(16, triton.next_power_of_2(group)),
         BLOCK_N=config.block_n if on_gpu else 16,
         BLOCK_D=block_d,
         num_warps=config.num_warps,
         num_stages=config.num_stages if on_gpu else 1,
+        **variant_args,
     )
     if num_splits > 1:
         _decode_reduce_kernel[(num_seqs, num_q_heads)](
