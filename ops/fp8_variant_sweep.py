@@ -40,6 +40,8 @@ CANDIDATES: list[tuple[str, DecodeConfig]] = [
     ("fp8", DecodeConfig(64, 2, 3, V.F16_CAST)),
     ("fp8", DecodeConfig(64, 4, 1, V.F16_CAST_PREFETCH)),
     ("fp8", DecodeConfig(128, 2, 3, V.F16_CAST)),
+    ("fp8", DecodeConfig(32, 1, 3, V.F16_CAST)),  # one warp: no cross-warp reductions at all
+    ("fp8", DecodeConfig(64, 2, 4, V.F16_CAST)),
     ("fp8", DecodeConfig(128, 8, 3, V.F16_CAST)),
     ("fp8", DecodeConfig(64, 4, 4, V.F16_CAST)),
     ("fp8", DecodeConfig(64, 4, 3, V.F16_CAST, split_waves=4)),
