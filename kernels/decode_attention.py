@@ -30,6 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .decode_attention_fp8 import Fp8Variant, launch_split_fp8
 from .decode_combine import combine_head, decode_reduce_kernel
 
 _LOG2E = 1.4426950408889634
@@ -47,12 +48,15 @@ class DecodeVariant(enum.Enum):
 
 @dataclasses.dataclass(frozen=True)
 class DecodeConfig:
-    """Launch parameters of the decode kernel; the benchmark sweeps these."""
+    """Launch parameters of the decode kernel; the benchmark sweeps these. `fp8` picks the
+    kernel variant for an fp8 cache (kernels/decode_attention_fp8.py); bf16 ignores it.
+    The split policy fields: see choose_num_splits."""
 
     block_n: int = 64
     num_warps: int = 4
     num_stages: int = 3
     variant: DecodeVariant = DecodeVariant.TWO_PASS
+    fp8: Fp8Variant = Fp8Variant.BF16_DOT  # an fp8 cache's kernel (decode_attention_fp8.py)
     # split policy: about programs_per_sm programs per SM, at most max_splits per (sequence, kv
     # head), none shorter than min_split tokens
     programs_per_sm: int = 2
@@ -62,7 +66,10 @@ class DecodeConfig:
 
 # The engine's launch, split policy and algorithm: set to the BEST decode line of
 # `python -m troupe.ops.kernel_bench --sweep-variants`.
-DEFAULT_CONFIG = DecodeConfig()
+DEFAULT_CONFIG = DecodeConfig()  # bf16 (and any 16-bit) KV
+# fp8 KV: the best of `python -m troupe.ops.fp8_kv_bench attention --sweep-variants` on the
+# H200 (2026-12-02): 71 / 72 / 60% of copy at 256x1024 / 64x4096 / 16x16384 (was 48 / 41 / 45)
+FP8_DEFAULT_CONFIG = DecodeConfig(block_n=128, num_warps=2, num_stages=3, fp8=Fp8Variant.F16_CAST)
 
 
 @triton.jit(do_not_specialize=["num_splits"])  # one compile serves every split count
@@ -247,7 +254,7 @@ def paged_decode_attention_triton(
     max_seq_len: int,
     *,
     num_splits: int | None = None,
-    config: DecodeConfig = DEFAULT_CONFIG,
+    config: DecodeConfig | None = None,
     out: torch.Tensor | None = None,
     num_valid: torch.Tensor | None = None,
     sliding_window: int = 0,
@@ -269,6 +276,9 @@ def paged_decode_attention_triton(
     out = torch.empty_like(q) if out is None else out
     if num_seqs == 0:
         return out
+    fp8 = k_scale is not None
+    if config is None:
+        config = FP8_DEFAULT_CONFIG if fp8 else DEFAULT_CONFIG
     if num_splits is None:
         context = min(max_seq_len, sliding_window) if sliding_window > 0 else max_seq_len
         num_splits = choose_num_splits(num_seqs, num_kv_heads, context, _num_sms(q.device), config)
@@ -288,47 +298,56 @@ def paged_decode_attention_triton(
         )
     else:
         part_out = part_lse = out  # unused by the kernel
-    counters = _counters(q.device, num_seqs * num_kv_heads) if fused else seq_lens
-    _decode_split_kernel[(num_seqs, num_kv_heads, num_splits)](
-        q,
-        k_cache,
-        v_cache,
-        out,
-        part_out,
-        part_lse,
-        counters,
-        block_tables,
-        seq_lens,
-        seq_lens if num_valid is None else num_valid,
-        seq_lens if k_scale is None else k_scale,  # unused unless FP8
-        seq_lens if v_scale is None else v_scale,
-        scale * _LOG2E,
-        sliding_window,
-        num_splits,
-        q.stride(0),
-        q.stride(1),
-        out.stride(0),
-        out.stride(1),
-        block_tables.stride(0),
-        num_kv_heads * head_dim,
-        NUM_Q_HEADS=num_q_heads,
-        NUM_KV_HEADS=num_kv_heads,
-        GROUP=group,
-        HEAD_DIM=head_dim,
-        BLOCK_SIZE=block_size,
-        SPLIT=num_splits > 1,
-        PAGED=paged,
-        FUSED=fused,
-        HAS_LIMIT=num_valid is not None,
-        FP8=k_scale is not None,
-        # tl.dot needs at least 16 rows on the GPU; the padded rows are masked off.
-        BLOCK_G=max(16, triton.next_power_of_2(group)),
-        BLOCK_N=block_n,
-        BLOCK_D=block_d,
-        BLOCK_S=32 if fused else 1,  # merged 32 splits at a time (one compile for all counts)
-        num_warps=config.num_warps,
-        num_stages=config.num_stages if on_gpu else 1,
-    )
+    if fp8 and config.fp8 is not Fp8Variant.BF16_DOT:
+        fused = False  # pass 2 below merges its splits
+        launch_split_fp8(
+            config.fp8, q, k_cache, v_cache, out, part_out, part_lse, block_tables, seq_lens,
+            num_valid, k_scale, v_scale, scale * _LOG2E, sliding_window, num_splits,
+            block_n=block_n, block_d=block_d, num_warps=config.num_warps,
+            num_stages=config.num_stages if on_gpu else 1,
+        )  # fmt: skip
+    else:
+        counters = _counters(q.device, num_seqs * num_kv_heads) if fused else seq_lens
+        _decode_split_kernel[(num_seqs, num_kv_heads, num_splits)](
+            q,
+            k_cache,
+            v_cache,
+            out,
+            part_out,
+            part_lse,
+            counters,
+            block_tables,
+            seq_lens,
+            seq_lens if num_valid is None else num_valid,
+            seq_lens if k_scale is None else k_scale,  # unused unless FP8
+            seq_lens if v_scale is None else v_scale,
+            scale * _LOG2E,
+            sliding_window,
+            num_splits,
+            q.stride(0),
+            q.stride(1),
+            out.stride(0),
+            out.stride(1),
+            block_tables.stride(0),
+            num_kv_heads * head_dim,
+            NUM_Q_HEADS=num_q_heads,
+            NUM_KV_HEADS=num_kv_heads,
+            GROUP=group,
+            HEAD_DIM=head_dim,
+            BLOCK_SIZE=block_size,
+            SPLIT=num_splits > 1,
+            PAGED=paged,
+            FUSED=fused,
+            HAS_LIMIT=num_valid is not None,
+            FP8=fp8,
+            # tl.dot needs at least 16 rows on the GPU; the padded rows are masked off.
+            BLOCK_G=max(16, triton.next_power_of_2(group)),
+            BLOCK_N=block_n,
+            BLOCK_D=block_d,
+            BLOCK_S=32 if fused else 1,  # merged 32 splits at a time (one compile for all counts)
+            num_warps=config.num_warps,
+            num_stages=config.num_stages if on_gpu else 1,
+        )
     if num_splits > 1 and not fused:
         decode_reduce_kernel[(num_seqs, num_q_heads)](
             part_out,

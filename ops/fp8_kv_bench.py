@@ -1,6 +1,7 @@
 """fp8 vs bf16 KV on the GPU: decode attention bandwidth, and a Llama-3.1-8B-shape workload.
 
     python -m troupe.ops.fp8_kv_bench attention          # decode kernel, bytes counted in fp8
+    python -m troupe.ops.fp8_kv_bench attention --sweep-variants   # fp8 kernel variants, BEST
     python -m troupe.ops.fp8_kv_bench workload [--num-seqs 1024]
 
 attention: Llama-3.1-8B heads (32 q, 8 kv, head_dim 128), block_size 16; achieved bandwidth
@@ -30,6 +31,7 @@ from troupe.kernels.decode_attention import DecodeConfig, paged_decode_attention
 from troupe.kernels.kv_quant import quantize
 from troupe.kernels.paged_batch import make_paged_batch
 from troupe.messages import SamplingParams, SeqWork, StepPlan
+from troupe.ops.fp8_variant_sweep import sweep_variants
 from troupe.ops.kernel_bench import copy_bandwidth, median_ms
 
 LLAMA_8B = ModelConfig(
@@ -170,10 +172,17 @@ def main() -> None:
     parser.add_argument("--num-seqs", type=int, default=1024)
     parser.add_argument("--max-num-batched-tokens", type=int, default=8192)
     parser.add_argument("--sweep", action="store_true", help="attention: fp8 launch parameters")
+    parser.add_argument(
+        "--sweep-variants", action="store_true",
+        help="attention: every fp8 kernel variant x launch configs, checked, one table + BEST",
+    )  # fmt: skip
     args = parser.parse_args()
     torch.set_grad_enabled(False)
     if args.what == "attention":
-        attention(copy_bandwidth(), args.sweep)
+        if args.sweep_variants:
+            sweep_variants(copy_bandwidth())
+        else:
+            attention(copy_bandwidth(), args.sweep)
         return
     model = random_model()
     for cache in ("auto", "fp8"):

@@ -155,7 +155,8 @@ def test_decode_reads_fp8(device: str, num_splits: int) -> None:
     out = paged_decode_attention_triton(
         *args, num_splits=num_splits, k_scale=k_scale, v_scale=v_scale
     )
-    assert _rel_err(out, ref) < (1e-4 if device == "cpu" else 1e-2)
+    # the fp8 default (F16_CAST) multiplies in fp16: q and the probabilities round to 11 bits
+    assert _rel_err(out, ref) < (1e-3 if device == "cpu" else 1e-2)
     # fp8 is not a no-op: reading the same bytes without the scales is far off
     plain = reference.paged_decode_attention(
         batch.q, batch.k_cache.float(), batch.v_cache.float(), batch.block_tables,
