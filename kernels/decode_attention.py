@@ -298,7 +298,7 @@ def paged_decode_attention_triton(
         )
     else:
         part_out = part_lse = out  # unused by the kernel
-    if fp8 and config.fp8 is not Fp8Variant.BF16_DOT:
+    if k_scale is not None and v_scale is not None and config.fp8 is not Fp8Variant.BF16_DOT:
         fused = False  # pass 2 below merges its splits
         launch_split_fp8(
             config.fp8, q, k_cache, v_cache, out, part_out, part_lse, block_tables, seq_lens,

@@ -138,7 +138,9 @@ def _decode_shape(
 
 def sweep_decode(copy_bw: float) -> None:
     configs = [
-        DecodeConfig(bn, w, st, variant, pps, max_splits, min_split)
+        DecodeConfig(
+            bn, w, st, variant, programs_per_sm=pps, max_splits=max_splits, min_split=min_split
+        )
         for variant in DecodeVariant
         for bn, w, st in DECODE_LAUNCHES
         for pps, max_splits, min_split in SPLIT_POLICIES
