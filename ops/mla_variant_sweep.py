@@ -61,8 +61,10 @@ CONFIGS = [
     _c(T, 64, 4, 3, 4, True, False),
     _c(T, 64, 8, 3, 4, True, False),
     _c(T, 64, 4, 3, 8, True, False),
-    _c(T, 64, 8, 1, 2, False, True),
     _c(T, 32, 4, 3, 4, True, False),
+    # TOKENS_M with the register prefetch hit an illegal memory access on the H200 (2026-12-02,
+    # docs/benchmarks.md): last, since a CUDA error ends every launch after it in the process
+    _c(T, 64, 8, 1, 2, False, True),
 ]
 
 
