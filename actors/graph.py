@@ -90,11 +90,9 @@ def build_grammar(g: GraphInputs) -> GrammarCore | GrammarProcess:
 def _grammar_in_process(config: EngineConfig) -> bool:
     if config.grammar_worker != "auto":
         return config.grammar_worker == "process"
-    if config.device != "auto":
-        return config.device == "cuda"
-    import torch
+    from troupe.gpu.runner_setup import uses_cuda  # torch: only when a grammar is built
 
-    return torch.cuda.is_available()
+    return uses_cuda(config)
 
 
 def build_admission(g: GraphInputs) -> AdmissionCore:

@@ -25,6 +25,7 @@ from troupe.config import ConfigError, EngineConfig
 from troupe.gpu.kv_transfer import PEER_RANK, RANK, KVTransfer
 from troupe.gpu.model_runner import ModelRunner
 from troupe.gpu.runner import SequencesFailed
+from troupe.gpu.runner_setup import uses_cuda
 from troupe.gpu.tp_protocol import (
     Close,
     Execute,
@@ -38,7 +39,7 @@ from troupe.messages import Phase
 
 def side_device(config: EngineConfig, phase: Phase) -> torch.device:
     """The side's CUDA device (its index from the config), else the CPU."""
-    if config.device == "cuda" or (config.device == "auto" and torch.cuda.is_available()):
+    if uses_cuda(config):
         index = (
             config.prefill_device_index if phase == Phase.PREFILL else config.decode_device_index
         )

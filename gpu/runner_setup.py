@@ -126,14 +126,15 @@ def runner_options(
     )
 
 
+def uses_cuda(config: EngineConfig) -> bool:
+    """Whether the config's runner runs on CUDA ("auto": when torch sees a device)."""
+    return config.device == "cuda" or (config.device == "auto" and torch.cuda.is_available())
+
+
 def load_for_config(config: EngineConfig) -> LoadedRunner:
     """Load config.model (default GGUF when None) and size the pools from the config."""
     path = resolve_model_path(config.model)
-    device = torch.device(
-        "cuda"
-        if config.device == "cuda" or (config.device == "auto" and torch.cuda.is_available())
-        else "cpu"
-    )
+    device = torch.device("cuda" if uses_cuda(config) else "cpu")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device is 'cuda' but torch sees no CUDA device")
     dtype = model_dtype(config, device)

@@ -29,7 +29,12 @@ from troupe.gpu.model_config import ModelLoadError
 from troupe.gpu.model_runner import ModelRunner, kv_dtype
 from troupe.gpu.pool_sizing import blocks_from_free_memory, cpu_device_blocks, swap_pool_blocks
 from troupe.gpu.runner import SequencesFailed
-from troupe.gpu.runner_setup import checked_max_model_len, model_dtype, runner_options
+from troupe.gpu.runner_setup import (
+    checked_max_model_len,
+    model_dtype,
+    runner_options,
+    uses_cuda,
+)
 from troupe.gpu.tp_group import TPGroup
 from troupe.gpu.tp_model import TPDecoderModel, TPShard, check_tensor_parallel
 from troupe.gpu.tp_protocol import (
@@ -49,7 +54,7 @@ from troupe.gpu.weights import read_config
 
 def rank_device(config: EngineConfig, rank: int) -> torch.device:
     """cuda:rank on CUDA (one GPU per rank), else the CPU."""
-    if config.device == "cuda" or (config.device == "auto" and torch.cuda.is_available()):
+    if uses_cuda(config):
         return torch.device("cuda", rank)
     return torch.device("cpu")
 

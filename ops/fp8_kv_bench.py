@@ -28,10 +28,8 @@ from troupe.gpu.model_runner import ModelRunner, RunnerOptions, kv_dtype
 from troupe.gpu.models import DecoderModel
 from troupe.gpu.pool_sizing import blocks_from_free_memory
 from troupe.kernels.decode_attention import DecodeConfig, paged_decode_attention_triton
-from troupe.kernels.kv_quant import quantize
-from troupe.kernels.paged_batch import make_paged_batch
 from troupe.messages import SamplingParams, SeqWork, StepPlan
-from troupe.ops.fp8_variant_sweep import sweep_variants
+from troupe.ops.fp8_variant_sweep import fp8_decode_batch, sweep_variants
 from troupe.ops.kernel_bench import copy_bandwidth, median_ms
 
 LLAMA_8B = ModelConfig(
@@ -46,13 +44,7 @@ def attention(copy_bw: float, sweep: bool = False) -> None:
     """Each shape in bf16 and fp8 at the default launch; `sweep`: fp8 over launch parameters
     too (fp8 moves half the bytes per tile, so its best tile may be larger)."""
     for num_seqs, context in ((256, 1024), (64, 4096), (16, 16384)):
-        batch = make_paged_batch(
-            [(context - 1, 1)] * num_seqs, num_q_heads=32, num_kv_heads=8, head_dim=128,
-            block_size=16, dtype=torch.bfloat16, device="cuda", seed=0, poison=False,
-        )  # fmt: skip
-        scales = torch.full((8,), 1 / 64, device="cuda")
-        k8 = quantize(batch.k_cache.flatten(0, 1), scales).view(batch.k_cache.shape)
-        v8 = quantize(batch.v_cache.flatten(0, 1), scales).view(batch.v_cache.shape)
+        batch, k8, v8, scales = fp8_decode_batch(num_seqs, context)
         tokens = int(batch.seq_lens.sum())
         fp8 = {"k_scale": scales, "v_scale": scales}
         variants: list[tuple[str, torch.Tensor, torch.Tensor, dict[str, Any]]] = [

@@ -66,7 +66,11 @@ class _Shape:
     ref_fp8: torch.Tensor
 
 
-def _shape(num_seqs: int, context: int) -> _Shape:
+def fp8_decode_batch(
+    num_seqs: int, context: int
+) -> tuple[PagedBatch, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Llama-3.1-8B heads on CUDA, one decode token per sequence: the bf16 batch, its caches in
+    fp8 (scale 1/64 per KV head) and the scales."""
     batch = make_paged_batch(
         [(context - 1, 1)] * num_seqs, num_q_heads=32, num_kv_heads=8, head_dim=128,
         block_size=16, dtype=torch.bfloat16, device="cuda", seed=0, poison=False,
@@ -74,6 +78,11 @@ def _shape(num_seqs: int, context: int) -> _Shape:
     scales = torch.full((8,), 1 / 64, device="cuda")
     k8 = quantize(batch.k_cache.flatten(0, 1), scales).view(batch.k_cache.shape)
     v8 = quantize(batch.v_cache.flatten(0, 1), scales).view(batch.v_cache.shape)
+    return batch, k8, v8, scales
+
+
+def _shape(num_seqs: int, context: int) -> _Shape:
+    batch, k8, v8, scales = fp8_decode_batch(num_seqs, context)
     rest = (batch.block_tables, batch.seq_lens, 1 / math.sqrt(128), batch.max_seq_len)
     ref_bf16 = reference.paged_decode_attention(batch.q, batch.k_cache, batch.v_cache, *rest)
     ref_fp8 = reference.paged_decode_attention(

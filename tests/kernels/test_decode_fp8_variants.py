@@ -13,52 +13,20 @@ import pytest
 import torch
 import triton
 import triton.language as tl
+from fp8_batch import fp8_batch, rel_err
 from troupe.kernels import decode_attention, reference
 from troupe.kernels.decode_attention import DecodeConfig, paged_decode_attention_triton
 from troupe.kernels.decode_attention_fp8 import Fp8Variant, _to_f16
-from troupe.kernels.kv_quant import FP8_DTYPE, quantize
-from troupe.kernels.paged_batch import PagedBatch, make_paged_batch
+from troupe.kernels.kv_quant import FP8_DTYPE
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
-
-
-def _fp8_batch(lens: list[tuple[int, int]], device: str, seed: int):
-    cpu = device == "cpu"
-    batch = make_paged_batch(
-        lens,
-        num_q_heads=8 if cpu else 32,
-        num_kv_heads=2 if cpu else 8,
-        head_dim=16 if cpu else 128,
-        block_size=4 if cpu else 16,
-        dtype=torch.float32,
-        device=device,
-        seed=seed,
-    )
-    gen = torch.Generator().manual_seed(seed)
-    num_kv_heads = batch.k_cache.shape[2]
-    k_scale = (0.5 + torch.rand(num_kv_heads, generator=gen)).to(device) / 64
-    v_scale = (0.5 + torch.rand(num_kv_heads, generator=gen)).to(device) / 64
-    k8 = quantize(batch.k_cache.flatten(0, 1), k_scale).view(batch.k_cache.shape)
-    v8 = quantize(batch.v_cache.flatten(0, 1), v_scale).view(batch.v_cache.shape)
-    q = batch.q.to(torch.float32 if cpu else torch.bfloat16)
-    batch = PagedBatch(
-        q=q, k_cache=k8, v_cache=v8, block_tables=batch.block_tables, seq_lens=batch.seq_lens,
-        query_start_loc=batch.query_start_loc, max_query_len=batch.max_query_len,
-        max_seq_len=batch.max_seq_len,
-    )  # fmt: skip
-    return batch, k_scale, v_scale
-
-
-def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    assert not out.isnan().any(), "NaN: a stray read or an unwritten row"
-    return float((out.float() - ref.float()).norm() / ref.float().norm())
 
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("variant", list(Fp8Variant))
 def test_fp8_variant_matches_reference(device: str, variant: Fp8Variant) -> None:
     lens = [(n - 1, 1) for n in ([1, 22, 13] if device == "cpu" else [1, 500, 3000, 17])]
-    batch, k_scale, v_scale = _fp8_batch(lens, device, seed=11)
+    batch, k_scale, v_scale = fp8_batch(lens, device, seed=11, cpu_q_heads=8)
     q16 = batch.q if variant is Fp8Variant.BF16_DOT else batch.q.half().to(batch.q.dtype)
     args = (batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens, 0.25,
             batch.max_seq_len)  # fmt: skip
@@ -72,17 +40,17 @@ def test_fp8_variant_matches_reference(device: str, variant: Fp8Variant) -> None
             batch.q, *args, num_splits=num_splits, config=config, sliding_window=window,
             k_scale=k_scale, v_scale=v_scale,
         )  # fmt: skip
-        assert _rel_err(out, ref) < bound, (variant, num_splits, window)
+        assert rel_err(out, ref) < bound, (variant, num_splits, window)
     # the scales are applied: the same bytes read as if unscaled are far off
     plain = reference.paged_decode_attention(
         batch.q, batch.k_cache.float(), batch.v_cache.float(), batch.block_tables,
         batch.seq_lens, 0.25, batch.max_seq_len,
     )  # fmt: skip
-    assert _rel_err(plain, ref) > 0.5
+    assert rel_err(plain, ref) > 0.5
 
 
 def test_fp8_variant_skips_rows_past_num_valid() -> None:
-    batch, k_scale, v_scale = _fp8_batch([(8, 1), (20, 1), (3, 1)], "cpu", seed=12)
+    batch, k_scale, v_scale = fp8_batch([(8, 1), (20, 1), (3, 1)], "cpu", seed=12, cpu_q_heads=8)
     out = torch.full_like(batch.q, float("nan"))
     paged_decode_attention_triton(
         batch.q, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens, 0.25,
@@ -116,7 +84,7 @@ def test_every_e4m3_byte_converts_exactly(mode: int) -> None:
 def test_engine_default_is_the_fp8_constant(monkeypatch: pytest.MonkeyPatch) -> None:
     """config=None (the engine path) takes FP8_DEFAULT_CONFIG for an fp8 cache, read at call
     time: flipping that one constant switches the variant."""
-    batch, k_scale, v_scale = _fp8_batch([(12, 1), (5, 1)], "cpu", seed=13)
+    batch, k_scale, v_scale = fp8_batch([(12, 1), (5, 1)], "cpu", seed=13, cpu_q_heads=8)
     args = (batch.q, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens, 0.25,
             batch.max_seq_len)  # fmt: skip
     scales = {"k_scale": k_scale, "v_scale": v_scale}

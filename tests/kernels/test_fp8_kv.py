@@ -10,51 +10,16 @@ import math
 
 import pytest
 import torch
+from fp8_batch import fp8_batch, rel_err
 from troupe.kernels import reference
 from troupe.kernels.decode_attention import paged_decode_attention_triton
 from troupe.kernels.kv_quant import FP8_DTYPE, FP8_MAX, HEADROOM, quantize, update_kv_scales
 from troupe.kernels.kv_write import write_kv_triton
 from troupe.kernels.paged_attention import paged_attention_triton
-from troupe.kernels.paged_batch import PagedBatch, make_paged_batch
 from troupe.kernels.qkv_prepare import prepare_qkv_triton
 from troupe.kernels.rope_cache import build_cos_sin_cache
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
-
-
-def _fp8_batch(
-    lens: list[tuple[int, int]], device: str, seed: int
-) -> tuple[PagedBatch, torch.Tensor, torch.Tensor]:
-    """A paged batch whose caches are fp8 (NaN where no sequence owns a slot), and its scales."""
-    cpu = device == "cpu"
-    batch = make_paged_batch(
-        lens,
-        num_q_heads=6 if cpu else 32,
-        num_kv_heads=2 if cpu else 8,
-        head_dim=16 if cpu else 128,
-        block_size=4 if cpu else 16,
-        dtype=torch.float32,
-        device=device,
-        seed=seed,
-    )
-    gen = torch.Generator().manual_seed(seed)
-    num_kv_heads = batch.k_cache.shape[2]
-    k_scale = (0.5 + torch.rand(num_kv_heads, generator=gen)).to(device) / 64
-    v_scale = (0.5 + torch.rand(num_kv_heads, generator=gen)).to(device) / 64
-    k8 = quantize(batch.k_cache.flatten(0, 1), k_scale).view(batch.k_cache.shape)
-    v8 = quantize(batch.v_cache.flatten(0, 1), v_scale).view(batch.v_cache.shape)
-    dtype = torch.float32 if cpu else torch.bfloat16
-    batch = PagedBatch(
-        q=batch.q.to(dtype), k_cache=k8, v_cache=v8, block_tables=batch.block_tables,
-        seq_lens=batch.seq_lens, query_start_loc=batch.query_start_loc,
-        max_query_len=batch.max_query_len, max_seq_len=batch.max_seq_len,
-    )  # fmt: skip
-    return batch, k_scale, v_scale
-
-
-def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    assert not out.isnan().any(), "NaN: a stray read or an unwritten row"
-    return float((out.float() - ref.float()).norm() / ref.float().norm())
 
 
 def test_quantize_is_torchs_e4m3_cast_and_saturates() -> None:
@@ -125,14 +90,14 @@ def test_paged_attention_reads_fp8(device: str) -> None:
     lens = [(0, 9), (13, 1), (5, 7), (30, 1)]
     if device == "cuda":
         lens = [(16 * c, n if n == 1 else 16 * n) for c, n in lens]
-    batch, k_scale, v_scale = _fp8_batch(lens, device, seed=8)
+    batch, k_scale, v_scale = fp8_batch(lens, device, seed=8)
     scale = 1 / math.sqrt(batch.q.shape[-1])
     args = (batch.q, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens,
             batch.query_start_loc, scale, batch.max_query_len, batch.max_seq_len)  # fmt: skip
     ref = reference.paged_attention(*args, k_scale=k_scale, v_scale=v_scale)
     out = paged_attention_triton(*args, k_scale=k_scale, v_scale=v_scale)
     bound = 1e-4 if device == "cpu" else 1e-2
-    assert _rel_err(out, ref) < bound
+    assert rel_err(out, ref) < bound
     # the decodes through the decode kernel (mixed steps), windowed too
     for window in (0, 5):
         ref_w = reference.paged_attention(
@@ -141,14 +106,14 @@ def test_paged_attention_reads_fp8(device: str) -> None:
         out_w = paged_attention_triton(
             *args, sliding_window=window, k_scale=k_scale, v_scale=v_scale
         )
-        assert _rel_err(out_w, ref_w) < bound
+        assert rel_err(out_w, ref_w) < bound
 
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("num_splits", [1, 3])
 def test_decode_reads_fp8(device: str, num_splits: int) -> None:
     lens = [(n - 1, 1) for n in ([1, 9, 30, 17] if device == "cpu" else [1, 500, 3000, 17])]
-    batch, k_scale, v_scale = _fp8_batch(lens, device, seed=9)
+    batch, k_scale, v_scale = fp8_batch(lens, device, seed=9)
     args = (batch.q, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens, 0.25,
             batch.max_seq_len)  # fmt: skip
     ref = reference.paged_decode_attention(*args, k_scale=k_scale, v_scale=v_scale)
@@ -156,10 +121,10 @@ def test_decode_reads_fp8(device: str, num_splits: int) -> None:
         *args, num_splits=num_splits, k_scale=k_scale, v_scale=v_scale
     )
     # the fp8 default (F16_CAST) multiplies in fp16: q and the probabilities round to 11 bits
-    assert _rel_err(out, ref) < (1e-3 if device == "cpu" else 1e-2)
+    assert rel_err(out, ref) < (1e-3 if device == "cpu" else 1e-2)
     # fp8 is not a no-op: reading the same bytes without the scales is far off
     plain = reference.paged_decode_attention(
         batch.q, batch.k_cache.float(), batch.v_cache.float(), batch.block_tables,
         batch.seq_lens, 0.25, batch.max_seq_len,
     )  # fmt: skip
-    assert _rel_err(plain, ref) > 0.5
+    assert rel_err(plain, ref) > 0.5

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from int4_weights import int4_weight
 from troupe.kernels.quant_gemv import (
     GEMV_MAX_ROWS,
     SKINNY_MAX_ROWS,
@@ -15,15 +16,6 @@ from troupe.kernels.quant_gemv import (
 )
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
-
-
-def int4_weight(n: int, k: int, group: int, device: str, seed: int) -> tuple[torch.Tensor, ...]:
-    gen = torch.Generator().manual_seed(seed)
-    packed = torch.randint(0, 256, (n, k // 2), generator=gen, dtype=torch.uint8)
-    scale = torch.rand(n, k // group, generator=gen) * 0.02 + 0.001
-    bias = -8 * scale + torch.randn(n, k // group, generator=gen) * 0.01
-    half = torch.float32 if device == "cpu" else torch.float16
-    return packed.to(device), scale.to(device, half), bias.to(device, half)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -5,21 +5,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from int4_weights import int4_weight
 from troupe.kernels.quant_gemv import fp8_matmul, fp8_reference, int4_matmul, int4_reference
 from troupe.kernels.quant_wide import Fp8Gemv, Fp8GemvConfig, Int4Gemv, Int4GemvConfig
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 INT4_WIDE = [v for v in Int4Gemv if v is not Int4Gemv.BYTES]
 FP8_WIDE = [v for v in Fp8Gemv if v is not Fp8Gemv.BYTES]
-
-
-def int4_weight(n: int, k: int, device: str) -> tuple[torch.Tensor, ...]:
-    gen = torch.Generator().manual_seed(n + k)
-    packed = torch.randint(0, 256, (n, k // 2), generator=gen, dtype=torch.uint8)
-    scale = torch.rand(n, k // 32, generator=gen) * 0.02 + 0.001
-    bias = -8 * scale + torch.randn(n, k // 32, generator=gen) * 0.01
-    half = torch.float32 if device == "cpu" else torch.float16
-    return packed.to(device), scale.to(device, half), bias.to(device, half)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -43,7 +35,7 @@ def test_int4_wide(
     """Rows of W not a multiple of block_n, groups not a multiple of the tile's."""
     if device == "cuda":
         n, k, groups = n * 64, k * 32, groups * 8
-    packed, scale, bias = int4_weight(n, k, device)
+    packed, scale, bias = int4_weight(n, k, 32, device, seed=n + k)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(device)
     if device == "cuda":
         x = x.to(torch.bfloat16)
