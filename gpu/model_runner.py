@@ -9,6 +9,8 @@ From an EngineConfig: gpu/runner_setup.py (RunnerOptions, loading, pool sizing).
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import torch
 from troupe.config import EngineConfig
@@ -24,7 +26,13 @@ from troupe.gpu.overlap import DecodeOverlap, LogitsHook, Split
 from troupe.gpu.request_states import RequestState, RequestStates
 from troupe.gpu.runner import RunnerStats, SequencesFailed
 from troupe.gpu.runner_setup import RunnerOptions, kv_dtype, load_for_config
-from troupe.gpu.sampler import WITHHELD, sample, sampled_tokens, withhold_non_finite
+from troupe.gpu.sampler import (
+    WITHHELD,
+    SamplingBatch,
+    sample,
+    sampled_tokens,
+    withhold_non_finite,
+)
 from troupe.gpu.sampling_batch import build_sampling_batch
 from troupe.gpu.spec_verify import verify_proposals
 from troupe.gpu.step_inputs import StepInputs, build_step_inputs, streaming_inputs
@@ -33,6 +41,17 @@ from troupe.messages import SampledToken, SeqWork, StepPlan, TokenLogprob, Token
 from troupe.request_seeds import SeedSource
 
 __all__ = ["ModelRunner", "RunnerOptions", "kv_dtype"]  # the options live in runner_setup.py
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Launched:
+    """A masked plan run up to its logits (launch); finish samples it under the masks."""
+
+    plan: StepPlan
+    states: list[RequestState]
+    inputs: StepInputs
+    logits: torch.Tensor
+    batch: SamplingBatch | None  # None: no row samples, or the step verifies proposals
 
 
 class ModelRunner:
@@ -139,8 +158,7 @@ class ModelRunner:
         self._logits_hook = logits_hook
         self.kv.reset_scales()  # graph captures wrote made-up KV: the first real write sets them
         # a plan launched by launch(), awaiting its grammar masks: (plan, states, inputs, logits)
-        self._launched: tuple[StepPlan, list[RequestState], StepInputs, torch.Tensor] | None
-        self._launched = None
+        self._launched: _Launched | None = None
         self._upload_bitmask = BitmaskUpload(self.device)
 
     def statistics(self) -> RunnerStats:
@@ -181,22 +199,32 @@ class ModelRunner:
         self._num_steps += 1
         self._overlap.discard()  # its samples were drawn without masks
         ahead = self._ahead.take(plan)  # the forward queued after the last masked step?
-        if ahead is not None:
-            self._launched = (plan, *ahead)
-            return
-        prepared = self._prepare(plan)
         self._launched = None
-        if prepared is not None:
-            states, inputs = prepared
-            self._launched = (plan, states, inputs, self._forward(inputs))
+        if ahead is None:
+            prepared = self._prepare(plan)
+            if prepared is None:
+                return
+            ahead = (*prepared, self._forward(prepared[1]))
+        states, inputs, logits = ahead
+        batch = None  # built now, while the grammar computes the masks; not for verification
+        if inputs.num_logits is None and len(inputs.sampled_rows):
+            rows = inputs.sampled_rows.tolist()
+            batch = build_sampling_batch([states[r] for r in rows], self.vocab_size, self.device)
+        self._launched = _Launched(plan, states, inputs, logits, batch)
 
     def finish(self, masks: TokenMasks) -> tuple[SampledToken, ...]:
         """Sample the launched plan under `masks` (no overlapped launch after it)."""
         launched, self._launched = self._launched, None
         if launched is None:
             return ()
-        plan, states, inputs, logits = launched
-        return self._run_and_draft(plan.seqs, states, inputs, logits, masks)
+        return self._run_and_draft(
+            launched.plan.seqs,
+            launched.states,
+            launched.inputs,
+            launched.logits,
+            masks,
+            launched.batch,
+        )
 
     def _run_and_draft(
         self,
@@ -205,13 +233,14 @@ class ModelRunner:
         inputs: StepInputs,
         logits: torch.Tensor,
         masks: TokenMasks | None = None,
+        batch: SamplingBatch | None = None,
     ) -> tuple[SampledToken, ...]:
         """_run, then the draft's proposals after the tokens (the failed sequences' too)."""
         draft = self._draft
         if draft is None:
-            return self._run(seqs, states, inputs, logits, masks=masks)
+            return self._run(seqs, states, inputs, logits, masks=masks, batch=batch)
         try:
-            sampled = self._run(seqs, states, inputs, logits, masks=masks)
+            sampled = self._run(seqs, states, inputs, logits, masks=masks, batch=batch)
         except SequencesFailed as exc:
             sampled = draft.propose(seqs, states, self._states.tables, exc.sampled)
             raise SequencesFailed(sampled, exc.failed) from None
@@ -226,8 +255,10 @@ class ModelRunner:
         *,
         split: Split | None = None,
         masks: TokenMasks | None = None,
+        batch: SamplingBatch | None = None,
     ) -> tuple[SampledToken, ...]:
-        """Sample `seqs` from their `logits` (under grammar `masks` if given); with a split, its
+        """Sample `seqs` from their `logits` (under grammar `masks` if given; `batch`: their
+        sampling batch, built at launch); with a split, its
         decodes' tokens go first. Then, without masks, launch the next decode of every row
         that sampled (a chunk that did not joins later)."""
         rows = inputs.sampled_rows.tolist()
@@ -250,7 +281,7 @@ class ModelRunner:
                 with torch.inference_mode():  # the logits are inference tensors: edits need it
                     self._logits_hook(request_ids, logits)
             bitmask = None if masks is None else step_bitmask(masks, request_ids)
-            token_ids, logprobs = self._sample(logits, [states[r] for r in rows], bitmask)
+            token_ids, logprobs = self._sample(logits, [states[r] for r in rows], bitmask, batch)
         next_pos = inputs.seq_lens[rows].astype(np.int64)
         if masks is not None:  # the next step needs the next masks: queue only its forward
             if self.overlap_schedule and rows and WITHHELD not in token_ids:
@@ -280,11 +311,16 @@ class ModelRunner:
         return self._run(split.extras, states, inputs, self._forward(inputs), split=split)
 
     def _sample(
-        self, logits: torch.Tensor, states: list[RequestState], bitmask: np.ndarray | None = None
+        self,
+        logits: torch.Tensor,
+        states: list[RequestState],
+        bitmask: np.ndarray | None = None,
+        batch: SamplingBatch | None = None,
     ) -> tuple[list[int], tuple[TokenLogprob | None, ...]]:
         """Token ids (one device->host copy: waits for the step; WITHHELD for a row whose logits
-        are not finite) and logprobs of the rows."""
-        batch = build_sampling_batch(states, self.vocab_size, self.device)
+        are not finite) and logprobs of the rows (`batch`: theirs, if built already)."""
+        if batch is None:
+            batch = build_sampling_batch(states, self.vocab_size, self.device)
         if bitmask is not None:
             batch.token_bitmask = self._upload_bitmask(bitmask)
         token_ids, logprobs = sample(logits, batch)

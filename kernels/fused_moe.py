@@ -176,7 +176,7 @@ def fused_moe_triton(
     num_rows = num_tokens * top_k
     if num_tokens == 0:
         return torch.zeros_like(x)
-    cfg = config or config_for(num_rows, num_experts)
+    cfg = config or config_for(num_rows, num_experts, x.element_size())
     x = x.contiguous()
     w13, w2 = w13.contiguous(), w2.contiguous()
     bm = cfg.block_m or block_m_for(num_rows, num_experts)

@@ -29,7 +29,7 @@ after a sweep (python -m troupe.ops.moe_bench --sweep-variants) is one line each
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 import torch
 
@@ -128,11 +128,36 @@ DECODE_CONFIG = MoeKernelConfig(
 PREFILL_CONFIG = MoeKernelConfig(MoeVariant.FUSED, block_m=128, block_n=128, num_warps=8, group_m=1)
 
 
-def config_for(num_rows: int, num_experts: int) -> MoeKernelConfig:
-    """The engine's config for num_rows = tokens * top_k (token, expert) rows."""
-    if num_rows <= DECODE_MAX_ROWS_PER_EXPERT * num_experts:
-        return DECODE_CONFIG
-    return PREFILL_CONFIG
+# Shared memory the pipelined tiles of one program may take (H100/H200 allow 227 KiB)
+SHARED_MEMORY_BUDGET = 200 * 1024
+
+
+def shared_bytes(config: MoeKernelConfig, block_m: int, elem_size: int) -> int:
+    """The gate/up kernel's pipelined tiles: per stage an x tile and two weight tiles."""
+    return (block_m + 2 * config.block_n) * config.block_k * elem_size * config.num_stages
+
+
+def fitted(config: MoeKernelConfig, block_m: int, elem_size: int) -> MoeKernelConfig:
+    """config with num_stages (then block_k) lowered until its tiles fit SHARED_MEMORY_BUDGET:
+    the sweep picked its tiles in bf16, and fp32 inputs (the CUDA tests against HF) need twice
+    the bytes."""
+    while shared_bytes(config, block_m, elem_size) > SHARED_MEMORY_BUDGET:
+        if config.num_stages > 2:
+            config = replace(config, num_stages=config.num_stages - 1)
+        elif config.block_k > 32:
+            config = replace(config, block_k=config.block_k // 2)
+        else:
+            break
+    return config
+
+
+def config_for(num_rows: int, num_experts: int, elem_size: int = 2) -> MoeKernelConfig:
+    """The engine's config for num_rows = tokens * top_k (token, expert) rows of elem_size-byte
+    inputs."""
+    config = (
+        DECODE_CONFIG if num_rows <= DECODE_MAX_ROWS_PER_EXPERT * num_experts else PREFILL_CONFIG
+    )
+    return fitted(config, config.block_m or block_m_for(num_rows, num_experts), elem_size)
 
 
 def precision_for(dtype: torch.dtype) -> str:

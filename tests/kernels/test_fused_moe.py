@@ -121,6 +121,18 @@ def test_config_names_the_bad_field_and_picks_by_size() -> None:
     assert config_for(16384 * 6, 64) is moe_config.PREFILL_CONFIG
 
 
+def test_default_tiles_fit_shared_memory_in_fp32() -> None:
+    """The defaults were swept in bf16; fp32 inputs get fewer stages, never an out-of-resources
+    launch (the CUDA tests against HF run the model in fp32)."""
+    for rows in (256 * 6, 16384 * 6):
+        bf16, fp32 = config_for(rows, 64), config_for(rows, 64, elem_size=4)
+        bm = bf16.block_m or moe_config.block_m_for(rows, 64)
+        assert moe_config.shared_bytes(bf16, bm, 2) <= moe_config.SHARED_MEMORY_BUDGET
+        assert moe_config.shared_bytes(fp32, bm, 4) <= moe_config.SHARED_MEMORY_BUDGET
+        assert fp32.block_n == bf16.block_n and fp32.swap_ab == bf16.swap_ab
+    assert config_for(256 * 6, 64, elem_size=4).num_stages < moe_config.DECODE_CONFIG.num_stages
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("tokens", [1, 256, 2048])
