@@ -3,13 +3,18 @@ matmul. `linear` and `embedding` take a dense tensor or one of these, so the mod
 function either way.
 
     Int4Linear   Int4Blocks (GGUF Q4_0, Q4_1, Q4_K: exact codes and per-32 scale and bias)
-      CPU (gpu/cpu_int4.py), <= CPU_PACKED_MAX_ROWS (256) rows (decode, short prefills): torch's
+      CPU with AVX-512 VNNI and gcc (EngineConfig.cpu_native_kernels, the default; gpu/cpu_q4.py,
+           gpu/cpu_q4dot.c), <= NATIVE_MAX_ROWS (256) rows (decode, short prefills): the
+           file's codes permuted at load into the kernel's tiles, exact factors; each call
+           rounds the activations to int8 per group of 32 (d = max|x| / 127, as llama.cpp's
+           Q8_1) and sums integer dot products (vpdpbusd), scaled and added in fp32.
+      CPU otherwise (gpu/cpu_int4.py), <= CPU_PACKED_MAX_ROWS (256) rows: torch's
            _weight_int4pack_mm_for_cpu, the file's codes repacked at load into its layout. Its
            format is w = (q - 8) * scale + zero per group, so zero = bias + 8 scale; scale and
            zero are rounded to bf16 and the activations too (~2^-9 of a step, far under the
            4-bit step itself).
-      CPU, more rows (long prefills): the exact weight expanded per call, rounded to bf16, one bf16
-           GEMM (oneDNN; AMX where the CPU has it); activations rounded to bf16.
+      CPU, more rows (long prefills), either form: the exact weight expanded per call, rounded to
+           bf16, one bf16 GEMM (oneDNN; AMX where the CPU has it); activations rounded to bf16.
       CUDA: kernels/quant_gemv.py (Triton; scale and bias in fp16: exact for Q4_0/Q4_1).
     Int8Linear   Int8Blocks (GGUF Q8_0, Q6_K: int8 codes and per-32/16 scales)
       CPU, decode: fbgemm's dynamic int8 linear (torch.ops.quantized.linear_dynamic) needs one
@@ -33,6 +38,8 @@ import warnings
 import torch
 import torch.nn.functional as F
 from troupe.gpu.cpu_int4 import CPU_PACKED_MAX_ROWS, CpuInt4
+from troupe.gpu.cpu_q4 import CpuQ4, fits_native
+from troupe.gpu.cpu_q4lib import Q4Lib
 from troupe.gpu.fp8_weights import Fp8Weight
 from troupe.gpu.gguf_quant import Int4Blocks, Int8Blocks, QuantBlocks
 from troupe.gpu.int8_rows import per_row_int8
@@ -41,11 +48,15 @@ from troupe.gpu.int8_rows import per_row_int8
 class Int4Linear:
     """A 4-bit weight [N, K]; see the module docstring."""
 
-    def __init__(self, blocks: Int4Blocks, device: torch.device) -> None:
+    def __init__(self, blocks: Int4Blocks, device: torch.device, q4: Q4Lib | None = None) -> None:
         self.shape = blocks.shape
         self.device = device
-        # CPU: only the packed copy is kept (gpu/cpu_int4.py); blocks() rebuilds the exact form
-        self._cpu = CpuInt4(blocks) if device.type == "cpu" else None
+        # CPU: one packed copy is kept (the native kernel's, else torch's); blocks() rebuilds
+        # the exact form from it
+        self._cpu: CpuQ4 | CpuInt4 | None = None
+        if device.type == "cpu":
+            native = q4 is not None and fits_native(blocks)
+            self._cpu = CpuQ4(blocks, q4) if q4 is not None and native else CpuInt4(blocks)
         self._cuda: Int4Blocks | None = None
         if device.type != "cpu":  # fp16 factors: exact for Q4_0 and Q4_1, rounded for Q4_K
             self._cuda = Int4Blocks(
@@ -56,7 +67,7 @@ class Int4Linear:
             )
 
     @property
-    def cpu_int4(self) -> CpuInt4 | None:
+    def cpu_int4(self) -> CpuQ4 | CpuInt4 | None:
         """The packed CPU form (gpu/cpu_decode.py calls its kernel directly), None on CUDA."""
         return self._cpu
 
@@ -127,13 +138,15 @@ QuantLinear = Int4Linear | Int8Linear | Fp8Linear
 Weight = torch.Tensor | QuantLinear
 
 
-def make_quant_linear(blocks: QuantBlocks | Fp8Weight, device: torch.device) -> QuantLinear | None:
+def make_quant_linear(
+    blocks: QuantBlocks | Fp8Weight, device: torch.device, q4: Q4Lib | None = None
+) -> QuantLinear | None:
     """The layer for `blocks` on `device`; None where it has no packed path (the loader then
-    expands the tensor to the model dtype)."""
+    expands the tensor to the model dtype). `q4`: the native CPU 4-bit kernel, if loaded."""
     if isinstance(blocks, Fp8Weight):
         return Fp8Linear(blocks, device) if device.type == "cuda" else None
     if isinstance(blocks, Int4Blocks):
-        return Int4Linear(blocks, device)
+        return Int4Linear(blocks, device, q4)
     if device.type == "cpu":
         return Int8Linear(blocks)
     return None

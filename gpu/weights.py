@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 from troupe.config import Quantization
+from troupe.gpu.cpu_q4lib import Q4Options, load_q4
 from troupe.gpu.fp8_weights import expand_fp8, read_fp8_weights
 from troupe.gpu.gguf_weights import (
     forget_gguf_directories,
@@ -75,6 +76,7 @@ def load_model(
     max_positions: int,
     kernel_backend: KernelBackend = "auto",
     quantization: Quantization = "auto",
+    cpu_kernels: Q4Options = Q4Options(),
 ) -> tuple[ModelConfig, DecoderModel]:
     """Read the config and weights of `path` into a DecoderModel on `device`.
 
@@ -82,7 +84,8 @@ def load_model(
     fp8 weights as fp8 (gpu/quant_linear.py); "dequantize" expands every tensor to `dtype`;
     "auto" keeps them where troupe's kernels for them were measured faster than the expanded
     weights: on the CPU. On CUDA the kept int4 and fp8 matmuls lose to bf16 beyond one row
-    (docs/benchmarks.md, "H200 figures, 2026-12-01"), so "auto" expands there until they win."""
+    (docs/benchmarks.md, "H200 figures, 2026-12-01"), so "auto" expands there until they win.
+    `cpu_kernels`: whether kept 4-bit CPU weights use the native kernel (gpu/cpu_q4lib.py)."""
     config = read_config(path)
     keep = quantization == "keep" or (quantization == "auto" and device.type != "cuda")
     if path.suffix == ".gguf" and keep:
@@ -92,7 +95,8 @@ def load_model(
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
         try:
-            used = install_quantized(model, iter_gguf_quantized(path, config))
+            q4 = load_q4(cpu_kernels) if device.type == "cpu" else None
+            used = install_quantized(model, iter_gguf_quantized(path, config), q4)
             fill_weights(model, iter_gguf_tensors(path, config, frozenset(used)), str(path))
         finally:
             torch.set_num_threads(threads)

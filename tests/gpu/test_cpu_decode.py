@@ -1,9 +1,11 @@
 """The one-sequence CPU decode path (gpu/cpu_decode.py) gives the generic forward's logits bit
-for bit, over consecutive and scattered block tables, and steps aside where it does not apply."""
+for bit, over consecutive and scattered block tables, with torch's int4 kernel and with the
+native one (gpu/cpu_q4.py), and steps aside where it does not apply."""
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import numpy as np
 import pytest
@@ -23,8 +25,9 @@ BLOCK = 4
 CPU = torch.device("cpu")
 
 
-def _model(*, qk_norm: bool = False, qkv_bias: bool = False) -> DecoderModel:
-    """Two layers, every projection Q4_1 (N multiple of 64 rows: torch's own tiles)."""
+def _model(*, qk_norm: bool = False, qkv_bias: bool = False, q4: Any = None) -> DecoderModel:
+    """Two layers, every projection Q4_1 (N multiple of 64 rows: torch's own tiles); through
+    the native kernel `q4` when given."""
     config = dataclasses.replace(
         qwen3_0_6b_config(),
         hidden_size=128,
@@ -44,7 +47,7 @@ def _model(*, qk_norm: bool = False, qkv_bias: bool = False) -> DecoderModel:
             n, k = getattr(layer, attr).shape
             raw = random_blocks(Q4_1, n, k, seed=10 * i + j)
             del layer._parameters[attr]
-            setattr(layer, attr, Int4Linear(from_gguf(raw, Q4_1, (n, k)), CPU))
+            setattr(layer, attr, Int4Linear(from_gguf(raw, Q4_1, (n, k)), CPU, q4))
     return model
 
 
@@ -67,10 +70,14 @@ def _inputs(tokens: list[int], start: int, table: list[int]) -> StepInputs:
     )
 
 
+@pytest.mark.parametrize("native", [False, True])
 @pytest.mark.parametrize("qkv_bias", [False, True])
 @pytest.mark.parametrize("table", [list(range(3, 15)), [9, 2, 11, 0, 5, 7, 1, 12, 4, 6, 3, 8]])
-def test_decode_logits_equal_the_generic_forward(table: list[int], qkv_bias: bool) -> None:
-    model = _model(qkv_bias=qkv_bias)
+def test_decode_logits_equal_the_generic_forward(
+    table: list[int], qkv_bias: bool, native: bool, request: pytest.FixtureRequest
+) -> None:
+    q4 = request.getfixturevalue("q4lib") if native else None
+    model = _model(qkv_bias=qkv_bias, q4=q4)
     kv = KVCache(
         model.config,
         num_gpu_blocks=16,
@@ -84,6 +91,7 @@ def test_decode_logits_equal_the_generic_forward(table: list[int], qkv_bias: boo
     )
     fast = forward.cpu_decode
     assert fast is not None
+    assert fast.act_dtype == (torch.float32 if native else torch.bfloat16)
     prompt = [5, 17, 42, 99, 3, 250, 7]
     logits = forward(_inputs(prompt, 0, table))
     tokens = list(prompt)
