@@ -1,6 +1,7 @@
-/* 4-bit weight x fp32 activation matmul on the CPU with 8-bit activations and VNNI integer
- * dot products (AVX-512 VNNI), as llama.cpp runs Q4_1 x Q8_1. Built and loaded by
- * gpu/cpu_q4lib.py (gcc -O3 -march=native, ctypes); no Python or torch headers.
+/* 4-bit and 8-bit weight x fp32 activation matmuls on the CPU with 8-bit activations and VNNI
+ * integer dot products (AVX-512 VNNI), as llama.cpp runs Q4_1 x Q8_1 and Q8_0 x Q8_0. Built and
+ * loaded by gpu/cpu_q4lib.py (gcc -O3 -march=native -fopenmp, ctypes); no Python or torch
+ * headers.
  *
  * Weight layout (gpu/cpu_q4.py builds it): rows in tiles of 16, K in groups of 32.
  *   codes   uint8 [T][G][4][16][4]: byte (l, i, c) of tile t, group g holds row 16t + i's code
@@ -13,6 +14,12 @@
  *   out[m, n] = sum_g  s[n,g] d[m,g] sum_k q xq  +  b[n,g] (d[m,g] sum_k xq)
  * accumulated in fp32 in group order. Every output row n is computed by one thread, in the same
  * order whatever the thread count, so the result does not depend on it.
+ *
+ * 8-bit weights (GGUF Q8_0, w = s q, q in -128..127; gpu/cpu_q8.py builds the layout):
+ *   codes   uint8 [T][G][8][16][4] = q + 128: byte (j, i, c) is row 16t + i at k = 32g + 4j + c
+ *   factors [T][G][16] fp16: the rows' scales (the file's own fp16)
+ * vpdpbusd multiplies unsigned by signed bytes, so sum_k (q + 128) xq - 128 sum_k xq is the
+ * exact integer sum_k q xq; out[m, n] = sum_g s[n,g] d[m,g] sum_k q xq, in fp32, group order.
  */
 #include <immintrin.h>
 #include <stdint.h>
@@ -24,21 +31,24 @@
 #error "needs AVX-512 F, BW and VNNI"
 #endif
 
+enum { Q4_F16 = 0, Q4_F32 = 1, Q8_F16 = 2 }; /* weight forms */
+
 typedef struct {
     const uint8_t *codes;
     const uint8_t *factors;
-    int f32, n, k, m, tiles;
+    int form, n, k, m, tiles;
     const int8_t *xq;
     const float *dx, *sx;
+    const int32_t *isx;
     float *out;
     long ldo;
 } job_t;
 
-int q4_abi_version(void) { return 1; }
+int q4_abi_version(void) { return 2; }
 
 /* ---- activations: int8 per group of 32 ---------------------------------------------------- */
 
-void q4_quantize(const float *x, int m, int k, int8_t *xq, float *dx, float *sx) {
+void q4_quantize(const float *x, int m, int k, int8_t *xq, float *dx, float *sx, int32_t *isx) {
     int groups = k / 32;
     for (int r = 0; r < m; r++) {
         for (int g = 0; g < groups; g++) {
@@ -56,6 +66,7 @@ void q4_quantize(const float *x, int m, int k, int8_t *xq, float *dx, float *sx)
             int s = _mm512_reduce_add_epi32(_mm512_add_epi32(qa, qb));
             dx[r * groups + g] = d;
             sx[r * groups + g] = d * (float)s;
+            isx[r * groups + g] = s;
         }
     }
 }
@@ -114,6 +125,52 @@ tile(const job_t *j, int t, int m0, const int mb, const int f32) {
         _mm512_mask_storeu_ps(j->out + (size_t)(m0 + r) * j->ldo + t * 16, mask, acc[r]);
 }
 
+/* The same for an 8-bit weight (form Q8_F16). */
+static inline __attribute__((always_inline)) void tile8(const job_t *j, int t, int m0, const int mb) {
+    const int k = j->k, groups = k / 32;
+    const uint8_t *wc = j->codes + (size_t)t * groups * 512;
+    const uint8_t *wf = j->factors + (size_t)t * groups * 32;
+    __m512 acc[4];
+    for (int r = 0; r < mb; r++) acc[r] = _mm512_setzero_ps();
+    for (int g = 0; g < groups; g++) {
+        __m512i c[8];
+        for (int l = 0; l < 8; l++) c[l] = _mm512_loadu_si512(wc + g * 512 + l * 64);
+        __m512 scale = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wf + g * 32)));
+        for (int r = 0; r < mb; r++) {
+            const int8_t *xr = j->xq + (size_t)(m0 + r) * k + g * 32;
+            const int row = (m0 + r) * groups + g;
+            __m512i s0 = _mm512_set1_epi32(-128 * j->isx[row]), s1 = _mm512_setzero_si512();
+            s0 = _mm512_dpbusd_epi32(s0, c[0], bcast4(xr));
+            s1 = _mm512_dpbusd_epi32(s1, c[1], bcast4(xr + 4));
+            s0 = _mm512_dpbusd_epi32(s0, c[2], bcast4(xr + 8));
+            s1 = _mm512_dpbusd_epi32(s1, c[3], bcast4(xr + 12));
+            s0 = _mm512_dpbusd_epi32(s0, c[4], bcast4(xr + 16));
+            s1 = _mm512_dpbusd_epi32(s1, c[5], bcast4(xr + 20));
+            s0 = _mm512_dpbusd_epi32(s0, c[6], bcast4(xr + 24));
+            s1 = _mm512_dpbusd_epi32(s1, c[7], bcast4(xr + 28));
+            __m512 dot = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
+            acc[r] = _mm512_fmadd_ps(dot, _mm512_mul_ps(scale, _mm512_set1_ps(j->dx[row])), acc[r]);
+        }
+    }
+    int left = j->n - t * 16;
+    __mmask16 mask = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
+    for (int r = 0; r < mb; r++)
+        _mm512_mask_storeu_ps(j->out + (size_t)(m0 + r) * j->ldo + t * 16, mask, acc[r]);
+}
+
+static void tiles8(const job_t *j, int t0, int t1) {
+    for (int t = t0; t < t1; t++) {
+        int m0 = 0;
+        for (; m0 + 4 <= j->m; m0 += 4) tile8(j, t, m0, 4);
+        switch (j->m - m0) {
+        case 3: tile8(j, t, m0, 3); break;
+        case 2: tile8(j, t, m0, 2); break;
+        case 1: tile8(j, t, m0, 1); break;
+        default: break;
+        }
+    }
+}
+
 static void tiles_f(const job_t *j, int t0, int t1, const int f32) {
     for (int t = t0; t < t1; t++) {
         int m0 = 0;
@@ -129,7 +186,9 @@ static void tiles_f(const job_t *j, int t0, int t1, const int f32) {
 
 static void run_part(const job_t *j, int part, int parts) {
     int t0 = (int)((long)j->tiles * part / parts), t1 = (int)((long)j->tiles * (part + 1) / parts);
-    if (j->f32)
+    if (j->form == Q8_F16)
+        tiles8(j, t0, t1);
+    else if (j->form == Q4_F32)
         tiles_f(j, t0, t1, 1);
     else
         tiles_f(j, t0, t1, 0);
@@ -159,19 +218,20 @@ static void run_job(const job_t *j, int parts) {
 
 /* ---- entry point -------------------------------------------------------------------------- */
 
-/* out[m, :n] (row stride ldo) = x [m, k] (fp32, contiguous) times the packed weight [n, k]
- * transposed; k a multiple of 32. `min_split` is the least m * n * k worth splitting. Returns 0,
- * or -1 when out of memory. */
-int q4_matmul(const float *x, int m, int k, const uint8_t *codes, const uint8_t *factors, int f32,
+/* out[m, :n] (row stride ldo) = x [m, k] (fp32, contiguous) times the packed weight [n, k] of
+ * `form` (Q4_F16, Q4_F32, Q8_F16) transposed; k a multiple of 32. `min_split` is the least
+ * m * n * k worth splitting over threads. Returns 0, or -1 when out of memory. */
+int q4_matmul(const float *x, int m, int k, const uint8_t *codes, const uint8_t *factors, int form,
               int n, float *out, long ldo, long min_split) {
     int groups = k / 32;
     size_t xq_bytes = ((size_t)m * k + 63) & ~(size_t)63;
-    uint8_t *buf = malloc(xq_bytes + 2 * sizeof(float) * (size_t)m * groups + 64);
+    uint8_t *buf = malloc(xq_bytes + 3 * sizeof(float) * (size_t)m * groups + 64);
     if (!buf) return -1;
     int8_t *xq = (int8_t *)buf;
     float *dx = (float *)(buf + xq_bytes), *sx = dx + (size_t)m * groups;
-    q4_quantize(x, m, k, xq, dx, sx);
-    job_t j = {codes, factors, f32, n, k, m, (n + 15) / 16, xq, dx, sx, out, ldo};
+    int32_t *isx = (int32_t *)(sx + (size_t)m * groups);
+    q4_quantize(x, m, k, xq, dx, sx, isx);
+    job_t j = {codes, factors, form, n, k, m, (n + 15) / 16, xq, dx, sx, isx, out, ldo};
     int parts = (long)m * n * k >= min_split ? threads_per_call : 1;
     if (parts > j.tiles) parts = j.tiles;
     run_job(&j, parts);

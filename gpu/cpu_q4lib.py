@@ -1,4 +1,5 @@
-"""Builds and loads the native 4-bit CPU kernel (gpu/cpu_q4dot.c) on first use.
+"""Builds and loads the native CPU kernels for 4-bit and Q8_0 weights (gpu/cpu_q4dot.c) on first
+use (gpu/cpu_q4.py and gpu/cpu_q8.py hold the weights in its layouts).
 
 gcc compiles the C file (-O3 -march=native, ~0.5 s) into a cache directory, one file per hash
 of the source, the flags, the compiler's version and the CPU's flags, written under a temporary
@@ -66,7 +67,7 @@ class Q4Lib:
         self.matmul.argtypes = [vp, i32, i32, vp, vp, i32, i32, vp, i64, i64]
         self.matmul.restype = i32
         self.quantize = lib.q4_quantize
-        self.quantize.argtypes = [vp, i32, i32, vp, vp, vp]
+        self.quantize.argtypes = [vp, i32, i32, vp, vp, vp, vp]
         self.quantize.restype = None
         self._set_threads = lib.q4_set_threads
         self._set_threads.argtypes = [i32]

@@ -17,7 +17,11 @@ function either way.
            bf16, one bf16 GEMM (oneDNN; AMX where the CPU has it); activations rounded to bf16.
       CUDA: kernels/quant_gemv.py (Triton; scale and bias in fp16: exact for Q4_0/Q4_1).
     Int8Linear   Int8Blocks (GGUF Q8_0, Q6_K: int8 codes and per-32/16 scales)
-      CPU, decode: fbgemm's dynamic int8 linear (torch.ops.quantized.linear_dynamic) needs one
+      CPU with the native kernel, Q8_0 (gpu/cpu_q8.py): the exact codes and fp16 scales in the
+           kernel's tiles (the one copy kept; embedding rows read back from it), activations
+           rounded to int8 per group of 32 as for Int4Linear, <= NATIVE_MAX_ROWS rows; more rows
+           (prefill) use the exact weight.
+      CPU otherwise (and Q6_K), decode: fbgemm's dynamic int8 linear (torch.ops.quantized.linear_dynamic) needs one
            scale per row: the codes are re-quantised once at load to per-row int8 (w' =
            round(w / r) r, r = max|w_row| / 127; error <= r / 2), and fbgemm rounds each call's
            activations to 8 bits (one scale per call). 2.5x faster than aten's
@@ -34,12 +38,14 @@ quantization="dequantize" and this path differ only where the notes above say.
 from __future__ import annotations
 
 import warnings
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from troupe.gpu.cpu_int4 import CPU_PACKED_MAX_ROWS, CpuInt4
 from troupe.gpu.cpu_q4 import CpuQ4, fits_native
 from troupe.gpu.cpu_q4lib import Q4Lib
+from troupe.gpu.cpu_q8 import CpuQ8, fits_native_int8
 from troupe.gpu.fp8_weights import Fp8Weight
 from troupe.gpu.gguf_quant import Int4Blocks, Int8Blocks, QuantBlocks
 from troupe.gpu.int8_rows import per_row_int8
@@ -93,10 +99,30 @@ class Int4Linear:
 class Int8Linear:
     """An 8-bit weight [N, K] (CPU); see the module docstring."""
 
-    def __init__(self, blocks: Int8Blocks) -> None:
-        self.blocks = blocks
+    def __init__(self, blocks: Int8Blocks, q4: Q4Lib | None = None) -> None:
         self.shape = blocks.shape
-        n = self.shape[0]
+        # the native kernel's layout is then the one copy kept (gpu/cpu_q8.py)
+        self._native = CpuQ8(blocks, q4) if q4 is not None and fits_native_int8(blocks) else None
+        self._blocks = None if self._native is not None else blocks
+        if self._native is None:
+            self._packed = self._prepack(blocks)
+
+    @property
+    def native(self) -> CpuQ8 | None:
+        """The native kernel's form (gpu/cpu_q8.py), None on fbgemm's path."""
+        return self._native
+
+    @property
+    def blocks(self) -> Int8Blocks:
+        """The exact blocks."""
+        if self._native is not None:
+            return self._native.blocks()
+        assert self._blocks is not None
+        return self._blocks
+
+    @staticmethod
+    def _prepack(blocks: Int8Blocks) -> Any:
+        n = blocks.shape[0]
         row_codes, row_scale = per_row_int8(blocks)
         with warnings.catch_warnings():  # quantized tensors are deprecated; fbgemm reads them
             warnings.simplefilter("ignore", UserWarning)
@@ -104,12 +130,14 @@ class Int8Linear:
                 row_codes, row_scale.double(), torch.zeros(n, dtype=torch.int64), 0
             )
         # fbgemm's own packed copy (the codes above are freed)
-        self._packed = torch.ops.quantized.linear_prepack(qweight, None)
+        return torch.ops.quantized.linear_prepack(qweight, None)
 
     def dequantize(self) -> torch.Tensor:
         return self.blocks.dequantize()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self._native is not None:
+            return self._native(x)
         if x.shape[0] > CPU_PACKED_MAX_ROWS:
             return F.linear(x, self.blocks.dequantize().to(x.dtype))
         # fbgemm quantizes x per call to 8 bits (one scale and zero point per call)
@@ -118,6 +146,8 @@ class Int8Linear:
 
     def embedding(self, ids: torch.Tensor) -> torch.Tensor:
         """Exact rows `ids` as fp32 [len(ids), K]."""
+        if self._native is not None:
+            return self._native.blocks(ids).dequantize()
         return self.blocks.rows(ids).dequantize()
 
 
@@ -148,7 +178,7 @@ def make_quant_linear(
     if isinstance(blocks, Int4Blocks):
         return Int4Linear(blocks, device, q4)
     if device.type == "cpu":
-        return Int8Linear(blocks)
+        return Int8Linear(blocks, q4)
     return None
 
 
