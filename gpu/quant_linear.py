@@ -7,7 +7,9 @@ function either way.
            gpu/cpu_q4dot.c), <= NATIVE_MAX_ROWS (256) rows (decode, short prefills): the
            file's codes permuted at load into the kernel's tiles, exact factors; each call
            rounds the activations to int8 per group of 32 (d = max|x| / 127, as llama.cpp's
-           Q8_1) and sums integer dot products (vpdpbusd), scaled and added in fp32.
+           Q8_1) and sums integer dot products (vpdpbusd), scaled and added in fp32; the
+           error is at most sum |w| d / 2 per group (tests/gpu/test_cpu_q4.py). The CPU
+           without AVX-512 VNNI, no gcc, or groups other than 32: the next form.
       CPU otherwise (gpu/cpu_int4.py), <= CPU_PACKED_MAX_ROWS (256) rows: torch's
            _weight_int4pack_mm_for_cpu, the file's codes repacked at load into its layout. Its
            format is w = (q - 8) * scale + zero per group, so zero = bias + 8 scale; scale and
@@ -21,8 +23,8 @@ function either way.
            kernel's tiles (the one copy kept; embedding rows read back from it), activations
            rounded to int8 per group of 32 as for Int4Linear, <= NATIVE_MAX_ROWS rows; more rows
            (prefill) use the exact weight.
-      CPU otherwise (and Q6_K), decode: fbgemm's dynamic int8 linear (torch.ops.quantized.linear_dynamic) needs one
-           scale per row: the codes are re-quantised once at load to per-row int8 (w' =
+      CPU otherwise (and Q6_K), decode: fbgemm's dynamic int8 linear
+           (torch.ops.quantized.linear_dynamic) needs one scale per row: the codes are re-quantised once at load to per-row int8 (w' =
            round(w / r) r, r = max|w_row| / 127; error <= r / 2), and fbgemm rounds each call's
            activations to 8 bits (one scale per call). 2.5x faster than aten's
            _weight_int8pack_mm for the 49,152-row lm_head here. Prefill and the embedding
