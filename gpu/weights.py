@@ -90,12 +90,13 @@ def load_model(
     keep = quantization == "keep" or (quantization == "auto" and device.type != "cuda")
     if path.suffix == ".gguf" and keep:
         model = DecoderModel(config, dtype, device, max_positions, kernel_backend)
+        # before the one-thread section below: cpu_kernels.threads 0 means torch's count now
+        q4 = load_q4(cpu_kernels) if device.type == "cpu" else None
         # hundreds of small byte shuffles (repacking): one thread, so no op waits at a barrier
         # for a second thread the OS has not scheduled (a shared machine); restored after
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
         try:
-            q4 = load_q4(cpu_kernels) if device.type == "cpu" else None
             used = install_quantized(model, iter_gguf_quantized(path, config), q4)
             fill_weights(model, iter_gguf_tensors(path, config, frozenset(used)), str(path))
         finally:
