@@ -31,6 +31,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from troupe.gpu.cpu_int4 import CpuInt4
+from troupe.gpu.cpu_layers import NativeLayers
 from troupe.gpu.cpu_q4 import CpuQ4
 from troupe.gpu.kv_cache import KVCache
 from troupe.gpu.models import DecoderLayer, DecoderModel
@@ -100,6 +101,8 @@ class CpuDecode:
         self.block_size = kv.block_size
         self.cos_sin: torch.Tensor = model.get_buffer("cos_sin_cache")
         self.act_dtype = act_dtype  # what the int4 matmuls take
+        # every layer in one native call where all projections are native (gpu/cpu_layers.py)
+        self.native = NativeLayers.build(model, kv) if act_dtype == torch.float32 else None
         self._act_hidden = torch.empty(1, c.hidden_size, dtype=act_dtype)
         self._act_inter = torch.empty(1, c.intermediate_size, dtype=act_dtype)
 
@@ -167,6 +170,11 @@ class CpuDecode:
         seq_len = int(inputs.seq_lens[0])
         position = int(inputs.positions[0])
         slot = int(inputs.slot_mapping[0])
+        if self.native is not None:
+            table = inputs.block_tables[0]
+            token = int(inputs.input_ids[0])
+            normed = self.native(token, position, slot, table, seq_len, self.block_size)
+            return model.compute_logits(normed)
         hidden = model.embed(torch.from_numpy(inputs.input_ids[:1]))
         # [cos | cos] and [-sin | sin]: x cos2 + roll(x) sin2 = [x1 cos - x2 sin | x2 cos + x1 sin]
         # with HF's roundings (x2 (-sin) is -(x2 sin) exactly; a sum's order is exact)

@@ -60,7 +60,7 @@ class CpuQ4:
         self.codes = view.permute(0, 2, 3, 1, 4).contiguous()
         self.factors = _factors(blocks.scale, blocks.bias, self.tiles)
         self.lib = lib
-        self._form = int(self.factors.dtype == torch.float32)  # Q4_F16 or Q4_F32 in the C file
+        self.form = int(self.factors.dtype == torch.float32)  # Q4_F16 or Q4_F32 in the C file
         self._codes_ptr = self.codes.data_ptr()
         self._factors_ptr = self.factors.data_ptr()
 
@@ -99,7 +99,7 @@ class CpuQ4:
         out = torch.empty((m, self.num_rows))
         n = self.num_rows
         rc = self.lib.matmul(
-            x.data_ptr(), m, self.k, self._codes_ptr, self._factors_ptr, self._form, n,
+            x.data_ptr(), m, self.k, self._codes_ptr, self._factors_ptr, self.form, n,
             out.data_ptr(), n, MIN_SPLIT,
         )  # fmt: skip
         if rc:

@@ -31,7 +31,8 @@ from troupe.config import EngineConfig
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("cpu_q4dot.c")
+# the matmuls, and the decode path's layers in one call (gpu/cpu_layers.c calls q4_matmul)
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("cpu_q4dot.c", "cpu_layers.c"))
 FLAGS = ("-O3", "-march=native", "-shared", "-fPIC", "-fopenmp")
 NEEDED_CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_vnni", "f16c")
 # Least m * n * k worth splitting over the pool's threads (below it one thread runs the call:
@@ -66,6 +67,9 @@ class Q4Lib:
         self.matmul = lib.q4_matmul
         self.matmul.argtypes = [vp, i32, i32, vp, vp, i32, i32, vp, i64, i64]
         self.matmul.restype = i32
+        self.layers = lib.cl_layers  # gpu/cpu_layers.py
+        self.layers.argtypes = [vp, i32, vp]
+        self.layers.restype = i32
         self.quantize = lib.q4_quantize
         self.quantize.argtypes = [vp, i32, i32, vp, vp, vp, vp]
         self.quantize.restype = None
@@ -128,7 +132,7 @@ def load_q4(options: Q4Options) -> Q4Lib | None:
 
 
 def _build(compiler: str, cache: Path, cpu: frozenset[str]) -> Path:
-    source = SOURCE.read_bytes()
+    source = b"\0".join(path.read_bytes() for path in SOURCES)
     version = subprocess.run(
         [compiler, "--version"], capture_output=True, check=True, timeout=30
     ).stdout
@@ -143,7 +147,7 @@ def _build(compiler: str, cache: Path, cpu: frozenset[str]) -> Path:
     os.close(fd)
     try:
         done = subprocess.run(
-            [compiler, *FLAGS, "-o", tmp, str(SOURCE)], capture_output=True, timeout=120
+            [compiler, *FLAGS, "-o", tmp, *map(str, SOURCES)], capture_output=True, timeout=120
         )
         if done.returncode != 0:
             raise subprocess.SubprocessError(done.stderr.decode(errors="replace").strip()[:400])

@@ -103,7 +103,12 @@ def test_decode_logits_equal_the_generic_forward(
         want = forward(step).clone()
         forward.cpu_decode = fast
         logits = forward(step)  # rewrites the same KV slot with the same values
-        assert torch.equal(logits, want)
+        if native:  # gpu/cpu_layers.c: the same arithmetic up to fp32 summation order
+            assert fast.native is not None
+            torch.testing.assert_close(logits, want, rtol=0, atol=1e-5 * float(want.abs().max()))
+            assert int(logits.argmax()) == int(want.argmax())
+        else:
+            assert torch.equal(logits, want)
 
 
 def test_not_built_where_it_does_not_apply() -> None:
