@@ -47,6 +47,13 @@ class EngineConfig:
     # token-identical to transformers). "auto" is the default: on the CPU it loads faster,
     # decodes ~2x faster and prefills faster than "dequantize" (docs/benchmarks.md, issue 16).
     quantization: Quantization = "auto"
+    # CPU 4-bit weights (kept as shipped): a native kernel (gpu/cpu_q4dot.c, built with gcc on
+    # first use into cpu_kernel_cache_dir, None: ~/.cache/troupe/cpu_kernels) with 8-bit
+    # activations and AVX-512 VNNI dot products, split over cpu_kernel_threads threads (0:
+    # torch's intra-op count). False, or a CPU or machine without them: torch's int4 kernel.
+    cpu_native_kernels: bool = True
+    cpu_kernel_cache_dir: str | None = None
+    cpu_kernel_threads: int = 0
     block_size: int = 16
     num_kv_blocks: int | None = None  # None: size the GPU pool from free memory
     num_cpu_blocks: int | None = None  # swap pool; None: cpu_swap_gib worth of blocks
@@ -206,6 +213,8 @@ class EngineConfig:
                 f"grammar_compile_timeout_s must be > 0, got {self.grammar_compile_timeout_s}"
             )
         _positive(self, "grammar_threads", "tensor_parallel_size")
+        if self.cpu_kernel_threads < 0:
+            raise ConfigError(f"cpu_kernel_threads must be >= 0, got {self.cpu_kernel_threads}")
         if self.gil_switch_interval_s is not None and not self.gil_switch_interval_s > 0:
             raise ConfigError(
                 f"gil_switch_interval_s must be > 0 or None, got {self.gil_switch_interval_s}"

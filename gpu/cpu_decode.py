@@ -8,26 +8,31 @@ what one row does not need left out:
 - per step, once for all layers: the rotary row (cos, sin), the KV slot, the check that the
   sequence's blocks are consecutive (then K and V are strided views of the pool, else one
   index_select of its blocks);
-- per layer: no module call, no dtype dispatch, no mask; the int4 matmuls take bf16 rows
-  written straight by the op before them (`torch.mul(..., out=bf16)` rounds the fp32 product
-  once, as `.to(bfloat16)` after it did) and hand back bf16 that the next fp32 op promotes
-  exactly (bf16 -> fp32 is exact), so no cast call is left on either side of them.
+- per layer: no module call, no dtype dispatch, no mask; the int4 matmuls take their input
+  rows written straight by the op before them. With the native kernel (gpu/cpu_q4.py) those
+  are fp32 in and out. With torch's int4 kernel they are bf16 (`torch.mul(..., out=bf16)`
+  rounds the fp32 product once, as `.to(bfloat16)` after it did) and it hands back bf16 that
+  the next fp32 op promotes exactly (bf16 -> fp32 is exact), so no cast call is left on either
+  side of them.
 
 The result is bit-identical to the generic path (tests/gpu/test_cpu_decode.py checks the
 logits with torch.equal). It serves what the default model needs: plain decoder layers
 (Llama, Qwen2, Mistral shapes: no q/k norm, no sliding window), fp32 weights in memory and
-cache, every projection a packed CPU int4 weight of whole 16-row tiles; anything else returns
-None from `CpuDecode.build` and runs the generic forward.
+cache, every projection a packed CPU int4 weight of whole 16-row tiles, all of one form (native
+or torch's); anything else returns None from `CpuDecode.build` and runs the generic forward.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from troupe.gpu.cpu_int4 import CpuInt4
+from troupe.gpu.cpu_layers import NativeLayers
+from troupe.gpu.cpu_q4 import CpuQ4
 from troupe.gpu.kv_cache import KVCache
 from troupe.gpu.models import DecoderLayer, DecoderModel
 from troupe.gpu.quant_linear import Int4Linear, Weight
@@ -50,34 +55,42 @@ class _Proj:
         return out
 
 
+Proj = Callable[[torch.Tensor], torch.Tensor]
+
+
 @dataclass(frozen=True, slots=True)
 class _Layer:
     input_norm: torch.Tensor
     post_norm: torch.Tensor
-    qkv: _Proj
+    qkv: Proj
     qkv_bias: torch.Tensor | None
-    o: _Proj
-    gate_up: _Proj
-    down: _Proj
+    o: Proj
+    gate_up: Proj
+    down: Proj
     flat_k: torch.Tensor  # the layer's K pool as token rows [blocks * block_size, Hkv, D]
     flat_v: torch.Tensor
     scale: float
 
 
-def _proj(weight: Weight) -> _Proj | None:
-    """The kernel arguments of a CPU int4 weight whose packed rows are its own (no padding)."""
+def _proj(weight: Weight) -> tuple[Proj, torch.dtype] | None:
+    """The kernel call of a CPU int4 weight and the dtype it takes: the native kernel's rows
+    (fp32), or torch's kernel where its packed rows are its own (no padding; bf16)."""
     if not isinstance(weight, Int4Linear):
         return None
     cpu = weight.cpu_int4
+    if isinstance(cpu, CpuQ4):
+        return cpu.rows, torch.float32
     if not isinstance(cpu, CpuInt4) or cpu.packed.shape[0] != cpu.num_rows:
         return None
-    return _Proj(cpu.packed, cpu.group_size, cpu.scale_zero)
+    return _Proj(cpu.packed, cpu.group_size, cpu.scale_zero), torch.bfloat16
 
 
 class CpuDecode:
     """Runs StepInputs of one decoding sequence to its fp32 logits [1, vocab]."""
 
-    def __init__(self, model: DecoderModel, layers: list[_Layer], kv: KVCache) -> None:
+    def __init__(
+        self, model: DecoderModel, layers: list[_Layer], kv: KVCache, act_dtype: torch.dtype
+    ) -> None:
         c = model.config
         self.model = model
         self.layers = layers
@@ -87,8 +100,11 @@ class CpuDecode:
         self.intermediate = c.intermediate_size
         self.block_size = kv.block_size
         self.cos_sin: torch.Tensor = model.get_buffer("cos_sin_cache")
-        self._bf16_hidden = torch.empty(1, c.hidden_size, dtype=torch.bfloat16)
-        self._bf16_inter = torch.empty(1, c.intermediate_size, dtype=torch.bfloat16)
+        self.act_dtype = act_dtype  # what the int4 matmuls take
+        # every layer in one native call where all projections are native (gpu/cpu_layers.py)
+        self.native = NativeLayers.build(model, kv) if act_dtype == torch.float32 else None
+        self._act_hidden = torch.empty(1, c.hidden_size, dtype=act_dtype)
+        self._act_inter = torch.empty(1, c.intermediate_size, dtype=act_dtype)
 
     @classmethod
     def build(cls, model: DecoderModel, kv: KVCache) -> CpuDecode | None:
@@ -105,17 +121,20 @@ class CpuDecode:
         ):
             return None
         layers: list[_Layer] = []
+        dtypes: set[torch.dtype] = set()
         for i, layer in enumerate(model.layers):
             if type(layer) is not DecoderLayer or layer.sliding_window or layer.k_scale is not None:
                 return None
             k_cache, v_cache = kv.layers[i]
             if k_cache.dtype != torch.float32 or not k_cache.is_contiguous():
                 return None
-            projs = [_proj(w) for w in (layer.qkv_proj, layer.o_proj)]
-            projs += [_proj(w) for w in (layer.gate_up_proj, layer.down_proj)]
-            qkv, o, gate_up, down = projs
-            if qkv is None or o is None or gate_up is None or down is None:
+            found = [_proj(w) for w in (layer.qkv_proj, layer.o_proj)]
+            found += [_proj(w) for w in (layer.gate_up_proj, layer.down_proj)]
+            projs = [p for p in found if p is not None]
+            if len(projs) != len(found):
                 return None
+            dtypes.update(dtype for _, dtype in projs)
+            qkv, o, gate_up, down = (call for call, _ in projs)
             layers.append(
                 _Layer(
                     input_norm=layer.input_layernorm,
@@ -130,7 +149,9 @@ class CpuDecode:
                     scale=layer.scale,
                 )
             )
-        return cls(model, layers, kv)
+        if len(dtypes) != 1:  # no layers, or native and torch kernels mixed
+            return None
+        return cls(model, layers, kv, dtypes.pop())
 
     def fits(self, inputs: StepInputs) -> bool:
         """A decode step of one sequence that samples, whose slot is real (no padding) and which
@@ -149,6 +170,11 @@ class CpuDecode:
         seq_len = int(inputs.seq_lens[0])
         position = int(inputs.positions[0])
         slot = int(inputs.slot_mapping[0])
+        if self.native is not None:
+            table = inputs.block_tables[0]
+            token = int(inputs.input_ids[0])
+            normed = self.native(token, position, slot, table, seq_len, self.block_size)
+            return model.compute_logits(normed)
         hidden = model.embed(torch.from_numpy(inputs.input_ids[:1]))
         # [cos | cos] and [-sin | sin]: x cos2 + roll(x) sin2 = [x1 cos - x2 sin | x2 cos + x1 sin]
         # with HF's roundings (x2 (-sin) is -(x2 sin) exactly; a sum's order is exact)
@@ -196,7 +222,7 @@ class CpuDecode:
         """One decoder layer on one row; `hidden` may be the bf16 output of the last down
         projection (the residual add promotes it exactly)."""
         x = hidden if residual is None else hidden + residual
-        qkv = layer.qkv(self._norm_bf16(x, layer.input_norm, self._bf16_hidden)).float()
+        qkv = layer.qkv(self._norm(x, layer.input_norm, self._act_hidden)).float()
         if layer.qkv_bias is not None:
             qkv = qkv + layer.qkv_bias
         # rotary on q and k side by side, as kernels/reference.py rotates them
@@ -213,16 +239,16 @@ class CpuDecode:
             scale=layer.scale,
             enable_gqa=True,
         )
-        hidden = layer.o(attn.reshape(1, self.q_size).to(torch.bfloat16))
+        hidden = layer.o(attn.reshape(1, self.q_size).to(self.act_dtype).contiguous())
         x = hidden + x
-        gate_up = layer.gate_up(self._norm_bf16(x, layer.post_norm, self._bf16_hidden))
+        gate_up = layer.gate_up(self._norm(x, layer.post_norm, self._act_hidden))
         gate = F.silu(gate_up[:, : self.intermediate].float(), inplace=True)
-        act = torch.mul(gate, gate_up[:, self.intermediate :], out=self._bf16_inter)
+        act = torch.mul(gate, gate_up[:, self.intermediate :], out=self._act_inter)
         return layer.down(act), x
 
-    def _norm_bf16(self, x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        """rms_norm(x) * weight as kernels/reference.py computes it in fp32, rounded once to
-        bf16 into `out` (the int4 matmul's input)."""
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """rms_norm(x) * weight as kernels/reference.py computes it in fp32, written into `out`
+        (the int4 matmul's input; rounded once when that is bf16)."""
         # x * x is pow(x, 2)'s own kernel, sum then div_ is mean's on the CPU: same bits
         normed = x * (x * x).sum(-1, keepdim=True).div_(x.shape[-1]).add_(self.eps).rsqrt_()
         return torch.mul(weight, normed, out=out)

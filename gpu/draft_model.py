@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 from troupe.config import ConfigError, EngineConfig
+from troupe.gpu.cpu_q4lib import Q4Options
 from troupe.gpu.model_config import ModelConfig
 from troupe.gpu.models import DecoderModel
 from troupe.gpu.pool_sizing import block_bytes
@@ -58,6 +59,12 @@ def load_draft(
         raise ConfigError(f"draft_model path {str(path)!r} does not exist")
     check_draft(target, read_config(path))
     draft_config, model = load_model(
-        path, dtype, device, max_model_len, config.kernel_backend, config.quantization
+        path,
+        dtype,
+        device,
+        max_model_len,
+        config.kernel_backend,
+        config.quantization,
+        Q4Options.from_config(config),
     )
     return DraftModel(draft_config, model)

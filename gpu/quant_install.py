@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from torch import nn
+from troupe.gpu.cpu_q4lib import Q4Lib
 from troupe.gpu.fp8_weights import Fp8Weight, concat_fp8
 from troupe.gpu.gguf_quant import QuantBlocks, concat_rows
 from troupe.gpu.model_config import ModelLoadError
@@ -24,13 +25,15 @@ _FUSED = {
 
 
 def install_quantized(
-    model: DecoderModel, tensors: Iterable[tuple[str, QuantBlocks | Fp8Weight]]
+    model: DecoderModel,
+    tensors: Iterable[tuple[str, QuantBlocks | Fp8Weight]],
+    q4: Q4Lib | None = None,
 ) -> set[str]:
     """Replace every parameter whose parts all come in `tensors` (HF names, read as they are
     yielded); returns the HF names used. A fused parameter with only some parts quantized, or a
     form with no packed path on the model's device, stays dense: the loader expands those.
     Each layer's parts are fused and repacked as soon as the last one arrives, so only one
-    layer's worth of file blocks is held at a time."""
+    layer's worth of file blocks is held at a time. `q4`: the native CPU 4-bit kernel, if any."""
     used: set[str] = set()
     device = model.device
     groups: dict[str, tuple[nn.Module, str, list[str]]] = {}  # part -> its fused parameter
@@ -49,7 +52,7 @@ def install_quantized(
         made: dict[str, Future[QuantLinear | None]] = {}
         for name, blocks in tensors:
             if name in tops:
-                made[name] = pool.submit(make_quant_linear, blocks, device)
+                made[name] = pool.submit(make_quant_linear, blocks, device, q4)
                 continue
             if name not in groups:
                 continue
@@ -62,7 +65,7 @@ def install_quantized(
                 fused = _concat(arrived)
             except ValueError:
                 continue  # mixed forms: leave them to the dense path
-            weight = make_quant_linear(fused, device)
+            weight = make_quant_linear(fused, device, q4)
             if weight is not None:
                 _replace(layer, param, weight, names[0])
                 used.update(names)

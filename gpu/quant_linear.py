@@ -3,17 +3,28 @@ matmul. `linear` and `embedding` take a dense tensor or one of these, so the mod
 function either way.
 
     Int4Linear   Int4Blocks (GGUF Q4_0, Q4_1, Q4_K: exact codes and per-32 scale and bias)
-      CPU (gpu/cpu_int4.py), <= CPU_PACKED_MAX_ROWS (256) rows (decode, short prefills): torch's
+      CPU with AVX-512 VNNI and gcc (EngineConfig.cpu_native_kernels, the default; gpu/cpu_q4.py,
+           gpu/cpu_q4dot.c), <= NATIVE_MAX_ROWS (256) rows (decode, short prefills): the
+           file's codes permuted at load into the kernel's tiles, exact factors; each call
+           rounds the activations to int8 per group of 32 (d = max|x| / 127, as llama.cpp's
+           Q8_1) and sums integer dot products (vpdpbusd), scaled and added in fp32; the
+           error is at most sum |w| d / 2 per group (tests/gpu/test_cpu_q4.py). The CPU
+           without AVX-512 VNNI, no gcc, or groups other than 32: the next form.
+      CPU otherwise (gpu/cpu_int4.py), <= CPU_PACKED_MAX_ROWS (256) rows: torch's
            _weight_int4pack_mm_for_cpu, the file's codes repacked at load into its layout. Its
            format is w = (q - 8) * scale + zero per group, so zero = bias + 8 scale; scale and
            zero are rounded to bf16 and the activations too (~2^-9 of a step, far under the
            4-bit step itself).
-      CPU, more rows (long prefills): the exact weight expanded per call, rounded to bf16, one bf16
-           GEMM (oneDNN; AMX where the CPU has it); activations rounded to bf16.
+      CPU, more rows (long prefills), either form: the exact weight expanded per call, rounded to
+           bf16, one bf16 GEMM (oneDNN; AMX where the CPU has it); activations rounded to bf16.
       CUDA: kernels/quant_gemv.py (Triton; scale and bias in fp16: exact for Q4_0/Q4_1).
     Int8Linear   Int8Blocks (GGUF Q8_0, Q6_K: int8 codes and per-32/16 scales)
-      CPU, decode: fbgemm's dynamic int8 linear (torch.ops.quantized.linear_dynamic) needs one
-           scale per row: the codes are re-quantised once at load to per-row int8 (w' =
+      CPU with the native kernel, Q8_0 (gpu/cpu_q8.py): the exact codes and fp16 scales in the
+           kernel's tiles (the one copy kept; embedding rows read back from it), activations
+           rounded to int8 per group of 32 as for Int4Linear, <= NATIVE_MAX_ROWS rows; more rows
+           (prefill) use the exact weight.
+      CPU otherwise (and Q6_K), decode: fbgemm's dynamic int8 linear
+           (torch.ops.quantized.linear_dynamic) needs one scale per row: the codes are re-quantised once at load to per-row int8 (w' =
            round(w / r) r, r = max|w_row| / 127; error <= r / 2), and fbgemm rounds each call's
            activations to 8 bits (one scale per call). 2.5x faster than aten's
            _weight_int8pack_mm for the 49,152-row lm_head here. Prefill and the embedding
@@ -29,10 +40,14 @@ quantization="dequantize" and this path differ only where the notes above say.
 from __future__ import annotations
 
 import warnings
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from troupe.gpu.cpu_int4 import CPU_PACKED_MAX_ROWS, CpuInt4
+from troupe.gpu.cpu_q4 import CpuQ4, fits_native
+from troupe.gpu.cpu_q4lib import Q4Lib
+from troupe.gpu.cpu_q8 import CpuQ8, fits_native_int8
 from troupe.gpu.fp8_weights import Fp8Weight
 from troupe.gpu.gguf_quant import Int4Blocks, Int8Blocks, QuantBlocks
 from troupe.gpu.int8_rows import per_row_int8
@@ -41,11 +56,15 @@ from troupe.gpu.int8_rows import per_row_int8
 class Int4Linear:
     """A 4-bit weight [N, K]; see the module docstring."""
 
-    def __init__(self, blocks: Int4Blocks, device: torch.device) -> None:
+    def __init__(self, blocks: Int4Blocks, device: torch.device, q4: Q4Lib | None = None) -> None:
         self.shape = blocks.shape
         self.device = device
-        # CPU: only the packed copy is kept (gpu/cpu_int4.py); blocks() rebuilds the exact form
-        self._cpu = CpuInt4(blocks) if device.type == "cpu" else None
+        # CPU: one packed copy is kept (the native kernel's, else torch's); blocks() rebuilds
+        # the exact form from it
+        self._cpu: CpuQ4 | CpuInt4 | None = None
+        if device.type == "cpu":
+            native = q4 is not None and fits_native(blocks)
+            self._cpu = CpuQ4(blocks, q4) if q4 is not None and native else CpuInt4(blocks)
         self._cuda: Int4Blocks | None = None
         if device.type != "cpu":  # fp16 factors: exact for Q4_0 and Q4_1, rounded for Q4_K
             self._cuda = Int4Blocks(
@@ -56,7 +75,7 @@ class Int4Linear:
             )
 
     @property
-    def cpu_int4(self) -> CpuInt4 | None:
+    def cpu_int4(self) -> CpuQ4 | CpuInt4 | None:
         """The packed CPU form (gpu/cpu_decode.py calls its kernel directly), None on CUDA."""
         return self._cpu
 
@@ -82,10 +101,30 @@ class Int4Linear:
 class Int8Linear:
     """An 8-bit weight [N, K] (CPU); see the module docstring."""
 
-    def __init__(self, blocks: Int8Blocks) -> None:
-        self.blocks = blocks
+    def __init__(self, blocks: Int8Blocks, q4: Q4Lib | None = None) -> None:
         self.shape = blocks.shape
-        n = self.shape[0]
+        # the native kernel's layout is then the one copy kept (gpu/cpu_q8.py)
+        self._native = CpuQ8(blocks, q4) if q4 is not None and fits_native_int8(blocks) else None
+        self._blocks = None if self._native is not None else blocks
+        if self._native is None:
+            self._packed = self._prepack(blocks)
+
+    @property
+    def native(self) -> CpuQ8 | None:
+        """The native kernel's form (gpu/cpu_q8.py), None on fbgemm's path."""
+        return self._native
+
+    @property
+    def blocks(self) -> Int8Blocks:
+        """The exact blocks."""
+        if self._native is not None:
+            return self._native.blocks()
+        assert self._blocks is not None
+        return self._blocks
+
+    @staticmethod
+    def _prepack(blocks: Int8Blocks) -> Any:
+        n = blocks.shape[0]
         row_codes, row_scale = per_row_int8(blocks)
         with warnings.catch_warnings():  # quantized tensors are deprecated; fbgemm reads them
             warnings.simplefilter("ignore", UserWarning)
@@ -93,12 +132,14 @@ class Int8Linear:
                 row_codes, row_scale.double(), torch.zeros(n, dtype=torch.int64), 0
             )
         # fbgemm's own packed copy (the codes above are freed)
-        self._packed = torch.ops.quantized.linear_prepack(qweight, None)
+        return torch.ops.quantized.linear_prepack(qweight, None)
 
     def dequantize(self) -> torch.Tensor:
         return self.blocks.dequantize()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self._native is not None:
+            return self._native(x)
         if x.shape[0] > CPU_PACKED_MAX_ROWS:
             return F.linear(x, self.blocks.dequantize().to(x.dtype))
         # fbgemm quantizes x per call to 8 bits (one scale and zero point per call)
@@ -107,6 +148,8 @@ class Int8Linear:
 
     def embedding(self, ids: torch.Tensor) -> torch.Tensor:
         """Exact rows `ids` as fp32 [len(ids), K]."""
+        if self._native is not None:
+            return self._native.blocks(ids).dequantize()
         return self.blocks.rows(ids).dequantize()
 
 
@@ -127,15 +170,17 @@ QuantLinear = Int4Linear | Int8Linear | Fp8Linear
 Weight = torch.Tensor | QuantLinear
 
 
-def make_quant_linear(blocks: QuantBlocks | Fp8Weight, device: torch.device) -> QuantLinear | None:
+def make_quant_linear(
+    blocks: QuantBlocks | Fp8Weight, device: torch.device, q4: Q4Lib | None = None
+) -> QuantLinear | None:
     """The layer for `blocks` on `device`; None where it has no packed path (the loader then
-    expands the tensor to the model dtype)."""
+    expands the tensor to the model dtype). `q4`: the native CPU 4-bit kernel, if loaded."""
     if isinstance(blocks, Fp8Weight):
         return Fp8Linear(blocks, device) if device.type == "cuda" else None
     if isinstance(blocks, Int4Blocks):
-        return Int4Linear(blocks, device)
+        return Int4Linear(blocks, device, q4)
     if device.type == "cpu":
-        return Int8Linear(blocks)
+        return Int8Linear(blocks, q4)
     return None
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 from troupe.config import ConfigError, EngineConfig, resolve_model_path
 from troupe.gpu.activation_profile import profile_activation_peak
+from troupe.gpu.cpu_q4lib import Q4Options
 from troupe.gpu.draft_model import DraftModel, load_draft
 from troupe.gpu.heap_trim import release_freed_heap
 from troupe.gpu.model_config import ModelConfig
@@ -148,6 +149,7 @@ def load_for_config(config: EngineConfig) -> LoadedRunner:
         max(max_model_len, stream_len),
         config.kernel_backend,
         config.quantization,
+        Q4Options.from_config(config),
     )
     if device.type == "cpu":  # the load's temporaries: back to the OS (peak RSS)
         release_freed_heap()

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 from troupe.config import Quantization
+from troupe.gpu.cpu_q4lib import Q4Options, load_q4
 from troupe.gpu.fp8_weights import expand_fp8, read_fp8_weights
 from troupe.gpu.gguf_weights import (
     forget_gguf_directories,
@@ -75,6 +76,7 @@ def load_model(
     max_positions: int,
     kernel_backend: KernelBackend = "auto",
     quantization: Quantization = "auto",
+    cpu_kernels: Q4Options = Q4Options(),
 ) -> tuple[ModelConfig, DecoderModel]:
     """Read the config and weights of `path` into a DecoderModel on `device`.
 
@@ -82,17 +84,20 @@ def load_model(
     fp8 weights as fp8 (gpu/quant_linear.py); "dequantize" expands every tensor to `dtype`;
     "auto" keeps them where troupe's kernels for them were measured faster than the expanded
     weights: on the CPU. On CUDA the kept int4 and fp8 matmuls lose to bf16 beyond one row
-    (docs/benchmarks.md, "H200 figures, 2026-12-01"), so "auto" expands there until they win."""
+    (docs/benchmarks.md, "H200 figures, 2026-12-01"), so "auto" expands there until they win.
+    `cpu_kernels`: whether kept 4-bit CPU weights use the native kernel (gpu/cpu_q4lib.py)."""
     config = read_config(path)
     keep = quantization == "keep" or (quantization == "auto" and device.type != "cuda")
     if path.suffix == ".gguf" and keep:
         model = DecoderModel(config, dtype, device, max_positions, kernel_backend)
+        # before the one-thread section below: cpu_kernels.threads 0 means torch's count now
+        q4 = load_q4(cpu_kernels) if device.type == "cpu" else None
         # hundreds of small byte shuffles (repacking): one thread, so no op waits at a barrier
         # for a second thread the OS has not scheduled (a shared machine); restored after
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
         try:
-            used = install_quantized(model, iter_gguf_quantized(path, config))
+            used = install_quantized(model, iter_gguf_quantized(path, config), q4)
             fill_weights(model, iter_gguf_tensors(path, config, frozenset(used)), str(path))
         finally:
             torch.set_num_threads(threads)

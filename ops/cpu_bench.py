@@ -99,7 +99,9 @@ def measure(
     return out
 
 
-def run_troupe(model: str | None, quantization: str, repeats: int, threads: int) -> dict[str, Any]:
+def run_troupe(
+    model: str | None, quantization: str, repeats: int, threads: int, torch_int4: bool = False
+) -> dict[str, Any]:
     import anyio
     import torch
     from troupe import Engine, EngineConfig, SamplingParams
@@ -107,8 +109,10 @@ def run_troupe(model: str | None, quantization: str, repeats: int, threads: int)
 
     torch.set_num_threads(threads)
     # "auto" is the default: leave it out, so the script also runs on commits without the field
-    extra = {} if quantization == "auto" else {"quantization": quantization}
-    config = EngineConfig(model=model, device="cpu", **extra)  # type: ignore[arg-type]
+    extra: dict[str, Any] = {} if quantization == "auto" else {"quantization": quantization}
+    if torch_int4:  # likewise: the native int4 kernel is the default where it builds
+        extra["cpu_native_kernels"] = False
+    config = EngineConfig(model=model, device="cpu", **extra)
     result: dict[str, Any] = {}
 
     async def main() -> None:
@@ -229,7 +233,9 @@ def run_llama_cpp(model: str, repeats: int, threads: int) -> dict[str, Any]:
 def child(args: argparse.Namespace) -> None:
     model = args.model
     if args.system == "troupe":
-        result = run_troupe(model, args.troupe_quantization, args.repeats, args.threads)
+        result = run_troupe(
+            model, args.troupe_quantization, args.repeats, args.threads, args.troupe_torch_int4
+        )
     elif args.system == "llama_cpp":  # model: a path already (the parent resolved it)
         result = run_llama_cpp(model, args.repeats, args.threads)
     else:
@@ -258,6 +264,7 @@ def child_command(args: argparse.Namespace, system: str) -> list[str]:
         return [args.llama_python, os.path.abspath(__file__), *common, "--model", model]
     cmd = [sys.executable, "-m", "troupe.ops.cpu_bench", *common]
     cmd += ["--troupe-quantization", args.troupe_quantization]
+    cmd += ["--troupe-torch-int4"] if args.troupe_torch_int4 else []
     return cmd + (["--model", args.model] if args.model else [])
 
 
@@ -266,6 +273,9 @@ def main() -> None:
     parser.add_argument("--systems", nargs="*", default=list(SYSTEMS), choices=SYSTEMS)
     parser.add_argument("--model", default=None, help="a .gguf file (default: the default model)")
     parser.add_argument("--troupe-quantization", default="auto")
+    parser.add_argument(
+        "--troupe-torch-int4", action="store_true", help="troupe with cpu_native_kernels=False"
+    )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", default=None, help="write the results here")

@@ -3,6 +3,7 @@ against the generic forward, in one run, on the same model and tokens.
 
     python -m troupe.ops.cpu_decode_bench                     # default model, 64 tokens
     python -m troupe.ops.cpu_decode_bench --threads 2 --rounds 5
+    python -m troupe.ops.cpu_decode_bench --threads 2 --torch-int4   # torch's int4 kernel
 
 Each round feeds a 16-token prompt, then decodes `--tokens` greedy tokens twice from it: once
 through each path, in alternating order round by round (a busy machine slows both alike). Only
@@ -18,6 +19,7 @@ import argparse
 import os
 import statistics
 import time
+from typing import Any
 
 import torch
 from troupe.config import EngineConfig
@@ -49,10 +51,15 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument(
+        "--torch-int4", action="store_true", help="cpu_native_kernels=False: torch's int4 kernel"
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    # the field is left out unless asked, so the script also runs on commits without it
+    extra: dict[str, Any] = {"cpu_native_kernels": False} if args.torch_int4 else {}
     config = EngineConfig(
-        device="cpu", model=args.model, num_kv_blocks=64, max_model_len=512, max_num_seqs=1
+        device="cpu", model=args.model, num_kv_blocks=64, max_model_len=512, max_num_seqs=1, **extra
     )
     runner = ModelRunner.from_config(config)
     forward = runner._pass  # the benchmark switches the path it times

@@ -2,6 +2,7 @@
 
     python -m troupe.ops.quant_agreement                  # the default model, 32 tokens
     python -m troupe.ops.quant_agreement --model X.gguf --num-tokens 32
+    python -m troupe.ops.quant_agreement --torch-int4     # torch's int4 kernel, not the native
 
 For each prompt (a chat-style mix: questions, code, lists, arithmetic, other languages) it
 generates greedily with the dequantized model, then feeds the same tokens to the quantized
@@ -80,6 +81,9 @@ def main() -> None:
     parser.add_argument("--model", default=None)
     parser.add_argument("--num-tokens", type=int, default=32)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--torch-int4", action="store_true", help="cpu_native_kernels=False for the kept model"
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     from troupe.actors.graph import load_tokenizer_for
@@ -87,7 +91,10 @@ def main() -> None:
     tok = load_tokenizer_for(args.model)
     base = EngineConfig(model=args.model, device="cpu", num_kv_blocks=64, max_model_len=1024)
     ref = ModelRunner.from_config(base.replace(quantization="dequantize"))
-    quant = ModelRunner.from_config(base.replace(quantization="auto"))
+    quant_config = base.replace(quantization="auto")
+    if args.torch_int4:
+        quant_config = quant_config.replace(cpu_native_kernels=False)
+    quant = ModelRunner.from_config(quant_config)
     agree = total = identical = 0
     deltas: list[float] = []
     margins: list[float] = []

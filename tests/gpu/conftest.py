@@ -205,3 +205,15 @@ def mt() -> SimpleNamespace:
         hf_greedy=hf_greedy,
         PlanDriver=PlanDriver,
     )
+
+
+@pytest.fixture(scope="session")
+def q4lib(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The native CPU int4 kernel (gpu/cpu_q4lib.py), built once into a temporary cache;
+    skips where this machine cannot build or run it."""
+    from troupe.gpu.cpu_q4lib import Q4Options, load_q4
+
+    lib = load_q4(Q4Options(cache_dir=str(tmp_path_factory.mktemp("q4cache")), threads=2))
+    if lib is None:
+        pytest.skip("native int4 CPU kernel unavailable here (no AVX-512 VNNI or no gcc)")
+    return lib

@@ -1,0 +1,159 @@
+"""Builds and loads the native CPU kernels for 4-bit and Q8_0 weights (gpu/cpu_q4dot.c) on first
+use (gpu/cpu_q4.py and gpu/cpu_q8.py hold the weights in its layouts).
+
+gcc compiles the C file (-O3 -march=native, ~0.5 s) into a cache directory, one file per hash
+of the source, the flags, the compiler's version and the CPU's flags, written under a temporary
+name and renamed into place (two processes building at once are harmless); ctypes loads it.
+Where the CPU has no AVX-512 VNNI, there is no gcc, or the build fails, `load_q4` says why in
+one log line and returns None: the caller keeps torch's int4 path (gpu/cpu_int4.py).
+
+`Q4Lib.matmul` is the call the layers make per matmul; it takes raw addresses so a decode step's
+call stays a few microseconds (the weight's part of the arguments is bound once per weight:
+gpu/cpu_q4.py). A call splits its weight rows over `threads` threads of torch's own OpenMP pool
+(-fopenmp links libgomp.so.1, which torch has already loaded): a pool of the library's own beside
+torch's spinning workers fought them for the two cores here (docs/benchmarks.md, issue 16).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+from troupe.config import EngineConfig
+
+log = logging.getLogger(__name__)
+
+# the matmuls, and the decode path's layers in one call (gpu/cpu_layers.c calls q4_matmul)
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("cpu_q4dot.c", "cpu_layers.c"))
+FLAGS = ("-O3", "-march=native", "-shared", "-fPIC", "-fopenmp")
+NEEDED_CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_vnni", "f16c")
+# Least m * n * k worth splitting over the pool's threads (below it one thread runs the call:
+# waking the other costs more than it saves)
+MIN_SPLIT = 64 * 1024
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Q4Options:
+    """EngineConfig's CPU kernel fields, as the loader needs them."""
+
+    enabled: bool = True
+    cache_dir: str | None = None  # None: ~/.cache/troupe/cpu_kernels
+    threads: int = 0  # 0: torch.get_num_threads()
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> Q4Options:
+        return cls(
+            enabled=config.cpu_native_kernels,
+            cache_dir=config.cpu_kernel_cache_dir,
+            threads=config.cpu_kernel_threads,
+        )
+
+
+class Q4Lib:
+    """The loaded kernel library."""
+
+    def __init__(self, path: Path, threads: int) -> None:
+        self.path = path
+        lib = ctypes.CDLL(str(path))
+        vp, i32, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_long
+        self.matmul = lib.q4_matmul
+        self.matmul.argtypes = [vp, i32, i32, vp, vp, i32, i32, vp, i64, i64]
+        self.matmul.restype = i32
+        self.layers = lib.cl_layers  # gpu/cpu_layers.py
+        self.layers.argtypes = [vp, i32, vp]
+        self.layers.restype = i32
+        self.quantize = lib.q4_quantize
+        self.quantize.argtypes = [vp, i32, i32, vp, vp, vp, vp]
+        self.quantize.restype = None
+        self._set_threads = lib.q4_set_threads
+        self._set_threads.argtypes = [i32]
+        self._set_threads.restype = i32
+        self.threads = self.set_threads(threads)
+
+    def set_threads(self, threads: int) -> int:
+        """Threads per call from now on, the caller's included (0: torch's count)."""
+        self.threads = int(self._set_threads(threads or torch.get_num_threads()))
+        return self.threads
+
+
+_loaded: dict[Path, Q4Lib] = {}
+
+
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags (/proc/cpuinfo), empty where it cannot be read."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return frozenset(line.partition(":")[2].split())
+    return frozenset()
+
+
+def default_cache_dir() -> Path:
+    return Path.home() / ".cache" / "troupe" / "cpu_kernels"
+
+
+def load_q4(options: Q4Options) -> Q4Lib | None:
+    """The kernel library (built if its cache file is missing), or None (logged) where it
+    cannot run here or is turned off."""
+    if not options.enabled:
+        return None
+    flags = cpu_flags()
+    missing = [f for f in NEEDED_CPU_FLAGS if f not in flags]
+    if missing:
+        log.info("native int4 CPU kernel off: the CPU lacks %s; using torch's", ", ".join(missing))
+        return None
+    compiler = shutil.which("gcc")
+    if compiler is None:
+        log.info("native int4 CPU kernel off: no gcc on PATH; using torch's int4 path")
+        return None
+    cache = Path(options.cache_dir) if options.cache_dir else default_cache_dir()
+    try:
+        path = _build(compiler, cache, flags)
+    except (OSError, subprocess.SubprocessError) as exc:
+        log.warning("native int4 CPU kernel off: build failed (%s); using torch's", exc)
+        return None
+    lib = _loaded.get(path)
+    if lib is None:
+        lib = _loaded[path] = Q4Lib(path, options.threads)
+    else:
+        lib.set_threads(options.threads)
+    return lib
+
+
+def _build(compiler: str, cache: Path, cpu: frozenset[str]) -> Path:
+    source = b"\0".join(path.read_bytes() for path in SOURCES)
+    version = subprocess.run(
+        [compiler, "--version"], capture_output=True, check=True, timeout=30
+    ).stdout
+    key = hashlib.sha256(
+        b"\0".join([source, " ".join(FLAGS).encode(), version, " ".join(sorted(cpu)).encode()])
+    ).hexdigest()[:20]
+    path = cache / f"cpu_q4dot-{key}.so"
+    if path.exists():
+        return path
+    cache.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=cache)
+    os.close(fd)
+    try:
+        done = subprocess.run(
+            [compiler, *FLAGS, "-o", tmp, *map(str, SOURCES)], capture_output=True, timeout=120
+        )
+        if done.returncode != 0:
+            raise subprocess.SubprocessError(done.stderr.decode(errors="replace").strip()[:400])
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    log.info("built the native int4 CPU kernel: %s", path)
+    return path

@@ -1,0 +1,68 @@
+"""The native CPU int8 kernel (Q8_0 weights, gpu/cpu_q8.py) against fp64 references from the
+same codes, its layout's round trips, and Int8Linear's choice between it and fbgemm."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from troupe.gpu.cpu_q8 import CpuQ8
+from troupe.gpu.gguf_quant import Q6_K, Q8_0, Int8Blocks, from_gguf
+from troupe.gpu.quant_linear import Int8Linear, embedding
+
+from tests.gpu.test_cpu_q4 import _quantized
+from tests.gpu.test_gguf_quant import random_blocks
+
+
+def _blocks(n: int, k: int, seed: int, kind: int = Q8_0) -> Int8Blocks:
+    raw = random_blocks(kind, n, k, seed=seed)
+    if kind == Q8_0:
+        raw.reshape(n, k // 32, 34)[0, 0, 2:] = 0x80  # a group of -128 codes
+    blocks = from_gguf(raw, kind, (n, k))
+    assert isinstance(blocks, Int8Blocks)
+    return blocks
+
+
+def _errors(out: torch.Tensor, blocks: Int8Blocks, x: torch.Tensor) -> tuple[float, float]:
+    """max |out - reference| / tolerance, against the same 8-bit activations and against the
+    exact product (the activation rounding's bound), both fp64."""
+    xq, d = _quantized(x)
+    n, k = blocks.shape
+    isum = torch.einsum("ngk,mgk->mng", blocks.codes.view(n, -1, 32).double(), xq.double())
+    terms = blocks.scale.double() * d.double()[:, None, :] * isum
+    tight = (k // 32 + 4) * 2.0**-24 * terms.abs().sum(-1) + 1e-30
+    w = blocks.dequantize().double()
+    bound = torch.einsum("ng,mg->mn", w.abs().view(n, -1, 32).sum(-1), d.double()) * 0.5001
+    out = out.double()
+    return (
+        float(((out - terms.sum(-1)).abs() / tight).max()),
+        float(((out - x.double() @ w.T).abs() / (bound + tight)).max()),
+    )
+
+
+@pytest.mark.parametrize(("n", "k", "m"), [(64, 64, 1), (100, 96, 3), (200, 512, 6)])
+def test_kernel_matches_references(q4lib: Any, n: int, k: int, m: int) -> None:
+    blocks = _blocks(n, k, seed=n + m)
+    x = torch.randn(m, k) * 2
+    tight, exact = _errors(CpuQ8(blocks, q4lib)(x), blocks, x)
+    assert tight <= 1 and exact <= 1
+    wrong = Int8Blocks(blocks.codes, (blocks.scale * (1 + 2.0**-6)).half().float(), 32)
+    assert _errors(CpuQ8(wrong, q4lib)(x), blocks, x)[0] > 10
+
+
+def test_layout_round_trips_and_embedding(q4lib: Any) -> None:
+    blocks = _blocks(100, 96, seed=2)
+    layer = Int8Linear(blocks, q4lib)
+    assert layer.native is not None
+    assert torch.equal(layer.blocks.codes, blocks.codes)
+    assert torch.equal(layer.blocks.scale, blocks.scale)
+    ids = torch.tensor([5, 0, 99, 5, 16])
+    assert torch.equal(embedding(ids, layer, torch.float32), blocks.dequantize()[ids])
+    x = torch.randn(257, 96)  # above NATIVE_MAX_ROWS: the exact weight
+    assert torch.equal(layer(x), x @ blocks.dequantize().T)
+
+
+def test_q6_k_and_no_kernel_take_fbgemm(q4lib: Any) -> None:
+    assert Int8Linear(_blocks(32, 256, seed=4, kind=Q6_K), q4lib).native is None  # groups of 16
+    assert Int8Linear(_blocks(32, 64, seed=4), None).native is None
