@@ -168,13 +168,22 @@ def sample(
     if batch.token_bitmask is not None:
         logits = apply_token_bitmask(logits, batch.token_bitmask)
     if batch.all_greedy:
-        token_ids = logits.argmax(dim=-1)
+        token_ids = _argmax(logits)
     elif logits.is_cuda and _gumbel().available(logits):
         token_ids = _fused_draw(logits, batch)
     else:
         noisy = filter_logits(logits, batch) + gumbel_noise(batch.keys, logits.shape[-1])
-        token_ids = torch.where(batch.temperature > 0, noisy.argmax(dim=-1), logits.argmax(-1))
+        token_ids = torch.where(batch.temperature > 0, _argmax(noisy), _argmax(logits))
     return token_ids, _logprobs(raw, token_ids, batch.num_logprobs)
+
+
+def _argmax(logits: torch.Tensor) -> torch.Tensor:
+    """Row argmax [S] int64. On the CPU through numpy: torch's CPU argmax takes ~100 us for one
+    49,152-wide row here, numpy's ~5 us, with the same answer (first of equal maxima, a NaN
+    wins)."""
+    if logits.device.type == "cpu":
+        return torch.from_numpy(logits.numpy().argmax(axis=-1))
+    return logits.argmax(dim=-1)
 
 
 def _gumbel() -> ModuleType:

@@ -184,3 +184,19 @@ def test_uniform_from_hash_stays_inside_the_open_interval() -> None:
     u = uniform_from_hash(torch.tensor([0, 1, 2**31, 2**32 - 1], dtype=torch.int64))
     assert bool(((u > 0) & (u < 1)).all()), u
     assert torch.isfinite(-torch.log(-torch.log(u))).all()
+
+
+def test_cpu_argmax_matches_torch_on_ties_and_nan() -> None:
+    """The sampler's CPU argmax (numpy) picks what torch's does: the first of equal maxima, a
+    NaN over any number, inf over finite."""
+    from troupe.gpu.sampler import _argmax
+
+    x = torch.randn(6, 1000, generator=torch.Generator().manual_seed(0))
+    x[1, 10] = float("nan")
+    x[2, 3] = x[2, 7] = 100.0
+    x[3, 5] = float("inf")
+    x[4, 9] = x[4, 2] = float("nan")
+    x[5] = 1.0  # all tied
+    got = _argmax(x)
+    assert got.dtype == torch.int64
+    assert got.tolist() == x.argmax(dim=-1).tolist() == [int(x[0].argmax()), 10, 3, 5, 2, 0]
