@@ -47,10 +47,11 @@ class EngineConfig:
     # token-identical to transformers). "auto" is the default: on the CPU it loads faster,
     # decodes ~2x faster and prefills faster than "dequantize" (docs/benchmarks.md, issue 16).
     quantization: Quantization = "auto"
-    # CPU 4-bit weights (kept as shipped): a native kernel (gpu/cpu_q4dot.c, built with gcc on
-    # first use into cpu_kernel_cache_dir, None: ~/.cache/troupe/cpu_kernels) with 8-bit
-    # activations and AVX-512 VNNI dot products, split over cpu_kernel_threads threads (0:
-    # torch's intra-op count). False, or a CPU or machine without them: torch's int4 kernel.
+    # CPU 4-bit and Q8_0 weights (kept as shipped): native kernels (gpu/cpu_q4dot.c, built with
+    # gcc on first use into cpu_kernel_cache_dir, None: ~/.cache/troupe/cpu_kernels) with 8-bit
+    # activations and AVX-512 VNNI dot products, split over cpu_kernel_threads threads of
+    # torch's OpenMP pool (0: torch's intra-op count at load). False, or a CPU or machine
+    # without them: torch's int4 kernel and fbgemm's int8 one (docs/benchmarks.md, issue 16).
     cpu_native_kernels: bool = True
     cpu_kernel_cache_dir: str | None = None
     cpu_kernel_threads: int = 0

@@ -85,7 +85,8 @@ def load_model(
     "auto" keeps them where troupe's kernels for them were measured faster than the expanded
     weights: on the CPU. On CUDA the kept int4 and fp8 matmuls lose to bf16 beyond one row
     (docs/benchmarks.md, "H200 figures, 2026-12-01"), so "auto" expands there until they win.
-    `cpu_kernels`: whether kept 4-bit CPU weights use the native kernel (gpu/cpu_q4lib.py)."""
+    `cpu_kernels`: whether kept 4-bit and Q8_0 CPU weights use the native kernels
+    (gpu/cpu_q4lib.py)."""
     config = read_config(path)
     keep = quantization == "keep" or (quantization == "auto" and device.type != "cuda")
     if path.suffix == ".gguf" and keep:

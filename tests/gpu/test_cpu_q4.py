@@ -150,3 +150,12 @@ def test_build_is_cached_by_source_and_flags(q4lib: Any) -> None:
     again = load_q4(Q4Options(cache_dir=str(q4lib.path.parent), threads=2))
     assert again is q4lib  # same hash: the built file is reused, not rebuilt
     assert len(list(q4lib.path.parent.glob("*.so"))) == 1
+
+
+def test_engine_config_fields_reach_the_options() -> None:
+    from troupe.config import ConfigError, EngineConfig
+
+    config = EngineConfig(cpu_native_kernels=False, cpu_kernel_cache_dir="/x", cpu_kernel_threads=3)
+    assert Q4Options.from_config(config) == Q4Options(enabled=False, cache_dir="/x", threads=3)
+    with pytest.raises(ConfigError, match="cpu_kernel_threads"):
+        EngineConfig(cpu_kernel_threads=-1)

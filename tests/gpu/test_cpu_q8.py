@@ -66,3 +66,16 @@ def test_layout_round_trips_and_embedding(q4lib: Any) -> None:
 def test_q6_k_and_no_kernel_take_fbgemm(q4lib: Any) -> None:
     assert Int8Linear(_blocks(32, 256, seed=4, kind=Q6_K), q4lib).native is None  # groups of 16
     assert Int8Linear(_blocks(32, 64, seed=4), None).native is None
+
+
+def test_thread_split_is_bit_identical(q4lib: Any) -> None:
+    layer = CpuQ8(_blocks(200, 256, seed=6), q4lib)
+    x = torch.randn(5, 256)
+    try:
+        q4lib.set_threads(1)
+        one = layer(x)
+        q4lib.set_threads(2)
+        two = layer(x)
+    finally:
+        q4lib.set_threads(2)
+    assert torch.equal(one, two)
