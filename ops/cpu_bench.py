@@ -100,7 +100,12 @@ def measure(
 
 
 def run_troupe(
-    model: str | None, quantization: str, repeats: int, threads: int, torch_int4: bool = False
+    model: str | None,
+    quantization: str,
+    repeats: int,
+    threads: int,
+    torch_int4: bool = False,
+    kernel_threads: int = 0,
 ) -> dict[str, Any]:
     import anyio
     import torch
@@ -112,6 +117,8 @@ def run_troupe(
     extra: dict[str, Any] = {} if quantization == "auto" else {"quantization": quantization}
     if torch_int4:  # likewise: the native int4 kernel is the default where it builds
         extra["cpu_native_kernels"] = False
+    if kernel_threads:  # the native kernels' threads (0, left out: torch's count)
+        extra["cpu_kernel_threads"] = kernel_threads
     config = EngineConfig(model=model, device="cpu", **extra)
     result: dict[str, Any] = {}
 
@@ -234,7 +241,12 @@ def child(args: argparse.Namespace) -> None:
     model = args.model
     if args.system == "troupe":
         result = run_troupe(
-            model, args.troupe_quantization, args.repeats, args.threads, args.troupe_torch_int4
+            model,
+            args.troupe_quantization,
+            args.repeats,
+            args.threads,
+            args.troupe_torch_int4,
+            args.troupe_kernel_threads,
         )
     elif args.system == "llama_cpp":  # model: a path already (the parent resolved it)
         result = run_llama_cpp(model, args.repeats, args.threads)
@@ -265,6 +277,7 @@ def child_command(args: argparse.Namespace, system: str) -> list[str]:
     cmd = [sys.executable, "-m", "troupe.ops.cpu_bench", *common]
     cmd += ["--troupe-quantization", args.troupe_quantization]
     cmd += ["--troupe-torch-int4"] if args.troupe_torch_int4 else []
+    cmd += ["--troupe-kernel-threads", str(args.troupe_kernel_threads)]
     return cmd + (["--model", args.model] if args.model else [])
 
 
@@ -276,6 +289,10 @@ def main() -> None:
     parser.add_argument(
         "--troupe-torch-int4", action="store_true", help="troupe with cpu_native_kernels=False"
     )
+    parser.add_argument(
+        "--troupe-kernel-threads", type=int, default=0,
+        help="troupe's cpu_kernel_threads (0: torch's count, --threads)",
+    )  # fmt: skip
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", default=None, help="write the results here")
