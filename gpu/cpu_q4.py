@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from troupe.gpu.cpu_q4lib import MIN_SPLIT, Q4Lib
+from troupe.gpu.cpu_q4lib import Q4Lib
 from troupe.gpu.gguf_quant import Int4Blocks
 
 TILE = 16  # weight rows per tile
@@ -95,16 +95,7 @@ class CpuQ4:
 
     def rows(self, x: torch.Tensor) -> torch.Tensor:
         """fp32 x [M, K] (contiguous) -> fp32 [M, N] through the kernel."""
-        m = x.shape[0]
-        out = torch.empty((m, self.num_rows))
-        n = self.num_rows
-        rc = self.lib.matmul(
-            x.data_ptr(), m, self.k, self._codes_ptr, self._factors_ptr, self.form, n,
-            out.data_ptr(), n, MIN_SPLIT,
-        )  # fmt: skip
-        if rc:
-            raise MemoryError("native int4 kernel: out of memory for the activations")
-        return out
+        return self.lib.rows(x, self._codes_ptr, self._factors_ptr, self.form, self.num_rows)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x [M, K] -> [M, N] in x's dtype."""

@@ -84,6 +84,22 @@ static inline __m512i bcast4(const int8_t *p) {
     return _mm512_set1_epi32(v);
 }
 
+/* 16 rows' integer dot products with one group of 32 activations: c[l] holds the rows' 4 codes
+ * at k = 4l..4l+3 (unsigned), `init` the starting sums; two chains for the latency. */
+static inline __attribute__((always_inline)) __m512i dot32(const __m512i c[8], const int8_t *xr,
+                                                           __m512i init) {
+    __m512i s0 = init, s1 = _mm512_setzero_si512();
+    s0 = _mm512_dpbusd_epi32(s0, c[0], bcast4(xr));
+    s1 = _mm512_dpbusd_epi32(s1, c[1], bcast4(xr + 4));
+    s0 = _mm512_dpbusd_epi32(s0, c[2], bcast4(xr + 8));
+    s1 = _mm512_dpbusd_epi32(s1, c[3], bcast4(xr + 12));
+    s0 = _mm512_dpbusd_epi32(s0, c[4], bcast4(xr + 16));
+    s1 = _mm512_dpbusd_epi32(s1, c[5], bcast4(xr + 20));
+    s0 = _mm512_dpbusd_epi32(s0, c[6], bcast4(xr + 24));
+    s1 = _mm512_dpbusd_epi32(s1, c[7], bcast4(xr + 28));
+    return _mm512_add_epi32(s0, s1);
+}
+
 static inline __attribute__((always_inline)) void
 tile(const job_t *j, int t, int m0, const int mb, const int f32) {
     const int k = j->k, groups = k / 32;
@@ -112,16 +128,7 @@ tile(const job_t *j, int t, int m0, const int mb, const int f32) {
         }
         for (int r = 0; r < mb; r++) {
             const int8_t *xr = j->xq + (size_t)(m0 + r) * k + g * 32;
-            __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
-            s0 = _mm512_dpbusd_epi32(s0, c[0], bcast4(xr));
-            s1 = _mm512_dpbusd_epi32(s1, c[1], bcast4(xr + 4));
-            s0 = _mm512_dpbusd_epi32(s0, c[2], bcast4(xr + 8));
-            s1 = _mm512_dpbusd_epi32(s1, c[3], bcast4(xr + 12));
-            s0 = _mm512_dpbusd_epi32(s0, c[4], bcast4(xr + 16));
-            s1 = _mm512_dpbusd_epi32(s1, c[5], bcast4(xr + 20));
-            s0 = _mm512_dpbusd_epi32(s0, c[6], bcast4(xr + 24));
-            s1 = _mm512_dpbusd_epi32(s1, c[7], bcast4(xr + 28));
-            __m512 dot = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
+            __m512 dot = _mm512_cvtepi32_ps(dot32(c, xr, _mm512_setzero_si512()));
             const float d = j->dx[(m0 + r) * groups + g], s = j->sx[(m0 + r) * groups + g];
             acc[r] = _mm512_fmadd_ps(dot, _mm512_mul_ps(scale, _mm512_set1_ps(d)), acc[r]);
             acc[r] = _mm512_fmadd_ps(bias, _mm512_set1_ps(s), acc[r]);
@@ -149,16 +156,7 @@ static inline __attribute__((always_inline)) void tile8(const job_t *j, int t, i
         for (int r = 0; r < mb; r++) {
             const int8_t *xr = j->xq + (size_t)(m0 + r) * k + g * 32;
             const int row = (m0 + r) * groups + g;
-            __m512i s0 = _mm512_set1_epi32(-128 * j->isx[row]), s1 = _mm512_setzero_si512();
-            s0 = _mm512_dpbusd_epi32(s0, c[0], bcast4(xr));
-            s1 = _mm512_dpbusd_epi32(s1, c[1], bcast4(xr + 4));
-            s0 = _mm512_dpbusd_epi32(s0, c[2], bcast4(xr + 8));
-            s1 = _mm512_dpbusd_epi32(s1, c[3], bcast4(xr + 12));
-            s0 = _mm512_dpbusd_epi32(s0, c[4], bcast4(xr + 16));
-            s1 = _mm512_dpbusd_epi32(s1, c[5], bcast4(xr + 20));
-            s0 = _mm512_dpbusd_epi32(s0, c[6], bcast4(xr + 24));
-            s1 = _mm512_dpbusd_epi32(s1, c[7], bcast4(xr + 28));
-            __m512 dot = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
+            __m512 dot = _mm512_cvtepi32_ps(dot32(c, xr, _mm512_set1_epi32(-128 * j->isx[row])));
             acc[r] = _mm512_fmadd_ps(dot, _mm512_mul_ps(scale, _mm512_set1_ps(j->dx[row])), acc[r]);
         }
     }

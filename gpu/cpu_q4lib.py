@@ -78,6 +78,15 @@ class Q4Lib:
         self._set_threads.restype = i32
         self.threads = self.set_threads(threads)
 
+    def rows(self, x: torch.Tensor, codes: int, factors: int, form: int, n: int) -> torch.Tensor:
+        """fp32 x [M, K] (contiguous) times the packed weight [n, K] at `codes` / `factors` of
+        `form` (the C file's Q4_F16, Q4_F32, Q8_F16) -> fp32 [M, n]."""
+        m, k = x.shape
+        out = torch.empty((m, n))
+        if self.matmul(x.data_ptr(), m, k, codes, factors, form, n, out.data_ptr(), n, MIN_SPLIT):
+            raise MemoryError("native CPU kernel: out of memory for the activations")
+        return out
+
     def set_threads(self, threads: int) -> int:
         """Threads per call from now on, the caller's included (0: torch's count)."""
         self.threads = int(self._set_threads(threads or torch.get_num_threads()))

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from troupe.gpu.cpu_q4 import GROUP, NATIVE_MAX_ROWS, TILE
-from troupe.gpu.cpu_q4lib import MIN_SPLIT, Q4Lib
+from troupe.gpu.cpu_q4lib import Q4Lib
 from troupe.gpu.gguf_quant import Int8Blocks
 
 _FORM = 2  # Q8_F16 in the C file
@@ -64,15 +64,7 @@ class CpuQ8:
 
     def rows(self, x: torch.Tensor) -> torch.Tensor:
         """fp32 x [M, K] (contiguous) -> fp32 [M, N] through the kernel."""
-        m, n = x.shape[0], self.num_rows
-        out = torch.empty((m, n))
-        rc = self.lib.matmul(
-            x.data_ptr(), m, self.k, self._codes_ptr, self._factors_ptr, _FORM, n,
-            out.data_ptr(), n, MIN_SPLIT,
-        )  # fmt: skip
-        if rc:
-            raise MemoryError("native int8 kernel: out of memory for the activations")
-        return out
+        return self.lib.rows(x, self._codes_ptr, self._factors_ptr, _FORM, self.num_rows)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x [M, K] -> [M, N] in x's dtype; the exact weight in x's dtype above
