@@ -73,6 +73,8 @@ class Row:
     proposed: int
     accepted: int
     verifications: int
+    overlap_hits: int = 0  # overlapped steps launched before their plan and used / launched
+    overlapped: int = 0
 
     def line(self) -> str:
         rate = self.accepted / self.proposed if self.proposed else 0.0
@@ -82,7 +84,8 @@ class Row:
             f"tok/s={self.tokens / self.seconds:>9,.0f}  ITL={self.itl_ms:7.2f} ms  "
             f"steps={self.steps:<5} ms/step={1000 * self.seconds / max(self.steps, 1):6.2f}  "
             f"acceptance={rate:5.1%} ({self.accepted}/{self.proposed})  "
-            f"accepted len={mean_len:4.2f} over {self.verifications} verifications"
+            f"accepted len={mean_len:4.2f} over {self.verifications} verifications  "
+            f"overlap={self.overlap_hits}/{self.overlapped}"
         )
 
 
@@ -132,12 +135,16 @@ def run_batches(
                     runs = []
                     for _ in range(args.repeats):
                         before = engine.stats()
+                        r0 = engine.runner_stats()
                         start = time.perf_counter()
                         results = await batch(prompts[:size], sampled=name == "nonmatching")
                         seconds = time.perf_counter() - start
-                        runs.append((seconds, before, engine.stats(), results))
+                        r1 = engine.runner_stats()
+                        hits = r1.num_overlap_hits - r0.num_overlap_hits
+                        launched = r1.num_overlapped - r0.num_overlapped
+                        runs.append((seconds, before, engine.stats(), results, hits, launched))
                     runs.sort(key=lambda run: run[0])
-                    seconds, before, after, results = runs[len(runs) // 2]
+                    seconds, before, after, results, hits, launched = runs[len(runs) // 2]
                     itls = [
                         (times[-1] - times[0]) / (len(tokens) - len(first))
                         for tokens, times, first in (
@@ -161,6 +168,8 @@ def run_batches(
                             accepted=after.num_spec_accepted_tokens
                             - before.num_spec_accepted_tokens,
                             verifications=sum(lengths) - sum(old),
+                            overlap_hits=hits,
+                            overlapped=launched,
                         )
                     )
                     print(rows[-1].line(), flush=True)
