@@ -20,6 +20,9 @@ Variants (MlaLaunch.variant; DEFAULT_CONFIG is the one the engine runs, ops/mla_
     HEADS_M   this file's pass 1: heads are the M side ([BLOCK_H x 576] @ [576 x BLOCK_N])
     TOKENS_M  kernels/mla_decode_tokens.py: the products transposed, the BLOCK_N tokens are M
               (wgmma-sized with BLOCK_N >= 64 on Hopper)
+    PAGED     kernels/mla_decode_paged.py: heads as rows, one block id per page, with
+              MlaLaunch.ids_ahead / q_reload / col_parts (the ids a tile early, q not held in
+              registers, the 512 output columns split between two programs)
 MlaLaunch.half_partials keeps the split partial outputs in the output dtype (half the merge
 traffic of fp32 partials); MlaLaunch.fused_merge has the last split of a row merge the
 partials inside pass 1 (kernels/mla_split_merge.py: one launch instead of two); MlaLaunch.prefetch double-buffers
@@ -38,6 +41,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .mla_decode_paged import mla_split_paged_kernel
 from .mla_decode_tokens import mla_split_tokens_kernel
 from .mla_split_merge import arrival_counters, merge_if_last
 from .mla_tile import load_latent_tile
@@ -50,6 +54,7 @@ class MlaVariant(enum.Enum):
 
     HEADS_M = "heads_m"
     TOKENS_M = "tokens_m"
+    PAGED = "paged"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +70,15 @@ class MlaLaunch:
     fused_merge: bool = False  # the last split of a row merges (kernels/mla_split_merge.py)
     programs_per_sm: int = 4  # the split count aims at this many programs per SM
     prefetch: bool = False  # load the next tile before using this one (kernels/mla_tile.py)
+    max_registers: int | None = None  # Triton's maxnreg: cap registers/thread for more programs
+    # PAGED only (kernels/mla_decode_paged.py):
+    ids_ahead: bool = False  # the next tile's block ids loaded one iteration early
+    q_reload: bool = False  # q_lat loaded in the loop, not held in registers
+    col_parts: int = 1  # 2: two programs per row, each accumulating half the latent columns
+
+    def column_programs(self) -> int:
+        """Programs per (row, head block, split): col_parts for PAGED, else 1."""
+        return self.col_parts if self.variant is MlaVariant.PAGED else 1
 
 
 # The launch the engine runs (kernels/mla_ops.py): set it to the BEST line of
@@ -209,6 +223,7 @@ def _mla_merge_kernel(
 SPLIT_KERNELS = {
     MlaVariant.HEADS_M: _mla_split_kernel,
     MlaVariant.TOKENS_M: mla_split_tokens_kernel,
+    MlaVariant.PAGED: mla_split_paged_kernel,
 }
 
 
@@ -226,6 +241,21 @@ def choose_num_splits(
     programs = num_rows * num_head_blocks
     wanted = max(1, (programs_per_sm * num_sms) // max(programs, 1))
     return max(1, min(wanted, max_context // 128, 16))
+
+
+def _register_cap(config: MlaLaunch) -> dict[str, int]:
+    return {} if config.max_registers is None else {"maxnreg": config.max_registers}
+
+
+def _paged_constexprs(config: MlaLaunch, latent: int, block_l: int) -> dict[str, object]:
+    """The PAGED kernel's own constexprs ({} for the other variants)."""
+    if config.variant is not MlaVariant.PAGED:
+        return {}
+    if config.col_parts not in (1, 2) or (config.col_parts == 2 and latent != block_l):
+        raise ValueError(f"MlaLaunch.col_parts {config.col_parts}: 1, or 2 with a power-of-two "
+                         f"latent width (got {latent})")  # fmt: skip
+    return {"IDS_AHEAD": config.ids_ahead, "Q_RELOAD": config.q_reload,
+            "COL_PARTS": config.col_parts}  # fmt: skip
 
 
 def mla_attention_triton(
@@ -257,8 +287,9 @@ def mla_attention_triton(
     if num_splits is None:
         max_context = block_tables.shape[1] * block_size
         num_splits = choose_num_splits(
-            num_rows, head_blocks, max_context, _num_sms(q_lat.device), config.programs_per_sm
-        )
+            num_rows, head_blocks * config.column_programs(), max_context,
+            _num_sms(q_lat.device), config.programs_per_sm,
+        )  # fmt: skip
     part_out = part_lse = out  # unused with one split
     if num_splits > 1:
         part_dtype = q_lat.dtype if config.half_partials else torch.float32
@@ -269,10 +300,12 @@ def mla_attention_triton(
             num_rows, num_heads, num_splits, dtype=torch.float32, device=q_lat.device
         )
     block_l = max(16, triton.next_power_of_2(latent))
-    fused = config.fused_merge and num_splits > 1
+    paged = _paged_constexprs(config, latent, block_l)
+    parts = config.column_programs()
+    fused = config.fused_merge and num_splits > 1 and parts == 1
     counters = arrival_counters(num_rows * head_blocks, q_lat.device) if fused else row_ctx
     split_kernel = SPLIT_KERNELS[config.variant]
-    split_kernel[(num_rows, head_blocks, num_splits)](
+    split_kernel[(num_rows * parts, head_blocks, num_splits)](
         q_lat, q_rope, cache, out, part_out, part_lse, block_tables, row_seq, row_ctx, counters,
         scale * _LOG2E,
         q_lat.stride(0), q_lat.stride(1), q_rope.stride(0), q_rope.stride(1),
@@ -281,7 +314,7 @@ def mla_attention_triton(
         BLOCK_H=block_h, BLOCK_L=block_l, BLOCK_R=max(16, triton.next_power_of_2(rope)),
         BLOCK_N=config.block_n, NUM_SPLITS=num_splits,
         PRECISION="ieee" if q_lat.dtype == torch.float32 else "tf32", FUSED_MERGE=fused,
-        PREFETCH=config.prefetch,
+        PREFETCH=config.prefetch, **paged, **_register_cap(config),
         num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
     if num_splits > 1 and not fused:

@@ -118,6 +118,13 @@ _VARIANT_CONFIGS = [
     MlaLaunch(variant=MlaVariant.TOKENS_M, block_n=16, half_partials=True, fused_merge=True),
     MlaLaunch(prefetch=True, num_stages=1),
     MlaLaunch(variant=MlaVariant.TOKENS_M, block_n=16, prefetch=True, fused_merge=True),
+    # PAGED (kernels/mla_decode_paged.py): whole pages (bn 16 = 4 pages of 4), a sub-page tile
+    MlaLaunch(variant=MlaVariant.PAGED, block_n=16, ids_ahead=True, fused_merge=True),
+    MlaLaunch(variant=MlaVariant.PAGED, block_n=2, q_reload=True, max_registers=128),
+    MlaLaunch(variant=MlaVariant.PAGED, block_n=8, ids_ahead=True, q_reload=True, col_parts=2),
+    MlaLaunch(
+        variant=MlaVariant.PAGED, block_n=16, col_parts=2, half_partials=True, fused_merge=True
+    ),
 ]
 
 
@@ -195,9 +202,25 @@ def test_v2_lite_shape_bf16_on_cuda() -> None:
     assert float((got - expected).norm() / expected.norm()) < 2e-2
 
 
+_GPU_CONFIGS = [
+    *(c for c in _VARIANT_CONFIGS if c.block_n >= 16),  # tl.dot's smallest tile on the GPU
+    MlaLaunch(MlaVariant.TOKENS_M),
+    MlaLaunch(variant=MlaVariant.PAGED, block_n=32, ids_ahead=True, fused_merge=True),
+    MlaLaunch(
+        variant=MlaVariant.PAGED,
+        block_n=16,
+        num_stages=3,
+        ids_ahead=True,
+        col_parts=2,
+        max_registers=128,
+    ),
+    MlaLaunch(variant=MlaVariant.PAGED, block_n=32, q_reload=True, half_partials=True),
+]
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("config", [*_VARIANT_CONFIGS, MlaLaunch(MlaVariant.TOKENS_M)], ids=str)
+@pytest.mark.parametrize("config", _GPU_CONFIGS, ids=str)
 @pytest.mark.parametrize("num_splits", [1, 4])
 def test_variants_bf16_on_cuda(config: MlaLaunch, num_splits: int) -> None:
     p = _v2_lite_problem(num_seqs=8, context=700, seed=13)
