@@ -19,7 +19,8 @@ with one block-table load per page):
 Tiles are whole pages when BLOCK_N >= BLOCK_SIZE (BLOCK_N // BLOCK_SIZE ids per tile, one per
 page); a smaller BLOCK_N reads one id per tile (start is a BLOCK_N multiple). The arguments,
 splits and partial outputs are those of kernels/mla_decode.py's pass 1 (grid: rows x
-col_parts, head blocks, splits), so the same merge kernel serves.
+col_parts, head blocks, splits), so the same merge kernel serves; the fused merge
+(col_parts 1 only) is kernels/mla_split_merge.merge_if_last_rolled.
 """
 
 # Triton kernels take untyped pointers and constexprs; @triton.jit is untyped to mypy.
@@ -30,7 +31,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .mla_split_merge import merge_if_last
+from .mla_split_merge import merge_if_last_rolled
 
 
 @triton.jit
@@ -167,5 +168,5 @@ def mla_split_paged_kernel(
         tl.store(part_lse_ptr + at, lse, mask=h_mask & (part == 0))  # the parts' lse agree
         if FUSED_MERGE:
             counter = counter_ptr + row * tl.num_programs(1) + head_block
-            merge_if_last(counter, part_out_ptr, part_lse_ptr, out_ptr, row, heads, h_mask,
+            merge_if_last_rolled(counter, part_out_ptr, part_lse_ptr, out_ptr, row, heads, h_mask,
                           stride_ot, stride_oh, NUM_HEADS, LATENT, BLOCK_H, BLOCK_L, NUM_SPLITS)  # fmt: skip

@@ -62,24 +62,26 @@ def _p(
 # programs_per_sm on 132 SMs at 256 rows: 2 -> 1 split, 4 -> 2, 8 -> 4 (col_parts 2 counts
 # twice). Compiled for sm_90 by triton 3.7 (`python3 -m troupe.ops.mla_compile_check`, no GPU):
 # today's HEADS_M bn 32 w4 takes 206 registers (2 programs per SM; ncu on the H200: 208) and ONE
-# shared buffer for the latent tile at num_stages 2. PAGED (one id per page, no per-row index
-# math) takes 128 at bn 32 w4 st2 (4 per SM: 4 x 56 KB of shared memory); bn 16 st3 gets two
-# tile buffers (load and compute overlap) at 166 (3 per SM) or, capped by max_registers 128, 4
-# per SM with a 24-byte spill; bn 32 st3 two buffers at 93 KB (2 per SM); col_parts 2 at bn 32
-# 158 (3 per SM), capped 128 (4). PAGED first (this session's variants), then the best of the
-# earlier ones (docs/benchmarks.md, 2026-12-02: HEADS_M fused 64%, TOKENS_M 56%, prefetch <= 54%).
+# shared buffer for the latent tile at num_stages 2. PAGED (one id per page, the rolled fused
+# merge) takes 127-128 at bn 32 st2 and bn 16 st3 at 2-8 splits: 4 programs per SM (56 KB of
+# shared memory each); bn 16 st3 gets two tile buffers (load and compute overlap), st4 three
+# (74 KB: 3 per SM); bn 16 st2 capped at 96 registers (56-byte spill) 5 per SM; bn 32 st3 two
+# buffers at 93 KB (2 per SM); col_parts 2: bn 16 st3 128 (4 per SM), bn 32 158 (3; capped at
+# 128: 48-byte spill, 4); ids not ahead 183 (capped at 128: no spill). PAGED first (this
+# session's variants), then the best of the earlier ones (docs/benchmarks.md, 2026-12-02:
+# HEADS_M fused 64%, TOKENS_M 56%, prefetch <= 54%).
 CONFIGS = [
     DEFAULT_CONFIG,
     _p(32, 4, 2, 4, True, False),
-    _p(16, 4, 3, 8, True, False, regs=128),
-    _p(32, 4, 2, 8, True, False),
-    _p(32, 4, 2, 4, False, False),
     _p(16, 4, 3, 8, True, False),
-    _p(16, 4, 4, 8, True, False, regs=168),
+    _p(16, 4, 3, 4, True, False),
+    _p(32, 4, 2, 8, True, False),
+    _p(32, 4, 2, 4, False, False, regs=128),  # ids not ahead (idea 1 alone)
+    _p(16, 4, 4, 8, True, False),
+    _p(16, 4, 2, 8, True, False, regs=96),
     _p(32, 4, 3, 4, True, False),
+    _p(16, 4, 3, 8, True, False, 2),
     _p(32, 4, 2, 8, True, False, 2, regs=128),
-    _p(16, 4, 3, 8, True, False, 2, regs=128),
-    _p(32, 4, 2, 8, True, False, 2),
     _p(32, 4, 2, 4, True, True),
     _p(32, 8, 2, 4, True, False),
     _p(64, 4, 2, 4, True, False),

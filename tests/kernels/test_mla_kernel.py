@@ -151,6 +151,25 @@ def test_splits_merge_to_the_one_pass_softmax(num_splits: int, config: MlaLaunch
         torch.testing.assert_close(out[s], scores.softmax(-1) @ rows[:, :LORA])
 
 
+def test_paged_fused_merge_over_wide_latent_rows() -> None:
+    """PAGED's rolled merge works in 128-column pieces: a 256-wide latent (two pieces), three
+    splits merged by the last one, against a torch softmax over the gathered rows."""
+    latent, rope, bs, lens = 256, 16, 4, [23, 9]
+    gen = torch.Generator().manual_seed(21)
+    cache = torch.randn(16, bs, latent + rope, generator=gen)
+    table = torch.randperm(16, generator=gen)[:12].view(2, 6).to(torch.int32)
+    q_lat = torch.randn(2, HEADS, latent, generator=gen)
+    q_rope = torch.randn(2, HEADS, rope, generator=gen)
+    config = MlaLaunch(variant=MlaVariant.PAGED, block_n=8, ids_ahead=True, fused_merge=True)
+    seq, ctx = torch.tensor([0, 1], dtype=torch.int32), torch.tensor(lens, dtype=torch.int32)
+    out = mla_attention_triton(q_lat, q_rope, cache, table, seq, ctx, 0.1, num_splits=3,
+                               config=config)  # fmt: skip
+    for s, n in enumerate(lens):
+        rows = cache[table[s].long()].flatten(0, 1)[:n]
+        scores = (q_lat[s] @ rows[:, :latent].T + q_rope[s] @ rows[:, latent:].T) * 0.1
+        torch.testing.assert_close(out[s], scores.softmax(-1) @ rows[:, :latent])
+
+
 def test_yarn_table_matches_transformers() -> None:
     import transformers
     from transformers.models.deepseek_v3 import modeling_deepseek_v3 as hf
