@@ -121,6 +121,7 @@ _VARIANT_CONFIGS = [
     # PAGED (kernels/mla_decode_paged.py): whole pages (bn 16 = 4 pages of 4), a sub-page tile
     MlaLaunch(variant=MlaVariant.PAGED, block_n=16, ids_ahead=True, fused_merge=True),
     MlaLaunch(variant=MlaVariant.PAGED, block_n=2, q_reload=True, max_registers=128),
+    MlaLaunch(variant=MlaVariant.PAGED, block_n=2, ids_ahead=True, fused_merge=True),
     MlaLaunch(variant=MlaVariant.PAGED, block_n=8, ids_ahead=True, q_reload=True, col_parts=2),
     MlaLaunch(
         variant=MlaVariant.PAGED, block_n=16, col_parts=2, half_partials=True, fused_merge=True
