@@ -99,6 +99,8 @@ def main() -> None:
         head = (f"{config.variant.value:<9} bn={config.block_n:<3} w={config.num_warps} "
                 f"st={config.num_stages} splits={splits:<2} fused={int(config.fused_merge)} "
                 f"prefetch={int(config.prefetch)}")  # fmt: skip
+        if config.max_registers is not None:
+            head += f" maxnreg={config.max_registers}"
         if config.variant is MlaVariant.PAGED:
             head += (f" ahead={int(config.ids_ahead)} reload={int(config.q_reload)} "
                      f"parts={config.col_parts}")  # fmt: skip
