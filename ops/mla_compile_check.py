@@ -29,6 +29,7 @@ from troupe.kernels.mla_decode import (
     MlaVariant,
     choose_num_splits,
 )
+from troupe.kernels.mla_decode_tma import mla_split_tma_kernel
 from troupe.ops.mla_variant_sweep import CONFIGS
 
 _TYPES = {"qk_scale": "fp32", "block_tables_ptr": "*i32", "row_seq_ptr": "*i32",
@@ -37,11 +38,15 @@ _BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin
 
 
 def compile_config(config: MlaLaunch, splits: int) -> dict[str, object]:
-    kernel = SPLIT_KERNELS[config.variant]
+    kernel = SPLIT_KERNELS.get(config.variant, mla_split_tma_kernel)
     consts = {"NUM_HEADS": 16, "BLOCK_SIZE": 16, "LATENT": 512, "ROPE": 64, "BLOCK_H": 16,
               "BLOCK_L": 512, "BLOCK_R": 64, "BLOCK_N": config.block_n, "NUM_SPLITS": splits,
               "PRECISION": "tf32", "FUSED_MERGE": config.fused_merge and splits > 1,
               "PREFETCH": config.prefetch}  # fmt: skip
+    if config.variant is MlaVariant.TMA:
+        for gone in ("BLOCK_L", "BLOCK_N", "PREFETCH"):
+            del consts[gone]
+        consts.update(PIECE=256, IDS_AHEAD=config.ids_ahead)
     if config.variant is MlaVariant.PAGED:
         consts.update(IDS_AHEAD=config.ids_ahead, Q_RELOAD=config.q_reload,
                       COL_PARTS=config.col_parts)  # fmt: skip
@@ -53,6 +58,10 @@ def compile_config(config: MlaLaunch, splits: int) -> dict[str, object]:
                                                      "*bf16" if n.endswith("_ptr") else "i32")
         for n in names
     }  # fmt: skip
+    signature.update(
+        (n, f"tensordesc<bf16[16,{256 if n == 'c_desc' else 64}]>")
+        for n in names if n.endswith("_desc")
+    )  # fmt: skip
     aligned = [i for i, n in enumerate(names) if n.endswith("_ptr") or n.startswith("stride")]
     src = ASTSource(
         fn=kernel,

@@ -59,6 +59,12 @@ def _p(
                      ids_ahead=ahead, q_reload=reload, col_parts=parts, max_registers=regs)  # fmt: skip
 
 
+def _t(stages: int, pps: int, regs: int | None = None) -> MlaLaunch:
+    """TMA (kernels/mla_decode_tma.py): a page a step, ids ahead, bf16 partials merged in pass 1."""
+    return MlaLaunch(variant=MlaVariant.TMA, num_stages=stages, programs_per_sm=pps,
+                     half_partials=True, fused_merge=True, ids_ahead=True, max_registers=regs)  # fmt: skip
+
+
 # programs_per_sm on 132 SMs at 256 rows: 2 -> 1 split, 4 -> 2, 8 -> 4 (col_parts 2 counts
 # twice). Compiled for sm_90 by triton 3.7 (`python3 -m troupe.ops.mla_compile_check`, no GPU):
 # today's HEADS_M bn 32 w4 takes 206 registers (2 programs per SM; ncu on the H200: 208) and ONE
@@ -67,9 +73,11 @@ def _p(
 # shared memory each); bn 16 st3 gets two tile buffers (load and compute overlap), st4 three
 # (74 KB: 3 per SM); bn 16 st2 capped at 96 registers (56-byte spill) 5 per SM; bn 32 st3 two
 # buffers at 93 KB (2 per SM); col_parts 2: bn 16 st3 128 (4 per SM), bn 32 158 (3; capped at
-# 128: 48-byte spill, 4); ids not ahead 183 (capped at 128: no spill). PAGED first (this
-# session's variants), then the best of the earlier ones (docs/benchmarks.md, 2026-12-02:
-# HEADS_M fused 64%, TOKENS_M 56%, prefetch <= 54%).
+# 128: 48-byte spill, 4); ids not ahead 183 (capped at 128: no spill). TMA: one 18 KB stage
+# per page (st3 56 KB, st4 74 KB), 205 registers (2 per SM; capped at 168: 24-byte spill, 3;
+# at 128: 168-byte spill, 4). PAGED and TMA first (this session's variants), then the best of
+# the earlier ones (docs/benchmarks.md, 2026-12-02: HEADS_M fused 64%, TOKENS_M 56%, prefetch
+# <= 54%).
 CONFIGS = [
     DEFAULT_CONFIG,
     _p(32, 4, 2, 4, True, False),
@@ -86,6 +94,10 @@ CONFIGS = [
     _p(32, 8, 2, 4, True, False),
     _p(64, 4, 2, 4, True, False),
     _p(32, 4, 2, 16, True, False),
+    _t(3, 4),
+    _t(4, 8, regs=168),
+    _t(3, 4, regs=128),
+    _t(2, 4),
     # today's kernel capped at 128 registers (112-byte spill, 4 per SM): registers alone?
     dataclasses.replace(_c(H, 32, 4, 2, 4, True, False), max_registers=128),
     MlaLaunch(),
@@ -116,7 +128,8 @@ def _short(config: MlaLaunch) -> str:
     extra += " reload" if config.q_reload else ""
     extra += f" parts={config.col_parts}" if config.col_parts != 1 else ""
     extra += f" regs={config.max_registers}" if config.max_registers else ""
-    return (f"bn={config.block_n} w={config.num_warps} st={config.num_stages} "
+    bn = "page" if config.variant is MlaVariant.TMA else config.block_n  # TMA: a page a step
+    return (f"bn={bn} w={config.num_warps} st={config.num_stages} "
             f"pps={config.programs_per_sm}{extra}")  # fmt: skip
 
 

@@ -125,7 +125,9 @@ _VARIANT_CONFIGS = [
     MlaLaunch(variant=MlaVariant.PAGED, block_n=8, ids_ahead=True, q_reload=True, col_parts=2),
     MlaLaunch(
         variant=MlaVariant.PAGED, block_n=16, col_parts=2, half_partials=True, fused_merge=True
-    ),
+    ),  # TMA (kernels/mla_decode_tma.py): a page a step, the partial last page by masked loads
+    MlaLaunch(variant=MlaVariant.TMA, ids_ahead=True, fused_merge=True),
+    MlaLaunch(variant=MlaVariant.TMA, half_partials=True),
 ]
 
 
@@ -152,16 +154,21 @@ def test_splits_merge_to_the_one_pass_softmax(num_splits: int, config: MlaLaunch
         torch.testing.assert_close(out[s], scores.softmax(-1) @ rows[:, :LORA])
 
 
-def test_paged_fused_merge_over_wide_latent_rows() -> None:
-    """PAGED's rolled merge works in 128-column pieces: a 256-wide latent (two pieces), three
-    splits merged by the last one, against a torch softmax over the gathered rows."""
-    latent, rope, bs, lens = 256, 16, 4, [23, 9]
+@pytest.mark.parametrize(
+    ("variant", "latent"),
+    [(MlaVariant.PAGED, 256), (MlaVariant.TMA, 256), (MlaVariant.TMA, 512)],
+)
+def test_fused_merge_over_wide_latent_rows(variant: MlaVariant, latent: int) -> None:
+    """The rolled merge works in 128-column pieces (2 or 4 here), TMA loads a 512-wide latent
+    as two 256-wide boxes: three splits merged by the last one, against a torch softmax over
+    the gathered rows."""
+    rope, bs, lens = 16, 4, [23, 9]
     gen = torch.Generator().manual_seed(21)
     cache = torch.randn(16, bs, latent + rope, generator=gen)
     table = torch.randperm(16, generator=gen)[:12].view(2, 6).to(torch.int32)
     q_lat = torch.randn(2, HEADS, latent, generator=gen)
     q_rope = torch.randn(2, HEADS, rope, generator=gen)
-    config = MlaLaunch(variant=MlaVariant.PAGED, block_n=8, ids_ahead=True, fused_merge=True)
+    config = MlaLaunch(variant=variant, block_n=8, ids_ahead=True, fused_merge=True)
     seq, ctx = torch.tensor([0, 1], dtype=torch.int32), torch.tensor(lens, dtype=torch.int32)
     out = mla_attention_triton(q_lat, q_rope, cache, table, seq, ctx, 0.1, num_splits=3,
                                config=config)  # fmt: skip
