@@ -20,6 +20,11 @@ Variants (MlaLaunch.variant; DEFAULT_CONFIG is the one the engine runs, ops/mla_
     HEADS_M   this file's pass 1: heads are the M side ([BLOCK_H x 576] @ [576 x BLOCK_N])
     TOKENS_M  kernels/mla_decode_tokens.py: the products transposed, the BLOCK_N tokens are M
               (wgmma-sized with BLOCK_N >= 64 on Hopper)
+    PAGED     kernels/mla_decode_paged.py: heads as rows, one block id per page, with
+              MlaLaunch.ids_ahead / q_reload / col_parts (the ids a tile early, q not held in
+              registers, the 512 output columns split between two programs)
+    TMA       kernels/mla_decode_tma.py: heads as rows, one page per step loaded by TMA
+              (tensor descriptors; block_n unused), ids_ahead as PAGED's
 MlaLaunch.half_partials keeps the split partial outputs in the output dtype (half the merge
 traffic of fp32 partials); MlaLaunch.fused_merge has the last split of a row merge the
 partials inside pass 1 (kernels/mla_split_merge.py: one launch instead of two); MlaLaunch.prefetch double-buffers
@@ -38,6 +43,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .mla_decode_paged import mla_split_paged_kernel
+from .mla_decode_tma import latent_pieces, mla_split_tma_kernel, tma_descriptors
 from .mla_decode_tokens import mla_split_tokens_kernel
 from .mla_split_merge import arrival_counters, merge_if_last
 from .mla_tile import load_latent_tile
@@ -50,6 +57,8 @@ class MlaVariant(enum.Enum):
 
     HEADS_M = "heads_m"
     TOKENS_M = "tokens_m"
+    PAGED = "paged"
+    TMA = "tma"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +74,15 @@ class MlaLaunch:
     fused_merge: bool = False  # the last split of a row merges (kernels/mla_split_merge.py)
     programs_per_sm: int = 4  # the split count aims at this many programs per SM
     prefetch: bool = False  # load the next tile before using this one (kernels/mla_tile.py)
+    max_registers: int | None = None  # Triton's maxnreg: cap registers/thread for more programs
+    ids_ahead: bool = False  # PAGED, TMA: the next tile's block ids loaded an iteration early
+    # PAGED only (kernels/mla_decode_paged.py):
+    q_reload: bool = False  # q_lat loaded in the loop, not held in registers
+    col_parts: int = 1  # 2: two programs per row, each accumulating half the latent columns
+
+    def column_programs(self) -> int:
+        """Programs per (row, head block, split): col_parts for PAGED, else 1."""
+        return self.col_parts if self.variant is MlaVariant.PAGED else 1
 
 
 # The launch the engine runs (kernels/mla_ops.py): set it to the BEST line of
@@ -209,6 +227,7 @@ def _mla_merge_kernel(
 SPLIT_KERNELS = {
     MlaVariant.HEADS_M: _mla_split_kernel,
     MlaVariant.TOKENS_M: mla_split_tokens_kernel,
+    MlaVariant.PAGED: mla_split_paged_kernel,
 }
 
 
@@ -226,6 +245,21 @@ def choose_num_splits(
     programs = num_rows * num_head_blocks
     wanted = max(1, (programs_per_sm * num_sms) // max(programs, 1))
     return max(1, min(wanted, max_context // 128, 16))
+
+
+def _register_cap(config: MlaLaunch) -> dict[str, int]:
+    return {} if config.max_registers is None else {"maxnreg": config.max_registers}
+
+
+def _paged_constexprs(config: MlaLaunch, latent: int, block_l: int) -> dict[str, object]:
+    """The PAGED kernel's own constexprs ({} for the other variants)."""
+    if config.variant is not MlaVariant.PAGED:
+        return {}
+    if config.col_parts not in (1, 2) or (config.col_parts == 2 and latent != block_l):
+        raise ValueError(f"MlaLaunch.col_parts {config.col_parts}: 1, or 2 with a power-of-two "
+                         f"latent width (got {latent})")  # fmt: skip
+    return {"IDS_AHEAD": config.ids_ahead, "Q_RELOAD": config.q_reload,
+            "COL_PARTS": config.col_parts}  # fmt: skip
 
 
 def mla_attention_triton(
@@ -257,8 +291,9 @@ def mla_attention_triton(
     if num_splits is None:
         max_context = block_tables.shape[1] * block_size
         num_splits = choose_num_splits(
-            num_rows, head_blocks, max_context, _num_sms(q_lat.device), config.programs_per_sm
-        )
+            num_rows, head_blocks * config.column_programs(), max_context,
+            _num_sms(q_lat.device), config.programs_per_sm,
+        )  # fmt: skip
     part_out = part_lse = out  # unused with one split
     if num_splits > 1:
         part_dtype = q_lat.dtype if config.half_partials else torch.float32
@@ -269,21 +304,38 @@ def mla_attention_triton(
             num_rows, num_heads, num_splits, dtype=torch.float32, device=q_lat.device
         )
     block_l = max(16, triton.next_power_of_2(latent))
-    fused = config.fused_merge and num_splits > 1
+    paged = _paged_constexprs(config, latent, block_l)
+    parts = config.column_programs()
+    fused = config.fused_merge and num_splits > 1 and parts == 1
     counters = arrival_counters(num_rows * head_blocks, q_lat.device) if fused else row_ctx
-    split_kernel = SPLIT_KERNELS[config.variant]
-    split_kernel[(num_rows, head_blocks, num_splits)](
-        q_lat, q_rope, cache, out, part_out, part_lse, block_tables, row_seq, row_ctx, counters,
-        scale * _LOG2E,
-        q_lat.stride(0), q_lat.stride(1), q_rope.stride(0), q_rope.stride(1),
-        out.stride(0), out.stride(1), block_tables.stride(0),
-        NUM_HEADS=num_heads, BLOCK_SIZE=block_size, LATENT=latent, ROPE=rope,
-        BLOCK_H=block_h, BLOCK_L=block_l, BLOCK_R=max(16, triton.next_power_of_2(rope)),
-        BLOCK_N=config.block_n, NUM_SPLITS=num_splits,
-        PRECISION="ieee" if q_lat.dtype == torch.float32 else "tf32", FUSED_MERGE=fused,
-        PREFETCH=config.prefetch,
-        num_warps=config.num_warps, num_stages=config.num_stages,
-    )  # fmt: skip
+    block_r = max(16, triton.next_power_of_2(rope))
+    precision = "ieee" if q_lat.dtype == torch.float32 else "tf32"
+    if config.variant is MlaVariant.TMA:
+        piece = latent_pieces(latent)
+        c_desc, r_desc = tma_descriptors(cache, piece, block_r)
+        mla_split_tma_kernel[(num_rows, head_blocks, num_splits)](
+            q_lat, q_rope, c_desc, r_desc, cache, out, part_out, part_lse, block_tables, row_seq,
+            row_ctx, counters, scale * _LOG2E,
+            q_lat.stride(0), q_lat.stride(1), q_rope.stride(0), q_rope.stride(1),
+            out.stride(0), out.stride(1), block_tables.stride(0),
+            NUM_HEADS=num_heads, BLOCK_SIZE=block_size, LATENT=latent, ROPE=rope, BLOCK_H=block_h,
+            PIECE=piece, BLOCK_R=block_r, NUM_SPLITS=num_splits, PRECISION=precision,
+            FUSED_MERGE=fused, IDS_AHEAD=config.ids_ahead, **_register_cap(config),
+            num_warps=config.num_warps, num_stages=config.num_stages,
+        )  # fmt: skip
+    else:
+        split_kernel = SPLIT_KERNELS[config.variant]
+        split_kernel[(num_rows * parts, head_blocks, num_splits)](
+            q_lat, q_rope, cache, out, part_out, part_lse, block_tables, row_seq, row_ctx,
+            counters, scale * _LOG2E,
+            q_lat.stride(0), q_lat.stride(1), q_rope.stride(0), q_rope.stride(1),
+            out.stride(0), out.stride(1), block_tables.stride(0),
+            NUM_HEADS=num_heads, BLOCK_SIZE=block_size, LATENT=latent, ROPE=rope,
+            BLOCK_H=block_h, BLOCK_L=block_l, BLOCK_R=block_r, BLOCK_N=config.block_n,
+            NUM_SPLITS=num_splits, PRECISION=precision, FUSED_MERGE=fused,
+            PREFETCH=config.prefetch, **paged, **_register_cap(config),
+            num_warps=config.num_warps, num_stages=config.num_stages,
+        )  # fmt: skip
     if num_splits > 1 and not fused:
         _mla_merge_kernel[(num_rows, num_heads)](
             part_out, part_lse, out, out.stride(0), out.stride(1),

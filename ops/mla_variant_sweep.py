@@ -31,8 +31,8 @@ from troupe.kernels.mla_decode import (
 
 HEADS, LORA, ROPE, NOPE, BLOCK_SIZE = 16, 512, 64, 128, 16
 MAX_REL_ERROR = 2e-2
-TIME_BUDGET_S = 72.0  # the sweep's share of the lead's combined H200 call: later configs skip
-H, T = MlaVariant.HEADS_M, MlaVariant.TOKENS_M
+TIME_BUDGET_S = 75.0  # the sweep's share of the lead's combined H200 call: later configs skip
+H, T, P = MlaVariant.HEADS_M, MlaVariant.TOKENS_M, MlaVariant.PAGED
 
 
 def _c(
@@ -43,25 +43,65 @@ def _c(
                      programs_per_sm=pps, half_partials=fast, fused_merge=fast, prefetch=prefetch)  # fmt: skip
 
 
-# programs_per_sm on 132 SMs at 256 rows: 2 -> 1 split, 4 -> 2, 8 -> 4. Compiled for sm_90 by
-# triton 3.7 (ahead of time, no GPU): HEADS_M gets ONE shared buffer for the latent tile at any
-# num_stages (load and compute never overlap), so its variants here prefetch into registers
-# (bn 32, 4 warps: 255 registers, no spills: 2 programs per SM); TOKENS_M with bn 64 gets two
-# buffers at num_stages 2-3 (168 KB: 1 program per SM) and wgmma for both products.
+def _p(
+    bn: int,
+    warps: int,
+    stages: int,
+    pps: int,
+    ahead: bool,
+    reload: bool,
+    parts: int = 1,
+    regs: int | None = None,
+) -> MlaLaunch:
+    """PAGED (kernels/mla_decode_paged.py), bf16 partials, merged in pass 1 when parts == 1."""
+    return MlaLaunch(variant=P, block_n=bn, num_warps=warps, num_stages=stages,
+                     programs_per_sm=pps, half_partials=True, fused_merge=parts == 1,
+                     ids_ahead=ahead, q_reload=reload, col_parts=parts, max_registers=regs)  # fmt: skip
+
+
+def _t(stages: int, pps: int, regs: int | None = None) -> MlaLaunch:
+    """TMA (kernels/mla_decode_tma.py): a page a step, ids ahead, bf16 partials merged in pass 1."""
+    return MlaLaunch(variant=MlaVariant.TMA, num_stages=stages, programs_per_sm=pps,
+                     half_partials=True, fused_merge=True, ids_ahead=True, max_registers=regs)  # fmt: skip
+
+
+# programs_per_sm on 132 SMs at 256 rows: 2 -> 1 split, 4 -> 2, 8 -> 4 (col_parts 2 counts
+# twice). Compiled for sm_90 by triton 3.7 (`python3 -m troupe.ops.mla_compile_check`, no GPU):
+# today's HEADS_M bn 32 w4 takes 206 registers (2 programs per SM; ncu on the H200: 208) and ONE
+# shared buffer for the latent tile at num_stages 2. PAGED (one id per page, the rolled fused
+# merge) takes 127-128 at bn 32 st2 and bn 16 st3 at 2-8 splits: 4 programs per SM (56 KB of
+# shared memory each); bn 16 st3 gets two tile buffers (load and compute overlap), st4 three
+# (74 KB: 3 per SM); bn 16 st2 capped at 96 registers (56-byte spill) 5 per SM; bn 32 st3 two
+# buffers at 93 KB (2 per SM); col_parts 2: bn 16 st3 128 (4 per SM), bn 32 158 (3; capped at
+# 128: 48-byte spill, 4); ids not ahead 183 (capped at 128: no spill). TMA: one 18 KB stage
+# per page (st3 56 KB, st4 74 KB), 205 registers (2 per SM; capped at 168: 24-byte spill, 3;
+# at 128: 168-byte spill, 4). PAGED and TMA first (this session's variants), then the best of
+# the earlier ones (docs/benchmarks.md, 2026-12-02: HEADS_M fused 64%, TOKENS_M 56%, prefetch
+# <= 54%).
 CONFIGS = [
     DEFAULT_CONFIG,
+    _p(32, 4, 2, 4, True, False),
+    _p(16, 4, 3, 8, True, False),
+    _p(16, 4, 3, 4, True, False),
+    _p(32, 4, 2, 8, True, False),
+    _t(3, 4),
+    _t(3, 4, regs=128),
+    _p(32, 4, 2, 4, False, False, regs=128),  # ids not ahead (idea 1 alone)
+    _p(16, 4, 4, 8, True, False),
+    _p(16, 4, 2, 8, True, False, regs=96),
+    _t(4, 8, regs=168),
+    _p(16, 4, 3, 8, True, False, 2),
+    _p(32, 4, 2, 8, True, False, 2, regs=128),
+    _p(32, 4, 3, 4, True, False),
+    _p(32, 4, 2, 4, True, True),
+    _p(32, 8, 2, 4, True, False),
+    _p(32, 4, 2, 16, True, False),
+    _t(2, 4),
+    # today's kernel capped at 128 registers (112-byte spill, 4 per SM): registers alone?
+    dataclasses.replace(_c(H, 32, 4, 2, 4, True, False), max_registers=128),
     MlaLaunch(),
     _c(H, 32, 4, 2, 4, True, False),
-    _c(H, 32, 4, 1, 2, False, True),
-    _c(H, 32, 4, 1, 4, True, True),
-    _c(H, 32, 8, 1, 2, False, True),
-    _c(H, 16, 4, 1, 4, True, True),
-    _c(T, 64, 4, 3, 2, False, False),
-    _c(T, 64, 8, 3, 2, False, False),
     _c(T, 64, 4, 3, 4, True, False),
-    _c(T, 64, 8, 3, 4, True, False),
-    _c(T, 64, 4, 3, 8, True, False),
-    _c(T, 32, 4, 3, 4, True, False),
     # TOKENS_M with the register prefetch hit an illegal memory access on the H200 (2026-12-02,
     # docs/benchmarks.md): last, since a CUDA error ends every launch after it in the process
     _c(T, 64, 8, 1, 2, False, True),
@@ -82,7 +122,12 @@ def config_expr(config: MlaLaunch) -> str:
 def _short(config: MlaLaunch) -> str:
     extra = (" half" if config.half_partials else "") + (" fused" if config.fused_merge else "")
     extra += " prefetch" if config.prefetch else ""
-    return (f"bn={config.block_n} w={config.num_warps} st={config.num_stages} "
+    extra += " ahead" if config.ids_ahead else ""
+    extra += " reload" if config.q_reload else ""
+    extra += f" parts={config.col_parts}" if config.col_parts != 1 else ""
+    extra += f" regs={config.max_registers}" if config.max_registers else ""
+    bn = "page" if config.variant is MlaVariant.TMA else config.block_n  # TMA: a page a step
+    return (f"bn={bn} w={config.num_warps} st={config.num_stages} "
             f"pps={config.programs_per_sm}{extra}")  # fmt: skip
 
 
@@ -138,17 +183,18 @@ def sweep_shape(
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count if on_gpu else 4
     moved = (p["cache"].numel() + 2 * p["q_lat"].numel() + p["q_rope"].numel()) * 2
     print(f"\n{num_seqs} x {context}: {moved / 1e6:.0f} MB to move")
-    print(f"{'variant':<9} {'config':<43} {'splits':>6} {'us':>8} {'TB/s':>6} {'copy':>5} "
+    print(f"{'variant':<9} {'config':<56} {'splits':>6} {'us':>8} {'TB/s':>6} {'copy':>5} "
           f"{'max abs':>8} {'rel':>8}")  # fmt: skip
     good: list[Row] = []
     for config in configs:
-        splits = choose_num_splits(num_seqs, 1, context, num_sms, config.programs_per_sm)
+        splits = choose_num_splits(num_seqs, config.column_programs(), context, num_sms,
+                                   config.programs_per_sm)  # fmt: skip
 
         def kernel(config: MlaLaunch = config) -> torch.Tensor:
             return mla_attention_triton(p["q_lat"], p["q_rope"], p["cache"], p["table"], p["seq"],
                                         p["ctx"], scale, config=config)  # fmt: skip
 
-        head = f"{config.variant.value:<9} {_short(config):<43} {splits:>6}"
+        head = f"{config.variant.value:<9} {_short(config):<56} {splits:>6}"
         if time.monotonic() > deadline:
             print(f"{head} skipped (past the sweep's {TIME_BUDGET_S:.0f} s)")
             continue

@@ -118,6 +118,16 @@ _VARIANT_CONFIGS = [
     MlaLaunch(variant=MlaVariant.TOKENS_M, block_n=16, half_partials=True, fused_merge=True),
     MlaLaunch(prefetch=True, num_stages=1),
     MlaLaunch(variant=MlaVariant.TOKENS_M, block_n=16, prefetch=True, fused_merge=True),
+    # PAGED (kernels/mla_decode_paged.py): whole pages (bn 16 = 4 pages of 4), a sub-page tile
+    MlaLaunch(variant=MlaVariant.PAGED, block_n=16, ids_ahead=True, fused_merge=True),
+    MlaLaunch(variant=MlaVariant.PAGED, block_n=2, q_reload=True, max_registers=128),
+    MlaLaunch(variant=MlaVariant.PAGED, block_n=2, ids_ahead=True, fused_merge=True),
+    MlaLaunch(variant=MlaVariant.PAGED, block_n=8, ids_ahead=True, q_reload=True, col_parts=2),
+    MlaLaunch(
+        variant=MlaVariant.PAGED, block_n=16, col_parts=2, half_partials=True, fused_merge=True
+    ),  # TMA (kernels/mla_decode_tma.py): a page a step, the partial last page by masked loads
+    MlaLaunch(variant=MlaVariant.TMA, ids_ahead=True, fused_merge=True),
+    MlaLaunch(variant=MlaVariant.TMA, half_partials=True),
 ]
 
 
@@ -142,6 +152,30 @@ def test_splits_merge_to_the_one_pass_softmax(num_splits: int, config: MlaLaunch
         rows = torch.cat([cache[int(b)] for b in table[s, : -(-n // BS)]])[:n]
         scores = (q_lat[s] @ rows[:, :LORA].T + q_rope[s] @ rows[:, LORA:].T) * 0.2
         torch.testing.assert_close(out[s], scores.softmax(-1) @ rows[:, :LORA])
+
+
+@pytest.mark.parametrize(
+    ("variant", "latent"),
+    [(MlaVariant.PAGED, 256), (MlaVariant.TMA, 256), (MlaVariant.TMA, 512)],
+)
+def test_fused_merge_over_wide_latent_rows(variant: MlaVariant, latent: int) -> None:
+    """The rolled merge works in 128-column pieces (2 or 4 here), TMA loads a 512-wide latent
+    as two 256-wide boxes: three splits merged by the last one, against a torch softmax over
+    the gathered rows."""
+    rope, bs, lens = 16, 4, [23, 9]
+    gen = torch.Generator().manual_seed(21)
+    cache = torch.randn(16, bs, latent + rope, generator=gen)
+    table = torch.randperm(16, generator=gen)[:12].view(2, 6).to(torch.int32)
+    q_lat = torch.randn(2, HEADS, latent, generator=gen)
+    q_rope = torch.randn(2, HEADS, rope, generator=gen)
+    config = MlaLaunch(variant=variant, block_n=8, ids_ahead=True, fused_merge=True)
+    seq, ctx = torch.tensor([0, 1], dtype=torch.int32), torch.tensor(lens, dtype=torch.int32)
+    out = mla_attention_triton(q_lat, q_rope, cache, table, seq, ctx, 0.1, num_splits=3,
+                               config=config)  # fmt: skip
+    for s, n in enumerate(lens):
+        rows = cache[table[s].long()].flatten(0, 1)[:n]
+        scores = (q_lat[s] @ rows[:, :latent].T + q_rope[s] @ rows[:, latent:].T) * 0.1
+        torch.testing.assert_close(out[s], scores.softmax(-1) @ rows[:, :latent])
 
 
 def test_yarn_table_matches_transformers() -> None:
@@ -195,9 +229,25 @@ def test_v2_lite_shape_bf16_on_cuda() -> None:
     assert float((got - expected).norm() / expected.norm()) < 2e-2
 
 
+_GPU_CONFIGS = [
+    *(c for c in _VARIANT_CONFIGS if c.block_n >= 16),  # tl.dot's smallest tile on the GPU
+    MlaLaunch(MlaVariant.TOKENS_M),
+    MlaLaunch(variant=MlaVariant.PAGED, block_n=32, ids_ahead=True, fused_merge=True),
+    MlaLaunch(
+        variant=MlaVariant.PAGED,
+        block_n=16,
+        num_stages=3,
+        ids_ahead=True,
+        col_parts=2,
+        max_registers=128,
+    ),
+    MlaLaunch(variant=MlaVariant.PAGED, block_n=32, q_reload=True, half_partials=True),
+]
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("config", [*_VARIANT_CONFIGS, MlaLaunch(MlaVariant.TOKENS_M)], ids=str)
+@pytest.mark.parametrize("config", _GPU_CONFIGS, ids=str)
 @pytest.mark.parametrize("num_splits", [1, 4])
 def test_variants_bf16_on_cuda(config: MlaLaunch, num_splits: int) -> None:
     p = _v2_lite_problem(num_seqs=8, context=700, seed=13)
