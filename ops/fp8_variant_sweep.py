@@ -33,25 +33,24 @@ V = Fp8Variant
 # (variant, config) in priority order; "bf16" is the bf16-cache reference row (never BEST)
 CANDIDATES: list[tuple[str, DecodeConfig]] = [
     ("bf16", DecodeConfig()),
-    ("fp8", DecodeConfig(64, 4, 3, fp8=V.BF16_DOT)),  # today's fp8 default
-    ("fp8", DecodeConfig(64, 4, 3, fp8=V.F16_CAST)),
+    ("fp8", DecodeConfig(128, 2, 3, fp8=V.F16_CAST)),  # today's fp8 default
+    # words + packed cvt in PTX: no byte reads of shared memory, ~130 registers (fp8_compile_check)
+    ("fp8", DecodeConfig(64, 4, 3, fp8=V.WORD_CVT)),
+    ("fp8", DecodeConfig(128, 4, 3, fp8=V.WORD_CVT)),
+    ("fp8", DecodeConfig(64, 4, 1, fp8=V.WORD_CVT)),
+    ("fp8", DecodeConfig(64, 4, 1, fp8=V.WORD_CVT_PREFETCH)),
+    # more programs in flight: more splits per (sequence, kv head)
+    ("fp8", DecodeConfig(64, 4, 3, fp8=V.WORD_CVT, programs_per_sm=4)),
+    ("fp8", DecodeConfig(128, 8, 3, fp8=V.WORD_CVT)),
+    ("fp8", DecodeConfig(64, 2, 3, fp8=V.WORD_CVT)),
+    ("fp8", DecodeConfig(64, 4, 3, fp8=V.WORD_BITS)),  # integer ops instead of cvt
+    ("fp8", DecodeConfig(64, 4, 3, fp8=V.WORD_MIXED)),
+    ("fp8", DecodeConfig(64, 4, 3, fp8=V.REG_CAST)),
+    ("fp8", DecodeConfig(64, 4, 1, fp8=V.REG_CAST)),
+    ("fp8", DecodeConfig(128, 4, 3, fp8=V.WORD_CVT, programs_per_sm=4, min_split=128)),
+    ("fp8", DecodeConfig(32, 4, 3, fp8=V.WORD_CVT)),
+    ("fp8", DecodeConfig(64, 4, 1, fp8=V.WORD_BITS_PREFETCH)),
     ("fp8", DecodeConfig(128, 4, 3, fp8=V.F16_CAST)),
-    # 2 warps: fewer cross-warp softmax reductions (the [16, N] scores are split by warp)
-    ("fp8", DecodeConfig(64, 2, 3, fp8=V.F16_CAST)),
-    ("fp8", DecodeConfig(64, 4, 1, fp8=V.F16_CAST_PREFETCH)),
-    ("fp8", DecodeConfig(128, 2, 3, fp8=V.F16_CAST)),
-    ("fp8", DecodeConfig(32, 1, 3, fp8=V.F16_CAST)),  # one warp: no cross-warp reductions at all
-    ("fp8", DecodeConfig(64, 2, 4, fp8=V.F16_CAST)),
-    ("fp8", DecodeConfig(128, 8, 3, fp8=V.F16_CAST)),
-    ("fp8", DecodeConfig(64, 4, 4, fp8=V.F16_CAST)),
-    ("fp8", DecodeConfig(64, 4, 3, fp8=V.F16_CAST, programs_per_sm=4)),
-    ("fp8", DecodeConfig(128, 8, 1, fp8=V.F16_CAST_PREFETCH)),
-    ("fp8", DecodeConfig(64, 4, 3, fp8=V.MIXED)),
-    ("fp8", DecodeConfig(64, 4, 1, fp8=V.MIXED_PREFETCH)),
-    ("fp8", DecodeConfig(64, 4, 3, fp8=V.F16_BITS)),
-    ("fp8", DecodeConfig(64, 4, 1, fp8=V.F16_BITS_PREFETCH)),
-    ("fp8", DecodeConfig(128, 4, 3, fp8=V.F16_CAST, min_split=128, programs_per_sm=4)),
-    ("fp8", DecodeConfig(128, 8, 3, fp8=V.BF16_DOT)),
 ]
 
 

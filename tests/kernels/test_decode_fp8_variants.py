@@ -64,17 +64,25 @@ def test_fp8_variant_skips_rows_past_num_valid() -> None:
 
 @triton.jit
 def _convert_kernel(x_ptr, out_ptr, MODE: tl.constexpr):
-    offs = tl.arange(0, 256)
-    tl.store(out_ptr + offs, _to_f16(tl.load(x_ptr + offs), MODE))
+    if MODE >= 4:  # as 64 rows of one 32-bit word: bytes 4r..4r+3 of row r
+        rows = tl.arange(0, 64)
+        words = tl.load(x_ptr.to(tl.pointer_type(tl.uint32)) + rows[:, None])
+        tile = _to_f16(words, rows < 64, MODE, False, 64, 4)
+        tl.store(out_ptr + rows[:, None] * 4 + tl.arange(0, 4)[None, :], tile)
+    else:  # 16 rows of 16 bytes
+        rows = tl.arange(0, 16)
+        offs = rows[:, None] * 16 + tl.arange(0, 16)[None, :]
+        tl.store(out_ptr + offs, _to_f16(tl.load(x_ptr + offs), rows < 16, MODE, False, 16, 16))
 
 
-@pytest.mark.parametrize("mode", [1, 2])
+@pytest.mark.parametrize("mode", [1, 2, 3, 4, 5])
 def test_every_e4m3_byte_converts_exactly(mode: int) -> None:
-    """All 256 bytes (subnormals, zeros, both signs; NaN bytes 0x7F/0xFF excepted)."""
+    """All 256 bytes (subnormals, zeros, both signs; NaN bytes 0x7F/0xFF excepted), in order
+    (the word modes put byte i of a word at column i); mode 5 without inline PTX is mode 4."""
     x = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(FP8_DTYPE)
     out = torch.empty(256, dtype=torch.float16)
     _convert_kernel[(1,)](x, out, MODE=mode)
-    expected = x.float() * (1.0 if mode == 1 else 2.0**-8)
+    expected = x.float() * (1.0 if mode in (1, 3) else 2.0**-8)
     finite = ~expected.isnan()
     assert int(finite.sum()) == 254
     assert torch.equal(out.float()[finite], expected[finite])

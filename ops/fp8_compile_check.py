@@ -1,0 +1,111 @@
+"""Compile the fp8 decode kernel's sweep candidates for sm_90 without a GPU; print what each became.
+
+    python3 -m troupe.ops.fp8_compile_check [--sass DIR]
+
+For every fp8 candidate of ops/fp8_variant_sweep.CANDIDATES (Llama-3.1-8B heads, block_size 16,
+one split): registers per thread, spill stack, shared memory, programs per SM those allow, and
+the SASS instructions that tell how the fp8 tile reaches the tensor cores: byte reads of shared
+memory (LDS.U8, the mma-layout path), ldmatrix (LDSM), cp.async (LDGSTS), global loads (LDG),
+conversions (F2FP), HMMA, and the loop's total. --sass DIR also writes each kernel's SASS.
+No timing: that is the H200 sweep's question (python -m troupe.ops.fp8_kv_bench attention
+--sweep-variants). Triton's bundled ptxas and cuobjdump; pointers marked 16-byte divisible.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import tempfile
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from troupe.kernels.decode_attention import DecodeConfig
+from troupe.kernels.decode_attention_fp8 import Fp8Variant, kernel_constexprs, kernel_for
+from troupe.ops.fp8_variant_sweep import CANDIDATES
+
+_BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+_TYPES = {"qk_scale": "fp32", "k_cache_ptr": "*fp8e4nv", "v_cache_ptr": "*fp8e4nv",
+          "part_out_ptr": "*fp32", "part_lse_ptr": "*fp32", "k_scale_ptr": "*fp32",
+          "v_scale_ptr": "*fp32", "block_tables_ptr": "*i32", "seq_lens_ptr": "*i32",
+          "num_valid_ptr": "*i32"}  # fmt: skip
+_OPS = ("LDS.U8", "LDSM", "LDS", "LDGSTS", "LDG", "F2FP", "HMMA", "PRMT", "SHFL")
+
+
+def compile_candidate(config: DecodeConfig, sass_dir: str | None) -> dict[str, object]:
+    kernel = kernel_for(config.fp8)
+    consts = kernel_constexprs(
+        config.fp8, num_q_heads=32, num_kv_heads=8, head_dim=128, block_size=16, num_splits=1,
+        has_limit=False, block_n=config.block_n,
+    )  # fmt: skip
+    names = kernel.arg_names
+    signature = {
+        n: "constexpr" if n in consts else _TYPES.get(n, "*bf16" if n.endswith("_ptr") else "i32")
+        for n in names
+    }  # fmt: skip
+    aligned = [i for i, n in enumerate(names) if n.endswith("_ptr") or n.startswith("stride")]
+    src = ASTSource(
+        fn=kernel,
+        signature=signature,
+        constexprs={(names.index(k),): v for k, v in consts.items()},
+        attrs={(i,): [["tt.divisibility", 16]] for i in aligned},
+    )
+    options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
+    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(compiled.asm["cubin"])
+        f.flush()
+        usage = subprocess.run([os.path.join(_BIN, "cuobjdump"), "-res-usage", f.name],
+                               capture_output=True, text=True, check=True).stdout  # fmt: skip
+        sass = subprocess.run([os.path.join(_BIN, "cuobjdump"), "-sass", f.name],
+                              capture_output=True, text=True, check=True).stdout  # fmt: skip
+    if sass_dir:
+        name = f"{config.fp8.value}_bn{config.block_n}_w{config.num_warps}_st{config.num_stages}"
+        with open(os.path.join(sass_dir, name + ".sass"), "w") as out:
+            out.write(sass)
+    found = re.search(r"REG:(\d+)", usage)
+    stack = re.search(r"STACK:(\d+)", usage)
+    regs, smem = int(found.group(1)) if found else 255, int(compiled.metadata.shared)
+    ops = re.findall(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)", sass, re.M)
+    counts = {op: 0 for op in _OPS}
+    for op in ops:
+        for name in _OPS:
+            if op == name or op.startswith(name + "."):
+                counts[name] += 1
+                break
+    return {
+        "regs": regs,
+        "stack": int(stack.group(1)) if stack else -1,
+        "smem": smem,
+        "per SM": min(65536 // (regs * 32 * config.num_warps), 232448 // max(smem, 1), 32),
+        **counts,
+        "instrs": len(ops),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sass", help="write each candidate's SASS into this folder")
+    parser.add_argument("--only", help="candidates whose variant name contains this")
+    args = parser.parse_args()
+    if args.sass:
+        os.makedirs(args.sass, exist_ok=True)
+    for kind, config in dict.fromkeys(CANDIDATES):
+        if kind != "fp8" or config.fp8 is Fp8Variant.BF16_DOT:
+            continue
+        if args.only and args.only not in config.fp8.value:
+            continue
+        head = (f"{config.fp8.value:<18} bn={config.block_n:<3} w={config.num_warps} "
+                f"st={config.num_stages}")  # fmt: skip
+        try:
+            info = compile_candidate(config, args.sass)
+        except Exception as exc:  # report and go on
+            print(f"{head}  FAILED {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
+            continue
+        print(f"{head}  " + " ".join(f"{k} {v}" for k, v in info.items()), flush=True)
+
+
+if __name__ == "__main__":
+    main()
