@@ -16,7 +16,8 @@ import triton.language as tl
 from fp8_batch import fp8_batch, rel_err
 from troupe.kernels import decode_attention, reference
 from troupe.kernels.decode_attention import DecodeConfig, paged_decode_attention_triton
-from troupe.kernels.decode_attention_fp8 import Fp8Variant, _to_f16
+from troupe.kernels.decode_attention_fp8 import Fp8Variant
+from troupe.kernels.fp8_tile import to_f16
 from troupe.kernels.kv_quant import FP8_DTYPE
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
@@ -67,12 +68,12 @@ def _convert_kernel(x_ptr, out_ptr, MODE: tl.constexpr):
     if MODE >= 4:  # as 64 rows of one 32-bit word: bytes 4r..4r+3 of row r
         rows = tl.arange(0, 64)
         words = tl.load(x_ptr.to(tl.pointer_type(tl.uint32)) + rows[:, None])
-        tile = _to_f16(words, rows < 64, MODE, False, 64, 4)
+        tile = to_f16(words, rows < 64, MODE, False, 64, 4)
         tl.store(out_ptr + rows[:, None] * 4 + tl.arange(0, 4)[None, :], tile)
     else:  # 16 rows of 16 bytes
         rows = tl.arange(0, 16)
         offs = rows[:, None] * 16 + tl.arange(0, 16)[None, :]
-        tl.store(out_ptr + offs, _to_f16(tl.load(x_ptr + offs), rows < 16, MODE, False, 16, 16))
+        tl.store(out_ptr + offs, to_f16(tl.load(x_ptr + offs), rows < 16, MODE, False, 16, 16))
 
 
 @pytest.mark.parametrize("mode", [1, 2, 3, 4, 5])
