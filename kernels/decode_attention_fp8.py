@@ -51,6 +51,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .decode_attention_fp8_rows import decode_split_fp8_rows_kernel
 from .fp8_tile import load_tile, to_f16
 
 _F16_MAX = tl.constexpr(65504.0)  # a global a kernel reads must be a constexpr
@@ -72,6 +73,9 @@ class Fp8Variant(enum.Enum):
     WORD_BITS_PREFETCH = "word_bits_prefetch"
     WORD_CVT = "word_cvt"
     WORD_CVT_PREFETCH = "word_cvt_prefetch"
+    WORD_CVT_ROWS = "word_cvt_rows"
+    WORD_BITS_ROWS = "word_bits_rows"
+    F16_CAST_ROWS = "f16_cast_rows"
 
 
 # (K conversion, V conversion, prefetch); conversion 1: packed cast to fp16, 2: bit placement,
@@ -91,7 +95,11 @@ _MODES = {
     Fp8Variant.WORD_BITS_PREFETCH: (4, 4, True),
     Fp8Variant.WORD_CVT: (5, 5, False),
     Fp8Variant.WORD_CVT_PREFETCH: (5, 5, True),
+    Fp8Variant.WORD_CVT_ROWS: (5, 5, False),
+    Fp8Variant.WORD_BITS_ROWS: (4, 4, False),
+    Fp8Variant.F16_CAST_ROWS: (1, 1, False),
 }
+_ROWS = (Fp8Variant.WORD_CVT_ROWS, Fp8Variant.WORD_BITS_ROWS, Fp8Variant.F16_CAST_ROWS)
 
 
 def fp8_modes(variant: Fp8Variant) -> tuple[int, int, bool]:
@@ -258,7 +266,7 @@ def launch_split_fp8(
 
 def kernel_for(variant: Fp8Variant) -> triton.JITFunction:
     """The Triton kernel that runs `variant` (all take the same arguments)."""
-    return decode_split_fp8_kernel
+    return decode_split_fp8_rows_kernel if variant in _ROWS else decode_split_fp8_kernel
 
 
 def kernel_constexprs(

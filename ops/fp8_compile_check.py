@@ -4,9 +4,11 @@
 
 For every fp8 candidate of ops/fp8_variant_sweep.CANDIDATES (Llama-3.1-8B heads, block_size 16,
 one split): registers per thread, spill stack, shared memory, programs per SM those allow, and
-the SASS instructions that tell how the fp8 tile reaches the tensor cores: byte reads of shared
-memory (LDS.U8, the mma-layout path), ldmatrix (LDSM), cp.async (LDGSTS), global loads (LDG),
-conversions (F2FP), HMMA, and the loop's total. --sass DIR also writes each kernel's SASS.
+the SASS instructions of the main loop that tell how the fp8 tile reaches the tensor cores: byte
+reads of shared memory (LDS.U8, the mma-layout path), ldmatrix (LDSM), cp.async (LDGSTS), global
+loads (LDG), conversions (F2FP), HMMA / HGMMA (wgmma), the loop's length and warp instructions
+per KV byte (today's default 0.14; at 90% of copy an H200 SM must take 16.5 KV bytes a cycle
+from 4 schedulers: ~0.24 instructions a byte at full issue, so lower is the aim). --sass DIR also writes each kernel's SASS.
 No timing: that is the H200 sweep's question (python -m troupe.ops.fp8_kv_bench attention
 --sweep-variants). Triton's bundled ptxas and cuobjdump; pointers marked 16-byte divisible.
 """
@@ -31,7 +33,24 @@ _TYPES = {"qk_scale": "fp32", "k_cache_ptr": "*fp8e4nv", "v_cache_ptr": "*fp8e4n
           "part_out_ptr": "*fp32", "part_lse_ptr": "*fp32", "k_scale_ptr": "*fp32",
           "v_scale_ptr": "*fp32", "block_tables_ptr": "*i32", "seq_lens_ptr": "*i32",
           "num_valid_ptr": "*i32"}  # fmt: skip
-_OPS = ("LDS.U8", "LDSM", "LDS", "LDGSTS", "LDG", "F2FP", "HMMA", "PRMT", "SHFL")
+_OPS = ("LDS.U8", "LDSM", "LDS", "LDGSTS", "LDG", "F2FP", "HMMA", "HGMMA", "PRMT", "SHFL")
+_INSTR = re.compile(r"^\s+/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)([^;]*)", re.M)
+
+
+def loop_body(sass: str) -> list[str]:
+    """The opcodes of the largest backward-branch loop (the main loop over KV tiles)."""
+    instrs = [(int(a, 16), op, rest) for a, op, rest in _INSTR.findall(sass)]
+    best: tuple[int, int, int] | None = None
+    for addr, op, rest in instrs:
+        target = re.search(r"0x([0-9a-f]+)", rest) if op.startswith("BRA") else None
+        if target and int(target.group(1), 16) < addr:
+            lo = int(target.group(1), 16)
+            size = sum(1 for a, _, _ in instrs if lo <= a <= addr)
+            if best is None or size > best[0]:
+                best = (size, lo, addr)
+    if best is None:
+        return []
+    return [op for a, op, _ in instrs if best[1] <= a <= best[2]]
 
 
 def compile_candidate(config: DecodeConfig, sass_dir: str | None) -> dict[str, object]:
@@ -68,7 +87,7 @@ def compile_candidate(config: DecodeConfig, sass_dir: str | None) -> dict[str, o
     found = re.search(r"REG:(\d+)", usage)
     stack = re.search(r"STACK:(\d+)", usage)
     regs, smem = int(found.group(1)) if found else 255, int(compiled.metadata.shared)
-    ops = re.findall(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)", sass, re.M)
+    ops = loop_body(sass)
     counts = {op: 0 for op in _OPS}
     for op in ops:
         for name in _OPS:
@@ -81,7 +100,10 @@ def compile_candidate(config: DecodeConfig, sass_dir: str | None) -> dict[str, o
         "smem": smem,
         "per SM": min(65536 // (regs * 32 * config.num_warps), 232448 // max(smem, 1), 32),
         **counts,
-        "instrs": len(ops),
+        "loop": len(ops),
+        # warp instructions per KV byte: each warp runs the loop once per tile of BLOCK_N K and
+        # V rows of 128 bytes
+        "per byte": round(len(ops) * config.num_warps / (2 * config.block_n * 128), 3),
     }
 
 

@@ -34,23 +34,27 @@ V = Fp8Variant
 CANDIDATES: list[tuple[str, DecodeConfig]] = [
     ("bf16", DecodeConfig()),
     ("fp8", DecodeConfig(128, 2, 3, fp8=V.F16_CAST)),  # today's fp8 default
-    # words + packed cvt in PTX: no byte reads of shared memory, ~130 registers (fp8_compile_check)
+    # tokens as rows (wgmma, q read by the tensor core from shared memory) over 32-bit words
+    # converted by the packed cvt: ~0.09-0.10 SASS instructions a KV byte in the loop
+    # (fp8_compile_check), today's default 0.14
+    ("fp8", DecodeConfig(64, 4, 3, fp8=V.WORD_CVT_ROWS)),
+    ("fp8", DecodeConfig(128, 4, 3, fp8=V.WORD_CVT_ROWS)),
+    ("fp8", DecodeConfig(128, 8, 3, fp8=V.WORD_CVT_ROWS)),
+    ("fp8", DecodeConfig(64, 4, 3, fp8=V.WORD_CVT_ROWS, programs_per_sm=4)),
+    ("fp8", DecodeConfig(64, 4, 2, fp8=V.WORD_CVT_ROWS)),
+    # heads as rows, words + packed cvt: no byte reads of shared memory, ~130 registers
     ("fp8", DecodeConfig(64, 4, 3, fp8=V.WORD_CVT)),
     ("fp8", DecodeConfig(128, 4, 3, fp8=V.WORD_CVT)),
     ("fp8", DecodeConfig(64, 4, 1, fp8=V.WORD_CVT)),
+    ("fp8", DecodeConfig(64, 4, 3, fp8=V.WORD_BITS_ROWS)),  # integer ops instead of cvt
+    ("fp8", DecodeConfig(64, 4, 3, fp8=V.F16_CAST_ROWS)),
+    ("fp8", DecodeConfig(128, 4, 3, fp8=V.WORD_CVT_ROWS, programs_per_sm=4, min_split=128)),
     ("fp8", DecodeConfig(64, 4, 1, fp8=V.WORD_CVT_PREFETCH)),
-    # more programs in flight: more splits per (sequence, kv head)
     ("fp8", DecodeConfig(64, 4, 3, fp8=V.WORD_CVT, programs_per_sm=4)),
-    ("fp8", DecodeConfig(128, 8, 3, fp8=V.WORD_CVT)),
-    ("fp8", DecodeConfig(64, 2, 3, fp8=V.WORD_CVT)),
-    ("fp8", DecodeConfig(64, 4, 3, fp8=V.WORD_BITS)),  # integer ops instead of cvt
+    ("fp8", DecodeConfig(64, 4, 3, fp8=V.WORD_BITS)),
     ("fp8", DecodeConfig(64, 4, 3, fp8=V.WORD_MIXED)),
     ("fp8", DecodeConfig(64, 4, 3, fp8=V.REG_CAST)),
-    ("fp8", DecodeConfig(64, 4, 1, fp8=V.REG_CAST)),
-    ("fp8", DecodeConfig(128, 4, 3, fp8=V.WORD_CVT, programs_per_sm=4, min_split=128)),
-    ("fp8", DecodeConfig(32, 4, 3, fp8=V.WORD_CVT)),
-    ("fp8", DecodeConfig(64, 4, 1, fp8=V.WORD_BITS_PREFETCH)),
-    ("fp8", DecodeConfig(128, 4, 3, fp8=V.F16_CAST)),
+    ("fp8", DecodeConfig(128, 8, 3, fp8=V.WORD_CVT)),
 ]
 
 
