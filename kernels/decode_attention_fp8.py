@@ -38,6 +38,14 @@ variants stop that (ops/fp8_compile_check shows their SASS without a GPU):
 - WORD_CVT: WORD_BITS with the hardware's packed cvt.rn.f16x2.e4m3x2 (inline PTX, two per
   word) instead of the integer ops; under the interpreter (no PTX) it takes WORD_BITS' path.
 - WORD_MIXED: K as REG_CAST, V as WORD_BITS.
+- *_ROWS (kernels/decode_attention_fp8_rows.py): the tokens as rows of both products, so they
+  are Hopper wgmmas whose B operands (q^T, P^T) the tensor core reads from shared memory: no
+  per-tile reload of the padded query tile into registers (a quarter of WORD_CVT's loop).
+  WORD_CVT_ROWS: ~0.09-0.10 loop instructions a KV byte against today's default's 0.14.
+
+The word variants need 16-byte aligned head rows (head_dim a multiple of 16); for other caches
+launch_split_fp8 runs F16_CAST instead (words_fit). Tile loads and conversions:
+kernels/fp8_tile.py.
 """
 
 # Triton kernels take untyped pointers and constexprs; @triton.jit is untyped to mypy.
@@ -248,8 +256,8 @@ def launch_split_fp8(
     laid out as decode_attention's) to the caller."""
     num_seqs, num_q_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
-    if max(fp8_modes(variant)[:2]) >= 4:  # word loads assume 16-byte aligned rows
-        assert k_cache.data_ptr() % 16 == 0 and v_cache.data_ptr() % 16 == 0, "unaligned cache"
+    if max(fp8_modes(variant)[:2]) >= 4 and not words_fit(k_cache, v_cache):
+        variant = Fp8Variant.F16_CAST  # the byte loads serve any head_dim
     consts = kernel_constexprs(
         variant, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
         block_size=block_size, num_splits=num_splits, has_limit=num_valid is not None,
@@ -262,6 +270,13 @@ def launch_split_fp8(
         block_tables.stride(0), num_kv_heads * head_dim, **consts,
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
+
+
+def words_fit(k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
+    """Whether the word variants (modes 4, 5: 16-byte loads of 4 words) can read these caches:
+    every head's row 16-byte aligned. Otherwise launch_split_fp8 runs F16_CAST instead."""
+    head_dim = k_cache.shape[-1]
+    return head_dim % 16 == 0 and k_cache.data_ptr() % 16 == 0 and v_cache.data_ptr() % 16 == 0
 
 
 def kernel_for(variant: Fp8Variant) -> triton.JITFunction:

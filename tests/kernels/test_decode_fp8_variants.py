@@ -16,9 +16,10 @@ import triton.language as tl
 from fp8_batch import fp8_batch, rel_err
 from troupe.kernels import decode_attention, reference
 from troupe.kernels.decode_attention import DecodeConfig, paged_decode_attention_triton
-from troupe.kernels.decode_attention_fp8 import Fp8Variant
+from troupe.kernels.decode_attention_fp8 import Fp8Variant, kernel_constexprs
 from troupe.kernels.fp8_tile import to_f16
-from troupe.kernels.kv_quant import FP8_DTYPE
+from troupe.kernels.kv_quant import FP8_DTYPE, quantize
+from troupe.kernels.paged_batch import make_paged_batch
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
@@ -61,6 +62,35 @@ def test_fp8_variant_skips_rows_past_num_valid() -> None:
     )  # fmt: skip
     assert not out[:2].isnan().any()
     assert out[2].isnan().all()  # left alone
+
+
+def test_word_variants_fall_back_for_head_dims_off_16_bytes() -> None:
+    """head_dim 24: rows are not 16-byte aligned, so a word variant runs F16_CAST (same bytes
+    out) instead of misreading; direct kernel_constexprs callers get a clear error."""
+    batch = make_paged_batch(
+        [(9, 1), (30, 1)], num_q_heads=4, num_kv_heads=2, head_dim=24, block_size=4,
+        dtype=torch.float32, device="cpu", seed=14,
+    )  # fmt: skip
+    scales = torch.tensor([1 / 64, 1 / 32])
+    k8 = quantize(batch.k_cache.flatten(0, 1), scales).view(batch.k_cache.shape)
+    v8 = quantize(batch.v_cache.flatten(0, 1), scales).view(batch.v_cache.shape)
+    args = (batch.q, k8, v8, batch.block_tables, batch.seq_lens, 0.25, batch.max_seq_len)
+    outs = [
+        paged_decode_attention_triton(
+            *args, config=DecodeConfig(fp8=variant), k_scale=scales, v_scale=scales
+        )
+        for variant in (Fp8Variant.WORD_CVT_ROWS, Fp8Variant.F16_CAST)
+    ]
+    assert torch.equal(outs[0], outs[1])
+    ref = reference.paged_decode_attention(
+        batch.q.half().float(), k8, v8, *args[3:], k_scale=scales, v_scale=scales
+    )
+    assert rel_err(outs[0], ref) < 1e-3
+    with pytest.raises(ValueError, match="head_dim=24"):
+        kernel_constexprs(
+            Fp8Variant.WORD_BITS, num_q_heads=4, num_kv_heads=2, head_dim=24, block_size=4,
+            num_splits=1, has_limit=False, block_n=16,
+        )  # fmt: skip
 
 
 @triton.jit
