@@ -60,7 +60,7 @@ import triton
 import triton.language as tl
 
 from .decode_attention_fp8_rows import decode_split_fp8_rows_kernel
-from .fp8_tile import load_tile, to_f16
+from .fp8_tile import load_tile, tile_start, to_f16
 
 _F16_MAX = tl.constexpr(65504.0)  # a global a kernel reads must be a constexpr
 
@@ -164,8 +164,9 @@ def decode_split_fp8_kernel(
             return
     seq_len = tl.load(seq_lens_ptr + seq).to(tl.int32)
     ctx_start = tl.where(window > 0, tl.maximum(seq_len - window, 0), 0)
-    chunk = tl.cdiv(tl.cdiv(seq_len - ctx_start, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    start = ctx_start + split * chunk
+    lo = tile_start(ctx_start, BLOCK_SIZE, BLOCK_N)
+    chunk = tl.cdiv(tl.cdiv(seq_len - lo, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = lo + split * chunk
     end = tl.minimum(start + chunk, seq_len)
 
     offs_g = tl.arange(0, BLOCK_G)
@@ -183,8 +184,8 @@ def decode_split_fp8_kernel(
     bt_row = block_tables_ptr + seq * stride_bt
     if PREFETCH:
         k_raw, v_raw, n_mask = load_tile(
-            k_cache_ptr, v_cache_ptr, bt_row, start, end, kv_head, offs_d, d_mask, stride_slot,
-            BLOCK_SIZE, BLOCK_N, HEAD_DIM, BLOCK_D, K_MODE, V_MODE,
+            k_cache_ptr, v_cache_ptr, bt_row, start, ctx_start, end, kv_head, offs_d, d_mask,
+            stride_slot, BLOCK_SIZE, BLOCK_N, HEAD_DIM, BLOCK_D, K_MODE, V_MODE,
         )  # fmt: skip
     for n in range(start, end, BLOCK_N):
         if PREFETCH:
@@ -194,13 +195,13 @@ def decode_split_fp8_kernel(
             # the next tile's loads are in flight while this one is computed (past `end` the
             # mask is all false: no memory is touched)
             k_raw, v_raw, n_mask = load_tile(
-                k_cache_ptr, v_cache_ptr, bt_row, n + BLOCK_N, end, kv_head, offs_d, d_mask,
-                stride_slot, BLOCK_SIZE, BLOCK_N, HEAD_DIM, BLOCK_D, K_MODE, V_MODE,
+                k_cache_ptr, v_cache_ptr, bt_row, n + BLOCK_N, ctx_start, end, kv_head, offs_d,
+                d_mask, stride_slot, BLOCK_SIZE, BLOCK_N, HEAD_DIM, BLOCK_D, K_MODE, V_MODE,
             )  # fmt: skip
         else:
             k8, v8, cur_mask = load_tile(
-                k_cache_ptr, v_cache_ptr, bt_row, n, end, kv_head, offs_d, d_mask, stride_slot,
-                BLOCK_SIZE, BLOCK_N, HEAD_DIM, BLOCK_D, K_MODE, V_MODE,
+                k_cache_ptr, v_cache_ptr, bt_row, n, ctx_start, end, kv_head, offs_d, d_mask,
+                stride_slot, BLOCK_SIZE, BLOCK_N, HEAD_DIM, BLOCK_D, K_MODE, V_MODE,
             )  # fmt: skip
         k = to_f16(k8, cur_mask, K_MODE, ASM, BLOCK_N, BLOCK_D)
         v = to_f16(v8, cur_mask, V_MODE, ASM, BLOCK_N, BLOCK_D)

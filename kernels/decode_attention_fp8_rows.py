@@ -21,7 +21,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .fp8_tile import load_tile, to_f16
+from .fp8_tile import load_tile, tile_start, to_f16
 
 _F16_MAX = tl.constexpr(65504.0)
 
@@ -48,8 +48,9 @@ def decode_split_fp8_rows_kernel(
             return
     seq_len = tl.load(seq_lens_ptr + seq).to(tl.int32)
     ctx_start = tl.where(window > 0, tl.maximum(seq_len - window, 0), 0)
-    chunk = tl.cdiv(tl.cdiv(seq_len - ctx_start, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    start = ctx_start + split * chunk
+    lo = tile_start(ctx_start, BLOCK_SIZE, BLOCK_N)
+    chunk = tl.cdiv(tl.cdiv(seq_len - lo, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = lo + split * chunk
     end = tl.minimum(start + chunk, seq_len)
 
     offs_g = tl.arange(0, BLOCK_G)
@@ -69,8 +70,8 @@ def decode_split_fp8_rows_kernel(
     bt_row = block_tables_ptr + seq * stride_bt
     for n in range(start, end, BLOCK_N):
         k8, v8, cur_mask = load_tile(
-            k_cache_ptr, v_cache_ptr, bt_row, n, end, kv_head, offs_d, d_mask, stride_slot,
-            BLOCK_SIZE, BLOCK_N, HEAD_DIM, BLOCK_D, K_MODE, V_MODE,
+            k_cache_ptr, v_cache_ptr, bt_row, n, ctx_start, end, kv_head, offs_d, d_mask,
+            stride_slot, BLOCK_SIZE, BLOCK_N, HEAD_DIM, BLOCK_D, K_MODE, V_MODE,
         )  # fmt: skip
         k = to_f16(k8, cur_mask, K_MODE, ASM, BLOCK_N, BLOCK_D)
         s = tl.dot(k, q_t) * qk_scale  # [BLOCK_N, BLOCK_G], fp32

@@ -82,14 +82,37 @@ def _load_one(cache_ptr, slots, kv_head, offs_d, d_mask, n_mask, stride_slot, MO
 
 
 @triton.jit
-def load_tile(k_cache_ptr, v_cache_ptr, bt_row, n, end, kv_head, offs_d, d_mask, stride_slot,
-               BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
-               BLOCK_D: tl.constexpr, K_MODE: tl.constexpr, V_MODE: tl.constexpr):  # fmt: skip
-    """The raw fp8 K and V rows of tokens [n, n + BLOCK_N) (masked at end), and the mask."""
+def tile_start(ctx_start, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Where a sequence's tiles begin: the page holding ctx_start when tiles are whole pages
+    (load_tile masks the keys before ctx_start), else ctx_start."""
+    if BLOCK_N % BLOCK_SIZE == 0:
+        return (ctx_start // BLOCK_SIZE) * BLOCK_SIZE
+    else:
+        return ctx_start
+
+
+@triton.jit
+def load_tile(k_cache_ptr, v_cache_ptr, bt_row, n, ctx_start, end, kv_head, offs_d, d_mask,
+              stride_slot, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+              HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, K_MODE: tl.constexpr,
+              V_MODE: tl.constexpr):  # fmt: skip
+    """The raw fp8 K and V rows of tokens [n, n + BLOCK_N) (masked outside [ctx_start, end)),
+    and the mask. Tiles of whole pages (n page-aligned: tile_start) load one block id a page,
+    not one a token: fewer loads and less address arithmetic."""
     offs_n = n + tl.arange(0, BLOCK_N)
-    n_mask = offs_n < end
-    block_ids = tl.load(bt_row + offs_n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
-    slots = block_ids * BLOCK_SIZE + (offs_n % BLOCK_SIZE)
+    n_mask = (offs_n < end) & (offs_n >= ctx_start)
+    if BLOCK_N % BLOCK_SIZE == 0:
+        PAGES: tl.constexpr = BLOCK_N // BLOCK_SIZE
+        offs_p = tl.arange(0, PAGES)
+        page_ids = tl.load(
+            bt_row + n // BLOCK_SIZE + offs_p, mask=n + offs_p * BLOCK_SIZE < end, other=0
+        ).to(tl.int64)
+        slots = tl.reshape(
+            page_ids[:, None] * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)[None, :], [BLOCK_N]
+        )
+    else:
+        block_ids = tl.load(bt_row + offs_n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
+        slots = block_ids * BLOCK_SIZE + (offs_n % BLOCK_SIZE)
     k = _load_one(k_cache_ptr, slots, kv_head, offs_d, d_mask, n_mask, stride_slot, K_MODE,
                   HEAD_DIM, BLOCK_D)  # fmt: skip
     v = _load_one(v_cache_ptr, slots, kv_head, offs_d, d_mask, n_mask, stride_slot, V_MODE,
