@@ -35,8 +35,8 @@ CANDIDATES: list[tuple[str, DecodeConfig]] = [
     ("bf16", DecodeConfig()),
     ("fp8", DecodeConfig(128, 2, 3, fp8=V.F16_CAST)),  # today's fp8 default
     # tokens as rows (wgmma, q read by the tensor core from shared memory) over 32-bit words
-    # converted by the packed cvt: ~0.09-0.10 SASS instructions a KV byte in the loop
-    # (fp8_compile_check), today's default 0.14
+    # converted by the packed cvt: ~0.085-0.096 SASS instructions a KV byte in the loop
+    # (fp8_compile_check), today's default 0.125
     ("fp8", DecodeConfig(64, 4, 3, fp8=V.WORD_CVT_ROWS)),
     ("fp8", DecodeConfig(128, 4, 3, fp8=V.WORD_CVT_ROWS)),
     # 3 programs an SM: 16x16384 gets 4 splits (512 programs, ~4 an SM) instead of 3
