@@ -13,10 +13,10 @@ import triton.language as tl
 
 @triton.jit
 def to_f16(x, n_mask, MODE: tl.constexpr, ASM: tl.constexpr, BLOCK_N: tl.constexpr,
-            BLOCK_D: tl.constexpr):  # fmt: skip
+           BLOCK_D: tl.constexpr):  # fmt: skip
     """fp8 e4m3 tile -> fp16 [BLOCK_N, BLOCK_D]: its value (MODES 1, 3, 5 with ASM), or its
-    value * 2^-8 (MODES 2, 4, 5 without ASM: no cvt; the kernel folds 2^8 into the scales). MODES 4 and 5 take the tile
-    as [BLOCK_N, BLOCK_D // 4] 32-bit words."""
+    value * 2^-8 (MODES 2, 4, 5 without ASM: no cvt; the kernel folds 2^8 into the scales).
+    MODES 4 and 5 take the tile as [BLOCK_N, BLOCK_D // 4] 32-bit words."""
     if MODE == 1:
         return x.to(tl.float16)
     elif MODE == 2:

@@ -8,7 +8,9 @@ the SASS instructions of the main loop that tell how the fp8 tile reaches the te
 reads of shared memory (LDS.U8, the mma-layout path), ldmatrix (LDSM), cp.async (LDGSTS), global
 loads (LDG), conversions (F2FP), HMMA / HGMMA (wgmma), the loop's length and warp instructions
 per KV byte (today's default 0.14; at 90% of copy an H200 SM must take 16.5 KV bytes a cycle
-from 4 schedulers: ~0.24 instructions a byte at full issue, so lower is the aim). --sass DIR also writes each kernel's SASS.
+from 4 schedulers: ~0.24 instructions a byte at full issue, so lower is the aim). The first
+line is the bf16-cache kernel at its default launch for calibration: 99% of copy on the H200 at
+~0.054 instructions per (bf16) byte. --sass DIR also writes each kernel's SASS.
 No timing: that is the H200 sweep's question (python -m troupe.ops.fp8_kv_bench attention
 --sweep-variants). Triton's bundled ptxas and cuobjdump; pointers marked 16-byte divisible.
 """
@@ -20,10 +22,12 @@ import os
 import re
 import subprocess
 import tempfile
+from typing import Any
 
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
+from troupe.kernels import decode_attention
 from troupe.kernels.decode_attention import DecodeConfig
 from troupe.kernels.decode_attention_fp8 import Fp8Variant, kernel_constexprs, kernel_for
 from troupe.ops.fp8_variant_sweep import CANDIDATES
@@ -59,27 +63,7 @@ def compile_candidate(config: DecodeConfig, sass_dir: str | None) -> dict[str, o
         config.fp8, num_q_heads=32, num_kv_heads=8, head_dim=128, block_size=16, num_splits=1,
         has_limit=False, block_n=config.block_n,
     )  # fmt: skip
-    names = kernel.arg_names
-    signature = {
-        n: "constexpr" if n in consts else _TYPES.get(n, "*bf16" if n.endswith("_ptr") else "i32")
-        for n in names
-    }  # fmt: skip
-    aligned = [i for i, n in enumerate(names) if n.endswith("_ptr") or n.startswith("stride")]
-    src = ASTSource(
-        fn=kernel,
-        signature=signature,
-        constexprs={(names.index(k),): v for k, v in consts.items()},
-        attrs={(i,): [["tt.divisibility", 16]] for i in aligned},
-    )
-    options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
-    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(compiled.asm["cubin"])
-        f.flush()
-        usage = subprocess.run([os.path.join(_BIN, "cuobjdump"), "-res-usage", f.name],
-                               capture_output=True, text=True, check=True).stdout  # fmt: skip
-        sass = subprocess.run([os.path.join(_BIN, "cuobjdump"), "-sass", f.name],
-                              capture_output=True, text=True, check=True).stdout  # fmt: skip
+    compiled, usage, sass = _sass(kernel, consts, _TYPES, config.num_warps, config.num_stages)
     if sass_dir:
         name = f"{config.fp8.value}_bn{config.block_n}_w{config.num_warps}_st{config.num_stages}"
         with open(os.path.join(sass_dir, name + ".sass"), "w") as out:
@@ -107,6 +91,52 @@ def compile_candidate(config: DecodeConfig, sass_dir: str | None) -> dict[str, o
     }
 
 
+def _sass(kernel: triton.JITFunction, consts: dict[str, object], types: dict[str, str],
+          num_warps: int, num_stages: int) -> tuple[Any, str, str]:  # fmt: skip
+    """(compiled kernel, `cuobjdump -res-usage`, SASS) for sm_90."""
+    names = kernel.arg_names
+    signature = {
+        n: "constexpr" if n in consts else types.get(n, "*bf16" if n.endswith("_ptr") else "i32")
+        for n in names
+    }  # fmt: skip
+    aligned = [i for i, n in enumerate(names) if n.endswith("_ptr") or n.startswith("stride")]
+    src = ASTSource(
+        fn=kernel,
+        signature=signature,
+        constexprs={(names.index(k),): v for k, v in consts.items()},
+        attrs={(i,): [["tt.divisibility", 16]] for i in aligned},
+    )
+    options = {"num_warps": num_warps, "num_stages": num_stages}
+    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(compiled.asm["cubin"])
+        f.flush()
+        tool = os.path.join(_BIN, "cuobjdump")
+        usage = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True,
+                               check=True).stdout  # fmt: skip
+        sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True,
+                              check=True).stdout  # fmt: skip
+    return compiled, usage, sass
+
+
+def bf16_reference() -> str:
+    """The bf16-cache kernel at its default launch (99% of copy on the H200): its loop's warp
+    instructions per KV byte, the calibration for the fp8 figures."""
+    cfg = decode_attention.DEFAULT_CONFIG
+    consts: dict[str, object] = {
+        "NUM_Q_HEADS": 32, "NUM_KV_HEADS": 8, "GROUP": 4, "HEAD_DIM": 128, "BLOCK_SIZE": 16,
+        "SPLIT": False, "PAGED": False, "FUSED": False, "HAS_LIMIT": False, "FP8": False,
+        "BLOCK_G": 16, "BLOCK_N": cfg.block_n, "BLOCK_D": 128, "BLOCK_S": 1,
+    }  # fmt: skip
+    types = {**_TYPES, "k_cache_ptr": "*bf16", "v_cache_ptr": "*bf16", "counter_ptr": "*i32"}
+    _, _, sass = _sass(decode_attention._decode_split_kernel, consts, types, cfg.num_warps,
+                       cfg.num_stages)  # fmt: skip
+    loop = len(loop_body(sass))
+    per_byte = loop * cfg.num_warps / (2 * cfg.block_n * 256)
+    return (f"bf16-kv (reference) bn={cfg.block_n} w={cfg.num_warps} st={cfg.num_stages}  "
+            f"loop {loop} per byte {per_byte:.3f}")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sass", help="write each candidate's SASS into this folder")
@@ -114,6 +144,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.sass:
         os.makedirs(args.sass, exist_ok=True)
+    print(bf16_reference(), flush=True)
     for kind, config in dict.fromkeys(CANDIDATES):
         if kind != "fp8" or config.fp8 is Fp8Variant.BF16_DOT:
             continue
