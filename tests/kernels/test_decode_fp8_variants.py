@@ -16,8 +16,10 @@ import triton.language as tl
 from fp8_batch import fp8_batch, rel_err
 from troupe.kernels import decode_attention, reference
 from troupe.kernels.decode_attention import DecodeConfig, paged_decode_attention_triton
-from troupe.kernels.decode_attention_fp8 import Fp8Variant, _to_f16
-from troupe.kernels.kv_quant import FP8_DTYPE
+from troupe.kernels.decode_attention_fp8 import Fp8Variant, kernel_constexprs
+from troupe.kernels.fp8_tile import to_f16
+from troupe.kernels.kv_quant import FP8_DTYPE, quantize
+from troupe.kernels.paged_batch import make_paged_batch
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
@@ -62,22 +64,63 @@ def test_fp8_variant_skips_rows_past_num_valid() -> None:
     assert out[2].isnan().all()  # left alone
 
 
+def test_word_variants_fall_back_for_head_dims_off_16_bytes() -> None:
+    """head_dim 24: rows are not 16-byte aligned, so a word variant runs F16_CAST (same bytes
+    out) instead of misreading; direct kernel_constexprs callers get a clear error."""
+    batch = make_paged_batch(
+        [(9, 1), (30, 1)], num_q_heads=4, num_kv_heads=2, head_dim=24, block_size=4,
+        dtype=torch.float32, device="cpu", seed=14,
+    )  # fmt: skip
+    scales = torch.tensor([1 / 64, 1 / 32])
+    k8 = quantize(batch.k_cache.flatten(0, 1), scales).view(batch.k_cache.shape)
+    v8 = quantize(batch.v_cache.flatten(0, 1), scales).view(batch.v_cache.shape)
+    args = (batch.q, k8, v8, batch.block_tables, batch.seq_lens, 0.25, batch.max_seq_len)
+    outs = [
+        paged_decode_attention_triton(
+            *args, config=DecodeConfig(fp8=variant), k_scale=scales, v_scale=scales
+        )
+        for variant in (Fp8Variant.WORD_CVT_ROWS, Fp8Variant.F16_CAST)
+    ]
+    assert torch.equal(outs[0], outs[1])
+    ref = reference.paged_decode_attention(
+        batch.q.half().float(), k8, v8, *args[3:], k_scale=scales, v_scale=scales
+    )
+    assert rel_err(outs[0], ref) < 1e-3
+    with pytest.raises(ValueError, match="head_dim=24"):
+        kernel_constexprs(
+            Fp8Variant.WORD_BITS, num_q_heads=4, num_kv_heads=2, head_dim=24, block_size=4,
+            num_splits=1, has_limit=False, block_n=16,
+        )  # fmt: skip
+
+
 @triton.jit
-def _convert_kernel(x_ptr, out_ptr, MODE: tl.constexpr):
-    offs = tl.arange(0, 256)
-    tl.store(out_ptr + offs, _to_f16(tl.load(x_ptr + offs), MODE))
+def _convert_kernel(x_ptr, out_ptr, MODE: tl.constexpr, ASM: tl.constexpr):
+    if MODE >= 4:  # as 64 rows of one 32-bit word: bytes 4r..4r+3 of row r
+        rows = tl.arange(0, 64)
+        words = tl.load(x_ptr.to(tl.pointer_type(tl.uint32)) + rows[:, None])
+        tile = to_f16(words, rows < 64, MODE, ASM, 64, 4)
+        tl.store(out_ptr + rows[:, None] * 4 + tl.arange(0, 4)[None, :], tile)
+    else:  # 16 rows of 16 bytes
+        rows = tl.arange(0, 16)
+        offs = rows[:, None] * 16 + tl.arange(0, 16)[None, :]
+        tl.store(out_ptr + offs, to_f16(tl.load(x_ptr + offs), rows < 16, MODE, ASM, 16, 16))
 
 
-@pytest.mark.parametrize("mode", [1, 2])
-def test_every_e4m3_byte_converts_exactly(mode: int) -> None:
-    """All 256 bytes (subnormals, zeros, both signs; NaN bytes 0x7F/0xFF excepted)."""
-    x = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(FP8_DTYPE)
-    out = torch.empty(256, dtype=torch.float16)
-    _convert_kernel[(1,)](x, out, MODE=mode)
-    expected = x.float() * (1.0 if mode == 1 else 2.0**-8)
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("mode", [1, 2, 3, 4, 5])
+def test_every_e4m3_byte_converts_exactly(device: str, mode: int) -> None:
+    """All 256 bytes (subnormals, zeros, both signs; NaN bytes 0x7F/0xFF excepted), in order
+    (the word modes put byte i of a word at column i). Mode 5 runs its inline PTX on the GPU
+    (exact values) and mode 4's integer ops under the interpreter (value * 2^-8)."""
+    x = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(FP8_DTYPE).to(device)
+    out = torch.empty(256, dtype=torch.float16, device=device)
+    asm = device == "cuda"
+    _convert_kernel[(1,)](x, out, MODE=mode, ASM=asm)
+    exact = mode in (1, 3) or (mode == 5 and asm)
+    expected = x.float().cpu() * (1.0 if exact else 2.0**-8)
     finite = ~expected.isnan()
     assert int(finite.sum()) == 254
-    assert torch.equal(out.float()[finite], expected[finite])
+    assert torch.equal(out.float().cpu()[finite], expected[finite])
     assert math.copysign(1.0, float(out[0x80])) == -1.0  # -0 keeps its sign
 
 

@@ -1,0 +1,164 @@
+"""Compile the fp8 decode kernel's sweep candidates for sm_90 without a GPU; print what each became.
+
+    python3 -m troupe.ops.fp8_compile_check [--sass DIR]
+
+For every fp8 candidate of ops/fp8_variant_sweep.CANDIDATES (Llama-3.1-8B heads, block_size 16,
+one split): registers per thread, spill stack, shared memory, programs per SM those allow, and
+the SASS instructions of the main loop that tell how the fp8 tile reaches the tensor cores: byte
+reads of shared memory (LDS.U8, the mma-layout path), ldmatrix (LDSM), cp.async (LDGSTS), global
+loads (LDG), conversions (F2FP), HMMA / HGMMA (wgmma), the loop's length and warp instructions
+per KV byte (today's default 0.14; at 90% of copy an H200 SM must take 16.5 KV bytes a cycle
+from 4 schedulers: ~0.24 instructions a byte at full issue, so lower is the aim). The first
+line is the bf16-cache kernel at its default launch for calibration: 99% of copy on the H200 at
+~0.054 instructions per (bf16) byte. --sass DIR also writes each kernel's SASS.
+No timing: that is the H200 sweep's question (python -m troupe.ops.fp8_kv_bench attention
+--sweep-variants). Triton's bundled ptxas and cuobjdump; pointers marked 16-byte divisible.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import tempfile
+from typing import Any
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from troupe.kernels import decode_attention
+from troupe.kernels.decode_attention import DecodeConfig
+from troupe.kernels.decode_attention_fp8 import Fp8Variant, kernel_constexprs, kernel_for
+from troupe.ops.fp8_variant_sweep import CANDIDATES
+
+_BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+_TYPES = {"qk_scale": "fp32", "k_cache_ptr": "*fp8e4nv", "v_cache_ptr": "*fp8e4nv",
+          "part_out_ptr": "*fp32", "part_lse_ptr": "*fp32", "k_scale_ptr": "*fp32",
+          "v_scale_ptr": "*fp32", "block_tables_ptr": "*i32", "seq_lens_ptr": "*i32",
+          "num_valid_ptr": "*i32"}  # fmt: skip
+_OPS = ("LDS.U8", "LDSM", "LDS", "LDGSTS", "LDG", "F2FP", "HMMA", "HGMMA", "PRMT", "SHFL")
+_INSTR = re.compile(r"^\s+/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)([^;]*)", re.M)
+
+
+def loop_body(sass: str) -> list[str]:
+    """The opcodes of the largest backward-branch loop (the main loop over KV tiles)."""
+    instrs = [(int(a, 16), op, rest) for a, op, rest in _INSTR.findall(sass)]
+    best: tuple[int, int, int] | None = None
+    for addr, op, rest in instrs:
+        target = re.search(r"0x([0-9a-f]+)", rest) if op.startswith("BRA") else None
+        if target and int(target.group(1), 16) < addr:
+            lo = int(target.group(1), 16)
+            size = sum(1 for a, _, _ in instrs if lo <= a <= addr)
+            if best is None or size > best[0]:
+                best = (size, lo, addr)
+    if best is None:
+        return []
+    return [op for a, op, _ in instrs if best[1] <= a <= best[2]]
+
+
+def compile_candidate(config: DecodeConfig, sass_dir: str | None) -> dict[str, object]:
+    kernel = kernel_for(config.fp8)
+    consts = kernel_constexprs(
+        config.fp8, num_q_heads=32, num_kv_heads=8, head_dim=128, block_size=16, num_splits=1,
+        has_limit=False, block_n=config.block_n,
+    )  # fmt: skip
+    compiled, usage, sass = _sass(kernel, consts, _TYPES, config.num_warps, config.num_stages)
+    if sass_dir:
+        name = f"{config.fp8.value}_bn{config.block_n}_w{config.num_warps}_st{config.num_stages}"
+        with open(os.path.join(sass_dir, name + ".sass"), "w") as out:
+            out.write(sass)
+    found = re.search(r"REG:(\d+)", usage)
+    stack = re.search(r"STACK:(\d+)", usage)
+    regs, smem = int(found.group(1)) if found else 255, int(compiled.metadata.shared)
+    ops = loop_body(sass)
+    counts = {op: 0 for op in _OPS}
+    for op in ops:
+        for name in _OPS:
+            if op == name or op.startswith(name + "."):
+                counts[name] += 1
+                break
+    return {
+        "regs": regs,
+        "stack": int(stack.group(1)) if stack else -1,
+        "smem": smem,
+        "per SM": min(65536 // (regs * 32 * config.num_warps), 232448 // max(smem, 1), 32),
+        **counts,
+        "loop": len(ops),
+        # warp instructions per KV byte: each warp runs the loop once per tile of BLOCK_N K and
+        # V rows of 128 bytes
+        "per byte": round(len(ops) * config.num_warps / (2 * config.block_n * 128), 3),
+    }
+
+
+def _sass(kernel: triton.JITFunction, consts: dict[str, object], types: dict[str, str],
+          num_warps: int, num_stages: int) -> tuple[Any, str, str]:  # fmt: skip
+    """(compiled kernel, `cuobjdump -res-usage`, SASS) for sm_90."""
+    names = kernel.arg_names
+    signature = {
+        n: "constexpr" if n in consts else types.get(n, "*bf16" if n.endswith("_ptr") else "i32")
+        for n in names
+    }  # fmt: skip
+    aligned = [i for i, n in enumerate(names) if n.endswith("_ptr") or n.startswith("stride")]
+    src = ASTSource(
+        fn=kernel,
+        signature=signature,
+        constexprs={(names.index(k),): v for k, v in consts.items()},
+        attrs={(i,): [["tt.divisibility", 16]] for i in aligned},
+    )
+    options = {"num_warps": num_warps, "num_stages": num_stages}
+    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(compiled.asm["cubin"])
+        f.flush()
+        tool = os.path.join(_BIN, "cuobjdump")
+        usage = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True,
+                               check=True).stdout  # fmt: skip
+        sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True,
+                              check=True).stdout  # fmt: skip
+    return compiled, usage, sass
+
+
+def bf16_reference() -> str:
+    """The bf16-cache kernel at its default launch (99% of copy on the H200): its loop's warp
+    instructions per KV byte, the calibration for the fp8 figures."""
+    cfg = decode_attention.DEFAULT_CONFIG
+    consts: dict[str, object] = {
+        "NUM_Q_HEADS": 32, "NUM_KV_HEADS": 8, "GROUP": 4, "HEAD_DIM": 128, "BLOCK_SIZE": 16,
+        "SPLIT": False, "PAGED": False, "FUSED": False, "HAS_LIMIT": False, "FP8": False,
+        "BLOCK_G": 16, "BLOCK_N": cfg.block_n, "BLOCK_D": 128, "BLOCK_S": 1,
+    }  # fmt: skip
+    types = {**_TYPES, "k_cache_ptr": "*bf16", "v_cache_ptr": "*bf16", "counter_ptr": "*i32"}
+    _, _, sass = _sass(decode_attention._decode_split_kernel, consts, types, cfg.num_warps,
+                       cfg.num_stages)  # fmt: skip
+    loop = len(loop_body(sass))
+    per_byte = loop * cfg.num_warps / (2 * cfg.block_n * 256)
+    return (f"bf16-kv (reference) bn={cfg.block_n} w={cfg.num_warps} st={cfg.num_stages}  "
+            f"loop {loop} per byte {per_byte:.3f}")  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sass", help="write each candidate's SASS into this folder")
+    parser.add_argument("--only", help="candidates whose variant name contains this")
+    args = parser.parse_args()
+    if args.sass:
+        os.makedirs(args.sass, exist_ok=True)
+    print(bf16_reference(), flush=True)
+    for kind, config in dict.fromkeys(CANDIDATES):
+        if kind != "fp8" or config.fp8 is Fp8Variant.BF16_DOT:
+            continue
+        if args.only and args.only not in config.fp8.value:
+            continue
+        head = (f"{config.fp8.value:<18} bn={config.block_n:<3} w={config.num_warps} "
+                f"st={config.num_stages}")  # fmt: skip
+        try:
+            info = compile_candidate(config, args.sass)
+        except Exception as exc:  # report and go on
+            print(f"{head}  FAILED {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
+            continue
+        print(f"{head}  " + " ".join(f"{k} {v}" for k, v in info.items()), flush=True)
+
+
+if __name__ == "__main__":
+    main()
