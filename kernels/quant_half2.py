@@ -200,7 +200,10 @@ def _int4_half2_kernel(
     m, pid_n, pid_k = pid % M, pid // M, tl.program_id(1)
     rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < N
-    rows64 = rows.to(tl.int64)
+    # no load masks on W, scales, biases (a mask per row costs a predicate each, and ptxas,
+    # out of predicates, serializes the loads): rows past N repeat row N - 1 (not stored),
+    # groups past K repeat the last one (x there is 0)
+    rows64 = tl.minimum(rows, N - 1).to(tl.int64)
     word = tl.arange(0, 4)
     x_row = x_ptr + m.to(tl.int64) * K
     acc = tl.zeros((BLOCK_N, GROUPS), dtype=tl.float32)
@@ -208,21 +211,19 @@ def _int4_half2_kernel(
     for g0 in range(g_start, g_start + groups_per_split, GROUPS):
         g = g0 + tl.arange(0, GROUPS)
         g_ok = g < row_groups
+        g_in = tl.minimum(g, row_groups - 1)
         w = tl.load(
             w_ptr
             + rows64[:, None, None] * row_words
-            + (g * 4)[None, :, None]
-            + word[None, None, :],
-            mask=row_ok[:, None, None] & g_ok[None, :, None],
-            other=0,
+            + (g_in * 4)[None, :, None]
+            + word[None, None, :]
         )
         dot, xs = _int4_group_dot(w, x_row + g * 32, g_ok, BLOCK_N, GROUPS, PLAIN)
         # 2-byte loads in the words' layout (vectorized along g they would go through shared
         # memory to reach it)
-        sb_off = rows64[:, None] * row_groups + tl.max_contiguous(g, 1)[None, :]
-        sb_mask = row_ok[:, None] & g_ok[None, :]
-        s = tl.load(scale_ptr + sb_off, mask=sb_mask, other=0.0).to(tl.float32)
-        b = tl.load(bias_ptr + sb_off, mask=sb_mask, other=0.0).to(tl.float32)
+        sb_off = rows64[:, None] * row_groups + tl.max_contiguous(g_in, 1)[None, :]
+        s = tl.load(scale_ptr + sb_off).to(tl.float32)
+        b = tl.load(bias_ptr + sb_off).to(tl.float32)
         acc += dot * s + b * (xs * INT4_X_SCALE)[None, :]  # X_SCALE folded out at the end
     out = out_ptr + (pid_k.to(tl.int64) * M + m) * N + rows
     y = tl.sum(acc, axis=1) * (1.0 / INT4_X_SCALE)

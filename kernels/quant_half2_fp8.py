@@ -118,29 +118,31 @@ def _fp8_half2_kernel(
     m, pid_n, pid_k = pid % M, pid // M, tl.program_id(1)
     rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < N
-    rows64 = rows.to(tl.int64)
+    # no load masks (quant_half2's int4 kernel says why): rows past N repeat row N - 1, blocks
+    # past K the last one (x there is 0)
+    rows_in = tl.minimum(rows, N - 1)
+    rows64 = rows_in.to(tl.int64)
     word = tl.arange(0, 4)
     x_row = x_ptr + m.to(tl.int64) * K
     acc = tl.zeros((BLOCK_N, QUADS), dtype=tl.float32)
     w_start = pid_k * words_per_split
     for w0 in range(w_start, w_start + words_per_split, 4 * QUADS):
         quad = w0 + tl.arange(0, QUADS) * 4  # first word of each block of 16 codes
-        wi = quad[:, None] + word[None, :]
-        w = tl.load(
-            w_ptr + rows64[:, None, None] * row_words + wi[None, :, :],
-            mask=row_ok[:, None, None] & (quad < row_words)[:, None][None, :, :],
-            other=0,
-        )
+        quad_in = tl.minimum(quad, row_words - 4)
+        wi = quad_in[:, None] + word[None, :]
+        w = tl.load(w_ptr + rows64[:, None, None] * row_words + wi[None, :, :])
         dot = _fp8_block_dot(w, x_row + quad * 4, quad < row_words, BLOCK_N, QUADS, PLAIN)
         if ONE_SCALE:
             acc += dot
         else:  # 16 divides scale_bk: one scale per row and block of 16 codes
-            s_at = (rows // scale_bn)[:, None] * scale_cols + ((quad * 4) // scale_bk)[None, :]
-            s = tl.load(scale_ptr + s_at, mask=row_ok[:, None] & (quad < row_words)[None, :])
+            s_at = (rows_in // scale_bn)[:, None] * scale_cols + ((quad_in * 4) // scale_bk)[
+                None, :
+            ]
+            s = tl.load(scale_ptr + s_at)
             acc += dot * s
     y = tl.sum(acc, axis=1) * (1.0 / FP8_X_SCALE)
     if ONE_SCALE:
-        y = y * tl.load(scale_ptr + rows // scale_bn, mask=row_ok)
+        y = y * tl.load(scale_ptr + rows_in // scale_bn)
     out = out_ptr + (pid_k.to(tl.int64) * M + m) * N + rows
     tl.store(out, y.to(out_ptr.dtype.element_ty), mask=row_ok)
 
