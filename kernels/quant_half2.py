@@ -130,7 +130,7 @@ def _int4_asm() -> str:
     return "\n".join(lines)
 
 
-INT4_ASM: tl.constexpr = tl.constexpr(_int4_asm())
+INT4_ASM = tl.constexpr(_int4_asm())
 
 
 @triton.jit

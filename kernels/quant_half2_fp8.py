@@ -54,7 +54,7 @@ def _fp8_asm() -> str:
     return "\n".join(lines)
 
 
-FP8_ASM: tl.constexpr = tl.constexpr(_fp8_asm())
+FP8_ASM = tl.constexpr(_fp8_asm())
 
 
 @triton.jit
