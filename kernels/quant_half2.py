@@ -10,18 +10,17 @@ summed per thread in fp32; one cross-thread sum at the end.
 
     Int4Gemv.HALF2  16 bytes = one Q4_0 group of 32 (byte j: element j low, j + 16 high). For
         a word of bytes 4i..4i+3, w & 0x000F000F holds elements (4i, 4i+2) in its two 16-bit
-        halves; OR 0x64006400 makes them the fp16 values 1024 + q, one sub.f16x2 gives q
-        exactly. Bits 4-7 with 0x54005400 (fp16 64: ulp 1/16) give 64 + q: elements
+        halves; OR 0x4C004C00 makes them the fp16 values 16 + q/64 (16: ulp 2^-6), one
+        sub.f16x2 gives q/64 exactly. Bits 4-7 with 0x3C003C00 (1.0: ulp 2^-10): elements
         (4i+16, 4i+18); the word shifted right 8 gives (4i+1, 4i+3) and (4i+17, 4i+19). Per
         word: 1 shift, 4 lop3, 4 sub, 4 fma.f16x2 with the matching x pairs; two f16x2
         accumulators per group, converted to fp32 at its end: y += s (x . q) + b sum(x).
     Fp8Gemv.HALF2  (quant_half2_fp8.py) 16 e4m3 codes through cvt.rn.f16x2.e4m3x2 and
         fma.rn.f16x2, on the shared helpers below.
 
-x is loaded as fp32, scaled by X_SCALE (int4 2^-6, fp8 2^-10: exact) and packed into f16x2
-pairs once per thread and column block. fp16 accumulation bounds: int4 16 products of q <= 15
-per lane, fp8 8 of |q| <= 448, so any |x| < 2^14 cannot overflow; the scale is folded back in
-fp32. fp16 rounds each partial sum to 11 bits: ~1e-3 of max |y| in all (GPU test bound 1e-2).
+x is loaded as fp32 (fp8: scaled by 2^-10, exact) and packed into f16x2 pairs once per thread
+and column block. fp16 accumulation bounds: int4 16 products of q/64 <= 15/64 per lane, fp8 8
+of |q| <= 448, so any |x| < 2^14 cannot overflow; the powers of two are undone in fp32. fp16 rounds each partial sum to 11 bits: ~1e-3 of max |y| in all (GPU test bound 1e-2).
 K may be split (k_splits): fp32 partials [S, M, N] summed after (no atomics).
 TRITON_INTERPRET=1 cannot run PTX: PLAIN (the CPU) runs the same fp16 arithmetic in Triton.
 """
@@ -36,7 +35,7 @@ import triton
 import triton.language as tl
 from troupe.kernels.quant_wide import Int4GemvConfig
 
-INT4_X_SCALE = tl.constexpr(2.0**-6)
+INT4_Q_SCALE = tl.constexpr(2.0**-6)  # the asm's nibbles are q/64 (x stays unscaled)
 
 
 @triton.jit
@@ -80,17 +79,23 @@ def lanes(acc_a, acc_b):
 
 
 @triton.jit
+def _nib(w, SHIFT: tl.constexpr):
+    """Bits SHIFT..SHIFT+3 of each word as q/64 in fp16 (exact), as the asm makes them."""
+    return (((w >> SHIFT) & 15).to(tl.float32) * INT4_Q_SCALE).to(tl.float16)
+
+
+@triton.jit
 def _int4_word_plain(w, a_lo, a_hi, b_lo, b_hi, x0, x1, x2, x3, x4, x5, x6, x7):
     """One int4 word's 8 products into the accumulators' lanes (a: bits 0-3 and 8-11 of each
     half, b: bits 4-7 and 12-15), fp16 rounding as the asm; x: lo, hi of the 4 pairs."""
-    a_lo = fma16((w & 15).to(tl.float16), x0, a_lo)
-    a_hi = fma16(((w >> 16) & 15).to(tl.float16), x1, a_hi)
-    b_lo = fma16(((w >> 4) & 15).to(tl.float16), x2, b_lo)
-    b_hi = fma16(((w >> 20) & 15).to(tl.float16), x3, b_hi)
-    a_lo = fma16(((w >> 8) & 15).to(tl.float16), x4, a_lo)
-    a_hi = fma16(((w >> 24) & 15).to(tl.float16), x5, a_hi)
-    b_lo = fma16(((w >> 12) & 15).to(tl.float16), x6, b_lo)
-    b_hi = fma16(((w >> 28) & 15).to(tl.float16), x7, b_hi)
+    a_lo = fma16(_nib(w, 0), x0, a_lo)
+    a_hi = fma16(_nib(w, 16), x1, a_hi)
+    b_lo = fma16(_nib(w, 4), x2, b_lo)
+    b_hi = fma16(_nib(w, 20), x3, b_hi)
+    a_lo = fma16(_nib(w, 8), x4, a_lo)
+    a_hi = fma16(_nib(w, 24), x5, a_hi)
+    b_lo = fma16(_nib(w, 12), x6, b_lo)
+    b_hi = fma16(_nib(w, 28), x7, b_hi)
     return a_lo, a_hi, b_lo, b_hi
 
 
@@ -101,8 +106,8 @@ def _int4_asm() -> str:
         ".reg .b32 cm, ch, h, s, a, b;",
         ".reg .f16 l, u;",
         ".reg .f32 fl, fu;",
-        "mov.b32 cm, 0x64006400;",
-        "mov.b32 ch, 0x54005400;",
+        "mov.b32 cm, 0x4C004C00;",
+        "mov.b32 ch, 0x3C003C00;",
         "mov.b32 a, 0;",
         "mov.b32 b, 0;",
     ]
@@ -135,25 +140,25 @@ INT4_ASM = tl.constexpr(_int4_asm())
 
 @triton.jit
 def _int4_group_dot(w, xq, ok, BLOCK_N: tl.constexpr, Q: tl.constexpr, PLAIN: tl.constexpr):
-    """sum over each group of 32 of q * (x X_SCALE) (fp16 lanes -> fp32), and sum(x) (fp32)."""
+    """sum over each group of 32 of q/64 * x (fp16 lanes -> fp32), and sum(x) (fp32)."""
     w0, w1, w2, w3 = words4(w, BLOCK_N, Q)
     # word i's pairs: (4i, 4i+2) (4i+16, 4i+18) (4i+1, 4i+3) (4i+17, 4i+19)
-    p00, h00, s00 = x_pair(xq, 0, 2, ok, INT4_X_SCALE, PLAIN)
-    p01, h01, s01 = x_pair(xq, 16, 2, ok, INT4_X_SCALE, PLAIN)
-    p02, h02, s02 = x_pair(xq, 1, 2, ok, INT4_X_SCALE, PLAIN)
-    p03, h03, s03 = x_pair(xq, 17, 2, ok, INT4_X_SCALE, PLAIN)
-    p10, h10, s10 = x_pair(xq, 4, 2, ok, INT4_X_SCALE, PLAIN)
-    p11, h11, s11 = x_pair(xq, 20, 2, ok, INT4_X_SCALE, PLAIN)
-    p12, h12, s12 = x_pair(xq, 5, 2, ok, INT4_X_SCALE, PLAIN)
-    p13, h13, s13 = x_pair(xq, 21, 2, ok, INT4_X_SCALE, PLAIN)
-    p20, h20, s20 = x_pair(xq, 8, 2, ok, INT4_X_SCALE, PLAIN)
-    p21, h21, s21 = x_pair(xq, 24, 2, ok, INT4_X_SCALE, PLAIN)
-    p22, h22, s22 = x_pair(xq, 9, 2, ok, INT4_X_SCALE, PLAIN)
-    p23, h23, s23 = x_pair(xq, 25, 2, ok, INT4_X_SCALE, PLAIN)
-    p30, h30, s30 = x_pair(xq, 12, 2, ok, INT4_X_SCALE, PLAIN)
-    p31, h31, s31 = x_pair(xq, 28, 2, ok, INT4_X_SCALE, PLAIN)
-    p32, h32, s32 = x_pair(xq, 13, 2, ok, INT4_X_SCALE, PLAIN)
-    p33, h33, s33 = x_pair(xq, 29, 2, ok, INT4_X_SCALE, PLAIN)
+    p00, h00, s00 = x_pair(xq, 0, 2, ok, 1.0, PLAIN)
+    p01, h01, s01 = x_pair(xq, 16, 2, ok, 1.0, PLAIN)
+    p02, h02, s02 = x_pair(xq, 1, 2, ok, 1.0, PLAIN)
+    p03, h03, s03 = x_pair(xq, 17, 2, ok, 1.0, PLAIN)
+    p10, h10, s10 = x_pair(xq, 4, 2, ok, 1.0, PLAIN)
+    p11, h11, s11 = x_pair(xq, 20, 2, ok, 1.0, PLAIN)
+    p12, h12, s12 = x_pair(xq, 5, 2, ok, 1.0, PLAIN)
+    p13, h13, s13 = x_pair(xq, 21, 2, ok, 1.0, PLAIN)
+    p20, h20, s20 = x_pair(xq, 8, 2, ok, 1.0, PLAIN)
+    p21, h21, s21 = x_pair(xq, 24, 2, ok, 1.0, PLAIN)
+    p22, h22, s22 = x_pair(xq, 9, 2, ok, 1.0, PLAIN)
+    p23, h23, s23 = x_pair(xq, 25, 2, ok, 1.0, PLAIN)
+    p30, h30, s30 = x_pair(xq, 12, 2, ok, 1.0, PLAIN)
+    p31, h31, s31 = x_pair(xq, 28, 2, ok, 1.0, PLAIN)
+    p32, h32, s32 = x_pair(xq, 13, 2, ok, 1.0, PLAIN)
+    p33, h33, s33 = x_pair(xq, 29, 2, ok, 1.0, PLAIN)
     xs = s00 + s01 + s02 + s03 + s10 + s11 + s12 + s13
     xs += s20 + s21 + s22 + s23 + s30 + s31 + s32 + s33
     if PLAIN:
@@ -224,9 +229,9 @@ def _int4_half2_kernel(
         sb_off = rows64[:, None] * row_groups + tl.max_contiguous(g_in, 1)[None, :]
         s = tl.load(scale_ptr + sb_off).to(tl.float32)
         b = tl.load(bias_ptr + sb_off).to(tl.float32)
-        acc += dot * s + b * (xs * INT4_X_SCALE)[None, :]  # X_SCALE folded out at the end
+        acc += dot * s + b * (xs * INT4_Q_SCALE)[None, :]  # Q_SCALE folded out at the end
     out = out_ptr + (pid_k.to(tl.int64) * M + m) * N + rows
-    y = tl.sum(acc, axis=1) * (1.0 / INT4_X_SCALE)
+    y = tl.sum(acc, axis=1) * (1.0 / INT4_Q_SCALE)
     tl.store(out, y.to(out_ptr.dtype.element_ty), mask=row_ok)
 
 

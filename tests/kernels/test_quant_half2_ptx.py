@@ -9,7 +9,7 @@ import re
 
 import numpy as np
 import torch
-from troupe.kernels.quant_half2 import INT4_ASM
+from troupe.kernels.quant_half2 import INT4_ASM, INT4_Q_SCALE
 from troupe.kernels.quant_half2_fp8 import FP8_ASM
 
 Regs = dict[str, int]
@@ -95,8 +95,8 @@ def test_int4_asm_pairs_nibbles_with_their_x() -> None:
             for e in (4 * i, 4 * i + 16, 4 * i + 1, 4 * i + 17):
                 pairs.append(_pack(x[e], x[e + 2]))
         got = run_ptx(INT4_ASM.value, words + pairs)
-        want = float(q @ x)
-        assert abs(got - want) <= 2e-3 * np.abs(q * x).sum()
+        want = float(q @ x) * INT4_Q_SCALE.value  # the asm's nibbles are q/64
+        assert abs(got - want) <= 2e-3 * np.abs(q * x).sum() * INT4_Q_SCALE.value
 
 
 def test_fp8_asm_pairs_codes_with_their_x() -> None:
