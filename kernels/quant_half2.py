@@ -235,16 +235,21 @@ def _int4_half2_kernel(
     tl.store(out, y.to(out_ptr.dtype.element_ty), mask=row_ok)
 
 
-def k_splits(configured: int, programs: int, chunks: int, device: torch.device) -> int:
-    """K splits: the configured count (cut to the chunks there are), or (0) enough for about
-    four programs per SM, whole chunks per split."""
+def launch_shape(
+    block_n: int, configured: int, n: int, m: int, chunks: int, device: torch.device
+) -> tuple[int, int]:
+    """(W rows per program, K splits): the config's, splits cut to the K chunks there are; or
+    (k_splits 0, a GPU) about four programs per SM: block_n halved (down to 2) while even
+    splitting K into every chunk gives fewer, then enough splits (whole chunks each)."""
     if configured > 0 or device.type != "cuda":
-        return max(1, min(configured, chunks))
-    sms = int(torch.cuda.get_device_properties(device).multi_processor_count)
-    split = max(1, min(chunks, triton.cdiv(4 * sms, programs)))
+        return block_n, max(1, min(configured, chunks))
+    want = 4 * int(torch.cuda.get_device_properties(device).multi_processor_count)
+    while block_n > 2 and m * triton.cdiv(n, block_n) * chunks < want:
+        block_n //= 2
+    split = max(1, min(chunks, triton.cdiv(want, m * triton.cdiv(n, block_n))))
     while chunks % split:
         split -= 1
-    return int(split)
+    return block_n, int(split)
 
 
 def finish_splits(part: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -263,15 +268,15 @@ def int4_half2(
     n = packed.shape[0]
     groups = k // 32
     words = packed.contiguous().view(torch.int32)  # [N, K/8]
-    tiles = m * triton.cdiv(n, config.block_n)
     chunks = triton.cdiv(groups, config.groups)
-    split = k_splits(config.k_splits, tiles, chunks, x.device)
+    block_n, split = launch_shape(config.block_n, config.k_splits, n, m, chunks, x.device)
+    tiles = m * triton.cdiv(n, block_n)
     per_split = triton.cdiv(chunks, split) * config.groups
     dtype = torch.float32 if split > 1 else x.dtype
     part = torch.empty(split, m, n, dtype=dtype, device=x.device)
     _int4_half2_kernel[(tiles, split)](
         x.contiguous(), words, scale.contiguous(), bias.contiguous(), part, m, n, k, k // 8,
-        groups, per_split, config.block_n, config.groups, x.device.type != "cuda",
+        groups, per_split, block_n, config.groups, x.device.type != "cuda",
         num_warps=config.num_warps,
     )  # fmt: skip
     return finish_splits(part, x)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from troupe.kernels.quant_half2 import finish_splits, fma16, k_splits, lanes, words4, x_pair
+from troupe.kernels.quant_half2 import finish_splits, fma16, lanes, launch_shape, words4, x_pair
 from troupe.kernels.quant_wide import Fp8GemvConfig
 
 FP8_X_SCALE = tl.constexpr(2.0**-10)
@@ -164,15 +164,15 @@ def fp8_half2(
     assert config.block_w % 4 == 0, f"block_w must be a multiple of 4, got {config.block_w}"
     quads = config.block_w // 4
     words = weight.contiguous().view(torch.uint8).view(torch.int32)  # [N, K/4]
-    tiles = m * triton.cdiv(n, config.block_n)
     chunks = triton.cdiv(k // 4, config.block_w)
-    split = k_splits(config.k_splits, tiles, chunks, x.device)
+    block_n, split = launch_shape(config.block_n, config.k_splits, n, m, chunks, x.device)
+    tiles = m * triton.cdiv(n, block_n)
     per_split = triton.cdiv(chunks, split) * config.block_w
     dtype = torch.float32 if split > 1 else x.dtype
     part = torch.empty(split, m, n, dtype=dtype, device=x.device)
     _fp8_half2_kernel[(tiles, split)](
         x.contiguous(), words, scale.contiguous().float(), part, m, n, k, k // 4, per_split,
-        scale_bn, scale_bk, scale.shape[1], config.block_n, quads, scale.shape[1] == 1,
+        scale_bn, scale_bk, scale.shape[1], block_n, quads, scale.shape[1] == 1,
         x.device.type != "cuda", num_warps=config.num_warps,
     )  # fmt: skip
     return finish_splits(part, x)

@@ -64,7 +64,7 @@ class Int4GemvConfig:
     """The int4 decode GEMV: variant, W rows per program, groups of 32 per row per iteration
     (wide variants; a power of two), warps, and (WIDE_*) how x is read: one 2-byte load per
     nibble, or x_split: two 8-byte loads per word, taken apart with tl.split. k_splits
-    (HALF2): K splits, 0 = enough for ~4 programs per SM."""
+    (HALF2): K splits, 0 = ~4 programs per SM (quant_half2.launch_shape)."""
 
     variant: Int4Gemv = Int4Gemv.BYTES
     block_n: int = 4
@@ -79,7 +79,7 @@ class Fp8GemvConfig:
     """The fp8 decode GEMV: variant, W rows per program, int32 words (4 codes each) per row per
     iteration (wide variants; a power of two), warps, and (WIDE_*) how x is read: one 2-byte
     load per code, or x_split: one 8-byte load per word, taken apart with tl.split. k_splits
-    (HALF2): K splits, 0 = enough for ~4 programs per SM."""
+    (HALF2): K splits, 0 = ~4 programs per SM (quant_half2.launch_shape)."""
 
     variant: Fp8Gemv = Fp8Gemv.BYTES
     block_n: int = 4

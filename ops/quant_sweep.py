@@ -31,7 +31,7 @@ WRONG = 2e-2
 GemvConfig = Int4GemvConfig | Fp8GemvConfig
 
 # HALF2 (quant_half2.py) first: (block_n, groups of 32 per row per iteration, warps, K splits
-# (0: ~4 programs per SM)); groups = 32 x warps gives each thread every row of its tile
+# (0: ~4 programs per SM, block_n halved where too few)); groups = 32 x warps gives each thread every row of its tile
 INT4_CONFIGS = [
     Int4GemvConfig(Int4Gemv.HALF2, block_n, groups, warps, k_splits=splits)
     for block_n, groups, warps, splits in (
