@@ -48,22 +48,34 @@ def words4(w, BLOCK_N: tl.constexpr, Q: tl.constexpr):
 
 
 @triton.jit
-def x_pair(xq, E: tl.constexpr, D: tl.constexpr, ok, X_SCALE: tl.constexpr, PLAIN: tl.constexpr):
-    """x[E] and x[E + D] of each column block (ok: the block is in K): (f16x2 int32 scaled, or
-    (lo, hi) fp16 when PLAIN), and their fp32 sum."""
-    lo = tl.load(xq + E, mask=ok, other=0.0).to(tl.float32)
-    hi = tl.load(xq + E + D, mask=ok, other=0.0).to(tl.float32)
+def x_quad(xq, E: tl.constexpr, ok, Q: tl.constexpr):
+    """x[E..E+3] of each column block (one 8-byte load; ok: the block is in K) as fp32."""
+    at = xq[:, None] + E + tl.arange(0, 4)[None, :]
+    x = tl.load(at, mask=ok[:, None], other=0.0).to(tl.float32)
+    even, odd = tl.split(tl.reshape(x, (Q, 2, 2)))
+    x0, x2 = tl.split(even)
+    x1, x3 = tl.split(odd)
+    return x0, x1, x2, x3
+
+
+@triton.jit
+def f16x2(lo, hi, PLAIN: tl.constexpr):
+    """(lo, hi) as one f16x2 int32 and a dummy, or (PLAIN) as two fp16."""
     if PLAIN:
-        return (lo * X_SCALE).to(tl.float16), (hi * X_SCALE).to(tl.float16), lo + hi
+        return lo.to(tl.float16), hi.to(tl.float16)
     packed = tl.inline_asm_elementwise(
-        "cvt.rn.f16x2.f32 $0, $2, $1;",
-        "=r,r,r",
-        [lo * X_SCALE, hi * X_SCALE],
-        dtype=tl.int32,
-        is_pure=True,
-        pack=1,
+        "cvt.rn.f16x2.f32 $0, $2, $1;", "=r,r,r", [lo, hi], dtype=tl.int32, is_pure=True, pack=1
     )
-    return packed, packed, lo + hi
+    return packed, 0
+
+
+@triton.jit
+def _x_quads(xq, E: tl.constexpr, ok, Q: tl.constexpr, PLAIN: tl.constexpr):
+    """x[E..E+3]'s pairs (E, E+2) and (E+1, E+3) (f16x2 each, or lo, hi) and their fp32 sum."""
+    x0, x1, x2, x3 = x_quad(xq, E, ok, Q)
+    p02, h02 = f16x2(x0, x2, PLAIN)
+    p13, h13 = f16x2(x1, x3, PLAIN)
+    return p02, h02, p13, h13, x0 + x1 + x2 + x3
 
 
 @triton.jit
@@ -142,25 +154,16 @@ INT4_ASM = tl.constexpr(_int4_asm())
 def _int4_group_dot(w, xq, ok, BLOCK_N: tl.constexpr, Q: tl.constexpr, PLAIN: tl.constexpr):
     """sum over each group of 32 of q/64 * x (fp16 lanes -> fp32), and sum(x) (fp32)."""
     w0, w1, w2, w3 = words4(w, BLOCK_N, Q)
-    # word i's pairs: (4i, 4i+2) (4i+16, 4i+18) (4i+1, 4i+3) (4i+17, 4i+19)
-    p00, h00, s00 = x_pair(xq, 0, 2, ok, 1.0, PLAIN)
-    p01, h01, s01 = x_pair(xq, 16, 2, ok, 1.0, PLAIN)
-    p02, h02, s02 = x_pair(xq, 1, 2, ok, 1.0, PLAIN)
-    p03, h03, s03 = x_pair(xq, 17, 2, ok, 1.0, PLAIN)
-    p10, h10, s10 = x_pair(xq, 4, 2, ok, 1.0, PLAIN)
-    p11, h11, s11 = x_pair(xq, 20, 2, ok, 1.0, PLAIN)
-    p12, h12, s12 = x_pair(xq, 5, 2, ok, 1.0, PLAIN)
-    p13, h13, s13 = x_pair(xq, 21, 2, ok, 1.0, PLAIN)
-    p20, h20, s20 = x_pair(xq, 8, 2, ok, 1.0, PLAIN)
-    p21, h21, s21 = x_pair(xq, 24, 2, ok, 1.0, PLAIN)
-    p22, h22, s22 = x_pair(xq, 9, 2, ok, 1.0, PLAIN)
-    p23, h23, s23 = x_pair(xq, 25, 2, ok, 1.0, PLAIN)
-    p30, h30, s30 = x_pair(xq, 12, 2, ok, 1.0, PLAIN)
-    p31, h31, s31 = x_pair(xq, 28, 2, ok, 1.0, PLAIN)
-    p32, h32, s32 = x_pair(xq, 13, 2, ok, 1.0, PLAIN)
-    p33, h33, s33 = x_pair(xq, 29, 2, ok, 1.0, PLAIN)
-    xs = s00 + s01 + s02 + s03 + s10 + s11 + s12 + s13
-    xs += s20 + s21 + s22 + s23 + s30 + s31 + s32 + s33
+    # word i's pairs: (4i, 4i+2) (4i+16, 4i+18) (4i+1, 4i+3) (4i+17, 4i+19), from 8-byte loads
+    p00, h00, p02, h02, s0 = _x_quads(xq, 0, ok, Q, PLAIN)
+    p01, h01, p03, h03, s1 = _x_quads(xq, 16, ok, Q, PLAIN)
+    p10, h10, p12, h12, s2 = _x_quads(xq, 4, ok, Q, PLAIN)
+    p11, h11, p13, h13, s3 = _x_quads(xq, 20, ok, Q, PLAIN)
+    p20, h20, p22, h22, s4 = _x_quads(xq, 8, ok, Q, PLAIN)
+    p21, h21, p23, h23, s5 = _x_quads(xq, 24, ok, Q, PLAIN)
+    p30, h30, p32, h32, s6 = _x_quads(xq, 12, ok, Q, PLAIN)
+    p31, h31, p33, h33, s7 = _x_quads(xq, 28, ok, Q, PLAIN)
+    xs = s0 + s1 + s2 + s3 + s4 + s5 + s6 + s7
     if PLAIN:
         zero = tl.zeros((BLOCK_N, Q), dtype=tl.float16)
         a_lo, a_hi, b_lo, b_hi = zero, zero, zero, zero

@@ -17,7 +17,15 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from troupe.kernels.quant_half2 import finish_splits, fma16, lanes, launch_shape, words4, x_pair
+from troupe.kernels.quant_half2 import (
+    f16x2,
+    finish_splits,
+    fma16,
+    lanes,
+    launch_shape,
+    words4,
+    x_quad,
+)
 from troupe.kernels.quant_wide import Fp8GemvConfig
 
 FP8_X_SCALE = tl.constexpr(2.0**-10)
@@ -75,17 +83,22 @@ def _fp8_word_plain(w, a_lo, a_hi, b_lo, b_hi, x0, x1, x2, x3):
 
 
 @triton.jit
+def _x_pairs(xq, E: tl.constexpr, ok, Q: tl.constexpr, PLAIN: tl.constexpr):
+    """x[E..E+3] scaled: pairs (E, E+1), (E+2, E+3) (f16x2 each, or lo, hi fp16)."""
+    x0, x1, x2, x3 = x_quad(xq, E, ok, Q)
+    p01, h01 = f16x2(x0 * FP8_X_SCALE, x1 * FP8_X_SCALE, PLAIN)
+    p23, h23 = f16x2(x2 * FP8_X_SCALE, x3 * FP8_X_SCALE, PLAIN)
+    return p01, h01, p23, h23
+
+
+@triton.jit
 def _fp8_block_dot(w, xq, ok, BLOCK_N: tl.constexpr, Q: tl.constexpr, PLAIN: tl.constexpr):
     """sum over each block of 16 codes of q * (x X_SCALE) (fp16 lanes -> fp32)."""
     w0, w1, w2, w3 = words4(w, BLOCK_N, Q)
-    p00, h00, _s = x_pair(xq, 0, 1, ok, FP8_X_SCALE, PLAIN)
-    p01, h01, _s = x_pair(xq, 2, 1, ok, FP8_X_SCALE, PLAIN)
-    p10, h10, _s = x_pair(xq, 4, 1, ok, FP8_X_SCALE, PLAIN)
-    p11, h11, _s = x_pair(xq, 6, 1, ok, FP8_X_SCALE, PLAIN)
-    p20, h20, _s = x_pair(xq, 8, 1, ok, FP8_X_SCALE, PLAIN)
-    p21, h21, _s = x_pair(xq, 10, 1, ok, FP8_X_SCALE, PLAIN)
-    p30, h30, _s = x_pair(xq, 12, 1, ok, FP8_X_SCALE, PLAIN)
-    p31, h31, _s = x_pair(xq, 14, 1, ok, FP8_X_SCALE, PLAIN)
+    p00, h00, p01, h01 = _x_pairs(xq, 0, ok, Q, PLAIN)
+    p10, h10, p11, h11 = _x_pairs(xq, 4, ok, Q, PLAIN)
+    p20, h20, p21, h21 = _x_pairs(xq, 8, ok, Q, PLAIN)
+    p30, h30, p31, h31 = _x_pairs(xq, 12, ok, Q, PLAIN)
     if PLAIN:
         zero = tl.zeros((BLOCK_N, Q), dtype=tl.float16)
         a_lo, a_hi, b_lo, b_hi = zero, zero, zero, zero
