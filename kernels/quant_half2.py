@@ -243,11 +243,12 @@ def launch_shape(
 ) -> tuple[int, int]:
     """(W rows per program, K splits): the config's, splits cut to the K chunks there are; or
     (k_splits 0, a GPU) about four programs per SM: block_n halved (down to 2) while even
-    splitting K into every chunk gives fewer, then enough splits (whole chunks each)."""
+    splitting K into every chunk gives under three, then enough splits (whole chunks each)."""
     if configured > 0 or device.type != "cuda":
         return block_n, max(1, min(configured, chunks))
-    want = 4 * int(torch.cuda.get_device_properties(device).multi_processor_count)
-    while block_n > 2 and m * triton.cdiv(n, block_n) * chunks < want:
+    sms = int(torch.cuda.get_device_properties(device).multi_processor_count)
+    want = 4 * sms
+    while block_n > 2 and m * triton.cdiv(n, block_n) * chunks < 3 * sms:
         block_n //= 2
     split = max(1, min(chunks, triton.cdiv(want, m * triton.cdiv(n, block_n))))
     while chunks % split:

@@ -31,7 +31,7 @@ WRONG = 2e-2
 GemvConfig = Int4GemvConfig | Fp8GemvConfig
 
 # HALF2 (quant_half2.py) first: (block_n, groups of 32 per row per iteration, warps, K splits
-# (0: ~4 programs per SM, block_n halved where too few)); groups = 32 x warps gives each thread every row of its tile
+# (0: quant_half2.launch_shape)); groups = 32 x warps gives each thread every row of its tile
 INT4_CONFIGS = [
     Int4GemvConfig(Int4Gemv.HALF2, block_n, groups, warps, k_splits=splits)
     for block_n, groups, warps, splits in (
@@ -39,7 +39,7 @@ INT4_CONFIGS = [
         (8, 128, 4, 1),
         (16, 128, 4, 0),
         (4, 128, 4, 0),
-        (16, 64, 2, 0),
+        (32, 128, 4, 0),
     )
 ] + [  # for comparison: the old default and the best earlier variants (quant_wide, quant_rows)
     Int4GemvConfig(Int4Gemv.BYTES),
@@ -56,7 +56,7 @@ FP8_CONFIGS = [
         (8, 512, 4, 1),
         (16, 512, 4, 0),
         (4, 512, 4, 0),
-        (16, 256, 2, 0),
+        (32, 512, 4, 0),
     )
 ] + [
     Fp8GemvConfig(Fp8Gemv.BYTES),
