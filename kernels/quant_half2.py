@@ -239,14 +239,13 @@ def _int4_half2_kernel(
 
 
 def launch_shape(
-    block_n: int, configured: int, n: int, m: int, chunks: int, device: torch.device
+    block_n: int, configured: int, n: int, m: int, chunks: int, sms: int | None
 ) -> tuple[int, int]:
     """(W rows per program, K splits): the config's, splits cut to the K chunks there are; or
-    (k_splits 0, a GPU) about four programs per SM: block_n halved (down to 2) while even
+    (k_splits 0, a GPU of `sms` SMs; None: the CPU) about four programs per SM: block_n halved (down to 2) while even
     splitting K into every chunk gives under three, then enough splits (whole chunks each)."""
-    if configured > 0 or device.type != "cuda":
+    if configured > 0 or sms is None:
         return block_n, max(1, min(configured, chunks))
-    sms = int(torch.cuda.get_device_properties(device).multi_processor_count)
     want = 4 * sms
     while block_n > 2 and m * triton.cdiv(n, block_n) * chunks < 3 * sms:
         block_n //= 2
@@ -254,6 +253,13 @@ def launch_shape(
     while chunks % split:
         split -= 1
     return block_n, int(split)
+
+
+def device_sms(device: torch.device) -> int | None:
+    """The GPU's SM count (None: not a GPU)."""
+    if device.type != "cuda":
+        return None
+    return int(torch.cuda.get_device_properties(device).multi_processor_count)
 
 
 def finish_splits(part: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -273,7 +279,9 @@ def int4_half2(
     groups = k // 32
     words = packed.contiguous().view(torch.int32)  # [N, K/8]
     chunks = triton.cdiv(groups, config.groups)
-    block_n, split = launch_shape(config.block_n, config.k_splits, n, m, chunks, x.device)
+    block_n, split = launch_shape(
+        config.block_n, config.k_splits, n, m, chunks, device_sms(x.device)
+    )
     tiles = m * triton.cdiv(n, block_n)
     per_split = triton.cdiv(chunks, split) * config.groups
     dtype = torch.float32 if split > 1 else x.dtype

@@ -18,6 +18,7 @@ import torch
 import triton
 import triton.language as tl
 from troupe.kernels.quant_half2 import (
+    device_sms,
     f16x2,
     finish_splits,
     fma16,
@@ -178,7 +179,9 @@ def fp8_half2(
     quads = config.block_w // 4
     words = weight.contiguous().view(torch.uint8).view(torch.int32)  # [N, K/4]
     chunks = triton.cdiv(k // 4, config.block_w)
-    block_n, split = launch_shape(config.block_n, config.k_splits, n, m, chunks, x.device)
+    block_n, split = launch_shape(
+        config.block_n, config.k_splits, n, m, chunks, device_sms(x.device)
+    )
     tiles = m * triton.cdiv(n, block_n)
     per_split = triton.cdiv(chunks, split) * config.block_w
     dtype = torch.float32 if split > 1 else x.dtype

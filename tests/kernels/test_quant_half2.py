@@ -13,6 +13,7 @@ import torch
 from fp8_weights import fp8_weight
 from int4_weights import int4_weight
 from troupe.kernels.quant_gemv import fp8_matmul, fp8_reference, int4_matmul, int4_reference
+from troupe.kernels.quant_half2 import launch_shape
 from troupe.kernels.quant_wide import Fp8Gemv, Fp8GemvConfig, Int4Gemv, Int4GemvConfig
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
@@ -104,3 +105,20 @@ def test_half2_large_x_gpu(form: str) -> None:
         want = fp8_reference(x.float(), weight, scale).float()
     assert torch.isfinite(got).all()
     assert (got - want).abs().max() <= BOUND * want.abs().max()
+
+
+@pytest.mark.parametrize(
+    ("block_n", "n", "chunks", "want"),
+    [
+        (8, 28672, 1, (8, 1)),  # gate_up: 3,584 programs
+        (32, 4096, 1, (8, 1)),  # o: 128 and 256 programs are under 3 per SM; 512 at 8 rows
+        (8, 4096, 4, (8, 2)),  # down: 512 tiles, 2 splits make ~4 programs per SM
+        (8, 4096, 3, (8, 1)),  # 2 splits do not divide 3 chunks
+        (4, 64, 1, (2, 1)),  # never under 2 rows
+    ],
+)
+def test_launch_shape(block_n: int, n: int, chunks: int, want: tuple[int, int]) -> None:
+    """k_splits 0 on an H200 (132 SMs), one x row; a configured count is cut to the chunks."""
+    assert launch_shape(block_n, 0, n, 1, chunks, 132) == want
+    assert launch_shape(block_n, 3, n, 1, chunks, 132) == (block_n, min(3, chunks))
+    assert launch_shape(block_n, 0, n, 1, chunks, None) == (block_n, 1)
