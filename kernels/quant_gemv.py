@@ -18,7 +18,8 @@ Two weight forms, two shapes each:
     prefill  more rows: tiles of W expanded to x's dtype in registers, then tl.dot
 
 The decode GEMV above is the BYTES variant; INT4_GEMV / FP8_GEMV below pick another
-(kernels/quant_wide.py: int32-word tiles and magic-number conversions; quant_rows.py).
+(kernels/quant_wide.py: int32-word tiles and magic-number conversions; quant_rows.py;
+quant_half2.py: packed f16x2 PTX).
 
 Int4 sums per group first (sum_k x q, and sum_k x), then scales once per group:
     y[n] = sum_g scale[n, g] * (x_g . q_g) + bias[n, g] * sum(x_g)
@@ -33,6 +34,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from troupe.kernels.quant_half2 import int4_half2
+from troupe.kernels.quant_half2_fp8 import fp8_half2, fp8_half2_fits
 from troupe.kernels.quant_rows import fp8_rows, int4_rows
 from troupe.kernels.quant_wide import (
     Fp8Gemv,
@@ -284,6 +287,8 @@ def int4_matmul(
     m, k = x.shape
     n = packed.shape[0]
     x = x.contiguous()
+    if m <= GEMV_MAX_ROWS and gemv.variant is Int4Gemv.HALF2:
+        return int4_half2(x, packed, scale, bias, gemv)
     if m <= GEMV_MAX_ROWS and gemv.variant is Int4Gemv.ROWS_FOLD:
         return int4_rows(x, packed, scale, bias, gemv)
     if m <= GEMV_MAX_ROWS and gemv.variant is not Int4Gemv.BYTES:
@@ -322,10 +327,13 @@ def fp8_matmul(
     scale_bn = triton.cdiv(n, scale.shape[0])
     scale_bk = triton.cdiv(k, scale.shape[1])
     x, scale = x.contiguous(), scale.contiguous().float()
+    half2 = gemv.variant is Fp8Gemv.HALF2 and fp8_half2_fits(weight, scale_bk, scale.shape[1])
+    if m <= GEMV_MAX_ROWS and half2:
+        return fp8_half2(x, weight, scale, gemv)
     gemv_rows = m == 1 or (m <= GEMV_MAX_ROWS and scale_bk & -scale_bk < 16)
     if (
         m <= GEMV_MAX_ROWS  # the wide GEMV takes every decode row count (no skinny path)
-        and gemv.variant is not Fp8Gemv.BYTES
+        and gemv.variant not in (Fp8Gemv.BYTES, Fp8Gemv.HALF2)  # HALF2 unfit: BYTES
         and fp8_wide_fits(weight, scale_bk, scale.shape[1])
     ):
         if gemv.variant is Fp8Gemv.ROWS_MAGIC:

@@ -48,6 +48,7 @@ class Int4Gemv(enum.Enum):
     WIDE_MAGIC = "wide_magic"
     WIDE_FOLD = "wide_fold"
     ROWS_FOLD = "rows_fold"  # WIDE_FOLD, every x row in each program (quant_rows.py)
+    HALF2 = "half2"  # packed f16x2 PTX, one x packing for all rows (quant_half2.py)
 
 
 class Fp8Gemv(enum.Enum):
@@ -55,32 +56,37 @@ class Fp8Gemv(enum.Enum):
     WIDE_CVT = "wide_cvt"
     WIDE_MAGIC = "wide_magic"
     ROWS_MAGIC = "rows_magic"  # WIDE_MAGIC, every x row in each program (quant_rows.py)
+    HALF2 = "half2"  # packed f16x2 PTX, one x packing for all rows (quant_half2.py)
 
 
 @dataclass(frozen=True)
 class Int4GemvConfig:
     """The int4 decode GEMV: variant, W rows per program, groups of 32 per row per iteration
     (wide variants; a power of two), warps, and (WIDE_*) how x is read: one 2-byte load per
-    nibble, or x_split: two 8-byte loads per word, taken apart with tl.split."""
+    nibble, or x_split: two 8-byte loads per word, taken apart with tl.split. k_splits
+    (HALF2): K splits, 0 = ~4 programs per SM (quant_half2.launch_shape)."""
 
     variant: Int4Gemv = Int4Gemv.BYTES
     block_n: int = 4
     groups: int = 16
     num_warps: int = 4
     x_split: bool = False
+    k_splits: int = 1
 
 
 @dataclass(frozen=True)
 class Fp8GemvConfig:
     """The fp8 decode GEMV: variant, W rows per program, int32 words (4 codes each) per row per
     iteration (wide variants; a power of two), warps, and (WIDE_*) how x is read: one 2-byte
-    load per code, or x_split: one 8-byte load per word, taken apart with tl.split."""
+    load per code, or x_split: one 8-byte load per word, taken apart with tl.split. k_splits
+    (HALF2): K splits, 0 = ~4 programs per SM (quant_half2.launch_shape)."""
 
     variant: Fp8Gemv = Fp8Gemv.BYTES
     block_n: int = 4
     block_w: int = 128
     num_warps: int = 4
     x_split: bool = False
+    k_splits: int = 1
 
 
 _INT4_CONVERT = {Int4Gemv.WIDE_CVT: 0, Int4Gemv.WIDE_MAGIC: 1, Int4Gemv.WIDE_FOLD: 2}

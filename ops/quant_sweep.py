@@ -1,5 +1,5 @@
-"""Every decode GEMV variant (kernels/quant_wide.py) x a few launch configs on the Llama-3.1-8B
-step of ops/quant_bench.py (all 32 layers' linears + lm_head, CUDA graph replays):
+"""Decode GEMV variants (kernels/quant_half2.py first, then the byte, wide and rows GEMVs of
+quant_gemv.py, quant_wide.py, quant_rows.py) x a few launch configs on the Llama-3.1-8B step of ops/quant_bench.py (all 32 layers' linears + lm_head, CUDA graph replays):
 
     python -m troupe.ops.quant_bench --sweep-variants            # rows 1 and 4
     python -m troupe.ops.quant_bench --sweep-variants --rows 1   # one row only
@@ -11,8 +11,9 @@ on the GPU; an error over 2e-2 marks the row WRONG (bf16 output rounding is ~4e-
 that raises (out of resources, compile error) is printed and skipped. At the end one
 `BEST <form>/<variant> <config> <time> ...` line per form and row count, over correct rows,
 and the kernels/quant_gemv.py line that makes the best at one row the engine's default.
-About 25 compiles (one per config; the rows_* variants one per power of two of rows) and
-2 x 20 timed graphs: ~60 s on an H200.
+About 30 compiles (one per config, two for a half2 config that splits K on some layers (fp32
+partials) and not on others; the rows_* variants one per power of two of rows) and 2 x 18
+timed graphs: ~60-90 s on an H200 (half of the graphs with --rows 1).
 """
 
 from __future__ import annotations
@@ -29,42 +30,40 @@ from troupe.ops.quant_bench import GROUP, HIDDEN, INTER, Fp8W, Int4W, timed
 WRONG = 2e-2
 GemvConfig = Int4GemvConfig | Fp8GemvConfig
 
-# (block_n, groups of 32 per row per iteration, warps): 16-byte loads need a tile of
-# block_n x groups x 16 bytes >= 16 x 32 x warps
-INT4_CONFIGS = (
-    [Int4GemvConfig(Int4Gemv.BYTES)]
-    + [
-        Int4GemvConfig(variant, block_n, groups, warps)
-        for variant, shapes in (
-            (Int4Gemv.WIDE_CVT, ((4, 32, 4),)),
-            (Int4Gemv.WIDE_MAGIC, ((4, 32, 4),)),
-            (Int4Gemv.WIDE_FOLD, ((4, 32, 4), (8, 32, 8), (2, 64, 4))),
-            (Int4Gemv.ROWS_FOLD, ((4, 32, 4), (8, 32, 8))),
-        )
-        for block_n, groups, warps in shapes
-    ]
-    + [  # x read with two 8-byte loads per word
-        Int4GemvConfig(Int4Gemv.WIDE_FOLD, block_n, groups, warps, x_split=True)
-        for block_n, groups, warps in ((4, 32, 4), (8, 32, 8), (2, 64, 4))
-    ]
-)
-# (block_n, int32 words per row per iteration, warps)
-FP8_CONFIGS = (
-    [Fp8GemvConfig(Fp8Gemv.BYTES)]
-    + [
-        Fp8GemvConfig(variant, block_n, block_w, warps)
-        for variant, shapes in (
-            (Fp8Gemv.WIDE_CVT, ((4, 128, 4),)),
-            (Fp8Gemv.WIDE_MAGIC, ((4, 128, 4), (8, 128, 8), (2, 256, 4))),
-            (Fp8Gemv.ROWS_MAGIC, ((4, 128, 4), (8, 128, 8))),
-        )
-        for block_n, block_w, warps in shapes
-    ]
-    + [  # x read with one 8-byte load per word
-        Fp8GemvConfig(Fp8Gemv.WIDE_MAGIC, block_n, block_w, warps, x_split=True)
-        for block_n, block_w, warps in ((4, 128, 4), (8, 128, 8))
-    ]
-)
+# HALF2 (quant_half2.py) first: (block_n, groups of 32 per row per iteration, warps, K splits
+# (0: quant_half2.launch_shape)); groups = 32 x warps gives each thread every row of its tile
+INT4_CONFIGS = [
+    Int4GemvConfig(Int4Gemv.HALF2, block_n, groups, warps, k_splits=splits)
+    for block_n, groups, warps, splits in (
+        (8, 128, 4, 0),
+        (8, 128, 4, 1),
+        (16, 128, 4, 0),
+        (4, 128, 4, 0),
+        (32, 128, 4, 0),
+    )
+] + [  # for comparison: the old default and the best earlier variants (quant_wide, quant_rows)
+    Int4GemvConfig(Int4Gemv.BYTES),
+    Int4GemvConfig(Int4Gemv.WIDE_FOLD, 4, 32, 4),
+    Int4GemvConfig(Int4Gemv.WIDE_FOLD, 4, 32, 4, x_split=True),
+    Int4GemvConfig(Int4Gemv.ROWS_FOLD, 4, 32, 4),
+]
+# HALF2 first: (block_n, int32 words per row per iteration, warps, K splits); words =
+# 4 x 32 x warps: one 16-byte block per thread and row
+FP8_CONFIGS = [
+    Fp8GemvConfig(Fp8Gemv.HALF2, block_n, block_w, warps, k_splits=splits)
+    for block_n, block_w, warps, splits in (
+        (8, 512, 4, 0),
+        (8, 512, 4, 1),
+        (16, 512, 4, 0),
+        (4, 512, 4, 0),
+        (32, 512, 4, 0),
+    )
+] + [
+    Fp8GemvConfig(Fp8Gemv.BYTES),
+    Fp8GemvConfig(Fp8Gemv.WIDE_MAGIC, 4, 128, 4),
+    Fp8GemvConfig(Fp8Gemv.WIDE_MAGIC, 4, 128, 4, x_split=True),
+    Fp8GemvConfig(Fp8Gemv.ROWS_MAGIC, 4, 128, 4),
+]
 
 
 @dataclass(frozen=True)
@@ -82,6 +81,8 @@ def label(config: GemvConfig) -> str:
     tile = config.groups if isinstance(config, Int4GemvConfig) else config.block_w
     unit = "g" if isinstance(config, Int4GemvConfig) else "w"
     split = "/xsplit" if config.x_split else ""
+    if config.variant in (Int4Gemv.HALF2, Fp8Gemv.HALF2):
+        split = f"/k{config.k_splits or 'auto'}"
     return f"n{config.block_n}/{unit}{tile}/warps{config.num_warps}{split}"
 
 
@@ -91,11 +92,12 @@ def default_line(config: GemvConfig) -> str:
         return (
             f"INT4_GEMV = Int4GemvConfig(Int4Gemv.{config.variant.name}, block_n="
             f"{config.block_n}, groups={config.groups}, num_warps={config.num_warps}, "
-            f"x_split={config.x_split})"
+            f"x_split={config.x_split}, k_splits={config.k_splits})"
         )
     return (
         f"FP8_GEMV = Fp8GemvConfig(Fp8Gemv.{config.variant.name}, block_n={config.block_n}, "
-        f"block_w={config.block_w}, num_warps={config.num_warps}, x_split={config.x_split})"
+        f"block_w={config.block_w}, num_warps={config.num_warps}, x_split={config.x_split}, "
+        f"k_splits={config.k_splits})"
     )
 
 
@@ -142,7 +144,7 @@ def sweep(
         "fp8": sum(q.numel() + s.numel() * 4 for q, s in fp8),
     }
     results: list[Result] = []
-    print(f"{'form':5} {'variant':11} {'config':20} {'rows':>4} {'time us':>9} {'copy':>5} "
+    print(f"{'form':5} {'variant':11} {'config':22} {'rows':>4} {'time us':>9} {'copy':>5} "
           f"{'x bf16':>6} {'error':>8}")  # fmt: skip
     for rows in rows_list:
         xs = {k: torch.randn(rows, k, device=device, dtype=torch.bfloat16) for k in (HIDDEN, INTER)}
@@ -152,7 +154,7 @@ def sweep(
                 torch.nn.functional.linear(xs[w.shape[1]], w)
 
         t_bf16 = timed(step_bf16, device)
-        print(f"bf16  {'torch':11} {'F.linear':20} {rows:4} {t_bf16 * 1e6:9.1f} "
+        print(f"bf16  {'torch':11} {'F.linear':22} {rows:4} {t_bf16 * 1e6:9.1f} "
               f"{sum(w.numel() * 2 for w in dense) / t_bf16 / bw:5.0%}")  # fmt: skip
         x = xs[HIDDEN]
         p, s, b = int4[2]  # gate_up
@@ -161,7 +163,7 @@ def sweep(
         want["fp8"] = fp8_reference(x.float(), q, sc)
         runs = _runs(x, xs, int4, fp8)
         for form, config, one, step in runs:
-            head = f"{form:5} {config.variant.value:11} {label(config):20} {rows:4}"
+            head = f"{form:5} {config.variant.value:11} {label(config):22} {rows:4}"
             try:
                 ref = want[form]
                 err = float((one().float() - ref).abs().max() / ref.abs().max())
