@@ -75,24 +75,30 @@ def _p(
 #   bn 16 st3               56 KB (2 buffers): 4 per SM; 4 splits (pps 8) 1.94 waves
 #   bn 32 st4               130 KB (3 buffers): 1 per SM, the deepest pipeline at bn 32
 #   bn 32 w8 st3            98 regs, 93 KB: 2 per SM of 8 warps
-#   bn 64 w8 st3 / w4 st2   168 KB (2 buffers), 102 regs: 1 per SM / 94 KB (1 buffer): 2
+#   bn 64 w8 st3            168 KB (2 buffers), 102 regs: 1 per SM
+#   bn 64 w4 st3 / st2      at one split (pps 3) 168 KB, 132 regs: 1 per SM, 1.94 waves / 94 KB
+#                           (1 buffer), 190 regs: 2 per SM, 0.97 waves
 #   bn 32 w2 st3            255 regs, an 8-byte spill: 2 per SM of 2 warps
+# Each of the num_warps warps of an mma (m16, heads as rows) reads all of q from shared memory
+# per tile: 4 x 18 KB per tile of BLOCK_N tokens (2.25 KB a token at bn 32, 4.5 at bn 16, 1.1
+# at bn 64) next to the tile's own two reads (2.3 KB a token), a load on shared-memory bandwidth
+# that grows with warps and shrinks with block_n (inferred from the mma layout, warps side by
+# side over the tokens; not measured: w8 was slower, 53%).
 # The exploration around the winner first (likeliest first: later rows skip past the time
 # budget), then the earlier default for reference.
 CONFIGS = [
     DEFAULT_CONFIG,
     _p(16, 4, 4, 6, True, False),  # deeper pipeline, smaller tiles, 3 per SM x 3 splits
     _p(32, 4, 3, 3, True, False),  # fewer splits: one, no merge
+    _p(64, 4, 3, 3, True, False),  # bn 64: q (the mma's A, in shared memory) read per 64 tokens
     _p(16, 4, 5, 4, True, False),
-    _p(16, 4, 5, 3, True, False),
     _p(16, 4, 3, 8, True, False),
     _p(32, 4, 3, 6, True, False),
     _p(16, 4, 4, 4, True, False),
     _p(32, 4, 4, 3, True, False),  # more stages at bn 32 (1 per SM)
-    _p(32, 4, 4, 4, True, False),
     _p(32, 8, 3, 4, True, False),
     _p(64, 8, 3, 4, True, False),
-    _p(64, 4, 2, 4, True, False),
+    _p(64, 4, 2, 3, True, False),
     _p(32, 2, 3, 4, True, False),  # 2 warps: half the threads for the same accumulator
     _c(H, 32, 4, 2, 4, True, False),  # the earlier default, 64% on 2026-12-02
 ]
