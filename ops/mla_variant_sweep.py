@@ -3,8 +3,8 @@
     python3 -m troupe.ops.mla_bench --sweep-variants
 
 Every kernels/mla_decode.MlaLaunch below runs at 256 sequences x 1,024 tokens; today's default,
-the best two and the best at 4 / 8 / 16 splits run again at 32 x 4,096. Each row: the split count the config picks, the
-median kernel time, the rate over the bytes the kernel must move (latent cache rows once, q_lat,
+the best three and the best at 4 / 8 / 16 splits run again at 32 x 4,096 (unless a sticky CUDA
+error ended the first table). Each row: the split count the config picks, the median kernel time, the rate over the bytes the kernel must move (latent cache rows once, q_lat,
 q_rope, o_lat: ops/mla_bench.py's count) against copy bandwidth, and the error of o_lat against
 a torch fp32 softmax over the same gathered latent rows, computed on the GPU for every row
 (max abs and relative norm; rel > 2e-2 or a non-finite value marks the row WRONG). A config
@@ -32,7 +32,7 @@ from troupe.kernels.mla_decode import (
 HEADS, LORA, ROPE, NOPE, BLOCK_SIZE = 16, 512, 64, 128, 16
 MAX_REL_ERROR = 2e-2
 TIME_BUDGET_S = 75.0  # the sweep's share of the lead's combined H200 call: later configs skip
-H, T, P = MlaVariant.HEADS_M, MlaVariant.TOKENS_M, MlaVariant.PAGED
+H, P = MlaVariant.HEADS_M, MlaVariant.PAGED
 
 
 def _c(
@@ -59,52 +59,48 @@ def _p(
                      ids_ahead=ahead, q_reload=reload, col_parts=parts, max_registers=regs)  # fmt: skip
 
 
-def _t(stages: int, pps: int, regs: int | None = None) -> MlaLaunch:
-    """TMA (kernels/mla_decode_tma.py): a page a step, ids ahead, bf16 partials merged in pass 1."""
-    return MlaLaunch(variant=MlaVariant.TMA, num_stages=stages, programs_per_sm=pps,
-                     half_partials=True, fused_merge=True, ids_ahead=True, max_registers=regs)  # fmt: skip
-
-
-# programs_per_sm on 132 SMs at 256 rows: 2 -> 1 split, 4 -> 2, 8 -> 4 (col_parts 2 counts
-# twice). Compiled for sm_90 by triton 3.7 (`python3 -m troupe.ops.mla_compile_check`, no GPU):
-# today's HEADS_M bn 32 w4 takes 206 registers (2 programs per SM; ncu on the H200: 208) and ONE
-# shared buffer for the latent tile at num_stages 2. PAGED (one id per page, the rolled fused
-# merge) takes 127-128 at bn 32 st2 and bn 16 st3 at 2-8 splits: 4 programs per SM (56 KB of
-# shared memory each); bn 16 st3 gets two tile buffers (load and compute overlap), st4 three
-# (74 KB: 3 per SM); bn 16 st2 capped at 96 registers (56-byte spill) 5 per SM; bn 32 st3 two
-# buffers at 93 KB (2 per SM); col_parts 2: bn 16 st3 128 (4 per SM), bn 32 158 (3; capped at
-# 128: 48-byte spill, 4); ids not ahead 183 (capped at 128: no spill). TMA: one 18 KB stage
-# per page (st3 56 KB, st4 74 KB), 205 registers (2 per SM; capped at 168: 24-byte spill, 3;
-# at 128: 168-byte spill, 4). PAGED and TMA first (this session's variants), then the best of
-# the earlier ones (docs/benchmarks.md, 2026-12-02: HEADS_M fused 64%, TOKENS_M 56%, prefetch
-# <= 54%).
+# programs_per_sm on 132 SMs at 256 rows: 3 -> 1 split, 4 -> 2, 6 -> 3, 8 -> 4 (col_parts 2
+# counts twice). The H200 sweep of 2026-12-02: PAGED bn 32 w4 st3 pps4, bf16 partials merged in
+# pass 1, ids ahead (= DEFAULT_CONFIG) 101.4 us, 73% of copy; st2 with q reloaded 67%, pps16
+# 62%, w8 st2 53%, col_parts 2 <= 46%, TMA <= 57%, HEADS_M fused (the earlier default) 64%,
+# TOKENS_M 52%; TOKENS_M's register prefetch at bn 64 w8 hit an illegal memory access, a sticky
+# CUDA error that ended the sweep before 32 x 4,096, so it is no longer in the list.
+# Compiled for sm_90 by triton 3.7 (`python3 -m troupe.ops.mla_compile_check --variant paged`,
+# no GPU; shared memory, registers, programs per SM by both, waves of programs at 256 rows):
+#   bn 32 st3 (the winner)  93 KB: c 2 x 32 x 512 (64 KB), k_r 2 x 32 x 64, q 16 x 512 (16 KB,
+#                           the mma operand), 128 regs: 2 per SM; 2 splits = 1.94 waves,
+#                           1 split (pps 3, no partials, no merge) 0.97, 3 splits 2.9
+#   bn 16 st4               74 KB (3 tile buffers), 128 regs: 3 per SM; 3 splits (pps 6) 1.94
+#   bn 16 st5               93 KB (4 buffers), 128 regs (166 at one split): 2 per SM
+#   bn 16 st3               56 KB (2 buffers): 4 per SM; 4 splits (pps 8) 1.94 waves
+#   bn 32 st4               130 KB (3 buffers): 1 per SM, the deepest pipeline at bn 32
+#   bn 32 w8 st3            98 regs, 93 KB: 2 per SM of 8 warps
+#   bn 64 w8 st3            168 KB (2 buffers), 102 regs: 1 per SM
+#   bn 64 w4 st3 / st2      at one split (pps 3) 168 KB, 132 regs: 1 per SM, 1.94 waves / 94 KB
+#                           (1 buffer), 190 regs: 2 per SM, 0.97 waves
+#   bn 32 w2 st3            255 regs, an 8-byte spill: 2 per SM of 2 warps
+# Each of the num_warps warps of an mma (m16, heads as rows) reads all of q from shared memory
+# per tile: 4 x 18 KB per tile of BLOCK_N tokens (2.25 KB a token at bn 32, 4.5 at bn 16, 1.1
+# at bn 64) next to the tile's own two reads (2.3 KB a token), a load on shared-memory bandwidth
+# that grows with warps and shrinks with block_n (inferred from the mma layout, warps side by
+# side over the tokens; not measured: w8 was slower, 53%).
+# The exploration around the winner first (likeliest first: later rows skip past the time
+# budget), then the earlier default for reference.
 CONFIGS = [
     DEFAULT_CONFIG,
-    _p(32, 4, 2, 4, True, False),
+    _p(16, 4, 4, 6, True, False),  # deeper pipeline, smaller tiles, 3 per SM x 3 splits
+    _p(32, 4, 3, 3, True, False),  # fewer splits: one, no merge
+    _p(64, 4, 3, 3, True, False),  # bn 64: q (the mma's A, in shared memory) read per 64 tokens
+    _p(16, 4, 5, 4, True, False),
     _p(16, 4, 3, 8, True, False),
-    _p(16, 4, 3, 4, True, False),
-    _p(32, 4, 2, 8, True, False),
-    _t(3, 4),
-    _t(3, 4, regs=128),
-    _p(32, 4, 2, 4, False, False, regs=128),  # ids not ahead (idea 1 alone)
-    _p(16, 4, 4, 8, True, False),
-    _p(16, 4, 2, 8, True, False, regs=96),
-    _t(4, 8, regs=168),
-    _p(16, 4, 3, 8, True, False, 2),
-    _p(32, 4, 2, 8, True, False, 2, regs=128),
-    _p(32, 4, 3, 4, True, False),
-    _p(32, 4, 2, 4, True, True),
-    _p(32, 8, 2, 4, True, False),
-    _p(32, 4, 2, 16, True, False),
-    _t(2, 4),
-    # today's kernel capped at 128 registers (112-byte spill, 4 per SM): registers alone?
-    dataclasses.replace(_c(H, 32, 4, 2, 4, True, False), max_registers=128),
-    MlaLaunch(),
-    _c(H, 32, 4, 2, 4, True, False),
-    _c(T, 64, 4, 3, 4, True, False),
-    # TOKENS_M with the register prefetch hit an illegal memory access on the H200 (2026-12-02,
-    # docs/benchmarks.md): last, since a CUDA error ends every launch after it in the process
-    _c(T, 64, 8, 1, 2, False, True),
+    _p(32, 4, 3, 6, True, False),
+    _p(16, 4, 4, 4, True, False),
+    _p(32, 4, 4, 3, True, False),  # more stages at bn 32 (1 per SM)
+    _p(32, 8, 3, 4, True, False),
+    _p(64, 8, 3, 4, True, False),
+    _p(64, 4, 2, 3, True, False),
+    _p(32, 2, 3, 4, True, False),  # 2 warps: half the threads for the same accumulator
+    _c(H, 32, 4, 2, 4, True, False),  # the earlier default, 64% on 2026-12-02
 ]
 
 
@@ -131,14 +127,16 @@ def _short(config: MlaLaunch) -> str:
             f"pps={config.programs_per_sm}{extra}")  # fmt: skip
 
 
-def _problem(num_seqs: int, context: int, device: str) -> dict[str, torch.Tensor]:
+def _problem(
+    num_seqs: int, context: int, device: str, dtype: torch.dtype
+) -> dict[str, torch.Tensor]:
     gen = torch.Generator(device=device).manual_seed(num_seqs + context)
     per_seq = -(-context // BLOCK_SIZE)
     num_blocks = num_seqs * per_seq
     order = torch.randperm(num_blocks, generator=gen, device=device)
 
     def randn(*shape: int, scale: float = 1.0) -> torch.Tensor:
-        return (torch.randn(*shape, generator=gen, device=device) * scale).bfloat16()
+        return (torch.randn(*shape, generator=gen, device=device) * scale).to(dtype)
 
     return {
         "cache": randn(num_blocks, BLOCK_SIZE, LORA + ROPE),
@@ -173,10 +171,12 @@ def sweep_shape(
     device: str = "cuda",
     timer: Callable[[Callable[[], torch.Tensor]], float] | None = None,
     deadline: float = float("inf"),
+    dtype: torch.dtype = torch.bfloat16,
 ) -> list[Row]:
     """Print one table row per config; return (bandwidth, config) of the correct ones (sorted,
-    fastest first). device/timer: a CPU smoke run of the table under TRITON_INTERPRET=1."""
-    p = _problem(num_seqs, context, device)
+    fastest first). device/timer/dtype: a CPU smoke run of the table under TRITON_INTERPRET=1
+    (in float32: the interpreter's bf16 arithmetic is not the GPU's)."""
+    p = _problem(num_seqs, context, device, dtype)
     scale = (NOPE + ROPE) ** -0.5
     expected = _reference(p, scale)
     on_gpu = device == "cuda"
@@ -203,6 +203,9 @@ def sweep_shape(
             ms = (timer or _median_ms)(kernel)
         except Exception as exc:  # a tile the GPU cannot hold, a compile error: go on
             print(f"{head} FAILED {type(exc).__name__}: {str(exc).splitlines()[0][:80]}")
+            if on_gpu and not _cuda_alive():  # a sticky error: every later launch would fail
+                print("CUDA context lost: the rest of this sweep cannot run")
+                break
             continue
         max_abs = float((out - expected).abs().max())
         rel = float((out - expected).norm() / expected.norm())
@@ -214,6 +217,14 @@ def sweep_shape(
             good.append((bw, config))
     good.sort(key=lambda row: -row[0])
     return good
+
+
+def _cuda_alive() -> bool:
+    try:
+        torch.cuda.synchronize()
+    except Exception:  # an illegal memory access and the like poison the context
+        return False
+    return True
 
 
 def _median_ms(fn: Callable[[], torch.Tensor]) -> float:
@@ -231,8 +242,8 @@ def sweep_variants(copy_bw: float) -> None:
     # at 32 rows the split count matters most: the winner again at 4, 8 and 16 splits
     pps = [dataclasses.replace(main[0][1], programs_per_sm=n, half_partials=True,
                                fused_merge=True) for n in (1, 2, 4)] if main else []  # fmt: skip
-    long_configs = list(dict.fromkeys([DEFAULT_CONFIG] + [c for _, c in main[:2]] + pps))
-    long = sweep_shape(32, 4096, long_configs, copy_bw, deadline=deadline)
+    long_configs = list(dict.fromkeys([DEFAULT_CONFIG] + [c for _, c in main[:3]] + pps))
+    long = sweep_shape(32, 4096, long_configs, copy_bw, deadline=deadline) if _cuda_alive() else []
     if long:
         best.append(("32x4096", long[0]))
     print(f"\nsweep took {time.monotonic() - t0:.0f} s")

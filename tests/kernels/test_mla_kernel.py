@@ -3,11 +3,18 @@ merge) against kernels/mla_reference.py, under TRITON_INTERPRET=1 on the CPU."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from troupe.kernels import mla_reference as ref
 from troupe.kernels import mla_split_merge
-from troupe.kernels.mla_decode import MlaLaunch, MlaVariant, mla_attention_triton
+from troupe.kernels.mla_decode import (
+    DEFAULT_CONFIG,
+    MlaLaunch,
+    MlaVariant,
+    mla_attention_triton,
+)
 from troupe.kernels.mla_ops import mla_rows
 from troupe.kernels.ops import KernelOps
 
@@ -128,6 +135,8 @@ _VARIANT_CONFIGS = [
     ),  # TMA (kernels/mla_decode_tma.py): a page a step, the partial last page by masked loads
     MlaLaunch(variant=MlaVariant.TMA, ids_ahead=True, fused_merge=True),
     MlaLaunch(variant=MlaVariant.TMA, half_partials=True),
+    DEFAULT_CONFIG,  # the engine's (PAGED bn 32: 8 pages of 4 a tile, 3 stages)
+    dataclasses.replace(DEFAULT_CONFIG, block_n=64),  # the sweep's widest tile: 16 pages
 ]
 
 
