@@ -33,7 +33,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from troupe.kernels.quant_wide import Int4GemvConfig
+from troupe.kernels.quant_wide import Fp8GemvConfig, Int4GemvConfig
 
 INT4_Q_SCALE = tl.constexpr(2.0**-6)  # the asm's nibbles are q/64 (x stays unscaled)
 
@@ -198,11 +198,25 @@ def _int4_group_dot(w, xq, ok, BLOCK_N: tl.constexpr, Q: tl.constexpr, PLAIN: tl
     return dot, xs
 
 
+@triton.jit
+def _int4_tile(w_ptr, scale_ptr, bias_ptr, rows64, word, row_words, row_groups, g_in):
+    """W words [BLOCK_N, GROUPS, 4], scales and biases [BLOCK_N, GROUPS] (fp32) at groups g_in.
+    2-byte scale loads in the words' layout (vectorized along g they would go through shared
+    memory to reach it)."""
+    w = tl.load(
+        w_ptr + rows64[:, None, None] * row_words + (g_in * 4)[None, :, None] + word[None, None, :]
+    )
+    sb_off = rows64[:, None] * row_groups + tl.max_contiguous(g_in, 1)[None, :]
+    s = tl.load(scale_ptr + sb_off).to(tl.float32)
+    b = tl.load(bias_ptr + sb_off).to(tl.float32)
+    return w, s, b
+
+
 @triton.jit(do_not_specialize=["M"])
 def _int4_half2_kernel(
     x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr,
     M, N, K, row_words, row_groups, groups_per_split,
-    BLOCK_N: tl.constexpr, GROUPS: tl.constexpr, PLAIN: tl.constexpr,
+    BLOCK_N: tl.constexpr, GROUPS: tl.constexpr, PLAIN: tl.constexpr, PREFETCH: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     m, pid_n, pid_k = pid % M, pid // M, tl.program_id(1)
@@ -216,22 +230,27 @@ def _int4_half2_kernel(
     x_row = x_ptr + m.to(tl.int64) * K
     acc = tl.zeros((BLOCK_N, GROUPS), dtype=tl.float32)
     g_start = pid_k * groups_per_split
+    if PREFETCH:  # the first tile before the loop; in it the next one's loads go first
+        g_first = tl.minimum(g_start + tl.arange(0, GROUPS), row_groups - 1)
+        w_nx, s_nx, b_nx = _int4_tile(
+            w_ptr, scale_ptr, bias_ptr, rows64, word, row_words, row_groups, g_first
+        )
     for g0 in range(g_start, g_start + groups_per_split, GROUPS):
         g = g0 + tl.arange(0, GROUPS)
         g_ok = g < row_groups
-        g_in = tl.minimum(g, row_groups - 1)
-        w = tl.load(
-            w_ptr
-            + rows64[:, None, None] * row_words
-            + (g_in * 4)[None, :, None]
-            + word[None, None, :]
-        )
+        if PREFETCH:
+            w, s, b = w_nx, s_nx, b_nx
+            # past the split (or K) the last group again: in bounds, never used
+            g_next = tl.minimum(g + GROUPS, row_groups - 1)
+            w_nx, s_nx, b_nx = _int4_tile(
+                w_ptr, scale_ptr, bias_ptr, rows64, word, row_words, row_groups, g_next
+            )
+        else:
+            g_in = tl.minimum(g, row_groups - 1)
+            w, s, b = _int4_tile(
+                w_ptr, scale_ptr, bias_ptr, rows64, word, row_words, row_groups, g_in
+            )
         dot, xs = _int4_group_dot(w, x_row + g * 32, g_ok, BLOCK_N, GROUPS, PLAIN)
-        # 2-byte loads in the words' layout (vectorized along g they would go through shared
-        # memory to reach it)
-        sb_off = rows64[:, None] * row_groups + tl.max_contiguous(g_in, 1)[None, :]
-        s = tl.load(scale_ptr + sb_off).to(tl.float32)
-        b = tl.load(bias_ptr + sb_off).to(tl.float32)
         acc += dot * s + b * (xs * INT4_Q_SCALE)[None, :]  # Q_SCALE folded out at the end
     out = out_ptr + (pid_k.to(tl.int64) * M + m) * N + rows
     y = tl.sum(acc, axis=1) * (1.0 / INT4_Q_SCALE)
@@ -262,6 +281,16 @@ def device_sms(device: torch.device) -> int | None:
     return int(torch.cuda.get_device_properties(device).multi_processor_count)
 
 
+def launch_options(config: Int4GemvConfig | Fp8GemvConfig) -> dict[str, int]:
+    """num_warps, and num_stages / maxnreg where the config sets them (0: Triton's own)."""
+    options = {"num_warps": config.num_warps}
+    if config.num_stages:
+        options["num_stages"] = config.num_stages
+    if config.max_registers:
+        options["maxnreg"] = config.max_registers
+    return options
+
+
 def finish_splits(part: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return part[0] if part.shape[0] == 1 else part.sum(0).to(x.dtype)
 
@@ -288,7 +317,7 @@ def int4_half2(
     part = torch.empty(split, m, n, dtype=dtype, device=x.device)
     _int4_half2_kernel[(tiles, split)](
         x.contiguous(), words, scale.contiguous(), bias.contiguous(), part, m, n, k, k // 8,
-        groups, per_split, block_n, config.groups, x.device.type != "cuda",
-        num_warps=config.num_warps,
+        groups, per_split, block_n, config.groups, x.device.type != "cuda", config.prefetch,
+        **launch_options(config),
     )  # fmt: skip
     return finish_splits(part, x)

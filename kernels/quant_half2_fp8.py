@@ -23,6 +23,7 @@ from troupe.kernels.quant_half2 import (
     finish_splits,
     fma16,
     lanes,
+    launch_options,
     launch_shape,
     words4,
     x_quad,
@@ -122,11 +123,27 @@ def _fp8_block_dot(w, xq, ok, BLOCK_N: tl.constexpr, Q: tl.constexpr, PLAIN: tl.
     )  # fmt: skip
 
 
+@triton.jit
+def _fp8_tile(w_ptr, scale_ptr, rows64, rows_in, word, row_words, quad_in, scale_bn, scale_bk,
+              scale_cols, ONE_SCALE: tl.constexpr):  # fmt: skip
+    """W words [BLOCK_N, QUADS, 4] at blocks quad_in, and (block scales; 16 divides scale_bk)
+    one scale per row and block of 16 codes (ONE_SCALE: a dummy 1)."""
+    wi = quad_in[:, None] + word[None, :]
+    w = tl.load(w_ptr + rows64[:, None, None] * row_words + wi[None, :, :])
+    if ONE_SCALE:
+        s = tl.full((1, 1), 1.0, tl.float32)
+    else:
+        s_at = (rows_in // scale_bn)[:, None] * scale_cols + ((quad_in * 4) // scale_bk)[None, :]
+        s = tl.load(scale_ptr + s_at)
+    return w, s
+
+
 @triton.jit(do_not_specialize=["M"])
 def _fp8_half2_kernel(
     x_ptr, w_ptr, scale_ptr, out_ptr,
     M, N, K, row_words, words_per_split, scale_bn, scale_bk, scale_cols,
     BLOCK_N: tl.constexpr, QUADS: tl.constexpr, ONE_SCALE: tl.constexpr, PLAIN: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     m, pid_n, pid_k = pid % M, pid // M, tl.program_id(1)
@@ -140,19 +157,26 @@ def _fp8_half2_kernel(
     x_row = x_ptr + m.to(tl.int64) * K
     acc = tl.zeros((BLOCK_N, QUADS), dtype=tl.float32)
     w_start = pid_k * words_per_split
+    if PREFETCH:  # the first tile before the loop; in it the next one's loads go first
+        q_first = tl.minimum(w_start + tl.arange(0, QUADS) * 4, row_words - 4)
+        w_nx, s_nx = _fp8_tile(w_ptr, scale_ptr, rows64, rows_in, word, row_words, q_first,
+                               scale_bn, scale_bk, scale_cols, ONE_SCALE)  # fmt: skip
     for w0 in range(w_start, w_start + words_per_split, 4 * QUADS):
         quad = w0 + tl.arange(0, QUADS) * 4  # first word of each block of 16 codes
-        quad_in = tl.minimum(quad, row_words - 4)
-        wi = quad_in[:, None] + word[None, :]
-        w = tl.load(w_ptr + rows64[:, None, None] * row_words + wi[None, :, :])
+        if PREFETCH:
+            w, s = w_nx, s_nx
+            # past the split (or K) the last block again: in bounds, never used
+            q_next = tl.minimum(quad + 4 * QUADS, row_words - 4)
+            w_nx, s_nx = _fp8_tile(w_ptr, scale_ptr, rows64, rows_in, word, row_words, q_next,
+                                   scale_bn, scale_bk, scale_cols, ONE_SCALE)  # fmt: skip
+        else:
+            w, s = _fp8_tile(w_ptr, scale_ptr, rows64, rows_in, word, row_words,
+                             tl.minimum(quad, row_words - 4), scale_bn, scale_bk, scale_cols,
+                             ONE_SCALE)  # fmt: skip
         dot = _fp8_block_dot(w, x_row + quad * 4, quad < row_words, BLOCK_N, QUADS, PLAIN)
         if ONE_SCALE:
             acc += dot
-        else:  # 16 divides scale_bk: one scale per row and block of 16 codes
-            s_at = (rows_in // scale_bn)[:, None] * scale_cols + ((quad_in * 4) // scale_bk)[
-                None, :
-            ]
-            s = tl.load(scale_ptr + s_at)
+        else:
             acc += dot * s
     y = tl.sum(acc, axis=1) * (1.0 / FP8_X_SCALE)
     if ONE_SCALE:
@@ -189,6 +213,6 @@ def fp8_half2(
     _fp8_half2_kernel[(tiles, split)](
         x.contiguous(), words, scale.contiguous().float(), part, m, n, k, k // 4, per_split,
         scale_bn, scale_bk, scale.shape[1], block_n, quads, scale.shape[1] == 1,
-        x.device.type != "cuda", num_warps=config.num_warps,
+        x.device.type != "cuda", config.prefetch, **launch_options(config),
     )  # fmt: skip
     return finish_splits(part, x)
