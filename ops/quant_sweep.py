@@ -44,12 +44,12 @@ INT4_CONFIGS = [
     )
     for block_n, groups, warps, splits, prefetch, stages, regs in (
         (4, 128, 4, 0, True, 0, 0),
-        (4, 256, 4, 0, True, 0, 128),
+        (4, 256, 4, 0, True, 0, 0),
         (4, 128, 4, 0, True, 0, 64),
         (4, 64, 2, 0, True, 0, 0),
-        (8, 128, 4, 0, True, 0, 96),
+        (8, 128, 4, 0, True, 0, 0),
         (4, 256, 8, 0, True, 0, 0),
-        (4, 128, 8, 0, True, 0, 0),
+        (2, 64, 2, 0, True, 0, 0),
         (4, 128, 4, 0, False, 0, 0),  # today's best, and the default, for comparison
         (8, 128, 4, 0, False, 0, 0),
     )
@@ -66,9 +66,9 @@ FP8_CONFIGS = [
         (4, 1024, 4, 0, True, 0, 128),
         (4, 512, 4, 0, True, 0, 64),
         (4, 256, 2, 0, True, 0, 0),
-        (8, 512, 4, 0, True, 0, 96),
+        (8, 512, 4, 0, True, 0, 0),
         (4, 1024, 8, 0, True, 0, 0),
-        (4, 512, 8, 0, True, 0, 0),
+        (2, 256, 2, 0, True, 0, 0),
         (4, 512, 4, 0, False, 0, 0),
         (8, 512, 4, 0, False, 0, 0),
     )
