@@ -13,7 +13,7 @@ import torch
 from fp8_weights import fp8_weight
 from int4_weights import int4_weight
 from troupe.kernels.quant_gemv import fp8_matmul, fp8_reference, int4_matmul, int4_reference
-from troupe.kernels.quant_half2 import launch_shape
+from troupe.kernels.quant_half2 import launch_options, launch_shape
 from troupe.kernels.quant_wide import Fp8Gemv, Fp8GemvConfig, Int4Gemv, Int4GemvConfig
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
@@ -135,3 +135,10 @@ def test_launch_shape(block_n: int, n: int, chunks: int, want: tuple[int, int]) 
     assert launch_shape(block_n, 0, n, 1, chunks, 132) == want
     assert launch_shape(block_n, 3, n, 1, chunks, 132) == (block_n, min(3, chunks))
     assert launch_shape(block_n, 0, n, 1, chunks, None) == (block_n, 1)
+
+
+def test_launch_options() -> None:
+    """num_stages and maxnreg reach the launch only where the config sets them."""
+    assert launch_options(Int4GemvConfig(Int4Gemv.HALF2, num_warps=2)) == {"num_warps": 2}
+    config = Fp8GemvConfig(Fp8Gemv.HALF2, num_warps=8, num_stages=3, max_registers=64)
+    assert launch_options(config) == {"num_warps": 8, "num_stages": 3, "maxnreg": 64}
