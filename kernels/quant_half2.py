@@ -22,6 +22,10 @@ x is loaded as fp32 (fp8: scaled by 2^-10, exact) and packed into f16x2 pairs on
 and column block. fp16 accumulation bounds: int4 16 products of q/64 <= 15/64 per lane, fp8 8
 of |q| <= 448, so any |x| < 2^14 cannot overflow; the powers of two are undone in fp32. fp16 rounds each partial sum to 11 bits: ~1e-3 of max |y| in all (GPU test bound 1e-2).
 K may be split (k_splits): fp32 partials [S, M, N] summed after (no atomics).
+Config prefetch (loads in flight): the next iteration's W words, scales, biases and x quads
+are loaded into registers (loop-carried) before this one's asm (ptxas then issues them all
+together inside the arithmetic, where otherwise it spreads the W loads through it and waits
+on x at the top); the first tile's before the loop.
 TRITON_INTERPRET=1 cannot run PTX: PLAIN (the CPU) runs the same fp16 arithmetic in Triton.
 """
 
@@ -48,11 +52,21 @@ def words4(w, BLOCK_N: tl.constexpr, Q: tl.constexpr):
 
 
 @triton.jit
+def x_load(xq, E: tl.constexpr, ok):
+    """x[E..E+3] of each column block [Q, 4] (one 8-byte load; ok: the block is in K)."""
+    return tl.load(xq[:, None] + E + tl.arange(0, 4)[None, :], mask=ok[:, None], other=0.0)
+
+
+@triton.jit
 def x_quad(xq, E: tl.constexpr, ok, Q: tl.constexpr):
-    """x[E..E+3] of each column block (one 8-byte load; ok: the block is in K) as fp32."""
-    at = xq[:, None] + E + tl.arange(0, 4)[None, :]
-    x = tl.load(at, mask=ok[:, None], other=0.0).to(tl.float32)
-    even, odd = tl.split(tl.reshape(x, (Q, 2, 2)))
+    """x[E..E+3] of each column block (x_load) as four [Q] fp32."""
+    return x_parts(x_load(xq, E, ok), Q)
+
+
+@triton.jit
+def x_parts(x, Q: tl.constexpr):
+    """A loaded [Q, 4] quad of x as four [Q] fp32."""
+    even, odd = tl.split(tl.reshape(x.to(tl.float32), (Q, 2, 2)))
     x0, x2 = tl.split(even)
     x1, x3 = tl.split(odd)
     return x0, x1, x2, x3
@@ -70,9 +84,10 @@ def f16x2(lo, hi, PLAIN: tl.constexpr):
 
 
 @triton.jit
-def _x_quads(xq, E: tl.constexpr, ok, Q: tl.constexpr, PLAIN: tl.constexpr):
-    """x[E..E+3]'s pairs (E, E+2) and (E+1, E+3) (f16x2 each, or lo, hi) and their fp32 sum."""
-    x0, x1, x2, x3 = x_quad(xq, E, ok, Q)
+def _x_quads(x, Q: tl.constexpr, PLAIN: tl.constexpr):
+    """A loaded quad x[E..E+3]'s pairs (E, E+2) and (E+1, E+3) (f16x2 each, or lo, hi) and
+    their fp32 sum."""
+    x0, x1, x2, x3 = x_parts(x, Q)
     p02, h02 = f16x2(x0, x2, PLAIN)
     p13, h13 = f16x2(x1, x3, PLAIN)
     return p02, h02, p13, h13, x0 + x1 + x2 + x3
@@ -151,18 +166,30 @@ INT4_ASM = tl.constexpr(_int4_asm())
 
 
 @triton.jit
-def _int4_group_dot(w, xq, ok, BLOCK_N: tl.constexpr, Q: tl.constexpr, PLAIN: tl.constexpr):
-    """sum over each group of 32 of q/64 * x (fp16 lanes -> fp32), and sum(x) (fp32)."""
+def _int4_x8(xq, ok):
+    """A group's 32 x values as 8 raw quads, in the order _int4_group_dot takes them."""
+    return (
+        x_load(xq, 0, ok), x_load(xq, 16, ok), x_load(xq, 4, ok), x_load(xq, 20, ok),
+        x_load(xq, 8, ok), x_load(xq, 24, ok), x_load(xq, 12, ok), x_load(xq, 28, ok),
+    )  # fmt: skip
+
+
+@triton.jit
+def _int4_group_dot(
+    w, xa, xb, xc, xd, xe, xf, xg, xh, BLOCK_N: tl.constexpr, Q: tl.constexpr, PLAIN: tl.constexpr
+):
+    """sum over each group of 32 of q/64 * x (fp16 lanes -> fp32), and sum(x) (fp32); x: the
+    group's quads from _int4_x8."""
     w0, w1, w2, w3 = words4(w, BLOCK_N, Q)
     # word i's pairs: (4i, 4i+2) (4i+16, 4i+18) (4i+1, 4i+3) (4i+17, 4i+19), from 8-byte loads
-    p00, h00, p02, h02, s0 = _x_quads(xq, 0, ok, Q, PLAIN)
-    p01, h01, p03, h03, s1 = _x_quads(xq, 16, ok, Q, PLAIN)
-    p10, h10, p12, h12, s2 = _x_quads(xq, 4, ok, Q, PLAIN)
-    p11, h11, p13, h13, s3 = _x_quads(xq, 20, ok, Q, PLAIN)
-    p20, h20, p22, h22, s4 = _x_quads(xq, 8, ok, Q, PLAIN)
-    p21, h21, p23, h23, s5 = _x_quads(xq, 24, ok, Q, PLAIN)
-    p30, h30, p32, h32, s6 = _x_quads(xq, 12, ok, Q, PLAIN)
-    p31, h31, p33, h33, s7 = _x_quads(xq, 28, ok, Q, PLAIN)
+    p00, h00, p02, h02, s0 = _x_quads(xa, Q, PLAIN)
+    p01, h01, p03, h03, s1 = _x_quads(xb, Q, PLAIN)
+    p10, h10, p12, h12, s2 = _x_quads(xc, Q, PLAIN)
+    p11, h11, p13, h13, s3 = _x_quads(xd, Q, PLAIN)
+    p20, h20, p22, h22, s4 = _x_quads(xe, Q, PLAIN)
+    p21, h21, p23, h23, s5 = _x_quads(xf, Q, PLAIN)
+    p30, h30, p32, h32, s6 = _x_quads(xg, Q, PLAIN)
+    p31, h31, p33, h33, s7 = _x_quads(xh, Q, PLAIN)
     xs = s0 + s1 + s2 + s3 + s4 + s5 + s6 + s7
     if PLAIN:
         zero = tl.zeros((BLOCK_N, Q), dtype=tl.float16)
@@ -230,27 +257,32 @@ def _int4_half2_kernel(
     x_row = x_ptr + m.to(tl.int64) * K
     acc = tl.zeros((BLOCK_N, GROUPS), dtype=tl.float32)
     g_start = pid_k * groups_per_split
-    if PREFETCH:  # the first tile before the loop; in it the next one's loads go first
-        g_first = tl.minimum(g_start + tl.arange(0, GROUPS), row_groups - 1)
+    if PREFETCH:  # the first tile (W, scales, x) before the loop; in it the next's loads first
+        g = g_start + tl.arange(0, GROUPS)
         w_nx, s_nx, b_nx = _int4_tile(
-            w_ptr, scale_ptr, bias_ptr, rows64, word, row_words, row_groups, g_first
-        )
+            w_ptr, scale_ptr, bias_ptr, rows64, word, row_words, row_groups,
+            tl.minimum(g, row_groups - 1),
+        )  # fmt: skip
+        na, nb, nc, nd, ne, nf, ng, nh = _int4_x8(x_row + g * 32, g < row_groups)
     for g0 in range(g_start, g_start + groups_per_split, GROUPS):
         g = g0 + tl.arange(0, GROUPS)
-        g_ok = g < row_groups
         if PREFETCH:
             w, s, b = w_nx, s_nx, b_nx
-            # past the split (or K) the last group again: in bounds, never used
-            g_next = tl.minimum(g + GROUPS, row_groups - 1)
+            xa, xb, xc, xd, xe, xf, xg, xh = na, nb, nc, nd, ne, nf, ng, nh
+            # past the split (or K) W's last group again and x masked: never used
+            g_nx = g + GROUPS
             w_nx, s_nx, b_nx = _int4_tile(
-                w_ptr, scale_ptr, bias_ptr, rows64, word, row_words, row_groups, g_next
-            )
+                w_ptr, scale_ptr, bias_ptr, rows64, word, row_words, row_groups,
+                tl.minimum(g_nx, row_groups - 1),
+            )  # fmt: skip
+            na, nb, nc, nd, ne, nf, ng, nh = _int4_x8(x_row + g_nx * 32, g_nx < row_groups)
         else:
-            g_in = tl.minimum(g, row_groups - 1)
             w, s, b = _int4_tile(
-                w_ptr, scale_ptr, bias_ptr, rows64, word, row_words, row_groups, g_in
-            )
-        dot, xs = _int4_group_dot(w, x_row + g * 32, g_ok, BLOCK_N, GROUPS, PLAIN)
+                w_ptr, scale_ptr, bias_ptr, rows64, word, row_words, row_groups,
+                tl.minimum(g, row_groups - 1),
+            )  # fmt: skip
+            xa, xb, xc, xd, xe, xf, xg, xh = _int4_x8(x_row + g * 32, g < row_groups)
+        dot, xs = _int4_group_dot(w, xa, xb, xc, xd, xe, xf, xg, xh, BLOCK_N, GROUPS, PLAIN)
         acc += dot * s + b * (xs * INT4_Q_SCALE)[None, :]  # Q_SCALE folded out at the end
     out = out_ptr + (pid_k.to(tl.int64) * M + m) * N + rows
     y = tl.sum(acc, axis=1) * (1.0 / INT4_Q_SCALE)
