@@ -22,10 +22,10 @@ x is loaded as fp32 (fp8: scaled by 2^-10, exact) and packed into f16x2 pairs on
 and column block. fp16 accumulation bounds: int4 16 products of q/64 <= 15/64 per lane, fp8 8
 of |q| <= 448, so any |x| < 2^14 cannot overflow; the powers of two are undone in fp32. fp16 rounds each partial sum to 11 bits: ~1e-3 of max |y| in all (GPU test bound 1e-2).
 K may be split (k_splits): fp32 partials [S, M, N] summed after (no atomics).
-Config prefetch (loads in flight): the next iteration's W words, scales, biases and x quads
-are loaded into registers (loop-carried) before this one's asm (ptxas then issues them all
-together inside the arithmetic, where otherwise it spreads the W loads through it and waits
-on x at the top); the first tile's before the loop.
+Config prefetch (loads in flight; both forms): the next iteration's W words, scales, biases
+and x quads are loaded into registers (loop-carried) before this one's asm (ptxas then issues
+them all together inside the arithmetic, where otherwise it spreads the W loads through it and
+waits on x at the top); the first tile's before the loop.
 TRITON_INTERPRET=1 cannot run PTX: PLAIN (the CPU) runs the same fp16 arithmetic in Triton.
 """
 
@@ -55,12 +55,6 @@ def words4(w, BLOCK_N: tl.constexpr, Q: tl.constexpr):
 def x_load(xq, E: tl.constexpr, ok):
     """x[E..E+3] of each column block [Q, 4] (one 8-byte load; ok: the block is in K)."""
     return tl.load(xq[:, None] + E + tl.arange(0, 4)[None, :], mask=ok[:, None], other=0.0)
-
-
-@triton.jit
-def x_quad(xq, E: tl.constexpr, ok, Q: tl.constexpr):
-    """x[E..E+3] of each column block (x_load) as four [Q] fp32."""
-    return x_parts(x_load(xq, E, ok), Q)
 
 
 @triton.jit

@@ -26,7 +26,8 @@ from troupe.kernels.quant_half2 import (
     launch_options,
     launch_shape,
     words4,
-    x_quad,
+    x_load,
+    x_parts,
 )
 from troupe.kernels.quant_wide import Fp8GemvConfig
 
@@ -85,22 +86,29 @@ def _fp8_word_plain(w, a_lo, a_hi, b_lo, b_hi, x0, x1, x2, x3):
 
 
 @triton.jit
-def _x_pairs(xq, E: tl.constexpr, ok, Q: tl.constexpr, PLAIN: tl.constexpr):
-    """x[E..E+3] scaled: pairs (E, E+1), (E+2, E+3) (f16x2 each, or lo, hi fp16)."""
-    x0, x1, x2, x3 = x_quad(xq, E, ok, Q)
+def _x_pairs(x, Q: tl.constexpr, PLAIN: tl.constexpr):
+    """A loaded quad x[E..E+3] scaled: pairs (E, E+1), (E+2, E+3) (f16x2 each, or lo, hi)."""
+    x0, x1, x2, x3 = x_parts(x, Q)
     p01, h01 = f16x2(x0 * FP8_X_SCALE, x1 * FP8_X_SCALE, PLAIN)
     p23, h23 = f16x2(x2 * FP8_X_SCALE, x3 * FP8_X_SCALE, PLAIN)
     return p01, h01, p23, h23
 
 
 @triton.jit
-def _fp8_block_dot(w, xq, ok, BLOCK_N: tl.constexpr, Q: tl.constexpr, PLAIN: tl.constexpr):
-    """sum over each block of 16 codes of q * (x X_SCALE) (fp16 lanes -> fp32)."""
+def _fp8_x4(xq, ok):
+    """A block's 16 x values as 4 raw quads."""
+    return x_load(xq, 0, ok), x_load(xq, 4, ok), x_load(xq, 8, ok), x_load(xq, 12, ok)
+
+
+@triton.jit
+def _fp8_block_dot(w, xa, xb, xc, xd, BLOCK_N: tl.constexpr, Q: tl.constexpr, PLAIN: tl.constexpr):
+    """sum over each block of 16 codes of q * (x X_SCALE) (fp16 lanes -> fp32); x: the
+    block's quads from _fp8_x4."""
     w0, w1, w2, w3 = words4(w, BLOCK_N, Q)
-    p00, h00, p01, h01 = _x_pairs(xq, 0, ok, Q, PLAIN)
-    p10, h10, p11, h11 = _x_pairs(xq, 4, ok, Q, PLAIN)
-    p20, h20, p21, h21 = _x_pairs(xq, 8, ok, Q, PLAIN)
-    p30, h30, p31, h31 = _x_pairs(xq, 12, ok, Q, PLAIN)
+    p00, h00, p01, h01 = _x_pairs(xa, Q, PLAIN)
+    p10, h10, p11, h11 = _x_pairs(xb, Q, PLAIN)
+    p20, h20, p21, h21 = _x_pairs(xc, Q, PLAIN)
+    p30, h30, p31, h31 = _x_pairs(xd, Q, PLAIN)
     if PLAIN:
         zero = tl.zeros((BLOCK_N, Q), dtype=tl.float16)
         a_lo, a_hi, b_lo, b_hi = zero, zero, zero, zero
@@ -157,23 +165,29 @@ def _fp8_half2_kernel(
     x_row = x_ptr + m.to(tl.int64) * K
     acc = tl.zeros((BLOCK_N, QUADS), dtype=tl.float32)
     w_start = pid_k * words_per_split
-    if PREFETCH:  # the first tile before the loop; in it the next one's loads go first
-        q_first = tl.minimum(w_start + tl.arange(0, QUADS) * 4, row_words - 4)
-        w_nx, s_nx = _fp8_tile(w_ptr, scale_ptr, rows64, rows_in, word, row_words, q_first,
-                               scale_bn, scale_bk, scale_cols, ONE_SCALE)  # fmt: skip
+    if PREFETCH:  # the first tile (W, scales, x) before the loop; in it the next's loads first
+        quad = w_start + tl.arange(0, QUADS) * 4
+        w_nx, s_nx = _fp8_tile(w_ptr, scale_ptr, rows64, rows_in, word, row_words,
+                               tl.minimum(quad, row_words - 4), scale_bn, scale_bk, scale_cols,
+                               ONE_SCALE)  # fmt: skip
+        na, nb, nc, nd = _fp8_x4(x_row + quad * 4, quad < row_words)
     for w0 in range(w_start, w_start + words_per_split, 4 * QUADS):
         quad = w0 + tl.arange(0, QUADS) * 4  # first word of each block of 16 codes
         if PREFETCH:
             w, s = w_nx, s_nx
-            # past the split (or K) the last block again: in bounds, never used
-            q_next = tl.minimum(quad + 4 * QUADS, row_words - 4)
-            w_nx, s_nx = _fp8_tile(w_ptr, scale_ptr, rows64, rows_in, word, row_words, q_next,
-                                   scale_bn, scale_bk, scale_cols, ONE_SCALE)  # fmt: skip
+            xa, xb, xc, xd = na, nb, nc, nd
+            # past the split (or K) W's last block again and x masked: never used
+            q_nx = quad + 4 * QUADS
+            w_nx, s_nx = _fp8_tile(w_ptr, scale_ptr, rows64, rows_in, word, row_words,
+                                   tl.minimum(q_nx, row_words - 4), scale_bn, scale_bk,
+                                   scale_cols, ONE_SCALE)  # fmt: skip
+            na, nb, nc, nd = _fp8_x4(x_row + q_nx * 4, q_nx < row_words)
         else:
             w, s = _fp8_tile(w_ptr, scale_ptr, rows64, rows_in, word, row_words,
                              tl.minimum(quad, row_words - 4), scale_bn, scale_bk, scale_cols,
                              ONE_SCALE)  # fmt: skip
-        dot = _fp8_block_dot(w, x_row + quad * 4, quad < row_words, BLOCK_N, QUADS, PLAIN)
+            xa, xb, xc, xd = _fp8_x4(x_row + quad * 4, quad < row_words)
+        dot = _fp8_block_dot(w, xa, xb, xc, xd, BLOCK_N, QUADS, PLAIN)
         if ONE_SCALE:
             acc += dot
         else:

@@ -66,7 +66,7 @@ class Int4GemvConfig:
     nibble, or x_split: two 8-byte loads per word, taken apart with tl.split. k_splits
     (HALF2): K splits, 0 = ~4 programs per SM (quant_half2.launch_shape). HALF2 only:
     prefetch loads the next iteration's W, scales, biases and x into registers before this
-    one's arithmetic; num_stages (0: Triton's default) and max_registers (0: no cap) go to the launch."""
+    one's arithmetic (fp8: W, block scales, x); num_stages (0: Triton's default) and max_registers (0: no cap) go to the launch."""
 
     variant: Int4Gemv = Int4Gemv.BYTES
     block_n: int = 4

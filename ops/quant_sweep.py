@@ -34,7 +34,7 @@ GemvConfig = Int4GemvConfig | Fp8GemvConfig
 
 # HALF2 (quant_half2.py) first. New (issue 16, loads in flight): (block_n, groups of 32 per
 # row per iteration, warps, K splits (0: quant_half2.launch_shape), prefetch (the next tile's
-# W, scales (int4: and x) loaded into registers before this one's arithmetic), Triton num_stages (0: its
+# W, scales and x loaded into registers before this one's arithmetic), Triton num_stages (0: its
 # default; on triton 3.7 sm_90 it leaves this loop as it is), maxnreg (0: none)); groups = 32
 # x warps gives each thread every row of its tile, 64 x warps two column blocks (32 bytes a
 # row: more than K=4096's 128 groups would be clamped repeats, so fewer warps instead)
@@ -65,7 +65,6 @@ FP8_CONFIGS = [
     for block_n, block_w, warps, splits, prefetch, stages, regs in (
         (4, 512, 4, 0, True, 0, 0),
         (4, 512, 2, 0, True, 0, 0),
-        (4, 512, 4, 0, True, 0, 64),
         (4, 256, 2, 0, True, 0, 0),
         (8, 512, 4, 0, True, 0, 0),
         (4, 512, 4, 0, False, 4, 0),
