@@ -22,6 +22,10 @@ x is loaded as fp32 (fp8: scaled by 2^-10, exact) and packed into f16x2 pairs on
 and column block. fp16 accumulation bounds: int4 16 products of q/64 <= 15/64 per lane, fp8 8
 of |q| <= 448, so any |x| < 2^14 cannot overflow; the powers of two are undone in fp32. fp16 rounds each partial sum to 11 bits: ~1e-3 of max |y| in all (GPU test bound 1e-2).
 K may be split (k_splits): fp32 partials [S, M, N] summed after (no atomics).
+Config prefetch (loads in flight; both forms): the next iteration's W words, scales, biases
+and x quads are loaded into registers (loop-carried) before this one's asm (ptxas then issues
+them all together inside the arithmetic, where otherwise it spreads the W loads through it and
+waits on x at the top); the first tile's before the loop.
 TRITON_INTERPRET=1 cannot run PTX: PLAIN (the CPU) runs the same fp16 arithmetic in Triton.
 """
 
@@ -33,7 +37,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from troupe.kernels.quant_wide import Int4GemvConfig
+from troupe.kernels.quant_wide import Fp8GemvConfig, Int4GemvConfig
 
 INT4_Q_SCALE = tl.constexpr(2.0**-6)  # the asm's nibbles are q/64 (x stays unscaled)
 
@@ -48,11 +52,15 @@ def words4(w, BLOCK_N: tl.constexpr, Q: tl.constexpr):
 
 
 @triton.jit
-def x_quad(xq, E: tl.constexpr, ok, Q: tl.constexpr):
-    """x[E..E+3] of each column block (one 8-byte load; ok: the block is in K) as fp32."""
-    at = xq[:, None] + E + tl.arange(0, 4)[None, :]
-    x = tl.load(at, mask=ok[:, None], other=0.0).to(tl.float32)
-    even, odd = tl.split(tl.reshape(x, (Q, 2, 2)))
+def x_load(xq, E: tl.constexpr, ok):
+    """x[E..E+3] of each column block [Q, 4] (one 8-byte load; ok: the block is in K)."""
+    return tl.load(xq[:, None] + E + tl.arange(0, 4)[None, :], mask=ok[:, None], other=0.0)
+
+
+@triton.jit
+def x_parts(x, Q: tl.constexpr):
+    """A loaded [Q, 4] quad of x as four [Q] fp32."""
+    even, odd = tl.split(tl.reshape(x.to(tl.float32), (Q, 2, 2)))
     x0, x2 = tl.split(even)
     x1, x3 = tl.split(odd)
     return x0, x1, x2, x3
@@ -70,9 +78,10 @@ def f16x2(lo, hi, PLAIN: tl.constexpr):
 
 
 @triton.jit
-def _x_quads(xq, E: tl.constexpr, ok, Q: tl.constexpr, PLAIN: tl.constexpr):
-    """x[E..E+3]'s pairs (E, E+2) and (E+1, E+3) (f16x2 each, or lo, hi) and their fp32 sum."""
-    x0, x1, x2, x3 = x_quad(xq, E, ok, Q)
+def _x_quads(x, Q: tl.constexpr, PLAIN: tl.constexpr):
+    """A loaded quad x[E..E+3]'s pairs (E, E+2) and (E+1, E+3) (f16x2 each, or lo, hi) and
+    their fp32 sum."""
+    x0, x1, x2, x3 = x_parts(x, Q)
     p02, h02 = f16x2(x0, x2, PLAIN)
     p13, h13 = f16x2(x1, x3, PLAIN)
     return p02, h02, p13, h13, x0 + x1 + x2 + x3
@@ -151,18 +160,30 @@ INT4_ASM = tl.constexpr(_int4_asm())
 
 
 @triton.jit
-def _int4_group_dot(w, xq, ok, BLOCK_N: tl.constexpr, Q: tl.constexpr, PLAIN: tl.constexpr):
-    """sum over each group of 32 of q/64 * x (fp16 lanes -> fp32), and sum(x) (fp32)."""
+def _int4_x8(xq, ok):
+    """A group's 32 x values as 8 raw quads, in the order _int4_group_dot takes them."""
+    return (
+        x_load(xq, 0, ok), x_load(xq, 16, ok), x_load(xq, 4, ok), x_load(xq, 20, ok),
+        x_load(xq, 8, ok), x_load(xq, 24, ok), x_load(xq, 12, ok), x_load(xq, 28, ok),
+    )  # fmt: skip
+
+
+@triton.jit
+def _int4_group_dot(
+    w, xa, xb, xc, xd, xe, xf, xg, xh, BLOCK_N: tl.constexpr, Q: tl.constexpr, PLAIN: tl.constexpr
+):
+    """sum over each group of 32 of q/64 * x (fp16 lanes -> fp32), and sum(x) (fp32); x: the
+    group's quads from _int4_x8."""
     w0, w1, w2, w3 = words4(w, BLOCK_N, Q)
     # word i's pairs: (4i, 4i+2) (4i+16, 4i+18) (4i+1, 4i+3) (4i+17, 4i+19), from 8-byte loads
-    p00, h00, p02, h02, s0 = _x_quads(xq, 0, ok, Q, PLAIN)
-    p01, h01, p03, h03, s1 = _x_quads(xq, 16, ok, Q, PLAIN)
-    p10, h10, p12, h12, s2 = _x_quads(xq, 4, ok, Q, PLAIN)
-    p11, h11, p13, h13, s3 = _x_quads(xq, 20, ok, Q, PLAIN)
-    p20, h20, p22, h22, s4 = _x_quads(xq, 8, ok, Q, PLAIN)
-    p21, h21, p23, h23, s5 = _x_quads(xq, 24, ok, Q, PLAIN)
-    p30, h30, p32, h32, s6 = _x_quads(xq, 12, ok, Q, PLAIN)
-    p31, h31, p33, h33, s7 = _x_quads(xq, 28, ok, Q, PLAIN)
+    p00, h00, p02, h02, s0 = _x_quads(xa, Q, PLAIN)
+    p01, h01, p03, h03, s1 = _x_quads(xb, Q, PLAIN)
+    p10, h10, p12, h12, s2 = _x_quads(xc, Q, PLAIN)
+    p11, h11, p13, h13, s3 = _x_quads(xd, Q, PLAIN)
+    p20, h20, p22, h22, s4 = _x_quads(xe, Q, PLAIN)
+    p21, h21, p23, h23, s5 = _x_quads(xf, Q, PLAIN)
+    p30, h30, p32, h32, s6 = _x_quads(xg, Q, PLAIN)
+    p31, h31, p33, h33, s7 = _x_quads(xh, Q, PLAIN)
     xs = s0 + s1 + s2 + s3 + s4 + s5 + s6 + s7
     if PLAIN:
         zero = tl.zeros((BLOCK_N, Q), dtype=tl.float16)
@@ -198,11 +219,25 @@ def _int4_group_dot(w, xq, ok, BLOCK_N: tl.constexpr, Q: tl.constexpr, PLAIN: tl
     return dot, xs
 
 
+@triton.jit
+def _int4_tile(w_ptr, scale_ptr, bias_ptr, rows64, word, row_words, row_groups, g_in):
+    """W words [BLOCK_N, GROUPS, 4], scales and biases [BLOCK_N, GROUPS] (fp32) at groups g_in.
+    2-byte scale loads in the words' layout (vectorized along g they would go through shared
+    memory to reach it)."""
+    w = tl.load(
+        w_ptr + rows64[:, None, None] * row_words + (g_in * 4)[None, :, None] + word[None, None, :]
+    )
+    sb_off = rows64[:, None] * row_groups + tl.max_contiguous(g_in, 1)[None, :]
+    s = tl.load(scale_ptr + sb_off).to(tl.float32)
+    b = tl.load(bias_ptr + sb_off).to(tl.float32)
+    return w, s, b
+
+
 @triton.jit(do_not_specialize=["M"])
 def _int4_half2_kernel(
     x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr,
     M, N, K, row_words, row_groups, groups_per_split,
-    BLOCK_N: tl.constexpr, GROUPS: tl.constexpr, PLAIN: tl.constexpr,
+    BLOCK_N: tl.constexpr, GROUPS: tl.constexpr, PLAIN: tl.constexpr, PREFETCH: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     m, pid_n, pid_k = pid % M, pid // M, tl.program_id(1)
@@ -216,22 +251,32 @@ def _int4_half2_kernel(
     x_row = x_ptr + m.to(tl.int64) * K
     acc = tl.zeros((BLOCK_N, GROUPS), dtype=tl.float32)
     g_start = pid_k * groups_per_split
+    if PREFETCH:  # the first tile (W, scales, x) before the loop; in it the next's loads first
+        g = g_start + tl.arange(0, GROUPS)
+        w_nx, s_nx, b_nx = _int4_tile(
+            w_ptr, scale_ptr, bias_ptr, rows64, word, row_words, row_groups,
+            tl.minimum(g, row_groups - 1),
+        )  # fmt: skip
+        na, nb, nc, nd, ne, nf, ng, nh = _int4_x8(x_row + g * 32, g < row_groups)
     for g0 in range(g_start, g_start + groups_per_split, GROUPS):
         g = g0 + tl.arange(0, GROUPS)
-        g_ok = g < row_groups
-        g_in = tl.minimum(g, row_groups - 1)
-        w = tl.load(
-            w_ptr
-            + rows64[:, None, None] * row_words
-            + (g_in * 4)[None, :, None]
-            + word[None, None, :]
-        )
-        dot, xs = _int4_group_dot(w, x_row + g * 32, g_ok, BLOCK_N, GROUPS, PLAIN)
-        # 2-byte loads in the words' layout (vectorized along g they would go through shared
-        # memory to reach it)
-        sb_off = rows64[:, None] * row_groups + tl.max_contiguous(g_in, 1)[None, :]
-        s = tl.load(scale_ptr + sb_off).to(tl.float32)
-        b = tl.load(bias_ptr + sb_off).to(tl.float32)
+        if PREFETCH:
+            w, s, b = w_nx, s_nx, b_nx
+            xa, xb, xc, xd, xe, xf, xg, xh = na, nb, nc, nd, ne, nf, ng, nh
+            # past the split (or K) W's last group again and x masked: never used
+            g_nx = g + GROUPS
+            w_nx, s_nx, b_nx = _int4_tile(
+                w_ptr, scale_ptr, bias_ptr, rows64, word, row_words, row_groups,
+                tl.minimum(g_nx, row_groups - 1),
+            )  # fmt: skip
+            na, nb, nc, nd, ne, nf, ng, nh = _int4_x8(x_row + g_nx * 32, g_nx < row_groups)
+        else:
+            w, s, b = _int4_tile(
+                w_ptr, scale_ptr, bias_ptr, rows64, word, row_words, row_groups,
+                tl.minimum(g, row_groups - 1),
+            )  # fmt: skip
+            xa, xb, xc, xd, xe, xf, xg, xh = _int4_x8(x_row + g * 32, g < row_groups)
+        dot, xs = _int4_group_dot(w, xa, xb, xc, xd, xe, xf, xg, xh, BLOCK_N, GROUPS, PLAIN)
         acc += dot * s + b * (xs * INT4_Q_SCALE)[None, :]  # Q_SCALE folded out at the end
     out = out_ptr + (pid_k.to(tl.int64) * M + m) * N + rows
     y = tl.sum(acc, axis=1) * (1.0 / INT4_Q_SCALE)
@@ -262,6 +307,16 @@ def device_sms(device: torch.device) -> int | None:
     return int(torch.cuda.get_device_properties(device).multi_processor_count)
 
 
+def launch_options(config: Int4GemvConfig | Fp8GemvConfig) -> dict[str, int]:
+    """num_warps, and num_stages / maxnreg where the config sets them (0: Triton's own)."""
+    options = {"num_warps": config.num_warps}
+    if config.num_stages:
+        options["num_stages"] = config.num_stages
+    if config.max_registers:
+        options["maxnreg"] = config.max_registers
+    return options
+
+
 def finish_splits(part: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return part[0] if part.shape[0] == 1 else part.sum(0).to(x.dtype)
 
@@ -288,7 +343,7 @@ def int4_half2(
     part = torch.empty(split, m, n, dtype=dtype, device=x.device)
     _int4_half2_kernel[(tiles, split)](
         x.contiguous(), words, scale.contiguous(), bias.contiguous(), part, m, n, k, k // 8,
-        groups, per_split, block_n, config.groups, x.device.type != "cuda",
-        num_warps=config.num_warps,
+        groups, per_split, block_n, config.groups, x.device.type != "cuda", config.prefetch,
+        **launch_options(config),
     )  # fmt: skip
     return finish_splits(part, x)

@@ -23,9 +23,11 @@ from troupe.kernels.quant_half2 import (
     finish_splits,
     fma16,
     lanes,
+    launch_options,
     launch_shape,
     words4,
-    x_quad,
+    x_load,
+    x_parts,
 )
 from troupe.kernels.quant_wide import Fp8GemvConfig
 
@@ -84,22 +86,29 @@ def _fp8_word_plain(w, a_lo, a_hi, b_lo, b_hi, x0, x1, x2, x3):
 
 
 @triton.jit
-def _x_pairs(xq, E: tl.constexpr, ok, Q: tl.constexpr, PLAIN: tl.constexpr):
-    """x[E..E+3] scaled: pairs (E, E+1), (E+2, E+3) (f16x2 each, or lo, hi fp16)."""
-    x0, x1, x2, x3 = x_quad(xq, E, ok, Q)
+def _x_pairs(x, Q: tl.constexpr, PLAIN: tl.constexpr):
+    """A loaded quad x[E..E+3] scaled: pairs (E, E+1), (E+2, E+3) (f16x2 each, or lo, hi)."""
+    x0, x1, x2, x3 = x_parts(x, Q)
     p01, h01 = f16x2(x0 * FP8_X_SCALE, x1 * FP8_X_SCALE, PLAIN)
     p23, h23 = f16x2(x2 * FP8_X_SCALE, x3 * FP8_X_SCALE, PLAIN)
     return p01, h01, p23, h23
 
 
 @triton.jit
-def _fp8_block_dot(w, xq, ok, BLOCK_N: tl.constexpr, Q: tl.constexpr, PLAIN: tl.constexpr):
-    """sum over each block of 16 codes of q * (x X_SCALE) (fp16 lanes -> fp32)."""
+def _fp8_x4(xq, ok):
+    """A block's 16 x values as 4 raw quads."""
+    return x_load(xq, 0, ok), x_load(xq, 4, ok), x_load(xq, 8, ok), x_load(xq, 12, ok)
+
+
+@triton.jit
+def _fp8_block_dot(w, xa, xb, xc, xd, BLOCK_N: tl.constexpr, Q: tl.constexpr, PLAIN: tl.constexpr):
+    """sum over each block of 16 codes of q * (x X_SCALE) (fp16 lanes -> fp32); x: the
+    block's quads from _fp8_x4."""
     w0, w1, w2, w3 = words4(w, BLOCK_N, Q)
-    p00, h00, p01, h01 = _x_pairs(xq, 0, ok, Q, PLAIN)
-    p10, h10, p11, h11 = _x_pairs(xq, 4, ok, Q, PLAIN)
-    p20, h20, p21, h21 = _x_pairs(xq, 8, ok, Q, PLAIN)
-    p30, h30, p31, h31 = _x_pairs(xq, 12, ok, Q, PLAIN)
+    p00, h00, p01, h01 = _x_pairs(xa, Q, PLAIN)
+    p10, h10, p11, h11 = _x_pairs(xb, Q, PLAIN)
+    p20, h20, p21, h21 = _x_pairs(xc, Q, PLAIN)
+    p30, h30, p31, h31 = _x_pairs(xd, Q, PLAIN)
     if PLAIN:
         zero = tl.zeros((BLOCK_N, Q), dtype=tl.float16)
         a_lo, a_hi, b_lo, b_hi = zero, zero, zero, zero
@@ -122,11 +131,27 @@ def _fp8_block_dot(w, xq, ok, BLOCK_N: tl.constexpr, Q: tl.constexpr, PLAIN: tl.
     )  # fmt: skip
 
 
+@triton.jit
+def _fp8_tile(w_ptr, scale_ptr, rows64, rows_in, word, row_words, quad_in, scale_bn, scale_bk,
+              scale_cols, ONE_SCALE: tl.constexpr):  # fmt: skip
+    """W words [BLOCK_N, QUADS, 4] at blocks quad_in, and (block scales; 16 divides scale_bk)
+    one scale per row and block of 16 codes (ONE_SCALE: a dummy 1)."""
+    wi = quad_in[:, None] + word[None, :]
+    w = tl.load(w_ptr + rows64[:, None, None] * row_words + wi[None, :, :])
+    if ONE_SCALE:
+        s = tl.full((1, 1), 1.0, tl.float32)
+    else:
+        s_at = (rows_in // scale_bn)[:, None] * scale_cols + ((quad_in * 4) // scale_bk)[None, :]
+        s = tl.load(scale_ptr + s_at)
+    return w, s
+
+
 @triton.jit(do_not_specialize=["M"])
 def _fp8_half2_kernel(
     x_ptr, w_ptr, scale_ptr, out_ptr,
     M, N, K, row_words, words_per_split, scale_bn, scale_bk, scale_cols,
     BLOCK_N: tl.constexpr, QUADS: tl.constexpr, ONE_SCALE: tl.constexpr, PLAIN: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     m, pid_n, pid_k = pid % M, pid // M, tl.program_id(1)
@@ -140,19 +165,32 @@ def _fp8_half2_kernel(
     x_row = x_ptr + m.to(tl.int64) * K
     acc = tl.zeros((BLOCK_N, QUADS), dtype=tl.float32)
     w_start = pid_k * words_per_split
+    if PREFETCH:  # the first tile (W, scales, x) before the loop; in it the next's loads first
+        quad = w_start + tl.arange(0, QUADS) * 4
+        w_nx, s_nx = _fp8_tile(w_ptr, scale_ptr, rows64, rows_in, word, row_words,
+                               tl.minimum(quad, row_words - 4), scale_bn, scale_bk, scale_cols,
+                               ONE_SCALE)  # fmt: skip
+        na, nb, nc, nd = _fp8_x4(x_row + quad * 4, quad < row_words)
     for w0 in range(w_start, w_start + words_per_split, 4 * QUADS):
         quad = w0 + tl.arange(0, QUADS) * 4  # first word of each block of 16 codes
-        quad_in = tl.minimum(quad, row_words - 4)
-        wi = quad_in[:, None] + word[None, :]
-        w = tl.load(w_ptr + rows64[:, None, None] * row_words + wi[None, :, :])
-        dot = _fp8_block_dot(w, x_row + quad * 4, quad < row_words, BLOCK_N, QUADS, PLAIN)
+        if PREFETCH:
+            w, s = w_nx, s_nx
+            xa, xb, xc, xd = na, nb, nc, nd
+            # past the split (or K) W's last block again and x masked: never used
+            q_nx = quad + 4 * QUADS
+            w_nx, s_nx = _fp8_tile(w_ptr, scale_ptr, rows64, rows_in, word, row_words,
+                                   tl.minimum(q_nx, row_words - 4), scale_bn, scale_bk,
+                                   scale_cols, ONE_SCALE)  # fmt: skip
+            na, nb, nc, nd = _fp8_x4(x_row + q_nx * 4, q_nx < row_words)
+        else:
+            w, s = _fp8_tile(w_ptr, scale_ptr, rows64, rows_in, word, row_words,
+                             tl.minimum(quad, row_words - 4), scale_bn, scale_bk, scale_cols,
+                             ONE_SCALE)  # fmt: skip
+            xa, xb, xc, xd = _fp8_x4(x_row + quad * 4, quad < row_words)
+        dot = _fp8_block_dot(w, xa, xb, xc, xd, BLOCK_N, QUADS, PLAIN)
         if ONE_SCALE:
             acc += dot
-        else:  # 16 divides scale_bk: one scale per row and block of 16 codes
-            s_at = (rows_in // scale_bn)[:, None] * scale_cols + ((quad_in * 4) // scale_bk)[
-                None, :
-            ]
-            s = tl.load(scale_ptr + s_at)
+        else:
             acc += dot * s
     y = tl.sum(acc, axis=1) * (1.0 / FP8_X_SCALE)
     if ONE_SCALE:
@@ -189,6 +227,6 @@ def fp8_half2(
     _fp8_half2_kernel[(tiles, split)](
         x.contiguous(), words, scale.contiguous().float(), part, m, n, k, k // 4, per_split,
         scale_bn, scale_bk, scale.shape[1], block_n, quads, scale.shape[1] == 1,
-        x.device.type != "cuda", num_warps=config.num_warps,
+        x.device.type != "cuda", config.prefetch, **launch_options(config),
     )  # fmt: skip
     return finish_splits(part, x)

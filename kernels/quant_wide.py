@@ -64,7 +64,9 @@ class Int4GemvConfig:
     """The int4 decode GEMV: variant, W rows per program, groups of 32 per row per iteration
     (wide variants; a power of two), warps, and (WIDE_*) how x is read: one 2-byte load per
     nibble, or x_split: two 8-byte loads per word, taken apart with tl.split. k_splits
-    (HALF2): K splits, 0 = ~4 programs per SM (quant_half2.launch_shape)."""
+    (HALF2): K splits, 0 = ~4 programs per SM (quant_half2.launch_shape). HALF2 only:
+    prefetch loads the next iteration's W, scales, biases and x into registers before this
+    one's arithmetic (fp8: W, block scales, x); num_stages (0: Triton's default) and max_registers (0: no cap) go to the launch."""
 
     variant: Int4Gemv = Int4Gemv.BYTES
     block_n: int = 4
@@ -72,6 +74,9 @@ class Int4GemvConfig:
     num_warps: int = 4
     x_split: bool = False
     k_splits: int = 1
+    prefetch: bool = False
+    num_stages: int = 0
+    max_registers: int = 0
 
 
 @dataclass(frozen=True)
@@ -79,7 +84,8 @@ class Fp8GemvConfig:
     """The fp8 decode GEMV: variant, W rows per program, int32 words (4 codes each) per row per
     iteration (wide variants; a power of two), warps, and (WIDE_*) how x is read: one 2-byte
     load per code, or x_split: one 8-byte load per word, taken apart with tl.split. k_splits
-    (HALF2): K splits, 0 = ~4 programs per SM (quant_half2.launch_shape)."""
+    (HALF2): K splits, 0 = ~4 programs per SM (quant_half2.launch_shape); prefetch,
+    num_stages, max_registers (HALF2) as Int4GemvConfig's."""
 
     variant: Fp8Gemv = Fp8Gemv.BYTES
     block_n: int = 4
@@ -87,6 +93,9 @@ class Fp8GemvConfig:
     num_warps: int = 4
     x_split: bool = False
     k_splits: int = 1
+    prefetch: bool = False
+    num_stages: int = 0
+    max_registers: int = 0
 
 
 _INT4_CONVERT = {Int4Gemv.WIDE_CVT: 0, Int4Gemv.WIDE_MAGIC: 1, Int4Gemv.WIDE_FOLD: 2}

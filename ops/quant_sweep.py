@@ -1,5 +1,7 @@
-"""Decode GEMV variants (kernels/quant_half2.py first, then the byte, wide and rows GEMVs of
-quant_gemv.py, quant_wide.py, quant_rows.py) x a few launch configs on the Llama-3.1-8B step of ops/quant_bench.py (all 32 layers' linears + lm_head, CUDA graph replays):
+"""Decode GEMV variants (kernels/quant_half2.py's half2 GEMVs: issue 16's loads-in-flight
+configs first, then today's best half2 configs and the byte GEMV of quant_gemv.py for
+comparison) x launch configs on the Llama-3.1-8B step of ops/quant_bench.py (all 32 layers'
+linears + lm_head, CUDA graph replays):
 
     python -m troupe.ops.quant_bench --sweep-variants            # rows 1 and 4
     python -m troupe.ops.quant_bench --sweep-variants --rows 1   # one row only
@@ -11,9 +13,9 @@ on the GPU; an error over 2e-2 marks the row WRONG (bf16 output rounding is ~4e-
 that raises (out of resources, compile error) is printed and skipped. At the end one
 `BEST <form>/<variant> <config> <time> ...` line per form and row count, over correct rows,
 and the kernels/quant_gemv.py line that makes the best at one row the engine's default.
-About 30 compiles (one per config, two for a half2 config that splits K on some layers (fp32
-partials) and not on others; the rows_* variants one per power of two of rows) and 2 x 18
-timed graphs: ~60-90 s on an H200 (half of the graphs with --rows 1).
+Config labels: /pf prefetch, /st<n> num_stages, /r<n> maxnreg. About 40 compiles (two for a
+half2 config that splits K on some layers (fp32 partials) and not on others) and 2 x 20 timed
+graphs: ~50-70 s on an H200 (half of the graphs with --rows 1).
 """
 
 from __future__ import annotations
@@ -30,40 +32,47 @@ from troupe.ops.quant_bench import GROUP, HIDDEN, INTER, Fp8W, Int4W, timed
 WRONG = 2e-2
 GemvConfig = Int4GemvConfig | Fp8GemvConfig
 
-# HALF2 (quant_half2.py) first: (block_n, groups of 32 per row per iteration, warps, K splits
-# (0: quant_half2.launch_shape)); groups = 32 x warps gives each thread every row of its tile
+# HALF2 (quant_half2.py) first. New (issue 16, loads in flight): (block_n, groups of 32 per
+# row per iteration, warps, K splits (0: quant_half2.launch_shape), prefetch (the next tile's
+# W, scales and x loaded into registers before this one's arithmetic), Triton num_stages (0: its
+# default; on triton 3.7 sm_90 it leaves this loop as it is), maxnreg (0: none)); groups = 32
+# x warps gives each thread every row of its tile, 64 x warps two column blocks (32 bytes a
+# row: more than K=4096's 128 groups would be clamped repeats, so fewer warps instead)
 INT4_CONFIGS = [
-    Int4GemvConfig(Int4Gemv.HALF2, block_n, groups, warps, k_splits=splits)
-    for block_n, groups, warps, splits in (
-        (8, 128, 4, 0),
-        (8, 128, 4, 1),
-        (16, 128, 4, 0),
-        (4, 128, 4, 0),
-        (32, 128, 4, 0),
+    Int4GemvConfig(
+        Int4Gemv.HALF2, block_n, groups, warps, k_splits=splits, prefetch=prefetch,
+        num_stages=stages, max_registers=regs,
     )
-] + [  # for comparison: the old default and the best earlier variants (quant_wide, quant_rows)
-    Int4GemvConfig(Int4Gemv.BYTES),
-    Int4GemvConfig(Int4Gemv.WIDE_FOLD, 4, 32, 4),
-    Int4GemvConfig(Int4Gemv.WIDE_FOLD, 4, 32, 4, x_split=True),
-    Int4GemvConfig(Int4Gemv.ROWS_FOLD, 4, 32, 4),
-]
-# HALF2 first: (block_n, int32 words per row per iteration, warps, K splits); words =
-# 4 x 32 x warps: one 16-byte block per thread and row
+    for block_n, groups, warps, splits, prefetch, stages, regs in (
+        (4, 128, 4, 0, True, 0, 0),
+        (4, 128, 2, 0, True, 0, 0),
+        (4, 128, 4, 0, True, 0, 80),
+        (4, 64, 2, 0, True, 0, 0),
+        (8, 128, 4, 0, True, 0, 0),
+        (4, 128, 4, 0, False, 4, 0),
+        (2, 64, 2, 0, True, 0, 0),
+        (4, 128, 4, 0, False, 0, 0),  # today's best, and the default, for comparison
+        (8, 128, 4, 0, False, 0, 0),
+    )
+] + [Int4GemvConfig(Int4Gemv.BYTES)]  # fmt: skip
+# HALF2 as int4's (block_w int32 words per row per iteration: 4 x 32 x warps is one 16-byte
+# block per thread and row, 8 x 32 x warps two)
 FP8_CONFIGS = [
-    Fp8GemvConfig(Fp8Gemv.HALF2, block_n, block_w, warps, k_splits=splits)
-    for block_n, block_w, warps, splits in (
-        (8, 512, 4, 0),
-        (8, 512, 4, 1),
-        (16, 512, 4, 0),
-        (4, 512, 4, 0),
-        (32, 512, 4, 0),
+    Fp8GemvConfig(
+        Fp8Gemv.HALF2, block_n, block_w, warps, k_splits=splits, prefetch=prefetch,
+        num_stages=stages, max_registers=regs,
     )
-] + [
-    Fp8GemvConfig(Fp8Gemv.BYTES),
-    Fp8GemvConfig(Fp8Gemv.WIDE_MAGIC, 4, 128, 4),
-    Fp8GemvConfig(Fp8Gemv.WIDE_MAGIC, 4, 128, 4, x_split=True),
-    Fp8GemvConfig(Fp8Gemv.ROWS_MAGIC, 4, 128, 4),
-]
+    for block_n, block_w, warps, splits, prefetch, stages, regs in (
+        (4, 512, 4, 0, True, 0, 0),
+        (4, 512, 2, 0, True, 0, 0),
+        (4, 256, 2, 0, True, 0, 0),
+        (8, 512, 4, 0, True, 0, 0),
+        (4, 512, 4, 0, False, 4, 0),
+        (2, 256, 2, 0, True, 0, 0),
+        (4, 512, 4, 0, False, 0, 0),
+        (8, 512, 4, 0, False, 0, 0),
+    )
+] + [Fp8GemvConfig(Fp8Gemv.BYTES)]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -83,6 +92,9 @@ def label(config: GemvConfig) -> str:
     split = "/xsplit" if config.x_split else ""
     if config.variant in (Int4Gemv.HALF2, Fp8Gemv.HALF2):
         split = f"/k{config.k_splits or 'auto'}"
+        split += "/pf" if config.prefetch else ""
+        split += f"/st{config.num_stages}" if config.num_stages else ""
+        split += f"/r{config.max_registers}" if config.max_registers else ""
     return f"n{config.block_n}/{unit}{tile}/warps{config.num_warps}{split}"
 
 
@@ -92,12 +104,14 @@ def default_line(config: GemvConfig) -> str:
         return (
             f"INT4_GEMV = Int4GemvConfig(Int4Gemv.{config.variant.name}, block_n="
             f"{config.block_n}, groups={config.groups}, num_warps={config.num_warps}, "
-            f"x_split={config.x_split}, k_splits={config.k_splits})"
+            f"x_split={config.x_split}, k_splits={config.k_splits}, prefetch={config.prefetch}, "
+            f"num_stages={config.num_stages}, max_registers={config.max_registers})"
         )
     return (
         f"FP8_GEMV = Fp8GemvConfig(Fp8Gemv.{config.variant.name}, block_n={config.block_n}, "
         f"block_w={config.block_w}, num_warps={config.num_warps}, x_split={config.x_split}, "
-        f"k_splits={config.k_splits})"
+        f"k_splits={config.k_splits}, prefetch={config.prefetch}, "
+        f"num_stages={config.num_stages}, max_registers={config.max_registers})"
     )
 
 
@@ -144,7 +158,7 @@ def sweep(
         "fp8": sum(q.numel() + s.numel() * 4 for q, s in fp8),
     }
     results: list[Result] = []
-    print(f"{'form':5} {'variant':11} {'config':22} {'rows':>4} {'time us':>9} {'copy':>5} "
+    print(f"{'form':5} {'variant':11} {'config':30} {'rows':>4} {'time us':>9} {'copy':>5} "
           f"{'x bf16':>6} {'error':>8}")  # fmt: skip
     for rows in rows_list:
         xs = {k: torch.randn(rows, k, device=device, dtype=torch.bfloat16) for k in (HIDDEN, INTER)}
@@ -154,7 +168,7 @@ def sweep(
                 torch.nn.functional.linear(xs[w.shape[1]], w)
 
         t_bf16 = timed(step_bf16, device)
-        print(f"bf16  {'torch':11} {'F.linear':22} {rows:4} {t_bf16 * 1e6:9.1f} "
+        print(f"bf16  {'torch':11} {'F.linear':30} {rows:4} {t_bf16 * 1e6:9.1f} "
               f"{sum(w.numel() * 2 for w in dense) / t_bf16 / bw:5.0%}")  # fmt: skip
         x = xs[HIDDEN]
         p, s, b = int4[2]  # gate_up
@@ -163,7 +177,7 @@ def sweep(
         want["fp8"] = fp8_reference(x.float(), q, sc)
         runs = _runs(x, xs, int4, fp8)
         for form, config, one, step in runs:
-            head = f"{form:5} {config.variant.value:11} {label(config):22} {rows:4}"
+            head = f"{form:5} {config.variant.value:11} {label(config):30} {rows:4}"
             try:
                 ref = want[form]
                 err = float((one().float() - ref).abs().max() / ref.abs().max())
