@@ -86,11 +86,18 @@ class MlaLaunch:
 
 
 # The launch the engine runs (kernels/mla_ops.py): set it to the BEST line of
-# `python3 -m troupe.ops.mla_bench --sweep-variants` (H200 2026-12-02, 256 x 1,024: this one
-# 101.4 us, 73% of copy; HEADS_M bn 32 fused, the earlier default, 114.3 us, 64%).
-DEFAULT_CONFIG = MlaLaunch(variant=MlaVariant.PAGED, block_n=32, num_warps=4, num_stages=3,
-                           programs_per_sm=4, half_partials=True, fused_merge=True,
-                           ids_ahead=True)  # fmt: skip
+# `python3 -m troupe.ops.mla_bench --sweep-variants` (H200 2026-12-02 16:23, 256 x 1,024: this
+# one 90.7 us, 81% of copy; PAGED bn 32 st 3 pps 4 102.1 us, 72%; HEADS_M 114.5 us, 64%).
+DEFAULT_CONFIG = MlaLaunch(
+    variant=MlaVariant.PAGED,
+    block_n=64,
+    num_warps=4,
+    num_stages=2,
+    programs_per_sm=3,
+    half_partials=True,
+    fused_merge=True,
+    ids_ahead=True,
+)
 
 
 @triton.jit

@@ -51,7 +51,7 @@ GEMV_MAX_ROWS = 8
 SKINNY_MAX_ROWS = 16
 # The decode GEMVs the engine's quantized linears use (gpu/quant_linear.py): switch a variant by
 # editing one of these lines (`python -m troupe.ops.quant_bench --sweep-variants` ranks them).
-INT4_GEMV = Int4GemvConfig(Int4Gemv.BYTES)
+INT4_GEMV = Int4GemvConfig(Int4Gemv.HALF2, block_n=4, groups=128, num_warps=4, k_splits=0)
 FP8_GEMV = Fp8GemvConfig(Fp8Gemv.BYTES)
 
 

@@ -14,6 +14,11 @@ from troupe.kernels.quant_gemv import (
     int4_matmul,
     int4_reference,
 )
+from troupe.kernels.quant_wide import Int4Gemv, Int4GemvConfig
+
+# this file's GEMV is the fp32 byte kernel (the engine's default, HALF2, sums in fp16: its
+# bounds are tests/kernels/test_quant_half2.py's)
+BYTES = Int4GemvConfig(Int4Gemv.BYTES)
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
@@ -29,7 +34,7 @@ def test_int4_matmul(device: str, m: int, n: int, k: int) -> None:
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(device)
     if device == "cuda":
         x = x.to(torch.bfloat16)
-    got = int4_matmul(x, packed, scale, bias, 32).float()
+    got = int4_matmul(x, packed, scale, bias, 32, BYTES).float()
     want = int4_reference(x.float(), packed, scale, bias, 32).float()
     bound = 1e-4 if device == "cpu" else 2e-2
     assert (got - want).abs().max() <= bound * want.abs().max()
