@@ -197,7 +197,7 @@ def draft_shape(model: ModelConfig) -> ModelConfig:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64, 256])
     parser.add_argument("--prompt-len", type=int, default=128)
@@ -205,6 +205,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
     parser.add_argument(
         "--repeats", type=int, default=1, help="runs per row in one engine; the median's kept"
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=0,
+        help="each mode in child processes, alternating, this many rounds (ops/spec_isolated.py)",
     )
     parser.add_argument("--prompt-lookup-min", type=int, default=2)
     parser.add_argument("--prompt-lookup-max", type=int, default=4)
@@ -224,9 +230,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="the smoke run's 2-layer model on the default device (a random model that copies)",
     )
-    args = parser.parse_args(argv)
-    from troupe import EngineConfig
+    return parser.parse_args(argv)
 
+
+def bench_model(args: argparse.Namespace) -> ModelConfig:
+    """Qwen3-0.6B's shape, or (--smoke, --tiny) the 2-layer model of width 64 that copies."""
     model = qwen3_0_6b_config()
     if args.smoke or args.tiny:
         model = dataclasses.replace(
@@ -239,56 +247,73 @@ def main(argv: list[str] | None = None) -> int:
             intermediate_size=128,
             vocab_size=10_240,
         )
+    return model
+
+
+def bench_prompts(args: argparse.Namespace) -> tuple[list[list[int]], list[list[int]]]:
+    """The base prompts (their continuations make the matching workload) and the nonmatching."""
     rng = random.Random(0)
     num = max(args.batches)
 
     def prompts() -> list[list[int]]:
         return [[rng.randint(0, 10_000) for _ in range(args.prompt_len)] for _ in range(num)]
 
-    base, nonmatching = prompts(), prompts()
-    with tempfile.TemporaryDirectory() as tmp:
-        folder = Path(tmp) / "model"
-        folder.mkdir()
-        write_model_folder(folder, model)
-        common: dict[str, Any] = {
-            "model": str(folder),
-            "max_num_seqs": max(256, num),
-            "max_model_len": 3 * args.prompt_len + 2 * args.output_len + 64,
-            "enforce_eager": args.enforce_eager,
-        }
-        # a pool sized to the workload: each engine's pool is freed only when the next starts
-        common["num_kv_blocks"] = num * -(-common["max_model_len"] // 16) + 64
-        if args.smoke:
-            common.update(device="cpu", num_kv_blocks=max(64, num * 40))
-        off = EngineConfig(**common)
-        rows, docs = run_batches(off, "off", {"generate": base, "nonmatching": nonmatching}, args)
-        matching = [p + c + p for p, c in zip(base, docs, strict=True)]
-        more, _ = run_batches(off, "off", {"matching": matching}, args)
-        method: dict[str, Any] = {
-            "speculative_method": "ngram",
-            "prompt_lookup_min": args.prompt_lookup_min,
-            "prompt_lookup_max": args.prompt_lookup_max,
-        }
-        if args.draft:
-            method = {"speculative_method": "draft_model", "draft_model": args.draft}
-            if args.draft == "self":
-                method["draft_model"] = str(folder)
-            elif args.draft == "small":
-                method["draft_model"] = str(Path(tmp) / "draft")
-                (Path(tmp) / "draft").mkdir()
-                write_model_folder(Path(tmp) / "draft", draft_shape(model))
-        on = EngineConfig(
-            **common,
-            **method,
-            num_speculative_tokens=args.k,
-            speculative_disable_by_batch_size=args.disable_by_batch_size or None,
-            speculative_cost_model=not args.no_cost_model,
-        )
-        mode = "draft" if args.draft else "ngram"
-        spec, _ = run_batches(on, mode, {"matching": matching, "nonmatching": nonmatching}, args)
+    return prompts(), prompts()
+
+
+def bench_configs(args: argparse.Namespace, folder: Path) -> tuple[Any, Any, str]:
+    """(speculation off, on, the on mode's name) for the model written in `folder`."""
+    from troupe import EngineConfig
+
+    num = max(args.batches)
+    common: dict[str, Any] = {
+        "model": str(folder / "model"),
+        "max_num_seqs": max(256, num),
+        "max_model_len": 3 * args.prompt_len + 2 * args.output_len + 64,
+        "enforce_eager": args.enforce_eager,
+    }
+    # a pool sized to the workload: each engine's pool is freed only when the next starts
+    common["num_kv_blocks"] = num * -(-common["max_model_len"] // 16) + 64
+    if args.smoke:
+        common.update(device="cpu", num_kv_blocks=max(64, num * 40))
+    method: dict[str, Any] = {
+        "speculative_method": "ngram",
+        "prompt_lookup_min": args.prompt_lookup_min,
+        "prompt_lookup_max": args.prompt_lookup_max,
+    }
+    if args.draft:
+        method = {"speculative_method": "draft_model", "draft_model": args.draft}
+        if args.draft == "self":
+            method["draft_model"] = str(folder / "model")
+        elif args.draft == "small":
+            method["draft_model"] = str(folder / "draft")
+    on = EngineConfig(
+        **common,
+        **method,
+        num_speculative_tokens=args.k,
+        speculative_disable_by_batch_size=args.disable_by_batch_size or None,
+        speculative_cost_model=not args.no_cost_model,
+    )
+    return EngineConfig(**common), on, "draft" if args.draft else "ngram"
+
+
+def write_models(args: argparse.Namespace, folder: Path) -> None:
+    """The random target (and --draft small's draft) under `folder`."""
+    model = bench_model(args)
+    (folder / "model").mkdir()
+    write_model_folder(folder / "model", model)
+    if args.draft == "small":
+        (folder / "draft").mkdir()
+        write_model_folder(folder / "draft", draft_shape(model))
+
+
+def print_speedups(rows: list[Row], mode: str) -> None:
+    """Each speculative row against the same workload and batch with speculation off."""
     print(f"\nspeedup ({mode} vs off): ITL ratio off/on, throughput ratio on/off")
-    by_key = {(r.workload, r.batch, r.mode): r for r in [*rows, *more, *spec]}
-    for r in spec:
+    by_key = {(r.workload, r.batch, r.mode): r for r in rows}
+    for r in rows:
+        if r.mode != mode:
+            continue
         base_row = by_key[(r.workload, r.batch, "off")]
         print(
             f"{r.workload:<11} batch={r.batch:<4} ITL {base_row.itl_ms / max(r.itl_ms, 1e-9):5.2f}x"
@@ -296,6 +321,23 @@ def main(argv: list[str] | None = None) -> int:
             f"  step cost {1000 * r.seconds / max(r.steps, 1):.2f} ms vs "
             f"{1000 * base_row.seconds / max(base_row.steps, 1):.2f} ms"
         )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.rounds:
+        from troupe.ops.spec_isolated import run_isolated
+
+        return run_isolated(args, argv)
+    base, nonmatching = bench_prompts(args)
+    with tempfile.TemporaryDirectory() as tmp:
+        write_models(args, Path(tmp))
+        off, on, mode = bench_configs(args, Path(tmp))
+        rows, docs = run_batches(off, "off", {"generate": base, "nonmatching": nonmatching}, args)
+        matching = [p + c + p for p, c in zip(base, docs, strict=True)]
+        more, _ = run_batches(off, "off", {"matching": matching}, args)
+        spec, _ = run_batches(on, mode, {"matching": matching, "nonmatching": nonmatching}, args)
+    print_speedups([*rows, *more, *spec], mode)
     return 0
 
 

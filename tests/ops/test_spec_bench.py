@@ -24,6 +24,22 @@ def test_spec_bench_smoke(capsys: pytest.CaptureFixture[str]) -> None:
     assert all(int(a) <= int(p) for a, p in found)
 
 
+def test_spec_bench_rounds_in_child_processes(capsys: pytest.CaptureFixture[str]) -> None:
+    """--rounds: every engine in a child process (ops/spec_isolated.py); the parent prints the
+    median-time run of each row and the speedups from the children's rows."""
+    args = ["--smoke", "--batches", "1", "--prompt-len", "16", "--output-len", "8"]
+    assert main([*args, "--rounds", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "median-time run of 1 rounds" in out, out
+    for workload in ("matching", "nonmatching"):
+        for mode in ("off", "ngram"):
+            assert re.search(rf"^{workload} +batch=1 +{mode} +tok/s=", out, re.M), out
+        assert re.search(rf"^{workload} +batch=1 +ITL +[\d.]+x", out, re.M), out
+    # the children's matching workload is the generating child's continuations: it copies
+    found = re.findall(r"^matching .* ngram .*acceptance=.*\((\d+)/(\d+)\)", out, re.M)
+    assert len(found) == 1 and int(found[0][1]) > 0, out
+
+
 def test_spec_bench_draft_smoke(capsys: pytest.CaptureFixture[str]) -> None:
     args = ["--smoke", "--batches", "1", "--prompt-len", "16", "--output-len", "8"]
     assert main([*args, "--draft", "self"]) == 0
