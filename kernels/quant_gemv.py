@@ -17,9 +17,8 @@ Two weight forms, two shapes each:
              step at 4 and 16 rows: 3.5 ms instead of 7.1-7.4)
     prefill  more rows: tiles of W expanded to x's dtype in registers, then tl.dot
 
-The decode GEMV above is the BYTES variant; INT4_GEMV / FP8_GEMV below pick another
-(kernels/quant_wide.py: int32-word tiles and magic-number conversions; quant_rows.py;
-quant_half2.py: packed f16x2 PTX).
+The decode GEMV above is the BYTES variant; INT4_GEMV / FP8_GEMV below pick it or HALF2
+(kernels/quant_half2.py, quant_half2_fp8.py: packed f16x2 PTX; configs in quant_gemv_config.py).
 
 Int4 sums per group first (sum_k x q, and sum_k x), then scales once per group:
     y[n] = sum_g scale[n, g] * (x_g . q_g) + bias[n, g] * sum(x_g)
@@ -34,18 +33,9 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from troupe.kernels.quant_gemv_config import Fp8Gemv, Fp8GemvConfig, Int4Gemv, Int4GemvConfig
 from troupe.kernels.quant_half2 import int4_half2
 from troupe.kernels.quant_half2_fp8 import fp8_half2, fp8_half2_fits
-from troupe.kernels.quant_rows import fp8_rows, int4_rows
-from troupe.kernels.quant_wide import (
-    Fp8Gemv,
-    Fp8GemvConfig,
-    Int4Gemv,
-    Int4GemvConfig,
-    fp8_wide,
-    fp8_wide_fits,
-    int4_wide,
-)
 
 GEMV_MAX_ROWS = 8
 SKINNY_MAX_ROWS = 16
@@ -289,10 +279,6 @@ def int4_matmul(
     x = x.contiguous()
     if m <= GEMV_MAX_ROWS and gemv.variant is Int4Gemv.HALF2:
         return int4_half2(x, packed, scale, bias, gemv)
-    if m <= GEMV_MAX_ROWS and gemv.variant is Int4Gemv.ROWS_FOLD:
-        return int4_rows(x, packed, scale, bias, gemv)
-    if m <= GEMV_MAX_ROWS and gemv.variant is not Int4Gemv.BYTES:
-        return int4_wide(x, packed, scale, bias, gemv)
     if m <= GEMV_MAX_ROWS:
         block_k = 256
         block_n, split = _gemv_shape(n, m, k, block_k, x.device, (32,))  # narrower: slower (H200)
@@ -331,14 +317,6 @@ def fp8_matmul(
     if m <= GEMV_MAX_ROWS and half2:
         return fp8_half2(x, weight, scale, gemv)
     gemv_rows = m == 1 or (m <= GEMV_MAX_ROWS and scale_bk & -scale_bk < 16)
-    if (
-        m <= GEMV_MAX_ROWS  # the wide GEMV takes every decode row count (no skinny path)
-        and gemv.variant not in (Fp8Gemv.BYTES, Fp8Gemv.HALF2)  # HALF2 unfit: BYTES
-        and fp8_wide_fits(weight, scale_bk, scale.shape[1])
-    ):
-        if gemv.variant is Fp8Gemv.ROWS_MAGIC:
-            return fp8_rows(x, weight, scale, gemv)
-        return fp8_wide(x, weight, scale, gemv)
     if gemv_rows:
         block_k = min(512, scale_bk & -scale_bk)  # a power of two that divides scale_bk
         block_n, split = _gemv_shape(n, m, k, block_k, x.device, (16, 8))

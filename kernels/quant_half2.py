@@ -1,12 +1,12 @@
 """Decode GEMVs in packed half2 arithmetic (PTX through tl.inline_asm_elementwise), issue 16.
 
-The byte and wide GEMVs (quant_gemv.py, quant_wide.py) spend ~15 instructions per weight byte
-on an H200 (converts, shared-memory x and reductions every iteration); streaming at ~70% of
-copy needs <= ~5. Here each thread holds every W row of its tile for its K columns (a tile
-[BLOCK_N, 32 x warps column blocks, 4 int32 words]: 16 contiguous bytes per thread and row,
-so the x values it needs are loaded and packed once and serve all BLOCK_N rows), a 16-byte
-block of one row is multiplied out in one asm block on f16x2 pairs, and the products are
-summed per thread in fp32; one cross-thread sum at the end.
+The byte GEMVs (quant_gemv.py) spend ~15 instructions per weight byte on an H200 (converts,
+shared-memory x and reductions every iteration); streaming at ~70% of copy needs <= ~5. Here
+each thread holds every W row of its tile for its K columns (a tile [BLOCK_N, 32 x warps
+column blocks, 4 int32 words]: 16 contiguous bytes per thread and row, so the x values it
+needs are loaded and packed once and serve all BLOCK_N rows), a 16-byte block of one row is
+multiplied out in one asm block on f16x2 pairs, and the products are summed per thread in
+fp32; one cross-thread sum at the end.
 
     Int4Gemv.HALF2  16 bytes = one Q4_0 group of 32 (byte j: element j low, j + 16 high). For
         a word of bytes 4i..4i+3, w & 0x000F000F holds elements (4i, 4i+2) in its two 16-bit
@@ -22,10 +22,6 @@ x is loaded as fp32 (fp8: scaled by 2^-10, exact) and packed into f16x2 pairs on
 and column block. fp16 accumulation bounds: int4 16 products of q/64 <= 15/64 per lane, fp8 8
 of |q| <= 448, so any |x| < 2^14 cannot overflow; the powers of two are undone in fp32. fp16 rounds each partial sum to 11 bits: ~1e-3 of max |y| in all (GPU test bound 1e-2).
 K may be split (k_splits): fp32 partials [S, M, N] summed after (no atomics).
-Config prefetch (loads in flight; both forms): the next iteration's W words, scales, biases
-and x quads are loaded into registers (loop-carried) before this one's asm (ptxas then issues
-them all together inside the arithmetic, where otherwise it spreads the W loads through it and
-waits on x at the top); the first tile's before the loop.
 TRITON_INTERPRET=1 cannot run PTX: PLAIN (the CPU) runs the same fp16 arithmetic in Triton.
 """
 
@@ -37,7 +33,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from troupe.kernels.quant_wide import Fp8GemvConfig, Int4GemvConfig
+from troupe.kernels.quant_gemv_config import Int4GemvConfig
 
 INT4_Q_SCALE = tl.constexpr(2.0**-6)  # the asm's nibbles are q/64 (x stays unscaled)
 
@@ -237,7 +233,7 @@ def _int4_tile(w_ptr, scale_ptr, bias_ptr, rows64, word, row_words, row_groups, 
 def _int4_half2_kernel(
     x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr,
     M, N, K, row_words, row_groups, groups_per_split,
-    BLOCK_N: tl.constexpr, GROUPS: tl.constexpr, PLAIN: tl.constexpr, PREFETCH: tl.constexpr,
+    BLOCK_N: tl.constexpr, GROUPS: tl.constexpr, PLAIN: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     m, pid_n, pid_k = pid % M, pid // M, tl.program_id(1)
@@ -251,31 +247,13 @@ def _int4_half2_kernel(
     x_row = x_ptr + m.to(tl.int64) * K
     acc = tl.zeros((BLOCK_N, GROUPS), dtype=tl.float32)
     g_start = pid_k * groups_per_split
-    if PREFETCH:  # the first tile (W, scales, x) before the loop; in it the next's loads first
-        g = g_start + tl.arange(0, GROUPS)
-        w_nx, s_nx, b_nx = _int4_tile(
+    for g0 in range(g_start, g_start + groups_per_split, GROUPS):
+        g = g0 + tl.arange(0, GROUPS)
+        w, s, b = _int4_tile(
             w_ptr, scale_ptr, bias_ptr, rows64, word, row_words, row_groups,
             tl.minimum(g, row_groups - 1),
         )  # fmt: skip
-        na, nb, nc, nd, ne, nf, ng, nh = _int4_x8(x_row + g * 32, g < row_groups)
-    for g0 in range(g_start, g_start + groups_per_split, GROUPS):
-        g = g0 + tl.arange(0, GROUPS)
-        if PREFETCH:
-            w, s, b = w_nx, s_nx, b_nx
-            xa, xb, xc, xd, xe, xf, xg, xh = na, nb, nc, nd, ne, nf, ng, nh
-            # past the split (or K) W's last group again and x masked: never used
-            g_nx = g + GROUPS
-            w_nx, s_nx, b_nx = _int4_tile(
-                w_ptr, scale_ptr, bias_ptr, rows64, word, row_words, row_groups,
-                tl.minimum(g_nx, row_groups - 1),
-            )  # fmt: skip
-            na, nb, nc, nd, ne, nf, ng, nh = _int4_x8(x_row + g_nx * 32, g_nx < row_groups)
-        else:
-            w, s, b = _int4_tile(
-                w_ptr, scale_ptr, bias_ptr, rows64, word, row_words, row_groups,
-                tl.minimum(g, row_groups - 1),
-            )  # fmt: skip
-            xa, xb, xc, xd, xe, xf, xg, xh = _int4_x8(x_row + g * 32, g < row_groups)
+        xa, xb, xc, xd, xe, xf, xg, xh = _int4_x8(x_row + g * 32, g < row_groups)
         dot, xs = _int4_group_dot(w, xa, xb, xc, xd, xe, xf, xg, xh, BLOCK_N, GROUPS, PLAIN)
         acc += dot * s + b * (xs * INT4_Q_SCALE)[None, :]  # Q_SCALE folded out at the end
     out = out_ptr + (pid_k.to(tl.int64) * M + m) * N + rows
@@ -307,16 +285,6 @@ def device_sms(device: torch.device) -> int | None:
     return int(torch.cuda.get_device_properties(device).multi_processor_count)
 
 
-def launch_options(config: Int4GemvConfig | Fp8GemvConfig) -> dict[str, int]:
-    """num_warps, and num_stages / maxnreg where the config sets them (0: Triton's own)."""
-    options = {"num_warps": config.num_warps}
-    if config.num_stages:
-        options["num_stages"] = config.num_stages
-    if config.max_registers:
-        options["maxnreg"] = config.max_registers
-    return options
-
-
 def finish_splits(part: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return part[0] if part.shape[0] == 1 else part.sum(0).to(x.dtype)
 
@@ -343,7 +311,7 @@ def int4_half2(
     part = torch.empty(split, m, n, dtype=dtype, device=x.device)
     _int4_half2_kernel[(tiles, split)](
         x.contiguous(), words, scale.contiguous(), bias.contiguous(), part, m, n, k, k // 8,
-        groups, per_split, block_n, config.groups, x.device.type != "cuda", config.prefetch,
-        **launch_options(config),
+        groups, per_split, block_n, config.groups, x.device.type != "cuda",
+        num_warps=config.num_warps,
     )  # fmt: skip
     return finish_splits(part, x)

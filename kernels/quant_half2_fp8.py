@@ -17,19 +17,18 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from troupe.kernels.quant_gemv_config import Fp8GemvConfig
 from troupe.kernels.quant_half2 import (
     device_sms,
     f16x2,
     finish_splits,
     fma16,
     lanes,
-    launch_options,
     launch_shape,
     words4,
     x_load,
     x_parts,
 )
-from troupe.kernels.quant_wide import Fp8GemvConfig
 
 FP8_X_SCALE = tl.constexpr(2.0**-10)
 
@@ -151,7 +150,6 @@ def _fp8_half2_kernel(
     x_ptr, w_ptr, scale_ptr, out_ptr,
     M, N, K, row_words, words_per_split, scale_bn, scale_bk, scale_cols,
     BLOCK_N: tl.constexpr, QUADS: tl.constexpr, ONE_SCALE: tl.constexpr, PLAIN: tl.constexpr,
-    PREFETCH: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     m, pid_n, pid_k = pid % M, pid // M, tl.program_id(1)
@@ -165,28 +163,12 @@ def _fp8_half2_kernel(
     x_row = x_ptr + m.to(tl.int64) * K
     acc = tl.zeros((BLOCK_N, QUADS), dtype=tl.float32)
     w_start = pid_k * words_per_split
-    if PREFETCH:  # the first tile (W, scales, x) before the loop; in it the next's loads first
-        quad = w_start + tl.arange(0, QUADS) * 4
-        w_nx, s_nx = _fp8_tile(w_ptr, scale_ptr, rows64, rows_in, word, row_words,
-                               tl.minimum(quad, row_words - 4), scale_bn, scale_bk, scale_cols,
-                               ONE_SCALE)  # fmt: skip
-        na, nb, nc, nd = _fp8_x4(x_row + quad * 4, quad < row_words)
     for w0 in range(w_start, w_start + words_per_split, 4 * QUADS):
         quad = w0 + tl.arange(0, QUADS) * 4  # first word of each block of 16 codes
-        if PREFETCH:
-            w, s = w_nx, s_nx
-            xa, xb, xc, xd = na, nb, nc, nd
-            # past the split (or K) W's last block again and x masked: never used
-            q_nx = quad + 4 * QUADS
-            w_nx, s_nx = _fp8_tile(w_ptr, scale_ptr, rows64, rows_in, word, row_words,
-                                   tl.minimum(q_nx, row_words - 4), scale_bn, scale_bk,
-                                   scale_cols, ONE_SCALE)  # fmt: skip
-            na, nb, nc, nd = _fp8_x4(x_row + q_nx * 4, q_nx < row_words)
-        else:
-            w, s = _fp8_tile(w_ptr, scale_ptr, rows64, rows_in, word, row_words,
-                             tl.minimum(quad, row_words - 4), scale_bn, scale_bk, scale_cols,
-                             ONE_SCALE)  # fmt: skip
-            xa, xb, xc, xd = _fp8_x4(x_row + quad * 4, quad < row_words)
+        w, s = _fp8_tile(w_ptr, scale_ptr, rows64, rows_in, word, row_words,
+                         tl.minimum(quad, row_words - 4), scale_bn, scale_bk, scale_cols,
+                         ONE_SCALE)  # fmt: skip
+        xa, xb, xc, xd = _fp8_x4(x_row + quad * 4, quad < row_words)
         dot = _fp8_block_dot(w, xa, xb, xc, xd, BLOCK_N, QUADS, PLAIN)
         if ONE_SCALE:
             acc += dot
@@ -227,6 +209,6 @@ def fp8_half2(
     _fp8_half2_kernel[(tiles, split)](
         x.contiguous(), words, scale.contiguous().float(), part, m, n, k, k // 4, per_split,
         scale_bn, scale_bk, scale.shape[1], block_n, quads, scale.shape[1] == 1,
-        x.device.type != "cuda", config.prefetch, **launch_options(config),
+        x.device.type != "cuda", num_warps=config.num_warps,
     )  # fmt: skip
     return finish_splits(part, x)

@@ -1,6 +1,5 @@
-"""Decode GEMV variants (kernels/quant_half2.py's half2 GEMVs: issue 16's loads-in-flight
-configs first, then today's best half2 configs and the byte GEMV of quant_gemv.py for
-comparison) x launch configs on the Llama-3.1-8B step of ops/quant_bench.py (all 32 layers'
+"""Decode GEMV variants (kernels/quant_half2.py's half2 GEMVs and the byte GEMV of
+quant_gemv.py) x launch configs on the Llama-3.1-8B step of ops/quant_bench.py (all 32 layers'
 linears + lm_head, CUDA graph replays):
 
     python -m troupe.ops.quant_bench --sweep-variants            # rows 1 and 4
@@ -13,9 +12,8 @@ on the GPU; an error over 2e-2 marks the row WRONG (bf16 output rounding is ~4e-
 that raises (out of resources, compile error) is printed and skipped. At the end one
 `BEST <form>/<variant> <config> <time> ...` line per form and row count, over correct rows,
 and the kernels/quant_gemv.py line that makes the best at one row the engine's default.
-Config labels: /pf prefetch, /st<n> num_stages, /r<n> maxnreg. About 40 compiles (two for a
-half2 config that splits K on some layers (fp32 partials) and not on others) and 2 x 20 timed
-graphs: ~50-70 s on an H200 (half of the graphs with --rows 1).
+Six configs a row count (each form's two variants, half2 also at 8 W rows per program), one
+timed graph each (a half2 config that splits K on some layers compiles twice: fp32 partials).
 """
 
 from __future__ import annotations
@@ -26,53 +24,25 @@ from dataclasses import dataclass
 
 import torch
 from troupe.kernels.quant_gemv import fp8_matmul, fp8_reference, int4_matmul, int4_reference
-from troupe.kernels.quant_wide import Fp8Gemv, Fp8GemvConfig, Int4Gemv, Int4GemvConfig
+from troupe.kernels.quant_gemv_config import Fp8Gemv, Fp8GemvConfig, Int4Gemv, Int4GemvConfig
 from troupe.ops.quant_bench import GROUP, HIDDEN, INTER, Fp8W, Int4W, timed
 
 WRONG = 2e-2
 GemvConfig = Int4GemvConfig | Fp8GemvConfig
 
-# HALF2 (quant_half2.py) first. New (issue 16, loads in flight): (block_n, groups of 32 per
-# row per iteration, warps, K splits (0: quant_half2.launch_shape), prefetch (the next tile's
-# W, scales and x loaded into registers before this one's arithmetic), Triton num_stages (0: its
-# default; on triton 3.7 sm_90 it leaves this loop as it is), maxnreg (0: none)); groups = 32
-# x warps gives each thread every row of its tile, 64 x warps two column blocks (32 bytes a
-# row: more than K=4096's 128 groups would be clamped repeats, so fewer warps instead)
+# HALF2 (quant_half2.py): (block_n, groups of 32 per row per iteration, warps, K splits (0:
+# quant_half2.launch_shape)); groups = 32 x warps gives each thread every row of its tile.
+# The first row is the engine's default; then BYTES for comparison.
 INT4_CONFIGS = [
-    Int4GemvConfig(
-        Int4Gemv.HALF2, block_n, groups, warps, k_splits=splits, prefetch=prefetch,
-        num_stages=stages, max_registers=regs,
-    )
-    for block_n, groups, warps, splits, prefetch, stages, regs in (
-        (4, 128, 4, 0, True, 0, 0),
-        (4, 128, 2, 0, True, 0, 0),
-        (4, 128, 4, 0, True, 0, 80),
-        (4, 64, 2, 0, True, 0, 0),
-        (8, 128, 4, 0, True, 0, 0),
-        (4, 128, 4, 0, False, 4, 0),
-        (2, 64, 2, 0, True, 0, 0),
-        (4, 128, 4, 0, False, 0, 0),  # today's best, and the default, for comparison
-        (8, 128, 4, 0, False, 0, 0),
-    )
-] + [Int4GemvConfig(Int4Gemv.BYTES)]  # fmt: skip
+    Int4GemvConfig(Int4Gemv.HALF2, block_n, groups, warps, k_splits=splits)
+    for block_n, groups, warps, splits in ((4, 128, 4, 0), (8, 128, 4, 0))
+] + [Int4GemvConfig(Int4Gemv.BYTES)]
 # HALF2 as int4's (block_w int32 words per row per iteration: 4 x 32 x warps is one 16-byte
-# block per thread and row, 8 x 32 x warps two)
+# block per thread and row, 8 x 32 x warps two); BYTES, the engine's default, last
 FP8_CONFIGS = [
-    Fp8GemvConfig(
-        Fp8Gemv.HALF2, block_n, block_w, warps, k_splits=splits, prefetch=prefetch,
-        num_stages=stages, max_registers=regs,
-    )
-    for block_n, block_w, warps, splits, prefetch, stages, regs in (
-        (4, 512, 4, 0, True, 0, 0),
-        (4, 512, 2, 0, True, 0, 0),
-        (4, 256, 2, 0, True, 0, 0),
-        (8, 512, 4, 0, True, 0, 0),
-        (4, 512, 4, 0, False, 4, 0),
-        (2, 256, 2, 0, True, 0, 0),
-        (4, 512, 4, 0, False, 0, 0),
-        (8, 512, 4, 0, False, 0, 0),
-    )
-] + [Fp8GemvConfig(Fp8Gemv.BYTES)]  # fmt: skip
+    Fp8GemvConfig(Fp8Gemv.HALF2, block_n, block_w, warps, k_splits=splits)
+    for block_n, block_w, warps, splits in ((4, 512, 4, 0), (8, 512, 4, 0))
+] + [Fp8GemvConfig(Fp8Gemv.BYTES)]
 
 
 @dataclass(frozen=True)
@@ -89,12 +59,7 @@ def label(config: GemvConfig) -> str:
         return "split-K"
     tile = config.groups if isinstance(config, Int4GemvConfig) else config.block_w
     unit = "g" if isinstance(config, Int4GemvConfig) else "w"
-    split = "/xsplit" if config.x_split else ""
-    if config.variant in (Int4Gemv.HALF2, Fp8Gemv.HALF2):
-        split = f"/k{config.k_splits or 'auto'}"
-        split += "/pf" if config.prefetch else ""
-        split += f"/st{config.num_stages}" if config.num_stages else ""
-        split += f"/r{config.max_registers}" if config.max_registers else ""
+    split = f"/k{config.k_splits or 'auto'}"
     return f"n{config.block_n}/{unit}{tile}/warps{config.num_warps}{split}"
 
 
@@ -104,14 +69,11 @@ def default_line(config: GemvConfig) -> str:
         return (
             f"INT4_GEMV = Int4GemvConfig(Int4Gemv.{config.variant.name}, block_n="
             f"{config.block_n}, groups={config.groups}, num_warps={config.num_warps}, "
-            f"x_split={config.x_split}, k_splits={config.k_splits}, prefetch={config.prefetch}, "
-            f"num_stages={config.num_stages}, max_registers={config.max_registers})"
+            f"k_splits={config.k_splits})"
         )
     return (
         f"FP8_GEMV = Fp8GemvConfig(Fp8Gemv.{config.variant.name}, block_n={config.block_n}, "
-        f"block_w={config.block_w}, num_warps={config.num_warps}, x_split={config.x_split}, "
-        f"k_splits={config.k_splits}, prefetch={config.prefetch}, "
-        f"num_stages={config.num_stages}, max_registers={config.max_registers})"
+        f"block_w={config.block_w}, num_warps={config.num_warps}, k_splits={config.k_splits})"
     )
 
 

@@ -14,7 +14,7 @@ from troupe.kernels.quant_gemv import (
     int4_matmul,
     int4_reference,
 )
-from troupe.kernels.quant_wide import Int4Gemv, Int4GemvConfig
+from troupe.kernels.quant_gemv_config import Int4Gemv, Int4GemvConfig
 
 # this file's GEMV is the fp32 byte kernel (the engine's default, HALF2, sums in fp16: its
 # bounds are tests/kernels/test_quant_half2.py's)

@@ -13,8 +13,8 @@ import torch
 from fp8_weights import fp8_weight
 from int4_weights import int4_weight
 from troupe.kernels.quant_gemv import fp8_matmul, fp8_reference, int4_matmul, int4_reference
-from troupe.kernels.quant_half2 import launch_options, launch_shape
-from troupe.kernels.quant_wide import Fp8Gemv, Fp8GemvConfig, Int4Gemv, Int4GemvConfig
+from troupe.kernels.quant_gemv_config import Fp8Gemv, Fp8GemvConfig, Int4Gemv, Int4GemvConfig
+from troupe.kernels.quant_half2 import launch_shape
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 BOUND = 1e-2
@@ -22,29 +22,23 @@ BOUND = 1e-2
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(
-    ("m", "n", "k", "block_n", "groups", "k_splits", "prefetch"),
+    ("m", "n", "k", "block_n", "groups", "k_splits"),
     [
-        (1, 10, 96, 4, 2, 1, False),  # rows not a multiple of block_n, groups not of the tile's
-        (3, 8, 64, 2, 4, 1, False),  # 3 x rows
-        (2, 12, 256, 4, 2, 3, False),  # K split 3 ways (4 chunks: cut to whole chunks, 2 + 2)
-        (1, 10, 96, 4, 2, 1, True),  # next tile loaded ahead, the last one past K
-        (2, 12, 256, 4, 2, 3, True),  # ahead across a split's end
+        (1, 10, 96, 4, 2, 1),  # rows not a multiple of block_n, groups not of the tile's
+        (3, 8, 64, 2, 4, 1),  # 3 x rows
+        (2, 12, 256, 4, 2, 3),  # K split 3 ways (4 chunks: cut to whole chunks, 2 + 2)
     ],
 )
 def test_int4_half2(
-    device: str, m: int, n: int, k: int, block_n: int, groups: int, k_splits: int, prefetch: bool
+    device: str, m: int, n: int, k: int, block_n: int, groups: int, k_splits: int
 ) -> None:
-    stages = 0
     if device == "cuda":
-        n, k, groups, stages = n * 64, k * 32, 128, 3 if prefetch else 0
+        n, k, groups = n * 64, k * 32, 128
     packed, scale, bias = int4_weight(n, k, 32, device, seed=n + k)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(device)
     if device == "cuda":
         x = x.to(torch.bfloat16)
-    config = Int4GemvConfig(
-        Int4Gemv.HALF2, block_n, groups, k_splits=k_splits, prefetch=prefetch,
-        num_stages=stages, max_registers=96 if prefetch else 0,
-    )  # fmt: skip
+    config = Int4GemvConfig(Int4Gemv.HALF2, block_n, groups, k_splits=k_splits)
     got = int4_matmul(x, packed, scale, bias, 32, config).float()
     want = int4_reference(x.float(), packed, scale, bias, 32).float()
     assert (got - want).abs().max() <= BOUND * want.abs().max()
@@ -53,15 +47,13 @@ def test_int4_half2(
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(
-    ("m", "n", "k", "scale_shape", "block_w", "k_splits", "prefetch"),
+    ("m", "n", "k", "scale_shape", "block_w", "k_splits"),
     [
-        (1, 10, 48, (10, 1), 8, 1, False),  # per channel, K not a multiple of the tile
-        (3, 8, 64, (8, 1), 8, 1, False),  # 3 rows of x
-        (1, 12, 256, (1, 2), 32, 1, False),  # 12 x 128 blocks
-        (1, 40, 384, (40, 3), 16, 2, False),  # per row, 128 columns, K split in 2
-        (2, 9, 512, (9, 1), 16, 0, False),  # K splits chosen (the CPU: 1)
-        (1, 10, 48, (10, 1), 8, 1, True),  # next tile loaded ahead: per channel, past K
-        (1, 40, 384, (40, 3), 16, 2, True),  # ahead with block scales, across a split's end
+        (1, 10, 48, (10, 1), 8, 1),  # per channel, K not a multiple of the tile
+        (3, 8, 64, (8, 1), 8, 1),  # 3 rows of x
+        (1, 12, 256, (1, 2), 32, 1),  # 12 x 128 blocks
+        (1, 40, 384, (40, 3), 16, 2),  # per row, 128 columns, K split in 2
+        (2, 9, 512, (9, 1), 16, 0),  # K splits chosen (the CPU: 1)
     ],
 )
 def test_fp8_half2(
@@ -72,17 +64,12 @@ def test_fp8_half2(
     scale_shape: tuple[int, int],
     block_w: int,
     k_splits: int,
-    prefetch: bool,
 ) -> None:
-    stages = 0
     if device == "cuda":
-        block_w, stages = 128, 3 if prefetch else 0
+        block_w = 128
     weight, scale = fp8_weight(n, k, scale_shape, device)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(device)
-    config = Fp8GemvConfig(
-        Fp8Gemv.HALF2, block_n=4, block_w=block_w, k_splits=k_splits, prefetch=prefetch,
-        num_stages=stages, max_registers=96 if prefetch else 0,
-    )  # fmt: skip
+    config = Fp8GemvConfig(Fp8Gemv.HALF2, block_n=4, block_w=block_w, k_splits=k_splits)
     got = fp8_matmul(x, weight, scale, config)
     want = fp8_reference(x, weight, scale)
     assert (got - want).abs().max() <= BOUND * want.abs().max()
@@ -135,10 +122,3 @@ def test_launch_shape(block_n: int, n: int, chunks: int, want: tuple[int, int]) 
     assert launch_shape(block_n, 0, n, 1, chunks, 132) == want
     assert launch_shape(block_n, 3, n, 1, chunks, 132) == (block_n, min(3, chunks))
     assert launch_shape(block_n, 0, n, 1, chunks, None) == (block_n, 1)
-
-
-def test_launch_options() -> None:
-    """num_stages and maxnreg reach the launch only where the config sets them."""
-    assert launch_options(Int4GemvConfig(Int4Gemv.HALF2, num_warps=2)) == {"num_warps": 2}
-    config = Fp8GemvConfig(Fp8Gemv.HALF2, num_warps=8, num_stages=3, max_registers=64)
-    assert launch_options(config) == {"num_warps": 8, "num_stages": 3, "maxnreg": 64}
