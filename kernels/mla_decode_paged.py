@@ -1,26 +1,18 @@
-"""MLA decode pass 1, heads as rows, page-granular tiles (MlaVariant.PAGED).
+"""The MLA decode kernel: heads as rows, page-granular tiles (kernels/mla_decode.py launches it).
 
-The heads-as-rows kernel (kernels/mla_decode.py) on the H200 at 256 x 1,024 is latency-bound
-with few warps (ncu: 2 programs per SM by registers, long-scoreboard stalls on the block-table
-load whose result addresses the tile: a dependent global load every iteration). This one
-computes the same thing with three knobs (MlaLaunch fields, all off = the HEADS_M algorithm
-with one block-table load per page):
-
-    ids_ahead  the next tile's page ids are loaded one iteration early and carried in
-               registers, so the tile's addresses never wait on the table
-    q_reload   q_lat is loaded inside the loop (a load that depends on the loop, so it is not
-               hoisted): it is not held in registers across the loop (~36 of them per thread at
-               4 warps), the pipeliner may stage it in shared memory next to the tile
-    col_parts  2: the L = 512 output columns are split between two programs (adjacent in the
-               grid, so the second one reads the tile from L2): each computes the full scores
-               (its own half of q . c plus the other half's) but accumulates only its half of
-               P @ c, halving the fp32 accumulator's registers
+A heads-as-rows kernel with one block-table load per token was latency-bound on the H200 at
+256 x 1,024 (ncu: 2 programs per SM by registers, long-scoreboard stalls on the block-table
+load whose result addresses the tile: a dependent global load every iteration). This one loads
+one block id per page, and the next tile's page ids one iteration early (IDS_AHEAD), carried in
+registers, so the tile's addresses never wait on the table. The wrapper always passes
+IDS_AHEAD=True, Q_RELOAD=False, COL_PARTS=1: q_reload (q_lat loaded inside the loop) and
+col_parts 2 (the 512 output columns split between two programs) lost on the H200
+(docs/benchmarks.md) and their branches are never taken.
 
 Tiles are whole pages when BLOCK_N >= BLOCK_SIZE (BLOCK_N // BLOCK_SIZE ids per tile, one per
-page); a smaller BLOCK_N reads one id per tile (start is a BLOCK_N multiple). The arguments,
-splits and partial outputs are those of kernels/mla_decode.py's pass 1 (grid: rows x
-col_parts, head blocks, splits), so the same merge kernel serves; the fused merge
-(col_parts 1 only) is kernels/mla_split_merge.merge_if_last_rolled.
+page); a smaller BLOCK_N reads one id per tile (start is a BLOCK_N multiple). More than one
+split writes partial outputs that the last split of a row merges
+(kernels/mla_split_merge.merge_if_last_rolled).
 """
 
 # Triton kernels take untyped pointers and constexprs; @triton.jit is untyped to mypy.
