@@ -116,8 +116,8 @@ def mla_attention_triton(
             num_rows, num_heads, num_splits, dtype=torch.float32, device=q_lat.device
         )
     block_l = max(16, triton.next_power_of_2(latent))
-    fused = num_splits > 1  # the last split of a row merges (kernels/mla_split_merge.py)
-    counters = arrival_counters(num_rows * head_blocks, q_lat.device) if fused else row_ctx
+    # more than one split: the last split of a row merges (kernels/mla_split_merge.py)
+    counters = arrival_counters(num_rows * head_blocks, q_lat.device) if num_splits > 1 else row_ctx
     block_r = max(16, triton.next_power_of_2(rope))
     precision = "ieee" if q_lat.dtype == torch.float32 else "tf32"
     mla_split_paged_kernel[(num_rows, head_blocks, num_splits)](
@@ -127,8 +127,7 @@ def mla_attention_triton(
         out.stride(0), out.stride(1), block_tables.stride(0),
         NUM_HEADS=num_heads, BLOCK_SIZE=block_size, LATENT=latent, ROPE=rope,
         BLOCK_H=block_h, BLOCK_L=block_l, BLOCK_R=block_r, BLOCK_N=config.block_n,
-        NUM_SPLITS=num_splits, PRECISION=precision, FUSED_MERGE=fused,
-        PREFETCH=False, IDS_AHEAD=True, Q_RELOAD=False, COL_PARTS=1,
+        NUM_SPLITS=num_splits, PRECISION=precision,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
     return out

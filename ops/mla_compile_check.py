@@ -36,8 +36,7 @@ def compile_config(config: MlaLaunch, splits: int) -> dict[str, object]:
     kernel = mla_split_paged_kernel
     consts = {"NUM_HEADS": 16, "BLOCK_SIZE": 16, "LATENT": 512, "ROPE": 64, "BLOCK_H": 16,
               "BLOCK_L": 512, "BLOCK_R": 64, "BLOCK_N": config.block_n, "NUM_SPLITS": splits,
-              "PRECISION": "tf32", "FUSED_MERGE": splits > 1, "PREFETCH": False,
-              "IDS_AHEAD": True, "Q_RELOAD": False, "COL_PARTS": 1}  # fmt: skip
+              "PRECISION": "tf32"}  # fmt: skip
     names = kernel.arg_names
     signature = {
         n: "constexpr" if n in consts else _TYPES.get(n, "*bf16" if n.endswith("_ptr") else "i32")
