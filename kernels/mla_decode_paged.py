@@ -1,26 +1,17 @@
-"""MLA decode pass 1, heads as rows, page-granular tiles (MlaVariant.PAGED).
+"""The MLA decode kernel: heads as rows, page-granular tiles (kernels/mla_decode.py launches it).
 
-The heads-as-rows kernel (kernels/mla_decode.py) on the H200 at 256 x 1,024 is latency-bound
-with few warps (ncu: 2 programs per SM by registers, long-scoreboard stalls on the block-table
-load whose result addresses the tile: a dependent global load every iteration). This one
-computes the same thing with three knobs (MlaLaunch fields, all off = the HEADS_M algorithm
-with one block-table load per page):
-
-    ids_ahead  the next tile's page ids are loaded one iteration early and carried in
-               registers, so the tile's addresses never wait on the table
-    q_reload   q_lat is loaded inside the loop (a load that depends on the loop, so it is not
-               hoisted): it is not held in registers across the loop (~36 of them per thread at
-               4 warps), the pipeliner may stage it in shared memory next to the tile
-    col_parts  2: the L = 512 output columns are split between two programs (adjacent in the
-               grid, so the second one reads the tile from L2): each computes the full scores
-               (its own half of q . c plus the other half's) but accumulates only its half of
-               P @ c, halving the fp32 accumulator's registers
+A heads-as-rows kernel with one block-table load per token was latency-bound on the H200 at
+256 x 1,024 (ncu: 2 programs per SM by registers, long-scoreboard stalls on the block-table
+load whose result addresses the tile: a dependent global load every iteration). This one loads
+one block id per page, and the next tile's page ids one iteration early, carried in
+registers, so the tile's addresses never wait on the table. (q_lat loaded inside the loop
+instead of held in registers, and the 512 output columns split between two programs, lost on
+the H200 and were removed: docs/benchmarks.md.)
 
 Tiles are whole pages when BLOCK_N >= BLOCK_SIZE (BLOCK_N // BLOCK_SIZE ids per tile, one per
-page); a smaller BLOCK_N reads one id per tile (start is a BLOCK_N multiple). The arguments,
-splits and partial outputs are those of kernels/mla_decode.py's pass 1 (grid: rows x
-col_parts, head blocks, splits), so the same merge kernel serves; the fused merge
-(col_parts 1 only) is kernels/mla_split_merge.merge_if_last_rolled.
+page); a smaller BLOCK_N reads one id per tile (start is a BLOCK_N multiple). More than one
+split writes partial outputs that the last split of a row merges
+(kernels/mla_split_merge.merge_if_last_rolled).
 """
 
 # Triton kernels take untyped pointers and constexprs; @triton.jit is untyped to mypy.
@@ -65,12 +56,12 @@ def mla_split_paged_kernel(
     q_rope_ptr,  # [T, H, R]
     cache_ptr,  # [slots, L + R]
     out_ptr,  # [T, H, L] when NUM_SPLITS == 1
-    part_out_ptr,  # [T, H, NUM_SPLITS, L] otherwise (fp32, or the output dtype)
+    part_out_ptr,  # [T, H, NUM_SPLITS, L] in the output dtype otherwise
     part_lse_ptr,  # [T, H, NUM_SPLITS] fp32
     block_tables_ptr,
     row_seq_ptr,  # [T] int32: the sequence of each row
     row_ctx_ptr,  # [T] int32: tokens the row sees (0: padding row)
-    counter_ptr,  # [T * head blocks] int32 arrival counters (FUSED_MERGE), zero between launches
+    counter_ptr,  # [T * head blocks] int32 arrival counters (NUM_SPLITS > 1), zero between launches
     qk_scale,  # softmax scale * log2(e)
     stride_qt,
     stride_qh,
@@ -89,23 +80,15 @@ def mla_split_paged_kernel(
     BLOCK_N: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     PRECISION: tl.constexpr,
-    FUSED_MERGE: tl.constexpr,  # only with COL_PARTS == 1 (the wrapper sees to it)
-    PREFETCH: tl.constexpr,  # unused here (the signature of the other pass-1 kernels)
-    IDS_AHEAD: tl.constexpr,
-    Q_RELOAD: tl.constexpr,
-    COL_PARTS: tl.constexpr,  # 1 or 2 (then LATENT == BLOCK_L)
 ):
-    row = (tl.program_id(0) // COL_PARTS).to(tl.int64)
-    part = tl.program_id(0) % COL_PARTS
+    row = tl.program_id(0).to(tl.int64)
     head_block = tl.program_id(1)
     split = tl.program_id(2)
     seq = tl.load(row_seq_ptr + row).to(tl.int64)
     ctx = tl.load(row_ctx_ptr + row)
     heads = head_block * BLOCK_H + tl.arange(0, BLOCK_H)
     h_mask = heads < NUM_HEADS
-    COLS: tl.constexpr = BLOCK_L // COL_PARTS
-    offs_c = part * COLS + tl.arange(0, COLS)  # this program's output columns
-    offs_o = (1 - part) * COLS + tl.arange(0, COLS)  # the other part's (COL_PARTS == 2)
+    offs_c = tl.arange(0, BLOCK_L)  # the output columns
     c_mask = offs_c < LATENT
     offs_r = tl.arange(0, BLOCK_R)
     r_mask = offs_r < ROPE
@@ -113,39 +96,25 @@ def mla_split_paged_kernel(
     qc_mask = h_mask[:, None] & c_mask[None, :]
     r_rows = row * stride_rt + heads[:, None].to(tl.int64) * stride_rh
     qr = tl.load(q_rope_ptr + r_rows + offs_r[None, :], mask=h_mask[:, None] & r_mask[None, :])
-    if not Q_RELOAD:
-        q = tl.load(q_rows + offs_c[None, :], mask=qc_mask)
-        if COL_PARTS == 2:
-            q_o = tl.load(q_rows + offs_o[None, :], mask=h_mask[:, None])
+    q = tl.load(q_rows + offs_c[None, :], mask=qc_mask)
     chunk = tl.cdiv(tl.cdiv(ctx, NUM_SPLITS), BLOCK_N) * BLOCK_N
     start = split * chunk
     end = tl.minimum(start + chunk, ctx)
     m = tl.full([BLOCK_H], float("-inf"), tl.float32)
     denom = tl.zeros([BLOCK_H], tl.float32)
-    acc = tl.zeros([BLOCK_H, COLS], tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_L], tl.float32)
     table_row = block_tables_ptr + seq * stride_bt
     ROW: tl.constexpr = LATENT + ROPE
-    if IDS_AHEAD:
-        ids_next = _page_ids(table_row, start, end, BLOCK_SIZE, BLOCK_N)
+    ids_next = _page_ids(table_row, start, end, BLOCK_SIZE, BLOCK_N)
     for n0 in range(start, end, BLOCK_N):
-        if IDS_AHEAD:
-            ids = ids_next
-            ids_next = _page_ids(table_row, n0 + BLOCK_N, end, BLOCK_SIZE, BLOCK_N)
-        else:
-            ids = _page_ids(table_row, n0, end, BLOCK_SIZE, BLOCK_N)
+        ids = ids_next
+        ids_next = _page_ids(table_row, n0 + BLOCK_N, end, BLOCK_SIZE, BLOCK_N)
         p_mask = n0 + tl.arange(0, BLOCK_N) < end
         base = _tile_rows(cache_ptr, ids, n0, BLOCK_SIZE, ROW, BLOCK_N)
         c = tl.load(base + offs_c[None, :], mask=p_mask[:, None] & c_mask[None, :], other=0.0)
         kr = tl.load(base + LATENT + offs_r[None, :], mask=p_mask[:, None] & r_mask[None, :],
                      other=0.0)  # fmt: skip
-        if Q_RELOAD:  # the mask depends on the loop: the load stays in it
-            q = tl.load(q_rows + offs_c[None, :], mask=qc_mask & (n0 < end))
         s = tl.dot(q, tl.trans(c), input_precision=PRECISION)
-        if COL_PARTS == 2:
-            c_o = tl.load(base + offs_o[None, :], mask=p_mask[:, None], other=0.0)
-            if Q_RELOAD:
-                q_o = tl.load(q_rows + offs_o[None, :], mask=h_mask[:, None] & (n0 < end))
-            s += tl.dot(q_o, tl.trans(c_o), input_precision=PRECISION)
         s += tl.dot(qr, tl.trans(kr), input_precision=PRECISION)
         s = tl.where(p_mask[None, :], s * qk_scale, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))
@@ -165,8 +134,7 @@ def mla_split_paged_kernel(
         dst = part_out_ptr + at[:, None] * LATENT + offs_c[None, :]
         tl.store(dst, o.to(part_out_ptr.dtype.element_ty), mask=o_mask)
         lse = tl.where(has, m + tl.math.log2(tl.where(has, denom, 1.0)), float("-inf"))
-        tl.store(part_lse_ptr + at, lse, mask=h_mask & (part == 0))  # the parts' lse agree
-        if FUSED_MERGE:
-            counter = counter_ptr + row * tl.num_programs(1) + head_block
-            merge_if_last_rolled(counter, part_out_ptr, part_lse_ptr, out_ptr, row, heads, h_mask,
-                          stride_ot, stride_oh, NUM_HEADS, LATENT, BLOCK_H, BLOCK_L, NUM_SPLITS)  # fmt: skip
+        tl.store(part_lse_ptr + at, lse, mask=h_mask)
+        counter = counter_ptr + row * tl.num_programs(1) + head_block
+        merge_if_last_rolled(counter, part_out_ptr, part_lse_ptr, out_ptr, row, heads, h_mask,
+                             stride_ot, stride_oh, NUM_HEADS, LATENT, BLOCK_H, BLOCK_L, NUM_SPLITS)  # fmt: skip

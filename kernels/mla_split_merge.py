@@ -1,7 +1,7 @@
-"""The split merge done by the last split of a row, inside pass 1 (MlaLaunch.fused_merge).
+"""The split merge done by the last split of a row, inside the MLA decode kernel.
 
-With split-K over the context, pass 1 writes per-split partial outputs and log-sum-exps and a
-second launch merges them (kernels/mla_decode.py, _mla_merge_kernel). Fused, every split
+With split-K over the context, the kernel (kernels/mla_decode_paged.py) writes per-split
+partial outputs and log-sum-exps; instead of a second launch merging them, every split
 program, after writing its partials, bumps a per-(row, head block) arrival counter; the one
 that arrives last (count == NUM_SPLITS - 1) merges the row's partials and writes o_lat, then
 sets the counter back to 0. So the counters are all zero between launches: one zeroed buffer
@@ -12,11 +12,11 @@ Ordering: the partial stores of all threads, a CTA barrier, then one acq_rel ato
 scope (release of this CTA's stores, acquire of the earlier arrivals'); the merging program
 reads the partials with .cg loads (L2, never a stale L1 line).
 
-merge_if_last unrolls its loops over the splits (static_range) and holds a [BLOCK_H, BLOCK_L]
-fp32 sum; merge_if_last_rolled (the PAGED kernel's, kernels/mla_decode_paged.py) keeps them
-loops and merges 128 columns at a time, so the merge does not raise the kernel's register count
-with the split count (triton 3.7 for sm_90, PAGED bn 32 w4: 128 registers at 2 splits, 178 at 4
-and 194 at 8 with the unrolled merge).
+merge_if_last_rolled keeps its loops over the splits as loops and merges 128 columns at a time,
+so the merge does not raise the kernel's register count with the split count (triton 3.7 for
+sm_90, PAGED bn 32 w4: 128 registers at 2 splits; a merge unrolled over the splits, holding a
+[BLOCK_H, BLOCK_L] fp32 sum, took 178 at 4 and 194 at 8; it was removed with the variants that
+used it).
 """
 
 # Triton kernels take untyped pointers and constexprs; @triton.jit is untyped to mypy.
@@ -45,56 +45,6 @@ def arrival_counters(size: int, device: torch.device) -> torch.Tensor:
 
 
 @triton.jit
-def merge_if_last(
-    counter_ptr,  # this (row, head block)'s arrival counter
-    part_out_ptr,  # [T, H, NUM_SPLITS, L]
-    part_lse_ptr,  # [T, H, NUM_SPLITS]
-    out_ptr,
-    row,
-    heads,  # [BLOCK_H] head indices of this program
-    h_mask,
-    stride_ot,
-    stride_oh,
-    NUM_HEADS: tl.constexpr,
-    LATENT: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-    BLOCK_L: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
-):
-    """Called by every split program after it stored its partials: the last to arrive merges
-    the BLOCK_H heads' NUM_SPLITS partials into out and resets the counter."""
-    tl.debug_barrier()
-    count = tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="gpu")
-    if count == NUM_SPLITS - 1:
-        offs_l = tl.arange(0, BLOCK_L)
-        l_mask = offs_l < LATENT
-        first = (row * NUM_HEADS + heads.to(tl.int64)) * NUM_SPLITS  # [BLOCK_H]
-        top = tl.full([BLOCK_H], float("-inf"), tl.float32)
-        for s in tl.static_range(NUM_SPLITS):
-            lse = tl.load(
-                part_lse_ptr + first + s, mask=h_mask, other=float("-inf"), cache_modifier=".cg"
-            )
-            top = tl.maximum(top, lse)
-        top = tl.where(top > float("-inf"), top, 0.0)
-        total = tl.zeros([BLOCK_H], tl.float32)
-        acc = tl.zeros([BLOCK_H, BLOCK_L], tl.float32)
-        mask = h_mask[:, None] & l_mask[None, :]
-        for s in tl.static_range(NUM_SPLITS):
-            lse = tl.load(
-                part_lse_ptr + first + s, mask=h_mask, other=float("-inf"), cache_modifier=".cg"
-            )
-            w = tl.where(lse > float("-inf"), tl.math.exp2(lse - top), 0.0)
-            src = part_out_ptr + (first + s)[:, None] * LATENT + offs_l[None, :]
-            part = tl.load(src, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
-            acc += part * w[:, None]
-            total += w
-        o = acc / tl.where(total > 0, total, 1.0)[:, None]
-        dst = out_ptr + row * stride_ot + heads[:, None].to(tl.int64) * stride_oh + offs_l[None, :]
-        tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=mask)
-        tl.atomic_xchg(counter_ptr, 0, sem="relaxed", scope="gpu")
-
-
-@triton.jit
 def merge_if_last_rolled(
     counter_ptr,
     part_out_ptr,
@@ -111,8 +61,9 @@ def merge_if_last_rolled(
     BLOCK_L: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
 ):
-    """merge_if_last in 128-column pieces with runtime loops over the splits (the module
-    docstring says why)."""
+    """Called by every split program after it stored its partials: the last to arrive merges
+    the BLOCK_H heads' NUM_SPLITS partials into out, 128 columns at a time with runtime loops
+    over the splits (the module docstring says why), and resets the counter."""
     tl.debug_barrier()
     count = tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="gpu")
     if count == NUM_SPLITS - 1:

@@ -3,6 +3,8 @@
     python -m troupe.ops.mla_bench [--sweep] [--num-seqs 256] [--context 1024] [--prefill-only]
     python -m troupe.ops.mla_bench --sweep-variants    (ops/mla_variant_sweep.py, about a minute)
 
+--sweep: the default launch at other tile sizes, warps, stages and split counts.
+
 16 heads, kv_lora_rank 512, rope 64, nope 128, v 128, bf16, block_size 16, blocks shuffled.
 Decode: num_seqs sequences of `context` tokens; the rate is bytes/s over what the kernel must
 read and write (the latent cache rows [c | k_r] of every sequence once, q_lat, q_rope and
@@ -20,10 +22,11 @@ on 8 sequences, the prefill "diff" is expanded against absorbed.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 
 import torch
-from troupe.kernels.mla_decode import MlaLaunch, mla_attention_triton
+from troupe.kernels.mla_decode import DEFAULT_CONFIG, MlaLaunch, mla_attention_triton
 from troupe.kernels.mla_ops import mla_attention
 from troupe.kernels.mla_prefill import mla_prefill
 from troupe.kernels.mla_reference import mla_decode_absorbed
@@ -79,10 +82,10 @@ def decode(num_seqs: int, context: int, sweep: bool, copy_bw: float) -> None:
     ms = median_ms(op)
     print(f"S={num_seqs} ctx={context} op (absorb + kernel + W_uv, default launch): "
           f"{ms * 1e3:8.1f} us  rel err {err:.1e}")  # fmt: skip
-    configs: list[tuple[MlaLaunch, int | None]] = [(MlaLaunch(), None)]
+    configs: list[tuple[MlaLaunch, int | None]] = [(DEFAULT_CONFIG, None)]
     if sweep:
         configs += [
-            (MlaLaunch(block_h=16, block_n=bn, num_warps=nw, num_stages=ns), splits)
+            (dataclasses.replace(DEFAULT_CONFIG, block_n=bn, num_warps=nw, num_stages=ns), splits)
             for bn, nw, ns, splits in itertools.product(
                 (16, 32, 64), (4, 8), (1, 2, 3), (1, 2, 4, 8)
             )
@@ -148,7 +151,7 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=1024)
     parser.add_argument("--prefill-only", action="store_true", help="skip the decode runs")
     parser.add_argument(
-        "--sweep-variants", action="store_true", help="only the decode variants x configs table"
+        "--sweep-variants", action="store_true", help="only the decode launch configs table"
     )
     args = parser.parse_args()
     copy_bw = copy_bandwidth()

@@ -1,6 +1,6 @@
 """Compile the MLA decode sweep's configs for sm_90 without a GPU and print what each became.
 
-    python3 -m troupe.ops.mla_compile_check [--rows 256] [--context 1024] [--variant paged]
+    python3 -m troupe.ops.mla_compile_check [--rows 256] [--context 1024]
 
 For every ops/mla_variant_sweep.CONFIGS entry at the split count it picks for the shape (132
 SMs), Triton (ahead of time, its bundled ptxas; pointer and stride arguments marked 16-byte
@@ -23,13 +23,8 @@ import tempfile
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from troupe.kernels.mla_decode import (
-    SPLIT_KERNELS,
-    MlaLaunch,
-    MlaVariant,
-    choose_num_splits,
-)
-from troupe.kernels.mla_decode_tma import mla_split_tma_kernel
+from troupe.kernels.mla_decode import MlaLaunch, choose_num_splits
+from troupe.kernels.mla_decode_paged import mla_split_paged_kernel
 from troupe.ops.mla_variant_sweep import CONFIGS
 
 _TYPES = {"qk_scale": "fp32", "block_tables_ptr": "*i32", "row_seq_ptr": "*i32",
@@ -38,30 +33,15 @@ _BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin
 
 
 def compile_config(config: MlaLaunch, splits: int) -> dict[str, object]:
-    kernel = SPLIT_KERNELS.get(config.variant, mla_split_tma_kernel)
+    kernel = mla_split_paged_kernel
     consts = {"NUM_HEADS": 16, "BLOCK_SIZE": 16, "LATENT": 512, "ROPE": 64, "BLOCK_H": 16,
               "BLOCK_L": 512, "BLOCK_R": 64, "BLOCK_N": config.block_n, "NUM_SPLITS": splits,
-              "PRECISION": "tf32", "FUSED_MERGE": config.fused_merge and splits > 1,
-              "PREFETCH": config.prefetch}  # fmt: skip
-    if config.variant is MlaVariant.TMA:
-        for gone in ("BLOCK_L", "BLOCK_N", "PREFETCH"):
-            del consts[gone]
-        consts.update(PIECE=256, IDS_AHEAD=config.ids_ahead)
-    if config.variant is MlaVariant.PAGED:
-        consts.update(IDS_AHEAD=config.ids_ahead, Q_RELOAD=config.q_reload,
-                      COL_PARTS=config.col_parts)  # fmt: skip
-        consts["FUSED_MERGE"] = consts["FUSED_MERGE"] and config.col_parts == 1
+              "PRECISION": "tf32"}  # fmt: skip
     names = kernel.arg_names
-    part = "*bf16" if config.half_partials else "*fp32"
     signature = {
-        n: "constexpr" if n in consts else _TYPES.get(n, part if n == "part_out_ptr" else
-                                                     "*bf16" if n.endswith("_ptr") else "i32")
+        n: "constexpr" if n in consts else _TYPES.get(n, "*bf16" if n.endswith("_ptr") else "i32")
         for n in names
-    }  # fmt: skip
-    signature.update(
-        (n, f"tensordesc<bf16[16,{256 if n == 'c_desc' else 64}]>")
-        for n in names if n.endswith("_desc")
-    )  # fmt: skip
+    }
     aligned = [i for i, n in enumerate(names) if n.endswith("_ptr") or n.startswith("stride")]
     src = ASTSource(
         fn=kernel,
@@ -70,8 +50,6 @@ def compile_config(config: MlaLaunch, splits: int) -> dict[str, object]:
         attrs={(i,): [["tt.divisibility", 16]] for i in aligned},
     )
     options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
-    if config.max_registers is not None:
-        options["maxnreg"] = config.max_registers
     compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
     ttgir = compiled.asm["ttgir"]
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
@@ -98,21 +76,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=256)
     parser.add_argument("--context", type=int, default=1024)
-    parser.add_argument("--variant", choices=[v.value for v in MlaVariant], help="only these")
     args = parser.parse_args()
     for config in dict.fromkeys(CONFIGS):
-        if args.variant and config.variant.value != args.variant:
-            continue
-        splits = choose_num_splits(args.rows, config.column_programs(), args.context, 132,
-                                   config.programs_per_sm)  # fmt: skip
-        head = (f"{config.variant.value:<9} bn={config.block_n:<3} w={config.num_warps} "
-                f"st={config.num_stages} splits={splits:<2} fused={int(config.fused_merge)} "
-                f"prefetch={int(config.prefetch)}")  # fmt: skip
-        if config.max_registers is not None:
-            head += f" maxnreg={config.max_registers}"
-        if config.variant is MlaVariant.PAGED:
-            head += (f" ahead={int(config.ids_ahead)} reload={int(config.q_reload)} "
-                     f"parts={config.col_parts}")  # fmt: skip
+        splits = choose_num_splits(args.rows, 1, args.context, 132, config.programs_per_sm)
+        head = (f"bn={config.block_n:<3} w={config.num_warps} st={config.num_stages} "
+                f"splits={splits:<2}")  # fmt: skip
         try:
             info = compile_config(config, splits)
         except Exception as exc:  # report and go on

@@ -1,4 +1,4 @@
-"""The MLA decode kernel's variants x launch configs at DeepSeek-V2-Lite shape (GPU), one table.
+"""The MLA decode kernel's launch configs at DeepSeek-V2-Lite shape (GPU), one table.
 
     python3 -m troupe.ops.mla_bench --sweep-variants
 
@@ -9,7 +9,7 @@ q_rope, o_lat: ops/mla_bench.py's count) against copy bandwidth, and the error o
 a torch fp32 softmax over the same gathered latent rows, computed on the GPU for every row
 (max abs and relative norm; rel > 2e-2 or a non-finite value marks the row WRONG). A config
 that fails (out of shared memory, a compile error) prints its exception and the sweep goes on.
-The last lines, `BEST <variant> <config> <figure>` per shape, name the fastest correct row and
+The last lines, `BEST <config> <figure>` per shape, name the fastest correct row and
 the MlaLaunch to paste into kernels/mla_decode.DEFAULT_CONFIG.
 """
 
@@ -24,7 +24,6 @@ import triton.testing
 from troupe.kernels.mla_decode import (
     DEFAULT_CONFIG,
     MlaLaunch,
-    MlaVariant,
     choose_num_splits,
     mla_attention_triton,
 )
@@ -32,42 +31,19 @@ from troupe.kernels.mla_decode import (
 HEADS, LORA, ROPE, NOPE, BLOCK_SIZE = 16, 512, 64, 128, 16
 MAX_REL_ERROR = 2e-2
 TIME_BUDGET_S = 75.0  # the sweep's share of the lead's combined H200 call: later configs skip
-H, P = MlaVariant.HEADS_M, MlaVariant.PAGED
 
 
-def _c(
-    variant: MlaVariant, bn: int, warps: int, stages: int, pps: int, fast: bool, prefetch: bool
-) -> MlaLaunch:
-    """fast: bf16 partials merged inside pass 1 (half_partials + fused_merge)."""
-    return MlaLaunch(variant=variant, block_n=bn, num_warps=warps, num_stages=stages,
-                     programs_per_sm=pps, half_partials=fast, fused_merge=fast, prefetch=prefetch)  # fmt: skip
+def _p(bn: int, warps: int, stages: int, pps: int) -> MlaLaunch:
+    return MlaLaunch(block_n=bn, num_warps=warps, num_stages=stages, programs_per_sm=pps)
 
 
-def _p(
-    bn: int,
-    warps: int,
-    stages: int,
-    pps: int,
-    ahead: bool,
-    reload: bool,
-    parts: int = 1,
-    regs: int | None = None,
-) -> MlaLaunch:
-    """PAGED (kernels/mla_decode_paged.py), bf16 partials, merged in pass 1 when parts == 1."""
-    return MlaLaunch(variant=P, block_n=bn, num_warps=warps, num_stages=stages,
-                     programs_per_sm=pps, half_partials=True, fused_merge=parts == 1,
-                     ids_ahead=ahead, q_reload=reload, col_parts=parts, max_registers=regs)  # fmt: skip
-
-
-# programs_per_sm on 132 SMs at 256 rows: 3 -> 1 split, 4 -> 2, 6 -> 3, 8 -> 4 (col_parts 2
-# counts twice). The H200 sweep of 2026-12-02: PAGED bn 32 w4 st3 pps4, bf16 partials merged in
-# pass 1, ids ahead (= DEFAULT_CONFIG) 101.4 us, 73% of copy; st2 with q reloaded 67%, pps16
-# 62%, w8 st2 53%, col_parts 2 <= 46%, TMA <= 57%, HEADS_M fused (the earlier default) 64%,
-# TOKENS_M 52%; TOKENS_M's register prefetch at bn 64 w8 hit an illegal memory access, a sticky
-# CUDA error that ended the sweep before 32 x 4,096, so it is no longer in the list.
-# Compiled for sm_90 by triton 3.7 (`python3 -m troupe.ops.mla_compile_check --variant paged`,
+# programs_per_sm on 132 SMs at 256 rows: 3 -> 1 split, 4 -> 2, 6 -> 3, 8 -> 4. The H200 sweeps
+# of 2026-12-02 (docs/benchmarks.md, also the figures of the variants since removed): bn 64 w4
+# st2 pps3 (= DEFAULT_CONFIG) 90.7 us, 81% of copy; bn 32 w4 st3 pps4 102.1 us, 72%; pps16 62%,
+# w8 53%.
+# Compiled for sm_90 by triton 3.7 (`python3 -m troupe.ops.mla_compile_check`,
 # no GPU; shared memory, registers, programs per SM by both, waves of programs at 256 rows):
-#   bn 32 st3 (the winner)  93 KB: c 2 x 32 x 512 (64 KB), k_r 2 x 32 x 64, q 16 x 512 (16 KB,
+#   bn 32 st3 (round 1's)   93 KB: c 2 x 32 x 512 (64 KB), k_r 2 x 32 x 64, q 16 x 512 (16 KB,
 #                           the mma operand), 128 regs: 2 per SM; 2 splits = 1.94 waves,
 #                           1 split (pps 3, no partials, no merge) 0.97, 3 splits 2.9
 #   bn 16 st4               74 KB (3 tile buffers), 128 regs: 3 per SM; 3 splits (pps 6) 1.94
@@ -85,22 +61,20 @@ def _p(
 # that grows with warps and shrinks with block_n (inferred from the mma layout, warps side by
 # side over the tokens; not measured: w8 was slower, 53%).
 # The exploration around the winner first (likeliest first: later rows skip past the time
-# budget), then the earlier default for reference.
+# budget).
 CONFIGS = [
     DEFAULT_CONFIG,
-    _p(16, 4, 4, 6, True, False),  # deeper pipeline, smaller tiles, 3 per SM x 3 splits
-    _p(32, 4, 3, 3, True, False),  # fewer splits: one, no merge
-    _p(64, 4, 3, 3, True, False),  # bn 64: q (the mma's A, in shared memory) read per 64 tokens
-    _p(16, 4, 5, 4, True, False),
-    _p(16, 4, 3, 8, True, False),
-    _p(32, 4, 3, 6, True, False),
-    _p(16, 4, 4, 4, True, False),
-    _p(32, 4, 4, 3, True, False),  # more stages at bn 32 (1 per SM)
-    _p(32, 8, 3, 4, True, False),
-    _p(64, 8, 3, 4, True, False),
-    _p(64, 4, 2, 3, True, False),
-    _p(32, 2, 3, 4, True, False),  # 2 warps: half the threads for the same accumulator
-    _c(H, 32, 4, 2, 4, True, False),  # the earlier default, 64% on 2026-12-02
+    _p(16, 4, 4, 6),  # deeper pipeline, smaller tiles, 3 per SM x 3 splits
+    _p(32, 4, 3, 3),  # fewer splits: one, no merge
+    _p(64, 4, 3, 3),  # bn 64: q (the mma's A, in shared memory) read per 64 tokens
+    _p(16, 4, 5, 4),
+    _p(16, 4, 3, 8),
+    _p(32, 4, 3, 6),
+    _p(16, 4, 4, 4),
+    _p(32, 4, 4, 3),  # more stages at bn 32 (1 per SM)
+    _p(32, 8, 3, 4),
+    _p(64, 8, 3, 4),
+    _p(32, 2, 3, 4),  # 2 warps: half the threads for the same accumulator
 ]
 
 
@@ -108,7 +82,7 @@ def config_expr(config: MlaLaunch) -> str:
     """The MlaLaunch(...) expression for the fields that differ from the dataclass default."""
     base = MlaLaunch()
     fields = [
-        f"{f.name}={getattr(config, f.name)!s}"  # an enum prints as MlaVariant.NAME
+        f"{f.name}={getattr(config, f.name)!s}"
         for f in dataclasses.fields(MlaLaunch)
         if getattr(config, f.name) != getattr(base, f.name)
     ]
@@ -116,15 +90,8 @@ def config_expr(config: MlaLaunch) -> str:
 
 
 def _short(config: MlaLaunch) -> str:
-    extra = (" half" if config.half_partials else "") + (" fused" if config.fused_merge else "")
-    extra += " prefetch" if config.prefetch else ""
-    extra += " ahead" if config.ids_ahead else ""
-    extra += " reload" if config.q_reload else ""
-    extra += f" parts={config.col_parts}" if config.col_parts != 1 else ""
-    extra += f" regs={config.max_registers}" if config.max_registers else ""
-    bn = "page" if config.variant is MlaVariant.TMA else config.block_n  # TMA: a page a step
-    return (f"bn={bn} w={config.num_warps} st={config.num_stages} "
-            f"pps={config.programs_per_sm}{extra}")  # fmt: skip
+    return (f"bn={config.block_n} w={config.num_warps} st={config.num_stages} "
+            f"pps={config.programs_per_sm}")  # fmt: skip
 
 
 def _problem(
@@ -183,18 +150,17 @@ def sweep_shape(
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count if on_gpu else 4
     moved = (p["cache"].numel() + 2 * p["q_lat"].numel() + p["q_rope"].numel()) * 2
     print(f"\n{num_seqs} x {context}: {moved / 1e6:.0f} MB to move")
-    print(f"{'variant':<9} {'config':<56} {'splits':>6} {'us':>8} {'TB/s':>6} {'copy':>5} "
+    print(f"{'config':<24} {'splits':>6} {'us':>8} {'TB/s':>6} {'copy':>5} "
           f"{'max abs':>8} {'rel':>8}")  # fmt: skip
     good: list[Row] = []
     for config in configs:
-        splits = choose_num_splits(num_seqs, config.column_programs(), context, num_sms,
-                                   config.programs_per_sm)  # fmt: skip
+        splits = choose_num_splits(num_seqs, 1, context, num_sms, config.programs_per_sm)
 
         def kernel(config: MlaLaunch = config) -> torch.Tensor:
             return mla_attention_triton(p["q_lat"], p["q_rope"], p["cache"], p["table"], p["seq"],
                                         p["ctx"], scale, config=config)  # fmt: skip
 
-        head = f"{config.variant.value:<9} {_short(config):<56} {splits:>6}"
+        head = f"{_short(config):<24} {splits:>6}"
         if time.monotonic() > deadline:
             print(f"{head} skipped (past the sweep's {TIME_BUDGET_S:.0f} s)")
             continue
@@ -240,13 +206,12 @@ def sweep_variants(copy_bw: float) -> None:
     if main:
         best.append(("256x1024", main[0]))
     # at 32 rows the split count matters most: the winner again at 4, 8 and 16 splits
-    pps = [dataclasses.replace(main[0][1], programs_per_sm=n, half_partials=True,
-                               fused_merge=True) for n in (1, 2, 4)] if main else []  # fmt: skip
+    pps = [dataclasses.replace(main[0][1], programs_per_sm=n) for n in (1, 2, 4)] if main else []
     long_configs = list(dict.fromkeys([DEFAULT_CONFIG] + [c for _, c in main[:3]] + pps))
     long = sweep_shape(32, 4096, long_configs, copy_bw, deadline=deadline) if _cuda_alive() else []
     if long:
         best.append(("32x4096", long[0]))
     print(f"\nsweep took {time.monotonic() - t0:.0f} s")
     for shape, (bw, config) in best:
-        print(f"BEST {config.variant.value} {_short(config)} {bw / 1e12:.2f} TB/s "
+        print(f"BEST {_short(config)} {bw / 1e12:.2f} TB/s "
               f"{bw / copy_bw:.0%} of copy at {shape}: DEFAULT_CONFIG = {config_expr(config)}")  # fmt: skip
