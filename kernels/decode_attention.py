@@ -16,6 +16,9 @@ Variants (DecodeConfig.variant; DEFAULT_CONFIG picks the engine's):
     FUSED     PAGED, and no pass 2: each split bumps a per-(sequence, kv head) counter after
               writing its partials; the split that finds it at NUM_SPLITS - 1 merges them
               for its GROUP heads and resets the counter (one launch instead of two)
+
+An fp8 cache (k_scale and v_scale given) takes kernels/decode_attention_fp8.py's pass 1 at
+FP8_DEFAULT_CONFIG's launch, then pass 2.
 """
 
 # Triton kernels take untyped pointers and constexprs; @triton.jit is untyped to mypy.
@@ -30,7 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .decode_attention_fp8 import Fp8Variant, launch_split_fp8
+from .decode_attention_fp8 import launch_split_fp8
 from .decode_combine import combine_head, decode_reduce_kernel
 
 _LOG2E = 1.4426950408889634
@@ -48,15 +51,14 @@ class DecodeVariant(enum.Enum):
 
 @dataclasses.dataclass(frozen=True)
 class DecodeConfig:
-    """Launch parameters of the decode kernel; the benchmark sweeps these. `fp8` picks the
-    kernel variant for an fp8 cache (kernels/decode_attention_fp8.py); bf16 ignores it.
-    The split policy fields: see choose_num_splits."""
+    """Launch parameters of the decode kernel; the benchmark sweeps these. An fp8 cache's
+    kernel (kernels/decode_attention_fp8.py) ignores `variant`. The split policy fields: see
+    choose_num_splits."""
 
     block_n: int = 64
     num_warps: int = 4
     num_stages: int = 3
     variant: DecodeVariant = DecodeVariant.TWO_PASS
-    fp8: Fp8Variant = Fp8Variant.BF16_DOT  # an fp8 cache's kernel (decode_attention_fp8.py)
     # split policy: about programs_per_sm programs per SM, at most max_splits per (sequence, kv
     # head), none shorter than min_split tokens
     programs_per_sm: int = 2
@@ -67,9 +69,10 @@ class DecodeConfig:
 # The engine's launch, split policy and algorithm: set to the BEST decode line of
 # `python -m troupe.ops.kernel_bench --sweep-variants`.
 DEFAULT_CONFIG = DecodeConfig()  # bf16 (and any 16-bit) KV
-# fp8 KV: the best of `python -m troupe.ops.fp8_kv_bench attention --sweep-variants` on the
+# fp8 KV (kernels/decode_attention_fp8.py's kernel, the sweep's F16_CAST): the best of
+# `python -m troupe.ops.fp8_kv_bench attention --sweep-variants` on the
 # H200 (2026-12-02): 71 / 72 / 60% of copy at 256x1024 / 64x4096 / 16x16384 (was 48 / 41 / 45)
-FP8_DEFAULT_CONFIG = DecodeConfig(block_n=128, num_warps=2, num_stages=3, fp8=Fp8Variant.F16_CAST)
+FP8_DEFAULT_CONFIG = DecodeConfig(block_n=128, num_warps=2, num_stages=3)
 
 
 @triton.jit(do_not_specialize=["num_splits"])  # one compile serves every split count
@@ -84,8 +87,6 @@ def _decode_split_kernel(
     block_tables_ptr,
     seq_lens_ptr,
     num_valid_ptr,  # int32 [1] when HAS_LIMIT: sequences from this one on are skipped
-    k_scale_ptr,  # [Hkv] fp32 when FP8: folded into qk_scale and the output
-    v_scale_ptr,
     qk_scale,  # softmax scale * log2(e)
     window,  # sliding window in tokens, 0: none
     num_splits,
@@ -104,7 +105,6 @@ def _decode_split_kernel(
     PAGED: tl.constexpr,  # block ids per page (BLOCK_N is a multiple of BLOCK_SIZE)
     FUSED: tl.constexpr,  # the last split merges (SPLIT only)
     HAS_LIMIT: tl.constexpr,
-    FP8: tl.constexpr,
     BLOCK_G: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -113,10 +113,6 @@ def _decode_split_kernel(
     seq = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
-    v_scale = 1.0
-    if FP8:
-        qk_scale = qk_scale * tl.load(k_scale_ptr + kv_head)
-        v_scale = tl.load(v_scale_ptr + kv_head)
     if HAS_LIMIT:
         if seq >= tl.load(num_valid_ptr):
             return
@@ -178,7 +174,7 @@ def _decode_split_kernel(
     # An empty split (short sequence) leaves l_i = 0, m_i = -inf: it stores o = 0, lse = -inf,
     # which the merge weighs as zero.
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
-    o = acc * (v_scale / l_safe)[:, None]
+    o = acc * (1.0 / l_safe)[:, None]
     if not SPLIT:
         o_offs = seq * stride_os + heads[:, None] * stride_oh + offs_d[None, :]
         tl.store(
@@ -298,10 +294,11 @@ def paged_decode_attention_triton(
         )
     else:
         part_out = part_lse = out  # unused by the kernel
-    if k_scale is not None and v_scale is not None and config.fp8 is not Fp8Variant.BF16_DOT:
+    if k_scale is not None:
+        assert v_scale is not None, "an fp8 cache needs k_scale and v_scale"
         fused = False  # pass 2 below merges its splits
         launch_split_fp8(
-            config.fp8, q, k_cache, v_cache, out, part_out, part_lse, block_tables, seq_lens,
+            q, k_cache, v_cache, out, part_out, part_lse, block_tables, seq_lens,
             num_valid, k_scale, v_scale, scale * _LOG2E, sliding_window, num_splits,
             block_n=block_n, block_d=block_d, num_warps=config.num_warps,
             num_stages=config.num_stages if on_gpu else 1,
@@ -319,8 +316,6 @@ def paged_decode_attention_triton(
             block_tables,
             seq_lens,
             seq_lens if num_valid is None else num_valid,
-            seq_lens if k_scale is None else k_scale,  # unused unless FP8
-            seq_lens if v_scale is None else v_scale,
             scale * _LOG2E,
             sliding_window,
             num_splits,
@@ -339,7 +334,6 @@ def paged_decode_attention_triton(
             PAGED=paged,
             FUSED=fused,
             HAS_LIMIT=num_valid is not None,
-            FP8=fp8,
             # tl.dot needs at least 16 rows on the GPU; the padded rows are masked off.
             BLOCK_G=max(16, triton.next_power_of_2(group)),
             BLOCK_N=block_n,

@@ -1,51 +1,23 @@
-"""Pass 1 of paged decode attention over an fp8 (e4m3) KV cache: the variants beside the shared
-kernel of kernels/decode_attention.py (variant BF16_DOT), which the benchmark compares.
+"""Pass 1 of paged decode attention over an fp8 (e4m3) KV cache: the kernel FP8_DEFAULT_CONFIG
+(kernels/decode_attention.py) launches for every fp8 cache; pass 2, the merge of the splits, is
+decode_attention's.
 
-The per-(layer, KV head) scales are constant within a program, so no variant scales per
+The per-(layer, KV head) scales are constant within a program, so nothing is scaled per
 element: the K scale is folded into the score scale after QK^T, the V scale into the output
-after the softmax division. What differs is how the bytes become tensor-core operands:
+after the softmax division. The fp8 bytes become fp16 with one packed conversion per two
+elements (cvt.rn.f16x2.e4m3x2) and both dots run in fp16 (q and the probabilities cast to fp16,
+fp32 accumulation). e4m3 fits fp16 exactly; q is clamped to fp16's range first. (A bf16 cast
+costs three conversions per two elements on sm_90, issued at a quarter of the FMA rate: near
+2/3 of copy bandwidth at most.) Tiles of whole pages load one block id a page
+(kernels/fp8_tile.py).
 
-- BF16_DOT (decode_attention's kernel): fp8 -> bf16 per element. On sm_90 that is three
-  conversions per two elements (e4m3x2 -> f16x2, then f16 -> bf16 twice), issued at a quarter
-  of the FMA rate: the conversions alone cap it near 2/3 of copy bandwidth.
-- F16_CAST: fp8 -> fp16 with one packed conversion per two elements (cvt.rn.f16x2.e4m3x2);
-  both dots in fp16 (q and the probabilities cast to fp16, fp32 accumulation). e4m3 fits fp16
-  exactly; q is clamped to fp16's range first.
-- F16_BITS: no conversion instruction: an e4m3 byte s.eeee.mmm placed as the fp16 bit pattern
-  s.0eeee.mmm0000000 is the same value times 2^-8 (subnormals included, both formats being
-  IEEE-like with 3 vs 10 mantissa bits), so two integer ops and a bitcast give it; the 2^8 is
-  folded into the scales. Integer ops run at 4x the conversion rate.
-- MIXED: K by the packed conversion, V by bit placement: the two share the work between the
-  conversion and the integer pipes.
-
-Every variant can also PREFETCH: the next tile's fp8 bytes are loaded into registers before the
-current tile is computed (a tile of 64 tokens is 64 bytes a thread per cache with 4 warps), for
-num_stages=1 launches where Triton's own pipeliner (one shared buffer per stage) is off.
-
-Why the above stay near 70% of copy (H200 ncu + SASS, 2026-12-02): Triton moves tl.dot's layout
+Why it stays near 70% of copy (H200 ncu + SASS, 2026-12-02): Triton moves tl.dot's layout
 conversion above any chain of elementwise ops back to the load, so the fp8 tile is staged in
 shared memory and read back one byte at a time (LDS.U8) in the mma operand layout, then packed
-and converted: ~4.6 instructions per KV byte, 255 registers at block_n 128. The register-layout
-variants stop that (ops/fp8_compile_check shows their SASS without a GPU):
-
-- REG_CAST: F16_CAST with a select after the cast (a select stops the move): the cast runs on
-  the 16 bytes a thread loaded and the fp16 tile reaches tl.dot through shared memory (ldmatrix,
-  the bf16 path). No LDS.U8; byte repacking (PRMT) remains.
-- WORD_BITS: K and V loaded as uint32 words (4 fp8 each), expanded by 32-bit integer ops (two
-  bytes per op into fp16 bit patterns, value * 2^-8) and assembled by tl.join + reshape. Triton
-  then stages K's raw words through shared memory straight into the operand layout (one byte of
-  shared traffic per element) and V as fp16 (ldmatrix.trans); ~100 registers at block_n 64.
-- WORD_CVT: WORD_BITS with the hardware's packed cvt.rn.f16x2.e4m3x2 (inline PTX, two per
-  word) instead of the integer ops; under the interpreter (no PTX) it takes WORD_BITS' path.
-- WORD_MIXED: K as REG_CAST, V as WORD_BITS.
-- *_ROWS (kernels/decode_attention_fp8_rows.py): the tokens as rows of both products, so they
-  are Hopper wgmmas whose B operands (q^T, P^T) the tensor core reads from shared memory: no
-  per-tile reload of the padded query tile into registers (a quarter of WORD_CVT's loop).
-  WORD_CVT_ROWS: ~0.085-0.096 loop instructions a KV byte against F16_CAST's 0.125.
-
-The word variants need 16-byte aligned head rows (head_dim a multiple of 16); for other caches
-launch_split_fp8 runs F16_CAST instead (words_fit). Tile loads and conversions:
-kernels/fp8_tile.py.
+and converted: ~4.6 instructions per KV byte, 255 registers at block_n 128
+(ops/fp8_compile_check shows the SASS without a GPU). The variants that tried other conversions,
+register prefetch, register layouts, 32-bit word loads or the tokens as rows lost on the H200
+and were removed; their figures are in docs/benchmarks.md.
 """
 
 # Triton kernels take untyped pointers and constexprs; @triton.jit is untyped to mypy.
@@ -53,66 +25,13 @@ kernels/fp8_tile.py.
 
 from __future__ import annotations
 
-import enum
-
 import torch
 import triton
 import triton.language as tl
 
-from .decode_attention_fp8_rows import decode_split_fp8_rows_kernel
-from .fp8_tile import load_tile, tile_start, to_f16
+from .fp8_tile import load_tile, tile_start
 
 _F16_MAX = tl.constexpr(65504.0)  # a global a kernel reads must be a constexpr
-
-
-class Fp8Variant(enum.Enum):
-    """How the decode kernel turns fp8 KV into tensor-core operands (module doc)."""
-
-    BF16_DOT = "bf16_dot"
-    F16_CAST = "f16_cast"
-    F16_BITS = "f16_bits"
-    MIXED = "mixed"
-    F16_CAST_PREFETCH = "f16_cast_prefetch"
-    F16_BITS_PREFETCH = "f16_bits_prefetch"
-    MIXED_PREFETCH = "mixed_prefetch"
-    REG_CAST = "reg_cast"
-    WORD_BITS = "word_bits"
-    WORD_MIXED = "word_mixed"
-    WORD_BITS_PREFETCH = "word_bits_prefetch"
-    WORD_CVT = "word_cvt"
-    WORD_CVT_PREFETCH = "word_cvt_prefetch"
-    WORD_CVT_ROWS = "word_cvt_rows"
-    WORD_BITS_ROWS = "word_bits_rows"
-    F16_CAST_ROWS = "f16_cast_rows"
-
-
-# (K conversion, V conversion, prefetch); conversion 1: packed cast to fp16, 2: bit placement,
-# 3: packed cast kept in the load layout, 4: bit placement on 32-bit words (that cache's tile
-# loaded as uint32 words, 4 fp8 each: see _load_one), 5: words converted by the packed cvt in
-# inline PTX (bit placement under the interpreter)
-_MODES = {
-    Fp8Variant.F16_CAST: (1, 1, False),
-    Fp8Variant.F16_BITS: (2, 2, False),
-    Fp8Variant.MIXED: (1, 2, False),
-    Fp8Variant.F16_CAST_PREFETCH: (1, 1, True),
-    Fp8Variant.F16_BITS_PREFETCH: (2, 2, True),
-    Fp8Variant.MIXED_PREFETCH: (1, 2, True),
-    Fp8Variant.REG_CAST: (3, 3, False),
-    Fp8Variant.WORD_BITS: (4, 4, False),
-    Fp8Variant.WORD_MIXED: (3, 4, False),
-    Fp8Variant.WORD_BITS_PREFETCH: (4, 4, True),
-    Fp8Variant.WORD_CVT: (5, 5, False),
-    Fp8Variant.WORD_CVT_PREFETCH: (5, 5, True),
-    Fp8Variant.WORD_CVT_ROWS: (5, 5, False),
-    Fp8Variant.WORD_BITS_ROWS: (4, 4, False),
-    Fp8Variant.F16_CAST_ROWS: (1, 1, False),
-}
-_ROWS = (Fp8Variant.WORD_CVT_ROWS, Fp8Variant.WORD_BITS_ROWS, Fp8Variant.F16_CAST_ROWS)
-
-
-def fp8_modes(variant: Fp8Variant) -> tuple[int, int, bool]:
-    """(K conversion, V conversion, prefetch) of a variant other than BF16_DOT."""
-    return _MODES[variant]
 
 
 @triton.jit
@@ -142,10 +61,6 @@ def decode_split_fp8_kernel(
     BLOCK_SIZE: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     HAS_LIMIT: tl.constexpr,
-    K_MODE: tl.constexpr,
-    V_MODE: tl.constexpr,
-    PREFETCH: tl.constexpr,
-    ASM: tl.constexpr,  # inline PTX allowed (not under the interpreter)
     BLOCK_G: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -153,12 +68,8 @@ def decode_split_fp8_kernel(
     seq = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
-    # bit placement (modes 2, 4; 5 without ASM) yields value * 2^-8: the 2^8 goes into the
-    # folded scales
-    k_fold = 256.0 if K_MODE == 2 or K_MODE == 4 or (K_MODE == 5 and not ASM) else 1.0
-    v_fold = 256.0 if V_MODE == 2 or V_MODE == 4 or (V_MODE == 5 and not ASM) else 1.0
-    qk_scale = qk_scale * (tl.load(k_scale_ptr + kv_head) * k_fold)
-    v_scale = tl.load(v_scale_ptr + kv_head) * v_fold
+    qk_scale = qk_scale * tl.load(k_scale_ptr + kv_head)
+    v_scale = tl.load(v_scale_ptr + kv_head)
     if HAS_LIMIT:
         if seq >= tl.load(num_valid_ptr):
             return
@@ -182,29 +93,13 @@ def decode_split_fp8_kernel(
     l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
     bt_row = block_tables_ptr + seq * stride_bt
-    if PREFETCH:
-        k_raw, v_raw, n_mask = load_tile(
-            k_cache_ptr, v_cache_ptr, bt_row, start, ctx_start, end, kv_head, offs_d, d_mask,
-            stride_slot, BLOCK_SIZE, BLOCK_N, HEAD_DIM, BLOCK_D, K_MODE, V_MODE,
-        )  # fmt: skip
     for n in range(start, end, BLOCK_N):
-        if PREFETCH:
-            k8 = k_raw
-            v8 = v_raw
-            cur_mask = n_mask
-            # the next tile's loads are in flight while this one is computed (past `end` the
-            # mask is all false: no memory is touched)
-            k_raw, v_raw, n_mask = load_tile(
-                k_cache_ptr, v_cache_ptr, bt_row, n + BLOCK_N, ctx_start, end, kv_head, offs_d,
-                d_mask, stride_slot, BLOCK_SIZE, BLOCK_N, HEAD_DIM, BLOCK_D, K_MODE, V_MODE,
-            )  # fmt: skip
-        else:
-            k8, v8, cur_mask = load_tile(
-                k_cache_ptr, v_cache_ptr, bt_row, n, ctx_start, end, kv_head, offs_d, d_mask,
-                stride_slot, BLOCK_SIZE, BLOCK_N, HEAD_DIM, BLOCK_D, K_MODE, V_MODE,
-            )  # fmt: skip
-        k = to_f16(k8, cur_mask, K_MODE, ASM, BLOCK_N, BLOCK_D)
-        v = to_f16(v8, cur_mask, V_MODE, ASM, BLOCK_N, BLOCK_D)
+        k8, v8, cur_mask = load_tile(
+            k_cache_ptr, v_cache_ptr, bt_row, n, ctx_start, end, kv_head, offs_d, d_mask,
+            stride_slot, BLOCK_SIZE, BLOCK_N, HEAD_DIM,
+        )  # fmt: skip
+        k = k8.to(tl.float16)
+        v = v8.to(tl.float16)
         qk = tl.dot(q, tl.trans(k)) * qk_scale  # [BLOCK_G, BLOCK_N], fp32
         qk = tl.where(cur_mask[None, :], qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, axis=1))
@@ -232,7 +127,6 @@ def decode_split_fp8_kernel(
 
 
 def launch_split_fp8(
-    variant: Fp8Variant,
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
@@ -253,18 +147,16 @@ def launch_split_fp8(
     num_warps: int,
     num_stages: int,
 ) -> None:
-    """Pass 1 with `variant`; with several splits it leaves pass 2 (the merge of the partials,
-    laid out as decode_attention's) to the caller."""
+    """Pass 1; with several splits it leaves pass 2 (the merge of the partials, laid out as
+    decode_attention's) to the caller."""
     num_seqs, num_q_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
-    if max(fp8_modes(variant)[:2]) >= 4 and not words_fit(k_cache, v_cache):
-        variant = Fp8Variant.F16_CAST  # the byte loads serve any head_dim
     consts = kernel_constexprs(
-        variant, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+        num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
         block_size=block_size, num_splits=num_splits, has_limit=num_valid is not None,
-        block_n=block_n, inline_asm=q.is_cuda,
+        block_n=block_n,
     )  # fmt: skip
-    kernel_for(variant)[(num_seqs, num_kv_heads, num_splits)](
+    decode_split_fp8_kernel[(num_seqs, num_kv_heads, num_splits)](
         q, k_cache, v_cache, out, part_out, part_lse, block_tables, seq_lens,
         seq_lens if num_valid is None else num_valid, k_scale, v_scale, qk_scale,
         sliding_window, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
@@ -273,20 +165,7 @@ def launch_split_fp8(
     )  # fmt: skip
 
 
-def words_fit(k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
-    """Whether the word variants (modes 4, 5: 16-byte loads of 4 words) can read these caches:
-    every head's row 16-byte aligned. Otherwise launch_split_fp8 runs F16_CAST instead."""
-    head_dim = k_cache.shape[-1]
-    return head_dim % 16 == 0 and k_cache.data_ptr() % 16 == 0 and v_cache.data_ptr() % 16 == 0
-
-
-def kernel_for(variant: Fp8Variant) -> triton.JITFunction:
-    """The Triton kernel that runs `variant` (all take the same arguments)."""
-    return decode_split_fp8_rows_kernel if variant in _ROWS else decode_split_fp8_kernel
-
-
 def kernel_constexprs(
-    variant: Fp8Variant,
     *,
     num_q_heads: int,
     num_kv_heads: int,
@@ -295,19 +174,12 @@ def kernel_constexprs(
     num_splits: int,
     has_limit: bool,
     block_n: int,
-    inline_asm: bool = True,
 ) -> dict[str, object]:
-    """The compile-time arguments of kernel_for(variant) (also ops/fp8_compile_check's)."""
+    """The compile-time arguments of decode_split_fp8_kernel (also ops/fp8_compile_check's)."""
     group = num_q_heads // num_kv_heads
-    k_mode, v_mode, prefetch = fp8_modes(variant)
-    if max(k_mode, v_mode) >= 4 and head_dim % 16:
-        raise ValueError(
-            f"head_dim={head_dim}: {variant.value} reads 16-byte words (multiple of 16)"
-        )
     return {
         "NUM_Q_HEADS": num_q_heads, "GROUP": group, "HEAD_DIM": head_dim,
         "BLOCK_SIZE": block_size, "NUM_SPLITS": num_splits, "HAS_LIMIT": has_limit,
-        "K_MODE": k_mode, "V_MODE": v_mode, "PREFETCH": prefetch, "ASM": inline_asm,
         # tl.dot needs at least 16 rows on the GPU; the padded rows are masked off.
         "BLOCK_G": max(16, triton.next_power_of_2(group)), "BLOCK_N": block_n,
         "BLOCK_D": triton.next_power_of_2(head_dim),

@@ -1,7 +1,7 @@
 """fp8 vs bf16 KV on the GPU: decode attention bandwidth, and a Llama-3.1-8B-shape workload.
 
     python -m troupe.ops.fp8_kv_bench attention          # decode kernel, bytes counted in fp8
-    python -m troupe.ops.fp8_kv_bench attention --sweep-variants   # fp8 kernel variants, BEST
+    python -m troupe.ops.fp8_kv_bench attention --sweep-variants   # fp8 candidates checked, BEST
     python -m troupe.ops.fp8_kv_bench workload [--num-seqs 1024]
 
 attention: Llama-3.1-8B heads (32 q, 8 kv, head_dim 128), block_size 16; achieved bandwidth
@@ -166,7 +166,7 @@ def main() -> None:
     parser.add_argument("--sweep", action="store_true", help="attention: fp8 launch parameters")
     parser.add_argument(
         "--sweep-variants", action="store_true",
-        help="attention: every fp8 kernel variant x launch configs, checked, one table + BEST",
+        help="attention: the fp8 candidates (fp8_variant_sweep), checked, one table + BEST",
     )  # fmt: skip
     args = parser.parse_args()
     torch.set_grad_enabled(False)

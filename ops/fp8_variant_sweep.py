@@ -1,4 +1,4 @@
-"""The fp8-KV decode kernel variants x launch configs on an H200, for fp8_kv_bench --sweep-variants.
+"""The fp8-KV decode kernel's launch configs on an H200, for fp8_kv_bench --sweep-variants.
 
 Shapes of issue #12 (Llama-3.1-8B heads: 32 q / 8 kv, head_dim 128, block_size 16):
 256x1024, 64x4096, 16x16384 (sequences x context). Every row is checked against the torch
@@ -9,7 +9,8 @@ and the sweep goes on. Candidates run in priority order and the ones left after 
 are listed as skipped, so the whole run stays within about 80 s with compiles.
 
 BEST is the fp8 candidate correct on every shape with the highest mean % of copy; the line to
-paste as FP8_DEFAULT_CONFIG in kernels/decode_attention.py follows it.
+paste as FP8_DEFAULT_CONFIG in kernels/decode_attention.py follows it. The kernel variants this
+sweep once compared lost and were removed (figures: docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -22,39 +23,16 @@ import torch
 import triton
 from troupe.kernels import reference
 from troupe.kernels.decode_attention import DecodeConfig, paged_decode_attention_triton
-from troupe.kernels.decode_attention_fp8 import Fp8Variant
 from troupe.kernels.kv_quant import quantize
 from troupe.kernels.paged_batch import PagedBatch, make_paged_batch
 
 SHAPES = ((256, 1024), (64, 4096), (16, 16384))
 TIME_BUDGET_S = 60.0  # after this no new candidate starts (each costs ~2 compiles + timing)
 MAX_REL_ERR = 1e-2
-V = Fp8Variant
-# (variant, config) in priority order; "bf16" is the bf16-cache reference row (never BEST)
+# (kind, config) in priority order; "bf16" is the bf16-cache reference row (never BEST)
 CANDIDATES: list[tuple[str, DecodeConfig]] = [
     ("bf16", DecodeConfig()),
-    ("fp8", DecodeConfig(128, 2, 3, fp8=V.F16_CAST)),  # today's fp8 default
-    # tokens as rows (wgmma, q read by the tensor core from shared memory) over 32-bit words
-    # converted by the packed cvt: ~0.085-0.096 SASS instructions a KV byte in the loop
-    # (fp8_compile_check), today's default 0.125
-    ("fp8", DecodeConfig(64, 4, 3, fp8=V.WORD_CVT_ROWS)),
-    ("fp8", DecodeConfig(128, 4, 3, fp8=V.WORD_CVT_ROWS)),
-    # 3 programs an SM: 16x16384 gets 4 splits (512 programs, ~4 an SM) instead of 3
-    ("fp8", DecodeConfig(64, 4, 3, fp8=V.WORD_CVT_ROWS, programs_per_sm=3)),
-    ("fp8", DecodeConfig(128, 8, 3, fp8=V.WORD_CVT_ROWS)),
-    ("fp8", DecodeConfig(64, 4, 2, fp8=V.WORD_CVT_ROWS)),
-    # heads as rows, words + packed cvt: no byte reads of shared memory, ~130 registers
-    ("fp8", DecodeConfig(64, 4, 3, fp8=V.WORD_CVT)),
-    ("fp8", DecodeConfig(128, 4, 3, fp8=V.WORD_CVT)),
-    ("fp8", DecodeConfig(128, 4, 3, fp8=V.WORD_CVT_ROWS, programs_per_sm=3)),
-    ("fp8", DecodeConfig(64, 4, 1, fp8=V.WORD_CVT)),
-    ("fp8", DecodeConfig(64, 4, 1, fp8=V.WORD_CVT_PREFETCH)),
-    # more instructions a byte than today's default (fp8_compile_check): last
-    ("fp8", DecodeConfig(64, 4, 3, fp8=V.WORD_BITS_ROWS)),  # integer ops instead of cvt
-    ("fp8", DecodeConfig(64, 4, 3, fp8=V.F16_CAST_ROWS)),
-    ("fp8", DecodeConfig(64, 4, 3, fp8=V.REG_CAST)),
-    ("fp8", DecodeConfig(64, 4, 3, fp8=V.WORD_BITS)),
-    ("fp8", DecodeConfig(64, 4, 3, fp8=V.WORD_MIXED)),
+    ("fp8", DecodeConfig(128, 2, 3)),  # today's fp8 default
 ]
 
 
@@ -123,7 +101,7 @@ def _run(kind: str, config: DecodeConfig, shape: _Shape, copy_bw: float) -> tupl
     tokens = int(b.seq_lens.sum())
     nbytes = 2 * tokens * 8 * 128 * k.element_size() + 4 * b.q.numel()
     pct = nbytes / (ms * 1e-3) / copy_bw * 100
-    name = "bf16-kv" if kind == "bf16" else config.fp8.value
+    name = "bf16-kv" if kind == "bf16" else "fp8-kv"
     mark = "" if rel <= MAX_REL_ERR and not math.isnan(rel) else "  WRONG"
     print(
         f"{name:<18} {_describe(config):<34} {shape.name:<9} {ms * 1e3:9.1f} {pct:7.1f}% "
@@ -145,8 +123,7 @@ def sweep_variants(copy_bw: float) -> None:
     for i, (kind, config) in enumerate(CANDIDATES):
         if time.perf_counter() - start > TIME_BUDGET_S:
             for kind_left, config_left in CANDIDATES[i:]:
-                print(f"skipped (time budget): {kind_left} {config_left.fp8.value} "
-                      f"{_describe(config_left)}")  # fmt: skip
+                print(f"skipped (time budget): {kind_left} {_describe(config_left)}")
             break
         pcts: list[float] = []
         try:
@@ -156,7 +133,7 @@ def sweep_variants(copy_bw: float) -> None:
                     raise ValueError(f"{shape.name}: relative error {rel:.2e}")
                 pcts.append(pct)
         except Exception as exc:  # a variant's failure is a row of the table, not the end
-            print(f"FAILED {kind} {config.fp8.value} {_describe(config)}: "
+            print(f"FAILED {kind} {_describe(config)}: "
                   f"{type(exc).__name__}: {str(exc)[:300]}")  # fmt: skip
             continue
         if kind == "fp8":
@@ -167,11 +144,11 @@ def sweep_variants(copy_bw: float) -> None:
         return
     for mean, _, config, pcts in sorted(summary, key=lambda row: -row[0]):
         per_shape = " / ".join(f"{p:.0f}%" for p in pcts)
-        print(f"mean {mean:5.1f}%  ({per_shape})  {config.fp8.value} {_describe(config)}")
+        print(f"mean {mean:5.1f}%  ({per_shape})  {_describe(config)}")
     mean, _, best, pcts = max(summary, key=lambda row: row[0])
-    print(f"BEST {best.fp8.value} {_describe(best).replace(' ', ',')} {mean:.1f}% of copy (mean)")
+    print(f"BEST {_describe(best).replace(' ', ',')} {mean:.1f}% of copy (mean)")
     print(
         f"FP8_DEFAULT_CONFIG = DecodeConfig({best.block_n}, {best.num_warps}, "
-        f"{best.num_stages}, fp8=Fp8Variant.{best.fp8.name}, min_split="
-        f"{best.min_split}, programs_per_sm={best.programs_per_sm})"
+        f"{best.num_stages}, min_split={best.min_split}, "
+        f"programs_per_sm={best.programs_per_sm})"
     )

@@ -1,7 +1,7 @@
-"""The fp8-KV decode variants (kernels/decode_attention_fp8.py) against the torch reference.
+"""The fp8-KV decode kernel (kernels/decode_attention_fp8.py) against the torch reference.
 
 CPU: Triton under TRITON_INTERPRET=1, fp32 q; GPU (-m gpu): bf16, real head sizes.
-The fp16 variants round q and the probabilities to fp16: against a reference fed the same
+The kernel rounds q and the probabilities to fp16: against a reference fed the same
 fp16-rounded q only the probabilities' rounding is left (about 1e-4 here).
 """
 
@@ -16,8 +16,6 @@ import triton.language as tl
 from fp8_batch import fp8_batch, rel_err
 from troupe.kernels import decode_attention, reference
 from troupe.kernels.decode_attention import DecodeConfig, paged_decode_attention_triton
-from troupe.kernels.decode_attention_fp8 import Fp8Variant, kernel_constexprs
-from troupe.kernels.fp8_tile import to_f16
 from troupe.kernels.kv_quant import FP8_DTYPE, quantize
 from troupe.kernels.paged_batch import make_paged_batch
 
@@ -25,15 +23,14 @@ DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("variant", list(Fp8Variant))
-def test_fp8_variant_matches_reference(device: str, variant: Fp8Variant) -> None:
+def test_fp8_decode_matches_reference(device: str) -> None:
     lens = [(n - 1, 1) for n in ([1, 22, 13] if device == "cpu" else [1, 500, 3000, 17])]
     batch, k_scale, v_scale = fp8_batch(lens, device, seed=11, cpu_q_heads=8)
-    q16 = batch.q if variant is Fp8Variant.BF16_DOT else batch.q.half().to(batch.q.dtype)
+    q16 = batch.q.half().to(batch.q.dtype)
     args = (batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens, 0.25,
             batch.max_seq_len)  # fmt: skip
-    bound = 1e-2 if device == "cuda" else (1e-6 if variant is Fp8Variant.BF16_DOT else 1e-3)
-    config = DecodeConfig(fp8=variant)
+    bound = 1e-2 if device == "cuda" else 1e-3
+    config = DecodeConfig()
     for num_splits, window in ((1, 0), (3, 7)):
         ref = reference.paged_decode_attention(
             q16, *args, k_scale=k_scale, v_scale=v_scale, sliding_window=window
@@ -42,7 +39,7 @@ def test_fp8_variant_matches_reference(device: str, variant: Fp8Variant) -> None
             batch.q, *args, num_splits=num_splits, config=config, sliding_window=window,
             k_scale=k_scale, v_scale=v_scale,
         )  # fmt: skip
-        assert rel_err(out, ref) < bound, (variant, num_splits, window)
+        assert rel_err(out, ref) < bound, (num_splits, window)
     # the scales are applied: the same bytes read as if unscaled are far off
     plain = reference.paged_decode_attention(
         batch.q, batch.k_cache.float(), batch.v_cache.float(), batch.block_tables,
@@ -51,22 +48,20 @@ def test_fp8_variant_matches_reference(device: str, variant: Fp8Variant) -> None
     assert rel_err(plain, ref) > 0.5
 
 
-def test_fp8_variant_skips_rows_past_num_valid() -> None:
+def test_fp8_decode_skips_rows_past_num_valid() -> None:
     batch, k_scale, v_scale = fp8_batch([(8, 1), (20, 1), (3, 1)], "cpu", seed=12, cpu_q_heads=8)
     out = torch.full_like(batch.q, float("nan"))
     paged_decode_attention_triton(
         batch.q, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens, 0.25,
-        batch.max_seq_len, num_splits=2, config=DecodeConfig(fp8=Fp8Variant.F16_BITS_PREFETCH),
-        out=out, num_valid=torch.tensor([2], dtype=torch.int32), k_scale=k_scale,
-        v_scale=v_scale,
+        batch.max_seq_len, num_splits=2, config=DecodeConfig(), out=out,
+        num_valid=torch.tensor([2], dtype=torch.int32), k_scale=k_scale, v_scale=v_scale,
     )  # fmt: skip
     assert not out[:2].isnan().any()
     assert out[2].isnan().all()  # left alone
 
 
-def test_word_variants_fall_back_for_head_dims_off_16_bytes() -> None:
-    """head_dim 24: rows are not 16-byte aligned, so a word variant runs F16_CAST (same bytes
-    out) instead of misreading; direct kernel_constexprs callers get a clear error."""
+def test_fp8_decode_head_dim_off_powers_of_two() -> None:
+    """head_dim 24: the kernel pads the head to 32 columns and masks the padding off."""
     batch = make_paged_batch(
         [(9, 1), (30, 1)], num_q_heads=4, num_kv_heads=2, head_dim=24, block_size=4,
         dtype=torch.float32, device="cpu", seed=14,
@@ -75,49 +70,28 @@ def test_word_variants_fall_back_for_head_dims_off_16_bytes() -> None:
     k8 = quantize(batch.k_cache.flatten(0, 1), scales).view(batch.k_cache.shape)
     v8 = quantize(batch.v_cache.flatten(0, 1), scales).view(batch.v_cache.shape)
     args = (batch.q, k8, v8, batch.block_tables, batch.seq_lens, 0.25, batch.max_seq_len)
-    outs = [
-        paged_decode_attention_triton(
-            *args, config=DecodeConfig(fp8=variant), k_scale=scales, v_scale=scales
-        )
-        for variant in (Fp8Variant.WORD_CVT_ROWS, Fp8Variant.F16_CAST)
-    ]
-    assert torch.equal(outs[0], outs[1])
+    out = paged_decode_attention_triton(*args, k_scale=scales, v_scale=scales)
     ref = reference.paged_decode_attention(
         batch.q.half().float(), k8, v8, *args[3:], k_scale=scales, v_scale=scales
     )
-    assert rel_err(outs[0], ref) < 1e-3
-    with pytest.raises(ValueError, match="head_dim=24"):
-        kernel_constexprs(
-            Fp8Variant.WORD_BITS, num_q_heads=4, num_kv_heads=2, head_dim=24, block_size=4,
-            num_splits=1, has_limit=False, block_n=16,
-        )  # fmt: skip
+    assert rel_err(out, ref) < 1e-3
 
 
 @triton.jit
-def _convert_kernel(x_ptr, out_ptr, MODE: tl.constexpr, ASM: tl.constexpr):
-    if MODE >= 4:  # as 64 rows of one 32-bit word: bytes 4r..4r+3 of row r
-        rows = tl.arange(0, 64)
-        words = tl.load(x_ptr.to(tl.pointer_type(tl.uint32)) + rows[:, None])
-        tile = to_f16(words, rows < 64, MODE, ASM, 64, 4)
-        tl.store(out_ptr + rows[:, None] * 4 + tl.arange(0, 4)[None, :], tile)
-    else:  # 16 rows of 16 bytes
-        rows = tl.arange(0, 16)
-        offs = rows[:, None] * 16 + tl.arange(0, 16)[None, :]
-        tl.store(out_ptr + offs, to_f16(tl.load(x_ptr + offs), rows < 16, MODE, ASM, 16, 16))
+def _convert_kernel(x_ptr, out_ptr):
+    rows = tl.arange(0, 16)  # 16 rows of 16 bytes
+    offs = rows[:, None] * 16 + tl.arange(0, 16)[None, :]
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs).to(tl.float16))
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("mode", [1, 2, 3, 4, 5])
-def test_every_e4m3_byte_converts_exactly(device: str, mode: int) -> None:
-    """All 256 bytes (subnormals, zeros, both signs; NaN bytes 0x7F/0xFF excepted), in order
-    (the word modes put byte i of a word at column i). Mode 5 runs its inline PTX on the GPU
-    (exact values) and mode 4's integer ops under the interpreter (value * 2^-8)."""
+def test_every_e4m3_byte_converts_exactly(device: str) -> None:
+    """All 256 bytes (subnormals, zeros, both signs; NaN bytes 0x7F/0xFF excepted), in order,
+    through the kernel's fp8 -> fp16 cast."""
     x = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(FP8_DTYPE).to(device)
     out = torch.empty(256, dtype=torch.float16, device=device)
-    asm = device == "cuda"
-    _convert_kernel[(1,)](x, out, MODE=mode, ASM=asm)
-    exact = mode in (1, 3) or (mode == 5 and asm)
-    expected = x.float().cpu() * (1.0 if exact else 2.0**-8)
+    _convert_kernel[(1,)](x, out)
+    expected = x.float().cpu()
     finite = ~expected.isnan()
     assert int(finite.sum()) == 254
     assert torch.equal(out.float().cpu()[finite], expected[finite])
@@ -126,14 +100,15 @@ def test_every_e4m3_byte_converts_exactly(device: str, mode: int) -> None:
 
 def test_engine_default_is_the_fp8_constant(monkeypatch: pytest.MonkeyPatch) -> None:
     """config=None (the engine path) takes FP8_DEFAULT_CONFIG for an fp8 cache, read at call
-    time: flipping that one constant switches the variant."""
-    batch, k_scale, v_scale = fp8_batch([(12, 1), (5, 1)], "cpu", seed=13, cpu_q_heads=8)
+    time: its split policy picks the splits."""
+    batch, k_scale, v_scale = fp8_batch([(40, 1), (5, 1)], "cpu", seed=13, cpu_q_heads=8)
     args = (batch.q, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens, 0.25,
             batch.max_seq_len)  # fmt: skip
     scales = {"k_scale": k_scale, "v_scale": v_scale}
-    cast = DecodeConfig(fp8=Fp8Variant.F16_CAST)
-    monkeypatch.setattr(decode_attention, "FP8_DEFAULT_CONFIG", cast)
+    # 41 tokens at most: 2 splits of 32 and 9 (4 programs on the interpreter's 4 SMs); the
+    # default split policy takes 1
+    short_splits = DecodeConfig(min_split=4)
+    monkeypatch.setattr(decode_attention, "FP8_DEFAULT_CONFIG", short_splits)
     engine = paged_decode_attention_triton(*args, **scales)
-    assert torch.equal(engine, paged_decode_attention_triton(*args, config=cast, **scales))
-    bf16_dot = DecodeConfig(fp8=Fp8Variant.BF16_DOT)
-    assert not torch.equal(engine, paged_decode_attention_triton(*args, config=bf16_dot, **scales))
+    assert torch.equal(engine, paged_decode_attention_triton(*args, num_splits=2, **scales))
+    assert not torch.equal(engine, paged_decode_attention_triton(*args, num_splits=1, **scales))
