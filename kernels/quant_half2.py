@@ -116,13 +116,25 @@ def _int4_word_plain(w, a_lo, a_hi, b_lo, b_hi, x0, x1, x2, x3, x4, x5, x6, x7):
     return a_lo, a_hi, b_lo, b_hi
 
 
+# The end of both half2 PTX dots (here and quant_half2_fp8.py): the two f16x2 accumulators a and
+# b added, the sum's two fp16 lanes to fp32 and their sum into $0; LANE_REGS declares the lanes.
+LANE_REGS = [".reg .f16 l, u;", ".reg .f32 fl, fu;"]
+LANES_TO_F32 = [
+    "add.f16x2 a, a, b;",
+    "mov.b32 {l, u}, a;",
+    "cvt.f32.f16 fl, l;",
+    "cvt.f32.f16 fu, u;",
+    "add.f32 $0, fl, fu;",
+    "}",
+]
+
+
 def _int4_asm() -> str:
     """PTX of one int4 group: $1-$4 words, $5 + 4i .. $8 + 4i word i's x pairs, $0 fp32."""
     lines = [
         "{",
         ".reg .b32 cm, ch, h, s, a, b;",
-        ".reg .f16 l, u;",
-        ".reg .f32 fl, fu;",
+        *LANE_REGS,
         "mov.b32 cm, 0x4C004C00;",
         "mov.b32 ch, 0x3C003C00;",
         "mov.b32 a, 0;",
@@ -141,15 +153,7 @@ def _int4_asm() -> str:
                 "sub.f16x2 h, h, ch;",
                 f"fma.rn.f16x2 b, h, ${pair + 1}, b;",
             ]
-    lines += [
-        "add.f16x2 a, a, b;",
-        "mov.b32 {l, u}, a;",
-        "cvt.f32.f16 fl, l;",
-        "cvt.f32.f16 fu, u;",
-        "add.f32 $0, fl, fu;",
-        "}",
-    ]
-    return "\n".join(lines)
+    return "\n".join(lines + LANES_TO_F32)
 
 
 INT4_ASM = tl.constexpr(_int4_asm())

@@ -19,6 +19,8 @@ import triton
 import triton.language as tl
 from troupe.kernels.quant_gemv_config import Fp8GemvConfig
 from troupe.kernels.quant_half2 import (
+    LANE_REGS,
+    LANES_TO_F32,
     device_sms,
     f16x2,
     finish_splits,
@@ -39,8 +41,7 @@ def _fp8_asm() -> str:
         "{",
         ".reg .b16 c0, c1;",
         ".reg .b32 h0, h1, a, b;",
-        ".reg .f16 l, u;",
-        ".reg .f32 fl, fu;",
+        *LANE_REGS,
     ]
     for i in range(4):
         x = 5 + 2 * i
@@ -53,15 +54,7 @@ def _fp8_asm() -> str:
             lines += [f"mul.rn.f16x2 a, h0, ${x};", f"mul.rn.f16x2 b, h1, ${x + 1};"]
         else:
             lines += [f"fma.rn.f16x2 a, h0, ${x}, a;", f"fma.rn.f16x2 b, h1, ${x + 1}, b;"]
-    lines += [
-        "add.f16x2 a, a, b;",
-        "mov.b32 {l, u}, a;",
-        "cvt.f32.f16 fl, l;",
-        "cvt.f32.f16 fu, u;",
-        "add.f32 $0, fl, fu;",
-        "}",
-    ]
-    return "\n".join(lines)
+    return "\n".join(lines + LANES_TO_F32)
 
 
 FP8_ASM = tl.constexpr(_fp8_asm())

@@ -20,19 +20,13 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import subprocess
-import tempfile
-from typing import Any
 
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
 from troupe.kernels import decode_attention
 from troupe.kernels.decode_attention import DecodeConfig
 from troupe.kernels.decode_attention_fp8 import decode_split_fp8_kernel, kernel_constexprs
 from troupe.ops.fp8_variant_sweep import CANDIDATES
+from troupe.ops.sm90_compile import compile_sm90
 
-_BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 _TYPES = {"qk_scale": "fp32", "k_cache_ptr": "*fp8e4nv", "v_cache_ptr": "*fp8e4nv",
           "part_out_ptr": "*fp32", "part_lse_ptr": "*fp32", "k_scale_ptr": "*fp32",
           "v_scale_ptr": "*fp32", "block_tables_ptr": "*i32", "seq_lens_ptr": "*i32",
@@ -62,16 +56,14 @@ def compile_candidate(config: DecodeConfig, sass_dir: str | None) -> dict[str, o
         num_q_heads=32, num_kv_heads=8, head_dim=128, block_size=16, num_splits=1,
         has_limit=False, block_n=config.block_n,
     )  # fmt: skip
-    compiled, usage, sass = _sass(
-        decode_split_fp8_kernel, consts, _TYPES, config.num_warps, config.num_stages
+    build = compile_sm90(
+        decode_split_fp8_kernel, consts, _TYPES, config.num_warps, config.num_stages, sass=True
     )
+    sass = build.sass
     if sass_dir:
         name = f"fp8_bn{config.block_n}_w{config.num_warps}_st{config.num_stages}"
         with open(os.path.join(sass_dir, name + ".sass"), "w") as out:
             out.write(sass)
-    found = re.search(r"REG:(\d+)", usage)
-    stack = re.search(r"STACK:(\d+)", usage)
-    regs, smem = int(found.group(1)) if found else 255, int(compiled.metadata.shared)
     ops = loop_body(sass)
     counts = {op: 0 for op in _OPS}
     for op in ops:
@@ -80,44 +72,16 @@ def compile_candidate(config: DecodeConfig, sass_dir: str | None) -> dict[str, o
                 counts[name] += 1
                 break
     return {
-        "regs": regs,
-        "stack": int(stack.group(1)) if stack else -1,
-        "smem": smem,
-        "per SM": min(65536 // (regs * 32 * config.num_warps), 232448 // max(smem, 1), 32),
+        "regs": build.regs,
+        "stack": build.stack,
+        "smem": build.smem,
+        "per SM": min(build.programs_per_sm(config.num_warps), 32),
         **counts,
         "loop": len(ops),
         # warp instructions per KV byte: each warp runs the loop once per tile of BLOCK_N K and
         # V rows of 128 bytes
         "per byte": round(len(ops) * config.num_warps / (2 * config.block_n * 128), 3),
     }
-
-
-def _sass(kernel: triton.JITFunction, consts: dict[str, object], types: dict[str, str],
-          num_warps: int, num_stages: int) -> tuple[Any, str, str]:  # fmt: skip
-    """(compiled kernel, `cuobjdump -res-usage`, SASS) for sm_90."""
-    names = kernel.arg_names
-    signature = {
-        n: "constexpr" if n in consts else types.get(n, "*bf16" if n.endswith("_ptr") else "i32")
-        for n in names
-    }  # fmt: skip
-    aligned = [i for i, n in enumerate(names) if n.endswith("_ptr") or n.startswith("stride")]
-    src = ASTSource(
-        fn=kernel,
-        signature=signature,
-        constexprs={(names.index(k),): v for k, v in consts.items()},
-        attrs={(i,): [["tt.divisibility", 16]] for i in aligned},
-    )
-    options = {"num_warps": num_warps, "num_stages": num_stages}
-    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(compiled.asm["cubin"])
-        f.flush()
-        tool = os.path.join(_BIN, "cuobjdump")
-        usage = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True,
-                               check=True).stdout  # fmt: skip
-        sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True,
-                              check=True).stdout  # fmt: skip
-    return compiled, usage, sass
 
 
 def bf16_reference() -> str:
@@ -130,9 +94,9 @@ def bf16_reference() -> str:
         "BLOCK_G": 16, "BLOCK_N": cfg.block_n, "BLOCK_D": 128, "BLOCK_S": 1,
     }  # fmt: skip
     types = {**_TYPES, "k_cache_ptr": "*bf16", "v_cache_ptr": "*bf16", "counter_ptr": "*i32"}
-    _, _, sass = _sass(decode_attention._decode_split_kernel, consts, types, cfg.num_warps,
-                       cfg.num_stages)  # fmt: skip
-    loop = len(loop_body(sass))
+    build = compile_sm90(decode_attention._decode_split_kernel, consts, types, cfg.num_warps,
+                         cfg.num_stages, sass=True)  # fmt: skip
+    loop = len(loop_body(build.sass))
     per_byte = loop * cfg.num_warps / (2 * cfg.block_n * 256)
     return (f"bf16-kv (reference) bn={cfg.block_n} w={cfg.num_warps} st={cfg.num_stages}  "
             f"loop {loop} per byte {per_byte:.3f}")  # fmt: skip
