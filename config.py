@@ -152,6 +152,11 @@ class EngineConfig:
     # back while the event loop runs the scheduler: CPython's 5 ms default sat on every
     # step's critical path. None: leave the interpreter's setting alone.
     gil_switch_interval_s: float | None = 0.0005
+    # Freeze the garbage collector's view of the heap once the engine is ready (gc.freeze;
+    # actors/heap_freeze.py): a full collection otherwise walks every start-up object, ~100 ms
+    # with every request waiting. Process-wide: an embedding app's objects of that moment are
+    # frozen too (unfrozen when the last engine closes).
+    gc_freeze: bool = True
     # Megatron-style tensor parallelism over this many ranks, one worker process each (one GPU
     # each on CUDA; gloo on the CPU): gpu/tp_runner.py. It must divide the model's attention
     # heads (checked at load, naming both).

@@ -12,7 +12,7 @@ import dataclasses
 import itertools
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from contextlib import asynccontextmanager
+from contextlib import ExitStack, asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -22,6 +22,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 from troupe.actors.client_streams import ClientStreams, EventListener
 from troupe.actors.core.executor import ExecutorCore
 from troupe.actors.exception_groups import single_leaf, unwrap_single
+from troupe.actors.heap_freeze import frozen_heap
 from troupe.actors.request_input import RequestInputError, to_generate_request
 from troupe.actors.request_log import log_end
 from troupe.actors.shell import Actor, Outbox
@@ -165,7 +166,8 @@ class Engine:
         self._executor = next(a.core for a in graph.actors if isinstance(a.core, ExecutorCore))
         self._to_tokenizer = graph.to_tokenizer
         try:
-            with self._cancel_scope, switch_interval(config.gil_switch_interval_s):
+            interval = switch_interval(config.gil_switch_interval_s)
+            with self._cancel_scope, interval, ExitStack() as heap:
                 async with anyio.create_task_group() as tg:
                     self._tg = tg
                     tg.start_soon(self._route, graph.client_inbox)
@@ -173,6 +175,7 @@ class Engine:
                         await tg.start(actor.run)
                         if actor.name == "executor" and setup.is_blocking and config.step_timeout_s:
                             tg.start_soon(watch_executor, actor, config.step_timeout_s)
+                    heap.enter_context(frozen_heap(config.gc_freeze))
                     log.info(
                         "engine ready",
                         model=self.model_name,

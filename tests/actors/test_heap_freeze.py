@@ -1,0 +1,52 @@
+"""The engine freezes the start-up heap while it runs and unfreezes it when the last closes."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+from troupe import Engine, EngineConfig, SamplingParams
+from troupe.actors.heap_freeze import frozen_heap
+
+
+@pytest.fixture(autouse=True)
+def unfrozen_heap() -> None:
+    if gc.get_freeze_count():  # an engine another test left open: nothing to assert here
+        pytest.skip("the heap is frozen already")
+
+
+def test_nested_holders_unfreeze_when_the_last_leaves() -> None:
+    assert gc.get_freeze_count() == 0
+    with frozen_heap(True):
+        frozen = gc.get_freeze_count()
+        assert frozen > 0
+        kept_lists = [[] for _ in range(10)]  # lists: tracked by the collector
+        with frozen_heap(True):
+            assert gc.get_freeze_count() >= frozen + len(kept_lists)
+        assert gc.get_freeze_count() > 0  # the outer holder is still open
+        with frozen_heap(False):
+            pass
+        del kept_lists
+    assert gc.get_freeze_count() == 0
+
+
+def test_a_freeze_found_before_is_left_as_found() -> None:
+    gc.freeze()
+    try:
+        with frozen_heap(True):
+            pass
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
+
+
+@pytest.mark.anyio
+async def test_engine_freezes_its_start_up_heap_while_open() -> None:
+    assert gc.get_freeze_count() == 0
+    async with Engine.open(EngineConfig(runner="fake", num_kv_blocks=64)) as engine:
+        assert gc.get_freeze_count() > 1000  # the engine's start-up objects
+        async for _ in engine.generate([1, 2, 3], SamplingParams(max_tokens=4)):
+            pass
+    assert gc.get_freeze_count() == 0
+    async with Engine.open(EngineConfig(runner="fake", num_kv_blocks=64, gc_freeze=False)):
+        assert gc.get_freeze_count() == 0
