@@ -212,6 +212,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=0,
         help="each mode in child processes, alternating, this many rounds (ops/spec_isolated.py)",
     )
+    parser.add_argument(
+        "--isolate-rows",
+        action="store_true",
+        help="with --rounds: each (workload, batch) in an engine of its own, not after others",
+    )
+    parser.add_argument(
+        "--workload", choices=("matching", "nonmatching"), help="only this workload's rows"
+    )
     parser.add_argument("--prompt-lookup-min", type=int, default=2)
     parser.add_argument("--prompt-lookup-max", type=int, default=4)
     parser.add_argument(
@@ -323,6 +331,11 @@ def print_speedups(rows: list[Row], mode: str) -> None:
         )
 
 
+def pick(args: argparse.Namespace, workloads: dict[str, Any]) -> dict[str, Any]:
+    """The workloads that --workload keeps ("generate" always: the matching one needs it)."""
+    return {k: v for k, v in workloads.items() if args.workload in (None, k) or k == "generate"}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.rounds:
@@ -333,10 +346,12 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         write_models(args, Path(tmp))
         off, on, mode = bench_configs(args, Path(tmp))
-        rows, docs = run_batches(off, "off", {"generate": base, "nonmatching": nonmatching}, args)
+        first = pick(args, {"generate": base, "nonmatching": nonmatching})
+        rows, docs = run_batches(off, "off", first, args)
         matching = [p + c + p for p, c in zip(base, docs, strict=True)]
-        more, _ = run_batches(off, "off", {"matching": matching}, args)
-        spec, _ = run_batches(on, mode, {"matching": matching, "nonmatching": nonmatching}, args)
+        more, _ = run_batches(off, "off", pick(args, {"matching": matching}), args)
+        both = pick(args, {"matching": matching, "nonmatching": nonmatching})
+        spec, _ = run_batches(on, mode, both, args)
     print_speedups([*rows, *more, *spec], mode)
     return 0
 

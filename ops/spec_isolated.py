@@ -5,7 +5,9 @@ and with an engine's place in its process (docs/benchmarks.md, 2026-12-02), as m
 difference speculation makes. So here one child process generates the matching workload's
 continuations, then every round runs one child with speculation off and one with it on (off
 first in even rounds, on first in odd ones), and each printed row is the run of median time over
-the rounds for its (workload, batch, mode). The children are `python -m troupe.ops.spec_isolated
+the rounds for its (workload, batch, mode). With --isolate-rows every (workload, batch) gets
+its own pair of children per round (an engine that served a workload first runs slower: below).
+The children are `python -m troupe.ops.spec_isolated
 JOB FOLDER OUT -- <spec_bench arguments>`; they share the model folder the parent wrote.
 """
 
@@ -24,6 +26,7 @@ from troupe.ops.spec_bench import (
     bench_configs,
     bench_prompts,
     parse_args,
+    pick,
     print_speedups,
     run_batches,
     write_models,
@@ -57,7 +60,8 @@ def _child(job: str, folder: Path, out: Path, args: argparse.Namespace) -> None:
     docs = json.loads((folder / "docs.json").read_text())
     matching = [p + c + p for p, c in zip(base, docs, strict=True)]
     config, name = (off, "off") if job == "off" else (on, mode)
-    rows, _ = run_batches(config, name, {"matching": matching, "nonmatching": nonmatching}, args)
+    both = pick(args, {"matching": matching, "nonmatching": nonmatching})
+    rows, _ = run_batches(config, name, both, args)
     out.write_text(json.dumps([dataclasses.asdict(row) for row in rows]))
 
 
@@ -74,14 +78,22 @@ def run_isolated(args: argparse.Namespace, argv: list[str] | None) -> int:
         write_models(args, folder)
         _spawn("generate", folder, folder / "docs.json", bench_argv)
         runs: dict[tuple[str, int, str], list[Row]] = {}
+        # --isolate-rows: one child per (workload, batch) and mode, so no row runs in an
+        # engine that served another first (that history alone moved a host-bound step by
+        # 0.3-0.4 ms on the H200, docs/benchmarks.md session 12)
+        parts: list[list[str]] = [[]]
+        if args.isolate_rows:
+            names = [args.workload] if args.workload else ["matching", "nonmatching"]
+            parts = [["--workload", w, "--batches", str(b)] for w in names for b in args.batches]
         for round_no in range(args.rounds):
             order = ("off", "on") if round_no % 2 == 0 else ("on", "off")
-            for job in order:
-                out = folder / f"{job}-{round_no}.json"
-                _spawn(job, folder, out, bench_argv)
-                for fields in json.loads(out.read_text()):
-                    row = Row(**fields)
-                    runs.setdefault((row.workload, row.batch, row.mode), []).append(row)
+            for part_no, part in enumerate(parts):
+                for job in order:
+                    out = folder / f"{job}-{round_no}-{part_no}.json"
+                    _spawn(job, folder, out, [*bench_argv, *part])
+                    for fields in json.loads(out.read_text()):
+                        row = Row(**fields)
+                        runs.setdefault((row.workload, row.batch, row.mode), []).append(row)
     print(f"\nmedian-time run of {args.rounds} rounds, each mode in its own processes:")
     chosen = []
     for found in runs.values():

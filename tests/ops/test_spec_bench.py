@@ -49,3 +49,13 @@ def test_spec_bench_draft_smoke(capsys: pytest.CaptureFixture[str]) -> None:
     # the target drafting for itself: its proposals are its own draws, greedy or sampled
     assert all(int(p) > 0 and int(a) >= 0.8 * int(p) for _, a, p in found), out
     assert re.search(r"^speedup \(draft vs off\)", out, re.M), out
+
+
+def test_spec_bench_isolated_rows(capsys: pytest.CaptureFixture[str]) -> None:
+    """--isolate-rows with --workload: only that workload's rows, each from children of its own."""
+    args = ["--smoke", "--batches", "1", "--prompt-len", "16", "--output-len", "8"]
+    assert main([*args, "--rounds", "1", "--isolate-rows", "--workload", "nonmatching"]) == 0
+    out = capsys.readouterr().out
+    for mode in ("off", "ngram"):
+        assert re.search(rf"^nonmatching +batch=1 +{mode} +tok/s=", out, re.M), out
+    assert not re.search(r"^matching ", out, re.M), out
