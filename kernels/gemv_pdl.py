@@ -17,9 +17,9 @@ serialization) may start while the previous kernel finishes:
                   allocator handed it to us), before it. The kernels peel their loop's first
                   iteration: its weights, the wait, its x; then the loop over the rest.
 
-Everything sits behind a constexpr PDL: with PDL False the kernel compiles to exactly the PTX it
-had without this module (ops/gemv_pdl_check.py checks), and TRITON_INTERPRET=1 (the CPU),
-which has no form of the griddepcontrol ops, never meets them: pdl_on() is False there.
+Everything sits behind a constexpr PDL (pdl_mode): OFF compiles to exactly the PTX the kernel
+had without this module (ops/gemv_pdl_check.py checks); TRITON_INTERPRET=1 (the CPU), which
+has no form of the griddepcontrol ops, runs PEEL: the peeled loop, no griddepcontrol.
 A kernel after a PDL one that was launched normally (the split-K sum, attention) waits for its
 end as ever; a PDL one after a normal one launches when that one ends (no early trigger).
 """
@@ -34,24 +34,30 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+OFF, PEEL, GDC = 0, 1, 2  # the kernels' PDL constexpr
 
-def pdl_on(pdl: bool, device: torch.device) -> bool:
-    """Whether a GEMV configured with `pdl` launches with PDL on `device`: a CUDA device of
-    compute capability 9.0 or more (griddepcontrol is sm_90 PTX); never the CPU interpreter."""
-    if not pdl or device.type != "cuda":
-        return False
-    return torch.cuda.get_device_capability(device)[0] >= 9
+
+def pdl_mode(pdl: bool, device: torch.device) -> int:
+    """A GEMV's PDL constexpr for a config's `pdl` on `device`: GDC (a CUDA device of compute
+    capability 9.0 or more: griddepcontrol is sm_90 PTX; launch with launch_pdl=True), PEEL
+    elsewhere (the peeled loop without the griddepcontrol ops: what TRITON_INTERPRET=1 tests
+    on the CPU), OFF without pdl (the kernel as before)."""
+    if not pdl:
+        return OFF
+    if device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9:
+        return GDC
+    return PEEL
 
 
 @triton.jit
 def pdl_start(PDL: tl.constexpr):
-    """Let the next kernel launch (PDL only)."""
-    if PDL:
+    """Let the next kernel launch (GDC only)."""
+    if PDL == 2:
         gdc_launch_dependents()
 
 
 @triton.jit
 def pdl_wait(PDL: tl.constexpr):
-    """Wait for the previous kernel to complete, its writes visible (PDL only)."""
-    if PDL:
+    """Wait for the previous kernel to complete, its writes visible (GDC only)."""
+    if PDL == 2:
         gdc_wait()

@@ -34,7 +34,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from troupe.kernels.gemv_pdl import pdl_on
+from troupe.kernels.gemv_pdl import GDC, pdl_mode
 from troupe.kernels.quant_bytes import _fp8_gemv_kernel, _int4_gemv_kernel
 from troupe.kernels.quant_gemv_config import Fp8Gemv, Fp8GemvConfig, Int4Gemv, Int4GemvConfig
 from troupe.kernels.quant_half2 import int4_half2
@@ -219,10 +219,10 @@ def int4_matmul(
         part = _partials(split, m, n, x)
         per_split = triton.cdiv(triton.cdiv(k, block_k), split) * block_k
         grid = (triton.cdiv(n, block_n), split, m)
-        pdl = pdl_on(gemv.pdl, x.device)
+        pdl = pdl_mode(gemv.pdl, x.device)
         _int4_gemv_kernel[grid](
             x, packed, scale, bias, part, n, k, per_split, group, block_n, block_k, pdl,
-            launch_pdl=pdl,
+            launch_pdl=pdl == GDC,
         )  # fmt: skip
         return part[0] if split == 1 else part.sum(0).to(x.dtype)
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
@@ -259,10 +259,10 @@ def fp8_matmul(
         part = _partials(split, m, n, x)
         per_split = triton.cdiv(triton.cdiv(k, block_k), split) * block_k
         grid = (triton.cdiv(n, block_n), split, m)
-        pdl = pdl_on(gemv.pdl, x.device)
+        pdl = pdl_mode(gemv.pdl, x.device)
         _fp8_gemv_kernel[grid](
             x, weight, scale, part, n, k, per_split, scale_bn, scale_bk, scale.shape[1],
-            block_n, block_k, pdl, launch_pdl=pdl,
+            block_n, block_k, pdl, launch_pdl=pdl == GDC,
         )  # fmt: skip
         return part[0] if split == 1 else part.sum(0).to(x.dtype)
     if m <= SKINNY_MAX_ROWS and scale_bk & -scale_bk >= 16:

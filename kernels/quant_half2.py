@@ -34,7 +34,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from troupe.kernels.gemv_pdl import pdl_on, pdl_start, pdl_wait
+from troupe.kernels.gemv_pdl import GDC, pdl_mode, pdl_start, pdl_wait
 from troupe.kernels.quant_gemv_config import Int4GemvConfig
 
 INT4_Q_SCALE = tl.constexpr(2.0**-6)  # the asm's nibbles are q/64 (x stays unscaled)
@@ -334,10 +334,10 @@ def int4_half2(
     per_split = triton.cdiv(chunks, split) * config.groups
     dtype = torch.float32 if split > 1 else x.dtype
     part = torch.empty(split, m, n, dtype=dtype, device=x.device)
-    pdl = pdl_on(config.pdl, x.device)
+    pdl = pdl_mode(config.pdl, x.device)
     _int4_half2_kernel[(tiles, split)](
         x.contiguous(), words, scale.contiguous(), bias.contiguous(), part, m, n, k, k // 8,
         groups, per_split, block_n, config.groups, x.device.type != "cuda", pdl,
-        num_warps=config.num_warps, launch_pdl=pdl,
+        num_warps=config.num_warps, launch_pdl=pdl == GDC,
     )  # fmt: skip
     return finish_splits(part, x)

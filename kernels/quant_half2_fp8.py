@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from troupe.kernels.gemv_pdl import pdl_on, pdl_start, pdl_wait
+from troupe.kernels.gemv_pdl import GDC, pdl_mode, pdl_start, pdl_wait
 from troupe.kernels.quant_gemv_config import Fp8GemvConfig
 from troupe.kernels.quant_half2 import (
     LANE_REGS,
@@ -225,10 +225,10 @@ def fp8_half2(
     per_split = triton.cdiv(chunks, split) * config.block_w
     dtype = torch.float32 if split > 1 else x.dtype
     part = torch.empty(split, m, n, dtype=dtype, device=x.device)
-    pdl = pdl_on(config.pdl, x.device)
+    pdl = pdl_mode(config.pdl, x.device)
     _fp8_half2_kernel[(tiles, split)](
         x.contiguous(), words, scale.contiguous().float(), part, m, n, k, k // 4, per_split,
         scale_bn, scale_bk, scale.shape[1], block_n, quads, scale.shape[1] == 1,
-        x.device.type != "cuda", pdl, num_warps=config.num_warps, launch_pdl=pdl,
+        x.device.type != "cuda", pdl, num_warps=config.num_warps, launch_pdl=pdl == GDC,
     )  # fmt: skip
     return finish_splits(part, x)

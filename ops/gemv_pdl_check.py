@@ -30,6 +30,7 @@ from types import ModuleType
 
 import triton
 from troupe.kernels import quant_bytes, quant_half2, quant_half2_fp8
+from troupe.kernels.gemv_pdl import GDC, OFF
 from troupe.ops.sm90_compile import compile_sm90
 
 BEFORE_PDL = "7b043dd"  # the branch point: the kernels without PDL
@@ -69,7 +70,7 @@ _PARAM = re.compile(r"\[(\w+)_param_(\d+)\]")
 
 
 def ptx_of(fn: triton.JITFunction, kernel: Kernel, pdl: bool | None) -> str:
-    consts = dict(kernel.consts) if pdl is None else {**kernel.consts, "PDL": pdl}
+    consts = dict(kernel.consts) if pdl is None else {**kernel.consts, "PDL": GDC if pdl else OFF}
     return compile_sm90(fn, consts, kernel.types, num_warps=4, num_stages=3).ptx
 
 
