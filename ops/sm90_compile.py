@@ -1,6 +1,7 @@
 """A Triton kernel compiled for sm_90 (the H200) on a machine without a GPU: registers, spill
 stack, shared memory, and the TTGIR / PTX / SASS to read, from triton's bundled ptxas and cuobjdump.
-ops/fp8_compile_check.py and ops/mla_compile_check.py print their kernels' figures with it.
+ops/fp8_compile_check.py and ops/mla_compile_check.py print their kernels' figures with it;
+ops/gemv_pdl_check.py reads the PTX of the decode GEMVs with and without PDL.
 
 Pointer arguments default to bf16 and the rest to i32 (`types` overrides by name); pointers and
 strides are marked divisible by 16, as the real launches specialise them.
