@@ -17,7 +17,8 @@ Nine configs a row count (each form's two variants, half2 also at 8 W rows per p
 programmatic dependent launch (config.pdl, kernels/gemv_pdl.py): each form's engine default
 and fp8 half2 n4), one timed graph each (a half2 config that splits K on some layers compiles
 twice: fp32 partials). The error is the worse of the eager gate_up and the one the graph's
-replays wrote (layer 0's gate_up inside the timed step).
+replays wrote (layer 0's gate_up inside the timed step). fp8 BYTES at 2-16 rows runs the
+skinny kernel, which has no PDL: its pdl row repeats the plain one there.
 """
 
 from __future__ import annotations

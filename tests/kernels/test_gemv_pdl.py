@@ -132,17 +132,25 @@ def _check_chain(
         assert want.abs().max() > 0.1
 
 
+# at DIM 2048: 64 int4 groups, 512 fp8 words a row
 GPU_CONFIGS = [
-    replace(INT4_GEMV, pdl=True),  # the engine's int4 (half2, K splits chosen)
-    Int4GemvConfig(Int4Gemv.HALF2, 4, 128, k_splits=2, pdl=True),  # a torch sum between
-    Int4GemvConfig(Int4Gemv.BYTES, pdl=True),
-    Fp8GemvConfig(Fp8Gemv.BYTES, pdl=True),
-    Fp8GemvConfig(Fp8Gemv.HALF2, 4, 512, pdl=True),
+    replace(INT4_GEMV, pdl=True),  # the engine's int4 (half2, K splits chosen): the peel alone
+    Int4GemvConfig(Int4Gemv.HALF2, 4, 16, k_splits=1, pdl=True),  # the peel + 3 tiles
+    Int4GemvConfig(Int4Gemv.HALF2, 4, 16, k_splits=2, pdl=True),  # 2 splits: a torch sum after
+    Int4GemvConfig(Int4Gemv.BYTES, pdl=True),  # 8 splits of one tile
+    Fp8GemvConfig(Fp8Gemv.BYTES, pdl=True),  # 2 splits of 2 tiles
+    Fp8GemvConfig(Fp8Gemv.HALF2, 4, 128, k_splits=0, pdl=True),  # 4 tiles, K splits chosen
+    Fp8GemvConfig(Fp8Gemv.HALF2, 4, 512, k_splits=1, pdl=True),  # the peel alone
 ]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("config", GPU_CONFIGS, ids=lambda c: f"{c.variant}-k{c.k_splits}")
+def _id(c: GemvConfig) -> str:
+    tile = c.groups if isinstance(c, Int4GemvConfig) else c.block_w
+    return f"{type(c).__name__[:4]}-{c.variant.value}-n{c.block_n}-t{tile}-k{c.k_splits}"
+
+
+@pytest.mark.parametrize("config", GPU_CONFIGS, ids=_id)
 def test_pdl_chain_gpu(config: GemvConfig) -> None:
     """The chain with pdl on and off, eager and in a CUDA graph, against the reference."""
     device = torch.device("cuda")
