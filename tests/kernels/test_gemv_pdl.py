@@ -144,12 +144,12 @@ GPU_CONFIGS = [
 ]
 
 
-@pytest.mark.gpu
 def _id(c: GemvConfig) -> str:
     tile = c.groups if isinstance(c, Int4GemvConfig) else c.block_w
     return f"{type(c).__name__[:4]}-{c.variant.value}-n{c.block_n}-t{tile}-k{c.k_splits}"
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("config", GPU_CONFIGS, ids=_id)
 def test_pdl_chain_gpu(config: GemvConfig) -> None:
     """The chain with pdl on and off, eager and in a CUDA graph, against the reference."""
