@@ -82,7 +82,7 @@ def test_fp8_pdl_cpu(
 
 # --- GPU: chains of dependent GEMVs ---------------------------------------------------------
 
-DIM, LAYERS = 2048, 6
+DIM, LAYERS = 4096, 6
 
 
 def _int4_chain(device: str) -> list[tuple[torch.Tensor, ...]]:
@@ -132,15 +132,15 @@ def _check_chain(
         assert want.abs().max() > 0.1
 
 
-# at DIM 2048: 64 int4 groups, 512 fp8 words a row
+# at DIM 4096: 128 int4 groups, 1024 fp8 words a row
 GPU_CONFIGS = [
     replace(INT4_GEMV, pdl=True),  # the engine's int4 (half2, K splits chosen): the peel alone
-    Int4GemvConfig(Int4Gemv.HALF2, 4, 16, k_splits=1, pdl=True),  # the peel + 3 tiles
-    Int4GemvConfig(Int4Gemv.HALF2, 4, 16, k_splits=2, pdl=True),  # 2 splits: a torch sum after
-    Int4GemvConfig(Int4Gemv.BYTES, pdl=True),  # 8 splits of one tile
-    Fp8GemvConfig(Fp8Gemv.BYTES, pdl=True),  # 2 splits of 2 tiles
-    Fp8GemvConfig(Fp8Gemv.HALF2, 4, 128, k_splits=0, pdl=True),  # 4 tiles, K splits chosen
-    Fp8GemvConfig(Fp8Gemv.HALF2, 4, 512, k_splits=1, pdl=True),  # the peel alone
+    Int4GemvConfig(Int4Gemv.HALF2, 4, 32, k_splits=1, pdl=True),  # the peel + 3 tiles
+    Int4GemvConfig(Int4Gemv.HALF2, 4, 32, k_splits=2, pdl=True),  # 2 splits: a torch sum after
+    Int4GemvConfig(Int4Gemv.BYTES, pdl=True),  # 4 splits of 4 tiles
+    Fp8GemvConfig(Fp8Gemv.BYTES, pdl=True),  # 8 tiles
+    Fp8GemvConfig(Fp8Gemv.HALF2, 4, 128, k_splits=0, pdl=True),  # 8 tiles, K splits chosen
+    Fp8GemvConfig(Fp8Gemv.HALF2, 4, 512, k_splits=1, pdl=True),  # the peel + 1 tile
 ]
 
 
@@ -188,4 +188,4 @@ def test_pdl_chain_gpu(config: GemvConfig) -> None:
             torch.cuda.synchronize()
             _check_chain(x, [y.clone() for y in static_ys], chain)
     diff = (finals[True] - finals[False]).abs().max() / finals[False].abs().max()
-    assert diff <= BOUND
+    assert diff <= 2 * BOUND  # rounding apart (fma contraction in the peel), the same sums
