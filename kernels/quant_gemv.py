@@ -17,8 +17,9 @@ Two weight forms, two shapes each:
              step at 4 and 16 rows: 3.5 ms instead of 7.1-7.4)
     prefill  more rows: tiles of W expanded to x's dtype in registers, then tl.dot
 
-The decode GEMV above is the BYTES variant; INT4_GEMV / FP8_GEMV below pick it or HALF2
-(kernels/quant_half2.py, quant_half2_fp8.py: packed f16x2 PTX; configs in quant_gemv_config.py).
+The decode GEMV above is the BYTES variant (its kernels: kernels/quant_bytes.py); INT4_GEMV /
+FP8_GEMV below pick it or HALF2 (kernels/quant_half2.py, quant_half2_fp8.py: packed f16x2 PTX;
+configs in quant_gemv_config.py), and whether it launches with PDL (kernels/gemv_pdl.py).
 
 Int4 sums per group first (sum_k x q, and sum_k x), then scales once per group:
     y[n] = sum_g scale[n, g] * (x_g . q_g) + bias[n, g] * sum(x_g)
@@ -33,6 +34,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from troupe.kernels.gemv_pdl import GDC, pdl_mode
+from troupe.kernels.quant_bytes import _fp8_gemv_kernel, _int4_gemv_kernel
 from troupe.kernels.quant_gemv_config import Fp8Gemv, Fp8GemvConfig, Int4Gemv, Int4GemvConfig
 from troupe.kernels.quant_half2 import int4_half2
 from troupe.kernels.quant_half2_fp8 import fp8_half2, fp8_half2_fits
@@ -43,47 +46,6 @@ SKINNY_MAX_ROWS = 16
 # editing one of these lines (`python -m troupe.ops.quant_bench --sweep-variants` ranks them).
 INT4_GEMV = Int4GemvConfig(Int4Gemv.HALF2, block_n=4, groups=128, num_warps=4, k_splits=0)
 FP8_GEMV = Fp8GemvConfig(Fp8Gemv.BYTES)
-
-
-@triton.jit
-def _int4_gemv_kernel(
-    x_ptr, packed_ptr, scale_ptr, bias_ptr, out_ptr,
-    N, K, k_per_split,
-    G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-):  # fmt: skip
-    pid_n, pid_k, m = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    half = tl.arange(0, BLOCK_K // 2)
-    groups = tl.arange(0, BLOCK_K // G)
-    row_ok = rows < N
-    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    k_start = pid_k * k_per_split
-    for k0 in range(k_start, k_start + k_per_split, BLOCK_K):
-        byte = k0 // 2 + half
-        byte_ok = byte < K // 2
-        p = tl.load(
-            packed_ptr + rows.to(tl.int64)[:, None] * (K // 2) + byte[None, :],
-            mask=row_ok[:, None] & byte_ok[None, :],
-            other=0,
-        )
-        elem = (byte // 16) * 32 + byte % 16  # the low nibble's element; the high one: + 16
-        xe = tl.load(x_ptr + m.to(tl.int64) * K + elem, mask=byte_ok, other=0.0).to(tl.float32)
-        xo = tl.load(x_ptr + m.to(tl.int64) * K + elem + 16, mask=byte_ok, other=0.0)
-        xo = xo.to(tl.float32)
-        lo = (p & 15).to(tl.float32)
-        hi = (p >> 4).to(tl.float32)
-        dot = tl.reshape(lo * xe[None, :] + hi * xo[None, :], (BLOCK_N, BLOCK_K // G, G // 2))
-        dot_g = tl.sum(dot, axis=2)  # [BLOCK_N, groups]
-        x_g = tl.sum(tl.reshape(xe + xo, (BLOCK_K // G, G // 2)), axis=1)
-        g = k0 // G + groups
-        g_ok = g < K // G
-        sb_off = rows.to(tl.int64)[:, None] * (K // G) + g[None, :]
-        sb_mask = row_ok[:, None] & g_ok[None, :]
-        s = tl.load(scale_ptr + sb_off, mask=sb_mask, other=0.0).to(tl.float32)
-        b = tl.load(bias_ptr + sb_off, mask=sb_mask, other=0.0).to(tl.float32)
-        acc += tl.sum(dot_g * s + b * x_g[None, :], axis=1)
-    out = out_ptr + (pid_k.to(tl.int64) * tl.num_programs(2) + m) * N + rows
-    tl.store(out, acc, mask=row_ok)
 
 
 @triton.jit
@@ -130,34 +92,6 @@ def _int4_gemm_kernel(
         acc += tl.dot(xo, tl.trans(w_hi.to(xo.dtype)), input_precision=PRECISION)
     out = out_ptr + rm.to(tl.int64)[:, None] * N + rn[None, :]
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=(rm < M)[:, None] & (rn < N)[None, :])
-
-
-@triton.jit
-def _fp8_gemv_kernel(
-    x_ptr, w_ptr, scale_ptr, out_ptr,
-    N, K, k_per_split, scale_bn, scale_bk, scale_cols,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-):  # fmt: skip
-    pid_n, pid_k, m = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    cols = tl.arange(0, BLOCK_K)
-    row_ok = rows < N
-    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    k_start = pid_k * k_per_split
-    for k0 in range(k_start, k_start + k_per_split, BLOCK_K):
-        k = k0 + cols
-        k_ok = k < K
-        w = tl.load(
-            w_ptr + rows.to(tl.int64)[:, None] * K + k[None, :],
-            mask=row_ok[:, None] & k_ok[None, :],
-            other=0.0,
-        ).to(tl.float32)
-        x = tl.load(x_ptr + m.to(tl.int64) * K + k, mask=k_ok, other=0.0).to(tl.float32)
-        # BLOCK_K divides scale_bk: one scale per row for the whole tile
-        s = tl.load(scale_ptr + (rows // scale_bn) * scale_cols + k0 // scale_bk, mask=row_ok)
-        acc += tl.sum(w * x[None, :], axis=1) * s
-    out = out_ptr + (pid_k.to(tl.int64) * tl.num_programs(2) + m) * N + rows
-    tl.store(out, acc, mask=row_ok)
 
 
 @triton.jit
@@ -285,9 +219,11 @@ def int4_matmul(
         part = _partials(split, m, n, x)
         per_split = triton.cdiv(triton.cdiv(k, block_k), split) * block_k
         grid = (triton.cdiv(n, block_n), split, m)
+        pdl = pdl_mode(gemv.pdl, x.device)
         _int4_gemv_kernel[grid](
-            x, packed, scale, bias, part, n, k, per_split, group, block_n, block_k
-        )
+            x, packed, scale, bias, part, n, k, per_split, group, block_n, block_k, pdl,
+            launch_pdl=pdl == GDC,
+        )  # fmt: skip
         return part[0] if split == 1 else part.sum(0).to(x.dtype)
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     block_m, block_n = (64, 64) if x.device.type == "cuda" else (16, 32)
@@ -323,9 +259,10 @@ def fp8_matmul(
         part = _partials(split, m, n, x)
         per_split = triton.cdiv(triton.cdiv(k, block_k), split) * block_k
         grid = (triton.cdiv(n, block_n), split, m)
+        pdl = pdl_mode(gemv.pdl, x.device)
         _fp8_gemv_kernel[grid](
             x, weight, scale, part, n, k, per_split, scale_bn, scale_bk, scale.shape[1],
-            block_n, block_k,
+            block_n, block_k, pdl, launch_pdl=pdl == GDC,
         )  # fmt: skip
         return part[0] if split == 1 else part.sum(0).to(x.dtype)
     if m <= SKINNY_MAX_ROWS and scale_bk & -scale_bk >= 16:

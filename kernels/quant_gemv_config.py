@@ -28,20 +28,22 @@ class Fp8Gemv(enum.Enum):
 
 @dataclass(frozen=True)
 class Int4GemvConfig:
-    """The int4 decode GEMV (HALF2's launch; BYTES takes only the variant): W rows per
+    """The int4 decode GEMV (HALF2's launch; BYTES takes only variant and pdl): W rows per
     program, groups of 32 per row per iteration, warps, and K splits (0: ~4 programs per SM,
-    quant_half2.launch_shape)."""
+    quant_half2.launch_shape); pdl (both variants): launch with programmatic dependent launch,
+    the first weight tile loaded before waiting for the previous kernel."""
 
     variant: Int4Gemv = Int4Gemv.BYTES
     block_n: int = 4
     groups: int = 16
     num_warps: int = 4
     k_splits: int = 1
+    pdl: bool = False  # programmatic dependent launch (kernels/gemv_pdl.py; CUDA sm_90+ only)
 
 
 @dataclass(frozen=True)
 class Fp8GemvConfig:
-    """The fp8 decode GEMV (HALF2's launch; BYTES takes only the variant): W rows per program,
+    """The fp8 decode GEMV (HALF2's launch; BYTES: only variant and pdl): W rows per program,
     int32 words (4 codes each) per row per iteration, warps, K splits as Int4GemvConfig's."""
 
     variant: Fp8Gemv = Fp8Gemv.BYTES
@@ -49,3 +51,4 @@ class Fp8GemvConfig:
     block_w: int = 128
     num_warps: int = 4
     k_splits: int = 1
+    pdl: bool = False  # as Int4GemvConfig's

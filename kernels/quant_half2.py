@@ -21,7 +21,8 @@ fp32; one cross-thread sum at the end.
 x is loaded as fp32 (fp8: scaled by 2^-10, exact) and packed into f16x2 pairs once per thread
 and column block. fp16 accumulation bounds: int4 16 products of q/64 <= 15/64 per lane, fp8 8
 of |q| <= 448, so any |x| < 2^14 cannot overflow; the powers of two are undone in fp32. fp16 rounds each partial sum to 11 bits: ~1e-3 of max |y| in all (GPU test bound 1e-2).
-K may be split (k_splits): fp32 partials [S, M, N] summed after (no atomics).
+K may be split (k_splits): fp32 partials [S, M, N] summed after (no atomics). pdl: launched with
+programmatic dependent launch, the first W tile loaded before the wait (kernels/gemv_pdl.py).
 TRITON_INTERPRET=1 cannot run PTX: PLAIN (the CPU) runs the same fp16 arithmetic in Triton.
 """
 
@@ -33,6 +34,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from troupe.kernels.gemv_pdl import GDC, pdl_mode, pdl_start, pdl_wait
 from troupe.kernels.quant_gemv_config import Int4GemvConfig
 
 INT4_Q_SCALE = tl.constexpr(2.0**-6)  # the asm's nibbles are q/64 (x stays unscaled)
@@ -233,12 +235,23 @@ def _int4_tile(w_ptr, scale_ptr, bias_ptr, rows64, word, row_words, row_groups, 
     return w, s, b
 
 
+@triton.jit
+def _int4_acc(acc, w, s, b, x_row, g, row_groups, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr,
+              PLAIN: tl.constexpr):  # fmt: skip
+    """acc plus the tile's sums: W words w, scales s, biases b at groups g of x's row."""
+    xa, xb, xc, xd, xe, xf, xg, xh = _int4_x8(x_row + g * 32, g < row_groups)
+    dot, xs = _int4_group_dot(w, xa, xb, xc, xd, xe, xf, xg, xh, BLOCK_N, GROUPS, PLAIN)
+    acc += dot * s + b * (xs * INT4_Q_SCALE)[None, :]  # Q_SCALE folded out at the end
+    return acc
+
+
 @triton.jit(do_not_specialize=["M"])
 def _int4_half2_kernel(
     x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr,
     M, N, K, row_words, row_groups, groups_per_split,
-    BLOCK_N: tl.constexpr, GROUPS: tl.constexpr, PLAIN: tl.constexpr,
+    BLOCK_N: tl.constexpr, GROUPS: tl.constexpr, PLAIN: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
+    pdl_start(PDL)
     pid = tl.program_id(0)
     m, pid_n, pid_k = pid % M, pid // M, tl.program_id(1)
     rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -251,15 +264,23 @@ def _int4_half2_kernel(
     x_row = x_ptr + m.to(tl.int64) * K
     acc = tl.zeros((BLOCK_N, GROUPS), dtype=tl.float32)
     g_start = pid_k * groups_per_split
-    for g0 in range(g_start, g_start + groups_per_split, GROUPS):
+    g_loop = g_start
+    if PDL:  # the first tile before the wait, its x after (gemv_pdl.py)
+        g = g_start + tl.arange(0, GROUPS)
+        w, s, b = _int4_tile(
+            w_ptr, scale_ptr, bias_ptr, rows64, word, row_words, row_groups,
+            tl.minimum(g, row_groups - 1),
+        )  # fmt: skip
+        pdl_wait(PDL)
+        acc = _int4_acc(acc, w, s, b, x_row, g, row_groups, BLOCK_N, GROUPS, PLAIN)
+        g_loop = g_start + GROUPS
+    for g0 in range(g_loop, g_start + groups_per_split, GROUPS):
         g = g0 + tl.arange(0, GROUPS)
         w, s, b = _int4_tile(
             w_ptr, scale_ptr, bias_ptr, rows64, word, row_words, row_groups,
             tl.minimum(g, row_groups - 1),
         )  # fmt: skip
-        xa, xb, xc, xd, xe, xf, xg, xh = _int4_x8(x_row + g * 32, g < row_groups)
-        dot, xs = _int4_group_dot(w, xa, xb, xc, xd, xe, xf, xg, xh, BLOCK_N, GROUPS, PLAIN)
-        acc += dot * s + b * (xs * INT4_Q_SCALE)[None, :]  # Q_SCALE folded out at the end
+        acc = _int4_acc(acc, w, s, b, x_row, g, row_groups, BLOCK_N, GROUPS, PLAIN)
     out = out_ptr + (pid_k.to(tl.int64) * M + m) * N + rows
     y = tl.sum(acc, axis=1) * (1.0 / INT4_Q_SCALE)
     tl.store(out, y.to(out_ptr.dtype.element_ty), mask=row_ok)
@@ -313,9 +334,10 @@ def int4_half2(
     per_split = triton.cdiv(chunks, split) * config.groups
     dtype = torch.float32 if split > 1 else x.dtype
     part = torch.empty(split, m, n, dtype=dtype, device=x.device)
+    pdl = pdl_mode(config.pdl, x.device)
     _int4_half2_kernel[(tiles, split)](
         x.contiguous(), words, scale.contiguous(), bias.contiguous(), part, m, n, k, k // 8,
-        groups, per_split, block_n, config.groups, x.device.type != "cuda",
-        num_warps=config.num_warps,
+        groups, per_split, block_n, config.groups, x.device.type != "cuda", pdl,
+        num_warps=config.num_warps, launch_pdl=pdl == GDC,
     )  # fmt: skip
     return finish_splits(part, x)

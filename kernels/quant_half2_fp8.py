@@ -7,6 +7,7 @@ scaled by FP8_X_SCALE = 2^-10 and packed once per thread and block); per 16 code
 accumulators, then fp32. 8 products of |q| <= 448 per fp16 lane: |x| < 2^14 cannot overflow.
 Block scales (scale_bk a multiple of 16) are gathered per row and block of 16 codes, per
 channel ones applied once at the end. PLAIN (the CPU interpreter): the same fp16 arithmetic.
+PDL (config.pdl on sm_90+): as the int4 kernel, the first tile before the wait (gemv_pdl.py).
 """
 
 # Triton kernels take untyped pointers and constexprs; @triton.jit is untyped to mypy.
@@ -17,6 +18,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from troupe.kernels.gemv_pdl import GDC, pdl_mode, pdl_start, pdl_wait
 from troupe.kernels.quant_gemv_config import Fp8GemvConfig
 from troupe.kernels.quant_half2 import (
     LANE_REGS,
@@ -138,12 +140,27 @@ def _fp8_tile(w_ptr, scale_ptr, rows64, rows_in, word, row_words, quad_in, scale
     return w, s
 
 
+@triton.jit
+def _fp8_acc(acc, w, s, x_row, quad, row_words, BLOCK_N: tl.constexpr, QUADS: tl.constexpr,
+             ONE_SCALE: tl.constexpr, PLAIN: tl.constexpr):  # fmt: skip
+    """acc plus the tile's sums: W words w, block scales s, at blocks `quad` of x's row."""
+    xa, xb, xc, xd = _fp8_x4(x_row + quad * 4, quad < row_words)
+    dot = _fp8_block_dot(w, xa, xb, xc, xd, BLOCK_N, QUADS, PLAIN)
+    if ONE_SCALE:
+        acc += dot
+    else:
+        acc += dot * s
+    return acc
+
+
 @triton.jit(do_not_specialize=["M"])
 def _fp8_half2_kernel(
     x_ptr, w_ptr, scale_ptr, out_ptr,
     M, N, K, row_words, words_per_split, scale_bn, scale_bk, scale_cols,
     BLOCK_N: tl.constexpr, QUADS: tl.constexpr, ONE_SCALE: tl.constexpr, PLAIN: tl.constexpr,
+    PDL: tl.constexpr,
 ):  # fmt: skip
+    pdl_start(PDL)
     pid = tl.program_id(0)
     m, pid_n, pid_k = pid % M, pid // M, tl.program_id(1)
     rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -156,20 +173,29 @@ def _fp8_half2_kernel(
     x_row = x_ptr + m.to(tl.int64) * K
     acc = tl.zeros((BLOCK_N, QUADS), dtype=tl.float32)
     w_start = pid_k * words_per_split
-    for w0 in range(w_start, w_start + words_per_split, 4 * QUADS):
+    w_loop = w_start
+    if PDL:  # the first tile and scales before the wait, x after (gemv_pdl.py)
+        quad = w_start + tl.arange(0, QUADS) * 4
+        w, s = _fp8_tile(w_ptr, scale_ptr, rows64, rows_in, word, row_words,
+                         tl.minimum(quad, row_words - 4), scale_bn, scale_bk, scale_cols,
+                         ONE_SCALE)  # fmt: skip
+        if ONE_SCALE:
+            s_row = tl.load(scale_ptr + rows_in // scale_bn)
+        pdl_wait(PDL)
+        acc = _fp8_acc(acc, w, s, x_row, quad, row_words, BLOCK_N, QUADS, ONE_SCALE, PLAIN)
+        w_loop = w_start + 4 * QUADS
+    for w0 in range(w_loop, w_start + words_per_split, 4 * QUADS):
         quad = w0 + tl.arange(0, QUADS) * 4  # first word of each block of 16 codes
         w, s = _fp8_tile(w_ptr, scale_ptr, rows64, rows_in, word, row_words,
                          tl.minimum(quad, row_words - 4), scale_bn, scale_bk, scale_cols,
                          ONE_SCALE)  # fmt: skip
-        xa, xb, xc, xd = _fp8_x4(x_row + quad * 4, quad < row_words)
-        dot = _fp8_block_dot(w, xa, xb, xc, xd, BLOCK_N, QUADS, PLAIN)
-        if ONE_SCALE:
-            acc += dot
-        else:
-            acc += dot * s
+        acc = _fp8_acc(acc, w, s, x_row, quad, row_words, BLOCK_N, QUADS, ONE_SCALE, PLAIN)
     y = tl.sum(acc, axis=1) * (1.0 / FP8_X_SCALE)
     if ONE_SCALE:
-        y = y * tl.load(scale_ptr + rows_in // scale_bn)
+        if PDL:
+            y = y * s_row
+        else:
+            y = y * tl.load(scale_ptr + rows_in // scale_bn)
     out = out_ptr + (pid_k.to(tl.int64) * M + m) * N + rows
     tl.store(out, y.to(out_ptr.dtype.element_ty), mask=row_ok)
 
@@ -199,9 +225,10 @@ def fp8_half2(
     per_split = triton.cdiv(chunks, split) * config.block_w
     dtype = torch.float32 if split > 1 else x.dtype
     part = torch.empty(split, m, n, dtype=dtype, device=x.device)
+    pdl = pdl_mode(config.pdl, x.device)
     _fp8_half2_kernel[(tiles, split)](
         x.contiguous(), words, scale.contiguous().float(), part, m, n, k, k // 4, per_split,
         scale_bn, scale_bk, scale.shape[1], block_n, quads, scale.shape[1] == 1,
-        x.device.type != "cuda", num_warps=config.num_warps,
+        x.device.type != "cuda", pdl, num_warps=config.num_warps, launch_pdl=pdl == GDC,
     )  # fmt: skip
     return finish_splits(part, x)

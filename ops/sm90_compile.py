@@ -1,6 +1,7 @@
 """A Triton kernel compiled for sm_90 (the H200) on a machine without a GPU: registers, spill
-stack, shared memory, and the TTGIR / SASS to read, from triton's bundled ptxas and cuobjdump.
-ops/fp8_compile_check.py and ops/mla_compile_check.py print their kernels' figures with it.
+stack, shared memory, and the TTGIR / PTX / SASS to read, from triton's bundled ptxas and cuobjdump.
+ops/fp8_compile_check.py and ops/mla_compile_check.py print their kernels' figures with it;
+ops/gemv_pdl_check.py reads the PTX of the decode GEMVs with and without PDL.
 
 Pointer arguments default to bf16 and the rest to i32 (`types` overrides by name); pointers and
 strides are marked divisible by 16, as the real launches specialise them.
@@ -28,6 +29,7 @@ class Sm90Build:
     smem: int  # shared memory bytes per program
     ttgir: str
     sass: str  # empty unless asked for
+    ptx: str = ""
 
     def programs_per_sm(self, num_warps: int) -> int:
         """Programs an SM holds by registers and shared memory."""
@@ -75,4 +77,5 @@ def compile_sm90(
         smem=int(compiled.metadata.shared),
         ttgir=compiled.asm["ttgir"],
         sass=code,
+        ptx=compiled.asm["ptx"],
     )
