@@ -227,7 +227,9 @@ def old_module(rev: str, module: str, tmp: str) -> ModuleType:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--against", default=BEFORE_PDL, help="PDL off must match this commit")
+    parser.add_argument(
+        "--against", default=BEFORE_PDL, help="PDL off must match this commit ('': no compare)"
+    )
     args = parser.parse_args()
     good = True
     with tempfile.TemporaryDirectory() as tmp:
@@ -239,8 +241,10 @@ def main() -> None:
                 ok, info = check_pdl(pdl, kernel, fn.arg_names)
                 caught = not check_pdl(wait_moved_to_end(pdl), kernel, fn.arg_names)[0]
                 off = code_lines(ptx_of(fn, kernel, False))
-                old = code_lines(ptx_of(getattr(old_module(args.against, kernel.old, tmp),
-                                                kernel.name), kernel, None))  # fmt: skip
+                old = off
+                if args.against:
+                    old = code_lines(ptx_of(getattr(old_module(args.against, kernel.old, tmp),
+                                                    kernel.name), kernel, None))  # fmt: skip
             except Exception as exc:  # report and go on
                 print(f"{head}: FAILED {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
                 good = False
@@ -251,7 +255,7 @@ def main() -> None:
                   f"end: {'rejected' if caught else 'NOT REJECTED'}")  # fmt: skip
             print(f"{head} off: {'ok' if no_gdc and same else 'WRONG'} (griddepcontrol "
                   f"{'absent' if no_gdc else 'PRESENT'}, {len(off)} PTX lines, "
-                  f"{'same as' if same else 'DIFFERENT from'} {args.against})")  # fmt: skip
+                  f"{'same as' if same else 'DIFFERENT from'} {args.against or 'itself'})")  # fmt: skip
             good = good and ok and caught and no_gdc and same
     print("PDL CHECK OK" if good else "PDL CHECK FAILED")
     if not good:
