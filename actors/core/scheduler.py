@@ -19,6 +19,7 @@ import structlog
 from troupe.actors.core.base import Outgoing
 from troupe.actors.core.grammar_feed import GrammarFeed
 from troupe.actors.core.kv_release import never_fits, too_big
+from troupe.actors.core.late_tokens import await_token, land_tokens
 from troupe.actors.core.plan_builder import InFlight, build_plan
 from troupe.actors.core.preemption_policy import make_preemption_policy
 from troupe.actors.core.queue_policy import make_queue_policy
@@ -33,6 +34,7 @@ from troupe.messages.executor import StepPlan
 from troupe.messages.scheduler import (
     AdmittedRequest,
     AllocationResult,
+    LateTokens,
     SampledToken,
     SchedulerInbox,
     StepResult,
@@ -47,7 +49,8 @@ ABORT = FinishReason.ABORT
 
 
 class SchedulerCore:
-    """Inbox: AdmittedRequest, AbortRequest, StopRequests, AllocationResult, StepResult.
+    """Inbox: AdmittedRequest, AbortRequest, StopRequests, AllocationResult, StepResult,
+    LateTokens.
     Outboxes: "allocator" (AllocateBatch), "executor" (StepPlan), "streamer" (TokenBatch),
     "grammar" (ComputeMasks, for steps that sample constrained requests: grammar_feed.py).
 
@@ -115,6 +118,9 @@ class SchedulerCore:
                     out.append(("executor", plan) if plan else ("streamer", self.stats_batch()))
                 case StepResult():
                     out.append(("streamer", self.update(msg)))
+                case LateTokens():  # disaggregation: tokens of an earlier step (late_tokens.py)
+                    self._time = max(self._time, msg.time)
+                    self._pending += land_tokens(msg, self.queues)
                 case _:
                     raise ValueError(f"scheduler: unexpected message {type(msg).__name__}")
         if self._pending:
@@ -198,7 +204,7 @@ class SchedulerCore:
         if result.error is None:
             if result.failed:
                 self._fail_seqs(result, outputs)
-            self._apply_tokens(result.sampled, outputs)
+            self._apply_tokens(result, outputs)
         for req, _, _ in self.in_flight if result.error is not None else ():
             if req.status != Status.FINISHED:  # not aborted or stopped mid-step
                 self.queues.finish(req)
@@ -218,8 +224,9 @@ class SchedulerCore:
                 self.queues.finish(req)
                 outputs.append(req.failed(f"{reason} at step {result.step_id}"))
 
-    def _apply_tokens(self, sampled: Sequence[SampledToken], outputs: list[SeqOutput]) -> None:
+    def _apply_tokens(self, result: StepResult, outputs: list[SeqOutput]) -> None:
         """Append each in-flight request's sampled token; its SeqOutput goes to `outputs`."""
+        sampled, late = result.sampled, result.late
         # Tokens come in plan order; a dict is built only if the executor broke that order.
         by_id: dict[str, SampledToken] | None = None
         i, num_sampled = 0, len(sampled)
@@ -228,6 +235,9 @@ class SchedulerCore:
         finished, speculating = Status.FINISHED, self.speculator.enabled
         for req, end, sample in self.in_flight:
             if sample:
+                if late and req.request_id in late:  # its token comes later (late_tokens.py)
+                    await_token(self.planner, req, end, result.step_id)
+                    continue
                 i += 1
             if req.status == finished:
                 continue  # aborted or stopped mid-step: its KV and token are not wanted
@@ -270,7 +280,7 @@ class SchedulerCore:
             num_gpu_blocks_cached=pools.num_gpu_cached,
             num_cpu_blocks=self.num_cpu_blocks,
             num_cpu_blocks_used=self.num_cpu_blocks - pools.num_cpu_free,
-            num_running=len(q.running),
+            num_running=len(q.running) + len(q.awaiting),
             num_waiting=len(q.waiting),
             num_swapped=len(q.swapped),
             num_preemptions_swap=self.planner.num_preemptions_swap,
