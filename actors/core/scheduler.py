@@ -7,7 +7,8 @@ Each step is one round trip to the allocator, then one to the executor:
          <-- StepResult: update(): TokenBatch --> streamer; next round trip if work exists
 
 Messages arriving meanwhile (new requests, aborts, stop-string hits) take effect at the next
-plan. Composed of RequestQueues, StepPlanner, build_plan and a Speculator (a module each).
+plan; late tokens (disaggregation: a first token after its step's result) land at once
+(late_tokens.py). Composed of RequestQueues, StepPlanner, build_plan and a Speculator (a module each).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from troupe.actors.core.plan_builder import InFlight, build_plan
 from troupe.actors.core.preemption_policy import make_preemption_policy
 from troupe.actors.core.queue_policy import make_queue_policy
 from troupe.actors.core.request_state import Request, RequestQueues, Status
+from troupe.actors.core.scheduler_stats import engine_stats
 from troupe.actors.core.speculator import SpecSettings, Speculator
 from troupe.actors.core.step_limits import StepLimits
 from troupe.actors.core.step_planner import StepPlanner
@@ -272,27 +274,7 @@ class SchedulerCore:
 
     def stats(self) -> EngineStats:
         """A snapshot of pools (as of the last AllocationResult), queues and counters."""
-        pools, q, num_gpu = self.pools, self.queues, self.limits.num_gpu_blocks
-        spec = self.speculator
-        return EngineStats(
-            num_gpu_blocks=num_gpu,
-            num_gpu_blocks_used=num_gpu - pools.num_gpu_free,
-            num_gpu_blocks_cached=pools.num_gpu_cached,
-            num_cpu_blocks=self.num_cpu_blocks,
-            num_cpu_blocks_used=self.num_cpu_blocks - pools.num_cpu_free,
-            num_running=len(q.running) + len(q.awaiting),
-            num_waiting=len(q.waiting),
-            num_swapped=len(q.swapped),
-            num_preemptions_swap=self.planner.num_preemptions_swap,
-            num_preemptions_recompute=self.planner.num_preemptions_recompute,
-            prefix_cache_hit_tokens=pools.prefix_cache_hit_tokens,
-            prefix_cache_query_tokens=pools.prefix_cache_query_tokens,
-            prefix_cache_cpu_hit_tokens=pools.prefix_cache_cpu_hit_tokens,
-            num_steps=self.num_steps,
-            num_spec_proposed_tokens=spec.num_proposed,
-            num_spec_accepted_tokens=spec.num_accepted,
-            spec_accepted_lengths=tuple(spec.accepted_lengths) if spec.enabled else (),
-        )
+        return engine_stats(self.pools, self.planner, self.num_cpu_blocks, self.num_steps)
 
     def stats_batch(self) -> TokenBatch:
         """Pending terminal outputs (maybe none) and fresh stats, outside a step."""
