@@ -106,6 +106,11 @@ class StepResult(msgspec.Struct, frozen=True, kw_only=True, tag=True, gc=False):
     sequences in `failed` (the scheduler fails those requests alone; the others go on).
 
     `error` set means the step failed: no tokens, and the scheduler fails that step's requests.
+
+    `late` (prefill/decode disaggregation only; one executor never sets it): sampled SeqWorks
+    whose token comes in a later LateTokens, not here. Their chunks were computed on the
+    prefill side while the decode side answered; the scheduler counts them computed and holds
+    them (Status.AWAITING: neither planned nor a preemption victim) until their token lands.
     """
 
     step_id: int
@@ -113,6 +118,28 @@ class StepResult(msgspec.Struct, frozen=True, kw_only=True, tag=True, gc=False):
     sampled: tuple[SampledToken, ...] = ()
     failed: tuple[FailedSeq, ...] = ()  # in plan order; a default, so older traces still decode
     error: str | None = None
+    late: tuple[str, ...] = ()  # in plan order; a default, so older traces still decode
 
 
-SchedulerInbox = AdmittedRequest | AbortRequest | StopRequests | AllocationResult | StepResult
+class LateTokens(msgspec.Struct, frozen=True, kw_only=True, tag=True, gc=False):
+    """The tokens of the requests a StepResult named `late`: step `step_id`'s prefill share,
+    answered after that step's result went out. The phase router sends it just before the next
+    StepResult it sends, or alone at once when no step is in flight (so a scheduler with only
+    awaiting requests is never left idle). It may reach the scheduler in any phase.
+
+    Each of `request_ids` gets its token in `sampled`, or fails alone (`failed`), or, with
+    `error` set, they all fail. Requests ended meanwhile (aborted, stopped) are skipped: their
+    blocks were freed at once, which is safe because each side runs its shares in step order.
+    """
+
+    step_id: int
+    time: float  # executor monotonic clock when the prefill share finished
+    request_ids: tuple[str, ...]  # the StepResult's `late`
+    sampled: tuple[SampledToken, ...] = ()
+    failed: tuple[FailedSeq, ...] = ()
+    error: str | None = None
+
+
+SchedulerInbox = (
+    AdmittedRequest | AbortRequest | StopRequests | AllocationResult | StepResult | LateTokens
+)

@@ -1,7 +1,7 @@
 """PhaseRouter core: prefill/decode disaggregation between the scheduler and two executors.
 
 The scheduler plans one step for one executor; the router splits each StepPlan in two and
-joins the two answers into the one StepResult the scheduler expects. It owns two facts: which
+joins the two answers into the StepResult the scheduler expects (and LateTokens). It owns two facts: which
 executor a request's work runs on, and which executor holds the latest contents of each KV
 block (kv_residency.py).
 
@@ -11,10 +11,11 @@ block (kv_residency.py).
     blocks a side reads but the other holds ─► send_blocks / recv_blocks of both shares
 
 Both executors' pools share the allocator's block ids, so the allocator and the scheduler's
-block accounting are unchanged. A side with nothing to do this step gets no plan. A prefill
-share that samples nothing is not waited for (step_join.py): the decodes of the step are
-answered at their own pace while the prefill side works through prompt chunks, and a step
-with nothing awaited is answered at once.
+block accounting are unchanged. A side with nothing to do this step gets no plan. A step
+with decodes is answered when the decode side is (step_join.py): the prefill side works
+through prompt chunks at its own pace, and a prompt's first token sampled there after its
+step's result went out comes to the scheduler later (StepResult.late, then LateTokens). A
+step with nothing awaited is answered at once.
 
 Requests without a seed get one here, drawn from the engine's `seed` in the order a single
 executor would draw it (request_seeds.py): both sides then sample the same stream.
@@ -39,7 +40,7 @@ OTHER = {Phase.PREFILL: Phase.DECODE, Phase.DECODE: Phase.PREFILL}
 
 class PhaseRouterCore:
     """Inbox: StepPlan (scheduler), PhaseStepResult (executors). Outboxes: "prefill_executor",
-    "executor" (the decode side), "scheduler" (StepResult)."""
+    "executor" (the decode side), "scheduler" (StepResult, LateTokens)."""
 
     def __init__(self, *, block_size: int, seed: int) -> None:
         self.block_size = block_size
@@ -55,9 +56,7 @@ class PhaseRouterCore:
             if isinstance(msg, StepPlan):
                 out += self.split(msg)
                 continue
-            joined = self.joins.answer(msg.phase, msg.result)
-            if joined is not None:
-                out.append(("scheduler", joined))
+            out += [("scheduler", m) for m in self.joins.answer(msg.phase, msg.result)]
         return out
 
     def split(self, plan: StepPlan) -> Outgoing:
@@ -73,7 +72,7 @@ class PhaseRouterCore:
             if gone is not None and gone.holder is not None:
                 released[gone.holder].append(request_id)
         seqs: dict[Phase, list[SeqWork]] = {Phase.PREFILL: [], Phase.DECODE: []}
-        sampling = {Phase.PREFILL: False, Phase.DECODE: False}
+        prefill_sampled: list[str] = []  # its first token: maybe late (step_join.py)
         reads: list[tuple[Phase, list[int]]] = []
         writes: list[tuple[Phase, list[int]]] = []
         bs = self.block_size
@@ -93,12 +92,12 @@ class PhaseRouterCore:
                 share = work
             req.holder = side
             seqs[side].append(share)
-            sampling[side] = sampling[side] or work.sample
             end = work.start_pos + len(work.token_ids)
             reads.append((side, req.table[: -(-work.start_pos // bs)]))
             writes.append((side, req.table[work.start_pos // bs : -(-end // bs)]))
             if side == Phase.PREFILL and work.sample:
                 req.phase = Phase.DECODE  # its first token comes from this chunk
+                prefill_sampled.append(work.request_id)
         incoming = self._transfers(reads, writes)
         order = tuple(w.request_id for w in plan.seqs if w.sample)
         shares: dict[Phase, StepPlan] = {}
@@ -113,13 +112,10 @@ class PhaseRouterCore:
                     recv_blocks=tuple(receives),
                 )
             self.num_blocks_sent[side] += len(sends)
-        # a prefill share that samples nothing is not awaited (step_join.py)
-        awaited = {side for side in shares if side == Phase.DECODE or sampling[side]}
+        # the prefill share is awaited only if it samples and no decode share answers
         out: Outgoing = [(OUTBOX[side], share) for side, share in shares.items()]
-        joined = self.joins.start(plan.step_id, order, set(shares), awaited)
-        if joined is not None:
-            out.append(("scheduler", joined))
-        return out
+        started = self.joins.start(plan.step_id, order, set(shares), tuple(prefill_sampled))
+        return out + [("scheduler", m) for m in started]
 
     def _request(self, work: SeqWork) -> PhaseRequest:
         req = self.requests.get(work.request_id)

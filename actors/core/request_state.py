@@ -23,6 +23,7 @@ class Status(enum.IntEnum):
     RUNNING = 1  # blocks on the GPU
     SWAPPED = 2  # blocks in the CPU pool
     FINISHED = 3
+    AWAITING = 4  # computed, its token late (disaggregation: late_tokens.py); holds its blocks
 
 
 class Kind(enum.Enum):
@@ -73,6 +74,7 @@ class Request:
     spec_paused: int = 0  # decode steps left without proposals (speculator.py backoff)
     ngrams: NgramIndex | None = None  # its n-grams' positions, made at its first proposal
     num_samples: int = 1  # > 1: a parent of parallel samples, not forked yet (sample_fork.py)
+    late_step: int = 0  # while AWAITING: the step whose token it awaits
     # StreamingLLM (SamplingParams.streaming_window): the window, 0 when off, and the sinks
     stream_window: int = 0
     num_sink_tokens: int = 0
@@ -120,7 +122,7 @@ class Request:
 
 
 class RequestQueues:
-    """Live requests by id, in three queues sorted by `sort_key`; ended requests whose blocks
+    """Live requests by id, in four queues sorted by `sort_key`; ended requests whose blocks
     (`to_free`) or executor state (`released`) the next step releases."""
 
     def __init__(self, policy: QueuePolicy) -> None:
@@ -129,10 +131,11 @@ class RequestQueues:
         self.waiting: list[Request] = []
         self.running: list[Request] = []
         self.swapped: list[Request] = []
+        self.awaiting: list[Request] = []  # a seat and blocks, never planned nor a victim
         self.to_free: dict[str, Request] = {}
         self.released: list[str] = []
         self._queues = {Status.WAITING: self.waiting, Status.RUNNING: self.running}
-        self._queues[Status.SWAPPED] = self.swapped
+        self._queues[Status.SWAPPED], self._queues[Status.AWAITING] = self.swapped, self.awaiting
 
     def add(self, req: Request) -> None:
         req.sort_key = self.policy.sort_key(req)

@@ -7,7 +7,8 @@ Each step is one round trip to the allocator, then one to the executor:
          <-- StepResult: update(): TokenBatch --> streamer; next round trip if work exists
 
 Messages arriving meanwhile (new requests, aborts, stop-string hits) take effect at the next
-plan. Composed of RequestQueues, StepPlanner, build_plan and a Speculator (a module each).
+plan; late tokens (disaggregation: a first token after its step's result) land at once
+(late_tokens.py). Composed of RequestQueues, StepPlanner, build_plan and a Speculator (a module each).
 """
 
 from __future__ import annotations
@@ -19,10 +20,12 @@ import structlog
 from troupe.actors.core.base import Outgoing
 from troupe.actors.core.grammar_feed import GrammarFeed
 from troupe.actors.core.kv_release import never_fits, too_big
+from troupe.actors.core.late_tokens import await_token, land_tokens
 from troupe.actors.core.plan_builder import InFlight, build_plan
 from troupe.actors.core.preemption_policy import make_preemption_policy
 from troupe.actors.core.queue_policy import make_queue_policy
 from troupe.actors.core.request_state import Request, RequestQueues, Status
+from troupe.actors.core.scheduler_stats import engine_stats
 from troupe.actors.core.speculator import SpecSettings, Speculator
 from troupe.actors.core.step_limits import StepLimits
 from troupe.actors.core.step_planner import StepPlanner
@@ -33,6 +36,7 @@ from troupe.messages.executor import StepPlan
 from troupe.messages.scheduler import (
     AdmittedRequest,
     AllocationResult,
+    LateTokens,
     SampledToken,
     SchedulerInbox,
     StepResult,
@@ -47,7 +51,8 @@ ABORT = FinishReason.ABORT
 
 
 class SchedulerCore:
-    """Inbox: AdmittedRequest, AbortRequest, StopRequests, AllocationResult, StepResult.
+    """Inbox: AdmittedRequest, AbortRequest, StopRequests, AllocationResult, StepResult,
+    LateTokens.
     Outboxes: "allocator" (AllocateBatch), "executor" (StepPlan), "streamer" (TokenBatch),
     "grammar" (ComputeMasks, for steps that sample constrained requests: grammar_feed.py).
 
@@ -115,6 +120,9 @@ class SchedulerCore:
                     out.append(("executor", plan) if plan else ("streamer", self.stats_batch()))
                 case StepResult():
                     out.append(("streamer", self.update(msg)))
+                case LateTokens():  # disaggregation: tokens of an earlier step (late_tokens.py)
+                    self._time = max(self._time, msg.time)
+                    self._pending += land_tokens(msg, self.queues)
                 case _:
                     raise ValueError(f"scheduler: unexpected message {type(msg).__name__}")
         if self._pending:
@@ -198,7 +206,7 @@ class SchedulerCore:
         if result.error is None:
             if result.failed:
                 self._fail_seqs(result, outputs)
-            self._apply_tokens(result.sampled, outputs)
+            self._apply_tokens(result, outputs)
         for req, _, _ in self.in_flight if result.error is not None else ():
             if req.status != Status.FINISHED:  # not aborted or stopped mid-step
                 self.queues.finish(req)
@@ -218,8 +226,9 @@ class SchedulerCore:
                 self.queues.finish(req)
                 outputs.append(req.failed(f"{reason} at step {result.step_id}"))
 
-    def _apply_tokens(self, sampled: Sequence[SampledToken], outputs: list[SeqOutput]) -> None:
+    def _apply_tokens(self, result: StepResult, outputs: list[SeqOutput]) -> None:
         """Append each in-flight request's sampled token; its SeqOutput goes to `outputs`."""
+        sampled, late = result.sampled, result.late
         # Tokens come in plan order; a dict is built only if the executor broke that order.
         by_id: dict[str, SampledToken] | None = None
         i, num_sampled = 0, len(sampled)
@@ -228,6 +237,9 @@ class SchedulerCore:
         finished, speculating = Status.FINISHED, self.speculator.enabled
         for req, end, sample in self.in_flight:
             if sample:
+                if late and req.request_id in late:  # its token comes later (late_tokens.py)
+                    await_token(self.planner, req, end, result.step_id)
+                    continue
                 i += 1
             if req.status == finished:
                 continue  # aborted or stopped mid-step: its KV and token are not wanted
@@ -262,27 +274,7 @@ class SchedulerCore:
 
     def stats(self) -> EngineStats:
         """A snapshot of pools (as of the last AllocationResult), queues and counters."""
-        pools, q, num_gpu = self.pools, self.queues, self.limits.num_gpu_blocks
-        spec = self.speculator
-        return EngineStats(
-            num_gpu_blocks=num_gpu,
-            num_gpu_blocks_used=num_gpu - pools.num_gpu_free,
-            num_gpu_blocks_cached=pools.num_gpu_cached,
-            num_cpu_blocks=self.num_cpu_blocks,
-            num_cpu_blocks_used=self.num_cpu_blocks - pools.num_cpu_free,
-            num_running=len(q.running),
-            num_waiting=len(q.waiting),
-            num_swapped=len(q.swapped),
-            num_preemptions_swap=self.planner.num_preemptions_swap,
-            num_preemptions_recompute=self.planner.num_preemptions_recompute,
-            prefix_cache_hit_tokens=pools.prefix_cache_hit_tokens,
-            prefix_cache_query_tokens=pools.prefix_cache_query_tokens,
-            prefix_cache_cpu_hit_tokens=pools.prefix_cache_cpu_hit_tokens,
-            num_steps=self.num_steps,
-            num_spec_proposed_tokens=spec.num_proposed,
-            num_spec_accepted_tokens=spec.num_accepted,
-            spec_accepted_lengths=tuple(spec.accepted_lengths) if spec.enabled else (),
-        )
+        return engine_stats(self.pools, self.planner, self.num_cpu_blocks, self.num_steps)
 
     def stats_batch(self) -> TokenBatch:
         """Pending terminal outputs (maybe none) and fresh stats, outside a step."""

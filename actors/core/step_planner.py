@@ -49,8 +49,7 @@ class StepPlanner:
         self._shrinks: dict[str, Shrink] = {}  # this step's
         self._avail = self._cpu_avail = 0  # blocks left to plan with, this step
         self._extra_seats = 0  # seats running parents hold for their samples (sample_fork.py)
-        self._returned = 0  # tokens of this step's victims, back to the budget
-        self._preempted = False
+        self._returned, self._preempted = 0, False  # victims' tokens back to the budget; any?
         self.has_streaming = False  # a StreamingLLM request was ever added: check releases
 
     def plan(self, num_gpu_free: int, num_cpu_free: int) -> list[AllocOp] | None:
@@ -160,7 +159,8 @@ class StepPlanner:
         self._ops[Fork].append(fork)
 
     def _seats(self) -> int:
-        return self.limits.max_num_seqs - len(self.queues.running) - self._extra_seats
+        q = self.queues  # a request awaiting its token keeps its seat
+        return self.limits.max_num_seqs - len(q.running) - len(q.awaiting) - self._extra_seats
 
     def _lookahead(self, req: Request, n: int) -> int:
         """Positions past the chunk its table must cover: the lookahead if the chunk samples."""
@@ -189,7 +189,7 @@ class StepPlanner:
             self._preempted = True
             running = self.queues.running
             victim = self.preemption.victim(running)
-            if victim is req and len(running) > 1:
+            if victim is req and (len(running) > 1 or self.queues.awaiting):
                 self._preempt(req)
                 return None
             if victim is req:
