@@ -25,10 +25,10 @@ from troupe.messages import (
     SamplingParams,
     StepPlan,
     StepResult,
-    TokenBatch,
 )
 
 from tests.actors.core.allocator_invariants import check_allocator
+from tests.actors.core.stream_record import StreamRecord
 
 BS = 4
 PROMPTS = [[(13 * i + 5 * j + 1) % 250 + 3 for j in range(3 + 5 * i)] for i in range(5)]
@@ -53,19 +53,15 @@ class Wired:
         self.shares: dict[Phase, deque[StepPlan]] = {p: deque() for p in Phase}
         self.mail: dict[tuple[Phase, int, int], Block] = {}  # (to, step, block) -> contents
         self.pending: deque[tuple[str, Any]] = deque()
-        self.tokens: dict[str, list[int]] = {}
-        self.ends: dict[str, list[FinishReason]] = {}
+        self.record = StreamRecord()
+        self.tokens, self.ends = self.record.tokens, self.record.ends
         self.decodes_answered_ahead = 0  # decode answers while a sampling chunk was queued
         self.clock = 0.0
 
     def route(self, out: list[tuple[str, Any]], source: str) -> None:
         for dest, msg in out:
             if dest == "streamer":
-                assert isinstance(msg, TokenBatch)
-                for o in msg.outputs:
-                    self.tokens.setdefault(o.request_id, []).extend(o.token_ids)
-                    if o.finish_reason is not None:
-                        self.ends.setdefault(o.request_id, []).append(o.finish_reason)
+                self.record.add(msg)
             elif dest == "executor" and source == "scheduler":
                 self.pending.append(("router", msg))
             elif dest in ("executor", "prefill_executor"):

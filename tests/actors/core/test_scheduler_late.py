@@ -21,11 +21,11 @@ from troupe.messages import (
     SeqFailureReason,
     StepPlan,
     StepResult,
-    TokenBatch,
 )
 from troupe.messages.allocator import FreeRequest
 
 from tests.actors.core.allocator_invariants import check_allocator
+from tests.actors.core.stream_record import StreamRecord
 from tests.actors.core.test_scheduler import Rig, prompt
 
 Out = list[tuple[str, Any]]
@@ -36,18 +36,14 @@ class LateRig(Rig):
 
     def __init__(self, **kw: Any) -> None:
         super().__init__(**kw)
-        self.tokens: dict[str, list[int]] = {}
-        self.ends: dict[str, list[FinishReason]] = {}
+        self.record = StreamRecord()
+        self.tokens, self.ends = self.record.tokens, self.record.ends
 
     def handle(self, msgs: list[Any]) -> Out:
         out = self.s.handle(msgs)
         for dest, msg in out:
             if dest == "streamer":
-                assert isinstance(msg, TokenBatch)
-                for o in msg.outputs:
-                    self.tokens.setdefault(o.request_id, []).extend(o.token_ids)
-                    if o.finish_reason is not None:
-                        self.ends.setdefault(o.request_id, []).append(o.finish_reason)
+                self.record.add(msg)
         return out
 
     def run(
