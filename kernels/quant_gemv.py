@@ -8,13 +8,15 @@ Two weight forms, two shapes each:
     fp8    e4m3 [N, K] with scales [ceil(N/Bn), ceil(K/Bk)] fp32: w = scale[n // Bn, k // Bk]
            * q (per channel: Bn = 1, Bk = K; DeepSeek/Qwen block fp8: 128 x 128)
 
-    decode   M <= GEMV_MAX_ROWS: one program per (BLOCK_N rows, K split, row of x); each
+    decode   M = 1 (fp8 with narrow scale blocks: M <= GEMV_MAX_ROWS; int4: M < INT4_SKINNY_
+             MIN_ROWS): one program per (BLOCK_N rows, K split, row of x); each
              streams its weight bytes once with 16-byte loads, products summed in fp32;
              split-K partials land in an fp32 [SPLIT, M, N] buffer that one sum reduces
              (no atomics: the result does not depend on timing)
-    skinny   fp8, 2 <= M <= SKINNY_MAX_ROWS: like decode, but all rows of x in one program
+    skinny   2 <= M <= SKINNY_MAX_ROWS: like decode, but all rows of x in one program
              (padded to 16 for tl.dot), so W is read once, not once per row (H200, Llama-8B
-             step at 4 and 16 rows: 3.5 ms instead of 7.1-7.4)
+             fp8 step at 4 and 16 rows: 3.5 ms instead of 7.1-7.4; int4 at 4 rows took
+             10.6-12.2 ms as a GEMV, 2.6-3x bf16's)
     prefill  more rows: tiles of W expanded to x's dtype in registers, then tl.dot
 
 The decode GEMV above is the BYTES variant (its kernels: kernels/quant_bytes.py); INT4_GEMV /
@@ -42,26 +44,30 @@ from troupe.kernels.quant_half2_fp8 import fp8_half2, fp8_half2_fits
 
 GEMV_MAX_ROWS = 8
 SKINNY_MAX_ROWS = 16
+INT4_SKINNY_MIN_ROWS = 2  # from here to SKINNY_MAX_ROWS rows int4 takes the skinny kernel
 # The decode GEMVs the engine's quantized linears use (gpu/quant_linear.py): switch a variant by
 # editing one of these lines (`python -m troupe.ops.quant_bench --sweep-variants` ranks them).
-INT4_GEMV = Int4GemvConfig(Int4Gemv.HALF2, block_n=4, groups=128, num_warps=4, k_splits=0)
-FP8_GEMV = Fp8GemvConfig(Fp8Gemv.BYTES)
+INT4_GEMV = Int4GemvConfig(
+    Int4Gemv.HALF2, block_n=4, groups=128, num_warps=4, k_splits=0, pdl=True
+)
+FP8_GEMV = Fp8GemvConfig(Fp8Gemv.HALF2, block_n=4, block_w=512, num_warps=4, k_splits=0, pdl=True)
 
 
 @triton.jit
 def _int4_gemm_kernel(
     x_ptr, packed_ptr, scale_ptr, bias_ptr, out_ptr,
-    M, N, K,
+    M, N, K, k_per_split,
     G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     PRECISION: tl.constexpr,
 ):  # fmt: skip
-    pid_m, pid_n = tl.program_id(0), tl.program_id(1)
+    pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     half = tl.arange(0, BLOCK_K // 2)
     groups = tl.arange(0, BLOCK_K // G)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    k_start = pid_k * k_per_split
+    for k0 in range(k_start, k_start + k_per_split, BLOCK_K):
         byte = k0 // 2 + half
         byte_ok = byte < K // 2
         p = tl.load(
@@ -90,7 +96,7 @@ def _int4_gemm_kernel(
         xo = tl.load(x_ptr + x_off + 16, mask=x_mask, other=0.0)
         acc += tl.dot(xe, tl.trans(w_lo.to(xe.dtype)), input_precision=PRECISION)
         acc += tl.dot(xo, tl.trans(w_hi.to(xo.dtype)), input_precision=PRECISION)
-    out = out_ptr + rm.to(tl.int64)[:, None] * N + rn[None, :]
+    out = out_ptr + (pid_k.to(tl.int64) * M + rm.to(tl.int64))[:, None] * N + rn[None, :]
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=(rm < M)[:, None] & (rn < N)[None, :])
 
 
@@ -211,8 +217,10 @@ def int4_matmul(
     m, k = x.shape
     n = packed.shape[0]
     x = x.contiguous()
-    if m <= GEMV_MAX_ROWS and gemv.variant is Int4Gemv.HALF2:
+    if m == 1 and gemv.variant is Int4Gemv.HALF2:
         return int4_half2(x, packed, scale, bias, gemv)
+    if INT4_SKINNY_MIN_ROWS <= m <= SKINNY_MAX_ROWS:
+        return int4_skinny(x, packed, scale, bias, group)
     if m <= GEMV_MAX_ROWS:
         block_k = 256
         block_n, split = _gemv_shape(n, m, k, block_k, x.device, (32,))  # narrower: slower (H200)
@@ -228,11 +236,37 @@ def int4_matmul(
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     block_m, block_n = (64, 64) if x.device.type == "cuda" else (16, 32)
     block_k = 64
-    tiles = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
+    tiles = (triton.cdiv(m, block_m), triton.cdiv(n, block_n), 1)
     _int4_gemm_kernel[tiles](
-        x, packed, scale, bias, out, m, n, k, group, block_m, block_n, block_k, _precision(x)
-    )
+        x, packed, scale, bias, out, m, n, k, triton.cdiv(k, block_k) * block_k, group,
+        block_m, block_n, block_k, _precision(x),
+    )  # fmt: skip
     return out
+
+
+def int4_skinny(
+    x: torch.Tensor,
+    packed: torch.Tensor,
+    scale: torch.Tensor,
+    bias: torch.Tensor,
+    group: int,
+    block_n: int = 64,  # the best of an H200 sweep (block_n 16-128, block_k 128-512, 4/8 warps)
+    block_k: int = 128,
+    num_warps: int = 4,
+) -> torch.Tensor:
+    """A few rows of x (2 to SKINNY_MAX_ROWS) in one program, padded to 16 for tl.dot: each W
+    tile is read once for all rows, not once per row as the decode GEMV reads it; K split so
+    the grid fills the device, fp32 partials summed after."""
+    m, k = x.shape
+    n = packed.shape[0]
+    split = _splits(triton.cdiv(n, block_n), k, block_k, x.device)
+    part = _partials(split, m, n, x)
+    per_split = triton.cdiv(triton.cdiv(k, block_k), split) * block_k
+    _int4_gemm_kernel[(1, triton.cdiv(n, block_n), split)](
+        x, packed, scale, bias, part, m, n, k, per_split, group, 16, block_n, block_k,
+        _precision(x), num_warps=num_warps,
+    )  # fmt: skip
+    return part[0] if split == 1 else part.sum(0).to(x.dtype)
 
 
 def fp8_matmul(
@@ -250,7 +284,7 @@ def fp8_matmul(
     scale_bk = triton.cdiv(k, scale.shape[1])
     x, scale = x.contiguous(), scale.contiguous().float()
     half2 = gemv.variant is Fp8Gemv.HALF2 and fp8_half2_fits(weight, scale_bk, scale.shape[1])
-    if m <= GEMV_MAX_ROWS and half2:
+    if m == 1 and half2:  # at 4 and 8 rows HALF2 took 3x and 6x the skinny kernel's time (H200)
         return fp8_half2(x, weight, scale, gemv)
     gemv_rows = m == 1 or (m <= GEMV_MAX_ROWS and scale_bk & -scale_bk < 16)
     if gemv_rows:

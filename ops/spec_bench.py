@@ -129,7 +129,7 @@ def run_batches(
             for name, prompts in workloads.items():
                 if name == "generate":
                     continue
-                for size in args.batches:
+                for size in [args.row_batch] if args.row_batch else args.batches:
                     # the run of median time among --repeats (a single run swings 20-30% on a
                     # busy host)
                     runs = []
@@ -219,6 +219,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--workload", choices=("matching", "nonmatching"), help="only this workload's rows"
+    )
+    parser.add_argument(
+        "--row-batch",
+        type=int,
+        help="only this one of --batches (prompts and pool still sized by all of them)",
     )
     parser.add_argument("--prompt-lookup-min", type=int, default=2)
     parser.add_argument("--prompt-lookup-max", type=int, default=4)

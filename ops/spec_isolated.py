@@ -84,7 +84,7 @@ def run_isolated(args: argparse.Namespace, argv: list[str] | None) -> int:
         parts: list[list[str]] = [[]]
         if args.isolate_rows:
             names = [args.workload] if args.workload else ["matching", "nonmatching"]
-            parts = [["--workload", w, "--batches", str(b)] for w in names for b in args.batches]
+            parts = [["--workload", w, "--row-batch", str(b)] for w in names for b in args.batches]
         for round_no in range(args.rounds):
             order = ("off", "on") if round_no % 2 == 0 else ("on", "off")
             for part_no, part in enumerate(parts):

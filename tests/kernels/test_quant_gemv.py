@@ -14,18 +14,21 @@ from troupe.kernels.quant_gemv import (
     int4_matmul,
     int4_reference,
 )
-from troupe.kernels.quant_gemv_config import Int4Gemv, Int4GemvConfig
+from troupe.kernels.quant_gemv_config import Fp8Gemv, Fp8GemvConfig, Int4Gemv, Int4GemvConfig
 
-# this file's GEMV is the fp32 byte kernel (the engine's default, HALF2, sums in fp16: its
+# this file's GEMVs are the fp32 byte kernels (the engine's defaults, HALF2, sum in fp16: their
 # bounds are tests/kernels/test_quant_half2.py's)
 BYTES = Int4GemvConfig(Int4Gemv.BYTES)
+FP8_BYTES = Fp8GemvConfig(Fp8Gemv.BYTES)
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(
-    ("m", "n", "k"), [(1, 40, 128), (3, 96, 320), (GEMV_MAX_ROWS + 9, 72, 192)]
+    ("m", "n", "k"),
+    # the GEMV, the skinny kernel at both ends of its rows, the prefill tiles
+    [(1, 40, 128), (3, 96, 320), (SKINNY_MAX_ROWS, 64, 512), (SKINNY_MAX_ROWS + 1, 72, 192)],
 )
 def test_int4_matmul(device: str, m: int, n: int, k: int) -> None:
     if device == "cuda":
@@ -64,7 +67,7 @@ def fp8_weight(
 def test_fp8_matmul(device: str, m: int, n: int, k: int, scale_shape: tuple[int, int]) -> None:
     weight, scale = fp8_weight(n, k, scale_shape, device)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(device)
-    got = fp8_matmul(x, weight, scale)
+    got = fp8_matmul(x, weight, scale, FP8_BYTES)
     want = fp8_reference(x, weight, scale)
     assert (got - want).abs().max() <= 1e-4 * want.abs().max()
     assert want.abs().max() > 0.1

@@ -52,10 +52,12 @@ def test_spec_bench_draft_smoke(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_spec_bench_isolated_rows(capsys: pytest.CaptureFixture[str]) -> None:
-    """--isolate-rows with --workload: only that workload's rows, each from children of its own."""
-    args = ["--smoke", "--batches", "1", "--prompt-len", "16", "--output-len", "8"]
-    assert main([*args, "--rounds", "1", "--isolate-rows", "--workload", "nonmatching"]) == 0
+    """--isolate-rows with --workload: only that workload's rows, each (batch, mode) from a child of
+    its own."""
+    args = ["--smoke", "--batches", "1", "2", "--prompt-len", "16", "--output-len", "8"]
+    assert main([*args, "--rounds", "1", "--isolate-rows", "--workload", "matching"]) == 0
     out = capsys.readouterr().out
     for mode in ("off", "ngram"):
-        assert re.search(rf"^nonmatching +batch=1 +{mode} +tok/s=", out, re.M), out
-    assert not re.search(r"^matching ", out, re.M), out
+        for batch in (1, 2):  # each row's child sees every batch's prompts (one matching set)
+            assert re.search(rf"^matching +batch={batch} +{mode} +tok/s=", out, re.M), out
+    assert not re.search(r"^nonmatching ", out, re.M), out
