@@ -47,9 +47,7 @@ SKINNY_MAX_ROWS = 16
 INT4_SKINNY_MIN_ROWS = 2  # from here to SKINNY_MAX_ROWS rows int4 takes the skinny kernel
 # The decode GEMVs the engine's quantized linears use (gpu/quant_linear.py): switch a variant by
 # editing one of these lines (`python -m troupe.ops.quant_bench --sweep-variants` ranks them).
-INT4_GEMV = Int4GemvConfig(
-    Int4Gemv.HALF2, block_n=4, groups=128, num_warps=4, k_splits=0, pdl=True
-)
+INT4_GEMV = Int4GemvConfig(Int4Gemv.HALF2, block_n=4, groups=128, num_warps=4, k_splits=0, pdl=True)
 FP8_GEMV = Fp8GemvConfig(Fp8Gemv.HALF2, block_n=4, block_w=512, num_warps=4, k_splits=0, pdl=True)
 
 
