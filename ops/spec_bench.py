@@ -123,7 +123,8 @@ def run_batches(
                         tg.start_soon(one, prompt, out, params)
                 return [o[0] for o in outs]
 
-            await batch([[1, 2, 3, 1, 2, 3]])  # warm-up: compile before the clock starts
+            # warm-up: compile before the clock starts (a repeating prompt: one verification)
+            await batch([[1, 2, 3, 1, 2, 3] if args.warmup == "repeat" else [1, 2, 3, 4, 5, 6]])
             if "generate" in workloads:
                 generated.extend(t for t, _ in await batch(workloads["generate"]))
             for name, prompts in workloads.items():
@@ -219,6 +220,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--workload", choices=("matching", "nonmatching"), help="only this workload's rows"
+    )
+    parser.add_argument(
+        "--warmup",
+        choices=("repeat", "plain"),
+        default="repeat",
+        help="the untimed first request: one that speculation verifies, or one it cannot",
     )
     parser.add_argument(
         "--row-batch",
