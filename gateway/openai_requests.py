@@ -3,7 +3,8 @@
 Types come from the Structs in `openai_bodies` (decoded straight from the bytes), ranges from
 SamplingParams.check; this module maps OpenAI's names onto troupe's and turns away, by name,
 what troupe does not serve yet (suffix, echo with logprobs, best_of > n streamed, n > 1 with
-tools, ...).
+tools, ...). A completion may carry a list of prompts (`prompts`; gateway/prompt_batch.py runs
+them).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ class OpenAIRequest:
 
     kind: Kind
     model: str | None
-    prompt: str | list[int] | list[dict[str, str]]
+    prompt: str | list[int] | list[dict[str, str]]  # the first of `prompts` (chat: the messages)
     params: SamplingParams
     stream: bool
     include_usage: bool  # stream_options.include_usage: a last chunk carrying usage
@@ -42,6 +43,9 @@ class OpenAIRequest:
     # engine field -> the field the client wrote (structured output errors name the latter)
     client_fields: dict[str, str] = dataclasses.field(default_factory=dict)
     tools: ToolPlan | None = None  # chat: the answer is tool calls (gateway/tool_calls.py)
+    # completions: every prompt of the request, in order (choices are numbered prompt-major:
+    # prompt i's sample j is choice i * n + j, as OpenAI and vLLM number them); chat: ()
+    prompts: tuple[str | list[int], ...] = ()
 
 
 # Fields passed to SamplingParams under the same name (priority included: vLLM's polarity).
@@ -78,10 +82,12 @@ def parse_request(kind: Kind, raw: bytes, *, default_max_tokens: int) -> OpenAIR
 
     logprobs_field = "logprobs"
     prompt: str | list[int] | list[dict[str, str]]
+    prompts: tuple[str | list[int], ...] = ()
     echo: str | list[int] | None = None
     if isinstance(body, CompletionBody):
-        completion_prompt = _completion_prompt(body.prompt)
-        prompt, echo = completion_prompt, completion_prompt if body.echo else None
+        prompts = _completion_prompts(body.prompt)
+        prompt = prompts[0]
+        echo = prompts[0] if body.echo else None
         if body.logprobs is not None:
             kw["logprobs"] = body.logprobs
     else:
@@ -120,6 +126,11 @@ def parse_request(kind: Kind, raw: bytes, *, default_max_tokens: int) -> OpenAIR
             "stream_options.continuous_usage_stats",
             "continuous_usage_stats needs include_usage: true",
         )
+    if continuous and len(prompts) > 1:
+        raise invalid(
+            "stream_options.continuous_usage_stats",
+            "continuous_usage_stats needs a single prompt (its chunks count one prompt's tokens)",
+        )
     return OpenAIRequest(
         kind=kind,
         model=body.model,
@@ -132,6 +143,7 @@ def parse_request(kind: Kind, raw: bytes, *, default_max_tokens: int) -> OpenAIR
         user=body.user,
         client_fields=client_fields,
         tools=tools,
+        prompts=prompts,
     )
 
 
@@ -161,16 +173,19 @@ def _refuse_unsupported(body: CompletionBody | ChatBody) -> None:
         return
 
 
-def _completion_prompt(prompt: str | list[str | int | list[int]]) -> str | list[int]:
+def _completion_prompts(prompt: str | list[str | int | list[int]]) -> tuple[str | list[int], ...]:
+    """A text, a list of token ids, or a list of those (a batch of prompts)."""
     if isinstance(prompt, str):
-        return prompt
+        return (prompt,)
     if prompt and all(type(t) is int for t in prompt):
-        return [t for t in prompt if type(t) is int]
-    if len(prompt) == 1 and not isinstance(prompt[0], int):
-        return prompt[0]
-    if len(prompt) > 1 and all(not isinstance(p, int) for p in prompt):
-        raise invalid("prompt", f"only one prompt per request is supported, got {len(prompt)}")
-    raise invalid("prompt", "'prompt' must be a string, a list of token ids, or a list of one")
+        return ([t for t in prompt if type(t) is int],)
+    if prompt and all(not isinstance(p, int) for p in prompt):
+        return tuple(p for p in prompt if not isinstance(p, int))
+    raise invalid(
+        "prompt",
+        "'prompt' must be a string, a list of token ids, or a non-empty list of strings or of "
+        "token-id lists",
+    )
 
 
 def chat_messages(messages: Any) -> list[dict[str, str]]:

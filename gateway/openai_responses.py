@@ -10,15 +10,6 @@ from troupe.gateway.engine_api import TokenizerLike
 from troupe.messages import Aborted, Delta, Failed, Finished, StreamEvent, TokenLogprob, Usage
 
 
-def total_usage(usages: Sequence[Usage]) -> Usage:
-    """Parallel sampling: the prompt once, every sample's completion tokens."""
-    return Usage(
-        prompt_tokens=usages[0].prompt_tokens,
-        completion_tokens=sum(u.completion_tokens for u in usages),
-        cached_tokens=max(u.cached_tokens for u in usages),
-    )
-
-
 def usage_json(usage: Usage) -> dict[str, Any]:
     return {
         "prompt_tokens": usage.prompt_tokens,

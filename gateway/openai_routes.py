@@ -15,8 +15,9 @@ from aiohttp import web
 from troupe.gateway.errors import ApiError, error_for_event
 from troupe.gateway.http_body import read_json_body
 from troupe.gateway.openai_requests import Kind, OpenAIRequest, api_error_for_model, parse_request
-from troupe.gateway.openai_responses import ResponseBuilder, total_usage
+from troupe.gateway.openai_responses import ResponseBuilder
 from troupe.gateway.outbox import Outbox, Overflow
+from troupe.gateway.prompt_batch import batch_events, batch_usage
 from troupe.gateway.pump import abort_transport_later, pump
 from troupe.gateway.sse_frames import DONE as _DONE
 from troupe.gateway.sse_frames import sse as _sse
@@ -103,16 +104,13 @@ async def _handle(request: web.Request, kind: Kind) -> web.StreamResponse:
         engine.tokenizer,
         continuous_usage=req.continuous_usage,
     )
-    # completions' echo: a text prompt as sent, token ids decoded (special tokens kept)
-    echo = req.echo if isinstance(req.echo, str) else ""
-    if isinstance(req.echo, list):
-        tokenizer = engine.tokenizer
-        # ids outside the vocabulary are not decoded: the engine rejects the prompt, naming it
-        if all(0 <= t < tokenizer.vocab_size for t in req.echo):
-            echo = await asyncio.to_thread(tokenizer.decode, req.echo, False)
+    echo = await _echoes(engine.tokenizer, req) if req.echo is not None else []
     gateway.stream_opened()
     try:
-        events = engine.generate(req.prompt, req.params, request_id=request_id)
+        if req.prompts:  # completions: one prompt or a batch of them
+            events = batch_events(engine, req.prompts, req.params, request_id)
+        else:
+            events = engine.generate(req.prompt, req.params, request_id=request_id)
         if not req.stream:
             return await _whole(events, builder, req, echo)
         return await _stream(request, gateway, events, builder, req, echo)
@@ -120,15 +118,33 @@ async def _handle(request: web.Request, kind: Kind) -> web.StreamResponse:
         gateway.stream_closed()
 
 
+async def _echoes(tokenizer: Any, req: OpenAIRequest) -> list[str]:
+    """completions' echo, per prompt: a text prompt as sent, token ids decoded (special
+    tokens kept)."""
+    out = []
+    for prompt in req.prompts:
+        if isinstance(prompt, str):
+            out.append(prompt)
+        # ids outside the vocabulary are not decoded: the engine rejects the prompt, naming it
+        elif all(0 <= t < tokenizer.vocab_size for t in prompt):
+            out.append(await asyncio.to_thread(tokenizer.decode, prompt, False))
+        else:
+            out.append("")
+    return out
+
+
 async def _whole(
-    events: Any, builder: ResponseBuilder, req: OpenAIRequest, echo: str
+    events: Any, builder: ResponseBuilder, req: OpenAIRequest, echo: list[str]
 ) -> web.Response:
-    """Collect the stream (one choice per sample, by index; each opens with `echo`); a
-    vanished client cancels this handler, which aborts the request."""
-    texts: dict[int, list[str]] = defaultdict(lambda: [echo])
+    """Collect the stream (one choice per sample, by index; each opens with its prompt's
+    `echo`); a vanished client cancels this handler, which aborts the request."""
+    n = req.params.n
+    texts: dict[int, list[str]] = defaultdict(list)
+    for index in range(len(echo) * n):
+        texts[index].append(echo[index // n])
     logprobs: dict[int, list[TokenLogprob]] = {}
     choices: dict[int, dict[str, Any]] = {}
-    usages: list[Usage] = []
+    usages: list[tuple[int, Usage]] = []
     async with contextlib.aclosing(events):
         async for event in events:
             if isinstance(event, Rejected | Aborted | Failed):
@@ -144,10 +160,10 @@ async def _whole(
                     calls = tool_calls(req.tools, text)
                 lps = logprobs.get(index)
                 choices[index] = builder.choice(index, text, finish, lps, event.stop_reason, calls)
-                usages.append(event.usage)
+                usages.append((index, event.usage))
             if event.is_terminal:
                 ordered = [choices[i] for i in sorted(choices)]
-                body = builder.full_choices(ordered, total_usage(usages))
+                body = builder.full_choices(ordered, batch_usage(usages, n))
                 return web.json_response(body, dumps=lambda o: _json.encode(o).decode())
     raise ApiError(500, "the engine ended the stream without a terminal event")
 
@@ -158,7 +174,7 @@ async def _stream(
     events: Any,
     builder: ResponseBuilder,
     req: OpenAIRequest,
-    echo: str,
+    echo: list[str],
 ) -> web.StreamResponse:
     # Wait for the first event before answering, so rejections get their real status (400,
     # 429, 503) instead of a 200 stream carrying an error.
@@ -185,9 +201,9 @@ async def _stream(
     if req.kind == "chat":
         for index in range(req.params.n):
             outbox.put(_sse(builder.role_chunk(index)))
-    if echo:
-        for index in range(req.params.n):
-            outbox.put(_sse(builder.delta_chunk(echo, None, index=index)))
+    for index in range(len(echo) * req.params.n):
+        if text := echo[index // req.params.n]:
+            outbox.put(_sse(builder.delta_chunk(text, None, index=index)))
     abort_timers: list[asyncio.TimerHandle] = []
 
     def on_overflow() -> None:
@@ -222,7 +238,7 @@ async def _pump_sse(
     on_overflow: Callable[[], None],
 ) -> None:
     calls = ToolCallStream(req.tools) if req.tools is not None else None
-    usages: list[Usage] = []  # each sample's, for the last chunk
+    usages: list[tuple[int, Usage]] = []  # each sample's (choice, usage), for the last chunk
     text_frames = text_delta_frames(builder)
 
     def encode(event: StreamEvent) -> Iterable[str]:
@@ -245,11 +261,11 @@ async def _pump_sse(
             yield _sse(
                 builder.delta_chunk(event.text, event.logprobs, finish, event.stop_reason, index)
             )
-            usages.append(event.usage)
+            usages.append((index, event.usage))
             if not event.is_terminal:
                 return  # more samples to come
             if req.include_usage:
-                yield _sse(builder.usage_chunk(total_usage(usages)))
+                yield _sse(builder.usage_chunk(batch_usage(usages, req.params.n)))
             yield _DONE
         else:
             yield _sse(error_for_event(event, req.client_fields).body())

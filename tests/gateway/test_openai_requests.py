@@ -49,7 +49,7 @@ def test_completion_fields_map_to_sampling_params() -> None:
         },
         default_max_tokens=16,
     )
-    assert req.prompt == "Hello"
+    assert req.prompt == "Hello" and req.prompts == ("Hello",)
     assert req.model == "m"
     assert req.stream and req.include_usage
     assert req.params == SamplingParams(
@@ -138,7 +138,17 @@ def test_defaults_and_token_id_prompt() -> None:
             {"prompt": "x", "stream": True, "stream_options": {"continuous_usage_stats": True}},
             "stream_options.continuous_usage_stats",
         ),
-        ("completion", {"prompt": ["a", "b"]}, "prompt"),
+        ("completion", {"prompt": ["a", 5]}, "prompt"),
+        ("completion", {"prompt": []}, "prompt"),
+        (
+            "completion",
+            {
+                "prompt": ["a", "b"],
+                "stream": True,
+                "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+            },
+            "stream_options.continuous_usage_stats",
+        ),
         ("completion", {}, "prompt"),
         (
             "completion",
@@ -223,3 +233,15 @@ def test_streaming_fields_pass_through() -> None:
     params = parse_request("completion", body, default_max_tokens=16).params
     assert (params.streaming_window, params.sink_tokens) == (1020, 4)
     assert "streaming_window" in str(_bad("completion", {"prompt": "hi", "streaming_window": -1}))
+
+
+def test_completion_prompt_lists() -> None:
+    """A batch of prompts (texts and token-id lists, mixed): every one, in order."""
+    req = parse_request("completion", {"prompt": ["a", [1, 2], "b"]}, default_max_tokens=16)
+    assert req.prompts == ("a", [1, 2], "b") and req.prompt == "a"
+    ids = parse_request("completion", {"prompt": [3, 4]}, default_max_tokens=16)
+    assert ids.prompts == ([3, 4],)
+    chat = parse_request(
+        "chat", {"messages": [{"role": "user", "content": "x"}]}, default_max_tokens=16
+    )
+    assert chat.prompts == ()
