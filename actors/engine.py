@@ -35,6 +35,7 @@ from troupe.gpu.runner import RunnerStats
 from troupe.logs import configure_logging
 from troupe.messages import (
     AbortRequest,
+    ChatPrompt,
     EngineStats,
     Failed,
     GenerateRequest,
@@ -52,7 +53,7 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("troupe.engine")
 
-PromptInput = str | Sequence[int] | Sequence[Mapping[str, Any]] | Sequence[Any]
+PromptInput = str | Sequence[int] | Sequence[Mapping[str, Any]] | Sequence[Any] | ChatPrompt
 
 
 class EngineStopped(RuntimeError):

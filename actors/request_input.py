@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import msgspec
-from troupe.messages import ChatMessage, GenerateRequest, ParamError, SamplingParams
+from troupe.messages import ChatMessage, ChatPrompt, GenerateRequest, ParamError, SamplingParams
 
 
 class RequestInputError(ValueError):
@@ -62,7 +62,8 @@ def to_generate_request(
     *,
     vocab_size: int | None = None,
 ) -> GenerateRequest:
-    """Classify the prompt (text, chat messages or token ids), convert and check params.
+    """Classify the prompt (text, chat messages, a ChatPrompt or token ids), convert and check
+    params.
 
     Every client edge (Engine.generate/submit, hence HTTP and the websocket) comes through
     here, so a request with bad parameters never enters the graph."""
@@ -71,6 +72,17 @@ def to_generate_request(
     if isinstance(prompt, str):
         return GenerateRequest(
             request_id=request_id, params=sampling, arrival_time=arrival_time, prompt=prompt
+        )
+    if isinstance(prompt, ChatPrompt):
+        check_chat_options(prompt)
+        return GenerateRequest(
+            request_id=request_id,
+            params=sampling,
+            arrival_time=arrival_time,
+            messages=_chat_messages(prompt.messages),
+            add_generation_prompt=prompt.add_generation_prompt,
+            continue_final_message=prompt.continue_final_message,
+            chat_template_kwargs=prompt.template_kwargs or None,
         )
     if not isinstance(prompt, Sequence):
         raise RequestInputError(
@@ -88,6 +100,15 @@ def to_generate_request(
             arrival_time=arrival_time,
             prompt_token_ids=tuple(items),
         )
+    return GenerateRequest(
+        request_id=request_id,
+        params=sampling,
+        arrival_time=arrival_time,
+        messages=_chat_messages(items),
+    )
+
+
+def _chat_messages(items: Sequence[Any]) -> tuple[ChatMessage, ...]:
     messages = []
     for index, item in enumerate(items):
         if isinstance(item, ChatMessage):
@@ -97,9 +118,23 @@ def to_generate_request(
             messages.append(msgspec.convert(item, ChatMessage))
         except msgspec.ValidationError as exc:
             raise RequestInputError("messages", f"messages[{index}] is invalid: {exc}") from exc
-    return GenerateRequest(
-        request_id=request_id,
-        params=sampling,
-        arrival_time=arrival_time,
-        messages=tuple(messages),
-    )
+    return tuple(messages)
+
+
+# what the renderer passes itself (a template variable of these names would be overwritten)
+RESERVED_TEMPLATE_VARIABLES = frozenset({"messages", "add_generation_prompt"})
+
+
+def check_chat_options(prompt: ChatPrompt) -> None:
+    """The chat template's options hold together (RequestInputError names the field)."""
+    if prompt.continue_final_message and prompt.add_generation_prompt:
+        raise RequestInputError(
+            "continue_final_message",
+            "continue_final_message needs add_generation_prompt: false (the last message is "
+            "continued, not answered)",
+        )
+    reserved = sorted(RESERVED_TEMPLATE_VARIABLES & set(prompt.template_kwargs or ()))
+    if reserved:
+        raise RequestInputError(
+            "chat_template_kwargs", f"chat_template_kwargs cannot set {', '.join(reserved)}"
+        )

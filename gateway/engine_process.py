@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 import structlog
 from troupe.config import ConfigError, EngineConfig
 from troupe.gateway.event_forwarder import EventForwarder
-from troupe.messages import GenerateRequest
+from troupe.messages import ChatPrompt, GenerateRequest
 from troupe.messages.engine_protocol import (
     HEADER_BYTES,
     Abort,
@@ -163,7 +163,12 @@ def _prompt_of(request: GenerateRequest) -> PromptInput:
     if request.prompt is not None:
         return request.prompt
     if request.messages is not None:
-        return request.messages
+        return ChatPrompt(
+            messages=request.messages,
+            add_generation_prompt=request.add_generation_prompt,
+            continue_final_message=request.continue_final_message,
+            template_kwargs=request.chat_template_kwargs,
+        )
     return request.prompt_token_ids or ()
 
 

@@ -88,6 +88,10 @@ class ChatBody(_Common, kw_only=True):
     parallel_tool_calls: bool | None = None
     store: bool | None = None
     metadata: dict[str, str] | None = None
+    # vLLM's chat-template extras (HF apply_chat_template's options)
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 T = TypeVar("T")

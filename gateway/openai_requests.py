@@ -22,7 +22,7 @@ from troupe.gateway.openai_bodies import (
 )
 from troupe.gateway.structured_requests import structured_outputs
 from troupe.gateway.tool_calls import ToolPlan, tool_plan
-from troupe.messages import ParamError, SamplingParams
+from troupe.messages import ChatMessage, ChatPrompt, ParamError, SamplingParams
 
 Kind = Literal["completion", "chat"]
 
@@ -33,7 +33,8 @@ class OpenAIRequest:
 
     kind: Kind
     model: str | None
-    prompt: str | list[int] | list[dict[str, str]]  # the first of `prompts` (chat: the messages)
+    # the first of `prompts`; chat: the messages (a ChatPrompt with template options)
+    prompt: str | list[int] | list[dict[str, str]] | ChatPrompt
     params: SamplingParams
     stream: bool
     include_usage: bool  # stream_options.include_usage: a last chunk carrying usage
@@ -81,7 +82,7 @@ def parse_request(kind: Kind, raw: bytes, *, default_max_tokens: int) -> OpenAIR
         kw["logit_bias"] = _logit_bias(body.logit_bias)
 
     logprobs_field = "logprobs"
-    prompt: str | list[int] | list[dict[str, str]]
+    prompt: str | list[int] | list[dict[str, str]] | ChatPrompt
     prompts: tuple[str | list[int], ...] = ()
     echo: str | list[int] | None = None
     if isinstance(body, CompletionBody):
@@ -92,6 +93,17 @@ def parse_request(kind: Kind, raw: bytes, *, default_max_tokens: int) -> OpenAIR
             kw["logprobs"] = body.logprobs
     else:
         prompt = message_dicts(body.messages)
+        if (
+            not body.add_generation_prompt
+            or body.continue_final_message
+            or body.chat_template_kwargs
+        ):
+            prompt = ChatPrompt(  # checked at the engine's edge (request_input), by field
+                messages=tuple(ChatMessage(**m) for m in prompt),
+                add_generation_prompt=body.add_generation_prompt,
+                continue_final_message=body.continue_final_message,
+                template_kwargs=body.chat_template_kwargs,
+            )
         if body.top_logprobs is not None and not body.logprobs:
             raise invalid("top_logprobs", "top_logprobs needs logprobs: true")
         if body.logprobs:

@@ -1,7 +1,8 @@
 """POST /tokenize and /detokenize, in vLLM's request and response shapes.
 
     /tokenize    {"prompt": str, "add_special_tokens": true}
-                 {"messages": [...], "add_generation_prompt": true, "add_special_tokens": false}
+                 {"messages": [...], "add_generation_prompt": true, "add_special_tokens": false,
+                  "continue_final_message": false, "chat_template_kwargs": {...}}
                  -> {"count", "max_model_len", "tokens", "token_strs": null}
     /detokenize  {"tokens": [int, ...]} -> {"prompt": str}
 
@@ -13,15 +14,18 @@ the API key like /v1/*. Bad input is a 400 naming its field.
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import msgspec
 from aiohttp import web
 from troupe.actors.core.chat_template import ChatTemplateError
+from troupe.actors.request_input import RequestInputError, check_chat_options
 from troupe.gateway.errors import invalid
 from troupe.gateway.http_body import read_json_body
 from troupe.gateway.openai_bodies import Message, decode_body
 from troupe.gateway.openai_requests import api_error_for_model, message_dicts
 from troupe.gateway.state import GATEWAY
+from troupe.messages import ChatMessage, ChatPrompt
 
 PATHS = ("/tokenize", "/detokenize")
 
@@ -34,7 +38,9 @@ class TokenizeBody(_Body, kw_only=True):
     prompt: str | None = None
     messages: list[Message] | None = None
     add_special_tokens: bool | None = None  # default: True for a prompt, False for messages
-    add_generation_prompt: bool = True  # messages only
+    add_generation_prompt: bool = True  # messages only, as the two below
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 class DetokenizeBody(_Body, kw_only=True):
@@ -52,14 +58,30 @@ async def tokenize(request: web.Request) -> web.Response:
     tokenizer = engine.tokenizer
     if body.messages is not None:
         messages = message_dicts(body.messages)
+        chat = ChatPrompt(
+            messages=tuple(ChatMessage(**m) for m in messages),
+            add_generation_prompt=body.add_generation_prompt,
+            continue_final_message=body.continue_final_message,
+            template_kwargs=body.chat_template_kwargs,
+        )
         try:
-            text = tokenizer.render_chat(messages, add_generation_prompt=body.add_generation_prompt)
+            check_chat_options(chat)  # as a chat request's (the engine's edge)
+            text = tokenizer.render_chat(
+                messages,
+                add_generation_prompt=chat.add_generation_prompt,
+                continue_final_message=chat.continue_final_message,
+                **(chat.template_kwargs or {}),
+            )
+        except RequestInputError as exc:
+            raise invalid(exc.field, str(exc)) from None
         except ChatTemplateError as exc:
             raise invalid("messages", str(exc)) from None
         special = bool(body.add_special_tokens)
     else:
-        if body.add_generation_prompt is not True:
-            raise invalid("add_generation_prompt", "add_generation_prompt needs 'messages'")
+        chat_only = ("add_generation_prompt", "continue_final_message", "chat_template_kwargs")
+        for name, default in zip(chat_only, (True, False, None), strict=True):
+            if getattr(body, name) != default:
+                raise invalid(name, f"{name} needs 'messages'")
         text, special = str(body.prompt), body.add_special_tokens is not False
     # a long prompt is encoded off the event loop (the body size bounds it)
     ids = list(await asyncio.to_thread(tokenizer.encode, text, special))

@@ -19,6 +19,7 @@ from troupe.messages.allocator import (
 )
 from troupe.messages.common import (
     ChatMessage,
+    ChatPrompt,
     FinishReason,
     RejectCode,
     Timings,
@@ -75,6 +76,7 @@ __all__ = [
     "AllocatorInbox",
     "CacheBlocks",
     "ChatMessage",
+    "ChatPrompt",
     "ClientInbox",
     "ComputeMasks",
     "Delta",

@@ -30,6 +30,20 @@ class ChatMessage(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     content: str
 
 
+class ChatPrompt(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Chat messages with the chat template's options, as HF `apply_chat_template` takes them
+    (and vLLM's chat endpoint): a prompt for Engine.generate.
+
+    `continue_final_message`: the last message is left open (the model continues it), which
+    needs `add_generation_prompt` false. `template_kwargs`: more template variables
+    (`enable_thinking`, `documents`, ...); JSON values."""
+
+    messages: tuple[ChatMessage, ...]
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    template_kwargs: dict[str, object] | None = None
+
+
 class TokenLogprob(msgspec.Struct, frozen=True, array_like=True):
     """The sampled token's logprob and the top-n alternatives (token id, logprob)."""
 

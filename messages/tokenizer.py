@@ -16,7 +16,9 @@ class GenerateRequest(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     prompt: str | None = None
     messages: tuple[ChatMessage, ...] | None = None
     prompt_token_ids: tuple[int, ...] | None = None
-    add_generation_prompt: bool = True
+    add_generation_prompt: bool = True  # messages only, as the three below (ChatPrompt's)
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, object] | None = None
 
 
 class AbortRequest(msgspec.Struct, frozen=True, kw_only=True, tag=True):

@@ -84,17 +84,38 @@ class ChatTemplate:
         messages: Sequence[Mapping[str, Any]],
         *,
         add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
         **extra: Any,
     ) -> str:
         """The prompt text for `messages` (dicts with role and content, as in the OpenAI API).
-        `extra` passes further template variables (tools, documents, enable_thinking, ...)."""
+        `continue_final_message`: cut the text right after the last message's content, so the
+        model continues it (HF's rule; needs add_generation_prompt false). `extra` passes
+        further template variables (tools, documents, enable_thinking, ...)."""
+        if continue_final_message and add_generation_prompt:
+            raise ChatTemplateError(
+                "continue_final_message and add_generation_prompt cannot both be set"
+            )
         variables: dict[str, Any] = {"tools": None, "documents": None, **self._special_tokens}
         variables.update(extra)
+        variables.update(messages=[dict(m) for m in messages])
+        variables.update(add_generation_prompt=add_generation_prompt)
         try:
-            return self._template.render(
-                messages=[dict(m) for m in messages],
-                add_generation_prompt=add_generation_prompt,
-                **variables,
-            )
+            text: str = self._template.render(**variables)
         except Exception as exc:  # the template is foreign code: any failure is its verdict
             raise ChatTemplateError(f"the chat template rejected the messages: {exc}") from exc
+        if continue_final_message and messages:
+            text = _open_ended(text, str(messages[-1].get("content", "")))
+        return text
+
+
+def _open_ended(text: str, final: str) -> str:
+    """`text` cut after the last occurrence of the final message's content (stripped, if the
+    template stripped it), so nothing the template wrote after it (an end-of-turn token)
+    remains."""
+    for content in (final, final.strip()):
+        if content and (at := text.rfind(content)) >= 0:
+            return text[: at + len(content)]
+    raise ChatTemplateError(
+        "continue_final_message is set but the final message's content does not appear in the "
+        "rendered chat"
+    )

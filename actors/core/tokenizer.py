@@ -190,6 +190,8 @@ class TokenizerCore:
                 text = self._tokenizer.render_chat(
                     [{"role": m.role, "content": m.content} for m in req.messages],
                     add_generation_prompt=req.add_generation_prompt,
+                    continue_final_message=req.continue_final_message,
+                    **(req.chat_template_kwargs or {}),
                 )
             except ChatTemplateError as exc:
                 return _reject(req, "messages", str(exc))

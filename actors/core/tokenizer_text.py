@@ -110,12 +110,16 @@ class TextTokenizer:
         messages: Sequence[Mapping[str, Any]],
         *,
         add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
         **extra: Any,
     ) -> str:
-        """The prompt text for chat `messages`. Raises ChatTemplateError (no template, or the
-        template rejected the conversation)."""
+        """The prompt text for chat `messages` (ChatTemplate.render's options). Raises
+        ChatTemplateError (no template, or the template rejected the conversation)."""
         text: str = self._compiled_template.render(
-            messages, add_generation_prompt=add_generation_prompt, **extra
+            messages,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message,
+            **extra,
         )
         return text
 

@@ -117,3 +117,41 @@ def test_broken_template_and_missing_template() -> None:
     no_template.chat_template = None
     with pytest.raises(ChatTemplateError, match="has no chat template"):
         no_template.render_chat([{"role": "user", "content": "x"}])
+
+
+@pytest.mark.parametrize("final", ["[2, 3", "  an open answer, spaced  \n"])
+def test_continue_final_message_matches_transformers(tok: TextTokenizer, final: str) -> None:
+    """The text ends right after the last message's content (stripped when the template
+    strips it), as transformers cuts it: no end-of-turn, no generation prompt."""
+    assert tok.chat_template is not None
+    open_turn = [MESSAGES[1], {"role": "assistant", "content": final}]
+    expected = _hf_render(
+        tok.chat_template,
+        open_turn,
+        False,
+        continue_final_message=True,
+        bos_token="<|im_start|>",
+        eos_token="<|im_end|>",
+    )
+    got = tok.render_chat(open_turn, add_generation_prompt=False, continue_final_message=True)
+    assert got == expected
+    assert got.endswith(final) and "<|im_end|>" not in got.split("assistant\n")[-1]
+    with pytest.raises(ChatTemplateError, match="cannot both be set"):
+        tok.render_chat(open_turn, add_generation_prompt=True, continue_final_message=True)
+
+
+def test_continue_final_message_needs_the_content_in_the_text() -> None:
+    template = ChatTemplate("{% for m in messages %}<{{ m['role'] }}>{% endfor %}")
+    with pytest.raises(ChatTemplateError, match="does not appear"):
+        template.render(MESSAGES[:2], add_generation_prompt=False, continue_final_message=True)
+
+
+def test_template_kwargs_reach_the_template() -> None:
+    """chat_template_kwargs (enable_thinking, as Qwen3's template reads it) are variables."""
+    source = (
+        "{% if enable_thinking is defined and not enable_thinking %}/no_think {% endif %}"
+        "{{ messages[-1]['content'] }}"
+    )
+    template = ChatTemplate(source)
+    assert template.render(MESSAGES[1:2], enable_thinking=False).startswith("/no_think List")
+    assert template.render(MESSAGES[1:2]).startswith("List")
