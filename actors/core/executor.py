@@ -150,12 +150,17 @@ def _grammar_tokens(result: StepResult, masks: TokenMasks) -> GrammarTokens:
 
 
 def _grammar_failures(result: StepResult, masks: TokenMasks) -> StepResult:
-    """`result` with the requests whose grammar failed moved from `sampled` to `failed`."""
+    """`result` with the requests whose grammar failed moved from `sampled` to `failed`.
+
+    Only those fail: a grammar that ended with a stop token names its request in the masks of
+    the step after, which that request (finished at the stop token) is not part of."""
     if result.error is not None:
         return result
     broken = dict(masks.failed)
-    for request_id, why in masks.failed:
-        log.warning("structured output failed", request_id=request_id, reason=why)
+    for s in result.sampled:
+        if s.request_id in broken:
+            reason = broken[s.request_id]
+            log.warning("structured output failed", request_id=s.request_id, reason=reason)
     return StepResult(
         step_id=result.step_id,
         time=result.time,

@@ -7,7 +7,8 @@ import re
 
 import numpy as np
 import pytest
-from troupe.actors.core.executor import ExecutorCore
+import structlog
+from troupe.actors.core.executor import ExecutorCore, _grammar_failures
 from troupe.actors.core.grammar import GrammarCore
 from troupe.actors.core.grammar_compiler import GrammarError, grammar_compiler_for
 from troupe.actors.core.grammar_feed import GrammarFeed
@@ -18,12 +19,15 @@ from troupe.gpu.token_bitmask import allowed_ids, mask_array
 from troupe.messages import (
     AdmittedRequest,
     ComputeMasks,
+    FailedSeq,
     GrammarRow,
     GrammarTokens,
+    SampledToken,
     SamplingParams,
     SeqFailureReason,
     SeqWork,
     StepPlan,
+    StepResult,
     StructuredOutputs,
     TokenMasks,
 )
@@ -267,3 +271,27 @@ def test_masks_ahead_follow_each_walk(tok, compiler) -> None:  # type: ignore[no
             )
             assert again is not None and again.bitmask == masks.bitmask
     assert step > 5
+
+
+def test_an_ended_grammar_fails_only_a_request_that_samples_on() -> None:
+    """The masks after a stop token name the request as ended; a request that finished there
+    is not in the step, so nothing fails and nothing is logged (every structured request used
+    to log 'structured output failed' at its end). One that did sample on fails, logged."""
+    masks = TokenMasks(
+        step_id=4,
+        request_ids=("a", "b"),
+        num_words=1,
+        bitmask=bytes(8),
+        failed=(("a", "sampled past the end of its grammar"),),
+        ahead=True,
+    )
+    result = StepResult(step_id=4, time=1.0, sampled=(SampledToken("b", 7),))
+    with structlog.testing.capture_logs() as logs:
+        assert _grammar_failures(result, masks) == result
+    assert not [e for e in logs if e["event"] == "structured output failed"], logs
+    on = StepResult(step_id=4, time=1.0, sampled=(SampledToken("a", 3), SampledToken("b", 7)))
+    with structlog.testing.capture_logs() as logs:
+        out = _grammar_failures(on, masks)
+    assert out.sampled == (SampledToken("b", 7),)
+    assert out.failed == (FailedSeq("a", SeqFailureReason.GRAMMAR),)
+    assert [e["request_id"] for e in logs if e["event"] == "structured output failed"] == ["a"]
