@@ -17,8 +17,11 @@ Nine configs a row count (each form's two variants, half2 also at 8 W rows per p
 programmatic dependent launch (config.pdl, kernels/gemv_pdl.py): each form's engine default
 and fp8 half2 n4), one timed graph each (a half2 config that splits K on some layers compiles
 twice: fp32 partials). The error is the worse of the eager gate_up and the one the graph's
-replays wrote (layer 0's gate_up inside the timed step). fp8 BYTES at 2-16 rows runs the
-skinny kernel, which has no PDL: its pdl row repeats the plain one there.
+replays wrote (layer 0's gate_up inside the timed step). The GEMVs serve one row of x: at
+2-16 rows every config of both forms runs the skinny kernels (fp8 with narrow scale blocks:
+its byte GEMV), which have no PDL, so those rows repeat one another (the sweep of session 13,
+before the dispatch moved, is what showed HALF2 at 3-6x the skinny time there). The int4
+skinny kernel's own tiles: ops/int4_skinny_sweep.py.
 """
 
 from __future__ import annotations
@@ -54,7 +57,7 @@ INT4_CONFIGS = [
 # and fp8's half2; what it changes shows only over the whole step (129 kernels in one graph)
 INT4_CONFIGS = list(dict.fromkeys(INT4_CONFIGS + [replace(INT4_GEMV, pdl=p) for p in PDL]))
 # HALF2 as int4's (block_w int32 words per row per iteration: 4 x 32 x warps is one 16-byte
-# block per thread and row, 8 x 32 x warps two); BYTES, the engine's default, last
+# block per thread and row, 8 x 32 x warps two; n4 is the engine's default); BYTES last
 FP8_CONFIGS = [
     Fp8GemvConfig(Fp8Gemv.HALF2, block_n, block_w, warps, k_splits=splits)
     for block_n, block_w, warps, splits in ((4, 512, 4, 0), (8, 512, 4, 0))
