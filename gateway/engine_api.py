@@ -15,6 +15,7 @@ class TokenizerLike(Protocol):
     """The gateway's read-only tokenizer (actors/core/tokenizer_text.TextTokenizer)."""
 
     vocab_size: int
+    chat_template: str | None  # the model's, as its files give it
 
     def encode(self, text: str, add_special_tokens: bool = True) -> Any: ...
 

@@ -57,8 +57,12 @@ _PASSTHROUGH = (
 )  # fmt: skip
 
 
-def parse_request(kind: Kind, raw: bytes, *, default_max_tokens: int) -> OpenAIRequest:
-    """Decode and check a JSON body; raise ApiError(400) naming the first bad field."""
+def parse_request(
+    kind: Kind, raw: bytes, *, default_max_tokens: int, template_tools: bool = False
+) -> OpenAIRequest:
+    """Decode and check a JSON body; raise ApiError(400) naming the first bad field.
+    `template_tools`: the model's chat template defines the tool-call format tool_choice
+    "auto" parses (gateway/tool_auto.py)."""
     body: CompletionBody | ChatBody
     if kind == "completion":
         body = decode_body(raw, CompletionBody)
@@ -92,18 +96,7 @@ def parse_request(kind: Kind, raw: bytes, *, default_max_tokens: int) -> OpenAIR
         if body.logprobs is not None:
             kw["logprobs"] = body.logprobs
     else:
-        prompt = message_dicts(body.messages)
-        if (
-            not body.add_generation_prompt
-            or body.continue_final_message
-            or body.chat_template_kwargs
-        ):
-            prompt = ChatPrompt(  # checked at the engine's edge (request_input), by field
-                messages=tuple(ChatMessage(**m) for m in prompt),
-                add_generation_prompt=body.add_generation_prompt,
-                continue_final_message=body.continue_final_message,
-                template_kwargs=body.chat_template_kwargs,
-            )
+        prompt = messages = message_dicts(body.messages)
         if body.top_logprobs is not None and not body.logprobs:
             raise invalid("top_logprobs", "top_logprobs needs logprobs: true")
         if body.logprobs:
@@ -113,15 +106,19 @@ def parse_request(kind: Kind, raw: bytes, *, default_max_tokens: int) -> OpenAIR
     kw["structured_outputs"], client_fields = structured_outputs(body)
     tools = None
     if isinstance(body, ChatBody):
-        tools = tool_plan(body.tools, body.tool_choice, body.parallel_tool_calls)
+        tools = tool_plan(
+            body.tools, body.tool_choice, body.parallel_tool_calls, template_tools=template_tools
+        )
         if tools is not None:
             if kw["n"] > 1:
                 raise invalid("n", "n > 1 with tool calls is not supported")
             if kw["structured_outputs"] is not None:
                 field = next(iter(client_fields.values()))
                 raise invalid(field, "structured output and tool calls cannot be combined")
-            kw["structured_outputs"] = tools.spec
-            client_fields = {"structured_outputs.json": "tools", "structured_outputs": "tools"}
+            if tools.spec is not None:
+                kw["structured_outputs"] = tools.spec
+                client_fields = {"structured_outputs.json": "tools", "structured_outputs": "tools"}
+        prompt = _chat_prompt(body, messages, tools)
     params = SamplingParams(**kw)
     try:
         params.check()
@@ -156,6 +153,25 @@ def parse_request(kind: Kind, raw: bytes, *, default_max_tokens: int) -> OpenAIR
         client_fields=client_fields,
         tools=tools,
         prompts=prompts,
+    )
+
+
+def _chat_prompt(
+    body: ChatBody, messages: list[dict[str, str]], tools: ToolPlan | None
+) -> list[dict[str, str]] | ChatPrompt:
+    """The messages, or a ChatPrompt when the template gets options (its checks are the
+    engine edge's, request_input, which name the field); tool_choice "auto" hands the
+    template the tools."""
+    template_kwargs = dict(body.chat_template_kwargs or {})
+    if tools is not None and tools.spec is None:
+        template_kwargs["tools"] = list(tools.tools)
+    if body.add_generation_prompt and not body.continue_final_message and not template_kwargs:
+        return messages
+    return ChatPrompt(
+        messages=tuple(ChatMessage(**m) for m in messages),
+        add_generation_prompt=body.add_generation_prompt,
+        continue_final_message=body.continue_final_message,
+        template_kwargs=template_kwargs or None,
     )
 
 

@@ -139,12 +139,13 @@ class ResponseBuilder:
         logprobs: Sequence[TokenLogprob] | None,
         stop_reason: str | int | None,
         tool_calls: list[dict[str, Any]] | None = None,
+        content: str | None = None,
     ) -> dict[str, Any]:
-        """One choice; `tool_calls`: the answer is these calls (content null, finish
-        "tool_calls")."""
+        """One choice; `tool_calls`: the answer is these calls (finish "tool_calls"), with
+        `content` beside them (tool_choice "auto": the text around them; else null)."""
         choice: dict[str, Any] = {"index": index, "logprobs": self.logprobs_json(logprobs, index)}
         if tool_calls is not None:
-            choice["message"] = {"role": "assistant", "content": None, "tool_calls": tool_calls}
+            choice["message"] = {"role": "assistant", "content": content, "tool_calls": tool_calls}
             finish_reason = "tool_calls"
         elif self.kind == "chat":
             choice["message"] = {"role": "assistant", "content": text}

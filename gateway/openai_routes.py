@@ -23,6 +23,7 @@ from troupe.gateway.sse_frames import DONE as _DONE
 from troupe.gateway.sse_frames import sse as _sse
 from troupe.gateway.sse_frames import text_delta_frames
 from troupe.gateway.state import GATEWAY, Gateway
+from troupe.gateway.tool_auto import AutoToolStream, parse_calls, template_calls_tools
 from troupe.gateway.tool_calls import ToolCallStream, tool_calls
 from troupe.messages import (
     Aborted,
@@ -40,9 +41,30 @@ log = structlog.get_logger("troupe.gateway")
 _json = msgspec.json.Encoder()
 
 
-def _tool_call_chunks(
-    builder: ResponseBuilder, calls: ToolCallStream, event: Delta | Finished
+def _auto_tool_chunks(
+    builder: ResponseBuilder, calls: AutoToolStream, event: Delta | Finished
 ) -> Iterable[str]:
+    """tool_choice "auto": content as it comes, the calls (if any) at the end."""
+    if text := calls.delta(event.text):
+        yield _sse(builder.delta_chunk(text, None))
+    if isinstance(event, Finished):
+        rest, found = calls.finish(event.finish_reason == "stop")
+        if not found:
+            finish = str(event.finish_reason)
+            yield _sse(builder.delta_chunk(rest, None, finish, event.stop_reason))
+            return
+        if rest:
+            yield _sse(builder.delta_chunk(rest, None))
+        yield _sse(builder.tool_call_chunk([{"index": i, **c} for i, c in enumerate(found)]))
+        yield _sse(builder.tool_call_chunk([], "tool_calls"))
+
+
+def _tool_call_chunks(
+    builder: ResponseBuilder, calls: ToolCallStream | AutoToolStream, event: Delta | Finished
+) -> Iterable[str]:
+    if isinstance(calls, AutoToolStream):
+        yield from _auto_tool_chunks(builder, calls, event)
+        return
     for piece in calls.delta(event.text):
         yield _sse(builder.tool_call_chunk(piece))
     if isinstance(event, Finished):
@@ -90,7 +112,10 @@ async def _handle(request: web.Request, kind: Kind) -> web.StreamResponse:
     # max_model_len); completions keep OpenAI's default of 16.
     default_max_tokens = engine.max_model_len if kind == "chat" else 16
     raw = await read_json_body(request, gateway.settings)
-    req = parse_request(kind, raw, default_max_tokens=default_max_tokens)
+    template_tools = template_calls_tools(engine.tokenizer.chat_template)
+    req = parse_request(
+        kind, raw, default_max_tokens=default_max_tokens, template_tools=template_tools
+    )
     if (error := api_error_for_model(req.model, engine.model_name)) is not None:
         raise error
     prefix = "chatcmpl" if kind == "chat" else "cmpl"
@@ -155,11 +180,17 @@ async def _whole(
                 logprobs.setdefault(index, []).extend(event.logprobs)
             if isinstance(event, Finished):
                 text, finish = "".join(texts[index]), str(event.finish_reason)
-                calls = None
-                if req.tools is not None and finish == "stop":
+                calls, content = None, None
+                if req.tools is not None and req.tools.spec is None:  # "auto"
+                    if finish == "stop":
+                        content, found = parse_calls(text, req.tools.names)
+                        calls = found or None
+                elif req.tools is not None and finish == "stop":
                     calls = tool_calls(req.tools, text)
                 lps = logprobs.get(index)
-                choices[index] = builder.choice(index, text, finish, lps, event.stop_reason, calls)
+                choices[index] = builder.choice(
+                    index, text, finish, lps, event.stop_reason, calls, content
+                )
                 usages.append((index, event.usage))
             if event.is_terminal:
                 ordered = [choices[i] for i in sorted(choices)]
@@ -237,7 +268,11 @@ async def _pump_sse(
     first: StreamEvent,
     on_overflow: Callable[[], None],
 ) -> None:
-    calls = ToolCallStream(req.tools) if req.tools is not None else None
+    calls: ToolCallStream | AutoToolStream | None = None
+    if req.tools is not None and req.tools.spec is None:
+        calls = AutoToolStream(req.tools.names)
+    elif req.tools is not None:
+        calls = ToolCallStream(req.tools)
     usages: list[tuple[int, Usage]] = []  # each sample's (choice, usage), for the last chunk
     text_frames = text_delta_frames(builder)
 

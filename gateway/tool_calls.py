@@ -4,8 +4,9 @@
 {"name": one of the tools, "arguments": that tool's parameters}, constrained by one schema
 (one call when parallel_tool_calls is false). A named function: the model writes its
 arguments, constrained by its parameters schema. "none": the tools are not used. "auto" (the
-default when tools are sent) needs the model's own tool-call format parsed out of free text,
-which troupe does not do: a 400 says what is supported.
+default when tools are sent): the model's own tool-call format, parsed out of free text, where
+its chat template defines the one troupe parses (gateway/tool_auto.py); elsewhere a 400 says
+what is supported.
 """
 
 from __future__ import annotations
@@ -52,16 +53,27 @@ _ANY_OBJECT: dict[str, Any] = {"type": "object"}
 
 @dataclasses.dataclass(frozen=True)
 class ToolPlan:
-    """How this request calls tools: `name` set for a named function, else "required"."""
+    """How this request calls tools: `name` set for a named function, else "required"; no
+    `spec`: "auto", the `tools` rendered into the prompt by the chat template."""
 
-    spec: StructuredOutputs
+    spec: StructuredOutputs | None
     name: str | None = None
+    tools: tuple[dict[str, Any], ...] = ()  # "auto": the request's tools, as sent
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(t["function"]["name"] for t in self.tools)
 
 
 def tool_plan(
-    tools: list[Tool] | None, choice: ToolChoice | None, parallel: bool | None
+    tools: list[Tool] | None,
+    choice: ToolChoice | None,
+    parallel: bool | None,
+    *,
+    template_tools: bool = False,
 ) -> ToolPlan | None:
-    """The constraint the tool fields ask for (None: plain text), or a 400 naming the field."""
+    """The constraint the tool fields ask for (None: plain text), or a 400 naming the field.
+    `template_tools`: the model's chat template defines the tool-call format "auto" parses."""
     if not tools:
         if choice not in (None, "none"):
             raise invalid("tool_choice", "tool_choice needs tools")
@@ -71,12 +83,14 @@ def tool_plan(
         raise invalid("tools", "tool function names must be distinct")
     if choice == "none":
         return None
+    if (choice is None or choice == "auto") and template_tools:
+        return ToolPlan(None, tools=tuple(_as_sent(t) for t in tools))
     if choice is None or choice == "auto":
         raise invalid(
             "tool_choice",
-            'tool_choice "auto" is not supported (troupe does not parse a model\'s own tool-call '
-            'format): send "required", a named function {"type": "function", "function": '
-            '{"name": ...}}, or "none"',
+            'tool_choice "auto" needs a chat template with a tool-call format troupe parses '
+            '(Hermes/Qwen <tool_call> tags), and this model\'s has none: send "required", a '
+            'named function {"type": "function", "function": {"name": ...}}, or "none"',
         )
     by_name = {t.function.name: t.function for t in tools}
     if isinstance(choice, NamedToolChoice):
@@ -99,6 +113,13 @@ def tool_plan(
     if parallel is False:
         schema["maxItems"] = 1
     return ToolPlan(StructuredOutputs.from_schema(schema))
+
+
+def _as_sent(tool: Tool) -> dict[str, Any]:
+    """A tool as the template sees it: the client's fields, none it left out."""
+    out: dict[str, Any] = msgspec.to_builtins(tool)
+    out["function"] = {k: v for k, v in out["function"].items() if v is not None}
+    return out
 
 
 def tool_calls(plan: ToolPlan, text: str) -> list[dict[str, Any]] | None:

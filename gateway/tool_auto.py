@@ -1,0 +1,102 @@
+"""tool_choice "auto": the model decides, in its own tool-call format, parsed out of its text.
+
+Supported: the Hermes format that Qwen2.5/Qwen3, Hermes and others define in their chat
+templates (a template that mentions `<tool_call>`): the tools go into the prompt through the
+template's `tools` variable, and each call comes back as
+
+    <tool_call>
+    {"name": "get_weather", "arguments": {"city": "Paris"}}
+    </tool_call>
+
+Text outside the tags is the message's content. A reply whose blocks do not all parse (bad
+JSON, an unknown tool, a tag left open because max_tokens cut it) is plain text, as vLLM's
+Hermes parser answers. Streaming sends content as it comes, holding back from the first
+`<tool_call>` (and any tail that could be its beginning), and the calls at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections.abc import Iterable
+from typing import Any
+
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+_BLOCK = re.compile(re.escape(OPEN) + r"(.*?)" + re.escape(CLOSE), re.DOTALL)
+
+
+def template_calls_tools(template: str | None) -> bool:
+    """Whether a chat template defines the tool-call format "auto" parses."""
+    return template is not None and OPEN in template
+
+
+def parse_calls(text: str, names: Iterable[str]) -> tuple[str | None, list[dict[str, Any]]]:
+    """(content, OpenAI `tool_calls`) of a reply; no calls: the whole text is the content."""
+    if OPEN not in text:
+        return text, []
+    known = set(names)
+    calls = []
+    for block in _BLOCK.findall(text):
+        try:
+            call = json.loads(block)
+        except ValueError:
+            return text, []
+        if not isinstance(call, dict) or call.get("name") not in known:
+            return text, []
+        arguments = call.get("arguments", {})
+        if not isinstance(arguments, str):
+            arguments = json.dumps(arguments, ensure_ascii=False)
+        calls.append(
+            {
+                "id": f"call_{uuid.uuid4().hex[:24]}",
+                "type": "function",
+                "function": {"name": call["name"], "arguments": arguments},
+            }
+        )
+    rest = _BLOCK.sub("", text)
+    if not calls or OPEN in rest:  # a tag left open: cut short
+        return text, []
+    return (rest.strip() or None), calls
+
+
+class AutoToolStream:
+    """One streamed reply: content to send now, and at the end the calls (or the rest)."""
+
+    def __init__(self, names: Iterable[str]) -> None:
+        self.names = tuple(names)
+        self.text = ""
+        self._sent = 0  # text[:_sent] went out as content
+        self._holding = False  # a <tool_call> began: the rest waits for the end
+
+    def delta(self, piece: str) -> str:
+        """The content of `piece` that can go out now."""
+        self.text += piece
+        if self._holding:
+            return ""
+        at = self.text.find(OPEN, self._sent)
+        if at >= 0:
+            self._holding = True
+            end = at
+        else:  # keep back a tail that may be the tag's beginning
+            end = len(self.text) - _tag_prefix(self.text)
+        out, self._sent = self.text[self._sent : end], end
+        return out
+
+    def finish(self, stopped: bool) -> tuple[str, list[dict[str, Any]]]:
+        """(content not sent yet, calls): the calls only when the reply ended by itself."""
+        rest = self.text[self._sent :]
+        if not stopped or not self._holding:
+            return rest, []
+        content, calls = parse_calls(rest, self.names)
+        if not calls:
+            return rest, []
+        return content or "", calls
+
+
+def _tag_prefix(text: str) -> int:
+    """Length of the longest tail of `text` that begins `<tool_call>`."""
+    for size in range(min(len(OPEN) - 1, len(text)), 0, -1):
+        if OPEN.startswith(text[-size:]):
+            return size
+    return 0
