@@ -36,6 +36,9 @@ class EngineConfig:
     """Engine settings. CLI flags mirror these names in kebab-case."""
 
     model: str | None = None  # HF folder, .gguf file, or None for the default model
+    # The chat template to use instead of the model's (vLLM's --chat-template): a .jinja file's
+    # path or the template's text; None: the model's own (actors/core/tokenizer_files.py)
+    chat_template: str | None = None
     runner: Literal["model", "fake"] = "model"  # "fake": deterministic fake model (tests, benches)
     device: Literal["auto", "cpu", "cuda"] = "auto"
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
@@ -183,6 +186,12 @@ class EngineConfig:
             "max_queued_tokens",
             "max_stream_buffer",
         )
+        if self.chat_template is not None and (
+            not isinstance(self.chat_template, str) or not self.chat_template.strip()
+        ):
+            raise ConfigError(
+                f"chat_template must be a file path or a template's text, got {self.chat_template!r}"
+            )
         if self.block_size & (self.block_size - 1) or self.block_size > 256:
             raise ConfigError(f"block_size must be a power of two <= 256, got {self.block_size}")
         for name in ("num_kv_blocks", "max_model_len"):

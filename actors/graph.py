@@ -34,11 +34,12 @@ if TYPE_CHECKING:
 
 
 @functools.lru_cache(maxsize=4)
-def load_tokenizer_for(model: str | None) -> TextTokenizer:
-    """The tokenizer of `model` (None: the default model), loaded once per process."""
+def load_tokenizer_for(model: str | None, chat_template: str | None = None) -> TextTokenizer:
+    """The tokenizer of `model` (None: the default model) with EngineConfig.chat_template
+    applied, loaded once per process and pair."""
     from troupe.actors.core.tokenizer_files import load_tokenizer
 
-    return load_tokenizer(resolve_model_path(model))
+    return load_tokenizer(resolve_model_path(model), chat_template)
 
 
 @dataclass(frozen=True, slots=True)

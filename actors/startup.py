@@ -24,11 +24,11 @@ if TYPE_CHECKING:
     from troupe.gpu.runner import Runner
 
 
-def prepared_tokenizer(model: str | None) -> TextTokenizer:
+def prepared_tokenizer(model: str | None, chat_template: str | None = None) -> TextTokenizer:
     """The process's tokenizer for `model` with what the cores derive from it computed (the
     streamer's token texts for both skip settings, the tokenizer core's count bound), so
     building those cores on the event loop is cheap."""
-    tokenizer = load_tokenizer_for(model)
+    tokenizer = load_tokenizer_for(model, chat_template)
     for skip in (False, True):
         shared_token_texts(tokenizer, skip_special_tokens=skip)
     shared_count_bound(tokenizer)
@@ -46,6 +46,6 @@ def load_engine_parts(
         switch_interval(config.gil_switch_interval_s),
         ThreadPoolExecutor(1, thread_name_prefix="tokenizer-load") as pool,
     ):
-        tokenizer = pool.submit(prepared_tokenizer, config.model)
+        tokenizer = pool.submit(prepared_tokenizer, config.model, config.chat_template)
         setup = start_executor(config, runner)
         return setup, tokenizer.result()

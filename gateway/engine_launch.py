@@ -60,7 +60,7 @@ async def open_remote_engine(
     engine = RemoteEngine(config.max_stream_buffer)
     try:
         await asyncio.get_running_loop().create_unix_connection(lambda: engine, sock=parent_sock)
-        await engine.wait_started(lambda: _load_tokenizer(config.model))
+        await engine.wait_started(lambda: _load_tokenizer(config.model, config.chat_template))
         yield engine
     finally:
         with contextlib.suppress(TimeoutError):
@@ -85,8 +85,8 @@ def _reap(process: multiprocessing.process.BaseProcess) -> int | None:
     return process.exitcode
 
 
-def _load_tokenizer(model: str | None) -> TokenizerLike:
+def _load_tokenizer(model: str | None, chat_template: str | None) -> TokenizerLike:
     from troupe.actors.core.tokenizer_files import load_tokenizer
     from troupe.config import resolve_model_path
 
-    return load_tokenizer(resolve_model_path(model))
+    return load_tokenizer(resolve_model_path(model), chat_template)

@@ -113,7 +113,7 @@ def graph_inputs(header: TraceHeader) -> GraphInputs:
             eos_token_ids=tuple(scheduler["eos_token_ids"]),
             num_lookahead_tokens=scheduler.get("num_lookahead_tokens", 0),
         )
-    return GraphInputs(config, numbers, load_tokenizer_for(config.model))
+    return GraphInputs(config, numbers, load_tokenizer_for(config.model, config.chat_template))
 
 
 def _check_inputs(batches: dict[int, list[msgspec.Struct]], vocab_size: int | None) -> None:

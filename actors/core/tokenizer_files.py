@@ -20,8 +20,35 @@ class TokenizerLoadError(ValueError):
     """The tokenizer files are missing or malformed; the message names the file."""
 
 
-def load_tokenizer(model_path: str | Path | None = None) -> TextTokenizer:
-    """The tokenizer of the model at `model_path` (folder or .gguf); None: the default model."""
+def load_tokenizer(
+    model_path: str | Path | None = None, chat_template: str | None = None
+) -> TextTokenizer:
+    """The tokenizer of the model at `model_path` (folder or .gguf); None: the default model.
+    `chat_template` (EngineConfig's): a .jinja file or a template's text used instead of the
+    model's own."""
+    tokenizer = _load(model_path)
+    if chat_template is not None:
+        tokenizer.chat_template = chat_template_text(chat_template)
+    return tokenizer
+
+
+def chat_template_text(value: str) -> str:
+    """EngineConfig.chat_template's text: a file's contents, or the value itself when it is a
+    template (it has `{{` or `{%`); else a TokenizerLoadError naming the knob."""
+    path = Path(value).expanduser()
+    if "\n" not in value and len(value) < 4096 and path.is_file():
+        try:
+            return path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise TokenizerLoadError(f"chat_template: cannot read {path}: {exc}") from exc
+    if "{{" in value or "{%" in value:
+        return value
+    raise TokenizerLoadError(
+        f"chat_template: {value!r} is neither a file nor a template (no '{{{{' or '{{%')"
+    )
+
+
+def _load(model_path: str | Path | None) -> TextTokenizer:
     if model_path is None:
         from troupe.config import default_model_path
 

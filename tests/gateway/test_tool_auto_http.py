@@ -163,3 +163,20 @@ def test_auto_without_a_template_format_is_a_400(server: ServerThread) -> None:
         )
     assert info.value.body["param"] == "tool_choice", info.value.body  # type: ignore[index]
     assert "<tool_call>" in info.value.body["message"]  # type: ignore[index]
+
+
+def test_a_server_chat_template_reaches_engine_and_gateway(make_server) -> None:  # type: ignore[no-untyped-def]
+    """EngineConfig.chat_template on the default model: the engine renders with it (the
+    prompt's length) and the gateway sees it (tool_choice "auto" is served)."""
+    srv = make_server(BASE_CONFIG.replace(chat_template=HERMES_TEMPLATE))
+    tokenizer = srv.engine.tokenizer
+    out = _client(srv).chat.completions.create(
+        model=srv.engine.model_name,
+        messages=MESSAGES,  # type: ignore[arg-type]
+        tools=TOOLS,  # type: ignore[arg-type]
+        max_tokens=2,
+    )
+    rendered = tokenizer.render_chat(MESSAGES, tools=TOOLS)
+    assert rendered.startswith("<|im_start|>system\nYou may call these functions:")
+    assert out.usage is not None
+    assert out.usage.prompt_tokens == len(tokenizer.encode(rendered, False))

@@ -155,3 +155,23 @@ def test_template_kwargs_reach_the_template() -> None:
     template = ChatTemplate(source)
     assert template.render(MESSAGES[1:2], enable_thinking=False).startswith("/no_think List")
     assert template.render(MESSAGES[1:2]).startswith("List")
+
+
+def test_engine_config_chat_template_replaces_the_models(tmp_path: Any) -> None:
+    """EngineConfig.chat_template (vLLM's --chat-template): a .jinja file or the text itself;
+    anything else names the knob."""
+    from troupe.actors.core.tokenizer_files import (
+        TokenizerLoadError,
+        chat_template_text,
+        load_tokenizer,
+    )
+
+    text = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
+    file = tmp_path / "t.jinja"
+    file.write_text(text)
+    assert chat_template_text(str(file)) == text == chat_template_text(text)
+    with pytest.raises(TokenizerLoadError, match="chat_template: 'chatml' is neither"):
+        chat_template_text("chatml")
+    tok = load_tokenizer(None, str(file))
+    assert tok.render_chat(MESSAGES[1:2]) == '[user] List <two> primes & "explain" 😀\n'
+    assert load_tokenizer(None).render_chat(MESSAGES[1:2]).startswith("<|im_start|>system")
