@@ -12,7 +12,7 @@ from typing import Any
 import msgspec
 import structlog
 from aiohttp import web
-from troupe.gateway.errors import ApiError, error_for_event
+from troupe.gateway.errors import ApiError, error_for_event, invalid
 from troupe.gateway.http_body import read_json_body
 from troupe.gateway.openai_requests import Kind, OpenAIRequest, api_error_for_model, parse_request
 from troupe.gateway.openai_responses import ResponseBuilder
@@ -118,6 +118,8 @@ async def _handle(request: web.Request, kind: Kind) -> web.StreamResponse:
     )
     if (error := api_error_for_model(req.model, engine.model_name)) is not None:
         raise error
+    if len(req.prompts) > (limit := gateway.settings.max_prompts_per_request):
+        raise invalid("prompt", f"at most {limit} prompts per request, got {len(req.prompts)}")
     prefix = "chatcmpl" if kind == "chat" else "cmpl"
     request_id = f"{prefix}-{uuid.uuid4().hex}"
     if req.user is not None:

@@ -56,6 +56,11 @@ class GatewaySettings:
         5.0, "seconds a cut-off client gets to take its error before it is dropped"
     )
     ws_max_requests: int = _knob(256, "requests in flight on one websocket")
+    max_prompts_per_request: int = _knob(
+        256,
+        "completions: prompts one request may list (each runs as an engine request of its own, "
+        "times n); more get 400",
+    )
     ws_heartbeat: float | None = _knob(
         30.0, "seconds between websocket pings; a dead peer is noticed and its requests aborted"
     )
@@ -73,6 +78,7 @@ class GatewaySettings:
             "max_buffered_frames",
             "max_buffered_bytes",
             "ws_max_requests",
+            "max_prompts_per_request",
         ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")

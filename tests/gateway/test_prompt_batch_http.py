@@ -10,6 +10,7 @@ from collections import defaultdict
 import openai
 import pytest
 from openai import OpenAI
+from troupe.gateway.state import GatewaySettings
 from troupe.messages import SamplingParams
 
 PROMPTS = ["Once upon a time", "The weather today is"]
@@ -108,3 +109,14 @@ def test_malformed_prompt_lists_are_400(client: OpenAI, server, prompt: list) ->
     with pytest.raises(openai.BadRequestError) as info:
         client.completions.create(model=server.engine.model_name, prompt=prompt, max_tokens=2)
     assert info.value.body["param"] == "prompt", info.value.body  # type: ignore[index]
+
+
+def test_prompts_per_request_are_bounded(server) -> None:  # type: ignore[no-untyped-def]
+    url = server.add_gateway(GatewaySettings(max_prompts_per_request=2))
+    client = OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=30)
+    model = server.engine.model_name
+    assert len(client.completions.create(model=model, prompt=["a", "b"], max_tokens=1).choices) == 2
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model=model, prompt=["a", "b", "c"], max_tokens=1)
+    assert info.value.body["param"] == "prompt", info.value.body  # type: ignore[index]
+    assert "at most 2 prompts" in info.value.body["message"]  # type: ignore[index]
