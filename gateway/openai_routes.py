@@ -112,7 +112,7 @@ async def _handle(request: web.Request, kind: Kind) -> web.StreamResponse:
     # max_model_len); completions keep OpenAI's default of 16.
     default_max_tokens = engine.max_model_len if kind == "chat" else 16
     raw = await read_json_body(request, gateway.settings)
-    template_tools = template_calls_tools(engine.tokenizer.chat_template)
+    template_tools = kind == "chat" and template_calls_tools(engine.tokenizer.chat_template)
     req = parse_request(
         kind, raw, default_max_tokens=default_max_tokens, template_tools=template_tools
     )
