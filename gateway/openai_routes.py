@@ -183,12 +183,12 @@ async def _whole(
             if isinstance(event, Finished):
                 text, finish = "".join(texts[index]), str(event.finish_reason)
                 calls, content = None, None
-                if req.tools is not None and req.tools.spec is None:  # "auto"
-                    if finish == "stop":
+                if req.tools is not None and finish == "stop":
+                    if req.tools.spec is None:  # "auto": the model's own format
                         content, found = parse_calls(text, req.tools.names)
                         calls = found or None
-                elif req.tools is not None and finish == "stop":
-                    calls = tool_calls(req.tools, text)
+                    else:
+                        calls = tool_calls(req.tools, text)
                 lps = logprobs.get(index)
                 choices[index] = builder.choice(
                     index, text, finish, lps, event.stop_reason, calls, content
