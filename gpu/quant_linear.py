@@ -17,7 +17,8 @@ function either way.
            4-bit step itself).
       CPU, more rows (long prefills), either form: the exact weight expanded per call, rounded to
            bf16, one bf16 GEMM (oneDNN; AMX where the CPU has it); activations rounded to bf16.
-      CUDA: kernels/quant_gemv.py (Triton; scale and bias in fp16: exact for Q4_0/Q4_1).
+      CUDA: kernels/quant_int4.py (Triton; the codes in its column layout, scale and bias in
+           fp16: exact for Q4_0/Q4_1).
     Int8Linear   Int8Blocks (GGUF Q8_0, Q6_K: int8 codes and per-32/16 scales)
       CPU with the native kernel, Q8_0 (gpu/cpu_q8.py): the exact codes and fp16 scales in the
            kernel's tiles (the one copy kept; embedding rows read back from it), activations
@@ -51,6 +52,7 @@ from troupe.gpu.cpu_q8 import CpuQ8, fits_native_int8
 from troupe.gpu.fp8_weights import Fp8Weight
 from troupe.gpu.gguf_quant import Int4Blocks, Int8Blocks, QuantBlocks
 from troupe.gpu.int8_rows import per_row_int8
+from troupe.kernels.quant_int4 import Int4Cols
 
 
 class Int4Linear:
@@ -65,13 +67,13 @@ class Int4Linear:
         if device.type == "cpu":
             native = q4 is not None and fits_native(blocks)
             self._cpu = CpuQ4(blocks, q4) if q4 is not None and native else CpuInt4(blocks)
-        self._cuda: Int4Blocks | None = None
+        self._cuda: Int4Cols | None = None
         if device.type != "cpu":  # fp16 factors: exact for Q4_0 and Q4_1, rounded for Q4_K
-            self._cuda = Int4Blocks(
-                blocks.packed.to(device),
-                blocks.scale.to(device, torch.float16),
-                blocks.bias.to(device, torch.float16),
-                blocks.group_size,
+            assert blocks.group_size == 32, (
+                f"the GPU kernels take groups of 32, not {blocks.group_size}"
+            )
+            self._cuda = Int4Cols.from_rows(
+                blocks.packed.to(device), blocks.scale.to(device), blocks.bias.to(device)
             )
 
     @property
@@ -84,7 +86,8 @@ class Int4Linear:
         if self._cpu is not None:
             return self._cpu.blocks(rows)
         assert self._cuda is not None
-        return self._cuda if rows is None else self._cuda.rows(rows)
+        packed, scale, bias = self._cuda.rows(rows)
+        return Int4Blocks(packed, scale, bias, 32)
 
     def dequantize(self) -> torch.Tensor:
         return self.blocks().dequantize()
@@ -92,10 +95,10 @@ class Int4Linear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self._cpu is not None:
             return self._cpu(x)
-        from troupe.kernels.quant_gemv import int4_matmul
+        from troupe.kernels.quant_int4 import int4_cols_matmul
 
-        b = self.blocks()
-        return int4_matmul(x, b.packed, b.scale, b.bias, b.group_size)
+        assert self._cuda is not None
+        return int4_cols_matmul(x, self._cuda)
 
 
 class Int8Linear:

@@ -33,6 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .arrival import arrival_counters
 from .decode_attention_fp8 import launch_split_fp8
 from .decode_combine import combine_head, decode_reduce_kernel
 
@@ -228,18 +229,6 @@ def _num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-_COUNTERS: dict[torch.device, torch.Tensor] = {}
-
-
-def _counters(device: torch.device, size: int) -> torch.Tensor:
-    """FUSED's per-(sequence, kv head) counters, zero between launches (made before capture)."""
-    have = _COUNTERS.get(device)
-    if have is None or have.numel() < size:
-        have = torch.zeros(max(size, 1 << 16), dtype=torch.int32, device=device)
-        _COUNTERS[device] = have
-    return have
-
-
 def paged_decode_attention_triton(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -304,7 +293,7 @@ def paged_decode_attention_triton(
             num_stages=config.num_stages if on_gpu else 1,
         )  # fmt: skip
     else:
-        counters = _counters(q.device, num_seqs * num_kv_heads) if fused else seq_lens
+        counters = arrival_counters(num_seqs * num_kv_heads, q.device) if fused else seq_lens
         _decode_split_kernel[(num_seqs, num_kv_heads, num_splits)](
             q,
             k_cache,

@@ -32,8 +32,8 @@ import dataclasses
 import torch
 import triton
 
+from .arrival import arrival_counters
 from .mla_decode_paged import mla_split_paged_kernel
-from .mla_split_merge import arrival_counters
 
 _LOG2E = 1.4426950408889634
 

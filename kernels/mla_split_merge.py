@@ -24,24 +24,8 @@ used it).
 
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
-
-_COUNTERS: dict[torch.device, torch.Tensor] = {}
-# Every counter buffer ever handed out stays alive: a captured CUDA graph keeps its pointer.
-_KEEP: list[torch.Tensor] = []
-
-
-def arrival_counters(size: int, device: torch.device) -> torch.Tensor:
-    """A zeroed int32 buffer of at least `size` counters for `device`, reused across launches
-    (the kernels leave it zeroed); one stream per device uses it at a time."""
-    have = _COUNTERS.get(device)
-    if have is None or have.numel() < size:
-        have = torch.zeros(max(size, 4096), dtype=torch.int32, device=device)
-        _COUNTERS[device] = have
-        _KEEP.append(have)
-    return have
 
 
 @triton.jit

@@ -21,7 +21,8 @@ import time
 from collections.abc import Callable
 
 import torch
-from troupe.kernels.quant_gemv import fp8_matmul, fp8_reference, int4_matmul, int4_reference
+from troupe.kernels.quant_gemv import fp8_matmul, fp8_reference
+from troupe.kernels.quant_int4 import Int4Cols, int4_cols_matmul, int4_cols_reference
 
 HIDDEN, INTER, LAYERS, VOCAB = 4096, 14336, 32, 128256
 SHAPES = [(6144, HIDDEN), (HIDDEN, HIDDEN), (2 * INTER, HIDDEN), (HIDDEN, INTER)]
@@ -104,6 +105,7 @@ def main() -> None:
         return
     bytes_bf16 = sum(w.numel() * 2 for w in dense)
     bytes_int4 = sum(p.numel() + s.numel() * 2 + b.numel() * 2 for p, s, b in int4)
+    cols = [Int4Cols.from_rows(*w) for w in int4]  # the GPU's layout (kernels/quant_int4.py)
     bytes_fp8 = sum(q.numel() + s.numel() * 4 for q, s in fp8)
     for rows in args.rows or [1]:
         xs = {k: torch.randn(rows, k, device=device, dtype=torch.bfloat16) for k in (HIDDEN, INTER)}
@@ -113,8 +115,8 @@ def main() -> None:
                 torch.nn.functional.linear(xs[w.shape[1]], w)
 
         def step_int4(xs: dict[int, torch.Tensor] = xs) -> None:
-            for p, s, b in int4:
-                int4_matmul(xs[p.shape[1] * 2], p, s, b, GROUP)
+            for w in cols:
+                int4_cols_matmul(xs[w.shape[1]], w)
 
         def step_fp8(xs: dict[int, torch.Tensor] = xs) -> None:
             for q, s in fp8:
@@ -130,9 +132,8 @@ def main() -> None:
                 " of copy"
             )
     x = torch.randn(1, HIDDEN, device=device, dtype=torch.bfloat16)
-    p, s, b = int4[2]
-    want = int4_reference(x.float(), p, s, b, GROUP)
-    err = (int4_matmul(x, p, s, b, GROUP).float() - want).abs().max() / want.abs().max()
+    want = int4_cols_reference(x.float(), cols[2])
+    err = (int4_cols_matmul(x, cols[2]).float() - want).abs().max() / want.abs().max()
     q, sc = fp8[2]
     want8 = fp8_reference(x.float(), q, sc)
     err8 = (fp8_matmul(x, q, sc).float() - want8).abs().max() / want8.abs().max()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from troupe.kernels import mla_reference as ref
-from troupe.kernels import mla_split_merge
+from troupe.kernels.arrival import arrival_counters
 from troupe.kernels.mla_decode import DEFAULT_CONFIG, MlaLaunch, mla_attention_triton
 from troupe.kernels.mla_ops import mla_rows
 from troupe.kernels.ops import KernelOps
@@ -132,7 +132,7 @@ def test_splits_merge_to_the_one_pass_softmax(num_splits: int, config: MlaLaunch
     )
     assert torch.equal(out[3], torch.zeros_like(out[3]))
     # the last split of each row set its arrival counter back to 0
-    assert not mla_split_merge.arrival_counters(4, out.device)[:4].any()
+    assert not arrival_counters(4, out.device)[:4].any()
     for s, n in enumerate(seq_lens[:3]):
         rows = torch.cat([cache[int(b)] for b in table[s, : -(-n // BS)]])[:n]
         scores = (q_lat[s] @ rows[:, :LORA].T + q_rope[s] @ rows[:, LORA:].T) * 0.2

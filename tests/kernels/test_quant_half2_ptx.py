@@ -11,6 +11,7 @@ import numpy as np
 import torch
 from troupe.kernels.quant_half2 import INT4_ASM, INT4_Q_SCALE
 from troupe.kernels.quant_half2_fp8 import FP8_ASM
+from troupe.kernels.quant_int4 import GROUP_ASM, Q_SCALE
 
 Regs = dict[str, int]
 
@@ -57,6 +58,9 @@ def run_ptx(asm: str, inputs: list[int]) -> float:
         elif opcode == "lop3.b32":
             assert a[3] == 0xEA, "only (a & b) | c"
             regs[d] = (a[0] & a[1]) | a[2]
+        elif opcode == "prmt.b32":  # default mode: result byte i = byte (c >> 4i) & 7 of {b, a}
+            pool = a[0] | a[1] << 32
+            regs[d] = sum(((pool >> 8 * ((a[2] >> 4 * i) & 7)) & 0xFF) << 8 * i for i in range(4))
         elif opcode == "shr.u32":
             regs[d] = a[0] >> a[1]
         elif opcode in ("sub.f16x2", "add.f16x2", "mul.rn.f16x2", "fma.rn.f16x2"):
@@ -112,3 +116,21 @@ def test_fp8_asm_pairs_codes_with_their_x() -> None:
         got = run_ptx(FP8_ASM.value, words + pairs)
         want = float(q @ x)
         assert abs(got - want) <= 2e-3 * np.abs(q * x).sum()
+
+
+def test_int4_cols_asm_pairs_adjacent_x() -> None:
+    """The column layout's group PTX (kernels/quant_int4.py): the same 4 words, x pairs of
+    adjacent elements: word i's (4i, 4i+1), (4i+16, 4i+17), (4i+2, 4i+3), (4i+18, 4i+19)."""
+    rng = np.random.default_rng(2)
+    for _ in range(20):
+        group = rng.integers(0, 256, 16, dtype=np.uint8)
+        q = np.concatenate([group & 15, group >> 4]).astype(np.float64)
+        x = rng.standard_normal(32).astype(np.float16).astype(np.float64)
+        words = [int(w) for w in group.view("<u4")]
+        pairs = []
+        for i in range(4):
+            for e in (4 * i, 4 * i + 16, 4 * i + 2, 4 * i + 18):
+                pairs.append(_pack(x[e], x[e + 1]))
+        got = run_ptx(GROUP_ASM.value, words + pairs)
+        want = float(q @ x) * Q_SCALE.value
+        assert abs(got - want) <= 2e-3 * np.abs(q * x).sum() * Q_SCALE.value

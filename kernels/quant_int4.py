@@ -1,0 +1,405 @@
+"""4-bit weights in the GPU's column layout, and the Triton matmuls that read it (issue 16).
+
+    Int4Cols   words [K/8, N] int32: column n's word r is bytes 4r..4r+3 of the weight row n in
+               Q4_0 nibble order (per group of 32: byte j holds element j low, j + 16 high);
+               scale, bias [K/32, N] fp16: w[n, k] = scale[g, n] q + bias[g, n], g = k // 32
+
+Row-major packing ([N, K/2], gpu/gguf_quant.Int4Blocks) made every decode GEMV program re-read
+x for each few W rows it held; here a thread holds adjacent output columns of one group, the
+threads of a warp share the group, and x is one broadcast load per warp (x / W bytes moved per
+program: 1/64 at 256 columns, 1 before).
+
+    decode (GEMV, M < INT4_GEMM_MIN_ROWS)  grid (column blocks, K splits, rows of x). Each
+        group's 4 words per column are multiplied out in one PTX block on f16x2 pairs: the
+        word's bytes permuted (b0, b2, b1, b3), then w & 0x000F000F | 0x4C004C00 holds the
+        fp16 values 16 + q/64 of elements (4i, 4i+1) (sub 16 gives q/64 exactly), bits 4-7
+        with 1.0 the elements (4i+16, 4i+17), the word >> 8 the next two pairs; so x's pairs
+        are adjacent elements, one bf16x2 word each (fp16 x: the word as is). Two f16x2
+        accumulators per group and column, to fp32 at its end:
+            y[n] = sum_g scale[g, n] (x_g . q_g) + bias[g, n] sum(x_g)
+        fp16 bounds: 16 products of q/64 <= 15/64 per lane, so any |x| < 2^14 cannot
+        overflow. K splits write fp32 partials [S, M, N]; the split that counts itself in last
+        (kernels/arrival.py) sums them in split order, so the result does not depend on
+        timing and no second kernel runs. TRITON_INTERPRET=1 cannot run PTX:
+        PLAIN (the CPU) sums the same products in fp32.
+    more rows (GEMM)  tiles of words expanded to bytes, nibbles, x's dtype, tl.dot; K split
+        while the grid is thin (skinny batches), fp32 partials summed by a second kernel.
+
+pdl (GEMV): programmatic dependent launch (kernels/gemv_pdl.py): the first tile's words,
+scales and biases are loaded before griddepcontrol.wait, x after.
+"""
+
+# Triton kernels take untyped pointers and constexprs; @triton.jit is untyped to mypy.
+# mypy: disable-error-code="untyped-decorator,no-untyped-def"
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+from troupe.kernels.arrival import arrival_counters
+from troupe.kernels.gemv_pdl import GDC, pdl_mode, pdl_start, pdl_wait
+from troupe.kernels.quant_half2 import LANE_REGS, LANES_TO_F32
+
+INT4_GEMM_MIN_ROWS = 2
+Q_SCALE = tl.constexpr(2.0**-6)  # the PTX's nibbles are q/64
+
+
+@dataclass(frozen=True)
+class Int4Cols:
+    """A 4-bit weight [N, K] in the column layout above (on the GPU, or the CPU in tests)."""
+
+    words: torch.Tensor  # [K/8, N] int32
+    scale: torch.Tensor  # [K/32, N] fp16
+    bias: torch.Tensor  # [K/32, N] fp16
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return int(self.words.shape[1]), int(self.words.shape[0]) * 8
+
+    @staticmethod
+    def from_rows(packed: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor) -> Int4Cols:
+        """From Int4Blocks' row layout: packed [N, K/2] uint8, scale and bias [N, K/32]."""
+        words = packed.contiguous().view(torch.int32).t().contiguous()
+        return Int4Cols(words, scale.t().contiguous().half(), bias.t().contiguous().half())
+
+    def rows(self, index: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+        """Back to the row layout (packed, scale, bias), of rows `index` only when given."""
+        words, scale, bias = self.words, self.scale, self.bias
+        if index is not None:
+            words, scale, bias = words[:, index], scale[:, index], bias[:, index]
+        packed = words.t().contiguous().view(torch.uint8)
+        return packed, scale.t().contiguous(), bias.t().contiguous()
+
+
+@dataclass(frozen=True)
+class Int4ColsGemv:
+    """The decode GEMV's launch: output columns per program (a multiple of 128), groups of 32
+    per iteration, warps, programs per SM wanted (K is split to reach it), PDL."""
+
+    block_n: int = 128  # the best of an H200 sweep (ops/int4_cols_sweep.py)
+    groups: int = 16
+    num_warps: int = 4
+    waves: int = 4
+    pdl: bool = True
+
+
+INT4_COLS_GEMV = Int4ColsGemv()
+
+
+def _asm() -> str:
+    """PTX of one group and column: $1-$4 its words, $5 + 4i .. $8 + 4i word i's x pairs
+    (4i, 4i+1), (4i+16, 4i+17), (4i+2, 4i+3), (4i+18, 4i+19) as f16x2; $0 the fp32 sum."""
+    lines = [
+        "{",
+        ".reg .b32 cm, ch, h, s, t, a, b;",
+        *LANE_REGS,
+        "mov.b32 cm, 0x4C004C00;",
+        "mov.b32 ch, 0x3C003C00;",
+        "mov.b32 a, 0;",
+        "mov.b32 b, 0;",
+    ]
+    for i in range(4):
+        x = 5 + 4 * i
+        lines.append(f"prmt.b32 t, ${1 + i}, 0, 0x3120;")  # bytes (b0, b2, b1, b3)
+        for src, pair in (("t", x), ("s", x + 2)):
+            if src == "s":
+                lines.append("shr.u32 s, t, 8;")
+            lines += [
+                f"lop3.b32 h, {src}, 0x000F000F, cm, 0xEA;",  # (src & mask) | magic
+                "sub.f16x2 h, h, cm;",
+                f"fma.rn.f16x2 a, h, ${pair}, a;",
+                f"lop3.b32 h, {src}, 0x00F000F0, ch, 0xEA;",
+                "sub.f16x2 h, h, ch;",
+                f"fma.rn.f16x2 b, h, ${pair + 1}, b;",
+            ]
+    return "\n".join(lines + LANES_TO_F32)
+
+
+GROUP_ASM = tl.constexpr(_asm())
+
+
+@triton.jit
+def _x_pair(x_row, g, J: tl.constexpr, ok):
+    """x[32 g + 2J], x[32 g + 2J + 1] per group g: as f16x2 (one int32), and their fp32 sum."""
+    if x_row.dtype.element_ty == tl.bfloat16:
+        u = tl.load(x_row.to(tl.pointer_type(tl.int32)) + g * 16 + J, mask=ok, other=0)
+        lo = (u << 16).to(tl.float32, bitcast=True)
+        hi = (u & -65536).to(tl.float32, bitcast=True)
+    else:
+        lo = tl.load(x_row + g * 32 + 2 * J, mask=ok, other=0.0).to(tl.float32)
+        hi = tl.load(x_row + g * 32 + 2 * J + 1, mask=ok, other=0.0).to(tl.float32)
+    p = tl.inline_asm_elementwise(
+        "cvt.rn.f16x2.f32 $0, $2, $1;", "=r,r,r", [lo, hi], dtype=tl.int32, is_pure=True, pack=1
+    )
+    return p[:, None], (lo + hi)[:, None]
+
+
+@triton.jit
+def _plain_word(w, x_row, g, WORD: tl.constexpr, ok):
+    """Word WORD of each group times its 8 x values, in fp32 (the interpreter's path): byte j holds
+    element 4 WORD + j (low nibble) and 4 WORD + j + 16 (high)."""
+    dot = tl.zeros(w.shape, dtype=tl.float32)
+    xs = tl.zeros((w.shape[0], 1), dtype=tl.float32)
+    for j in tl.static_range(4):
+        x_lo = tl.load(x_row + g * 32 + 4 * WORD + j, mask=ok, other=0.0).to(tl.float32)[:, None]
+        x_hi = tl.load(x_row + g * 32 + 4 * WORD + j + 16, mask=ok, other=0.0).to(tl.float32)
+        dot += ((w >> (8 * j)) & 15).to(tl.float32) * x_lo
+        dot += ((w >> (8 * j + 4)) & 15).to(tl.float32) * x_hi[:, None]
+        xs += x_lo + x_hi[:, None]
+    return dot * Q_SCALE, xs
+
+
+@triton.jit
+def _tile(w_ptr, s_ptr, b_ptr, cols, N, row_groups, g):
+    """The words [GB, BN] x 4, scales, biases (fp32) of groups g (past K: the last group)."""
+    gc = tl.minimum(g, row_groups - 1).to(tl.int64)
+    at = (gc * 4)[:, None] * N + cols[None, :]
+    w0 = tl.load(w_ptr + at)
+    w1 = tl.load(w_ptr + at + N)
+    w2 = tl.load(w_ptr + at + 2 * N)
+    w3 = tl.load(w_ptr + at + 3 * N)
+    sb = gc[:, None] * N + cols[None, :]
+    s = tl.load(s_ptr + sb).to(tl.float32)
+    b = tl.load(b_ptr + sb).to(tl.float32)
+    return w0, w1, w2, w3, s, b
+
+
+@triton.jit
+def _acc(acc, w0, w1, w2, w3, s, b, x_row, g, row_groups, PLAIN: tl.constexpr):
+    """acc plus the tile's scale (x . q) + bias sum(x) (x . q in q/64 units)."""
+    ok = g < row_groups
+    if PLAIN:
+        d0, t0 = _plain_word(w0, x_row, g, 0, ok)
+        d1, t1 = _plain_word(w1, x_row, g, 1, ok)
+        d2, t2 = _plain_word(w2, x_row, g, 2, ok)
+        d3, t3 = _plain_word(w3, x_row, g, 3, ok)
+        dot = d0 + d1 + d2 + d3
+        xs = t0 + t1 + t2 + t3
+    else:
+        a0, u0 = _x_pair(x_row, g, 0, ok)
+        a1, u1 = _x_pair(x_row, g, 8, ok)
+        a2, u2 = _x_pair(x_row, g, 1, ok)
+        a3, u3 = _x_pair(x_row, g, 9, ok)
+        b0, v0 = _x_pair(x_row, g, 2, ok)
+        b1, v1 = _x_pair(x_row, g, 10, ok)
+        b2, v2 = _x_pair(x_row, g, 3, ok)
+        b3, v3 = _x_pair(x_row, g, 11, ok)
+        c0, y0 = _x_pair(x_row, g, 4, ok)
+        c1, y1 = _x_pair(x_row, g, 12, ok)
+        c2, y2 = _x_pair(x_row, g, 5, ok)
+        c3, y3 = _x_pair(x_row, g, 13, ok)
+        d0, z0 = _x_pair(x_row, g, 6, ok)
+        d1, z1 = _x_pair(x_row, g, 14, ok)
+        d2, z2 = _x_pair(x_row, g, 7, ok)
+        d3, z3 = _x_pair(x_row, g, 15, ok)
+        dot = tl.inline_asm_elementwise(
+            GROUP_ASM,
+            "=r" + ",r" * 20,
+            [w0, w1, w2, w3, a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3, d0, d1, d2, d3],
+            dtype=tl.float32,
+            is_pure=True,
+            pack=1,
+        )
+        xs = (u0 + u1 + u2 + u3) + (v0 + v1 + v2 + v3) + (y0 + y1 + y2 + y3) + (z0 + z1 + z2 + z3)
+    return acc + dot * s + b * (xs * Q_SCALE)
+
+
+@triton.jit(do_not_specialize=["M", "splits"])
+def _int4_cols_gemv_kernel(
+    x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, part_ptr, counter_ptr, M, N, K, groups_per_split,
+    splits,
+    BLOCK_N: tl.constexpr, GROUPS: tl.constexpr, EVEN_N: tl.constexpr, PLAIN: tl.constexpr,
+    PDL: tl.constexpr, SPLIT: tl.constexpr,
+):  # fmt: skip
+    pdl_start(PDL)
+    pid_n, pid_k, m = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    if not EVEN_N:  # no masks on W (a predicate per load serializes them): columns past N
+        cols = tl.minimum(cols, N - 1)  # repeat column N - 1 (not stored; loads not vectors)
+    row_groups = K // 32
+    x_row = x_ptr + m.to(tl.int64) * K
+    acc = tl.zeros((GROUPS, BLOCK_N), dtype=tl.float32)
+    g_start = pid_k * groups_per_split
+    g = g_start + tl.arange(0, GROUPS)
+    w0, w1, w2, w3, s, b = _tile(w_ptr, s_ptr, b_ptr, cols, N, row_groups, g)
+    pdl_wait(PDL)  # the first tile before the wait, its x after (gemv_pdl.py)
+    acc = _acc(acc, w0, w1, w2, w3, s, b, x_row, g, row_groups, PLAIN)
+    for g0 in range(g_start + GROUPS, g_start + groups_per_split, GROUPS):
+        g = g0 + tl.arange(0, GROUPS)
+        w0, w1, w2, w3, s, b = _tile(w_ptr, s_ptr, b_ptr, cols, N, row_groups, g)
+        acc = _acc(acc, w0, w1, w2, w3, s, b, x_row, g, row_groups, PLAIN)
+    y = tl.sum(acc, axis=0) * (1.0 / Q_SCALE)
+    out_cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = out_cols < N
+    if SPLIT:  # fp32 partials; the split that arrives last sums them in split order
+        tl.store(part_ptr + (pid_k.to(tl.int64) * M + m) * N + out_cols, y, mask=col_ok)
+        tl.debug_barrier()  # every thread's partials are written before the (release) count
+        count_ptr = counter_ptr + m * tl.num_programs(0) + pid_n
+        done = tl.atomic_add(count_ptr, 1, sem="acq_rel", scope="gpu")
+        if done == splits - 1:
+            tl.debug_barrier()
+            total = tl.zeros((BLOCK_N,), dtype=tl.float32)
+            for k in range(0, splits):
+                at = part_ptr + (k * M + m).to(tl.int64) * N + out_cols
+                total += tl.load(at, mask=col_ok, other=0.0, cache_modifier=".cg")
+            tl.store(out_ptr + m.to(tl.int64) * N + out_cols, total.to(out_ptr.dtype.element_ty),
+                     mask=col_ok)  # fmt: skip
+            tl.atomic_xchg(count_ptr, 0)  # ready for the next launch (a graph replay)
+    else:
+        tl.store(out_ptr + m.to(tl.int64) * N + out_cols, y.to(out_ptr.dtype.element_ty),
+                 mask=col_ok)  # fmt: skip
+
+
+@triton.jit
+def _int4_cols_gemm_kernel(
+    x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, M, N, K, k_per_split,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    PRECISION: tl.constexpr,
+):  # fmt: skip
+    pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = rn < N
+    word = tl.arange(0, BLOCK_K // 8)
+    byte = tl.arange(0, BLOCK_K // 2)
+    group = tl.arange(0, BLOCK_K // 32)
+    shift = tl.arange(0, 4) * 8
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    k_start = pid_k * k_per_split
+    for k0 in range(k_start, k_start + k_per_split, BLOCK_K):
+        r = k0 // 8 + word
+        w = tl.load(
+            w_ptr + r.to(tl.int64)[:, None] * N + rn[None, :],
+            mask=(r < K // 8)[:, None] & col_ok[None, :],
+            other=0,
+        )
+        # bytes [BLOCK_K / 2, BLOCK_N]: byte 4r + j is bits 8j..8j+7 of word r
+        p = tl.reshape((w[:, None, :] >> shift[None, :, None]) & 255, (BLOCK_K // 2, BLOCK_N))
+        g = k0 // 32 + group
+        sb_off = g.to(tl.int64)[:, None] * N + rn[None, :]
+        sb_mask = (g < K // 32)[:, None] & col_ok[None, :]
+        s = tl.load(s_ptr + sb_off, mask=sb_mask, other=0.0).to(tl.float32)[:, None, :]
+        b = tl.load(b_ptr + sb_off, mask=sb_mask, other=0.0).to(tl.float32)[:, None, :]
+        # shapes spelled inline: a tuple held in a variable stops being constexpr (triton 3.6)
+        w_lo = tl.reshape(
+            tl.reshape((p & 15).to(tl.float32), (BLOCK_K // 32, 16, BLOCK_N)) * s + b,
+            (BLOCK_K // 2, BLOCK_N),
+        )
+        w_hi = tl.reshape(
+            tl.reshape((p >> 4).to(tl.float32), (BLOCK_K // 32, 16, BLOCK_N)) * s + b,
+            (BLOCK_K // 2, BLOCK_N),
+        )
+        kb = k0 // 2 + byte
+        elem = (kb // 16) * 32 + kb % 16  # the low nibble's element; the high one's: + 16
+        x_off = rm.to(tl.int64)[:, None] * K + elem[None, :]
+        x_mask = (rm < M)[:, None] & (kb < K // 2)[None, :]
+        xe = tl.load(x_ptr + x_off, mask=x_mask, other=0.0)
+        xo = tl.load(x_ptr + x_off + 16, mask=x_mask, other=0.0)
+        acc += tl.dot(xe, w_lo.to(xe.dtype), input_precision=PRECISION)
+        acc += tl.dot(xo, w_hi.to(xo.dtype), input_precision=PRECISION)
+    out = out_ptr + (pid_k.to(tl.int64) * M + rm.to(tl.int64))[:, None] * N + rn[None, :]
+    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=(rm < M)[:, None] & col_ok[None, :])
+
+
+@triton.jit
+def _sum_splits_kernel(part_ptr, out_ptr, S, MN, BLOCK: tl.constexpr):
+    """out = sum over S of part [S, MN] (fp32, in split order), in out's dtype."""
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = i < MN
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for s in range(S):
+        acc += tl.load(part_ptr + s * MN + i, mask=ok, other=0.0)
+    tl.store(out_ptr + i, acc.to(out_ptr.dtype.element_ty), mask=ok)
+
+
+def _sms(device: torch.device) -> int | None:
+    if device.type != "cuda":
+        return None
+    return int(torch.cuda.get_device_properties(device).multi_processor_count)
+
+
+def _finish(part: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """The output [M, N] from the partials [S, M, N]: split 1 is the output itself."""
+    if part.shape[0] == 1:
+        return part[0]
+    s, m, n = part.shape
+    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    block = 1024
+    _sum_splits_kernel[(triton.cdiv(m * n, block),)](part, out, s, m * n, block)
+    return out
+
+
+def _split(chunks: int, tiles: int, waves: int, sms: int | None) -> int:
+    """K splits (whole chunks each) so tiles x splits is about `waves` programs per SM."""
+    if sms is None:
+        return min(chunks, 2)  # the CPU: two splits, so the tests cover the partial sums
+    split = max(1, min(chunks, waves * sms // max(1, tiles)))
+    while chunks % split:
+        split -= 1
+    return split
+
+
+def int4_cols_gemv(x: torch.Tensor, w: Int4Cols, config: Int4ColsGemv) -> torch.Tensor:
+    """x [M, K] (a few rows) @ W^T through the decode GEMV above."""
+    m, k = x.shape
+    n = w.words.shape[1]
+    groups = k // 32
+    chunks = triton.cdiv(groups, config.groups)
+    block_n = config.block_n
+    while n % block_n and block_n > 128:  # whole blocks keep the 16-byte loads
+        block_n //= 2
+    tiles = m * triton.cdiv(n, block_n)
+    split = _split(chunks, tiles, config.waves, _sms(x.device))
+    per_split = triton.cdiv(chunks, split) * config.groups
+    split = triton.cdiv(chunks * config.groups, per_split)
+    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    part = torch.empty(split if split > 1 else 0, m, n, dtype=torch.float32, device=x.device)
+    col_blocks = triton.cdiv(n, block_n)
+    counters = arrival_counters(m * col_blocks, x.device) if split > 1 else out
+    pdl = pdl_mode(config.pdl, x.device)
+    _int4_cols_gemv_kernel[(col_blocks, split, m)](
+        x, w.words, w.scale, w.bias, out, part, counters, m, n, k, per_split, split, block_n,
+        config.groups, n % block_n == 0, x.device.type != "cuda", pdl, split > 1,
+        num_warps=config.num_warps, launch_pdl=pdl == GDC,
+    )  # fmt: skip
+    return out
+
+
+def int4_cols_matmul(
+    x: torch.Tensor, w: Int4Cols, gemv: Int4ColsGemv | None = None
+) -> torch.Tensor:
+    """x [M, K] @ W^T for the column layout; returns [M, N] in x's dtype."""
+    m, k = x.shape
+    n = w.words.shape[1]
+    assert k % 32 == 0 and w.words.shape[0] * 8 == k, f"x has K {k}, the weight {w.shape[1]}"
+    x = x.contiguous()
+    if m < INT4_GEMM_MIN_ROWS:
+        return int4_cols_gemv(x, w, INT4_COLS_GEMV if gemv is None else gemv)
+    cuda = x.device.type == "cuda"
+    block_m = 16 if m <= 16 or not cuda else 64
+    block_n, block_k = (64, 128) if cuda else (32, 64)
+    tiles_m, tiles_n = triton.cdiv(m, block_m), triton.cdiv(n, block_n)
+    chunks = triton.cdiv(k, block_k)
+    split = _split(chunks, tiles_m * tiles_n, 4, _sms(x.device)) if m <= 16 else 1
+    per_split = triton.cdiv(chunks, split) * block_k
+    dtype = torch.float32 if split > 1 else x.dtype
+    part = torch.empty(split, m, n, dtype=dtype, device=x.device)
+    precision = "ieee" if x.dtype == torch.float32 else "tf32"
+    _int4_cols_gemm_kernel[(tiles_m, tiles_n, split)](
+        x, w.words, w.scale, w.bias, part, m, n, k, per_split, block_m, block_n, block_k,
+        precision, num_warps=4,
+    )  # fmt: skip
+    return _finish(part, x)
+
+
+def int4_cols_reference(x: torch.Tensor, w: Int4Cols) -> torch.Tensor:
+    """The torch reference: the fp32 weight expanded from the words, one fp32 matmul."""
+    packed, scale, bias = w.rows()
+    n = packed.shape[0]
+    p = packed.reshape(n, -1, 16)
+    q = torch.cat((p & 15, p >> 4), dim=-1).reshape(n, -1, 32).float()
+    dense = (q * scale.float()[..., None] + bias.float()[..., None]).reshape(n, -1)
+    return (x.float() @ dense.T).to(x.dtype)

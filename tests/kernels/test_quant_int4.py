@@ -1,0 +1,63 @@
+"""The column-layout int4 matmuls (kernels/quant_int4.py) against their torch reference and
+the row layout's: the decode GEMV (K split, columns and groups past the ends) and the GEMM."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from int4_weights import int4_weight
+from troupe.kernels.arrival import arrival_counters
+from troupe.kernels.quant_gemv import int4_reference
+from troupe.kernels.quant_int4 import (
+    Int4Cols,
+    Int4ColsGemv,
+    int4_cols_matmul,
+    int4_cols_reference,
+)
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+def test_column_layout_round_trips() -> None:
+    packed, scale, bias = int4_weight(24, 128, 32, "cpu", seed=1)
+    cols = Int4Cols.from_rows(packed, scale, bias)
+    assert cols.shape == (24, 128) and cols.words.shape == (16, 24)
+    back, s, b = cols.rows()
+    assert torch.equal(back, packed)
+    assert torch.equal(s, scale.half()) and torch.equal(b, bias.half())
+    index = torch.tensor([3, 0, 17])
+    sub, _, _ = cols.rows(index)
+    assert torch.equal(sub, packed[index])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(
+    ("m", "n", "k", "gemv"),
+    [
+        (1, 256, 128, Int4ColsGemv(groups=2)),  # K split in two (the CPU's), summed by the last
+        (1, 200, 160, Int4ColsGemv(block_n=256, groups=2)),  # columns past N; 5 groups: the
+        # last split runs past K
+        (1, 384, 256, Int4ColsGemv(block_n=128, groups=4, pdl=False)),
+        (1, 128, 1024, None),  # the engine's launch
+        (2, 96, 320, None),  # the GEMM with K split (a skinny batch)
+        (17, 72, 192, None),
+        (40, 64, 128, None),
+    ],
+)
+def test_int4_cols_matmul(device: str, m: int, n: int, k: int, gemv: Int4ColsGemv | None) -> None:
+    if device == "cuda":
+        n, k = n * 16, k * 16
+    packed, scale, bias = int4_weight(n, k, 32, "cpu", seed=m + n + k)
+    cols = Int4Cols.from_rows(packed, scale, bias)
+    cols = Int4Cols(cols.words.to(device), cols.scale.to(device), cols.bias.to(device))
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(device)
+    if device == "cuda":
+        x = x.to(torch.bfloat16)
+    got = int4_cols_matmul(x, cols, gemv).float()
+    assert not arrival_counters(1, x.device)[:64].any()  # the last split set its count back
+    want = int4_cols_reference(x.float(), cols).float()
+    rows = int4_reference(x.float().cpu(), packed, scale.half(), bias.half(), 32).float()
+    assert torch.allclose(want.cpu(), rows, rtol=1e-5, atol=1e-4)  # the layouts agree
+    bound = 1e-4 if device == "cpu" else 1e-2
+    assert (got - want).abs().max() <= bound * want.abs().max()
+    assert want.abs().max() > 0.1
