@@ -80,9 +80,9 @@ class Int4ColsGemv:
     per iteration, warps, programs per SM wanted (K is split to reach it), PDL."""
 
     block_n: int = 128  # the best of an H200 sweep (ops/int4_cols_sweep.py)
-    groups: int = 16
-    num_warps: int = 4
-    waves: int = 4
+    groups: int = 32
+    num_warps: int = 8
+    waves: int = 2
     pdl: bool = True
 
 

@@ -38,7 +38,7 @@ def test_column_layout_round_trips() -> None:
         (1, 200, 160, Int4ColsGemv(block_n=256, groups=2)),  # columns past N; 5 groups: the
         # last split runs past K
         (1, 384, 256, Int4ColsGemv(block_n=128, groups=4, pdl=False)),
-        (1, 128, 1024, None),  # the engine's launch
+        (1, 128, 2048, None),  # the engine's launch (64 groups: two splits on the CPU)
         (2, 96, 320, None),  # the GEMM with K split (a skinny batch)
         (17, 72, 192, None),
         (40, 64, 128, None),
