@@ -32,7 +32,9 @@ function either way.
            lookup use the exact codes.
       CUDA: expanded to the model dtype at load (dense; make_quant_linear returns None).
 
-    Fp8Linear    HF fp8 e4m3 (gpu/fp8_weights.py), CUDA only: kernels/quant_gemv.py.
+    Fp8Linear    HF fp8 e4m3 (gpu/fp8_weights.py), CUDA only: kernels/quant_fp8.py (its column
+                 layout; K and the scale blocks along K multiples of 16, else expanded to the
+                 model dtype at load).
 
 The exact expansion of the GGUF forms equals gguf-py's dequantization bit for bit, so
 quantization="dequantize" and this path differ only where the notes above say.
@@ -52,6 +54,7 @@ from troupe.gpu.cpu_q8 import CpuQ8, fits_native_int8
 from troupe.gpu.fp8_weights import Fp8Weight
 from troupe.gpu.gguf_quant import Int4Blocks, Int8Blocks, QuantBlocks
 from troupe.gpu.int8_rows import per_row_int8
+from troupe.kernels.quant_fp8 import Fp8Cols
 from troupe.kernels.quant_int4 import Int4Cols
 
 
@@ -157,16 +160,21 @@ class Int8Linear:
 
 
 class Fp8Linear:
-    """An fp8 e4m3 weight with block or per-channel scales (CUDA: kernels/quant_gemv.py)."""
+    """An fp8 e4m3 weight with block or per-channel scales (CUDA: kernels/quant_fp8.py)."""
 
     def __init__(self, fp8: Fp8Weight, device: torch.device) -> None:
-        self.fp8 = Fp8Weight(fp8.weight.to(device), fp8.scale.to(device, torch.float32))
+        self.cols = Fp8Cols.from_rows(fp8.weight.to(device), fp8.scale.to(device))
         self.shape = fp8.shape
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        from troupe.kernels.quant_gemv import fp8_matmul
+        from troupe.kernels.quant_fp8 import fp8_cols_matmul
 
-        return fp8_matmul(x, self.fp8.weight, self.fp8.scale)
+        return fp8_cols_matmul(x, self.cols)
+
+    def rows(self, ids: torch.Tensor) -> Fp8Weight:
+        """Rows `ids` of the weight in the checkpoint's form (codes and their scales)."""
+        block_rows = self.cols.block[0]
+        return Fp8Weight(self.cols.rows(ids), self.cols.scale[ids // block_rows])
 
 
 QuantLinear = Int4Linear | Int8Linear | Fp8Linear
@@ -179,7 +187,8 @@ def make_quant_linear(
     """The layer for `blocks` on `device`; None where it has no packed path (the loader then
     expands the tensor to the model dtype). `q4`: the native CPU 4-bit kernel, if loaded."""
     if isinstance(blocks, Fp8Weight):
-        return Fp8Linear(blocks, device) if device.type == "cuda" else None
+        fits = Fp8Cols.fits(blocks.weight, blocks.scale)
+        return Fp8Linear(blocks, device) if device.type == "cuda" and fits else None
     if isinstance(blocks, Int4Blocks):
         return Int4Linear(blocks, device, q4)
     if device.type == "cpu":
@@ -202,7 +211,5 @@ def embedding(ids: torch.Tensor, weight: Weight, dtype: torch.dtype) -> torch.Te
     if isinstance(weight, Int8Linear):
         return weight.embedding(ids).to(dtype)
     if isinstance(weight, Fp8Linear):
-        fp8 = weight.fp8
-        rows = Fp8Weight(fp8.weight[ids], fp8.scale[ids // fp8.block_rows])
-        return rows.dequantize().to(dtype)
+        return weight.rows(ids).dequantize().to(dtype)
     return weight.blocks(ids).dequantize().to(dtype)

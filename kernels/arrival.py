@@ -3,9 +3,14 @@
 counts itself in with an acq_rel atomic; the one that finds the count at splits - 1 merges in
 a fixed order (the result does not depend on timing) and sets the counter back to zero."""
 
+# Triton kernels take untyped pointers and constexprs; @triton.jit is untyped to mypy.
+# mypy: disable-error-code="untyped-decorator,no-untyped-def"
+
 from __future__ import annotations
 
 import torch
+import triton
+import triton.language as tl
 
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
 # Every counter buffer ever handed out stays alive: a captured CUDA graph keeps its pointer.
@@ -21,3 +26,40 @@ def arrival_counters(size: int, device: torch.device) -> torch.Tensor:
         _COUNTERS[device] = have
         _KEEP.append(have)
     return have
+
+
+@triton.jit
+def store_or_merge(
+    y, out_ptr, part_ptr, counter_ptr, m, M, N, cols, col_ok, pid_n, pid_k, splits,
+    SPLIT: tl.constexpr,
+):  # fmt: skip
+    """A split-K GEMV program's end: y (fp32, columns `cols` of row m) into out [M, N], or
+    (SPLIT) into the partials [splits, M, N], the last split to arrive summing them in split
+    order into out; its counter: one per (row, column block), grid axis 0 the column blocks."""
+    if SPLIT:
+        tl.store(part_ptr + (pid_k.to(tl.int64) * M + m) * N + cols, y, mask=col_ok)
+        tl.debug_barrier()  # every thread's partials are written before the (release) count
+        count_ptr = counter_ptr + m * tl.num_programs(0) + pid_n
+        done = tl.atomic_add(count_ptr, 1, sem="acq_rel", scope="gpu")
+        if done == splits - 1:
+            tl.debug_barrier()
+            total = tl.zeros(y.shape, dtype=tl.float32)
+            for k in range(0, splits):
+                at = part_ptr + (k * M + m).to(tl.int64) * N + cols
+                total += tl.load(at, mask=col_ok, other=0.0, cache_modifier=".cg")
+            out = out_ptr + m.to(tl.int64) * N + cols
+            tl.store(out, total.to(out_ptr.dtype.element_ty), mask=col_ok)
+            tl.atomic_xchg(count_ptr, 0)  # ready for the next launch (a graph replay)
+    else:
+        tl.store(out_ptr + m.to(tl.int64) * N + cols, y.to(out_ptr.dtype.element_ty), mask=col_ok)
+
+
+def split_buffers(
+    split: int, m: int, n: int, col_blocks: int, x: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """out [M, N] in x's dtype, fp32 partials [split, M, N] (empty at one split) and the
+    counters (out itself at one split: unused) for store_or_merge."""
+    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    part = torch.empty(split if split > 1 else 0, m, n, dtype=torch.float32, device=x.device)
+    counters = arrival_counters(m * col_blocks, x.device) if split > 1 else out
+    return out, part, counters

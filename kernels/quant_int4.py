@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
-from troupe.kernels.arrival import arrival_counters
+from troupe.kernels.arrival import split_buffers, store_or_merge
 from troupe.kernels.gemv_pdl import GDC, pdl_mode, pdl_start, pdl_wait
 from troupe.kernels.quant_half2 import LANE_REGS, LANES_TO_F32
 
@@ -79,7 +79,7 @@ class Int4ColsGemv:
     """The decode GEMV's launch: output columns per program (a multiple of 128), groups of 32
     per iteration, warps, programs per SM wanted (K is split to reach it), PDL."""
 
-    block_n: int = 128  # the best of an H200 sweep (ops/int4_cols_sweep.py)
+    block_n: int = 128  # the best of an H200 sweep (ops/quant_cols_sweep.py)
     groups: int = 32
     num_warps: int = 8
     waves: int = 2
@@ -233,24 +233,10 @@ def _int4_cols_gemv_kernel(
         acc = _acc(acc, w0, w1, w2, w3, s, b, x_row, g, row_groups, PLAIN)
     y = tl.sum(acc, axis=0) * (1.0 / Q_SCALE)
     out_cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    col_ok = out_cols < N
-    if SPLIT:  # fp32 partials; the split that arrives last sums them in split order
-        tl.store(part_ptr + (pid_k.to(tl.int64) * M + m) * N + out_cols, y, mask=col_ok)
-        tl.debug_barrier()  # every thread's partials are written before the (release) count
-        count_ptr = counter_ptr + m * tl.num_programs(0) + pid_n
-        done = tl.atomic_add(count_ptr, 1, sem="acq_rel", scope="gpu")
-        if done == splits - 1:
-            tl.debug_barrier()
-            total = tl.zeros((BLOCK_N,), dtype=tl.float32)
-            for k in range(0, splits):
-                at = part_ptr + (k * M + m).to(tl.int64) * N + out_cols
-                total += tl.load(at, mask=col_ok, other=0.0, cache_modifier=".cg")
-            tl.store(out_ptr + m.to(tl.int64) * N + out_cols, total.to(out_ptr.dtype.element_ty),
-                     mask=col_ok)  # fmt: skip
-            tl.atomic_xchg(count_ptr, 0)  # ready for the next launch (a graph replay)
-    else:
-        tl.store(out_ptr + m.to(tl.int64) * N + out_cols, y.to(out_ptr.dtype.element_ty),
-                 mask=col_ok)  # fmt: skip
+    store_or_merge(
+        y, out_ptr, part_ptr, counter_ptr, m, M, N, out_cols, out_cols < N, pid_n, pid_k, splits,
+        SPLIT,
+    )  # fmt: skip
 
 
 @triton.jit
@@ -355,10 +341,8 @@ def int4_cols_gemv(x: torch.Tensor, w: Int4Cols, config: Int4ColsGemv) -> torch.
     split = _split(chunks, tiles, config.waves, _sms(x.device))
     per_split = triton.cdiv(chunks, split) * config.groups
     split = triton.cdiv(chunks * config.groups, per_split)
-    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    part = torch.empty(split if split > 1 else 0, m, n, dtype=torch.float32, device=x.device)
     col_blocks = triton.cdiv(n, block_n)
-    counters = arrival_counters(m * col_blocks, x.device) if split > 1 else out
+    out, part, counters = split_buffers(split, m, n, col_blocks, x)
     pdl = pdl_mode(config.pdl, x.device)
     _int4_cols_gemv_kernel[(col_blocks, split, m)](
         x, w.words, w.scale, w.bias, out, part, counters, m, n, k, per_split, split, block_n,

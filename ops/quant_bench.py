@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 
 import torch
-from troupe.kernels.quant_gemv import fp8_matmul, fp8_reference
+from troupe.kernels.quant_fp8 import Fp8Cols, fp8_cols_matmul, fp8_cols_reference
 from troupe.kernels.quant_int4 import Int4Cols, int4_cols_matmul, int4_cols_reference
 
 HIDDEN, INTER, LAYERS, VOCAB = 4096, 14336, 32, 128256
@@ -105,7 +105,8 @@ def main() -> None:
         return
     bytes_bf16 = sum(w.numel() * 2 for w in dense)
     bytes_int4 = sum(p.numel() + s.numel() * 2 + b.numel() * 2 for p, s, b in int4)
-    cols = [Int4Cols.from_rows(*w) for w in int4]  # the GPU's layout (kernels/quant_int4.py)
+    cols = [Int4Cols.from_rows(*w) for w in int4]  # the GPU's layouts (kernels/quant_int4.py,
+    cols8 = [Fp8Cols.from_rows(*w) for w in fp8]  # quant_fp8.py)
     bytes_fp8 = sum(q.numel() + s.numel() * 4 for q, s in fp8)
     for rows in args.rows or [1]:
         xs = {k: torch.randn(rows, k, device=device, dtype=torch.bfloat16) for k in (HIDDEN, INTER)}
@@ -119,8 +120,8 @@ def main() -> None:
                 int4_cols_matmul(xs[w.shape[1]], w)
 
         def step_fp8(xs: dict[int, torch.Tensor] = xs) -> None:
-            for q, s in fp8:
-                fp8_matmul(xs[q.shape[1]], q, s)
+            for w in cols8:
+                fp8_cols_matmul(xs[w.shape[1]], w)
 
         t_bf16 = timed(step_bf16, device)
         print(f"rows {rows}: bf16 {t_bf16 * 1e3:.3f} ms, {bytes_bf16 / t_bf16 / bw:.0%} of copy")
@@ -134,9 +135,8 @@ def main() -> None:
     x = torch.randn(1, HIDDEN, device=device, dtype=torch.bfloat16)
     want = int4_cols_reference(x.float(), cols[2])
     err = (int4_cols_matmul(x, cols[2]).float() - want).abs().max() / want.abs().max()
-    q, sc = fp8[2]
-    want8 = fp8_reference(x.float(), q, sc)
-    err8 = (fp8_matmul(x, q, sc).float() - want8).abs().max() / want8.abs().max()
+    want8 = fp8_cols_reference(x.float(), cols8[2])
+    err8 = (fp8_cols_matmul(x, cols8[2]).float() - want8).abs().max() / want8.abs().max()
     print(f"gate_up, 1 row: max error / max |y|: int4 {err:.2e}, fp8 {err8:.2e}")
 
 

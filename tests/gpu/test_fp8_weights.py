@@ -94,3 +94,5 @@ def test_fp8_folder_stays_fp8_on_cuda(tmp_path: Path) -> None:
     got = layer.gate_up_proj(x).float()
     ref = x.float() @ want.T
     assert (got - ref).abs().max() <= 2e-2 * ref.abs().max()
+    one = layer.gate_up_proj(x[:1]).float()  # the decode GEMV
+    assert (one - ref[:1]).abs().max() <= 2e-2 * ref[:1].abs().max()
