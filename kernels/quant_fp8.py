@@ -8,7 +8,7 @@ As for int4 (kernels/quant_int4.py): a thread holds adjacent output columns of o
 codes, the lanes of a warp share the block, x is one broadcast load per warp.
 
     decode (GEMV, one row of x)  16 codes (4 words) per column multiplied out in one PTX block
-        (kernels/quant_half2_fp8.FP8_ASM: cvt.rn.f16x2.e4m3x2 per 16-bit half, fma.rn.f16x2
+        (kernels/half2_ptx.FP8_ASM: cvt.rn.f16x2.e4m3x2 per 16-bit half, fma.rn.f16x2
         with the pair (x[k], x[k+1]), x scaled by 2^-10 so that 8 products of |q| <= 448 per
         fp16 lane cannot overflow for |x| < 2^14), summed in fp32 per block, times its scale
         (so Bk must be a multiple of 16). K splits: fp32 partials, the last split to arrive
@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 from troupe.kernels.arrival import split_buffers, store_or_merge
 from troupe.kernels.gemv_pdl import GDC, pdl_mode, pdl_start, pdl_wait
-from troupe.kernels.quant_half2_fp8 import FP8_ASM
+from troupe.kernels.half2_ptx import FP8_ASM
 
 X_SCALE = tl.constexpr(2.0**-10)
 

@@ -41,7 +41,7 @@ import triton
 import triton.language as tl
 from troupe.kernels.arrival import split_buffers, store_or_merge
 from troupe.kernels.gemv_pdl import GDC, pdl_mode, pdl_start, pdl_wait
-from troupe.kernels.quant_half2 import LANE_REGS, LANES_TO_F32
+from troupe.kernels.half2_ptx import INT4_ASM
 
 INT4_GEMM_MIN_ROWS = 2
 Q_SCALE = tl.constexpr(2.0**-6)  # the PTX's nibbles are q/64
@@ -87,38 +87,6 @@ class Int4ColsGemv:
 
 
 INT4_COLS_GEMV = Int4ColsGemv()
-
-
-def _asm() -> str:
-    """PTX of one group and column: $1-$4 its words, $5 + 4i .. $8 + 4i word i's x pairs
-    (4i, 4i+1), (4i+16, 4i+17), (4i+2, 4i+3), (4i+18, 4i+19) as f16x2; $0 the fp32 sum."""
-    lines = [
-        "{",
-        ".reg .b32 cm, ch, h, s, t, a, b;",
-        *LANE_REGS,
-        "mov.b32 cm, 0x4C004C00;",
-        "mov.b32 ch, 0x3C003C00;",
-        "mov.b32 a, 0;",
-        "mov.b32 b, 0;",
-    ]
-    for i in range(4):
-        x = 5 + 4 * i
-        lines.append(f"prmt.b32 t, ${1 + i}, 0, 0x3120;")  # bytes (b0, b2, b1, b3)
-        for src, pair in (("t", x), ("s", x + 2)):
-            if src == "s":
-                lines.append("shr.u32 s, t, 8;")
-            lines += [
-                f"lop3.b32 h, {src}, 0x000F000F, cm, 0xEA;",  # (src & mask) | magic
-                "sub.f16x2 h, h, cm;",
-                f"fma.rn.f16x2 a, h, ${pair}, a;",
-                f"lop3.b32 h, {src}, 0x00F000F0, ch, 0xEA;",
-                "sub.f16x2 h, h, ch;",
-                f"fma.rn.f16x2 b, h, ${pair + 1}, b;",
-            ]
-    return "\n".join(lines + LANES_TO_F32)
-
-
-GROUP_ASM = tl.constexpr(_asm())
 
 
 @triton.jit
@@ -196,7 +164,7 @@ def _acc(acc, w0, w1, w2, w3, s, b, x_row, g, row_groups, PLAIN: tl.constexpr):
         d2, z2 = _x_pair(x_row, g, 7, ok)
         d3, z3 = _x_pair(x_row, g, 15, ok)
         dot = tl.inline_asm_elementwise(
-            GROUP_ASM,
+            INT4_ASM,
             "=r" + ",r" * 20,
             [w0, w1, w2, w3, a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3, d0, d1, d2, d3],
             dtype=tl.float32,

@@ -1,16 +1,16 @@
 """Compile the decode GEMVs for sm_90 with and without PDL (kernels/gemv_pdl.py), no GPU needed.
 
-    python3 -m troupe.ops.gemv_pdl_check [--against REV]
+    python3 -m troupe.ops.gemv_pdl_check
 
-For each decode GEMV (int4 HALF2 and BYTES, fp8 HALF2 and BYTES, the Llama-8B launch shapes):
+For each decode GEMV (int4 and fp8 in the column layout, kernels/quant_int4.py and
+quant_fp8.py, at the engine's launch shapes, K split):
 
     pdl   the PTX holds griddepcontrol.launch_dependents and griddepcontrol.wait, and before
           the first wait it loads only weights (W, scales, biases: their addresses are traced
           through the PTX back to the kernel's parameters), at least one of them, never x,
           and stores nothing; the same PTX with the wait moved to the end must fail that
           (the check can fail)
-    off   the PTX has no griddepcontrol and (--against REV, default the commit before PDL)
-          is the PTX of the kernel at REV, line info aside: PDL False compiles to today's kernel
+    off   the PTX has no griddepcontrol
 
 One line per kernel; `PDL CHECK OK` at the end, else `PDL CHECK FAILED` (exit 1).
 Triton's bundled ptxas; pointers marked 16-byte divisible (ops/sm90_compile.py).
@@ -19,59 +19,41 @@ Triton's bundled ptxas; pointers marked 16-byte divisible (ops/sm90_compile.py).
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import os
 import re
-import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass
-from types import ModuleType
 
 import triton
-from troupe.kernels import quant_bytes, quant_half2, quant_half2_fp8
+from troupe.kernels import quant_fp8, quant_int4
 from troupe.kernels.gemv_pdl import GDC, OFF
 from troupe.ops.sm90_compile import compile_sm90
-
-BEFORE_PDL = "7b043dd"  # the branch point: the kernels without PDL
 
 
 @dataclass(frozen=True)
 class Kernel:
-    module: str  # the file under kernels/
-    old: str  # the file under kernels/ that held it before PDL
-    name: str
+    fn: triton.JITFunction
     consts: dict[str, object]
     types: dict[str, str]
     weights: tuple[str, ...]  # the parameters that point at weights
 
 
+_SPLIT = {"part_ptr": "*fp32", "counter_ptr": "*i32"}
 KERNELS = [
-    Kernel("quant_half2", "quant_half2", "_int4_half2_kernel",
-           {"BLOCK_N": 4, "GROUPS": 128, "PLAIN": False},
-           {"w_ptr": "*i32", "scale_ptr": "*fp16", "bias_ptr": "*fp16"},
-           ("w_ptr", "scale_ptr", "bias_ptr")),
-    Kernel("quant_half2_fp8", "quant_half2_fp8", "_fp8_half2_kernel",
-           {"BLOCK_N": 4, "QUADS": 128, "ONE_SCALE": False, "PLAIN": False},
-           {"w_ptr": "*i32", "scale_ptr": "*fp32"}, ("w_ptr", "scale_ptr")),
-    Kernel("quant_bytes", "quant_gemv", "_int4_gemv_kernel", {"G": 32, "BLOCK_N": 32, "BLOCK_K": 256},
-           {"packed_ptr": "*u8", "scale_ptr": "*fp16", "bias_ptr": "*fp16"},
-           ("packed_ptr", "scale_ptr", "bias_ptr")),
-    Kernel("quant_bytes", "quant_gemv", "_fp8_gemv_kernel", {"BLOCK_N": 16, "BLOCK_K": 512},
-           {"w_ptr": "*fp8e4nv", "scale_ptr": "*fp32"}, ("w_ptr", "scale_ptr")),
+    Kernel(quant_int4._int4_cols_gemv_kernel,
+           {"BLOCK_N": 128, "GROUPS": 32, "EVEN_N": True, "PLAIN": False, "SPLIT": True},
+           {"w_ptr": "*i32", "s_ptr": "*fp16", "b_ptr": "*fp16", **_SPLIT},
+           ("w_ptr", "s_ptr", "b_ptr")),
+    Kernel(quant_fp8._fp8_cols_gemv_kernel,
+           {"BLOCK_N": 128, "BLOCKS": 16, "EVEN_N": True, "PLAIN": False, "SPLIT": True},
+           {"w_ptr": "*i32", "scale_ptr": "*fp32", **_SPLIT}, ("w_ptr", "scale_ptr")),
 ]  # fmt: skip
-MODULES: dict[str, ModuleType] = {
-    "quant_half2": quant_half2,
-    "quant_half2_fp8": quant_half2_fp8,
-    "quant_bytes": quant_bytes,
-}
 _REG = re.compile(r"%[a-z]+\d+")
 _PARAM = re.compile(r"\[(\w+)_param_(\d+)\]")
 
 
-def ptx_of(fn: triton.JITFunction, kernel: Kernel, pdl: bool | None) -> str:
-    consts = dict(kernel.consts) if pdl is None else {**kernel.consts, "PDL": GDC if pdl else OFF}
-    return compile_sm90(fn, consts, kernel.types, num_warps=4, num_stages=3).ptx
+def ptx_of(kernel: Kernel, pdl: bool) -> str:
+    consts = {**kernel.consts, "PDL": GDC if pdl else OFF}
+    return compile_sm90(kernel.fn, consts, kernel.types, num_warps=4, num_stages=3).ptx
 
 
 def code_lines(ptx: str) -> list[str]:
@@ -207,56 +189,27 @@ def check_pdl(lines: list[str], kernel: Kernel, names: list[str]) -> tuple[bool,
     return ok, info
 
 
-def old_module(rev: str, module: str, tmp: str) -> ModuleType:
-    """kernels/<module>.py as it was at `rev`, imported from a file of its own."""
-    src = subprocess.run(
-        ["git", "show", f"{rev}:kernels/{module}.py"],
-        capture_output=True, text=True, check=True,
-        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-    ).stdout  # fmt: skip
-    path = os.path.join(tmp, f"old_{module}.py")
-    with open(path, "w") as f:
-        f.write(src)
-    spec = importlib.util.spec_from_file_location(f"old_{module}", path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--against", default=BEFORE_PDL, help="PDL off must match this commit ('': no compare)"
-    )
-    args = parser.parse_args()
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
     good = True
-    with tempfile.TemporaryDirectory() as tmp:
-        for kernel in KERNELS:
-            fn = getattr(MODULES[kernel.module], kernel.name)
-            head = f"{kernel.module}.{kernel.name}"
-            try:
-                pdl = code_lines(ptx_of(fn, kernel, True))
-                ok, info = check_pdl(pdl, kernel, fn.arg_names)
-                caught = not check_pdl(wait_moved_to_end(pdl), kernel, fn.arg_names)[0]
-                off = code_lines(ptx_of(fn, kernel, False))
-                old = off
-                if args.against:
-                    old = code_lines(ptx_of(getattr(old_module(args.against, kernel.old, tmp),
-                                                    kernel.name), kernel, None))  # fmt: skip
-            except Exception as exc:  # report and go on
-                print(f"{head}: FAILED {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
-                good = False
-                continue
-            no_gdc = not any("griddepcontrol" in line for line in off)
-            same = off == old
-            print(f"{head} pdl: {'ok' if ok else 'WRONG'} ({info}); the wait moved to the "
-                  f"end: {'rejected' if caught else 'NOT REJECTED'}")  # fmt: skip
-            print(f"{head} off: {'ok' if no_gdc and same else 'WRONG'} (griddepcontrol "
-                  f"{'absent' if no_gdc else 'PRESENT'}, {len(off)} PTX lines, "
-                  f"{'same as' if same else 'DIFFERENT from'} {args.against or 'itself'})")  # fmt: skip
-            good = good and ok and caught and no_gdc and same
+    for kernel in KERNELS:
+        head = kernel.fn.__name__
+        names = kernel.fn.arg_names
+        try:
+            pdl = code_lines(ptx_of(kernel, True))
+            ok, info = check_pdl(pdl, kernel, names)
+            caught = not check_pdl(wait_moved_to_end(pdl), kernel, names)[0]
+            off = code_lines(ptx_of(kernel, False))
+        except Exception as exc:  # report and go on
+            print(f"{head}: FAILED {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
+            good = False
+            continue
+        no_gdc = not any("griddepcontrol" in line for line in off)
+        print(f"{head} pdl: {'ok' if ok else 'WRONG'} ({info}); the wait moved to the "
+              f"end: {'rejected' if caught else 'NOT REJECTED'}")  # fmt: skip
+        print(f"{head} off: {'ok' if no_gdc else 'WRONG'} (griddepcontrol "
+              f"{'absent' if no_gdc else 'PRESENT'}, {len(off)} PTX lines)")  # fmt: skip
+        good = good and ok and caught and no_gdc
     print("PDL CHECK OK" if good else "PDL CHECK FAILED")
     if not good:
         sys.exit(1)

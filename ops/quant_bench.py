@@ -2,7 +2,7 @@
 
     python -m troupe.ops.quant_bench                 # on a CUDA device
     python -m troupe.ops.quant_bench --rows 1 4 16   # more x rows (decode batch sizes)
-    python -m troupe.ops.quant_bench --sweep-variants  # every decode GEMV variant (quant_sweep)
+    python -m troupe.ops.quant_cols_sweep            # the decode GEMVs' launch configs
 
 Random weights for every linear layer of 32 decoder layers (qkv 6144 x 4096, o 4096 x 4096,
 gate_up 28672 x 4096, down 4096 x 14336) and lm_head (128256 x 4096). One "step" runs each
@@ -87,22 +87,14 @@ def weights(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rows", type=int, nargs="*", help="default: 1 (sweep: 1 4)")
+    parser.add_argument("--rows", type=int, nargs="*", help="default: 1")
     parser.add_argument("--layers", type=int, default=LAYERS)
-    parser.add_argument(
-        "--sweep-variants", action="store_true", help="time every decode GEMV variant x config"
-    )
     args = parser.parse_args()
     device = torch.device("cuda")
     torch.manual_seed(0)
     bw = copy_bandwidth(device)
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s (H200 spec 4.26 TB/s)")
     dense, int4, fp8 = weights(args.layers, device)
-    if args.sweep_variants:
-        from troupe.ops.quant_sweep import sweep
-
-        sweep(dense, int4, fp8, bw, args.rows or [1, 4])
-        return
     bytes_bf16 = sum(w.numel() * 2 for w in dense)
     bytes_int4 = sum(p.numel() + s.numel() * 2 + b.numel() * 2 for p, s, b in int4)
     cols = [Int4Cols.from_rows(*w) for w in int4]  # the GPU's layouts (kernels/quant_int4.py,

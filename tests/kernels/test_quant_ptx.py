@@ -1,4 +1,4 @@
-"""The PTX of the half2 GEMVs (kernels/quant_half2.py, quant_half2_fp8.py) run by a small
+"""The PTX blocks of the quantized decode GEMVs (kernels/half2_ptx.py) run by a small
 emulator of the few instructions it uses, on the CPU: each asm block against the products it
 must sum (which nibble or code meets which x), in the Q4_0 and e4m3 layouts. The GPU tests
 run the real thing; this one catches a wrong mask, shift or operand without a GPU."""
@@ -9,9 +9,8 @@ import re
 
 import numpy as np
 import torch
-from troupe.kernels.quant_half2 import INT4_ASM, INT4_Q_SCALE
-from troupe.kernels.quant_half2_fp8 import FP8_ASM
-from troupe.kernels.quant_int4 import GROUP_ASM, Q_SCALE
+from troupe.kernels.half2_ptx import FP8_ASM, INT4_ASM
+from troupe.kernels.quant_int4 import Q_SCALE
 
 Regs = dict[str, int]
 
@@ -84,25 +83,6 @@ def run_ptx(asm: str, inputs: list[int]) -> float:
     return float(np.array([regs["$0"]], dtype=np.uint32).view(np.float32)[0])
 
 
-def test_int4_asm_pairs_nibbles_with_their_x() -> None:
-    """One Q4_0 group (byte j: element j low nibble, j + 16 high) as 4 little-endian words;
-    x pairs as the kernel passes them: word i's (4i, 4i+2), (4i+16, 4i+18), (4i+1, 4i+3),
-    (4i+17, 4i+19)."""
-    rng = np.random.default_rng(0)
-    for _ in range(20):
-        group = rng.integers(0, 256, 16, dtype=np.uint8)
-        q = np.concatenate([group & 15, group >> 4]).astype(np.float64)  # element order
-        x = rng.standard_normal(32).astype(np.float16).astype(np.float64)
-        words = [int(w) for w in group.view("<u4")]
-        pairs = []
-        for i in range(4):
-            for e in (4 * i, 4 * i + 16, 4 * i + 1, 4 * i + 17):
-                pairs.append(_pack(x[e], x[e + 2]))
-        got = run_ptx(INT4_ASM.value, words + pairs)
-        want = float(q @ x) * INT4_Q_SCALE.value  # the asm's nibbles are q/64
-        assert abs(got - want) <= 2e-3 * np.abs(q * x).sum() * INT4_Q_SCALE.value
-
-
 def test_fp8_asm_pairs_codes_with_their_x() -> None:
     """16 e4m3 codes in order as 4 words; x pairs (k, k+1) for k = 0, 2, .., 14."""
     rng = np.random.default_rng(1)
@@ -118,9 +98,9 @@ def test_fp8_asm_pairs_codes_with_their_x() -> None:
         assert abs(got - want) <= 2e-3 * np.abs(q * x).sum()
 
 
-def test_int4_cols_asm_pairs_adjacent_x() -> None:
-    """The column layout's group PTX (kernels/quant_int4.py): the same 4 words, x pairs of
-    adjacent elements: word i's (4i, 4i+1), (4i+16, 4i+17), (4i+2, 4i+3), (4i+18, 4i+19)."""
+def test_int4_asm_pairs_nibbles_with_their_x() -> None:
+    """One Q4_0 group (byte j: element j low nibble, j + 16 high) as 4 little-endian words;
+    x pairs of adjacent elements as the kernel passes them: word i's (4i, 4i+1), (4i+16, 4i+17), (4i+2, 4i+3), (4i+18, 4i+19)."""
     rng = np.random.default_rng(2)
     for _ in range(20):
         group = rng.integers(0, 256, 16, dtype=np.uint8)
@@ -131,6 +111,6 @@ def test_int4_cols_asm_pairs_adjacent_x() -> None:
         for i in range(4):
             for e in (4 * i, 4 * i + 16, 4 * i + 2, 4 * i + 18):
                 pairs.append(_pack(x[e], x[e + 1]))
-        got = run_ptx(GROUP_ASM.value, words + pairs)
+        got = run_ptx(INT4_ASM.value, words + pairs)
         want = float(q @ x) * Q_SCALE.value
         assert abs(got - want) <= 2e-3 * np.abs(q * x).sum() * Q_SCALE.value
