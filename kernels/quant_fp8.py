@@ -8,11 +8,10 @@ As for int4 (kernels/quant_int4.py): a thread holds adjacent output columns of o
 codes, the lanes of a warp share the block, x is one broadcast load per warp.
 
     decode (GEMV, one row of x)  16 codes (4 words) per column multiplied out in one PTX block
-        (kernels/half2_ptx.FP8_ASM: cvt.rn.f16x2.e4m3x2 per 16-bit half, fma.rn.f16x2
-        with the pair (x[k], x[k+1]), x scaled by 2^-10 so that 8 products of |q| <= 448 per
-        fp16 lane cannot overflow for |x| < 2^14), summed in fp32 per block, times its scale
-        (so Bk must be a multiple of 16). K splits: fp32 partials, the last split to arrive
-        sums them (kernels/arrival.py). PLAIN (TRITON_INTERPRET=1): the same products in fp32.
+        (kernels/half2_ptx.FP8_ASM, x's pairs scaled by 2^-10), summed in fp32 per block,
+        times its scale (so Bk must be a multiple of 16). K splits: fp32 partials, the last
+        split to arrive sums them (kernels/arrival.py). PLAIN (TRITON_INTERPRET=1): the same
+        products in fp32.
     more rows (GEMM)  tiles of words expanded to codes, fp32, x's dtype, tl.dot, times the
         tile's scales; K split while the grid is thin (skinny batches).
 """

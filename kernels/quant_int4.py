@@ -7,21 +7,17 @@
 Row-major packing ([N, K/2], gpu/gguf_quant.Int4Blocks) made every decode GEMV program re-read
 x for each few W rows it held; here a thread holds adjacent output columns of one group, the
 threads of a warp share the group, and x is one broadcast load per warp (x / W bytes moved per
-program: 1/64 at 256 columns, 1 before).
+program: 1/32 at 128 columns, 1 before).
 
     decode (GEMV, M < INT4_GEMM_MIN_ROWS)  grid (column blocks, K splits, rows of x). Each
-        group's 4 words per column are multiplied out in one PTX block on f16x2 pairs: the
-        word's bytes permuted (b0, b2, b1, b3), then w & 0x000F000F | 0x4C004C00 holds the
-        fp16 values 16 + q/64 of elements (4i, 4i+1) (sub 16 gives q/64 exactly), bits 4-7
-        with 1.0 the elements (4i+16, 4i+17), the word >> 8 the next two pairs; so x's pairs
-        are adjacent elements, one bf16x2 word each (fp16 x: the word as is). Two f16x2
-        accumulators per group and column, to fp32 at its end:
+        group's 4 words per column are multiplied out in one PTX block (kernels/half2_ptx.
+        INT4_ASM: f16x2 pairs of q/64, x's pairs adjacent elements, one bf16x2 word each;
+        other dtypes load x by element), fp32 per group:
             y[n] = sum_g scale[g, n] (x_g . q_g) + bias[g, n] sum(x_g)
-        fp16 bounds: 16 products of q/64 <= 15/64 per lane, so any |x| < 2^14 cannot
-        overflow. K splits write fp32 partials [S, M, N]; the split that counts itself in last
+        K splits write fp32 partials [S, M, N]; the split that counts itself in last
         (kernels/arrival.py) sums them in split order, so the result does not depend on
-        timing and no second kernel runs. TRITON_INTERPRET=1 cannot run PTX:
-        PLAIN (the CPU) sums the same products in fp32.
+        timing and no second kernel runs. TRITON_INTERPRET=1 cannot run PTX: PLAIN (the
+        CPU) sums the same products in fp32.
     more rows (GEMM)  tiles of words expanded to bytes, nibbles, x's dtype, tl.dot; K split
         while the grid is thin (skinny batches), fp32 partials summed by a second kernel.
 
