@@ -187,8 +187,9 @@ def make_quant_linear(
     """The layer for `blocks` on `device`; None where it has no packed path (the loader then
     expands the tensor to the model dtype). `q4`: the native CPU 4-bit kernel, if loaded."""
     if isinstance(blocks, Fp8Weight):
-        fits = Fp8Cols.fits(blocks.weight, blocks.scale)
-        return Fp8Linear(blocks, device) if device.type == "cuda" and fits else None
+        if device.type != "cuda" or not Fp8Cols.fits(blocks.weight, blocks.scale):
+            return None
+        return Fp8Linear(blocks, device)
     if isinstance(blocks, Int4Blocks):
         return Int4Linear(blocks, device, q4)
     if device.type == "cpu":
