@@ -73,10 +73,10 @@ class Fp8ColsGemv:
     """The decode GEMV's launch: output columns per program (a multiple of 128), blocks of 16
     codes per iteration, warps, programs per SM wanted (K is split to reach it), PDL."""
 
-    block_n: int = 128
+    block_n: int = 128  # the best of 8 configs on the H200 (docs/benchmarks.md, session 14)
     blocks: int = 16
-    num_warps: int = 4
-    waves: int = 4
+    num_warps: int = 8
+    waves: int = 2
     pdl: bool = True
 
 
