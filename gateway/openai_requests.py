@@ -159,18 +159,31 @@ def parse_request(
 def _chat_prompt(
     body: ChatBody, messages: list[dict[str, str]], tools: ToolPlan | None
 ) -> list[dict[str, str]] | ChatPrompt:
-    """The messages, or a ChatPrompt when the template gets options (its checks are the
-    engine edge's, request_input, which name the field); tool_choice "auto" hands the
-    template the tools."""
+    """The messages, or a ChatPrompt when the template gets options; tool_choice "auto" hands
+    the template the tools."""
     template_kwargs = dict(body.chat_template_kwargs or {})
     if tools is not None and tools.spec is None:
         template_kwargs["tools"] = list(tools.tools)
-    if body.add_generation_prompt and not body.continue_final_message and not template_kwargs:
+    return chat_prompt(
+        messages, body.add_generation_prompt, body.continue_final_message, template_kwargs
+    )
+
+
+def chat_prompt(
+    messages: list[dict[str, str]],
+    add_generation_prompt: bool,
+    continue_final_message: bool,
+    template_kwargs: dict[str, Any] | None,
+) -> list[dict[str, str]] | ChatPrompt:
+    """The messages, or a ChatPrompt when the template gets options other than the defaults
+    (their checks are the engine edge's, request_input, which name the field); the HTTP chat
+    endpoint's and the websocket's."""
+    if add_generation_prompt and not continue_final_message and not template_kwargs:
         return messages
     return ChatPrompt(
         messages=tuple(ChatMessage(**m) for m in messages),
-        add_generation_prompt=body.add_generation_prompt,
-        continue_final_message=body.continue_final_message,
+        add_generation_prompt=add_generation_prompt,
+        continue_final_message=continue_final_message,
         template_kwargs=template_kwargs or None,
     )
 

@@ -2,7 +2,9 @@
 
 A frame is a JSON object: `{"type": "generate", "request_id", "prompt" | "messages", ...}`
 with SamplingParams' own field names for the rest (structured output as on HTTP:
-`response_format`, `structured_outputs` with a schema object, `guided_*`), or `{"type": "cancel", "request_id"}`.
+`response_format`, `structured_outputs` with a schema object, `guided_*`; with "messages", the
+chat template's options as on /v1/chat/completions: `add_generation_prompt`,
+`continue_final_message`, `chat_template_kwargs`), or `{"type": "cancel", "request_id"}`.
 Nothing a client sends can raise out of `parse_frame`: every failure is a FrameError.
 """
 
@@ -14,22 +16,32 @@ from typing import Any
 import msgspec
 from troupe.gateway.errors import ApiError
 from troupe.gateway.openai_bodies import convert_field, field_path, reason
-from troupe.gateway.openai_requests import chat_messages
+from troupe.gateway.openai_requests import chat_messages, chat_prompt
 from troupe.gateway.structured_requests import (
     STRUCTURED_KEYS,
     StructuredFields,
     structured_outputs,
 )
-from troupe.messages import ParamError, SamplingParams
+from troupe.messages import ChatPrompt, ParamError, SamplingParams
 
 MAX_REQUEST_ID = 128
-_RESERVED = ("type", "request_id", "prompt", "messages")  # frame keys that are not params
+_CHAT_OPTIONS = ("add_generation_prompt", "continue_final_message", "chat_template_kwargs")
+# frame keys that are not params
+_RESERVED = ("type", "request_id", "prompt", "messages", *_CHAT_OPTIONS)
+
+
+class ChatOptions(msgspec.Struct, forbid_unknown_fields=True):
+    """The chat template's options a frame with "messages" may carry (HTTP's defaults)."""
+
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
 class Generate:
     request_id: str
-    prompt: str | list[int] | list[dict[str, str]]
+    prompt: str | list[int] | list[dict[str, str]] | ChatPrompt
     params: SamplingParams
     # engine field -> the field the client wrote (structured output errors name the latter)
     client_fields: dict[str, str] = dataclasses.field(default_factory=dict)
@@ -76,11 +88,21 @@ def parse_frame(data: str) -> Generate | Cancel | FrameError:
         return FrameError(request_id, exc.message, exc.param)
 
 
-def _prompt(frame: dict[str, Any]) -> str | list[int] | list[dict[str, str]]:
+def _prompt(frame: dict[str, Any]) -> str | list[int] | list[dict[str, str]] | ChatPrompt:
     if ("prompt" in frame) == ("messages" in frame):
         raise ApiError(400, "send exactly one of 'prompt' or 'messages'", param="prompt")
+    given = {key: frame[key] for key in _CHAT_OPTIONS if key in frame}
     if "messages" in frame:
-        return chat_messages(frame["messages"])
+        messages = chat_messages(frame["messages"])
+        options = convert_field(given, ChatOptions, "")
+        return chat_prompt(
+            messages,
+            options.add_generation_prompt,
+            options.continue_final_message,
+            options.chat_template_kwargs,
+        )
+    for key in given:
+        raise ApiError(400, f"'{key}' applies to 'messages', not 'prompt'", param=key)
     prompt: str | list[int] = convert_field(frame["prompt"], str | list[int], "prompt")
     return prompt
 

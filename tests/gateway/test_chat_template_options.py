@@ -120,3 +120,34 @@ def test_options_cross_the_engine_process_boundary() -> None:
         continue_final_message=True,
         template_kwargs={"enable_thinking": False},
     )
+
+
+def test_websocket_frames_carry_the_template_options() -> None:
+    """A websocket frame with "messages" takes the same options and becomes the ChatPrompt the
+    chat endpoint makes (the engine edge checks it as for HTTP); with "prompt" they are an
+    error naming the option, and a wrong type names it too."""
+    from troupe.gateway.ws_requests import FrameError, Generate, parse_frame
+
+    base = {"type": "generate", "request_id": "r", "messages": OPEN_TURN, "max_tokens": 3}
+    plain = parse_frame(json.dumps(base))
+    assert isinstance(plain, Generate) and plain.prompt == OPEN_TURN
+    options = {
+        "add_generation_prompt": False,
+        "continue_final_message": True,
+        "chat_template_kwargs": {"enable_thinking": False},
+    }
+    got = parse_frame(json.dumps({**base, **options}))
+    assert isinstance(got, Generate)
+    assert got.prompt == ChatPrompt(
+        messages=tuple(ChatMessage(**m) for m in OPEN_TURN),
+        add_generation_prompt=False,
+        continue_final_message=True,
+        template_kwargs={"enable_thinking": False},
+    )
+    assert got.params.max_tokens == 3
+    bad = parse_frame(json.dumps({**base, "continue_final_message": "yes"}))
+    assert isinstance(bad, FrameError) and bad.field == "continue_final_message"
+    text = {"type": "generate", "request_id": "r", "prompt": "x", "add_generation_prompt": False}
+    wrong = parse_frame(json.dumps(text))
+    assert isinstance(wrong, FrameError) and wrong.field == "add_generation_prompt"
+    assert "messages" in wrong.message
