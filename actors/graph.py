@@ -135,6 +135,8 @@ def build_scheduler(g: GraphInputs) -> SchedulerCore:
         max_chunk_tokens=g.config.long_prefill_token_threshold,
         speculative=SpecSettings.from_config(g.config),
         kv_window=g.numbers.kv_window,
+        # disaggregation: a prompt's last token is the prefill side's to sample
+        hold_last_prompt_token=g.numbers.num_lookahead_tokens > 0 and not g.is_disaggregated,
     )
 
 

@@ -84,8 +84,8 @@ class DecodeGraphs:
     def run(self, inputs: StepInputs, input_ids: torch.Tensor | None = None) -> torch.Tensor:
         """fp32 logits [S, vocab] of a pure-decode step (a view into the graph's output).
 
-        `input_ids` (int64 [S] on the device) replaces inputs.input_ids: a copy queued on the
-        stream, so it may be the output of work not finished yet.
+        `input_ids` (int64 on the device) replaces the leading inputs.input_ids: a copy queued
+        on the stream, so it may be the output of work not finished yet.
         """
         num_seqs = len(inputs.seq_lens)
         size = next(s for s in self.sizes if s >= num_seqs)
@@ -110,7 +110,7 @@ class DecodeGraphs:
         self.block_tables[:size].copy_(host.t_tables[:size], non_blocking=True)
         self._copied.record()
         if input_ids is not None:
-            self.input_ids[:num_seqs].copy_(input_ids)
+            self.input_ids[: len(input_ids)].copy_(input_ids)
         self.graphs[size].replay()
         return self.outputs[size][:num_seqs]
 

@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
-from troupe.gpu.overlap import fed_decode_inputs, launchable, matching_rows
+from troupe.gpu.early_launch import fed_decode_inputs, launchable, matching_rows
 from troupe.gpu.request_states import RequestState, RequestStates
 from troupe.gpu.step_inputs import StepInputs
 from troupe.messages import StepPlan

@@ -64,8 +64,9 @@ class ForwardPass:
             )
 
     def __call__(self, inputs: StepInputs, input_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """fp32 logits of the sampled rows, in order. `input_ids` (on the device) replaces
-        inputs.input_ids: tokens sampled by earlier work, fed without a copy to the host."""
+        """fp32 logits of the sampled rows, in order. `input_ids` (on the device) replace the
+        leading inputs.input_ids (all of them, or a merged split's decodes: overlap_merge.py):
+        tokens sampled by earlier work, fed without a copy to the host."""
         graphs, mixed = self.graphs, self.mixed
         if graphs is not None and inputs.is_decode and graphs.can_run(len(inputs.seq_lens)):
             logits: torch.Tensor = graphs.run(inputs, input_ids)
@@ -75,19 +76,25 @@ class ForwardPass:
             return picked
         if (
             mixed is not None
-            and input_ids is None
             and not inputs.is_decode
             and mixed.can_run(inputs)
             and not self.expand.applies(inputs, self.kv.block_size)
         ):
-            return mixed.run(inputs)
+            return mixed.run(inputs, input_ids)
         cpu_decode = self.cpu_decode
         if cpu_decode is not None and input_ids is None and cpu_decode.fits(inputs):
             return cpu_decode(inputs)
         device = self.model.device
         meta = device_metadata(inputs, device, self.expand, self.kv.block_size)
+        if input_ids is None:
+            ids = host_to_device(inputs.input_ids, device)
+        elif len(input_ids) < len(inputs.input_ids):  # the rest from the host
+            rest = host_to_device(inputs.input_ids[len(input_ids) :], device)
+            ids = torch.cat([input_ids, rest])
+        else:
+            ids = input_ids
         hidden = self.model(
-            host_to_device(inputs.input_ids, device) if input_ids is None else input_ids,
+            ids,
             host_to_device(inputs.positions, device),
             meta,
             self.kv.layers,

@@ -138,8 +138,9 @@ class MixedGraphs:
         size = next(s for s in self.sizes if s >= num_tokens)
         return len(inputs.logits_indices) <= self.rows[size][-1]
 
-    def run(self, inputs: StepInputs) -> torch.Tensor:
-        """fp32 logits [sampled rows, vocab] of the step (a view into the shared output)."""
+    def run(self, inputs: StepInputs, input_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """fp32 logits [sampled rows, vocab] of the step (a view into the shared output).
+        `input_ids` (on the device) replace the leading inputs.input_ids (cuda_graphs.py)."""
         num_tokens = len(inputs.input_ids)
         num_seqs = len(inputs.seq_lens)
         num_logits = len(inputs.logits_indices)
@@ -173,6 +174,8 @@ class MixedGraphs:
         self.logits_indices[:rows].copy_(host.t_logits_indices[:rows], non_blocking=True)
         self.decode_prefix.copy_(host.t_prefix, non_blocking=True)
         self._copied.record()
+        if input_ids is not None:
+            self.input_ids[: len(input_ids)].copy_(input_ids)
         self.graphs[size, rows].replay()
         return self.logits[:num_logits]
 

@@ -168,6 +168,7 @@ class ModelRunner:
             num_overlapped=self._overlap.num_overlapped + self._ahead.num_launched,
             num_overlap_hits=self._overlap.num_overlap_hits + self._ahead.num_hits,
             num_overlap_splits=self._overlap.num_overlap_splits,
+            num_overlap_merges=self._overlap.num_overlap_merges,
             num_draft_rounds=self._draft.num_rounds if self._draft else 0,
             num_draft_tokens=self._draft.num_proposed if self._draft else 0,
         )

@@ -15,7 +15,9 @@ joining, or a new request) is a split: the pending samples answer its decodes, a
 runs only the rest. Without it such a mixed step would throw the pending decode away and
 recompute it, with the actors' planning no longer hidden behind the GPU:
 
-    split, extras only fill the cache: launch N+2 of the decodes early, then the chunk
+    split, extras only fill the cache: N+2 of the decodes and the chunks in one forward
+                                       (gpu/overlap_merge.py; where it cannot: N+2 early,
+                                       then the chunks)
     split, extras sample:              run the extras, then launch N+2 of decodes and extras
 
 The scheduler gives decodes one lookahead position (num_lookahead_tokens), so the runner owns
@@ -32,10 +34,12 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 from troupe.gpu.device_inputs import host_to_device
-from troupe.gpu.request_states import LOGPROBS, RequestState, RequestStates
+from troupe.gpu.early_launch import fed_decode_inputs, launchable, leading_rows, matching_rows
+from troupe.gpu.overlap_merge import mergeable, merged_chunks
+from troupe.gpu.request_states import RequestState, RequestStates
 from troupe.gpu.sampler import WITHHELD, sample, sampled_tokens, withhold_non_finite
 from troupe.gpu.sampling_batch import build_sampling_batch
-from troupe.gpu.step_inputs import StepInputs, build_decode_inputs
+from troupe.gpu.step_inputs import StepInputs, concat_inputs
 from troupe.messages import SampledToken, SeqWork, StepPlan
 
 # The runner's forward: fp32 logits of the sampled rows; the tensor, when given, replaces
@@ -99,8 +103,10 @@ class DecodeOverlap:
         max_model_len: int,
         vocab_size: int,
         logits_hook: LogitsHook | None = None,
+        merge_chunks: bool = True,
     ) -> None:
         self._states = states
+        self.merge_chunks = merge_chunks  # splits whose chunks sample nothing: one forward
         self._forward = forward
         self._logits_hook = logits_hook
         self.device = device
@@ -110,6 +116,7 @@ class DecodeOverlap:
         self.num_overlapped = 0  # decode steps launched before their plan arrived
         self.num_overlap_hits = 0  # ... whose plan matched, so their samples were used
         self.num_overlap_splits = 0  # ... hits whose plan had more work besides (Split)
+        self.num_overlap_merges = 0  # ... splits whose chunks joined the next decode step
         self._pending: _PendingStep | None = None
 
     def take(self, plan: StepPlan) -> tuple[SampledToken, ...] | Split | None:
@@ -202,10 +209,21 @@ class DecodeOverlap:
         self._pending = following
         return request_ids, token_ids
 
-    def _split(self, plan: StepPlan, pending: _PendingStep, rows: list[int]) -> Split:
-        """The leading len(rows) SeqWorks are the pending step's decodes; the rest are new."""
+    def _split(
+        self, plan: StepPlan, pending: _PendingStep, rows: list[int]
+    ) -> Split | tuple[SampledToken, ...]:
+        """The leading len(rows) SeqWorks are the pending step's decodes; the rest are new.
+        Chunks that sample nothing join the decodes' next step where they can: the answer is
+        then the decodes' tokens, as for a hit (overlap_merge.py)."""
         decodes, extras = plan.seqs[: len(rows)], plan.seqs[len(rows) :]
         self.num_overlap_splits += 1
+        if not any(w.sample for w in extras) and self.merge_chunks:
+            next_pos = pending.positions[rows] + 1
+            num_blocks = mergeable(
+                decodes, self._states, next_pos, self.block_size, self.max_model_len
+            )
+            if num_blocks is not None:
+                return self._merge(plan, pending, rows, next_pos, num_blocks)
         if not any(w.sample for w in extras):
             # The extras only fill the cache: the decodes' next step goes first, as in a hit.
             request_ids, token_ids = self._answer(plan.released, decodes, pending, rows)
@@ -230,6 +248,43 @@ class DecodeOverlap:
             launched=False,
         )
 
+    def _merge(
+        self,
+        plan: StepPlan,
+        pending: _PendingStep,
+        rows: list[int],
+        next_pos: np.ndarray,
+        num_blocks: np.ndarray,
+    ) -> tuple[SampledToken, ...]:
+        """The decodes' answer from the pending step; their next step and the plan's chunks
+        (held-back tokens sampled ahead) launched as one forward, now pending."""
+        decodes, extras = plan.seqs[: len(rows)], plan.seqs[len(rows) :]
+        if plan.released:
+            self._states.release(plan.released)
+        states = self._states.apply(decodes)
+        decode_inputs = fed_decode_inputs(
+            states, next_pos, num_blocks, None, self._states.tables, self.block_size
+        )
+        chunks = merged_chunks(extras, self._states, self.block_size)
+        device_ids = pending.token_ids
+        if len(rows) != len(pending.rows):
+            device_ids = device_ids[host_to_device(np.asarray(rows), self.device)]
+        request_ids = [w.request_id for w in decodes]
+        merged = self._sampled_step(
+            concat_inputs(decode_inputs, chunks.inputs),
+            states + chunks.states,
+            request_ids + chunks.request_ids,
+            np.concatenate([next_pos, chunks.positions]),
+            device_ids,
+        )
+        self.num_overlap_hits += 1
+        self.num_overlap_merges += 1
+        launched = pending.read()  # waits for the pending step's samples
+        token_ids = [launched[r] for r in rows]
+        merged.input_tokens = token_ids + chunks.fed
+        self._pending = merged
+        return sampled_tokens(request_ids, token_ids, [None] * len(token_ids))
+
     def _launch(
         self,
         states: list[RequestState],
@@ -243,7 +298,6 @@ class DecodeOverlap:
         None when a table does not cover its next position (no lookahead block yet), past
         max_model_len, or when a request wants logprobs (those are read back synchronously).
         """
-        num_seqs = len(states)
         num_blocks = launchable(states, next_pos, self.block_size, self.max_model_len)
         if num_blocks is None:
             return None
@@ -252,6 +306,20 @@ class DecodeOverlap:
         inputs = fed_decode_inputs(
             states, next_pos, num_blocks, host_ids, self._states.tables, self.block_size
         )
+        step = self._sampled_step(inputs, states, request_ids, next_pos, device_ids)
+        step.input_tokens = token_ids if isinstance(token_ids, list) else []
+        return step
+
+    def _sampled_step(
+        self,
+        inputs: StepInputs,
+        states: list[RequestState],
+        request_ids: list[str],
+        positions: np.ndarray,
+        device_ids: torch.Tensor | None,
+    ) -> _PendingStep:
+        """Queue the forward of `inputs` (its leading ids `device_ids`, when given), sampling
+        of its rows (one per state) and the copy of their samples to the host; no wait."""
         logits = self._forward(inputs, device_ids)
         if self._logits_hook is not None:
             with torch.inference_mode():  # the logits are inference tensors: edits need it
@@ -262,7 +330,7 @@ class DecodeOverlap:
         checked = withhold_non_finite(ids_device, logits)
         copied = None
         if self.device.type == "cuda":
-            host = torch.empty(num_seqs, dtype=torch.int64, pin_memory=True)
+            host = torch.empty(len(states), dtype=torch.int64, pin_memory=True)
             host.copy_(checked, non_blocking=True)
             copied = torch.cuda.Event()  # type: ignore[no-untyped-call]
             copied.record()
@@ -271,100 +339,20 @@ class DecodeOverlap:
         self.num_overlapped += 1
         return _PendingStep(
             rows={rid: i for i, rid in enumerate(request_ids)},
-            positions=next_pos,
+            positions=positions,
             token_ids=ids_device,
             host_ids=host,
             copied=copied,
-            input_tokens=token_ids if isinstance(token_ids, list) else [],
         )
-
-
-def launchable(
-    states: list[RequestState], next_pos: np.ndarray, block_size: int, max_model_len: int
-) -> np.ndarray | None:
-    """Each state's block count if their next decode at `next_pos` may be launched early:
-    None when a table does not cover its position (no lookahead block yet), past
-    max_model_len, or when a request wants logprobs (those are read back synchronously)."""
-    num_blocks = np.fromiter((s.num_blocks for s in states), np.int64, len(states))
-    if (next_pos >= max_model_len).any() or (num_blocks * block_size <= next_pos).any():
-        return None
-    if any(s.param_row[LOGPROBS] >= 0 for s in states):
-        return None
-    return num_blocks
-
-
-def fed_decode_inputs(
-    states: list[RequestState],
-    next_pos: np.ndarray,
-    num_blocks: np.ndarray,
-    token_ids: list[int] | None,
-    tables: np.ndarray,
-    block_size: int,
-) -> StepInputs:
-    """The inputs of a decode launched before its plan, fed `token_ids` from the host (None:
-    ids already on the device, which only rows without penalty history take). The fed tokens
-    join the history exactly as the next plan's SeqWorks will put them (a rewrite by
-    position, so a discarded step leaves nothing wrong)."""
-    num_seqs = len(states)
-    for i, (state, pos) in enumerate(zip(states, next_pos.tolist(), strict=True)):
-        state.num_tokens = pos + 1
-        if state.tokens is not None:
-            assert token_ids is not None, "penalty history needs the fed tokens on the host"
-            state.tokens[pos] = token_ids[i]
-    slots = np.fromiter((s.slot for s in states), np.int64, num_seqs)
-    host_ids = np.zeros(num_seqs, np.int64) if token_ids is None else np.asarray(token_ids)
-    return build_decode_inputs(
-        host_ids.astype(np.int64, copy=False), next_pos, slots, num_blocks, tables, block_size
-    )
-
-
-def matching_rows(
-    seqs: Sequence[SeqWork], rows: dict[str, int], tokens: list[int], positions: np.ndarray
-) -> list[int] | None:
-    """Rows of an early-launched batch (request id -> row, the token fed and the position of
-    each row), in plan order, if the plan is that step.
-
-    Each SeqWork must be a plain decode of a launched request, fed the token sampled for it
-    with the position after, in the launch order; requests may drop out (they ended).
-    """
-    found = _leading_rows(seqs, rows, tokens, positions)
-    return found if len(found) == len(seqs) else None
 
 
 def _split_rows(seqs: Sequence[SeqWork], pending: _PendingStep) -> list[int] | None:
     """Rows of the leading decodes if the plan is a split: at least one of them, and none of
     the SeqWorks after them belongs to a request of the overlapped step."""
-    rows = _leading_rows(seqs, pending.rows, pending.input_tokens, pending.positions)
+    rows = leading_rows(seqs, pending.rows, pending.input_tokens, pending.positions)
     extras = seqs[len(rows) :]
     if not rows or any(
         w.request_id in pending.rows or w.draft_token_ids or w.num_dropped_blocks for w in extras
     ):
         return None  # proposals to verify run as a step of their own
-    return rows
-
-
-def _leading_rows(
-    seqs: Sequence[SeqWork], launched: dict[str, int], fed: list[int], at: np.ndarray
-) -> list[int]:
-    """Rows of the longest prefix of `seqs` that the launched step computed as planned."""
-    rows: list[int] = []
-    previous = -1
-    get, tokens, positions = launched.get, fed, at.tolist()
-    for work in seqs:
-        row = get(work.request_id)
-        if (
-            row is None
-            or row <= previous
-            or work.reset
-            or not work.sample
-            or work.params is not None
-            or work.draft_token_ids  # a verification: its own step
-            or work.num_dropped_blocks
-            or len(work.token_ids) != 1
-            or work.token_ids[0] != tokens[row]
-            or work.start_pos != positions[row]
-        ):
-            break
-        rows.append(row)
-        previous = row
     return rows

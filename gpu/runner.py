@@ -33,6 +33,7 @@ class RunnerStats:
     num_overlapped: int = 0  # decode steps launched before their plan arrived (gpu/overlap.py)
     num_overlap_hits: int = 0  # ... whose plan matched, so their samples answered it
     num_overlap_splits: int = 0  # ... hits whose plan also had other work (gpu/overlap.py)
+    num_overlap_merges: int = 0  # ... splits whose chunks joined the next step (overlap_merge)
     num_draft_rounds: int = 0  # a draft model's rounds: catch-up forwards (gpu/draft_runner.py)
     num_draft_tokens: int = 0  # ... and the tokens it proposed in them
     num_kv_blocks_sent: int = 0  # disaggregation: KV blocks sent to the other side (all layers)

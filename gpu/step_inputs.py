@@ -151,6 +151,40 @@ def build_decode_inputs(
     )
 
 
+def concat_inputs(first: StepInputs, second: StepInputs) -> StepInputs:
+    """One step of `first`'s sequences, then `second`'s (a merged split: gpu/overlap_merge.py);
+    tables padded to the wider. Neither may carry proposals or streaming arrays."""
+    assert first.num_logits is None and second.num_logits is None, "no proposals here"
+    assert first.streaming is None and second.streaming is None, "no streaming here"
+    num_tokens, num_seqs = len(first.input_ids), len(first.seq_lens)
+    width = max(first.block_tables.shape[1], second.block_tables.shape[1])
+    tables = np.zeros((num_seqs + len(second.seq_lens), width), dtype=first.block_tables.dtype)
+    tables[:num_seqs, : first.block_tables.shape[1]] = first.block_tables
+    tables[num_seqs:, : second.block_tables.shape[1]] = second.block_tables
+    leading = first.num_decode_prefix
+    if leading == num_seqs:  # every sequence of `first` has one token: `second`'s lead on
+        leading += second.num_decode_prefix
+    return StepInputs(
+        input_ids=np.concatenate([first.input_ids, second.input_ids]),
+        positions=np.concatenate([first.positions, second.positions]),
+        slot_mapping=np.concatenate([first.slot_mapping, second.slot_mapping]),
+        block_tables=tables,
+        seq_lens=np.concatenate([first.seq_lens, second.seq_lens]),
+        query_start_loc=np.concatenate(
+            [first.query_start_loc[:-1], second.query_start_loc + num_tokens]
+        ).astype(np.int32),
+        logits_indices=np.concatenate(
+            [first.logits_indices, second.logits_indices + num_tokens]
+        ).astype(np.int64),
+        sampled_rows=np.concatenate([first.sampled_rows, second.sampled_rows + num_seqs]).astype(
+            np.int64
+        ),
+        max_query_len=max(first.max_query_len, second.max_query_len),
+        max_seq_len=max(first.max_seq_len, second.max_seq_len),
+        num_decode_prefix=leading,
+    )
+
+
 def streaming_inputs(states: list[RequestState], inputs: StepInputs) -> StreamingInputs | None:
     """The step's StreamingLLM arrays, None when no sequence streams: a query at position p
     meets the sinks at its cache position min(p, S + W - 1)."""

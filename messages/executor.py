@@ -41,6 +41,10 @@ class SeqWork(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     # Prefill/decode disaggregation: a request that moves in from the other executor (reset)
     # brings the tokens of positions 0..start_pos-1 that executor knew, for its penalties
     history: tuple[int, ...] = ()
+    # A prompt's last token, held back from its last chunk (sample=False) when the prompt joins
+    # running decodes: an overlapping runner may compute and sample it with the decodes' next
+    # step (gpu/overlap_merge.py), where the next plan asks for it as a decode. -1: none
+    next_token: int = -1
 
     @property
     def num_tokens(self) -> int:

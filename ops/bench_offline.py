@@ -156,7 +156,7 @@ def run_engine(
             if runner.num_overlapped:
                 print(
                     f"overlapped steps={runner.num_overlapped} hits={runner.num_overlap_hits} "
-                    f"(splits={runner.num_overlap_splits}) of {runner.num_steps} runner steps"
+                    f"(splits={runner.num_overlap_splits}, merged {runner.num_overlap_merges}) of {runner.num_steps} runner steps"
                 )
             actors = engine.actor_busy_seconds()
             print("actor busy: " + ", ".join(f"{k}={v:.2f}s" for k, v in sorted(actors.items())))

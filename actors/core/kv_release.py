@@ -24,7 +24,7 @@ from collections.abc import Iterable, Iterator
 
 from troupe.actors.core.request_state import Request
 from troupe.actors.core.step_limits import StepLimits
-from troupe.messages.allocator import ReleaseBlocks
+from troupe.messages.allocator import CacheBlocks, ReleaseBlocks
 
 
 def sink_blocks(req: Request, block_size: int) -> int:
@@ -86,3 +86,20 @@ def too_big(limits: StepLimits, req: Request) -> str:
         f"{req.stream_window} + one step's {limits.max_num_batched_tokens} tokens), but the GPU "
         f"pool holds only {limits.num_gpu_blocks} (num_kv_blocks)"
     )
+
+
+def commit_ops(requests: Iterable[Request], block_size: int) -> list[CacheBlocks]:
+    """CacheBlocks of each request's full blocks computed since its last (a streaming
+    request's: only those inside its cache_limit); counted as committed."""
+    ops: list[CacheBlocks] = []
+    for req in requests:
+        num_full = req.num_computed // block_size
+        if req.stream_window:  # only blocks full attention would compute the same
+            num_full = min(num_full, cache_limit(req) // block_size)
+        if req.in_allocator and num_full > req.num_committed_blocks:
+            start = req.num_committed_blocks * block_size
+            ops.append(
+                CacheBlocks(req.request_id, tuple(req.token_ids[start : num_full * block_size]))
+            )
+            req.num_committed_blocks = num_full
+    return ops

@@ -83,7 +83,8 @@ def build_plan(
             add_in_flight((req, num_tokens, True))
             continue
         assert not req.needs_reset or w.kind is not Kind.RUN, f"{req} has no whole table"
-        end = min(req.compute_end, start + w.num_tokens)
+        held = w.held and start < req.compute_end - 1  # its last token: the next step's
+        end = min(req.compute_end - held, start + w.num_tokens)
         if end <= start:
             continue  # a parallel-sampling parent with all it computes cached: it forks next
         first = not req.in_executor
@@ -105,6 +106,7 @@ def build_plan(
                 history=tuple(tokens[:start])
                 if first and start and req.params.has_penalties
                 else (),
+                next_token=tokens[end] if held else -1,
             )
         )
         req.in_executor, req.needs_reset, req.draft = True, False, w.draft

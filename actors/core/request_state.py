@@ -42,6 +42,7 @@ class Work(msgspec.Struct):
     need: int = 0  # GPU blocks counted for it (Grow; the reservation of NEW and SWAP_IN)
     draft: tuple[int, ...] = ()  # proposals to verify (a decode: num_tokens = 1 + len(draft))
     num_dropped: int = 0  # trailing blocks a Shrink takes back first
+    held: bool = False  # its prompt's last token waits for the next step (step_planner.py)
 
 
 @dataclass(slots=True, eq=False)  # eq=False: queues find and remove requests by identity

@@ -76,6 +76,7 @@ class SchedulerCore:
         max_chunk_tokens: int = 0,
         speculative: SpecSettings | None = None,
         kv_window: int = 0,
+        hold_last_prompt_token: bool = False,
     ) -> None:
         self.limits = StepLimits(
             block_size, num_gpu_blocks, max_num_seqs, max_num_batched_tokens,
@@ -86,6 +87,9 @@ class SchedulerCore:
         preemption = make_preemption_policy(preemption_mode)
         self.planner = StepPlanner(self.limits, self.queues, preemption)
         self.speculator = self.planner.speculator = Speculator(speculative or SpecSettings())
+        # an overlapping runner computes a joining prompt's last token with the decodes' next
+        # step (step_planner.py); proposals to verify run as steps of their own
+        self.planner.hold_last = hold_last_prompt_token and not self.speculator.enabled
         # The allocator's counts as of its last answer: what the next plan starts from.
         self.pools = AllocationResult(
             step_id=0, num_gpu_free=self.limits.num_gpu_blocks, num_cpu_free=num_cpu_blocks

@@ -6,13 +6,14 @@ stalls decodes), then swapped requests, then waiting ones, each in queue order. 
 preempted admits nobody, so a preempted request is not overtaken by later arrivals.
 
 Lookahead: step_limits.py (AllocateNew never covers it: a new request gets it at its first
-decode). Speculative decoding: a decode's table also covers its proposals (Work.draft), and
-shrinks back when fewer are proposed (speculator.py says when and what).
-"""
+decode); a prompt joining decodes may hold its last token back (held_token.py). Speculative
+decoding: a decode's table also covers its proposals (Work.draft), shrunk back when fewer are
+proposed (speculator.py says when and what)."""
 
 from __future__ import annotations
 
-from troupe.actors.core.kv_release import cache_limit, peak_blocks, window_releases
+from troupe.actors.core.held_token import holds_last_token
+from troupe.actors.core.kv_release import cache_limit, commit_ops, peak_blocks, window_releases
 from troupe.actors.core.preemption_policy import PreemptionPolicy
 from troupe.actors.core.request_state import Kind, Request, RequestQueues, Status, Work
 from troupe.actors.core.sample_fork import SampleForks
@@ -51,6 +52,7 @@ class StepPlanner:
         self._extra_seats = 0  # seats running parents hold for their samples (sample_fork.py)
         self._returned, self._preempted = 0, False  # victims' tokens back to the budget; any?
         self.has_streaming = False  # a StreamingLLM request was ever added: check releases
+        self.hold_last = self._decoding = False  # held_token.py; and this step has decodes
 
     def plan(self, num_gpu_free: int, num_cpu_free: int) -> list[AllocOp] | None:
         """This step's allocator ops, in the order they must apply (None: nothing to do)."""
@@ -60,14 +62,7 @@ class StepPlanner:
         work: dict[str, Work] = {}
         self.work, self._grows, self._shrinks, self._preempted = work, {}, {}, False
         self._avail, self._cpu_avail = num_gpu_free, num_cpu_free
-        for req in self.to_commit.values():
-            num_full = req.num_computed // bs
-            if req.stream_window:  # only blocks full attention would compute the same
-                num_full = min(num_full, cache_limit(req) // bs)
-            if req.in_allocator and num_full > req.num_committed_blocks:
-                tokens = tuple(req.token_ids[req.num_committed_blocks * bs : num_full * bs])
-                ops[CacheBlocks].append(CacheBlocks(req.request_id, tokens))
-                req.num_committed_blocks = num_full
+        ops[CacheBlocks] += commit_ops(self.to_commit.values(), bs)
         self.to_commit = {}
         for req in q.to_free.values():
             if req.in_allocator:
@@ -104,6 +99,7 @@ class StepPlanner:
             else:
                 need = lim.blocks_for(computed + 1 + lookahead) - req.num_blocks
                 budget = self._fit(req, 1, need, budget)
+        self._decoding = self.hold_last and bool(work)
         for req in prefills:
             if budget == 0:
                 break
@@ -111,6 +107,7 @@ class StepPlanner:
                 continue  # preempted earlier in this loop
             computed = req.num_computed
             n = lim.chunk(req.compute_end - computed, budget)
+            held = self._decoding and holds_last_token(req, computed + n)
             need = max(lim.blocks_for(computed + n + self._lookahead(req, n)) - req.num_blocks, 0)
             fit = (req.num_blocks + self._avail) * bs - computed
             if need > self._avail and fit >= 1:
@@ -118,7 +115,8 @@ class StepPlanner:
                 # fits only without its lookahead keeps its length and goes without).
                 n = min(n, fit)
                 need = max(lim.blocks_for(computed + n) - req.num_blocks, 0)
-            budget = self._fit(req, n, need, budget)
+                held = held and computed + n == req.compute_end
+            budget = self._fit(req, n, need, budget, held)
         forks.rejoin(q)
         self._extra_seats = forks.extra_seats() if forks.parents else 0
         ops[Grow] = list(self._grows.values())
@@ -166,14 +164,15 @@ class StepPlanner:
         """Positions past the chunk its table must cover: the lookahead if the chunk samples."""
         return self.limits.num_lookahead_tokens if req.num_computed + n == req.num_tokens else 0
 
-    def _fit(self, req: Request, n: int, need: int, budget: int) -> int:
-        """Plan `n` tokens of a running request needing `need` more blocks; the budget left."""
+    def _fit(self, req: Request, n: int, need: int, budget: int, held: bool = False) -> int:
+        """Plan `n` tokens of a running request needing `need` more blocks (`held`: the last
+        of them waits for the next step); the budget left."""
         total = self.limits.blocks_for(req.num_computed + n) - req.num_released
         got = self.room(req, need, total)
         budget, self._returned = budget + self._returned, 0
         if got is None:
             return budget
-        self.work[req.request_id] = Work(req, n, Kind.RUN, got)
+        self.work[req.request_id] = Work(req, n - held, Kind.RUN, got, held=held)
         if got > 0:  # the Grow covers the chunk and its lookahead, as far as `got` reaches
             cover = req.num_computed + n + self._lookahead(req, n)
             cover = min(cover, (req.num_blocks + got) * self.limits.block_size)
@@ -294,7 +293,8 @@ class StepPlanner:
                 leaders.add(head)
             req.in_allocator = True
             op = AllocateNew(req.request_id, tuple(req.token_ids), n, limit)
-            self._start(req, Work(req, n, Kind.NEW, upper), op)
+            held = self._decoding and holds_last_token(req, n)  # its blocks cover it
+            self._start(req, Work(req, n, Kind.NEW, upper, held=held), op)
             budget -= n
         for req in deferred:
             q.enqueue(req, Status.WAITING)

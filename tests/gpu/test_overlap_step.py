@@ -21,7 +21,9 @@ BLOCK_SIZE = 4
 GREEDY = SamplingParams(temperature=0.0, max_tokens=64)
 
 
-def make_runner(path: Path, *, overlap: bool, device: str = "cpu") -> ModelRunner:
+def make_runner(
+    path: Path, *, overlap: bool, device: str = "cpu", mixed_graph_tokens: int = 0
+) -> ModelRunner:
     config, model = load_model(path, torch.float32, torch.device(device), 128)
     options = RunnerOptions(
         block_size=BLOCK_SIZE,
@@ -31,6 +33,7 @@ def make_runner(path: Path, *, overlap: bool, device: str = "cpu") -> ModelRunne
         max_model_len=128,
         overlap_schedule=overlap,
         enforce_eager=device == "cpu",
+        mixed_graph_tokens=mixed_graph_tokens,
     )
     return ModelRunner(config, model, options)
 
@@ -65,11 +68,15 @@ class LookaheadDriver:
     def add(self, rid: str, prompt: list[int], params: SamplingParams = GREEDY) -> None:
         self.seqs[rid] = Seq(prompt, params)
 
-    def _work(self, rid: str, chunk: int | None = None) -> SeqWork:
+    def _work(self, rid: str, chunk: int | None = None, hold: bool = False) -> SeqWork:
         """The rest of the request's tokens, or its next `chunk` of them (mid-prompt: no
-        sample)."""
+        sample); `hold`: the rest but the last, held back as the scheduler does beside
+        running decodes (SeqWork.next_token)."""
         seq = self.seqs[rid]
         tokens = seq.tokens[seq.num_computed :][:chunk]
+        next_token = -1
+        if hold:
+            tokens, next_token = tokens[:-1], tokens[-1]
         end = seq.num_computed + len(tokens)
         need = -(-(end + 1) // BLOCK_SIZE) - len(seq.blocks)  # the lookahead position too
         added = [self.free.pop(0) for _ in range(max(need, 0))]
@@ -84,15 +91,20 @@ class LookaheadDriver:
             params=seq.params if first else None,
             num_prompt_tokens=len(seq.prompt) if first else 0,
             sample=end == len(seq.tokens),
+            next_token=next_token,
         )
         seq.needs_reset = False
         seq.num_computed = end
         return work
 
     def step(
-        self, ids: list[str], chunks: dict[str, int] | None = None, **fields: Any
+        self,
+        ids: list[str],
+        chunks: dict[str, int] | None = None,
+        hold: tuple[str, ...] = (),
+        **fields: Any,
     ) -> dict[str, int]:
-        works = tuple(self._work(rid, (chunks or {}).get(rid)) for rid in ids)
+        works = tuple(self._work(rid, (chunks or {}).get(rid), rid in hold) for rid in ids)
         self.step_id += 1
         out = self.runner.execute(StepPlan(step_id=self.step_id, seqs=works, **fields))
         got = {t.request_id: t.token_id for t in out}
@@ -133,11 +145,13 @@ def qwen3(hf_folder: Any) -> Path:
 
 
 def both(
-    qwen3: Path, scenario: Any, device: str = "cpu"
+    qwen3: Path, scenario: Any, device: str = "cpu", mixed_graph_tokens: int = 0
 ) -> tuple[LookaheadDriver, LookaheadDriver]:
     """Run `scenario(driver)` on a plain and an overlapping runner; assert equal tokens."""
     plain = LookaheadDriver(make_runner(qwen3, overlap=False, device=device))
-    over = LookaheadDriver(make_runner(qwen3, overlap=True, device=device))
+    over = LookaheadDriver(
+        make_runner(qwen3, overlap=True, device=device, mixed_graph_tokens=mixed_graph_tokens)
+    )
     scenario(plain)
     scenario(over)
     assert over.log == plain.log
@@ -239,8 +253,40 @@ def test_prefill_chunks_beside_decodes_split_every_step(qwen3: Path) -> None:
     # launched: after the first prefill, each decode step, and each split; every step but
     # the first is answered by the pending one (five of them in part)
     assert stats.num_overlap_splits == 5
+    # the three mid-prompt chunks joined the decodes' next step (a and b keep no history)
+    assert stats.num_overlap_merges == 3
     assert counts(over) == (10, 9)
     assert len(plain.seqs["c"].output) == 5 and len(set(plain.seqs["d"].output)) > 1
+
+
+@pytest.mark.parametrize("penalty", [False, True])
+def test_held_back_token_is_sampled_with_the_decodes_next_step(qwen3: Path, penalty: bool) -> None:
+    """A prompt joining decodes without its last token: its chunk and that token join the
+    decodes' next step (one forward), so the next plan, with the token as a decode, is a hit.
+    A decode with a penalty history cannot be fed on the device: the chunk runs alone."""
+    b_params = SamplingParams(temperature=0.9, seed=11, max_tokens=64)
+    if penalty:
+        b_params = SamplingParams(temperature=0.9, seed=11, presence_penalty=0.5, max_tokens=64)
+    c_params = SamplingParams(temperature=0.7, seed=5, max_tokens=64)
+
+    def scenario(d: LookaheadDriver) -> None:
+        p = prompts()
+        d.add("a", p["a"])
+        d.add("b", p["b"], b_params)
+        for _ in range(3):
+            d.step(["a", "b"])
+        d.add("c", [(19 * j + 7) % 256 for j in range(13)], c_params)
+        d.step(["a", "b", "c"], hold=("c",))
+        d.step(["a", "b", "c"])  # c's held-back token: its first sample
+        for _ in range(3):
+            d.step(["a", "b", "c"])
+
+    plain, over = both(qwen3, scenario)
+    stats = over.runner.statistics()
+    assert stats.num_overlap_splits == 1 + penalty  # penalty: the held token is an extra too
+    assert stats.num_overlap_merges == (0 if penalty else 1)
+    assert counts(over) == (8, 7)
+    assert len(plain.seqs["c"].output) == 4 and len(set(plain.seqs["c"].output)) > 1
 
 
 def test_swap_out_is_a_miss(qwen3: Path) -> None:
@@ -308,6 +354,42 @@ def test_cuda_graphs_same_tokens(qwen3: Path) -> None:
     _, over = both(qwen3, scenario, device="cuda")
     assert over.runner._pass.graphs is not None
     assert counts(over) == (11, 10)
+
+
+@pytest.mark.parametrize(
+    ("device", "mixed_graph_tokens"),
+    [
+        ("cpu", 0),
+        pytest.param("cuda", 0, marks=pytest.mark.gpu),
+        pytest.param("cuda", 64, marks=pytest.mark.gpu),
+    ],
+)
+def test_merged_splits_same_tokens(qwen3: Path, device: str, mixed_graph_tokens: int) -> None:
+    """A mid-prompt chunk and a held-back prompt join the decodes' next step (on CUDA eagerly
+    and in a mixed-step graph), the decodes' ids fed from the device (a subset gathered)."""
+    params = {
+        "a": GREEDY,
+        "b": SamplingParams(temperature=0.9, seed=7, max_tokens=64),
+        "c": SamplingParams(temperature=0.8, seed=3, top_p=0.9, max_tokens=64),
+        "d": SamplingParams(temperature=0.7, seed=5, max_tokens=64),
+    }
+
+    def scenario(d: LookaheadDriver) -> None:
+        p = prompts()
+        for rid in ("a", "b", "c"):
+            d.add(rid, p[rid], params[rid])
+        for _ in range(3):
+            d.step(["a", "b", "c"])
+        d.add("d", [(19 * j + 7) % 256 for j in range(21)], params["d"])
+        d.step(["a", "b", "c", "d"], chunks={"d": 8})  # mid-prompt
+        d.step(["a", "c", "d"], released=(d.finish("b"),), hold=("d",))  # a subset + held
+        for _ in range(4):
+            d.step(["a", "c", "d"])
+
+    _, over = both(qwen3, scenario, device=device, mixed_graph_tokens=mixed_graph_tokens)
+    stats = over.runner.statistics()
+    assert stats.num_overlap_merges == 2
+    assert counts(over) == (9, 8)
 
 
 def test_no_overlap_without_lookahead_or_with_logprobs(qwen3: Path) -> None:
