@@ -7,7 +7,8 @@ right after sampling under the masks. So after a masked step the runner queues t
 decode's forward at once (fed the host tokens, one position on) and keeps its logits on the
 device; the actors plan and the grammar computes the next masks while the GPU runs it:
 
-    finish(masks N):  sample N under masks, tolist | forward N+1 (logits kept)
+    finish(masks N):  sample N under masks | forward N+1 fed the samples on the device
+                      (logits kept), then tolist
     actors:                                       | update, grammar masks, plan (GPU busy)
     launch(plan N+1): the kept step? yes: its logits wait for the masks; finish samples them
                                      no:  discard, run plan N+1's forward as before
@@ -26,10 +27,12 @@ import numpy as np
 import torch
 from troupe.gpu.early_launch import fed_decode_inputs, launchable, matching_rows
 from troupe.gpu.request_states import RequestState, RequestStates
+from troupe.gpu.sampler import WITHHELD
 from troupe.gpu.step_inputs import StepInputs
 from troupe.messages import StepPlan
 
-Forward = Callable[[StepInputs], torch.Tensor]
+# the runner's forward; the tensor, when given, replaces inputs.input_ids (ids on the device)
+Forward = Callable[[StepInputs, torch.Tensor | None], torch.Tensor]
 
 
 @dataclasses.dataclass(kw_only=True, eq=False)
@@ -75,24 +78,40 @@ class ForwardAhead:
         states: list[RequestState],
         next_pos: np.ndarray,
         request_ids: list[str],
-        token_ids: list[int],
-    ) -> None:
-        """Queue the forward of the just-sampled `token_ids` at `next_pos`, one per state."""
+        token_ids: list[int] | torch.Tensor,
+    ) -> bool:
+        """Queue the forward of the just-sampled `token_ids` at `next_pos`, one per state;
+        whether it was. Ids still on the device (queued before they are read back) only where
+        no state keeps a penalty history; `fed` then gives their host copy."""
         self._ahead = None
+        device_ids = token_ids if isinstance(token_ids, torch.Tensor) else None
+        if device_ids is not None and any(s.tokens is not None for s in states):
+            return False
         num_blocks = launchable(states, next_pos, self.block_size, self.max_model_len)
         if num_blocks is None:
-            return
+            return False
+        host_ids = None if isinstance(token_ids, torch.Tensor) else token_ids
         inputs = fed_decode_inputs(
-            states, next_pos, num_blocks, token_ids, self._states.tables, self.block_size
+            states, next_pos, num_blocks, host_ids, self._states.tables, self.block_size
         )
         self.num_launched += 1
         self._ahead = _Ahead(
             rows={rid: i for i, rid in enumerate(request_ids)},
             positions=next_pos,
-            input_tokens=list(token_ids),
+            input_tokens=list(host_ids or ()),
             inputs=inputs,
-            logits=self._forward(inputs),
+            logits=self._forward(inputs, device_ids),
         )
+        return True
+
+    def fed(self, token_ids: list[int]) -> None:
+        """The host copy of the device ids the kept forward was fed: what the next plan must
+        feed to be that step. A row withheld (non-finite logits) drops it: its request fails."""
+        if self._ahead is not None:
+            if WITHHELD in token_ids:
+                self._ahead = None
+            else:
+                self._ahead.input_tokens = list(token_ids)
 
     def take(self, plan: StepPlan) -> tuple[list[RequestState], StepInputs, torch.Tensor] | None:
         """The plan's states, inputs and logits if it is the kept step (or the kept step less

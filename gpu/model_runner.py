@@ -10,6 +10,8 @@ From an EngineConfig: gpu/runner_setup.py (RunnerOptions, loading, pool sizing).
 from __future__ import annotations
 
 import dataclasses
+import functools
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -277,16 +279,27 @@ class ModelRunner:
         request_ids = [seqs[r].request_id for r in rows]
         token_ids: list[int] = []
         logprobs: tuple[TokenLogprob | None, ...] = ()
+        next_pos = inputs.seq_lens[rows].astype(np.int64)
+        # masked: the next step needs the next masks; its forward is queued as soon as the
+        # samples are (on the device), before they are read back
+        early = None
+        if masks is not None and self.overlap_schedule and rows:
+            rows_states = [states[r] for r in rows]
+            early = functools.partial(self._ahead.launch, rows_states, next_pos, request_ids)
+        launched = False
         if rows:
             if self._logits_hook is not None:
                 with torch.inference_mode():  # the logits are inference tensors: edits need it
                     self._logits_hook(request_ids, logits)
             bitmask = None if masks is None else step_bitmask(masks, request_ids)
-            token_ids, logprobs = self._sample(logits, [states[r] for r in rows], bitmask, batch)
-        next_pos = inputs.seq_lens[rows].astype(np.int64)
-        if masks is not None:  # the next step needs the next masks: queue only its forward
-            if self.overlap_schedule and rows and WITHHELD not in token_ids:
-                self._ahead.launch([states[r] for r in rows], next_pos, request_ids, token_ids)
+            token_ids, logprobs, launched = self._sample(
+                logits, [states[r] for r in rows], bitmask, batch, early
+            )
+        if masks is not None:
+            if launched:
+                self._ahead.fed(token_ids)
+            elif early is not None and WITHHELD not in token_ids:  # penalties: host tokens
+                early(token_ids)
             return sampled_tokens(request_ids, token_ids, logprobs)
         sampled = [states[r] for r in rows]
         if split is not None:
@@ -317,15 +330,18 @@ class ModelRunner:
         states: list[RequestState],
         bitmask: np.ndarray | None = None,
         batch: SamplingBatch | None = None,
-    ) -> tuple[list[int], tuple[TokenLogprob | None, ...]]:
+        early: Callable[[torch.Tensor], bool] | None = None,
+    ) -> tuple[list[int], tuple[TokenLogprob | None, ...], bool]:
         """Token ids (one device->host copy: waits for the step; WITHHELD for a row whose logits
-        are not finite) and logprobs of the rows (`batch`: theirs, if built already)."""
+        are not finite) and logprobs of the rows (`batch`: theirs, if built already); `early`
+        is given the ids on the device before that copy: whether it launched work."""
         if batch is None:
             batch = build_sampling_batch(states, self.vocab_size, self.device)
         if bitmask is not None:
             batch.token_bitmask = self._upload_bitmask(bitmask)
         token_ids, logprobs = sample(logits, batch)
-        return withhold_non_finite(token_ids, logits).tolist(), logprobs
+        launched = early is not None and early(token_ids)
+        return withhold_non_finite(token_ids, logits).tolist(), logprobs, launched
 
     def logits(self, plan: StepPlan) -> torch.Tensor:
         """Like execute, but return the fp32 logits [sampled seqs, vocab] instead of sampling."""

@@ -165,11 +165,17 @@ def sample(
     if batch.logit_edits is not None:
         logits = apply_logit_edits(logits, batch.logit_edits)
     logits = apply_penalties(logits, batch)
-    if batch.token_bitmask is not None:
-        logits = apply_token_bitmask(logits, batch.token_bitmask)
+    fused = logits.is_cuda and _gumbel().available(logits)
+    filters = batch.use_top_k or batch.use_top_p or batch.use_min_p
+    bitmask = batch.token_bitmask
+    if bitmask is not None and fused and not filters:  # the draw reads the bits: one pass
+        token_ids = _gumbel().gumbel_argmax(logits, batch.temperature, batch.keys, bitmask)
+        return token_ids, _logprobs(raw, token_ids, batch.num_logprobs)
+    if bitmask is not None:
+        logits = apply_token_bitmask(logits, bitmask)
     if batch.all_greedy:
         token_ids = _argmax(logits)
-    elif logits.is_cuda and _gumbel().available(logits):
+    elif fused:
         token_ids = _fused_draw(logits, batch)
     else:
         noisy = filter_logits(logits, batch) + gumbel_noise(batch.keys, logits.shape[-1])

@@ -64,11 +64,19 @@ def both(qwen3: Path, scenario: Any, device: str = "cpu") -> tuple[MaskedDriver,
     return plain, over
 
 
-def params() -> dict[str, SamplingParams]:
+def params(penalty: float = 0.0) -> dict[str, SamplingParams]:
+    """`penalty`: c keeps a history, so the kept forward is fed host tokens (after the read
+    back) instead of the samples on the device."""
     return {
         "a": SamplingParams(temperature=0.0, max_tokens=64, structured_outputs=SPEC),
         "b": SamplingParams(temperature=1.0, seed=5, max_tokens=64, structured_outputs=SPEC),
-        "c": SamplingParams(temperature=0.8, seed=9, max_tokens=64, structured_outputs=SPEC),
+        "c": SamplingParams(
+            temperature=0.8,
+            seed=9,
+            max_tokens=64,
+            structured_outputs=SPEC,
+            presence_penalty=penalty,
+        ),
     }
 
 
@@ -78,10 +86,10 @@ def qwen3(hf_folder: Any) -> Path:
     return Path(folder)
 
 
-def scenario(d: MaskedDriver) -> None:
+def scenario(d: MaskedDriver, penalty: float = 0.0) -> None:
     p = prompts()
     for rid in ("a", "b", "c"):
-        d.add(rid, p[rid], params()[rid])
+        d.add(rid, p[rid], params(penalty)[rid])
     for _ in range(4):
         d.masked_step(["a", "b", "c"])  # the prefill, then three kept forwards used
     released = d.finish("b")
@@ -95,8 +103,9 @@ def scenario(d: MaskedDriver) -> None:
         d.masked_step(["a", "c", "d"])
 
 
-def test_kept_forward_gives_the_same_tokens(qwen3: Path) -> None:
-    _, over = both(qwen3, scenario)
+@pytest.mark.parametrize("penalty", [0.0, 0.5])
+def test_kept_forward_gives_the_same_tokens(qwen3: Path, penalty: float) -> None:
+    _, over = both(qwen3, lambda d: scenario(d, penalty))
     # a forward kept after each of the 11 masked steps (all sample), and DecodeOverlap's
     # early step after the plain one; used by the 3 + 1 + 3 masked plans that matched
     launched, hits = counts(over)

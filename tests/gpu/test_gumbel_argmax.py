@@ -24,3 +24,33 @@ def test_fused_draw_matches_torch_path() -> None:
     assert got[2].item() == logits[2].argmax().item()
     assert got[3].item() < 100
     assert got[0].item() != logits[0].argmax().item() or got[1] != logits[1].argmax()
+
+
+def test_fused_draw_under_a_token_bitmask_matches_the_masked_torch_path() -> None:
+    """Structured output: the kernel reads each token's bit (gpu/token_bitmask.py's layout)
+    and draws what apply_token_bitmask then the torch path draw."""
+    from troupe.gpu.token_bitmask import apply_token_bitmask
+
+    gen = torch.Generator().manual_seed(5)
+    vocab = 2500
+    words = -(-vocab // 32) + 1  # a padded last word, as xgrammar allocates
+    logits = torch.randn(6, vocab, generator=gen) * 3
+    temperature = torch.tensor([0.7, 0.0, 1.2, 0.0, 0.9, 1.0])
+    seeds = np.array([11, 12, 13, 14, 15, 16], dtype=np.uint64)
+    keys = torch.from_numpy(row_keys_array(seeds, np.arange(6, dtype=np.uint64)))
+    bits = torch.rand(6, words * 32, generator=gen) < 0.1  # a tenth of the tokens allowed
+    bits[1, :] = False
+    bits[1, 1234] = True  # one token allowed, greedy
+    bits[3, :] = True  # unconstrained, greedy: the plain argmax
+    bits[5, :] = False  # nothing allowed: argmax of an all -inf row is 0
+    packed = (bits.view(6, words, 32).long() << torch.arange(32)).sum(-1)
+    bitmask = packed.to(torch.int64).sub(((packed >> 31) & 1) << 32).to(torch.int32)
+    masked = apply_token_bitmask(logits, bitmask)
+    noisy = masked / torch.where(temperature > 0, temperature, 1.0)[:, None]
+    noisy = noisy + gumbel_noise(keys, vocab)
+    expected = torch.where(temperature > 0, noisy.argmax(-1), masked.argmax(-1))
+    got = gumbel_argmax(logits, temperature, keys, bitmask)
+    assert got.tolist() == expected.tolist()
+    assert got[1].item() == 1234 and got[5].item() == 0
+    assert got[3].item() == logits[3].argmax().item()
+    assert all(bits[r, got[r]] for r in (0, 2, 4))  # drawn among the allowed
