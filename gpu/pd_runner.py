@@ -205,6 +205,7 @@ class PhaseRunner:
             num_overlapped=answer.num_overlapped,
             num_overlap_hits=answer.num_overlap_hits,
             num_overlap_splits=answer.num_overlap_splits,
+            num_overlap_merges=answer.num_overlap_merges,
             num_kv_blocks_sent=answer.num_kv_blocks_sent,
             num_kv_blocks_received=answer.num_kv_blocks_received,
         )

@@ -141,6 +141,7 @@ def _serve(runner: ModelRunner, transfer: KVTransfer, conn: Connection) -> bool:
                     num_overlapped=stats.num_overlapped,
                     num_overlap_hits=stats.num_overlap_hits,
                     num_overlap_splits=stats.num_overlap_splits,
+                    num_overlap_merges=stats.num_overlap_merges,
                     num_kv_blocks_sent=transfer.num_sent,
                     num_kv_blocks_received=transfer.num_received,
                 )

@@ -55,6 +55,7 @@ class StepAnswer(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     num_overlapped: int = 0
     num_overlap_hits: int = 0
     num_overlap_splits: int = 0
+    num_overlap_merges: int = 0
     num_kv_blocks_sent: int = 0  # disaggregation's workers (gpu/pd_worker.py)
     num_kv_blocks_received: int = 0
 

@@ -163,6 +163,7 @@ class TPRunner:
             num_overlapped=answer.num_overlapped,
             num_overlap_hits=answer.num_overlap_hits,
             num_overlap_splits=answer.num_overlap_splits,
+            num_overlap_merges=answer.num_overlap_merges,
         )
         if answer.failed:
             raise SequencesFailed(answer.sampled, answer.failed)

@@ -169,6 +169,7 @@ def _serve(runner: ModelRunner, group: TPGroup, conn: Connection) -> None:
                 num_overlapped=stats.num_overlapped,
                 num_overlap_hits=stats.num_overlap_hits,
                 num_overlap_splits=stats.num_overlap_splits,
+                num_overlap_merges=stats.num_overlap_merges,
             )
             conn.send_bytes(command_encoder.encode(answer))
 
