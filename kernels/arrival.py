@@ -1,12 +1,15 @@
 """Arrival counters for the kernels whose last program to finish merges the others' partials
-(split-K decode attention, MLA decode, the int4 GEMV): each program writes its partial, then
-counts itself in with an acq_rel atomic; the one that finds the count at splits - 1 merges in
-a fixed order (the result does not depend on timing) and sets the counter back to zero."""
+(split-K decode attention, MLA decode, the int4 and fp8 GEMVs): each program writes its
+partial, then counts itself in with an acq_rel atomic; the one that finds the count at
+splits - 1 merges in a fixed order (the result does not depend on timing) and sets the
+counter back to zero. Also how many K splits a GEMV takes (k_splits, gemv_grid)."""
 
 # Triton kernels take untyped pointers and constexprs; @triton.jit is untyped to mypy.
 # mypy: disable-error-code="untyped-decorator,no-untyped-def"
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import triton
@@ -63,3 +66,33 @@ def split_buffers(
     part = torch.empty(split if split > 1 else 0, m, n, dtype=torch.float32, device=x.device)
     counters = arrival_counters(m * col_blocks, x.device) if split > 1 else out
     return out, part, counters
+
+
+@functools.cache
+def _num_sms(device: torch.device) -> int:
+    return int(torch.cuda.get_device_properties(device).multi_processor_count)
+
+
+def k_splits(chunks: int, tiles: int, waves: int, device: torch.device) -> int:
+    """K splits (whole chunks each, dividing them) so tiles x splits is about `waves` programs
+    per SM; on the CPU two, so the tests cover the partial sums."""
+    if device.type != "cuda":
+        return min(chunks, 2)
+    split = max(1, min(chunks, waves * _num_sms(device) // max(1, tiles)))
+    while chunks % split:
+        split -= 1
+    return split
+
+
+def gemv_grid(
+    m: int, n: int, chunks: int, units: int, block_n: int, waves: int, device: torch.device
+) -> tuple[int, int, int, int]:
+    """A split-K decode GEMV's launch (the column-layout int4 and fp8 ones) over `chunks` of
+    `units` each along K: its columns per program (halved while they do not divide N, down
+    to 128: whole blocks keep the 16-byte loads), column blocks, splits and units per split."""
+    while n % block_n and block_n > 128:
+        block_n //= 2
+    col_blocks = triton.cdiv(n, block_n)
+    split = k_splits(chunks, m * col_blocks, waves, device)
+    per_split = triton.cdiv(chunks, split) * units
+    return block_n, col_blocks, triton.cdiv(chunks * units, per_split), per_split

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
-from troupe.kernels.arrival import split_buffers, store_or_merge
+from troupe.kernels.arrival import gemv_grid, k_splits, split_buffers, store_or_merge
 from troupe.kernels.gemv_pdl import GDC, pdl_mode, pdl_start, pdl_wait
 from troupe.kernels.half2_ptx import FP8_ASM
 
@@ -223,31 +223,15 @@ def _fp8_cols_gemm_kernel(
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=(rm < M)[:, None] & col_ok[None, :])
 
 
-def _split(chunks: int, tiles: int, waves: int, device: torch.device) -> int:
-    """K splits (whole chunks each) so tiles x splits is about `waves` programs per SM (the
-    CPU: two, so the tests cover the partial sums)."""
-    if device.type != "cuda":
-        return min(chunks, 2)
-    sms = int(torch.cuda.get_device_properties(device).multi_processor_count)
-    split = max(1, min(chunks, waves * sms // max(1, tiles)))
-    while chunks % split:
-        split -= 1
-    return split
-
-
 def fp8_cols_gemv(x: torch.Tensor, w: Fp8Cols, config: Fp8ColsGemv) -> torch.Tensor:
     """x [M, K] (a row or few) @ W^T through the decode GEMV above."""
     m, k = x.shape
     n = w.words.shape[1]
     bn, bk = w.block
     chunks = triton.cdiv(k // 16, config.blocks)
-    block_n = config.block_n
-    while n % block_n and block_n > 128:  # whole blocks keep the 16-byte loads
-        block_n //= 2
-    col_blocks = triton.cdiv(n, block_n)
-    split = _split(chunks, m * col_blocks, config.waves, x.device)
-    per_split = triton.cdiv(chunks, split) * config.blocks
-    split = triton.cdiv(chunks * config.blocks, per_split)
+    block_n, col_blocks, split, per_split = gemv_grid(
+        m, n, chunks, config.blocks, config.block_n, config.waves, x.device
+    )
     out, part, counters = split_buffers(split, m, n, col_blocks, x)
     pdl = pdl_mode(config.pdl, x.device)
     _fp8_cols_gemv_kernel[(col_blocks, split, m)](
@@ -273,7 +257,7 @@ def fp8_cols_matmul(x: torch.Tensor, w: Fp8Cols, gemv: Fp8ColsGemv | None = None
     block_k = min(128 if cuda else 64, bk & -bk)  # a power of two that divides Bk
     tiles_m, tiles_n = triton.cdiv(m, block_m), triton.cdiv(n, block_n)
     chunks = triton.cdiv(k, block_k)
-    split = _split(chunks, tiles_m * tiles_n, 4, x.device) if m <= 16 else 1
+    split = k_splits(chunks, tiles_m * tiles_n, 4, x.device) if m <= 16 else 1
     per_split = triton.cdiv(chunks, split) * block_k
     part = torch.empty(split, m, n, dtype=torch.float32 if split > 1 else x.dtype, device=x.device)
     precision = "ieee" if x.dtype == torch.float32 else "tf32"

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
-from troupe.kernels.arrival import split_buffers, store_or_merge
+from troupe.kernels.arrival import gemv_grid, k_splits, split_buffers, store_or_merge
 from troupe.kernels.gemv_pdl import GDC, pdl_mode, pdl_start, pdl_wait
 from troupe.kernels.half2_ptx import INT4_ASM
 
@@ -265,12 +265,6 @@ def _sum_splits_kernel(part_ptr, out_ptr, S, MN, BLOCK: tl.constexpr):
     tl.store(out_ptr + i, acc.to(out_ptr.dtype.element_ty), mask=ok)
 
 
-def _sms(device: torch.device) -> int | None:
-    if device.type != "cuda":
-        return None
-    return int(torch.cuda.get_device_properties(device).multi_processor_count)
-
-
 def _finish(part: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """The output [M, N] from the partials [S, M, N]: split 1 is the output itself."""
     if part.shape[0] == 1:
@@ -282,30 +276,15 @@ def _finish(part: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def _split(chunks: int, tiles: int, waves: int, sms: int | None) -> int:
-    """K splits (whole chunks each) so tiles x splits is about `waves` programs per SM."""
-    if sms is None:
-        return min(chunks, 2)  # the CPU: two splits, so the tests cover the partial sums
-    split = max(1, min(chunks, waves * sms // max(1, tiles)))
-    while chunks % split:
-        split -= 1
-    return split
-
-
 def int4_cols_gemv(x: torch.Tensor, w: Int4Cols, config: Int4ColsGemv) -> torch.Tensor:
     """x [M, K] (a few rows) @ W^T through the decode GEMV above."""
     m, k = x.shape
     n = w.words.shape[1]
     groups = k // 32
     chunks = triton.cdiv(groups, config.groups)
-    block_n = config.block_n
-    while n % block_n and block_n > 128:  # whole blocks keep the 16-byte loads
-        block_n //= 2
-    tiles = m * triton.cdiv(n, block_n)
-    split = _split(chunks, tiles, config.waves, _sms(x.device))
-    per_split = triton.cdiv(chunks, split) * config.groups
-    split = triton.cdiv(chunks * config.groups, per_split)
-    col_blocks = triton.cdiv(n, block_n)
+    block_n, col_blocks, split, per_split = gemv_grid(
+        m, n, chunks, config.groups, config.block_n, config.waves, x.device
+    )
     out, part, counters = split_buffers(split, m, n, col_blocks, x)
     pdl = pdl_mode(config.pdl, x.device)
     _int4_cols_gemv_kernel[(col_blocks, split, m)](
@@ -331,7 +310,7 @@ def int4_cols_matmul(
     block_n, block_k = (64, 128) if cuda else (32, 64)
     tiles_m, tiles_n = triton.cdiv(m, block_m), triton.cdiv(n, block_n)
     chunks = triton.cdiv(k, block_k)
-    split = _split(chunks, tiles_m * tiles_n, 4, _sms(x.device)) if m <= 16 else 1
+    split = k_splits(chunks, tiles_m * tiles_n, 4, x.device) if m <= 16 else 1
     per_split = triton.cdiv(chunks, split) * block_k
     dtype = torch.float32 if split > 1 else x.dtype
     part = torch.empty(split, m, n, dtype=dtype, device=x.device)
