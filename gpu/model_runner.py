@@ -280,28 +280,25 @@ class ModelRunner:
         token_ids: list[int] = []
         logprobs: tuple[TokenLogprob | None, ...] = ()
         next_pos = inputs.seq_lens[rows].astype(np.int64)
+        sampled = [states[r] for r in rows]
         # masked: the next step needs the next masks; its forward is queued as soon as the
         # samples are (on the device), before they are read back
         early = None
         if masks is not None and self.overlap_schedule and rows:
-            rows_states = [states[r] for r in rows]
-            early = functools.partial(self._ahead.launch, rows_states, next_pos, request_ids)
+            early = functools.partial(self._ahead.launch, sampled, next_pos, request_ids)
         launched = False
         if rows:
             if self._logits_hook is not None:
                 with torch.inference_mode():  # the logits are inference tensors: edits need it
                     self._logits_hook(request_ids, logits)
             bitmask = None if masks is None else step_bitmask(masks, request_ids)
-            token_ids, logprobs, launched = self._sample(
-                logits, [states[r] for r in rows], bitmask, batch, early
-            )
+            token_ids, logprobs, launched = self._sample(logits, sampled, bitmask, batch, early)
         if masks is not None:
             if launched:
                 self._ahead.fed(token_ids)
             elif early is not None and WITHHELD not in token_ids:  # penalties: host tokens
                 early(token_ids)
             return sampled_tokens(request_ids, token_ids, logprobs)
-        sampled = [states[r] for r in rows]
         if split is not None:
             request_ids = split.request_ids + request_ids
             token_ids = split.token_ids + token_ids

@@ -75,6 +75,12 @@ class _PendingStep:
     copied: torch.cuda.Event | None  # recorded after that copy; None on the CPU
     input_tokens: list[int] = dataclasses.field(default_factory=list)  # per row: token fed
 
+    def device_ids(self, rows: list[int]) -> torch.Tensor:
+        """The samples of `rows` on the device (all of them: no gather)."""
+        if len(rows) == len(self.rows):
+            return self.token_ids
+        return self.token_ids[host_to_device(np.asarray(rows), self.token_ids.device)]
+
     def read(self) -> list[int]:
         """The sampled ids on the host; waits for this step only, not for work queued later."""
         if self.copied is not None:
@@ -195,10 +201,7 @@ class DecodeOverlap:
         early = all(s.tokens is None for s in states)
         following = None
         if early:
-            device_ids = pending.token_ids
-            if len(rows) != len(pending.rows):
-                device_ids = device_ids[host_to_device(np.asarray(rows), self.device)]
-            following = self._launch(states, next_pos, request_ids, device_ids)
+            following = self._launch(states, next_pos, request_ids, pending.device_ids(rows))
         launched = pending.read()  # waits for the overlapped step's samples
         token_ids = [launched[r] for r in rows]
         if early:
@@ -217,14 +220,14 @@ class DecodeOverlap:
         then the decodes' tokens, as for a hit (overlap_merge.py)."""
         decodes, extras = plan.seqs[: len(rows)], plan.seqs[len(rows) :]
         self.num_overlap_splits += 1
-        if not any(w.sample for w in extras) and self.merge_chunks:
-            next_pos = pending.positions[rows] + 1
-            num_blocks = mergeable(
-                decodes, self._states, next_pos, self.block_size, self.max_model_len
-            )
-            if num_blocks is not None:
-                return self._merge(plan, pending, rows, next_pos, num_blocks)
+        next_pos = pending.positions[rows] + 1
         if not any(w.sample for w in extras):
+            if self.merge_chunks:
+                num_blocks = mergeable(
+                    decodes, self._states, next_pos, self.block_size, self.max_model_len
+                )
+                if num_blocks is not None:
+                    return self._merge(plan, pending, rows, next_pos, num_blocks)
             # The extras only fill the cache: the decodes' next step goes first, as in a hit.
             request_ids, token_ids = self._answer(plan.released, decodes, pending, rows)
             return Split(
@@ -243,7 +246,7 @@ class DecodeOverlap:
             request_ids=[w.request_id for w in decodes],
             token_ids=[launched[r] for r in rows],
             states=self._states.apply(decodes),
-            next_pos=pending.positions[rows] + 1,
+            next_pos=next_pos,
             extras=extras,
             launched=False,
         )
@@ -266,16 +269,13 @@ class DecodeOverlap:
             states, next_pos, num_blocks, None, self._states.tables, self.block_size
         )
         chunks = merged_chunks(extras, self._states, self.block_size)
-        device_ids = pending.token_ids
-        if len(rows) != len(pending.rows):
-            device_ids = device_ids[host_to_device(np.asarray(rows), self.device)]
         request_ids = [w.request_id for w in decodes]
         merged = self._sampled_step(
             concat_inputs(decode_inputs, chunks.inputs),
             states + chunks.states,
             request_ids + chunks.request_ids,
             np.concatenate([next_pos, chunks.positions]),
-            device_ids,
+            pending.device_ids(rows),
         )
         self.num_overlap_hits += 1
         self.num_overlap_merges += 1

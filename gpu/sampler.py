@@ -168,15 +168,12 @@ def sample(
     fused = logits.is_cuda and _gumbel().available(logits)
     filters = batch.use_top_k or batch.use_top_p or batch.use_min_p
     bitmask = batch.token_bitmask
-    if bitmask is not None and fused and not filters:  # the draw reads the bits: one pass
-        token_ids = _gumbel().gumbel_argmax(logits, batch.temperature, batch.keys, bitmask)
-        return token_ids, _logprobs(raw, token_ids, batch.num_logprobs)
-    if bitmask is not None:
-        logits = apply_token_bitmask(logits, bitmask)
-    if batch.all_greedy:
+    if bitmask is not None and not (fused and not filters):  # else the draw reads the bits
+        logits, bitmask = apply_token_bitmask(logits, bitmask), None
+    if batch.all_greedy and bitmask is None:
         token_ids = _argmax(logits)
     elif fused:
-        token_ids = _fused_draw(logits, batch)
+        token_ids = _fused_draw(logits, batch, bitmask)
     else:
         noisy = filter_logits(logits, batch) + gumbel_noise(batch.keys, logits.shape[-1])
         token_ids = torch.where(batch.temperature > 0, _argmax(noisy), _argmax(logits))
@@ -200,12 +197,18 @@ def _gumbel() -> ModuleType:
     return gumbel_argmax
 
 
-def _fused_draw(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-    """The same draw as the torch path through one kernel; filters (rare) still run in torch."""
+def _fused_draw(
+    logits: torch.Tensor, batch: SamplingBatch, bitmask: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The same draw as the torch path through one kernel, under a grammar's `bitmask` if
+    given (never with filters); filters (rare) still run in torch."""
     gumbel_argmax = _gumbel()
     if not (batch.use_top_k or batch.use_top_p or batch.use_min_p):
-        fused: torch.Tensor = gumbel_argmax.gumbel_argmax(logits, batch.temperature, batch.keys)
+        fused: torch.Tensor = gumbel_argmax.gumbel_argmax(
+            logits, batch.temperature, batch.keys, bitmask
+        )
         return fused
+    assert bitmask is None, "filters take the masked logits"
     scaled = filter_logits(logits, batch)  # already divided by the temperature
     is_random = batch.temperature > 0
     drawn = gumbel_argmax.gumbel_argmax(scaled, is_random.float(), batch.keys)
