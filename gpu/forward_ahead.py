@@ -13,9 +13,11 @@ device; the actors plan and the grammar computes the next masks while the GPU ru
     launch(plan N+1): the kept step? yes: its logits wait for the masks; finish samples them
                                      no:  discard, run plan N+1's forward as before
 
-A plan that is not the kept step (a request joins, a chunk, a swap, proposals) discards it:
-the forward wrote KV only at each request's lookahead slot, and the same argument as for a
-discarded DecodeOverlap step holds (gpu/overlap.py, DecodeOverlap.take).
+A plan that is the kept step plus work it lacks (a prefill chunk, a request joining) takes the
+kept logits for its decodes and runs a forward of the rest. Any other plan (a swap, a copy,
+proposals, another order) discards it: the forward wrote KV only at each request's lookahead
+slot, and the same argument as for a discarded DecodeOverlap step holds (gpu/overlap.py,
+DecodeOverlap.take).
 """
 
 from __future__ import annotations
@@ -25,10 +27,10 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
-from troupe.gpu.early_launch import fed_decode_inputs, launchable, matching_rows
+from troupe.gpu.early_launch import fed_decode_inputs, launchable, leading_rows
 from troupe.gpu.request_states import RequestState, RequestStates
 from troupe.gpu.sampler import WITHHELD
-from troupe.gpu.step_inputs import StepInputs
+from troupe.gpu.step_inputs import StepInputs, build_step_inputs
 from troupe.messages import StepPlan
 
 # the runner's forward; the tensor, when given, replaces inputs.input_ids (ids on the device)
@@ -115,12 +117,17 @@ class ForwardAhead:
 
     def take(self, plan: StepPlan) -> tuple[list[RequestState], StepInputs, torch.Tensor] | None:
         """The plan's states, inputs and logits if it is the kept step (or the kept step less
-        requests that ended); else None, and the kept step is dropped."""
+        requests that ended), or that step plus work it does not have (prefill chunks, new
+        requests: their forward runs now, the kept logits answer the rest); else None, and the
+        kept step is dropped."""
         ahead, self._ahead = self._ahead, None
-        if ahead is None or plan.swap_out or plan.swap_in or not plan.seqs:
+        if ahead is None or plan.swap_out or plan.swap_in or plan.copy_blocks or not plan.seqs:
             return None
-        rows = matching_rows(plan.seqs, ahead.rows, ahead.input_tokens, ahead.positions)
-        if rows is None:
+        rows = leading_rows(plan.seqs, ahead.rows, ahead.input_tokens, ahead.positions)
+        extras = plan.seqs[len(rows) :]
+        if not rows or any(
+            w.request_id in ahead.rows or w.draft_token_ids or w.num_dropped_blocks for w in extras
+        ):
             return None
         if plan.released:
             self._states.release(plan.released)
@@ -133,5 +140,15 @@ class ForwardAhead:
             # only what the runner reads after a forward: which rows sample, their lengths
             inputs = dataclasses.replace(
                 inputs, sampled_rows=np.arange(len(rows)), seq_lens=inputs.seq_lens[picked]
+            )
+        if extras:
+            more = build_step_inputs(
+                extras, states[len(rows) :], self._states.tables, self.block_size
+            )
+            logits = torch.cat([logits, self._forward(more, None)])
+            inputs = dataclasses.replace(
+                inputs,
+                sampled_rows=np.concatenate([np.arange(len(rows)), more.sampled_rows + len(rows)]),
+                seq_lens=np.concatenate([inputs.seq_lens[: len(rows)], more.seq_lens]),
             )
         return states, inputs, logits

@@ -98,19 +98,24 @@ def scenario(d: MaskedDriver, penalty: float = 0.0) -> None:
     d.masked_step(["a", "c"])  # nothing kept: runs its own forward
     d.masked_step(["c", "a"])  # another order: a miss
     d.add("d", [9, 8, 7, 6, 5], params()["a"])
-    d.masked_step(["a", "c", "d"])  # a request joins: a miss
+    d.masked_step(["a", "c", "d"])  # a request joins after another order: a miss
     for _ in range(3):
         d.masked_step(["a", "c", "d"])
+    d.add("e", [4, 4, 2, 7], params(penalty)["b"])
+    # the kept step plus a request joining: the kept logits answer a, c, d; e runs its own
+    d.masked_step(["a", "c", "d", "e"])
+    for _ in range(2):
+        d.masked_step(["a", "c", "d", "e"])
 
 
 @pytest.mark.parametrize("penalty", [0.0, 0.5])
 def test_kept_forward_gives_the_same_tokens(qwen3: Path, penalty: float) -> None:
     _, over = both(qwen3, lambda d: scenario(d, penalty))
-    # a forward kept after each of the 11 masked steps (all sample), and DecodeOverlap's
-    # early step after the plain one; used by the 3 + 1 + 3 masked plans that matched
+    # a forward kept after each of the 14 masked steps (all sample), and DecodeOverlap's
+    # early step after the plain one; used by the 3 + 1 + 3 + 3 masked plans that matched
     launched, hits = counts(over)
-    assert (launched, hits) == (11 + 1, 7)
-    assert over.runner.statistics().num_steps == 12
+    assert (launched, hits) == (14 + 1, 10)
+    assert over.runner.statistics().num_steps == 15
 
 
 @pytest.mark.gpu
@@ -118,4 +123,4 @@ def test_kept_forward_in_cuda_graphs(qwen3: Path) -> None:
     if not torch.cuda.is_available():
         pytest.skip("no CUDA")
     _, over = both(qwen3, scenario, device="cuda")
-    assert counts(over)[1] == 7
+    assert counts(over)[1] == 10
