@@ -145,6 +145,8 @@ class ForwardAhead:
             more = build_step_inputs(
                 extras, states[len(rows) :], self._states.tables, self.block_size
             )
+            if logits is ahead.logits:  # a view of a graph's output: the next forward reuses it
+                logits = logits.clone()
             logits = torch.cat([logits, self._forward(more, None)])
             inputs = dataclasses.replace(
                 inputs,
