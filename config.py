@@ -67,7 +67,11 @@ class EngineConfig:
     # Parallel sampling: the most samples one request may ask for (n, best_of); a request's
     # samples run at once, so the limit is also capped by max_num_seqs.
     max_num_samples: int = 16
-    max_num_batched_tokens: int = 4096
+    # The most tokens one step computes, prompt chunks and decodes together. None: 8192 on a
+    # CUDA device of 70 GiB or more other than an A100 (vLLM's server default on such GPUs: a
+    # step's fixed cost, its decodes' KV reads among it, spreads over more prompt tokens, so a
+    # burst's first tokens come sooner), else 4096. Resolved once at start (step_budget).
+    max_num_batched_tokens: int | None = None
     # The most prompt tokens one request computes per step (0: no cap but the step's budget).
     # Smaller chunks keep the decodes sharing their steps fast (ITL), at a few steps more to the
     # first token. vLLM's name for the same knob.
@@ -181,7 +185,6 @@ class EngineConfig:
             "block_size",
             "max_num_seqs",
             "max_num_samples",
-            "max_num_batched_tokens",
             "max_queued_requests",
             "max_queued_tokens",
             "max_stream_buffer",
@@ -194,7 +197,7 @@ class EngineConfig:
             )
         if self.block_size & (self.block_size - 1) or self.block_size > 256:
             raise ConfigError(f"block_size must be a power of two <= 256, got {self.block_size}")
-        for name in ("num_kv_blocks", "max_model_len"):
+        for name in ("num_kv_blocks", "max_model_len", "max_num_batched_tokens"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"{name} must be >= 1, got {value}")
@@ -312,6 +315,13 @@ class EngineConfig:
     def num_proposals(self) -> int:
         """Tokens proposed per request per step: 0 when speculative decoding is off."""
         return self.num_speculative_tokens if self.speculative_method is not None else 0
+
+    def step_budget(self, large_gpu: bool = False) -> int:
+        """max_num_batched_tokens, or its default (`large_gpu`: the engine runs on a CUDA device
+        of >= 70 GiB that is not an A100; gpu/runner_setup.is_large_gpu says)."""
+        if self.max_num_batched_tokens is not None:
+            return self.max_num_batched_tokens
+        return 8192 if large_gpu else 4096
 
     def replace(self, **changes: object) -> EngineConfig:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]

@@ -148,6 +148,7 @@ class Engine:
         setup, self.tokenizer = await anyio.to_thread.run_sync(
             load_engine_parts, config, self._injected_runner
         )
+        config = setup.config  # max_num_batched_tokens resolved for the device
         self.model_name = setup.model_name
         self.max_model_len = setup.numbers.max_model_len
         self._vocab_size = setup.numbers.vocab_size
@@ -160,7 +161,7 @@ class Engine:
                 runner=setup.numbers,
             )
             tracer = TraceWriter(config.trace_path, header)
-        inputs = setup.graph_inputs(config, self.tokenizer)
+        inputs = setup.graph_inputs(self.tokenizer)
         graph = wire(setup.graph_specs(), inputs, tracer)
         self._actors = list(graph.actors)
         self._client_inbox = graph.client_inbox

@@ -19,6 +19,7 @@ from troupe.messages.trace import RunnerNumbers
 
 @dataclass(frozen=True)
 class ExecutorSetup:
+    config: EngineConfig  # the engine's, with what depends on the device resolved
     runner: Runner
     numbers: RunnerNumbers
     model_path: str
@@ -28,8 +29,8 @@ class ExecutorSetup:
     # either stops both workers: gpu/pd_runner.py)
     prefill_runner: Runner | None = None
 
-    def graph_inputs(self, config: EngineConfig, tokenizer: TextTokenizer) -> GraphInputs:
-        return GraphInputs(config, self.numbers, tokenizer, self.runner, self.prefill_runner)
+    def graph_inputs(self, tokenizer: TextTokenizer) -> GraphInputs:
+        return GraphInputs(self.config, self.numbers, tokenizer, self.runner, self.prefill_runner)
 
     def graph_specs(self) -> tuple[ActorSpec, ...]:
         return graph_specs(
@@ -41,6 +42,10 @@ def start_executor(config: EngineConfig, runner: Runner | None = None) -> Execut
     """Load the model and size the pools (blocking: run it in a worker thread).
 
     `runner`: drive this one instead of building what the config asks for (fault injection)."""
+    if config.runner == "model" and runner is None:
+        from troupe.gpu.runner_setup import with_step_budget  # torch: only for a real model
+
+        config = with_step_budget(config)
     path = resolve_model_path(config.model)
     injected = runner is not None
     prefill_runner: Runner | None = None
@@ -74,6 +79,7 @@ def start_executor(config: EngineConfig, runner: Runner | None = None) -> Execut
         max_stream_len=runner.max_stream_len,
     )
     return ExecutorSetup(
+        config=config,
         runner=runner,
         numbers=numbers,
         model_path=str(path),

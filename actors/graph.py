@@ -107,7 +107,7 @@ def build_admission(g: GraphInputs) -> AdmissionCore:
         max_num_samples=min(
             1 if g.is_disaggregated else g.config.max_num_samples,
             g.config.max_num_seqs,
-            g.config.max_num_batched_tokens,
+            g.config.step_budget(),
         ),
         streaming=StreamingDefaults(
             g.config.streaming_window, g.config.sink_tokens, g.numbers.max_stream_len
@@ -126,7 +126,7 @@ def build_scheduler(g: GraphInputs) -> SchedulerCore:
         num_gpu_blocks=g.numbers.num_gpu_blocks,
         num_cpu_blocks=g.numbers.num_cpu_blocks,
         max_num_seqs=g.config.max_num_seqs,
-        max_num_batched_tokens=g.config.max_num_batched_tokens,
+        max_num_batched_tokens=g.config.step_budget(),
         enable_prefix_caching=g.config.enable_prefix_caching,
         preemption_mode=g.config.preemption_mode,
         scheduling_policy=g.config.scheduling_policy,

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 from aiohttp import WSCloseCode, web
+from troupe.actors.heap_freeze import frozen_heap
 from troupe.config import ConfigError, EngineConfig
 from troupe.gateway.app import build_app
 from troupe.gateway.connections import ConnectionGate, GatedSite
@@ -134,9 +135,14 @@ async def serve(
             log.info("serving", url=url, model=engine.model_name, playground=f"{url}/")
             if on_ready is not None:
                 on_ready(url, app)
-            await _first_of(stop.wait(), engine.wait_stopped())
-            if engine.is_healthy:
-                await drain(app, engine, shutdown_grace, force)
+            # The gateway's start-up heap (torch's modules, the tokenizer) kept out of the
+            # collector's walks too, not only the engine's (actors/heap_freeze.py): the
+            # allocations of a burst of requests trigger full collections, each a pause of
+            # every stream this process serves (a 300-request burst's arrivals: docs/benchmarks.md)
+            with frozen_heap(config.gc_freeze):
+                await _first_of(stop.wait(), engine.wait_stopped())
+                if engine.is_healthy:
+                    await drain(app, engine, shutdown_grace, force)
         finally:
             await app_runner.cleanup()
     log.info("stopped")

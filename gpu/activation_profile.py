@@ -20,7 +20,7 @@ def profile_activation_peak(model: DecoderModel, config: EngineConfig, max_model
     context (as far as max_model_len allows), so the profile expands as much as a step may."""
     device = model.device
     block_size = config.block_size
-    num_tokens = config.max_num_batched_tokens
+    num_tokens = config.step_budget()
     seq_len = min(num_tokens, max_model_len)
     num_seqs = -(-num_tokens // seq_len)
     lens = [min(seq_len, num_tokens - i * seq_len) for i in range(num_seqs)]

@@ -113,12 +113,12 @@ def runner_options(
         seed=config.seed,
         # the reference ops sync with the host (tolist): no CUDA graphs for them
         enforce_eager=config.enforce_eager or config.kernel_backend == "torch",
-        mixed_graph_tokens=min(config.max_mixed_graph_tokens, config.max_num_batched_tokens),
+        mixed_graph_tokens=min(config.max_mixed_graph_tokens, config.step_budget()),
         # a CPU step runs synchronously: launching the next one early overlaps nothing
         overlap_schedule=config.enable_overlap_schedule and device.type == "cuda",
         num_speculative_tokens=config.num_proposals,
         kv_cache_dtype=config.kv_cache_dtype,
-        max_num_batched_tokens=config.max_num_batched_tokens,
+        max_num_batched_tokens=config.step_budget(),
         spec_disable_batch_size=batch_limit(config),
         spec_backoff_steps=config.speculative_backoff_steps,
         mla_expand_min_tokens=config.mla_expand_min_tokens,
@@ -130,6 +130,21 @@ def runner_options(
 def uses_cuda(config: EngineConfig) -> bool:
     """Whether the config's runner runs on CUDA ("auto": when torch sees a device)."""
     return config.device == "cuda" or (config.device == "auto" and torch.cuda.is_available())
+
+
+def is_large_gpu(config: EngineConfig) -> bool:
+    """Whether the model runs on a CUDA device of >= 70 GiB that is not an A100: where vLLM
+    doubles its server's step budget (an A100 measured slower with it)."""
+    if config.runner != "model" or not uses_cuda(config) or not torch.cuda.is_available():
+        return False
+    index = config.prefill_device_index if config.disaggregation != "none" else None
+    props = torch.cuda.get_device_properties(index)
+    return props.total_memory >= 70 * 2**30 and "A100" not in props.name
+
+
+def with_step_budget(config: EngineConfig) -> EngineConfig:
+    """`config` with max_num_batched_tokens resolved for the device it runs on."""
+    return config.replace(max_num_batched_tokens=config.step_budget(is_large_gpu(config)))
 
 
 def load_for_config(config: EngineConfig) -> LoadedRunner:

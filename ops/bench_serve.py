@@ -23,6 +23,7 @@ import time
 from typing import Any
 
 import aiohttp
+from troupe.actors.heap_freeze import frozen_heap
 from troupe.config import ConfigError, EngineConfig
 from troupe.ops.serve_client import Client, EngineClient, HttpClient
 from troupe.ops.serve_cpu import ServerCpu, cpu_used, read_server_cpu
@@ -109,7 +110,12 @@ async def _drive(
     if (error := await _warm_up(client, requests, args.num_warmups)) is not None:
         raise RuntimeError(f"the warm-up request failed: {error}")
     progress = Progress(len(requests), enabled=not args.no_progress)
-    return await run_load(client, requests, max_concurrency=args.max_concurrency, progress=progress)
+    # As vLLM's benchmark does: this process's start-up heap (torch, when troupe is imported)
+    # out of the collector's walks, so that its pauses are not measured as the server's latency
+    with frozen_heap(True):
+        return await run_load(
+            client, requests, max_concurrency=args.max_concurrency, progress=progress
+        )
 
 
 async def _wait_healthy(session: aiohttp.ClientSession, base_url: str, timeout: float) -> None:
