@@ -5,6 +5,7 @@ uses it exercises the child; these tests add what needs a child of one's own.)""
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import os
 import signal
@@ -51,6 +52,14 @@ async def test_the_shared_server_runs_its_engine_in_a_child(server) -> None:  # 
     assert len(content) == 4 and all(item["token"] for item in content)
     assert "".join(item["token"] for item in content) == whole["choices"][0]["message"]["content"]
     await asyncio.to_thread(server.wait_idle)
+
+
+async def test_the_gateway_freezes_its_start_up_heap(server) -> None:  # type: ignore[no-untyped-def]
+    """With the engine in a child, only the gateway can have frozen this process's heap: its
+    start-up objects stay out of full collections (a burst's arrivals otherwise queue behind
+    collector pauses)."""
+    assert isinstance(server.engine, RemoteEngine)
+    assert gc.get_freeze_count() > 10_000
 
 
 async def test_a_websocket_cancel_aborts_in_the_child(make_server) -> None:  # type: ignore[no-untyped-def]
