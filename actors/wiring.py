@@ -6,7 +6,9 @@ builds the cores, creates one inbox per receiver (an anyio stream, or a ThreadIn
 thread actor: thread_inbox.py), gives each sender its own clone, and returns the actors
 (downstream first: the order to start them in).
 
-Inbox buffers: the client edge (tokenizer) is bounded, so callers feel backpressure. Admission
+Inbox buffers: the client edge (tokenizer) is bounded, so callers feel backpressure, but roomy
+(TOKENIZER_BUFFER): a sender that finds it full waits in a worker thread, a hop that a burst of
+hundreds of requests pays per request before the first of them is planned. Admission
 and the scheduler sit on cycles (streamer -> admission -> streamer; streamer -> scheduler ->
 streamer; the executor and allocator answer the scheduler), so they are unbounded; admission's
 limits bound what is in flight instead. The streamer and client inboxes hold a few batches so
@@ -39,6 +41,8 @@ from troupe.actors.graph import (
 from troupe.actors.shell import Actor, Inbox, Outbox
 from troupe.actors.thread_inbox import ThreadInbox
 from troupe.messages.trace import TraceWriter
+
+TOKENIZER_BUFFER = 1024  # requests a burst may hand the client edge before senders wait
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +87,7 @@ def graph_specs(*, executor_in_thread: bool, disaggregated: bool = False) -> tup
         ),
         ActorSpec("allocator", build_allocator, ("scheduler",), 0, False),
         ActorSpec("admission", build_admission, ("scheduler", "streamer"), inf, False),
-        ActorSpec("tokenizer", build_tokenizer, ("admission", "streamer"), 64, True),
+        ActorSpec("tokenizer", build_tokenizer, ("admission", "streamer"), TOKENIZER_BUFFER, True),
     )
 
 
@@ -124,7 +128,7 @@ def disaggregated_specs() -> tuple[ActorSpec, ...]:
         ),
         ActorSpec("allocator", build_allocator, ("scheduler",), 0, False),
         ActorSpec("admission", build_admission, ("scheduler", "streamer"), inf, False),
-        ActorSpec("tokenizer", build_tokenizer, ("admission", "streamer"), 64, True),
+        ActorSpec("tokenizer", build_tokenizer, ("admission", "streamer"), TOKENIZER_BUFFER, True),
     )
 
 

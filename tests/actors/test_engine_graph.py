@@ -20,6 +20,30 @@ def fake_config(**kw: object) -> EngineConfig:
     return EngineConfig(**base)  # type: ignore[arg-type]
 
 
+async def test_a_burst_enters_without_parking_senders_in_threads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """300 requests at once fit the client edge's buffer (actors/wiring.py): none of their
+    senders waits for room in a worker thread (ThreadInbox.put), a thread hop each that held a
+    300-request burst's first tokens back by ~100 ms (docs/benchmarks.md, session 16)."""
+    from troupe.actors.thread_inbox import ThreadInbox
+
+    parked: list[object] = []
+    put = ThreadInbox.put
+
+    def counting_put(self: ThreadInbox, item: object) -> None:
+        parked.append(item)
+        put(self, item)
+
+    monkeypatch.setattr(ThreadInbox, "put", counting_put)
+    params = SamplingParams(max_tokens=1, temperature=0.0)
+    async with Engine.open(fake_config()) as engine:
+        async with anyio.create_task_group() as tg:
+            for i in range(300):
+                tg.start_soon(collect, engine, [100 + i, 7, 9], params)
+    assert parked == []
+
+
 async def test_thousand_concurrent_requests_finish_with_expected_tokens() -> None:
     rng = random.Random(1234)
     jobs = []

@@ -7,6 +7,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from troupe.actors.wiring import TOKENIZER_BUFFER
 from troupe.gateway.state import GatewaySettings
 from websockets.sync.client import connect
 
@@ -48,7 +49,10 @@ async def test_counts_follow_a_request(server) -> None:  # type: ignore[no-untyp
     assert after["graph"]["time"] > before["graph"]["time"]
     tokenizer = _actor(after, "tokenizer")
     assert tokenizer["num_received"] == _actor(before, "tokenizer")["num_received"] + 1
-    assert (tokenizer["inbox_buffer"], _actor(after, "scheduler")["inbox_buffer"]) == (64, None)
+    assert (tokenizer["inbox_buffer"], _actor(after, "scheduler")["inbox_buffer"]) == (
+        TOKENIZER_BUFFER,
+        None,
+    )
     # Six tokens: at least six plans and six results; the executor answers each plan once.
     plans = _sent(after, "scheduler", "executor") - _sent(before, "scheduler", "executor")
     assert plans >= 6
