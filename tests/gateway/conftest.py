@@ -27,8 +27,14 @@ from troupe.gpu.fake_runner import FakeRunner
 from troupe.gpu.faulty_runner import FaultyRunner
 
 # Fake runner: deterministic, fast. 2000 blocks of 16 tokens: room for 200 requests of ~150 tokens; long ones stop early.
+# No heap freeze: these servers share the test process, whose other tests see its collector.
 BASE_CONFIG = EngineConfig(
-    runner="fake", device="cpu", num_kv_blocks=2000, num_cpu_blocks=64, max_model_len=8192
+    runner="fake",
+    device="cpu",
+    num_kv_blocks=2000,
+    num_cpu_blocks=64,
+    max_model_len=8192,
+    gc_freeze=False,
 )
 
 

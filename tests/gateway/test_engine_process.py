@@ -16,6 +16,7 @@ import pytest
 from troupe.actors.engine import EngineStopped
 from troupe.gateway.remote_engine import RemoteEngine
 
+from tests.gateway.conftest import BASE_CONFIG
 from tests.gateway.engine_process_faults import ChildRunnerGate
 
 pytestmark = pytest.mark.anyio
@@ -54,12 +55,16 @@ async def test_the_shared_server_runs_its_engine_in_a_child(server) -> None:  # 
     await asyncio.to_thread(server.wait_idle)
 
 
-async def test_the_gateway_freezes_its_start_up_heap(server) -> None:  # type: ignore[no-untyped-def]
-    """With the engine in a child, only the gateway can have frozen this process's heap: its
-    start-up objects stay out of full collections (a burst's arrivals otherwise queue behind
-    collector pauses)."""
-    assert isinstance(server.engine, RemoteEngine)
-    assert gc.get_freeze_count() > 10_000
+async def test_the_gateway_freezes_its_start_up_heap(make_server) -> None:  # type: ignore[no-untyped-def]
+    """With the engine in a child, only the gateway can freeze this process's heap: its
+    start-up objects stay out of full collections while it serves (a burst's arrivals
+    otherwise queue behind collector pauses), and the heap is unfrozen when it stops."""
+    before = gc.get_freeze_count()
+    srv = make_server(BASE_CONFIG.replace(gc_freeze=True))
+    assert isinstance(srv.engine, RemoteEngine)
+    assert gc.get_freeze_count() > before + 10_000
+    await asyncio.to_thread(srv.shutdown)
+    assert gc.get_freeze_count() == before
 
 
 async def test_a_websocket_cancel_aborts_in_the_child(make_server) -> None:  # type: ignore[no-untyped-def]
