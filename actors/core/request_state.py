@@ -98,16 +98,23 @@ class Request:
     def num_tokens(self) -> int:
         return len(self.token_ids)
 
-    def append_tokens(self, new: Sequence[int]) -> tuple[int, FinishReason | None, int | None]:
-        """Append sampled tokens up to the first stop token or max_total_tokens: how many it
-        kept, the finish reason if that ended it, and the stop token."""
+    def append_token(self, token_id: int) -> FinishReason | None:
+        """Append one sampled token; the finish reason if it ends the request (STOP: it is a
+        stop token; LENGTH: max_total_tokens reached)."""
         tokens = self.token_ids
+        tokens.append(token_id)
+        if token_id in self.stop_ids:
+            return FinishReason.STOP
+        if len(tokens) >= self.max_total_tokens:
+            return FinishReason.LENGTH
+        return None
+
+    def append_tokens(self, new: Sequence[int]) -> tuple[int, FinishReason | None, int | None]:
+        """append_token for each, up to the one that ends the request: how many it kept, the
+        finish reason if one did, and the stop token."""
         for kept, token_id in enumerate(new, 1):
-            tokens.append(token_id)
-            if token_id in self.stop_ids:
-                return kept, FinishReason.STOP, token_id
-            if len(tokens) >= self.max_total_tokens:
-                return kept, FinishReason.LENGTH, None
+            if (reason := self.append_token(token_id)) is not None:
+                return kept, reason, token_id if reason is FinishReason.STOP else None
         return len(new), None, None
 
     def failed(self, message: str) -> SeqOutput:

@@ -47,7 +47,7 @@ from troupe.messages.tokenizer import AbortRequest
 
 log = structlog.get_logger("troupe.scheduler")
 Phase = Literal["idle", "allocating", "stepping"]
-ABORT = FinishReason.ABORT
+ABORT, STOP = FinishReason.ABORT, FinishReason.STOP
 
 
 class SchedulerCore:
@@ -262,19 +262,21 @@ class SchedulerCore:
                 token = found
             if speculating:  # a draft model's proposals for the next step (or none)
                 req.proposed = token.proposals
-            if speculating and req.draft:  # a verification: several tokens may land
-                append(out := self.speculator.land(req, token, end))
-                if caching:  # plan() caches the blocks its accepted tokens filled, if any
-                    to_commit[rid] = req
-                if out.finish_reason is not None:
-                    finish(req)
-                continue
-            new = (token.token_id,)
-            _, reason, stop = req.append_tokens(new)
+                if req.draft:  # a verification: several tokens may land
+                    append(out := self.speculator.land(req, token, end))
+                    if caching:  # plan() caches the blocks its accepted tokens filled, if any
+                        to_commit[rid] = req
+                    if out.finish_reason is not None:
+                        finish(req)
+                    continue
+            token_id = token.token_id
+            reason = req.append_token(token_id)  # one token: no per-call tuple (hot path)
+            stop = None
             if reason is not None:
                 finish(req)
+                stop = token_id if reason is STOP else None
             lp = None if token.logprob is None else (token.logprob,)
-            append(SeqOutput(rid, new, reason, stop, lp, req.num_cached_tokens))
+            append(SeqOutput(rid, (token_id,), reason, stop, lp, req.num_cached_tokens))
 
     def stats(self) -> EngineStats:
         """A snapshot of pools (as of the last AllocationResult), queues and counters."""
