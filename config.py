@@ -68,9 +68,9 @@ class EngineConfig:
     # samples run at once, so the limit is also capped by max_num_seqs.
     max_num_samples: int = 16
     # The most tokens one step computes, prompt chunks and decodes together. None: 8192 on a
-    # CUDA device of 70 GiB or more other than an A100 (vLLM's server default on such GPUs: a
-    # step's fixed cost, its decodes' KV reads among it, spreads over more prompt tokens, so a
-    # burst's first tokens come sooner), else 4096. Resolved once at start (step_budget).
+    # CUDA device of 70 GiB or more other than an A100 (vLLM's server default on such GPUs;
+    # on the H200 it measured as 4096 does, docs/benchmarks.md), else 4096. Resolved once at
+    # start (step_budget).
     max_num_batched_tokens: int | None = None
     # The most prompt tokens one request computes per step (0: no cap but the step's budget).
     # Smaller chunks keep the decodes sharing their steps fast (ITL), at a few steps more to the
@@ -199,8 +199,8 @@ class EngineConfig:
             raise ConfigError(f"block_size must be a power of two <= 256, got {self.block_size}")
         for name in ("num_kv_blocks", "max_model_len", "max_num_batched_tokens"):
             value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ConfigError(f"{name} must be >= 1, got {value}")
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
         if not isinstance(self.max_mixed_graph_tokens, int) or self.max_mixed_graph_tokens < 0:
             raise ConfigError(
                 f"max_mixed_graph_tokens must be an integer >= 0, got {self.max_mixed_graph_tokens!r}"

@@ -59,5 +59,5 @@ def test_the_engine_is_built_from_the_resolved_budget(monkeypatch: pytest.Monkey
 
 
 def test_a_bad_budget_names_the_field() -> None:
-    with pytest.raises(ConfigError, match="max_num_batched_tokens must be >= 1"):
+    with pytest.raises(ConfigError, match="max_num_batched_tokens must be an integer >= 1"):
         EngineConfig(max_num_batched_tokens=0)
