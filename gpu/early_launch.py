@@ -88,3 +88,18 @@ def leading_rows(
         rows.append(row)
         previous = row
     return rows
+
+
+def split_rows(
+    seqs: Sequence[SeqWork], launched: dict[str, int], fed: list[int], at: np.ndarray
+) -> list[int] | None:
+    """Rows of the leading decodes if the plan is the launched step plus work it lacks: at
+    least one such decode, and none of the SeqWorks after them belongs to a launched request
+    or carries proposals to verify (those run as a step of their own)."""
+    rows = leading_rows(seqs, launched, fed, at)
+    if not rows or any(
+        w.request_id in launched or w.draft_token_ids or w.num_dropped_blocks
+        for w in seqs[len(rows) :]
+    ):
+        return None
+    return rows

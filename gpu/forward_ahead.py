@@ -27,7 +27,7 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
-from troupe.gpu.early_launch import fed_decode_inputs, launchable, leading_rows
+from troupe.gpu.early_launch import fed_decode_inputs, launchable, split_rows
 from troupe.gpu.request_states import RequestState, RequestStates
 from troupe.gpu.sampler import WITHHELD
 from troupe.gpu.step_inputs import StepInputs, build_step_inputs
@@ -123,12 +123,10 @@ class ForwardAhead:
         ahead, self._ahead = self._ahead, None
         if ahead is None or plan.swap_out or plan.swap_in or plan.copy_blocks or not plan.seqs:
             return None
-        rows = leading_rows(plan.seqs, ahead.rows, ahead.input_tokens, ahead.positions)
-        extras = plan.seqs[len(rows) :]
-        if not rows or any(
-            w.request_id in ahead.rows or w.draft_token_ids or w.num_dropped_blocks for w in extras
-        ):
+        rows = split_rows(plan.seqs, ahead.rows, ahead.input_tokens, ahead.positions)
+        if rows is None:
             return None
+        extras = plan.seqs[len(rows) :]
         if plan.released:
             self._states.release(plan.released)
         states = self._states.apply(plan.seqs)  # lookahead blocks for the step after

@@ -266,7 +266,7 @@ class ModelRunner:
         that sampled (a chunk that did not joins later)."""
         rows = inputs.sampled_rows.tolist()
         if inputs.num_logits is not None:  # proposals to verify: no overlap after this step
-            assert split is None, "a split never carries proposals (overlap._split_rows)"
+            assert split is None, "a split never carries proposals (early_launch.split_rows)"
             return verify_proposals(
                 seqs,
                 states,

@@ -34,7 +34,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 from troupe.gpu.device_inputs import host_to_device
-from troupe.gpu.early_launch import fed_decode_inputs, launchable, leading_rows, matching_rows
+from troupe.gpu.early_launch import fed_decode_inputs, launchable, matching_rows, split_rows
 from troupe.gpu.overlap_merge import mergeable, merged_chunks
 from troupe.gpu.request_states import RequestState, RequestStates
 from troupe.gpu.sampler import WITHHELD, sample, sampled_tokens, withhold_non_finite
@@ -141,7 +141,7 @@ class DecodeOverlap:
         rows = matching_rows(plan.seqs, pending.rows, pending.input_tokens, pending.positions)
         if rows is not None:
             return self._take(plan, pending, rows)
-        split = _split_rows(plan.seqs, pending)
+        split = split_rows(plan.seqs, pending.rows, pending.input_tokens, pending.positions)
         if split is not None:
             return self._split(plan, pending, split)
         # Discard. The overlapped step only wrote KV at position pos+1 of each of its
@@ -344,15 +344,3 @@ class DecodeOverlap:
             host_ids=host,
             copied=copied,
         )
-
-
-def _split_rows(seqs: Sequence[SeqWork], pending: _PendingStep) -> list[int] | None:
-    """Rows of the leading decodes if the plan is a split: at least one of them, and none of
-    the SeqWorks after them belongs to a request of the overlapped step."""
-    rows = leading_rows(seqs, pending.rows, pending.input_tokens, pending.positions)
-    extras = seqs[len(rows) :]
-    if not rows or any(
-        w.request_id in pending.rows or w.draft_token_ids or w.num_dropped_blocks for w in extras
-    ):
-        return None  # proposals to verify run as a step of their own
-    return rows

@@ -138,6 +138,8 @@ def build_loop(
     check: Callable[[AllocatorCore], None] | None = None,
     speculative: SpecSettings | None = None,
     cpu_prefix_tier: bool = False,
+    num_lookahead_tokens: int = 0,
+    hold_last_prompt_token: bool = False,
 ) -> CoreLoop:
     """Cores and a fake runner sized alike."""
     scheduler = SchedulerCore(
@@ -152,6 +154,8 @@ def build_loop(
         eos_token_ids=(2,),
         max_chunk_tokens=max_chunk_tokens,
         speculative=speculative,
+        num_lookahead_tokens=num_lookahead_tokens,
+        hold_last_prompt_token=hold_last_prompt_token,
     )
     allocator = AllocatorCore(
         block_size=block_size,

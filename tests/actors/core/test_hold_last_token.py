@@ -7,11 +7,9 @@ hold nothing back."""
 
 from __future__ import annotations
 
-from troupe.actors.core.allocator import AllocatorCore
-from troupe.actors.core.scheduler import SchedulerCore
 from troupe.gpu.fake_runner import FakeRunner
 from troupe.messages import AdmittedRequest, SamplingParams, SeqWork
-from troupe.ops.bench_scheduler import CoreLoop
+from troupe.ops.bench_scheduler import CoreLoop, build_loop
 
 from tests.actors.core.allocator_invariants import check_allocator
 
@@ -25,18 +23,16 @@ OUTPUTS = {"r0": 40, "r1": 5, "r2": 4}
 
 
 def _loop(hold: bool) -> CoreLoop:
-    scheduler = SchedulerCore(
+    return build_loop(
         block_size=BS,
         num_gpu_blocks=64,
         num_cpu_blocks=0,
         max_num_seqs=4,
         max_num_batched_tokens=32,
+        check=check_allocator,
         num_lookahead_tokens=1,
         hold_last_prompt_token=hold,
     )
-    allocator = AllocatorCore(block_size=BS, num_gpu_blocks=64, num_cpu_blocks=0)
-    runner = FakeRunner(block_size=BS, num_gpu_blocks=64, num_cpu_blocks=0, max_model_len=256)
-    return CoreLoop(scheduler, allocator, runner, check=check_allocator)
 
 
 def _request(rid: str) -> AdmittedRequest:
