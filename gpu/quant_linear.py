@@ -25,9 +25,11 @@ function either way.
            rounded to int8 per group of 32 as for Int4Linear, <= NATIVE_MAX_ROWS rows; more rows
            (prefill) use the exact weight.
       CPU otherwise (and Q6_K), decode: fbgemm's dynamic int8 linear
-           (torch.ops.quantized.linear_dynamic) needs one scale per row: the codes are re-quantised once at load to per-row int8 (w' =
-           round(w / r) r, r = max|w_row| / 127; error <= r / 2), and fbgemm rounds each call's
-           activations to 8 bits (one scale per call). 2.5x faster than aten's
+           (torch.ops.quantized.linear_dynamic) needs one scale per row: the codes are
+           re-quantised once at load to per-row int8 (w' = round(w / r) r, r = max|w_row| / 127;
+           error <= r / 2), and fbgemm rounds each call's activations to 8 bits (one scale per
+           call); to 7 bits on a CPU without AVX-512 VNNI, whose u8 x s8 pair sums (vpmaddubsw)
+           saturate int16 at full range (fbgemm_reduce_range). 2.5x faster than aten's
            _weight_int8pack_mm for the 49,152-row lm_head here. Prefill and the embedding
            lookup use the exact codes.
       CUDA: expanded to the model dtype at load (dense; make_quant_linear returns None).
@@ -42,6 +44,7 @@ quantization="dequantize" and this path differ only where the notes above say.
 
 from __future__ import annotations
 
+import functools
 import warnings
 from typing import Any
 
@@ -49,7 +52,7 @@ import torch
 import torch.nn.functional as F
 from troupe.gpu.cpu_int4 import CPU_PACKED_MAX_ROWS, CpuInt4
 from troupe.gpu.cpu_q4 import CpuQ4, fits_native
-from troupe.gpu.cpu_q4lib import Q4Lib
+from troupe.gpu.cpu_q4lib import Q4Lib, cpu_flags
 from troupe.gpu.cpu_q8 import CpuQ8, fits_native_int8
 from troupe.gpu.fp8_weights import Fp8Weight
 from troupe.gpu.gguf_quant import Int4Blocks, Int8Blocks, QuantBlocks
@@ -104,6 +107,13 @@ class Int4Linear:
         return int4_cols_matmul(x, self._cuda)
 
 
+@functools.cache
+def fbgemm_reduce_range() -> bool:
+    """Whether fbgemm must take 7-bit activations here: without VNNI its AVX2/AVX-512 kernels
+    sum pairs of u8 x s8 products in int16 (255 * 127 * 2 overflows it; 127 * 127 * 2 fits)."""
+    return "avx512_vnni" not in cpu_flags()
+
+
 class Int8Linear:
     """An 8-bit weight [N, K] (CPU); see the module docstring."""
 
@@ -148,8 +158,11 @@ class Int8Linear:
             return self._native(x)
         if x.shape[0] > CPU_PACKED_MAX_ROWS:
             return F.linear(x, self.blocks.dequantize().to(x.dtype))
-        # fbgemm quantizes x per call to 8 bits (one scale and zero point per call)
-        out: torch.Tensor = torch.ops.quantized.linear_dynamic(x.float(), self._packed, False)
+        # fbgemm quantizes x per call to 8 bits (one scale and zero point per call); 7 where
+        # its int16 pair sums would saturate (fbgemm_reduce_range)
+        out: torch.Tensor = torch.ops.quantized.linear_dynamic(
+            x.float(), self._packed, fbgemm_reduce_range()
+        )
         return out.to(x.dtype)
 
     def embedding(self, ids: torch.Tensor) -> torch.Tensor:
