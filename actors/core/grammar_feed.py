@@ -9,7 +9,8 @@ For each StepPlan it sorts the constrained requests that sample in the step:
 
 plus the constrained requests the plan releases. The plan says `awaits_masks` when it has rows,
 so the executor meets it with both kinds of TokenMasks before sampling. Plans without
-constrained requests pass unchanged: no message, no cost.
+constrained requests pass unchanged, with no message; until a constrained request arrives
+(`active`), without a look at their rows either.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ class GrammarFeed:
         self.known: set[str] = set()  # requests whose first row (the spec) went out
         self._last: frozenset[str] = frozenset()  # constrained rows of the last plan
         self._last_step = -1
+        self.active = False  # a constrained request was added: plans are read from then on
 
     def feed(
         self, plan: StepPlan, in_flight: Sequence[InFlight]
@@ -38,6 +40,8 @@ class GrammarFeed:
         A request in the last plan that is in this one sampled there (else it would have
         failed, or ended and been released): the executor sent that token to the grammar,
         which answered with its next mask (or its failure) ahead."""
+        if not self.active:
+            return plan, None
         known = self.known
         released = tuple(r for r in plan.released if r in known)
         known.difference_update(released)

@@ -151,6 +151,7 @@ class SchedulerCore:
         else:
             for queued in self.planner.forks.add(req):  # itself, or its samples (n > 1)
                 self.planner.add(queued)
+            self.grammar.active |= req.params.structured_outputs is not None
 
     def _add_alone(self, msg: AdmittedRequest) -> None:
         """add(), but a request that makes it raise (malformed past the edge) fails alone: add()

@@ -5,10 +5,9 @@ Budget and seats go to running decodes, then running prefills in chunks (a long 
 stalls decodes), then swapped requests, then waiting ones, each in queue order. A step that
 preempted admits nobody, so a preempted request is not overtaken by later arrivals.
 
-Lookahead: step_limits.py (AllocateNew never covers it: a new request gets it at its first
-decode); a prompt joining decodes may hold its last token back (held_token.py). Speculative
-decoding: a decode's table also covers its proposals (Work.draft), shrunk back when fewer are
-proposed (speculator.py says when and what)."""
+Lookahead: step_limits.py (a new request gets it at its first decode); a prompt joining decodes
+may hold its last token back (held_token.py). Speculative decoding: a decode's table covers its
+proposals too (Work.draft), shrunk back when fewer are proposed (speculator.py: when, what)."""
 
 from __future__ import annotations
 
@@ -72,13 +71,11 @@ class StepPlanner:
             for op, num_freed in window_releases(lim, q.running):
                 ops[ReleaseBlocks].append(op)
                 self._avail += num_freed
-        budget = lim.max_num_batched_tokens
-        forks = self.forks
+        budget, forks = lim.max_num_batched_tokens, self.forks
         if forks.parents or forks.samples:
             budget = forks.plan(self, budget)
         prefills: list[Request] = []
-        running = Status.RUNNING
-        speculating = self.speculator.enabled  # a local: the decode loop below is hot
+        running, speculating = Status.RUNNING, self.speculator.enabled  # locals: a hot loop
         proposing = self.speculator.step_allows(len(q.running))
         # Decodes first, in queue order; prefills after, with what budget is left. Iterate a
         # snapshot: preemption removes victims from q.running while this loop runs.
@@ -151,7 +148,7 @@ class StepPlanner:
 
     def add(self, req: Request) -> None:
         self.queues.add(req)
-        self.has_streaming = self.has_streaming or bool(req.stream_window)
+        self.has_streaming |= bool(req.stream_window)
 
     def add_fork(self, fork: Fork) -> None:
         self._ops[Fork].append(fork)
@@ -167,11 +164,14 @@ class StepPlanner:
     def _fit(self, req: Request, n: int, need: int, budget: int, held: bool = False) -> int:
         """Plan `n` tokens of a running request needing `need` more blocks (`held`: the last
         of them waits for the next step); the budget left."""
-        total = self.limits.blocks_for(req.num_computed + n) - req.num_released
-        got = self.room(req, need, total)
-        budget, self._returned = budget + self._returned, 0
-        if got is None:
-            return budget
+        if need <= self._avail:  # the common case (a decode at a block boundary): no victims
+            self._avail -= need
+            got: int | None = need
+        else:
+            total = self.limits.blocks_for(req.num_computed + n) - req.num_released
+            got, budget, self._returned = self.room(req, need, total), budget + self._returned, 0
+            if got is None:  # room() first: it counts what victims give back (_returned)
+                return budget
         self.work[req.request_id] = Work(req, n - held, Kind.RUN, got, held=held)
         if got > 0:  # the Grow covers the chunk and its lookahead, as far as `got` reaches
             cover = req.num_computed + n + self._lookahead(req, n)

@@ -124,6 +124,8 @@ def _request(rid: str, outputs: list[int], spec: StructuredOutputs | None) -> Re
 
 def test_feed_covers_last_steps_rows_ahead_and_sends_the_spec_first() -> None:
     feed = GrammarFeed()
+    assert feed.feed(StepPlan(step_id=1, seqs=()), [(_request("a", [], REGEX), 3, True)])[1] is None
+    feed.active = True  # the scheduler sets it when a constrained request arrives
     a, b, free = _request("a", [], REGEX), _request("b", [], REGEX), _request("f", [], None)
     sent, msg = feed.feed(
         StepPlan(step_id=1, seqs=()), [(a, 3, True), (b, 2, False), (free, 3, True)]
