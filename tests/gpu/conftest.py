@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import torch
+from troupe.config import default_model_path
 from troupe.gpu.model_config import ModelConfig
 from troupe.gpu.model_runner import ModelRunner, RunnerOptions
 from troupe.gpu.weights import load_model, random_weights
@@ -205,6 +206,20 @@ def mt() -> SimpleNamespace:
         hf_greedy=hf_greedy,
         PlanDriver=PlanDriver,
     )
+
+
+@pytest.fixture(scope="session")
+def hf_smollm() -> Any:
+    """transformers' fp32 model of the default GGUF (SmolLM2), loaded once for the session (the
+    load dequantizes every tensor in Python: ~20 s here): the greedy reference of the model
+    tests. Its generation runs past EOS, as the engine's tests do."""
+    transformers = pytest.importorskip("transformers")
+    path = default_model_path()
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, dtype=torch.float32
+    ).eval()
+    model.generation_config.eos_token_id = None
+    return model
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,6 @@ import torch
 from graph_helpers import collect, terminal, token_ids, wait_blocks_free
 from troupe import Engine, EngineConfig, SamplingParams
 from troupe.actors.graph import load_tokenizer_for
-from troupe.config import default_model_path
 from troupe.messages import Finished
 
 NUM_NEW = 32
@@ -39,13 +38,8 @@ def prompts() -> list[list[int]]:
 
 
 @pytest.fixture(scope="module")
-def expected() -> list[list[int]]:
-    transformers = pytest.importorskip("transformers")
-    path = default_model_path()
-    hf = transformers.AutoModelForCausalLM.from_pretrained(
-        str(path.parent), gguf_file=path.name, dtype=torch.float32
-    ).eval()
-    hf.generation_config.eos_token_id = None
+def expected(hf_smollm: Any) -> list[list[int]]:
+    hf = hf_smollm
     out = []
     with torch.no_grad():
         for p in prompts():
