@@ -9,7 +9,7 @@ from typing import Any
 import anyio
 from troupe.actors.engine import Engine
 from troupe.config import EngineConfig
-from troupe.messages import Delta, SamplingParams, StreamEvent, Timings, Usage
+from troupe.messages import Aborted, Delta, Finished, SamplingParams, StreamEvent, Timings, Usage
 
 
 @dataclass
@@ -61,10 +61,10 @@ def generate_batch(
                 if isinstance(event, Delta):
                     return
                 out.finish_reason = str(event.finish_reason)
-                out.usage = getattr(event, "usage", None)
-                out.timings = getattr(event, "timings", None)
-                message = getattr(event, "message", None)
-                out.error = message if isinstance(message, str) else None
+                if isinstance(event, Finished | Aborted):
+                    out.usage, out.timings = event.usage, event.timings
+                else:  # Rejected, Failed
+                    out.error = event.message
                 num_done += 1
                 bar.update(1)
                 if num_done == len(prompts):

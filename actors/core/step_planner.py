@@ -50,8 +50,8 @@ class StepPlanner:
         self._avail = self._cpu_avail = 0  # blocks left to plan with, this step
         self._extra_seats = 0  # seats running parents hold for their samples (sample_fork.py)
         self._returned, self._preempted = 0, False  # victims' tokens back to the budget; any?
-        self.has_streaming = False  # a StreamingLLM request was ever added: check releases
-        self.hold_last = self._decoding = False  # held_token.py; and this step has decodes
+        # a StreamingLLM request was ever added (check releases); held_token.py; decodes planned
+        self.has_streaming = self.hold_last = self._decoding = False
 
     def plan(self, num_gpu_free: int, num_cpu_free: int) -> list[AllocOp] | None:
         """This step's allocator ops, in the order they must apply (None: nothing to do)."""
@@ -122,9 +122,8 @@ class StepPlanner:
             budget = self._resume_swapped(budget)
             if not q.swapped:
                 self._admit_waiting(budget)
-        if not work and not any(ops.values()):
-            return None
-        return [op for kind_ops in ops.values() for op in kind_ops]
+        flat = [op for kind_ops in ops.values() for op in kind_ops]
+        return flat if flat or work else None
 
     def _plan_spec_decode(self, req: Request, budget: int, proposing: bool) -> int:
         """A decode with speculative decoding on: proposals that fit the budget and the free
@@ -164,14 +163,15 @@ class StepPlanner:
     def _fit(self, req: Request, n: int, need: int, budget: int, held: bool = False) -> int:
         """Plan `n` tokens of a running request needing `need` more blocks (`held`: the last
         of them waits for the next step); the budget left."""
-        if need <= self._avail:  # the common case (a decode at a block boundary): no victims
-            self._avail -= need
-            got: int | None = need
-        else:
+        got = need
+        if need > self._avail:  # victims give way first, or `req` does (None)
             total = self.limits.blocks_for(req.num_computed + n) - req.num_released
-            got, budget, self._returned = self.room(req, need, total), budget + self._returned, 0
-            if got is None:  # room() first: it counts what victims give back (_returned)
+            taken, budget, self._returned = self.room(req, need, total), budget + self._returned, 0
+            if taken is None:  # (room() runs first: it counts what victims give back)
                 return budget
+            got = taken
+        else:  # the common case (a decode at a block boundary): nothing to look for
+            self._avail -= need
         self.work[req.request_id] = Work(req, n - held, Kind.RUN, got, held=held)
         if got > 0:  # the Grow covers the chunk and its lookahead, as far as `got` reaches
             cover = req.num_computed + n + self._lookahead(req, n)
