@@ -1,5 +1,5 @@
 """4-bit weights on the CPU: torch's packed int4 format built straight from the GGUF codes, and
-the bf16 expansion that prefill-sized matmuls use.
+the expansion that prefill-sized matmuls use.
 
 torch's `_weight_int4pack_mm_for_cpu` reads weights in the layout of
 `_convert_weight_to_int4pack_for_cpu`, which depends on the CPU torch runs on: per block of B
@@ -15,9 +15,10 @@ Its factors are w = (q - 8) * scale + zero per group, so zero = bias + 8 scale, 
 [K / group, N, 2]; the activations go in as bf16 too (the rounding documented in
 gpu/quant_linear.py).
 
-Long prefills: a 1,000-row fp32 GEMM takes 3-8x longer than bf16 on this project's CPU (AVX-512
-bf16 and AMX, oneDNN), and the packed kernel is slower still at that size; above
-CPU_PACKED_MAX_ROWS rows the weight is expanded to bf16 per call (exact fp32 w rounded once).
+Long prefills: the packed kernel is slow at that size; above CPU_PACKED_MAX_ROWS rows the weight
+is expanded per call (exact fp32 w, rounded once where the GEMM runs in bf16) and one GEMM runs in
+gpu/cpu_q4lib.long_prefill_dtype(): bf16 on a CPU with AVX-512 BF16 or AMX (a 1,000-row fp32
+GEMM took 3-8x longer than bf16 on such a CPU), fp32 on one with AVX2 alone (bf16 ~5x slower).
 """
 
 from __future__ import annotations
@@ -26,9 +27,10 @@ import functools
 
 import torch
 import torch.nn.functional as F
+from troupe.gpu.cpu_q4lib import long_prefill_dtype
 from troupe.gpu.gguf_quant import Int4Blocks, pack_nibbles
 
-# Above this many rows one bf16 GEMM over the weight expanded per call is faster than the
+# Above this many rows one GEMM over the weight expanded per call is faster than the
 # packed kernel (measured here, 3,072 x 576: 100 rows 7 vs 15 ms, 200 rows 12 vs 14 ms, 1,000
 # rows 68 vs 18 ms; the expansion alone is ~8 ms)
 CPU_PACKED_MAX_ROWS = 256
@@ -105,7 +107,7 @@ def expand_bf16(blocks: Int4Blocks) -> torch.Tensor:
 
 
 class CpuInt4:
-    """One 4-bit weight on the CPU: packed for decode rows, expanded to bf16 for prefill.
+    """One 4-bit weight on the CPU: packed for decode rows, expanded for long prefills.
 
     Held: the packed codes and their bf16 (scale, zero) for the kernel, and the exact scale
     and bias for the expansion (in fp16 where that holds them exactly, as for Q4_0 and Q4_1,
@@ -141,25 +143,28 @@ class CpuInt4:
             nibbles = pack_nibbles(unpack_int4_for_cpu(self.packed, self.k, rows))
         return Int4Blocks(nibbles, scale, bias, self.group_size)
 
-    def expand_bf16(self, chunk_rows: int = _EXPAND_ROWS) -> torch.Tensor:
-        """expand_bf16 of the exact weight, from the packed codes, `chunk_rows` (a multiple of
-        64, so of layout_rows()) at a time: the fp32 temporaries stay a few MiB (a long prefill's peak RSS)."""
+    def expand(
+        self, dtype: torch.dtype = torch.bfloat16, chunk_rows: int = _EXPAND_ROWS
+    ) -> torch.Tensor:
+        """The exact weight in `dtype` (rounded once), from the packed codes, `chunk_rows` (a
+        multiple of 64, so of layout_rows()) at a time: the fp32 temporaries stay a few MiB (a long prefill's peak RSS)."""
         if self._nibbles is not None:
-            return expand_bf16(self.blocks())
+            return self.blocks().dequantize().to(dtype)
         n, k, g = self.num_rows, self.k, self.group_size
-        out = torch.empty((n, k), dtype=torch.bfloat16)
+        out = torch.empty((n, k), dtype=dtype)
         for start in range(0, n, chunk_rows):
             end = min(n, start + chunk_rows)
             q = unpack_int4_for_cpu(self.packed[start:end], k).view(end - start, -1, g).float()
             scale, bias = self._scale[start:end, :, None], self._bias[start:end, :, None]
             weight = torch.addcmul(bias.float(), q, scale.float())
-            out[start:end] = weight.view(end - start, k)  # rounded to bf16 as .to() does
+            out[start:end] = weight.view(end - start, k)  # rounded as .to(dtype) does
         return out
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x [M, K] -> [M, N] in x's dtype."""
         if x.shape[0] > CPU_PACKED_MAX_ROWS:
-            return F.linear(x.to(torch.bfloat16), self.expand_bf16()).to(x.dtype)
+            dtype = long_prefill_dtype()
+            return F.linear(x.to(dtype), self.expand(dtype)).to(x.dtype)
         out: torch.Tensor = torch.ops.aten._weight_int4pack_mm_for_cpu(
             x.to(torch.bfloat16), self.packed, self.group_size, self.scale_zero
         )

@@ -4,7 +4,7 @@ Built straight from the GGUF bytes (a permutation: rows in tiles of 16, the 16 b
 group split in quads; see the C file) with the factors beside them, per tile and group, in
 fp16 where that holds them exactly (Q4_0, Q4_1: the file's own fp16) and fp32 otherwise (Q4_K).
 Everything else reads this copy: `blocks()` (the exact Int4Blocks, of some rows: embedding
-lookups), `expand_bf16()` (long prefills) and the kernel itself for up to NATIVE_MAX_ROWS rows.
+lookups), `expand()` (long prefills) and the kernel itself for up to NATIVE_MAX_ROWS rows.
 
 Arithmetic: the activations are rounded to int8 per group of 32 (d = max|x| / 127; llama.cpp's
 Q8_1), the weight's codes and factors are exact, sums are exact integers, the rest fp32. The
@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from troupe.gpu.cpu_q4lib import Q4Lib
+from troupe.gpu.cpu_q4lib import Q4Lib, long_prefill_dtype
 from troupe.gpu.gguf_quant import Int4Blocks
 
 TILE = 16  # weight rows per tile
 GROUP = 32  # K per group (the kernel's only group size)
-# Rows up to which the kernel runs; above, one bf16 GEMM over the weight expanded per call
-# (gpu/cpu_int4.py's CPU_PACKED_MAX_ROWS rule; measured in docs/benchmarks.md)
+# Rows up to which the kernel runs; above, one GEMM over the weight expanded per call, in bf16
+# or fp32 (long_prefill_dtype; gpu/cpu_int4.py's CPU_PACKED_MAX_ROWS rule; docs/benchmarks.md)
 NATIVE_MAX_ROWS = 256
 _EXPAND_TILES = 32  # tiles expanded at a time for a long prefill (512 rows)
 
@@ -78,11 +78,11 @@ class CpuQ4:
             bias = self.factors[tile, :, 1, within]
         return Int4Blocks(packed.contiguous(), scale.float(), bias.float(), GROUP)
 
-    def expand_bf16(self) -> torch.Tensor:
-        """The exact weight (scale * q + bias in fp32) rounded once to bf16, [N, K], a few tiles
-        at a time (the fp32 temporaries stay small: a long prefill's peak RSS)."""
+    def expand(self, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+        """The exact weight (scale * q + bias in fp32) in `dtype` (rounded once), [N, K], a few
+        tiles at a time (the fp32 temporaries stay small: a long prefill's peak RSS)."""
         n, k = self.num_rows, self.k
-        out = torch.empty((self.tiles * TILE, k), dtype=torch.bfloat16)
+        out = torch.empty((self.tiles * TILE, k), dtype=dtype)
         for start in range(0, self.tiles, _EXPAND_TILES):
             end = min(self.tiles, start + _EXPAND_TILES)
             codes = self.codes[start:end]  # [t, G, 4, 16, 4]
@@ -100,5 +100,6 @@ class CpuQ4:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x [M, K] -> [M, N] in x's dtype."""
         if x.shape[0] > NATIVE_MAX_ROWS:
-            return F.linear(x.to(torch.bfloat16), self.expand_bf16()).to(x.dtype)
+            dtype = long_prefill_dtype()
+            return F.linear(x.to(dtype), self.expand(dtype)).to(x.dtype)
         return self.rows(x.float().contiguous()).to(x.dtype)

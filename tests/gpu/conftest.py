@@ -230,5 +230,5 @@ def q4lib(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
     lib = load_q4(Q4Options(cache_dir=str(tmp_path_factory.mktemp("q4cache")), threads=2))
     if lib is None:
-        pytest.skip("native int4 CPU kernel unavailable here (no AVX-512 VNNI or no gcc)")
+        pytest.skip("native int4 CPU kernel unavailable here (no AVX-512 VNNI nor AVX2, or no gcc)")
     return lib

@@ -13,7 +13,7 @@ import torch
 import troupe.gpu.cpu_q4lib as q4lib_module
 from troupe.gpu.cpu_int4 import CpuInt4, expand_bf16
 from troupe.gpu.cpu_q4 import NATIVE_MAX_ROWS, CpuQ4
-from troupe.gpu.cpu_q4lib import Q4Options, load_q4
+from troupe.gpu.cpu_q4lib import Q4Options, load_q4, long_prefill_dtype
 from troupe.gpu.gguf_quant import Q4_1, Q4_K, Int4Blocks, from_gguf
 from troupe.gpu.quant_linear import Int4Linear
 
@@ -115,14 +115,24 @@ def test_layout_round_trips(q4lib: Any) -> None:
     assert torch.equal(some.packed, blocks.packed[rows])
     assert torch.equal(some.scale, blocks.scale[rows])
     assert torch.equal(some.bias, blocks.bias[rows])
-    assert torch.equal(layer.expand_bf16(), expand_bf16(blocks))
+    assert torch.equal(layer.expand(), expand_bf16(blocks))
+    assert torch.equal(layer.expand(torch.float32), blocks.dequantize())
 
 
-def test_long_inputs_take_the_bf16_expansion(q4lib: Any) -> None:
+def test_long_inputs_take_the_expansion(q4lib: Any) -> None:
     blocks = _blocks(64, 64, seed=9)
     x = torch.randn(NATIVE_MAX_ROWS + 1, 64)
-    want = torch.nn.functional.linear(x.bfloat16(), expand_bf16(blocks)).float()
+    dtype = long_prefill_dtype()  # bf16 where the CPU multiplies it natively, else fp32
+    want = torch.nn.functional.linear(x.to(dtype), blocks.dequantize().to(dtype)).float()
     assert torch.equal(CpuQ4(blocks, q4lib)(x), want)
+
+
+def test_long_prefill_dtype_follows_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    for flags, dtype in [({"avx2"}, torch.float32), ({"avx512_bf16"}, torch.bfloat16)]:
+        long_prefill_dtype.cache_clear()
+        monkeypatch.setattr(q4lib_module, "cpu_flags", lambda flags=flags: frozenset(flags))
+        assert long_prefill_dtype() == dtype
+    long_prefill_dtype.cache_clear()
 
 
 def test_int4_linear_picks_the_kernel_or_torch(q4lib: Any) -> None:
@@ -136,10 +146,10 @@ def test_fallback_when_off_or_unsupported(
 ) -> None:
     assert load_q4(Q4Options(enabled=False)) is None
     caplog.set_level(logging.INFO, logger=q4lib_module.__name__)
-    monkeypatch.setattr(q4lib_module, "cpu_flags", lambda: frozenset({"avx2"}))
+    monkeypatch.setattr(q4lib_module, "cpu_flags", lambda: frozenset({"avx2", "avx512f"}))
     assert load_q4(Q4Options(cache_dir=str(tmp_path))) is None
-    assert "lacks avx512f" in caplog.text
-    monkeypatch.setattr(q4lib_module, "cpu_flags", lambda: frozenset(q4lib_module.NEEDED_CPU_FLAGS))
+    assert "lacks avx512bw/avx512vl/avx512_vnni/f16c and fma/f16c" in caplog.text
+    monkeypatch.setattr(q4lib_module, "cpu_flags", lambda: frozenset({"avx2", "fma", "f16c"}))
     monkeypatch.setattr(q4lib_module.shutil, "which", lambda _: None)
     assert load_q4(Q4Options(cache_dir=str(tmp_path))) is None
     assert "no gcc" in caplog.text
