@@ -140,7 +140,7 @@ class NativeLayers:
         step.cos = row.data_ptr()
         step.sin = row.data_ptr() + 4 * self._half
         step.slot, step.seq_len, step.block_size = slot, seq_len, block_size
-        step.threads = self.lib.threads
+        step.threads = self.lib.one_row_threads
         if self.lib.layers(self._layers, len(self._layers), ctypes.byref(step)):
             raise MemoryError("native CPU layers: out of memory for the activations")
         return self._out

@@ -56,7 +56,7 @@ typedef struct {
     long ldo;
 } job_t;
 
-int q4_abi_version(void) { return 2; }
+int q4_abi_version(void) { return 3; }
 
 /* ---- activations: int8 per group of 32; one tile of 16 weight rows against MB activation
  * rows (q4_quantize, tile, tile8: one file per instruction set) ---------------------------- */
@@ -113,11 +113,13 @@ static void run_part(const job_t *j, int part, int parts) {
  * (the loader matches the soname), so a call's parallel region runs on the threads that run
  * torch's ops: no second pool competing with torch's spinning workers for the cores. */
 
-static int threads_per_call = 1;
+static int threads_per_call = 1, threads_one_row = 1;
 
-/* Use `threads` threads (the caller included) per call from now on; returns the number set. */
-int q4_set_threads(int threads) {
+/* Use `threads` threads (the caller included) per call from now on, `one_row` for a call of one
+ * activation row (a decode step's); returns the number set. */
+int q4_set_threads(int threads, int one_row) {
     threads_per_call = threads < 1 ? 1 : threads;
+    threads_one_row = one_row < 1 ? 1 : one_row;
     return threads_per_call;
 }
 
@@ -146,7 +148,7 @@ int q4_matmul(const float *x, int m, int k, const uint8_t *codes, const uint8_t 
     int32_t *isx = (int32_t *)(sx + (size_t)m * groups);
     q4_quantize(x, m, k, xq, dx, sx, isx);
     job_t j = {codes, factors, form, n, k, m, (n + 15) / 16, xq, dx, sx, isx, out, ldo};
-    int parts = (long)m * n * k >= min_split ? threads_per_call : 1;
+    int parts = (long)m * n * k < min_split ? 1 : m == 1 ? threads_one_row : threads_per_call;
     if (parts > j.tiles) parts = j.tiles;
     run_job(&j, parts);
     free(buf);

@@ -81,9 +81,10 @@ class Q4Lib:
         self.quantize.argtypes = [vp, i32, i32, vp, vp, vp, vp]
         self.quantize.restype = None
         self._set_threads = lib.q4_set_threads
-        self._set_threads.argtypes = [i32]
+        self._set_threads.argtypes = [i32, i32]
         self._set_threads.restype = i32
-        self.threads = self.set_threads(threads)
+        self.threads = self.one_row_threads = 1
+        self.set_threads(threads)
 
     def rows(self, x: torch.Tensor, codes: int, factors: int, form: int, n: int) -> torch.Tensor:
         """fp32 x [M, K] (contiguous) times the packed weight [n, K] at `codes` / `factors` of
@@ -95,8 +96,13 @@ class Q4Lib:
         return out
 
     def set_threads(self, threads: int) -> int:
-        """Threads per call from now on, the caller's included (0: torch's count)."""
-        self.threads = int(self._set_threads(threads or torch.get_num_threads()))
+        """Threads per call from now on, the caller's included (0: torch's count, and one fewer
+        for a call of one row: a decode step's calls run while the engine's own threads stream
+        the last token, and a parallel region waits for its slowest thread; on 2 cores decode
+        ran 91-95 tok/s on one thread against 40-46 on two, docs/benchmarks.md)."""
+        count = threads or torch.get_num_threads()
+        self.one_row_threads = max(1, threads or count - 1)
+        self.threads = int(self._set_threads(count, self.one_row_threads))
         return self.threads
 
 

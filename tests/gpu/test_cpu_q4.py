@@ -104,6 +104,15 @@ def test_thread_split_is_bit_identical(q4lib: Any) -> None:
     assert torch.equal(one, two)
 
 
+def test_one_row_calls_leave_a_core_to_the_engine(q4lib: Any) -> None:
+    count = torch.get_num_threads()
+    try:
+        assert q4lib.set_threads(0) == count and q4lib.one_row_threads == max(1, count - 1)
+        assert q4lib.set_threads(3) == 3 and q4lib.one_row_threads == 3  # asked: both
+    finally:
+        q4lib.set_threads(2)
+
+
 def test_layout_round_trips(q4lib: Any) -> None:
     blocks = _blocks(100, 96, seed=5)
     layer = CpuQ4(blocks, q4lib)
