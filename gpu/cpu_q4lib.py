@@ -164,13 +164,18 @@ def load_q4(options: Q4Options) -> Q4Lib | None:
     return lib
 
 
-def _build(compiler: str, cache: Path, cpu: frozenset[str]) -> Path:
+def _build(
+    compiler: str, cache: Path, cpu: frozenset[str], extra_flags: tuple[str, ...] = ()
+) -> Path:
+    """The library for this CPU (`extra_flags`: more gcc flags; tests build the AVX2 path on an
+    AVX-512 CPU with -mno-avx512f), built unless its cache file exists."""
+    flags = (*FLAGS, *extra_flags)
     source = b"\0".join(path.read_bytes() for path in SOURCES + HEADERS)
     version = subprocess.run(
         [compiler, "--version"], capture_output=True, check=True, timeout=30
     ).stdout
     key = hashlib.sha256(
-        b"\0".join([source, " ".join(FLAGS).encode(), version, " ".join(sorted(cpu)).encode()])
+        b"\0".join([source, " ".join(flags).encode(), version, " ".join(sorted(cpu)).encode()])
     ).hexdigest()[:20]
     path = cache / f"cpu_q4dot-{key}.so"
     if path.exists():
@@ -180,7 +185,7 @@ def _build(compiler: str, cache: Path, cpu: frozenset[str]) -> Path:
     os.close(fd)
     try:
         done = subprocess.run(
-            [compiler, *FLAGS, "-o", tmp, *map(str, SOURCES)], capture_output=True, timeout=120
+            [compiler, *flags, "-o", tmp, *map(str, SOURCES)], capture_output=True, timeout=120
         )
         if done.returncode != 0:
             raise subprocess.SubprocessError(done.stderr.decode(errors="replace").strip()[:400])

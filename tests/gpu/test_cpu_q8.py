@@ -3,12 +3,17 @@ same codes, its layout's round trips, and Int8Linear's choice between it and fbg
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+import troupe.gpu.cpu_q4lib as q4lib_module
+from troupe.gpu.cpu_q4 import CpuQ4
+from troupe.gpu.cpu_q4lib import Q4Lib
 from troupe.gpu.cpu_q8 import CpuQ8
-from troupe.gpu.gguf_quant import Q6_K, Q8_0, Int8Blocks, from_gguf
+from troupe.gpu.gguf_quant import Q4_1, Q4_K, Q6_K, Q8_0, Int4Blocks, Int8Blocks, from_gguf
 from troupe.gpu.quant_linear import Int8Linear, embedding
 
 from tests.gpu.test_cpu_q4 import _quantized
@@ -79,3 +84,21 @@ def test_thread_split_is_bit_identical(q4lib: Any) -> None:
     finally:
         q4lib.set_threads(2)
     assert torch.equal(one, two)
+
+
+def test_the_avx2_build_gives_the_same_bits(q4lib: Any, tmp_path: Path) -> None:
+    """A build with AVX-512 off takes gpu/cpu_q4dot_avx2.h's path (on an AVX-512 VNNI CPU the
+    fixture's build takes the other one): the same bits for each weight form, at one row (a
+    decode's split) and at five (tiles of 4 and 1), with a part-full last tile."""
+    compiler = shutil.which("gcc")
+    assert compiler is not None  # the fixture built with it
+    flags = q4lib_module.cpu_flags()
+    avx2 = Q4Lib(q4lib_module._build(compiler, tmp_path, flags, ("-mno-avx512f",)), 2)
+    x = torch.randn(5, 256, generator=torch.Generator().manual_seed(0))
+    q8 = _blocks(40, 256, seed=4)  # with a group of -128 codes
+    for rows in (x[:1], x):
+        assert torch.equal(CpuQ8(q8, avx2)(rows), CpuQ8(q8, q4lib)(rows))
+        for kind in (Q4_1, Q4_K):  # fp16 and fp32 factors
+            q4 = from_gguf(random_blocks(kind, 40, 256, seed=5), kind, (40, 256))
+            assert isinstance(q4, Int4Blocks)
+            assert torch.equal(CpuQ4(q4, avx2)(rows), CpuQ4(q4, q4lib)(rows))
