@@ -147,7 +147,8 @@ class CpuInt4:
         self, dtype: torch.dtype = torch.bfloat16, chunk_rows: int = _EXPAND_ROWS
     ) -> torch.Tensor:
         """The exact weight in `dtype` (rounded once), from the packed codes, `chunk_rows` (a
-        multiple of 64, so of layout_rows()) at a time: the fp32 temporaries stay a few MiB (a long prefill's peak RSS)."""
+        multiple of 64, so of layout_rows()) at a time: the fp32 temporaries stay a few MiB (a
+        long prefill's peak RSS)."""
         if self._nibbles is not None:
             return self.blocks().dequantize().to(dtype)
         n, k, g = self.num_rows, self.k, self.group_size

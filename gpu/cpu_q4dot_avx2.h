@@ -34,7 +34,6 @@ void q4_quantize(const float *x, int m, int k, int8_t *xq, float *dx, float *sx,
     }
 }
 
-
 /* 8 rows' (one half of a tile) integer dot products with one group of 32 activations, from
  * u8 codes c[l] (8 rows x 4 consecutive k each) and s8 activations: u8 x s8 pairs summed in
  * int16 (maddubs), then pairs of those in int32 (madd). A 4-bit code's eight pair sums add up

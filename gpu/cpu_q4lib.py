@@ -5,7 +5,8 @@ gcc compiles the C file (-O3 -march=native, ~0.5 s) into a cache directory, one 
 of the source, the flags, the compiler's version and the CPU's flags, written under a temporary
 name and renamed into place (two processes building at once are harmless); ctypes loads it.
 Where the CPU has neither AVX-512 VNNI nor AVX2 (with FMA and F16C), there is no gcc, or the
-build fails, `load_q4` says why in one log line and returns None: the caller keeps torch's int4 path (gpu/cpu_int4.py).
+build fails, `load_q4` says why in one log line and returns None: the caller keeps torch's int4
+path (gpu/cpu_int4.py).
 
 `Q4Lib.matmul` is the call the layers make per matmul; it takes raw addresses so a decode step's
 call stays a few microseconds (the weight's part of the arguments is bound once per weight:

@@ -4,14 +4,13 @@ function either way.
 
     Int4Linear   Int4Blocks (GGUF Q4_0, Q4_1, Q4_K: exact codes and per-32 scale and bias)
       CPU with AVX-512 VNNI or AVX2, and gcc (EngineConfig.cpu_native_kernels, the default;
-           gpu/cpu_q4.py,
-           gpu/cpu_q4dot.c), <= NATIVE_MAX_ROWS (256) rows (decode, short prefills): the
-           file's codes permuted at load into the kernel's tiles, exact factors; each call
-           rounds the activations to int8 per group of 32 (d = max|x| / 127, as llama.cpp's
-           Q8_1) and sums integer dot products (vpdpbusd; vpmaddubsw with AVX2 alone: the same
-           bits), scaled and added in fp32; the error is at most sum |w| d / 2 per group
-           (tests/gpu/test_cpu_q4.py). A CPU with neither, no gcc, or groups other than 32: the
-           next form.
+           gpu/cpu_q4.py, gpu/cpu_q4dot.c), <= NATIVE_MAX_ROWS (256) rows (decode, short
+           prefills): the file's codes permuted at load into the kernel's tiles, exact factors;
+           each call rounds the activations to int8 per group of 32 (d = max|x| / 127, as
+           llama.cpp's Q8_1) and sums integer dot products (vpdpbusd; vpmaddubsw with AVX2
+           alone: the same bits), scaled and added in fp32; the error is at most sum |w| d / 2
+           per group (tests/gpu/test_cpu_q4.py). A CPU with neither, no gcc, or groups other
+           than 32: the next form.
       CPU otherwise (gpu/cpu_int4.py), <= CPU_PACKED_MAX_ROWS (256) rows: torch's
            _weight_int4pack_mm_for_cpu, the file's codes repacked at load into its layout. Its
            format is w = (q - 8) * scale + zero per group, so zero = bias + 8 scale; scale and
