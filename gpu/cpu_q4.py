@@ -4,7 +4,7 @@ Built straight from the GGUF bytes (a permutation: rows in tiles of 16, the 16 b
 group split in quads; see the C file) with the factors beside them, per tile and group, in
 fp16 where that holds them exactly (Q4_0, Q4_1: the file's own fp16) and fp32 otherwise (Q4_K).
 Everything else reads this copy: `blocks()` (the exact Int4Blocks, of some rows: embedding
-lookups), `expand()` (long prefills) and the kernel itself for up to NATIVE_MAX_ROWS rows.
+lookups), `expand()` (long prefills where `expands` says so) and the kernel itself.
 
 Arithmetic: the activations are rounded to int8 per group of 32 (d = max|x| / 127; llama.cpp's
 Q8_1), the weight's codes and factors are exact, sums are exact integers, the rest fp32. The
@@ -21,10 +21,19 @@ from troupe.gpu.gguf_quant import Int4Blocks
 
 TILE = 16  # weight rows per tile
 GROUP = 32  # K per group (the kernel's only group size)
-# Rows up to which the kernel runs; above, one GEMM over the weight expanded per call, in bf16
-# or fp32 (long_prefill_dtype; gpu/cpu_int4.py's CPU_PACKED_MAX_ROWS rule; docs/benchmarks.md)
+# Rows up to which the kernel runs on a CPU that multiplies bf16 natively; above, one bf16 GEMM
+# over the weight expanded per call (`expands`; docs/benchmarks.md)
 NATIVE_MAX_ROWS = 256
 _EXPAND_TILES = 32  # tiles expanded at a time for a long prefill (512 rows)
+
+
+def expands(rows: int) -> bool:
+    """Whether a matmul of `rows` activation rows expands the weight per call into one bf16 GEMM
+    instead of running the kernel: above NATIVE_MAX_ROWS rows on a CPU with AVX-512 BF16 or AMX
+    (long_prefill_dtype). Elsewhere the kernel's integer dot products beat an fp32 GEMM at every
+    size (AVX2 EPYC, the 7 weights of a SmolLM2 layer at 1,000 rows: 51 ms against 55 for the
+    GEMM alone and 59-98 with the expansion; docs/benchmarks.md)."""
+    return rows > NATIVE_MAX_ROWS and long_prefill_dtype() == torch.bfloat16
 
 
 def fits_native(blocks: Int4Blocks) -> bool:
@@ -99,7 +108,6 @@ class CpuQ4:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x [M, K] -> [M, N] in x's dtype."""
-        if x.shape[0] > NATIVE_MAX_ROWS:
-            dtype = long_prefill_dtype()
-            return F.linear(x.to(dtype), self.expand(dtype)).to(x.dtype)
+        if expands(x.shape[0]):
+            return F.linear(x.to(torch.bfloat16), self.expand()).to(x.dtype)
         return self.rows(x.float().contiguous()).to(x.dtype)

@@ -77,19 +77,25 @@ static inline void store_rows(float *out, __m256 v, int left) { /* the first `le
     }
 }
 
+/* A tile's two halves one after the other (their codes stay in L1 between the passes), so that
+ * one half's codes (8 registers), its mb accumulators and the temporaries fit AVX2's 16; the
+ * codes are prefetched in the first pass only. */
 static inline __attribute__((always_inline)) void
 tile(const job_t *j, int t, int m0, const int mb, const int f32) {
     const int k = j->k, groups = k / 32;
     const uint8_t *wc = j->codes + (size_t)t * groups * 256;
     const uint8_t *wf = j->factors + (size_t)t * groups * (f32 ? 128 : 64);
     const __m256i low = _mm256_set1_epi8(15);
-    __m256 acc[4][2];
-    for (int r = 0; r < mb; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-    for (int g = 0; g < groups; g++) {
-        for (int l = 0; l < 4; l++) _mm_prefetch((const char *)wc + g * 256 + AHEAD + l * 64, _MM_HINT_T0);
-        _mm_prefetch((const char *)wf + g * (f32 ? 128 : 64) + AHEAD / (f32 ? 2 : 4), _MM_HINT_T0);
-        if (f32) _mm_prefetch((const char *)wf + g * 128 + AHEAD / 2 + 64, _MM_HINT_T0);
-        for (int h = 0; h < 2; h++) { /* rows 8h .. 8h + 7 */
+    const int left = j->n - t * 16;
+    for (int h = 0; h < 2; h++) { /* rows 8h .. 8h + 7 */
+        __m256 acc[4];
+        for (int r = 0; r < mb; r++) acc[r] = _mm256_setzero_ps();
+        for (int g = 0; g < groups; g++) {
+            if (h == 0) {
+                for (int l = 0; l < 4; l++) _mm_prefetch((const char *)wc + g * 256 + AHEAD + l * 64, _MM_HINT_T0);
+                _mm_prefetch((const char *)wf + g * (f32 ? 128 : 64) + AHEAD / (f32 ? 2 : 4), _MM_HINT_T0);
+                if (f32) _mm_prefetch((const char *)wf + g * 128 + AHEAD / 2 + 64, _MM_HINT_T0);
+            }
             __m256i c[8];
             for (int l = 0; l < 4; l++) {
                 __m256i v = _mm256_loadu_si256((const __m256i *)(wc + g * 256 + l * 64 + h * 32));
@@ -108,14 +114,12 @@ tile(const job_t *j, int t, int m0, const int mb, const int f32) {
                 const int8_t *xr = j->xq + (size_t)(m0 + r) * k + g * 32;
                 __m256 dot = _mm256_cvtepi32_ps(dot32_q4(c, xr));
                 const float d = j->dx[(m0 + r) * groups + g], s = j->sx[(m0 + r) * groups + g];
-                acc[r][h] = _mm256_fmadd_ps(dot, _mm256_mul_ps(scale, _mm256_set1_ps(d)), acc[r][h]);
-                acc[r][h] = _mm256_fmadd_ps(bias, _mm256_set1_ps(s), acc[r][h]);
+                acc[r] = _mm256_fmadd_ps(dot, _mm256_mul_ps(scale, _mm256_set1_ps(d)), acc[r]);
+                acc[r] = _mm256_fmadd_ps(bias, _mm256_set1_ps(s), acc[r]);
             }
         }
+        for (int r = 0; r < mb; r++) store_rows(j->out + (size_t)(m0 + r) * j->ldo + t * 16 + 8 * h, acc[r], left - 8 * h);
     }
-    int left = j->n - t * 16;
-    for (int r = 0; r < mb; r++)
-        for (int h = 0; h < 2; h++) store_rows(j->out + (size_t)(m0 + r) * j->ldo + t * 16 + 8 * h, acc[r][h], left - 8 * h);
 }
 
 /* The same for an 8-bit weight (form Q8_F16). */
@@ -124,12 +128,15 @@ static inline __attribute__((always_inline)) void tile8(const job_t *j, int t, i
     const uint8_t *wc = j->codes + (size_t)t * groups * 512;
     const uint8_t *wf = j->factors + (size_t)t * groups * 32;
     const __m256i flip = _mm256_set1_epi8((char)0x80); /* q + 128 -> q */
-    __m256 acc[4][2];
-    for (int r = 0; r < mb; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-    for (int g = 0; g < groups; g++) {
-        for (int l = 0; l < 8; l++) _mm_prefetch((const char *)wc + g * 512 + AHEAD + l * 64, _MM_HINT_T0);
-        _mm_prefetch((const char *)wf + g * 32 + AHEAD / 16, _MM_HINT_T0);
-        for (int h = 0; h < 2; h++) {
+    const int left = j->n - t * 16;
+    for (int h = 0; h < 2; h++) {
+        __m256 acc[4];
+        for (int r = 0; r < mb; r++) acc[r] = _mm256_setzero_ps();
+        for (int g = 0; g < groups; g++) {
+            if (h == 0) {
+                for (int l = 0; l < 8; l++) _mm_prefetch((const char *)wc + g * 512 + AHEAD + l * 64, _MM_HINT_T0);
+                _mm_prefetch((const char *)wf + g * 32 + AHEAD / 16, _MM_HINT_T0);
+            }
             __m256i q[8];
             for (int l = 0; l < 8; l++)
                 q[l] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(wc + g * 512 + l * 64 + h * 32)), flip);
@@ -138,11 +145,9 @@ static inline __attribute__((always_inline)) void tile8(const job_t *j, int t, i
                 const int8_t *xr = j->xq + (size_t)(m0 + r) * k + g * 32;
                 const int row = (m0 + r) * groups + g;
                 __m256 dot = _mm256_cvtepi32_ps(dot32_q8(q, xr));
-                acc[r][h] = _mm256_fmadd_ps(dot, _mm256_mul_ps(scale, _mm256_set1_ps(j->dx[row])), acc[r][h]);
+                acc[r] = _mm256_fmadd_ps(dot, _mm256_mul_ps(scale, _mm256_set1_ps(j->dx[row])), acc[r]);
             }
         }
+        for (int r = 0; r < mb; r++) store_rows(j->out + (size_t)(m0 + r) * j->ldo + t * 16 + 8 * h, acc[r], left - 8 * h);
     }
-    int left = j->n - t * 16;
-    for (int r = 0; r < mb; r++)
-        for (int h = 0; h < 2; h++) store_rows(j->out + (size_t)(m0 + r) * j->ldo + t * 16 + 8 * h, acc[r][h], left - 8 * h);
 }

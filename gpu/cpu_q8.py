@@ -3,7 +3,7 @@ copy held, with the file's exact codes and fp16 scales.
 
 Rows in tiles of 16, K in groups of 32, each byte q + 128 (vpdpbusd takes unsigned weights; the
 kernel subtracts 128 sum(xq) per group), the 16 rows' scales beside each group. `blocks()` reads
-the exact Int8Blocks back (embedding lookups, long prefills). The activations are rounded to int8
+the exact Int8Blocks back (embedding lookups, long prefills on a bf16 CPU). The activations are rounded to int8
 per group of 32 as for the 4-bit kernel (gpu/cpu_q4.py); against fbgemm's path (gpu/int8_rows.py)
 the weight is not re-quantised per row and the activations get a scale per group, not per call.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from troupe.gpu.cpu_q4 import GROUP, NATIVE_MAX_ROWS, TILE
+from troupe.gpu.cpu_q4 import GROUP, TILE, expands
 from troupe.gpu.cpu_q4lib import Q4Lib
 from troupe.gpu.gguf_quant import Int8Blocks
 
@@ -67,8 +67,8 @@ class CpuQ8:
         return self.lib.rows(x, self._codes_ptr, self._factors_ptr, _FORM, self.num_rows)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """x [M, K] -> [M, N] in x's dtype; the exact weight in x's dtype above
-        NATIVE_MAX_ROWS rows."""
-        if x.shape[0] > NATIVE_MAX_ROWS:
+        """x [M, K] -> [M, N] in x's dtype; the exact weight in x's dtype where the 4-bit
+        weights expand (gpu/cpu_q4.expands)."""
+        if expands(x.shape[0]):
             return F.linear(x, self.blocks().dequantize().to(x.dtype))
         return self.rows(x.float().contiguous()).to(x.dtype)

@@ -4,8 +4,9 @@ function either way.
 
     Int4Linear   Int4Blocks (GGUF Q4_0, Q4_1, Q4_K: exact codes and per-32 scale and bias)
       CPU with AVX-512 VNNI or AVX2, and gcc (EngineConfig.cpu_native_kernels, the default;
-           gpu/cpu_q4.py, gpu/cpu_q4dot.c), <= NATIVE_MAX_ROWS (256) rows (decode, short
-           prefills): the file's codes permuted at load into the kernel's tiles, exact factors;
+           gpu/cpu_q4.py, gpu/cpu_q4dot.c), any rows, or <= NATIVE_MAX_ROWS (256) on a CPU
+           with native bf16 GEMMs (cpu_q4.expands): the file's codes permuted at load into the
+           kernel's tiles, exact factors;
            each call rounds the activations to int8 per group of 32 (d = max|x| / 127, as
            llama.cpp's Q8_1) and sums integer dot products (vpdpbusd; vpmaddubsw with AVX2
            alone: the same bits), scaled and added in fp32; the error is at most sum |w| d / 2
@@ -16,16 +17,17 @@ function either way.
            format is w = (q - 8) * scale + zero per group, so zero = bias + 8 scale; scale and
            zero are rounded to bf16 and the activations too (~2^-9 of a step, far under the
            4-bit step itself).
-      CPU, more rows (long prefills), either form: the exact weight expanded per call, one GEMM
-           in gpu/cpu_q4lib.long_prefill_dtype(): bf16 (weight and activations rounded) on a CPU
-           with AVX-512 BF16 or AMX (oneDNN), exact fp32 on one without (bf16 is ~5x slower).
+      CPU, more rows (long prefills) on a CPU with AVX-512 BF16 or AMX, and the torch form's on
+           any CPU: the exact weight expanded per call, one GEMM in
+           gpu/cpu_q4lib.long_prefill_dtype(): bf16 (weight and activations rounded; oneDNN)
+           where native, exact fp32 elsewhere (bf16 is ~5x slower on AVX2).
       CUDA: kernels/quant_int4.py (Triton; the codes in its column layout, scale and bias in
            fp16: exact for Q4_0/Q4_1).
     Int8Linear   Int8Blocks (GGUF Q8_0, Q6_K: int8 codes and per-32/16 scales)
       CPU with the native kernel, Q8_0 (gpu/cpu_q8.py): the exact codes and fp16 scales in the
            kernel's tiles (the one copy kept; embedding rows read back from it), activations
-           rounded to int8 per group of 32 as for Int4Linear, <= NATIVE_MAX_ROWS rows; more rows
-           (prefill) use the exact weight.
+           rounded to int8 per group of 32 as for Int4Linear, at the sizes it runs for Int4
+           (cpu_q4.expands); longer prefills on a bf16 CPU use the exact weight.
       CPU otherwise (and Q6_K), decode: fbgemm's dynamic int8 linear
            (torch.ops.quantized.linear_dynamic) needs one scale per row: the codes are
            re-quantised once at load to per-row int8 (w' = round(w / r) r, r = max|w_row| / 127;

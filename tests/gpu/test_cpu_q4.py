@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import torch
+import troupe.gpu.cpu_q4 as cpu_q4_module
 import troupe.gpu.cpu_q4lib as q4lib_module
 from troupe.gpu.cpu_int4 import CpuInt4, expand_bf16
 from troupe.gpu.cpu_q4 import NATIVE_MAX_ROWS, CpuQ4
@@ -128,12 +129,24 @@ def test_layout_round_trips(q4lib: Any) -> None:
     assert torch.equal(layer.expand(torch.float32), blocks.dequantize())
 
 
-def test_long_inputs_take_the_expansion(q4lib: Any) -> None:
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_long_inputs_expand_only_on_a_bf16_cpu(
+    q4lib: Any, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Above NATIVE_MAX_ROWS rows a CPU that multiplies bf16 natively expands the weight into one
+    bf16 GEMM; one without keeps the kernel (its int8 dot products beat an fp32 GEMM there)."""
+    monkeypatch.setattr(cpu_q4_module, "long_prefill_dtype", lambda: dtype)
     blocks = _blocks(64, 64, seed=9)
+    layer = CpuQ4(blocks, q4lib)
     x = torch.randn(NATIVE_MAX_ROWS + 1, 64)
-    dtype = long_prefill_dtype()  # bf16 where the CPU multiplies it natively, else fp32
-    want = torch.nn.functional.linear(x.to(dtype), blocks.dequantize().to(dtype)).float()
-    assert torch.equal(CpuQ4(blocks, q4lib)(x), want)
+    assert cpu_q4_module.expands(NATIVE_MAX_ROWS + 1) == (dtype == torch.bfloat16)
+    assert not cpu_q4_module.expands(NATIVE_MAX_ROWS)
+    if dtype == torch.bfloat16:
+        want = torch.nn.functional.linear(x.bfloat16(), blocks.dequantize().bfloat16()).float()
+    else:
+        want = layer.rows(x)
+        assert _errors(want, blocks, x)[0] <= 1
+    assert torch.equal(layer(x), want)
 
 
 def test_long_prefill_dtype_follows_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
