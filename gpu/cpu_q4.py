@@ -31,8 +31,8 @@ def expands(rows: int) -> bool:
     """Whether a matmul of `rows` activation rows expands the weight per call into one bf16 GEMM
     instead of running the kernel: above NATIVE_MAX_ROWS rows on a CPU with AVX-512 BF16 or AMX
     (long_prefill_dtype). Elsewhere the kernel's integer dot products beat an fp32 GEMM at every
-    size (AVX2 EPYC, the 7 weights of a SmolLM2 layer at 1,000 rows: 51 ms against 55 for the
-    GEMM alone and 59-98 with the expansion; docs/benchmarks.md)."""
+    size (AVX2 EPYC, the 7 weights of a SmolLM2 layer at 1,000 rows: 45 ms against 55 for the
+    fp32 GEMM alone and 59-98 with the expansion; docs/benchmarks.md)."""
     return rows > NATIVE_MAX_ROWS and long_prefill_dtype() == torch.bfloat16
 
 
