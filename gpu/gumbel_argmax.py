@@ -113,3 +113,18 @@ def gumbel_argmax(
         MASKED=bitmask is not None,
     )
     return out
+
+
+def warm_up(vocab_size: int, device: torch.device) -> None:
+    """Compile the kernel's two forms (with and without a grammar's bitmask) for this vocabulary
+    now, not on the first sampled request: Triton compiles a kernel on its first launch, and a
+    cold server's first request with a temperature spent ~0.4 s in that compilation on the
+    H200's host (py-spy, docs/benchmarks.md session 18)."""
+    logits = torch.zeros(1, vocab_size, device=device)
+    temperature = torch.ones(1, device=device)
+    keys = torch.zeros(1, 2, dtype=torch.int64, device=device)
+    gumbel_argmax(logits, temperature, keys)
+    words = -(-vocab_size // 32)  # gpu/token_bitmask.py's row width
+    gumbel_argmax(
+        logits, temperature, keys, torch.full((1, words), -1, dtype=torch.int32, device=device)
+    )

@@ -33,6 +33,7 @@ from troupe.gpu.sampler import (
     SamplingBatch,
     sample,
     sampled_tokens,
+    warm_up_draw,
     withhold_non_finite,
 )
 from troupe.gpu.sampling_batch import build_sampling_batch
@@ -159,6 +160,7 @@ class ModelRunner:
         )
         self._logits_hook = logits_hook
         self.kv.reset_scales()  # graph captures wrote made-up KV: the first real write sets them
+        warm_up_draw(config.vocab_size, self.device)  # not in the first sampled request
         # a plan launched by launch(), awaiting its grammar masks: (plan, states, inputs, logits)
         self._launched: _Launched | None = None
         self._upload_bitmask = BitmaskUpload(self.device)

@@ -197,6 +197,12 @@ def _gumbel() -> ModuleType:
     return gumbel_argmax
 
 
+def warm_up_draw(vocab_size: int, device: torch.device) -> None:
+    """Compile the fused draw's kernel for this vocabulary where it runs (CUDA with Triton)."""
+    if device.type == "cuda" and _gumbel().triton is not None:
+        _gumbel().warm_up(vocab_size, device)
+
+
 def _fused_draw(
     logits: torch.Tensor, batch: SamplingBatch, bitmask: torch.Tensor | None = None
 ) -> torch.Tensor:

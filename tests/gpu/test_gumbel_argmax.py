@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
+import troupe.gpu.gumbel_argmax as gumbel_module
 from troupe.gpu.gumbel_argmax import gumbel_argmax
 from troupe.gpu.sampler import gumbel_noise, row_keys_array
 
@@ -54,3 +56,18 @@ def test_fused_draw_under_a_token_bitmask_matches_the_masked_torch_path() -> Non
     assert got[1].item() == 1234 and got[5].item() == 0
     assert got[3].item() == logits[3].argmax().item()
     assert all(bits[r, got[r]] for r in (0, 2, 4))  # drawn among the allowed
+
+
+def test_warm_up_launches_both_forms(monkeypatch: pytest.MonkeyPatch) -> None:
+    """warm_up (run at a CUDA runner's start) launches the kernel with and without a bitmask of
+    the vocabulary's width, so neither form compiles inside a request; here in the interpreter."""
+    seen: list[tuple[int, tuple[int, ...] | None]] = []
+    real = gumbel_module.gumbel_argmax
+
+    def spy(logits: torch.Tensor, temperature: torch.Tensor, keys: torch.Tensor, bitmask=None):  # type: ignore[no-untyped-def]
+        seen.append((logits.shape[1], None if bitmask is None else tuple(bitmask.shape)))
+        return real(logits, temperature, keys, bitmask)
+
+    monkeypatch.setattr(gumbel_module, "gumbel_argmax", spy)
+    gumbel_module.warm_up(100, torch.device("cpu"))
+    assert seen == [(100, None), (100, (1, 4))]
