@@ -23,6 +23,7 @@ from troupe.ops.serve_workload import BenchRequest
 
 # msgspec, not json: the client's own CPU time must not cap what it measures
 _decode = msgspec.json.Decoder().decode
+_encode = msgspec.json.Encoder().encode
 
 
 class Client(Protocol):
@@ -66,7 +67,9 @@ class HttpClient:
         self.model = model
         self.temperature = temperature
         self.ignore_eos = ignore_eos
-        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.headers = {"Content-Type": "application/json"}
+        if api_key:
+            self.headers["Authorization"] = f"Bearer {api_key}"
 
     async def send(self, req: BenchRequest) -> RequestResult:
         body: dict[str, Any] = {
@@ -83,7 +86,8 @@ class HttpClient:
         stamps = _Stamps(result)
         usage_tokens: int | None = None
         try:
-            async with self.session.post(self.url, json=body, headers=self.headers) as resp:
+            body_bytes = _encode(body)
+            async with self.session.post(self.url, data=body_bytes, headers=self.headers) as resp:
                 if resp.status != 200:
                     result.error = f"HTTP {resp.status}: {(await resp.text())[:300]}"
                     return result
