@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from troupe.actors.core.base import Outgoing
+from troupe.actors.core.block_fork import fork_tables
 from troupe.actors.core.block_pool import BlockPool
 from troupe.actors.core.block_sharing import BlockSharing
 from troupe.actors.core.block_table import BlockTable
@@ -158,47 +159,11 @@ class AllocatorCore:
         tier.hit_tokens += num_cpu * bs
         return Grant(rid, tuple(seq.table), num_cached)
 
-    def _fork(self, op: Fork) -> list[Grant]:
-        """Child 0 takes the parent's table; the others share its full blocks (one reference
-        each) and get a copy of its partial last block; each then grows to num_tokens."""
-        rid, children, bs = op.request_id, op.child_ids, self.block_size
-        parent = self._seq(rid)
-        if len(children) < 2 or any(c in self.seqs for c in children):
-            raise ValueError(f"allocator: Fork of {rid!r} into {children} (ids in use?)")
-        num_full, has_partial = divmod(op.num_computed, bs)
-        if len(parent.table) < num_full + (has_partial > 0):
-            raise ValueError(
-                f"allocator: Fork of {rid!r} at {op.num_computed} tokens; it holds "
-                f"{len(parent.table)} blocks"
-            )
-        cover = -(-op.num_tokens // bs)
-        grow0 = max(0, cover - len(parent.table))
-        grow = max(0, cover - num_full - (has_partial > 0))
-        need = grow0 + (len(children) - 1) * ((has_partial > 0) + grow)
-        fresh = self.gpu.allocate(need)
-        if fresh is None:
-            raise ValueError(
-                f"allocator: Fork of {rid!r} needs {need} blocks, "
-                f"{self.gpu.num_free} are free: the planner must count them"
-            )
-        del self.seqs[rid]
-        shared = parent.table[parent.num_released : num_full]
-        tables = [parent.table + [fresh.pop() for _ in range(grow0)]]
-        for _ in children[1:]:
-            table = parent.table[:num_full]
-            if has_partial:
-                table.append(fresh.pop())
-                self._copies.append((parent.table[num_full], table[-1]))
-            tables.append(table + [fresh.pop() for _ in range(grow)])
-        for child, table in zip(children, tables, strict=True):
-            seq = self.seqs[child] = BlockTable(
-                table, None, parent.num_hashed_blocks, parent.serial
-            )
-            seq.num_released, seq.is_cache_stopped = parent.num_released, parent.is_cache_stopped
-        for block_id in shared:  # one reference more per child but the first
-            self.gpu.ref[block_id] += len(children) - 1
-        self.sharing.fork(rid, children, shared)
-        return [Grant(c, tuple(t)) for c, t in zip(children, tables, strict=True)]
+    def _fork(self, op: Fork) -> list[Grant]:  # block_fork.py
+        parent, bs = self._seq(op.request_id), self.block_size
+        grants, copies = fork_tables(op, parent, self.seqs, self.gpu, self.sharing, bs)
+        self._copies += copies
+        return grants
 
     def _grow(self, op: Grow) -> Grant | Refusal:  # grant: the added blocks
         seq = self._seq(op.request_id)
