@@ -18,6 +18,7 @@ One executor never answers late: none of this runs.
 from __future__ import annotations
 
 from troupe.actors.core.request_state import Request, RequestQueues, Status
+from troupe.actors.core.row_failures import failure
 from troupe.actors.core.step_planner import StepPlanner
 from troupe.messages.scheduler import LateTokens
 from troupe.messages.streamer import SeqOutput
@@ -46,12 +47,7 @@ def land_tokens(msg: LateTokens, queues: RequestQueues) -> list[SeqOutput]:
         token = tokens.get(rid)
         if msg.error is not None or token is None:
             queues.finish(req)
-            if msg.error is not None:
-                outputs.append(req.failed(f"step failed: {msg.error}"))
-            elif (reason := failed.get(rid)) is not None:
-                outputs.append(req.failed(f"{reason} at step {msg.step_id}"))
-            else:
-                outputs.append(req.failed("the executor returned no token for it"))
+            outputs.append(req.failed(failure(msg.step_id, msg.error, failed.get(rid))))
             continue
         queues.move(req, Status.RUNNING)
         new = (token.token_id,)

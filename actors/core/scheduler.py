@@ -25,6 +25,7 @@ from troupe.actors.core.plan_builder import InFlight, build_plan
 from troupe.actors.core.preemption_policy import make_preemption_policy
 from troupe.actors.core.queue_policy import make_queue_policy
 from troupe.actors.core.request_state import Request, RequestQueues, Status
+from troupe.actors.core.row_failures import NO_TOKEN, fail_rows
 from troupe.actors.core.scheduler_stats import engine_stats
 from troupe.actors.core.speculator import SpecSettings, Speculator
 from troupe.actors.core.step_limits import StepLimits
@@ -208,28 +209,14 @@ class SchedulerCore:
         self.num_steps += 1
         self._time = max(self._time, result.time)
         outputs, self._pending = self._pending, []
+        if result.error is not None or result.failed:  # rows without a token: row_failures.py
+            outputs += fail_rows(result, self.in_flight, self.queues)
         if result.error is None:
-            if result.failed:
-                self._fail_seqs(result, outputs)
             self._apply_tokens(result, outputs)
-        for req, _, _ in self.in_flight if result.error is not None else ():
-            if req.status != Status.FINISHED:  # not aborted or stopped mid-step
-                self.queues.finish(req)
-                outputs.append(req.failed(f"step failed: {result.error}"))
         self.in_flight = []
         return TokenBatch(
             step_id=result.step_id, time=self._time, outputs=tuple(outputs), stats=self.stats()
         )
-
-    def _fail_seqs(self, result: StepResult, outputs: list[SeqOutput]) -> None:
-        """Fail the in-flight requests the executor gave no token (non-finite logits), alone.
-        Finished here, _apply_tokens skips them: nothing of this step is committed or cached."""
-        reasons = {f.request_id: f.reason for f in result.failed}
-        for req, _, sample in self.in_flight:
-            reason = reasons.get(req.request_id)
-            if reason is not None and sample and req.status != Status.FINISHED:
-                self.queues.finish(req)
-                outputs.append(req.failed(f"{reason} at step {result.step_id}"))
 
     def _apply_tokens(self, result: StepResult, outputs: list[SeqOutput]) -> None:
         """Append each in-flight request's sampled token; its SeqOutput goes to `outputs`."""
@@ -258,7 +245,7 @@ class SchedulerCore:
                 by_id = by_id or {s.request_id: s for s in sampled}
                 if (found := by_id.get(rid)) is None:
                     finish(req)
-                    append(req.failed("the executor returned no token for it"))
+                    append(req.failed(NO_TOKEN))
                     continue
                 token = found
             if speculating:  # a draft model's proposals for the next step (or none)
