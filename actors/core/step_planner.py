@@ -32,6 +32,8 @@ from troupe.messages.allocator import (
     SwapOut,
 )
 
+Tokens = tuple[int, ...]
+
 
 class StepPlanner:
     """Plans steps over `queues`; who gives way, and how, is the `preemption` policy's choice."""
@@ -46,7 +48,6 @@ class StepPlanner:
         self.unfittable: list[Request] = []  # ended: more blocks than the pool has
         self._ops: dict[type, list[AllocOp]] = {}
         self._grows: dict[str, Grow] = {}  # this step's, in plan order (a victim's undone)
-        self._shrinks: dict[str, Shrink] = {}  # this step's
         self._avail = self._cpu_avail = 0  # blocks left to plan with, this step
         self._extra_seats = 0  # seats running parents hold for their samples (sample_fork.py)
         self._returned, self._preempted = 0, False  # victims' tokens back to the budget; any?
@@ -59,7 +60,7 @@ class StepPlanner:
         bs, lookahead = lim.block_size, lim.num_lookahead_tokens
         ops = self._ops = {kind: [] for kind in OP_ORDER}
         work: dict[str, Work] = {}
-        self.work, self._grows, self._shrinks, self._preempted = work, {}, {}, False
+        self.work, self._grows, self._preempted = work, {}, False
         self._avail, self._cpu_avail = num_gpu_free, num_cpu_free
         ops[CacheBlocks] += commit_ops(self.to_commit.values(), bs)
         self.to_commit = {}
@@ -117,7 +118,6 @@ class StepPlanner:
         forks.rejoin(q)
         self._extra_seats = forks.extra_seats() if forks.parents else 0
         ops[Grow] = list(self._grows.values())
-        ops[Shrink] = list(self._shrinks.values())
         if not self._preempted:
             budget = self._resume_swapped(budget)
             if not q.swapped:
@@ -128,21 +128,18 @@ class StepPlanner:
     def _plan_spec_decode(self, req: Request, budget: int, proposing: bool) -> int:
         """A decode with speculative decoding on: proposals that fit the budget and the free
         blocks (they never preempt); blocks only earlier proposals needed go back (Shrink)."""
-        lim, rid, computed = self.limits, req.request_id, req.num_computed
-        cover = computed + 1 + lim.num_lookahead_tokens
+        lim, rid = self.limits, req.request_id
+        cover = req.num_computed + 1 + lim.num_lookahead_tokens
         draft = self.speculator.propose(req, budget - 1) if proposing else ()
-        if draft and lim.blocks_for(cover + len(draft)) - req.num_blocks > self._avail:
-            draft = ()
         need = lim.blocks_for(cover + len(draft)) - req.num_blocks
-        if need > self._avail:  # the plain decode, which may preempt
-            return self._fit(req, 1, need, budget)
-        if need < 0:  # held for earlier proposals, past everything this step needs
-            req.num_blocks += need
-            self._shrinks[rid] = Shrink(rid, req.num_blocks * lim.block_size)
-        elif need > 0:
-            self._grows[rid] = Grow(rid, cover + len(draft))
+        if draft and need > self._avail:
+            draft, need = (), lim.blocks_for(cover) - req.num_blocks
+        if need >= 0:  # the plain decode (which may preempt) or one with proposals that fit
+            return self._fit(req, 1, need, budget, draft=draft)
+        req.num_blocks += need  # held for earlier proposals, past everything this step needs
+        self._ops[Shrink].append(Shrink(rid, req.num_blocks * lim.block_size))
         self._avail -= need
-        self.work[rid] = Work(req, 1 + len(draft), Kind.RUN, max(need, 0), draft, max(-need, 0))
+        self.work[rid] = Work(req, 1 + len(draft), Kind.RUN, 0, draft, -need)
         return budget - 1 - len(draft)
 
     def add(self, req: Request) -> None:
@@ -158,11 +155,13 @@ class StepPlanner:
 
     def _lookahead(self, req: Request, n: int) -> int:
         """Positions past the chunk its table must cover: the lookahead if the chunk samples."""
-        return self.limits.num_lookahead_tokens if req.num_computed + n == req.num_tokens else 0
+        return self.limits.num_lookahead_tokens if req.num_computed + n >= req.num_tokens else 0
 
-    def _fit(self, req: Request, n: int, need: int, budget: int, held: bool = False) -> int:
+    def _fit(
+        self, req: Request, n: int, need: int, budget: int, held: bool = False, draft: Tokens = ()
+    ) -> int:
         """Plan `n` tokens of a running request needing `need` more blocks (`held`: the last
-        of them waits for the next step); the budget left."""
+        of them waits for the next step; `draft`: proposals after them); the budget left."""
         got = need
         if need > self._avail:  # victims give way first, or `req` does (None)
             total = self.limits.blocks_for(req.num_computed + n) - req.num_released
@@ -172,7 +171,8 @@ class StepPlanner:
             got = taken
         else:  # the common case (a decode at a block boundary): nothing to look for
             self._avail -= need
-        self.work[req.request_id] = Work(req, n - held, Kind.RUN, got, held=held)
+        n += len(draft)
+        self.work[req.request_id] = Work(req, n - held, Kind.RUN, got, draft, held=held)
         if got > 0:  # the Grow covers the chunk and its lookahead, as far as `got` reaches
             cover = req.num_computed + n + self._lookahead(req, n)
             cover = min(cover, (req.num_blocks + got) * self.limits.block_size)
