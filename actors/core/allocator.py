@@ -213,19 +213,9 @@ class AllocatorCore:
         self.cpu.release(seq.cpu_blocks or ())
 
     def _release_leading(self, op: ReleaseBlocks) -> None:
-        seq = self._seq(op.request_id)
-        if seq.num_released and op.num_kept != seq.num_kept:
-            raise ValueError(
-                f"allocator: ReleaseBlocks of {op.request_id!r} keeps {op.num_kept} blocks, "
-                f"its earlier releases kept {seq.num_kept}"
-            )
-        seq.num_kept = op.num_kept
-        start, end = seq.num_kept + seq.num_released, min(op.num_blocks, len(seq.table))
-        if end > start:
-            blocks = seq.table[start:end]
-            self.sharing.release(op.request_id, blocks, is_partial=True)
-            self.gpu.release(reversed(blocks))
-            seq.num_released = end - seq.num_kept
+        blocks = self._seq(op.request_id).release(op)
+        self.sharing.release(op.request_id, blocks, is_partial=True)
+        self.gpu.release(reversed(blocks))
 
     def _swap_out(self, op: SwapOut) -> Refusal | None:  # refused: freed instead
         seq = self._seq(op.request_id)
@@ -235,11 +225,8 @@ class AllocatorCore:
             self._free(op.request_id)
             return Refusal(op.request_id, NO_CPU)
         self._copies_out.extend(zip(held, cpu_blocks, strict=True))
-        num_released = seq.num_released
-        stale = seq.table[: seq.num_kept + num_released] if num_released else []
         self._release_gpu(op.request_id, seq)
-        # the released positions stay for the swap-in, which allocates around them
-        seq.table, seq.num_released, seq.cpu_blocks = stale, num_released, cpu_blocks
+        seq.swap_out(cpu_blocks)
         return None
 
     def _swap_in(self, op: SwapIn) -> Grant | Refusal:
@@ -251,9 +238,7 @@ class AllocatorCore:
         if gpu_blocks is None:
             return Refusal(op.request_id, NO_GPU)
         self._copies_in.extend(zip(cpu_blocks, gpu_blocks, strict=False))
-        kept = seq.num_kept if seq.num_released else 0  # sink blocks before the released ones
-        seq.table = gpu_blocks[:kept] + seq.table[kept:] + gpu_blocks[kept:]
-        seq.cpu_blocks = None
+        seq.swap_in(gpu_blocks)
         return Grant(op.request_id, tuple(seq.table))
 
     def _release_gpu(self, rid: str, seq: BlockTable) -> None:
@@ -262,4 +247,3 @@ class AllocatorCore:
         self.sharing.release(rid, blocks)
         self.sharing.forget(rid)
         self.gpu.release(reversed(blocks))
-        seq.table, seq.num_released = [], 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from troupe.actors.core.prefix_cache import ROOT_SERIAL
+from troupe.messages.allocator import ReleaseBlocks
 
 
 @dataclass(slots=True)
@@ -39,3 +40,30 @@ class BlockTable:
         if not self.num_released:
             return self.table
         return self.table[: self.num_kept] + self.table[self.num_kept + self.num_released :]
+
+    def release(self, op: ReleaseBlocks) -> list[int]:
+        """Let go of the positions after the first op.num_kept, up to op.num_blocks (a window
+        moved past them); the blocks newly let go of."""
+        if self.num_released and op.num_kept != self.num_kept:
+            raise ValueError(
+                f"allocator: ReleaseBlocks of {op.request_id!r} keeps {op.num_kept} blocks, "
+                f"its earlier releases kept {self.num_kept}"
+            )
+        self.num_kept = op.num_kept
+        start, end = self.num_kept + self.num_released, min(op.num_blocks, len(self.table))
+        if end <= start:
+            return []
+        self.num_released = end - self.num_kept
+        return self.table[start:end]
+
+    def swap_out(self, cpu_blocks: list[int]) -> None:
+        """Its held blocks' KV went to `cpu_blocks`; the released positions stay (stale ids),
+        for swap_in to allocate around them."""
+        self.table, self.cpu_blocks = self.table[: self.released_end], cpu_blocks
+
+    def swap_in(self, gpu_blocks: list[int]) -> None:
+        """Back on `gpu_blocks` (its CPU blocks' KV, then fresh ones), around the released
+        positions: the sink blocks take the first."""
+        kept = self.num_kept if self.num_released else 0
+        self.table = gpu_blocks[:kept] + self.table[kept:] + gpu_blocks[kept:]
+        self.cpu_blocks = None
