@@ -248,23 +248,18 @@ class SchedulerCore:
                     append(req.failed(NO_TOKEN))
                     continue
                 token = found
-            if speculating:  # a draft model's proposals for the next step (or none)
-                req.proposed = token.proposals
-                if req.draft:  # a verification: several tokens may land
-                    append(out := self.speculator.land(req, token, end))
-                    if caching:  # plan() caches the blocks its accepted tokens filled, if any
-                        to_commit[rid] = req
-                    if out.finish_reason is not None:
-                        finish(req)
-                    continue
-            token_id = token.token_id
-            reason = req.append_token(token_id)  # one token: no per-call tuple (hot path)
-            stop = None
-            if reason is not None:
-                finish(req)
+            if speculating and (out := self.speculator.land(req, token, end)) is not None:
+                if caching:  # plan() caches the blocks its accepted tokens filled, if any
+                    to_commit[rid] = req
+            else:
+                token_id = token.token_id
+                reason = req.append_token(token_id)  # one token: no per-call tuple (hot path)
                 stop = token_id if reason is STOP else None
-            lp = None if token.logprob is None else (token.logprob,)
-            append(SeqOutput(rid, (token_id,), reason, stop, lp, req.num_cached_tokens))
+                lp = None if token.logprob is None else (token.logprob,)
+                out = SeqOutput(rid, (token_id,), reason, stop, lp, req.num_cached_tokens)
+            append(out)
+            if out.finish_reason is not None:
+                finish(req)
 
     def stats(self) -> EngineStats:
         """A snapshot of pools (as of the last AllocationResult), queues and counters."""

@@ -167,10 +167,14 @@ class Speculator:
             rate = (1.0 + threshold) / 2
         req.spec_rate = rate
 
-    def land(self, req: Request, token: SampledToken, end: int) -> SeqOutput:
-        """Apply a verification of the request's in-flight proposals: the accepted ones and
-        the target's next token join its tokens, cut after the first stop token or at
-        max_tokens (a finish reason on the output: the caller ends the request)."""
+    def land(self, req: Request, token: SampledToken, end: int) -> SeqOutput | None:
+        """Keep the draft model's proposals for the next step (or none), then apply a
+        verification of the request's in-flight proposals (None: none were in flight): the
+        accepted ones and the target's next token join its tokens, cut after the first stop
+        token or at max_tokens (a finish reason on the output: the caller ends the request)."""
+        req.proposed = token.proposals
+        if not req.draft:
+            return None
         draft, req.draft = req.draft, ()
         accepted = len(token.more)
         new = (token.token_id, *token.more)

@@ -138,13 +138,13 @@ def test_stop_token_inside_accepted_tokens_cuts_the_output() -> None:
     req.draft = (3, 2, 5)  # 2 is EOS: accepted, so the 5 after it must not land
     spec = Speculator(SpecSettings(num_tokens=3))
     out = spec.land(req, SampledToken("r", 3, None, (2, 5, 8)), end=5)
-    assert out.token_ids == (3, 2) and out.finish_reason == FinishReason.STOP
+    assert out is not None and out.token_ids == (3, 2) and out.finish_reason == FinishReason.STOP
     assert out.stop_reason == 2
     assert req.token_ids[5:] == [3, 2] and req.num_computed == 7
     req = _request([1, 2, 3, 1, 2], max_tokens=2)
     req.draft = (3, 1)
     out = spec.land(req, SampledToken("r", 3, None, (1, 5)), end=5)
-    assert out.token_ids == (3, 1) and out.finish_reason == FinishReason.LENGTH
+    assert out is not None and out.token_ids == (3, 1) and out.finish_reason == FinishReason.LENGTH
 
 
 def _with_copy_seeds(w: dict, period: int) -> dict:
