@@ -112,7 +112,7 @@ class SampleForks:
         samples = [self._sample(parent, i) for i in range(parent.num_samples)]
         self.samples[rid] = samples
         child_ids = tuple(s.request_id for s in samples)
-        planner.add_fork(Fork(rid, child_ids, parent.num_computed, cover))
+        planner.add_op(Fork(rid, child_ids, parent.num_computed, cover))
         for sample in samples:
             sample.status, sample.in_allocator = Status.RUNNING, True
             sample.num_computed = parent.num_computed

@@ -26,13 +26,18 @@ cost model, in step tokens):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from troupe.actors.core.ngram_proposer import NgramIndex
-from troupe.actors.core.request_state import Request
+from troupe.actors.core.request_state import Kind, Request, Work
 from troupe.config import EngineConfig, SpeculativeMethod
+from troupe.messages.allocator import Shrink
 from troupe.messages.scheduler import SampledToken
 from troupe.messages.streamer import SeqOutput
 from troupe.spec_cost import SpecCost, batch_limit, spec_cost
+
+if TYPE_CHECKING:
+    from troupe.actors.core.step_planner import StepPlanner
 
 RATE_WEIGHT = 0.5  # weight of the newest verification in a request's acceptance rate
 STEP_WEIGHT = 0.5  # weight of the newest proposing step in the per-step averages
@@ -150,6 +155,23 @@ class Speculator:
             draft = index.propose(req.token_ids, k)
         self._proposals += len(draft)
         return draft
+
+    def plan_decode(self, planner: StepPlanner, req: Request, budget: int, proposing: bool) -> int:
+        """The planner's decode of `req`: proposals that fit the budget and the free blocks (they
+        never preempt); blocks only earlier proposals needed go back (Shrink). The budget left."""
+        lim, rid = planner.limits, req.request_id
+        cover = req.num_computed + 1 + lim.num_lookahead_tokens
+        draft = self.propose(req, budget - 1) if proposing else ()
+        need = lim.blocks_for(cover + len(draft)) - req.num_blocks
+        if draft and need > planner.avail:
+            draft, need = (), lim.blocks_for(cover) - req.num_blocks
+        if need >= 0:  # the plain decode (which may preempt) or one with proposals that fit
+            return planner.fit(req, 1, need, budget, draft=draft)
+        req.num_blocks += need  # held for earlier proposals, past everything this step needs
+        planner.add_op(Shrink(rid, req.num_blocks * lim.block_size))
+        planner.avail -= need
+        planner.work[rid] = Work(req, 1 + len(draft), Kind.RUN, 0, draft, -need)
+        return budget - 1 - len(draft)
 
     def record(self, req: Request, num_proposed: int, num_accepted: int) -> None:
         """One verification of `num_proposed` proposals of `req`, `num_accepted` accepted."""

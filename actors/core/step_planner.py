@@ -7,7 +7,8 @@ preempted admits nobody, so a preempted request is not overtaken by later arriva
 
 Lookahead: step_limits.py (a new request gets it at its first decode); a prompt joining decodes
 may hold its last token back (held_token.py). Speculative decoding: a decode's table covers its
-proposals too (Work.draft), shrunk back when fewer are proposed (speculator.py: when, what)."""
+proposals too (Work.draft), shrunk back when fewer are proposed (speculator.py: when, what,
+and its decode's blocks: Speculator.plan_decode)."""
 
 from __future__ import annotations
 
@@ -48,7 +49,7 @@ class StepPlanner:
         self.unfittable: list[Request] = []  # ended: more blocks than the pool has
         self._ops: dict[type, list[AllocOp]] = {}
         self._grows: dict[str, Grow] = {}  # this step's, in plan order (a victim's undone)
-        self._avail = self._cpu_avail = 0  # blocks left to plan with, this step
+        self.avail = self._cpu_avail = 0  # blocks left to plan with, this step
         self._extra_seats = 0  # seats running parents hold for their samples (sample_fork.py)
         self._returned, self._preempted = 0, False  # victims' tokens back to the budget; any?
         # a StreamingLLM request was ever added (check releases); held_token.py; decodes planned
@@ -61,7 +62,7 @@ class StepPlanner:
         ops = self._ops = {kind: [] for kind in OP_ORDER}
         work: dict[str, Work] = {}
         self.work, self._grows, self._preempted = work, {}, False
-        self._avail, self._cpu_avail = num_gpu_free, num_cpu_free
+        self.avail, self._cpu_avail = num_gpu_free, num_cpu_free
         ops[CacheBlocks] += commit_ops(self.to_commit.values(), bs)
         self.to_commit = {}
         for req in q.to_free.values():
@@ -71,7 +72,7 @@ class StepPlanner:
         if lim.kv_window or self.has_streaming:
             for op, num_freed in window_releases(lim, q.running):
                 ops[ReleaseBlocks].append(op)
-                self._avail += num_freed
+                self.avail += num_freed
         budget, forks = lim.max_num_batched_tokens, self.forks
         if forks.parents or forks.samples:
             budget = forks.plan(self, budget)
@@ -90,13 +91,13 @@ class StepPlanner:
                 prefills.append(req)
             elif speculating and (proposing or (req.num_blocks - 1) * bs > computed + lookahead):
                 # proposing, or holding a block only earlier proposals needed (to shrink)
-                budget = self._plan_spec_decode(req, budget, proposing)
+                budget = self.speculator.plan_decode(self, req, budget, proposing)
             elif computed + lookahead < req.num_blocks * bs:  # the common decode: no new block
                 work[req.request_id] = req.decode  # made once per request: no allocation
                 budget -= 1
             else:
                 need = lim.blocks_for(computed + 1 + lookahead) - req.num_blocks
-                budget = self._fit(req, 1, need, budget)
+                budget = self.fit(req, 1, need, budget)
         self._decoding = self.hold_last and bool(work)
         for req in prefills:
             if budget == 0:
@@ -107,14 +108,14 @@ class StepPlanner:
             n = lim.chunk(req.compute_end - computed, budget)
             held = self._decoding and holds_last_token(req, computed + n)
             need = max(lim.blocks_for(computed + n + self._lookahead(req, n)) - req.num_blocks, 0)
-            fit = (req.num_blocks + self._avail) * bs - computed
-            if need > self._avail and fit >= 1:
+            fit = (req.num_blocks + self.avail) * bs - computed
+            if need > self.avail and fit >= 1:
                 # A chunk shrinks to the blocks there are before preempting (a last chunk that
                 # fits only without its lookahead keeps its length and goes without).
                 n = min(n, fit)
                 need = max(lim.blocks_for(computed + n) - req.num_blocks, 0)
                 held = held and computed + n == req.compute_end
-            budget = self._fit(req, n, need, budget, held)
+            budget = self.fit(req, n, need, budget, held)
         forks.rejoin(q)
         self._extra_seats = forks.extra_seats() if forks.parents else 0
         ops[Grow] = list(self._grows.values())
@@ -125,29 +126,12 @@ class StepPlanner:
         flat = [op for kind_ops in ops.values() for op in kind_ops]
         return flat if flat or work else None
 
-    def _plan_spec_decode(self, req: Request, budget: int, proposing: bool) -> int:
-        """A decode with speculative decoding on: proposals that fit the budget and the free
-        blocks (they never preempt); blocks only earlier proposals needed go back (Shrink)."""
-        lim, rid = self.limits, req.request_id
-        cover = req.num_computed + 1 + lim.num_lookahead_tokens
-        draft = self.speculator.propose(req, budget - 1) if proposing else ()
-        need = lim.blocks_for(cover + len(draft)) - req.num_blocks
-        if draft and need > self._avail:
-            draft, need = (), lim.blocks_for(cover) - req.num_blocks
-        if need >= 0:  # the plain decode (which may preempt) or one with proposals that fit
-            return self._fit(req, 1, need, budget, draft=draft)
-        req.num_blocks += need  # held for earlier proposals, past everything this step needs
-        self._ops[Shrink].append(Shrink(rid, req.num_blocks * lim.block_size))
-        self._avail -= need
-        self.work[rid] = Work(req, 1 + len(draft), Kind.RUN, 0, draft, -need)
-        return budget - 1 - len(draft)
-
     def add(self, req: Request) -> None:
         self.queues.add(req)
         self.has_streaming |= bool(req.stream_window)
 
-    def add_fork(self, fork: Fork) -> None:
-        self._ops[Fork].append(fork)
+    def add_op(self, op: Fork | Shrink) -> None:
+        self._ops[type(op)].append(op)
 
     def _seats(self) -> int:
         q = self.queues  # a request awaiting its token keeps its seat
@@ -157,20 +141,20 @@ class StepPlanner:
         """Positions past the chunk its table must cover: the lookahead if the chunk samples."""
         return self.limits.num_lookahead_tokens if req.num_computed + n >= req.num_tokens else 0
 
-    def _fit(
+    def fit(
         self, req: Request, n: int, need: int, budget: int, held: bool = False, draft: Tokens = ()
     ) -> int:
         """Plan `n` tokens of a running request needing `need` more blocks (`held`: the last
         of them waits for the next step; `draft`: proposals after them); the budget left."""
         got = need
-        if need > self._avail:  # victims give way first, or `req` does (None)
+        if need > self.avail:  # victims give way first, or `req` does (None)
             total = self.limits.blocks_for(req.num_computed + n) - req.num_released
             taken, budget, self._returned = self.room(req, need, total), budget + self._returned, 0
             if taken is None:  # (room() runs first: it counts what victims give back)
                 return budget
             got = taken
         else:  # the common case (a decode at a block boundary): nothing to look for
-            self._avail -= need
+            self.avail -= need
         n += len(draft)
         self.work[req.request_id] = Work(req, n - held, Kind.RUN, got, draft, held=held)
         if got > 0:  # the Grow covers the chunk and its lookahead, as far as `got` reaches
@@ -184,7 +168,7 @@ class StepPlanner:
         policy's victims until they fit; the count taken, or None if `req` gave way (preempted,
         or failed: `total`, the blocks it would hold, exceeds the pool)."""
         lim = self.limits
-        while need > self._avail:
+        while need > self.avail:
             self._preempted = True
             running = self.queues.running
             victim = self.preemption.victim(running)
@@ -198,21 +182,21 @@ class StepPlanner:
                     self._fail(req)
                     return None
                 held = req.num_blocks - req.num_released
-                need = self._avail = min(need, lim.num_gpu_blocks - held)
+                need = self.avail = min(need, lim.num_gpu_blocks - held)
                 break
             undone = self.work.pop(victim.request_id, None)
             self._grows.pop(victim.request_id, None)
-            if undone is not None:  # planned earlier this step: its share back (_fit's budget)
+            if undone is not None:  # planned earlier this step: its share back (fit's budget)
                 self._returned += undone.num_tokens
-                self._avail += undone.need
+                self.avail += undone.need
             self._preempt(victim)
-        self._avail -= need
+        self.avail -= need
         return need
 
     def _free(self, req: Request) -> None:
         """Release all the request's blocks in this batch, counting what that frees."""
         self._ops[FreeRequest].append(FreeRequest(req.request_id))
-        self._avail += req.num_blocks - req.num_released - req.num_shared
+        self.avail += req.num_blocks - req.num_released - req.num_shared
         self._cpu_avail += req.num_cpu_blocks
         req.num_blocks = req.num_shared = req.num_cpu_blocks = req.num_released = 0
         req.in_allocator = False
@@ -227,7 +211,7 @@ class StepPlanner:
             return
         self._ops[SwapOut].append(SwapOut(req.request_id))
         held = req.num_blocks - req.num_released  # released positions stay in its table
-        self._avail += held - req.num_shared
+        self.avail += held - req.num_shared
         self._cpu_avail -= held
         req.num_cpu_blocks, req.num_blocks, req.num_shared = held, req.num_released, 0
         self.queues.move(req, Status.SWAPPED)
@@ -243,7 +227,7 @@ class StepPlanner:
     def _start(self, req: Request, work: Work, op: SwapIn | AllocateNew) -> None:
         """Start a swapped or waiting request this step, with the blocks `work` counts."""
         self._ops[type(op)].append(op)
-        self._avail -= work.need
+        self.avail -= work.need
         self.queues.move(req, Status.RUNNING)
         self.work[req.request_id] = work
         self._extra_seats += req.num_samples - 1
@@ -255,7 +239,7 @@ class StepPlanner:
             n = lim.chunk(req.compute_end - req.num_computed, budget)
             cover = req.num_computed + n + self._lookahead(req, n)
             total = max(req.num_cpu_blocks, lim.blocks_for(cover) - req.num_released)
-            if total > self._avail:
+            if total > self.avail:
                 break
             self._start(req, Work(req, n, Kind.SWAP_IN, total), SwapIn(req.request_id, cover))
             budget -= n
@@ -287,7 +271,7 @@ class StepPlanner:
             limit = cache_limit(req)  # streaming: hits only where its KV is the same
             max_hit = (min(num_tokens, limit or num_tokens) - 1) // bs * bs if caching else 0
             upper = lim.blocks_for(min(num_tokens, max_hit + n))
-            if upper > self._avail:
+            if upper > self.avail:
                 break
             if head is not None:
                 leaders.add(head)
