@@ -1,25 +1,18 @@
 """A pool of KV blocks with reference counts and LRU eviction of cached free blocks.
 
-Every block is in exactly one state:
-
-    free        ref 0, not in the prefix cache        -> `_free` (a stack: LIFO)
+    free        ref 0, not in the prefix cache         -> `_free` (a stack: LIFO)
     fresh       free and never handed out (warm_first) -> `_fresh` (a stack: 0, 1, 2, ... first)
-    cached      ref 0, holds reusable prefix KV        -> `_lru` (oldest first; evicted on demand)
-    owned       ref >= 1 (may also be in the cache)    -> shared by `ref` requests
+    cached      ref 0, holds reusable prefix KV         -> `_lru` (oldest first; evicted on demand)
+    owned       ref >= 1 (may also be in the cache)     -> shared by `ref` requests
 
-Allocation takes plain free blocks first, most recently freed first, then evicts the least
-recently freed cached ones. LIFO keeps the blocks in use near the ones used before: a pool that
-is committed page by page when first written (the CPU pool) then holds about as much memory as
-is live, where FIFO would walk every block of the pool over a run. Released in reverse table
-order (as the allocator does), a request's blocks come back in their old order, so a table
-that was consecutive stays so.
-
-Never-used blocks: by default they are plain free blocks (at the bottom of the stack), so they
-are taken before a cached block is evicted: the prefix cache may fill the whole pool (GPU
-memory is committed at allocation: an unused block is wasted). With `warm_first` (a pool whose
-pages are committed when first written: the CPU) they come last, after every cached block:
-the blocks ever handed out are then no more than the most ever owned at once, and so is the
-memory the pool commits, at the price of a prefix cache no larger than that.
+Allocation takes plain free blocks, most recently freed first, then evicts the oldest cached
+ones. LIFO keeps the blocks in use near those used before, so a pool committed page by page when
+first written (the CPU pool) holds about as much memory as is live; released in reverse table
+order (as the allocator does), a consecutive table stays so. Never-used blocks are plain free
+blocks by default (GPU memory is committed at allocation: the prefix cache may fill the pool);
+with `warm_first` (a pool committed as written: the CPU) they come after every cached block, so
+the memory committed follows the most blocks ever owned at once, at the price of a prefix cache
+no larger than that.
 """
 
 from __future__ import annotations

@@ -48,7 +48,7 @@ from troupe.messages.tokenizer import AbortRequest
 
 log = structlog.get_logger("troupe.scheduler")
 Phase = Literal["idle", "allocating", "stepping"]
-ABORT, STOP = FinishReason.ABORT, FinishReason.STOP
+ABORT, ERROR, STOP = FinishReason.ABORT, FinishReason.ERROR, FinishReason.STOP
 
 
 class SchedulerCore:
@@ -109,7 +109,7 @@ class SchedulerCore:
         for msg in batch:
             match msg:
                 case AdmittedRequest():
-                    self._add_alone(msg)
+                    self.add(msg)
                 case AbortRequest():
                     self.abort(msg.request_id, msg.reason)
                 case StopRequests():  # the streamer has ended them: free them silently
@@ -137,35 +137,30 @@ class SchedulerCore:
         return out
 
     def add(self, msg: AdmittedRequest) -> None:
-        """Queue a new request (duplicates of a live id are ignored: admission prevents them)."""
-        self._time = max(self._time, msg.arrival_time)
-        if msg.request_id in self.requests:
-            return
-        self._num_arrivals += 1
-        req = Request.admit(msg, self._num_arrivals, self.eos_token_ids)
-        lim = self.limits
-        if never_fits(lim, req) or not req.token_ids:
-            self._pending.append(req.failed(too_big(lim, req)))
-        elif req.num_samples > min(lim.max_num_seqs, lim.max_num_batched_tokens):
-            message = f"{req.num_samples} samples cannot run at once (max_num_seqs)"
-            self._pending.append(req.failed(message))
-        else:
-            for queued in self.planner.forks.add(req):  # itself, or its samples (n > 1)
-                self.planner.add(queued)
-            self.grammar.active |= req.params.structured_outputs is not None
-
-    def _add_alone(self, msg: AdmittedRequest) -> None:
-        """add(), but a request that makes it raise (malformed past the edge) fails alone: add()
-        records a request only once it is queued, so there is nothing to undo."""
-        was_live = msg.request_id in self.requests
+        """Queue a new request (duplicates of a live id are ignored: admission prevents them).
+        One that makes this raise (malformed past the edge) fails alone: a request is recorded
+        only once it is queued, so there is nothing to undo."""
         try:
-            self.add(msg)
+            self._time = max(self._time, msg.arrival_time)
+            if msg.request_id in self.requests:
+                return
+            self._num_arrivals += 1
+            req = Request.admit(msg, self._num_arrivals, self.eos_token_ids)
+            lim = self.limits
+            if never_fits(lim, req) or not req.token_ids:
+                self._pending.append(req.failed(too_big(lim, req)))
+            elif req.num_samples > min(lim.max_num_seqs, lim.max_num_batched_tokens):
+                message = f"{req.num_samples} samples cannot run at once (max_num_seqs)"
+                self._pending.append(req.failed(message))
+            else:
+                for queued in self.planner.forks.add(req):  # itself, or its samples (n > 1)
+                    self.planner.add(queued)
+                self.grammar.active |= req.params.structured_outputs is not None
         except Exception as exc:
             log.exception("scheduler failed on a request", request_id=msg.request_id)
-            if was_live:
-                return  # a duplicate id: the live request keeps its state and its one ending
-            message = f"scheduler failed on this request: {type(exc).__name__}: {exc}"
-            self._pending.append(SeqOutput(msg.request_id, (), FinishReason.ERROR, error=message))
+            if msg.request_id not in self.requests:  # else a duplicate: the live one goes on
+                message = f"scheduler failed on this request: {type(exc).__name__}: {exc}"
+                self._pending.append(SeqOutput(msg.request_id, (), ERROR, error=message))
 
     def abort(self, request_id: str, reason: str | None = "aborted") -> None:
         """End a request wherever it is (reason None: without a terminal output); unknown ids
@@ -208,15 +203,12 @@ class SchedulerCore:
         self.phase = "idle"
         self.num_steps += 1
         self._time = max(self._time, result.time)
-        outputs, self._pending = self._pending, []
         if result.error is not None or result.failed:  # rows without a token: row_failures.py
-            outputs += fail_rows(result, self.in_flight, self.queues)
+            self._pending += fail_rows(result, self.in_flight, self.queues)
         if result.error is None:
-            self._apply_tokens(result, outputs)
+            self._apply_tokens(result, self._pending)
         self.in_flight = []
-        return TokenBatch(
-            step_id=result.step_id, time=self._time, outputs=tuple(outputs), stats=self.stats()
-        )
+        return self.stats_batch()
 
     def _apply_tokens(self, result: StepResult, outputs: list[SeqOutput]) -> None:
         """Append each in-flight request's sampled token; its SeqOutput goes to `outputs`."""
@@ -266,11 +258,10 @@ class SchedulerCore:
         return engine_stats(self.pools, self.planner, self.num_cpu_blocks, self.num_steps)
 
     def stats_batch(self) -> TokenBatch:
-        """Pending terminal outputs (maybe none) and fresh stats, outside a step."""
+        """Pending outputs (maybe none) and fresh stats: a step's, or news between steps."""
         outputs, self._pending = tuple(self._pending), []
-        return TokenBatch(
-            step_id=self.step_id, time=self._time, outputs=outputs, stats=self.stats()
-        )
+        stats = self.stats()
+        return TokenBatch(step_id=self.step_id, time=self._time, outputs=outputs, stats=stats)
 
     def _check_phase(self, phase: Phase, step_id: int, what: str) -> None:
         if self.phase != phase or step_id != self.step_id:
