@@ -54,8 +54,7 @@ def build_plan(
             found.num_shared = num_shared
     seqs: list[SeqWork] = []
     in_flight: list[InFlight] = []
-    running = Status.RUNNING
-    speculating = planner.speculator.enabled
+    running, speculating = Status.RUNNING, planner.speculator.enabled
     verifications: list[SeqWork] = []
     verified: list[InFlight] = []
     add_seq, add_in_flight, get_blocks = seqs.append, in_flight.append, blocks.get
@@ -88,6 +87,8 @@ def build_plan(
         if end <= start:
             continue  # a parallel-sampling parent with all it computes cached: it forks next
         first = not req.in_executor
+        # penalties read every earlier token: those a prefix hit (or a parent) computed
+        history = tuple(tokens[:start]) if first and start and req.params.has_penalties else ()
         # Verifications go last, so the one-token decodes lead the step (the runner's decode
         # kernel takes that prefix: gpu/step_inputs.py num_decode_prefix).
         (verifications if w.draft else seqs).append(
@@ -102,10 +103,7 @@ def build_plan(
                 num_prompt_tokens=req.prompt_len if first else 0,
                 draft_token_ids=w.draft,
                 num_dropped_blocks=w.num_dropped,
-                # penalties read every earlier token: those a prefix hit (or a parent) computed
-                history=tuple(tokens[:start])
-                if first and start and req.params.has_penalties
-                else (),
+                history=history,
                 next_token=tokens[end] if held else -1,
             )
         )
