@@ -20,6 +20,7 @@ from __future__ import annotations
 from troupe.actors.core.request_state import Request, RequestQueues, Status
 from troupe.actors.core.row_failures import failure
 from troupe.actors.core.step_planner import StepPlanner
+from troupe.messages.common import FinishReason
 from troupe.messages.scheduler import LateTokens
 from troupe.messages.streamer import SeqOutput
 
@@ -51,7 +52,8 @@ def land_tokens(msg: LateTokens, queues: RequestQueues) -> list[SeqOutput]:
             continue
         queues.move(req, Status.RUNNING)
         new = (token.token_id,)
-        _, finish_reason, stop = req.append_tokens(new)
+        finish_reason = req.append_token(token.token_id)
+        stop = token.token_id if finish_reason is FinishReason.STOP else None
         if finish_reason is not None:
             queues.finish(req)
         lp = None if token.logprob is None else (token.logprob,)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import bisect
 import enum
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
 
@@ -108,14 +107,6 @@ class Request:
         if len(tokens) >= self.max_total_tokens:
             return FinishReason.LENGTH
         return None
-
-    def append_tokens(self, new: Sequence[int]) -> tuple[int, FinishReason | None, int | None]:
-        """append_token for each, up to the one that ends the request: how many it kept, the
-        finish reason if one did, and the stop token."""
-        for kept, token_id in enumerate(new, 1):
-            if (reason := self.append_token(token_id)) is not None:
-                return kept, reason, token_id if reason is FinishReason.STOP else None
-        return len(new), None, None
 
     def failed(self, message: str) -> SeqOutput:
         """Its terminal output when it fails with `message`."""

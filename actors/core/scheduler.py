@@ -245,7 +245,7 @@ class SchedulerCore:
                     to_commit[rid] = req
             else:
                 token_id = token.token_id
-                reason = req.append_token(token_id)  # one token: no per-call tuple (hot path)
+                reason = req.append_token(token_id)
                 stop = token_id if reason is STOP else None
                 lp = None if token.logprob is None else (token.logprob,)
                 out = SeqOutput(rid, (token_id,), reason, stop, lp, req.num_cached_tokens)

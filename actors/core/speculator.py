@@ -32,6 +32,7 @@ from troupe.actors.core.ngram_proposer import NgramIndex
 from troupe.actors.core.request_state import Kind, Request, Work
 from troupe.config import EngineConfig, SpeculativeMethod
 from troupe.messages.allocator import Shrink
+from troupe.messages.common import FinishReason
 from troupe.messages.scheduler import SampledToken
 from troupe.messages.streamer import SeqOutput
 from troupe.spec_cost import SpecCost, batch_limit, spec_cost
@@ -203,7 +204,12 @@ class Speculator:
         if accepted > len(draft) or new[:accepted] != draft[:accepted]:
             raise ValueError(f"executor accepted {new} for proposals {draft} of {req.request_id}")
         self.record(req, len(draft), accepted)
-        kept, reason, stop = req.append_tokens(new)
+        kept, reason = len(new), None
+        for i, token_id in enumerate(new):  # up to a token that ends the request
+            if (reason := req.append_token(token_id)) is not None:
+                kept = i + 1
+                break
+        stop = new[kept - 1] if reason is FinishReason.STOP else None
         # the accepted proposals' KV is the sequence's (as far as it was kept)
         req.num_computed = min(end + accepted, len(req.token_ids))
         logprobs = None
