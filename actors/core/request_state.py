@@ -127,14 +127,12 @@ class RequestQueues:
     def __init__(self, policy: QueuePolicy) -> None:
         self.policy = policy
         self.requests: dict[str, Request] = {}
-        self.waiting: list[Request] = []
-        self.running: list[Request] = []
-        self.swapped: list[Request] = []
-        self.awaiting: list[Request] = []  # a seat and blocks, never planned nor a victim
+        queued = (Status.WAITING, Status.RUNNING, Status.SWAPPED, Status.AWAITING)
+        self._queues: dict[Status, list[Request]] = {status: [] for status in queued}
+        # awaiting (a late token): a seat and blocks, never planned nor a preemption victim
+        self.waiting, self.running, self.swapped, self.awaiting = self._queues.values()
         self.to_free: dict[str, Request] = {}
         self.released: list[str] = []
-        self._queues = {Status.WAITING: self.waiting, Status.RUNNING: self.running}
-        self._queues[Status.SWAPPED], self._queues[Status.AWAITING] = self.swapped, self.awaiting
 
     def add(self, req: Request) -> None:
         req.sort_key = self.policy.sort_key(req)

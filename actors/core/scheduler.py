@@ -88,8 +88,7 @@ class SchedulerCore:
         preemption = make_preemption_policy(preemption_mode)
         self.planner = StepPlanner(self.limits, self.queues, preemption)
         self.speculator = self.planner.speculator = Speculator(speculative or SpecSettings())
-        # an overlapping runner computes a joining prompt's last token with the decodes' next
-        # step (step_planner.py); proposals to verify run as steps of their own
+        # held_token.py; not with speculation: proposals to verify run as steps of their own
         self.planner.hold_last = hold_last_prompt_token and not self.speculator.enabled
         # The allocator's counts as of its last answer: what the next plan starts from.
         self.pools = AllocationResult(
