@@ -77,77 +77,121 @@ static inline void store_rows(float *out, __m256 v, int left) { /* the first `le
     }
 }
 
-/* A tile's two halves one after the other (their codes stay in L1 between the passes), so that
- * one half's codes (8 registers), its mb accumulators and the temporaries fit AVX2's 16; the
- * codes are prefetched in the first pass only. */
+/* Group g's 8-row half h of a 4-bit tile against mb activation rows: acc[r] += its scaled dot
+ * products and bias terms. */
+static inline __attribute__((always_inline)) void
+half4(const job_t *j, const uint8_t *wc, const uint8_t *wf, int g, int h, int m0, const int mb,
+      const int f32, __m256 *acc) {
+    const int groups = j->k / 32;
+    const __m256i low = _mm256_set1_epi8(15);
+    __m256i c[8];
+    for (int l = 0; l < 4; l++) {
+        __m256i v = _mm256_loadu_si256((const __m256i *)(wc + g * 256 + l * 64 + h * 32));
+        c[l] = _mm256_and_si256(v, low);
+        c[l + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+    }
+    __m256 scale, bias;
+    if (f32) {
+        scale = _mm256_loadu_ps((const float *)(wf + g * 128) + 8 * h);
+        bias = _mm256_loadu_ps((const float *)(wf + g * 128 + 64) + 8 * h);
+    } else {
+        scale = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wf + g * 64 + 16 * h)));
+        bias = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wf + g * 64 + 32 + 16 * h)));
+    }
+    for (int r = 0; r < mb; r++) {
+        const int8_t *xr = j->xq + (size_t)(m0 + r) * j->k + g * 32;
+        __m256 dot = _mm256_cvtepi32_ps(dot32_q4(c, xr));
+        const float d = j->dx[(m0 + r) * groups + g], s = j->sx[(m0 + r) * groups + g];
+        acc[r] = _mm256_fmadd_ps(dot, _mm256_mul_ps(scale, _mm256_set1_ps(d)), acc[r]);
+        acc[r] = _mm256_fmadd_ps(bias, _mm256_set1_ps(s), acc[r]);
+    }
+}
+
+static inline void prefetch4(const uint8_t *wc, const uint8_t *wf, int g, const int f32) {
+    for (int l = 0; l < 4; l++) _mm_prefetch((const char *)wc + g * 256 + AHEAD + l * 64, _MM_HINT_T0);
+    _mm_prefetch((const char *)wf + g * (f32 ? 128 : 64) + AHEAD / (f32 ? 2 : 4), _MM_HINT_T0);
+    if (f32) _mm_prefetch((const char *)wf + g * 128 + AHEAD / 2 + 64, _MM_HINT_T0);
+}
+
+/* One activation row (a decode step's: memory-bound) takes both halves per group as the codes
+ * stream in. More rows run the halves one after the other (the tile's codes stay in L1 between
+ * the passes; prefetches in the first), so that one half's codes (8 registers), its mb
+ * accumulators and the temporaries fit AVX2's 16: with both halves' 2 x mb accumulators live
+ * they spilled (docs/benchmarks.md, session 18). Either order gives the same bits. */
 static inline __attribute__((always_inline)) void
 tile(const job_t *j, int t, int m0, const int mb, const int f32) {
-    const int k = j->k, groups = k / 32;
+    const int groups = j->k / 32;
     const uint8_t *wc = j->codes + (size_t)t * groups * 256;
     const uint8_t *wf = j->factors + (size_t)t * groups * (f32 ? 128 : 64);
-    const __m256i low = _mm256_set1_epi8(15);
     const int left = j->n - t * 16;
+    float *out = j->out + (size_t)m0 * j->ldo + t * 16;
+    if (mb == 1) {
+        __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+        for (int g = 0; g < groups; g++) {
+            prefetch4(wc, wf, g, f32);
+            half4(j, wc, wf, g, 0, m0, 1, f32, &acc[0]);
+            half4(j, wc, wf, g, 1, m0, 1, f32, &acc[1]);
+        }
+        for (int h = 0; h < 2; h++) store_rows(out + 8 * h, acc[h], left - 8 * h);
+        return;
+    }
     for (int h = 0; h < 2; h++) { /* rows 8h .. 8h + 7 */
         __m256 acc[4];
         for (int r = 0; r < mb; r++) acc[r] = _mm256_setzero_ps();
         for (int g = 0; g < groups; g++) {
-            if (h == 0) {
-                for (int l = 0; l < 4; l++) _mm_prefetch((const char *)wc + g * 256 + AHEAD + l * 64, _MM_HINT_T0);
-                _mm_prefetch((const char *)wf + g * (f32 ? 128 : 64) + AHEAD / (f32 ? 2 : 4), _MM_HINT_T0);
-                if (f32) _mm_prefetch((const char *)wf + g * 128 + AHEAD / 2 + 64, _MM_HINT_T0);
-            }
-            __m256i c[8];
-            for (int l = 0; l < 4; l++) {
-                __m256i v = _mm256_loadu_si256((const __m256i *)(wc + g * 256 + l * 64 + h * 32));
-                c[l] = _mm256_and_si256(v, low);
-                c[l + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
-            }
-            __m256 scale, bias;
-            if (f32) {
-                scale = _mm256_loadu_ps((const float *)(wf + g * 128) + 8 * h);
-                bias = _mm256_loadu_ps((const float *)(wf + g * 128 + 64) + 8 * h);
-            } else {
-                scale = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wf + g * 64 + 16 * h)));
-                bias = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wf + g * 64 + 32 + 16 * h)));
-            }
-            for (int r = 0; r < mb; r++) {
-                const int8_t *xr = j->xq + (size_t)(m0 + r) * k + g * 32;
-                __m256 dot = _mm256_cvtepi32_ps(dot32_q4(c, xr));
-                const float d = j->dx[(m0 + r) * groups + g], s = j->sx[(m0 + r) * groups + g];
-                acc[r] = _mm256_fmadd_ps(dot, _mm256_mul_ps(scale, _mm256_set1_ps(d)), acc[r]);
-                acc[r] = _mm256_fmadd_ps(bias, _mm256_set1_ps(s), acc[r]);
-            }
+            if (h == 0) prefetch4(wc, wf, g, f32);
+            half4(j, wc, wf, g, h, m0, mb, f32, acc);
         }
-        for (int r = 0; r < mb; r++) store_rows(j->out + (size_t)(m0 + r) * j->ldo + t * 16 + 8 * h, acc[r], left - 8 * h);
+        for (int r = 0; r < mb; r++) store_rows(out + (size_t)r * j->ldo + 8 * h, acc[r], left - 8 * h);
     }
 }
 
-/* The same for an 8-bit weight (form Q8_F16). */
+/* Group g's half h of an 8-bit tile (form Q8_F16) against mb rows. */
+static inline __attribute__((always_inline)) void
+half8(const job_t *j, const uint8_t *wc, const uint8_t *wf, int g, int h, int m0, const int mb, __m256 *acc) {
+    const int groups = j->k / 32;
+    const __m256i flip = _mm256_set1_epi8((char)0x80); /* q + 128 -> q */
+    __m256i q[8];
+    for (int l = 0; l < 8; l++)
+        q[l] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(wc + g * 512 + l * 64 + h * 32)), flip);
+    __m256 scale = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wf + g * 32 + 16 * h)));
+    for (int r = 0; r < mb; r++) {
+        const int8_t *xr = j->xq + (size_t)(m0 + r) * j->k + g * 32;
+        const int row = (m0 + r) * groups + g;
+        __m256 dot = _mm256_cvtepi32_ps(dot32_q8(q, xr));
+        acc[r] = _mm256_fmadd_ps(dot, _mm256_mul_ps(scale, _mm256_set1_ps(j->dx[row])), acc[r]);
+    }
+}
+
+static inline void prefetch8(const uint8_t *wc, const uint8_t *wf, int g) {
+    for (int l = 0; l < 8; l++) _mm_prefetch((const char *)wc + g * 512 + AHEAD + l * 64, _MM_HINT_T0);
+    _mm_prefetch((const char *)wf + g * 32 + AHEAD / 16, _MM_HINT_T0);
+}
+
+/* The same for an 8-bit weight, in the same two orders. */
 static inline __attribute__((always_inline)) void tile8(const job_t *j, int t, int m0, const int mb) {
-    const int k = j->k, groups = k / 32;
+    const int groups = j->k / 32;
     const uint8_t *wc = j->codes + (size_t)t * groups * 512;
     const uint8_t *wf = j->factors + (size_t)t * groups * 32;
-    const __m256i flip = _mm256_set1_epi8((char)0x80); /* q + 128 -> q */
     const int left = j->n - t * 16;
+    float *out = j->out + (size_t)m0 * j->ldo + t * 16;
+    if (mb == 1) {
+        __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+        for (int g = 0; g < groups; g++) {
+            prefetch8(wc, wf, g);
+            half8(j, wc, wf, g, 0, m0, 1, &acc[0]);
+            half8(j, wc, wf, g, 1, m0, 1, &acc[1]);
+        }
+        for (int h = 0; h < 2; h++) store_rows(out + 8 * h, acc[h], left - 8 * h);
+        return;
+    }
     for (int h = 0; h < 2; h++) {
         __m256 acc[4];
         for (int r = 0; r < mb; r++) acc[r] = _mm256_setzero_ps();
         for (int g = 0; g < groups; g++) {
-            if (h == 0) {
-                for (int l = 0; l < 8; l++) _mm_prefetch((const char *)wc + g * 512 + AHEAD + l * 64, _MM_HINT_T0);
-                _mm_prefetch((const char *)wf + g * 32 + AHEAD / 16, _MM_HINT_T0);
-            }
-            __m256i q[8];
-            for (int l = 0; l < 8; l++)
-                q[l] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(wc + g * 512 + l * 64 + h * 32)), flip);
-            __m256 scale = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wf + g * 32 + 16 * h)));
-            for (int r = 0; r < mb; r++) {
-                const int8_t *xr = j->xq + (size_t)(m0 + r) * k + g * 32;
-                const int row = (m0 + r) * groups + g;
-                __m256 dot = _mm256_cvtepi32_ps(dot32_q8(q, xr));
-                acc[r] = _mm256_fmadd_ps(dot, _mm256_mul_ps(scale, _mm256_set1_ps(j->dx[row])), acc[r]);
-            }
+            if (h == 0) prefetch8(wc, wf, g);
+            half8(j, wc, wf, g, h, m0, mb, acc);
         }
-        for (int r = 0; r < mb; r++) store_rows(j->out + (size_t)(m0 + r) * j->ldo + t * 16 + 8 * h, acc[r], left - 8 * h);
+        for (int r = 0; r < mb; r++) store_rows(out + (size_t)r * j->ldo + 8 * h, acc[r], left - 8 * h);
     }
 }
