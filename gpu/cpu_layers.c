@@ -12,7 +12,7 @@
  * and at the end x += h, out = rms_norm(x) * final_norm (the logits' input).
  *
  * Same arithmetic as the torch form up to fp32 summation order (sums of squares, dot products,
- * the softmax): the logits agree to ~1e-5 relative (tests/gpu/test_cpu_layers.py). Attention
+ * the softmax): the logits agree to ~1e-5 relative (tests/gpu/test_cpu_decode.py). Attention
  * splits the query heads over `threads` OpenMP threads (torch's pool, as q4_matmul's split) once
  * a sequence is long enough to pay for the wake-up.
  */

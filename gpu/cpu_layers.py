@@ -10,7 +10,7 @@ row, its rotary row, the block table).
 It serves what gpu/cpu_decode.py's torch form serves (plain decoder layers, fp32 weights and
 cache) where every projection is a native CpuQ4 weight; `NativeLayers.build` returns None
 otherwise. Its logits equal the torch form's up to fp32 summation order
-(tests/gpu/test_cpu_layers.py).
+(tests/gpu/test_cpu_decode.py).
 """
 
 from __future__ import annotations
