@@ -117,9 +117,10 @@ def gumbel_argmax(
 
 def warm_up(vocab_size: int, device: torch.device) -> None:
     """Compile the kernel's two forms (with and without a grammar's bitmask) for this vocabulary
-    now, not on the first sampled request: Triton compiles a kernel on its first launch, and a
-    cold server's first request with a temperature spent ~0.4 s in that compilation on the
-    H200's host (py-spy, docs/benchmarks.md session 18)."""
+    now, not on the first sampled request: Triton compiles a kernel on its first launch where
+    its on-disk cache lacks it (a fresh machine or container), and such a server's first
+    request with a temperature spent ~0.4 s in that compilation on the H200's host (py-spy,
+    docs/benchmarks.md session 18)."""
     logits = torch.zeros(1, vocab_size, device=device)
     temperature = torch.ones(1, device=device)
     keys = torch.zeros(1, 2, dtype=torch.int64, device=device)
