@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # One device call: GPU tests (kernels + model), then the offline benchmark through the engine.
 # Run on the GPU machine from the repo root with .whl carried (see ../shared/tools/device-wheels.sh).
-# Structured output needs these beyond the script's own list:
+# Structured output needs these beyond the script's own list, and tests/gpu imports gguf:
 #   ../shared/tools/device-wheels.sh xgrammar==0.2.8 apache-tvm-ffi pydantic pydantic-core \
-#     annotated-types typing-inspection
+#     annotated-types typing-inspection gguf pyyaml tqdm
 # Logs go to $OUT (or /tmp/troupe-gpu).
 set -uo pipefail
 OUT=${OUT:-/tmp/troupe-gpu}; mkdir -p "$OUT"
