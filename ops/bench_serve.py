@@ -38,6 +38,7 @@ from troupe.ops.serve_report import (
     write_result,
 )
 from troupe.ops.serve_workload import BenchRequest, LengthSpec, make_requests
+from troupe.ops.server_ttft import quantiles, read_buckets
 
 _CLIENT_TIMEOUT_S = 6 * 3600  # one request may take long under load; vLLM's bound too
 
@@ -107,8 +108,18 @@ async def _warm_up(client: Client, requests: list[BenchRequest], n: int) -> str 
 async def _drive(
     client: Client, requests: list[BenchRequest], args: argparse.Namespace
 ) -> tuple[list[RequestResult], float]:
+    await _warm(client, requests, args)
+    return await _load(client, requests, args)
+
+
+async def _warm(client: Client, requests: list[BenchRequest], args: argparse.Namespace) -> None:
     if (error := await _warm_up(client, requests, args.num_warmups)) is not None:
         raise RuntimeError(f"the warm-up request failed: {error}")
+
+
+async def _load(
+    client: Client, requests: list[BenchRequest], args: argparse.Namespace
+) -> tuple[list[RequestResult], float]:
     progress = Progress(len(requests), enabled=not args.no_progress)
     # As vLLM's benchmark does: this process's start-up heap (torch, when troupe is imported)
     # out of the collector's walks, so that its pauses are not measured as the server's latency
@@ -132,10 +143,15 @@ async def _wait_healthy(session: aiohttp.ClientSession, base_url: str, timeout: 
         await asyncio.sleep(0.2)
 
 
+HttpRun = tuple[list[RequestResult], float, str, int, dict[str, float] | None]
+
+
 async def _run_http(
     base_url: str, requests: list[BenchRequest], args: argparse.Namespace
-) -> tuple[list[RequestResult], float, str, int]:
-    """Results, duration, model name, and how many times /v1/engine/stats was polled."""
+) -> HttpRun:
+    """Results, duration, model name, how many times /v1/engine/stats was polled, and the
+    server's own TTFT percentiles over the run (ops/server_ttft.py; None from another
+    server)."""
     connector = aiohttp.TCPConnector(limit=0)  # --max-concurrency bounds it, as in vLLM
     timeout = aiohttp.ClientTimeout(total=_CLIENT_TIMEOUT_S)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
@@ -156,20 +172,27 @@ async def _run_http(
             ignore_eos=args.ignore_eos,
             api_key=args.api_key,
         )
+        auth = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+        await _warm(client, requests, args)
+        before = await read_buckets(session, base_url, auth)  # after the warm-up: uncounted
         if args.poll_engine_stats is None:
-            results, duration = await _drive(client, requests, args)
-            return results, duration, model, 0
-        poller = StatsPoller(
-            session, base_url, interval=args.poll_engine_stats, api_key=args.api_key
-        )
-        async with poller:
-            results, duration = await _drive(client, requests, args)
-        if poller.failures:
-            raise RuntimeError(
-                f"/v1/engine/stats failed {len(poller.failures)} of {poller.polls} polls: "
-                f"{poller.failures[0]}"
+            results, duration = await _load(client, requests, args)
+            polls = 0
+        else:
+            poller = StatsPoller(
+                session, base_url, interval=args.poll_engine_stats, api_key=args.api_key
             )
-    return results, duration, model, poller.polls
+            async with poller:
+                results, duration = await _load(client, requests, args)
+            if poller.failures:
+                raise RuntimeError(
+                    f"/v1/engine/stats failed {len(poller.failures)} of {poller.polls} polls: "
+                    f"{poller.failures[0]}"
+                )
+            polls = poller.polls
+        after = await read_buckets(session, base_url, auth)
+    percentiles = [float(p) for p in args.metric_percentiles.split(",")]
+    return results, duration, model, polls, quantiles(before, after, percentiles)
 
 
 def engine_config(engine_args: list[str]) -> EngineConfig:
@@ -200,7 +223,7 @@ async def _run_engine(
 
 def _run_started_server(
     serve_args: list[str], requests: list[BenchRequest], args: argparse.Namespace
-) -> tuple[list[RequestResult], float, str, int, str, ServerCpu | None]:
+) -> tuple[HttpRun, str, ServerCpu | None]:
     """The run, and the CPU time its gateway and engine processes used meanwhile."""
     from troupe.ops.bench_soak import ServerProcess
 
@@ -211,7 +234,7 @@ def _run_started_server(
         base_url = server.wait_ready()  # its message carries the server's last log lines
         before = read_server_cpu(server.pid)
         try:
-            results, duration, model, polls = asyncio.run(_run_http(base_url, requests, args))
+            run = asyncio.run(_run_http(base_url, requests, args))
         except RuntimeError:
             print("\n".join(server.log_tail), file=sys.stderr)
             raise
@@ -221,7 +244,7 @@ def _run_started_server(
         if status != 0:
             print(f"troupe bench serve: the server exited with {status}", file=sys.stderr)
     cpu = cpu_used(before, after) if before and after else None
-    return results, duration, model, polls, base_url, cpu
+    return run, base_url, cpu
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -266,19 +289,20 @@ def main(argv: list[str] | None = None) -> int:
     base_url = args.base_url.rstrip("/") if args.base_url else None
     polls = 0
     cpu: ServerCpu | None = None  # read only from a server this benchmark started
+    server_ttft: dict[str, float] | None = None  # HTTP to a troupe server only
     try:
         if args.engine:
             config = engine_config(engine_args)
             results, duration, model = asyncio.run(_run_engine(config, requests, args))
         elif base_url is not None:
             before = read_server_cpu(args.server_pid) if args.server_pid else None
-            results, duration, model, polls = asyncio.run(_run_http(base_url, requests, args))
+            run = asyncio.run(_run_http(base_url, requests, args))
+            results, duration, model, polls, server_ttft = run
             after = read_server_cpu(args.server_pid) if args.server_pid else None
             cpu = cpu_used(before, after) if before and after else None
         else:
-            results, duration, model, polls, base_url, cpu = _run_started_server(
-                engine_args, requests, args
-            )
+            run, base_url, cpu = _run_started_server(engine_args, requests, args)
+            results, duration, model, polls, server_ttft = run
     except RuntimeError as exc:
         print(f"troupe bench serve: {exc}", file=sys.stderr)
         return 2
@@ -301,6 +325,7 @@ def main(argv: list[str] | None = None) -> int:
         "poll_engine_stats_s": args.poll_engine_stats,
         "engine_stats_polls": polls,
         "server_cpu": server_cpu_json(cpu, metrics.total_output),
+        "server_ttft_ms": server_ttft,
     }
     print_report(metrics, settings, results)
     if args.result_file:

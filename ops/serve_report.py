@@ -50,6 +50,11 @@ def format_report(m: BenchMetrics, settings: Mapping[str, Any], errors: Sequence
              f"{cpu['gateway_us_per_output_token']:.1f}"),
             ("Engine process CPU (s)", engine),
         ]  # fmt: skip
+    server_ttft = settings.get("server_ttft_ms")
+    if server_ttft:  # the server's own, from its arrival stamp (ops/server_ttft.py)
+        names = " / ".join(server_ttft)
+        cells = " / ".join(f"{v:.1f}" for v in server_ttft.values())
+        rows.append((f"Server TTFT {names} (ms)", cells))
     label_width = max(len(name) for name, _ in rows) + 2
     lines = [" Serving Benchmark Result ".center(_WIDTH, "=")]
     lines += [f"{name + ':':<{label_width}}{value:>{_WIDTH - label_width}}" for name, value in rows]

@@ -25,6 +25,7 @@ from troupe.ops.serve_workload import (
     make_requests,
     sample_lengths,
 )
+from troupe.ops.server_ttft import parse_buckets, quantiles
 
 
 @pytest.fixture
@@ -327,6 +328,13 @@ def test_ci_sized_run_completes_every_request(
         assert cpu["gateway_s"] >= 0 and cpu["engine_s"] is not None and cpu["engine_s"] >= 0
         assert "Gateway CPU (s) / per output token (us)" in out
     assert result["request_goodput"] is not None and len(result["ttfts"]) == 40
+    server_ttft = result["server_ttft_ms"]  # the server's own histogram (ops/server_ttft.py)
+    if "--engine" in mode:
+        assert server_ttft is None
+    else:
+        assert set(server_ttft) == {"p50", "p90", "p99"}
+        assert 0 < server_ttft["p50"] <= server_ttft["p90"] <= server_ttft["p99"]
+        assert "Server TTFT p50 / p90 / p99 (ms)" in out
     assert all(len(itl) >= 1 for itl in result["itls"])  # 8 +- 4 tokens: more than one chunk
 
 
@@ -343,3 +351,30 @@ def test_flag_errors_exit_2() -> None:
         with pytest.raises(SystemExit) as exc:
             main(argv)
         assert exc.value.code == 2, argv
+
+
+def test_server_ttft_quantiles_from_two_readings() -> None:
+    """The run's own observations (after - before), interpolated within buckets as Prometheus's
+    histogram_quantile does; past the last finite bound, that bound; nothing new: None."""
+    page = "\n".join(
+        [
+            "# TYPE troupe_time_to_first_token_seconds histogram",
+            'troupe_time_to_first_token_seconds_bucket{le="0.1"} 12.0',
+            'troupe_time_to_first_token_seconds_bucket{le="0.2"} 16.0',
+            'troupe_time_to_first_token_seconds_bucket{le="0.4"} 20.0',
+            'troupe_time_to_first_token_seconds_bucket{le="+Inf"} 22.0',
+            "troupe_time_to_first_token_seconds_count 22.0",
+        ]
+    )
+    after = parse_buckets(page)
+    assert after == {0.1: 12.0, 0.2: 16.0, 0.4: 20.0, math.inf: 22.0}
+    before = {0.1: 2.0, 0.2: 2.0, 0.4: 2.0, math.inf: 2.0}  # 20 new: 10 / 4 / 4 / 2
+    got = quantiles(before, after, [50.0, 60.0, 90.0, 99.0])
+    assert got is not None
+    assert got["p50"] == pytest.approx(100.0)  # rank 10: the first bucket's bound
+    assert got["p60"] == pytest.approx(150.0)  # rank 12: half way into (0.1, 0.2]
+    assert got["p90"] == pytest.approx(400.0)  # rank 18: the end of (0.2, 0.4]
+    assert got["p99"] == pytest.approx(400.0)  # rank 19.8: +Inf's bucket reads 0.4
+    assert quantiles(after, after, [50.0]) is None
+    assert quantiles(None, after, [50.0]) is None
+    assert parse_buckets("other_metric 1.0") is None
