@@ -38,7 +38,7 @@ from troupe.ops.serve_report import (
     write_result,
 )
 from troupe.ops.serve_workload import BenchRequest, LengthSpec, make_requests
-from troupe.ops.server_ttft import quantiles, read_buckets
+from troupe.ops.server_ttft import Buckets, quantiles, read_buckets
 
 _CLIENT_TIMEOUT_S = 6 * 3600  # one request may take long under load; vLLM's bound too
 
@@ -143,15 +143,16 @@ async def _wait_healthy(session: aiohttp.ClientSession, base_url: str, timeout: 
         await asyncio.sleep(0.2)
 
 
-HttpRun = tuple[list[RequestResult], float, str, int, dict[str, float] | None]
+# results, duration, model, polls, the server's TTFT histogram before and after the load
+HttpRun = tuple[list[RequestResult], float, str, int, tuple[Buckets | None, Buckets | None]]
 
 
 async def _run_http(
     base_url: str, requests: list[BenchRequest], args: argparse.Namespace
 ) -> HttpRun:
     """Results, duration, model name, how many times /v1/engine/stats was polled, and the
-    server's own TTFT percentiles over the run (ops/server_ttft.py; None from another
-    server)."""
+    server's own TTFT histogram read after the warm-up and after the load
+    (ops/server_ttft.py; None from another server)."""
     connector = aiohttp.TCPConnector(limit=0)  # --max-concurrency bounds it, as in vLLM
     timeout = aiohttp.ClientTimeout(total=_CLIENT_TIMEOUT_S)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
@@ -191,8 +192,7 @@ async def _run_http(
                 )
             polls = poller.polls
         after = await read_buckets(session, base_url, auth)
-    percentiles = [float(p) for p in args.metric_percentiles.split(",")]
-    return results, duration, model, polls, quantiles(before, after, percentiles)
+    return results, duration, model, polls, (before, after)
 
 
 def engine_config(engine_args: list[str]) -> EngineConfig:
@@ -289,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     base_url = args.base_url.rstrip("/") if args.base_url else None
     polls = 0
     cpu: ServerCpu | None = None  # read only from a server this benchmark started
-    server_ttft: dict[str, float] | None = None  # HTTP to a troupe server only
+    readings: tuple[Buckets | None, Buckets | None] = (None, None)  # HTTP to a troupe server
     try:
         if args.engine:
             config = engine_config(engine_args)
@@ -297,12 +297,12 @@ def main(argv: list[str] | None = None) -> int:
         elif base_url is not None:
             before = read_server_cpu(args.server_pid) if args.server_pid else None
             run = asyncio.run(_run_http(base_url, requests, args))
-            results, duration, model, polls, server_ttft = run
+            results, duration, model, polls, readings = run
             after = read_server_cpu(args.server_pid) if args.server_pid else None
             cpu = cpu_used(before, after) if before and after else None
         else:
             run, base_url, cpu = _run_started_server(engine_args, requests, args)
-            results, duration, model, polls, server_ttft = run
+            results, duration, model, polls, readings = run
     except RuntimeError as exc:
         print(f"troupe bench serve: {exc}", file=sys.stderr)
         return 2
@@ -325,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
         "poll_engine_stats_s": args.poll_engine_stats,
         "engine_stats_polls": polls,
         "server_cpu": server_cpu_json(cpu, metrics.total_output),
-        "server_ttft_ms": server_ttft,
+        "server_ttft_ms": quantiles(*readings, percentiles),
     }
     print_report(metrics, settings, results)
     if args.result_file:
