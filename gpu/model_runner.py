@@ -36,7 +36,7 @@ from troupe.gpu.sampler import (
     warm_up_draw,
     withhold_non_finite,
 )
-from troupe.gpu.sampling_batch import build_sampling_batch
+from troupe.gpu.sampling_batch import SamplingBatches
 from troupe.gpu.spec_verify import verify_proposals
 from troupe.gpu.step_inputs import StepInputs, build_step_inputs, streaming_inputs
 from troupe.gpu.token_bitmask import BitmaskUpload, step_bitmask
@@ -79,6 +79,7 @@ class ModelRunner:
         self.num_gpu_blocks = options.num_gpu_blocks
         self.num_cpu_blocks = options.num_cpu_blocks
         self.vocab_size = config.vocab_size
+        self._batches = SamplingBatches(config.vocab_size, self.device)  # steps not overlapped
         self.max_model_len = options.max_model_len
         self.eos_token_ids = config.eos_token_ids
         self.max_blocks_per_seq = -(-options.max_model_len // options.block_size)
@@ -214,7 +215,7 @@ class ModelRunner:
         batch = None  # built now, while the grammar computes the masks; not for verification
         if inputs.num_logits is None and len(inputs.sampled_rows):
             rows = inputs.sampled_rows.tolist()
-            batch = build_sampling_batch([states[r] for r in rows], self.vocab_size, self.device)
+            batch = self._batches.build([states[r] for r in rows])
         self._launched = _Launched(plan, states, inputs, logits, batch)
 
     def finish(self, masks: TokenMasks) -> tuple[SampledToken, ...]:
@@ -335,7 +336,7 @@ class ModelRunner:
         are not finite) and logprobs of the rows (`batch`: theirs, if built already); `early`
         is given the ids on the device before that copy: whether it launched work."""
         if batch is None:
-            batch = build_sampling_batch(states, self.vocab_size, self.device)
+            batch = self._batches.build(states)
         if bitmask is not None:
             batch.token_bitmask = self._upload_bitmask(bitmask)
         token_ids, logprobs = sample(logits, batch)

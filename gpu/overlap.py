@@ -38,7 +38,7 @@ from troupe.gpu.early_launch import fed_decode_inputs, launchable, matching_rows
 from troupe.gpu.overlap_merge import mergeable, merged_chunks
 from troupe.gpu.request_states import RequestState, RequestStates
 from troupe.gpu.sampler import WITHHELD, sample, sampled_tokens, withhold_non_finite
-from troupe.gpu.sampling_batch import build_sampling_batch
+from troupe.gpu.sampling_batch import SamplingBatches
 from troupe.gpu.step_inputs import StepInputs, concat_inputs
 from troupe.messages import SampledToken, SeqWork, StepPlan
 
@@ -119,6 +119,7 @@ class DecodeOverlap:
         self.block_size = block_size
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
+        self.batches = SamplingBatches(vocab_size, device)  # a run of decodes: settings kept
         self.num_overlapped = 0  # decode steps launched before their plan arrived
         self.num_overlap_hits = 0  # ... whose plan matched, so their samples were used
         self.num_overlap_splits = 0  # ... hits whose plan had more work besides (Split)
@@ -324,7 +325,7 @@ class DecodeOverlap:
         if self._logits_hook is not None:
             with torch.inference_mode():  # the logits are inference tensors: edits need it
                 self._logits_hook(request_ids, logits)
-        batch = build_sampling_batch(states, self.vocab_size, self.device)
+        batch = self.batches.build(states)
         ids_device, _ = sample(logits, batch)  # no logprobs asked: nothing is read back
         # The next step is fed ids_device (real tokens); only the read-back copy marks failures.
         checked = withhold_non_finite(ids_device, logits)

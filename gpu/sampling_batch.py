@@ -3,9 +3,14 @@
 Per step this is one np.stack of the requests' precomputed param rows, the row keys hashed in
 numpy, and two host->device copies (floats, keys). Penalty tensors are built only for batches
 that use penalties, and the filter flags let the sampler skip top-k/top-p/min-p entirely.
+
+`SamplingBatches` keeps the last batch: a step that samples the same requests with the same
+params (a run of decode steps) reuses its uploaded settings and hashes only the new keys.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 import torch
@@ -33,11 +38,10 @@ def build_sampling_batch(
     ends = np.fromiter((s.num_tokens for s in states), np.int64, num_rows)
     if offsets is not None:
         ends += offsets
-    positions = ends.astype(np.uint64)
-    keys = torch.from_numpy(row_keys_array(seeds, positions))
+    keys = _upload_keys(seeds, ends, device)
     floats = torch.from_numpy(table.astype(np.float32))
     if device.type == "cuda":
-        floats, keys = floats.pin_memory(), keys.pin_memory()
+        floats = floats.pin_memory()
     floats = floats.to(device, non_blocking=True)
     temperature = table[:, cols.TEMPERATURE]
     random_rows = temperature > 0.0
@@ -47,7 +51,7 @@ def build_sampling_batch(
         top_k=floats[:, cols.TOP_K].long(),
         top_p=floats[:, cols.TOP_P],
         min_p=floats[:, cols.MIN_P],
-        keys=keys.to(device, non_blocking=True),
+        keys=keys,
         presence=floats[:, cols.PRESENCE],
         frequency=floats[:, cols.FREQUENCY],
         repetition=floats[:, cols.REPETITION],
@@ -69,6 +73,51 @@ def build_sampling_batch(
         seen = _counts(states, ends, uses_seen, vocab_size, device, prompt=True) > 0
         batch.seen_mask = seen
     return batch
+
+
+def _upload_keys(seeds: np.ndarray, ends: np.ndarray, device: torch.device) -> torch.Tensor:
+    """[S, 2] int64 row keys on `device` (through pinned memory on CUDA)."""
+    keys = torch.from_numpy(row_keys_array(seeds, ends.astype(np.uint64)))
+    if device.type == "cuda":
+        keys = keys.pin_memory()
+    return keys.to(device, non_blocking=True)
+
+
+class SamplingBatches:
+    """build_sampling_batch with a memory of one step: when a step samples the same request
+    states as the last, each with the params it had then, and none reads its position or
+    history (logit edits, penalties), the settings uploaded then are reused and only the row
+    keys (seed, position) are hashed and uploaded again."""
+
+    def __init__(self, vocab_size: int, device: torch.device) -> None:
+        self.vocab_size = vocab_size
+        self.device = device
+        self.num_reused = 0  # batches built from the last one's settings
+        self._last: SamplingBatch | None = None
+        self._rows: list[RequestState] = []  # the last batch's states ...
+        self._params: list[np.ndarray] = []  # ... and their param rows, by identity
+        self._seeds = np.zeros(0, np.uint64)
+
+    def build(self, states: list[RequestState]) -> SamplingBatch:
+        params = [s.param_row for s in states]
+        last = self._last
+        if (
+            last is not None
+            and len(states) == len(self._rows)
+            and all(a is b for a, b in zip(states, self._rows, strict=True))
+            and all(a is b for a, b in zip(params, self._params, strict=True))
+        ):
+            ends = np.fromiter((s.num_tokens for s in states), np.int64, len(states))
+            self.num_reused += 1
+            return dataclasses.replace(last, keys=_upload_keys(self._seeds, ends, self.device))
+        batch = build_sampling_batch(states, self.vocab_size, self.device)
+        plain = (
+            batch.logit_edits is None and batch.output_counts is None and batch.seen_mask is None
+        )
+        self._last = dataclasses.replace(batch) if plain else None  # callers add masks
+        self._rows, self._params = list(states), params
+        self._seeds = np.fromiter((s.seed for s in states), np.uint64, len(states))
+        return batch
 
 
 def _counts(
