@@ -6,7 +6,9 @@ an H200. This kernel computes the same hash per (row key, token id) in registers
 running argmax of logits / temperature + noise, so it reads the logits once.
 
 Rows with temperature 0 take the plain argmax of their logits. Ties go to the lowest token id,
-as torch.argmax. The noise is bit-identical to the torch path's; the log may differ by an ulp,
+as torch.argmax. Each row's ids are split over several programs (num_splits: one program per
+row left most SMs idle, so a draw over 151,936 ids was latency-bound); a second kernel picks
+each row's winner among its splits' bests. The noise is bit-identical to the torch path's; the log may differ by an ulp,
 which only matters at exact near-ties.
 
 With a grammar's token bitmask (structured output: gpu/token_bitmask.py) the kernel reads each
@@ -15,6 +17,8 @@ five passes over [S, V] (int32 gather, shift, and, compare, select: ~1.4 GB at 2
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 
@@ -46,25 +50,31 @@ if triton is not None:
         row_stride,
         temperature_ptr,
         keys_ptr,
-        out_ptr,
+        part_value_ptr,  # fp32 [S, num_splits]: each split's best value ...
+        part_id_ptr,  # int32 [S, num_splits]: ... and the lowest id that has it
         vocab_size,
+        chunk,  # ids per split, a multiple of BLOCK
+        num_splits,
         mask_ptr,
         mask_stride,
         BLOCK: tl.constexpr,
         MASKED: tl.constexpr,
     ):
         row = tl.program_id(0)
+        split = tl.program_id(1)
         temperature = tl.load(temperature_ptr + row)
         is_random = temperature > 0.0
         divisor = tl.where(is_random, temperature, 1.0)
         key0 = tl.load(keys_ptr + 2 * row).to(tl.uint32)
         key1 = tl.load(keys_ptr + 2 * row + 1).to(tl.uint32)
         base = logits_ptr + row.to(tl.int64) * row_stride
+        lo = split * chunk
+        hi = tl.minimum(lo + chunk, vocab_size)
         best = tl.full((BLOCK,), float("-inf"), tl.float32)
-        best_id = tl.zeros((BLOCK,), tl.int32)
-        for start in range(0, vocab_size, BLOCK):
+        best_id = tl.zeros((BLOCK,), tl.int32) + lo
+        for start in range(lo, hi, BLOCK):
             ids = start + tl.arange(0, BLOCK)
-            mask = ids < vocab_size
+            mask = ids < hi
             logit = tl.load(base + ids, mask=mask, other=float("-inf")).to(tl.float32)
             x = _mix32(ids.to(tl.uint32) + 0x632BE5AB)
             x = _mix32(x ^ key0)
@@ -80,9 +90,42 @@ if triton is not None:
             best = tl.where(better, value, best)
             best_id = tl.where(better, ids, best_id)
         top = tl.max(best, axis=0)
-        winner = tl.min(tl.where(best == top, best_id, vocab_size), axis=0)
-        winner = tl.where(winner == vocab_size, 0, winner)  # an all -inf row: argmax is 0
+        tl.store(part_value_ptr + row * num_splits + split, top)
+        tl.store(part_id_ptr + row * num_splits + split, tl.min(tl.where(best == top, best_id, hi)))
+
+    @triton.jit  # type: ignore[untyped-decorator]
+    def _merge_splits_kernel(  # type: ignore[no-untyped-def]
+        part_value_ptr, part_id_ptr, out_ptr, num_splits, BLOCK_S: tl.constexpr
+    ):
+        row = tl.program_id(0)
+        offs = tl.arange(0, BLOCK_S)
+        valid = offs < num_splits
+        value = tl.load(part_value_ptr + row * num_splits + offs, mask=valid, other=float("-inf"))
+        ids = tl.load(part_id_ptr + row * num_splits + offs, mask=valid, other=0)
+        top = tl.max(value, axis=0)
+        # splits hold ascending ids: the first split with the top value has the lowest id; an
+        # all -inf row gives split 0's first id, 0, as torch.argmax does
+        first = tl.min(tl.where((value == top) & valid, offs, BLOCK_S), axis=0)
+        winner = tl.sum(tl.where(offs == first, ids, 0), axis=0)
         tl.store(out_ptr + row, winner.to(tl.int64))
+
+
+_BLOCK = 2048
+_PROGRAMS_PER_SM = 8  # a draw of 256 rows x 151,936 ids took 235 us in one program per row
+
+
+@functools.lru_cache(maxsize=8)
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 4  # the interpreter: a few splits, so tests cover the merge
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def num_splits(num_rows: int, vocab_size: int, device: torch.device) -> int:
+    """Programs per row: enough rows x splits to fill every SM several times over, at most
+    one BLOCK of ids per split."""
+    wanted = -(-_PROGRAMS_PER_SM * _num_sms(device) // num_rows)
+    return max(1, min(wanted, -(-vocab_size // _BLOCK)))
 
 
 def gumbel_argmax(
@@ -98,20 +141,30 @@ def gumbel_argmax(
     out = torch.empty(num_rows, dtype=torch.int64, device=logits.device)
     if num_rows == 0:
         return out
+    splits = num_splits(num_rows, vocab_size, logits.device)
+    chunk = -(-vocab_size // (splits * _BLOCK)) * _BLOCK
+    splits = -(-vocab_size // chunk)  # none empty
+    part_value = torch.empty(num_rows, splits, dtype=torch.float32, device=logits.device)
+    part_id = torch.empty(num_rows, splits, dtype=torch.int32, device=logits.device)
     logits = logits if logits.stride(-1) == 1 else logits.contiguous()
     masks = out if bitmask is None else bitmask.contiguous()  # unread without a bitmask
-    _gumbel_argmax_kernel[(num_rows,)](
+    _gumbel_argmax_kernel[(num_rows, splits)](
         logits,
         logits.stride(0),
         temperature.float().contiguous(),
         keys.contiguous(),
-        out,
+        part_value,
+        part_id,
         vocab_size,
+        chunk,
+        splits,
         masks,
         masks.stride(0),
-        BLOCK=2048,
+        BLOCK=_BLOCK,
         MASKED=bitmask is not None,
     )
+    block_s = triton.next_power_of_2(splits)
+    _merge_splits_kernel[(num_rows,)](part_value, part_id, out, splits, BLOCK_S=block_s)
     return out
 
 

@@ -71,3 +71,28 @@ def test_warm_up_launches_both_forms(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(gumbel_module, "gumbel_argmax", spy)
     gumbel_module.warm_up(100, torch.device("cpu"))
     assert seen == [(100, None), (100, (1, 4))]
+
+
+def test_split_rows_merge_to_the_lowest_id_of_the_top_value() -> None:
+    """Each row's ids are split over programs (num_splits); the merge keeps torch.argmax's
+    answer: the lowest id among equal maxima, wherever the splits fall, and 0 for a row of
+    -inf."""
+    vocab = 9000  # five blocks of ids: five splits for one row here, the last one ragged
+    assert gumbel_module.num_splits(1, vocab, torch.device("cpu")) == 5
+    logits = torch.zeros(4, vocab)
+    logits[0, 2100] = logits[0, 6500] = 3.0  # a tie across splits: 2100
+    logits[1, 8999] = 1.0  # the last id of the ragged split
+    logits[2, :] = float("-inf")
+    logits[3, 4096] = logits[3, 4097] = 2.0  # a tie inside one split: 4096
+    zeros = torch.zeros(4)
+    keys = torch.zeros(4, 2, dtype=torch.int64)
+    got = gumbel_argmax(logits, zeros, keys)
+    assert got.tolist() == [2100, 8999, 0, 4096] == logits.argmax(-1).tolist()
+    # sampled rows over several splits agree with the torch path too
+    gen = torch.Generator().manual_seed(9)
+    noisy_logits = torch.randn(3, vocab, generator=gen)
+    temperature = torch.tensor([0.5, 1.0, 2.0])
+    seeds = np.array([21, 22, 23], dtype=np.uint64)
+    keys = torch.from_numpy(row_keys_array(seeds, np.array([1, 2, 3], np.uint64)))
+    expected = (noisy_logits / temperature[:, None] + gumbel_noise(keys, vocab)).argmax(-1)
+    assert gumbel_argmax(noisy_logits, temperature, keys).tolist() == expected.tolist()
