@@ -56,9 +56,11 @@ class FaultyRunner:
         self.is_waiting = False
 
     def hold_after(self, num_steps: int) -> None:
-        """Let `num_steps` more steps run, then hold the next one until `release()`."""
+        """Let `num_steps` more steps run, then hold the next one until `release()`. A step
+        held now runs first (it is not one of the `num_steps`)."""
         with self._cond:
             self._hold_at = self.num_steps + num_steps + 1
+            self._cond.notify_all()
 
     def release(self) -> None:
         """Let held steps (and all later ones) run."""
@@ -66,10 +68,13 @@ class FaultyRunner:
             self._hold_at = None
             self._cond.notify_all()
 
-    def wait_until_held(self, timeout: float | None = None) -> bool:
-        """Block until a step waits at the gate (True), or `timeout` seconds pass (False)."""
+    def wait_until_held(self, timeout: float | None = None, num_held: int = 1) -> bool:
+        """Block until a step waits at the gate, the `num_held`-th to do so (True), or
+        `timeout` seconds pass (False)."""
         with self._cond:
-            return self._cond.wait_for(lambda: self.is_waiting, timeout)
+            return self._cond.wait_for(
+                lambda: self.is_waiting and self.num_held >= num_held, timeout
+            )
 
     def launch(self, plan: StepPlan) -> None:
         self.inner.launch(plan)

@@ -9,6 +9,7 @@ import pytest
 from graph_helpers import collect, terminal, token_ids, wait_blocks_free
 from troupe import Engine, EngineConfig, SamplingParams
 from troupe.gpu.fake_runner import COPY_SEED_BASE, EOS_SEED_BASE, FakeRunner
+from troupe.gpu.faulty_runner import FaultyRunner
 from troupe.messages import Finished
 
 pytestmark = pytest.mark.anyio
@@ -49,17 +50,31 @@ def expected(prompt: list[int], params: SamplingParams) -> list[int]:
 
 
 async def run(config: EngineConfig) -> tuple[list[list[int]], object]:
-    async with Engine.open(config) as engine:
-        results: list[list[int]] = [[] for _ in workload()]
+    """Every request is queued at the scheduler before more than its first steps run, however
+    slow the machine (steps are held one at a time until then), so a small pool preempts."""
+    runner = FaultyRunner(FakeRunner.from_config(config))
+    async with Engine.open(config, runner=runner) as engine:
+        jobs = workload()
+        results: list[list[int]] = [[] for _ in jobs]
+        done: list[int] = []
 
         async def one(i: int, prompt: list[int], params: SamplingParams) -> None:
             events = await collect(engine, prompt, params)
             assert isinstance(terminal(events), Finished)
             results[i] = token_ids(events)
+            done.append(i)
 
+        runner.hold_after(0)
         async with anyio.create_task_group() as tg:
-            for i, (prompt, params) in enumerate(workload()):
+            for i, (prompt, params) in enumerate(jobs):
                 tg.start_soon(one, i, prompt, params)
+            while True:
+                await anyio.to_thread.run_sync(runner.wait_until_held, None, runner.num_held + 1)
+                s = engine.stats()  # as of a step the client edge has seen
+                if s.num_waiting + s.num_running + s.num_swapped + len(done) >= len(jobs):
+                    break
+                runner.hold_after(1)  # the held step runs, then the next; the one after waits
+            runner.release()
         await wait_blocks_free(engine)
         return results, engine.stats()
 
