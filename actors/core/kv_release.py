@@ -64,12 +64,19 @@ def peak_blocks(limits: StepLimits, req: Request) -> int:
     return limits.peak_blocks(req.num_tokens, req.stream_window, req.num_sink_tokens)
 
 
-def never_fits(limits: StepLimits, req: Request) -> bool:
-    """Whether a new request could never run alone in the pool: its tokens' blocks, or for a
-    streaming one the most it will hold up to max_total_tokens (checked before any token)."""
-    if not req.stream_window:
-        return limits.blocks_for(req.num_tokens) > limits.num_gpu_blocks
-    return _streaming_peak(limits, req) > limits.num_gpu_blocks
+def unfit(limits: StepLimits, req: Request) -> str | None:
+    """Why a new request could never run here (None: it could): its tokens' blocks, or for a
+    streaming one the most it will hold up to max_total_tokens, exceed the whole pool (checked
+    before any token), or its samples cannot all run at once."""
+    if req.stream_window:
+        peak = _streaming_peak(limits, req)
+    else:
+        peak = limits.blocks_for(req.num_tokens)
+    if peak > limits.num_gpu_blocks or not req.token_ids:
+        return too_big(limits, req)
+    if req.num_samples > min(limits.max_num_seqs, limits.max_num_batched_tokens):
+        return f"{req.num_samples} samples cannot run at once (max_num_seqs)"
+    return None
 
 
 def _streaming_peak(limits: StepLimits, req: Request) -> int:

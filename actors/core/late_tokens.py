@@ -17,7 +17,8 @@ One executor never answers late: none of this runs.
 
 from __future__ import annotations
 
-from troupe.actors.core.request_state import Request, RequestQueues, Status
+from troupe.actors.core.request_queues import RequestQueues
+from troupe.actors.core.request_state import Request, Status
 from troupe.actors.core.row_failures import failure
 from troupe.actors.core.step_planner import StepPlanner
 from troupe.messages.common import FinishReason

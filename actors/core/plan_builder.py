@@ -5,8 +5,9 @@ SwapOut was freed by the allocator instead, so its request is recomputed."""
 
 from __future__ import annotations
 
-from troupe.actors.core.request_state import Kind, Request, Status
+from troupe.actors.core.request_state import Request, Status
 from troupe.actors.core.step_planner import StepPlanner
+from troupe.actors.core.step_work import Kind
 from troupe.messages.executor import SeqWork, StepPlan
 from troupe.messages.scheduler import AllocationResult, RefusalReason
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from troupe.actors.core.plan_builder import InFlight
-from troupe.actors.core.request_state import RequestQueues, Status
+from troupe.actors.core.request_queues import RequestQueues
+from troupe.actors.core.request_state import Status
 from troupe.messages.scheduler import StepResult
 from troupe.messages.streamer import SeqOutput
 

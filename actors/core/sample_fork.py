@@ -24,7 +24,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from troupe.actors.core.request_state import Kind, Request, RequestQueues, Status, Work
+from troupe.actors.core.request_queues import RequestQueues
+from troupe.actors.core.request_state import Request, Status
+from troupe.actors.core.step_work import Kind, Work
 from troupe.messages.allocator import Fork
 from troupe.messages.samples import sample_id, sample_params
 
@@ -130,18 +132,16 @@ class SampleForks:
 
     @staticmethod
     def _sample(parent: Request, index: int) -> Request:
-        req = Request(
-            sample_id(parent.request_id, index),
-            sample_params(parent.params, index),
-            list(parent.token_ids),
-            parent.prompt_len,
-            parent.max_total_tokens,
-            parent.arrival_seq,
-            parent.stop_ids,
-            parent.sort_key,
+        return Request(
+            request_id=sample_id(parent.request_id, index),
+            params=sample_params(parent.params, index),
+            token_ids=list(parent.token_ids),
+            prompt_len=parent.prompt_len,
+            max_total_tokens=parent.max_total_tokens,
+            arrival_seq=parent.arrival_seq,
+            stop_ids=parent.stop_ids,
+            sort_key=parent.sort_key,
         )
-        req.decode = Work(req, 1, Kind.RUN)
-        return req
 
     def _sweep(self) -> None:
         """Forget families whose samples have all ended."""

@@ -19,17 +19,19 @@ from typing import Literal
 import structlog
 from troupe.actors.core.base import Outgoing
 from troupe.actors.core.grammar_feed import GrammarFeed
-from troupe.actors.core.kv_release import never_fits, too_big
-from troupe.actors.core.late_tokens import await_token, land_tokens
+from troupe.actors.core.kv_release import too_big, unfit
+from troupe.actors.core.late_tokens import land_tokens
 from troupe.actors.core.plan_builder import InFlight, build_plan
 from troupe.actors.core.preemption_policy import make_preemption_policy
 from troupe.actors.core.queue_policy import make_queue_policy
-from troupe.actors.core.request_state import Request, RequestQueues, Status
-from troupe.actors.core.row_failures import NO_TOKEN, fail_rows
+from troupe.actors.core.request_queues import RequestQueues
+from troupe.actors.core.request_state import Request
+from troupe.actors.core.row_failures import fail_rows
 from troupe.actors.core.scheduler_stats import engine_stats
 from troupe.actors.core.speculator import SpecSettings, Speculator
 from troupe.actors.core.step_limits import StepLimits
 from troupe.actors.core.step_planner import StepPlanner
+from troupe.actors.core.step_tokens import apply_tokens
 from troupe.messages.allocator import AllocateBatch
 from troupe.messages.common import FinishReason
 from troupe.messages.events import EngineStats
@@ -38,7 +40,6 @@ from troupe.messages.scheduler import (
     AdmittedRequest,
     AllocationResult,
     LateTokens,
-    SampledToken,
     SchedulerInbox,
     StepResult,
     StopRequests,
@@ -48,7 +49,6 @@ from troupe.messages.tokenizer import AbortRequest
 
 log = structlog.get_logger("troupe.scheduler")
 Phase = Literal["idle", "allocating", "stepping"]
-ABORT, ERROR, STOP = FinishReason.ABORT, FinishReason.ERROR, FinishReason.STOP
 
 
 class SchedulerCore:
@@ -85,11 +85,13 @@ class SchedulerCore:
         )  # fmt: skip
         self.num_cpu_blocks = num_cpu_blocks
         self.queues = RequestQueues(make_queue_policy(scheduling_policy))
-        preemption = make_preemption_policy(preemption_mode)
-        self.planner = StepPlanner(self.limits, self.queues, preemption)
-        self.speculator = self.planner.speculator = Speculator(speculative or SpecSettings())
+        self.speculator = Speculator(speculative or SpecSettings())
         # held_token.py; not with speculation: proposals to verify run as steps of their own
-        self.planner.hold_last = hold_last_prompt_token and not self.speculator.enabled
+        hold_last = hold_last_prompt_token and not self.speculator.enabled
+        self.planner = StepPlanner(
+            self.limits, self.queues, make_preemption_policy(preemption_mode), self.speculator,
+            hold_last=hold_last,
+        )  # fmt: skip
         # The allocator's counts as of its last answer: what the next plan starts from.
         self.pools = AllocationResult(
             step_id=0, num_gpu_free=self.limits.num_gpu_blocks, num_cpu_free=num_cpu_blocks
@@ -145,12 +147,8 @@ class SchedulerCore:
                 return
             self._num_arrivals += 1
             req = Request.admit(msg, self._num_arrivals, self.eos_token_ids)
-            lim = self.limits
-            if never_fits(lim, req) or not req.token_ids:
-                self._pending.append(req.failed(too_big(lim, req)))
-            elif req.num_samples > min(lim.max_num_seqs, lim.max_num_batched_tokens):
-                message = f"{req.num_samples} samples cannot run at once (max_num_seqs)"
-                self._pending.append(req.failed(message))
+            if (error := unfit(self.limits, req)) is not None:
+                self._pending.append(req.failed(error))
             else:
                 for queued in self.planner.forks.add(req):  # itself, or its samples (n > 1)
                     self.planner.add(queued)
@@ -159,7 +157,9 @@ class SchedulerCore:
             log.exception("scheduler failed on a request", request_id=msg.request_id)
             if msg.request_id not in self.requests:  # else a duplicate: the live one goes on
                 message = f"scheduler failed on this request: {type(exc).__name__}: {exc}"
-                self._pending.append(SeqOutput(msg.request_id, (), ERROR, error=message))
+                self._pending.append(
+                    SeqOutput(msg.request_id, (), FinishReason.ERROR, error=message)
+                )
 
     def abort(self, request_id: str, reason: str | None = "aborted") -> None:
         """End a request wherever it is (reason None: without a terminal output); unknown ids
@@ -173,7 +173,8 @@ class SchedulerCore:
         else:
             return
         if reason is not None:  # under a parent's id: the streamer ends each open sample
-            self._pending.append(SeqOutput(request_id, (), ABORT, None, None, cached, reason))
+            output = SeqOutput(request_id, (), FinishReason.ABORT, None, None, cached, reason)
+            self._pending.append(output)
 
     def schedule(self) -> AllocateBatch | None:
         """Plan the next step's allocation; None if there is nothing to do."""
@@ -205,52 +206,9 @@ class SchedulerCore:
         if result.error is not None or result.failed:  # rows without a token: row_failures.py
             self._pending += fail_rows(result, self.in_flight, self.queues)
         if result.error is None:
-            self._apply_tokens(result, self._pending)
+            apply_tokens(result, self.in_flight, self.planner, self._pending)
         self.in_flight = []
         return self.stats_batch()
-
-    def _apply_tokens(self, result: StepResult, outputs: list[SeqOutput]) -> None:
-        """Append each in-flight request's sampled token; its SeqOutput goes to `outputs`."""
-        sampled, late = result.sampled, result.late
-        # Tokens come in plan order; a dict is built only if the executor broke that order.
-        by_id: dict[str, SampledToken] | None = None
-        i, num_sampled = 0, len(sampled)
-        bs, caching = self.limits.block_size, self.limits.enable_prefix_caching
-        to_commit, finish, append = self.planner.to_commit, self.queues.finish, outputs.append
-        finished, speculating = Status.FINISHED, self.speculator.enabled
-        for req, end, sample in self.in_flight:
-            if sample:
-                if late and req.request_id in late:  # its token comes later (late_tokens.py)
-                    await_token(self.planner, req, end, result.step_id)
-                    continue
-                i += 1
-            if req.status == finished:
-                continue  # aborted or stopped mid-step: its KV and token are not wanted
-            req.num_computed = end
-            rid = req.request_id
-            if caching and end // bs > req.num_committed_blocks:
-                to_commit[rid] = req
-            if not sample:
-                continue
-            if by_id is not None or i > num_sampled or (token := sampled[i - 1]).request_id != rid:
-                by_id = by_id or {s.request_id: s for s in sampled}
-                if (found := by_id.get(rid)) is None:
-                    finish(req)
-                    append(req.failed(NO_TOKEN))
-                    continue
-                token = found
-            if speculating and (out := self.speculator.land(req, token, end)) is not None:
-                if caching:  # plan() caches the blocks its accepted tokens filled, if any
-                    to_commit[rid] = req
-            else:
-                token_id = token.token_id
-                reason = req.append_token(token_id)
-                stop = token_id if reason is STOP else None
-                lp = None if token.logprob is None else (token.logprob,)
-                out = SeqOutput(rid, (token_id,), reason, stop, lp, req.num_cached_tokens)
-            append(out)
-            if out.finish_reason is not None:
-                finish(req)
 
     def stats(self) -> EngineStats:
         """A snapshot of pools (as of the last AllocationResult), queues and counters."""

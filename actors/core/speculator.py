@@ -29,7 +29,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from troupe.actors.core.ngram_proposer import NgramIndex
-from troupe.actors.core.request_state import Kind, Request, Work
+from troupe.actors.core.request_state import Request
+from troupe.actors.core.step_work import Kind, Work
 from troupe.config import EngineConfig, SpeculativeMethod
 from troupe.messages.allocator import Shrink
 from troupe.messages.common import FinishReason

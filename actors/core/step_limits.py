@@ -52,6 +52,11 @@ class StepLimits:
             "(num_kv_blocks)"
         )
 
+    def lookahead(self, end: int, num_tokens: int) -> int:
+        """Positions past a chunk ending at `end` its table must cover: the lookahead if the
+        chunk reaches the request's `num_tokens` (it samples)."""
+        return self.num_lookahead_tokens if end >= num_tokens else 0
+
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 

@@ -1,9 +1,8 @@
 """The step planner: who runs each step, with how many blocks, and who gives way when blocks run
 out. It emits the step's allocator ops and one typed entry (Work) per request.
 
-Budget and seats go to running decodes, then running prefills in chunks (a long prompt never
-stalls decodes), then swapped requests, then waiting ones, each in queue order. A step that
-preempted admits nobody, so a preempted request is not overtaken by later arrivals.
+The budget goes to running decodes, then running prefills in chunks (a long prompt never
+stalls decodes), each in queue order; then to swapped and waiting requests (step_starts.py).
 
 Lookahead: step_limits.py (a new request gets it at its first decode); a prompt joining decodes
 may hold its last token back (held_token.py). Speculative decoding: a decode's table covers its
@@ -13,23 +12,22 @@ and its decode's blocks: Speculator.plan_decode)."""
 from __future__ import annotations
 
 from troupe.actors.core.held_token import holds_last_token
-from troupe.actors.core.kv_release import cache_limit, commit_ops, peak_blocks, window_releases
+from troupe.actors.core.kv_release import commit_ops, window_releases
 from troupe.actors.core.preemption_policy import PreemptionPolicy
-from troupe.actors.core.request_state import Kind, Request, RequestQueues, Status, Work
+from troupe.actors.core.request_queues import RequestQueues
+from troupe.actors.core.request_state import Request, Status
 from troupe.actors.core.sample_fork import SampleForks
-from troupe.actors.core.speculator import SpecSettings, Speculator
+from troupe.actors.core.speculator import Speculator
 from troupe.actors.core.step_limits import StepLimits
+from troupe.actors.core.step_starts import start_queued
+from troupe.actors.core.step_work import Kind, Work
 from troupe.messages.allocator import (
     OP_ORDER,
-    AllocateNew,
     AllocOp,
     CacheBlocks,
-    Fork,
     FreeRequest,
     Grow,
     ReleaseBlocks,
-    Shrink,
-    SwapIn,
     SwapOut,
 )
 
@@ -39,21 +37,29 @@ Tokens = tuple[int, ...]
 class StepPlanner:
     """Plans steps over `queues`; who gives way, and how, is the `preemption` policy's choice."""
 
-    def __init__(self, limits: StepLimits, queues: RequestQueues, preemption: PreemptionPolicy):
+    def __init__(
+        self,
+        limits: StepLimits,
+        queues: RequestQueues,
+        preemption: PreemptionPolicy,
+        speculator: Speculator,
+        *,
+        hold_last: bool = False,  # prompts joining decodes hold their last token (held_token.py)
+    ) -> None:
         self.limits, self.queues, self.preemption = limits, queues, preemption
-        self.speculator = Speculator(SpecSettings())  # the scheduler sets its own
+        self.speculator, self.hold_last = speculator, hold_last
         self.forks = SampleForks()  # parallel sampling's parents and samples
         self.to_commit: dict[str, Request] = {}  # computed new full blocks to cache
         self.num_preemptions_swap = self.num_preemptions_recompute = 0
-        self.work: dict[str, Work] = {}  # this step's entries, in plan order
         self.unfittable: list[Request] = []  # ended: more blocks than the pool has
+        self.has_streaming = False  # a StreamingLLM request was ever added: check releases
+        # This step's plan as it is made: its entries and ops (in plan order; a victim's are
+        # undone), the blocks left, and victims' planned tokens back to the budget.
+        self.work: dict[str, Work] = {}
         self._ops: dict[type, list[AllocOp]] = {}
-        self._grows: dict[str, Grow] = {}  # this step's, in plan order (a victim's undone)
-        self.avail = self._cpu_avail = 0  # blocks left to plan with, this step
-        self._extra_seats = 0  # seats running parents hold for their samples (sample_fork.py)
-        self._returned, self._preempted = 0, False  # victims' tokens back to the budget; any?
-        # a StreamingLLM request was ever added (check releases); held_token.py; decodes planned
-        self.has_streaming = self.hold_last = self._decoding = False
+        self._grows: dict[str, Grow] = {}
+        self.avail = self._cpu_avail = self._returned = 0
+        self._preempted = self.decoding = False  # any victim; any decode (held_token.py)
 
     def plan(self, num_gpu_free: int, num_cpu_free: int) -> list[AllocOp] | None:
         """This step's allocator ops, in the order they must apply (None: nothing to do)."""
@@ -98,31 +104,28 @@ class StepPlanner:
             else:
                 need = lim.blocks_for(computed + 1 + lookahead) - req.num_blocks
                 budget = self.fit(req, 1, need, budget)
-        self._decoding = self.hold_last and bool(work)
+        self.decoding = self.hold_last and bool(work)
         for req in prefills:
             if budget == 0:
                 break
             if req.status != running:
                 continue  # preempted earlier in this loop
             computed = req.num_computed
-            n = lim.chunk(req.compute_end - computed, budget)
-            held = self._decoding and holds_last_token(req, computed + n)
-            need = max(lim.blocks_for(computed + n + self._lookahead(req, n)) - req.num_blocks, 0)
-            fit = (req.num_blocks + self.avail) * bs - computed
-            if need > self.avail and fit >= 1:
+            end = computed + lim.chunk(req.compute_end - computed, budget)
+            held = self.decoding and holds_last_token(req, end)
+            need = max(lim.blocks_for(end + lim.lookahead(end, req.num_tokens)) - req.num_blocks, 0)
+            fit = (req.num_blocks + self.avail) * bs
+            if need > self.avail and fit > computed:
                 # A chunk shrinks to the blocks there are before preempting (a last chunk that
                 # fits only without its lookahead keeps its length and goes without).
-                n = min(n, fit)
-                need = max(lim.blocks_for(computed + n) - req.num_blocks, 0)
-                held = held and computed + n == req.compute_end
-            budget = self.fit(req, n, need, budget, held)
+                end = min(end, fit)
+                need = max(lim.blocks_for(end) - req.num_blocks, 0)
+                held = held and end == req.compute_end
+            budget = self.fit(req, end - computed, need, budget, held)
         forks.rejoin(q)
-        self._extra_seats = forks.extra_seats() if forks.parents else 0
         ops[Grow] = list(self._grows.values())
         if not self._preempted:
-            budget = self._resume_swapped(budget)
-            if not q.swapped:
-                self._admit_waiting(budget)
+            start_queued(self, budget)
         flat = [op for kind_ops in ops.values() for op in kind_ops]
         return flat if flat or work else None
 
@@ -130,36 +133,30 @@ class StepPlanner:
         self.queues.add(req)
         self.has_streaming |= bool(req.stream_window)
 
-    def add_op(self, op: Fork | Shrink) -> None:
+    def add_op(self, op: AllocOp) -> None:
         self._ops[type(op)].append(op)
-
-    def _seats(self) -> int:
-        q = self.queues  # a request awaiting its token keeps its seat
-        return self.limits.max_num_seqs - len(q.running) - len(q.awaiting) - self._extra_seats
-
-    def _lookahead(self, req: Request, n: int) -> int:
-        """Positions past the chunk its table must cover: the lookahead if the chunk samples."""
-        return self.limits.num_lookahead_tokens if req.num_computed + n >= req.num_tokens else 0
 
     def fit(
         self, req: Request, n: int, need: int, budget: int, held: bool = False, draft: Tokens = ()
     ) -> int:
         """Plan `n` tokens of a running request needing `need` more blocks (`held`: the last
         of them waits for the next step; `draft`: proposals after them); the budget left."""
-        got = need
-        if need > self.avail:  # victims give way first, or `req` does (None)
+        if need > self.avail:  # victims give way (their planned tokens back), or `req` does
             total = self.limits.blocks_for(req.num_computed + n) - req.num_released
-            taken, budget, self._returned = self.room(req, need, total), budget + self._returned, 0
-            if taken is None:  # (room() runs first: it counts what victims give back)
+            got = self.room(req, need, total)
+            budget, self._returned = budget + self._returned, 0
+            if got is None:
                 return budget
-            got = taken
         else:  # the common case (a decode at a block boundary): nothing to look for
+            got = need
             self.avail -= need
         n += len(draft)
-        self.work[req.request_id] = Work(req, n - held, Kind.RUN, got, draft, held=held)
+        self.work[req.request_id] = Work(req, n - held, Kind.RUN, need=got, draft=draft, held=held)
         if got > 0:  # the Grow covers the chunk and its lookahead, as far as `got` reaches
-            cover = req.num_computed + n + self._lookahead(req, n)
-            cover = min(cover, (req.num_blocks + got) * self.limits.block_size)
+            lim, end = self.limits, req.num_computed + n
+            cover = min(
+                end + lim.lookahead(end, req.num_tokens), (req.num_blocks + got) * lim.block_size
+            )
             self._grows[req.request_id] = Grow(req.request_id, cover)
         return budget - n
 
@@ -179,7 +176,7 @@ class StepPlanner:
                 # Alone: once this batch's releases apply, every other block is free, whatever
                 # the (lower-bound) count says; it fits if its tokens fit in the whole pool.
                 if total > lim.num_gpu_blocks:
-                    self._fail(req)
+                    self.fail(req)
                     return None
                 held = req.num_blocks - req.num_released
                 need = self.avail = min(need, lim.num_gpu_blocks - held)
@@ -217,68 +214,9 @@ class StepPlanner:
         self.queues.move(req, Status.SWAPPED)
         self.num_preemptions_swap += 1
 
-    def _fail(self, req: Request) -> None:
+    def fail(self, req: Request) -> None:
         """End a request that needs more blocks than the pool has; free them in this batch."""
         self.queues.finish(req)
         if self.queues.to_free.pop(req.request_id, None) is not None:
             self._free(req)
         self.unfittable.append(req)
-
-    def _start(self, req: Request, work: Work, op: SwapIn | AllocateNew) -> None:
-        """Start a swapped or waiting request this step, with the blocks `work` counts."""
-        self._ops[type(op)].append(op)
-        self.avail -= work.need
-        self.queues.move(req, Status.RUNNING)
-        self.work[req.request_id] = work
-        self._extra_seats += req.num_samples - 1
-
-    def _resume_swapped(self, budget: int) -> int:
-        q, lim = self.queues, self.limits
-        while q.swapped and budget > 0 and q.swapped[0].num_samples <= self._seats():
-            req = q.swapped[0]
-            n = lim.chunk(req.compute_end - req.num_computed, budget)
-            cover = req.num_computed + n + self._lookahead(req, n)
-            total = max(req.num_cpu_blocks, lim.blocks_for(cover) - req.num_released)
-            if total > self.avail:
-                break
-            self._start(req, Work(req, n, Kind.SWAP_IN, total), SwapIn(req.request_id, cover))
-            budget -= n
-        return budget
-
-    def _admit_waiting(self, budget: int) -> None:
-        q, lim = self.queues, self.limits
-        bs, caching = lim.block_size, lim.enable_prefix_caching
-        # First blocks of prompts being prefilled: a request starting the same way waits until
-        # that prefill is done and cached, so a shared prefix is computed once, not per request.
-        leaders = {
-            tuple(r.token_ids[:bs])
-            for r in (q.running if caching and q.waiting else ())
-            if r.num_computed < r.prompt_len and r.prompt_len > bs
-        }
-        deferred: list[Request] = []
-        while q.waiting and budget > 0 and q.waiting[0].num_samples <= self._seats():
-            req = q.waiting[0]
-            num_tokens = req.num_tokens
-            if peak_blocks(lim, req) > lim.num_gpu_blocks:
-                self._fail(req)  # grew past the pool while preempted
-                continue
-            head = tuple(req.token_ids[:bs]) if caching and num_tokens > bs else None
-            if head in leaders:
-                deferred.append(q.waiting.pop(0))
-                continue
-            n = lim.chunk(req.compute_end, budget)
-            # The most it can take: any block but those of a cached prefix may be new.
-            limit = cache_limit(req)  # streaming: hits only where its KV is the same
-            max_hit = (min(num_tokens, limit or num_tokens) - 1) // bs * bs if caching else 0
-            upper = lim.blocks_for(min(num_tokens, max_hit + n))
-            if upper > self.avail:
-                break
-            if head is not None:
-                leaders.add(head)
-            req.in_allocator = True
-            op = AllocateNew(req.request_id, tuple(req.token_ids), n, limit)
-            held = self._decoding and holds_last_token(req, n)  # its blocks cover it
-            self._start(req, Work(req, n, Kind.NEW, upper, held=held), op)
-            budget -= n
-        for req in deferred:
-            q.enqueue(req, Status.WAITING)

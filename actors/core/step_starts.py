@@ -1,0 +1,92 @@
+"""Queued requests that start a step, once the running ones are planned: swapped requests resume
+first, then waiting ones start (only while none is swapped), each in queue order while the
+blocks, the token budget and the seats last. The planner skips this pass in a step that
+preempted, so a victim is not overtaken by later arrivals.
+
+Seats: max_num_seqs, less the running requests, those awaiting a late token, and the seats a
+parallel-sampling parent holds for its samples (sample_fork.py). A waiting request is counted at
+the most blocks it may take: all it computes this step, less only those of the longest cached
+prefix it could hit. With prefix caching, a waiting request whose first block is that of a
+prompt still being prefilled waits until that prefill is done and cached, so a shared prefix is
+computed once, not once per request.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from troupe.actors.core.held_token import holds_last_token
+from troupe.actors.core.kv_release import cache_limit, peak_blocks
+from troupe.actors.core.request_state import Request, Status
+from troupe.actors.core.step_work import Kind, Work
+from troupe.messages.allocator import AllocateNew, SwapIn
+
+if TYPE_CHECKING:
+    from troupe.actors.core.step_planner import StepPlanner
+
+
+def start_queued(planner: StepPlanner, budget: int) -> None:
+    """Start the swapped, then the waiting requests that fit what the step has left."""
+    lim, q = planner.limits, planner.queues
+    seats = lim.max_num_seqs - len(q.running) - len(q.awaiting)
+    seats -= planner.forks.extra_seats() if planner.forks.parents else 0
+    while q.swapped and budget > 0 and q.swapped[0].num_samples <= seats:
+        req = q.swapped[0]
+        n = lim.chunk(req.compute_end - req.num_computed, budget)
+        cover = req.num_computed + n + lim.lookahead(req.num_computed + n, req.num_tokens)
+        total = max(req.num_cpu_blocks, lim.blocks_for(cover) - req.num_released)
+        if total > planner.avail:
+            break
+        seats -= _start(
+            planner, Work(req, n, Kind.SWAP_IN, need=total), SwapIn(req.request_id, cover)
+        )
+        budget -= n
+    if not q.swapped:
+        _admit_waiting(planner, budget, seats)
+
+
+def _admit_waiting(planner: StepPlanner, budget: int, seats: int) -> None:
+    lim, q = planner.limits, planner.queues
+    bs, caching = lim.block_size, lim.enable_prefix_caching
+    # first blocks of prompts being prefilled: requests that start the same way wait for them
+    leaders = {
+        tuple(r.token_ids[:bs])
+        for r in (q.running if caching and q.waiting else ())
+        if r.num_computed < r.prompt_len and r.prompt_len > bs
+    }
+    deferred: list[Request] = []
+    while q.waiting and budget > 0 and q.waiting[0].num_samples <= seats:
+        req = q.waiting[0]
+        num_tokens = req.num_tokens
+        if peak_blocks(lim, req) > lim.num_gpu_blocks:
+            planner.fail(req)  # grew past the pool while preempted
+            continue
+        head = tuple(req.token_ids[:bs]) if caching and num_tokens > bs else None
+        if head in leaders:
+            deferred.append(q.waiting.pop(0))
+            continue
+        n = lim.chunk(req.compute_end, budget)
+        limit = cache_limit(req)  # streaming: hits only where its KV is the same
+        max_hit = (min(num_tokens, limit or num_tokens) - 1) // bs * bs if caching else 0
+        upper = lim.blocks_for(min(num_tokens, max_hit + n))
+        if upper > planner.avail:
+            break
+        if head is not None:
+            leaders.add(head)
+        req.in_allocator = True
+        op = AllocateNew(req.request_id, tuple(req.token_ids), n, limit)
+        held = planner.decoding and holds_last_token(req, n)  # its blocks cover it
+        seats -= _start(planner, Work(req, n, Kind.NEW, need=upper, held=held), op)
+        budget -= n
+    for req in deferred:
+        q.enqueue(req, Status.WAITING)
+
+
+def _start(planner: StepPlanner, work: Work, op: SwapIn | AllocateNew) -> int:
+    """Start a swapped or waiting request with the blocks `work` counts; the seats it takes
+    (a parallel-sampling parent's: one per sample)."""
+    planner.add_op(op)
+    planner.avail -= work.need
+    planner.queues.move(work.req, Status.RUNNING)
+    planner.work[work.req.request_id] = work
+    return work.req.num_samples
