@@ -57,11 +57,11 @@ class AllocatorCore:
         self.gpu = BlockPool(num_gpu_blocks, self.cache, self.tier.evicted, warm_first=warm_first)
         self.seqs: dict[str, BlockTable] = {}
         self.sharing = BlockSharing()  # who holds the blocks that can be shared
-        self._copies_out: list[tuple[int, int]] = []  # this batch's (gpu, cpu) copies
-        self._copies_in: list[tuple[int, int]] = []  # this batch's (cpu, gpu) copies
-        self._copies: list[tuple[int, int]] = []  # this batch's (gpu, gpu) copies (Fork)
-        self.prefix_cache_hit_tokens = 0
-        self.prefix_cache_query_tokens = 0
+        # this batch's (gpu, cpu), (cpu, gpu) and (gpu, gpu: a Fork's) copies
+        self._copies_out: list[tuple[int, int]] = []
+        self._copies_in: list[tuple[int, int]] = []
+        self._copies: list[tuple[int, int]] = []
+        self.prefix_cache_hit_tokens = self.prefix_cache_query_tokens = 0
         self._ops: dict[type, Callable[[Any], Grant | Refusal | list[Grant] | None]] = {
             Grow: self._grow,
             CacheBlocks: self._cache_blocks,
@@ -83,8 +83,7 @@ class AllocatorCore:
         refused: list[Refusal] = []
         ops = self._ops
         for op in batch.ops:
-            handler = ops.get(type(op))
-            if handler is None:
+            if (handler := ops.get(type(op))) is None:
                 raise ValueError(f"unknown allocator op {op!r}")
             answer = handler(op)
             if isinstance(answer, Grant):
@@ -141,8 +140,7 @@ class AllocatorCore:
         if need + revived + num_cpu > self.gpu.num_free:
             return Refusal(rid, NO_GPU)
         seq = self.seqs[rid] = BlockTable([], None, len(hits), serial)
-        # taken before allocating: allocation may evict cached blocks
-        moved = [(b, tier.take(b)) for b, on_cpu in hits if on_cpu]
+        moved = [(b, tier.take(b)) for b, on_cpu in hits if on_cpu]  # first: allocating evicts
         for block_id, on_cpu in hits:
             if not on_cpu:
                 self.sharing.hold(block_id, rid)
@@ -175,36 +173,13 @@ class AllocatorCore:
         return Grant(op.request_id, tuple(added))
 
     def _shrink(self, op: Shrink) -> None:  # the blocks past num_tokens go back
-        seq = self._seq(op.request_id)
-        keep = -(-op.num_tokens // self.block_size)
-        if keep < seq.num_hashed_blocks or keep > len(seq.table):
-            raise ValueError(
-                f"allocator: Shrink of {op.request_id!r} to {keep} blocks; it holds "
-                f"{len(seq.table)}, {seq.num_hashed_blocks} of them cached"
-            )
-        dropped = seq.table[keep:]
-        del seq.table[keep:]
+        dropped = self._seq(op.request_id).shrink(op, -(-op.num_tokens // self.block_size))
         self.gpu.release(reversed(dropped))
 
     def _cache_blocks(self, op: CacheBlocks) -> None:  # its next full blocks
-        rid, token_ids, bs = op.request_id, op.token_ids, self.block_size
-        seq = self._seq(rid)
-        if len(token_ids) % bs or seq.num_hashed_blocks + len(token_ids) // bs > len(seq.table):
-            raise ValueError(
-                f"allocator: CacheBlocks for {rid!r} has {len(token_ids)} tokens; it needs a "
-                f"multiple of block_size {bs} within its {len(seq.table)} blocks"
-            )
-        if seq.num_hashed_blocks < seq.released_end:  # released unregistered: the chain ends
-            seq.is_cache_stopped = True
-        num_blocks = len(token_ids) // bs if self.caching and not seq.is_cache_stopped else 0
-        if num_blocks == 0:
-            seq.num_hashed_blocks += len(token_ids) // bs
-        for i in range(num_blocks):
-            block_id = seq.table[seq.num_hashed_blocks]
-            chunk = token_ids if num_blocks == 1 else token_ids[i * bs : (i + 1) * bs]  # 1: as is
-            seq.serial = self.cache.register(block_id, seq.serial, chunk)
-            seq.num_hashed_blocks += 1
-            self.sharing.register(block_id, rid)
+        cache = self.cache if self.caching else None
+        for block_id in self._seq(op.request_id).cache(op, cache, self.block_size):
+            self.sharing.register(block_id, op.request_id)
 
     def _free(self, rid: str) -> None:
         seq = self._seq(rid, swapped=None)

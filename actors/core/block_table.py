@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from troupe.actors.core.prefix_cache import ROOT_SERIAL
-from troupe.messages.allocator import ReleaseBlocks
+from troupe.actors.core.prefix_cache import ROOT_SERIAL, PrefixCache
+from troupe.messages.allocator import CacheBlocks, ReleaseBlocks, Shrink
 
 
 @dataclass(slots=True)
@@ -55,6 +55,38 @@ class BlockTable:
             return []
         self.num_released = end - self.num_kept
         return self.table[start:end]
+
+    def cache(self, op: CacheBlocks, cache: PrefixCache | None, block_size: int) -> list[int]:
+        """Hash its next full blocks (op.token_ids) into `cache` (None: caching is off: only
+        counted); the blocks registered. Released unregistered blocks end the chain for good."""
+        token_ids, bs, table = op.token_ids, block_size, self.table
+        if len(token_ids) % bs or self.num_hashed_blocks + len(token_ids) // bs > len(table):
+            raise ValueError(
+                f"allocator: CacheBlocks for {op.request_id!r} has {len(token_ids)} tokens; it "
+                f"needs a multiple of block_size {bs} within its {len(table)} blocks"
+            )
+        if self.num_hashed_blocks < self.released_end:
+            self.is_cache_stopped = True
+        if cache is None or self.is_cache_stopped:
+            self.num_hashed_blocks += len(token_ids) // bs
+            return []
+        num_blocks, start = len(token_ids) // bs, self.num_hashed_blocks
+        for i in range(num_blocks):  # one block: its tokens as they are
+            chunk = token_ids if num_blocks == 1 else token_ids[i * bs : (i + 1) * bs]
+            self.serial = cache.register(table[start + i], self.serial, chunk)
+        self.num_hashed_blocks += num_blocks
+        return table[start : start + num_blocks]
+
+    def shrink(self, op: Shrink, keep: int) -> list[int]:
+        """Drop the positions past the first `keep` (held only for proposals); the blocks."""
+        if keep < self.num_hashed_blocks or keep > len(self.table):
+            raise ValueError(
+                f"allocator: Shrink of {op.request_id!r} to {keep} blocks; it holds "
+                f"{len(self.table)}, {self.num_hashed_blocks} of them cached"
+            )
+        dropped = self.table[keep:]
+        del self.table[keep:]
+        return dropped
 
     def swap_out(self, cpu_blocks: list[int]) -> None:
         """Its held blocks' KV went to `cpu_blocks`; the released positions stay (stale ids),

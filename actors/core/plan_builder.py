@@ -38,13 +38,12 @@ def build_plan(
             q.move(w.req, Status.WAITING if w.kind is Kind.NEW else Status.SWAPPED)
     blocks: dict[str, tuple[int, ...]] = {}
     for grant in result.grants:
-        w = work[grant.request_id]
-        req = w.req
-        blocks[grant.request_id] = grant.block_ids
+        w, blocks[grant.request_id] = work[grant.request_id], grant.block_ids
+        req, num_granted = w.req, len(grant.block_ids)
         if w.kind is Kind.RUN:
-            req.num_blocks += len(grant.block_ids)
+            req.num_blocks += num_granted
             continue
-        req.num_blocks, req.num_shared, req.num_cpu_blocks = len(grant.block_ids), 0, 0
+        req.num_blocks, req.num_shared, req.num_cpu_blocks = num_granted, 0, 0
         if w.kind is Kind.NEW:
             req.num_computed = grant.num_cached_tokens
             req.num_committed_blocks = grant.num_cached_tokens // planner.limits.block_size
@@ -55,9 +54,9 @@ def build_plan(
             found.num_shared = num_shared
     seqs: list[SeqWork] = []
     in_flight: list[InFlight] = []
-    running, speculating = Status.RUNNING, planner.speculator.enabled
     verifications: list[SeqWork] = []
     verified: list[InFlight] = []
+    running, speculating = Status.RUNNING, planner.speculator.enabled
     add_seq, add_in_flight, get_blocks = seqs.append, in_flight.append, blocks.get
     for w in work.values():
         req = w.req

@@ -8,7 +8,8 @@ Each step is one round trip to the allocator, then one to the executor:
 
 Messages arriving meanwhile (new requests, aborts, stop-string hits) take effect at the next
 plan; late tokens (disaggregation: a first token after its step's result) land at once
-(late_tokens.py). Composed of RequestQueues, StepPlanner, build_plan and a Speculator (a module each).
+(late_tokens.py). Composed of RequestQueues, StepPlanner, build_plan, apply_tokens and a
+Speculator (a module each).
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from troupe.messages.tokenizer import AbortRequest
 
 log = structlog.get_logger("troupe.scheduler")
 Phase = Literal["idle", "allocating", "stepping"]
+ABORT, ERROR = FinishReason.ABORT, FinishReason.ERROR
 
 
 class SchedulerCore:
@@ -157,9 +159,7 @@ class SchedulerCore:
             log.exception("scheduler failed on a request", request_id=msg.request_id)
             if msg.request_id not in self.requests:  # else a duplicate: the live one goes on
                 message = f"scheduler failed on this request: {type(exc).__name__}: {exc}"
-                self._pending.append(
-                    SeqOutput(msg.request_id, (), FinishReason.ERROR, error=message)
-                )
+                self._pending.append(SeqOutput(msg.request_id, (), ERROR, error=message))
 
     def abort(self, request_id: str, reason: str | None = "aborted") -> None:
         """End a request wherever it is (reason None: without a terminal output); unknown ids
@@ -173,8 +173,7 @@ class SchedulerCore:
         else:
             return
         if reason is not None:  # under a parent's id: the streamer ends each open sample
-            output = SeqOutput(request_id, (), FinishReason.ABORT, None, None, cached, reason)
-            self._pending.append(output)
+            self._pending.append(SeqOutput(request_id, (), ABORT, None, None, cached, reason))
 
     def schedule(self) -> AllocateBatch | None:
         """Plan the next step's allocation; None if there is nothing to do."""
