@@ -37,9 +37,8 @@ def start_queued(planner: StepPlanner, budget: int) -> None:
         total = max(req.num_cpu_blocks, lim.blocks_for(cover) - req.num_released)
         if total > planner.avail:
             break
-        seats -= _start(
-            planner, Work(req, n, Kind.SWAP_IN, need=total), SwapIn(req.request_id, cover)
-        )
+        work = Work(req, n, Kind.SWAP_IN, need=total)
+        seats -= _start(planner, work, SwapIn(req.request_id, cover))
         budget -= n
     if not q.swapped:
         _admit_waiting(planner, budget, seats)
