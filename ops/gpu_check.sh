@@ -15,7 +15,7 @@ nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 TESTS=${TESTS:-tests/kernels tests/gpu}
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
-  timeout "${TEST_TIMEOUT:-240}" python3 -m pytest -m gpu $TESTS -q -p no:cacheprovider \
+  timeout "${TEST_TIMEOUT:-240}" python3 -P -m pytest -m gpu $TESTS -q -p no:cacheprovider \
     --durations=5 ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/gpu_tests.log" | grep -v "^$" | tail -30
 fi
 if [ "${SKIP_BENCH:-0}" != 1 ]; then

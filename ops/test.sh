@@ -9,4 +9,9 @@ echo "== ruff"; .venv/bin/ruff check .
 echo "== mypy"
 TC=$(mktemp -d) && ln -s "$PWD" "$TC/troupe"
 (cd "$TC" && "$OLDPWD/.venv/bin/mypy" --config-file "$OLDPWD/pyproject.toml" -p troupe)
+# The repo root is the package `troupe`: its folders (kernels/, messages/, gpu/, ...) must not
+# shadow installed packages (Hugging Face's `kernels`, which transformers >= 5.25 imports).
+# tests/conftest.py moves the root to the end of the suite's sys.path; PYTHONSAFEPATH (Python
+# 3.11's -P) keeps `python -m` from putting it in front in the Pythons the tests start.
+export PYTHONSAFEPATH=1
 echo "== pytest"; .venv/bin/python -m pytest "$@"
