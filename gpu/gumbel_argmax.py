@@ -8,8 +8,8 @@ running argmax of logits / temperature + noise, so it reads the logits once.
 Rows with temperature 0 take the plain argmax of their logits. Ties go to the lowest token id,
 as torch.argmax. Each row's ids are split over several programs (num_splits: one program per
 row left most SMs idle, so a draw over 151,936 ids was latency-bound); a second kernel picks
-each row's winner among its splits' bests. The noise is bit-identical to the torch path's; the log may differ by an ulp,
-which only matters at exact near-ties.
+each row's winner among its splits' bests. The noise is bit-identical to the torch path's; the
+log may differ by an ulp, which only matters at exact near-ties.
 
 With a grammar's token bitmask (structured output: gpu/token_bitmask.py) the kernel reads each
 token's bit beside its logit and treats a cleared one as -inf, as apply_token_bitmask does in
@@ -18,9 +18,8 @@ five passes over [S, V] (int32 gather, shift, and, compare, select: ~1.4 GB at 2
 
 from __future__ import annotations
 
-import functools
-
 import torch
+from troupe.kernels.sm_count import num_sms
 
 try:
     import triton
@@ -114,17 +113,10 @@ _BLOCK = 2048
 _PROGRAMS_PER_SM = 8  # a draw of 256 rows x 151,936 ids took 235 us in one program per row
 
 
-@functools.lru_cache(maxsize=8)
-def _num_sms(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 4  # the interpreter: a few splits, so tests cover the merge
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def num_splits(num_rows: int, vocab_size: int, device: torch.device) -> int:
-    """Programs per row: enough rows x splits to fill every SM several times over, at most
+    """Programs per row: enough rows x splits to fill every SM several times over, at least
     one BLOCK of ids per split."""
-    wanted = -(-_PROGRAMS_PER_SM * _num_sms(device) // num_rows)
+    wanted = -(-_PROGRAMS_PER_SM * num_sms(device) // num_rows)
     return max(1, min(wanted, -(-vocab_size // _BLOCK)))
 
 

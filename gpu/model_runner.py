@@ -79,7 +79,7 @@ class ModelRunner:
         self.num_gpu_blocks = options.num_gpu_blocks
         self.num_cpu_blocks = options.num_cpu_blocks
         self.vocab_size = config.vocab_size
-        self._batches = SamplingBatches(config.vocab_size, self.device)  # steps not overlapped
+        self._batches = SamplingBatches(config.vocab_size, self.device)  # and the overlap's
         self.max_model_len = options.max_model_len
         self.eos_token_ids = config.eos_token_ids
         self.max_blocks_per_seq = -(-options.max_model_len // options.block_size)
@@ -150,7 +150,7 @@ class ModelRunner:
             device=self.device,
             block_size=options.block_size,
             max_model_len=options.max_model_len,
-            vocab_size=config.vocab_size,
+            batches=self._batches,
             logits_hook=logits_hook,
         )
         self._ahead = ForwardAhead(

@@ -107,7 +107,7 @@ class DecodeOverlap:
         device: torch.device,
         block_size: int,
         max_model_len: int,
-        vocab_size: int,
+        batches: SamplingBatches,
         logits_hook: LogitsHook | None = None,
         merge_chunks: bool = True,
     ) -> None:
@@ -118,8 +118,7 @@ class DecodeOverlap:
         self.device = device
         self.block_size = block_size
         self.max_model_len = max_model_len
-        self.vocab_size = vocab_size
-        self.batches = SamplingBatches(vocab_size, device)  # a run of decodes: settings kept
+        self._batches = batches  # the runner's: a run of decodes keeps its settings uploaded
         self.num_overlapped = 0  # decode steps launched before their plan arrived
         self.num_overlap_hits = 0  # ... whose plan matched, so their samples were used
         self.num_overlap_splits = 0  # ... hits whose plan had more work besides (Split)
@@ -325,7 +324,7 @@ class DecodeOverlap:
         if self._logits_hook is not None:
             with torch.inference_mode():  # the logits are inference tensors: edits need it
                 self._logits_hook(request_ids, logits)
-        batch = self.batches.build(states)
+        batch = self._batches.build(states)
         ids_device, _ = sample(logits, batch)  # no logprobs asked: nothing is read back
         # The next step is fed ids_device (real tokens); only the read-back copy marks failures.
         checked = withhold_non_finite(ids_device, logits)

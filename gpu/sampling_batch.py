@@ -99,13 +99,14 @@ class SamplingBatches:
         self._seeds = np.zeros(0, np.uint64)
 
     def build(self, states: list[RequestState]) -> SamplingBatch:
-        params = [s.param_row for s in states]
         last = self._last
         if (
             last is not None
             and len(states) == len(self._rows)
-            and all(a is b for a, b in zip(states, self._rows, strict=True))
-            and all(a is b for a, b in zip(params, self._params, strict=True))
+            and all(
+                s is r and s.param_row is p
+                for s, r, p in zip(states, self._rows, self._params, strict=True)
+            )
         ):
             ends = np.fromiter((s.num_tokens for s in states), np.int64, len(states))
             self.num_reused += 1
@@ -115,7 +116,7 @@ class SamplingBatches:
             batch.logit_edits is None and batch.output_counts is None and batch.seen_mask is None
         )
         self._last = dataclasses.replace(batch) if plain else None  # callers add masks
-        self._rows, self._params = list(states), params
+        self._rows, self._params = list(states), [s.param_row for s in states]
         self._seeds = np.fromiter((s.seed for s in states), np.uint64, len(states))
         return batch
 

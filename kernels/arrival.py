@@ -9,11 +9,11 @@ counter back to zero. Also how many K splits a GEMV takes (k_splits, gemv_grid).
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
+
+from .sm_count import num_sms
 
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
 # Every counter buffer ever handed out stays alive: a captured CUDA graph keeps its pointer.
@@ -68,17 +68,12 @@ def split_buffers(
     return out, part, counters
 
 
-@functools.cache
-def _num_sms(device: torch.device) -> int:
-    return int(torch.cuda.get_device_properties(device).multi_processor_count)
-
-
 def k_splits(chunks: int, tiles: int, waves: int, device: torch.device) -> int:
     """K splits (whole chunks each, dividing them) so tiles x splits is about `waves` programs
     per SM; on the CPU two, so the tests cover the partial sums."""
     if device.type != "cuda":
         return min(chunks, 2)
-    split = max(1, min(chunks, waves * _num_sms(device) // max(1, tiles)))
+    split = max(1, min(chunks, waves * num_sms(device) // max(1, tiles)))
     while chunks % split:
         split -= 1
     return split

@@ -36,6 +36,7 @@ import triton.language as tl
 from .arrival import arrival_counters
 from .decode_attention_fp8 import launch_split_fp8
 from .decode_combine import combine_head, decode_reduce_kernel
+from .sm_count import num_sms
 
 _LOG2E = 1.4426950408889634
 _MIN_TOKENS_PER_SPLIT = 256  # below this a split's fixed cost outweighs the parallelism gained
@@ -223,12 +224,6 @@ def choose_num_splits(
     return max(1, min(wanted, useful, cfg.max_splits))
 
 
-def _num_sms(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 4  # interpreter: a few splits so the tests exercise the reduction
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def paged_decode_attention_triton(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -266,7 +261,7 @@ def paged_decode_attention_triton(
         config = FP8_DEFAULT_CONFIG if fp8 else DEFAULT_CONFIG
     if num_splits is None:
         context = min(max_seq_len, sliding_window) if sliding_window > 0 else max_seq_len
-        num_splits = choose_num_splits(num_seqs, num_kv_heads, context, _num_sms(q.device), config)
+        num_splits = choose_num_splits(num_seqs, num_kv_heads, context, num_sms(q.device), config)
     group = num_q_heads // num_kv_heads
     block_d = triton.next_power_of_2(head_dim)
     block_s = triton.next_power_of_2(num_splits)

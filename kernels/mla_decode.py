@@ -34,6 +34,7 @@ import triton
 
 from .arrival import arrival_counters
 from .mla_decode_paged import mla_split_paged_kernel
+from .sm_count import num_sms
 
 _LOG2E = 1.4426950408889634
 
@@ -58,12 +59,6 @@ DEFAULT_CONFIG = MlaLaunch(
     num_stages=2,
     programs_per_sm=3,
 )
-
-
-def _num_sms(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 4  # interpreter: a few splits so the tests exercise the merge
-    return int(torch.cuda.get_device_properties(device).multi_processor_count)
 
 
 def choose_num_splits(
@@ -105,7 +100,7 @@ def mla_attention_triton(
     if num_splits is None:
         max_context = block_tables.shape[1] * block_size
         num_splits = choose_num_splits(
-            num_rows, head_blocks, max_context, _num_sms(q_lat.device), config.programs_per_sm
+            num_rows, head_blocks, max_context, num_sms(q_lat.device), config.programs_per_sm
         )
     part_out = part_lse = out  # unused with one split
     if num_splits > 1:
