@@ -86,11 +86,13 @@ class AllocatorCore:
             if (handler := ops.get(type(op))) is None:
                 raise ValueError(f"unknown allocator op {op!r}")
             answer = handler(op)
+            if answer is None:
+                continue
             if isinstance(answer, Grant):
                 grants.append(answer)
             elif isinstance(answer, Refusal):
                 refused.append(answer)
-            elif answer is not None:  # a Fork's grants
+            else:  # a Fork's grants
                 grants.extend(answer)
         # CPU blocks read by this step's swap-ins must not be rewritten by its swap-outs (the
         # executor copies out before in), so they return to the pool only after the batch.

@@ -65,7 +65,7 @@ class BlockTable:
                 f"allocator: CacheBlocks for {op.request_id!r} has {len(token_ids)} tokens; it "
                 f"needs a multiple of block_size {bs} within its {len(table)} blocks"
             )
-        if self.num_hashed_blocks < self.released_end:
+        if self.num_released and self.num_hashed_blocks < self.num_kept + self.num_released:
             self.is_cache_stopped = True
         if cache is None or self.is_cache_stopped:
             self.num_hashed_blocks += len(token_ids) // bs

@@ -56,34 +56,29 @@ def build_plan(
     in_flight: list[InFlight] = []
     verifications: list[SeqWork] = []
     verified: list[InFlight] = []
-    running, speculating = Status.RUNNING, planner.speculator.enabled
+    running = Status.RUNNING
     add_seq, add_in_flight, get_blocks = seqs.append, in_flight.append, blocks.get
     for w in work.values():
         req = w.req
-        if req.status != running:
+        if req.status is not running:
             continue  # ended while the allocator worked
+        if w is req.decode and not req.needs_reset:
+            # The hot path: a decode with no new block (the planner saw exactly one token to
+            # compute, and a running request gains none until its result); kw-only
+            # construction is the dominant cost here.
+            start = req.num_computed
+            add_seq(
+                SeqWork(request_id=req.request_id, token_ids=(req.token_ids[start],), start_pos=start)
+            )
+            add_in_flight((req, start + 1, True))
+            continue
         start, tokens = req.num_computed, req.token_ids
         num_tokens = len(tokens)
-        if (
-            w.num_tokens == 1
-            and start == num_tokens - 1
-            and not (req.needs_reset or (speculating and w.num_dropped))
-        ):
-            # The hot path: a decode (kw-only construction is the dominant cost here).
-            rid = req.request_id
-            add_seq(
-                SeqWork(
-                    request_id=rid,
-                    token_ids=(tokens[start],),
-                    start_pos=start,
-                    block_ids=get_blocks(rid, ()),
-                )
-            )
-            add_in_flight((req, num_tokens, True))
-            continue
         assert not req.needs_reset or w.kind is not Kind.RUN, f"{req} has no whole table"
         held = w.held and start < req.compute_end - 1  # its last token: the next step's
-        end = min(req.compute_end - held, start + w.num_tokens)
+        end = start + w.num_tokens
+        if end > (last := req.compute_end - held):
+            end = last
         if end <= start:
             continue  # a parallel-sampling parent with all it computes cached: it forks next
         first = not req.in_executor

@@ -90,7 +90,7 @@ class StepPlanner:
         for req in list(q.running):
             if budget == 0:
                 break
-            if req.status != running:
+            if req.status is not running:
                 continue  # preempted earlier in this loop
             computed = req.num_computed
             if len(req.token_ids) - computed != 1:
@@ -108,7 +108,7 @@ class StepPlanner:
         for req in prefills:
             if budget == 0:
                 break
-            if req.status != running:
+            if req.status is not running:
                 continue  # preempted earlier in this loop
             computed = req.num_computed
             end = computed + lim.chunk(req.compute_end - computed, budget)
