@@ -21,6 +21,7 @@ from troupe.actors.core.grammar_compiler import (
 from troupe.actors.core.phase_router import PhaseRouterCore
 from troupe.actors.core.scheduler import SchedulerCore
 from troupe.actors.core.speculator import SpecSettings
+from troupe.actors.core.step_limits import StepLimits
 from troupe.actors.core.streamer import StreamerCore
 from troupe.actors.core.tokenizer import TokenizerCore
 from troupe.actors.core.tokenizer_text import TextTokenizer
@@ -122,19 +123,21 @@ def build_admission(g: GraphInputs) -> AdmissionCore:
 
 def build_scheduler(g: GraphInputs) -> SchedulerCore:
     return SchedulerCore(
-        block_size=g.numbers.block_size,
-        num_gpu_blocks=g.numbers.num_gpu_blocks,
+        StepLimits(
+            block_size=g.numbers.block_size,
+            num_gpu_blocks=g.numbers.num_gpu_blocks,
+            max_num_seqs=g.config.max_num_seqs,
+            max_num_batched_tokens=g.config.step_budget(),
+            enable_prefix_caching=g.config.enable_prefix_caching,
+            num_lookahead_tokens=g.numbers.num_lookahead_tokens,
+            kv_window=g.numbers.kv_window,
+            max_chunk_tokens=g.config.long_prefill_token_threshold,
+        ),
         num_cpu_blocks=g.numbers.num_cpu_blocks,
-        max_num_seqs=g.config.max_num_seqs,
-        max_num_batched_tokens=g.config.step_budget(),
-        enable_prefix_caching=g.config.enable_prefix_caching,
         preemption_mode=g.config.preemption_mode,
         scheduling_policy=g.config.scheduling_policy,
         eos_token_ids=g.numbers.eos_token_ids,
-        num_lookahead_tokens=g.numbers.num_lookahead_tokens,
-        max_chunk_tokens=g.config.long_prefill_token_threshold,
         speculative=SpecSettings.from_config(g.config),
-        kv_window=g.numbers.kv_window,
         # disaggregation: a prompt's last token is the prefill side's to sample
         hold_last_prompt_token=g.numbers.num_lookahead_tokens > 0 and not g.is_disaggregated,
     )

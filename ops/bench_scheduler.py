@@ -23,6 +23,7 @@ import msgspec
 from troupe.actors.core.allocator import AllocatorCore
 from troupe.actors.core.scheduler import SchedulerCore
 from troupe.actors.core.speculator import SpecSettings
+from troupe.actors.core.step_limits import StepLimits
 from troupe.gpu.fake_runner import FakeRunner
 from troupe.messages import (
     AdmittedRequest,
@@ -143,18 +144,20 @@ def build_loop(
 ) -> CoreLoop:
     """Cores and a fake runner sized alike."""
     scheduler = SchedulerCore(
-        block_size=block_size,
-        num_gpu_blocks=num_gpu_blocks,
+        StepLimits(
+            block_size=block_size,
+            num_gpu_blocks=num_gpu_blocks,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            enable_prefix_caching=enable_prefix_caching,
+            num_lookahead_tokens=num_lookahead_tokens,
+            max_chunk_tokens=max_chunk_tokens,
+        ),
         num_cpu_blocks=num_cpu_blocks,
-        max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=max_num_batched_tokens,
-        enable_prefix_caching=enable_prefix_caching,
         preemption_mode=preemption_mode,
         scheduling_policy=scheduling_policy,
         eos_token_ids=(2,),
-        max_chunk_tokens=max_chunk_tokens,
         speculative=speculative,
-        num_lookahead_tokens=num_lookahead_tokens,
         hold_last_prompt_token=hold_last_prompt_token,
     )
     allocator = AllocatorCore(

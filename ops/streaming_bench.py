@@ -29,6 +29,7 @@ import time
 import torch
 from troupe.actors.core.allocator import AllocatorCore
 from troupe.actors.core.scheduler import SchedulerCore
+from troupe.actors.core.step_limits import StepLimits
 from troupe.config import EngineConfig
 from troupe.gpu.model_runner import ModelRunner
 from troupe.gpu.runner_setup import load_for_config
@@ -83,10 +84,7 @@ def main() -> None:
                   file=sys.stderr, flush=True)  # fmt: skip
 
     runner = ModelRunner(loaded.config, loaded.model, loaded.options, logits_hook=hook)
-    scheduler = SchedulerCore(
-        block_size=bs, num_gpu_blocks=num_blocks, num_cpu_blocks=0, max_num_seqs=1,
-        max_num_batched_tokens=args.chunk, eos_token_ids=(),
-    )  # fmt: skip
+    scheduler = SchedulerCore(StepLimits(block_size=bs, num_gpu_blocks=num_blocks, max_num_seqs=1, max_num_batched_tokens=args.chunk), num_cpu_blocks=0, eos_token_ids=())  # fmt: skip
     allocator = AllocatorCore(block_size=bs, num_gpu_blocks=num_blocks, num_cpu_blocks=0)
     held: list[int] = []
 

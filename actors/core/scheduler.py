@@ -35,7 +35,6 @@ from troupe.actors.core.step_planner import StepPlanner
 from troupe.actors.core.step_tokens import apply_tokens
 from troupe.messages.allocator import AllocateBatch
 from troupe.messages.common import FinishReason
-from troupe.messages.events import EngineStats
 from troupe.messages.executor import StepPlan
 from troupe.messages.scheduler import (
     AdmittedRequest,
@@ -65,26 +64,16 @@ class SchedulerCore:
 
     def __init__(
         self,
+        limits: StepLimits,
         *,
-        block_size: int,
-        num_gpu_blocks: int,
         num_cpu_blocks: int,
-        max_num_seqs: int,
-        max_num_batched_tokens: int,
-        enable_prefix_caching: bool = True,
         preemption_mode: str = "auto",
         scheduling_policy: str = "priority",
         eos_token_ids: Iterable[int] = (),
-        num_lookahead_tokens: int = 0,
-        max_chunk_tokens: int = 0,
         speculative: SpecSettings | None = None,
-        kv_window: int = 0,
         hold_last_prompt_token: bool = False,
     ) -> None:
-        self.limits = StepLimits(
-            block_size, num_gpu_blocks, max_num_seqs, max_num_batched_tokens,
-            enable_prefix_caching, num_lookahead_tokens, kv_window, max_chunk_tokens,
-        )  # fmt: skip
+        self.limits = limits
         self.num_cpu_blocks = num_cpu_blocks
         self.queues = RequestQueues(make_queue_policy(scheduling_policy))
         self.speculator = Speculator(speculative or SpecSettings())
@@ -209,14 +198,11 @@ class SchedulerCore:
         self.in_flight = []
         return self.stats_batch()
 
-    def stats(self) -> EngineStats:
-        """A snapshot of pools (as of the last AllocationResult), queues and counters."""
-        return engine_stats(self.pools, self.planner, self.num_cpu_blocks, self.num_steps)
-
     def stats_batch(self) -> TokenBatch:
-        """Pending outputs (maybe none) and fresh stats: a step's, or news between steps."""
+        """Pending outputs (maybe none) and fresh stats (pools as of the last AllocationResult,
+        queues, counters): a step's, or news between steps."""
         outputs, self._pending = tuple(self._pending), []
-        stats = self.stats()
+        stats = engine_stats(self.pools, self.planner, self.num_cpu_blocks, self.num_steps)
         return TokenBatch(step_id=self.step_id, time=self._time, outputs=outputs, stats=stats)
 
     def _check_phase(self, phase: Phase, step_id: int, what: str) -> None:

@@ -15,6 +15,7 @@ import torch
 from troupe.actors.core.allocator import AllocatorCore
 from troupe.actors.core.scheduler import SchedulerCore
 from troupe.actors.core.speculator import SpecSettings
+from troupe.actors.core.step_limits import StepLimits
 from troupe.gpu.model_runner import ModelRunner, RunnerOptions
 from troupe.gpu.runner import RunnerStats
 from troupe.gpu.weights import load_model
@@ -40,12 +41,14 @@ def _drive(folder: Path, device: str, spec: SpecSettings | None) -> tuple[Any, A
     )
     runner = ModelRunner(config, model, options)
     scheduler = SchedulerCore(
-        block_size=4,
-        num_gpu_blocks=BLOCKS,
+        StepLimits(
+            block_size=4,
+            num_gpu_blocks=BLOCKS,
+            max_num_seqs=8,
+            max_num_batched_tokens=64,
+            num_lookahead_tokens=runner.num_lookahead_tokens,
+        ),
         num_cpu_blocks=0,
-        max_num_seqs=8,
-        max_num_batched_tokens=64,
-        num_lookahead_tokens=runner.num_lookahead_tokens,
         speculative=spec,
     )
     allocator = AllocatorCore(block_size=4, num_gpu_blocks=BLOCKS, num_cpu_blocks=0)

@@ -16,6 +16,7 @@ import numpy as np
 from troupe.actors.core.allocator import AllocatorCore
 from troupe.actors.core.phase_router import PhaseRouterCore
 from troupe.actors.core.scheduler import SchedulerCore
+from troupe.actors.core.step_limits import StepLimits
 from troupe.gpu.fake_runner import FakeRunner
 from troupe.messages import (
     AdmittedRequest,
@@ -40,11 +41,10 @@ class Wired:
 
     def __init__(self, num_blocks: int) -> None:
         self.s = SchedulerCore(
-            block_size=BS,
-            num_gpu_blocks=num_blocks,
+            StepLimits(
+                block_size=BS, num_gpu_blocks=num_blocks, max_num_seqs=4, max_num_batched_tokens=8
+            ),
             num_cpu_blocks=0,
-            max_num_seqs=4,
-            max_num_batched_tokens=8,
             preemption_mode="recompute",
         )
         self.a = AllocatorCore(block_size=BS, num_gpu_blocks=num_blocks, num_cpu_blocks=0)

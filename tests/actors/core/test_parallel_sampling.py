@@ -8,6 +8,7 @@ from collections import defaultdict
 import pytest
 from troupe.actors.core.allocator import AllocatorCore
 from troupe.actors.core.scheduler import SchedulerCore
+from troupe.actors.core.step_limits import StepLimits
 from troupe.gpu.fake_runner import FakeRunner
 from troupe.messages import (
     AbortRequest,
@@ -39,12 +40,14 @@ class Rig:
     ) -> None:
         self.bs, self.max_seqs = bs, max_seqs
         self.s = SchedulerCore(
-            block_size=bs,
-            num_gpu_blocks=num_gpu,
+            StepLimits(
+                block_size=bs,
+                num_gpu_blocks=num_gpu,
+                max_num_seqs=max_seqs,
+                max_num_batched_tokens=budget,
+                enable_prefix_caching=caching,
+            ),
             num_cpu_blocks=num_cpu,
-            max_num_seqs=max_seqs,
-            max_num_batched_tokens=budget,
-            enable_prefix_caching=caching,
             preemption_mode=mode,
             eos_token_ids=[2],
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 from troupe.actors.core.allocator import AllocatorCore
 from troupe.actors.core.request_state import Status
 from troupe.actors.core.scheduler import SchedulerCore
+from troupe.actors.core.step_limits import StepLimits
 from troupe.gpu.fake_runner import EOS_SEED_BASE, FakeRunner
 from troupe.messages import (
     AbortRequest,
@@ -37,12 +38,14 @@ class Rig:
         policy: str = "priority",
     ) -> None:
         self.s = SchedulerCore(
-            block_size=BS,
-            num_gpu_blocks=num_gpu,
+            StepLimits(
+                block_size=BS,
+                num_gpu_blocks=num_gpu,
+                max_num_seqs=max_seqs,
+                max_num_batched_tokens=budget,
+                enable_prefix_caching=caching,
+            ),
             num_cpu_blocks=num_cpu,
-            max_num_seqs=max_seqs,
-            max_num_batched_tokens=budget,
-            enable_prefix_caching=caching,
             preemption_mode=mode,
             scheduling_policy=policy,
             eos_token_ids=[2],

@@ -13,6 +13,7 @@ import pytest
 from troupe.actors.core.allocator import AllocatorCore
 from troupe.actors.core.executor import ExecutorCore
 from troupe.actors.core.scheduler import SchedulerCore
+from troupe.actors.core.step_limits import StepLimits
 from troupe.gpu.fake_runner import FakeRunner
 from troupe.gpu.faulty_runner import FaultyRunner
 from troupe.gpu.runner import Runner
@@ -38,11 +39,8 @@ class Loop:
 
     def __init__(self, runner: Runner) -> None:
         self.scheduler = SchedulerCore(
-            block_size=BS,
-            num_gpu_blocks=32,
+            StepLimits(block_size=BS, num_gpu_blocks=32, max_num_seqs=8, max_num_batched_tokens=64),
             num_cpu_blocks=8,
-            max_num_seqs=8,
-            max_num_batched_tokens=64,
             eos_token_ids=[2],
         )
         self.allocator = AllocatorCore(block_size=BS, num_gpu_blocks=32, num_cpu_blocks=8)

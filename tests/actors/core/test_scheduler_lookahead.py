@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from troupe.actors.core.allocator import AllocatorCore
 from troupe.actors.core.scheduler import SchedulerCore
+from troupe.actors.core.step_limits import StepLimits
 from troupe.gpu.fake_runner import FakeRunner
 from troupe.messages import AdmittedRequest, FinishReason, SampledToken, SamplingParams, StepPlan
 from troupe.ops.bench_scheduler import CoreLoop
@@ -42,15 +43,17 @@ def _loop(
 ) -> tuple[CoreLoop, TableWatcher]:
     bs = 4
     scheduler = SchedulerCore(
-        block_size=bs,
-        num_gpu_blocks=num_gpu_blocks,
+        StepLimits(
+            block_size=bs,
+            num_gpu_blocks=num_gpu_blocks,
+            max_num_seqs=8,
+            max_num_batched_tokens=64,
+            enable_prefix_caching=True,
+            num_lookahead_tokens=lookahead,
+        ),
         num_cpu_blocks=num_cpu_blocks,
-        max_num_seqs=8,
-        max_num_batched_tokens=64,
-        enable_prefix_caching=True,
         preemption_mode=mode,
         eos_token_ids=(2,),
-        num_lookahead_tokens=lookahead,
     )
     allocator = AllocatorCore(
         block_size=bs,
@@ -156,10 +159,12 @@ def test_preemption_in_a_tiny_pool(mode: str, num_cpu_blocks: int) -> None:
 def test_negative_lookahead_is_rejected() -> None:
     with pytest.raises(ValueError, match="num_lookahead_tokens"):
         SchedulerCore(
-            block_size=4,
-            num_gpu_blocks=8,
+            StepLimits(
+                block_size=4,
+                num_gpu_blocks=8,
+                max_num_seqs=2,
+                max_num_batched_tokens=8,
+                num_lookahead_tokens=-1,
+            ),
             num_cpu_blocks=0,
-            max_num_seqs=2,
-            max_num_batched_tokens=8,
-            num_lookahead_tokens=-1,
         )

@@ -10,6 +10,7 @@ from troupe.actors.core.allocator import AllocatorCore
 from troupe.actors.core.request_state import Request
 from troupe.actors.core.scheduler import SchedulerCore
 from troupe.actors.core.speculator import SpecSettings, Speculator
+from troupe.actors.core.step_limits import StepLimits
 from troupe.config import EngineConfig
 from troupe.gpu.fake_runner import COPY_SEED_BASE, FakeRunner
 from troupe.messages import AdmittedRequest, SamplingParams, StepPlan
@@ -24,13 +25,15 @@ BLOCKS = 512
 def _loop(spec: SpecSettings | None) -> CoreLoop:
     """Cores as the GPU runs them: one lookahead slot per decode (the overlap schedule)."""
     scheduler = SchedulerCore(
-        block_size=4,
-        num_gpu_blocks=BLOCKS,
+        StepLimits(
+            block_size=4,
+            num_gpu_blocks=BLOCKS,
+            max_num_seqs=64,
+            max_num_batched_tokens=256,
+            num_lookahead_tokens=1,
+        ),
         num_cpu_blocks=0,
-        max_num_seqs=64,
-        max_num_batched_tokens=256,
         eos_token_ids=(2,),
-        num_lookahead_tokens=1,
         speculative=spec,
     )
     allocator = AllocatorCore(block_size=4, num_gpu_blocks=BLOCKS, num_cpu_blocks=0)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from troupe.actors.core.allocator import AllocatorCore
 from troupe.actors.core.scheduler import SchedulerCore
+from troupe.actors.core.step_limits import StepLimits
 from troupe.gpu.fake_runner import FakeRunner
 from troupe.messages import AdmittedRequest, SampledToken, SamplingParams, StepPlan
 from troupe.ops.bench_scheduler import CoreLoop
@@ -51,15 +52,17 @@ def _run(
 ) -> tuple[CoreLoop, WindowWatcher, list[int]]:  # fmt: skip
     """Run the requests; also returns the most GPU blocks held at once, per allocator batch."""
     scheduler = SchedulerCore(
-        block_size=BS,
-        num_gpu_blocks=num_gpu_blocks,
+        StepLimits(
+            block_size=BS,
+            num_gpu_blocks=num_gpu_blocks,
+            max_num_seqs=8,
+            max_num_batched_tokens=8,
+            num_lookahead_tokens=lookahead,
+            kv_window=window,
+        ),
         num_cpu_blocks=num_cpu_blocks,
-        max_num_seqs=8,
-        max_num_batched_tokens=8,
         preemption_mode=mode,
         eos_token_ids=(2,),
-        num_lookahead_tokens=lookahead,
-        kv_window=window,
     )
     allocator = AllocatorCore(
         block_size=BS, num_gpu_blocks=num_gpu_blocks, num_cpu_blocks=num_cpu_blocks
