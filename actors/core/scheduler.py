@@ -35,6 +35,7 @@ from troupe.actors.core.step_planner import StepPlanner
 from troupe.actors.core.step_tokens import apply_tokens
 from troupe.messages.allocator import AllocateBatch
 from troupe.messages.common import FinishReason
+from troupe.messages.events import EngineStats
 from troupe.messages.executor import StepPlan
 from troupe.messages.scheduler import (
     AdmittedRequest,
@@ -198,11 +199,14 @@ class SchedulerCore:
         self.in_flight = []
         return self.stats_batch()
 
+    def stats(self) -> EngineStats:
+        """A snapshot of pools (as of the last AllocationResult), queues and counters."""
+        return engine_stats(self.pools, self.planner, self.num_cpu_blocks, self.num_steps)
+
     def stats_batch(self) -> TokenBatch:
-        """Pending outputs (maybe none) and fresh stats (pools as of the last AllocationResult,
-        queues, counters): a step's, or news between steps."""
+        """Pending outputs (maybe none) and fresh stats: a step's, or news between steps."""
         outputs, self._pending = tuple(self._pending), []
-        stats = engine_stats(self.pools, self.planner, self.num_cpu_blocks, self.num_steps)
+        stats = self.stats()
         return TokenBatch(step_id=self.step_id, time=self._time, outputs=outputs, stats=stats)
 
     def _check_phase(self, phase: Phase, step_id: int, what: str) -> None:
