@@ -12,6 +12,7 @@ import pytest
 import torch
 from troupe.actors.core.allocator import AllocatorCore
 from troupe.actors.core.scheduler import SchedulerCore
+from troupe.actors.core.step_limits import StepLimits
 from troupe.gpu.kv_cache import KVCache
 from troupe.gpu.model_runner import ModelRunner, RunnerOptions
 from troupe.gpu.weights import load_model, qwen3_0_6b_config
@@ -64,13 +65,15 @@ def _runner(path: Any, device: str) -> ModelRunner:
 def _run(runner: ModelRunner, requests: list[tuple[str, list[int], SamplingParams]]) -> Any:
     """Scheduler + allocator + runner until idle: tokens per sequence id, and the Fork ops."""
     sched = SchedulerCore(
-        block_size=BS,
-        num_gpu_blocks=runner.num_gpu_blocks,
+        StepLimits(
+            block_size=BS,
+            num_gpu_blocks=runner.num_gpu_blocks,
+            max_num_seqs=8,
+            max_num_batched_tokens=64,
+            num_lookahead_tokens=runner.num_lookahead_tokens,
+        ),
         num_cpu_blocks=runner.num_cpu_blocks,
-        max_num_seqs=8,
-        max_num_batched_tokens=64,
         eos_token_ids=(),
-        num_lookahead_tokens=runner.num_lookahead_tokens,
     )
     alloc = AllocatorCore(
         block_size=BS, num_gpu_blocks=runner.num_gpu_blocks, num_cpu_blocks=runner.num_cpu_blocks

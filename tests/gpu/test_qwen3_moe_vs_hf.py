@@ -100,6 +100,7 @@ def test_scheduler_prefix_cache_and_preemption(
 ) -> None:
     from troupe.actors.core.allocator import AllocatorCore
     from troupe.actors.core.scheduler import SchedulerCore
+    from troupe.actors.core.step_limits import StepLimits
     from troupe.messages import AdmittedRequest, SamplingParams
     from troupe.ops.bench_scheduler import CoreLoop
 
@@ -109,7 +110,9 @@ def test_scheduler_prefix_cache_and_preemption(
     runner = mt.runner_for(folder, num_gpu_blocks=num_gpu, num_cpu_blocks=num_cpu)
     sizes = dict(block_size=4, num_gpu_blocks=num_gpu, num_cpu_blocks=num_cpu)
     scheduler = SchedulerCore(
-        **sizes, max_num_seqs=4, max_num_batched_tokens=16, preemption_mode=mode
+        StepLimits(4, num_gpu, max_num_seqs=4, max_num_batched_tokens=16),
+        num_cpu_blocks=num_cpu,
+        preemption_mode=mode,
     )
     allocator = AllocatorCore(**sizes)
     loop = CoreLoop(scheduler, allocator, runner)

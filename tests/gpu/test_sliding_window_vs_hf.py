@@ -100,6 +100,7 @@ def test_released_blocks_keep_greedy_identical(tmp_path: Path, mt: Any) -> None:
     HF's."""
     from troupe.actors.core.allocator import AllocatorCore
     from troupe.actors.core.scheduler import SchedulerCore
+    from troupe.actors.core.step_limits import StepLimits
     from troupe.messages import AdmittedRequest, SamplingParams
     from troupe.ops.bench_scheduler import CoreLoop
 
@@ -110,9 +111,11 @@ def test_released_blocks_keep_greedy_identical(tmp_path: Path, mt: Any) -> None:
     runner = mt.runner_for(folder, num_gpu_blocks=num_blocks)
     assert runner.kv_window == WINDOW
     num_new = 8 * WINDOW
-    sizes = dict(block_size=4, num_gpu_blocks=num_blocks, num_cpu_blocks=0)
     scheduler = SchedulerCore(
-        **sizes, max_num_seqs=4, max_num_batched_tokens=8, kv_window=runner.kv_window
+        StepLimits(
+            4, num_blocks, max_num_seqs=4, max_num_batched_tokens=8, kv_window=runner.kv_window
+        ),
+        num_cpu_blocks=0,
     )
     allocator = AllocatorCore(block_size=4, num_gpu_blocks=num_blocks, num_cpu_blocks=0)
     held: list[int] = []
