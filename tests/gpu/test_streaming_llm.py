@@ -10,6 +10,7 @@ import pytest
 import torch
 from troupe.actors.core.allocator import AllocatorCore
 from troupe.actors.core.scheduler import SchedulerCore
+from troupe.actors.core.step_limits import StepLimits
 from troupe.gpu.model_config import ModelConfig
 from troupe.gpu.model_runner import ModelRunner, RunnerOptions
 from troupe.gpu.streaming_reference import StreamingReference
@@ -62,14 +63,16 @@ def _run(
     )
     runner = ModelRunner(model.config, model, options, logits_hook=captured)
     scheduler = SchedulerCore(
-        block_size=BS,
-        num_gpu_blocks=num_gpu_blocks,
+        StepLimits(
+            block_size=BS,
+            num_gpu_blocks=num_gpu_blocks,
+            max_num_seqs=4,
+            max_num_batched_tokens=CHUNK,
+            enable_prefix_caching=True,
+        ),
         num_cpu_blocks=num_cpu_blocks,
-        max_num_seqs=4,
-        max_num_batched_tokens=CHUNK,
         preemption_mode=mode,
         eos_token_ids=(),
-        enable_prefix_caching=True,
     )
     allocator = AllocatorCore(
         block_size=BS, num_gpu_blocks=num_gpu_blocks, num_cpu_blocks=num_cpu_blocks
