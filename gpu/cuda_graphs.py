@@ -82,7 +82,7 @@ class DecodeGraphs:
         return num_seqs <= self.max_batch
 
     def run(self, inputs: StepInputs, input_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """fp32 logits [S, vocab] of a pure-decode step (a view into the graph's output).
+        """Logits [S, vocab] (model.logits_dtype) of a pure-decode step (a view into the graph's output).
 
         `input_ids` (int64 on the device) replaces the leading inputs.input_ids: a copy queued
         on the stream, so it may be the output of work not finished yet.

@@ -45,7 +45,7 @@ class _Ahead:
     positions: np.ndarray  # int64 per row: the position the step computes
     input_tokens: list[int]  # per row: the token fed
     inputs: StepInputs
-    logits: torch.Tensor  # fp32 [rows, vocab]
+    logits: torch.Tensor  # [rows, vocab], model.logits_dtype
 
 
 class ForwardAhead:

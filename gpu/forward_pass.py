@@ -22,7 +22,7 @@ from troupe.gpu.step_inputs import StepInputs
 
 
 class ForwardPass:
-    """fp32 logits of a step's sampled rows; CUDA graphs are captured at construction."""
+    """Logits (model.logits_dtype) of a step's sampled rows; CUDA graphs are captured at construction."""
 
     def __init__(
         self,
@@ -64,7 +64,7 @@ class ForwardPass:
             )
 
     def __call__(self, inputs: StepInputs, input_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """fp32 logits of the sampled rows, in order. `input_ids` (on the device) replace the
+        """Logits (model.logits_dtype) of the sampled rows, in order. `input_ids` (on the device) replace the
         leading inputs.input_ids (all of them, or a merged split's decodes: overlap_merge.py):
         tokens sampled by earlier work, fed without a copy to the host."""
         graphs, mixed = self.graphs, self.mixed

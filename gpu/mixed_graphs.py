@@ -92,7 +92,9 @@ class MixedGraphs:
         self.logits_indices = zeros(max_logits, dtype=torch.int64)
         self.decode_prefix = zeros(1, dtype=torch.int32)
         # one output for every bucket: a graph's own output would stay pinned in the pool
-        self.logits = torch.empty(max_logits, model.config.vocab_size, device=device)
+        self.logits = torch.empty(
+            max_logits, model.config.vocab_size, dtype=model.logits_dtype, device=device
+        )
         self.max_logits = max_logits
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}  # (bucket, rows)
         self.rows = bucket_rows(token_buckets(max_num_tokens), s_max, max_logits)
@@ -139,7 +141,7 @@ class MixedGraphs:
         return len(inputs.logits_indices) <= self.rows[size][-1]
 
     def run(self, inputs: StepInputs, input_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """fp32 logits [sampled rows, vocab] of the step (a view into the shared output).
+        """Logits [sampled rows, vocab] of the step (model.logits_dtype) (a view into the shared output).
         `input_ids` (on the device) replace the leading inputs.input_ids (cuda_graphs.py)."""
         num_tokens = len(inputs.input_ids)
         num_seqs = len(inputs.seq_lens)

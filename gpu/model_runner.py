@@ -350,7 +350,7 @@ class ModelRunner:
         prepared = self._prepare(plan)
         if prepared is None:
             return torch.empty(0, self.vocab_size, device=self.device)
-        return self._forward(prepared[1]).clone()
+        return self._forward(prepared[1]).to(torch.float32, copy=True)  # not the graph buffer
 
     def _prepare(self, plan: StepPlan) -> tuple[list[RequestState], StepInputs] | None:
         if plan.released:

@@ -273,8 +273,15 @@ class DecoderModel(nn.Module):
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """fp32 logits [N, vocab] for the selected hidden states."""
+        """Logits [N, vocab] for the selected hidden states, in `logits_dtype`. Not upcast here:
+        the sampler's draw reads bf16 as it is (an fp32 copy of 256 x 151,936 logits cost
+        0.11 ms of an H200 decode step) and upcasts only what arithmetic needs."""
         weight = self.embed_tokens if self.lm_head is None else self.lm_head
-        logits = linear(hidden, weight).float()
+        logits = linear(hidden, weight)
         cap = self.config.final_logit_softcapping
-        return logits if cap is None else torch.tanh(logits / cap) * cap
+        return logits if cap is None else torch.tanh(logits.float() / cap) * cap
+
+    @property
+    def logits_dtype(self) -> torch.dtype:
+        """compute_logits' dtype: the model's, fp32 where the model soft-caps its logits."""
+        return self.dtype if self.config.final_logit_softcapping is None else torch.float32

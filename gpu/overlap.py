@@ -42,11 +42,11 @@ from troupe.gpu.sampling_batch import SamplingBatches
 from troupe.gpu.step_inputs import StepInputs, concat_inputs
 from troupe.messages import SampledToken, SeqWork, StepPlan
 
-# The runner's forward: fp32 logits of the sampled rows; the tensor, when given, replaces
+# The runner's forward: logits (model.logits_dtype) of the sampled rows; the tensor, when given, replaces
 # inputs.input_ids with ids already on the device.
 Forward = Callable[[StepInputs, torch.Tensor | None], torch.Tensor]
 # A test seam (ModelRunner's logits_hook): called with the request ids of the rows and their
-# fp32 logits [rows, vocab] right before sampling; it may change the logits in place.
+# logits [rows, vocab] right before sampling; it may change the logits in place.
 LogitsHook = Callable[[Sequence[str], torch.Tensor], None]
 
 

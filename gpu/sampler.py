@@ -161,12 +161,14 @@ def sample(
 ) -> tuple[torch.Tensor, tuple[TokenLogprob | None, ...]]:
     """Token ids [S] (int64, on logits' device) and per-row logprobs (None where not asked)."""
     raw = logits
-    logits = logits.float()
+    fused = logits.is_cuda and _gumbel().available(logits)
+    filters = batch.use_top_k or batch.use_top_p or batch.use_min_p
+    penalized = batch.seen_mask is not None or batch.output_counts is not None
+    if batch.logit_edits is not None or penalized or filters or not fused:
+        logits = logits.float()  # arithmetic in fp32; else the fused draw upcasts as it reads
     if batch.logit_edits is not None:
         logits = apply_logit_edits(logits, batch.logit_edits)
     logits = apply_penalties(logits, batch)
-    fused = logits.is_cuda and _gumbel().available(logits)
-    filters = batch.use_top_k or batch.use_top_p or batch.use_min_p
     bitmask = batch.token_bitmask
     if bitmask is not None and not (fused and not filters):  # else the draw reads the bits
         logits, bitmask = apply_token_bitmask(logits, bitmask), None
@@ -251,7 +253,7 @@ def withhold_non_finite(token_ids: torch.Tensor, logits: torch.Tensor) -> torch.
     queued on the device: no sync. The result replaces the ids the caller reads back anyway,
     so the check costs no extra transfer. Only for reading back: never feed WITHHELD to a model.
     """
-    return token_ids.masked_fill(~torch.isfinite(logits.float().sum(dim=-1)), WITHHELD)
+    return token_ids.masked_fill(~torch.isfinite(logits.sum(dim=-1, dtype=torch.float32)), WITHHELD)
 
 
 def sampled_tokens(

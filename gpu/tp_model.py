@@ -171,6 +171,10 @@ class TPDecoderModel(DecoderModel):
         return self.group.all_reduce(hidden)
 
     @torch.inference_mode()
+    @property
+    def logits_dtype(self) -> torch.dtype:
+        return torch.float32  # the shards' logits are gathered in fp32
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         weight = self.embed_tokens if self.lm_head is None else self.lm_head
         shard_logits = linear(hidden, weight).float()
