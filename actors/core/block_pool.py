@@ -5,14 +5,13 @@
     cached      ref 0, holds reusable prefix KV         -> `_lru` (oldest first; evicted on demand)
     owned       ref >= 1 (may also be in the cache)     -> shared by `ref` requests
 
-Allocation takes plain free blocks, most recently freed first, then evicts the oldest cached
-ones. LIFO keeps the blocks in use near those used before, so a pool committed page by page when
-first written (the CPU pool) holds about as much memory as is live; released in reverse table
-order (as the allocator does), a consecutive table stays so. Never-used blocks are plain free
-blocks by default (GPU memory is committed at allocation: the prefix cache may fill the pool);
-with `warm_first` (a pool committed as written: the CPU) they come after every cached block, so
-the memory committed follows the most blocks ever owned at once, at the price of a prefix cache
-no larger than that.
+LIFO keeps the blocks in use near those used before, so a pool committed page by page when first
+written (the CPU pool) holds about as much memory as is live; released in reverse table order (as
+the allocator does), a consecutive table stays so. Cached blocks are evicted only when no plain free
+block is left. Never-used blocks are plain free blocks by default (GPU memory is committed at
+allocation: the prefix cache may fill the pool); with `warm_first` (a pool committed as written: the
+CPU) they come after every cached block, so the memory committed follows the most blocks ever owned
+at once, at the price of a prefix cache no larger than that.
 """
 
 from __future__ import annotations
@@ -22,24 +21,21 @@ from collections.abc import Callable, Iterable
 
 from troupe.actors.core.prefix_cache import CacheKey, PrefixCache
 
-Evicted = Callable[[int, CacheKey, int], None]  # (block id, its key, its serial)
-
 
 class BlockPool:
-    """`num_blocks` blocks; `cache` is the prefix index (none given: nothing is ever cached)."""
+    """`num_blocks` blocks; `cache` is the prefix index of their contents."""
 
     def __init__(
         self,
         num_blocks: int,
-        cache: PrefixCache | None = None,
-        on_evict: Evicted | None = None,
+        cache: PrefixCache,
+        on_evict: Callable[[int, CacheKey, int], None] | None = None,  # (block id, key, serial)
         *,
         warm_first: bool = False,
     ) -> None:
         if num_blocks < 0:
             raise ValueError(f"num_blocks must be >= 0, got {num_blocks}")
-        self.num_blocks = num_blocks
-        self.cache = cache if cache is not None else PrefixCache()
+        self.num_blocks, self.cache = num_blocks, cache
         self.on_evict = on_evict  # told of each cached block evicted (the CPU tier keeps it)
         self.ref = [0] * num_blocks
         never_used = list(range(num_blocks - 1, -1, -1))  # pops 0, 1, 2, ... first
@@ -63,7 +59,7 @@ class BlockPool:
             out = free[len(free) - n :]
             del free[len(free) - n :]
             out.reverse()
-        elif n <= len(free) + len(lru) + len(fresh):
+        elif n <= self.num_free:
             out = free[::-1]
             free.clear()
             while len(out) < n and lru:  # evict the oldest cached: the cache forgets it
@@ -76,9 +72,8 @@ class BlockPool:
                 out.append(fresh.pop())
         else:
             return None
-        ref = self.ref
         for block_id in out:
-            ref[block_id] = 1
+            self.ref[block_id] = 1
         return out
 
     def take(self, block_id: int) -> None:

@@ -39,26 +39,20 @@ class PrefixCache:
     def register(
         self, block_id: int, parent_serial: int, token_ids: tuple[int, ...], serial: int = 0
     ) -> int:
-        """Record that `block_id` holds these tokens; return the serial that now names them
-        (`serial`: the one an entry moving in from the other tier keeps, so its children's
-        keys stay valid; 0: a new one).
-
-        If another block already holds the same prefix, that entry wins (first writer keeps
-        it) and `block_id` stays unregistered; its request chains on from the existing serial.
-        """
+        """Record that `block_id` holds these tokens; the serial that now names them (`serial`:
+        the one an entry moving in from the other tier keeps, so its children's keys stay valid;
+        0: a new one). If another block already holds the prefix, that entry wins (first writer
+        keeps it) and `block_id` stays unregistered: its request chains on from that serial."""
         key = (parent_serial, token_ids)
-        index = self._index
         # setdefault: the key (a tuple of a block's tokens) is hashed once, hit or miss.
-        existing = index.setdefault(key, block_id)
-        entry = self._entry_of.get(existing)
-        if entry is not None:
+        existing = self._index.setdefault(key, block_id)
+        if (entry := self._entry_of.get(existing)) is not None:
             if existing != block_id or entry[0] == key:  # the prefix is already cached
                 return entry[1]
-            del index[key]  # misuse: undo the insert before raising
+            del self._index[key]  # misuse: undo the insert before raising
             raise ValueError(f"block {block_id} is already registered in the prefix cache")
         if serial == ROOT_SERIAL:
-            serial = self._next_serial
-            self._next_serial = serial + 1
+            serial, self._next_serial = self._next_serial, self._next_serial + 1
         self._entry_of[block_id] = (key, serial)
         return serial
 
