@@ -17,8 +17,7 @@ InFlight = tuple[Request, int, bool]  # (request, its end position after the ste
 def build_plan(
     planner: StepPlanner, result: AllocationResult
 ) -> tuple[StepPlan | None, list[InFlight]]:
-    """Apply `result` to the planner's entries; the StepPlan (None: nothing to send) and what
-    it computes."""
+    """Apply `result` to the planner's entries; the StepPlan (None: idle) and what it computes."""
     q, work = planner.queues, planner.work
     for refusal in result.refused:
         rid = refusal.request_id
@@ -57,19 +56,16 @@ def build_plan(
     verifications: list[SeqWork] = []
     verified: list[InFlight] = []
     running = Status.RUNNING
-    add_seq, add_in_flight, get_blocks = seqs.append, in_flight.append, blocks.get
+    add_seq, add_in_flight = seqs.append, in_flight.append
     for w in work.values():
         req = w.req
         if req.status is not running:
             continue  # ended while the allocator worked
         if w is req.decode and not req.needs_reset:
-            # The hot path: a decode with no new block (the planner saw exactly one token to
-            # compute, and a running request gains none until its result); kw-only
-            # construction is the dominant cost here.
-            start = req.num_computed
-            add_seq(
-                SeqWork(request_id=req.request_id, token_ids=(req.token_ids[start],), start_pos=start)
-            )
+            # The hot path: a decode with no new block (the planner saw one token to compute, and a
+            # running request gains none until its result); kw-only construction dominates it.
+            rid, start = req.request_id, req.num_computed
+            add_seq(SeqWork(request_id=rid, token_ids=(req.token_ids[start],), start_pos=start))
             add_in_flight((req, start + 1, True))
             continue
         start, tokens = req.num_computed, req.token_ids
@@ -77,7 +73,7 @@ def build_plan(
         assert not req.needs_reset or w.kind is not Kind.RUN, f"{req} has no whole table"
         held = w.held and start < req.compute_end - 1  # its last token: the next step's
         end = start + w.num_tokens
-        if end > (last := req.compute_end - held):
+        if end > (last := req.compute_end - held):  # min() costs a call here
             end = last
         if end <= start:
             continue  # a parallel-sampling parent with all it computes cached: it forks next
@@ -91,7 +87,7 @@ def build_plan(
                 request_id=req.request_id,
                 token_ids=tuple(tokens[start:end]),
                 start_pos=start,
-                block_ids=get_blocks(req.request_id, ()),
+                block_ids=blocks.get(req.request_id, ()),
                 reset=req.needs_reset,
                 sample=end == num_tokens,
                 params=req.params if first else None,

@@ -81,15 +81,11 @@ class Request:
         return len(self.token_ids)
 
     def append_token(self, token_id: int) -> FinishReason | None:
-        """Append one sampled token; the finish reason if it ends the request (STOP: it is a
-        stop token; LENGTH: max_total_tokens reached)."""
-        tokens = self.token_ids
-        tokens.append(token_id)
+        """Append one sampled token; the finish reason (STOP, LENGTH) if it ends the request."""
+        self.token_ids.append(token_id)
         if token_id in self.stop_ids:
             return FinishReason.STOP
-        if len(tokens) >= self.max_total_tokens:
-            return FinishReason.LENGTH
-        return None
+        return FinishReason.LENGTH if len(self.token_ids) >= self.max_total_tokens else None
 
     def failed(self, message: str) -> SeqOutput:
         """Its terminal output when it fails with `message`."""

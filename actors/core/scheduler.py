@@ -6,10 +6,9 @@ Each step is one round trip to the allocator, then one to the executor:
          <-- AllocationResult: on_allocated(): StepPlan --> executor (nothing to run: idle)
          <-- StepResult: update(): TokenBatch --> streamer; next round trip if work exists
 
-Messages arriving meanwhile (new requests, aborts, stop-string hits) take effect at the next
-plan; late tokens (disaggregation: a first token after its step's result) land at once
-(late_tokens.py). Composed of RequestQueues, StepPlanner, build_plan, apply_tokens and a
-Speculator (a module each).
+Messages arriving meanwhile (new requests, aborts, stop-string hits) take effect at the next plan;
+late tokens (disaggregation: a first token after its step's result) land at once (late_tokens.py).
+Composed of RequestQueues, StepPlanner, build_plan, apply_tokens and a Speculator, a module each.
 """
 
 from __future__ import annotations
@@ -54,10 +53,9 @@ ABORT, ERROR = FinishReason.ABORT, FinishReason.ERROR
 
 
 class SchedulerCore:
-    """Inbox: AdmittedRequest, AbortRequest, StopRequests, AllocationResult, StepResult,
-    LateTokens.
-    Outboxes: "allocator" (AllocateBatch), "executor" (StepPlan), "streamer" (TokenBatch),
-    "grammar" (ComputeMasks, for steps that sample constrained requests: grammar_feed.py).
+    """Inbox: AdmittedRequest, AbortRequest, StopRequests, AllocationResult, StepResult, LateTokens.
+    Outboxes: "allocator" (AllocateBatch), "executor" (StepPlan), "streamer" (TokenBatch), "grammar"
+    (ComputeMasks, for steps that sample constrained requests: grammar_feed.py).
 
     Every request gets exactly one terminal SeqOutput (STOP/LENGTH/ABORT/ERROR), except those
     ended by a stop string: the streamer already told the client, so StopRequests only frees.
@@ -74,15 +72,13 @@ class SchedulerCore:
         speculative: SpecSettings | None = None,
         hold_last_prompt_token: bool = False,
     ) -> None:
-        self.limits = limits
-        self.num_cpu_blocks = num_cpu_blocks
+        self.limits, self.num_cpu_blocks = limits, num_cpu_blocks
         self.queues = RequestQueues(make_queue_policy(scheduling_policy))
         self.speculator = Speculator(speculative or SpecSettings())
         # held_token.py; not with speculation: proposals to verify run as steps of their own
-        hold_last = hold_last_prompt_token and not self.speculator.enabled
         self.planner = StepPlanner(
-            self.limits, self.queues, make_preemption_policy(preemption_mode), self.speculator,
-            hold_last=hold_last,
+            limits, self.queues, make_preemption_policy(preemption_mode), self.speculator,
+            hold_last=hold_last_prompt_token and not self.speculator.enabled,
         )  # fmt: skip
         # The allocator's counts as of its last answer: what the next plan starts from.
         self.pools = AllocationResult(
@@ -109,8 +105,7 @@ class SchedulerCore:
                     for request_id in msg.request_ids:
                         self.abort(request_id, None)
                 case AllocationResult():
-                    plan = self.on_allocated(msg)
-                    if plan is not None:
+                    if (plan := self.on_allocated(msg)) is not None:
                         plan, masks = self.grammar.feed(plan, self.in_flight)
                         if masks is not None:  # computed while the executor runs the plan
                             out.append(("grammar", masks))
@@ -152,10 +147,8 @@ class SchedulerCore:
                 self._pending.append(SeqOutput(msg.request_id, (), ERROR, error=message))
 
     def abort(self, request_id: str, reason: str | None = "aborted") -> None:
-        """End a request wherever it is (reason None: without a terminal output); unknown ids
-        are ignored (races are normal)."""
-        req = self.requests.get(request_id)
-        if req is not None:
+        """End a request wherever it is (reason None: silently); unknown ids are ignored (races)."""
+        if (req := self.requests.get(request_id)) is not None:
             self.queues.finish(req)
             cached = req.num_cached_tokens
         elif self.planner.forks.abort(request_id, self.queues):  # a forked request's samples
@@ -174,8 +167,7 @@ class SchedulerCore:
         self.planner.unfittable = []
         if ops is None:
             return None
-        self.phase = "allocating"
-        self.step_id += 1
+        self.phase, self.step_id = "allocating", self.step_id + 1
         return AllocateBatch(step_id=self.step_id, ops=tuple(ops))
 
     def on_allocated(self, result: AllocationResult) -> StepPlan | None:

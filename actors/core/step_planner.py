@@ -1,8 +1,7 @@
 """The step planner: who runs each step, with how many blocks, and who gives way when blocks run
-out. It emits the step's allocator ops and one typed entry (Work) per request.
-
-The budget goes to running decodes, then running prefills in chunks (a long prompt never
-stalls decodes), each in queue order; then to swapped and waiting requests (step_starts.py).
+out. It emits the step's allocator ops and one typed entry (Work) per request. The budget goes to
+running decodes, then running prefills in chunks (a long prompt never stalls decodes), each in queue
+order; then to swapped and waiting requests (step_starts.py).
 
 Lookahead: step_limits.py (a new request gets it at its first decode); a prompt joining decodes
 may hold its last token back (held_token.py). Speculative decoding: a decode's table covers its
@@ -21,15 +20,7 @@ from troupe.actors.core.speculator import Speculator
 from troupe.actors.core.step_limits import StepLimits
 from troupe.actors.core.step_starts import start_queued
 from troupe.actors.core.step_work import Kind, Work
-from troupe.messages.allocator import (
-    OP_ORDER,
-    AllocOp,
-    CacheBlocks,
-    FreeRequest,
-    Grow,
-    ReleaseBlocks,
-    SwapOut,
-)
+from troupe.messages.allocator import OP_ORDER, AllocOp, CacheBlocks, FreeRequest, Grow, SwapOut
 
 Tokens = tuple[int, ...]
 
@@ -57,7 +48,6 @@ class StepPlanner:
         # undone), the blocks left, and victims' planned tokens back to the budget.
         self.work: dict[str, Work] = {}
         self._ops: dict[type, list[AllocOp]] = {}
-        self._grows: dict[str, Grow] = {}
         self.avail = self._cpu_avail = self._returned = 0
         self._preempted = self.decoding = False  # any victim; any decode (held_token.py)
 
@@ -66,9 +56,8 @@ class StepPlanner:
         lim, q = self.limits, self.queues
         bs, lookahead = lim.block_size, lim.num_lookahead_tokens
         ops = self._ops = {kind: [] for kind in OP_ORDER}
-        work: dict[str, Work] = {}
-        self.work, self._grows, self._preempted = work, {}, False
-        self.avail, self._cpu_avail = num_gpu_free, num_cpu_free
+        work = self.work = {}
+        self._preempted, self.avail, self._cpu_avail = False, num_gpu_free, num_cpu_free
         ops[CacheBlocks] += commit_ops(self.to_commit.values(), bs)
         self.to_commit = {}
         for req in q.to_free.values():
@@ -77,7 +66,7 @@ class StepPlanner:
         q.to_free = {}
         if lim.kv_window or self.has_streaming:
             for op, num_freed in window_releases(lim, q.running):
-                ops[ReleaseBlocks].append(op)
+                self.add_op(op)
                 self.avail += num_freed
         budget, forks = lim.max_num_batched_tokens, self.forks
         if forks.parents or forks.samples:
@@ -85,8 +74,7 @@ class StepPlanner:
         prefills: list[Request] = []
         running, speculating = Status.RUNNING, self.speculator.enabled  # locals: a hot loop
         proposing = self.speculator.step_allows(len(q.running))
-        # Decodes first, in queue order; prefills after, with what budget is left. Iterate a
-        # snapshot: preemption removes victims from q.running while this loop runs.
+        # A snapshot: preemption removes victims from q.running while this loop runs.
         for req in list(q.running):
             if budget == 0:
                 break
@@ -112,19 +100,18 @@ class StepPlanner:
                 continue  # preempted earlier in this loop
             computed = req.num_computed
             end = computed + lim.chunk(req.compute_end - computed, budget)
-            held = self.decoding and holds_last_token(req, end)
             need = max(lim.blocks_for(end + lim.lookahead(end, req.num_tokens)) - req.num_blocks, 0)
-            fit = (req.num_blocks + self.avail) * bs
-            if need > self.avail and fit > computed:
+            if need > self.avail and (fit := (req.num_blocks + self.avail) * bs) > computed:
                 # A chunk shrinks to the blocks there are before preempting (a last chunk that
                 # fits only without its lookahead keeps its length and goes without).
                 end = min(end, fit)
                 need = max(lim.blocks_for(end) - req.num_blocks, 0)
-                held = held and end == req.compute_end
+            held = self.decoding and holds_last_token(req, end)
             budget = self.fit(req, end - computed, need, budget, held)
         forks.rejoin(q)
-        ops[Grow] = list(self._grows.values())
-        if not self._preempted:
+        if self._preempted:  # the Grows of victims planned earlier in this step go too
+            ops[Grow] = [op for op in ops[Grow] if op.request_id in work]
+        else:
             start_queued(self, budget)
         flat = [op for kind_ops in ops.values() for op in kind_ops]
         return flat if flat or work else None
@@ -150,39 +137,34 @@ class StepPlanner:
         else:  # the common case (a decode at a block boundary): nothing to look for
             got = need
             self.avail -= need
-        n += len(draft)
-        self.work[req.request_id] = Work(req, n - held, Kind.RUN, need=got, draft=draft, held=held)
+        rid, n = req.request_id, n + len(draft)
+        self.work[rid] = Work(req, n - held, Kind.RUN, need=got, draft=draft, held=held)
         if got > 0:  # the Grow covers the chunk and its lookahead, as far as `got` reaches
             lim, end = self.limits, req.num_computed + n
-            cover = min(
-                end + lim.lookahead(end, req.num_tokens), (req.num_blocks + got) * lim.block_size
-            )
-            self._grows[req.request_id] = Grow(req.request_id, cover)
+            end += lim.lookahead(end, req.num_tokens)
+            self._ops[Grow].append(Grow(rid, min(end, (req.num_blocks + got) * lim.block_size)))
         return budget - n
 
     def room(self, req: Request, need: int, total: int) -> int | None:
         """Count `need` more blocks for running `req` (a grow, a chunk, a fork), preempting the
         policy's victims until they fit; the count taken, or None if `req` gave way (preempted,
         or failed: `total`, the blocks it would hold, exceeds the pool)."""
-        lim = self.limits
+        num_gpu_blocks = self.limits.num_gpu_blocks
         while need > self.avail:
             self._preempted = True
             running = self.queues.running
-            victim = self.preemption.victim(running)
-            if victim is req and (len(running) > 1 or self.queues.awaiting):
-                self._preempt(req)
-                return None
-            if victim is req:
+            if (victim := self.preemption.victim(running)) is req:
+                if len(running) > 1 or self.queues.awaiting:
+                    self._preempt(req)
+                    return None
                 # Alone: once this batch's releases apply, every other block is free, whatever
                 # the (lower-bound) count says; it fits if its tokens fit in the whole pool.
-                if total > lim.num_gpu_blocks:
+                if total > num_gpu_blocks:
                     self.fail(req)
                     return None
-                held = req.num_blocks - req.num_released
-                need = self.avail = min(need, lim.num_gpu_blocks - held)
+                need = self.avail = min(need, num_gpu_blocks - req.num_blocks + req.num_released)
                 break
             undone = self.work.pop(victim.request_id, None)
-            self._grows.pop(victim.request_id, None)
             if undone is not None:  # planned earlier this step: its share back (fit's budget)
                 self._returned += undone.num_tokens
                 self.avail += undone.need
@@ -192,7 +174,7 @@ class StepPlanner:
 
     def _free(self, req: Request) -> None:
         """Release all the request's blocks in this batch, counting what that frees."""
-        self._ops[FreeRequest].append(FreeRequest(req.request_id))
+        self.add_op(FreeRequest(req.request_id))
         self.avail += req.num_blocks - req.num_released - req.num_shared
         self._cpu_avail += req.num_cpu_blocks
         req.num_blocks = req.num_shared = req.num_cpu_blocks = req.num_released = 0
@@ -206,7 +188,7 @@ class StepPlanner:
             self.queues.recompute(req)
             self.num_preemptions_recompute += 1
             return
-        self._ops[SwapOut].append(SwapOut(req.request_id))
+        self.add_op(SwapOut(req.request_id))
         held = req.num_blocks - req.num_released  # released positions stay in its table
         self.avail += held - req.num_shared
         self._cpu_avail -= held
