@@ -170,11 +170,11 @@ class TPDecoderModel(DecoderModel):
         hidden = hidden.masked_fill(~owned.unsqueeze(1), 0)
         return self.group.all_reduce(hidden)
 
-    @torch.inference_mode()
     @property
     def logits_dtype(self) -> torch.dtype:
         return torch.float32  # the shards' logits are gathered in fp32
 
+    @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         weight = self.embed_tokens if self.lm_head is None else self.lm_head
         shard_logits = linear(hidden, weight).float()

@@ -21,7 +21,9 @@ import re
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from troupe.actors.core.allocator import AllocatorCore
 from troupe.actors.core.scheduler import SchedulerCore
@@ -42,8 +44,8 @@ def count_steps(library: str, num_seqs: int, num_steps: int) -> int:
     counting = False
     steps = 0
 
-    def collected(handle):  # type: ignore[no-untyped-def]
-        def wrapper(*args, **kwargs):  # type: ignore[no-untyped-def]
+    def collected(handle: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
             on = counting  # fixed for the call: the step's state changes only between calls
             if on:
                 toggle()
