@@ -118,6 +118,15 @@ class SamplingBatch:
     use_top_p: bool = False
     use_min_p: bool = False
 
+    @property
+    def edits_logits(self) -> bool:
+        """Whether the logits change before the draw (logit_bias, min_tokens or a penalty)."""
+        return (
+            self.logit_edits is not None
+            or self.output_counts is not None
+            or self.seen_mask is not None
+        )
+
 
 def apply_penalties(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     """Repetition on prompt+output tokens; frequency and presence on output tokens."""
@@ -163,8 +172,7 @@ def sample(
     raw = logits
     fused = logits.is_cuda and _gumbel().available(logits)
     filters = batch.use_top_k or batch.use_top_p or batch.use_min_p
-    penalized = batch.seen_mask is not None or batch.output_counts is not None
-    if batch.logit_edits is not None or penalized or filters or not fused:
+    if batch.edits_logits or filters or not fused:
         logits = logits.float()  # arithmetic in fp32; else the fused draw upcasts as it reads
     if batch.logit_edits is not None:
         logits = apply_logit_edits(logits, batch.logit_edits)

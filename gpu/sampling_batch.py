@@ -112,10 +112,7 @@ class SamplingBatches:
             self.num_reused += 1
             return dataclasses.replace(last, keys=_upload_keys(self._seeds, ends, self.device))
         batch = build_sampling_batch(states, self.vocab_size, self.device)
-        plain = (
-            batch.logit_edits is None and batch.output_counts is None and batch.seen_mask is None
-        )
-        self._last = dataclasses.replace(batch) if plain else None  # callers add masks
+        self._last = None if batch.edits_logits else dataclasses.replace(batch)  # callers add masks
         self._rows, self._params = list(states), [s.param_row for s in states]
         self._seeds = np.fromiter((s.seed for s in states), np.uint64, len(states))
         return batch
