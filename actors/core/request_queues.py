@@ -1,5 +1,5 @@
 """The scheduler's live requests by id, in four queues (waiting, running, swapped, awaiting a
-late token) each sorted by the queue policy's key (queue_policy.py), and the ended requests
+late token) each sorted by the queue policy's key (policies/queue.py), and the ended requests
 whose blocks (`to_free`) or executor state (`released`) the next step lets go of."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from __future__ import annotations
 import bisect
 from operator import attrgetter
 
-from troupe.actors.core.queue_policy import QueuePolicy
 from troupe.actors.core.request_state import Request, Status
+from troupe.policies.queue import QueuePolicy
 
 
 class RequestQueues:

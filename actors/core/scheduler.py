@@ -22,8 +22,6 @@ from troupe.actors.core.grammar_feed import GrammarFeed
 from troupe.actors.core.kv_release import too_big, unfit
 from troupe.actors.core.late_tokens import land_tokens
 from troupe.actors.core.plan_builder import InFlight, build_plan
-from troupe.actors.core.preemption_policy import make_preemption_policy
-from troupe.actors.core.queue_policy import make_queue_policy
 from troupe.actors.core.request_queues import RequestQueues
 from troupe.actors.core.request_state import Request
 from troupe.actors.core.row_failures import fail_rows
@@ -46,6 +44,8 @@ from troupe.messages.scheduler import (
 )
 from troupe.messages.streamer import SeqOutput, TokenBatch
 from troupe.messages.tokenizer import AbortRequest
+from troupe.policies.preemption import make_preemption_policy
+from troupe.policies.queue import make_queue_policy
 
 log = structlog.get_logger("troupe.scheduler")
 Phase = Literal["idle", "allocating", "stepping"]

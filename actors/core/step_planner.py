@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from troupe.actors.core.held_token import holds_last_token
 from troupe.actors.core.kv_release import commit_ops, window_releases
-from troupe.actors.core.preemption_policy import PreemptionPolicy
 from troupe.actors.core.request_queues import RequestQueues
 from troupe.actors.core.request_state import Request, Status
 from troupe.actors.core.sample_fork import SampleForks
@@ -21,6 +20,7 @@ from troupe.actors.core.step_limits import StepLimits
 from troupe.actors.core.step_starts import start_queued
 from troupe.actors.core.step_work import Kind, Work
 from troupe.messages.allocator import OP_ORDER, AllocOp, CacheBlocks, FreeRequest, Grow, SwapOut
+from troupe.policies.preemption import PreemptionPolicy
 
 Tokens = tuple[int, ...]
 

@@ -4,29 +4,33 @@ recompute), each chosen by name from EngineConfig."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import get_args
 
 import pytest
-from troupe.actors.core.preemption_policy import (
+from troupe.config import ConfigError, EngineConfig
+from troupe.messages.allocator import FreeRequest, Grow
+from troupe.policies.preemption import (
     PREEMPTION_POLICIES,
+    Holding,
+    R,
     Recompute,
     SwapWhenRoom,
     make_preemption_policy,
 )
-from troupe.actors.core.queue_policy import QUEUE_POLICIES, make_queue_policy
-from troupe.actors.core.request_state import Request
-from troupe.config import ConfigError, EngineConfig, PreemptionMode, QueuePolicyName
-from troupe.messages.allocator import FreeRequest, Grow
+from troupe.policies.queue import QUEUE_POLICIES, Queued, make_queue_policy
 
 from tests.actors.core.test_scheduler import Rig, prompt
 
 
-def test_names_in_config_are_the_registered_policies() -> None:
-    assert set(get_args(QueuePolicyName)) == set(QUEUE_POLICIES)
-    assert set(get_args(PreemptionMode)) == set(PREEMPTION_POLICIES)
+def test_config_checks_names_against_the_registries() -> None:
     assert EngineConfig().scheduling_policy == "priority"
+    for name in QUEUE_POLICIES:
+        EngineConfig(scheduling_policy=name)
+    for name in PREEMPTION_POLICIES:
+        EngineConfig(preemption_mode=name)
     with pytest.raises(ConfigError, match="scheduling_policy must be one of fcfs, priority"):
-        EngineConfig(scheduling_policy="lifo")  # type: ignore[arg-type]
+        EngineConfig(scheduling_policy="lifo")
+    with pytest.raises(ConfigError, match="preemption_mode must be one of auto, swap, recompute"):
+        EngineConfig(preemption_mode="never")
     with pytest.raises(ValueError, match="scheduling_policy must be one of"):
         make_queue_policy("lifo")
     with pytest.raises(ValueError, match="preemption_mode must be one of auto, swap, recompute"):
@@ -63,11 +67,31 @@ def test_swap_when_room_and_recompute_choose_the_last_in_queue_order() -> None:
 class FirstGivesWay:
     """A test policy: the most urgent request gives way (to show the seam takes any victim)."""
 
-    def victim(self, running: Sequence[Request]) -> Request:
+    def victim(self, running: Sequence[R]) -> R:
         return running[0]
 
-    def swaps(self, victim: Request, num_cpu_free: int) -> bool:
+    def swaps(self, victim: Holding, num_cpu_free: int) -> bool:
         return False
+
+
+class Lifo:
+    """A test policy: the latest arrival first."""
+
+    def sort_key(self, req: Queued) -> tuple[int, ...]:
+        return (-req.arrival_seq,)
+
+
+def test_a_registry_entry_is_all_a_new_policy_needs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The registry is the one place a name lives: an entry makes it valid in EngineConfig and
+    is what the scheduler builds (what a new policy's one file adds, done here by the test)."""
+    monkeypatch.setitem(PREEMPTION_POLICIES, "first", FirstGivesWay)
+    monkeypatch.setitem(QUEUE_POLICIES, "lifo", Lifo)
+    config = EngineConfig(preemption_mode="first", scheduling_policy="lifo")
+    rig = Rig(num_gpu=4, mode=config.preemption_mode, policy=config.scheduling_policy)
+    assert isinstance(rig.s.planner.preemption, FirstGivesWay)
+    for rid, base in (("a", 100), ("b", 200), ("c", 300)):
+        rig.add(rid, prompt(4, base))
+    assert [r.request_id for r in rig.s.queues.waiting] == ["c", "b", "a"]
 
 
 def test_a_new_preemption_policy_plugs_into_the_planner() -> None:

@@ -1,24 +1,31 @@
 """Preemption policy: which running request gives way when GPU blocks run out, and how: swapped
 out to the CPU pool (its KV kept) or freed and recomputed later.
 
-A new policy: a class, its entry in PREEMPTION_POLICIES and its name in config.PreemptionMode
-(the check below fails until both agree), and a test.
+A new policy: a class and its entry in PREEMPTION_POLICIES (config checks `preemption_mode`
+against it), and a test.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol, get_args
+from typing import Protocol, TypeVar
 
-from troupe.config import PreemptionMode
 
-if TYPE_CHECKING:
-    from troupe.actors.core.request_state import Request
+class Holding(Protocol):
+    """What a preemption policy reads of a request (actors/core/request_state.Request)."""
+
+    @property
+    def num_blocks(self) -> int: ...  # positions of its GPU block table
+    @property
+    def num_released(self) -> int: ...  # of those, released behind a window
+
+
+R = TypeVar("R", bound=Holding)
 
 
 class PreemptionPolicy(Protocol):
-    def victim(self, running: Sequence[Request]) -> Request: ...  # `running`: queue order
-    def swaps(self, victim: Request, num_cpu_free: int) -> bool: ...  # else: recompute
+    def victim(self, running: Sequence[R]) -> R: ...  # `running`: queue order
+    def swaps(self, victim: Holding, num_cpu_free: int) -> bool: ...  # else: recompute
 
 
 class SwapWhenRoom:
@@ -26,17 +33,17 @@ class SwapWhenRoom:
     blocks fit in the CPU pool, else recomputed (modes auto and swap: without CPU room, nothing
     else would let the others run)."""
 
-    def victim(self, running: Sequence[Request]) -> Request:
+    def victim(self, running: Sequence[R]) -> R:
         return running[-1]
 
-    def swaps(self, victim: Request, num_cpu_free: int) -> bool:
+    def swaps(self, victim: Holding, num_cpu_free: int) -> bool:
         return 0 < victim.num_blocks - victim.num_released <= num_cpu_free
 
 
 class Recompute(SwapWhenRoom):
     """The same victim, always freed: no swap traffic; its tokens are computed again."""
 
-    def swaps(self, victim: Request, num_cpu_free: int) -> bool:
+    def swaps(self, victim: Holding, num_cpu_free: int) -> bool:
         return False
 
 
@@ -45,7 +52,6 @@ PREEMPTION_POLICIES: dict[str, type[PreemptionPolicy]] = {
     "swap": SwapWhenRoom,
     "recompute": Recompute,
 }
-assert set(PREEMPTION_POLICIES) == set(get_args(PreemptionMode)), "config.PreemptionMode differs"
 
 
 def make_preemption_policy(mode: str) -> PreemptionPolicy:
