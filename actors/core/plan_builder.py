@@ -63,9 +63,9 @@ def build_plan(
             continue  # ended while the allocator worked
         if w is req.decode and not req.needs_reset:
             # The hot path: a decode with no new block (the planner saw one token to compute, and a
-            # running request gains none until its result); kw-only construction dominates it.
-            rid, start = req.request_id, req.num_computed
-            add_seq(SeqWork(request_id=rid, token_ids=(req.token_ids[start],), start_pos=start))
+            # running request gains none until its result); building the SeqWork dominates it.
+            start = req.num_computed
+            add_seq(SeqWork(req.request_id, (req.token_ids[start],), start))
             add_in_flight((req, start + 1, True))
             continue
         start, tokens = req.num_computed, req.token_ids

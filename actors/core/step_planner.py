@@ -73,6 +73,7 @@ class StepPlanner:
             budget = forks.plan(self, budget)
         prefills: list[Request] = []
         running, speculating = Status.RUNNING, self.speculator.enabled  # locals: a hot loop
+        run, grows = Kind.RUN, ops[Grow]
         proposing = self.speculator.step_allows(len(q.running))
         # A snapshot: preemption removes victims from q.running while this loop runs.
         for req in list(q.running):
@@ -89,9 +90,13 @@ class StepPlanner:
             elif computed + lookahead < req.num_blocks * bs:  # the common decode: no new block
                 work[req.request_id] = req.decode  # made once per request: no allocation
                 budget -= 1
-            else:
-                need = lim.blocks_for(computed + 1 + lookahead) - req.num_blocks
-                budget = self.fit(req, 1, need, budget)
+            elif (need := -(-(computed + 1 + lookahead) // bs) - req.num_blocks) > self.avail:
+                budget = self.fit(req, 1, need, budget)  # victims give way, or `req` does
+            else:  # a decode at a block boundary, its blocks there: `fit`'s common case
+                self.avail -= need
+                work[req.request_id] = Work(req, 1, run, need)
+                grows.append(Grow(req.request_id, computed + 1 + lookahead))
+                budget -= 1
         self.decoding = self.hold_last and bool(work)
         for req in prefills:
             if budget == 0:
