@@ -39,8 +39,8 @@ from .decode_combine import combine_head, decode_reduce_kernel
 from .sm_count import num_sms
 
 _LOG2E = 1.4426950408889634
-_MIN_TOKENS_PER_SPLIT = 256  # below this a split's fixed cost outweighs the parallelism gained
-_MAX_SPLITS = 32
+_MIN_TOKENS_PER_SPLIT = 128  # below this a split's fixed cost outweighs the parallelism gained
+_MAX_SPLITS = 64
 
 
 class DecodeVariant(enum.Enum):
@@ -61,9 +61,11 @@ class DecodeConfig:
     num_warps: int = 4
     num_stages: int = 3
     variant: DecodeVariant = DecodeVariant.TWO_PASS
-    # split policy: about programs_per_sm programs per SM, at most max_splits per (sequence, kv
-    # head), none shorter than min_split tokens
-    programs_per_sm: int = 2
+    # split policy: at most programs_per_sm programs per SM (a second, partial wave costs more
+    # than the splits gain), at most max_splits per (sequence, kv head), none shorter than
+    # min_split tokens. Under graph replay on the H200 (ops/kernel_bench.py, 2026-12-03) 4 per
+    # SM was the best split count at every shape from 1 x 4,096 to 256 x 1,024.
+    programs_per_sm: int = 4
     max_splits: int = _MAX_SPLITS
     min_split: int = _MIN_TOKENS_PER_SPLIT
 
@@ -74,7 +76,9 @@ DEFAULT_CONFIG = DecodeConfig()  # bf16 (and any 16-bit) KV
 # fp8 KV (kernels/decode_attention_fp8.py's kernel, the sweep's F16_CAST): the best of
 # `python -m troupe.ops.fp8_kv_bench attention --sweep-variants` on the
 # H200 (2026-12-02): 71 / 72 / 60% of copy at 256x1024 / 64x4096 / 16x16384 (was 48 / 41 / 45)
-FP8_DEFAULT_CONFIG = DecodeConfig(block_n=128, num_warps=2, num_stages=3)
+FP8_DEFAULT_CONFIG = DecodeConfig(
+    block_n=128, num_warps=2, num_stages=3, programs_per_sm=3, max_splits=32, min_split=256
+)  # its split counts as swept (3 per SM rounded down picks what 2 rounded up did there)
 
 
 @triton.jit(do_not_specialize=["num_splits"])  # one compile serves every split count
@@ -215,11 +219,11 @@ def choose_num_splits(
     num_sms: int,
     config: DecodeConfig | None = None,
 ) -> int:
-    """Splits per (sequence, kv head): enough programs to fill every SM programs_per_sm times
-    over, but no split shorter than min_split tokens and at most max_splits."""
+    """Splits per (sequence, kv head): as many as keep to programs_per_sm programs per SM
+    (one wave), but no split shorter than min_split tokens and at most max_splits."""
     cfg = DEFAULT_CONFIG if config is None else config
     programs = num_seqs * num_kv_heads
-    wanted = -(-cfg.programs_per_sm * num_sms // programs)  # ceil division
+    wanted = cfg.programs_per_sm * num_sms // programs
     useful = -(-max_seq_len // cfg.min_split)
     return max(1, min(wanted, useful, cfg.max_splits))
 

@@ -105,9 +105,9 @@ def test_engine_default_is_the_fp8_constant(monkeypatch: pytest.MonkeyPatch) -> 
     args = (batch.q, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens, 0.25,
             batch.max_seq_len)  # fmt: skip
     scales = {"k_scale": k_scale, "v_scale": v_scale}
-    # 41 tokens at most: 2 splits of 32 and 9 (4 programs on the interpreter's 4 SMs); the
-    # default split policy takes 1
-    short_splits = DecodeConfig(min_split=4)
+    # 41 tokens at most: 2 splits of 32 and 9 (2 programs per SM: 4 on the interpreter's 4
+    # SMs); the default split policy takes 1
+    short_splits = DecodeConfig(min_split=4, programs_per_sm=2)
     monkeypatch.setattr(decode_attention, "FP8_DEFAULT_CONFIG", short_splits)
     engine = paged_decode_attention_triton(*args, **scales)
     assert torch.equal(engine, paged_decode_attention_triton(*args, num_splits=2, **scales))
