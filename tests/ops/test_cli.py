@@ -43,6 +43,14 @@ def test_every_config_field_is_a_flag() -> None:
     )
 
 
+def test_policy_flags_offer_the_registries_names(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["generate", "x", "--scheduling-policy", "lifo"])
+    assert "choose from fcfs, priority" in capsys.readouterr().err.replace("'", "")
+    ns = build_parser().parse_args(["generate", "x", "--scheduling-policy", "fcfs"])
+    assert config_from_args(ns).scheduling_policy == "fcfs"
+
+
 def test_bad_config_value_names_the_field() -> None:
     out = run("generate", "x", "--block-size", "3")
     assert out.returncode == 2
