@@ -55,21 +55,18 @@ def build_plan(
     in_flight: list[InFlight] = []
     verifications: list[SeqWork] = []
     verified: list[InFlight] = []
-    running = Status.RUNNING
-    add_seq, add_in_flight = seqs.append, in_flight.append
+    running, add_seq, add_in_flight = Status.RUNNING, seqs.append, in_flight.append
     for w in work.values():
         req = w.req
         if req.status is not running:
             continue  # ended while the allocator worked
         if w is req.decode and not req.needs_reset:
-            # The hot path: a decode with no new block (the planner saw one token to compute, and a
-            # running request gains none until its result); building the SeqWork dominates it.
+            # The hot path: a decode with no new block; building its SeqWork dominates it.
             start = req.num_computed
             add_seq(SeqWork(req.request_id, (req.token_ids[start],), start))
             add_in_flight((req, start + 1, True))
             continue
-        start, tokens = req.num_computed, req.token_ids
-        num_tokens = len(tokens)
+        start, tokens, num_tokens = req.num_computed, req.token_ids, len(req.token_ids)
         assert not req.needs_reset or w.kind is not Kind.RUN, f"{req} has no whole table"
         held = w.held and start < req.compute_end - 1  # its last token: the next step's
         end = start + w.num_tokens
