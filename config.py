@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.metadata
 import os
+import typing
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal, get_args
+from typing import Literal, get_args, get_origin
 
 from troupe.kernels.ops import KernelBackend
 from troupe.policies.preemption import PREEMPTION_POLICIES
 from troupe.policies.queue import QUEUE_POLICIES
 
-# Fields named after a registry entry (policies/): the names are the registry's keys, so a new
-# policy needs no edit here; the CLI offers them as the flag's choices.
+# Fields named by a registry key (policies/): a new policy needs no edit here; the CLI lists them.
 NAMED_BY_REGISTRY: dict[str, Mapping[str, object]] = {
     "preemption_mode": PREEMPTION_POLICIES,
     "scheduling_policy": QUEUE_POLICIES,
@@ -98,7 +99,6 @@ class EngineConfig:
     # Cached GPU blocks that are evicted move to the CPU pool (num_cpu_blocks, shared with
     # swapping) and come back on a prefix hit instead of being recomputed (prefix_tier.py).
     prefix_cache_cpu_tier: bool = False
-    # Names in the policy registries (policies/): a new policy needs no edit here.
     preemption_mode: str = "auto"  # auto, swap, recompute: policies/preemption.py
     scheduling_policy: str = "priority"  # priority, fcfs: policies/queue.py
     max_queued_requests: int = 4096
@@ -256,18 +256,12 @@ class EngineConfig:
             raise ConfigError(
                 f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
             )
-        _choice(self, "runner", ("model", "fake"))
-        _choice(self, "device", ("auto", "cpu", "cuda"))
-        _choice(self, "dtype", ("auto", "float32", "bfloat16", "float16"))
-        _choice(self, "kv_cache_dtype", ("auto", "fp8"))
-        _choice(self, "grammar_worker", ("auto", "thread", "process"))
-        for name, registry in NAMED_BY_REGISTRY.items():
-            _choice(self, name, tuple(registry))
-        _choice(self, "log_format", ("console", "json"))
+        registries = {name: tuple(registry) for name, registry in NAMED_BY_REGISTRY.items()}
+        for name, allowed in (_literal_choices() | registries).items():
+            if (value := getattr(self, name)) not in allowed:
+                names = ", ".join(a for a in allowed if a is not None)
+                raise ConfigError(f"{name} must be one of {names}; got {value!r}")
         self._check_speculative()
-        _choice(self, "quantization", get_args(Quantization))
-        _choice(self, "kernel_backend", get_args(KernelBackend))
-        _choice(self, "disaggregation", get_args(Disaggregation))
         if self.disaggregation != "none":
             check_disaggregation(self)
         if not isinstance(self.enable_overlap_schedule, bool):
@@ -276,8 +270,6 @@ class EngineConfig:
             )
 
     def _check_speculative(self) -> None:
-        if self.speculative_method is not None:
-            _choice(self, "speculative_method", get_args(SpeculativeMethod))
         _positive(
             self,
             "num_speculative_tokens",
@@ -338,23 +330,19 @@ class EngineConfig:
 
 
 # What prefill/decode disaggregation does not combine with: (field, the value it needs)
-_DISAGGREGATION_NEEDS: tuple[tuple[str, object, str], ...] = (
-    ("runner", "model", "'model'"),
-    ("tensor_parallel_size", 1, "1"),
-    ("speculative_method", None, "None"),
-    ("streaming_window", 0, "0"),
-    ("kv_cache_dtype", "auto", "'auto'"),
-    ("prefix_cache_cpu_tier", False, "False"),
-    ("trace_path", None, "None"),
-)
+_DISAGGREGATION_NEEDS: tuple[tuple[str, object], ...] = (
+    ("runner", "model"), ("tensor_parallel_size", 1), ("speculative_method", None),
+    ("streaming_window", 0), ("kv_cache_dtype", "auto"), ("prefix_cache_cpu_tier", False),
+    ("trace_path", None),
+)  # fmt: skip
 
 
 def check_disaggregation(config: EngineConfig) -> None:
     """ConfigError naming the first field prefill/decode disaggregation cannot serve."""
-    for name, needed, shown in _DISAGGREGATION_NEEDS:
+    for name, needed in _DISAGGREGATION_NEEDS:
         if getattr(config, name) != needed:
             raise ConfigError(
-                f"{name} must be {shown} with disaggregation {config.disaggregation!r} "
+                f"{name} must be {needed!r} with disaggregation {config.disaggregation!r} "
                 f"(not supported together), got {getattr(config, name)!r}"
             )
     if config.preemption_mode == "swap":  # each side's pool would need its own CPU pool
@@ -375,10 +363,15 @@ def _positive(config: EngineConfig, *names: str) -> None:
             raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
 
 
-def _choice(config: EngineConfig, name: str, allowed: tuple[str, ...]) -> None:
-    value = getattr(config, name)
-    if value not in allowed:
-        raise ConfigError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")
+@functools.cache
+def _literal_choices() -> dict[str, tuple[str | None, ...]]:
+    """Each Literal field's allowed values (and None where the field is optional)."""
+    choices: dict[str, tuple[str | None, ...]] = {}
+    for name, hint in typing.get_type_hints(EngineConfig).items():
+        for arg in (hint, *get_args(hint)):
+            if get_origin(arg) is Literal:
+                choices[name] = get_args(arg) + ((None,) if type(None) in get_args(hint) else ())
+    return choices
 
 
 def default_model_path() -> Path:
