@@ -6,18 +6,21 @@
 
 Decode workload: 256 sequences x 1,024 context, Qwen3-0.6B heads (16 q, 8 kv, head_dim 128),
 block_size 16, bf16. Achieved bandwidth counts K and V read once plus q and out, over the median
-time. Each decode is timed two ways: `graph`, replayed from a CUDA graph
-(triton.testing.do_bench_cudagraph), which is how the engine runs decode steps; and `eager`,
-launched from Python each time (triton.testing.do_bench, L2 flushed), which at short kernels
-measures the host's launches (two Triton launches and two allocations: ~50 us at 1 x 32,768,
-more than the kernels' ~40 us of GPU time). torch's SDPA decode on contiguous KV (the approach
-of shared/bench/decode_anchor.py) runs on the same shapes, timed the same two ways.
+time. Each decode is timed three ways: `graph`, replayed back to back from a CUDA graph
+(triton.testing.do_bench_cudagraph: no launch cost, but the previous call's KV may still be in
+L2); `graph, L2 flushed`, replayed with a 256 MiB write before each call (a decode layer in the
+engine runs in a graph and finds L2 holding other layers' KV): the figure to quote; and
+`eager`, launched from Python each time (triton.testing.do_bench, L2 flushed), which at short
+kernels adds the host's launches (two Triton launches and two allocations, ~50 us at
+1 x 32,768). torch's SDPA decode on contiguous KV (the approach of
+shared/bench/decode_anchor.py) runs on the same shapes, timed the same three ways.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Callable
 from dataclasses import replace
 
 import torch
@@ -45,6 +48,40 @@ def median_ms(fn: object) -> float:
 def graph_ms(fn: object) -> float:
     """Median ms per call replayed from a CUDA graph (no launch cost, L2 not flushed)."""
     return float(triton.testing.do_bench_cudagraph(fn, rep=300, return_mode="median"))
+
+
+def flushed_graph_ms(fn: Callable[[], object], calls: int = 20, replays: int = 15) -> float:
+    """Median ms per call replayed from a CUDA graph with L2 flushed before each call, as a
+    decode layer finds it in the engine (the other layers' KV passed through L2 in between):
+    a graph of (flush, call) x `calls` less a graph of the flushes alone."""
+    scratch = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")  # > the H200's L2
+    fn()
+    torch.cuda.synchronize()
+
+    def capture(with_call: bool) -> torch.cuda.CUDAGraph:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(calls):
+                scratch.zero_()
+                if with_call:
+                    fn()
+        return graph
+
+    def replay_ms(graph: torch.cuda.CUDAGraph) -> float:
+        graph.replay()  # warm
+        times = []
+        for _ in range(replays):
+            start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            times.append(float(start.elapsed_time(end)))
+        return sorted(times)[len(times) // 2]
+
+    both, flushes = capture(True), capture(False)
+    return (replay_ms(both) - replay_ms(flushes)) / calls
 
 
 def copy_bandwidth() -> float:
@@ -96,7 +133,7 @@ def run_decode(num_seqs: int, context: int, copy_bw: float, sweep: bool, rows: l
         num_seqs, NUM_KV_HEADS, context, torch.cuda.get_device_properties(0).multi_processor_count
     )
 
-    def triton_fn(cfg: DecodeConfig, splits: int) -> object:
+    def triton_fn(cfg: DecodeConfig, splits: int) -> Callable[[], torch.Tensor]:
         return lambda: paged_decode_attention_triton(
             batch.q,
             batch.k_cache,
@@ -121,7 +158,7 @@ def run_decode(num_seqs: int, context: int, copy_bw: float, sweep: bool, rows: l
         for splits in sorted({1, 2, 4, 8, 16, 32, 64, 128} - {auto}):
             variants.append((default, splits))
             variants.append((replace(default, block_n=128, num_warps=4, num_stages=3), splits))
-    err = check(triton_fn(default, auto)(), batch, scale)  # type: ignore[operator]
+    err = check(triton_fn(default, auto)(), batch, scale)
     workload = f"decode {num_seqs}x{context}"
 
     def add(name: str, ms: float) -> None:
@@ -135,18 +172,17 @@ def run_decode(num_seqs: int, context: int, copy_bw: float, sweep: bool, rows: l
         )
         try:
             times = {"graph": graph_ms(triton_fn(cfg, splits))}
+            times["graph, L2 flushed"] = flushed_graph_ms(triton_fn(cfg, splits))
             times["eager"] = median_ms(triton_fn(cfg, splits))
         except Exception as ex:  # a config that does not fit (shared memory) is reported, not fatal
             print(f"{workload} {cfg} splits={splits}: failed {str(ex)[:100]}")
             continue
         for how, ms in times.items():
             add(f"{name} {how}", ms)
-        print(
-            f"{workload} {name}: graph {times['graph'] * 1e3:.1f} us "
-            f"({rows[-2][4]} of copy), eager {times['eager'] * 1e3:.1f} us ({rows[-1][4]}), "
-            f"rel err {err:.1e}",
-            flush=True,
+        shown = ", ".join(
+            f"{how} {r[2] * 1e3:.1f} us ({r[4]})" for how, r in zip(times, rows[-3:], strict=True)
         )
+        print(f"{workload} {name}: {shown} of copy, rel err {err:.1e}", flush=True)
     # torch SDPA on contiguous [B, H, T, D] KV, as shared/bench/decode_anchor.py does.
     q4 = batch.q.view(num_seqs, NUM_Q_HEADS, 1, HEAD_DIM)
     k4 = torch.randn(num_seqs, NUM_KV_HEADS, context, HEAD_DIM, dtype=DTYPE, device="cuda")
@@ -161,7 +197,11 @@ def run_decode(num_seqs: int, context: int, copy_bw: float, sweep: bool, rows: l
                 return torch.nn.functional.scaled_dot_product_attention(q4, k4, v4, enable_gqa=True)
 
         try:
-            times = {"graph": graph_ms(sdpa), "eager": median_ms(sdpa)}
+            times = {
+                "graph": graph_ms(sdpa),
+                "graph, L2 flushed": flushed_graph_ms(sdpa),
+                "eager": median_ms(sdpa),
+            }
         except Exception as ex:
             print(f"sdpa[{label}] failed: {str(ex)[:100]}")
             continue
