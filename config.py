@@ -14,7 +14,7 @@ from troupe.kernels.ops import KernelBackend
 from troupe.policies.preemption import PREEMPTION_POLICIES
 from troupe.policies.queue import QUEUE_POLICIES
 
-# Fields named by a registry key (policies/): a new policy needs no edit here; the CLI lists them.
+# Fields named by a registry key (policies/): a new policy needs no edit here (field_choices).
 NAMED_BY_REGISTRY: dict[str, Mapping[str, object]] = {
     "preemption_mode": PREEMPTION_POLICIES,
     "scheduling_policy": QUEUE_POLICIES,
@@ -255,8 +255,7 @@ class EngineConfig:
             raise ConfigError(
                 f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
             )
-        registries = {name: tuple(registry) for name, registry in NAMED_BY_REGISTRY.items()}
-        for name, allowed in (_literal_choices() | registries).items():
+        for name, allowed in field_choices().items():
             if (value := getattr(self, name)) not in allowed:
                 names = ", ".join(a for a in allowed if a is not None)
                 raise ConfigError(f"{name} must be one of {names}; got {value!r}")
@@ -360,6 +359,11 @@ def _positive(config: EngineConfig, *names: str) -> None:
         value = getattr(config, name)
         if not isinstance(value, int) or value < 1:
             raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
+
+
+def field_choices() -> dict[str, tuple[str | None, ...]]:
+    """Each field's allowed values: its Literal's, or its registry's keys as they are now."""
+    return _literal_choices() | {name: tuple(r) for name, r in NAMED_BY_REGISTRY.items()}
 
 
 @functools.cache

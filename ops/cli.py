@@ -11,29 +11,26 @@ import dataclasses
 import sys
 import types
 import typing
-from typing import Any, Literal
+from typing import Any
 
-from troupe.config import NAMED_BY_REGISTRY, ConfigError, EngineConfig
+from troupe.config import ConfigError, EngineConfig, field_choices
 
 
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     """One flag per EngineConfig field, typed from its annotation."""
-    hints = typing.get_type_hints(EngineConfig)
+    hints, choices = typing.get_type_hints(EngineConfig), field_choices()
     group = parser.add_argument_group("engine")
     for f in dataclasses.fields(EngineConfig):
         flag = "--" + f.name.replace("_", "-")
         hint = hints[f.name]
-        args = typing.get_args(hint)
         if typing.get_origin(hint) in (typing.Union, types.UnionType):
-            hint = next(a for a in args if a is not type(None))
-            args = typing.get_args(hint)
+            hint = next(a for a in typing.get_args(hint) if a is not type(None))
         default = f.default
         if hint is bool:
             group.add_argument(flag, action=argparse.BooleanOptionalAction, default=default)
-        elif typing.get_origin(hint) is Literal:
-            group.add_argument(flag, choices=list(args), default=default)
-        elif f.name in NAMED_BY_REGISTRY:
-            group.add_argument(flag, choices=list(NAMED_BY_REGISTRY[f.name]), default=default)
+        elif f.name in choices:
+            allowed = [name for name in choices[f.name] if name is not None]
+            group.add_argument(flag, choices=allowed, default=default)
         else:
             group.add_argument(flag, type=hint, default=default, metavar=f.name.upper())
 

@@ -74,7 +74,10 @@ def attention(copy_bw: float, sweep: bool = False) -> None:
             # eager (launched from Python) and replayed from a CUDA graph with L2 flushed before
             # each call, as the engine runs it (ops/kernel_bench.py says why both)
             shown = []
-            for how, ms in (("eager", median_ms(call)), ("graph", flushed_graph_ms(call))):
+            for how, ms in (
+                ("eager", median_ms(call)),
+                ("graph, L2 flushed", flushed_graph_ms(call)),
+            ):
                 bw = nbytes / (ms * 1e-3)
                 shown.append(f"{how} {ms * 1e3:.1f} us, {bw / 1e12:.2f} TB/s, {bw / copy_bw:.0%}")
             print(f"decode {num_seqs}x{context} {name}: {'; '.join(shown)} of copy", flush=True)

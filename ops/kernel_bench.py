@@ -161,9 +161,10 @@ def run_decode(num_seqs: int, context: int, copy_bw: float, sweep: bool, rows: l
     err = check(triton_fn(default, auto)(), batch, scale)
     workload = f"decode {num_seqs}x{context}"
 
-    def add(name: str, ms: float) -> None:
+    def add(name: str, ms: float) -> str:
         bw = nbytes / (ms * 1e-3)
         rows.append((workload, name, ms, f"{bw / 1e12:.2f} TB/s", f"{bw / copy_bw:.0%}"))
+        return f"{ms * 1e3:.1f} us ({rows[-1][4]})"
 
     for cfg, splits in variants:
         name = (
@@ -177,11 +178,7 @@ def run_decode(num_seqs: int, context: int, copy_bw: float, sweep: bool, rows: l
         except Exception as ex:  # a config that does not fit (shared memory) is reported, not fatal
             print(f"{workload} {cfg} splits={splits}: failed {str(ex)[:100]}")
             continue
-        for how, ms in times.items():
-            add(f"{name} {how}", ms)
-        shown = ", ".join(
-            f"{how} {r[2] * 1e3:.1f} us ({r[4]})" for how, r in zip(times, rows[-3:], strict=True)
-        )
+        shown = ", ".join(f"{how} {add(f'{name} {how}', ms)}" for how, ms in times.items())
         print(f"{workload} {name}: {shown} of copy, rel err {err:.1e}", flush=True)
     # torch SDPA on contiguous [B, H, T, D] KV, as shared/bench/decode_anchor.py does.
     q4 = batch.q.view(num_seqs, NUM_Q_HEADS, 1, HEAD_DIM)
