@@ -77,6 +77,7 @@ def attention(copy_bw: float, sweep: bool = False) -> None:
             for how, ms in (
                 ("eager", median_ms(call)),
                 ("graph, L2 flushed", flushed_graph_ms(call)),
+                ("graph, L2 dirty", flushed_graph_ms(call, dirty=True)),
             ):
                 bw = nbytes / (ms * 1e-3)
                 shown.append(f"{how} {ms * 1e3:.1f} us, {bw / 1e12:.2f} TB/s, {bw / copy_bw:.0%}")

@@ -8,8 +8,11 @@ Decode workload: 256 sequences x 1,024 context, Qwen3-0.6B heads (16 q, 8 kv, he
 block_size 16, bf16. Achieved bandwidth counts K and V read once plus q and out, over the median
 time. Each decode is timed three ways: `graph`, replayed back to back from a CUDA graph
 (triton.testing.do_bench_cudagraph: no launch cost, but the previous call's KV may still be in
-L2); `graph, L2 flushed`, replayed with a 256 MiB write before each call (a decode layer in the
-engine runs in a graph and finds L2 holding other layers' KV): the figure to quote; and
+L2); `graph, L2 flushed`, replayed with a 256 MiB read before each call (a decode layer in the
+engine runs in a graph and finds L2 holding clean lines: the weights and KV that the layers
+before it read): the figure to quote; `graph, L2 dirty`, the same with a 256 MiB write instead
+(L2 full of dirty lines that the call's reads must first write back: ~50 MB of extra DRAM
+traffic, more than a 1 x 32,768 decode's time allows, a state the engine never leaves); and
 `eager`, launched from Python each time (triton.testing.do_bench, L2 flushed), which at short
 kernels adds the host's launches (two Triton launches and two allocations, ~50 us at
 1 x 32,768). torch's SDPA decode on contiguous KV (the approach of
@@ -50,11 +53,15 @@ def graph_ms(fn: object) -> float:
     return float(triton.testing.do_bench_cudagraph(fn, rep=300, return_mode="median"))
 
 
-def flushed_graph_ms(fn: Callable[[], object], calls: int = 20, replays: int = 15) -> float:
-    """Median ms per call replayed from a CUDA graph with L2 flushed before each call, as a
-    decode layer finds it in the engine (the other layers' KV passed through L2 in between):
-    a graph of (flush, call) x `calls` less a graph of the flushes alone."""
-    scratch = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")  # > the H200's L2
+def flushed_graph_ms(
+    fn: Callable[[], object], calls: int = 20, replays: int = 15, dirty: bool = False
+) -> float:
+    """Median ms per call replayed from a CUDA graph with L2 flushed before each call by reading
+    256 MiB, as a decode layer finds it in the engine (the weights and KV that the work before
+    it read, clean); `dirty`: by writing them (every line dirty). A graph of (flush, call) x
+    `calls` less a graph of the flushes alone."""
+    scratch = torch.empty(256 * 2**20 // 8, dtype=torch.int64, device="cuda")  # > the H200's L2
+    total = torch.empty(1, dtype=torch.int64, device="cuda")
     fn()
     torch.cuda.synchronize()
 
@@ -62,7 +69,10 @@ def flushed_graph_ms(fn: Callable[[], object], calls: int = 20, replays: int = 1
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             for _ in range(calls):
-                scratch.zero_()
+                if dirty:
+                    scratch.zero_()
+                else:
+                    torch.sum(scratch, dim=0, out=total)
                 if with_call:
                     fn()
         return graph
@@ -174,6 +184,7 @@ def run_decode(num_seqs: int, context: int, copy_bw: float, sweep: bool, rows: l
         try:
             times = {"graph": graph_ms(triton_fn(cfg, splits))}
             times["graph, L2 flushed"] = flushed_graph_ms(triton_fn(cfg, splits))
+            times["graph, L2 dirty"] = flushed_graph_ms(triton_fn(cfg, splits), dirty=True)
             times["eager"] = median_ms(triton_fn(cfg, splits))
         except Exception as ex:  # a config that does not fit (shared memory) is reported, not fatal
             print(f"{workload} {cfg} splits={splits}: failed {str(ex)[:100]}")
@@ -197,6 +208,7 @@ def run_decode(num_seqs: int, context: int, copy_bw: float, sweep: bool, rows: l
             times = {
                 "graph": graph_ms(sdpa),
                 "graph, L2 flushed": flushed_graph_ms(sdpa),
+                "graph, L2 dirty": flushed_graph_ms(sdpa, dirty=True),
                 "eager": median_ms(sdpa),
             }
         except Exception as ex:
