@@ -2,8 +2,7 @@
 
     Int4Cols   words [K/8, N] int32: column n's word r is bytes 4r..4r+3 of the weight row n in
                Q4_0 nibble order (per group of 32: byte j holds element j low, j + 16 high);
-               scale, bias [K/32, N] fp16: w[n, k] = scale[g, n] q + bias[g, n], g = k // 32;
-               Q4_0 (bias = -8 scale everywhere) keeps no bias: 18 bytes a group, not 20
+               scale, bias [K/32, N] fp16: w[n, k] = scale[g, n] q + bias[g, n], g = k // 32
 
 Row-major packing ([N, K/2], gpu/gguf_quant.Int4Blocks) made every decode GEMV program re-read
 x for each few W rows it held; here a thread holds adjacent output columns of one group, the
@@ -50,38 +49,21 @@ class Int4Cols:
 
     words: torch.Tensor  # [K/8, N] int32
     scale: torch.Tensor  # [K/32, N] fp16
-    bias: torch.Tensor | None  # [K/32, N] fp16; None: -8 scale (Q4_0's symmetric codes)
+    bias: torch.Tensor  # [K/32, N] fp16
 
     @property
     def shape(self) -> tuple[int, int]:
         return int(self.words.shape[1]), int(self.words.shape[0]) * 8
 
-    @property
-    def nbytes(self) -> int:
-        """The bytes a GEMV reads: codes, scales and biases."""
-        tensors = (self.words, self.scale) + (() if self.bias is None else (self.bias,))
-        return sum(t.numel() * t.element_size() for t in tensors)
-
     @staticmethod
     def from_rows(packed: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor) -> Int4Cols:
-        """From Int4Blocks' row layout: packed [N, K/2] uint8, scale and bias [N, K/32]. A bias
-        that is exactly -8 scale in fp16 (Q4_0) is not kept."""
+        """From Int4Blocks' row layout: packed [N, K/2] uint8, scale and bias [N, K/32]."""
         words = packed.contiguous().view(torch.int32).t().contiguous()
-        s, b = scale.t().contiguous().half(), bias.t().contiguous().half()
-        symmetric = torch.equal(b, (s.float() * -8).half())
-        return Int4Cols(words, s, None if symmetric else b)
-
-    def bias_or_implied(self) -> torch.Tensor:
-        """The biases [K/32, N] fp16, -8 scale where none are kept."""
-        return (self.scale.float() * -8).half() if self.bias is None else self.bias
-
-    def to(self, device: torch.device | str) -> Int4Cols:
-        bias = None if self.bias is None else self.bias.to(device)
-        return Int4Cols(self.words.to(device), self.scale.to(device), bias)
+        return Int4Cols(words, scale.t().contiguous().half(), bias.t().contiguous().half())
 
     def rows(self, index: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
         """Back to the row layout (packed, scale, bias), of rows `index` only when given."""
-        words, scale, bias = self.words, self.scale, self.bias_or_implied()
+        words, scale, bias = self.words, self.scale, self.bias
         if index is not None:
             words, scale, bias = words[:, index], scale[:, index], bias[:, index]
         packed = words.t().contiguous().view(torch.uint8)
@@ -135,9 +117,8 @@ def _plain_word(w, x_row, g, WORD: tl.constexpr, ok):
 
 
 @triton.jit
-def _tile(w_ptr, s_ptr, b_ptr, cols, N, row_groups, g, BIAS: tl.constexpr):
-    """The words [GB, BN] x 4, scales, biases (fp32; without BIAS the scales again, unused) of
-    groups g (past K: the last group)."""
+def _tile(w_ptr, s_ptr, b_ptr, cols, N, row_groups, g):
+    """The words [GB, BN] x 4, scales, biases (fp32) of groups g (past K: the last group)."""
     gc = tl.minimum(g, row_groups - 1).to(tl.int64)
     at = (gc * 4)[:, None] * N + cols[None, :]
     w0 = tl.load(w_ptr + at)
@@ -146,16 +127,13 @@ def _tile(w_ptr, s_ptr, b_ptr, cols, N, row_groups, g, BIAS: tl.constexpr):
     w3 = tl.load(w_ptr + at + 3 * N)
     sb = gc[:, None] * N + cols[None, :]
     s = tl.load(s_ptr + sb).to(tl.float32)
-    b = s
-    if BIAS:
-        b = tl.load(b_ptr + sb).to(tl.float32)
+    b = tl.load(b_ptr + sb).to(tl.float32)
     return w0, w1, w2, w3, s, b
 
 
 @triton.jit
-def _acc(acc, w0, w1, w2, w3, s, b, x_row, g, row_groups, PLAIN: tl.constexpr, BIAS: tl.constexpr):
-    """acc plus the tile's scale (x . q) + bias sum(x) (x . q in q/64 units; without BIAS the
-    bias is -8 scale)."""
+def _acc(acc, w0, w1, w2, w3, s, b, x_row, g, row_groups, PLAIN: tl.constexpr):
+    """acc plus the tile's scale (x . q) + bias sum(x) (x . q in q/64 units)."""
     ok = g < row_groups
     if PLAIN:
         d0, t0 = _plain_word(w0, x_row, g, 0, ok)
@@ -190,9 +168,7 @@ def _acc(acc, w0, w1, w2, w3, s, b, x_row, g, row_groups, PLAIN: tl.constexpr, B
             pack=1,
         )
         xs = (u0 + u1 + u2 + u3) + (v0 + v1 + v2 + v3) + (y0 + y1 + y2 + y3) + (z0 + z1 + z2 + z3)
-    if BIAS:
-        return acc + dot * s + b * (xs * Q_SCALE)
-    return acc + s * (dot - xs * (8.0 * Q_SCALE))
+    return acc + dot * s + b * (xs * Q_SCALE)
 
 
 @triton.jit(do_not_specialize=["M", "splits"])
@@ -200,7 +176,7 @@ def _int4_cols_gemv_kernel(
     x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, part_ptr, counter_ptr, M, N, K, groups_per_split,
     splits,
     BLOCK_N: tl.constexpr, GROUPS: tl.constexpr, EVEN_N: tl.constexpr, PLAIN: tl.constexpr,
-    PDL: tl.constexpr, SPLIT: tl.constexpr, BIAS: tl.constexpr,
+    PDL: tl.constexpr, SPLIT: tl.constexpr,
 ):  # fmt: skip
     pdl_start(PDL)
     pid_n, pid_k, m = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -212,13 +188,13 @@ def _int4_cols_gemv_kernel(
     acc = tl.zeros((GROUPS, BLOCK_N), dtype=tl.float32)
     g_start = pid_k * groups_per_split
     g = g_start + tl.arange(0, GROUPS)
-    w0, w1, w2, w3, s, b = _tile(w_ptr, s_ptr, b_ptr, cols, N, row_groups, g, BIAS)
+    w0, w1, w2, w3, s, b = _tile(w_ptr, s_ptr, b_ptr, cols, N, row_groups, g)
     pdl_wait(PDL)  # the first tile before the wait, its x after (gemv_pdl.py)
-    acc = _acc(acc, w0, w1, w2, w3, s, b, x_row, g, row_groups, PLAIN, BIAS)
+    acc = _acc(acc, w0, w1, w2, w3, s, b, x_row, g, row_groups, PLAIN)
     for g0 in range(g_start + GROUPS, g_start + groups_per_split, GROUPS):
         g = g0 + tl.arange(0, GROUPS)
-        w0, w1, w2, w3, s, b = _tile(w_ptr, s_ptr, b_ptr, cols, N, row_groups, g, BIAS)
-        acc = _acc(acc, w0, w1, w2, w3, s, b, x_row, g, row_groups, PLAIN, BIAS)
+        w0, w1, w2, w3, s, b = _tile(w_ptr, s_ptr, b_ptr, cols, N, row_groups, g)
+        acc = _acc(acc, w0, w1, w2, w3, s, b, x_row, g, row_groups, PLAIN)
     y = tl.sum(acc, axis=0) * (1.0 / Q_SCALE)
     out_cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     store_or_merge(
@@ -231,7 +207,7 @@ def _int4_cols_gemv_kernel(
 def _int4_cols_gemm_kernel(
     x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, M, N, K, k_per_split,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    PRECISION: tl.constexpr, BIAS: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):  # fmt: skip
     pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -256,10 +232,7 @@ def _int4_cols_gemm_kernel(
         sb_off = g.to(tl.int64)[:, None] * N + rn[None, :]
         sb_mask = (g < K // 32)[:, None] & col_ok[None, :]
         s = tl.load(s_ptr + sb_off, mask=sb_mask, other=0.0).to(tl.float32)[:, None, :]
-        if BIAS:
-            b = tl.load(b_ptr + sb_off, mask=sb_mask, other=0.0).to(tl.float32)[:, None, :]
-        else:
-            b = s * -8.0
+        b = tl.load(b_ptr + sb_off, mask=sb_mask, other=0.0).to(tl.float32)[:, None, :]
         # shapes spelled inline: a tuple held in a variable stops being constexpr (triton 3.6)
         w_lo = tl.reshape(
             tl.reshape((p & 15).to(tl.float32), (BLOCK_K // 32, 16, BLOCK_N)) * s + b,
@@ -314,11 +287,9 @@ def int4_cols_gemv(x: torch.Tensor, w: Int4Cols, config: Int4ColsGemv) -> torch.
     )
     out, part, counters = split_buffers(split, m, n, col_blocks, x)
     pdl = pdl_mode(config.pdl, x.device)
-    bias = w.scale if w.bias is None else w.bias  # not read without a bias
     _int4_cols_gemv_kernel[(col_blocks, split, m)](
-        x, w.words, w.scale, bias, out, part, counters, m, n, k, per_split, split, block_n,
+        x, w.words, w.scale, w.bias, out, part, counters, m, n, k, per_split, split, block_n,
         config.groups, n % block_n == 0, x.device.type != "cuda", pdl, split > 1,
-        w.bias is not None,
         num_warps=config.num_warps, launch_pdl=pdl == GDC,
     )  # fmt: skip
     return out
@@ -344,10 +315,9 @@ def int4_cols_matmul(
     dtype = torch.float32 if split > 1 else x.dtype
     part = torch.empty(split, m, n, dtype=dtype, device=x.device)
     precision = "ieee" if x.dtype == torch.float32 else "tf32"
-    bias = w.scale if w.bias is None else w.bias  # not read without a bias
     _int4_cols_gemm_kernel[(tiles_m, tiles_n, split)](
-        x, w.words, w.scale, bias, part, m, n, k, per_split, block_m, block_n, block_k,
-        precision, w.bias is not None, num_warps=4,
+        x, w.words, w.scale, w.bias, part, m, n, k, per_split, block_m, block_n, block_k,
+        precision, num_warps=4,
     )  # fmt: skip
     return _finish(part, x)
 

@@ -96,9 +96,9 @@ def main() -> None:
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s (H200 spec 4.26 TB/s)")
     dense, int4, fp8 = weights(args.layers, device)
     bytes_bf16 = sum(w.numel() * 2 for w in dense)
+    bytes_int4 = sum(p.numel() + s.numel() * 2 + b.numel() * 2 for p, s, b in int4)
     cols = [Int4Cols.from_rows(*w) for w in int4]  # the GPU's layouts (kernels/quant_int4.py,
-    cols8 = [Fp8Cols.from_rows(*w) for w in fp8]  # quant_fp8.py); Q4_0: no biases kept
-    bytes_int4 = sum(w.nbytes for w in cols)
+    cols8 = [Fp8Cols.from_rows(*w) for w in fp8]  # quant_fp8.py)
     bytes_fp8 = sum(q.numel() + s.numel() * 4 for q, s in fp8)
     for rows in args.rows or [1]:
         xs = {k: torch.randn(rows, k, device=device, dtype=torch.bfloat16) for k in (HIDDEN, INTER)}

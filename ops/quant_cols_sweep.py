@@ -51,7 +51,7 @@ def reference(x: torch.Tensor, w: Cols) -> torch.Tensor:
 
 
 def nbytes(ws: list[Cols]) -> int:
-    return sum(w.nbytes for w in ws)
+    return sum(w.words.numel() * 4 + w.scale.numel() * 4 for w in ws)
 
 
 def bf16_step(dense: list[torch.Tensor], xs: dict[int, torch.Tensor], dev: torch.device) -> float:

@@ -88,7 +88,7 @@ def _int4_chain(device: str) -> list[Cols]:
         scale = (torch.rand(DIM, DIM // 32, generator=gen) + 0.5) / (4.6 * DIM**0.5)
         bias = -8 * scale
         cols = Int4Cols.from_rows(packed, scale, bias)
-        out.append(cols.to(device))
+        out.append(Int4Cols(cols.words.to(device), cols.scale.to(device), cols.bias.to(device)))
     return out
 
 

@@ -49,7 +49,7 @@ def test_int4_cols_matmul(device: str, m: int, n: int, k: int, gemv: Int4ColsGem
         n, k = n * 16, k * 16
     packed, scale, bias = int4_weight(n, k, 32, "cpu", seed=m + n + k)
     cols = Int4Cols.from_rows(packed, scale, bias)
-    cols = cols.to(device)
+    cols = Int4Cols(cols.words.to(device), cols.scale.to(device), cols.bias.to(device))
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(device)
     if device == "cuda":
         x = x.to(torch.bfloat16)
@@ -61,29 +61,4 @@ def test_int4_cols_matmul(device: str, m: int, n: int, k: int, gemv: Int4ColsGem
     assert torch.allclose(want.cpu(), rows, rtol=1e-5, atol=1e-4)  # the layouts agree
     bound = 1e-4 if device == "cpu" else 1e-2
     assert (got - want).abs().max() <= bound * want.abs().max()
-    assert want.abs().max() > 0.1
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("m", [1, 5])  # the GEMV and the GEMM
-def test_q4_0_keeps_no_bias(device: str, m: int) -> None:
-    """Q4_0's bias is -8 scale: the column layout keeps none (18 bytes a group, not 20) and the
-    kernels imply it; an asymmetric bias is kept."""
-    n, k = (256, 128) if device == "cpu" else (4096, 2048)
-    packed, scale, bias = int4_weight(n, k, 32, "cpu", seed=m)
-    scale = scale.half().float()
-    cols = Int4Cols.from_rows(packed, scale, -8 * scale)
-    assert cols.bias is None and Int4Cols.from_rows(packed, scale, bias).bias is not None
-    assert cols.nbytes == k * n // 2 + k // 32 * n * 2
-    back, _, b = cols.rows()
-    assert torch.equal(back, packed) and torch.equal(b.float(), -8 * scale)
-    cols = cols.to(device)
-    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(device)
-    if device == "cuda":
-        x = x.to(torch.bfloat16)
-    got = int4_cols_matmul(x, cols).float()
-    dense = Int4Blocks(packed, scale, -8 * scale, 32).dequantize()
-    want = x.float().cpu() @ dense.T
-    bound = 1e-4 if device == "cpu" else 1e-2
-    assert (got.cpu() - want).abs().max() <= bound * want.abs().max()
     assert want.abs().max() > 0.1
