@@ -61,7 +61,7 @@ def flushed_graph_ms(
     it read, clean); `dirty`: by writing them (every line dirty). A graph of (flush, call) x
     `calls` less a graph of the flushes alone."""
     scratch = torch.empty(256 * 2**20 // 8, dtype=torch.int64, device="cuda")  # > the H200's L2
-    total = torch.empty(1, dtype=torch.int64, device="cuda")
+    total = torch.empty((), dtype=torch.int64, device="cuda")
     fn()
     torch.cuda.synchronize()
 
