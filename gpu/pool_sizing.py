@@ -84,6 +84,9 @@ def blocks_from_free_memory(
     forward's peak minus what stays allocated). `extra_block_bytes`: what each block id costs
     besides (a draft model's pool has a block per id: gpu/draft_runner.py).
     """
+    # memory torch's caching allocator holds but no tensor uses (an engine closed earlier in
+    # this process, the profiling forward's temporaries) would count as in use
+    torch.cuda.empty_cache()
     free, total = torch.cuda.mem_get_info(device)
     in_use = total - free
     budget = int(total * gpu_memory_utilization) - in_use - peak_activation_bytes

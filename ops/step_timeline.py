@@ -1,0 +1,110 @@
+"""Where the GPU's time goes in the offline run (issue 9, point 4): the nano-vllm workload of
+ops/bench_offline.py through troupe.Engine under torch.profiler (CUDA activity only), then
+
+    busy / idle   the union of kernel and copy intervals against the run's span on the GPU
+    gaps          idle intervals by length (a graph replay's kernels sit back to back; a gap
+                  of tens of us is the host: planning, launching, a sync, the next step's
+                  inputs)
+    kernels       the top kernels by total time (CUDA graph replays list their kernels)
+    tenths        idle time per tenth of the run (prefill-heavy start vs decode tail)
+
+Only the timed region counts: the events of the last `elapsed` seconds of GPU time (the engine's
+start, weight upload, graph capture and warm-up come before it).
+
+    python -m troupe.ops.step_timeline [--num-seqs 256] [--max-num-batched-tokens 16384]
+
+The profiler's activity buffers add host work per kernel, so the profiled run is slower than
+bench_offline's; the idle shares are an upper bound of the unprofiled run's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import torch
+from troupe.ops import bench_offline
+
+Interval = tuple[int, int, str]  # start ns, duration ns, name
+GAP_BUCKETS_US = ((0, 5), (5, 20), (20, 100), (100, 1000), (1000, 10**9))
+
+
+def gpu_intervals(prof: Any) -> list[Interval]:
+    """Every CUDA kernel, copy and set of the profile, sorted by start."""
+    out = [
+        (e.start_ns(), e.duration_ns(), e.name())
+        for e in prof.profiler.kineto_results.events()
+        if e.device_type() == torch.autograd.DeviceType.CUDA
+    ]
+    out.sort()
+    return out
+
+
+def summarize(events: list[Interval], top: int = 25) -> list[str]:
+    """The report's lines (module docstring)."""
+    if not events:
+        return ["no GPU events recorded"]
+    first, end = events[0][0], events[0][0]
+    busy, gaps = 0, []
+    by_name: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for start, dur, name in events:
+        by_name[name[:70]][0] += dur
+        by_name[name[:70]][1] += 1
+        if start > end:
+            gaps.append((end, start - end))
+            busy += dur
+        else:
+            busy += max(0, start + dur - end)
+        end = max(end, start + dur)
+    span = end - first
+    idle = span - busy
+    lines = [f"GPU span {span / 1e9:.3f} s, busy {busy / 1e9:.3f} s, idle {idle / 1e9:.3f} s "
+             f"({idle / span:.1%})"]  # fmt: skip
+    for lo, hi in GAP_BUCKETS_US:
+        sel = [g for _, g in gaps if lo * 1000 <= g < hi * 1000]
+        lines.append(f"gaps {lo}-{hi} us: {len(sel)}, {sum(sel) / 1e6:.1f} ms")
+    kernel_total = sum(v[0] for v in by_name.values())
+    for name, (dur, count) in sorted(by_name.items(), key=lambda kv: -kv[1][0])[:top]:
+        lines.append(f"{dur / 1e6:9.1f} ms {dur / kernel_total:6.1%} x{count:<7d} {name}")
+    tenth = span / 10
+    per = [0.0] * 10
+    for at, gap in gaps:
+        per[min(int((at - first) / tenth), 9)] += gap
+    lines.append("idle per tenth of the run (ms): " + " ".join(f"{x / 1e6:.0f}" for x in per))
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--num-seqs", type=int, default=256)
+    parser.add_argument("--max-num-seqs", type=int, default=256)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=16384)
+    parser.add_argument("--num-kv-blocks", type=int, help="default: sized from free memory")
+    args = parser.parse_args()
+    options = {} if args.num_kv_blocks is None else {"num_kv_blocks": args.num_kv_blocks}
+    args.enforce_eager = False
+    prompts, outputs = bench_offline.workload(args.num_seqs, seed=0)
+    config = bench_offline.qwen3_0_6b_config()
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        bench_offline.write_model_folder(folder, config)
+        activities = [torch.profiler.ProfilerActivity.CUDA]
+        with torch.profiler.profile(activities=activities) as prof:
+            total = bench_offline.run_engine(folder, prompts, outputs, args, **options)
+    elapsed = bench_offline.run_engine.elapsed  # type: ignore[attr-defined]
+    print(f"profiled run: {total:,} tokens in {elapsed:.2f} s, {total / elapsed:,.0f} tok/s")
+    start = time.perf_counter()
+    events = gpu_intervals(prof)
+    print(f"{len(events):,} GPU events, read in {time.perf_counter() - start:.1f} s")
+    if events:
+        last = max(at + dur for at, dur, _ in events)
+        events = [e for e in events if e[0] >= last - elapsed * 1e9]
+    print("\n".join(summarize(events)))
+
+
+if __name__ == "__main__":
+    main()
