@@ -2,7 +2,8 @@
 
 A decode step of n sequences replays the graph of the smallest captured size >= n. Padding
 rows write nothing (slot -1) and attend to one token of block 0 (the pool starts zeroed), so
-they stay finite and are never read back. The decode kernel gets max_seq_len = max_model_len
+they stay finite and are never read back; the decode kernel starts the rows longest first
+(kernels/decode_order.py), the padding last. The decode kernel gets max_seq_len = max_model_len
 at capture, because a graph freezes every Python argument.
 """
 
@@ -12,6 +13,7 @@ import torch
 from troupe.gpu.attention import AttentionMetadata
 from troupe.gpu.models import DecoderModel, KVCache
 from troupe.gpu.step_inputs import StepInputs
+from troupe.kernels.decode_order import longest_first
 
 
 def capture_sizes(max_num_seqs: int) -> list[int]:
@@ -45,6 +47,7 @@ class DecodeGraphs:
         self.slot_mapping = torch.full((max_num_seqs,), -1, dtype=torch.int64, device=device)
         self.block_tables = zeros(max_num_seqs, max_blocks_per_seq, dtype=torch.int32)
         self.seq_lens = torch.ones(max_num_seqs, dtype=torch.int32, device=device)
+        self.seq_order = torch.arange(max_num_seqs, dtype=torch.int32, device=device)
         self.query_start_loc = torch.arange(max_num_seqs + 1, dtype=torch.int32, device=device)
         self.logits_indices = torch.arange(max_num_seqs, dtype=torch.int64, device=device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
@@ -60,6 +63,7 @@ class DecodeGraphs:
                 max_seq_len=max_model_len,
                 is_decode=True,
                 logits_indices=self.logits_indices[:size],
+                decode_order=self.seq_order[:size],
             )
 
             def run(size: int = size, meta: AttentionMetadata = meta) -> torch.Tensor:
@@ -103,10 +107,12 @@ class DecodeGraphs:
         host.ids[:num_seqs] = inputs.input_ids
         host.positions[num_seqs:size] = 0
         host.positions[:num_seqs] = inputs.positions
+        host.order[:size] = longest_first(host.seq_lens[:size])
         self.input_ids[:size].copy_(host.t_ids[:size], non_blocking=True)
         self.positions[:size].copy_(host.t_positions[:size], non_blocking=True)
         self.slot_mapping[:size].copy_(host.t_slots[:size], non_blocking=True)
         self.seq_lens[:size].copy_(host.t_seq_lens[:size], non_blocking=True)
+        self.seq_order[:size].copy_(host.t_order[:size], non_blocking=True)
         self.block_tables[:size].copy_(host.t_tables[:size], non_blocking=True)
         self._copied.record()
         if input_ids is not None:
@@ -130,9 +136,11 @@ class _HostStaging:
         self.t_positions = pinned(max_num_seqs, dtype=torch.int64)
         self.t_slots = pinned(max_num_seqs, dtype=torch.int64)
         self.t_seq_lens = pinned(max_num_seqs, dtype=torch.int32)
+        self.t_order = pinned(max_num_seqs, dtype=torch.int32)
         self.t_tables = pinned(max_num_seqs, width, dtype=torch.int32)
         self.ids = self.t_ids.numpy()
         self.positions = self.t_positions.numpy()
         self.slots = self.t_slots.numpy()
         self.seq_lens = self.t_seq_lens.numpy()
+        self.order = self.t_order.numpy()
         self.tables = self.t_tables.numpy()

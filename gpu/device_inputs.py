@@ -9,6 +9,7 @@ import numpy as np
 import torch
 from troupe.gpu.attention import AttentionMetadata, ExpandedPrefill
 from troupe.gpu.step_inputs import StepInputs
+from troupe.kernels.decode_order import longest_first
 from troupe.kernels.streaming_attention import StreamingMetadata
 
 
@@ -87,6 +88,7 @@ def device_metadata(
             if inputs.num_decode_prefix and not inputs.is_decode
             else None
         ),
+        decode_order=put(longest_first(inputs.seq_lens)) if inputs.is_decode else None,
         expanded_prefill=expanded_prefill(inputs, expand, block_size, device),
         streaming=(
             None

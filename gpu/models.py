@@ -129,6 +129,7 @@ class DecoderLayer(nn.Module):
                 sliding_window=self.sliding_window,
                 k_scale=k_scale,
                 v_scale=v_scale,
+                seq_order=meta.decode_order,
             )
         else:
             attn = ops.paged_attention(

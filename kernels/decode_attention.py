@@ -36,6 +36,7 @@ import triton.language as tl
 from .arrival import arrival_counters
 from .decode_attention_fp8 import launch_split_fp8
 from .decode_combine import combine_head, decode_reduce_kernel
+from .decode_order import program_sequence
 from .sm_count import num_sms
 
 _LOG2E = 1.4426950408889634
@@ -68,6 +69,9 @@ class DecodeConfig:
     programs_per_sm: int = 4
     max_splits: int = _MAX_SPLITS
     min_split: int = _MIN_TOKENS_PER_SPLIT
+    # launch the sequences in the seq_order given (longest first: kernels/decode_order.py);
+    # False: in batch order whatever is given
+    follow_order: bool = True
 
 
 # The engine's launch, split policy and algorithm: set to the BEST decode line of
@@ -93,6 +97,7 @@ def _decode_split_kernel(
     block_tables_ptr,
     seq_lens_ptr,
     num_valid_ptr,  # int32 [1] when HAS_LIMIT: sequences from this one on are skipped
+    order_ptr,  # int32 [S] when HAS_ORDER: the sequences in launch order (decode_order.py)
     qk_scale,  # softmax scale * log2(e)
     window,  # sliding window in tokens, 0: none
     num_splits,
@@ -111,13 +116,14 @@ def _decode_split_kernel(
     PAGED: tl.constexpr,  # block ids per page (BLOCK_N is a multiple of BLOCK_SIZE)
     FUSED: tl.constexpr,  # the last split merges (SPLIT only)
     HAS_LIMIT: tl.constexpr,
+    HAS_ORDER: tl.constexpr,
     BLOCK_G: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_S: tl.constexpr,  # num_splits rounded up to a power of two (FUSED)
 ):
-    seq = tl.program_id(0).to(tl.int64)
-    kv_head = tl.program_id(1)
+    seq = program_sequence(order_ptr, HAS_ORDER)  # grid (kv head, position, split)
+    kv_head = tl.program_id(0)
     split = tl.program_id(2)
     if HAS_LIMIT:
         if seq >= tl.load(num_valid_ptr):
@@ -244,8 +250,12 @@ def paged_decode_attention_triton(
     sliding_window: int = 0,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
+    seq_order: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q [S, Hq, D], one query per sequence at its last position; returns [S, Hq, D].
+
+    `seq_order` (device int32 [S], a permutation): the order in which the sequences' programs
+    start (kernels/decode_order.py); the result does not depend on it.
 
     sliding_window > 0: the query sees only the last sliding_window keys (splits cover those).
 
@@ -263,6 +273,10 @@ def paged_decode_attention_triton(
     fp8 = k_scale is not None
     if config is None:
         config = FP8_DEFAULT_CONFIG if fp8 else DEFAULT_CONFIG
+    if not config.follow_order:
+        seq_order = None
+    if seq_order is not None:
+        assert seq_order.shape == (num_seqs,), f"seq_order {tuple(seq_order.shape)}, S={num_seqs}"
     if num_splits is None:
         context = min(max_seq_len, sliding_window) if sliding_window > 0 else max_seq_len
         num_splits = choose_num_splits(num_seqs, num_kv_heads, context, num_sms(q.device), config)
@@ -287,13 +301,13 @@ def paged_decode_attention_triton(
         fused = False  # pass 2 below merges its splits
         launch_split_fp8(
             q, k_cache, v_cache, out, part_out, part_lse, block_tables, seq_lens,
-            num_valid, k_scale, v_scale, scale * _LOG2E, sliding_window, num_splits,
+            num_valid, seq_order, k_scale, v_scale, scale * _LOG2E, sliding_window, num_splits,
             block_n=block_n, block_d=block_d, num_warps=config.num_warps,
             num_stages=config.num_stages if on_gpu else 1,
         )  # fmt: skip
     else:
         counters = arrival_counters(num_seqs * num_kv_heads, q.device) if fused else seq_lens
-        _decode_split_kernel[(num_seqs, num_kv_heads, num_splits)](
+        _decode_split_kernel[(num_kv_heads, num_seqs, num_splits)](  # decode_order.py
             q,
             k_cache,
             v_cache,
@@ -304,6 +318,7 @@ def paged_decode_attention_triton(
             block_tables,
             seq_lens,
             seq_lens if num_valid is None else num_valid,
+            seq_lens if seq_order is None else seq_order,
             scale * _LOG2E,
             sliding_window,
             num_splits,
@@ -322,6 +337,7 @@ def paged_decode_attention_triton(
             PAGED=paged,
             FUSED=fused,
             HAS_LIMIT=num_valid is not None,
+            HAS_ORDER=seq_order is not None,
             # tl.dot needs at least 16 rows on the GPU; the padded rows are masked off.
             BLOCK_G=max(16, triton.next_power_of_2(group)),
             BLOCK_N=block_n,

@@ -29,6 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .decode_order import program_sequence
 from .fp8_tile import load_tile, tile_start
 
 _F16_MAX = tl.constexpr(65504.0)  # a global a kernel reads must be a constexpr
@@ -45,6 +46,7 @@ def decode_split_fp8_kernel(
     block_tables_ptr,
     seq_lens_ptr,
     num_valid_ptr,  # int32 [1] when HAS_LIMIT: sequences from this one on are skipped
+    order_ptr,  # int32 [S] when HAS_ORDER: the sequences in launch order (decode_order.py)
     k_scale_ptr,  # [Hkv] fp32
     v_scale_ptr,
     qk_scale,  # softmax scale * log2(e)
@@ -61,12 +63,13 @@ def decode_split_fp8_kernel(
     BLOCK_SIZE: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     HAS_LIMIT: tl.constexpr,
+    HAS_ORDER: tl.constexpr,
     BLOCK_G: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    seq = tl.program_id(0).to(tl.int64)
-    kv_head = tl.program_id(1)
+    seq = program_sequence(order_ptr, HAS_ORDER)  # grid (kv head, position, split)
+    kv_head = tl.program_id(0)
     split = tl.program_id(2)
     qk_scale = qk_scale * tl.load(k_scale_ptr + kv_head)
     v_scale = tl.load(v_scale_ptr + kv_head)
@@ -136,6 +139,7 @@ def launch_split_fp8(
     block_tables: torch.Tensor,
     seq_lens: torch.Tensor,
     num_valid: torch.Tensor | None,
+    seq_order: torch.Tensor | None,
     k_scale: torch.Tensor,
     v_scale: torch.Tensor,
     qk_scale: float,
@@ -154,11 +158,12 @@ def launch_split_fp8(
     consts = kernel_constexprs(
         num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
         block_size=block_size, num_splits=num_splits, has_limit=num_valid is not None,
-        block_n=block_n,
+        has_order=seq_order is not None, block_n=block_n,
     )  # fmt: skip
-    decode_split_fp8_kernel[(num_seqs, num_kv_heads, num_splits)](
+    decode_split_fp8_kernel[(num_kv_heads, num_seqs, num_splits)](  # decode_order.py
         q, k_cache, v_cache, out, part_out, part_lse, block_tables, seq_lens,
-        seq_lens if num_valid is None else num_valid, k_scale, v_scale, qk_scale,
+        seq_lens if num_valid is None else num_valid,
+        seq_lens if seq_order is None else seq_order, k_scale, v_scale, qk_scale,
         sliding_window, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         block_tables.stride(0), num_kv_heads * head_dim, **consts,
         num_warps=num_warps, num_stages=num_stages,
@@ -174,12 +179,14 @@ def kernel_constexprs(
     num_splits: int,
     has_limit: bool,
     block_n: int,
+    has_order: bool = False,
 ) -> dict[str, object]:
     """The compile-time arguments of decode_split_fp8_kernel (also ops/fp8_compile_check's)."""
     group = num_q_heads // num_kv_heads
     return {
         "NUM_Q_HEADS": num_q_heads, "GROUP": group, "HEAD_DIM": head_dim,
         "BLOCK_SIZE": block_size, "NUM_SPLITS": num_splits, "HAS_LIMIT": has_limit,
+        "HAS_ORDER": has_order,
         # tl.dot needs at least 16 rows on the GPU; the padded rows are masked off.
         "BLOCK_G": max(16, triton.next_power_of_2(group)), "BLOCK_N": block_n,
         "BLOCK_D": triton.next_power_of_2(head_dim),

@@ -92,9 +92,14 @@ class KernelOps(Protocol):
         sliding_window: int = 0,
         k_scale: torch.Tensor | None = None,
         v_scale: torch.Tensor | None = None,
+        seq_order: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Decode: q [S, Hq, D] holds one query per sequence, at position seq_lens[s] - 1.
         With sliding_window > 0 it sees (and reads) only the last sliding_window keys.
+
+        seq_order (device int32 [S], a permutation; AttentionMetadata.decode_order), a hint:
+        the order in which an implementation should start the sequences' work (longest
+        first, kernels/decode_order.py). The result does not depend on it.
 
         max_seq_len (a host int, an upper bound of seq_lens) picks the number of context splits,
         so a CUDA graph captured with a fixed max_seq_len replays one fixed launch.

@@ -177,6 +177,7 @@ def paged_decode_attention(
     sliding_window: int = 0,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
+    seq_order: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One query per sequence (q [S, Hq, D], the last of its seq_lens[s] tokens), batched: every
     sequence's context is gathered into one [S, W] window, W = max_seq_len in whole blocks (or
@@ -187,6 +188,7 @@ def paged_decode_attention(
     its token base: that slot is written, so finite (past the end, a slot or a padding table
     entry may hold anything, and 0 * NaN would reach the output), and the mask hides it.
     """
+    del seq_order  # a launch-order hint: one batched computation has none
     num_seqs, _, head_dim = q.shape
     if num_seqs == 1 and not sliding_window and k_scale is None:  # one stream: no mask
         return _single_decode(q, k_cache, v_cache, block_tables[0], int(seq_lens[0]), scale)

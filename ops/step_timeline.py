@@ -29,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch._C._autograd import DeviceType
+from troupe.gpu.weights import qwen3_0_6b_config
 from troupe.ops import bench_offline
 
 Interval = tuple[int, int, str]  # start ns, duration ns, name
@@ -40,7 +42,7 @@ def gpu_intervals(prof: Any) -> list[Interval]:
     out = [
         (e.start_ns(), e.duration_ns(), e.name())
         for e in prof.profiler.kineto_results.events()
-        if e.device_type() == torch.autograd.DeviceType.CUDA
+        if e.device_type() == DeviceType.CUDA
     ]
     out.sort()
     return out
@@ -108,7 +110,7 @@ def main() -> None:
     options = {} if args.num_kv_blocks is None else {"num_kv_blocks": args.num_kv_blocks}
     args.enforce_eager = False
     prompts, outputs = bench_offline.workload(args.num_seqs, seed=0)
-    config = bench_offline.qwen3_0_6b_config()
+    config = qwen3_0_6b_config()
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         bench_offline.write_model_folder(folder, config)
