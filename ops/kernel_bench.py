@@ -16,13 +16,16 @@ traffic, more than a 1 x 32,768 decode's time allows, a state the engine never l
 `eager`, launched from Python each time (triton.testing.do_bench, L2 flushed), which at short
 kernels adds the host's launches (two Triton launches and two allocations, ~50 us at
 1 x 32,768). torch's SDPA decode on contiguous KV (the approach of
-shared/bench/decode_anchor.py) runs on the same shapes, timed the same three ways.
+shared/bench/decode_anchor.py) runs on the same shapes, timed the same three ways. Then 256
+sequences of differing lengths (the engine's batches), in batch order and longest first
+(kernels/decode_order.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import random
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -35,6 +38,7 @@ from troupe.kernels.decode_attention import (
     choose_num_splits,
     paged_decode_attention_triton,
 )
+from troupe.kernels.decode_order import longest_first
 from troupe.kernels.paged_attention import PrefillConfig, paged_attention_triton
 from troupe.kernels.paged_batch import PagedBatch, make_paged_batch
 from troupe.ops.attention_sweep import sweep_variants
@@ -220,6 +224,38 @@ def run_decode(num_seqs: int, context: int, copy_bw: float, sweep: bool, rows: l
     torch.cuda.empty_cache()
 
 
+def run_decode_mixed(copy_bw: float, rows: list[Row], num_seqs: int = 256) -> None:
+    """The engine's kind of decode batch: lengths differ (prompt U[100, 1024] plus U[0, 1024]
+    generated, seed 0), in batch order and longest first (kernels/decode_order.py)."""
+    rng = random.Random(0)
+    lens = [rng.randint(100, 1024) + rng.randint(0, 1024) for _ in range(num_seqs)]
+    batch = make_paged_batch(
+        [(n - 1, 1) for n in lens], num_q_heads=NUM_Q_HEADS, num_kv_heads=NUM_KV_HEADS,
+        head_dim=HEAD_DIM, block_size=BLOCK_SIZE, dtype=DTYPE, device="cuda", seed=1,
+        poison=False,
+    )  # fmt: skip
+    scale = 1 / math.sqrt(HEAD_DIM)
+    order = torch.from_numpy(longest_first(batch.seq_lens.cpu().numpy())).cuda()
+    nbytes = decode_bytes(batch)
+    workload = f"decode {num_seqs} x U[100, 2048]"
+    for name, seq_order in (("batch order", None), ("longest first", order)):
+
+        def call(seq_order: torch.Tensor | None = seq_order) -> torch.Tensor:
+            return paged_decode_attention_triton(
+                batch.q, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens,
+                scale, batch.max_seq_len, seq_order=seq_order,
+            )  # fmt: skip
+
+        err = check(call(), batch, scale)
+        shown = []
+        for how, ms in (("graph, L2 flushed", flushed_graph_ms(call)), ("eager", median_ms(call))):
+            bw = nbytes / (ms * 1e-3)
+            rows.append((workload, f"triton {name} {how}", ms, f"{bw / 1e12:.2f} TB/s",
+                         f"{bw / copy_bw:.0%}"))  # fmt: skip
+            shown.append(f"{how} {ms * 1e3:.1f} us ({rows[-1][4]})")
+        print(f"{workload} {name}: {', '.join(shown)} of copy, rel err {err:.1e}", flush=True)
+
+
 def run_prefill(
     lens: list[tuple[int, int]], label: str, rows: list[Row], sweep: bool = False
 ) -> None:
@@ -318,6 +354,7 @@ def main() -> None:
     run_decode(256, 1024, copy_bw, args.sweep, rows)
     for num_seqs, context in ((64, 4096), (8, 16384), (1, 32768)):
         run_decode(num_seqs, context, copy_bw, args.sweep and num_seqs == 1, rows)
+    run_decode_mixed(copy_bw, rows)
     run_prefill([(0, 2048)] * 4, "4 x 2048 new", rows, args.sweep)
     run_prefill([(0, 512)] * 16, "16 x 512 new", rows)
     run_prefill([(1536, 512)] * 8, "8 x (1536 cached + 512 new)", rows)
