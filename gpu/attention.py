@@ -42,8 +42,9 @@ class AttentionMetadata:
     logits_indices: torch.Tensor  # [N] int64: rows whose hidden state reaches lm_head
     # int32 [1] on the device: the first N sequences are one-token decodes (a kernel hint)
     decode_prefix: torch.Tensor | None = None
-    # int32 [S] on the device, decode steps: the sequences longest first, the order in which
-    # the decode kernel starts them (a hint: kernels/decode_order.py); None: batch order
+    # int32 [S] on the device: the one-token decodes (all sequences of a decode step, the
+    # decode_prefix of a mixed one) longest first, then the rest, the order in which the
+    # decode kernel starts them (a hint: kernels/decode_order.py); None: batch order
     decode_order: torch.Tensor | None = None
     # MLA models: set when the step's longest prefill chunk is long enough to expand
     # (gpu/forward_pass.py decides); None: every row takes the absorbed form

@@ -88,7 +88,15 @@ def device_metadata(
             if inputs.num_decode_prefix and not inputs.is_decode
             else None
         ),
-        decode_order=put(longest_first(inputs.seq_lens)) if inputs.is_decode else None,
+        decode_order=(
+            put(
+                longest_first(
+                    inputs.seq_lens, None if inputs.is_decode else inputs.num_decode_prefix
+                )
+            )
+            if inputs.is_decode or inputs.num_decode_prefix
+            else None
+        ),
         expanded_prefill=expanded_prefill(inputs, expand, block_size, device),
         streaming=(
             None

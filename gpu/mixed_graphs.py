@@ -21,6 +21,7 @@ import torch
 from troupe.gpu.attention import AttentionMetadata
 from troupe.gpu.models import DecoderModel, KVCache
 from troupe.gpu.step_inputs import StepInputs
+from troupe.kernels.decode_order import longest_first
 
 
 def token_buckets(max_num_tokens: int) -> list[int]:
@@ -91,6 +92,7 @@ class MixedGraphs:
         self.query_start_loc = zeros(s_max + 1, dtype=torch.int32)
         self.logits_indices = zeros(max_logits, dtype=torch.int64)
         self.decode_prefix = zeros(1, dtype=torch.int32)
+        self.decode_order = torch.arange(s_max, dtype=torch.int32, device=device)
         # one output for every bucket: a graph's own output would stay pinned in the pool
         self.logits = torch.empty(
             max_logits, model.config.vocab_size, dtype=model.logits_dtype, device=device
@@ -112,6 +114,7 @@ class MixedGraphs:
                 is_decode=False,
                 logits_indices=self.logits_indices[:rows],
                 decode_prefix=self.decode_prefix,
+                decode_order=self.decode_order[:seqs],
             )
 
             def run(size: int = size, rows: int = rows, meta: AttentionMetadata = meta) -> None:
@@ -167,6 +170,8 @@ class MixedGraphs:
         host.logits_indices[:num_logits] = inputs.logits_indices
         host.logits_indices[num_logits:rows] = 0
         host.prefix[0] = inputs.num_decode_prefix
+        # the leading decodes longest first, then the chunks and the padding (kernels/decode_order)
+        host.order[:seqs] = longest_first(host.seq_lens[:seqs], inputs.num_decode_prefix)
         self.input_ids[:size].copy_(host.t_ids[:size], non_blocking=True)
         self.positions[:size].copy_(host.t_positions[:size], non_blocking=True)
         self.slot_mapping[:size].copy_(host.t_slots[:size], non_blocking=True)
@@ -175,6 +180,7 @@ class MixedGraphs:
         self.block_tables[:num_seqs].copy_(host.t_tables[:num_seqs], non_blocking=True)
         self.logits_indices[:rows].copy_(host.t_logits_indices[:rows], non_blocking=True)
         self.decode_prefix.copy_(host.t_prefix, non_blocking=True)
+        self.decode_order[:seqs].copy_(host.t_order[:seqs], non_blocking=True)
         self._copied.record()
         if input_ids is not None:
             self.input_ids[: len(input_ids)].copy_(input_ids)
@@ -197,6 +203,7 @@ class _HostStaging:
         self.t_tables = pinned(max_seqs, width, dtype=torch.int32)
         self.t_logits_indices = pinned(max_logits, dtype=torch.int64)
         self.t_prefix = pinned(1, dtype=torch.int32)
+        self.t_order = pinned(max_seqs, dtype=torch.int32)
         self.ids = self.t_ids.numpy()
         self.positions = self.t_positions.numpy()
         self.slots = self.t_slots.numpy()
@@ -205,3 +212,4 @@ class _HostStaging:
         self.tables = self.t_tables.numpy()
         self.logits_indices = self.t_logits_indices.numpy()
         self.prefix = self.t_prefix.numpy()
+        self.order = self.t_order.numpy()

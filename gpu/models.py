@@ -146,6 +146,7 @@ class DecoderLayer(nn.Module):
                 sliding_window=self.sliding_window,
                 k_scale=k_scale,
                 v_scale=v_scale,
+                seq_order=meta.decode_order,
             )
         return linear(attn.reshape(num_tokens, c.q_size), self.o_proj)
 

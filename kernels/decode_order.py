@@ -24,9 +24,13 @@ import triton
 import triton.language as tl
 
 
-def longest_first(seq_lens: np.ndarray) -> np.ndarray:
-    """int32 [S]: the sequence indices by length, longest first (ties in batch order)."""
-    return np.argsort(-seq_lens.astype(np.int64), kind="stable").astype(np.int32)
+def longest_first(seq_lens: np.ndarray, count: int | None = None) -> np.ndarray:
+    """int32 [S]: the indices of the first `count` sequences (all by default: a decode step;
+    a mixed step's leading decodes otherwise) by length, longest first (ties in batch order),
+    then the others in batch order."""
+    n = len(seq_lens) if count is None else count
+    head = np.argsort(-seq_lens[:n].astype(np.int64), kind="stable")
+    return np.concatenate((head, np.arange(n, len(seq_lens)))).astype(np.int32)
 
 
 @triton.jit

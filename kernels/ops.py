@@ -59,6 +59,7 @@ class KernelOps(Protocol):
         sliding_window: int = 0,
         k_scale: torch.Tensor | None = None,
         v_scale: torch.Tensor | None = None,
+        seq_order: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Varlen causal attention for prefill, chunked prefill and decode rows in one call.
 
@@ -70,7 +71,8 @@ class KernelOps(Protocol):
         (q_len 0) and token rows past query_start_loc[S] are padding: nothing is written there.
 
         decode_prefix (device int32 [1]), a hint: the first N sequences have one token each, so
-        an implementation may send them to its decode kernel. The launch grid depends on shapes
+        an implementation may send them to its decode kernel, starting them in seq_order (a
+        hint too: AttentionMetadata.decode_order, those N longest first, then the rest). The launch grid depends on shapes
         only (not on max_query_len or the values), so a CUDA graph can capture the call.
 
         sliding_window > 0: query at position p sees only keys p - sliding_window < k <= p (HF's

@@ -301,6 +301,7 @@ def paged_attention_triton(
     sliding_window: int = 0,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
+    seq_order: torch.Tensor | None = None,
     config: PrefillConfig = DEFAULT_CONFIG,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
@@ -333,6 +334,7 @@ def paged_attention_triton(
             sliding_window=sliding_window,
             k_scale=k_scale,
             v_scale=v_scale,
+            seq_order=seq_order,
         )
     group = num_q_heads // num_kv_heads
     block_g = triton.next_power_of_2(group)

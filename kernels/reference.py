@@ -123,10 +123,11 @@ def paged_attention(
     sliding_window: int = 0,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
+    seq_order: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal varlen attention: q [T, Hq, D]; sequence s owns q rows qsl[s]:qsl[s+1], which are
     the last tokens of its seq_lens[s] (already written to the cache). See kernels.ops."""
-    del max_query_len, max_seq_len, decode_prefix  # launch hints for the kernels
+    del max_query_len, max_seq_len, decode_prefix, seq_order  # launch hints for the kernels
     out = torch.empty_like(q)
     starts = query_start_loc.tolist()
     block_size = k_cache.shape[1]
