@@ -6,8 +6,9 @@ its last wave. A batch whose sequences differ in length (the engine's usual one:
 started late, running alone while the other SMs idle. Visiting the sequences longest first
 (the "longest processing time" rule) puts the long ones in the first wave and lets the short
 ones fill the gaps of the last: on the offline workload's batches a simulation of the kernel's
-programs (cost ~ length) puts the makespan at ~1.20x the ideal in batch order and ~1.07x
-longest first, at two programs per SM (docs/benchmarks.md, session 23).
+programs (cost ~ length) puts the makespan at ~1.29x the ideal in batch order and ~1.09x
+longest first, at the four programs per SM the bf16 kernel fits on sm_90 (docs/benchmarks.md,
+session 23).
 
 The grids are (kv head, position, split): x runs fastest, so the heads of one sequence start
 together and the positions follow the order. The order only changes when programs start;
