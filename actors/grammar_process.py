@@ -10,13 +10,14 @@ itself.
 
     grammar actor (a thread of the engine)          child process
     GrammarProcess.handle(batch) --msgpack, pipe-->  GrammarCore.handle(batch)
-                                 <--headers, pipe--  masks' bits written to a shared file
+                                 <--headers, pipe--  masks' bits filled in a shared file
     TokenMasks (bits copied out) -> executor
 
 The actor's thread waits for each answer (the pipe read lets go of the lock once), so the
 protocol, the order of messages and the outputs are the GrammarCore's (replay and tests see
 one core either way). The bits travel through a memory-mapped file in /dev/shm, sized for two
-full steps; a batch whose masks do not fit sends the rest inline. The child is spawned when the
+full steps: xgrammar fills them there (`_SharedBuffers`, the core's MaskBuffers), and the one
+copy is the actor's, out of the file; a batch whose masks do not fit sends the rest inline. The child is spawned when the
 actor is built (its imports overlap the engine's start) and stops when the pipe closes.
 """
 
@@ -32,7 +33,9 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 import msgspec
+import numpy as np
 from troupe.actors.core.base import Outgoing
+from troupe.actors.core.grammar import MaskBuffers
 from troupe.messages.executor import TokenMasks
 from troupe.messages.grammar import GrammarInbox
 
@@ -147,7 +150,8 @@ def _serve(
     compiler = GrammarCompiler(
         None, vocab=vocab, vocab_size=vocab_size, eos_token_ids=eos_token_ids, timeout_s=timeout_s
     )
-    core = GrammarCore(compiler, max_threads=max_threads)
+    buffers = _SharedBuffers(shared)
+    core = GrammarCore(compiler, max_threads=max_threads, buffers=buffers)
     decoder = msgspec.msgpack.Decoder(_batch_type)
     encoder = msgspec.msgpack.Encoder()
     while True:
@@ -156,22 +160,42 @@ def _serve(
         except (EOFError, OSError):
             return
         try:
-            reply = _Reply(masks=tuple(_place(core.handle(batch), shared, size)))
+            buffers.reset()
+            out = core.handle(batch)
+            assert len(out) == len(buffers.offsets), "one array per TokenMasks"
+            placed = (
+                _Masks(masks, offset)
+                for (_, masks), offset in zip(out, buffers.offsets, strict=True)
+                if isinstance(masks, TokenMasks)
+            )
+            reply = _Reply(masks=tuple(placed))
         except Exception as exc:  # a bug: the parent fails the actor with it
             reply = _Reply(error=f"{type(exc).__name__}: {exc}")
         conn.send_bytes(encoder.encode(reply))
 
 
-def _place(out: Outgoing, shared: mmap.mmap, size: int) -> list[_Masks]:
-    """Each TokenMasks' bits into the shared file while they fit (inline after)."""
-    placed, offset = [], 0
-    for _, masks in out:
-        assert isinstance(masks, TokenMasks)
-        nbytes = len(masks.bitmask)
-        if offset + nbytes <= size:
-            shared[offset : offset + nbytes] = masks.bitmask
-            placed.append(_Masks(msgspec.structs.replace(masks, bitmask=b""), offset))
-            offset += nbytes
-        else:
-            placed.append(_Masks(masks))
-    return placed
+class _SharedBuffers(MaskBuffers):
+    """The masks of one batch, filled in the shared file one after another while they fit
+    (`offsets`: where each is, -1 for one made in memory, sent inline)."""
+
+    def __init__(self, shared: mmap.mmap) -> None:
+        self._file = np.frombuffer(shared, dtype=np.uint8)
+        self._end = 0
+        self.offsets: list[int] = []
+
+    def reset(self) -> None:
+        """A new batch: the parent has copied the last one's bits out."""
+        self._end = 0
+        self.offsets.clear()
+
+    def array(self, rows: int, num_words: int) -> np.ndarray:
+        nbytes = rows * num_words * 4
+        if self._end + nbytes > len(self._file):
+            self.offsets.append(-1)
+            return super().array(rows, num_words)
+        start, self._end = self._end, self._end + nbytes
+        self.offsets.append(start)
+        return self._file[start : self._end].view(np.int32).reshape(rows, num_words)
+
+    def seal(self, array: np.ndarray) -> bytes:
+        return super().seal(array) if self.offsets[-1] < 0 else b""
