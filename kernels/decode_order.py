@@ -7,8 +7,8 @@ started late, running alone while the other SMs idle. Visiting the sequences lon
 (the "longest processing time" rule) puts the long ones in the first wave and lets the short
 ones fill the gaps of the last: on the offline workload's batches a simulation of the kernel's
 programs (cost ~ length) puts the makespan at ~1.29x the ideal in batch order and ~1.09x
-longest first, at the four programs per SM the bf16 kernel fits on sm_90 (docs/benchmarks.md,
-session 23).
+longest first, at the four programs per SM the bf16 kernel fits on sm_90
+(`python -m troupe.ops.decode_order_sim`; docs/benchmarks.md, session 23).
 
 The grids are (kv head, position, split): x runs fastest, so the heads of one sequence start
 together and the positions follow the order. The order only changes when programs start;
