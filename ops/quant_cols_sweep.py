@@ -33,7 +33,7 @@ def configs(form: str) -> list[Config]:
     return [
         make(bn, groups, warps, waves, pdl)
         for (bn, groups, warps), waves, pdl in itertools.product(
-            SHAPES, (2, 3, 4, 6, 8), (True, False)
+            SHAPES, (1, 2, 3, 4, 6, 8), (True, False)
         )
     ]
 
