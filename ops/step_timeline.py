@@ -4,7 +4,7 @@ ops/bench_offline.py through troupe.Engine under torch.profiler (CUDA activity o
     busy / idle   the union of kernel and copy intervals against the run's span on the GPU
     gaps          idle intervals by length (a graph replay's kernels sit back to back; a gap
                   of tens of us is the host: planning, launching, a sync, the next step's
-                  inputs)
+                  inputs), and the long ones by the kernels before and after them
     kernels       the top kernels by total time (CUDA graph replays list their kernels)
     tenths        idle time per tenth of the run (prefill-heavy start vs decode tail)
 
@@ -35,6 +35,7 @@ from troupe.ops import bench_offline
 
 Interval = tuple[int, int, str]  # start ns, duration ns, name
 GAP_BUCKETS_US = ((0, 5), (5, 20), (20, 100), (100, 1000), (1000, 10**9))
+LONG_GAP_NS = 100_000  # gaps listed by their neighbours: a step's host work not overlapped
 
 
 def gpu_intervals(prof: Any) -> list[Interval]:
@@ -55,14 +56,21 @@ def summarize(events: list[Interval], top: int = 25) -> list[str]:
     first, end = events[0][0], events[0][0]
     busy, gaps = 0, []
     by_name: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    around: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])  # long gaps
+    last = ""
     for start, dur, name in events:
         by_name[name[:70]][0] += dur
         by_name[name[:70]][1] += 1
         if start > end:
             gaps.append((end, start - end))
             busy += dur
+            if start - end >= LONG_GAP_NS:
+                around[last, name[:40]][0] += start - end
+                around[last, name[:40]][1] += 1
         else:
             busy += max(0, start + dur - end)
+        if start + dur >= end:
+            last = name[:40]
         end = max(end, start + dur)
     span = end - first
     idle = span - busy
@@ -74,6 +82,9 @@ def summarize(events: list[Interval], top: int = 25) -> list[str]:
     kernel_total = sum(v[0] for v in by_name.values())
     for name, (dur, count) in sorted(by_name.items(), key=lambda kv: -kv[1][0])[:top]:
         lines.append(f"{dur / 1e6:9.1f} ms {dur / kernel_total:6.1%} x{count:<7d} {name}")
+    lines.append(f"gaps of {LONG_GAP_NS // 1000} us or more, by the kernels around them:")
+    for (before, after), (ns, count) in sorted(around.items(), key=lambda kv: -kv[1][0])[:8]:
+        lines.append(f"  {ns / 1e6:7.1f} ms x{count:<5d} {before} -> {after}")
     tenth = span / 10
     per = [0.0] * 10
     for at, gap in gaps:
