@@ -17,8 +17,9 @@ The actor's thread waits for each answer (the pipe read lets go of the lock once
 protocol, the order of messages and the outputs are the GrammarCore's (replay and tests see
 one core either way). The bits travel through a memory-mapped file in /dev/shm, sized for two
 full steps: xgrammar fills them there (`_SharedBuffers`, the core's MaskBuffers), and the one
-copy is the actor's, out of the file; a batch whose masks do not fit sends the rest inline. The child is spawned when the
-actor is built (its imports overlap the engine's start) and stops when the pipe closes.
+copy is the actor's, out of the file; a batch whose masks do not fit sends the rest inline.
+The child is spawned when the actor is built (its imports overlap the engine's start) and
+stops when the pipe closes.
 """
 
 from __future__ import annotations
@@ -161,13 +162,11 @@ def _serve(
             return
         try:
             buffers.reset()
-            out = core.handle(batch)
-            assert len(out) == len(buffers.offsets), "one array per TokenMasks"
-            placed = (
-                _Masks(masks, offset)
-                for (_, masks), offset in zip(out, buffers.offsets, strict=True)
-                if isinstance(masks, TokenMasks)
-            )
+            out = core.handle(batch)  # one TokenMasks per array made, in order
+            placed = []
+            for (_, masks), offset in zip(out, buffers.offsets, strict=True):
+                assert isinstance(masks, TokenMasks)
+                placed.append(_Masks(masks, offset))
             reply = _Reply(masks=tuple(placed))
         except Exception as exc:  # a bug: the parent fails the actor with it
             reply = _Reply(error=f"{type(exc).__name__}: {exc}")

@@ -72,8 +72,9 @@ class KernelOps(Protocol):
 
         decode_prefix (device int32 [1]), a hint: the first N sequences have one token each, so
         an implementation may send them to its decode kernel, starting them in seq_order (a
-        hint too: AttentionMetadata.decode_order, those N longest first, then the rest). The launch grid depends on shapes
-        only (not on max_query_len or the values), so a CUDA graph can capture the call.
+        hint too: AttentionMetadata.decode_order, those N longest first, then the rest). The
+        launch grid depends on shapes only (not on max_query_len or the values), so a CUDA
+        graph can capture the call.
 
         sliding_window > 0: query at position p sees only keys p - sliding_window < k <= p (HF's
         sliding-window mask), and no key before the window of the sequence's first new query is
