@@ -25,6 +25,7 @@ from troupe.gpu.kv_cache import KVCache
 from troupe.gpu.model_config import ModelConfig
 from troupe.gpu.models import DecoderModel
 from troupe.gpu.overlap import DecodeOverlap, LogitsHook, Split
+from troupe.gpu.readback import Readback
 from troupe.gpu.request_states import RequestState, RequestStates
 from troupe.gpu.runner import RunnerStats, SequencesFailed
 from troupe.gpu.runner_setup import RunnerOptions, kv_dtype, load_for_config
@@ -332,16 +333,21 @@ class ModelRunner:
         batch: SamplingBatch | None = None,
         early: Callable[[torch.Tensor], bool] | None = None,
     ) -> tuple[list[int], tuple[TokenLogprob | None, ...], bool]:
-        """Token ids (one device->host copy: waits for the step; WITHHELD for a row whose logits
-        are not finite) and logprobs of the rows (`batch`: theirs, if built already); `early`
-        is given the ids on the device before that copy: whether it launched work."""
+        """Token ids (one device->host copy: waits for the step's draw; WITHHELD for a row whose
+        logits are not finite) and logprobs of the rows (`batch`: theirs, if built already);
+        `early` is given the ids on the device after that copy is queued and may queue work
+        behind it, which the read-back does not wait for: whether it launched work."""
         if batch is None:
             batch = self._batches.build(states)
         if bitmask is not None:
             batch.token_bitmask = self._upload_bitmask(bitmask)
         token_ids, logprobs = sample(logits, batch)
+        # checked against this step's logits and copied out before `early` queues the next
+        # forward, which may write its logits over these (a graph's buffer): the read-back
+        # then waits for this step's draw only (gpu/readback.py)
+        readback = Readback(withhold_non_finite(token_ids, logits))
         launched = early is not None and early(token_ids)
-        return withhold_non_finite(token_ids, logits).tolist(), logprobs, launched
+        return readback.read(), logprobs, launched
 
     def logits(self, plan: StepPlan) -> torch.Tensor:
         """Like execute, but return the fp32 logits [sampled seqs, vocab] instead of sampling."""

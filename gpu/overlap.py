@@ -36,6 +36,7 @@ import torch
 from troupe.gpu.device_inputs import host_to_device
 from troupe.gpu.early_launch import fed_decode_inputs, launchable, matching_rows, split_rows
 from troupe.gpu.overlap_merge import mergeable, merged_chunks
+from troupe.gpu.readback import Readback
 from troupe.gpu.request_states import RequestState, RequestStates
 from troupe.gpu.sampler import WITHHELD, sample, sampled_tokens, withhold_non_finite
 from troupe.gpu.sampling_batch import SamplingBatches
@@ -70,9 +71,9 @@ class _PendingStep:
     rows: dict[str, int]  # request id -> row of the launched batch
     positions: np.ndarray  # int64 per row: the position the step computes
     token_ids: torch.Tensor  # int64 [rows] on the device: not read back yet
-    host_ids: torch.Tensor  # their copy to (pinned) host memory, queued right after sampling
-    # (WITHHELD where a row's logits were not finite: sampler.withhold_non_finite)
-    copied: torch.cuda.Event | None  # recorded after that copy; None on the CPU
+    # their copy to the host, queued right after sampling (WITHHELD where a row's logits were
+    # not finite: sampler.withhold_non_finite)
+    readback: Readback
     input_tokens: list[int] = dataclasses.field(default_factory=list)  # per row: token fed
 
     def device_ids(self, rows: list[int]) -> torch.Tensor:
@@ -83,10 +84,7 @@ class _PendingStep:
 
     def read(self) -> list[int]:
         """The sampled ids on the host; waits for this step only, not for work queued later."""
-        if self.copied is not None:
-            self.copied.synchronize()
-        out: list[int] = self.host_ids.tolist()
-        return out
+        return self.readback.read()
 
 
 class DecodeOverlap:
@@ -327,20 +325,11 @@ class DecodeOverlap:
         batch = self._batches.build(states)
         ids_device, _ = sample(logits, batch)  # no logprobs asked: nothing is read back
         # The next step is fed ids_device (real tokens); only the read-back copy marks failures.
-        checked = withhold_non_finite(ids_device, logits)
-        copied = None
-        if self.device.type == "cuda":
-            host = torch.empty(len(states), dtype=torch.int64, pin_memory=True)
-            host.copy_(checked, non_blocking=True)
-            copied = torch.cuda.Event()  # type: ignore[no-untyped-call]
-            copied.record()
-        else:
-            host = checked
+        readback = Readback(withhold_non_finite(ids_device, logits))
         self.num_overlapped += 1
         return _PendingStep(
             rows={rid: i for i, rid in enumerate(request_ids)},
             positions=positions,
             token_ids=ids_device,
-            host_ids=host,
-            copied=copied,
+            readback=readback,
         )
