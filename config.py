@@ -106,9 +106,8 @@ class EngineConfig:
     trace_path: str | None = None
     seed: int = 0
     enforce_eager: bool = False  # no CUDA graphs
-    # Steps with prefill chunks replay CUDA graphs too (gpu/mixed_graphs.py), one per token
-    # bucket up to min(this, max_num_batched_tokens); bigger steps are GPU-bound and run eagerly.
-    # 0: only pure-decode steps replay graphs.
+    # Steps with prefill chunks replay CUDA graphs too (gpu/mixed_graphs.py), one per token bucket
+    # up to min(this, max_num_batched_tokens); bigger ones run eagerly. 0: decode steps only.
     max_mixed_graph_tokens: int = 8192
     # MLA models (DeepSeek): a step whose longest prefill chunk has at least this many tokens
     # runs eagerly, its prefills with the latent expanded to per-head K/V (compute-bound; the
@@ -156,12 +155,13 @@ class EngineConfig:
     # rejected naming its field), and the threads that fill token masks (actors/core/grammar.py).
     grammar_compile_timeout_s: float = 10.0
     grammar_threads: int = 4
-    # Where the grammar actor's matchers run (actors/grammar_process.py): "process", a child
-    # process with an interpreter of its own (xgrammar's calls then never wait for the lock
-    # that the event loop and the executor hold); "thread", the actor's own thread; "auto":
-    # a process on CUDA (where a masked step's critical path is the grammar), a thread on the
-    # CPU (no second interpreter to start).
+    # Where the grammar actor's matchers run (actors/grammar_process.py): "process", a child with
+    # an interpreter of its own (xgrammar's calls never wait for the engine's lock); "thread",
+    # the actor's thread; "auto": a process on CUDA, a thread on the CPU (nothing to start).
     grammar_worker: Literal["auto", "thread", "process"] = "auto"
+    # Draw a masked step as soon as the grammar's masks for its kept forward arrive, before its
+    # plan (which then confirms; gpu/forward_ahead.py). CUDA with overlap only.
+    draw_masked_ahead: bool = False
     # The interpreter's thread switch interval while an engine runs (sys.setswitchinterval;
     # actors/switch_interval.py). A worker thread (the executor after a GPU sync, the grammar
     # after a mask fill) that gave up the interpreter lock waits up to this long to take it

@@ -27,6 +27,7 @@ from troupe.actors.core.tokenizer import TokenizerCore
 from troupe.actors.core.tokenizer_text import TextTokenizer
 from troupe.actors.grammar_process import GrammarProcess
 from troupe.config import EngineConfig, resolve_model_path
+from troupe.gpu.runner import DrawsAhead
 from troupe.messages.phase_router import Phase
 from troupe.messages.trace import RunnerNumbers
 
@@ -157,7 +158,13 @@ def build_allocator(g: GraphInputs) -> AllocatorCore:
 def build_executor(g: GraphInputs) -> ExecutorCore:
     if g.runner is None:
         raise ValueError("the executor core needs a runner (replay does not rebuild it)")
-    return ExecutorCore(g.runner, phase=Phase.DECODE if g.is_disaggregated else None)
+    runner = g.runner
+    draw = runner.draw_ahead if isinstance(runner, DrawsAhead) else None
+    return ExecutorCore(
+        runner,
+        phase=Phase.DECODE if g.is_disaggregated else None,
+        draw_ahead=draw if g.config.draw_masked_ahead else None,
+    )
 
 
 def build_prefill_executor(g: GraphInputs) -> ExecutorCore:

@@ -45,6 +45,7 @@ from troupe.gpu.draft_state import DraftSeq, DraftSeqs
 from troupe.gpu.forward_pass import ForwardPass
 from troupe.gpu.kv_cache import KVCache
 from troupe.gpu.request_states import RequestState
+from troupe.gpu.runner_setup import RunnerOptions, kv_dtype
 from troupe.gpu.sampler import sample
 from troupe.gpu.sampling_batch import build_sampling_batch
 from troupe.gpu.step_inputs import build_decode_inputs, build_step_inputs
@@ -56,6 +57,25 @@ _Row = tuple[str, RequestState, int, int]
 
 class DraftRunner:
     """The draft model, its KV pool, its graphs and what it has seen of each request."""
+
+    @classmethod
+    def for_options(cls, draft: DraftModel, options: RunnerOptions) -> DraftRunner:
+        """The draft runner of a ModelRunner built with `options`."""
+        return cls(
+            draft,
+            num_tokens=options.num_speculative_tokens,
+            num_gpu_blocks=options.num_gpu_blocks,
+            num_cpu_blocks=options.num_cpu_blocks,
+            block_size=options.block_size,
+            max_num_seqs=options.max_num_seqs,
+            max_model_len=options.max_model_len,
+            kv_dtype=kv_dtype(options.kv_cache_dtype, draft.model.dtype),
+            use_graphs=not options.enforce_eager,
+            mixed_graph_tokens=options.mixed_graph_tokens,
+            max_round_tokens=options.max_num_batched_tokens,
+            disable_batch_size=options.spec_disable_batch_size,
+            backoff_steps=options.spec_backoff_steps,
+        )
 
     def __init__(
         self,

@@ -13,6 +13,12 @@ device; the actors plan and the grammar computes the next masks while the GPU ru
     launch(plan N+1): the kept step? yes: its logits wait for the masks; finish samples them
                                      no:  discard, run plan N+1's forward as before
 
+When the grammar's masks for the kept step come before its plan (EngineConfig.
+draw_masked_ahead), the runner draws the kept step under them at once and queues the forward
+after it (`covering`, `drawn`); the plan then only confirms (`take_drawn`): its decodes are the
+kept step's, or fewer (requests that ended), and the drawn tokens answer it. Any other plan
+drops the draw and the forward after it, as a discard does, and runs as before.
+
 A plan that is the kept step plus work it lacks (a prefill chunk, a request joining) takes the
 kept logits for its decodes and runs a forward of the rest. Any other plan (a swap, a copy,
 proposals, another order) discards it: the forward wrote KV only at each request's lookahead
@@ -27,11 +33,11 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
-from troupe.gpu.early_launch import fed_decode_inputs, launchable, split_rows
+from troupe.gpu.early_launch import fed_decode_inputs, launchable, matching_rows, split_rows
 from troupe.gpu.request_states import RequestState, RequestStates
 from troupe.gpu.sampler import WITHHELD
 from troupe.gpu.step_inputs import StepInputs, build_step_inputs
-from troupe.messages import StepPlan
+from troupe.messages import StepPlan, TokenMasks
 
 # the runner's forward; the tensor, when given, replaces inputs.input_ids (ids on the device)
 Forward = Callable[[StepInputs, torch.Tensor | None], torch.Tensor]
@@ -46,6 +52,26 @@ class _Ahead:
     input_tokens: list[int]  # per row: the token fed
     inputs: StepInputs
     logits: torch.Tensor  # [rows, vocab], model.logits_dtype
+    states: list[RequestState]  # per row
+
+
+@dataclasses.dataclass(kw_only=True, eq=False)
+class _Drawn:
+    """A kept step drawn under masks that came before its plan (the forward after it, if
+    queued, is the kept forward now)."""
+
+    source: _Ahead
+    masks: TokenMasks
+    token_ids: list[int]  # per row of `source` (WITHHELD where the logits were not finite)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
+class Drawn:
+    """A masked plan's answer, drawn before the plan came: its decodes' ids and tokens."""
+
+    request_ids: list[str]
+    token_ids: list[int]  # WITHHELD where the logits were not finite
+    masks: TokenMasks  # the masks they were drawn under
 
 
 class ForwardAhead:
@@ -66,14 +92,16 @@ class ForwardAhead:
         self.max_model_len = max_model_len
         self.num_launched = 0  # forwards launched ahead of their plan
         self.num_hits = 0  # ... whose plan was that step
+        self.num_drawn = 0  # ... of those, drawn before their plan came (take_drawn)
         self._ahead: _Ahead | None = None
+        self._drawn: _Drawn | None = None
 
     @property
     def pending(self) -> bool:
         return self._ahead is not None
 
     def discard(self) -> None:
-        self._ahead = None
+        self._ahead = self._drawn = None
 
     def launch(
         self,
@@ -103,6 +131,7 @@ class ForwardAhead:
             input_tokens=list(host_ids or ()),
             inputs=inputs,
             logits=self._forward(inputs, device_ids),
+            states=states,
         )
         return True
 
@@ -114,6 +143,56 @@ class ForwardAhead:
                 self._ahead = None
             else:
                 self._ahead.input_tokens = list(token_ids)
+
+    def covering(self, masks: TokenMasks) -> _Ahead | None:
+        """The kept forward if `masks` are its rows' (in row order, none failed) and nothing
+        was drawn from it yet: the runner may draw it now (`drawn`)."""
+        ahead = self._ahead
+        if ahead is None or self._drawn is not None or masks.failed:
+            return None
+        return ahead if masks.request_ids == tuple(ahead.rows) else None
+
+    def drawn(self, source: _Ahead, masks: TokenMasks, token_ids: list[int]) -> None:
+        """`source` was drawn under `masks`; the forward queued after the draw (launch), if
+        any, is the kept one now."""
+        if self._ahead is source:  # nothing queued after the draw
+            self._ahead = None
+        self._drawn = _Drawn(source=source, masks=masks, token_ids=token_ids)
+
+    def take_drawn(self, plan: StepPlan, *, relaunch: bool) -> Drawn | None:
+        """The plan's drawn tokens if it is the drawn step (or that step less requests that
+        ended) sampled under those masks alone; else None, and the draw and the forward after
+        it are dropped (the plan runs as before). `relaunch`: queue the next forward now if the
+        draw could not (no lookahead block yet), as a masked step's finish does."""
+        drawn, self._drawn = self._drawn, None
+        if drawn is None:
+            return None
+        source = drawn.source
+        rows = None
+        if (
+            not plan.awaits_masks
+            and plan.ahead_masks_of == drawn.masks.step_id
+            and not (plan.swap_out or plan.swap_in or plan.copy_blocks)
+        ):
+            rows = matching_rows(plan.seqs, source.rows, source.input_tokens, source.positions)
+        if rows is None:
+            self._ahead = None
+            return None
+        if plan.released:
+            self._states.release(plan.released)
+        states = self._states.apply(plan.seqs)  # lookahead blocks for the step after
+        kept = self._ahead
+        if kept is not None:  # apply set the plan's positions; the kept forward is one on
+            for state, pos in zip(kept.states, kept.positions.tolist(), strict=True):
+                state.num_tokens = pos + 1
+        self.num_hits += 1
+        self.num_drawn += 1
+        request_ids = [w.request_id for w in plan.seqs]
+        token_ids = [drawn.token_ids[r] for r in rows]
+        if relaunch and self._ahead is None and WITHHELD not in token_ids:
+            next_pos = np.fromiter((s.num_tokens for s in states), np.int64, len(states))
+            self.launch(states, next_pos, request_ids, token_ids)
+        return Drawn(request_ids=request_ids, token_ids=token_ids, masks=drawn.masks)
 
     def take(self, plan: StepPlan) -> tuple[list[RequestState], StepInputs, torch.Tensor] | None:
         """The plan's states, inputs and logits if it is the kept step (or the kept step less

@@ -18,11 +18,27 @@ from troupe.gpu.device_inputs import NEVER, ExpandPolicy, device_metadata, host_
 from troupe.gpu.kv_cache import KVCache
 from troupe.gpu.mixed_graphs import MixedGraphs
 from troupe.gpu.models import DecoderModel
+from troupe.gpu.runner_setup import RunnerOptions
 from troupe.gpu.step_inputs import StepInputs
 
 
 class ForwardPass:
     """Logits (model.logits_dtype) of a step's sampled rows; CUDA graphs are captured at construction."""
+
+    @classmethod
+    def for_options(cls, model: DecoderModel, kv: KVCache, options: RunnerOptions) -> ForwardPass:
+        """The forward pass of a ModelRunner built with `options`."""
+        return cls(
+            model,
+            kv,
+            max_num_seqs=options.max_num_seqs,
+            max_blocks_per_seq=-(-options.max_model_len // options.block_size),
+            max_model_len=options.max_model_len,
+            use_graphs=not options.enforce_eager,
+            mixed_graph_tokens=options.mixed_graph_tokens,
+            max_logits_per_seq=1 + options.num_speculative_tokens,
+            mla_expand=ExpandPolicy(options.mla_expand_min_tokens, options.mla_expand_max_tokens),
+        )
 
     def __init__(
         self,

@@ -16,10 +16,9 @@ from collections.abc import Callable
 import numpy as np
 import torch
 from troupe.config import EngineConfig
-from troupe.gpu.device_inputs import ExpandPolicy
 from troupe.gpu.draft_model import DraftModel
 from troupe.gpu.draft_runner import DraftRunner
-from troupe.gpu.forward_ahead import ForwardAhead
+from troupe.gpu.forward_ahead import Drawn, ForwardAhead
 from troupe.gpu.forward_pass import ForwardPass
 from troupe.gpu.kv_cache import KVCache
 from troupe.gpu.model_config import ModelConfig
@@ -106,35 +105,9 @@ class ModelRunner:
             capacity=options.max_num_seqs,
             eos_token_ids=tuple(config.eos_token_ids),
         )
-        self._pass = ForwardPass(
-            model,
-            self.kv,
-            max_num_seqs=options.max_num_seqs,
-            max_blocks_per_seq=self.max_blocks_per_seq,
-            max_model_len=options.max_model_len,
-            use_graphs=not options.enforce_eager,
-            mixed_graph_tokens=options.mixed_graph_tokens,
-            max_logits_per_seq=1 + options.num_speculative_tokens,
-            mla_expand=ExpandPolicy(options.mla_expand_min_tokens, options.mla_expand_max_tokens),
-        )
+        self._pass = ForwardPass.for_options(model, self.kv, options)
         self._forward = self._pass
-        self._draft: DraftRunner | None = None
-        if draft is not None:
-            self._draft = DraftRunner(
-                draft,
-                num_tokens=options.num_speculative_tokens,
-                num_gpu_blocks=options.num_gpu_blocks,
-                num_cpu_blocks=options.num_cpu_blocks,
-                block_size=options.block_size,
-                max_num_seqs=options.max_num_seqs,
-                max_model_len=options.max_model_len,
-                kv_dtype=kv_dtype(options.kv_cache_dtype, draft.model.dtype),
-                use_graphs=not options.enforce_eager,
-                mixed_graph_tokens=options.mixed_graph_tokens,
-                max_round_tokens=options.max_num_batched_tokens,
-                disable_batch_size=options.spec_disable_batch_size,
-                backoff_steps=options.spec_backoff_steps,
-            )
+        self._draft = None if draft is None else DraftRunner.for_options(draft, options)
         # every plan carries proposals with a draft: an overlapped plain decode would never hit
         self.overlap_schedule = options.overlap_schedule and draft is None
         # the scheduler keeps one position past each decode in its table: the overlapped slot;
@@ -148,23 +121,19 @@ class ModelRunner:
         self._overlap = DecodeOverlap(
             self._states,
             self._forward,
-            device=self.device,
             block_size=options.block_size,
             max_model_len=options.max_model_len,
             batches=self._batches,
             logits_hook=logits_hook,
         )
-        self._ahead = ForwardAhead(
-            self._states,
-            self._forward,
-            block_size=options.block_size,
-            max_model_len=options.max_model_len,
-        )
+        limits = {"block_size": options.block_size, "max_model_len": options.max_model_len}
+        self._ahead = ForwardAhead(self._states, self._forward, **limits)
         self._logits_hook = logits_hook
         self.kv.reset_scales()  # graph captures wrote made-up KV: the first real write sets them
         warm_up_draw(config.vocab_size, self.device)  # not in the first sampled request
         # a plan launched by launch(), awaiting its grammar masks: (plan, states, inputs, logits)
         self._launched: _Launched | None = None
+        self._drawn: Drawn | None = None  # a masked plan drawn before it came (draw_ahead)
         self._upload_bitmask = BitmaskUpload(self.device)
 
     def statistics(self) -> RunnerStats:
@@ -205,8 +174,12 @@ class ModelRunner:
         """Run a plan that awaits grammar masks up to its logits; finish() samples it."""
         self._num_steps += 1
         self._overlap.discard()  # its samples were drawn without masks
-        ahead = self._ahead.take(plan)  # the forward queued after the last masked step?
         self._launched = None
+        # drawn under masks that came before the plan? (then the next forward is queued)
+        self._drawn = self._ahead.take_drawn(plan, relaunch=self.overlap_schedule)
+        if self._drawn is not None:
+            return
+        ahead = self._ahead.take(plan)  # the forward queued after the last masked step?
         if ahead is None:
             prepared = self._prepare(plan)
             if prepared is None:
@@ -221,6 +194,12 @@ class ModelRunner:
 
     def finish(self, masks: TokenMasks) -> tuple[SampledToken, ...]:
         """Sample the launched plan under `masks` (no overlapped launch after it)."""
+        drawn, self._drawn = self._drawn, None
+        if drawn is not None:  # drawn before its plan came, under these masks (draw_ahead)
+            assert masks.step_id == drawn.masks.step_id, "the drawn step's own masks"
+            return sampled_tokens(
+                drawn.request_ids, drawn.token_ids, (None,) * len(drawn.token_ids)
+            )
         launched, self._launched = self._launched, None
         if launched is None:
             return ()
@@ -285,24 +264,14 @@ class ModelRunner:
         logprobs: tuple[TokenLogprob | None, ...] = ()
         next_pos = inputs.seq_lens[rows].astype(np.int64)
         sampled = [states[r] for r in rows]
-        # masked: the next step needs the next masks; its forward is queued as soon as the
-        # samples are (on the device), before they are read back
-        early = None
-        if masks is not None and self.overlap_schedule and rows:
-            early = functools.partial(self._ahead.launch, sampled, next_pos, request_ids)
-        launched = False
-        if rows:
-            if self._logits_hook is not None:
-                with torch.inference_mode():  # the logits are inference tensors: edits need it
-                    self._logits_hook(request_ids, logits)
-            bitmask = None if masks is None else step_bitmask(masks, request_ids)
-            token_ids, logprobs, launched = self._sample(logits, sampled, bitmask, batch, early)
         if masks is not None:
-            if launched:
-                self._ahead.fed(token_ids)
-            elif early is not None and WITHHELD not in token_ids:  # penalties: host tokens
-                early(token_ids)
+            if rows:
+                token_ids, logprobs = self._draw_masked(
+                    sampled, request_ids, logits, masks, next_pos, batch
+                )
             return sampled_tokens(request_ids, token_ids, logprobs)
+        if rows:
+            token_ids, logprobs, _ = self._sample(logits, sampled, request_ids, None, batch)
         if split is not None:
             request_ids = split.request_ids + request_ids
             token_ids = split.token_ids + token_ids
@@ -325,10 +294,52 @@ class ModelRunner:
         inputs = build_step_inputs(split.extras, states, self._states.tables, self.block_size)
         return self._run(split.extras, states, inputs, self._forward(inputs), split=split)
 
+    def draw_ahead(self, masks: TokenMasks) -> None:
+        """Masks filled ahead that came before their plan: when they are the kept forward's
+        rows, draw it under them now and queue the forward after it; the plan then only
+        confirms (gpu/forward_ahead.py). Nothing otherwise."""
+        source = self._ahead.covering(masks)
+        if source is None or self._launched is not None:
+            return
+        try:
+            rows, next_pos = list(source.rows), source.positions + 1
+            token_ids, _ = self._draw_masked(
+                source.states, rows, source.logits, masks, next_pos, None
+            )
+        except BaseException:
+            self._ahead.discard()  # the plan runs as if nothing was drawn
+            raise
+        self._ahead.drawn(source, masks, token_ids)
+
+    def _draw_masked(
+        self,
+        states: list[RequestState],
+        request_ids: list[str],
+        logits: torch.Tensor,
+        masks: TokenMasks,
+        next_pos: np.ndarray,
+        batch: SamplingBatch | None,
+    ) -> tuple[list[int], tuple[TokenLogprob | None, ...]]:
+        """Sample rows under grammar masks; the next step needs the next masks, so its forward
+        is queued as soon as the samples are (on the device), before they are read back."""
+        early = None
+        if self.overlap_schedule:
+            early = functools.partial(self._ahead.launch, states, next_pos, request_ids)
+        bitmask = step_bitmask(masks, request_ids)
+        token_ids, logprobs, launched = self._sample(
+            logits, states, request_ids, bitmask, batch, early
+        )
+        if launched:
+            self._ahead.fed(token_ids)
+        elif early is not None and WITHHELD not in token_ids:  # penalties: host tokens
+            early(token_ids)
+        return token_ids, logprobs
+
     def _sample(
         self,
         logits: torch.Tensor,
         states: list[RequestState],
+        request_ids: list[str],
         bitmask: np.ndarray | None = None,
         batch: SamplingBatch | None = None,
         early: Callable[[torch.Tensor], bool] | None = None,
@@ -337,6 +348,9 @@ class ModelRunner:
         logits are not finite) and logprobs of the rows (`batch`: theirs, if built already);
         `early` is given the ids on the device after that copy is queued and may queue work
         behind it, which the read-back does not wait for: whether it launched work."""
+        if self._logits_hook is not None:
+            with torch.inference_mode():  # the logits are inference tensors: edits need it
+                self._logits_hook(request_ids, logits)
         if batch is None:
             batch = self._batches.build(states)
         if bitmask is not None:

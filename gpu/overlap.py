@@ -102,7 +102,6 @@ class DecodeOverlap:
         states: RequestStates,
         forward: Forward,
         *,
-        device: torch.device,
         block_size: int,
         max_model_len: int,
         batches: SamplingBatches,
@@ -113,7 +112,6 @@ class DecodeOverlap:
         self.merge_chunks = merge_chunks  # splits whose chunks sample nothing: one forward
         self._forward = forward
         self._logits_hook = logits_hook
-        self.device = device
         self.block_size = block_size
         self.max_model_len = max_model_len
         self._batches = batches  # the runner's: a run of decodes keeps its settings uploaded

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from troupe.config import EngineConfig
 from troupe.messages import FailedSeq, SampledToken, StepPlan, TokenMasks
@@ -82,6 +82,17 @@ class Runner(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class DrawsAhead(Protocol):
+    """A runner that can draw a masked step before its plan comes (EngineConfig.
+    draw_masked_ahead): the executor hands it masks filled ahead while no plan is launched."""
+
+    def draw_ahead(self, masks: TokenMasks) -> None:
+        """Draw the kept forward under `masks` if they are its rows; the plan that follows then
+        takes the draw (launch) and finish returns it. Nothing otherwise."""
+        ...
 
 
 def build_runner(config: EngineConfig) -> Runner:

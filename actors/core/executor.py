@@ -51,11 +51,15 @@ class ExecutorCore:
         clock: Callable[[], float] = time.monotonic,
         *,
         phase: Phase | None = None,
+        draw_ahead: Callable[[TokenMasks], None] | None = None,
     ) -> None:
         """`phase`: one side of prefill/decode disaggregation; its results then go to the
-        phase router ("phase_router", PhaseStepResult) instead of the scheduler."""
+        phase router ("phase_router", PhaseStepResult) instead of the scheduler. `draw_ahead`:
+        the runner's (gpu/runner.DrawsAhead), given the masks filled ahead that come before
+        their plan."""
         self.runner = runner
         self.phase = phase
+        self._draw_ahead = draw_ahead
         self._clock = clock
         self.busy_seconds = 0.0  # time inside the runner, for overhead benchmarks
         self._launched: StepPlan | None = None  # awaiting its masks
@@ -94,6 +98,11 @@ class ExecutorCore:
     def _on_masks(self, masks: TokenMasks) -> _Ran | None:
         if masks.ahead:
             self._ahead = masks
+            if self._launched is None and self._draw_ahead is not None:
+                try:  # the plan is most likely the kept step: draw it now, it confirms
+                    self._draw_ahead(masks)
+                except Exception:  # the plan then runs as if nothing was drawn
+                    log.exception("drawing ahead failed", step_id=masks.step_id)
         else:
             self._fresh = masks
         return self._sample()

@@ -9,6 +9,7 @@ checked against its logits, before anything else is queued.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -16,9 +17,15 @@ from troupe.gpu.readback import Readback
 from troupe.gpu.sampler import WITHHELD
 from troupe.messages import SeqWork
 
-from tests.gpu.test_overlap_step import GREEDY, make_runner, qwen3  # noqa: F401 (fixture)
+from tests.gpu.test_overlap_step import GREEDY, make_runner
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+@pytest.fixture
+def qwen3(hf_folder: Any) -> Path:
+    folder, _ = hf_folder("qwen3", max_position_embeddings=128)
+    return Path(folder)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -49,6 +56,6 @@ def test_the_ids_read_back_are_checked_against_their_own_logits(qwen3: Path) -> 
         logits.fill_(float("nan"))  # the next forward's logits, in the same buffer
         return True
 
-    token_ids, _, launched = runner._sample(logits, states, early=early)
+    token_ids, _, launched = runner._sample(logits, states, ["a"], early=early)
     assert launched and token_ids == [expected] != [WITHHELD]
     assert seen[0].tolist() == [expected]  # the next forward is fed the same draw
