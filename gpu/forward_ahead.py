@@ -15,7 +15,7 @@ device; the actors plan and the grammar computes the next masks while the GPU ru
 
 When the grammar's masks for the kept step come before its plan (EngineConfig.
 draw_masked_ahead), the runner draws the kept step under them at once and queues the forward
-after it (`covering`, `drawn`); the plan then only confirms (`take_drawn`): its decodes are the
+after it (`draw`); the plan then only confirms (`take_drawn`): its decodes are the
 kept step's, or fewer (requests that ended), and the drawn tokens answer it. Any other plan
 drops the draw and the forward after it, as a discard does, and runs as before.
 
@@ -44,7 +44,7 @@ Forward = Callable[[StepInputs, torch.Tensor | None], torch.Tensor]
 
 
 @dataclasses.dataclass(kw_only=True, eq=False)
-class _Ahead:
+class KeptForward:
     """A decode forward launched before its plan; its logits are still on the device."""
 
     rows: dict[str, int]  # request id -> row
@@ -60,7 +60,7 @@ class _Drawn:
     """A kept step drawn under masks that came before its plan (the forward after it, if
     queued, is the kept forward now)."""
 
-    source: _Ahead
+    source: KeptForward
     masks: TokenMasks
     token_ids: list[int]  # per row of `source` (WITHHELD where the logits were not finite)
 
@@ -93,7 +93,7 @@ class ForwardAhead:
         self.num_launched = 0  # forwards launched ahead of their plan
         self.num_hits = 0  # ... whose plan was that step
         self.num_drawn = 0  # ... of those, drawn before their plan came (take_drawn)
-        self._ahead: _Ahead | None = None
+        self._ahead: KeptForward | None = None
         self._drawn: _Drawn | None = None
 
     @property
@@ -125,7 +125,7 @@ class ForwardAhead:
             states, next_pos, num_blocks, host_ids, self._states.tables, self.block_size
         )
         self.num_launched += 1
-        self._ahead = _Ahead(
+        self._ahead = KeptForward(
             rows={rid: i for i, rid in enumerate(request_ids)},
             positions=next_pos,
             input_tokens=list(host_ids or ()),
@@ -144,26 +144,29 @@ class ForwardAhead:
             else:
                 self._ahead.input_tokens = list(token_ids)
 
-    def covering(self, masks: TokenMasks) -> _Ahead | None:
-        """The kept forward if `masks` are its rows' (in row order, none failed) and nothing
-        was drawn from it yet: the runner may draw it now (`drawn`)."""
-        ahead = self._ahead
-        if ahead is None or self._drawn is not None or masks.failed:
-            return None
-        return ahead if masks.request_ids == tuple(ahead.rows) else None
-
-    def drawn(self, source: _Ahead, masks: TokenMasks, token_ids: list[int]) -> None:
-        """`source` was drawn under `masks`; the forward queued after the draw (launch), if
-        any, is the kept one now."""
+    def draw(self, masks: TokenMasks, sample: Callable[[KeptForward], list[int]]) -> None:
+        """Draw the kept forward now if `masks` are its rows' (in row order, none failed):
+        `sample` samples it under them and queues the forward after it (launch), which is
+        then the kept one; the next plan confirms the draw (take_drawn). Nothing otherwise."""
+        source = self._ahead
+        if source is None or self._drawn is not None or masks.failed:
+            return
+        if masks.request_ids != tuple(source.rows):
+            return
+        try:
+            token_ids = sample(source)
+        except BaseException:
+            self.discard()  # the plan runs as if nothing was drawn
+            raise
         if self._ahead is source:  # nothing queued after the draw
             self._ahead = None
         self._drawn = _Drawn(source=source, masks=masks, token_ids=token_ids)
 
-    def take_drawn(self, plan: StepPlan, *, relaunch: bool) -> Drawn | None:
+    def take_drawn(self, plan: StepPlan) -> Drawn | None:
         """The plan's drawn tokens if it is the drawn step (or that step less requests that
         ended) sampled under those masks alone; else None, and the draw and the forward after
-        it are dropped (the plan runs as before). `relaunch`: queue the next forward now if the
-        draw could not (no lookahead block yet), as a masked step's finish does."""
+        it are dropped (the plan runs as before). The next forward is queued now if the draw
+        could not queue it (no lookahead block yet), as a masked step's finish does."""
         drawn, self._drawn = self._drawn, None
         if drawn is None:
             return None
@@ -189,7 +192,7 @@ class ForwardAhead:
         self.num_drawn += 1
         request_ids = [w.request_id for w in plan.seqs]
         token_ids = [drawn.token_ids[r] for r in rows]
-        if relaunch and self._ahead is None and WITHHELD not in token_ids:
+        if self._ahead is None and WITHHELD not in token_ids:
             next_pos = np.fromiter((s.num_tokens for s in states), np.int64, len(states))
             self.launch(states, next_pos, request_ids, token_ids)
         return Drawn(request_ids=request_ids, token_ids=token_ids, masks=drawn.masks)

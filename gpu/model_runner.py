@@ -18,7 +18,7 @@ import torch
 from troupe.config import EngineConfig
 from troupe.gpu.draft_model import DraftModel
 from troupe.gpu.draft_runner import DraftRunner
-from troupe.gpu.forward_ahead import Drawn, ForwardAhead
+from troupe.gpu.forward_ahead import Drawn, ForwardAhead, KeptForward
 from troupe.gpu.forward_pass import ForwardPass
 from troupe.gpu.kv_cache import KVCache
 from troupe.gpu.model_config import ModelConfig
@@ -126,8 +126,12 @@ class ModelRunner:
             batches=self._batches,
             logits_hook=logits_hook,
         )
-        limits = {"block_size": options.block_size, "max_model_len": options.max_model_len}
-        self._ahead = ForwardAhead(self._states, self._forward, **limits)
+        self._ahead = ForwardAhead(
+            self._states,
+            self._forward,
+            block_size=options.block_size,
+            max_model_len=options.max_model_len,
+        )
         self._logits_hook = logits_hook
         self.kv.reset_scales()  # graph captures wrote made-up KV: the first real write sets them
         warm_up_draw(config.vocab_size, self.device)  # not in the first sampled request
@@ -175,8 +179,7 @@ class ModelRunner:
         self._num_steps += 1
         self._overlap.discard()  # its samples were drawn without masks
         self._launched = None
-        # drawn under masks that came before the plan? (then the next forward is queued)
-        self._drawn = self._ahead.take_drawn(plan, relaunch=self.overlap_schedule)
+        self._drawn = self._ahead.take_drawn(plan)  # drawn before the plan came (draw_ahead)?
         if self._drawn is not None:
             return
         ahead = self._ahead.take(plan)  # the forward queued after the last masked step?
@@ -298,18 +301,12 @@ class ModelRunner:
         """Masks filled ahead that came before their plan: when they are the kept forward's
         rows, draw it under them now and queue the forward after it; the plan then only
         confirms (gpu/forward_ahead.py). Nothing otherwise."""
-        source = self._ahead.covering(masks)
-        if source is None or self._launched is not None:
-            return
-        try:
-            rows, next_pos = list(source.rows), source.positions + 1
-            token_ids, _ = self._draw_masked(
-                source.states, rows, source.logits, masks, next_pos, None
-            )
-        except BaseException:
-            self._ahead.discard()  # the plan runs as if nothing was drawn
-            raise
-        self._ahead.drawn(source, masks, token_ids)
+
+        def sample(kept: KeptForward) -> list[int]:
+            rows, next_pos = list(kept.rows), kept.positions + 1
+            return self._draw_masked(kept.states, rows, kept.logits, masks, next_pos, None)[0]
+
+        self._ahead.draw(masks, sample)
 
     def _draw_masked(
         self,
@@ -356,11 +353,13 @@ class ModelRunner:
         if bitmask is not None:
             batch.token_bitmask = self._upload_bitmask(bitmask)
         token_ids, logprobs = sample(logits, batch)
-        # checked against this step's logits and copied out before `early` queues the next
-        # forward, which may write its logits over these (a graph's buffer): the read-back
-        # then waits for this step's draw only (gpu/readback.py)
-        readback = Readback(withhold_non_finite(token_ids, logits))
-        launched = early is not None and early(token_ids)
+        checked = withhold_non_finite(token_ids, logits)
+        if early is None:
+            return checked.tolist(), logprobs, False
+        # copied out before `early` queues the next forward, which may write its logits over
+        # these (a graph's buffer): the read-back waits for this draw only (gpu/readback.py)
+        readback = Readback(checked)
+        launched = early(token_ids)
         return readback.read(), logprobs, launched
 
     def logits(self, plan: StepPlan) -> torch.Tensor:
