@@ -91,6 +91,7 @@ def run(folder: Path, args: argparse.Namespace, vocab_size: int) -> dict[str, An
         grammar_threads=args.grammar_threads,
         grammar_worker=args.grammar_worker,
         gil_switch_interval_s=args.gil_switch_interval,
+        draw_masked_ahead=args.draw_masked_ahead,
     )
     out: dict[str, Any] = {}
 
@@ -195,6 +196,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--grammar-worker", choices=("auto", "thread", "process"),
         default=EngineConfig.grammar_worker,
+    )  # fmt: skip
+    parser.add_argument(
+        "--draw-masked-ahead", action=argparse.BooleanOptionalAction,
+        default=EngineConfig.draw_masked_ahead,
     )  # fmt: skip
     parser.add_argument("--cold", action="store_true", help="compile the schemas inside run A")
     parser.add_argument("--smoke", action="store_true", help="a 2-layer model: CPU smoke run")
