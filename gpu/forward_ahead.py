@@ -145,13 +145,18 @@ class ForwardAhead:
                 self._ahead.input_tokens = list(token_ids)
 
     def draw(self, masks: TokenMasks, sample: Callable[[KeptForward], list[int]]) -> None:
-        """Draw the kept forward now if `masks` are its rows' (in row order, none failed):
-        `sample` samples it under them and queues the forward after it (launch), which is
-        then the kept one; the next plan confirms the draw (take_drawn). Nothing otherwise."""
+        """Draw the kept forward now if `masks` are for its rows: `sample` samples it under
+        them and queues the forward after it (launch), which is then the kept one; the next
+        plan confirms the draw (take_drawn). Nothing otherwise.
+
+        The masks name the kept step's constrained rows in any order: a row they lack is
+        unconstrained (all tokens allowed, as in the plan), and a row they name failed (its
+        grammar ended at a stop token, or broke) draws a token no plan uses: an ended request
+        is not in the next plan, a broken one fails in its result."""
         source = self._ahead
-        if source is None or self._drawn is not None or masks.failed:
+        if source is None or self._drawn is not None:
             return
-        if masks.request_ids != tuple(source.rows):
+        if not source.rows.keys() >= set(masks.request_ids):
             return
         try:
             token_ids = sample(source)

@@ -15,9 +15,9 @@ import pytest
 import torch
 from troupe.actors.core.executor import ExecutorCore
 from troupe.gpu.runner import DrawsAhead
-from troupe.messages import StepPlan, TokenMasks
+from troupe.messages import SamplingParams, StepPlan, TokenMasks
 
-from tests.gpu.test_forward_ahead import MaskedDriver, allowed, masks_for, params
+from tests.gpu.test_forward_ahead import MaskedDriver, masks_for, params
 from tests.gpu.test_overlap_step import make_runner, prompts
 
 
@@ -32,16 +32,31 @@ class DrawDriver(MaskedDriver):
     them) before each masked plan, as the executor does when they come first."""
 
     kept: list[str] | None = None  # the rows of the last masked step, if the last was masked
+    ended: frozenset[str] = frozenset()  # rows the masks filled ahead name as ended
+
+    def ahead_masks(self, rows: list[str]) -> TokenMasks:
+        """The rows' masks for this step, under the previous step's id, as the grammar fills
+        them: the live rows, then those that ended (no bits, named in `failed`)."""
+        live = [rid for rid in rows if rid not in self.ended]
+        ended = [rid for rid in rows if rid in self.ended]
+        masks = self.masks(self.step_id, live)
+        words = masks.num_words
+        return msgspec.structs.replace(
+            masks,
+            step_id=self.step_id - 1,
+            ahead=True,
+            request_ids=masks.request_ids + tuple(ended),
+            bitmask=masks.bitmask + bytes(4 * words * len(ended)),
+            failed=tuple((rid, "sampled past the end of its grammar") for rid in ended),
+        )
 
     def masked_step(self, ids: list[str], released: tuple[str, ...] = ()) -> dict[str, int]:
         works = tuple(self._work(rid) for rid in ids)
         self.step_id += 1
         rows = self.kept or []
         ahead = None
-        if rows:  # their masks for this step, under the previous step's id
-            ahead = msgspec.structs.replace(
-                masks_for(self.step_id, rows), step_id=self.step_id - 1, ahead=True
-            )
+        if rows:
+            ahead = self.ahead_masks(rows)
             self.runner.draw_ahead(ahead)
         joined = [rid for rid in ids if rid not in rows]
         plan = StepPlan(
@@ -52,12 +67,12 @@ class DrawDriver(MaskedDriver):
             ahead_masks_of=self.step_id - 1 if ahead is not None else None,
         )
         self.runner.launch(plan)
-        masks = ahead if ahead is not None and not joined else masks_for(self.step_id, ids)
+        masks = ahead if ahead is not None and not joined else self.masks(self.step_id, ids)
         out = self.runner.finish(masks)
         got = {t.request_id: t.token_id for t in out}
         assert list(got) == ids
+        self.check(got)
         for rid, token in got.items():
-            assert token in allowed(rid, self.step_id), (rid, token)
             self.seqs[rid].output.append(token)
         self.log.append(got)
         self.kept = ids
@@ -75,7 +90,9 @@ def scenario(d: MaskedDriver, penalty: float) -> None:
     for _ in range(20):  # the prefill, then drawn steps across block boundaries (block 4)
         d.masked_step(["a", "b", "c"])
     released = d.finish("b")
+    d.ended = frozenset("b")  # the grammar names b ended (its last token was a stop)
     d.masked_step(["a", "c"], released=(released,))  # drawn with b, answered without it
+    d.ended = frozenset()
     d.step(["a", "c"])  # a plan without masks: the kept forward is dropped
     d.masked_step(["a", "c"])  # nothing kept, nothing drawn
     d.masked_step(["c", "a"])  # drawn, but the plan is another order: runs its own forward
@@ -83,6 +100,11 @@ def scenario(d: MaskedDriver, penalty: float) -> None:
     d.masked_step(["c", "a", "d"])  # drawn; a request joins: its own masks, a miss
     for _ in range(4):
         d.masked_step(["c", "a", "d"])
+    d.unconstrained = frozenset("f")  # a request without a grammar, in the masked steps
+    d.add("f", [3, 1, 4], SamplingParams(temperature=0.7, seed=2, max_tokens=64))
+    d.masked_step(["c", "a", "d", "f"])  # joins: a miss
+    for _ in range(3):
+        d.masked_step(["c", "a", "d", "f"])  # drawn: f's row is in no mask
 
 
 def run_both(qwen3: Path, penalty: float, device: str = "cpu") -> DrawDriver:
@@ -99,7 +121,7 @@ def run_both(qwen3: Path, penalty: float, device: str = "cpu") -> DrawDriver:
 def test_drawn_ahead_gives_the_same_tokens(qwen3: Path, penalty: float) -> None:
     drawn = run_both(qwen3, penalty)
     # 19 drawn steps of a, b, c, then a + c without b and 4 of c, a, d
-    assert drawn.runner._ahead.num_drawn == 19 + 1 + 4
+    assert drawn.runner._ahead.num_drawn == 19 + 1 + 4 + 3
 
 
 def test_the_executor_hands_masks_that_come_first_to_the_runner(qwen3: Path) -> None:
@@ -120,4 +142,4 @@ def test_drawn_ahead_in_cuda_graphs(qwen3: Path) -> None:
     if not torch.cuda.is_available():
         pytest.skip("no CUDA")
     drawn = run_both(qwen3, 0.0, device="cuda")
-    assert drawn.runner._ahead.num_drawn == 24
+    assert drawn.runner._ahead.num_drawn == 27
