@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from troupe.gpu.request_states import LOGPROBS, RequestState
+from troupe.gpu.request_states import RequestState
 from troupe.gpu.step_inputs import StepInputs, build_decode_inputs
 from troupe.messages import SeqWork
 
@@ -20,7 +20,7 @@ def launchable(
     num_blocks = np.fromiter((s.num_blocks for s in states), np.int64, len(states))
     if (next_pos >= max_model_len).any() or (num_blocks * block_size <= next_pos).any():
         return None
-    if any(s.param_row[LOGPROBS] >= 0 for s in states):
+    if any(s.wants_logprobs for s in states):
         return None
     return num_blocks
 

@@ -24,7 +24,7 @@ import dataclasses
 
 import msgspec
 import numpy as np
-from troupe.gpu.request_states import LOGPROBS, RequestState, RequestStates
+from troupe.gpu.request_states import RequestState, RequestStates
 from troupe.gpu.step_inputs import StepInputs, build_step_inputs
 from troupe.messages import SeqWork
 
@@ -40,7 +40,7 @@ def mergeable(
     chunks: fed on the device (no penalty history, no logprobs), its KV slot owned, within
     max_model_len. None otherwise (checked before the plan is applied: nothing to undo)."""
     found = [states.by_id.get(w.request_id) for w in decodes]
-    if any(s is None or s.tokens is not None or s.param_row[LOGPROBS] >= 0 for s in found):
+    if any(s is None or s.tokens is not None or s.wants_logprobs for s in found):
         return None
     num_blocks = np.fromiter(
         (s.num_blocks + len(w.block_ids) for s, w in zip(found, decodes, strict=True) if s),
@@ -90,4 +90,4 @@ def _wants_logprobs(work: SeqWork, states: RequestStates) -> bool:
     if work.params is not None:
         return work.params.logprobs is not None
     state = states.by_id.get(work.request_id)
-    return state is not None and state.param_row[LOGPROBS] >= 0
+    return state is not None and state.wants_logprobs

@@ -67,6 +67,12 @@ class RequestState:
         self.param_row = param_row(self.params)
         self.edits = request_edits(self.params, self.eos_token_ids)
 
+    @property
+    def wants_logprobs(self) -> bool:
+        """Whether its samples' logprobs are asked for (per step: an attribute, not the float
+        row's column, which costs a numpy scalar per request)."""
+        return self.params.logprobs is not None
+
     def set_params(self, params: SamplingParams, max_model_len: int) -> None:
         self.params = params
         self.param_row = param_row(params)
