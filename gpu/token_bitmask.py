@@ -53,7 +53,12 @@ class BitmaskUpload:
     """Copies step bitmasks to the device. On CUDA through one pinned buffer, kept and grown:
     pinning a fresh 5 MB tensor every step (256 rows of a 152k vocabulary) costs more than the
     copy. Reusing it is safe: the runner reads each step's samples back (a sync) before the
-    next step's upload."""
+    next step's upload.
+
+    The copy into it keeps the interpreter lock (a memoryview assignment): numpy's copy lets
+    go of it, and the executor thread then waits for the event loop's thread to hand it back,
+    up to a switch interval, on the masked step's critical path (twice the copy's own time
+    beside a busy loop on this project's CPU machine)."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
@@ -67,7 +72,8 @@ class BitmaskUpload:
         if pinned is None or pinned.shape[0] < rows or pinned.shape[1] != words:
             pinned = torch.empty((max(rows, 64), words), dtype=torch.int32).pin_memory()
             self._pinned = pinned
-        pinned[:rows].numpy()[:] = bitmask
+        target = memoryview(pinned[:rows].numpy()).cast("B")
+        target[:] = memoryview(np.ascontiguousarray(bitmask, dtype=np.int32)).cast("B")
         return pinned[:rows].to(self.device, non_blocking=True)
 
 
