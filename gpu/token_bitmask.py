@@ -72,8 +72,8 @@ class BitmaskUpload:
         if pinned is None or pinned.shape[0] < rows or pinned.shape[1] != words:
             pinned = torch.empty((max(rows, 64), words), dtype=torch.int32).pin_memory()
             self._pinned = pinned
-        target = memoryview(pinned[:rows].numpy()).cast("B")
-        target[:] = memoryview(np.ascontiguousarray(bitmask, dtype=np.int32)).cast("B")
+        target = pinned[:rows].numpy().data.cast("B")
+        target[:] = np.ascontiguousarray(bitmask, dtype=np.int32).data.cast("B")
         return pinned[:rows].to(self.device, non_blocking=True)
 
 
