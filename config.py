@@ -159,8 +159,8 @@ class EngineConfig:
     # an interpreter of its own (xgrammar's calls never wait for the engine's lock); "thread",
     # the actor's thread; "auto": a process on CUDA, a thread on the CPU (nothing to start).
     grammar_worker: Literal["auto", "thread", "process"] = "auto"
-    # Draw a masked step as soon as the grammar's masks for its kept forward arrive, before its
-    # plan (which then confirms; gpu/forward_ahead.py). CUDA with overlap only.
+    # Draw a masked step when its kept forward's masks come before its plan (gpu/forward_ahead.py;
+    # CUDA with overlap). Off: on the H200 they come with the plan (docs/benchmarks.md, s. 25).
     draw_masked_ahead: bool = False
     # The interpreter's thread switch interval while an engine runs (sys.setswitchinterval;
     # actors/switch_interval.py). A worker thread (the executor after a GPU sync, the grammar
