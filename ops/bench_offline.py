@@ -112,6 +112,7 @@ def run_engine(
 ) -> int:
     import anyio
     from troupe import Engine, EngineConfig, SamplingParams
+    from troupe.ops.engine_client import run_requests
 
     config = EngineConfig(
         model=str(folder),
@@ -140,11 +141,11 @@ def run_engine(
                 tg.start_soon(one, [1, 2, 3], 4)
                 for prompt in sorted(prompts, key=len)[-16:]:
                     tg.start_soon(one, prompt, 8)
-            total = 0
+            params = [
+                SamplingParams(temperature=0.6, max_tokens=n, ignore_eos=True) for n in outputs
+            ]
             start = time.perf_counter()
-            async with anyio.create_task_group() as tg:
-                for prompt, n in zip(prompts, outputs, strict=True):
-                    tg.start_soon(one, prompt, n)
+            total = sum(await run_requests(engine, prompts, params, args.client))
             run_engine.elapsed = time.perf_counter() - start  # type: ignore[attr-defined]
             # where the time went: the runner's share vs the actors' on the shared GIL
             steps = engine.stats().num_steps
@@ -279,6 +280,11 @@ def run_hf_peer(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mode", choices=("engine", "runner"), default="engine")
+    parser.add_argument(
+        "--client", choices=("tasks", "callbacks"), default="tasks",
+        help="engine mode: a task per request (Engine.generate) or callbacks (Engine.submit, "
+        "as generate_batch); ops/engine_client.py",
+    )  # fmt: skip
     parser.add_argument("--num-seqs", type=int, default=256)
     parser.add_argument("--max-num-seqs", type=int, default=256)
     parser.add_argument("--max-num-batched-tokens", type=int, default=16384)
@@ -324,7 +330,10 @@ def main(argv: list[str] | None = None) -> int:
             except Exception as exc:  # the peer failing must not hide our own numbers
                 print(f"HF peer failed: {exc!r}"[:500])
     floor = physical_floor_s(config, prompts, outputs)
-    print(f"mode={args.mode} seqs={args.num_seqs} output tokens={total} time={elapsed:.2f}s")
+    client = f" client={args.client}" if args.mode == "engine" else ""
+    print(
+        f"mode={args.mode}{client} seqs={args.num_seqs} output tokens={total} time={elapsed:.2f}s"
+    )
     print(f"throughput: {total / elapsed:,.0f} output tok/s")
     print(
         f"physical floor: {floor:.2f}s ({total / floor:,.0f} tok/s); reached {floor / elapsed:.1%}"

@@ -29,6 +29,7 @@ from troupe.config import EngineConfig
 from troupe.gpu.model_config import ModelConfig
 from troupe.gpu.weights import qwen3_0_6b_config
 from troupe.ops.bench_offline import write_model_weights
+from troupe.ops.engine_client import CLIENTS, run_requests
 from troupe.ops.json_schemas import make_schemas
 
 _ALPHABET = "abcdefghijklmnopqrstuvwxyz" * 4 + "ABCDEFGHIJ0123456789" + ' {}[]":,.-_'
@@ -105,7 +106,6 @@ def run(folder: Path, args: argparse.Namespace, vocab_size: int) -> dict[str, An
                 return n
 
             async def timed(params: list[SamplingParams]) -> tuple[list[int], float, int, float]:
-                counts = [0] * len(params)
                 steps0, busy0 = (
                     engine.stats().num_steps,
                     engine.actor_busy_seconds().get("grammar", 0.0),
@@ -113,13 +113,8 @@ def run(folder: Path, args: argparse.Namespace, vocab_size: int) -> dict[str, An
 
                 before, busy_before = engine.runner_stats(), engine.actor_busy_seconds()
 
-                async def job(i: int) -> None:
-                    counts[i] = await one(prompts[i], params[i])
-
                 start = time.perf_counter()
-                async with anyio.create_task_group() as tg:
-                    for i in range(len(params)):
-                        tg.start_soon(job, i)
+                counts = await run_requests(engine, prompts, params, args.client)
                 elapsed = time.perf_counter() - start
                 steps = engine.stats().num_steps - steps0
                 grammar = engine.actor_busy_seconds().get("grammar", 0.0) - busy0
@@ -200,6 +195,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--draw-masked-ahead", action=argparse.BooleanOptionalAction,
         default=EngineConfig.draw_masked_ahead,
+    )  # fmt: skip
+    parser.add_argument(
+        "--client", choices=CLIENTS, default="tasks",
+        help="a task per request (Engine.generate) or callbacks (Engine.submit)",
     )  # fmt: skip
     parser.add_argument("--cold", action="store_true", help="compile the schemas inside run A")
     parser.add_argument("--smoke", action="store_true", help="a 2-layer model: CPU smoke run")
