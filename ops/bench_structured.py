@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
+import math
 import random
 import statistics
 import tempfile
@@ -98,6 +100,10 @@ def run(folder: Path, args: argparse.Namespace, vocab_size: int) -> dict[str, An
 
     async def main() -> None:
         async with Engine.open(config) as engine:
+            snapshots: list[tuple[float, int, int]] = []  # (time, steps so far, running)
+            engine.add_stats_listener(
+                lambda s: snapshots.append((time.perf_counter(), s.num_steps, s.num_running))
+            )
 
             async def one(prompt: list[int], params: SamplingParams) -> int:
                 n = 0
@@ -105,7 +111,9 @@ def run(folder: Path, args: argparse.Namespace, vocab_size: int) -> dict[str, An
                     n += len(event.token_ids)
                 return n
 
-            async def timed(params: list[SamplingParams]) -> tuple[list[int], float, int, float]:
+            async def timed(
+                params: list[SamplingParams],
+            ) -> tuple[list[int], float, int, float, float]:
                 steps0, busy0 = (
                     engine.stats().num_steps,
                     engine.actor_busy_seconds().get("grammar", 0.0),
@@ -113,9 +121,11 @@ def run(folder: Path, args: argparse.Namespace, vocab_size: int) -> dict[str, An
 
                 before, busy_before = engine.runner_stats(), engine.actor_busy_seconds()
 
+                snapshots.clear()
                 start = time.perf_counter()
                 counts = await run_requests(engine, prompts, params, args.client)
                 elapsed = time.perf_counter() - start
+                steady = steady_step_ms(snapshots, max(len(params) // 2, 1))
                 steps = engine.stats().num_steps - steps0
                 grammar = engine.actor_busy_seconds().get("grammar", 0.0) - busy0
                 after = engine.runner_stats()
@@ -127,7 +137,7 @@ def run(folder: Path, args: argparse.Namespace, vocab_size: int) -> dict[str, An
                         for k, v in sorted(engine.actor_busy_seconds().items())
                     )
                 )
-                return counts, elapsed, steps, grammar
+                return counts, elapsed, steps, grammar, steady
 
             start = time.perf_counter()
             await one([1, 2, 3], SamplingParams(max_tokens=4, structured_outputs=specs[0]))
@@ -148,23 +158,26 @@ def run(folder: Path, args: argparse.Namespace, vocab_size: int) -> dict[str, An
             ]
             # an untimed structured run first: it warms the masked path up and gives each
             # request's length, which the free run then generates without a grammar
-            counts, _, _, _ = await timed(constrained)
+            counts, *_ = await timed(constrained)
             free = [
                 SamplingParams(max_tokens=max(n, 1), temperature=0.6, seed=i, ignore_eos=True)
                 for i, n in enumerate(counts)
             ]
             runs: list[tuple[float, float]] = []  # (structured, free) ms/step per repeat
+            steady: list[tuple[float, float]] = []  # the same, steady steps (steady_step_ms)
             grammar_s = 0.0
             for repeat in range(args.repeats):  # the same steps each time: seeded sampling
                 # the order alternates: a drift over the run (GC, clocks) falls on both alike
                 if repeat % 2:
-                    _, t_b, steps_b, _ = await timed(free)
-                counts, t_a, steps_a, grammar_a = await timed(constrained)
+                    _, t_b, steps_b, _, steady_b = await timed(free)
+                counts, t_a, steps_a, grammar_a, steady_a = await timed(constrained)
                 if not repeat % 2:
-                    _, t_b, steps_b, _ = await timed(free)
+                    _, t_b, steps_b, _, steady_b = await timed(free)
                 runs.append((1000 * t_a / max(steps_a, 1), 1000 * t_b / max(steps_b, 1)))
+                steady.append((steady_a, steady_b))
                 grammar_s += grammar_a / max(steps_a, 1)
             out.update(
+                steady=steady,
                 tokens=sum(counts),
                 num_length=sum(n >= args.max_tokens for n in counts),
                 steps=steps_a,
@@ -226,7 +239,24 @@ def main(argv: list[str] | None = None) -> int:
     print(f"free:       {ms_b:.2f} ms/step")
     print(f"step time ratio structured/free: {ms_a / ms_b:.3f} (target <= 1.15); median of the "
           f"repeats' own ratios {statistics.median(a / b for a, b in r['runs']):.3f}")  # fmt: skip
+    st_a = statistics.median(a for a, _ in r["steady"])
+    st_b = statistics.median(b for _, b in r["steady"])
+    print("steady steps (median per run while >= half the requests run; structured / free ms): "
+          + ", ".join(f"{a:.2f}/{b:.2f}" for a, b in r["steady"])
+          + f"; ratio of medians {st_a / st_b:.3f}")  # fmt: skip
     return 0
+
+
+def steady_step_ms(snapshots: list[tuple[float, int, int]], min_running: int) -> float:
+    """Median ms per step between the engine's stats snapshots (time, steps so far, running)
+    while at least `min_running` requests ran: the run's full-batch steps, without its prefill
+    and its tail of a few requests, and robust to a stray slow step (NaN if none)."""
+    per_step = [
+        1000 * (t1 - t0) / (s1 - s0)
+        for (t0, s0, running), (t1, s1, _) in itertools.pairwise(snapshots)
+        if s1 > s0 and running >= min_running
+    ]
+    return statistics.median(per_step) if per_step else math.nan
 
 
 if __name__ == "__main__":

@@ -24,3 +24,16 @@ def test_smoke_run_prints_both_step_times(capsys: pytest.CaptureFixture[str]) ->
     assert int(structured.group(2)) > 0 and float(free.group(1)) > 0
     assert len(repeats.group(1).split(", ")) == 2
     assert re.search(r"step time ratio structured/free: \d+\.\d{3}", out)
+    assert re.search(r"steady steps .*; ratio of medians \d+\.\d{3}", out)
+
+
+def test_steady_steps_are_the_full_batch_ones() -> None:
+    from troupe.ops.bench_structured import steady_step_ms
+
+    # (time s, steps so far, running): a 50 ms prefill, 1 ms steps at 8 running (one step
+    # slow), then a tail of 2 running at 3 ms a step
+    snaps = [(0.0, 0, 8), (0.05, 1, 8), (0.051, 2, 8), (0.052, 3, 8), (0.062, 4, 8),
+             (0.063, 5, 8), (0.064, 6, 2), (0.067, 7, 2), (0.070, 8, 2)]  # fmt: skip
+    assert abs(steady_step_ms(snaps, 4) - 1.0) < 1e-6  # median of 50, 1, 1, 10, 1, 1
+    assert abs(steady_step_ms(snaps, 1) - 2.0) < 1e-6  # the tail's two 3 ms steps join
+    assert steady_step_ms(snaps[:1], 4) != steady_step_ms(snaps[:1], 4)  # none: NaN
