@@ -19,7 +19,9 @@ one core either way). The bits travel through a memory-mapped file in /dev/shm, 
 full steps: xgrammar fills them there (`_SharedBuffers`, the core's MaskBuffers), and the one
 copy is the actor's, out of the file; a batch whose masks do not fit sends the rest inline.
 The child is spawned when the actor is built (its imports overlap the engine's start) and
-stops when the pipe closes.
+stops when the pipe closes. A batch of releases alone (ComputeMasks without rows: requests
+that ended) asks nothing: it waits and goes out in front of the next batch, in order, so the
+step that frees requests pays no round trip of its own beside the executor's launch.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ import numpy as np
 from troupe.actors.core.base import Outgoing
 from troupe.actors.core.grammar import MaskBuffers
 from troupe.messages.executor import TokenMasks
-from troupe.messages.grammar import GrammarInbox
+from troupe.messages.grammar import ComputeMasks, GrammarInbox
 
 
 class _Masks(msgspec.Struct, frozen=True, array_like=True):
@@ -95,10 +97,15 @@ class GrammarProcess:
         self._encoder = msgspec.msgpack.Encoder()
         self._decoder = msgspec.msgpack.Decoder(_Reply)
         self._finalizer = weakref.finalize(self, _stop, self._conn, self._process, path)
+        self._held: list[GrammarInbox] = []  # releases alone, sent before the next batch
 
     def handle(self, batch: Sequence[GrammarInbox]) -> Outgoing:
+        if all(isinstance(msg, ComputeMasks) and not msg.rows for msg in batch):
+            self._held.extend(batch)  # nothing to answer: no round trip for it alone
+            return []
+        batch, self._held = [*self._held, *batch], []
         try:
-            self._conn.send_bytes(self._encoder.encode(list(batch)))
+            self._conn.send_bytes(self._encoder.encode(batch))
             reply = self._decoder.decode(self._conn.recv_bytes())
         except (EOFError, OSError) as exc:
             code = self._process.exitcode

@@ -99,3 +99,37 @@ def test_process_answers_as_the_thread_core_then_fails_when_killed(tok) -> None:
 def test_grammar_worker_is_checked() -> None:
     with pytest.raises(ConfigError, match="grammar_worker"):
         EngineConfig(grammar_worker="fork")  # type: ignore[arg-type]
+
+
+def test_releases_alone_wait_for_the_next_batch(tok) -> None:  # type: ignore[no-untyped-def]
+    """A batch of releases asks nothing: no round trip; it goes first in the next one, so the
+    child drops the matcher before the rows after it, as the thread core does."""
+    spec = StructuredOutputs(choice=("yes", "no"))
+
+    def thread_core() -> GrammarCore:
+        return GrammarCore(grammar_compiler_for(tok, VOCAB, tok.eos_token_ids, 30.0), max_threads=2)
+
+    core, kept = thread_core(), thread_core()  # `kept` never sees the release
+    remote = _process(tok, 4)
+    sends = []
+    try:
+        send = remote._conn.send_bytes
+        remote._conn.send_bytes = lambda data: (sends.append(data), send(data))  # type: ignore[method-assign]
+        first = [ComputeMasks(step_id=0, rows=(GrammarRow("a", spec), GrammarRow("b", spec)))]
+        want = _masks(core.handle(first))
+        kept.handle(first)
+        assert _masks(remote.handle(first)) == want
+        token = int(allowed_ids(mask_array(want[0])[0], VOCAB)[0])  # a's first allowed token
+        tokens = [GrammarTokens(step_id=1, request_ids=("a",), token_ids=(token,))]
+        kept.handle(tokens)
+        assert _masks(remote.handle(tokens)) == _masks(core.handle(tokens))
+        released = [ComputeMasks(step_id=2, released=("a",))]
+        assert remote.handle(released) == [] and len(sends) == 2
+        core.handle(released)
+        # "a" again: the release went first, so a fresh matcher, not the one past `token`
+        again = [ComputeMasks(step_id=3, rows=(GrammarRow("a", spec),))]
+        got, want = _masks(remote.handle(again)), _masks(core.handle(again))
+        assert got == want and len(sends) == 3
+        assert _masks(kept.handle(again)) != want  # what a lost release would have answered
+    finally:
+        remote.close()
