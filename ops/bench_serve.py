@@ -81,6 +81,10 @@ def build_parser() -> argparse.ArgumentParser:
     for flag in ("--min-input-len", "--max-input-len", "--min-output-len", "--max-output-len"):
         load.add_argument(flag, type=int, default=None, help="explicit uniform bound")
     load.add_argument("--num-prompts", type=int, default=1000)
+    load.add_argument(
+        "--structured-output-ratio", type=float, default=0.0,
+        help="share of requests asking for JSON by a schema of their own (vLLM's name)",
+    )  # fmt: skip
     load.add_argument("--request-rate", type=float, default=float("inf"), help="req/s; inf: all")
     load.add_argument("--burstiness", type=float, default=1.0, help="gamma shape; 1: Poisson")
     load.add_argument("--max-concurrency", type=int, default=None, help="requests in flight")
@@ -270,6 +274,7 @@ def main(argv: list[str] | None = None) -> int:
             seed=args.seed,
             request_rate=args.request_rate,
             burstiness=args.burstiness,
+            structured_ratio=args.structured_output_ratio,
         )
     except ValueError as exc:
         parser.error(str(exc))
@@ -322,11 +327,16 @@ def main(argv: list[str] | None = None) -> int:
         "temperature": args.temperature,
         "ignore_eos": args.ignore_eos,
         "goodput": slos,
+        "structured_output_ratio": args.structured_output_ratio,
         "poll_engine_stats_s": args.poll_engine_stats,
         "engine_stats_polls": polls,
         "server_cpu": server_cpu_json(cpu, metrics.total_output),
         "server_ttft_ms": quantiles(*readings, percentiles),
     }
+    num_structured = sum(r.schema is not None for r in requests)
+    if num_structured:
+        valid = sum(r.json_valid is True for r in results)
+        settings["structured"] = {"requests": num_structured, "valid_json": valid}
     print_report(metrics, settings, results)
     if args.result_file:
         write_result(args.result_file, result_json(metrics, settings, results))

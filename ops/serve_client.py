@@ -5,6 +5,11 @@
 output tokens are counted by the server. `EngineClient` runs the same request through
 `Engine.generate` in this process: the difference between the two is the gateway's share.
 
+A request with a schema (serve_workload's structured share) asks for it as OpenAI's
+`response_format` json_schema (in-process: SamplingParams.structured_outputs) and never
+`ignore_eos` (its grammar ends the output); its text is kept and `json_valid` says whether it
+parses (one cut by max_tokens does not).
+
 Stamps follow vLLM's benchmark client: the clock starts just before the request is sent; every
 chunk with a non-empty `choices` list is a content chunk; the first sets TTFT, each later one
 adds a gap to ITL, the last one ends the E2E latency. In-process, a content chunk is an event
@@ -13,6 +18,7 @@ carrying tokens, or the terminal Finished (the gateway always sends a chunk for 
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any, Protocol
 
@@ -76,15 +82,21 @@ class HttpClient:
             "prompt": req.prompt_ids,
             "max_tokens": req.output_len,
             "temperature": self.temperature,
-            "ignore_eos": self.ignore_eos,
+            "ignore_eos": self.ignore_eos and req.schema is None,
             "stream": True,
             "stream_options": {"include_usage": True},
         }
+        if req.schema is not None:
+            body["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {"name": f"bench_{req.index}", "schema": req.schema},
+            }
         if self.model:
             body["model"] = self.model
         result = RequestResult(prompt_len=req.input_len)
         stamps = _Stamps(result)
         usage_tokens: int | None = None
+        texts: list[str] | None = None if req.schema is None else []
         try:
             body_bytes = _encode(body)
             async with self.session.post(self.url, data=body_bytes, headers=self.headers) as resp:
@@ -104,8 +116,11 @@ class HttpClient:
                     if "error" in chunk:
                         result.error = str(chunk["error"].get("message", chunk["error"]))[:300]
                         return result
-                    if chunk.get("choices"):
+                    choices = chunk.get("choices")
+                    if choices:
                         stamps.chunk()
+                        if texts is not None:
+                            texts.append(choices[0].get("text") or "")
                     usage = chunk.get("usage")
                     if usage:
                         usage_tokens = usage.get("completion_tokens")
@@ -119,6 +134,8 @@ class HttpClient:
         # Without usage (a server that ignores include_usage) chunks stand in for tokens.
         result.output_tokens = usage_tokens if usage_tokens is not None else stamps.num_chunks
         result.success = True
+        if texts is not None:
+            result.json_valid = parses_as_json("".join(texts))
         return result
 
 
@@ -131,14 +148,20 @@ class EngineClient:
         self.ignore_eos = ignore_eos
 
     async def send(self, req: BenchRequest) -> RequestResult:
-        from troupe.messages import Delta, Finished, SamplingParams
+        from troupe.messages import Delta, Finished, SamplingParams, StructuredOutputs
 
+        structured = None if req.schema is None else StructuredOutputs.from_schema(req.schema)
         params = SamplingParams(
-            max_tokens=req.output_len, temperature=self.temperature, ignore_eos=self.ignore_eos
+            max_tokens=req.output_len,
+            temperature=self.temperature,
+            ignore_eos=self.ignore_eos and structured is None,
+            structured_outputs=structured,
         )
         result = RequestResult(prompt_len=req.input_len)
         stamps = _Stamps(result)
+        texts: list[str] = []
         async for event in self.engine.generate(req.prompt_ids, params):
+            texts.append(event.text)
             if isinstance(event, Delta):
                 if event.token_ids:
                     stamps.chunk()
@@ -149,4 +172,14 @@ class EngineClient:
                 result.success = True
             else:
                 result.error = f"{type(event).__name__}: {getattr(event, 'message', '')}"[:300]
+        if structured is not None and result.success:
+            result.json_valid = parses_as_json("".join(texts))
         return result
+
+
+def parses_as_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True

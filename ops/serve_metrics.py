@@ -37,6 +37,7 @@ class RequestResult:
     latency: float = 0.0
     itl: list[float] = field(default_factory=list)
     error: str = ""
+    json_valid: bool | None = None  # a structured request's text parsed as JSON (else None)
 
 
 @dataclass(frozen=True)

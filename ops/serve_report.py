@@ -50,6 +50,10 @@ def format_report(m: BenchMetrics, settings: Mapping[str, Any], errors: Sequence
              f"{cpu['gateway_us_per_output_token']:.1f}"),
             ("Engine process CPU (s)", engine),
         ]  # fmt: skip
+    structured = settings.get("structured")
+    if structured:  # the requests asking for JSON, and how many outputs parse
+        rows.append(("Structured requests / valid JSON", f"{structured['requests']} / "
+                     f"{structured['valid_json']}"))  # fmt: skip
     server_ttft = settings.get("server_ttft_ms")
     if server_ttft:  # the server's own, from its arrival stamp (ops/server_ttft.py)
         names = " / ".join(server_ttft)
@@ -95,6 +99,7 @@ def result_json(
         "itls": [r.itl for r in results],
         "e2els": [r.latency for r in results],
         "errors": [r.error for r in results],
+        "json_valid": [r.json_valid for r in results],
     }
 
 

@@ -20,13 +20,17 @@ burstier, higher is more regular); an infinite rate sends every request at t = 0
 
 Lengths, prompt ids and arrivals each draw from their own child of one seed
 (numpy `SeedSequence.spawn`), so changing the rate keeps the prompts and vice versa.
+
+Structured output (`structured_ratio`, vLLM's --structured-output-ratio): that share of the
+requests, picked by a fourth child, each asks for JSON following a schema of its own
+(ops/json_schemas.py, the i-th structured request the i-th schema); the rest are unchanged.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -88,6 +92,7 @@ class BenchRequest:
     prompt_ids: list[int]
     output_len: int
     arrival_s: float  # seconds after the benchmark starts
+    schema: dict[str, Any] | None = None  # the JSON schema its output follows, if structured
 
     @property
     def input_len(self) -> int:
@@ -148,19 +153,33 @@ def make_requests(
     seed: int,
     request_rate: float = math.inf,
     burstiness: float = 1.0,
+    structured_ratio: float = 0.0,
 ) -> list[BenchRequest]:
     """The whole workload, a pure function of its arguments."""
-    length_rng, prompt_rng, arrival_rng = (
-        np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(3)
+    if not 0.0 <= structured_ratio <= 1.0:
+        raise ValueError(f"structured_ratio must be in [0, 1], got {structured_ratio:g}")
+    length_rng, prompt_rng, arrival_rng, schema_rng = (
+        np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(4)
     )
     inputs, outputs = sample_lengths(spec, num_prompts, length_rng)
     times = arrival_times(num_prompts, request_rate, burstiness, arrival_rng)
+    schemas: list[dict[str, Any] | None] = [None] * num_prompts
+    num_structured = round(structured_ratio * num_prompts)
+    if num_structured:
+        from troupe.ops.json_schemas import make_schemas
+
+        picked = sorted(schema_rng.choice(num_prompts, size=num_structured, replace=False))
+        for index, schema in zip(picked, make_schemas(num_structured), strict=True):
+            schemas[int(index)] = schema
     return [
         BenchRequest(
             index=i,
             prompt_ids=[int(t) for t in prompt_rng.integers(0, PROMPT_ID_HIGH, size=n_in)],
             output_len=n_out,
             arrival_s=at,
+            schema=schema,
         )
-        for i, (n_in, n_out, at) in enumerate(zip(inputs, outputs, times, strict=True))
+        for i, (n_in, n_out, at, schema) in enumerate(
+            zip(inputs, outputs, times, schemas, strict=True)
+        )
     ]

@@ -118,6 +118,21 @@ def test_the_workload_is_a_pure_function_of_its_seed() -> None:
     assert all(r.input_len == len(r.prompt_ids) and max(r.prompt_ids) < 10_000 for r in first)
 
 
+def test_a_structured_share_gets_schemas_and_keeps_the_rest_of_the_workload() -> None:
+    spec = LengthSpec(input_len=16, output_len=8, range_ratio=0.5)
+    plain = make_requests(spec, 40, seed=3, request_rate=10.0)
+    mixed = make_requests(spec, 40, seed=3, request_rate=10.0, structured_ratio=0.25)
+    assert mixed == make_requests(spec, 40, seed=3, request_rate=10.0, structured_ratio=0.25)
+    structured = [r for r in mixed if r.schema is not None]
+    assert len(structured) == 10 and all(r.schema is None for r in plain)
+    assert len({json.dumps(r.schema, sort_keys=True) for r in structured}) == 10  # each its own
+    strip = [(r.prompt_ids, r.output_len, r.arrival_s) for r in mixed]
+    assert strip == [(r.prompt_ids, r.output_len, r.arrival_s) for r in plain]
+    assert all(r.schema is not None for r in make_requests(spec, 5, seed=3, structured_ratio=1))
+    with pytest.raises(ValueError, match="structured_ratio"):
+        make_requests(spec, 5, seed=3, structured_ratio=1.5)
+
+
 def test_random_lengths_fixed_by_ratio_or_explicit_bounds() -> None:
     rng = np.random.default_rng(0)
     fixed_in, fixed_out = sample_lengths(LengthSpec(input_len=100, output_len=7), 200, rng)
@@ -338,12 +353,45 @@ def test_ci_sized_run_completes_every_request(
     assert all(len(itl) >= 1 for itl in result["itls"])  # 8 +- 4 tokens: more than one chunk
 
 
+@pytest.mark.parametrize(
+    "mode",
+    [
+        ["--request-rate", "400", "--runner", "fake"],
+        ["--engine", "--runner", "fake", "--device", "cpu"],
+    ],
+    ids=["http", "engine"],
+)
+def test_structured_requests_ask_for_json_and_say_whether_it_parses(
+    mode: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    result_file = tmp_path / "result.json"
+    argv = ["--num-prompts", "12", "--input-len", "16", "--output-len", "200", "--seed", "5",
+            "--structured-output-ratio", "0.5", "--no-progress", "--result-file", str(result_file)]  # fmt: skip
+    status = main([*argv, *mode])
+    out = capsys.readouterr().out
+    assert status == 0, out
+    result = json.loads(result_file.read_text())
+    planned = make_requests(LengthSpec(input_len=16, output_len=200), 12, seed=5,
+                            request_rate=400.0, structured_ratio=0.5)  # fmt: skip
+    structured = [r.schema is not None for r in planned]
+    assert [v is not None for v in result["json_valid"]] == structured
+    for r, valid, n in zip(planned, result["json_valid"], result["output_lens"], strict=True):
+        if r.schema is None:
+            assert n == r.output_len  # ignore_eos: the plain ones run to their length
+        else:  # its grammar ends it: the JSON parses unless max_tokens cut it
+            assert valid or n == r.output_len, (valid, n)
+    valid = sum(v is True for v in result["json_valid"])
+    assert valid >= 1 and result["structured"] == {"requests": 6, "valid_json": valid}
+    assert "Structured requests / valid JSON:" in out
+
+
 def test_flag_errors_exit_2() -> None:
     for argv in (
         ["--engine", "--base-url", "http://127.0.0.1:1"],
         ["--goodput", "itl:5"],
         ["--base-url", "http://127.0.0.1:1", "--max-num-seqs", "4"],
         ["--range-ratio", "1.5"],
+        ["--structured-output-ratio", "1.5"],
         ["--poll-engine-stats", "0"],
         ["--engine", "--poll-engine-stats", "1"],
         ["--server-pid", "1"],  # only with --base-url
