@@ -8,6 +8,8 @@
 # server's own process instead (issue 9 point 3's comparison; the engine flags of SERVE_ARGS
 # also go to --engine runs, which know no --no-engine-process):
 #   RATES="40 inf" ENGINE_RATES="" SERVE_ARGS="--no-engine-process" bash ops/serve_gpu.sh
+# BENCH_ARGS go to every bench run, e.g. issue 11 over HTTP (each request its own JSON schema):
+#   RATES="inf" ENGINE_RATES="" BENCH_ARGS="--structured-output-ratio 1" bash ops/serve_gpu.sh
 set -uo pipefail
 OUT=${OUT:-/tmp/troupe-gpu}; mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -22,7 +24,7 @@ from troupe.ops.bench_offline import write_model_folder
 p = Path('$MODEL'); p.mkdir(exist_ok=True); write_model_folder(p, qwen3_0_6b_config())"
 TROUPE="python3 -m troupe.ops.cli"
 LOAD="--num-prompts ${NUM_PROMPTS:-300} --min-input-len 128 --max-input-len 1024 --min-output-len 64
-  --max-output-len 512 --temperature 0.6 --goodput ttft:200 tpot:20 --no-progress"
+  --max-output-len 512 --temperature 0.6 --goodput ttft:200 tpot:20 --no-progress ${BENCH_ARGS:-}"
 PORT=8011
 $TROUPE serve --model $MODEL --device cuda --port $PORT ${SERVE_ARGS:-} > "$OUT/server.log" 2>&1 &
 SERVER=$!
