@@ -124,28 +124,21 @@ def run_engine(
     )
     total = 0
 
+    def params(n: int) -> SamplingParams:
+        return SamplingParams(temperature=0.6, max_tokens=n, ignore_eos=True)
+
     async def main() -> None:
         nonlocal total
         async with Engine.open(config) as engine:
-
-            async def one(prompt: list[int], n: int) -> None:
-                nonlocal total
-                params = SamplingParams(temperature=0.6, max_tokens=n, ignore_eos=True)
-                async for event in engine.generate(prompt, params):
-                    total += len(event.token_ids)
-
             # Warm-up before the clock: Triton compiles a kernel variant on its first use, and a
             # fresh machine's first run paid that inside the timed region (~2x slower). A few of
             # the workload's own prompts at once reach its prefill-chunk and decode shapes.
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(one, [1, 2, 3], 4)
-                for prompt in sorted(prompts, key=len)[-16:]:
-                    tg.start_soon(one, prompt, 8)
-            params = [
-                SamplingParams(temperature=0.6, max_tokens=n, ignore_eos=True) for n in outputs
-            ]
+            warm = [[1, 2, 3], *sorted(prompts, key=len)[-16:]]
+            await run_requests(engine, warm, [params(4)] + [params(8)] * 16)
             start = time.perf_counter()
-            total = sum(await run_requests(engine, prompts, params, args.client))
+            total = sum(
+                await run_requests(engine, prompts, list(map(params, outputs)), args.client)
+            )
             run_engine.elapsed = time.perf_counter() - start  # type: ignore[attr-defined]
             # where the time went: the runner's share vs the actors' on the shared GIL
             steps = engine.stats().num_steps

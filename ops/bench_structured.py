@@ -105,12 +105,6 @@ def run(folder: Path, args: argparse.Namespace, vocab_size: int) -> dict[str, An
                 lambda s: snapshots.append((time.perf_counter(), s.num_steps, s.num_running))
             )
 
-            async def one(prompt: list[int], params: SamplingParams) -> int:
-                n = 0
-                async for event in engine.generate(prompt, params):
-                    n += len(event.token_ids)
-                return n
-
             async def timed(
                 params: list[SamplingParams],
             ) -> tuple[list[int], float, int, float, float]:
@@ -140,15 +134,13 @@ def run(folder: Path, args: argparse.Namespace, vocab_size: int) -> dict[str, An
                 return counts, elapsed, steps, grammar, steady
 
             start = time.perf_counter()
-            await one([1, 2, 3], SamplingParams(max_tokens=4, structured_outputs=specs[0]))
+            first = SamplingParams(max_tokens=4, structured_outputs=specs[0])
+            await run_requests(engine, [[1, 2, 3]], [first])
             out["first_compile_s"] = time.perf_counter() - start  # includes the vocab's info
             if not args.cold:
                 start = time.perf_counter()
-                async with anyio.create_task_group() as tg:
-                    for spec in specs:
-                        tg.start_soon(
-                            one, [1, 2, 3], SamplingParams(max_tokens=1, structured_outputs=spec)
-                        )
+                each = [SamplingParams(max_tokens=1, structured_outputs=s) for s in specs]
+                await run_requests(engine, [[1, 2, 3]] * len(specs), each)
                 out["compile_all_s"] = time.perf_counter() - start
             constrained = [
                 SamplingParams(

@@ -159,9 +159,10 @@ class EngineClient:
         )
         result = RequestResult(prompt_len=req.input_len)
         stamps = _Stamps(result)
-        texts: list[str] = []
+        texts: list[str] | None = None if structured is None else []
         async for event in self.engine.generate(req.prompt_ids, params):
-            texts.append(event.text)
+            if texts is not None:
+                texts.append(event.text)
             if isinstance(event, Delta):
                 if event.token_ids:
                     stamps.chunk()
@@ -172,7 +173,7 @@ class EngineClient:
                 result.success = True
             else:
                 result.error = f"{type(event).__name__}: {getattr(event, 'message', '')}"[:300]
-        if structured is not None and result.success:
+        if texts is not None and result.success:
             result.json_valid = parses_as_json("".join(texts))
         return result
 
