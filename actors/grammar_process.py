@@ -15,9 +15,15 @@ itself.
 
 The actor's thread waits for each answer (the pipe read lets go of the lock once), so the
 protocol, the order of messages and the outputs are the GrammarCore's (replay and tests see
-one core either way). The bits travel through a memory-mapped file in /dev/shm, sized for two
-full steps: xgrammar fills them there (`_SharedBuffers`, the core's MaskBuffers), and the one
-copy is the actor's, out of the file; a batch whose masks do not fit sends the rest inline.
+one core either way). The bits travel through a memory-mapped file in /dev/shm cut into
+slots, each sized for two full steps: the parent hands each batch a free slot, xgrammar fills
+the masks there (`_SharedBuffers`, the core's MaskBuffers) and each TokenMasks carries a view
+of its bits in the file, not a copy (5 MB a masked step at 256 rows of a 152k vocabulary,
+copied under the interpreter lock: ~0.5 ms of the engine's critical path on the H200's host,
+docs/benchmarks.md, session 26). A slot is free again once no view of it is alive (`_Slots`),
+so a message's bits never change under whoever holds it; with every slot held, or masks that
+do not fit, the child sends the bits inline. `pin`, given on CUDA, page-locks the file
+(gpu/pinned_host.py), so the executor's upload reads a view by DMA without a copy either.
 The child is spawned when the actor is built (its imports overlap the engine's start) and
 stops when the pipe closes. A batch of releases alone (ComputeMasks without rows: requests
 that ended) asks nothing: it waits and goes out in front of the next batch, in order, so the
@@ -31,7 +37,7 @@ import multiprocessing
 import os
 import tempfile
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -56,7 +62,42 @@ class _Reply(msgspec.Struct, frozen=True):
     error: str | None = None  # the core raised: the actor fails with this
 
 
-_batch_type = list[GrammarInbox]
+class _Batch(msgspec.Struct, frozen=True, array_like=True):
+    """A batch for the child and where in the shared file its masks go (size 0: inline)."""
+
+    messages: list[GrammarInbox]
+    start: int = 0
+    size: int = 0
+
+
+# The executor keeps the latest ahead and fresh masks (two slots) while the next batch fills a
+# third; a fourth spares a batch the inline fallback while an upload still holds its source.
+NUM_SLOTS = 4
+
+
+class _Slots:
+    """The shared file's slots and the views of each handed out in messages: a slot is free
+    when none of them is alive."""
+
+    def __init__(self, shared: mmap.mmap, count: int) -> None:
+        self.file = np.frombuffer(shared, dtype=np.uint8)
+        self.size = len(self.file) // count
+        self._views: list[list[weakref.ref[np.ndarray]]] = [[] for _ in range(count)]
+
+    def take(self) -> int | None:
+        """A free slot (its views forgotten), or None while every one is held."""
+        for slot, views in enumerate(self._views):
+            if all(view() is None for view in views):
+                views.clear()
+                return slot
+        return None
+
+    def view(self, slot: int, offset: int, nbytes: int) -> memoryview:
+        """The bytes at `offset` (in the file, inside `slot`), kept from reuse while alive."""
+        assert slot * self.size <= offset and offset + nbytes <= (slot + 1) * self.size
+        view = self.file[offset : offset + nbytes]
+        self._views[slot].append(weakref.ref(view))
+        return view.data  # a memoryview that keeps `view` alive
 
 
 class GrammarProcess:
@@ -72,9 +113,10 @@ class GrammarProcess:
         timeout_s: float,
         max_threads: int,
         max_rows: int,
+        pin: Callable[[mmap.mmap], Callable[[], None]] | None = None,
     ) -> None:
         num_words = (vocab_size + 31) // 32
-        self._size = 2 * max_rows * num_words * 4  # two full steps' masks
+        self._size = NUM_SLOTS * 2 * max_rows * num_words * 4  # a slot: two full steps' masks
         where = "/dev/shm" if os.path.isdir("/dev/shm") else None
         fd, path = tempfile.mkstemp(prefix="troupe-masks-", dir=where)
         try:
@@ -82,6 +124,8 @@ class GrammarProcess:
             self._shared = mmap.mmap(fd, self._size)
         finally:
             os.close(fd)
+        self._slots = _Slots(self._shared, NUM_SLOTS)
+        unpin = pin(self._shared) if pin is not None else None
         context = multiprocessing.get_context("spawn")
         self._conn, child_end = context.Pipe()
         self._process = context.Process(
@@ -96,7 +140,7 @@ class GrammarProcess:
         self._path: str | None = path  # unlinked once the child has it open (first answer)
         self._encoder = msgspec.msgpack.Encoder()
         self._decoder = msgspec.msgpack.Decoder(_Reply)
-        self._finalizer = weakref.finalize(self, _stop, self._conn, self._process, path)
+        self._finalizer = weakref.finalize(self, _stop, self._conn, self._process, path, unpin)
         self._held: list[GrammarInbox] = []  # releases alone, sent before the next batch
 
     def handle(self, batch: Sequence[GrammarInbox]) -> Outgoing:
@@ -104,8 +148,11 @@ class GrammarProcess:
             self._held.extend(batch)  # nothing to answer: no round trip for it alone
             return []
         batch, self._held = [*self._held, *batch], []
+        slot = self._slots.take()
+        size = 0 if slot is None else self._slots.size
+        start = 0 if slot is None else slot * size
         try:
-            self._conn.send_bytes(self._encoder.encode(batch))
+            self._conn.send_bytes(self._encoder.encode(_Batch(list(batch), start, size)))
             reply = self._decoder.decode(self._conn.recv_bytes())
         except (EOFError, OSError) as exc:
             code = self._process.exitcode
@@ -119,8 +166,9 @@ class GrammarProcess:
         for item in reply.masks:
             masks = item.masks
             if item.offset >= 0:
-                size = len(masks.request_ids) * masks.num_words * 4
-                bits = self._shared[item.offset : item.offset + size]
+                assert slot is not None, "the child filled no slot it was given"
+                nbytes = len(masks.request_ids) * masks.num_words * 4
+                bits = self._slots.view(slot, item.offset, nbytes)
                 masks = msgspec.structs.replace(masks, bitmask=bits)
             out.append(("executor", masks))
         return out
@@ -129,13 +177,15 @@ class GrammarProcess:
         self._finalizer()
 
 
-def _stop(conn: Connection, process: Any, path: str) -> None:
+def _stop(conn: Connection, process: Any, path: str, unpin: Callable[[], None] | None) -> None:
     conn.close()  # the child's read ends: it returns
     process.join(timeout=5)
     if process.is_alive():
         process.kill()
     if os.path.exists(path):
         os.unlink(path)
+    if unpin is not None:
+        unpin()
 
 
 def _serve(
@@ -160,7 +210,7 @@ def _serve(
     )
     buffers = _SharedBuffers(shared)
     core = GrammarCore(compiler, max_threads=max_threads, buffers=buffers)
-    decoder = msgspec.msgpack.Decoder(_batch_type)
+    decoder = msgspec.msgpack.Decoder(_Batch)
     encoder = msgspec.msgpack.Encoder()
     while True:
         try:
@@ -168,8 +218,8 @@ def _serve(
         except (EOFError, OSError):
             return
         try:
-            buffers.reset()
-            out = core.handle(batch)  # one TokenMasks per array made, in order
+            buffers.reset(batch.start, batch.size)
+            out = core.handle(batch.messages)  # one TokenMasks per array made, in order
             placed = []
             for (_, masks), offset in zip(out, buffers.offsets, strict=True):
                 assert isinstance(masks, TokenMasks)
@@ -181,22 +231,22 @@ def _serve(
 
 
 class _SharedBuffers(MaskBuffers):
-    """The masks of one batch, filled in the shared file one after another while they fit
-    (`offsets`: where each is, -1 for one made in memory, sent inline)."""
+    """The masks of one batch, filled in its slot of the shared file one after another while
+    they fit (`offsets`: where each is, -1 for one made in memory, sent inline)."""
 
     def __init__(self, shared: mmap.mmap) -> None:
         self._file = np.frombuffer(shared, dtype=np.uint8)
-        self._end = 0
+        self._end = self._limit = 0
         self.offsets: list[int] = []
 
-    def reset(self) -> None:
-        """A new batch: the parent has copied the last one's bits out."""
-        self._end = 0
+    def reset(self, start: int, size: int) -> None:
+        """A new batch, its masks for the `size` bytes from `start` (a slot nobody reads)."""
+        self._end, self._limit = start, start + size
         self.offsets.clear()
 
     def array(self, rows: int, num_words: int) -> np.ndarray:
         nbytes = rows * num_words * 4
-        if self._end + nbytes > len(self._file):
+        if self._end + nbytes > self._limit:
             self.offsets.append(-1)
             return super().array(rows, num_words)
         start, self._end = self._end, self._end + nbytes

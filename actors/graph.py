@@ -6,6 +6,8 @@ same factories, without a model or a GPU (ops/replay.py)."""
 from __future__ import annotations
 
 import functools
+import mmap
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -87,7 +89,19 @@ def build_grammar(g: GraphInputs) -> GrammarCore | GrammarProcess:
         timeout_s=config.grammar_compile_timeout_s,
         max_threads=config.grammar_threads,
         max_rows=config.max_num_seqs,
+        pin=_pin_for(config),
     )
+
+
+def _pin_for(config: EngineConfig) -> Callable[[mmap.mmap], Callable[[], None]] | None:
+    """On CUDA, how the grammar process's mask file is page-locked (gpu/pinned_host.py)."""
+    from troupe.gpu.runner_setup import uses_cuda  # torch: only when a grammar is built
+
+    if not uses_cuda(config):
+        return None
+    from troupe.gpu.pinned_host import pin_host_buffer
+
+    return pin_host_buffer
 
 
 def _grammar_in_process(config: EngineConfig) -> bool:

@@ -39,7 +39,7 @@ from troupe.gpu.sampler import (
 from troupe.gpu.sampling_batch import SamplingBatches
 from troupe.gpu.spec_verify import verify_proposals
 from troupe.gpu.step_inputs import StepInputs, build_step_inputs, streaming_inputs
-from troupe.gpu.token_bitmask import BitmaskUpload, step_bitmask
+from troupe.gpu.token_bitmask import BitmaskUpload
 from troupe.messages import SampledToken, SeqWork, StepPlan, TokenLogprob, TokenMasks
 from troupe.request_seeds import SeedSource
 
@@ -322,7 +322,7 @@ class ModelRunner:
         early = None
         if self.overlap_schedule:
             early = functools.partial(self._ahead.launch, states, next_pos, request_ids)
-        bitmask = step_bitmask(masks, request_ids)
+        bitmask = self._upload_bitmask.for_rows(masks, request_ids)
         token_ids, logprobs, launched = self._sample(
             logits, states, request_ids, bitmask, batch, early
         )
@@ -337,7 +337,7 @@ class ModelRunner:
         logits: torch.Tensor,
         states: list[RequestState],
         request_ids: list[str],
-        bitmask: np.ndarray | None = None,
+        bitmask: torch.Tensor | None = None,
         batch: SamplingBatch | None = None,
         early: Callable[[torch.Tensor], bool] | None = None,
     ) -> tuple[list[int], tuple[TokenLogprob | None, ...], bool]:
@@ -350,8 +350,8 @@ class ModelRunner:
                 self._logits_hook(request_ids, logits)
         if batch is None:
             batch = self._batches.build(states)
-        if bitmask is not None:
-            batch.token_bitmask = self._upload_bitmask(bitmask)
+        if bitmask is not None:  # grammar masks, on the device
+            batch.token_bitmask = bitmask
         token_ids, logprobs = sample(logits, batch)
         checked = withhold_non_finite(token_ids, logits)
         if early is None:

@@ -14,6 +14,8 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
+from troupe.gpu.device_inputs import host_to_device
+from troupe.gpu.pinned_host import is_pinned
 from troupe.messages import SampledToken, TokenMasks
 
 
@@ -22,17 +24,25 @@ def mask_array(masks: TokenMasks) -> np.ndarray:
     return np.frombuffer(masks.bitmask, dtype=np.int32).reshape(-1, masks.num_words)
 
 
+def row_order(masks: TokenMasks, request_ids: Sequence[str]) -> np.ndarray | None:
+    """For each sampled row, its row in `masks` (-1: unconstrained); None when they are the
+    masks' rows in order."""
+    if tuple(request_ids) == masks.request_ids:
+        return None
+    index = {rid: i for i, rid in enumerate(masks.request_ids)}  # a later row wins
+    return np.fromiter((index.get(rid, -1) for rid in request_ids), np.intp, len(request_ids))
+
+
 def step_bitmask(masks: TokenMasks, request_ids: Sequence[str]) -> np.ndarray:
     """int32 [len(request_ids), num_words]: each sampled row's mask, all ones where the row is
     unconstrained."""
     given = mask_array(masks)
-    if tuple(request_ids) == masks.request_ids:
+    rows = row_order(masks, request_ids)
+    if rows is None:
         return given
-    index = {rid: i for i, rid in enumerate(masks.request_ids)}  # a later row wins
-    rows = np.fromiter((index.get(rid, -1) for rid in request_ids), np.intp, len(request_ids))
     if not len(given):
         return np.full((len(request_ids), masks.num_words), -1, dtype=np.int32)
-    out = given[rows]  # one gather
+    out: np.ndarray = given[rows]  # one gather
     out[rows < 0] = -1
     return out
 
@@ -44,29 +54,47 @@ def join_masks(first: TokenMasks, second: TokenMasks) -> TokenMasks:
         step_id=first.step_id,
         request_ids=first.request_ids + second.request_ids,
         num_words=first.num_words,
-        bitmask=first.bitmask + second.bitmask,
+        bitmask=b"".join((first.bitmask, second.bitmask)),  # views of the shared file too
         failed=first.failed + second.failed,
     )
 
 
 class BitmaskUpload:
-    """Copies step bitmasks to the device. On CUDA through one pinned buffer, kept and grown:
-    pinning a fresh 5 MB tensor every step (256 rows of a 152k vocabulary) costs more than the
-    copy. Reusing it is safe: the runner reads each step's samples back (a sync) before the
-    next step's upload.
+    """Copies step bitmasks to the device. Bits in page-locked memory (the grammar process's
+    shared file, registered by gpu/pinned_host.py) go by DMA straight from there, rows laid
+    out on the device; others are gathered on the host into one pinned buffer, kept and
+    grown: pinning a fresh 5 MB tensor every step (256 rows of a 152k vocabulary) costs more
+    than the copy. Reusing it, and reading a source after the call, is safe: the runner reads
+    each step's samples back (a sync) before the next step's upload; the last source is kept
+    alive (its slot of the shared file unused) until then.
 
-    The copy into it keeps the interpreter lock (a memoryview assignment): numpy's copy lets
-    go of it, and the executor thread then waits for the event loop's thread to hand it back,
-    up to a switch interval, on the masked step's critical path (twice the copy's own time
-    beside a busy loop on this project's CPU machine)."""
+    The copy into the buffer keeps the interpreter lock (a memoryview assignment): numpy's
+    copy lets go of it, and the executor thread then waits for the event loop's thread to hand
+    it back, up to a switch interval, on the masked step's critical path (twice the copy's own
+    time beside a busy loop on this project's CPU machine)."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self._pinned: torch.Tensor | None = None
+        self._source: np.ndarray | None = None  # read by a DMA that may still run
+
+    def for_rows(self, masks: TokenMasks, request_ids: Sequence[str]) -> torch.Tensor:
+        """int32 [len(request_ids), num_words] on the device: step_bitmask's rows."""
+        given = mask_array(masks)
+        rows = row_order(masks, request_ids)
+        if rows is None or not (self.device.type == "cuda" and len(given) and is_pinned(given)):
+            return self(step_bitmask(masks, request_ids))
+        laid = self(given).index_select(0, host_to_device(np.maximum(rows, 0), self.device))
+        if (rows < 0).any():
+            laid.masked_fill_(host_to_device(rows < 0, self.device)[:, None], -1)
+        return laid
 
     def __call__(self, bitmask: np.ndarray) -> torch.Tensor:
         if self.device.type != "cuda":
             return torch.from_numpy(np.array(bitmask, dtype=np.int32))  # its own, writable
+        if bitmask.dtype == np.int32 and bitmask.flags.c_contiguous and is_pinned(bitmask):
+            self._source = bitmask
+            return torch.from_numpy(bitmask).to(self.device, non_blocking=True)
         rows, words = bitmask.shape
         pinned = self._pinned
         if pinned is None or pinned.shape[0] < rows or pinned.shape[1] != words:

@@ -79,7 +79,7 @@ class Probe:
         self.wrap(DecodeOverlap, "take", "overlap.take")
         self.wrap(DecodeOverlap, "launch", "overlap.launch")
         self.wrap(SamplingBatches, "build", "batch.build")
-        self.wrap(BitmaskUpload, "__call__", "mask.upload")
+        self.wrap(BitmaskUpload, "for_rows", "mask.upload")
         self.wrap(Readback, "read", "readback.read")
         self.wrap(GrammarProcess, "handle", "grammar")
         self.wrap(GrammarCore, "handle", "grammar")

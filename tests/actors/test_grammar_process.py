@@ -133,3 +133,36 @@ def test_releases_alone_wait_for_the_next_batch(tok) -> None:  # type: ignore[no
         assert _masks(kept.handle(again)) != want  # what a lost release would have answered
     finally:
         remote.close()
+
+
+def test_held_masks_keep_their_bits_while_later_batches_fill_the_file(tok) -> None:  # type: ignore[no-untyped-def]
+    """A TokenMasks' bits are a view of the shared file: its slot is not filled again while
+    the message (or anything made from its bits) lives. Every answer is held here, so the
+    slots run out and the later masks come inline; each held one still equals what the thread
+    core answered at its step."""
+    spec = StructuredOutputs(regex="[a-z]{2,400}")
+    core = GrammarCore(grammar_compiler_for(tok, VOCAB, tok.eos_token_ids, 30.0), max_threads=2)
+    remote = _process(tok, 2)
+    held: list[tuple[TokenMasks, bytes]] = []
+    batch: list[ComputeMasks | GrammarTokens] = [
+        ComputeMasks(step_id=0, rows=(GrammarRow("a", spec), GrammarRow("b", spec)))
+    ]
+    try:
+        for step in range(1, 9):
+            want = _masks(core.handle(batch))
+            got = _masks(remote.handle(batch))
+            assert got == want, f"step {step}"
+            held += [(m, bytes(w.bitmask)) for m, w in zip(got, want, strict=True)]
+            rows = mask_array(want[-1])
+            allowed = [allowed_ids(rows[i], VOCAB) for i in range(2)]
+            picks = [int(next(t for t in a if t not in tok.eos_token_ids)) for a in allowed]
+            batch = [GrammarTokens(step_id=step, request_ids=("a", "b"), token_ids=tuple(picks))]
+        kinds = [isinstance(m.bitmask, memoryview) for m, _ in held]
+        assert kinds[:4] == [True] * 4 and not any(kinds[4:]), kinds  # 4 slots, then inline
+        assert all(bytes(m.bitmask) == bits for m, bits in held)
+        del held[:2]  # the first slot's masks go: it is filled again
+        got = _masks(remote.handle(batch))
+        assert isinstance(got[0].bitmask, memoryview) and got == _masks(core.handle(batch))
+        assert all(bytes(m.bitmask) == bits for m, bits in held)
+    finally:
+        remote.close()

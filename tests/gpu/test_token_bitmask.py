@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import mmap
+
 import numpy as np
 import pytest
 import torch
+from troupe.gpu.pinned_host import is_pinned, pin_host_buffer
 from troupe.gpu.token_bitmask import (
+    BitmaskUpload,
     allowed_ids,
     apply_token_bitmask,
     constrain_sampled,
     join_masks,
+    mask_array,
     step_bitmask,
     to_device,
 )
@@ -65,3 +70,40 @@ def test_constrain_sampled_keeps_allowed_and_replaces_others() -> None:
     assert [s.token_id for s in out] == [34, 7]
     out = constrain_sampled([SampledToken("a", 5)], masks, 64)
     assert out[0].token_id in (32, 34)
+
+
+def _shared_masks(buffer: mmap.mmap, request_ids: tuple[str, ...], words: int) -> TokenMasks:
+    """Masks whose bits are a view of `buffer` (as the grammar process sends them)."""
+    bits = np.frombuffer(buffer, np.int32, len(request_ids) * words).reshape(-1, words)
+    bits[:] = np.arange(bits.size, dtype=np.int32).reshape(bits.shape) * 7 + 1
+    return TokenMasks(step_id=1, request_ids=request_ids, num_words=words,
+                      bitmask=memoryview(bits).cast("B"))  # fmt: skip
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("pinned", [False, True])
+def test_for_rows_lays_the_rows_on_the_device(device: str, pinned: bool) -> None:
+    """BitmaskUpload.for_rows equals step_bitmask in every order, from a page-locked view of a
+    shared file (CUDA: a DMA from it and the rows laid out on the device) or not."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("no CUDA")
+    if pinned and device == "cpu":
+        pytest.skip("page-locking is CUDA's")
+    buffer = mmap.mmap(-1, 1 << 16)
+    unpin = pin_host_buffer(buffer) if pinned else (lambda: None)
+    try:
+        masks = _shared_masks(buffer, ("a", "b", "c"), 5)
+        assert is_pinned(mask_array(masks)) == pinned
+        upload = BitmaskUpload(torch.device(device))
+        joined = join_masks(masks, _shared_masks(mmap.mmap(-1, 4096), ("d",), 5))
+        for given, order in (
+            (masks, ["a", "b", "c"]),
+            (masks, ["c", "a"]),
+            (masks, ["x", "b", "c", "y", "a"]),
+            (joined, ["d", "a", "z"]),
+        ):
+            got = upload.for_rows(given, order).cpu().numpy()
+            assert got.tolist() == step_bitmask(given, order).tolist(), order
+    finally:
+        unpin()
+    assert not is_pinned(mask_array(masks))
