@@ -4,8 +4,10 @@ Per step this is one np.stack of the requests' precomputed param rows, the row k
 numpy, and two host->device copies (floats, keys). Penalty tensors are built only for batches
 that use penalties, and the filter flags let the sampler skip top-k/top-p/min-p entirely.
 
-`SamplingBatches` keeps the last batch: a step that samples the same requests with the same
-params (a run of decode steps) reuses its uploaded settings and hashes only the new keys.
+`SamplingBatches` keeps the last batch built: a step that samples the same requests with the
+same params (a run of decode steps) reuses its uploaded settings and hashes only the new keys;
+one that samples some of them, in any order (requests ended), gathers their settings on the
+device by one index instead of stacking and uploading the rows again.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import dataclasses
 import numpy as np
 import torch
 from troupe.gpu import request_states as cols
+from troupe.gpu.device_inputs import host_to_device
 from troupe.gpu.logit_edits import build_logit_edits
 from troupe.gpu.request_states import RequestState
 from troupe.gpu.sampler import SamplingBatch, row_keys_array
@@ -29,6 +32,16 @@ def build_sampling_batch(
     """One row per sampled request. The sampled token's position is the request's num_tokens,
     plus the row's offset when given (verifying proposals: a request has a row per proposal,
     its history read up to that position, proposals included)."""
+    return _build(states, vocab_size, device, offsets)[0]
+
+
+def _build(
+    states: list[RequestState],
+    vocab_size: int,
+    device: torch.device,
+    offsets: np.ndarray | None = None,
+) -> tuple[SamplingBatch, np.ndarray, torch.Tensor]:
+    """build_sampling_batch's batch, its param rows (top-k clamped) and their device copy."""
     num_rows = len(states)
     table = np.stack([s.param_row for s in states]) if states else np.zeros((0, 8))
     top_k = table[:, cols.TOP_K]
@@ -39,28 +52,8 @@ def build_sampling_batch(
     if offsets is not None:
         ends += offsets
     keys = _upload_keys(seeds, ends, device)
-    floats = torch.from_numpy(table.astype(np.float32))
-    if device.type == "cuda":
-        floats = floats.pin_memory()
-    floats = floats.to(device, non_blocking=True)
-    temperature = table[:, cols.TEMPERATURE]
-    random_rows = temperature > 0.0
-    logprobs = table[:, cols.LOGPROBS].astype(np.int64).tolist()
-    batch = SamplingBatch(
-        temperature=floats[:, cols.TEMPERATURE],
-        top_k=floats[:, cols.TOP_K].long(),
-        top_p=floats[:, cols.TOP_P],
-        min_p=floats[:, cols.MIN_P],
-        keys=keys,
-        presence=floats[:, cols.PRESENCE],
-        frequency=floats[:, cols.FREQUENCY],
-        repetition=floats[:, cols.REPETITION],
-        num_logprobs=tuple(None if n < 0 else n for n in logprobs),
-        all_greedy=not random_rows.any(),
-        use_top_k=bool((random_rows & (top_k < vocab_size)).any()),
-        use_top_p=bool((random_rows & (table[:, cols.TOP_P] < 1.0)).any()),
-        use_min_p=bool((random_rows & (table[:, cols.MIN_P] > 0.0)).any()),
-    )
+    floats = host_to_device(table.astype(np.float32), device)
+    batch = _settings(table, floats, keys, vocab_size)
     edits = [s.edits for s in states]
     if any(e is not None for e in edits):
         num_prompt = np.fromiter((s.num_prompt_tokens for s in states), np.int64, num_rows)
@@ -72,7 +65,31 @@ def build_sampling_batch(
     if uses_seen.any():
         seen = _counts(states, ends, uses_seen, vocab_size, device, prompt=True) > 0
         batch.seen_mask = seen
-    return batch
+    return batch, table, floats
+
+
+def _settings(
+    table: np.ndarray, floats: torch.Tensor, keys: torch.Tensor, vocab_size: int
+) -> SamplingBatch:
+    """The batch of the param rows `table` (top-k already clamped to the vocabulary), `floats`
+    its device copy (fp32), with the row keys; no edits, penalties or masks."""
+    random_rows = table[:, cols.TEMPERATURE] > 0.0
+    logprobs = table[:, cols.LOGPROBS].astype(np.int64).tolist()
+    return SamplingBatch(
+        temperature=floats[:, cols.TEMPERATURE],
+        top_k=floats[:, cols.TOP_K].long(),
+        top_p=floats[:, cols.TOP_P],
+        min_p=floats[:, cols.MIN_P],
+        keys=keys,
+        presence=floats[:, cols.PRESENCE],
+        frequency=floats[:, cols.FREQUENCY],
+        repetition=floats[:, cols.REPETITION],
+        num_logprobs=tuple(None if n < 0 else n for n in logprobs),
+        all_greedy=not random_rows.any(),
+        use_top_k=bool((random_rows & (table[:, cols.TOP_K] < vocab_size)).any()),
+        use_top_p=bool((random_rows & (table[:, cols.TOP_P] < 1.0)).any()),
+        use_min_p=bool((random_rows & (table[:, cols.MIN_P] > 0.0)).any()),
+    )
 
 
 def _upload_keys(seeds: np.ndarray, ends: np.ndarray, device: torch.device) -> torch.Tensor:
@@ -84,36 +101,52 @@ def _upload_keys(seeds: np.ndarray, ends: np.ndarray, device: torch.device) -> t
 
 
 class SamplingBatches:
-    """build_sampling_batch with a memory of one step: when a step samples the same request
-    states as the last, each with the params it had then, and none reads its position or
-    history (logit edits, penalties), the settings uploaded then are reused and only the row
-    keys (seed, position) are hashed and uploaded again."""
+    """build_sampling_batch with a memory of the last batch it built: when a step samples some
+    of its request states (all, or fewer, in any order), each with the params it had then, and
+    none reads its position or history (logit edits, penalties), the settings uploaded then
+    are reused (gathered on the device by one index for fewer rows or another order) and only
+    the row keys (seed, position) are hashed and uploaded again."""
 
     def __init__(self, vocab_size: int, device: torch.device) -> None:
         self.vocab_size = vocab_size
         self.device = device
-        self.num_reused = 0  # batches built from the last one's settings
+        self.num_reused = 0  # batches made from the last one's settings
         self._last: SamplingBatch | None = None
-        self._rows: list[RequestState] = []  # the last batch's states ...
+        self._rows: list[RequestState] = []  # the last batch's states (alive: ids stay theirs)
         self._params: list[np.ndarray] = []  # ... and their param rows, by identity
+        self._index: dict[int, int] = {}  # id(state) -> its row
+        self._table = np.zeros((0, 8))  # the param rows, top-k clamped
+        self._floats = torch.zeros(0)  # ... on the device
         self._seeds = np.zeros(0, np.uint64)
 
     def build(self, states: list[RequestState]) -> SamplingBatch:
         last = self._last
-        if (
-            last is not None
-            and len(states) == len(self._rows)
-            and all(
-                s is r and s.param_row is p
-                for s, r, p in zip(states, self._rows, self._params, strict=True)
-            )
-        ):
-            ends = np.fromiter((s.num_tokens for s in states), np.int64, len(states))
-            self.num_reused += 1
-            return dataclasses.replace(last, keys=_upload_keys(self._seeds, ends, self.device))
-        batch = build_sampling_batch(states, self.vocab_size, self.device)
+        rows = None if last is None else self._rows_of(states)
+        if last is None or rows is None:
+            return self._build(states)
+        self.num_reused += 1
+        ends = np.fromiter((s.num_tokens for s in states), np.int64, len(states))
+        keys = _upload_keys(self._seeds[rows], ends, self.device)
+        if len(rows) == len(self._rows) and (rows == np.arange(len(rows))).all():
+            return dataclasses.replace(last, keys=keys)
+        floats = self._floats.index_select(0, host_to_device(rows, self.device))
+        return _settings(self._table[rows], floats, keys, self.vocab_size)
+
+    def _rows_of(self, states: list[RequestState]) -> np.ndarray | None:
+        """Each state's row in the last batch, or None if one is not there with its params."""
+        rows = np.empty(len(states), np.int64)
+        for i, s in enumerate(states):
+            row = self._index.get(id(s), -1)
+            if row < 0 or self._rows[row] is not s or self._params[row] is not s.param_row:
+                return None
+            rows[i] = row
+        return rows
+
+    def _build(self, states: list[RequestState]) -> SamplingBatch:
+        batch, self._table, self._floats = _build(states, self.vocab_size, self.device)
         self._last = None if batch.edits_logits else dataclasses.replace(batch)  # callers add masks
         self._rows, self._params = list(states), [s.param_row for s in states]
+        self._index = {id(s): row for row, s in enumerate(states)}
         self._seeds = np.fromiter((s.seed for s in states), np.uint64, len(states))
         return batch
 

@@ -1,5 +1,6 @@
-"""SamplingBatches: a run of steps over the same requests reuses the uploaded settings, and every
-batch it returns equals what build_sampling_batch builds from scratch (CPU)."""
+"""SamplingBatches: a run of steps over the same requests (or some of them, in any order) reuses
+the uploaded settings, and every batch it returns equals what build_sampling_batch builds from
+scratch (CPU)."""
 
 from __future__ import annotations
 
@@ -69,8 +70,9 @@ def test_new_params_other_rows_or_penalties_rebuild() -> None:
     advance(states)
     assert_same(batches.build(states), build_sampling_batch(states, VOCAB, CPU))
     assert batches.num_reused == 0
-    # one row fewer
-    assert_same(batches.build(states[:1]), build_sampling_batch(states[:1], VOCAB, CPU))
+    # a row not in the last batch
+    other = [states[0], state(plain, 4, 5)]
+    assert_same(batches.build(other), build_sampling_batch(other, VOCAB, CPU))
     assert batches.num_reused == 0
     # penalties read each row's history up to its position: never reused
     penalized = [state(SamplingParams(temperature=0.5, presence_penalty=0.5), 3, 6)]
@@ -80,3 +82,22 @@ def test_new_params_other_rows_or_penalties_rebuild() -> None:
     assert_same(got, build_sampling_batch(penalized, VOCAB, CPU))
     assert got.output_counts is not None
     assert batches.num_reused == 0
+
+
+def test_fewer_rows_in_another_order_gather_the_settings() -> None:
+    """Requests that ended leave the batch: the others' settings are gathered, the flags are
+    the remaining rows' own (no top-k once its only row is gone), as built from scratch."""
+    params = [
+        SamplingParams(temperature=0.7, top_k=5),
+        SamplingParams(temperature=0.0, logprobs=2),
+        SamplingParams(temperature=0.9, top_p=0.5),
+    ]
+    states = [state(p, seed, 10 + seed) for seed, p in enumerate(params)]
+    batches = SamplingBatches(VOCAB, CPU)
+    batches.build(states)
+    for rows in ([2, 1], [1], [2, 0, 1], []):
+        advance(states)
+        picked = [states[r] for r in rows]
+        assert_same(batches.build(picked), build_sampling_batch(picked, VOCAB, CPU))
+    assert batches.num_reused == 4
+    assert not build_sampling_batch([states[2], states[1]], VOCAB, CPU).use_top_k
