@@ -169,25 +169,28 @@ def test_held_masks_keep_their_bits_while_later_batches_fill_the_file(tok) -> No
 
 
 @pytest.mark.gpu
-def test_on_cuda_the_masks_are_page_locked_views_uploaded_as_laid_on_the_host(tok) -> None:  # type: ignore[no-untyped-def]
+def test_on_cuda_the_masks_are_page_locked_views_uploaded_as_laid_on_the_host() -> None:
     """With `pin` (what build_grammar gives on CUDA) the shared file is page-locked: each
     TokenMasks' bits are a pinned view, and BitmaskUpload lays its rows out on the device as
-    step_bitmask does on the host, in the masks' order and in another."""
+    step_bitmask does on the host, in the masks' order and in another. A byte vocabulary (the
+    GPU machine has no tokenizer files)."""
     import torch
     from troupe.gpu.pinned_host import is_pinned, pin_host_buffer
     from troupe.gpu.token_bitmask import BitmaskUpload, step_bitmask
 
     if not torch.cuda.is_available():
         pytest.skip("no CUDA")
-    spec = StructuredOutputs(choice=("yes", "no", "maybe"))
+    vocab = [bytes([b]) for b in range(256)] + [b"yes", b"no", b"maybe", b"</s>"]
     remote = GrammarProcess(
-        grammar_vocab(tok, VOCAB), vocab_size=VOCAB, eos_token_ids=tok.eos_token_ids,
-        timeout_s=30.0, max_threads=2, max_rows=4, pin=pin_host_buffer,
+        vocab, vocab_size=len(vocab), eos_token_ids=(len(vocab) - 1,), timeout_s=30.0,
+        max_threads=2, max_rows=4, pin=pin_host_buffer,
     )  # fmt: skip
+    spec = StructuredOutputs(choice=("yes", "no", "maybe"))
     try:
         rows = tuple(GrammarRow(r, spec) for r in ("a", "b", "c"))
         (masks,) = _masks(remote.handle([ComputeMasks(step_id=0, rows=rows)]))
         assert isinstance(masks.bitmask, memoryview) and is_pinned(mask_array(masks))
+        assert set(allowed_ids(mask_array(masks)[0], len(vocab)).tolist()) >= {256, 257, 258}
         upload = BitmaskUpload(torch.device("cuda"))
         for order in (["a", "b", "c"], ["c", "x", "a"]):
             got = upload.for_rows(masks, order).cpu().numpy()
