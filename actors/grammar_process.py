@@ -117,13 +117,7 @@ class GrammarProcess:
     ) -> None:
         num_words = (vocab_size + 31) // 32
         self._size = NUM_SLOTS * 2 * max_rows * num_words * 4  # a slot: two full steps' masks
-        where = "/dev/shm" if os.path.isdir("/dev/shm") else None
-        fd, path = tempfile.mkstemp(prefix="troupe-masks-", dir=where)
-        try:
-            os.ftruncate(fd, self._size)
-            self._shared = mmap.mmap(fd, self._size)
-        finally:
-            os.close(fd)
+        self._shared, path = _shared_file(self._size)
         self._slots = _Slots(self._shared, NUM_SLOTS)
         unpin = pin(self._shared) if pin is not None else None
         context = multiprocessing.get_context("spawn")
@@ -175,6 +169,29 @@ class GrammarProcess:
 
     def close(self) -> None:
         self._finalizer()
+
+
+SHM = "/dev/shm"
+
+
+def _shared_file(size: int) -> tuple[mmap.mmap, str]:
+    """A file of `size` bytes mapped in memory, in /dev/shm where it has the room (its pages
+    reserved now: a full /dev/shm would otherwise kill the child with SIGBUS at its first
+    write), else in the temporary directory."""
+    places = [SHM] if os.path.isdir(SHM) else []
+    for where in [*places, None]:
+        fd, path = tempfile.mkstemp(prefix="troupe-masks-", dir=where)
+        try:
+            os.ftruncate(fd, size)
+            if hasattr(os, "posix_fallocate"):
+                os.posix_fallocate(fd, 0, size)
+            return mmap.mmap(fd, size), path
+        except OSError as exc:
+            os.unlink(path)
+            error = exc
+        finally:
+            os.close(fd)
+    raise RuntimeError(f"no room for the grammar's {size / 2**20:.0f} MiB mask file: {error}")
 
 
 def _stop(conn: Connection, process: Any, path: str, unpin: Callable[[], None] | None) -> None:

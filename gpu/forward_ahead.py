@@ -33,6 +33,7 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
+from troupe.gpu.device_inputs import host_to_device
 from troupe.gpu.early_launch import fed_decode_inputs, launchable, matching_rows, split_rows
 from troupe.gpu.request_states import RequestState, RequestStates
 from troupe.gpu.sampler import WITHHELD
@@ -221,7 +222,7 @@ class ForwardAhead:
         logits, inputs = ahead.logits, ahead.inputs
         if len(rows) != len(ahead.rows):
             picked = np.asarray(rows, dtype=np.int64)
-            logits = logits[torch.from_numpy(picked).to(logits.device)]
+            logits = logits[host_to_device(picked, logits.device)]  # no wait for the stream
             # only what the runner reads after a forward: which rows sample, their lengths
             inputs = dataclasses.replace(
                 inputs, sampled_rows=np.arange(len(rows)), seq_lens=inputs.seq_lens[picked]

@@ -198,3 +198,42 @@ def test_on_cuda_the_masks_are_page_locked_views_uploaded_as_laid_on_the_host() 
     finally:
         remote.close()
     assert not is_pinned(mask_array(masks))
+
+
+def test_the_mask_file_leaves_a_full_dev_shm_for_the_temporary_directory(  # type: ignore[no-untyped-def]
+    monkeypatch, tmp_path
+) -> None:
+    """/dev/shm without the room (its pages are reserved up front, so this shows at once, not
+    as a SIGBUS in the child): the file goes to the temporary directory, none is left behind in
+    /dev/shm; no room anywhere: a clear error. A directory of the test's stands for /dev/shm."""
+    import errno
+    import os
+    import tempfile
+
+    from troupe.actors import grammar_process
+
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    monkeypatch.setattr(grammar_process, "SHM", str(shm))
+    reserve = os.posix_fallocate
+
+    def shm_full(fd: int, offset: int, size: int) -> None:
+        if os.readlink(f"/proc/self/fd/{fd}").startswith(str(shm)):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        reserve(fd, offset, size)
+
+    monkeypatch.setattr(os, "posix_fallocate", shm_full)
+    shared, path = grammar_process._shared_file(1 << 20)
+    try:
+        assert path.startswith(tempfile.gettempdir()) and len(shared) == 1 << 20
+        assert not path.startswith(str(shm)) and not list(shm.iterdir())
+    finally:
+        os.unlink(path)
+
+    def full(fd: int, offset: int, size: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    with pytest.raises(RuntimeError, match="no room for the grammar's 1 MiB mask file"):
+        grammar_process._shared_file(1 << 20)
+    assert not list(shm.iterdir())
