@@ -38,10 +38,13 @@ def step_bitmask(masks: TokenMasks, request_ids: Sequence[str]) -> np.ndarray:
     unconstrained."""
     given = mask_array(masks)
     rows = row_order(masks, request_ids)
-    if rows is None:
-        return given
+    return given if rows is None else _lay_rows(given, rows)
+
+
+def _lay_rows(given: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """The rows of `given` that `rows` names, all ones for -1 (row_order's answer)."""
     if not len(given):
-        return np.full((len(request_ids), masks.num_words), -1, dtype=np.int32)
+        return np.full((len(rows), given.shape[1]), -1, dtype=np.int32)
     out: np.ndarray = given[rows]  # one gather
     out[rows < 0] = -1
     return out
@@ -82,8 +85,10 @@ class BitmaskUpload:
         """int32 [len(request_ids), num_words] on the device: step_bitmask's rows."""
         given = mask_array(masks)
         rows = row_order(masks, request_ids)
-        if rows is None or not (self.device.type == "cuda" and len(given) and is_pinned(given)):
-            return self(step_bitmask(masks, request_ids))
+        if rows is None:
+            return self(given)
+        if not (self.device.type == "cuda" and len(given) and is_pinned(given)):
+            return self(_lay_rows(given, rows))
         laid = self(given).index_select(0, host_to_device(np.maximum(rows, 0), self.device))
         if (rows < 0).any():
             laid.masked_fill_(host_to_device(rows < 0, self.device)[:, None], -1)
