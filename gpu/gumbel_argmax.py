@@ -43,7 +43,9 @@ if triton is not None:
         x = x * 0x2C1B3C6D
         return x ^ (x >> 16)
 
-    @triton.jit  # type: ignore[untyped-decorator]
+    # num_splits is a plain argument: specialized on its value (== 1, % 16), each row count
+    # that changes those would compile the kernels anew mid-serving
+    @triton.jit(do_not_specialize=["num_splits"])  # type: ignore[untyped-decorator]
     def _gumbel_argmax_kernel(  # type: ignore[no-untyped-def]
         logits_ptr,
         row_stride,
@@ -92,7 +94,7 @@ if triton is not None:
         tl.store(part_value_ptr + row * num_splits + split, top)
         tl.store(part_id_ptr + row * num_splits + split, tl.min(tl.where(best == top, best_id, hi)))
 
-    @triton.jit  # type: ignore[untyped-decorator]
+    @triton.jit(do_not_specialize=["num_splits"])  # type: ignore[untyped-decorator]
     def _merge_splits_kernel(  # type: ignore[no-untyped-def]
         part_value_ptr, part_id_ptr, out_ptr, num_splits, BLOCK_S: tl.constexpr
     ):
@@ -120,6 +122,27 @@ def num_splits(num_rows: int, vocab_size: int, device: torch.device) -> int:
     return max(1, min(wanted, -(-vocab_size // _BLOCK)))
 
 
+def split_shape(num_rows: int, vocab_size: int, device: torch.device) -> tuple[int, int]:
+    """(splits, ids per split): num_splits' count with whole BLOCKs per split and none empty."""
+    splits = num_splits(num_rows, vocab_size, device)
+    chunk = -(-vocab_size // (splits * _BLOCK)) * _BLOCK
+    return -(-vocab_size // chunk), chunk
+
+
+def merge_width(splits: int) -> int:
+    """The merge kernel's BLOCK_S (a constexpr: one compiled kernel per width)."""
+    return 1 << max(0, splits - 1).bit_length()
+
+
+def warm_up_rows(max_rows: int, vocab_size: int, device: torch.device) -> list[int]:
+    """The fewest row counts in [1, max_rows] whose draws compile every merge width a draw of
+    up to max_rows rows uses: the first row count of each width."""
+    first: dict[int, int] = {}
+    for rows in range(1, max_rows + 1):
+        first.setdefault(merge_width(split_shape(rows, vocab_size, device)[0]), rows)
+    return sorted(first.values())
+
+
 def gumbel_argmax(
     logits: torch.Tensor,
     temperature: torch.Tensor,
@@ -133,9 +156,7 @@ def gumbel_argmax(
     out = torch.empty(num_rows, dtype=torch.int64, device=logits.device)
     if num_rows == 0:
         return out
-    splits = num_splits(num_rows, vocab_size, logits.device)
-    chunk = -(-vocab_size // (splits * _BLOCK)) * _BLOCK
-    splits = -(-vocab_size // chunk)  # none empty
+    splits, chunk = split_shape(num_rows, vocab_size, logits.device)
     part_value = torch.empty(num_rows, splits, dtype=torch.float32, device=logits.device)
     part_id = torch.empty(num_rows, splits, dtype=torch.int32, device=logits.device)
     logits = logits if logits.stride(-1) == 1 else logits.contiguous()
@@ -155,22 +176,21 @@ def gumbel_argmax(
         BLOCK=_BLOCK,
         MASKED=bitmask is not None,
     )
-    block_s = triton.next_power_of_2(splits)
-    _merge_splits_kernel[(num_rows,)](part_value, part_id, out, splits, BLOCK_S=block_s)
+    _merge_splits_kernel[(num_rows,)](part_value, part_id, out, splits, BLOCK_S=merge_width(splits))
     return out
 
 
-def warm_up(vocab_size: int, device: torch.device) -> None:
-    """Compile the kernel's two forms (with and without a grammar's bitmask) for this vocabulary
-    now, not on the first sampled request: Triton compiles a kernel on its first launch where
-    its on-disk cache lacks it (a fresh machine or container), and such a server's first
-    request with a temperature spent ~0.4 s in that compilation on the H200's host (py-spy,
-    docs/benchmarks.md session 18)."""
-    logits = torch.zeros(1, vocab_size, device=device)
-    temperature = torch.ones(1, device=device)
-    keys = torch.zeros(1, 2, dtype=torch.int64, device=device)
-    gumbel_argmax(logits, temperature, keys)
+def warm_up(vocab_size: int, device: torch.device, dtype: torch.dtype, max_rows: int) -> None:
+    """Compile every form a draw of up to `max_rows` rows of `dtype` logits launches now, not
+    while serving: Triton compiles a kernel on its first launch where its on-disk cache lacks it
+    (a fresh machine or container). A server's first request with a temperature spent ~0.4 s
+    in the draw's compilation on the H200's host (py-spy, docs/benchmarks.md session 18), and
+    a cold engine's first 300-request burst ~0.3 s in four merge widths (session 27)."""
     words = -(-vocab_size // 32)  # gpu/token_bitmask.py's row width
-    gumbel_argmax(
-        logits, temperature, keys, torch.full((1, words), -1, dtype=torch.int32, device=device)
-    )
+    for rows in warm_up_rows(max_rows, vocab_size, device):
+        logits = torch.zeros(rows, vocab_size, device=device, dtype=dtype)
+        temperature = torch.ones(rows, device=device)
+        keys = torch.zeros(rows, 2, dtype=torch.int64, device=device)
+        gumbel_argmax(logits, temperature, keys)
+        full = torch.full((rows, words), -1, dtype=torch.int32, device=device)
+        gumbel_argmax(logits, temperature, keys, full)

@@ -207,10 +207,11 @@ def _gumbel() -> ModuleType:
     return gumbel_argmax
 
 
-def warm_up_draw(vocab_size: int, device: torch.device) -> None:
-    """Compile the fused draw's kernel for this vocabulary where it runs (CUDA with Triton)."""
+def warm_up_draw(vocab_size: int, device: torch.device, dtype: torch.dtype, max_rows: int) -> None:
+    """Compile the fused draw's kernels for draws of up to `max_rows` rows of `dtype` logits
+    over this vocabulary where it runs (CUDA with Triton)."""
     if device.type == "cuda" and _gumbel().triton is not None:
-        _gumbel().warm_up(vocab_size, device)
+        _gumbel().warm_up(vocab_size, device, dtype, max_rows)
 
 
 def _fused_draw(

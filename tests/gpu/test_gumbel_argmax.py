@@ -58,19 +58,77 @@ def test_fused_draw_under_a_token_bitmask_matches_the_masked_torch_path() -> Non
     assert all(bits[r, got[r]] for r in (0, 2, 4))  # drawn among the allowed
 
 
-def test_warm_up_launches_both_forms(monkeypatch: pytest.MonkeyPatch) -> None:
-    """warm_up (run at a CUDA runner's start) launches the kernel with and without a bitmask of
-    the vocabulary's width, so neither form compiles inside a request; here in the interpreter."""
-    seen: list[tuple[int, tuple[int, ...] | None]] = []
+def test_warm_up_launches_every_form_a_step_may_draw(monkeypatch: pytest.MonkeyPatch) -> None:
+    """warm_up (run at a CUDA runner's start) launches the kernels with and without a bitmask of
+    the vocabulary's width, in the logits' dtype, and at a row count of every merge width that
+    draws of up to max_rows rows use, so none compiles inside a request (a cold engine's first
+    burst compiled four widths: docs/benchmarks.md, session 27); here in the interpreter."""
+    seen: list[tuple[int, int, torch.dtype, tuple[int, ...] | None]] = []
     real = gumbel_module.gumbel_argmax
 
     def spy(logits: torch.Tensor, temperature: torch.Tensor, keys: torch.Tensor, bitmask=None):  # type: ignore[no-untyped-def]
-        seen.append((logits.shape[1], None if bitmask is None else tuple(bitmask.shape)))
+        shape = None if bitmask is None else tuple(bitmask.shape)
+        seen.append((logits.shape[0], logits.shape[1], logits.dtype, shape))
         return real(logits, temperature, keys, bitmask)
 
+    cpu = torch.device("cpu")
+    vocab, max_rows = 9000, 40  # five splits for one row here (num_splits' rule on the CPU)
     monkeypatch.setattr(gumbel_module, "gumbel_argmax", spy)
-    gumbel_module.warm_up(100, torch.device("cpu"))
-    assert seen == [(100, None), (100, (1, 4))]
+    gumbel_module.warm_up(vocab, cpu, torch.bfloat16, max_rows)
+    rows = gumbel_module.warm_up_rows(max_rows, vocab, cpu)
+    words = -(-vocab // 32)
+    assert seen == [(n, vocab, torch.bfloat16, shape) for n in rows for shape in (None, (n, words))]
+    width = [gumbel_module.merge_width(gumbel_module.split_shape(n, vocab, cpu)[0]) for n in rows]
+    every = {
+        gumbel_module.merge_width(gumbel_module.split_shape(n, vocab, cpu)[0])
+        for n in range(1, max_rows + 1)
+    }
+    assert len(every) > 1 and sorted(width, reverse=True) == sorted(every, reverse=True)
+
+
+def test_merge_width_is_the_next_power_of_two() -> None:
+    assert [gumbel_module.merge_width(s) for s in (1, 2, 3, 5, 8, 9, 75)] == [
+        1,
+        2,
+        4,
+        8,
+        8,
+        16,
+        128,
+    ]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_no_draw_compiles_after_warm_up() -> None:
+    """After warm_up, draws of any row count up to max_rows (with and without a bitmask)
+    compile no kernel: counted by Triton's post-compile hook."""
+    import triton
+
+    device = torch.device("cuda")
+    vocab, max_rows = 151_936, 256
+    gumbel_module.warm_up(vocab, device, torch.bfloat16, max_rows)
+    compiled: list[str] = []
+    knobs = triton.knobs.runtime
+    before = knobs.jit_post_compile_hook
+
+    def hook(**kwargs: object) -> bool:
+        compiled.append(str(kwargs.get("repr", kwargs.get("key"))))
+        return False
+
+    knobs.jit_post_compile_hook = hook
+    try:
+        for n in (1, 2, 7, 14, 15, 30, 31, 60, 66, 100, 128, 200, 255, 256):
+            logits = torch.randn(n, vocab, device=device, dtype=torch.bfloat16)
+            temperature = torch.full((n,), 0.7, device=device)
+            keys = torch.arange(2 * n, device=device).view(n, 2)
+            gumbel_argmax(logits, temperature, keys)
+            full = torch.full((n, -(-vocab // 32)), -1, dtype=torch.int32, device=device)
+            gumbel_argmax(logits, temperature, keys, full)
+        torch.cuda.synchronize()
+    finally:
+        knobs.jit_post_compile_hook = before
+    assert compiled == []
 
 
 def test_split_rows_merge_to_the_lowest_id_of_the_top_value() -> None:
