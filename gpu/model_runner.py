@@ -134,9 +134,8 @@ class ModelRunner:
         )
         self._logits_hook = logits_hook
         self.kv.reset_scales()  # graph captures wrote made-up KV: the first real write sets them
-        # not in the first sampled request: every row count a step may draw (verifications too)
-        max_rows = options.max_num_seqs * (1 + options.num_speculative_tokens)
-        warm_up_draw(config.vocab_size, self.device, model.logits_dtype, max_rows)
+        max_rows = options.max_num_seqs * (1 + options.num_speculative_tokens)  # verifications
+        warm_up_draw(config.vocab_size, self.device, model.logits_dtype, max_rows)  # not mid-step
         # a plan launched by launch(), awaiting its grammar masks: (plan, states, inputs, logits)
         self._launched: _Launched | None = None
         self._drawn: Drawn | None = None  # a masked plan drawn before it came (draw_ahead)
