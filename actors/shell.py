@@ -75,10 +75,10 @@ class Actor:
             task_status.started()
             batch_no = 0
             async for first in self._inbox:
-                out = self._handle(self._drain(first), batch_no)
+                out = list(self._handle(self._drain(first), batch_no))
                 for dest, msg in out:
                     self._sent(dest, msg, batch_no)
-                    await self._outboxes[dest].send(msg)
+                await send_batch([(self._outboxes[dest], msg) for dest, msg in out])
                 batch_no += 1
 
     def _handle(self, batch: list[Any], batch_no: int) -> Any:
@@ -153,7 +153,7 @@ class Actor:
                 else:
                     to_loop.append((outbox, msg))
             if to_loop:  # one trip through the loop for all of them, in order
-                anyio.from_thread.run(_send_all, to_loop, token=token)
+                anyio.from_thread.run(send_batch, to_loop, token=token)
             batch_no += 1
 
     def statistics(self) -> ActorStats:
@@ -194,6 +194,29 @@ class Actor:
             self._tracer.record(kind, self.name, channel, batch_no, msg, now)  # type: ignore[arg-type]
 
 
-async def _send_all(messages: list[tuple[MemoryObjectSendStream[Any], Any]]) -> None:
+async def send_batch(messages: Sequence[tuple[Outbox, Any]]) -> None:
+    """A batch's messages, in order, without yielding to the loop while their inboxes have room,
+    so a receiver takes them as one batch. Sent one `await send` at a time, each a checkpoint,
+    they reached the next actor one loop iteration apiece: a 300-request burst went through
+    admission one request per batch, each its own scheduler batch and plan (docs/benchmarks.md,
+    session 27). A full inbox is waited on as before (backpressure); thread inboxes that
+    batch are woken once their messages are in."""
+    to_wake: dict[int, InboxSender] = {}
     for outbox, msg in messages:
+        try:
+            if isinstance(outbox, InboxSender):
+                if outbox.put_nowait(msg):
+                    to_wake[id(outbox)] = outbox
+                    continue
+            else:
+                outbox.send_nowait(msg)
+                continue
+        except (anyio.WouldBlock, anyio.BrokenResourceError, anyio.ClosedResourceError):
+            pass  # full, or closed: the send below waits, or raises after its checkpoint
+            # (so a pending cancellation, as at shutdown, still comes first)
+        for sender in to_wake.values():  # what is in goes first: the reader drains meanwhile
+            sender.wake()
+        to_wake.clear()
         await outbox.send(msg)
+    for sender in to_wake.values():
+        sender.wake()

@@ -145,6 +145,16 @@ class InboxSender:
             raise anyio.ClosedResourceError
         self._inbox.put(item)
 
+    def put_nowait(self, item: Any) -> bool:
+        """Put from the event loop without waiting or yielding; False when the inbox is full.
+        A reader that drains batches is not woken: call wake() once the batch is in."""
+        if self._is_closed:
+            raise anyio.ClosedResourceError
+        return self._inbox.try_put(item, wake=not self._inbox.batches)
+
+    def wake(self) -> None:
+        self._inbox.wake()
+
     async def send(self, item: Any) -> None:
         """Send from the event loop: at once if there is room, else wait in a worker thread."""
         if self._is_closed:

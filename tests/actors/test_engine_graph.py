@@ -205,15 +205,27 @@ async def test_abort_all_gives_each_request_one_terminal() -> None:
 
 async def test_slow_reader_is_cut_off_with_one_failed_event_and_blocks_freed() -> None:
     async with Engine.open(fake_config(max_stream_buffer=4)) as engine:
+        dispatched = 0
+        overflowed = anyio.Event()
+
+        def count(event: object, now: float) -> None:
+            nonlocal dispatched
+            dispatched += 1
+            if dispatched > 1 + 4 + 1:  # one read, four buffered: the buffer has overflowed
+                overflowed.set()
+
+        engine.add_event_listener(count)
         events = []
         gen = engine.generate([7] * 10, SamplingParams(max_tokens=2000, ignore_eos=True))
         events.append(await gen.__anext__())
-        await anyio.sleep(0.3)  # stop reading: the engine runs on, the buffer fills
+        first_batch = dispatched  # at most what the reader took (the rest of its batch held)
+        with anyio.fail_after(120):  # stop reading while the engine runs on (a hang guard)
+            await overflowed.wait()
         async for event in gen:
             events.append(event)
         end = terminal(events)
         assert end.finish_reason == "error" and "too slow" in end.message
-        assert len(events) <= 1 + 4 + 1
+        assert len(events) <= first_batch + 4 + 1  # then four buffered, then the cut-off
         await wait_blocks_free(engine)
 
 
