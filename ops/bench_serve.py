@@ -97,6 +97,12 @@ def build_parser() -> argparse.ArgumentParser:
     out.add_argument("--metric-percentiles", default="50,90,99")
     out.add_argument("--result-file", default=None, help="write the JSON result here")
     out.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    out.add_argument(
+        "--sse-read",
+        choices=["events", "lines"],
+        default="events",
+        help="read the stream by socket reads cut into events (vLLM's client), or by lines",
+    )
     return p
 
 
@@ -176,6 +182,7 @@ async def _run_http(
             temperature=args.temperature,
             ignore_eos=args.ignore_eos,
             api_key=args.api_key,
+            sse_read=args.sse_read,
         )
         auth = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
         await _warm(client, requests, args)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 from troupe.ops.bench_serve import main
-from troupe.ops.serve_client import HttpClient
+from troupe.ops.serve_client import HttpClient, SseRead
 from troupe.ops.serve_load import Progress, run_load
 from troupe.ops.serve_metrics import RequestResult, compute_metrics, metrics_json, parse_goodput
 from troupe.ops.serve_workload import (
@@ -190,8 +190,13 @@ USAGE = {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 7}}
         ([], 429, (False, 0, 5, 0, "HTTP 429")),
     ],
 )  # fmt: skip
+@pytest.mark.parametrize("sse_read", ["events", "lines"])
 async def test_http_client_times_content_chunks(
-    serve_app: object, chunks: list[bytes], status: int, expected: tuple[object, ...]
+    serve_app: object,
+    chunks: list[bytes],
+    status: int,
+    expected: tuple[object, ...],
+    sse_read: SseRead,
 ) -> None:
     import aiohttp
 
@@ -199,7 +204,9 @@ async def test_http_client_times_content_chunks(
     url = await serve_app(_sse_app(chunks, seen, status))  # type: ignore[operator]
     req = BenchRequest(index=0, prompt_ids=[5, 6, 7, 8, 9], output_len=7, arrival_s=0.0)
     async with aiohttp.ClientSession() as session:
-        client = HttpClient(session, url, model="m", temperature=0.6, ignore_eos=True)
+        client = HttpClient(
+            session, url, model="m", temperature=0.6, ignore_eos=True, sse_read=sse_read
+        )
         r = await client.send(req)
     success, num_tokens, prompt_len, num_gaps, error = expected
     assert (r.success, r.output_tokens, r.prompt_len, len(r.itl)) == (
@@ -220,6 +227,33 @@ async def test_http_client_times_content_chunks(
         "stream_options": {"include_usage": True},
         "model": "m",
     }
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    "writes",
+    [
+        [_data(TEXT) + _data(TEXT) + _data(TEXT) + _data(USAGE)],  # four events, one write
+        [_data(TEXT)[:9], _data(TEXT)[9:] + _data(TEXT)[:3], _data(TEXT)[3:] + _data(TEXT)],
+        [_data(TEXT) * 2 + _data(TEXT).rstrip(b"\n")],  # the body ends without a blank line
+    ],
+    ids=["coalesced", "split", "no-final-blank"],
+)
+async def test_events_are_cut_from_socket_reads_whatever_the_writes(
+    serve_app: object, writes: list[bytes]
+) -> None:
+    """--sse-read events (vLLM's client): events come out whole and in order however the
+    server's writes (and so the socket reads) cut them."""
+    import aiohttp
+
+    url = await serve_app(_sse_app(writes, []))  # type: ignore[operator]
+    req = BenchRequest(index=0, prompt_ids=[1], output_len=3, arrival_s=0.0)
+    async with aiohttp.ClientSession() as session:
+        client = HttpClient(session, url, model="m", temperature=0.0, ignore_eos=True)
+        r = await client.send(req)
+    assert r.success, r.error
+    assert len(r.itl) == 2  # three content chunks
+    assert r.output_tokens == (7 if b"completion_tokens" in b"".join(writes) else 3)
 
 
 # -- end to end --------------------------------------------------------------------------------
