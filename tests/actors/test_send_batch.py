@@ -38,22 +38,29 @@ class Batches:
         return []
 
 
-async def test_a_loop_actors_batch_arrives_as_one_batch() -> None:
+async def _fan_out(copies: int, inbox: Any, outbox: Any) -> Batches:
+    """One message into a Fan actor whose `copies` answers go to a Batches actor over `inbox`
+    (`outbox`: its sending end); the Batches core once all of them are in."""
     send_in, recv_in = anyio.create_memory_object_stream[int](10)
-    send_mid, recv_mid = anyio.create_memory_object_stream[Any](100)
     sink = Batches()
-    fan = Actor("fan", Fan(30), recv_in, {"out": send_mid})
-    out = Actor("out", sink, recv_mid, {})
+    fan = Actor("fan", Fan(copies), recv_in, {"out": outbox})
+    out = Actor("out", sink, inbox, {})
     async with anyio.create_task_group() as tg:
         await tg.start(out.run)  # waiting on its inbox before the batch comes
         await tg.start(fan.run)
-        await send_in.send(1)
+        await send_in.send(7)
         with anyio.fail_after(60):  # a hang guard only
-            while len(sink.items) < 30:
+            while len(sink.items) < copies:
                 await anyio.sleep(0.001)
         tg.cancel_scope.cancel()
+    return sink
+
+
+async def test_a_loop_actors_batch_arrives_as_one_batch() -> None:
+    send, recv = anyio.create_memory_object_stream[Any](100)
+    sink = await _fan_out(30, recv, send)
     assert sink.sizes == [30]  # one batch (it was 30 of one message each)
-    assert sink.items == [(1, i) for i in range(30)]
+    assert sink.items == [(7, i) for i in range(30)]
 
 
 async def test_a_full_inbox_is_waited_on_in_order() -> None:
@@ -74,18 +81,7 @@ async def test_a_full_inbox_is_waited_on_in_order() -> None:
 
 
 async def test_a_thread_actors_inbox_gets_the_batch_in_one_wake() -> None:
-    send_in, recv_in = anyio.create_memory_object_stream[int](10)
     inbox = ThreadInbox(100)
-    sink = Batches()
-    fan = Actor("fan", Fan(20), recv_in, {"out": inbox.sender()})
-    out = Actor("out", sink, inbox, {})
-    async with anyio.create_task_group() as tg:
-        await tg.start(out.run)
-        await tg.start(fan.run)
-        await send_in.send(7)
-        with anyio.fail_after(60):  # a hang guard only
-            while len(sink.items) < 20:
-                await anyio.sleep(0.001)
-        tg.cancel_scope.cancel()
+    sink = await _fan_out(20, inbox, inbox.sender())
     assert sink.sizes == [20]
     assert sink.items == [(7, i) for i in range(20)]
