@@ -75,7 +75,7 @@ class Actor:
             task_status.started()
             batch_no = 0
             async for first in self._inbox:
-                out = list(self._handle(self._drain(first), batch_no))
+                out = self._handle(self._drain(first), batch_no)
                 for dest, msg in out:
                     self._sent(dest, msg, batch_no)
                 await send_batch([(self._outboxes[dest], msg) for dest, msg in out])

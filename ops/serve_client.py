@@ -49,8 +49,7 @@ async def read_sse_data(
     False or the body ends; see the module doc for `how`."""
     if how == "lines":
         async for raw in content:
-            line = raw.strip()
-            if line.startswith(b"data:") and not on_data(line[5:].strip()):
+            if not _each_data([raw.strip()], on_data):
                 return
         return
     pending = b""
@@ -58,14 +57,15 @@ async def read_sse_data(
         pending += data
         if b"\r" in pending:  # CRLF line ends (the SSE spec allows them)
             pending = pending.replace(b"\r\n", b"\n")
-        *events, pending = pending.split(b"\n\n")
-        for event in events:
-            for line in event.split(b"\n"):
-                if line.startswith(b"data:") and not on_data(line[5:].strip()):
-                    return
-    for line in pending.split(b"\n"):  # an event the body ended without a blank line after
-        if line.startswith(b"data:") and not on_data(line[5:].strip()):
+        complete, end, pending = pending.rpartition(b"\n\n")  # whole events, the rest
+        if end and not _each_data(complete.split(b"\n"), on_data):
             return
+    _each_data(pending.split(b"\n"), on_data)  # an event the body ended without a blank line
+
+
+def _each_data(lines: list[bytes], on_data: Callable[[bytes], bool]) -> bool:
+    """`on_data` for each `data:` line, in order; False once it asks to stop."""
+    return all(on_data(line[5:].strip()) for line in lines if line.startswith(b"data:"))
 
 
 class Client(Protocol):
