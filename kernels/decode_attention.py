@@ -85,7 +85,8 @@ FP8_DEFAULT_CONFIG = DecodeConfig(
 )  # its split counts as swept (3 per SM rounded down picks what 2 rounded up did there)
 
 
-@triton.jit(do_not_specialize=["num_splits"])  # one compile serves every split count
+# one compile serves every split count and block-table width (an eager step's varies)
+@triton.jit(do_not_specialize=["num_splits", "stride_bt"])
 def _decode_split_kernel(
     q_ptr,
     k_cache_ptr,

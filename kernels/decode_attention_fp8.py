@@ -35,7 +35,7 @@ from .fp8_tile import load_tile, tile_start
 _F16_MAX = tl.constexpr(65504.0)  # a global a kernel reads must be a constexpr
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["stride_bt"])  # an eager step's block-table width varies
 def decode_split_fp8_kernel(
     q_ptr,
     k_cache_ptr,

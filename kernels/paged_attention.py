@@ -176,7 +176,10 @@ def _attend(
     return acc, m_i, l_i
 
 
-@triton.jit
+# An eager step (past the mixed graphs' token counts) has any sequence count and block-table
+# width: specialized on them (== 1, % 16), its first steps compiled up to three variants, ~1.5 s
+# each (docs/benchmarks.md, session 28); nothing in the kernel gains from knowing them.
+@triton.jit(do_not_specialize=["num_seqs", "stride_bt"])
 def _paged_attention_kernel(
     q_ptr,
     k_cache_ptr,

@@ -252,3 +252,73 @@ def test_mixed_step_with_decode_prefix_and_padding(device: str, group: int) -> N
     )  # fmt: skip
     assert _rel_err(out[:num_tokens], ref) < bound
     assert out[num_tokens:].isnan().all(), "a padding row was written"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_eager_steps_of_any_shape_share_one_compile() -> None:
+    """Steps run eagerly (past the mixed graphs' token counts) have any sequence count and
+    block-table width; after one step of each form (with and without leading decodes) none of
+    them compiles a kernel: counted by Triton's post-compile hook. Specialized on those values,
+    a burst's first eager steps compiled three variants (~1.5 s each)."""
+    import triton
+
+    block_size, num_kv_heads, head_dim, dtype, bound = SETUP["cuda"]
+    scale = 1 / math.sqrt(head_dim)
+
+    def step(lens: list[tuple[int, int]], width: int, num_decodes: int) -> None:
+        batch = make_paged_batch(
+            lens,
+            num_q_heads=2 * num_kv_heads,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            block_size=block_size,
+            dtype=dtype,
+            device="cuda",
+            seed=_seed("eager", len(lens), width),
+        )
+        need = -(-batch.max_seq_len // block_size)  # the batch's table has padding columns
+        assert need <= width
+        tables = batch.block_tables[:, :need]
+        tables = torch.cat([tables, tables[:, :1].expand(-1, width - need)], dim=1)
+        prefix = torch.tensor([num_decodes], dtype=torch.int32, device="cuda")
+        out = paged_attention_triton(
+            batch.q, batch.k_cache, batch.v_cache, tables, batch.seq_lens,
+            batch.query_start_loc, scale, batch.max_query_len, batch.max_seq_len,
+            prefix if num_decodes else None,
+        )  # fmt: skip
+        ref = reference.paged_attention(
+            batch.q.float(), batch.k_cache.float(), batch.v_cache.float(), batch.block_tables,
+            batch.seq_lens, batch.query_start_loc, scale, batch.max_query_len,
+            batch.max_seq_len,
+        )  # fmt: skip
+        assert _rel_err(out, ref) < bound
+
+    def lens(num_seqs: int, num_decodes: int) -> list[tuple[int, int]]:
+        return [(3 * block_size + i, 1) for i in range(num_decodes)] + [
+            (block_size * (i % 3), 40 + 7 * i) for i in range(num_seqs - num_decodes)
+        ]
+
+    step(lens(16, 0), 32, 0)
+    step(lens(16, 4), 32, 4)
+    torch.cuda.synchronize()
+    compiled: list[str] = []
+    knobs = triton.knobs.runtime
+    before = knobs.jit_post_compile_hook
+
+    def hook(**kwargs: object) -> bool:
+        compiled.append(str(kwargs.get("repr", kwargs.get("key"))))
+        return False
+
+    knobs.jit_post_compile_hook = hook
+    try:
+        step([(0, 9)], 1, 0)  # one sequence, a table one block wide
+        step([(5, 1)], 1, 1)
+        step(lens(7, 0), 21, 0)
+        step(lens(37, 0), 33, 0)
+        step(lens(9, 3), 25, 3)
+        step(lens(21, 5), 48, 5)
+        torch.cuda.synchronize()
+    finally:
+        knobs.jit_post_compile_hook = before
+    assert compiled == []
