@@ -26,7 +26,7 @@ from troupe.actors.heap_freeze import frozen_heap
 from troupe.actors.request_input import RequestInputError, to_generate_request
 from troupe.actors.request_log import log_end
 from troupe.actors.shell import Actor, Outbox
-from troupe.actors.startup import load_engine_parts
+from troupe.actors.startup import close_engine_parts, load_engine_parts
 from troupe.actors.switch_interval import switch_interval
 from troupe.actors.watchdog import watch_executor
 from troupe.actors.wiring import wire
@@ -195,12 +195,7 @@ class Engine:
                 await graph.to_tokenizer.aclose()
                 if tracer is not None:
                     tracer.close()
-                if any(actor.is_hung for actor in graph.actors):
-                    # The runner is stuck in a step; closing it may block too: bounded, abandoned.
-                    with anyio.move_on_after(5):
-                        await anyio.to_thread.run_sync(setup.runner.close, abandon_on_cancel=True)
-                else:
-                    await anyio.to_thread.run_sync(setup.runner.close)
+                await close_engine_parts(setup, graph.actors)
             self._stopped.set()
 
     async def _route(self, inbox: Any) -> None:

@@ -1,5 +1,6 @@
 """What Engine.open waits for before it wires the graph: the runner and the tokenizer, loaded
-side by side (blocking: run it in a worker thread).
+side by side (blocking: run it in a worker thread); and what the engine closes once its actors
+have stopped.
 
 The model load spends much of its time in torch ops that release the GIL (the int4 repacking,
 fbgemm's prepack of the int8 lm_head), so on a machine with a second core the tokenizer, and
@@ -9,14 +10,18 @@ load instead of the sum (docs/benchmarks.md, "CPU start").
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
+import anyio
 from troupe.actors.core.detokenizer import shared_token_texts
 from troupe.actors.core.tokenizer_bound import shared_count_bound
 from troupe.actors.core.tokenizer_text import TextTokenizer
 from troupe.actors.executor import ExecutorSetup, start_executor
+from troupe.actors.grammar_process import GrammarProcess
 from troupe.actors.graph import load_tokenizer_for
+from troupe.actors.shell import Actor
 from troupe.actors.switch_interval import switch_interval
 from troupe.config import EngineConfig
 
@@ -49,3 +54,18 @@ def load_engine_parts(
         tokenizer = pool.submit(prepared_tokenizer, config.model, config.chat_template)
         setup = start_executor(config, runner)
         return setup, tokenizer.result()
+
+
+async def close_engine_parts(setup: ExecutorSetup, actors: Sequence[Actor]) -> None:
+    """The runner, then the grammar's child process and its page-locked mask file: now, not
+    when the collector finds them (unregistered during another engine's CUDA-graph capture,
+    the file invalidated that capture: tests/gpu opens engines one after another)."""
+    if any(actor.is_hung for actor in actors):
+        # The runner is stuck in a step; closing it may block too: bounded, abandoned.
+        with anyio.move_on_after(5):
+            await anyio.to_thread.run_sync(setup.runner.close, abandon_on_cancel=True)
+    else:
+        await anyio.to_thread.run_sync(setup.runner.close)
+    for actor in actors:
+        if isinstance(actor.core, GrammarProcess):
+            await anyio.to_thread.run_sync(actor.core.close)

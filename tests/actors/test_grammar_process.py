@@ -4,10 +4,12 @@ a dead child fails the actor with a clear error. The default model's tokenizer, 
 
 from __future__ import annotations
 
+import gc
+import multiprocessing
 import random
 
 import pytest
-from troupe import EngineConfig
+from troupe import Engine, EngineConfig
 from troupe.actors.core.grammar import GrammarCore
 from troupe.actors.core.grammar_compiler import grammar_compiler_for, grammar_vocab
 from troupe.actors.grammar_process import GrammarProcess
@@ -237,3 +239,23 @@ def test_the_mask_file_leaves_a_full_dev_shm_for_the_temporary_directory(  # typ
     with pytest.raises(RuntimeError, match="no room for the grammar's 1 MiB mask file"):
         grammar_process._shared_file(1 << 20)
     assert not list(shm.iterdir())
+
+
+def _grammar_children() -> list[str]:
+    return [p.name for p in multiprocessing.active_children() if p.name == "troupe-grammar"]
+
+
+@pytest.mark.anyio
+async def test_the_engine_stops_its_grammar_process_when_it_closes() -> None:
+    """Closed with the engine, not left to the collector: on CUDA the child's mask file is
+    page-locked, and unregistered by a collection during another engine's CUDA-graph capture,
+    it invalidated that capture (tests/gpu opens engines one after another)."""
+    config = EngineConfig(runner="fake", num_kv_blocks=64, grammar_worker="process")
+    gc.disable()  # the finalizer must not be what stops it
+    try:
+        async with Engine.open(config) as engine:
+            assert _grammar_children() == ["troupe-grammar"]
+        assert _grammar_children() == []
+        del engine
+    finally:
+        gc.enable()
