@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 import troupe.gpu.gumbel_argmax as gumbel_module
+from triton_compiles import triton_compiles
 from troupe.gpu.gumbel_argmax import gumbel_argmax
 from troupe.gpu.sampler import gumbel_noise, row_keys_array
 
@@ -103,21 +104,10 @@ def test_merge_width_is_the_next_power_of_two() -> None:
 def test_no_draw_compiles_after_warm_up() -> None:
     """After warm_up, draws of any row count up to max_rows (with and without a bitmask)
     compile no kernel: counted by Triton's post-compile hook."""
-    import triton
-
     device = torch.device("cuda")
     vocab, max_rows = 151_936, 256
     gumbel_module.warm_up(vocab, device, torch.bfloat16, max_rows)
-    compiled: list[str] = []
-    knobs = triton.knobs.runtime
-    before = knobs.jit_post_compile_hook
-
-    def hook(**kwargs: object) -> bool:
-        compiled.append(str(kwargs.get("repr", kwargs.get("key"))))
-        return False
-
-    knobs.jit_post_compile_hook = hook
-    try:
+    with triton_compiles() as compiled:
         for n in (1, 2, 7, 14, 15, 30, 31, 60, 66, 100, 128, 200, 255, 256):
             logits = torch.randn(n, vocab, device=device, dtype=torch.bfloat16)
             temperature = torch.full((n,), 0.7, device=device)
@@ -126,8 +116,6 @@ def test_no_draw_compiles_after_warm_up() -> None:
             full = torch.full((n, -(-vocab // 32)), -1, dtype=torch.int32, device=device)
             gumbel_argmax(logits, temperature, keys, full)
         torch.cuda.synchronize()
-    finally:
-        knobs.jit_post_compile_hook = before
     assert compiled == []
 
 

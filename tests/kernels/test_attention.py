@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
+from triton_compiles import triton_compiles
 from troupe.kernels import reference
 from troupe.kernels.decode_attention import paged_decode_attention_triton
 from troupe.kernels.ops import KernelBackend, KernelOps, select_ops
@@ -261,8 +262,6 @@ def test_eager_steps_of_any_shape_share_one_compile() -> None:
     block-table width; after one step of each form (with and without leading decodes) none of
     them compiles a kernel: counted by Triton's post-compile hook. Specialized on those values,
     a burst's first eager steps compiled three variants (~1.5 s each)."""
-    import triton
-
     block_size, num_kv_heads, head_dim, dtype, bound = SETUP["cuda"]
     scale = 1 / math.sqrt(head_dim)
 
@@ -302,16 +301,7 @@ def test_eager_steps_of_any_shape_share_one_compile() -> None:
     step(lens(16, 0), 32, 0)
     step(lens(9, 3), 32, 3)
     torch.cuda.synchronize()
-    compiled: list[str] = []
-    knobs = triton.knobs.runtime
-    before = knobs.jit_post_compile_hook
-
-    def hook(**kwargs: object) -> bool:
-        compiled.append(str(kwargs.get("repr", kwargs.get("key"))))
-        return False
-
-    knobs.jit_post_compile_hook = hook
-    try:
+    with triton_compiles() as compiled:
         step([(0, 9)], 1, 0)  # one sequence, a table one block wide
         step(lens(7, 0), 21, 0)
         step(lens(37, 0), 33, 0)
@@ -319,6 +309,4 @@ def test_eager_steps_of_any_shape_share_one_compile() -> None:
         step(lens(9, 3), 25, 3)
         step(lens(9, 3), 17, 3)
         torch.cuda.synchronize()
-    finally:
-        knobs.jit_post_compile_hook = before
     assert compiled == []
