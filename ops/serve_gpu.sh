@@ -4,6 +4,8 @@
 # HTTP (`troupe serve`, one server for every rate) and through Engine.generate (--engine).
 # Run from the repo root with .whl carried; results (JSON per run, logs) go to $OUT.
 #   RATES="8 24 40 inf" ENGINE_RATES="40 inf" SERVE_ARGS="" bash ops/serve_gpu.sh
+# A rate named again runs again with fresh prompts (issue 9's burst, cold then warmed):
+#   RATES="inf inf inf" ENGINE_RATES="inf" bash ops/serve_gpu.sh
 # HTTP runs report the server's CPU (gateway and engine child apart). The engine in the
 # server's own process instead (issue 9 point 3's comparison; the engine flags of SERVE_ARGS
 # also go to --engine runs, which know no --no-engine-process):
@@ -33,11 +35,15 @@ for _ in $(seq 240); do
     2> /dev/null && break
   sleep 0.5
 done
+declare -A seen=()
 for rate in ${RATES-8 24 40 inf}; do
-  echo "== http rate $rate"
-  # a seed per rate: the server's prefix cache must not see a run's prompts again
+  # a seed per run: the server's prefix cache must not see a run's prompts again. A rate named
+  # again (RATES="inf inf inf": the burst on a warmed server) gets the next seed and file.
+  k=${seen[$rate]:-0}; seen[$rate]=$((k + 1))
+  seed=$(( ${rate/inf/999} + 1000 * k )); name=$rate; [ "$k" -gt 0 ] && name=${rate}_$k
+  echo "== http rate $rate (seed $seed)"
   $TROUPE bench serve --base-url http://127.0.0.1:$PORT --server-pid $SERVER --request-rate $rate \
-    --seed ${rate/inf/999} $LOAD --result-file "$OUT/http_$rate.json" 2>&1 | tail -${TAIL:-24}
+    --seed $seed $LOAD --result-file "$OUT/http_$name.json" 2>&1 | tail -${TAIL:-24}
 done
 # Issue #15: the live view's cost. Off and on alternate with the same seed (the same requests),
 # so drift in the server shows up on both sides: run it on a server without prefix caching,
