@@ -15,15 +15,16 @@ from __future__ import annotations
 import threading
 from collections.abc import Collection, Mapping
 
-from troupe.gpu.runner import Runner, RunnerStats, SequencesFailed
-from troupe.messages import FailedSeq, SampledToken, SeqFailureReason, StepPlan, TokenMasks
+from troupe.gpu.runner import Runner, SequencesFailed
+from troupe.gpu.runner_wrapper import RunnerWrapper
+from troupe.messages import FailedSeq, SampledToken, SeqFailureReason, StepPlan
 
 
 class InjectedFault(RuntimeError):
     """The error a FaultyRunner raises at a step in `fail_at_steps`."""
 
 
-class FaultyRunner:
+class FaultyRunner(RunnerWrapper):
     """A Runner that delegates to `inner`, except at the steps it was told to break."""
 
     def __init__(
@@ -36,17 +37,7 @@ class FaultyRunner:
     ) -> None:
         """`nan_at`: step -> request ids whose logits come out non-finite at that step (as the
         real sampler reports them: no token, a FailedSeq); ids not sampled then are unaffected."""
-        self.inner = inner
-        self.block_size = inner.block_size
-        self.num_gpu_blocks = inner.num_gpu_blocks
-        self.num_cpu_blocks = inner.num_cpu_blocks
-        self.vocab_size = inner.vocab_size
-        self.max_model_len = inner.max_model_len
-        self.eos_token_ids = inner.eos_token_ids
-        self.num_lookahead_tokens = inner.num_lookahead_tokens
-        self.kv_pages_on_write = inner.kv_pages_on_write
-        self.kv_window = inner.kv_window
-        self.max_stream_len = inner.max_stream_len
+        super().__init__(inner)
         self._fail_at = frozenset(fail_at_steps)
         self._nan_at = {step: frozenset(ids) for step, ids in (nan_at or {}).items()}
         self._cond = threading.Condition()
@@ -76,12 +67,6 @@ class FaultyRunner:
                 lambda: self.is_waiting and self.num_held >= num_held, timeout
             )
 
-    def launch(self, plan: StepPlan) -> None:
-        self.inner.launch(plan)
-
-    def finish(self, masks: TokenMasks) -> tuple[SampledToken, ...]:
-        return self.inner.finish(masks)
-
     def execute(self, plan: StepPlan) -> tuple[SampledToken, ...]:
         with self._cond:
             self.num_steps += 1
@@ -106,9 +91,6 @@ class FaultyRunner:
                 if s.request_id in poisoned
             ),
         )
-
-    def statistics(self) -> RunnerStats:
-        return self.inner.statistics()
 
     def close(self) -> None:
         self.release()

@@ -12,23 +12,14 @@ from __future__ import annotations
 
 import msgspec
 from troupe.gpu.faulty_runner import FaultyRunner
-from troupe.gpu.runner import Runner, RunnerStats
+from troupe.gpu.runner import Runner
+from troupe.gpu.runner_wrapper import RunnerWrapper
 from troupe.messages import SampledToken, StepPlan
 
 
-class ScriptedRunner:
+class ScriptedRunner(RunnerWrapper):
     def __init__(self, inner: Runner) -> None:
-        self.inner = inner
-        self.block_size = inner.block_size
-        self.num_gpu_blocks = inner.num_gpu_blocks
-        self.num_cpu_blocks = inner.num_cpu_blocks
-        self.vocab_size = inner.vocab_size
-        self.max_model_len = inner.max_model_len
-        self.eos_token_ids = inner.eos_token_ids
-        self.num_lookahead_tokens = inner.num_lookahead_tokens
-        self.kv_pages_on_write = inner.kv_pages_on_write
-        self.kv_window = inner.kv_window
-        self.max_stream_len = inner.max_stream_len
+        super().__init__(inner)
         self.script: tuple[int, ...] | None = None  # set by the test between requests
         self._num_sampled: dict[str, int] = {}
 
@@ -45,12 +36,6 @@ class ScriptedRunner:
             self._num_sampled[token.request_id] = n + 1
             out.append(msgspec.structs.replace(token, token_id=script[n % len(script)]))
         return tuple(out)
-
-    def statistics(self) -> RunnerStats:
-        return self.inner.statistics()
-
-    def close(self) -> None:
-        self.inner.close()
 
 
 class HeldRunner(FaultyRunner):
