@@ -7,6 +7,8 @@ on the host, while the next decode step already runs, so the gap between one ste
 the next one's start is the actors' planning, not necessarily idle GPU.
 
 Like FaultyRunner, it blocks its caller: the engine runs an injected runner in a worker thread.
+It does not pass on `draw_ahead` (gpu/runner.DrawsAhead): a timed engine draws masked steps
+when their plan comes, whatever `EngineConfig.draw_masked_ahead` says.
 """
 
 from __future__ import annotations
