@@ -8,7 +8,6 @@ stops the graph: every open request gets a Failed event and `is_healthy` turns F
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -26,7 +25,12 @@ from troupe.actors.heap_freeze import frozen_heap
 from troupe.actors.request_input import RequestInputError, to_generate_request
 from troupe.actors.request_log import log_end
 from troupe.actors.shell import Actor, Outbox
-from troupe.actors.startup import close_engine_parts, load_engine_parts
+from troupe.actors.startup import (
+    close_engine_parts,
+    close_failed_start,
+    load_engine_parts,
+    open_trace,
+)
 from troupe.actors.switch_interval import switch_interval
 from troupe.actors.watchdog import watch_executor
 from troupe.actors.wiring import wire
@@ -46,7 +50,6 @@ from troupe.messages import (
     StreamEvent,
 )
 from troupe.messages.graph_stats import GraphStats
-from troupe.messages.trace import TRACE_VERSION, TraceHeader, TraceWriter
 
 if TYPE_CHECKING:
     from troupe.gpu.runner import Runner
@@ -153,16 +156,12 @@ class Engine:
         self.max_model_len = setup.numbers.max_model_len
         self._vocab_size = setup.numbers.vocab_size
         tracer = None
-        if config.trace_path:
-            header = TraceHeader(
-                version=TRACE_VERSION,
-                created=time.strftime("%Y-%m-%dT%H:%M:%S"),
-                engine_config=dataclasses.asdict(config),
-                runner=setup.numbers,
-            )
-            tracer = TraceWriter(config.trace_path, header)
-        inputs = setup.graph_inputs(self.tokenizer)
-        graph = wire(setup.graph_specs(), inputs, tracer)
+        try:  # a bad trace path, a core that refuses the config: the runner is closed all the same
+            tracer = open_trace(setup)
+            graph = wire(setup.graph_specs(), setup.graph_inputs(self.tokenizer), tracer)
+        except BaseException:
+            await close_failed_start(setup, tracer)
+            raise
         self._actors = list(graph.actors)
         self._client_inbox = graph.client_inbox
         self._executor = next(a.core for a in graph.actors if isinstance(a.core, ExecutorCore))

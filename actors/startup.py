@@ -10,6 +10,8 @@ load instead of the sum (docs/benchmarks.md, "CPU start").
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
@@ -24,6 +26,7 @@ from troupe.actors.graph import load_tokenizer_for
 from troupe.actors.shell import Actor
 from troupe.actors.switch_interval import switch_interval
 from troupe.config import EngineConfig
+from troupe.messages.trace import TRACE_VERSION, TraceHeader, TraceWriter
 
 if TYPE_CHECKING:
     from troupe.gpu.runner import Runner
@@ -69,3 +72,27 @@ async def close_engine_parts(setup: ExecutorSetup, actors: Sequence[Actor]) -> N
     for actor in actors:
         if isinstance(actor.core, GrammarProcess):
             await anyio.to_thread.run_sync(actor.core.close)
+
+
+def open_trace(setup: ExecutorSetup) -> TraceWriter | None:
+    """The message trace `EngineConfig.trace_path` asks for (its header: the config and the
+    runner's numbers), None without one."""
+    config = setup.config
+    if not config.trace_path:
+        return None
+    header = TraceHeader(
+        version=TRACE_VERSION,
+        created=time.strftime("%Y-%m-%dT%H:%M:%S"),
+        engine_config=dataclasses.asdict(config),
+        runner=setup.numbers,
+    )
+    return TraceWriter(config.trace_path, header)
+
+
+async def close_failed_start(setup: ExecutorSetup, tracer: TraceWriter | None) -> None:
+    """What a start that failed before its actors ran had opened: the trace, the runner (its
+    device memory, for an app that tries again)."""
+    with anyio.CancelScope(shield=True):
+        if tracer is not None:
+            tracer.close()
+        await close_engine_parts(setup, ())

@@ -161,6 +161,27 @@ async def test_open_raises_the_load_error_itself(tmp_path: Path) -> None:
             pass
 
 
+class _ClosingSpy(FaultyRunner):
+    def __init__(self) -> None:
+        super().__init__(FakeRunner.from_config(CONFIG))
+        self.num_closed = 0
+
+    def close(self) -> None:
+        self.num_closed += 1
+        super().close()
+
+
+async def test_a_start_that_fails_while_wiring_closes_the_runner(tmp_path: Path) -> None:
+    """The runner (on a GPU: the model and its KV pool) is closed when the start fails after
+    it loaded, here at the trace file, so an app that tries again has its memory back."""
+    runner = _ClosingSpy()
+    config = CONFIG.replace(trace_path=str(tmp_path / "no-such-folder" / "run.trace"))
+    with pytest.raises(FileNotFoundError):
+        async with Engine.open(config, runner=runner):
+            pass
+    assert runner.num_closed == 1
+
+
 def test_step_timeout_is_validated() -> None:
     with pytest.raises(ConfigError, match="step_timeout_s"):
         EngineConfig(step_timeout_s=0)
