@@ -4,8 +4,9 @@
 # Structured output needs these beyond the script's own list, and tests/gpu imports gguf:
 #   ../shared/tools/device-wheels.sh xgrammar==0.2.8 apache-tvm-ffi pydantic pydantic-core \
 #     annotated-types typing-inspection gguf pyyaml tqdm
-# Logs go to $OUT (or /tmp/troupe-gpu). The GPU tests alone take ~420 s on the H200 (2026-12-03):
-# run them with SKIP_BENCH=1 in a call of their own.
+# Logs go to $OUT (or /tmp/troupe-gpu). The GPU tests alone take 290-430 s on the H200 (hosts
+# differ): run them with SKIP_BENCH=1 TEST_TIMEOUT=560 in a call of their own, or in two calls
+# (TESTS=tests/kernels, then TESTS=tests/gpu) when the device time left is short.
 set -uo pipefail
 OUT=${OUT:-/tmp/troupe-gpu}; mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
