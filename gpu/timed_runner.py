@@ -33,10 +33,6 @@ class StepTime:
     num_prefill_seqs: int  # sequences with more than one new token (prefill chunks)
 
 
-def _shape(plan: StepPlan) -> tuple[int, int, int]:
-    return len(plan.seqs), plan.num_tokens, sum(1 for s in plan.seqs if len(s.token_ids) > 1)
-
-
 class TimedRunner(RunnerWrapper):
     """A Runner that delegates to `inner` and appends a StepTime per step to `steps`."""
 
@@ -50,7 +46,7 @@ class TimedRunner(RunnerWrapper):
         try:
             return self.inner.execute(plan)
         finally:
-            self.steps.append(StepTime(plan.step_id, start, time.perf_counter(), *_shape(plan)))
+            self._record(plan, start)
 
     def launch(self, plan: StepPlan) -> None:
         self._launched = (plan, time.perf_counter())
@@ -61,7 +57,13 @@ class TimedRunner(RunnerWrapper):
             return self.inner.finish(masks)
         finally:
             if self._launched is not None:
-                plan, start = self._launched
+                self._record(*self._launched)
                 self._launched = None
-                step = StepTime(plan.step_id, start, time.perf_counter(), *_shape(plan))
-                self.steps.append(step)
+
+    def _record(self, plan: StepPlan, start: float) -> None:
+        seqs = plan.seqs
+        num_prefill = sum(1 for s in seqs if len(s.token_ids) > 1)
+        step = StepTime(
+            plan.step_id, start, time.perf_counter(), len(seqs), plan.num_tokens, num_prefill
+        )
+        self.steps.append(step)

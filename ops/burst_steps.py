@@ -36,10 +36,10 @@ def summarize(steps: Sequence[StepTime], t0: float, show: int) -> list[str]:
     """The report's step lines (module docstring) for the steps of one burst started at t0."""
     if not steps:
         return ["no steps"]
-    ms = [(1e3 * (s.start - t0), 1e3 * (s.end - t0)) for s in steps]
     first = steps[0]
     lines = [
-        f"first step: +{ms[0][0]:.1f} ms, {first.num_seqs} sequences, {first.num_tokens} tokens"
+        f"first step: +{1e3 * (first.start - t0):.1f} ms, {first.num_seqs} sequences, "
+        f"{first.num_tokens} tokens"
     ]
     last_prefill = max((i for i, s in enumerate(steps) if s.num_prefill_seqs), default=-1)
     if last_prefill >= 0:
@@ -59,8 +59,8 @@ def summarize(steps: Sequence[StepTime], t0: float, show: int) -> list[str]:
             f"median {statistics.median(s.num_seqs for s in tail):.0f} sequences"
         )
     prev_end = t0
-    for s, (start, end) in zip(steps[:show], ms[:show], strict=False):
-        gap = start - 1e3 * (prev_end - t0)
+    for s in steps[:show]:
+        start, end, gap = 1e3 * (s.start - t0), 1e3 * (s.end - t0), 1e3 * (s.start - prev_end)
         lines.append(
             f"  step {s.step_id}: +{start:7.1f} .. +{end:7.1f} ms (gap {gap:5.1f}) "
             f"seqs {s.num_seqs:4d} prefill {s.num_prefill_seqs:3d} tokens {s.num_tokens:6d}"
