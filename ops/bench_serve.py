@@ -26,6 +26,7 @@ import aiohttp
 from troupe.actors.heap_freeze import frozen_heap
 from troupe.config import ConfigError, EngineConfig
 from troupe.ops.serve_client import Client, EngineClient, HttpClient
+from troupe.ops.serve_connections import ConnectionCount, connections_to_open, open_connections
 from troupe.ops.serve_cpu import ServerCpu, cpu_used, read_server_cpu
 from troupe.ops.serve_load import Progress, run_load
 from troupe.ops.serve_metrics import RequestResult, compute_metrics, parse_goodput
@@ -92,6 +93,14 @@ def build_parser() -> argparse.ArgumentParser:
     load.add_argument("--temperature", type=float, default=0.0)
     load.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True)
     load.add_argument("--num-warmups", type=int, default=1, help="uncounted requests first")
+    load.add_argument(
+        "--warm-connections",
+        type=int,
+        default=None,
+        metavar="N",
+        help="kept-alive connections opened before the clock starts (default: a burst's size "
+        "with --request-rate inf, else 0; 0: vLLM's client, which opens them while timed)",
+    )
     out = p.add_argument_group("report")
     out.add_argument("--goodput", nargs="+", default=[], metavar="KEY:MS", help="ttft:200 tpot:20")
     out.add_argument("--metric-percentiles", default="50,90,99")
@@ -153,19 +162,23 @@ async def _wait_healthy(session: aiohttp.ClientSession, base_url: str, timeout: 
         await asyncio.sleep(0.2)
 
 
-# results, duration, model, polls, the server's TTFT histogram before and after the load
-HttpRun = tuple[list[RequestResult], float, str, int, tuple[Buckets | None, Buckets | None]]
+# results, duration, model, polls, the server's TTFT histogram before and after the load,
+# connections opened before the load
+HttpRun = tuple[list[RequestResult], float, str, int, tuple[Buckets | None, Buckets | None], int]
 
 
 async def _run_http(
     base_url: str, requests: list[BenchRequest], args: argparse.Namespace
 ) -> HttpRun:
-    """Results, duration, model name, how many times /v1/engine/stats was polled, and the
+    """Results, duration, model name, how many times /v1/engine/stats was polled, the
     server's own TTFT histogram read after the warm-up and after the load
-    (ops/server_ttft.py; None from another server)."""
+    (ops/server_ttft.py; None from another server), and the connections opened beforehand."""
     connector = aiohttp.TCPConnector(limit=0)  # --max-concurrency bounds it, as in vLLM
     timeout = aiohttp.ClientTimeout(total=_CLIENT_TIMEOUT_S)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+    count = ConnectionCount()
+    async with aiohttp.ClientSession(
+        connector=connector, timeout=timeout, trace_configs=[count.trace]
+    ) as session:
         await _wait_healthy(session, base_url, args.server_timeout)
         model = args.model_name
         if model is None:
@@ -186,6 +199,13 @@ async def _run_http(
         )
         auth = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
         await _warm(client, requests, args)
+        to_open = connections_to_open(
+            args.warm_connections,
+            num_prompts=len(requests),
+            request_rate=args.request_rate,
+            max_concurrency=args.max_concurrency,
+        )
+        opened = await open_connections(session, base_url, to_open, count) if to_open else 0
         before = await read_buckets(session, base_url, auth)  # after the warm-up: uncounted
         if args.poll_engine_stats is None:
             results, duration = await _load(client, requests, args)
@@ -203,7 +223,7 @@ async def _run_http(
                 )
             polls = poller.polls
         after = await read_buckets(session, base_url, auth)
-    return results, duration, model, polls, (before, after)
+    return results, duration, model, polls, (before, after), opened
 
 
 def engine_config(engine_args: list[str]) -> EngineConfig:
@@ -289,6 +309,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--poll-engine-stats must be > 0 s, got {args.poll_engine_stats:g}")
     if args.engine and args.poll_engine_stats is not None:
         parser.error("--poll-engine-stats reads the server's endpoint: it takes no --engine")
+    if args.warm_connections is not None and args.warm_connections < 0:
+        parser.error(f"--warm-connections must be >= 0, got {args.warm_connections}")
+    if args.engine and args.warm_connections:
+        parser.error("--warm-connections opens HTTP connections: it takes no --engine")
     if args.engine and args.base_url:
         parser.error("--engine runs in this process: it takes no --base-url")
     if args.server_pid is not None and not args.base_url:
@@ -302,6 +326,7 @@ def main(argv: list[str] | None = None) -> int:
     polls = 0
     cpu: ServerCpu | None = None  # read only from a server this benchmark started
     readings: tuple[Buckets | None, Buckets | None] = (None, None)  # HTTP to a troupe server
+    opened = 0  # connections opened before the load (HTTP)
     try:
         if args.engine:
             config = engine_config(engine_args)
@@ -309,12 +334,12 @@ def main(argv: list[str] | None = None) -> int:
         elif base_url is not None:
             before = read_server_cpu(args.server_pid) if args.server_pid else None
             run = asyncio.run(_run_http(base_url, requests, args))
-            results, duration, model, polls, readings = run
+            results, duration, model, polls, readings, opened = run
             after = read_server_cpu(args.server_pid) if args.server_pid else None
             cpu = cpu_used(before, after) if before and after else None
         else:
             run, base_url, cpu = _run_started_server(engine_args, requests, args)
-            results, duration, model, polls, readings = run
+            results, duration, model, polls, readings, opened = run
     except RuntimeError as exc:
         print(f"troupe bench serve: {exc}", file=sys.stderr)
         return 2
@@ -327,6 +352,7 @@ def main(argv: list[str] | None = None) -> int:
         "model_id": model,
         "dataset_name": args.dataset_name,
         "num_prompts": args.num_prompts,
+        "warm_connections": opened,
         "request_rate": rate_json(args.request_rate),
         "burstiness": args.burstiness,
         "max_concurrency": args.max_concurrency,

@@ -28,6 +28,11 @@ def format_report(m: BenchMetrics, settings: Mapping[str, Any], errors: Sequence
         ("Offered request rate (req/s)", "inf" if rate == "inf" else f"{rate:g}"),
         ("Burstiness", f"{settings['burstiness']:g}"),
         ("Max concurrency", str(settings["max_concurrency"])),
+        *(
+            [("Connections opened before", str(n))]
+            if (n := settings.get("warm_connections"))
+            else []
+        ),
         ("Successful requests", str(m.completed)),
         ("Failed requests", str(m.failed)),
         ("Benchmark duration (s)", f"{m.duration_s:.2f}"),
