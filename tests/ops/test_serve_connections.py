@@ -151,3 +151,14 @@ def test_default_opens_a_bursts_size_and_nothing_for_spread_arrivals() -> None:
     assert n(None, float("inf"), 64) == 64
     assert n(None, 40.0, None) == 0
     assert (n(0, float("inf"), None), n(12, 8.0, None)) == (0, 12)
+
+
+def test_send_phase_bench_reports_both_ways(capsys: pytest.CaptureFixture[str]) -> None:
+    """ops/send_phase_bench.py: a stamping server in a child, a line per way of sending."""
+    from troupe.ops.send_phase_bench import main
+
+    assert main(["--num-prompts", "12", "--repeats", "1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("server saw the burst's 12 requests")
+    assert [line.split()[0] for line in lines[1:]] == ["cold", "opened"]
+    assert all("first" in line and "last" in line for line in lines[1:])
