@@ -10,8 +10,10 @@ counts K and V once in the cache's own bytes (1 per element for fp8) plus q and 
 
 workload: random bf16 weights of the Llama-3.1-8B shape generated on the device (no files),
 the KV pool sized from free memory in each KV dtype (fp8: twice the blocks), then N requests of
-1,000 prompt and 1,000 output tokens (ignore_eos, greedy) through ModelRunner with a local loop
-that admits while blocks last: output tokens/s for bf16 KV then fp8 KV in the same process.
+1,000 prompt and 1,000 output tokens (ignore_eos, greedy) through ModelRunner with
+ops/kv_workload.py's loop, which admits while blocks last: output tokens/s for bf16 KV then fp8
+KV in the same process. `--max-running N` caps the requests in flight; `--timed` adds the step
+timeline's phases (prefill steps, decode steps by batch size, time outside the runner).
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ from __future__ import annotations
 import argparse
 import gc
 import math
-import time
 from typing import Any
 
 import torch
@@ -29,9 +30,9 @@ from troupe.gpu.models import DecoderModel
 from troupe.gpu.pool_sizing import blocks_from_free_memory
 from troupe.kernels.decode_attention import DecodeConfig, paged_decode_attention_triton
 from troupe.kernels.paged_batch import PagedBatch
-from troupe.messages import SamplingParams, SeqWork, StepPlan
 from troupe.ops.fp8_variant_sweep import fp8_decode_batch, sweep_variants
 from troupe.ops.kernel_bench import copy_bandwidth, flushed_graph_ms, median_ms
+from troupe.ops.kv_workload import run_workload, summary_lines
 
 LLAMA_8B = ModelConfig(
     model_type="llama", hidden_size=4096, num_layers=32, num_heads=32, num_kv_heads=8,
@@ -95,7 +96,15 @@ def random_model() -> DecoderModel:
     return model.eval()
 
 
-def workload(model: DecoderModel, cache: str, num_seqs: int, batched: int) -> None:
+def workload(
+    model: DecoderModel,
+    cache: str,
+    num_seqs: int,
+    batched: int,
+    *,
+    max_running: int | None = None,
+    timed: bool = False,
+) -> None:
     gc.collect()
     torch.cuda.empty_cache()
     dtype = kv_dtype(cache, torch.bfloat16)
@@ -107,65 +116,20 @@ def workload(model: DecoderModel, cache: str, num_seqs: int, batched: int) -> No
         enforce_eager=False, mixed_graph_tokens=min(batched, 8192), kv_cache_dtype=cache,
     )  # fmt: skip
     runner = ModelRunner(LLAMA_8B, model, options)
-    prompt_len = out_len = 1000
-    per_seq = -(-(prompt_len + out_len) // 16)
-    free = list(range(num_blocks))
-    waiting = list(range(num_seqs))
-    done = [0] * num_seqs
-    outs: list[list[int]] = [[] for _ in range(num_seqs)]
-    tables: dict[int, list[int]] = {}
-    running: list[int] = []
-    prompts = [
-        [(7 * s + 13 * i) % 100_000 + 10 for i in range(prompt_len)] for s in range(num_seqs)
-    ]
-    params = SamplingParams(temperature=0.0, max_tokens=out_len, ignore_eos=True)
-    step = peak_running = 0
-    start = time.perf_counter()
-    while waiting or running:
-        while waiting and len(free) >= per_seq:
-            seq = waiting.pop(0)
-            tables[seq], free = free[:per_seq], free[per_seq:]
-            running.append(seq)
-        peak_running = max(peak_running, len(running))
-        budget, works = batched, []
-        for seq in running:  # decodes first, then prefill chunks
-            if done[seq] >= prompt_len:
-                works.append(SeqWork(request_id=str(seq), token_ids=(outs[seq][-1],),
-                                     start_pos=done[seq], block_ids=()))  # fmt: skip
-                done[seq] += 1
-                budget -= 1
-        for seq in running:
-            if done[seq] < prompt_len and budget > 0:
-                first = done[seq] == 0
-                tokens = prompts[seq][done[seq] : done[seq] + budget]
-                works.append(SeqWork(
-                    request_id=str(seq), token_ids=tuple(tokens), start_pos=done[seq],
-                    block_ids=tuple(tables[seq]) if first else (), reset=first,
-                    sample=done[seq] + len(tokens) == prompt_len,
-                    params=params if first else None, num_prompt_tokens=prompt_len if first else 0,
-                ))  # fmt: skip
-                done[seq] += len(tokens)
-                budget -= len(tokens)
-        step += 1
-        finished = []
-        for token in runner.execute(StepPlan(step_id=step, seqs=tuple(works))):
-            seq = int(token.request_id)
-            outs[seq].append(token.token_id)
-            if len(outs[seq]) == out_len:
-                finished.append(seq)
-        for seq in finished:
-            running.remove(seq)
-            free += tables.pop(seq)
-        if finished:
-            runner.execute(StepPlan(step_id=step, seqs=(), released=tuple(map(str, finished))))
+    result = run_workload(
+        runner, num_blocks=num_blocks, block_size=16, num_seqs=num_seqs, prompt_len=1000,
+        output_len=1000, budget=batched, max_running=max_running, timed=timed,
+    )  # fmt: skip
     torch.cuda.synchronize()
-    elapsed = time.perf_counter() - start
-    total = sum(len(o) for o in outs)
+    total = result.output_tokens
     print(
-        f"{cache} KV: {num_blocks} blocks ({num_blocks * 16} tokens), peak {peak_running} "
-        f"running, {total} output tokens in {elapsed:.1f} s = {total / elapsed:.0f} tok/s",
+        f"{cache} KV: {num_blocks} blocks ({num_blocks * 16} tokens), peak {result.peak_running} "
+        f"running, {total} output tokens in {result.seconds:.1f} s = "
+        f"{total / result.seconds:.0f} tok/s",
         flush=True,
     )
+    for line in summary_lines(result):
+        print(line, flush=True)
     runner.close()
     del runner
 
@@ -175,6 +139,10 @@ def main() -> None:
     parser.add_argument("what", choices=("attention", "workload"))
     parser.add_argument("--num-seqs", type=int, default=1024)
     parser.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    parser.add_argument(
+        "--max-running", type=int, default=None, help="workload: requests in flight"
+    )
+    parser.add_argument("--timed", action="store_true", help="workload: the step timeline's phases")
     parser.add_argument("--sweep", action="store_true", help="attention: fp8 launch parameters")
     parser.add_argument(
         "--sweep-variants", action="store_true",
@@ -190,7 +158,10 @@ def main() -> None:
         return
     model = random_model()
     for cache in ("auto", "fp8"):
-        workload(model, cache, args.num_seqs, args.max_num_batched_tokens)
+        workload(
+            model, cache, args.num_seqs, args.max_num_batched_tokens,
+            max_running=args.max_running, timed=args.timed,
+        )  # fmt: skip
 
 
 if __name__ == "__main__":
