@@ -78,7 +78,7 @@ class _Stamps:
     def __init__(self, result: RequestResult) -> None:
         self.result = result
         self.num_chunks = 0
-        self.start = self.last = time.perf_counter()
+        self.start = self.last = result.start = time.perf_counter()
 
     def chunk(self) -> None:
         now = time.perf_counter()

@@ -9,6 +9,10 @@ Per request (seconds, on the client's clock; `serve_client` stamps them):
 
 A content chunk is one with a non-empty `choices` list (the usage-only chunk and [DONE] are not).
 Over the run: throughputs divide by the wall time from the first send to the last answer;
+the peak output throughput is the most content chunks of successful requests that arrived in
+one whole second counted from the first of their sends (chunks, not tokens, as vLLM counts
+them), and the peak concurrency the most successful requests in flight at once, each over
+[send, last chunk);
 percentiles interpolate linearly (numpy's default, as vLLM); an empty list reads 0. A request
 is good (goodput) when every SLO given holds: ttft, tpot and e2el (vLLM's names), in ms; a
 request with one output token has tpot 0 there, as in vLLM.
@@ -37,6 +41,7 @@ class RequestResult:
     latency: float = 0.0
     itl: list[float] = field(default_factory=list)
     error: str = ""
+    start: float = 0.0  # when it was sent (perf_counter seconds): the run's peaks line it up
     json_valid: bool | None = None  # a structured request's text parsed as JSON (else None)
 
 
@@ -62,6 +67,8 @@ class BenchMetrics:
     output_throughput: float
     total_token_throughput: float
     latencies: dict[str, Summary]  # ttft, tpot, itl, e2el
+    peak_output_throughput: float = 0.0  # content chunks in the busiest second
+    peak_concurrency: int = 0  # most requests in flight at once
 
 
 def summarize(seconds: Sequence[float], percentiles: Sequence[float]) -> Summary:
@@ -130,7 +137,41 @@ def compute_metrics(
             name: summarize(values, percentiles)
             for name, values in zip(LATENCY_METRICS, (ttfts, tpots, itls, e2els), strict=True)
         },
+        peak_output_throughput=peak_chunks_per_second(results),
+        peak_concurrency=peak_in_flight(results),
     )
+
+
+def peak_chunks_per_second(results: Sequence[RequestResult]) -> float:
+    """Successful requests' content chunks in their busiest whole second (module doc)."""
+    done = [r for r in results if r.success]
+    if not done:
+        return 0.0
+    first = min(r.start for r in done)
+    per_second: dict[int, int] = {}
+    for r in done:
+        at = r.start + r.ttft
+        for gap in [0.0, *r.itl]:
+            at += gap
+            second = int(at - first)
+            per_second[second] = per_second.get(second, 0) + 1
+    return float(max(per_second.values()))
+
+
+def peak_in_flight(results: Sequence[RequestResult]) -> int:
+    """The most successful requests in flight at once, each over [start, start + latency):
+    an end and a start at the same instant do not overlap."""
+    edges = sorted(
+        (t, step)
+        for r in results
+        if r.success
+        for t, step in ((r.start, 1), (r.start + r.latency, -1))
+    )
+    peak = now = 0
+    for _, step in edges:  # at one instant, ends (-1) sort before starts (+1)
+        now += step
+        peak = max(peak, now)
+    return peak
 
 
 def _is_good(slos: Mapping[str, float], seconds: Mapping[str, float]) -> bool:
@@ -149,6 +190,8 @@ def metrics_json(m: BenchMetrics) -> dict[str, Any]:
         "request_goodput": m.request_goodput,
         "output_throughput": m.output_throughput,
         "total_token_throughput": m.total_token_throughput,
+        "max_output_tokens_per_s": m.peak_output_throughput,
+        "max_concurrent_requests": m.peak_concurrency,
     }
     for name, s in m.latencies.items():
         out[f"mean_{name}_ms"] = s.mean

@@ -46,6 +46,8 @@ def format_report(m: BenchMetrics, settings: Mapping[str, Any], errors: Sequence
     rows += [
         ("Output token throughput (tok/s)", f"{m.output_throughput:.2f}"),
         ("Total token throughput (tok/s)", f"{m.total_token_throughput:.2f}"),
+        ("Peak output token throughput (tok/s)", f"{m.peak_output_throughput:.2f}"),
+        ("Peak concurrent requests", str(m.peak_concurrency)),
     ]
     cpu = settings.get("server_cpu")
     if cpu is not None:

@@ -299,6 +299,8 @@ def test_ci_sized_run_completes_every_request(
         assert cpu["gateway_s"] >= 0 and cpu["engine_s"] is not None and cpu["engine_s"] >= 0
         assert "Gateway CPU (s) / per output token (us)" in out
     assert result["request_goodput"] is not None and len(result["ttfts"]) == 40
+    # the peaks (vLLM's keys): --max-concurrency 6 bounds the engine run's
+    assert 1 <= result["max_concurrent_requests"] <= (6 if "--engine" in mode else 40)
     server_ttft = result["server_ttft_ms"]  # the server's own histogram (ops/server_ttft.py)
     if "--engine" in mode:
         assert server_ttft is None
