@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
+import math
 import shlex
 import sys
 import time
@@ -25,6 +26,7 @@ from typing import Any
 import aiohttp
 from troupe.actors.heap_freeze import frozen_heap
 from troupe.config import ConfigError, EngineConfig
+from troupe.ops.bench_serve_args import build_parser, ramp_up
 from troupe.ops.serve_client import Client, EngineClient, HttpClient
 from troupe.ops.serve_connections import ConnectionCount, connections_to_open, open_connections
 from troupe.ops.serve_cpu import ServerCpu, cpu_used, read_server_cpu
@@ -42,77 +44,6 @@ from troupe.ops.serve_workload import BenchRequest, LengthSpec, make_requests
 from troupe.ops.server_ttft import Buckets, quantiles, read_buckets
 
 _CLIENT_TIMEOUT_S = 6 * 3600  # one request may take long under load; vLLM's bound too
-
-
-def build_parser() -> argparse.ArgumentParser:
-    # No abbreviations: `--model` must reach the server, not be read as `--model-name`.
-    p = argparse.ArgumentParser(
-        prog="troupe bench serve",
-        description=__doc__.splitlines()[0],
-        epilog="Other flags go to `troupe serve` (or, with --engine, to the engine): "
-        "--model, --device, --max-num-seqs, ... (`troupe serve --help`).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-        allow_abbrev=False,
-    )
-    where = p.add_argument_group("target")
-    where.add_argument("--base-url", default=None, help="a running server (else one is started)")
-    where.add_argument("--engine", action="store_true", help="Engine.generate in this process")
-    where.add_argument("--model-name", default=None, help="'model' sent (default: /v1/models)")
-    where.add_argument("--api-key", default=None, help="Bearer key (given to a started server)")
-    where.add_argument("--serve-arg", action="append", default=[], help="a `troupe serve` flag")
-    where.add_argument("--server-timeout", type=float, default=900.0, help="s to wait for /health")
-    where.add_argument(
-        "--server-pid",
-        type=int,
-        default=None,
-        help="--base-url's `troupe serve` process: report its CPU time (and its engine child's)",
-    )
-    where.add_argument(
-        "--poll-engine-stats",
-        type=float,
-        default=None,
-        metavar="S",
-        help="GET /v1/engine/stats every S s during the run, as the page's live view does",
-    )
-    load = p.add_argument_group("workload")
-    load.add_argument("--dataset-name", choices=["random", "sharegpt-synth"], default="random")
-    load.add_argument("--input-len", "--random-input-len", type=int, default=1024)
-    load.add_argument("--output-len", "--random-output-len", type=int, default=128)
-    load.add_argument("--range-ratio", "--random-range-ratio", type=float, default=0.0)
-    for flag in ("--min-input-len", "--max-input-len", "--min-output-len", "--max-output-len"):
-        load.add_argument(flag, type=int, default=None, help="explicit uniform bound")
-    load.add_argument("--num-prompts", type=int, default=1000)
-    load.add_argument(
-        "--structured-output-ratio", type=float, default=0.0,
-        help="share of requests asking for JSON by a schema of their own (vLLM's name)",
-    )  # fmt: skip
-    load.add_argument("--request-rate", type=float, default=float("inf"), help="req/s; inf: all")
-    load.add_argument("--burstiness", type=float, default=1.0, help="gamma shape; 1: Poisson")
-    load.add_argument("--max-concurrency", type=int, default=None, help="requests in flight")
-    load.add_argument("--seed", type=int, default=0, help="draws lengths, prompts, arrivals")
-    load.add_argument("--temperature", type=float, default=0.0)
-    load.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True)
-    load.add_argument("--num-warmups", type=int, default=1, help="uncounted requests first")
-    load.add_argument(
-        "--warm-connections",
-        type=int,
-        default=None,
-        metavar="N",
-        help="kept-alive connections opened before the clock starts (default: a burst's size "
-        "with --request-rate inf, else 0; 0: vLLM's client, which opens them while timed)",
-    )
-    out = p.add_argument_group("report")
-    out.add_argument("--goodput", nargs="+", default=[], metavar="KEY:MS", help="ttft:200 tpot:20")
-    out.add_argument("--metric-percentiles", default="50,90,99")
-    out.add_argument("--result-file", default=None, help="write the JSON result here")
-    out.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
-    out.add_argument(
-        "--sse-read",
-        choices=["events", "lines"],
-        default="events",
-        help="read the stream by socket reads cut into events (vLLM's client), or by lines",
-    )
-    return p
 
 
 async def _warm_up(client: Client, requests: list[BenchRequest], n: int) -> str | None:
@@ -202,7 +133,7 @@ async def _run_http(
         to_open = connections_to_open(
             args.warm_connections,
             num_prompts=len(requests),
-            request_rate=args.request_rate,
+            request_rate=args.request_rate if args.ramp_up_strategy is None else math.nan,
             max_concurrency=args.max_concurrency,
         )
         opened = await open_connections(session, base_url, to_open, count) if to_open else 0
@@ -295,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
             min_output_len=args.min_output_len,
             max_output_len=args.max_output_len,
         )
+        ramp = ramp_up(args)
         requests = make_requests(
             spec,
             args.num_prompts,
@@ -302,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
             request_rate=args.request_rate,
             burstiness=args.burstiness,
             structured_ratio=args.structured_output_ratio,
+            ramp=ramp,
         )
     except ValueError as exc:
         parser.error(str(exc))
@@ -355,6 +288,9 @@ def main(argv: list[str] | None = None) -> int:
         "warm_connections": opened,
         "request_rate": rate_json(args.request_rate),
         "burstiness": args.burstiness,
+        "ramp_up_strategy": args.ramp_up_strategy,
+        "ramp_up_start_rps": args.ramp_up_start_rps,
+        "ramp_up_end_rps": args.ramp_up_end_rps,
         "max_concurrency": args.max_concurrency,
         "seed": args.seed,
         "temperature": args.temperature,

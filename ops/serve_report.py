@@ -25,7 +25,7 @@ def format_report(m: BenchMetrics, settings: Mapping[str, Any], errors: Sequence
     rows: list[tuple[str, str]] = [
         ("Mode", str(settings["mode"])),
         *([("Server", str(settings["base_url"]))] if settings.get("base_url") else []),
-        ("Offered request rate (req/s)", "inf" if rate == "inf" else f"{rate:g}"),
+        ("Offered request rate (req/s)", _offered(rate, settings)),
         ("Burstiness", f"{settings['burstiness']:g}"),
         ("Max concurrency", str(settings["max_concurrency"])),
         *(
@@ -81,6 +81,13 @@ def format_report(m: BenchMetrics, settings: Mapping[str, Any], errors: Sequence
     for error in list(dict.fromkeys(errors))[:5]:  # the distinct ones, not a wall of repeats
         lines.append(f"error: {error}")
     return "\n".join(lines)
+
+
+def _offered(rate: Any, settings: Mapping[str, Any]) -> str:
+    if (strategy := settings.get("ramp_up_strategy")) is not None:
+        start, end = settings["ramp_up_start_rps"], settings["ramp_up_end_rps"]
+        return f"{strategy} ramp {start:g} -> {end:g}"
+    return "inf" if rate == "inf" else f"{rate:g}"
 
 
 def print_report(

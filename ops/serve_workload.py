@@ -16,7 +16,10 @@ and two prompts share no prefix worth caching.
 
 Arrivals: the first request at t = 0, then gaps drawn from a gamma distribution with shape
 `burstiness` and mean 1 / rate (vLLM's definition: burstiness 1 is a Poisson process, lower is
-burstier, higher is more regular); an infinite rate sends every request at t = 0.
+burstier, higher is more regular); an infinite rate sends every request at t = 0. A ramp-up
+(`RampUp`, vLLM's --ramp-up-strategy) gives request i of N its own rate instead, from the start
+rate at i = 0 to the end rate at i = N - 1: linearly, or geometrically ("exponential"); the gap
+before request i is drawn at request i's rate.
 
 Lengths, prompt ids and arrivals each draw from their own child of one seed
 (numpy `SeedSequence.spawn`), so changing the rate keeps the prompts and vice versa.
@@ -129,19 +132,51 @@ def _sharegpt_lengths(num: int, rng: np.random.Generator) -> tuple[list[int], li
     return inputs[:num], outputs[:num]
 
 
+@dataclass(frozen=True)
+class RampUp:
+    """Request rates rising (or falling) over the run: see the module doc."""
+
+    strategy: Literal["linear", "exponential"]
+    start_rps: float
+    end_rps: float
+
+    def __post_init__(self) -> None:
+        if self.strategy not in ("linear", "exponential"):
+            raise ValueError(
+                f"ramp-up strategy must be linear or exponential, got {self.strategy!r}"
+            )
+        for name in ("start_rps", "end_rps"):
+            value = getattr(self, name)
+            if not (value > 0 and math.isfinite(value)):
+                raise ValueError(f"ramp-up {name} must be a finite rate > 0, got {value}")
+
+    def rates(self, num: int) -> np.ndarray:
+        """Request i's rate, for i in [0, num)."""
+        progress = np.arange(num) / max(num - 1, 1)
+        if self.strategy == "linear":
+            return self.start_rps + (self.end_rps - self.start_rps) * progress
+        return self.start_rps * (self.end_rps / self.start_rps) ** progress
+
+
 def arrival_times(
-    num: int, request_rate: float, burstiness: float, rng: np.random.Generator
+    num: int,
+    request_rate: float,
+    burstiness: float,
+    rng: np.random.Generator,
+    ramp: RampUp | None = None,
 ) -> list[float]:
-    """Send times in seconds: 0, then gamma gaps of mean 1 / rate (all 0 when rate is inf)."""
+    """Send times in seconds: 0, then gamma gaps of mean 1 / rate (all 0 when rate is inf);
+    with `ramp`, each gap at its request's own rate."""
     if not request_rate > 0 or not burstiness > 0:
         raise ValueError(
             f"request_rate and burstiness must be > 0, got {request_rate}, {burstiness}"
         )
     if num == 0:
         return []
-    if math.isinf(request_rate):
+    if ramp is None and math.isinf(request_rate):
         return [0.0] * num
-    scale = 1.0 / (request_rate * burstiness)  # mean of gamma(k, theta) is k * theta
+    rates = ramp.rates(num)[1:] if ramp is not None else np.full(num - 1, request_rate)
+    scale = 1.0 / (rates * burstiness)  # mean of gamma(k, theta) is k * theta
     gaps = rng.gamma(shape=burstiness, scale=scale, size=num - 1)
     return [0.0, *(float(t) for t in np.cumsum(gaps))]
 
@@ -154,6 +189,7 @@ def make_requests(
     request_rate: float = math.inf,
     burstiness: float = 1.0,
     structured_ratio: float = 0.0,
+    ramp: RampUp | None = None,
 ) -> list[BenchRequest]:
     """The whole workload, a pure function of its arguments."""
     if not 0.0 <= structured_ratio <= 1.0:
@@ -162,7 +198,7 @@ def make_requests(
         np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(4)
     )
     inputs, outputs = sample_lengths(spec, num_prompts, length_rng)
-    times = arrival_times(num_prompts, request_rate, burstiness, arrival_rng)
+    times = arrival_times(num_prompts, request_rate, burstiness, arrival_rng, ramp)
     schemas: list[dict[str, Any] | None] = [None] * num_prompts
     num_structured = round(structured_ratio * num_prompts)
     if num_structured:

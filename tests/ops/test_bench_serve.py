@@ -353,7 +353,13 @@ def test_flag_errors_exit_2() -> None:
         ["--poll-engine-stats", "0"],
         ["--engine", "--poll-engine-stats", "1"],
         ["--server-pid", "1"],  # only with --base-url
-    ):
+        ["--warm-connections", "-1"],
+        ["--ramp-up-strategy", "linear", "--ramp-up-start-rps", "1"],  # no end rate
+        ["--ramp-up-start-rps", "1", "--ramp-up-end-rps", "4"],  # no strategy
+        ["--ramp-up-strategy", "linear", "--ramp-up-start-rps", "1", "--ramp-up-end-rps", "4",
+         "--request-rate", "8"],  # the ramp sets the rates
+        ["--ramp-up-strategy", "exponential", "--ramp-up-start-rps", "0", "--ramp-up-end-rps", "4"],
+    ):  # fmt: skip
         with pytest.raises(SystemExit) as exc:
             main(argv)
         assert exc.value.code == 2, argv

@@ -34,7 +34,9 @@ def test_each_request_gets_the_tokens_a_correct_cache_gives(
     assert lines[0].startswith(f"  {len(steps)} steps; inside execute")
     assert any(line.startswith("  steps with prefill:") for line in lines)
     # the decodes of the widest steps: one bucket of exactly `peak` sequences (4-4 or 2-2)
-    assert any(line.startswith(f"  decode steps of {peak}-{peak} sequences: ") for line in lines), lines
+    assert any(line.startswith(f"  decode steps of {peak}-{peak} sequences: ") for line in lines), (
+        lines
+    )
 
 
 def test_a_request_bigger_than_the_pool_is_refused() -> None:

@@ -10,7 +10,8 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 from aiohttp import web
-from troupe.ops.bench_serve import _run_http, build_parser
+from troupe.ops.bench_serve import _run_http
+from troupe.ops.bench_serve_args import build_parser
 from troupe.ops.serve_client import HttpClient
 from troupe.ops.serve_connections import ConnectionCount, connections_to_open, open_connections
 from troupe.ops.serve_workload import BenchRequest, LengthSpec, make_requests
@@ -120,6 +121,18 @@ async def test_without_opening_a_burst_opens_its_own(server: tuple[_Server, str]
         (["--request-rate", "inf", "--warm-connections", "0"], (0, False)),  # vLLM's client
         (["--request-rate", "50"], (0, None)),  # spread arrivals: none by default
         (["--request-rate", "50", "--warm-connections", "7"], (7, None)),
+        # a ramp spreads its arrivals too, although --request-rate stays at its inf default
+        (
+            [
+                "--ramp-up-strategy",
+                "linear",
+                "--ramp-up-start-rps",
+                "50",
+                "--ramp-up-end-rps",
+                "400",
+            ],
+            (0, None),
+        ),
     ],
 )
 async def test_bench_run_opens_what_the_flag_says(

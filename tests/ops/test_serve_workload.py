@@ -8,7 +8,13 @@ import math
 
 import numpy as np
 import pytest
-from troupe.ops.serve_workload import LengthSpec, arrival_times, make_requests, sample_lengths
+from troupe.ops.serve_workload import (
+    LengthSpec,
+    RampUp,
+    arrival_times,
+    make_requests,
+    sample_lengths,
+)
 
 
 def test_the_workload_is_a_pure_function_of_its_seed() -> None:
@@ -81,3 +87,31 @@ def test_arrivals_have_the_rate_and_gamma_shape(burstiness: float) -> None:
     assert arrival_times(5, math.inf, 1.0, np.random.default_rng(0)) == [0.0] * 5
     with pytest.raises(ValueError):
         arrival_times(5, 0.0, 1.0, np.random.default_rng(0))
+
+
+def test_ramp_up_rates_go_from_start_to_end() -> None:
+    linear = RampUp("linear", 2.0, 10.0).rates(5)
+    assert linear.tolist() == pytest.approx([2.0, 4.0, 6.0, 8.0, 10.0])
+    geometric = RampUp("exponential", 1.0, 16.0).rates(5)
+    assert geometric.tolist() == pytest.approx([1.0, 2.0, 4.0, 8.0, 16.0])
+    assert RampUp("linear", 3.0, 1.0).rates(3).tolist() == pytest.approx([3.0, 2.0, 1.0])
+    for bad in (("linear", 0.0, 4.0), ("exponential", 1.0, math.inf), ("step", 1.0, 2.0)):
+        with pytest.raises(ValueError):
+            RampUp(*bad)  # type: ignore[arg-type]
+
+
+def test_a_ramp_draws_each_gap_at_its_requests_rate() -> None:
+    # a huge gamma shape makes every gap its mean, 1 / rate of the request after it
+    rng = np.random.default_rng(0)
+    times = arrival_times(5, math.inf, 1e9, rng, RampUp("linear", 1.0, 4.0))
+    gaps = np.diff(times)
+    expected = [1 / 1.75, 1 / 2.5, 1 / 3.25, 1 / 4]
+    assert times[0] == 0.0 and gaps.tolist() == pytest.approx(expected, rel=1e-3)
+    # the ramp moves only the arrivals: prompts and lengths stay the seed's
+    spec = LengthSpec(input_len=16, output_len=4, range_ratio=0.5)
+    ramped = make_requests(spec, 20, seed=1, ramp=RampUp("exponential", 1.0, 50.0))
+    plain = make_requests(spec, 20, seed=1, request_rate=10.0)
+    assert [(r.prompt_ids, r.output_len) for r in ramped] == [
+        (r.prompt_ids, r.output_len) for r in plain
+    ]
+    assert np.all(np.diff([r.arrival_s for r in ramped]) > 0)
