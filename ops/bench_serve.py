@@ -133,7 +133,7 @@ async def _run_http(
         to_open = connections_to_open(
             args.warm_connections,
             num_prompts=len(requests),
-            request_rate=args.request_rate if args.ramp_up_strategy is None else math.nan,
+            burst=math.isinf(args.request_rate) and args.ramp_up_strategy is None,
             max_concurrency=args.max_concurrency,
         )
         opened = await open_connections(session, base_url, to_open, count) if to_open else 0

@@ -63,13 +63,13 @@ async def _ping(session: aiohttp.ClientSession, url: str) -> None:
 
 
 def connections_to_open(
-    flag: int | None, *, num_prompts: int, request_rate: float, max_concurrency: int | None
+    flag: int | None, *, num_prompts: int, burst: bool, max_concurrency: int | None
 ) -> int:
     """--warm-connections: as given, or by default as many requests as the load sends at once
     at its start (a burst: every request, up to --max-concurrency), else none (arrivals spread
     over time open their connections one at a time, as a server's clients do)."""
     if flag is not None:
         return flag
-    if request_rate != float("inf"):
+    if not burst:
         return 0
     return min(num_prompts, max_concurrency or num_prompts)

@@ -157,13 +157,13 @@ async def test_bench_run_opens_what_the_flag_says(
 
 
 def test_default_opens_a_bursts_size_and_nothing_for_spread_arrivals() -> None:
-    def n(flag: int | None, rate: float, cap: int | None) -> int:
-        return connections_to_open(flag, num_prompts=300, request_rate=rate, max_concurrency=cap)
+    def n(flag: int | None, burst: bool, cap: int | None) -> int:
+        return connections_to_open(flag, num_prompts=300, burst=burst, max_concurrency=cap)
 
-    assert n(None, float("inf"), None) == 300
-    assert n(None, float("inf"), 64) == 64
-    assert n(None, 40.0, None) == 0
-    assert (n(0, float("inf"), None), n(12, 8.0, None)) == (0, 12)
+    assert n(None, True, None) == 300
+    assert n(None, True, 64) == 64
+    assert n(None, False, None) == 0
+    assert (n(0, True, None), n(12, False, None)) == (0, 12)
 
 
 def test_send_phase_bench_reports_both_ways(capsys: pytest.CaptureFixture[str]) -> None:
