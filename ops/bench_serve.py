@@ -26,7 +26,7 @@ from typing import Any
 import aiohttp
 from troupe.actors.heap_freeze import frozen_heap
 from troupe.config import ConfigError, EngineConfig
-from troupe.ops.bench_serve_args import build_parser, ramp_up
+from troupe.ops.bench_serve_args import build_parser, ramp_up, sampling_fields
 from troupe.ops.serve_client import Client, EngineClient, HttpClient
 from troupe.ops.serve_connections import ConnectionCount, connections_to_open, open_connections
 from troupe.ops.serve_cpu import ServerCpu, cpu_used, read_server_cpu
@@ -125,6 +125,7 @@ async def _run_http(
             model=model,
             temperature=args.temperature,
             ignore_eos=args.ignore_eos,
+            sampling=sampling_fields(args),
             api_key=args.api_key,
             sse_read=args.sse_read,
         )
@@ -178,7 +179,12 @@ async def _run_engine(
 
     configure_logging(config.log_format, config.log_level)
     async with Engine.open(config) as engine:
-        client = EngineClient(engine, temperature=args.temperature, ignore_eos=args.ignore_eos)
+        client = EngineClient(
+            engine,
+            temperature=args.temperature,
+            ignore_eos=args.ignore_eos,
+            sampling=sampling_fields(args),
+        )
         results, duration = await _drive(client, requests, args)
         return results, duration, str(engine.model_name)
 
@@ -294,6 +300,7 @@ def main(argv: list[str] | None = None) -> int:
         "max_concurrency": args.max_concurrency,
         "seed": args.seed,
         "temperature": args.temperature,
+        "sampling": sampling_fields(args),
         "ignore_eos": args.ignore_eos,
         "goodput": slos,
         "structured_output_ratio": args.structured_output_ratio,

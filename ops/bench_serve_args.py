@@ -16,6 +16,23 @@ DESCRIPTION = (
 )
 
 
+# vLLM's sampling flags beyond --temperature, each sent as the OpenAI field of its name
+SAMPLING_FLAGS: tuple[tuple[str, type], ...] = (
+    ("--top-p", float),
+    ("--top-k", int),
+    ("--min-p", float),
+    ("--repetition-penalty", float),
+    ("--frequency-penalty", float),
+    ("--presence-penalty", float),
+)
+
+
+def sampling_fields(args: argparse.Namespace) -> dict[str, float]:
+    """The sampling flags given, by field name (`top_p`, ...): what each request carries."""
+    fields = (flag[2:].replace("-", "_") for flag, _ in SAMPLING_FLAGS)
+    return {name: getattr(args, name) for name in fields if getattr(args, name) is not None}
+
+
 def build_parser() -> argparse.ArgumentParser:
     # No abbreviations: `--model` must reach the server, not be read as `--model-name`.
     p = argparse.ArgumentParser(
@@ -71,6 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
     load.add_argument("--max-concurrency", type=int, default=None, help="requests in flight")
     load.add_argument("--seed", type=int, default=0, help="draws lengths, prompts, arrivals")
     load.add_argument("--temperature", type=float, default=0.0)
+    for flag, kind in SAMPLING_FLAGS:
+        load.add_argument(flag, type=kind, default=None, help="sent only when given (vLLM's)")
     load.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True)
     load.add_argument("--num-warmups", type=int, default=1, help="uncounted requests first")
     load.add_argument(

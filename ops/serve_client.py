@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Literal, Protocol
 
 import aiohttp
@@ -104,9 +104,11 @@ class HttpClient:
         ignore_eos: bool,
         api_key: str | None = None,
         sse_read: SseRead = "events",
+        sampling: Mapping[str, float] | None = None,
     ) -> None:
         self.session = session
         self.sse_read = sse_read
+        self.sampling = dict(sampling or {})  # top_p, top_k, ...: sent as given
         self.url = base_url.rstrip("/") + "/v1/completions"
         self.model = model
         self.temperature = temperature
@@ -123,6 +125,7 @@ class HttpClient:
             "ignore_eos": self.ignore_eos and req.schema is None,
             "stream": True,
             "stream_options": {"include_usage": True},
+            **self.sampling,
         }
         if req.schema is not None:
             body["response_format"] = {
@@ -183,21 +186,31 @@ class HttpClient:
 class EngineClient:
     """The same requests through `Engine.generate`: no HTTP, no SSE, no JSON."""
 
-    def __init__(self, engine: Any, *, temperature: float, ignore_eos: bool) -> None:
+    def __init__(
+        self,
+        engine: Any,
+        *,
+        temperature: float,
+        ignore_eos: bool,
+        sampling: Mapping[str, float] | None = None,
+    ) -> None:
         self.engine = engine
         self.temperature = temperature
         self.ignore_eos = ignore_eos
+        self.sampling = dict(sampling or {})
 
     async def send(self, req: BenchRequest) -> RequestResult:
         from troupe.messages import Delta, Finished, SamplingParams, StructuredOutputs
 
         structured = None if req.schema is None else StructuredOutputs.from_schema(req.schema)
-        params = SamplingParams(
-            max_tokens=req.output_len,
-            temperature=self.temperature,
-            ignore_eos=self.ignore_eos and structured is None,
-            structured_outputs=structured,
-        )
+        fields: dict[str, Any] = {
+            "max_tokens": req.output_len,
+            "temperature": self.temperature,
+            "ignore_eos": self.ignore_eos and structured is None,
+            "structured_outputs": structured,
+            **self.sampling,  # top_p, ...: the same names as the OpenAI fields
+        }
+        params = SamplingParams(**fields)
         result = RequestResult(prompt_len=req.input_len)
         stamps = _Stamps(result)
         texts: list[str] | None = None if structured is None else []
