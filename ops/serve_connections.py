@@ -58,8 +58,12 @@ async def open_connections(
 
 
 async def _ping(session: aiohttp.ClientSession, url: str) -> None:
-    async with session.get(url) as resp:
-        await resp.read()  # any answer keeps the connection; the body read frees it for reuse
+    """Best effort: a connection that fails is one fewer opened, and the load finds out."""
+    try:
+        async with session.get(url) as resp:
+            await resp.read()  # any answer keeps the connection; the body read frees it
+    except (aiohttp.ClientError, TimeoutError):
+        pass
 
 
 def connections_to_open(

@@ -175,3 +175,11 @@ def test_send_phase_bench_reports_both_ways(capsys: pytest.CaptureFixture[str]) 
     assert lines[0].startswith("server saw the burst's 12 requests")
     assert [line.split()[0] for line in lines[1:]] == ["cold", "opened"]
     assert all("first" in line and "last" in line for line in lines[1:])
+
+
+@pytest.mark.anyio
+async def test_opening_against_nothing_opens_nothing() -> None:
+    """Best effort: a server that is gone makes the pings fail quietly (the load reports it)."""
+    count = ConnectionCount()
+    async with aiohttp.ClientSession(trace_configs=[count.trace]) as session:
+        assert await open_connections(session, "http://127.0.0.1:9", 4, count) == 0
