@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import functools
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -61,8 +61,9 @@ from troupe.gpu.cpu_q8 import CpuQ8, fits_native_int8
 from troupe.gpu.fp8_weights import Fp8Weight
 from troupe.gpu.gguf_quant import Int4Blocks, Int8Blocks, QuantBlocks
 from troupe.gpu.int8_rows import per_row_int8
-from troupe.kernels.quant_fp8 import Fp8Cols
-from troupe.kernels.quant_int4 import Int4Cols
+
+if TYPE_CHECKING:  # the CUDA forms: their modules import Triton, which a CPU engine never needs
+    from troupe.kernels.quant_int4 import Int4Cols
 
 
 class Int4Linear:
@@ -82,6 +83,8 @@ class Int4Linear:
             assert blocks.group_size == 32, (
                 f"the GPU kernels take groups of 32, not {blocks.group_size}"
             )
+            from troupe.kernels.quant_int4 import Int4Cols
+
             self._cuda = Int4Cols.from_rows(
                 blocks.packed.to(device), blocks.scale.to(device), blocks.bias.to(device)
             )
@@ -180,6 +183,8 @@ class Fp8Linear:
     """An fp8 e4m3 weight with block or per-channel scales (CUDA: kernels/quant_fp8.py)."""
 
     def __init__(self, fp8: Fp8Weight, device: torch.device) -> None:
+        from troupe.kernels.quant_fp8 import Fp8Cols
+
         self.cols = Fp8Cols.from_rows(fp8.weight.to(device), fp8.scale.to(device))
         self.shape = fp8.shape
 
@@ -204,9 +209,11 @@ def make_quant_linear(
     """The layer for `blocks` on `device`; None where it has no packed path (the loader then
     expands the tensor to the model dtype). `q4`: the native CPU 4-bit kernel, if loaded."""
     if isinstance(blocks, Fp8Weight):
-        if device.type != "cuda" or not Fp8Cols.fits(blocks.weight, blocks.scale):
+        if device.type != "cuda":
             return None
-        return Fp8Linear(blocks, device)
+        from troupe.kernels.quant_fp8 import Fp8Cols
+
+        return Fp8Linear(blocks, device) if Fp8Cols.fits(blocks.weight, blocks.scale) else None
     if isinstance(blocks, Int4Blocks):
         return Int4Linear(blocks, device, q4)
     if device.type == "cpu":

@@ -36,7 +36,7 @@ import triton.language as tl
 from .arrival import arrival_counters
 from .decode_attention_fp8 import launch_split_fp8
 from .decode_combine import combine_head, decode_reduce_kernel
-from .decode_order import program_sequence
+from .decode_program import program_sequence
 from .sm_count import num_sms
 
 _LOG2E = 1.4426950408889634

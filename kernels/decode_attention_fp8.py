@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .decode_order import program_sequence
+from .decode_program import program_sequence
 from .fp8_tile import load_tile, tile_start
 
 _F16_MAX = tl.constexpr(65504.0)  # a global a kernel reads must be a constexpr

@@ -13,16 +13,15 @@ longest first, at the four programs per SM the bf16 kernel fits on sm_90
 The grids are (kv head, position, split): x runs fastest, so the heads of one sequence start
 together and the positions follow the order. The order only changes when programs start;
 every program computes what it did (the result is bit for bit the same).
-"""
 
-# Triton kernels take untyped pointers and constexprs; @triton.jit is untyped to mypy.
-# mypy: disable-error-code="untyped-decorator,no-untyped-def"
+This module is the host's side (numpy: the step inputs name the order); the kernels read it
+through kernels/decode_program.py, so a CPU engine, which plans steps but runs no kernel, does
+not import Triton.
+"""
 
 from __future__ import annotations
 
 import numpy as np
-import triton
-import triton.language as tl
 
 
 def longest_first(seq_lens: np.ndarray, count: int | None = None) -> np.ndarray:
@@ -32,12 +31,3 @@ def longest_first(seq_lens: np.ndarray, count: int | None = None) -> np.ndarray:
     n = len(seq_lens) if count is None else count
     head = np.argsort(-seq_lens[:n].astype(np.int64), kind="stable")
     return np.concatenate((head, np.arange(n, len(seq_lens)))).astype(np.int32)
-
-
-@triton.jit
-def program_sequence(order_ptr, HAS_ORDER: tl.constexpr):
-    """The sequence this program attends for (int64): order[position], or the position."""
-    position = tl.program_id(1)
-    if HAS_ORDER:
-        return tl.load(order_ptr + position).to(tl.int64)
-    return position.to(tl.int64)
