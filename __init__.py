@@ -7,10 +7,29 @@ async with Engine.open(EngineConfig()) as engine:
         print(event.text, end="")
 """
 
-from troupe.actors.engine import Engine, EngineStopped
-from troupe.actors.offline import Completion, generate_batch
-from troupe.config import ConfigError, EngineConfig
-from troupe.messages import SamplingParams
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from troupe.actors.engine import Engine
+    from troupe.actors.engine_stopped import EngineStopped
+    from troupe.actors.offline import Completion, generate_batch
+    from troupe.config import ConfigError, EngineConfig
+    from troupe.messages import SamplingParams
+
+# The package's face, imported when first asked for: `import troupe.gateway...` (the server's
+# process, which runs no model) must not pull in the engine, and with it torch.
+_HOMES = {
+    "Completion": "troupe.actors.offline",
+    "ConfigError": "troupe.config",
+    "Engine": "troupe.actors.engine",
+    "EngineConfig": "troupe.config",
+    "EngineStopped": "troupe.actors.engine_stopped",
+    "SamplingParams": "troupe.messages",
+    "generate_batch": "troupe.actors.offline",
+}
 
 __all__ = [
     "Completion",
@@ -21,3 +40,12 @@ __all__ = [
     "SamplingParams",
     "generate_batch",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'troupe' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value  # once: later lookups skip this function
+    return value

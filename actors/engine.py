@@ -20,6 +20,7 @@ from anyio.abc import TaskGroup, TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream
 from troupe.actors.client_streams import ClientStreams, EventListener
 from troupe.actors.core.executor import ExecutorCore
+from troupe.actors.engine_stopped import EngineStopped as EngineStopped  # the engine's API
 from troupe.actors.exception_groups import single_leaf, unwrap_single
 from troupe.actors.heap_freeze import frozen_heap
 from troupe.actors.request_input import RequestInputError, to_generate_request
@@ -57,10 +58,6 @@ if TYPE_CHECKING:
 log = structlog.get_logger("troupe.engine")
 
 PromptInput = str | Sequence[int] | Sequence[Mapping[str, Any]] | Sequence[Any] | ChatPrompt
-
-
-class EngineStopped(RuntimeError):
-    """The engine is closed or crashed; no more requests are taken."""
 
 
 class Engine:

@@ -41,7 +41,7 @@ async def open_remote_engine(
     Start-up errors leave as the in-process engine raises them (ConfigError, ModelLoadError);
     an engine that failed makes the exit raise EngineStopped, as Engine.open does.
     `runner_factory(config)`: build the child's runner with this (picklable) function."""
-    from troupe.actors.engine import EngineStopped
+    from troupe.actors.engine_stopped import EngineStopped
     from troupe.gateway.engine_process import run_engine_process
 
     context = multiprocessing.get_context("spawn")

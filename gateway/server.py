@@ -83,7 +83,7 @@ def run_serve(args: argparse.Namespace, config: EngineConfig) -> int:
             force=force,
         )
 
-    from troupe.actors.engine import EngineStopped
+    from troupe.actors.engine_stopped import EngineStopped
 
     try:
         asyncio.run(main())
