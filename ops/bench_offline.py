@@ -43,7 +43,7 @@ def workload(num_seqs: int, seed: int) -> tuple[list[list[int]], list[int]]:
 def physical_floor_s(config: ModelConfig, prompts: list[list[int]], outputs: list[int]) -> float:
     """Seconds the workload needs at least: decode bytes over HBM plus prefill FLOPs."""
     c = config
-    params = sum(t.numel() for t in _shapes(c))
+    params = linear_params(c) + c.vocab_size * c.hidden_size  # the embedding (tied lm_head)
     weight_bytes = 2 * params
     kv_per_token = c.num_layers * c.kv_values_per_token * 2  # bf16
     decode_steps = max(outputs)  # all sequences fit in one batch: one weight read per step
@@ -56,14 +56,14 @@ def physical_floor_s(config: ModelConfig, prompts: list[list[int]], outputs: lis
     return float(byte_s) + float(dense * prefill_tokens + attention + logits) / BF16_FLOPS
 
 
-def _shapes(c: ModelConfig) -> list[torch.Tensor]:
-    meta = torch.device("meta")
-    per_layer = [
-        torch.empty(c.q_size + 2 * c.kv_size, c.hidden_size, device=meta),
-        torch.empty(c.hidden_size, c.q_size, device=meta),
-        torch.empty(3 * c.intermediate_size, c.hidden_size, device=meta),
-    ]
-    return [torch.empty(c.vocab_size, c.hidden_size, device=meta), *per_layer * c.num_layers]
+def linear_params(c: ModelConfig) -> int:
+    """Parameters of the decoder layers' linears (qkv, o, gate, up, down): no embedding, no
+    lm_head."""
+    return c.num_layers * (
+        c.hidden_size * (c.q_size + 2 * c.kv_size)
+        + c.q_size * c.hidden_size
+        + 3 * c.intermediate_size * c.hidden_size
+    )
 
 
 def write_model_folder(folder: Path, config: ModelConfig) -> None:

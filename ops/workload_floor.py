@@ -24,6 +24,7 @@ import argparse
 from dataclasses import dataclass
 
 from troupe.gpu.model_config import ModelConfig
+from troupe.ops.bench_offline import linear_params
 
 COPY_BYTES_PER_S = 4.26e12
 MATMUL_FLOPS = 773e12
@@ -40,14 +41,6 @@ class Floor:
         return self.prefill_s + self.decode_linear_s + self.kv_s
 
 
-def layer_params(c: ModelConfig) -> int:
-    return c.num_layers * (
-        c.hidden_size * (c.q_size + 2 * c.kv_size)  # qkv
-        + c.q_size * c.hidden_size  # o
-        + 3 * c.intermediate_size * c.hidden_size  # gate, up, down
-    )
-
-
 def floors(
     c: ModelConfig,
     *,
@@ -59,7 +52,7 @@ def floors(
 ) -> tuple[Floor, Floor]:
     """(issue 9's floor, the matmul-aware floor) in seconds; see the module doc."""
     head = c.vocab_size * c.hidden_size  # the lm_head (an untied embedding as big again)
-    body = layer_params(c)
+    body = linear_params(c)
     waves = [min(wave, num_seqs - i) for i in range(0, num_seqs, wave)]
     # causal: QK^T and PV over half the prompt-by-prompt square, in every layer
     attention = num_seqs * 2 * c.num_layers * prompt_len**2 * c.q_size
