@@ -9,7 +9,16 @@ from typing import Any
 import anyio
 from troupe.actors.engine import Engine
 from troupe.config import EngineConfig
-from troupe.messages import Aborted, Delta, Finished, SamplingParams, StreamEvent, Timings, Usage
+from troupe.messages import (
+    Aborted,
+    Delta,
+    Finished,
+    SamplingParams,
+    StreamEvent,
+    Timings,
+    TokenLogprob,
+    Usage,
+)
 
 
 @dataclass
@@ -23,6 +32,8 @@ class Completion:
     usage: Usage | None = None
     timings: Timings | None = None
     error: str | None = None
+    logprobs: list[TokenLogprob] | None = None  # SamplingParams.logprobs: each output token's
+    prompt_logprobs: tuple[TokenLogprob, ...] | None = None  # positions 1.. of the prompt
 
 
 def generate_batch(
@@ -58,6 +69,11 @@ def generate_batch(
                 nonlocal num_done
                 out.text += event.text
                 out.token_ids.extend(event.token_ids)
+                if isinstance(event, Delta | Finished):
+                    if event.prompt_logprobs is not None:
+                        out.prompt_logprobs = event.prompt_logprobs
+                    if event.logprobs is not None:
+                        out.logprobs = (out.logprobs or []) + list(event.logprobs)
                 if isinstance(event, Delta):
                     return
                 out.finish_reason = str(event.finish_reason)

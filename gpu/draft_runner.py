@@ -43,9 +43,9 @@ from troupe.gpu.device_inputs import host_to_device
 from troupe.gpu.draft_model import DraftModel
 from troupe.gpu.draft_state import DraftSeq, DraftSeqs
 from troupe.gpu.forward_pass import ForwardPass
-from troupe.gpu.kv_cache import KVCache
+from troupe.gpu.kv_cache import KVCache, kv_dtype
 from troupe.gpu.request_states import RequestState
-from troupe.gpu.runner_setup import RunnerOptions, kv_dtype
+from troupe.gpu.runner_setup import RunnerOptions
 from troupe.gpu.sampler import sample
 from troupe.gpu.sampling_batch import build_sampling_batch
 from troupe.gpu.step_inputs import build_decode_inputs, build_step_inputs

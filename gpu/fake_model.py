@@ -6,7 +6,7 @@ functions of their arguments, so FakeRunner.reference_tokens can compute outputs
 from __future__ import annotations
 
 import numpy as np
-from troupe.messages import SamplingParams, TokenLogprob
+from troupe.messages import PromptLogprobs, SamplingParams, SeqWork, TokenLogprob
 
 EOS_SEED_BASE = 10**12
 COPY_SEED_BASE = 2 * 10**12
@@ -52,6 +52,20 @@ def fake_logprob(token_id: int, num_top: int | None) -> TokenLogprob | None:
         return None
     top = tuple(((token_id + i) % _HIGH, -1.0 - i) for i in range(num_top))
     return TokenLogprob(token_id, -1.0, top)
+
+
+def fake_prompt_logprobs(work: SeqWork, num_top: int) -> PromptLogprobs:
+    """Made-up logprobs of the prompt tokens `work` scores: a function of the position and the
+    token, so a test can tell each position's from another's."""
+    after = (work.after_chunk,) if work.after_chunk >= 0 else ()
+    targets = (work.token_ids[1:] + after)[: work.num_scored]
+    start = work.start_pos + 1
+    entries = []
+    for i, token_id in enumerate(targets):
+        logprob = -((start + i) % 97 + token_id % 89) / 16.0
+        top = tuple(((token_id + j) % _HIGH, logprob - j) for j in range(num_top))
+        entries.append(TokenLogprob(token_id, logprob, top))
+    return PromptLogprobs(work.request_id, start, tuple(entries))
 
 
 def held_back(token_id: int, num_outputs: int, params: SamplingParams, eos_token_id: int) -> int:

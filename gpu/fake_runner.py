@@ -29,6 +29,7 @@ from troupe.gpu.fake_model import (
     COPY_SEED_BASE,
     U64,
     fake_logprob,
+    fake_prompt_logprobs,
     held_back,
     next_tokens,
     seed_of,
@@ -37,7 +38,14 @@ from troupe.gpu.fake_model import (
 from troupe.gpu.fake_model import EOS_SEED_BASE as EOS_SEED_BASE  # tests seed EOS with it
 from troupe.gpu.runner import RunnerStats
 from troupe.gpu.token_bitmask import constrain_sampled
-from troupe.messages import SampledToken, SamplingParams, SeqWork, StepPlan, TokenMasks
+from troupe.messages import (
+    PromptLogprobs,
+    SampledToken,
+    SamplingParams,
+    SeqWork,
+    StepPlan,
+    TokenMasks,
+)
 
 
 @dataclass(slots=True)
@@ -108,6 +116,7 @@ class FakeRunner:
         self._free_rows: list[int] = []
         self._num_with_logprobs = 0
         self._launched: StepPlan | None = None
+        self._scores: list[PromptLogprobs] = []  # scored prompt chunks not yet taken
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> FakeRunner:
@@ -165,6 +174,8 @@ class FakeRunner:
                 seq = self._update(rid, work)
             start = work.start_pos
             token_ids = work.token_ids
+            if work.num_scored:
+                self._scores.append(fake_prompt_logprobs(work, seq.params.prompt_logprobs or 0))
             if work.draft_token_ids:
                 token_ids = token_ids + work.draft_token_ids
                 drafts[len(sampled)] = work.draft_token_ids
@@ -230,6 +241,10 @@ class FakeRunner:
                 )
             )
         return tuple(out)
+
+    def take_prompt_logprobs(self) -> tuple[PromptLogprobs, ...]:
+        scores, self._scores = tuple(self._scores), []
+        return scores
 
     def launch(self, plan: StepPlan) -> None:
         """Hold a plan that awaits grammar masks; finish() runs it."""

@@ -36,12 +36,24 @@ import torch
 from troupe.gpu.device_inputs import host_to_device
 from troupe.gpu.early_launch import fed_decode_inputs, launchable, matching_rows, split_rows
 from troupe.gpu.request_states import RequestState, RequestStates
-from troupe.gpu.sampler import WITHHELD
+from troupe.gpu.sampler import WITHHELD, SamplingBatch
 from troupe.gpu.step_inputs import StepInputs, build_step_inputs
 from troupe.messages import StepPlan, TokenMasks
 
 # the runner's forward; the tensor, when given, replaces inputs.input_ids (ids on the device)
 Forward = Callable[[StepInputs, torch.Tensor | None], torch.Tensor]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Launched:
+    """A masked plan run up to its logits (ModelRunner.launch); finish samples it under the
+    masks."""
+
+    plan: StepPlan
+    states: list[RequestState]
+    inputs: StepInputs
+    logits: torch.Tensor
+    batch: SamplingBatch | None  # None: no row samples, or the step verifies proposals
 
 
 @dataclasses.dataclass(kw_only=True, eq=False)

@@ -100,6 +100,20 @@ class ForwardPass:
         cpu_decode = self.cpu_decode
         if cpu_decode is not None and input_ids is None and cpu_decode.fits(inputs):
             return cpu_decode(inputs)
+        out: torch.Tensor = self.model.compute_logits(self._eager(inputs, input_ids))
+        return out
+
+    def scored(self, inputs: StepInputs) -> tuple[torch.Tensor, torch.Tensor]:
+        """A step with prompt rows to score (inputs.prompt_rows), always eager: the sampled
+        rows' logits, and the scored rows' final hidden states (gpu/prompt_logprobs.py)."""
+        assert inputs.prompt_rows is not None
+        hidden = self._eager(inputs, None)
+        num_sampled = len(hidden) - len(inputs.prompt_rows.rows)
+        logits: torch.Tensor = self.model.compute_logits(hidden[:num_sampled])
+        return logits, hidden[num_sampled:]
+
+    def _eager(self, inputs: StepInputs, input_ids: torch.Tensor | None) -> torch.Tensor:
+        """The final hidden states of the rows in inputs.logits_indices, launched op by op."""
         device = self.model.device
         meta = device_metadata(inputs, device, self.expand, self.kv.block_size)
         if input_ids is None:
@@ -109,14 +123,13 @@ class ForwardPass:
             ids = torch.cat([input_ids, rest])
         else:
             ids = input_ids
-        hidden = self.model(
+        hidden: torch.Tensor = self.model(
             ids,
             host_to_device(inputs.positions, device),
             meta,
             self.kv.layers,
         )
-        out: torch.Tensor = self.model.compute_logits(hidden)
-        return out
+        return hidden
 
     def close(self) -> None:
         self.graphs = self.mixed = None

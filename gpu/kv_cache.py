@@ -16,15 +16,43 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from troupe.gpu.model_config import ModelConfig
 from troupe.gpu.pool_sizing import block_bytes
 from troupe.kernels.kv_quant import FP8_DTYPE
 
+if TYPE_CHECKING:
+    from troupe.gpu.runner_setup import RunnerOptions
+
+
+def kv_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
+    """The KV pools' element type: e4m3 for "fp8", else the model's."""
+    return FP8_DTYPE if kv_cache_dtype == "fp8" else model_dtype
+
 
 class KVCache:
     """Device pool (per-layer views for the model) and the CPU swap pool (allocated lazily)."""
+
+    @classmethod
+    def for_options(
+        cls,
+        config: ModelConfig,
+        options: RunnerOptions,
+        model_dtype: torch.dtype,
+        device: torch.device,
+    ) -> KVCache:
+        """The pools of a runner built with `options` (options.kv_cache_dtype: "auto" is the
+        model's dtype)."""
+        return cls(
+            config,
+            num_gpu_blocks=options.num_gpu_blocks,
+            num_cpu_blocks=options.num_cpu_blocks,
+            block_size=options.block_size,
+            dtype=kv_dtype(options.kv_cache_dtype, model_dtype),
+            device=device,
+        )
 
     def __init__(
         self,

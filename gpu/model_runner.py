@@ -9,7 +9,6 @@ From an EngineConfig: gpu/runner_setup.py (RunnerOptions, loading, pool sizing).
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Callable
 
@@ -18,16 +17,16 @@ import torch
 from troupe.config import EngineConfig
 from troupe.gpu.draft_model import DraftModel
 from troupe.gpu.draft_runner import DraftRunner
-from troupe.gpu.forward_ahead import Drawn, ForwardAhead, KeptForward
+from troupe.gpu.forward_ahead import Drawn, ForwardAhead, KeptForward, Launched
 from troupe.gpu.forward_pass import ForwardPass
-from troupe.gpu.kv_cache import KVCache
+from troupe.gpu.kv_cache import KVCache, kv_dtype
 from troupe.gpu.model_config import ModelConfig
 from troupe.gpu.models import DecoderModel
 from troupe.gpu.overlap import DecodeOverlap, LogitsHook, Split
 from troupe.gpu.readback import Readback
 from troupe.gpu.request_states import RequestState, RequestStates
 from troupe.gpu.runner import RunnerStats, SequencesFailed
-from troupe.gpu.runner_setup import RunnerOptions, kv_dtype, load_for_config
+from troupe.gpu.runner_setup import RunnerOptions, load_for_config
 from troupe.gpu.sampler import (
     WITHHELD,
     SamplingBatch,
@@ -37,24 +36,21 @@ from troupe.gpu.sampler import (
     withhold_non_finite,
 )
 from troupe.gpu.sampling_batch import SamplingBatches
+from troupe.gpu.scored_forward import ScoredForward
 from troupe.gpu.spec_verify import verify_proposals
 from troupe.gpu.step_inputs import StepInputs, build_step_inputs, streaming_inputs
 from troupe.gpu.token_bitmask import BitmaskUpload
-from troupe.messages import SampledToken, SeqWork, StepPlan, TokenLogprob, TokenMasks
+from troupe.messages import (
+    PromptLogprobs,
+    SampledToken,
+    SeqWork,
+    StepPlan,
+    TokenLogprob,
+    TokenMasks,
+)
 from troupe.request_seeds import SeedSource
 
 __all__ = ["ModelRunner", "RunnerOptions", "kv_dtype"]  # the options live in runner_setup.py
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class _Launched:
-    """A masked plan run up to its logits (launch); finish samples it under the masks."""
-
-    plan: StepPlan
-    states: list[RequestState]
-    inputs: StepInputs
-    logits: torch.Tensor
-    batch: SamplingBatch | None  # None: no row samples, or the step verifies proposals
 
 
 class ModelRunner:
@@ -87,14 +83,7 @@ class ModelRunner:
         # them (the rotary table too: runner_setup.max_positions)
         self.max_stream_len = options.max_stream_len
         max_positions = max(options.max_model_len, options.max_stream_len)
-        self.kv = KVCache(
-            config,
-            num_gpu_blocks=options.num_gpu_blocks,
-            num_cpu_blocks=options.num_cpu_blocks,
-            block_size=options.block_size,
-            dtype=kv_dtype(options.kv_cache_dtype, model.dtype),
-            device=self.device,
-        )
+        self.kv = KVCache.for_options(config, options, model.dtype, self.device)
         model.set_kv_scales(self.kv.scales)
         self._seeds = SeedSource(options.seed)
         self._states = RequestStates(
@@ -107,6 +96,7 @@ class ModelRunner:
         )
         self._pass = ForwardPass.for_options(model, self.kv, options)
         self._forward = self._pass
+        self._step_forward = ScoredForward(self._pass, model.compute_logits)  # plans' forwards
         self._draft = None if draft is None else DraftRunner.for_options(draft, options)
         # every plan carries proposals with a draft: an overlapped plain decode would never hit
         self.overlap_schedule = options.overlap_schedule and draft is None
@@ -137,7 +127,7 @@ class ModelRunner:
         max_rows = options.max_num_seqs * (1 + options.num_speculative_tokens)  # verifications
         warm_up_draw(config.vocab_size, self.device, model.logits_dtype, max_rows)  # not mid-step
         # a plan launched by launch(), awaiting its grammar masks: (plan, states, inputs, logits)
-        self._launched: _Launched | None = None
+        self._launched: Launched | None = None
         self._drawn: Drawn | None = None  # a masked plan drawn before it came (draw_ahead)
         self._upload_bitmask = BitmaskUpload(self.device)
 
@@ -173,13 +163,15 @@ class ModelRunner:
         if prepared is None:
             return ()
         states, inputs = prepared
-        return self._run_and_draft(plan.seqs, states, inputs, self._forward(inputs))
+        return self._run_and_draft(plan.seqs, states, inputs, self._step_forward(inputs))
 
     def launch(self, plan: StepPlan) -> None:
         """Run a plan that awaits grammar masks up to its logits; finish() samples it."""
         self._num_steps += 1
         self._overlap.discard()  # its samples were drawn without masks
         self._launched = None
+        if plan.scores_prompts:  # nothing ahead scored its prompt rows
+            self._ahead.discard()
         self._drawn = self._ahead.take_drawn(plan)  # drawn before the plan came (draw_ahead)?
         if self._drawn is not None:
             return
@@ -188,13 +180,13 @@ class ModelRunner:
             prepared = self._prepare(plan)
             if prepared is None:
                 return
-            ahead = (*prepared, self._forward(prepared[1]))
+            ahead = (*prepared, self._step_forward(prepared[1]))
         states, inputs, logits = ahead
         batch = None  # built now, while the grammar computes the masks; not for verification
         if inputs.num_logits is None and len(inputs.sampled_rows):
             rows = inputs.sampled_rows.tolist()
             batch = self._batches.build([states[r] for r in rows])
-        self._launched = _Launched(plan, states, inputs, logits, batch)
+        self._launched = Launched(plan, states, inputs, logits, batch)
 
     def finish(self, masks: TokenMasks) -> tuple[SampledToken, ...]:
         """Sample the launched plan under `masks` (no overlapped launch after it)."""
@@ -295,8 +287,13 @@ class ModelRunner:
         """The pending step answered the plan's decodes; run the extras (prefill chunks, new
         requests: no swaps) on their own."""
         states = self._states.apply(split.extras)
-        inputs = build_step_inputs(split.extras, states, self._states.tables, self.block_size)
-        return self._run(split.extras, states, inputs, self._forward(inputs), split=split)
+        tables, scores = self._states.tables, any(w.num_scored for w in split.extras)
+        inputs = build_step_inputs(split.extras, states, tables, self.block_size, scores=scores)
+        return self._run(split.extras, states, inputs, self._step_forward(inputs), split=split)
+
+    def take_prompt_logprobs(self) -> tuple[PromptLogprobs, ...]:
+        """The prompt logprobs scored since the last call (gpu/runner.py)."""
+        return self._step_forward.take()
 
     def draw_ahead(self, masks: TokenMasks) -> None:
         """Masks filled ahead that came before their plan: when they are the kept forward's
@@ -370,7 +367,7 @@ class ModelRunner:
         prepared = self._prepare(plan)
         if prepared is None:
             return torch.empty(0, self.vocab_size, device=self.device)
-        return self._forward(prepared[1]).to(torch.float32, copy=True)  # not the graph buffer
+        return self._step_forward(prepared[1]).to(torch.float32, copy=True)  # not a graph's
 
     def _prepare(self, plan: StepPlan) -> tuple[list[RequestState], StepInputs] | None:
         if plan.released:
@@ -383,7 +380,8 @@ class ModelRunner:
         if not plan.seqs:
             return None
         states = self._states.apply(plan.seqs)
-        inputs = build_step_inputs(plan.seqs, states, self._states.tables, self.block_size)
+        tables, scores = self._states.tables, plan.scores_prompts
+        inputs = build_step_inputs(plan.seqs, states, tables, self.block_size, scores=scores)
         if self.max_stream_len:
             inputs.streaming = streaming_inputs(states, inputs)
         return states, inputs

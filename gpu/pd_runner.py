@@ -40,7 +40,7 @@ from troupe.gpu.tp_protocol import (
     command_encoder,
     reply_decoder,
 )
-from troupe.messages import Phase, SampledToken, StepPlan, TokenMasks
+from troupe.messages import Phase, PromptLogprobs, SampledToken, StepPlan, TokenMasks
 
 STOP_GRACE_S = 10.0  # how long close() waits for the workers to exit before killing them
 
@@ -218,6 +218,9 @@ class PhaseRunner:
 
     def finish(self, masks: TokenMasks) -> tuple[SampledToken, ...]:
         raise NotImplementedError("structured output is refused with disaggregation")
+
+    def take_prompt_logprobs(self) -> tuple[PromptLogprobs, ...]:
+        return ()  # prompt logprobs are refused with disaggregation (admission)
 
     def statistics(self) -> RunnerStats:
         return self._stats

@@ -6,7 +6,7 @@ import dataclasses
 from typing import Protocol, runtime_checkable
 
 from troupe.config import EngineConfig
-from troupe.messages import FailedSeq, SampledToken, StepPlan, TokenMasks
+from troupe.messages import FailedSeq, PromptLogprobs, SampledToken, StepPlan, TokenMasks
 
 
 class SequencesFailed(Exception):
@@ -75,6 +75,11 @@ class Runner(Protocol):
 
     def finish(self, masks: TokenMasks) -> tuple[SampledToken, ...]:
         """Sample the launched plan with the grammar's masks; as execute's answer."""
+        ...
+
+    def take_prompt_logprobs(self) -> tuple[PromptLogprobs, ...]:
+        """The prompt chunks scored since the last call (SeqWork.num_scored), each once: the
+        executor takes them with each step's tokens."""
         ...
 
     def statistics(self) -> RunnerStats:

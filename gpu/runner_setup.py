@@ -12,19 +12,14 @@ from troupe.gpu.activation_profile import profile_activation_peak
 from troupe.gpu.cpu_q4lib import Q4Options
 from troupe.gpu.draft_model import DraftModel, load_draft
 from troupe.gpu.heap_trim import release_freed_heap
+from troupe.gpu.kv_cache import kv_dtype
 from troupe.gpu.model_config import ModelConfig
 from troupe.gpu.models import DecoderModel
 from troupe.gpu.pool_sizing import blocks_from_free_memory, cpu_device_blocks, swap_pool_blocks
 from troupe.gpu.weights import load_model, read_config
-from troupe.kernels.kv_quant import FP8_DTYPE
 from troupe.spec_cost import batch_limit
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def kv_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
-    """The KV pools' element type: e4m3 for "fp8", else the model's."""
-    return FP8_DTYPE if kv_cache_dtype == "fp8" else model_dtype
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -8,7 +8,7 @@ call they leave alone come from `inner`, here once.
 from __future__ import annotations
 
 from troupe.gpu.runner import Runner, RunnerStats
-from troupe.messages import SampledToken, StepPlan, TokenMasks
+from troupe.messages import PromptLogprobs, SampledToken, StepPlan, TokenMasks
 
 
 class RunnerWrapper:
@@ -35,6 +35,9 @@ class RunnerWrapper:
 
     def finish(self, masks: TokenMasks) -> tuple[SampledToken, ...]:
         return self.inner.finish(masks)
+
+    def take_prompt_logprobs(self) -> tuple[PromptLogprobs, ...]:
+        return self.inner.take_prompt_logprobs()
 
     def statistics(self) -> RunnerStats:
         return self.inner.statistics()

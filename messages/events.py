@@ -25,6 +25,8 @@ class Delta(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     finish_reason: None = None
     index: int = 0  # the sample (parallel sampling)
     prompt_tokens: int | None = None  # on a request's first Delta: its prompt's token count
+    # SamplingParams.prompt_logprobs, on a request's first event: prompt positions 1.. in order
+    prompt_logprobs: tuple[TokenLogprob, ...] | None = None
 
     is_terminal: ClassVar[bool] = False
 
@@ -43,6 +45,7 @@ class Finished(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     index: int = 0
     samples_left: int = 0  # the request's samples still open after this one ends
     cumulative_logprob: float | None = None  # best_of: the sum it was ranked by
+    prompt_logprobs: tuple[TokenLogprob, ...] | None = None  # when it is the first event
 
     @property
     def is_terminal(self) -> bool:

@@ -46,6 +46,11 @@ class SeqWork(msgspec.Struct, frozen=True, gc=False):
     # running decodes: an overlapping runner may compute and sample it with the decodes' next
     # step (gpu/overlap_merge.py), where the next plan asks for it as a decode. -1: none
     next_token: int = -1
+    # SamplingParams.prompt_logprobs: the runner scores the chunk's first `num_scored` rows,
+    # each one's logprob of the prompt token after it: token_ids[1:], then `after_chunk` (the
+    # prompt token after the chunk, -1 when the chunk reaches the prompt's last token)
+    num_scored: int = 0
+    after_chunk: int = -1
 
     @property
     def num_tokens(self) -> int:
@@ -65,6 +70,7 @@ class StepPlan(msgspec.Struct, frozen=True, kw_only=True, tag=True, gc=False):
     # prompt's last, partial block); done before the forward pass
     copy_blocks: tuple[tuple[int, int], ...] = ()
     awaits_masks: bool = False  # a TokenMasks for this step comes from the grammar actor
+    scores_prompts: bool = False  # some SeqWork has num_scored rows (prompt logprobs)
     # The constrained rows that sampled in step `ahead_masks_of` (the plan before) take the
     # masks the grammar filled ahead from that step's tokens (TokenMasks.ahead)
     ahead_masks_of: int | None = None

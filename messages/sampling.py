@@ -30,6 +30,9 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = None  # top-n alternatives per token; 0 = only the sampled token's
+    # Each prompt token's logprob given the tokens before it (the first has none), with the
+    # top-n alternatives as for `logprobs`; such a prompt is computed whole (no prefix-cache hit)
+    prompt_logprobs: int | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
@@ -124,6 +127,11 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
         if self.logprobs is not None and not (0 <= self.logprobs <= max_logprobs):
             raise ParamError(
                 "logprobs", f"logprobs must be in [0, {max_logprobs}], got {self.logprobs}"
+            )
+        if self.prompt_logprobs is not None and not (0 <= self.prompt_logprobs <= max_logprobs):
+            raise ParamError(
+                "prompt_logprobs",
+                f"prompt_logprobs must be in [0, {max_logprobs}], got {self.prompt_logprobs}",
             )
         _float_in("presence_penalty", self.presence_penalty, -2.0, 2.0)
         _float_in("frequency_penalty", self.frequency_penalty, -2.0, 2.0)

@@ -87,6 +87,15 @@ class SampledToken(msgspec.Struct, frozen=True, array_like=True, gc=False):
     proposals: tuple[int, ...] = ()
 
 
+class PromptLogprobs(msgspec.Struct, frozen=True, array_like=True, gc=False):
+    """A chunk's prompt logprobs (SamplingParams.prompt_logprobs): `entries[i]` is the logprob
+    of the prompt token at position `start + i` given those before it (start >= 1)."""
+
+    request_id: str
+    start: int
+    entries: tuple[TokenLogprob, ...]
+
+
 class SeqFailureReason(enum.StrEnum):
     """Why the executor gave one sequence no token; the value is the text clients see."""
 
@@ -119,6 +128,7 @@ class StepResult(msgspec.Struct, frozen=True, kw_only=True, tag=True, gc=False):
     failed: tuple[FailedSeq, ...] = ()  # in plan order; a default, so older traces still decode
     error: str | None = None
     late: tuple[str, ...] = ()  # in plan order; a default, so older traces still decode
+    prompt_logprobs: tuple[PromptLogprobs, ...] = ()  # the step's scored prompt chunks
 
 
 class LateTokens(msgspec.Struct, frozen=True, kw_only=True, tag=True, gc=False):

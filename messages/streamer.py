@@ -6,6 +6,7 @@ import msgspec
 from troupe.messages.common import FinishReason, RejectCode, TokenLogprob
 from troupe.messages.events import EngineStats
 from troupe.messages.sampling import SamplingParams
+from troupe.messages.scheduler import PromptLogprobs
 
 
 class RequestOpened(msgspec.Struct, frozen=True, kw_only=True, tag=True):
@@ -54,6 +55,7 @@ class TokenBatch(msgspec.Struct, frozen=True, kw_only=True, tag=True, gc=False):
     time: float  # the step's StepResult time
     outputs: tuple[SeqOutput, ...]
     stats: EngineStats | None = None
+    prompt_logprobs: tuple[PromptLogprobs, ...] = ()  # the step's scored prompt chunks
 
 
 StreamerInbox = RequestOpened | RequestRejected | RequestFailed | TokenBatch

@@ -93,6 +93,7 @@ class ExecutorCore:
         except Exception as exc:
             log.exception("step failed", step_id=plan.step_id)
             self._launch_error = f"{type(exc).__name__}: {exc}"
+            self._drop_prompt_logprobs()
         return self._sample()
 
     def _on_masks(self, masks: TokenMasks) -> _Ran | None:
@@ -137,14 +138,29 @@ class ExecutorCore:
         except SequencesFailed as exc:  # the step ran: the others' tokens are good
             log.warning("sequences failed", step_id=step_id, failed=str(exc))
             return StepResult(
-                step_id=step_id, time=self._clock(), sampled=exc.sampled, failed=exc.failed
+                step_id=step_id,
+                time=self._clock(),
+                sampled=exc.sampled,
+                failed=exc.failed,
+                prompt_logprobs=self.runner.take_prompt_logprobs(),
             )
         except Exception as exc:
             log.exception("step failed", step_id=step_id)
+            self._drop_prompt_logprobs()
             return StepResult(
                 step_id=step_id, time=self._clock(), error=f"{type(exc).__name__}: {exc}"
             )
-        return StepResult(step_id=step_id, time=self._clock(), sampled=sampled)
+        scores = self.runner.take_prompt_logprobs()
+        return StepResult(
+            step_id=step_id, time=self._clock(), sampled=sampled, prompt_logprobs=scores
+        )
+
+    def _drop_prompt_logprobs(self) -> None:
+        """A failed step's scored chunks (its requests fail): none may reach a later step."""
+        try:
+            self.runner.take_prompt_logprobs()
+        except Exception:
+            log.exception("dropping a failed step's prompt logprobs failed")
 
 
 def _grammar_tokens(result: StepResult, masks: TokenMasks) -> GrammarTokens:

@@ -5,7 +5,8 @@ which the runner has already sampled with the decodes' early-launched step
 (gpu/overlap_merge.py): a joining prompt costs the decodes its compute, not a forward of its
 own, and its first token comes one decode step later. Off with disaggregation (the prefill
 side samples a prompt's first token) and speculative decoding (the scheduler's switch);
-not for StreamingLLM or structured requests (their steps are not overlapped that way)."""
+not for StreamingLLM, structured or prompt-scoring requests (their steps are not overlapped
+that way)."""
 
 from __future__ import annotations
 
@@ -19,4 +20,5 @@ def holds_last_token(req: Request, end: int) -> bool:
         and end - req.num_computed >= 2
         and not req.stream_window
         and req.params.structured_outputs is None
+        and req.params.prompt_logprobs is None  # its last prompt position is scored
     )

@@ -33,7 +33,10 @@ def sink_blocks(req: Request, block_size: int) -> int:
 
 
 def cache_limit(req: Request) -> int:
-    """Tokens whose KV the prefix cache may hold for `req` (0: no limit)."""
+    """Tokens whose KV the prefix cache may hold for `req` (0: no limit). A prompt scored
+    for its logprobs takes no hit (1: no whole block): every position's logits are computed."""
+    if req.params.prompt_logprobs is not None:
+        return 1
     return req.num_sink_tokens + req.stream_window if req.stream_window else 0
 
 

@@ -38,6 +38,7 @@ from troupe.messages.scheduler import (
     AdmittedRequest,
     AllocationResult,
     LateTokens,
+    PromptLogprobs,
     SchedulerInbox,
     StepResult,
     StopRequests,
@@ -189,17 +190,24 @@ class SchedulerCore:
         if result.error is None:
             apply_tokens(result, self.in_flight, self.planner, self._pending)
         self.in_flight = []
-        return self.stats_batch()
+        return self.stats_batch(result.prompt_logprobs)
 
     def stats(self) -> EngineStats:
         """A snapshot of pools (as of the last AllocationResult), queues and counters."""
         return engine_stats(self.pools, self.planner, self.num_cpu_blocks, self.num_steps)
 
-    def stats_batch(self) -> TokenBatch:
-        """Pending outputs (maybe none) and fresh stats: a step's, or news between steps."""
+    def stats_batch(self, prompt_logprobs: tuple[PromptLogprobs, ...] = ()) -> TokenBatch:
+        """Pending outputs (maybe none) and fresh stats: a step's (with the prompt logprobs it
+        computed), or news between steps."""
         outputs, self._pending = tuple(self._pending), []
         stats = self.stats()
-        return TokenBatch(step_id=self.step_id, time=self._time, outputs=outputs, stats=stats)
+        return TokenBatch(
+            step_id=self.step_id,
+            time=self._time,
+            outputs=outputs,
+            stats=stats,
+            prompt_logprobs=prompt_logprobs,
+        )
 
     def _check_phase(self, phase: Phase, step_id: int, what: str) -> None:
         if self.phase != phase or step_id != self.step_id:

@@ -25,3 +25,19 @@ def test_generate_batch_returns_outputs_in_prompt_order(backend: str) -> None:
 def test_generate_batch_per_prompt_params_must_match_length() -> None:
     with pytest.raises(ValueError, match="2 params for 1 prompts"):
         generate_batch(["a"], [SamplingParams(), SamplingParams()], progress=False)
+
+
+def test_generate_batch_keeps_logprobs_and_prompt_logprobs() -> None:
+    config = EngineConfig(
+        runner="fake", num_kv_blocks=64, max_num_seqs=4, max_num_batched_tokens=16, block_size=4
+    )
+    prompts = [[7 + (3 * j) % 50 for j in range(n)] for n in (5, 40)]  # 40: four chunks
+    params = SamplingParams(max_tokens=3, temperature=0.0, logprobs=0, prompt_logprobs=2)
+    for prompt, out in zip(prompts, generate_batch(prompts, params, config, progress=False)):
+        assert out.logprobs is not None
+        assert [lp.token_id for lp in out.logprobs] == out.token_ids
+        assert out.prompt_logprobs is not None
+        assert [lp.token_id for lp in out.prompt_logprobs] == prompt[1:]  # in order, each once
+        assert all(len(lp.top) == 2 for lp in out.prompt_logprobs)
+    plain = generate_batch(prompts[:1], SamplingParams(max_tokens=2), config, progress=False)
+    assert plain[0].logprobs is None and plain[0].prompt_logprobs is None

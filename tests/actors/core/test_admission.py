@@ -54,6 +54,7 @@ def test_rejections_name_field_and_limit() -> None:
         (req("p", top_p=0.0), "top_p", RejectCode.INVALID_REQUEST, "(0, 1]"),
         (req("s", stop_token_ids=(1000,)), "stop_token_ids", RejectCode.INVALID_REQUEST, "1000"),
         (req("l", logprobs=21), "logprobs", RejectCode.INVALID_REQUEST, "[0, 20]"),
+        (req("q", prompt_logprobs=-1), "prompt_logprobs", RejectCode.INVALID_REQUEST, "[0, 20]"),
         (req("e", 0), "prompt", RejectCode.INVALID_REQUEST, "empty"),
     ]
     for msg, field, code, text in cases:
@@ -63,6 +64,22 @@ def test_rejections_name_field_and_limit() -> None:
         assert (out.field, out.code) == (field, code)
         assert text in out.message
     assert c.num_in_flight == 0
+
+
+def test_prompt_logprobs_refused_where_not_served() -> None:
+    c = AdmissionCore(
+        max_model_len=100,
+        vocab_size=1000,
+        max_num_seqs=2,
+        max_queued_requests=1,
+        max_queued_tokens=50,
+        no_prompt_logprobs="disaggregation computes prompts elsewhere",
+    )
+    [(dest, out)] = c.handle([req("q", prompt_logprobs=0)])
+    assert dest == "streamer" and isinstance(out, RequestRejected)
+    assert out.field == "prompt_logprobs" and "disaggregation" in out.message
+    [(dest, _)] = c.handle([req("plain")])
+    assert dest == "scheduler"
 
 
 def test_overload_by_count_and_by_tokens_then_recovers() -> None:

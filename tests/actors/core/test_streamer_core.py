@@ -16,6 +16,7 @@ from troupe.messages import (
     Failed,
     Finished,
     FinishReason,
+    PromptLogprobs,
     RejectCode,
     Rejected,
     RequestOpened,
@@ -277,3 +278,43 @@ def test_min_tokens_defers_stop_strings(tok: TextTokenizer) -> None:
     done = _event(out[1])
     assert isinstance(done, Finished) and done.stop_reason == "STOP"
     assert done.text == " " and done.token_ids == (ST, OP)  # ST is " ST"
+
+
+def test_prompt_logprobs_gathered_once_each_for_the_first_event(tok: TextTokenizer) -> None:
+    core = StreamerCore(tok)
+    core.handle([_open("pl", prompt_logprobs=0), _open("other")])
+
+    def entries(start: int, n: int) -> tuple[TokenLogprob, ...]:
+        return tuple(TokenLogprob(100 + p, -p / 10) for p in range(start, start + n))
+
+    chunks = (
+        PromptLogprobs("pl", 1, entries(1, 3)),
+        PromptLogprobs("pl", 1, entries(1, 2)),  # recomputed: nothing new
+        PromptLogprobs("pl", 6, entries(6, 1)),  # past a gap: dropped (logged)
+        PromptLogprobs("pl", 2, entries(2, 4)),  # overlaps: positions 4 and 5 are new
+    )
+    core.handle([TokenBatch(step_id=1, time=100.0, outputs=(), prompt_logprobs=chunks)])
+    out = core.handle([_batch(2, 100.1, SeqOutput("pl", (HELLO,)), SeqOutput("other", (HI,)))])
+    _, batch = out[-1]
+    assert isinstance(batch, StreamBatch)
+    first, other = batch.events
+    assert isinstance(first, Delta) and first.prompt_logprobs == entries(1, 5)
+    assert isinstance(other, Delta) and other.prompt_logprobs is None
+    out = core.handle([_batch(3, 100.2, SeqOutput("pl", (WORLD,), FinishReason.LENGTH))])
+    last = _event(out[0])
+    assert isinstance(last, Finished) and last.prompt_logprobs is None
+    assert core._scores == {}  # gone with the request
+
+
+def test_prompt_logprobs_on_a_first_event_that_finishes(tok: TextTokenizer) -> None:
+    core = StreamerCore(tok)
+    core.handle([_open("one", prompt_logprobs=1)])
+    scored = (TokenLogprob(HELLO, -0.5, ((WORLD, -0.2),)),)
+    batch = TokenBatch(
+        step_id=1,
+        time=100.5,
+        outputs=(SeqOutput("one", (WORLD,), FinishReason.LENGTH),),
+        prompt_logprobs=(PromptLogprobs("one", 1, scored),),
+    )
+    event = _event(core.handle([batch])[0])
+    assert isinstance(event, Finished) and event.prompt_logprobs == scored
