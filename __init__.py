@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from troupe.actors.engine_stopped import EngineStopped
     from troupe.actors.offline import Completion, generate_batch
     from troupe.config import ConfigError, EngineConfig
-    from troupe.messages import SamplingParams
+    from troupe.messages import Pooling, SamplingParams
 
 # The package's face, imported when first asked for: `import troupe.gateway...` (the server's
 # process, which runs no model) must not pull in the engine, and with it torch.
@@ -27,6 +27,7 @@ _HOMES = {
     "Engine": "troupe.actors.engine",
     "EngineConfig": "troupe.config",
     "EngineStopped": "troupe.actors.engine_stopped",
+    "Pooling": "troupe.messages",
     "SamplingParams": "troupe.messages",
     "generate_batch": "troupe.actors.offline",
 }
@@ -37,6 +38,7 @@ __all__ = [
     "Engine",
     "EngineConfig",
     "EngineStopped",
+    "Pooling",
     "SamplingParams",
     "generate_batch",
 ]

@@ -133,7 +133,7 @@ def build_admission(g: GraphInputs) -> AdmissionCore:
             if g.is_disaggregated
             else "max_num_samples, capped by max_num_seqs"
         ),
-        no_prompt_logprobs=(
+        no_hidden_outputs=(
             "disaggregation 'prefill_decode' computes prompts on the prefill side, which "
             "returns no logits"
             if g.is_disaggregated

@@ -34,6 +34,7 @@ class Completion:
     error: str | None = None
     logprobs: list[TokenLogprob] | None = None  # SamplingParams.logprobs: each output token's
     prompt_logprobs: tuple[TokenLogprob, ...] | None = None  # positions 1.. of the prompt
+    embedding: tuple[float, ...] | None = None  # SamplingParams.pooling
 
 
 def generate_batch(
@@ -72,6 +73,8 @@ def generate_batch(
                 if isinstance(event, Delta | Finished):
                     if event.prompt_logprobs is not None:
                         out.prompt_logprobs = event.prompt_logprobs
+                    if event.embedding is not None:
+                        out.embedding = event.embedding
                     if event.logprobs is not None:
                         out.logprobs = (out.logprobs or []) + list(event.logprobs)
                 if isinstance(event, Delta):

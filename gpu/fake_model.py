@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 from troupe.messages import PromptLogprobs, SamplingParams, SeqWork, TokenLogprob
+from troupe.messages.pooling import Pooled
 
 EOS_SEED_BASE = 10**12
 COPY_SEED_BASE = 2 * 10**12
@@ -66,6 +67,19 @@ def fake_prompt_logprobs(work: SeqWork, num_top: int) -> PromptLogprobs:
         top = tuple(((token_id + j) % _HIGH, logprob - j) for j in range(num_top))
         entries.append(TokenLogprob(token_id, logprob, top))
     return PromptLogprobs(work.request_id, start, tuple(entries))
+
+
+def fake_embedding(work: SeqWork, params: SamplingParams) -> Pooled | None:
+    """A made-up embedding, once the chunk holding the prompt's last token comes (any pooling
+    type): a function of that token and its position, normalized if asked."""
+    if params.pooling is None or not work.sample:  # not pooled, or the prompt goes on
+        return None
+    last = work.start_pos + len(work.token_ids) - 1
+    raw = [((work.token_ids[-1] * (i + 3) + last) % 17 - 8) / 4.0 for i in range(8)]
+    if params.pooling.normalize:
+        norm = sum(v * v for v in raw) ** 0.5 or 1.0
+        raw = [v / norm for v in raw]
+    return Pooled(work.request_id, tuple(raw))
 
 
 def held_back(token_id: int, num_outputs: int, params: SamplingParams, eos_token_id: int) -> int:

@@ -28,6 +28,7 @@ from troupe.config import EngineConfig
 from troupe.gpu.fake_model import (
     COPY_SEED_BASE,
     U64,
+    fake_embedding,
     fake_logprob,
     fake_prompt_logprobs,
     held_back,
@@ -36,7 +37,7 @@ from troupe.gpu.fake_model import (
     slot_mix,
 )
 from troupe.gpu.fake_model import EOS_SEED_BASE as EOS_SEED_BASE  # tests seed EOS with it
-from troupe.gpu.runner import RunnerStats
+from troupe.gpu.runner import HiddenOutputs, RunnerStats
 from troupe.gpu.token_bitmask import constrain_sampled
 from troupe.messages import (
     PromptLogprobs,
@@ -46,6 +47,7 @@ from troupe.messages import (
     StepPlan,
     TokenMasks,
 )
+from troupe.messages.pooling import Pooled
 
 
 @dataclass(slots=True)
@@ -117,6 +119,7 @@ class FakeRunner:
         self._num_with_logprobs = 0
         self._launched: StepPlan | None = None
         self._scores: list[PromptLogprobs] = []  # scored prompt chunks not yet taken
+        self._pooled: list[Pooled] = []  # embeddings not yet taken
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> FakeRunner:
@@ -176,6 +179,8 @@ class FakeRunner:
             token_ids = work.token_ids
             if work.num_scored:
                 self._scores.append(fake_prompt_logprobs(work, seq.params.prompt_logprobs or 0))
+            if work.pools and (embedding := fake_embedding(work, seq.params)) is not None:
+                self._pooled.append(embedding)
             if work.draft_token_ids:
                 token_ids = token_ids + work.draft_token_ids
                 drafts[len(sampled)] = work.draft_token_ids
@@ -242,9 +247,10 @@ class FakeRunner:
             )
         return tuple(out)
 
-    def take_prompt_logprobs(self) -> tuple[PromptLogprobs, ...]:
-        scores, self._scores = tuple(self._scores), []
-        return scores
+    def take_hidden_outputs(self) -> HiddenOutputs:
+        out = HiddenOutputs(prompt_logprobs=tuple(self._scores), embeddings=tuple(self._pooled))
+        self._scores, self._pooled = [], []
+        return out
 
     def launch(self, plan: StepPlan) -> None:
         """Hold a plan that awaits grammar masks; finish() runs it."""

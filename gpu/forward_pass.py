@@ -104,11 +104,11 @@ class ForwardPass:
         return out
 
     def scored(self, inputs: StepInputs) -> tuple[torch.Tensor, torch.Tensor]:
-        """A step with prompt rows to score (inputs.prompt_rows), always eager: the sampled
-        rows' logits, and the scored rows' final hidden states (gpu/prompt_logprobs.py)."""
-        assert inputs.prompt_rows is not None
+        """A step with rows to score or pool (inputs.hidden_rows), always eager: the sampled
+        rows' logits, and those rows' final hidden states (gpu/hidden_rows.py)."""
+        assert inputs.hidden_rows is not None
         hidden = self._eager(inputs, None)
-        num_sampled = len(hidden) - len(inputs.prompt_rows.rows)
+        num_sampled = len(hidden) - len(inputs.hidden_rows.rows)
         logits: torch.Tensor = self.model.compute_logits(hidden[:num_sampled])
         return logits, hidden[num_sampled:]
 

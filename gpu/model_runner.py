@@ -25,7 +25,7 @@ from troupe.gpu.models import DecoderModel
 from troupe.gpu.overlap import DecodeOverlap, LogitsHook, Split
 from troupe.gpu.readback import Readback
 from troupe.gpu.request_states import RequestState, RequestStates
-from troupe.gpu.runner import RunnerStats, SequencesFailed
+from troupe.gpu.runner import HiddenOutputs, RunnerStats, SequencesFailed
 from troupe.gpu.runner_setup import RunnerOptions, load_for_config
 from troupe.gpu.sampler import (
     WITHHELD,
@@ -41,7 +41,6 @@ from troupe.gpu.spec_verify import verify_proposals
 from troupe.gpu.step_inputs import StepInputs, build_step_inputs, streaming_inputs
 from troupe.gpu.token_bitmask import BitmaskUpload
 from troupe.messages import (
-    PromptLogprobs,
     SampledToken,
     SeqWork,
     StepPlan,
@@ -152,6 +151,7 @@ class ModelRunner:
     def execute(self, plan: StepPlan) -> tuple[SampledToken, ...]:
         """Apply released, swap_out, swap_in, then run plan.seqs; one token per sampled seq."""
         self._num_steps += 1
+        self._step_forward.forget(plan.released)
         if plan.seqs or plan.swap_out or plan.swap_in:
             self._ahead.discard()  # a masked step's kept forward: this plan is not it
         taken = self._overlap.take(plan)
@@ -168,9 +168,10 @@ class ModelRunner:
     def launch(self, plan: StepPlan) -> None:
         """Run a plan that awaits grammar masks up to its logits; finish() samples it."""
         self._num_steps += 1
+        self._step_forward.forget(plan.released)
         self._overlap.discard()  # its samples were drawn without masks
         self._launched = None
-        if plan.scores_prompts:  # nothing ahead scored its prompt rows
+        if plan.reads_hidden:  # nothing ahead read its hidden rows
             self._ahead.discard()
         self._drawn = self._ahead.take_drawn(plan)  # drawn before the plan came (draw_ahead)?
         if self._drawn is not None:
@@ -287,12 +288,13 @@ class ModelRunner:
         """The pending step answered the plan's decodes; run the extras (prefill chunks, new
         requests: no swaps) on their own."""
         states = self._states.apply(split.extras)
-        tables, scores = self._states.tables, any(w.num_scored for w in split.extras)
-        inputs = build_step_inputs(split.extras, states, tables, self.block_size, scores=scores)
+        hidden = any(w.num_scored or w.pools for w in split.extras)
+        tables, bs = self._states.tables, self.block_size
+        inputs = build_step_inputs(split.extras, states, tables, bs, reads_hidden=hidden)
         return self._run(split.extras, states, inputs, self._step_forward(inputs), split=split)
 
-    def take_prompt_logprobs(self) -> tuple[PromptLogprobs, ...]:
-        """The prompt logprobs scored since the last call (gpu/runner.py)."""
+    def take_hidden_outputs(self) -> HiddenOutputs:
+        """What the steps since the last call read from hidden states (gpu/runner.py)."""
         return self._step_forward.take()
 
     def draw_ahead(self, masks: TokenMasks) -> None:
@@ -380,8 +382,8 @@ class ModelRunner:
         if not plan.seqs:
             return None
         states = self._states.apply(plan.seqs)
-        tables, scores = self._states.tables, plan.scores_prompts
-        inputs = build_step_inputs(plan.seqs, states, tables, self.block_size, scores=scores)
+        tables, hidden = self._states.tables, plan.reads_hidden
+        inputs = build_step_inputs(plan.seqs, states, tables, self.block_size, reads_hidden=hidden)
         if self.max_stream_len:
             inputs.streaming = streaming_inputs(states, inputs)
         return states, inputs

@@ -217,7 +217,7 @@ class DecodeOverlap:
         decodes, extras = plan.seqs[: len(rows)], plan.seqs[len(rows) :]
         self.num_overlap_splits += 1
         next_pos = pending.positions[rows] + 1
-        if not any(w.sample or w.num_scored for w in extras):  # they only fill the cache
+        if not any(w.sample or w.num_scored or w.pools for w in extras):  # only cache fills
             if self.merge_chunks:
                 num_blocks = mergeable(
                     decodes, self._states, next_pos, self.block_size, self.max_model_len

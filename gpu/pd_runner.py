@@ -29,7 +29,7 @@ import torch.multiprocessing
 from troupe.config import ConfigError, EngineConfig
 from troupe.gpu.model_config import ModelLoadError
 from troupe.gpu.pd_worker import side_device, worker_main
-from troupe.gpu.runner import RunnerStats, SequencesFailed
+from troupe.gpu.runner import HiddenOutputs, RunnerStats, SequencesFailed
 from troupe.gpu.tp_protocol import (
     Close,
     Execute,
@@ -40,7 +40,7 @@ from troupe.gpu.tp_protocol import (
     command_encoder,
     reply_decoder,
 )
-from troupe.messages import Phase, PromptLogprobs, SampledToken, StepPlan, TokenMasks
+from troupe.messages import Phase, SampledToken, StepPlan, TokenMasks
 
 STOP_GRACE_S = 10.0  # how long close() waits for the workers to exit before killing them
 
@@ -219,8 +219,8 @@ class PhaseRunner:
     def finish(self, masks: TokenMasks) -> tuple[SampledToken, ...]:
         raise NotImplementedError("structured output is refused with disaggregation")
 
-    def take_prompt_logprobs(self) -> tuple[PromptLogprobs, ...]:
-        return ()  # prompt logprobs are refused with disaggregation (admission)
+    def take_hidden_outputs(self) -> HiddenOutputs:
+        return HiddenOutputs()  # refused with disaggregation (admission)
 
     def statistics(self) -> RunnerStats:
         return self._stats

@@ -5,8 +5,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Protocol, runtime_checkable
 
+import msgspec
 from troupe.config import EngineConfig
 from troupe.messages import FailedSeq, PromptLogprobs, SampledToken, StepPlan, TokenMasks
+from troupe.messages.pooling import Pooled
 
 
 class SequencesFailed(Exception):
@@ -23,6 +25,13 @@ class SequencesFailed(Exception):
         super().__init__(f"no token for {names}")
         self.sampled = sampled
         self.failed = failed
+
+
+class HiddenOutputs(msgspec.Struct, frozen=True, kw_only=True):
+    """What steps read from final hidden states beyond the sampled tokens (gpu/hidden_rows.py)."""
+
+    prompt_logprobs: tuple[PromptLogprobs, ...] = ()
+    embeddings: tuple[Pooled, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -77,9 +86,10 @@ class Runner(Protocol):
         """Sample the launched plan with the grammar's masks; as execute's answer."""
         ...
 
-    def take_prompt_logprobs(self) -> tuple[PromptLogprobs, ...]:
-        """The prompt chunks scored since the last call (SeqWork.num_scored), each once: the
-        executor takes them with each step's tokens."""
+    def take_hidden_outputs(self) -> HiddenOutputs:
+        """The prompt chunks scored (SeqWork.num_scored) and the embeddings pooled
+        (SeqWork.pools) since the last call, each once: the executor takes them with each
+        step's tokens."""
         ...
 
     def statistics(self) -> RunnerStats:

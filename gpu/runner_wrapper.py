@@ -7,8 +7,8 @@ call they leave alone come from `inner`, here once.
 
 from __future__ import annotations
 
-from troupe.gpu.runner import Runner, RunnerStats
-from troupe.messages import PromptLogprobs, SampledToken, StepPlan, TokenMasks
+from troupe.gpu.runner import HiddenOutputs, Runner, RunnerStats
+from troupe.messages import SampledToken, StepPlan, TokenMasks
 
 
 class RunnerWrapper:
@@ -36,8 +36,8 @@ class RunnerWrapper:
     def finish(self, masks: TokenMasks) -> tuple[SampledToken, ...]:
         return self.inner.finish(masks)
 
-    def take_prompt_logprobs(self) -> tuple[PromptLogprobs, ...]:
-        return self.inner.take_prompt_logprobs()
+    def take_hidden_outputs(self) -> HiddenOutputs:
+        return self.inner.take_hidden_outputs()
 
     def statistics(self) -> RunnerStats:
         return self.inner.statistics()

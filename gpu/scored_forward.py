@@ -1,23 +1,28 @@
-"""The runner's forward for plans that score prompt rows (SamplingParams.prompt_logprobs).
+"""The runner's forward for plans that read final hidden states (StepPlan.reads_hidden).
 
-A step without scored rows goes to the ForwardPass as it is (graphs and all). One with them runs
-eagerly (ForwardPass.scored) and its rows' logprobs are kept here until the executor takes them
-with the step's tokens (Runner.take_prompt_logprobs).
+A step without such rows goes to the ForwardPass as it is (graphs and all). One with them runs
+eagerly (ForwardPass.scored): scored prompt rows become logprobs (gpu/prompt_logprobs.py),
+pooled rows are summed per request until its prompt's last position is in, then turned into
+its embedding (gpu/hidden_rows.py). What they give is kept here until the executor takes it
+with the step's tokens (Runner.take_hidden_outputs).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import torch
 from troupe.gpu.forward_pass import ForwardPass
+from troupe.gpu.hidden_rows import PooledRows
 from troupe.gpu.prompt_logprobs import score_prompt_rows
+from troupe.gpu.runner import HiddenOutputs
 from troupe.gpu.step_inputs import StepInputs
 from troupe.messages import PromptLogprobs
+from troupe.messages.pooling import Pooled
 
 
 class ScoredForward:
-    """Logits of a step's sampled rows, as ForwardPass gives them; scored prompt rows kept."""
+    """Logits of a step's sampled rows, as ForwardPass gives them; hidden outputs kept."""
 
     def __init__(
         self, forward: ForwardPass, compute_logits: Callable[[torch.Tensor], torch.Tensor]
@@ -25,15 +30,48 @@ class ScoredForward:
         self.forward = forward
         self.compute_logits = compute_logits
         self._scores: list[PromptLogprobs] = []  # scored chunks not yet taken
+        self._pooled: list[Pooled] = []  # embeddings not yet taken
+        self._sums: dict[str, tuple[torch.Tensor, int]] = {}  # mean pooling under way
 
     def __call__(self, inputs: StepInputs) -> torch.Tensor:
-        if inputs.prompt_rows is None:
+        extra = inputs.hidden_rows
+        if extra is None:
             return self.forward(inputs)
         logits, hidden = self.forward.scored(inputs)
-        self._scores += score_prompt_rows(hidden, inputs.prompt_rows, self.compute_logits)
+        num_scored = extra.num_scored
+        if extra.scored is not None:
+            self._scores += score_prompt_rows(
+                hidden[:num_scored], extra.scored, self.compute_logits
+            )
+        if extra.pooled is not None:
+            self._pool(hidden[num_scored:], extra.pooled)
         return logits
 
-    def take(self) -> tuple[PromptLogprobs, ...]:
-        """The chunks scored since the last call."""
-        scores, self._scores = tuple(self._scores), []
-        return scores
+    def _pool(self, hidden: torch.Tensor, pooled: PooledRows) -> None:
+        row = 0
+        for seq in pooled.seqs:
+            part = hidden[row : row + seq.num_rows].float().sum(dim=0)
+            row += seq.num_rows
+            total, count = self._sums.pop(seq.request_id, (None, 0))
+            if total is None or seq.first:  # a prompt computed again starts over
+                total, count = part, seq.num_rows
+            else:
+                total, count = total + part, count + seq.num_rows
+            if not seq.done:
+                self._sums[seq.request_id] = (total, count)
+                continue
+            vector = total / count
+            if seq.normalize:
+                vector = torch.nn.functional.normalize(vector, dim=0)
+            self._pooled.append(Pooled(seq.request_id, tuple(vector.tolist())))
+
+    def forget(self, request_ids: Iterable[str]) -> None:
+        """Drop the sums of requests released before their prompts were whole."""
+        for request_id in request_ids:
+            self._sums.pop(request_id, None)
+
+    def take(self) -> HiddenOutputs:
+        """What the steps since the last call gave."""
+        out = HiddenOutputs(prompt_logprobs=tuple(self._scores), embeddings=tuple(self._pooled))
+        self._scores, self._pooled = [], []
+        return out

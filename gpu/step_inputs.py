@@ -16,7 +16,7 @@ import dataclasses
 import itertools
 
 import numpy as np
-from troupe.gpu.prompt_logprobs import PromptRows, prompt_rows
+from troupe.gpu.hidden_rows import HiddenRows, hidden_rows
 from troupe.gpu.request_states import RequestState
 from troupe.messages import SeqWork
 
@@ -49,9 +49,9 @@ class StepInputs:
     # no sequence carries proposals (one row each)
     num_logits: np.ndarray | None = None
     streaming: StreamingInputs | None = None  # StreamingLLM sequences (streaming_inputs)
-    # Prompt rows to score (gpu/prompt_logprobs.py): their indices follow the sampled rows'
-    # in logits_indices; such a step runs eagerly (ForwardPass.scored)
-    prompt_rows: PromptRows | None = None
+    # Rows whose final hidden states are read (gpu/hidden_rows.py: prompt logprobs, pooling):
+    # their indices follow the sampled rows' in logits_indices; such a step runs eagerly
+    hidden_rows: HiddenRows | None = None
 
     @property
     def is_decode(self) -> bool:
@@ -64,7 +64,7 @@ def build_step_inputs(
     tables: np.ndarray,
     block_size: int,
     *,
-    scores: bool = False,
+    reads_hidden: bool = False,
 ) -> StepInputs:
     """Flat arrays for the forward; block tables cut to the widest live table.
 
@@ -108,11 +108,11 @@ def build_step_inputs(
         num_logits = 1 + drafts[sampled_rows]
         offsets = np.arange(int(num_logits.sum())) - np.repeat(np.cumsum(num_logits), num_logits)
         logits_indices = np.repeat(logits_indices, num_logits) + offsets + 1
-    scored = None
-    if scores:  # rows to score for prompt logprobs (SeqWork.num_scored): after the sampled
-        scored = prompt_rows(seqs, qsl, [s.params.prompt_logprobs or 0 for s in states])
-        if scored is not None:
-            logits_indices = np.concatenate([logits_indices, scored.rows])
+    extra = None
+    if reads_hidden:  # rows to score or pool (StepPlan.reads_hidden): after the sampled
+        extra = hidden_rows(seqs, states, qsl)
+        if extra is not None:
+            logits_indices = np.concatenate([logits_indices, extra.rows])
     return StepInputs(
         input_ids=input_ids,
         positions=positions,
@@ -126,7 +126,7 @@ def build_step_inputs(
         max_seq_len=int(seq_lens.max(initial=0)),
         num_decode_prefix=num_seqs if ones.all() else int(ones.argmin()),
         num_logits=num_logits,
-        prompt_rows=scored,
+        hidden_rows=extra,
     )
 
 
@@ -171,7 +171,7 @@ def concat_inputs(first: StepInputs, second: StepInputs) -> StepInputs:
     tables padded to the wider. Neither may carry proposals or streaming arrays."""
     assert first.num_logits is None and second.num_logits is None, "no proposals here"
     assert first.streaming is None and second.streaming is None, "no streaming here"
-    assert first.prompt_rows is None and second.prompt_rows is None, "no scored rows here"
+    assert first.hidden_rows is None and second.hidden_rows is None, "no hidden rows here"
     num_tokens, num_seqs = len(first.input_ids), len(first.seq_lens)
     width = max(first.block_tables.shape[1], second.block_tables.shape[1])
     tables = np.zeros((num_seqs + len(second.seq_lens), width), dtype=first.block_tables.dtype)

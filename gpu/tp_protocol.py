@@ -10,7 +10,8 @@ Every rank runs the same command on its shard; only rank 0 answers the step.
 from __future__ import annotations
 
 import msgspec
-from troupe.messages import FailedSeq, PromptLogprobs, SampledToken, StepPlan, TokenMasks
+from troupe.gpu.runner import HiddenOutputs
+from troupe.messages import FailedSeq, SampledToken, StepPlan, TokenMasks
 
 
 class Execute(msgspec.Struct, frozen=True, tag=True):
@@ -51,7 +52,7 @@ class StepAnswer(msgspec.Struct, frozen=True, kw_only=True, tag=True):
 
     sampled: tuple[SampledToken, ...] = ()
     failed: tuple[FailedSeq, ...] = ()  # non-empty: the runner raised SequencesFailed
-    prompt_logprobs: tuple[PromptLogprobs, ...] = ()  # the runner's take_prompt_logprobs()
+    hidden: HiddenOutputs = msgspec.field(default_factory=HiddenOutputs)  # take_hidden_outputs()
     num_steps: int = 0
     num_overlapped: int = 0
     num_overlap_hits: int = 0

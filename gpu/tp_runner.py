@@ -28,7 +28,7 @@ import torch
 import torch.multiprocessing
 from troupe.config import ConfigError, EngineConfig, resolve_model_path
 from troupe.gpu.model_config import ModelLoadError
-from troupe.gpu.runner import RunnerStats, SequencesFailed
+from troupe.gpu.runner import HiddenOutputs, RunnerStats, SequencesFailed
 from troupe.gpu.tp_model import check_tensor_parallel
 from troupe.gpu.tp_protocol import (
     Close,
@@ -45,7 +45,7 @@ from troupe.gpu.tp_protocol import (
 )
 from troupe.gpu.tp_worker import rank_device, worker_main
 from troupe.gpu.weights import read_config
-from troupe.messages import PromptLogprobs, SampledToken, StepPlan, TokenMasks
+from troupe.messages import SampledToken, StepPlan, TokenMasks
 
 STOP_GRACE_S = 10.0  # how long close() waits for the workers to exit before killing them
 
@@ -69,7 +69,7 @@ class TPRunner:
         self._dir = tempfile.mkdtemp(prefix="troupe-tp-")
         self._error: str | None = None
         self._stats = RunnerStats()
-        self._scores: tuple[PromptLogprobs, ...] = ()  # rank 0's, not yet taken
+        self._hidden = HiddenOutputs()  # rank 0's, not yet taken
         self._conns: list[Connection] = []
         self._procs: list[BaseProcess] = []
         context = torch.multiprocessing.get_context("spawn")
@@ -121,9 +121,9 @@ class TPRunner:
     def finish(self, masks: TokenMasks) -> tuple[SampledToken, ...]:
         return self._step(Finish(masks))
 
-    def take_prompt_logprobs(self) -> tuple[PromptLogprobs, ...]:
-        scores, self._scores = self._scores, ()
-        return scores
+    def take_hidden_outputs(self) -> HiddenOutputs:
+        hidden, self._hidden = self._hidden, HiddenOutputs()
+        return hidden
 
     def statistics(self) -> RunnerStats:
         """Rank 0's counts as of its last answer (no round trip: safe from any thread)."""
@@ -170,7 +170,10 @@ class TPRunner:
             num_overlap_splits=answer.num_overlap_splits,
             num_overlap_merges=answer.num_overlap_merges,
         )
-        self._scores += answer.prompt_logprobs
+        self._hidden = HiddenOutputs(
+            prompt_logprobs=self._hidden.prompt_logprobs + answer.hidden.prompt_logprobs,
+            embeddings=self._hidden.embeddings + answer.hidden.embeddings,
+        )
         if answer.failed:
             raise SequencesFailed(answer.sampled, answer.failed)
         return answer.sampled

@@ -160,13 +160,13 @@ def _serve(runner: ModelRunner, group: TPGroup, conn: Connection) -> None:
                     answer = StepAnswer(sampled=runner.finish(masks))
         except SequencesFailed as exc:  # a result, not a crash: every rank saw the same rows
             answer = StepAnswer(sampled=exc.sampled, failed=exc.failed)
-        scores = runner.take_prompt_logprobs()  # every rank scored them: rank 0's go back
+        hidden = runner.take_hidden_outputs()  # every rank computed them: rank 0's go back
         if group.is_driver_rank:
             stats = runner.statistics()
             answer = StepAnswer(
                 sampled=answer.sampled,
                 failed=answer.failed,
-                prompt_logprobs=scores,
+                hidden=hidden,
                 num_steps=stats.num_steps,
                 num_overlapped=stats.num_overlapped,
                 num_overlap_hits=stats.num_overlap_hits,

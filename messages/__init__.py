@@ -40,6 +40,7 @@ from troupe.messages.events import (
 from troupe.messages.executor import ExecutorInbox, SeqWork, StepPlan, TokenMasks
 from troupe.messages.grammar import ComputeMasks, GrammarInbox, GrammarRow, GrammarTokens
 from troupe.messages.phase_router import Phase, PhaseRouterInbox, PhaseStepResult
+from troupe.messages.pooling import Pooled, Pooling
 from troupe.messages.sampling import ParamError, SamplingParams
 from troupe.messages.scheduler import (
     AdmittedRequest,
@@ -100,6 +101,8 @@ __all__ = [
     "Phase",
     "PhaseRouterInbox",
     "PhaseStepResult",
+    "Pooled",
+    "Pooling",
     "PromptLogprobs",
     "RejectCode",
     "Rejected",

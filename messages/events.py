@@ -27,6 +27,7 @@ class Delta(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     prompt_tokens: int | None = None  # on a request's first Delta: its prompt's token count
     # SamplingParams.prompt_logprobs, on a request's first event: prompt positions 1.. in order
     prompt_logprobs: tuple[TokenLogprob, ...] | None = None
+    embedding: tuple[float, ...] | None = None  # SamplingParams.pooling, on the first event
 
     is_terminal: ClassVar[bool] = False
 
@@ -46,6 +47,7 @@ class Finished(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     samples_left: int = 0  # the request's samples still open after this one ends
     cumulative_logprob: float | None = None  # best_of: the sum it was ranked by
     prompt_logprobs: tuple[TokenLogprob, ...] | None = None  # when it is the first event
+    embedding: tuple[float, ...] | None = None  # likewise
 
     @property
     def is_terminal(self) -> bool:

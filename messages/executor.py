@@ -51,6 +51,7 @@ class SeqWork(msgspec.Struct, frozen=True, gc=False):
     # prompt token after the chunk, -1 when the chunk reaches the prompt's last token)
     num_scored: int = 0
     after_chunk: int = -1
+    pools: bool = False  # SamplingParams.pooling: the chunk holds prompt positions to pool
 
     @property
     def num_tokens(self) -> int:
@@ -70,7 +71,9 @@ class StepPlan(msgspec.Struct, frozen=True, kw_only=True, tag=True, gc=False):
     # prompt's last, partial block); done before the forward pass
     copy_blocks: tuple[tuple[int, int], ...] = ()
     awaits_masks: bool = False  # a TokenMasks for this step comes from the grammar actor
-    scores_prompts: bool = False  # some SeqWork has num_scored rows (prompt logprobs)
+    # some SeqWork needs final hidden states beyond its logits: rows to score (prompt
+    # logprobs) or to pool (embeddings); such a step runs eagerly
+    reads_hidden: bool = False
     # The constrained rows that sampled in step `ahead_masks_of` (the plan before) take the
     # masks the grammar filled ahead from that step's tokens (TokenMasks.ahead)
     ahead_masks_of: int | None = None

@@ -6,6 +6,7 @@ import math
 import re
 
 import msgspec
+from troupe.messages.pooling import Pooling
 from troupe.messages.structured import StructuredOutputs
 
 
@@ -33,6 +34,9 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     # Each prompt token's logprob given the tokens before it (the first has none), with the
     # top-n alternatives as for `logprobs`; such a prompt is computed whole (no prefix-cache hit)
     prompt_logprobs: int | None = None
+    # An embedding of the prompt (messages/pooling.py) on the first event; `last` pooling
+    # keeps prefix-cache hits, the others compute the prompt whole
+    pooling: Pooling | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0

@@ -11,6 +11,7 @@ import enum
 
 import msgspec
 from troupe.messages.common import TokenLogprob
+from troupe.messages.pooling import Pooled
 from troupe.messages.sampling import SamplingParams
 from troupe.messages.tokenizer import AbortRequest
 
@@ -129,6 +130,7 @@ class StepResult(msgspec.Struct, frozen=True, kw_only=True, tag=True, gc=False):
     error: str | None = None
     late: tuple[str, ...] = ()  # in plan order; a default, so older traces still decode
     prompt_logprobs: tuple[PromptLogprobs, ...] = ()  # the step's scored prompt chunks
+    embeddings: tuple[Pooled, ...] = ()  # the prompts the step finished pooling
 
 
 class LateTokens(msgspec.Struct, frozen=True, kw_only=True, tag=True, gc=False):

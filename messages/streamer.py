@@ -5,6 +5,7 @@ from __future__ import annotations
 import msgspec
 from troupe.messages.common import FinishReason, RejectCode, TokenLogprob
 from troupe.messages.events import EngineStats
+from troupe.messages.pooling import Pooled
 from troupe.messages.sampling import SamplingParams
 from troupe.messages.scheduler import PromptLogprobs
 
@@ -56,6 +57,7 @@ class TokenBatch(msgspec.Struct, frozen=True, kw_only=True, tag=True, gc=False):
     outputs: tuple[SeqOutput, ...]
     stats: EngineStats | None = None
     prompt_logprobs: tuple[PromptLogprobs, ...] = ()  # the step's scored prompt chunks
+    embeddings: tuple[Pooled, ...] = ()  # the prompts the step finished pooling
 
 
 StreamerInbox = RequestOpened | RequestRejected | RequestFailed | TokenBatch

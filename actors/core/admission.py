@@ -66,11 +66,12 @@ class AdmissionCore:
         max_num_samples: int = 16,
         streaming: StreamingDefaults | None = None,
         samples_limit: str = "max_num_samples, capped by max_num_seqs",
-        no_prompt_logprobs: str | None = None,
+        no_hidden_outputs: str | None = None,
     ) -> None:
         """`samples_limit`: what sets max_num_samples, named in the rejection;
-        `no_prompt_logprobs`: why prompt logprobs are refused (None: they are served)."""
-        self.no_prompt_logprobs = no_prompt_logprobs
+        `no_hidden_outputs`: why prompt logprobs and embeddings are refused (None: they are
+        served)."""
+        self.no_hidden_outputs = no_hidden_outputs
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
         self.max_requests = max_num_seqs + max_queued_requests
@@ -152,9 +153,15 @@ class AdmissionCore:
                 f"got {req.params.num_samples}"
             )
             return RejectCode.INVALID_REQUEST, field, message
-        if req.params.prompt_logprobs is not None and self.no_prompt_logprobs is not None:
-            message = f"prompt_logprobs is not served here: {self.no_prompt_logprobs}"
-            return RejectCode.INVALID_REQUEST, "prompt_logprobs", message
+        if self.no_hidden_outputs is not None:
+            asked = (
+                ("prompt_logprobs", req.params.prompt_logprobs),
+                ("pooling", req.params.pooling),
+            )
+            for field, value in asked:
+                if value is not None:
+                    message = f"{field} is not served here: {self.no_hidden_outputs}"
+                    return RejectCode.INVALID_REQUEST, field, message
         num_prompt = len(req.prompt_token_ids)
         if num_prompt == 0:
             return RejectCode.INVALID_REQUEST, "prompt", "prompt is empty"

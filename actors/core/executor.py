@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import structlog
 from troupe.actors.core.base import Outgoing
-from troupe.gpu.runner import Runner, SequencesFailed
+from troupe.gpu.runner import HiddenOutputs, Runner, SequencesFailed
 from troupe.gpu.token_bitmask import join_masks
 from troupe.messages import (
     ExecutorInbox,
@@ -93,7 +94,7 @@ class ExecutorCore:
         except Exception as exc:
             log.exception("step failed", step_id=plan.step_id)
             self._launch_error = f"{type(exc).__name__}: {exc}"
-            self._drop_prompt_logprobs()
+            self._drop_hidden_outputs()
         return self._sample()
 
     def _on_masks(self, masks: TokenMasks) -> _Ran | None:
@@ -142,25 +143,28 @@ class ExecutorCore:
                 time=self._clock(),
                 sampled=exc.sampled,
                 failed=exc.failed,
-                prompt_logprobs=self.runner.take_prompt_logprobs(),
+                **_hidden_fields(self.runner.take_hidden_outputs()),
             )
         except Exception as exc:
             log.exception("step failed", step_id=step_id)
-            self._drop_prompt_logprobs()
+            self._drop_hidden_outputs()
             return StepResult(
                 step_id=step_id, time=self._clock(), error=f"{type(exc).__name__}: {exc}"
             )
-        scores = self.runner.take_prompt_logprobs()
-        return StepResult(
-            step_id=step_id, time=self._clock(), sampled=sampled, prompt_logprobs=scores
-        )
+        hidden = _hidden_fields(self.runner.take_hidden_outputs())
+        return StepResult(step_id=step_id, time=self._clock(), sampled=sampled, **hidden)
 
-    def _drop_prompt_logprobs(self) -> None:
-        """A failed step's scored chunks (its requests fail): none may reach a later step."""
+    def _drop_hidden_outputs(self) -> None:
+        """A failed step's prompt logprobs and embeddings (its requests fail): none may reach
+        a later step."""
         try:
-            self.runner.take_prompt_logprobs()
+            self.runner.take_hidden_outputs()
         except Exception:
-            log.exception("dropping a failed step's prompt logprobs failed")
+            log.exception("dropping a failed step's hidden outputs failed")
+
+
+def _hidden_fields(hidden: HiddenOutputs) -> dict[str, Any]:
+    return {"prompt_logprobs": hidden.prompt_logprobs, "embeddings": hidden.embeddings}
 
 
 def _grammar_tokens(result: StepResult, masks: TokenMasks) -> GrammarTokens:

@@ -21,4 +21,5 @@ def holds_last_token(req: Request, end: int) -> bool:
         and not req.stream_window
         and req.params.structured_outputs is None
         and req.params.prompt_logprobs is None  # its last prompt position is scored
+        and req.params.pooling is None  # or pooled
     )

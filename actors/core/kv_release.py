@@ -34,8 +34,12 @@ def sink_blocks(req: Request, block_size: int) -> int:
 
 def cache_limit(req: Request) -> int:
     """Tokens whose KV the prefix cache may hold for `req` (0: no limit). A prompt scored
-    for its logprobs takes no hit (1: no whole block): every position's logits are computed."""
-    if req.params.prompt_logprobs is not None:
+    for its logprobs or pooled over its positions takes no hit (1: no whole block): every
+    position's final hidden state is computed."""
+    params = req.params
+    if params.prompt_logprobs is not None or (
+        params.pooling and params.pooling.reads_every_position
+    ):
         return 1
     return req.num_sink_tokens + req.stream_window if req.stream_window else 0
 

@@ -56,7 +56,7 @@ def build_plan(
     verifications: list[SeqWork] = []
     verified: list[InFlight] = []
     running, add_seq, add_in_flight = Status.RUNNING, seqs.append, in_flight.append
-    scores_prompts = False
+    reads_hidden = False
     for w in work.values():
         req = w.req
         if req.status is not running:
@@ -77,12 +77,13 @@ def build_plan(
             continue  # a parallel-sampling parent with all it computes cached: it forks next
         first = not req.in_executor
         prompt_len, scores = req.prompt_len, req.params.prompt_logprobs is not None
+        pools = req.params.pooling is not None and start < prompt_len
         # penalties read every earlier token: those a prefix hit (or a parent) computed
         history = tuple(tokens[:start]) if first and start and req.params.has_penalties else ()
         # Verifications go last, so the one-token decodes lead the step (the runner's decode
         # kernel takes that prefix: gpu/step_inputs.py num_decode_prefix).
         num_scored = max(0, min(end, prompt_len - 1) - start) if scores else 0
-        scores_prompts |= num_scored > 0
+        reads_hidden |= num_scored > 0 or pools
         (verifications if w.draft else seqs).append(
             SeqWork(
                 request_id=req.request_id,
@@ -99,6 +100,7 @@ def build_plan(
                 next_token=tokens[end] if held else -1,
                 num_scored=num_scored,
                 after_chunk=tokens[end] if num_scored and end < prompt_len else -1,
+                pools=pools,
             )
         )
         req.in_executor, req.needs_reset, req.draft = True, False, w.draft
@@ -116,5 +118,5 @@ def build_plan(
         swap_in=result.swap_in,
         released=released,
         copy_blocks=result.copy_blocks,
-        scores_prompts=scores_prompts,
+        reads_hidden=reads_hidden,
     ), in_flight

@@ -34,6 +34,7 @@ from troupe.messages.allocator import AllocateBatch
 from troupe.messages.common import FinishReason
 from troupe.messages.events import EngineStats
 from troupe.messages.executor import StepPlan
+from troupe.messages.pooling import Pooled
 from troupe.messages.scheduler import (
     AdmittedRequest,
     AllocationResult,
@@ -190,15 +191,17 @@ class SchedulerCore:
         if result.error is None:
             apply_tokens(result, self.in_flight, self.planner, self._pending)
         self.in_flight = []
-        return self.stats_batch(result.prompt_logprobs)
+        return self.stats_batch(result.prompt_logprobs, result.embeddings)
 
     def stats(self) -> EngineStats:
         """A snapshot of pools (as of the last AllocationResult), queues and counters."""
         return engine_stats(self.pools, self.planner, self.num_cpu_blocks, self.num_steps)
 
-    def stats_batch(self, prompt_logprobs: tuple[PromptLogprobs, ...] = ()) -> TokenBatch:
-        """Pending outputs (maybe none) and fresh stats: a step's (with the prompt logprobs it
-        computed), or news between steps."""
+    def stats_batch(
+        self, prompt_logprobs: tuple[PromptLogprobs, ...] = (), embeddings: tuple[Pooled, ...] = ()
+    ) -> TokenBatch:
+        """Pending outputs (maybe none) and fresh stats: a step's (with the prompt logprobs and
+        embeddings it computed), or news between steps."""
         outputs, self._pending = tuple(self._pending), []
         stats = self.stats()
         return TokenBatch(
@@ -207,6 +210,7 @@ class SchedulerCore:
             outputs=outputs,
             stats=stats,
             prompt_logprobs=prompt_logprobs,
+            embeddings=embeddings,
         )
 
     def _check_phase(self, phase: Phase, step_id: int, what: str) -> None:

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 import msgspec
 import structlog
 from troupe.actors.core.detokenizer import IncrementalDetokenizer, shared_token_texts
-from troupe.actors.core.prompt_scores import PromptScores
+from troupe.actors.core.first_extras import FirstExtras
 from troupe.actors.core.sample_streams import SampleFamily
 from troupe.actors.core.stop_strings import StopStringMatcher
 from troupe.actors.core.tokenizer_text import TextTokenizer
@@ -100,8 +100,7 @@ class StreamerCore:
         self._streams: dict[str, _Stream] = {}
         self._failed: dict[str, str] = {}  # request id -> why its stream could not be opened
         self._families: dict[str, SampleFamily] = {}  # request id -> its samples (n > 1)
-        # request id -> its prompt's logprobs so far (SamplingParams.prompt_logprobs)
-        self._scores: dict[str, PromptScores] = {}
+        self._extras = FirstExtras()  # prompt logprobs and embeddings: on first events
         tokenizer.token_bytes(0)  # build the byte table now, not on the first token batch
         # Decoded text per token id, shared by all requests (one table per skip setting).
         self._texts = {
@@ -140,16 +139,14 @@ class StreamerCore:
             else:
                 out.extend(self._tokens(msg, ended))
         if ended:
-            for request_id in ended:
-                self._scores.pop(request_id, None)
+            self._extras.forget(ended)
             out.append(("admission", RequestsEnded(request_ids=tuple(ended))))
         return out
 
     def _open(self, msg: RequestOpened) -> None:
         try:
             params = msg.params
-            if params.prompt_logprobs is not None:
-                self._scores[msg.request_id] = PromptScores()
+            self._extras.open(msg.request_id, params)
             if params.num_samples == 1:
                 self._streams[msg.request_id] = self._new_stream(msg)
                 return
@@ -187,9 +184,8 @@ class StreamerCore:
         time = batch.time
         get_stream = self._streams.get
         add_event = events.append
-        for chunk in batch.prompt_logprobs:  # ahead of the first token they lead to
-            if (scores := self._scores.get(chunk.request_id)) is not None:
-                scores.add(chunk)
+        if batch.prompt_logprobs or batch.embeddings:
+            self._extras.add(batch)
         for output in batch.outputs:
             stream = get_stream(output.request_id)
             if stream is None:
@@ -288,11 +284,11 @@ class StreamerCore:
         else:
             text = "".join([push(token_id) for token_id in token_ids])
         stream.num_output_tokens += num_tokens
-        prompt_tokens = prompt_logprobs = None
+        prompt_tokens = prompt_logprobs = embedding = None
         if stream.first_token_time is None:
             stream.first_token_time = time
             prompt_tokens = stream.opened.num_prompt_tokens
-            prompt_logprobs = self._prompt_logprobs(stream)
+            prompt_logprobs, embedding = self._extras.first_event(stream.opened.request_id)
         stream.last_token_time = time
         if output.num_cached_tokens > stream.num_cached_tokens:
             stream.num_cached_tokens = output.num_cached_tokens
@@ -305,12 +301,8 @@ class StreamerCore:
             index=stream.index,
             prompt_tokens=prompt_tokens,
             prompt_logprobs=prompt_logprobs,
+            embedding=embedding,
         )
-
-    def _prompt_logprobs(self, stream: _Stream) -> tuple[TokenLogprob, ...] | None:
-        """The prompt logprobs for a stream's first event (None: not asked for)."""
-        scores = self._scores.get(stream.opened.request_id)
-        return None if scores is None else tuple(scores.entries)
 
     def _advance(self, stream: _Stream, output: SeqOutput, time: float) -> StreamEvent | None:
         """Feed one SeqOutput; the event it yields (None: nothing to say)."""
@@ -327,13 +319,13 @@ class StreamerCore:
                 break  # tokens after the stop string are not part of the output
         token_ids = output.token_ids[:num_kept]
         logprobs = _kept(output.logprobs, num_kept)
-        prompt_tokens = prompt_logprobs = None
+        prompt_tokens = prompt_logprobs = embedding = None
         if num_kept:
             stream.num_output_tokens += num_kept
             if stream.first_token_time is None:
                 stream.first_token_time = time
                 prompt_tokens = stream.opened.num_prompt_tokens
-                prompt_logprobs = self._prompt_logprobs(stream)
+                prompt_logprobs, embedding = self._extras.first_event(stream.opened.request_id)
             stream.last_token_time = time
         stream.num_cached_tokens = max(stream.num_cached_tokens, output.num_cached_tokens)
 
@@ -350,6 +342,7 @@ class StreamerCore:
                 index=stream.index,
                 prompt_tokens=prompt_tokens,
                 prompt_logprobs=prompt_logprobs,
+                embedding=embedding,
             )
         texts.append(stream.final_text())
         text = "".join(texts)
@@ -368,6 +361,7 @@ class StreamerCore:
                 logprobs=logprobs,
                 index=stream.index,
                 prompt_logprobs=prompt_logprobs,
+                embedding=embedding,
             )
         if reason == FinishReason.ABORT:
             return Aborted(

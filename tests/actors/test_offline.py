@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from troupe import EngineConfig, SamplingParams, generate_batch
+from troupe import EngineConfig, Pooling, SamplingParams, generate_batch
 from troupe.gpu.fake_runner import FakeRunner
 
 
@@ -33,7 +33,8 @@ def test_generate_batch_keeps_logprobs_and_prompt_logprobs() -> None:
     )
     prompts = [[7 + (3 * j) % 50 for j in range(n)] for n in (5, 40)]  # 40: four chunks
     params = SamplingParams(max_tokens=3, temperature=0.0, logprobs=0, prompt_logprobs=2)
-    for prompt, out in zip(prompts, generate_batch(prompts, params, config, progress=False)):
+    results = generate_batch(prompts, params, config, progress=False)
+    for prompt, out in zip(prompts, results, strict=True):
         assert out.logprobs is not None
         assert [lp.token_id for lp in out.logprobs] == out.token_ids
         assert out.prompt_logprobs is not None
@@ -41,3 +42,16 @@ def test_generate_batch_keeps_logprobs_and_prompt_logprobs() -> None:
         assert all(len(lp.top) == 2 for lp in out.prompt_logprobs)
     plain = generate_batch(prompts[:1], SamplingParams(max_tokens=2), config, progress=False)
     assert plain[0].logprobs is None and plain[0].prompt_logprobs is None
+
+
+def test_generate_batch_keeps_embeddings() -> None:
+    config = EngineConfig(runner="fake", num_kv_blocks=64, max_num_seqs=4, block_size=4)
+    prompts = [[9, 8, 7, 6, 5], [1, 2, 3]]
+    params = SamplingParams(max_tokens=2, pooling=Pooling(type="mean"))
+    pooled = generate_batch(prompts, params, config, progress=False)
+    for out in pooled:
+        assert out.embedding is not None
+        assert sum(v * v for v in out.embedding) == pytest.approx(1.0)  # normalized
+    assert pooled[0].embedding != pooled[1].embedding
+    plain = generate_batch(prompts, SamplingParams(max_tokens=2), config, progress=False)
+    assert plain[0].embedding is None

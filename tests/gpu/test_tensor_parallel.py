@@ -24,7 +24,7 @@ from troupe.gpu.runner import build_runner
 from troupe.gpu.tp_model import TPShard, check_tensor_parallel
 from troupe.gpu.tp_runner import TPRunner
 from troupe.gpu.weights import random_weights
-from troupe.messages import Failed, Finished, SamplingParams
+from troupe.messages import Delta, Failed, Finished, SamplingParams
 
 from tests.gpu.conftest import add_word_tokenizer
 
@@ -80,11 +80,18 @@ def _config(folder: Path, **changes: Any) -> EngineConfig:
     )
 
 
-async def _generate(engine: Engine) -> list[list[int]]:
+async def _generate(engine: Engine, scores: list[list[float]] | None = None) -> list[list[int]]:
+    """Each prompt's tokens; with `scores`, the first prompt's logprobs go there (every rank
+    scores the prompt rows, rank 0 sends them)."""
     results: dict[int, list[Any]] = {}
 
     async def one(i: int) -> None:
-        params = SamplingParams(max_tokens=MAX_TOKENS[i], temperature=0.0, ignore_eos=True)
+        params = SamplingParams(
+            max_tokens=MAX_TOKENS[i],
+            temperature=0.0,
+            ignore_eos=True,
+            prompt_logprobs=1 if scores is not None and i == 0 else None,
+        )
         results[i] = await collect(engine, PROMPTS[i], params)
 
     async with anyio.create_task_group() as tg:
@@ -92,12 +99,16 @@ async def _generate(engine: Engine) -> list[list[int]]:
             tg.start_soon(one, i)
     for events in results.values():
         assert isinstance(terminal(events), Finished), events
+    if scores is not None:
+        first = results[0][0]
+        assert isinstance(first, Delta | Finished) and first.prompt_logprobs is not None
+        scores.append([entry.logprob for entry in first.prompt_logprobs])
     return [token_ids(results[i]) for i in range(len(PROMPTS))]
 
 
-async def _reference(folder: Path) -> list[list[int]]:
+async def _reference(folder: Path, scores: list[list[float]] | None = None) -> list[list[int]]:
     async with Engine.open(_config(folder)) as engine:
-        return await _generate(engine)
+        return await _generate(engine, scores)
 
 
 def test_shard_ranges_and_checks() -> None:
@@ -124,7 +135,8 @@ def test_qwen3_one_kv_head_same_tokens_and_clean_close(models: dict[str, Path]) 
     folder = models["qwen3"]
     with pytest.raises(ConfigError, match=r"\(3\).*num_attention_heads \(4\)"):
         build_runner(_config(folder, tensor_parallel_size=3))  # refused before any spawn
-    expected = anyio.run(_reference, folder)
+    scores: list[list[float]] = []
+    expected = anyio.run(_reference, folder, scores)
     assert len({tuple(t) for t in expected}) == len(expected)  # distinct: not degenerate
     config = _config(folder, tensor_parallel_size=2)
     runner = build_runner(config)
@@ -132,9 +144,11 @@ def test_qwen3_one_kv_head_same_tokens_and_clean_close(models: dict[str, Path]) 
 
     async def run() -> list[list[int]]:
         async with Engine.open(config, runner=runner) as engine:
-            return await _generate(engine)
+            return await _generate(engine, scores)
 
     assert anyio.run(run) == expected
+    one, two = scores
+    assert len(one) == len(PROMPTS[0]) - 1 and two == pytest.approx(one, abs=1e-4)
     assert runner.statistics().num_steps > 0
     assert None not in runner.worker_exit_codes()  # closed with the engine, none left running
 

@@ -73,7 +73,7 @@ def test_prompt_logprobs_refused_where_not_served() -> None:
         max_num_seqs=2,
         max_queued_requests=1,
         max_queued_tokens=50,
-        no_prompt_logprobs="disaggregation computes prompts elsewhere",
+        no_hidden_outputs="disaggregation computes prompts elsewhere",
     )
     [(dest, out)] = c.handle([req("q", prompt_logprobs=0)])
     assert dest == "streamer" and isinstance(out, RequestRejected)

@@ -303,7 +303,7 @@ def test_prompt_logprobs_gathered_once_each_for_the_first_event(tok: TextTokeniz
     out = core.handle([_batch(3, 100.2, SeqOutput("pl", (WORLD,), FinishReason.LENGTH))])
     last = _event(out[0])
     assert isinstance(last, Finished) and last.prompt_logprobs is None
-    assert core._scores == {}  # gone with the request
+    assert not len(core._extras)  # gone with the request
 
 
 def test_prompt_logprobs_on_a_first_event_that_finishes(tok: TextTokenizer) -> None:
