@@ -68,6 +68,7 @@ class Engine:
         self.config = config
         self.model_name = ""
         self.max_model_len = 0
+        self.eos_token_ids: tuple[int, ...] = ()  # the model's, once loaded
         self.tokenizer: Any = None
         self.error: BaseException | None = None
         self._streams = ClientStreams(config.max_stream_buffer)
@@ -151,6 +152,7 @@ class Engine:
         config = setup.config  # max_num_batched_tokens resolved for the device
         self.model_name = setup.model_name
         self.max_model_len = setup.numbers.max_model_len
+        self.eos_token_ids = tuple(setup.numbers.eos_token_ids)
         self._vocab_size = setup.numbers.vocab_size
         tracer = None
         try:  # a bad trace path, a core that refuses the config: the runner is closed all the same

@@ -64,6 +64,7 @@ class _Common(StructuredFields, kw_only=True):
     include_stop_str_in_output: bool | None = None
     logit_bias: dict[str, float] | None = None  # token id (as a string) -> [-100, 100]
     min_tokens: int | None = None  # vLLM's extra
+    prompt_logprobs: int | None = None  # vLLM's extra: each prompt token's logprob + top-k
     streaming_window: int | None = None  # StreamingLLM (troupe's): sinks + window of KV
     sink_tokens: int | None = None
     user: str | None = None  # accepted: an end-user id for the operator's logs (OpenAI's)

@@ -2,9 +2,9 @@
 
 Types come from the Structs in `openai_bodies` (decoded straight from the bytes), ranges from
 SamplingParams.check; this module maps OpenAI's names onto troupe's and turns away, by name,
-what troupe does not serve yet (suffix, echo with logprobs, best_of > n streamed, n > 1 with
-tools, ...). A completion may carry a list of prompts (`prompts`; gateway/prompt_batch.py runs
-them).
+what troupe does not serve yet (suffix, best_of > n streamed, n > 1 with tools, ...). A
+completion may carry a list of prompts (`prompts`; gateway/prompt_batch.py runs them). Echo with
+logprobs asks the engine for the prompt's logprobs (vLLM's way: gateway/prompt_logprobs.py).
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ class OpenAIRequest:
     include_usage: bool  # stream_options.include_usage: a last chunk carrying usage
     continuous_usage: bool = False  # stream_options.continuous_usage_stats: usage on each chunk
     echo: str | list[int] | None = None  # completions' echo: the prompt that leads the answer
+    is_echo_only: bool = False  # echo with max_tokens 0: the prompt alone (the engine runs 1)
     user: str | None = None  # OpenAI's end-user id: logged with the request id (debug level)
     # engine field -> the field the client wrote (structured output errors name the latter)
     client_fields: dict[str, str] = dataclasses.field(default_factory=dict)
@@ -89,12 +90,20 @@ def parse_request(
     prompt: str | list[int] | list[dict[str, str]] | ChatPrompt
     prompts: tuple[str | list[int], ...] = ()
     echo: str | list[int] | None = None
+    is_echo_only = False
+    if body.prompt_logprobs is not None:
+        kw["prompt_logprobs"] = body.prompt_logprobs
     if isinstance(body, CompletionBody):
         prompts = _completion_prompts(body.prompt)
         prompt = prompts[0]
         echo = prompts[0] if body.echo else None
+        if body.echo and requested == 0:
+            # vLLM's: the prompt alone; the engine runs one token that is not shown
+            kw["max_tokens"], is_echo_only = 1, True
         if body.logprobs is not None:
             kw["logprobs"] = body.logprobs
+            if body.echo and body.prompt_logprobs is None:
+                kw["prompt_logprobs"] = body.logprobs  # vLLM's: echo scores the prompt
     else:
         prompt = messages = message_dicts(body.messages)
         if body.top_logprobs is not None and not body.logprobs:
@@ -104,6 +113,8 @@ def parse_request(
             logprobs_field = "top_logprobs" if body.top_logprobs is not None else "logprobs"
 
     kw["structured_outputs"], client_fields = structured_outputs(body)
+    if body.prompt_logprobs is None and "prompt_logprobs" in kw:
+        client_fields = {**client_fields, "prompt_logprobs": "logprobs"}
     tools = None
     if isinstance(body, ChatBody):
         tools = tool_plan(
@@ -126,6 +137,12 @@ def parse_request(
         renamed = {"max_tokens": max_tokens_field, "logprobs": logprobs_field, **client_fields}
         raise invalid(renamed.get(exc.field, exc.field), str(exc)) from None
 
+    if body.stream and body.prompt_logprobs:
+        raise invalid(
+            "prompt_logprobs",
+            "prompt_logprobs cannot be streamed (as in vLLM): leave stream off (completions' "
+            "echo with logprobs does stream the prompt's logprobs)",
+        )
     options = body.stream_options
     if options is not None and not body.stream:
         raise invalid("stream_options", "stream_options needs stream: true")
@@ -149,6 +166,7 @@ def parse_request(
         include_usage=bool(options and options.include_usage),
         continuous_usage=continuous,
         echo=echo,
+        is_echo_only=is_echo_only,
         user=body.user,
         client_fields=client_fields,
         tools=tools,
@@ -206,9 +224,17 @@ def _refuse_unsupported(body: CompletionBody | ChatBody) -> None:
             raise invalid("best_of", f"best_of must be >= n ({n}), got {body.best_of}")
         if body.best_of is not None and body.best_of > n and body.stream:
             raise invalid("best_of", "best_of > n cannot stream: the best are known at the end")
-        if body.echo and body.logprobs is not None:
-            # vLLM answers with the prompt's logprobs too; troupe does not compute those
-            raise invalid("echo", "echo cannot be combined with logprobs (no prompt logprobs)")
+        scores_prompt = body.prompt_logprobs is not None or (
+            body.echo and body.logprobs is not None
+        )
+        if body.best_of is not None and body.best_of > n and scores_prompt:
+            # the engine ranks best_of samples at their end and sends whole answers without
+            # the prompt's logprobs (actors/core/sample_streams.py)
+            raise invalid(
+                "best_of",
+                "best_of > n cannot be combined with prompt logprobs (prompt_logprobs, or echo "
+                "with logprobs)",
+            )
         if body.suffix:
             raise invalid("suffix", "suffix is not supported: leave it out")
         return

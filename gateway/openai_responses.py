@@ -6,6 +6,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from troupe.gateway.completion_logprobs import LogprobRow, TokenTexts, logprobs_object, rows
 from troupe.gateway.engine_api import TokenizerLike
 from troupe.messages import Aborted, Delta, Failed, Finished, StreamEvent, TokenLogprob, Usage
 
@@ -35,7 +36,10 @@ class ResponseBuilder:
         self.model = model
         self.id = response_id
         self.created = int(time.time())
-        self._tokenizer = tokenizer
+        # one token's text: generated tokens as before (special tokens skipped); the prompt's
+        # with special tokens kept, as an echoed prompt's text keeps them
+        self.token_text = TokenTexts(tokenizer, skip_special_tokens=True)
+        self.prompt_token_text = TokenTexts(tokenizer, skip_special_tokens=False)
         # completions logprobs: where each token starts in its choice's text, per choice
         self._text_offsets: dict[int, int] = {}
         # stream_options.continuous_usage_stats: every chunk carries the counts so far
@@ -72,19 +76,21 @@ class ResponseBuilder:
 
     # -- logprobs ------------------------------------------------------------------------------
 
-    def _token_text(self, token_id: int) -> str:
-        return self._tokenizer.decode([token_id]) if self._tokenizer is not None else ""
-
     def logprobs_json(
-        self, logprobs: Sequence[TokenLogprob] | None, index: int = 0
+        self,
+        logprobs: Sequence[TokenLogprob] | None,
+        index: int = 0,
+        lead: Sequence[LogprobRow] = (),
     ) -> dict[str, Any] | None:
-        """Completions: tokens/token_logprobs/top_logprobs/text_offset. Chat: content list."""
-        if logprobs is None:
+        """Completions: tokens/token_logprobs/top_logprobs/text_offset, `lead`'s rows (echo:
+        the prompt's) first. Chat: content list."""
+        if logprobs is None and not lead:
             return None
+        text = self.token_text
         if self.kind == "chat":
             content = []
-            for lp in logprobs:
-                token = self._token_text(lp.token_id)
+            for lp in logprobs or ():
+                token = text(lp.token_id)
                 content.append(
                     {
                         "token": token,
@@ -92,7 +98,7 @@ class ResponseBuilder:
                         "bytes": list(token.encode()),
                         "top_logprobs": [
                             {
-                                "token": (alt := self._token_text(tid)),
+                                "token": (alt := text(tid)),
                                 "logprob": value,
                                 "bytes": list(alt.encode()),
                             }
@@ -101,20 +107,11 @@ class ResponseBuilder:
                     }
                 )
             return {"content": content}
-        tokens, offsets = [], []
-        offset = self._text_offsets.get(index, 0)
-        for lp in logprobs:
-            token = self._token_text(lp.token_id)
-            tokens.append(token)
-            offsets.append(offset)
-            offset += len(token)
-        self._text_offsets[index] = offset
-        return {
-            "tokens": tokens,
-            "token_logprobs": [lp.logprob for lp in logprobs],
-            "top_logprobs": [{self._token_text(t): v for t, v in lp.top} for lp in logprobs],
-            "text_offset": offsets,
-        }
+        all_rows = [*lead, *rows(logprobs or (), None, text)]
+        body, self._text_offsets[index] = logprobs_object(
+            all_rows, self._text_offsets.get(index, 0)
+        )
+        return body
 
     # -- whole response ------------------------------------------------------------------------
 
@@ -140,10 +137,13 @@ class ResponseBuilder:
         stop_reason: str | int | None,
         tool_calls: list[dict[str, Any]] | None = None,
         content: str | None = None,
+        lead: Sequence[LogprobRow] = (),
     ) -> dict[str, Any]:
         """One choice; `tool_calls`: the answer is these calls (finish "tool_calls"), with
-        `content` beside them (tool_choice "auto": the text around them; else null)."""
-        choice: dict[str, Any] = {"index": index, "logprobs": self.logprobs_json(logprobs, index)}
+        `content` beside them (tool_choice "auto": the text around them; else null); `lead`:
+        logprob rows ahead of the generated tokens' (echo: the prompt's)."""
+        logprobs_json = self.logprobs_json(logprobs, index, lead)
+        choice: dict[str, Any] = {"index": index, "logprobs": logprobs_json}
         if tool_calls is not None:
             choice["message"] = {"role": "assistant", "content": content, "tool_calls": tool_calls}
             finish_reason = "tool_calls"
@@ -205,13 +205,14 @@ class ResponseBuilder:
         finish_reason: str | None = None,
         stop_reason: str | int | None = None,
         index: int = 0,
+        lead: Sequence[LogprobRow] = (),
     ) -> dict[str, Any]:
         choice: dict[str, Any] = {"index": index}
         if self.kind == "chat":
             choice["delta"] = {"content": text} if text or finish_reason is None else {}
         else:
             choice["text"] = text
-        choice["logprobs"] = self.logprobs_json(logprobs, index)
+        choice["logprobs"] = self.logprobs_json(logprobs, index, lead)
         choice["finish_reason"] = finish_reason
         if finish_reason is not None:
             choice["stop_reason"] = stop_reason

@@ -18,6 +18,7 @@ from troupe.gateway.openai_requests import Kind, OpenAIRequest, api_error_for_mo
 from troupe.gateway.openai_responses import ResponseBuilder
 from troupe.gateway.outbox import Outbox, Overflow
 from troupe.gateway.prompt_batch import batch_events, batch_usage
+from troupe.gateway.prompt_logprobs import Echo, PromptLogprobsSeen, echo_for
 from troupe.gateway.pump import abort_transport_later, pump
 from troupe.gateway.sse_frames import DONE as _DONE
 from troupe.gateway.sse_frames import sse as _sse
@@ -131,7 +132,15 @@ async def _handle(request: web.Request, kind: Kind) -> web.StreamResponse:
         engine.tokenizer,
         continuous_usage=req.continuous_usage,
     )
-    echo = await _echoes(engine.tokenizer, req) if req.echo is not None else []
+    echo = None
+    if req.echo is not None:
+        echo = await echo_for(
+            engine.tokenizer,
+            req.prompts,
+            n=req.params.n,
+            num_top=req.params.logprobs,
+            is_prompt_only=req.is_echo_only,
+        )
     gateway.stream_opened()
     try:
         if req.prompts:  # completions: one prompt or a batch of them
@@ -145,31 +154,20 @@ async def _handle(request: web.Request, kind: Kind) -> web.StreamResponse:
         gateway.stream_closed()
 
 
-async def _echoes(tokenizer: Any, req: OpenAIRequest) -> list[str]:
-    """completions' echo, per prompt: a text prompt as sent, token ids decoded (special
-    tokens kept)."""
-    out = []
-    for prompt in req.prompts:
-        if isinstance(prompt, str):
-            out.append(prompt)
-        # ids outside the vocabulary are not decoded: the engine rejects the prompt, naming it
-        elif all(0 <= t < tokenizer.vocab_size for t in prompt):
-            out.append(await asyncio.to_thread(tokenizer.decode, prompt, False))
-        else:
-            out.append("")
-    return out
-
-
 async def _whole(
-    events: Any, builder: ResponseBuilder, req: OpenAIRequest, echo: list[str]
+    events: Any, builder: ResponseBuilder, req: OpenAIRequest, echo: Echo | None
 ) -> web.Response:
     """Collect the stream (one choice per sample, by index; each opens with its prompt's
     `echo`); a vanished client cancels this handler, which aborts the request."""
     n = req.params.n
     texts: dict[int, list[str]] = defaultdict(list)
-    for index in range(len(echo) * n):
-        texts[index].append(echo[index // n])
+    if echo is not None:
+        for index in range(len(echo.texts) * n):
+            texts[index].append(echo.text(index))
     logprobs: dict[int, list[TokenLogprob]] = {}
+    prompts = PromptLogprobsSeen(
+        req.kind, req.params.prompt_logprobs, echo, builder.prompt_token_text
+    )
     choices: dict[int, dict[str, Any]] = {}
     usages: list[tuple[int, Usage]] = []
     async with contextlib.aclosing(events):
@@ -177,9 +175,11 @@ async def _whole(
             if isinstance(event, Rejected | Aborted | Failed):
                 raise error_for_event(event, req.client_fields)  # one sample's failure fails all
             index = event.index
-            texts[index].append(event.text)
-            if event.logprobs is not None:
-                logprobs.setdefault(index, []).extend(event.logprobs)
+            prompts.see(event)
+            if echo is None or not echo.is_prompt_only:  # else the prompt alone is shown
+                texts[index].append(event.text)
+                if event.logprobs is not None:
+                    logprobs.setdefault(index, []).extend(event.logprobs)
             if isinstance(event, Finished):
                 text, finish = "".join(texts[index]), str(event.finish_reason)
                 calls, content = None, None
@@ -191,12 +191,15 @@ async def _whole(
                         calls = tool_calls(req.tools, text)
                 lps = logprobs.get(index)
                 choices[index] = builder.choice(
-                    index, text, finish, lps, event.stop_reason, calls, content
+                    index, text, finish, lps, event.stop_reason, calls, content, prompts.lead(index)
                 )
+                prompts.add_to_choice(choices[index], index)
                 usages.append((index, event.usage))
             if event.is_terminal:
                 ordered = [choices[i] for i in sorted(choices)]
-                body = builder.full_choices(ordered, batch_usage(usages, n))
+                body = prompts.add_to_response(
+                    builder.full_choices(ordered, batch_usage(usages, n))
+                )
                 return web.json_response(body, dumps=lambda o: _json.encode(o).decode())
     raise ApiError(500, "the engine ended the stream without a terminal event")
 
@@ -207,7 +210,7 @@ async def _stream(
     events: Any,
     builder: ResponseBuilder,
     req: OpenAIRequest,
-    echo: list[str],
+    echo: Echo | None,
 ) -> web.StreamResponse:
     # Wait for the first event before answering, so rejections get their real status (400,
     # 429, 503) instead of a 200 stream carrying an error.
@@ -234,16 +237,17 @@ async def _stream(
     if req.kind == "chat":
         for index in range(req.params.n):
             outbox.put(_sse(builder.role_chunk(index)))
-    for index in range(len(echo) * req.params.n):
-        if text := echo[index // req.params.n]:
-            outbox.put(_sse(builder.delta_chunk(text, None, index=index)))
+    if echo is not None and not echo.has_logprobs:  # with logprobs: on each choice's first event
+        for index in range(len(echo.texts) * req.params.n):
+            if text := echo.text(index):
+                outbox.put(_sse(builder.delta_chunk(text, None, index=index)))
     abort_timers: list[asyncio.TimerHandle] = []
 
     def on_overflow() -> None:
         # The writer may be stuck on a stalled peer: drop the connection after the grace.
         abort_timers.append(abort_transport_later(request, settings.slow_client_grace))
 
-    task = asyncio.create_task(_pump_sse(events, outbox, builder, req, first, on_overflow))
+    task = asyncio.create_task(_pump_sse(events, outbox, builder, req, echo, first, on_overflow))
     try:
         while frames := await outbox.get_all():
             # What queued while the last write was out goes in one write: one syscall, not one
@@ -267,6 +271,7 @@ async def _pump_sse(
     outbox: Outbox,
     builder: ResponseBuilder,
     req: OpenAIRequest,
+    echo: Echo | None,
     first: StreamEvent,
     on_overflow: Callable[[], None],
 ) -> None:
@@ -277,9 +282,19 @@ async def _pump_sse(
         calls = ToolCallStream(req.tools)
     usages: list[tuple[int, Usage]] = []  # each sample's (choice, usage), for the last chunk
     text_frames = text_delta_frames(builder)
+    echoed: set[int] = set()  # echo with logprobs: the choices whose prompt chunk went out
 
     def encode(event: StreamEvent) -> Iterable[str]:
         builder.count(event)
+        if echo is not None and isinstance(event, Delta | Finished):
+            if echo.has_logprobs and event.index not in echoed:
+                echoed.add(event.index)  # the prompt's text and rows, as vLLM's first chunk
+                lead = echo.rows(event.index, event.prompt_logprobs, builder.prompt_token_text)
+                yield _sse(
+                    builder.delta_chunk(echo.text(event.index), None, index=event.index, lead=lead)
+                )
+            if echo.is_prompt_only:  # the token the engine ran is not shown
+                event = msgspec.structs.replace(event, text="", logprobs=None)
         if calls is not None and isinstance(event, Delta | Finished):
             yield from _tool_call_chunks(builder, calls, event)
             if isinstance(event, Finished):

@@ -117,7 +117,8 @@ COMPLETION = perturbed(
         **COMMON_HTTP,
         "prompt": TEXT | TOKEN_IDS | st.lists(TEXT | TOKEN_IDS, min_size=1, max_size=1),
         "logprobs": st.integers(0, 5),
-        "echo": st.just(False),
+        "echo": st.booleans(),  # with logprobs: the prompt's logprobs lead the answer
+        "prompt_logprobs": st.integers(0, 5),
         "best_of": st.just(1),
     },
     required=("prompt",),
@@ -134,7 +135,7 @@ CHAT = perturbed(
         "metadata": st.dictionaries(TEXT, TEXT, max_size=2),
     },
     required=("messages",),
-    extra=("stream_options", "logprobs", "top_logprobs", "prompt", "best_of"),
+    extra=("stream_options", "logprobs", "top_logprobs", "prompt", "best_of", "prompt_logprobs"),
 )
 
 

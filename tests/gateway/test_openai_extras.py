@@ -179,7 +179,8 @@ def test_seed_and_user_are_accepted_and_seed_is_honoured(client: OpenAI, server)
     ("kwargs", "param"),
     [
         ({"suffix": "tail"}, "suffix"),
-        ({"echo": True, "logprobs": 1}, "echo"),
+        ({"extra_body": {"prompt_logprobs": 21}}, "prompt_logprobs"),
+        ({"stream": True, "extra_body": {"prompt_logprobs": 1}}, "prompt_logprobs"),
         ({"extra_body": {"logit_bias": {"not-a-token": 1}}}, "logit_bias"),
         ({"logit_bias": {"5": 250}}, "logit_bias"),
         ({"logit_bias": {"999999": 1}}, "logit_bias"),

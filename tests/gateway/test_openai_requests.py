@@ -120,7 +120,12 @@ def test_defaults_and_token_id_prompt() -> None:
         ("completion", {"prompt": "x", "stop": [1]}, "stop[0]"),
         ("completion", {"prompt": "x", "logprobs": 99}, "logprobs"),
         ("completion", {"prompt": "x", "frobnicate": 1}, "frobnicate"),
-        ("completion", {"prompt": "x", "echo": True, "logprobs": 1}, "echo"),
+        ("completion", {"prompt": "x", "prompt_logprobs": 21}, "prompt_logprobs"),
+        ("completion", {"prompt": "x", "prompt_logprobs": -1}, "prompt_logprobs"),
+        ("completion", {"prompt": "x", "prompt_logprobs": 2, "stream": True}, "prompt_logprobs"),
+        ("completion", {"prompt": "x", "echo": True, "logprobs": 1, "best_of": 2}, "best_of"),
+        ("completion", {"prompt": "x", "prompt_logprobs": 0, "best_of": 2}, "best_of"),
+        ("completion", {"prompt": "x", "echo": True, "logprobs": 21}, "logprobs"),
         ("completion", {"prompt": "x", "suffix": "y"}, "suffix"),
         ("completion", {"prompt": "x", "logit_bias": {"abc": 1}}, "logit_bias"),
         ("completion", {"prompt": "x", "logit_bias": {"-5": 1}}, "logit_bias"),
@@ -225,6 +230,42 @@ def test_extras_map_to_sampling_params() -> None:
     )
     assert chat.params.logit_bias == {3: 1.0} and chat.params.min_tokens == 1
     assert chat.echo is None and not chat.continuous_usage
+
+
+def test_prompt_logprobs_map_to_sampling_params() -> None:
+    """vLLM's rules: echo with logprobs scores the prompt with the same k (an explicit
+    prompt_logprobs wins); echo with max_tokens 0 runs one token to show the prompt alone."""
+    echo = parse_request(
+        "completion",
+        {"prompt": "x", "echo": True, "logprobs": 3, "max_tokens": 1},
+        default_max_tokens=16,
+    )
+    assert echo.params.prompt_logprobs == 3 and echo.params.logprobs == 3
+    assert echo.client_fields["prompt_logprobs"] == "logprobs"  # an engine rejection names it
+    assert not echo.is_echo_only
+    explicit = parse_request(
+        "completion",
+        {"prompt": "x", "echo": True, "logprobs": 3, "prompt_logprobs": 1},
+        default_max_tokens=16,
+    )
+    assert explicit.params.prompt_logprobs == 1 and "prompt_logprobs" not in explicit.client_fields
+    plain = parse_request("completion", {"prompt": "x", "logprobs": 3}, default_max_tokens=16)
+    assert plain.params.prompt_logprobs is None
+    only = parse_request(
+        "completion", {"prompt": "x", "echo": True, "max_tokens": 0}, default_max_tokens=16
+    )
+    assert only.is_echo_only and only.params.max_tokens == 1
+    chat = parse_request(
+        "chat",
+        {"messages": [{"role": "user", "content": "x"}], "prompt_logprobs": 0},
+        default_max_tokens=16,
+    )
+    assert chat.params.prompt_logprobs == 0
+    # vLLM lets 0 stream (nothing is streamed back)
+    streamed = {"prompt": "x", "prompt_logprobs": 0, "stream": True}
+    assert parse_request("completion", streamed, default_max_tokens=16).params.prompt_logprobs == 0
+    bad = _bad("chat", {"messages": [{"role": "user", "content": "x"}], "prompt_logprobs": 21})
+    assert bad.param == "prompt_logprobs" and "[0, 20]" in bad.message
 
 
 def test_streaming_fields_pass_through() -> None:
