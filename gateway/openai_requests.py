@@ -224,17 +224,6 @@ def _refuse_unsupported(body: CompletionBody | ChatBody) -> None:
             raise invalid("best_of", f"best_of must be >= n ({n}), got {body.best_of}")
         if body.best_of is not None and body.best_of > n and body.stream:
             raise invalid("best_of", "best_of > n cannot stream: the best are known at the end")
-        scores_prompt = body.prompt_logprobs is not None or (
-            body.echo and body.logprobs is not None
-        )
-        if body.best_of is not None and body.best_of > n and scores_prompt:
-            # the engine ranks best_of samples at their end and sends whole answers without
-            # the prompt's logprobs (actors/core/sample_streams.py)
-            raise invalid(
-                "best_of",
-                "best_of > n cannot be combined with prompt logprobs (prompt_logprobs, or echo "
-                "with logprobs)",
-            )
         if body.suffix:
             raise invalid("suffix", "suffix is not supported: leave it out")
         return

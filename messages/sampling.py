@@ -146,6 +146,10 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
             if self.best_of < self.n:
                 raise ParamError("best_of", f"best_of must be >= n ({self.n}), got {self.best_of}")
             _int_in("best_of", self.best_of, 1, INT32_MAX)
+        if self.pooling is not None and self.num_samples > 1:  # one prompt, one embedding
+            raise ParamError(
+                "pooling", f"pooling needs n = 1 and no best_of, got {self.num_samples} samples"
+            )
         self._check_extras(vocab_size)
         if self.structured_outputs is not None:
             broken = self.structured_outputs.check()

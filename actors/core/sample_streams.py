@@ -8,7 +8,8 @@ the request's stream closes at its last sample's end.
 With best_of > n nothing streams: the family keeps each sample's text, tokens and the sum of
 its sampled tokens' logprobs, and when the last sample ends sends the n best as whole events
 (finished samples first, then by cumulative logprob, highest first), indexed 0..n-1 in that
-order. Logprobs the client did not ask for (the ranking's) are dropped.
+order, each with the prompt logprobs and embedding its first event carried. Logprobs the
+client did not ask for (the ranking's) are dropped.
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ class _Kept:
     logprobs: list[TokenLogprob] = dataclasses.field(default_factory=list)
     cumulative: float = 0.0
     end: EndEvent | None = None
+    # its first event's prompt logprobs and embedding (the same for every sample)
+    prompt_logprobs: tuple[TokenLogprob, ...] | None = None
+    embedding: tuple[float, ...] | None = None
 
 
 class SampleFamily:
@@ -55,6 +59,8 @@ class SampleFamily:
         kept.texts.append(event.text)
         kept.token_ids.extend(event.token_ids)
         logprobs = event.logprobs if isinstance(event, Delta | Finished) else None
+        if isinstance(event, Delta | Finished) and kept.prompt_logprobs is None:
+            kept.prompt_logprobs, kept.embedding = event.prompt_logprobs, event.embedding
         for lp in logprobs or ():
             kept.logprobs.append(lp)
             kept.cumulative += lp.logprob
@@ -81,7 +87,12 @@ class SampleFamily:
                 logprobs = tuple(kept.logprobs) if self.keeps_logprobs else None
                 out.append(
                     msgspec.structs.replace(
-                        end, **common, logprobs=logprobs, cumulative_logprob=kept.cumulative
+                        end,
+                        **common,
+                        logprobs=logprobs,
+                        cumulative_logprob=kept.cumulative,
+                        prompt_logprobs=kept.prompt_logprobs,
+                        embedding=kept.embedding,
                     )
                 )
             else:

@@ -4,6 +4,7 @@ index, one end per sample, the request's stream closing at the last; aborts; bes
 from __future__ import annotations
 
 import anyio
+import msgspec
 import pytest
 from graph_helpers import by_index, collect, wait_blocks_free
 from troupe import Engine, EngineConfig, SamplingParams
@@ -14,6 +15,7 @@ from troupe.messages import (
     Aborted,
     Delta,
     Finished,
+    Pooling,
     Rejected,
     StreamEvent,
     Timings,
@@ -85,6 +87,18 @@ async def test_best_of_returns_the_n_best_by_cumulative_logprob() -> None:
         assert [e.cumulative_logprob for e in ends] == [-3.0, -4.0]  # type: ignore[union-attr]
         assert [len(e.token_ids) for e in ends] == [3, 4]
         assert all(e.logprobs is None for e in ends)  # type: ignore[union-attr]
+        assert all(e.prompt_logprobs is None for e in ends)  # type: ignore[union-attr]
+        # prompt logprobs reach each of the n best (their first events'); an embedding is one
+        # per prompt: not with samples
+        more = msgspec.structs.replace(params, prompt_logprobs=1)
+        ranked = [e for e in await collect(engine, PROMPT, more) if isinstance(e, Finished)]
+        assert len(ranked) == 2
+        for end in ranked:
+            assert end.prompt_logprobs is not None
+            assert [lp.token_id for lp in end.prompt_logprobs] == PROMPT[1:]
+        pooled = msgspec.structs.replace(params, pooling=Pooling())
+        [refused] = await collect(engine, PROMPT, pooled)
+        assert isinstance(refused, Rejected) and refused.field == "pooling"
         await wait_blocks_free(engine)
 
 

@@ -123,8 +123,6 @@ def test_defaults_and_token_id_prompt() -> None:
         ("completion", {"prompt": "x", "prompt_logprobs": 21}, "prompt_logprobs"),
         ("completion", {"prompt": "x", "prompt_logprobs": -1}, "prompt_logprobs"),
         ("completion", {"prompt": "x", "prompt_logprobs": 2, "stream": True}, "prompt_logprobs"),
-        ("completion", {"prompt": "x", "echo": True, "logprobs": 1, "best_of": 2}, "best_of"),
-        ("completion", {"prompt": "x", "prompt_logprobs": 0, "best_of": 2}, "best_of"),
         ("completion", {"prompt": "x", "echo": True, "logprobs": 21}, "logprobs"),
         ("completion", {"prompt": "x", "suffix": "y"}, "suffix"),
         ("completion", {"prompt": "x", "logit_bias": {"abc": 1}}, "logit_bias"),

@@ -261,3 +261,14 @@ def test_openai_client_reads_the_echo_and_the_refusals(
         server, "/v1/chat/completions", {"messages": messages, "prompt_logprobs": 21}
     )
     assert status == 400 and body["error"]["param"] == "prompt_logprobs"
+
+
+def test_best_of_answers_keep_the_prompts_rows(server: ServerThread) -> None:
+    """best_of > n ranks whole answers at the end; each still leads with the prompt's rows."""
+    body = {"prompt": PROMPT, "max_tokens": 3, "n": 2, "best_of": 3, "logprobs": 1, "echo": True}
+    status, out = _post(server, "/v1/completions", {**body, "seed": 5})
+    assert status == 200
+    assert sorted(c["index"] for c in out["choices"]) == [0, 1]
+    for choice in out["choices"]:
+        _check_echo(server, choice["logprobs"], PROMPT, 1)
+        _check_offsets(choice["logprobs"], choice["text"])
