@@ -7,7 +7,16 @@ from typing import Any
 
 import msgspec
 from troupe.gateway.errors import client_field
-from troupe.messages import Aborted, Delta, Failed, Finished, Rejected, StreamEvent, Usage
+from troupe.messages import (
+    Aborted,
+    Delta,
+    Failed,
+    Finished,
+    Rejected,
+    StreamEvent,
+    TokenLogprob,
+    Usage,
+)
 
 _json = msgspec.json.Encoder()
 
@@ -25,6 +34,10 @@ def _usage(usage: Usage) -> dict[str, int]:
     }
 
 
+def _rows(logprobs: Iterable[TokenLogprob]) -> list[list[Any]]:
+    return [[lp.token_id, lp.logprob, list(lp.top)] for lp in logprobs]
+
+
 def encode_event(
     client_id: str, event: StreamEvent, client_fields: Mapping[str, str] | None = None
 ) -> Iterable[str]:
@@ -37,8 +50,13 @@ def encode_event(
             "text": event.text,
             "token_ids": list(event.token_ids),
         }
-        if isinstance(event, Delta | Finished) and event.logprobs is not None:
-            delta["logprobs"] = [[lp.token_id, lp.logprob, list(lp.top)] for lp in event.logprobs]
+        if isinstance(event, Delta | Finished):
+            if event.logprobs is not None:
+                delta["logprobs"] = _rows(event.logprobs)
+            if event.prompt_logprobs is not None:  # the first delta: prompt positions 1..
+                delta["prompt_logprobs"] = _rows(event.prompt_logprobs)
+            if event.embedding is not None:
+                delta["embedding"] = list(event.embedding)
         yield to_json(delta)
     match event:
         case Finished():

@@ -163,3 +163,22 @@ def _error(raw: str | bytes) -> tuple[Any, str, Any]:
     frame = json.loads(raw)
     assert frame["type"] == "error" and frame["message"], frame
     return frame["request_id"], frame["code"], frame.get("field")
+
+
+async def test_prompt_logprobs_and_embedding_ride_the_first_delta(server) -> None:  # type: ignore[no-untyped-def]
+    prompt = [5, 17, 42, 99, 3, 250, 7]
+    async with connect(_ws_url(server)) as ws:
+        frame = {"type": "generate", "prompt": prompt, "max_tokens": 3, "ignore_eos": True}
+        await send(ws, {**frame, "request_id": "s", "prompt_logprobs": 2})
+        await send(ws, {**frame, "request_id": "e", "pooling": {"type": "mean"}})
+        await send(ws, {**frame, "request_id": "p"})
+        frames = await _until_terminal(ws, {"s", "e", "p"})
+    first, *rest = frames["s"][:-1]
+    assert [row[0] for row in first["prompt_logprobs"]] == prompt[1:]
+    assert all(len(row[2]) == 2 for row in first["prompt_logprobs"])
+    assert "embedding" not in first
+    assert all("prompt_logprobs" not in f for f in rest)
+    first, *rest = frames["e"][:-1]
+    assert len(first["embedding"]) > 0 and "prompt_logprobs" not in first
+    assert all("embedding" not in f for f in rest)
+    assert all("embedding" not in f and "prompt_logprobs" not in f for f in frames["p"])
