@@ -14,11 +14,9 @@ import pytest
 import torch
 from graph_helpers import collect, terminal, wait_blocks_free
 from troupe import Engine, EngineConfig
-from troupe.gpu.model_runner import ModelRunner, RunnerOptions
-from troupe.gpu.weights import load_model
 from troupe.messages import Delta, Finished, Pooling, SamplingParams, StreamEvent
 
-from tests.gpu.conftest import add_word_tokenizer
+from tests.gpu.tiny_qwen3 import overlapping_runner, recompute_config, tiny_folder
 
 PROMPTS = [[(13 * i + 5 * j + j * j) % 256 for j in range(7 + 8 * i)] for i in range(4)]
 POOLINGS = [
@@ -31,13 +29,7 @@ POOLINGS = [
 
 @pytest.fixture
 def tiny(hf_folder: Any, tmp_path: Path) -> tuple[Path, Any]:
-    model, hf_model = hf_folder("qwen3", max_position_embeddings=128)
-    out = tmp_path / "model"
-    out.mkdir()
-    for file in Path(model).iterdir():
-        (out / file.name).write_bytes(file.read_bytes())
-    add_word_tokenizer(out)
-    return out, hf_model
+    return tiny_folder(hf_folder, tmp_path)
 
 
 def _expected(hf_model: Any, prompt: list[int], pooling: Pooling) -> torch.Tensor:
@@ -65,19 +57,6 @@ def _check(
     assert torch.tensor(got) == pytest.approx(expected, abs=tol)
 
 
-def _runner(folder: Path) -> ModelRunner:
-    config, model = load_model(folder, torch.float32, torch.device("cpu"), 128)
-    options = RunnerOptions(
-        block_size=4,
-        num_gpu_blocks=96,
-        num_cpu_blocks=8,
-        max_num_seqs=8,
-        max_model_len=128,
-        overlap_schedule=True,
-    )
-    return ModelRunner(config, model, options)
-
-
 def test_embeddings_equal_transformers(tiny: tuple[Path, Any]) -> None:
     folder, hf_model = tiny
     config = EngineConfig(
@@ -91,7 +70,7 @@ def test_embeddings_equal_transformers(tiny: tuple[Path, Any]) -> None:
     results: dict[str, list[StreamEvent]] = {}
 
     async def main() -> None:
-        async with Engine.open(config, runner=_runner(folder)) as engine:
+        async with Engine.open(config, runner=overlapping_runner(folder)) as engine:
 
             async def one(name: str, prompt: list[int], params: SamplingParams) -> None:
                 results[name] = await collect(engine, prompt, params)
@@ -122,17 +101,7 @@ def test_embeddings_equal_transformers(tiny: tuple[Path, Any]) -> None:
 
 def test_mean_pooling_survives_recompute_preemption(tiny: tuple[Path, Any]) -> None:
     folder, hf_model = tiny
-    config = EngineConfig(
-        device="cpu",
-        model=str(folder),
-        dtype="float32",
-        block_size=4,
-        num_kv_blocks=16,  # 64 tokens: four requests of up to 28 tokens preempt
-        max_num_seqs=4,
-        max_num_batched_tokens=8,
-        max_model_len=64,
-        preemption_mode="recompute",
-    )
+    config = recompute_config(folder)
     prompts = [p[:16] for p in PROMPTS]
     pooling = Pooling(type="mean")
     results: dict[int, list[StreamEvent]] = {}

@@ -14,37 +14,17 @@ import pytest
 import torch
 from graph_helpers import collect, terminal, wait_blocks_free
 from troupe import Engine, EngineConfig
-from troupe.gpu.model_runner import ModelRunner, RunnerOptions
-from troupe.gpu.weights import load_model
+from troupe.gpu.model_runner import ModelRunner
 from troupe.messages import Delta, Finished, Rejected, SamplingParams, StreamEvent, TokenLogprob
 
-from tests.gpu.conftest import add_word_tokenizer
+from tests.gpu.tiny_qwen3 import overlapping_runner, recompute_config, tiny_folder
 
 PROMPTS = [[(11 * i + 7 * j + j * j) % 256 for j in range(9 + 6 * i)] for i in range(4)]
 
 
 @pytest.fixture
 def tiny(hf_folder: Any, tmp_path: Path) -> tuple[Path, Any]:
-    model, hf_model = hf_folder("qwen3", max_position_embeddings=128)
-    out = tmp_path / "model"
-    out.mkdir()
-    for file in Path(model).iterdir():
-        (out / file.name).write_bytes(file.read_bytes())
-    add_word_tokenizer(out)
-    return out, hf_model
-
-
-def _runner(folder: Path) -> ModelRunner:
-    config, model = load_model(folder, torch.float32, torch.device("cpu"), 128)
-    options = RunnerOptions(
-        block_size=4,
-        num_gpu_blocks=96,
-        num_cpu_blocks=8,
-        max_num_seqs=8,
-        max_model_len=128,
-        overlap_schedule=True,
-    )
-    return ModelRunner(config, model, options)
+    return tiny_folder(hf_folder, tmp_path)
 
 
 def _expected(hf_model: Any, prompt: list[int], top_n: int) -> list[tuple[float, list[int]]]:
@@ -131,7 +111,7 @@ def test_prompt_logprobs_equal_transformers(tiny: tuple[Path, Any]) -> None:
         max_num_batched_tokens=12,  # prompts of 9-27 tokens come in chunks
         enable_prefix_caching=True,
     )
-    _check_workload(_workload(config, _runner(folder)), hf_model, 1e-4)
+    _check_workload(_workload(config, overlapping_runner(folder)), hf_model, 1e-4)
 
 
 @pytest.mark.gpu
@@ -155,7 +135,7 @@ def test_prompt_logprobs_out_of_range_is_rejected(tiny: tuple[Path, Any]) -> Non
     config = EngineConfig(device="cpu", model=str(folder), max_model_len=128, max_num_seqs=4)
 
     async def main() -> list[StreamEvent]:
-        async with Engine.open(config, runner=_runner(folder)) as engine:
+        async with Engine.open(config, runner=overlapping_runner(folder)) as engine:
             return await collect(engine, PROMPTS[0], SamplingParams(prompt_logprobs=21))
 
     event = terminal(anyio.run(main))
@@ -165,17 +145,7 @@ def test_prompt_logprobs_out_of_range_is_rejected(tiny: tuple[Path, Any]) -> Non
 
 def test_prompt_logprobs_survive_recompute_preemption(tiny: tuple[Path, Any]) -> None:
     folder, hf_model = tiny
-    config = EngineConfig(
-        device="cpu",
-        model=str(folder),
-        dtype="float32",
-        block_size=4,
-        num_kv_blocks=16,  # 64 tokens: four requests of up to 28 tokens preempt
-        max_num_seqs=4,
-        max_num_batched_tokens=8,
-        max_model_len=64,
-        preemption_mode="recompute",
-    )
+    config = recompute_config(folder)
     prompts = [p[:16] for p in PROMPTS]
     results: dict[int, list[StreamEvent]] = {}
 

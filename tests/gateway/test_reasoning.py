@@ -1,0 +1,64 @@
+"""Reasoning parsers (gateway/reasoning.py): whole answers, and the same answers streamed in
+deltas cut anywhere (tags split across deltas) giving the same parts."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from troupe.gateway.reasoning import ReasoningStream, Split, split_whole
+
+QWEN_OFF = "<|im_start|>assistant\n<think>\n\n</think>\n\n"  # enable_thinking: false
+QWEN_OPEN = "<|im_start|>assistant\n<think>\n"  # a thinking-only template
+
+
+@pytest.mark.parametrize(
+    ("name", "prompt", "text", "expected"),
+    [
+        (
+            "deepseek_r1",
+            "",
+            "<think>\nLet me see.</think>\n\nIt is 4.",
+            ("\nLet me see.", "\n\nIt is 4."),
+        ),
+        ("deepseek_r1", "", "Let me see.</think>It is 4.", ("Let me see.", "It is 4.")),
+        ("deepseek_r1", "", "Still thinking when cut off", ("Still thinking when cut off", None)),
+        ("deepseek_r1", "", "</think>Only an answer", (None, "Only an answer")),
+        ("qwen3", "", "<think>\nHmm.\n</think>\n\nHello!", ("\nHmm.\n", "\n\nHello!")),
+        (
+            "qwen3",
+            QWEN_OFF,
+            "Hello! I use </think> in prose.",
+            (None, "Hello! I use </think> in prose."),
+        ),
+        ("qwen3", "", "No tags at all.", (None, "No tags at all.")),
+        ("qwen3", QWEN_OPEN, "Thinking.</think>Answer.", ("Thinking.", "Answer.")),
+        ("qwen3", QWEN_OPEN, "Cut off in thought", ("Cut off in thought", None)),
+        ("qwen3", "", "<think>Cut off", ("Cut off", None)),
+        ("qwen3", "", "<thin", (None, "<thin")),
+        ("qwen3", "", "<", (None, "<")),
+        ("qwen3", "", "a < b", (None, "a < b")),
+        ("deepseek_r1", "", "x </thin", ("x </thin", None)),
+    ],
+)
+def test_whole_and_streamed_agree(name, prompt, text, expected) -> None:  # type: ignore[no-untyped-def]
+    assert split_whole(name, text, prompt) == Split(*expected)
+    rng = random.Random(len(text))
+    for _ in range(30):  # cut anywhere: into characters, or random pieces
+        cuts = sorted(rng.sample(range(1, len(text)), k=min(len(text) - 1, rng.randint(0, 6))))
+        pieces = [text[i:j] for i, j in zip([0, *cuts], [*cuts, len(text)], strict=True)]
+        stream = ReasoningStream(name, prompt)
+        parts = [stream.feed(p) for p in pieces] + [stream.flush()]
+        reasoning = "".join(p.reasoning or "" for p in parts) or None
+        content = "".join(p.content or "" for p in parts) or None
+        assert Split(reasoning, content) == Split(*expected), pieces
+
+
+def test_nothing_is_held_but_a_cut_tag() -> None:
+    stream = ReasoningStream("qwen3")
+    assert stream.feed("<th") == Split(None, None)  # maybe `<think>`
+    assert stream.feed("ink>Step one") == Split("Step one", None)
+    assert stream.feed(" and two</") == Split(" and two", None)  # `</` may start `</think>`
+    assert stream.feed("think>Done") == Split(None, "Done")
+    assert stream.feed(" </think> again") == Split(None, " </think> again")  # content stays
+    assert stream.saw_end
