@@ -21,6 +21,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 from troupe.gateway import openai_routes
 from troupe.gateway.browser_policy import add_cors_headers, browser_guard
+from troupe.gateway.embeddings_routes import embeddings
 from troupe.gateway.engine_api import EngineLike
 from troupe.gateway.engine_view import add_engine_view
 from troupe.gateway.errors import ApiError, from_http_exception
@@ -62,6 +63,7 @@ def build_app(engine: EngineLike, settings: GatewaySettings | None = None) -> we
     app.router.add_get("/v1/models", openai_routes.models)
     app.router.add_post("/v1/completions", openai_routes.completions)
     app.router.add_post("/v1/chat/completions", openai_routes.chat_completions)
+    app.router.add_post("/v1/embeddings", embeddings)
     app.router.add_get("/v1/ws", websocket)
     add_engine_view(app)
     add_tokenize_routes(app)

@@ -51,8 +51,11 @@ async def batch_events(
     prompts: Sequence[str | list[int]],
     params: SamplingParams,
     request_id: str,
+    *,
+    field: str = "prompt",
 ) -> AsyncIterator[StreamEvent]:
-    """Every prompt's events as one request's (see the module docstring)."""
+    """Every prompt's events as one request's (see the module docstring); a prompt's
+    rejection names it as `field[i]` (`input[1]` for /v1/embeddings)."""
     if len(prompts) == 1:
         one = engine.generate(prompts[0], params, request_id=request_id)
         async with contextlib.aclosing(one):
@@ -89,7 +92,7 @@ async def batch_events(
             if event is _DONE:
                 running -= 1
             elif isinstance(event, Rejected) and i not in answered:
-                yield _renamed(event, i)  # the request fails; the others are aborted
+                yield _renamed(event, i, field)  # the request fails; the others are aborted
                 return
             else:
                 held.append((i, event))
@@ -106,11 +109,11 @@ async def batch_events(
             await stream.aclose()
 
 
-def _renamed(event: Rejected, i: int) -> Rejected:
-    field = event.field
-    if field == "prompt":
-        field = f"prompt[{i}]"
-    return msgspec.structs.replace(event, field=field, message=f"prompt[{i}]: {event.message}")
+def _renamed(event: Rejected, i: int, field: str) -> Rejected:
+    named = f"{field}[{i}]"
+    # the engine names a prompt `prompt`, or `prompt_token_ids` when it came as token ids
+    renamed = named if event.field in ("prompt", "prompt_token_ids") else event.field
+    return msgspec.structs.replace(event, field=renamed, message=f"{named}: {event.message}")
 
 
 def _reindexed(event: StreamEvent, i: int, n: int, open_samples: list[int]) -> StreamEvent:

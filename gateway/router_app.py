@@ -1,6 +1,7 @@
 """`troupe router`: an HTTP front that spreads OpenAI requests over `troupe serve` replicas.
 
     POST /v1/completions, /v1/chat/completions   proxied (gateway/router_proxy.py)
+    POST /v1/embeddings                          proxied alike
     GET  /v1/models                              the first replica that is up answers
     GET  /health                                 200 while a replica is up, else 503
     GET  /metrics                                per-replica counters (gateway/router_metrics.py)
@@ -38,6 +39,7 @@ def build_router_app(replicas: ReplicaSet, session: aiohttp.ClientSession) -> we
     app[SESSION] = session
     app.router.add_post("/v1/completions", proxy)
     app.router.add_post("/v1/chat/completions", proxy)
+    app.router.add_post("/v1/embeddings", proxy)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)

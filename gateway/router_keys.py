@@ -3,7 +3,8 @@
 Chat: each message as role, a unit separator, its text parts, a record separator, in order, so
 two conversations share a key prefix exactly as far as they share leading messages (system
 prompt, earlier turns). Completions: the prompt text; token ids become one character each
-(behind a marker, so they never match text). Anything else keys on its JSON: it still gets a
+(behind a marker, so they never match text). Embeddings: their `input`, as a prompt (last-token
+pooling keeps prefix-cache hits). Anything else keys on its JSON: it still gets a
 replica, just no useful prefix.
 """
 
@@ -17,13 +18,14 @@ _IDS = "\x00ids\x00"
 
 
 def routing_key(body: Any) -> str:
-    """The prefix-matching key of a parsed /v1/completions or /v1/chat/completions body."""
+    """The prefix-matching key of a parsed /v1/completions, /v1/chat/completions or
+    /v1/embeddings body."""
     if not isinstance(body, dict):
         return ""
     messages = body.get("messages")
     if isinstance(messages, list):
         return "".join(_message_key(m) for m in messages)
-    prompt = body.get("prompt")
+    prompt = body.get("prompt", body.get("input"))
     if isinstance(prompt, str):
         return prompt
     if isinstance(prompt, list) and prompt and all(_is_token_id(t) for t in prompt):

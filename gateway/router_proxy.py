@@ -38,7 +38,7 @@ class _TryAnother(Exception):
 
 
 async def proxy(request: web.Request) -> web.StreamResponse:
-    """POST /v1/completions and /v1/chat/completions."""
+    """POST /v1/completions, /v1/chat/completions and /v1/embeddings."""
     replicas = request.app[ROUTER]
     body = await request.read()
     try:

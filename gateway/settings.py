@@ -15,6 +15,7 @@ import urllib.parse
 from typing import Any
 
 from troupe.config import ConfigError
+from troupe.messages.pooling import PoolingType
 
 
 def _knob(default: Any, help: str) -> Any:
@@ -61,6 +62,17 @@ class GatewaySettings:
         "completions: prompts one request may list (each runs as an engine request of its own, "
         "times n); more get 400",
     )
+    pooling_type: PoolingType = _knob(  # noqa: RUF009 (a Literal of str: immutable)
+        "last",
+        "/v1/embeddings: how a prompt's final hidden states pool into its vector (vLLM's "
+        "pooler_config pooling_type): last (decoder embedding models such as "
+        "Qwen3-Embedding), mean, or cls (the first token)",
+    )
+    max_embedding_inputs: int = _knob(
+        2048,
+        "/v1/embeddings: inputs one request may list (each runs as an engine request of its "
+        "own; OpenAI's limit); more get 400",
+    )
     ws_heartbeat: float | None = _knob(
         30.0, "seconds between websocket pings; a dead peer is noticed and its requests aborted"
     )
@@ -79,6 +91,7 @@ class GatewaySettings:
             "max_buffered_bytes",
             "ws_max_requests",
             "max_prompts_per_request",
+            "max_embedding_inputs",
         ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -87,6 +100,9 @@ class GatewaySettings:
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and value > 0):
                 raise ConfigError(f"{name} must be a number of seconds > 0, got {value}")
+        if self.pooling_type not in typing.get_args(PoolingType):
+            choices = ", ".join(typing.get_args(PoolingType))
+            raise ConfigError(f"pooling_type must be one of {choices}, got {self.pooling_type!r}")
         if not isinstance(self.engine_process, bool):
             raise ConfigError(f"engine_process must be a bool, got {self.engine_process!r}")
         if self.api_key is not None and not self.api_key:
@@ -132,6 +148,9 @@ def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
         help_text = f"{f.metadata['help']} (default: {f.default!r})"
         if typing.get_origin(hint) is tuple:
             group.add_argument(flag, nargs="*", default=f.default, metavar="ORIGIN", help=help_text)
+        elif typing.get_origin(hint) is typing.Literal:
+            choices = typing.get_args(hint)
+            group.add_argument(flag, choices=choices, default=f.default, help=help_text)
         elif hint is bool:
             action = argparse.BooleanOptionalAction
             group.add_argument(flag, action=action, default=f.default, help=help_text)

@@ -1,0 +1,119 @@
+"""POST /v1/embeddings, in OpenAI's and vLLM's shapes.
+
+    {"id": "embd-...", "object": "list", "created", "model",
+     "data": [{"object": "embedding", "embedding": [float, ...] | "base64...", "index": i}],
+     "usage": {"prompt_tokens": N, "total_tokens": N}}
+
+Each input is one engine request (gateway/prompt_batch.py, as a completion's list of prompts):
+all are submitted at once, and one the engine turns away fails the whole request, naming
+`input[i]`, the others aborted. The vector comes on a request's first event
+(`Delta.embedding` / `Finished.embedding`); the one token the request generates is dropped.
+`base64` is the vector's float32 bytes, little-endian, as OpenAI's client decodes them (its
+default when the caller names no format).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import struct
+import time
+import uuid
+from collections.abc import AsyncGenerator, Sequence
+from typing import cast
+
+import msgspec
+import structlog
+from aiohttp import web
+from troupe.gateway.embeddings_bodies import EmbeddingRequest, parse_embedding_request
+from troupe.gateway.engine_api import EngineLike
+from troupe.gateway.errors import ApiError, error_for_event
+from troupe.gateway.http_body import read_json_body
+from troupe.gateway.openai_requests import api_error_for_model
+from troupe.gateway.prompt_batch import batch_events, batch_usage
+from troupe.gateway.state import GATEWAY
+from troupe.messages import Aborted, Failed, Finished, Rejected, StreamEvent, Usage
+
+log = structlog.get_logger("troupe.gateway")
+
+_json = msgspec.json.Encoder()
+# A single input's rejection names the engine's prompt field; the client wrote `input`.
+_CLIENT_FIELDS = {"prompt": "input", "prompt_token_ids": "input"}
+
+
+async def embeddings(request: web.Request) -> web.Response:
+    gateway = request.app[GATEWAY]
+    engine = gateway.engine
+    settings = gateway.settings
+    raw = await read_json_body(request, settings)
+    req = parse_embedding_request(
+        raw,
+        served_model=engine.model_name,
+        pooling_type=settings.pooling_type,
+        max_inputs=settings.max_embedding_inputs,
+    )
+    if (error := api_error_for_model(req.model, engine.model_name)) is not None:
+        raise error
+    request_id = f"embd-{uuid.uuid4().hex}"
+    if req.user is not None:
+        log.debug("request from a named user", request_id=request_id, user=req.user)
+    gateway.stream_opened()
+    try:
+        vectors, usage = await _pooled(engine, req, request_id)
+    finally:
+        gateway.stream_closed()
+    body = {
+        "id": request_id,
+        "object": "list",
+        "created": int(time.time()),
+        "model": engine.model_name,
+        "data": [
+            {"object": "embedding", "embedding": _encoded(v, req.encoding_format), "index": i}
+            for i, v in enumerate(vectors)
+        ],
+        "usage": {"prompt_tokens": usage.prompt_tokens, "total_tokens": usage.prompt_tokens},
+    }
+    return web.json_response(body, dumps=lambda o: _json.encode(o).decode())
+
+
+async def _pooled(
+    engine: EngineLike, req: EmbeddingRequest, request_id: str
+) -> tuple[list[tuple[float, ...]], Usage]:
+    """Every input's vector, in order, and the usage; a vanished client cancels this, which
+    closes the streams and so aborts the requests."""
+    vectors: dict[int, tuple[float, ...]] = {}
+    usages: list[tuple[int, Usage]] = []
+    # an async generator (its aclose ends every input's stream), typed as an iterator
+    events = cast(
+        AsyncGenerator[StreamEvent, None],
+        batch_events(engine, req.inputs, req.params, request_id, field="input"),
+    )
+    async with contextlib.aclosing(events):
+        async for event in events:
+            if isinstance(event, Rejected | Aborted | Failed):
+                raise _error(event, req)
+            if event.embedding is not None:
+                vectors[event.index] = event.embedding
+            if isinstance(event, Finished):
+                usages.append((event.index, event.usage))
+            if event.is_terminal:
+                missing = [i for i in range(len(req.inputs)) if i not in vectors]
+                if missing:
+                    where = f"input[{missing[0]}]" if req.is_list else "input"
+                    raise ApiError(500, f"the engine gave no embedding for {where}")
+                return [vectors[i] for i in range(len(req.inputs))], batch_usage(usages, 1)
+    raise ApiError(500, "the engine ended the stream without a terminal event")
+
+
+def _error(event: Rejected | Aborted | Failed, req: EmbeddingRequest) -> ApiError:
+    """The HTTP error for one input's failure; a lone input given in a list is `input[0]`."""
+    fields = _CLIENT_FIELDS
+    if req.is_list and len(req.inputs) == 1:
+        fields = {k: "input[0]" for k in _CLIENT_FIELDS}
+    return error_for_event(event, fields)
+
+
+def _encoded(vector: Sequence[float], encoding_format: str) -> Sequence[float] | str:
+    if encoding_format == "float":
+        return vector
+    return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode("ascii")
