@@ -14,13 +14,17 @@ the beams' last blocks, not their prompts.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, Protocol
 
 import anyio
 import msgspec
+from anyio.abc import TaskGroup
 from troupe.messages import (
+    Aborted,
     Delta,
+    Failed,
     Finished,
     ParamError,
     RejectCode,
@@ -45,6 +49,12 @@ class BeamSearchParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
             )
         if self.max_tokens < 1:
             raise ParamError("max_tokens", f"max_tokens must be >= 1, got {self.max_tokens}")
+        if not (math.isfinite(self.length_penalty) and abs(self.length_penalty) <= 10.0):
+            # length ** penalty must stay a finite float for every length a model can reach
+            raise ParamError(
+                "length_penalty",
+                f"length_penalty must be in [-10, 10], got {self.length_penalty!r}",
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,20 +71,27 @@ class Beam:
 class BeamEngine(Protocol):
     """What beam search needs of an engine: the Engine, or a gateway's engine in a child."""
 
-    eos_token_ids: tuple[int, ...]
-    tokenizer: Any  # decode(token_ids, skip_special_tokens=...)
+    @property  # read-only: RemoteEngine's tokenizer is a property
+    def eos_token_ids(self) -> tuple[int, ...]: ...
+
+    @property
+    def tokenizer(self) -> Any: ...  # decode(token_ids, skip_special_tokens=...)
 
     def generate(
-        self, prompt: Any, params: Any = None, *, request_id: str | None = None
+        self, prompt: Any, params: Any, *, request_id: str | None = None
     ) -> AsyncIterator[StreamEvent]: ...
 
 
 class BeamSearchError(Exception):
-    """A round's request was refused (the field and the engine's message)."""
+    """A round's request was refused or ended abnormally: the field, the engine's message and
+    its terminal event (a server maps it to its status)."""
 
-    def __init__(self, field: str | None, message: str) -> None:
+    def __init__(
+        self, field: str | None, message: str, event: Rejected | Aborted | Failed | None = None
+    ) -> None:
         super().__init__(message)
         self.field = field
+        self.event = event
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,21 +153,29 @@ async def beam_search(
 async def _next_tokens(
     engine: BeamEngine, prompt: tuple[int, ...], live: list[_Candidate], k: int
 ) -> list[list[tuple[int, float]] | None]:
-    """Each live beam's k most likely next tokens, None where the beam is at max_model_len."""
+    """Each live beam's k most likely next tokens, None where the beam is at max_model_len.
+    A prompt too long to extend at all is an error, not a beam."""
     tops: list[list[tuple[int, float]] | None] = [None] * len(live)
     params = SamplingParams(max_tokens=1, temperature=0.0, logprobs=k, ignore_eos=True)
+    errors: list[BeamSearchError] = []
 
-    async def one(i: int) -> None:
+    async def one(i: int, tg: TaskGroup) -> None:
         async for event in engine.generate(prompt + live[i].tokens, params):
             if isinstance(event, Delta | Finished) and event.logprobs:
                 tops[i] = list(event.logprobs[0].top)
             elif isinstance(event, Rejected):
-                if event.code != RejectCode.TOO_LONG:
-                    raise BeamSearchError(event.field, event.message)
-            elif event.is_terminal and not isinstance(event, Finished):
-                raise BeamSearchError(None, f"a beam's request ended: {event}")
+                if event.code != RejectCode.TOO_LONG or not live[i].tokens:
+                    errors.append(BeamSearchError(event.field, event.message, event))
+                    tg.cancel_scope.cancel()  # the other beams' requests are aborted
+            elif isinstance(event, Aborted | Failed):
+                errors.append(BeamSearchError(None, f"a beam's request ended: {event}", event))
+                tg.cancel_scope.cancel()
 
+    # Errors are collected, not raised in the tasks: a task group would wrap them in an
+    # ExceptionGroup, and callers catch BeamSearchError.
     async with anyio.create_task_group() as tg:
         for i in range(len(live)):
-            tg.start_soon(one, i)
+            tg.start_soon(one, i, tg)
+    if errors:
+        raise errors[0]
     return tops

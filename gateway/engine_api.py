@@ -41,6 +41,9 @@ class EngineLike(Protocol):
     def max_model_len(self) -> int: ...
 
     @property
+    def eos_token_ids(self) -> tuple[int, ...]: ...  # beam search ends a beam on them
+
+    @property
     def num_active(self) -> int: ...
 
     @property

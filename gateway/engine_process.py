@@ -105,6 +105,7 @@ async def _run_engine(
                     model_name=engine.model_name,
                     max_model_len=engine.max_model_len,
                     pid=os.getpid(),
+                    eos_token_ids=engine.eos_token_ids,
                 )
             )
             ready.set_result(engine)

@@ -68,6 +68,9 @@ class _Common(StructuredFields, kw_only=True):
     streaming_window: int | None = None  # StreamingLLM (troupe's): sinks + window of KV
     sink_tokens: int | None = None
     user: str | None = None  # accepted: an end-user id for the operator's logs (OpenAI's)
+    # vLLM's beam search extras: n beams, ranked by logprob / length ** length_penalty
+    use_beam_search: bool = False
+    length_penalty: float | None = None
 
 
 class CompletionBody(_Common, kw_only=True):

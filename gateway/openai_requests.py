@@ -5,6 +5,7 @@ SamplingParams.check; this module maps OpenAI's names onto troupe's and turns aw
 what troupe does not serve yet (suffix, best_of > n streamed, n > 1 with tools, ...). A
 completion may carry a list of prompts (`prompts`; gateway/prompt_batch.py runs them). Echo with
 logprobs asks the engine for the prompt's logprobs (vLLM's way: gateway/prompt_logprobs.py).
+`use_beam_search` makes `beam` (gateway/beam_requests.py; gateway/beam_routes.py answers).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Literal, cast
 
+from troupe.actors.beam_search import BeamSearchParams
+from troupe.gateway.beam_requests import beam_params
 from troupe.gateway.errors import ApiError, invalid
 from troupe.gateway.openai_bodies import (
     ChatBody,
@@ -48,6 +51,7 @@ class OpenAIRequest:
     # completions: every prompt of the request, in order (choices are numbered prompt-major:
     # prompt i's sample j is choice i * n + j, as OpenAI and vLLM number them); chat: ()
     prompts: tuple[str | list[int], ...] = ()
+    beam: BeamSearchParams | None = None  # use_beam_search: gateway/beam_routes.py answers
 
 
 # Fields passed to SamplingParams under the same name (priority included: vLLM's polarity).
@@ -157,6 +161,14 @@ def parse_request(
             "stream_options.continuous_usage_stats",
             "continuous_usage_stats needs a single prompt (its chunks count one prompt's tokens)",
         )
+    beam = beam_params(
+        body,
+        params,
+        tools=tools,
+        client_fields=client_fields,
+        max_tokens_field=max_tokens_field,
+        is_echo_only=is_echo_only,
+    )
     return OpenAIRequest(
         kind=kind,
         model=body.model,
@@ -171,6 +183,7 @@ def parse_request(
         client_fields=client_fields,
         tools=tools,
         prompts=prompts,
+        beam=beam,
     )
 
 

@@ -12,6 +12,7 @@ from typing import Any
 import msgspec
 import structlog
 from aiohttp import web
+from troupe.gateway.beam_routes import beam_answer
 from troupe.gateway.errors import ApiError, error_for_event, invalid
 from troupe.gateway.http_body import read_json_body
 from troupe.gateway.openai_requests import Kind, OpenAIRequest, api_error_for_model, parse_request
@@ -143,6 +144,8 @@ async def _handle(request: web.Request, kind: Kind) -> web.StreamResponse:
         )
     gateway.stream_opened()
     try:
+        if req.beam is not None:  # vLLM's use_beam_search: answered when the beams are known
+            return await beam_answer(request, engine, req, builder, echo)
         if req.prompts:  # completions: one prompt or a batch of them
             events = batch_events(engine, req.prompts, req.params, request_id)
         else:

@@ -69,6 +69,7 @@ class RemoteEngine(asyncio.Protocol):
     def __init__(self, max_stream_buffer: int) -> None:
         self.model_name = ""
         self.max_model_len = 0
+        self.eos_token_ids: tuple[int, ...] = ()  # the model's, from Hello (beam search)
         self.pid = 0  # the engine process, once it said Hello
         self.error: str | None = None  # why the engine stopped, if it failed
         self._tokenizer: TokenizerLike | None = None
@@ -239,6 +240,7 @@ class RemoteEngine(asyncio.Protocol):
                     reply.max_model_len,
                     reply.pid,
                 )
+                self.eos_token_ids = reply.eos_token_ids
                 self._hello.set_result(reply)
             case StartFailed():
                 self._hello.set_exception(start_error(reply))

@@ -15,6 +15,7 @@ import urllib.parse
 from typing import Any
 
 from troupe.config import ConfigError
+from troupe.gateway.reasoning import PARSERS, ParserName
 from troupe.messages.pooling import PoolingType
 
 
@@ -73,6 +74,12 @@ class GatewaySettings:
         "/v1/embeddings: inputs one request may list (each runs as an engine request of its "
         "own; OpenAI's limit); more get 400",
     )
+    reasoning_parser: ParserName | None = _knob(  # noqa: RUF009 (None or a str: immutable)
+        None,
+        "chat: split a reasoning model's <think>...</think> out of the answer into "
+        "reasoning_content (vLLM's and SGLang's flag): deepseek_r1 (answers start thinking), "
+        "qwen3 (answers think when they or the prompt open <think>)",
+    )
     ws_heartbeat: float | None = _knob(
         30.0, "seconds between websocket pings; a dead peer is noticed and its requests aborted"
     )
@@ -103,6 +110,11 @@ class GatewaySettings:
         if self.pooling_type not in typing.get_args(PoolingType):
             choices = ", ".join(typing.get_args(PoolingType))
             raise ConfigError(f"pooling_type must be one of {choices}, got {self.pooling_type!r}")
+        if self.reasoning_parser is not None and self.reasoning_parser not in PARSERS:
+            choices = ", ".join(PARSERS)
+            raise ConfigError(
+                f"reasoning_parser must be one of {choices}, got {self.reasoning_parser!r}"
+            )
         if not isinstance(self.engine_process, bool):
             raise ConfigError(f"engine_process must be a bool, got {self.engine_process!r}")
         if self.api_key is not None and not self.api_key:

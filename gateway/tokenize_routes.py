@@ -20,6 +20,7 @@ import msgspec
 from aiohttp import web
 from troupe.actors.core.chat_template import ChatTemplateError
 from troupe.actors.request_input import RequestInputError, check_chat_options
+from troupe.gateway.engine_api import TokenizerLike
 from troupe.gateway.errors import invalid
 from troupe.gateway.http_body import read_json_body
 from troupe.gateway.openai_bodies import Message, decode_body
@@ -64,18 +65,7 @@ async def tokenize(request: web.Request) -> web.Response:
             continue_final_message=body.continue_final_message,
             template_kwargs=body.chat_template_kwargs,
         )
-        try:
-            check_chat_options(chat)  # as a chat request's (the engine's edge)
-            text = tokenizer.render_chat(
-                messages,
-                add_generation_prompt=chat.add_generation_prompt,
-                continue_final_message=chat.continue_final_message,
-                **(chat.template_kwargs or {}),
-            )
-        except RequestInputError as exc:
-            raise invalid(exc.field, str(exc)) from None
-        except ChatTemplateError as exc:
-            raise invalid("messages", str(exc)) from None
+        text = render_chat(tokenizer, chat)
         special = bool(body.add_special_tokens)
     else:
         chat_only = ("add_generation_prompt", "continue_final_message", "chat_template_kwargs")
@@ -93,6 +83,23 @@ async def tokenize(request: web.Request) -> web.Response:
             "token_strs": None,
         }
     )
+
+
+def render_chat(tokenizer: TokenizerLike, chat: ChatPrompt) -> str:
+    """The text the tokenizer actor renders for `chat` (encode it without special tokens, as
+    the actor does), or a 400 naming the field; /tokenize's and beam search's."""
+    try:
+        check_chat_options(chat)  # as a chat request's (the engine's edge)
+        return tokenizer.render_chat(
+            [{"role": m.role, "content": m.content} for m in chat.messages],
+            add_generation_prompt=chat.add_generation_prompt,
+            continue_final_message=chat.continue_final_message,
+            **(chat.template_kwargs or {}),
+        )
+    except RequestInputError as exc:
+        raise invalid(exc.field, str(exc)) from None
+    except ChatTemplateError as exc:
+        raise invalid("messages", str(exc)) from None
 
 
 async def detokenize(request: web.Request) -> web.Response:

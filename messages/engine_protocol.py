@@ -75,6 +75,7 @@ class Hello(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     model_name: str
     max_model_len: int
     pid: int
+    eos_token_ids: tuple[int, ...] = ()  # the model's (beam search ends a beam on them)
 
 
 class StartFailed(msgspec.Struct, frozen=True, kw_only=True, tag=True):
