@@ -218,6 +218,13 @@ class ResponseBuilder:
             choice["stop_reason"] = stop_reason
         return self._chunk([choice])
 
+    def reasoning_chunk(self, text: str, index: int = 0) -> dict[str, Any]:
+        """Chat with a reasoning parser: a delta of the answer's thinking."""
+        delta = {"reasoning_content": text}
+        return self._chunk(
+            [{"index": index, "delta": delta, "logprobs": None, "finish_reason": None}]
+        )
+
     def tool_call_chunk(
         self, tool_calls: list[dict[str, Any]], finish_reason: str | None = None
     ) -> dict[str, Any]:

@@ -21,14 +21,17 @@ from troupe.gateway.outbox import Outbox, Overflow
 from troupe.gateway.prompt_batch import batch_events, batch_usage
 from troupe.gateway.prompt_logprobs import Echo, PromptLogprobsSeen, echo_for
 from troupe.gateway.pump import abort_transport_later, pump
+from troupe.gateway.reasoning import ReasoningSplitter
 from troupe.gateway.sse_frames import DONE as _DONE
 from troupe.gateway.sse_frames import sse as _sse
 from troupe.gateway.sse_frames import text_delta_frames
 from troupe.gateway.state import GATEWAY, Gateway
+from troupe.gateway.tokenize_routes import render_chat
 from troupe.gateway.tool_auto import AutoToolStream, parse_calls, template_calls_tools
 from troupe.gateway.tool_calls import ToolCallStream, tool_calls
 from troupe.messages import (
     Aborted,
+    ChatPrompt,
     Delta,
     Failed,
     Finished,
@@ -142,6 +145,12 @@ async def _handle(request: web.Request, kind: Kind) -> web.StreamResponse:
             num_top=req.params.logprobs,
             is_prompt_only=req.is_echo_only,
         )
+    splitter = None
+    if kind == "chat" and (parser := gateway.settings.reasoning_parser) is not None:
+        prompt_text = ""  # qwen3: whether the answer starts thinking is the prompt's to say
+        if parser == "qwen3" and isinstance(req.prompt, ChatPrompt):
+            prompt_text = render_chat(engine.tokenizer, req.prompt)
+        splitter = ReasoningSplitter(parser, prompt_text)
     gateway.stream_opened()
     try:
         if req.beam is not None:  # vLLM's use_beam_search: answered when the beams are known
@@ -151,17 +160,22 @@ async def _handle(request: web.Request, kind: Kind) -> web.StreamResponse:
         else:
             events = engine.generate(req.prompt, req.params, request_id=request_id)
         if not req.stream:
-            return await _whole(events, builder, req, echo)
-        return await _stream(request, gateway, events, builder, req, echo)
+            return await _whole(events, builder, req, echo, splitter)
+        return await _stream(request, gateway, events, builder, req, echo, splitter)
     finally:
         gateway.stream_closed()
 
 
 async def _whole(
-    events: Any, builder: ResponseBuilder, req: OpenAIRequest, echo: Echo | None
+    events: Any,
+    builder: ResponseBuilder,
+    req: OpenAIRequest,
+    echo: Echo | None,
+    splitter: ReasoningSplitter | None,
 ) -> web.Response:
     """Collect the stream (one choice per sample, by index; each opens with its prompt's
-    `echo`); a vanished client cancels this handler, which aborts the request."""
+    `echo`; `splitter`: the reasoning parser's, its thinking into `reasoning_content`); a
+    vanished client cancels this handler, which aborts the request."""
     n = req.params.n
     texts: dict[int, list[str]] = defaultdict(list)
     if echo is not None:
@@ -173,11 +187,15 @@ async def _whole(
     )
     choices: dict[int, dict[str, Any]] = {}
     usages: list[tuple[int, Usage]] = []
+    reasoning: dict[int, list[str]] = defaultdict(list)
     async with contextlib.aclosing(events):
         async for event in events:
             if isinstance(event, Rejected | Aborted | Failed):
                 raise error_for_event(event, req.client_fields)  # one sample's failure fails all
             index = event.index
+            if splitter is not None:
+                thought, event = splitter.split(event)
+                reasoning[index].append(thought)
             prompts.see(event)
             if echo is None or not echo.is_prompt_only:  # else the prompt alone is shown
                 texts[index].append(event.text)
@@ -197,6 +215,11 @@ async def _whole(
                     index, text, finish, lps, event.stop_reason, calls, content, prompts.lead(index)
                 )
                 prompts.add_to_choice(choices[index], index)
+                if splitter is not None:  # vLLM's: no content after all thinking is null
+                    message = choices[index]["message"]
+                    message["reasoning_content"] = said = "".join(reasoning[index]) or None
+                    if said is not None and not message["content"]:
+                        message["content"] = None
                 usages.append((index, event.usage))
             if event.is_terminal:
                 ordered = [choices[i] for i in sorted(choices)]
@@ -214,6 +237,7 @@ async def _stream(
     builder: ResponseBuilder,
     req: OpenAIRequest,
     echo: Echo | None,
+    splitter: ReasoningSplitter | None,
 ) -> web.StreamResponse:
     # Wait for the first event before answering, so rejections get their real status (400,
     # 429, 503) instead of a 200 stream carrying an error.
@@ -250,7 +274,9 @@ async def _stream(
         # The writer may be stuck on a stalled peer: drop the connection after the grace.
         abort_timers.append(abort_transport_later(request, settings.slow_client_grace))
 
-    task = asyncio.create_task(_pump_sse(events, outbox, builder, req, echo, first, on_overflow))
+    task = asyncio.create_task(
+        _pump_sse(events, outbox, builder, req, echo, splitter, first, on_overflow)
+    )
     try:
         while frames := await outbox.get_all():
             # What queued while the last write was out goes in one write: one syscall, not one
@@ -275,6 +301,7 @@ async def _pump_sse(
     builder: ResponseBuilder,
     req: OpenAIRequest,
     echo: Echo | None,
+    splitter: ReasoningSplitter | None,
     first: StreamEvent,
     on_overflow: Callable[[], None],
 ) -> None:
@@ -289,6 +316,10 @@ async def _pump_sse(
 
     def encode(event: StreamEvent) -> Iterable[str]:
         builder.count(event)
+        if splitter is not None and isinstance(event, Delta | Finished):
+            thought, event = splitter.split(event)  # the thinking first, then the content
+            if thought:
+                yield _sse(builder.reasoning_chunk(thought, event.index))
         if echo is not None and isinstance(event, Delta | Finished):
             if echo.has_logprobs and event.index not in echoed:
                 echoed.add(event.index)  # the prompt's text and rows, as vLLM's first chunk

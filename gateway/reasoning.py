@@ -20,6 +20,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
+import msgspec
+from troupe.messages import Delta, Finished
+
 START, END = "<think>", "</think>"
 ParserName = Literal["deepseek_r1", "qwen3"]
 PARSERS: tuple[ParserName, ...] = ("deepseek_r1", "qwen3")
@@ -111,3 +114,27 @@ def _partial_suffix(text: str, tag: str) -> int:
 def _joined(parts: list[str]) -> str | None:
     text = "".join(parts)
     return text or None
+
+
+class ReasoningSplitter:
+    """A chat answer's events (one stream per choice index): each Delta or Finished gives its
+    reasoning text and comes back carrying only its content text (what tool-call parsing and
+    the `content` field then see); a Finished flushes what its choice held back."""
+
+    def __init__(self, name: ParserName, prompt_text: str) -> None:
+        self.name = name
+        self.prompt_text = prompt_text
+        self._streams: dict[int, ReasoningStream] = {}
+
+    def split(self, event: Delta | Finished) -> tuple[str, Delta | Finished]:
+        stream = self._streams.get(event.index)
+        if stream is None:
+            stream = self._streams[event.index] = ReasoningStream(self.name, self.prompt_text)
+        parts = [stream.feed(event.text)]
+        if isinstance(event, Finished):
+            parts.append(stream.flush())
+        reasoning = "".join(p.reasoning or "" for p in parts)
+        content = "".join(p.content or "" for p in parts)
+        if content != event.text:
+            event = msgspec.structs.replace(event, text=content)
+        return reasoning, event

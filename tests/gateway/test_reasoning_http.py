@@ -1,0 +1,156 @@
+"""`troupe serve --reasoning-parser` over HTTP with the official `openai` client: a fake runner
+made to say exact replies through a Qwen3-style template (thinking on, off, or opened by the
+prompt), the thinking in `reasoning_content` and the rest in `content`, whole and streamed
+(the two agree); tool calls parsed from the content only; deepseek_r1's answers start in
+thought; no parser, no field."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from openai import OpenAI
+from troupe.actors.core.tokenizer_files import load_tokenizer
+from troupe.gateway.state import GatewaySettings
+from troupe.gpu.fake_runner import FakeRunner
+
+from tests.gateway.conftest import BASE_CONFIG, ServerThread
+from tests.gateway.scripted_runner import ScriptedRunner
+from tests.gateway.test_tool_auto_http import TOOLS
+
+TEMPLATE = """\
+{%- if tools %}<|im_start|>system
+<tools>
+{%- for tool in tools %}
+{{ tool | tojson }}
+{%- endfor %}
+</tools>
+Answer a call as <tool_call>{"name": ..., "arguments": ...}</tool_call><|im_end|>
+{% endif %}
+{%- for m in messages %}<|im_start|>{{ m['role'] }}
+{{ m['content'] }}<|im_end|>
+{% endfor %}
+{%- if add_generation_prompt %}<|im_start|>assistant
+{% if enable_thinking is defined and enable_thinking is false %}<think>
+
+</think>
+
+{% elif think_open is defined and think_open %}<think>
+{% endif %}{% endif %}"""
+
+MESSAGES = [{"role": "user", "content": "Hi there"}]
+
+
+def _server(folder: Path, parser: str | None) -> ServerThread:
+    engine_config = BASE_CONFIG.replace(model=str(folder))
+    runner = ScriptedRunner(FakeRunner.from_config(engine_config))
+    return ServerThread(engine_config, GatewaySettings(reasoning_parser=parser), runner=runner)
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder: Path = tmp_path_factory.mktemp("thinking-model")
+    load_tokenizer().tokenizer.save(str(folder / "tokenizer.json"))
+    config = {"eos_token": "<|im_end|>", "chat_template": TEMPLATE}
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def servers(model: Path) -> Iterator[dict[str | None, ServerThread]]:
+    started = {parser: _server(model, parser).start() for parser in ("qwen3", "deepseek_r1", None)}
+    yield started
+    for server in started.values():
+        server.shutdown()
+
+
+def _say(server: ServerThread, text: str) -> None:
+    tokenizer = server.engine.tokenizer
+    ids = tokenizer.encode(text, False)
+    assert tokenizer.decode(ids) == text
+    server.runner.script = (*ids, *tokenizer.eos_token_ids[:1])  # type: ignore[union-attr]
+
+
+def _ask(server: ServerThread, **extra: Any) -> tuple[Any, tuple[str | None, str | None]]:
+    """The whole answer's message, and the streamed answer's (reasoning, content)."""
+    client = OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=30)
+    body: dict[str, Any] = {"model": server.engine.model_name, "messages": MESSAGES, **extra}
+    whole = client.chat.completions.create(max_tokens=64, **body)
+    reasoning: list[str] = []
+    content: list[str] = []
+    for chunk in client.chat.completions.create(max_tokens=64, stream=True, **body):
+        for choice in chunk.choices:
+            delta = choice.delta
+            reasoning.append((delta.model_extra or {}).get("reasoning_content") or "")
+            content.append(delta.content or "")
+    streamed = ("".join(reasoning) or None, "".join(content) or None)
+    return whole.choices[0].message, streamed
+
+
+def _parts(message: Any) -> tuple[str | None, str | None]:
+    return (message.model_extra or {}).get("reasoning_content"), message.content
+
+
+@pytest.mark.parametrize(
+    ("parser", "reply", "kwargs", "expected"),
+    [
+        (
+            "qwen3",
+            "<think>\nThe user greets.\n</think>\n\nHello!",
+            None,
+            ("\nThe user greets.\n", "\n\nHello!"),
+        ),
+        (
+            "qwen3",
+            "Plain words, a </think> in them.",
+            {"enable_thinking": False},
+            (None, "Plain words, a </think> in them."),
+        ),
+        (
+            "qwen3",
+            "Opened by the prompt.</think>Answer.",
+            {"think_open": True},
+            ("Opened by the prompt.", "Answer."),
+        ),
+        ("qwen3", "No tags.", None, (None, "No tags.")),
+        ("deepseek_r1", "Step one, step two.</think>Done.", None, ("Step one, step two.", "Done.")),
+        ("deepseek_r1", "Cut off while thinking", None, ("Cut off while thinking", None)),
+    ],
+)
+def test_thinking_goes_to_reasoning_content(servers, parser, reply, kwargs, expected) -> None:  # type: ignore[no-untyped-def]
+    server = servers[parser]
+    _say(server, reply)
+    extra = {"extra_body": {"chat_template_kwargs": kwargs}} if kwargs else {}
+    message, streamed = _ask(server, **extra)
+    assert _parts(message) == expected
+    assert streamed == expected
+
+
+def test_tool_calls_come_from_the_content(servers) -> None:  # type: ignore[no-untyped-def]
+    server = servers["qwen3"]
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    _say(server, "<think>A tool would know.</think>\n" + call)
+    client = OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=30)
+    out = client.chat.completions.create(
+        model=server.engine.model_name,
+        messages=MESSAGES,
+        tools=TOOLS,
+        max_tokens=64,  # type: ignore[arg-type]
+    )
+    choice = out.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert (choice.message.model_extra or {}).get("reasoning_content") == "A tool would know."
+    calls = choice.message.tool_calls
+    assert calls is not None and calls[0].function.name == "get_weather"  # type: ignore[union-attr]
+
+
+def test_no_parser_no_field(servers) -> None:  # type: ignore[no-untyped-def]
+    server = servers[None]
+    _say(server, "<think>Hidden?</think>Shown.")
+    message, streamed = _ask(server)
+    assert "reasoning_content" not in (message.model_extra or {})
+    assert message.content == "<think>Hidden?</think>Shown."
+    assert streamed == (None, "<think>Hidden?</think>Shown.")
