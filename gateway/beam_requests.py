@@ -5,7 +5,8 @@ As vLLM's `to_beam_search_params`: the beam width is `n`, with the request's `ma
 top_p, top_k, min_p, seed, priority) are accepted and unused, as in vLLM: beams rank by the
 model's raw logprobs. What would change which tokens come out, or asks for what a beam does
 not carry, is refused by name instead of being dropped without a word (vLLM drops it):
-stop strings and ids, logit_bias, min_tokens, penalties, structured output, tools, logprobs,
+stop strings and ids, logit_bias, min_tokens, allowed_token_ids, bad_words,
+truncate_prompt_tokens, penalties, structured output, tools, logprobs,
 prompt_logprobs, best_of other than n, streaming_window; and, as vLLM, a streamed completion
 (the beams are known at the end; chat streams them then, as vLLM's chat does).
 """
@@ -24,6 +25,9 @@ _NEUTRAL: dict[str, tuple[object, ...]] = {
     "stop_token_ids": ((),),
     "logit_bias": (None,),
     "min_tokens": (0,),
+    "allowed_token_ids": (None,),
+    "bad_words": (None,),
+    "truncate_prompt_tokens": (None,),
     "presence_penalty": (0.0,),
     "frequency_penalty": (0.0,),
     "repetition_penalty": (1.0,),

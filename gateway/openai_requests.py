@@ -59,6 +59,7 @@ _PASSTHROUGH = (
     "temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty", "frequency_penalty",
     "repetition_penalty", "ignore_eos", "priority", "skip_special_tokens",
     "include_stop_str_in_output", "min_tokens", "streaming_window", "sink_tokens",
+    "truncate_prompt_tokens",
 )  # fmt: skip
 
 
@@ -89,6 +90,10 @@ def parse_request(
         kw["best_of"] = body.best_of
     if body.logit_bias:
         kw["logit_bias"] = _logit_bias(body.logit_bias)
+    if body.allowed_token_ids is not None:
+        kw["allowed_token_ids"] = tuple(body.allowed_token_ids)
+    if body.bad_words:  # vLLM's default is []: no words
+        kw["bad_words"] = tuple(body.bad_words)
 
     logprobs_field = "logprobs"
     prompt: str | list[int] | list[dict[str, str]] | ChatPrompt

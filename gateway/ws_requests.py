@@ -109,6 +109,9 @@ def _prompt(frame: dict[str, Any]) -> str | list[int] | list[dict[str, str]] | C
 
 def _params(frame: dict[str, Any]) -> tuple[SamplingParams, dict[str, str]]:
     fields = {k: v for k, v in frame.items() if k not in _RESERVED}
+    if "bad_words_token_ids" in fields:  # the engine's tokenizer writes it from bad_words
+        message = "'bad_words_token_ids' is filled by the server: send 'bad_words'"
+        raise ApiError(400, message, param="bad_words_token_ids")
     structured = {k: fields.pop(k) for k in STRUCTURED_KEYS if k in fields}
     spec, client_fields = structured_outputs(convert_field(structured, StructuredFields, ""))
     try:

@@ -5,7 +5,10 @@ functions of their arguments, so FakeRunner.reference_tokens can compute outputs
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
+
 import numpy as np
+from troupe.gpu.token_bans import bad_words, banned_words
 from troupe.messages import PromptLogprobs, SamplingParams, SeqWork, TokenLogprob
 from troupe.messages.pooling import Pooled
 
@@ -82,13 +85,80 @@ def fake_embedding(work: SeqWork, params: SamplingParams) -> Pooled | None:
     return Pooled(work.request_id, tuple(raw))
 
 
-def held_back(token_id: int, num_outputs: int, params: SamplingParams, eos_token_id: int) -> int:
-    """min_tokens on a model without logits: a stop token (EOS unless ignored, stop_token_ids)
-    drawn before `params.min_tokens` outputs becomes the next id that is none, as masking the
-    stop tokens' logits would make another token win."""
-    if num_outputs >= params.min_tokens:
+def reference_tokens(
+    prompt_ids: Sequence[int],
+    n: int,
+    params: SamplingParams | None = None,
+    eos_token_id: int = 2,
+    *,
+    kv_window: int = 0,
+    block_size: int = 16,
+) -> list[int]:
+    """The `n` tokens a correct cache (gpu/fake_runner.py) gives after `prompt_ids` (not cut
+    at EOS); with a window, as a FakeRunner of that kv_window and block_size gives them."""
+    ids = np.asarray(prompt_ids, dtype=np.int64)
+    mixes = slot_mix(np.arange(len(ids)), ids)
+    total = mixes.sum(dtype=U64, keepdims=True)
+    seed = np.array([seed_of(params)], np.int64)
+    out: list[int] = []
+    length = len(ids)
+    period = int(seed[0]) - COPY_SEED_BASE
+    for i in range(n):
+        if kv_window:  # blocks from the window's first one on
+            first = max(length - kv_window, 0) // block_size * block_size
+            total = mixes[first:].sum(dtype=U64, keepdims=True)
+        tok = int(next_tokens(total, np.array([length]), seed, np.array([i]), eos_token_id)[0])
+        if 1 <= period <= length:
+            tok = ([*prompt_ids, *out])[length - period]
+        if params is not None:
+            tok = held_back(tok, i, params, eos_token_id, out)
+        out.append(tok)
+        new = slot_mix(np.array([length]), np.array([tok]))
+        if kv_window:
+            mixes = np.concatenate([mixes, new])
+        total = total + new  # arrays wrap silently
+        length += 1
+    return out
+
+
+def held_back(
+    token_id: int,
+    num_outputs: int,
+    params: SamplingParams,
+    eos_token_id: int,
+    output: Sequence[int] = (),
+) -> int:
+    """min_tokens, allowed_token_ids and bad_words on a model without logits: a token they
+    forbid (a stop token before `params.min_tokens` outputs, one outside the allowed set, a bad
+    word's last token after the rest of it in `output`, the outputs so far) becomes the next id
+    none forbids, as masking the logits would make another token win: the next allowed id
+    (cyclically), else the next id in the fake range. All forbidden: the token stays."""
+    banned: set[int] = set()
+    if num_outputs < params.min_tokens:
+        banned.update(params.stop_token_ids)
+        if not params.ignore_eos:
+            banned.add(eos_token_id)
+    words = bad_words(params.bad_words_token_ids)
+    if words is not None:
+        banned.update(banned_words(words, np.asarray(output, np.int64)).tolist())
+    if params.allowed_token_ids is None and token_id not in banned:
         return token_id
-    stops = set(params.stop_token_ids) | (set() if params.ignore_eos else {eos_token_id})
-    while token_id in stops:
+    return next((t for t in _candidates(token_id, params) if t not in banned), token_id)
+
+
+def _candidates(token_id: int, params: SamplingParams) -> Iterator[int]:
+    """Ids in the order held_back tries them."""
+    if params.allowed_token_ids is not None:
+        allowed = sorted(set(params.allowed_token_ids))
+        first = next((i for i, t in enumerate(allowed) if t >= token_id), 0)
+        yield from allowed[first:] + allowed[:first]
+        return
+    yield token_id
+    for _ in range(_HIGH - _LOW):
         token_id = _LOW + (token_id + 1 - _LOW) % (_HIGH - _LOW)
-    return token_id
+        yield token_id
+
+
+def steers(params: SamplingParams) -> bool:
+    """Whether held_back may change a token after min_tokens outputs (bans that last)."""
+    return params.allowed_token_ids is not None or bool(params.bad_words_token_ids)

@@ -11,7 +11,8 @@ Tokens fall in [100, 30000) so they decode to text and never hit EOS, except on 
 of `EOS_SEED_BASE + k` makes the k-th output token (1-based) the first EOS id. A seed of
 `COPY_SEED_BASE + p` makes each next token the one p positions back, read through the block
 table (a text that repeats itself: what n-gram proposals match).
-`min_tokens` holds back stop tokens (fake_model.held_back); `logit_bias` needs logits: no effect.
+`min_tokens` holds back stop tokens, `allowed_token_ids` and `bad_words` move a token they forbid
+to the next one allowed (fake_model.held_back); `logit_bias` needs logits: no effect.
 
 Speculative decoding: a SeqWork's `draft_token_ids` are written after its token and checked
 one by one against the next token the cache gives; the accepted ones and the first other
@@ -33,8 +34,10 @@ from troupe.gpu.fake_model import (
     fake_prompt_logprobs,
     held_back,
     next_tokens,
+    reference_tokens,
     seed_of,
     slot_mix,
+    steers,
 )
 from troupe.gpu.fake_model import EOS_SEED_BASE as EOS_SEED_BASE  # tests seed EOS with it
 from troupe.gpu.runner import HiddenOutputs, RunnerStats
@@ -48,6 +51,8 @@ from troupe.messages import (
     TokenMasks,
 )
 from troupe.messages.pooling import Pooled
+
+INT64_MAX = np.iinfo(np.int64).max
 
 
 @dataclass(slots=True)
@@ -114,7 +119,7 @@ class FakeRunner:
         self._tables = np.zeros((0, self._max_blocks), np.int64)
         self._seeds = np.zeros(0, np.int64)
         self._num_prompt = np.zeros(0, np.int64)
-        self._min_tokens = np.zeros(0, np.int64)
+        self._min_tokens = np.zeros(0, np.int64)  # held_back runs below it (max: always)
         self._free_rows: list[int] = []
         self._num_with_logprobs = 0
         self._launched: StepPlan | None = None
@@ -271,7 +276,7 @@ class FakeRunner:
             seq = _Seq(self._take_row(), 0, work.params.logprobs, work.params)
             self._seeds[seq.row] = seed_of(work.params)
             self._num_prompt[seq.row] = work.num_prompt_tokens
-            self._min_tokens[seq.row] = work.params.min_tokens
+            self._min_tokens[seq.row] = INT64_MAX if steers(work.params) else work.params.min_tokens
             self._num_with_logprobs += seq.logprobs is not None
             self._seqs[request_id] = seq
         first = 0 if work.reset else seq.num_blocks - work.num_dropped_blocks
@@ -349,7 +354,9 @@ class FakeRunner:
         if (seeds >= COPY_SEED_BASE).any():
             tokens = self._copied(tokens, rows, ends, seeds - COPY_SEED_BASE, sampled_ids)
         for i in np.flatnonzero(outputs < self._min_tokens[rows]).tolist():
-            tokens[i] = held_back(int(tokens[i]), int(outputs[i]), sampled[i].params, eos_id)
+            params = sampled[i].params
+            tail = self._outputs(int(rows[i]), int(ends[i]), int(outputs[i]), params)
+            tokens[i] = held_back(int(tokens[i]), int(outputs[i]), params, eos_id, tail)
         if not self._num_with_logprobs:
             return tuple(map(SampledToken, sampled_ids, tokens.tolist()))
         return tuple(
@@ -358,6 +365,13 @@ class FakeRunner:
             )
             for rid, seq, tok in zip(sampled_ids, sampled, tokens.tolist(), strict=True)
         )
+
+    def _outputs(self, row: int, end: int, num_outputs: int, params: SamplingParams) -> list[int]:
+        """The row's last output tokens a bad word can end with, read through its table."""
+        longest = max(map(len, params.bad_words_token_ids), default=1) - 1
+        positions = np.arange(end - min(longest, num_outputs), end)
+        blocks = self._tables[row, positions // self.block_size]
+        return [int(t) for t in self.gpu.tok[positions % self.block_size, blocks]]
 
     def _copied(
         self,
@@ -381,38 +395,5 @@ class FakeRunner:
             raise RuntimeError(f"KV cache corruption: copied slots are wrong for {bad}")
         return np.where(use, found, tokens)
 
-    @staticmethod
-    def reference_tokens(
-        prompt_ids: Sequence[int],
-        n: int,
-        params: SamplingParams | None = None,
-        eos_token_id: int = 2,
-        *,
-        kv_window: int = 0,
-        block_size: int = 16,
-    ) -> list[int]:
-        """The `n` tokens a correct cache gives after `prompt_ids` (not cut at EOS); with a
-        window, as a FakeRunner of that kv_window and block_size gives them."""
-        ids = np.asarray(prompt_ids, dtype=np.int64)
-        mixes = slot_mix(np.arange(len(ids)), ids)
-        total = mixes.sum(dtype=U64, keepdims=True)
-        seed = np.array([seed_of(params)], np.int64)
-        out: list[int] = []
-        length = len(ids)
-        period = int(seed[0]) - COPY_SEED_BASE
-        for i in range(n):
-            if kv_window:  # blocks from the window's first one on
-                first = max(length - kv_window, 0) // block_size * block_size
-                total = mixes[first:].sum(dtype=U64, keepdims=True)
-            tok = int(next_tokens(total, np.array([length]), seed, np.array([i]), eos_token_id)[0])
-            if 1 <= period <= length:
-                tok = ([*prompt_ids, *out])[length - period]
-            if params is not None:
-                tok = held_back(tok, i, params, eos_token_id)
-            out.append(tok)
-            new = slot_mix(np.array([length]), np.array([tok]))
-            if kv_window:
-                mixes = np.concatenate([mixes, new])
-            total = total + new  # arrays wrap silently
-            length += 1
-        return out
+    # the `n` tokens a correct cache gives after a prompt (fake_model.reference_tokens)
+    reference_tokens = staticmethod(reference_tokens)

@@ -8,7 +8,8 @@ fancy index instead of a copy per sequence:
 
 Sampling settings are folded into one float row per request (`param_row`) when params arrive,
 so the sampling batch is one np.stack per step. Token history is kept only for requests with
-a penalty: nothing else reads it, and writing it is per-sequence work on every decode step.
+a penalty or a multi-token bad word: nothing else reads it, and writing it is per-sequence
+work on every decode step.
 """
 
 from __future__ import annotations
@@ -43,8 +44,8 @@ def param_row(params: SamplingParams) -> np.ndarray:
 
 
 def needs_history(params: SamplingParams) -> bool:
-    """Whether sampling reads the request's token history (any penalty)."""
-    return params.has_penalties
+    """Whether sampling reads the request's token history (a penalty, a multi-token bad word)."""
+    return params.needs_history
 
 
 @dataclasses.dataclass(kw_only=True, eq=False)

@@ -5,9 +5,9 @@ noise, so a request's tokens depend only on its own seed and logits: not on the 
 batch, not on preemption, not on the device's RNG state. Every request has a seed (the
 executor draws one for requests without).
 
-Order per row (vLLM semantics): logit_bias and min_tokens' ban of stop tokens
-(gpu/logit_edits.py); repetition, frequency and presence penalties; greedy rows take the
-argmax here. Others: divide by temperature, top-k, top-p, then min-p, then Gumbel-max.
+Order per row (vLLM semantics): logit_bias, min_tokens' ban of stop tokens, bad_words and
+allowed_token_ids (gpu/logit_edits.py); repetition, frequency and presence penalties; greedy
+rows take the argmax here. Others: divide by temperature, top-k, top-p, then min-p, then Gumbel-max.
 Logprobs come from the raw logits (no penalty, temperature 1), as vLLM's default.
 On CUDA the noise and the argmax are one fused kernel (gpu/gumbel_argmax.py).
 

@@ -57,7 +57,8 @@ def _build(
     edits = [s.edits for s in states]
     if any(e is not None for e in edits):
         num_prompt = np.fromiter((s.num_prompt_tokens for s in states), np.int64, num_rows)
-        batch.logit_edits = build_logit_edits(edits, ends - num_prompt, device)
+        histories = [s.tokens for s in states]
+        batch.logit_edits = build_logit_edits(edits, ends - num_prompt, device, histories, ends)
     uses_output = (table[:, cols.PRESENCE] != 0.0) | (table[:, cols.FREQUENCY] != 0.0)
     uses_seen = table[:, cols.REPETITION] != 1.0
     if uses_output.any():
@@ -144,7 +145,9 @@ class SamplingBatches:
 
     def _build(self, states: list[RequestState]) -> SamplingBatch:
         batch, self._table, self._floats = _build(states, self.vocab_size, self.device)
-        self._last = None if batch.edits_logits else dataclasses.replace(batch)  # callers add masks
+        # bad words depend on the output, not only on its count: none of their rows is reused
+        dynamic = batch.edits_logits or any(s.edits and s.edits.reads_history for s in states)
+        self._last = None if dynamic else dataclasses.replace(batch)  # callers add masks
         self._rows, self._params = list(states), [s.param_row for s in states]
         self._index = {id(s): row for row, s in enumerate(states)}
         self._seeds = np.fromiter((s.seed for s in states), np.uint64, len(states))

@@ -61,6 +61,17 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     # None: the engine's default (EngineConfig fields of the same names); window 0: off.
     streaming_window: int | None = None
     sink_tokens: int | None = None
+    # vLLM's: only these token ids may be sampled (every other logit -inf; logprobs stay raw)
+    allowed_token_ids: tuple[int, ...] | None = None
+    # vLLM's: a word's last token is banned wherever the output so far ends with the rest of
+    # it (each word tokenized with and without a leading space, as vLLM does)
+    bad_words: tuple[str, ...] | None = None
+    # bad_words as token-id sequences: filled by the tokenizer actor from `bad_words` (what a
+    # client sends here is replaced), so the executor, which never tokenizes, can apply them
+    bad_words_token_ids: tuple[tuple[int, ...], ...] = ()
+    # vLLM's: keep only the last k prompt tokens (-1: max_model_len); applied where the prompt
+    # is tokenized, so usage counts the tokens that ran
+    truncate_prompt_tokens: int | None = None
 
     @property
     def is_streaming(self) -> bool:
@@ -79,6 +90,12 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
             or self.frequency_penalty != 0.0
             or self.repetition_penalty != 1.0
         )
+
+    @property
+    def needs_history(self) -> bool:
+        """Sampling reads the request's earlier tokens: a penalty, or a bad word of several
+        tokens (its last one is banned only after the others)."""
+        return self.has_penalties or any(len(w) > 1 for w in self.bad_words_token_ids)
 
     @property
     def num_samples(self) -> int:
@@ -161,14 +178,58 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
                 raise ParamError(
                     "ignore_eos", "ignore_eos cannot be combined with structured output"
                 )
-            if self.min_tokens:
-                # the grammar may allow only EOS where min_tokens forbids it: no token left
+            # the grammar may allow only the tokens these forbid: no token left
+            for name in ("min_tokens", "allowed_token_ids", "bad_words"):
+                if getattr(self, name):
+                    raise ParamError(name, f"{name} cannot be combined with structured output")
+
+    def _check_bans(self, vocab_size: int | None) -> None:
+        """allowed_token_ids, bad_words (and their token ids) and truncate_prompt_tokens."""
+        limit = vocab_size if vocab_size is not None else INT32_MAX + 1
+        allowed = self.allowed_token_ids
+        if allowed is not None:
+            if not allowed:
+                raise ParamError("allowed_token_ids", "allowed_token_ids must not be empty")
+            if len(allowed) > MAX_ALLOWED_TOKEN_IDS:
                 raise ParamError(
-                    "min_tokens", "min_tokens cannot be combined with structured output"
+                    "allowed_token_ids",
+                    f"allowed_token_ids holds at most {MAX_ALLOWED_TOKEN_IDS} ids, "
+                    f"got {len(allowed)}",
                 )
+            for token_id in allowed:
+                if not 0 <= token_id < limit:
+                    raise ParamError(
+                        "allowed_token_ids",
+                        f"allowed_token_ids holds {token_id}, outside the vocabulary [0, {limit})",
+                    )
+        words = self.bad_words or ()
+        if len(words) > MAX_BAD_WORDS:
+            raise ParamError(
+                "bad_words", f"bad_words holds at most {MAX_BAD_WORDS} words, got {len(words)}"
+            )
+        if any(not w.strip() for w in words):
+            raise ParamError("bad_words", "bad_words must not hold empty or blank words")
+        num_ids = sum(map(len, self.bad_words_token_ids))
+        if num_ids > MAX_BAD_WORDS_TOKENS:
+            raise ParamError(
+                "bad_words",
+                f"bad_words encode to {num_ids} tokens; at most {MAX_BAD_WORDS_TOKENS}",
+            )
+        for word in self.bad_words_token_ids:
+            if not word or not all(0 <= t < limit for t in word):
+                raise ParamError(
+                    "bad_words", f"bad_words token ids {word} are not all in [0, {limit})"
+                )
+        k = self.truncate_prompt_tokens
+        if k is not None and not (k == -1 or 1 <= k <= INT32_MAX):
+            raise ParamError(
+                "truncate_prompt_tokens",
+                f"truncate_prompt_tokens must be an integer >= 1 or -1, got {k}",
+            )
 
     def _check_extras(self, vocab_size: int | None) -> None:
-        """logit_bias, min_tokens and the streaming window."""
+        """logit_bias, min_tokens, the bans and the streaming window."""
+        self._check_bans(vocab_size)
         for name in ("streaming_window", "sink_tokens"):
             value = getattr(self, name)
             if value is not None:
@@ -209,6 +270,10 @@ MAX_STOP_STRINGS = 16
 LOGIT_BIAS_LIMIT = 100.0  # OpenAI's range; a bias applies to the raw logit, so it is float32-safe
 MAX_LOGIT_BIAS = 1024  # entries per request: bounds the per-step scatter on the device
 MAX_STOP_CHARS = 512
+MAX_ALLOWED_TOKEN_IDS = 1024  # per request, as logit_bias: bounds the per-step scatter
+# vLLM's limits (v1 worker's bad-words state): words per request, and their tokens in all
+MAX_BAD_WORDS = 128
+MAX_BAD_WORDS_TOKENS = 1024
 # Floats go to the device as float32: a nonzero magnitude below FLOAT_FLOOR would flush to 0
 # there (top_p 1e-300 would become 0, which means something else), and dividing logits by it
 # would overflow; one above FLOAT_CEIL would become inf. Both are rejected, not clamped.

@@ -1,7 +1,8 @@
 """What the phase router remembers of each live request: the block table the plans have built
 (so a request that changes executor takes its whole table along), its sampling params (with a
 seed, so both executors draw the same stream), the executor holding its state, and, for
-requests with penalties, the tokens each position holds (the history the sampler reads).
+requests whose sampling reads history (penalties, multi-token bad words), the tokens each
+position holds (the history the sampler reads).
 """
 
 from __future__ import annotations
@@ -22,10 +23,10 @@ class PhaseRequest:
     table: list[int] = dataclasses.field(default_factory=list)
     holder: Phase | None = None  # the executor holding its state (params, table, history)
     phase: Phase = Phase.PREFILL  # where its next work runs: prefill until it has sampled
-    tokens: list[int] | None = None  # position -> token, only when its params have penalties
+    tokens: list[int] | None = None  # position -> token, only when its params need history
 
     def __post_init__(self) -> None:
-        if self.params.has_penalties:
+        if self.params.needs_history:
             self.tokens = []
 
     def apply(self, work: SeqWork) -> None:

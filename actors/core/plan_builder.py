@@ -78,8 +78,8 @@ def build_plan(
         first = not req.in_executor
         prompt_len, scores = req.prompt_len, req.params.prompt_logprobs is not None
         pools = req.params.pooling is not None and start < prompt_len
-        # penalties read every earlier token: those a prefix hit (or a parent) computed
-        history = tuple(tokens[:start]) if first and start and req.params.has_penalties else ()
+        # penalties and bad words read earlier tokens: those a prefix hit (or a parent) computed
+        history = tuple(tokens[:start]) if first and start and req.params.needs_history else ()
         # Verifications go last, so the one-token decodes lead the step (the runner's decode
         # kernel takes that prefix: gpu/step_inputs.py num_decode_prefix).
         num_scored = max(0, min(end, prompt_len - 1) - start) if scores else 0

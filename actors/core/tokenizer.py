@@ -32,6 +32,7 @@ from troupe.actors.core.chat_template import ChatTemplateError
 from troupe.actors.core.grammar_compiler import GrammarCompiler, GrammarError
 from troupe.actors.core.tokenizer_bound import shared_count_bound
 from troupe.actors.core.tokenizer_chunks import CHUNK_CHARS, ChunkedEncoder, LimitReached
+from troupe.actors.core.tokenizer_params import TruncationError, truncation_length, with_bad_words
 from troupe.actors.core.tokenizer_text import TextTokenizer
 from troupe.messages import (
     AbortRequest,
@@ -153,7 +154,8 @@ class TokenizerCore:
             ids = result.ids
         if not ids:
             return [("streamer", _reject(req, field, f"{field} encodes to no tokens"))]
-        return self._accept(req, tuple(ids))
+        keep = truncation_length(req.params, self._max_model_len)  # checked in _prepare
+        return self._accept(req, tuple(ids if keep is None else ids[-keep:]))
 
     def _prepare(
         self, req: GenerateRequest, prompts: list[str], chats: list[str]
@@ -167,6 +169,10 @@ class TokenizerCore:
                 self._grammars.compile(spec)  # cached: the grammar actor finds it compiled
             except GrammarError as exc:
                 return _reject(req, exc.field, str(exc))
+        try:
+            keep = truncation_length(req.params, self._max_model_len)
+        except TruncationError as exc:
+            return _reject(req, "truncate_prompt_tokens", str(exc))
         given = [
             name
             for name in ("prompt", "messages", "prompt_token_ids")
@@ -182,7 +188,7 @@ class TokenizerCore:
         if req.prompt is not None:
             if not req.prompt:
                 return _reject(req, "prompt", "prompt must not be empty")
-            return self._text(req, "prompt", req.prompt, prompts)
+            return self._text(req, "prompt", req.prompt, prompts, keep)
         if req.messages is not None:
             if not req.messages:
                 return _reject(req, "messages", "messages must not be empty")
@@ -195,14 +201,15 @@ class TokenizerCore:
                 )
             except ChatTemplateError as exc:
                 return _reject(req, "messages", str(exc))
-            return self._text(req, "messages", text, chats)
+            return self._text(req, "messages", text, chats, keep)
         assert req.prompt_token_ids is not None
         if not req.prompt_token_ids:
             return _reject(req, "prompt_token_ids", "prompt_token_ids must not be empty")
-        num_ids = len(req.prompt_token_ids)
+        first = 0 if keep is None else max(len(req.prompt_token_ids) - keep, 0)
+        num_ids = len(req.prompt_token_ids) - first
         if self._max_model_len is not None and num_ids >= self._max_model_len:
             return self._too_long(req, num_ids, exact=True)
-        for position, token_id in enumerate(req.prompt_token_ids):
+        for position, token_id in enumerate(req.prompt_token_ids[first:], first):
             if not 0 <= token_id < self._vocab_size:
                 return _reject(
                     req,
@@ -213,9 +220,10 @@ class TokenizerCore:
         return _Encoded("prompt_token_ids", req.prompt_token_ids)
 
     def _text(
-        self, req: GenerateRequest, field: str, text: str, queue: list[str]
+        self, req: GenerateRequest, field: str, text: str, queue: list[str], keep: int | None
     ) -> _Queued | _Encoded | RequestRejected:
-        """Check `text` cheaply; encode it now if long, else queue it for encode_batch."""
+        """Check `text` cheaply; encode it now if long, else queue it for encode_batch. With
+        `keep` (truncate_prompt_tokens) a long text is no error: it is encoded whole, cut later."""
         try:  # the Rust tokenizer raises TypeError on a lone surrogate: catch it here
             min_tokens = self._bound.min_tokens(text) if self._bound is not None else 0
             if self._bound is None and not text.isascii():
@@ -227,7 +235,7 @@ class TokenizerCore:
                 f"{field} is not valid Unicode text: lone surrogate {text[exc.start]!r} "
                 f"at character {exc.start}",
             )
-        limit = self._max_model_len
+        limit = self._max_model_len if keep is None else None
         if limit is not None and min_tokens >= limit:
             return self._too_long(req, min_tokens, exact=False)
         if len(text) > LONG_TEXT_CHARS:
@@ -253,9 +261,10 @@ class TokenizerCore:
     def _accept(
         self, req: GenerateRequest, ids: tuple[int, ...]
     ) -> list[tuple[str, msgspec.Struct]]:
+        params = with_bad_words(self._tokenizer, req.params)
         opened = RequestOpened(
             request_id=req.request_id,
-            params=req.params,
+            params=params,
             num_prompt_tokens=len(ids),
             prompt_tail_ids=ids[-PROMPT_TAIL_LEN:],
             arrival_time=req.arrival_time,
@@ -263,7 +272,7 @@ class TokenizerCore:
         tokenized = TokenizedRequest(
             request_id=req.request_id,
             prompt_token_ids=ids,
-            params=req.params,
+            params=params,
             arrival_time=req.arrival_time,
         )
         return [("streamer", opened), ("admission", tokenized)]
