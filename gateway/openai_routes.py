@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterable
@@ -21,7 +22,7 @@ from troupe.gateway.outbox import Outbox, Overflow
 from troupe.gateway.prompt_batch import batch_events, batch_usage
 from troupe.gateway.prompt_logprobs import Echo, PromptLogprobsSeen, echo_for
 from troupe.gateway.pump import abort_transport_later, pump
-from troupe.gateway.reasoning import ReasoningSplitter
+from troupe.gateway.reasoning import ReasoningSplitter, constraint_reasoning
 from troupe.gateway.sse_frames import DONE as _DONE
 from troupe.gateway.sse_frames import sse as _sse
 from troupe.gateway.sse_frames import text_delta_frames
@@ -31,6 +32,7 @@ from troupe.gateway.tool_auto import AutoToolStream, parse_calls, template_calls
 from troupe.gateway.tool_calls import ToolCallStream, tool_calls
 from troupe.messages import (
     Aborted,
+    ChatMessage,
     ChatPrompt,
     Delta,
     Failed,
@@ -148,9 +150,16 @@ async def _handle(request: web.Request, kind: Kind) -> web.StreamResponse:
     splitter = None
     if kind == "chat" and (parser := gateway.settings.reasoning_parser) is not None:
         prompt_text = ""  # qwen3: whether the answer starts thinking is the prompt's to say
-        if parser == "qwen3" and isinstance(req.prompt, ChatPrompt):
-            prompt_text = render_chat(engine.tokenizer, req.prompt)
+        spec = req.params.structured_outputs
+        if parser == "qwen3" and (isinstance(req.prompt, ChatPrompt) or spec is not None):
+            prompt_text = render_chat(engine.tokenizer, _chat_of(req.prompt))
         splitter = ReasoningSplitter(parser, prompt_text)
+        if spec is not None:  # the constraint (tool calls' too) starts after the thinking
+            spec = msgspec.structs.replace(
+                spec, reasoning=constraint_reasoning(parser, prompt_text)
+            )
+            params = msgspec.structs.replace(req.params, structured_outputs=spec)
+            req = dataclasses.replace(req, params=params)
     gateway.stream_opened()
     try:
         if req.beam is not None:  # vLLM's use_beam_search: answered when the beams are known
@@ -164,6 +173,14 @@ async def _handle(request: web.Request, kind: Kind) -> web.StreamResponse:
         return await _stream(request, gateway, events, builder, req, echo, splitter)
     finally:
         gateway.stream_closed()
+
+
+def _chat_of(prompt: object) -> ChatPrompt:
+    """A chat request's prompt as a ChatPrompt (plain messages: the template's defaults)."""
+    if isinstance(prompt, ChatPrompt):
+        return prompt
+    assert isinstance(prompt, list), "a chat request's prompt is its messages"
+    return ChatPrompt(messages=tuple(ChatMessage(**m) for m in prompt))
 
 
 async def _whole(

@@ -13,6 +13,10 @@ model's thinking, written between `<think>` and `</think>`, goes to the chat ans
 
 The tags are matched in text, so a tag split over several deltas (or several tokens) is held
 back until it is whole; nothing else is held.
+
+Structured output (and tool calls, which are structured output) constrains only the content:
+`constraint_reasoning` says where the thinking goes in the grammar (StructuredOutputs.
+reasoning), so the model thinks freely and the content alone follows the schema.
 """
 
 from __future__ import annotations
@@ -22,8 +26,9 @@ from typing import Literal
 
 import msgspec
 from troupe.messages import Delta, Finished
+from troupe.messages.structured import THINK_END, THINK_START, Reasoning
 
-START, END = "<think>", "</think>"
+START, END = THINK_START, THINK_END  # the grammar's thinking block reads the same tags
 ParserName = Literal["deepseek_r1", "qwen3"]
 PARSERS: tuple[ParserName, ...] = ("deepseek_r1", "qwen3")
 
@@ -39,6 +44,17 @@ def opens_thinking(name: ParserName, prompt_text: str) -> bool:
     if name == "deepseek_r1":
         return True
     return prompt_text.rfind(START) > prompt_text.rfind(END)
+
+
+def constraint_reasoning(name: ParserName, prompt_text: str) -> Reasoning:
+    """Where a structured answer's constraint starts: after a thinking block the answer starts
+    in ("required"), after one it may open ("optional"), or at once, when the prompt closed an
+    empty block (Qwen3's `enable_thinking: false`: the answer is all content)."""
+    if opens_thinking(name, prompt_text):
+        return "required"
+    if prompt_text.rstrip().endswith(END):
+        return "none"
+    return "optional"
 
 
 class ReasoningStream:

@@ -4,15 +4,29 @@ EBNF grammar), as one SamplingParams field. vLLM's StructuredOutputsParams, by n
 Exactly one kind is set. A JSON schema travels as its JSON text (key order kept: it is the order
 the fields are generated in), so the struct stays frozen and hashable: the grammar cache is
 keyed by the struct itself.
+
+`reasoning` lets a reasoning model think before the constraint starts (vLLM applies the
+grammar only after the reasoning ends; troupe writes that into the grammar itself):
+
+    none      the constraint holds from the first token
+    required  the text starts inside a thinking block (deepseek_r1, or a prompt that left
+              `<think>` open): any text up to the first `</think>`, then the constrained part
+    optional  the text may open with a whole `<think>...</think>` block, then the constrained
+              part, or be the constrained part alone (qwen3, thinking left to the model)
+
+The tags are `<think>` and `</think>`, the ones both of troupe's reasoning parsers read.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
+Reasoning = Literal["none", "required", "optional"]
+REASONING_MODES: tuple[Reasoning, ...] = ("none", "required", "optional")
+THINK_START, THINK_END = "<think>", "</think>"
 MAX_SPEC_CHARS = 64 * 1024  # a schema, regex or grammar longer than this is refused
 MAX_CHOICES = 256
 
@@ -20,13 +34,15 @@ MAX_CHOICES = 256
 class StructuredOutputs(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """One constraint on the generated text. `json`: a JSON schema (its JSON text);
     `json_object`: any JSON object; `regex`; `choice`: one of these strings exactly;
-    `grammar`: EBNF in xgrammar's (GBNF-like) syntax, root rule `root`."""
+    `grammar`: EBNF in xgrammar's (GBNF-like) syntax, root rule `root`. `reasoning`: whether a
+    `<think>...</think>` block comes before the constrained part (see the module's doc)."""
 
     json: str | None = None
     json_object: bool = False
     regex: str | None = None
     choice: tuple[str, ...] | None = None
     grammar: str | None = None
+    reasoning: Reasoning = "none"
 
     @classmethod
     def from_schema(cls, schema: Any) -> StructuredOutputs:
@@ -45,6 +61,9 @@ class StructuredOutputs(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
     def check(self) -> tuple[str, str] | None:
         """(field, message) for the first broken limit; None when well formed. Whether the
         schema, regex or grammar compiles is the grammar compiler's to say."""
+        if self.reasoning not in REASONING_MODES:
+            modes = ", ".join(REASONING_MODES)
+            return "reasoning", f"reasoning is one of {modes}, got {self.reasoning!r}"
         given = [n for n in ("json", "regex", "choice", "grammar") if getattr(self, n) is not None]
         if self.json_object:
             given.append("json_object")

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import concurrent.futures
 import functools
-import json
 import threading
 from collections import OrderedDict
 from typing import TYPE_CHECKING
 
+from troupe.actors.core.spec_grammar import spec_grammar
 from troupe.messages.structured import StructuredOutputs
 
 if TYPE_CHECKING:
@@ -103,24 +103,7 @@ class GrammarCompiler:
         return compiled  # type: ignore[return-value]
 
     def _compile_now(self, spec: StructuredOutputs) -> xgrammar.CompiledGrammar:
-        compiler = self._compiler
-        if spec.json is not None:
-            try:
-                schema = json.loads(spec.json)
-            except ValueError as exc:
-                raise ValueError(f"not JSON: {exc}") from None
-            if not isinstance(schema, dict | bool):
-                raise ValueError("a JSON schema is an object (or true/false)")
-            return compiler.compile_json_schema(spec.json, any_whitespace=False)
-        if spec.json_object:
-            return compiler.compile_json_schema('{"type": "object"}', any_whitespace=False)
-        if spec.regex is not None:
-            return compiler.compile_regex(spec.regex)
-        if spec.choice is not None:
-            alternatives = " | ".join(json.dumps(c, ensure_ascii=False) for c in spec.choice)
-            return compiler.compile_grammar(f"root ::= {alternatives}")
-        assert spec.grammar is not None, "StructuredOutputs.check ensures one kind is set"
-        return compiler.compile_grammar(spec.grammar)
+        return self._compiler.compile_grammar(spec_grammar(spec))
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -4,6 +4,7 @@ FaultyRunner whose held step also moves on when the gate moves past it.
 
 While `script` is set, the n-th token sampled for each request is `script[n % len(script)]`;
 otherwise the inner runner's token passes through (the fake runner's, a function of the prompt).
+Masked steps are scripted too (`finish`), past the grammar's mask.
 The chosen tokens go back to the inner runner in the next plan like any sampled token, so its
 KV cache stays consistent.
 """
@@ -14,7 +15,7 @@ import msgspec
 from troupe.gpu.faulty_runner import FaultyRunner
 from troupe.gpu.runner import Runner
 from troupe.gpu.runner_wrapper import RunnerWrapper
-from troupe.messages import SampledToken, StepPlan
+from troupe.messages import SampledToken, StepPlan, TokenMasks
 
 
 class ScriptedRunner(RunnerWrapper):
@@ -24,9 +25,23 @@ class ScriptedRunner(RunnerWrapper):
         self._num_sampled: dict[str, int] = {}
 
     def execute(self, plan: StepPlan) -> tuple[SampledToken, ...]:
+        self._release(plan)
+        return self._scripted(self.inner.execute(plan))
+
+    def launch(self, plan: StepPlan) -> None:
+        self._release(plan)
+        self.inner.launch(plan)
+
+    def finish(self, masks: TokenMasks) -> tuple[SampledToken, ...]:
+        # a masked step (launch, then finish): the script overrides the mask too, and the
+        # grammar matcher then fails the request at the first scripted token it refuses
+        return self._scripted(self.inner.finish(masks))
+
+    def _release(self, plan: StepPlan) -> None:
         for request_id in plan.released:
             self._num_sampled.pop(request_id, None)
-        sampled = self.inner.execute(plan)
+
+    def _scripted(self, sampled: tuple[SampledToken, ...]) -> tuple[SampledToken, ...]:
         script = self.script
         if not script:
             return sampled

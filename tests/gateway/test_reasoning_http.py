@@ -2,7 +2,9 @@
 made to say exact replies through a Qwen3-style template (thinking on, off, or opened by the
 prompt), the thinking in `reasoning_content` and the rest in `content`, whole and streamed
 (the two agree); tool calls parsed from the content only; deepseek_r1's answers start in
-thought; no parser, no field."""
+thought; no parser, no field. Structured output (and a named tool call) constrains only the
+content: the scripted tokens pass the engine's grammar matcher, which fails a request at the
+first token it refuses, so a reply that thinks where the grammar allows no thinking fails."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import openai
 import pytest
 from openai import OpenAI
 from troupe.actors.core.tokenizer_files import load_tokenizer
@@ -154,3 +157,74 @@ def test_no_parser_no_field(servers) -> None:  # type: ignore[no-untyped-def]
     assert "reasoning_content" not in (message.model_extra or {})
     assert message.content == "<think>Hidden?</think>Shown."
     assert streamed == (None, "<think>Hidden?</think>Shown.")
+
+
+SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+JSON_FORMAT = {"type": "json_schema", "json_schema": {"name": "a", "schema": SCHEMA}}
+
+
+@pytest.mark.parametrize(
+    ("parser", "reply", "kwargs", "expected"),
+    [
+        ("deepseek_r1", 'a is 1.</think>{"a": 1}', None, ("a is 1.", '{"a": 1}')),
+        ("qwen3", '<think>a is 1.</think>{"a": 1}', None, ("a is 1.", '{"a": 1}')),
+        ("qwen3", '{"a": 1}', None, (None, '{"a": 1}')),  # thinking is the model's choice
+        ("qwen3", 'Opened.</think>{"a": 1}', {"think_open": True}, ("Opened.", '{"a": 1}')),
+        ("qwen3", '{"a": 1}', {"enable_thinking": False}, (None, '{"a": 1}')),
+    ],
+)
+def test_structured_output_starts_after_the_thinking(
+    servers, parser, reply, kwargs, expected
+) -> None:  # type: ignore[no-untyped-def]
+    server = servers[parser]
+    _say(server, reply)
+    extra: dict[str, Any] = {"chat_template_kwargs": kwargs} if kwargs else {}
+    message, streamed = _ask(server, response_format=JSON_FORMAT, extra_body=extra)
+    assert _parts(message) == expected
+    assert streamed == expected
+    assert json.loads(message.content) == {"a": 1}
+
+
+@pytest.mark.parametrize(
+    ("parser", "reply", "kwargs"),
+    [
+        ("deepseek_r1", "a is 1.</think>A is one.", None),  # after the thinking: JSON
+        ("qwen3", 'a is 1.</think>{"a": 1}', None),  # not opened: no thinking to close
+        ("qwen3", '<think>a is 1.</think>{"a": 1}', {"enable_thinking": False}),  # thinking off
+        ("qwen3", '<think>a is 1.</think>{"a": "one"}', None),  # the schema still holds
+    ],
+)
+def test_structured_output_refuses_what_the_parser_would_not_read(  # type: ignore[no-untyped-def]
+    servers, parser, reply, kwargs
+) -> None:
+    server = servers[parser]
+    _say(server, reply)
+    client = OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=30)
+    extra = {"chat_template_kwargs": kwargs} if kwargs else {}
+    with pytest.raises(openai.APIStatusError, match="structured output failed"):
+        client.chat.completions.create(
+            model=server.engine.model_name,
+            messages=MESSAGES,  # type: ignore[arg-type]
+            response_format=JSON_FORMAT,  # type: ignore[arg-type]
+            max_tokens=64,
+            extra_body=extra,
+        )
+
+
+def test_a_named_tool_call_follows_the_thinking(servers) -> None:  # type: ignore[no-untyped-def]
+    server = servers["deepseek_r1"]
+    _say(server, 'A tool would know.</think>{"city": "Paris"}')
+    client = OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=30)
+    out = client.chat.completions.create(
+        model=server.engine.model_name,
+        messages=MESSAGES,  # type: ignore[arg-type]
+        tools=TOOLS,  # type: ignore[arg-type]
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        max_tokens=64,
+    )
+    choice = out.choices[0]
+    assert (choice.message.model_extra or {}).get("reasoning_content") == "A tool would know."
+    calls = choice.message.tool_calls
+    assert calls is not None and len(calls) == 1
+    assert calls[0].function.name == "get_weather"  # type: ignore[union-attr]
+    assert json.loads(calls[0].function.arguments) == {"city": "Paris"}  # type: ignore[union-attr]

@@ -1,0 +1,67 @@
+"""A StructuredOutputs spec -> the xgrammar Grammar its text must match (not yet compiled).
+
+The kinds map one to one onto xgrammar's builders (a choice is an EBNF alternation of its
+strings). A spec with `reasoning` puts a thinking block in front of the constraint, in the
+grammar itself, so the constraint starts where the reasoning parser's `content` starts:
+
+    required  any text up to the first `</think>`, then the constraint
+    optional  `<think>` any text `</think>` then the constraint  |  the constraint alone
+
+"Any text" is xgrammar's structural-tag `any_text` (a TagDispatch that allows everything but
+the end tag), so the first `</think>` ends the thinking and nothing may come between it and
+the constrained part: the content is exactly what the constraint allows.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING
+
+from troupe.messages.structured import THINK_END, THINK_START, StructuredOutputs
+
+if TYPE_CHECKING:
+    import xgrammar
+
+
+def spec_grammar(spec: StructuredOutputs) -> xgrammar.Grammar:
+    """The grammar of `spec` (raises ValueError or RuntimeError, xgrammar's, when it is bad)."""
+    import xgrammar
+
+    grammar = _constraint(spec)
+    if spec.reasoning == "required":
+        return xgrammar.Grammar.concat(_thinking(""), grammar)
+    if spec.reasoning == "optional":
+        return xgrammar.Grammar.union(
+            xgrammar.Grammar.concat(_thinking(THINK_START), grammar), grammar
+        )
+    return grammar
+
+
+def _constraint(spec: StructuredOutputs) -> xgrammar.Grammar:
+    from xgrammar import Grammar
+
+    if spec.json is not None:
+        try:
+            schema = json.loads(spec.json)
+        except ValueError as exc:
+            raise ValueError(f"not JSON: {exc}") from None
+        if not isinstance(schema, dict | bool):
+            raise ValueError("a JSON schema is an object (or true/false)")
+        return Grammar.from_json_schema(spec.json, any_whitespace=False)
+    if spec.json_object:
+        return Grammar.from_json_schema('{"type": "object"}', any_whitespace=False)
+    if spec.regex is not None:
+        return Grammar.from_regex(spec.regex)
+    if spec.choice is not None:
+        alternatives = " | ".join(json.dumps(c, ensure_ascii=False) for c in spec.choice)
+        return Grammar.from_ebnf(f"root ::= {alternatives}")
+    assert spec.grammar is not None, "StructuredOutputs.check ensures one kind is set"
+    return Grammar.from_ebnf(spec.grammar)
+
+
+def _thinking(begin: str) -> xgrammar.Grammar:
+    """`begin`, any text without `</think>`, then `</think>`."""
+    from xgrammar import Grammar
+
+    tag = {"type": "tag", "begin": begin, "content": {"type": "any_text"}, "end": THINK_END}
+    return Grammar.from_structural_tag(json.dumps({"type": "structural_tag", "format": tag}))
