@@ -158,6 +158,15 @@ def server() -> Iterator[ServerThread]:
     srv.shutdown()
 
 
+@pytest.fixture(scope="session")
+def smol() -> Iterator[ServerThread]:
+    """A server on the real default model (SmolLM2 on the CPU), shared by the model tests."""
+    config = EngineConfig(device="cpu", max_model_len=256, num_kv_blocks=32, max_num_seqs=4)
+    srv = ServerThread(config, GatewaySettings()).start()
+    yield srv
+    srv.shutdown()
+
+
 @pytest.fixture
 def anyio_backend() -> str:
     """aiohttp's client and the gateway run on asyncio."""

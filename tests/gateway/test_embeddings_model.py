@@ -7,13 +7,12 @@ logprobs as a completion's. `--pooling-type mean` pools differently, as the engi
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import pytest
 from openai import OpenAI
-from troupe.config import EngineConfig, default_model_path
+from troupe.config import default_model_path
 from troupe.gateway.state import GatewaySettings
 from troupe.messages import Pooling, SamplingParams
 
@@ -23,14 +22,6 @@ PROMPT = "The capital of France is"
 OTHER = "Embeddings map text to vectors"  # under one KV block (16 tokens), as PROMPT: no cache hit
 # over one KV block: a second request for it takes a prefix-cache hit
 LONG = "In the beginning the universe was created. This has made a lot of people very angry and"
-
-
-@pytest.fixture(scope="module")
-def smol() -> Iterator[ServerThread]:
-    config = EngineConfig(device="cpu", max_model_len=256, num_kv_blocks=32, max_num_seqs=4)
-    srv = ServerThread(config, GatewaySettings()).start()
-    yield srv
-    srv.shutdown()
 
 
 @pytest.fixture(scope="module")

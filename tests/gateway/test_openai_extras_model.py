@@ -3,24 +3,12 @@ official `openai` client: the fake model has no logits, so these need real ones.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 from openai import OpenAI
-from troupe.config import EngineConfig
-from troupe.gateway.state import GatewaySettings
 
 from tests.gateway.conftest import ServerThread
 
 PROMPT = "The capital of France is"
-
-
-@pytest.fixture(scope="module")
-def smol() -> Iterator[ServerThread]:
-    config = EngineConfig(device="cpu", max_model_len=256, num_kv_blocks=32, max_num_seqs=4)
-    srv = ServerThread(config, GatewaySettings()).start()
-    yield srv
-    srv.shutdown()
 
 
 @pytest.fixture(scope="module")
