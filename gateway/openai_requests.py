@@ -24,6 +24,7 @@ from troupe.gateway.openai_bodies import (
     decode_body,
 )
 from troupe.gateway.structured_requests import structured_outputs
+from troupe.gateway.tool_auto import ToolParserName
 from troupe.gateway.tool_calls import ToolPlan, tool_plan
 from troupe.messages import ChatMessage, ChatPrompt, ParamError, SamplingParams
 
@@ -64,11 +65,15 @@ _PASSTHROUGH = (
 
 
 def parse_request(
-    kind: Kind, raw: bytes, *, default_max_tokens: int, template_tools: bool = False
+    kind: Kind,
+    raw: bytes,
+    *,
+    default_max_tokens: int,
+    tool_parser: ToolParserName | None = None,
 ) -> OpenAIRequest:
     """Decode and check a JSON body; raise ApiError(400) naming the first bad field.
-    `template_tools`: the model's chat template defines the tool-call format tool_choice
-    "auto" parses (gateway/tool_auto.py)."""
+    `tool_parser`: the format tool_choice "auto" replies are parsed in (None: "auto" is
+    refused; gateway/tool_auto.py)."""
     body: CompletionBody | ChatBody
     if kind == "completion":
         body = decode_body(raw, CompletionBody)
@@ -127,7 +132,7 @@ def parse_request(
     tools = None
     if isinstance(body, ChatBody):
         tools = tool_plan(
-            body.tools, body.tool_choice, body.parallel_tool_calls, template_tools=template_tools
+            body.tools, body.tool_choice, body.parallel_tool_calls, tool_parser=tool_parser
         )
         if tools is not None:
             if kw["n"] > 1:

@@ -28,7 +28,12 @@ from troupe.gateway.sse_frames import sse as _sse
 from troupe.gateway.sse_frames import text_delta_frames
 from troupe.gateway.state import GATEWAY, Gateway
 from troupe.gateway.tokenize_routes import render_chat
-from troupe.gateway.tool_auto import AutoToolStream, parse_calls, template_calls_tools
+from troupe.gateway.tool_auto import (
+    AutoCallStream,
+    auto_tool_parser,
+    auto_tool_stream,
+    parse_auto_calls,
+)
 from troupe.gateway.tool_calls import ToolCallStream, tool_calls
 from troupe.messages import (
     Aborted,
@@ -49,7 +54,7 @@ _json = msgspec.json.Encoder()
 
 
 def _auto_tool_chunks(
-    builder: ResponseBuilder, calls: AutoToolStream, event: Delta | Finished
+    builder: ResponseBuilder, calls: AutoCallStream, event: Delta | Finished
 ) -> Iterable[str]:
     """tool_choice "auto": content as it comes, the calls (if any) at the end."""
     if text := calls.delta(event.text):
@@ -67,9 +72,9 @@ def _auto_tool_chunks(
 
 
 def _tool_call_chunks(
-    builder: ResponseBuilder, calls: ToolCallStream | AutoToolStream, event: Delta | Finished
+    builder: ResponseBuilder, calls: ToolCallStream | AutoCallStream, event: Delta | Finished
 ) -> Iterable[str]:
-    if isinstance(calls, AutoToolStream):
+    if not isinstance(calls, ToolCallStream):
         yield from _auto_tool_chunks(builder, calls, event)
         return
     for piece in calls.delta(event.text):
@@ -119,10 +124,10 @@ async def _handle(request: web.Request, kind: Kind) -> web.StreamResponse:
     # max_model_len); completions keep OpenAI's default of 16.
     default_max_tokens = engine.max_model_len if kind == "chat" else 16
     raw = await read_json_body(request, gateway.settings)
-    template_tools = kind == "chat" and template_calls_tools(engine.tokenizer.chat_template)
-    req = parse_request(
-        kind, raw, default_max_tokens=default_max_tokens, template_tools=template_tools
+    tool_parser = auto_tool_parser(
+        gateway.settings.tool_call_parser, engine.tokenizer.chat_template
     )
+    req = parse_request(kind, raw, default_max_tokens=default_max_tokens, tool_parser=tool_parser)
     if (error := api_error_for_model(req.model, engine.model_name)) is not None:
         raise error
     if len(req.prompts) > (limit := gateway.settings.max_prompts_per_request):
@@ -223,7 +228,7 @@ async def _whole(
                 calls, content = None, None
                 if req.tools is not None and finish == "stop":
                     if req.tools.spec is None:  # "auto": the model's own format
-                        content, found = parse_calls(text, req.tools.names)
+                        content, found = parse_auto_calls(text, req.tools.names, req.tools.parser)
                         calls = found or None
                     else:
                         calls = tool_calls(req.tools, text)
@@ -322,9 +327,9 @@ async def _pump_sse(
     first: StreamEvent,
     on_overflow: Callable[[], None],
 ) -> None:
-    calls: ToolCallStream | AutoToolStream | None = None
+    calls: ToolCallStream | AutoCallStream | None = None
     if req.tools is not None and req.tools.spec is None:
-        calls = AutoToolStream(req.tools.names)
+        calls = auto_tool_stream(req.tools.names, req.tools.parser)
     elif req.tools is not None:
         calls = ToolCallStream(req.tools)
     usages: list[tuple[int, Usage]] = []  # each sample's (choice, usage), for the last chunk

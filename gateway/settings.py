@@ -16,6 +16,7 @@ from typing import Any
 
 from troupe.config import ConfigError
 from troupe.gateway.reasoning import PARSERS, ParserName
+from troupe.gateway.tool_auto import TOOL_PARSERS, ToolParserName
 from troupe.messages.pooling import PoolingType
 
 
@@ -80,6 +81,12 @@ class GatewaySettings:
         "reasoning_content (vLLM's and SGLang's flag): deepseek_r1 (answers start thinking), "
         "qwen3 (answers think when they or the prompt open <think>)",
     )
+    tool_call_parser: ToolParserName | None = _knob(  # noqa: RUF009 (None or a str: immutable)
+        None,
+        'chat: the tool-call format tool_choice "auto" replies are parsed in, whatever the chat '
+        "template (vLLM's flag): hermes (<tool_call> tags), llama3_json (Llama 3.x's JSON "
+        'calls); unset: hermes where the template defines it, else "auto" is refused',
+    )
     ws_heartbeat: float | None = _knob(
         30.0, "seconds between websocket pings; a dead peer is noticed and its requests aborted"
     )
@@ -114,6 +121,11 @@ class GatewaySettings:
             choices = ", ".join(PARSERS)
             raise ConfigError(
                 f"reasoning_parser must be one of {choices}, got {self.reasoning_parser!r}"
+            )
+        if self.tool_call_parser is not None and self.tool_call_parser not in TOOL_PARSERS:
+            choices = ", ".join(TOOL_PARSERS)
+            raise ConfigError(
+                f"tool_call_parser must be one of {choices}, got {self.tool_call_parser!r}"
             )
         if not isinstance(self.engine_process, bool):
             raise ConfigError(f"engine_process must be a bool, got {self.engine_process!r}")

@@ -12,6 +12,10 @@ Text outside the tags is the message's content. A reply whose blocks do not all 
 JSON, an unknown tool, a tag left open because max_tokens cut it) is plain text, as vLLM's
 Hermes parser answers. Streaming sends content as it comes, holding back from the first
 `<tool_call>` (and any tail that could be its beginning), and the calls at the end.
+
+`--tool-call-parser` (vLLM's flag) picks the format whatever the template: `hermes`, or
+`llama3_json` (Llama 3.x's bare JSON calls, gateway/tool_llama3.py). Unset, Hermes is parsed
+where the template defines it, and "auto" is refused elsewhere.
 """
 
 from __future__ import annotations
@@ -20,10 +24,48 @@ import json
 import re
 import uuid
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Literal, Protocol
+
+from troupe.gateway.tool_llama3 import Llama3ToolStream, parse_llama3_calls
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _BLOCK = re.compile(re.escape(OPEN) + r"(.*?)" + re.escape(CLOSE), re.DOTALL)
+
+ToolParserName = Literal["hermes", "llama3_json"]
+TOOL_PARSERS: tuple[ToolParserName, ...] = ("hermes", "llama3_json")
+
+
+class AutoCallStream(Protocol):
+    """One streamed "auto" reply, in some format: content to send now, the calls at the end."""
+
+    text: str
+
+    def delta(self, piece: str) -> str: ...
+
+    def finish(self, stopped: bool) -> tuple[str, list[dict[str, Any]]]: ...
+
+
+def auto_tool_parser(setting: ToolParserName | None, template: str | None) -> ToolParserName | None:
+    """The format "auto" replies are parsed in (None: "auto" is refused): the server's
+    `tool_call_parser`, else Hermes where the chat template defines it."""
+    if setting is not None:
+        return setting
+    return "hermes" if template_calls_tools(template) else None
+
+
+def parse_auto_calls(
+    text: str, names: Iterable[str], parser: ToolParserName
+) -> tuple[str | None, list[dict[str, Any]]]:
+    """(content, OpenAI `tool_calls`) of a whole reply in `parser`'s format."""
+    if parser == "llama3_json":
+        return parse_llama3_calls(text, names)
+    return parse_calls(text, names)
+
+
+def auto_tool_stream(names: Iterable[str], parser: ToolParserName) -> AutoCallStream:
+    if parser == "llama3_json":
+        return Llama3ToolStream(names)
+    return AutoToolStream(names)
 
 
 def template_calls_tools(template: str | None) -> bool:

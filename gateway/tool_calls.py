@@ -5,8 +5,8 @@
 (one call when parallel_tool_calls is false). A named function: the model writes its
 arguments, constrained by its parameters schema. "none": the tools are not used. "auto" (the
 default when tools are sent): the model's own tool-call format, parsed out of free text, where
-its chat template defines the one troupe parses (gateway/tool_auto.py); elsewhere a 400 says
-what is supported.
+its chat template defines the one troupe parses or the server names one (`--tool-call-parser`,
+gateway/tool_auto.py); elsewhere a 400 says what is supported.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 import msgspec
 from troupe.gateway.errors import invalid
+from troupe.gateway.tool_auto import ToolParserName
 from troupe.messages import StructuredOutputs
 
 
@@ -59,6 +60,7 @@ class ToolPlan:
     spec: StructuredOutputs | None
     name: str | None = None
     tools: tuple[dict[str, Any], ...] = ()  # "auto": the request's tools, as sent
+    parser: ToolParserName = "hermes"  # "auto": the format the reply is parsed in
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -70,10 +72,10 @@ def tool_plan(
     choice: ToolChoice | None,
     parallel: bool | None,
     *,
-    template_tools: bool = False,
+    tool_parser: ToolParserName | None = None,
 ) -> ToolPlan | None:
     """The constraint the tool fields ask for (None: plain text), or a 400 naming the field.
-    `template_tools`: the model's chat template defines the tool-call format "auto" parses."""
+    `tool_parser`: the format "auto" replies are parsed in (None: "auto" is refused)."""
     if not tools:
         if choice not in (None, "none"):
             raise invalid("tool_choice", "tool_choice needs tools")
@@ -83,14 +85,15 @@ def tool_plan(
         raise invalid("tools", "tool function names must be distinct")
     if choice == "none":
         return None
-    if (choice is None or choice == "auto") and template_tools:
-        return ToolPlan(None, tools=tuple(_as_sent(t) for t in tools))
+    if (choice is None or choice == "auto") and tool_parser is not None:
+        return ToolPlan(None, tools=tuple(_as_sent(t) for t in tools), parser=tool_parser)
     if choice is None or choice == "auto":
         raise invalid(
             "tool_choice",
             'tool_choice "auto" needs a chat template with a tool-call format troupe parses '
-            '(Hermes/Qwen <tool_call> tags), and this model\'s has none: send "required", a '
-            'named function {"type": "function", "function": {"name": ...}}, or "none"',
+            "(Hermes/Qwen <tool_call> tags), and this model's has none (or a server started with "
+            '--tool-call-parser, e.g. llama3_json): send "required", a named function '
+            '{"type": "function", "function": {"name": ...}}, or "none"',
         )
     by_name = {t.function.name: t.function for t in tools}
     if isinstance(choice, NamedToolChoice):

@@ -1,0 +1,206 @@
+"""tool_choice "auto" with `--tool-call-parser llama3_json` over HTTP with the official `openai`
+client, on a Llama-3.1-style template (the tools as JSON in the system message; SmolLM2's
+tokenizer, a fake runner made to say exact replies): JSON calls (after `<|python_tag|>` or not,
+several joined by `;`) come back as `tool_calls`, whole and streamed alike; plain text and
+malformed JSON stay text; without the setting "auto" on this template is a 400."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+from openai import OpenAI
+from troupe.actors.core.tokenizer_files import load_tokenizer
+from troupe.config import ConfigError
+from troupe.gateway.server import add_serve_arguments
+from troupe.gateway.settings import settings_from_args
+from troupe.gateway.state import GatewaySettings
+from troupe.gpu.fake_runner import FakeRunner
+
+from tests.gateway.conftest import BASE_CONFIG, ServerThread
+from tests.gateway.scripted_runner import ScriptedRunner
+
+LLAMA_TEMPLATE = """\
+{%- if tools %}<|im_start|>system
+Environment: ipython
+Given the following functions, respond with a JSON for a function call with its proper \
+arguments that best answers the given prompt. Respond in the format {"name": function name, \
+"parameters": dictionary of argument name and its value}. Do not use variables.
+{%- for tool in tools %}
+{{ tool | tojson }}
+{%- endfor %}<|im_end|>
+{% endif %}
+{%- for m in messages %}<|im_start|>{{ m['role'] }}
+{{ m['content'] }}<|im_end|>
+{% endfor %}
+{%- if add_generation_prompt %}<|im_start|>assistant
+{% endif %}"""
+
+
+def _tool(name: str, argument: str) -> dict[str, Any]:
+    parameters = {
+        "type": "object",
+        "properties": {argument: {"type": "string"}},
+        "required": [argument],
+    }
+    return {"type": "function", "function": {"name": name, "parameters": parameters}}
+
+
+TOOLS = [_tool("get_weather", "city"), _tool("get_time", "tz")]
+MESSAGES = [{"role": "user", "content": "Weather in Paris?"}]
+WEATHER = '{"name": "get_weather", "parameters": {"city": "Paris"}}'
+TIME = '{"name": "get_time", "arguments": {"tz": "CET"}}'
+
+
+@pytest.fixture(scope="module")
+def llama_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder: Path = tmp_path_factory.mktemp("llama3-model")
+    load_tokenizer().tokenizer.save(str(folder / "tokenizer.json"))
+    config = {"eos_token": "<|im_end|>", "chat_template": LLAMA_TEMPLATE}
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def llama(llama_model: Path) -> Iterator[ServerThread]:
+    engine_config = BASE_CONFIG.replace(model=str(llama_model))
+    runner = ScriptedRunner(FakeRunner.from_config(engine_config))
+    settings = GatewaySettings(tool_call_parser="llama3_json")
+    srv = ServerThread(engine_config, settings, runner=runner).start()
+    yield srv
+    srv.shutdown()
+
+
+def _client(server: ServerThread) -> OpenAI:
+    return OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=30)
+
+
+def _say(server: ServerThread, text: str) -> None:
+    tokenizer = server.engine.tokenizer
+    ids = tokenizer.encode(text, False)
+    assert tokenizer.decode(ids) == text
+    server.runner.script = (*ids, *tokenizer.eos_token_ids[:1])  # type: ignore[union-attr]
+
+
+def _whole(server: ServerThread, text: str) -> tuple[str | None, list[tuple[str, Any]], str]:
+    """(content, [(name, arguments)], finish_reason) of the reply `text`, not streamed."""
+    _say(server, text)
+    out = _client(server).chat.completions.create(
+        model=server.engine.model_name,
+        messages=MESSAGES,  # type: ignore[arg-type]
+        tools=TOOLS,  # type: ignore[arg-type]
+        max_tokens=96,
+    )
+    choice = out.choices[0]
+    calls = [
+        (c.function.name, json.loads(c.function.arguments))  # type: ignore[union-attr]
+        for c in choice.message.tool_calls or ()
+    ]
+    for c in choice.message.tool_calls or ():
+        assert c.id.startswith("call_") and c.type == "function"
+    return choice.message.content, calls, choice.finish_reason
+
+
+def _streamed(server: ServerThread, text: str) -> tuple[str | None, list[tuple[str, Any]], str]:
+    """The same, streamed: the content and the calls put together from the deltas."""
+    _say(server, text)
+    content, finishes = "", []
+    calls: dict[int, list[Any]] = {}
+    for chunk in _client(server).chat.completions.create(
+        model=server.engine.model_name,
+        messages=MESSAGES,  # type: ignore[arg-type]
+        tools=TOOLS,  # type: ignore[arg-type]
+        max_tokens=96,
+        stream=True,
+    ):
+        for c in chunk.choices:
+            content += c.delta.content or ""
+            for call in c.delta.tool_calls or ():
+                assert call.function is not None
+                entry = calls.setdefault(call.index, [None, ""])
+                entry[0] = entry[0] or call.function.name
+                entry[1] += call.function.arguments or ""
+            if c.finish_reason:
+                finishes.append(c.finish_reason)
+    assert len(finishes) == 1, finishes
+    found = [(name, json.loads(args)) for name, args in (calls[i] for i in sorted(calls))]
+    return content or None, found, finishes[0]
+
+
+def _both(server: ServerThread, text: str) -> tuple[str | None, list[tuple[str, Any]], str]:
+    whole = _whole(server, text)
+    assert _streamed(server, text) == whole
+    return whole
+
+
+def test_the_tools_reach_the_prompt(llama: ServerThread) -> None:
+    _say(llama, "Sunny.")
+    out = _client(llama).chat.completions.create(
+        model=llama.engine.model_name,
+        messages=MESSAGES,  # type: ignore[arg-type]
+        tools=TOOLS,  # type: ignore[arg-type]
+        max_tokens=8,
+    )
+    rendered = llama.engine.tokenizer.render_chat(MESSAGES, tools=TOOLS)
+    assert "Environment: ipython" in rendered and '"name": "get_time"' in rendered
+    assert out.usage is not None
+    assert out.usage.prompt_tokens == len(llama.engine.tokenizer.encode(rendered, False))
+
+
+def test_one_call(llama: ServerThread) -> None:
+    assert _both(llama, WEATHER) == (None, [("get_weather", {"city": "Paris"})], "tool_calls")
+
+
+def test_two_calls_joined_by_a_semicolon(llama: ServerThread) -> None:
+    want = [("get_weather", {"city": "Paris"}), ("get_time", {"tz": "CET"})]
+    assert _both(llama, f"{WEATHER}; {TIME}") == (None, want, "tool_calls")
+
+
+def test_the_python_tag_opens_a_call(llama: ServerThread) -> None:
+    want = (None, [("get_time", {"tz": "CET"})], "tool_calls")
+    assert _both(llama, "<|python_tag|>" + TIME) == want
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "It is sunny in Paris.",
+        WEATHER[:-1],  # malformed: the object is never closed
+        '{"name": "get_weather", "city": "Paris"}',  # neither arguments nor parameters
+        '{"name": "get_news", "parameters": {}}',  # no such tool
+        f"Let me check: {WEATHER}",  # text first: not a call (as vLLM streams it)
+        f"{WEATHER} and more",
+    ],
+)
+def test_other_replies_stay_text(llama: ServerThread, text: str) -> None:
+    assert _both(llama, text) == (text, [], "stop")
+
+
+def test_without_the_setting_auto_is_a_400(make_server: Any, llama_model: Path) -> None:
+    srv = make_server(BASE_CONFIG.replace(model=str(llama_model)))
+    with pytest.raises(openai.BadRequestError) as info:
+        _client(srv).chat.completions.create(
+            model=srv.engine.model_name,
+            messages=MESSAGES,  # type: ignore[arg-type]
+            tools=TOOLS,  # type: ignore[arg-type]
+            max_tokens=4,
+        )
+    assert info.value.body["param"] == "tool_choice", info.value.body  # type: ignore[index]
+    assert "--tool-call-parser" in info.value.body["message"]  # type: ignore[index]
+
+
+def test_the_flag() -> None:
+    parser = argparse.ArgumentParser()
+    add_serve_arguments(parser)
+    assert settings_from_args(parser.parse_args([])).tool_call_parser is None
+    args = parser.parse_args(["--tool-call-parser", "llama3_json"])
+    assert settings_from_args(args).tool_call_parser == "llama3_json"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--tool-call-parser", "mistral"])
+    with pytest.raises(ConfigError, match="tool_call_parser"):
+        GatewaySettings(tool_call_parser="mistral")  # type: ignore[arg-type]
