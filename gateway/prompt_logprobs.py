@@ -4,8 +4,9 @@ completions' echo (the prompt leading each choice's text and, with logprobs, its
     prompt_logprobs   [null, {"<token id>": {"logprob", "rank", "decoded_token"}, ...}, ...]
                       one entry per prompt token, the first null (nothing comes before it);
                       each holds the prompt's token, then the top-k alternatives (rank 1..k).
-                      The prompt token's rank is its place among them; null when it is not
-                      among them (the engine does not compute a rank outside the top k).
+                      The prompt token's rank is the engine's (its place among all tokens,
+                      ties counted, as vLLM's); where an engine gives none (the fake runner),
+                      its place among the top k, or null outside them.
                       Completions: on each choice; chat: on the response. Not streamed.
     echo + logprobs   the prompt's tokens lead choices[i].logprobs (gateway/completion_logprobs)
                       and, streamed, a choice's first chunk carries the prompt's text and rows.
@@ -40,7 +41,7 @@ def prompt_logprobs_json(
     out: list[dict[int, dict[str, Any]] | None] = [None]
     for entry in entries:
         ranked = {token_id: i + 1 for i, (token_id, _) in enumerate(entry.top)}
-        rank = ranked.get(entry.token_id)  # None: outside the top k (not computed)
+        rank = entry.rank if entry.rank is not None else ranked.get(entry.token_id)
         position = {entry.token_id: _logprob(entry.logprob, rank, entry.token_id, text)}
         for token_id, logprob in entry.top:
             position[token_id] = _logprob(logprob, ranked[token_id], token_id, text)

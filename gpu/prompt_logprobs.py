@@ -74,12 +74,15 @@ def score_prompt_rows(
     targets = torch.from_numpy(scored.targets).to(hidden.device)
     top_n = max(c.top_n for c in scored.chunks)
     chosen: list[float] = []
+    ranks: list[int] = []
     top_ids: list[list[int]] = []
     top_values: list[list[float]] = []
     for lo in range(0, len(targets), slice_rows):
         hi = min(lo + slice_rows, len(targets))
         logprobs = compute_logits(hidden[lo:hi]).float().log_softmax(dim=-1)
-        chosen += logprobs.gather(1, targets[lo:hi, None])[:, 0].tolist()
+        picked = logprobs.gather(1, targets[lo:hi, None])
+        chosen += picked[:, 0].tolist()
+        ranks += (logprobs >= picked).sum(dim=-1).tolist()  # vLLM's rank: ties count
         if top_n:
             values, ids = logprobs.topk(top_n, dim=-1)
             top_values += values.tolist()
@@ -94,6 +97,7 @@ def score_prompt_rows(
                 target_ids[r],
                 chosen[r],
                 tuple(zip(top_ids[r][:k], top_values[r][:k], strict=True)) if k else (),
+                ranks[r],
             )
             for r in range(row, row + chunk.num_rows)
         )

@@ -45,11 +45,14 @@ class ChatPrompt(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
 
 
 class TokenLogprob(msgspec.Struct, frozen=True, array_like=True):
-    """The sampled token's logprob and the top-n alternatives (token id, logprob)."""
+    """The sampled token's logprob and the top-n alternatives (token id, logprob); `rank`:
+    its place among all tokens by logprob (1 = the likeliest), where computed (prompt
+    logprobs: vLLM's `rank`)."""
 
     token_id: int
     logprob: float
     top: tuple[tuple[int, float], ...] = ()
+    rank: int | None = None
 
 
 class Usage(msgspec.Struct, frozen=True, kw_only=True):

@@ -27,12 +27,13 @@ def tiny(hf_folder: Any, tmp_path: Path) -> tuple[Path, Any]:
     return tiny_folder(hf_folder, tmp_path)
 
 
-def _expected(hf_model: Any, prompt: list[int], top_n: int) -> list[tuple[float, list[int]]]:
+def _expected(hf_model: Any, prompt: list[int], top_n: int) -> list[tuple[float, list[int], int]]:
     with torch.no_grad():
         logprobs = hf_model(torch.tensor([prompt])).logits[0, :-1].log_softmax(-1)
-    chosen = logprobs.gather(1, torch.tensor(prompt[1:])[:, None])[:, 0]
+    chosen = logprobs.gather(1, torch.tensor(prompt[1:])[:, None])
     top = logprobs.topk(top_n, dim=-1).indices if top_n else logprobs[:, :0].long()
-    return [(chosen[i].item(), top[i].tolist()) for i in range(len(prompt) - 1)]
+    ranks = (logprobs >= chosen).sum(dim=-1)  # not near a tie in these random prompts
+    return [(chosen[i, 0].item(), top[i].tolist(), int(ranks[i])) for i in range(len(prompt) - 1)]
 
 
 def _check(
@@ -42,9 +43,10 @@ def _check(
     expected = _expected(hf_model, prompt, k)
     assert [e.token_id for e in got] == prompt[1:]
     assert len(got) == len(expected)
-    for entry, (logprob, top) in zip(got, expected, strict=True):
+    for entry, (logprob, top, rank) in zip(got, expected, strict=True):
         assert entry.logprob == pytest.approx(logprob, abs=tol)
         assert [t for t, _ in entry.top] == top
+        assert entry.rank == rank
 
 
 def _first(events: list[StreamEvent]) -> Delta | Finished:
