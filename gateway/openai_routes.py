@@ -124,9 +124,11 @@ async def _handle(request: web.Request, kind: Kind) -> web.StreamResponse:
     # max_model_len); completions keep OpenAI's default of 16.
     default_max_tokens = engine.max_model_len if kind == "chat" else 16
     raw = await read_json_body(request, gateway.settings)
-    tool_parser = auto_tool_parser(
-        gateway.settings.tool_call_parser, engine.tokenizer.chat_template
-    )
+    tool_parser = None  # only chat reads tools (the template is the chat's)
+    if kind == "chat":
+        tool_parser = auto_tool_parser(
+            gateway.settings.tool_call_parser, engine.tokenizer.chat_template
+        )
     req = parse_request(kind, raw, default_max_tokens=default_max_tokens, tool_parser=tool_parser)
     if (error := api_error_for_model(req.model, engine.model_name)) is not None:
         raise error

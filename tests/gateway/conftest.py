@@ -158,9 +158,10 @@ def server() -> Iterator[ServerThread]:
     srv.shutdown()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def smol() -> Iterator[ServerThread]:
-    """A server on the real default model (SmolLM2 on the CPU), shared by the model tests."""
+    """A server on the real default model (SmolLM2 on the CPU), for one module's tests: not
+    longer (its gateway freezes this process's heap, which other tests count)."""
     config = EngineConfig(device="cpu", max_model_len=256, num_kv_blocks=32, max_num_seqs=4)
     srv = ServerThread(config, GatewaySettings()).start()
     yield srv
