@@ -43,11 +43,6 @@ def param_row(params: SamplingParams) -> np.ndarray:
     )
 
 
-def needs_history(params: SamplingParams) -> bool:
-    """Whether sampling reads the request's token history (a penalty, a multi-token bad word)."""
-    return params.needs_history
-
-
 @dataclasses.dataclass(kw_only=True, eq=False)
 class RequestState:
     """What the executor remembers of a request between steps."""
@@ -78,7 +73,7 @@ class RequestState:
         self.params = params
         self.param_row = param_row(params)
         self.edits = request_edits(params, self.eos_token_ids)
-        if self.tokens is None and needs_history(params):
+        if self.tokens is None and params.needs_history:
             self.tokens = np.zeros(max_model_len, dtype=np.int64)
 
 

@@ -67,6 +67,8 @@ class ScoredForward:
 
     def forget(self, request_ids: Iterable[str]) -> None:
         """Drop the sums of requests released before their prompts were whole."""
+        if not self._sums:  # every step calls this: nothing under way is the common case
+            return
         for request_id in request_ids:
             self._sums.pop(request_id, None)
 

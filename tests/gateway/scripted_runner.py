@@ -11,6 +11,10 @@ KV cache stays consistent.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Any
+
 import msgspec
 from troupe.gpu.faulty_runner import FaultyRunner
 from troupe.gpu.runner import Runner
@@ -62,3 +66,22 @@ class HeldRunner(FaultyRunner):
         super().hold_after(num_steps)
         with self._cond:
             self._cond.notify_all()
+
+
+def template_model(folder: Path, chat_template: str) -> Path:
+    """A model folder of SmolLM2's tokenizer with `chat_template` (the fake runner needs no
+    weights): for tests of what a template's format makes the gateway do."""
+    from troupe.actors.core.tokenizer_files import load_tokenizer
+
+    load_tokenizer().tokenizer.save(str(folder / "tokenizer.json"))
+    config = {"eos_token": "<|im_end|>", "chat_template": chat_template}
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    return folder
+
+
+def say(server: Any, text: str) -> None:
+    """Make `server`'s ScriptedRunner answer exactly `text`, then EOS."""
+    tokenizer = server.engine.tokenizer
+    ids = tokenizer.encode(text, False)
+    assert tokenizer.decode(ids) == text
+    server.runner.script = (*ids, *tokenizer.eos_token_ids[:1])

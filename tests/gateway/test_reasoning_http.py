@@ -16,12 +16,11 @@ from typing import Any
 import openai
 import pytest
 from openai import OpenAI
-from troupe.actors.core.tokenizer_files import load_tokenizer
 from troupe.gateway.state import GatewaySettings
 from troupe.gpu.fake_runner import FakeRunner
 
 from tests.gateway.conftest import BASE_CONFIG, ServerThread
-from tests.gateway.scripted_runner import ScriptedRunner
+from tests.gateway.scripted_runner import ScriptedRunner, say, template_model
 from tests.gateway.test_tool_auto_http import TOOLS
 
 TEMPLATE = """\
@@ -55,11 +54,7 @@ def _server(folder: Path, parser: str | None) -> ServerThread:
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder: Path = tmp_path_factory.mktemp("thinking-model")
-    load_tokenizer().tokenizer.save(str(folder / "tokenizer.json"))
-    config = {"eos_token": "<|im_end|>", "chat_template": TEMPLATE}
-    (folder / "tokenizer_config.json").write_text(json.dumps(config))
-    return folder
+    return template_model(tmp_path_factory.mktemp("thinking-model"), TEMPLATE)
 
 
 @pytest.fixture(scope="module")
@@ -68,13 +63,6 @@ def servers(model: Path) -> Iterator[dict[str | None, ServerThread]]:
     yield started
     for server in started.values():
         server.shutdown()
-
-
-def _say(server: ServerThread, text: str) -> None:
-    tokenizer = server.engine.tokenizer
-    ids = tokenizer.encode(text, False)
-    assert tokenizer.decode(ids) == text
-    server.runner.script = (*ids, *tokenizer.eos_token_ids[:1])  # type: ignore[union-attr]
 
 
 def _ask(server: ServerThread, **extra: Any) -> tuple[Any, tuple[str | None, str | None]]:
@@ -125,7 +113,7 @@ def _parts(message: Any) -> tuple[str | None, str | None]:
 )
 def test_thinking_goes_to_reasoning_content(servers, parser, reply, kwargs, expected) -> None:  # type: ignore[no-untyped-def]
     server = servers[parser]
-    _say(server, reply)
+    say(server, reply)
     extra = {"extra_body": {"chat_template_kwargs": kwargs}} if kwargs else {}
     message, streamed = _ask(server, **extra)
     assert _parts(message) == expected
@@ -135,7 +123,7 @@ def test_thinking_goes_to_reasoning_content(servers, parser, reply, kwargs, expe
 def test_tool_calls_come_from_the_content(servers) -> None:  # type: ignore[no-untyped-def]
     server = servers["qwen3"]
     call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
-    _say(server, "<think>A tool would know.</think>\n" + call)
+    say(server, "<think>A tool would know.</think>\n" + call)
     client = OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=30)
     out = client.chat.completions.create(
         model=server.engine.model_name,
@@ -152,7 +140,7 @@ def test_tool_calls_come_from_the_content(servers) -> None:  # type: ignore[no-u
 
 def test_no_parser_no_field(servers) -> None:  # type: ignore[no-untyped-def]
     server = servers[None]
-    _say(server, "<think>Hidden?</think>Shown.")
+    say(server, "<think>Hidden?</think>Shown.")
     message, streamed = _ask(server)
     assert "reasoning_content" not in (message.model_extra or {})
     assert message.content == "<think>Hidden?</think>Shown."
@@ -177,7 +165,7 @@ def test_structured_output_starts_after_the_thinking(
     servers, parser, reply, kwargs, expected
 ) -> None:  # type: ignore[no-untyped-def]
     server = servers[parser]
-    _say(server, reply)
+    say(server, reply)
     extra: dict[str, Any] = {"chat_template_kwargs": kwargs} if kwargs else {}
     message, streamed = _ask(server, response_format=JSON_FORMAT, extra_body=extra)
     assert _parts(message) == expected
@@ -198,7 +186,7 @@ def test_structured_output_refuses_what_the_parser_would_not_read(  # type: igno
     servers, parser, reply, kwargs
 ) -> None:
     server = servers[parser]
-    _say(server, reply)
+    say(server, reply)
     client = OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=30)
     extra = {"chat_template_kwargs": kwargs} if kwargs else {}
     with pytest.raises(openai.APIStatusError, match="structured output failed"):
@@ -213,7 +201,7 @@ def test_structured_output_refuses_what_the_parser_would_not_read(  # type: igno
 
 def test_a_named_tool_call_follows_the_thinking(servers) -> None:  # type: ignore[no-untyped-def]
     server = servers["deepseek_r1"]
-    _say(server, 'A tool would know.</think>{"city": "Paris"}')
+    say(server, 'A tool would know.</think>{"city": "Paris"}')
     client = OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=30)
     out = client.chat.completions.create(
         model=server.engine.model_name,

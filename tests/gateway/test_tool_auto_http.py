@@ -8,17 +8,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from pathlib import Path
 
 import openai
 import pytest
 from openai import OpenAI
-from troupe.actors.core.tokenizer_files import load_tokenizer
 from troupe.gateway.state import GatewaySettings
 from troupe.gpu.fake_runner import FakeRunner
 
 from tests.gateway.conftest import BASE_CONFIG, ServerThread
-from tests.gateway.scripted_runner import ScriptedRunner
+from tests.gateway.scripted_runner import ScriptedRunner, say, template_model
 
 HERMES_TEMPLATE = """\
 {%- if tools %}<|im_start|>system
@@ -56,11 +54,7 @@ CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</
 
 @pytest.fixture(scope="module")
 def hermes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
-    folder: Path = tmp_path_factory.mktemp("hermes-model")
-    tok = load_tokenizer()
-    tok.tokenizer.save(str(folder / "tokenizer.json"))
-    config = {"eos_token": "<|im_end|>", "chat_template": HERMES_TEMPLATE}
-    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    folder = template_model(tmp_path_factory.mktemp("hermes-model"), HERMES_TEMPLATE)
     engine_config = BASE_CONFIG.replace(model=str(folder))
     runner = ScriptedRunner(FakeRunner.from_config(engine_config))
     srv = ServerThread(engine_config, GatewaySettings(), runner=runner).start()
@@ -72,15 +66,8 @@ def _client(server: ServerThread) -> OpenAI:
     return OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=30)
 
 
-def _say(server: ServerThread, text: str) -> None:
-    tokenizer = server.engine.tokenizer
-    ids = tokenizer.encode(text, False)
-    assert tokenizer.decode(ids) == text
-    server.runner.script = (*ids, *tokenizer.eos_token_ids[:1])  # type: ignore[union-attr]
-
-
 def test_the_tools_reach_the_prompt(hermes: ServerThread) -> None:
-    _say(hermes, "Sunny.")
+    say(hermes, "Sunny.")
     client = _client(hermes)
     name = hermes.engine.model_name
     with_tools = client.chat.completions.create(
@@ -102,7 +89,7 @@ def test_the_tools_reach_the_prompt(hermes: ServerThread) -> None:
 
 
 def test_a_tool_call_comes_back_whole_and_streamed(hermes: ServerThread) -> None:
-    _say(hermes, "Let me check.\n" + CALL)
+    say(hermes, "Let me check.\n" + CALL)
     client = _client(hermes)
     name = hermes.engine.model_name
     out = client.chat.completions.create(
@@ -141,7 +128,7 @@ def test_a_tool_call_comes_back_whole_and_streamed(hermes: ServerThread) -> None
 
 
 def test_a_call_cut_short_is_text(hermes: ServerThread) -> None:
-    _say(hermes, CALL)
+    say(hermes, CALL)
     out = _client(hermes).chat.completions.create(
         model=hermes.engine.model_name,
         messages=MESSAGES,

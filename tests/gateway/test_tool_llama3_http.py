@@ -15,7 +15,6 @@ from typing import Any
 import openai
 import pytest
 from openai import OpenAI
-from troupe.actors.core.tokenizer_files import load_tokenizer
 from troupe.config import ConfigError
 from troupe.gateway.server import add_serve_arguments
 from troupe.gateway.settings import settings_from_args
@@ -23,7 +22,7 @@ from troupe.gateway.state import GatewaySettings
 from troupe.gpu.fake_runner import FakeRunner
 
 from tests.gateway.conftest import BASE_CONFIG, ServerThread
-from tests.gateway.scripted_runner import ScriptedRunner
+from tests.gateway.scripted_runner import ScriptedRunner, say, template_model
 
 LLAMA_TEMPLATE = """\
 {%- if tools %}<|im_start|>system
@@ -59,11 +58,7 @@ TIME = '{"name": "get_time", "arguments": {"tz": "CET"}}'
 
 @pytest.fixture(scope="module")
 def llama_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder: Path = tmp_path_factory.mktemp("llama3-model")
-    load_tokenizer().tokenizer.save(str(folder / "tokenizer.json"))
-    config = {"eos_token": "<|im_end|>", "chat_template": LLAMA_TEMPLATE}
-    (folder / "tokenizer_config.json").write_text(json.dumps(config))
-    return folder
+    return template_model(tmp_path_factory.mktemp("llama3-model"), LLAMA_TEMPLATE)
 
 
 @pytest.fixture(scope="module")
@@ -80,16 +75,9 @@ def _client(server: ServerThread) -> OpenAI:
     return OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=30)
 
 
-def _say(server: ServerThread, text: str) -> None:
-    tokenizer = server.engine.tokenizer
-    ids = tokenizer.encode(text, False)
-    assert tokenizer.decode(ids) == text
-    server.runner.script = (*ids, *tokenizer.eos_token_ids[:1])  # type: ignore[union-attr]
-
-
 def _whole(server: ServerThread, text: str) -> tuple[str | None, list[tuple[str, Any]], str]:
     """(content, [(name, arguments)], finish_reason) of the reply `text`, not streamed."""
-    _say(server, text)
+    say(server, text)
     out = _client(server).chat.completions.create(
         model=server.engine.model_name,
         messages=MESSAGES,  # type: ignore[arg-type]
@@ -108,7 +96,7 @@ def _whole(server: ServerThread, text: str) -> tuple[str | None, list[tuple[str,
 
 def _streamed(server: ServerThread, text: str) -> tuple[str | None, list[tuple[str, Any]], str]:
     """The same, streamed: the content and the calls put together from the deltas."""
-    _say(server, text)
+    say(server, text)
     content, finishes = "", []
     calls: dict[int, list[Any]] = {}
     for chunk in _client(server).chat.completions.create(
@@ -139,7 +127,7 @@ def _both(server: ServerThread, text: str) -> tuple[str | None, list[tuple[str, 
 
 
 def test_the_tools_reach_the_prompt(llama: ServerThread) -> None:
-    _say(llama, "Sunny.")
+    say(llama, "Sunny.")
     out = _client(llama).chat.completions.create(
         model=llama.engine.model_name,
         messages=MESSAGES,  # type: ignore[arg-type]

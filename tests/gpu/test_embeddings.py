@@ -16,7 +16,7 @@ from graph_helpers import collect, terminal, wait_blocks_free
 from troupe import Engine, EngineConfig
 from troupe.messages import Delta, Finished, Pooling, SamplingParams, StreamEvent
 
-from tests.gpu.tiny_qwen3 import overlapping_runner, recompute_config, tiny_folder
+from tests.gpu.tiny_qwen3 import cuda_config, overlapping_runner, recompute_config, tiny_folder
 
 PROMPTS = [[(13 * i + 5 * j + j * j) % 256 for j in range(7 + 8 * i)] for i in range(4)]
 POOLINGS = [
@@ -127,16 +127,7 @@ def test_mean_pooling_survives_recompute_preemption(tiny: tuple[Path, Any]) -> N
 @pytest.mark.gpu
 def test_embeddings_on_cuda_with_graphs_and_overlap(tiny: tuple[Path, Any]) -> None:
     folder, hf_model = tiny
-    config = EngineConfig(
-        device="cuda",
-        dtype="float32",
-        model=str(folder),
-        block_size=4,
-        num_kv_blocks=96,
-        max_model_len=128,
-        max_num_seqs=8,
-        max_num_batched_tokens=12,
-    )
+    config = cuda_config(folder)
     results: dict[int, list[StreamEvent]] = {}
 
     async def main() -> None:

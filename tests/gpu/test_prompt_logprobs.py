@@ -17,7 +17,7 @@ from troupe import Engine, EngineConfig
 from troupe.gpu.model_runner import ModelRunner
 from troupe.messages import Delta, Finished, Rejected, SamplingParams, StreamEvent, TokenLogprob
 
-from tests.gpu.tiny_qwen3 import overlapping_runner, recompute_config, tiny_folder
+from tests.gpu.tiny_qwen3 import cuda_config, overlapping_runner, recompute_config, tiny_folder
 
 PROMPTS = [[(11 * i + 7 * j + j * j) % 256 for j in range(9 + 6 * i)] for i in range(4)]
 
@@ -119,16 +119,7 @@ def test_prompt_logprobs_equal_transformers(tiny: tuple[Path, Any]) -> None:
 @pytest.mark.gpu
 def test_prompt_logprobs_on_cuda_with_graphs_and_overlap(tiny: tuple[Path, Any]) -> None:
     folder, hf_model = tiny
-    config = EngineConfig(
-        device="cuda",
-        dtype="float32",
-        model=str(folder),
-        block_size=4,
-        num_kv_blocks=96,
-        max_model_len=128,
-        max_num_seqs=8,
-        max_num_batched_tokens=12,
-    )
+    config = cuda_config(folder)
     _check_workload(_workload(config, None), hf_model, 2e-3)
 
 

@@ -52,3 +52,17 @@ def recompute_config(folder: Path) -> EngineConfig:
         max_model_len=64,
         preemption_mode="recompute",
     )
+
+
+def cuda_config(folder: Path) -> EngineConfig:
+    """The same model on CUDA in fp32 (graphs and overlap on), prompts in 12-token chunks."""
+    return EngineConfig(
+        device="cuda",
+        dtype="float32",
+        model=str(folder),
+        block_size=4,
+        num_kv_blocks=96,
+        max_model_len=128,
+        max_num_seqs=8,
+        max_num_batched_tokens=12,
+    )
