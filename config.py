@@ -10,6 +10,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal, get_args, get_origin
 
+from troupe.config_checks import (
+    ConfigError,
+    check_disaggregation,
+    check_lora,
+)
 from troupe.kernels.ops import KernelBackend
 from troupe.policies.preemption import PREEMPTION_POLICIES
 from troupe.policies.queue import QUEUE_POLICIES
@@ -32,10 +37,6 @@ Disaggregation = Literal["none", "prefill_decode"]  # actors/core/phase_router.p
 
 
 MAX_SPECULATIVE_TOKENS = 16
-
-
-class ConfigError(ValueError):
-    """A config field is invalid; the message names it."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -181,10 +182,17 @@ class EngineConfig:
     # continuations on another, each with its own worker process, model and KV pool; KV blocks
     # move between them through torch.distributed (gloo on the CPU, NCCL on CUDA). On CUDA the
     # two sides run on these device indices. What it does not combine with is refused here
-    # (check_disaggregation below; docs/architecture.md).
+    # (config_checks.check_disaggregation; docs/architecture.md).
     disaggregation: Disaggregation = "none"
     prefill_device_index: int = 0
     decode_device_index: int = 1
+    # LoRA adapters (vLLM's --lora-modules): "name=path" entries, each a PEFT adapter folder
+    # (adapter_config.json + adapter_model.safetensors); a request names one in
+    # SamplingParams.lora (over HTTP: its `model`). Up to max_loras adapters run in one step,
+    # each of rank <= max_lora_rank (gpu/lora_linear.py). Empty: no LoRA.
+    lora_modules: tuple[str, ...] = ()
+    max_loras: int = 4
+    max_lora_rank: int = 16
     log_format: Literal["console", "json"] = "console"
     log_level: str = "info"
 
@@ -262,6 +270,9 @@ class EngineConfig:
         self._check_speculative()
         if self.disaggregation != "none":
             check_disaggregation(self)
+        if isinstance(self.lora_modules, list):  # from JSON (a trace's config, ops/replay.py)
+            object.__setattr__(self, "lora_modules", tuple(self.lora_modules))
+        check_lora(self)
         if not isinstance(self.enable_overlap_schedule, bool):
             raise ConfigError(
                 f"enable_overlap_schedule must be a bool, got {self.enable_overlap_schedule!r}"
@@ -323,35 +334,13 @@ class EngineConfig:
             return self.max_num_batched_tokens
         return 8192 if large_gpu else 4096
 
+    @property
+    def lora_adapters(self) -> dict[str, str]:
+        """The LoRA adapters by name: their folders (lora_modules, checked)."""
+        return dict(entry.split("=", 1) for entry in self.lora_modules)  # type: ignore[misc]
+
     def replace(self, **changes: object) -> EngineConfig:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
-
-
-# What prefill/decode disaggregation does not combine with: (field, the value it needs)
-_DISAGGREGATION_NEEDS: tuple[tuple[str, object], ...] = (
-    ("runner", "model"), ("tensor_parallel_size", 1), ("speculative_method", None),
-    ("streaming_window", 0), ("kv_cache_dtype", "auto"), ("prefix_cache_cpu_tier", False),
-    ("trace_path", None),
-)  # fmt: skip
-
-
-def check_disaggregation(config: EngineConfig) -> None:
-    """ConfigError naming the first field prefill/decode disaggregation cannot serve."""
-    for name, needed in _DISAGGREGATION_NEEDS:
-        if getattr(config, name) != needed:
-            raise ConfigError(
-                f"{name} must be {needed!r} with disaggregation {config.disaggregation!r} "
-                f"(not supported together), got {getattr(config, name)!r}"
-            )
-    if config.preemption_mode == "swap":  # each side's pool would need its own CPU pool
-        raise ConfigError(
-            f"preemption_mode must be 'auto' or 'recompute' with disaggregation "
-            f"{config.disaggregation!r} (preempted requests are recomputed), got 'swap'"
-        )
-    for name in ("prefill_device_index", "decode_device_index"):
-        value = getattr(config, name)
-        if not isinstance(value, int) or value < 0:
-            raise ConfigError(f"{name} must be an integer >= 0, got {value!r}")
 
 
 def _positive(config: EngineConfig, *names: str) -> None:

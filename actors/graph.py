@@ -139,6 +139,7 @@ def build_admission(g: GraphInputs) -> AdmissionCore:
             if g.is_disaggregated
             else None
         ),
+        lora_names=frozenset(g.config.lora_adapters),
     )
 
 

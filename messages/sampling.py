@@ -72,6 +72,18 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     # vLLM's: keep only the last k prompt tokens (-1: max_model_len); applied where the prompt
     # is tokenized, so usage counts the tokens that ran
     truncate_prompt_tokens: int | None = None
+    # The LoRA adapter to run with: a name from EngineConfig.lora_modules (None: the base model)
+    lora: str | None = None
+    # vLLM's: prefix-cache hits only among requests of the same salt (and adapter)
+    cache_salt: str | None = None
+
+    @property
+    def cache_namespace(self) -> str:
+        """Whose prefix-cache entries this request may share: those of its adapter and salt
+        (KV computed through an adapter is not the base model's)."""
+        if self.lora is None and self.cache_salt is None:
+            return ""
+        return f"{self.lora or ''}\x1f{self.cache_salt or ''}"
 
     @property
     def is_streaming(self) -> bool:
@@ -228,8 +240,12 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
             )
 
     def _check_extras(self, vocab_size: int | None) -> None:
-        """logit_bias, min_tokens, the bans and the streaming window."""
+        """logit_bias, min_tokens, the bans, the streaming window, the adapter and salt."""
         self._check_bans(vocab_size)
+        for name, limit in (("lora", 128), ("cache_salt", MAX_CACHE_SALT_CHARS)):
+            value = getattr(self, name)
+            if value is not None and not 1 <= len(value) <= limit:
+                raise ParamError(name, f"{name} must be 1 to {limit} characters, got {len(value)}")
         for name in ("streaming_window", "sink_tokens"):
             value = getattr(self, name)
             if value is not None:
@@ -274,6 +290,7 @@ MAX_ALLOWED_TOKEN_IDS = 1024  # per request, as logit_bias: bounds the per-step 
 # vLLM's limits (v1 worker's bad-words state): words per request, and their tokens in all
 MAX_BAD_WORDS = 128
 MAX_BAD_WORDS_TOKENS = 1024
+MAX_CACHE_SALT_CHARS = 256
 # Floats go to the device as float32: a nonzero magnitude below FLOAT_FLOOR would flush to 0
 # there (top_p 1e-300 would become 0, which means something else), and dividing logits by it
 # would overflow; one above FLOAT_CEIL would become inf. Both are rejected, not clamped.

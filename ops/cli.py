@@ -28,6 +28,8 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
         default = f.default
         if hint is bool:
             group.add_argument(flag, action=argparse.BooleanOptionalAction, default=default)
+        elif typing.get_origin(hint) is tuple:  # repeated values: `--lora-modules a=/x b=/y`
+            group.add_argument(flag, nargs="*", type=str, default=default, metavar="VALUE")
         elif f.name in choices:
             allowed = [name for name in choices[f.name] if name is not None]
             group.add_argument(flag, choices=allowed, default=default)
@@ -37,6 +39,7 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
 
 def config_from_args(ns: argparse.Namespace) -> EngineConfig:
     values = {f.name: getattr(ns, f.name) for f in dataclasses.fields(EngineConfig)}
+    values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
     return EngineConfig(**values)
 
 

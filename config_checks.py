@@ -1,0 +1,78 @@
+"""EngineConfig's checks of features that combine with only some others: ConfigError, and the
+rules of prefill/decode disaggregation and of LoRA adapters (config.py calls them)."""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from troupe.config import EngineConfig
+
+
+class ConfigError(ValueError):
+    """A config field is invalid; the message names it."""
+
+
+# What prefill/decode disaggregation does not combine with: (field, the value it needs)
+_DISAGGREGATION_NEEDS: tuple[tuple[str, object], ...] = (
+    ("runner", "model"), ("tensor_parallel_size", 1), ("speculative_method", None),
+    ("streaming_window", 0), ("kv_cache_dtype", "auto"), ("prefix_cache_cpu_tier", False),
+    ("trace_path", None), ("lora_modules", ()),
+)  # fmt: skip
+
+
+def check_disaggregation(config: EngineConfig) -> None:
+    """ConfigError naming the first field prefill/decode disaggregation cannot serve."""
+    for name, needed in _DISAGGREGATION_NEEDS:
+        if getattr(config, name) != needed:
+            raise ConfigError(
+                f"{name} must be {needed!r} with disaggregation {config.disaggregation!r} "
+                f"(not supported together), got {getattr(config, name)!r}"
+            )
+    if config.preemption_mode == "swap":  # each side's pool would need its own CPU pool
+        raise ConfigError(
+            f"preemption_mode must be 'auto' or 'recompute' with disaggregation "
+            f"{config.disaggregation!r} (preempted requests are recomputed), got 'swap'"
+        )
+    for name in ("prefill_device_index", "decode_device_index"):
+        value = getattr(config, name)
+        if not isinstance(value, int) or value < 0:
+            raise ConfigError(f"{name} must be an integer >= 0, got {value!r}")
+
+
+# An adapter's name: what a request sends as SamplingParams.lora or as its HTTP `model`
+_LORA_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}")
+MAX_LORA_RANK = 512
+
+
+def check_lora(config: EngineConfig) -> None:
+    """ConfigError naming the field when lora_modules, max_loras or max_lora_rank is invalid, or
+    LoRA meets a feature it does not combine with."""
+    if not isinstance(config.lora_modules, tuple):
+        raise ConfigError(
+            f"lora_modules must be a tuple of 'name=path' strings, got {config.lora_modules!r}"
+        )
+    names: set[str] = set()
+    for entry in config.lora_modules:
+        name, sep, path = entry.partition("=") if isinstance(entry, str) else ("", "", "")
+        if not sep or not path:
+            raise ConfigError(f"lora_modules entries are 'name=path', got {entry!r}")
+        if not _LORA_NAME.fullmatch(name):
+            raise ConfigError(
+                f"lora_modules: adapter name {name!r} must be 1-128 characters of letters, "
+                "digits and . _ : / - (starting with a letter or digit)"
+            )
+        if name in names:
+            raise ConfigError(f"lora_modules: adapter name {name!r} is given twice")
+        names.add(name)
+    if not isinstance(config.max_loras, int) or config.max_loras < 1:
+        raise ConfigError(f"max_loras must be an integer >= 1, got {config.max_loras!r}")
+    rank = config.max_lora_rank
+    if not isinstance(rank, int) or not 1 <= rank <= MAX_LORA_RANK:
+        raise ConfigError(f"max_lora_rank must be an integer in [1, {MAX_LORA_RANK}], got {rank!r}")
+    if config.lora_modules and config.tensor_parallel_size != 1:
+        raise ConfigError(
+            f"tensor_parallel_size must be 1 with lora_modules (LoRA adapters are not sharded), "
+            f"got {config.tensor_parallel_size}"
+        )
