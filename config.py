@@ -10,11 +10,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal, get_args, get_origin
 
-from troupe.config_checks import (
-    ConfigError,
-    check_disaggregation,
-    check_lora,
-)
+from troupe.config_checks import ConfigError as ConfigError  # its home; imported from here
+from troupe.config_checks import check_disaggregation, check_lora
 from troupe.kernels.ops import KernelBackend
 from troupe.policies.preemption import PREEMPTION_POLICIES
 from troupe.policies.queue import QUEUE_POLICIES
@@ -337,7 +334,7 @@ class EngineConfig:
     @property
     def lora_adapters(self) -> dict[str, str]:
         """The LoRA adapters by name: their folders (lora_modules, checked)."""
-        return dict(entry.split("=", 1) for entry in self.lora_modules)  # type: ignore[misc]
+        return dict(entry.split("=", 1) for entry in self.lora_modules)
 
     def replace(self, **changes: object) -> EngineConfig:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]

@@ -35,7 +35,7 @@ from troupe.gpu.cpu_layers import NativeLayers
 from troupe.gpu.cpu_q4 import CpuQ4
 from troupe.gpu.kv_cache import KVCache
 from troupe.gpu.models import DecoderLayer, DecoderModel
-from troupe.gpu.quant_linear import Int4Linear, Weight
+from troupe.gpu.quant_linear import Int4Linear, Projection
 from troupe.gpu.step_inputs import StepInputs
 
 _int4_mm = torch.ops.aten._weight_int4pack_mm_for_cpu
@@ -72,7 +72,7 @@ class _Layer:
     scale: float
 
 
-def _proj(weight: Weight) -> tuple[Proj, torch.dtype] | None:
+def _proj(weight: Projection) -> tuple[Proj, torch.dtype] | None:
     """The kernel call of a CPU int4 weight and the dtype it takes: the native kernel's rows
     (fp32), or torch's kernel where its packed rows are its own (no padding; bf16)."""
     if not isinstance(weight, Int4Linear):
@@ -118,6 +118,7 @@ class CpuDecode:
             or c.mla is not None
             or c.rope_local_theta is not None
             or c.final_logit_softcapping is not None
+            or model.lora is not None  # the generic forward runs the adapters
         ):
             return None
         layers: list[_Layer] = []

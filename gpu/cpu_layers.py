@@ -23,7 +23,7 @@ from troupe.gpu.cpu_q4 import CpuQ4
 from troupe.gpu.cpu_q4lib import MIN_SPLIT, Q4Lib
 from troupe.gpu.kv_cache import KVCache
 from troupe.gpu.models import DecoderLayer, DecoderModel
-from troupe.gpu.quant_linear import Int4Linear, Weight
+from troupe.gpu.quant_linear import Int4Linear, Projection
 
 _p, _i, _f, _l = ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_long
 
@@ -51,7 +51,7 @@ class _Step(ctypes.Structure):
     ]  # fmt: skip
 
 
-def _native(weight: Weight) -> CpuQ4 | None:
+def _native(weight: Projection) -> CpuQ4 | None:
     if isinstance(weight, Int4Linear) and isinstance(weight.cpu_int4, CpuQ4):
         return weight.cpu_int4
     return None

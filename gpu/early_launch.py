@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import numpy as np
 from troupe.gpu.request_states import RequestState
-from troupe.gpu.step_inputs import StepInputs, build_decode_inputs
+from troupe.gpu.step_inputs import StepInputs, adapter_ids, build_decode_inputs
 from troupe.messages import SeqWork
 
 
@@ -32,6 +32,7 @@ def fed_decode_inputs(
     token_ids: list[int] | None,
     tables: np.ndarray,
     block_size: int,
+    adapters: bool = False,
 ) -> StepInputs:
     """The inputs of a decode launched before its plan, fed `token_ids` from the host (None:
     ids already on the device, which only rows without penalty history take). The fed tokens
@@ -46,7 +47,13 @@ def fed_decode_inputs(
     slots = np.fromiter((s.slot for s in states), np.int64, num_seqs)
     host_ids = np.zeros(num_seqs, np.int64) if token_ids is None else np.asarray(token_ids)
     return build_decode_inputs(
-        host_ids.astype(np.int64, copy=False), next_pos, slots, num_blocks, tables, block_size
+        host_ids.astype(np.int64, copy=False),
+        next_pos,
+        slots,
+        num_blocks,
+        tables,
+        block_size,
+        adapter_ids(states) if adapters else None,
     )
 
 

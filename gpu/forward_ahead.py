@@ -135,7 +135,13 @@ class ForwardAhead:
             return False
         host_ids = None if isinstance(token_ids, torch.Tensor) else token_ids
         inputs = fed_decode_inputs(
-            states, next_pos, num_blocks, host_ids, self._states.tables, self.block_size
+            states,
+            next_pos,
+            num_blocks,
+            host_ids,
+            self._states.tables,
+            self.block_size,
+            self._states.has_adapters,
         )
         self.num_launched += 1
         self._ahead = KeptForward(
@@ -241,7 +247,11 @@ class ForwardAhead:
             )
         if extras:
             more = build_step_inputs(
-                extras, states[len(rows) :], self._states.tables, self.block_size
+                extras,
+                states[len(rows) :],
+                self._states.tables,
+                self.block_size,
+                adapters=self._states.has_adapters,
             )
             if logits is ahead.logits:  # a view of a graph's output: the next forward reuses it
                 logits = logits.clone()

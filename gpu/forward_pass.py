@@ -83,6 +83,8 @@ class ForwardPass:
         """Logits (model.logits_dtype) of the sampled rows, in order. `input_ids` (on the device) replace the
         leading inputs.input_ids (all of them, or a merged split's decodes: overlap_merge.py):
         tokens sampled by earlier work, fed without a copy to the host."""
+        if self.model.lora is not None:  # each token's adapter slot (gpu/lora_runtime.py)
+            self.model.lora.prepare(inputs)
         graphs, mixed = self.graphs, self.mixed
         if graphs is not None and inputs.is_decode and graphs.can_run(len(inputs.seq_lens)):
             logits: torch.Tensor = graphs.run(inputs, input_ids)
@@ -107,6 +109,8 @@ class ForwardPass:
         """A step with rows to score or pool (inputs.hidden_rows), always eager: the sampled
         rows' logits, and those rows' final hidden states (gpu/hidden_rows.py)."""
         assert inputs.hidden_rows is not None
+        if self.model.lora is not None:
+            self.model.lora.prepare(inputs)
         hidden = self._eager(inputs, None)
         num_sampled = len(hidden) - len(inputs.hidden_rows.rows)
         logits: torch.Tensor = self.model.compute_logits(hidden[:num_sampled])

@@ -92,6 +92,7 @@ class ModelRunner:
             new_seed=self._seeds.draw,
             capacity=options.max_num_seqs,
             eos_token_ids=tuple(config.eos_token_ids),
+            adapter_ids=None if model.lora is None else model.lora.ids,
         )
         self._pass = ForwardPass.for_options(model, self.kv, options)
         self._forward = self._pass
@@ -197,16 +198,11 @@ class ModelRunner:
             return sampled_tokens(
                 drawn.request_ids, drawn.token_ids, (None,) * len(drawn.token_ids)
             )
-        launched, self._launched = self._launched, None
-        if launched is None:
+        done, self._launched = self._launched, None
+        if done is None:
             return ()
         return self._run_and_draft(
-            launched.plan.seqs,
-            launched.states,
-            launched.inputs,
-            launched.logits,
-            masks,
-            launched.batch,
+            done.plan.seqs, done.states, done.inputs, done.logits, masks, done.batch
         )
 
     def _run_and_draft(
@@ -247,14 +243,9 @@ class ModelRunner:
         rows = inputs.sampled_rows.tolist()
         if inputs.num_logits is not None:  # proposals to verify: no overlap after this step
             assert split is None, "a split never carries proposals (early_launch.split_rows)"
+            hook, vocab = self._logits_hook, self.vocab_size
             return verify_proposals(
-                seqs,
-                states,
-                rows,
-                inputs.num_logits,
-                logits,
-                vocab_size=self.vocab_size,
-                logits_hook=self._logits_hook,
+                seqs, states, rows, inputs.num_logits, logits, vocab_size=vocab, logits_hook=hook
             )
         request_ids = [seqs[r].request_id for r in rows]
         token_ids: list[int] = []
@@ -289,8 +280,7 @@ class ModelRunner:
         requests: no swaps) on their own."""
         states = self._states.apply(split.extras)
         hidden = any(w.num_scored or w.pools for w in split.extras)
-        tables, bs = self._states.tables, self.block_size
-        inputs = build_step_inputs(split.extras, states, tables, bs, reads_hidden=hidden)
+        inputs = self._inputs(split.extras, states, hidden)
         return self._run(split.extras, states, inputs, self._step_forward(inputs), split=split)
 
     def take_hidden_outputs(self) -> HiddenOutputs:
@@ -382,11 +372,18 @@ class ModelRunner:
         if not plan.seqs:
             return None
         states = self._states.apply(plan.seqs)
-        tables, hidden = self._states.tables, plan.reads_hidden
-        inputs = build_step_inputs(plan.seqs, states, tables, self.block_size, reads_hidden=hidden)
+        inputs = self._inputs(plan.seqs, states, plan.reads_hidden)
         if self.max_stream_len:
             inputs.streaming = streaming_inputs(states, inputs)
         return states, inputs
+
+    def _inputs(
+        self, seqs: tuple[SeqWork, ...], states: list[RequestState], hidden: bool
+    ) -> StepInputs:
+        tables, lora = self._states.tables, self._states.has_adapters
+        return build_step_inputs(
+            seqs, states, tables, self.block_size, reads_hidden=hidden, adapters=lora
+        )
 
     def close(self) -> None:
         """Drop the graphs, caches and state so device memory can be reused."""

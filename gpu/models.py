@@ -8,15 +8,20 @@ windows (Mistral, Qwen2, Gemma 3); Gemma 3's layer is gpu/gemma3_layer.py. Proje
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 from troupe.gpu.attention import AttentionMetadata
 from troupe.gpu.model_config import ModelConfig
-from troupe.gpu.quant_linear import Weight, embedding, linear
+from troupe.gpu.quant_linear import Projection, Weight, embedding, linear
 from troupe.kernels.kv_quant import update_kv_scales
 from troupe.kernels.ops import KernelBackend, KernelOps, select_ops
 from troupe.kernels.rope_cache import build_cos_sin_cache
 from troupe.kernels.streaming_attention import rotate_queries, streaming_attention
+
+if TYPE_CHECKING:
+    from troupe.gpu.lora_runtime import LoraRuntime
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
 
@@ -41,14 +46,14 @@ class DecoderLayer(nn.Module):
 
         self.input_layernorm = param(c.hidden_size)
         # projections: dense, or quantized as shipped (gpu/quant_install.py replaces them)
-        self.qkv_proj: Weight = param(c.q_size + 2 * c.kv_size, c.hidden_size)
+        self.qkv_proj: Projection = param(c.q_size + 2 * c.kv_size, c.hidden_size)
         self.qkv_bias = param(c.q_size + 2 * c.kv_size) if c.qkv_bias else None
         self.q_norm = param(c.head_dim) if c.qk_norm else None
         self.k_norm = param(c.head_dim) if c.qk_norm else None
-        self.o_proj: Weight = param(c.hidden_size, c.q_size)
+        self.o_proj: Projection = param(c.hidden_size, c.q_size)
         self.post_attention_layernorm = param(c.hidden_size)
-        self.gate_up_proj: Weight = param(2 * c.intermediate_size, c.hidden_size)
-        self.down_proj: Weight = param(c.hidden_size, c.intermediate_size)
+        self.gate_up_proj: Projection = param(2 * c.intermediate_size, c.hidden_size)
+        self.down_proj: Projection = param(c.hidden_size, c.intermediate_size)
         self.scale = (c.query_pre_attn_scalar or c.head_dim) ** -0.5
         # fp8 KV: this layer's per-KV-head scales [Hkv] (views of the pool's; set_kv_scales)
         self.k_scale: torch.Tensor | None = None
@@ -200,6 +205,7 @@ class DecoderModel(nn.Module):
             self.make_layer(c, dtype, device, i) for i in range(c.num_layers)
         )
         self.norm = _param(c.hidden_size, dtype=dtype, device=device)
+        self.lora: LoraRuntime | None = None  # LoRA adapters (gpu/lora_runtime.install_lora)
         self.lm_head: Weight | None = (
             None
             if c.tie_word_embeddings
@@ -258,6 +264,8 @@ class DecoderModel(nn.Module):
     ) -> torch.Tensor:
         """Hidden states [N, hidden] of only the rows in meta.logits_indices, after the norm."""
         hidden = self.embed(input_ids)
+        if self.lora is not None:  # each token's adapter slot, for every projection
+            self.lora.begin(len(input_ids))
         if self.config.is_gemma3:  # HF scales in the weights' dtype
             hidden = hidden * torch.tensor(self.config.hidden_size**0.5, dtype=hidden.dtype)
         residual: torch.Tensor | None = None

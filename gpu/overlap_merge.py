@@ -75,7 +75,9 @@ def merged_chunks(
         for w in extras
     )
     chunk_states = states.apply(fed)
-    inputs = build_step_inputs(fed, chunk_states, states.tables, block_size)
+    inputs = build_step_inputs(
+        fed, chunk_states, states.tables, block_size, adapters=states.has_adapters
+    )
     rows = inputs.sampled_rows.tolist()
     return MergedChunks(
         inputs=inputs,

@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import functools
 import warnings
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Union
 
 import torch
 import torch.nn.functional as F
@@ -63,6 +63,7 @@ from troupe.gpu.gguf_quant import Int4Blocks, Int8Blocks, QuantBlocks
 from troupe.gpu.int8_rows import per_row_int8
 
 if TYPE_CHECKING:  # the CUDA forms: their modules import Triton, which a CPU engine never needs
+    from troupe.gpu.lora_linear import LoraLinear
     from troupe.kernels.quant_int4 import Int4Cols
 
 
@@ -201,6 +202,8 @@ class Fp8Linear:
 
 QuantLinear = Int4Linear | Int8Linear | Fp8Linear
 Weight = torch.Tensor | QuantLinear
+# A decoder layer's projection: a Weight, or one with LoRA adapters (gpu/lora_linear.py)
+Projection = Union[torch.Tensor, QuantLinear, "LoraLinear"]
 
 
 def make_quant_linear(
@@ -221,8 +224,8 @@ def make_quant_linear(
     return None
 
 
-def linear(x: torch.Tensor, weight: Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear over a dense or quantized weight."""
+def linear(x: torch.Tensor, weight: Projection, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear over a dense or quantized weight (or one with LoRA adapters)."""
     if isinstance(weight, torch.Tensor):
         return F.linear(x, weight, bias)
     out = weight(x)

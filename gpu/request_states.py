@@ -15,7 +15,7 @@ work on every decode step.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import numpy as np
 from troupe.gpu.logit_edits import RequestEdits, request_edits
@@ -55,6 +55,7 @@ class RequestState:
     num_tokens: int = 0  # positions 0..num_tokens-1 are known
     num_prompt_tokens: int = 0
     slot: int = -1  # row of RequestStates.tables; -1 when standalone (tests)
+    adapter: int = -1  # its LoRA adapter's id (RequestStates.adapter_ids); -1: none
     eos_token_ids: tuple[int, ...] = ()  # what min_tokens bans besides stop_token_ids
     param_row: np.ndarray = dataclasses.field(init=False)
     edits: RequestEdits | None = dataclasses.field(init=False)  # logit_bias, min_tokens
@@ -89,7 +90,12 @@ class RequestStates:
         new_seed: Callable[[], int],
         capacity: int = 256,
         eos_token_ids: tuple[int, ...] = (),
+        adapter_ids: Mapping[str, int] | None = None,
     ) -> None:
+        """`adapter_ids`: the LoRA adapters' ids by name (gpu/lora_runtime.py); None: the
+        engine has none."""
+        self.adapter_ids = adapter_ids
+        self.has_adapters = adapter_ids is not None
         self.max_model_len = max_model_len
         self.eos_token_ids = eos_token_ids
         self.max_blocks_per_seq = max_blocks_per_seq
@@ -156,6 +162,12 @@ class RequestStates:
             eos_token_ids=self.eos_token_ids,
         )
         state.set_params(work.params, self.max_model_len)
+        if work.params.lora is not None:
+            if self.adapter_ids is None or work.params.lora not in self.adapter_ids:
+                raise ValueError(
+                    f"request {work.request_id!r}: no LoRA adapter {work.params.lora!r} here"
+                )
+            state.adapter = self.adapter_ids[work.params.lora]
         self.by_id[work.request_id] = state
         return state
 

@@ -163,6 +163,19 @@ def load_for_config(config: EngineConfig) -> LoadedRunner:
     )
     if device.type == "cpu":  # the load's temporaries: back to the OS (peak RSS)
         release_freed_heap()
+    if config.lora_modules:  # before the memory profile: the slots and their temporaries count
+        from troupe.gpu.lora_runtime import install_lora
+
+        most = config.step_budget(is_large_gpu(config))
+        most += config.max_num_seqs * (1 + config.num_proposals)  # merged, verified steps
+        install_lora(
+            model,
+            model_config,
+            config.lora_adapters,
+            max_loras=config.max_loras,
+            max_rank=config.max_lora_rank,
+            max_tokens=most,
+        )
     cache_dtype = kv_dtype(config.kv_cache_dtype, dtype)  # what the pools are sized in
     draft = None
     if config.speculative_method == "draft_model":

@@ -52,6 +52,9 @@ class StepInputs:
     # Rows whose final hidden states are read (gpu/hidden_rows.py: prompt logprobs, pooling):
     # their indices follow the sampled rows' in logits_indices; such a step runs eagerly
     hidden_rows: HiddenRows | None = None
+    # LoRA: each sequence's adapter id (RequestState.adapter; -1: none), None when the engine
+    # has no adapters (gpu/lora_runtime.py maps them to slots)
+    adapters: np.ndarray | None = None
 
     @property
     def is_decode(self) -> bool:
@@ -65,10 +68,12 @@ def build_step_inputs(
     block_size: int,
     *,
     reads_hidden: bool = False,
+    adapters: bool = False,
 ) -> StepInputs:
     """Flat arrays for the forward; block tables cut to the widest live table.
 
-    `tables` is RequestStates.tables: each state's row, zero past its num_blocks.
+    `tables` is RequestStates.tables: each state's row, zero past its num_blocks. `adapters`:
+    the engine has LoRA adapters (RequestStates.has_adapters): fill StepInputs.adapters.
     """
     num_seqs = len(seqs)
     lens = np.fromiter((len(w.token_ids) for w in seqs), np.int64, num_seqs)
@@ -127,7 +132,13 @@ def build_step_inputs(
         num_decode_prefix=num_seqs if ones.all() else int(ones.argmin()),
         num_logits=num_logits,
         hidden_rows=extra,
+        adapters=adapter_ids(states) if adapters else None,
     )
+
+
+def adapter_ids(states: list[RequestState]) -> np.ndarray:
+    """Each state's LoRA adapter id (-1: none)."""
+    return np.fromiter((s.adapter for s in states), np.int32, len(states))
 
 
 def build_decode_inputs(
@@ -137,6 +148,7 @@ def build_decode_inputs(
     num_blocks: np.ndarray,
     tables: np.ndarray,
     block_size: int,
+    adapters: np.ndarray | None = None,
 ) -> StepInputs:
     """A pure-decode step from arrays (one token per sequence, every sequence samples).
 
@@ -163,6 +175,7 @@ def build_decode_inputs(
         max_query_len=1,
         max_seq_len=int(seq_lens.max(initial=0)),
         num_decode_prefix=num_seqs,
+        adapters=adapters,
     )
 
 
@@ -177,6 +190,9 @@ def concat_inputs(first: StepInputs, second: StepInputs) -> StepInputs:
     tables = np.zeros((num_seqs + len(second.seq_lens), width), dtype=first.block_tables.dtype)
     tables[:num_seqs, : first.block_tables.shape[1]] = first.block_tables
     tables[num_seqs:, : second.block_tables.shape[1]] = second.block_tables
+    adapters = None
+    if first.adapters is not None or second.adapters is not None:
+        adapters = np.concatenate([_adapters_or_none(first), _adapters_or_none(second)])
     leading = first.num_decode_prefix
     if leading == num_seqs:  # every sequence of `first` has one token: `second`'s lead on
         leading += second.num_decode_prefix
@@ -198,7 +214,14 @@ def concat_inputs(first: StepInputs, second: StepInputs) -> StepInputs:
         max_query_len=max(first.max_query_len, second.max_query_len),
         max_seq_len=max(first.max_seq_len, second.max_seq_len),
         num_decode_prefix=leading,
+        adapters=adapters,
     )
+
+
+def _adapters_or_none(inputs: StepInputs) -> np.ndarray:
+    if inputs.adapters is not None:
+        return inputs.adapters
+    return np.full(len(inputs.seq_lens), -1, dtype=np.int32)
 
 
 def streaming_inputs(states: list[RequestState], inputs: StepInputs) -> StreamingInputs | None:

@@ -25,7 +25,7 @@ from troupe.gguf_file import TensorInfo, tensor_bytes
 from troupe.gpu.gguf_arch import hf_name
 from troupe.gpu.gguf_weights import read_gguf_config, rest_is, unpermute_rotary
 from troupe.gpu.model_config import ModelConfig, ModelLoadError
-from troupe.gpu.quant_linear import Weight
+from troupe.gpu.quant_linear import Projection
 from troupe.gpu.tp_model import TPDecoderLayer, TPDecoderModel
 from troupe.gpu.weights import safetensors_files
 
@@ -172,7 +172,7 @@ def shard_targets(model: TPDecoderModel) -> dict[str, Target]:
     return targets
 
 
-def _dense(weight: Weight) -> torch.Tensor:
+def _dense(weight: Projection) -> torch.Tensor:
     assert isinstance(weight, torch.Tensor), "tensor-parallel shards are dense"
     return weight
 

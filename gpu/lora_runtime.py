@@ -1,0 +1,141 @@
+"""The engine's LoRA adapters at run time: all of them read at start-up (host memory), the
+max_loras device slots, which adapter each slot holds, and each step's token -> slot map.
+
+    step: seqs  A(adapter "sql", 5 tokens)  B(none, 1)  C(adapter "chat", 1)
+          slots held: 0 -> "chat", 1 -> "sql" (least recently used goes first when one is needed)
+          token_slots  1 1 1 1 1  -1  0
+
+The scheduler lets at most max_loras adapters into a step (actors/core/step_starts.py), so a
+step's adapters always fit; a slot is refilled only when a step needs an adapter not held, with
+copies queued on the stream after the forwards that read its old weights.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from troupe.gpu.device_inputs import host_to_device
+from troupe.gpu.lora_adapter import LoraAdapter, load_adapter, module_shapes
+from troupe.gpu.lora_linear import LoraLinear, LoraSlots
+from troupe.gpu.model_config import ModelConfig
+from troupe.gpu.models import DecoderModel
+from troupe.gpu.step_inputs import StepInputs
+
+# troupe's fused projections: (attribute, the PEFT modules of its slices, in order)
+_FUSED = (
+    ("qkv_proj", ("q_proj", "k_proj", "v_proj")),
+    ("o_proj", ("o_proj",)),
+    ("gate_up_proj", ("gate_proj", "up_proj")),
+    ("down_proj", ("down_proj",)),
+)
+
+
+class LoraRuntime:
+    """Adapters by name (ids: their index), the slots, and the projections wrapped."""
+
+    def __init__(
+        self,
+        adapters: list[LoraAdapter],
+        slots: LoraSlots,
+        wrapped: list[tuple[int, LoraLinear, tuple[str, ...]]],
+    ) -> None:
+        self.adapters = adapters
+        self.ids = {a.name: i for i, a in enumerate(adapters)}
+        self.slots = slots
+        self._wrapped = wrapped  # (layer, projection, its slices' modules)
+        self._held = [-1] * slots.max_loras  # adapter id per slot
+        self._last_use = [0] * slots.max_loras
+        self._clock = 0
+        self._marked = 0  # leading token_slots that may hold a slot (not -1)
+        self.num_loads = 0  # adapters copied into a slot, so far
+
+    def begin(self, num_tokens: int) -> None:
+        """Before a forward's layers (DecoderModel.forward): the mask of its tokens."""
+        self.slots.begin(num_tokens)
+
+    def prepare(self, inputs: StepInputs) -> None:
+        """Hold the step's adapters in slots and write its tokens' slots (inputs.adapters)."""
+        num_tokens = len(inputs.input_ids)
+        if num_tokens > len(self.slots.token_slots):
+            raise RuntimeError(
+                f"a step of {num_tokens} tokens passes the LoRA token buffer "
+                f"({len(self.slots.token_slots)})"
+            )
+        adapters = inputs.adapters
+        if adapters is None or not (adapters >= 0).any():
+            if self._marked:
+                self.slots.token_slots[: self._marked].fill_(-1)
+                self._marked = 0
+            return
+        needed = np.unique(adapters[adapters >= 0]).tolist()
+        slot_of = {a: self._slot_for(a, needed) for a in needed}
+        lookup = np.full(len(self.adapters) + 1, -1, dtype=np.int64)  # [-1] -> no slot
+        for adapter, slot in slot_of.items():
+            lookup[adapter] = slot
+        seq_slots = lookup[adapters]
+        token_slots = np.repeat(seq_slots, np.diff(inputs.query_start_loc))
+        self.slots.token_slots[:num_tokens].copy_(host_to_device(token_slots, self.slots.device))
+        self._marked = max(self._marked, num_tokens)
+
+    def _slot_for(self, adapter: int, needed: list[int]) -> int:
+        self._clock += 1
+        if adapter in self._held:
+            slot = self._held.index(adapter)
+        else:
+            free = [s for s, held in enumerate(self._held) if held not in needed]
+            if not free:
+                raise RuntimeError(
+                    f"a step runs {len(needed)} LoRA adapters; max_loras is "
+                    f"{self.slots.max_loras} (the scheduler should have kept them apart)"
+                )
+            slot = min(free, key=self._last_use.__getitem__)
+            self._load(slot, adapter)
+        self._last_use[slot] = self._clock
+        return slot
+
+    def _load(self, slot: int, adapter_id: int) -> None:
+        weights = self.adapters[adapter_id].weights
+        for layer, proj, modules in self._wrapped:
+            for index, module in enumerate(modules):
+                factors = weights.get((layer, module))
+                proj.load(slot, index, *(factors if factors is not None else (None, None)))
+        self._held[slot] = adapter_id
+        self.num_loads += 1
+
+
+def install_lora(
+    model: DecoderModel,
+    config: ModelConfig,
+    adapters: dict[str, str],
+    *,
+    max_loras: int,
+    max_rank: int,
+    max_tokens: int,
+) -> LoraRuntime:
+    """Read `adapters` (name -> PEFT folder), wrap the projections any of them targets in
+    `model` (a DecoderModel) and set model.lora; the runtime."""
+    dtype, device = model.dtype, model.device
+    loaded = [load_adapter(name, path, config, max_rank) for name, path in adapters.items()]
+    pinned = device.type == "cuda"
+    for adapter in loaded:  # the model's dtype, pinned: a slot's refill is queued copies
+        for key, (a, b) in adapter.weights.items():
+            a, b = a.to(dtype), b.to(dtype)
+            adapter.weights[key] = (a.pin_memory(), b.pin_memory()) if pinned else (a, b)
+    targeted = {module for adapter in loaded for _, module in adapter.weights}
+    slots = LoraSlots(max_loras, max_rank, max_tokens, dtype, device)
+    wrapped: list[tuple[int, LoraLinear, tuple[str, ...]]] = []
+    widths = module_shapes(config)
+    for index, layer in enumerate(model.layers):
+        for attribute, modules in _FUSED:
+            if targeted.isdisjoint(modules):
+                continue
+            if config.is_sparse(index) and attribute in ("gate_up_proj", "down_proj"):
+                continue  # an MoE layer's experts (an adapter targeting them is refused)
+            base = getattr(layer, attribute)
+            layer._parameters.pop(attribute, None)  # a dense weight: a Parameter until now
+            slices = tuple(widths[m][0] for m in modules)
+            proj = LoraLinear(base, slices, widths[modules[0]][1], slots)
+            setattr(layer, attribute, proj)
+            wrapped.append((index, proj, modules))
+    runtime = LoraRuntime(loaded, slots, wrapped)
+    model.lora = runtime
+    return runtime

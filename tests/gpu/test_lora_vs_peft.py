@@ -1,0 +1,227 @@
+"""LoRA adapters through the whole engine against PEFT on a tiny random Qwen3 (fp32, CPU):
+two adapters of different ranks, targets and scaling (rslora) and the base model, greedy, all
+at once in one batch and with fewer slots than adapters (the scheduler keeps a step's adapters
+within max_loras; slots are refilled), on an overlapping runner; a prompt cached under one
+adapter is not served to another; and what a broken adapter folder is told."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+import torch
+from graph_helpers import collect
+from troupe import Engine, EngineConfig
+from troupe.config import ConfigError
+from troupe.gpu.lora_runtime import install_lora
+from troupe.gpu.model_runner import ModelRunner, RunnerOptions
+from troupe.gpu.weights import load_model
+from troupe.messages import Delta, Finished, Rejected, SamplingParams, StreamEvent
+
+from tests.gpu.tiny_qwen3 import tiny_folder
+from tests.lora.adapters import peft_adapter
+
+PROMPTS = [[(13 * i + 5 * j + j * j) % 256 for j in range(7 + 5 * i)] for i in range(3)]
+MAX_TOKENS = 12
+
+
+@pytest.fixture
+def setup(hf_folder: Any, tmp_path: Path) -> tuple[Path, Any, dict[str, Any]]:
+    """(model folder, transformers model, {adapter name: (folder, its PEFT model)})."""
+    folder, hf_model = tiny_folder(hf_folder, tmp_path)
+    adapters = {
+        "all": peft_adapter(hf_model, tmp_path / "all", rank=8, alpha=16, seed=1),
+        "qv": peft_adapter(
+            hf_model,
+            tmp_path / "qv",
+            rank=4,
+            alpha=8,
+            targets=("q_proj", "v_proj"),
+            seed=2,
+            use_rslora=True,
+            scale=0.4,
+        ),
+    }
+    return folder, hf_model, adapters
+
+
+def _greedy(model: Any, prompt: list[int]) -> list[int]:
+    with torch.no_grad():
+        out = model.generate(
+            torch.tensor([prompt]),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            max_new_tokens=MAX_TOKENS,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
+    return list(out[0, len(prompt) :].tolist())
+
+
+def _tokens(events: list[StreamEvent]) -> list[int]:
+    assert isinstance(events[-1], Finished), events[-1]
+    return [t for e in events if isinstance(e, Delta | Finished) for t in e.token_ids]
+
+
+def _config(folder: Path, tmp_path: Path, **changes: Any) -> EngineConfig:
+    settings: dict[str, Any] = {
+        "device": "cpu",
+        "model": str(folder),
+        "dtype": "float32",
+        "block_size": 4,
+        "num_kv_blocks": 96,
+        "max_num_seqs": 8,
+        "max_model_len": 128,
+        "lora_modules": (f"all={tmp_path / 'all'}", f"qv={tmp_path / 'qv'}"),
+        "max_lora_rank": 8,
+    }
+    return EngineConfig(**(settings | changes))
+
+
+def _run_all(config: EngineConfig, runner: ModelRunner | None) -> dict[str, list[int]]:
+    """Every prompt under each adapter and the base model, all submitted at once."""
+    results: dict[str, list[int]] = {}
+
+    async def main() -> None:
+        async with Engine.open(config, runner=runner) as engine:
+
+            async def one(key: str, prompt: list[int], lora: str | None) -> None:
+                params = SamplingParams(
+                    max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True, lora=lora
+                )
+                results[key] = _tokens(await collect(engine, prompt, params))
+
+            async with anyio.create_task_group() as tg:
+                for i, prompt in enumerate(PROMPTS):
+                    for lora in (None, "all", "qv"):
+                        tg.start_soon(one, f"{lora}/{i}", prompt, lora)
+
+    anyio.run(main)
+    return results
+
+
+def _expected(hf_model: Any, adapters: dict[str, Any]) -> dict[str, list[int]]:
+    expected = {}
+    for i, prompt in enumerate(PROMPTS):
+        expected[f"None/{i}"] = _greedy(hf_model, prompt)
+        for name, peft_model in adapters.items():
+            expected[f"{name}/{i}"] = _greedy(peft_model, prompt)
+    return expected
+
+
+@pytest.mark.parametrize("max_loras", [2, 1])
+def test_adapters_match_peft_in_one_batch(
+    setup: tuple[Path, Any, dict[str, Any]], tmp_path: Path, max_loras: int
+) -> None:
+    folder, hf_model, adapters = setup
+    expected = _expected(hf_model, adapters)
+    # the adapters change the text: a runner that ignored them would fail here
+    assert expected["all/0"] != expected["None/0"] and expected["qv/0"] != expected["None/0"]
+    config = _config(folder, tmp_path, max_loras=max_loras)
+    assert _run_all(config, None) == expected
+
+
+def test_overlapping_runner_and_slot_refills(
+    setup: tuple[Path, Any, dict[str, Any]], tmp_path: Path
+) -> None:
+    """Decodes launched early and chunks merged into them keep each row's adapter; with one
+    slot the adapters take turns in it (refilled as the steps need)."""
+    folder, hf_model, adapters = setup
+    model_config, model = load_model(folder, torch.float32, torch.device("cpu"), 128)
+    runtime = install_lora(
+        model,
+        model_config,
+        {"all": str(tmp_path / "all"), "qv": str(tmp_path / "qv")},
+        max_loras=1,
+        max_rank=8,
+        max_tokens=256,
+    )
+    options = RunnerOptions(
+        block_size=4,
+        num_gpu_blocks=96,
+        num_cpu_blocks=8,
+        max_num_seqs=8,
+        max_model_len=128,
+        overlap_schedule=True,
+    )
+    runner = ModelRunner(model_config, model, options)
+    config = _config(folder, tmp_path, max_loras=1)
+    assert _run_all(config, runner) == _expected(hf_model, adapters)
+    assert runtime.num_loads >= 2  # both adapters went through the one slot
+    assert runner.statistics().num_overlapped > 0
+
+
+def test_prefix_cache_is_not_shared_across_adapters(
+    setup: tuple[Path, Any, dict[str, Any]], tmp_path: Path
+) -> None:
+    """The same long prompt under the base model, then adapter "all", then the base model
+    again: the second must not reuse the first's KV (it would answer with the base model's
+    prefix), the third may."""
+    folder, hf_model, adapters = setup
+    prompt = [(7 * j + 3) % 256 for j in range(40)]
+    got: list[tuple[list[int], int]] = []
+
+    async def main() -> None:
+        async with Engine.open(_config(folder, tmp_path)) as engine:
+            for lora in (None, "all", None, "all"):
+                params = SamplingParams(
+                    max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True, lora=lora
+                )
+                events = await collect(engine, prompt, params)
+                last = events[-1]
+                assert isinstance(last, Finished)
+                got.append((_tokens(events), last.usage.cached_tokens))
+
+    anyio.run(main)
+    base, tuned = _greedy(hf_model, prompt), _greedy(adapters["all"], prompt)
+    assert [tokens for tokens, _ in got] == [base, tuned, base, tuned]
+    cached = [n for _, n in got]
+    assert cached[0] == 0 and cached[1] == 0  # nothing of the base model's served to "all"
+    assert cached[2] > 0 and cached[3] > 0  # each hits its own
+
+
+def test_unknown_adapter_is_rejected_by_name(
+    setup: tuple[Path, Any, dict[str, Any]], tmp_path: Path
+) -> None:
+    folder, _, _ = setup
+
+    async def main() -> list[StreamEvent]:
+        async with Engine.open(_config(folder, tmp_path)) as engine:
+            return await collect(engine, PROMPTS[0], SamplingParams(lora="nope"))
+
+    events = anyio.run(main)
+    assert len(events) == 1 and isinstance(events[0], Rejected)
+    assert events[0].field == "lora" and "'nope'" in events[0].message
+    assert "all, qv" in events[0].message
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        ({"use_dora": True}, "DoRA is not supported"),
+        ({"bias": "all"}, "bias 'all' is not supported"),
+        ({"modules_to_save": ["lm_head"]}, "modules_to_save"),
+        ({"r": 8, "rank_too_big": True}, "rank 8 is over max_lora_rank = 4"),
+    ],
+)
+def test_broken_adapters_are_refused_at_start(
+    setup: tuple[Path, Any, dict[str, Any]], tmp_path: Path, change: dict[str, Any], expected: str
+) -> None:
+    folder, _, _ = setup
+    config_file = tmp_path / "all" / "adapter_config.json"
+    settings = json.loads(config_file.read_text())
+    rank_too_big = change.pop("rank_too_big", False)
+    settings.update(change)
+    config_file.write_text(json.dumps(settings))
+    config = _config(folder, tmp_path, max_lora_rank=4 if rank_too_big else 8)
+
+    async def main() -> None:
+        async with Engine.open(config):
+            pass
+
+    with pytest.raises(ConfigError, match="adapter 'all'") as info:
+        anyio.run(main)
+    assert expected in str(info.value)
