@@ -21,7 +21,7 @@ from troupe.gpu.model_runner import ModelRunner, RunnerOptions
 from troupe.gpu.weights import load_model
 from troupe.messages import Delta, Finished, Rejected, SamplingParams, StreamEvent
 
-from tests.gpu.tiny_qwen3 import tiny_folder
+from tests.gpu.tiny_qwen3 import cuda_config, tiny_folder
 from tests.lora.adapters import peft_adapter
 
 PROMPTS = [[(13 * i + 5 * j + j * j) % 256 for j in range(7 + 5 * i)] for i in range(3)]
@@ -225,3 +225,19 @@ def test_broken_adapters_are_refused_at_start(
     with pytest.raises(ConfigError, match="adapter 'all'") as info:
         anyio.run(main)
     assert expected in str(info.value)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("max_loras", [2, 1])
+def test_adapters_on_cuda_with_graphs_and_overlap(
+    setup: tuple[Path, Any, dict[str, Any]], tmp_path: Path, max_loras: int
+) -> None:
+    """Decode graphs, mixed-step graphs (12-token steps) and overlapped decodes replay the
+    slots' masks: each row still runs its own adapter (fp32, so greedy equals PEFT's)."""
+    folder, hf_model, adapters = setup
+    config = cuda_config(folder).replace(
+        lora_modules=(f"all={tmp_path / 'all'}", f"qv={tmp_path / 'qv'}"),
+        max_lora_rank=8,
+        max_loras=max_loras,
+    )
+    assert _run_all(config, None) == _expected(hf_model, adapters)

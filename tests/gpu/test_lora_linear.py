@@ -1,0 +1,114 @@
+"""Batched LoRA (gpu/lora_linear.py, gpu/lora_runtime.py) against the per-token formula
+y = W x + s B_a (A_a x) of each token's adapter a, on fused projections; the slots' LRU."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from troupe.gpu.lora_adapter import LoraAdapter
+from troupe.gpu.lora_linear import LoraLinear, LoraSlots
+from troupe.gpu.lora_runtime import LoraRuntime
+from troupe.gpu.step_inputs import StepInputs
+
+SLICES = (8, 4, 4)  # a fused q/k/v of widths 8, 4, 4
+IN = 16
+
+
+def _factors(rank: int, seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(rank, IN, generator=g), torch.randn(n, rank, generator=g)) for n in SLICES]
+
+
+def _projection(max_loras: int = 3, max_rank: int = 4) -> tuple[LoraLinear, torch.Tensor]:
+    weight = torch.randn(sum(SLICES), IN, generator=torch.Generator().manual_seed(9))
+    slots = LoraSlots(max_loras, max_rank, 32, torch.float32, torch.device("cpu"))
+    return LoraLinear(weight, SLICES, IN, slots), weight
+
+
+def test_each_token_runs_its_own_adapter() -> None:
+    proj, weight = _projection()
+    adapters = {0: _factors(2, 1), 2: _factors(4, 2)}  # slot -> per-slice (A, B); slot 1 empty
+    for slot, factors in adapters.items():
+        for index, (a, b) in enumerate(factors):
+            proj.load(slot, index, a, b)
+    proj.load(1, 0, None, None)
+    token_slots = [-1, 0, 2, 0, -1, 2, 1]
+    x = torch.randn(len(token_slots), IN, generator=torch.Generator().manual_seed(3))
+    proj.slots.token_slots[: len(token_slots)] = torch.tensor(token_slots)
+    proj.slots.begin(len(token_slots))
+    got = proj(x)
+    base = x @ weight.T
+    for t, slot in enumerate(token_slots):
+        expected = base[t].clone()
+        if slot in adapters:
+            start = 0
+            for (a, b), width in zip(adapters[slot], SLICES, strict=True):
+                expected[start : start + width] += b @ (a @ x[t])
+                start += width
+        torch.testing.assert_close(got[t], expected, rtol=1e-5, atol=1e-5)
+    assert torch.equal(got[0], base[0]) and torch.equal(got[4], base[4])  # no adapter: exact
+    assert torch.equal(got[6], base[6])  # an empty slot adds nothing
+
+
+def test_a_refilled_slot_forgets_the_old_adapter() -> None:
+    proj, weight = _projection(max_loras=1)
+    for index, (a, b) in enumerate(_factors(4, 1)):
+        proj.load(0, index, a, b)
+    small = _factors(2, 5)  # a lower rank: the old factors' last rows must be zeroed
+    for index, (a, b) in enumerate(small):
+        proj.load(0, index, a, b)
+    x = torch.randn(1, IN)
+    proj.slots.token_slots[:1] = 0
+    proj.slots.begin(1)
+    expected = x[0] @ weight.T + torch.cat([b @ (a @ x[0]) for a, b in small])
+    torch.testing.assert_close(proj(x)[0], expected, rtol=1e-5, atol=1e-5)
+
+
+def _runtime(num_adapters: int, max_loras: int) -> tuple[LoraRuntime, LoraLinear]:
+    proj, _ = _projection(max_loras=max_loras)
+    adapters = []
+    for i in range(num_adapters):
+        factors = _factors(2, 10 + i)
+        names = ("q_proj", "k_proj", "v_proj")
+        weights = {(0, m): f for m, f in zip(names, factors, strict=True)}
+        adapters.append(LoraAdapter(name=f"a{i}", path="", rank=2, weights=weights))
+    return LoraRuntime(adapters, proj.slots, [(0, proj, ("q_proj", "k_proj", "v_proj"))]), proj
+
+
+def _inputs(adapters: list[int], lens: list[int]) -> StepInputs:
+    qsl = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    total, n = int(qsl[-1]), len(lens)
+    return StepInputs(
+        input_ids=np.zeros(total, np.int64),
+        positions=np.zeros(total, np.int64),
+        slot_mapping=np.zeros(total, np.int64),
+        block_tables=np.zeros((n, 1), np.int32),
+        seq_lens=np.asarray(lens, np.int32),
+        query_start_loc=qsl,
+        logits_indices=qsl[1:] - 1,
+        sampled_rows=np.arange(n),
+        max_query_len=max(lens),
+        max_seq_len=max(lens),
+        adapters=np.asarray(adapters, np.int32),
+    )
+
+
+def test_slots_are_refilled_least_recently_used_first() -> None:
+    runtime, _ = _runtime(num_adapters=3, max_loras=2)
+    runtime.prepare(_inputs([0, -1, 1], [2, 1, 3]))
+    slots = runtime.slots.token_slots[:6].tolist()
+    assert slots[2] == -1 and slots[0] == slots[1] != slots[3] == slots[4] == slots[5]
+    slot_of_1 = slots[3]
+    runtime.prepare(_inputs([1], [1]))  # adapter 0 is now the least recently used
+    runtime.prepare(_inputs([2, 1], [1, 1]))  # adapter 2 takes adapter 0's slot
+    assert runtime.num_loads == 3
+    assert runtime.slots.token_slots[:2].tolist() == [1 - slot_of_1, slot_of_1]
+    runtime.prepare(_inputs([-1, -1], [1, 1]))  # no adapter: every token's slot is -1 again
+    assert (runtime.slots.token_slots == -1).all()
+
+
+def test_more_adapters_than_slots_in_one_step_is_an_error() -> None:
+    runtime, _ = _runtime(num_adapters=3, max_loras=2)
+    with pytest.raises(RuntimeError, match="runs 3 LoRA adapters; max_loras is 2"):
+        runtime.prepare(_inputs([0, 1, 2], [1, 1, 1]))
