@@ -154,6 +154,7 @@ def build_scheduler(g: GraphInputs) -> SchedulerCore:
             num_lookahead_tokens=g.numbers.num_lookahead_tokens,
             kv_window=g.numbers.kv_window,
             max_chunk_tokens=g.config.long_prefill_token_threshold,
+            max_loras=g.config.max_loras if g.config.lora_modules else 0,
         ),
         num_cpu_blocks=g.numbers.num_cpu_blocks,
         preemption_mode=g.config.preemption_mode,

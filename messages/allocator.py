@@ -78,12 +78,16 @@ class Grow(msgspec.Struct, frozen=True, array_like=True, gc=False, tag=True):
 class AllocateNew(msgspec.Struct, frozen=True, array_like=True, gc=False, tag=True):
     """Start a request: reuse its longest cached prefix of `token_ids` (block aligned, never the
     last token, so there are logits to sample), then cover `num_new_tokens` more tokens (capped
-    at len(token_ids)). The grant is the whole table and the number of cached tokens."""
+    at len(token_ids)). The grant is the whole table and the number of cached tokens.
+
+    `namespace` (SamplingParams.cache_namespace): the prefix cache serves it only KV computed
+    under the same namespace, and files what it computes under it ("": the base model's)."""
 
     request_id: str
     token_ids: tuple[int, ...]
     num_new_tokens: int
     cache_limit: int = 0  # the hit covers at most the first this many tokens (0: no limit)
+    namespace: str = ""  # last: traces recorded before it decode with the base namespace
 
 
 class Fork(msgspec.Struct, frozen=True, array_like=True, gc=False, tag=True):

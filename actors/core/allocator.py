@@ -12,7 +12,7 @@ from troupe.actors.core.block_fork import fork_tables
 from troupe.actors.core.block_pool import BlockPool
 from troupe.actors.core.block_sharing import BlockSharing
 from troupe.actors.core.block_table import BlockTable
-from troupe.actors.core.prefix_cache import PrefixCache
+from troupe.actors.core.prefix_cache import ROOT_SERIAL, PrefixCache
 from troupe.actors.core.prefix_tier import CpuPrefixTier
 from troupe.messages.allocator import (
     AllocateBatch,
@@ -113,14 +113,17 @@ class AllocatorCore:
         return seq
 
     def _allocate_new(self, op: AllocateNew) -> None:
-        """Its longest cached prefix (prefix_tier.walk), then blocks for num_new_tokens more."""
+        """Its longest cached prefix in its namespace (prefix_tier.walk), then blocks for
+        num_new_tokens more. Its table chains what it registers from the same root."""
         rid, token_ids, bs, cache = op.request_id, op.token_ids, self.block_size, self.cache
         if rid in self.seqs:
             raise ValueError(f"allocator: request {rid!r} already holds blocks")
         if op.num_new_tokens < 1 or not token_ids:
             raise ValueError(f"allocator: AllocateNew of {rid!r} needs tokens, got {op}")
+        # its namespace's chains only (prefix_cache.py); caching off: nothing is registered
+        root = cache.root(op.namespace) if self.registry is not None else ROOT_SERIAL
         # (block, whether in the CPU tier) for each block hit; cache_limit 0: no limit
-        hits, serial = self.tier.walk(cache, token_ids[: op.cache_limit or None], bs)
+        hits, serial = self.tier.walk(cache, token_ids[: op.cache_limit or None], bs, root)
         num_cached = len(hits) * bs
         need = -(-min(len(token_ids), num_cached + op.num_new_tokens) // bs) - len(hits)
         # each CPU hit needs a GPU block, and cached-free GPU hits use up free blocks

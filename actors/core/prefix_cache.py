@@ -8,11 +8,25 @@ unreachable (they age out of the LRU like any other cached block).
     prompt:   [ t0 .. t15 ][ t16 .. t31 ][ t32 .. t40 ]
     keys:     (ROOT, b0)    (s0, b1)      -- partial blocks are never cached
     serials:   s0            s1
+
+Namespaces (SamplingParams.cache_namespace: a LoRA adapter, a cache_salt): KV computed through an
+adapter, or under a salt, may serve only requests of the same namespace. Each non-empty one
+chains from a root serial of its own, drawn from the same never-reused counter, so its keys can
+never equal another's. The roots are bounded (the least recently used is forgotten): the chains
+under a forgotten root become unreachable and age out like an evicted parent's children, and a
+namespace that comes back gets a fresh root (its old entries are misses, never wrong hits).
+
+    base:       (ROOT, b0) -> s0        adapter a:  (r_a, b0) -> s5     r_a = root(its namespace)
 """
 
 from __future__ import annotations
 
-ROOT_SERIAL = 0
+from collections import OrderedDict
+
+ROOT_SERIAL = 0  # the root of the base namespace ("")
+# Non-empty namespaces remembered at once, so a request per unique cache_salt cannot grow memory
+# without bound: each costs a dict entry and its name (<= 128 + 256 characters), ~30 MB at worst.
+MAX_NAMESPACES = 65_536
 
 CacheKey = tuple[int, tuple[int, ...]]
 
@@ -20,11 +34,36 @@ CacheKey = tuple[int, tuple[int, ...]]
 class PrefixCache:
     """Maps (parent serial, block tokens) to the block that holds that KV, and back."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_namespaces: int = MAX_NAMESPACES) -> None:
+        if max_namespaces < 1:
+            raise ValueError(f"max_namespaces must be >= 1, got {max_namespaces}")
         self._index: dict[CacheKey, int] = {}
         # block id -> (its key, serial of its entry); one dict, so a register is one insert
         self._entry_of: dict[int, tuple[CacheKey, int]] = {}
         self._next_serial = ROOT_SERIAL + 1
+        self._roots: OrderedDict[str, int] = OrderedDict()  # namespace -> root, oldest use first
+        self.max_namespaces = max_namespaces
+
+    def root(self, namespace: str) -> int:
+        """The serial a request of `namespace` chains its blocks from: ROOT_SERIAL for the
+        base namespace "", else its own (new the first time, or after it was forgotten)."""
+        if not namespace:
+            return ROOT_SERIAL
+        roots = self._roots
+        serial = roots.get(namespace)
+        if serial is not None:
+            roots.move_to_end(namespace)
+            return serial
+        if len(roots) >= self.max_namespaces:
+            roots.popitem(last=False)  # its chains become unreachable: they age out
+        serial, self._next_serial = self._next_serial, self._next_serial + 1
+        roots[namespace] = serial
+        return serial
+
+    @property
+    def num_namespaces(self) -> int:
+        """Non-empty namespaces whose root is remembered."""
+        return len(self._roots)
 
     def lookup(self, parent_serial: int, token_ids: tuple[int, ...]) -> int | None:
         """The block holding exactly this block of tokens after this parent, if cached."""

@@ -15,7 +15,7 @@ writes it.
 from __future__ import annotations
 
 from troupe.actors.core.block_pool import BlockPool
-from troupe.actors.core.prefix_cache import ROOT_SERIAL, CacheKey, PrefixCache
+from troupe.actors.core.prefix_cache import CacheKey, PrefixCache
 
 
 class CpuPrefixTier:
@@ -39,12 +39,14 @@ class CpuPrefixTier:
         self._held += got
 
     def walk(
-        self, gpu: PrefixCache, token_ids: tuple[int, ...], block_size: int
+        self, gpu: PrefixCache, token_ids: tuple[int, ...], block_size: int, root: int
     ) -> tuple[list[tuple[int, bool]], int]:
         """The longest cached prefix of whole blocks (never the last token: it must be computed
-        to give logits), across both tiers: [(block, whether in this tier)], its last serial."""
+        to give logits), across both tiers: [(block, whether in this tier)], its last serial.
+        The chain starts at `root`: the request's namespace's (`gpu.root`; an entry keeps its
+        serial in either tier), itself the last serial when nothing hits."""
         hits: list[tuple[int, bool]] = []
-        serial, bs, cpu = ROOT_SERIAL, block_size, self.cpu.cache
+        serial, bs, cpu = root, block_size, self.cpu.cache
         for i in range((len(token_ids) - 1) // bs):
             chunk = token_ids[i * bs : (i + 1) * bs]
             block_id = gpu.lookup(serial, chunk)

@@ -30,12 +30,15 @@ class StepLimits:
     # decode's, at the price of a few more steps to the first token (vLLM's
     # long_prefill_token_threshold).
     max_chunk_tokens: int = 0
+    # The most distinct LoRA adapters among the running requests (EngineConfig.max_loras when
+    # lora_modules is set; 0: no limit, no adapters): each runs in one step (step_starts.py).
+    max_loras: int = 0
 
     def __post_init__(self) -> None:
         for name in ("block_size", "num_gpu_blocks", "max_num_seqs", "max_num_batched_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("num_lookahead_tokens", "kv_window", "max_chunk_tokens"):
+        for name in ("num_lookahead_tokens", "kv_window", "max_chunk_tokens", "max_loras"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
 

@@ -7,8 +7,10 @@ Seats: max_num_seqs, less the running requests, those awaiting a late token, and
 parallel-sampling parent holds for its samples (sample_fork.py). A waiting request is counted at
 the most blocks it may take: all it computes this step, less only those of the longest cached
 prefix it could hit. With prefix caching, a waiting request whose first block is that of a
-prompt still being prefilled waits until that prefill is done and cached, so a shared prefix is
-computed once, not once per request.
+prompt still being prefilled (in the same cache namespace: a LoRA adapter's or a cache_salt's
+KV serves only its own) waits until that prefill is done and cached, so a shared prefix is
+computed once, not once per request. With LoRA adapters, a request of an adapter that would
+make more than max_loras run waits (lora_slots.py).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from troupe.actors.core.held_token import holds_last_token
 from troupe.actors.core.kv_release import cache_limit, peak_blocks
+from troupe.actors.core.lora_slots import AdapterSlots
 from troupe.actors.core.request_state import Request, Status
 from troupe.actors.core.step_work import Kind, Work
 from troupe.messages.allocator import AllocateNew, SwapIn
@@ -30,26 +33,32 @@ def start_queued(planner: StepPlanner, budget: int) -> None:
     lim, q = planner.limits, planner.queues
     seats = lim.max_num_seqs - len(q.running) - len(q.awaiting)
     seats -= planner.forks.extra_seats() if planner.forks.parents else 0
+    adapters = AdapterSlots(q, lim.max_loras) if lim.max_loras else None  # None: no LoRA
     while q.swapped and budget > 0 and q.swapped[0].num_samples <= seats:
         req = q.swapped[0]
+        if adapters is not None and not adapters.admits(req):
+            break  # its adapter waits for a running one's requests to end, as blocks would
         n = lim.chunk(req.compute_end - req.num_computed, budget)
         cover = req.num_computed + n + lim.lookahead(req.num_computed + n, req.num_tokens)
         total = max(req.num_cpu_blocks, lim.blocks_for(cover) - req.num_released)
         if total > planner.avail:
             break
         work = Work(req, n, Kind.SWAP_IN, need=total)
-        seats -= _start(planner, work, SwapIn(req.request_id, cover))
+        seats -= _start(planner, work, SwapIn(req.request_id, cover), adapters)
         budget -= n
     if not q.swapped:
-        _admit_waiting(planner, budget, seats)
+        _admit_waiting(planner, budget, seats, adapters)
 
 
-def _admit_waiting(planner: StepPlanner, budget: int, seats: int) -> None:
+def _admit_waiting(
+    planner: StepPlanner, budget: int, seats: int, adapters: AdapterSlots | None
+) -> None:
     lim, q = planner.limits, planner.queues
     bs, caching = lim.block_size, lim.enable_prefix_caching
-    # first blocks of prompts being prefilled: requests that start the same way wait for them
+    # (namespace, first block) of prompts being prefilled: requests that start the same way in
+    # the same namespace wait for them
     leaders = {
-        tuple(r.token_ids[:bs])
+        (r.params.cache_namespace, tuple(r.token_ids[:bs]))
         for r in (q.running if caching and q.waiting else ())
         if r.num_computed < r.prompt_len and r.prompt_len > bs
     }
@@ -60,7 +69,11 @@ def _admit_waiting(planner: StepPlanner, budget: int, seats: int) -> None:
         if peak_blocks(lim, req) > lim.num_gpu_blocks:
             planner.fail(req)  # grew past the pool while preempted
             continue
-        head = tuple(req.token_ids[:bs]) if caching and num_tokens > bs else None
+        if adapters is not None and not adapters.admits(req):
+            deferred.append(q.waiting.pop(0))  # another adapter's turn; later ones may start
+            continue
+        namespace = req.params.cache_namespace
+        head = (namespace, tuple(req.token_ids[:bs])) if caching and num_tokens > bs else None
         if head in leaders:
             deferred.append(q.waiting.pop(0))
             continue
@@ -73,19 +86,23 @@ def _admit_waiting(planner: StepPlanner, budget: int, seats: int) -> None:
         if head is not None:
             leaders.add(head)
         req.in_allocator = True
-        op = AllocateNew(req.request_id, tuple(req.token_ids), n, limit)
+        op = AllocateNew(req.request_id, tuple(req.token_ids), n, limit, namespace)
         held = planner.decoding and holds_last_token(req, n)  # its blocks cover it
-        seats -= _start(planner, Work(req, n, Kind.NEW, need=upper, held=held), op)
+        seats -= _start(planner, Work(req, n, Kind.NEW, need=upper, held=held), op, adapters)
         budget -= n
-    for req in deferred:
+    for req in deferred:  # back in their places: the queue is sorted by a fixed key
         q.enqueue(req, Status.WAITING)
 
 
-def _start(planner: StepPlanner, work: Work, op: SwapIn | AllocateNew) -> int:
+def _start(
+    planner: StepPlanner, work: Work, op: SwapIn | AllocateNew, adapters: AdapterSlots | None
+) -> int:
     """Start a swapped or waiting request with the blocks `work` counts; the seats it takes
     (a parallel-sampling parent's: one per sample)."""
     planner.add_op(op)
     planner.avail -= work.need
     planner.queues.move(work.req, Status.RUNNING)
     planner.work[work.req.request_id] = work
+    if adapters is not None:
+        adapters.started(work.req)
     return work.req.num_samples
