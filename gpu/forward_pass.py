@@ -83,21 +83,26 @@ class ForwardPass:
         """Logits (model.logits_dtype) of the sampled rows, in order. `input_ids` (on the device) replace the
         leading inputs.input_ids (all of them, or a merged split's decodes: overlap_merge.py):
         tokens sampled by earlier work, fed without a copy to the host."""
-        if self.model.lora is not None:  # each token's adapter slot (gpu/lora_runtime.py)
-            self.model.lora.prepare(inputs)
         graphs, mixed = self.graphs, self.mixed
-        if graphs is not None and inputs.is_decode and graphs.can_run(len(inputs.seq_lens)):
+        graphed = graphs is not None and inputs.is_decode and graphs.can_run(len(inputs.seq_lens))
+        mixed_graph = (
+            not graphed
+            and mixed is not None
+            and not inputs.is_decode
+            and mixed.can_run(inputs)
+            and not self.expand.applies(inputs, self.kv.block_size)
+        )
+        if self.model.lora is not None:  # each token's adapter (gpu/lora_runtime.py)
+            self.model.lora.prepare(inputs, graphed=graphed or mixed_graph)
+        if graphed:
+            assert graphs is not None
             logits: torch.Tensor = graphs.run(inputs, input_ids)
             if len(inputs.sampled_rows) == len(inputs.seq_lens):
                 return logits  # every row samples, in order: no gather, no copy
             picked: torch.Tensor = logits[host_to_device(inputs.sampled_rows, self.model.device)]
             return picked
-        if (
-            mixed is not None
-            and not inputs.is_decode
-            and mixed.can_run(inputs)
-            and not self.expand.applies(inputs, self.kv.block_size)
-        ):
+        if mixed_graph:
+            assert mixed is not None
             return mixed.run(inputs, input_ids)
         cpu_decode = self.cpu_decode
         if cpu_decode is not None and input_ids is None and cpu_decode.fits(inputs):
@@ -110,7 +115,7 @@ class ForwardPass:
         rows' logits, and those rows' final hidden states (gpu/hidden_rows.py)."""
         assert inputs.hidden_rows is not None
         if self.model.lora is not None:
-            self.model.lora.prepare(inputs)
+            self.model.lora.prepare(inputs, graphed=False)
         hidden = self._eager(inputs, None)
         num_sampled = len(hidden) - len(inputs.hidden_rows.rows)
         logits: torch.Tensor = self.model.compute_logits(hidden[:num_sampled])

@@ -1,30 +1,42 @@
-"""Batched LoRA: every token of a step runs through its own adapter (or none), in two GEMMs
-per projection that a CUDA graph can hold, with no gather of weights per token.
+"""Batched LoRA: every token of a step runs through its own adapter (or none).
 
 The max_loras adapter slots sit side by side, each padded to rank R = max_lora_rank:
 
-    A_all [S x L*R, K]   (S: the projection's fused slices, q/k/v or gate/up; zero rows pad)
-    B_s   [n_s, L*R]     (per slice; already scaled by alpha / r; zero columns pad)
-    mask  [T, L*R]       1 where column c belongs to token t's slot (c // R == slot[t])
+    A_all [L x S x R, K]   slot-major: slot l's rows of slice s at (l S + s) R (S: the
+                           projection's fused slices, q/k/v or gate/up); zero rows pad
+    B_s   [n_s, L x R]     per slice, slot l's columns at l R; already scaled by alpha / r
 
-    y = W x + for each slice s:  B_s ((A_all x)_s * mask)
+Two ways to run them, chosen per step by the runtime (gpu/lora_runtime.py):
 
-A token without an adapter (slot -1) has an all-zero mask row: y = W x exactly. The extra work
-is 2 x S x L x R multiply-adds per token per output and input feature pair's worth of the
-projection's sizes (L x R = 64 at the defaults: 6% of a 1,024-wide projection, 1.6% of a
-4,096-wide one), and the slots' weights are read once per step, whichever adapters run.
+- masked, for steps a CUDA graph replays (no branch on data): two GEMMs per projection over
+  all slots, y = W x + sum_s B_s (((A_all x) * mask)_s), mask [T, L] 1 where slot l is token t's.
+  A token without an adapter (slot -1) gets y = W x exactly; the extra work is L x R columns
+  whichever adapters run (64 at the defaults: 6% of a 1,024-wide projection).
+- grouped, for eager steps: per adapter in the step, its tokens' rows only, at its own rank:
+  y[rows] += B (A x[rows]); a step without adapters costs nothing.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from troupe.gpu.quant_linear import QuantLinear, linear
 
 
+@dataclass(frozen=True, slots=True)
+class SlotRows:
+    """One adapter's share of an eager step: its slot, rank, and rows (None: all of them)."""
+
+    slot: int
+    rank: int
+    rows: torch.Tensor | None
+
+
 class LoraSlots:
-    """The step's per-token slot ids (a static buffer: graphs replay it) and the mask that
-    DecoderModel.forward builds from them once per forward (begin)."""
+    """The step's per-token slot ids (a static buffer: graphs replay it), and how this
+    forward's projections run them (begin): masked, or grouped by adapter (`groups`)."""
 
     def __init__(
         self,
@@ -38,22 +50,20 @@ class LoraSlots:
         self.max_rank = max_rank
         self.dtype = dtype
         self.token_slots = torch.full((max_tokens,), -1, dtype=torch.int64, device=device)
-        self._column_slot = torch.arange(max_loras * max_rank, device=device) // max_rank
-        self.mask = torch.zeros(0, max_loras * max_rank, dtype=dtype, device=device)
+        self._slot_ids = torch.arange(max_loras, device=device)
+        self.mask = torch.zeros(0, max_loras, dtype=dtype, device=device)
+        # the next forward's adapters, grouped (an eager step), or None: masked (graphs)
+        self.groups: tuple[SlotRows, ...] | None = None
 
     @property
     def device(self) -> torch.device:
         return self.token_slots.device
 
-    @property
-    def width(self) -> int:
-        """L x R: the columns of every projection's stacked factors."""
-        return self.max_loras * self.max_rank
-
     def begin(self, num_tokens: int) -> None:
-        """The mask of the first `num_tokens` tokens, for this forward's projections."""
-        slots = self.token_slots[:num_tokens, None]
-        self.mask = (slots == self._column_slot[None, :]).to(self.dtype)
+        """Before a forward's layers: the mask of its first `num_tokens` tokens (masked)."""
+        if self.groups is None:
+            slots = self.token_slots[:num_tokens, None]
+            self.mask = (slots == self._slot_ids[None, :]).to(self.dtype)
 
 
 class LoraLinear:
@@ -70,10 +80,11 @@ class LoraLinear:
         self.base = base
         self.slices = slices
         self.slots = slots
-        dtype, device = slots.dtype, slots.token_slots.device
-        width = slots.width
-        self.a_all = torch.zeros(len(slices) * width, in_features, dtype=dtype, device=device)
-        self.b = [torch.zeros(n, width, dtype=dtype, device=device) for n in slices]
+        dtype, device = slots.dtype, slots.device
+        lora, rank = slots.max_loras, slots.max_rank
+        self.a_all = torch.zeros(lora * len(slices) * rank, in_features, dtype=dtype, device=device)
+        self._a = self.a_all.view(lora, len(slices), rank, in_features)
+        self.b = [torch.zeros(n, lora * rank, dtype=dtype, device=device) for n in slices]
         starts = [sum(slices[:i]) for i in range(len(slices))]
         self._bounds = list(zip(starts, slices, strict=True))
 
@@ -85,8 +96,8 @@ class LoraLinear:
         """Put slice `index`'s factors (A [r, K], scaled B [n, r]; None: not targeted) in
         `slot`, zero past their rank; a queued copy on CUDA (stream order: the forwards queued
         before it read the slot's old weights)."""
-        r_max, width = self.slots.max_rank, self.slots.width
-        a_rows = self.a_all[index * width + slot * r_max : index * width + (slot + 1) * r_max]
+        r_max = self.slots.max_rank
+        a_rows = self._a[slot, index]
         b_cols = self.b[index][:, slot * r_max : (slot + 1) * r_max]
         a_rows.zero_()
         b_cols.zero_()
@@ -98,12 +109,28 @@ class LoraLinear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         out = linear(x, self.base)
-        mask = self.slots.mask
-        num_tokens, width = x.shape[0], self.slots.width
-        shrunk = F.linear(x, self.a_all).view(num_tokens, len(self.slices), width)
-        shrunk = shrunk * mask[:, None, :]
-        if len(self.slices) == 1:
-            return out.addmm_(shrunk[:, 0], self.b[0].t())
+        groups = self.slots.groups
+        if groups is None:
+            return self._masked(x, out)
+        r_max = self.slots.max_rank
+        for group in groups:
+            xs = x if group.rows is None else x.index_select(0, group.rows)
+            for index, (start, size) in enumerate(self._bounds):
+                a = self._a[group.slot, index, : group.rank]
+                b = self.b[index][:, group.slot * r_max : group.slot * r_max + group.rank]
+                delta = F.linear(F.linear(xs, a), b)
+                if group.rows is None:
+                    out[:, start : start + size] += delta
+                else:
+                    out[:, start : start + size].index_add_(0, group.rows, delta)
+        return out
+
+    def _masked(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        lora, rank, num_slices = self.slots.max_loras, self.slots.max_rank, len(self.slices)
+        num_tokens = x.shape[0]
+        shrunk = F.linear(x, self.a_all).view(num_tokens, lora, num_slices, rank)
+        shrunk = shrunk * self.slots.mask[:, :, None, None]
         for index, (start, size) in enumerate(self._bounds):
-            out[:, start : start + size].addmm_(shrunk[:, index], self.b[index].t())
+            part = shrunk[:, :, index].reshape(num_tokens, lora * rank)
+            out[:, start : start + size].addmm_(part, self.b[index].t())
         return out

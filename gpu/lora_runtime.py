@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 from troupe.gpu.device_inputs import host_to_device
 from troupe.gpu.lora_adapter import LoraAdapter, load_adapter, module_shapes
-from troupe.gpu.lora_linear import LoraLinear, LoraSlots
+from troupe.gpu.lora_linear import LoraLinear, LoraSlots, SlotRows
 from troupe.gpu.model_config import ModelConfig
 from troupe.gpu.models import DecoderModel
 from troupe.gpu.step_inputs import StepInputs
@@ -52,8 +52,9 @@ class LoraRuntime:
         """Before a forward's layers (DecoderModel.forward): the mask of its tokens."""
         self.slots.begin(num_tokens)
 
-    def prepare(self, inputs: StepInputs) -> None:
-        """Hold the step's adapters in slots and write its tokens' slots (inputs.adapters)."""
+    def prepare(self, inputs: StepInputs, *, graphed: bool) -> None:
+        """Hold the step's adapters (inputs.adapters) in slots; for a step a graph replays,
+        write its tokens' slots (masked), else group its rows by adapter."""
         num_tokens = len(inputs.input_ids)
         if num_tokens > len(self.slots.token_slots):
             raise RuntimeError(
@@ -62,19 +63,34 @@ class LoraRuntime:
             )
         adapters = inputs.adapters
         if adapters is None or not (adapters >= 0).any():
-            if self._marked:
+            self.slots.groups = None if graphed else ()
+            if graphed and self._marked:
                 self.slots.token_slots[: self._marked].fill_(-1)
                 self._marked = 0
             return
         needed = np.unique(adapters[adapters >= 0]).tolist()
-        slot_of = {a: self._slot_for(a, needed) for a in needed}
         lookup = np.full(len(self.adapters) + 1, -1, dtype=np.int64)  # [-1] -> no slot
-        for adapter, slot in slot_of.items():
-            lookup[adapter] = slot
-        seq_slots = lookup[adapters]
-        token_slots = np.repeat(seq_slots, np.diff(inputs.query_start_loc))
+        for adapter in needed:
+            lookup[adapter] = self._slot_for(adapter, needed)
+        token_slots = np.repeat(lookup[adapters], np.diff(inputs.query_start_loc))
+        if not graphed:
+            self.slots.groups = self._groups(token_slots, needed, lookup)
+            return
+        self.slots.groups = None
         self.slots.token_slots[:num_tokens].copy_(host_to_device(token_slots, self.slots.device))
         self._marked = max(self._marked, num_tokens)
+
+    def _groups(
+        self, token_slots: np.ndarray, needed: list[int], lookup: np.ndarray
+    ) -> tuple[SlotRows, ...]:
+        groups = []
+        for adapter in needed:
+            slot = int(lookup[adapter])
+            rows = np.flatnonzero(token_slots == slot)
+            every = len(rows) == len(token_slots)
+            device_rows = None if every else host_to_device(rows, self.slots.device)
+            groups.append(SlotRows(slot, self.adapters[adapter].rank, device_rows))
+        return tuple(groups)
 
     def _slot_for(self, adapter: int, needed: list[int]) -> int:
         self._clock += 1

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 from troupe.gpu.lora_adapter import LoraAdapter
-from troupe.gpu.lora_linear import LoraLinear, LoraSlots
+from troupe.gpu.lora_linear import LoraLinear, LoraSlots, SlotRows
 from troupe.gpu.lora_runtime import LoraRuntime
 from troupe.gpu.step_inputs import StepInputs
 
@@ -26,7 +26,9 @@ def _projection(max_loras: int = 3, max_rank: int = 4) -> tuple[LoraLinear, torc
     return LoraLinear(weight, SLICES, IN, slots), weight
 
 
-def test_each_token_runs_its_own_adapter() -> None:
+@pytest.mark.parametrize("grouped", [False, True])
+def test_each_token_runs_its_own_adapter(grouped: bool) -> None:
+    """Masked (as graphs replay it) and grouped by adapter (eager steps) alike."""
     proj, weight = _projection()
     adapters = {0: _factors(2, 1), 2: _factors(4, 2)}  # slot -> per-slice (A, B); slot 1 empty
     for slot, factors in adapters.items():
@@ -36,6 +38,12 @@ def test_each_token_runs_its_own_adapter() -> None:
     token_slots = [-1, 0, 2, 0, -1, 2, 1]
     x = torch.randn(len(token_slots), IN, generator=torch.Generator().manual_seed(3))
     proj.slots.token_slots[: len(token_slots)] = torch.tensor(token_slots)
+    if grouped:
+        slots = torch.tensor(token_slots)
+        ranks = {0: 2, 1: 4, 2: 4}
+        proj.slots.groups = tuple(
+            SlotRows(s, ranks[s], torch.nonzero(slots == s).flatten()) for s in (2, 0, 1)
+        )
     proj.slots.begin(len(token_slots))
     got = proj(x)
     base = x @ weight.T
@@ -96,19 +104,33 @@ def _inputs(adapters: list[int], lens: list[int]) -> StepInputs:
 
 def test_slots_are_refilled_least_recently_used_first() -> None:
     runtime, _ = _runtime(num_adapters=3, max_loras=2)
-    runtime.prepare(_inputs([0, -1, 1], [2, 1, 3]))
+    runtime.prepare(_inputs([0, -1, 1], [2, 1, 3]), graphed=True)
     slots = runtime.slots.token_slots[:6].tolist()
     assert slots[2] == -1 and slots[0] == slots[1] != slots[3] == slots[4] == slots[5]
     slot_of_1 = slots[3]
-    runtime.prepare(_inputs([1], [1]))  # adapter 0 is now the least recently used
-    runtime.prepare(_inputs([2, 1], [1, 1]))  # adapter 2 takes adapter 0's slot
+    runtime.prepare(_inputs([1], [1]), graphed=True)  # adapter 0: the least recently used
+    runtime.prepare(_inputs([2, 1], [1, 1]), graphed=True)  # adapter 2 takes its slot
     assert runtime.num_loads == 3
     assert runtime.slots.token_slots[:2].tolist() == [1 - slot_of_1, slot_of_1]
-    runtime.prepare(_inputs([-1, -1], [1, 1]))  # no adapter: every token's slot is -1 again
+    runtime.prepare(_inputs([-1, -1], [1, 1]), graphed=True)  # no adapter: every slot -1
     assert (runtime.slots.token_slots == -1).all()
+
+
+def test_an_eager_step_groups_rows_by_adapter() -> None:
+    runtime, _ = _runtime(num_adapters=3, max_loras=2)
+    runtime.prepare(_inputs([1, -1, 1, 0], [2, 1, 1, 3]), graphed=False)
+    groups = runtime.slots.groups
+    assert groups is not None and len(groups) == 2
+    rows = {g.slot: (g.rows.tolist() if g.rows is not None else None) for g in groups}
+    assert sorted(rows.values()) == [[0, 1, 3], [4, 5, 6]]
+    runtime.prepare(_inputs([2, 2], [1, 2]), graphed=False)  # one adapter for every row
+    groups = runtime.slots.groups
+    assert groups is not None and len(groups) == 1 and groups[0].rows is None
+    runtime.prepare(_inputs([-1], [4]), graphed=False)
+    assert runtime.slots.groups == ()  # nothing to add
 
 
 def test_more_adapters_than_slots_in_one_step_is_an_error() -> None:
     runtime, _ = _runtime(num_adapters=3, max_loras=2)
     with pytest.raises(RuntimeError, match="runs 3 LoRA adapters; max_loras is 2"):
-        runtime.prepare(_inputs([0, 1, 2], [1, 1, 1]))
+        runtime.prepare(_inputs([0, 1, 2], [1, 1, 1]), graphed=False)
