@@ -88,7 +88,7 @@ def run(
                         lora=adapters[i % len(adapters)],
                     )
                     first = None
-                    async for event in engine.generate(prompt, params):
+                    async for _event in engine.generate(prompt, params):
                         if first is None:
                             first = time.perf_counter() - start
                     ttfts.append(first or 0.0)
