@@ -12,7 +12,7 @@ import troupe
 FLOORS: list[set[str]] = [
     {"messages", "kernels", "logs", "gguf_file", "request_seeds"},
     {"policies"},
-    {"config"},
+    {"config", "config_checks"},
     {"spec_cost"},
     {"gpu"},
     {"actors/core"},

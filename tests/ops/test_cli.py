@@ -43,6 +43,17 @@ def test_every_config_field_is_a_flag() -> None:
     )
 
 
+def test_lora_modules_take_several_values() -> None:
+    ns = build_parser().parse_args(
+        ["generate", "x", "--lora-modules", "sql=/a/sql", "chat=/b/chat", "--max-loras", "2"]
+    )
+    config = config_from_args(ns)
+    assert config.lora_modules == ("sql=/a/sql", "chat=/b/chat") and config.max_loras == 2
+    assert config.lora_adapters == {"sql": "/a/sql", "chat": "/b/chat"}
+    default = config_from_args(build_parser().parse_args(["generate", "x"]))
+    assert default.lora_modules == ()
+
+
 def test_policy_flags_offer_the_registries_names(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         build_parser().parse_args(["generate", "x", "--scheduling-policy", "lifo"])
