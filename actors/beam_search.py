@@ -39,6 +39,9 @@ class BeamSearchParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
     max_tokens: int = 16
     ignore_eos: bool = False
     length_penalty: float = 1.0
+    # each round's requests run with this LoRA adapter and prefix-cache salt (SamplingParams')
+    lora: str | None = None
+    cache_salt: str | None = None
 
     def check(self, max_logprobs: int = 20) -> None:
         if not 1 <= self.beam_width <= max_logprobs // 2:
@@ -118,7 +121,7 @@ async def beam_search(
     done: list[tuple[_Candidate, str]] = []
     width = params.beam_width
     for _ in range(params.max_tokens):
-        tops = await _next_tokens(engine, prompt, live, 2 * width)
+        tops = await _next_tokens(engine, prompt, live, 2 * width, params)
         grown: list[_Candidate] = []
         for beam, top in zip(live, tops, strict=True):
             if top is None:  # at max_model_len: it ends here
@@ -151,12 +154,23 @@ async def beam_search(
 
 
 async def _next_tokens(
-    engine: BeamEngine, prompt: tuple[int, ...], live: list[_Candidate], k: int
+    engine: BeamEngine,
+    prompt: tuple[int, ...],
+    live: list[_Candidate],
+    k: int,
+    beam: BeamSearchParams,
 ) -> list[list[tuple[int, float]] | None]:
     """Each live beam's k most likely next tokens, None where the beam is at max_model_len.
     A prompt too long to extend at all is an error, not a beam."""
     tops: list[list[tuple[int, float]] | None] = [None] * len(live)
-    params = SamplingParams(max_tokens=1, temperature=0.0, logprobs=k, ignore_eos=True)
+    params = SamplingParams(
+        max_tokens=1,
+        temperature=0.0,
+        logprobs=k,
+        ignore_eos=True,
+        lora=beam.lora,
+        cache_salt=beam.cache_salt,
+    )
     errors: list[BeamSearchError] = []
 
     async def one(i: int, tg: TaskGroup) -> None:

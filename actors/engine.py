@@ -119,6 +119,11 @@ class Engine:
         return engine
 
     @property
+    def lora_adapters(self) -> dict[str, str]:
+        """The LoRA adapters a request may name (SamplingParams.lora): their folders by name."""
+        return self.config.lora_adapters
+
+    @property
     def is_healthy(self) -> bool:
         """False once the graph has stopped because an actor failed (or the executor hung)."""
         return self.error is None and not self._stopped.is_set()

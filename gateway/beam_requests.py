@@ -70,6 +70,8 @@ def beam_params(
         max_tokens=params.max_tokens,
         ignore_eos=params.ignore_eos,
         length_penalty=1.0 if body.length_penalty is None else body.length_penalty,
+        lora=params.lora,
+        cache_salt=params.cache_salt,
     )
     try:
         beam.check()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import dataclasses
 import struct
 import time
 import uuid
@@ -29,8 +30,8 @@ from troupe.gateway.embeddings_bodies import EmbeddingRequest, parse_embedding_r
 from troupe.gateway.engine_api import EngineLike
 from troupe.gateway.errors import ApiError, error_for_event
 from troupe.gateway.http_body import read_json_body
-from troupe.gateway.openai_requests import api_error_for_model
 from troupe.gateway.prompt_batch import batch_events, batch_usage
+from troupe.gateway.served_models import ServedModels
 from troupe.gateway.state import GATEWAY
 from troupe.messages import Aborted, Failed, Finished, Rejected, StreamEvent, Usage
 
@@ -52,8 +53,9 @@ async def embeddings(request: web.Request) -> web.Response:
         pooling_type=settings.pooling_type,
         max_inputs=settings.max_embedding_inputs,
     )
-    if (error := api_error_for_model(req.model, engine.model_name)) is not None:
-        raise error
+    served = ServedModels.of(engine)
+    if (lora := served.lora_for(req.model)) is not None:
+        req = dataclasses.replace(req, params=msgspec.structs.replace(req.params, lora=lora))
     request_id = f"embd-{uuid.uuid4().hex}"
     if req.user is not None:
         log.debug("request from a named user", request_id=request_id, user=req.user)
@@ -66,7 +68,7 @@ async def embeddings(request: web.Request) -> web.Response:
         "id": request_id,
         "object": "list",
         "created": int(time.time()),
-        "model": engine.model_name,
+        "model": served.name_of(lora),
         "data": [
             {"object": "embedding", "embedding": _encoded(v, req.encoding_format), "index": i}
             for i, v in enumerate(vectors)

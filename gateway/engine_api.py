@@ -44,6 +44,9 @@ class EngineLike(Protocol):
     def eos_token_ids(self) -> tuple[int, ...]: ...  # beam search ends a beam on them
 
     @property
+    def lora_adapters(self) -> Mapping[str, str]: ...  # name -> folder: what `model` may name
+
+    @property
     def num_active(self) -> int: ...
 
     @property

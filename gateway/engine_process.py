@@ -35,6 +35,7 @@ from troupe.messages.engine_protocol import (
     Generate,
     GraphStatsReply,
     Hello,
+    LoraAdapter,
     QueryGraphStats,
     Shutdown,
     StartFailed,
@@ -106,6 +107,10 @@ async def _run_engine(
                     max_model_len=engine.max_model_len,
                     pid=os.getpid(),
                     eos_token_ids=engine.eos_token_ids,
+                    lora_adapters=tuple(
+                        LoraAdapter(name=name, path=path)
+                        for name, path in engine.lora_adapters.items()
+                    ),
                 )
             )
             ready.set_result(engine)

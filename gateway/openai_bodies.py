@@ -70,6 +70,7 @@ class _Common(StructuredFields, kw_only=True):
     prompt_logprobs: int | None = None  # vLLM's extra: each prompt token's logprob + top-k
     streaming_window: int | None = None  # StreamingLLM (troupe's): sinks + window of KV
     sink_tokens: int | None = None
+    cache_salt: str | None = None  # vLLM's: prefix-cache hits only among the same salt
     user: str | None = None  # accepted: an end-user id for the operator's logs (OpenAI's)
     # vLLM's beam search extras: n beams, ranked by logprob / length ** length_penalty
     use_beam_search: bool = False

@@ -6,6 +6,8 @@ what troupe does not serve yet (suffix, best_of > n streamed, n > 1 with tools, 
 completion may carry a list of prompts (`prompts`; gateway/prompt_batch.py runs them). Echo with
 logprobs asks the engine for the prompt's logprobs (vLLM's way: gateway/prompt_logprobs.py).
 `use_beam_search` makes `beam` (gateway/beam_requests.py; gateway/beam_routes.py answers).
+`model` is checked by the route, which knows what is served: it names the base model or a LoRA
+adapter (gateway/served_models.py), which `with_lora` puts in the params.
 """
 
 from __future__ import annotations
@@ -13,9 +15,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Literal, cast
 
+import msgspec
 from troupe.actors.beam_search import BeamSearchParams
 from troupe.gateway.beam_requests import beam_params
-from troupe.gateway.errors import ApiError, invalid
+from troupe.gateway.errors import invalid
 from troupe.gateway.openai_bodies import (
     ChatBody,
     CompletionBody,
@@ -54,13 +57,22 @@ class OpenAIRequest:
     prompts: tuple[str | list[int], ...] = ()
     beam: BeamSearchParams | None = None  # use_beam_search: gateway/beam_routes.py answers
 
+    def with_lora(self, lora: str | None) -> OpenAIRequest:
+        """This request on the LoRA adapter its `model` selects (gateway/served_models.py;
+        None: the base model)."""
+        if lora is None:
+            return self
+        beam = None if self.beam is None else msgspec.structs.replace(self.beam, lora=lora)
+        params = msgspec.structs.replace(self.params, lora=lora)
+        return dataclasses.replace(self, params=params, beam=beam)
+
 
 # Fields passed to SamplingParams under the same name (priority included: vLLM's polarity).
 _PASSTHROUGH = (
     "temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty", "frequency_penalty",
     "repetition_penalty", "ignore_eos", "priority", "skip_special_tokens",
     "include_stop_str_in_output", "min_tokens", "streaming_window", "sink_tokens",
-    "truncate_prompt_tokens",
+    "truncate_prompt_tokens", "cache_salt",
 )  # fmt: skip
 
 
@@ -294,11 +306,3 @@ def message_dicts(messages: list[Message]) -> list[dict[str, str]]:
             content = "".join(texts)
         out.append({"role": message.role, "content": content})
     return out
-
-
-def api_error_for_model(model: str | None, served: str) -> ApiError | None:
-    """404 for a model this server does not serve (None or '' means the served one)."""
-    if model and model != served:
-        message = f"model '{model}' does not exist; this server serves '{served}'"
-        return ApiError(404, message, param="model", code="model_not_found")
-    return None

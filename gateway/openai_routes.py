@@ -16,13 +16,14 @@ from aiohttp import web
 from troupe.gateway.beam_routes import beam_answer
 from troupe.gateway.errors import ApiError, error_for_event, invalid
 from troupe.gateway.http_body import read_json_body
-from troupe.gateway.openai_requests import Kind, OpenAIRequest, api_error_for_model, parse_request
+from troupe.gateway.openai_requests import Kind, OpenAIRequest, parse_request
 from troupe.gateway.openai_responses import ResponseBuilder
 from troupe.gateway.outbox import Outbox, Overflow
 from troupe.gateway.prompt_batch import batch_events, batch_usage
 from troupe.gateway.prompt_logprobs import Echo, PromptLogprobsSeen, echo_for
 from troupe.gateway.pump import abort_transport_later, pump
 from troupe.gateway.reasoning import ReasoningSplitter, constraint_reasoning
+from troupe.gateway.served_models import ServedModels
 from troupe.gateway.sse_frames import DONE as _DONE
 from troupe.gateway.sse_frames import sse as _sse
 from troupe.gateway.sse_frames import text_delta_frames
@@ -100,21 +101,10 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 
 async def models(request: web.Request) -> web.Response:
+    """The base model, then its LoRA adapters (gateway/served_models.py)."""
     engine = request.app[GATEWAY].engine
-    return web.json_response(
-        {
-            "object": "list",
-            "data": [
-                {
-                    "id": engine.model_name,
-                    "object": "model",
-                    "created": 0,
-                    "owned_by": "troupe",
-                    "max_model_len": engine.max_model_len,
-                }
-            ],
-        }
-    )
+    cards = ServedModels.of(engine).cards(engine.max_model_len)
+    return web.json_response({"object": "list", "data": cards})
 
 
 async def _handle(request: web.Request, kind: Kind) -> web.StreamResponse:
@@ -130,8 +120,8 @@ async def _handle(request: web.Request, kind: Kind) -> web.StreamResponse:
             gateway.settings.tool_call_parser, engine.tokenizer.chat_template
         )
     req = parse_request(kind, raw, default_max_tokens=default_max_tokens, tool_parser=tool_parser)
-    if (error := api_error_for_model(req.model, engine.model_name)) is not None:
-        raise error
+    served = ServedModels.of(engine)
+    req = req.with_lora(served.lora_for(req.model))
     if len(req.prompts) > (limit := gateway.settings.max_prompts_per_request):
         raise invalid("prompt", f"at most {limit} prompts per request, got {len(req.prompts)}")
     prefix = "chatcmpl" if kind == "chat" else "cmpl"
@@ -140,7 +130,7 @@ async def _handle(request: web.Request, kind: Kind) -> web.StreamResponse:
         log.debug("request from a named user", request_id=request_id, user=req.user)
     builder = ResponseBuilder(
         kind,
-        engine.model_name,
+        served.name_of(req.params.lora),
         request_id,
         engine.tokenizer,
         continuous_usage=req.continuous_usage,

@@ -70,6 +70,7 @@ class RemoteEngine(asyncio.Protocol):
         self.model_name = ""
         self.max_model_len = 0
         self.eos_token_ids: tuple[int, ...] = ()  # the model's, from Hello (beam search)
+        self.lora_adapters: dict[str, str] = {}  # the engine's, from Hello: name -> folder
         self.pid = 0  # the engine process, once it said Hello
         self.error: str | None = None  # why the engine stopped, if it failed
         self._tokenizer: TokenizerLike | None = None
@@ -241,6 +242,7 @@ class RemoteEngine(asyncio.Protocol):
                     reply.pid,
                 )
                 self.eos_token_ids = reply.eos_token_ids
+                self.lora_adapters = {a.name: a.path for a in reply.lora_adapters}
                 self._hello.set_result(reply)
             case StartFailed():
                 self._hello.set_exception(start_error(reply))

@@ -2,7 +2,8 @@
 
     POST /v1/completions, /v1/chat/completions   proxied (gateway/router_proxy.py)
     POST /v1/embeddings                          proxied alike
-    GET  /v1/models                              the first replica that is up answers
+    GET  /v1/models                              the first replica that is up answers (the
+                                                 replicas serve one model and its adapters)
     GET  /health                                 200 while a replica is up, else 503
     GET  /metrics                                per-replica counters (gateway/router_metrics.py)
     GET  /v1/router/stats                        the same as JSON

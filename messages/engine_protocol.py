@@ -69,6 +69,14 @@ ToEngine = Generate | Abort | AbortAll | Shutdown | QueryGraphStats
 # -- replies (engine -> gateway) -------------------------------------------------------------
 
 
+class LoraAdapter(msgspec.Struct, frozen=True, kw_only=True):
+    """A LoRA adapter the engine serves (EngineConfig.lora_modules): a request's `model` may
+    name it (gateway/served_models.py)."""
+
+    name: str
+    path: str  # its folder, as configured (GET /v1/models shows it as `root`)
+
+
 class Hello(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     """The engine is serving: what the gateway needs to know about it."""
 
@@ -76,6 +84,7 @@ class Hello(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     max_model_len: int
     pid: int
     eos_token_ids: tuple[int, ...] = ()  # the model's (beam search ends a beam on them)
+    lora_adapters: tuple[LoraAdapter, ...] = ()  # in the order configured
 
 
 class StartFailed(msgspec.Struct, frozen=True, kw_only=True, tag=True):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-from typing import Any
+from typing import Any, ClassVar
 
 import aiohttp
 import pytest
@@ -62,6 +62,7 @@ class _DeadEngine:
     """The slice of an engine /health reads, after its graph failed."""
 
     model_name = "dead"
+    lora_adapters: ClassVar[dict[str, str]] = {}
     is_healthy = False
 
     def stats(self) -> EngineStats:

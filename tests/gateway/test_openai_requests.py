@@ -7,7 +7,7 @@ from typing import Any
 import msgspec
 import pytest
 from troupe.gateway.errors import ApiError
-from troupe.gateway.openai_requests import Kind, OpenAIRequest, api_error_for_model
+from troupe.gateway.openai_requests import Kind, OpenAIRequest
 from troupe.gateway.openai_requests import parse_request as parse_raw
 from troupe.messages import SamplingParams
 
@@ -196,11 +196,32 @@ def test_n_and_best_of_messages_are_clear() -> None:
     assert error.message == "best_of must be >= n (3), got 2"
 
 
-def test_unknown_model_is_404() -> None:
-    assert api_error_for_model(None, "served") is None
-    assert api_error_for_model("served", "served") is None
-    error = api_error_for_model("gpt-9", "served")
-    assert error is not None and error.status == 404 and error.code == "model_not_found"
+@pytest.mark.parametrize("kind", ["completion", "chat"])
+def test_cache_salt_reaches_the_params_and_is_checked(kind: Kind) -> None:
+    user = {"role": "user", "content": "x"}
+    body: dict[str, Any] = {"prompt": "x"} if kind == "completion" else {"messages": [user]}
+    plain = parse_request(kind, body, default_max_tokens=16).params
+    assert plain.cache_salt is None
+    salted = parse_request(kind, {**body, "cache_salt": "tenant-7"}, default_max_tokens=16).params
+    assert salted.cache_salt == "tenant-7"
+    assert salted.cache_namespace != plain.cache_namespace
+    empty = _bad(kind, {**body, "cache_salt": ""})
+    assert empty.param == "cache_salt" and "1 to 256 characters" in empty.message
+    assert _bad(kind, {**body, "cache_salt": "s" * 257}).param == "cache_salt"
+    typed = _bad(kind, {**body, "cache_salt": 7})
+    assert typed.param == "cache_salt" and "Expected `str" in typed.message
+
+
+def test_with_lora_sets_the_adapter_on_the_params_and_the_beams() -> None:
+    body = {"prompt": "x", "n": 2, "use_beam_search": True, "cache_salt": "s"}
+    req = parse_request("completion", body, default_max_tokens=16)
+    assert req.with_lora(None) is req
+    on = req.with_lora("sql")
+    assert on.params.lora == "sql" and on.params.cache_salt == "s"
+    assert on.beam is not None and (on.beam.lora, on.beam.cache_salt) == ("sql", "s")
+    assert req.params.lora is None  # the request it came from is left as it was
+    plain = parse_request("completion", {"prompt": "x"}, default_max_tokens=16).with_lora("a")
+    assert plain.beam is None and plain.params.lora == "a"
 
 
 def test_extras_map_to_sampling_params() -> None:

@@ -71,6 +71,20 @@ def test_routing_key_shares_prefixes_as_conversations_do() -> None:
     assert routing_key(None) == "" and routing_key([1]) == ""
 
 
+def test_routing_keys_of_other_adapters_or_salts_share_no_prefix() -> None:
+    def key(**extra: object) -> str:
+        return routing_key({"prompt": "Summarize this long shared document.", **extra})
+
+    plain = key()
+    assert plain == "Summarize this long shared document."
+    sql = key(model="sql")
+    assert sql == key(model="sql") and sql[1:] == plain and len(sql) == len(plain) + 1
+    others = {key(model="chat"), key(model="sql", cache_salt="t1"), key(cache_salt="t1")}
+    assert all(_common(sql, other) == 0 for other in others) and len(others) == 3
+    chat = {"messages": [{"role": "user", "content": "hi"}]}
+    assert routing_key({**chat, "model": "sql"})[1:] == routing_key(chat)
+
+
 def _policy(**kw: object) -> CacheAwarePolicy:
     urls = ("http://a:1", "http://b:1", "http://c:1")
     return CacheAwarePolicy(3, RouterSettings(backend_urls=urls).replace(**kw))

@@ -11,7 +11,7 @@ import asyncio
 import json
 import socket
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 from aiohttp import web
@@ -30,6 +30,7 @@ class FloodEngine:
     """Endless 32 KiB deltas; records how many were taken and whether each stream closed."""
 
     model_name = "flood"
+    lora_adapters: ClassVar[dict[str, str]] = {}
     max_model_len = 1 << 30
     tokenizer = None
     is_healthy = True

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import anyio
 import pytest
@@ -38,6 +38,7 @@ class ScriptedEngine:
     """Streams one token per step once `admit` is set; honours aborts for received ids only."""
 
     model_name = "scripted"
+    lora_adapters: ClassVar[dict[str, str]] = {}
     max_model_len = 1 << 20
     tokenizer = None
     is_healthy = True

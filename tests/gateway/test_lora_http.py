@@ -1,0 +1,247 @@
+"""LoRA adapters and cache_salt over HTTP and websockets, against fake-runner engines: a
+request's `model` picks the adapter (SamplingParams.lora, seen by the runner), GET /v1/models
+lists the adapters (from the engine child's Hello), an unknown model is a 404 listing them,
+and the router passes all of it through. The runner here never loads the folders: what an
+adapter computes is tested on SmolLM2 (test_lora_model.py) and in tests/lora."""
+
+from __future__ import annotations
+
+import json
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import openai
+import pytest
+from openai import OpenAI
+from troupe.gateway.router_settings import RouterSettings
+from troupe.gateway.state import GatewaySettings
+from troupe.gpu.fake_runner import FakeRunner
+from troupe.gpu.runner_wrapper import RunnerWrapper
+from troupe.messages import SampledToken, SamplingParams, StepPlan
+from websockets.asyncio.client import connect
+
+from tests.gateway.conftest import BASE_CONFIG, ServerThread
+from tests.gateway.router_harness import RouterThread
+
+ADAPTERS = {"sql": "/adapters/sql", "chat-v2": "/adapters/chat"}
+CONFIG = BASE_CONFIG.replace(lora_modules=tuple(f"{k}={v}" for k, v in ADAPTERS.items()))
+USER = [{"role": "user", "content": "Write a query."}]
+
+
+class ParamsRecorder(RunnerWrapper):
+    """Records each request's SamplingParams as its first plan brings them to the runner."""
+
+    def __init__(self, inner: FakeRunner) -> None:
+        super().__init__(inner)
+        self._lock = threading.Lock()  # steps run in the executor's thread
+        self.params: dict[str, SamplingParams] = {}
+
+    def execute(self, plan: StepPlan) -> tuple[SampledToken, ...]:
+        self._record(plan)
+        return self.inner.execute(plan)
+
+    def launch(self, plan: StepPlan) -> None:
+        self._record(plan)
+        self.inner.launch(plan)
+
+    def _record(self, plan: StepPlan) -> None:
+        with self._lock:
+            self.params.update((w.request_id, w.params) for w in plan.seqs if w.params)
+
+    def take(self, prefix: str = "") -> list[SamplingParams]:
+        """The params of the requests whose id starts with `prefix`; forgets every one."""
+        with self._lock:
+            taken = [p for rid, p in self.params.items() if rid.startswith(prefix)]
+            self.params.clear()
+        return taken
+
+
+@pytest.fixture(scope="module")
+def recorded() -> Iterator[ServerThread]:
+    """The engine in this process around a ParamsRecorder (`srv.runner`)."""
+    srv = ServerThread(
+        CONFIG, GatewaySettings(), runner=ParamsRecorder(FakeRunner.from_config(CONFIG))
+    )
+    yield srv.start()
+    srv.shutdown()
+
+
+@pytest.fixture(scope="module")
+def child() -> Iterator[ServerThread]:
+    """The engine in a child process, as `troupe serve` runs it: the adapters come in Hello."""
+    srv = ServerThread(CONFIG, GatewaySettings()).start()
+    yield srv
+    srv.shutdown()
+
+
+def _post(url: str, path: str, body: object) -> tuple[int, Any]:
+    request = urllib.request.Request(
+        f"{url}{path}", json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as resp:
+            raw = resp.read().decode()
+            if resp.headers.get_content_type() == "text/event-stream":
+                events = [line[6:] for line in raw.splitlines() if line.startswith("data: {")]
+                return resp.status, [json.loads(e) for e in events]
+            return resp.status, json.loads(raw)
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def _client(url: str) -> OpenAI:
+    return OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=30)
+
+
+# (path, body): each endpoint whose `model` selects the adapter
+ENDPOINTS = {
+    "completion": ("/v1/completions", {"prompt": "SELECT", "max_tokens": 3}),
+    "completion-n": ("/v1/completions", {"prompt": ["a", "b"], "n": 2, "max_tokens": 2}),
+    "chat": ("/v1/chat/completions", {"messages": USER, "max_tokens": 3}),
+    "chat-stream": ("/v1/chat/completions", {"messages": USER, "max_tokens": 3, "stream": True}),
+    "embeddings": ("/v1/embeddings", {"input": ["one", "two"]}),
+}
+
+
+def test_the_engine_process_tells_the_gateway_its_adapters(child: ServerThread) -> None:
+    assert child.engine.lora_adapters == ADAPTERS  # a RemoteEngine: from Hello
+    listed = _client(child.url).models.list().data
+    base = child.engine.model_name
+    assert [(m.id, m.root, m.parent) for m in listed] == [  # type: ignore[attr-defined]
+        (base, base, None),
+        ("sql", "/adapters/sql", base),
+        ("chat-v2", "/adapters/chat", base),
+    ]
+    assert {m.max_model_len for m in listed} == {child.engine.max_model_len}  # type: ignore[attr-defined]
+    answer = _client(child.url).completions.create(model="chat-v2", prompt="x", max_tokens=2)
+    assert answer.model == "chat-v2" and answer.choices[0].text
+
+
+@pytest.mark.parametrize("endpoint", list(ENDPOINTS))
+@pytest.mark.parametrize("model", ["sql", "base", None])
+def test_model_selects_the_adapter_on_every_endpoint(
+    recorded: ServerThread, endpoint: str, model: str | None
+) -> None:
+    path, body = ENDPOINTS[endpoint]
+    base = recorded.engine.model_name
+    given = {"model": base if model == "base" else model} if model else {}
+    recorded.runner.take()
+    status, answer = _post(recorded.url, path, {**body, **given})
+    assert status == 200, answer
+    chunks = answer if isinstance(answer, list) else [answer]
+    expected_lora = "sql" if model == "sql" else None
+    assert {c["model"] for c in chunks} == {expected_lora or base}
+    seen = recorded.runner.take(chunks[0]["id"])
+    num_requests = {"completion-n": 4, "embeddings": 2}.get(endpoint, 1)
+    assert len(seen) == num_requests
+    assert {p.lora for p in seen} == {expected_lora}
+
+
+@pytest.mark.parametrize("endpoint", ["completion", "chat", "embeddings"])
+def test_an_unknown_model_is_a_404_naming_the_adapters(
+    recorded: ServerThread, endpoint: str
+) -> None:
+    path, body = ENDPOINTS[endpoint]
+    recorded.runner.take()
+    status, answer = _post(recorded.url, path, {**body, "model": "mysql"})
+    assert status == 404, answer
+    error = answer["error"]
+    assert (error["code"], error["param"]) == ("model_not_found", "model")
+    base = recorded.engine.model_name
+    assert error["message"] == (
+        "model 'mysql' does not exist; this server serves the model and its LoRA adapters: "
+        f"'{base}', 'sql', 'chat-v2'"
+    )
+    assert recorded.runner.take() == []  # nothing ran
+    with pytest.raises(openai.NotFoundError, match="'sql', 'chat-v2'"):
+        _client(recorded.url).chat.completions.create(model="mysql", messages=USER)  # type: ignore[arg-type]
+
+
+def test_tokenize_accepts_an_adapter_name(recorded: ServerThread) -> None:
+    status, plain = _post(recorded.url, "/tokenize", {"prompt": "SELECT 1"})
+    assert status == 200
+    assert _post(recorded.url, "/tokenize", {"prompt": "SELECT 1", "model": "sql"}) == (200, plain)
+    status, answer = _post(recorded.url, "/detokenize", {"tokens": [5], "model": "nope"})
+    assert status == 404 and answer["error"]["param"] == "model"
+
+
+@pytest.mark.parametrize("endpoint", ["completion", "chat-stream"])
+def test_cache_salt_reaches_the_engine(recorded: ServerThread, endpoint: str) -> None:
+    path, body = ENDPOINTS[endpoint]
+    recorded.runner.take()
+    status, answer = _post(recorded.url, path, {**body, "model": "sql", "cache_salt": "tenant-7"})
+    assert status == 200, answer
+    chunks = answer if isinstance(answer, list) else [answer]
+    (params,) = recorded.runner.take(chunks[0]["id"])
+    assert (params.lora, params.cache_salt) == ("sql", "tenant-7")
+
+
+@pytest.mark.parametrize(
+    ("salt", "needle"), [("", "1 to 256 characters"), ("s" * 257, "got 257"), (7, "Expected `str")]
+)
+def test_a_bad_cache_salt_is_a_400_naming_it(
+    recorded: ServerThread, salt: Any, needle: str
+) -> None:
+    for path, body in (ENDPOINTS["completion"], ENDPOINTS["chat"]):
+        status, answer = _post(recorded.url, path, {**body, "cache_salt": salt})
+        assert status == 400 and answer["error"]["param"] == "cache_salt", answer
+        assert needle in answer["error"]["message"]
+
+
+def test_beam_search_runs_every_round_on_the_adapter(recorded: ServerThread) -> None:
+    body = {
+        "prompt": "SELECT",
+        "model": "sql",
+        "n": 2,
+        "max_tokens": 2,
+        "use_beam_search": True,
+        "cache_salt": "s",
+    }
+    recorded.runner.take()
+    status, answer = _post(recorded.url, "/v1/completions", body)
+    assert status == 200 and answer["model"] == "sql" and len(answer["choices"]) == 2, answer
+    seen = recorded.runner.take()  # the rounds' requests carry ids of their own
+    assert len(seen) >= 3  # one first round, then one request per live beam
+    assert {(p.lora, p.cache_salt) for p in seen} == {("sql", "s")}
+
+
+@pytest.mark.anyio
+async def test_websocket_frames_name_the_adapter_as_lora(recorded: ServerThread) -> None:
+    recorded.runner.take()
+    url = recorded.url.replace("http://", "ws://") + "/v1/ws"
+    frame = {"type": "generate", "prompt": "SELECT", "max_tokens": 2, "cache_salt": "t"}
+    async with connect(url) as ws:
+        await ws.send(json.dumps({**frame, "request_id": "on-sql", "lora": "sql"}))
+        await ws.send(json.dumps({**frame, "request_id": "unknown", "lora": "mysql"}))
+        ends: dict[str, dict[str, Any]] = {}
+        while len(ends) < 2:
+            got = json.loads(await ws.recv())
+            if got["type"] in ("done", "error"):
+                ends[got["request_id"]] = got
+    assert ends["on-sql"]["type"] == "done"
+    (params,) = recorded.runner.take()  # the unknown adapter never reached the runner
+    assert (params.lora, params.cache_salt) == ("sql", "t")
+    refused = ends["unknown"]
+    assert refused["type"] == "error" and refused["field"] == "lora"
+    assert "no adapter named 'mysql'" in refused["message"] and "chat-v2, sql" in refused["message"]
+
+
+def test_the_router_lists_and_routes_adapters(child: ServerThread) -> None:
+    settings = RouterSettings(backend_urls=(child.url,), health_check_interval_s=3600.0)
+    router = RouterThread().start_router(settings)
+    try:
+        via, direct = _client(router.url), _client(child.url)
+        assert [m.id for m in via.models.list().data] == [m.id for m in direct.models.list().data]
+        kw: dict[str, Any] = {"prompt": "SELECT", "max_tokens": 3, "temperature": 0}
+        answer = via.completions.create(model="sql", **kw)
+        assert answer.model == "sql"
+        assert (
+            answer.choices[0].text == direct.completions.create(model="sql", **kw).choices[0].text
+        )
+        with pytest.raises(openai.NotFoundError, match="'sql', 'chat-v2'"):  # the replica's 404
+            via.completions.create(model="mysql", **kw)
+    finally:
+        router.close()
