@@ -242,3 +242,48 @@ def test_adapters_on_cuda_with_graphs_and_overlap(
         max_loras=max_loras,
     )
     assert _run_all(config, None) == _expected(hf_model, adapters)
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"num_kv_blocks": 24, "preemption_mode": "swap", "max_num_batched_tokens": 16},
+        {"num_kv_blocks": 24, "preemption_mode": "recompute", "max_num_batched_tokens": 16},
+        {
+            "speculative_method": "ngram",
+            "num_speculative_tokens": 3,
+            "prompt_lookup_min": 1,
+            "speculative_cost_model": False,
+        },
+    ],
+    ids=["swap", "recompute", "ngram"],
+)
+def test_adapters_through_preemption_and_proposals(
+    setup: tuple[Path, Any, dict[str, Any]], tmp_path: Path, changes: dict[str, Any]
+) -> None:
+    """A pool too small for the batch (requests swapped out or recomputed, then resumed on
+    their adapter) and proposals verified through the adapter (several rows per sequence)."""
+    folder, hf_model, adapters = setup
+    config = _config(folder, tmp_path, max_loras=2, **changes)
+    assert _run_all(config, None) == _expected(hf_model, adapters)
+
+
+def test_parallel_samples_keep_the_adapter(
+    setup: tuple[Path, Any, dict[str, Any]], tmp_path: Path
+) -> None:
+    folder, _, adapters = setup
+
+    async def main() -> list[StreamEvent]:
+        async with Engine.open(_config(folder, tmp_path)) as engine:
+            params = SamplingParams(
+                max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True, lora="all", n=3
+            )
+            return await collect(engine, PROMPTS[1], params)
+
+    events = anyio.run(main)
+    samples: dict[int, list[int]] = {}
+    for event in events:
+        if isinstance(event, Delta | Finished):
+            samples.setdefault(event.index, []).extend(event.token_ids)
+    expected = _greedy(adapters["all"], PROMPTS[1])
+    assert samples == {0: expected, 1: expected, 2: expected}
