@@ -1,9 +1,10 @@
 """GET /v1/ws: many requests multiplexed on one socket, JSON text frames both ways.
 
-Client: {"type": "generate", "request_id", "prompt" | "messages", ...sampling fields} and
-{"type": "cancel", "request_id"}. Server: {"type": "delta", ...} frames, then exactly one
-{"type": "done", ...} or {"type": "error", ...} per request. A malformed frame gets an error
-frame and the socket goes on; a closed socket aborts all of its requests.
+Client: {"type": "generate", "request_id", "prompt" | "messages", "model"?, ...sampling fields}
+and {"type": "cancel", "request_id"}; `model` names the base model or a LoRA adapter, as on HTTP.
+Server: {"type": "delta", ...} frames, then exactly one {"type": "done", ...} or
+{"type": "error", ...} per request. A malformed frame gets an error frame and the socket goes
+on; a closed socket aborts all of its requests.
 
 One pump task per request moves engine events into the socket's bounded Outbox; one writer
 task drains it. A reader too far behind is sent an error and the socket is closed (1008).
@@ -24,8 +25,10 @@ from typing import Any
 
 import structlog
 from aiohttp import WSCloseCode, WSMsgType, web
+from troupe.gateway.errors import ApiError
 from troupe.gateway.outbox import Outbox, Overflow
 from troupe.gateway.pump import abort_transport_later, pump
+from troupe.gateway.served_models import ServedModels
 from troupe.gateway.state import GATEWAY, Gateway
 from troupe.gateway.ws_auth import WS_PROTOCOL
 from troupe.gateway.ws_frames import cancelled_frame, encode_event, error_frame
@@ -177,6 +180,10 @@ class WsSession:
         def reject(message: str, field: str | None, code: str = "invalid_request") -> None:
             self.outbox_put(error_frame(client_id, code, message, field))
 
+        try:  # what is served is the engine's fact, read per frame (as each HTTP route does)
+            command = command.on_model(ServedModels.of(self.gateway.engine))
+        except ApiError as exc:
+            return reject(exc.message, exc.param, exc.code or "invalid_request")
         if client_id in self.requests:
             return reject(f"request_id {client_id!r} is already in flight", "request_id")
         if self.gateway.is_draining:

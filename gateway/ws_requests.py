@@ -6,6 +6,10 @@ with SamplingParams' own field names for the rest (structured output as on HTTP:
 chat template's options as on /v1/chat/completions: `add_generation_prompt`,
 `continue_final_message`, `chat_template_kwargs`), or `{"type": "cancel", "request_id"}`.
 Nothing a client sends can raise out of `parse_frame`: every failure is a FrameError.
+
+A frame's `model` means what it means over HTTP (the base model or a LoRA adapter): the session,
+which knows what is served, resolves it with `Generate.on_model` (gateway/served_models.py).
+SamplingParams' own `lora` names an adapter too; the two may not disagree.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import msgspec
 from troupe.gateway.errors import ApiError
 from troupe.gateway.openai_bodies import convert_field, field_path, reason
 from troupe.gateway.openai_requests import chat_messages, chat_prompt
+from troupe.gateway.served_models import ServedModels
 from troupe.gateway.structured_requests import (
     STRUCTURED_KEYS,
     StructuredFields,
@@ -27,7 +32,7 @@ from troupe.messages import ChatPrompt, ParamError, SamplingParams
 MAX_REQUEST_ID = 128
 _CHAT_OPTIONS = ("add_generation_prompt", "continue_final_message", "chat_template_kwargs")
 # frame keys that are not params
-_RESERVED = ("type", "request_id", "prompt", "messages", *_CHAT_OPTIONS)
+_RESERVED = ("type", "request_id", "model", "prompt", "messages", *_CHAT_OPTIONS)
 
 
 class ChatOptions(msgspec.Struct, forbid_unknown_fields=True):
@@ -45,6 +50,23 @@ class Generate:
     params: SamplingParams
     # engine field -> the field the client wrote (structured output errors name the latter)
     client_fields: dict[str, str] = dataclasses.field(default_factory=dict)
+    model: str | None = None  # as the frame wrote it: `on_model` resolves it
+
+    def on_model(self, served: ServedModels) -> Generate:
+        """This request on the adapter its `model` selects (as over HTTP); ApiError naming
+        `model` when it is not served, or naming both when `lora` names another adapter."""
+        lora = served.lora_for(self.model)
+        if not self.model or lora == self.params.lora:  # no model given, or the same adapter
+            return self
+        if self.params.lora is not None:
+            chosen = f"the adapter '{lora}'" if lora else f"the base model '{served.base}'"
+            message = (
+                f"'model' selects {chosen} but 'lora' names the adapter '{self.params.lora}':"
+                " send one of them, or both naming the same adapter"
+            )
+            raise ApiError(400, message, param="lora")
+        params = msgspec.structs.replace(self.params, lora=lora)
+        return dataclasses.replace(self, params=params)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,7 +105,8 @@ def parse_frame(data: str) -> Generate | Cancel | FrameError:
         message = f"'type' must be 'generate' or 'cancel', got {shown!r:.40}"
         return FrameError(request_id, message, "type")
     try:
-        return Generate(request_id, _prompt(frame), *_params(frame))
+        model: str | None = convert_field(frame.get("model"), str | None, "model")
+        return Generate(request_id, _prompt(frame), *_params(frame), model=model)
     except ApiError as exc:
         return FrameError(request_id, exc.message, exc.param)
 

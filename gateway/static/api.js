@@ -49,9 +49,13 @@ export async function getJSON(path) {
   return body;
 }
 
-// What the served model allows: its name and context length (max tokens is bounded by it).
+// What the server serves: the base model first (its name and context length, which bounds max
+// tokens), then its LoRA adapters, each with its `parent` (the base model's id).
 export async function modelInfo() {
-  const models = await getJSON("/v1/models");
-  const model = models.data[0];
-  return { name: model.id, maxModelLen: model.max_model_len };
+  const { data } = await getJSON("/v1/models");
+  return {
+    name: data[0].id,
+    maxModelLen: data[0].max_model_len,
+    models: data.map((m) => ({ id: m.id, parent: m.parent ?? null })),
+  };
 }

@@ -1,10 +1,11 @@
-// The page's entry: tabs, the API key field, the model's limits; chat.js and engine_view.js
-// do the rest. Plain ES modules served as they are: no build step, no CDN.
+// The page's entry: tabs, the API key field, the models served and the base model's limits;
+// chat.js and engine_view.js do the rest. Plain ES modules served as they are: no build step,
+// no CDN.
 
 import { hasKey, modelInfo, setKey } from "./api.js";
 import { bindChat, reconnect } from "./chat.js";
 import { updatePolling } from "./engine_view.js";
-import { bindSliders, setMaxModelLen } from "./settings.js";
+import { bindSettings, setMaxModelLen, setModels } from "./settings.js";
 
 const $ = (id) => document.getElementById(id);
 
@@ -23,6 +24,7 @@ async function loadModel() {
   try {
     const info = await modelInfo();
     setMaxModelLen(info.maxModelLen);
+    setModels(info.models);
     $("key-status").textContent = hasKey() ? "key accepted" : "";
   } catch (err) {
     $("key-status").textContent = err.message;
@@ -46,7 +48,7 @@ function bindTabs() {
 }
 
 bindChat();
-bindSliders();
+bindSettings();
 bindKey();
 bindTabs();
 // On a narrow screen the settings start folded under the chat.

@@ -1,6 +1,7 @@
-"""Runners the page tests steer: ScriptedRunner replies with chosen tokens, so a test can make
-the model say anything (markdown, `<script>`), exactly, without a model; HeldRunner is a
-FaultyRunner whose held step also moves on when the gate moves past it.
+"""Runners the gateway tests steer or watch: ScriptedRunner replies with chosen tokens, so a
+test can make the model say anything (markdown, `<script>`), exactly, without a model;
+HeldRunner is a FaultyRunner whose held step also moves on when the gate moves past it;
+ParamsRecorder records the SamplingParams each request brings to the runner.
 
 While `script` is set, the n-th token sampled for each request is `script[n % len(script)]`;
 otherwise the inner runner's token passes through (the fake runner's, a function of the prompt).
@@ -12,6 +13,7 @@ KV cache stays consistent.
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +21,7 @@ import msgspec
 from troupe.gpu.faulty_runner import FaultyRunner
 from troupe.gpu.runner import Runner
 from troupe.gpu.runner_wrapper import RunnerWrapper
-from troupe.messages import SampledToken, StepPlan, TokenMasks
+from troupe.messages import SampledToken, SamplingParams, StepPlan, TokenMasks
 
 
 class ScriptedRunner(RunnerWrapper):
@@ -66,6 +68,34 @@ class HeldRunner(FaultyRunner):
         super().hold_after(num_steps)
         with self._cond:
             self._cond.notify_all()
+
+
+class ParamsRecorder(RunnerWrapper):
+    """Records each request's SamplingParams as its first plan brings them to the runner."""
+
+    def __init__(self, inner: Runner) -> None:
+        super().__init__(inner)
+        self._lock = threading.Lock()  # steps run in the executor's thread
+        self.params: dict[str, SamplingParams] = {}
+
+    def execute(self, plan: StepPlan) -> tuple[SampledToken, ...]:
+        self._record(plan)
+        return self.inner.execute(plan)
+
+    def launch(self, plan: StepPlan) -> None:
+        self._record(plan)
+        self.inner.launch(plan)
+
+    def _record(self, plan: StepPlan) -> None:
+        with self._lock:
+            self.params.update((w.request_id, w.params) for w in plan.seqs if w.params)
+
+    def take(self, prefix: str = "") -> list[SamplingParams]:
+        """The params of the requests whose id starts with `prefix`; forgets every one."""
+        with self._lock:
+            taken = [p for rid, p in self.params.items() if rid.startswith(prefix)]
+            self.params.clear()
+        return taken
 
 
 def template_model(folder: Path, chat_template: str) -> Path:

@@ -7,7 +7,6 @@ adapter computes is tested on SmolLM2 (test_lora_model.py) and in tests/lora."""
 from __future__ import annotations
 
 import json
-import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -19,44 +18,15 @@ from openai import OpenAI
 from troupe.gateway.router_settings import RouterSettings
 from troupe.gateway.state import GatewaySettings
 from troupe.gpu.fake_runner import FakeRunner
-from troupe.gpu.runner_wrapper import RunnerWrapper
-from troupe.messages import SampledToken, SamplingParams, StepPlan
 from websockets.asyncio.client import connect
 
 from tests.gateway.conftest import BASE_CONFIG, ServerThread
 from tests.gateway.router_harness import RouterThread
+from tests.gateway.scripted_runner import ParamsRecorder
 
 ADAPTERS = {"sql": "/adapters/sql", "chat-v2": "/adapters/chat"}
 CONFIG = BASE_CONFIG.replace(lora_modules=tuple(f"{k}={v}" for k, v in ADAPTERS.items()))
 USER = [{"role": "user", "content": "Write a query."}]
-
-
-class ParamsRecorder(RunnerWrapper):
-    """Records each request's SamplingParams as its first plan brings them to the runner."""
-
-    def __init__(self, inner: FakeRunner) -> None:
-        super().__init__(inner)
-        self._lock = threading.Lock()  # steps run in the executor's thread
-        self.params: dict[str, SamplingParams] = {}
-
-    def execute(self, plan: StepPlan) -> tuple[SampledToken, ...]:
-        self._record(plan)
-        return self.inner.execute(plan)
-
-    def launch(self, plan: StepPlan) -> None:
-        self._record(plan)
-        self.inner.launch(plan)
-
-    def _record(self, plan: StepPlan) -> None:
-        with self._lock:
-            self.params.update((w.request_id, w.params) for w in plan.seqs if w.params)
-
-    def take(self, prefix: str = "") -> list[SamplingParams]:
-        """The params of the requests whose id starts with `prefix`; forgets every one."""
-        with self._lock:
-            taken = [p for rid, p in self.params.items() if rid.startswith(prefix)]
-            self.params.clear()
-        return taken
 
 
 @pytest.fixture(scope="module")
@@ -227,6 +197,77 @@ async def test_websocket_frames_name_the_adapter_as_lora(recorded: ServerThread)
     refused = ends["unknown"]
     assert refused["type"] == "error" and refused["field"] == "lora"
     assert "no adapter named 'mysql'" in refused["message"] and "chat-v2, sql" in refused["message"]
+
+
+async def _ws_ends(srv: ServerThread, frames: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Each frame sent on one socket under its request id -> its done or error frame."""
+    url = srv.url.replace("http://", "ws://") + "/v1/ws"
+    base = {"type": "generate", "prompt": "SELECT", "max_tokens": 2}
+    async with connect(url) as ws:
+        for request_id, fields in frames.items():
+            await ws.send(json.dumps({**base, **fields, "request_id": request_id}))
+        ends: dict[str, dict[str, Any]] = {}
+        while len(ends) < len(frames):
+            got = json.loads(await ws.recv())
+            if got["type"] in ("done", "error"):
+                ends[got["request_id"]] = got
+    return ends
+
+
+@pytest.mark.anyio
+async def test_websocket_frames_name_the_adapter_as_model(recorded: ServerThread) -> None:
+    base = recorded.engine.model_name
+    # request id -> (frame fields, the adapter the runner sees)
+    served = {
+        "adapter": ({"model": "sql"}, "sql"),
+        "base": ({"model": base}, None),
+        "empty": ({"model": ""}, None),
+        "absent": ({}, None),
+        "both": ({"model": "chat-v2", "lora": "chat-v2"}, "chat-v2"),
+        "lora": ({"lora": "chat-v2"}, "chat-v2"),
+        "null": ({"model": None, "lora": "sql"}, "sql"),
+    }
+    recorded.runner.take()
+    ends = await _ws_ends(recorded, {rid: fields for rid, (fields, _) in served.items()})
+    assert {rid: end["type"] for rid, end in ends.items()} == dict.fromkeys(served, "done")
+    seen = recorded.runner.params  # engine ids end with "-<client id>"
+    for rid, (_, lora) in served.items():
+        (params,) = [p for engine_id, p in seen.items() if engine_id.endswith(f"-{rid}")]
+        assert params.lora == lora, rid
+    recorded.runner.take()
+
+
+@pytest.mark.anyio
+async def test_websocket_model_refused_as_over_http(recorded: ServerThread) -> None:
+    base = recorded.engine.model_name
+    refused = {
+        "unknown": {"model": "mysql"},
+        "adapter-vs-lora": {"model": "sql", "lora": "chat-v2"},
+        "base-vs-lora": {"model": base, "lora": "sql"},
+        "not-a-name": {"model": 7},
+    }
+    recorded.runner.take()
+    ends = await _ws_ends(recorded, refused)
+    assert recorded.runner.take() == []  # nothing reached the runner
+    got = {rid: (end["type"], end["code"], end["field"]) for rid, end in ends.items()}
+    assert got == {
+        "unknown": ("error", "model_not_found", "model"),
+        "adapter-vs-lora": ("error", "invalid_request", "lora"),
+        "base-vs-lora": ("error", "invalid_request", "lora"),
+        "not-a-name": ("error", "invalid_request", "model"),
+    }
+    # the same words as HTTP's 404: what this server serves
+    path, body = ENDPOINTS["completion"]
+    _, answer = _post(recorded.url, path, {**body, "model": "mysql"})
+    assert ends["unknown"]["message"] == answer["error"]["message"]
+    assert "'sql', 'chat-v2'" in ends["unknown"]["message"]
+    assert ends["adapter-vs-lora"]["message"] == (
+        "'model' selects the adapter 'sql' but 'lora' names the adapter 'chat-v2':"
+        " send one of them, or both naming the same adapter"
+    )
+    expected = f"'model' selects the base model '{base}' but 'lora' names the adapter 'sql'"
+    assert expected in ends["base-vs-lora"]["message"]
+    assert "Expected `str | null`" in ends["not-a-name"]["message"]
 
 
 def test_the_router_lists_and_routes_adapters(child: ServerThread) -> None:

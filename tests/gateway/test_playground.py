@@ -1,8 +1,11 @@
-"""The chat page in headless Chromium: multi-turn, Stop, safe rendering, keyboard, the key.
+"""The chat page in headless Chromium: multi-turn, Stop, safe rendering, keyboard, the key,
+the model picker.
 
 The engine runs in this process with a steerable runner (`page_server`): the fake runner's
 reply is a function of the prompt, so a reply that depends on the history is checkable;
 FaultyRunner.hold_after pins a stream mid-way; ScriptedRunner makes exact replies.
+`lora_server` serves LoRA adapters (by name only: the fake runner reads no folder) and records
+the SamplingParams that reach its runner.
 """
 
 from __future__ import annotations
@@ -14,11 +17,23 @@ from typing import Any
 
 import pytest
 from troupe.gateway.state import GatewaySettings
+from troupe.gpu.fake_runner import FakeRunner
 
 from tests.gateway.browser import Browser, Page
+from tests.gateway.conftest import BASE_CONFIG, ServerThread
+from tests.gateway.scripted_runner import ParamsRecorder
 
 MAX_TOKENS = 8
 REPLY = "#messages .msg.assistant"
+LORA_CONFIG = BASE_CONFIG.replace(lora_modules=("sql=/adapters/sql", "chat-v2=/adapters/chat"))
+
+
+@pytest.fixture(scope="module")
+def lora_server() -> Iterator[ServerThread]:
+    runner = ParamsRecorder(FakeRunner.from_config(LORA_CONFIG))
+    srv = ServerThread(LORA_CONFIG, GatewaySettings(), runner=runner).start()
+    yield srv
+    srv.shutdown()
 
 
 @pytest.fixture
@@ -93,6 +108,9 @@ def test_three_turns_each_reply_follows_the_history(
         {"role": "user", "content": "Thanks."},
     ]
     assert frames[1]["max_tokens"] == MAX_TOKENS
+    # Only the base model is served: no picker, and the frames name the base model.
+    assert {f["model"] for f in frames} == {page_server.engine.model_name}
+    assert page.eval("document.getElementById('model-setting').hidden") is True
     # The fake model's reply is a function of its prompt: the second reply is the one that
     # history gives, and a different first reply would have given another.
     assert _chat_completion(page, frames[1], frames[1]["messages"]) == replies[1]
@@ -232,6 +250,47 @@ def test_narrow_screen(page: Page, artifacts: Path) -> None:
     assert page.eval("document.documentElement.scrollWidth <= window.innerWidth")
     page.screenshot(artifacts / "chat-narrow.png")
     page.send("Emulation.clearDeviceMetricsOverride")
+
+
+def test_model_picker_runs_the_chosen_adapter(
+    browser: Browser, lora_server: Any, artifacts: Path
+) -> None:
+    base = lora_server.engine.model_name
+    page = browser.open(f"{lora_server.url}/")
+    try:
+        page.wait_for("!document.getElementById('model-setting').hidden")
+        options = page.eval(
+            "[...document.querySelectorAll('#model-pick option')]"
+            ".map(o => [o.value, o.text, o.parentElement.label ?? null])"
+        )
+        assert options == [  # the base model first, then its adapters, grouped under it
+            [base, base, None],
+            ["sql", "sql", f"LoRA adapters of {base}"],
+            ["chat-v2", "chat-v2", f"LoRA adapters of {base}"],
+        ]
+        assert page.eval("document.getElementById('model-pick').value") == base
+        assert page.text("#model-kind") == "(the base model)"
+        page.fill("#max-tokens", "4")
+        page.fill("#model-pick", "sql")
+        assert page.text("#model-kind") == f"(a LoRA adapter of {base})"
+        lora_server.runner.take()
+        _say(page, "Write a query.")
+        assert _wait_reply_done(page, 1) == "done (length)"
+        page.screenshot(artifacts / "chat-lora.png")
+        page.fill("#model-pick", base)
+        _say(page, "Now without the adapter.")
+        assert _wait_reply_done(page, 2) == "done (length)"
+        frames = _generate_frames(page)
+        assert [f["model"] for f in frames] == ["sql", base]
+        # What the engine ran: the adapter, then the base model (engine ids end with the page's).
+        seen = lora_server.runner.params
+        for frame, lora in zip(frames, ["sql", None], strict=True):
+            (params,) = [p for rid, p in seen.items() if rid.endswith(f"-{frame['request_id']}")]
+            assert params.lora == lora
+        assert page.errors() == []
+    finally:
+        browser.close_page(page)
+        lora_server.wait_idle()
 
 
 def test_api_key_stays_out_of_urls_and_storage(browser: Browser, page_server: Any) -> None:
