@@ -20,6 +20,8 @@ logits with torch.equal). It serves what the default model needs: plain decoder 
 (Llama, Qwen2, Mistral shapes: no q/k norm, no sliding window), fp32 weights in memory and
 cache, every projection a packed CPU int4 weight of whole 16-row tiles, all of one form (native
 or torch's); anything else returns None from `CpuDecode.build` and runs the generic forward.
+With LoRA adapters loaded it is built on the base weights and runs only the steps without an
+adapter (ForwardPass asks LoraRuntime.is_idle); the others take the generic forward.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from troupe.gpu.cpu_int4 import CpuInt4
 from troupe.gpu.cpu_layers import NativeLayers
 from troupe.gpu.cpu_q4 import CpuQ4
 from troupe.gpu.kv_cache import KVCache
+from troupe.gpu.lora_linear import base_weight
 from troupe.gpu.models import DecoderLayer, DecoderModel
 from troupe.gpu.quant_linear import Int4Linear, Projection
 from troupe.gpu.step_inputs import StepInputs
@@ -118,7 +121,6 @@ class CpuDecode:
             or c.mla is not None
             or c.rope_local_theta is not None
             or c.final_logit_softcapping is not None
-            or model.lora is not None  # the generic forward runs the adapters
         ):
             return None
         layers: list[_Layer] = []
@@ -129,8 +131,9 @@ class CpuDecode:
             k_cache, v_cache = kv.layers[i]
             if k_cache.dtype != torch.float32 or not k_cache.is_contiguous():
                 return None
-            found = [_proj(w) for w in (layer.qkv_proj, layer.o_proj)]
-            found += [_proj(w) for w in (layer.gate_up_proj, layer.down_proj)]
+            # with LoRA adapters loaded: the base weights (it runs steps without adapters only)
+            found = [_proj(base_weight(w)) for w in (layer.qkv_proj, layer.o_proj)]
+            found += [_proj(base_weight(w)) for w in (layer.gate_up_proj, layer.down_proj)]
             projs = [p for p in found if p is not None]
             if len(projs) != len(found):
                 return None

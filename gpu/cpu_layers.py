@@ -22,6 +22,7 @@ import torch
 from troupe.gpu.cpu_q4 import CpuQ4
 from troupe.gpu.cpu_q4lib import MIN_SPLIT, Q4Lib
 from troupe.gpu.kv_cache import KVCache
+from troupe.gpu.lora_linear import base_weight
 from troupe.gpu.models import DecoderLayer, DecoderModel
 from troupe.gpu.quant_linear import Int4Linear, Projection
 
@@ -98,8 +99,8 @@ class NativeLayers:
         for i, layer in enumerate(model.layers):
             if not isinstance(layer, DecoderLayer):
                 return None
-            projs = [
-                _native(w)
+            projs = [  # under LoRA adapters: the base weights (cpu_decode.py)
+                _native(base_weight(w))
                 for w in (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj)
             ]
             if any(p is None for p in projs):

@@ -104,8 +104,13 @@ class ForwardPass:
         if mixed_graph:
             assert mixed is not None
             return mixed.run(inputs, input_ids)
-        cpu_decode = self.cpu_decode
-        if cpu_decode is not None and input_ids is None and cpu_decode.fits(inputs):
+        cpu_decode, lora = self.cpu_decode, self.model.lora
+        if (
+            cpu_decode is not None
+            and input_ids is None
+            and cpu_decode.fits(inputs)
+            and (lora is None or lora.is_idle)  # it runs the base weights only
+        ):
             return cpu_decode(inputs)
         out: torch.Tensor = self.model.compute_logits(self._eager(inputs, input_ids))
         return out

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from troupe.gpu.quant_linear import QuantLinear, linear
+from troupe.gpu.quant_linear import Projection, QuantLinear, linear
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +64,12 @@ class LoraSlots:
         if self.groups is None:
             slots = self.token_slots[:num_tokens, None]
             self.mask = (slots == self._slot_ids[None, :]).to(self.dtype)
+
+
+def base_weight(weight: Projection) -> Projection:
+    """The weight under a projection's adapters (itself without them): the CPU decode path
+    (gpu/cpu_decode.py, gpu/cpu_layers.py) runs it for steps without adapters."""
+    return weight.base if isinstance(weight, LoraLinear) else weight
 
 
 class LoraLinear:

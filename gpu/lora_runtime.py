@@ -48,6 +48,11 @@ class LoraRuntime:
         self._marked = 0  # leading token_slots that may hold a slot (not -1)
         self.num_loads = 0  # adapters copied into a slot, so far
 
+    @property
+    def is_idle(self) -> bool:
+        """Whether the step just prepared runs eagerly without any adapter."""
+        return self.slots.groups == ()
+
     def begin(self, num_tokens: int) -> None:
         """Before a forward's layers (DecoderModel.forward): the mask of its tokens."""
         self.slots.begin(num_tokens)
