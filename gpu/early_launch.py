@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from troupe.gpu.request_states import RequestState
+from troupe.gpu.request_states import RequestState, RequestStates
 from troupe.gpu.step_inputs import StepInputs, adapter_ids, build_decode_inputs
 from troupe.messages import SeqWork
 
@@ -30,9 +30,8 @@ def fed_decode_inputs(
     next_pos: np.ndarray,
     num_blocks: np.ndarray,
     token_ids: list[int] | None,
-    tables: np.ndarray,
+    request_states: RequestStates,
     block_size: int,
-    adapters: bool = False,
 ) -> StepInputs:
     """The inputs of a decode launched before its plan, fed `token_ids` from the host (None:
     ids already on the device, which only rows without penalty history take). The fed tokens
@@ -51,9 +50,9 @@ def fed_decode_inputs(
         next_pos,
         slots,
         num_blocks,
-        tables,
+        request_states.tables,
         block_size,
-        adapter_ids(states) if adapters else None,
+        adapter_ids(states) if request_states.has_adapters else None,
     )
 
 

@@ -135,13 +135,7 @@ class ForwardAhead:
             return False
         host_ids = None if isinstance(token_ids, torch.Tensor) else token_ids
         inputs = fed_decode_inputs(
-            states,
-            next_pos,
-            num_blocks,
-            host_ids,
-            self._states.tables,
-            self.block_size,
-            self._states.has_adapters,
+            states, next_pos, num_blocks, host_ids, self._states, self.block_size
         )
         self.num_launched += 1
         self._ahead = KeptForward(

@@ -262,13 +262,7 @@ class DecodeOverlap:
             self._states.release(plan.released)
         states = self._states.apply(decodes)
         decode_inputs = fed_decode_inputs(
-            states,
-            next_pos,
-            num_blocks,
-            None,
-            self._states.tables,
-            self.block_size,
-            self._states.has_adapters,
+            states, next_pos, num_blocks, None, self._states, self.block_size
         )
         chunks = merged_chunks(extras, self._states, self.block_size)
         request_ids = [w.request_id for w in decodes]
@@ -306,13 +300,7 @@ class DecodeOverlap:
         device_ids = None if isinstance(token_ids, list) else token_ids
         host_ids = token_ids if isinstance(token_ids, list) else None
         inputs = fed_decode_inputs(
-            states,
-            next_pos,
-            num_blocks,
-            host_ids,
-            self._states.tables,
-            self.block_size,
-            self._states.has_adapters,
+            states, next_pos, num_blocks, host_ids, self._states, self.block_size
         )
         step = self._sampled_step(inputs, states, request_ids, next_pos, device_ids)
         step.input_tokens = token_ids if isinstance(token_ids, list) else []

@@ -17,11 +17,11 @@ from graph_helpers import collect
 from troupe import Engine, EngineConfig
 from troupe.config import ConfigError
 from troupe.gpu.lora_runtime import install_lora
-from troupe.gpu.model_runner import ModelRunner, RunnerOptions
+from troupe.gpu.model_runner import ModelRunner
 from troupe.gpu.weights import load_model
 from troupe.messages import Delta, Finished, Rejected, SamplingParams, StreamEvent
 
-from tests.gpu.tiny_qwen3 import cuda_config, tiny_folder
+from tests.gpu.tiny_qwen3 import OVERLAPPING, cuda_config, tiny_folder
 from tests.lora.adapters import peft_adapter
 
 PROMPTS = [[(13 * i + 5 * j + j * j) % 256 for j in range(7 + 5 * i)] for i in range(3)]
@@ -139,15 +139,7 @@ def test_overlapping_runner_and_slot_refills(
         max_rank=8,
         max_tokens=256,
     )
-    options = RunnerOptions(
-        block_size=4,
-        num_gpu_blocks=96,
-        num_cpu_blocks=8,
-        max_num_seqs=8,
-        max_model_len=128,
-        overlap_schedule=True,
-    )
-    runner = ModelRunner(model_config, model, options)
+    runner = ModelRunner(model_config, model, OVERLAPPING)
     config = _config(folder, tmp_path, max_loras=1)
     assert _run_all(config, runner) == _expected(hf_model, adapters)
     assert runtime.num_loads >= 2  # both adapters went through the one slot

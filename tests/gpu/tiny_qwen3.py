@@ -25,18 +25,21 @@ def tiny_folder(hf_folder: Any, tmp_path: Path) -> tuple[Path, Any]:
     return out, hf_model
 
 
+# A CPU runner's options that overlap steps (its decodes launch early, chunks can join them)
+OVERLAPPING = RunnerOptions(
+    block_size=4,
+    num_gpu_blocks=96,
+    num_cpu_blocks=8,
+    max_num_seqs=8,
+    max_model_len=128,
+    overlap_schedule=True,
+)
+
+
 def overlapping_runner(folder: Path) -> ModelRunner:
-    """A CPU runner that overlaps steps (its decodes launch early, chunks can join them)."""
+    """A CPU runner that overlaps steps (OVERLAPPING)."""
     config, model = load_model(folder, torch.float32, torch.device("cpu"), 128)
-    options = RunnerOptions(
-        block_size=4,
-        num_gpu_blocks=96,
-        num_cpu_blocks=8,
-        max_num_seqs=8,
-        max_model_len=128,
-        overlap_schedule=True,
-    )
-    return ModelRunner(config, model, options)
+    return ModelRunner(config, model, OVERLAPPING)
 
 
 def recompute_config(folder: Path) -> EngineConfig:
