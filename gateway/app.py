@@ -25,6 +25,7 @@ from troupe.gateway.embeddings_routes import embeddings
 from troupe.gateway.engine_api import EngineLike
 from troupe.gateway.engine_view import add_engine_view
 from troupe.gateway.errors import ApiError, from_http_exception
+from troupe.gateway.responses_routes import responses
 from troupe.gateway.state import GATEWAY, Gateway, GatewaySettings
 from troupe.gateway.tokenize_routes import PATHS as TOKENIZE_PATHS
 from troupe.gateway.tokenize_routes import add_tokenize_routes
@@ -63,6 +64,7 @@ def build_app(engine: EngineLike, settings: GatewaySettings | None = None) -> we
     app.router.add_get("/v1/models", openai_routes.models)
     app.router.add_post("/v1/completions", openai_routes.completions)
     app.router.add_post("/v1/chat/completions", openai_routes.chat_completions)
+    app.router.add_post("/v1/responses", responses)
     app.router.add_post("/v1/embeddings", embeddings)
     app.router.add_get("/v1/ws", websocket)
     add_engine_view(app)

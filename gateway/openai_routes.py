@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import uuid
@@ -14,6 +13,7 @@ import msgspec
 import structlog
 from aiohttp import web
 from troupe.gateway.beam_routes import beam_answer
+from troupe.gateway.chat_reasoning import chat_reasoning
 from troupe.gateway.errors import ApiError, error_for_event, invalid
 from troupe.gateway.http_body import read_json_body
 from troupe.gateway.openai_requests import Kind, OpenAIRequest, parse_request
@@ -21,14 +21,14 @@ from troupe.gateway.openai_responses import ResponseBuilder
 from troupe.gateway.outbox import Outbox, Overflow
 from troupe.gateway.prompt_batch import batch_events, batch_usage
 from troupe.gateway.prompt_logprobs import Echo, PromptLogprobsSeen, echo_for
-from troupe.gateway.pump import abort_transport_later, pump
-from troupe.gateway.reasoning import ReasoningSplitter, constraint_reasoning
+from troupe.gateway.pump import pump
+from troupe.gateway.reasoning import ReasoningSplitter
 from troupe.gateway.served_models import ServedModels
 from troupe.gateway.sse_frames import DONE as _DONE
 from troupe.gateway.sse_frames import sse as _sse
 from troupe.gateway.sse_frames import text_delta_frames
+from troupe.gateway.sse_writer import first_event, serve_sse
 from troupe.gateway.state import GATEWAY, Gateway
-from troupe.gateway.tokenize_routes import render_chat
 from troupe.gateway.tool_auto import (
     AutoCallStream,
     auto_tool_parser,
@@ -38,8 +38,6 @@ from troupe.gateway.tool_auto import (
 from troupe.gateway.tool_calls import ToolCallStream, tool_calls
 from troupe.messages import (
     Aborted,
-    ChatMessage,
-    ChatPrompt,
     Delta,
     Failed,
     Finished,
@@ -145,18 +143,10 @@ async def _handle(request: web.Request, kind: Kind) -> web.StreamResponse:
             is_prompt_only=req.is_echo_only,
         )
     splitter = None
-    if kind == "chat" and (parser := gateway.settings.reasoning_parser) is not None:
-        prompt_text = ""  # qwen3: whether the answer starts thinking is the prompt's to say
-        spec = req.params.structured_outputs
-        if parser == "qwen3" and (isinstance(req.prompt, ChatPrompt) or spec is not None):
-            prompt_text = render_chat(engine.tokenizer, _chat_of(req.prompt))
-        splitter = ReasoningSplitter(parser, prompt_text)
-        if spec is not None:  # the constraint (tool calls' too) starts after the thinking
-            spec = msgspec.structs.replace(
-                spec, reasoning=constraint_reasoning(parser, prompt_text)
-            )
-            params = msgspec.structs.replace(req.params, structured_outputs=spec)
-            req = dataclasses.replace(req, params=params)
+    if kind == "chat":
+        parser = gateway.settings.reasoning_parser
+        splitter, params = chat_reasoning(parser, engine.tokenizer, req.prompt, req.params)
+        req = dataclasses.replace(req, params=params)
     gateway.stream_opened()
     try:
         if req.beam is not None:  # vLLM's use_beam_search: answered when the beams are known
@@ -170,14 +160,6 @@ async def _handle(request: web.Request, kind: Kind) -> web.StreamResponse:
         return await _stream(request, gateway, events, builder, req, echo, splitter)
     finally:
         gateway.stream_closed()
-
-
-def _chat_of(prompt: object) -> ChatPrompt:
-    """A chat request's prompt as a ChatPrompt (plain messages: the template's defaults)."""
-    if isinstance(prompt, ChatPrompt):
-        return prompt
-    assert isinstance(prompt, list), "a chat request's prompt is its messages"
-    return ChatPrompt(messages=tuple(ChatMessage(**m) for m in prompt))
 
 
 async def _whole(
@@ -253,60 +235,20 @@ async def _stream(
     echo: Echo | None,
     splitter: ReasoningSplitter | None,
 ) -> web.StreamResponse:
-    # Wait for the first event before answering, so rejections get their real status (400,
-    # 429, 503) instead of a 200 stream carrying an error.
-    try:
-        first: StreamEvent = await anext(events)
-    except BaseException:
-        await events.aclose()
-        raise
-    if isinstance(first, Rejected | Aborted | Failed):
-        await events.aclose()
-        raise error_for_event(first, req.client_fields)
+    first = await first_event(events, req.client_fields)
 
-    response = web.StreamResponse(
-        headers={
-            "Content-Type": "text/event-stream",
-            "Cache-Control": "no-cache",
-            "X-Accel-Buffering": "no",  # proxies: do not buffer the stream
-        }
-    )
-    await response.prepare(request)
-    settings = gateway.settings
-    outbox = Outbox(max_frames=settings.max_buffered_frames, max_bytes=settings.max_buffered_bytes)
-    builder.see_prompt(first)  # continuous usage: the chunks before the first event's
-    if req.kind == "chat":
-        for index in range(req.params.n):
-            outbox.put(_sse(builder.role_chunk(index)))
-    if echo is not None and not echo.has_logprobs:  # with logprobs: on each choice's first event
-        for index in range(len(echo.texts) * req.params.n):
-            if text := echo.text(index):
-                outbox.put(_sse(builder.delta_chunk(text, None, index=index)))
-    abort_timers: list[asyncio.TimerHandle] = []
+    async def fill(outbox: Outbox, on_overflow: Callable[[], None]) -> None:
+        builder.see_prompt(first)  # continuous usage: the chunks before the first event's
+        if req.kind == "chat":
+            for index in range(req.params.n):
+                outbox.put(_sse(builder.role_chunk(index)))
+        if echo is not None and not echo.has_logprobs:  # with logprobs: each choice's first event
+            for index in range(len(echo.texts) * req.params.n):
+                if text := echo.text(index):
+                    outbox.put(_sse(builder.delta_chunk(text, None, index=index)))
+        await _pump_sse(events, outbox, builder, req, echo, splitter, first, on_overflow)
 
-    def on_overflow() -> None:
-        # The writer may be stuck on a stalled peer: drop the connection after the grace.
-        abort_timers.append(abort_transport_later(request, settings.slow_client_grace))
-
-    task = asyncio.create_task(
-        _pump_sse(events, outbox, builder, req, echo, splitter, first, on_overflow)
-    )
-    try:
-        while frames := await outbox.get_all():
-            # What queued while the last write was out goes in one write: one syscall, not one
-            # per token, when the client (or this process) falls behind.
-            await response.write("".join(frames).encode())
-        await response.write_eof()
-    except ConnectionError:
-        log.debug("client went away mid-stream", request_id=builder.id)
-    finally:
-        for timer in abort_timers:
-            timer.cancel()
-        if not task.done():
-            task.cancel()  # the client went away: closing the stream aborts the request
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-    return response
+    return await serve_sse(request, gateway.settings, fill, builder.id)
 
 
 async def _pump_sse(

@@ -89,7 +89,12 @@ def structured_outputs(body: StructuredFields) -> tuple[StructuredOutputs | None
     if len(found) > 1:
         names = ", ".join(name for name, _ in found)
         raise invalid(found[1][0], f"ask for one structured output at most, got {names}")
-    field, spec = found[0]
+    return checked_spec(*found[0])
+
+
+def checked_spec(field: str, spec: StructuredOutputs) -> tuple[StructuredOutputs, dict[str, str]]:
+    """`spec`, asked for by the client's `field`, if it holds together (else a 400 naming the
+    field), and the renames of the engine's fields to that one."""
     broken = spec.check()
     if broken is not None:
         raise invalid(field, f"invalid '{field}': {broken[1]}")

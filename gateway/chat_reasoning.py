@@ -1,0 +1,40 @@
+"""The server's reasoning parser on one chat-shaped request (chat completions and responses):
+the splitter its answer runs through, and its structured output's constraint moved past the
+thinking (gateway/reasoning.py says how each parser reads a prompt and an answer)."""
+
+from __future__ import annotations
+
+import msgspec
+from troupe.gateway.engine_api import TokenizerLike
+from troupe.gateway.reasoning import ParserName, ReasoningSplitter, constraint_reasoning
+from troupe.gateway.tokenize_routes import render_chat
+from troupe.messages import ChatMessage, ChatPrompt, SamplingParams
+
+
+def chat_reasoning(
+    parser: ParserName | None,
+    tokenizer: TokenizerLike,
+    prompt: object,
+    params: SamplingParams,
+) -> tuple[ReasoningSplitter | None, SamplingParams]:
+    """(the answer's splitter, the params to run) for a chat `prompt` (plain messages or a
+    ChatPrompt); no parser: (None, params)."""
+    if parser is None:
+        return None, params
+    prompt_text = ""  # qwen3: whether the answer starts thinking is the prompt's to say
+    spec = params.structured_outputs
+    if parser == "qwen3" and (isinstance(prompt, ChatPrompt) or spec is not None):
+        prompt_text = render_chat(tokenizer, chat_of(prompt))
+    splitter = ReasoningSplitter(parser, prompt_text)
+    if spec is not None:  # the constraint (tool calls' too) starts after the thinking
+        spec = msgspec.structs.replace(spec, reasoning=constraint_reasoning(parser, prompt_text))
+        params = msgspec.structs.replace(params, structured_outputs=spec)
+    return splitter, params
+
+
+def chat_of(prompt: object) -> ChatPrompt:
+    """A chat request's prompt as a ChatPrompt (plain messages: the template's defaults)."""
+    if isinstance(prompt, ChatPrompt):
+        return prompt
+    assert isinstance(prompt, list), "a chat request's prompt is its messages"
+    return ChatPrompt(messages=tuple(ChatMessage(**m) for m in prompt))

@@ -1,0 +1,251 @@
+"""One request's engine events -> the Responses API's output items and, streamed, the events
+that build them (one state machine for both, so a streamed answer ends as the whole one).
+
+    [reasoning]  the reasoning parser's thinking            response.reasoning_text.delta ...
+    [message]    the content (tool_choice "auto": the text  response.output_text.delta ...
+                 around the calls)
+    [function_call ...]  the calls                          response.function_call_arguments.*
+
+Each item opens with response.output_item.added (a message or a reasoning item then adds its
+one content part) and ends with its `.done` events and response.output_item.done; only one is
+open at a time, so an item's output_index is the number closed before it. The content goes
+through chat's tool-call machinery: "auto" streams the text as it comes and the calls (parsed
+from the model's own format) at the end; a named function streams its arguments as written;
+"required" calls are parsed whole at the end, and a reply cut short is text, as on chat. A
+message item is made when there is content, or when there is nothing else to show.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from troupe.gateway.errors import ApiError
+from troupe.gateway.reasoning import ReasoningSplitter
+from troupe.gateway.responses_objects import (
+    ResponseShape,
+    Status,
+    function_call_item,
+    message_item,
+    new_id,
+    output_text,
+    reasoning_item,
+    usage_object,
+)
+from troupe.gateway.tool_auto import AutoCallStream, auto_tool_stream
+from troupe.gateway.tool_calls import ToolPlan, tool_calls
+from troupe.messages import Delta, Finished, FinishReason
+
+Event = dict[str, Any]
+
+
+@dataclasses.dataclass
+class _Open:
+    """The item being written: its kind, fields and text so far."""
+
+    kind: str  # "message" | "reasoning" | "function_call"
+    item_id: str
+    index: int
+    parts: list[str] = dataclasses.field(default_factory=list)
+    call_id: str = ""
+    name: str = ""
+
+
+class OutputAssembler:
+    """Feed it a request's Delta / Finished events; it keeps the output items and, when
+    `is_streaming`, returns the Responses API events each one makes."""
+
+    def __init__(
+        self,
+        shape: ResponseShape,
+        tools: ToolPlan | None,
+        splitter: ReasoningSplitter | None,
+        *,
+        is_streaming: bool,
+    ) -> None:
+        self.shape = shape
+        self.output: list[dict[str, Any]] = []
+        self.response: dict[str, Any] | None = None  # the whole response, once finished
+        self._tools = tools
+        self._splitter = splitter
+        self._is_streaming = is_streaming
+        self._auto: AutoCallStream | None = None
+        if tools is not None and tools.spec is None:
+            self._auto = auto_tool_stream(tools.names, tools.parser)
+        self._call_text: list[str] = []  # "required" and named: what the model wrote
+        self._open: _Open | None = None
+        self._events: list[Event] = []
+        self._num_events = 0
+        self._num_reasoning_tokens = 0
+        self._num_held_tokens = 0  # reasoning or not: the splitter has not said yet
+        self._spaces = ""  # "auto": whitespace held back (dropped before calls)
+
+    # -- in -----------------------------------------------------------------------------------
+
+    def start(self) -> list[Event]:
+        """The stream's first events: the response, created and in progress."""
+        body = self.shape.body("in_progress", [])
+        self._emit("response.created", response=body)
+        self._emit("response.in_progress", response=body)
+        return self._drain()
+
+    def feed(self, event: Delta | Finished) -> list[Event]:
+        """The events `event` makes (none when not streaming)."""
+        if self._splitter is not None:
+            thought, event = self._splitter.split(event)
+            self._count_reasoning(len(event.token_ids), bool(thought), bool(event.text))
+            if thought:
+                self._add_text("reasoning", thought)
+        if event.text:
+            self._content(event.text)
+        if isinstance(event, Finished):
+            self._finish(event)
+        return self._drain()
+
+    def fail(self, error: ApiError) -> list[Event]:
+        """A stream that ends in an error (the engine's, or a reader too slow): OpenAI's
+        `error` event."""
+        self._emit("error", code=error.code, message=error.message, param=error.param)
+        return self._drain()
+
+    def _count_reasoning(self, num_tokens: int, thought: bool, said: bool) -> None:
+        """The tokens of the deltas that carried thinking (a delta whose text the splitter
+        held back, a tag maybe, counts with the next one that carries text)."""
+        self._num_held_tokens += num_tokens
+        if thought:
+            self._num_reasoning_tokens += self._num_held_tokens
+        if thought or said:
+            self._num_held_tokens = 0
+
+    # -- items ----------------------------------------------------------------------------------
+
+    def _content(self, text: str) -> None:
+        plan = self._tools
+        if plan is None:
+            self._add_text("message", text)
+        elif self._auto is not None:
+            self._show(self._auto.delta(text))
+        else:
+            self._call_text.append(text)
+            if plan.name is not None:  # a named function: its arguments as they are written
+                if self._open is None or self._open.kind != "function_call":
+                    self._open_call(plan.name, new_id("call"))
+                self._add_text("function_call", text)
+
+    def _show(self, text: str) -> None:
+        """tool_choice "auto": content to show, its trailing whitespace held back until more
+        follows (calls after it drop it, as chat's whole answer strips it)."""
+        body = text.rstrip()
+        if body:
+            self._add_text("message", self._spaces + body)
+            self._spaces = ""
+        self._spaces += text[len(body) :]
+
+    def _finish(self, event: Finished) -> None:
+        stopped = event.finish_reason == FinishReason.STOP
+        calls: list[dict[str, Any]] = []
+        if self._auto is not None:
+            rest, calls = self._auto.finish(stopped)
+            self._show(rest)
+            if not calls and self._spaces:
+                self._add_text("message", self._spaces)
+        last: Status = "completed" if stopped else "incomplete"  # the open item's end
+        if self._auto is None and self._tools is not None:
+            text = "".join(self._call_text)
+            parsed = tool_calls(self._tools, text) if stopped else None
+            if self._tools.name is not None:  # a named function's arguments, whole or not
+                last = "completed" if parsed is not None else "incomplete"
+            elif parsed is not None:  # "required": the calls, or (cut short) the text
+                calls = parsed
+            elif text:
+                self._add_text("message", text)
+        self._close(last)
+        for call in calls:
+            function = call["function"]
+            self._open_call(function["name"], call["id"])
+            self._add_text("function_call", function["arguments"])
+            self._close("completed")
+        if not self.output:  # nothing said: an empty message, so there is one to read
+            self._open_item("message")
+            self._close("completed" if stopped else "incomplete")
+        status: Status = "completed" if stopped else "incomplete"
+        usage = usage_object(event.usage, self._num_reasoning_tokens)
+        self.response = self.shape.body(status, self.output, usage)
+        self._emit("response.completed", response=self.response)
+
+    def _add_text(self, kind: str, text: str) -> None:
+        """Write `text` into the open item of `kind` (opened here, closing another)."""
+        if self._open is None or self._open.kind != kind:
+            self._close("completed")
+            self._open_item(kind)
+        item = self._open
+        assert item is not None
+        item.parts.append(text)
+        where = {"item_id": item.item_id, "output_index": item.index}
+        if kind == "message":
+            self._emit(
+                "response.output_text.delta", **where, content_index=0, delta=text, logprobs=[]
+            )
+        elif kind == "reasoning":
+            self._emit("response.reasoning_text.delta", **where, content_index=0, delta=text)
+        else:
+            self._emit("response.function_call_arguments.delta", **where, delta=text)
+
+    def _open_item(self, kind: str) -> None:
+        prefix = "msg" if kind == "message" else "rs"
+        item = self._open = _Open(kind, new_id(prefix), len(self.output))
+        where = {"item_id": item.item_id, "output_index": item.index, "content_index": 0}
+        if kind == "message":
+            self._added(message_item(item.item_id, None, "in_progress"))
+            self._emit("response.content_part.added", **where, part=output_text(""))
+        else:
+            self._added(reasoning_item(item.item_id, None, "in_progress"))
+            part = {"type": "reasoning_text", "text": ""}
+            self._emit("response.content_part.added", **where, part=part)
+
+    def _open_call(self, name: str, call_id: str) -> None:
+        self._close("completed")
+        item = self._open = _Open("function_call", new_id("fc"), len(self.output))
+        item.call_id, item.name = call_id, name
+        self._added(function_call_item(item.item_id, call_id, name, "", "in_progress"))
+
+    def _added(self, item: dict[str, Any]) -> None:
+        assert self._open is not None
+        self._emit("response.output_item.added", output_index=self._open.index, item=item)
+
+    def _close(self, status: Status) -> None:
+        """End the open item (if any) with `status`; it joins the output."""
+        item, self._open = self._open, None
+        if item is None:
+            return
+        text = "".join(item.parts)
+        where = {"item_id": item.item_id, "output_index": item.index}
+        if item.kind == "message":
+            done = message_item(item.item_id, text, status)
+            self._emit(
+                "response.output_text.done", **where, content_index=0, text=text, logprobs=[]
+            )
+            self._emit(
+                "response.content_part.done", **where, content_index=0, part=output_text(text)
+            )
+        elif item.kind == "reasoning":
+            done = reasoning_item(item.item_id, text, status)
+            part = {"type": "reasoning_text", "text": text}
+            self._emit("response.reasoning_text.done", **where, content_index=0, text=text)
+            self._emit("response.content_part.done", **where, content_index=0, part=part)
+        else:
+            done = function_call_item(item.item_id, item.call_id, item.name, text, status)
+            self._emit("response.function_call_arguments.done", **where, arguments=text)
+        self.output.append(done)
+        self._emit("response.output_item.done", output_index=item.index, item=done)
+
+    # -- out ------------------------------------------------------------------------------------
+
+    def _emit(self, kind: str, **fields: Any) -> None:
+        if self._is_streaming:
+            self._events.append({"type": kind, "sequence_number": self._num_events, **fields})
+            self._num_events += 1
+
+    def _drain(self) -> list[Event]:
+        events, self._events = self._events, []
+        return events

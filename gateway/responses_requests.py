@@ -1,0 +1,221 @@
+"""A POST /v1/responses body -> chat messages + SamplingParams + tool plan, or a named 400.
+
+The Responses API is chat in other words, so it runs chat's machinery: its items become chat
+messages (gateway/responses_input.py) rendered by the model's template, `text.format` the
+structured output `response_format` makes on chat (gateway/structured_requests.py), `tools`
+and `tool_choice` chat's ToolPlan (gateway/tool_calls.py, gateway/tool_auto.py), and
+SamplingParams.check the ranges (`max_output_tokens` named as the client wrote it).
+
+Not served, each named in a 400: `previous_response_id` and `conversation` (nothing is stored:
+send the conversation in `input`), `background`, `prompt` (templates), `max_tool_calls`,
+`top_logprobs` and the `include` of logprobs. `store` is accepted and ignored (its default is
+true, and nothing is ever stored), as vLLM does without VLLM_ENABLE_RESPONSES_API_STORE.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import msgspec
+from troupe.gateway.errors import invalid
+from troupe.gateway.openai_bodies import convert_field, decode_body
+from troupe.gateway.openai_requests import chat_prompt
+from troupe.gateway.responses_bodies import FunctionChoice, FunctionTool, ResponsesBody
+from troupe.gateway.responses_input import input_messages
+from troupe.gateway.structured_requests import checked_spec
+from troupe.gateway.tool_auto import ToolParserName
+from troupe.gateway.tool_calls import (
+    ChoiceName,
+    NamedToolChoice,
+    Tool,
+    ToolChoice,
+    ToolFunction,
+    ToolPlan,
+    tool_plan,
+)
+from troupe.messages import ChatPrompt, ParamError, SamplingParams, StructuredOutputs
+
+# Fields passed to SamplingParams under the same name (vLLM's extras included).
+_PASSTHROUGH = (
+    "temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty", "frequency_penalty",
+    "repetition_penalty", "ignore_eos", "priority", "skip_special_tokens",
+    "include_stop_str_in_output", "min_tokens", "cache_salt",
+)  # fmt: skip
+_STATELESS = (
+    "troupe does not store responses: send the whole conversation in 'input' (an earlier "
+    "answer's output items may be sent back as they came)"
+)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ResponsesRequest:
+    """A checked request: what to run, and what the answer repeats of it."""
+
+    model: str | None
+    prompt: list[dict[str, str]] | ChatPrompt
+    params: SamplingParams
+    stream: bool
+    tools: ToolPlan | None
+    client_fields: dict[str, str]  # engine field -> the field the client wrote
+    echo: dict[str, Any]  # the request's settings, as the response object repeats them
+    user: str | None
+
+    def with_lora(self, lora: str | None) -> ResponsesRequest:
+        """This request on the LoRA adapter its `model` selects (None: the base model)."""
+        if lora is None:
+            return self
+        return dataclasses.replace(self, params=msgspec.structs.replace(self.params, lora=lora))
+
+
+def parse_responses(
+    raw: bytes, *, default_max_tokens: int, tool_parser: ToolParserName | None
+) -> ResponsesRequest:
+    """Decode and check a JSON body; raise ApiError(400) naming the first bad field.
+    `tool_parser`: the format of the model's tool calls (tool_choice "auto" reads replies in
+    it, and earlier calls in `input` are written in it); None where the template has none."""
+    body = decode_body(raw, ResponsesBody)
+    _refuse_unsupported(body)
+    kw: dict[str, Any] = {k: getattr(body, k) for k in _PASSTHROUGH if getattr(body, k) is not None}
+    requested = body.max_output_tokens
+    kw["max_tokens"] = default_max_tokens if requested is None else requested
+    if body.stop is not None:
+        kw["stop"] = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop)
+    if body.truncation == "auto":  # vLLM's: keep the prompt's last max_model_len tokens
+        kw["truncate_prompt_tokens"] = -1
+    client_fields: dict[str, str] = {}
+    spec = _text_format(body)
+    if spec is not None:
+        kw["structured_outputs"], client_fields = spec
+    function_tools = [_function_tool(t, f"tools[{i}]") for i, t in enumerate(body.tools or ())]
+    tools = _tool_plan(function_tools, body, tool_parser)
+    if tools is not None and tools.spec is not None:
+        if "structured_outputs" in kw:
+            raise invalid("text.format", "text.format and tool calls cannot be combined")
+        kw["structured_outputs"] = tools.spec
+        client_fields = {"structured_outputs.json": "tools", "structured_outputs": "tools"}
+    params = SamplingParams(**kw)
+    try:
+        params.check()
+    except ParamError as exc:
+        renamed = {"max_tokens": "max_output_tokens", **client_fields}
+        raise invalid(renamed.get(exc.field, exc.field), str(exc)) from None
+    if body.stream_options is not None and not body.stream:
+        raise invalid("stream_options", "stream_options needs stream: true")
+
+    messages = input_messages(body.input, body.instructions, tool_parser)
+    template_kwargs: dict[str, Any] = {}
+    if tools is not None and tools.spec is None:  # "auto": the template shows the tools
+        template_kwargs["tools"] = list(tools.tools)
+    if body.reasoning is not None and body.reasoning.effort is not None:
+        template_kwargs["reasoning_effort"] = body.reasoning.effort  # vLLM's template variable
+    prompt = chat_prompt(messages, True, False, template_kwargs)
+    return ResponsesRequest(
+        model=body.model,
+        prompt=prompt,
+        params=params,
+        stream=bool(body.stream),
+        tools=tools,
+        client_fields=client_fields,
+        echo=_echo(body, function_tools, params),
+        user=body.user or body.safety_identifier,
+    )
+
+
+def _refuse_unsupported(body: ResponsesBody) -> None:
+    if body.previous_response_id is not None:
+        raise invalid(
+            "previous_response_id", f"previous_response_id is not supported: {_STATELESS}"
+        )
+    if body.conversation is not None:
+        raise invalid("conversation", f"conversation is not supported: {_STATELESS}")
+    if body.background:
+        raise invalid("background", "background is not supported: troupe stores no responses")
+    if body.prompt is not None:
+        raise invalid("prompt", "prompt templates are not supported: send 'input'")
+    if body.max_tool_calls is not None:
+        raise invalid("max_tool_calls", "max_tool_calls is not supported: leave it out")
+    if body.top_logprobs:
+        raise invalid("top_logprobs", "top_logprobs is not supported on /v1/responses yet")
+    for i, name in enumerate(body.include or ()):
+        if name == "message.output_text.logprobs":
+            raise invalid(f"include[{i}]", "output logprobs are not supported on /v1/responses")
+
+
+def _text_format(body: ResponsesBody) -> tuple[StructuredOutputs, dict[str, str]] | None:
+    """`text.format` -> the constraint (None: free text)."""
+    fmt = body.text.format if body.text is not None else None
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object":
+        return checked_spec("text.format", StructuredOutputs(json_object=True))
+    if fmt.json_schema is None:
+        raise invalid("text.format.schema", 'text.format {"type": "json_schema"} needs a schema')
+    spec = StructuredOutputs.from_schema(fmt.json_schema)
+    return checked_spec("text.format.schema", spec)
+
+
+def _tool_plan(
+    tools: list[FunctionTool], body: ResponsesBody, tool_parser: ToolParserName | None
+) -> ToolPlan | None:
+    """chat's ToolPlan for the request's function tools and tool_choice."""
+    choice = body.tool_choice
+    if tools and (choice is None or choice == "auto") and tool_parser is None:
+        raise invalid(
+            "tool_choice",
+            'tool_choice "auto" needs a chat template with a tool-call format troupe parses '
+            "(Hermes/Qwen <tool_call> tags), and this model's has none (or a server started with "
+            '--tool-call-parser, e.g. llama3_json): send "required", a named function '
+            '{"type": "function", "name": ...}, or "none"',
+        )
+    chat_choice: ToolChoice | None
+    if isinstance(choice, FunctionChoice):
+        if choice.name not in {t.name for t in tools}:
+            raise invalid("tool_choice.name", f"no tool named {choice.name!r}")
+        chat_choice = NamedToolChoice(type="function", function=ChoiceName(name=choice.name))
+    else:
+        chat_choice = None if choice == "auto" else choice
+    chat_tools = [
+        Tool(
+            type="function",
+            function=ToolFunction(
+                name=t.name, description=t.description, parameters=t.parameters, strict=t.strict
+            ),
+        )
+        for t in tools
+    ]
+    return tool_plan(
+        chat_tools or None, chat_choice, body.parallel_tool_calls, tool_parser=tool_parser
+    )
+
+
+def _function_tool(raw: dict[str, Any], where: str) -> FunctionTool:
+    kind = raw.get("type")
+    if kind != "function":
+        raise invalid(
+            f"{where}.type", f"{where}.type: only function tools are supported, got {kind!r:.40}"
+        )
+    tool: FunctionTool = convert_field(raw, FunctionTool, where)
+    return tool
+
+
+def _echo(body: ResponsesBody, tools: list[FunctionTool], params: SamplingParams) -> dict[str, Any]:
+    """The settings a response object repeats (OpenAI's fields; the sampling ones as run)."""
+    tool_choice: Any = "auto" if body.tool_choice is None else msgspec.to_builtins(body.tool_choice)
+    text = msgspec.to_builtins(body.text) if body.text is not None else None
+    return {
+        "instructions": body.instructions,
+        "max_output_tokens": body.max_output_tokens,
+        "metadata": body.metadata or {},
+        "parallel_tool_calls": body.parallel_tool_calls is not False,
+        "reasoning": msgspec.to_builtins(body.reasoning) if body.reasoning is not None else None,
+        "service_tier": body.service_tier or "auto",
+        "temperature": params.temperature,
+        "text": text or {"format": {"type": "text"}},
+        "tool_choice": tool_choice,
+        "tools": [msgspec.to_builtins(t) for t in tools],
+        "top_logprobs": 0,
+        "top_p": params.top_p,
+        "truncation": body.truncation or "disabled",
+        "user": body.user,
+    }

@@ -1,0 +1,112 @@
+"""POST /v1/responses: OpenAI's Responses API on chat's machinery (vLLM's serving_responses).
+
+The body becomes chat messages, SamplingParams and a tool plan (gateway/responses_requests.py);
+the server's reasoning parser splits the answer as on chat (gateway/chat_reasoning.py); one
+`engine.generate` stream runs it, and gateway/responses_output.py turns its events into output
+items, whole or as SSE events (`event: <type>` + `data: <json>`, each with its
+`sequence_number`, no `[DONE]`). A streamed answer ends with response.completed whatever its
+status, as vLLM's does ("incomplete" with incomplete_details when max_output_tokens ran out),
+so the client's stream helpers end it; an engine failure mid-stream is an `error` event.
+Errors before the answer starts are chat's: a 400 naming the field, 404 for an unknown model,
+the engine's rejection with its status. A client that goes away aborts the request.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+import structlog
+from aiohttp import web
+from troupe.gateway.chat_reasoning import chat_reasoning
+from troupe.gateway.errors import ApiError, error_for_event
+from troupe.gateway.http_body import read_json_body
+from troupe.gateway.outbox import Outbox, Overflow
+from troupe.gateway.pump import pump
+from troupe.gateway.responses_objects import ResponseShape, new_id
+from troupe.gateway.responses_output import Event, OutputAssembler
+from troupe.gateway.responses_requests import ResponsesRequest, parse_responses
+from troupe.gateway.served_models import ServedModels
+from troupe.gateway.sse_writer import first_event, serve_sse
+from troupe.gateway.state import GATEWAY
+from troupe.gateway.tool_auto import auto_tool_parser
+from troupe.messages import Aborted, Delta, Failed, Finished, Rejected, StreamEvent
+
+log = structlog.get_logger("troupe.gateway")
+
+_json = msgspec.json.Encoder()
+
+
+async def responses(request: web.Request) -> web.StreamResponse:
+    gateway = request.app[GATEWAY]
+    engine = gateway.engine
+    settings = gateway.settings
+    raw = await read_json_body(request, settings)
+    tool_parser = auto_tool_parser(settings.tool_call_parser, engine.tokenizer.chat_template)
+    # Answers run to the end of the context unless capped (the engine clips at max_model_len).
+    req = parse_responses(raw, default_max_tokens=engine.max_model_len, tool_parser=tool_parser)
+    served = ServedModels.of(engine)
+    req = req.with_lora(served.lora_for(req.model))
+    response_id = new_id("resp")
+    if req.user is not None:
+        log.debug("request from a named user", request_id=response_id, user=req.user)
+    parser = settings.reasoning_parser
+    splitter, params = chat_reasoning(parser, engine.tokenizer, req.prompt, req.params)
+    shape = ResponseShape(response_id, served.name_of(params.lora), req.echo)
+    assembler = OutputAssembler(shape, req.tools, splitter, is_streaming=req.stream)
+    gateway.stream_opened()
+    try:
+        events = engine.generate(req.prompt, params, request_id=response_id)
+        if not req.stream:
+            return await _whole(events, assembler, req)
+        first = await first_event(events, req.client_fields)
+
+        async def fill(outbox: Outbox, on_overflow: Callable[[], None]) -> None:
+            await _pump_events(events, first, assembler, outbox, on_overflow)
+
+        return await serve_sse(request, settings, fill, response_id)
+    finally:
+        gateway.stream_closed()
+
+
+async def _whole(events: Any, assembler: OutputAssembler, req: ResponsesRequest) -> web.Response:
+    """Collect the answer; a vanished client cancels this handler, which aborts the request."""
+    async with contextlib.aclosing(events):
+        async for event in events:
+            if isinstance(event, Rejected | Aborted | Failed):
+                raise error_for_event(event, req.client_fields)
+            assembler.feed(event)
+            if assembler.response is not None:
+                body = assembler.response
+                return web.json_response(body, dumps=lambda o: _json.encode(o).decode())
+    raise ApiError(500, "the engine ended the stream without a terminal event")
+
+
+async def _pump_events(
+    events: Any,
+    first: StreamEvent,
+    assembler: OutputAssembler,
+    outbox: Outbox,
+    on_overflow: Callable[[], None],
+) -> None:
+    for event in assembler.start():
+        outbox.put(_frame(event))
+
+    def encode(event: StreamEvent) -> list[str]:
+        if isinstance(event, Delta | Finished):
+            return [_frame(e) for e in assembler.feed(event)]
+        return [_frame(e) for e in assembler.fail(error_for_event(event))]
+
+    try:
+        await pump(events, outbox, encode, first)
+    except Overflow as exc:
+        for event in assembler.fail(ApiError(429, str(exc), code="slow_consumer")):
+            outbox.put_final(_frame(event))
+        on_overflow()
+
+
+def _frame(event: Event) -> str:
+    """One SSE event, named by its type as OpenAI names them."""
+    return f"event: {event['type']}\ndata: {_json.encode(event).decode()}\n\n"
