@@ -26,6 +26,8 @@ from troupe.gateway.engine_api import EngineLike
 from troupe.gateway.engine_view import add_engine_view
 from troupe.gateway.errors import ApiError, from_http_exception
 from troupe.gateway.responses_routes import responses
+from troupe.gateway.score_routes import PATHS as SCORE_PATHS
+from troupe.gateway.score_routes import add_score_routes
 from troupe.gateway.state import GATEWAY, Gateway, GatewaySettings
 from troupe.gateway.tokenize_routes import PATHS as TOKENIZE_PATHS
 from troupe.gateway.tokenize_routes import add_tokenize_routes
@@ -69,6 +71,7 @@ def build_app(engine: EngineLike, settings: GatewaySettings | None = None) -> we
     app.router.add_get("/v1/ws", websocket)
     add_engine_view(app)
     add_tokenize_routes(app)
+    add_score_routes(app)
     return app
 
 
@@ -97,12 +100,15 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
 
 @web.middleware
 async def _auth(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """With an api key set, /v1/*, /tokenize and /detokenize need `Authorization: Bearer
-    <key>`. Browsers cannot set headers on a websocket: it may send the key as a subprotocol
-    (gateway/ws_auth.py; the page does) or, for old clients, as `?api_key=`."""
+    """With an api key set, /v1/*, /tokenize, /detokenize, /score, /rerank and /v2/rerank need
+    `Authorization: Bearer <key>`. Browsers cannot set headers on a websocket: it may send the
+    key as a subprotocol (gateway/ws_auth.py; the page does) or, for old clients, as
+    `?api_key=`."""
     key = request.app[GATEWAY].settings.api_key
     path = request.path
-    if key is None or not (path.startswith("/v1/") or path in TOKENIZE_PATHS):
+    if key is None or not (
+        path.startswith("/v1/") or path in TOKENIZE_PATHS or path in SCORE_PATHS
+    ):
         return await handler(request)
     given = request.headers.get("Authorization", "")
     token = given[7:] if given[:7].lower() == "bearer " else ""

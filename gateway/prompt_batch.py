@@ -53,13 +53,17 @@ async def batch_events(
     request_id: str,
     *,
     field: str = "prompt",
+    names: Sequence[str] | None = None,
 ) -> AsyncIterator[StreamEvent]:
     """Every prompt's events as one request's (see the module docstring); a prompt's
-    rejection names it as `field[i]` (`input[1]` for /v1/embeddings)."""
+    rejection names it as `field[i]` (`input[1]` for /v1/embeddings), or as `names[i]` when
+    given (`text_2[1]`, `query` for /v1/score and /v1/rerank), a lone prompt's too."""
     if len(prompts) == 1:
         one = engine.generate(prompts[0], params, request_id=request_id)
         async with contextlib.aclosing(one):
             async for event in one:
+                if names is not None and isinstance(event, Rejected):
+                    event = _renamed(event, names[0])
                 yield event
         return
     n = params.n
@@ -92,7 +96,8 @@ async def batch_events(
             if event is _DONE:
                 running -= 1
             elif isinstance(event, Rejected) and i not in answered:
-                yield _renamed(event, i, field)  # the request fails; the others are aborted
+                name = f"{field}[{i}]" if names is None else names[i]
+                yield _renamed(event, name)  # the request fails; the others are aborted
                 return
             else:
                 held.append((i, event))
@@ -109,8 +114,7 @@ async def batch_events(
             await stream.aclose()
 
 
-def _renamed(event: Rejected, i: int, field: str) -> Rejected:
-    named = f"{field}[{i}]"
+def _renamed(event: Rejected, named: str) -> Rejected:
     # the engine names a prompt `prompt`, or `prompt_token_ids` when it came as token ids
     renamed = named if event.field in ("prompt", "prompt_token_ids") else event.field
     return msgspec.structs.replace(event, field=renamed, message=f"{named}: {event.message}")

@@ -1,7 +1,8 @@
 """`troupe router`: an HTTP front that spreads OpenAI requests over `troupe serve` replicas.
 
     POST /v1/completions, /v1/chat/completions   proxied (gateway/router_proxy.py)
-    POST /v1/embeddings                          proxied alike
+    POST /v1/embeddings, /v1/score, /score,      proxied alike
+         /v1/rerank, /rerank, /v2/rerank
     GET  /v1/models                              the first replica that is up answers (the
                                                  replicas serve one model and its adapters)
     GET  /health                                 200 while a replica is up, else 503
@@ -40,7 +41,8 @@ def build_router_app(replicas: ReplicaSet, session: aiohttp.ClientSession) -> we
     app[SESSION] = session
     app.router.add_post("/v1/completions", proxy)
     app.router.add_post("/v1/chat/completions", proxy)
-    app.router.add_post("/v1/embeddings", proxy)
+    for path in ("/v1/embeddings", "/v1/score", "/score", "/v1/rerank", "/rerank", "/v2/rerank"):
+        app.router.add_post(path, proxy)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)

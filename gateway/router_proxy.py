@@ -38,7 +38,7 @@ class _TryAnother(Exception):
 
 
 async def proxy(request: web.Request) -> web.StreamResponse:
-    """POST /v1/completions, /v1/chat/completions and /v1/embeddings."""
+    """POST /v1/completions, /v1/chat/completions, /v1/embeddings, score and rerank."""
     replicas = request.app[ROUTER]
     body = await request.read()
     try:

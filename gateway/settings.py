@@ -73,7 +73,8 @@ class GatewaySettings:
     max_embedding_inputs: int = _knob(
         2048,
         "/v1/embeddings: inputs one request may list (each runs as an engine request of its "
-        "own; OpenAI's limit); more get 400",
+        "own; OpenAI's limit), and /v1/score and /v1/rerank: texts one request may name; "
+        "more get 400",
     )
     reasoning_parser: ParserName | None = _knob(  # noqa: RUF009 (None or a str: immutable)
         None,

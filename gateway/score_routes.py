@@ -1,0 +1,150 @@
+"""POST /v1/score and /v1/rerank (vLLM's score and rerank APIs) for an embedding model.
+
+    /v1/score, /score         -> {"id": "score-...", "object": "list", "created", "model",
+                                  "data": [{"index", "object": "score", "score"}, ...],
+                                  "usage": {"prompt_tokens", "total_tokens"}}
+    /v1/rerank, /rerank,      -> {"id": "rerank-...", "model",
+    /v2/rerank (Jina, Cohere)     "usage": {"prompt_tokens", "total_tokens"},
+                                  "results": [{"index", "document": {"text"},
+                                               "relevance_score"}, ...]}
+
+Each distinct text of a request is one engine request that pools it (gateway/score_pairs.py),
+all submitted at once through prompt_batch, as /v1/embeddings' inputs are: one the engine turns
+away fails the whole request naming where the client gave it (`text_2[1]`, `query`), the others
+aborted; a vanished client cancels the handler, which closes the streams and so aborts them.
+A pair scores the cosine similarity of its texts' vectors. `usage` counts the prompt tokens the
+engine ran, each distinct text once (vLLM counts each pair's two texts, and a pad token).
+Rerank results are sorted by score, highest first (ties in the documents' order), cut to top_n.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncGenerator
+from typing import Any, cast
+
+import msgspec
+from aiohttp import web
+from troupe.gateway.engine_api import EngineLike
+from troupe.gateway.errors import ApiError, error_for_event
+from troupe.gateway.http_body import read_json_body
+from troupe.gateway.prompt_batch import batch_events, batch_usage
+from troupe.gateway.score_bodies import parse_rerank_request, parse_score_request
+from troupe.gateway.score_pairs import Pairing, cosine_scores
+from troupe.gateway.served_models import ServedModels
+from troupe.gateway.state import GATEWAY, Gateway
+from troupe.messages import Aborted, Failed, Finished, Rejected, SamplingParams, StreamEvent
+
+# The paths outside /v1/ (vLLM serves both spellings): behind the API key as /v1/* is.
+PATHS = ("/score", "/rerank", "/v2/rerank")
+
+_json = msgspec.json.Encoder()
+
+
+def add_score_routes(app: web.Application) -> None:
+    for path in ("/v1/score", "/score"):
+        app.router.add_post(path, score)
+    for path in ("/v1/rerank", "/rerank", "/v2/rerank"):
+        app.router.add_post(path, rerank)
+
+
+async def score(request: web.Request) -> web.Response:
+    gateway = request.app[GATEWAY]
+    settings = gateway.settings
+    req = parse_score_request(
+        await read_json_body(request, settings),
+        pooling_type=settings.pooling_type,
+        max_texts=settings.max_embedding_inputs,
+    )
+    model, params = _model(gateway.engine, req.model, req.params)
+    request_id = f"score-{uuid.uuid4().hex}"
+    scores, num_tokens = await _scored(gateway, req.pairing, params, request_id)
+    body = {
+        "id": request_id,
+        "object": "list",
+        "created": int(time.time()),
+        "model": model,
+        "data": [{"index": i, "object": "score", "score": s} for i, s in enumerate(scores)],
+        "usage": {"prompt_tokens": num_tokens, "total_tokens": num_tokens},
+    }
+    return web.json_response(body, dumps=lambda o: _json.encode(o).decode())
+
+
+async def rerank(request: web.Request) -> web.Response:
+    gateway = request.app[GATEWAY]
+    settings = gateway.settings
+    req = parse_rerank_request(
+        await read_json_body(request, settings),
+        pooling_type=settings.pooling_type,
+        max_texts=settings.max_embedding_inputs,
+    )
+    model, params = _model(gateway.engine, req.model, req.params)
+    request_id = f"rerank-{uuid.uuid4().hex}"
+    scores, num_tokens = await _scored(gateway, req.pairing, params, request_id)
+    ranked = sorted(range(len(scores)), key=lambda i: -scores[i])[: req.top_n]  # stable: ties
+    results: list[dict[str, Any]] = []
+    for i in ranked:
+        result: dict[str, Any] = {"index": i, "relevance_score": scores[i]}
+        if req.return_documents:
+            result["document"] = {"text": req.documents[i]}
+        results.append(result)
+    body = {
+        "id": request_id,
+        "model": model,
+        "usage": {"prompt_tokens": num_tokens, "total_tokens": num_tokens},
+        "results": results,
+    }
+    return web.json_response(body, dumps=lambda o: _json.encode(o).decode())
+
+
+def _model(
+    engine: EngineLike, model: str | None, params: SamplingParams
+) -> tuple[str, SamplingParams]:
+    """The answer's `model` and the params on the adapter it names (404 for neither)."""
+    served = ServedModels.of(engine)
+    if (lora := served.lora_for(model)) is not None:
+        params = msgspec.structs.replace(params, lora=lora)
+    return served.name_of(lora), params
+
+
+async def _scored(
+    gateway: Gateway, pairing: Pairing, params: SamplingParams, request_id: str
+) -> tuple[list[float], int]:
+    """Every pair's score, in order, and the prompt tokens the engine ran."""
+    gateway.stream_opened()
+    try:
+        vectors, num_tokens = await _embedded(gateway.engine, pairing, params, request_id)
+    finally:
+        gateway.stream_closed()
+    return cosine_scores(vectors, pairing.pairs), num_tokens
+
+
+async def _embedded(
+    engine: EngineLike, pairing: Pairing, params: SamplingParams, request_id: str
+) -> tuple[list[tuple[float, ...]], int]:
+    """Each distinct text's vector, in order, and their prompt tokens."""
+    vectors: dict[int, tuple[float, ...]] = {}
+    usages = []
+    # an async generator (its aclose ends every text's stream), typed as an iterator
+    events = cast(
+        AsyncGenerator[StreamEvent, None],
+        batch_events(engine, pairing.texts, params, request_id, names=pairing.names),
+    )
+    async with contextlib.aclosing(events):
+        async for event in events:
+            if isinstance(event, Rejected | Aborted | Failed):
+                raise error_for_event(event)
+            if event.embedding is not None:
+                vectors[event.index] = event.embedding
+            if isinstance(event, Finished):
+                usages.append((event.index, event.usage))
+            if event.is_terminal:
+                missing = [i for i in range(len(pairing.texts)) if i not in vectors]
+                if missing:
+                    where = pairing.names[missing[0]]
+                    raise ApiError(500, f"the engine gave no embedding for {where}")
+                ordered = [vectors[i] for i in range(len(pairing.texts))]
+                return ordered, batch_usage(usages, 1).prompt_tokens
+    raise ApiError(500, "the engine ended the stream without a terminal event")
