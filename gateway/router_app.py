@@ -1,8 +1,9 @@
 """`troupe router`: an HTTP front that spreads OpenAI requests over `troupe serve` replicas.
 
-    POST /v1/completions, /v1/chat/completions   proxied (gateway/router_proxy.py)
-    POST /v1/embeddings, /v1/score, /score,      proxied alike
-         /v1/rerank, /rerank, /v2/rerank
+    POST /v1/completions, /v1/chat/completions,  proxied (gateway/router_proxy.py), each keyed
+         /v1/responses, /v1/embeddings,          on its prompt (gateway/router_keys.py) and its
+         /v1/score, /score, /v1/rerank,          streams' ends known (gateway/router_streams.py)
+         /rerank, /v2/rerank
     GET  /v1/models                              the first replica that is up answers (the
                                                  replicas serve one model and its adapters)
     GET  /health                                 200 while a replica is up, else 503
@@ -17,21 +18,34 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 
 import aiohttp
 import structlog
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 from troupe.gateway.errors import ApiError, from_http_exception
+from troupe.gateway.router_keys import field_text, messages_text, responses_text
 from troupe.gateway.router_metrics import render_metrics
-from troupe.gateway.router_proxy import ROUTER, SESSION, proxy
+from troupe.gateway.router_proxy import ROUTER, SESSION, Endpoint, Handler, proxy_to
 from troupe.gateway.router_replicas import ReplicaSet
 from troupe.gateway.router_settings import RouterSettings
+from troupe.gateway.router_streams import RESPONSES_EVENTS
 
 log = structlog.get_logger("troupe.router")
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+_SCORE, _RERANK = Endpoint(field_text("text_1")), Endpoint(field_text("query"))
+PROXIED = {
+    "/v1/completions": Endpoint(field_text("prompt")),
+    "/v1/chat/completions": Endpoint(messages_text),
+    "/v1/responses": Endpoint(responses_text, RESPONSES_EVENTS),
+    "/v1/embeddings": Endpoint(field_text("input")),
+    "/v1/score": _SCORE,
+    "/score": _SCORE,
+    "/v1/rerank": _RERANK,
+    "/rerank": _RERANK,
+    "/v2/rerank": _RERANK,
+}
 
 
 def build_router_app(replicas: ReplicaSet, session: aiohttp.ClientSession) -> web.Application:
@@ -39,10 +53,8 @@ def build_router_app(replicas: ReplicaSet, session: aiohttp.ClientSession) -> we
     app = web.Application(client_max_size=replicas.settings.max_body_bytes, middlewares=[_errors])
     app[ROUTER] = replicas
     app[SESSION] = session
-    app.router.add_post("/v1/completions", proxy)
-    app.router.add_post("/v1/chat/completions", proxy)
-    for path in ("/v1/embeddings", "/v1/score", "/score", "/v1/rerank", "/rerank", "/v2/rerank"):
-        app.router.add_post(path, proxy)
+    for path, endpoint in PROXIED.items():
+        app.router.add_post(path, proxy_to(endpoint))
     app.router.add_get("/v1/models", models)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)

@@ -1,11 +1,15 @@
-"""The text the router matches prefixes on, from an OpenAI request body.
+"""The text the router matches prefixes on, from an OpenAI request body; each proxied endpoint
+names the function that reads its prompt (gateway/router_app.py).
 
-Chat: each message as role, a unit separator, its text parts, a record separator, in order, so
-two conversations share a key prefix exactly as far as they share leading messages (system
-prompt, earlier turns). Completions: the prompt text; token ids become one character each
-(behind a marker, so they never match text). Embeddings: their `input`, as a prompt (last-token
-pooling keeps prefix-cache hits). Anything else keys on its JSON: it still gets a
-replica, just no useful prefix.
+Chat (`messages_text`): each message as role, a unit separator, its text parts, a record
+separator, in order, so two conversations share a key prefix exactly as far as they share
+leading messages (system prompt, earlier turns). Responses (`responses_text`): `instructions`
+as a system message, then `input` (a text as a user message, items in order: messages as chat's,
+other items by their JSON), so a conversation keys alike on chat and on /v1/responses, as its
+prompt renders alike. A prompt-like field (`field_text`: completions' `prompt`, embeddings'
+`input`, rerank's `query`, score's `text_1`): its text; token ids become one character each
+(behind a marker, so they never match text). A value of another shape keys on its JSON: it
+still gets a replica, just no useful prefix.
 
 A request that names a `model` (the base model or a LoRA adapter) or a `cache_salt` keys behind
 one character for that pair: an engine shares cached blocks only among requests of one adapter
@@ -17,7 +21,11 @@ from __future__ import annotations
 
 import json
 import zlib
+from collections.abc import Callable
 from typing import Any
+
+# The prompt part of a body's key (the body is a JSON object)
+KeyText = Callable[[dict[str, Any]], str]
 
 _UNIT, _RECORD = "\x1f", "\x1e"
 _IDS = "\x00ids\x00"
@@ -25,12 +33,40 @@ _IDS = "\x00ids\x00"
 _NAMESPACE_BASE, _NUM_NAMESPACES = 0xE000, 6400
 
 
-def routing_key(body: Any) -> str:
-    """The prefix-matching key of a parsed /v1/completions, /v1/chat/completions or
-    /v1/embeddings body."""
+def routing_key(body: Any, text: KeyText) -> str:
+    """The prefix-matching key of a parsed request body whose prompt `text` reads ("" for a
+    body that is no JSON object: the replica answers its 400)."""
     if not isinstance(body, dict):
         return ""
-    return _namespace(body) + _prompt_key(body)
+    return _namespace(body) + text(body)
+
+
+def messages_text(body: dict[str, Any]) -> str:
+    """/v1/chat/completions: its `messages`."""
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        return _json(messages)
+    return "".join(_message_key(m) for m in messages)
+
+
+def responses_text(body: dict[str, Any]) -> str:
+    """/v1/responses: `instructions`, then `input`, as the chat messages they become."""
+    instructions, input_ = body.get("instructions"), body.get("input")
+    head = _message_key({"role": "system", "content": instructions}) if instructions else ""
+    if isinstance(input_, str):
+        return head + _message_key({"role": "user", "content": input_})
+    if not isinstance(input_, list):
+        return head + _json(input_)
+    return head + "".join(_item_key(item) for item in input_)
+
+
+def field_text(name: str) -> KeyText:
+    """A prompt-like field: a text, token ids, or a list of one of those."""
+
+    def text(body: dict[str, Any]) -> str:
+        return _prompt_key(body.get(name))
+
+    return text
 
 
 def _namespace(body: dict[str, Any]) -> str:
@@ -42,29 +78,37 @@ def _namespace(body: dict[str, Any]) -> str:
     return chr(_NAMESPACE_BASE + digest % _NUM_NAMESPACES)  # a clash only merges two spaces
 
 
-def _prompt_key(body: dict[str, Any]) -> str:
-    messages = body.get("messages")
-    if isinstance(messages, list):
-        return "".join(_message_key(m) for m in messages)
-    prompt = body.get("prompt", body.get("input"))
+def _prompt_key(prompt: Any) -> str:
     if isinstance(prompt, str):
         return prompt
     if isinstance(prompt, list) and prompt and all(_is_token_id(t) for t in prompt):
         return _IDS + "".join(chr(t) for t in prompt)
     if isinstance(prompt, list) and len(prompt) == 1:
-        return _prompt_key({"prompt": prompt[0]})
-    return json.dumps(prompt, sort_keys=True, default=str)
+        return _prompt_key(prompt[0])
+    return _json(prompt)
+
+
+def _item_key(item: Any) -> str:
+    """A Responses input item: a message (its `type` may be left out) as chat's; others (tool
+    calls and outputs, reasoning) by their JSON, which a client sends back unchanged."""
+    if isinstance(item, dict) and item.get("type", "message") == "message":
+        return _message_key(item)
+    return _json(item) + _RECORD
 
 
 def _message_key(message: Any) -> str:
     if not isinstance(message, dict):
-        return json.dumps(message, sort_keys=True, default=str) + _RECORD
+        return _json(message) + _RECORD
     content = message.get("content")
     if isinstance(content, list):  # content parts: their text, in order
         content = "".join(
             str(part.get("text", "")) if isinstance(part, dict) else str(part) for part in content
         )
     return f"{message.get('role', '')}{_UNIT}{content or ''}{_RECORD}"
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, default=str)
 
 
 def _is_token_id(t: Any) -> bool:

@@ -7,23 +7,27 @@
                      answer: JSON as the replica sent it, or its SSE stream chunk by chunk
 
 Every request ends with exactly one terminal event: when the replica's stream breaks, or ends
-without `data: [DONE]`, the client gets an error event and `[DONE]`; a JSON answer cut short is
-a 502; no replica up is a 503 naming how many are configured and which are down. A client that
-goes away closes the replica's connection, which aborts the request there.
+without its endpoint's end (`data: [DONE]`; a Responses stream's `response.completed` or
+`error`: gateway/router_streams.py), the client gets that endpoint's error event and the
+replica is marked down; a JSON answer cut short is a 502; no replica up is a 503 naming how
+many are configured and which are down. A client that goes away closes the replica's
+connection, which aborts the request there.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 import aiohttp
 from aiohttp import web
 from troupe.gateway.errors import ApiError
-from troupe.gateway.router_keys import routing_key
+from troupe.gateway.router_keys import KeyText, routing_key
 from troupe.gateway.router_replicas import NoReplicaUp, Replica, ReplicaSet
+from troupe.gateway.router_streams import DONE_SENTINEL, LastEvent, StreamFormat
 
-_DONE = b"data: [DONE]\n\n"
 _FORWARDED = ("Authorization", "Content-Type", "Accept")
 _REPLICA_HEADER = "X-Troupe-Replica"  # which replica answered (its index), for debugging
 # What a replica's failure can raise while we read from it.
@@ -33,19 +37,39 @@ ROUTER = web.AppKey("router", ReplicaSet)
 SESSION = web.AppKey("router_session", aiohttp.ClientSession)
 
 
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """A proxied endpoint: what its routing key reads, and how its streams end."""
+
+    text: KeyText
+    stream: StreamFormat = DONE_SENTINEL
+
+
 class _TryAnother(Exception):
     """The replica failed before answering; the request can go to another one."""
 
 
-async def proxy(request: web.Request) -> web.StreamResponse:
-    """POST /v1/completions, /v1/chat/completions, /v1/embeddings, score and rerank."""
+def proxy_to(endpoint: Endpoint) -> Handler:
+    """The handler that proxies `endpoint`'s POSTs."""
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        return await proxy(request, endpoint)
+
+    return handler
+
+
+async def proxy(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
+    """POST a request to a replica (the next one if it fails before answering); its answer."""
     replicas = request.app[ROUTER]
     body = await request.read()
     try:
         parsed = json.loads(body)
     except ValueError:
         parsed = None  # the replica answers the 400
-    key = routing_key(parsed)
+    key = routing_key(parsed, endpoint.text)
     headers = {k: v for k in _FORWARDED if (v := request.headers.get(k)) is not None}
     tried: set[int] = set()
     while True:
@@ -56,7 +80,7 @@ async def proxy(request: web.Request) -> web.StreamResponse:
             raise error from None
         tried.add(replica.index)
         try:
-            return await _forward(request, replica, body, headers)
+            return await _forward(request, replica, body, headers, endpoint.stream)
         except _TryAnother:
             continue
         finally:
@@ -64,7 +88,11 @@ async def proxy(request: web.Request) -> web.StreamResponse:
 
 
 async def _forward(
-    request: web.Request, replica: Replica, body: bytes, headers: dict[str, str]
+    request: web.Request,
+    replica: Replica,
+    body: bytes,
+    headers: dict[str, str],
+    stream: StreamFormat,
 ) -> web.StreamResponse:
     replicas, session = request.app[ROUTER], request.app[SESSION]
     url = f"{replica.url}{request.path}"
@@ -79,7 +107,7 @@ async def _forward(
             await replicas.check(session, replica)
             raise _TryAnother
         if resp.content_type == "text/event-stream":
-            return await _pipe_stream(request, resp, replica)
+            return await _pipe_stream(request, resp, replica, stream)
         try:
             data = await resp.read()
         except _READ_ERRORS as exc:
@@ -96,7 +124,7 @@ async def _forward(
 
 
 async def _pipe_stream(
-    request: web.Request, resp: aiohttp.ClientResponse, replica: Replica
+    request: web.Request, resp: aiohttp.ClientResponse, replica: Replica, stream: StreamFormat
 ) -> web.StreamResponse:
     """Write the replica's SSE bytes as they arrive; end with an error event if it breaks."""
     out = web.StreamResponse(
@@ -108,7 +136,7 @@ async def _pipe_stream(
         },
     )
     await out.prepare(request)
-    tail, error = b"", ""
+    last, broken = LastEvent(), ""
     chunks = resp.content.iter_any().__aiter__()
     while True:
         try:
@@ -116,15 +144,16 @@ async def _pipe_stream(
         except StopAsyncIteration:
             break
         except _READ_ERRORS as exc:
-            error = f"replica {replica.url} failed mid-stream: {exc!r}"
+            broken = f"replica {replica.url} failed mid-stream: {exc!r}"
             break
         await out.write(chunk)  # a client gone raises here: the replica's connection closes
-        tail = (tail + chunk)[-len(_DONE) :]
-    if not error and tail != _DONE:
-        error = f"replica {replica.url} closed the stream before its end"
-    if error:
+        last.feed(chunk)
+    # A stream that reached its end is whole, whatever the connection did after it.
+    if not (last.is_complete and stream.is_end(last.event)):
+        error = broken or f"replica {replica.url} closed the stream before its end"
         request.app[ROUTER].fail(replica, error)
-        event = ApiError(502, error, code="replica_failed").body()
-        await out.write(f"data: {json.dumps(event)}\n\n".encode() + _DONE)
+        await out.write(
+            stream.error_frames(ApiError(502, error, code="replica_failed"), last.event)
+        )
     await out.write_eof()
     return out

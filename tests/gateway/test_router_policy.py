@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from troupe.config import ConfigError
 from troupe.gateway.prefix_tree import PrefixTree
-from troupe.gateway.router_keys import routing_key
+from troupe.gateway.router_keys import field_text, messages_text, responses_text, routing_key
 from troupe.gateway.router_launch import replica_args
 from troupe.gateway.router_policy import CacheAwarePolicy, RouteReason
 from troupe.gateway.router_settings import RouterSettings
@@ -57,32 +57,53 @@ def test_tree_evicts_least_recently_used_within_its_bound() -> None:
     assert tree.match("a" * 40) == 40 and tree.match("c" * 40) == 40
 
 
+CHAT, PROMPT = messages_text, field_text("prompt")
+
+
 def test_routing_key_shares_prefixes_as_conversations_do() -> None:
     system = {"role": "system", "content": "You are terse."}
-    a = routing_key({"messages": [system, {"role": "user", "content": "hi"}]})
-    b = routing_key({"messages": [system, {"role": "user", "content": "bye"}]})
+    a = routing_key({"messages": [system, {"role": "user", "content": "hi"}]}, CHAT)
+    b = routing_key({"messages": [system, {"role": "user", "content": "bye"}]}, CHAT)
     assert a != b and _common(a, b) >= len("system") + len("You are terse.")
     parts = {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]}
-    assert routing_key(parts) == routing_key({"messages": [{"role": "user", "content": "hi"}]})
-    assert routing_key({"prompt": "abc"}) == "abc"
-    ids = routing_key({"prompt": [1, 2, 3]})
+    assert routing_key(parts, CHAT) == routing_key(
+        {"messages": [{"role": "user", "content": "hi"}]}, CHAT
+    )
+    assert routing_key({"prompt": "abc"}, PROMPT) == "abc"
+    ids = routing_key({"prompt": [1, 2, 3]}, PROMPT)
     assert ids.endswith("\x01\x02\x03") and not ids.startswith("\x01")
-    assert routing_key({"prompt": ["abc"]}) == "abc"
-    assert routing_key(None) == "" and routing_key([1]) == ""
+    assert routing_key({"prompt": ["abc"]}, PROMPT) == "abc"
+    assert routing_key(None, PROMPT) == "" and routing_key([1], CHAT) == ""
 
 
-def test_routing_keys_of_other_adapters_or_salts_share_no_prefix() -> None:
-    def key(**extra: object) -> str:
-        return routing_key({"prompt": "Summarize this long shared document.", **extra})
+def test_a_responses_conversation_keys_as_the_same_chat_does() -> None:
+    system = "You answer questions about tariffs in one sentence."
+    chat = routing_key(
+        {"messages": [{"role": "system", "content": system}, {"role": "user", "content": "Hi"}]},
+        CHAT,
+    )
+    assert routing_key({"instructions": system, "input": "Hi"}, responses_text) == chat
+    items = [
+        {"role": "user", "content": [{"type": "input_text", "text": "Hi"}]},
+        {"type": "function_call", "call_id": "c1", "name": "price", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "3 EUR"},
+    ]
+    turn = routing_key({"instructions": system, "input": items}, responses_text)
+    assert turn.startswith(chat) and len(turn) > len(chat)  # the tool round trip follows
+    later = routing_key({"instructions": system, "input": [*items, {"role": "user",
+                         "content": "And to zone 2?"}]}, responses_text)  # fmt: skip
+    assert later.startswith(turn)
+    salted = routing_key({"input": "Hi", "cache_salt": "t1"}, responses_text)
+    assert salted[1:] == routing_key({"input": "Hi"}, responses_text) != salted
 
-    plain = key()
-    assert plain == "Summarize this long shared document."
-    sql = key(model="sql")
-    assert sql == key(model="sql") and sql[1:] == plain and len(sql) == len(plain) + 1
-    others = {key(model="chat"), key(model="sql", cache_salt="t1"), key(cache_salt="t1")}
-    assert all(_common(sql, other) == 0 for other in others) and len(others) == 3
-    chat = {"messages": [{"role": "user", "content": "hi"}]}
-    assert routing_key({**chat, "model": "sql"})[1:] == routing_key(chat)
+
+def test_score_and_rerank_key_on_their_query() -> None:
+    query = "Which parcels ship to zone 3?"
+    docs = ["Zone 3 is Europe.", "Parcels over 30 kg ship as freight."]
+    rerank = routing_key({"query": query, "documents": docs}, field_text("query"))
+    score = routing_key({"text_1": query, "text_2": docs}, field_text("text_1"))
+    assert rerank == score == routing_key({"prompt": query}, PROMPT) == query
+    assert routing_key({"text_1": [query], "text_2": docs}, field_text("text_1")) == query
 
 
 def _policy(**kw: object) -> CacheAwarePolicy:
