@@ -6,37 +6,28 @@ The max_loras adapter slots sit side by side, each padded to rank R = max_lora_r
                            projection's fused slices, q/k/v or gate/up); zero rows pad
     B_s   [n_s, L x R]     per slice, slot l's columns at l R; already scaled by alpha / r
 
-Two ways to run them, chosen per step by the runtime (gpu/lora_runtime.py):
+Three ways to run a step, chosen by the runtime (gpu/lora_runtime.py):
 
-- masked, for steps a CUDA graph replays (no branch on data): two GEMMs per projection over
-  all slots, y = W x + sum_s B_s (((A_all x) * mask)_s), mask [T, L] 1 where slot l is token t's.
-  A token without an adapter (slot -1) gets y = W x exactly; the extra work is L x R columns
-  whichever adapters run (64 at the defaults: 6% of a 1,024-wide projection).
-- grouped, for eager steps: per adapter in the step, its tokens' rows only, at its own rank:
-  y[rows] += B (A x[rows]); a step without adapters costs nothing.
+- masked, for a step a CUDA graph replays (no branch on data) and for an eager step of several
+  adapters: two GEMMs per projection over all slots, y = W x + sum_s B_s (((A_all x) * mask)_s),
+  mask [T, L] 1 where slot l is token t's. A token without an adapter (slot -1) gets y = W x
+  exactly; the extra work is L x R columns whichever adapters run (64 at the defaults: 6% of a
+  1,024-wide projection).
+- one slot, for an eager step whose every token runs one adapter: its S x R rows of A_all
+  (contiguous, slot-major), then each slice's columns of B.
+- off, for an eager step without adapters: the projection adds nothing.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from troupe.gpu.quant_linear import Projection, QuantLinear, linear
 
 
-@dataclass(frozen=True, slots=True)
-class SlotRows:
-    """One adapter's share of an eager step: its slot, rank, and rows (None: all of them)."""
-
-    slot: int
-    rank: int
-    rows: torch.Tensor | None
-
-
 class LoraSlots:
     """The step's per-token slot ids (a static buffer: graphs replay it), and how this
-    forward's projections run them (begin): masked, or grouped by adapter (`groups`)."""
+    forward's projections run them: masked (the mask made by begin), one slot, or off."""
 
     def __init__(
         self,
@@ -52,8 +43,10 @@ class LoraSlots:
         self.token_slots = torch.full((max_tokens,), -1, dtype=torch.int64, device=device)
         self._slot_ids = torch.arange(max_loras, device=device)
         self.mask = torch.zeros(0, max_loras, dtype=dtype, device=device)
-        # the next forward's adapters, grouped (an eager step), or None: masked (graphs)
-        self.groups: tuple[SlotRows, ...] | None = None
+        # the next forward's mode (set by LoraRuntime.prepare; graphs capture the default):
+        # off (is_active False), one slot for every token (only_slot), else masked
+        self.is_active = True
+        self.only_slot: int | None = None
 
     @property
     def device(self) -> torch.device:
@@ -61,7 +54,7 @@ class LoraSlots:
 
     def begin(self, num_tokens: int) -> None:
         """Before a forward's layers: the mask of its first `num_tokens` tokens (masked)."""
-        if self.groups is None:
+        if self.is_active and self.only_slot is None:
             slots = self.token_slots[:num_tokens, None]
             self.mask = (slots == self._slot_ids[None, :]).to(self.dtype)
 
@@ -115,20 +108,17 @@ class LoraLinear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         out = linear(x, self.base)
-        groups = self.slots.groups
-        if groups is None:
+        slots = self.slots
+        if not slots.is_active:
+            return out
+        if slots.only_slot is None:
             return self._masked(x, out)
-        r_max = self.slots.max_rank
-        for group in groups:
-            xs = x if group.rows is None else x.index_select(0, group.rows)
-            for index, (start, size) in enumerate(self._bounds):
-                a = self._a[group.slot, index, : group.rank]
-                b = self.b[index][:, group.slot * r_max : group.slot * r_max + group.rank]
-                delta = F.linear(F.linear(xs, a), b)
-                if group.rows is None:
-                    out[:, start : start + size] += delta
-                else:
-                    out[:, start : start + size].index_add_(0, group.rows, delta)
+        slot, rank, num_slices = slots.only_slot, slots.max_rank, len(self.slices)
+        shrunk = F.linear(x, self.a_all[slot * num_slices * rank : (slot + 1) * num_slices * rank])
+        for index, (start, size) in enumerate(self._bounds):
+            part = shrunk[:, index * rank : (index + 1) * rank]
+            b = self.b[index][:, slot * rank : (slot + 1) * rank]
+            out[:, start : start + size].addmm_(part, b.t())
         return out
 
     def _masked(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 from troupe.gpu.device_inputs import host_to_device
 from troupe.gpu.lora_adapter import LoraAdapter, load_adapter, module_shapes
-from troupe.gpu.lora_linear import LoraLinear, LoraSlots, SlotRows
+from troupe.gpu.lora_linear import LoraLinear, LoraSlots
 from troupe.gpu.model_config import ModelConfig
 from troupe.gpu.models import DecoderModel
 from troupe.gpu.step_inputs import StepInputs
@@ -51,51 +51,41 @@ class LoraRuntime:
     @property
     def is_idle(self) -> bool:
         """Whether the step just prepared runs eagerly without any adapter."""
-        return self.slots.groups == ()
+        return not self.slots.is_active
 
     def begin(self, num_tokens: int) -> None:
         """Before a forward's layers (DecoderModel.forward): the mask of its tokens."""
         self.slots.begin(num_tokens)
 
     def prepare(self, inputs: StepInputs, *, graphed: bool) -> None:
-        """Hold the step's adapters (inputs.adapters) in slots; for a step a graph replays,
-        write its tokens' slots (masked), else group its rows by adapter."""
+        """Hold the step's adapters (inputs.adapters) in slots and set how the projections run
+        them (lora_linear.py): masked (a graph's step, or an eager step of several adapters;
+        the tokens' slots written), one slot (every token on one adapter) or off (none)."""
         num_tokens = len(inputs.input_ids)
         if num_tokens > len(self.slots.token_slots):
             raise RuntimeError(
                 f"a step of {num_tokens} tokens passes the LoRA token buffer "
                 f"({len(self.slots.token_slots)})"
             )
-        adapters = inputs.adapters
+        slots, adapters = self.slots, inputs.adapters
+        slots.only_slot = None
         if adapters is None or not (adapters >= 0).any():
-            self.slots.groups = None if graphed else ()
+            slots.is_active = graphed  # a graph always runs the masked form
             if graphed and self._marked:
-                self.slots.token_slots[: self._marked].fill_(-1)
+                slots.token_slots[: self._marked].fill_(-1)
                 self._marked = 0
             return
+        slots.is_active = True
         needed = np.unique(adapters[adapters >= 0]).tolist()
         lookup = np.full(len(self.adapters) + 1, -1, dtype=np.int64)  # [-1] -> no slot
         for adapter in needed:
             lookup[adapter] = self._slot_for(adapter, needed)
-        token_slots = np.repeat(lookup[adapters], np.diff(inputs.query_start_loc))
-        if not graphed:
-            self.slots.groups = self._groups(token_slots, needed, lookup)
+        if not graphed and len(needed) == 1 and (adapters >= 0).all():
+            slots.only_slot = int(lookup[needed[0]])
             return
-        self.slots.groups = None
-        self.slots.token_slots[:num_tokens].copy_(host_to_device(token_slots, self.slots.device))
+        token_slots = np.repeat(lookup[adapters], np.diff(inputs.query_start_loc))
+        slots.token_slots[:num_tokens].copy_(host_to_device(token_slots, slots.device))
         self._marked = max(self._marked, num_tokens)
-
-    def _groups(
-        self, token_slots: np.ndarray, needed: list[int], lookup: np.ndarray
-    ) -> tuple[SlotRows, ...]:
-        groups = []
-        for adapter in needed:
-            slot = int(lookup[adapter])
-            rows = np.flatnonzero(token_slots == slot)
-            every = len(rows) == len(token_slots)
-            device_rows = None if every else host_to_device(rows, self.slots.device)
-            groups.append(SlotRows(slot, self.adapters[adapter].rank, device_rows))
-        return tuple(groups)
 
     def _slot_for(self, adapter: int, needed: list[int]) -> int:
         self._clock += 1

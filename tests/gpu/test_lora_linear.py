@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 from troupe.gpu.lora_adapter import LoraAdapter
-from troupe.gpu.lora_linear import LoraLinear, LoraSlots, SlotRows
+from troupe.gpu.lora_linear import LoraLinear, LoraSlots
 from troupe.gpu.lora_runtime import LoraRuntime
 from troupe.gpu.step_inputs import StepInputs
 
@@ -26,9 +26,8 @@ def _projection(max_loras: int = 3, max_rank: int = 4) -> tuple[LoraLinear, torc
     return LoraLinear(weight, SLICES, IN, slots), weight
 
 
-@pytest.mark.parametrize("grouped", [False, True])
-def test_each_token_runs_its_own_adapter(grouped: bool) -> None:
-    """Masked (as graphs replay it) and grouped by adapter (eager steps) alike."""
+def test_each_token_runs_its_own_adapter() -> None:
+    """The masked form (graphs' steps, eager steps of several adapters)."""
     proj, weight = _projection()
     adapters = {0: _factors(2, 1), 2: _factors(4, 2)}  # slot -> per-slice (A, B); slot 1 empty
     for slot, factors in adapters.items():
@@ -38,25 +37,45 @@ def test_each_token_runs_its_own_adapter(grouped: bool) -> None:
     token_slots = [-1, 0, 2, 0, -1, 2, 1]
     x = torch.randn(len(token_slots), IN, generator=torch.Generator().manual_seed(3))
     proj.slots.token_slots[: len(token_slots)] = torch.tensor(token_slots)
-    if grouped:
-        slots = torch.tensor(token_slots)
-        ranks = {0: 2, 1: 4, 2: 4}
-        proj.slots.groups = tuple(
-            SlotRows(s, ranks[s], torch.nonzero(slots == s).flatten()) for s in (2, 0, 1)
-        )
     proj.slots.begin(len(token_slots))
     got = proj(x)
     base = x @ weight.T
     for t, slot in enumerate(token_slots):
-        expected = base[t].clone()
-        if slot in adapters:
-            start = 0
-            for (a, b), width in zip(adapters[slot], SLICES, strict=True):
-                expected[start : start + width] += b @ (a @ x[t])
-                start += width
-        torch.testing.assert_close(got[t], expected, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(got[t], _expected(base[t], x[t], adapters.get(slot)))
     assert torch.equal(got[0], base[0]) and torch.equal(got[4], base[4])  # no adapter: exact
     assert torch.equal(got[6], base[6])  # an empty slot adds nothing
+
+
+def _expected(
+    base: torch.Tensor, x: torch.Tensor, factors: list[tuple[torch.Tensor, torch.Tensor]] | None
+) -> torch.Tensor:
+    out = base.clone()
+    start = 0
+    for a, b in factors or ():
+        out[start : start + b.shape[0]] += b @ (a @ x)
+        start += b.shape[0]
+    return out
+
+
+def test_one_slot_and_off() -> None:
+    """An eager step whose every token runs one adapter reads that slot only; one without
+    adapters adds nothing (and stale slot ids do not matter in either)."""
+    proj, weight = _projection()
+    factors = _factors(3, 4)
+    for index, (a, b) in enumerate(factors):
+        proj.load(1, index, a, b)
+        proj.load(0, index, *_factors(4, 7)[index])  # another adapter beside it
+    x = torch.randn(5, IN, generator=torch.Generator().manual_seed(5))
+    proj.slots.token_slots[:5] = 0  # stale: the mode decides, not the buffer
+    proj.slots.only_slot = 1
+    proj.slots.begin(5)
+    got = proj(x)
+    base = x @ weight.T
+    for t in range(5):
+        torch.testing.assert_close(got[t], _expected(base[t], x[t], factors))
+    proj.slots.only_slot, proj.slots.is_active = None, False
+    proj.slots.begin(5)
+    assert torch.equal(proj(x), base)
 
 
 def test_a_refilled_slot_forgets_the_old_adapter() -> None:
@@ -116,18 +135,21 @@ def test_slots_are_refilled_least_recently_used_first() -> None:
     assert (runtime.slots.token_slots == -1).all()
 
 
-def test_an_eager_step_groups_rows_by_adapter() -> None:
+def test_an_eager_step_picks_its_mode() -> None:
     runtime, _ = _runtime(num_adapters=3, max_loras=2)
-    runtime.prepare(_inputs([1, -1, 1, 0], [2, 1, 1, 3]), graphed=False)
-    groups = runtime.slots.groups
-    assert groups is not None and len(groups) == 2
-    rows = {g.slot: (g.rows.tolist() if g.rows is not None else None) for g in groups}
-    assert sorted(rows.values()) == [[0, 1, 3], [4, 5, 6]]
+    slots = runtime.slots
     runtime.prepare(_inputs([2, 2], [1, 2]), graphed=False)  # one adapter for every row
-    groups = runtime.slots.groups
-    assert groups is not None and len(groups) == 1 and groups[0].rows is None
+    assert slots.is_active and slots.only_slot is not None
+    assert runtime.slots.token_slots[0] == -1  # nothing written: the slot says it all
+    runtime.prepare(_inputs([1, -1, 1, 2], [2, 1, 1, 3]), graphed=False)  # several: masked
+    assert slots.is_active and slots.only_slot is None
+    assert slots.token_slots[2] == -1 and slots.token_slots[0] == slots.token_slots[3]
+    runtime.prepare(_inputs([0, -1], [1, 1]), graphed=False)  # one adapter, some base rows
+    assert slots.is_active and slots.only_slot is None
     runtime.prepare(_inputs([-1], [4]), graphed=False)
-    assert runtime.slots.groups == ()  # nothing to add
+    assert not slots.is_active and runtime.is_idle  # nothing to add
+    runtime.prepare(_inputs([-1], [4]), graphed=True)
+    assert slots.is_active and slots.only_slot is None  # a graph runs the masked form
 
 
 def test_more_adapters_than_slots_in_one_step_is_an_error() -> None:
