@@ -188,6 +188,9 @@ class EngineConfig:
     # SamplingParams.lora (over HTTP: its `model`). Up to max_loras adapters run in one step,
     # each of rank <= max_lora_rank (gpu/lora_linear.py). Empty: no LoRA.
     lora_modules: tuple[str, ...] = ()
+    # Adapters loaded and unloaded while the engine runs (engine.loras; HTTP with the gateway's
+    # allow_runtime_lora_updating): every projection is wrapped, as no adapter says which yet
+    enable_lora: bool = False
     max_loras: int = 4
     max_lora_rank: int = 16
     log_format: Literal["console", "json"] = "console"

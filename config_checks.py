@@ -18,7 +18,7 @@ class ConfigError(ValueError):
 _DISAGGREGATION_NEEDS: tuple[tuple[str, object], ...] = (
     ("runner", "model"), ("tensor_parallel_size", 1), ("speculative_method", None),
     ("streaming_window", 0), ("kv_cache_dtype", "auto"), ("prefix_cache_cpu_tier", False),
-    ("trace_path", None), ("lora_modules", ()),
+    ("trace_path", None), ("lora_modules", ()), ("enable_lora", False),
 )  # fmt: skip
 
 
@@ -71,7 +71,7 @@ def check_lora(config: EngineConfig) -> None:
     rank = config.max_lora_rank
     if not isinstance(rank, int) or not 1 <= rank <= MAX_LORA_RANK:
         raise ConfigError(f"max_lora_rank must be an integer in [1, {MAX_LORA_RANK}], got {rank!r}")
-    if config.lora_modules and config.tensor_parallel_size != 1:
+    if (config.lora_modules or config.enable_lora) and config.tensor_parallel_size != 1:
         raise ConfigError(
             f"tensor_parallel_size must be 1 with lora_modules (LoRA adapters are not sharded), "
             f"got {config.tensor_parallel_size}"

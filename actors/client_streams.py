@@ -90,6 +90,13 @@ class ClientStream:
         self._queue.clear()
         return events
 
+    def end_event(self) -> Failed:
+        """The terminal event of a stream closed without one: cut off, or the engine stopped."""
+        if self.is_overflowed:
+            return self.overflow_event()
+        message = "engine stopped before this request finished"
+        return Failed(request_id=self.request_id, message=message)
+
     def overflow_event(self) -> Failed:
         return Failed(
             request_id=self.request_id,

@@ -15,6 +15,7 @@ from contextlib import ExitStack, asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import msgspec
 import structlog
 from anyio.abc import TaskGroup, TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream
@@ -23,6 +24,7 @@ from troupe.actors.core.executor import ExecutorCore
 from troupe.actors.engine_stopped import EngineStopped as EngineStopped  # the engine's API
 from troupe.actors.exception_groups import single_leaf, unwrap_single
 from troupe.actors.heap_freeze import frozen_heap
+from troupe.actors.lora_registry import LoraRegistry
 from troupe.actors.request_input import RequestInputError, to_generate_request
 from troupe.actors.request_log import log_end
 from troupe.actors.shell import Actor, Outbox
@@ -42,7 +44,6 @@ from troupe.messages import (
     AbortRequest,
     ChatPrompt,
     EngineStats,
-    Failed,
     GenerateRequest,
     RejectCode,
     Rejected,
@@ -85,6 +86,8 @@ class Engine:
         self._vocab_size: int | None = None  # the model's, once loaded
         self._actors: list[Actor] = []
         self._client_inbox: MemoryObjectReceiveStream[Any] | None = None  # the router's
+        # LoRA adapters by name: checked at this edge, loaded and unloaded at run time
+        self.loras = LoraRegistry(config)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -120,8 +123,9 @@ class Engine:
 
     @property
     def lora_adapters(self) -> dict[str, str]:
-        """The LoRA adapters a request may name (SamplingParams.lora): their folders by name."""
-        return self.config.lora_adapters
+        """The LoRA adapters a request may name now (SamplingParams.lora): folders by name.
+        `engine.loras.load(name, path)` / `.unload(name)` change them."""
+        return self.loras.adapters
 
     @property
     def is_healthy(self) -> bool:
@@ -169,6 +173,7 @@ class Engine:
         self._actors = list(graph.actors)
         self._client_inbox = graph.client_inbox
         self._executor = next(a.core for a in graph.actors if isinstance(a.core, ExecutorCore))
+        self.loras.runtime = self._executor.runner.lora
         self._to_tokenizer = graph.to_tokenizer
         try:
             interval = switch_interval(config.gil_switch_interval_s)
@@ -181,12 +186,9 @@ class Engine:
                         if actor.name == "executor" and setup.is_blocking and config.step_timeout_s:
                             tg.start_soon(watch_executor, actor, config.step_timeout_s)
                     heap.enter_context(frozen_heap(config.gc_freeze))
-                    log.info(
-                        "engine ready",
-                        model=self.model_name,
-                        num_gpu_blocks=setup.numbers.num_gpu_blocks,
-                        num_cpu_blocks=setup.numbers.num_cpu_blocks,
-                    )
+                    blocks = setup.numbers.num_gpu_blocks, setup.numbers.num_cpu_blocks
+                    log.info("engine ready", model=self.model_name, num_gpu_blocks=blocks[0],
+                             num_cpu_blocks=blocks[1])  # fmt: skip
                     task_status.started()
         except Exception as exc:  # an actor crashed: fail its requests, keep the caller alive
             self.error = single_leaf(exc) or exc
@@ -213,6 +215,7 @@ class Engine:
                 for event in batch.events:
                     if event.is_terminal:
                         log_end(event)
+                        self.loras.ended(event.request_id)
                 for request_id in cut_off:
                     assert self._tg is not None
                     self._tg.start_soon(self._send_abort, request_id, "stream reader too slow")
@@ -296,14 +299,7 @@ class Engine:
                 events = await stream.get_batch()
                 if not events:  # closed without a terminal event: cut off or engine stopped
                     is_done = True
-                    yield (
-                        stream.overflow_event()
-                        if stream.is_overflowed
-                        else Failed(
-                            request_id=request_id,
-                            message="engine stopped before this request finished",
-                        )
-                    )
+                    yield stream.end_event()
                     return
                 for event in events:
                     is_done = event.is_terminal
@@ -366,14 +362,18 @@ class Engine:
         if request_id in self._streams:
             message = f"request_id {request_id!r} is already in use"
             return self._reject_here(request_id, RejectCode.INVALID_REQUEST, "request_id", message)
-        log.debug("request received", request_id=request_id, max_tokens=request.params.max_tokens)
-        return request
+        admitted = self.loras.admit(request_id, request.params)
+        if isinstance(admitted, str):
+            return self._reject_here(request_id, RejectCode.INVALID_REQUEST, "lora", admitted)
+        log.debug("request received", request_id=request_id, max_tokens=admitted.max_tokens)
+        return msgspec.structs.replace(request, params=admitted)
 
     async def _send_request(self, request: GenerateRequest) -> None:
         assert self._to_tokenizer is not None
         try:
             await self._to_tokenizer.send(request)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            self.loras.ended(request.request_id)
             self._streams.fail_one(request.request_id, "the engine stopped")
 
     def _fail_open(self, message: str) -> None:

@@ -139,7 +139,6 @@ def build_admission(g: GraphInputs) -> AdmissionCore:
             if g.is_disaggregated
             else None
         ),
-        lora_names=frozenset(g.config.lora_adapters),
     )
 
 
@@ -154,7 +153,7 @@ def build_scheduler(g: GraphInputs) -> SchedulerCore:
             num_lookahead_tokens=g.numbers.num_lookahead_tokens,
             kv_window=g.numbers.kv_window,
             max_chunk_tokens=g.config.long_prefill_token_threshold,
-            max_loras=g.config.max_loras if g.config.lora_modules else 0,
+            max_loras=g.config.max_loras if g.config.lora_modules or g.config.enable_lora else 0,
         ),
         num_cpu_blocks=g.numbers.num_cpu_blocks,
         preemption_mode=g.config.preemption_mode,

@@ -105,6 +105,7 @@ class FakeRunner:
         self.eos_token_ids = tuple(eos_token_ids)
         self.num_lookahead_tokens = 0  # no overlap: each step runs when its plan arrives
         self.kv_pages_on_write = False  # no pool memory at all
+        self.lora = None  # it reads no adapter (a request's adapter changes nothing here)
         # > 0: the fake model reads only the blocks from its window's first one on, so the
         # scheduler may release those before (a sliding-window model's view, block-grained)
         self.kv_window = kv_window

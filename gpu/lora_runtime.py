@@ -1,5 +1,7 @@
-"""The engine's LoRA adapters at run time: all of them read at start-up (host memory), the
-max_loras device slots, which adapter each slot holds, and each step's token -> slot map.
+"""The engine's LoRA adapters at run time: every adapter read (host memory: those of
+lora_modules at start-up, others added and retired while the engine runs:
+actors/lora_registry.py), the max_loras device slots, which adapter each slot holds, and
+each step's token -> slot map.
 
     step: seqs  A(adapter "sql", 5 tokens)  B(none, 1)  C(adapter "chat", 1)
           slots held: 0 -> "chat", 1 -> "sql" (least recently used goes first when one is needed)
@@ -7,10 +9,14 @@ max_loras device slots, which adapter each slot holds, and each step's token -> 
 
 The scheduler lets at most max_loras adapters into a step (actors/core/step_starts.py), so a
 step's adapters always fit; a slot is refilled only when a step needs an adapter not held, with
-copies queued on the stream after the forwards that read its old weights.
+copies queued on the stream after the forwards that read its old weights. Adding and
+retiring run on the engine's event loop while steps run in the executor's thread: one lock
+keeps the adapter list, the name -> id map and the slots consistent between them.
 """
 
 from __future__ import annotations
+
+import threading
 
 import numpy as np
 from troupe.gpu.device_inputs import host_to_device
@@ -30,17 +36,21 @@ _FUSED = (
 
 
 class LoraRuntime:
-    """Adapters by name (ids: their index), the slots, and the projections wrapped."""
+    """Adapters by name (ids: their index, never reused; a retired one's entry is None), the
+    slots, and the projections wrapped."""
 
     def __init__(
         self,
         adapters: list[LoraAdapter],
         slots: LoraSlots,
         wrapped: list[tuple[int, LoraLinear, tuple[str, ...]]],
+        config: ModelConfig | None = None,
     ) -> None:
-        self.adapters = adapters
+        self.adapters: list[LoraAdapter | None] = list(adapters)
         self.ids = {a.name: i for i, a in enumerate(adapters)}
         self.slots = slots
+        self.config = config  # the model's shapes, to check adapters added later
+        self._lock = threading.Lock()
         self._wrapped = wrapped  # (layer, projection, its slices' modules)
         self._held = [-1] * slots.max_loras  # adapter id per slot
         self._last_use = [0] * slots.max_loras
@@ -77,9 +87,10 @@ class LoraRuntime:
             return
         slots.is_active = True
         needed = np.unique(adapters[adapters >= 0]).tolist()
-        lookup = np.full(len(self.adapters) + 1, -1, dtype=np.int64)  # [-1] -> no slot
-        for adapter in needed:
-            lookup[adapter] = self._slot_for(adapter, needed)
+        with self._lock:
+            lookup = np.full(len(self.adapters) + 1, -1, dtype=np.int64)  # [-1] -> no slot
+            for adapter in needed:
+                lookup[adapter] = self._slot_for(adapter, needed)
         if not graphed and len(needed) == 1 and (adapters >= 0).all():
             slots.only_slot = int(lookup[needed[0]])
             return
@@ -103,8 +114,34 @@ class LoraRuntime:
         self._last_use[slot] = self._clock
         return slot
 
+    def add(self, name: str, path: str) -> None:
+        """Read the adapter at `path` (file reads: call it from a worker thread) and let
+        requests name it; ConfigError naming it when it does not fit the model."""
+        assert self.config is not None, "the runtime was installed without the model's config"
+        adapter = _on_device_dtype(
+            load_adapter(name, path, self.config, self.slots.max_rank), self.slots
+        )
+        with self._lock:
+            if name in self.ids:
+                raise ValueError(f"LoRA adapter {name!r} is already loaded")
+            self.adapters.append(adapter)
+            self.ids[name] = len(self.adapters) - 1
+
+    def retire(self, name: str) -> None:
+        """Forget the adapter (no request may run on it any more: actors/lora_registry.py
+        waits for those in flight); its host copy is freed and its slot, if any, reused."""
+        with self._lock:
+            adapter_id = self.ids.pop(name)
+            self.adapters[adapter_id] = None
+            for slot, held in enumerate(self._held):
+                if held == adapter_id:
+                    self._held[slot], self._last_use[slot] = -1, 0
+
     def _load(self, slot: int, adapter_id: int) -> None:
-        weights = self.adapters[adapter_id].weights
+        adapter = self.adapters[adapter_id]
+        if adapter is None:
+            raise RuntimeError(f"LoRA adapter id {adapter_id} was retired while in use")
+        weights = adapter.weights
         for layer, proj, modules in self._wrapped:
             for index, module in enumerate(modules):
                 factors = weights.get((layer, module))
@@ -121,18 +158,19 @@ def install_lora(
     max_loras: int,
     max_rank: int,
     max_tokens: int,
+    wrap_all: bool = False,
 ) -> LoraRuntime:
-    """Read `adapters` (name -> PEFT folder), wrap the projections any of them targets in
-    `model` (a DecoderModel) and set model.lora; the runtime."""
-    dtype, device = model.dtype, model.device
-    loaded = [load_adapter(name, path, config, max_rank) for name, path in adapters.items()]
-    pinned = device.type == "cuda"
-    for adapter in loaded:  # the model's dtype, pinned: a slot's refill is queued copies
-        for key, (a, b) in adapter.weights.items():
-            a, b = a.to(dtype), b.to(dtype)
-            adapter.weights[key] = (a.pin_memory(), b.pin_memory()) if pinned else (a, b)
+    """Read `adapters` (name -> PEFT folder), wrap the projections any of them targets (every
+    one with `wrap_all`: adapters added later may target any) in `model` and set model.lora;
+    the runtime."""
+    slots = LoraSlots(max_loras, max_rank, max_tokens, model.dtype, model.device)
+    loaded = [
+        _on_device_dtype(load_adapter(name, path, config, max_rank), slots)
+        for name, path in adapters.items()
+    ]
     targeted = {module for adapter in loaded for _, module in adapter.weights}
-    slots = LoraSlots(max_loras, max_rank, max_tokens, dtype, device)
+    if wrap_all:
+        targeted = {module for _, modules in _FUSED for module in modules}
     wrapped: list[tuple[int, LoraLinear, tuple[str, ...]]] = []
     widths = module_shapes(config)
     for index, layer in enumerate(model.layers):
@@ -147,6 +185,15 @@ def install_lora(
             proj = LoraLinear(base, slices, widths[modules[0]][1], slots)
             setattr(layer, attribute, proj)
             wrapped.append((index, proj, modules))
-    runtime = LoraRuntime(loaded, slots, wrapped)
+    runtime = LoraRuntime(loaded, slots, wrapped, config)
     model.lora = runtime
     return runtime
+
+
+def _on_device_dtype(adapter: LoraAdapter, slots: LoraSlots) -> LoraAdapter:
+    """The factors in the model's dtype, pinned on CUDA: a slot's refill is queued copies."""
+    pinned = slots.device.type == "cuda"
+    for key, (a, b) in adapter.weights.items():
+        a, b = a.to(slots.dtype), b.to(slots.dtype)
+        adapter.weights[key] = (a.pin_memory(), b.pin_memory()) if pinned else (a, b)
+    return adapter

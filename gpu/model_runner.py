@@ -106,6 +106,7 @@ class ModelRunner:
         if draft is not None:
             self.num_lookahead_tokens = options.num_speculative_tokens
         self.kv_window = config.kv_window
+        self.lora = model.lora
         self.kv_pages_on_write = self.device.type == "cpu"  # kv_cache.KVCache: no zero-fill
         self._num_steps = 0
         self._overlap = DecodeOverlap(

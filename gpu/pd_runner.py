@@ -195,6 +195,7 @@ class PhaseRunner:
         self.kv_window = 0  # sliding-window models are refused by the workers
         # CPU pools are committed as blocks are first written (gpu/kv_cache.py)
         self.kv_pages_on_write = side_device(pair.config, phase).type == "cpu"
+        self.lora = None  # LoRA is refused with disaggregation (config_checks.py)
         self.max_stream_len = 0  # StreamingLLM is refused with disaggregation
         self._stats = RunnerStats()
 

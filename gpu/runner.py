@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import msgspec
 from troupe.config import EngineConfig
 from troupe.messages import FailedSeq, PromptLogprobs, SampledToken, StepPlan, TokenMasks
 from troupe.messages.pooling import Pooled
+
+if TYPE_CHECKING:  # torch: a fake-runner engine never imports it
+    from troupe.gpu.lora_runtime import LoraRuntime
 
 
 class SequencesFailed(Exception):
@@ -70,6 +73,12 @@ class Runner(Protocol):
     # The longest a StreamingLLM request (SamplingParams.streaming_window) may run, prompt and
     # output; 0: this runner has no streaming attention (admission refuses such requests).
     max_stream_len: int
+
+    @property
+    def lora(self) -> LoraRuntime | None:
+        """Its LoRA adapters (gpu/lora_runtime.py), which the engine adds and retires at run
+        time (actors/lora_registry.py); None: this runner runs none."""
+        ...
 
     def execute(self, plan: StepPlan) -> tuple[SampledToken, ...]:
         """Apply released, swap_out, swap_in, then compute plan.seqs; one token per sampled seq.

@@ -163,7 +163,7 @@ def load_for_config(config: EngineConfig) -> LoadedRunner:
     )
     if device.type == "cpu":  # the load's temporaries: back to the OS (peak RSS)
         release_freed_heap()
-    if config.lora_modules:  # before the memory profile: the slots and their temporaries count
+    if config.lora_modules or config.enable_lora:  # before the memory profile: slots count
         from troupe.gpu.lora_runtime import install_lora
 
         most = config.step_budget(is_large_gpu(config))
@@ -175,6 +175,7 @@ def load_for_config(config: EngineConfig) -> LoadedRunner:
             max_loras=config.max_loras,
             max_rank=config.max_lora_rank,
             max_tokens=most,
+            wrap_all=config.enable_lora,
         )
     cache_dtype = kv_dtype(config.kv_cache_dtype, dtype)  # what the pools are sized in
     draft = None

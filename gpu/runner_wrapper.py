@@ -24,6 +24,7 @@ class RunnerWrapper:
         self.eos_token_ids = inner.eos_token_ids
         self.num_lookahead_tokens = inner.num_lookahead_tokens
         self.kv_pages_on_write = inner.kv_pages_on_write
+        self.lora = inner.lora
         self.kv_window = inner.kv_window
         self.max_stream_len = inner.max_stream_len
 

@@ -107,6 +107,7 @@ class TPRunner:
         self.eos_token_ids = first.eos_token_ids
         self.num_lookahead_tokens = first.num_lookahead_tokens
         self.kv_pages_on_write = False  # CUDA pools: committed when allocated
+        self.lora = None  # LoRA is refused with tensor parallelism (config_checks.py)
         self.kv_window = first.kv_window
         self.max_stream_len = 0  # no streaming attention in the sharded model (not built)
 

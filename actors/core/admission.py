@@ -67,12 +67,11 @@ class AdmissionCore:
         streaming: StreamingDefaults | None = None,
         samples_limit: str = "max_num_samples, capped by max_num_seqs",
         no_hidden_outputs: str | None = None,
-        lora_names: frozenset[str] = frozenset(),
     ) -> None:
         """`samples_limit`: what sets max_num_samples, named in the rejection;
         `no_hidden_outputs`: why prompt logprobs and embeddings are refused (None: they are
-        served); `lora_names`: the adapters a request may name (EngineConfig.lora_modules)."""
-        self.lora_names = lora_names
+        served). A request's LoRA adapter was checked at the engine's edge
+        (actors/lora_registry.py: adapters come and go while the engine runs)."""
         self.no_hidden_outputs = no_hidden_outputs
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
@@ -148,11 +147,6 @@ class AdmissionCore:
             req.params.check(max_logprobs=self.max_logprobs, vocab_size=self.vocab_size)
         except ParamError as exc:
             return RejectCode.INVALID_REQUEST, exc.field, str(exc)
-        lora = req.params.lora
-        if lora is not None and lora not in self.lora_names:
-            known = ", ".join(sorted(self.lora_names)) or "none (lora_modules is empty)"
-            message = f"lora: no adapter named {lora!r}; this engine serves {known}"
-            return RejectCode.INVALID_REQUEST, "lora", message
         if req.params.num_samples > self.max_num_samples:
             field = "n" if req.params.best_of is None else "best_of"
             message = (

@@ -232,3 +232,11 @@ def q4lib(tmp_path_factory: pytest.TempPathFactory) -> Any:
     if lib is None:
         pytest.skip("native int4 CPU kernel unavailable here (no AVX-512 VNNI nor AVX2, or no gcc)")
     return lib
+
+
+@pytest.fixture
+def lora_setup(hf_folder: Any, tmp_path: Path) -> tuple[Path, Any, dict[str, Any]]:
+    """A tiny Qwen3 and two PEFT adapters of it (tests/gpu/lora_reference.lora_models)."""
+    from tests.gpu.lora_reference import lora_models
+
+    return lora_models(hf_folder, tmp_path)

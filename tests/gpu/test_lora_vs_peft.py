@@ -21,49 +21,10 @@ from troupe.gpu.model_runner import ModelRunner
 from troupe.gpu.weights import load_model
 from troupe.messages import Delta, Finished, Rejected, SamplingParams, StreamEvent
 
-from tests.gpu.tiny_qwen3 import OVERLAPPING, cuda_config, tiny_folder
-from tests.lora.adapters import peft_adapter
+from tests.gpu.lora_reference import MAX_TOKENS, greedy, tokens_of
+from tests.gpu.tiny_qwen3 import OVERLAPPING, cuda_config
 
 PROMPTS = [[(13 * i + 5 * j + j * j) % 256 for j in range(7 + 5 * i)] for i in range(3)]
-MAX_TOKENS = 12
-
-
-@pytest.fixture
-def setup(hf_folder: Any, tmp_path: Path) -> tuple[Path, Any, dict[str, Any]]:
-    """(model folder, transformers model, {adapter name: (folder, its PEFT model)})."""
-    folder, hf_model = tiny_folder(hf_folder, tmp_path)
-    adapters = {
-        "all": peft_adapter(hf_model, tmp_path / "all", rank=8, alpha=16, seed=1),
-        "qv": peft_adapter(
-            hf_model,
-            tmp_path / "qv",
-            rank=4,
-            alpha=8,
-            targets=("q_proj", "v_proj"),
-            seed=2,
-            use_rslora=True,
-            scale=0.4,
-        ),
-    }
-    return folder, hf_model, adapters
-
-
-def _greedy(model: Any, prompt: list[int]) -> list[int]:
-    with torch.no_grad():
-        out = model.generate(
-            torch.tensor([prompt]),
-            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-            max_new_tokens=MAX_TOKENS,
-            do_sample=False,
-            eos_token_id=None,
-            pad_token_id=0,
-        )
-    return list(out[0, len(prompt) :].tolist())
-
-
-def _tokens(events: list[StreamEvent]) -> list[int]:
-    assert isinstance(events[-1], Finished), events[-1]
-    return [t for e in events if isinstance(e, Delta | Finished) for t in e.token_ids]
 
 
 def _config(folder: Path, tmp_path: Path, **changes: Any) -> EngineConfig:
@@ -92,7 +53,7 @@ def _run_all(config: EngineConfig, runner: ModelRunner | None) -> dict[str, list
                 params = SamplingParams(
                     max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True, lora=lora
                 )
-                results[key] = _tokens(await collect(engine, prompt, params))
+                results[key] = tokens_of(await collect(engine, prompt, params))
 
             async with anyio.create_task_group() as tg:
                 for i, prompt in enumerate(PROMPTS):
@@ -106,17 +67,17 @@ def _run_all(config: EngineConfig, runner: ModelRunner | None) -> dict[str, list
 def _expected(hf_model: Any, adapters: dict[str, Any]) -> dict[str, list[int]]:
     expected = {}
     for i, prompt in enumerate(PROMPTS):
-        expected[f"None/{i}"] = _greedy(hf_model, prompt)
+        expected[f"None/{i}"] = greedy(hf_model, prompt)
         for name, peft_model in adapters.items():
-            expected[f"{name}/{i}"] = _greedy(peft_model, prompt)
+            expected[f"{name}/{i}"] = greedy(peft_model, prompt)
     return expected
 
 
 @pytest.mark.parametrize("max_loras", [2, 1])
 def test_adapters_match_peft_in_one_batch(
-    setup: tuple[Path, Any, dict[str, Any]], tmp_path: Path, max_loras: int
+    lora_setup: tuple[Path, Any, dict[str, Any]], tmp_path: Path, max_loras: int
 ) -> None:
-    folder, hf_model, adapters = setup
+    folder, hf_model, adapters = lora_setup
     expected = _expected(hf_model, adapters)
     # the adapters change the text: a runner that ignored them would fail here
     assert expected["all/0"] != expected["None/0"] and expected["qv/0"] != expected["None/0"]
@@ -125,11 +86,11 @@ def test_adapters_match_peft_in_one_batch(
 
 
 def test_overlapping_runner_and_slot_refills(
-    setup: tuple[Path, Any, dict[str, Any]], tmp_path: Path
+    lora_setup: tuple[Path, Any, dict[str, Any]], tmp_path: Path
 ) -> None:
     """Decodes launched early and chunks merged into them keep each row's adapter; with one
     slot the adapters take turns in it (refilled as the steps need)."""
-    folder, hf_model, adapters = setup
+    folder, hf_model, adapters = lora_setup
     model_config, model = load_model(folder, torch.float32, torch.device("cpu"), 128)
     runtime = install_lora(
         model,
@@ -147,13 +108,13 @@ def test_overlapping_runner_and_slot_refills(
 
 
 def test_prefix_cache_is_not_shared_across_adapters(
-    setup: tuple[Path, Any, dict[str, Any]], tmp_path: Path
+    lora_setup: tuple[Path, Any, dict[str, Any]], tmp_path: Path
 ) -> None:
     """The same long prompt twice under the base model, then twice under adapter "all": the
     third must not reuse the base model's KV cached just before it (it would answer with the
     base model's prefix); each namespace hits its own. (Back to back: the CPU pool hands out
     cached blocks before untouched ones, so a cached prefix lasts one other request.)"""
-    folder, hf_model, adapters = setup
+    folder, hf_model, adapters = lora_setup
     prompt = [(7 * j + 3) % 256 for j in range(40)]
     got: list[tuple[list[int], int]] = []
 
@@ -166,10 +127,10 @@ def test_prefix_cache_is_not_shared_across_adapters(
                 events = await collect(engine, prompt, params)
                 last = events[-1]
                 assert isinstance(last, Finished)
-                got.append((_tokens(events), last.usage.cached_tokens))
+                got.append((tokens_of(events), last.usage.cached_tokens))
 
     anyio.run(main)
-    base, tuned = _greedy(hf_model, prompt), _greedy(adapters["all"], prompt)
+    base, tuned = greedy(hf_model, prompt), greedy(adapters["all"], prompt)
     assert [tokens for tokens, _ in got] == [base, base, tuned, tuned]
     cached = [n for _, n in got]
     assert cached[0] == 0 and cached[2] == 0  # nothing of the base model's served to "all"
@@ -177,9 +138,9 @@ def test_prefix_cache_is_not_shared_across_adapters(
 
 
 def test_unknown_adapter_is_rejected_by_name(
-    setup: tuple[Path, Any, dict[str, Any]], tmp_path: Path
+    lora_setup: tuple[Path, Any, dict[str, Any]], tmp_path: Path
 ) -> None:
-    folder, _, _ = setup
+    folder, _, _ = lora_setup
 
     async def main() -> list[StreamEvent]:
         async with Engine.open(_config(folder, tmp_path)) as engine:
@@ -201,9 +162,12 @@ def test_unknown_adapter_is_rejected_by_name(
     ],
 )
 def test_broken_adapters_are_refused_at_start(
-    setup: tuple[Path, Any, dict[str, Any]], tmp_path: Path, change: dict[str, Any], expected: str
+    lora_setup: tuple[Path, Any, dict[str, Any]],
+    tmp_path: Path,
+    change: dict[str, Any],
+    expected: str,
 ) -> None:
-    folder, _, _ = setup
+    folder, _, _ = lora_setup
     config_file = tmp_path / "all" / "adapter_config.json"
     settings = json.loads(config_file.read_text())
     rank_too_big = change.pop("rank_too_big", False)
@@ -223,11 +187,11 @@ def test_broken_adapters_are_refused_at_start(
 @pytest.mark.gpu
 @pytest.mark.parametrize("max_loras", [2, 1])
 def test_adapters_on_cuda_with_graphs_and_overlap(
-    setup: tuple[Path, Any, dict[str, Any]], tmp_path: Path, max_loras: int
+    lora_setup: tuple[Path, Any, dict[str, Any]], tmp_path: Path, max_loras: int
 ) -> None:
     """Decode graphs, mixed-step graphs (12-token steps) and overlapped decodes replay the
     slots' masks: each row still runs its own adapter (fp32, so greedy equals PEFT's)."""
-    folder, hf_model, adapters = setup
+    folder, hf_model, adapters = lora_setup
     config = cuda_config(folder).replace(
         lora_modules=(f"all={tmp_path / 'all'}", f"qv={tmp_path / 'qv'}"),
         max_lora_rank=8,
@@ -251,19 +215,19 @@ def test_adapters_on_cuda_with_graphs_and_overlap(
     ids=["swap", "recompute", "ngram"],
 )
 def test_adapters_through_preemption_and_proposals(
-    setup: tuple[Path, Any, dict[str, Any]], tmp_path: Path, changes: dict[str, Any]
+    lora_setup: tuple[Path, Any, dict[str, Any]], tmp_path: Path, changes: dict[str, Any]
 ) -> None:
     """A pool too small for the batch (requests swapped out or recomputed, then resumed on
     their adapter) and proposals verified through the adapter (several rows per sequence)."""
-    folder, hf_model, adapters = setup
+    folder, hf_model, adapters = lora_setup
     config = _config(folder, tmp_path, max_loras=2, **changes)
     assert _run_all(config, None) == _expected(hf_model, adapters)
 
 
 def test_parallel_samples_keep_the_adapter(
-    setup: tuple[Path, Any, dict[str, Any]], tmp_path: Path
+    lora_setup: tuple[Path, Any, dict[str, Any]], tmp_path: Path
 ) -> None:
-    folder, _, adapters = setup
+    folder, _, adapters = lora_setup
 
     async def main() -> list[StreamEvent]:
         async with Engine.open(_config(folder, tmp_path)) as engine:
@@ -277,5 +241,5 @@ def test_parallel_samples_keep_the_adapter(
     for event in events:
         if isinstance(event, Delta | Finished):
             samples.setdefault(event.index, []).extend(event.token_ids)
-    expected = _greedy(adapters["all"], PROMPTS[1])
+    expected = greedy(adapters["all"], PROMPTS[1])
     assert samples == {0: expected, 1: expected, 2: expected}

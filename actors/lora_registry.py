@@ -1,0 +1,128 @@
+"""The LoRA adapters a request may name, while the engine runs: the one owner of their names.
+
+A request names an adapter by its public name (SamplingParams.lora; over HTTP its `model`).
+The registry checks the name at the engine's edge (a Rejected naming `lora`), counts the
+requests in flight on each adapter, and loads and unloads adapters at run time
+(Engine.load_lora_adapter / unload_lora_adapter; vLLM's /v1/load_lora_adapter):
+
+    load("sql", path)     the runner reads and checks it (a worker thread), then requests may
+                          name "sql"
+    unload("sql")         refused while requests run on it; then new requests are refused
+                          and the runner frees it
+    load("sql", path2)    a new adapter under the old name: inside the engine it runs as
+                          "sql#2", so the prefix cache never serves KV the old weights made
+                          (its namespace is the adapter's: SamplingParams.cache_namespace)
+
+Adapters of lora_modules keep their names inside; the runner (ModelRunner.lora) holds the
+weights; a runner without adapters (the fake one) takes the names alone.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING
+
+import anyio
+import msgspec
+from troupe.config import EngineConfig
+from troupe.messages import SamplingParams
+
+if TYPE_CHECKING:
+    from troupe.gpu.lora_runtime import LoraRuntime
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}")  # config_checks' rule, '#' never
+
+
+class LoraAdapterError(ValueError):
+    """A load or unload that cannot be done; `field` names the offending input."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class LoraRegistry:
+    """Public name -> (the name inside the engine, its folder); requests in flight per name."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.is_enabled = config.enable_lora or bool(config.lora_modules)
+        self._adapters = {name: (name, path) for name, path in config.lora_adapters.items()}
+        self._generation: dict[str, int] = {}  # loads of each public name so far
+        self._in_flight: dict[str, int] = {}  # public name -> requests not yet ended
+        self._request_adapter: dict[str, str] = {}  # request id -> public name
+        self._busy: set[str] = set()  # names being loaded or unloaded now
+        self.runtime: LoraRuntime | None = None  # the runner's, once the engine has started
+
+    @property
+    def adapters(self) -> dict[str, str]:
+        """Folder by public name, of the adapters a request may name now."""
+        return {name: path for name, (_, path) in self._adapters.items()}
+
+    def admit(self, request_id: str, params: SamplingParams) -> SamplingParams | str:
+        """`params` as the engine runs them (the adapter's inside name), counted in flight; or
+        why the request is refused (naming `lora`)."""
+        name = params.lora
+        if name is None:
+            return params
+        entry = self._adapters.get(name)
+        if entry is None or name in self._busy:
+            known = ", ".join(sorted(self._adapters)) or "none"
+            return f"lora: no adapter named {name!r}; this engine serves {known}"
+        self._in_flight[name] = self._in_flight.get(name, 0) + 1
+        self._request_adapter[request_id] = name
+        inside = entry[0]
+        return params if inside == name else msgspec.structs.replace(params, lora=inside)
+
+    def ended(self, request_id: str) -> None:
+        """The request's terminal event is out (or it never reached the graph)."""
+        if not self._request_adapter:
+            return
+        name = self._request_adapter.pop(request_id, None)
+        if name is not None:
+            self._in_flight[name] -= 1
+
+    async def load(self, name: str, path: str) -> None:
+        """Let requests name `name`, run by the adapter in folder `path` (vLLM's
+        load_lora_adapter); LoraAdapterError, or the runner's ConfigError, when it cannot."""
+        if not self.is_enabled:
+            raise LoraAdapterError(
+                "lora_name", "LoRA is off: start the engine with enable_lora (or lora_modules)"
+            )
+        if not isinstance(name, str) or not _NAME.fullmatch(name):
+            raise LoraAdapterError(
+                "lora_name",
+                f"lora_name {name!r} must be 1-128 characters of letters, digits and . _ : / - "
+                "(starting with a letter or digit)",
+            )
+        if not isinstance(path, str) or not path:
+            raise LoraAdapterError("lora_path", "lora_path must be a folder's path")
+        if name in self._adapters or name in self._busy:
+            raise LoraAdapterError("lora_name", f"a LoRA adapter named {name!r} is already loaded")
+        generation = self._generation.get(name, 0) + 1
+        inside = name if generation == 1 else f"{name}#{generation}"
+        self._busy.add(name)
+        try:
+            if self.runtime is not None:
+                await anyio.to_thread.run_sync(self.runtime.add, inside, path)
+        finally:
+            self._busy.discard(name)
+        self._generation[name] = generation
+        self._adapters[name] = (inside, path)
+
+    async def unload(self, name: str) -> None:
+        """Stop serving `name` and free its weights; refused while requests run on it."""
+        entry = self._adapters.get(name)
+        if entry is None or name in self._busy:
+            raise LoraAdapterError("lora_name", f"no LoRA adapter named {name!r} is loaded")
+        if in_flight := self._in_flight.get(name, 0):
+            raise LoraAdapterError(
+                "lora_name",
+                f"LoRA adapter {name!r} has {in_flight} requests in flight; unload it once they "
+                "end (or abort them)",
+            )
+        del self._adapters[name]
+        self._in_flight.pop(name, None)
+        if name not in self._generation:  # one of lora_modules: its next load is the second
+            self._generation[name] = 1
+        if self.runtime is not None:
+            self.runtime.retire(entry[0])
