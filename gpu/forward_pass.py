@@ -57,6 +57,8 @@ class ForwardPass:
         self.kv = kv
         self.expand = mla_expand if model.config.mla is not None else NEVER
         self.graphs: DecodeGraphs | None = None
+        if model.lora is not None:  # graphs capture the masked form, whatever ran before
+            model.lora.slots.is_active, model.lora.slots.only_slot = True, None
         if model.device.type == "cuda" and use_graphs:
             self.graphs = DecodeGraphs(
                 model,
