@@ -33,6 +33,11 @@ if TYPE_CHECKING:
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}")  # config_checks' rule, '#' never
 
 
+def public_name(inside: str) -> str:
+    """The public name of an adapter from its name inside the engine ("sql#2" -> "sql")."""
+    return inside.partition("#")[0]
+
+
 class LoraAdapterError(ValueError):
     """A load or unload that cannot be done; `field` names the offending input."""
 

@@ -8,6 +8,7 @@ a custom collector, so they are never stale and cost nothing between scrapes.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, generate_latest
@@ -18,6 +19,7 @@ from prometheus_client.core import (
     Metric,
 )
 from prometheus_client.registry import Collector
+from troupe.actors.lora_registry import public_name
 from troupe.gateway.engine_api import EngineLike
 from troupe.gateway.latency_histogram import LatencyHistogram
 from troupe.messages import (
@@ -88,6 +90,27 @@ class EngineStatsCollector(Collector):
         yield from (running, waiting, swapped, used, total, cached, preemptions, hits, queries)
         yield from (steps, by_tier)
         yield from _spec_metrics(stats)
+        if stats.max_loras:  # the engine serves adapters (known from its first stats on)
+            yield _lora_info(stats)
+
+
+def _lora_info(stats: EngineStats) -> Metric:
+    """vLLM's lora_requests_info: the adapters in use as labels (their public names, sorted,
+    comma-separated), the value the time they were read (Unix seconds). vLLM keeps a sample per
+    label set ever seen, the latest the current one; this exports only the current one."""
+    info = GaugeMetricFamily(
+        "troupe_lora_requests_info",
+        "LoRA adapters of the running and the waiting requests",
+        labels=["max_lora", "waiting_lora_adapters", "running_lora_adapters"],
+    )
+    waiting, running = _names(stats.waiting_lora_adapters), _names(stats.running_lora_adapters)
+    info.add_metric([str(stats.max_loras), waiting, running], time.time())
+    return info
+
+
+def _names(inside: tuple[str, ...]) -> str:
+    """A reloaded adapter runs as "sql#2" inside the engine (actors/lora_registry.py): "sql"."""
+    return ",".join(sorted({public_name(name) for name in inside}))
 
 
 def _spec_metrics(stats: EngineStats) -> Iterator[Metric]:

@@ -123,6 +123,12 @@ class EngineStats(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     num_spec_proposed_tokens: int = 0
     num_spec_accepted_tokens: int = 0
     spec_accepted_lengths: tuple[int, ...] = ()
+    # LoRA: the most adapters one step runs (0: the engine serves none), and the adapters
+    # (sorted names) of the running requests and of those queued to run (waiting or swapped),
+    # always empty when it serves none (not counted then).
+    max_loras: int = 0
+    running_lora_adapters: tuple[str, ...] = ()
+    waiting_lora_adapters: tuple[str, ...] = ()
 
     @property
     def num_gpu_blocks_free(self) -> int:

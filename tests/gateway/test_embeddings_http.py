@@ -19,6 +19,7 @@ import pytest
 from openai import OpenAI
 from prometheus_client.parser import text_string_to_metric_families
 from troupe.config import ConfigError
+from troupe.gateway.router_app import PROXIED
 from troupe.gateway.router_keys import routing_key
 from troupe.gateway.router_settings import RouterSettings
 from troupe.gateway.server import add_serve_arguments
@@ -225,9 +226,10 @@ def test_pooling_type_setting() -> None:
 
 
 def test_routing_key_reads_input() -> None:
-    assert routing_key({"input": "shared prefix"}) == "shared prefix"
-    assert routing_key({"input": ["shared prefix"]}) == "shared prefix"
-    assert routing_key({"input": [5, 6]}) == routing_key({"prompt": [5, 6]})
+    text, prompt = PROXIED["/v1/embeddings"].text, PROXIED["/v1/completions"].text
+    assert routing_key({"input": "shared prefix"}, text) == "shared prefix"
+    assert routing_key({"input": ["shared prefix"]}, text) == "shared prefix"
+    assert routing_key({"input": [5, 6]}, text) == routing_key({"prompt": [5, 6]}, prompt)
 
 
 def test_through_the_router(client: OpenAI, server) -> None:  # type: ignore[no-untyped-def]
