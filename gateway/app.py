@@ -24,7 +24,7 @@ from troupe.gateway.browser_policy import add_cors_headers, browser_guard
 from troupe.gateway.embeddings_routes import embeddings
 from troupe.gateway.engine_api import EngineLike
 from troupe.gateway.engine_view import add_engine_view
-from troupe.gateway.errors import ApiError, from_http_exception
+from troupe.gateway.errors import ApiError, from_http_exception, internal_error
 from troupe.gateway.responses_routes import responses
 from troupe.gateway.score_routes import PATHS as SCORE_PATHS
 from troupe.gateway.score_routes import add_score_routes
@@ -93,7 +93,7 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         return web.Response(status=499)
     except Exception as exc:  # a bug: answer in shape, keep the traceback in the log
         log.exception("unhandled error", path=request.path)
-        error = ApiError(500, f"internal error: {exc!r}", code="internal_error")
+        error = internal_error(exc)
     response: web.Response = error.response()
     return response
 

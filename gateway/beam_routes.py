@@ -60,23 +60,9 @@ async def beam_answer(
     echo: Echo | None,
 ) -> web.StreamResponse:
     """Run the request's beam search and answer it (JSON, or chat's SSE at the end)."""
-    assert req.beam is not None
-    prompts: Sequence[Any] = req.prompts or (req.prompt,)
-    fields = [_field(req, i) for i in range(len(prompts))]
-    prompt_ids = [
-        await prompt_token_ids(engine.tokenizer, prompt, field)
-        for prompt, field in zip(prompts, fields, strict=True)
-    ]
-    beams = await _search(engine, prompt_ids, req.beam, req, fields)
-    include_stop = req.params.include_stop_str_in_output
-    answers = beam_answers(beams, echo, include_stop=include_stop)
-    usage = Usage(
-        prompt_tokens=sum(map(len, prompt_ids)),
-        completion_tokens=sum(a.num_tokens for a in answers),
-    )
+    answers, usage = await beam_result(engine, req, echo)
     if not req.stream:
-        choices = [builder.choice(a.index, a.text, a.finish, None, a.stop_reason) for a in answers]
-        body = builder.full_choices(choices, usage)
+        body = beam_body(builder, answers, usage)
         return web.json_response(body, dumps=lambda o: _json.encode(o).decode())
     frames = [sse(builder.role_chunk(a.index)) for a in answers]
     frames += [
@@ -93,6 +79,33 @@ async def beam_answer(
     except ConnectionError:
         log.debug("client went away before the beams were sent", request_id=builder.id)
     return response
+
+
+async def beam_result(
+    engine: EngineLike, req: OpenAIRequest, echo: Echo | None
+) -> tuple[list[BeamAnswer], Usage]:
+    """Run the request's beam search: its choices, in order, and the usage."""
+    assert req.beam is not None
+    prompts: Sequence[Any] = req.prompts or (req.prompt,)
+    fields = [_field(req, i) for i in range(len(prompts))]
+    prompt_ids = [
+        await prompt_token_ids(engine.tokenizer, prompt, field)
+        for prompt, field in zip(prompts, fields, strict=True)
+    ]
+    beams = await _search(engine, prompt_ids, req.beam, req, fields)
+    include_stop = req.params.include_stop_str_in_output
+    answers = beam_answers(beams, echo, include_stop=include_stop)
+    usage = Usage(
+        prompt_tokens=sum(map(len, prompt_ids)),
+        completion_tokens=sum(a.num_tokens for a in answers),
+    )
+    return answers, usage
+
+
+def beam_body(builder: ResponseBuilder, answers: list[BeamAnswer], usage: Usage) -> dict[str, Any]:
+    """The whole JSON answer of a beam search."""
+    choices = [builder.choice(a.index, a.text, a.finish, None, a.stop_reason) for a in answers]
+    return builder.full_choices(choices, usage)
 
 
 class BeamAnswer(msgspec.Struct, frozen=True, kw_only=True):

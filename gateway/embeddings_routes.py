@@ -21,7 +21,7 @@ import struct
 import time
 import uuid
 from collections.abc import AsyncGenerator, Sequence
-from typing import cast
+from typing import Any, cast
 
 import msgspec
 import structlog
@@ -32,7 +32,7 @@ from troupe.gateway.errors import ApiError, error_for_event
 from troupe.gateway.http_body import read_json_body
 from troupe.gateway.prompt_batch import batch_events, batch_usage
 from troupe.gateway.served_models import ServedModels
-from troupe.gateway.state import GATEWAY
+from troupe.gateway.state import GATEWAY, Gateway
 from troupe.messages import Aborted, Failed, Finished, Rejected, StreamEvent, Usage
 
 log = structlog.get_logger("troupe.gateway")
@@ -44,9 +44,14 @@ _CLIENT_FIELDS = {"prompt": "input", "prompt_token_ids": "input"}
 
 async def embeddings(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
+    body = await embeddings_body(gateway, await read_json_body(request, gateway.settings))
+    return web.json_response(body, dumps=lambda o: _json.encode(o).decode())
+
+
+async def embeddings_body(gateway: Gateway, raw: bytes) -> dict[str, Any]:
+    """The JSON answer to an embeddings request body (an ApiError for a refused one)."""
     engine = gateway.engine
     settings = gateway.settings
-    raw = await read_json_body(request, settings)
     req = parse_embedding_request(
         raw,
         served_model=engine.model_name,
@@ -64,7 +69,7 @@ async def embeddings(request: web.Request) -> web.Response:
         vectors, usage = await _pooled(engine, req, request_id)
     finally:
         gateway.stream_closed()
-    body = {
+    return {
         "id": request_id,
         "object": "list",
         "created": int(time.time()),
@@ -75,7 +80,6 @@ async def embeddings(request: web.Request) -> web.Response:
         ],
         "usage": {"prompt_tokens": usage.prompt_tokens, "total_tokens": usage.prompt_tokens},
     }
-    return web.json_response(body, dumps=lambda o: _json.encode(o).decode())
 
 
 async def _pooled(

@@ -117,6 +117,11 @@ def error_for_event(
     return ApiError(500, f"request failed: {event.message}", code="internal_error")
 
 
+def internal_error(exc: Exception) -> ApiError:
+    """The 500 that answers a bug (its traceback belongs in the log)."""
+    return ApiError(500, f"internal error: {exc!r}", code="internal_error")
+
+
 def from_http_exception(exc: web.HTTPException) -> ApiError:
     """aiohttp's own errors (413 from client_max_size, 404/405 routing) in OpenAI's shape."""
     if exc.status == 413:

@@ -12,8 +12,9 @@ from typing import Any
 import msgspec
 import structlog
 from aiohttp import web
-from troupe.gateway.beam_routes import beam_answer
+from troupe.gateway.beam_routes import beam_answer, beam_body, beam_result
 from troupe.gateway.chat_reasoning import chat_reasoning
+from troupe.gateway.engine_api import EngineLike
 from troupe.gateway.errors import ApiError, error_for_event, invalid
 from troupe.gateway.http_body import read_json_body
 from troupe.gateway.openai_requests import Kind, OpenAIRequest, parse_request
@@ -105,13 +106,58 @@ async def models(request: web.Request) -> web.Response:
     return web.json_response({"object": "list", "data": cards})
 
 
+async def completions_body(gateway: Gateway, raw: bytes) -> dict[str, Any]:
+    """The JSON answer to a completions request body (an ApiError for a refused one)."""
+    return await _answer_json(gateway, "completion", raw)
+
+
+async def chat_body(gateway: Gateway, raw: bytes) -> dict[str, Any]:
+    """The JSON answer to a chat completions request body (an ApiError for a refused one)."""
+    return await _answer_json(gateway, "chat", raw)
+
+
+async def _answer_json(gateway: Gateway, kind: Kind, raw: bytes) -> dict[str, Any]:
+    """What a non-streaming request is answered with (gateway/json_calls.py runs it without
+    HTTP); `stream: true` is refused by name: here there is no stream to answer on."""
+    call = await _prepare(gateway, kind, raw)
+    if call.req.stream:
+        raise invalid("stream", "stream is not served here: the answer is one whole JSON body")
+    return await _answer(gateway, call)
+
+
 async def _handle(request: web.Request, kind: Kind) -> web.StreamResponse:
     gateway = request.app[GATEWAY]
+    call = await _prepare(gateway, kind, await read_json_body(request, gateway.settings))
+    if not call.req.stream:
+        body = await _answer(gateway, call)
+        return web.json_response(body, dumps=lambda o: _json.encode(o).decode())
+    req, builder, engine = call.req, call.builder, gateway.engine
+    gateway.stream_opened()
+    try:
+        if req.beam is not None:  # vLLM's use_beam_search: answered when the beams are known
+            return await beam_answer(request, engine, req, builder, call.echo)
+        events = _events(engine, req, builder.id)
+        return await _stream(request, gateway, events, builder, req, call.echo, call.splitter)
+    finally:
+        gateway.stream_closed()
+
+
+@dataclasses.dataclass(frozen=True)
+class _Call:
+    """A checked request and what answers it."""
+
+    req: OpenAIRequest
+    builder: ResponseBuilder
+    echo: Echo | None
+    splitter: ReasoningSplitter | None  # chat with a reasoning parser
+
+
+async def _prepare(gateway: Gateway, kind: Kind, raw: bytes) -> _Call:
+    """Parse and check the body (ApiError naming the field), resolve its model."""
     engine = gateway.engine
     # Chat answers run to the end of the context unless capped (the engine clips at
     # max_model_len); completions keep OpenAI's default of 16.
     default_max_tokens = engine.max_model_len if kind == "chat" else 16
-    raw = await read_json_body(request, gateway.settings)
     tool_parser = None  # only chat reads tools (the template is the chat's)
     if kind == "chat":
         tool_parser = auto_tool_parser(
@@ -147,17 +193,24 @@ async def _handle(request: web.Request, kind: Kind) -> web.StreamResponse:
         parser = gateway.settings.reasoning_parser
         splitter, params = chat_reasoning(parser, engine.tokenizer, req.prompt, req.params)
         req = dataclasses.replace(req, params=params)
+    return _Call(req, builder, echo, splitter)
+
+
+def _events(engine: EngineLike, req: OpenAIRequest, request_id: str) -> Any:
+    if req.prompts:  # completions: one prompt or a batch of them
+        return batch_events(engine, req.prompts, req.params, request_id)
+    return engine.generate(req.prompt, req.params, request_id=request_id)
+
+
+async def _answer(gateway: Gateway, call: _Call) -> dict[str, Any]:
+    """Run a non-streaming request to its whole body."""
+    req, builder, engine = call.req, call.builder, gateway.engine
     gateway.stream_opened()
     try:
         if req.beam is not None:  # vLLM's use_beam_search: answered when the beams are known
-            return await beam_answer(request, engine, req, builder, echo)
-        if req.prompts:  # completions: one prompt or a batch of them
-            events = batch_events(engine, req.prompts, req.params, request_id)
-        else:
-            events = engine.generate(req.prompt, req.params, request_id=request_id)
-        if not req.stream:
-            return await _whole(events, builder, req, echo, splitter)
-        return await _stream(request, gateway, events, builder, req, echo, splitter)
+            return beam_body(builder, *await beam_result(engine, req, call.echo))
+        events = _events(engine, req, builder.id)
+        return await _whole(events, builder, req, call.echo, call.splitter)
     finally:
         gateway.stream_closed()
 
@@ -168,7 +221,7 @@ async def _whole(
     req: OpenAIRequest,
     echo: Echo | None,
     splitter: ReasoningSplitter | None,
-) -> web.Response:
+) -> dict[str, Any]:
     """Collect the stream (one choice per sample, by index; each opens with its prompt's
     `echo`; `splitter`: the reasoning parser's, its thinking into `reasoning_content`); a
     vanished client cancels this handler, which aborts the request."""
@@ -219,10 +272,9 @@ async def _whole(
                 usages.append((index, event.usage))
             if event.is_terminal:
                 ordered = [choices[i] for i in sorted(choices)]
-                body = prompts.add_to_response(
+                return prompts.add_to_response(
                     builder.full_choices(ordered, batch_usage(usages, n))
                 )
-                return web.json_response(body, dumps=lambda o: _json.encode(o).decode())
     raise ApiError(500, "the engine ended the stream without a terminal event")
 
 

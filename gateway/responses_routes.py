@@ -14,6 +14,7 @@ the engine's rejection with its status. A client that goes away aborts the reque
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -21,7 +22,7 @@ import msgspec
 import structlog
 from aiohttp import web
 from troupe.gateway.chat_reasoning import chat_reasoning
-from troupe.gateway.errors import ApiError, error_for_event
+from troupe.gateway.errors import ApiError, error_for_event, invalid
 from troupe.gateway.http_body import read_json_body
 from troupe.gateway.outbox import Outbox, Overflow
 from troupe.gateway.pump import pump
@@ -30,9 +31,17 @@ from troupe.gateway.responses_output import Event, OutputAssembler
 from troupe.gateway.responses_requests import ResponsesRequest, parse_responses
 from troupe.gateway.served_models import ServedModels
 from troupe.gateway.sse_writer import first_event, serve_sse
-from troupe.gateway.state import GATEWAY
+from troupe.gateway.state import GATEWAY, Gateway
 from troupe.gateway.tool_auto import auto_tool_parser
-from troupe.messages import Aborted, Delta, Failed, Finished, Rejected, StreamEvent
+from troupe.messages import (
+    Aborted,
+    Delta,
+    Failed,
+    Finished,
+    Rejected,
+    SamplingParams,
+    StreamEvent,
+)
 
 log = structlog.get_logger("troupe.gateway")
 
@@ -41,9 +50,45 @@ _json = msgspec.json.Encoder()
 
 async def responses(request: web.Request) -> web.StreamResponse:
     gateway = request.app[GATEWAY]
+    call = _prepare(gateway, await read_json_body(request, gateway.settings))
+    if not call.req.stream:
+        body = await _answer(gateway, call)
+        return web.json_response(body, dumps=lambda o: _json.encode(o).decode())
+    gateway.stream_opened()
+    try:
+        events = gateway.engine.generate(call.req.prompt, call.params, request_id=call.id)
+        first = await first_event(events, call.req.client_fields)
+
+        async def fill(outbox: Outbox, on_overflow: Callable[[], None]) -> None:
+            await _pump_events(events, first, call.assembler, outbox, on_overflow)
+
+        return await serve_sse(request, gateway.settings, fill, call.id)
+    finally:
+        gateway.stream_closed()
+
+
+async def responses_body(gateway: Gateway, raw: bytes) -> dict[str, Any]:
+    """The JSON answer to a Responses request body (an ApiError for a refused one);
+    `stream: true` is refused by name: here there is no stream to answer on."""
+    call = _prepare(gateway, raw)
+    if call.req.stream:
+        raise invalid("stream", "stream is not served here: the answer is one whole JSON body")
+    return await _answer(gateway, call)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Call:
+    """A checked request and what answers it."""
+
+    req: ResponsesRequest
+    params: SamplingParams  # the request's, with the reasoning parser's changes
+    id: str
+    assembler: OutputAssembler
+
+
+def _prepare(gateway: Gateway, raw: bytes) -> _Call:
     engine = gateway.engine
     settings = gateway.settings
-    raw = await read_json_body(request, settings)
     tool_parser = auto_tool_parser(settings.tool_call_parser, engine.tokenizer.chat_template)
     # Answers run to the end of the context unless capped (the engine clips at max_model_len).
     req = parse_responses(raw, default_max_tokens=engine.max_model_len, tool_parser=tool_parser)
@@ -56,32 +101,24 @@ async def responses(request: web.Request) -> web.StreamResponse:
     splitter, params = chat_reasoning(parser, engine.tokenizer, req.prompt, req.params)
     shape = ResponseShape(response_id, served.name_of(params.lora), req.echo)
     assembler = OutputAssembler(shape, req.tools, splitter, is_streaming=req.stream)
+    return _Call(req, params, response_id, assembler)
+
+
+async def _answer(gateway: Gateway, call: _Call) -> dict[str, Any]:
+    """Collect the answer; a vanished client cancels this handler, which aborts the request."""
     gateway.stream_opened()
     try:
-        events = engine.generate(req.prompt, params, request_id=response_id)
-        if not req.stream:
-            return await _whole(events, assembler, req)
-        first = await first_event(events, req.client_fields)
-
-        async def fill(outbox: Outbox, on_overflow: Callable[[], None]) -> None:
-            await _pump_events(events, first, assembler, outbox, on_overflow)
-
-        return await serve_sse(request, settings, fill, response_id)
+        events: Any = gateway.engine.generate(call.req.prompt, call.params, request_id=call.id)
+        async with contextlib.aclosing(events):
+            async for event in events:
+                if isinstance(event, Rejected | Aborted | Failed):
+                    raise error_for_event(event, call.req.client_fields)
+                call.assembler.feed(event)
+                if call.assembler.response is not None:
+                    return call.assembler.response
+        raise ApiError(500, "the engine ended the stream without a terminal event")
     finally:
         gateway.stream_closed()
-
-
-async def _whole(events: Any, assembler: OutputAssembler, req: ResponsesRequest) -> web.Response:
-    """Collect the answer; a vanished client cancels this handler, which aborts the request."""
-    async with contextlib.aclosing(events):
-        async for event in events:
-            if isinstance(event, Rejected | Aborted | Failed):
-                raise error_for_event(event, req.client_fields)
-            assembler.feed(event)
-            if assembler.response is not None:
-                body = assembler.response
-                return web.json_response(body, dumps=lambda o: _json.encode(o).decode())
-    raise ApiError(500, "the engine ended the stream without a terminal event")
 
 
 async def _pump_events(

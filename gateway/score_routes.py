@@ -43,25 +43,39 @@ PATHS = ("/score", "/rerank", "/v2/rerank")
 _json = msgspec.json.Encoder()
 
 
+SCORE_PATHS = ("/v1/score", "/score")
+RERANK_PATHS = ("/v1/rerank", "/rerank", "/v2/rerank")
+
+
 def add_score_routes(app: web.Application) -> None:
-    for path in ("/v1/score", "/score"):
+    for path in SCORE_PATHS:
         app.router.add_post(path, score)
-    for path in ("/v1/rerank", "/rerank", "/v2/rerank"):
+    for path in RERANK_PATHS:
         app.router.add_post(path, rerank)
 
 
 async def score(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
+    body = await score_body(gateway, await read_json_body(request, gateway.settings))
+    return web.json_response(body, dumps=lambda o: _json.encode(o).decode())
+
+
+async def rerank(request: web.Request) -> web.Response:
+    gateway = request.app[GATEWAY]
+    body = await rerank_body(gateway, await read_json_body(request, gateway.settings))
+    return web.json_response(body, dumps=lambda o: _json.encode(o).decode())
+
+
+async def score_body(gateway: Gateway, raw: bytes) -> dict[str, Any]:
+    """The JSON answer to a score request body (an ApiError for a refused one)."""
     settings = gateway.settings
     req = parse_score_request(
-        await read_json_body(request, settings),
-        pooling_type=settings.pooling_type,
-        max_texts=settings.max_embedding_inputs,
+        raw, pooling_type=settings.pooling_type, max_texts=settings.max_embedding_inputs
     )
     model, params = _model(gateway.engine, req.model, req.params)
     request_id = f"score-{uuid.uuid4().hex}"
     scores, num_tokens = await _scored(gateway, req.pairing, params, request_id)
-    body = {
+    return {
         "id": request_id,
         "object": "list",
         "created": int(time.time()),
@@ -69,16 +83,13 @@ async def score(request: web.Request) -> web.Response:
         "data": [{"index": i, "object": "score", "score": s} for i, s in enumerate(scores)],
         "usage": {"prompt_tokens": num_tokens, "total_tokens": num_tokens},
     }
-    return web.json_response(body, dumps=lambda o: _json.encode(o).decode())
 
 
-async def rerank(request: web.Request) -> web.Response:
-    gateway = request.app[GATEWAY]
+async def rerank_body(gateway: Gateway, raw: bytes) -> dict[str, Any]:
+    """The JSON answer to a rerank request body (an ApiError for a refused one)."""
     settings = gateway.settings
     req = parse_rerank_request(
-        await read_json_body(request, settings),
-        pooling_type=settings.pooling_type,
-        max_texts=settings.max_embedding_inputs,
+        raw, pooling_type=settings.pooling_type, max_texts=settings.max_embedding_inputs
     )
     model, params = _model(gateway.engine, req.model, req.params)
     request_id = f"rerank-{uuid.uuid4().hex}"
@@ -90,13 +101,12 @@ async def rerank(request: web.Request) -> web.Response:
         if req.return_documents:
             result["document"] = {"text": req.documents[i]}
         results.append(result)
-    body = {
+    return {
         "id": request_id,
         "model": model,
         "usage": {"prompt_tokens": num_tokens, "total_tokens": num_tokens},
         "results": results,
     }
-    return web.json_response(body, dumps=lambda o: _json.encode(o).decode())
 
 
 def _model(

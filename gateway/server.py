@@ -91,14 +91,14 @@ def run_serve(args: argparse.Namespace, config: EngineConfig) -> int:
         log.error("engine failed; exiting", error=str(exc))
         return 1
     except ValueError as exc:
-        if not _is_start_error(exc):
+        if not is_start_error(exc):
             raise
         print(f"troupe serve: {exc}", file=sys.stderr)  # a bad model or setting: no traceback
         return 1
     return 0
 
 
-def _is_start_error(exc: BaseException) -> bool:
+def is_start_error(exc: BaseException) -> bool:
     """A model or setting the engine refused at start (the same in both engine placements)."""
     from troupe.actors.core.tokenizer_files import TokenizerLoadError
     from troupe.gpu.model_config import ModelLoadError

@@ -12,6 +12,7 @@ import math
 import types
 import typing
 import urllib.parse
+from collections.abc import Collection
 from typing import Any
 
 from troupe.config import ConfigError
@@ -161,11 +162,16 @@ def canonical_origin(origin: str) -> str | None:
     return f"{url.scheme}://{url.hostname}:{port}"
 
 
-def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
-    """One flag per GatewaySettings field, typed from its annotation."""
+def add_settings_arguments(
+    parser: argparse.ArgumentParser, names: Collection[str] | None = None
+) -> None:
+    """One flag per GatewaySettings field (`names`: these fields only), typed from its
+    annotation."""
     hints = typing.get_type_hints(GatewaySettings)
     group = parser.add_argument_group("gateway")
     for f in dataclasses.fields(GatewaySettings):
+        if names is not None and f.name not in names:
+            continue
         flag = "--" + f.name.replace("_", "-")
         hint = hints[f.name]
         if typing.get_origin(hint) in (typing.Union, types.UnionType):

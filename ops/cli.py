@@ -1,4 +1,4 @@
-"""The `troupe` command: serve, generate, bench, replay.
+"""The `troupe` command: serve, run-batch, generate, bench, replay.
 
 Every EngineConfig field is a flag in kebab-case (`--max-num-seqs 128`), generated from the
 dataclass so the two never drift apart.
@@ -138,6 +138,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_router_arguments(router, with_backends=True)
 
+    batch = sub.add_parser(
+        "run-batch",
+        help="answer an OpenAI Batch API file (.jsonl) offline, as vLLM's run_batch",
+        description="Answer an OpenAI Batch API file with an in-process engine: each line as "
+        "its endpoint answers it over HTTP, written in input order.",
+    )
+    add_config_arguments(batch)
+    from troupe.ops.run_batch import add_run_batch_arguments
+
+    add_run_batch_arguments(batch)
+
     gen = sub.add_parser("generate", help="stream one completion to stdout")
     gen.add_argument("prompt")
     gen.add_argument("--chat", action="store_true", help="send the prompt as a user chat message")
@@ -179,6 +190,10 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(config.log_format, config.log_level)
     if ns.command == "generate":
         return _cmd_generate(ns, config)
+    if ns.command == "run-batch":
+        from troupe.ops.run_batch import run_batch_command
+
+        return run_batch_command(ns, config)
     if ns.data_parallel_size != 1:
         return _cmd_data_parallel(ns, args, config)
     from troupe.gateway.server import run_serve
