@@ -3,7 +3,8 @@
 A request names an adapter by its public name (SamplingParams.lora; over HTTP its `model`).
 The registry checks the name at the engine's edge (a Rejected naming `lora`), counts the
 requests in flight on each adapter, and loads and unloads adapters at run time
-(Engine.load_lora_adapter / unload_lora_adapter; vLLM's /v1/load_lora_adapter):
+(`engine.loras.load` / `.unload`; over HTTP vLLM's /v1/load_lora_adapter and
+/v1/unload_lora_adapter, gateway/lora_routes.py):
 
     load("sql", path)     the runner reads and checks it (a worker thread), then requests may
                           name "sql"
@@ -25,7 +26,7 @@ from typing import TYPE_CHECKING
 import anyio
 import msgspec
 from troupe.config import EngineConfig
-from troupe.messages import SamplingParams
+from troupe.messages import LoraErrorCode, SamplingParams
 
 if TYPE_CHECKING:
     from troupe.gpu.lora_runtime import LoraRuntime
@@ -39,11 +40,13 @@ def public_name(inside: str) -> str:
 
 
 class LoraAdapterError(ValueError):
-    """A load or unload that cannot be done; `field` names the offending input."""
+    """A load or unload that cannot be done; `field` names the offending input, `code` says
+    why (the gateway answers 404 for NOT_FOUND, 409 for IN_USE, 400 for the rest)."""
 
-    def __init__(self, field: str, message: str) -> None:
+    def __init__(self, field: str, message: str, code: LoraErrorCode) -> None:
         super().__init__(message)
         self.field = field
+        self.code = code
 
 
 class LoraRegistry:
@@ -91,18 +94,24 @@ class LoraRegistry:
         load_lora_adapter); LoraAdapterError, or the runner's ConfigError, when it cannot."""
         if not self.is_enabled:
             raise LoraAdapterError(
-                "lora_name", "LoRA is off: start the engine with enable_lora (or lora_modules)"
+                "lora_name",
+                "LoRA is off: start the engine with enable_lora (or lora_modules)",
+                LoraErrorCode.LORA_DISABLED,
             )
         if not isinstance(name, str) or not _NAME.fullmatch(name):
             raise LoraAdapterError(
                 "lora_name",
                 f"lora_name {name!r} must be 1-128 characters of letters, digits and . _ : / - "
                 "(starting with a letter or digit)",
+                LoraErrorCode.INVALID_VALUE,
             )
         if not isinstance(path, str) or not path:
-            raise LoraAdapterError("lora_path", "lora_path must be a folder's path")
+            raise LoraAdapterError(
+                "lora_path", "lora_path must be a folder's path", LoraErrorCode.INVALID_VALUE
+            )
         if name in self._adapters or name in self._busy:
-            raise LoraAdapterError("lora_name", f"a LoRA adapter named {name!r} is already loaded")
+            message = f"a LoRA adapter named {name!r} is already loaded"
+            raise LoraAdapterError("lora_name", message, LoraErrorCode.EXISTS)
         generation = self._generation.get(name, 0) + 1
         inside = name if generation == 1 else f"{name}#{generation}"
         self._busy.add(name)
@@ -118,12 +127,14 @@ class LoraRegistry:
         """Stop serving `name` and free its weights; refused while requests run on it."""
         entry = self._adapters.get(name)
         if entry is None or name in self._busy:
-            raise LoraAdapterError("lora_name", f"no LoRA adapter named {name!r} is loaded")
+            message = f"no LoRA adapter named {name!r} is loaded"
+            raise LoraAdapterError("lora_name", message, LoraErrorCode.NOT_FOUND)
         if in_flight := self._in_flight.get(name, 0):
             raise LoraAdapterError(
                 "lora_name",
                 f"LoRA adapter {name!r} has {in_flight} requests in flight; unload it once they "
                 "end (or abort them)",
+                LoraErrorCode.IN_USE,
             )
         del self._adapters[name]
         self._in_flight.pop(name, None)

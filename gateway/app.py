@@ -25,6 +25,7 @@ from troupe.gateway.embeddings_routes import embeddings
 from troupe.gateway.engine_api import EngineLike
 from troupe.gateway.engine_view import add_engine_view
 from troupe.gateway.errors import ApiError, from_http_exception, internal_error
+from troupe.gateway.lora_routes import add_lora_routes
 from troupe.gateway.responses_routes import responses
 from troupe.gateway.score_routes import PATHS as SCORE_PATHS
 from troupe.gateway.score_routes import add_score_routes
@@ -72,6 +73,7 @@ def build_app(engine: EngineLike, settings: GatewaySettings | None = None) -> we
     add_engine_view(app)
     add_tokenize_routes(app)
     add_score_routes(app)
+    add_lora_routes(app)  # with settings.allow_runtime_lora_updating only
     return app
 
 

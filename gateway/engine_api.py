@@ -31,6 +31,18 @@ class TokenizerLike(Protocol):
     ) -> str: ...
 
 
+class LoraAdmin(Protocol):
+    """LoRA adapters loaded and unloaded while the engine runs (POST /v1/load_lora_adapter):
+    the in-process Engine's `loras` (actors/lora_registry.LoraRegistry), or RemoteLoras over
+    the engine protocol. Both raise LoraAdapterError (its `field` and `code`), or ConfigError
+    when the adapter's files do not fit the model; `EngineLike.lora_adapters` shows the
+    outcome."""
+
+    async def load(self, name: str, path: str) -> None: ...
+
+    async def unload(self, name: str) -> None: ...
+
+
 class EngineLike(Protocol):
     """What the gateway needs of an engine."""
 
@@ -45,6 +57,9 @@ class EngineLike(Protocol):
 
     @property
     def lora_adapters(self) -> Mapping[str, str]: ...  # name -> folder: what `model` may name
+
+    @property
+    def loras(self) -> LoraAdmin: ...
 
     @property
     def num_active(self) -> int: ...

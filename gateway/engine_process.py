@@ -5,8 +5,8 @@ Why a process: in one interpreter the gateway's per-token work (SSE and JSON for
 socket writes) takes the interpreter lock from the actors and the runner's thread.
 
 Life: start the engine, send Hello (or StartFailed, exit 1); then apply commands in the order
-they come (Generate -> Engine.submit, Abort, AbortAll: an Abort never overtakes its Generate)
-and forward events (gateway/event_forwarder.py); stop on Shutdown, when the socket closes (the
+they come (Generate -> Engine.submit, Abort, AbortAll: an Abort never overtakes its Generate;
+LoadLora and UnloadLora run as tasks of their own, answered by call id) and forward events (gateway/event_forwarder.py); stop on Shutdown, when the socket closes (the
 gateway is gone: no orphan is left), or when the engine fails. The last frame is Stopped; the
 exit status is 0 after a clean stop, 1 otherwise. SIGINT and SIGTERM are ignored: a Ctrl-C (or
 a supervisor's SIGTERM) sent to the process group reaches the gateway too, which drains and
@@ -35,11 +35,15 @@ from troupe.messages.engine_protocol import (
     Generate,
     GraphStatsReply,
     Hello,
+    LoadLora,
     LoraAdapter,
+    LoraCallError,
+    LoraReply,
     QueryGraphStats,
     Shutdown,
     StartFailed,
     Stopped,
+    UnloadLora,
     encode_frame,
     frame_length,
     to_engine_decoder,
@@ -107,10 +111,7 @@ async def _run_engine(
                     max_model_len=engine.max_model_len,
                     pid=os.getpid(),
                     eos_token_ids=engine.eos_token_ids,
-                    lora_adapters=tuple(
-                        LoraAdapter(name=name, path=path)
-                        for name, path in engine.lora_adapters.items()
-                    ),
+                    lora_adapters=_adapters_of(engine),
                 )
             )
             ready.set_result(engine)
@@ -134,6 +135,7 @@ async def _apply_commands(
     reader: asyncio.StreamReader, ready: asyncio.Future[Engine], forwarder: EventForwarder
 ) -> float:
     """Apply commands in order; return Shutdown's grace, or 0 once the socket closed."""
+    lora_calls: set[asyncio.Task[None]] = set()  # held: the loop keeps only weak references
     while True:
         try:
             header = await reader.readexactly(HEADER_BYTES)
@@ -161,8 +163,41 @@ async def _apply_commands(
                 await engine.abort_all(reason)
             case QueryGraphStats():
                 forwarder.send(GraphStatsReply(graph=await engine.graph_stats()))
+            case LoadLora() | UnloadLora() as call:  # a load reads files: the others go on
+                task = asyncio.create_task(_answer_lora_call(engine, call, forwarder))
+                lora_calls.add(task)
+                task.add_done_callback(lora_calls.discard)
             case Shutdown(grace=grace):
                 return grace
+
+
+async def _answer_lora_call(
+    engine: Engine, call: LoadLora | UnloadLora, forwarder: EventForwarder
+) -> None:
+    """Run one run-time LoRA call; reply with its outcome and the adapters right after it."""
+    from troupe.actors.lora_registry import LoraAdapterError
+
+    error = None
+    try:
+        if isinstance(call, LoadLora):
+            await engine.loras.load(call.name, call.path)
+        else:
+            await engine.loras.unload(call.name)
+    except LoraAdapterError as exc:
+        error = LoraCallError(
+            error_type="LoraAdapterError", message=str(exc), field=exc.field, code=exc.code
+        )
+    except ConfigError as exc:  # the adapter's files do not fit the model
+        error = LoraCallError(error_type="ConfigError", message=str(exc))
+    except Exception as exc:  # a bug: the gateway still gets its answer
+        log.exception("LoRA call failed", call=call)
+        error = LoraCallError(error_type="other", message=repr(exc))
+    # no await since the registry changed: this reply's adapters are the change it reports
+    forwarder.send(LoraReply(call_id=call.call_id, adapters=_adapters_of(engine), error=error))
+
+
+def _adapters_of(engine: Engine) -> tuple[LoraAdapter, ...]:
+    return tuple(LoraAdapter(name=n, path=p) for n, p in engine.lora_adapters.items())
 
 
 def _prompt_of(request: GenerateRequest) -> PromptInput:

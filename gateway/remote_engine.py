@@ -29,6 +29,7 @@ import structlog
 from troupe.actors.client_streams import ClientStreams, EventListener
 from troupe.actors.request_input import RequestInputError, to_generate_request
 from troupe.gateway.engine_api import TokenizerLike
+from troupe.gateway.remote_loras import RemoteLoras
 from troupe.messages import (
     EngineStats,
     Failed,
@@ -48,6 +49,7 @@ from troupe.messages.engine_protocol import (
     Generate,
     GraphStatsReply,
     Hello,
+    LoraReply,
     QueryGraphStats,
     StartFailed,
     Stopped,
@@ -70,7 +72,6 @@ class RemoteEngine(asyncio.Protocol):
         self.model_name = ""
         self.max_model_len = 0
         self.eos_token_ids: tuple[int, ...] = ()  # the model's, from Hello (beam search)
-        self.lora_adapters: dict[str, str] = {}  # the engine's, from Hello: name -> folder
         self.pid = 0  # the engine process, once it said Hello
         self.error: str | None = None  # why the engine stopped, if it failed
         self._tokenizer: TokenizerLike | None = None
@@ -86,6 +87,7 @@ class RemoteEngine(asyncio.Protocol):
         self._is_closing = False
         # Waiters of graph_stats(), answered in the order asked (one socket, FIFO both ways).
         self._graph_queries: collections.deque[asyncio.Future[GraphStats]] = collections.deque()
+        self.loras = RemoteLoras(self._send)  # run-time LoRA loads, answered by call id
 
     # -- the EngineLike slice ----------------------------------------------------------------
 
@@ -93,6 +95,11 @@ class RemoteEngine(asyncio.Protocol):
     def tokenizer(self) -> TokenizerLike:
         assert self._tokenizer is not None, "the tokenizer is loaded before the engine is used"
         return self._tokenizer
+
+    @property
+    def lora_adapters(self) -> dict[str, str]:
+        """The engine's adapters, name -> folder: from Hello, then each LoRA call's reply."""
+        return self.loras.adapters
 
     @property
     def num_active(self) -> int:
@@ -242,7 +249,7 @@ class RemoteEngine(asyncio.Protocol):
                     reply.pid,
                 )
                 self.eos_token_ids = reply.eos_token_ids
-                self.lora_adapters = {a.name: a.path for a in reply.lora_adapters}
+                self.loras.show(reply.lora_adapters)
                 self._hello.set_result(reply)
             case StartFailed():
                 self._hello.set_exception(start_error(reply))
@@ -250,6 +257,8 @@ class RemoteEngine(asyncio.Protocol):
                 waiter = self._graph_queries.popleft()
                 if not waiter.done():  # its caller may have given up
                     waiter.set_result(reply.graph)
+            case LoraReply():
+                self.loras.on_reply(reply)
             case Stopped():
                 self._stop(reply.error, None)
 
@@ -264,6 +273,7 @@ class RemoteEngine(asyncio.Protocol):
             for listener in self._listeners:  # metrics count these as failed requests too
                 listener(event, now)
         self._stopped.set()
+        self.loras.stop(self._failure_message())
         while self._graph_queries:
             waiter = self._graph_queries.popleft()
             if not waiter.done():

@@ -8,8 +8,9 @@
 The base model's id wins over an adapter of the same name (as in vLLM). GET /v1/models lists
 the base model, then each adapter in vLLM's shape: `root` its folder, `parent` the base
 model's id. The adapters are the engine's (`EngineLike.lora_adapters`: the in-process Engine's
-config, or the engine child's Hello): the engine that runs them is their one owner, and the
-gateway keeps no copy.
+registry, or what the engine child's Hello and LoRA replies said; they change at run time,
+gateway/lora_routes.py): the engine that runs them is their one owner, and the gateway keeps
+no copy of its own.
 """
 
 from __future__ import annotations

@@ -92,6 +92,13 @@ class GatewaySettings:
     ws_heartbeat: float | None = _knob(
         30.0, "seconds between websocket pings; a dead peer is noticed and its requests aborted"
     )
+    allow_runtime_lora_updating: bool = _knob(
+        False,
+        "serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's "
+        "VLLM_ALLOW_RUNTIME_LORA_UPDATING): clients behind the API key may then make the "
+        "engine read adapter folders of this machine by path; the engine needs enable_lora "
+        "(or lora_modules); off: both paths are 404",
+    )
     engine_process: bool = _knob(
         True,
         "run the engine (its actors and the model runner) in a child process, so that HTTP "
@@ -129,8 +136,9 @@ class GatewaySettings:
             raise ConfigError(
                 f"tool_call_parser must be one of {choices}, got {self.tool_call_parser!r}"
             )
-        if not isinstance(self.engine_process, bool):
-            raise ConfigError(f"engine_process must be a bool, got {self.engine_process!r}")
+        for name in ("engine_process", "allow_runtime_lora_updating"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if self.api_key is not None and not self.api_key:
             raise ConfigError("api_key must be non-empty when set")
         object.__setattr__(self, "allowed_origins", tuple(self.allowed_origins))

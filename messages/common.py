@@ -25,6 +25,17 @@ class RejectCode(enum.StrEnum):
     SHUTTING_DOWN = "shutting_down"
 
 
+class LoraErrorCode(enum.StrEnum):
+    """Why a LoRA adapter could not be loaded or unloaded at run time (actors/lora_registry.py);
+    the gateway answers by it (gateway/lora_routes.py), in this and in the engine's process."""
+
+    LORA_DISABLED = "lora_disabled"  # the engine runs no LoRA (enable_lora, lora_modules)
+    INVALID_VALUE = "invalid_value"  # a malformed name or path
+    EXISTS = "lora_adapter_exists"  # the name is taken
+    NOT_FOUND = "lora_adapter_not_found"  # no adapter of that name is loaded
+    IN_USE = "lora_adapter_in_use"  # requests run on it: unload it once they end
+
+
 class ChatMessage(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     role: str
     content: str

@@ -14,6 +14,7 @@ delivered together (one scheduling step), never one frame per token.
        │                  EventBatch (per step)   │
        │ ◄─────────────────────────────────────── │
        │ QueryGraphStats ──► GraphStatsReply      │  on demand (the live view), in order
+       │ LoadLora | UnloadLora ──► LoraReply      │  by call_id, as each one ends
        │ Shutdown (or the socket closes)          │
        │ ───────────────────────────────────────► │
        │                  Stopped (error or None) │  last frame; then the child exits
@@ -26,6 +27,7 @@ import struct
 from typing import Literal
 
 import msgspec
+from troupe.messages.common import LoraErrorCode
 from troupe.messages.events import EngineStats, StreamEvent
 from troupe.messages.graph_stats import GraphStats
 from troupe.messages.tokenizer import GenerateRequest
@@ -63,15 +65,31 @@ class QueryGraphStats(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     the order asked."""
 
 
-ToEngine = Generate | Abort | AbortAll | Shutdown | QueryGraphStats
+class LoadLora(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """`engine.loras.load(name, path)`; answered by a LoraReply of the same call_id once it
+    ends (a load reads files: other commands go on meanwhile, so replies come as loads end)."""
+
+    call_id: int
+    name: str
+    path: str
+
+
+class UnloadLora(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """`engine.loras.unload(name)`; answered by a LoraReply of the same call_id."""
+
+    call_id: int
+    name: str
+
+
+ToEngine = Generate | Abort | AbortAll | Shutdown | QueryGraphStats | LoadLora | UnloadLora
 
 
 # -- replies (engine -> gateway) -------------------------------------------------------------
 
 
 class LoraAdapter(msgspec.Struct, frozen=True, kw_only=True):
-    """A LoRA adapter the engine serves (EngineConfig.lora_modules): a request's `model` may
-    name it (gateway/served_models.py)."""
+    """A LoRA adapter the engine serves (EngineConfig.lora_modules, or loaded at run time): a
+    request's `model` may name it (gateway/served_models.py)."""
 
     name: str
     path: str  # its folder, as configured (GET /v1/models shows it as `root`)
@@ -85,6 +103,26 @@ class Hello(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     pid: int
     eos_token_ids: tuple[int, ...] = ()  # the model's (beam search ends a beam on them)
     lora_adapters: tuple[LoraAdapter, ...] = ()  # in the order configured
+
+
+class LoraCallError(msgspec.Struct, frozen=True, kw_only=True):
+    """Why a LoadLora or UnloadLora failed: the gateway raises `error_type` again (the
+    registry's LoraAdapterError with `field` and `code`, the runner's ConfigError when the
+    adapter's files do not fit the model, RuntimeError for anything else)."""
+
+    error_type: Literal["LoraAdapterError", "ConfigError", "other"]
+    message: str
+    field: str | None = None
+    code: LoraErrorCode | None = None
+
+
+class LoraReply(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """The end of a LoadLora or UnloadLora, and the adapters a request may name once it
+    ended: the engine's registry owns them, the gateway shows them (GET /v1/models)."""
+
+    call_id: int
+    adapters: tuple[LoraAdapter, ...]
+    error: LoraCallError | None = None
 
 
 class StartFailed(msgspec.Struct, frozen=True, kw_only=True, tag=True):
@@ -114,7 +152,7 @@ class GraphStatsReply(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     graph: GraphStats
 
 
-FromEngine = Hello | StartFailed | EventBatch | Stopped | GraphStatsReply
+FromEngine = Hello | StartFailed | EventBatch | Stopped | GraphStatsReply | LoraReply
 
 
 # -- framing ---------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """Runners the gateway tests steer or watch: ScriptedRunner replies with chosen tokens, so a
 test can make the model say anything (markdown, `<script>`), exactly, without a model;
 HeldRunner is a FaultyRunner whose held step also moves on when the gate moves past it;
-ParamsRecorder records the SamplingParams each request brings to the runner.
+ParamsRecorder records the SamplingParams each request brings to the runner; LoraEcho answers
+with a token that names the request's LoRA adapter (readable from another process).
 
 While `script` is set, the n-th token sampled for each request is `script[n % len(script)]`;
 otherwise the inner runner's token passes through (the fake runner's, a function of the prompt).
@@ -14,10 +15,12 @@ from __future__ import annotations
 
 import json
 import threading
+import zlib
 from pathlib import Path
 from typing import Any
 
 import msgspec
+from troupe.config import EngineConfig
 from troupe.gpu.faulty_runner import FaultyRunner
 from troupe.gpu.runner import Runner
 from troupe.gpu.runner_wrapper import RunnerWrapper
@@ -115,3 +118,51 @@ def say(server: Any, text: str) -> None:
     ids = tokenizer.encode(text, False)
     assert tokenizer.decode(ids) == text
     server.runner.script = (*ids, *tokenizer.eos_token_ids[:1])
+
+
+class LoraEcho(RunnerWrapper):
+    """Samples, for each request on a LoRA adapter, `echo_token(lora)` (the adapter's name
+    inside the engine, `sql#2` for a reloaded `sql`): so a test can read, in an answer from an
+    engine in another process, which adapter the runner was told to run."""
+
+    def __init__(self, inner: Runner) -> None:
+        super().__init__(inner)
+        self._lora: dict[str, str] = {}  # request id -> its adapter, from its first plan
+
+    def execute(self, plan: StepPlan) -> tuple[SampledToken, ...]:
+        self._see(plan)
+        return self._echo(self.inner.execute(plan))
+
+    def launch(self, plan: StepPlan) -> None:
+        self._see(plan)
+        self.inner.launch(plan)
+
+    def finish(self, masks: TokenMasks) -> tuple[SampledToken, ...]:
+        return self._echo(self.inner.finish(masks))
+
+    def _see(self, plan: StepPlan) -> None:
+        for request_id in plan.released:
+            self._lora.pop(request_id, None)
+        for work in plan.seqs:
+            if work.params is not None and work.params.lora is not None:
+                self._lora[work.request_id] = work.params.lora
+
+    def _echo(self, sampled: tuple[SampledToken, ...]) -> tuple[SampledToken, ...]:
+        return tuple(
+            msgspec.structs.replace(t, token_id=echo_token(self._lora[t.request_id]))
+            if t.request_id in self._lora
+            else t
+            for t in sampled
+        )
+
+
+def echo_token(lora: str) -> int:
+    """The token LoraEcho samples on adapter `lora`: one of 1000..20999 (none of them EOS)."""
+    return 1000 + zlib.crc32(lora.encode()) % 20000
+
+
+def lora_echo_runner(config: EngineConfig) -> LoraEcho:
+    """A picklable runner factory: the fake runner behind a LoraEcho (for the engine child)."""
+    from troupe.gpu.fake_runner import FakeRunner
+
+    return LoraEcho(FakeRunner.from_config(config))
