@@ -6,8 +6,7 @@
 
 Each input is one engine request (gateway/prompt_batch.py, as a completion's list of prompts):
 all are submitted at once, and one the engine turns away fails the whole request, naming
-`input[i]`, the others aborted. The vector comes on a request's first event
-(`Delta.embedding` / `Finished.embedding`); the one token the request generates is dropped.
+`input[i]`, the others aborted (gateway/pooled_vectors.py collects the vectors).
 `base64` is the vector's float32 bytes, little-endian, as OpenAI's client decodes them (its
 default when the caller names no format).
 """
@@ -15,25 +14,24 @@ default when the caller names no format).
 from __future__ import annotations
 
 import base64
-import contextlib
 import dataclasses
 import struct
 import time
 import uuid
-from collections.abc import AsyncGenerator, Sequence
-from typing import Any, cast
+from collections.abc import Sequence
+from typing import Any
 
 import msgspec
 import structlog
 from aiohttp import web
 from troupe.gateway.embeddings_bodies import EmbeddingRequest, parse_embedding_request
-from troupe.gateway.engine_api import EngineLike
 from troupe.gateway.errors import ApiError, error_for_event
 from troupe.gateway.http_body import read_json_body
-from troupe.gateway.prompt_batch import batch_events, batch_usage
+from troupe.gateway.pooled_vectors import pooled_vectors
+from troupe.gateway.prompt_batch import batch_events
 from troupe.gateway.served_models import ServedModels
 from troupe.gateway.state import GATEWAY, Gateway
-from troupe.messages import Aborted, Failed, Finished, Rejected, StreamEvent, Usage
+from troupe.messages import Aborted, Failed, Rejected
 
 log = structlog.get_logger("troupe.gateway")
 
@@ -64,11 +62,9 @@ async def embeddings_body(gateway: Gateway, raw: bytes) -> dict[str, Any]:
     request_id = f"embd-{uuid.uuid4().hex}"
     if req.user is not None:
         log.debug("request from a named user", request_id=request_id, user=req.user)
-    gateway.stream_opened()
-    try:
-        vectors, usage = await _pooled(engine, req, request_id)
-    finally:
-        gateway.stream_closed()
+    events = batch_events(engine, req.inputs, req.params, request_id, field="input")
+    names = [f"input[{i}]" for i in range(len(req.inputs))] if req.is_list else ["input"]
+    vectors, usage = await pooled_vectors(gateway, events, names, lambda e: _error(e, req))
     return {
         "id": request_id,
         "object": "list",
@@ -80,35 +76,6 @@ async def embeddings_body(gateway: Gateway, raw: bytes) -> dict[str, Any]:
         ],
         "usage": {"prompt_tokens": usage.prompt_tokens, "total_tokens": usage.prompt_tokens},
     }
-
-
-async def _pooled(
-    engine: EngineLike, req: EmbeddingRequest, request_id: str
-) -> tuple[list[tuple[float, ...]], Usage]:
-    """Every input's vector, in order, and the usage; a vanished client cancels this, which
-    closes the streams and so aborts the requests."""
-    vectors: dict[int, tuple[float, ...]] = {}
-    usages: list[tuple[int, Usage]] = []
-    # an async generator (its aclose ends every input's stream), typed as an iterator
-    events = cast(
-        AsyncGenerator[StreamEvent, None],
-        batch_events(engine, req.inputs, req.params, request_id, field="input"),
-    )
-    async with contextlib.aclosing(events):
-        async for event in events:
-            if isinstance(event, Rejected | Aborted | Failed):
-                raise _error(event, req)
-            if event.embedding is not None:
-                vectors[event.index] = event.embedding
-            if isinstance(event, Finished):
-                usages.append((event.index, event.usage))
-            if event.is_terminal:
-                missing = [i for i in range(len(req.inputs)) if i not in vectors]
-                if missing:
-                    where = f"input[{missing[0]}]" if req.is_list else "input"
-                    raise ApiError(500, f"the engine gave no embedding for {where}")
-                return [vectors[i] for i in range(len(req.inputs))], batch_usage(usages, 1)
-    raise ApiError(500, "the engine ended the stream without a terminal event")
 
 
 def _error(event: Rejected | Aborted | Failed, req: EmbeddingRequest) -> ApiError:

@@ -19,23 +19,21 @@ Rerank results are sorted by score, highest first (ties in the documents' order)
 
 from __future__ import annotations
 
-import contextlib
 import time
 import uuid
-from collections.abc import AsyncGenerator
-from typing import Any, cast
+from typing import Any
 
 import msgspec
 from aiohttp import web
 from troupe.gateway.engine_api import EngineLike
-from troupe.gateway.errors import ApiError, error_for_event
 from troupe.gateway.http_body import read_json_body
-from troupe.gateway.prompt_batch import batch_events, batch_usage
+from troupe.gateway.pooled_vectors import pooled_vectors
+from troupe.gateway.prompt_batch import batch_events
 from troupe.gateway.score_bodies import parse_rerank_request, parse_score_request
 from troupe.gateway.score_pairs import Pairing, cosine_scores
 from troupe.gateway.served_models import ServedModels
 from troupe.gateway.state import GATEWAY, Gateway
-from troupe.messages import Aborted, Failed, Finished, Rejected, SamplingParams, StreamEvent
+from troupe.messages import SamplingParams
 
 # The paths outside /v1/ (vLLM serves both spellings): behind the API key as /v1/* is.
 PATHS = ("/score", "/rerank", "/v2/rerank")
@@ -122,39 +120,8 @@ def _model(
 async def _scored(
     gateway: Gateway, pairing: Pairing, params: SamplingParams, request_id: str
 ) -> tuple[list[float], int]:
-    """Every pair's score, in order, and the prompt tokens the engine ran."""
-    gateway.stream_opened()
-    try:
-        vectors, num_tokens = await _embedded(gateway.engine, pairing, params, request_id)
-    finally:
-        gateway.stream_closed()
-    return cosine_scores(vectors, pairing.pairs), num_tokens
-
-
-async def _embedded(
-    engine: EngineLike, pairing: Pairing, params: SamplingParams, request_id: str
-) -> tuple[list[tuple[float, ...]], int]:
-    """Each distinct text's vector, in order, and their prompt tokens."""
-    vectors: dict[int, tuple[float, ...]] = {}
-    usages = []
-    # an async generator (its aclose ends every text's stream), typed as an iterator
-    events = cast(
-        AsyncGenerator[StreamEvent, None],
-        batch_events(engine, pairing.texts, params, request_id, names=pairing.names),
-    )
-    async with contextlib.aclosing(events):
-        async for event in events:
-            if isinstance(event, Rejected | Aborted | Failed):
-                raise error_for_event(event)
-            if event.embedding is not None:
-                vectors[event.index] = event.embedding
-            if isinstance(event, Finished):
-                usages.append((event.index, event.usage))
-            if event.is_terminal:
-                missing = [i for i in range(len(pairing.texts)) if i not in vectors]
-                if missing:
-                    where = pairing.names[missing[0]]
-                    raise ApiError(500, f"the engine gave no embedding for {where}")
-                ordered = [vectors[i] for i in range(len(pairing.texts))]
-                return ordered, batch_usage(usages, 1).prompt_tokens
-    raise ApiError(500, "the engine ended the stream without a terminal event")
+    """Every pair's score, in order, and the prompt tokens the engine ran (each distinct text
+    once)."""
+    events = batch_events(gateway.engine, pairing.texts, params, request_id, names=pairing.names)
+    vectors, usage = await pooled_vectors(gateway, events, pairing.names)
+    return cosine_scores(vectors, pairing.pairs), usage.prompt_tokens
