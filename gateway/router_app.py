@@ -4,8 +4,9 @@
          /v1/responses, /v1/embeddings,          on its prompt (gateway/router_keys.py) and its
          /v1/score, /score, /v1/rerank,          streams' ends known (gateway/router_streams.py)
          /rerank, /v2/rerank
-    GET  /v1/models                              the first replica that is up answers (the
-                                                 replicas serve one model and its adapters)
+    GET  /v1/models                              what every up replica lists, and
+    POST /v1/load_lora_adapter,                  sent to every up replica
+         /v1/unload_lora_adapter                 (gateway/router_loras.py)
     GET  /health                                 200 while a replica is up, else 503
     GET  /metrics                                per-replica counters (gateway/router_metrics.py)
     GET  /v1/router/stats                        the same as JSON
@@ -26,6 +27,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 from troupe.gateway.errors import ApiError, from_http_exception
 from troupe.gateway.router_keys import field_text, messages_text, responses_text
+from troupe.gateway.router_loras import add_lora_routes
 from troupe.gateway.router_metrics import render_metrics
 from troupe.gateway.router_proxy import ROUTER, SESSION, Endpoint, Handler, proxy_to
 from troupe.gateway.router_replicas import ReplicaSet
@@ -55,7 +57,7 @@ def build_router_app(replicas: ReplicaSet, session: aiohttp.ClientSession) -> we
     app[SESSION] = session
     for path, endpoint in PROXIED.items():
         app.router.add_post(path, proxy_to(endpoint))
-    app.router.add_get("/v1/models", models)
+    add_lora_routes(app)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/v1/router/stats", stats)
@@ -74,19 +76,6 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         return from_http_exception(exc).response()
     except ConnectionError:  # the client went away
         return web.Response(status=499)
-
-
-async def models(request: web.Request) -> web.Response:
-    replicas, session = request.app[ROUTER], request.app[SESSION]
-    headers = {k: v for k in ("Authorization",) if (v := request.headers.get(k)) is not None}
-    for replica in [r for r in replicas.replicas if r.is_up]:
-        try:
-            async with session.get(f"{replica.url}/v1/models", headers=headers) as resp:
-                data = await resp.read()
-                return web.Response(status=resp.status, body=data, content_type=resp.content_type)
-        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-            replicas.fail(replica, f"/v1/models failed: {exc!r}")
-    raise ApiError(503, "no replica is up to answer /v1/models", code="no_replica_up")
 
 
 async def health(request: web.Request) -> web.Response:

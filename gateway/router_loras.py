@@ -1,0 +1,216 @@
+"""What the replicas serve, through the router: run-time LoRA on every replica, and the models
+every replica lists.
+
+    POST /v1/load_lora_adapter     sent to every replica that is up, all at once (each engine
+    POST /v1/unload_lora_adapter   owns its adapters); a replica that is down counts as failed
+                                   (503) and gets nothing
+         all 200   the first replica's answer (vLLM's plain-text "Success: ...")
+         else      the first failure's status, an OpenAI error whose message names each
+                   replica (by URL) that succeeded and each that failed with what (param and
+                   code: that failure's own); a load that failed somewhere is unloaded again
+                   from the replicas where it succeeded (best effort, said in the message) so
+                   the replicas stay alike
+    GET  /v1/models                the base model and the adapters that every up replica lists
+                                   (in the first one's order): a client never picks an
+                                   adapter some replica lacks
+
+The router keeps no record of adapters: a replica that starts (or restarts) later has only
+its own `--lora-modules`, and the adapters loaded at run time drop out of /v1/models until
+they are loaded on it too (loading them again through the router answers 400
+lora_adapter_exists from the replicas that have them; unload and load again).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from troupe.gateway.errors import ApiError
+from troupe.gateway.router_proxy import ROUTER, SESSION
+from troupe.gateway.router_replicas import Replica, ReplicaSet
+
+LOAD, UNLOAD = "/v1/load_lora_adapter", "/v1/unload_lora_adapter"
+_FORWARDED = ("Authorization", "Content-Type")
+_READ_ERRORS = (aiohttp.ClientError, OSError, TimeoutError)
+_MAX_QUOTED_CHARS = 300  # of a replica's non-JSON error body, in the router's message
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReplicaAnswer:
+    """One replica's answer to a fanned-out request (a down replica's is a made-up 503)."""
+
+    url: str
+    status: int
+    body: bytes
+    content_type: str
+    why_not_sent: str = ""  # set when the router answered for the replica
+
+    @property
+    def is_ok(self) -> bool:
+        return self.status == 200
+
+    def error(self) -> tuple[str, str | None, str | None]:
+        """(message, param, code) of a failure: the replica's OpenAI error, or its text."""
+        try:
+            error = json.loads(self.body)["error"]
+            return str(error["message"]), error.get("param"), error.get("code")
+        except (ValueError, KeyError, TypeError):
+            return self.body.decode(errors="replace")[:_MAX_QUOTED_CHARS], None, None
+
+    def describe(self) -> str:
+        """The replica and what it answered, for the router's error message."""
+        if self.why_not_sent:
+            return f"{self.url} {self.why_not_sent} (counted as {self.status})"
+        return f"{self.url} answered {self.status}: {self.error()[0]}"
+
+
+def add_lora_routes(app: web.Application) -> None:
+    app.router.add_post(LOAD, load_lora_adapter)
+    app.router.add_post(UNLOAD, unload_lora_adapter)
+    app.router.add_get("/v1/models", models)
+
+
+async def load_lora_adapter(request: web.Request) -> web.Response:
+    body = await request.read()
+    answers = await _post_everywhere(request, LOAD, body)
+    if all(a.is_ok for a in answers):
+        return _as_response(answers[0])
+    ok = [a.url for a in answers if a.is_ok]
+    note = await _unload_from(request, ok, _lora_name(body)) if ok else ""
+    raise _partial_failure("load", body, answers, note)
+
+
+async def unload_lora_adapter(request: web.Request) -> web.Response:
+    body = await request.read()
+    answers = await _post_everywhere(request, UNLOAD, body)
+    if all(a.is_ok for a in answers):
+        return _as_response(answers[0])
+    raise _partial_failure("unload", body, answers, "")
+
+
+async def models(request: web.Request) -> web.Response:
+    """The models every up replica lists; a replica's refusal (e.g. a 401) as it answered."""
+    replicas, session = request.app[ROUTER], request.app[SESSION]
+    headers = _headers(request)
+    up = [r for r in replicas.replicas if r.is_up]
+    got = await asyncio.gather(*(_get_models(replicas, session, r, headers) for r in up))
+    answers = [a for a in got if a is not None]
+    if not answers:
+        raise ApiError(503, "no replica is up to answer /v1/models", code="no_replica_up")
+    if (refused := next((a for a in answers if not a.is_ok), None)) is not None:
+        return _as_response(refused)
+    try:
+        listings = [json.loads(a.body) for a in answers]
+        ids = [{m["id"] for m in listing["data"]} for listing in listings]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ApiError(502, f"a replica's /v1/models is malformed: {exc!r}") from exc
+    common = set.intersection(*ids)
+    first: dict[str, Any] = listings[0]
+    return web.json_response({**first, "data": [m for m in first["data"] if m["id"] in common]})
+
+
+async def _post_everywhere(request: web.Request, path: str, body: bytes) -> list[ReplicaAnswer]:
+    """`body` POSTed to `path` on every up replica at once; answers in replica order."""
+    replicas, session = request.app[ROUTER], request.app[SESSION]
+    headers = _headers(request)
+
+    async def post(replica: Replica) -> ReplicaAnswer:
+        if not replica.is_up:
+            return _made_up(replica.url, "is down: not sent")
+        try:
+            async with session.post(f"{replica.url}{path}", data=body, headers=headers) as resp:
+                answer = ReplicaAnswer(
+                    url=replica.url,
+                    status=resp.status,
+                    body=await resp.read(),
+                    content_type=resp.content_type,
+                )
+        except _READ_ERRORS as exc:
+            replicas.fail(replica, f"{path} failed: {exc!r}")
+            return _made_up(replica.url, f"could not be reached: {exc!r}")
+        if answer.status == 503:  # draining or failed: /health decides, as for a proxied one
+            replicas.fail(replica, "answered 503", is_down=False)
+            await replicas.check(session, replica)
+        return answer
+
+    return list(await asyncio.gather(*(post(r) for r in replicas.replicas)))
+
+
+async def _unload_from(request: web.Request, urls: list[str], name: str) -> str:
+    """Unload `name` from the replicas at `urls` (where a load succeeded); what happened."""
+    body = json.dumps({"lora_name": name}).encode()
+    session, headers = request.app[SESSION], _headers(request)
+
+    async def unload(url: str) -> ReplicaAnswer:
+        try:
+            async with session.post(f"{url}{UNLOAD}", data=body, headers=headers) as resp:
+                return ReplicaAnswer(
+                    url=url, status=resp.status, body=await resp.read(), content_type=""
+                )
+        except _READ_ERRORS as exc:
+            return _made_up(url, f"could not be reached: {exc!r}")
+
+    answers = await asyncio.gather(*(unload(u) for u in urls))
+    undone = [a.url for a in answers if a.is_ok]
+    note = f"; unloaded it again from {', '.join(undone)}" if undone else ""
+    if failures := [a.describe() for a in answers if not a.is_ok]:
+        note += f"; could not unload it again ({'; '.join(failures)}): those replicas keep it"
+    return note + " (best effort, so that the replicas serve the same adapters)"
+
+
+def _partial_failure(verb: str, body: bytes, answers: list[ReplicaAnswer], note: str) -> ApiError:
+    failed = [a for a in answers if not a.is_ok]
+    first = failed[0]
+    _, param, code = first.error()
+    what = "; ".join(a.describe() for a in failed)
+    ok = [a.url for a in answers if a.is_ok]
+    name = _lora_name(body)
+    message = (
+        f"{verb} of LoRA adapter {name!r} failed on {len(failed)} of {len(answers)} "
+        f"replicas: {what}; succeeded on {', '.join(ok) or 'none'}{note}"
+    )
+    return ApiError(first.status, message, param=param, code=code or "replica_failed")
+
+
+def _lora_name(body: bytes) -> str:
+    try:
+        return str(json.loads(body)["lora_name"])
+    except (ValueError, KeyError, TypeError):
+        return "?"  # a malformed body: every replica refuses it, naming the field
+
+
+async def _get_models(
+    replicas: ReplicaSet,
+    session: aiohttp.ClientSession,
+    replica: Replica,
+    headers: dict[str, str],
+) -> ReplicaAnswer | None:
+    """The replica's /v1/models answer, or None (and the replica marked down) if it fails."""
+    try:
+        async with session.get(f"{replica.url}/v1/models", headers=headers) as resp:
+            return ReplicaAnswer(
+                url=replica.url,
+                status=resp.status,
+                body=await resp.read(),
+                content_type=resp.content_type,
+            )
+    except _READ_ERRORS as exc:
+        replicas.fail(replica, f"/v1/models failed: {exc!r}")
+        return None
+
+
+def _headers(request: web.Request) -> dict[str, str]:
+    return {k: v for k in _FORWARDED if (v := request.headers.get(k)) is not None}
+
+
+def _made_up(url: str, why: str) -> ReplicaAnswer:
+    """A 503 the router answers for a replica it could not ask."""
+    return ReplicaAnswer(url=url, status=503, body=b"", content_type="", why_not_sent=why)
+
+
+def _as_response(answer: ReplicaAnswer) -> web.Response:
+    return web.Response(status=answer.status, body=answer.body, content_type=answer.content_type)
