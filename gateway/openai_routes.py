@@ -14,6 +14,7 @@ import structlog
 from aiohttp import web
 from troupe.gateway.beam_routes import beam_answer, beam_body, beam_result
 from troupe.gateway.chat_reasoning import chat_reasoning
+from troupe.gateway.chat_tool_chunks import call_stream, tool_call_chunks
 from troupe.gateway.engine_api import EngineLike
 from troupe.gateway.errors import ApiError, error_for_event, invalid
 from troupe.gateway.http_body import read_json_body
@@ -30,13 +31,8 @@ from troupe.gateway.sse_frames import sse as _sse
 from troupe.gateway.sse_frames import text_delta_frames
 from troupe.gateway.sse_writer import first_event, serve_sse
 from troupe.gateway.state import GATEWAY, Gateway
-from troupe.gateway.tool_auto import (
-    AutoCallStream,
-    auto_tool_parser,
-    auto_tool_stream,
-    parse_auto_calls,
-)
-from troupe.gateway.tool_calls import ToolCallStream, tool_calls
+from troupe.gateway.tool_auto import auto_tool_parser, parse_auto_calls
+from troupe.gateway.tool_calls import tool_calls
 from troupe.messages import (
     Aborted,
     Delta,
@@ -51,44 +47,6 @@ from troupe.messages import (
 log = structlog.get_logger("troupe.gateway")
 
 _json = msgspec.json.Encoder()
-
-
-def _auto_tool_chunks(
-    builder: ResponseBuilder, calls: AutoCallStream, event: Delta | Finished
-) -> Iterable[str]:
-    """tool_choice "auto": content as it comes, the calls (if any) at the end."""
-    if text := calls.delta(event.text):
-        yield _sse(builder.delta_chunk(text, None))
-    if isinstance(event, Finished):
-        rest, found = calls.finish(event.finish_reason == "stop")
-        if not found:
-            finish = str(event.finish_reason)
-            yield _sse(builder.delta_chunk(rest, None, finish, event.stop_reason))
-            return
-        if rest:
-            yield _sse(builder.delta_chunk(rest, None))
-        yield _sse(builder.tool_call_chunk([{"index": i, **c} for i, c in enumerate(found)]))
-        yield _sse(builder.tool_call_chunk([], "tool_calls"))
-
-
-def _tool_call_chunks(
-    builder: ResponseBuilder, calls: ToolCallStream | AutoCallStream, event: Delta | Finished
-) -> Iterable[str]:
-    if not isinstance(calls, ToolCallStream):
-        yield from _auto_tool_chunks(builder, calls, event)
-        return
-    for piece in calls.delta(event.text):
-        yield _sse(builder.tool_call_chunk(piece))
-    if isinstance(event, Finished):
-        last = calls.finish() if event.finish_reason == "stop" else None
-        if last is None:  # cut short: what was written, as text
-            finish = str(event.finish_reason)
-            text = calls.text if calls.plan.name is None else ""
-            yield _sse(builder.delta_chunk(text, None, finish, event.stop_reason))
-        else:
-            if last:
-                yield _sse(builder.tool_call_chunk(last))
-            yield _sse(builder.tool_call_chunk([], "tool_calls"))
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
@@ -313,11 +271,7 @@ async def _pump_sse(
     first: StreamEvent,
     on_overflow: Callable[[], None],
 ) -> None:
-    calls: ToolCallStream | AutoCallStream | None = None
-    if req.tools is not None and req.tools.spec is None:
-        calls = auto_tool_stream(req.tools.names, req.tools.parser)
-    elif req.tools is not None:
-        calls = ToolCallStream(req.tools)
+    calls = call_stream(req.tools)
     usages: list[tuple[int, Usage]] = []  # each sample's (choice, usage), for the last chunk
     text_frames = text_delta_frames(builder)
     echoed: set[int] = set()  # echo with logprobs: the choices whose prompt chunk went out
@@ -338,7 +292,7 @@ async def _pump_sse(
             if echo.is_prompt_only:  # the token the engine ran is not shown
                 event = msgspec.structs.replace(event, text="", logprobs=None)
         if calls is not None and isinstance(event, Delta | Finished):
-            yield from _tool_call_chunks(builder, calls, event)
+            yield from tool_call_chunks(builder, calls, event)
             if isinstance(event, Finished):
                 if req.include_usage:
                     yield _sse(builder.usage_chunk(event.usage))
