@@ -10,7 +10,9 @@ engine, without paying another engine start.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -19,6 +21,7 @@ from typing import Any
 
 import pytest
 from aiohttp import web
+from openai import OpenAI
 from troupe.config import EngineConfig
 from troupe.gateway.app import build_app
 from troupe.gateway.server import listen, serve
@@ -148,6 +151,32 @@ class ServerThread:
         if self._thread.is_alive():
             self.begin_shutdown()
         self.join()
+
+
+def openai_client(url: str, timeout: float = 30) -> OpenAI:
+    """The official client on a server's /v1, without retries (a test sees the first answer)."""
+    return OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=timeout)
+
+
+def scripted_server(folder: Path, settings: GatewaySettings) -> ServerThread:
+    """A server, not started yet, on the model in `folder` (scripted_runner.template_model)
+    around a ScriptedRunner: `say(srv, text)` makes the model answer `text`."""
+    from tests.gateway.scripted_runner import ScriptedRunner
+
+    config = BASE_CONFIG.replace(model=str(folder))
+    return ServerThread(config, settings, runner=ScriptedRunner(FakeRunner.from_config(config)))
+
+
+def open_post(url: str, path: str, body: dict[str, Any]) -> socket.socket:
+    """A POST sent on a raw socket whose answer is not read: a client that can vanish."""
+    host, port = url.removeprefix("http://").split(":")
+    sock = socket.create_connection((host, int(port)))
+    data = json.dumps(body).encode()
+    sock.sendall(
+        b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (path.encode(), len(data), data)
+    )
+    return sock
 
 
 @pytest.fixture(scope="session")

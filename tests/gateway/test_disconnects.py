@@ -8,8 +8,6 @@ import gc
 import json
 import logging
 import pathlib
-import socket
-from typing import Any
 
 import anyio
 import pytest
@@ -17,22 +15,13 @@ import structlog
 import troupe.gateway
 from websockets.asyncio.client import connect
 
+from tests.gateway.conftest import open_post
+
 pytestmark = pytest.mark.anyio
 
 HANG = 60  # s: a hang detector only
 _GATEWAY_DIR = pathlib.Path(troupe.gateway.__file__).parent
 LONG = {"prompt": "x", "max_tokens": 900, "ignore_eos": True}
-
-
-def _post(url: str, body: dict[str, Any]) -> socket.socket:
-    host, port = url.removeprefix("http://").split(":")
-    sock = socket.create_connection((host, int(port)))
-    data = json.dumps(body).encode()
-    sock.sendall(
-        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        b"Content-Length: %d\r\n\r\n%s" % (len(data), data)
-    )
-    return sock
 
 
 def _gateway_tasks() -> list[str]:
@@ -64,12 +53,12 @@ async def test_vanishing_clients_are_routine(server, caplog) -> None:  # type: i
     ws_url = server.url.replace("http://", "ws://") + "/v1/ws"
     with structlog.testing.capture_logs() as logs:
         # SSE: the socket is closed after the first chunk.
-        sock = _post(server.url, {**LONG, "stream": True})
+        sock = open_post(server.url, "/v1/completions", {**LONG, "stream": True})
         sock.recv(1)
         sock.close()
         await _settled(server)
         # A whole (non-streamed) answer: the client hangs up while it is computed.
-        sock = _post(server.url, LONG)
+        sock = open_post(server.url, "/v1/completions", LONG)
         with anyio.fail_after(HANG):
             while server.engine.num_active == 0:
                 await asyncio.sleep(0.01)

@@ -14,13 +14,12 @@ from typing import Any
 
 import openai
 import pytest
-from openai import OpenAI
 from troupe.gateway.router_settings import RouterSettings
 from troupe.gateway.state import GatewaySettings
 from troupe.gpu.fake_runner import FakeRunner
 from websockets.asyncio.client import connect
 
-from tests.gateway.conftest import BASE_CONFIG, ServerThread
+from tests.gateway.conftest import BASE_CONFIG, ServerThread, openai_client
 from tests.gateway.router_harness import RouterThread
 from tests.gateway.scripted_runner import ParamsRecorder
 
@@ -62,10 +61,6 @@ def _post(url: str, path: str, body: object) -> tuple[int, Any]:
         return exc.code, json.loads(exc.read())
 
 
-def _client(url: str) -> OpenAI:
-    return OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=30)
-
-
 # (path, body): each endpoint whose `model` selects the adapter
 ENDPOINTS = {
     "completion": ("/v1/completions", {"prompt": "SELECT", "max_tokens": 3}),
@@ -78,7 +73,7 @@ ENDPOINTS = {
 
 def test_the_engine_process_tells_the_gateway_its_adapters(child: ServerThread) -> None:
     assert child.engine.lora_adapters == ADAPTERS  # a RemoteEngine: from Hello
-    listed = _client(child.url).models.list().data
+    listed = openai_client(child.url).models.list().data
     base = child.engine.model_name
     assert [(m.id, m.root, m.parent) for m in listed] == [  # type: ignore[attr-defined]
         (base, base, None),
@@ -86,7 +81,7 @@ def test_the_engine_process_tells_the_gateway_its_adapters(child: ServerThread) 
         ("chat-v2", "/adapters/chat", base),
     ]
     assert {m.max_model_len for m in listed} == {child.engine.max_model_len}  # type: ignore[attr-defined]
-    answer = _client(child.url).completions.create(model="chat-v2", prompt="x", max_tokens=2)
+    answer = openai_client(child.url).completions.create(model="chat-v2", prompt="x", max_tokens=2)
     assert answer.model == "chat-v2" and answer.choices[0].text
 
 
@@ -127,7 +122,7 @@ def test_an_unknown_model_is_a_404_naming_the_adapters(
     )
     assert recorded.runner.take() == []  # nothing ran
     with pytest.raises(openai.NotFoundError, match="'sql', 'chat-v2'"):
-        _client(recorded.url).chat.completions.create(model="mysql", messages=USER)  # type: ignore[arg-type]
+        openai_client(recorded.url).chat.completions.create(model="mysql", messages=USER)  # type: ignore[arg-type]
 
 
 def test_tokenize_accepts_an_adapter_name(recorded: ServerThread) -> None:
@@ -274,7 +269,7 @@ def test_the_router_lists_and_routes_adapters(child: ServerThread) -> None:
     settings = RouterSettings(backend_urls=(child.url,), health_check_interval_s=3600.0)
     router = RouterThread().start_router(settings)
     try:
-        via, direct = _client(router.url), _client(child.url)
+        via, direct = openai_client(router.url), openai_client(child.url)
         assert [m.id for m in via.models.list().data] == [m.id for m in direct.models.list().data]
         kw: dict[str, Any] = {"prompt": "SELECT", "max_tokens": 3, "temperature": 0}
         answer = via.completions.create(model="sql", **kw)

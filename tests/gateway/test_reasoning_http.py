@@ -15,12 +15,10 @@ from typing import Any
 
 import openai
 import pytest
-from openai import OpenAI
 from troupe.gateway.state import GatewaySettings
-from troupe.gpu.fake_runner import FakeRunner
 
-from tests.gateway.conftest import BASE_CONFIG, ServerThread
-from tests.gateway.scripted_runner import ScriptedRunner, say, template_model
+from tests.gateway.conftest import ServerThread, openai_client, scripted_server
+from tests.gateway.scripted_runner import say, template_model
 from tests.gateway.test_tool_auto_http import TOOLS
 
 TEMPLATE = """\
@@ -47,9 +45,7 @@ MESSAGES = [{"role": "user", "content": "Hi there"}]
 
 
 def _server(folder: Path, parser: str | None) -> ServerThread:
-    engine_config = BASE_CONFIG.replace(model=str(folder))
-    runner = ScriptedRunner(FakeRunner.from_config(engine_config))
-    return ServerThread(engine_config, GatewaySettings(reasoning_parser=parser), runner=runner)
+    return scripted_server(folder, GatewaySettings(reasoning_parser=parser))
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +63,7 @@ def servers(model: Path) -> Iterator[dict[str | None, ServerThread]]:
 
 def _ask(server: ServerThread, **extra: Any) -> tuple[Any, tuple[str | None, str | None]]:
     """The whole answer's message, and the streamed answer's (reasoning, content)."""
-    client = OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=30)
+    client = openai_client(server.url)
     body: dict[str, Any] = {"model": server.engine.model_name, "messages": MESSAGES, **extra}
     whole = client.chat.completions.create(max_tokens=64, **body)
     reasoning: list[str] = []
@@ -124,7 +120,7 @@ def test_tool_calls_come_from_the_content(servers) -> None:  # type: ignore[no-u
     server = servers["qwen3"]
     call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
     say(server, "<think>A tool would know.</think>\n" + call)
-    client = OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=30)
+    client = openai_client(server.url)
     out = client.chat.completions.create(
         model=server.engine.model_name,
         messages=MESSAGES,
@@ -187,7 +183,7 @@ def test_structured_output_refuses_what_the_parser_would_not_read(  # type: igno
 ) -> None:
     server = servers[parser]
     say(server, reply)
-    client = OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=30)
+    client = openai_client(server.url)
     extra = {"chat_template_kwargs": kwargs} if kwargs else {}
     with pytest.raises(openai.APIStatusError, match="structured output failed"):
         client.chat.completions.create(
@@ -202,7 +198,7 @@ def test_structured_output_refuses_what_the_parser_would_not_read(  # type: igno
 def test_a_named_tool_call_follows_the_thinking(servers) -> None:  # type: ignore[no-untyped-def]
     server = servers["deepseek_r1"]
     say(server, 'A tool would know.</think>{"city": "Paris"}')
-    client = OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=30)
+    client = openai_client(server.url)
     out = client.chat.completions.create(
         model=server.engine.model_name,
         messages=MESSAGES,  # type: ignore[arg-type]

@@ -4,8 +4,6 @@ terminal event for it is an Aborted."""
 
 from __future__ import annotations
 
-import json
-import socket
 import threading
 import time
 from typing import Any
@@ -15,21 +13,10 @@ from troupe.gpu.fake_runner import FakeRunner
 from troupe.gpu.faulty_runner import FaultyRunner
 from troupe.messages import Aborted, StreamEvent
 
-from tests.gateway.conftest import BASE_CONFIG
+from tests.gateway.conftest import BASE_CONFIG, open_post
 
 HANG = 60  # s: a hang detector only
 LONG = {"input": "x", "max_output_tokens": 200, "ignore_eos": True}
-
-
-def _post(url: str, body: dict[str, Any]) -> socket.socket:
-    host, port = url.removeprefix("http://").split(":")
-    sock = socket.create_connection((host, int(port)))
-    data = json.dumps(body).encode()
-    sock.sendall(
-        b"POST /v1/responses HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        b"Content-Length: %d\r\n\r\n%s" % (len(data), data)
-    )
-    return sock
 
 
 def _until(done: Any) -> None:
@@ -53,7 +40,7 @@ def test_a_vanished_client_aborts_its_request(make_server: Any, stream: bool) ->
 
     srv.engine.add_event_listener(on_event)
     runner.hold_after(3)  # the request's later steps wait until released
-    sock = _post(srv.url, {**LONG, "stream": stream})
+    sock = open_post(srv.url, "/v1/responses", {**LONG, "stream": stream})
     if stream:
         seen = b""
         while b"response.output_text.delta" not in seen:

@@ -17,7 +17,7 @@ from openai import OpenAI
 from openai.types.responses import Response
 from troupe.gateway.state import GatewaySettings
 
-from tests.gateway.conftest import BASE_CONFIG, ServerThread
+from tests.gateway.conftest import BASE_CONFIG, ServerThread, openai_client
 
 SCHEMA = {
     "type": "object",
@@ -29,7 +29,7 @@ GREEDY: dict[str, Any] = {"temperature": 0, "max_output_tokens": 8}
 
 @pytest.fixture(scope="module")
 def client(server: ServerThread) -> OpenAI:
-    return OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=60)
+    return openai_client(server.url, timeout=60)
 
 
 def _chat(client: OpenAI, messages: list[dict[str, str]], max_tokens: int) -> Any:

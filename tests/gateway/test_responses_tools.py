@@ -16,10 +16,10 @@ import pytest
 from openai import OpenAI
 from openai.types.responses import Response
 from troupe.gateway.state import GatewaySettings
-from troupe.gpu.fake_runner import FakeRunner
 
-from tests.gateway.conftest import BASE_CONFIG, ServerThread
-from tests.gateway.scripted_runner import ScriptedRunner, say, template_model
+from tests.gateway.conftest import ServerThread, openai_client, scripted_server
+from tests.gateway.scripted_runner import say, template_model
+from tests.gateway.test_tool_auto_http import CALL, MESSAGES
 from tests.gateway.test_tool_auto_http import TOOLS as CHAT_TOOLS
 
 TEMPLATE = """\
@@ -52,23 +52,20 @@ TOOLS: Any = [
         },
     }
 ]
-QUESTION = "Weather in Paris?"
-CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+QUESTION = MESSAGES[0]["content"]
 
 
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
     folder = template_model(tmp_path_factory.mktemp("responses-model"), TEMPLATE)
-    config = BASE_CONFIG.replace(model=str(folder))
-    runner = ScriptedRunner(FakeRunner.from_config(config))
-    server = ServerThread(config, GatewaySettings(reasoning_parser="qwen3"), runner=runner)
+    server = scripted_server(folder, GatewaySettings(reasoning_parser="qwen3"))
     yield server.start()
     server.shutdown()
 
 
 @pytest.fixture
 def client(srv: ServerThread) -> OpenAI:
-    return OpenAI(base_url=f"{srv.url}/v1", api_key="unused", max_retries=0, timeout=30)
+    return openai_client(srv.url)
 
 
 def _prompt_tokens(srv: ServerThread, messages: list[dict[str, str]], **kwargs: Any) -> int:

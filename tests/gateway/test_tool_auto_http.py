@@ -13,10 +13,9 @@ import openai
 import pytest
 from openai import OpenAI
 from troupe.gateway.state import GatewaySettings
-from troupe.gpu.fake_runner import FakeRunner
 
-from tests.gateway.conftest import BASE_CONFIG, ServerThread
-from tests.gateway.scripted_runner import ScriptedRunner, say, template_model
+from tests.gateway.conftest import BASE_CONFIG, ServerThread, openai_client, scripted_server
+from tests.gateway.scripted_runner import say, template_model
 
 HERMES_TEMPLATE = """\
 {%- if tools %}<|im_start|>system
@@ -55,15 +54,13 @@ CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</
 @pytest.fixture(scope="module")
 def hermes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
     folder = template_model(tmp_path_factory.mktemp("hermes-model"), HERMES_TEMPLATE)
-    engine_config = BASE_CONFIG.replace(model=str(folder))
-    runner = ScriptedRunner(FakeRunner.from_config(engine_config))
-    srv = ServerThread(engine_config, GatewaySettings(), runner=runner).start()
+    srv = scripted_server(folder, GatewaySettings()).start()
     yield srv
     srv.shutdown()
 
 
 def _client(server: ServerThread) -> OpenAI:
-    return OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=30)
+    return openai_client(server.url)
 
 
 def test_the_tools_reach_the_prompt(hermes: ServerThread) -> None:

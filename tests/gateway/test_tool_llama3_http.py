@@ -19,10 +19,9 @@ from troupe.config import ConfigError
 from troupe.gateway.server import add_serve_arguments
 from troupe.gateway.settings import settings_from_args
 from troupe.gateway.state import GatewaySettings
-from troupe.gpu.fake_runner import FakeRunner
 
-from tests.gateway.conftest import BASE_CONFIG, ServerThread
-from tests.gateway.scripted_runner import ScriptedRunner, say, template_model
+from tests.gateway.conftest import BASE_CONFIG, ServerThread, openai_client, scripted_server
+from tests.gateway.scripted_runner import say, template_model
 
 LLAMA_TEMPLATE = """\
 {%- if tools %}<|im_start|>system
@@ -63,16 +62,13 @@ def llama_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def llama(llama_model: Path) -> Iterator[ServerThread]:
-    engine_config = BASE_CONFIG.replace(model=str(llama_model))
-    runner = ScriptedRunner(FakeRunner.from_config(engine_config))
-    settings = GatewaySettings(tool_call_parser="llama3_json")
-    srv = ServerThread(engine_config, settings, runner=runner).start()
+    srv = scripted_server(llama_model, GatewaySettings(tool_call_parser="llama3_json")).start()
     yield srv
     srv.shutdown()
 
 
 def _client(server: ServerThread) -> OpenAI:
-    return OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=30)
+    return openai_client(server.url)
 
 
 def _whole(server: ServerThread, text: str) -> tuple[str | None, list[tuple[str, Any]], str]:
