@@ -5,6 +5,7 @@ then fewer slots than adapters, which the scheduler runs by turns).
 
     python -m troupe.ops.lora_bench                        # the default model on the CPU
     python -m troupe.ops.lora_bench --model PATH --device cuda --num-requests 256
+    python -m troupe.ops.lora_bench --runner fake         # the actors alone (adapters unread)
 
 Each scenario sends `--num-requests` requests at once (`--prompt-len` random ids, each a fresh
 prompt, greedy, `--max-tokens` tokens, EOS ignored) `--repeats` times, after a warm-up; prints
@@ -61,6 +62,7 @@ def run(
     """(seconds, median TTFT) per repeat of the requests, adapter i % len(adapters) each."""
     import anyio
     from troupe import Engine, SamplingParams
+    from troupe.messages import Finished
 
     out: list[tuple[float, float]] = []
 
@@ -87,10 +89,15 @@ def run(
                         ignore_eos=True,
                         lora=adapters[i % len(adapters)],
                     )
-                    first = None
-                    async for _event in engine.generate(prompt, params):
+                    first, last = None, None
+                    async for event in engine.generate(prompt, params):
                         if first is None:
                             first = time.perf_counter() - start
+                        last = event
+                    if not isinstance(last, Finished) or last.usage.completion_tokens != (
+                        args.max_tokens
+                    ):
+                        raise RuntimeError(f"{params.lora}: the request did not finish: {last}")
                     ttfts.append(first or 0.0)
 
                 async with anyio.create_task_group() as tg:
@@ -112,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default=None)
     parser.add_argument("--device", default="auto")
+    parser.add_argument("--runner", choices=("model", "fake"), default="model")
     parser.add_argument("--num-requests", type=int, default=16)
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--max-tokens", type=int, default=64)
@@ -119,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args(argv)
-    base = EngineConfig(model=args.model, device=args.device)
+    base = EngineConfig(model=args.model, device=args.device, runner=args.runner)
     with tempfile.TemporaryDirectory() as tmp:
         entries = write_adapters(args.model, Path(tmp), args.num_adapters, args.rank)
         names: list[str | None] = [e.split("=", 1)[0] for e in entries]
