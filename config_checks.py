@@ -41,8 +41,12 @@ def check_disaggregation(config: EngineConfig) -> None:
             raise ConfigError(f"{name} must be an integer >= 0, got {value!r}")
 
 
-# An adapter's name: what a request sends as SamplingParams.lora or as its HTTP `model`
-_LORA_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}")
+# An adapter's name: what a request sends as SamplingParams.lora or as its HTTP `model` ('#'
+# never: a reloaded adapter runs inside the engine as name#2, actors/lora_registry.py)
+LORA_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}")
+LORA_NAME_RULE = (
+    "1-128 characters of letters, digits and . _ : / - (starting with a letter or digit)"
+)
 MAX_LORA_RANK = 512
 
 
@@ -58,11 +62,8 @@ def check_lora(config: EngineConfig) -> None:
         name, sep, path = entry.partition("=") if isinstance(entry, str) else ("", "", "")
         if not sep or not path:
             raise ConfigError(f"lora_modules entries are 'name=path', got {entry!r}")
-        if not _LORA_NAME.fullmatch(name):
-            raise ConfigError(
-                f"lora_modules: adapter name {name!r} must be 1-128 characters of letters, "
-                "digits and . _ : / - (starting with a letter or digit)"
-            )
+        if not LORA_NAME.fullmatch(name):
+            raise ConfigError(f"lora_modules: adapter name {name!r} must be {LORA_NAME_RULE}")
         if name in names:
             raise ConfigError(f"lora_modules: adapter name {name!r} is given twice")
         names.add(name)

@@ -15,7 +15,6 @@ from contextlib import ExitStack, asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 import anyio
-import msgspec
 import structlog
 from anyio.abc import TaskGroup, TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream
@@ -362,11 +361,11 @@ class Engine:
         if request_id in self._streams:
             message = f"request_id {request_id!r} is already in use"
             return self._reject_here(request_id, RejectCode.INVALID_REQUEST, "request_id", message)
-        admitted = self.loras.admit(request_id, request.params)
+        admitted = self.loras.admit(request)
         if isinstance(admitted, str):
             return self._reject_here(request_id, RejectCode.INVALID_REQUEST, "lora", admitted)
-        log.debug("request received", request_id=request_id, max_tokens=admitted.max_tokens)
-        return msgspec.structs.replace(request, params=admitted)
+        log.debug("request received", request_id=request_id, max_tokens=request.params.max_tokens)
+        return admitted
 
     async def _send_request(self, request: GenerateRequest) -> None:
         assert self._to_tokenizer is not None

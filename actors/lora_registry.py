@@ -20,18 +20,17 @@ weights; a runner without adapters (the fake one) takes the names alone.
 
 from __future__ import annotations
 
-import re
 from typing import TYPE_CHECKING
 
 import anyio
 import msgspec
 from troupe.config import EngineConfig
-from troupe.messages import LoraErrorCode, SamplingParams
+from troupe.config_checks import LORA_NAME, LORA_NAME_RULE
+from troupe.messages import GenerateRequest, LoraErrorCode
 
 if TYPE_CHECKING:
     from troupe.gpu.lora_runtime import LoraRuntime
 
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}")  # config_checks' rule, '#' never
 
 
 def public_name(inside: str) -> str:
@@ -66,20 +65,22 @@ class LoraRegistry:
         """Folder by public name, of the adapters a request may name now."""
         return {name: path for name, (_, path) in self._adapters.items()}
 
-    def admit(self, request_id: str, params: SamplingParams) -> SamplingParams | str:
-        """`params` as the engine runs them (the adapter's inside name), counted in flight; or
-        why the request is refused (naming `lora`)."""
-        name = params.lora
+    def admit(self, request: GenerateRequest) -> GenerateRequest | str:
+        """The request as the engine runs it (the adapter's inside name: itself unless
+        reloaded), counted in flight; or why it is refused (naming `lora`)."""
+        params, name = request.params, request.params.lora
         if name is None:
-            return params
+            return request
         entry = self._adapters.get(name)
         if entry is None or name in self._busy:
             known = ", ".join(sorted(self._adapters)) or "none"
             return f"lora: no adapter named {name!r}; this engine serves {known}"
         self._in_flight[name] = self._in_flight.get(name, 0) + 1
-        self._request_adapter[request_id] = name
+        self._request_adapter[request.request_id] = name
         inside = entry[0]
-        return params if inside == name else msgspec.structs.replace(params, lora=inside)
+        if inside == name:
+            return request
+        return msgspec.structs.replace(request, params=msgspec.structs.replace(params, lora=inside))
 
     def ended(self, request_id: str) -> None:
         """The request's terminal event is out (or it never reached the graph)."""
@@ -98,11 +99,10 @@ class LoraRegistry:
                 "LoRA is off: start the engine with enable_lora (or lora_modules)",
                 LoraErrorCode.LORA_DISABLED,
             )
-        if not isinstance(name, str) or not _NAME.fullmatch(name):
+        if not isinstance(name, str) or not LORA_NAME.fullmatch(name):
             raise LoraAdapterError(
                 "lora_name",
-                f"lora_name {name!r} must be 1-128 characters of letters, digits and . _ : / - "
-                "(starting with a letter or digit)",
+                f"lora_name {name!r} must be {LORA_NAME_RULE}",
                 LoraErrorCode.INVALID_VALUE,
             )
         if not isinstance(path, str) or not path:
