@@ -27,6 +27,7 @@ from troupe.gateway.engine_view import add_engine_view
 from troupe.gateway.errors import ApiError, from_http_exception, internal_error
 from troupe.gateway.lora_routes import add_lora_routes
 from troupe.gateway.responses_routes import responses
+from troupe.gateway.responses_stored_routes import add_stored_response_routes
 from troupe.gateway.score_routes import PATHS as SCORE_PATHS
 from troupe.gateway.score_routes import add_score_routes
 from troupe.gateway.state import GATEWAY, Gateway, GatewaySettings
@@ -68,6 +69,7 @@ def build_app(engine: EngineLike, settings: GatewaySettings | None = None) -> we
     app.router.add_post("/v1/completions", openai_routes.completions)
     app.router.add_post("/v1/chat/completions", openai_routes.chat_completions)
     app.router.add_post("/v1/responses", responses)
+    add_stored_response_routes(app)
     app.router.add_post("/v1/embeddings", embeddings)
     app.router.add_get("/v1/ws", websocket)
     add_engine_view(app)
@@ -142,13 +144,15 @@ async def _drain(request: web.Request, handler: Handler) -> web.StreamResponse:
 
 async def health(request: web.Request) -> web.Response:
     """200 while serving; 503 once draining (load balancers stop sending work) or once the
-    engine has failed (a supervisor restarts the process)."""
+    engine has failed (a supervisor restarts the process). `home_id`: what the ids of the
+    responses stored here carry (the router sends their reads here)."""
     gateway = request.app[GATEWAY]
     if not gateway.engine.is_healthy:
         return web.json_response({"status": "failed"}, status=503)
     if gateway.is_draining:
         return web.json_response({"status": "draining"}, status=503)
-    return web.json_response({"status": "ok", "model": gateway.engine.model_name})
+    body = {"status": "ok", "model": gateway.engine.model_name, "home_id": gateway.home_id}
+    return web.json_response(body)
 
 
 async def metrics(request: web.Request) -> web.Response:

@@ -18,6 +18,7 @@ the JSON array of calls the constraint makes the model write (gateway/tool_calls
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from troupe.gateway.errors import invalid
@@ -38,16 +39,21 @@ def input_messages(
     input_: str | list[dict[str, Any]],
     instructions: str | None,
     call_format: ToolParserName | None,
+    history: Sequence[dict[str, Any]] = (),
 ) -> list[dict[str, str]]:
-    """The messages, or a 400 naming the item (`input[i]...`) that cannot be one."""
+    """The messages, or a 400 naming the item (`input[i]...`) that cannot be one. `history`:
+    the items of the response that previous_response_id continues, read before `input` (after
+    `instructions`: an earlier turn's are not carried over)."""
     messages: list[dict[str, str]] = []
     if instructions:
         messages.append({"role": "system", "content": instructions})
     if isinstance(input_, str):
         if not input_:
             raise invalid("input", "'input' must be a non-empty string or list of items")
-        messages.append({"role": "user", "content": input_})
-        return messages
+        if not history:
+            messages.append({"role": "user", "content": input_})
+            return messages
+        input_ = [{"role": "user", "content": input_}]
     if not input_:
         raise invalid("input", "'input' must be a non-empty string or list of items")
     calls: list[FunctionCallItem] = []  # the calls of the assistant turn being read
@@ -64,8 +70,8 @@ def input_messages(
             messages.append({"role": "assistant", "content": text})
         calls.clear()
 
-    for i, raw in enumerate(input_):
-        item = _item(raw, f"input[{i}]")
+    for i, raw in enumerate([*history, *input_]):
+        item = _item(raw, f"input[{i - len(history)}]")  # history's items were checked
         if isinstance(item, FunctionCallItem):
             calls.append(item)
             continue

@@ -6,10 +6,15 @@ structured output `response_format` makes on chat (gateway/structured_requests.p
 and `tool_choice` chat's ToolPlan (gateway/tool_calls.py, gateway/tool_auto.py), and
 SamplingParams.check the ranges (`max_output_tokens` named as the client wrote it).
 
-Not served, each named in a 400: `previous_response_id` and `conversation` (nothing is stored:
-send the conversation in `input`), `background`, `prompt` (templates), `max_tool_calls`,
-`top_logprobs` and the `include` of logprobs. `store` is accepted and ignored (its default is
-true, and nothing is ever stored), as vLLM does without VLLM_ENABLE_RESPONSES_API_STORE.
+`previous_response_id` continues a stored response (gateway/responses_store.py): its input
+items and output are read before `input` (its `instructions` are not, as on OpenAI); an id the
+store does not hold is OpenAI's 400 `previous_response_not_found`. `store` (true unless sent
+false) keeps the answer when the server stores responses (--max-stored-responses), and is
+ignored when it does not, as vLLM ignores it without VLLM_ENABLE_RESPONSES_API_STORE.
+
+Not served, each named in a 400: `conversation` (use previous_response_id, or send the
+conversation in `input`), `background`, `prompt` (templates), `max_tool_calls`,
+`top_logprobs` and the `include` of logprobs.
 """
 
 from __future__ import annotations
@@ -18,11 +23,13 @@ import dataclasses
 from typing import Any
 
 import msgspec
-from troupe.gateway.errors import invalid
+from troupe.gateway.errors import ApiError, invalid
 from troupe.gateway.openai_bodies import convert_field, decode_body
 from troupe.gateway.openai_requests import chat_prompt
 from troupe.gateway.responses_bodies import FunctionChoice, FunctionTool, ResponsesBody
+from troupe.gateway.responses_history import check_unique_ids, stored_items
 from troupe.gateway.responses_input import input_messages
+from troupe.gateway.responses_store import ResponseStore
 from troupe.gateway.structured_requests import checked_spec
 from troupe.gateway.tool_auto import ToolParserName
 from troupe.gateway.tool_calls import (
@@ -42,9 +49,10 @@ _PASSTHROUGH = (
     "repetition_penalty", "ignore_eos", "priority", "skip_special_tokens",
     "include_stop_str_in_output", "min_tokens", "cache_salt",
 )  # fmt: skip
-_STATELESS = (
-    "troupe does not store responses: send the whole conversation in 'input' (an earlier "
-    "answer's output items may be sent back as they came)"
+_NO_CONVERSATIONS = (
+    "troupe keeps no conversation objects: continue a response with previous_response_id, or "
+    "send the whole conversation in 'input' (an earlier answer's output items may be sent back "
+    "as they came)"
 )
 
 
@@ -60,6 +68,8 @@ class ResponsesRequest:
     client_fields: dict[str, str]  # engine field -> the field the client wrote
     echo: dict[str, Any]  # the request's settings, as the response object repeats them
     user: str | None
+    items: list[dict[str, Any]]  # the input items it stores: the earlier turns', then its own
+    is_stored: bool  # store asked for (OpenAI's default) and the server stores responses
 
     def with_lora(self, lora: str | None) -> ResponsesRequest:
         """This request on the LoRA adapter its `model` selects (None: the base model)."""
@@ -69,11 +79,16 @@ class ResponsesRequest:
 
 
 def parse_responses(
-    raw: bytes, *, default_max_tokens: int, tool_parser: ToolParserName | None
+    raw: bytes,
+    *,
+    default_max_tokens: int,
+    tool_parser: ToolParserName | None,
+    store: ResponseStore | None = None,
 ) -> ResponsesRequest:
     """Decode and check a JSON body; raise ApiError(400) naming the first bad field.
     `tool_parser`: the format of the model's tool calls (tool_choice "auto" reads replies in
-    it, and earlier calls in `input` are written in it); None where the template has none."""
+    it, and earlier calls in `input` are written in it); None where the template has none.
+    `store`: the server's stored responses (None: it stores none)."""
     body = decode_body(raw, ResponsesBody)
     _refuse_unsupported(body)
     kw: dict[str, Any] = {k: getattr(body, k) for k in _PASSTHROUGH if getattr(body, k) is not None}
@@ -103,7 +118,13 @@ def parse_responses(
     if body.stream_options is not None and not body.stream:
         raise invalid("stream_options", "stream_options needs stream: true")
 
-    messages = input_messages(body.input, body.instructions, tool_parser)
+    history = _history(body.previous_response_id, store)
+    messages = input_messages(body.input, body.instructions, tool_parser, history)
+    is_stored = store is not None and body.store is not False
+    items: list[dict[str, Any]] = []  # needed only to store or to continue a response
+    if is_stored or history:
+        items = [*history, *stored_items(body.input)]
+        check_unique_ids(items, len(history))
     template_kwargs: dict[str, Any] = {}
     if tools is not None and tools.spec is None:  # "auto": the template shows the tools
         template_kwargs["tools"] = list(tools.tools)
@@ -119,18 +140,33 @@ def parse_responses(
         client_fields=client_fields,
         echo=_echo(body, function_tools, params),
         user=body.user or body.safety_identifier,
+        items=items,
+        is_stored=is_stored,
     )
 
 
-def _refuse_unsupported(body: ResponsesBody) -> None:
-    if body.previous_response_id is not None:
-        raise invalid(
-            "previous_response_id", f"previous_response_id is not supported: {_STATELESS}"
+def _history(previous_response_id: str | None, store: ResponseStore | None) -> list[dict[str, Any]]:
+    """The items a response continuing `previous_response_id` starts from; OpenAI's 400 for
+    an id the store does not hold (never stored, evicted, deleted, or no store at all)."""
+    if previous_response_id is None:
+        return []
+    previous = store.get(previous_response_id) if store is not None else None
+    if previous is None:
+        why = "" if store is not None else " (this server stores no responses)"
+        raise ApiError(
+            400,
+            f"Previous response with id {previous_response_id!r:.100} not found{why}.",
+            param="previous_response_id",
+            code="previous_response_not_found",
         )
+    return previous.context()
+
+
+def _refuse_unsupported(body: ResponsesBody) -> None:
     if body.conversation is not None:
-        raise invalid("conversation", f"conversation is not supported: {_STATELESS}")
+        raise invalid("conversation", f"conversation is not supported: {_NO_CONVERSATIONS}")
     if body.background:
-        raise invalid("background", "background is not supported: troupe stores no responses")
+        raise invalid("background", "background is not supported: every answer runs in its call")
     if body.prompt is not None:
         raise invalid("prompt", "prompt templates are not supported: send 'input'")
     if body.max_tool_calls is not None:
@@ -208,6 +244,7 @@ def _echo(body: ResponsesBody, tools: list[FunctionTool], params: SamplingParams
         "max_output_tokens": body.max_output_tokens,
         "metadata": body.metadata or {},
         "parallel_tool_calls": body.parallel_tool_calls is not False,
+        "previous_response_id": body.previous_response_id,
         "reasoning": msgspec.to_builtins(body.reasoning) if body.reasoning is not None else None,
         "service_tier": body.service_tier or "auto",
         "temperature": params.temperature,

@@ -9,6 +9,13 @@ status, as vLLM's does ("incomplete" with incomplete_details when max_output_tok
 so the client's stream helpers end it; an engine failure mid-stream is an `error` event.
 Errors before the answer starts are chat's: a 400 naming the field, 404 for an unknown model,
 the engine's rejection with its status. A client that goes away aborts the request.
+
+With `store` (and a server that stores responses), the answer is stored when the engine
+finishes it (gateway/responses_store.py): the response object a streamed answer's
+response.completed carries, the same JSON a whole answer is. An answer that never finishes
+(its client went away, the engine failed, a reader too slow was cut off) is not stored, so a
+stored response is always a finished one ("completed", or "incomplete" when
+max_output_tokens ran out), never a fragment. GET/DELETE: gateway/responses_stored_routes.py.
 """
 
 from __future__ import annotations
@@ -26,9 +33,10 @@ from troupe.gateway.errors import ApiError, error_for_event, invalid
 from troupe.gateway.http_body import read_json_body
 from troupe.gateway.outbox import Outbox, Overflow
 from troupe.gateway.pump import pump
-from troupe.gateway.responses_objects import ResponseShape, new_id
+from troupe.gateway.responses_objects import ResponseShape
 from troupe.gateway.responses_output import Event, OutputAssembler
 from troupe.gateway.responses_requests import ResponsesRequest, parse_responses
+from troupe.gateway.responses_store import StoredResponse, new_response_id
 from troupe.gateway.served_models import ServedModels
 from troupe.gateway.sse_writer import first_event, serve_sse
 from troupe.gateway.state import GATEWAY, Gateway
@@ -60,7 +68,7 @@ async def responses(request: web.Request) -> web.StreamResponse:
         first = await first_event(events, call.req.client_fields)
 
         async def fill(outbox: Outbox, on_overflow: Callable[[], None]) -> None:
-            await _pump_events(events, first, call.assembler, outbox, on_overflow)
+            await _pump_events(events, first, call, outbox, on_overflow, gateway)
 
         return await serve_sse(request, gateway.settings, fill, call.id)
     finally:
@@ -91,10 +99,15 @@ def _prepare(gateway: Gateway, raw: bytes) -> _Call:
     settings = gateway.settings
     tool_parser = auto_tool_parser(settings.tool_call_parser, engine.tokenizer.chat_template)
     # Answers run to the end of the context unless capped (the engine clips at max_model_len).
-    req = parse_responses(raw, default_max_tokens=engine.max_model_len, tool_parser=tool_parser)
+    req = parse_responses(
+        raw,
+        default_max_tokens=engine.max_model_len,
+        tool_parser=tool_parser,
+        store=gateway.responses,
+    )
     served = ServedModels.of(engine)
     req = req.with_lora(served.lora_for(req.model))
-    response_id = new_id("resp")
+    response_id = new_response_id(gateway.home_id)
     if req.user is not None:
         log.debug("request from a named user", request_id=response_id, user=req.user)
     parser = settings.reasoning_parser
@@ -115,25 +128,43 @@ async def _answer(gateway: Gateway, call: _Call) -> dict[str, Any]:
                     raise error_for_event(event, call.req.client_fields)
                 call.assembler.feed(event)
                 if call.assembler.response is not None:
+                    _keep(gateway, call)
                     return call.assembler.response
         raise ApiError(500, "the engine ended the stream without a terminal event")
     finally:
         gateway.stream_closed()
 
 
+def _keep(gateway: Gateway, call: _Call) -> None:
+    """Store a finished answer when its request asked for it (and the server stores)."""
+    store, response = gateway.responses, call.assembler.response
+    if store is None or not call.req.is_stored or response is None:
+        return
+    entry = StoredResponse(
+        response_id=call.id, response=_json.encode(response), items=_json.encode(call.req.items)
+    )
+    if not store.put(entry):
+        log.info("response too large to store", request_id=call.id, num_bytes=entry.num_bytes)
+
+
 async def _pump_events(
     events: Any,
     first: StreamEvent,
-    assembler: OutputAssembler,
+    call: _Call,
     outbox: Outbox,
     on_overflow: Callable[[], None],
+    gateway: Gateway,
 ) -> None:
+    assembler = call.assembler
     for event in assembler.start():
         outbox.put(_frame(event))
 
     def encode(event: StreamEvent) -> list[str]:
         if isinstance(event, Delta | Finished):
-            return [_frame(e) for e in assembler.feed(event)]
+            frames = [_frame(e) for e in assembler.feed(event)]
+            if isinstance(event, Finished):
+                _keep(gateway, call)
+            return frames
         return [_frame(e) for e in assembler.fail(error_for_event(event))]
 
     try:

@@ -4,6 +4,9 @@
          /v1/responses, /v1/embeddings,          on its prompt (gateway/router_keys.py) and its
          /v1/score, /score, /v1/rerank,          streams' ends known (gateway/router_streams.py)
          /rerank, /v2/rerank
+    GET  /v1/responses/{id}[/input_items],       to the replica storing the response
+    DELETE /v1/responses/{id}                    (gateway/router_stored.py; so does a create
+                                                 with previous_response_id)
     GET  /v1/models                              what every up replica lists, and
     POST /v1/load_lora_adapter,                  sent to every up replica
          /v1/unload_lora_adapter                 (gateway/router_loras.py)
@@ -32,6 +35,7 @@ from troupe.gateway.router_metrics import render_metrics
 from troupe.gateway.router_proxy import ROUTER, SESSION, Endpoint, Handler, proxy_to
 from troupe.gateway.router_replicas import ReplicaSet
 from troupe.gateway.router_settings import RouterSettings
+from troupe.gateway.router_stored import add_stored_routes, previous_response
 from troupe.gateway.router_streams import RESPONSES_EVENTS
 
 log = structlog.get_logger("troupe.router")
@@ -40,7 +44,7 @@ _SCORE, _RERANK = Endpoint(field_text("text_1")), Endpoint(field_text("query"))
 PROXIED = {
     "/v1/completions": Endpoint(field_text("prompt")),
     "/v1/chat/completions": Endpoint(messages_text),
-    "/v1/responses": Endpoint(responses_text, RESPONSES_EVENTS),
+    "/v1/responses": Endpoint(responses_text, RESPONSES_EVENTS, previous_response),
     "/v1/embeddings": Endpoint(field_text("input")),
     "/v1/score": _SCORE,
     "/score": _SCORE,
@@ -57,6 +61,7 @@ def build_router_app(replicas: ReplicaSet, session: aiohttp.ClientSession) -> we
     app[SESSION] = session
     for path, endpoint in PROXIED.items():
         app.router.add_post(path, proxy_to(endpoint))
+    add_stored_routes(app)
     add_lora_routes(app)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)

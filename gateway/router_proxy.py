@@ -12,6 +12,13 @@ without its endpoint's end (`data: [DONE]`; a Responses stream's `response.compl
 replica is marked down; a JSON answer cut short is a 502; no replica up is a 503 naming how
 many are configured and which are down. A client that goes away closes the replica's
 connection, which aborts the request there.
+
+A stored response lives on the replica that made it (its id names that replica's home:
+gateway/responses_store.py). A request that must meet it, a create with
+`previous_response_id` (the endpoint's `stored`) or a read of it (gateway/router_stored.py),
+goes to that replica whatever the policy would say, and only there: when it is down or fails
+before answering, the answer is a 503 naming it. An id no replica's home is in goes the
+policy's way (a create) and the replica answers that it holds no such response.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import contextlib
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
 from aiohttp import web
@@ -38,6 +46,8 @@ SESSION = web.AppKey("router_session", aiohttp.ClientSession)
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+# The stored response a request body continues (previous_response_id), if any
+StoredRef = Callable[[dict[str, Any]], str | None]
 
 
 @dataclass(frozen=True)
@@ -46,6 +56,7 @@ class Endpoint:
 
     text: KeyText
     stream: StreamFormat = DONE_SENTINEL
+    stored: StoredRef | None = None
 
 
 class _TryAnother(Exception):
@@ -69,6 +80,11 @@ async def proxy(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
         parsed = json.loads(body)
     except ValueError:
         parsed = None  # the replica answers the 400
+    if endpoint.stored is not None and isinstance(parsed, dict):
+        response_id = endpoint.stored(parsed)
+        holder = replicas.holder_of(response_id) if response_id is not None else None
+        if response_id is not None and holder is not None:
+            return await proxy_to_holder(request, response_id, holder, body, endpoint.stream)
     key = routing_key(parsed, endpoint.text)
     headers = {k: v for k in _FORWARDED if (v := request.headers.get(k)) is not None}
     tried: set[int] = set()
@@ -87,6 +103,27 @@ async def proxy(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
             replicas.release(replica)
 
 
+async def proxy_to_holder(
+    request: web.Request, response_id: str, holder: Replica, body: bytes, stream: StreamFormat
+) -> web.StreamResponse:
+    """Send a request to the replica holding stored response `response_id`, and only there."""
+    replicas = request.app[ROUTER]
+    if holder.is_up:
+        headers = {k: v for k in _FORWARDED if (v := request.headers.get(k)) is not None}
+        replicas.take(holder)
+        try:
+            return await _forward(request, holder, body, headers, stream)
+        except _TryAnother:
+            pass
+        finally:
+            replicas.release(holder)
+    message = (
+        f"the replica that stores response {response_id!r:.100} ({holder.url}) is down or "
+        "refused the request, and the response is only there"
+    )
+    raise ApiError(503, message, code="replica_unavailable", headers={"Retry-After": "1"})
+
+
 async def _forward(
     request: web.Request,
     replica: Replica,
@@ -95,10 +132,11 @@ async def _forward(
     stream: StreamFormat,
 ) -> web.StreamResponse:
     replicas, session = request.app[ROUTER], request.app[SESSION]
-    url = f"{replica.url}{request.path}"
+    url = f"{replica.url}{request.rel_url}"  # the path and its query
     async with contextlib.AsyncExitStack() as stack:
         try:
-            resp = await stack.enter_async_context(session.post(url, data=body, headers=headers))
+            answer = session.request(request.method, url, data=body, headers=headers)
+            resp = await stack.enter_async_context(answer)
         except _READ_ERRORS as exc:
             replicas.fail(replica, f"request failed: {exc!r}")
             raise _TryAnother from exc

@@ -5,16 +5,22 @@
 proxied request finds it refusing connections or cutting a stream (the health loop brings it
 back). A 503 to a proxied request (draining, failed, or only at its connection cap) triggers a
 health check at once, which decides. Only replicas that are up get traffic.
+
+`/health` also names the replica's `home_id`, which the ids of the responses it stores carry
+(gateway/responses_store.py): `holder_of(response_id)` is the replica holding a stored response.
+A replica that restarts has a new one (its store is gone), learnt at its next health check.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from dataclasses import dataclass
 
 import aiohttp
 import structlog
+from troupe.gateway.responses_store import home_of
 from troupe.gateway.router_policy import CacheAwarePolicy, Route, RouteReason
 from troupe.gateway.router_settings import RouterSettings
 
@@ -32,6 +38,7 @@ class Replica:
     num_routed: int = 0
     num_prefix_hits: int = 0
     num_failures: int = 0  # refused connections, 503s, streams cut by the replica
+    home_id: str | None = None  # its /health's, kept while it is down
 
 
 class NoReplicaUp(Exception):
@@ -65,6 +72,19 @@ class ReplicaSet:
         replica.num_in_flight += 1
         return replica
 
+    def take(self, replica: Replica) -> None:
+        """Count a request sent to `replica` by its home (no policy choice) in flight."""
+        replica.num_routed += 1
+        replica.num_in_flight += 1
+
+    def holder_of(self, response_id: str) -> Replica | None:
+        """The replica whose store holds `response_id` (up or not); None when no replica's
+        home id is in it."""
+        home = home_of(response_id)
+        if home is None:
+            return None
+        return next((r for r in self.replicas if r.home_id == home), None)
+
     def release(self, replica: Replica) -> None:
         replica.num_in_flight -= 1
 
@@ -94,9 +114,12 @@ class ReplicaSet:
         try:
             async with session.get(f"{replica.url}/health", timeout=timeout) as resp:
                 status = resp.status
+                text = await resp.read() if status == 200 else b""
         except (aiohttp.ClientError, TimeoutError) as exc:
             self.mark(replica, False, f"health check failed: {exc!r}")
             return
+        if status == 200:
+            replica.home_id = _home_id(text)
         self.mark(replica, status == 200, f"/health answered {status}")
 
     async def run_health_checks(self, session: aiohttp.ClientSession) -> None:
@@ -105,3 +128,14 @@ class ReplicaSet:
             await asyncio.sleep(self.settings.health_check_interval_s)
             with contextlib.suppress(Exception):  # one bad round must not stop the loop
                 await self.check_all(session)
+
+
+def _home_id(health: bytes) -> str | None:
+    """The `home_id` of a /health answer (None: not a troupe gateway's, or one that stores
+    no responses under a home)."""
+    try:
+        body = json.loads(health)
+    except ValueError:
+        return None
+    home = body.get("home_id") if isinstance(body, dict) else None
+    return home if isinstance(home, str) else None

@@ -89,6 +89,18 @@ class GatewaySettings:
         "template (vLLM's flag): hermes (<tool_call> tags), llama3_json (Llama 3.x's JSON "
         'calls); unset: hermes where the template defines it, else "auto" is refused',
     )
+    max_stored_responses: int = _knob(
+        0,
+        "/v1/responses: keep up to this many answers (store: true, OpenAI's default) in this "
+        "process's memory, the oldest evicted first, for previous_response_id and GET/DELETE "
+        "/v1/responses/{id} (and its /input_items); 0 stores none and ignores store, as vLLM "
+        "does without VLLM_ENABLE_RESPONSES_API_STORE",
+    )
+    max_stored_response_bytes: int = _knob(
+        64 * 1024 * 1024,
+        "with --max-stored-responses: the stored answers' JSON (each with its whole "
+        "conversation) in bytes, the oldest evicted first; an answer larger alone is not kept",
+    )
     ws_heartbeat: float | None = _knob(
         30.0, "seconds between websocket pings; a dead peer is noticed and its requests aborted"
     )
@@ -115,9 +127,14 @@ class GatewaySettings:
             "ws_max_requests",
             "max_prompts_per_request",
             "max_embedding_inputs",
+            "max_stored_response_bytes",
         ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_stored_responses < 0:
+            raise ConfigError(
+                f"max_stored_responses must be >= 0 (0: none), got {self.max_stored_responses}"
+            )
         timeouts = ("body_timeout", "header_timeout", "keepalive_timeout", "slow_client_grace")
         for name in (*timeouts, "ws_heartbeat"):
             value = getattr(self, name)

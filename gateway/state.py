@@ -1,4 +1,5 @@
-"""What one gateway app holds: the engine, its settings, metrics, and the drain state."""
+"""What one gateway app holds: the engine, its settings, metrics, the drain state, and the
+stored responses."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import weakref
 from aiohttp import web
 from troupe.gateway.engine_api import EngineLike
 from troupe.gateway.metrics import GatewayMetrics
+from troupe.gateway.responses_store import ResponseStore, new_home_id
 from troupe.gateway.settings import GatewaySettings
 
 
@@ -24,6 +26,15 @@ class Gateway:
         self._idle = asyncio.Event()
         self._idle.set()
         self.websockets: weakref.WeakSet[web.WebSocketResponse] = weakref.WeakSet()
+        # Stored /v1/responses answers (None: --max-stored-responses 0), and the id their ids
+        # carry so the router finds them here (shown on /health)
+        self.responses: ResponseStore | None = None
+        if settings.max_stored_responses > 0:
+            self.responses = ResponseStore(
+                max_entries=settings.max_stored_responses,
+                max_bytes=settings.max_stored_response_bytes,
+            )
+        self.home_id = new_home_id()
 
     def stream_opened(self) -> None:
         self.num_streams += 1

@@ -59,7 +59,10 @@ async def test_health(server) -> None:  # type: ignore[no-untyped-def]
     async with aiohttp.ClientSession() as http:
         async with http.get(f"{server.url}/health") as resp:
             assert resp.status == 200
-            assert await resp.json() == {"status": "ok", "model": server.engine.model_name}
+            body = await resp.json()
+            assert body == {"status": "ok", "model": server.engine.model_name,
+                            "home_id": server.gateway.home_id}  # fmt: skip
+            assert len(body["home_id"]) == 12  # what its stored responses' ids carry
 
 
 @pytest.mark.parametrize(
