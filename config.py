@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Literal, get_args, get_origin
 
 from troupe.config_checks import ConfigError as ConfigError  # its home; imported from here
-from troupe.config_checks import check_disaggregation, check_lora
+from troupe.config_checks import check_disaggregation, check_generation_config, check_lora
 from troupe.kernels.ops import KernelBackend
 from troupe.policies.preemption import PREEMPTION_POLICIES
 from troupe.policies.queue import QUEUE_POLICIES
@@ -44,6 +44,12 @@ class EngineConfig:
     # The chat template to use instead of the model's (vLLM's --chat-template): a .jinja file's
     # path or the template's text; None: the model's own (actors/core/tokenizer_files.py)
     chat_template: str | None = None
+    # The sampling defaults of requests that leave a field unset (vLLM's --generation-config):
+    # "auto" the model's generation_config.json (a GGUF's general.sampling.* keys), "vllm"
+    # none, or a folder with a generation_config.json; override_generation_config's keys
+    # (e.g. {"temperature": 0.5}) on top. actors/generation_defaults.py
+    generation_config: str = "auto"
+    override_generation_config: dict[str, float | int] | None = None
     runner: Literal["model", "fake"] = "model"  # "fake": deterministic fake model (tests, benches)
     device: Literal["auto", "cpu", "cuda"] = "auto"
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
@@ -273,6 +279,7 @@ class EngineConfig:
         if isinstance(self.lora_modules, list):  # from JSON (a trace's config, ops/replay.py)
             object.__setattr__(self, "lora_modules", tuple(self.lora_modules))
         check_lora(self)
+        check_generation_config(self)
         if not isinstance(self.enable_overlap_schedule, bool):
             raise ConfigError(
                 f"enable_overlap_schedule must be a bool, got {self.enable_overlap_schedule!r}"

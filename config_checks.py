@@ -1,10 +1,14 @@
 """EngineConfig's checks of features that combine with only some others: ConfigError, and the
-rules of prefill/decode disaggregation and of LoRA adapters (config.py calls them)."""
+rules of prefill/decode disaggregation, of LoRA adapters and of the generation config's
+sampling defaults (config.py calls them)."""
 
 from __future__ import annotations
 
 import re
 from typing import TYPE_CHECKING
+
+from troupe.messages.sampling import ParamError
+from troupe.messages.sampling_defaults import GENERATION_CONFIG_KEYS, SamplingDefaults
 
 if TYPE_CHECKING:
     from troupe.config import EngineConfig
@@ -77,3 +81,32 @@ def check_lora(config: EngineConfig) -> None:
             f"tensor_parallel_size must be 1 with lora_modules (LoRA adapters are not sharded), "
             f"got {config.tensor_parallel_size}"
         )
+
+
+def check_generation_config(config: EngineConfig) -> None:
+    """ConfigError naming generation_config or override_generation_config: the mode is "auto",
+    "vllm" or a path; the override's keys are generation_config keys that set a sampling
+    default, with values SamplingParams accepts."""
+    mode = config.generation_config
+    if not isinstance(mode, str) or not mode.strip():
+        raise ConfigError(
+            f"generation_config must be 'auto', 'vllm' or a folder's path, got {mode!r}"
+        )
+    override = config.override_generation_config
+    if override is None:
+        return
+    if not isinstance(override, dict):
+        raise ConfigError(
+            f"override_generation_config must be a JSON object such as "
+            f'{{"temperature": 0.5}}, got {override!r}'
+        )
+    for key in override:
+        if key not in GENERATION_CONFIG_KEYS:
+            raise ConfigError(
+                f"override_generation_config: {key!r} is not a sampling default; "
+                f"the keys are {', '.join(GENERATION_CONFIG_KEYS)}"
+            )
+    try:
+        SamplingDefaults.from_generation_config(override)
+    except ParamError as exc:
+        raise ConfigError(f"override_generation_config: {exc}") from None

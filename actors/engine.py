@@ -18,6 +18,7 @@ import anyio
 import structlog
 from anyio.abc import TaskGroup, TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream
+from troupe.actors import startup
 from troupe.actors.client_streams import ClientStreams, EventListener
 from troupe.actors.core.executor import ExecutorCore
 from troupe.actors.engine_stopped import EngineStopped as EngineStopped  # the engine's API
@@ -27,12 +28,6 @@ from troupe.actors.lora_registry import LoraRegistry
 from troupe.actors.request_input import RequestInputError, to_generate_request
 from troupe.actors.request_log import log_end
 from troupe.actors.shell import Actor, Outbox
-from troupe.actors.startup import (
-    close_engine_parts,
-    close_failed_start,
-    load_engine_parts,
-    open_trace,
-)
 from troupe.actors.switch_interval import switch_interval
 from troupe.actors.watchdog import watch_executor
 from troupe.actors.wiring import wire
@@ -51,6 +46,7 @@ from troupe.messages import (
     StreamEvent,
 )
 from troupe.messages.graph_stats import GraphStats
+from troupe.messages.sampling_defaults import NO_DEFAULTS
 
 if TYPE_CHECKING:
     from troupe.gpu.runner import Runner
@@ -69,6 +65,7 @@ class Engine:
         self.model_name = ""
         self.max_model_len = 0
         self.eos_token_ids: tuple[int, ...] = ()  # the model's, once loaded
+        self.sampling_defaults = NO_DEFAULTS  # for what a request leaves unset; once read
         self.tokenizer: Any = None
         self.error: BaseException | None = None
         self._streams = ClientStreams(config.max_stream_buffer)
@@ -154,8 +151,8 @@ class Engine:
         config = self.config
         if not structlog.is_configured():  # an app that set up structlog keeps its own set-up
             configure_logging(config.log_format, config.log_level)
-        setup, self.tokenizer = await anyio.to_thread.run_sync(
-            load_engine_parts, config, self._injected_runner
+        setup, self.tokenizer, self.sampling_defaults = await anyio.to_thread.run_sync(
+            startup.load_engine_parts, config, self._injected_runner
         )
         config = setup.config  # max_num_batched_tokens resolved for the device
         self.model_name = setup.model_name
@@ -164,10 +161,10 @@ class Engine:
         self._vocab_size = setup.numbers.vocab_size
         tracer = None
         try:  # a bad trace path, a core that refuses the config: the runner is closed all the same
-            tracer = open_trace(setup)
+            tracer = startup.open_trace(setup)
             graph = wire(setup.graph_specs(), setup.graph_inputs(self.tokenizer), tracer)
         except BaseException:
-            await close_failed_start(setup, tracer)
+            await startup.close_failed_start(setup, tracer)
             raise
         self._actors = list(graph.actors)
         self._client_inbox = graph.client_inbox
@@ -199,7 +196,7 @@ class Engine:
                 await graph.to_tokenizer.aclose()
                 if tracer is not None:
                     tracer.close()
-                await close_engine_parts(setup, graph.actors)
+                await startup.close_engine_parts(setup, graph.actors)
             self._stopped.set()
 
     async def _route(self, inbox: Any) -> None:

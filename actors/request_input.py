@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import msgspec
+from troupe.actors.core.chat_messages import ChatMessageError, check_chat_messages
 from troupe.messages import ChatMessage, ChatPrompt, GenerateRequest, ParamError, SamplingParams
 
 
@@ -20,6 +21,7 @@ class RequestInputError(ValueError):
 
 _PATH = re.compile(r"at `\$\.?([A-Za-z_][\w]*)")
 _UNKNOWN = re.compile(r"unknown field `([^`]+)`")
+_MISSING = re.compile(r"missing required field `([^`]+)`")
 
 
 def _field_of(exc: msgspec.ValidationError, default: str) -> str:
@@ -109,6 +111,8 @@ def to_generate_request(
 
 
 def _chat_messages(items: Sequence[Any]) -> tuple[ChatMessage, ...]:
+    """ChatMessages, or dicts in OpenAI's shape (tool_calls with `arguments` text included);
+    RequestInputError names the field at fault (`messages[2].tool_calls[0].function.name`)."""
     messages = []
     for index, item in enumerate(items):
         if isinstance(item, ChatMessage):
@@ -117,8 +121,25 @@ def _chat_messages(items: Sequence[Any]) -> tuple[ChatMessage, ...]:
         try:
             messages.append(msgspec.convert(item, ChatMessage))
         except msgspec.ValidationError as exc:
-            raise RequestInputError("messages", f"messages[{index}] is invalid: {exc}") from exc
+            field = f"messages[{index}]{_message_path(exc)}"
+            raise RequestInputError(field, f"{field} is invalid: {exc}") from exc
+    try:
+        check_chat_messages(messages)
+    except ChatMessageError as exc:
+        raise RequestInputError(exc.field, str(exc)) from None
     return tuple(messages)
+
+
+_MESSAGE_PATH = re.compile(r" - at `\$([^`]*)`$")
+
+
+def _message_path(exc: msgspec.ValidationError) -> str:
+    """The path inside one message that msgspec's error names (`.tool_calls[0].id`)."""
+    text = str(exc)
+    match = _MESSAGE_PATH.search(text)
+    path = match.group(1) if match else ""
+    named = _UNKNOWN.search(text) or _MISSING.search(text)
+    return f"{path}.{named.group(1)}" if named else path
 
 
 # what the renderer passes itself (a template variable of these names would be overwritten)

@@ -1,6 +1,6 @@
-"""What Engine.open waits for before it wires the graph: the runner and the tokenizer, loaded
-side by side (blocking: run it in a worker thread); and what the engine closes once its actors
-have stopped.
+"""What Engine.open waits for before it wires the graph: the runner and the tokenizer (and the
+requests' sampling defaults, actors/generation_defaults.py), loaded side by side (blocking: run
+it in a worker thread); and what the engine closes once its actors have stopped.
 
 The model load spends much of its time in torch ops that release the GIL (the int4 repacking,
 fbgemm's prepack of the int8 lm_head), so on a machine with a second core the tokenizer, and
@@ -21,11 +21,13 @@ from troupe.actors.core.detokenizer import shared_token_texts
 from troupe.actors.core.tokenizer_bound import shared_count_bound
 from troupe.actors.core.tokenizer_text import TextTokenizer
 from troupe.actors.executor import ExecutorSetup, start_executor
+from troupe.actors.generation_defaults import read_sampling_defaults
 from troupe.actors.grammar_process import GrammarProcess
 from troupe.actors.graph import load_tokenizer_for
 from troupe.actors.shell import Actor
 from troupe.actors.switch_interval import switch_interval
 from troupe.config import EngineConfig
+from troupe.messages.sampling_defaults import SamplingDefaults
 from troupe.messages.trace import TRACE_VERSION, TraceHeader, TraceWriter
 
 if TYPE_CHECKING:
@@ -45,18 +47,24 @@ def prepared_tokenizer(model: str | None, chat_template: str | None = None) -> T
 
 def load_engine_parts(
     config: EngineConfig, runner: Runner | None = None
-) -> tuple[ExecutorSetup, TextTokenizer]:
-    """start_executor(config, runner) and the tokenizer, the latter in a second thread. A
-    failure of either raises here (the runner's first: it names the model's problem)."""
+) -> tuple[ExecutorSetup, TextTokenizer, SamplingDefaults]:
+    """start_executor(config, runner), and the tokenizer and the requests' sampling defaults
+    in a second thread. A failure of any raises here (the runner's first: it names the model's
+    problem; after a failure of the others the runner is closed)."""
     # The load thread gives up the GIL around each torch op; the engine's short switch
     # interval gets it back soon after, not 5 ms later (actors/switch_interval.py)
     with (
         switch_interval(config.gil_switch_interval_s),
         ThreadPoolExecutor(1, thread_name_prefix="tokenizer-load") as pool,
     ):
+        defaults = pool.submit(read_sampling_defaults, config)
         tokenizer = pool.submit(prepared_tokenizer, config.model, config.chat_template)
         setup = start_executor(config, runner)
-        return setup, tokenizer.result()
+        try:
+            return setup, tokenizer.result(), defaults.result()
+        except BaseException:
+            setup.runner.close()
+            raise
 
 
 async def close_engine_parts(setup: ExecutorSetup, actors: Sequence[Actor]) -> None:

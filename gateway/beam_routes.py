@@ -39,7 +39,7 @@ from troupe.gateway.openai_responses import ResponseBuilder
 from troupe.gateway.prompt_logprobs import Echo
 from troupe.gateway.sse_frames import DONE, sse
 from troupe.gateway.tokenize_routes import render_chat
-from troupe.messages import ChatMessage, ChatPrompt, Usage
+from troupe.messages import ChatPrompt, Usage
 
 log = structlog.get_logger("troupe.gateway")
 
@@ -150,7 +150,7 @@ async def prompt_token_ids(tokenizer: TokenizerLike, prompt: Any, field: str) ->
     else:
         chat = prompt
         if not isinstance(chat, ChatPrompt):  # the messages, with the template's defaults
-            chat = ChatPrompt(messages=tuple(ChatMessage(**m) for m in prompt))
+            chat = ChatPrompt(messages=tuple(prompt))
         text, special = await asyncio.to_thread(render_chat, tokenizer, chat), False
     try:
         text.encode("utf-8")  # the Rust tokenizer fails on a lone surrogate: name the field

@@ -8,7 +8,7 @@ import msgspec
 from troupe.gateway.engine_api import TokenizerLike
 from troupe.gateway.reasoning import ParserName, ReasoningSplitter, constraint_reasoning
 from troupe.gateway.tokenize_routes import render_chat
-from troupe.messages import ChatMessage, ChatPrompt, SamplingParams
+from troupe.messages import ChatPrompt, SamplingParams
 
 
 def chat_reasoning(
@@ -37,4 +37,4 @@ def chat_of(prompt: object) -> ChatPrompt:
     if isinstance(prompt, ChatPrompt):
         return prompt
     assert isinstance(prompt, list), "a chat request's prompt is its messages"
-    return ChatPrompt(messages=tuple(ChatMessage(**m) for m in prompt))
+    return ChatPrompt(messages=tuple(prompt))

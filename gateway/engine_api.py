@@ -7,6 +7,7 @@ from typing import Any, Protocol
 
 from troupe.messages import EngineStats, SamplingParams, StreamEvent
 from troupe.messages.graph_stats import GraphStats
+from troupe.messages.sampling_defaults import SamplingDefaults
 
 Prompt = str | Sequence[Mapping[str, Any]] | Sequence[int]
 
@@ -54,6 +55,9 @@ class EngineLike(Protocol):
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]: ...  # beam search ends a beam on them
+
+    @property
+    def sampling_defaults(self) -> SamplingDefaults: ...  # for the fields a body leaves unset
 
     @property
     def lora_adapters(self) -> Mapping[str, str]: ...  # name -> folder: what `model` may name

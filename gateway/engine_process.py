@@ -112,6 +112,7 @@ async def _run_engine(
                     pid=os.getpid(),
                     eos_token_ids=engine.eos_token_ids,
                     lora_adapters=_adapters_of(engine),
+                    sampling_defaults=engine.sampling_defaults,
                 )
             )
             ready.set_result(engine)

@@ -16,6 +16,7 @@ import msgspec
 from troupe.gateway.errors import invalid
 from troupe.gateway.structured_requests import StructuredFields
 from troupe.gateway.tool_calls import Tool, ToolChoice
+from troupe.messages import ToolCall
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 
@@ -37,9 +38,18 @@ class ContentPart(msgspec.Struct, kw_only=True):
 
 
 class Message(_Body, kw_only=True):
+    """A chat message (gateway/chat_messages.py turns it into the engine's ChatMessage)."""
+
     role: Role
-    content: str | list[ContentPart]  # required: a message without content is a 400
-    name: str | None = None  # accepted, not used by chat templates
+    # null or left out only by an assistant message with tool_calls (a 400 elsewhere)
+    content: str | list[ContentPart] | None = None
+    name: str | None = None  # passed to the template, as vLLM passes it
+    tool_calls: list[ToolCall] | None = None  # assistant: the calls it made (OpenAI's shape)
+    tool_call_id: str | None = None  # tool: the call this message answers
+    # assistant: the thinking an earlier answer returned (the openai client sends a returned
+    # message back whole); vLLM's `reasoning` is the same field
+    reasoning_content: str | None = None
+    reasoning: str | None = None
 
 
 class _Common(StructuredFields, kw_only=True):

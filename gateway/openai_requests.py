@@ -30,6 +30,7 @@ from troupe.gateway.structured_requests import structured_outputs
 from troupe.gateway.tool_auto import ToolParserName
 from troupe.gateway.tool_calls import ToolPlan, tool_plan
 from troupe.messages import ChatMessage, ChatPrompt, ParamError, SamplingParams
+from troupe.messages.sampling_defaults import NO_DEFAULTS, SamplingDefaults
 
 Kind = Literal["completion", "chat"]
 
@@ -82,10 +83,12 @@ def parse_request(
     *,
     default_max_tokens: int,
     tool_parser: ToolParserName | None = None,
+    defaults: SamplingDefaults = NO_DEFAULTS,
 ) -> OpenAIRequest:
     """Decode and check a JSON body; raise ApiError(400) naming the first bad field.
     `tool_parser`: the format tool_choice "auto" replies are parsed in (None: "auto" is
-    refused; gateway/tool_auto.py)."""
+    refused; gateway/tool_auto.py). `defaults`: the engine's, for the sampling fields the body
+    leaves out (its max_tokens: the caller's `default_max_tokens`)."""
     body: CompletionBody | ChatBody
     if kind == "completion":
         body = decode_body(raw, CompletionBody)
@@ -156,6 +159,8 @@ def parse_request(
                 kw["structured_outputs"] = tools.spec
                 client_fields = {"structured_outputs.json": "tools", "structured_outputs": "tools"}
         prompt = _chat_prompt(body, messages, tools)
+    if not body.use_beam_search:  # beams sample nothing: a default penalty would refuse them
+        kw = defaults.fill(kw)
     params = SamplingParams(**kw)
     try:
         params.check()

@@ -114,14 +114,18 @@ async def _prepare(gateway: Gateway, kind: Kind, raw: bytes) -> _Call:
     """Parse and check the body (ApiError naming the field), resolve its model."""
     engine = gateway.engine
     # Chat answers run to the end of the context unless capped (the engine clips at
-    # max_model_len); completions keep OpenAI's default of 16.
-    default_max_tokens = engine.max_model_len if kind == "chat" else 16
+    # max_model_len; the model's generation_config may cap them, as vLLM's max_new_tokens);
+    # completions keep OpenAI's default of 16.
+    defaults = engine.sampling_defaults
+    default_max_tokens = defaults.max_tokens_within(engine.max_model_len) if kind == "chat" else 16
     tool_parser = None  # only chat reads tools (the template is the chat's)
     if kind == "chat":
         tool_parser = auto_tool_parser(
             gateway.settings.tool_call_parser, engine.tokenizer.chat_template
         )
-    req = parse_request(kind, raw, default_max_tokens=default_max_tokens, tool_parser=tool_parser)
+    req = parse_request(
+        kind, raw, default_max_tokens=default_max_tokens, tool_parser=tool_parser, defaults=defaults
+    )
     served = ServedModels.of(engine)
     req = req.with_lora(served.lora_for(req.model))
     if len(req.prompts) > (limit := gateway.settings.max_prompts_per_request):

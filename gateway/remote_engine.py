@@ -58,6 +58,7 @@ from troupe.messages.engine_protocol import (
     from_engine_decoder,
 )
 from troupe.messages.graph_stats import GraphStats
+from troupe.messages.sampling_defaults import NO_DEFAULTS
 
 log = structlog.get_logger("troupe.gateway")
 
@@ -72,6 +73,7 @@ class RemoteEngine(asyncio.Protocol):
         self.model_name = ""
         self.max_model_len = 0
         self.eos_token_ids: tuple[int, ...] = ()  # the model's, from Hello (beam search)
+        self.sampling_defaults = NO_DEFAULTS  # from Hello: for what a request leaves unset
         self.pid = 0  # the engine process, once it said Hello
         self.error: str | None = None  # why the engine stopped, if it failed
         self._tokenizer: TokenizerLike | None = None
@@ -249,6 +251,7 @@ class RemoteEngine(asyncio.Protocol):
                     reply.pid,
                 )
                 self.eos_token_ids = reply.eos_token_ids
+                self.sampling_defaults = reply.sampling_defaults
                 self.loras.show(reply.lora_adapters)
                 self._hello.set_result(reply)
             case StartFailed():

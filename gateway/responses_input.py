@@ -3,24 +3,27 @@
     instructions                   ->  {"role": "system", ...} first
     "text"                         ->  {"role": "user", "content": "text"}
     message item                   ->  {"role": its role, "content": its text parts, joined}
-    function_call item(s)          ->  an assistant message holding the calls, written in the
-                                       format the model writes them (below), after the text of
-                                       the assistant message just before them, if any
-    function_call_output item      ->  {"role": "tool", "content": its output}
+    function_call item(s)          ->  {"role": "assistant", "tool_calls": [{"id": call_id,
+                                       "function": {"name", "arguments"}}, ...]}: the calls
+                                       in a row make one message, whose content is the text
+                                       of the assistant message just before them, if any
+    function_call_output item      ->  {"role": "tool", "tool_call_id": its call_id,
+                                       "content": its output}
     reasoning item                 ->  nothing (templates drop earlier turns' thinking)
 
-troupe's chat messages are role and text (the engine's ChatMessage), so a call goes into the
-prompt as the text the model wrote for it: Hermes `<tool_call>` blocks, Llama 3's JSON
-objects joined by `; `, or, where the template defines no format (tool_choice "required"),
-the JSON array of calls the constraint makes the model write (gateway/tool_calls.py).
+These are the messages a chat client sends for the same turns (the engine's ChatMessage), so
+the template renders the calls in the model's own format, as on chat. vLLM makes one
+assistant message per call; one message for the calls of a turn, beside its text, is the
+turn as the model wrote it and as chat answers it. Arguments that are not a JSON object are a
+400 naming the item, as on chat (actors/core/chat_messages.py).
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any
 
+from troupe.actors.core.chat_messages import ChatMessageError, tool_arguments
 from troupe.gateway.errors import invalid
 from troupe.gateway.openai_bodies import convert_field
 from troupe.gateway.responses_bodies import (
@@ -30,7 +33,7 @@ from troupe.gateway.responses_bodies import (
     FunctionCallOutputItem,
     MessageItem,
 )
-from troupe.gateway.tool_auto import CLOSE, OPEN, ToolParserName
+from troupe.messages import ChatMessage, ToolCall, ToolCallFunction
 
 _TEXT_PARTS = ("input_text", "output_text")
 
@@ -38,76 +41,62 @@ _TEXT_PARTS = ("input_text", "output_text")
 def input_messages(
     input_: str | list[dict[str, Any]],
     instructions: str | None,
-    call_format: ToolParserName | None,
     history: Sequence[dict[str, Any]] = (),
-) -> list[dict[str, str]]:
+) -> list[ChatMessage]:
     """The messages, or a 400 naming the item (`input[i]...`) that cannot be one. `history`:
     the items of the response that previous_response_id continues, read before `input` (after
     `instructions`: an earlier turn's are not carried over)."""
-    messages: list[dict[str, str]] = []
+    messages: list[ChatMessage] = []
     if instructions:
-        messages.append({"role": "system", "content": instructions})
+        messages.append(ChatMessage(role="system", content=instructions))
     if isinstance(input_, str):
         if not input_:
             raise invalid("input", "'input' must be a non-empty string or list of items")
         if not history:
-            messages.append({"role": "user", "content": input_})
+            messages.append(ChatMessage(role="user", content=input_))
             return messages
         input_ = [{"role": "user", "content": input_}]
     if not input_:
         raise invalid("input", "'input' must be a non-empty string or list of items")
-    calls: list[FunctionCallItem] = []  # the calls of the assistant turn being read
-    said: dict[str, str] | None = None  # the assistant's text just before them, if any
+    calls: list[ToolCall] = []  # the calls of the assistant turn being read
+    said: str | None = None  # the text of the assistant message just before them, if any
 
     def flush_calls() -> None:
         if not calls:
             return
-        text = calls_text(calls, call_format)
-        if said is not None:
-            content = said["content"].rstrip()  # the text before the calls, as chat shows it
-            said["content"] = f"{content}\n{text}" if content else text
+        if said is not None:  # that message (the last one) and its calls are one turn
+            messages[-1] = ChatMessage(role="assistant", content=said, tool_calls=tuple(calls))
         else:
-            messages.append({"role": "assistant", "content": text})
+            messages.append(ChatMessage(role="assistant", tool_calls=tuple(calls)))
         calls.clear()
 
     for i, raw in enumerate([*history, *input_]):
-        item = _item(raw, f"input[{i - len(history)}]")  # history's items were checked
+        where = f"input[{i - len(history)}]"
+        item = _item(raw, where)  # history's items were checked
         if isinstance(item, FunctionCallItem):
-            calls.append(item)
+            calls.append(_tool_call(item, where))
             continue
         flush_calls()
         said = None
         if isinstance(item, MessageItem):
-            message = {"role": item.role, "content": _text(item.content, f"input[{i}].content")}
-            messages.append(message)
-            said = message if item.role == "assistant" else None
+            text = _text(item.content, f"{where}.content")
+            messages.append(ChatMessage(role=item.role, content=text))
+            said = text if item.role == "assistant" else None
         elif isinstance(item, FunctionCallOutputItem):
-            output = _text(item.output, f"input[{i}].output")
-            messages.append({"role": "tool", "content": output})
+            output = _text(item.output, f"{where}.output")
+            messages.append(ChatMessage(role="tool", content=output, tool_call_id=item.call_id))
     flush_calls()
     return messages
 
 
-def calls_text(calls: list[FunctionCallItem], call_format: ToolParserName | None) -> str:
-    """The calls as the model writes them in `call_format` (None: tool_choice "required"'s
-    JSON array)."""
-    pairs = [(call.name, _arguments(call.arguments)) for call in calls]
-    if call_format == "hermes":
-        blocks = (json.dumps({"name": n, "arguments": a}, ensure_ascii=False) for n, a in pairs)
-        return "\n".join(f"{OPEN}\n{block}\n{CLOSE}" for block in blocks)
-    if call_format == "llama3_json":
-        return "; ".join(
-            json.dumps({"name": n, "parameters": a}, ensure_ascii=False) for n, a in pairs
-        )
-    return json.dumps([{"name": n, "arguments": a} for n, a in pairs], ensure_ascii=False)
-
-
-def _arguments(text: str) -> Any:
-    """A call's arguments as JSON (the model wrote an object); text that is not JSON as is."""
+def _tool_call(item: FunctionCallItem, where: str) -> ToolCall:
+    """A function_call item as the call of a chat message, or a 400 naming its arguments."""
     try:
-        return json.loads(text)
-    except ValueError:
-        return text
+        tool_arguments(item.arguments, f"{where}.arguments")
+    except ChatMessageError as exc:
+        raise invalid(exc.field, str(exc)) from None
+    function = ToolCallFunction(name=item.name, arguments=item.arguments)
+    return ToolCall(id=item.call_id, function=function)
 
 
 def _item(raw: dict[str, Any], where: str) -> Any:

@@ -42,6 +42,7 @@ from troupe.gateway.tool_calls import (
     tool_plan,
 )
 from troupe.messages import ChatPrompt, ParamError, SamplingParams, StructuredOutputs
+from troupe.messages.sampling_defaults import NO_DEFAULTS, SamplingDefaults
 
 # Fields passed to SamplingParams under the same name (vLLM's extras included).
 _PASSTHROUGH = (
@@ -84,11 +85,13 @@ def parse_responses(
     default_max_tokens: int,
     tool_parser: ToolParserName | None,
     store: ResponseStore | None = None,
+    defaults: SamplingDefaults = NO_DEFAULTS,
 ) -> ResponsesRequest:
     """Decode and check a JSON body; raise ApiError(400) naming the first bad field.
     `tool_parser`: the format of the model's tool calls (tool_choice "auto" reads replies in
     it, and earlier calls in `input` are written in it); None where the template has none.
-    `store`: the server's stored responses (None: it stores none)."""
+    `store`: the server's stored responses (None: it stores none). `defaults`: the engine's,
+    for the sampling fields the body leaves out."""
     body = decode_body(raw, ResponsesBody)
     _refuse_unsupported(body)
     kw: dict[str, Any] = {k: getattr(body, k) for k in _PASSTHROUGH if getattr(body, k) is not None}
@@ -109,7 +112,7 @@ def parse_responses(
             raise invalid("text.format", "text.format and tool calls cannot be combined")
         kw["structured_outputs"] = tools.spec
         client_fields = {"structured_outputs.json": "tools", "structured_outputs": "tools"}
-    params = SamplingParams(**kw)
+    params = SamplingParams(**defaults.fill(kw))
     try:
         params.check()
     except ParamError as exc:

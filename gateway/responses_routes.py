@@ -98,12 +98,15 @@ def _prepare(gateway: Gateway, raw: bytes) -> _Call:
     engine = gateway.engine
     settings = gateway.settings
     tool_parser = auto_tool_parser(settings.tool_call_parser, engine.tokenizer.chat_template)
-    # Answers run to the end of the context unless capped (the engine clips at max_model_len).
+    # Answers run to the end of the context unless capped (the engine clips at max_model_len;
+    # the model's generation_config may cap them, as vLLM's max_new_tokens).
+    defaults = engine.sampling_defaults
     req = parse_responses(
         raw,
-        default_max_tokens=engine.max_model_len,
+        default_max_tokens=defaults.max_tokens_within(engine.max_model_len),
         tool_parser=tool_parser,
         store=gateway.responses,
+        defaults=defaults,
     )
     served = ServedModels.of(engine)
     req = req.with_lora(served.lora_for(req.model))

@@ -18,16 +18,17 @@ from typing import Any
 
 import msgspec
 from aiohttp import web
+from troupe.actors.core.chat_messages import ChatMessageError, template_messages
 from troupe.actors.core.chat_template import ChatTemplateError
 from troupe.actors.request_input import RequestInputError, check_chat_options
+from troupe.gateway.chat_messages import chat_messages
 from troupe.gateway.engine_api import TokenizerLike
 from troupe.gateway.errors import invalid
 from troupe.gateway.http_body import read_json_body
 from troupe.gateway.openai_bodies import Message, decode_body
-from troupe.gateway.openai_requests import message_dicts
 from troupe.gateway.served_models import ServedModels
 from troupe.gateway.state import GATEWAY
-from troupe.messages import ChatMessage, ChatPrompt
+from troupe.messages import ChatPrompt
 
 PATHS = ("/tokenize", "/detokenize")
 
@@ -58,9 +59,8 @@ async def tokenize(request: web.Request) -> web.Response:
         raise invalid("prompt", "send exactly one of 'prompt' and 'messages'")
     tokenizer = engine.tokenizer
     if body.messages is not None:
-        messages = message_dicts(body.messages)
         chat = ChatPrompt(
-            messages=tuple(ChatMessage(**m) for m in messages),
+            messages=tuple(chat_messages(body.messages)),
             add_generation_prompt=body.add_generation_prompt,
             continue_final_message=body.continue_final_message,
             template_kwargs=body.chat_template_kwargs,
@@ -91,12 +91,12 @@ def render_chat(tokenizer: TokenizerLike, chat: ChatPrompt) -> str:
     try:
         check_chat_options(chat)  # as a chat request's (the engine's edge)
         return tokenizer.render_chat(
-            [{"role": m.role, "content": m.content} for m in chat.messages],
+            template_messages(chat.messages),
             add_generation_prompt=chat.add_generation_prompt,
             continue_final_message=chat.continue_final_message,
             **(chat.template_kwargs or {}),
         )
-    except RequestInputError as exc:
+    except (RequestInputError, ChatMessageError) as exc:
         raise invalid(exc.field, str(exc)) from None
     except ChatTemplateError as exc:
         raise invalid("messages", str(exc)) from None

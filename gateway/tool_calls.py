@@ -86,7 +86,7 @@ def tool_plan(
     if choice == "none":
         return None
     if (choice is None or choice == "auto") and tool_parser is not None:
-        return ToolPlan(None, tools=tuple(_as_sent(t) for t in tools), parser=tool_parser)
+        return ToolPlan(None, tools=tuple(as_sent(t) for t in tools), parser=tool_parser)
     if choice is None or choice == "auto":
         raise invalid(
             "tool_choice",
@@ -118,7 +118,7 @@ def tool_plan(
     return ToolPlan(StructuredOutputs.from_schema(schema))
 
 
-def _as_sent(tool: Tool) -> dict[str, Any]:
+def as_sent(tool: Tool) -> dict[str, Any]:
     """A tool as the template sees it: the client's fields, none it left out."""
     out: dict[str, Any] = msgspec.to_builtins(tool)
     out["function"] = {k: v for k, v in out["function"].items() if v is not None}

@@ -154,7 +154,7 @@ class WsSession:
         return task
 
     def _on_text(self, data: str) -> None:
-        match parse_frame(data):
+        match parse_frame(data, self.gateway.engine.sampling_defaults):
             case FrameError(request_id, message, field, code):
                 self.outbox_put(error_frame(request_id, code, message, field))
             case Cancel(request_id):

@@ -28,6 +28,7 @@ from troupe.gateway.structured_requests import (
     structured_outputs,
 )
 from troupe.messages import ChatPrompt, ParamError, SamplingParams
+from troupe.messages.sampling_defaults import NO_DEFAULTS, SamplingDefaults
 
 MAX_REQUEST_ID = 128
 _CHAT_OPTIONS = ("add_generation_prompt", "continue_final_message", "chat_template_kwargs")
@@ -84,7 +85,11 @@ class FrameError:
     code: str = "invalid_request"
 
 
-def parse_frame(data: str) -> Generate | Cancel | FrameError:
+def parse_frame(
+    data: str, defaults: SamplingDefaults = NO_DEFAULTS
+) -> Generate | Cancel | FrameError:
+    """`defaults`: the engine's, for the sampling fields a frame leaves out (max_tokens apart:
+    16, as SamplingParams and completions have it)."""
     try:
         frame = msgspec.json.decode(data)
     except msgspec.DecodeError as exc:
@@ -106,7 +111,7 @@ def parse_frame(data: str) -> Generate | Cancel | FrameError:
         return FrameError(request_id, message, "type")
     try:
         model: str | None = convert_field(frame.get("model"), str | None, "model")
-        return Generate(request_id, _prompt(frame), *_params(frame), model=model)
+        return Generate(request_id, _prompt(frame), *_params(frame, defaults), model=model)
     except ApiError as exc:
         return FrameError(request_id, exc.message, exc.param)
 
@@ -130,8 +135,10 @@ def _prompt(frame: dict[str, Any]) -> str | list[int] | list[dict[str, str]] | C
     return prompt
 
 
-def _params(frame: dict[str, Any]) -> tuple[SamplingParams, dict[str, str]]:
-    fields = {k: v for k, v in frame.items() if k not in _RESERVED}
+def _params(
+    frame: dict[str, Any], defaults: SamplingDefaults
+) -> tuple[SamplingParams, dict[str, str]]:
+    fields = defaults.fill({k: v for k, v in frame.items() if k not in _RESERVED})
     if "bad_words_token_ids" in fields:  # the engine's tokenizer writes it from bad_words
         message = "'bad_words_token_ids' is filled by the server: send 'bad_words'"
         raise ApiError(400, message, param="bad_words_token_ids")

@@ -25,6 +25,8 @@ from troupe.messages.common import (
     RejectCode,
     Timings,
     TokenLogprob,
+    ToolCall,
+    ToolCallFunction,
     Usage,
 )
 from troupe.messages.events import (
@@ -134,5 +136,7 @@ __all__ = [
     "TokenMasks",
     "TokenizedRequest",
     "TokenizerInbox",
+    "ToolCall",
+    "ToolCallFunction",
     "Usage",
 ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from typing import Literal
 
 import msgspec
 
@@ -36,9 +37,37 @@ class LoraErrorCode(enum.StrEnum):
     IN_USE = "lora_adapter_in_use"  # requests run on it: unload it once they end
 
 
-class ChatMessage(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class ToolCallFunction(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The function an assistant's tool call names; `arguments` is a JSON object's text, as
+    OpenAI sends it (the chat template gets it parsed: actors/core/chat_messages.py)."""
+
+    name: str
+    arguments: str
+
+
+class ToolCall(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """One call of an assistant message's `tool_calls` (OpenAI's shape)."""
+
+    id: str
+    function: ToolCallFunction
+    type: Literal["function"] = "function"
+
+
+class ChatMessage(
+    msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, omit_defaults=True
+):
+    """One chat message, OpenAI's fields. `content` may be left out (None) only by an assistant
+    message that carries `tool_calls`; `tool_call_id` answers a call (role "tool"); `name` and
+    `reasoning` (the thinking of an earlier assistant turn) reach the template as vLLM passes
+    them. The edges check these rules (actors/core/chat_messages.check_chat_messages).
+    omit_defaults: a role + content message encodes as it did before the optional fields."""
+
     role: str
-    content: str
+    content: str | None = None
+    tool_calls: tuple[ToolCall, ...] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
+    reasoning: str | None = None
 
 
 class ChatPrompt(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

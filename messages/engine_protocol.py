@@ -30,6 +30,7 @@ import msgspec
 from troupe.messages.common import LoraErrorCode
 from troupe.messages.events import EngineStats, StreamEvent
 from troupe.messages.graph_stats import GraphStats
+from troupe.messages.sampling_defaults import SamplingDefaults
 from troupe.messages.tokenizer import GenerateRequest
 
 _LEN = struct.Struct(">I")
@@ -103,6 +104,8 @@ class Hello(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     pid: int
     eos_token_ids: tuple[int, ...] = ()  # the model's (beam search ends a beam on them)
     lora_adapters: tuple[LoraAdapter, ...] = ()  # in the order configured
+    # for the fields a request leaves unset (the model's generation_config: the gateway fills)
+    sampling_defaults: SamplingDefaults = msgspec.field(default_factory=SamplingDefaults)
 
 
 class LoraCallError(msgspec.Struct, frozen=True, kw_only=True):

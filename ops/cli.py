@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import sys
 import types
 import typing
@@ -30,11 +31,23 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
             group.add_argument(flag, action=argparse.BooleanOptionalAction, default=default)
         elif typing.get_origin(hint) is tuple:  # repeated values: `--lora-modules a=/x b=/y`
             group.add_argument(flag, nargs="*", type=str, default=default, metavar="VALUE")
+        elif typing.get_origin(hint) is dict:  # JSON: `--override-generation-config '{...}'`
+            group.add_argument(flag, type=_json_object, default=default, metavar="JSON")
         elif f.name in choices:
             allowed = [name for name in choices[f.name] if name is not None]
             group.add_argument(flag, choices=allowed, default=default)
         else:
             group.add_argument(flag, type=hint, default=default, metavar=f.name.upper())
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON ({exc})") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
+    return value
 
 
 def config_from_args(ns: argparse.Namespace) -> EngineConfig:

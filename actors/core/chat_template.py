@@ -87,7 +87,8 @@ class ChatTemplate:
         continue_final_message: bool = False,
         **extra: Any,
     ) -> str:
-        """The prompt text for `messages` (dicts with role and content, as in the OpenAI API).
+        """The prompt text for `messages` (dicts as vLLM hands them to transformers: role,
+        content, tool calls with parsed arguments; `chat_messages.template_messages` builds them).
         `continue_final_message`: cut the text right after the last message's content, so the
         model continues it (HF's rule; needs add_generation_prompt false). `extra` passes
         further template variables (tools, documents, enable_thinking, ...)."""

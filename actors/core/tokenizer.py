@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import msgspec
 import structlog
+from troupe.actors.core.chat_messages import ChatMessageError, template_messages
 from troupe.actors.core.chat_template import ChatTemplateError
 from troupe.actors.core.grammar_compiler import GrammarCompiler, GrammarError
 from troupe.actors.core.tokenizer_bound import shared_count_bound
@@ -194,11 +195,13 @@ class TokenizerCore:
                 return _reject(req, "messages", "messages must not be empty")
             try:
                 text = self._tokenizer.render_chat(
-                    [{"role": m.role, "content": m.content} for m in req.messages],
+                    template_messages(req.messages),
                     add_generation_prompt=req.add_generation_prompt,
                     continue_final_message=req.continue_final_message,
                     **(req.chat_template_kwargs or {}),
                 )
+            except ChatMessageError as exc:  # the edge checked it; a hand-built request may not
+                return _reject(req, exc.field, str(exc))
             except ChatTemplateError as exc:
                 return _reject(req, "messages", str(exc))
             return self._text(req, "messages", text, chats, keep)

@@ -130,7 +130,8 @@ def test_websocket_frames_carry_the_template_options() -> None:
 
     base = {"type": "generate", "request_id": "r", "messages": OPEN_TURN, "max_tokens": 3}
     plain = parse_frame(json.dumps(base))
-    assert isinstance(plain, Generate) and plain.prompt == OPEN_TURN
+    assert isinstance(plain, Generate)
+    assert plain.prompt == [ChatMessage(**m) for m in OPEN_TURN]
     options = {
         "add_generation_prompt": False,
         "continue_final_message": True,

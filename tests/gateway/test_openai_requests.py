@@ -9,7 +9,7 @@ import pytest
 from troupe.gateway.errors import ApiError
 from troupe.gateway.openai_requests import Kind, OpenAIRequest
 from troupe.gateway.openai_requests import parse_request as parse_raw
-from troupe.messages import SamplingParams
+from troupe.messages import ChatMessage, SamplingParams
 
 
 def parse_request(kind: Kind, body: Any, *, default_max_tokens: int) -> OpenAIRequest:
@@ -89,8 +89,8 @@ def test_chat_messages_parts_and_logprobs() -> None:
         default_max_tokens=1024,
     )
     assert req.prompt == [
-        {"role": "system", "content": "Be brief."},
-        {"role": "user", "content": "Hi there"},
+        ChatMessage(role="system", content="Be brief."),
+        ChatMessage(role="user", content="Hi there"),
     ]
     assert (req.params.max_tokens, req.params.logprobs, req.params.stop) == (9, 3, ("a", "b"))
     assert not req.stream

@@ -1,6 +1,7 @@
 """Responses input items -> chat messages (gateway/responses_input.py), without a server: the
-calls of one assistant turn go into one message in the model's own format, the function's
-output is a tool message, reasoning items are left out, and a bad item is a 400 naming it."""
+calls of one assistant turn go into one message as its `tool_calls`, beside the text before
+them, the function's output is a tool message answering its call id, reasoning items are left
+out, and a bad item (arguments that are not a JSON object too) is a 400 naming it."""
 
 from __future__ import annotations
 
@@ -9,10 +10,11 @@ from typing import Any
 import pytest
 from troupe.gateway.errors import ApiError
 from troupe.gateway.responses_input import input_messages
+from troupe.messages import ChatMessage, ToolCall, ToolCallFunction
 
 CALLS: list[dict[str, Any]] = [
     {"type": "function_call", "call_id": "c1", "name": "f", "arguments": '{"x": 1}'},
-    {"type": "function_call", "call_id": "c2", "name": "g", "arguments": "not json"},
+    {"type": "function_call", "call_id": "c2", "name": "g", "arguments": "{}"},
 ]
 TURN: list[dict[str, Any]] = [
     {"role": "user", "content": "Go"},
@@ -25,35 +27,37 @@ TURN: list[dict[str, Any]] = [
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize(
-    ("call_format", "calls"),
-    [
-        (
-            "hermes",
-            '<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>\n'
-            '<tool_call>\n{"name": "g", "arguments": "not json"}\n</tool_call>',
+def _call(call_id: str, name: str, arguments: str) -> ToolCall:
+    return ToolCall(id=call_id, function=ToolCallFunction(name=name, arguments=arguments))
+
+
+def test_a_tool_turn_becomes_chat_messages() -> None:
+    assert input_messages(TURN, "Be brief.") == [
+        ChatMessage(role="system", content="Be brief."),
+        ChatMessage(role="user", content="Go"),
+        ChatMessage(
+            role="assistant",
+            content="Calling.\n",
+            tool_calls=(_call("c1", "f", '{"x": 1}'), _call("c2", "g", "{}")),
         ),
-        ("llama3_json", '{"name": "f", "parameters": {"x": 1}}; {"name": "g", "parameters": "not json"}'),
-        (None, '[{"name": "f", "arguments": {"x": 1}}, {"name": "g", "arguments": "not json"}]'),
-    ],
-)  # fmt: skip
-def test_a_tool_turn_becomes_chat_messages(call_format: Any, calls: str) -> None:
-    assert input_messages(TURN, "Be brief.", call_format) == [
-        {"role": "system", "content": "Be brief."},
-        {"role": "user", "content": "Go"},
-        {"role": "assistant", "content": "Calling.\n" + calls},
-        {"role": "tool", "content": "one"},
-        {"role": "tool", "content": "two"},
+        ChatMessage(role="tool", content="one", tool_call_id="c1"),
+        ChatMessage(role="tool", content="two", tool_call_id="c2"),
     ]
 
 
 def test_calls_without_text_before_them_are_a_message_of_their_own() -> None:
-    items = [{"role": "user", "content": "Go"}, CALLS[0]]
-    assert input_messages(items, None, None)[-1] == {
-        "role": "assistant",
-        "content": '[{"name": "f", "arguments": {"x": 1}}]',
-    }
-    assert input_messages("Go", None, None) == [{"role": "user", "content": "Go"}]
+    items = [
+        {"role": "user", "content": "Go"},
+        CALLS[0],
+        {"role": "user", "content": "Hm"},
+        CALLS[1],
+    ]
+    assert input_messages(items, None)[1:] == [
+        ChatMessage(role="assistant", tool_calls=(_call("c1", "f", '{"x": 1}'),)),
+        ChatMessage(role="user", content="Hm"),
+        ChatMessage(role="assistant", tool_calls=(_call("c2", "g", "{}"),)),
+    ]
+    assert input_messages("Go", None) == [ChatMessage(role="user", content="Go")]
 
 
 @pytest.mark.parametrize(
@@ -63,9 +67,12 @@ def test_calls_without_text_before_them_are_a_message_of_their_own() -> None:
         ([{"role": "user", "content": "a"}, {"type": "file_search_call"}], "input[1].type"),
         ([{"role": "user", "content": [{"type": "input_text"}]}], "input[0].content[0].text"),
         ([{"role": "user", "content": "a", "name": "x"}], "input[0].name"),
+        ([{**CALLS[0], "arguments": "not json"}], "input[0].arguments"),
+        ([CALLS[0], {**CALLS[1], "arguments": "[1]"}], "input[1].arguments"),
+        ([{"type": "function_call", "name": "f", "arguments": "{}"}], "input[0].call_id"),
     ],
 )
 def test_a_bad_item_is_named(items: list[dict[str, Any]], param: str) -> None:
     with pytest.raises(ApiError) as info:
-        input_messages(items, None, "hermes")
+        input_messages(items, None)
     assert info.value.status == 400 and info.value.param == param

@@ -1,8 +1,8 @@
 """/v1/responses on a model whose template defines Hermes tool calls and Qwen3 thinking
 (SmolLM2's tokenizer, a fake runner made to say exact replies, `--reasoning-parser qwen3`):
 function calls come back as function_call items, whole and streamed, and go back into the
-template as the model wrote them (with the function's output as a tool message), so the next
-turn's prompt is the chat conversation's; "required" and named functions; the thinking as a
+template as an assistant message's tool_calls (the function's output as a tool message
+answering the call's id), so the next turn's prompt is the chat conversation's; "required" and named functions; the thinking as a
 reasoning item; an answer cut short by max_output_tokens."""
 
 from __future__ import annotations
@@ -35,7 +35,12 @@ Answer a call as <tool_call>{"name": ..., "arguments": ...}</tool_call><|im_end|
 Reasoning: {{ reasoning_effort }}<|im_end|>
 {% endif %}
 {%- for m in messages %}<|im_start|>{{ m['role'] }}
-{{ m['content'] }}<|im_end|>
+{{ m['content'] }}
+{%- for c in m.tool_calls or [] %}
+{{ "\n" }}<tool_call>
+{{ {"name": c.function.name, "arguments": c.function.arguments} | tojson }}
+</tool_call>
+{%- endfor %}<|im_end|>
 {% endfor %}
 {%- if add_generation_prompt %}<|im_start|>assistant
 {% endif %}"""
@@ -68,7 +73,7 @@ def client(srv: ServerThread) -> OpenAI:
     return openai_client(srv.url)
 
 
-def _prompt_tokens(srv: ServerThread, messages: list[dict[str, str]], **kwargs: Any) -> int:
+def _prompt_tokens(srv: ServerThread, messages: list[dict[str, Any]], **kwargs: Any) -> int:
     text = srv.engine.tokenizer.render_chat(messages, **kwargs)
     return len(srv.engine.tokenizer.encode(text, False))
 
@@ -126,11 +131,19 @@ def test_the_round_trip_renders_as_the_chat_conversation(srv: ServerThread, clie
     first = client.responses.create(model="", input=QUESTION, tools=TOOLS, max_output_tokens=64)
     call = first.output[1]
     assert call.type == "function_call"
-    chat_messages = [
+    chat_call = {"name": call.name, "arguments": call.arguments}
+    chat_messages: list[dict[str, Any]] = [
         {"role": "user", "content": QUESTION},
-        {"role": "assistant", "content": "Let me check.\n" + CALL},
-        {"role": "tool", "content": "Sunny, 24 C"},
+        {
+            "role": "assistant",
+            "content": "Let me check.",
+            "tool_calls": [{"id": call.call_id, "type": "function", "function": chat_call}],
+        },
+        {"role": "tool", "tool_call_id": call.call_id, "content": "Sunny, 24 C"},
     ]
+    # the template's dicts, as vLLM hands them over (arguments parsed)
+    template_messages = json.loads(json.dumps(chat_messages))
+    template_messages[1]["tool_calls"][0]["function"]["arguments"] = {"city": "Paris"}
     srv.runner.script = None  # the fake model's own words: a function of the prompt
     args: dict[str, Any] = {"max_output_tokens": 6, "temperature": 0}
     second = client.responses.create(
@@ -144,7 +157,9 @@ def test_the_round_trip_renders_as_the_chat_conversation(srv: ServerThread, clie
         **args,
     )
     assert second.usage is not None
-    assert second.usage.input_tokens == _prompt_tokens(srv, chat_messages, tools=CHAT_TOOLS)
+    rendered = srv.engine.tokenizer.render_chat(template_messages, tools=CHAT_TOOLS)
+    assert "Let me check.\n" + CALL + "<|im_end|>" in rendered  # the call, as the model wrote it
+    assert second.usage.input_tokens == _prompt_tokens(srv, template_messages, tools=CHAT_TOOLS)
     chat = client.chat.completions.create(
         model="",
         messages=chat_messages,  # type: ignore[arg-type]

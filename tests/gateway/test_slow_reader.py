@@ -18,6 +18,7 @@ from aiohttp import web
 from troupe.gateway.app import build_app
 from troupe.gateway.state import GatewaySettings
 from troupe.messages import Delta, EngineStats, StreamEvent
+from troupe.messages.sampling_defaults import NO_DEFAULTS
 from websockets.asyncio.client import connect
 
 pytestmark = pytest.mark.anyio
@@ -32,6 +33,7 @@ class FloodEngine:
     model_name = "flood"
     lora_adapters: ClassVar[dict[str, str]] = {}
     max_model_len = 1 << 30
+    sampling_defaults = NO_DEFAULTS
     tokenizer = None
     is_healthy = True
 

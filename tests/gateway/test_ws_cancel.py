@@ -26,6 +26,7 @@ from troupe.messages import (
     Timings,
     Usage,
 )
+from troupe.messages.sampling_defaults import NO_DEFAULTS
 from websockets.asyncio.client import connect
 
 pytestmark = pytest.mark.anyio
@@ -40,6 +41,7 @@ class ScriptedEngine:
     model_name = "scripted"
     lora_adapters: ClassVar[dict[str, str]] = {}
     max_model_len = 1 << 20
+    sampling_defaults = NO_DEFAULTS
     tokenizer = None
     is_healthy = True
 

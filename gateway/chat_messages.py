@@ -1,0 +1,67 @@
+"""Chat request messages (openai_bodies.Message) -> the engine's ChatMessages, or a named 400.
+
+The chat endpoint, the websocket and /tokenize take the same messages: text or text parts
+(joined), an assistant's `tool_calls` with null content, a tool result's `tool_call_id`, a
+returned answer's `reasoning_content`. The rules of each role and the dicts the template gets
+are the engine's (actors/core/chat_messages.py); here a break of them is a 400 naming the
+field, as the client wrote it: `messages[2].tool_calls[0].function.arguments`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from troupe.actors.core.chat_messages import ChatMessageError, check_chat_messages
+from troupe.gateway.errors import invalid
+from troupe.gateway.openai_bodies import ContentPart, Message, convert_field
+from troupe.messages import ChatMessage
+
+
+def decode_chat_messages(messages: Any) -> list[ChatMessage]:
+    """Decoded JSON (a websocket frame's `messages`) -> ChatMessages, or a named 400."""
+    if not isinstance(messages, list):
+        raise invalid("messages", "'messages' must be a non-empty list of messages")
+    return chat_messages(convert_field(messages, list[Message], "messages"))
+
+
+def chat_messages(messages: list[Message]) -> list[ChatMessage]:
+    """Request messages -> ChatMessages (content parts joined into one string), checked by the
+    engine's rules; a 400 names the field that breaks one."""
+    if not messages:
+        raise invalid("messages", "'messages' must be a non-empty list of messages")
+    out = [_chat_message(message, f"messages[{i}]") for i, message in enumerate(messages)]
+    try:
+        check_chat_messages(out)
+    except ChatMessageError as exc:
+        raise invalid(exc.field, str(exc)) from None
+    return out
+
+
+def _chat_message(message: Message, where: str) -> ChatMessage:
+    content = message.content
+    if isinstance(content, list):
+        content = _joined(content, f"{where}.content")
+    reasoning = message.reasoning or message.reasoning_content  # vLLM reads them in this order
+    if reasoning is not None and message.role != "assistant":
+        field = f"{where}.reasoning_content" if message.reasoning is None else f"{where}.reasoning"
+        raise invalid(field, f"{field}: only an assistant message carries its reasoning")
+    return ChatMessage(
+        role=message.role,
+        content=content,
+        tool_calls=None if message.tool_calls is None else tuple(message.tool_calls),
+        tool_call_id=message.tool_call_id,
+        name=message.name,
+        reasoning=reasoning,
+    )
+
+
+def _joined(parts: list[ContentPart], where: str) -> str:
+    texts = []
+    for j, part in enumerate(parts):
+        at = f"{where}[{j}]"
+        if part.type != "text":
+            raise invalid(at, f"{at}: only text parts are supported")
+        if part.text is None:
+            raise invalid(f"{at}.text", f"{at}.text must be a string")
+        texts.append(part.text)
+    return "".join(texts)
