@@ -18,17 +18,12 @@ from typing import Any, Literal, cast
 import msgspec
 from troupe.actors.beam_search import BeamSearchParams
 from troupe.gateway.beam_requests import beam_params
+from troupe.gateway.chat_messages import chat_messages
 from troupe.gateway.errors import invalid
-from troupe.gateway.openai_bodies import (
-    ChatBody,
-    CompletionBody,
-    Message,
-    convert_field,
-    decode_body,
-)
+from troupe.gateway.openai_bodies import ChatBody, CompletionBody, decode_body
 from troupe.gateway.structured_requests import structured_outputs
 from troupe.gateway.tool_auto import ToolParserName
-from troupe.gateway.tool_calls import ToolPlan, tool_plan
+from troupe.gateway.tool_calls import ToolPlan, as_sent, tool_plan
 from troupe.messages import ChatMessage, ChatPrompt, ParamError, SamplingParams
 from troupe.messages.sampling_defaults import NO_DEFAULTS, SamplingDefaults
 
@@ -42,7 +37,7 @@ class OpenAIRequest:
     kind: Kind
     model: str | None
     # the first of `prompts`; chat: the messages (a ChatPrompt with template options)
-    prompt: str | list[int] | list[dict[str, str]] | ChatPrompt
+    prompt: str | list[int] | list[ChatMessage] | ChatPrompt
     params: SamplingParams
     stream: bool
     include_usage: bool  # stream_options.include_usage: a last chunk carrying usage
@@ -116,7 +111,7 @@ def parse_request(
         kw["bad_words"] = tuple(body.bad_words)
 
     logprobs_field = "logprobs"
-    prompt: str | list[int] | list[dict[str, str]] | ChatPrompt
+    prompt: str | list[int] | list[ChatMessage] | ChatPrompt
     prompts: tuple[str | list[int], ...] = ()
     echo: str | list[int] | None = None
     is_echo_only = False
@@ -134,7 +129,7 @@ def parse_request(
             if body.echo and body.prompt_logprobs is None:
                 kw["prompt_logprobs"] = body.logprobs  # vLLM's: echo scores the prompt
     else:
-        prompt = messages = message_dicts(body.messages)
+        prompt = messages = chat_messages(body.messages)
         if body.top_logprobs is not None and not body.logprobs:
             raise invalid("top_logprobs", "top_logprobs needs logprobs: true")
         if body.logprobs:
@@ -158,7 +153,7 @@ def parse_request(
             if tools.spec is not None:
                 kw["structured_outputs"] = tools.spec
                 client_fields = {"structured_outputs.json": "tools", "structured_outputs": "tools"}
-        prompt = _chat_prompt(body, messages, tools)
+        prompt = _chat_prompt(body, messages)
     if not body.use_beam_search:  # beams sample nothing: a default penalty would refuse them
         kw = defaults.fill(kw)
     params = SamplingParams(**kw)
@@ -214,32 +209,33 @@ def parse_request(
     )
 
 
-def _chat_prompt(
-    body: ChatBody, messages: list[dict[str, str]], tools: ToolPlan | None
-) -> list[dict[str, str]] | ChatPrompt:
-    """The messages, or a ChatPrompt when the template gets options; tool_choice "auto" hands
-    the template the tools."""
-    template_kwargs = dict(body.chat_template_kwargs or {})
-    if tools is not None and tools.spec is None:
-        template_kwargs["tools"] = list(tools.tools)
+def _chat_prompt(body: ChatBody, messages: list[ChatMessage]) -> list[ChatMessage] | ChatPrompt:
+    """The messages, or a ChatPrompt when the template gets options. The tools the request
+    declares reach the template whatever tool_choice says, as in vLLM (its default: "none"
+    too), so every turn of an agent loop renders the same system prompt; as there,
+    chat_template_kwargs may override them."""
+    template_kwargs: dict[str, Any] = {}
+    if body.tools:
+        template_kwargs["tools"] = [as_sent(tool) for tool in body.tools]
+    template_kwargs.update(body.chat_template_kwargs or {})
     return chat_prompt(
         messages, body.add_generation_prompt, body.continue_final_message, template_kwargs
     )
 
 
 def chat_prompt(
-    messages: list[dict[str, str]],
+    messages: list[ChatMessage],
     add_generation_prompt: bool,
     continue_final_message: bool,
     template_kwargs: dict[str, Any] | None,
-) -> list[dict[str, str]] | ChatPrompt:
+) -> list[ChatMessage] | ChatPrompt:
     """The messages, or a ChatPrompt when the template gets options other than the defaults
     (their checks are the engine edge's, request_input, which name the field); the HTTP chat
     endpoint's and the websocket's."""
     if add_generation_prompt and not continue_final_message and not template_kwargs:
         return messages
     return ChatPrompt(
-        messages=tuple(ChatMessage(**m) for m in messages),
+        messages=tuple(messages),
         add_generation_prompt=add_generation_prompt,
         continue_final_message=continue_final_message,
         template_kwargs=template_kwargs or None,
@@ -283,31 +279,3 @@ def _completion_prompts(prompt: str | list[str | int | list[int]]) -> tuple[str 
         "'prompt' must be a string, a list of token ids, or a non-empty list of strings or of "
         "token-id lists",
     )
-
-
-def chat_messages(messages: Any) -> list[dict[str, str]]:
-    """Decoded chat messages (a websocket frame's) -> role/content dicts, or a named 400."""
-    if not isinstance(messages, list):
-        raise invalid("messages", "'messages' must be a non-empty list of messages")
-    return message_dicts(convert_field(messages, list[Message], "messages"))
-
-
-def message_dicts(messages: list[Message]) -> list[dict[str, str]]:
-    """Messages -> role/content dicts; content parts are joined into one string."""
-    if not messages:
-        raise invalid("messages", "'messages' must be a non-empty list of messages")
-    out = []
-    for i, message in enumerate(messages):
-        content = message.content
-        if not isinstance(content, str):
-            texts = []
-            for j, part in enumerate(content):
-                where = f"messages[{i}].content[{j}]"
-                if part.type != "text":
-                    raise invalid(where, f"{where}: only text parts are supported")
-                if part.text is None:
-                    raise invalid(f"{where}.text", f"{where}.text must be a string")
-                texts.append(part.text)
-            content = "".join(texts)
-        out.append({"role": message.role, "content": content})
-    return out

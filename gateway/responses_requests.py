@@ -41,7 +41,7 @@ from troupe.gateway.tool_calls import (
     ToolPlan,
     tool_plan,
 )
-from troupe.messages import ChatPrompt, ParamError, SamplingParams, StructuredOutputs
+from troupe.messages import ChatMessage, ChatPrompt, ParamError, SamplingParams, StructuredOutputs
 from troupe.messages.sampling_defaults import NO_DEFAULTS, SamplingDefaults
 
 # Fields passed to SamplingParams under the same name (vLLM's extras included).
@@ -62,7 +62,7 @@ class ResponsesRequest:
     """A checked request: what to run, and what the answer repeats of it."""
 
     model: str | None
-    prompt: list[dict[str, str]] | ChatPrompt
+    prompt: list[ChatMessage] | ChatPrompt
     params: SamplingParams
     stream: bool
     tools: ToolPlan | None
@@ -89,7 +89,7 @@ def parse_responses(
 ) -> ResponsesRequest:
     """Decode and check a JSON body; raise ApiError(400) naming the first bad field.
     `tool_parser`: the format of the model's tool calls (tool_choice "auto" reads replies in
-    it, and earlier calls in `input` are written in it); None where the template has none.
+    it); None where the template has none.
     `store`: the server's stored responses (None: it stores none). `defaults`: the engine's,
     for the sampling fields the body leaves out."""
     body = decode_body(raw, ResponsesBody)
@@ -122,7 +122,7 @@ def parse_responses(
         raise invalid("stream_options", "stream_options needs stream: true")
 
     history = _history(body.previous_response_id, store)
-    messages = input_messages(body.input, body.instructions, tool_parser, history)
+    messages = input_messages(body.input, body.instructions, history)
     is_stored = store is not None and body.store is not False
     items: list[dict[str, Any]] = []  # needed only to store or to continue a response
     if is_stored or history:

@@ -18,16 +18,17 @@ import dataclasses
 from typing import Any
 
 import msgspec
+from troupe.gateway.chat_messages import decode_chat_messages
 from troupe.gateway.errors import ApiError
 from troupe.gateway.openai_bodies import convert_field, field_path, reason
-from troupe.gateway.openai_requests import chat_messages, chat_prompt
+from troupe.gateway.openai_requests import chat_prompt
 from troupe.gateway.served_models import ServedModels
 from troupe.gateway.structured_requests import (
     STRUCTURED_KEYS,
     StructuredFields,
     structured_outputs,
 )
-from troupe.messages import ChatPrompt, ParamError, SamplingParams
+from troupe.messages import ChatMessage, ChatPrompt, ParamError, SamplingParams
 from troupe.messages.sampling_defaults import NO_DEFAULTS, SamplingDefaults
 
 MAX_REQUEST_ID = 128
@@ -47,7 +48,7 @@ class ChatOptions(msgspec.Struct, forbid_unknown_fields=True):
 @dataclasses.dataclass(frozen=True)
 class Generate:
     request_id: str
-    prompt: str | list[int] | list[dict[str, str]] | ChatPrompt
+    prompt: str | list[int] | list[ChatMessage] | ChatPrompt
     params: SamplingParams
     # engine field -> the field the client wrote (structured output errors name the latter)
     client_fields: dict[str, str] = dataclasses.field(default_factory=dict)
@@ -116,12 +117,12 @@ def parse_frame(
         return FrameError(request_id, exc.message, exc.param)
 
 
-def _prompt(frame: dict[str, Any]) -> str | list[int] | list[dict[str, str]] | ChatPrompt:
+def _prompt(frame: dict[str, Any]) -> str | list[int] | list[ChatMessage] | ChatPrompt:
     if ("prompt" in frame) == ("messages" in frame):
         raise ApiError(400, "send exactly one of 'prompt' or 'messages'", param="prompt")
     given = {key: frame[key] for key in _CHAT_OPTIONS if key in frame}
     if "messages" in frame:
-        messages = chat_messages(frame["messages"])
+        messages = decode_chat_messages(frame["messages"])
         options = convert_field(given, ChatOptions, "")
         return chat_prompt(
             messages,
