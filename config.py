@@ -11,7 +11,12 @@ from pathlib import Path
 from typing import Literal, get_args, get_origin
 
 from troupe.config_checks import ConfigError as ConfigError  # its home; imported from here
-from troupe.config_checks import check_disaggregation, check_generation_config, check_lora
+from troupe.config_checks import (
+    check_disaggregation,
+    check_draft_source,
+    check_generation_config,
+    check_lora,
+)
 from troupe.kernels.ops import KernelBackend
 from troupe.policies.preemption import PREEMPTION_POLICIES
 from troupe.policies.queue import QUEUE_POLICIES
@@ -28,8 +33,9 @@ DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 # "auto": quantized weights stay as shipped (GGUF blocks, fp8) and are dequantized inside the
 # matmul (gpu/quant_linear.py); "dequantize": expand them to `dtype` at load.
 Quantization = Literal["auto", "keep", "dequantize"]  # gpu/weights.load_model
-# "ngram": actors/core/ngram_proposer.py; "draft_model": gpu/draft_runner.py
-SpeculativeMethod = Literal["ngram", "draft_model"]
+# "ngram": actors/core/ngram_proposer.py; "draft_model": gpu/draft_runner.py; "eagle": an
+# EAGLE-1 head on the model's hidden states (gpu/eagle_runner.py)
+SpeculativeMethod = Literal["ngram", "draft_model", "eagle"]
 Disaggregation = Literal["none", "prefill_decode"]  # actors/core/phase_router.py
 
 
@@ -133,13 +139,14 @@ class EngineConfig:
     # Speculative decoding (vLLM's names). "ngram": prompt lookup, proposals from each
     # request's own prompt and output (actors/core/ngram_proposer.py); "draft_model": a smaller
     # model of the same vocabulary (`draft_model`: HF folder or .gguf) that the executor runs
-    # beside the target (gpu/draft_runner.py). The target verifies num_speculative_tokens
-    # proposals in one step.
+    # beside the target (gpu/draft_runner.py); "eagle": an EAGLE-1 head (`draft_model`: its HF
+    # folder) fed the target's final hidden states (gpu/eagle_runner.py). The target
+    # verifies num_speculative_tokens proposals in one step.
     speculative_method: SpeculativeMethod | None = None
     num_speculative_tokens: int = 4
     prompt_lookup_min: int = 2  # shortest n-gram (suffix of the sequence) that may match
     prompt_lookup_max: int = 4  # longest; the longest matching one proposes
-    draft_model: str | None = None  # for "draft_model": its HF folder or .gguf file
+    draft_model: str | None = None  # "draft_model": its HF folder or .gguf; "eagle": the head's
     # Per step: no proposals in a step with at least this many running requests (verifying
     # k+1 tokens each costs more than it saves once the batch is compute-bound). None: never.
     speculative_disable_by_batch_size: int | None = 32
@@ -318,16 +325,12 @@ class EngineConfig:
                 "speculative_min_acceptance must be in [0, 1], "
                 f"got {self.speculative_min_acceptance!r}"
             )
-        if self.speculative_method == "draft_model":
-            if not self.draft_model:
-                raise ConfigError(
-                    "speculative_method 'draft_model' needs draft_model (a path to a smaller "
-                    "model of the same vocabulary)"
-                )
-            if self.runner == "fake":
-                raise ConfigError("speculative_method 'draft_model' needs runner='model'")
-        elif self.draft_model is not None:
-            raise ConfigError("draft_model is set but speculative_method is not 'draft_model'")
+        check_draft_source(self)
+
+    @property
+    def executor_proposes(self) -> bool:
+        """Whether proposals come from the executor (a draft model or an EAGLE head)."""
+        return self.speculative_method in ("draft_model", "eagle")
 
     @property
     def num_proposals(self) -> int:

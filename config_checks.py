@@ -45,6 +45,29 @@ def check_disaggregation(config: EngineConfig) -> None:
             raise ConfigError(f"{name} must be an integer >= 0, got {value!r}")
 
 
+def check_draft_source(config: EngineConfig) -> None:
+    """ConfigError when draft_model and speculative_method do not go together: "draft_model"
+    and "eagle" need draft_model (a draft model; an EAGLE head's folder), the others none."""
+    method = config.speculative_method
+    if config.executor_proposes:
+        if not config.draft_model:
+            what = "an EAGLE head's HF folder" if method == "eagle" else (
+                "a path to a smaller model of the same vocabulary"
+            )
+            raise ConfigError(f"speculative_method {method!r} needs draft_model ({what})")
+        if config.runner == "fake":
+            raise ConfigError(f"speculative_method {method!r} needs runner='model'")
+        if method == "eagle" and config.tensor_parallel_size != 1:
+            raise ConfigError(
+                "tensor_parallel_size must be 1 with speculative_method 'eagle' (the head reads "
+                f"the unsharded model's hidden states), got {config.tensor_parallel_size}"
+            )
+    elif config.draft_model is not None:
+        raise ConfigError(
+            "draft_model is set but speculative_method is not 'draft_model' or 'eagle'"
+        )
+
+
 # An adapter's name: what a request sends as SamplingParams.lora or as its HTTP `model` ('#'
 # never: a reloaded adapter runs inside the engine as name#2, actors/lora_registry.py)
 LORA_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}")

@@ -66,7 +66,7 @@ class SpecCost:
 def spec_cost(config: EngineConfig) -> SpecCost:
     """The cost model of a config's speculative method (a draft model adds its round)."""
     overhead = config.speculative_verify_overhead
-    if config.speculative_method == "draft_model":
+    if config.executor_proposes:  # a draft model's or an EAGLE head's round
         overhead += config.speculative_draft_overhead
     return SpecCost(config.num_proposals, config.speculative_step_fixed_tokens, overhead)
 

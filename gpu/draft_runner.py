@@ -31,7 +31,7 @@ step where no sequence wants proposals; sequences catch up at their next round, 
 max_num_batched_tokens tokens per round. The executor is not told of the scheduler's per-request
 pause or its measured per-step backoff, but it sees their effect: a plan that carries a decode
 without the proposals the draft offered for it. The draft then skips that request's next
-`backoff_steps` rounds (gpu/draft_state.py, DraftSeqs._follow), so a paused request costs one
+`backoff_steps` rounds (gpu/draft_state.py, Offers.follow), so a paused request costs one
 wasted round per pause, not one per step.
 """
 

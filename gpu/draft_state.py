@@ -28,13 +28,36 @@ from troupe.messages import SampledToken, SeqWork
 
 
 @dataclasses.dataclass(eq=False)
-class DraftSeq:
+class Offers:
+    """Whether the scheduler used the proposals offered for a request (a draft model's, an
+    EAGLE head's: gpu/eagle_state.py), and the rounds it skips when it did not."""
+
+    offered: bool = False  # proposed after its last token (not yet planned)
+    skip: int = 0  # rounds left without proposals: the scheduler declined the last ones
+    declines: int = 0  # offers declined in a row (each doubles the skip, up to 16x)
+
+    def follow(self, work: SeqWork, backoff_steps: int) -> None:
+        """Whether the scheduler used the proposals offered for this step. It declines them
+        for a request it paused, in a step it keeps from proposing (batch size, the cost
+        model) or without room: then the request skips its next `backoff_steps` rounds (the
+        scheduler's pause is as long), twice as many after each further decline in a row (up
+        to 16x: the scheduler's per-step probes back off so), and offers again after."""
+        if work.sample and self.skip > 0:
+            self.skip -= 1
+        if self.offered and work.sample:
+            self.offered = False
+            if work.draft_token_ids:
+                self.declines = 0
+            elif not work.reset:
+                self.skip = backoff_steps << min(self.declines, 4)
+                self.declines += 1
+
+
+@dataclasses.dataclass(eq=False)
+class DraftSeq(Offers):
     computed: int = 0  # positions [0, computed) hold the draft's KV of committed tokens
     known: list[int] = dataclasses.field(default_factory=list)  # committed, from `computed`
     spec: tuple[int, ...] = ()  # fed while proposing, at positions `computed`.. (known empty)
-    offered: bool = False  # the draft proposed after its last token (not yet planned)
-    skip: int = 0  # rounds left without proposals: the scheduler declined the last ones
-    declines: int = 0  # offers declined in a row (each doubles the skip, up to 16x)
 
     @property
     def num_tokens(self) -> int:
@@ -101,25 +124,8 @@ class DraftSeqs:
             kept = (num_blocks - len(work.block_ids)) * self.block_size - seq.computed
             seq.spec = seq.spec[: max(kept, 0)]
         seq.put(work.start_pos, work.token_ids)
-        self._follow(seq, work)
+        seq.follow(work, self.backoff_steps)
         return seq
-
-    def _follow(self, seq: DraftSeq, work: SeqWork) -> None:
-        """Whether the scheduler used the proposals the draft offered for this step. It
-        declines them for a request it paused, in a step it keeps from proposing (batch
-        size, the cost model) or without room: then the draft skips that request's next
-        `backoff_steps` rounds (the scheduler's pause is as long), twice as many after each
-        further decline in a row (up to 16x: the scheduler's per-step probes back off so), and
-        offers again after."""
-        if work.sample and seq.skip > 0:
-            seq.skip -= 1
-        if seq.offered and work.sample:
-            seq.offered = False
-            if work.draft_token_ids:
-                seq.declines = 0
-            elif not work.reset:
-                seq.skip = self.backoff_steps << min(seq.declines, 4)
-                seq.declines += 1
 
     def wants(self, seq: DraftSeq) -> bool:
         """Whether the draft proposes after this request's step."""

@@ -15,14 +15,13 @@ from collections.abc import Callable
 import numpy as np
 import torch
 from troupe.config import EngineConfig
-from troupe.gpu.draft_model import DraftModel
-from troupe.gpu.draft_runner import DraftRunner
 from troupe.gpu.forward_ahead import Drawn, ForwardAhead, KeptForward, Launched
 from troupe.gpu.forward_pass import ForwardPass
 from troupe.gpu.kv_cache import KVCache, kv_dtype
 from troupe.gpu.model_config import ModelConfig
 from troupe.gpu.models import DecoderModel
 from troupe.gpu.overlap import DecodeOverlap, LogitsHook, Split
+from troupe.gpu.proposer import Drafter, build_proposer
 from troupe.gpu.readback import Readback
 from troupe.gpu.request_states import RequestState, RequestStates
 from troupe.gpu.runner import HiddenOutputs, RunnerStats, SequencesFailed
@@ -62,11 +61,11 @@ class ModelRunner:
         options: RunnerOptions,
         *,
         logits_hook: LogitsHook | None = None,
-        draft: DraftModel | None = None,
+        draft: Drafter | None = None,
     ) -> None:
         """`logits_hook`: a test seam that may change each step's logits before sampling (fault
-        injection: a NaN row must fail its request only); the engine never sets it. `draft`:
-        a draft model proposing options.num_speculative_tokens tokens after each step."""
+        injection: a NaN row must fail its request only); the engine never sets it. `draft`: a
+        draft model or EAGLE head proposing options.num_speculative_tokens after each step."""
         self.model_config = config
         self.model = model
         self.device = model.device
@@ -97,7 +96,7 @@ class ModelRunner:
         self._pass = ForwardPass.for_options(model, self.kv, options)
         self._forward = self._pass
         self._step_forward = ScoredForward(self._pass, model.compute_logits)  # plans' forwards
-        self._draft = None if draft is None else DraftRunner.for_options(draft, options)
+        self._draft = None if draft is None else build_proposer(draft, options)
         # every plan carries proposals with a draft: an overlapped plain decode would never hit
         self.overlap_schedule = options.overlap_schedule and draft is None
         # the scheduler keeps one position past each decode in its table: the overlapped slot;

@@ -21,6 +21,7 @@ from troupe.kernels.rope_cache import build_cos_sin_cache
 from troupe.kernels.streaming_attention import rotate_queries, streaming_attention
 
 if TYPE_CHECKING:
+    from troupe.gpu.final_hidden import FinalHidden
     from troupe.gpu.lora_runtime import LoraRuntime
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
@@ -206,6 +207,8 @@ class DecoderModel(nn.Module):
         )
         self.norm = _param(c.hidden_size, dtype=dtype, device=device)
         self.lora: LoraRuntime | None = None  # LoRA adapters (gpu/lora_runtime.install_lora)
+        # every row's post-norm hidden state, for an EAGLE head (gpu/final_hidden.py)
+        self.final_hidden: FinalHidden | None = None
         self.lm_head: Weight | None = (
             None
             if c.tie_word_embeddings
@@ -273,12 +276,14 @@ class DecoderModel(nn.Module):
             cos_sin = self.get_buffer(table)
             hidden, residual = layer(hidden, residual, positions, meta, kv_cache, cos_sin, self.ops)
         assert residual is not None
-        idx = meta.logits_indices
+        idx, eps, final = meta.logits_indices, self.config.rms_norm_eps, self.final_hidden
+        if final is not None:  # an EAGLE head reads every row: normalize all, then pick
+            normed: torch.Tensor = self.ops.rms_norm(hidden, self.norm, eps, residual)[0]
+            final.put(normed)
+            return normed[idx]
         if idx.numel() == 0:  # only mid-prompt chunks: no kernel launch on an empty grid
             return hidden[:0]
-        out: torch.Tensor = self.ops.rms_norm(
-            hidden[idx], self.norm, self.config.rms_norm_eps, residual[idx]
-        )[0]
+        out: torch.Tensor = self.ops.rms_norm(hidden[idx], self.norm, eps, residual[idx])[0]
         return out
 
     @torch.inference_mode()

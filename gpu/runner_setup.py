@@ -11,6 +11,7 @@ from troupe.config import ConfigError, EngineConfig, resolve_model_path
 from troupe.gpu.activation_profile import profile_activation_peak
 from troupe.gpu.cpu_q4lib import Q4Options
 from troupe.gpu.draft_model import DraftModel, load_draft
+from troupe.gpu.eagle_load import EagleModel, load_eagle
 from troupe.gpu.heap_trim import release_freed_heap
 from troupe.gpu.kv_cache import kv_dtype
 from troupe.gpu.model_config import ModelConfig
@@ -58,7 +59,7 @@ class LoadedRunner:
     config: ModelConfig
     model: DecoderModel
     options: RunnerOptions
-    draft: DraftModel | None = None
+    draft: DraftModel | EagleModel | None = None
 
 
 def model_dtype(config: EngineConfig, device: torch.device) -> torch.dtype:
@@ -85,7 +86,7 @@ def max_stream_len(config: EngineConfig, device: torch.device, model: ModelConfi
     CUDA graphs and the overlapped decode do not have it yet) and the model attends as it
     expects (no sliding window, no MLA, no draft model to keep in step, one rank); else 0."""
     plain = not model.layer_windows and model.mla is None and not model.is_gemma3
-    single = config.speculative_method != "draft_model" and config.tensor_parallel_size == 1
+    single = not config.executor_proposes and config.tensor_parallel_size == 1
     return config.streaming_max_len if device.type == "cpu" and plain and single else 0
 
 
@@ -178,9 +179,14 @@ def load_for_config(config: EngineConfig) -> LoadedRunner:
             wrap_all=config.enable_lora,
         )
     cache_dtype = kv_dtype(config.kv_cache_dtype, dtype)  # what the pools are sized in
-    draft = None
+    draft: DraftModel | EagleModel | None = None
     if config.speculative_method == "draft_model":
         draft = load_draft(config, model_config, dtype, device, max_model_len)
+    elif config.speculative_method == "eagle":  # before sizing: its buffer of hidden states
+        most = config.step_budget(is_large_gpu(config)) + config.max_num_seqs * (
+            1 + config.num_proposals
+        )
+        draft = load_eagle(config, model_config, model, max_model_len, most)
     num_gpu_blocks = config.num_kv_blocks
     if num_gpu_blocks is None and device.type == "cuda":
         peak = profile_activation_peak(model, config, max_model_len)

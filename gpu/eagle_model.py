@@ -1,0 +1,118 @@
+"""An EAGLE-1 head (speculative_method="eagle"): vLLM's EagleLlamaForCausalLM, on our layers.
+
+A head row at position p reads the token at p + 1 and the target's final hidden state at p
+(gpu/final_hidden.py), and predicts the hidden state at p + 1, whose logits (the target's
+lm_head) give the token at p + 2:
+
+    x = fc(cat(embed(token[p+1]), hidden[p]))          fc: [H, 2H] (+ bias when shipped)
+    x, residual = layer_0(x), with layer 0's input norm the identity (EAGLE-1 ships none;
+                  a checkpoint that has one gets it), then layers 1.. as decoder layers
+    out = x + residual                                  (norm(x + residual) when shipped)
+    logits = target.lm_head(out); the next draft step feeds `out` as its hidden state
+
+The head's attention runs over its own paged KV (one pool per head layer, indexed by the
+target's block tables: gpu/eagle_runner.py) at the target's positions. Its embedding is its
+own when the checkpoint ships one, else the target's. vLLM ignores a final norm in an EAGLE-1
+checkpoint; here a shipped `norm.weight` is applied (then the head's output lives where the
+target's normed hidden states do, which it is fed as its next input).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from troupe.gpu.attention import AttentionMetadata
+from troupe.gpu.model_config import ModelConfig
+from troupe.gpu.models import DecoderLayer, DecoderModel, KVCache
+from troupe.gpu.quant_linear import embedding, linear
+from troupe.kernels.rope_cache import build_cos_sin_cache
+
+
+def _param(*shape: int, dtype: torch.dtype, device: torch.device) -> nn.Parameter:
+    return nn.Parameter(torch.empty(*shape, dtype=dtype, device=device), requires_grad=False)
+
+
+class EagleHead(nn.Module):
+    """fc, the head's decoder layers and (optional) norms; logits through the target's lm_head."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        target: DecoderModel,
+        *,
+        max_positions: int,
+        fc_bias: bool = False,
+        input_norm: bool = False,
+        final_norm: bool = False,
+        own_embedding: bool = False,
+    ) -> None:
+        super().__init__()
+        c, dtype, device = config, target.dtype, target.device
+        self.config = c
+        self.dtype = dtype
+        self.device = device
+        self.ops = target.ops
+
+        def param(*shape: int) -> nn.Parameter:
+            return _param(*shape, dtype=dtype, device=device)
+
+        self.fc = param(c.hidden_size, 2 * c.hidden_size)
+        self.fc_bias = param(c.hidden_size) if fc_bias else None
+        self.layers = nn.ModuleList(DecoderLayer(c, dtype, device, i) for i in range(c.num_layers))
+        self.has_input_norm = input_norm  # layer 0's: EAGLE-1 has none (the identity)
+        self.norm = param(c.hidden_size) if final_norm else None
+        self.embed_tokens = param(c.vocab_size, c.hidden_size) if own_embedding else None
+        # not submodules: the target's weights stay the target's (no second copy, no .to())
+        self._target_embed = target.embed
+        self.compute_logits = target.compute_logits
+        self.logits_dtype = target.logits_dtype
+        self.register_buffer(
+            "cos_sin_cache",
+            build_cos_sin_cache(
+                c.head_dim, max_positions, c.rope_theta, c.rope_scaling, torch.float32, device
+            ),
+            persistent=False,
+        )
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.embed_tokens is None:
+            return self._target_embed(input_ids)
+        return embedding(input_ids, self.embed_tokens, self.dtype)
+
+    def set_kv_scales(self, scales: torch.Tensor | None) -> None:
+        """fp8 KV: the head pool's scales [layer, k | v, kv head] (as DecoderModel's)."""
+        for i, layer in enumerate(self.layers):
+            assert isinstance(layer, DecoderLayer)
+            layer.k_scale = None if scales is None else scales[i, 0]
+            layer.v_scale = None if scales is None else scales[i, 1]
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        hidden: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_caches: list[KVCache],
+    ) -> torch.Tensor:
+        """The head's output [N, hidden] of every row: row i reads input_ids[i] (the token
+        after its position) and hidden[i] (the target's, or the head's own, at its position)."""
+        c, ops = self.config, self.ops
+        x = linear(torch.cat([self.embed(input_ids), hidden.to(self.dtype)], dim=-1), self.fc)
+        if self.fc_bias is not None:
+            x = x + self.fc_bias
+        cos_sin = self.get_buffer("cos_sin_cache")
+        residual: torch.Tensor | None = None
+        for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches, strict=True)):
+            assert isinstance(layer, DecoderLayer)
+            if i == 0 and not self.has_input_norm:  # EAGLE-1: no norm before the attention
+                attn = layer.attention(x, positions, meta, kv_cache, cos_sin, ops)
+                h, residual = ops.rms_norm(attn, layer.post_attention_layernorm, c.rms_norm_eps, x)
+                x = layer.mlp(h, ops)
+            else:
+                x, residual = layer(x, residual, positions, meta, kv_cache, cos_sin, ops)
+        assert residual is not None
+        if self.norm is not None:
+            out: torch.Tensor = ops.rms_norm(x, self.norm, c.rms_norm_eps, residual)[0]
+            return out
+        return x + residual
