@@ -51,9 +51,9 @@ def check_draft_source(config: EngineConfig) -> None:
     method = config.speculative_method
     if config.executor_proposes:
         if not config.draft_model:
-            what = "an EAGLE head's HF folder" if method == "eagle" else (
-                "a path to a smaller model of the same vocabulary"
-            )
+            what = "a path to a smaller model of the same vocabulary"
+            if method == "eagle":
+                what = "an EAGLE head's HF folder"
             raise ConfigError(f"speculative_method {method!r} needs draft_model ({what})")
         if config.runner == "fake":
             raise ConfigError(f"speculative_method {method!r} needs runner='model'")
