@@ -60,6 +60,11 @@ class EagleHead(nn.Module):
         self.fc_bias = param(c.hidden_size) if fc_bias else None
         self.layers = nn.ModuleList(DecoderLayer(c, dtype, device, i) for i in range(c.num_layers))
         self.has_input_norm = input_norm  # layer 0's: EAGLE-1 has none (the identity)
+        if not input_norm:  # its parameter stays unread: ones rather than uninitialized memory
+            first = self.layers[0]
+            assert isinstance(first, DecoderLayer)
+            with torch.no_grad():
+                first.input_layernorm.fill_(1.0)
         self.norm = param(c.hidden_size) if final_norm else None
         self.embed_tokens = param(c.vocab_size, c.hidden_size) if own_embedding else None
         # not submodules: the target's weights stay the target's (no second copy, no .to())
