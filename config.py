@@ -33,8 +33,7 @@ DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 # "auto": quantized weights stay as shipped (GGUF blocks, fp8) and are dequantized inside the
 # matmul (gpu/quant_linear.py); "dequantize": expand them to `dtype` at load.
 Quantization = Literal["auto", "keep", "dequantize"]  # gpu/weights.load_model
-# "ngram": actors/core/ngram_proposer.py; "draft_model": gpu/draft_runner.py; "eagle": an
-# EAGLE-1 head on the model's hidden states (gpu/eagle_runner.py)
+# "ngram": actors/core/ngram_proposer.py; "draft_model", "eagle": gpu/draft_runner.py, eagle_runner.py
 SpeculativeMethod = Literal["ngram", "draft_model", "eagle"]
 Disaggregation = Literal["none", "prefill_decode"]  # actors/core/phase_router.py
 
