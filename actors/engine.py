@@ -229,6 +229,10 @@ class Engine:
         """Latest snapshot published by the scheduler."""
         return self._stats
 
+    def default_sampling_params(self) -> SamplingParams:
+        """What `generate` and `submit` use when given no params: the model's defaults."""
+        return self.sampling_defaults.params(self.max_model_len)
+
     @property
     def runner_busy_seconds(self) -> float:
         """Seconds the runner has spent executing steps (to separate model from graph cost)."""
@@ -278,10 +282,10 @@ class Engine:
         *,
         request_id: str | None = None,
     ) -> AsyncIterator[StreamEvent]:
-        """Stream one request's events: Deltas, then exactly one terminal event.
+        """Stream one request's events: Deltas, then exactly one terminal event. No params:
+        default_sampling_params(); a SamplingParams or a mapping is taken as it is.
 
-        Leaving the loop early (break, cancellation) aborts the request and frees its blocks.
-        """
+        Leaving the loop early (break, cancellation) aborts the request and frees its blocks."""
         request_id = request_id or f"req-{next(_ids)}"
         request_or_reject = self._prepare(request_id, prompt, params)
         if isinstance(request_or_reject, Rejected):
@@ -346,6 +350,7 @@ class Engine:
         arrival_time: float | None = None,
     ) -> GenerateRequest | Rejected:
         now = time.monotonic() if arrival_time is None else arrival_time
+        params = self.default_sampling_params() if params is None else params
         try:
             request = to_generate_request(
                 request_id, prompt, params, now, vocab_size=self._vocab_size

@@ -47,8 +47,9 @@ def generate_batch(
 ) -> list[Completion]:
     """Run every prompt to completion and return the outputs in prompt order.
 
-    `params` is one SamplingParams for all prompts or one per prompt. Shows a tqdm progress bar
-    of finished requests unless `progress=False`.
+    `params` is one SamplingParams for all prompts or one per prompt; None: the model's
+    defaults (Engine.default_sampling_params, vLLM's get_default_sampling_params). Shows a
+    tqdm progress bar of finished requests unless `progress=False`.
     """
     if isinstance(params, Sequence) and not isinstance(params, Mapping):
         if len(params) != len(prompts):

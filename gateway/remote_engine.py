@@ -185,6 +185,8 @@ class RemoteEngine(asyncio.Protocol):
     ) -> GenerateRequest | Rejected:
         """The client edge, as Engine._prepare (the engine checks token ids against the
         vocabulary again: a prompt it refuses comes back Rejected)."""
+        if params is None:  # the model's defaults, as Engine's
+            params = self.sampling_defaults.params(self.max_model_len)
         try:
             request = to_generate_request(request_id, prompt, params, time.monotonic())
         except RequestInputError as exc:

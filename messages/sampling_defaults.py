@@ -3,7 +3,8 @@ generation_config.json (vLLM's `--generation-config`), with EngineConfig's overr
 
 The engine reads them at start (actors/generation_defaults.py) and shows them as
 `Engine.sampling_defaults` (an engine in another process sends them in its Hello); the gateway
-fills them into each OpenAI and websocket request where the body leaves a field out. A client's
+fills them into each OpenAI and websocket request where the body leaves a field out, and
+`Engine.generate`/`submit` (hence `generate_batch`) given no params use `params()`. A client's
 own value always wins, as in vLLM.
 """
 
@@ -75,6 +76,15 @@ class SamplingDefaults(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
         """The default max_tokens of a request that runs to the end of the context: this
         one's max_tokens where set, never past `limit` (max_model_len)."""
         return limit if self.max_tokens is None else min(self.max_tokens, limit)
+
+    def params(self, max_model_len: int) -> SamplingParams:
+        """The SamplingParams of a Python API request given none (vLLM's
+        `LLM.get_default_sampling_params`): these defaults, max_tokens included (never past
+        `max_model_len`), and SamplingParams' own for the fields they leave unset."""
+        kwargs = self.as_kwargs()
+        if self.max_tokens is not None:
+            kwargs["max_tokens"] = self.max_tokens_within(max_model_len)
+        return SamplingParams(**kwargs)
 
 
 NO_DEFAULTS = SamplingDefaults()

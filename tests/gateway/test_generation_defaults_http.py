@@ -161,5 +161,12 @@ def test_an_engine_in_a_child_sends_them_in_its_hello(folder: Path) -> None:
         assert status == 200, body
         assert (body["temperature"], body["top_p"], body["max_output_tokens"]) == (0.6, 0.5, None)
         assert body["usage"]["output_tokens"] <= 4
+
+        async def generate_bare() -> list[Any]:  # the Python API given no params, as Engine's
+            return [event async for event in srv.engine.generate([100, 101, 102])]
+
+        assert srv.engine.sampling_defaults.params(64).max_tokens == 4
+        last = srv.call(generate_bare())[-1]
+        assert last.finish_reason == "length" and last.usage.completion_tokens == 4  # not 16
     finally:
         srv.shutdown()
