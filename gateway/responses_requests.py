@@ -3,8 +3,9 @@
 The Responses API is chat in other words, so it runs chat's machinery: its items become chat
 messages (gateway/responses_input.py) rendered by the model's template, `text.format` the
 structured output `response_format` makes on chat (gateway/structured_requests.py), `tools`
-and `tool_choice` chat's ToolPlan (gateway/tool_calls.py, gateway/tool_auto.py), and
-SamplingParams.check the ranges (`max_output_tokens` named as the client wrote it).
+and `tool_choice` chat's ToolPlan (gateway/tool_calls.py, gateway/tool_auto.py; the tools reach
+the template under every tool_choice, as chat's), and SamplingParams.check the ranges
+(`max_output_tokens` named as the client wrote it).
 
 `previous_response_id` continues a stored response (gateway/responses_store.py): its input
 items and output are read before `input` (its `instructions` are not, as on OpenAI); an id the
@@ -39,6 +40,7 @@ from troupe.gateway.tool_calls import (
     ToolChoice,
     ToolFunction,
     ToolPlan,
+    as_sent,
     tool_plan,
 )
 from troupe.messages import ChatMessage, ChatPrompt, ParamError, SamplingParams, StructuredOutputs
@@ -106,7 +108,8 @@ def parse_responses(
     if spec is not None:
         kw["structured_outputs"], client_fields = spec
     function_tools = [_function_tool(t, f"tools[{i}]") for i, t in enumerate(body.tools or ())]
-    tools = _tool_plan(function_tools, body, tool_parser)
+    chat_tools = [_chat_tool(t) for t in function_tools]
+    tools = _tool_plan(chat_tools, body, tool_parser)
     if tools is not None and tools.spec is not None:
         if "structured_outputs" in kw:
             raise invalid("text.format", "text.format and tool calls cannot be combined")
@@ -129,8 +132,8 @@ def parse_responses(
         items = [*history, *stored_items(body.input)]
         check_unique_ids(items, len(history))
     template_kwargs: dict[str, Any] = {}
-    if tools is not None and tools.spec is None:  # "auto": the template shows the tools
-        template_kwargs["tools"] = list(tools.tools)
+    if chat_tools:  # whatever tool_choice says, as chat's (vLLM's default): the same prompt
+        template_kwargs["tools"] = [as_sent(t) for t in chat_tools]  # in chat's shape
     if body.reasoning is not None and body.reasoning.effort is not None:
         template_kwargs["reasoning_effort"] = body.reasoning.effort  # vLLM's template variable
     prompt = chat_prompt(messages, True, False, template_kwargs)
@@ -195,7 +198,7 @@ def _text_format(body: ResponsesBody) -> tuple[StructuredOutputs, dict[str, str]
 
 
 def _tool_plan(
-    tools: list[FunctionTool], body: ResponsesBody, tool_parser: ToolParserName | None
+    tools: list[Tool], body: ResponsesBody, tool_parser: ToolParserName | None
 ) -> ToolPlan | None:
     """chat's ToolPlan for the request's function tools and tool_choice."""
     choice = body.tool_choice
@@ -209,23 +212,20 @@ def _tool_plan(
         )
     chat_choice: ToolChoice | None
     if isinstance(choice, FunctionChoice):
-        if choice.name not in {t.name for t in tools}:
+        if choice.name not in {t.function.name for t in tools}:
             raise invalid("tool_choice.name", f"no tool named {choice.name!r}")
         chat_choice = NamedToolChoice(type="function", function=ChoiceName(name=choice.name))
     else:
         chat_choice = None if choice == "auto" else choice
-    chat_tools = [
-        Tool(
-            type="function",
-            function=ToolFunction(
-                name=t.name, description=t.description, parameters=t.parameters, strict=t.strict
-            ),
-        )
-        for t in tools
-    ]
-    return tool_plan(
-        chat_tools or None, chat_choice, body.parallel_tool_calls, tool_parser=tool_parser
+    return tool_plan(tools or None, chat_choice, body.parallel_tool_calls, tool_parser=tool_parser)
+
+
+def _chat_tool(tool: FunctionTool) -> Tool:
+    """A Responses function tool in chat's nesting (what vLLM hands the template)."""
+    function = ToolFunction(
+        name=tool.name, description=tool.description, parameters=tool.parameters, strict=tool.strict
     )
+    return Tool(type="function", function=function)
 
 
 def _function_tool(raw: dict[str, Any], where: str) -> FunctionTool:

@@ -2,7 +2,8 @@
 (SmolLM2's tokenizer, a fake runner made to say exact replies, `--reasoning-parser qwen3`):
 function calls come back as function_call items, whole and streamed, and go back into the
 template as an assistant message's tool_calls (the function's output as a tool message
-answering the call's id), so the next turn's prompt is the chat conversation's; "required" and named functions; the thinking as a
+answering the call's id), so the next turn's prompt is the chat conversation's; the declared
+tools in the prompt under every tool_choice; "required" and named functions; the thinking as a
 reasoning item; an answer cut short by max_output_tokens."""
 
 from __future__ import annotations
@@ -11,11 +12,14 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+import msgspec
 import openai
 import pytest
 from openai import OpenAI
 from openai.types.responses import Response
+from troupe.gateway.responses_requests import parse_responses
 from troupe.gateway.state import GatewaySettings
+from troupe.messages import ChatPrompt
 
 from tests.gateway.conftest import ServerThread, openai_client, scripted_server
 from tests.gateway.scripted_runner import say, template_model
@@ -171,18 +175,40 @@ def test_the_round_trip_renders_as_the_chat_conversation(srv: ServerThread, clie
     assert second.output_text == chat.choices[0].message.content
 
 
+@pytest.mark.parametrize(
+    "choice", ["auto", "required", "none", {"type": "function", "name": "get_weather"}]
+)
+def test_the_tools_reach_the_template_under_every_tool_choice(
+    srv: ServerThread, choice: Any
+) -> None:
+    """As chat's (vLLM's default): every turn of an agent loop renders the same prompt."""
+    body = {"model": "", "input": QUESTION, "tools": TOOLS, "tool_choice": choice}
+    req = parse_responses(json.dumps(body).encode(), default_max_tokens=64, tool_parser="hermes")
+    assert isinstance(req.prompt, ChatPrompt)
+    assert req.prompt.template_kwargs == {"tools": CHAT_TOOLS}  # in chat's nesting
+    messages = [msgspec.to_builtins(m) for m in req.prompt.messages]
+    rendered = srv.engine.tokenizer.render_chat(messages, **req.prompt.template_kwargs)
+    assert "<tools>" in rendered and '"name": "get_weather"' in rendered
+    # no tools, no tools variable: the template's tool-less prompt
+    plain = parse_responses(b'{"input": "Hi"}', default_max_tokens=64, tool_parser="hermes")
+    assert isinstance(plain.prompt, list)
+
+
 def test_required_and_named_function_calls(srv: ServerThread, client: OpenAI) -> None:
+    with_tools = _prompt_tokens(srv, [{"role": "user", "content": QUESTION}], tools=CHAT_TOOLS)
     say(srv, '[{"name": "get_weather", "arguments": {"city": "Paris"}}]')
     out = client.responses.create(
         model="", input=QUESTION, tools=TOOLS, tool_choice="required", max_output_tokens=64
     )
     assert [item.type for item in out.output] == ["function_call"]
     assert json.loads(out.output[0].arguments) == {"city": "Paris"}  # type: ignore[union-attr]
+    assert out.usage is not None and out.usage.input_tokens == with_tools  # the tools rendered
 
     say(srv, '{"city": "Paris"}')
     named: Any = {"type": "function", "name": "get_weather"}
     args: dict[str, Any] = {"model": "", "input": QUESTION, "tools": TOOLS, "tool_choice": named}
     out = client.responses.create(max_output_tokens=64, **args)
+    assert out.usage is not None and out.usage.input_tokens == with_tools
     assert out.tool_choice.type == "function"  # type: ignore[union-attr]
     assert [item.type for item in out.output] == ["function_call"]
     assert out.output[0].arguments == '{"city": "Paris"}'  # type: ignore[union-attr]
