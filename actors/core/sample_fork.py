@@ -42,6 +42,12 @@ class SampleForks:
         self.samples: dict[str, list[Request]] = {}  # forked parent id -> its samples
         self._rejoin: list[Request] = []  # out of the running queue while the loops plan
 
+    @property
+    def num_set_aside(self) -> int:
+        """Forked samples and deferred parents out of the running queue until `rejoin`: they
+        hold blocks all the same."""
+        return len(self._rejoin)
+
     def add(self, req: Request) -> list[Request]:
         """The requests to queue for an admitted one: itself, or for a one-token prompt (nothing
         to share), its samples at once."""

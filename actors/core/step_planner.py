@@ -159,7 +159,7 @@ class StepPlanner:
             self._preempted = True
             running = self.queues.running
             if (victim := self.preemption.victim(running)) is req:
-                if len(running) > 1 or self.queues.awaiting:
+                if len(running) > 1 or self.queues.awaiting or self.forks.num_set_aside:
                     self._preempt(req)
                     return None
                 # Alone: once this batch's releases apply, every other block is free, whatever

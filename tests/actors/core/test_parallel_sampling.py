@@ -296,3 +296,30 @@ def test_more_samples_than_seats_fail_with_a_message() -> None:
     ends = [o for _, m in out if isinstance(m, TokenBatch) for o in m.outputs]
     assert [(o.request_id, o.finish_reason) for o in ends] == [("p", FinishReason.ERROR)]
     assert "max_num_seqs" in (ends[0].error or "")
+
+
+def test_a_fork_that_needs_blocks_others_forked_this_step_took_gives_way() -> None:
+    # 5 blocks of 4 tokens: r2's 10-token prompt holds 3, r1's 2-token one 1. r2 forks first
+    # (its second sample copies the partial block: the last free one); r1's fork then needs
+    # one more. r2's samples are out of the running queue until the step's loops end, yet
+    # they hold blocks: r1 is not alone, so it gives way (recomputed) rather than count on a
+    # pool its own blocks would be all of.
+    rig = Rig(bs=4, num_gpu=5, num_cpu=0, budget=8, max_seqs=4, caching=False)
+    params = SamplingParams(n=2, max_tokens=1, ignore_eos=True)
+    prompts = {"r2": list(range(140, 150)), "r1": [120, 121]}
+    msgs = [
+        AdmittedRequest(
+            request_id=rid,
+            prompt_token_ids=tuple(prompt),
+            params=params,
+            arrival_time=0.0,
+            max_total_tokens=len(prompt) + 1,
+        )
+        for rid, prompt in prompts.items()
+    ]
+    rig.pump(rig.s.handle(msgs))  # was the allocator's "Fork ... needs 1 blocks, 0 are free"
+    for rid, prompt in prompts.items():
+        for i in range(2):
+            assert rig.tokens[sample_id(rid, i)] == expected(prompt, params, i)
+    assert rig.s.stats().num_preemptions_recompute > 0
+    rig.check_all_back()
