@@ -13,16 +13,14 @@ adapter. Requests awaiting a late token count too: they run again without starti
 
 from __future__ import annotations
 
-from itertools import chain
-
 from troupe.actors.core.request_queues import RequestQueues
 from troupe.actors.core.request_state import Request
 
 
 class AdapterSlots:
     """One step's view of the adapters the running requests use (those started in the step
-    included). Counted at the first queued request that names an adapter: a step whose queued
-    requests name none reads no running request."""
+    included): the queues' counts (adapter_counts.py), copied at the first queued request
+    that names an adapter."""
 
     def __init__(self, queues: RequestQueues, max_loras: int) -> None:
         self.queues, self.max_loras = queues, max_loras
@@ -34,9 +32,7 @@ class AdapterSlots:
         if lora is None:
             return True
         if (names := self._names) is None:
-            q = self.queues
-            running = chain(q.running, q.awaiting)
-            names = self._names = {r.params.lora for r in running if r.params.lora is not None}
+            names = self._names = set(self.queues.adapters.running)
         return lora in names or len(names) < self.max_loras
 
     def started(self, req: Request) -> None:

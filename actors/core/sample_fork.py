@@ -93,7 +93,7 @@ class SampleForks:
             need = max(0, lim.blocks_for(cover) - table)
             need += (k - 1) * (partial + max(0, lim.blocks_for(cover) - others - partial))
             if k > budget:
-                q.running.remove(parent)  # waits a step, neither planned nor a victim
+                q.take(parent)  # waits a step, neither planned nor a victim
                 self._rejoin.append(parent)
                 continue
             held = parent.num_blocks - parent.num_released
@@ -110,7 +110,7 @@ class SampleForks:
 
     def _fork(self, planner: StepPlanner, parent: Request, cover: int) -> None:
         q, rid = planner.queues, parent.request_id
-        q.running.remove(parent)
+        q.take(parent)
         parent.status = Status.FINISHED
         del q.requests[rid]
         del self.parents[rid]

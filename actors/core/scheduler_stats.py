@@ -1,14 +1,10 @@
 """The scheduler's EngineStats: a snapshot of the pools (as of the last AllocationResult), the
 queues and the counters, sent with every TokenBatch (so once per step). The LoRA adapters in
-use are read off the queues only when the engine serves adapters (max_loras > 0)."""
+use, named only when the engine serves adapters (max_loras > 0), are the queues' counts
+(adapter_counts.py): no scan of the queues."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from itertools import chain
-
-from troupe.actors.core.request_queues import RequestQueues
-from troupe.actors.core.request_state import Request
 from troupe.actors.core.step_planner import StepPlanner
 from troupe.messages.events import EngineStats
 from troupe.messages.scheduler import AllocationResult
@@ -19,7 +15,7 @@ def engine_stats(
 ) -> EngineStats:
     q, num_gpu, spec = planner.queues, planner.limits.num_gpu_blocks, planner.speculator
     max_loras = planner.limits.max_loras
-    running, waiting = _adapters(q) if max_loras else ((), ())
+    running, waiting = q.adapters.names() if max_loras else ((), ())
     return EngineStats(
         num_gpu_blocks=num_gpu,
         num_gpu_blocks_used=num_gpu - pools.num_gpu_free,
@@ -42,13 +38,3 @@ def engine_stats(
         running_lora_adapters=running,
         waiting_lora_adapters=waiting,
     )
-
-
-def _adapters(q: RequestQueues) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """The adapters of the running requests (those awaiting a late token included, as
-    lora_slots counts them) and of the queued ones (waiting, swapped), each sorted."""
-    return _names(chain(q.running, q.awaiting)), _names(chain(q.waiting, q.swapped))
-
-
-def _names(requests: Iterable[Request]) -> tuple[str, ...]:
-    return tuple(sorted({r.params.lora for r in requests if r.params.lora is not None}))

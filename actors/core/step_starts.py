@@ -70,12 +70,12 @@ def _admit_waiting(
             planner.fail(req)  # grew past the pool while preempted
             continue
         if adapters is not None and not adapters.admits(req):
-            deferred.append(q.waiting.pop(0))  # another adapter's turn; later ones may start
+            deferred.append(q.take(req))  # another adapter's turn; later ones may start
             continue
         namespace = req.params.cache_namespace
         head = (namespace, tuple(req.token_ids[:bs])) if caching and num_tokens > bs else None
         if head in leaders:
-            deferred.append(q.waiting.pop(0))
+            deferred.append(q.take(req))
             continue
         n = lim.chunk(req.compute_end, budget)
         limit = cache_limit(req)  # streaming: hits only where its KV is the same
