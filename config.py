@@ -33,8 +33,8 @@ DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 # "auto": quantized weights stay as shipped (GGUF blocks, fp8) and are dequantized inside the
 # matmul (gpu/quant_linear.py); "dequantize": expand them to `dtype` at load.
 Quantization = Literal["auto", "keep", "dequantize"]  # gpu/weights.load_model
-# "ngram": actors/core/ngram_proposer.py; "draft_model", "eagle": gpu/draft_runner.py, eagle_runner.py
-SpeculativeMethod = Literal["ngram", "draft_model", "eagle"]
+# "ngram": actors/core/ngram_proposer.py; "draft_model": gpu/draft_runner.py; "eagle*": eagle_runner
+SpeculativeMethod = Literal["ngram", "draft_model", "eagle", "eagle3"]
 Disaggregation = Literal["none", "prefill_decode"]  # actors/core/phase_router.py
 
 
@@ -138,8 +138,8 @@ class EngineConfig:
     # Speculative decoding (vLLM's names). "ngram": prompt lookup, proposals from each
     # request's own prompt and output (actors/core/ngram_proposer.py); "draft_model": a smaller
     # model of the same vocabulary (`draft_model`: HF folder or .gguf) that the executor runs
-    # beside the target (gpu/draft_runner.py); "eagle": an EAGLE-1 head (`draft_model`: its HF
-    # folder) fed the target's final hidden states (gpu/eagle_runner.py). The target
+    # beside the target (gpu/draft_runner.py); "eagle": an EAGLE-1 or EAGLE-3 head (as its HF
+    # folder says), "eagle3": an EAGLE-3 head, fed the target's hidden states. The target
     # verifies num_speculative_tokens proposals in one step.
     speculative_method: SpeculativeMethod | None = None
     num_speculative_tokens: int = 4
@@ -329,7 +329,7 @@ class EngineConfig:
     @property
     def executor_proposes(self) -> bool:
         """Whether proposals come from the executor (a draft model or an EAGLE head)."""
-        return self.speculative_method in ("draft_model", "eagle")
+        return self.speculative_method in ("draft_model", "eagle", "eagle3")
 
     @property
     def num_proposals(self) -> int:

@@ -47,24 +47,24 @@ def check_disaggregation(config: EngineConfig) -> None:
 
 def check_draft_source(config: EngineConfig) -> None:
     """ConfigError when draft_model and speculative_method do not go together: "draft_model"
-    and "eagle" need draft_model (a draft model; an EAGLE head's folder), the others none."""
+    and "eagle"/"eagle3" need draft_model (a draft model; an EAGLE head's folder), the others none."""
     method = config.speculative_method
     if config.executor_proposes:
         if not config.draft_model:
             what = "a path to a smaller model of the same vocabulary"
-            if method == "eagle":
+            if method in ("eagle", "eagle3"):
                 what = "an EAGLE head's HF folder"
             raise ConfigError(f"speculative_method {method!r} needs draft_model ({what})")
         if config.runner == "fake":
             raise ConfigError(f"speculative_method {method!r} needs runner='model'")
-        if method == "eagle" and config.tensor_parallel_size != 1:
+        if method in ("eagle", "eagle3") and config.tensor_parallel_size != 1:
             raise ConfigError(
-                "tensor_parallel_size must be 1 with speculative_method 'eagle' (the head reads "
+                f"tensor_parallel_size must be 1 with speculative_method {method!r} (the head reads "
                 f"the unsharded model's hidden states), got {config.tensor_parallel_size}"
             )
     elif config.draft_model is not None:
         raise ConfigError(
-            "draft_model is set but speculative_method is not 'draft_model' or 'eagle'"
+            "draft_model is set but speculative_method is not 'draft_model', 'eagle' or 'eagle3'"
         )
 
 

@@ -1,7 +1,9 @@
-"""Loading an EAGLE-1 head (speculative_method="eagle", draft_model: the head's HF folder).
+"""Loading an EAGLE head (speculative_method "eagle" or "eagle3", draft_model: the head's HF
+folder): an EAGLE-1 head here, an EAGLE-3 head by gpu/eagle3_load.py (which it is: the
+folder says, `is_eagle3`; "eagle3" refuses an EAGLE-1 folder).
 
-A head ships as EAGLE's checkpoints do: config.json (a one-layer Llama/Qwen config) and
-safetensors or pytorch_model*.bin with, names optionally under `model.`:
+An EAGLE-1 head ships as EAGLE's checkpoints do: config.json (a one-layer Llama/Qwen config)
+and safetensors or pytorch_model*.bin with, names optionally under `model.`:
 
     fc.weight [H, 2H] (fc.bias [H] when shipped)      layers.N.*: decoder layers (q/k/v/o,
     embed_tokens.weight [V, H]: else the model's      gate/up/down, post_attention_layernorm;
@@ -14,44 +16,65 @@ Every refusal is a ConfigError naming draft_model (or the model's field) and bot
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+import json
 from pathlib import Path
+from typing import Protocol
 
 import torch
 from troupe.config import ConfigError, EngineConfig
+from troupe.gpu.attention import AttentionMetadata
 from troupe.gpu.draft_model import check_draft
+from troupe.gpu.eagle3_load import build_eagle3, is_eagle3
 from troupe.gpu.eagle_model import EagleHead
-from troupe.gpu.final_hidden import FinalHidden
+from troupe.gpu.head_weights import (
+    Destination,
+    check_filled,
+    fill,
+    head_tensors,
+    layer_destination,
+    layer_keys,
+)
 from troupe.gpu.model_config import ModelConfig
-from troupe.gpu.models import DecoderLayer, DecoderModel
+from troupe.gpu.models import DecoderLayer, DecoderModel, KVCache
 from troupe.gpu.pool_sizing import block_bytes
-from troupe.gpu.weights import iter_hf_tensors
+from troupe.gpu.target_hidden import HiddenTaps, TargetHidden
 
 HEAD_TYPES = ("llama", "mistral", "qwen2", "qwen3")
-_FUSED = {  # HF name in a layer -> (our parameter, which slice)
-    "self_attn.q_proj": ("qkv_proj", 0),
-    "self_attn.k_proj": ("qkv_proj", 1),
-    "self_attn.v_proj": ("qkv_proj", 2),
-    "mlp.gate_proj": ("gate_up_proj", 0),
-    "mlp.up_proj": ("gate_up_proj", 1),
-}
-_PLAIN = {
-    "input_layernorm.weight": "input_layernorm",
-    "post_attention_layernorm.weight": "post_attention_layernorm",
-    "self_attn.o_proj.weight": "o_proj",
-    "mlp.down_proj.weight": "down_proj",
-    "self_attn.q_norm.weight": "q_norm",
-    "self_attn.k_norm.weight": "k_norm",
-}
+FINAL_STATE = HiddenTaps()  # EAGLE-1 reads the final post-norm state
+
+
+class DraftHead(Protocol):
+    """An EAGLE head as the runner drives it (gpu/eagle_model.py, gpu/eagle3_model.py)."""
+
+    dtype: torch.dtype
+    device: torch.device
+
+    def set_kv_scales(self, scales: torch.Tensor | None) -> None: ...
+
+    def combine(self, taps: torch.Tensor) -> torch.Tensor:
+        """The target's tapped rows as the head's hidden input (EAGLE-3: fc)."""
+
+    def run(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        hidden: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_caches: list[KVCache],
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the rows' states for compute_logits, the hidden input of the next draft step)."""
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits [N, the model's vocabulary]."""
 
 
 @dataclasses.dataclass(frozen=True)
 class EagleModel:
-    """A loaded EAGLE head, bound to its target (whose forward now fills final_hidden)."""
+    """A loaded EAGLE head, bound to its target (whose forward now fills target_hidden)."""
 
     config: ModelConfig  # the head's
-    head: EagleHead
-    final_hidden: FinalHidden
+    head: DraftHead
+    target_hidden: TargetHidden
 
     def block_bytes(self, block_size: int, dtype: torch.dtype) -> int:
         """Bytes of one block of the head's pool: each target block id has one here too."""
@@ -73,58 +96,27 @@ def check_eagle(target: ModelConfig, head: ModelConfig) -> None:
     if head.hidden_size != target.hidden_size:
         raise ConfigError(
             f"draft_model has hidden_size {head.hidden_size}, the model has "
-            f"{target.hidden_size}: an EAGLE-1 head reads the model's hidden states"
+            f"{target.hidden_size}: an EAGLE head reads the model's hidden states"
         )
     check_draft(target, head)  # the vocabulary, the window
 
 
-def _head_tensors(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name without `model.`, tensor) from safetensors, else from pytorch_model*.bin."""
-    bins = sorted(folder.glob("pytorch_model*.bin"))
-    if any(folder.glob("*.safetensors")) or not bins:
-        tensors: Iterator[tuple[str, torch.Tensor]] = iter_hf_tensors(folder)
-    else:
-        tensors = (
-            item
-            for file in bins
-            for item in torch.load(file, map_location="cpu", weights_only=True).items()
-        )
-    for name, tensor in tensors:
-        yield name.removeprefix("model."), tensor
-
-
-def _destination(head: EagleHead, name: str) -> tuple[torch.Tensor, str] | None:
+def _destination(head: EagleHead, name: str) -> Destination | None:
     """(where an HF-named tensor goes, its fill key); None: not the head's (lm_head, ...)."""
-    c = head.config
-    if name == "fc.weight":
-        return head.fc, name
-    if name == "fc.bias" and head.fc_bias is not None:
-        return head.fc_bias, name
-    if name == "embed_tokens.weight" and head.embed_tokens is not None:
-        return head.embed_tokens, name
-    if name == "norm.weight" and head.norm is not None:
-        return head.norm, name
-    parts = name.split(".")
-    if len(parts) < 4 or parts[0] != "layers" or not parts[1].isdigit():
-        return None
-    if int(parts[1]) >= len(head.layers):
-        return None
-    layer = head.layers[int(parts[1])]
-    assert isinstance(layer, DecoderLayer)
-    rest = ".".join(parts[2:])
-    if rest in _PLAIN:
-        found: torch.Tensor | None = getattr(layer, _PLAIN[rest])
+    own = {
+        "fc.weight": head.fc,
+        "fc.bias": head.fc_bias,
+        "embed_tokens.weight": head.embed_tokens,
+        "norm.weight": head.norm,
+    }
+    if name in own:
+        found = own[name]
         return None if found is None else (found, name)
-    module, kind = rest.rsplit(".", 1)
-    if module not in _FUSED:
-        return None
-    param, part = _FUSED[module]
-    sizes = (c.q_size, c.kv_size, c.kv_size) if param == "qkv_proj" else (c.intermediate_size,) * 2
-    start = sum(sizes[:part])
-    whole = layer.qkv_bias if kind == "bias" else getattr(layer, param)
-    if kind not in ("weight", "bias") or whole is None:
-        return None
-    return whole[start : start + sizes[part]], name
+    return layer_destination(_layers(head.layers), name)
+
+
+def _layers(modules: torch.nn.ModuleList) -> list[DecoderLayer]:
+    return [layer for layer in modules if isinstance(layer, DecoderLayer)]
 
 
 def load_eagle(
@@ -135,14 +127,39 @@ def load_eagle(
     max_rows: int,
 ) -> EagleModel:
     """Read and check config.draft_model as an EAGLE head for `target`, load it, and have the
-    target's forward keep every row's final hidden state (`max_rows` rows a step at most)."""
+    target's forward keep what the head reads of every row (`max_rows` rows a step at most)."""
     assert config.draft_model is not None, "EngineConfig checks draft_model is set"
     folder = Path(config.draft_model).expanduser()
     if not folder.is_dir():
         raise ConfigError(f"draft_model path {str(folder)!r} is not an EAGLE head's folder")
     head_config = ModelConfig.from_hf_folder(folder)
     check_eagle(target_config, head_config)
-    tensors = dict(_head_tensors(folder))  # one read: the head is one layer (and an embedding)
+    raw = json.loads((folder / "config.json").read_text())
+    tensors = dict(head_tensors(folder))  # one read: the head is one layer (and an embedding)
+    head: DraftHead
+    if is_eagle3(raw, set(tensors)):
+        head, taps = build_eagle3(
+            folder, raw, head_config, target_config, target, tensors, max_model_len
+        )
+    elif config.speculative_method == "eagle3":
+        raise ConfigError(
+            f"draft_model {str(folder)!r} is not an EAGLE-3 head (no draft_vocab_size in its "
+            "config.json, no midlayer.* or d2t tensors): speculative_method 'eagle3' needs one"
+        )
+    else:
+        head, taps = _build_eagle1(folder, head_config, target, tensors, max_model_len), FINAL_STATE
+    hidden = TargetHidden(taps, max_rows, target_config.hidden_size, target.dtype, target.device)
+    target.target_hidden = hidden  # before the runner captures the target's graphs
+    return EagleModel(head_config, head, hidden)
+
+
+def _build_eagle1(
+    folder: Path,
+    head_config: ModelConfig,
+    target: DecoderModel,
+    tensors: dict[str, torch.Tensor],
+    max_model_len: int,
+) -> EagleHead:
     names = set(tensors)
     head = EagleHead(
         head_config,
@@ -153,48 +170,11 @@ def load_eagle(
         final_norm="norm.weight" in names,
         own_embedding="embed_tokens.weight" in names,
     )
-    filled = _fill(head, tensors)
-    required = {k for k in _required(head) if k not in filled}
-    if required:
-        raise ConfigError(f"draft_model {str(folder)!r}: no tensor {sorted(required)[0]!r}")
-    final = FinalHidden(max_rows, target_config.hidden_size, target.dtype, target.device)
-    target.final_hidden = final  # before the runner captures the target's graphs
-    return EagleModel(head_config, head.eval(), final)
-
-
-@torch.inference_mode()
-def _fill(head: EagleHead, tensors: dict[str, torch.Tensor]) -> set[str]:
-    """Copy the checkpoint's tensors into the head: the fill keys it filled."""
-    filled: set[str] = set()
-    for name, tensor in tensors.items():
-        found = _destination(head, name)
-        if found is None:
-            continue
-        dest, key = found
-        if tuple(dest.shape) != tuple(tensor.shape):
-            raise ConfigError(
-                f"draft_model tensor {name!r} has shape {tuple(tensor.shape)}, the model "
-                f"needs {tuple(dest.shape)} (hidden_size {head.config.hidden_size})"
-            )
-        dest.copy_(tensor)
-        filled.add(key)
-    return filled
-
-
-def _required(head: EagleHead) -> list[str]:
-    """The fill keys a head of this shape needs."""
-    keys = ["fc.weight"]
-    keys += [] if head.fc_bias is None else ["fc.bias"]
-    keys += [] if head.norm is None else ["norm.weight"]
-    keys += [] if head.embed_tokens is None else ["embed_tokens.weight"]
-    for i, layer in enumerate(head.layers):
-        assert isinstance(layer, DecoderLayer)
-        names = [*_PLAIN, *(f"{m}.weight" for m in _FUSED)]
-        if i == 0 and not head.has_input_norm:
-            names.remove("input_layernorm.weight")
-        if layer.q_norm is None:
-            names = [n for n in names if "q_norm" not in n and "k_norm" not in n]
-        if layer.qkv_bias is not None:
-            names += [f"self_attn.{p}_proj.bias" for p in "qkv"]
-        keys += [f"layers.{i}.{n}" for n in names]
-    return keys
+    filled = fill(tensors, {n: _destination(head, n) for n in tensors}, head_config.hidden_size)
+    required = ["fc.weight"]
+    required += [] if head.fc_bias is None else ["fc.bias"]
+    required += [] if head.norm is None else ["norm.weight"]
+    required += [] if head.embed_tokens is None else ["embed_tokens.weight"]
+    required += layer_keys(_layers(head.layers), first_input_norm=head.has_input_norm)
+    check_filled(folder, required, filled)
+    return head.eval()

@@ -1,7 +1,7 @@
 """An EAGLE-1 head (speculative_method="eagle"): vLLM's EagleLlamaForCausalLM, on our layers.
 
 A head row at position p reads the token at p + 1 and the target's final hidden state at p
-(gpu/final_hidden.py), and predicts the hidden state at p + 1, whose logits (the target's
+(gpu/target_hidden.py), and predicts the hidden state at p + 1, whose logits (the target's
 lm_head) give the token at p + 2:
 
     x = fc(cat(embed(token[p+1]), hidden[p]))          fc: [H, 2H] (+ bias when shipped)
@@ -90,6 +90,23 @@ class EagleHead(nn.Module):
             assert isinstance(layer, DecoderLayer)
             layer.k_scale = None if scales is None else scales[i, 0]
             layer.v_scale = None if scales is None else scales[i, 1]
+
+    def combine(self, taps: torch.Tensor) -> torch.Tensor:
+        """The target's post-norm states as the forward's hidden input: as they are (fc
+        runs in the forward, on every step's hidden state alike)."""
+        return taps
+
+    def run(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        hidden: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_caches: list[KVCache],
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(what the logits read, what the next draft step is fed): the output, twice."""
+        out: torch.Tensor = self(input_ids, positions, hidden, meta, kv_caches)
+        return out, out
 
     @torch.inference_mode()
     def forward(

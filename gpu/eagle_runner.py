@@ -7,7 +7,7 @@ counter-based noise at the same position (so outputs never depend on the head: t
 accepts a proposal only when it equals its own draw), the per-request backoff when the
 scheduler declines offers (draft_state.Offers), no draws in a step sampling
 `disable_batch_size` sequences or more. What differs is the input: the head reads the
-target's final hidden states (gpu/final_hidden.py) of the step just run, so it is fed every
+target's hidden states (gpu/target_hidden.py) of the step just run, so it is fed every
 step, whoever proposes (those states exist only now: gpu/eagle_state.py):
 
     step N (target)  computes rows up to position L-1, samples t = x(L)
@@ -68,7 +68,7 @@ class EagleRunner:
         backoff_steps: int = 16,
     ) -> None:
         self.head = eagle.head
-        self.final_hidden = eagle.final_hidden
+        self.target_hidden = eagle.target_hidden
         self.num_tokens = num_tokens  # k: proposals per sequence per round
         self.block_size = block_size
         self.max_model_len = max_model_len
@@ -108,7 +108,7 @@ class EagleRunner:
         limit = self.disable_batch_size
         may_draw = limit is None or len(sampled) < limit  # else the scheduler proposes nothing
         num_rows = sum(len(w.token_ids) + len(w.draft_token_ids) for w in seqs)
-        hidden = self.final_hidden.rows(num_rows)
+        hidden = self.target_hidden.rows(num_rows)
         feeds: list[HeadFeed] = []
         feed_states: list[RequestState] = []
         draws: list[int] = []  # per feed: proposals to draw after it (0: none)
@@ -169,14 +169,18 @@ class EagleRunner:
             for f, k in zip(feeds, draws, strict=True)
         )
         inputs = build_step_inputs(works, states, tables, self.block_size)
-        out = self._forward(inputs, self._head_input(feeds, hidden))
+        out, fed = self._forward(inputs, self._head_input(feeds, hidden))
         if not any(draws):
             return {}
-        last = out[host_to_device(inputs.logits_indices, self.device)]
+        index = host_to_device(inputs.logits_indices, self.device)
         picked = [i for i, k in enumerate(draws) if k > 0]
         ks = np.array([draws[i] for i in picked], np.int64)
         drawn = self._draw_all(
-            [feeds[i] for i in picked], [states[i] for i in picked], ks, last, tables
+            [feeds[i] for i in picked],
+            [states[i] for i in picked],
+            ks,
+            (out[index], fed[index]),
+            tables,
         )
         proposals: dict[str, tuple[int, ...]] = {}
         for i, tokens in zip(picked, drawn, strict=True):
@@ -199,23 +203,26 @@ class EagleRunner:
         source = torch.cat([hidden, torch.stack(kept)]) if kept else hidden
         return source[host_to_device(np.concatenate(index), self.device)]
 
-    def _forward(self, inputs: StepInputs, hidden: torch.Tensor) -> torch.Tensor:
+    def _forward(self, inputs: StepInputs, taps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The head over the rows fed the target's tapped states `taps`: (the rows' states
+        for the logits, what a draft step after each row is fed)."""
         meta = device_metadata(inputs, self.device)
         ids = host_to_device(inputs.input_ids, self.device)
         positions = host_to_device(inputs.positions, self.device)
-        out: torch.Tensor = self.head(ids, positions, hidden, meta, self.kv.layers)
-        return out
+        return self.head.run(ids, positions, self.head.combine(taps), meta, self.kv.layers)
 
     def _draw_all(
         self,
         feeds: list[HeadFeed],
         states: list[RequestState],
         ks: np.ndarray,
-        out: torch.Tensor,
+        last: tuple[torch.Tensor, torch.Tensor],
         tables: np.ndarray,
     ) -> list[list[int]]:
-        """Each sequence's k draws: e1 from its last fed row, then e(j+1) from a decode
-        step of the head fed e_j and its own output at the row before; one read-back."""
+        """Each sequence's k draws: e1 from its last fed row (`last`: its states for the
+        logits, and what the next step is fed), then e(j+1) from a decode step of the head
+        fed e_j and its own output at the row before; one read-back."""
+        states_out, out = last
         n = len(feeds)
         committed = np.fromiter((f.num_committed for f in feeds), np.int64, n)
         counts = np.fromiter((s.num_tokens for s in states), np.int64, n)
@@ -223,7 +230,7 @@ class EagleRunner:
         num_blocks = np.fromiter((s.num_blocks for s in states), np.int64, n)
         history = any(s.tokens is not None for s in states)
         active = np.arange(n)
-        ids = self._draw(self.head.compute_logits(out), states, committed - counts)
+        ids = self._draw(self.head.compute_logits(states_out), states, committed - counts)
         steps: list[tuple[np.ndarray, torch.Tensor]] = [(active, ids)]
         for j in range(1, int(ks.max())):
             if history:  # penalties: the next draw counts this one (a sync per step)
@@ -246,9 +253,11 @@ class EagleRunner:
                 self.block_size,
             )
             meta = device_metadata(inputs, self.device)
-            out = self.head(ids, host_to_device(positions, self.device), out, meta, self.kv.layers)
+            states_out, out = self.head.run(
+                ids, host_to_device(positions, self.device), out, meta, self.kv.layers
+            )
             ids = self._draw(
-                self.head.compute_logits(out),
+                self.head.compute_logits(states_out),
                 [states[i] for i in active],
                 committed[active] + j - counts[active],
             )

@@ -68,8 +68,8 @@ class ForwardPass:
                 max_model_len=max_model_len,
             )
         # one CPU decoding sequence: few torch calls (gpu/cpu_decode.py), None where n/a; not
-        # when an EAGLE head reads every row's final hidden state (it writes none)
-        cpu = model.device.type == "cpu" and model.final_hidden is None
+        # when an EAGLE head reads every row's hidden states (it writes none)
+        cpu = model.device.type == "cpu" and model.target_hidden is None
         self.cpu_decode = CpuDecode.build(model, kv) if cpu else None
         self.mixed: MixedGraphs | None = None
         if self.graphs is not None and mixed_graph_tokens > 0:

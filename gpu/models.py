@@ -21,8 +21,8 @@ from troupe.kernels.rope_cache import build_cos_sin_cache
 from troupe.kernels.streaming_attention import rotate_queries, streaming_attention
 
 if TYPE_CHECKING:
-    from troupe.gpu.final_hidden import FinalHidden
     from troupe.gpu.lora_runtime import LoraRuntime
+    from troupe.gpu.target_hidden import TargetHidden
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
 
@@ -207,8 +207,8 @@ class DecoderModel(nn.Module):
         )
         self.norm = _param(c.hidden_size, dtype=dtype, device=device)
         self.lora: LoraRuntime | None = None  # LoRA adapters (gpu/lora_runtime.install_lora)
-        # every row's post-norm hidden state, for an EAGLE head (gpu/final_hidden.py)
-        self.final_hidden: FinalHidden | None = None
+        # what an EAGLE head reads of every row (gpu/target_hidden.py)
+        self.target_hidden: TargetHidden | None = None
         self.lm_head: Weight | None = (
             None
             if c.tie_word_embeddings
@@ -272,15 +272,22 @@ class DecoderModel(nn.Module):
         if self.config.is_gemma3:  # HF scales in the weights' dtype
             hidden = hidden * torch.tensor(self.config.hidden_size**0.5, dtype=hidden.dtype)
         residual: torch.Tensor | None = None
-        for layer, kv_cache, table in zip(self.layers, kv_caches, self._rope_tables, strict=True):
+        taps = self.target_hidden
+        for i, (layer, kv_cache, table) in enumerate(
+            zip(self.layers, kv_caches, self._rope_tables, strict=True)
+        ):
+            if taps is not None:  # EAGLE-3: the residual stream entering tapped layers
+                taps.put_layer(i, hidden, residual)
             cos_sin = self.get_buffer(table)
             hidden, residual = layer(hidden, residual, positions, meta, kv_cache, cos_sin, self.ops)
         assert residual is not None
-        idx, eps, final = meta.logits_indices, self.config.rms_norm_eps, self.final_hidden
-        if final is not None:  # an EAGLE head reads every row: normalize all, then pick
-            normed: torch.Tensor = self.ops.rms_norm(hidden, self.norm, eps, residual)[0]
-            final.put(normed)
-            return normed[idx]
+        idx, eps = meta.logits_indices, self.config.rms_norm_eps
+        if taps is not None:
+            taps.put_layer(len(self.layers), hidden, residual)
+            if taps.needs_final:  # EAGLE-1 reads every row: normalize all, then pick
+                normed: torch.Tensor = self.ops.rms_norm(hidden, self.norm, eps, residual)[0]
+                taps.put_final(normed)
+                return normed[idx]
         if idx.numel() == 0:  # only mid-prompt chunks: no kernel launch on an empty grid
             return hidden[:0]
         out: torch.Tensor = self.ops.rms_norm(hidden[idx], self.norm, eps, residual[idx])[0]

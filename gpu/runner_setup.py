@@ -182,7 +182,7 @@ def load_for_config(config: EngineConfig) -> LoadedRunner:
     draft: DraftModel | EagleModel | None = None
     if config.speculative_method == "draft_model":
         draft = load_draft(config, model_config, dtype, device, max_model_len)
-    elif config.speculative_method == "eagle":  # before sizing: its buffer of hidden states
+    elif config.executor_proposes:  # an EAGLE head, before sizing: its buffer of hidden states
         most = config.step_budget(is_large_gpu(config)) + config.max_num_seqs * (
             1 + config.num_proposals
         )

@@ -1,0 +1,145 @@
+"""An EAGLE-3 head (vLLM's Eagle3LlamaForCausalLM, llama_eagle3.py), on our layers.
+
+A head row at position p reads the token at p + 1 and the target's residual stream at p in
+the tapped layers (gpu/target_hidden.py), and predicts the token at p + 2:
+
+    h = fc(cat(s_a, s_b, s_c))              fc: [H, 3H], once, on the target's states
+    layer 0: x = cat(input_layernorm(embed(token[p+1])), hidden_norm(h))   width 2H:
+             qkv_proj has 2H inputs; residual = h (hidden_norm(h) with norm_before_residual)
+             attention, post_attention_layernorm(+ residual), MLP as a decoder layer
+    layers 1..: decoder layers (width H)
+    normed, prenorm = norm(x + residual), x + residual
+    logits = lm_head(normed) over the draft vocabulary, placed at target ids d + d2t[d]
+             (-inf elsewhere); the next draft step feeds `prenorm` as its h (no fc again)
+
+Its attention runs over its own paged KV at the target's positions, as an EAGLE-1 head's
+(gpu/eagle_model.py). Its embedding is its own when the checkpoint ships one, else the
+target's.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from troupe.gpu.attention import AttentionMetadata
+from troupe.gpu.model_config import ModelConfig
+from troupe.gpu.models import DecoderLayer, DecoderModel, KVCache
+from troupe.gpu.quant_linear import embedding, linear
+from troupe.kernels.rope_cache import build_cos_sin_cache
+
+
+class Eagle3Head(nn.Module):
+    """fc, the head's layers (layer 0 over 2H), its norm and its lm_head over draft ids."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        target: DecoderModel,
+        *,
+        max_positions: int,
+        num_taps: int,
+        draft_vocab_size: int,
+        norm_before_residual: bool = False,
+        own_embedding: bool = False,
+    ) -> None:
+        super().__init__()
+        c, dtype, device = config, target.dtype, target.device
+        self.config = c
+        self.dtype = dtype
+        self.device = device
+        self.ops = target.ops
+
+        def param(*shape: int) -> nn.Parameter:
+            return nn.Parameter(torch.empty(*shape, dtype=dtype, device=device), False)
+
+        h = c.hidden_size
+        self.fc = param(h, num_taps * h)
+        self.layers = nn.ModuleList(DecoderLayer(c, dtype, device, i) for i in range(c.num_layers))
+        first = self.layers[0]
+        assert isinstance(first, DecoderLayer)
+        first.qkv_proj = param(c.q_size + 2 * c.kv_size, 2 * h)  # cat(embeds, hidden)
+        self.hidden_norm = param(h)
+        self.norm_before_residual = norm_before_residual
+        self.norm = param(h)
+        self.lm_head = param(draft_vocab_size, h)
+        self.embed_tokens = param(c.vocab_size, h) if own_embedding else None
+        self.vocab_size = c.vocab_size  # the target's: logits are placed there
+        # draft id d -> target id d + d2t[d] (the identity until a checkpoint's d2t is read)
+        self.register_buffer(
+            "draft_to_target", torch.arange(draft_vocab_size, device=device), persistent=False
+        )
+        # not submodules: the target's weights stay the target's (no second copy, no .to())
+        self._target_embed = target.embed
+        self.logits_dtype = target.logits_dtype
+        self.register_buffer(
+            "cos_sin_cache",
+            build_cos_sin_cache(
+                c.head_dim, max_positions, c.rope_theta, c.rope_scaling, torch.float32, device
+            ),
+            persistent=False,
+        )
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.embed_tokens is None:
+            return self._target_embed(input_ids)
+        return embedding(input_ids, self.embed_tokens, self.dtype)
+
+    def set_kv_scales(self, scales: torch.Tensor | None) -> None:
+        """fp8 KV: the head pool's scales [layer, k | v, kv head] (as DecoderModel's)."""
+        for i, layer in enumerate(self.layers):
+            assert isinstance(layer, DecoderLayer)
+            layer.k_scale = None if scales is None else scales[i, 0]
+            layer.v_scale = None if scales is None else scales[i, 1]
+
+    def combine(self, taps: torch.Tensor) -> torch.Tensor:
+        """The target's tapped states [N, 3H] as the head's hidden input [N, H]: fc."""
+        return linear(taps.to(self.dtype), self.fc)
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        hidden: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_caches: list[KVCache],
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(normed, prenorm) [N, H] of every row: row i reads input_ids[i] (the token after
+        its position) and hidden[i] (fc of the target's states, or the head's own prenorm)."""
+        c, ops, eps = self.config, self.ops, self.config.rms_norm_eps
+        cos_sin = self.get_buffer("cos_sin_cache")
+        first = self.layers[0]
+        assert isinstance(first, DecoderLayer)
+        embeds = ops.rms_norm(self.embed(input_ids), first.input_layernorm, eps)[0]
+        normed_hidden = ops.rms_norm(hidden, self.hidden_norm, eps)[0]
+        residual = normed_hidden if self.norm_before_residual else hidden
+        x = torch.cat([embeds, normed_hidden], dim=-1)
+        attn = first.attention(x, positions, meta, kv_caches[0], cos_sin, ops)
+        h, residual = ops.rms_norm(attn, first.post_attention_layernorm, eps, residual)
+        x = first.mlp(h, ops)
+        for layer, kv_cache in zip(self.layers[1:], kv_caches[1:], strict=True):
+            assert isinstance(layer, DecoderLayer)
+            x, residual = layer(x, residual, positions, meta, kv_cache, cos_sin, ops)
+        normed, prenorm = ops.rms_norm(x, self.norm, c.rms_norm_eps, residual)
+        return normed, prenorm
+
+    def run(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        hidden: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_caches: list[KVCache],
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(what the logits read, what the next draft step is fed): (normed, prenorm)."""
+        normed, prenorm = self(input_ids, positions, hidden, meta, kv_caches)
+        return normed, prenorm
+
+    @torch.inference_mode()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits [N, target vocab]: the draft vocabulary's at their target ids, -inf at the
+        others (as vLLM's), so draws over the target's ids never pick an unmapped one."""
+        draft = linear(hidden, self.lm_head).to(self.logits_dtype)
+        logits = draft.new_full((len(hidden), self.vocab_size), float("-inf"))
+        logits[:, self.get_buffer("draft_to_target")] = draft
+        return logits
