@@ -87,9 +87,7 @@ def test_random_heads_same_tokens_greedy_and_seeded(models: dict[str, Path]) -> 
     assert same == plain
     assert _acceptance(stats) < 0.3
     # "eagle" finds the EAGLE-3 head by its folder; the head's own embedding
-    detected, _, _ = anyio.run(
-        _run, _eagle3(models, "own_embed", k=2, speculative_method="eagle")
-    )
+    detected, _, _ = anyio.run(_run, _eagle3(models, "own_embed", k=2, speculative_method="eagle"))
     assert detected == plain
     chunks = {"max_num_batched_tokens": 8}
     plain, _, _ = anyio.run(_run, _plain(models, **chunks), 0.8, False, 0.5)
