@@ -241,7 +241,7 @@ def test_loading_errors_name_the_field(target: tuple[Path, Any], tmp_path: Path)
         with pytest.raises(ConfigError, match=message):
             _load(folder, path)
     eagle1 = random_head(tmp_path / "eagle1", folder)
-    with pytest.raises(ConfigError, match="is not an EAGLE-3 head .*'eagle3' needs one"):
+    with pytest.raises(ConfigError, match=r"is not an EAGLE-3 head .*'eagle3' needs one"):
         _load(folder, eagle1)
     assert _load(folder, eagle1, method="eagle").target_hidden.taps.layer_ids == ()
     loaded = _load(folder, good, method="eagle")  # found by its folder
