@@ -14,21 +14,12 @@ from troupe.gateway.state import GatewaySettings
 from troupe.messages import SamplingParams
 
 from tests.gateway.conftest import ServerThread
+from tests.lora.adapters import SMOLLM2_SHAPES as SHAPES
 from tests.lora.adapters import raw_adapter
 
 PROMPT = "The capital of France is"
 MESSAGES = [{"role": "user", "content": "Name three colours."}]
 N = 12
-# SmolLM2-135M: hidden 576, 9 query heads and 3 KV heads of 64, MLP 1536, 30 layers
-SHAPES = {
-    "q_proj": (576, 576),
-    "k_proj": (192, 576),
-    "v_proj": (192, 576),
-    "o_proj": (576, 576),
-    "gate_proj": (1536, 576),
-    "up_proj": (1536, 576),
-    "down_proj": (576, 1536),
-}
 
 
 @pytest.fixture(scope="module")

@@ -245,7 +245,7 @@ def test_the_setting_is_off_by_default_and_a_flag() -> None:
 
 
 def test_an_adapter_loaded_over_http_runs_as_one_of_lora_modules(tmp_path: Path) -> None:
-    from tests.gateway.test_lora_model import SHAPES
+    from tests.lora.adapters import SMOLLM2_SHAPES as SHAPES
     from tests.lora.adapters import raw_adapter
 
     # scale 0.06: the greedy text changes within a few tokens (test_lora_model.py)

@@ -14,7 +14,7 @@ from troupe.gpu.model_runner import ModelRunner
 from troupe.gpu.step_inputs import StepInputs
 from troupe.messages import SamplingParams
 
-from tests.gateway.test_lora_model import SHAPES
+from tests.lora.adapters import SMOLLM2_SHAPES as SHAPES
 from tests.lora.adapters import raw_adapter
 
 PROMPT = [1, 504, 3458, 282, 4649, 314]  # a few SmolLM2 token ids

@@ -10,6 +10,16 @@ from typing import Any
 import torch
 
 ALL_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# SmolLM2-135M: hidden 576, 9 query heads and 3 KV heads of 64, MLP 1536, 30 layers
+SMOLLM2_SHAPES = {
+    "q_proj": (576, 576),
+    "k_proj": (192, 576),
+    "v_proj": (192, 576),
+    "o_proj": (576, 576),
+    "gate_proj": (1536, 576),
+    "up_proj": (1536, 576),
+    "down_proj": (576, 1536),
+}
 
 
 def peft_adapter(
