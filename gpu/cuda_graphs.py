@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 from troupe.gpu.attention import AttentionMetadata
+from troupe.gpu.lora_runtime import captured_form, graph_forms, replay_form
 from troupe.gpu.models import DecoderModel, KVCache
 from troupe.gpu.step_inputs import StepInputs
 from troupe.kernels.decode_order import longest_first
@@ -50,10 +51,15 @@ class DecodeGraphs:
         self.seq_order = torch.arange(max_num_seqs, dtype=torch.int32, device=device)
         self.query_start_loc = torch.arange(max_num_seqs + 1, dtype=torch.int32, device=device)
         self.logits_indices = torch.arange(max_num_seqs, dtype=torch.int64, device=device)
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.outputs: dict[int, torch.Tensor] = {}
+        self.model = model
+        # (size, LoRA form: masked or off, gpu/lora_runtime.graph_forms)
+        self.graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[tuple[int, bool], torch.Tensor] = {}
         pool = torch.cuda.graph_pool_handle()
-        for size in sorted(capture_sizes(max_num_seqs), reverse=True):  # largest first: pool reuse
+        captures = [
+            (s, form) for s in capture_sizes(max_num_seqs) for form in graph_forms(model.lora)
+        ]
+        for size, form in sorted(captures, reverse=True):  # largest first: pool reuse
             meta = AttentionMetadata(
                 slot_mapping=self.slot_mapping[:size],
                 block_tables=self.block_tables[:size],
@@ -71,14 +77,15 @@ class DecodeGraphs:
                 logits: torch.Tensor = model.compute_logits(hidden)
                 return logits
 
-            run()  # warm up: kernel compilation and autotuning happen outside the capture
-            torch.cuda.synchronize(device)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self.outputs[size] = run()
-            self.graphs[size] = graph
+            with captured_form(model.lora, form):
+                run()  # warm up: kernel compilation and autotuning happen outside the capture
+                torch.cuda.synchronize(device)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
+                    self.outputs[size, form] = run()
+            self.graphs[size, form] = graph
         torch.cuda.synchronize(device)
-        self.sizes = sorted(self.graphs)
+        self.sizes = sorted({size for size, _ in self.graphs})
         self._host = _HostStaging(max_num_seqs, max_blocks_per_seq)
         self._copied = torch.cuda.Event()  # type: ignore[no-untyped-call]
 
@@ -117,8 +124,9 @@ class DecodeGraphs:
         self._copied.record()
         if input_ids is not None:
             self.input_ids[: len(input_ids)].copy_(input_ids)
-        self.graphs[size].replay()
-        return self.outputs[size][:num_seqs]
+        form = replay_form(self.model.lora)
+        self.graphs[size, form].replay()
+        return self.outputs[size, form][:num_seqs]
 
 
 class _HostStaging:

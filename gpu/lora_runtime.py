@@ -16,7 +16,9 @@ keeps the adapter list, the name -> id map and the slots consistent between them
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Iterator
 
 import numpy as np
 from troupe.gpu.device_inputs import host_to_device
@@ -55,7 +57,6 @@ class LoraRuntime:
         self._held = [-1] * slots.max_loras  # adapter id per slot
         self._last_use = [0] * slots.max_loras
         self._clock = 0
-        self._marked = 0  # leading token_slots that may hold a slot (not -1)
         self.num_loads = 0  # adapters copied into a slot, so far
 
     @property
@@ -69,8 +70,9 @@ class LoraRuntime:
 
     def prepare(self, inputs: StepInputs, *, graphed: bool) -> None:
         """Hold the step's adapters (inputs.adapters) in slots and set how the projections run
-        them (lora_linear.py): masked (a graph's step, or an eager step of several adapters;
-        the tokens' slots written), one slot (every token on one adapter) or off (none)."""
+        them (lora_linear.py): masked (a graph's step with adapters, or an eager step of
+        several; the tokens' slots written), one slot (every token of an eager step on one
+        adapter) or off (no adapter in the step: a graph replays its off form)."""
         num_tokens = len(inputs.input_ids)
         if num_tokens > len(self.slots.token_slots):
             raise RuntimeError(
@@ -80,10 +82,7 @@ class LoraRuntime:
         slots, adapters = self.slots, inputs.adapters
         slots.only_slot = None
         if adapters is None or not (adapters >= 0).any():
-            slots.is_active = graphed  # a graph always runs the masked form
-            if graphed and self._marked:
-                slots.token_slots[: self._marked].fill_(-1)
-                self._marked = 0
+            slots.is_active = False  # graphs: the off form's replay (graph_forms)
             return
         slots.is_active = True
         needed = np.unique(adapters[adapters >= 0]).tolist()
@@ -94,9 +93,9 @@ class LoraRuntime:
         if not graphed and len(needed) == 1 and (adapters >= 0).all():
             slots.only_slot = int(lookup[needed[0]])
             return
+        # a graph's padding rows past num_tokens keep older slots: they are never read back
         token_slots = np.repeat(lookup[adapters], np.diff(inputs.query_start_loc))
         slots.token_slots[:num_tokens].copy_(host_to_device(token_slots, slots.device))
-        self._marked = max(self._marked, num_tokens)
 
     def _slot_for(self, adapter: int, needed: list[int]) -> int:
         self._clock += 1
@@ -197,3 +196,30 @@ def _on_device_dtype(adapter: LoraAdapter, slots: LoraSlots) -> LoraAdapter:
         a, b = a.to(slots.dtype), b.to(slots.dtype)
         adapter.weights[key] = (a.pin_memory(), b.pin_memory()) if pinned else (a, b)
     return adapter
+
+
+def graph_forms(lora: LoraRuntime | None) -> tuple[bool, ...]:
+    """The LoRA forms each CUDA graph is captured in (masked: True): a model serving adapters
+    gets both, so a step without any adapter replays the off form (no adapter GEMMs: on the
+    H200 the masked form cost 23% of a batch's time whether a step used adapters or not,
+    docs/benchmarks.md session 32); a model without LoRA only the plain one (False)."""
+    return (False,) if lora is None else (False, True)
+
+
+@contextlib.contextmanager
+def captured_form(lora: LoraRuntime | None, masked: bool) -> Iterator[None]:
+    """The projections run in `masked` form while a graph of that form is captured."""
+    if lora is None:
+        yield
+        return
+    was = lora.slots.is_active, lora.slots.only_slot
+    lora.slots.is_active, lora.slots.only_slot = masked, None
+    try:
+        yield
+    finally:
+        lora.slots.is_active, lora.slots.only_slot = was
+
+
+def replay_form(lora: LoraRuntime | None) -> bool:
+    """The form of the graph to replay for the step just prepared (LoraRuntime.prepare)."""
+    return lora is not None and lora.slots.is_active

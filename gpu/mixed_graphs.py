@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import torch
 from troupe.gpu.attention import AttentionMetadata
+from troupe.gpu.lora_runtime import captured_form, graph_forms, replay_form
 from troupe.gpu.models import DecoderModel, KVCache
 from troupe.gpu.step_inputs import StepInputs
 from troupe.kernels.decode_order import longest_first
@@ -98,11 +99,18 @@ class MixedGraphs:
             max_logits, model.config.vocab_size, dtype=model.logits_dtype, device=device
         )
         self.max_logits = max_logits
-        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}  # (bucket, rows)
+        self.model = model
+        # (bucket, rows, LoRA form: masked or off, gpu/lora_runtime.graph_forms)
+        self.graphs: dict[tuple[int, int, bool], torch.cuda.CUDAGraph] = {}
         self.rows = bucket_rows(token_buckets(max_num_tokens), s_max, max_logits)
         pool = torch.cuda.graph_pool_handle()
-        captures = [(size, rows) for size, all_rows in self.rows.items() for rows in all_rows]
-        for size, rows in sorted(captures, reverse=True):  # largest first
+        captures = [
+            (size, rows, form)
+            for size, all_rows in self.rows.items()
+            for rows in all_rows
+            for form in graph_forms(model.lora)
+        ]
+        for size, rows, form in sorted(captures, reverse=True):  # largest first
             seqs = min(size, s_max)
             meta = AttentionMetadata(
                 slot_mapping=self.slot_mapping[:size],
@@ -121,12 +129,13 @@ class MixedGraphs:
                 hidden = model(self.input_ids[:size], self.positions[:size], meta, kv_layers)
                 self.logits[:rows].copy_(model.compute_logits(hidden))
 
-            run()  # warm up: compilation and autotuning happen outside the capture
-            torch.cuda.synchronize(device)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                run()
-            self.graphs[size, rows] = graph
+            with captured_form(model.lora, form):
+                run()  # warm up: compilation and autotuning happen outside the capture
+                torch.cuda.synchronize(device)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
+                    run()
+            self.graphs[size, rows, form] = graph
         torch.cuda.synchronize(device)
         self.sizes = sorted(self.rows)
         self._host = _HostStaging(max_num_tokens, s_max, max_blocks_per_seq, max_logits)
@@ -184,7 +193,7 @@ class MixedGraphs:
         self._copied.record()
         if input_ids is not None:
             self.input_ids[: len(input_ids)].copy_(input_ids)
-        self.graphs[size, rows].replay()
+        self.graphs[size, rows, replay_form(self.model.lora)].replay()
         return self.logits[:num_logits]
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 from troupe.gpu.lora_adapter import LoraAdapter
 from troupe.gpu.lora_linear import LoraLinear, LoraSlots
-from troupe.gpu.lora_runtime import LoraRuntime
+from troupe.gpu.lora_runtime import LoraRuntime, captured_form, graph_forms, replay_form
 from troupe.gpu.step_inputs import StepInputs
 
 SLICES = (8, 4, 4)  # a fused q/k/v of widths 8, 4, 4
@@ -131,8 +131,8 @@ def test_slots_are_refilled_least_recently_used_first() -> None:
     runtime.prepare(_inputs([2, 1], [1, 1]), graphed=True)  # adapter 2 takes its slot
     assert runtime.num_loads == 3
     assert runtime.slots.token_slots[:2].tolist() == [1 - slot_of_1, slot_of_1]
-    runtime.prepare(_inputs([-1, -1], [1, 1]), graphed=True)  # no adapter: every slot -1
-    assert (runtime.slots.token_slots == -1).all()
+    runtime.prepare(_inputs([-1, -1], [1, 1]), graphed=True)  # no adapter: the off form
+    assert not runtime.slots.is_active
 
 
 def test_an_eager_step_picks_its_mode() -> None:
@@ -149,7 +149,25 @@ def test_an_eager_step_picks_its_mode() -> None:
     runtime.prepare(_inputs([-1], [4]), graphed=False)
     assert not slots.is_active and runtime.is_idle  # nothing to add
     runtime.prepare(_inputs([-1], [4]), graphed=True)
-    assert slots.is_active and slots.only_slot is None  # a graph runs the masked form
+    assert not slots.is_active  # a graph replays its off form (graph_forms)
+    runtime.prepare(_inputs([0], [4]), graphed=True)
+    assert slots.is_active and slots.only_slot is None  # one adapter in a graph: masked
+
+
+def test_graphs_capture_both_forms_and_replay_the_prepared_one() -> None:
+    runtime, _ = _runtime(num_adapters=2, max_loras=2)
+    assert graph_forms(runtime) == (False, True)
+    runtime.prepare(_inputs([1], [2]), graphed=False)  # an eager one-slot step ran last
+    with captured_form(runtime, False):
+        assert not runtime.slots.is_active and replay_form(runtime) is False
+    with captured_form(runtime, True):
+        assert runtime.slots.is_active and runtime.slots.only_slot is None
+    assert runtime.slots.is_active and runtime.slots.only_slot is not None  # restored
+    runtime.prepare(_inputs([-1, 0], [1, 1]), graphed=True)
+    assert replay_form(runtime) is True
+    runtime.prepare(_inputs([-1, -1], [1, 1]), graphed=True)
+    assert replay_form(runtime) is False
+    assert graph_forms(None) == (False,) and replay_form(None) is False
 
 
 def test_more_adapters_than_slots_in_one_step_is_an_error() -> None:

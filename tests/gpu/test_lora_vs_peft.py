@@ -200,6 +200,33 @@ def test_adapters_on_cuda_with_graphs_and_overlap(
     assert _run_all(config, None) == _expected(hf_model, adapters)
 
 
+@pytest.mark.gpu
+def test_base_requests_on_cuda_replay_the_off_form(
+    lora_setup: tuple[Path, Any, dict[str, Any]], tmp_path: Path
+) -> None:
+    """An engine serving adapters runs steps without any in the graphs' off form (captured
+    beside the masked one, gpu/lora_runtime.graph_forms): the base model's tokens, after steps
+    that held adapters in the slots."""
+    folder, hf_model, adapters = lora_setup
+    config = cuda_config(folder).replace(
+        lora_modules=(f"all={tmp_path / 'all'}", f"qv={tmp_path / 'qv'}"), max_lora_rank=8
+    )
+    results: dict[str, list[int]] = {}
+
+    async def main() -> None:
+        async with Engine.open(config) as engine:
+            for i, prompt in enumerate(PROMPTS):  # one at a time: adapter, then base alone
+                for lora in ("all", None):
+                    params = SamplingParams(
+                        max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True, lora=lora
+                    )
+                    results[f"{lora}/{i}"] = tokens_of(await collect(engine, prompt, params))
+
+    anyio.run(main)
+    expected = _expected(hf_model, adapters)
+    assert results == {key: expected[key] for key in results}
+
+
 @pytest.mark.parametrize(
     "changes",
     [
