@@ -61,13 +61,15 @@ def build_plan(
         req = w.req
         if req.status is not running:
             continue  # ended while the allocator worked
-        if w is req.decode and not req.needs_reset:
-            # The hot path: a decode with no new block; building its SeqWork dominates it.
-            start = req.num_computed
+        start = req.num_computed
+        if w is req.decode and not req.needs_reset and start >= req.prompt_len:
+            # The hot path: a decode with no new block; building its SeqWork dominates it. A
+            # prompt's last token computed alone (its chunk was cut one short) looks like a
+            # decode but takes the long way: it may be pooled (SeqWork.pools).
             add_seq(SeqWork(req.request_id, (req.token_ids[start],), start))
             add_in_flight((req, start + 1, True))
             continue
-        start, tokens, num_tokens = req.num_computed, req.token_ids, len(req.token_ids)
+        tokens, num_tokens = req.token_ids, len(req.token_ids)
         assert not req.needs_reset or w.kind is not Kind.RUN, f"{req} has no whole table"
         held = w.held and start < req.compute_end - 1  # its last token: the next step's
         end = start + w.num_tokens

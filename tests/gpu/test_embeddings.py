@@ -2,10 +2,12 @@
 transformers' final hidden states: last-token, mean and first-token pooling, normalized or
 not, over chunked prompts beside decoding requests on an overlapping runner; a repeated prompt
 pooled by its last token keeps its prefix-cache hit, one pooled by its mean is computed whole;
-and under recompute preemption."""
+under recompute preemption; and the CUDA test's interleaved workload on the CPU (a prompt's
+last token computed alone, planned like a decode)."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +16,7 @@ import pytest
 import torch
 from graph_helpers import collect, terminal, wait_blocks_free
 from troupe import Engine, EngineConfig
+from troupe.gpu.model_runner import ModelRunner
 from troupe.messages import Delta, Finished, Pooling, SamplingParams, StreamEvent
 
 from tests.gpu.tiny_qwen3 import cuda_config, overlapping_runner, recompute_config, tiny_folder
@@ -124,14 +127,13 @@ def test_mean_pooling_survives_recompute_preemption(tiny: tuple[Path, Any]) -> N
         _check(results[i], hf_model, prompt, pooling)
 
 
-@pytest.mark.gpu
-def test_embeddings_on_cuda_with_graphs_and_overlap(tiny: tuple[Path, Any]) -> None:
-    folder, hf_model = tiny
-    config = cuda_config(folder)
+def _interleaved(config: EngineConfig, runner: ModelRunner | None) -> dict[int, list[StreamEvent]]:
+    """Each pooled prompt submitted right after a decoding neighbour (events by request: the
+    pooled i, the neighbour 10 + i)."""
     results: dict[int, list[StreamEvent]] = {}
 
     async def main() -> None:
-        async with Engine.open(config) as engine:
+        async with Engine.open(config, runner=runner) as engine:
 
             async def one(i: int, prompt: list[int], params: SamplingParams) -> None:
                 results[i] = await collect(engine, prompt, params)
@@ -145,5 +147,26 @@ def test_embeddings_on_cuda_with_graphs_and_overlap(tiny: tuple[Path, Any]) -> N
             await wait_blocks_free(engine, timeout=60)
 
     anyio.run(main)
+    return results
+
+
+@pytest.mark.parametrize("overlapping", [False, True])
+def test_embeddings_of_the_cuda_workload_on_the_cpu(
+    tiny: tuple[Path, Any], overlapping: bool
+) -> None:
+    """The CUDA test's workload: the mean-pooled prompt of 15 tokens comes in chunks of 4 and
+    10 beside decodes, its last token alone as if it were a decode, and must still be pooled."""
+    folder, hf_model = tiny
+    config = dataclasses.replace(cuda_config(folder), device="cpu")
+    results = _interleaved(config, overlapping_runner(folder) if overlapping else None)
+    for i, prompt in enumerate(PROMPTS):
+        _check(results[i], hf_model, prompt, POOLINGS[i])
+        assert _first(results[10 + i]).embedding is None
+
+
+@pytest.mark.gpu
+def test_embeddings_on_cuda_with_graphs_and_overlap(tiny: tuple[Path, Any]) -> None:
+    folder, hf_model = tiny
+    results = _interleaved(cuda_config(folder), None)
     for i, prompt in enumerate(PROMPTS):
         _check(results[i], hf_model, prompt, POOLINGS[i], tol=2e-3)
