@@ -85,6 +85,13 @@ FP8_DEFAULT_CONFIG = DecodeConfig(
 )  # its split counts as swept (3 per SM rounded down picks what 2 rounded up did there)
 
 
+def dot_precision(dtype: torch.dtype) -> str:
+    """tl.dot's input precision for q of `dtype`: exact for fp32 (the fp32 reference mode; Triton
+    defaults to TF32 on sm_80+, ~1e-3 relative error on the scores), else Triton's default
+    ("tf32", which bf16 and fp16 inputs ignore)."""
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
 # one compile serves every split count and block-table width (an eager step's varies)
 @triton.jit(do_not_specialize=["num_splits", "stride_bt"])
 def _decode_split_kernel(
@@ -122,6 +129,7 @@ def _decode_split_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_S: tl.constexpr,  # num_splits rounded up to a power of two (FUSED)
+    PRECISION: tl.constexpr,  # tl.dot's input precision (dot_precision)
 ):
     seq = program_sequence(order_ptr, HAS_ORDER)  # grid (kv head, position, split)
     kv_head = tl.program_id(0)
@@ -175,13 +183,13 @@ def _decode_split_kernel(
         k = tl.load(k_cache_ptr + kv_offs, mask=kv_mask, other=0.0).to(q.dtype)
         v = tl.load(v_cache_ptr + kv_offs, mask=kv_mask, other=0.0).to(q.dtype)
 
-        qk = tl.dot(q, tl.trans(k)) * qk_scale  # [BLOCK_G, BLOCK_N]
+        qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # [BLOCK_G, BLOCK_N]
         qk = tl.where(n_mask[None, :], qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, axis=1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(qk - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
 
     # An empty split (short sequence) leaves l_i = 0, m_i = -inf: it stores o = 0, lse = -inf,
@@ -344,6 +352,7 @@ def paged_decode_attention_triton(
             BLOCK_N=block_n,
             BLOCK_D=block_d,
             BLOCK_S=32 if fused else 1,  # merged 32 splits at a time (one compile for all counts)
+            PRECISION=dot_precision(q.dtype),
             num_warps=config.num_warps,
             num_stages=config.num_stages if on_gpu else 1,
         )

@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .decode_attention import paged_decode_attention_triton
+from .decode_attention import dot_precision, paged_decode_attention_triton
 
 _LOG2E = 1.4426950408889634
 
@@ -108,6 +108,7 @@ def _attend(
     BLOCK_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    PRECISION: tl.constexpr,  # tl.dot's input precision (decode_attention.dot_precision)
 ):
     """Online softmax over keys [start, end); MASKED applies the causal, window and length
     masks. Nothing before start is read: a window may have freed those blocks. m_i is in scaled
@@ -133,7 +134,7 @@ def _attend(
         # fp8 caches: the scales are folded into qk_scale and the output, so KV is only cast
         k = tl.load(k_cache_ptr + kv_offs, mask=kv_mask, other=0.0).to(q.dtype)
         v = tl.load(v_cache_ptr + kv_offs, mask=kv_mask, other=0.0).to(q.dtype)
-        qk = tl.dot(q, tl.trans(k))
+        qk = tl.dot(q, tl.trans(k), input_precision=PRECISION)
         if not FOLD:
             qk = qk * qk_scale
         if MASKED:
@@ -160,7 +161,7 @@ def _attend(
                 m_use = tl.where(m_i == float("-inf"), 0.0, m_i)
             p = tl.exp2(qk * qk_scale - m_use[:, None])
             l_i = l_i + tl.sum(p, axis=1)
-            acc = acc + tl.dot(p.to(v.dtype), v)
+            acc = acc + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         else:
             m_use = m_new
             if MASKED:  # a window can hide a whole tile from a row: -inf - -inf would be NaN
@@ -171,7 +172,7 @@ def _attend(
             else:
                 p = tl.exp2(qk - m_use[:, None])
             l_i = l_i * alpha + tl.sum(p, axis=1)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
             m_i = m_new
     return acc, m_i, l_i
 
@@ -213,6 +214,7 @@ def _paged_attention_kernel(
     BLOCK_G: tl.constexpr,  # GROUP rounded up to a power of two
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     tile = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -272,14 +274,17 @@ def _paged_attention_kernel(
     acc, m_i, l_i = _attend(
         acc, m_i, l_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row, kv_head, win_lo, b_start,
         stride_slot, qk_scale, win, True, PAGED, FOLD, LAZY, False, HEAD_DIM, BLOCK_SIZE, BLOCK_N, BLOCK_D,
+        PRECISION,
     )  # fmt: skip
     acc, m_i, l_i = _attend(
         acc, m_i, l_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row, kv_head, b_start, c_start,
         stride_slot, qk_scale, win, False, PAGED, FOLD, LAZY, WS, HEAD_DIM, BLOCK_SIZE, BLOCK_N, BLOCK_D,
+        PRECISION,
     )  # fmt: skip
     acc, m_i, l_i = _attend(
         acc, m_i, l_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row, kv_head, c_start, kv_end,
         stride_slot, qk_scale, win, True, PAGED, FOLD, LAZY, False, HEAD_DIM, BLOCK_SIZE, BLOCK_N, BLOCK_D,
+        PRECISION,
     )  # fmt: skip
     # Every valid row sees itself, so l_i > 0 there; padded rows are not stored.
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
@@ -380,6 +385,7 @@ def paged_attention_triton(
         BLOCK_G=block_g,
         BLOCK_N=block_n,
         BLOCK_D=triton.next_power_of_2(head_dim),
+        PRECISION=dot_precision(q.dtype),
         num_warps=config.num_warps if on_gpu else 4,
         num_stages=config.num_stages if on_gpu else 1,
     )

@@ -91,7 +91,7 @@ def bf16_reference() -> str:
     consts: dict[str, object] = {
         "NUM_Q_HEADS": 32, "NUM_KV_HEADS": 8, "GROUP": 4, "HEAD_DIM": 128, "BLOCK_SIZE": 16,
         "SPLIT": False, "PAGED": False, "FUSED": False, "HAS_LIMIT": False, "HAS_ORDER": False,
-        "BLOCK_G": 16, "BLOCK_N": cfg.block_n, "BLOCK_D": 128, "BLOCK_S": 1,
+        "BLOCK_G": 16, "BLOCK_N": cfg.block_n, "BLOCK_D": 128, "BLOCK_S": 1, "PRECISION": "tf32",
     }  # fmt: skip
     types = {**_TYPES, "k_cache_ptr": "*bf16", "v_cache_ptr": "*bf16", "counter_ptr": "*i32"}
     build = compile_sm90(decode_attention._decode_split_kernel, consts, types, cfg.num_warps,
