@@ -5,12 +5,16 @@ several lengths in chunks (max_num_batched_tokens 8), under recompute preemption
 prompt whose prefix the decode side wrote (its blocks travel back); every request ends once
 and every block comes back. Seeded and unseeded sampling draw what one executor draws. A
 killed worker fails the requests by name and takes its peer down. What the mode refuses is
-refused by name."""
+refused by name. The worker checks look at the engine's own workers only: another child of this
+process (the gateway tests' session server's engine process, when they ran first) is none of
+theirs."""
 
 from __future__ import annotations
 
 import json
 import multiprocessing
+import time
+from collections.abc import Iterator
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
@@ -42,6 +46,19 @@ LLAMA = {
 # four prompts at once: 3 to 22 tokens, in chunks of at most 8 beside the decodes
 BATCH = [[(13 * i + 5 * j + 1) % 256 for j in range(3 + 6 * i)] for i in range(4)]
 LONG = [(7 * j + 3) % 256 for j in range(20)]  # five full blocks
+
+
+@pytest.fixture
+def unrelated_child() -> Iterator[BaseProcess]:
+    """A child of this process alive through the test, named as the gateway's engine process:
+    what the session-scoped `server` of tests/gateway leaves running when those tests ran first."""
+    child = multiprocessing.get_context("spawn").Process(
+        target=time.sleep, args=(3600.0,), name="troupe-engine", daemon=True
+    )
+    child.start()
+    yield child
+    child.kill()
+    child.join()
 
 
 @pytest.fixture(scope="module")
@@ -126,6 +143,7 @@ async def _workload(engine: Engine) -> dict[str, Any]:
 
 
 async def _disaggregated(config: EngineConfig) -> tuple[dict[str, Any], Any]:
+    before = _children()
     async with Engine.open(config) as engine:
         got = await _workload(engine)
         stats = engine.runner_stats()  # the decode side's
@@ -137,7 +155,7 @@ async def _disaggregated(config: EngineConfig) -> tuple[dict[str, Any], Any]:
         params = SamplingParams(max_tokens=2, structured_outputs=spec)
         end = terminal(await collect(engine, [1], params))
         assert isinstance(end, Rejected) and end.field == "structured_outputs", end
-        workers = _workers()
+        workers = _workers(before)
     # closed cleanly: both sides left their group and exited 0
     assert {name: p.exitcode for name, p in workers.items()} == {
         "troupe-prefill": 0,
@@ -146,14 +164,20 @@ async def _disaggregated(config: EngineConfig) -> tuple[dict[str, Any], Any]:
     return got, stats
 
 
-def _workers() -> dict[str, BaseProcess]:
-    return {p.name: p for p in multiprocessing.active_children() if p.name.startswith("troupe-")}
+def _children() -> frozenset[BaseProcess]:
+    return frozenset(multiprocessing.active_children())
 
 
-async def _kill_a_worker(config: EngineConfig) -> None:
+def _workers(before: frozenset[BaseProcess]) -> dict[str, BaseProcess]:
+    """The live disaggregation workers started since `before`: the engine's own."""
+    names = ("troupe-prefill", "troupe-decode")
+    return {p.name: p for p in _children() - before if p.name in names}
+
+
+async def _kill_a_worker(config: EngineConfig, before: frozenset[BaseProcess]) -> None:
     async with Engine.open(config) as engine:
         assert await _one(engine, BATCH[0], _greedy(2))
-        workers = _workers()
+        workers = _workers(before)
         workers["troupe-prefill"].kill()
         for _ in range(2):  # the step that finds it dead, and any step after it
             end = terminal(await collect(engine, [1, 2, 3], _greedy(2)))
@@ -169,7 +193,7 @@ async def _colocated(config: EngineConfig) -> dict[str, Any]:
         return await _workload(engine)
 
 
-def test_same_tokens_as_one_executor(model: Path) -> None:
+def test_same_tokens_as_one_executor(model: Path, unrelated_child: BaseProcess) -> None:
     expected = anyio.run(_colocated, _config(model))
     got, stats = anyio.run(_disaggregated, _config(model, disaggregation="prefill_decode"))
     assert expected["preempted"] > 0 and got["preempted"] > 0
@@ -183,9 +207,11 @@ def test_same_tokens_as_one_executor(model: Path) -> None:
     assert stats.num_kv_blocks_sent > 0  # decode -> prefill: the multi-turn prompt's blocks
 
 
-def test_a_dead_worker_fails_requests_by_name(model: Path) -> None:
-    anyio.run(_kill_a_worker, _config(model, disaggregation="prefill_decode"))
-    assert _workers() == {}
+def test_a_dead_worker_fails_requests_by_name(model: Path, unrelated_child: BaseProcess) -> None:
+    before = _children()
+    anyio.run(_kill_a_worker, _config(model, disaggregation="prefill_decode"), before)
+    assert _workers(before) == {}
+    assert unrelated_child.is_alive()  # not one of the engine's: left alone
 
 
 def test_refused_combinations_name_their_field() -> None:
