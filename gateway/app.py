@@ -59,7 +59,8 @@ def build_app(engine: EngineLike, settings: GatewaySettings | None = None) -> we
         client_max_size=settings.max_body_bytes,
         middlewares=[_errors, browser_guard, _auth, _drain],
     )
-    app[GATEWAY] = Gateway(engine, settings)
+    app[GATEWAY] = gateway = Gateway(engine, settings)
+    app.on_shutdown.append(lambda _: gateway.background.close())
     app.on_response_prepare.append(add_cors_headers)
     app.router.add_get("/", playground)
     app.router.add_static("/static/", STATIC)

@@ -93,10 +93,10 @@ class ResponsesBody(_Body, kw_only=True):
     include: list[str] | None = None
     top_logprobs: int | None = None
     # Not served (only their neutral value passes; gateway/responses_requests.py names them)
-    store: bool | None = None  # accepted: nothing is stored, whatever it says
+    store: bool | None = None  # gateway/responses_requests.py: true unless sent false
     previous_response_id: str | None = None
     conversation: str | dict[str, Any] | None = None
-    background: bool | None = None
+    background: bool | None = None  # needs store (gateway/responses_background.py)
     max_tool_calls: int | None = None
     prompt: dict[str, Any] | None = None
     # vLLM's extras, passed to SamplingParams under the same names

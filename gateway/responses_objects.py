@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from troupe.messages import Usage
 
-Status = Literal["in_progress", "completed", "incomplete"]
+Status = Literal["queued", "in_progress", "completed", "incomplete", "cancelled", "failed"]
 
 
 def new_id(prefix: str) -> str:
@@ -30,8 +30,10 @@ class ResponseShape:
         status: Status,
         output: list[dict[str, Any]],
         usage: dict[str, Any] | None = None,
+        error: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
-        """The response object; "incomplete" means max_output_tokens (or the context) ran out."""
+        """The response object; "incomplete" means max_output_tokens (or the context) ran out;
+        `error` ({"code", "message"}) goes with "failed"."""
         incomplete = {"reason": "max_output_tokens"} if status == "incomplete" else None
         return {
             "id": self.id,
@@ -39,7 +41,7 @@ class ResponseShape:
             "created_at": self.created_at,
             "status": status,
             "background": False,
-            "error": None,
+            "error": error,
             "incomplete_details": incomplete,
             "model": self.model,
             "output": output,

@@ -12,9 +12,10 @@ items and output are read before `input` (its `instructions` are not, as on Open
 store does not hold is OpenAI's 400 `previous_response_not_found`. `store` (true unless sent
 false) keeps the answer when the server stores responses (--max-stored-responses), and is
 ignored when it does not, as vLLM ignores it without VLLM_ENABLE_RESPONSES_API_STORE.
+`background` (gateway/responses_background.py) needs both, else a 400 naming it, as vLLM's.
 
 Not served, each named in a 400: `conversation` (use previous_response_id, or send the
-conversation in `input`), `background`, `prompt` (templates), `max_tool_calls`,
+conversation in `input`), `prompt` (templates), `max_tool_calls`,
 `top_logprobs` and the `include` of logprobs.
 """
 
@@ -73,6 +74,7 @@ class ResponsesRequest:
     user: str | None
     items: list[dict[str, Any]]  # the input items it stores: the earlier turns', then its own
     is_stored: bool  # store asked for (OpenAI's default) and the server stores responses
+    is_background: bool  # run on after the create call answers (gateway/responses_background.py)
 
     def with_lora(self, lora: str | None) -> ResponsesRequest:
         """This request on the LoRA adapter its `model` selects (None: the base model)."""
@@ -96,6 +98,7 @@ def parse_responses(
     for the sampling fields the body leaves out."""
     body = decode_body(raw, ResponsesBody)
     _refuse_unsupported(body)
+    _check_background(body, store)
     kw: dict[str, Any] = {k: getattr(body, k) for k in _PASSTHROUGH if getattr(body, k) is not None}
     requested = body.max_output_tokens
     kw["max_tokens"] = default_max_tokens if requested is None else requested
@@ -148,6 +151,7 @@ def parse_responses(
         user=body.user or body.safety_identifier,
         items=items,
         is_stored=is_stored,
+        is_background=bool(body.background),
     )
 
 
@@ -168,11 +172,32 @@ def _history(previous_response_id: str | None, store: ResponseStore | None) -> l
     return previous.context()
 
 
+def _check_background(body: ResponsesBody, store: ResponseStore | None) -> None:
+    """vLLM's rules: background needs `store` (true unless sent false) and a server that
+    stores responses, which runs at most its store's bound of them at once."""
+    if not body.background:
+        return
+    if body.store is False:
+        raise invalid("background", "background can only be used when `store` is true")
+    if store is None:
+        raise invalid(
+            "background",
+            "background needs stored responses, and this server stores none "
+            "(start it with --max-stored-responses N)",
+        )
+    if store.num_running >= store.max_entries:
+        raise ApiError(
+            429,
+            f"background: {store.num_running} background responses are running, the most "
+            "this server's store holds (--max-stored-responses); retry when one ends",
+            param="background",
+            code="too_many_background_responses",
+        )
+
+
 def _refuse_unsupported(body: ResponsesBody) -> None:
     if body.conversation is not None:
         raise invalid("conversation", f"conversation is not supported: {_NO_CONVERSATIONS}")
-    if body.background:
-        raise invalid("background", "background is not supported: every answer runs in its call")
     if body.prompt is not None:
         raise invalid("prompt", "prompt templates are not supported: send 'input'")
     if body.max_tool_calls is not None:
@@ -243,6 +268,7 @@ def _echo(body: ResponsesBody, tools: list[FunctionTool], params: SamplingParams
     tool_choice: Any = "auto" if body.tool_choice is None else msgspec.to_builtins(body.tool_choice)
     text = msgspec.to_builtins(body.text) if body.text is not None else None
     return {
+        "background": bool(body.background),
         "instructions": body.instructions,
         "max_output_tokens": body.max_output_tokens,
         "metadata": body.metadata or {},

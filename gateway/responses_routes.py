@@ -10,6 +10,10 @@ so the client's stream helpers end it; an engine failure mid-stream is an `error
 Errors before the answer starts are chat's: a 400 naming the field, 404 for an unknown model,
 the engine's rejection with its status. A client that goes away aborts the request.
 
+`background: true` answers at once with the queued response object (and, with `stream`, follows
+its events as GET ?stream=true does); the generation runs on in the app
+(gateway/responses_background.py).
+
 With `store` (and a server that stores responses), the answer is stored when the engine
 finishes it (gateway/responses_store.py): the response object a streamed answer's
 response.completed carries, the same JSON a whole answer is. An answer that never finishes
@@ -33,8 +37,10 @@ from troupe.gateway.errors import ApiError, error_for_event, invalid
 from troupe.gateway.http_body import read_json_body
 from troupe.gateway.outbox import Outbox, Overflow
 from troupe.gateway.pump import pump
+from troupe.gateway.responses_background import BackgroundRun
 from troupe.gateway.responses_objects import ResponseShape
 from troupe.gateway.responses_output import Event, OutputAssembler
+from troupe.gateway.responses_replay import serve_events
 from troupe.gateway.responses_requests import ResponsesRequest, parse_responses
 from troupe.gateway.responses_store import StoredResponse, new_response_id
 from troupe.gateway.served_models import ServedModels
@@ -59,6 +65,8 @@ _json = msgspec.json.Encoder()
 async def responses(request: web.Request) -> web.StreamResponse:
     gateway = request.app[GATEWAY]
     call = _prepare(gateway, await read_json_body(request, gateway.settings))
+    if call.req.is_background:
+        return await _background(request, gateway, call)
     if not call.req.stream:
         body = await _answer(gateway, call)
         return web.json_response(body, dumps=lambda o: _json.encode(o).decode())
@@ -81,7 +89,21 @@ async def responses_body(gateway: Gateway, raw: bytes) -> dict[str, Any]:
     call = _prepare(gateway, raw)
     if call.req.stream:
         raise invalid("stream", "stream is not served here: the answer is one whole JSON body")
+    if call.req.is_background:
+        raise invalid("background", "background is not served here: POST /v1/responses")
     return await _answer(gateway, call)
+
+
+async def _background(request: web.Request, gateway: Gateway, call: _Call) -> web.StreamResponse:
+    """Start the run; answer its queued object, or (stream) follow its events."""
+    events = gateway.engine.generate(call.req.prompt, call.params, request_id=call.id)
+    run = BackgroundRun(
+        response_id=call.id, items=_json.encode(call.req.items), assembler=call.assembler
+    )
+    queued = gateway.background.start(run, events)
+    if call.req.stream:
+        return await serve_events(request, run, [], -1)
+    return web.json_response(queued, dumps=lambda o: _json.encode(o).decode())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,7 +138,8 @@ def _prepare(gateway: Gateway, raw: bytes) -> _Call:
     parser = settings.reasoning_parser
     splitter, params = chat_reasoning(parser, engine.tokenizer, req.prompt, req.params)
     shape = ResponseShape(response_id, served.name_of(params.lora), req.echo)
-    assembler = OutputAssembler(shape, req.tools, splitter, is_streaming=req.stream)
+    is_streaming = req.stream or req.is_background  # a background run keeps its events
+    assembler = OutputAssembler(shape, req.tools, splitter, is_streaming=is_streaming)
     return _Call(req, params, response_id, assembler)
 
 

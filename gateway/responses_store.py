@@ -3,7 +3,11 @@ response object and the items that made it, owned by one gateway app (its Gatewa
 
     put(entry) ─► appended as the newest; then the oldest are evicted until both bounds hold:
                   at most `max_entries` entries and `max_bytes` bytes (an entry larger than
-                  `max_bytes` on its own is not kept)
+                  `max_bytes` on its own is not kept). `is_running`: a background response
+                  still running, never evicted (its run puts it again when it ends); the
+                  gateway runs at most `max_entries` at once, so they alone never pass the
+                  entry bound (their small objects may pass the byte bound until they end)
+    replace(entry) ─► put, only while `entry`'s id is held (a run deleted meanwhile stays gone)
     get(id)    ─► the entry, or None (never stored, evicted, deleted); reading does not make
                   an entry younger: eviction is by age, as OpenAI's retention is
     delete(id) ─► whether it was there
@@ -57,10 +61,16 @@ class StoredResponse:
     response_id: str
     response: bytes  # the response object's JSON, as POST /v1/responses answered it
     items: bytes  # the JSON array of its input items (its whole context, ids included)
+    events: bytes = b""  # a finished background response's events (a JSON array) to replay
 
     @property
     def num_bytes(self) -> int:
-        return len(self.response) + len(self.items)
+        return len(self.response) + len(self.items) + len(self.events)
+
+    def stream_events(self) -> list[dict[str, Any]]:
+        """The events GET ?stream=true replays (none for a response not run in background)."""
+        events: list[dict[str, Any]] = _decode.decode(self.events) if self.events else []
+        return events
 
     def input_items(self) -> list[dict[str, Any]]:
         items: list[dict[str, Any]] = _decode.decode(self.items)
@@ -78,6 +88,7 @@ class StoreStatistics:
     num_bytes: int
     num_evicted: int  # by either bound, since the start
     num_too_large: int  # entries larger than max_bytes on their own, not kept
+    num_running: int  # background responses still running (never evicted)
 
 
 class ResponseStore:
@@ -92,21 +103,35 @@ class ResponseStore:
         self._num_bytes = 0
         self._num_evicted = 0
         self._num_too_large = 0
+        self._running: set[str] = set()
 
-    def put(self, entry: StoredResponse) -> bool:
-        """Keep `entry` as the newest, evicting the oldest to stay in bounds; False (nothing
-        kept) when it alone is larger than max_bytes."""
+    def put(self, entry: StoredResponse, *, is_running: bool = False) -> bool:
+        """Keep `entry` as the newest, evicting the oldest finished ones to stay in bounds;
+        False (nothing kept) when it alone is larger than max_bytes."""
         if entry.num_bytes > self.max_bytes:
             self._num_too_large += 1
+            self.delete(entry.response_id)  # a run's placeholder does not outlive its end
             return False
         self.delete(entry.response_id)  # ids are unique; a second put only replaces
         self._entries[entry.response_id] = entry
         self._num_bytes += entry.num_bytes
+        if is_running:
+            self._running.add(entry.response_id)
+        evictable = (k for k in list(self._entries) if k not in self._running)
         while len(self._entries) > self.max_entries or self._num_bytes > self.max_bytes:
-            _, oldest = self._entries.popitem(last=False)
+            oldest_id = next(evictable, None)
+            if oldest_id is None:  # only running ones left: they end, then the bound holds
+                break
+            oldest = self._entries.pop(oldest_id)
             self._num_bytes -= oldest.num_bytes
             self._num_evicted += 1
         return True
+
+    def replace(self, entry: StoredResponse) -> bool:
+        """`put` (as finished), only while the store holds `entry`'s id."""
+        if entry.response_id not in self._entries:
+            return False
+        return self.put(entry)
 
     def get(self, response_id: str) -> StoredResponse | None:
         return self._entries.get(response_id)
@@ -116,7 +141,12 @@ class ResponseStore:
         if entry is None:
             return False
         self._num_bytes -= entry.num_bytes
+        self._running.discard(response_id)
         return True
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
 
     def statistics(self) -> StoreStatistics:
         return StoreStatistics(
@@ -124,4 +154,5 @@ class ResponseStore:
             num_bytes=self._num_bytes,
             num_evicted=self._num_evicted,
             num_too_large=self._num_too_large,
+            num_running=len(self._running),
         )

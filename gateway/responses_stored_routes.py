@@ -1,21 +1,30 @@
 """Stored responses over HTTP (OpenAI's Responses API; the store: gateway/responses_store.py).
 
-    GET    /v1/responses/{response_id}              the response object, as created
+    GET    /v1/responses/{response_id}              the response object (a background one's
+                                                    status as it runs, whole at its end);
+                                                    ?stream=true&starting_after=N: its events
+                                                    (gateway/responses_replay.py)
+    POST   /v1/responses/{response_id}/cancel       a running background response cancelled:
+                                                    the object, status "cancelled"
     DELETE /v1/responses/{response_id}              {"id", "object": "response", "deleted": true}
+                                                    (a running one is cancelled first)
     GET    /v1/responses/{response_id}/input_items  a list: data, first_id, last_id, has_more;
                                                     ?order=asc|desc (desc when left out),
                                                     ?limit=1..100 (20), ?after=<item id>
 
 An id the store does not hold (never stored, evicted, deleted, or no store at all) is a 404
-naming it. GET with `stream=true` (OpenAI's replay of a background response's events) is a
-400: troupe has no background responses to replay.
+naming it. Cancel, as vLLM and OpenAI answer it: a response not made with background is a
+400 ("Cannot cancel a synchronous response."), one already cancelled answers its object again
+(OpenAI: cancelling is idempotent), one that ended otherwise is a 400 naming its status.
 """
 
 from __future__ import annotations
 
+import msgspec
 from aiohttp import web
 from troupe.gateway.errors import ApiError, invalid
 from troupe.gateway.responses_history import DEFAULT_PAGE, MAX_PAGE, Order, item_page
+from troupe.gateway.responses_replay import replay_events, serve_events, starting_after
 from troupe.gateway.responses_store import StoredResponse
 from troupe.gateway.state import GATEWAY
 
@@ -23,23 +32,57 @@ _PATH = "/v1/responses/{response_id}"
 _ORDERS: tuple[Order, ...] = ("asc", "desc")
 
 
+class _Status(msgspec.Struct):
+    """A stored object's status and background flag (its output left undecoded)."""
+
+    status: str
+    background: bool = False
+
+
+_decode_status = msgspec.json.Decoder(_Status)
+
+
 def add_stored_response_routes(app: web.Application) -> None:
     app.router.add_get(_PATH, retrieve)
     app.router.add_delete(_PATH, delete)
+    app.router.add_post(f"{_PATH}/cancel", cancel)
     app.router.add_get(f"{_PATH}/input_items", input_items)
 
 
-async def retrieve(request: web.Request) -> web.Response:
-    if request.query.get("stream", "false").lower() not in ("false", "0"):
-        raise invalid("stream", "stream is not supported here: troupe has no background "
-                      "responses to replay; GET answers the stored response whole")  # fmt: skip
+async def retrieve(request: web.Request) -> web.StreamResponse:
     entry = _stored(request)
+    if request.query.get("stream", "false").lower() in ("false", "0"):
+        return web.Response(body=entry.response, content_type="application/json")
+    after = starting_after(request.query.get("starting_after"))
+    run = request.app[GATEWAY].background.get(entry.response_id)
+    stored = (
+        [] if run is not None else replay_events(entry.stream_events(), after, entry.response_id)
+    )
+    return await serve_events(request, run, stored, after)
+
+
+async def cancel(request: web.Request) -> web.Response:
+    entry = _stored(request)
+    if await request.app[GATEWAY].background.cancel(entry.response_id):
+        entry = _stored(request)  # its end, as the run stored it
+    status = _decode_status.decode(entry.response).status
+    if not _decode_status.decode(entry.response).background:
+        raise ApiError(400, "Cannot cancel a synchronous response.", param="response_id")
+    if status not in ("cancelled", "queued", "in_progress"):
+        raise ApiError(
+            400,
+            f"Cannot cancel a response that is {status} (only a queued or in_progress "
+            "background response can be cancelled).",
+            param="response_id",
+        )
     return web.Response(body=entry.response, content_type="application/json")
 
 
 async def delete(request: web.Request) -> web.Response:
     response_id = request.match_info["response_id"]
-    store = request.app[GATEWAY].responses
+    gateway = request.app[GATEWAY]
+    await gateway.background.cancel(response_id)
+    store = gateway.responses
     if store is None or not store.delete(response_id):
         raise _not_found(request, response_id)
     return web.json_response({"id": response_id, "object": "response", "deleted": True})

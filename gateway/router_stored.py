@@ -4,6 +4,11 @@ gateway/responses_store.py): each goes to the replica whose home id the response
     GET    /v1/responses/{response_id}              proxied to the replica holding it
     DELETE /v1/responses/{response_id}              (gateway/router_proxy.proxy_to_holder):
     GET    /v1/responses/{response_id}/input_items  a 503 naming it when it is down
+    POST   /v1/responses/{response_id}/cancel       (a background response runs there)
+
+GET ?stream=true (a background response's events) is piped as a Responses stream: one that
+stops before its end event (completed, incomplete, or `error` for failed and cancelled) gets
+the router's `error` event.
 
 An id no replica's home is in (made by a replica since restarted, or not troupe's) is the
 router's own 404, in the shape a replica gives. `previous_response_id` on a create is read by
@@ -17,7 +22,7 @@ from typing import Any
 from aiohttp import web
 from troupe.gateway.errors import ApiError
 from troupe.gateway.router_proxy import ROUTER, proxy_to_holder
-from troupe.gateway.router_streams import DONE_SENTINEL
+from troupe.gateway.router_streams import RESPONSES_EVENTS
 
 _PATH = "/v1/responses/{response_id}"
 
@@ -26,6 +31,7 @@ def add_stored_routes(app: web.Application) -> None:
     app.router.add_get(_PATH, stored_response)
     app.router.add_delete(_PATH, stored_response)
     app.router.add_get(f"{_PATH}/input_items", stored_response)
+    app.router.add_post(f"{_PATH}/cancel", stored_response)
 
 
 def previous_response(body: dict[str, Any]) -> str | None:
@@ -46,4 +52,4 @@ async def stored_response(request: web.Request) -> web.StreamResponse:
             code="response_not_found",
         )
     body = await request.read()
-    return await proxy_to_holder(request, response_id, holder, body, DONE_SENTINEL)
+    return await proxy_to_holder(request, response_id, holder, body, RESPONSES_EVENTS)

@@ -9,6 +9,7 @@ import weakref
 from aiohttp import web
 from troupe.gateway.engine_api import EngineLike
 from troupe.gateway.metrics import GatewayMetrics
+from troupe.gateway.responses_background import BackgroundRuns
 from troupe.gateway.responses_store import ResponseStore, new_home_id
 from troupe.gateway.settings import GatewaySettings
 
@@ -35,6 +36,9 @@ class Gateway:
                 max_bytes=settings.max_stored_response_bytes,
             )
         self.home_id = new_home_id()
+        # Background responses run here (ended, their requests aborted, on the app's shutdown)
+        self.background = BackgroundRuns(self.responses)
+        engine.add_event_listener(self.background.on_event)
 
     def stream_opened(self) -> None:
         self.num_streams += 1
