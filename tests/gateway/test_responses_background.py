@@ -7,7 +7,8 @@ The create call answers at once ("queued"); retrieve shows it run to the same an
 foreground call; cancel aborts the engine's request (its one terminal event an Aborted, its
 blocks freed) and answers "cancelled" (again when repeated); a finished or foreground response
 is not cancelled; GET ?stream=true replays the events, and follows a running response live;
-shutdown ends a running one with its request aborted."""
+shutdown ends a running one with its request aborted; no more run at once than the store holds
+(one more is a 429), and a streamed background create follows its run to the end."""
 
 from __future__ import annotations
 
@@ -233,3 +234,29 @@ def test_shutdown_aborts_a_running_background_response() -> None:
         runner.release()
         if srv._thread.is_alive():
             srv.shutdown()
+
+
+def test_running_ones_are_bounded_and_a_streamed_create_follows() -> None:
+    runner = FaultyRunner(FakeRunner.from_config(BASE_CONFIG))
+    one = GatewaySettings(engine_process=False, max_stored_responses=1)
+    srv = ServerThread(BASE_CONFIG, one, runner=runner).start()
+    try:
+        client = openai_client(srv.url)
+        runner.hold_after(2)
+        created = client.responses.create(input="Tell a long story.", background=True, **LONG)
+        assert runner.wait_until_held(HANG)
+        body = {**GREEDY, "input": "Hi", "background": True}
+        status, refused = _http(f"{srv.url}/v1/responses", "POST", body)
+        assert (status, refused["error"]["param"]) == (429, "background")
+        assert client.responses.cancel(created.id).status == "cancelled"
+        runner.release()
+        # room again; with stream the create call follows the run to its end
+        status, events = _http(f"{srv.url}/v1/responses", "POST", {**body, "stream": True})
+        assert status == 200 and events[0]["type"] == "response.created"
+        assert events[-1]["type"] == "response.completed"
+        response_id = events[-1]["response"]["id"]
+        assert _http(f"{srv.url}/v1/responses/{response_id}")[1] == events[-1]["response"]
+        assert srv.gateway.responses.get(created.id) is None  # evicted once it ended
+    finally:
+        runner.release()
+        srv.shutdown()
