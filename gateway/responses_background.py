@@ -37,7 +37,9 @@ from troupe.messages import Delta, Finished, StreamEvent
 log = structlog.get_logger("troupe.gateway")
 
 _json = msgspec.json.Encoder()
-SHUTDOWN_GRACE = 5.0  # s: close() waits this long for the engine to end aborted requests
+# s: the most close() waits for the engine to end the aborted requests (a bound for a busy
+# machine: the ends normally come within milliseconds)
+SHUTDOWN_GRACE = 30.0
 ENDS = ("completed", "incomplete", "cancelled", "failed")
 
 
