@@ -44,10 +44,15 @@ from troupe.gpu.draft_model import DraftModel
 from troupe.gpu.draft_state import DraftSeq, DraftSeqs
 from troupe.gpu.forward_pass import ForwardPass
 from troupe.gpu.kv_cache import KVCache, kv_dtype
+from troupe.gpu.proposal_draws import (
+    draw,
+    record_draws,
+    record_sampled,
+    tokens_by_row,
+    with_proposals,
+)
 from troupe.gpu.request_states import RequestState
 from troupe.gpu.runner_setup import RunnerOptions
-from troupe.gpu.sampler import sample
-from troupe.gpu.sampling_batch import build_sampling_batch
 from troupe.gpu.step_inputs import build_decode_inputs, build_step_inputs
 from troupe.messages import SampledToken, SeqWork, StepPlan
 
@@ -147,10 +152,7 @@ class DraftRunner:
             token = by_id.get(work.request_id) if work.sample else None
             if token is not None:
                 self.seqs.commit(seq, work, token)
-                if state.tokens is not None:  # penalties read the history up to each draw
-                    end = work.start_pos + len(work.token_ids)
-                    new = (token.token_id, *token.more)[: len(state.tokens) - end]
-                    state.tokens[end : end + len(new)] = new
+                record_sampled(work, state, token)
             wants = (
                 token is not None
                 and state.params.structured_outputs is None
@@ -162,20 +164,7 @@ class DraftRunner:
             return sampled  # per-step backoff: the scheduler proposes nothing this step
         if not any(wants for _, _, _, wants in entries):
             return sampled  # nobody to propose for: the catch-up waits for the next round
-        proposals = self._round(entries, tables)
-        if not proposals:
-            return sampled
-        return tuple(
-            SampledToken(
-                t.request_id,
-                t.token_id,
-                t.logprob,
-                t.more,
-                t.more_logprobs,
-                proposals.get(t.request_id, ()),
-            )
-            for t in sampled
-        )
+        return with_proposals(sampled, self._round(entries, tables))
 
     def _round(
         self, entries: list[tuple[SeqWork, DraftSeq, RequestState, bool]], tables: np.ndarray
@@ -244,13 +233,11 @@ class DraftRunner:
         num_blocks = np.fromiter((s.num_blocks for s in states), np.int64, len(rows))
         history = any(s.tokens is not None for s in states)
         active = np.arange(len(rows))
-        ids = self._draw(logits, states, ends - counts)
+        ids = draw(logits, states, self.vocab_size, ends - counts)
         steps: list[tuple[np.ndarray, torch.Tensor]] = [(active, ids)]
         for j in range(1, int(ks.max())):
             if history:  # penalties: the next draw counts this one (a sync per step)
-                for row, token in zip(active.tolist(), ids.tolist(), strict=True):
-                    if (tokens := states[row].tokens) is not None:
-                        tokens[ends[row] + j - 1] = token
+                record_draws(states, active, ids, ends[active] + j - 1)
             keep = np.flatnonzero(ks[active] > j)
             if len(keep) < len(active):
                 ids = ids[host_to_device(keep, ids.device)]
@@ -265,25 +252,11 @@ class DraftRunner:
                 self.block_size,
             )
             logits = self._pass(inputs, input_ids=ids)
-            ids = self._draw(logits, [states[r] for r in active], positions + 1 - counts[active])
+            ids = draw(
+                logits, [states[r] for r in active], self.vocab_size, positions + 1 - counts[active]
+            )
             steps.append((active, ids))
-        values = torch.cat([t for _, t in steps]).tolist()
-        drawn: list[list[int]] = [[] for _ in rows]
-        first = 0
-        for rows_j, ids_j in steps:
-            for row, token in zip(rows_j.tolist(), values[first : first + len(ids_j)], strict=True):
-                drawn[row].append(token)
-            first += len(ids_j)
-        return drawn
-
-    def _draw(
-        self, logits: torch.Tensor, states: list[RequestState], offsets: np.ndarray
-    ) -> torch.Tensor:
-        """Draws at each state's num_tokens + offset: its settings, the target's noise."""
-        batch = build_sampling_batch(states, self.vocab_size, logits.device, offsets)
-        batch.num_logprobs = (None,) * len(states)  # proposals carry no logprobs
-        ids, _ = sample(logits, batch)
-        return ids.clamp_(0, self.vocab_size - 1)  # a token id even from non-finite logits
+        return tokens_by_row(steps, len(rows))
 
     def close(self) -> None:
         self._pass.close()

@@ -20,15 +20,14 @@ target's.
 from __future__ import annotations
 
 import torch
-from torch import nn
 from troupe.gpu.attention import AttentionMetadata
+from troupe.gpu.eagle_head_base import EagleHeadBase
 from troupe.gpu.model_config import ModelConfig
 from troupe.gpu.models import DecoderLayer, DecoderModel, KVCache
-from troupe.gpu.quant_linear import embedding, linear
-from troupe.kernels.rope_cache import build_cos_sin_cache
+from troupe.gpu.quant_linear import linear
 
 
-class Eagle3Head(nn.Module):
+class Eagle3Head(EagleHeadBase):
     """fc, the head's layers (layer 0 over 2H), its norm and its lm_head over draft ids."""
 
     def __init__(
@@ -42,54 +41,19 @@ class Eagle3Head(nn.Module):
         norm_before_residual: bool = False,
         own_embedding: bool = False,
     ) -> None:
-        super().__init__()
-        c, dtype, device = config, target.dtype, target.device
-        self.config = c
-        self.dtype = dtype
-        self.device = device
-        self.ops = target.ops
-
-        def param(*shape: int) -> nn.Parameter:
-            return nn.Parameter(torch.empty(*shape, dtype=dtype, device=device), False)
-
-        h = c.hidden_size
-        self.fc = param(h, num_taps * h)
-        self.layers = nn.ModuleList(DecoderLayer(c, dtype, device, i) for i in range(c.num_layers))
-        first = self.layers[0]
-        assert isinstance(first, DecoderLayer)
-        first.qkv_proj = param(c.q_size + 2 * c.kv_size, 2 * h)  # cat(embeds, hidden)
-        self.hidden_norm = param(h)
+        super().__init__(config, target, max_positions=max_positions, own_embedding=own_embedding)
+        c, h = config, config.hidden_size
+        self.fc = self.param(h, num_taps * h)
+        self.first_layer().qkv_proj = self.param(c.q_size + 2 * c.kv_size, 2 * h)  # cat(e, h)
+        self.hidden_norm = self.param(h)
         self.norm_before_residual = norm_before_residual
-        self.norm = param(h)
-        self.lm_head = param(draft_vocab_size, h)
-        self.embed_tokens = param(c.vocab_size, h) if own_embedding else None
+        self.norm = self.param(h)
+        self.lm_head = self.param(draft_vocab_size, h)
         self.vocab_size = c.vocab_size  # the target's: logits are placed there
         # draft id d -> target id d + d2t[d] (the identity until a checkpoint's d2t is read)
         self.register_buffer(
-            "draft_to_target", torch.arange(draft_vocab_size, device=device), persistent=False
+            "draft_to_target", torch.arange(draft_vocab_size, device=self.device), persistent=False
         )
-        # not submodules: the target's weights stay the target's (no second copy, no .to())
-        self._target_embed = target.embed
-        self.logits_dtype = target.logits_dtype
-        self.register_buffer(
-            "cos_sin_cache",
-            build_cos_sin_cache(
-                c.head_dim, max_positions, c.rope_theta, c.rope_scaling, torch.float32, device
-            ),
-            persistent=False,
-        )
-
-    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        if self.embed_tokens is None:
-            return self._target_embed(input_ids)
-        return embedding(input_ids, self.embed_tokens, self.dtype)
-
-    def set_kv_scales(self, scales: torch.Tensor | None) -> None:
-        """fp8 KV: the head pool's scales [layer, k | v, kv head] (as DecoderModel's)."""
-        for i, layer in enumerate(self.layers):
-            assert isinstance(layer, DecoderLayer)
-            layer.k_scale = None if scales is None else scales[i, 0]
-            layer.v_scale = None if scales is None else scales[i, 1]
 
     def combine(self, taps: torch.Tensor) -> torch.Tensor:
         """The target's tapped states [N, 3H] as the head's hidden input [N, H]: fc."""
@@ -108,8 +72,7 @@ class Eagle3Head(nn.Module):
         its position) and hidden[i] (fc of the target's states, or the head's own prenorm)."""
         c, ops, eps = self.config, self.ops, self.config.rms_norm_eps
         cos_sin = self.get_buffer("cos_sin_cache")
-        first = self.layers[0]
-        assert isinstance(first, DecoderLayer)
+        first = self.first_layer()
         embeds = ops.rms_norm(self.embed(input_ids), first.input_layernorm, eps)[0]
         normed_hidden = ops.rms_norm(hidden, self.hidden_norm, eps)[0]
         residual = normed_hidden if self.norm_before_residual else hidden

@@ -20,19 +20,14 @@ target's normed hidden states do, which it is fed as its next input).
 from __future__ import annotations
 
 import torch
-from torch import nn
 from troupe.gpu.attention import AttentionMetadata
+from troupe.gpu.eagle_head_base import EagleHeadBase
 from troupe.gpu.model_config import ModelConfig
 from troupe.gpu.models import DecoderLayer, DecoderModel, KVCache
-from troupe.gpu.quant_linear import embedding, linear
-from troupe.kernels.rope_cache import build_cos_sin_cache
+from troupe.gpu.quant_linear import linear
 
 
-def _param(*shape: int, dtype: torch.dtype, device: torch.device) -> nn.Parameter:
-    return nn.Parameter(torch.empty(*shape, dtype=dtype, device=device), requires_grad=False)
-
-
-class EagleHead(nn.Module):
+class EagleHead(EagleHeadBase):
     """fc, the head's decoder layers and (optional) norms; logits through the target's lm_head."""
 
     def __init__(
@@ -46,50 +41,16 @@ class EagleHead(nn.Module):
         final_norm: bool = False,
         own_embedding: bool = False,
     ) -> None:
-        super().__init__()
-        c, dtype, device = config, target.dtype, target.device
-        self.config = c
-        self.dtype = dtype
-        self.device = device
-        self.ops = target.ops
-
-        def param(*shape: int) -> nn.Parameter:
-            return _param(*shape, dtype=dtype, device=device)
-
-        self.fc = param(c.hidden_size, 2 * c.hidden_size)
-        self.fc_bias = param(c.hidden_size) if fc_bias else None
-        self.layers = nn.ModuleList(DecoderLayer(c, dtype, device, i) for i in range(c.num_layers))
+        super().__init__(config, target, max_positions=max_positions, own_embedding=own_embedding)
+        h = config.hidden_size
+        self.fc = self.param(h, 2 * h)
+        self.fc_bias = self.param(h) if fc_bias else None
         self.has_input_norm = input_norm  # layer 0's: EAGLE-1 has none (the identity)
         if not input_norm:  # its parameter stays unread: ones rather than uninitialized memory
-            first = self.layers[0]
-            assert isinstance(first, DecoderLayer)
             with torch.no_grad():
-                first.input_layernorm.fill_(1.0)
-        self.norm = param(c.hidden_size) if final_norm else None
-        self.embed_tokens = param(c.vocab_size, c.hidden_size) if own_embedding else None
-        # not submodules: the target's weights stay the target's (no second copy, no .to())
-        self._target_embed = target.embed
+                self.first_layer().input_layernorm.fill_(1.0)
+        self.norm = self.param(h) if final_norm else None
         self.compute_logits = target.compute_logits
-        self.logits_dtype = target.logits_dtype
-        self.register_buffer(
-            "cos_sin_cache",
-            build_cos_sin_cache(
-                c.head_dim, max_positions, c.rope_theta, c.rope_scaling, torch.float32, device
-            ),
-            persistent=False,
-        )
-
-    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        if self.embed_tokens is None:
-            return self._target_embed(input_ids)
-        return embedding(input_ids, self.embed_tokens, self.dtype)
-
-    def set_kv_scales(self, scales: torch.Tensor | None) -> None:
-        """fp8 KV: the head pool's scales [layer, k | v, kv head] (as DecoderModel's)."""
-        for i, layer in enumerate(self.layers):
-            assert isinstance(layer, DecoderLayer)
-            layer.k_scale = None if scales is None else scales[i, 0]
-            layer.v_scale = None if scales is None else scales[i, 1]
 
     def combine(self, taps: torch.Tensor) -> torch.Tensor:
         """The target's post-norm states as the forward's hidden input: as they are (fc

@@ -28,10 +28,15 @@ from troupe.gpu.device_inputs import device_metadata, host_to_device
 from troupe.gpu.eagle_load import EagleModel
 from troupe.gpu.eagle_state import EagleSeqs, HeadFeed
 from troupe.gpu.kv_cache import KVCache, kv_dtype
+from troupe.gpu.proposal_draws import (
+    draw,
+    record_draws,
+    record_sampled,
+    tokens_by_row,
+    with_proposals,
+)
 from troupe.gpu.request_states import RequestState
 from troupe.gpu.runner_setup import RunnerOptions
-from troupe.gpu.sampler import sample
-from troupe.gpu.sampling_batch import build_sampling_batch
 from troupe.gpu.step_inputs import StepInputs, build_decode_inputs, build_step_inputs
 from troupe.messages import SampledToken, SeqWork, StepPlan
 
@@ -115,10 +120,8 @@ class EagleRunner:
         row = 0
         for work, state in zip(seqs, states, strict=True):
             token = by_id.get(work.request_id) if work.sample else None
-            if token is not None and state.tokens is not None:  # penalties read the history
-                end = work.start_pos + len(work.token_ids)
-                new = (token.token_id, *token.more)[: len(state.tokens) - end]
-                state.tokens[end : end + len(new)] = new
+            if token is not None:
+                record_sampled(work, state, token)
             feed = self.seqs.feed(work, token, row, hidden)
             row += len(work.token_ids) + len(work.draft_token_ids)
             if not feed.token_ids:
@@ -132,20 +135,7 @@ class EagleRunner:
             draws.append(k)
         if not feeds:
             return sampled
-        proposals = self._round(feeds, feed_states, draws, hidden, tables)
-        if not proposals:
-            return sampled
-        return tuple(
-            SampledToken(
-                t.request_id,
-                t.token_id,
-                t.logprob,
-                t.more,
-                t.more_logprobs,
-                proposals.get(t.request_id, ()),
-            )
-            for t in sampled
-        )
+        return with_proposals(sampled, self._round(feeds, feed_states, draws, hidden, tables))
 
     def _room(self, state: RequestState, num_committed: int) -> int:
         """Proposals that fit: their rows' KV inside the table, the last one's position
@@ -230,13 +220,13 @@ class EagleRunner:
         num_blocks = np.fromiter((s.num_blocks for s in states), np.int64, n)
         history = any(s.tokens is not None for s in states)
         active = np.arange(n)
-        ids = self._draw(self.head.compute_logits(states_out), states, committed - counts)
+        ids = draw(
+            self.head.compute_logits(states_out), states, self.vocab_size, committed - counts
+        )
         steps: list[tuple[np.ndarray, torch.Tensor]] = [(active, ids)]
         for j in range(1, int(ks.max())):
             if history:  # penalties: the next draw counts this one (a sync per step)
-                for i, token in zip(active.tolist(), ids.tolist(), strict=True):
-                    if (tokens := states[i].tokens) is not None:
-                        tokens[committed[i] + j - 1] = token
+                record_draws(states, active, ids, committed[active] + j - 1)
             keep = np.flatnonzero(ks[active] > j)
             if len(keep) < len(active):
                 index = host_to_device(keep, self.device)
@@ -256,29 +246,14 @@ class EagleRunner:
             states_out, out = self.head.run(
                 ids, host_to_device(positions, self.device), out, meta, self.kv.layers
             )
-            ids = self._draw(
+            ids = draw(
                 self.head.compute_logits(states_out),
                 [states[i] for i in active],
+                self.vocab_size,
                 committed[active] + j - counts[active],
             )
             steps.append((active, ids))
-        values = torch.cat([t for _, t in steps]).tolist()
-        drawn: list[list[int]] = [[] for _ in feeds]
-        first = 0
-        for rows_j, ids_j in steps:
-            for i, token in zip(rows_j.tolist(), values[first : first + len(ids_j)], strict=True):
-                drawn[i].append(token)
-            first += len(ids_j)
-        return drawn
-
-    def _draw(
-        self, logits: torch.Tensor, states: list[RequestState], offsets: np.ndarray
-    ) -> torch.Tensor:
-        """Draws at each state's num_tokens + offset: its settings, the target's noise."""
-        batch = build_sampling_batch(states, self.vocab_size, logits.device, offsets)
-        batch.num_logprobs = (None,) * len(states)  # proposals carry no logprobs
-        ids, _ = sample(logits, batch)
-        return ids.clamp_(0, self.vocab_size - 1)  # a token id even from non-finite logits
+        return tokens_by_row(steps, n)
 
     def close(self) -> None:
         self.seqs.clear()

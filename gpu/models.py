@@ -184,6 +184,14 @@ def _layer_class(config: ModelConfig, layer: int) -> type[DecoderLayer]:
     return DecoderLayer
 
 
+def set_layer_kv_scales(layers: nn.ModuleList, scales: torch.Tensor | None) -> None:
+    """fp8 KV: layer i's writes and reads use scales[i] ([k | v, kv head]); None: none."""
+    for i, layer in enumerate(layers):
+        assert isinstance(layer, DecoderLayer)
+        layer.k_scale = None if scales is None else scales[i, 0]
+        layer.v_scale = None if scales is None else scales[i, 1]
+
+
 class DecoderModel(nn.Module):
     """Embeddings, decoder layers, final norm and lm_head, for a flat batch of tokens."""
 
@@ -252,10 +260,7 @@ class DecoderModel(nn.Module):
 
     def set_kv_scales(self, scales: torch.Tensor | None) -> None:
         """fp8 KV: scales [layer, k | v, kv head] that each layer's writes set and reads use."""
-        for i, layer in enumerate(self.layers):
-            assert isinstance(layer, DecoderLayer)
-            layer.k_scale = None if scales is None else scales[i, 0]
-            layer.v_scale = None if scales is None else scales[i, 1]
+        set_layer_kv_scales(self.layers, scales)
 
     @torch.inference_mode()
     def forward(
