@@ -6,7 +6,10 @@ at once ("queued"), and the generation runs on in a task the app owns.
           Finished           ─► "completed" / "incomplete"  (store.replace: the whole object)
           Rejected/Failed    ─► "failed" (error: the engine's code and message)
           task cancelled     ─► "cancelled": POST /v1/responses/{id}/cancel, DELETE, shutdown
-    GET /v1/responses/{id}          the stored object: its status as it goes, whole at the end
+    GET /v1/responses/{id}          while it runs, the object as of now (`response_now`: its
+                                    status and the output so far, the item being written
+                                    "in_progress" with its text so far); at its end, the
+                                    stored whole object
     GET ...?stream=true             `follow`: the events so far, then live ones until the end
 
 Cancelling the task leaves the engine stream early, which aborts the request (its blocks
@@ -63,6 +66,11 @@ class BackgroundRun:
     @property
     def is_done(self) -> bool:
         return self.status in ENDS
+
+    def response_now(self) -> dict[str, Any]:
+        """The response object as of now: its status and the assembler's output so far (the
+        assembler owns the output; the store holds only the object of each state)."""
+        return self.assembler.shape.body(self.status, self.assembler.output_so_far())
 
     def add(self, events: list[Event]) -> None:
         if events:

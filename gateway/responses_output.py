@@ -102,6 +102,13 @@ class OutputAssembler:
             self._finish(event)
         return self._drain()
 
+    def output_so_far(self) -> list[dict[str, Any]]:
+        """The output items as of now: those closed, then the one being written, "in_progress"
+        with its text so far (a running background response's GET)."""
+        if self._open is None:
+            return list(self.output)
+        return [*self.output, _as_item(self._open, "in_progress")]
+
     def fail(self, error: ApiError) -> list[Event]:
         """A stream that ends in an error (the engine's, or a reader too slow): OpenAI's
         `error` event."""
@@ -221,7 +228,6 @@ class OutputAssembler:
         text = "".join(item.parts)
         where = {"item_id": item.item_id, "output_index": item.index}
         if item.kind == "message":
-            done = message_item(item.item_id, text, status)
             self._emit(
                 "response.output_text.done", **where, content_index=0, text=text, logprobs=[]
             )
@@ -229,13 +235,12 @@ class OutputAssembler:
                 "response.content_part.done", **where, content_index=0, part=output_text(text)
             )
         elif item.kind == "reasoning":
-            done = reasoning_item(item.item_id, text, status)
             part = {"type": "reasoning_text", "text": text}
             self._emit("response.reasoning_text.done", **where, content_index=0, text=text)
             self._emit("response.content_part.done", **where, content_index=0, part=part)
         else:
-            done = function_call_item(item.item_id, item.call_id, item.name, text, status)
             self._emit("response.function_call_arguments.done", **where, arguments=text)
+        done = _as_item(item, status)
         self.output.append(done)
         self._emit("response.output_item.done", output_index=item.index, item=done)
 
@@ -249,3 +254,13 @@ class OutputAssembler:
     def _drain(self) -> list[Event]:
         events, self._events = self._events, []
         return events
+
+
+def _as_item(item: _Open, status: Status) -> dict[str, Any]:
+    """The output item `item` is, with its text so far and `status`."""
+    text = "".join(item.parts)
+    if item.kind == "message":
+        return message_item(item.item_id, text, status)
+    if item.kind == "reasoning":
+        return reasoning_item(item.item_id, text, status)
+    return function_call_item(item.item_id, item.call_id, item.name, text, status)

@@ -1,7 +1,8 @@
 """Stored responses over HTTP (OpenAI's Responses API; the store: gateway/responses_store.py).
 
-    GET    /v1/responses/{response_id}              the response object (a background one's
-                                                    status as it runs, whole at its end);
+    GET    /v1/responses/{response_id}              the response object (a running
+                                                    background one's as of now: its status and
+                                                    output so far; whole at its end);
                                                     ?stream=true&starting_after=N: its events
                                                     (gateway/responses_replay.py)
     POST   /v1/responses/{response_id}/cancel       a running background response cancelled:
@@ -40,6 +41,7 @@ class _Status(msgspec.Struct):
 
 
 _decode_status = msgspec.json.Decoder(_Status)
+_json = msgspec.json.Encoder()
 
 
 def add_stored_response_routes(app: web.Application) -> None:
@@ -51,10 +53,11 @@ def add_stored_response_routes(app: web.Application) -> None:
 
 async def retrieve(request: web.Request) -> web.StreamResponse:
     entry = _stored(request)
-    if request.query.get("stream", "false").lower() in ("false", "0"):
-        return web.Response(body=entry.response, content_type="application/json")
-    after = starting_after(request.query.get("starting_after"))
     run = request.app[GATEWAY].background.get(entry.response_id)
+    if request.query.get("stream", "false").lower() in ("false", "0"):
+        body = entry.response if run is None else _json.encode(run.response_now())
+        return web.Response(body=body, content_type="application/json")
+    after = starting_after(request.query.get("starting_after"))
     stored = (
         [] if run is not None else replay_events(entry.stream_events(), after, entry.response_id)
     )

@@ -6,7 +6,8 @@ depends on how fast the machine is (loops below only detect a hang).
 The create call answers at once ("queued"); retrieve shows it run to the same answer as a
 foreground call; cancel aborts the engine's request (its one terminal event an Aborted, its
 blocks freed) and answers "cancelled" (again when repeated); a finished or foreground response
-is not cancelled; GET ?stream=true replays the events, and follows a running response live;
+is not cancelled; GET of a running one shows its output so far; GET ?stream=true replays the
+events, and follows a running response live;
 shutdown ends a running one with its request aborted; no more run at once than the store holds
 (one more is a 429), and a streamed background create follows its run to the end."""
 
@@ -184,6 +185,37 @@ def test_a_follower_gets_the_events_so_far_then_live_ones(
     assert got[-1].type == "response.completed"
     done = client.responses.retrieve(created.id)
     assert got[-1].response.output_text == done.output_text != ""
+
+
+def test_get_of_a_running_response_shows_its_output_so_far(
+    client: OpenAI, srv: ServerThread, held: FaultyRunner
+) -> None:
+    num_held = held.num_held
+    body = {**LONG, "max_output_tokens": 12}
+    created = client.responses.create(input="Count sheep.", background=True, **body)
+    _wait_held(held, num_held)  # two steps ran, the third waits: the run is mid-way
+    url = f"{srv.url}/v1/responses/{created.id}?stream=true"
+    with urllib.request.urlopen(url, timeout=HANG) as stream:
+        seen = ""  # the text the run's events gave so far, up to the first delta
+        while not seen:
+            line = stream.readline().decode()
+            assert line, "the stream ended before any text"
+            if line.startswith("data: ") and '"response.output_text.delta"' in line:
+                seen = json.loads(line[6:])["delta"]
+        now = client.responses.retrieve(created.id)
+        assert (now.status, now.background, now.usage) == ("in_progress", True, None)
+        (item,) = now.output
+        assert (item.type, item.status) == ("message", "in_progress")
+        assert now.output_text.startswith(seen)
+        held.release()
+        rest = stream.read().decode()
+    assert '"response.completed"' in rest
+    done = client.responses.retrieve(created.id)
+    assert done.status == "incomplete" and done.usage is not None
+    assert done.usage.output_tokens == 12
+    (whole,) = done.output
+    assert (whole.id, whole.status) == (item.id, "incomplete")  # the same item, ended
+    assert done.output_text.startswith(now.output_text) and done.output_text != now.output_text
 
 
 def test_refusals(client: OpenAI, srv: ServerThread) -> None:
