@@ -36,6 +36,7 @@ _HELP = {
     "max_tree_chars": "prompt characters remembered per replica (LRU beyond)",
     "health_check_interval_s": "seconds between /health checks of each replica",
     "connect_timeout_s": "seconds to connect to a replica",
+    "lora_replay_timeout_s": "seconds for each run-time LoRA load replayed to a replica coming up",
     "max_body_bytes": "request bodies above this get 413",
     "api_key": "required of /v1/router/stats (the replicas check their own routes)",
 }

@@ -14,58 +14,30 @@ every replica lists.
                                    (in the first one's order): a client never picks an
                                    adapter some replica lacks
 
-The router keeps no record of adapters: a replica that starts (or restarts) later has only
-its own `--lora-modules`, and the adapters loaded at run time drop out of /v1/models until
-they are loaded on it too (loading them again through the router answers 400
-lora_adapter_exists from the replicas that have them; unload and load again).
+The router remembers each load that every replica answered 200, and forgets it on an unload
+that some replica answered 200 (the ReplicaSet's `loras`, gateway/router_lora_ledger.py): a
+replica that restarts, or comes up again after being down, gets the remembered loads before it
+takes traffic, so /v1/models keeps listing them. A replica that was down during an unload (the
+unload's error names it) and comes back without having restarted still holds that adapter;
+/v1/models leaves it out (the others lack it): unload it there.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 from aiohttp import web
 from troupe.gateway.errors import ApiError
+from troupe.gateway.router_answers import READ_ERRORS, ReplicaAnswer, made_up
+from troupe.gateway.router_lora_ledger import LOAD
 from troupe.gateway.router_proxy import ROUTER, SESSION
 from troupe.gateway.router_replicas import Replica, ReplicaSet
 
-LOAD, UNLOAD = "/v1/load_lora_adapter", "/v1/unload_lora_adapter"
+UNLOAD = "/v1/unload_lora_adapter"
 _FORWARDED = ("Authorization", "Content-Type")
-_READ_ERRORS = (aiohttp.ClientError, OSError, TimeoutError)
-_MAX_QUOTED_CHARS = 300  # of a replica's non-JSON error body, in the router's message
-
-
-@dataclass(frozen=True, kw_only=True)
-class ReplicaAnswer:
-    """One replica's answer to a fanned-out request (a down replica's is a made-up 503)."""
-
-    url: str
-    status: int
-    body: bytes
-    content_type: str
-    why_not_sent: str = ""  # set when the router answered for the replica
-
-    @property
-    def is_ok(self) -> bool:
-        return self.status == 200
-
-    def error(self) -> tuple[str, str | None, str | None]:
-        """(message, param, code) of a failure: the replica's OpenAI error, or its text."""
-        try:
-            error = json.loads(self.body)["error"]
-            return str(error["message"]), error.get("param"), error.get("code")
-        except (ValueError, KeyError, TypeError):
-            return self.body.decode(errors="replace")[:_MAX_QUOTED_CHARS], None, None
-
-    def describe(self) -> str:
-        """The replica and what it answered, for the router's error message."""
-        if self.why_not_sent:
-            return f"{self.url} {self.why_not_sent} (counted as {self.status})"
-        return f"{self.url} answered {self.status}: {self.error()[0]}"
 
 
 def add_lora_routes(app: web.Application) -> None:
@@ -78,6 +50,7 @@ async def load_lora_adapter(request: web.Request) -> web.Response:
     body = await request.read()
     answers = await _post_everywhere(request, LOAD, body)
     if all(a.is_ok for a in answers):
+        request.app[ROUTER].loras.remember(_lora_name(body), body, _headers(request))
         return _as_response(answers[0])
     ok = [a.url for a in answers if a.is_ok]
     note = await _unload_from(request, ok, _lora_name(body)) if ok else ""
@@ -87,6 +60,8 @@ async def load_lora_adapter(request: web.Request) -> web.Response:
 async def unload_lora_adapter(request: web.Request) -> web.Response:
     body = await request.read()
     answers = await _post_everywhere(request, UNLOAD, body)
+    if any(a.is_ok for a in answers):  # no longer on every replica: replayed to none
+        request.app[ROUTER].loras.forget(_lora_name(body))
     if all(a.is_ok for a in answers):
         return _as_response(answers[0])
     raise _partial_failure("unload", body, answers, "")
@@ -120,7 +95,7 @@ async def _post_everywhere(request: web.Request, path: str, body: bytes) -> list
 
     async def post(replica: Replica) -> ReplicaAnswer:
         if not replica.is_up:
-            return _made_up(replica.url, "is down: not sent")
+            return made_up(replica.url, "is down: not sent")
         try:
             async with session.post(f"{replica.url}{path}", data=body, headers=headers) as resp:
                 answer = ReplicaAnswer(
@@ -129,9 +104,9 @@ async def _post_everywhere(request: web.Request, path: str, body: bytes) -> list
                     body=await resp.read(),
                     content_type=resp.content_type,
                 )
-        except _READ_ERRORS as exc:
+        except READ_ERRORS as exc:
             replicas.fail(replica, f"{path} failed: {exc!r}")
-            return _made_up(replica.url, f"could not be reached: {exc!r}")
+            return made_up(replica.url, f"could not be reached: {exc!r}")
         if answer.status == 503:  # draining or failed: /health decides, as for a proxied one
             replicas.fail(replica, "answered 503", is_down=False)
             await replicas.check(session, replica)
@@ -151,8 +126,8 @@ async def _unload_from(request: web.Request, urls: list[str], name: str) -> str:
                 return ReplicaAnswer(
                     url=url, status=resp.status, body=await resp.read(), content_type=""
                 )
-        except _READ_ERRORS as exc:
-            return _made_up(url, f"could not be reached: {exc!r}")
+        except READ_ERRORS as exc:
+            return made_up(url, f"could not be reached: {exc!r}")
 
     answers = await asyncio.gather(*(unload(u) for u in urls))
     undone = [a.url for a in answers if a.is_ok]
@@ -198,18 +173,13 @@ async def _get_models(
                 body=await resp.read(),
                 content_type=resp.content_type,
             )
-    except _READ_ERRORS as exc:
+    except READ_ERRORS as exc:
         replicas.fail(replica, f"/v1/models failed: {exc!r}")
         return None
 
 
 def _headers(request: web.Request) -> dict[str, str]:
     return {k: v for k in _FORWARDED if (v := request.headers.get(k)) is not None}
-
-
-def _made_up(url: str, why: str) -> ReplicaAnswer:
-    """A 503 the router answers for a replica it could not ask."""
-    return ReplicaAnswer(url=url, status=503, body=b"", content_type="", why_not_sent=why)
 
 
 def _as_response(answer: ReplicaAnswer) -> web.Response:

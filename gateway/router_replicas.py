@@ -9,6 +9,11 @@ health check at once, which decides. Only replicas that are up get traffic.
 `/health` also names the replica's `home_id`, which the ids of the responses it stores carry
 (gateway/responses_store.py): `holder_of(response_id)` is the replica holding a stored response.
 A replica that restarts has a new one (its store is gone), learnt at its next health check.
+
+A replica that comes up (down to up, or up under a new `home_id`: restarted between two
+checks) first gets the run-time LoRA loads the router remembers (`loras`,
+gateway/router_lora_ledger.py), then is marked up: it takes no traffic before it serves the
+adapters the others do. One it cannot be reached for stays down until a later check.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from dataclasses import dataclass
 import aiohttp
 import structlog
 from troupe.gateway.responses_store import home_of
+from troupe.gateway.router_lora_ledger import LoraLedger
 from troupe.gateway.router_policy import CacheAwarePolicy, Route, RouteReason
 from troupe.gateway.router_settings import RouterSettings
 
@@ -54,6 +60,7 @@ class ReplicaSet:
         self.settings = settings
         self.replicas = [Replica(index=i, url=u) for i, u in enumerate(settings.backend_urls)]
         self.policy = CacheAwarePolicy(len(self.replicas), settings)
+        self.loras = LoraLedger(settings.lora_replay_timeout_s)
 
     def route(self, key: str, exclude: set[int]) -> Replica:
         """Choose a replica for prompt `key` (not one of `exclude`) and count it in flight."""
@@ -109,7 +116,8 @@ class ReplicaSet:
         await asyncio.gather(*(self.check(session, r) for r in self.replicas))
 
     async def check(self, session: aiohttp.ClientSession, replica: Replica) -> None:
-        """Ask one replica's `/health`: up on 200, down otherwise."""
+        """Ask one replica's `/health`: up on 200 (once a replica coming up has the run-time
+        LoRA loads), down otherwise."""
         timeout = aiohttp.ClientTimeout(total=self.settings.connect_timeout_s)
         try:
             async with session.get(f"{replica.url}/health", timeout=timeout) as resp:
@@ -119,8 +127,27 @@ class ReplicaSet:
             self.mark(replica, False, f"health check failed: {exc!r}")
             return
         if status == 200:
-            replica.home_id = _home_id(text)
+            home_id, known = _home_id(text), replica.home_id
+            replica.home_id = home_id
+            if replica.is_up and known is not None and home_id != known:
+                self.mark(replica, False, f"restarted (home_id {known} is now {home_id})")
+            if not replica.is_up and not await self._rejoin(session, replica):
+                return
         self.mark(replica, status == 200, f"/health answered {status}")
+
+    async def _rejoin(self, session: aiohttp.ClientSession, replica: Replica) -> bool:
+        """Replay the remembered LoRA loads to a replica coming up; False (it stays down)
+        when it could not be reached."""
+        if not self.loras.names:
+            return True
+        replay = await self.loras.replay(session, replica.url)
+        for failure in replay.failures:
+            log.warning("LoRA adapter not replayed", url=replica.url, failure=failure)
+        if replay.unreachable:
+            self.mark(replica, False, f"LoRA replay stopped: {replay.unreachable}")
+            return False
+        log.info("LoRA adapters replayed", url=replica.url, num_loaded=replay.num_loaded)
+        return True
 
     async def run_health_checks(self, session: aiohttp.ClientSession) -> None:
         """Check every `health_check_interval_s` until cancelled."""

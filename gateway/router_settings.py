@@ -24,6 +24,8 @@ class RouterSettings:
     max_tree_chars: int = 4_000_000  # per replica: remembered prompt characters
     health_check_interval_s: float = 2.0
     connect_timeout_s: float = 5.0  # to open a connection to a replica
+    # For each run-time LoRA load replayed to a replica coming up (gateway/router_lora_ledger.py)
+    lora_replay_timeout_s: float = 60.0
     max_body_bytes: int = 4 * 1024 * 1024  # request bodies above this get 413
     # Required of /v1/router/stats (it names the replicas); the replicas check their own routes.
     api_key: str | None = None
@@ -48,7 +50,7 @@ class RouterSettings:
             )
         if self.max_tree_chars < 1:
             raise ConfigError(f"max_tree_chars must be >= 1, got {self.max_tree_chars}")
-        for name in ("health_check_interval_s", "connect_timeout_s"):
+        for name in ("health_check_interval_s", "connect_timeout_s", "lora_replay_timeout_s"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise ConfigError(f"{name} must be a number of seconds > 0, got {value}")

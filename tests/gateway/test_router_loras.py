@@ -1,7 +1,9 @@
 """Run-time LoRA through the router: a load or unload reaches every replica, a failure on one
-names it and leaves the replicas alike, and /v1/models lists only what every replica serves.
-The replicas are fake-runner engines in this process, each runner a ParamsRecorder (what a
-request ran on)."""
+names it and leaves the replicas alike, /v1/models lists only what every replica serves, and a
+replica that comes up again (restarted) gets the loads the router remembers, not the unloaded
+ones, before it takes traffic. The replicas are fake-runner engines in this process, each
+runner a ParamsRecorder (what a request ran on); the router's health checks run when a test
+says (`_check_health`), never on a clock."""
 
 from __future__ import annotations
 
@@ -12,13 +14,16 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import aiohttp
 import pytest
+from aiohttp import web
+from troupe.gateway.responses_store import new_home_id
 from troupe.gateway.router_settings import RouterSettings
 from troupe.gateway.state import GatewaySettings
 from troupe.gpu.fake_runner import FakeRunner
 
 from tests.gateway.conftest import BASE_CONFIG, ServerThread
-from tests.gateway.router_harness import RouterThread
+from tests.gateway.router_harness import LoopThread, RouterThread
 from tests.gateway.scripted_runner import ParamsRecorder
 
 CONFIG = BASE_CONFIG.replace(enable_lora=True)
@@ -97,6 +102,27 @@ def _model_ids(url: str) -> list[str]:
     return [m["id"] for m in body["data"]]
 
 
+def _check_health(router: RouterThread) -> None:
+    """One round of the router's health checks, now (its own loop waits an hour)."""
+
+    async def check() -> None:
+        assert router.replicas is not None
+        async with aiohttp.ClientSession() as session:
+            await router.replicas.check_all(session)
+
+    router.call(check())
+
+
+def _mark_down(router: RouterThread, index: int) -> None:
+    """Replica `index` down, as a failed health check or a refused connection leaves it."""
+
+    async def down() -> None:
+        assert router.replicas is not None
+        router.replicas.mark(router.replicas.replicas[index], False, "the test says so")
+
+    router.call(down())
+
+
 def _dead_url() -> str:
     with socket.socket() as s:  # a port nothing listens on once this closes
         s.bind(("127.0.0.1", 0))
@@ -156,6 +182,7 @@ def test_a_load_that_fails_on_one_replica_is_undone_on_the_others(  # type: igno
     assert "best effort" in message
     assert a.engine.lora_adapters == {}  # the replicas stay alike
     assert _model_ids(router.url) == [a.engine.model_name]
+    assert router.replicas is not None and router.replicas.loras.names == ()  # not replayed
 
 
 def test_a_down_replica_counts_as_failed(replicas, make_router: MakeRouter) -> None:  # type: ignore[no-untyped-def]
@@ -202,3 +229,86 @@ def test_models_lists_only_what_every_replica_serves(replicas, make_router: Make
         (base, base, None),
         ("both", "/adapters/both", base),
     ]
+
+
+def test_a_replica_that_comes_up_again_gets_the_run_time_loads(  # type: ignore[no-untyped-def]
+    replicas, make_router: MakeRouter
+) -> None:
+    a, b = replicas["a"], replicas["b"]
+    base = a.engine.model_name
+    router = make_router([a, b])
+    loaded = {"sql": "/adapters/sql", "math": "/adapters/math"}
+    for name, path in loaded.items():
+        assert _load(router.url, name, path)[0] == 200
+
+    # down, then up again having kept them (it was only unreachable): lora_adapter_exists is
+    # as good as loaded
+    _mark_down(router, 1)
+    _check_health(router)
+    assert [r["up"] for r in router.stats()] == [True, True]
+    assert b.engine.lora_adapters == loaded
+
+    # restarted while down: back with none of them, and given them before it is up again
+    for name in loaded:
+        assert _unload(b.url, name)[0] == 200
+    _mark_down(router, 1)
+    _check_health(router)
+    assert [r["up"] for r in router.stats()] == [True, True]
+    assert b.engine.lora_adapters == loaded
+    assert _model_ids(router.url) == [base, "sql", "math"]
+
+    # restarted between two checks, seen up all along: its new home id tells
+    for name in loaded:
+        assert _unload(b.url, name)[0] == 200
+    assert _model_ids(router.url) == [base]
+    b.gateway.home_id = new_home_id()
+    _check_health(router)
+    assert b.engine.lora_adapters == loaded
+    assert _model_ids(router.url) == [base, "sql", "math"]
+
+
+def test_an_unloaded_adapter_is_not_replayed(replicas, make_router: MakeRouter) -> None:  # type: ignore[no-untyped-def]
+    a, b = replicas["a"], replicas["b"]
+    router = make_router([a, b])
+    for name in ("sql", "math"):
+        assert _load(router.url, name, f"/adapters/{name}")[0] == 200
+    assert _unload(router.url, "sql")[0] == 200
+    assert router.replicas is not None and router.replicas.loras.names == ("math",)
+
+    assert _unload(b.url, "math")[0] == 200  # b restarts: back with no adapter
+    _mark_down(router, 1)
+    _check_health(router)
+    assert b.engine.lora_adapters == {"math": "/adapters/math"}
+    assert _model_ids(router.url) == [a.engine.model_name, "math"]
+
+
+def test_a_replica_that_fails_the_replay_stays_down(replicas, make_router: MakeRouter) -> None:  # type: ignore[no-untyped-def]
+    """A stand-in replica whose /health says 200 answers each load with the next status of
+    `answers`, noting whether the router had it up then."""
+    answers, was_up = [200, 503, 200], []
+    holder: list[RouterThread] = []
+
+    async def load(request: web.Request) -> web.Response:
+        assert holder[0].replicas is not None
+        was_up.append(holder[0].replicas.replicas[1].is_up)
+        return web.Response(status=answers.pop(0), text="Success")
+
+    async def health(request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    app = web.Application()
+    app.router.add_post(LOAD, load)
+    app.router.add_get("/health", health)
+    stand_in = LoopThread()
+    try:
+        router = make_router([replicas["a"], stand_in.add_app(app)])
+        holder.append(router)
+        assert _load(router.url, "sql", "/adapters/sql")[0] == 200
+        _mark_down(router, 1)
+        _check_health(router)  # the replay meets a 503: not up
+        assert [r["up"] for r in router.stats()] == [True, False]
+        _check_health(router)  # the next check replays again
+        assert [r["up"] for r in router.stats()] == [True, True]
+        assert was_up == [True, False, False] and answers == []  # no traffic before the loads
+    finally:
+        stand_in.close()
