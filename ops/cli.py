@@ -12,9 +12,13 @@ import json
 import sys
 import types
 import typing
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from troupe.config import ConfigError, EngineConfig, field_choices
+
+if TYPE_CHECKING:
+    from troupe.messages.sampling import SamplingParams
+    from troupe.messages.sampling_defaults import SamplingDefaults
 
 
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:
@@ -56,18 +60,43 @@ def config_from_args(ns: argparse.Namespace) -> EngineConfig:
     return EngineConfig(**values)
 
 
+# `generate`'s max_tokens where neither --max-tokens nor the model's max_new_tokens sets one
+DEFAULT_MAX_TOKENS = 64
+# `generate`'s flags that the model's generation_config.json may default (SamplingDefaults)
+_SAMPLING_FLAGS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+
+
+def sampling_params_from_args(
+    ns: argparse.Namespace, defaults: SamplingDefaults, max_model_len: int
+) -> SamplingParams:
+    """`generate`'s SamplingParams as the server builds a request's: the flags given win, the
+    model's defaults (Engine.sampling_defaults) fill those left out (argparse's None), then
+    SamplingParams' own; max_tokens: the flag, the model's max_new_tokens (never past
+    max_model_len), else DEFAULT_MAX_TOKENS."""
+    from troupe import SamplingParams
+
+    given = {name: getattr(ns, name) for name in _SAMPLING_FLAGS if getattr(ns, name) is not None}
+    if ns.sampling_seed is not None:
+        given["seed"] = ns.sampling_seed
+    if ns.max_tokens is not None:
+        max_tokens = ns.max_tokens
+    elif defaults.max_tokens is not None:
+        max_tokens = defaults.max_tokens_within(max_model_len)
+    else:
+        max_tokens = DEFAULT_MAX_TOKENS
+    return SamplingParams(max_tokens=max_tokens, **defaults.fill(given))
+
+
 def _cmd_generate(ns: argparse.Namespace, config: EngineConfig) -> int:
     import anyio
-    from troupe import Engine, SamplingParams
+    from troupe import Engine
     from troupe.messages import Delta, Finished
 
-    params = SamplingParams(
-        max_tokens=ns.max_tokens, temperature=ns.temperature, top_p=ns.top_p, seed=ns.sampling_seed
-    )
     prompt: Any = [{"role": "user", "content": ns.prompt}] if ns.chat else ns.prompt
 
     async def run() -> int:
         async with Engine.open(config) as engine:
+            params = sampling_params_from_args(ns, engine.sampling_defaults, engine.max_model_len)
             async for event in engine.generate(prompt, params):
                 sys.stdout.write(event.text)
                 sys.stdout.flush()
@@ -165,10 +194,19 @@ def build_parser() -> argparse.ArgumentParser:
     gen = sub.add_parser("generate", help="stream one completion to stdout")
     gen.add_argument("prompt")
     gen.add_argument("--chat", action="store_true", help="send the prompt as a user chat message")
-    gen.add_argument("--max-tokens", type=int, default=64)
-    gen.add_argument("--temperature", type=float, default=0.0)
-    gen.add_argument("--top-p", type=float, default=1.0)
-    gen.add_argument("--sampling-seed", type=int, default=None)
+    sampling = gen.add_argument_group(
+        "sampling", "unset: the model's generation_config.json value, else SamplingParams' own"
+    )
+    sampling.add_argument(
+        "--max-tokens",
+        type=int,
+        default=None,
+        help=f"default: the model's max_new_tokens, else {DEFAULT_MAX_TOKENS}",
+    )
+    for name in _SAMPLING_FLAGS:
+        kind = int if name == "top_k" else float
+        sampling.add_argument("--" + name.replace("_", "-"), type=kind, default=None)
+    sampling.add_argument("--sampling-seed", type=int, default=None)
     add_config_arguments(gen)
 
     bench = sub.add_parser(

@@ -4,10 +4,23 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from troupe.config import EngineConfig
-from troupe.ops.cli import build_parser, config_from_args
+from troupe.gpu.runner import Runner, build_runner
+from troupe.messages import SamplingParams
+from troupe.messages.sampling_defaults import NO_DEFAULTS, SamplingDefaults
+from troupe.ops.cli import (
+    DEFAULT_MAX_TOKENS,
+    build_parser,
+    config_from_args,
+    main,
+    sampling_params_from_args,
+)
+
+from tests.actors.test_generation_defaults import model_folder
+from tests.gateway.scripted_runner import ParamsRecorder
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -84,3 +97,52 @@ def test_draft_model_flags_for_generate_and_serve() -> None:
     out = run("generate", "x", "--speculative-method", "draft_model")
     assert out.returncode == 2
     assert "needs draft_model" in out.stderr
+
+
+def _params(
+    flags: list[str], defaults: SamplingDefaults, max_model_len: int = 2048
+) -> SamplingParams:
+    ns = build_parser().parse_args(["generate", "x", *flags])
+    return sampling_params_from_args(ns, defaults, max_model_len)
+
+
+def test_generate_flags_left_out_take_the_models_defaults() -> None:
+    defaults = SamplingDefaults(temperature=0.6, top_p=0.95, top_k=20, min_p=0.05)
+    assert _params([], defaults) == SamplingParams(
+        temperature=0.6, top_p=0.95, top_k=20, min_p=0.05, max_tokens=DEFAULT_MAX_TOKENS
+    )
+    # a flag given wins, the others still come from the model
+    flags = ["--temperature", "0", "--top-k", "5", "--max-tokens", "7", "--sampling-seed", "3"]
+    assert _params(flags, defaults) == SamplingParams(
+        temperature=0.0, top_p=0.95, top_k=5, min_p=0.05, max_tokens=7, seed=3
+    )
+    # the model's max_new_tokens is the default max_tokens, never past max_model_len
+    assert _params([], SamplingDefaults(max_tokens=300), max_model_len=128).max_tokens == 128
+    assert _params([], SamplingDefaults(max_tokens=30)).max_tokens == 30
+    # no defaults from the model: SamplingParams' own, the CLI's max_tokens
+    assert _params([], NO_DEFAULTS) == SamplingParams(max_tokens=DEFAULT_MAX_TOKENS)
+    assert _params(["--repetition-penalty", "1.1", "--min-p", "0.1"], NO_DEFAULTS) == (
+        SamplingParams(repetition_penalty=1.1, min_p=0.1, max_tokens=DEFAULT_MAX_TOKENS)
+    )
+
+
+def test_generate_runs_the_model_folders_generation_config(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`troupe generate` in-process: the runner sees the file's values for the flags left out
+    and the flags' values where given (the old CLI sent temperature 0.0, top_k 0)."""
+    file = {"temperature": 0.6, "top_k": 20, "max_new_tokens": 4, "do_sample": True}
+    folder = model_folder(tmp_path / "model", file)
+    recorders: list[ParamsRecorder] = []
+
+    def recording_runner(config: EngineConfig) -> Runner:
+        recorders.append(ParamsRecorder(build_runner(config)))
+        return recorders[-1]
+
+    monkeypatch.setattr("troupe.actors.executor.build_runner", recording_runner)
+    flags = ["--runner", "fake", "--model", str(folder), "--num-kv-blocks", "64"]
+    assert main(["generate", "Hello", *flags]) == 0
+    assert recorders[-1].take() == [SamplingParams(temperature=0.6, top_k=20, max_tokens=4)]
+    assert "[length] 4 tokens" in capsys.readouterr().err
+    assert main(["generate", "Hello", *flags, "--top-k", "3", "--max-tokens", "2"]) == 0
+    assert recorders[-1].take() == [SamplingParams(temperature=0.6, top_k=3, max_tokens=2)]
