@@ -4,14 +4,17 @@ yuhuili/EAGLE3-LLaMA3.1-Instruct-8B:
     config.json   a one-layer Llama config (architectures LlamaForCausalLMEagle3) and
                   draft_vocab_size (default: vocab_size); optional
                   eagle_aux_hidden_state_layer_ids (default vLLM's (2, L // 2, L - 3) of the
-                  model's L layers), norm_before_residual (false), target_hidden_size
-    tensors       fc.weight [H, 3H]          midlayer.* (or layers.0.*): layer 0, whose
+                  model's L layers), norm_before_residual (false), target_hidden_size T
+                  (default: hidden_size H; either way the model's hidden_size)
+    tensors       fc.weight [H, 3T]          midlayer.* (or layers.0.*): layer 0, whose
     (`model.`     norm.weight [H]            q/k/v_proj take 2H inputs, with hidden_norm [H]
     optional)     lm_head.weight [Vd, H]     layers.N.*: further layers (width H)
                   d2t [Vd] ints: draft id d is target id d + d2t[d] (absent: the identity)
                   t2d [V] bools (optional): which target ids have a draft id; checked
-                  embed_tokens.weight [V, H] (optional): else the model's
+                  embed_tokens.weight [V, H] (optional): else the model's, so required when
+                  H differs from T (the model's rows are T wide; vLLM shares them unchecked)
 
+The model's tapped states stay T wide (gpu/target_hidden.py); fc brings them to H once.
 A folder is an EAGLE-3 head when its config names draft_vocab_size or an Eagle3
 architecture, or its tensors hold midlayer.* or d2t (`is_eagle3`). Refusals are ConfigErrors
 naming draft_model's field or tensor and the sizes.
@@ -40,6 +43,7 @@ class Eagle3Spec:
 
     draft_vocab_size: int
     taps: HiddenTaps  # the model's layers whose residual stream fc reads
+    target_hidden_size: int  # the width of each tapped state: the model's hidden_size
     norm_before_residual: bool = False
 
 
@@ -54,7 +58,7 @@ def is_eagle3(cfg: dict[str, Any], names: set[str]) -> bool:
     )
 
 
-def eagle3_spec(cfg: dict[str, Any], target: ModelConfig) -> Eagle3Spec:
+def eagle3_spec(cfg: dict[str, Any], head: ModelConfig, target: ModelConfig) -> Eagle3Spec:
     """The head's EAGLE-3 fields, checked against the model it reads."""
     vocab = target.vocab_size
     draft_vocab = int(cfg.get("draft_vocab_size") or vocab)
@@ -63,12 +67,7 @@ def eagle3_spec(cfg: dict[str, Any], target: ModelConfig) -> Eagle3Spec:
             f"draft_model config.json: draft_vocab_size {draft_vocab}, the model has {vocab} "
             "tokens (a draft vocabulary is a subset of the model's)"
         )
-    width = cfg.get("target_hidden_size")
-    if width is not None and int(width) != target.hidden_size:
-        raise ConfigError(
-            f"draft_model config.json: target_hidden_size {width}, the model has hidden_size "
-            f"{target.hidden_size}"
-        )
+    width = _target_width(cfg, head, target)
     num_layers = target.num_layers
     given = cfg.get(_AUX)
     ids = given if given else (2, num_layers // 2, num_layers - 3)  # vLLM's default
@@ -81,7 +80,26 @@ def eagle3_spec(cfg: dict[str, Any], target: ModelConfig) -> Eagle3Spec:
                 "each, num_layers after the last)"
             )
     taps = HiddenTaps(tuple(sorted({int(i) for i in ids})))  # vLLM: ascending, once each
-    return Eagle3Spec(draft_vocab, taps, bool(cfg.get("norm_before_residual", False)))
+    return Eagle3Spec(draft_vocab, taps, width, bool(cfg.get("norm_before_residual", False)))
+
+
+def _target_width(cfg: dict[str, Any], head: ModelConfig, target: ModelConfig) -> int:
+    """target_hidden_size (default: the head's hidden_size), which must be the model's."""
+    given = cfg.get("target_hidden_size")
+    if given is None:
+        if head.hidden_size != target.hidden_size:
+            raise ConfigError(
+                f"draft_model config.json: hidden_size {head.hidden_size} and no "
+                f"target_hidden_size, the model has hidden_size {target.hidden_size} (a head "
+                "of another width names the model's in target_hidden_size)"
+            )
+        return head.hidden_size
+    if int(given) != target.hidden_size:
+        raise ConfigError(
+            f"draft_model config.json: target_hidden_size {given}, the model has hidden_size "
+            f"{target.hidden_size}"
+        )
+    return int(given)
 
 
 def build_eagle3(
@@ -94,32 +112,48 @@ def build_eagle3(
     max_model_len: int,
 ) -> tuple[Eagle3Head, HiddenTaps]:
     """The loaded head and the states it needs of the model's forward."""
-    spec = eagle3_spec(cfg, target_config)
+    spec = eagle3_spec(cfg, head_config, target_config)
     tensors = {_layer_name(name): t for name, t in tensors.items()}
-    h, taps = head_config.hidden_size, spec.taps
-    fc = tensors.get("fc.weight")
-    if fc is not None and fc.dim() == 2 and fc.shape[1] != len(taps.layer_ids) * h:
-        raise ConfigError(
-            f"draft_model tensor 'fc.weight' has shape {tuple(fc.shape)}: it reads "
-            f"{fc.shape[1] / h:g} hidden states of {h}, the head taps "
-            f"{len(taps.layer_ids)} layers {taps.layer_ids} ({_AUX})"
-        )
+    own_embedding = "embed_tokens.weight" in tensors
+    _check_widths(head_config, spec, tensors.get("fc.weight"), own_embedding)
     head = Eagle3Head(
         head_config,
         target,
         max_positions=max_model_len,
-        num_taps=len(taps.layer_ids),
+        num_taps=len(spec.taps.layer_ids),
+        target_hidden_size=spec.target_hidden_size,
         draft_vocab_size=spec.draft_vocab_size,
         norm_before_residual=spec.norm_before_residual,
-        own_embedding="embed_tokens.weight" in tensors,
+        own_embedding=own_embedding,
     )
+    h = head_config.hidden_size
     filled = fill(tensors, {n: _destination(head, n) for n in tensors}, h)
     required = ["fc.weight", "norm.weight", "lm_head.weight", "layers.0.hidden_norm.weight"]
     required += [] if head.embed_tokens is None else ["embed_tokens.weight"]
     layers = [layer for layer in head.layers if isinstance(layer, DecoderLayer)]
     check_filled(folder, required + layer_keys(layers), filled)
     _read_mapping(head, tensors.get("d2t"), tensors.get("t2d"))
-    return head.eval(), taps
+    return head.eval(), spec.taps
+
+
+def _check_widths(
+    head: ModelConfig, spec: Eagle3Spec, fc: torch.Tensor | None, own_embedding: bool
+) -> None:
+    """fc.weight [H, taps * T] and an embedding H wide: ConfigErrors naming both sizes."""
+    h, t, ids = head.hidden_size, spec.target_hidden_size, spec.taps.layer_ids
+    if fc is not None and tuple(fc.shape) != (h, len(ids) * t):
+        reads = f" (it reads {fc.shape[1] / t:g} states of {t})" if fc.dim() == 2 else ""
+        raise ConfigError(
+            f"draft_model tensor 'fc.weight' has shape {tuple(fc.shape)}{reads}, the head "
+            f"needs ({h}, {len(ids) * t}): hidden_size {h} from the {len(ids)} tapped layers "
+            f"{ids} ({_AUX}) of target_hidden_size {t}"
+        )
+    if h != t and not own_embedding:
+        raise ConfigError(
+            f"draft_model ships no 'embed_tokens.weight': the model's embedding is {t} wide "
+            f"(target_hidden_size {t}), the head's hidden_size is {h}; a head of another "
+            "width than the model needs its own embedding"
+        )
 
 
 def _layer_name(name: str) -> str:

@@ -3,7 +3,8 @@
 A head row at position p reads the token at p + 1 and the target's residual stream at p in
 the tapped layers (gpu/target_hidden.py), and predicts the token at p + 2:
 
-    h = fc(cat(s_a, s_b, s_c))              fc: [H, 3H], once, on the target's states
+    h = fc(cat(s_a, s_b, s_c))              fc: [H, 3T], once, on the target's states (each
+                                            T wide: target_hidden_size, default H)
     layer 0: x = cat(input_layernorm(embed(token[p+1])), hidden_norm(h))   width 2H:
              qkv_proj has 2H inputs; residual = h (hidden_norm(h) with norm_before_residual)
              attention, post_attention_layernorm(+ residual), MLP as a decoder layer
@@ -14,7 +15,7 @@ the tapped layers (gpu/target_hidden.py), and predicts the token at p + 2:
 
 Its attention runs over its own paged KV at the target's positions, as an EAGLE-1 head's
 (gpu/eagle_model.py). Its embedding is its own when the checkpoint ships one, else the
-target's.
+target's (then T = H: gpu/eagle3_load.py refuses the rest). Past fc everything is H wide.
 """
 
 from __future__ import annotations
@@ -38,12 +39,14 @@ class Eagle3Head(EagleHeadBase):
         max_positions: int,
         num_taps: int,
         draft_vocab_size: int,
+        target_hidden_size: int | None = None,
         norm_before_residual: bool = False,
         own_embedding: bool = False,
     ) -> None:
         super().__init__(config, target, max_positions=max_positions, own_embedding=own_embedding)
         c, h = config, config.hidden_size
-        self.fc = self.param(h, num_taps * h)
+        self.target_hidden_size = target_hidden_size or h  # each tapped state's width
+        self.fc = self.param(h, num_taps * self.target_hidden_size)
         self.first_layer().qkv_proj = self.param(c.q_size + 2 * c.kv_size, 2 * h)  # cat(e, h)
         self.hidden_norm = self.param(h)
         self.norm_before_residual = norm_before_residual
@@ -56,7 +59,7 @@ class Eagle3Head(EagleHeadBase):
         )
 
     def combine(self, taps: torch.Tensor) -> torch.Tensor:
-        """The target's tapped states [N, 3H] as the head's hidden input [N, H]: fc."""
+        """The target's tapped states [N, 3T] as the head's hidden input [N, H]: fc."""
         return linear(taps.to(self.dtype), self.fc)
 
     @torch.inference_mode()

@@ -31,6 +31,10 @@ class EagleHeadBase(nn.Module):
         self.ops = target.ops
         self.layers = nn.ModuleList(DecoderLayer(c, dtype, device, i) for i in range(c.num_layers))
         self.embed_tokens = self.param(c.vocab_size, c.hidden_size) if own_embedding else None
+        assert own_embedding or c.hidden_size == target.config.hidden_size, (
+            f"a head {c.hidden_size} wide cannot share the model's embedding "
+            f"({target.config.hidden_size} wide): the loader checks it"
+        )
         # not submodules: the target's weights stay the target's (no second copy, no .to())
         self._target_embed = target.embed
         self.logits_dtype = target.logits_dtype

@@ -81,8 +81,9 @@ class EagleModel:
         return block_bytes(self.config, block_size, dtype)
 
 
-def check_eagle(target: ModelConfig, head: ModelConfig) -> None:
-    """ConfigError when `head` cannot propose tokens for `target`."""
+def check_eagle(target: ModelConfig, head: ModelConfig, *, eagle3: bool = False) -> None:
+    """ConfigError when `head` cannot propose tokens for `target`. An EAGLE-3 head's width
+    may differ from the model's (its target_hidden_size: gpu/eagle3_load.py checks it)."""
     if target.mla is not None or target.is_gemma3:
         raise ConfigError(
             f"speculative_method 'eagle' needs a Llama/Qwen-style model; the model's "
@@ -93,10 +94,10 @@ def check_eagle(target: ModelConfig, head: ModelConfig) -> None:
             f"draft_model: an EAGLE head of model_type {head.model_type!r}; "
             f"expected one of {', '.join(HEAD_TYPES)} (dense layers)"
         )
-    if head.hidden_size != target.hidden_size:
+    if not eagle3 and head.hidden_size != target.hidden_size:
         raise ConfigError(
             f"draft_model has hidden_size {head.hidden_size}, the model has "
-            f"{target.hidden_size}: an EAGLE head reads the model's hidden states"
+            f"{target.hidden_size}: an EAGLE-1 head reads the model's hidden states"
         )
     check_draft(target, head)  # the vocabulary, the window
 
@@ -133,11 +134,12 @@ def load_eagle(
     if not folder.is_dir():
         raise ConfigError(f"draft_model path {str(folder)!r} is not an EAGLE head's folder")
     head_config = ModelConfig.from_hf_folder(folder)
-    check_eagle(target_config, head_config)
     raw = json.loads((folder / "config.json").read_text())
     tensors = dict(head_tensors(folder))  # one read: the head is one layer (and an embedding)
+    eagle3 = is_eagle3(raw, set(tensors))
+    check_eagle(target_config, head_config, eagle3=eagle3)
     head: DraftHead
-    if is_eagle3(raw, set(tensors)):
+    if eagle3:
         head, taps = build_eagle3(
             folder, raw, head_config, target_config, target, tensors, max_model_len
         )

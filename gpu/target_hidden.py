@@ -16,6 +16,8 @@ What a row holds is the head's `HiddenTaps`:
 - EAGLE-3 (layer ids, vLLM's aux hidden states): the residual stream entering each of those
   layers, hidden + residual (id 0: the embedding; id num_layers: after the last layer,
   before the final norm), side by side in ascending id order: [rows, len(ids) * hidden].
+  `hidden` is always the model's hidden_size; an EAGLE-3 head of another width (its
+  target_hidden_size) brings the states to its own through its fc.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """EAGLE-3 head folders for the tests, as EAGLE-3 checkpoints ship them (config.json with
-draft_vocab_size; fc.weight [H, 3H], midlayer.* with q/k/v over 2H and hidden_norm,
-norm.weight, lm_head.weight [Vd, H], d2t and t2d)."""
+draft_vocab_size, target_hidden_size T for a head of another width; fc.weight [H, 3T],
+midlayer.* with q/k/v over 2H and hidden_norm, norm.weight, lm_head.weight [Vd, H], d2t and
+t2d)."""
 
 from __future__ import annotations
 
@@ -30,21 +31,35 @@ def random_head3(
     draft_vocab: int | None = None,
     num_taps: int = 3,
     embed: bool = False,
+    hidden_size: int | None = None,
     **config: Any,
 ) -> Path:
     """An untrained EAGLE-3 head (one layer, `midlayer.*`); a draft vocabulary of
-    `draft_vocab` ids (d2t, t2d) when given, else the full vocabulary without d2t."""
+    `draft_vocab` ids (d2t, t2d) when given, else the full vocabulary without d2t. With
+    `hidden_size` (not the target's) the head is that wide, with target_hidden_size, an MLP
+    twice as wide and the head_dim of its config (the target's or hidden_size // heads)."""
     g = torch.Generator().manual_seed(seed)
     cfg = json.loads((target / "config.json").read_text())
-    h, vocab = cfg["hidden_size"], cfg["vocab_size"]
+    t, vocab = cfg["hidden_size"], cfg["vocab_size"]
+    h = hidden_size or t
+    if h != t:
+        config = {"hidden_size": h, "target_hidden_size": t, "intermediate_size": 2 * h, **config}
+    cfg.update(config)
     heads, kv_heads = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     head_dim = cfg.get("head_dim") or h // heads
+    shapes = {  # the q/k norms and q/k/v biases a layer of the family may have
+        "self_attn.q_norm.weight": (head_dim,),
+        "self_attn.k_norm.weight": (head_dim,),
+        "self_attn.q_proj.bias": (heads * head_dim,),
+        "self_attn.k_proj.bias": (kv_heads * head_dim,),
+        "self_attn.v_proj.bias": (kv_heads * head_dim,),
+    }
 
     def randn(*shape: int, scale: float = 0.2) -> torch.Tensor:
         return torch.randn(*shape, generator=g) * scale
 
     tensors = {
-        "fc.weight": randn(h, num_taps * h, scale=0.1),
+        "fc.weight": randn(h, num_taps * t, scale=0.1),
         "norm.weight": 1.0 + randn(h, scale=0.1),
         "midlayer.hidden_norm.weight": 1.0 + randn(h, scale=0.1),
         "midlayer.input_layernorm.weight": 1.0 + randn(h, scale=0.1),
@@ -59,10 +74,10 @@ def random_head3(
     }
     weights = target_tensors(target)
     for name, tensor in weights.items():  # q/k norms and q/k/v biases of the family
-        if name.startswith("model.layers.0.") and ("_norm." in name or name.endswith("bias")):
-            tensors["midlayer." + name.removeprefix("model.layers.0.")] = tensor + 0.1 * randn(
-                *tensor.shape
-            )
+        rest = name.removeprefix("model.layers.0.")
+        if rest in shapes:  # the target's, shaken; fresh where the head's shape differs
+            base = tensor if tensor.shape == shapes[rest] else torch.ones(shapes[rest])
+            tensors["midlayer." + rest] = base + 0.1 * randn(*shapes[rest])
     if embed:
         tensors["embed_tokens.weight"] = randn(vocab, h, scale=1.0)
     draft_vocab = draft_vocab or vocab

@@ -1,6 +1,7 @@
 """EAGLE-3 speculation through the whole engine on tiny random models (CPU, fp32): the same
 tokens as without speculation, greedy and seeded (with penalties and prefill chunks), with a
-full and with a smaller draft vocabulary (d2t), under swap preemption; a head built to
+full and with a smaller draft vocabulary (d2t), under swap preemption, with heads narrower
+and wider than the model (target_hidden_size, their own embedding); a head built to
 reproduce the target is accepted every time, an untrained one rarely; every block comes back.
 The GPU test does the same with CUDA graphs (the target's tapped layers read after a replay)."""
 
@@ -45,6 +46,11 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "random": random_head3(tmp / "random", target),
         "small_vocab": random_head3(tmp / "small_vocab", target, seed=4, draft_vocab=96),
         "own_embed": random_head3(tmp / "own_embed", target, seed=5, embed=True),
+        # the target is 64 wide: fc [32 | 128, 3 * 64], their own embeddings
+        "narrow": random_head3(tmp / "narrow", target, seed=6, hidden_size=32, embed=True),
+        "wide": random_head3(
+            tmp / "wide", target, seed=7, draft_vocab=96, hidden_size=128, embed=True
+        ),
     }
 
 
@@ -97,6 +103,20 @@ def test_random_heads_same_tokens_greedy_and_seeded(models: dict[str, Path]) -> 
         assert stats.num_spec_proposed_tokens > 0
 
 
+def test_heads_of_another_width_same_tokens(models: dict[str, Path]) -> None:
+    plain, _, _ = anyio.run(_run, _plain(models))
+    for head in ("narrow", "wide"):
+        same, stats, runner = anyio.run(_run, _eagle3(models, head))
+        assert same == plain
+        assert runner.num_draft_tokens > 0 and stats.num_spec_proposed_tokens > 0
+    chunks = {"max_num_batched_tokens": 8}  # a chunk's last row waits, kept 3 * 64 wide
+    plain, _, _ = anyio.run(_run, _plain(models, **chunks), 0.8, False, 0.5)
+    for head in ("narrow", "wide"):
+        seeded, stats, _ = anyio.run(_run, _eagle3(models, head, **chunks), 0.8, False, 0.5)
+        assert seeded == plain
+        assert stats.num_spec_proposed_tokens > 0
+
+
 def test_swap_preemption_same_tokens(models: dict[str, Path]) -> None:
     tight = {"num_kv_blocks": 20, "num_cpu_blocks": 8}
     plain, _, _ = anyio.run(_run, _plain(models), 0.0, True, 0.0, LONG)
@@ -121,7 +141,7 @@ def test_cuda_graphs_same_tokens_and_copy_head_accepted(models: dict[str, Path])
         assert same == plain
         assert _acceptance(stats) > 0.95
     plain, _, _ = anyio.run(_run, _plain(models, **cuda))
-    for head in ("random", "small_vocab"):
+    for head in ("random", "small_vocab", "narrow", "wide"):
         other, stats, _ = anyio.run(_run, _eagle3(models, head, **cuda))
         assert other == plain
         assert _acceptance(stats) < 0.3

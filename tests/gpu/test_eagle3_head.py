@@ -80,7 +80,7 @@ def _reference(
         cfg["num_attention_heads"],
         cfg["num_key_value_heads"],
     )
-    n, d = len(ids), cfg["hidden_size"] // heads
+    n, d = len(ids), cfg.get("head_dim") or cfg["hidden_size"] // heads
     hidden = taps @ t["fc.weight"].T
     normed_hidden = _rms(hidden, t["midlayer.hidden_norm.weight"], eps)
     x = torch.cat(
@@ -116,14 +116,25 @@ def _reference(
     return normed, prenorm, logits
 
 
-def test_forward_and_logits_match_reference(target: tuple[Path, Any], tmp_path: Path) -> None:
+@pytest.mark.parametrize("width", [None, 96, 32])  # the model's; a wider and a narrower head
+def test_forward_and_logits_match_reference(
+    target: tuple[Path, Any], tmp_path: Path, width: int | None
+) -> None:
     folder, _ = target
-    head_folder = random_head3(tmp_path / "head", folder, draft_vocab=96)
+    head_folder = random_head3(
+        tmp_path / "head", folder, draft_vocab=96, hidden_size=width, embed=width is not None
+    )
     tensors = target_tensors(head_folder)
-    tensors["embed"] = target_tensors(folder)["model.embed_tokens.weight"]
+    shared = target_tensors(folder)["model.embed_tokens.weight"]
+    tensors["embed"] = tensors["embed_tokens.weight"] if width else shared
     cfg = json.loads((head_folder / "config.json").read_text())
-    head = _load(folder, head_folder).head
+    loaded = _load(folder, head_folder)
+    head = loaded.head
     assert isinstance(head, Eagle3Head) and head.config.rope_scaling is None
+    h = width or 64
+    assert head.config.hidden_size == cfg["hidden_size"] == h
+    assert tuple(head.fc.shape) == (h, 3 * 64)  # fc reads the model's states, 64 wide
+    assert tuple(loaded.target_hidden.buffer.shape[1:]) == (3 * 64,)
     cfg["rope_theta"] = head.config.rope_theta  # newer transformers nest it in rope_parameters
     kv = KVCache(head.config, num_gpu_blocks=8, num_cpu_blocks=0, block_size=4,
                  dtype=torch.float32, device=CPU)  # fmt: skip
@@ -215,9 +226,35 @@ def test_loading_errors_name_the_field(target: tuple[Path, Any], tmp_path: Path)
     def head(name: str, tensors: dict[str, torch.Tensor], **config: Any) -> Path:
         return save_head(tmp_path / name, folder, tensors, **{**extra, **config})
 
+    narrow_head = random_head3(
+        tmp_path / "narrow", folder, draft_vocab=96, hidden_size=32, embed=True
+    )
+    narrow = target_tensors(narrow_head)
+    shared = {k: v for k, v in narrow.items() if k != "embed_tokens.weight"}
+    width = {"hidden_size": 32, "intermediate_size": 64}  # a head 32 wide on the model's 64
     cases: list[tuple[Path, str]] = [
         (head("fc", {**weights, "fc.weight": torch.zeros(64, 128)}),
-         r"'fc.weight' has shape \(64, 128\): it reads 2 hidden states of 64, the head taps 3"),
+         r"'fc.weight' has shape \(64, 128\) \(it reads 2 states of 64\), the head needs "
+         r"\(64, 192\): hidden_size 64 from the 3 tapped layers \(0, 1, 2\) "
+         r"\(eagle_aux_hidden_state_layer_ids\) of target_hidden_size 64"),
+        (head("fc_rows", {**weights, "fc.weight": torch.zeros(32, 192)}),
+         r"'fc.weight' has shape \(32, 192\) \(it reads 3 states of 64\), the head needs "
+         r"\(64, 192\): hidden_size 64"),
+        (head("untold", narrow, **width),  # no target_hidden_size: fc would read 32-wide states
+         r"config.json: hidden_size 32 and no target_hidden_size, the model has hidden_size 64"),
+        (head("narrow_fc", {**narrow, "fc.weight": torch.zeros(32, 96)}, **width,
+              target_hidden_size=64),  # fc sized from hidden_size, not target_hidden_size
+         r"'fc.weight' has shape \(32, 96\) \(it reads 1.5 states of 64\), the head needs "
+         r"\(32, 192\): hidden_size 32 .* of target_hidden_size 64"),
+        (head("shared_embed", shared, **width, target_hidden_size=64),
+         r"ships no 'embed_tokens.weight': the model's embedding is 64 wide \(target_hidden_size "
+         r"64\), the head's hidden_size is 32"),
+        (head("embed_width", {**narrow, "embed_tokens.weight": torch.zeros(256, 64)}, **width,
+              target_hidden_size=64),
+         r"'embed_tokens.weight' has shape \(256, 64\), the model needs \(256, 32\) "
+         r"\(hidden_size 32\)"),
+        (head("narrow_wide_t", narrow, **width, target_hidden_size=32),
+         "target_hidden_size 32, the model has hidden_size 64"),
         (head("d2t_shape", {**weights, "d2t": torch.zeros(95, dtype=torch.int64)}),
          r"'d2t' has shape \(95,\).*needs \(96,\) integers"),
         (head("d2t_range", {**weights, "d2t": weights["d2t"] + 200}),
@@ -240,6 +277,8 @@ def test_loading_errors_name_the_field(target: tuple[Path, Any], tmp_path: Path)
     for path, message in cases:
         with pytest.raises(ConfigError, match=message):
             _load(folder, path)
+    loaded = _load(folder, head("narrow_good", narrow, **width, target_hidden_size=64))
+    assert loaded.config.hidden_size == 32 and loaded.target_hidden.hidden_size == 64
     eagle1 = random_head(tmp_path / "eagle1", folder)
     with pytest.raises(ConfigError, match=r"is not an EAGLE-3 head .*'eagle3' needs one"):
         _load(folder, eagle1)
