@@ -135,6 +135,8 @@ class EngineConfig:
     # One executor step running longer than this stops the engine (watchdog): open requests
     # fail, /health turns 503 and `troupe serve` exits non-zero. None: no watchdog.
     step_timeout_s: float | None = 300.0
+    # `troupe serve`'s engine process whose server is gone stops within this (os._exit past it)
+    orphan_stop_timeout_s: float = 20.0
     # Speculative decoding (vLLM's names). "ngram": prompt lookup, proposals from each
     # request's own prompt and output (actors/core/ngram_proposer.py); "draft_model": a smaller
     # model of the same vocabulary (`draft_model`: HF folder or .gguf) that the executor runs
@@ -255,10 +257,9 @@ class EngineConfig:
             raise ConfigError(f"num_cpu_blocks must be >= 0, got {self.num_cpu_blocks}")
         if self.step_timeout_s is not None and not self.step_timeout_s > 0:
             raise ConfigError(f"step_timeout_s must be > 0 or None, got {self.step_timeout_s}")
-        if not self.grammar_compile_timeout_s > 0:
-            raise ConfigError(
-                f"grammar_compile_timeout_s must be > 0, got {self.grammar_compile_timeout_s}"
-            )
+        for name in ("grammar_compile_timeout_s", "orphan_stop_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
         _positive(self, "grammar_threads", "tensor_parallel_size")
         if self.cpu_kernel_threads < 0:
             raise ConfigError(f"cpu_kernel_threads must be >= 0, got {self.cpu_kernel_threads}")

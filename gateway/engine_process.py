@@ -7,10 +7,11 @@ socket writes) takes the interpreter lock from the actors and the runner's threa
 Life: start the engine, send Hello (or StartFailed, exit 1); then apply commands in the order
 they come (Generate -> Engine.submit, Abort, AbortAll: an Abort never overtakes its Generate;
 LoadLora and UnloadLora run as tasks of their own, answered by call id) and forward events (gateway/event_forwarder.py); stop on Shutdown, when the socket closes (the
-gateway is gone: no orphan is left), or when the engine fails. The last frame is Stopped; the
-exit status is 0 after a clean stop, 1 otherwise. SIGINT and SIGTERM are ignored: a Ctrl-C (or
-a supervisor's SIGTERM) sent to the process group reaches the gateway too, which drains and
-then sends Shutdown.
+gateway is gone: no orphan is left, even with a runner stuck in a step, which
+gateway/orphan_exit.py ends hard past orphan_stop_timeout_s), or when the engine fails. The
+last frame is Stopped; the exit status is 0 after a clean stop, 1 otherwise, ORPHAN_EXIT_CODE
+(3) for the hard end. SIGINT and SIGTERM are ignored: a Ctrl-C (or a supervisor's SIGTERM)
+sent to the process group reaches the gateway too, which drains and then sends Shutdown.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import TYPE_CHECKING
 import structlog
 from troupe.config import ConfigError, EngineConfig
 from troupe.gateway.event_forwarder import EventForwarder
+from troupe.gateway.orphan_exit import arm_orphan_exit
 from troupe.messages import ChatPrompt, GenerateRequest
 from troupe.messages.engine_protocol import (
     HEADER_BYTES,
@@ -75,7 +77,9 @@ async def _main(
     reader, writer = await asyncio.open_unix_connection(sock=sock)
     forwarder = EventForwarder(writer, config.max_stream_buffer)
     ready: asyncio.Future[Engine] = asyncio.get_running_loop().create_future()
-    commands = asyncio.create_task(_apply_commands(reader, ready, forwarder))
+    commands = asyncio.create_task(
+        _apply_commands(reader, ready, forwarder, config.orphan_stop_timeout_s)
+    )
     try:
         last = await _run_engine(config, runner_factory, forwarder, ready, commands)
     finally:
@@ -133,9 +137,13 @@ async def _run_engine(
 
 
 async def _apply_commands(
-    reader: asyncio.StreamReader, ready: asyncio.Future[Engine], forwarder: EventForwarder
+    reader: asyncio.StreamReader,
+    ready: asyncio.Future[Engine],
+    forwarder: EventForwarder,
+    orphan_stop_timeout_s: float,
 ) -> float:
-    """Apply commands in order; return Shutdown's grace, or 0 once the socket closed."""
+    """Apply commands in order; return Shutdown's grace, or 0 once the socket closed (then
+    the process ends within orphan_stop_timeout_s, stopped in order or not: orphan_exit.py)."""
     lora_calls: set[asyncio.Task[None]] = set()  # held: the loop keeps only weak references
     while True:
         try:
@@ -147,6 +155,7 @@ async def _apply_commands(
                 # a model load cannot be interrupted. Leave no orphan behind.
                 os._exit(1)
             log.info("the gateway closed the engine's socket; stopping")
+            arm_orphan_exit(orphan_stop_timeout_s)  # a step that never returns would hold us
             return 0.0
         engine = await ready  # the gateway sends nothing before Hello
         match to_engine_decoder.decode(body):
