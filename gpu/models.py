@@ -103,6 +103,10 @@ class DecoderLayer(nn.Module):
             q_sink = rotate_queries(
                 qkv, self.q_norm, eps, stream.cache_positions, cos_sin, c.num_heads, c.head_dim
             )
+        # A prefill's new keys read from qkv's rows, not the cache (kernels/extend_attention.py):
+        # prepare_qkv leaves the rotated k there. 16-bit caches, no window, no StreamingLLM.
+        extend = not meta.is_decode and stream is None and k_scale is None
+        extend = extend and self.sliding_window == 0
         # q/k norm (Qwen3), rotary and the KV write in one pass; None weights skip the norm
         q = ops.prepare_qkv(
             qkv,
@@ -116,7 +120,12 @@ class DecoderLayer(nn.Module):
             meta.slot_mapping,
             k_scale=k_scale,
             v_scale=v_scale,
+            keep_k=extend,
         )
+        new_kv = None
+        if extend:
+            kv = qkv[:, c.q_size :].view(num_tokens, 2, c.num_kv_heads, c.head_dim)
+            new_kv = (kv[:, 0], kv[:, 1])
         if stream is not None:
             attn = streaming_attention(
                 q, q_sink, k_cache, v_cache, meta.block_tables, meta.seq_lens,
@@ -153,6 +162,7 @@ class DecoderLayer(nn.Module):
                 k_scale=k_scale,
                 v_scale=v_scale,
                 seq_order=meta.decode_order,
+                new_kv=new_kv,
             )
         return linear(attn.reshape(num_tokens, c.q_size), self.o_proj)
 

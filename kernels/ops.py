@@ -60,6 +60,7 @@ class KernelOps(Protocol):
         k_scale: torch.Tensor | None = None,
         v_scale: torch.Tensor | None = None,
         seq_order: torch.Tensor | None = None,
+        new_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """Varlen causal attention for prefill, chunked prefill and decode rows in one call.
 
@@ -79,6 +80,10 @@ class KernelOps(Protocol):
         sliding_window > 0: query at position p sees only keys p - sliding_window < k <= p (HF's
         sliding-window mask), and no key before the window of the sequence's first new query is
         read, so the blocks wholly before it may hold anything (freed and reused).
+
+        new_kv, a hint: the new tokens' K and V ([T, Hkv, D] views, row t the token of q's
+        row t, exactly what the cache holds: prepare_qkv's keep_k), which an implementation
+        may read instead of the cache (16-bit caches, no window).
         """
         ...
 
@@ -150,12 +155,15 @@ class KernelOps(Protocol):
         *,
         k_scale: torch.Tensor | None = None,
         v_scale: torch.Tensor | None = None,
+        keep_k: bool = False,
     ) -> torch.Tensor:
         """The attention prologue on the fused projection output qkv [T, (Hq + 2*Hkv) * D].
 
         Per head RMSNorm of q and k over D (Qwen3; only when both weights are given), neox
         rotary at positions [T], k and v written to the caches at slot_mapping [T] (< 0 skips).
         Hkv and D come from the cache shape. Returns q [T, Hq, D], new and contiguous.
+        keep_k (16-bit caches): the normed, rotated k also replaces qkv's k columns, so qkv's
+        k and v columns hold what the cache got (paged_attention's new_kv).
         """
         ...
 

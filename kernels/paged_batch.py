@@ -83,3 +83,34 @@ def make_paged_batch(
         max_query_len=max(q_lens),
         max_seq_len=max(seq_lens),
     )
+
+
+def fused_new_kv(batch: PagedBatch, spare: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
+    """The new tokens' K and V as the model leaves them for the extend kernel: [T, Hkv, D] views
+    of fused qkv rows [T, (Hq + 2*Hkv) * D + spare] (q columns random, then k, then v, equal to
+    the cache's values; spare columns keep rows unpacked, 8 keep them 16-byte aligned). Token
+    rows past query_start_loc[-1] (padding) stay random."""
+    num_tokens, num_q_heads, head_dim = batch.q.shape
+    block_size, num_kv_heads = batch.k_cache.shape[1], batch.k_cache.shape[2]
+    new = (batch.query_start_loc[1:] - batch.query_start_loc[:-1]).long()
+    seq = torch.repeat_interleave(torch.arange(len(new), device=new.device), new)
+    first = batch.query_start_loc[:-1].long()[seq]
+    real = torch.arange(len(seq), device=new.device)  # token rows past the last sequence: padding
+    pos = (batch.seq_lens.long() - new)[seq] + real - first
+    pages = batch.block_tables.long()[seq, pos // block_size]
+    slots = pages * block_size + pos % block_size
+    kv_size = num_kv_heads * head_dim
+    rows = torch.empty(
+        num_tokens,
+        num_q_heads * head_dim + 2 * kv_size + spare,
+        dtype=batch.q.dtype,
+        device=batch.q.device,
+    )
+    rows.normal_()
+    k = rows[:, num_q_heads * head_dim :][:, :kv_size].view(num_tokens, num_kv_heads, head_dim)
+    v = rows[:, num_q_heads * head_dim + kv_size :][:, :kv_size].view(
+        num_tokens, num_kv_heads, head_dim
+    )
+    k[: len(seq)] = batch.k_cache.flatten(0, 1)[slots]
+    v[: len(seq)] = batch.v_cache.flatten(0, 1)[slots]
+    return k, v

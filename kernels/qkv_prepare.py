@@ -92,6 +92,7 @@ def _prepare_qkv_kernel(
     BLOCK_KV_ROW: tl.constexpr,
     HAS_NORM: tl.constexpr,
     FP8: tl.constexpr,
+    KEEP_K: tl.constexpr,
 ):
     token = tl.program_id(0).to(tl.int64)
     is_kv = tl.program_id(1) == 1
@@ -131,6 +132,11 @@ def _prepare_qkv_kernel(
                 v_s = tl.load(v_scale_ptr + offs // HEAD_DIM, mask=mask, other=1.0)
                 v = round_to_e4m3(tl.clamp(tl.math.div_rn(v.to(tl.float32), v_s), -448.0, 448.0))
             tl.store(v_cache_ptr + dst + offs, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+        if KEEP_K:  # the normed, rotated k back into its own columns (read before written)
+            _norm_rope_heads(
+                row_ptr + q_size, row_ptr + q_size, k_norm_ptr, cos, sin, eps, NUM_KV_HEADS,
+                HEAD_DIM, BLOCK_KH, BLOCK_HALF, HAS_NORM,
+            )  # fmt: skip
     else:
         _norm_rope_heads(
             row_ptr,
@@ -160,10 +166,12 @@ def prepare_qkv_triton(
     *,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
+    keep_k: bool = False,
 ) -> torch.Tensor:
     """q [T, Hq, D] (new, contiguous, qkv's dtype) from qkv [T, (Hq + 2*Hkv) * D]; k and v go
     to the caches [blocks, block_size, Hkv, D] at slot_mapping [T]. Hkv and D come from the
-    cache shape; q/k norm runs when both weights are given."""
+    cache shape; q/k norm runs when both weights are given. keep_k: the normed, rotated k also
+    replaces qkv's k columns in place (kernels/extend_attention.py reads it there)."""
     num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
     num_tokens, width = qkv.shape
     num_q_heads = width // head_dim - 2 * num_kv_heads
@@ -178,6 +186,8 @@ def prepare_qkv_triton(
     )
     assert (q_norm_weight is None) == (k_norm_weight is None), "pass both q/k norm weights or none"
     assert k_cache.is_contiguous() and v_cache.is_contiguous(), "KV caches must be contiguous"
+    assert not (keep_k and k_scale is not None), "keep_k is for 16-bit caches"
+    assert not keep_k or qkv.stride(1) == 1, "keep_k writes into qkv: its rows must be dense"
     qkv = qkv if qkv.stride(1) == 1 else qkv.contiguous()
     cache = cos_sin_cache if cos_sin_cache.stride(1) == 1 else cos_sin_cache.contiguous()
     q = torch.empty(num_tokens, num_q_heads, head_dim, dtype=qkv.dtype, device=qkv.device)
@@ -208,6 +218,7 @@ def prepare_qkv_triton(
         BLOCK_KV_ROW=triton.next_power_of_2(num_kv_heads * head_dim),
         HAS_NORM=has_norm,
         FP8=k_scale is not None,
+        KEEP_K=keep_k,
         num_warps=4,
     )
     return q

@@ -124,10 +124,12 @@ def paged_attention(
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
     seq_order: torch.Tensor | None = None,
+    new_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Causal varlen attention: q [T, Hq, D]; sequence s owns q rows qsl[s]:qsl[s+1], which are
     the last tokens of its seq_lens[s] (already written to the cache). See kernels.ops."""
-    del max_query_len, max_seq_len, decode_prefix, seq_order  # launch hints for the kernels
+    # launch hints for the kernels (new_kv: the cache holds the same values)
+    del max_query_len, max_seq_len, decode_prefix, seq_order, new_kv
     out = torch.empty_like(q)
     starts = query_start_loc.tolist()
     block_size = k_cache.shape[1]
@@ -298,10 +300,11 @@ def prepare_qkv(
     *,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
+    keep_k: bool = False,
 ) -> torch.Tensor:
     """Split qkv [T, (Hq + 2*Hkv) * D], per-head q/k RMSNorm (when weighted), rotary, write_kv:
     what the fused kernel does in one pass. Hkv and D come from the cache shape. Returns q
-    [T, Hq, D], contiguous."""
+    [T, Hq, D], contiguous; keep_k also writes the rotated k over qkv's k columns."""
     num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
     num_tokens = qkv.shape[0]
     kv_size = num_kv_heads * head_dim
@@ -318,6 +321,8 @@ def prepare_qkv(
         num_q_heads = qk.shape[1] - num_kv_heads
         q, k = qk[:, :num_q_heads], qk[:, num_q_heads:]
     write_kv(k, v, k_cache, v_cache, slot_mapping, k_scale=k_scale, v_scale=v_scale)
+    if keep_k:
+        qkv[:, q_size : q_size + kv_size] = k.reshape(num_tokens, kv_size)
     return q.contiguous()
 
 

@@ -7,12 +7,15 @@ calls them through these names only. On the CPU they run under Triton's interpre
 
 from __future__ import annotations
 
+import torch
+
 from .decode_attention import paged_decode_attention_triton as paged_decode_attention
+from .extend_attention import extend_attention_triton
 from .fused_moe import fused_moe_triton as fused_moe
 from .kv_write import write_kv_triton as write_kv
 from .mla_ops import mla_attention, write_latent
 from .mla_prefill import mla_prefill
-from .paged_attention import paged_attention_triton as paged_attention
+from .paged_attention import paged_attention_triton
 from .qkv_prepare import prepare_qkv_triton as prepare_qkv
 from .rms_norm import rms_norm_triton as rms_norm
 from .rotary import rotary_triton as rotary
@@ -33,3 +36,34 @@ __all__ = [
     "write_kv",
     "write_latent",
 ]
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float,
+    max_query_len: int,
+    max_seq_len: int,
+    decode_prefix: torch.Tensor | None = None,
+    *,
+    sliding_window: int = 0,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+    seq_order: torch.Tensor | None = None,
+    new_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """The new keys from new_kv where given (kernels/extend_attention.py), else all paged."""
+    if new_kv is not None and sliding_window == 0 and k_scale is None:
+        return extend_attention_triton(
+            q, k_cache, v_cache, new_kv, block_tables, seq_lens, query_start_loc, scale,
+            max_seq_len, decode_prefix, seq_order=seq_order,
+        )  # fmt: skip
+    return paged_attention_triton(
+        q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, max_query_len,
+        max_seq_len, decode_prefix, sliding_window=sliding_window, k_scale=k_scale,
+        v_scale=v_scale, seq_order=seq_order,
+    )  # fmt: skip

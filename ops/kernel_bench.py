@@ -39,8 +39,9 @@ from troupe.kernels.decode_attention import (
     paged_decode_attention_triton,
 )
 from troupe.kernels.decode_order import longest_first
+from troupe.kernels.extend_attention import extend_attention_triton
 from troupe.kernels.paged_attention import PrefillConfig, paged_attention_triton
-from troupe.kernels.paged_batch import PagedBatch, make_paged_batch
+from troupe.kernels.paged_batch import PagedBatch, fused_new_kv, make_paged_batch
 from troupe.ops.attention_sweep import sweep_variants
 
 NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 16, 8, 128, 16
@@ -317,6 +318,23 @@ def run_prefill(
         rate = f"{flops / (ms * 1e-3) / 1e12:.0f} TFLOP/s"
         print(f"prefill {label} {name}: {ms * 1e3:.1f} us, {rate}", flush=True)
         rows.append((f"prefill {label}", name, ms, rate, ""))
+    new_kv = fused_new_kv(batch)  # the extend kernel: new keys from fused qkv rows (TMA)
+    ms = median_ms(
+        lambda: extend_attention_triton(
+            batch.q,
+            batch.k_cache,
+            batch.v_cache,
+            new_kv,
+            batch.block_tables,
+            batch.seq_lens,
+            batch.query_start_loc,
+            scale,
+            batch.max_seq_len,
+        )
+    )
+    rate = f"{flops / (ms * 1e-3) / 1e12:.0f} TFLOP/s"
+    print(f"prefill {label} triton extend: {ms * 1e3:.1f} us, {rate}", flush=True)
+    rows.append((f"prefill {label}", "triton extend (new keys from qkv rows)", ms, rate, ""))
     if all(ctx == 0 for ctx, _ in lens) and len({new for _, new in lens}) == 1:
         num_seqs, new = len(lens), lens[0][1]
         q4 = batch.q.view(num_seqs, new, NUM_Q_HEADS, HEAD_DIM).transpose(1, 2)

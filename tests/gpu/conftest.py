@@ -14,6 +14,7 @@ from troupe.config import default_model_path
 from troupe.gpu.model_config import ModelConfig
 from troupe.gpu.model_runner import ModelRunner, RunnerOptions
 from troupe.gpu.weights import load_model, random_weights
+from troupe.kernels.ops import KernelBackend
 from troupe.messages import SamplingParams, SeqWork, StepPlan
 
 TINY = {
@@ -95,8 +96,9 @@ def runner_for(
     block_size: int = 4,
     max_model_len: int = 256,
     mla_expand_min_tokens: int = 128,
+    backend: KernelBackend = "auto",
 ) -> ModelRunner:
-    config, model = load_model(path, torch.float32, torch.device("cpu"), max_model_len)
+    config, model = load_model(path, torch.float32, torch.device("cpu"), max_model_len, backend)
     options = RunnerOptions(
         block_size=block_size,
         num_gpu_blocks=num_gpu_blocks,

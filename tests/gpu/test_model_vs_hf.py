@@ -21,6 +21,20 @@ def test_greedy_matches_hf_with_chunked_prefill(family, hf_folder, mt) -> None:
     assert len(set(expected[0])) > 2  # the model is not stuck on one token
 
 
+def test_triton_ops_match_hf_with_chunked_prefill(hf_folder, mt) -> None:
+    """Qwen3 on the Triton ops (under TRITON_INTERPRET=1 here): chunks of 5 after a cached
+    prefix take the extend kernel (new keys from the fused qkv rows), decodes the decode
+    kernel; a chunk beside decodes is a mixed step."""
+    folder, hf_model = hf_folder("qwen3")
+    num_new = 4  # interpreter time
+    expected = [mt.hf_greedy(hf_model, p, num_new) for p in PROMPTS]
+    driver = mt.PlanDriver(mt.runner_for(folder, backend="triton"), chunk=5)
+    for i, prompt in enumerate(PROMPTS):
+        driver.add(f"r{i}", prompt)
+    driver.run(num_new)
+    assert [driver.seqs[f"r{i}"].output for i in range(len(PROMPTS))] == expected
+
+
 def test_cached_prefix_blocks_are_reused(hf_folder, mt) -> None:
     folder, hf_model = hf_folder("llama")
     base = PROMPTS[0]
