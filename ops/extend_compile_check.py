@@ -40,7 +40,7 @@ def main() -> None:
             **{p: f"*{dtype}" for p in ("q_ptr", "k_cache_ptr", "v_cache_ptr", "out_ptr")},
             **{p: f"*{dtype}" for p in ("k_new_ptr", "v_new_ptr")},
         }
-        consts = {
+        consts: dict[str, object] = {
             "HAS_PREFIX": True,
             "TMA": tma,
             "PAGED": cfg.block_n % block_size == 0,

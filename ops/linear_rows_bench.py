@@ -34,7 +34,7 @@ def copy_bandwidth() -> float:
     src = torch.empty(1 << 29, dtype=torch.bfloat16, device="cuda")
     dst = torch.empty_like(src)
     ms = triton.testing.do_bench_cudagraph(lambda: dst.copy_(src))
-    return 2 * src.numel() * 2 / (ms * 1e-3)
+    return float(2 * src.numel() * 2 / (ms * 1e-3))
 
 
 def main() -> None:
