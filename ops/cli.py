@@ -33,7 +33,11 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
         default = f.default
         if hint is bool:
             group.add_argument(flag, action=argparse.BooleanOptionalAction, default=default)
-        elif typing.get_origin(hint) is tuple:  # repeated values: `--lora-modules a=/x b=/y`
+        elif f.name == "lora_modules":  # repeated: `--lora-modules a=/x '{"name": "b", ...}'`
+            group.add_argument(
+                flag, nargs="*", type=_lora_module, default=default, metavar="NAME=PATH"
+            )
+        elif typing.get_origin(hint) is tuple:  # repeated values
             group.add_argument(flag, nargs="*", type=str, default=default, metavar="VALUE")
         elif typing.get_origin(hint) is dict:  # JSON: `--override-generation-config '{...}'`
             group.add_argument(flag, type=_json_object, default=default, metavar="JSON")
@@ -42,6 +46,27 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
             group.add_argument(flag, choices=allowed, default=default)
         else:
             group.add_argument(flag, type=hint, default=default, metavar=f.name.upper())
+
+
+_LORA_MODULE_KEYS = {"name", "path", "base_model_name"}
+
+
+def _lora_module(text: str) -> str:
+    """One --lora-modules value as EngineConfig takes it ("name=path"), from either of vLLM's
+    forms: `name=path`, or a JSON object {"name", "path", "base_model_name"?}. An adapter here
+    always runs on the served model, so base_model_name (vLLM's /v1/models `parent`) is read
+    and not used: the parent is the served model's id."""
+    if not text.lstrip().startswith("{"):
+        return text  # name=path, checked with the rest of EngineConfig
+    module = _json_object(text)
+    if unknown := sorted(module.keys() - _LORA_MODULE_KEYS):
+        raise argparse.ArgumentTypeError(
+            f"unknown field {unknown[0]!r} (fields: name, path, base_model_name)"
+        )
+    name, path = module.get("name"), module.get("path")
+    if not isinstance(name, str) or not isinstance(path, str):
+        raise argparse.ArgumentTypeError(f"needs 'name' and 'path' strings, got {text!r:.200}")
+    return f"{name}={path}"
 
 
 def _json_object(text: str) -> dict[str, Any]:
@@ -78,6 +103,8 @@ def sampling_params_from_args(
     given = {name: getattr(ns, name) for name in _SAMPLING_FLAGS if getattr(ns, name) is not None}
     if ns.sampling_seed is not None:
         given["seed"] = ns.sampling_seed
+    if ns.lora is not None:
+        given["lora"] = ns.lora
     if ns.max_tokens is not None:
         max_tokens = ns.max_tokens
     elif defaults.max_tokens is not None:
@@ -207,6 +234,12 @@ def build_parser() -> argparse.ArgumentParser:
         kind = int if name == "top_k" else float
         sampling.add_argument("--" + name.replace("_", "-"), type=kind, default=None)
     sampling.add_argument("--sampling-seed", type=int, default=None)
+    sampling.add_argument(
+        "--lora",
+        default=None,
+        metavar="NAME",
+        help="run on this LoRA adapter, one of --lora-modules (as a request's model over HTTP)",
+    )
     add_config_arguments(gen)
 
     bench = sub.add_parser(
@@ -240,6 +273,9 @@ def main(argv: list[str] | None = None) -> int:
 
     configure_logging(config.log_format, config.log_level)
     if ns.command == "generate":
+        if ns.lora is not None and ns.lora not in config.lora_adapters:
+            served = ", ".join(config.lora_adapters) or "none: give --lora-modules NAME=PATH"
+            parser.error(f"--lora: no adapter named {ns.lora!r}; adapters: {served}")
         return _cmd_generate(ns, config)
     if ns.command == "run-batch":
         from troupe.ops.run_batch import run_batch_command

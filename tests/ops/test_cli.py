@@ -67,6 +67,30 @@ def test_lora_modules_take_several_values() -> None:
     assert default.lora_modules == ()
 
 
+def test_lora_modules_take_vllms_json_form(capsys: pytest.CaptureFixture[str]) -> None:
+    sql = '{"name": "sql", "path": "/a/sql", "base_model_name": "meta-llama/Llama-3.1-8B"}'
+    for command in (["generate", "x"], ["serve"], ["run-batch", "-i", "a", "-o", "b"]):
+        ns = build_parser().parse_args([*command, "--lora-modules", sql, "chat=/b/chat"])
+        assert config_from_args(ns).lora_adapters == {"sql": "/a/sql", "chat": "/b/chat"}
+    refused = {
+        '{"name": "sql", "path": "/a", "scale": 2}': "unknown field 'scale'",
+        '{"name": "sql"}': "needs 'name' and 'path' strings",
+        '{"name": "sql", "path": 7}': "needs 'name' and 'path' strings",
+        '{"name": "sql",': "not JSON",
+    }
+    for value, words in refused.items():
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["generate", "x", "--lora-modules", value])
+        assert "--lora-modules" in (err := capsys.readouterr().err) and words in err, value
+
+
+def test_generate_lora_sets_the_requests_adapter() -> None:
+    ns = build_parser().parse_args(["generate", "x", "--lora", "sql"])
+    assert sampling_params_from_args(ns, NO_DEFAULTS, 2048).lora == "sql"
+    ns = build_parser().parse_args(["generate", "x"])
+    assert sampling_params_from_args(ns, NO_DEFAULTS, 2048).lora is None
+
+
 def test_policy_flags_offer_the_registries_names(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         build_parser().parse_args(["generate", "x", "--scheduling-policy", "lifo"])
