@@ -4,7 +4,7 @@ A prefill chunk's keys are its sequence's cached prefix (earlier steps' tokens, 
 cache) and its own new tokens, whose K and V this step just computed: prepare_qkv leaves the
 new tokens' normed, rotated keys in the fused qkv rows (`keep_k`), so they sit in [T, Hkv, D]
 views of qkv, one row per token, rows a fixed stride apart. Each program (a tile of BLOCK_Q new
-tokens x the GROUP query heads of one kv head, numbered as in kernels/paged_attention.py) reads
+tokens x the GROUP query heads of one kv head, numbered as in kernels/attention_tiles.py) reads
 
     the prefix   [0, ctx_len)        from the cache through the block table (paged gathers)
     the new keys [0, tok + 1)        from the views: on CUDA (16-bit) through TMA descriptors
@@ -30,8 +30,9 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from .attention_tiles import find_seq, load_tile_q, store_tile
 from .decode_attention import dot_precision, paged_decode_attention_triton
-from .paged_attention import _attend, _find_seq
+from .paged_attention import _attend
 
 _LOG2E = 1.4426950408889634
 
@@ -101,7 +102,7 @@ def _extend_kernel(
 ):  # fmt: skip
     tile = tl.program_id(0)
     kv_head = tl.program_id(1)
-    seq = _find_seq(query_start_loc_ptr, num_seqs, tile, BLOCK_Q)
+    seq = find_seq(query_start_loc_ptr, num_seqs, tile, BLOCK_Q)
     if HAS_PREFIX:
         if seq < tl.load(decode_prefix_ptr):
             return
@@ -115,17 +116,10 @@ def _extend_kernel(
     seq = seq.to(tl.int64)
     ctx_len = tl.load(seq_lens_ptr + seq).to(tl.int32) - q_len
 
-    rows = tl.arange(0, BLOCK_Q * BLOCK_G)
-    tok = local * BLOCK_Q + rows // BLOCK_G  # the row's token among the sequence's new ones
-    grp = rows % BLOCK_G
-    offs_d = tl.arange(0, BLOCK_D)
-    row_mask = (tok < q_len) & (grp < GROUP)
-    d_mask = offs_d < HEAD_DIM
-    heads = kv_head * GROUP + grp
-    tokens = q_start.to(tl.int64) + tok.to(tl.int64)
-    io_mask = row_mask[:, None] & d_mask[None, :]
-    q_rows = tokens * stride_qt + heads * stride_qh
-    q = tl.load(q_ptr + q_rows[:, None] + offs_d[None, :], mask=io_mask, other=0.0)
+    q, tok, tokens, heads, io_mask = load_tile_q(
+        q_ptr, q_start, q_len, local, kv_head, stride_qt, stride_qh, GROUP, HEAD_DIM, BLOCK_Q,
+        BLOCK_G, BLOCK_D,
+    )  # fmt: skip
 
     m_i = tl.full([BLOCK_Q * BLOCK_G], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_Q * BLOCK_G], dtype=tl.float32)
@@ -160,10 +154,9 @@ def _extend_kernel(
         band, last, q_len, qk_scale, True, TMA, BLOCK_N, BLOCK_D, HEAD_DIM, PRECISION,
     )  # fmt: skip
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
-    out = acc / l_safe[:, None]
-    o_rows = tokens * stride_ot + heads * stride_oh
-    tl.store(out_ptr + o_rows[:, None] + offs_d[None, :], out.to(out_ptr.dtype.element_ty),
-             mask=io_mask)  # fmt: skip
+    store_tile(
+        out_ptr, acc / l_safe[:, None], tokens, heads, io_mask, stride_ot, stride_oh, BLOCK_D
+    )
 
 
 def _tma_ok(t: torch.Tensor, head_dim: int) -> bool:

@@ -1,16 +1,8 @@
 """Triton varlen paged attention: prefill, chunked prefill and mixed steps, over a flat tile grid.
 
-Grid: (query tile, kv head). A tile is BLOCK_Q new tokens of one sequence times the GROUP query
-heads that share a kv head, packed as BLOCK_M = BLOCK_Q * BLOCK_G rows, so each key/value row
-loaded from HBM serves the whole group. The tiles are numbered without any host-side table:
-sequence s owns tiles from
-
-    first_tile(s) = query_start_loc[s] // BLOCK_Q + s
-
-on (an upper bound that always leaves room for its ceil(q_len / BLOCK_Q) tiles), and a program
-finds its sequence by binary search over query_start_loc. The grid size, num_tokens // BLOCK_Q
-+ num_seqs + 1, depends only on tensor shapes, so a CUDA graph captured for a token count
-replays any mix of sequences padded to it (padding sequences have q_len 0: no tiles).
+Grid: (query tile, kv head), the flat tile grid of kernels/attention_tiles.py (GQA-packed
+tiles, numbered without a host-side table, sized by tensor shapes only, so a CUDA graph
+captured for a token count replays any mix of sequences padded to it).
 
 With `decode_prefix` (a device int32 [1]: the first N sequences are one-token decodes), those
 rows go to the decode kernel instead (GQA-packed, split over the context), which reads long
@@ -32,6 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .attention_tiles import find_seq, load_tile_q, store_tile
 from .decode_attention import dot_precision, paged_decode_attention_triton
 
 _LOG2E = 1.4426950408889634
@@ -66,21 +59,6 @@ class PrefillConfig:
 # `python -m troupe.ops.kernel_bench --sweep-variants` (4 x 2,048 new tokens).
 # H200, 2026-12-02: PAGED 286 TFLOP/s at 4 x 2,048 vs BASE 237 in the same sweep (docs/benchmarks.md)
 DEFAULT_CONFIG = PrefillConfig(variant=PrefillVariant.PAGED)
-
-
-@triton.jit
-def _find_seq(query_start_loc_ptr, num_seqs, tile, BLOCK_Q: tl.constexpr):
-    """The last sequence s with query_start_loc[s] // BLOCK_Q + s <= tile."""
-    lo = 0
-    hi = num_seqs
-    while lo < hi:
-        mid = (lo + hi) // 2
-        first = tl.load(query_start_loc_ptr + mid) // BLOCK_Q + mid
-        if first <= tile:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo - 1
 
 
 @triton.jit
@@ -222,7 +200,7 @@ def _paged_attention_kernel(
     if FP8:
         qk_scale = qk_scale * tl.load(k_scale_ptr + kv_head)
         v_scale = tl.load(v_scale_ptr + kv_head)
-    seq = _find_seq(query_start_loc_ptr, num_seqs, tile, BLOCK_Q)
+    seq = find_seq(query_start_loc_ptr, num_seqs, tile, BLOCK_Q)
     if HAS_PREFIX:
         if seq < tl.load(decode_prefix_ptr):
             return
@@ -239,17 +217,10 @@ def _paged_attention_kernel(
     seq_len = tl.load(seq_lens_ptr + seq).to(tl.int32)
     ctx_len = seq_len - q_len
 
-    rows = tl.arange(0, BLOCK_Q * BLOCK_G)
-    tok = local * BLOCK_Q + rows // BLOCK_G  # token within the sequence's new tokens
-    grp = rows % BLOCK_G
-    offs_d = tl.arange(0, BLOCK_D)
-    row_mask = (tok < q_len) & (grp < GROUP)
-    d_mask = offs_d < HEAD_DIM
-    heads = kv_head * GROUP + grp
-    tokens = q_start.to(tl.int64) + tok.to(tl.int64)
-    q_rows = tokens * stride_qt + heads * stride_qh
-    io_mask = row_mask[:, None] & d_mask[None, :]
-    q = tl.load(q_ptr + q_rows[:, None] + offs_d[None, :], mask=io_mask, other=0.0)
+    q, tok, tokens, heads, io_mask = load_tile_q(
+        q_ptr, q_start, q_len, local, kv_head, stride_qt, stride_qh, GROUP, HEAD_DIM, BLOCK_Q,
+        BLOCK_G, BLOCK_D,
+    )  # fmt: skip
     q_pos = ctx_len + tok
 
     m_i = tl.full([BLOCK_Q * BLOCK_G], float("-inf"), dtype=tl.float32)
@@ -289,9 +260,7 @@ def _paged_attention_kernel(
     # Every valid row sees itself, so l_i > 0 there; padded rows are not stored.
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
     out = acc * (v_scale / l_safe)[:, None]
-    o_rows = tokens * stride_ot + heads * stride_oh
-    o_ptrs = out_ptr + o_rows[:, None] + offs_d[None, :]
-    tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=io_mask)
+    store_tile(out_ptr, out, tokens, heads, io_mask, stride_ot, stride_oh, BLOCK_D)
 
 
 def paged_attention_triton(
