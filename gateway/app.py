@@ -152,7 +152,8 @@ async def health(request: web.Request) -> web.Response:
         return web.json_response({"status": "failed"}, status=503)
     if gateway.is_draining:
         return web.json_response({"status": "draining"}, status=503)
-    body = {"status": "ok", "model": gateway.engine.model_name, "home_id": gateway.home_id}
+    model = gateway.served_models().model_id
+    body = {"status": "ok", "model": model, "home_id": gateway.home_id}
     return web.json_response(body)
 
 
@@ -164,7 +165,7 @@ async def metrics(request: web.Request) -> web.Response:
 async def playground(request: web.Request) -> web.Response:
     """The page (chat and live engine view); the model name is filled in here."""
     page = (STATIC / "index.html").read_text("utf-8")
-    model = html.escape(request.app[GATEWAY].engine.model_name)
+    model = html.escape(request.app[GATEWAY].served_models().model_id)
     return web.Response(
         text=page.replace("__TROUPE_MODEL__", model),
         content_type="text/html",

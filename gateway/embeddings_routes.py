@@ -29,7 +29,6 @@ from troupe.gateway.errors import ApiError, error_for_event
 from troupe.gateway.http_body import read_json_body
 from troupe.gateway.pooled_vectors import pooled_vectors
 from troupe.gateway.prompt_batch import batch_events
-from troupe.gateway.served_models import ServedModels
 from troupe.gateway.state import GATEWAY, Gateway
 from troupe.messages import Aborted, Failed, Rejected
 
@@ -52,11 +51,11 @@ async def embeddings_body(gateway: Gateway, raw: bytes) -> dict[str, Any]:
     settings = gateway.settings
     req = parse_embedding_request(
         raw,
-        served_model=engine.model_name,
+        served_model=gateway.served_models().model_id,
         pooling_type=settings.pooling_type,
         max_inputs=settings.max_embedding_inputs,
     )
-    served = ServedModels.of(engine)
+    served = gateway.served_models()
     if (lora := served.lora_for(req.model)) is not None:
         req = dataclasses.replace(req, params=msgspec.structs.replace(req.params, lora=lora))
     request_id = f"embd-{uuid.uuid4().hex}"

@@ -73,7 +73,7 @@ async def engine_stats(request: web.Request) -> web.Response:
         raise ApiError(503, "the engine did not answer in time", code="engine_busy") from None
     now = time.monotonic()
     view = EngineView(
-        model=engine.model_name,
+        model=gateway.served_models().model_id,
         max_model_len=engine.max_model_len,
         num_streams=gateway.num_streams,
         engine=engine.stats(),

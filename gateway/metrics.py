@@ -1,5 +1,9 @@
 """Prometheus metrics: outcomes and latencies from engine events, state from engine.stats().
 
+`troupe_model_info{model_name} 1` names the model: its public id (the first
+--served-model-name, else the engine's id), vLLM's `model_name` label, given once for the
+whole server (all of this registry's series are its) instead of on every series.
+
 Each app owns its CollectorRegistry, so several servers (tests) can live in one process.
 Latencies come from the event listener (called on the event loop for every event the engine
 dispatches); gauges and engine-side counters are read from `engine.stats()` at scrape time by
@@ -9,7 +13,7 @@ a custom collector, so they are never stale and cost nothing between scrapes.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import (
@@ -22,6 +26,7 @@ from prometheus_client.registry import Collector
 from troupe.actors.lora_registry import public_name
 from troupe.gateway.engine_api import EngineLike
 from troupe.gateway.latency_histogram import LatencyHistogram
+from troupe.gateway.served_models import ServedModels
 from troupe.messages import (
     Aborted,
     Delta,
@@ -36,6 +41,23 @@ _LATENCY_BUCKETS = (
     0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
     1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
 )  # fmt: skip
+
+
+class ModelInfoCollector(Collector):
+    """`troupe_model_info{model_name} 1`: the model's public id (gateway/served_models.py)."""
+
+    def __init__(self, engine: EngineLike, served_model_name: Sequence[str]) -> None:
+        self._engine = engine
+        self._served_model_name = tuple(served_model_name)
+
+    def collect(self) -> Iterator[Metric]:
+        info = GaugeMetricFamily(
+            "troupe_model_info",
+            "The model served (model_name: its public id)",
+            labels=["model_name"],
+        )
+        info.add_metric([ServedModels.of(self._engine, self._served_model_name).model_id], 1)
+        yield info
 
 
 class EngineStatsCollector(Collector):
@@ -140,7 +162,7 @@ def _spec_metrics(stats: EngineStats) -> Iterator[Metric]:
 class GatewayMetrics:
     """The app's registry; `on_event` is the engine event listener."""
 
-    def __init__(self, engine: EngineLike) -> None:
+    def __init__(self, engine: EngineLike, served_model_name: Sequence[str] = ()) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.requests = Counter(
             "troupe_requests",
@@ -168,6 +190,7 @@ class GatewayMetrics:
             _LATENCY_BUCKETS,
             self.registry,
         )
+        self.registry.register(ModelInfoCollector(engine, served_model_name))
         self.registry.register(EngineStatsCollector(engine))
         self._last_token_time: dict[str, float] = {}
 

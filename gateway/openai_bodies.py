@@ -81,6 +81,8 @@ class _Common(StructuredFields, kw_only=True):
     streaming_window: int | None = None  # StreamingLLM (troupe's): sinks + window of KV
     sink_tokens: int | None = None
     cache_salt: str | None = None  # vLLM's: prefix-cache hits only among the same salt
+    # vLLM's: logprobs name tokens "token_id:{id}" (None: the server's flag decides)
+    return_tokens_as_token_ids: bool | None = None
     user: str | None = None  # accepted: an end-user id for the operator's logs (OpenAI's)
     # vLLM's beam search extras: n beams, ranked by logprob / length ** length_penalty
     use_beam_search: bool = False

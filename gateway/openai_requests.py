@@ -52,6 +52,8 @@ class OpenAIRequest:
     # prompt i's sample j is choice i * n + j, as OpenAI and vLLM number them); chat: ()
     prompts: tuple[str | list[int], ...] = ()
     beam: BeamSearchParams | None = None  # use_beam_search: gateway/beam_routes.py answers
+    # vLLM's return_tokens_as_token_ids as sent (None: the server's flag decides)
+    tokens_as_ids: bool | None = None
 
     def with_lora(self, lora: str | None) -> OpenAIRequest:
         """This request on the LoRA adapter its `model` selects (gateway/served_models.py;
@@ -206,6 +208,7 @@ def parse_request(
         tools=tools,
         prompts=prompts,
         beam=beam,
+        tokens_as_ids=body.return_tokens_as_token_ids,
     )
 
 

@@ -31,15 +31,21 @@ class ResponseBuilder:
         tokenizer: TokenizerLike | None,
         *,
         continuous_usage: bool = False,
+        tokens_as_ids: bool = False,
     ) -> None:
         self.kind = kind
         self.model = model
         self.id = response_id
         self.created = int(time.time())
         # one token's text: generated tokens as before (special tokens skipped); the prompt's
-        # with special tokens kept, as an echoed prompt's text keeps them
-        self.token_text = TokenTexts(tokenizer, skip_special_tokens=True)
-        self.prompt_token_text = TokenTexts(tokenizer, skip_special_tokens=False)
+        # with special tokens kept, as an echoed prompt's text keeps them; logprobs name them
+        # "token_id:{id}" with tokens_as_ids (vLLM's return_tokens_as_token_ids)
+        self.token_text = TokenTexts(
+            tokenizer, skip_special_tokens=True, as_token_ids=tokens_as_ids
+        )
+        self.prompt_token_text = TokenTexts(
+            tokenizer, skip_special_tokens=False, as_token_ids=tokens_as_ids
+        )
         # completions logprobs: where each token starts in its choice's text, per choice
         self._text_offsets: dict[int, int] = {}
         # stream_options.continuous_usage_stats: every chunk carries the counts so far
@@ -83,24 +89,24 @@ class ResponseBuilder:
         lead: Sequence[LogprobRow] = (),
     ) -> dict[str, Any] | None:
         """Completions: tokens/token_logprobs/top_logprobs/text_offset, `lead`'s rows (echo:
-        the prompt's) first. Chat: content list."""
+        the prompt's) first. Chat: content list (`bytes`: the token's text's, whatever name
+        `token` gives it)."""
         if logprobs is None and not lead:
             return None
         text = self.token_text
         if self.kind == "chat":
             content = []
             for lp in logprobs or ():
-                token = text(lp.token_id)
                 content.append(
                     {
-                        "token": token,
+                        "token": text.label(lp.token_id),
                         "logprob": lp.logprob,
-                        "bytes": list(token.encode()),
+                        "bytes": list(text(lp.token_id).encode()),
                         "top_logprobs": [
                             {
-                                "token": (alt := text(tid)),
+                                "token": text.label(tid),
                                 "logprob": value,
-                                "bytes": list(alt.encode()),
+                                "bytes": list(text(tid).encode()),
                             }
                             for tid, value in lp.top
                         ],

@@ -25,7 +25,6 @@ from troupe.gateway.prompt_batch import batch_events, batch_usage
 from troupe.gateway.prompt_logprobs import Echo, PromptLogprobsSeen, echo_for
 from troupe.gateway.pump import pump
 from troupe.gateway.reasoning import ReasoningSplitter
-from troupe.gateway.served_models import ServedModels
 from troupe.gateway.sse_frames import DONE as _DONE
 from troupe.gateway.sse_frames import sse as _sse
 from troupe.gateway.sse_frames import text_delta_frames
@@ -58,9 +57,9 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 
 async def models(request: web.Request) -> web.Response:
-    """The base model, then its LoRA adapters (gateway/served_models.py)."""
-    engine = request.app[GATEWAY].engine
-    cards = ServedModels.of(engine).cards(engine.max_model_len)
+    """The served names, then the LoRA adapters (gateway/served_models.py)."""
+    gateway = request.app[GATEWAY]
+    cards = gateway.served_models().cards(gateway.engine.max_model_len)
     return web.json_response({"object": "list", "data": cards})
 
 
@@ -126,7 +125,7 @@ async def _prepare(gateway: Gateway, kind: Kind, raw: bytes) -> _Call:
     req = parse_request(
         kind, raw, default_max_tokens=default_max_tokens, tool_parser=tool_parser, defaults=defaults
     )
-    served = ServedModels.of(engine)
+    served = gateway.served_models()
     req = req.with_lora(served.lora_for(req.model))
     if len(req.prompts) > (limit := gateway.settings.max_prompts_per_request):
         raise invalid("prompt", f"at most {limit} prompts per request, got {len(req.prompts)}")
@@ -140,6 +139,7 @@ async def _prepare(gateway: Gateway, kind: Kind, raw: bytes) -> _Call:
         request_id,
         engine.tokenizer,
         continuous_usage=req.continuous_usage,
+        tokens_as_ids=_tokens_as_ids(req, gateway),
     )
     echo = None
     if req.echo is not None:
@@ -156,6 +156,13 @@ async def _prepare(gateway: Gateway, kind: Kind, raw: bytes) -> _Call:
         splitter, params = chat_reasoning(parser, engine.tokenizer, req.prompt, req.params)
         req = dataclasses.replace(req, params=params)
     return _Call(req, builder, echo, splitter)
+
+
+def _tokens_as_ids(req: OpenAIRequest, gateway: Gateway) -> bool:
+    """vLLM's return_tokens_as_token_ids: the request's, else the server's flag."""
+    if req.tokens_as_ids is not None:
+        return req.tokens_as_ids
+    return gateway.settings.return_tokens_as_token_ids
 
 
 def _events(engine: EngineLike, req: OpenAIRequest, request_id: str) -> Any:

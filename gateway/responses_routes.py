@@ -43,7 +43,6 @@ from troupe.gateway.responses_output import Event, OutputAssembler
 from troupe.gateway.responses_replay import serve_events
 from troupe.gateway.responses_requests import ResponsesRequest, parse_responses
 from troupe.gateway.responses_store import StoredResponse, new_response_id
-from troupe.gateway.served_models import ServedModels
 from troupe.gateway.sse_writer import first_event, serve_sse
 from troupe.gateway.state import GATEWAY, Gateway
 from troupe.gateway.tool_auto import auto_tool_parser
@@ -130,7 +129,7 @@ def _prepare(gateway: Gateway, raw: bytes) -> _Call:
         store=gateway.responses,
         defaults=defaults,
     )
-    served = ServedModels.of(engine)
+    served = gateway.served_models()
     req = req.with_lora(served.lora_for(req.model))
     response_id = new_response_id(gateway.home_id)
     if req.user is not None:

@@ -25,13 +25,11 @@ from typing import Any
 
 import msgspec
 from aiohttp import web
-from troupe.gateway.engine_api import EngineLike
 from troupe.gateway.http_body import read_json_body
 from troupe.gateway.pooled_vectors import pooled_vectors
 from troupe.gateway.prompt_batch import batch_events
 from troupe.gateway.score_bodies import parse_rerank_request, parse_score_request
 from troupe.gateway.score_pairs import Pairing, cosine_scores
-from troupe.gateway.served_models import ServedModels
 from troupe.gateway.state import GATEWAY, Gateway
 from troupe.messages import SamplingParams
 
@@ -70,7 +68,7 @@ async def score_body(gateway: Gateway, raw: bytes) -> dict[str, Any]:
     req = parse_score_request(
         raw, pooling_type=settings.pooling_type, max_texts=settings.max_embedding_inputs
     )
-    model, params = _model(gateway.engine, req.model, req.params)
+    model, params = _model(gateway, req.model, req.params)
     request_id = f"score-{uuid.uuid4().hex}"
     scores, num_tokens = await _scored(gateway, req.pairing, params, request_id)
     return {
@@ -89,7 +87,7 @@ async def rerank_body(gateway: Gateway, raw: bytes) -> dict[str, Any]:
     req = parse_rerank_request(
         raw, pooling_type=settings.pooling_type, max_texts=settings.max_embedding_inputs
     )
-    model, params = _model(gateway.engine, req.model, req.params)
+    model, params = _model(gateway, req.model, req.params)
     request_id = f"rerank-{uuid.uuid4().hex}"
     scores, num_tokens = await _scored(gateway, req.pairing, params, request_id)
     ranked = sorted(range(len(scores)), key=lambda i: -scores[i])[: req.top_n]  # stable: ties
@@ -108,10 +106,10 @@ async def rerank_body(gateway: Gateway, raw: bytes) -> dict[str, Any]:
 
 
 def _model(
-    engine: EngineLike, model: str | None, params: SamplingParams
+    gateway: Gateway, model: str | None, params: SamplingParams
 ) -> tuple[str, SamplingParams]:
     """The answer's `model` and the params on the adapter it names (404 for neither)."""
-    served = ServedModels.of(engine)
+    served = gateway.served_models()
     if (lora := served.lora_for(model)) is not None:
         params = msgspec.structs.replace(params, lora=lora)
     return served.name_of(lora), params

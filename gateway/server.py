@@ -132,7 +132,8 @@ async def serve(
         try:
             bound_host, bound_port = app_runner.addresses[0][:2]
             url = f"http://{_url_host(bound_host)}:{bound_port}"
-            log.info("serving", url=url, model=engine.model_name, playground=f"{url}/")
+            model = app[GATEWAY].served_models().model_id
+            log.info("serving", url=url, model=model, playground=f"{url}/")
             if on_ready is not None:
                 on_ready(url, app)
             # The gateway's start-up heap (torch's modules, the tokenizer) kept out of the

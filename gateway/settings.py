@@ -21,8 +21,9 @@ from troupe.gateway.tool_auto import TOOL_PARSERS, ToolParserName
 from troupe.messages.pooling import PoolingType
 
 
-def _knob(default: Any, help: str) -> Any:
-    return dataclasses.field(default=default, metadata={"help": help})
+def _knob(default: Any, help: str, metavar: str | None = None) -> Any:
+    metadata = {"help": help, "metavar": metavar or ""}
+    return dataclasses.field(default=default, metadata=metadata)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -38,6 +39,20 @@ class GatewaySettings:
         (),
         "web origins (scheme://host[:port]) besides this server's own whose pages may call "
         "/v1/* (CORS and the websocket); '*' allows any page anywhere",
+        "ORIGIN",
+    )
+    served_model_name: tuple[str, ...] = _knob(
+        (),
+        "the names a request's model may give the model (vLLM's flag); the first is its id in "
+        "answers, GET /v1/models' parent of each LoRA adapter, /health and /metrics' model_name; "
+        "unset: the model's file or folder name",
+        "NAME",
+    )
+    return_tokens_as_token_ids: bool = _knob(
+        False,
+        "completions and chat: logprobs name each token 'token_id:{id}' instead of its text "
+        "(vLLM's flag), for tokens that do not decode to text alone; a request's "
+        "return_tokens_as_token_ids overrides it",
     )
     max_body_bytes: int = _knob(4 * 1024 * 1024, "request bodies above this get 413")
     body_timeout: float = _knob(30.0, "seconds a client has to send a request body (408 after)")
@@ -153,12 +168,14 @@ class GatewaySettings:
             raise ConfigError(
                 f"tool_call_parser must be one of {choices}, got {self.tool_call_parser!r}"
             )
-        for name in ("engine_process", "allow_runtime_lora_updating"):
+        for name in ("engine_process", "allow_runtime_lora_updating", "return_tokens_as_token_ids"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if self.api_key is not None and not self.api_key:
             raise ConfigError("api_key must be non-empty when set")
         object.__setattr__(self, "allowed_origins", tuple(self.allowed_origins))
+        object.__setattr__(self, "served_model_name", tuple(self.served_model_name))
+        _check_served_names(self.served_model_name)
         for origin in self.allowed_origins:
             if origin != "*" and canonical_origin(origin) is None:
                 raise ConfigError(
@@ -168,6 +185,16 @@ class GatewaySettings:
 
     def replace(self, **changes: Any) -> GatewaySettings:
         return dataclasses.replace(self, **changes)
+
+
+def _check_served_names(names: tuple[str, ...]) -> None:
+    for name in names:
+        if not isinstance(name, str) or not name.strip():
+            raise ConfigError(
+                f"served_model_name: each name must be a non-empty string, got {name!r}"
+            )
+        if names.count(name) > 1:
+            raise ConfigError(f"served_model_name lists {name!r} twice")
 
 
 def canonical_origin(origin: str) -> str | None:
@@ -203,7 +230,8 @@ def add_settings_arguments(
             hint = next(a for a in typing.get_args(hint) if a is not type(None))
         help_text = f"{f.metadata['help']} (default: {f.default!r})"
         if typing.get_origin(hint) is tuple:
-            group.add_argument(flag, nargs="*", default=f.default, metavar="ORIGIN", help=help_text)
+            metavar = f.metadata["metavar"]
+            group.add_argument(flag, nargs="*", default=f.default, metavar=metavar, help=help_text)
         elif typing.get_origin(hint) is typing.Literal:
             choices = typing.get_args(hint)
             group.add_argument(flag, choices=choices, default=f.default, help=help_text)
@@ -220,5 +248,6 @@ def settings_from_args(ns: argparse.Namespace) -> GatewaySettings:
     """Settings from parsed flags; a field without its flag keeps its default."""
     fields = dataclasses.fields(GatewaySettings)
     values: dict[str, Any] = {f.name: getattr(ns, f.name, f.default) for f in fields}
-    values["allowed_origins"] = tuple(values["allowed_origins"] or ())
+    for name in ("allowed_origins", "served_model_name"):
+        values[name] = tuple(values[name] or ())
     return GatewaySettings(**values)

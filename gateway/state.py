@@ -11,6 +11,7 @@ from troupe.gateway.engine_api import EngineLike
 from troupe.gateway.metrics import GatewayMetrics
 from troupe.gateway.responses_background import BackgroundRuns
 from troupe.gateway.responses_store import ResponseStore, new_home_id
+from troupe.gateway.served_models import ServedModels
 from troupe.gateway.settings import GatewaySettings
 
 
@@ -20,7 +21,7 @@ class Gateway:
     def __init__(self, engine: EngineLike, settings: GatewaySettings) -> None:
         self.engine = engine
         self.settings = settings
-        self.metrics = GatewayMetrics(engine)
+        self.metrics = GatewayMetrics(engine, settings.served_model_name)
         engine.add_event_listener(self.metrics.on_event)
         self.is_draining = False
         self.num_streams = 0  # engine streams the handlers hold open
@@ -39,6 +40,10 @@ class Gateway:
         # Background responses run here (ended, their requests aborted, on the app's shutdown)
         self.background = BackgroundRuns(self.responses)
         engine.add_event_listener(self.background.on_event)
+
+    def served_models(self) -> ServedModels:
+        """What a request's `model` may name now (the engine's adapters change at run time)."""
+        return ServedModels.of(self.engine, self.settings.served_model_name)
 
     def stream_opened(self) -> None:
         self.num_streams += 1

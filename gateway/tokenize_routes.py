@@ -26,7 +26,6 @@ from troupe.gateway.engine_api import TokenizerLike
 from troupe.gateway.errors import invalid
 from troupe.gateway.http_body import read_json_body
 from troupe.gateway.openai_bodies import Message, decode_body
-from troupe.gateway.served_models import ServedModels
 from troupe.gateway.state import GATEWAY
 from troupe.messages import ChatPrompt
 
@@ -54,7 +53,7 @@ async def tokenize(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
     engine = gateway.engine
     body = decode_body(await read_json_body(request, gateway.settings), TokenizeBody)
-    ServedModels.of(engine).lora_for(body.model)  # an adapter's name is fine: one tokenizer
+    gateway.served_models().lora_for(body.model)  # an adapter's name is fine: one tokenizer
     if (body.prompt is None) == (body.messages is None):
         raise invalid("prompt", "send exactly one of 'prompt' and 'messages'")
     tokenizer = engine.tokenizer
@@ -106,7 +105,7 @@ async def detokenize(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
     engine = gateway.engine
     body = decode_body(await read_json_body(request, gateway.settings), DetokenizeBody)
-    ServedModels.of(engine).lora_for(body.model)  # an adapter's name is fine: one tokenizer
+    gateway.served_models().lora_for(body.model)  # an adapter's name is fine: one tokenizer
     tokenizer = engine.tokenizer
     limit = tokenizer.vocab_size
     for i, token_id in enumerate(body.tokens):

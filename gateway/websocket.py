@@ -28,7 +28,6 @@ from aiohttp import WSCloseCode, WSMsgType, web
 from troupe.gateway.errors import ApiError
 from troupe.gateway.outbox import Outbox, Overflow
 from troupe.gateway.pump import abort_transport_later, pump
-from troupe.gateway.served_models import ServedModels
 from troupe.gateway.state import GATEWAY, Gateway
 from troupe.gateway.ws_auth import WS_PROTOCOL
 from troupe.gateway.ws_frames import cancelled_frame, encode_event, error_frame
@@ -181,7 +180,7 @@ class WsSession:
             self.outbox_put(error_frame(client_id, code, message, field))
 
         try:  # what is served is the engine's fact, read per frame (as each HTTP route does)
-            command = command.on_model(ServedModels.of(self.gateway.engine))
+            command = command.on_model(self.gateway.served_models())
         except ApiError as exc:
             return reject(exc.message, exc.param, exc.code or "invalid_request")
         if client_id in self.requests:

@@ -61,7 +61,7 @@ class Generate:
         if not self.model or lora == self.params.lora:  # no model given, or the same adapter
             return self
         if self.params.lora is not None:
-            chosen = f"the adapter '{lora}'" if lora else f"the base model '{served.base}'"
+            chosen = f"the adapter '{lora}'" if lora else f"the base model '{served.model_id}'"
             message = (
                 f"'model' selects {chosen} but 'lora' names the adapter '{self.params.lora}':"
                 " send one of them, or both naming the same adapter"

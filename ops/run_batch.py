@@ -43,6 +43,8 @@ ANSWER_SETTINGS = (
     "pooling_type",
     "max_embedding_inputs",
     "max_prompts_per_request",
+    "served_model_name",
+    "return_tokens_as_token_ids",
 )
 
 

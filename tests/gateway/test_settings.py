@@ -23,6 +23,9 @@ from troupe.gateway.settings import GatewaySettings, canonical_origin, settings_
         ({"api_key": ""}, "api_key"),
         ({"allowed_origins": ("https://a.example/path",)}, "allowed_origins"),
         ({"allowed_origins": ("null",)}, "allowed_origins"),
+        ({"served_model_name": ("gpt-x", " ")}, "served_model_name"),
+        ({"served_model_name": ("gpt-x", "a", "gpt-x")}, "served_model_name"),
+        ({"return_tokens_as_token_ids": "yes"}, "return_tokens_as_token_ids"),
     ],
 )
 def test_bad_settings_name_the_field(changes: dict[str, Any], field: str) -> None:
@@ -50,3 +53,15 @@ def test_canonical_origin() -> None:
     assert canonical_origin("http://localhost:3000/") == "http://localhost:3000"
     for bad in ("null", "file://", "https://a.example/x", "https://a.example?q", "ftp://a"):
         assert canonical_origin(bad) is None, bad
+
+
+def test_vllm_flags_for_the_model_names_and_token_ids() -> None:
+    parser = argparse.ArgumentParser()
+    add_serve_arguments(parser)
+    args = parser.parse_args(
+        ["--served-model-name", "gpt-x", "alias", "--return-tokens-as-token-ids"]
+    )
+    settings = settings_from_args(args)
+    assert settings.served_model_name == ("gpt-x", "alias")
+    assert settings.return_tokens_as_token_ids is True
+    assert GatewaySettings(served_model_name=["a"]).served_model_name == ("a",)  # from JSON
