@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import structlog
 from anyio.abc import TaskGroup, TaskStatus
-from anyio.streams.memory import MemoryObjectReceiveStream
 from troupe.actors import startup
 from troupe.actors.client_streams import ClientStreams, EventListener
 from troupe.actors.core.executor import ExecutorCore
+from troupe.actors.engine_admin import EngineAdmin
 from troupe.actors.engine_stopped import EngineStopped as EngineStopped  # the engine's API
 from troupe.actors.exception_groups import single_leaf, unwrap_single
 from troupe.actors.heap_freeze import frozen_heap
@@ -45,7 +45,6 @@ from troupe.messages import (
     StreamBatch,
     StreamEvent,
 )
-from troupe.messages.graph_stats import GraphStats
 from troupe.messages.sampling_defaults import NO_DEFAULTS
 
 if TYPE_CHECKING:
@@ -81,9 +80,12 @@ class Engine:
         self._injected_runner: Runner | None = None
         self._vocab_size: int | None = None  # the model's, once loaded
         self._actors: list[Actor] = []
-        self._client_inbox: MemoryObjectReceiveStream[Any] | None = None  # the router's
         # LoRA adapters by name: checked at this edge, loaded and unloaded at run time
         self.loras = LoraRegistry(config)
+        self.admin = EngineAdmin(config, self.abort_all)  # calls beside requests: its methods
+        self.reset_prefix_cache = self.admin.reset_prefix_cache
+        self.update_weights_from_disk = self.admin.update_weights_from_disk
+        self.graph_stats = self.admin.graph_stats  # the actors' counts (the live view)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -167,7 +169,7 @@ class Engine:
             await startup.close_failed_start(setup, tracer)
             raise
         self._actors = list(graph.actors)
-        self._client_inbox = graph.client_inbox
+        self.admin.attach(graph)
         self._executor = next(a.core for a in graph.actors if isinstance(a.core, ExecutorCore))
         self.loras.runtime = self._executor.runner.lora
         self._to_tokenizer = graph.to_tokenizer
@@ -177,6 +179,7 @@ class Engine:
                 async with anyio.create_task_group() as tg:
                     self._tg = tg
                     tg.start_soon(self._route, graph.client_inbox)
+                    tg.start_soon(self.admin.serve)
                     for actor in graph.actors:
                         await tg.start(actor.run)
                         if actor.name == "executor" and setup.is_blocking and config.step_timeout_s:
@@ -241,17 +244,6 @@ class Engine:
     def runner_stats(self) -> RunnerStats:
         """The runner's statistics() (benchmarks): steps, overlapped steps and their hits."""
         return self._executor.runner.statistics() if self._executor is not None else RunnerStats()
-
-    async def graph_stats(self) -> GraphStats:
-        """Each actor's message counts and inbox now (the gateway's live view). Async so that
-        an engine in another process answers the same call (gateway/remote_engine.py)."""
-        inbox = self._client_inbox.statistics() if self._client_inbox is not None else None
-        return GraphStats(
-            actors=tuple(actor.statistics() for actor in self._actors),
-            client_inbox_depth=inbox.current_buffer_used if inbox else 0,
-            client_inbox_buffer=int(inbox.max_buffer_size) if inbox else 0,
-            time=time.monotonic(),
-        )
 
     def actor_busy_seconds(self) -> dict[str, float]:
         """Seconds each actor has spent in its core's handle() (benchmarks, diagnostics)."""

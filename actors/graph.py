@@ -29,7 +29,7 @@ from troupe.actors.core.tokenizer import TokenizerCore
 from troupe.actors.core.tokenizer_text import TextTokenizer
 from troupe.actors.grammar_process import GrammarProcess
 from troupe.config import EngineConfig, resolve_model_path
-from troupe.gpu.runner import DrawsAhead
+from troupe.gpu.runner import DrawsAhead, ReloadsWeights
 from troupe.messages.phase_router import Phase
 from troupe.messages.trace import RunnerNumbers
 
@@ -185,6 +185,7 @@ def build_executor(g: GraphInputs) -> ExecutorCore:
         runner,
         phase=Phase.DECODE if g.is_disaggregated else None,
         draw_ahead=draw if g.config.draw_masked_ahead else None,
+        reload_weights=runner.weights.from_disk if isinstance(runner, ReloadsWeights) else None,
     )
 
 

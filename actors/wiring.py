@@ -81,7 +81,7 @@ def graph_specs(*, executor_in_thread: bool, disaggregated: bool = False) -> tup
         ActorSpec(
             "scheduler",
             build_scheduler,
-            ("allocator", "grammar", "executor", "streamer"),
+            ("allocator", "grammar", "executor", "streamer", "engine"),
             inf,
             False,
         ),
@@ -121,7 +121,7 @@ def disaggregated_specs() -> tuple[ActorSpec, ...]:
         ActorSpec(
             "scheduler",
             build_scheduler,
-            ("allocator", "grammar", "executor", "streamer"),
+            ("allocator", "grammar", "executor", "streamer", "engine"),
             inf,
             False,
             routes=to_router,
@@ -139,6 +139,8 @@ CLIENT_BUFFER = 8  # StreamBatches the engine's router may fall behind by
 class WiredGraph:
     actors: tuple[Actor, ...]  # downstream first
     to_tokenizer: Outbox  # the client edge: the engine's own sender
+    to_scheduler: Outbox  # the engine's calls beside requests (messages/engine_calls.py)
+    calls_inbox: MemoryObjectReceiveStream[Any]  # ... and their replies
     client_inbox: MemoryObjectReceiveStream[Any]  # StreamBatches for the engine's router
 
 
@@ -158,6 +160,8 @@ def wire(
                 spec.inbox_buffer
             )
     senders["client"], client_inbox = anyio.create_memory_object_stream[Any](CLIENT_BUFFER)
+    # unbounded: a reply per call, and the engine has few in flight (one weight update)
+    senders["engine"], calls_inbox = anyio.create_memory_object_stream[Any](math.inf)
     actors = tuple(
         Actor(
             spec.name,
@@ -169,7 +173,8 @@ def wire(
         )
         for spec in specs
     )
+    to_scheduler = senders["scheduler"].clone()
     for name, sender in senders.items():
         if name != "tokenizer":
             sender.close()  # only the clones held by actors keep these inboxes open
-    return WiredGraph(actors, senders["tokenizer"], client_inbox)
+    return WiredGraph(actors, senders["tokenizer"], to_scheduler, calls_inbox, client_inbox)

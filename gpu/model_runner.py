@@ -39,6 +39,7 @@ from troupe.gpu.scored_forward import ScoredForward
 from troupe.gpu.spec_verify import verify_proposals
 from troupe.gpu.step_inputs import StepInputs, build_step_inputs, streaming_inputs
 from troupe.gpu.token_bitmask import BitmaskUpload
+from troupe.gpu.weight_update import WeightReload
 from troupe.messages import (
     SampledToken,
     SeqWork,
@@ -106,6 +107,7 @@ class ModelRunner:
             self.num_lookahead_tokens = options.num_speculative_tokens
         self.kv_window = config.kv_window
         self.lora = model.lora
+        self.weights = WeightReload(model, config)  # in place: gpu/runner.ReloadsWeights
         self.kv_pages_on_write = self.device.type == "cpu"  # kv_cache.KVCache: no zero-fill
         self._num_steps = 0
         self._overlap = DecodeOverlap(

@@ -8,10 +8,12 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 import msgspec
 from troupe.config import EngineConfig
 from troupe.messages import FailedSeq, PromptLogprobs, SampledToken, StepPlan, TokenMasks
+from troupe.messages.engine_calls import WeightsErrorCode
 from troupe.messages.pooling import Pooled
 
 if TYPE_CHECKING:  # torch: a fake-runner engine never imports it
     from troupe.gpu.lora_runtime import LoraRuntime
+    from troupe.gpu.weight_update import WeightReload
 
 
 class SequencesFailed(Exception):
@@ -117,6 +119,23 @@ class DrawsAhead(Protocol):
         """Draw the kept forward under `masks` if they are its rows; the plan that follows then
         takes the draw (launch) and finish returns it. Nothing otherwise."""
         ...
+
+
+class WeightsRefused(ValueError):
+    """A weight update that cannot be done (`code`: why; the message names what does not
+    match). Nothing was copied, unless `code` is FAILED."""
+
+    def __init__(self, message: str, code: WeightsErrorCode = WeightsErrorCode.INVALID) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@runtime_checkable
+class ReloadsWeights(Protocol):
+    """A runner whose weights can be replaced in place (Engine.update_weights_from_disk)."""
+
+    @property
+    def weights(self) -> WeightReload: ...
 
 
 def build_runner(config: EngineConfig) -> Runner:

@@ -104,6 +104,13 @@ class Fork(msgspec.Struct, frozen=True, array_like=True, gc=False, tag=True):
     num_tokens: int
 
 
+class DropCachedBlocks(msgspec.Struct, frozen=True, array_like=True, gc=False, tag=True):
+    """Forget every cached block no request holds, in the GPU pool and the prefix cache's CPU
+    tier (Engine.reset_prefix_cache; after a weight update). Blocks requests hold keep their
+    entries. Last in its batch, so the batch's frees are dropped too; answered in
+    AllocationResult.cache_dropped."""
+
+
 AllocOp = (
     CacheBlocks
     | ReleaseBlocks
@@ -121,6 +128,8 @@ AllocOp = (
 # CacheBlocks before ReleaseBlocks: a block is registered before a window lets it go. A Shrink
 # goes before FreeRequest: a request shrunk, then chosen as a victim, is freed after. A Fork
 # after every release (the blocks it takes were counted free) and before its samples' ops.
+# A DropCachedBlocks (not a request's op) follows them all: what the batch freed is dropped
+# too, and its hits are held already.
 OP_ORDER = (
     CacheBlocks, ReleaseBlocks, Shrink, FreeRequest, SwapOut, Fork, Grow, SwapIn, AllocateNew
 )  # fmt: skip
@@ -130,7 +139,7 @@ class AllocateBatch(msgspec.Struct, frozen=True, kw_only=True, tag=True, gc=Fals
     """One step's worth of allocator work, applied in order."""
 
     step_id: int
-    ops: tuple[AllocOp, ...] = ()
+    ops: tuple[AllocOp | DropCachedBlocks, ...] = ()
 
 
 AllocatorInbox = AllocateBatch

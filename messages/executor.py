@@ -21,6 +21,7 @@ preemption rewrites the same entries.
 from __future__ import annotations
 
 import msgspec
+from troupe.messages.engine_calls import UpdateWeights
 from troupe.messages.sampling import SamplingParams
 
 
@@ -109,4 +110,4 @@ class TokenMasks(msgspec.Struct, frozen=True, kw_only=True, tag=True, gc=False):
     ahead: bool = False
 
 
-ExecutorInbox = StepPlan | TokenMasks
+ExecutorInbox = StepPlan | TokenMasks | UpdateWeights  # the last: messages/engine_calls.py

@@ -11,6 +11,12 @@ import enum
 
 import msgspec
 from troupe.messages.common import TokenLogprob
+from troupe.messages.engine_calls import (
+    CacheDropped,
+    ResetPrefixCache,
+    UpdateWeights,
+    WeightsLoaded,
+)
 from troupe.messages.pooling import Pooled
 from troupe.messages.sampling import SamplingParams
 from troupe.messages.tokenizer import AbortRequest
@@ -72,6 +78,7 @@ class AllocationResult(msgspec.Struct, frozen=True, kw_only=True, tag=True, gc=F
     prefix_cache_hit_tokens: int = 0  # cumulative since start
     prefix_cache_query_tokens: int = 0  # cumulative since start
     prefix_cache_cpu_hit_tokens: int = 0  # of the hits, those served by the CPU tier
+    cache_dropped: CacheDropped | None = None  # the batch's DropCachedBlocks, if it had one
 
 
 class SampledToken(msgspec.Struct, frozen=True, array_like=True, gc=False):
@@ -153,5 +160,13 @@ class LateTokens(msgspec.Struct, frozen=True, kw_only=True, tag=True, gc=False):
 
 
 SchedulerInbox = (
-    AdmittedRequest | AbortRequest | StopRequests | AllocationResult | StepResult | LateTokens
+    AdmittedRequest
+    | AbortRequest
+    | StopRequests
+    | AllocationResult
+    | StepResult
+    | LateTokens
+    | ResetPrefixCache  # the engine's calls (messages/engine_calls.py)
+    | UpdateWeights
+    | WeightsLoaded
 )

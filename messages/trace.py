@@ -20,6 +20,7 @@ from typing import Any, BinaryIO, Literal
 import msgspec
 from troupe.messages.admission import AdmissionInbox
 from troupe.messages.allocator import AllocatorInbox
+from troupe.messages.engine_calls import EngineCallsInbox
 from troupe.messages.events import ClientInbox
 from troupe.messages.executor import ExecutorInbox
 from troupe.messages.grammar import GrammarInbox
@@ -39,6 +40,7 @@ AnyMessage = (
     | GrammarInbox
     | StreamerInbox
     | ClientInbox
+    | EngineCallsInbox
 )
 
 

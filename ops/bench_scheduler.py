@@ -34,6 +34,7 @@ from troupe.messages import (
     StepResult,
     TokenBatch,
 )
+from troupe.messages.engine_calls import UpdateWeights, WeightsLoaded
 
 TARGET_MS = 0.45  # issue 8
 
@@ -72,6 +73,7 @@ class CoreLoop:
         self.finished: dict[str, list[tuple[FinishReason, str | None]]] = defaultdict(list)
         self.scheduler_s: list[float] = []  # per StepPlan: scheduler + allocator seconds
         self.num_refused = 0  # ops the allocator refused (the scheduler planned too much)
+        self.replies: list[Any] = []  # answers to the engine's calls (messages/engine_calls.py)
         self._inbox: list[Any] = []  # SchedulerInbox messages
         self._num_deliveries = 0
 
@@ -106,6 +108,8 @@ class CoreLoop:
                         assert isinstance(answer, AllocationResult)
                         self.num_refused += len(answer.refused)
                     self._inbox.extend(m for _, m in answers)
+                elif dest == "executor" and isinstance(msg, UpdateWeights):
+                    self._inbox.append(WeightsLoaded(call_id=msg.call_id, message="loaded"))
                 elif dest == "executor":
                     assert isinstance(msg, StepPlan)
                     self.num_plans += 1
@@ -121,6 +125,8 @@ class CoreLoop:
                 elif dest == "streamer":
                     assert isinstance(msg, TokenBatch)
                     self._record(msg)
+                elif dest == "engine":
+                    self.replies.append(msg)
                 else:
                     raise AssertionError(f"unexpected outbox {dest!r}")
         raise AssertionError(f"no quiescence after {max_deliveries} deliveries")

@@ -18,6 +18,7 @@ from troupe.messages.allocator import (
     AllocateBatch,
     AllocateNew,
     CacheBlocks,
+    DropCachedBlocks,
     Fork,
     FreeRequest,
     Grow,
@@ -26,6 +27,7 @@ from troupe.messages.allocator import (
     SwapIn,
     SwapOut,
 )
+from troupe.messages.engine_calls import CacheDropped
 from troupe.messages.scheduler import AllocationResult, Grant, Refusal, RefusalReason
 
 
@@ -71,7 +73,9 @@ class AllocatorCore:
             SwapIn: self._swap_in,
             AllocateNew: self._allocate_new,
             Fork: self._fork,
+            DropCachedBlocks: self._drop_cached,
         }
+        self._dropped: CacheDropped | None = None  # this batch's DropCachedBlocks answer
 
     def handle(self, batch: Sequence[AllocateBatch]) -> Outgoing:
         return [("scheduler", self.apply(msg)) for msg in batch]
@@ -79,6 +83,7 @@ class AllocatorCore:
     def apply(self, batch: AllocateBatch) -> AllocationResult:
         self._grants, self._refused = [], []
         self._copies_out, self._copies_in, self._copies = [], [], []
+        self._dropped = None
         for op in batch.ops:
             if (handler := self._ops.get(type(op))) is None:
                 raise ValueError(f"unknown allocator op {op!r}")
@@ -101,6 +106,7 @@ class AllocatorCore:
             prefix_cache_hit_tokens=self.prefix_cache_hit_tokens,
             prefix_cache_query_tokens=self.prefix_cache_query_tokens,
             prefix_cache_cpu_hit_tokens=self.tier.hit_tokens,
+            cache_dropped=self._dropped,
         )
 
     def _seq(self, request_id: str, swapped: bool | None = False) -> BlockTable:
@@ -170,6 +176,12 @@ class AllocatorCore:
     def _cache_blocks(self, op: CacheBlocks) -> None:  # its next full blocks
         for block_id in self._seq(op.request_id).cache(op, self.registry, self.block_size):
             self.sharing.register(block_id, op.request_id)
+
+    def _drop_cached(self, op: DropCachedBlocks) -> None:
+        """Forget the cached blocks nobody holds; held ones keep their entries (their
+        requests read them), and so do blocks this batch's hits took."""
+        num_gpu, num_cpu = self.gpu.drop_cached(), self.tier.drop()
+        self._dropped = CacheDropped(num_gpu_blocks=num_gpu, num_cpu_blocks=num_cpu)
 
     def _free(self, rid: str) -> None:
         seq = self._seq(rid, swapped=None)

@@ -16,7 +16,8 @@ Outgoing = list[tuple[str, msgspec.Struct]]
 
 InboxT = TypeVar("InboxT", contravariant=True)
 
-# Every inbox of the graph; "client" is the engine's router (StreamBatches for the callers).
+# Every inbox of the graph; "client" is the engine's router (StreamBatches for the callers),
+# "engine" its calls' replies (actors/engine_admin.py).
 ActorName = Literal[
     "tokenizer",
     "admission",
@@ -26,6 +27,7 @@ ActorName = Literal[
     "executor",
     "streamer",
     "client",
+    "engine",
     "phase_router",  # prefill/decode disaggregation: "executor" is then the decode side
     "prefill_executor",
 ]

@@ -84,6 +84,15 @@ class BlockPool:
             del self._lru[block_id]
         self.ref[block_id] += 1
 
+    def drop_cached(self) -> int:
+        """Forget every cached block (they become plain free blocks); how many there were."""
+        dropped = list(self._lru)
+        for block_id in dropped:
+            self.cache.forget(block_id)
+        self._free.extend(reversed(dropped))  # the oldest popped last
+        self._lru.clear()
+        return len(dropped)
+
     def release(self, block_ids: Iterable[int]) -> None:
         """Drop one reference to each block, in the order given (the LRU keeps that order)."""
         ref, cache = self.ref, self.cache

@@ -16,7 +16,7 @@ from typing import Any
 
 import structlog
 from troupe.actors.core.base import Outgoing
-from troupe.gpu.runner import HiddenOutputs, Runner, SequencesFailed
+from troupe.gpu.runner import HiddenOutputs, Runner, SequencesFailed, WeightsRefused
 from troupe.gpu.token_bitmask import join_masks
 from troupe.messages import (
     ExecutorInbox,
@@ -30,6 +30,7 @@ from troupe.messages import (
     StepResult,
     TokenMasks,
 )
+from troupe.messages.engine_calls import UpdateWeights, WeightsErrorCode, WeightsLoaded
 
 log = structlog.get_logger("troupe.executor")
 
@@ -37,8 +38,9 @@ _Ran = tuple[StepResult, TokenMasks | None]  # a step's result and the masks it 
 
 
 class ExecutorCore:
-    """Inbox: StepPlan, TokenMasks. Outbox: "scheduler" (StepResult; "phase_router" with
-    disaggregation), "grammar" (GrammarTokens, one per step sampled under masks).
+    """Inbox: StepPlan, TokenMasks, UpdateWeights. Outbox: "scheduler" (StepResult; "phase_router"
+    with disaggregation; WeightsLoaded), "grammar" (GrammarTokens, one per step sampled under
+    masks).
 
     A runner exception fails only that step: the scheduler turns the error into Failed events
     for the step's requests and the engine keeps serving the others. A sequence the runner
@@ -53,12 +55,15 @@ class ExecutorCore:
         *,
         phase: Phase | None = None,
         draw_ahead: Callable[[TokenMasks], None] | None = None,
+        reload_weights: Callable[[str], str] | None = None,
     ) -> None:
         """`phase`: one side of prefill/decode disaggregation; its results then go to the
         phase router ("phase_router", PhaseStepResult) instead of the scheduler. `draw_ahead`:
         the runner's (gpu/runner.DrawsAhead), given the masks filled ahead that come before
-        their plan."""
+        their plan. `reload_weights(path)`: the runner's (gpu/runner.ReloadsWeights), for
+        UpdateWeights (None: refused), which the scheduler sends only with no step out."""
         self.runner = runner
+        self._reload_weights = reload_weights
         self.phase = phase
         self._draw_ahead = draw_ahead
         self._clock = clock
@@ -71,6 +76,9 @@ class ExecutorCore:
     def handle(self, batch: Sequence[ExecutorInbox]) -> Outgoing:
         out: Outgoing = []
         for msg in batch:
+            if isinstance(msg, UpdateWeights):
+                out.append(("scheduler", self._update_weights(msg)))
+                continue
             start = time.perf_counter()
             ran = self._on_masks(msg) if isinstance(msg, TokenMasks) else self._on_plan(msg)
             self.busy_seconds += time.perf_counter() - start
@@ -153,6 +161,25 @@ class ExecutorCore:
             )
         hidden = _hidden_fields(self.runner.take_hidden_outputs())
         return StepResult(step_id=step_id, time=self._clock(), sampled=sampled, **hidden)
+
+    def _update_weights(self, msg: UpdateWeights) -> WeightsLoaded:
+        call_id = msg.call_id
+        if self._reload_weights is None:
+            message = "this runner cannot replace its weights (the fake runner, a wrapped one)"
+            return WeightsLoaded(
+                call_id=call_id, message=message, error=WeightsErrorCode.UNSUPPORTED
+            )
+        try:
+            message = self._reload_weights(msg.model_path)
+        except WeightsRefused as exc:
+            log.warning("weight update refused", model_path=msg.model_path, reason=str(exc))
+            return WeightsLoaded(call_id=call_id, message=str(exc), error=exc.code)
+        except Exception as exc:  # a bug, or a read failing: the weights may be mixed
+            log.exception("weight update failed", model_path=msg.model_path)
+            message = f"loading {msg.model_path!r} failed: {type(exc).__name__}: {exc}"
+            return WeightsLoaded(call_id=call_id, message=message, error=WeightsErrorCode.FAILED)
+        log.info("weights updated", model_path=msg.model_path, summary=message)
+        return WeightsLoaded(call_id=call_id, message=message)
 
     def _drop_hidden_outputs(self) -> None:
         """A failed step's prompt logprobs and embeddings (its requests fail): none may reach

@@ -75,6 +75,15 @@ class CpuPrefixTier:
         self.copies_in.append((cpu_block, gpu_block))
         return gpu_block
 
+    def drop(self) -> int:
+        """Forget every entry of this tier; how many. Entries this batch moved here are
+        forgotten too (their copies still run, into blocks that are then plain free ones)."""
+        cache = self.cpu.cache
+        moved = [cpu for _, cpu in self.copies_out if cache.is_cached(cpu)]
+        for cpu_block in moved:
+            cache.forget(cpu_block)
+        return self.cpu.drop_cached() + len(moved)
+
     def end_batch(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
         """This batch's copies (out, in); its blocks go back to the pool (entries: cached)."""
         copies = self.copies_out, self.copies_in

@@ -8,6 +8,7 @@ Each step is one round trip to the allocator, then one to the executor:
 
 Messages arriving meanwhile (new requests, aborts, stop-string hits) take effect at the next plan;
 late tokens (disaggregation: a first token after its step's result) land at once (late_tokens.py).
+The engine's calls (a prefix-cache reset, a weight update: engine_calls.py) ride the same loop.
 Composed of RequestQueues, StepPlanner, build_plan, apply_tokens and a Speculator, a module each.
 """
 
@@ -16,8 +17,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Literal
 
+import msgspec
 import structlog
 from troupe.actors.core.base import Outgoing
+from troupe.actors.core.engine_calls import EngineCalls
 from troupe.actors.core.grammar_feed import GrammarFeed
 from troupe.actors.core.kv_release import too_big, unfit
 from troupe.actors.core.late_tokens import land_tokens
@@ -30,8 +33,9 @@ from troupe.actors.core.speculator import SpecSettings, Speculator
 from troupe.actors.core.step_limits import StepLimits
 from troupe.actors.core.step_planner import StepPlanner
 from troupe.actors.core.step_tokens import apply_tokens
-from troupe.messages.allocator import AllocateBatch
+from troupe.messages.allocator import AllocateBatch, DropCachedBlocks
 from troupe.messages.common import FinishReason
+from troupe.messages.engine_calls import ResetPrefixCache, UpdateWeights, WeightsLoaded
 from troupe.messages.events import EngineStats
 from troupe.messages.executor import StepPlan
 from troupe.messages.pooling import Pooled
@@ -50,14 +54,16 @@ from troupe.policies.preemption import make_preemption_policy
 from troupe.policies.queue import make_queue_policy
 
 log = structlog.get_logger("troupe.scheduler")
-Phase = Literal["idle", "allocating", "stepping"]
+Phase = Literal["idle", "allocating", "stepping", "updating"]  # updating: weights (engine_calls)
 ABORT, ERROR = FinishReason.ABORT, FinishReason.ERROR
 
 
 class SchedulerCore:
-    """Inbox: AdmittedRequest, AbortRequest, StopRequests, AllocationResult, StepResult, LateTokens.
-    Outboxes: "allocator" (AllocateBatch), "executor" (StepPlan), "streamer" (TokenBatch), "grammar"
-    (ComputeMasks, for steps that sample constrained requests: grammar_feed.py).
+    """Inbox: AdmittedRequest, AbortRequest, StopRequests, AllocationResult, StepResult, LateTokens,
+    and the engine's calls (ResetPrefixCache, UpdateWeights; WeightsLoaded from the executor).
+    Outboxes: "allocator" (AllocateBatch), "executor" (StepPlan, UpdateWeights), "streamer"
+    (TokenBatch), "grammar" (ComputeMasks, for steps that sample constrained requests:
+    grammar_feed.py), "engine" (the engine calls' replies: engine_calls.py).
 
     Every request gets exactly one terminal SeqOutput (STOP/LENGTH/ABORT/ERROR), except those
     ended by a stop string: the streamer already told the client, so StopRequests only frees.
@@ -94,36 +100,58 @@ class SchedulerCore:
         self.grammar = GrammarFeed()
         self._pending: list[SeqOutput] = []  # terminal outputs from outside a step
         self._time = 0.0  # latest time seen in a message (TokenBatch.time outside steps)
+        self.calls = EngineCalls()  # the engine's calls, and the requests they hold aside
 
     def handle(self, batch: Sequence[SchedulerInbox]) -> Outgoing:
         out: Outgoing = []
         for msg in batch:
             match msg:
                 case AdmittedRequest():
-                    self.add(msg)
+                    if not self.calls.hold(msg):
+                        self.add(msg)
                 case AbortRequest():
                     self.abort(msg.request_id, msg.reason)
                 case StopRequests():  # the streamer has ended them: free them silently
                     for request_id in msg.request_ids:
                         self.abort(request_id, None)
                 case AllocationResult():
+                    out += [("engine", reply) for reply in self.calls.dropped(msg.cache_dropped)]
                     if (plan := self.on_allocated(msg)) is not None:
                         plan, masks = self.grammar.feed(plan, self.in_flight)
                         if masks is not None:  # computed while the executor runs the plan
                             out.append(("grammar", masks))
                     # Nothing to run (a free-only round trip): publish the fresh stats anyway.
                     out.append(("executor", plan) if plan else ("streamer", self.stats_batch()))
+                    for held in self.calls.release():  # a weight update ended: they start
+                        self.add(held)
                 case StepResult():
                     out.append(("streamer", self.update(msg)))
                 case LateTokens():  # disaggregation: tokens of an earlier step (late_tokens.py)
                     self._time = max(self._time, msg.time)
                     self._pending += land_tokens(msg, self.queues)
+                case ResetPrefixCache():
+                    self.calls.reset(msg)
+                case UpdateWeights():
+                    if (busy := self.calls.begin(msg)) is not None:
+                        out.append(("engine", busy))
+                case WeightsLoaded():
+                    if self.phase != "updating":
+                        raise ValueError(f"scheduler: WeightsLoaded while {self.phase}")
+                    self.phase = "idle"
+                    if (reply := self.calls.loaded(msg)) is not None:  # nothing was copied
+                        out.append(("engine", reply))
+                        for held in self.calls.release():
+                            self.add(held)
                 case _:
                     raise ValueError(f"scheduler: unexpected message {type(msg).__name__}")
         if self._pending:
             out.append(("streamer", self.stats_batch()))
-        if self.phase == "idle" and (request := self.schedule()) is not None:
-            out.append(("allocator", request))
+        if self.phase == "idle":
+            if (update := self.calls.to_load(len(self.requests))) is not None:
+                self.phase = "updating"  # no request left, no step out: the weights change
+                out.append(("executor", update))
+            elif (request := self.schedule()) is not None:
+                out.append(("allocator", request))
         return out
 
     def add(self, msg: AdmittedRequest) -> None:
@@ -150,7 +178,9 @@ class SchedulerCore:
 
     def abort(self, request_id: str, reason: str | None = "aborted") -> None:
         """End a request wherever it is (reason None: silently); unknown ids are ignored (races)."""
-        if (req := self.requests.get(request_id)) is not None:
+        if self.calls.held.pop(request_id, None) is not None:  # held aside by a weight update
+            cached = 0
+        elif (req := self.requests.get(request_id)) is not None:
             self.queues.finish(req)
             cached = req.num_cached_tokens
         elif self.planner.forks.abort(request_id, self.queues):  # a forked request's samples
@@ -167,10 +197,11 @@ class SchedulerCore:
         ops = self.planner.plan(self.pools.num_gpu_free, self.pools.num_cpu_free)
         self._pending.extend(r.failed(too_big(self.limits, r)) for r in self.planner.unfittable)
         self.planner.unfittable = []
-        if ops is None:
+        drop = (DropCachedBlocks(),) if self.calls.take_drop() else ()  # last: frees dropped too
+        if ops is None and not drop:
             return None
         self.phase, self.step_id = "allocating", self.step_id + 1
-        return AllocateBatch(step_id=self.step_id, ops=tuple(ops))
+        return AllocateBatch(step_id=self.step_id, ops=(*(ops or ()), *drop))
 
     def on_allocated(self, result: AllocationResult) -> StepPlan | None:
         """Apply the allocator's answer; the step to run, or None (idle) if nothing runs."""
@@ -195,7 +226,12 @@ class SchedulerCore:
 
     def stats(self) -> EngineStats:
         """A snapshot of pools (as of the last AllocationResult), queues and counters."""
-        return engine_stats(self.pools, self.planner, self.num_cpu_blocks, self.num_steps)
+        stats = engine_stats(self.pools, self.planner, self.num_cpu_blocks, self.num_steps)
+        if self.calls.held:  # held aside by a weight update: they wait too
+            return msgspec.structs.replace(
+                stats, num_waiting=stats.num_waiting + len(self.calls.held)
+            )
+        return stats
 
     def stats_batch(
         self, prompt_logprobs: tuple[PromptLogprobs, ...] = (), embeddings: tuple[Pooled, ...] = ()
