@@ -39,21 +39,14 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from troupe.gpu.device_inputs import host_to_device
 from troupe.gpu.draft_model import DraftModel
 from troupe.gpu.draft_state import DraftSeq, DraftSeqs
 from troupe.gpu.forward_pass import ForwardPass
 from troupe.gpu.kv_cache import KVCache, kv_dtype
-from troupe.gpu.proposal_draws import (
-    draw,
-    record_draws,
-    record_sampled,
-    tokens_by_row,
-    with_proposals,
-)
+from troupe.gpu.proposal_draws import draw_rounds, record_sampled, with_proposals
 from troupe.gpu.request_states import RequestState
 from troupe.gpu.runner_setup import RunnerOptions
-from troupe.gpu.step_inputs import build_decode_inputs, build_step_inputs
+from troupe.gpu.step_inputs import StepInputs, build_step_inputs
 from troupe.messages import SampledToken, SeqWork, StepPlan
 
 # a proposing row of a round: (request id, its state, its token count L, proposals k)
@@ -225,38 +218,23 @@ class DraftRunner:
     ) -> list[list[int]]:
         """Each row's k draws: the first from the catch-up's logits, each next one from a
         decode step fed the previous draw on the device; one read-back at the end."""
-        states = [r[1] for r in rows]
-        ends = np.fromiter((r[2] for r in rows), np.int64, len(rows))
-        ks = np.fromiter((r[3] for r in rows), np.int64, len(rows))
-        counts = np.fromiter((s.num_tokens for s in states), np.int64, len(rows))
-        slots = np.fromiter((s.slot for s in states), np.int64, len(rows))
-        num_blocks = np.fromiter((s.num_blocks for s in states), np.int64, len(rows))
-        history = any(s.tokens is not None for s in states)
-        active = np.arange(len(rows))
-        ids = draw(logits, states, self.vocab_size, ends - counts)
-        steps: list[tuple[np.ndarray, torch.Tensor]] = [(active, ids)]
-        for j in range(1, int(ks.max())):
-            if history:  # penalties: the next draw counts this one (a sync per step)
-                record_draws(states, active, ids, ends[active] + j - 1)
-            keep = np.flatnonzero(ks[active] > j)
-            if len(keep) < len(active):
-                ids = ids[host_to_device(keep, ids.device)]
-                active = active[keep]
-            positions = ends[active] + j - 1  # e_j's position: its KV, then e_(j+1)'s logits
-            inputs = build_decode_inputs(
-                np.zeros(len(active), np.int64),
-                positions,
-                slots[active],
-                num_blocks[active],
-                tables,
-                self.block_size,
-            )
-            logits = self._pass(inputs, input_ids=ids)
-            ids = draw(
-                logits, [states[r] for r in active], self.vocab_size, positions + 1 - counts[active]
-            )
-            steps.append((active, ids))
-        return tokens_by_row(steps, len(rows))
+
+        def step(
+            inputs: StepInputs, _: np.ndarray, ids: torch.Tensor, kept: torch.Tensor | None
+        ) -> torch.Tensor:
+            return self._pass(inputs, input_ids=ids)
+
+        return draw_rounds(
+            logits,
+            [r[1] for r in rows],
+            np.fromiter((r[3] for r in rows), np.int64, len(rows)),
+            np.fromiter((r[2] for r in rows), np.int64, len(rows)),
+            step,
+            lag=1,  # e_j's KV at its own position, then e_(j+1)'s logits
+            vocab_size=self.vocab_size,
+            tables=tables,
+            block_size=self.block_size,
+        )
 
     def close(self) -> None:
         self._pass.close()

@@ -28,16 +28,10 @@ from troupe.gpu.device_inputs import device_metadata, host_to_device
 from troupe.gpu.eagle_load import EagleModel
 from troupe.gpu.eagle_state import EagleSeqs, HeadFeed
 from troupe.gpu.kv_cache import KVCache, kv_dtype
-from troupe.gpu.proposal_draws import (
-    draw,
-    record_draws,
-    record_sampled,
-    tokens_by_row,
-    with_proposals,
-)
+from troupe.gpu.proposal_draws import draw_rounds, record_sampled, with_proposals
 from troupe.gpu.request_states import RequestState
 from troupe.gpu.runner_setup import RunnerOptions
-from troupe.gpu.step_inputs import StepInputs, build_decode_inputs, build_step_inputs
+from troupe.gpu.step_inputs import StepInputs, build_step_inputs
 from troupe.messages import SampledToken, SeqWork, StepPlan
 
 
@@ -213,47 +207,30 @@ class EagleRunner:
         logits, and what the next step is fed), then e(j+1) from a decode step of the head
         fed e_j and its own output at the row before; one read-back."""
         states_out, out = last
-        n = len(feeds)
-        committed = np.fromiter((f.num_committed for f in feeds), np.int64, n)
-        counts = np.fromiter((s.num_tokens for s in states), np.int64, n)
-        slots = np.fromiter((s.slot for s in states), np.int64, n)
-        num_blocks = np.fromiter((s.num_blocks for s in states), np.int64, n)
-        history = any(s.tokens is not None for s in states)
-        active = np.arange(n)
-        ids = draw(
-            self.head.compute_logits(states_out), states, self.vocab_size, committed - counts
-        )
-        steps: list[tuple[np.ndarray, torch.Tensor]] = [(active, ids)]
-        for j in range(1, int(ks.max())):
-            if history:  # penalties: the next draw counts this one (a sync per step)
-                record_draws(states, active, ids, committed[active] + j - 1)
-            keep = np.flatnonzero(ks[active] > j)
-            if len(keep) < len(active):
-                index = host_to_device(keep, self.device)
-                ids, out = ids[index], out[index]
-                active = active[keep]
-            # e_j's row sits at position committed + j - 2 and draws e_(j+1) at committed + j
-            positions = committed[active] + j - 2
-            inputs = build_decode_inputs(
-                np.zeros(len(active), np.int64),
-                positions,
-                slots[active],
-                num_blocks[active],
-                tables,
-                self.block_size,
-            )
+
+        def step(
+            inputs: StepInputs, positions: np.ndarray, ids: torch.Tensor, kept: torch.Tensor | None
+        ) -> torch.Tensor:
+            nonlocal out
+            if kept is not None:
+                out = out[kept]
             meta = device_metadata(inputs, self.device)
             states_out, out = self.head.run(
                 ids, host_to_device(positions, self.device), out, meta, self.kv.layers
             )
-            ids = draw(
-                self.head.compute_logits(states_out),
-                [states[i] for i in active],
-                self.vocab_size,
-                committed[active] + j - counts[active],
-            )
-            steps.append((active, ids))
-        return tokens_by_row(steps, n)
+            return self.head.compute_logits(states_out)
+
+        return draw_rounds(
+            self.head.compute_logits(states_out),
+            states,
+            ks,
+            np.fromiter((f.num_committed for f in feeds), np.int64, len(feeds)),
+            step,
+            lag=2,  # e_j's row sits at position committed + j - 2, draws e_(j+1) at committed + j
+            vocab_size=self.vocab_size,
+            tables=tables,
+            block_size=self.block_size,
+        )
 
     def close(self) -> None:
         self.seqs.clear()
