@@ -24,7 +24,7 @@ import torch
 from troupe.gpu.attention import AttentionMetadata
 from troupe.gpu.eagle_head_base import EagleHeadBase
 from troupe.gpu.model_config import ModelConfig
-from troupe.gpu.models import DecoderLayer, DecoderModel, KVCache
+from troupe.gpu.models import DecoderModel, KVCache
 from troupe.gpu.quant_linear import linear
 
 
@@ -74,18 +74,11 @@ class Eagle3Head(EagleHeadBase):
         """(normed, prenorm) [N, H] of every row: row i reads input_ids[i] (the token after
         its position) and hidden[i] (fc of the target's states, or the head's own prenorm)."""
         c, ops, eps = self.config, self.ops, self.config.rms_norm_eps
-        cos_sin = self.get_buffer("cos_sin_cache")
-        first = self.first_layer()
-        embeds = ops.rms_norm(self.embed(input_ids), first.input_layernorm, eps)[0]
+        embeds = ops.rms_norm(self.embed(input_ids), self.first_layer().input_layernorm, eps)[0]
         normed_hidden = ops.rms_norm(hidden, self.hidden_norm, eps)[0]
         residual = normed_hidden if self.norm_before_residual else hidden
         x = torch.cat([embeds, normed_hidden], dim=-1)
-        attn = first.attention(x, positions, meta, kv_caches[0], cos_sin, ops)
-        h, residual = ops.rms_norm(attn, first.post_attention_layernorm, eps, residual)
-        x = first.mlp(h, ops)
-        for layer, kv_cache in zip(self.layers[1:], kv_caches[1:], strict=True):
-            assert isinstance(layer, DecoderLayer)
-            x, residual = layer(x, residual, positions, meta, kv_cache, cos_sin, ops)
+        x, residual = self.run_layers(x, residual, positions, meta, kv_caches)
         normed, prenorm = ops.rms_norm(x, self.norm, c.rms_norm_eps, residual)
         return normed, prenorm
 

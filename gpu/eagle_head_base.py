@@ -1,13 +1,15 @@
 """What an EAGLE-1 head (gpu/eagle_model.py) and an EAGLE-3 head (gpu/eagle3_model.py) share:
-the target's dtype, device and kernels, the head's decoder layers over its own paged KV, its
-rotary table, and its embedding (its own when the checkpoint ships one, else the target's)."""
+the target's dtype, device and kernels, the head's decoder layers over its own paged KV (and
+their forward past layer 0's input norm, which differs), its rotary table, and its embedding
+(its own when the checkpoint ships one, else the target's)."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
+from troupe.gpu.attention import AttentionMetadata
 from troupe.gpu.model_config import ModelConfig
-from troupe.gpu.models import DecoderLayer, DecoderModel, set_layer_kv_scales
+from troupe.gpu.models import DecoderLayer, DecoderModel, KVCache, set_layer_kv_scales
 from troupe.gpu.quant_linear import embedding
 from troupe.kernels.rope_cache import build_cos_sin_cache
 
@@ -55,6 +57,28 @@ class EagleHeadBase(nn.Module):
         first = self.layers[0]
         assert isinstance(first, DecoderLayer)
         return first
+
+    def run_layers(
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_caches: list[KVCache],
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x, residual) after the layers: layer 0 from its attention on x (its input norm is
+        the head's own: EAGLE-1 has none, EAGLE-3's input is 2H wide), `residual` added after
+        that attention; then layers 1.. as decoder layers."""
+        ops, eps = self.ops, self.config.rms_norm_eps
+        cos_sin = self.get_buffer("cos_sin_cache")
+        first = self.first_layer()
+        attn = first.attention(x, positions, meta, kv_caches[0], cos_sin, ops)
+        h, residual = ops.rms_norm(attn, first.post_attention_layernorm, eps, residual)
+        x = first.mlp(h, ops)
+        for layer, kv_cache in zip(self.layers[1:], kv_caches[1:], strict=True):
+            assert isinstance(layer, DecoderLayer)
+            x, residual = layer(x, residual, positions, meta, kv_cache, cos_sin, ops)
+        return x, residual
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.embed_tokens is None:

@@ -23,7 +23,7 @@ import torch
 from troupe.gpu.attention import AttentionMetadata
 from troupe.gpu.eagle_head_base import EagleHeadBase
 from troupe.gpu.model_config import ModelConfig
-from troupe.gpu.models import DecoderLayer, DecoderModel, KVCache
+from troupe.gpu.models import DecoderModel, KVCache
 from troupe.gpu.quant_linear import linear
 
 
@@ -84,17 +84,10 @@ class EagleHead(EagleHeadBase):
         x = linear(torch.cat([self.embed(input_ids), hidden.to(self.dtype)], dim=-1), self.fc)
         if self.fc_bias is not None:
             x = x + self.fc_bias
-        cos_sin = self.get_buffer("cos_sin_cache")
-        residual: torch.Tensor | None = None
-        for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches, strict=True)):
-            assert isinstance(layer, DecoderLayer)
-            if i == 0 and not self.has_input_norm:  # EAGLE-1: no norm before the attention
-                attn = layer.attention(x, positions, meta, kv_cache, cos_sin, ops)
-                h, residual = ops.rms_norm(attn, layer.post_attention_layernorm, c.rms_norm_eps, x)
-                x = layer.mlp(h, ops)
-            else:
-                x, residual = layer(x, residual, positions, meta, kv_cache, cos_sin, ops)
-        assert residual is not None
+        h = x  # EAGLE-1: no norm before the first attention
+        if self.has_input_norm:
+            h = ops.rms_norm(x, self.first_layer().input_layernorm, c.rms_norm_eps)[0]
+        x, residual = self.run_layers(h, x, positions, meta, kv_caches)
         if self.norm is not None:
             out: torch.Tensor = ops.rms_norm(x, self.norm, c.rms_norm_eps, residual)[0]
             return out
