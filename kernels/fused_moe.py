@@ -27,9 +27,10 @@ import triton.language as tl
 
 from .moe_align import moe_align
 from .moe_align_triton import moe_align_triton
+from .moe_block import block_expert, block_rows, weight_cols, zero_acc
 from .moe_config import MoeKernelConfig, MoeVariant, block_m_for, config_for, precision_for
 from .moe_split_k import fused_moe_split_k
-from .moe_tiles import tile_grid, tile_ids
+from .moe_tiles import tile_grid
 
 
 @triton.jit
@@ -39,21 +40,14 @@ def _gate_up_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, SWAP_AB: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
-    pid_m, pid_n = tile_ids(num_blocks, tl.cdiv(inter, BLOCK_N), GROUP_M)
-    expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+    pid_m, pid_n, expert = block_expert(block_expert_ptr, num_blocks, inter, BLOCK_N, GROUP_M)
     if expert < 0:
         return
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rows = tl.load(rows_ptr + offs_m).to(tl.int64)
-    valid = rows < num_rows
-    token = rows // top_k
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_mask = offs_n < inter
+    offs_m, _, valid, token, offs_n, n_mask = block_rows(
+        rows_ptr, pid_m, pid_n, num_rows, inter, top_k, BLOCK_M, BLOCK_N
+    )
     w_base = w_ptr + expert * stride_we
-    if SWAP_AB:  # acc^T = w @ x^T: the weight tile is wgmma's M side, the rows its N side
-        acc_gate = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    else:
-        acc_gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_gate = zero_acc(BLOCK_M, BLOCK_N, SWAP_AB)  # SWAP_AB: acc^T = w @ x^T
     acc_up = tl.zeros_like(acc_gate)
     for k0 in range(0, hidden, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
@@ -97,20 +91,14 @@ def _down_kernel(
     GROUP_M: tl.constexpr, SWAP_AB: tl.constexpr, ATOMIC: tl.constexpr,
     PRECISION: tl.constexpr,
 ):  # fmt: skip
-    pid_m, pid_n = tile_ids(num_blocks, tl.cdiv(hidden, BLOCK_N), GROUP_M)
-    expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+    pid_m, pid_n, expert = block_expert(block_expert_ptr, num_blocks, hidden, BLOCK_N, GROUP_M)
     if expert < 0:
         return
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rows = tl.load(rows_ptr + offs_m).to(tl.int64)
-    valid = rows < num_rows
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_mask = offs_n < hidden
+    offs_m, rows, valid, _, offs_n, n_mask = block_rows(
+        rows_ptr, pid_m, pid_n, num_rows, hidden, top_k, BLOCK_M, BLOCK_N
+    )
     w_base = w_ptr + expert * stride_we
-    if SWAP_AB:
-        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    else:
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc = zero_acc(BLOCK_M, BLOCK_N, SWAP_AB)
     for k0 in range(0, inter, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_mask = offs_k < inter
@@ -132,11 +120,7 @@ def _down_kernel(
                 mask=valid[:, None] & k_mask[None, :],
                 other=0.0,
             )
-            w = tl.load(
-                w_base + offs_n[None, :] * stride_wn + offs_k[:, None],
-                mask=k_mask[:, None] & n_mask[None, :],
-                other=0.0,
-            )
+            w = weight_cols(w_base, offs_n, offs_k, stride_wn, k_mask, n_mask)
             acc += tl.dot(a, w, input_precision=PRECISION)
     weight = tl.load(weights_ptr + rows, mask=valid, other=0.0).to(tl.float32)
     if SWAP_AB:  # [N, M]: rows along axis 1

@@ -24,8 +24,9 @@ import torch
 import triton
 import triton.language as tl
 
+from .moe_block import block_expert, block_rows, weight_cols, zero_acc
 from .moe_config import MoeKernelConfig, precision_for
-from .moe_tiles import tile_grid, tile_ids
+from .moe_tiles import tile_grid
 
 
 @triton.jit
@@ -36,24 +37,17 @@ def _gate_up_split_kernel(
     GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, SWAP_AB: tl.constexpr,
     PRECISION: tl.constexpr,
 ):  # fmt: skip
-    pid_m, pid_n = tile_ids(num_blocks, tl.cdiv(inter2, BLOCK_N), GROUP_M)
+    pid_m, pid_n, expert = block_expert(block_expert_ptr, num_blocks, inter2, BLOCK_N, GROUP_M)
     pid_k = tl.program_id(2)
-    expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
     if expert < 0:
         return
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rows = tl.load(rows_ptr + offs_m).to(tl.int64)
-    valid = rows < num_rows
-    token = rows // top_k
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_mask = offs_n < inter2
+    offs_m, _, valid, token, offs_n, n_mask = block_rows(
+        rows_ptr, pid_m, pid_n, num_rows, inter2, top_k, BLOCK_M, BLOCK_N
+    )
     w_base = w_ptr + expert * stride_we
     k_start = pid_k * k_slice
     k_end = tl.minimum(k_start + k_slice, hidden)
-    if SWAP_AB:  # (w^T)^T @ a^T: the weight tile is the dot's M side (wgmma at few rows)
-        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    else:
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc = zero_acc(BLOCK_M, BLOCK_N, SWAP_AB)  # SWAP_AB: (w^T)^T @ a^T
     for k0 in range(k_start, k_end, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_mask = offs_k < k_end
@@ -62,11 +56,7 @@ def _gate_up_split_kernel(
             mask=valid[:, None] & k_mask[None, :],
             other=0.0,
         )
-        w = tl.load(
-            w_base + offs_n[None, :] * stride_wn + offs_k[:, None],
-            mask=k_mask[:, None] & n_mask[None, :],
-            other=0.0,
-        )
+        w = weight_cols(w_base, offs_n, offs_k, stride_wn, k_mask, n_mask)
         if SWAP_AB:
             acc += tl.dot(tl.trans(w), tl.trans(a), input_precision=PRECISION)
         else:
@@ -88,24 +78,18 @@ def _down_split_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, SWAP_AB: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
-    pid_m, pid_n = tile_ids(num_blocks, tl.cdiv(hidden, BLOCK_N), GROUP_M)
+    pid_m, pid_n, expert = block_expert(block_expert_ptr, num_blocks, hidden, BLOCK_N, GROUP_M)
     pid_k = tl.program_id(2)
-    expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
     if expert < 0:
         return
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rows = tl.load(rows_ptr + offs_m).to(tl.int64)
-    valid = rows < num_rows
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_mask = offs_n < hidden
+    offs_m, rows, valid, _, offs_n, n_mask = block_rows(
+        rows_ptr, pid_m, pid_n, num_rows, hidden, top_k, BLOCK_M, BLOCK_N
+    )
     w_base = w_ptr + expert * stride_we
     h_rows = h_ptr + offs_m[:, None] * (2 * inter)
     k_start = pid_k * k_slice
     k_end = tl.minimum(k_start + k_slice, inter)
-    if SWAP_AB:  # (w^T)^T @ a^T: the weight tile is the dot's M side (wgmma at few rows)
-        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    else:
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc = zero_acc(BLOCK_M, BLOCK_N, SWAP_AB)  # SWAP_AB: (w^T)^T @ act^T
     for k0 in range(k_start, k_end, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_mask = offs_k < k_end
@@ -113,11 +97,7 @@ def _down_split_kernel(
         gate = tl.load(h_rows + offs_k[None, :], mask=a_mask, other=0.0)
         up = tl.load(h_rows + inter + offs_k[None, :], mask=a_mask, other=0.0)
         act = (gate * tl.sigmoid(gate) * up).to(w_ptr.dtype.element_ty)
-        w = tl.load(
-            w_base + offs_n[None, :] * stride_wn + offs_k[:, None],
-            mask=k_mask[:, None] & n_mask[None, :],
-            other=0.0,
-        )
+        w = weight_cols(w_base, offs_n, offs_k, stride_wn, k_mask, n_mask)
         if SWAP_AB:
             acc += tl.dot(tl.trans(w), tl.trans(act), input_precision=PRECISION)
         else:
@@ -126,7 +106,7 @@ def _down_split_kernel(
         acc = tl.trans(acc)
     weight = tl.load(weights_ptr + rows, mask=valid, other=0.0).to(tl.float32)
     acc = acc * weight[:, None]
-    token = rows // top_k
+    token = rows // top_k  # again here: block_rows' token moved up changes the SASS
     dst = out_ptr + token[:, None] * hidden + offs_n[None, :]
     tl.atomic_add(dst, acc, mask=valid[:, None] & n_mask[None, :])
 

@@ -1,0 +1,61 @@
+"""What every fused-MoE kernel (kernels/fused_moe.py, kernels/moe_split_k.py) does alike with its
+row block: the block's expert, its sorted rows and N columns, the fp32 accumulator in the
+dot's orientation, and the weight tile read as columns [BLOCK_K, BLOCK_N].
+
+    program -> (row block pid_m, N tile pid_n)       kernels/moe_tiles.py
+    block_expert[pid_m] -> expert (< 0: a padding block, the kernel returns)
+    rows_ptr[pid_m * BLOCK_M ..] -> rows (token * top_k + slot; >= num_rows: padding)
+"""
+
+# Triton kernels take untyped pointers and constexprs; @triton.jit is untyped to mypy.
+# mypy: disable-error-code="untyped-decorator,no-untyped-def"
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .moe_tiles import tile_ids
+
+
+@triton.jit
+def block_expert(block_expert_ptr, num_blocks, n, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """(row block, N tile, expert int64) of this program over n output columns."""
+    pid_m, pid_n = tile_ids(num_blocks, tl.cdiv(n, BLOCK_N), GROUP_M)
+    expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+    return pid_m, pid_n, expert
+
+
+@triton.jit
+def block_rows(
+    rows_ptr, pid_m, pid_n, num_rows, n, top_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr
+):  # fmt: skip
+    """The block's sorted positions, rows (int64), their mask and tokens, its columns and
+    theirs."""
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rows = tl.load(rows_ptr + offs_m).to(tl.int64)
+    valid = rows < num_rows
+    token = rows // top_k
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < n
+    return offs_m, rows, valid, token, offs_n, n_mask
+
+
+@triton.jit
+def zero_acc(BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SWAP_AB: tl.constexpr):
+    """The fp32 accumulator: [BLOCK_N, BLOCK_M] when SWAP_AB (the weight tile is the dot's M
+    side: wgmma wants 64 rows, a decode block has few), else [BLOCK_M, BLOCK_N]."""
+    if SWAP_AB:
+        return tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        return tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+
+
+@triton.jit
+def weight_cols(w_base, offs_n, offs_k, stride_wn, k_mask, n_mask):
+    """The expert's weight tile as columns [BLOCK_K, BLOCK_N] (rows n of w, K along axis 0)."""
+    return tl.load(
+        w_base + offs_n[None, :] * stride_wn + offs_k[:, None],
+        mask=k_mask[:, None] & n_mask[None, :],
+        other=0.0,
+    )
