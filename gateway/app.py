@@ -20,6 +20,7 @@ import structlog
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 from troupe.gateway import openai_routes
+from troupe.gateway.admin_routes import ADMIN_PATHS, add_admin_routes
 from troupe.gateway.browser_policy import add_cors_headers, browser_guard
 from troupe.gateway.embeddings_routes import embeddings
 from troupe.gateway.engine_api import EngineLike
@@ -77,6 +78,7 @@ def build_app(engine: EngineLike, settings: GatewaySettings | None = None) -> we
     add_tokenize_routes(app)
     add_score_routes(app)
     add_lora_routes(app)  # with settings.allow_runtime_lora_updating only
+    add_admin_routes(app)  # the update with settings.allow_runtime_weight_updating only
     return app
 
 
@@ -105,14 +107,17 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
 
 @web.middleware
 async def _auth(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """With an api key set, /v1/*, /tokenize, /detokenize, /score, /rerank and /v2/rerank need
-    `Authorization: Bearer <key>`. Browsers cannot set headers on a websocket: it may send the
-    key as a subprotocol (gateway/ws_auth.py; the page does) or, for old clients, as
-    `?api_key=`."""
+    """With an api key set, /v1/*, /tokenize, /detokenize, /score, /rerank, /v2/rerank,
+    /reset_prefix_cache and /update_weights_from_disk need `Authorization: Bearer <key>`.
+    Browsers cannot set headers on a websocket: it may send the key as a subprotocol
+    (gateway/ws_auth.py; the page does) or, for old clients, as `?api_key=`."""
     key = request.app[GATEWAY].settings.api_key
     path = request.path
     if key is None or not (
-        path.startswith("/v1/") or path in TOKENIZE_PATHS or path in SCORE_PATHS
+        path.startswith("/v1/")
+        or path in TOKENIZE_PATHS
+        or path in SCORE_PATHS
+        or path in ADMIN_PATHS
     ):
         return await handler(request)
     given = request.headers.get("Authorization", "")

@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from troupe.messages import EngineStats, SamplingParams, StreamEvent
+from troupe.messages.engine_calls import PrefixCacheReset, WeightsUpdated
 from troupe.messages.graph_stats import GraphStats
 from troupe.messages.sampling_defaults import SamplingDefaults
 
@@ -93,3 +94,10 @@ class EngineLike(Protocol):
     async def abort(self, request_id: str, reason: str = "aborted") -> None: ...
 
     async def abort_all(self, reason: str) -> None: ...
+
+    # the engine's calls beside requests (actors/engine_admin.py); raise EngineStopped
+    async def reset_prefix_cache(self) -> PrefixCacheReset: ...
+
+    async def update_weights_from_disk(
+        self, model_path: str, load_format: str | None = None, *, abort_all_requests: bool = False
+    ) -> WeightsUpdated: ...

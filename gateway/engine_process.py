@@ -6,7 +6,8 @@ socket writes) takes the interpreter lock from the actors and the runner's threa
 
 Life: start the engine, send Hello (or StartFailed, exit 1); then apply commands in the order
 they come (Generate -> Engine.submit, Abort, AbortAll: an Abort never overtakes its Generate;
-LoadLora and UnloadLora run as tasks of their own, answered by call id) and forward events (gateway/event_forwarder.py); stop on Shutdown, when the socket closes (the
+LoadLora, UnloadLora, ResetCache and UpdateWeightsFromDisk run as tasks of their own,
+answered by call id) and forward events (gateway/event_forwarder.py); stop on Shutdown, when the socket closes (the
 gateway is gone: no orphan is left, even with a runner stuck in a step, which
 gateway/orphan_exit.py ends hard past orphan_stop_timeout_s), or when the engine fails. The
 last frame is Stopped; the exit status is 0 after a clean stop, 1 otherwise, ORPHAN_EXIT_CODE
@@ -30,10 +31,12 @@ from troupe.config import ConfigError, EngineConfig
 from troupe.gateway.event_forwarder import EventForwarder
 from troupe.gateway.orphan_exit import arm_orphan_exit
 from troupe.messages import ChatPrompt, GenerateRequest
+from troupe.messages.engine_calls import PrefixCacheReset, WeightsUpdated
 from troupe.messages.engine_protocol import (
     HEADER_BYTES,
     Abort,
     AbortAll,
+    EngineCallReply,
     Generate,
     GraphStatsReply,
     Hello,
@@ -42,10 +45,12 @@ from troupe.messages.engine_protocol import (
     LoraCallError,
     LoraReply,
     QueryGraphStats,
+    ResetCache,
     Shutdown,
     StartFailed,
     Stopped,
     UnloadLora,
+    UpdateWeightsFromDisk,
     encode_frame,
     frame_length,
     to_engine_decoder,
@@ -177,6 +182,10 @@ async def _apply_commands(
                 task = asyncio.create_task(_answer_lora_call(engine, call, forwarder))
                 lora_calls.add(task)
                 task.add_done_callback(lora_calls.discard)
+            case ResetCache() | UpdateWeightsFromDisk() as call:  # an update waits: go on
+                task = asyncio.create_task(_answer_engine_call(engine, call, forwarder))
+                lora_calls.add(task)
+                task.add_done_callback(lora_calls.discard)
             case Shutdown(grace=grace):
                 return grace
 
@@ -204,6 +213,26 @@ async def _answer_lora_call(
         error = LoraCallError(error_type="other", message=repr(exc))
     # no await since the registry changed: this reply's adapters are the change it reports
     forwarder.send(LoraReply(call_id=call.call_id, adapters=_adapters_of(engine), error=error))
+
+
+async def _answer_engine_call(
+    engine: Engine, call: ResetCache | UpdateWeightsFromDisk, forwarder: EventForwarder
+) -> None:
+    """Run one of the engine's calls (actors/engine_admin.py); reply with its answer."""
+    from troupe.actors.engine import EngineStopped
+
+    reply: PrefixCacheReset | WeightsUpdated
+    try:
+        if isinstance(call, ResetCache):
+            reply = await engine.reset_prefix_cache()
+        else:
+            reply = await engine.update_weights_from_disk(
+                call.model_path, call.load_format, abort_all_requests=call.abort_all_requests
+            )
+    except EngineStopped as exc:
+        forwarder.send(EngineCallReply(call_id=call.call_id, stopped=str(exc)))
+        return
+    forwarder.send(EngineCallReply(call_id=call.call_id, reply=reply))
 
 
 def _adapters_of(engine: Engine) -> tuple[LoraAdapter, ...]:

@@ -29,6 +29,7 @@ import structlog
 from troupe.actors.client_streams import ClientStreams, EventListener
 from troupe.actors.request_input import RequestInputError, to_generate_request
 from troupe.gateway.engine_api import TokenizerLike
+from troupe.gateway.remote_admin import RemoteAdmin
 from troupe.gateway.remote_loras import RemoteLoras
 from troupe.messages import (
     EngineStats,
@@ -43,6 +44,7 @@ from troupe.messages import (
 from troupe.messages.engine_protocol import (
     Abort,
     AbortAll,
+    EngineCallReply,
     EventBatch,
     FrameSplitter,
     FromEngine,
@@ -90,6 +92,9 @@ class RemoteEngine(asyncio.Protocol):
         # Waiters of graph_stats(), answered in the order asked (one socket, FIFO both ways).
         self._graph_queries: collections.deque[asyncio.Future[GraphStats]] = collections.deque()
         self.loras = RemoteLoras(self._send)  # run-time LoRA loads, answered by call id
+        self.admin = RemoteAdmin(self._send)  # the engine's calls beside requests, by call id
+        self.reset_prefix_cache = self.admin.reset_prefix_cache
+        self.update_weights_from_disk = self.admin.update_weights_from_disk
 
     # -- the EngineLike slice ----------------------------------------------------------------
 
@@ -264,6 +269,8 @@ class RemoteEngine(asyncio.Protocol):
                     waiter.set_result(reply.graph)
             case LoraReply():
                 self.loras.on_reply(reply)
+            case EngineCallReply():
+                self.admin.on_reply(reply)
             case Stopped():
                 self._stop(reply.error, None)
 
@@ -279,6 +286,7 @@ class RemoteEngine(asyncio.Protocol):
                 listener(event, now)
         self._stopped.set()
         self.loras.stop(self._failure_message())
+        self.admin.stop(self._failure_message())
         while self._graph_queries:
             waiter = self._graph_queries.popleft()
             if not waiter.done():

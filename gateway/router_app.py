@@ -29,6 +29,7 @@ import structlog
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 from troupe.gateway.errors import ApiError, from_http_exception
+from troupe.gateway.router_admin import add_admin_routes
 from troupe.gateway.router_keys import field_text, messages_text, responses_text
 from troupe.gateway.router_loras import add_lora_routes
 from troupe.gateway.router_metrics import render_metrics
@@ -63,6 +64,7 @@ def build_router_app(replicas: ReplicaSet, session: aiohttp.ClientSession) -> we
         app.router.add_post(path, proxy_to(endpoint))
     add_stored_routes(app)
     add_lora_routes(app)
+    add_admin_routes(app)  # /reset_prefix_cache, /update_weights_from_disk: every replica
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/v1/router/stats", stats)

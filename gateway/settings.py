@@ -126,6 +126,12 @@ class GatewaySettings:
         "engine read adapter folders of this machine by path; the engine needs enable_lora "
         "(or lora_modules); off: both paths are 404",
     )
+    allow_runtime_weight_updating: bool = _knob(
+        False,
+        "serve POST /update_weights_from_disk (SGLang's): clients behind the API key may then "
+        "make the engine read a checkpoint folder of this machine by path and replace the "
+        "served weights in place; off: the path is 404",
+    )
     engine_process: bool = _knob(
         True,
         "run the engine (its actors and the model runner) in a child process, so that HTTP "
@@ -168,7 +174,12 @@ class GatewaySettings:
             raise ConfigError(
                 f"tool_call_parser must be one of {choices}, got {self.tool_call_parser!r}"
             )
-        for name in ("engine_process", "allow_runtime_lora_updating", "return_tokens_as_token_ids"):
+        for name in (
+            "engine_process",
+            "allow_runtime_lora_updating",
+            "allow_runtime_weight_updating",
+            "return_tokens_as_token_ids",
+        ):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if self.api_key is not None and not self.api_key:

@@ -15,6 +15,8 @@ delivered together (one scheduling step), never one frame per token.
        │ ◄─────────────────────────────────────── │
        │ QueryGraphStats ──► GraphStatsReply      │  on demand (the live view), in order
        │ LoadLora | UnloadLora ──► LoraReply      │  by call_id, as each one ends
+       │ ResetCache | UpdateWeightsFromDisk       │  the engine's calls (actors/engine_admin.py)
+       │                ──► EngineCallReply       │  by call_id, as each one ends
        │ Shutdown (or the socket closes)          │
        │ ───────────────────────────────────────► │
        │                  Stopped (error or None) │  last frame; then the child exits
@@ -28,6 +30,7 @@ from typing import Literal
 
 import msgspec
 from troupe.messages.common import LoraErrorCode
+from troupe.messages.engine_calls import PrefixCacheReset, WeightsUpdated
 from troupe.messages.events import EngineStats, StreamEvent
 from troupe.messages.graph_stats import GraphStats
 from troupe.messages.sampling_defaults import SamplingDefaults
@@ -82,7 +85,33 @@ class UnloadLora(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     name: str
 
 
-ToEngine = Generate | Abort | AbortAll | Shutdown | QueryGraphStats | LoadLora | UnloadLora
+class ResetCache(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """`engine.reset_prefix_cache()`; answered by an EngineCallReply of the same call_id."""
+
+    call_id: int
+
+
+class UpdateWeightsFromDisk(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """`engine.update_weights_from_disk(...)`; answered by an EngineCallReply of the same
+    call_id once the update ended (it waits for the requests in flight: other commands go on)."""
+
+    call_id: int
+    model_path: str
+    load_format: str | None = None
+    abort_all_requests: bool = False
+
+
+ToEngine = (
+    Generate
+    | Abort
+    | AbortAll
+    | Shutdown
+    | QueryGraphStats
+    | LoadLora
+    | UnloadLora
+    | ResetCache
+    | UpdateWeightsFromDisk
+)
 
 
 # -- replies (engine -> gateway) -------------------------------------------------------------
@@ -128,6 +157,15 @@ class LoraReply(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     error: LoraCallError | None = None
 
 
+class EngineCallReply(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """The end of a ResetCache or UpdateWeightsFromDisk: the engine's reply, or why there is
+    none (`stopped`: the engine stopped first; the gateway raises EngineStopped)."""
+
+    call_id: int
+    reply: PrefixCacheReset | WeightsUpdated | None = None
+    stopped: str | None = None
+
+
 class StartFailed(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     """The engine did not start; the gateway raises `error_type` again with `message`."""
 
@@ -155,7 +193,9 @@ class GraphStatsReply(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     graph: GraphStats
 
 
-FromEngine = Hello | StartFailed | EventBatch | Stopped | GraphStatsReply | LoraReply
+FromEngine = (
+    Hello | StartFailed | EventBatch | Stopped | GraphStatsReply | LoraReply | EngineCallReply
+)
 
 
 # -- framing ---------------------------------------------------------------------------------

@@ -93,7 +93,11 @@ function counts(snapshot) {
   const out = new Map();
   for (const actor of snapshot.graph.actors) {
     out.set(`busy:${actor.name}`, actor.busy_seconds);
-    for (const c of actor.sent) out.set(`${actor.name}>${c.receiver}`, c.num_messages);
+    for (const c of actor.sent) {
+      // "engine": the replies to the engine's calls (a reset, a weight update): its box too
+      const receiver = c.receiver === "engine" ? "client" : c.receiver;
+      out.set(`${actor.name}>${receiver}`, c.num_messages);
+    }
     // The engine (client) is the tokenizer's only sender.
     if (actor.name === "tokenizer") out.set("client>tokenizer", actor.num_received);
   }
