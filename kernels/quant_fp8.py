@@ -26,9 +26,10 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
-from troupe.kernels.arrival import gemv_grid, k_splits, split_buffers, store_or_merge
+from troupe.kernels.arrival import gemv_grid, split_buffers, store_or_merge
 from troupe.kernels.gemv_pdl import GDC, pdl_mode, pdl_start, pdl_wait
 from troupe.kernels.half2_ptx import FP8_ASM
+from troupe.kernels.quant_cols import cols_gemm
 
 X_SCALE = tl.constexpr(2.0**-10)
 
@@ -251,21 +252,13 @@ def fp8_cols_matmul(x: torch.Tensor, w: Fp8Cols, gemv: Fp8ColsGemv | None = None
     if m == 1:
         return fp8_cols_gemv(x, w, FP8_COLS_GEMV if gemv is None else gemv)
     bn, bk = w.block
-    cuda = x.device.type == "cuda"
-    block_m = 16 if m <= 16 or not cuda else 64
-    block_n = 64 if cuda else 32
-    block_k = min(128 if cuda else 64, bk & -bk)  # a power of two that divides Bk
-    tiles_m, tiles_n = triton.cdiv(m, block_m), triton.cdiv(n, block_n)
-    chunks = triton.cdiv(k, block_k)
-    split = k_splits(chunks, tiles_m * tiles_n, 4, x.device) if m <= 16 else 1
-    per_split = triton.cdiv(chunks, split) * block_k
-    part = torch.empty(split, m, n, dtype=torch.float32 if split > 1 else x.dtype, device=x.device)
-    precision = "ieee" if x.dtype == torch.float32 else "tf32"
-    _fp8_cols_gemm_kernel[(tiles_m, tiles_n, split)](
-        x, w.words, w.scale, part, m, n, k, per_split, bn, bk, w.scale.shape[1], block_m,
-        block_n, block_k, precision, num_warps=4,
+    block_k = min(128 if x.device.type == "cuda" else 64, bk & -bk)  # a power of 2 dividing Bk
+    g = cols_gemm(x, n, block_k)
+    _fp8_cols_gemm_kernel[g.grid](
+        x, w.words, w.scale, g.part, m, n, k, g.per_split, bn, bk, w.scale.shape[1], g.block_m,
+        g.block_n, block_k, g.precision, num_warps=4,
     )  # fmt: skip
-    return part[0] if split == 1 else part.sum(0).to(x.dtype)
+    return g.part[0] if g.grid[2] == 1 else g.part.sum(0).to(x.dtype)
 
 
 def fp8_cols_reference(x: torch.Tensor, w: Fp8Cols) -> torch.Tensor:

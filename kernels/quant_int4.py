@@ -35,9 +35,10 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
-from troupe.kernels.arrival import gemv_grid, k_splits, split_buffers, store_or_merge
+from troupe.kernels.arrival import gemv_grid, split_buffers, store_or_merge
 from troupe.kernels.gemv_pdl import GDC, pdl_mode, pdl_start, pdl_wait
 from troupe.kernels.half2_ptx import INT4_ASM
+from troupe.kernels.quant_cols import cols_gemm
 
 INT4_GEMM_MIN_ROWS = 2
 Q_SCALE = tl.constexpr(2.0**-6)  # the PTX's nibbles are q/64
@@ -305,21 +306,13 @@ def int4_cols_matmul(
     x = x.contiguous()
     if m < INT4_GEMM_MIN_ROWS:
         return int4_cols_gemv(x, w, INT4_COLS_GEMV if gemv is None else gemv)
-    cuda = x.device.type == "cuda"
-    block_m = 16 if m <= 16 or not cuda else 64
-    block_n, block_k = (64, 128) if cuda else (32, 64)
-    tiles_m, tiles_n = triton.cdiv(m, block_m), triton.cdiv(n, block_n)
-    chunks = triton.cdiv(k, block_k)
-    split = k_splits(chunks, tiles_m * tiles_n, 4, x.device) if m <= 16 else 1
-    per_split = triton.cdiv(chunks, split) * block_k
-    dtype = torch.float32 if split > 1 else x.dtype
-    part = torch.empty(split, m, n, dtype=dtype, device=x.device)
-    precision = "ieee" if x.dtype == torch.float32 else "tf32"
-    _int4_cols_gemm_kernel[(tiles_m, tiles_n, split)](
-        x, w.words, w.scale, w.bias, part, m, n, k, per_split, block_m, block_n, block_k,
-        precision, num_warps=4,
+    block_k = 128 if x.device.type == "cuda" else 64
+    g = cols_gemm(x, n, block_k)
+    _int4_cols_gemm_kernel[g.grid](
+        x, w.words, w.scale, w.bias, g.part, m, n, k, g.per_split, g.block_m, g.block_n,
+        block_k, g.precision, num_warps=4,
     )  # fmt: skip
-    return _finish(part, x)
+    return _finish(g.part, x)
 
 
 def int4_cols_reference(x: torch.Tensor, w: Int4Cols) -> torch.Tensor:
