@@ -36,6 +36,7 @@ import triton.language as tl
 from .arrival import arrival_counters
 from .decode_attention_fp8 import launch_split_fp8
 from .decode_combine import combine_head, decode_reduce_kernel
+from .decode_group import softmax_step
 from .decode_program import program_sequence
 from .sm_count import num_sms
 
@@ -184,13 +185,7 @@ def _decode_split_kernel(
         v = tl.load(v_cache_ptr + kv_offs, mask=kv_mask, other=0.0).to(q.dtype)
 
         qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # [BLOCK_G, BLOCK_N]
-        qk = tl.where(n_mask[None, :], qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(qk - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        m_i = m_new
+        m_i, l_i, acc = softmax_step(qk, n_mask, v, m_i, l_i, acc, PRECISION)
 
     # An empty split (short sequence) leaves l_i = 0, m_i = -inf: it stores o = 0, lse = -inf,
     # which the merge weighs as zero.

@@ -29,6 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .decode_group import softmax_step
 from .decode_program import program_sequence
 from .fp8_tile import load_tile, tile_start
 
@@ -104,13 +105,7 @@ def decode_split_fp8_kernel(
         k = k8.to(tl.float16)
         v = v8.to(tl.float16)
         qk = tl.dot(q, tl.trans(k)) * qk_scale  # [BLOCK_G, BLOCK_N], fp32
-        qk = tl.where(cur_mask[None, :], qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(qk - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(tl.float16), v)
-        m_i = m_new
+        m_i, l_i, acc = softmax_step(qk, cur_mask, v, m_i, l_i, acc, "tf32")  # fp16 ignores it
 
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
     o = acc * (v_scale / l_safe)[:, None]
