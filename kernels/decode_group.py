@@ -5,8 +5,9 @@ query heads' running state.
     m_i, l_i [BLOCK_G]  the running max and sum of exp2 (scores are in base 2)
     acc [BLOCK_G, BLOCK_D]  the unnormalized output
 
-Their q loads and stores are alike too but stay copied: as a shared helper the q load changed
-the bf16 kernel's sm_90 SASS (TWO_PASS without splits, FUSED with a limit).
+Their q loads and output stores are alike too but stay copied: as shared helpers they changed
+the bf16 kernel's sm_90 SASS (the q load: TWO_PASS without splits, FUSED with a limit; the
+store: FUSED).
 """
 
 # Triton kernels take untyped pointers and constexprs; @triton.jit is untyped to mypy.
