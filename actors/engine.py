@@ -64,6 +64,7 @@ class Engine:
         self.model_name = ""
         self.max_model_len = 0
         self.eos_token_ids: tuple[int, ...] = ()  # the model's, once loaded
+        self.classifier_labels: tuple[str, ...] = ()  # a classification model's; once loaded
         self.sampling_defaults = NO_DEFAULTS  # for what a request leaves unset; once read
         self.tokenizer: Any = None
         self.error: BaseException | None = None
@@ -160,6 +161,7 @@ class Engine:
         self.model_name = setup.model_name
         self.max_model_len = setup.numbers.max_model_len
         self.eos_token_ids = tuple(setup.numbers.eos_token_ids)
+        self.classifier_labels = tuple(setup.numbers.classifier_labels)
         self._vocab_size = setup.numbers.vocab_size
         tracer = None
         try:  # a bad trace path, a core that refuses the config: the runner is closed all the same

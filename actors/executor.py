@@ -65,6 +65,7 @@ def start_executor(config: EngineConfig, runner: Runner | None = None) -> Execut
     # such prompts up front (400 too_long) and generation stops at the cap (finish "length").
     capacity = runner.num_gpu_blocks * runner.block_size - runner.num_lookahead_tokens
     max_model_len = max(1, min(max_model_len, capacity))
+    labels = _classifier_labels(config, path) if not injected else ()
     numbers = RunnerNumbers(
         block_size=runner.block_size,
         num_gpu_blocks=runner.num_gpu_blocks,
@@ -77,6 +78,7 @@ def start_executor(config: EngineConfig, runner: Runner | None = None) -> Execut
         kv_window=runner.kv_window,
         kv_pages_on_write=runner.kv_pages_on_write,
         max_stream_len=runner.max_stream_len,
+        classifier_labels=labels,
     )
     return ExecutorSetup(
         config=config,
@@ -87,6 +89,30 @@ def start_executor(config: EngineConfig, runner: Runner | None = None) -> Execut
         is_blocking=injected or config.runner != "fake",
         prefill_runner=prefill_runner,
     )
+
+
+def _classifier_labels(config: EngineConfig, path: Path) -> tuple[str, ...]:
+    """A classification model's labels (() for a causal LM); the engine then serves classify
+    requests only. Refused where its score head is not run: a fake runner, tensor parallelism,
+    a disaggregated prefill, speculative decoding."""
+    from troupe.gpu.classifier_config import read_folder_classifier
+
+    try:
+        classifier = read_folder_classifier(path)
+    except ValueError as exc:
+        raise ConfigError(f"model: {exc}") from exc
+    if classifier is None:
+        return ()
+    refused = (
+        ("runner", config.runner != "model"),
+        ("tensor_parallel_size", config.tensor_parallel_size > 1),
+        ("disaggregation", config.disaggregation != "none"),
+        ("speculative_method", config.speculative_method is not None),
+    )
+    for field, is_set in refused:
+        if is_set:
+            raise ConfigError(f"{field}: not supported with a sequence-classification model")
+    return classifier.labels
 
 
 def model_name(model: str | None, path: Path) -> str:

@@ -58,6 +58,9 @@ class EngineLike(Protocol):
     def eos_token_ids(self) -> tuple[int, ...]: ...  # beam search ends a beam on them
 
     @property
+    def classifier_labels(self) -> tuple[str, ...]: ...  # a classification model's; () if not
+
+    @property
     def sampling_defaults(self) -> SamplingDefaults: ...  # for the fields a body leaves unset
 
     @property

@@ -120,6 +120,7 @@ async def _run_engine(
                     max_model_len=engine.max_model_len,
                     pid=os.getpid(),
                     eos_token_ids=engine.eos_token_ids,
+                    classifier_labels=engine.classifier_labels,
                     lora_adapters=_adapters_of(engine),
                     sampling_defaults=engine.sampling_defaults,
                 )

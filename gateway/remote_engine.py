@@ -75,6 +75,7 @@ class RemoteEngine(asyncio.Protocol):
         self.model_name = ""
         self.max_model_len = 0
         self.eos_token_ids: tuple[int, ...] = ()  # the model's, from Hello (beam search)
+        self.classifier_labels: tuple[str, ...] = ()  # from Hello: POST /classify's labels
         self.sampling_defaults = NO_DEFAULTS  # from Hello: for what a request leaves unset
         self.pid = 0  # the engine process, once it said Hello
         self.error: str | None = None  # why the engine stopped, if it failed
@@ -258,6 +259,7 @@ class RemoteEngine(asyncio.Protocol):
                     reply.pid,
                 )
                 self.eos_token_ids = reply.eos_token_ids
+                self.classifier_labels = reply.classifier_labels
                 self.sampling_defaults = reply.sampling_defaults
                 self.loras.show(reply.lora_adapters)
                 self._hello.set_result(reply)

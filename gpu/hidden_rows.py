@@ -28,7 +28,8 @@ class PooledSeq:
     num_rows: int
     first: bool  # the chunk starts the prompt: a sum pooled before (a recompute's) restarts
     done: bool  # the chunk holds the prompt's last position: the embedding is whole
-    normalize: bool
+    normalize: bool  # embed: unit norm; classify: the classifier's activation
+    classify: bool  # the vector goes through the score head (gpu/classifier_config.py)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -84,7 +85,10 @@ def _pooled_rows(
             continue
         done = start + n > last if pooling.type != "cls" else True
         rows.append(first_row + offsets)
-        out.append(PooledSeq(work.request_id, len(offsets), start == 0, done, pooling.normalize))
+        classify = pooling.task == "classify"
+        out.append(
+            PooledSeq(work.request_id, len(offsets), start == 0, done, pooling.normalize, classify)
+        )
     if not out:
         return None
     return PooledRows(np.concatenate(rows), tuple(out))

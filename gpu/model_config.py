@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from troupe.gpu.classifier_config import ClassifierConfig, read_classifier
 from troupe.gpu.deepseek_config import DEEPSEEK_TYPES, MlaConfig, deepseek_model_fields
 from troupe.gpu.hf_families import gemma3_fields, layer_windows
 from troupe.gpu.moe_config import MoeConfig, qwen3_moe_fields
@@ -57,6 +58,8 @@ class ModelConfig:
     moe: MoeConfig | None = None  # experts (Qwen3-MoE, gpu/moe_config.py); None: dense MLPs
     mla: MlaConfig | None = None  # latent attention (DeepSeek, gpu/deepseek_config.py)
     num_mtp_layers: int = 0  # multi-token-prediction layers in the checkpoint, skipped
+    # a *ForSequenceClassification checkpoint's score head (gpu/classifier_config.py)
+    classifier: ClassifierConfig | None = None
 
     @property
     def is_gemma3(self) -> bool:
@@ -151,6 +154,7 @@ class ModelConfig:
         dtype_name = cfg.get("torch_dtype") or cfg.get("dtype") or "float32"
         num_layers = int(cfg["num_hidden_layers"])
         try:
+            classifier = read_classifier(cfg)
             windows = layer_windows(cfg, model_type, num_layers)
             family = gemma3_fields(cfg) if model_type == "gemma3_text" else {}
             if model_type == "qwen3_moe":
@@ -171,13 +175,15 @@ class ModelConfig:
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
             rope_theta=float(rope_theta),
             rope_scaling=dict(scaling) if scaling else None,
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            # a classifier ships no lm_head: its one drawn token goes through the embeddings
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)) or bool(classifier),
             qkv_bias=model_type == "qwen2" or bool(cfg.get("attention_bias", False)),
             qk_norm=model_type in ("qwen3", "qwen3_moe"),
             max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
             eos_token_ids=tuple(eos),
             torch_dtype=getattr(torch, str(dtype_name), torch.float32),
             layer_windows=windows,
+            classifier=classifier,
         )
         return cls(**{**fields, **family})
 

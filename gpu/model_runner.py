@@ -35,7 +35,7 @@ from troupe.gpu.sampler import (
     withhold_non_finite,
 )
 from troupe.gpu.sampling_batch import SamplingBatches
-from troupe.gpu.scored_forward import ScoredForward
+from troupe.gpu.scored_forward import Classifier, ScoredForward
 from troupe.gpu.spec_verify import verify_proposals
 from troupe.gpu.step_inputs import StepInputs, build_step_inputs, streaming_inputs
 from troupe.gpu.token_bitmask import BitmaskUpload
@@ -96,7 +96,8 @@ class ModelRunner:
         )
         self._pass = ForwardPass.for_options(model, self.kv, options)
         self._forward = self._pass
-        self._step_forward = ScoredForward(self._pass, model.compute_logits)  # plans' forwards
+        # plans' forwards, with a classification model's score head (None: not one)
+        self._step_forward = ScoredForward(self._pass, model.compute_logits, Classifier.of(model))
         self._draft = None if draft is None else build_proposer(draft, options)
         # every plan carries proposals with a draft: an overlapped plain decode would never hit
         self.overlap_schedule = options.overlap_schedule and draft is None

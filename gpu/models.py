@@ -232,6 +232,12 @@ class DecoderModel(nn.Module):
             if c.tie_word_embeddings
             else _param(c.vocab_size, c.hidden_size, dtype=dtype, device=device)
         )
+        # a classifier's score head [num_labels, hidden] (gpu/classifier_config.py)
+        self.score: nn.Parameter | None = (
+            None
+            if c.classifier is None
+            else _param(c.classifier.num_labels, c.hidden_size, dtype=dtype, device=device)
+        )
         # fp32 table: rotary reads it per token and casts, so angles keep full precision
         self.register_buffer(
             "cos_sin_cache",

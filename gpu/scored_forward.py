@@ -3,7 +3,8 @@
 A step without such rows goes to the ForwardPass as it is (graphs and all). One with them runs
 eagerly (ForwardPass.scored): scored prompt rows become logprobs (gpu/prompt_logprobs.py),
 pooled rows are summed per request until its prompt's last position is in, then turned into
-its embedding (gpu/hidden_rows.py). What they give is kept here until the executor takes it
+its embedding (gpu/hidden_rows.py), or, for a classify request, into the score head's logits
+or probabilities (gpu/classifier_config.py). What they give is kept here until the executor takes it
 with the step's tokens (Runner.take_hidden_outputs).
 """
 
@@ -12,8 +13,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 import torch
+from troupe.gpu.classifier_config import Activation
 from troupe.gpu.forward_pass import ForwardPass
 from troupe.gpu.hidden_rows import PooledRows
+from troupe.gpu.models import DecoderModel
 from troupe.gpu.prompt_logprobs import score_prompt_rows
 from troupe.gpu.runner import HiddenOutputs
 from troupe.gpu.step_inputs import StepInputs
@@ -21,14 +24,41 @@ from troupe.messages import PromptLogprobs
 from troupe.messages.pooling import Pooled
 
 
+class Classifier:
+    """A classification model's score head over one pooled fp32 row [hidden]."""
+
+    def __init__(self, weight: torch.Tensor, activation: Activation) -> None:
+        self.weight = weight
+        self.activation = activation
+
+    @classmethod
+    def of(cls, model: DecoderModel) -> Classifier | None:
+        """The model's head (None: not a classification model)."""
+        c = model.config.classifier
+        return None if model.score is None or c is None else cls(model.score, c.activation)
+
+    def __call__(self, pooled: torch.Tensor, use_activation: bool) -> torch.Tensor:
+        """Logits [num_labels] (fp32), activated when `use_activation`."""
+        logits = pooled.float() @ self.weight.float().t()
+        if not use_activation or self.activation == "none":
+            return logits
+        if self.activation == "sigmoid":
+            return torch.sigmoid(logits)
+        return torch.softmax(logits, dim=-1)
+
+
 class ScoredForward:
     """Logits of a step's sampled rows, as ForwardPass gives them; hidden outputs kept."""
 
     def __init__(
-        self, forward: ForwardPass, compute_logits: Callable[[torch.Tensor], torch.Tensor]
+        self,
+        forward: ForwardPass,
+        compute_logits: Callable[[torch.Tensor], torch.Tensor],
+        classifier: Classifier | None = None,
     ) -> None:
         self.forward = forward
         self.compute_logits = compute_logits
+        self.classifier = classifier  # a classification model's score head
         self._scores: list[PromptLogprobs] = []  # scored chunks not yet taken
         self._pooled: list[Pooled] = []  # embeddings not yet taken
         self._sums: dict[str, tuple[torch.Tensor, int]] = {}  # mean pooling under way
@@ -61,7 +91,10 @@ class ScoredForward:
                 self._sums[seq.request_id] = (total, count)
                 continue
             vector = total / count
-            if seq.normalize:
+            if seq.classify:
+                assert self.classifier is not None, "admission lets classify in on classifiers"
+                vector = self.classifier(vector, seq.normalize)
+            elif seq.normalize:
                 vector = torch.nn.functional.normalize(vector, dim=0)
             self._pooled.append(Pooled(seq.request_id, tuple(vector.tolist())))
 

@@ -133,6 +133,8 @@ def _locate(
         return _dense(model.embed_tokens), None, 0, "embed_tokens"
     if name == "model.norm.weight":
         return model.norm, None, 0, "norm"
+    if name == "score.weight":  # a classifier's head; None: not a classifier, ignored
+        return model.score, None, 0, "score"
     if name == "lm_head.weight":
         return _dense(model.lm_head), None, 0, "lm_head"  # None when tied: ignored
     parts = name.split(".")

@@ -63,6 +63,8 @@ class RunnerNumbers(msgspec.Struct, frozen=True, kw_only=True):
     # allocator reuses written blocks, evicting cached ones, before it touches new ones
     kv_pages_on_write: bool = False
     max_stream_len: int = 0  # StreamingLLM requests may run this long (0: not supported)
+    # a sequence-classification model's labels (gpu/classifier_config.py); (): a causal LM
+    classifier_labels: tuple[str, ...] = ()
 
 
 class TraceHeader(msgspec.Struct, frozen=True, kw_only=True):

@@ -1,0 +1,46 @@
+"""A tiny random `*ForSequenceClassification` model (3 labels, named) saved with a word
+tokenizer, and its transformers twin, for the classification tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from troupe.gpu.model_config import ModelConfig
+from troupe.gpu.weights import random_weights
+
+from tests.gpu.conftest import FAMILIES, TINY, add_word_tokenizer
+
+LABELS = {0: "negative", 1: "neutral", 2: "positive"}
+
+
+def tiny_classifier(folder: Path, family: str, seed: int = 0) -> Any:
+    """Save a random classifier of `family` in `folder`; return the transformers model."""
+    import transformers
+
+    cls_name = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3"}[family]
+    kwargs = {**TINY, **FAMILIES[family], "max_position_embeddings": 128}
+    hf_config = getattr(transformers, f"{cls_name}Config")(
+        **kwargs,
+        num_labels=len(LABELS),
+        id2label=LABELS,
+        label2id={v: k for k, v in LABELS.items()},
+    )
+    arch = f"{cls_name}ForSequenceClassification"
+    hf_model = getattr(transformers, arch)(hf_config).eval()
+    ours = ModelConfig.from_hf_dict({**hf_config.to_dict(), "architectures": [arch]})
+    weights = random_weights(ours, torch.float32, seed, std=0.2)
+    gen = torch.Generator().manual_seed(seed + 1)
+    weights["score.weight"] = torch.randn(len(LABELS), TINY["hidden_size"], generator=gen)
+    missing, unexpected = hf_model.load_state_dict(weights, strict=False)
+    assert not unexpected and not missing, (missing, unexpected)
+    hf_model.save_pretrained(folder)
+    add_word_tokenizer(folder)
+    return hf_model
+
+
+def hf_logits(hf_model: Any, prompt: list[int]) -> torch.Tensor:
+    """transformers' logits [num_labels] for one prompt (its last token pooled)."""
+    with torch.no_grad():
+        return hf_model(torch.tensor([prompt])).logits[0].float()
