@@ -22,6 +22,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from troupe.gateway import openai_routes
 from troupe.gateway.admin_routes import ADMIN_PATHS, add_admin_routes
 from troupe.gateway.browser_policy import add_cors_headers, browser_guard
+from troupe.gateway.classify_routes import add_classify_routes
 from troupe.gateway.embeddings_routes import embeddings
 from troupe.gateway.engine_api import EngineLike
 from troupe.gateway.engine_view import add_engine_view
@@ -77,6 +78,7 @@ def build_app(engine: EngineLike, settings: GatewaySettings | None = None) -> we
     add_engine_view(app)
     add_tokenize_routes(app)
     add_score_routes(app)
+    add_classify_routes(app)
     add_lora_routes(app)  # with settings.allow_runtime_lora_updating only
     add_admin_routes(app)  # the update with settings.allow_runtime_weight_updating only
     return app

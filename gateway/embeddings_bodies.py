@@ -61,7 +61,7 @@ def parse_embedding_request(
             f'Model "{served_model}" does not support matryoshka representation, changing '
             "output dimensions will lead to poor results.",
         )
-    inputs, is_list = _inputs(body.input)
+    inputs, is_list = pooled_inputs(body.input)
     if len(inputs) > max_inputs:
         raise invalid("input", f"at most {max_inputs} inputs per request, got {len(inputs)}")
     normalize = _normalize(body)
@@ -85,7 +85,9 @@ def parse_embedding_request(
     )
 
 
-def _inputs(given: str | list[str | int | list[int]]) -> tuple[tuple[str | list[int], ...], bool]:
+def pooled_inputs(
+    given: str | list[str | int | list[int]],
+) -> tuple[tuple[str | list[int], ...], bool]:
     """(the inputs, whether `input` listed them): a text or token ids are one input; a list of
     texts or token-id lists is several. None may be empty (OpenAI's rule)."""
     if isinstance(given, str):
@@ -117,4 +119,10 @@ def _normalize(body: EmbeddingBody) -> bool:
     return next(iter(given.values()), True)
 
 
-__all__ = ["EmbeddingBody", "EmbeddingRequest", "EncodingFormat", "parse_embedding_request"]
+__all__ = [
+    "EmbeddingBody",
+    "EmbeddingRequest",
+    "EncodingFormat",
+    "parse_embedding_request",
+    "pooled_inputs",
+]

@@ -17,6 +17,8 @@ from typing import Any
 
 import msgspec
 import structlog
+from troupe.gateway.classify_routes import PATHS as CLASSIFY_PATHS
+from troupe.gateway.classify_routes import classify_body
 from troupe.gateway.embeddings_routes import embeddings_body
 from troupe.gateway.errors import ApiError, internal_error
 from troupe.gateway.openai_routes import chat_body, completions_body
@@ -33,6 +35,7 @@ JSON_CALLS: dict[str, JsonCall] = {
     "/v1/chat/completions": chat_body,
     "/v1/responses": responses_body,
     "/v1/embeddings": embeddings_body,
+    **{path: classify_body for path in CLASSIFY_PATHS},
     **{path: score_body for path in SCORE_PATHS},
     **{path: rerank_body for path in RERANK_PATHS},
 }

@@ -47,6 +47,8 @@ PROXIED = {
     "/v1/chat/completions": Endpoint(messages_text),
     "/v1/responses": Endpoint(responses_text, RESPONSES_EVENTS, previous_response),
     "/v1/embeddings": Endpoint(field_text("input")),
+    "/classify": Endpoint(field_text("input")),
+    "/v1/classify": Endpoint(field_text("input")),
     "/v1/score": _SCORE,
     "/score": _SCORE,
     "/v1/rerank": _RERANK,
