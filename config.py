@@ -36,7 +36,7 @@ Quantization = Literal["auto", "keep", "dequantize"]  # gpu/weights.load_model
 # "ngram": actors/core/ngram_proposer.py; "draft_model": gpu/draft_runner.py; "eagle*": eagle_runner
 SpeculativeMethod = Literal["ngram", "draft_model", "eagle", "eagle3"]
 Disaggregation = Literal["none", "prefill_decode"]  # actors/core/phase_router.py
-
+LogprobsMode = Literal["raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits"]
 
 MAX_SPECULATIVE_TOKENS = 16
 
@@ -112,6 +112,7 @@ class EngineConfig:
     max_queued_requests: int = 4096
     max_queued_tokens: int = 4_000_000
     max_stream_buffer: int = 4096  # events a slow reader may fall behind before it is cut off
+    logprobs_mode: LogprobsMode = "raw_logprobs"  # vLLM's: what logprobs hold (gpu/sampler.py)
     trace_path: str | None = None
     seed: int = 0
     enforce_eager: bool = False  # no CUDA graphs

@@ -74,7 +74,7 @@ class ModelRunner:
         self.num_gpu_blocks = options.num_gpu_blocks
         self.num_cpu_blocks = options.num_cpu_blocks
         self.vocab_size = config.vocab_size
-        self._batches = SamplingBatches(config.vocab_size, self.device)  # and the overlap's
+        self._batches = SamplingBatches(config.vocab_size, self.device, options.logprobs_mode)
         self.max_model_len = options.max_model_len
         self.eos_token_ids = config.eos_token_ids
         self.max_blocks_per_seq = -(-options.max_model_len // options.block_size)
@@ -246,9 +246,9 @@ class ModelRunner:
         rows = inputs.sampled_rows.tolist()
         if inputs.num_logits is not None:  # proposals to verify: no overlap after this step
             assert split is None, "a split never carries proposals (early_launch.split_rows)"
-            hook, vocab = self._logits_hook, self.vocab_size
+            hook, batches = self._logits_hook, self._batches
             return verify_proposals(
-                seqs, states, rows, inputs.num_logits, logits, vocab_size=vocab, logits_hook=hook
+                seqs, states, rows, inputs.num_logits, logits, batches=batches, logits_hook=hook
             )
         request_ids = [seqs[r].request_id for r in rows]
         token_ids: list[int] = []

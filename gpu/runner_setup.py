@@ -7,7 +7,7 @@ import dataclasses
 from pathlib import Path
 
 import torch
-from troupe.config import ConfigError, EngineConfig, resolve_model_path
+from troupe.config import ConfigError, EngineConfig, LogprobsMode, resolve_model_path
 from troupe.gpu.activation_profile import profile_activation_peak
 from troupe.gpu.cpu_q4lib import Q4Options
 from troupe.gpu.draft_model import DraftModel, load_draft
@@ -50,6 +50,7 @@ class RunnerOptions:
     spec_backoff_steps: int = 16  # rounds a draft skips a request whose proposals went unused
     # StreamingLLM requests may run this many positions (0: no streaming attention here)
     max_stream_len: int = 0
+    logprobs_mode: LogprobsMode = "raw_logprobs"  # what sampled tokens' logprobs hold
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,6 +121,7 @@ def runner_options(
         mla_expand_min_tokens=config.mla_expand_min_tokens,
         mla_expand_max_tokens=config.mla_expand_max_tokens,
         max_stream_len=stream_len,
+        logprobs_mode=config.logprobs_mode,
     )
 
 

@@ -8,7 +8,10 @@ executor draws one for requests without).
 Order per row (vLLM semantics): logit_bias, min_tokens' ban of stop tokens, bad_words and
 allowed_token_ids (gpu/logit_edits.py); repetition, frequency and presence penalties; greedy
 rows take the argmax here. Others: divide by temperature, top-k, top-p, then min-p, then Gumbel-max.
-Logprobs come from the raw logits (no penalty, temperature 1), as vLLM's default.
+Logprobs follow EngineConfig.logprobs_mode (vLLM's --logprobs-mode, `_logprobs`): by default
+(raw_logprobs) the log-softmax of the raw logits (no edit, penalty or temperature), as vLLM's;
+processed_* give the logits the token was drawn from (`drawn_from`), *_logits the values
+before the log-softmax.
 On CUDA the noise and the argmax are one fused kernel (gpu/gumbel_argmax.py).
 
 A row whose logits hold a NaN or an infinity gets no token: `withhold_non_finite` marks it on
@@ -24,6 +27,7 @@ from types import ModuleType
 
 import numpy as np
 import torch
+from troupe.config import LogprobsMode
 from troupe.gpu.logit_edits import LogitEdits, apply_logit_edits
 from troupe.gpu.runner import SequencesFailed
 from troupe.gpu.token_bitmask import apply_token_bitmask
@@ -113,6 +117,7 @@ class SamplingBatch:
     seen_mask: torch.Tensor | None = None  # [S, V] bool: in prompt or output
     logit_edits: LogitEdits | None = None  # logit_bias, min_tokens (sparse, per row)
     num_logprobs: tuple[int | None, ...] = ()
+    logprobs_mode: LogprobsMode = "raw_logprobs"  # EngineConfig.logprobs_mode
     all_greedy: bool = False
     use_top_k: bool = False
     use_top_p: bool = False
@@ -187,7 +192,7 @@ def sample(
     else:
         noisy = filter_logits(logits, batch) + gumbel_noise(batch.keys, logits.shape[-1])
         token_ids = torch.where(batch.temperature > 0, _argmax(noisy), _argmax(logits))
-    return token_ids, _logprobs(raw, token_ids, batch.num_logprobs)
+    return token_ids, _logprobs(raw, logits, bitmask, token_ids, batch)
 
 
 def _argmax(logits: torch.Tensor) -> torch.Tensor:
@@ -234,13 +239,27 @@ def _fused_draw(
 
 
 def _logprobs(
-    raw: torch.Tensor, token_ids: torch.Tensor, wanted: tuple[int | None, ...]
+    raw: torch.Tensor,
+    edited: torch.Tensor,
+    bitmask: torch.Tensor | None,
+    token_ids: torch.Tensor,
+    batch: SamplingBatch,
 ) -> tuple[TokenLogprob | None, ...]:
+    """The rows' logprobs as batch.logprobs_mode says: of the `raw` logits, or of those the
+    draw read (`edited`: after edits and penalties; `bitmask`: the grammar's, if the draw read
+    it rather than `edited`)."""
+    wanted = batch.num_logprobs
     rows = [i for i, n in enumerate(wanted) if n is not None]
     if not rows:
         return tuple(None for _ in wanted)
     index = torch.tensor(rows, device=raw.device)
-    logprobs = raw.index_select(0, index).float().log_softmax(dim=-1)
+    mode = batch.logprobs_mode
+    if mode in ("raw_logprobs", "raw_logits"):
+        logprobs = raw.index_select(0, index).float()
+    else:
+        logprobs = drawn_from(edited, bitmask, batch, index)
+    if mode in ("raw_logprobs", "processed_logprobs"):
+        logprobs = logprobs.log_softmax(dim=-1)
     chosen = logprobs.gather(1, token_ids.index_select(0, index)[:, None])[:, 0].tolist()
     top_n = max(wanted[i] or 0 for i in rows)
     top_values, top_ids = logprobs.topk(top_n, dim=-1) if top_n else (logprobs[:, :0],) * 2
@@ -252,6 +271,28 @@ def _logprobs(
         top = tuple(zip(ids[j][:n], values[j][:n], strict=True))
         out[row] = TokenLogprob(sampled[j], chosen[j], top)
     return tuple(out)
+
+
+def drawn_from(
+    edited: torch.Tensor, bitmask: torch.Tensor | None, batch: SamplingBatch, index: torch.Tensor
+) -> torch.Tensor:
+    """fp32 rows `index` of the logits the draw picked from (vLLM's processed logits): the
+    edited logits under the grammar's mask; a random row's also divided by its temperature,
+    with what top-k, top-p and min-p drop at -inf. A greedy row's take no temperature and no
+    filter (its argmax read none). Row by row, so equal to the draw's own rows."""
+    logits = edited.index_select(0, index).float()
+    if bitmask is not None:
+        logits = apply_token_bitmask(logits, bitmask.index_select(0, index))
+    if batch.all_greedy:
+        return logits
+    rows = dataclasses.replace(
+        batch,
+        temperature=batch.temperature.index_select(0, index),
+        top_k=batch.top_k.index_select(0, index),
+        top_p=batch.top_p.index_select(0, index),
+        min_p=batch.min_p.index_select(0, index),
+    )  # the batch's filter flags kept: the draw ran with them
+    return torch.where(rows.temperature[:, None] > 0, filter_logits(logits, rows), logits)
 
 
 def withhold_non_finite(token_ids: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:

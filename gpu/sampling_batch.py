@@ -16,6 +16,7 @@ import dataclasses
 
 import numpy as np
 import torch
+from troupe.config import LogprobsMode
 from troupe.gpu import request_states as cols
 from troupe.gpu.device_inputs import host_to_device
 from troupe.gpu.logit_edits import build_logit_edits
@@ -28,11 +29,12 @@ def build_sampling_batch(
     vocab_size: int,
     device: torch.device,
     offsets: np.ndarray | None = None,
+    logprobs_mode: LogprobsMode = "raw_logprobs",
 ) -> SamplingBatch:
     """One row per sampled request. The sampled token's position is the request's num_tokens,
     plus the row's offset when given (verifying proposals: a request has a row per proposal,
     its history read up to that position, proposals included)."""
-    return _build(states, vocab_size, device, offsets)[0]
+    return _build(states, vocab_size, device, offsets, logprobs_mode)[0]
 
 
 def _build(
@@ -40,6 +42,7 @@ def _build(
     vocab_size: int,
     device: torch.device,
     offsets: np.ndarray | None = None,
+    logprobs_mode: LogprobsMode = "raw_logprobs",
 ) -> tuple[SamplingBatch, np.ndarray, torch.Tensor]:
     """build_sampling_batch's batch, its param rows (top-k clamped) and their device copy."""
     num_rows = len(states)
@@ -53,7 +56,7 @@ def _build(
         ends += offsets
     keys = _upload_keys(seeds, ends, device)
     floats = host_to_device(table.astype(np.float32), device)
-    batch = _settings(table, floats, keys, vocab_size)
+    batch = _settings(table, floats, keys, vocab_size, logprobs_mode)
     edits = [s.edits for s in states]
     if any(e is not None for e in edits):
         num_prompt = np.fromiter((s.num_prompt_tokens for s in states), np.int64, num_rows)
@@ -70,7 +73,11 @@ def _build(
 
 
 def _settings(
-    table: np.ndarray, floats: torch.Tensor, keys: torch.Tensor, vocab_size: int
+    table: np.ndarray,
+    floats: torch.Tensor,
+    keys: torch.Tensor,
+    vocab_size: int,
+    logprobs_mode: LogprobsMode,
 ) -> SamplingBatch:
     """The batch of the param rows `table` (top-k already clamped to the vocabulary), `floats`
     its device copy (fp32), with the row keys; no edits, penalties or masks."""
@@ -86,6 +93,7 @@ def _settings(
         frequency=floats[:, cols.FREQUENCY],
         repetition=floats[:, cols.REPETITION],
         num_logprobs=tuple(None if n < 0 else n for n in logprobs),
+        logprobs_mode=logprobs_mode,
         all_greedy=not random_rows.any(),
         use_top_k=bool((random_rows & (table[:, cols.TOP_K] < vocab_size)).any()),
         use_top_p=bool((random_rows & (table[:, cols.TOP_P] < 1.0)).any()),
@@ -106,11 +114,15 @@ class SamplingBatches:
     of its request states (all, or fewer, in any order), each with the params it had then, and
     none reads its position or history (logit edits, penalties), the settings uploaded then
     are reused (gathered on the device by one index for fewer rows or another order) and only
-    the row keys (seed, position) are hashed and uploaded again."""
+    the row keys (seed, position) are hashed and uploaded again. Its batches carry the
+    engine's `logprobs_mode`."""
 
-    def __init__(self, vocab_size: int, device: torch.device) -> None:
+    def __init__(
+        self, vocab_size: int, device: torch.device, logprobs_mode: LogprobsMode = "raw_logprobs"
+    ) -> None:
         self.vocab_size = vocab_size
         self.device = device
+        self.logprobs_mode: LogprobsMode = logprobs_mode
         self.num_reused = 0  # batches made from the last one's settings
         self._last: SamplingBatch | None = None
         self._rows: list[RequestState] = []  # the last batch's states (alive: ids stay theirs)
@@ -131,7 +143,13 @@ class SamplingBatches:
         if len(rows) == len(self._rows) and (rows == np.arange(len(rows))).all():
             return dataclasses.replace(last, keys=keys)
         floats = self._floats.index_select(0, host_to_device(rows, self.device))
-        return _settings(self._table[rows], floats, keys, self.vocab_size)
+        return _settings(self._table[rows], floats, keys, self.vocab_size, self.logprobs_mode)
+
+    def build_rows(self, states: list[RequestState], offsets: np.ndarray) -> SamplingBatch:
+        """build_sampling_batch with row `offsets` (a verification of proposals), not kept."""
+        return build_sampling_batch(
+            states, self.vocab_size, self.device, offsets, self.logprobs_mode
+        )
 
     def _rows_of(self, states: list[RequestState]) -> np.ndarray | None:
         """Each state's row in the last batch, or None if one is not there with its params."""
@@ -144,7 +162,8 @@ class SamplingBatches:
         return rows
 
     def _build(self, states: list[RequestState]) -> SamplingBatch:
-        batch, self._table, self._floats = _build(states, self.vocab_size, self.device)
+        built = _build(states, self.vocab_size, self.device, logprobs_mode=self.logprobs_mode)
+        batch, self._table, self._floats = built
         # bad words depend on the output, not only on its count: none of their rows is reused
         dynamic = batch.edits_logits or any(s.edits and s.edits.reads_history for s in states)
         self._last = None if dynamic else dataclasses.replace(batch)  # callers add masks

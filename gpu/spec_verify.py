@@ -27,7 +27,7 @@ from troupe.gpu.overlap import LogitsHook
 from troupe.gpu.request_states import RequestState
 from troupe.gpu.runner import SequencesFailed
 from troupe.gpu.sampler import WITHHELD, sample, withhold_non_finite
-from troupe.gpu.sampling_batch import build_sampling_batch
+from troupe.gpu.sampling_batch import SamplingBatches
 from troupe.messages import FailedSeq, SampledToken, SeqFailureReason, SeqWork
 
 
@@ -38,12 +38,13 @@ def verify_proposals(
     num_logits: np.ndarray,
     logits: torch.Tensor,
     *,
-    vocab_size: int,
+    batches: SamplingBatches,
     logits_hook: LogitsHook | None = None,
 ) -> tuple[SampledToken, ...]:
     """One SampledToken per sampled seq (`rows`, plan order), its accepted proposals and the
     target's next token; `logits` has num_logits[i] rows for rows[i]. Raises SequencesFailed
-    when a token the sequence needs came from non-finite logits."""
+    when a token the sequence needs came from non-finite logits. `batches`: the runner's
+    (vocabulary, device and logprobs_mode)."""
     per = num_logits.tolist()
     row_states = [states[r] for r, n in zip(rows, per, strict=True) for _ in range(n)]
     offsets = np.concatenate([np.arange(n) for n in per]) if per else np.zeros(0, np.int64)
@@ -51,7 +52,7 @@ def verify_proposals(
         ids = [seqs[r].request_id for r, n in zip(rows, per, strict=True) for _ in range(n)]
         with torch.inference_mode():
             logits_hook(ids, logits)
-    batch = build_sampling_batch(row_states, vocab_size, logits.device, offsets)
+    batch = batches.build_rows(row_states, offsets)
     drawn, logprobs = sample(logits, batch)
     token_ids: list[int] = withhold_non_finite(drawn, logits).tolist()
     out: list[SampledToken] = []
