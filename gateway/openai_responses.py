@@ -6,7 +6,13 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from troupe.gateway.completion_logprobs import LogprobRow, TokenTexts, logprobs_object, rows
+from troupe.gateway.completion_logprobs import (
+    LOGPROB_FLOOR,
+    LogprobRow,
+    TokenTexts,
+    logprobs_object,
+    rows,
+)
 from troupe.gateway.engine_api import TokenizerLike
 from troupe.messages import Aborted, Delta, Failed, Finished, StreamEvent, TokenLogprob, Usage
 
@@ -100,12 +106,12 @@ class ResponseBuilder:
                 content.append(
                     {
                         "token": text.label(lp.token_id),
-                        "logprob": lp.logprob,
+                        "logprob": max(lp.logprob, LOGPROB_FLOOR),  # no -inf in JSON
                         "bytes": list(text(lp.token_id).encode()),
                         "top_logprobs": [
                             {
                                 "token": text.label(tid),
-                                "logprob": value,
+                                "logprob": max(value, LOGPROB_FLOOR),
                                 "bytes": list(text(tid).encode()),
                             }
                             for tid, value in lp.top
