@@ -2,7 +2,8 @@
 `bad_words` (word endings banned) and `allowed_token_ids` (all else banned).
 
 All are vLLM's logits processors, applied to the logits before penalties, temperature and
-filters (and before the grammar's mask). Logprobs still come from the raw logits.
+filters (and before the grammar's mask). Logprobs read the raw logits unless
+EngineConfig.logprobs_mode asks for processed ones (gpu/sampler.drawn_from).
 
 A request's edits are folded into numpy arrays once, when its params reach the executor
 (`RequestEdits`); each step gathers the rows that have any into three index tensors and one

@@ -5,8 +5,8 @@ The scheduler marks the rows of a chunk to score (SeqWork.num_scored, with the p
 after the chunk in `after_chunk`). Their hidden states come out of the forward after the
 sampled rows' (their indices appended to `logits_indices`: gpu/step_inputs.py), and are turned
 into logits a slice at a time here, so a long chunk never holds [chunk, vocab] logits at once.
-Like the sampled tokens' logprobs (gpu/sampler.py), they are of the raw logits: log_softmax
-before temperature, penalties or filters.
+They are of the raw logits (log_softmax before temperature, penalties or filters) whatever
+EngineConfig.logprobs_mode says, as vLLM's: a prompt token goes through no processor.
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ tokens count, never the prompt; a one-token word is banned always):
     word     [c]                             ->  c banned at every draw
 
 `allowed_token_ids` is the opposite: every token outside the set is banned (-inf), so the
-draw, greedy or random, picks among the set. Both are masks: logprobs still read the raw
-logits, as for logit_bias.
+draw, greedy or random, picks among the set. Both are masks: raw logprobs still read the raw
+logits, as for logit_bias (processed ones show the bans: EngineConfig.logprobs_mode).
 """
 
 from __future__ import annotations

@@ -171,3 +171,43 @@ def test_config_and_flag() -> None:
         EngineConfig(logprobs_mode="processed")  # type: ignore[arg-type]
     args = build_parser().parse_args(["serve", "--logprobs-mode", "processed_logprobs"])
     assert config_from_args(args).logprobs_mode == "processed_logprobs"
+
+
+def test_parallel_samples_and_prompt_logprobs_through_the_engine(
+    hf_folder: Any, tmp_path: Path
+) -> None:
+    """n = 2 samples of one prompt (each its own request after the fork) under
+    processed_logprobs with top_k 2: each token's two kept alternatives hold all the mass;
+    the prompt's logprobs are raw (finite, as vLLM's) all the same."""
+    import anyio
+    from graph_helpers import collect
+    from troupe import Engine
+    from troupe.messages import Delta, Finished
+
+    from tests.gpu.tiny_qwen3 import tiny_folder
+
+    folder, _ = tiny_folder(hf_folder, tmp_path)
+    config = EngineConfig(
+        device="cpu", model=str(folder), dtype="float32", block_size=4, num_kv_blocks=64,
+        max_model_len=128, gc_freeze=False, logprobs_mode="processed_logprobs",
+    )  # fmt: skip
+    params = SamplingParams(
+        max_tokens=3, temperature=1.0, top_k=2, n=2, seed=3, logprobs=3, prompt_logprobs=3
+    )
+
+    async def main() -> list[Any]:
+        async with Engine.open(config) as engine:
+            return await collect(engine, PROMPT, params)
+
+    events = [e for e in anyio.run(main) if isinstance(e, Delta | Finished)]
+    by_sample: dict[int, list[TokenLogprob]] = {0: [], 1: []}
+    for event in events:
+        by_sample[event.index] += event.logprobs or ()
+        for scored in event.prompt_logprobs or ():
+            assert all(math.isfinite(v) for _, v in scored.top)
+    assert [len(v) for v in by_sample.values()] == [3, 3]
+    for entry in (e for v in by_sample.values() for e in v):
+        kept = [v for _, v in entry.top if math.isfinite(v)]
+        assert len(kept) == 2 and entry.top[2][1] == -math.inf
+        assert math.exp(kept[0]) + math.exp(kept[1]) == pytest.approx(1.0, abs=1e-5)
+    assert sum(e.prompt_logprobs is not None for e in events) == 2  # each sample's first
