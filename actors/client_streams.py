@@ -9,7 +9,7 @@ client costs bounded memory and never stalls the graph.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable
 from typing import Protocol
 
 import anyio
@@ -17,6 +17,11 @@ import sniffio
 from troupe.messages import Failed, StreamBatch, StreamEvent
 
 EventListener = Callable[[StreamEvent, float], None]
+STOPPED = "engine stopped before this request finished"  # a stream's end, engine gone
+
+
+def _stopped() -> str:
+    return STOPPED
 
 
 class _Event(Protocol):
@@ -55,6 +60,7 @@ class ClientStream:
         self.max_buffer = max_buffer
         self.is_overflowed = False
         self.is_closed = False
+        self.is_ended = False  # its terminal event was handed to the reader
         self._queue: deque[StreamEvent] = deque()
         self._waiter: _Event | None = None
 
@@ -90,12 +96,29 @@ class ClientStream:
         self._queue.clear()
         return events
 
-    def end_event(self) -> Failed:
+    async def events(
+        self, stopped_message: Callable[[], str] = _stopped
+    ) -> AsyncGenerator[StreamEvent, None]:
+        """The request's events up to and including its terminal one, which sets `is_ended`
+        as it is handed out (a reader that ends before it aborts the request). A stream closed
+        without one ends with Failed: cut off, or the engine stopped (`stopped_message()`)."""
+        while True:
+            events = await self.get_batch()
+            if not events:
+                self.is_ended = True
+                yield self.end_event(stopped_message())
+                return
+            for event in events:
+                self.is_ended = event.is_terminal
+                yield event
+                if self.is_ended:
+                    return
+
+    def end_event(self, stopped_message: str) -> Failed:
         """The terminal event of a stream closed without one: cut off, or the engine stopped."""
         if self.is_overflowed:
             return self.overflow_event()
-        message = "engine stopped before this request finished"
-        return Failed(request_id=self.request_id, message=message)
+        return Failed(request_id=self.request_id, message=stopped_message)
 
     def overflow_event(self) -> Failed:
         return Failed(

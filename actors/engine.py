@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from contextlib import ExitStack, asynccontextmanager
+from contextlib import ExitStack, aclosing, asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -286,23 +286,14 @@ class Engine:
             yield request_or_reject
             return
         stream = self._streams.open(request_id)
-        is_done = False
         try:
             await self._send_request(request_or_reject)
-            while not is_done:
-                events = await stream.get_batch()
-                if not events:  # closed without a terminal event: cut off or engine stopped
-                    is_done = True
-                    yield stream.end_event()
-                    return
-                for event in events:
-                    is_done = event.is_terminal
+            async with aclosing(stream.events()) as events:
+                async for event in events:
                     yield event
-                    if is_done:
-                        return
         finally:
             self._streams.close(request_id)
-            if not is_done:
+            if not stream.is_ended:
                 with anyio.CancelScope(shield=True):
                     await self._send_abort(request_id, "client went away")
 

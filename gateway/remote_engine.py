@@ -23,17 +23,17 @@ import collections
 import itertools
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import aclosing
 from typing import Any
 
 import structlog
-from troupe.actors.client_streams import ClientStreams, EventListener
+from troupe.actors.client_streams import STOPPED, ClientStreams, EventListener
 from troupe.actors.request_input import RequestInputError, to_generate_request
 from troupe.gateway.engine_api import TokenizerLike
 from troupe.gateway.remote_admin import RemoteAdmin
 from troupe.gateway.remote_loras import RemoteLoras
 from troupe.messages import (
     EngineStats,
-    Failed,
     GenerateRequest,
     RejectCode,
     Rejected,
@@ -161,29 +161,16 @@ class RemoteEngine(asyncio.Protocol):
             yield request
             return
         stream = self._streams.open(request_id)
-        is_done = False
         try:
             # Written before the first await: a later abort of this id travels behind it.
             self._send(Generate(request=request))
             await self._writable.wait()
-            while not is_done:
-                events = await stream.get_batch()
-                if not events:  # closed without a terminal event: cut off, or the engine died
-                    is_done = True
-                    yield (
-                        stream.overflow_event()
-                        if stream.is_overflowed
-                        else Failed(request_id=request_id, message=self._failure_message())
-                    )
-                    return
-                for event in events:
-                    is_done = event.is_terminal
+            async with aclosing(stream.events(self._failure_message)) as events:
+                async for event in events:
                     yield event
-                    if is_done:
-                        return
         finally:
             self._streams.close(request_id)
-            if not is_done:
+            if not stream.is_ended:
                 self._send(Abort(request_id=request_id, reason="client went away"))
 
     def _prepare(
@@ -217,7 +204,7 @@ class RemoteEngine(asyncio.Protocol):
     def _failure_message(self) -> str:
         if self.error is not None:
             return f"engine failure: {self.error}"
-        return "engine stopped before this request finished"
+        return STOPPED
 
     def _send(self, command: ToEngine) -> None:
         if self._transport is not None and not self._transport.is_closing():
