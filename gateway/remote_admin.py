@@ -11,11 +11,10 @@ A call raises what the in-process Engine raises (EngineStopped) and returns what
 
 from __future__ import annotations
 
-import asyncio
-import itertools
 from collections.abc import Callable
 
 from troupe.actors.engine_stopped import EngineStopped
+from troupe.gateway.pending_calls import PendingCalls
 from troupe.messages.engine_calls import PrefixCacheReset, WeightsUpdated
 from troupe.messages.engine_protocol import (
     EngineCallReply,
@@ -29,56 +28,38 @@ class RemoteAdmin:
     """The gateway's handle on the child's EngineAdmin, over the engine protocol."""
 
     def __init__(self, send: Callable[[ToEngine], None]) -> None:
-        self._send = send
-        self._calls: dict[int, asyncio.Future[EngineCallReply]] = {}  # call_id -> its waiter
-        self._call_ids = itertools.count(1)
-        self._stopped: str | None = None  # why no call can be answered any more
+        self._calls: PendingCalls[EngineCallReply] = PendingCalls(send)
 
     async def reset_prefix_cache(self) -> PrefixCacheReset:
-        call_id = next(self._call_ids)
-        reply = await self._call(call_id, ResetCache(call_id=call_id))
+        reply = await self._call(lambda call_id: ResetCache(call_id=call_id))
         assert isinstance(reply, PrefixCacheReset), reply
         return reply
 
     async def update_weights_from_disk(
         self, model_path: str, load_format: str | None = None, *, abort_all_requests: bool = False
     ) -> WeightsUpdated:
-        call_id = next(self._call_ids)
-        command = UpdateWeightsFromDisk(
-            call_id=call_id,
-            model_path=model_path,
-            load_format=load_format,
-            abort_all_requests=abort_all_requests,
+        reply = await self._call(
+            lambda call_id: UpdateWeightsFromDisk(
+                call_id=call_id,
+                model_path=model_path,
+                load_format=load_format,
+                abort_all_requests=abort_all_requests,
+            )
         )
-        reply = await self._call(call_id, command)
         assert isinstance(reply, WeightsUpdated), reply
         return reply
 
     def on_reply(self, reply: EngineCallReply) -> None:
-        waiter = self._calls.pop(reply.call_id, None)
-        if waiter is not None and not waiter.done():  # its caller may have gone away
-            waiter.set_result(reply)
+        self._calls.answer(reply.call_id, reply)
 
     def stop(self, why: str) -> None:
         """The engine is gone: the calls still waiting raise EngineStopped, as do later ones."""
-        self._stopped = why
-        for waiter in self._calls.values():
-            if not waiter.done():
-                waiter.set_exception(EngineStopped(why))
-        self._calls.clear()
+        self._calls.stop(why)
 
     async def _call(
-        self, call_id: int, command: ResetCache | UpdateWeightsFromDisk
+        self, make: Callable[[int], ResetCache | UpdateWeightsFromDisk]
     ) -> PrefixCacheReset | WeightsUpdated:
-        if self._stopped is not None:
-            raise EngineStopped(self._stopped)
-        waiter: asyncio.Future[EngineCallReply] = asyncio.get_running_loop().create_future()
-        self._calls[call_id] = waiter
-        try:
-            self._send(command)
-            answer = await waiter
-        finally:
-            self._calls.pop(call_id, None)
+        answer = await self._calls.call(make)
         if answer.reply is None:
             raise EngineStopped(answer.stopped or "the engine stopped")
         return answer.reply

@@ -12,13 +12,11 @@ raises what the in-process registry raises: LoraAdapterError (field, code) or Co
 
 from __future__ import annotations
 
-import asyncio
-import itertools
 from collections.abc import Callable
 
-from troupe.actors.engine_stopped import EngineStopped
 from troupe.actors.lora_registry import LoraAdapterError
 from troupe.config import ConfigError
+from troupe.gateway.pending_calls import PendingCalls
 from troupe.messages.engine_protocol import (
     LoadLora,
     LoraAdapter,
@@ -34,18 +32,13 @@ class RemoteLoras:
 
     def __init__(self, send: Callable[[ToEngine], None]) -> None:
         self.adapters: dict[str, str] = {}  # name -> folder, as the child last said
-        self._send = send
-        self._calls: dict[int, asyncio.Future[LoraReply]] = {}  # call_id -> its waiter
-        self._call_ids = itertools.count(1)
-        self._stopped: str | None = None  # why no call can be answered any more
+        self._calls: PendingCalls[LoraReply] = PendingCalls(send)
 
     async def load(self, name: str, path: str) -> None:
-        call_id = next(self._call_ids)
-        await self._call(call_id, LoadLora(call_id=call_id, name=name, path=path))
+        await self._call(lambda call_id: LoadLora(call_id=call_id, name=name, path=path))
 
     async def unload(self, name: str) -> None:
-        call_id = next(self._call_ids)
-        await self._call(call_id, UnloadLora(call_id=call_id, name=name))
+        await self._call(lambda call_id: UnloadLora(call_id=call_id, name=name))
 
     def show(self, adapters: tuple[LoraAdapter, ...]) -> None:
         """The child's adapters now (Hello, then each LoraReply)."""
@@ -53,28 +46,14 @@ class RemoteLoras:
 
     def on_reply(self, reply: LoraReply) -> None:
         self.show(reply.adapters)
-        waiter = self._calls.pop(reply.call_id, None)
-        if waiter is not None and not waiter.done():  # its caller may have gone away
-            waiter.set_result(reply)
+        self._calls.answer(reply.call_id, reply)
 
     def stop(self, why: str) -> None:
         """The engine is gone: the calls still waiting raise EngineStopped, as do later ones."""
-        self._stopped = why
-        for waiter in self._calls.values():
-            if not waiter.done():
-                waiter.set_exception(EngineStopped(why))
-        self._calls.clear()
+        self._calls.stop(why)
 
-    async def _call(self, call_id: int, command: LoadLora | UnloadLora) -> None:
-        if self._stopped is not None:
-            raise EngineStopped(self._stopped)
-        waiter: asyncio.Future[LoraReply] = asyncio.get_running_loop().create_future()
-        self._calls[call_id] = waiter
-        try:
-            self._send(command)
-            reply = await waiter
-        finally:
-            self._calls.pop(call_id, None)
+    async def _call(self, make: Callable[[int], LoadLora | UnloadLora]) -> None:
+        reply = await self._calls.call(make)
         if reply.error is not None:
             raise call_error(reply.error)
 
