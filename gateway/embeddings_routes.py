@@ -14,29 +14,19 @@ default when the caller names no format).
 from __future__ import annotations
 
 import base64
-import dataclasses
 import struct
 import time
-import uuid
 from collections.abc import Sequence
 from typing import Any
 
 import msgspec
-import structlog
 from aiohttp import web
-from troupe.gateway.embeddings_bodies import EmbeddingRequest, parse_embedding_request
-from troupe.gateway.errors import ApiError, error_for_event
+from troupe.gateway.embeddings_bodies import parse_embedding_request
 from troupe.gateway.http_body import read_json_body
-from troupe.gateway.pooled_vectors import pooled_vectors
-from troupe.gateway.prompt_batch import batch_events
+from troupe.gateway.pooled_vectors import input_vectors
 from troupe.gateway.state import GATEWAY, Gateway
-from troupe.messages import Aborted, Failed, Rejected
-
-log = structlog.get_logger("troupe.gateway")
 
 _json = msgspec.json.Encoder()
-# A single input's rejection names the engine's prompt field; the client wrote `input`.
-_CLIENT_FIELDS = {"prompt": "input", "prompt_token_ids": "input"}
 
 
 async def embeddings(request: web.Request) -> web.Response:
@@ -47,7 +37,6 @@ async def embeddings(request: web.Request) -> web.Response:
 
 async def embeddings_body(gateway: Gateway, raw: bytes) -> dict[str, Any]:
     """The JSON answer to an embeddings request body (an ApiError for a refused one)."""
-    engine = gateway.engine
     settings = gateway.settings
     req = parse_embedding_request(
         raw,
@@ -55,34 +44,21 @@ async def embeddings_body(gateway: Gateway, raw: bytes) -> dict[str, Any]:
         pooling_type=settings.pooling_type,
         max_inputs=settings.max_embedding_inputs,
     )
-    served = gateway.served_models()
-    if (lora := served.lora_for(req.model)) is not None:
-        req = dataclasses.replace(req, params=msgspec.structs.replace(req.params, lora=lora))
-    request_id = f"embd-{uuid.uuid4().hex}"
-    if req.user is not None:
-        log.debug("request from a named user", request_id=request_id, user=req.user)
-    events = batch_events(engine, req.inputs, req.params, request_id, field="input")
-    names = [f"input[{i}]" for i in range(len(req.inputs))] if req.is_list else ["input"]
-    vectors, usage = await pooled_vectors(gateway, events, names, lambda e: _error(e, req))
+    answer = await input_vectors(gateway, req, "embd")
     return {
-        "id": request_id,
+        "id": answer.request_id,
         "object": "list",
         "created": int(time.time()),
-        "model": served.name_of(lora),
+        "model": answer.model,
         "data": [
             {"object": "embedding", "embedding": _encoded(v, req.encoding_format), "index": i}
-            for i, v in enumerate(vectors)
+            for i, v in enumerate(answer.vectors)
         ],
-        "usage": {"prompt_tokens": usage.prompt_tokens, "total_tokens": usage.prompt_tokens},
+        "usage": {
+            "prompt_tokens": answer.usage.prompt_tokens,
+            "total_tokens": answer.usage.prompt_tokens,
+        },
     }
-
-
-def _error(event: Rejected | Aborted | Failed, req: EmbeddingRequest) -> ApiError:
-    """The HTTP error for one input's failure; a lone input given in a list is `input[0]`."""
-    fields = _CLIENT_FIELDS
-    if req.is_list and len(req.inputs) == 1:
-        fields = {k: "input[0]" for k in _CLIENT_FIELDS}
-    return error_for_event(event, fields)
 
 
 def _encoded(vector: Sequence[float], encoding_format: str) -> Sequence[float] | str:

@@ -1,4 +1,5 @@
-"""The vectors of a batch of pooling requests (/v1/embeddings' inputs, /v1/score's texts).
+"""The vectors of a batch of pooling requests (/v1/embeddings' and /classify's inputs,
+/v1/score's texts).
 
 Each prompt of the batch (gateway/prompt_batch.py) is one engine request whose vector comes on
 its first event (`Delta.embedding` / `Finished.embedding`); the one token it generates is
@@ -10,15 +11,76 @@ aborts every prompt's request.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
-from typing import cast
+from typing import Protocol, cast
 
+import msgspec
+import structlog
 from troupe.gateway.errors import ApiError, error_for_event
-from troupe.gateway.prompt_batch import batch_usage
+from troupe.gateway.prompt_batch import batch_events, batch_usage
 from troupe.gateway.state import Gateway
-from troupe.messages import Aborted, Failed, Finished, Rejected, StreamEvent, Usage
+from troupe.messages import (
+    Aborted,
+    Failed,
+    Finished,
+    Rejected,
+    SamplingParams,
+    StreamEvent,
+    Usage,
+)
+
+log = structlog.get_logger("troupe.gateway")
 
 Vector = tuple[float, ...]
+# A single input's rejection names the engine's prompt field; the client wrote `input`.
+_CLIENT_FIELDS = {"prompt": "input", "prompt_token_ids": "input"}
+
+
+class InputRequest(Protocol):
+    """A checked request whose `input` is one prompt or a list (/v1/embeddings, /classify)."""
+
+    @property
+    def model(self) -> str | None: ...
+    @property
+    def inputs(self) -> tuple[str | list[int], ...]: ...
+    @property
+    def params(self) -> SamplingParams: ...
+    @property
+    def user(self) -> str | None: ...
+    @property
+    def is_list(self) -> bool: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class InputVectors:
+    request_id: str
+    model: str  # the answer's `model`: the adapter the request named, or the served model
+    vectors: list[Vector]  # one an input, in order
+    usage: Usage
+
+
+async def input_vectors(gateway: Gateway, req: InputRequest, id_prefix: str) -> InputVectors:
+    """Each input's vector, on the adapter `model` names: one engine request an input, all
+    submitted at once; one the engine turns away fails the whole request naming `input[i]`."""
+    served = gateway.served_models()
+    params = req.params
+    if (lora := served.lora_for(req.model)) is not None:
+        params = msgspec.structs.replace(params, lora=lora)
+    request_id = f"{id_prefix}-{uuid.uuid4().hex}"
+    if req.user is not None:
+        log.debug("request from a named user", request_id=request_id, user=req.user)
+    events = batch_events(gateway.engine, req.inputs, params, request_id, field="input")
+    names = [f"input[{i}]" for i in range(len(req.inputs))] if req.is_list else ["input"]
+    # a lone input given in a list is `input[0]`
+    fields = _CLIENT_FIELDS
+    if req.is_list and len(req.inputs) == 1:
+        fields = {k: "input[0]" for k in _CLIENT_FIELDS}
+    vectors, usage = await pooled_vectors(
+        gateway, events, names, lambda event: error_for_event(event, fields)
+    )
+    return InputVectors(request_id, served.name_of(lora), vectors, usage)
 
 
 async def pooled_vectors(
