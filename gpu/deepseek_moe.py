@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from troupe.gpu.model_config import ModelConfig
+from troupe.gpu.models import new_param
 from troupe.gpu.quant_linear import linear
 from troupe.kernels.moe_router import route_grouped
 from troupe.kernels.ops import KernelOps
@@ -32,7 +33,7 @@ class DeepseekMoe(nn.Module):
         shared = moe.num_shared_experts * inter
 
         def param(*shape: int, kind: torch.dtype = dtype) -> nn.Parameter:
-            return nn.Parameter(torch.empty(*shape, dtype=kind, device=device), requires_grad=False)
+            return new_param(*shape, dtype=kind, device=device)
 
         self.router = param(e, h, kind=torch.float32)
         self.correction_bias = (

@@ -13,10 +13,9 @@ difference).
 from __future__ import annotations
 
 import torch
-from torch import nn
 from troupe.gpu.attention import AttentionMetadata
 from troupe.gpu.model_config import ModelConfig
-from troupe.gpu.models import DecoderLayer, KVCache
+from troupe.gpu.models import DecoderLayer, KVCache, new_param
 from troupe.gpu.quant_linear import linear
 from troupe.kernels.ops import KernelOps
 
@@ -30,12 +29,8 @@ class Gemma3Layer(DecoderLayer):
     ) -> None:
         super().__init__(config, dtype, device, layer_index)
         size = config.hidden_size
-        self.pre_feedforward_layernorm = nn.Parameter(
-            torch.empty(size, dtype=dtype, device=device), requires_grad=False
-        )
-        self.post_feedforward_layernorm = nn.Parameter(
-            torch.empty(size, dtype=dtype, device=device), requires_grad=False
-        )
+        self.pre_feedforward_layernorm = new_param(size, dtype=dtype, device=device)
+        self.post_feedforward_layernorm = new_param(size, dtype=dtype, device=device)
 
     def forward(
         self,

@@ -26,7 +26,7 @@ from torch import nn
 from troupe.gpu.attention import AttentionMetadata
 from troupe.gpu.deepseek_moe import DeepseekMoe
 from troupe.gpu.model_config import ModelConfig
-from troupe.gpu.models import DecoderLayer, KVCache
+from troupe.gpu.models import DecoderLayer, KVCache, new_param
 from troupe.gpu.quant_linear import linear
 from troupe.kernels.ops import KernelOps
 
@@ -69,9 +69,7 @@ class MlaLayer(DecoderLayer):
         qk = mla.qk_nope_head_dim + mla.qk_rope_head_dim
 
         def param(*shape: int) -> nn.Parameter:
-            return nn.Parameter(
-                torch.empty(*shape, dtype=dtype, device=device), requires_grad=False
-            )
+            return new_param(*shape, dtype=dtype, device=device)
 
         if mla.q_lora_rank:
             self.q_a_proj = param(mla.q_lora_rank, h)

@@ -27,7 +27,8 @@ if TYPE_CHECKING:
 KVCache = tuple[torch.Tensor, torch.Tensor]
 
 
-def _param(*shape: int, dtype: torch.dtype, device: torch.device) -> nn.Parameter:
+def new_param(*shape: int, dtype: torch.dtype, device: torch.device) -> nn.Parameter:
+    """A weight of the given shape, uninitialized (the loader fills it) and frozen."""
     return nn.Parameter(torch.empty(*shape, dtype=dtype, device=device), requires_grad=False)
 
 
@@ -43,7 +44,7 @@ class DecoderLayer(nn.Module):
         self.sliding_window = c.window_of(layer_index)  # 0: full attention
 
         def param(*shape: int) -> nn.Parameter:
-            return _param(*shape, dtype=dtype, device=device)
+            return new_param(*shape, dtype=dtype, device=device)
 
         self.input_layernorm = param(c.hidden_size)
         # projections: dense, or quantized as shipped (gpu/quant_install.py replaces them)
@@ -219,24 +220,26 @@ class DecoderModel(nn.Module):
         self.dtype = dtype
         self.device = device
         self.ops = select_ops(device, kernel_backend)
-        self.embed_tokens: Weight = _param(c.vocab_size, c.hidden_size, dtype=dtype, device=device)
+        self.embed_tokens: Weight = new_param(
+            c.vocab_size, c.hidden_size, dtype=dtype, device=device
+        )
         self.layers = nn.ModuleList(
             self.make_layer(c, dtype, device, i) for i in range(c.num_layers)
         )
-        self.norm = _param(c.hidden_size, dtype=dtype, device=device)
+        self.norm = new_param(c.hidden_size, dtype=dtype, device=device)
         self.lora: LoraRuntime | None = None  # LoRA adapters (gpu/lora_runtime.install_lora)
         # what an EAGLE head reads of every row (gpu/target_hidden.py)
         self.target_hidden: TargetHidden | None = None
         self.lm_head: Weight | None = (
             None
             if c.tie_word_embeddings
-            else _param(c.vocab_size, c.hidden_size, dtype=dtype, device=device)
+            else new_param(c.vocab_size, c.hidden_size, dtype=dtype, device=device)
         )
         # a classifier's score head [num_labels, hidden] (gpu/classifier_config.py)
         self.score: nn.Parameter | None = (
             None
             if c.classifier is None
-            else _param(c.classifier.num_labels, c.hidden_size, dtype=dtype, device=device)
+            else new_param(c.classifier.num_labels, c.hidden_size, dtype=dtype, device=device)
         )
         # fp32 table: rotary reads it per token and casts, so angles keep full precision
         self.register_buffer(
