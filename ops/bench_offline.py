@@ -80,27 +80,31 @@ def write_model_weights(folder: Path, config: ModelConfig) -> None:
     from safetensors.torch import save_file
 
     c = config
-    (folder / "config.json").write_text(
-        json.dumps(
-            {
-                "model_type": "qwen3",
-                "hidden_size": c.hidden_size,
-                "num_hidden_layers": c.num_layers,
-                "num_attention_heads": c.num_heads,
-                "num_key_value_heads": c.num_kv_heads,
-                "head_dim": c.head_dim,
-                "intermediate_size": c.intermediate_size,
-                "vocab_size": c.vocab_size,
-                "rms_norm_eps": c.rms_norm_eps,
-                "rope_theta": c.rope_theta,
-                "tie_word_embeddings": True,
-                "max_position_embeddings": c.max_position_embeddings,
-                "eos_token_id": list(c.eos_token_ids),
-                "torch_dtype": "bfloat16",
-            }
-        )
-    )
+    cfg = {
+        "model_type": "qwen3",
+        **hf_shape(c),
+        "tie_word_embeddings": True,
+        "eos_token_id": list(c.eos_token_ids),
+        "torch_dtype": "bfloat16",
+    }
+    (folder / "config.json").write_text(json.dumps(cfg))
     save_file(random_weights(c, torch.bfloat16, seed=0), str(folder / "model.safetensors"))
+
+
+def hf_shape(c: ModelConfig) -> dict[str, Any]:
+    """The config.json fields (HF's names) of `c`'s shape: a random-weight model's folder."""
+    return {
+        "hidden_size": c.hidden_size,
+        "num_hidden_layers": c.num_layers,
+        "num_attention_heads": c.num_heads,
+        "num_key_value_heads": c.num_kv_heads,
+        "head_dim": c.head_dim,
+        "intermediate_size": c.intermediate_size,
+        "vocab_size": c.vocab_size,
+        "rms_norm_eps": c.rms_norm_eps,
+        "rope_theta": c.rope_theta,
+        "max_position_embeddings": c.max_position_embeddings,
+    }
 
 
 def run_engine(

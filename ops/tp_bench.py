@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from troupe.gpu.model_config import ModelConfig
 from troupe.gpu.weights import random_weights
-from troupe.ops.bench_offline import physical_floor_s
+from troupe.ops.bench_offline import hf_shape, physical_floor_s
 
 
 def llama_8b_config(num_layers: int = 32) -> ModelConfig:
@@ -64,16 +64,7 @@ def write_folder(folder: Path, c: ModelConfig, dtype: torch.dtype) -> None:
 
     cfg = {
         "model_type": "llama",
-        "hidden_size": c.hidden_size,
-        "num_hidden_layers": c.num_layers,
-        "num_attention_heads": c.num_heads,
-        "num_key_value_heads": c.num_kv_heads,
-        "head_dim": c.head_dim,
-        "intermediate_size": c.intermediate_size,
-        "vocab_size": c.vocab_size,
-        "rms_norm_eps": c.rms_norm_eps,
-        "rope_theta": c.rope_theta,
-        "max_position_embeddings": c.max_position_embeddings,
+        **hf_shape(c),
         "torch_dtype": str(dtype).removeprefix("torch."),
     }
     (folder / "config.json").write_text(json.dumps(cfg))
