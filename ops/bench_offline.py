@@ -19,11 +19,14 @@ import random
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from troupe.gpu.model_config import ModelConfig
 from troupe.gpu.weights import qwen3_0_6b_config, random_weights
+
+if TYPE_CHECKING:
+    from troupe import EngineConfig
 
 HBM_BYTES_PER_S = 4.26e12
 BF16_FLOPS = 773e12
@@ -107,6 +110,21 @@ def hf_shape(c: ModelConfig) -> dict[str, Any]:
     }
 
 
+def engine_config(folder: Path, args: argparse.Namespace, **options: Any) -> EngineConfig:
+    """The config both modes run the workload under (`options`: more EngineConfig fields,
+    ops/deepseek_offline.py)."""
+    from troupe import EngineConfig
+
+    return EngineConfig(
+        model=str(folder),
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=4096,
+        enforce_eager=args.enforce_eager,
+        **options,
+    )
+
+
 def run_engine(
     folder: Path,
     prompts: list[list[int]],
@@ -115,17 +133,10 @@ def run_engine(
     **options: Any,
 ) -> int:
     import anyio
-    from troupe import Engine, EngineConfig, SamplingParams
+    from troupe import Engine, SamplingParams
     from troupe.ops.engine_client import run_requests
 
-    config = EngineConfig(
-        model=str(folder),
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        max_model_len=4096,
-        enforce_eager=args.enforce_eager,
-        **options,  # more EngineConfig fields (ops/deepseek_offline.py)
-    )
+    config = engine_config(folder, args, **options)
     total = 0
 
     def params(n: int) -> SamplingParams:
@@ -171,18 +182,11 @@ def run_runner(
     **options: Any,
 ) -> int:
     """A minimal scheduler: admit while blocks last, prefill in token-budget chunks, decode."""
-    from troupe import EngineConfig, SamplingParams
+    from troupe import SamplingParams
     from troupe.gpu.model_runner import ModelRunner
     from troupe.messages import SeqWork, StepPlan
 
-    config = EngineConfig(
-        model=str(folder),
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        max_model_len=4096,
-        enforce_eager=args.enforce_eager,
-        **options,  # more EngineConfig fields (ops/deepseek_offline.py)
-    )
+    config = engine_config(folder, args, **options)
     runner = ModelRunner.from_config(config)
     bs = runner.block_size
     free = list(range(runner.num_gpu_blocks))
