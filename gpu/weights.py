@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -210,4 +211,18 @@ def qwen3_0_6b_config() -> ModelConfig:
         max_position_embeddings=40960,
         eos_token_ids=(151645, 151643),
         torch_dtype=torch.bfloat16,
+    )
+
+
+def qwen3_tiny_config(vocab_size: int = 10_240) -> ModelConfig:
+    """Qwen3-0.6B's shape cut to 2 layers of width 64 (smoke runs, CPU tests)."""
+    return dataclasses.replace(
+        qwen3_0_6b_config(),
+        hidden_size=64,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        intermediate_size=128,
+        vocab_size=vocab_size,
     )

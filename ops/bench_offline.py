@@ -13,7 +13,6 @@ plus prefill FLOPs at 773e12 FLOP/s (bf16 dense). The fraction reached is floor 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import random
 import tempfile
@@ -23,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from troupe.gpu.model_config import ModelConfig
-from troupe.gpu.weights import qwen3_0_6b_config, random_weights
+from troupe.gpu.weights import qwen3_0_6b_config, qwen3_tiny_config, random_weights
 
 if TYPE_CHECKING:
     from troupe import EngineConfig
@@ -298,18 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--peer", choices=("hf",), default=None, help="also run HF transformers")
     parser.add_argument("--peer-time-limit", type=float, default=300.0)
     args = parser.parse_args(argv)
-    config = qwen3_0_6b_config()
-    if args.smoke:
-        config = dataclasses.replace(
-            config,
-            hidden_size=64,
-            num_layers=2,
-            num_heads=4,
-            num_kv_heads=2,
-            head_dim=16,
-            intermediate_size=128,
-            vocab_size=10_240,
-        )
+    config = qwen3_tiny_config() if args.smoke else qwen3_0_6b_config()
     prompts, outputs = workload(args.num_seqs, seed=0)
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)

@@ -15,7 +15,6 @@ pool (sized to hold every history).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import random
 import statistics
 import tempfile
@@ -23,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from troupe.gpu.weights import qwen3_0_6b_config
+from troupe.gpu.weights import qwen3_0_6b_config, qwen3_tiny_config
 from troupe.ops.bench_offline import write_model_folder
 
 BLOCK = 16
@@ -84,12 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from troupe import EngineConfig
 
-    model = qwen3_0_6b_config()
-    if args.smoke:
-        model = dataclasses.replace(
-            model, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
-            intermediate_size=128, vocab_size=10_240,
-        )  # fmt: skip
+    model = qwen3_tiny_config() if args.smoke else qwen3_0_6b_config()
     total_len = args.prefix_len + args.turns * (args.question_len + args.output_len) + 64
     history_blocks = args.users * -(-total_len // BLOCK)
     with tempfile.TemporaryDirectory() as tmp:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import dataclasses
 import pstats
 import random
 import statistics
@@ -32,7 +31,7 @@ from typing import Any
 import torch
 from troupe.config import EngineConfig
 from troupe.gpu.model_runner import ModelRunner, RunnerOptions
-from troupe.gpu.weights import build_model, qwen3_0_6b_config, random_weights
+from troupe.gpu.weights import build_model, qwen3_tiny_config, random_weights
 from troupe.messages import SamplingParams, SeqWork, StepPlan
 
 PHASES = ("prepare", "forward", "sample")
@@ -40,16 +39,7 @@ PHASES = ("prepare", "forward", "sample")
 
 def tiny_runner(vocab_size: int, num_seqs: int, max_model_len: int, num_blocks: int) -> ModelRunner:
     """A 2-layer Qwen3-shaped fp32 model with random weights on the CPU."""
-    config = dataclasses.replace(
-        qwen3_0_6b_config(),
-        hidden_size=64,
-        num_layers=2,
-        num_heads=4,
-        num_kv_heads=2,
-        head_dim=16,
-        intermediate_size=128,
-        vocab_size=vocab_size,
-    )
+    config = qwen3_tiny_config(vocab_size)
     weights = random_weights(config, torch.float32, seed=0)
     model = build_model(config, weights.items(), torch.float32, torch.device("cpu"), max_model_len)
     block_size = 16

@@ -57,7 +57,7 @@ from typing import Any
 
 import msgspec
 from troupe.gpu.model_config import ModelConfig
-from troupe.gpu.weights import qwen3_0_6b_config
+from troupe.gpu.weights import qwen3_0_6b_config, qwen3_tiny_config
 from troupe.ops.bench_offline import write_model_folder
 
 
@@ -255,19 +255,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def bench_model(args: argparse.Namespace) -> ModelConfig:
     """Qwen3-0.6B's shape, or (--smoke, --tiny) the 2-layer model of width 64 that copies."""
-    model = qwen3_0_6b_config()
-    if args.smoke or args.tiny:
-        model = dataclasses.replace(
-            model,
-            hidden_size=64,
-            num_layers=2,
-            num_heads=4,
-            num_kv_heads=2,
-            head_dim=16,
-            intermediate_size=128,
-            vocab_size=10_240,
-        )
-    return model
+    return qwen3_tiny_config() if args.smoke or args.tiny else qwen3_0_6b_config()
 
 
 def bench_prompts(args: argparse.Namespace) -> tuple[list[list[int]], list[list[int]]]:

@@ -3,7 +3,6 @@ per-channel `weight_scale`; expanded exactly on the CPU, kept as fp8 (Fp8Linear)
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pytest
@@ -11,19 +10,10 @@ import torch
 from safetensors.torch import load_file, save_file
 from troupe.gpu.fp8_weights import Fp8Weight, concat_fp8, read_fp8_weights
 from troupe.gpu.quant_linear import Fp8Linear
-from troupe.gpu.weights import load_model, qwen3_0_6b_config
+from troupe.gpu.weights import load_model, qwen3_tiny_config
 from troupe.ops.bench_offline import write_model_folder
 
-CONFIG = dataclasses.replace(
-    qwen3_0_6b_config(),
-    hidden_size=64,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=16,
-    intermediate_size=128,
-    vocab_size=256,
-)
+CONFIG = qwen3_tiny_config(vocab_size=256)
 
 
 def fp8_folder(folder: Path) -> dict[str, torch.Tensor]:
