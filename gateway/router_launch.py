@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import json
 import os
 import signal
 import subprocess
@@ -25,6 +24,7 @@ import typing
 import structlog
 from troupe.config import ConfigError
 from troupe.gateway.router_settings import RouterSettings
+from troupe.gateway.serve_process import serving_url, stop_serving
 
 log = structlog.get_logger("troupe.router")
 
@@ -107,13 +107,9 @@ class ReplicaProcess:
         assert self._proc.stdout is not None
         for line in self._proc.stdout:
             sys.stderr.write(f"[replica {self.index}] {line}")
-            try:
-                event = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(event, dict) and event.get("event") == "serving":
+            if (url := serving_url(line)) is not None:
                 threading.Thread(target=self._forward, daemon=True).start()
-                return str(event["url"])
+                return url
         raise RuntimeError(f"replica {self.index} exited ({self._proc.wait()}) before serving")
 
     def _forward(self) -> None:
@@ -127,14 +123,7 @@ class ReplicaProcess:
     def stop(self, timeout: float) -> int | None:
         """SIGTERM (it drains), then its exit status; None if it had to be killed."""
         self.is_stopping = True
-        if self._proc.poll() is None:
-            self._proc.send_signal(signal.SIGTERM)
-        try:
-            return self._proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self._proc.kill()
-            self._proc.wait()
-            return None
+        return stop_serving(self._proc, timeout)
 
 
 def _die_with_parent() -> None:

@@ -16,9 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
-import json
 import shlex
-import signal
 import subprocess
 import sys
 import threading
@@ -26,6 +24,7 @@ import time
 from dataclasses import dataclass, field
 
 import aiohttp
+from troupe.gateway.serve_process import serving_url, stop_serving
 from troupe.ops.soak_checks import (
     Check,
     Outcome,
@@ -71,25 +70,14 @@ class ServerProcess:
         assert self._proc.stdout is not None
         for line in self._proc.stdout:
             self.log_tail.append(line.rstrip())
-            try:
-                event = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(event, dict) and event.get("event") == "serving":
+            if (url := serving_url(line)) is not None:
                 threading.Thread(target=self._drain, daemon=True).start()
-                return str(event["url"])
+                return url
         raise RuntimeError("the server exited before serving:\n" + "\n".join(self.log_tail))
 
     def stop(self, timeout: float = 60.0) -> int | None:
         """SIGTERM (a graceful drain), then the exit status; None if it had to be killed."""
-        if self._proc.poll() is None:
-            self._proc.send_signal(signal.SIGTERM)
-        try:
-            return self._proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self._proc.kill()
-            self._proc.wait()
-            return None
+        return stop_serving(self._proc, timeout)
 
     def _drain(self) -> None:
         assert self._proc.stdout is not None
