@@ -28,6 +28,7 @@ from troupe.gateway.engine_api import EngineLike
 from troupe.gateway.engine_view import add_engine_view
 from troupe.gateway.errors import ApiError, from_http_exception, internal_error
 from troupe.gateway.lora_routes import add_lora_routes
+from troupe.gateway.pooling_routes import add_pooling_routes
 from troupe.gateway.responses_routes import responses
 from troupe.gateway.responses_stored_routes import add_stored_response_routes
 from troupe.gateway.score_routes import PATHS as SCORE_PATHS
@@ -79,6 +80,7 @@ def build_app(engine: EngineLike, settings: GatewaySettings | None = None) -> we
     add_tokenize_routes(app)
     add_score_routes(app)
     add_classify_routes(app)
+    add_pooling_routes(app)
     add_lora_routes(app)  # with settings.allow_runtime_lora_updating only
     add_admin_routes(app)  # the update with settings.allow_runtime_weight_updating only
     return app

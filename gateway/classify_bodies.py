@@ -33,6 +33,10 @@ class ClassifyBody(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     priority: int | None = None  # lower is served first
 
 
+# vLLM's `use_activation` and its earlier names, all one flag
+ACTIVATION_NAMES = ("use_activation", "activation", "softmax")
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ClassifyRequest:
     """A checked request: the inputs to classify, how, and how to answer."""
@@ -53,7 +57,9 @@ def parse_classify_request(raw: bytes, *, max_inputs: int) -> ClassifyRequest:
     params = SamplingParams(
         max_tokens=1,
         temperature=0.0,
-        pooling=Pooling(type="last", normalize=_use_activation(body), task="classify"),
+        pooling=Pooling(
+            type="last", normalize=agreed_flag(body, ACTIVATION_NAMES), task="classify"
+        ),
         truncate_prompt_tokens=body.truncate_prompt_tokens,
         priority=0 if body.priority is None else body.priority,
     )
@@ -66,10 +72,10 @@ def parse_classify_request(raw: bytes, *, max_inputs: int) -> ClassifyRequest:
     )
 
 
-def _use_activation(body: ClassifyBody) -> bool:
-    """vLLM's `use_activation` and its earlier names: any of them, all alike."""
-    names = ("use_activation", "activation", "softmax")
+def agreed_flag(body: msgspec.Struct, names: tuple[str, ...]) -> bool:
+    """vLLM's `use_activation` and its other names (`names`, as fields of `body`): any of
+    them, all alike (default true); disagreeing ones are a 400 naming `use_activation`."""
     given = {k: v for k in names if (v := getattr(body, k)) is not None}
     if len(set(given.values())) > 1:
         raise invalid("use_activation", f"{', '.join(given)} disagree: send one")
-    return next(iter(given.values()), True)
+    return bool(next(iter(given.values()), True))

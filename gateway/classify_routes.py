@@ -24,6 +24,7 @@ from troupe.gateway.errors import ApiError, invalid
 from troupe.gateway.http_body import read_json_body
 from troupe.gateway.pooled_vectors import input_vectors
 from troupe.gateway.state import GATEWAY, Gateway
+from troupe.messages import Usage
 
 PATHS = ("/classify", "/v1/classify")
 _json = msgspec.json.Encoder()
@@ -63,10 +64,15 @@ async def classify_body(gateway: Gateway, raw: bytes) -> dict[str, Any]:
         "created": int(time.time()),
         "model": answer.model,
         "data": data,
-        "usage": {
-            "prompt_tokens": answer.usage.prompt_tokens,
-            "total_tokens": answer.usage.prompt_tokens,
-            "completion_tokens": 0,
-            "prompt_tokens_details": None,
-        },
+        "usage": pooling_usage(answer.usage),
+    }
+
+
+def pooling_usage(usage: Usage) -> dict[str, Any]:
+    """vLLM's `UsageInfo` of a pooling answer: prompt tokens only."""
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "total_tokens": usage.prompt_tokens,
+        "completion_tokens": 0,
+        "prompt_tokens_details": None,
     }

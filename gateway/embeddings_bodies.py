@@ -17,7 +17,7 @@ import dataclasses
 from typing import Literal
 
 import msgspec
-from troupe.gateway.errors import invalid
+from troupe.gateway.errors import ApiError, invalid
 from troupe.gateway.openai_bodies import decode_body
 from troupe.messages import ParamError, Pooling, SamplingParams
 from troupe.messages.pooling import PoolingType
@@ -56,11 +56,7 @@ def parse_embedding_request(
     """Decode and check a JSON body; raise ApiError(400) naming the first bad field."""
     body = decode_body(raw, EmbeddingBody)
     if body.dimensions is not None:
-        raise invalid(
-            "dimensions",
-            f'Model "{served_model}" does not support matryoshka representation, changing '
-            "output dimensions will lead to poor results.",
-        )
+        raise no_dimensions(served_model)
     inputs, is_list = pooled_inputs(body.input)
     if len(inputs) > max_inputs:
         raise invalid("input", f"at most {max_inputs} inputs per request, got {len(inputs)}")
@@ -82,6 +78,15 @@ def parse_embedding_request(
         encoding_format=body.encoding_format,
         user=body.user,
         is_list=is_list,
+    )
+
+
+def no_dimensions(served_model: str) -> ApiError:
+    """The 400 for `dimensions`, vLLM's words for a model without Matryoshka training."""
+    return invalid(
+        "dimensions",
+        f'Model "{served_model}" does not support matryoshka representation, changing '
+        "output dimensions will lead to poor results.",
     )
 
 
@@ -123,6 +128,7 @@ __all__ = [
     "EmbeddingBody",
     "EmbeddingRequest",
     "EncodingFormat",
+    "no_dimensions",
     "parse_embedding_request",
     "pooled_inputs",
 ]

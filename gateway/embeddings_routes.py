@@ -51,7 +51,7 @@ async def embeddings_body(gateway: Gateway, raw: bytes) -> dict[str, Any]:
         "created": int(time.time()),
         "model": answer.model,
         "data": [
-            {"object": "embedding", "embedding": _encoded(v, req.encoding_format), "index": i}
+            {"object": "embedding", "embedding": encoded_vector(v, req.encoding_format), "index": i}
             for i, v in enumerate(answer.vectors)
         ],
         "usage": {
@@ -61,7 +61,8 @@ async def embeddings_body(gateway: Gateway, raw: bytes) -> dict[str, Any]:
     }
 
 
-def _encoded(vector: Sequence[float], encoding_format: str) -> Sequence[float] | str:
+def encoded_vector(vector: Sequence[float], encoding_format: str) -> Sequence[float] | str:
+    """The vector as `encoding_format` asks: floats, or base64 of little-endian float32."""
     if encoding_format == "float":
         return vector
     return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode("ascii")

@@ -22,6 +22,8 @@ from troupe.gateway.classify_routes import classify_body
 from troupe.gateway.embeddings_routes import embeddings_body
 from troupe.gateway.errors import ApiError, internal_error
 from troupe.gateway.openai_routes import chat_body, completions_body
+from troupe.gateway.pooling_routes import PATHS as POOLING_PATHS
+from troupe.gateway.pooling_routes import pooling_body
 from troupe.gateway.responses_routes import responses_body
 from troupe.gateway.score_routes import RERANK_PATHS, SCORE_PATHS, rerank_body, score_body
 from troupe.gateway.state import Gateway
@@ -36,6 +38,7 @@ JSON_CALLS: dict[str, JsonCall] = {
     "/v1/responses": responses_body,
     "/v1/embeddings": embeddings_body,
     **{path: classify_body for path in CLASSIFY_PATHS},
+    **{path: pooling_body for path in POOLING_PATHS},
     **{path: score_body for path in SCORE_PATHS},
     **{path: rerank_body for path in RERANK_PATHS},
 }

@@ -3,7 +3,8 @@
     POST /v1/completions, /v1/chat/completions,  proxied (gateway/router_proxy.py), each keyed
          /v1/responses, /v1/embeddings,          on its prompt (gateway/router_keys.py) and its
          /v1/score, /score, /v1/rerank,          streams' ends known (gateway/router_streams.py)
-         /rerank, /v2/rerank
+         /rerank, /v2/rerank, /classify,
+         /v1/classify, /pooling
     GET  /v1/responses/{id}[/input_items],       to the replica storing the response
     DELETE /v1/responses/{id}                    (gateway/router_stored.py; so does a create
                                                  with previous_response_id)
@@ -49,6 +50,7 @@ PROXIED = {
     "/v1/embeddings": Endpoint(field_text("input")),
     "/classify": Endpoint(field_text("input")),
     "/v1/classify": Endpoint(field_text("input")),
+    "/pooling": Endpoint(field_text("input")),
     "/v1/score": _SCORE,
     "/score": _SCORE,
     "/v1/rerank": _RERANK,

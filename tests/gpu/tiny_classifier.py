@@ -1,5 +1,5 @@
-"""A tiny random `*ForSequenceClassification` model (3 labels, named) saved with a word
-tokenizer, and its transformers twin, for the classification tests."""
+"""A tiny random `*ForSequenceClassification` model (3 labels, named; or one, a reward model's
+head) saved with a word tokenizer, and its transformers twin, for the classification tests."""
 
 from __future__ import annotations
 
@@ -15,24 +15,30 @@ from tests.gpu.conftest import FAMILIES, TINY, add_word_tokenizer
 LABELS = {0: "negative", 1: "neutral", 2: "positive"}
 
 
-def tiny_classifier(folder: Path, family: str, seed: int = 0) -> Any:
-    """Save a random classifier of `family` in `folder`; return the transformers model."""
+def tiny_classifier(
+    folder: Path, family: str, seed: int = 0, labels: dict[int, str] | None = None
+) -> Any:
+    """Save a random classifier of `family` in `folder` (its labels: LABELS unless `labels`;
+    `{}`: one unnamed label, a reward model's head); return the transformers model."""
     import transformers
+
+    labels = LABELS if labels is None else labels
+    num_labels = max(len(labels), 1)
+    named = {"id2label": labels, "label2id": {v: k for k, v in labels.items()}} if labels else {}
 
     cls_name = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3"}[family]
     kwargs = {**TINY, **FAMILIES[family], "max_position_embeddings": 128}
     hf_config = getattr(transformers, f"{cls_name}Config")(
         **kwargs,
-        num_labels=len(LABELS),
-        id2label=LABELS,
-        label2id={v: k for k, v in LABELS.items()},
+        num_labels=num_labels,
+        **named,
     )
     arch = f"{cls_name}ForSequenceClassification"
     hf_model = getattr(transformers, arch)(hf_config).eval()
     ours = ModelConfig.from_hf_dict({**hf_config.to_dict(), "architectures": [arch]})
     weights = random_weights(ours, torch.float32, seed, std=0.2)
     gen = torch.Generator().manual_seed(seed + 1)
-    weights["score.weight"] = torch.randn(len(LABELS), TINY["hidden_size"], generator=gen)
+    weights["score.weight"] = torch.randn(num_labels, TINY["hidden_size"], generator=gen)
     missing, unexpected = hf_model.load_state_dict(weights, strict=False)
     assert not unexpected and not missing, (missing, unexpected)
     hf_model.save_pretrained(folder)
