@@ -32,7 +32,6 @@ if TYPE_CHECKING:
     from troupe.gpu.lora_runtime import LoraRuntime
 
 
-
 def public_name(inside: str) -> str:
     """The public name of an adapter from its name inside the engine ("sql#2" -> "sql")."""
     return inside.partition("#")[0]
@@ -53,6 +52,8 @@ class LoraRegistry:
 
     def __init__(self, config: EngineConfig) -> None:
         self.is_enabled = config.enable_lora or bool(config.lora_modules)
+        # tensor-parallel workers hold lora_modules only (gpu/tp_lora.py): no run-time loads
+        self.is_sharded = config.tensor_parallel_size > 1
         self._adapters = {name: (name, path) for name, path in config.lora_adapters.items()}
         self._generation: dict[str, int] = {}  # loads of each public name so far
         self._in_flight: dict[str, int] = {}  # public name -> requests not yet ended
@@ -97,6 +98,13 @@ class LoraRegistry:
             raise LoraAdapterError(
                 "lora_name",
                 "LoRA is off: start the engine with enable_lora (or lora_modules)",
+                LoraErrorCode.LORA_DISABLED,
+            )
+        if self.is_sharded:
+            raise LoraAdapterError(
+                "lora_name",
+                "run-time LoRA loads are not supported with tensor_parallel_size > 1 (give the "
+                "adapters in lora_modules)",
                 LoraErrorCode.LORA_DISABLED,
             )
         if not isinstance(name, str) or not LORA_NAME.fullmatch(name):

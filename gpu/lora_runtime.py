@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Iterator
+from typing import Protocol
 
 import numpy as np
 from troupe.gpu.device_inputs import host_to_device
@@ -37,6 +38,16 @@ _FUSED = (
 )
 
 
+class LoraSharding(Protocol):
+    """What one tensor-parallel rank holds of an adapter (gpu/tp_lora.py): its projections'
+    shapes, and each adapter's factors cut to them."""
+
+    @property
+    def layer_config(self) -> ModelConfig: ...
+
+    def shard(self, adapter: LoraAdapter) -> LoraAdapter: ...
+
+
 class LoraRuntime:
     """Adapters by name (ids: their index, never reused; a retired one's entry is None), the
     slots, and the projections wrapped."""
@@ -47,11 +58,13 @@ class LoraRuntime:
         slots: LoraSlots,
         wrapped: list[tuple[int, LoraLinear, tuple[str, ...]]],
         config: ModelConfig | None = None,
+        sharding: LoraSharding | None = None,
     ) -> None:
         self.adapters: list[LoraAdapter | None] = list(adapters)
         self.ids = {a.name: i for i, a in enumerate(adapters)}
         self.slots = slots
         self.config = config  # the model's shapes, to check adapters added later
+        self._sharding = sharding  # a tensor-parallel rank's cut of each adapter
         self._lock = threading.Lock()
         self._wrapped = wrapped  # (layer, projection, its slices' modules)
         self._held = [-1] * slots.max_loras  # adapter id per slot
@@ -117,9 +130,10 @@ class LoraRuntime:
         """Read the adapter at `path` (file reads: call it from a worker thread) and let
         requests name it; ConfigError naming it when it does not fit the model."""
         assert self.config is not None, "the runtime was installed without the model's config"
-        adapter = _on_device_dtype(
-            load_adapter(name, path, self.config, self.slots.max_rank), self.slots
-        )
+        adapter = load_adapter(name, path, self.config, self.slots.max_rank)
+        if self._sharding is not None:
+            adapter = self._sharding.shard(adapter)
+        adapter = _on_device_dtype(adapter, self.slots)
         with self._lock:
             if name in self.ids:
                 raise ValueError(f"LoRA adapter {name!r} is already loaded")
@@ -158,20 +172,22 @@ def install_lora(
     max_rank: int,
     max_tokens: int,
     wrap_all: bool = False,
+    sharding: LoraSharding | None = None,
 ) -> LoraRuntime:
     """Read `adapters` (name -> PEFT folder), wrap the projections any of them targets (every
     one with `wrap_all`: adapters added later may target any) in `model` and set model.lora;
-    the runtime."""
+    the runtime. With `sharding` (a tensor-parallel rank's model), adapters are checked against
+    the whole model (`config`) and held as the rank's cut of them."""
     slots = LoraSlots(max_loras, max_rank, max_tokens, model.dtype, model.device)
-    loaded = [
-        _on_device_dtype(load_adapter(name, path, config, max_rank), slots)
-        for name, path in adapters.items()
-    ]
+    read = [load_adapter(name, path, config, max_rank) for name, path in adapters.items()]
+    if sharding is not None:
+        read = [sharding.shard(adapter) for adapter in read]
+    loaded = [_on_device_dtype(adapter, slots) for adapter in read]
     targeted = {module for adapter in loaded for _, module in adapter.weights}
     if wrap_all:
         targeted = {module for _, modules in _FUSED for module in modules}
     wrapped: list[tuple[int, LoraLinear, tuple[str, ...]]] = []
-    widths = module_shapes(config)
+    widths = module_shapes(config if sharding is None else sharding.layer_config)
     for index, layer in enumerate(model.layers):
         for attribute, modules in _FUSED:
             if targeted.isdisjoint(modules):
@@ -184,7 +200,7 @@ def install_lora(
             proj = LoraLinear(base, slices, widths[modules[0]][1], slots)
             setattr(layer, attribute, proj)
             wrapped.append((index, proj, modules))
-    runtime = LoraRuntime(loaded, slots, wrapped, config)
+    runtime = LoraRuntime(loaded, slots, wrapped, config, sharding)
     model.lora = runtime
     return runtime
 

@@ -27,6 +27,7 @@ from typing import NoReturn
 import torch
 import torch.multiprocessing
 from troupe.config import ConfigError, EngineConfig, resolve_model_path
+from troupe.gpu.lora_adapter import load_adapter
 from troupe.gpu.model_config import ModelLoadError
 from troupe.gpu.runner import HiddenOutputs, RunnerStats, SequencesFailed
 from troupe.gpu.tp_model import check_tensor_parallel
@@ -60,7 +61,10 @@ class TPRunner:
     def __init__(self, config: EngineConfig) -> None:
         size = config.tensor_parallel_size
         path = Path(resolve_model_path(config.model))
-        check_tensor_parallel(read_config(path), size)  # before spawning anything
+        full = read_config(path)
+        check_tensor_parallel(full, size)  # before spawning anything, and the adapters:
+        for name, folder in config.lora_adapters.items():  # each rank reads its cut again
+            load_adapter(name, folder, full, config.max_lora_rank)
         if rank_device(config, 0).type == "cuda" and torch.cuda.device_count() < size:
             raise ConfigError(
                 f"tensor_parallel_size ({size}) exceeds the CUDA devices torch sees "
@@ -107,7 +111,9 @@ class TPRunner:
         self.eos_token_ids = first.eos_token_ids
         self.num_lookahead_tokens = first.num_lookahead_tokens
         self.kv_pages_on_write = False  # CUDA pools: committed when allocated
-        self.lora = None  # LoRA is refused with tensor parallelism (config_checks.py)
+        # the workers hold the adapters (lora_modules, gpu/tp_lora.py); run-time loads are
+        # refused with tensor parallelism (config_checks.py, actors/lora_registry.py)
+        self.lora = None
         self.kv_window = first.kv_window
         self.max_stream_len = 0  # no streaming attention in the sharded model (not built)
 

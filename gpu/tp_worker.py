@@ -36,6 +36,7 @@ from troupe.gpu.runner_setup import (
     uses_cuda,
 )
 from troupe.gpu.tp_group import TPGroup
+from troupe.gpu.tp_lora import install_tp_lora
 from troupe.gpu.tp_model import TPDecoderModel, TPShard, check_tensor_parallel
 from troupe.gpu.tp_protocol import (
     Close,
@@ -72,6 +73,7 @@ def build_rank_runner(config: EngineConfig, group: TPGroup) -> ModelRunner:
     with open_shard_reader(path) as reader:
         load_shard(model, reader, str(path))
     model.eval()
+    install_tp_lora(model, config)  # before the memory profile: the slots count
     layers = shard.layer_config()  # the rank's KV heads: the pool holds only those
     cache_dtype = kv_dtype(config.kv_cache_dtype, dtype)
     num_gpu_blocks = config.num_kv_blocks
