@@ -14,7 +14,6 @@ others aborted). A model that is no classifier answers 400 naming `model`.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import msgspec
@@ -58,14 +57,7 @@ async def classify_body(gateway: Gateway, raw: bytes) -> dict[str, Any]:
             raise ApiError(500, f"the engine gave {len(probs)} scores for {len(labels)} labels")
         best = max(range(len(probs)), key=probs.__getitem__)
         data.append({"index": i, "label": labels[best], "probs": probs, "num_classes": len(probs)})
-    return {
-        "id": answer.request_id,
-        "object": "list",
-        "created": int(time.time()),
-        "model": answer.model,
-        "data": data,
-        "usage": pooling_usage(answer.usage),
-    }
+    return answer.list_answer(data, pooling_usage(answer.usage))
 
 
 def pooling_usage(usage: Usage) -> dict[str, Any]:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import base64
 import struct
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -45,20 +44,12 @@ async def embeddings_body(gateway: Gateway, raw: bytes) -> dict[str, Any]:
         max_inputs=settings.max_embedding_inputs,
     )
     answer = await input_vectors(gateway, req, "embd")
-    return {
-        "id": answer.request_id,
-        "object": "list",
-        "created": int(time.time()),
-        "model": answer.model,
-        "data": [
-            {"object": "embedding", "embedding": encoded_vector(v, req.encoding_format), "index": i}
-            for i, v in enumerate(answer.vectors)
-        ],
-        "usage": {
-            "prompt_tokens": answer.usage.prompt_tokens,
-            "total_tokens": answer.usage.prompt_tokens,
-        },
-    }
+    data = [
+        {"object": "embedding", "embedding": encoded_vector(v, req.encoding_format), "index": i}
+        for i, v in enumerate(answer.vectors)
+    ]
+    tokens = answer.usage.prompt_tokens
+    return answer.list_answer(data, {"prompt_tokens": tokens, "total_tokens": tokens})
 
 
 def encoded_vector(vector: Sequence[float], encoding_format: str) -> Sequence[float] | str:

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
-from typing import Protocol, cast
+from typing import Any, Protocol, cast
 
 import msgspec
 import structlog
@@ -59,6 +60,17 @@ class InputVectors:
     model: str  # the answer's `model`: the adapter the request named, or the served model
     vectors: list[Vector]  # one an input, in order
     usage: Usage
+
+    def list_answer(self, data: list[dict[str, Any]], usage: dict[str, Any]) -> dict[str, Any]:
+        """The list envelope vLLM's pooling answers share (embeddings, classify, pooling)."""
+        return {
+            "id": self.request_id,
+            "object": "list",
+            "created": int(time.time()),
+            "model": self.model,
+            "data": data,
+            "usage": usage,
+        }
 
 
 async def input_vectors(gateway: Gateway, req: InputRequest, id_prefix: str) -> InputVectors:

@@ -13,7 +13,6 @@ Each input is one engine request run through gateway/pooled_vectors.py, as their
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import msgspec
@@ -51,14 +50,8 @@ async def pooling_body(gateway: Gateway, raw: bytes) -> dict[str, Any]:
         max_inputs=settings.max_embedding_inputs,
     )
     answer = await input_vectors(gateway, req, "pool")
-    return {
-        "id": answer.request_id,
-        "object": "list",
-        "created": int(time.time()),
-        "model": answer.model,
-        "data": [
-            {"index": i, "object": "pooling", "data": encoded_vector(v, req.encoding_format)}
-            for i, v in enumerate(answer.vectors)
-        ],
-        "usage": pooling_usage(answer.usage),
-    }
+    data = [
+        {"index": i, "object": "pooling", "data": encoded_vector(v, req.encoding_format)}
+        for i, v in enumerate(answer.vectors)
+    ]
+    return answer.list_answer(data, pooling_usage(answer.usage))
