@@ -26,6 +26,10 @@ KernelBackend = Literal["auto", "triton", "torch"]
 class KernelOps(Protocol):
     """The ops a DecoderModel calls; met by the modules kernels.triton_ops and kernels.reference."""
 
+    # paged_attention reads `new_kv` (so prepare_qkv's keep_k is worth its writes); the
+    # reference reads the cache alone
+    reads_new_kv: bool
+
     def write_kv(
         self,
         key: torch.Tensor,

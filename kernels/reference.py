@@ -60,6 +60,7 @@ def write_kv(
     v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slots, _as(value, v_cache.dtype))
 
 
+reads_new_kv = False  # KernelOps: paged_attention reads the cache alone
 _UNKNOWN = -1  # _gather's run when the caller has not looked (real runs start at >= 0)
 
 

@@ -22,6 +22,8 @@ from .rotary import rotary_triton as rotary
 from .silu_mul import gelu_tanh_mul_triton as gelu_tanh_mul
 from .silu_mul import silu_mul_triton as silu_mul
 
+reads_new_kv = True  # KernelOps: paged_attention takes the new keys from new_kv (extend kernel)
+
 __all__ = [
     "fused_moe",
     "gelu_tanh_mul",
@@ -30,6 +32,7 @@ __all__ = [
     "paged_attention",
     "paged_decode_attention",
     "prepare_qkv",
+    "reads_new_kv",
     "rms_norm",
     "rotary",
     "silu_mul",
