@@ -105,9 +105,8 @@ class DecoderLayer(nn.Module):
                 qkv, self.q_norm, eps, stream.cache_positions, cos_sin, c.num_heads, c.head_dim
             )
         # A prefill's new keys read from qkv's rows, not the cache (kernels/extend_attention.py):
-        # prepare_qkv leaves the rotated k there. 16-bit caches, no window, no StreamingLLM.
-        extend = ops.reads_new_kv and not meta.is_decode and stream is None and k_scale is None
-        extend = extend and self.sliding_window == 0
+        # prepare_qkv leaves there what the cache got. Not StreamingLLM's cache positions.
+        extend = ops.reads_new_kv and not meta.is_decode and stream is None
         # q/k norm (Qwen3), rotary and the KV write in one pass; None weights skip the norm
         q = ops.prepare_qkv(
             qkv,

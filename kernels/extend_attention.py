@@ -14,8 +14,11 @@ The new keys are the bulk of a prompt's work, and whole tiles of contiguous rows
 tensor cores' loads are built for: at 4 x 2,048 new tokens on the H200 (Qwen3-0.6B heads) this
 ran at ~420 TFLOP/s against the all-paged kernel's 288 (docs/benchmarks.md, session 33). The
 values equal the cache's (the same rounding into the same dtype), so the result is the paged
-kernel's up to summation order. fp8 caches and sliding windows keep the all-paged kernel (the
-model does not pass `new_kv` for them).
+kernel's up to summation order. An fp8 cache's rows hold x / scale rounded to e4m3 (in q's
+dtype, exactly), so the scales fold in as the paged kernel's do. A sliding window splits both
+ranges as the paged kernel splits its keys: a masked band from the first row's window start, an
+unmasked one that every row sees, the masked diagonal; keys before the window are never read
+(their blocks may be freed).
 """
 
 # Triton kernels take untyped pointers and constexprs; @triton.jit is untyped to mypy.
@@ -54,13 +57,14 @@ DEFAULT_EXTEND = ExtendConfig()
 @triton.jit
 def _attend_new(
     acc, m_i, l_i, q, tok, k_desc, v_desc, k_ptr, v_ptr, stride_kt, q_start, kv_col, start,
-    end, q_len, qk_scale,
-    MASKED: tl.constexpr, TMA: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    HEAD_DIM: tl.constexpr, PRECISION: tl.constexpr,
+    end, q_len, qk_scale, window,
+    MASKED: tl.constexpr, WINDOWED: tl.constexpr, TMA: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     """Online softmax over the sequence's new keys [start, end) (indices among its new tokens);
-    MASKED applies the causal mask (row r sees new keys <= tok[r]). Keys past q_len are the
-    next sequence's rows or TMA's zero fill: hidden by the mask, their values zeroed."""
+    MASKED applies the causal mask (row r sees new keys <= tok[r]) and, WINDOWED, the window
+    (keys > tok[r] - window) and the band's end. Keys past q_len are the next sequence's rows
+    or TMA's zero fill: hidden by the mask, their values zeroed."""
     offs_d = tl.arange(0, BLOCK_D)
     d_mask = offs_d < HEAD_DIM
     for n in tl.range(start, end, BLOCK_N):
@@ -73,10 +77,16 @@ def _attend_new(
             k = tl.load(k_ptr + rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
         qk = tl.dot(q, tl.trans(k), input_precision=PRECISION)
         if MASKED:
-            qk = tl.where(offs_n[None, :] <= tok[:, None], qk, float("-inf"))
+            visible = offs_n[None, :] <= tok[:, None]
+            if WINDOWED:  # a band's last tile may run past its end: those keys are the next's
+                visible &= (offs_n[None, :] > tok[:, None] - window) & (offs_n < end)[None, :]
+            qk = tl.where(visible, qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, axis=1) * qk_scale)
-        p = tl.exp2(qk * qk_scale - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
+        m_use = m_new
+        if MASKED and WINDOWED:  # a window can hide a whole tile from a row: no -inf - -inf
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(qk * qk_scale - m_use[:, None])
+        alpha = tl.exp2(m_i - m_use)
         l_i = l_i * alpha + tl.sum(p, axis=1)
         acc = acc * alpha[:, None]
         if TMA:
@@ -93,15 +103,20 @@ def _attend_new(
 @triton.jit(do_not_specialize=["num_seqs", "stride_bt"])
 def _extend_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, k_desc, v_desc, k_new_ptr, v_new_ptr, out_ptr,
-    block_tables_ptr, seq_lens_ptr, query_start_loc_ptr, decode_prefix_ptr, num_seqs, qk_scale,
+    block_tables_ptr, seq_lens_ptr, query_start_loc_ptr, decode_prefix_ptr, k_scale_ptr,
+    v_scale_ptr, num_seqs, qk_scale, window,
     stride_qt, stride_qh, stride_kt, stride_ot, stride_oh, stride_bt, stride_slot,
-    HAS_PREFIX: tl.constexpr, TMA: tl.constexpr, PAGED: tl.constexpr, GROUP: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
+    HAS_PREFIX: tl.constexpr, TMA: tl.constexpr, PAGED: tl.constexpr, WINDOWED: tl.constexpr,
+    FP8: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_G: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     tile = tl.program_id(0)
     kv_head = tl.program_id(1)
+    v_scale = 1.0
+    if FP8:  # cache and new rows hold x / scale: k's scale folds into qk's, v's into the output
+        qk_scale = qk_scale * tl.load(k_scale_ptr + kv_head)
+        v_scale = tl.load(v_scale_ptr + kv_head)
     seq = find_seq(query_start_loc_ptr, num_seqs, tile, BLOCK_Q)
     if HAS_PREFIX:
         if seq < tl.load(decode_prefix_ptr):
@@ -124,39 +139,90 @@ def _extend_kernel(
     m_i = tl.full([BLOCK_Q * BLOCK_G], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_Q * BLOCK_G], dtype=tl.float32)
     acc = tl.zeros([BLOCK_Q * BLOCK_G, BLOCK_D], dtype=tl.float32)
-    # The cached prefix: every row sees all of it; whole BLOCK_N tiles unmasked, the partial
-    # last one masked to ctx_len (a position past every key: q_pos is never below ctx_len).
     bt_row = block_tables_ptr + seq * stride_bt
     q_pos = ctx_len + tok
     full = (ctx_len // BLOCK_N) * BLOCK_N
-    big = 1 << 30
-    acc, m_i, l_i = _attend(
-        acc, m_i, l_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row, kv_head, 0, full, stride_slot,
-        qk_scale, big, False, PAGED, True, False, False, HEAD_DIM, BLOCK_SIZE, BLOCK_N, BLOCK_D,
-        PRECISION,
-    )  # fmt: skip
-    acc, m_i, l_i = _attend(
-        acc, m_i, l_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row, kv_head, full, ctx_len,
-        stride_slot, qk_scale, big, True, PAGED, True, False, False, HEAD_DIM, BLOCK_SIZE,
-        BLOCK_N, BLOCK_D, PRECISION,
-    )  # fmt: skip
-    # The new keys: those before the tile's first token unmasked, the diagonal masked.
     first_tok = local * BLOCK_Q
     band = (first_tok // BLOCK_N) * BLOCK_N
     last = tl.minimum(first_tok + BLOCK_Q, q_len)
     kv_col = kv_head * HEAD_DIM
-    acc, m_i, l_i = _attend_new(
-        acc, m_i, l_i, q, tok, k_desc, v_desc, k_new_ptr, v_new_ptr, stride_kt, q_start, kv_col,
-        0, band, q_len, qk_scale, False, TMA, BLOCK_N, BLOCK_D, HEAD_DIM, PRECISION,
-    )  # fmt: skip
-    acc, m_i, l_i = _attend_new(
-        acc, m_i, l_i, q, tok, k_desc, v_desc, k_new_ptr, v_new_ptr, stride_kt, q_start, kv_col,
-        band, last, q_len, qk_scale, True, TMA, BLOCK_N, BLOCK_D, HEAD_DIM, PRECISION,
-    )  # fmt: skip
+    if WINDOWED:
+        # Keys visible to every row run unmasked, as in the paged kernel: from the last row's
+        # window start (rounded up to a tile) to the first row's causal edge. The cache part
+        # (positions) and the new part (indices among the new tokens) each split in three:
+        #   |.. not read ..|-- masked --|---- unmasked ----|-- masked --|
+        #   0            first row's  last row's         tiles before
+        #                window start window start       the tile's first row
+        lo = tl.minimum(tl.maximum(ctx_len + first_tok - window + 1, 0), ctx_len)
+        c_start = tl.maximum(full, lo)
+        shared = tl.cdiv(tl.maximum(ctx_len + last - window, 0), BLOCK_N) * BLOCK_N
+        b_start = tl.minimum(tl.maximum(shared, lo), c_start)
+        acc, m_i, l_i = _attend(
+            acc, m_i, l_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row, kv_head, lo, b_start,
+            stride_slot, qk_scale, window, True, False, True, False, False, HEAD_DIM,
+            BLOCK_SIZE, BLOCK_N, BLOCK_D, PRECISION,
+        )  # fmt: skip
+        acc, m_i, l_i = _attend(
+            acc, m_i, l_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row, kv_head, b_start,
+            c_start, stride_slot, qk_scale, window, False, False, True, False, False, HEAD_DIM,
+            BLOCK_SIZE, BLOCK_N, BLOCK_D, PRECISION,
+        )  # fmt: skip
+        acc, m_i, l_i = _attend(
+            acc, m_i, l_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row, kv_head, c_start,
+            ctx_len, stride_slot, qk_scale, window, True, False, True, False, False, HEAD_DIM,
+            BLOCK_SIZE, BLOCK_N, BLOCK_D, PRECISION,
+        )  # fmt: skip
+        lo = tl.maximum(first_tok - window + 1, 0)
+        c_start = tl.maximum(band, lo)
+        shared = tl.cdiv(tl.maximum(last - window, 0), BLOCK_N) * BLOCK_N
+        b_start = tl.minimum(tl.maximum(shared, lo), c_start)
+        acc, m_i, l_i = _attend_new(
+            acc, m_i, l_i, q, tok, k_desc, v_desc, k_new_ptr, v_new_ptr, stride_kt, q_start,
+            kv_col, lo, b_start, q_len, qk_scale, window, True, True, TMA, BLOCK_N, BLOCK_D,
+            HEAD_DIM, PRECISION,
+        )  # fmt: skip
+        acc, m_i, l_i = _attend_new(
+            acc, m_i, l_i, q, tok, k_desc, v_desc, k_new_ptr, v_new_ptr, stride_kt, q_start,
+            kv_col, b_start, c_start, q_len, qk_scale, window, False, True, TMA, BLOCK_N,
+            BLOCK_D, HEAD_DIM, PRECISION,
+        )  # fmt: skip
+        acc, m_i, l_i = _attend_new(
+            acc, m_i, l_i, q, tok, k_desc, v_desc, k_new_ptr, v_new_ptr, stride_kt, q_start,
+            kv_col, c_start, last, q_len, qk_scale, window, True, True, TMA, BLOCK_N, BLOCK_D,
+            HEAD_DIM, PRECISION,
+        )  # fmt: skip
+    else:
+        # The cached prefix: every row sees all of it; whole BLOCK_N tiles unmasked, the
+        # partial last one masked to ctx_len (a position past every key: q_pos >= ctx_len).
+        big = 1 << 30
+        acc, m_i, l_i = _attend(
+            acc, m_i, l_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row, kv_head, 0, full,
+            stride_slot, qk_scale, big, False, PAGED, True, False, False, HEAD_DIM, BLOCK_SIZE,
+            BLOCK_N, BLOCK_D, PRECISION,
+        )  # fmt: skip
+        acc, m_i, l_i = _attend(
+            acc, m_i, l_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row, kv_head, full, ctx_len,
+            stride_slot, qk_scale, big, True, PAGED, True, False, False, HEAD_DIM, BLOCK_SIZE,
+            BLOCK_N, BLOCK_D, PRECISION,
+        )  # fmt: skip
+        # The new keys: those before the tile's first token unmasked, the diagonal masked.
+        acc, m_i, l_i = _attend_new(
+            acc, m_i, l_i, q, tok, k_desc, v_desc, k_new_ptr, v_new_ptr, stride_kt, q_start,
+            kv_col, 0, band, q_len, qk_scale, 0, False, False, TMA, BLOCK_N, BLOCK_D, HEAD_DIM,
+            PRECISION,
+        )  # fmt: skip
+        acc, m_i, l_i = _attend_new(
+            acc, m_i, l_i, q, tok, k_desc, v_desc, k_new_ptr, v_new_ptr, stride_kt, q_start,
+            kv_col, band, last, q_len, qk_scale, 0, True, False, TMA, BLOCK_N, BLOCK_D,
+            HEAD_DIM, PRECISION,
+        )  # fmt: skip
+    # Every valid row sees itself, so l_i > 0 there; padded rows are not stored.
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
-    store_tile(
-        out_ptr, acc / l_safe[:, None], tokens, heads, io_mask, stride_ot, stride_oh, BLOCK_D
-    )
+    if FP8:
+        out = acc * (v_scale / l_safe)[:, None]
+    else:
+        out = acc / l_safe[:, None]
+    store_tile(out_ptr, out, tokens, heads, io_mask, stride_ot, stride_oh, BLOCK_D)
 
 
 def _tma_ok(t: torch.Tensor, head_dim: int) -> bool:
@@ -187,15 +253,19 @@ def extend_attention_triton(
     max_seq_len: int,
     decode_prefix: torch.Tensor | None = None,
     *,
+    sliding_window: int = 0,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
     seq_order: torch.Tensor | None = None,
     config: ExtendConfig = DEFAULT_EXTEND,
     out: torch.Tensor | None = None,
     tma: bool | None = None,
 ) -> torch.Tensor:
-    """paged_attention_triton's contract (no window, 16-bit caches) with the step's new tokens'
-    K and V also in new_kv ([T, Hkv, D] each, rows as q's, q's dtype; the cache holds the same
-    values). decode_prefix's sequences go to the decode kernel, which reads the cache. tma:
-    None takes TMA where the views allow it on CUDA; the kernel tests force either form."""
+    """paged_attention_triton's contract with the step's new tokens' K and V also in new_kv
+    ([T, Hkv, D] each, rows as q's, q's dtype, holding what the cache holds: for an fp8 cache
+    x / scale rounded to e4m3, as prepare_qkv's keep_k leaves them). decode_prefix's sequences
+    go to the decode kernel, which reads the cache. tma: None takes TMA where the views allow
+    it on CUDA; the kernel tests force either form."""
     num_tokens, num_q_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     k_new, v_new = new_kv
@@ -204,7 +274,8 @@ def extend_attention_triton(
         f"{(num_tokens, num_kv_heads, head_dim)}"
     )
     assert k_new.stride() == v_new.stride() and k_new.stride(2) == 1, "new_kv: rows alike"
-    assert k_cache.dtype == q.dtype, "fp8 caches take the all-paged kernel"
+    assert k_new.dtype == q.dtype, "new_kv holds the cache's values in q's dtype"
+    assert (k_scale is None) == (v_scale is None), "fp8: both scales or none"
     out = torch.empty_like(q) if out is None else out
     num_seqs = seq_lens.shape[0]
     if num_tokens == 0 or num_seqs == 0:
@@ -212,7 +283,8 @@ def extend_attention_triton(
     if decode_prefix is not None:
         paged_decode_attention_triton(
             q[:num_seqs], k_cache, v_cache, block_tables, seq_lens, scale, max_seq_len,
-            out=out[:num_seqs], num_valid=decode_prefix, seq_order=seq_order,
+            out=out[:num_seqs], num_valid=decode_prefix, sliding_window=sliding_window,
+            k_scale=k_scale, v_scale=v_scale, seq_order=seq_order,
         )  # fmt: skip
     group = num_q_heads // num_kv_heads
     block_g = triton.next_power_of_2(group)
@@ -232,11 +304,13 @@ def extend_attention_triton(
     grid = (num_tokens // block_q + num_seqs + 1, num_kv_heads)
     _extend_kernel[grid](
         q, k_cache, v_cache, k_desc, v_desc, k_new, v_new, out, block_tables, seq_lens,
-        query_start_loc, seq_lens if decode_prefix is None else decode_prefix, num_seqs,
-        scale * _LOG2E, q.stride(0), q.stride(1), k_new.stride(0), out.stride(0), out.stride(1),
+        query_start_loc, seq_lens if decode_prefix is None else decode_prefix,
+        seq_lens if k_scale is None else k_scale,  # unused unless FP8
+        seq_lens if v_scale is None else v_scale, num_seqs, scale * _LOG2E, sliding_window,
+        q.stride(0), q.stride(1), k_new.stride(0), out.stride(0), out.stride(1),
         block_tables.stride(0), num_kv_heads * head_dim,
         HAS_PREFIX=decode_prefix is not None, TMA=tma, PAGED=block_n % block_size == 0,
-        GROUP=group, HEAD_DIM=head_dim,
+        WINDOWED=sliding_window > 0, FP8=k_scale is not None, GROUP=group, HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size, BLOCK_Q=block_q, BLOCK_G=block_g, BLOCK_N=block_n,
         BLOCK_D=triton.next_power_of_2(head_dim), PRECISION=dot_precision(q.dtype),
         num_warps=config.num_warps if on_gpu else 4,

@@ -86,8 +86,8 @@ class KernelOps(Protocol):
         read, so the blocks wholly before it may hold anything (freed and reused).
 
         new_kv, a hint: the new tokens' K and V ([T, Hkv, D] views, row t the token of q's
-        row t, exactly what the cache holds: prepare_qkv's keep_k), which an implementation
-        may read instead of the cache (16-bit caches, no window).
+        row t, exactly what the cache holds, in q's dtype: prepare_qkv's keep_k; an fp8
+        cache's units x / scale), which an implementation may read instead of the cache.
         """
         ...
 
@@ -166,8 +166,8 @@ class KernelOps(Protocol):
         Per head RMSNorm of q and k over D (Qwen3; only when both weights are given), neox
         rotary at positions [T], k and v written to the caches at slot_mapping [T] (< 0 skips).
         Hkv and D come from the cache shape. Returns q [T, Hq, D], new and contiguous.
-        keep_k (16-bit caches): the normed, rotated k also replaces qkv's k columns, so qkv's
-        k and v columns hold what the cache got (paged_attention's new_kv).
+        keep_k: the normed, rotated k also replaces qkv's k columns, so qkv's k and v columns
+        hold what the cache got (paged_attention's new_kv; an fp8 cache's units in both).
         """
         ...
 

@@ -132,11 +132,21 @@ def _prepare_qkv_kernel(
                 v_s = tl.load(v_scale_ptr + offs // HEAD_DIM, mask=mask, other=1.0)
                 v = round_to_e4m3(tl.clamp(tl.math.div_rn(v.to(tl.float32), v_s), -448.0, 448.0))
             tl.store(v_cache_ptr + dst + offs, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
-        if KEEP_K:  # the normed, rotated k back into its own columns (read before written)
+        if KEEP_K:  # what the cache got back into k's columns (read before written); an fp8
+            # cache's units (x / scale on e4m3's grid) in v's too, exact in 16 bits
             _norm_rope_heads(
                 row_ptr + q_size, row_ptr + q_size, k_norm_ptr, cos, sin, eps, NUM_KV_HEADS,
-                HEAD_DIM, BLOCK_KH, BLOCK_HALF, HAS_NORM,
+                HEAD_DIM, BLOCK_KH, BLOCK_HALF, HAS_NORM, k_scale_ptr, FP8,
             )  # fmt: skip
+            if FP8:
+                offs = tl.arange(0, BLOCK_KV_ROW)
+                mask = offs < kv_size
+                v = tl.load(row_ptr + q_size + kv_size + offs, mask=mask).to(tl.float32)
+                v_s = tl.load(v_scale_ptr + offs // HEAD_DIM, mask=mask, other=1.0)
+                v = round_to_e4m3(tl.clamp(tl.math.div_rn(v, v_s), -448.0, 448.0))
+                tl.store(
+                    row_ptr + q_size + kv_size + offs, v.to(qkv_ptr.dtype.element_ty), mask=mask
+                )
     else:
         _norm_rope_heads(
             row_ptr,
@@ -171,7 +181,8 @@ def prepare_qkv_triton(
     """q [T, Hq, D] (new, contiguous, qkv's dtype) from qkv [T, (Hq + 2*Hkv) * D]; k and v go
     to the caches [blocks, block_size, Hkv, D] at slot_mapping [T]. Hkv and D come from the
     cache shape; q/k norm runs when both weights are given. keep_k: the normed, rotated k also
-    replaces qkv's k columns in place (kernels/extend_attention.py reads it there)."""
+    replaces qkv's k columns in place (kernels/extend_attention.py reads it there); with an fp8
+    cache both k's and v's columns get the cache's units (x / scale, rounded to e4m3)."""
     num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
     num_tokens, width = qkv.shape
     num_q_heads = width // head_dim - 2 * num_kv_heads
@@ -186,7 +197,6 @@ def prepare_qkv_triton(
     )
     assert (q_norm_weight is None) == (k_norm_weight is None), "pass both q/k norm weights or none"
     assert k_cache.is_contiguous() and v_cache.is_contiguous(), "KV caches must be contiguous"
-    assert not (keep_k and k_scale is not None), "keep_k is for 16-bit caches"
     assert not keep_k or qkv.stride(1) == 1, "keep_k writes into qkv: its rows must be dense"
     qkv = qkv if qkv.stride(1) == 1 else qkv.contiguous()
     cache = cos_sin_cache if cos_sin_cache.stride(1) == 1 else cos_sin_cache.contiguous()

@@ -305,7 +305,8 @@ def prepare_qkv(
 ) -> torch.Tensor:
     """Split qkv [T, (Hq + 2*Hkv) * D], per-head q/k RMSNorm (when weighted), rotary, write_kv:
     what the fused kernel does in one pass. Hkv and D come from the cache shape. Returns q
-    [T, Hq, D], contiguous; keep_k also writes the rotated k over qkv's k columns."""
+    [T, Hq, D], contiguous; keep_k also writes the rotated k over qkv's k columns (fp8: the
+    cache's units over k's and v's)."""
     num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
     num_tokens = qkv.shape[0]
     kv_size = num_kv_heads * head_dim
@@ -322,7 +323,10 @@ def prepare_qkv(
         num_q_heads = qk.shape[1] - num_kv_heads
         q, k = qk[:, :num_q_heads], qk[:, num_q_heads:]
     write_kv(k, v, k_cache, v_cache, slot_mapping, k_scale=k_scale, v_scale=v_scale)
-    if keep_k:
+    if keep_k and k_scale is not None and v_scale is not None:  # the fp8 cache's units
+        units = torch.cat([quantize(k, k_scale), quantize(v, v_scale)], 1).to(qkv.dtype)
+        qkv[:, q_size:] = units.flatten(1)
+    elif keep_k:
         qkv[:, q_size : q_size + kv_size] = k.reshape(num_tokens, kv_size)
     return q.contiguous()
 

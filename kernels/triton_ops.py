@@ -60,10 +60,11 @@ def paged_attention(
     new_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """The new keys from new_kv where given (kernels/extend_attention.py), else all paged."""
-    if new_kv is not None and sliding_window == 0 and k_scale is None:
+    if new_kv is not None:
         return extend_attention_triton(
             q, k_cache, v_cache, new_kv, block_tables, seq_lens, query_start_loc, scale,
-            max_seq_len, decode_prefix, seq_order=seq_order,
+            max_seq_len, decode_prefix, sliding_window=sliding_window, k_scale=k_scale,
+            v_scale=v_scale, seq_order=seq_order,
         )  # fmt: skip
     return paged_attention_triton(
         q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, max_query_len,

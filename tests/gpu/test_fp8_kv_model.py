@@ -12,12 +12,15 @@ from troupe.gpu.kv_cache import KVCache
 from troupe.gpu.model_runner import ModelRunner, RunnerOptions
 from troupe.gpu.weights import load_model
 from troupe.kernels.kv_quant import FP8_DTYPE
+from troupe.kernels.ops import KernelBackend
 
 PROMPTS = [[5, 17, 42, 99, 3, 250, 7, 8, 64, 12, 31], [200, 1, 77, 13, 90, 4, 4, 4, 18]]
 
 
-def _fp8_runner(folder: Path, num_cpu_blocks: int = 0) -> ModelRunner:
-    config, model = load_model(folder, torch.float32, torch.device("cpu"), 256)
+def _fp8_runner(
+    folder: Path, num_cpu_blocks: int = 0, backend: KernelBackend = "auto"
+) -> ModelRunner:
+    config, model = load_model(folder, torch.float32, torch.device("cpu"), 256, backend)
     options = RunnerOptions(
         block_size=4, num_gpu_blocks=64, num_cpu_blocks=num_cpu_blocks, max_model_len=256,
         kv_cache_dtype="fp8",
@@ -40,6 +43,21 @@ def test_fp8_greedy_matches_hf(hf_folder: Any, mt: Any) -> None:
     for i, prompt in enumerate(PROMPTS):
         got, want = driver.seqs[f"r{i}"].output, mt.hf_greedy(hf_model, prompt, 10)
         assert got[:2] == want[:2]
+
+
+def test_fp8_triton_ops_match_the_reference_ops(hf_folder: Any, mt: Any) -> None:
+    """fp8 KV on the Triton ops (under TRITON_INTERPRET=1 here): prefill chunks take the extend
+    kernel, its new keys the cache's units from the fused qkv rows; the same rounding as the
+    torch path's, so the same greedy tokens."""
+    folder, _ = hf_folder("qwen3")
+    outputs = []
+    for backend in ("torch", "triton"):
+        driver = mt.PlanDriver(_fp8_runner(folder, backend=backend), chunk=5)
+        for i, prompt in enumerate(PROMPTS):
+            driver.add(f"r{i}", prompt)
+        driver.run(4)
+        outputs.append([driver.seqs[f"r{i}"].output for i in range(len(PROMPTS))])
+    assert outputs[0] == outputs[1]
 
 
 def test_fp8_logits_stay_close(hf_folder: Any) -> None:

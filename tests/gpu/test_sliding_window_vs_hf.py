@@ -138,3 +138,20 @@ def test_released_blocks_keep_greedy_identical(tmp_path: Path, mt: Any) -> None:
     assert 4 * num_blocks < len(PROMPTS[0]) + num_new  # one request alone overflows it
     assert max(held) <= num_blocks
     assert loop.num_refused == 0 and allocator.gpu.num_free == num_blocks
+
+
+@pytest.mark.parametrize("family", ["gemma3_text", "mistral"])
+def test_windowed_triton_ops_match_hf(family: str, tmp_path: Path, mt: Any) -> None:
+    """On the Triton ops (under TRITON_INTERPRET=1 here) a windowed layer's prefill chunks take
+    the extend kernel with the window (new keys from the fused qkv rows, the prefix within the
+    window from the cache); Gemma 3 mixes local and global layers."""
+    hf_model = _hf_model(family)
+    folder = tmp_path / family
+    hf_model.save_pretrained(folder)
+    num_new = 4  # interpreter time
+    expected = [mt.hf_greedy(hf_model, p, num_new) for p in PROMPTS]
+    driver = mt.PlanDriver(mt.runner_for(folder, backend="triton"), chunk=6)
+    for i, prompt in enumerate(PROMPTS):
+        driver.add(f"r{i}", prompt)
+    driver.run(num_new)
+    assert [driver.seqs[f"r{i}"].output for i in range(len(PROMPTS))] == expected
