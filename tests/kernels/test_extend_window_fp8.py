@@ -149,3 +149,32 @@ def test_prepare_qkv_keep_k_leaves_fp8_units_in_the_rows() -> None:
         torch.testing.assert_close(kept[:, q_size : q_size + kv_size], k_rows, rtol=0, atol=0)
         torch.testing.assert_close(kept[:, q_size + kv_size :], v_rows, rtol=0, atol=0)
         torch.testing.assert_close(kept[:, :q_size], qkv[:, :q_size], rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("window", [0, 100, 512])
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+def test_extend_window_fp8_on_cuda(window: int, fp8: bool) -> None:
+    """bf16 q on real head sizes (64-key tiles, TMA), windows of Gemma 3's size and smaller."""
+    lens = [(3000, 1), (0, 700), (900, 520), (130, 1100)]
+    if fp8:
+        batch, k_scale, v_scale = fp8_batch(lens, "cuda", seed=3)
+        scales: dict[str, torch.Tensor] = {"k_scale": k_scale, "v_scale": v_scale}
+    else:
+        batch = make_paged_batch(
+            lens, num_q_heads=32, num_kv_heads=8, head_dim=128, block_size=16,
+            dtype=torch.bfloat16, device="cuda", seed=3,
+        )  # fmt: skip
+        scales = {}
+    q, k_cache, v_cache, tables, seq_lens, qsl, scale = _args(batch)
+    ref = reference.paged_attention(
+        q.float(), k_cache if fp8 else k_cache.float(), v_cache if fp8 else v_cache.float(),
+        tables, seq_lens, qsl, scale, batch.max_query_len, batch.max_seq_len,
+        sliding_window=window, **scales,
+    )  # fmt: skip
+    prefix = torch.tensor([1], dtype=torch.int32, device="cuda")
+    out = extend_attention_triton(
+        q, k_cache, v_cache, fused_new_kv(batch), tables, seq_lens, qsl, scale,
+        batch.max_seq_len, prefix, sliding_window=window, **scales,
+    )  # fmt: skip
+    assert rel_err(out, ref) < 1e-2
