@@ -186,10 +186,10 @@ class EngineConfig:
     # with every request waiting. Process-wide: an embedding app's objects of that moment are
     # frozen too (unfrozen when the last engine closes).
     gc_freeze: bool = True
-    # Megatron-style tensor parallelism over this many ranks, one worker process each (one GPU
-    # each on CUDA; gloo on the CPU): gpu/tp_runner.py. It must divide the model's attention
-    # heads (checked at load, naming both).
+    # Megatron-style tensor parallelism, a worker process (a GPU on CUDA) per rank: tp_runner.py;
+    # what it must divide: gpu/tp_model.py. Expert parallel: whole MoE experts per rank, not cut
     tensor_parallel_size: int = 1
+    enable_expert_parallel: bool = False
     # Prefill/decode disaggregation: "prefill_decode" computes prompts on one executor and their
     # continuations on another, each with its own worker process, model and KV pool; KV blocks
     # move between them through torch.distributed (gloo on the CPU, NCCL on CUDA). On CUDA the

@@ -47,6 +47,10 @@ class Gemma3Layer(DecoderLayer):
         attn = self.attention(x, positions, meta, kv_cache, cos_sin, ops)
         attn = ops.rms_norm(attn, self.post_attention_layernorm, eps)[0]
         x, residual = ops.rms_norm(attn, self.pre_feedforward_layernorm, eps, residual)
-        act = ops.gelu_tanh_mul(linear(x, self.gate_up_proj))
-        out = ops.rms_norm(linear(act, self.down_proj), self.post_feedforward_layernorm, eps)[0]
+        out = ops.rms_norm(self.mlp(x, ops), self.post_feedforward_layernorm, eps)[0]
         return out, residual
+
+    def mlp(self, x: torch.Tensor, ops: KernelOps) -> torch.Tensor:
+        """GeGLU (tanh gelu); the tensor-parallel layer all-reduces its output before the
+        post norm (gpu/tp_model.py)."""
+        return linear(ops.gelu_tanh_mul(linear(x, self.gate_up_proj)), self.down_proj)

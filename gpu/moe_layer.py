@@ -22,19 +22,28 @@ class MoeLayer(DecoderLayer):
     """DecoderLayer with the dense MLP replaced by router + experts."""
 
     def __init__(
-        self, config: ModelConfig, dtype: torch.dtype, device: torch.device, layer_index: int = 0
+        self,
+        config: ModelConfig,
+        dtype: torch.dtype,
+        device: torch.device,
+        layer_index: int = 0,
+        *,
+        num_local_experts: int | None = None,
     ) -> None:
+        """`num_local_experts`: the experts this layer holds (expert parallelism: a rank's
+        share, gpu/tp_moe.py); None: all. The router scores every expert either way."""
         super().__init__(config, dtype, device, layer_index)
         moe = config.moe
         assert moe is not None and moe.sparse_layers[layer_index]
         del self.gate_up_proj, self.down_proj  # no dense MLP in this layer
-        e, h, inter = moe.num_experts, config.hidden_size, moe.intermediate_size
+        h, inter = config.hidden_size, moe.intermediate_size
+        e = moe.num_experts if num_local_experts is None else num_local_experts
 
         def param(*shape: int) -> nn.Parameter:
             data = torch.empty(*shape, dtype=dtype, device=device)
             return nn.Parameter(data, requires_grad=False)
 
-        self.router = param(e, h)
+        self.router = param(moe.num_experts, h)
         self.w13 = param(e, 2 * inter, h)
         self.w2 = param(e, h, inter)
         self.top_k = moe.top_k
@@ -42,8 +51,13 @@ class MoeLayer(DecoderLayer):
 
     def mlp(self, x: torch.Tensor, ops: KernelOps) -> torch.Tensor:
         """Router softmax top-k, then the fused experts (ops.fused_moe)."""
-        weights, ids = route_topk(F.linear(x, self.router), self.top_k, self.renormalize)
+        weights, ids = self.route(x)
         return ops.fused_moe(x, self.w13, self.w2, weights, ids)
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weights, ids into w13 / w2) [T, k] of each token's experts (a seam: expert
+        parallelism, gpu/tp_moe.py, maps the ids to the rank's experts)."""
+        return route_topk(F.linear(x, self.router), self.top_k, self.renormalize)
 
     def locate_extra(self, rest: str, prefix: str) -> tuple[torch.Tensor, tuple[str, ...]] | None:
         """Destination and fill keys of a layer-relative HF name (e.g. 'mlp.gate.weight',

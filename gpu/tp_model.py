@@ -12,9 +12,15 @@ Each rank holds (H heads, Hkv KV heads, I intermediate, V vocab, P = tensor_para
     lm_head       vocab-parallel like the embedding (the same shard when tied): each rank's
                   logits columns, all-gathered, so every rank holds the full logits
 
-The layers are DecoderLayer over a config with the rank's head and intermediate counts (so
-the KV pool a runner builds from it holds only the rank's KV heads); the all-reduces wrap
-their attention() and mlp(). Norms and rotary tables are whole on every rank.
+    experts (MoE)  router whole on every rank; by default each expert's intermediate rows are
+                  cut like the dense MLP (gate/up column, down row); with expert_parallel rank
+                  r holds experts [r*E/P, (r+1)*E/P) whole (gpu/tp_moe.py). Either way the
+                  experts' partial sums are all-reduced like down_proj's
+
+The layers are DecoderLayer (Gemma 3's sandwich-norm layer, the MoE layer) over a config with
+the rank's head and intermediate counts (so the KV pool a runner builds from it holds only the
+rank's KV heads); the all-reduces wrap their attention() and mlp(), so Gemma 3's post norms
+see the whole sums. Norms, router and rotary tables are whole on every rank.
 """
 
 from __future__ import annotations
@@ -25,11 +31,16 @@ import torch
 from torch.nn import functional as F
 from troupe.config import ConfigError
 from troupe.gpu.attention import AttentionMetadata
+from troupe.gpu.gemma3_layer import Gemma3Layer
 from troupe.gpu.model_config import ModelConfig
 from troupe.gpu.models import DecoderLayer, DecoderModel, KVCache
 from troupe.gpu.quant_linear import linear
 from troupe.gpu.tp_group import TPGroup
 from troupe.kernels.ops import KernelBackend, KernelOps
+
+# where one checkpoint tensor's slice goes on a rank (gpu/tp_weights.py): (destination, dim
+# sliced or None for the whole tensor, start, stop)
+Target = tuple[torch.Tensor, int | None, int, int]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -39,6 +50,7 @@ class TPShard:
     rank: int
     size: int
     full: ModelConfig  # the unsharded model
+    expert_parallel: bool = False  # MoE: whole experts per rank, not each expert's rows
 
     @property
     def num_heads(self) -> int:
@@ -75,20 +87,47 @@ class TPShard:
         """Real rows of the rank's vocab shard (the last one may be short: padded)."""
         return max(0, min(self.vocab_per_rank, self.full.vocab_size - self.vocab_start))
 
+    @property
+    def num_local_experts(self) -> int:
+        """Experts this rank holds (all of them unless expert_parallel); 0 without experts."""
+        total = self.full.moe.num_experts if self.full.moe is not None else 0
+        return total // self.size if self.expert_parallel else total
+
+    @property
+    def first_expert(self) -> int:
+        return self.rank * self.num_local_experts if self.expert_parallel else 0
+
+    @property
+    def expert_intermediate_size(self) -> int:
+        """Rows of gate (and of up) per expert on this rank: whole under expert_parallel."""
+        inter = self.full.moe.intermediate_size if self.full.moe is not None else 0
+        return inter if self.expert_parallel else inter // self.size
+
     def layer_config(self) -> ModelConfig:
-        """The rank's layers' config: its heads and intermediate rows, the full vocabulary."""
+        """The rank's layers' config: its heads and intermediate rows (of the dense MLP and of
+        each expert it holds), the full vocabulary."""
+        moe = self.full.moe
+        if moe is not None:
+            moe = dataclasses.replace(moe, intermediate_size=self.expert_intermediate_size)
         return dataclasses.replace(
             self.full,
             num_heads=self.num_heads,
             num_kv_heads=self.num_kv_heads,
             intermediate_size=self.intermediate_size,
+            moe=moe,
         )
 
 
-def check_tensor_parallel(config: ModelConfig, size: int) -> None:
-    """ConfigError unless `size` ranks can split this model's heads and MLP evenly."""
+def check_tensor_parallel(config: ModelConfig, size: int, expert_parallel: bool = False) -> None:
+    """ConfigError unless `size` ranks can split this model's heads, MLP and experts evenly."""
     if size == 1:
         return
+    if config.mla is not None:
+        raise ConfigError(
+            f"tensor_parallel_size > 1 is not supported for model_type {config.model_type!r}: "
+            "its latent attention (MLA) is not sharded (dense Llama, Mistral, Qwen2, Qwen3, "
+            "Gemma 3 and Qwen3-MoE are)"
+        )
     if config.num_heads % size:
         raise ConfigError(
             f"tensor_parallel_size ({size}) must divide the model's num_attention_heads "
@@ -100,15 +139,22 @@ def check_tensor_parallel(config: ModelConfig, size: int) -> None:
             f"tensor_parallel_size ({size}) and the model's num_key_value_heads ({hkv}) must "
             "divide one another (KV heads are split, or replicated when fewer than ranks)"
         )
-    if config.intermediate_size % size:
+    has_dense = not all(config.is_sparse(i) for i in range(config.num_layers))
+    if has_dense and config.intermediate_size % size:
         raise ConfigError(
             f"tensor_parallel_size ({size}) must divide the model's intermediate_size "
             f"({config.intermediate_size})"
         )
-    if config.moe is not None or config.is_gemma3:
+    moe = config.moe
+    if moe is not None and expert_parallel and moe.num_experts % size:
         raise ConfigError(
-            f"tensor_parallel_size > 1 is not supported for model_type {config.model_type!r} "
-            "yet (dense Llama, Mistral, Qwen2 and Qwen3 are)"
+            f"enable_expert_parallel: tensor_parallel_size ({size}) must divide the model's "
+            f"num_experts ({moe.num_experts})"
+        )
+    if moe is not None and not expert_parallel and moe.intermediate_size % size:
+        raise ConfigError(
+            f"tensor_parallel_size ({size}) must divide the model's moe_intermediate_size "
+            f"({moe.intermediate_size}); enable_expert_parallel splits whole experts instead"
         )
 
 
@@ -132,6 +178,11 @@ class TPDecoderLayer(DecoderLayer):
         return self.group.all_reduce(super().mlp(x, ops))
 
 
+class TPGemma3Layer(TPDecoderLayer, Gemma3Layer):
+    """Gemma 3's sandwich-norm layer over the rank's shard: attention() and mlp() all-reduce
+    (TPDecoderLayer) before Gemma3Layer.forward's post norms read them."""
+
+
 class TPDecoderModel(DecoderModel):
     """DecoderModel of one rank: sharded layers, vocab-parallel embedding and lm_head."""
 
@@ -145,12 +196,12 @@ class TPDecoderModel(DecoderModel):
         kernel_backend: KernelBackend = "auto",
     ) -> None:
         layers = shard.layer_config()
+        self.shard = shard  # before the layers are built: make_layer reads the expert range
         # built with the vocab shard's rows (embed_tokens, lm_head), then told the full size:
         # callers (the runner, graph buffers) see logits over the whole vocabulary
         local = dataclasses.replace(layers, vocab_size=shard.vocab_per_rank)
         super().__init__(local, dtype, device, max_positions, kernel_backend)
         self.config = layers
-        self.shard = shard
         self.group = group
         for layer in self.layers:
             assert isinstance(layer, TPDecoderLayer)
@@ -159,6 +210,12 @@ class TPDecoderModel(DecoderModel):
     def make_layer(
         self, config: ModelConfig, dtype: torch.dtype, device: torch.device, index: int
     ) -> DecoderLayer:
+        if config.is_gemma3:
+            return TPGemma3Layer(config, dtype, device, index)
+        if config.is_sparse(index):
+            from troupe.gpu.tp_moe import TPMoeLayer  # it subclasses TPDecoderLayer
+
+            return TPMoeLayer(config, dtype, device, index, shard=self.shard)
         return TPDecoderLayer(config, dtype, device, index)
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:

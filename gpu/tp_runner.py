@@ -62,7 +62,8 @@ class TPRunner:
         size = config.tensor_parallel_size
         path = Path(resolve_model_path(config.model))
         full = read_config(path)
-        check_tensor_parallel(full, size)  # before spawning anything, and the adapters:
+        # before spawning anything, and the adapters:
+        check_tensor_parallel(full, size, config.enable_expert_parallel)
         for name, folder in config.lora_adapters.items():  # each rank reads its cut again
             load_adapter(name, folder, full, config.max_lora_rank)
         if rank_device(config, 0).type == "cuda" and torch.cuda.device_count() < size:

@@ -9,7 +9,8 @@ GGUF          the file is memory-mapped; a row slice dequantizes only its rows, 
               unpermuted on its own
 
 The shards are dense in the model's dtype: quantized weights are expanded as they load (a
-quantized shard path is not built).
+quantized shard path is not built). A tensor may feed several targets (a fused expert tensor's
+gate and up halves). Gemma 3's norms hold 1 + weight, as on one GPU (gpu/weight_fill.py).
 """
 
 from __future__ import annotations
@@ -22,15 +23,14 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 from troupe.gguf_file import TensorInfo, tensor_bytes
-from troupe.gpu.gguf_arch import hf_name
+from troupe.gpu.gemma3_layer import Gemma3Layer
+from troupe.gpu.gguf_arch import hf_name, norm_offset
 from troupe.gpu.gguf_weights import read_gguf_config, rest_is, unpermute_rotary
 from troupe.gpu.model_config import ModelConfig, ModelLoadError
 from troupe.gpu.quant_linear import Projection
-from troupe.gpu.tp_model import TPDecoderLayer, TPDecoderModel
+from troupe.gpu.tp_model import Target, TPDecoderLayer, TPDecoderModel
+from troupe.gpu.tp_moe import TPMoeLayer, moe_targets
 from troupe.gpu.weights import safetensors_files
-
-# where one HF tensor goes on this rank: (destination, dim sliced or None for whole, start, stop)
-Target = tuple[torch.Tensor, int | None, int, int]
 
 
 class ShardReader(Protocol):
@@ -39,7 +39,7 @@ class ShardReader(Protocol):
     def has(self, name: str) -> bool: ...
 
     def read(self, name: str, dim: int | None, start: int, stop: int) -> torch.Tensor:
-        """The whole tensor (dim None) or rows/columns [start, stop) of dim 0/1."""
+        """The whole tensor (dim None) or [start, stop) of dim 0, 1 or 2 (fused experts)."""
         ...
 
 
@@ -64,8 +64,10 @@ class SafetensorsShardReader:
             tensor: torch.Tensor = part[:]
         elif dim == 0:
             tensor = part[start:stop]
-        else:
+        elif dim == 1:
             tensor = part[:, start:stop]
+        else:
+            tensor = part[:, :, start:stop]
         if tensor.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
             raise ModelLoadError(f"{name}: fp8 weights are not supported with tensor parallelism")
         return tensor
@@ -94,6 +96,8 @@ class GGUFShardReader:
         import gguf
 
         info = self._infos[name]
+        if dim is not None and dim > 1:
+            raise ModelLoadError(f"{name}: GGUF slices of dim {dim} are not supported")
         qtype = gguf.GGMLQuantizationType(info.ggml_type)
         block, type_size = gguf.GGML_QUANT_SIZES[qtype]
         cols = int(info.shape[-1])
@@ -116,6 +120,8 @@ class GGUFShardReader:
             rest_is(info.name, "attn_q.weight") or rest_is(info.name, "attn_k.weight")
         ):
             data = unpermute_rotary(data, data.shape[0] // self._config.head_dim)
+        if offset := norm_offset(info.name, self._arch):  # Gemma's norms: stored as 1 + w
+            data = data + np.float32(offset)
         return torch.from_numpy(data)
 
 
@@ -129,8 +135,8 @@ def open_shard_reader(path: Path) -> Iterator[ShardReader]:
             yield SafetensorsShardReader(path, stack)
 
 
-def shard_targets(model: TPDecoderModel) -> dict[str, Target]:
-    """HF name -> where this rank's slice of it goes."""
+def shard_targets(model: TPDecoderModel, reader: ShardReader) -> list[tuple[str, Target]]:
+    """(HF name, where this rank's slice of it goes), one pair per destination."""
     shard = model.shard
     hd = model.config.head_dim
     q0, nq = shard.first_head * hd, shard.num_heads * hd
@@ -145,11 +151,11 @@ def shard_targets(model: TPDecoderModel) -> dict[str, Target]:
     if model.lm_head is not None:
         assert isinstance(model.lm_head, torch.Tensor)
         targets["lm_head.weight"] = (model.lm_head[:nv], 0, v0, v0 + nv)
+    experts: list[tuple[str, Target]] = []
     for index, layer in enumerate(model.layers):
         assert isinstance(layer, TPDecoderLayer)
         p = f"model.layers.{index}."
-        qkv, gate_up = _dense(layer.qkv_proj), _dense(layer.gate_up_proj)
-        o, down = _dense(layer.o_proj), _dense(layer.down_proj)
+        qkv, o = _dense(layer.qkv_proj), _dense(layer.o_proj)
         targets |= {
             p + "input_layernorm.weight": (layer.input_layernorm, None, 0, 0),
             p + "post_attention_layernorm.weight": (layer.post_attention_layernorm, None, 0, 0),
@@ -157,10 +163,15 @@ def shard_targets(model: TPDecoderModel) -> dict[str, Target]:
             p + "self_attn.k_proj.weight": (qkv[nq : nq + nk], 0, k0, k0 + nk),
             p + "self_attn.v_proj.weight": (qkv[nq + nk :], 0, k0, k0 + nk),
             p + "self_attn.o_proj.weight": (o, 1, q0, q0 + nq),
-            p + "mlp.gate_proj.weight": (gate_up[:ni], 0, i0, i0 + ni),
-            p + "mlp.up_proj.weight": (gate_up[ni:], 0, i0, i0 + ni),
-            p + "mlp.down_proj.weight": (down, 1, i0, i0 + ni),
         }
+        if isinstance(layer, TPMoeLayer):
+            fused = reader.has(p + "mlp.experts.gate_up_proj")
+            experts += moe_targets(layer, p, shard, fused=fused)
+        else:
+            gate_up, down = _dense(layer.gate_up_proj), _dense(layer.down_proj)
+            targets[p + "mlp.gate_proj.weight"] = (gate_up[:ni], 0, i0, i0 + ni)
+            targets[p + "mlp.up_proj.weight"] = (gate_up[ni:], 0, i0, i0 + ni)
+            targets[p + "mlp.down_proj.weight"] = (down, 1, i0, i0 + ni)
         if layer.qkv_bias is not None:
             b = layer.qkv_bias
             targets[p + "self_attn.q_proj.bias"] = (b[:nq], 0, q0, q0 + nq)
@@ -169,7 +180,11 @@ def shard_targets(model: TPDecoderModel) -> dict[str, Target]:
         if layer.q_norm is not None and layer.k_norm is not None:
             targets[p + "self_attn.q_norm.weight"] = (layer.q_norm, None, 0, 0)
             targets[p + "self_attn.k_norm.weight"] = (layer.k_norm, None, 0, 0)
-    return targets
+        if isinstance(layer, Gemma3Layer):
+            pre, post = layer.pre_feedforward_layernorm, layer.post_feedforward_layernorm
+            targets[p + "pre_feedforward_layernorm.weight"] = (pre, None, 0, 0)
+            targets[p + "post_feedforward_layernorm.weight"] = (post, None, 0, 0)
+    return list(targets.items()) + experts
 
 
 def _dense(weight: Projection) -> torch.Tensor:
@@ -180,12 +195,12 @@ def _dense(weight: Projection) -> torch.Tensor:
 @torch.inference_mode()
 def load_shard(model: TPDecoderModel, reader: ShardReader, source: str) -> None:
     """Fill every parameter of the rank's model with its slice; pad vocab rows are zero."""
-    targets = shard_targets(model)
-    missing = [name for name in targets if not reader.has(name)]
+    targets = shard_targets(model, reader)
+    missing = list(dict.fromkeys(name for name, _ in targets if not reader.has(name)))
     if missing:
         more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
         raise ModelLoadError(f"{source}: missing weights for {', '.join(missing[:5])}{more}")
-    for name, (dest, dim, start, stop) in targets.items():
+    for name, (dest, dim, start, stop) in targets:
         tensor = reader.read(name, dim, start, stop)
         if tuple(tensor.shape) != tuple(dest.shape):
             raise ModelLoadError(
@@ -197,3 +212,7 @@ def load_shard(model: TPDecoderModel, reader: ShardReader, source: str) -> None:
     for table in (model.embed_tokens, model.lm_head):
         if isinstance(table, torch.Tensor):
             table[nv:].zero_()  # padding rows: their logits are cut off after the gather
+    if model.config.is_gemma3:  # Gemma's RMSNorm scales by (1 + weight): fold the 1 in once
+        for name, param in model.named_parameters():
+            if name.endswith("norm"):
+                param.add_(1.0)

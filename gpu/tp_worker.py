@@ -64,11 +64,16 @@ def build_rank_runner(config: EngineConfig, group: TPGroup) -> ModelRunner:
     """Load this rank's shard and size its pools (the same block counts on every rank)."""
     path = Path(resolve_model_path(config.model))
     full = read_config(path)
-    check_tensor_parallel(full, group.world_size)
+    check_tensor_parallel(full, group.world_size, config.enable_expert_parallel)
     device = group.device
     dtype = model_dtype(config, device)
     max_model_len = checked_max_model_len(config, full)
-    shard = TPShard(rank=group.rank, size=group.world_size, full=full)
+    shard = TPShard(
+        rank=group.rank,
+        size=group.world_size,
+        full=full,
+        expert_parallel=config.enable_expert_parallel,
+    )
     model = TPDecoderModel(shard, group, dtype, device, max_model_len, config.kernel_backend)
     with open_shard_reader(path) as reader:
         load_shard(model, reader, str(path))
