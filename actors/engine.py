@@ -3,7 +3,9 @@
 Callers talk to the tokenizer's inbox (the client edge, bounded: callers feel backpressure) and
 read their events from ClientStreams, which the engine's router fills from the streamer's
 StreamBatches. An actor that raises, or an executor step that hangs past `step_timeout_s`,
-stops the graph: every open request gets a Failed event and `is_healthy` turns False.
+stops the graph: every open request gets a Failed event, `is_healthy` turns False and new
+requests are refused with the same message (actors/engine_death.py: "engine dead: <cause>" when
+the runner can never step again).
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ from troupe.actors import startup
 from troupe.actors.client_streams import ClientStreams, EventListener
 from troupe.actors.core.executor import ExecutorCore
 from troupe.actors.engine_admin import EngineAdmin
+from troupe.actors.engine_death import failure_message, pools_gone, stop_cause
 from troupe.actors.engine_stopped import EngineStopped as EngineStopped  # the engine's API
-from troupe.actors.exception_groups import single_leaf, unwrap_single
+from troupe.actors.exception_groups import unwrap_single
 from troupe.actors.heap_freeze import frozen_heap
 from troupe.actors.lora_registry import LoraRegistry
 from troupe.actors.request_input import RequestInputError, to_generate_request
@@ -39,6 +42,7 @@ from troupe.messages import (
     ChatPrompt,
     EngineStats,
     GenerateRequest,
+    PromptEmbeds,
     RejectCode,
     Rejected,
     SamplingParams,
@@ -52,7 +56,10 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("troupe.engine")
 
-PromptInput = str | Sequence[int] | Sequence[Mapping[str, Any]] | Sequence[Any] | ChatPrompt
+# PromptEmbeds: input embeddings in place of a prompt (gpu/embed_rows.prompt_embeds_of)
+PromptInput = (
+    str | Sequence[int] | Sequence[Mapping[str, Any]] | Sequence[Any] | ChatPrompt | PromptEmbeds
+)
 
 
 class Engine:
@@ -65,9 +72,11 @@ class Engine:
         self.max_model_len = 0
         self.eos_token_ids: tuple[int, ...] = ()  # the model's, once loaded
         self.classifier_labels: tuple[str, ...] = ()  # a classification model's; once loaded
+        self.is_token_classifier = False  # its labels are per token (token_classify only)
         self.sampling_defaults = NO_DEFAULTS  # for what a request leaves unset; once read
         self.tokenizer: Any = None
         self.error: BaseException | None = None
+        self.failure: str | None = None  # once dead: why, as every request is told
         self._streams = ClientStreams(config.max_stream_buffer)
         self._listeners: list[EventListener] = []
         self._stats_listeners: list[Callable[[EngineStats], None]] = []
@@ -148,7 +157,7 @@ class Engine:
                 self._cancel_scope.cancel()
                 await self._stopped.wait()
         if self.error is not None:
-            raise EngineStopped(f"the engine crashed: {self.error!r}") from self.error
+            raise EngineStopped(self.failure) from self.error
 
     async def _run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         config = self.config
@@ -162,6 +171,7 @@ class Engine:
         self.max_model_len = setup.numbers.max_model_len
         self.eos_token_ids = tuple(setup.numbers.eos_token_ids)
         self.classifier_labels = tuple(setup.numbers.classifier_labels)
+        self.is_token_classifier = setup.numbers.is_token_classifier
         self._vocab_size = setup.numbers.vocab_size
         tracer = None
         try:  # a bad trace path, a core that refuses the config: the runner is closed all the same
@@ -192,9 +202,11 @@ class Engine:
                              num_cpu_blocks=blocks[1])  # fmt: skip
                     task_status.started()
         except Exception as exc:  # an actor crashed: fail its requests, keep the caller alive
-            self.error = single_leaf(exc) or exc
-            log.error("engine crashed", exc_info=self.error)
-            self._fail_open(f"engine failure: {self.error}")
+            self.error = stop_cause(exc)
+            self.failure = failure_message(self.error)
+            log.error("engine crashed", failure=self.failure, exc_info=self.error)
+            self._stats = pools_gone(self._stats)  # the runner and the allocator go with it
+            self._fail_open(self.failure)
         finally:
             self._is_closing = True
             with anyio.CancelScope(shield=True):
@@ -343,7 +355,7 @@ class Engine:
         except RequestInputError as exc:
             return self._reject_here(request_id, RejectCode.INVALID_REQUEST, exc.field, str(exc))
         if self._is_closing or self._to_tokenizer is None:
-            reason = "the engine is shutting down"
+            reason = self.failure or "the engine is shutting down"
             return self._reject_here(request_id, RejectCode.SHUTTING_DOWN, None, reason)
         if request_id in self._streams:
             message = f"request_id {request_id!r} is already in use"

@@ -154,11 +154,13 @@ async def _drain(request: web.Request, handler: Handler) -> web.StreamResponse:
 
 async def health(request: web.Request) -> web.Response:
     """200 while serving; 503 once draining (load balancers stop sending work) or once the
-    engine has failed (a supervisor restarts the process). `home_id`: what the ids of the
-    responses stored here carry (the router sends their reads here)."""
+    engine has failed (a supervisor restarts the process; `error` says why, e.g. "engine dead:
+    tensor-parallel worker failed: ..."). `home_id`: what the ids of the responses stored here
+    carry (the router sends their reads here)."""
     gateway = request.app[GATEWAY]
     if not gateway.engine.is_healthy:
-        return web.json_response({"status": "failed"}, status=503)
+        body = {"status": "failed", "error": gateway.engine.failure or "the engine stopped"}
+        return web.json_response(body, status=503)
     if gateway.is_draining:
         return web.json_response({"status": "draining"}, status=503)
     model = gateway.served_models().model_id

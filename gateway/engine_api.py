@@ -61,6 +61,9 @@ class EngineLike(Protocol):
     def classifier_labels(self) -> tuple[str, ...]: ...  # a classification model's; () if not
 
     @property
+    def is_token_classifier(self) -> bool: ...  # the labels are per token (token_classify)
+
+    @property
     def sampling_defaults(self) -> SamplingDefaults: ...  # for the fields a body leaves unset
 
     @property
@@ -74,6 +77,9 @@ class EngineLike(Protocol):
 
     @property
     def is_healthy(self) -> bool: ...
+
+    @property
+    def failure(self) -> str | None: ...  # once the engine failed: why (actors/engine_death.py)
 
     async def wait_stopped(self) -> None: ...
 

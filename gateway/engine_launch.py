@@ -69,10 +69,10 @@ async def open_remote_engine(
         engine.close_transport()
         exitcode = await asyncio.to_thread(_reap, process)
         log.debug("engine process exited", pid=process.pid, exitcode=exitcode)
-    if engine.error is not None:
-        if engine.error == DIED:
-            raise EngineStopped(f"the engine crashed: {DIED} (exit code {exitcode})")
-        raise EngineStopped(engine.error)
+    if engine.failure is not None:
+        if engine.failure == DIED:
+            raise EngineStopped(f"{DIED} (exit code {exitcode})")
+        raise EngineStopped(engine.failure)
 
 
 def _reap(process: multiprocessing.process.BaseProcess) -> int | None:

@@ -121,6 +121,7 @@ async def _run_engine(
                     pid=os.getpid(),
                     eos_token_ids=engine.eos_token_ids,
                     classifier_labels=engine.classifier_labels,
+                    is_token_classifier=engine.is_token_classifier,
                     lora_adapters=_adapters_of(engine),
                     sampling_defaults=engine.sampling_defaults,
                 )
@@ -138,7 +139,7 @@ async def _run_engine(
     except Exception as exc:
         if ready.done():  # a failure after the start (a bug here): stop, say why
             log.exception("engine process failed")
-            return Stopped(error=f"the engine process failed: {exc!r}")
+            return Stopped(error=f"engine failure: the engine process failed: {exc!r}")
         return _start_failed(exc)
 
 

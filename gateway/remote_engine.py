@@ -11,9 +11,11 @@ same as the Engine's) with the engine's delivery time, so metrics listeners see 
 own inter-token gaps. Commands are written at once, in call order, so an abort can never
 overtake its request; a caller then waits while the socket's buffer is full (backpressure).
 
-If the child dies, every open stream gets one Failed event (listeners see it too: /metrics
-counts it), `is_healthy` turns False and `wait_stopped` returns: `troupe serve` answers /health
-with 503 and exits 1, as with an engine that fails in-process.
+If the child dies, or its engine does (its Stopped frame names why: "engine dead: <cause>" for
+a runner that can never step again, actors/engine_death.py), every open stream gets one Failed
+event with that message (listeners see it too: /metrics counts it), new requests are refused
+with it, the stats show the pools gone, `is_healthy` turns False and `wait_stopped` returns:
+`troupe serve` answers /health with 503 and exits 1, as with an engine that fails in-process.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from typing import Any
 
 import structlog
 from troupe.actors.client_streams import STOPPED, ClientStreams, EventListener
+from troupe.actors.engine_death import pools_gone
 from troupe.actors.request_input import RequestInputError, to_generate_request
 from troupe.gateway.engine_api import TokenizerLike
 from troupe.gateway.remote_admin import RemoteAdmin
@@ -64,7 +67,8 @@ from troupe.messages.sampling_defaults import NO_DEFAULTS
 
 log = structlog.get_logger("troupe.gateway")
 
-DIED = "the engine process exited unexpectedly"  # the error when the socket just closes
+# the failure when the socket just closes
+DIED = "engine failure: the engine process exited unexpectedly"
 
 
 class RemoteEngine(asyncio.Protocol):
@@ -76,9 +80,10 @@ class RemoteEngine(asyncio.Protocol):
         self.max_model_len = 0
         self.eos_token_ids: tuple[int, ...] = ()  # the model's, from Hello (beam search)
         self.classifier_labels: tuple[str, ...] = ()  # from Hello: POST /classify's labels
+        self.is_token_classifier = False  # from Hello: the labels are per token
         self.sampling_defaults = NO_DEFAULTS  # from Hello: for what a request leaves unset
         self.pid = 0  # the engine process, once it said Hello
-        self.error: str | None = None  # why the engine stopped, if it failed
+        self.failure: str | None = None  # why the engine stopped, if it failed
         self._tokenizer: TokenizerLike | None = None
         self._streams = ClientStreams(max_stream_buffer)
         self._listeners: list[EventListener] = []
@@ -115,7 +120,7 @@ class RemoteEngine(asyncio.Protocol):
 
     @property
     def is_healthy(self) -> bool:
-        return self.error is None and not self._stopped.is_set()
+        return self.failure is None and not self._stopped.is_set()
 
     async def wait_stopped(self) -> None:
         """Until the engine process has stopped (closed, or died: then `error` is set)."""
@@ -185,7 +190,7 @@ class RemoteEngine(asyncio.Protocol):
         except RequestInputError as exc:
             return self._reject(request_id, RejectCode.INVALID_REQUEST, exc.field, str(exc))
         if self._is_closing or not self.is_healthy:
-            reason = "the engine is shutting down"
+            reason = self.failure or "the engine is shutting down"
             return self._reject(request_id, RejectCode.SHUTTING_DOWN, None, reason)
         if request_id in self._streams:
             message = f"request_id {request_id!r} is already in use"
@@ -202,9 +207,7 @@ class RemoteEngine(asyncio.Protocol):
         return event
 
     def _failure_message(self) -> str:
-        if self.error is not None:
-            return f"engine failure: {self.error}"
-        return STOPPED
+        return self.failure or STOPPED
 
     def _send(self, command: ToEngine) -> None:
         if self._transport is not None and not self._transport.is_closing():
@@ -247,6 +250,7 @@ class RemoteEngine(asyncio.Protocol):
                 )
                 self.eos_token_ids = reply.eos_token_ids
                 self.classifier_labels = reply.classifier_labels
+                self.is_token_classifier = reply.is_token_classifier
                 self.sampling_defaults = reply.sampling_defaults
                 self.loras.show(reply.lora_adapters)
                 self._hello.set_result(reply)
@@ -266,7 +270,8 @@ class RemoteEngine(asyncio.Protocol):
     def _stop(self, error: str | None, exc: Exception | None) -> None:
         """The engine is gone (cleanly when `error` is None): fail what is still open."""
         if error is not None:
-            self.error = error
+            self.failure = error
+            self._stats = pools_gone(self._stats)
             log.error("engine process failed", error=error, pid=self.pid)
         self._is_closing = True
         now = time.monotonic()

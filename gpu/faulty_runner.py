@@ -2,7 +2,7 @@
 
 Tests and the soak harness use it to prove that a failure stays contained (a raising step fails
 only its requests, a request whose logits turn non-finite fails alone, a hung step is caught by
-the engine's watchdog), and to make timing-dependent
+the engine's watchdog, a runner that dies turns the engine dead), and to make timing-dependent
 scenarios deterministic: `hold_after(n)` lets `n` more steps run, then blocks the next one until
 `release()` -- a stream is then certain to outlive a drain grace, however fast the machine.
 
@@ -16,12 +16,17 @@ import threading
 from collections.abc import Collection, Mapping
 
 from troupe.gpu.runner import Runner, SequencesFailed
+from troupe.gpu.runner_dead import RunnerDead
 from troupe.gpu.runner_wrapper import RunnerWrapper
 from troupe.messages import FailedSeq, SampledToken, SeqFailureReason, StepPlan
 
 
 class InjectedFault(RuntimeError):
     """The error a FaultyRunner raises at a step in `fail_at_steps`."""
+
+
+class InjectedDeath(RunnerDead):
+    """What a FaultyRunner raises from `dead_at_step` on: it can never step again."""
 
 
 class FaultyRunner(RunnerWrapper):
@@ -34,10 +39,13 @@ class FaultyRunner(RunnerWrapper):
         fail_at_steps: Collection[int] = (),
         hang_at_step: int | None = None,
         nan_at: Mapping[int, Collection[str]] | None = None,
+        dead_at_step: int | None = None,
     ) -> None:
         """`nan_at`: step -> request ids whose logits come out non-finite at that step (as the
-        real sampler reports them: no token, a FailedSeq); ids not sampled then are unaffected."""
+        real sampler reports them: no token, a FailedSeq); ids not sampled then are unaffected.
+        `dead_at_step`: that step and every later one raise InjectedDeath (a RunnerDead)."""
         super().__init__(inner)
+        self._dead_at = dead_at_step
         self._fail_at = frozenset(fail_at_steps)
         self._nan_at = {step: frozenset(ids) for step, ids in (nan_at or {}).items()}
         self._cond = threading.Condition()
@@ -79,6 +87,8 @@ class FaultyRunner(RunnerWrapper):
                 self.is_waiting = False
         if step in self._fail_at:
             raise InjectedFault(f"fault injected at step {step}")
+        if self._dead_at is not None and step >= self._dead_at:
+            raise InjectedDeath(f"the runner died at step {self._dead_at} (injected)")
         sampled = self.inner.execute(plan)
         poisoned = self._nan_at.get(step)
         if poisoned is None or not any(s.request_id in poisoned for s in sampled):

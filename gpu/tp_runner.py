@@ -9,9 +9,10 @@ pipe and waits for rank 0's answer, or for any rank's failure or exit, whichever
                                       waits on: every rank's pipe + every rank's process sentinel
 
 It never joins a collective itself, so a dead or failing rank cannot hang it: the step raises
-TPWorkerError naming the rank, every worker is stopped, and the engine fails the open requests
-with that message (as for any runner that raises). Workers are daemonic and rank 0 stops the
-group when the engine's end of its pipe closes, so none outlives the engine.
+TPWorkerError naming the rank, every worker is stopped, and the engine turns dead: every open
+request fails with that message, new ones are refused (a RunnerDead, gpu/runner_dead.py).
+Workers are daemonic and rank 0 stops the group when the engine's end of its pipe closes, so
+none outlives the engine.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from troupe.config import ConfigError, EngineConfig, resolve_model_path
 from troupe.gpu.lora_adapter import load_adapter
 from troupe.gpu.model_config import ModelLoadError
 from troupe.gpu.runner import HiddenOutputs, RunnerStats, SequencesFailed
+from troupe.gpu.runner_dead import RunnerDead
 from troupe.gpu.tp_model import check_tensor_parallel
 from troupe.gpu.tp_protocol import (
     Close,
@@ -51,8 +53,9 @@ from troupe.messages import SampledToken, StepPlan, TokenMasks
 STOP_GRACE_S = 10.0  # how long close() waits for the workers to exit before killing them
 
 
-class TPWorkerError(RuntimeError):
-    """A tensor-parallel worker failed or exited; the engine cannot step any more."""
+class TPWorkerError(RunnerDead):
+    """A tensor-parallel worker failed or exited; the engine cannot step any more (a
+    RunnerDead: the engine turns dead, gpu/runner_dead.py)."""
 
 
 class TPRunner:

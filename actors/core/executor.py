@@ -17,6 +17,7 @@ from typing import Any
 import structlog
 from troupe.actors.core.base import Outgoing
 from troupe.gpu.runner import HiddenOutputs, Runner, SequencesFailed, WeightsRefused
+from troupe.gpu.runner_dead import runner_dead
 from troupe.gpu.token_bitmask import join_masks
 from troupe.messages import (
     ExecutorInbox,
@@ -45,7 +46,10 @@ class ExecutorCore:
     A runner exception fails only that step: the scheduler turns the error into Failed events
     for the step's requests and the engine keeps serving the others. A sequence the runner
     could not sample (SequencesFailed: non-finite logits) fails alone, in `StepResult.failed`,
-    as does one whose grammar failed (TokenMasks.failed).
+    as does one whose grammar failed (TokenMasks.failed). A runner that can never step again
+    (gpu/runner_dead.py: a tensor-parallel rank gone, a poisoned CUDA context) raises
+    RunnerDead out of `handle`: the actor stops and the engine turns dead (every open request
+    fails with its message, actors/engine_death.py).
     """
 
     def __init__(
@@ -100,6 +104,7 @@ class ExecutorCore:
         try:
             self.runner.launch(plan)
         except Exception as exc:
+            _raise_if_dead(exc, plan.step_id)
             log.exception("step failed", step_id=plan.step_id)
             self._launch_error = f"{type(exc).__name__}: {exc}"
             self._drop_hidden_outputs()
@@ -154,6 +159,7 @@ class ExecutorCore:
                 **_hidden_fields(self.runner.take_hidden_outputs()),
             )
         except Exception as exc:
+            _raise_if_dead(exc, step_id)
             log.exception("step failed", step_id=step_id)
             self._drop_hidden_outputs()
             return StepResult(
@@ -175,6 +181,7 @@ class ExecutorCore:
             log.warning("weight update refused", model_path=msg.model_path, reason=str(exc))
             return WeightsLoaded(call_id=call_id, message=str(exc), error=exc.code)
         except Exception as exc:  # a bug, or a read failing: the weights may be mixed
+            _raise_if_dead(exc, None)
             log.exception("weight update failed", model_path=msg.model_path)
             message = f"loading {msg.model_path!r} failed: {type(exc).__name__}: {exc}"
             return WeightsLoaded(call_id=call_id, message=message, error=WeightsErrorCode.FAILED)
@@ -188,6 +195,17 @@ class ExecutorCore:
             self.runner.take_hidden_outputs()
         except Exception:
             log.exception("dropping a failed step's hidden outputs failed")
+
+
+def _raise_if_dead(exc: Exception, step_id: int | None) -> None:
+    """Raise `exc` as RunnerDead if the runner can never step again (else return)."""
+    dead = runner_dead(exc)
+    if dead is None:
+        return
+    log.error("runner dead", step_id=step_id, error=str(dead), exc_info=exc)
+    if dead is exc:
+        raise dead
+    raise dead from exc
 
 
 def _hidden_fields(hidden: HiddenOutputs) -> dict[str, Any]:

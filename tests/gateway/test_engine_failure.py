@@ -64,6 +64,7 @@ class _DeadEngine:
     model_name = "dead"
     lora_adapters: ClassVar[dict[str, str]] = {}
     is_healthy = False
+    failure = "engine dead: tensor-parallel worker failed: rank 1 exited with code -9"
 
     def stats(self) -> EngineStats:
         return EngineStats()
@@ -82,7 +83,8 @@ async def test_health_is_503_once_the_engine_failed() -> None:
         async with aiohttp.ClientSession() as http:
             async with http.get(f"http://{host}:{port}/health") as resp:
                 assert resp.status == 503
-                assert (await resp.json())["status"] == "failed"
+                body = await resp.json()
+                assert body["status"] == "failed" and body["error"] == _DeadEngine.failure
     finally:
         await runner.cleanup()
 
