@@ -13,6 +13,8 @@ from troupe.actors.core.tokenizer_text import TextTokenizer
 from troupe.actors.graph import GraphInputs
 from troupe.actors.wiring import ActorSpec, graph_specs
 from troupe.config import DEFAULT_MODEL_NAME, ConfigError, EngineConfig, resolve_model_path
+from troupe.gpu.classifier_config import ClassifierConfig, read_folder_classifier
+from troupe.gpu.embeds_width import prompt_embeds_width
 from troupe.gpu.runner import Runner, build_runner
 from troupe.messages.trace import RunnerNumbers
 
@@ -65,7 +67,7 @@ def start_executor(config: EngineConfig, runner: Runner | None = None) -> Execut
     # such prompts up front (400 too_long) and generation stops at the cap (finish "length").
     capacity = runner.num_gpu_blocks * runner.block_size - runner.num_lookahead_tokens
     max_model_len = max(1, min(max_model_len, capacity))
-    labels = _classifier_labels(config, path) if not injected else ()
+    classifier = _classifier(config, path) if not injected else None
     numbers = RunnerNumbers(
         block_size=runner.block_size,
         num_gpu_blocks=runner.num_gpu_blocks,
@@ -78,7 +80,9 @@ def start_executor(config: EngineConfig, runner: Runner | None = None) -> Execut
         kv_window=runner.kv_window,
         kv_pages_on_write=runner.kv_pages_on_write,
         max_stream_len=runner.max_stream_len,
-        classifier_labels=labels,
+        classifier_labels=() if classifier is None else classifier.labels,
+        is_token_classifier=classifier is not None and classifier.is_per_token,
+        prompt_embeds_width=prompt_embeds_width(runner) if config.enable_prompt_embeds else 0,
     )
     return ExecutorSetup(
         config=config,
@@ -91,18 +95,16 @@ def start_executor(config: EngineConfig, runner: Runner | None = None) -> Execut
     )
 
 
-def _classifier_labels(config: EngineConfig, path: Path) -> tuple[str, ...]:
-    """A classification model's labels (() for a causal LM); the engine then serves classify
+def _classifier(config: EngineConfig, path: Path) -> ClassifierConfig | None:
+    """A classification model's head (None for a causal LM); the engine then serves classify
     requests only. Refused where its score head is not run: a fake runner, tensor parallelism,
     a disaggregated prefill, speculative decoding."""
-    from troupe.gpu.classifier_config import read_folder_classifier
-
     try:
         classifier = read_folder_classifier(path)
     except ValueError as exc:
         raise ConfigError(f"model: {exc}") from exc
     if classifier is None:
-        return ()
+        return None
     refused = (
         ("runner", config.runner != "model"),
         ("tensor_parallel_size", config.tensor_parallel_size > 1),
@@ -111,8 +113,8 @@ def _classifier_labels(config: EngineConfig, path: Path) -> tuple[str, ...]:
     )
     for field, is_set in refused:
         if is_set:
-            raise ConfigError(f"{field}: not supported with a sequence-classification model")
-    return classifier.labels
+            raise ConfigError(f"{field}: not supported with a classification model")
+    return classifier
 
 
 def model_name(model: str | None, path: Path) -> str:

@@ -117,6 +117,7 @@ def build_admission(g: GraphInputs) -> AdmissionCore:
         max_model_len=g.numbers.max_model_len,
         vocab_size=g.numbers.vocab_size,
         num_labels=len(g.numbers.classifier_labels),
+        is_token_classifier=g.numbers.is_token_classifier,
         max_num_seqs=g.config.max_num_seqs,
         max_queued_requests=g.config.max_queued_requests,
         max_queued_tokens=g.config.max_queued_tokens,

@@ -9,7 +9,8 @@
 with `use_activation: false`, as vLLM's); `label` names the largest in the model's id2label.
 Each input is one engine request run as an embedding's (gateway/prompt_batch.py and
 gateway/pooled_vectors.py: one refused input fails the whole request, naming `input[i]`, the
-others aborted). A model that is no classifier answers 400 naming `model`.
+others aborted). A model that is no sequence classifier (a causal LM, a token classifier)
+answers 400 naming `model`, as vLLM serves /classify only for the classify task.
 """
 
 from __future__ import annotations
@@ -44,11 +45,13 @@ async def classify_body(gateway: Gateway, raw: bytes) -> dict[str, Any]:
     """The JSON answer to a classify request body (an ApiError for a refused one)."""
     req = parse_classify_request(raw, max_inputs=gateway.settings.max_embedding_inputs)
     labels = gateway.engine.classifier_labels
-    if not labels:
+    if not labels or gateway.engine.is_token_classifier:
+        what = "token-classification model: it serves token_classify (POST /pooling)"
         raise invalid(
             "model",
             f"model {gateway.served_models().model_id!r} is not a sequence-classification model "
-            "(a *ForSequenceClassification checkpoint): it does not serve classify requests",
+            "(a *ForSequenceClassification checkpoint): it does not serve classify requests"
+            + (f"; it is a {what}" if labels else ""),
         )
     answer = await input_vectors(gateway, req, "classify")
     data = []

@@ -60,6 +60,7 @@ class InputVectors:
     model: str  # the answer's `model`: the adapter the request named, or the served model
     vectors: list[Vector]  # one an input, in order
     usage: Usage
+    prompt_tokens: tuple[int, ...]  # each input's (the rows of a per-token vector)
 
     def list_answer(self, data: list[dict[str, Any]], usage: dict[str, Any]) -> dict[str, Any]:
         """The list envelope vLLM's pooling answers share (embeddings, classify, pooling)."""
@@ -89,10 +90,12 @@ async def input_vectors(gateway: Gateway, req: InputRequest, id_prefix: str) -> 
     fields = _CLIENT_FIELDS
     if req.is_list and len(req.inputs) == 1:
         fields = {k: "input[0]" for k in _CLIENT_FIELDS}
-    vectors, usage = await pooled_vectors(
+    vectors, usages = await _gather(
         gateway, events, names, lambda event: error_for_event(event, fields)
     )
-    return InputVectors(request_id, served.name_of(lora), vectors, usage)
+    prompt_tokens = tuple(usages[i].prompt_tokens for i in range(len(names)))
+    usage = batch_usage(sorted(usages.items()), 1)
+    return InputVectors(request_id, served.name_of(lora), vectors, usage, prompt_tokens)
 
 
 async def pooled_vectors(
@@ -104,8 +107,19 @@ async def pooled_vectors(
     """Every prompt's vector, in order, and the batch's usage. `events`: batch_events over
     the prompts, one a `names` entry (the field a missing vector's 500 names); `error_for`:
     the HTTP error for a prompt's failure."""
+    vectors, usages = await _gather(gateway, events, names, error_for)
+    return vectors, batch_usage(sorted(usages.items()), 1)
+
+
+async def _gather(
+    gateway: Gateway,
+    events: AsyncIterator[StreamEvent],
+    names: Sequence[str],
+    error_for: Callable[[Rejected | Aborted | Failed], ApiError],
+) -> tuple[list[Vector], dict[int, Usage]]:
+    """Every prompt's vector, in order, and each prompt's usage by its index."""
     vectors: dict[int, Vector] = {}
-    usages: list[tuple[int, Usage]] = []
+    usages: dict[int, Usage] = {}
     # an async generator (its aclose ends every prompt's stream), typed as an iterator
     merged = cast(AsyncGenerator[StreamEvent, None], events)
     gateway.stream_opened()
@@ -117,12 +131,12 @@ async def pooled_vectors(
                 if event.embedding is not None:
                     vectors[event.index] = event.embedding
                 if isinstance(event, Finished):
-                    usages.append((event.index, event.usage))
+                    usages[event.index] = event.usage
                 if event.is_terminal:
                     missing = [i for i in range(len(names)) if i not in vectors]
                     if missing:
                         raise ApiError(500, f"the engine gave no embedding for {names[missing[0]]}")
-                    return [vectors[i] for i in range(len(names))], batch_usage(usages, 1)
+                    return [vectors[i] for i in range(len(names))], usages
     finally:
         gateway.stream_closed()
     raise ApiError(500, "the engine ended the stream without a terminal event")

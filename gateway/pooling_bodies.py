@@ -2,15 +2,23 @@
 named 400.
 
     {"model", "input": str | [str, ...] | [int, ...] | [[int, ...], ...],
-     "task": "embed" | "classify" (default: the model's), "truncate_prompt_tokens",
+     "task": "embed" | "classify" | "token_embed" | "token_classify" (default: the model's),
+     "truncate_prompt_tokens",
      "encoding_format": "float" | "base64", "use_activation" (default true; older names
      "normalize", "activation", "softmax"), "dimensions" (refused), "user", "priority"}
 
-/pooling is vLLM's generic pooling call: the request is an embedding's for an embedding model
-(the server's `--pooling-type`, `use_activation`: unit L2 norm) and a classification's for a
-`*ForSequenceClassification` model (the last token through the score head, `use_activation`:
-the classifier's activation). `task` may only name the model's own task: troupe serves one
-per model, and has no per-token tasks (vLLM's `token_embed`, `token_classify`).
+/pooling is vLLM's generic pooling call. `task` picks among the model's tasks (vLLM's
+supported tasks, the first the default; another is a 400 naming `task`):
+
+    model                           tasks
+    embedding (causal LM)           embed, token_embed
+    *ForSequenceClassification      classify, token_classify
+    *ForTokenClassification         token_classify
+
+embed: the server's `--pooling-type`, `use_activation` the unit L2 norm; classify: the last
+token through the score head, `use_activation` the classifier's activation; the per-token
+tasks give a row per prompt token (messages/pooling.py): token_embed each final hidden state
+(`use_activation`: each to unit norm), token_classify each one's label scores (softmax).
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ from troupe.gateway.openai_bodies import decode_body
 from troupe.messages import ParamError, Pooling, SamplingParams
 from troupe.messages.pooling import PoolingTask, PoolingType
 
-# vLLM's pooling tasks; those past embed and classify are refused by name
+# vLLM's pooling tasks; those no model here serves are refused by name
 _VLLM_TASKS = ("embed", "classify", "token_embed", "token_classify", "score", "encode")
 
 
@@ -62,24 +70,24 @@ def parse_pooling_request(
     raw: bytes,
     *,
     served_model: str,
-    model_task: PoolingTask,
+    model_tasks: tuple[PoolingTask, ...],
     pooling_type: PoolingType,
     max_inputs: int,
 ) -> PoolingRequest:
-    """Decode and check a JSON body for a model serving `model_task`; raise ApiError(400)
-    naming the first bad field."""
+    """Decode and check a JSON body for a model serving `model_tasks` (the first its
+    default, `model_tasks()`); raise ApiError(400) naming the first bad field."""
     body = decode_body(raw, PoolingBody)
-    task = _task(body.task, model_task, served_model)
+    task = _task(body.task, model_tasks, served_model)
     if body.dimensions is not None:
         raise no_dimensions(served_model)
     inputs, is_list = pooled_inputs(body.input)
     if len(inputs) > max_inputs:
         raise invalid("input", f"at most {max_inputs} inputs per request, got {len(inputs)}")
     flag = agreed_flag(body, ("use_activation", "normalize", "activation", "softmax"))
-    if task == "classify":
-        pooling = Pooling(type="last", normalize=flag, task="classify")
-    else:
+    if task == "embed":
         pooling = Pooling(type=pooling_type, normalize=flag)
+    else:  # classify pools the last token as transformers does; per-token tasks read all
+        pooling = Pooling(type="last", normalize=flag, task=task)
     params = SamplingParams(
         max_tokens=1,
         temperature=0.0,
@@ -102,15 +110,29 @@ def parse_pooling_request(
     )
 
 
-def _task(given: str | None, model_task: PoolingTask, served_model: str) -> PoolingTask:
-    """The request's task: the model's, which `task` may name but not change."""
-    if given is None or given == model_task:
-        return model_task
+def model_tasks(num_labels: int, is_token_classifier: bool) -> tuple[PoolingTask, ...]:
+    """The tasks a model serves, its default first (actors/core/pooling_task.py's table)."""
+    if not num_labels:
+        return ("embed", "token_embed")
+    return ("token_classify",) if is_token_classifier else ("classify", "token_classify")
+
+
+def _task(given: str | None, tasks: tuple[PoolingTask, ...], served_model: str) -> PoolingTask:
+    """The request's task: one of the model's `tasks`, the first when `task` names none."""
+    if given is None:
+        return tasks[0]
+    for task in tasks:
+        if task == given:
+            return task
     if given not in _VLLM_TASKS:
         raise invalid("task", f"unknown task {given!r}: one of {', '.join(_VLLM_TASKS)}")
-    what = "a classification" if model_task == "classify" else "an embedding"
+    what = {
+        "embed": "an embedding",
+        "classify": "a sequence-classification",
+        "token_classify": "a token-classification",
+    }[tasks[0]]
     raise invalid(
         "task",
         f"task {given!r} is not supported: model {served_model!r} is {what} model and "
-        f"serves task {model_task!r} only",
+        f"serves {', '.join(repr(t) for t in tasks)}",
     )

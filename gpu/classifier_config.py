@@ -1,10 +1,14 @@
-"""Sequence-classification and reward models: HF `*ForSequenceClassification` checkpoints.
+"""Sequence-classification, reward and token-classification models: HF
+`*ForSequenceClassification` and `*ForTokenClassification` checkpoints.
 
-The checkpoint is the decoder (`model.*`) and a `score` head [num_labels, hidden], no bias;
-transformers pools the last non-pad token's final hidden state (after the model's norm) and
-applies the head. Here each request's own last prompt token is pooled (messages/pooling.py,
-`task="classify"`) and the head runs on that fp32 row (gpu/scored_forward.py). Torch-free:
-the engine reads the labels before it picks a runner. The activation
+A sequence classifier is the decoder (`model.*`) and a `score` head [num_labels, hidden], no
+bias; transformers pools the last non-pad token's final hidden state (after the model's norm)
+and applies the head. Here each request's own last prompt token is pooled (messages/pooling.py,
+`task="classify"`) and the head runs on that fp32 row (gpu/scored_forward.py). A token
+classifier's `score` has a bias [num_labels] (transformers' `token_classification_bias`,
+default true) and runs on every token's final hidden state after the norm (its dropout is a
+no-op in eval): `task="token_classify"`, which a sequence classifier serves too, as vLLM's.
+Torch-free: the engine reads the labels before it picks a runner. The classify activation
 is vLLM's (`PoolerClassify` after `problem_type`):
 
     problem_type                    activation
@@ -13,6 +17,7 @@ is vLLM's (`PoolerClassify` after `problem_type`):
     single_label_classification     softmax over the labels
     unset                           softmax; sigmoid when num_labels is 1 (reward models)
 
+token_classify's is vLLM's for every model: softmax over the labels, sigmoid for one label.
 No lm_head ships: the one token such a request generates (and drops) is drawn through the
 embedding matrix, as a tied model's would be.
 """
@@ -32,6 +37,12 @@ SUPPORTED_CLASSIFIERS = (
     "Qwen2ForSequenceClassification",
     "Qwen3ForSequenceClassification",
 )
+SUPPORTED_TOKEN_CLASSIFIERS = (
+    "LlamaForTokenClassification",
+    "MistralForTokenClassification",
+    "Qwen2ForTokenClassification",
+    "Qwen3ForTokenClassification",
+)
 # heads troupe does not run: refused by name rather than loaded as a causal LM
 _HEAD_SUFFIXES = ("ForSequenceClassification", "ForTokenClassification", "ForQuestionAnswering")
 _OTHER_HEADS = ("Qwen2ForRewardModel", "Qwen2ForProcessRewardModel", "LlamaForRewardModel")
@@ -42,11 +53,18 @@ class ClassifierConfig:
     """The score head of a classification checkpoint."""
 
     labels: tuple[str, ...]  # id2label in id order ("LABEL_i" where the config names none)
-    activation: Activation = "softmax"
+    activation: Activation = "softmax"  # classify's, after problem_type
+    is_per_token: bool = False  # a *ForTokenClassification model: token_classify only
+    has_bias: bool = False  # the head's bias [num_labels] (token classifiers)
 
     @property
     def num_labels(self) -> int:
         return len(self.labels)
+
+    @property
+    def token_activation(self) -> Activation:
+        """token_classify's activation (vLLM's `PoolerClassify` over each row's labels)."""
+        return "sigmoid" if self.num_labels < 2 else "softmax"
 
 
 def read_classifier(cfg: dict[str, Any]) -> ClassifierConfig | None:
@@ -56,10 +74,11 @@ def read_classifier(cfg: dict[str, Any]) -> ClassifierConfig | None:
     if not heads:
         return None
     arch = heads[0]
-    if arch not in SUPPORTED_CLASSIFIERS:
+    supported = SUPPORTED_CLASSIFIERS + SUPPORTED_TOKEN_CLASSIFIERS
+    if arch not in supported:
         raise ValueError(
             f"config.json: architecture {arch!r} is not supported; classification models run "
-            f"as {', '.join(SUPPORTED_CLASSIFIERS)}"
+            f"as {', '.join(supported)}"
         )
     id2label = cfg.get("id2label") or {}
     num_labels = int(cfg.get("num_labels") or len(id2label) or 2)
@@ -78,7 +97,13 @@ def read_classifier(cfg: dict[str, Any]) -> ClassifierConfig | None:
         activation = "none"
     elif problem == "multi_label_classification" or (problem is None and num_labels == 1):
         activation = "sigmoid"
-    return ClassifierConfig(labels=labels, activation=activation)
+    is_per_token = arch in SUPPORTED_TOKEN_CLASSIFIERS
+    return ClassifierConfig(
+        labels=labels,
+        activation=activation,
+        is_per_token=is_per_token,
+        has_bias=is_per_token and bool(cfg.get("token_classification_bias", True)),
+    )
 
 
 def read_folder_classifier(path: Path) -> ClassifierConfig | None:

@@ -78,11 +78,18 @@ def fake_embedding(work: SeqWork, params: SamplingParams) -> Pooled | None:
     if params.pooling is None or not work.sample:  # not pooled, or the prompt goes on
         return None
     last = work.start_pos + len(work.token_ids) - 1
-    raw = [((work.token_ids[-1] * (i + 3) + last) % 17 - 8) / 4.0 for i in range(8)]
-    if params.pooling.normalize:
+    if params.pooling.is_per_token:  # a row a prompt position, of the position alone
+        rows = [_fake_row(p, params.pooling.normalize, p) for p in range(last + 1)]
+        return Pooled(work.request_id, tuple(v for row in rows for v in row))
+    return Pooled(work.request_id, _fake_row(last, params.pooling.normalize, work.token_ids[-1]))
+
+
+def _fake_row(position: int, normalize: bool, token_id: int) -> tuple[float, ...]:
+    raw = [((token_id * (i + 3) + position) % 17 - 8) / 4.0 for i in range(8)]
+    if normalize:
         norm = sum(v * v for v in raw) ** 0.5 or 1.0
         raw = [v / norm for v in raw]
-    return Pooled(work.request_id, tuple(raw))
+    return tuple(raw)
 
 
 def reference_tokens(

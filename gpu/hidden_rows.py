@@ -9,6 +9,7 @@ forward returns their hidden states after the sampled rows' (ForwardPass.scored)
     last      the row at P - 1, if the chunk holds it
     cls       the row at 0, if the chunk holds it
     mean      the rows at positions < P (the embedding is whole once position P - 1 is in)
+    per-token the rows at positions < P, as mean's (token_embed, token_classify: each row kept)
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import numpy as np
 from troupe.gpu.prompt_logprobs import PromptRows, prompt_rows
 from troupe.gpu.request_states import RequestState
 from troupe.messages import SeqWork
+from troupe.messages.pooling import PoolingTask
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -29,7 +31,11 @@ class PooledSeq:
     first: bool  # the chunk starts the prompt: a sum pooled before (a recompute's) restarts
     done: bool  # the chunk holds the prompt's last position: the embedding is whole
     normalize: bool  # embed: unit norm; classify: the classifier's activation
-    classify: bool  # the vector goes through the score head (gpu/classifier_config.py)
+    task: PoolingTask  # classify tasks go through the score head (gpu/classifier_config.py)
+
+    @property
+    def is_per_token(self) -> bool:
+        return self.task in ("token_embed", "token_classify")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -75,7 +81,7 @@ def _pooled_rows(
             continue
         start, n, last = work.start_pos, len(work.token_ids), states[i].num_prompt_tokens - 1
         first_row = int(query_start_loc[i])
-        if pooling.type == "mean":
+        if pooling.type == "mean" or pooling.is_per_token:
             offsets = np.arange(max(0, min(n, last + 1 - start)), dtype=np.int64)
         elif pooling.type == "cls":
             offsets = np.zeros(1 if start == 0 else 0, np.int64)
@@ -83,11 +89,12 @@ def _pooled_rows(
             offsets = np.full(1 if start <= last < start + n else 0, last - start, np.int64)
         if not len(offsets):
             continue
-        done = start + n > last if pooling.type != "cls" else True
+        done = start + n > last if pooling.type != "cls" or pooling.is_per_token else True
         rows.append(first_row + offsets)
-        classify = pooling.task == "classify"
         out.append(
-            PooledSeq(work.request_id, len(offsets), start == 0, done, pooling.normalize, classify)
+            PooledSeq(
+                work.request_id, len(offsets), start == 0, done, pooling.normalize, pooling.task
+            )
         )
     if not out:
         return None

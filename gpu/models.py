@@ -240,6 +240,11 @@ class DecoderModel(nn.Module):
             if c.classifier is None
             else new_param(c.classifier.num_labels, c.hidden_size, dtype=dtype, device=device)
         )
+        self.score_bias: nn.Parameter | None = (  # a token classifier's [num_labels]
+            None
+            if c.classifier is None or not c.classifier.has_bias
+            else new_param(c.classifier.num_labels, dtype=dtype, device=device)
+        )
         # fp32 table: rotary reads it per token and casts, so angles keep full precision
         self.register_buffer(
             "cos_sin_cache",

@@ -4,7 +4,8 @@ A step without such rows goes to the ForwardPass as it is (graphs and all). One 
 eagerly (ForwardPass.scored): scored prompt rows become logprobs (gpu/prompt_logprobs.py),
 pooled rows are summed per request until its prompt's last position is in, then turned into
 its embedding (gpu/hidden_rows.py), or, for a classify request, into the score head's logits
-or probabilities (gpu/classifier_config.py). What they give is kept here until the executor takes it
+or probabilities (gpu/classifier_config.py); per-token tasks keep every row's output
+(gpu/token_rows.py). What they give is kept here until the executor takes it
 with the step's tokens (Runner.take_hidden_outputs).
 """
 
@@ -20,31 +21,54 @@ from troupe.gpu.models import DecoderModel
 from troupe.gpu.prompt_logprobs import score_prompt_rows
 from troupe.gpu.runner import HiddenOutputs
 from troupe.gpu.step_inputs import StepInputs
+from troupe.gpu.token_rows import TokenRows
 from troupe.messages import PromptLogprobs
 from troupe.messages.pooling import Pooled
 
 
 class Classifier:
-    """A classification model's score head over one pooled fp32 row [hidden]."""
+    """A classification model's score head over fp32 rows [..., hidden] (a token
+    classifier's with its bias)."""
 
-    def __init__(self, weight: torch.Tensor, activation: Activation) -> None:
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        activation: Activation,
+        bias: torch.Tensor | None = None,
+        token_activation: Activation = "softmax",
+    ) -> None:
         self.weight = weight
-        self.activation = activation
+        self.bias = bias
+        self.activation = activation  # classify's
+        self.token_activation = token_activation  # token_classify's
 
     @classmethod
     def of(cls, model: DecoderModel) -> Classifier | None:
         """The model's head (None: not a classification model)."""
         c = model.config.classifier
-        return None if model.score is None or c is None else cls(model.score, c.activation)
+        if model.score is None or c is None:
+            return None
+        return cls(model.score, c.activation, model.score_bias, c.token_activation)
 
     def __call__(self, pooled: torch.Tensor, use_activation: bool) -> torch.Tensor:
         """Logits [num_labels] (fp32), activated when `use_activation`."""
-        logits = pooled.float() @ self.weight.float().t()
-        if not use_activation or self.activation == "none":
-            return logits
-        if self.activation == "sigmoid":
-            return torch.sigmoid(logits)
-        return torch.softmax(logits, dim=-1)
+        return _activated(self.logits(pooled), self.activation if use_activation else "none")
+
+    def rows(self, hidden: torch.Tensor, use_activation: bool) -> torch.Tensor:
+        """Each row's logits [R, num_labels], with token_classify's activation when asked."""
+        return _activated(self.logits(hidden), self.token_activation if use_activation else "none")
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = hidden.float() @ self.weight.float().t()
+        return logits if self.bias is None else logits + self.bias.float()
+
+
+def _activated(logits: torch.Tensor, activation: Activation) -> torch.Tensor:
+    if activation == "none":
+        return logits
+    if activation == "sigmoid":
+        return torch.sigmoid(logits)
+    return torch.softmax(logits, dim=-1)
 
 
 class ScoredForward:
@@ -62,6 +86,7 @@ class ScoredForward:
         self._scores: list[PromptLogprobs] = []  # scored chunks not yet taken
         self._pooled: list[Pooled] = []  # embeddings not yet taken
         self._sums: dict[str, tuple[torch.Tensor, int]] = {}  # mean pooling under way
+        self._token_rows = TokenRows(None if classifier is None else classifier.rows)
 
     def __call__(self, inputs: StepInputs) -> torch.Tensor:
         extra = inputs.hidden_rows
@@ -80,8 +105,13 @@ class ScoredForward:
     def _pool(self, hidden: torch.Tensor, pooled: PooledRows) -> None:
         row = 0
         for seq in pooled.seqs:
-            part = hidden[row : row + seq.num_rows].float().sum(dim=0)
+            rows = hidden[row : row + seq.num_rows]
             row += seq.num_rows
+            if seq.is_per_token:
+                if (whole := self._token_rows.add(seq, rows)) is not None:
+                    self._pooled.append(whole)
+                continue
+            part = rows.float().sum(dim=0)
             total, count = self._sums.pop(seq.request_id, (None, 0))
             if total is None or seq.first:  # a prompt computed again starts over
                 total, count = part, seq.num_rows
@@ -91,7 +121,7 @@ class ScoredForward:
                 self._sums[seq.request_id] = (total, count)
                 continue
             vector = total / count
-            if seq.classify:
+            if seq.task == "classify":
                 assert self.classifier is not None, "admission lets classify in on classifiers"
                 vector = self.classifier(vector, seq.normalize)
             elif seq.normalize:
@@ -100,8 +130,10 @@ class ScoredForward:
 
     def forget(self, request_ids: Iterable[str]) -> None:
         """Drop the sums of requests released before their prompts were whole."""
-        if not self._sums:  # every step calls this: nothing under way is the common case
+        if not self._sums and not self._token_rows:  # every step calls this: the common case
             return
+        request_ids = tuple(request_ids)
+        self._token_rows.forget(request_ids)
         for request_id in request_ids:
             self._sums.pop(request_id, None)
 

@@ -135,6 +135,8 @@ def _locate(
         return model.norm, None, 0, "norm"
     if name == "score.weight":  # a classifier's head; None: not a classifier, ignored
         return model.score, None, 0, "score"
+    if name == "score.bias":  # a token classifier's; None: a head without one, ignored
+        return model.score_bias, None, 0, "score_bias"
     if name == "lm_head.weight":
         return _dense(model.lm_head), None, 0, "lm_head"  # None when tied: ignored
     parts = name.split(".")

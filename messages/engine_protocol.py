@@ -134,6 +134,7 @@ class Hello(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     eos_token_ids: tuple[int, ...] = ()  # the model's (beam search ends a beam on them)
     lora_adapters: tuple[LoraAdapter, ...] = ()  # in the order configured
     classifier_labels: tuple[str, ...] = ()  # a classification model's (POST /classify)
+    is_token_classifier: bool = False  # its labels are per token (token_classify only)
     # for the fields a request leaves unset (the model's generation_config: the gateway fills)
     sampling_defaults: SamplingDefaults = msgspec.field(default_factory=SamplingDefaults)
 

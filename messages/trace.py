@@ -65,6 +65,7 @@ class RunnerNumbers(msgspec.Struct, frozen=True, kw_only=True):
     max_stream_len: int = 0  # StreamingLLM requests may run this long (0: not supported)
     # a sequence-classification model's labels (gpu/classifier_config.py); (): a causal LM
     classifier_labels: tuple[str, ...] = ()
+    is_token_classifier: bool = False  # the labels are a *ForTokenClassification model's
 
 
 class TraceHeader(msgspec.Struct, frozen=True, kw_only=True):

@@ -69,14 +69,17 @@ class AdmissionCore:
         samples_limit: str = "max_num_samples, capped by max_num_seqs",
         no_hidden_outputs: str | None = None,
         num_labels: int = 0,
+        is_token_classifier: bool = False,
     ) -> None:
         """`samples_limit`: what sets max_num_samples, named in the rejection;
         `no_hidden_outputs`: why prompt logprobs and embeddings are refused (None: they are
         served); `num_labels`: a classification model's (0: a causal LM;
-        actors/core/pooling_task.py). A request's LoRA adapter was checked at the engine's edge
+        actors/core/pooling_task.py), per token when `is_token_classifier`. A request's LoRA
+        adapter was checked at the engine's edge
         (actors/lora_registry.py: adapters come and go while the engine runs)."""
         self.no_hidden_outputs = no_hidden_outputs
         self.num_labels = num_labels
+        self.is_token_classifier = is_token_classifier
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
         self.max_requests = max_num_seqs + max_queued_requests
@@ -151,7 +154,9 @@ class AdmissionCore:
             req.params.check(max_logprobs=self.max_logprobs, vocab_size=self.vocab_size)
         except ParamError as exc:
             return RejectCode.INVALID_REQUEST, exc.field, str(exc)
-        if (task := task_problem(req.params, self.num_labels)) is not None:
+        if (
+            task := task_problem(req.params, self.num_labels, self.is_token_classifier)
+        ) is not None:
             return RejectCode.INVALID_REQUEST, *task
         if req.params.num_samples > self.max_num_samples:
             field = "n" if req.params.best_of is None else "best_of"

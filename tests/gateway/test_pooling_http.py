@@ -98,7 +98,7 @@ def test_embedding_model_answers_its_embeddings(server: ServerThread) -> None:
 def test_embedding_model_refusals_name_the_field(server: ServerThread) -> None:
     cases = [
         ({"input": "a", "task": "classify"}, "task"),
-        ({"input": "a", "task": "token_embed"}, "task"),
+        ({"input": "a", "task": "token_classify"}, "task"),
         ({"input": "a", "task": "bogus"}, "task"),
         ({"input": "a", "dimensions": 4}, "dimensions"),
         ({"input": ""}, "input"),

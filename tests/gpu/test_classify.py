@@ -127,7 +127,15 @@ def test_config_reading_of_heads() -> None:
         with pytest.raises(ValueError, match=arch):
             read_classifier({**base, "architectures": [arch]})
     full = {**base, "num_hidden_layers": 2, "intermediate_size": 128, "vocab_size": 256}
-    with pytest.raises(ModelLoadError, match="Qwen2ForTokenClassification"):
-        ModelConfig.from_hf_dict({**full, "architectures": ["Qwen2ForTokenClassification"]})
+    with pytest.raises(ModelLoadError, match="Qwen2ForQuestionAnswering"):
+        ModelConfig.from_hf_dict({**full, "architectures": ["Qwen2ForQuestionAnswering"]})
+    assert not clf.is_per_token and not clf.has_bias
+    token = read_classifier({**cfg, "architectures": ["Qwen2ForTokenClassification"]})
+    assert token is not None and token.is_per_token and token.has_bias
+    unbiased = {**cfg, "architectures": ["LlamaForTokenClassification"]}
+    token = read_classifier({**unbiased, "token_classification_bias": False})
+    assert token is not None and token.is_per_token and not token.has_bias
+    # token_classify's activation is vLLM's by label count, not problem_type's
+    assert regression.token_activation == "softmax" and reward.token_activation == "sigmoid"
     loaded = ModelConfig.from_hf_dict({**full, **cfg})
     assert loaded.classifier == clf and loaded.tie_word_embeddings
