@@ -59,3 +59,8 @@ def held_fake_runner(
     for target in (tell_held, wait_release):
         threading.Thread(target=target, daemon=True).start()
     return runner
+
+
+def dying_fake_runner(config: EngineConfig, *, dead_at_step: int) -> FaultyRunner:
+    """Runs in the engine child: the fake runner, dead from step `dead_at_step` on."""
+    return FaultyRunner(FakeRunner.from_config(config), dead_at_step=dead_at_step)

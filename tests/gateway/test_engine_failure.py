@@ -4,21 +4,25 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 from typing import Any, ClassVar
 
 import aiohttp
 import pytest
 from aiohttp import web
-from troupe.actors.engine import EngineStopped
+from aiohttp.test_utils import TestClient, TestServer
+from troupe.actors.engine import Engine, EngineStopped
 from troupe.config import EngineConfig
 from troupe.gateway import server as server_module
 from troupe.gateway.app import build_app
 from troupe.gateway.state import GatewaySettings
 from troupe.gpu.fake_runner import FakeRunner
 from troupe.gpu.faulty_runner import FaultyRunner
-from troupe.messages import EngineStats
+from troupe.messages import EngineStats, Failed
 from websockets.asyncio.client import connect
+
+from tests.gateway.engine_process_faults import dying_fake_runner
 
 pytestmark = pytest.mark.anyio
 
@@ -121,3 +125,48 @@ def test_run_serve_exits_non_zero_when_the_engine_failed(monkeypatch: pytest.Mon
         api_key=None, max_body_bytes=1 << 20, host="127.0.0.1", port=0, shutdown_grace=1.0
     )
     assert server_module.run_serve(args, EngineConfig(runner="fake")) == 1
+
+
+DEAD = "engine dead: the runner died at step 3 (injected)"
+
+
+async def test_serve_answers_in_flight_requests_then_exits_when_the_runner_dies(
+    make_server,  # type: ignore[no-untyped-def]
+) -> None:
+    # The engine in its child process, as `troupe serve` runs it: step 3 raises RunnerDead.
+    factory = functools.partial(dying_fake_runner, dead_at_step=3)
+    srv = make_server(runner_factory=factory)
+    async with aiohttp.ClientSession() as http:
+        body = {"prompt": "Hi", "max_tokens": 8, "stream": True, "ignore_eos": True}
+        async with http.post(f"{srv.url}/v1/completions", json=body) as resp:
+            lines = [raw.decode().strip() async for raw in resp.content if raw.strip()]
+    assert lines[-1] == "data: [DONE]"  # answered in full before the server went away
+    error = json.loads(lines[-2][len("data: ") :])["error"]
+    assert error["message"] == f"request failed: {DEAD}"
+    assert len(lines) == 4  # the tokens of steps 1 and 2, the error, [DONE]
+    with pytest.raises(RuntimeError) as info:
+        await asyncio.to_thread(srv.join, 60.0)  # serve() returned by itself, with an error
+    assert isinstance(info.value.__cause__, EngineStopped)
+    assert str(info.value.__cause__) == DEAD  # what run_serve logs before it exits 1
+
+
+async def test_an_embedded_dead_engine_answers_503_naming_the_cause() -> None:
+    config = EngineConfig(runner="fake", device="cpu", num_kv_blocks=64, num_cpu_blocks=4)
+    runner = FaultyRunner(FakeRunner.from_config(config), dead_at_step=3)
+    answers: dict[str, Any] = {}
+    with pytest.raises(EngineStopped):  # the library user's `async with` says so on leaving
+        async with Engine.open(config, runner=runner) as engine:
+            params = {"max_tokens": 8, "ignore_eos": True}
+            events = [e async for e in engine.generate([5, 6, 7], params)]
+            await engine.wait_stopped()
+            app = build_app(engine, GatewaySettings())
+            async with TestClient(TestServer(app)) as client:
+                health = await client.get("/health")
+                answers["health"] = (health.status, await health.json())
+                body = {"model": engine.model_name, "prompt": "Hi", "max_tokens": 2}
+                late = await client.post("/v1/completions", json=body)
+                answers["late"] = (late.status, await late.json())
+    assert isinstance(events[-1], Failed) and events[-1].message == DEAD
+    assert answers["health"] == (503, {"status": "failed", "error": DEAD})
+    status, late_body = answers["late"]
+    assert status == 503 and late_body["error"]["message"] == DEAD

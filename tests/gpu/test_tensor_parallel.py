@@ -18,13 +18,14 @@ import pytest
 import torch
 from graph_helpers import collect, terminal, token_ids
 from troupe import Engine, EngineConfig
+from troupe.actors.engine import EngineStopped
 from troupe.config import ConfigError
 from troupe.gpu.model_config import ModelConfig
 from troupe.gpu.runner import build_runner
 from troupe.gpu.tp_model import TPShard, check_tensor_parallel
 from troupe.gpu.tp_runner import TPRunner
 from troupe.gpu.weights import random_weights
-from troupe.messages import Delta, Failed, Finished, SamplingParams
+from troupe.messages import Delta, Failed, Finished, Rejected, SamplingParams
 
 from tests.gpu.conftest import add_word_tokenizer
 
@@ -153,26 +154,48 @@ def test_qwen3_one_kv_head_same_tokens_and_clean_close(models: dict[str, Path]) 
     assert None not in runner.worker_exit_codes()  # closed with the engine, none left running
 
 
-def test_qwen2_same_tokens_then_a_dead_worker_fails_requests(models: dict[str, Path]) -> None:
+def test_qwen2_same_tokens_then_a_dead_worker_turns_the_engine_dead(
+    models: dict[str, Path],
+) -> None:
     folder = models["qwen2"]
     expected = anyio.run(_reference, folder)
     config = _config(folder, tensor_parallel_size=2)
     runner = TPRunner(config)
+    dead = "engine dead: tensor-parallel worker failed: "
+    seen: dict[str, Any] = {}
 
     async def run() -> None:
         async with Engine.open(config, runner=runner) as engine:
             assert await _generate(engine) == expected
+            assert engine.is_healthy
             runner.kill_worker(1)
-            for _ in range(2):  # the step that finds it dead, and any step after it
-                events = await collect(engine, PROMPTS[0], SamplingParams(max_tokens=3))
-                event = terminal(events)
-                assert isinstance(event, Failed)
-                assert "tensor-parallel worker failed" in event.message
-                assert "rank 1 exited with code -9" in event.message
-                # rank 0 was stopped as soon as the failure was seen: no orphan
-                assert all(code is not None for code in runner.worker_exit_codes())
+            results: list[list[Any]] = []
 
-    anyio.run(run)
+            async def one(prompt: list[int]) -> None:
+                results.append(await collect(engine, prompt, SamplingParams(max_tokens=3)))
+
+            async with anyio.create_task_group() as tg:  # in flight when the step finds it
+                for prompt in PROMPTS:
+                    tg.start_soon(one, prompt)
+            await engine.wait_stopped()
+            seen["ends"] = [terminal(events) for events in results]
+            seen["healthy"] = engine.is_healthy
+            seen["late"] = await collect(engine, PROMPTS[0], SamplingParams(max_tokens=3))
+            # rank 0 was stopped as soon as the failure was seen: no orphan
+            seen["exit_codes"] = runner.worker_exit_codes()
+
+    with pytest.raises(EngineStopped, match=dead):
+        anyio.run(run)
+    ends = seen["ends"]
+    assert len(ends) == len(PROMPTS)
+    assert any(isinstance(end, Failed) for end in ends)  # the step that found it dead
+    for end in ends:  # in flight, or arrived once it was dead: each told why, once
+        assert isinstance(end, Failed | Rejected) and end.message.startswith(dead), end
+        assert "rank 1 exited with code -9" in end.message
+    assert seen["healthy"] is False
+    [late] = seen["late"]  # refused at once, naming the cause
+    assert isinstance(late, Rejected) and late.message == ends[0].message
+    assert all(code is not None for code in seen["exit_codes"])
 
 
 @pytest.mark.gpu
