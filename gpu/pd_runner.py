@@ -30,6 +30,7 @@ from troupe.config import ConfigError, EngineConfig
 from troupe.gpu.model_config import ModelLoadError
 from troupe.gpu.pd_worker import side_device, worker_main
 from troupe.gpu.runner import HiddenOutputs, RunnerStats, SequencesFailed
+from troupe.gpu.runner_dead import RunnerDead
 from troupe.gpu.tp_protocol import (
     Close,
     Execute,
@@ -45,8 +46,9 @@ from troupe.messages import Phase, SampledToken, StepPlan, TokenMasks
 STOP_GRACE_S = 10.0  # how long close() waits for the workers to exit before killing them
 
 
-class DisaggregationError(RuntimeError):
-    """A disaggregation worker failed or exited; the engine cannot step any more."""
+class DisaggregationError(RunnerDead):
+    """A disaggregation worker failed or exited; the engine cannot step any more (a
+    RunnerDead: the engine turns dead, gpu/runner_dead.py)."""
 
 
 class WorkerPair:

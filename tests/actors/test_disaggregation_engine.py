@@ -24,6 +24,7 @@ import pytest
 import torch
 from graph_helpers import collect, terminal, token_ids, wait_blocks_free
 from troupe import Engine, EngineConfig
+from troupe.actors.engine import EngineStopped
 from troupe.config import ConfigError
 from troupe.gpu.model_config import ModelConfig
 from troupe.gpu.weights import random_weights
@@ -175,17 +176,22 @@ def _workers(before: frozenset[BaseProcess]) -> dict[str, BaseProcess]:
 
 
 async def _kill_a_worker(config: EngineConfig, before: frozenset[BaseProcess]) -> None:
-    async with Engine.open(config) as engine:
-        assert await _one(engine, BATCH[0], _greedy(2))
-        workers = _workers(before)
-        workers["troupe-prefill"].kill()
-        for _ in range(2):  # the step that finds it dead, and any step after it
-            end = terminal(await collect(engine, [1, 2, 3], _greedy(2)))
-            assert isinstance(end, Failed), end
-            # whichever the engine notices first: the exit or the closed pipe
-            assert "disaggregation worker failed: the prefill worker " in end.message
-            assert "exited" in end.message or "closed its pipe" in end.message
-        assert workers["troupe-decode"].exitcode is not None  # stopped with it: no orphan
+    dead = "engine dead: disaggregation worker failed: the prefill worker "
+    with pytest.raises(EngineStopped, match=dead):  # a dead worker turns the engine dead
+        async with Engine.open(config) as engine:
+            assert await _one(engine, BATCH[0], _greedy(2))
+            workers = _workers(before)
+            workers["troupe-prefill"].kill()
+            # the step that finds it dead fails its request; the next one is refused at once
+            for kind in (Failed, Rejected):
+                end = terminal(await collect(engine, [1, 2, 3], _greedy(2)))
+                assert isinstance(end, kind), end
+                # whichever the engine notices first: the exit or the closed pipe
+                assert end.message.startswith(dead), end
+                assert "exited" in end.message or "closed its pipe" in end.message
+                await engine.wait_stopped()
+            assert not engine.is_healthy
+            assert workers["troupe-decode"].exitcode is not None  # stopped with it: no orphan
 
 
 async def _colocated(config: EngineConfig) -> dict[str, Any]:
