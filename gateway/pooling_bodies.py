@@ -18,7 +18,7 @@ supported tasks, the first the default; another is a 400 naming `task`):
 embed: the server's `--pooling-type`, `use_activation` the unit L2 norm; classify: the last
 token through the score head, `use_activation` the classifier's activation; the per-token
 tasks give a row per prompt token (messages/pooling.py): token_embed each final hidden state
-(`use_activation`: each to unit norm), token_classify each one's label scores (softmax).
+(`use_activation`: each to unit norm), token_classify each one's label scores (softmax; sigmoid for one label).
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def parse_pooling_request(
     max_inputs: int,
 ) -> PoolingRequest:
     """Decode and check a JSON body for a model serving `model_tasks` (the first its
-    default, `model_tasks()`); raise ApiError(400) naming the first bad field."""
+    default, `served_tasks()`); raise ApiError(400) naming the first bad field."""
     body = decode_body(raw, PoolingBody)
     task = _task(body.task, model_tasks, served_model)
     if body.dimensions is not None:
@@ -110,7 +110,7 @@ def parse_pooling_request(
     )
 
 
-def model_tasks(num_labels: int, is_token_classifier: bool) -> tuple[PoolingTask, ...]:
+def served_tasks(num_labels: int, is_token_classifier: bool) -> tuple[PoolingTask, ...]:
     """The tasks a model serves, its default first (actors/core/pooling_task.py's table)."""
     if not num_labels:
         return ("embed", "token_embed")

@@ -26,7 +26,7 @@ from troupe.gateway.embeddings_routes import encoded_vector
 from troupe.gateway.errors import ApiError
 from troupe.gateway.http_body import read_json_body
 from troupe.gateway.pooled_vectors import input_vectors
-from troupe.gateway.pooling_bodies import model_tasks, parse_pooling_request
+from troupe.gateway.pooling_bodies import parse_pooling_request, served_tasks
 from troupe.gateway.state import GATEWAY, Gateway
 
 PATHS = ("/pooling",)
@@ -51,7 +51,7 @@ async def pooling_body(gateway: Gateway, raw: bytes) -> dict[str, Any]:
     req = parse_pooling_request(
         raw,
         served_model=gateway.served_models().model_id,
-        model_tasks=model_tasks(len(engine.classifier_labels), engine.is_token_classifier),
+        model_tasks=served_tasks(len(engine.classifier_labels), engine.is_token_classifier),
         pooling_type=settings.pooling_type,
         max_inputs=settings.max_embedding_inputs,
     )
