@@ -20,6 +20,7 @@ from troupe.config_checks import (
 from troupe.kernels.ops import KernelBackend
 from troupe.policies.preemption import PREEMPTION_POLICIES
 from troupe.policies.queue import QUEUE_POLICIES
+from troupe.speculators_format import resolve_speculative_tokens
 
 # Fields named by a registry key (policies/): a new policy needs no edit here (field_choices).
 NAMED_BY_REGISTRY: dict[str, Mapping[str, object]] = {
@@ -37,8 +38,6 @@ Quantization = Literal["auto", "keep", "dequantize"]  # gpu/weights.load_model
 SpeculativeMethod = Literal["ngram", "draft_model", "eagle", "eagle3"]
 Disaggregation = Literal["none", "prefill_decode"]  # actors/core/phase_router.py
 LogprobsMode = Literal["raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits"]
-
-MAX_SPECULATIVE_TOKENS = 16
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -145,7 +144,7 @@ class EngineConfig:
     # folder says), "eagle3": an EAGLE-3 head, fed the target's hidden states. The target
     # verifies num_speculative_tokens proposals in one step.
     speculative_method: SpeculativeMethod | None = None
-    num_speculative_tokens: int = 4
+    num_speculative_tokens: int | None = None  # None: a speculators-format head's count, else 4
     prompt_lookup_min: int = 2  # shortest n-gram (suffix of the sequence) that may match
     prompt_lookup_max: int = 4  # longest; the longest matching one proposes
     draft_model: str | None = None  # "draft_model": its HF folder or .gguf; "eagle": the head's
@@ -294,19 +293,17 @@ class EngineConfig:
             )
 
     def _check_speculative(self) -> None:
+        k = resolve_speculative_tokens(
+            self.num_speculative_tokens, self.speculative_method, self.draft_model
+        )  # an int from here on (speculators_format.py)
+        object.__setattr__(self, "num_speculative_tokens", k)
         _positive(
             self,
-            "num_speculative_tokens",
             "prompt_lookup_min",
             "prompt_lookup_max",
             "speculative_backoff_steps",
             "speculative_step_fixed_tokens",
         )
-        if self.num_speculative_tokens > MAX_SPECULATIVE_TOKENS:
-            raise ConfigError(
-                f"num_speculative_tokens must be <= {MAX_SPECULATIVE_TOKENS}, "
-                f"got {self.num_speculative_tokens}"
-            )
         if self.prompt_lookup_min > self.prompt_lookup_max:
             raise ConfigError(
                 f"prompt_lookup_min ({self.prompt_lookup_min}) must be <= prompt_lookup_max "
@@ -336,7 +333,7 @@ class EngineConfig:
     @property
     def num_proposals(self) -> int:
         """Tokens proposed per request per step: 0 when speculative decoding is off."""
-        return self.num_speculative_tokens if self.speculative_method is not None else 0
+        return (self.num_speculative_tokens or 0) if self.speculative_method is not None else 0
 
     def step_budget(self, large_gpu: bool = False) -> int:
         """max_num_batched_tokens, or its default (`large_gpu`: the engine runs on a CUDA device

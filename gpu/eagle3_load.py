@@ -9,12 +9,16 @@ yuhuili/EAGLE3-LLaMA3.1-Instruct-8B:
     tensors       fc.weight [H, 3T]          midlayer.* (or layers.0.*): layer 0, whose
     (`model.`     norm.weight [H]            q/k/v_proj take 2H inputs, with hidden_norm [H]
     optional)     lm_head.weight [Vd, H]     layers.N.*: further layers (width H)
+                  (absent: the model's lm_head, as vLLM shares it: gpu/eagle_shared_lm_head.py,
+                  so Vd = V and H = T)
                   d2t [Vd] ints: draft id d is target id d + d2t[d] (absent: the identity)
                   t2d [V] bools (optional): which target ids have a draft id; checked
                   embed_tokens.weight [V, H] (optional): else the model's, so required when
                   H differs from T (the model's rows are T wide; vLLM shares them unchecked)
 
 The model's tapped states stay T wide (gpu/target_hidden.py); fc brings them to H once.
+Refused by name: norm_before_fc (an RMSNorm over the taps before fc) and an fc.bias (vLLM's
+fc has none either).
 A folder is an EAGLE-3 head when its config names draft_vocab_size or an Eagle3
 architecture, or its tensors hold midlayer.* or d2t (`is_eagle3`). Refusals are ConfigErrors
 naming draft_model's field or tensor and the sizes.
@@ -29,6 +33,7 @@ from typing import Any
 import torch
 from troupe.config import ConfigError
 from troupe.gpu.eagle3_model import Eagle3Head
+from troupe.gpu.eagle_shared_lm_head import Eagle3SharedHead
 from troupe.gpu.head_weights import Destination, check_filled, fill, layer_destination, layer_keys
 from troupe.gpu.model_config import ModelConfig
 from troupe.gpu.models import DecoderLayer, DecoderModel
@@ -60,6 +65,11 @@ def is_eagle3(cfg: dict[str, Any], names: set[str]) -> bool:
 
 def eagle3_spec(cfg: dict[str, Any], head: ModelConfig, target: ModelConfig) -> Eagle3Spec:
     """The head's EAGLE-3 fields, checked against the model it reads."""
+    if cfg.get("norm_before_fc"):
+        raise ConfigError(
+            "draft_model config.json: norm_before_fc true (an RMSNorm over the model's tapped "
+            "states before fc, as gpt-oss heads have) is not supported"
+        )
     vocab = target.vocab_size
     draft_vocab = int(cfg.get("draft_vocab_size") or vocab)
     if not 0 < draft_vocab <= vocab:
@@ -115,20 +125,39 @@ def build_eagle3(
     spec = eagle3_spec(cfg, head_config, target_config)
     tensors = {_layer_name(name): t for name, t in tensors.items()}
     own_embedding = "embed_tokens.weight" in tensors
+    own_lm_head = "lm_head.weight" in tensors
     _check_widths(head_config, spec, tensors.get("fc.weight"), own_embedding)
-    head = Eagle3Head(
-        head_config,
-        target,
-        max_positions=max_model_len,
-        num_taps=len(spec.taps.layer_ids),
-        target_hidden_size=spec.target_hidden_size,
-        draft_vocab_size=spec.draft_vocab_size,
-        norm_before_residual=spec.norm_before_residual,
-        own_embedding=own_embedding,
-    )
+    if "fc.bias" in tensors:
+        raise ConfigError(
+            "draft_model tensor 'fc.bias': an EAGLE-3 head's fc has no bias (vLLM's neither)"
+        )
+    num_taps, nbr = len(spec.taps.layer_ids), spec.norm_before_residual
+    head: Eagle3Head
+    if own_lm_head:
+        head = Eagle3Head(
+            head_config,
+            target,
+            max_positions=max_model_len,
+            num_taps=num_taps,
+            target_hidden_size=spec.target_hidden_size,
+            draft_vocab_size=spec.draft_vocab_size,
+            norm_before_residual=nbr,
+            own_embedding=own_embedding,
+        )
+    else:
+        _check_shared_lm_head(head_config, spec, target_config, tensors.get("d2t"))
+        head = Eagle3SharedHead(
+            head_config,
+            target,
+            max_positions=max_model_len,
+            num_taps=num_taps,
+            norm_before_residual=nbr,
+            own_embedding=own_embedding,
+        )
     h = head_config.hidden_size
     filled = fill(tensors, {n: _destination(head, n) for n in tensors}, h)
-    required = ["fc.weight", "norm.weight", "lm_head.weight", "layers.0.hidden_norm.weight"]
+    required = ["fc.weight", "norm.weight", "layers.0.hidden_norm.weight"]
+    required += ["lm_head.weight"] if own_lm_head else []
     required += [] if head.embed_tokens is None else ["embed_tokens.weight"]
     layers = [layer for layer in head.layers if isinstance(layer, DecoderLayer)]
     check_filled(folder, required + layer_keys(layers), filled)
@@ -153,6 +182,29 @@ def _check_widths(
             f"draft_model ships no 'embed_tokens.weight': the model's embedding is {t} wide "
             f"(target_hidden_size {t}), the head's hidden_size is {h}; a head of another "
             "width than the model needs its own embedding"
+        )
+
+
+def _check_shared_lm_head(
+    head: ModelConfig, spec: Eagle3Spec, target: ModelConfig, d2t: torch.Tensor | None
+) -> None:
+    """A head without lm_head.weight takes the model's: ConfigErrors naming both sizes where
+    its rows cannot be the model's (another vocabulary, another width, a moving d2t)."""
+    why = "ships no 'lm_head.weight', so the model's lm_head makes its logits (as vLLM's)"
+    if spec.draft_vocab_size != target.vocab_size:
+        raise ConfigError(
+            f"draft_model {why}: its draft_vocab_size {spec.draft_vocab_size} must be the "
+            f"model's vocab_size {target.vocab_size}"
+        )
+    if head.hidden_size != target.hidden_size:
+        raise ConfigError(
+            f"draft_model {why}: its hidden_size {head.hidden_size} must be the model's "
+            f"hidden_size {target.hidden_size}"
+        )
+    if d2t is not None and bool(d2t.ne(0).any()):
+        raise ConfigError(
+            f"draft_model {why}: its 'd2t' must map every draft id to itself (the model's "
+            f"lm_head's rows are the model's {target.vocab_size} token ids)"
         )
 
 

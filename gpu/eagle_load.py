@@ -10,6 +10,8 @@ and safetensors or pytorch_model*.bin with, names optionally under `model.`:
     norm.weight [H]: optional final norm              layer 0's input_layernorm optional)
 
 lm_head.weight, when shipped, is ignored: logits come from the model's lm_head (as in vLLM).
+A head in the speculators format (config.json naming speculators_model_type, "eagle" or
+"eagle3") is read as these layouts (gpu/eagle_speculators.py).
 Every refusal is a ConfigError naming draft_model (or the model's field) and both sizes.
 """
 
@@ -26,6 +28,7 @@ from troupe.gpu.attention import AttentionMetadata
 from troupe.gpu.draft_model import check_draft
 from troupe.gpu.eagle3_load import build_eagle3, is_eagle3
 from troupe.gpu.eagle_model import EagleHead
+from troupe.gpu.eagle_speculators import log_verifier, plain_config, plain_tensors
 from troupe.gpu.head_weights import (
     Destination,
     check_filled,
@@ -38,6 +41,7 @@ from troupe.gpu.model_config import ModelConfig
 from troupe.gpu.models import DecoderLayer, DecoderModel, KVCache
 from troupe.gpu.pool_sizing import block_bytes
 from troupe.gpu.target_hidden import HiddenTaps, TargetHidden
+from troupe.speculators_format import speculators_fields
 
 HEAD_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 FINAL_STATE = HiddenTaps()  # EAGLE-1 reads the final post-norm state
@@ -133,9 +137,15 @@ def load_eagle(
     folder = Path(config.draft_model).expanduser()
     if not folder.is_dir():
         raise ConfigError(f"draft_model path {str(folder)!r} is not an EAGLE head's folder")
-    head_config = ModelConfig.from_hf_folder(folder)
-    raw = json.loads((folder / "config.json").read_text())
+    speculators = speculators_fields(folder)  # None: the plain layouts
+    if speculators is None:
+        head_config = ModelConfig.from_hf_folder(folder)
+        raw = json.loads((folder / "config.json").read_text())
     tensors = dict(head_tensors(folder))  # one read: the head is one layer (and an embedding)
+    if speculators is not None:  # read as the plain layouts (gpu/eagle_speculators.py)
+        raw, tensors = plain_config(speculators), plain_tensors(speculators, tensors)
+        head_config = ModelConfig.from_hf_dict(raw)
+        log_verifier(speculators, target_config)
     eagle3 = is_eagle3(raw, set(tensors))
     check_eagle(target_config, head_config, eagle3=eagle3)
     head: DraftHead
@@ -144,9 +154,12 @@ def load_eagle(
             folder, raw, head_config, target_config, target, tensors, max_model_len
         )
     elif config.speculative_method == "eagle3":
+        why = "no draft_vocab_size in its config.json, no midlayer.* or d2t tensors"
+        if speculators is not None:
+            why = f"its speculators_model_type is {speculators['speculators_model_type']!r}"
         raise ConfigError(
-            f"draft_model {str(folder)!r} is not an EAGLE-3 head (no draft_vocab_size in its "
-            "config.json, no midlayer.* or d2t tensors): speculative_method 'eagle3' needs one"
+            f"draft_model {str(folder)!r} is not an EAGLE-3 head ({why}): "
+            "speculative_method 'eagle3' needs one"
         )
     else:
         head, taps = _build_eagle1(folder, head_config, target, tensors, max_model_len), FINAL_STATE

@@ -2,11 +2,13 @@
 tokens as without speculation, greedy and seeded (with penalties and prefill chunks), with a
 full and with a smaller draft vocabulary (d2t), under swap preemption, with heads narrower
 and wider than the model (target_hidden_size, their own embedding); a head built to
-reproduce the target is accepted every time, an untrained one rarely; every block comes back.
+reproduce the target is accepted every time, an untrained one rarely (so is it as the
+speculators library saves it, and saved without lm_head.weight); every block comes back.
 The GPU test does the same with CUDA graphs (the target's tapped layers read after a replay)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +18,8 @@ from troupe import EngineConfig
 
 from tests.gpu.conftest import add_word_tokenizer, make_hf_model
 from tests.gpu.eagle3_heads import copy_head3, random_head3, unit_rms_embeddings
+from tests.gpu.eagle_heads import save_head, target_tensors
+from tests.gpu.eagle_speculators_heads import speculators_head3
 from tests.gpu.test_eagle_engine import BASE, LONG, _acceptance, _run
 
 # the copy head's target: one windowed layer (the head's row at p sees what the target's row
@@ -39,10 +43,20 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     unit_rms_embeddings(copyable)
     copyable.save_pretrained(tmp / "copyable")
     add_word_tokenizer(tmp / "copyable")
+    copy = copy_head3(tmp / "copy", tmp / "copyable")
+    no_lm_head = {k: v for k, v in target_tensors(copy).items() if k != "lm_head.weight"}
+    cfg = json.loads((copy / "config.json").read_text())
     return {
         "target": target,
         "copyable": tmp / "copyable",
-        "copy": copy_head3(tmp / "copy", tmp / "copyable"),
+        "copy": copy,
+        # the copy head as the speculators library saves it, proposing 2 tokens
+        "copy_spec": speculators_head3(tmp / "copy_spec", copy, k=2),
+        # without lm_head.weight: the model's (tied to its embedding) makes the logits
+        "copy_shared": save_head(tmp / "copy_shared", copy, no_lm_head, **cfg),
+        "copy_spec_shared": speculators_head3(
+            tmp / "copy_spec_shared", copy, k=2, drop=("lm_head.weight",)
+        ),
         "random": random_head3(tmp / "random", target),
         "small_vocab": random_head3(tmp / "small_vocab", target, seed=4, draft_vocab=96),
         "own_embed": random_head3(tmp / "own_embed", target, seed=5, embed=True),
@@ -59,7 +73,7 @@ def _plain(models: dict[str, Path], target: str = "target", **extra: Any) -> Eng
 
 
 def _eagle3(
-    models: dict[str, Path], head: str, target: str = "target", k: int = 3, **extra: Any
+    models: dict[str, Path], head: str, target: str = "target", k: int | None = 3, **extra: Any
 ) -> EngineConfig:
     settings = {
         **BASE,
@@ -85,6 +99,27 @@ def test_copy_head_accepted(models: dict[str, Path]) -> None:
     sampled, stats, _ = anyio.run(_run, _eagle3(models, "copy", "copyable", **chunks), 0.8)
     assert sampled == anyio.run(_run, _plain(models, "copyable", **chunks), 0.8)[0]
     assert _acceptance(stats) == 1.0  # sampled too: the head draws with the target's noise
+
+
+def test_copy_head_as_shipped_accepted(models: dict[str, Path]) -> None:
+    """The copy head in the speculators layout (num_speculative_tokens from its
+    speculators_config), and saved without lm_head.weight: accepted every time, greedy and
+    sampled."""
+    plain, _, _ = anyio.run(_run, _plain(models, "copyable"))
+    chunks = {"max_num_batched_tokens": 8}
+    sampled_plain, _, _ = anyio.run(_run, _plain(models, "copyable", **chunks), 0.8)
+    for head, k in (("copy_spec", 2), ("copy_shared", 4), ("copy_spec_shared", 2)):
+        config = _eagle3(models, head, "copyable", k=None)  # the head's count, else 4
+        assert config.num_speculative_tokens == k
+        same, stats, runner = anyio.run(_run, config)
+        assert same == plain
+        assert _acceptance(stats) == 1.0, head
+        assert len(stats.spec_accepted_lengths) == k + 1 and runner.num_draft_tokens > 0
+        sampled, stats, _ = anyio.run(
+            _run, _eagle3(models, head, "copyable", k=None, **chunks), 0.8
+        )
+        assert sampled == sampled_plain
+        assert _acceptance(stats) == 1.0, head
 
 
 def test_random_heads_same_tokens_greedy_and_seeded(models: dict[str, Path]) -> None:
