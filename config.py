@@ -207,6 +207,9 @@ class EngineConfig:
     enable_lora: bool = False
     max_loras: int = 4
     max_lora_rank: int = 16
+    # vLLM's --enable-sleep-mode: Engine.sleep / wake_up (and POST /sleep, /wake_up, GET
+    # /is_sleeping) give the weights' and KV cache's device memory back and take it again
+    enable_sleep_mode: bool = False
     log_format: Literal["console", "json"] = "console"
     log_level: str = "info"
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import msgspec
 from troupe.messages.engine_calls import UpdateWeights
 from troupe.messages.sampling import SamplingParams
+from troupe.messages.sleep_calls import Sleep, WakeUp
 
 
 # gc=False: plans are built every step and hold no cycles (msgspec docs; vLLM does the same).
@@ -110,4 +111,5 @@ class TokenMasks(msgspec.Struct, frozen=True, kw_only=True, tag=True, gc=False):
     ahead: bool = False
 
 
-ExecutorInbox = StepPlan | TokenMasks | UpdateWeights  # the last: messages/engine_calls.py
+# the engine's calls: messages/engine_calls.py, messages/sleep_calls.py
+ExecutorInbox = StepPlan | TokenMasks | UpdateWeights | Sleep | WakeUp

@@ -19,6 +19,7 @@ from troupe.messages.engine_calls import (
 )
 from troupe.messages.pooling import Pooled
 from troupe.messages.sampling import SamplingParams
+from troupe.messages.sleep_calls import Sleep, SleepDone, WakeUp
 from troupe.messages.tokenizer import AbortRequest
 
 
@@ -169,4 +170,7 @@ SchedulerInbox = (
     | ResetPrefixCache  # the engine's calls (messages/engine_calls.py)
     | UpdateWeights
     | WeightsLoaded
+    | Sleep  # sleep mode (messages/sleep_calls.py)
+    | WakeUp
+    | SleepDone
 )

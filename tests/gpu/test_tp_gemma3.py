@@ -115,3 +115,20 @@ def test_real_gemma3_270m_gguf_same_tokens_at_two_ranks() -> None:
     expected = anyio.run(_real_tokens, base)
     assert len({tuple(t) for t in expected}) == len(expected)
     assert anyio.run(_real_tokens, base.replace(tensor_parallel_size=2)) == expected
+
+
+@pytest.mark.gpu
+def test_cuda_two_gpus_same_tokens(tiny_gemma3: Path) -> None:
+    """NCCL on two GPUs, eager and with CUDA graphs + overlap, vs one GPU."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two CUDA devices")
+    base = _config(tiny_gemma3).replace(device="cuda")
+
+    async def run(config: EngineConfig) -> list[list[int]]:
+        async with Engine.open(config) as engine:
+            return await _generate(engine)
+
+    expected = anyio.run(run, base)
+    two = base.replace(tensor_parallel_size=2)
+    assert anyio.run(run, two.replace(enforce_eager=True)) == expected
+    assert anyio.run(run, two) == expected

@@ -15,7 +15,7 @@ from pathlib import Path
 import anyio
 import pytest
 import torch
-from troupe import Engine
+from troupe import Engine, EngineConfig
 from troupe.config import ConfigError
 from troupe.gpu.model_config import ModelConfig
 from troupe.gpu.moe_layer import MoeLayer
@@ -158,6 +158,38 @@ def test_local_routing_keeps_the_ranks_experts() -> None:
     assert torch.equal(w, torch.tensor([[0.7, 0.0], [0.0, 0.4]]))
 
 
+def test_triton_kernel_sums_the_ranks_parts() -> None:
+    """The fused Triton kernel (interpreter) on each rank's experts or rows, foreign slots at
+    weight 0 among them: the parts add up to the reference over every expert."""
+    from troupe.kernels.fused_moe import fused_moe_triton
+    from troupe.kernels.moe_config import MoeKernelConfig
+    from troupe.kernels.moe_reference import fused_moe, route_topk
+
+    gen = torch.Generator().manual_seed(4)
+    experts, inter, hidden = 8, 32, 64
+    x = torch.randn(9, hidden, generator=gen)
+    w13 = torch.randn(experts, 2 * inter, hidden, generator=gen) * hidden**-0.5
+    w2 = torch.randn(experts, hidden, inter, generator=gen) * inter**-0.5
+    weights, ids = route_topk(torch.randn(9, experts, generator=gen), 2, renormalize=True)
+    expected = fused_moe(x, w13, w2, weights, ids)
+    for atomic in (False, True):
+        config = MoeKernelConfig(block_m=16, block_n=32, block_k=32, atomic_reduce=atomic)
+        by_expert = []
+        for r in range(2):
+            local_w13, local_w2 = w13[r * 4 : r * 4 + 4], w2[r * 4 : r * 4 + 4]
+            routed = local_routing(weights, ids, r * 4, 4)
+            by_expert.append(fused_moe_triton(x, local_w13, local_w2, *routed, config=config))
+        by_rows, half = [], inter // 2
+        for r in range(2):
+            rows = slice(r * half, (r + 1) * half)
+            gate_up = torch.cat([w13[:, rows], w13[:, inter:][:, rows]], dim=1)
+            by_rows.append(
+                fused_moe_triton(x, gate_up, w2[:, :, rows], weights, ids, config=config)
+            )
+        for parts in (by_expert, by_rows):
+            torch.testing.assert_close(parts[0] + parts[1], expected, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("expert_parallel", [False, True])
 def test_rank_slices_sum_to_the_whole_layer(
     folders: dict[str, Path], expert_parallel: bool
@@ -223,3 +255,22 @@ def test_same_tokens_at_two_ranks(
     assert tokens == expected
     assert len(scores) == len(PROMPTS[0]) - 1
     assert scores == pytest.approx(expected_scores, abs=1e-4)
+
+
+@pytest.mark.gpu
+def test_cuda_two_gpus_same_tokens(folders: dict[str, Path]) -> None:
+    """NCCL on two GPUs, both sharding modes, eager and with CUDA graphs + overlap (the fused
+    Triton experts, foreign slots at weight 0 inside the graphs), vs one GPU."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two CUDA devices")
+    base = _config(folders["split"]).replace(device="cuda")
+
+    async def run(config: EngineConfig) -> list[list[int]]:
+        async with Engine.open(config) as engine:
+            return await _generate(engine)
+
+    expected = anyio.run(run, base)
+    for expert_parallel in (False, True):
+        two = base.replace(tensor_parallel_size=2, enable_expert_parallel=expert_parallel)
+        assert anyio.run(run, two.replace(enforce_eager=True)) == expected
+        assert anyio.run(run, two) == expected
