@@ -172,9 +172,11 @@ def test_cuda_graphs_same_tokens_and_copy_head_accepted(models: dict[str, Path])
     runner.close()
     for temperature in (0.0, 0.8):
         plain, _, _ = anyio.run(_run, _plain(models, "copyable", **cuda), temperature)
-        same, stats, _ = anyio.run(_run, _eagle3(models, "copy", "copyable", **cuda), temperature)
-        assert same == plain
-        assert _acceptance(stats) > 0.95
+        for head in ("copy", "copy_spec_shared"):  # the latter: the model's lm_head, k = 2
+            config = _eagle3(models, head, "copyable", k=None if "spec" in head else 3, **cuda)
+            same, stats, _ = anyio.run(_run, config, temperature)
+            assert same == plain
+            assert _acceptance(stats) > 0.95
     plain, _, _ = anyio.run(_run, _plain(models, **cuda))
     for head in ("random", "small_vocab", "narrow", "wide"):
         other, stats, _ = anyio.run(_run, _eagle3(models, head, **cuda))
