@@ -19,6 +19,7 @@ from troupe import Engine, EngineConfig
 from troupe.config import ConfigError
 from troupe.gpu.model_config import ModelConfig
 from troupe.gpu.moe_layer import MoeLayer
+from troupe.gpu.runner import build_runner
 from troupe.gpu.tp_group import TPGroup
 from troupe.gpu.tp_model import TPDecoderModel, TPShard, check_tensor_parallel
 from troupe.gpu.tp_moe import TPMoeLayer, local_routing
@@ -138,6 +139,14 @@ def test_checks_name_what_does_not_split() -> None:
     )
     cut = TPShard(rank=1, size=2, full=config)
     assert (cut.first_expert, cut.num_local_experts, cut.expert_intermediate_size) == (0, 8, 16)
+
+
+def test_runner_refuses_before_spawning(tmp_path: Path) -> None:
+    """The knob reaches the check TPRunner makes before any worker starts."""
+    (tmp_path / "config.json").write_text(json.dumps({**TINY_MOE, "num_experts": 6}))
+    config = _config(tmp_path, tensor_parallel_size=4, enable_expert_parallel=True)
+    with pytest.raises(ConfigError, match=r"\(4\) must divide the model's num_experts \(6\)"):
+        build_runner(config)
 
 
 def test_cli_flag_sets_the_knob() -> None:
