@@ -3,8 +3,9 @@
 "required" / named ──► each argument piece as a tool_calls delta as it is written, then a
                        last chunk with finish_reason "tool_calls"; cut short (length), what
                        was written as text ("required") or nothing (named) with its reason
-"auto"             ──► content as it comes; at the end the calls found (if any) in one
-                       tool_calls chunk, or the rest as content with the sample's reason
+"auto"             ──► content as it comes; at the end each call found (if any) as OpenAI
+                       streams one (id and name, then the arguments), or the rest as
+                       content with the sample's reason
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ def call_stream(plan: ToolPlan | None) -> ToolCallStream | AutoCallStream | None
     if plan is None:
         return None
     if plan.spec is None:
-        return auto_tool_stream(plan.names, plan.parser)
+        return auto_tool_stream(plan.tools, plan.parser)
     return ToolCallStream(plan)
 
 
@@ -41,7 +42,14 @@ def _auto_chunks(
             return
         if rest:
             yield _sse(builder.delta_chunk(rest, None))
-        yield _sse(builder.tool_call_chunk([{"index": i, **c} for i, c in enumerate(found)]))
+        for i, call in enumerate(found):  # as OpenAI's: the name first, then the arguments
+            function = call["function"]
+            head = {"index": i, "id": call["id"], "type": call["type"]}
+            opened = {**head, "function": {"name": function["name"], "arguments": ""}}
+            yield _sse(builder.tool_call_chunk([opened]))
+            if function["arguments"]:
+                arguments = {"index": i, "function": {"arguments": function["arguments"]}}
+                yield _sse(builder.tool_call_chunk([arguments]))
         yield _sse(builder.tool_call_chunk([], "tool_calls"))
 
 

@@ -224,7 +224,7 @@ async def _whole(
                 calls, content = None, None
                 if req.tools is not None and finish == "stop":
                     if req.tools.spec is None:  # "auto": the model's own format
-                        content, found = parse_auto_calls(text, req.tools.names, req.tools.parser)
+                        content, found = parse_auto_calls(text, req.tools.tools, req.tools.parser)
                         calls = found or None
                     else:
                         calls = tool_calls(req.tools, text)

@@ -71,7 +71,7 @@ class OutputAssembler:
         self._is_streaming = is_streaming
         self._auto: AutoCallStream | None = None
         if tools is not None and tools.spec is None:
-            self._auto = auto_tool_stream(tools.names, tools.parser)
+            self._auto = auto_tool_stream(tools.tools, tools.parser)
         self._call_text: list[str] = []  # "required" and named: what the model wrote
         self._open: _Open | None = None
         self._events: list[Event] = []

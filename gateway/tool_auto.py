@@ -13,9 +13,11 @@ JSON, an unknown tool, a tag left open because max_tokens cut it) is plain text,
 Hermes parser answers. Streaming sends content as it comes, holding back from the first
 `<tool_call>` (and any tail that could be its beginning), and the calls at the end.
 
-`--tool-call-parser` (vLLM's flag) picks the format whatever the template: `hermes`, or
-`llama3_json` (Llama 3.x's bare JSON calls, gateway/tool_llama3.py). Unset, Hermes is parsed
-where the template defines it, and "auto" is refused elsewhere.
+`--tool-call-parser` (vLLM's flag) picks the format whatever the template: `hermes`,
+`llama3_json` (Llama 3.x's bare JSON calls, gateway/tool_llama3.py), or one of the formats
+read through gateway/tool_format.py: `mistral` (tool_mistral.py), `pythonic`
+(tool_pythonic.py), `qwen3_coder` (tool_qwen3_coder.py), `deepseek_v3` (tool_deepseek_v3.py).
+Unset, Hermes is parsed where the template defines it, and "auto" is refused elsewhere.
 """
 
 from __future__ import annotations
@@ -23,16 +25,36 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any, Literal, Protocol
 
+from troupe.gateway.tool_deepseek_v3 import DEEPSEEK_V3
+from troupe.gateway.tool_format import CallFormat, FormatCallStream, ToolSchemas, parse_reply
 from troupe.gateway.tool_llama3 import Llama3ToolStream, parse_llama3_calls
+from troupe.gateway.tool_mistral import MISTRAL
+from troupe.gateway.tool_pythonic import PYTHONIC
+from troupe.gateway.tool_qwen3_coder import QWEN3_CODER
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _BLOCK = re.compile(re.escape(OPEN) + r"(.*?)" + re.escape(CLOSE), re.DOTALL)
 
-ToolParserName = Literal["hermes", "llama3_json"]
-TOOL_PARSERS: tuple[ToolParserName, ...] = ("hermes", "llama3_json")
+ToolParserName = Literal[
+    "hermes", "llama3_json", "mistral", "pythonic", "qwen3_coder", "deepseek_v3"
+]
+TOOL_PARSERS: tuple[ToolParserName, ...] = (
+    "hermes",
+    "llama3_json",
+    "mistral",
+    "pythonic",
+    "qwen3_coder",
+    "deepseek_v3",
+)
+_FORMATS: dict[str, CallFormat] = {
+    "mistral": MISTRAL,
+    "pythonic": PYTHONIC,
+    "qwen3_coder": QWEN3_CODER,
+    "deepseek_v3": DEEPSEEK_V3,
+}
 
 
 class AutoCallStream(Protocol):
@@ -54,18 +76,26 @@ def auto_tool_parser(setting: ToolParserName | None, template: str | None) -> To
 
 
 def parse_auto_calls(
-    text: str, names: Iterable[str], parser: ToolParserName
+    text: str, tools: Sequence[dict[str, Any]], parser: ToolParserName
 ) -> tuple[str | None, list[dict[str, Any]]]:
-    """(content, OpenAI `tool_calls`) of a whole reply in `parser`'s format."""
+    """(content, OpenAI `tool_calls`) of a whole reply in `parser`'s format; `tools`: the
+    request's, as sent (ToolPlan.tools)."""
+    names = [t["function"]["name"] for t in tools]
     if parser == "llama3_json":
         return parse_llama3_calls(text, names)
-    return parse_calls(text, names)
+    if parser == "hermes":
+        return parse_calls(text, names)
+    return parse_reply(_FORMATS[parser], text, ToolSchemas(tuple(tools)))
 
 
-def auto_tool_stream(names: Iterable[str], parser: ToolParserName) -> AutoCallStream:
+def auto_tool_stream(tools: Sequence[dict[str, Any]], parser: ToolParserName) -> AutoCallStream:
+    """A streamed reply's reader in `parser`'s format; `tools` as parse_auto_calls's."""
+    names = [t["function"]["name"] for t in tools]
     if parser == "llama3_json":
         return Llama3ToolStream(names)
-    return AutoToolStream(names)
+    if parser == "hermes":
+        return AutoToolStream(names)
+    return FormatCallStream(_FORMATS[parser], tools)
 
 
 def template_calls_tools(template: str | None) -> bool:

@@ -115,7 +115,8 @@ def test_a_tool_call_comes_back_whole_and_streamed(hermes: ServerThread) -> None
         for c in chunk.choices:
             content += c.delta.content or ""
             for call in c.delta.tool_calls or ():
-                names.append(call.function.name if call.function else None)
+                if call.function and call.function.name:  # the name first, then arguments
+                    names.append(call.function.name)
                 arguments += (call.function.arguments or "") if call.function else ""
             if c.finish_reason:
                 finishes.append(c.finish_reason)

@@ -185,6 +185,6 @@ def test_the_flag() -> None:
     args = parser.parse_args(["--tool-call-parser", "llama3_json"])
     assert settings_from_args(args).tool_call_parser == "llama3_json"
     with pytest.raises(SystemExit):
-        parser.parse_args(["--tool-call-parser", "mistral"])
+        parser.parse_args(["--tool-call-parser", "kimi_k2"])
     with pytest.raises(ConfigError, match="tool_call_parser"):
-        GatewaySettings(tool_call_parser="mistral")  # type: ignore[arg-type]
+        GatewaySettings(tool_call_parser="kimi_k2")  # type: ignore[arg-type]

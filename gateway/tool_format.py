@@ -1,0 +1,141 @@
+"""One tool-call format read the same way whole and streamed: the reply is content up to the
+first of the format's markers, and from there a call section that is parsed when the reply
+ends (all its calls, or none: then the whole reply is its text, as vLLM's parsers answer).
+
+    "Sure. [TOOL_CALLS][{...}]"         content "Sure. ", the section "[TOOL_CALLS][{...}]"
+     ^^^^^^ streamed as it comes        ^ held from here to the end, then parsed
+
+A format whose calls must lead the reply (`lead_only`, Llama's pythonic lists) is content
+unless the reply, after leading whitespace, starts with a marker; that whitespace is dropped
+before calls. Streaming sends content as soon as it cannot be (the start of) a marker, and
+holds nothing else, so the concatenated deltas always equal the whole reply's parse.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any
+
+ToolCallDict = dict[str, Any]  # OpenAI's {"id", "type": "function", "function": {...}}
+
+
+@dataclasses.dataclass(frozen=True)
+class ToolSchemas:
+    """The request's tools as the client sent them: names, and each one's parameters."""
+
+    tools: tuple[dict[str, Any], ...]
+
+    @property
+    def names(self) -> frozenset[str]:
+        return frozenset(t["function"]["name"] for t in self.tools)
+
+    def properties(self, name: str) -> dict[str, Any]:
+        """The JSON-schema `properties` of tool `name`'s parameters ({} when it has none)."""
+        for tool in self.tools:
+            function = tool["function"]
+            if function["name"] == name:
+                params = function.get("parameters") or {}
+                props = params.get("properties") if isinstance(params, dict) else None
+                return props if isinstance(props, dict) else {}
+        return {}
+
+
+def vllm_call_id() -> str:
+    """vLLM's default tool-call id (`chatcmpl-tool-` and 32 hex digits)."""
+    return f"chatcmpl-tool-{uuid.uuid4().hex}"
+
+
+def make_call(call_id: str, name: str, arguments: str) -> ToolCallDict:
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+@dataclasses.dataclass(frozen=True)
+class CallFormat:
+    """A format: the markers that open its call section, and how a section parses.
+
+    `parse(section, tools)` gives the calls, or None when the section is not calls (bad
+    JSON, an unknown tool, no call at all)."""
+
+    markers: tuple[str, ...]
+    parse: Callable[[str, ToolSchemas], list[ToolCallDict] | None]
+    lead_only: bool = False
+
+    def find(self, text: str, start: int = 0) -> int:
+        """Where the call section begins at or after `start` (-1: nowhere)."""
+        if self.lead_only:
+            head = text.lstrip()
+            opens = start == 0 and head.startswith(self.markers)
+            return len(text) - len(head) if opens else -1
+        found = [at for m in self.markers if (at := text.find(m, start)) >= 0]
+        return min(found, default=-1)
+
+    def marker_prefix(self, text: str) -> int:
+        """Length of the longest tail of `text` that may begin a marker (held back); for a
+        `lead_only` format, all of `text` while it may still open with one."""
+        if self.lead_only:
+            head = text.lstrip()
+            return len(text) if any(m.startswith(head) for m in self.markers) else 0
+        longest = max(len(m) for m in self.markers)
+        for size in range(min(longest - 1, len(text)), 0, -1):
+            if any(m.startswith(text[-size:]) for m in self.markers):
+                return size
+        return 0
+
+
+def parse_reply(
+    fmt: CallFormat, text: str, tools: ToolSchemas
+) -> tuple[str | None, list[ToolCallDict]]:
+    """(content, OpenAI `tool_calls`) of a whole reply; no calls: the content is the text."""
+    at = fmt.find(text)
+    if at < 0:
+        return text, []
+    calls = fmt.parse(text[at:], tools)
+    if not calls:
+        return text, []
+    before = "" if fmt.lead_only else text[:at]
+    return (before or None), calls
+
+
+class FormatCallStream:
+    """One streamed reply in `fmt`: content to send now, and at the end the calls (or the
+    held section as text). Implements tool_auto.AutoCallStream."""
+
+    def __init__(self, fmt: CallFormat, tools: Sequence[dict[str, Any]]) -> None:
+        self.fmt = fmt
+        self.tools = ToolSchemas(tuple(tools))
+        self.text = ""
+        self._sent = 0  # text[:_sent] went out as content
+        self._at = -1  # where the call section began (-1: not yet)
+        self._decided = False  # lead_only: the reply is known to be content
+
+    def delta(self, piece: str) -> str:
+        """The content of `piece` (and of what was held) that can go out now."""
+        self.text += piece
+        if self._at >= 0:
+            return ""
+        if self.fmt.lead_only and not self._decided:
+            self._at = self.fmt.find(self.text)
+            if self._at >= 0 or not self.text.strip() or self.fmt.marker_prefix(self.text):
+                return ""  # calls, or too early to say
+            self._decided = True
+            end = len(self.text)
+        elif self.fmt.lead_only:
+            end = len(self.text)
+        else:
+            self._at = self.fmt.find(self.text, self._sent)
+            if self._at >= 0:
+                end = self._at
+            else:
+                end = len(self.text) - self.fmt.marker_prefix(self.text[self._sent :])
+        out, self._sent = self.text[self._sent : end], end
+        return out
+
+    def finish(self, stopped: bool) -> tuple[str, list[ToolCallDict]]:
+        """(content not sent yet, calls): the calls only when the reply ended by itself."""
+        rest = self.text[self._sent :]
+        if self._at < 0 or not stopped:
+            return rest, []
+        calls = self.fmt.parse(self.text[self._at :], self.tools)
+        return ("", calls) if calls else (rest, [])

@@ -1,0 +1,142 @@
+"""tool_choice "auto" for Qwen3-Coder's XML calls (vLLM's `--tool-call-parser qwen3_coder`):
+
+    <tool_call>
+    <function=get_weather>
+    <parameter=city>
+    Paris
+    </parameter>
+    <parameter=days>
+    3
+    </parameter>
+    </function>
+    </tool_call>
+
+Text before the first `<tool_call>` (or `<function=`, when the model leaves the wrapper out)
+is the content; what follows the calls is dropped, as vLLM does. As vLLM's, the parse is
+lenient where the model stopped: a last `</parameter>`, `</function>` or `</tool_call>` left
+out still closes. Each value loses one newline at each end and is typed by the tool's JSON
+schema: integers and numbers parsed (an integral number as an int), booleans from
+`true`/`false`, objects and arrays as JSON (or a Python literal), `null` as null, strings and
+parameters the schema does not list as they are; a value that does not parse as its type
+stays a string. A function no tool names makes the reply text. Ids are `call_` and 24 hex
+digits, as vLLM's.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import uuid
+from typing import Any
+
+from troupe.gateway.tool_format import CallFormat, ToolCallDict, ToolSchemas, make_call
+
+TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
+FUNC_OPEN, FUNC_CLOSE = "<function=", "</function>"
+PARAM_OPEN, PARAM_CLOSE = "<parameter=", "</parameter>"
+
+
+def parse_qwen3_coder(section: str, tools: ToolSchemas) -> list[ToolCallDict] | None:
+    """The calls of a section that starts with `<tool_call>` or `<function=`."""
+    blocks = _between(section, TOOL_OPEN, TOOL_CLOSE) or [section]
+    functions = [f for block in blocks for f in _between(block, FUNC_OPEN, FUNC_CLOSE)]
+    calls = []
+    for function in functions:
+        name, sep, body = function.partition(">")
+        if not sep or name not in tools.names:
+            return None
+        props = tools.properties(name)
+        args = {key: typed_value(raw, props.get(key)) for key, raw in _parameters(body)}
+        arguments = json.dumps(args, ensure_ascii=False)
+        calls.append(make_call(f"call_{uuid.uuid4().hex[:24]}", name, arguments))
+    return calls or None
+
+
+def _between(text: str, open_tag: str, close_tag: str) -> list[str]:
+    """The texts after each `open_tag` up to its `close_tag` (or the end, if it has none)."""
+    out = []
+    at = text.find(open_tag)
+    while at >= 0:
+        start = at + len(open_tag)
+        end = text.find(close_tag, start)
+        if end < 0:
+            out.append(text[start:])
+            break
+        out.append(text[start:end])
+        at = text.find(open_tag, end + len(close_tag))
+    return out
+
+
+def _parameters(body: str) -> list[tuple[str, str]]:
+    """(name, raw value) of each `<parameter=name>value</parameter>`; a value left open ends
+    at the next parameter or at the end."""
+    out = []
+    at = body.find(PARAM_OPEN)
+    while at >= 0:
+        start = at + len(PARAM_OPEN)
+        ends = [e for tag in (PARAM_CLOSE, PARAM_OPEN) if (e := body.find(tag, start)) >= 0]
+        end = min(ends, default=len(body))
+        name, _, value = body[start:end].partition(">")
+        value = value.removeprefix("\n").removesuffix("\n")
+        out.append((name, value))
+        at = body.find(PARAM_OPEN, end)
+    return out
+
+
+def typed_value(raw: str, schema: Any) -> Any:
+    """A parameter's text as the JSON value its schema's `type` asks for (see the module);
+    the text itself where the value has no JSON form (nan, a set, bytes)."""
+    value = _typed(raw, schema)
+    return value if _is_json(value) else raw
+
+
+def _typed(raw: str, schema: Any) -> Any:
+    if raw.lower() == "null":
+        return None
+    kind = _type_of(schema)
+    if kind in ("string", "str", "text", "varchar", "char", "enum"):
+        return raw
+    if kind.startswith(("int", "uint", "long", "short", "unsigned")):
+        try:
+            return int(raw)
+        except ValueError:
+            return raw
+    if kind.startswith(("num", "float")):
+        try:
+            number = float(raw)
+        except ValueError:
+            return raw
+        return int(number) if number.is_integer() else number
+    if kind in ("boolean", "bool", "binary"):
+        return raw.lower() == "true"
+    if kind in ("object", "array", "arr") or kind.startswith(("dict", "list")):
+        try:
+            return json.loads(raw)
+        except ValueError:
+            pass
+    try:
+        return ast.literal_eval(raw)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return raw
+
+
+def _type_of(schema: Any) -> str:
+    """The schema's type, lower case ("string" when it names none; the first that is not
+    "null" of a list of types)."""
+    if not isinstance(schema, dict) or "type" not in schema:
+        return "string"
+    kind = schema["type"]
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), "string")
+    return str(kind).strip().lower()
+
+
+def _is_json(value: Any) -> bool:
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+QWEN3_CODER = CallFormat((TOOL_OPEN, FUNC_OPEN), parse_qwen3_coder)

@@ -1,0 +1,247 @@
+"""The tool-call parsers read through gateway/tool_format.py (mistral, pythonic, qwen3_coder,
+deepseek_v3): whole replies against vLLM's answers on the same text, and each reply streamed
+cut at every point (and character by character) giving the same content and calls."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import pytest
+from troupe.gateway.tool_auto import TOOL_PARSERS, auto_tool_stream, parse_auto_calls
+from troupe.gateway.tool_qwen3_coder import typed_value
+
+
+def _tool(name: str, properties: dict[str, Any] | None = None) -> dict[str, Any]:
+    function: dict[str, Any] = {"name": name}
+    if properties is not None:
+        function["parameters"] = {"type": "object", "properties": properties}
+    return {"type": "function", "function": function}
+
+
+TOOLS = [
+    _tool(
+        "get_weather",
+        {
+            "city": {"type": "string"},
+            "days": {"type": "integer"},
+            "hot": {"type": "boolean"},
+            "ratio": {"type": "number"},
+            "opts": {"type": "object"},
+            "tags": {"type": ["array", "null"]},
+        },
+    ),
+    _tool("get_time"),
+]
+Calls = list[tuple[str, Any]]
+PARIS = ("get_weather", {"city": "Paris"})
+DS_WEATHER = (
+    "<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n"
+    '{"city": "Paris"}\n```<｜tool▁call▁end｜>'
+)
+DS_TIME = "<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_time\n```json\n{}\n```<｜tool▁call▁end｜>"
+QWEN_PARIS = (
+    "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+    "</function>\n</tool_call>"
+)
+
+CASES: list[tuple[str, str, str | None, Calls]] = [
+    # mistral: the JSON array after [TOOL_CALLS] (7B v0.3, Nemo)
+    (
+        "mistral",
+        'Sure. [TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}]',
+        "Sure. ",
+        [PARIS],
+    ),
+    (
+        "mistral",
+        '[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city":"Paris"}, "id": "a1b2c3d4e"},'
+        ' {"name": "get_time", "arguments": {}}]',
+        None,
+        [PARIS, ("get_time", {})],
+    ),
+    # mistral: name[ARGS]{...} per call (Small 3.2+), with [CALL_ID], and v11's name{...}
+    (
+        "mistral",
+        '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}[TOOL_CALLS]get_time[ARGS]{}',
+        None,
+        [PARIS, ("get_time", {})],
+    ),
+    ("mistral", '[TOOL_CALLS]get_weather[CALL_ID]x1[ARGS]{"city": "Paris"}', None, [PARIS]),
+    ("mistral", '[TOOL_CALLS]get_weather{"city": "Paris"}', None, [PARIS]),
+    ("mistral", "No calls, a [TOOL bracket", "No calls, a [TOOL bracket", []),
+    ("mistral", '[TOOL_CALLS]get_weather[ARGS]{"city": ', None, []),  # cut: text
+    ("mistral", "[TOOL_CALLS]nope[ARGS]{}", None, []),  # an unknown tool: text
+    ("mistral", "[TOOL_CALLS]get_time[ARGS][1]", None, []),  # arguments not an object
+    # pythonic (Llama 3.2 / 4)
+    (
+        "pythonic",
+        '[get_weather(city="Paris", days=-3, hot=True, tags=None), get_time()]',
+        None,
+        [
+            ("get_weather", {"city": "Paris", "days": -3, "hot": True, "tags": None}),
+            ("get_time", {}),
+        ],
+    ),
+    ("pythonic", ' \n[get_weather(city="Paris")]', None, [PARIS]),
+    (
+        "pythonic",
+        "[get_weather(opts={'a': [1, 2.5]}, city='Paris')]",
+        None,
+        [("get_weather", {"opts": {"a": [1, 2.5]}, "city": "Paris"})],
+    ),
+    ("pythonic", '<|python_start|>[get_weather(city="Paris")]<|python_end|>', None, [PARIS]),
+    ("pythonic", '[get_weather("Paris")]', None, []),  # positional: text
+    ("pythonic", "[1, 2, 3] are numbers", None, []),
+    ("pythonic", "[]", None, []),
+    ("pythonic", "[get_weather(city=__import__('os'))]", None, []),  # never evaluated
+    ("pythonic", 'I would call [get_weather(city="Paris")]', None, []),  # not leading
+    ("pythonic", "[note] plain text", None, []),
+    # qwen3_coder: values typed by the schema
+    (
+        "qwen3_coder",
+        "Let me check.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n"
+        "</parameter>\n<parameter=days>\n3\n</parameter>\n<parameter=hot>\nTrue\n"
+        "</parameter>\n<parameter=ratio>\n2.0\n</parameter>\n<parameter=opts>\n"
+        '{"a": 1}\n</parameter>\n<parameter=extra>\n7\n</parameter>\n</function>\n'
+        "</tool_call>",
+        "Let me check.\n",
+        [
+            (
+                "get_weather",
+                {"city": "Paris", "days": 3, "hot": True, "ratio": 2, "opts": {"a": 1}}
+                | {"extra": "7"},  # not in the schema: a string
+            )
+        ],
+    ),
+    ("qwen3_coder", QWEN_PARIS + "\n" + QWEN_PARIS, None, [PARIS, PARIS]),
+    ("qwen3_coder", "<function=get_time>\n</function>", None, [("get_time", {})]),
+    # lenient where the model stopped, as vLLM's
+    ("qwen3_coder", "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis", None, [PARIS]),
+    ("qwen3_coder", "<tool_call>\n<function=nope>\n</function>\n</tool_call>", None, []),
+    ("qwen3_coder", "Only <tool_call> talk", "Only ", []),
+    ("qwen3_coder", "a < b, <functional", "a < b, <functional", []),
+    # deepseek_v3
+    (
+        "deepseek_v3",
+        f"Checking.<｜tool▁calls▁begin｜>{DS_WEATHER}\n{DS_TIME}<｜tool▁calls▁end｜>",
+        "Checking.",
+        [PARIS, ("get_time", {})],
+    ),
+    (
+        "deepseek_v3",
+        "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n"
+        '{\n  "city": "Paris"\n}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
+        None,
+        [PARIS],
+    ),
+    (
+        "deepseek_v3",
+        "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n"
+        '{"city": \n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
+        None,
+        [],
+    ),
+    ("deepseek_v3", "<｜tool▁calls▁begin｜>" + DS_WEATHER[:-10], None, []),  # cut short
+]
+
+
+def _fix(case: tuple[str, str, str | None, Calls]) -> tuple[str, str, str | None, Calls]:
+    """Where a case expects no calls, the content is the whole text."""
+    parser, text, content, calls = case
+    if not calls:
+        content = text
+    return parser, text, content, [(name, dict(args)) for name, args in calls]
+
+
+def _calls(found: list[dict[str, Any]]) -> Calls:
+    return [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in found]
+
+
+def _streamed(parser: str, pieces: list[str]) -> tuple[str | None, list[dict[str, Any]]]:
+    stream = auto_tool_stream(TOOLS, parser)  # type: ignore[arg-type]
+    sent = "".join(stream.delta(p) for p in pieces)
+    rest, found = stream.finish(True)
+    return (sent + rest) or None, found
+
+
+@pytest.mark.parametrize(("parser", "text", "content", "calls"), [_fix(c) for c in CASES])
+def test_whole_reply(parser: str, text: str, content: str | None, calls: Calls) -> None:
+    got_content, found = parse_auto_calls(text, TOOLS, parser)  # type: ignore[arg-type]
+    assert (got_content, _calls(found)) == (content, calls)
+
+
+@pytest.mark.parametrize(("parser", "text", "content", "calls"), [_fix(c) for c in CASES])
+def test_streamed_at_every_split(parser: str, text: str, content: str | None, calls: Calls) -> None:
+    whole_content, whole_calls = parse_auto_calls(text, TOOLS, parser)  # type: ignore[arg-type]
+    splits = [[text[:i], text[i:]] for i in range(len(text) + 1)] + [list(text)]
+    for pieces in splits:
+        got_content, found = _streamed(parser, pieces)
+        assert got_content == whole_content, pieces
+        assert _calls(found) == _calls(whole_calls) == calls, pieces
+        # the arguments are the whole reply's text, byte for byte (not just equal JSON)
+        args = [c["function"]["arguments"] for c in found]
+        assert args == [c["function"]["arguments"] for c in whole_calls], pieces
+
+
+@pytest.mark.parametrize(
+    ("parser", "text", "id_pattern"),
+    [
+        ("mistral", "[TOOL_CALLS]get_time[ARGS]{}", r"[A-Za-z0-9]{9}"),
+        ("pythonic", "[get_time()]", r"chatcmpl-tool-[0-9a-f]{32}"),
+        ("qwen3_coder", "<function=get_time></function>", r"call_[0-9a-f]{24}"),
+        ("deepseek_v3", "<｜tool▁calls▁begin｜>" + DS_TIME, r"chatcmpl-tool-[0-9a-f]{32}"),
+    ],
+)
+def test_ids_as_vllm_makes_them(parser: str, text: str, id_pattern: str) -> None:
+    _, found = parse_auto_calls(text, TOOLS, parser)  # type: ignore[arg-type]
+    assert len(found) == 1 and found[0]["type"] == "function"
+    assert re.fullmatch(id_pattern, found[0]["id"]), found[0]["id"]
+
+
+def test_content_goes_out_at_once_and_only_a_cut_marker_waits() -> None:
+    stream = auto_tool_stream(TOOLS, "mistral")
+    assert stream.delta("Let me look ") == "Let me look "
+    assert stream.delta("[TOOL") == ""  # maybe [TOOL_CALLS]
+    assert stream.delta("S] no") == "[TOOLS] no"
+    assert stream.delta(" [TOOL_CALLS]get_time") == " "
+    assert stream.delta("[ARGS]{}") == ""
+    assert _calls(stream.finish(True)[1]) == [("get_time", {})]
+    pythonic = auto_tool_stream(TOOLS, "pythonic")
+    assert pythonic.delta("  ") == ""  # the reply may still open with [
+    assert pythonic.delta("Hi") == "  Hi"
+    assert pythonic.delta(" [x") == " [x"
+
+
+def test_cut_short_is_text() -> None:
+    """A reply max_tokens cut (not stopped) is its text, whatever it holds."""
+    stream = auto_tool_stream(TOOLS, "deepseek_v3")
+    text = f"Hm<｜tool▁calls▁begin｜>{DS_TIME}<｜tool▁calls▁end｜>"
+    sent = stream.delta(text)
+    assert sent == "Hm" and stream.finish(False) == (text[2:], [])
+
+
+@pytest.mark.parametrize(
+    ("raw", "schema", "value"),
+    [
+        ("12", {"type": "integer"}, 12),
+        ("twelve", {"type": "integer"}, "twelve"),
+        ("2.5", {"type": "number"}, 2.5),
+        ("nan", {"type": "number"}, "nan"),  # no JSON form: the text
+        ("FALSE", {"type": "boolean"}, False),
+        ("null", {"type": "string"}, None),
+        ("[1, 2]", {"type": "array"}, [1, 2]),
+        ("{'a': 1}", {"type": "object"}, {"a": 1}),  # a Python literal
+        ("{1, 2}", {"type": "object"}, "{1, 2}"),  # a set has no JSON form
+        ("12", None, "12"),  # a parameter the schema does not list
+        ("12", {"description": "no type"}, "12"),
+        ("5", {"type": ["integer", "null"]}, 5),
+    ],
+)
+def test_qwen3_coder_values_typed_by_schema(raw: str, schema: Any, value: Any) -> None:
+    assert typed_value(raw, schema) == value
+
+
+def test_parser_names_listed() -> None:
+    assert set(TOOL_PARSERS) >= {"mistral", "pythonic", "qwen3_coder", "deepseek_v3"}
