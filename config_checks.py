@@ -134,3 +134,29 @@ def check_generation_config(config: EngineConfig) -> None:
         SamplingDefaults.from_generation_config(override)
     except ParamError as exc:
         raise ConfigError(f"override_generation_config: {exc}") from None
+
+
+# What input embeddings (enable_prompt_embeds) do not combine with: (field, the value it needs).
+# Each feeds prompts by token id somewhere the embeddings do not reach: another process's model
+# (tensor parallelism, disaggregation), a proposer's own embedding of the prompt (speculative
+# decoding), a runner without a model.
+_PROMPT_EMBEDS_NEEDS: tuple[tuple[str, object], ...] = (
+    ("runner", "model"), ("tensor_parallel_size", 1), ("disaggregation", "none"),
+    ("speculative_method", None),
+)  # fmt: skip
+
+
+def check_prompt_embeds(config: EngineConfig) -> None:
+    """ConfigError naming the first field that enable_prompt_embeds cannot serve with."""
+    if not isinstance(config.enable_prompt_embeds, bool):
+        raise ConfigError(
+            f"enable_prompt_embeds must be a bool, got {config.enable_prompt_embeds!r}"
+        )
+    if not config.enable_prompt_embeds:
+        return
+    for name, needed in _PROMPT_EMBEDS_NEEDS:
+        if getattr(config, name) != needed:
+            raise ConfigError(
+                f"{name} must be {needed!r} with enable_prompt_embeds (not supported "
+                f"together), got {getattr(config, name)!r}"
+            )

@@ -75,7 +75,12 @@ def grammar_compiler(g: GraphInputs) -> GrammarCompiler:
 def build_tokenizer(g: GraphInputs) -> TokenizerCore:
     # no grammars: structured output is refused (naming its field) with disaggregation
     grammars = None if g.is_disaggregated else grammar_compiler(g)
-    return TokenizerCore(g.tokenizer, max_model_len=g.numbers.max_model_len, grammars=grammars)
+    return TokenizerCore(
+        g.tokenizer,
+        max_model_len=g.numbers.max_model_len,
+        grammars=grammars,
+        prompt_embeds_width=g.numbers.prompt_embeds_width,
+    )
 
 
 def build_grammar(g: GraphInputs) -> GrammarCore | GrammarProcess:

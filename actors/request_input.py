@@ -8,7 +8,14 @@ from typing import Any
 
 import msgspec
 from troupe.actors.core.chat_messages import ChatMessageError, check_chat_messages
-from troupe.messages import ChatMessage, ChatPrompt, GenerateRequest, ParamError, SamplingParams
+from troupe.messages import (
+    ChatMessage,
+    ChatPrompt,
+    GenerateRequest,
+    ParamError,
+    PromptEmbeds,
+    SamplingParams,
+)
 
 
 class RequestInputError(ValueError):
@@ -64,8 +71,8 @@ def to_generate_request(
     *,
     vocab_size: int | None = None,
 ) -> GenerateRequest:
-    """Classify the prompt (text, chat messages, a ChatPrompt or token ids), convert and check
-    params.
+    """Classify the prompt (text, chat messages, a ChatPrompt, token ids or PromptEmbeds: input
+    embeddings, gpu/embed_rows.prompt_embeds_of), convert and check params.
 
     Every client edge (Engine.generate/submit, hence HTTP and the websocket) comes through
     here, so a request with bad parameters never enters the graph."""
@@ -74,6 +81,10 @@ def to_generate_request(
     if isinstance(prompt, str):
         return GenerateRequest(
             request_id=request_id, params=sampling, arrival_time=arrival_time, prompt=prompt
+        )
+    if isinstance(prompt, PromptEmbeds):  # checked against the model by the tokenizer actor
+        return GenerateRequest(
+            request_id=request_id, params=sampling, arrival_time=arrival_time, prompt_embeds=prompt
         )
     if isinstance(prompt, ChatPrompt):
         check_chat_options(prompt)

@@ -15,6 +15,7 @@ import torch
 from troupe.gpu.cpu_decode import CpuDecode
 from troupe.gpu.cuda_graphs import DecodeGraphs
 from troupe.gpu.device_inputs import NEVER, ExpandPolicy, device_metadata, host_to_device
+from troupe.gpu.embed_rows import EagerRows
 from troupe.gpu.kv_cache import KVCache
 from troupe.gpu.mixed_graphs import MixedGraphs
 from troupe.gpu.models import DecoderModel
@@ -38,6 +39,7 @@ class ForwardPass:
             mixed_graph_tokens=options.mixed_graph_tokens,
             max_logits_per_seq=1 + options.num_speculative_tokens,
             mla_expand=ExpandPolicy(options.mla_expand_min_tokens, options.mla_expand_max_tokens),
+            prompt_embeds=options.prompt_embeds,
         )
 
     def __init__(
@@ -52,7 +54,10 @@ class ForwardPass:
         mixed_graph_tokens: int = 0,
         max_logits_per_seq: int = 1,
         mla_expand: ExpandPolicy = NEVER,
+        prompt_embeds: bool = False,
     ) -> None:
+        """`prompt_embeds`: steps may carry input embeddings (StepInputs.embeds); the
+        mixed-step graphs then read them from buffers of their own (eagerly: always)."""
         self.model = model
         self.kv = kv
         self.expand = mla_expand if model.config.mla is not None else NEVER
@@ -81,6 +86,7 @@ class ForwardPass:
                 max_logits_per_seq=max_logits_per_seq,
                 max_blocks_per_seq=max_blocks_per_seq,
                 max_model_len=max_model_len,
+                prompt_embeds=prompt_embeds,
             )
 
     def __call__(self, inputs: StepInputs, input_ids: torch.Tensor | None = None) -> torch.Tensor:
@@ -88,7 +94,14 @@ class ForwardPass:
         leading inputs.input_ids (all of them, or a merged split's decodes: overlap_merge.py):
         tokens sampled by earlier work, fed without a copy to the host."""
         graphs, mixed = self.graphs, self.mixed
-        graphed = graphs is not None and inputs.is_decode and graphs.can_run(len(inputs.seq_lens))
+        # input embeddings: a decode graph takes none (a prompt's last row alone runs eagerly)
+        plain = inputs.embeds is None
+        graphed = (
+            graphs is not None
+            and plain
+            and inputs.is_decode
+            and graphs.can_run(len(inputs.seq_lens))
+        )
         mixed_graph = (
             not graphed
             and mixed is not None
@@ -112,6 +125,7 @@ class ForwardPass:
         if (
             cpu_decode is not None
             and input_ids is None
+            and plain
             and cpu_decode.fits(inputs)
             and (lora is None or lora.is_idle)  # it runs the base weights only
         ):
@@ -141,11 +155,13 @@ class ForwardPass:
             ids = torch.cat([input_ids, rest])
         else:
             ids = input_ids
+        rows = None if inputs.embeds is None else EagerRows(inputs.embeds, self.model.dtype, device)
         hidden: torch.Tensor = self.model(
             ids,
             host_to_device(inputs.positions, device),
             meta,
             self.kv.layers,
+            rows,
         )
         return hidden
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import torch
 from troupe.gpu.attention import AttentionMetadata
+from troupe.gpu.embed_rows import EmbedsBuffers
 from troupe.gpu.lora_runtime import captured_form, graph_forms, replay_form
 from troupe.gpu.models import DecoderModel, KVCache
 from troupe.gpu.step_inputs import StepInputs
@@ -72,9 +73,11 @@ class MixedGraphs:
         max_blocks_per_seq: int,
         max_model_len: int,
         max_logits_per_seq: int = 1,
+        prompt_embeds: bool = False,
     ) -> None:
         """`max_logits_per_seq`: 1 + the proposals a sequence may carry (speculative
-        decoding verifies each in its own logits row)."""
+        decoding verifies each in its own logits row). `prompt_embeds`: the graphs take input
+        embeddings (StepInputs.embeds) from buffers of their own (gpu/embed_rows.py)."""
         device = model.device
         self.max_num_seqs = max_num_seqs
         max_logits = max_num_seqs * max_logits_per_seq
@@ -100,6 +103,11 @@ class MixedGraphs:
         )
         self.max_logits = max_logits
         self.model = model
+        self.embeds = (
+            EmbedsBuffers(max_num_tokens, model.config.hidden_size, model.dtype, device)
+            if prompt_embeds
+            else None
+        )
         # (bucket, rows, LoRA form: masked or off, gpu/lora_runtime.graph_forms)
         self.graphs: dict[tuple[int, int, bool], torch.cuda.CUDAGraph] = {}
         self.rows = bucket_rows(token_buckets(max_num_tokens), s_max, max_logits)
@@ -126,7 +134,9 @@ class MixedGraphs:
             )
 
             def run(size: int = size, rows: int = rows, meta: AttentionMetadata = meta) -> None:
-                hidden = model(self.input_ids[:size], self.positions[:size], meta, kv_layers)
+                given = None if self.embeds is None else self.embeds.rows(size)
+                ids, positions = self.input_ids[:size], self.positions[:size]
+                hidden = model(ids, positions, meta, kv_layers, given)
                 self.logits[:rows].copy_(model.compute_logits(hidden))
 
             with captured_form(model.lora, form):
@@ -144,7 +154,8 @@ class MixedGraphs:
     def can_run(self, inputs: StepInputs) -> bool:
         num_tokens = len(inputs.input_ids)
         if (
-            num_tokens > self.max_tokens
+            (inputs.embeds is not None and self.embeds is None)
+            or num_tokens > self.max_tokens
             or len(inputs.seq_lens) > self.max_num_seqs
             or inputs.block_tables.shape[1] > self.width
         ):
@@ -193,6 +204,8 @@ class MixedGraphs:
         self._copied.record()
         if input_ids is not None:
             self.input_ids[: len(input_ids)].copy_(input_ids)
+        if self.embeds is not None:
+            self.embeds.fill(inputs.embeds)
         self.graphs[size, rows, replay_form(self.model.lora)].replay()
         return self.logits[:num_logits]
 

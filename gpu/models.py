@@ -8,6 +8,7 @@ windows (Mistral, Qwen2, Gemma 3); Gemma 3's layer is gpu/gemma3_layer.py. Proje
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -292,13 +293,17 @@ class DecoderModel(nn.Module):
         positions: torch.Tensor,
         meta: AttentionMetadata,
         kv_caches: list[KVCache],
+        input_rows: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        """Hidden states [N, hidden] of only the rows in meta.logits_indices, after the norm."""
+        """Hidden states [N, hidden] of only the rows in meta.logits_indices, after the norm.
+        `input_rows`: puts an embeddings prompt's rows in place of theirs (gpu/embed_rows.py)."""
         hidden = self.embed(input_ids)
         if self.lora is not None:  # each token's adapter slot, for every projection
             self.lora.begin(len(input_ids))
         if self.config.is_gemma3:  # HF scales in the weights' dtype
             hidden = hidden * torch.tensor(self.config.hidden_size**0.5, dtype=hidden.dtype)
+        if input_rows is not None:  # after the scaling: HF's inputs_embeds are not scaled
+            hidden = input_rows(hidden)
         residual: torch.Tensor | None = None
         taps = self.target_hidden
         for i, (layer, kv_cache, table) in enumerate(

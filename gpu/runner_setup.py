@@ -51,6 +51,7 @@ class RunnerOptions:
     # StreamingLLM requests may run this many positions (0: no streaming attention here)
     max_stream_len: int = 0
     logprobs_mode: LogprobsMode = "raw_logprobs"  # what sampled tokens' logprobs hold
+    prompt_embeds: bool = False  # steps may carry input embeddings (gpu/embed_rows.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,6 +123,7 @@ def runner_options(
         mla_expand_max_tokens=config.mla_expand_max_tokens,
         max_stream_len=stream_len,
         logprobs_mode=config.logprobs_mode,
+        prompt_embeds=config.enable_prompt_embeds,
     )
 
 

@@ -16,6 +16,7 @@ import dataclasses
 import itertools
 
 import numpy as np
+from troupe.gpu.embed_rows import StepEmbeds, join_embeds, step_embeds
 from troupe.gpu.hidden_rows import HiddenRows, hidden_rows
 from troupe.gpu.request_states import RequestState
 from troupe.messages import SeqWork
@@ -55,6 +56,9 @@ class StepInputs:
     # LoRA: each sequence's adapter id (RequestState.adapter; -1: none), None when the engine
     # has no adapters (gpu/lora_runtime.py maps them to slots)
     adapters: np.ndarray | None = None
+    # Rows fed an embeddings prompt's rows instead of their tokens' embeddings
+    # (gpu/embed_rows.py); None when no sequence carries any
+    embeds: StepEmbeds | None = None
 
     @property
     def is_decode(self) -> bool:
@@ -133,6 +137,7 @@ def build_step_inputs(
         num_logits=num_logits,
         hidden_rows=extra,
         adapters=adapter_ids(states) if adapters else None,
+        embeds=step_embeds(seqs, qsl),
     )
 
 
@@ -215,6 +220,7 @@ def concat_inputs(first: StepInputs, second: StepInputs) -> StepInputs:
         max_seq_len=max(first.max_seq_len, second.max_seq_len),
         num_decode_prefix=leading,
         adapters=adapters,
+        embeds=join_embeds(first.embeds, second.embeds, num_tokens),
     )
 
 

@@ -44,6 +44,7 @@ from troupe.messages.executor import ExecutorInbox, SeqWork, StepPlan, TokenMask
 from troupe.messages.grammar import ComputeMasks, GrammarInbox, GrammarRow, GrammarTokens
 from troupe.messages.phase_router import Phase, PhaseRouterInbox, PhaseStepResult
 from troupe.messages.pooling import Pooled, Pooling
+from troupe.messages.prompt_embeds import PromptEmbeds
 from troupe.messages.sampling import ParamError, SamplingParams
 from troupe.messages.scheduler import (
     AdmittedRequest,
@@ -107,6 +108,7 @@ __all__ = [
     "PhaseStepResult",
     "Pooled",
     "Pooling",
+    "PromptEmbeds",
     "PromptLogprobs",
     "RejectCode",
     "Rejected",

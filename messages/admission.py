@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import msgspec
+from troupe.messages.prompt_embeds import PromptEmbeds
 from troupe.messages.sampling import SamplingParams
 from troupe.messages.tokenizer import AbortRequest
 
@@ -12,6 +13,8 @@ class TokenizedRequest(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     prompt_token_ids: tuple[int, ...]
     params: SamplingParams
     arrival_time: float
+    # an embeddings prompt's rows (its prompt_token_ids are placeholders), digest set
+    prompt_embeds: PromptEmbeds | None = None
 
 
 class RequestsEnded(msgspec.Struct, frozen=True, kw_only=True, tag=True):

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import msgspec
 from troupe.messages.engine_calls import UpdateWeights
+from troupe.messages.prompt_embeds import PromptEmbeds
 from troupe.messages.sampling import SamplingParams
 from troupe.messages.sleep_calls import Sleep, WakeUp
 
@@ -54,6 +55,9 @@ class SeqWork(msgspec.Struct, frozen=True, gc=False):
     num_scored: int = 0
     after_chunk: int = -1
     pools: bool = False  # SamplingParams.pooling: the chunk holds prompt positions to pool
+    # An embeddings prompt (messages/prompt_embeds.py): the rows of the chunk's leading
+    # positions (those before the prompt's end), fed in place of their token ids' embeddings
+    prompt_embeds: PromptEmbeds | None = None
 
     @property
     def num_tokens(self) -> int:

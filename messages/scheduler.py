@@ -18,6 +18,7 @@ from troupe.messages.engine_calls import (
     WeightsLoaded,
 )
 from troupe.messages.pooling import Pooled
+from troupe.messages.prompt_embeds import PromptEmbeds
 from troupe.messages.sampling import SamplingParams
 from troupe.messages.sleep_calls import Sleep, SleepDone, WakeUp
 from troupe.messages.tokenizer import AbortRequest
@@ -29,6 +30,8 @@ class AdmittedRequest(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     params: SamplingParams
     arrival_time: float
     max_total_tokens: int  # prompt + max_tokens, capped by max_model_len
+    # an embeddings prompt's rows, kept by the scheduler for every (re)computation of them
+    prompt_embeds: PromptEmbeds | None = None
 
 
 class StopRequests(msgspec.Struct, frozen=True, kw_only=True, tag=True):

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import msgspec
 from troupe.messages.common import ChatMessage
+from troupe.messages.prompt_embeds import PromptEmbeds
 from troupe.messages.sampling import SamplingParams
 
 
 class GenerateRequest(msgspec.Struct, frozen=True, kw_only=True, tag=True):
-    """A client's request. Exactly one of prompt, messages, prompt_token_ids is set."""
+    """A client's request. Exactly one of prompt, messages, prompt_token_ids, prompt_embeds
+    is set."""
 
     request_id: str
     params: SamplingParams
@@ -19,6 +21,8 @@ class GenerateRequest(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     add_generation_prompt: bool = True  # messages only, as the three below (ChatPrompt's)
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, object] | None = None
+    # input embeddings instead of tokens (EngineConfig.enable_prompt_embeds)
+    prompt_embeds: PromptEmbeds | None = None
 
 
 class AbortRequest(msgspec.Struct, frozen=True, kw_only=True, tag=True):

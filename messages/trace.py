@@ -65,6 +65,9 @@ class RunnerNumbers(msgspec.Struct, frozen=True, kw_only=True):
     max_stream_len: int = 0  # StreamingLLM requests may run this long (0: not supported)
     # a sequence-classification model's labels (gpu/classifier_config.py); (): a causal LM
     classifier_labels: tuple[str, ...] = ()
+    # the hidden size of the input-embedding rows requests may give (EngineConfig.
+    # enable_prompt_embeds); 0: refused
+    prompt_embeds_width: int = 0
     is_token_classifier: bool = False  # the labels are a *ForTokenClassification model's
 
 

@@ -22,4 +22,5 @@ def holds_last_token(req: Request, end: int) -> bool:
         and req.params.structured_outputs is None
         and req.params.prompt_logprobs is None  # its last prompt position is scored
         and req.params.pooling is None  # or pooled
+        and req.embeds is None  # its last position is a row, not a token a decode can feed
     )

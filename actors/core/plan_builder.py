@@ -86,6 +86,8 @@ def build_plan(
         # kernel takes that prefix: gpu/step_inputs.py num_decode_prefix).
         num_scored = max(0, min(end, prompt_len - 1) - start) if scores else 0
         reads_hidden |= num_scored > 0 or pools
+        embeds = req.embeds  # an embeddings prompt: the chunk's rows, cut from the kept whole
+        rows = embeds.rows(start, min(end, prompt_len)) if embeds and start < prompt_len else None
         (verifications if w.draft else seqs).append(
             SeqWork(
                 request_id=req.request_id,
@@ -103,6 +105,7 @@ def build_plan(
                 num_scored=num_scored,
                 after_chunk=tokens[end] if num_scored and end < prompt_len else -1,
                 pools=pools,
+                prompt_embeds=rows,
             )
         )
         req.in_executor, req.needs_reset, req.draft = True, False, w.draft

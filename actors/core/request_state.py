@@ -6,9 +6,11 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from troupe.actors.core.embeds_check import cache_namespace
 from troupe.actors.core.ngram_proposer import NgramIndex
 from troupe.actors.core.step_work import Kind, Work
 from troupe.messages.common import FinishReason
+from troupe.messages.prompt_embeds import PromptEmbeds
 from troupe.messages.sampling import SamplingParams
 from troupe.messages.scheduler import AdmittedRequest
 from troupe.messages.streamer import SeqOutput
@@ -56,8 +58,13 @@ class Request:
     late_step: int = 0  # while AWAITING: the step whose token it awaits
     stream_window: int = 0  # StreamingLLM (SamplingParams.streaming_window), 0: off
     num_sink_tokens: int = 0
+    # An embeddings prompt: its rows, kept for every (re)computation of the prompt (plan_builder
+    # cuts each chunk's share), and its prefix-cache namespace (embeds_check.cache_namespace)
+    embeds: PromptEmbeds | None = None
+    cache_namespace: str = field(init=False)
 
     def __post_init__(self) -> None:
+        self.cache_namespace = cache_namespace(self.params.cache_namespace, self.embeds)
         self.decode = Work(self, 1, Kind.RUN)  # made once: the common decode allocates nothing
 
     @classmethod
@@ -74,6 +81,7 @@ class Request:
             num_samples=params.num_samples,
             stream_window=params.streaming_window or 0,
             num_sink_tokens=(params.sink_tokens or 0) if params.is_streaming else 0,
+            embeds=msg.prompt_embeds,
         )
 
     @property

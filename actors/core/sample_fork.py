@@ -147,6 +147,7 @@ class SampleForks:
             arrival_seq=parent.arrival_seq,
             stop_ids=parent.stop_ids,
             sort_key=parent.sort_key,
+            embeds=parent.embeds,
         )
 
     def _sweep(self) -> None:

@@ -58,7 +58,7 @@ def _admit_waiting(
     # (namespace, first block) of prompts being prefilled: requests that start the same way in
     # the same namespace wait for them
     leaders = {
-        (r.params.cache_namespace, tuple(r.token_ids[:bs]))
+        (r.cache_namespace, tuple(r.token_ids[:bs]))
         for r in (q.running if caching and q.waiting else ())
         if r.num_computed < r.prompt_len and r.prompt_len > bs
     }
@@ -72,7 +72,7 @@ def _admit_waiting(
         if adapters is not None and not adapters.admits(req):
             deferred.append(q.take(req))  # another adapter's turn; later ones may start
             continue
-        namespace = req.params.cache_namespace
+        namespace = req.cache_namespace
         head = (namespace, tuple(req.token_ids[:bs])) if caching and num_tokens > bs else None
         if head in leaders:
             deferred.append(q.take(req))

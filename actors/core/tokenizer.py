@@ -30,6 +30,7 @@ import msgspec
 import structlog
 from troupe.actors.core.chat_messages import ChatMessageError, template_messages
 from troupe.actors.core.chat_template import ChatTemplateError
+from troupe.actors.core.embeds_check import checked_embeds
 from troupe.actors.core.grammar_compiler import GrammarCompiler, GrammarError
 from troupe.actors.core.tokenizer_bound import shared_count_bound
 from troupe.actors.core.tokenizer_chunks import CHUNK_CHARS, ChunkedEncoder, LimitReached
@@ -38,6 +39,7 @@ from troupe.actors.core.tokenizer_text import TextTokenizer
 from troupe.messages import (
     AbortRequest,
     GenerateRequest,
+    PromptEmbeds,
     RejectCode,
     RequestFailed,
     RequestOpened,
@@ -45,6 +47,7 @@ from troupe.messages import (
     TokenizedRequest,
     TokenizerInbox,
 )
+from troupe.messages.prompt_embeds import PLACEHOLDER_TOKEN_ID
 
 log = structlog.get_logger("troupe.tokenizer")
 
@@ -64,6 +67,7 @@ class _Queued:
 class _Encoded:
     field: str
     ids: Sequence[int]
+    embeds: PromptEmbeds | None = None  # an embeddings prompt: ids are its placeholders
 
 
 class TokenizerCore:
@@ -76,11 +80,15 @@ class TokenizerCore:
         vocab_size: int | None = None,
         max_model_len: int | None = None,
         grammars: GrammarCompiler | None = None,
+        prompt_embeds_width: int = 0,
     ) -> None:
         """`vocab_size`: the model's (embedding rows) if it differs from the tokenizer's.
         `max_model_len`: prompts that surely reach it are rejected before tokenizing (None:
         admission alone judges lengths). `grammars`: compiles structured-output specs here, so
-        a bad one is rejected at the edge, naming its field (None: structured output refused)."""
+        a bad one is rejected at the edge, naming its field (None: structured output refused).
+        `prompt_embeds_width`: the hidden size of the embeddings prompts the runner takes
+        (actors/core/embeds_check.py; 0: they are refused)."""
+        self._embeds_width = prompt_embeds_width
         self._grammars = grammars
         self._tokenizer = tokenizer
         self._vocab_size = vocab_size if vocab_size is not None else tokenizer.vocab_size
@@ -156,7 +164,8 @@ class TokenizerCore:
         if not ids:
             return [("streamer", _reject(req, field, f"{field} encodes to no tokens"))]
         keep = truncation_length(req.params, self._max_model_len)  # checked in _prepare
-        return self._accept(req, tuple(ids if keep is None else ids[-keep:]))
+        embeds = result.embeds if isinstance(result, _Encoded) else None
+        return self._accept(req, tuple(ids if keep is None else ids[-keep:]), embeds)
 
     def _prepare(
         self, req: GenerateRequest, prompts: list[str], chats: list[str]
@@ -176,7 +185,7 @@ class TokenizerCore:
             return _reject(req, "truncate_prompt_tokens", str(exc))
         given = [
             name
-            for name in ("prompt", "messages", "prompt_token_ids")
+            for name in ("prompt", "messages", "prompt_token_ids", "prompt_embeds")
             if getattr(req, name) is not None
         ]
         if len(given) != 1:
@@ -184,8 +193,19 @@ class TokenizerCore:
             return _reject(
                 req,
                 "prompt",
-                f"exactly one of prompt, messages, prompt_token_ids must be set (got {found})",
+                "exactly one of prompt, messages, prompt_token_ids, prompt_embeds must be set "
+                f"(got {found})",
             )
+        if req.prompt_embeds is not None:
+            embeds = checked_embeds(
+                req, width=self._embeds_width, max_model_len=self._max_model_len
+            )
+            if isinstance(embeds, tuple):
+                code, field, message = embeds
+                return RequestRejected(
+                    request_id=req.request_id, code=code, field=field, message=message
+                )
+            return _Encoded("prompt_embeds", (PLACEHOLDER_TOKEN_ID,) * embeds.num_rows, embeds)
         if req.prompt is not None:
             if not req.prompt:
                 return _reject(req, "prompt", "prompt must not be empty")
@@ -262,14 +282,15 @@ class TokenizerCore:
         )
 
     def _accept(
-        self, req: GenerateRequest, ids: tuple[int, ...]
+        self, req: GenerateRequest, ids: tuple[int, ...], embeds: PromptEmbeds | None = None
     ) -> list[tuple[str, msgspec.Struct]]:
         params = with_bad_words(self._tokenizer, req.params)
         opened = RequestOpened(
             request_id=req.request_id,
             params=params,
             num_prompt_tokens=len(ids),
-            prompt_tail_ids=ids[-PROMPT_TAIL_LEN:],
+            # an embeddings prompt's placeholders are no text to detokenize after
+            prompt_tail_ids=() if embeds is not None else ids[-PROMPT_TAIL_LEN:],
             arrival_time=req.arrival_time,
         )
         tokenized = TokenizedRequest(
@@ -277,6 +298,7 @@ class TokenizerCore:
             prompt_token_ids=ids,
             params=params,
             arrival_time=req.arrival_time,
+            prompt_embeds=embeds,
         )
         return [("streamer", opened), ("admission", tokenized)]
 

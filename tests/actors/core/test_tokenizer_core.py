@@ -103,7 +103,11 @@ def test_prompt_token_ids_pass_through_and_are_checked(core: TokenizerCore) -> N
     ("kwargs", "field", "fragment"),
     [
         ({"prompt": ""}, "prompt", "prompt must not be empty"),
-        ({}, "prompt", "exactly one of prompt, messages, prompt_token_ids must be set (got none)"),
+        (
+            {},
+            "prompt",
+            "exactly one of prompt, messages, prompt_token_ids, prompt_embeds must be set (got none)",
+        ),
         ({"prompt": "a", "prompt_token_ids": (1,)}, "prompt", "(got prompt, prompt_token_ids)"),
         ({"messages": ()}, "messages", "messages must not be empty"),
         ({"prompt_token_ids": ()}, "prompt_token_ids", "prompt_token_ids must not be empty"),

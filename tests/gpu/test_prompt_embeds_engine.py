@@ -1,0 +1,163 @@
+"""Input embeddings instead of a prompt (EngineConfig.enable_prompt_embeds), through the whole
+engine on the CPU with the real default model (SmolLM2, dequantized to fp32 as transformers
+runs it): the token embeddings of a prompt give that prompt's greedy tokens, in small chunks
+and across preemption by recompute; random rows give transformers' own greedy tokens for
+`generate(inputs_embeds=...)`; the prefix cache shares blocks between identical rows only; and
+every block comes back."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import pytest
+import torch
+from graph_helpers import collect, terminal, token_ids, wait_blocks_free
+from troupe import Engine, EngineConfig, SamplingParams, prompt_embeds_of
+from troupe.actors.graph import load_tokenizer_for
+from troupe.messages import Finished
+
+NUM_NEW = 16
+PARAMS = SamplingParams(max_tokens=NUM_NEW, temperature=0.0, ignore_eos=True)
+TEXTS = [
+    "The theatre troupe arrived in town and",
+    "Three primary colors are red, yellow and",
+    "In the beginning the universe was created. This has made a lot of people",
+]
+BASE: dict[str, Any] = {
+    "device": "cpu",
+    "max_model_len": 256,
+    "max_num_seqs": 4,
+    "block_size": 16,
+    "quantization": "dequantize",
+    "enable_prompt_embeds": True,
+}
+
+pytestmark = pytest.mark.slow
+
+
+def prompts() -> list[list[int]]:
+    tok = load_tokenizer_for(None)
+    return [tok.encode(text, add_special_tokens=True) for text in TEXTS]
+
+
+def token_embeds(hf: Any, ids: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        out: torch.Tensor = hf.get_input_embeddings()(torch.tensor(ids))
+    return out
+
+
+def random_embeds(hf: Any, num_rows: int, seed: int) -> torch.Tensor:
+    """Rows no token has: normal values at the embedding table's scale."""
+    scale = float(hf.get_input_embeddings().weight.detach().std())
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(num_rows, hf.config.hidden_size, generator=gen) * scale
+
+
+def hf_greedy(hf: Any, *, ids: list[int] | None = None, embeds: torch.Tensor | None = None) -> Any:
+    with torch.no_grad():
+        if embeds is not None:  # generate() returns the new tokens only
+            out = hf.generate(
+                inputs_embeds=embeds[None],
+                attention_mask=torch.ones(1, len(embeds), dtype=torch.long),
+                max_new_tokens=NUM_NEW,
+                do_sample=False,
+                pad_token_id=0,
+            )
+            return out[0].tolist()
+        assert ids is not None
+        out = hf.generate(
+            torch.tensor([ids]),
+            attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+            max_new_tokens=NUM_NEW,
+            do_sample=False,
+            pad_token_id=0,
+        )
+        return out[0, len(ids) :].tolist()
+
+
+async def run_all(config: EngineConfig, inputs: list[Any]) -> tuple[list[list[int]], Any]:
+    """Every input at once; each one's tokens, and the stats once every block is back."""
+    results: dict[int, list[Any]] = {}
+    async with Engine.open(config) as engine:
+
+        async def one(i: int, prompt: Any) -> None:
+            results[i] = await collect(engine, prompt, PARAMS)
+
+        async with anyio.create_task_group() as tg:
+            for i, prompt in enumerate(inputs):
+                tg.start_soon(one, i, prompt)
+        await wait_blocks_free(engine, timeout=60)
+        stats = engine.stats()
+    for events in results.values():
+        assert isinstance(terminal(events), Finished), terminal(events)
+    return [token_ids(results[i]) for i in range(len(inputs))], stats
+
+
+@pytest.fixture(scope="module")
+def expected(hf_smollm: Any) -> list[list[int]]:
+    return [hf_greedy(hf_smollm, ids=p) for p in prompts()]
+
+
+@pytest.mark.parametrize(
+    ("name", "overrides"),
+    [
+        # chunks of 8 rows: a prompt's rows are cut across steps beside others' decodes
+        ("chunked", {"num_kv_blocks": 64, "max_num_batched_tokens": 8}),
+        # 4 blocks for three requests that grow past two each: someone is freed and recomputed
+        (
+            "preempt-recompute",
+            {
+                "num_kv_blocks": 5,
+                "num_cpu_blocks": 0,
+                "preemption_mode": "recompute",
+                "max_num_batched_tokens": 32,
+            },
+        ),
+        ("preempt-swap", {"num_kv_blocks": 5, "num_cpu_blocks": 16, "preemption_mode": "swap"}),
+    ],
+)
+def test_token_embeddings_give_the_prompts_tokens(
+    hf_smollm: Any, expected: list[list[int]], name: str, overrides: dict[str, Any]
+) -> None:
+    embeds = [prompt_embeds_of(token_embeds(hf_smollm, p)) for p in prompts()]
+    config = EngineConfig(**{**BASE, **overrides})
+    got, stats = anyio.run(run_all, config, [*embeds, *prompts()])
+    assert got[: len(embeds)] == expected, name  # the rows, as transformers runs the ids
+    assert got[len(embeds) :] == expected, name  # beside them, the ids themselves
+    if name.startswith("preempt-recompute"):
+        assert stats.num_preemptions_recompute > 0
+    if name == "preempt-swap":
+        assert stats.num_preemptions_swap > 0
+    assert stats.num_gpu_blocks_used == 0 and stats.num_cpu_blocks_used == 0
+
+
+def test_random_rows_match_transformers_inputs_embeds(hf_smollm: Any) -> None:
+    rows = [random_embeds(hf_smollm, n, seed) for seed, n in enumerate((5, 23))]
+    want = [hf_greedy(hf_smollm, embeds=r) for r in rows]
+    bf16 = rows[0].to(torch.bfloat16)  # another dtype: cast to the model's (fp32) by the runner
+    config = EngineConfig(**{**BASE, "num_kv_blocks": 64, "max_num_batched_tokens": 16})
+    got, _ = anyio.run(run_all, config, [prompt_embeds_of(r) for r in (*rows, bf16)])
+    assert got[:2] == want
+    assert got[2] == hf_greedy(hf_smollm, embeds=bf16.float())
+
+
+def test_prefix_cache_shares_identical_rows_only(hf_smollm: Any) -> None:
+    """The same 40 rows twice: the second hits the first's two full blocks; then other rows
+    of the same length (so the same placeholder ids), looked up while those blocks are cached,
+    hit nothing. (On the CPU freed cached blocks are reused first, so the order matters.)"""
+    a, b = (prompt_embeds_of(random_embeds(hf_smollm, 40, seed)) for seed in (7, 8))
+    config = EngineConfig(**{**BASE, "num_kv_blocks": 64})
+
+    async def main() -> list[int]:
+        cached = []
+        async with Engine.open(config) as engine:
+            for prompt in (a, a, b):
+                events = await collect(engine, prompt, PARAMS)
+                end = terminal(events)
+                assert isinstance(end, Finished) and end.usage is not None
+                cached.append(end.usage.cached_tokens)
+                await wait_blocks_free(engine, timeout=60)
+        return cached
+
+    assert anyio.run(main) == [0, 32, 0]
