@@ -4,8 +4,9 @@ made-up vectors, the shared server) and on a tiny random one-label reward model
 engine in its child process) against transformers: vLLM's answer shape, each input's `data`
 the model's own endpoint's vector (/v1/embeddings' embedding, /classify's probs), float and
 base64, a reward model's score the sigmoid of its logit (vLLM's activation for one label) and
-the raw logit with `use_activation: false`, through /classify alike; `task` naming another
-task and bad inputs refused by name; a run-batch JSON call; the router."""
+the raw logit with `use_activation: false`, through /classify alike; its token_classify rows
+(the head on every token); `task` naming another task and bad inputs refused by name; a
+run-batch JSON call; the router."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from troupe import EngineConfig
 from troupe.gateway.json_calls import answer
 from troupe.gateway.router_settings import RouterSettings
@@ -27,7 +29,7 @@ from troupe.gateway.state import GatewaySettings
 
 from tests.gateway.conftest import ServerThread
 from tests.gateway.router_harness import RouterThread
-from tests.gpu.tiny_classifier import hf_logits, tiny_classifier
+from tests.gpu.tiny_classifier import hf_hidden, hf_logits, tiny_classifier
 
 INPUTS = ["Once upon a time", "The weather today is", "A"]
 TEXTS = ["w1 w2 w3", "w9 w8 w7 w6 w5 w4 w3 w2 w1 w0 w17", "w200"]
@@ -181,3 +183,25 @@ def test_reward_model_ids_base64_truncation_and_refusals(reward: tuple[ServerThr
     assert "classification model" in body["error"]["message"]
     status, body = _post(server.url, "/pooling", {"input": ["w1", "w3 " * 130]})
     assert status == 400 and body["error"]["param"] == "input[1]", body
+
+
+def test_reward_model_token_classify(reward: tuple[ServerThread, Any]) -> None:
+    """A sequence classifier serves token_classify too (vLLM's): its head on every token,
+    sigmoid for one label; truncation keeps the last tokens' rows."""
+    server, hf_model = reward
+    ids = _ids(TEXTS[1])
+    with torch.no_grad():
+        want = hf_model.score(hf_hidden(hf_model, ids))  # [P, 1]
+    status, body = _post(server.url, "/pooling", {"input": ids, "task": "token_classify"})
+    assert status == 200, body
+    assert torch.tensor(body["data"][0]["data"]) == pytest.approx(torch.sigmoid(want), abs=1e-5)
+    request = {"input": ids, "task": "token_classify", "use_activation": False}
+    status, body = _post(server.url, "/pooling", request)
+    assert status == 200, body
+    assert torch.tensor(body["data"][0]["data"]) == pytest.approx(want, abs=1e-4)
+    request = {"input": ids, "task": "token_classify", "truncate_prompt_tokens": 3}
+    status, body = _post(server.url, "/pooling", request)
+    assert status == 200, body
+    with torch.no_grad():
+        cut = torch.sigmoid(hf_model.score(hf_hidden(hf_model, ids[-3:])))
+    assert torch.tensor(body["data"][0]["data"]) == pytest.approx(cut, abs=1e-5)
