@@ -6,7 +6,12 @@ from __future__ import annotations
 
 import msgspec
 from troupe.gateway.engine_api import TokenizerLike
-from troupe.gateway.reasoning import ParserName, ReasoningSplitter, constraint_reasoning
+from troupe.gateway.reasoning import (
+    PROMPT_DECIDES,
+    ParserName,
+    ReasoningSplitter,
+    constraint_reasoning,
+)
 from troupe.gateway.tokenize_routes import render_chat
 from troupe.messages import ChatPrompt, SamplingParams
 
@@ -21,9 +26,9 @@ def chat_reasoning(
     ChatPrompt); no parser: (None, params)."""
     if parser is None:
         return None, params
-    prompt_text = ""  # qwen3: whether the answer starts thinking is the prompt's to say
+    prompt_text = ""  # qwen3, deepseek_v3: whether the answer starts thinking is the prompt's
     spec = params.structured_outputs
-    if parser == "qwen3" and (isinstance(prompt, ChatPrompt) or spec is not None):
+    if parser in PROMPT_DECIDES and (isinstance(prompt, ChatPrompt) or spec is not None):
         prompt_text = render_chat(tokenizer, chat_of(prompt))
     splitter = ReasoningSplitter(parser, prompt_text)
     if spec is not None:  # the constraint (tool calls' too) starts after the thinking

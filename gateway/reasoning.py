@@ -11,12 +11,25 @@ model's thinking, written between `<think>` and `</think>`, goes to the chat ans
                  `enable_thinking: false` the template closes an empty block in the prompt and
                  the answer is all content
 
+    deepseek_v3  DeepSeek V3.1's hybrid: thinks only when the prompt left `<think>` open (its
+                 template's `thinking: true`), else all content (as qwen3 reads it)
+    mistral      Magistral's `[THINK]`...`[/THINK]`: the answer is content until its first
+                 `[THINK]` (wherever it comes), thinking to `[/THINK]`, content again after; a
+                 `[/THINK]` before any `[THINK]` is dropped
+    granite      IBM Granite 3.2's prose markers: an answer that opens with "Here is my thought
+                 process:" (or "Here's") thinks until "Here is my response:" (or "Here's");
+                 vLLM's whole-answer parser also finds them later in the answer and calls an
+                 answer with no response marker all content, but its streamed one does not;
+                 troupe keeps the streamed rule for both, so the two agree
+
 The tags are matched in text, so a tag split over several deltas (or several tokens) is held
 back until it is whole; nothing else is held.
 
 Structured output (and tool calls, which are structured output) constrains only the content:
 `constraint_reasoning` says where the thinking goes in the grammar (StructuredOutputs.
-reasoning), so the model thinks freely and the content alone follows the schema.
+reasoning), so the model thinks freely and the content alone follows the schema. The grammar
+writes the thinking between `<think>` tags, so the parsers with other tags (mistral, granite)
+constrain a structured answer from its first token (no thinking).
 """
 
 from __future__ import annotations
@@ -29,8 +42,32 @@ from troupe.messages import Delta, Finished
 from troupe.messages.structured import THINK_END, THINK_START, Reasoning
 
 START, END = THINK_START, THINK_END  # the grammar's thinking block reads the same tags
-ParserName = Literal["deepseek_r1", "qwen3"]
-PARSERS: tuple[ParserName, ...] = ("deepseek_r1", "qwen3")
+ParserName = Literal["deepseek_r1", "qwen3", "deepseek_v3", "mistral", "granite"]
+PARSERS: tuple[ParserName, ...] = ("deepseek_r1", "qwen3", "deepseek_v3", "mistral", "granite")
+PROMPT_DECIDES: tuple[ParserName, ...] = ("qwen3", "deepseek_v3")  # the rendered prompt says
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ThinkTags:
+    """A parser's tags: any of `starts` opens thinking, any of `ends` closes it."""
+
+    starts: tuple[str, ...]
+    ends: tuple[str, ...]
+    opens_anywhere: bool = False  # else only a start that leads the answer opens
+    drops_stray_end: bool = False  # an end before any start is removed from the content
+
+
+_THINK = ThinkTags((START,), (END,))
+TAGS: dict[ParserName, ThinkTags] = {
+    "deepseek_r1": _THINK,
+    "qwen3": _THINK,
+    "deepseek_v3": _THINK,
+    "mistral": ThinkTags(("[THINK]",), ("[/THINK]",), opens_anywhere=True, drops_stray_end=True),
+    "granite": ThinkTags(
+        ("Here is my thought process:", "Here's my thought process:"),
+        ("Here is my response:", "Here's my response:"),
+    ),
+}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -43,13 +80,18 @@ def opens_thinking(name: ParserName, prompt_text: str) -> bool:
     """Whether an answer to this prompt starts inside a thinking block."""
     if name == "deepseek_r1":
         return True
+    if name not in PROMPT_DECIDES:
+        return False
     return prompt_text.rfind(START) > prompt_text.rfind(END)
 
 
 def constraint_reasoning(name: ParserName, prompt_text: str) -> Reasoning:
     """Where a structured answer's constraint starts: after a thinking block the answer starts
     in ("required"), after one it may open ("optional"), or at once, when the prompt closed an
-    empty block (Qwen3's `enable_thinking: false`: the answer is all content)."""
+    empty block (Qwen3's `enable_thinking: false`: the answer is all content) or the parser's
+    tags are not the grammar's `<think>`."""
+    if TAGS[name] is not _THINK:
+        return "none"
     if opens_thinking(name, prompt_text):
         return "required"
     if prompt_text.rstrip().endswith(END):
@@ -62,11 +104,15 @@ class ReasoningStream:
 
     def __init__(self, name: ParserName, prompt_text: str = "") -> None:
         self.name = name
+        self.tags = TAGS[name]
         self.thinking = opens_thinking(name, prompt_text)
-        self.may_open = not self.thinking  # qwen3: a `<think>` leading the answer opens it
-        self.strip_start = name == "deepseek_r1"  # R1 may still write the `<think>` itself
+        # a start leading the answer opens thinking (deepseek_r1: R1 may still write the
+        # `<think>` its prompt opened; it is dropped); mistral's opens anywhere (_content)
+        is_lead = name == "deepseek_r1" or not self.thinking
+        self.lead_opens = is_lead and not self.tags.opens_anywhere
         self._held = ""
         self._seen_any = False
+        self._opened = False  # mistral: only the first start opens
         self.saw_end = False
 
     def feed(self, text: str) -> Split:
@@ -75,32 +121,55 @@ class ReasoningStream:
         self._held = ""
         reasoning: list[str] = []
         content: list[str] = []
+        starts, ends = self.tags.starts, self.tags.ends
         while buf:
             if not self._seen_any:
                 stripped = buf.lstrip()
-                lead = START if (self.may_open or self.strip_start) else None
-                if lead is not None and START.startswith(stripped) and stripped != START:
-                    self._held = buf  # maybe the start of `<think>`
+                if self.lead_opens and any(
+                    s.startswith(stripped) and len(s) > len(stripped) for s in starts
+                ):
+                    self._held = buf  # maybe the start of a start tag
                     break
                 self._seen_any = True
-                if lead is not None and stripped.startswith(START):
-                    buf = stripped[len(START) :]
-                    self.thinking = True
+                lead = next((s for s in starts if stripped.startswith(s)), None)
+                if self.lead_opens and lead is not None:
+                    buf = stripped[len(lead) :]
+                    self.thinking = self._opened = True
                     continue
             if not self.thinking:
-                content.append(buf)
-                break
-            at = buf.find(END)
+                buf = self._content(buf, content)
+                continue
+            at, tag = _first(buf, ends)
             if at >= 0:
                 reasoning.append(buf[:at])
-                buf = buf[at + len(END) :]
+                buf = buf[at + len(tag) :]
                 self.thinking, self.saw_end = False, True
                 continue
-            keep = _partial_suffix(buf, END)
+            keep = _partial_suffix(buf, ends)
             reasoning.append(buf[: len(buf) - keep])
             self._held = buf[len(buf) - keep :]
             break
         return Split(_joined(reasoning), _joined(content))
+
+    def _content(self, buf: str, content: list[str]) -> str:
+        """Take content from `buf`; the rest (after a start that opens thinking) or ""."""
+        if not self.tags.opens_anywhere or self._opened:
+            content.append(buf)
+            return ""
+        stray_ends = self.tags.ends if self.tags.drops_stray_end and not self.saw_end else ()
+        tags = self.tags.starts + stray_ends
+        at, tag = _first(buf, tags)
+        if at < 0:
+            keep = _partial_suffix(buf, tags)
+            content.append(buf[: len(buf) - keep])
+            self._held = buf[len(buf) - keep :]
+            return ""
+        content.append(buf[:at])
+        if tag in self.tags.ends:  # a stray end, dropped (once)
+            self.saw_end = True
+        else:
+            self.thinking = self._opened = True
+        return buf[at + len(tag) :]
 
     def flush(self) -> Split:
         """At the end of the answer: what was held back, as what it would have been."""
@@ -119,10 +188,17 @@ def split_whole(name: ParserName, text: str, prompt_text: str = "") -> Split:
     return Split(reasoning or None, content or None)
 
 
-def _partial_suffix(text: str, tag: str) -> int:
-    """The length of the longest end of `text` that begins `tag` (a tag cut in two)."""
-    for n in range(min(len(tag) - 1, len(text)), 0, -1):
-        if text.endswith(tag[:n]):
+def _first(text: str, tags: tuple[str, ...]) -> tuple[int, str]:
+    """(where, which) of the first of `tags` in `text`; (-1, "") when none is."""
+    found = [(at, tag) for tag in tags if (at := text.find(tag)) >= 0]
+    return min(found, default=(-1, ""))
+
+
+def _partial_suffix(text: str, tags: tuple[str, ...]) -> int:
+    """The length of the longest end of `text` that begins one of `tags` (a tag cut in two)."""
+    longest = max(len(tag) for tag in tags)
+    for n in range(min(longest - 1, len(text)), 0, -1):
+        if any(tag.startswith(text[-n:]) for tag in tags):
             return n
     return 0
 

@@ -96,13 +96,17 @@ class GatewaySettings:
         None,
         "chat: split a reasoning model's <think>...</think> out of the answer into "
         "reasoning_content (vLLM's and SGLang's flag): deepseek_r1 (answers start thinking), "
-        "qwen3 (answers think when they or the prompt open <think>)",
+        "qwen3 (answers think when they or the prompt open <think>), deepseek_v3 (V3.1: "
+        "thinks when the prompt opens <think>), mistral ([THINK]...[/THINK]), granite "
+        '("Here is my thought process:" ... "Here is my response:")',
     )
     tool_call_parser: ToolParserName | None = _knob(  # noqa: RUF009 (None or a str: immutable)
         None,
         'chat: the tool-call format tool_choice "auto" replies are parsed in, whatever the chat '
         "template (vLLM's flag): hermes (<tool_call> tags), llama3_json (Llama 3.x's JSON "
-        'calls); unset: hermes where the template defines it, else "auto" is refused',
+        "calls), mistral ([TOOL_CALLS]), pythonic (Llama 3.2/4's [f(a=1)]), qwen3_coder "
+        "(<function=...> XML), deepseek_v3 (<｜tool▁calls▁begin｜>); unset: hermes where the "
+        'template defines it, else "auto" is refused',
     )
     max_stored_responses: int = _knob(
         0,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from troupe.gateway.reasoning import ReasoningStream, Split, split_whole
+from troupe.gateway.reasoning import ReasoningStream, Split, constraint_reasoning, split_whole
 
 QWEN_OFF = "<|im_start|>assistant\n<think>\n\n</think>\n\n"  # enable_thinking: false
 QWEN_OPEN = "<|im_start|>assistant\n<think>\n"  # a thinking-only template
@@ -62,3 +62,63 @@ def test_nothing_is_held_but_a_cut_tag() -> None:
     assert stream.feed("think>Done") == Split(None, "Done")
     assert stream.feed(" </think> again") == Split(None, " </think> again")  # content stays
     assert stream.saw_end
+
+
+DS_THINKING = "<｜User｜>Hi<｜Assistant｜><think>"  # V3.1's template, thinking: true
+DS_PLAIN = "<｜User｜>Hi<｜Assistant｜></think>"  # thinking: false (its default)
+GRANITE = ("Here is my thought process:", "Here is my response:")
+
+
+@pytest.mark.parametrize(
+    ("name", "prompt", "text", "expected"),
+    [
+        ("mistral", "", "[THINK]Let me see.[/THINK]It is 4.", ("Let me see.", "It is 4.")),
+        ("mistral", "", "Hmm [THINK]x[/THINK]y", ("x", "Hmm y")),  # opens anywhere
+        ("mistral", "", "  [THINK]x[/THINK]y", ("x", "  y")),
+        ("mistral", "", "[THINK]Cut off", ("Cut off", None)),
+        ("mistral", "", "No thinking.", (None, "No thinking.")),
+        ("mistral", "", "a[/THINK]b", (None, "ab")),  # a stray end is dropped
+        ("mistral", "", "[THINK]a[/THINK]b [THINK]c", ("a", "b [THINK]c")),  # only the first
+        ("mistral", "", "a [THIN", (None, "a [THIN")),
+        ("mistral", "", "<think>x</think>", (None, "<think>x</think>")),
+        (
+            "granite",
+            "",
+            f"{GRANITE[0]}\nStep one.\n{GRANITE[1]}\nIt is 4.",
+            ("\nStep one.\n", "\nIt is 4."),
+        ),
+        ("granite", "", "Here's my thought process: x Here's my response: y", (" x ", " y")),
+        ("granite", "", "Here is the answer.", (None, "Here is the answer.")),
+        ("granite", "", "Here", (None, "Here")),
+        ("granite", "", f"{GRANITE[0]} cut off", (" cut off", None)),
+        ("granite", "", f"Sure. {GRANITE[0]} x", (None, f"Sure. {GRANITE[0]} x")),
+        ("deepseek_v3", DS_THINKING, "Thought.</think>Answer.", ("Thought.", "Answer.")),
+        ("deepseek_v3", DS_PLAIN, "x</think>y", (None, "x</think>y")),
+        ("deepseek_v3", "", "Answer.", (None, "Answer.")),
+    ],
+)
+def test_more_parsers_whole_and_at_every_split(name, prompt, text, expected) -> None:  # type: ignore[no-untyped-def]
+    assert split_whole(name, text, prompt) == Split(*expected)
+    splits = [[text[:i], text[i:]] for i in range(len(text) + 1)] + [list(text)]
+    for pieces in splits:
+        stream = ReasoningStream(name, prompt)
+        parts = [stream.feed(p) for p in pieces] + [stream.flush()]
+        reasoning = "".join(p.reasoning or "" for p in parts) or None
+        content = "".join(p.content or "" for p in parts) or None
+        assert Split(reasoning, content) == Split(*expected), pieces
+
+
+def test_mistral_holds_only_a_cut_tag() -> None:
+    stream = ReasoningStream("mistral")
+    assert stream.feed("Ok [TH") == Split(None, "Ok ")
+    assert stream.feed("INK]deep") == Split("deep", None)
+    assert stream.feed(" thought[/") == Split(" thought", None)
+    assert stream.feed("THINK]Done [/THINK]") == Split(None, "Done [/THINK]")
+
+
+def test_constraint_reasoning_for_other_tags() -> None:
+    """The grammar's thinking block is `<think>`: parsers with other tags constrain at once."""
+    assert constraint_reasoning("mistral", "") == "none"
+    assert constraint_reasoning("granite", "") == "none"
+    assert constraint_reasoning("deepseek_v3", DS_THINKING) == "required"
+    assert constraint_reasoning("deepseek_v3", DS_PLAIN) == "none"
