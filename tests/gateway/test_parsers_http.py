@@ -1,0 +1,211 @@
+"""The tool-call parsers mistral, pythonic, qwen3_coder and deepseek_v3 and the reasoning
+parsers deepseek_v3, mistral and granite over HTTP with the official `openai` client: a
+server started with the flag, a fake runner made to say an exact reply (SmolLM2's tokenizer,
+a plain template), the whole answer and the streamed one read back. Streamed calls arrive as
+OpenAI sends them: a delta with the id, type and name, then the arguments."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from troupe.gateway.state import GatewaySettings
+
+from tests.gateway.conftest import ServerThread, openai_client, scripted_server
+from tests.gateway.scripted_runner import say, template_model
+
+TEMPLATE = """\
+{%- for m in messages %}<|im_start|>{{ m['role'] }}
+{{ m['content'] }}<|im_end|>
+{% endfor %}
+{%- if add_generation_prompt %}<|im_start|>assistant
+{% if thinking is defined %}{% if thinking %}<think>{% else %}</think>{% endif %}{% endif %}
+{%- endif %}"""
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+            },
+        },
+    }
+]
+MESSAGES = [{"role": "user", "content": "Weather in Paris?"}]
+WEATHER = ("get_weather", {"city": "Paris", "days": 3})
+VLLM_ID = r"chatcmpl-tool-[0-9a-f]{32}"
+
+# parser -> (the model's reply, the content, the call, the id's pattern)
+TOOL_CASES: dict[str, tuple[str, str | None, tuple[str, Any], str]] = {
+    "mistral": (
+        'Sure. [TOOL_CALLS]get_weather[ARGS]{"city": "Paris", "days": 3}',
+        "Sure. ",
+        WEATHER,
+        r"[A-Za-z0-9]{9}",
+    ),
+    "pythonic": ('[get_weather(city="Paris", days=3)]', None, WEATHER, VLLM_ID),
+    "qwen3_coder": (
+        "Checking.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n"
+        "</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>",
+        "Checking.\n",
+        WEATHER,
+        r"call_[0-9a-f]{24}",
+    ),
+    "deepseek_v3": (
+        "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n"
+        '{"city": "Paris", "days": 3}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
+        None,
+        WEATHER,
+        VLLM_ID,
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return template_model(tmp_path_factory.mktemp("parsers-model"), TEMPLATE)
+
+
+@pytest.fixture(scope="module", params=sorted(TOOL_CASES))
+def tool_server(request: pytest.FixtureRequest, model: Path) -> Iterator[ServerThread]:
+    srv = scripted_server(model, GatewaySettings(tool_call_parser=request.param)).start()
+    yield srv
+    srv.shutdown()
+
+
+def test_tool_calls_whole_and_streamed(tool_server: ServerThread) -> None:
+    parser = tool_server.settings.tool_call_parser
+    assert parser is not None
+    text, content, call, id_pattern = TOOL_CASES[parser]
+    say(tool_server, text)
+    client = openai_client(tool_server.url)
+    body: dict[str, Any] = {
+        "model": tool_server.engine.model_name,
+        "messages": MESSAGES,
+        "tools": TOOLS,
+        "max_tokens": 96,
+    }
+    choice = client.chat.completions.create(**body).choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.content == content
+    (found,) = choice.message.tool_calls or ()
+    assert re.fullmatch(id_pattern, found.id), found.id
+    assert (found.function.name, json.loads(found.function.arguments)) == call  # type: ignore[union-attr]
+
+    said, deltas, finishes = "", [], []
+    for chunk in client.chat.completions.create(stream=True, **body):
+        for c in chunk.choices:
+            said += c.delta.content or ""
+            deltas += [d.model_dump(exclude_none=True) for d in c.delta.tool_calls or ()]
+            if c.finish_reason:
+                finishes.append(c.finish_reason)
+    assert (said or None, finishes) == (content, ["tool_calls"])
+    head, *rest = deltas
+    assert re.fullmatch(id_pattern, head["id"]) and head["type"] == "function"
+    assert head["function"] == {"name": call[0], "arguments": ""}  # the name first
+    assert all(d["index"] == 0 and "id" not in d and "name" not in d["function"] for d in rest)
+    arguments = "".join(d["function"]["arguments"] for d in rest)
+    assert arguments == found.function.arguments  # type: ignore[union-attr]
+
+
+def test_a_reply_that_does_not_parse_is_text(tool_server: ServerThread) -> None:
+    parser = tool_server.settings.tool_call_parser
+    assert parser is not None
+    text = TOOL_CASES[parser][0].replace("Paris", 'Pa"ris')  # breaks each format's value
+    if parser == "qwen3_coder":  # its values are not quoted: name an unknown tool instead
+        text = text.replace("get_weather", "get_wether")
+    say(tool_server, text)
+    client = openai_client(tool_server.url)
+    body: dict[str, Any] = {
+        "model": tool_server.engine.model_name,
+        "messages": MESSAGES,
+        "tools": TOOLS,
+        "max_tokens": 96,
+    }
+    choice = client.chat.completions.create(**body).choices[0]
+    assert (choice.finish_reason, choice.message.content) == ("stop", text)
+    assert not choice.message.tool_calls
+    said = ""
+    for chunk in client.chat.completions.create(stream=True, **body):
+        for c in chunk.choices:
+            assert not c.delta.tool_calls
+            said += c.delta.content or ""
+    assert said == text
+
+
+# parser -> (chat_template_kwargs, the model's reply, the reasoning, the content)
+REASONING_CASES: dict[str, tuple[dict[str, Any], str, str | None, str | None]] = {
+    "mistral": (
+        {},
+        "[THINK]Paris is in France.[/THINK]It is sunny.",
+        "Paris is in France.",
+        "It is sunny.",
+    ),
+    "granite": (
+        {},
+        "Here is my thought process:\nLook it up.\nHere is my response:\nSunny.",
+        "\nLook it up.\n",
+        "\nSunny.",
+    ),
+    "deepseek_v3": ({"thinking": True}, "Look it up.</think>Sunny.", "Look it up.", "Sunny."),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(REASONING_CASES))
+def reasoning_server(request: pytest.FixtureRequest, model: Path) -> Iterator[ServerThread]:
+    srv = scripted_server(model, GatewaySettings(reasoning_parser=request.param)).start()
+    yield srv
+    srv.shutdown()
+
+
+def test_reasoning_whole_and_streamed(reasoning_server: ServerThread) -> None:
+    parser = reasoning_server.settings.reasoning_parser
+    assert parser is not None
+    kwargs, text, reasoning, content = REASONING_CASES[parser]
+    say(reasoning_server, text)
+    client = openai_client(reasoning_server.url)
+    body: dict[str, Any] = {
+        "model": reasoning_server.engine.model_name,
+        "messages": MESSAGES,
+        "max_tokens": 96,
+        "extra_body": {"chat_template_kwargs": kwargs},
+    }
+    message = client.chat.completions.create(**body).choices[0].message
+    assert ((message.model_extra or {}).get("reasoning_content"), message.content) == (
+        reasoning,
+        content,
+    )
+    thought, said = "", ""
+    for chunk in client.chat.completions.create(stream=True, **body):
+        for c in chunk.choices:
+            thought += (c.delta.model_extra or {}).get("reasoning_content") or ""
+            said += c.delta.content or ""
+    assert (thought or None, said or None) == (reasoning, content)
+
+
+def test_deepseek_v3_without_thinking_is_all_content(model: Path) -> None:
+    srv = scripted_server(model, GatewaySettings(reasoning_parser="deepseek_v3")).start()
+    try:
+        say(srv, "x</think>Sunny.")
+        message = (
+            openai_client(srv.url)
+            .chat.completions.create(
+                model=srv.engine.model_name,
+                messages=MESSAGES,  # type: ignore[arg-type]
+                max_tokens=96,
+                extra_body={"chat_template_kwargs": {"thinking": False}},
+            )
+            .choices[0]
+            .message
+        )
+        assert (message.model_extra or {}).get("reasoning_content") is None
+        assert message.content == "x</think>Sunny."
+    finally:
+        srv.shutdown()
