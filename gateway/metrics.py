@@ -1,8 +1,8 @@
 """Prometheus metrics: outcomes and latencies from engine events, state from engine.stats().
 
-`troupe_model_info{model_name} 1` names the model: its public id (the first
---served-model-name, else the engine's id), vLLM's `model_name` label, given once for the
-whole server (all of this registry's series are its) instead of on every series.
+Every series carries `model_name`, as vLLM's do: the model's public id (the first
+--served-model-name, else the engine's id), the one `troupe_model_info{model_name} 1` names,
+beside the series' own labels (outcome, pool, mode, ...), which are unchanged.
 
 Each app owns its CollectorRegistry, so several servers (tests) can live in one process.
 Latencies come from the event listener (called on the event loop for every event the engine
@@ -46,9 +46,8 @@ _LATENCY_BUCKETS = (
 class ModelInfoCollector(Collector):
     """`troupe_model_info{model_name} 1`: the model's public id (gateway/served_models.py)."""
 
-    def __init__(self, engine: EngineLike, served_model_name: Sequence[str]) -> None:
-        self._engine = engine
-        self._served_model_name = tuple(served_model_name)
+    def __init__(self, model_name: str) -> None:
+        self._model_name = model_name
 
     def collect(self) -> Iterator[Metric]:
         info = GaugeMetricFamily(
@@ -56,77 +55,83 @@ class ModelInfoCollector(Collector):
             "The model served (model_name: its public id)",
             labels=["model_name"],
         )
-        info.add_metric([ServedModels.of(self._engine, self._served_model_name).model_id], 1)
+        info.add_metric([self._model_name], 1)
         yield info
 
 
 class EngineStatsCollector(Collector):
-    """Reads engine.stats() at scrape time."""
+    """Reads engine.stats() at scrape time; every series labelled with `model_name`."""
 
-    def __init__(self, engine: EngineLike) -> None:
+    def __init__(self, engine: EngineLike, model_name: str) -> None:
         self._engine = engine
+        self._model_name = model_name
 
     def collect(self) -> Iterator[Metric]:
-        stats = self._engine.stats()
-        running = GaugeMetricFamily("troupe_requests_running", "Requests in the running batch")
-        running.add_metric([], stats.num_running)
-        waiting = GaugeMetricFamily("troupe_requests_waiting", "Requests waiting to be scheduled")
-        waiting.add_metric([], stats.num_waiting)
-        swapped = GaugeMetricFamily("troupe_requests_swapped", "Requests preempted to CPU")
-        swapped.add_metric([], stats.num_swapped)
-        used = GaugeMetricFamily(
-            "troupe_kv_blocks_used", "KV cache blocks owned by requests", labels=["pool"]
-        )
-        used.add_metric(["gpu"], stats.num_gpu_blocks_used)
-        used.add_metric(["cpu"], stats.num_cpu_blocks_used)
-        total = GaugeMetricFamily("troupe_kv_blocks_total", "KV cache blocks", labels=["pool"])
-        total.add_metric(["gpu"], stats.num_gpu_blocks)
-        total.add_metric(["cpu"], stats.num_cpu_blocks)
-        cached = GaugeMetricFamily(
-            "troupe_kv_blocks_cached", "Free GPU blocks holding reusable prefix KV"
-        )
-        cached.add_metric([], stats.num_gpu_blocks_cached)
-        preemptions = CounterMetricFamily(
-            "troupe_preemptions", "Preemptions by mode", labels=["mode"]
-        )
-        preemptions.add_metric(["swap"], stats.num_preemptions_swap)
-        preemptions.add_metric(["recompute"], stats.num_preemptions_recompute)
-        hits = CounterMetricFamily(
-            "troupe_prefix_cache_hit_tokens", "Prompt tokens served from the prefix cache"
-        )
-        hits.add_metric([], stats.prefix_cache_hit_tokens)
-        by_tier = CounterMetricFamily(
-            "troupe_prefix_cache_tier_hit_tokens",
-            "Prompt tokens served from the prefix cache, by the tier that held them",
-            labels=["tier"],
-        )
+        stats, model = self._engine.stats(), self._model_name
+        by_name = _Families(model)
+        gauge, counter = by_name.gauge, by_name.counter
+        gauge("troupe_requests_running", "Requests in the running batch", stats.num_running)
+        gauge("troupe_requests_waiting", "Requests waiting to be scheduled", stats.num_waiting)
+        gauge("troupe_requests_swapped", "Requests preempted to CPU", stats.num_swapped)
+        used = "KV cache blocks owned by requests"
+        gauge("troupe_kv_blocks_used", used, stats.num_gpu_blocks_used, pool="gpu")
+        gauge("troupe_kv_blocks_used", used, stats.num_cpu_blocks_used, pool="cpu")
+        gauge("troupe_kv_blocks_total", "KV cache blocks", stats.num_gpu_blocks, pool="gpu")
+        gauge("troupe_kv_blocks_total", "KV cache blocks", stats.num_cpu_blocks, pool="cpu")
+        cached = "Free GPU blocks holding reusable prefix KV"
+        gauge("troupe_kv_blocks_cached", cached, stats.num_gpu_blocks_cached)
+        swap, recompute = stats.num_preemptions_swap, stats.num_preemptions_recompute
+        counter("troupe_preemptions", "Preemptions by mode", swap, mode="swap")
+        counter("troupe_preemptions", "Preemptions by mode", recompute, mode="recompute")
+        hits = "Prompt tokens served from the prefix cache"
+        counter("troupe_prefix_cache_hit_tokens", hits, stats.prefix_cache_hit_tokens)
+        queries = "Prompt tokens looked up in the prefix cache"
+        counter("troupe_prefix_cache_query_tokens", queries, stats.prefix_cache_query_tokens)
+        counter("troupe_engine_steps", "Scheduling steps run", stats.num_steps)
+        by_tier = "Prompt tokens served from the prefix cache, by the tier that held them"
         cpu_hits = stats.prefix_cache_cpu_hit_tokens
-        by_tier.add_metric(["gpu"], stats.prefix_cache_hit_tokens - cpu_hits)
-        by_tier.add_metric(["cpu"], cpu_hits)
-        queries = CounterMetricFamily(
-            "troupe_prefix_cache_query_tokens", "Prompt tokens looked up in the prefix cache"
-        )
-        queries.add_metric([], stats.prefix_cache_query_tokens)
-        steps = CounterMetricFamily("troupe_engine_steps", "Scheduling steps run")
-        steps.add_metric([], stats.num_steps)
-        yield from (running, waiting, swapped, used, total, cached, preemptions, hits, queries)
-        yield from (steps, by_tier)
-        yield from _spec_metrics(stats)
+        gpu_hits = stats.prefix_cache_hit_tokens - cpu_hits
+        counter("troupe_prefix_cache_tier_hit_tokens", by_tier, gpu_hits, tier="gpu")
+        counter("troupe_prefix_cache_tier_hit_tokens", by_tier, cpu_hits, tier="cpu")
+        yield from by_name.families.values()
+        yield from _spec_metrics(stats, model)
         if stats.max_loras:  # the engine serves adapters (known from its first stats on)
-            yield _lora_info(stats)
+            yield _lora_info(stats, model)
 
 
-def _lora_info(stats: EngineStats) -> Metric:
+class _Families:
+    """Metric families by name, each labelled `model_name` and its own labels."""
+
+    def __init__(self, model_name: str) -> None:
+        self._model_name = model_name
+        self.families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {}
+
+    def gauge(self, name: str, documentation: str, value: float, **labels: str) -> None:
+        family = self.families.get(name)
+        if family is None:
+            family = GaugeMetricFamily(name, documentation, labels=["model_name", *labels])
+            self.families[name] = family
+        family.add_metric([self._model_name, *labels.values()], value)
+
+    def counter(self, name: str, documentation: str, value: float, **labels: str) -> None:
+        family = self.families.get(name)
+        if family is None:
+            family = CounterMetricFamily(name, documentation, labels=["model_name", *labels])
+            self.families[name] = family
+        family.add_metric([self._model_name, *labels.values()], value)
+
+
+def _lora_info(stats: EngineStats, model_name: str) -> Metric:
     """vLLM's lora_requests_info: the adapters in use as labels (their public names, sorted,
     comma-separated), the value the time they were read (Unix seconds). vLLM keeps a sample per
     label set ever seen, the latest the current one; this exports only the current one."""
     info = GaugeMetricFamily(
         "troupe_lora_requests_info",
         "LoRA adapters of the running and the waiting requests",
-        labels=["max_lora", "waiting_lora_adapters", "running_lora_adapters"],
+        labels=["model_name", "max_lora", "waiting_lora_adapters", "running_lora_adapters"],
     )
     waiting, running = _names(stats.waiting_lora_adapters), _names(stats.running_lora_adapters)
-    info.add_metric([str(stats.max_loras), waiting, running], time.time())
+    info.add_metric([model_name, str(stats.max_loras), waiting, running], time.time())
     return info
 
 
@@ -135,18 +140,17 @@ def _names(inside: tuple[str, ...]) -> str:
     return ",".join(sorted({public_name(name) for name in inside}))
 
 
-def _spec_metrics(stats: EngineStats) -> Iterator[Metric]:
+def _spec_metrics(stats: EngineStats, model_name: str) -> Iterator[Metric]:
     """Speculative decoding: proposed and accepted tokens, accepted length per verification."""
-    proposed = CounterMetricFamily(
-        "troupe_spec_decode_proposed_tokens", "Speculative tokens proposed and verified"
-    )
-    proposed.add_metric([], stats.num_spec_proposed_tokens)
-    accepted = CounterMetricFamily(
-        "troupe_spec_decode_accepted_tokens", "Speculative tokens accepted by the target"
-    )
-    accepted.add_metric([], stats.num_spec_accepted_tokens)
+    by_name = _Families(model_name)
+    proposed = "Speculative tokens proposed and verified"
+    by_name.counter("troupe_spec_decode_proposed_tokens", proposed, stats.num_spec_proposed_tokens)
+    accepted = "Speculative tokens accepted by the target"
+    by_name.counter("troupe_spec_decode_accepted_tokens", accepted, stats.num_spec_accepted_tokens)
     lengths = HistogramMetricFamily(
-        "troupe_spec_decode_accepted_length", "Proposals accepted per verification"
+        "troupe_spec_decode_accepted_length",
+        "Proposals accepted per verification",
+        labels=["model_name"],
     )
     counts = stats.spec_accepted_lengths
     cumulative, buckets = 0, []
@@ -155,43 +159,54 @@ def _spec_metrics(stats: EngineStats) -> Iterator[Metric]:
         buckets.append((str(length), cumulative))
     buckets.append(("+Inf", cumulative))
     total = sum(length * count for length, count in enumerate(counts))
-    lengths.add_metric([], buckets, sum_value=total)
-    yield from (proposed, accepted, lengths)
+    lengths.add_metric([model_name], buckets, sum_value=total)
+    yield from by_name.families.values()
+    yield lengths
 
 
 class GatewayMetrics:
     """The app's registry; `on_event` is the engine event listener."""
 
     def __init__(self, engine: EngineLike, served_model_name: Sequence[str] = ()) -> None:
+        """The engine has started: its model's public id is known and fixed from here on."""
         self.registry = CollectorRegistry(auto_describe=True)
-        self.requests = Counter(
+        self.model_name = model = ServedModels.of(engine, tuple(served_model_name)).model_id
+        requests = Counter(
             "troupe_requests",
             "Requests by terminal outcome (stop, length, aborted, rejected, failed)",
-            ["outcome"],
+            ["model_name", "outcome"],
             registry=self.registry,
         )
-        for outcome in ("stop", "length", "aborted", "rejected", "failed"):
-            self.requests.labels(outcome)  # export zeros so rate() works from the first scrape
+        # one child per outcome, zeros exported so rate() works from the first scrape
+        self._outcomes = {
+            outcome: requests.labels(model, outcome)
+            for outcome in ("stop", "length", "aborted", "rejected", "failed")
+        }
+        self.requests = requests
+        labels = {"model_name": model}
         self.ttft = LatencyHistogram(
             "troupe_time_to_first_token_seconds",
             "Arrival to first token",
             _LATENCY_BUCKETS,
             self.registry,
+            labels,
         )
         self.itl = LatencyHistogram(
             "troupe_inter_token_latency_seconds",
             "Time between consecutive output tokens of a request",
             _LATENCY_BUCKETS,
             self.registry,
+            labels,
         )
         self.e2e = LatencyHistogram(
             "troupe_e2e_request_latency_seconds",
             "Arrival to the terminal event",
             _LATENCY_BUCKETS,
             self.registry,
+            labels,
         )
-        self.registry.register(ModelInfoCollector(engine, served_model_name))
-        self.registry.register(EngineStatsCollector(engine))
+        self.registry.register(ModelInfoCollector(model))
+        self.registry.register(EngineStatsCollector(engine, model))
         self._last_token_time: dict[str, float] = {}
 
     def on_event(self, event: StreamEvent, now: float) -> None:
@@ -210,18 +225,26 @@ class GatewayMetrics:
         self._last_token_time.pop(event.request_id, None)
         match event:
             case Finished():
-                self.requests.labels(str(event.finish_reason)).inc()
+                self._outcome(str(event.finish_reason)).inc()
                 if event.timings.ttft is not None:
                     self.ttft.observe(event.timings.ttft)
                 self.e2e.observe(event.timings.e2e)
             case Aborted():
-                self.requests.labels("aborted").inc()
+                self._outcomes["aborted"].inc()
                 if event.timings.ttft is not None:
                     self.ttft.observe(event.timings.ttft)
             case Rejected():
-                self.requests.labels("rejected").inc()
+                self._outcomes["rejected"].inc()
             case Failed():
-                self.requests.labels("failed").inc()
+                self._outcomes["failed"].inc()
+
+    def _outcome(self, outcome: str) -> Counter:
+        """The requests counter's child for `outcome` (a finish reason beyond the five: made
+        on first use)."""
+        child = self._outcomes.get(outcome)
+        if child is None:
+            child = self._outcomes[outcome] = self.requests.labels(self.model_name, outcome)
+        return child
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -89,8 +89,9 @@ async def _one(session: aiohttp.ClientSession, url: str, messages: object, args:
 async def _metrics(session: aiohttp.ClientSession, url: str) -> dict[str, float]:
     async with session.get(f"{url}/metrics") as resp:
         text = await resp.text()
+    # the series of no label but the server's model_name (one model a server)
     return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples
-            if not s.labels}  # fmt: skip
+            if set(s.labels) <= {"model_name"}}  # fmt: skip
 
 
 async def measure(url: str, label: str, args: argparse.Namespace) -> Run:

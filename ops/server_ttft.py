@@ -8,23 +8,27 @@ gateway's handler stamped the request: the client's sends, the accepts, the HTTP
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 
 import aiohttp
 from troupe.ops.serve_metrics import percentile_word
 
 BUCKET = "troupe_time_to_first_token_seconds_bucket"
+# `BUCKET{...le="0.1"...} 12.0`, the labels in any order
+_BUCKET_LINE = re.compile(BUCKET + r'\{[^}]*\ble="([^"]+)"[^}]*\}\s+(\S+)')
 Buckets = dict[float, float]  # upper bound (s) -> cumulative count
 
 
 def parse_buckets(text: str) -> Buckets | None:
-    """The histogram's buckets in a Prometheus text page, None if it has none."""
+    """The histogram's buckets in a Prometheus text page, None if it has none. Its other
+    labels (troupe's model_name) are ignored: a server serves one model."""
     out: Buckets = {}
-    prefix = BUCKET + '{le="'
     for line in text.splitlines():
-        if line.startswith(prefix):
-            bound, _, count = line[len(prefix) :].partition('"}')
-            out[float(bound)] = float(count)
+        match = _BUCKET_LINE.match(line)
+        if match is not None:
+            bound = float(match.group(1))
+            out[bound] = out.get(bound, 0.0) + float(match.group(2))
     return out or None
 
 

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)")
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
-# Gauges that must read 0 when no request is in flight: (name, labels).
+# Gauges that must read 0 when no request is in flight: (name, labels). A sample matches when
+# it has these labels, whatever others it carries (troupe's model_name); matches add up.
 IDLE_GAUGES: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
     ("troupe_kv_blocks_used", (("pool", "gpu"),)),
     ("troupe_kv_blocks_used", (("pool", "cpu"),)),
@@ -80,6 +81,20 @@ def parse_metrics(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], fl
     return samples
 
 
+def _sum_matching(
+    samples: Mapping[tuple[str, tuple[tuple[str, str], ...]], float],
+    name: str,
+    labels: tuple[tuple[str, str], ...],
+) -> float | None:
+    """The sum of `name`'s samples that carry `labels` (None: there is none)."""
+    values = [
+        value
+        for (sample, sample_labels), value in samples.items()
+        if sample == name and set(labels) <= set(sample_labels)
+    ]
+    return sum(values) if values else None
+
+
 def is_idle(metrics_text: str) -> bool:
     """True when every idle gauge reads 0 (what the settle loop waits for)."""
     return all(check.is_ok for check in check_metrics(metrics_text))
@@ -90,7 +105,7 @@ def check_metrics(metrics_text: str) -> list[Check]:
     samples = parse_metrics(metrics_text)
     checks = []
     for name, labels in IDLE_GAUGES:
-        value = samples.get((name, labels))
+        value = _sum_matching(samples, name, labels)
         shown = name + ("{" + ",".join(f'{k}="{v}"' for k, v in labels) + "}" if labels else "")
         if value is None:
             checks.append(Check(f"{shown} == 0", "missing", False))

@@ -37,6 +37,19 @@ def test_the_same_samples_as_prometheus_clients_histogram() -> None:
     assert bucket_counts(fast)[1] == (2.0, 3.0, 8.0, 8.0, 10.0, 11.0)  # <= each bound, +Inf
 
 
+def test_constant_labels_as_prometheus_clients_labelled_histogram() -> None:
+    ours, theirs = CollectorRegistry(), CollectorRegistry()
+    fast = LatencyHistogram("lat_seconds", "doc", BOUNDS, ours, {"model_name": "m"})
+    reference = Histogram(
+        "lat_seconds", "doc", ["model_name"], buckets=BOUNDS, registry=theirs
+    ).labels("m")
+    for value in VALUES:
+        fast.observe(value)
+        reference.observe(value)
+    assert _samples(ours) == pytest.approx(_samples(theirs))
+    assert ("lat_seconds_count", (("model_name", "m"),)) in _samples(ours)
+
+
 def test_buckets_must_increase() -> None:
     with pytest.raises(ValueError, match="lat_seconds: buckets must be increasing"):
         LatencyHistogram("lat_seconds", "doc", (0.1, 0.01), CollectorRegistry())

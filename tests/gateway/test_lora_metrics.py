@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from troupe.config import DEFAULT_MODEL_NAME
 from troupe.gateway.state import GatewaySettings
 from troupe.gpu.fake_runner import FakeRunner
 from troupe.gpu.faulty_runner import FaultyRunner
@@ -41,7 +42,10 @@ def _lora_info(url: str) -> list[tuple[dict[str, str], float]]:
     with urllib.request.urlopen(f"{url}/metrics", timeout=HANG) as resp:
         text = resp.read().decode()
     families = text_string_to_metric_families(text)
-    return [(s.labels, s.value) for f in families if f.name == INFO for s in f.samples]
+    samples = [(s.labels, s.value) for f in families if f.name == INFO for s in f.samples]
+    for labels, _ in samples:  # the served model's, as on every troupe_ series
+        assert labels.pop("model_name") == DEFAULT_MODEL_NAME
+    return samples
 
 
 def _labels(running: str, waiting: str, max_lora: str = "1") -> dict[str, str]:
@@ -113,9 +117,11 @@ def test_the_labels_give_public_names_and_no_adapters_no_gauge() -> None:
 
     def samples(stats: EngineStats) -> list[tuple[dict[str, str], float]]:
         registry = CollectorRegistry()
-        registry.register(EngineStatsCollector(SimpleNamespace(stats=lambda: stats)))  # type: ignore[arg-type]
+        registry.register(EngineStatsCollector(SimpleNamespace(stats=lambda: stats), "m"))  # type: ignore[arg-type]
         families = text_string_to_metric_families(generate_latest(registry).decode())
-        return [(s.labels, s.value) for f in families if f.name == INFO for s in f.samples]
+        found = [(s.labels, s.value) for f in families if f.name == INFO for s in f.samples]
+        assert all(labels.pop("model_name") == "m" for labels, _ in found)
+        return found
 
     # "sql#2": a reloaded sql inside the engine (actors/lora_registry.py), beside the old one
     stats = EngineStats(max_loras=4, running_lora_adapters=("b", "sql", "sql#2"),

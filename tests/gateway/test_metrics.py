@@ -7,8 +7,11 @@ import asyncio
 import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from troupe.config import DEFAULT_MODEL_NAME
 
 pytestmark = pytest.mark.anyio
+
+MODEL = DEFAULT_MODEL_NAME  # the fake runner's engine serves it under its own id
 
 
 async def _scrape(
@@ -18,11 +21,14 @@ async def _scrape(
         assert resp.status == 200
         assert resp.headers["Content-Type"].startswith("text/plain")
         text = await resp.text()
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            labels = dict(s.labels)
+            # every troupe_ series names the model, as vLLM's do (the served name)
+            assert labels.pop("model_name", None) == MODEL, (s.name, s.labels)
+            samples[(s.name, tuple(sorted(labels.items())))] = s.value
+    return samples
 
 
 async def test_metrics_count_requests_and_read_engine_stats(server) -> None:  # type: ignore[no-untyped-def]
@@ -58,6 +64,9 @@ async def test_metrics_count_requests_and_read_engine_stats(server) -> None:  # 
     for mode in ("swap", "recompute"):
         assert ("troupe_preemptions_total", (("mode", mode),)) in after
     assert ("troupe_prefix_cache_hit_tokens_total", ()) in after
+    assert after[("troupe_model_info", ())] == 1
+    for family in ("troupe_e2e_request_latency_seconds_count", "troupe_engine_steps_total"):
+        assert (family, ()) in after
     for tier in ("gpu", "cpu"):
         assert ("troupe_prefix_cache_tier_hit_tokens_total", (("tier", tier),)) in after
 
@@ -75,12 +84,14 @@ def test_speculative_decoding_metrics_from_stats() -> None:
         spec_accepted_lengths=(5, 2, 0, 1, 3),
     )
     registry = CollectorRegistry()
-    registry.register(EngineStatsCollector(SimpleNamespace(stats=lambda: stats)))  # type: ignore[arg-type]
-    samples = {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(generate_latest(registry).decode())
-        for s in family.samples
-    }
+    engine = SimpleNamespace(stats=lambda: stats)
+    registry.register(EngineStatsCollector(engine, "m"))  # type: ignore[arg-type]
+    samples = {}
+    for family in text_string_to_metric_families(generate_latest(registry).decode()):
+        for s in family.samples:
+            labels = dict(s.labels)
+            assert labels.pop("model_name") == "m"
+            samples[(s.name, tuple(sorted(labels.items())))] = s.value
     assert samples[("troupe_spec_decode_proposed_tokens_total", ())] == 40
     assert samples[("troupe_spec_decode_accepted_tokens_total", ())] == 17
     bucket = "troupe_spec_decode_accepted_length_bucket"

@@ -107,7 +107,7 @@ def _ended(url: str, outcome: str) -> float:
 
 def _counted(metrics: str, outcome: str) -> float:
     for line in metrics.splitlines():
-        if line.startswith(f'troupe_requests_total{{outcome="{outcome}"}}'):
+        if line.startswith("troupe_requests_total{") and f'outcome="{outcome}"' in line:
             return float(line.split()[-1])
     return 0.0
 

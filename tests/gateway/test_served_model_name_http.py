@@ -127,6 +127,7 @@ def test_health_and_metrics_name_the_first(named: ServerThread) -> None:
     assert status == 200 and health["model"] == "gpt-x"
     status, text = _call(named.url, "/metrics")
     assert 'troupe_model_info{model_name="gpt-x"} 1.0' in text.splitlines()
+    assert 'troupe_requests_total{model_name="gpt-x",outcome="stop"}' in text  # on every series
     status, page = _call(named.url, "/")
     assert status == 200 and "gpt-x" in page and DEFAULT_MODEL_NAME not in page
 

@@ -371,11 +371,11 @@ def test_server_ttft_quantiles_from_two_readings() -> None:
     page = "\n".join(
         [
             "# TYPE troupe_time_to_first_token_seconds histogram",
-            'troupe_time_to_first_token_seconds_bucket{le="0.1"} 12.0',
-            'troupe_time_to_first_token_seconds_bucket{le="0.2"} 16.0',
-            'troupe_time_to_first_token_seconds_bucket{le="0.4"} 20.0',
-            'troupe_time_to_first_token_seconds_bucket{le="+Inf"} 22.0',
-            "troupe_time_to_first_token_seconds_count 22.0",
+            'troupe_time_to_first_token_seconds_bucket{le="0.1",model_name="m"} 12.0',
+            'troupe_time_to_first_token_seconds_bucket{model_name="m",le="0.2"} 16.0',
+            'troupe_time_to_first_token_seconds_bucket{le="0.4"} 20.0',  # another server's
+            'troupe_time_to_first_token_seconds_bucket{le="+Inf",model_name="m"} 22.0',
+            'troupe_time_to_first_token_seconds_count{model_name="m"} 22.0',
         ]
     )
     after = parse_buckets(page)

@@ -22,12 +22,12 @@ from troupe.ops.soak_checks import (
 IDLE_PAGE = """\
 # HELP troupe_kv_blocks_used KV cache blocks owned by requests
 # TYPE troupe_kv_blocks_used gauge
-troupe_kv_blocks_used{pool="gpu"} 0.0
-troupe_kv_blocks_used{pool="cpu"} 0.0
-troupe_requests_running 0.0
-troupe_requests_waiting 0.0
-troupe_requests_swapped 0.0
-troupe_requests_total{outcome="length"} 12.0
+troupe_kv_blocks_used{model_name="m",pool="gpu"} 0.0
+troupe_kv_blocks_used{model_name="m",pool="cpu"} 0.0
+troupe_requests_running{model_name="m"} 0.0
+troupe_requests_waiting{model_name="m"} 0.0
+troupe_requests_swapped{model_name="m"} 0.0
+troupe_requests_total{model_name="m",outcome="length"} 12.0
 """
 
 
@@ -37,16 +37,17 @@ def anyio_backend() -> str:
 
 
 def test_idle_metrics_pass_and_a_held_block_fails() -> None:
-    assert parse_metrics(IDLE_PAGE)[("troupe_requests_total", (("outcome", "length"),))] == 12
+    key = ("troupe_requests_total", (("model_name", "m"), ("outcome", "length")))
+    assert parse_metrics(IDLE_PAGE)[key] == 12
     assert all(check.is_ok for check in check_metrics(IDLE_PAGE))
-    leaking = IDLE_PAGE.replace('{pool="gpu"} 0.0', '{pool="gpu"} 3.0')
-    leaking = leaking.replace("troupe_requests_running 0.0", "troupe_requests_running 1.0")
+    leaking = IDLE_PAGE.replace('pool="gpu"} 0.0', 'pool="gpu"} 3.0')
+    leaking = leaking.replace('running{model_name="m"} 0.0', 'running{model_name="m"} 1.0')
     failed = {check.name: check.value for check in check_metrics(leaking) if not check.is_ok}
     assert failed == {
         'troupe_kv_blocks_used{pool="gpu"} == 0': "3",
         "troupe_requests_running == 0": "1",
     }
-    missing = check_metrics(IDLE_PAGE.replace("troupe_requests_swapped 0.0\n", ""))
+    missing = check_metrics(IDLE_PAGE.replace('troupe_requests_swapped{model_name="m"} 0.0\n', ""))
     assert [(c.name, c.value) for c in missing if not c.is_ok] == [
         ("troupe_requests_swapped == 0", "missing")
     ]
@@ -100,7 +101,7 @@ def _fake_server(faults: Faults) -> web.Application:
     """Just enough of the gateway's protocol for the workload, with faults on demand."""
 
     async def metrics(request: web.Request) -> web.Response:
-        page = IDLE_PAGE.replace('{pool="gpu"} 0.0', f'{{pool="gpu"}} {faults.held_blocks}.0')
+        page = IDLE_PAGE.replace('pool="gpu"} 0.0', f'pool="gpu"}} {faults.held_blocks}.0')
         return web.Response(text=page)
 
     async def completion(request: web.Request) -> web.StreamResponse:
