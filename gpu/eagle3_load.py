@@ -20,7 +20,8 @@ The model's tapped states stay T wide (gpu/target_hidden.py); fc brings them to 
 Refused by name: norm_before_fc (an RMSNorm over the taps before fc) and an fc.bias (vLLM's
 fc has none either).
 A folder is an EAGLE-3 head when its config names draft_vocab_size or an Eagle3
-architecture, or its tensors hold midlayer.* or d2t (`is_eagle3`). Refusals are ConfigErrors
+architecture, or its tensors hold midlayer.* or d2t (`is_eagle3`); one in the speculators
+format arrives here as this layout (gpu/eagle_speculators.py). Refusals are ConfigErrors
 naming draft_model's field or tensor and the sizes.
 """
 
