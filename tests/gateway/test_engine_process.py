@@ -139,6 +139,9 @@ async def test_a_dead_child_fails_open_streams_and_stops_serve(make_server) -> N
     assert error["code"] == "internal_error"
     assert "engine failure: the engine process exited unexpectedly" in error["message"]
     assert not engine.is_healthy  # /health answers 503 from here on (test_engine_failure.py)
+    assert engine.failure == "engine failure: the engine process exited unexpectedly"
+    stats = engine.stats()  # the pools went with the child: declared gone
+    assert (stats.num_gpu_blocks, stats.num_gpu_blocks_used, stats.num_running) == (0, 0, 0)
     with pytest.raises(RuntimeError) as info:
         await asyncio.to_thread(srv.join, HANG)  # serve() returned by itself, with an error
     assert isinstance(info.value.__cause__, EngineStopped)
