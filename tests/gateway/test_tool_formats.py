@@ -245,3 +245,13 @@ def test_qwen3_coder_values_typed_by_schema(raw: str, schema: Any, value: Any) -
 
 def test_parser_names_listed() -> None:
     assert set(TOOL_PARSERS) >= {"mistral", "pythonic", "qwen3_coder", "deepseek_v3"}
+
+
+def test_an_unknown_parser_is_refused_naming_the_choices() -> None:
+    from troupe.config import ConfigError
+    from troupe.gateway.state import GatewaySettings
+
+    with pytest.raises(ConfigError, match=r"tool_call_parser must be one of .*qwen3_coder"):
+        GatewaySettings(tool_call_parser="kimi_k2")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"reasoning_parser must be one of .*mistral, granite"):
+        GatewaySettings(reasoning_parser="gpt_oss")  # type: ignore[arg-type]
