@@ -95,6 +95,9 @@ class Engine:
         self.admin = EngineAdmin(config, self.abort_all)  # calls beside requests: its methods
         self.reset_prefix_cache = self.admin.reset_prefix_cache
         self.update_weights_from_disk = self.admin.update_weights_from_disk
+        self.update_weights_from_tensors = self.admin.update_weights_from_tensors
+        self.sleep, self.wake_up = self.admin.sleep, self.admin.wake_up  # sleep mode
+        self.is_sleeping = self.admin.is_sleeping
         self.graph_stats = self.admin.graph_stats  # the actors' counts (the live view)
 
     # -- lifecycle ---------------------------------------------------------------------------

@@ -6,23 +6,32 @@
                                   served model's shapes into its weights in place, then reset
                                   the prefix cache (its KV came from the old weights)
 
+    update_weights_from_tensors   SGLang's: the same from HF-named tensors in this process
+    sleep(level) / wake_up(tags)  vLLM's sleep mode (EngineConfig.enable_sleep_mode; messages/
+    is_sleeping()                 sleep_calls.py): the device memory given back and taken again
+
 A weight update waits for the requests the scheduler has taken to end, as SGLang's does (they
 finish on the old weights); requests that reach it meanwhile wait and run on the new ones, so
 no request ever mixes the two. `abort_all_requests=True` aborts what is in flight first.
-One update runs at a time; a second is refused (BUSY). A refusal changes nothing.
+One update runs at a time; a second is refused (BUSY). A refusal changes nothing. A sleep is
+refused while requests are live (mode "refuse", vLLM's rule), or lets them end ("wait") or
+aborts them ("abort"); requests sent while asleep wait for the wake_up.
 """
 
 from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING
 
 import anyio
 import structlog
+from troupe.actors.core.executor import ExecutorCore
 from troupe.actors.engine_stopped import EngineStopped
 from troupe.actors.wiring import WiredGraph
 from troupe.config import EngineConfig
+from troupe.gpu.runner import ReloadsWeights
 from troupe.messages.engine_calls import (
     EngineCallsInbox,
     PrefixCacheReset,
@@ -32,6 +41,21 @@ from troupe.messages.engine_calls import (
     WeightsUpdated,
 )
 from troupe.messages.graph_stats import GraphStats
+from troupe.messages.sleep_calls import (
+    ALL_TAGS,
+    SLEEP_LEVELS,
+    SLEEP_MODES,
+    Sleep,
+    SleepErrorCode,
+    SleepMode,
+    SleepReply,
+    SleepTag,
+    WakeUp,
+)
+
+if TYPE_CHECKING:
+    import torch
+    from troupe.gpu.weight_update import WeightReload
 
 log = structlog.get_logger("troupe.engine")
 
@@ -50,10 +74,15 @@ class EngineAdmin:
         self._replies: dict[int, EngineCallsInbox] = {}
         self._updating: int | None = None  # the call id of the update not yet answered
         self._stopped: str | None = None
+        self._sleep = SleepReply(call_id=0, message="awake")  # the last sleep or wake_up's
+        self._weights: WeightReload | None = None  # where tensors are staged for an update
 
     def attach(self, graph: WiredGraph) -> None:
         """The graph the calls go into, once wired."""
         self._graph = graph
+        executor = next((a.core for a in graph.actors if isinstance(a.core, ExecutorCore)), None)
+        if executor is not None and isinstance(executor.runner, ReloadsWeights):
+            self._weights = executor.runner.weights
 
     async def serve(self) -> None:
         """Hand out replies until the graph stops (a task of the engine's)."""
@@ -104,11 +133,102 @@ class EngineAdmin:
         if (refusal := self._refusal(model_path, load_format)) is not None:
             code, message = refusal
             return WeightsUpdated(call_id=call_id, message=message, error=code)
+        command = UpdateWeights(call_id=call_id, model_path=model_path)
+        return await self._update(command, abort_all_requests)
+
+    async def update_weights_from_tensors(
+        self,
+        named_tensors: Iterable[tuple[str, torch.Tensor]],
+        load_format: str | None = None,
+        *,
+        abort_all_requests: bool = False,
+    ) -> WeightsUpdated:
+        """As update_weights_from_disk, from HF-named tensors (on any device; every weight of
+        the served model, float32/float16/bfloat16) instead of a folder: SGLang's call, for an
+        RL trainer in this process. Copied after the requests in flight end."""
+        call_id = next(self._ids)
+        refusal = self._refusal("tensors", load_format)
+        if refusal is None and self._weights is None:
+            refusal = WeightsErrorCode.UNSUPPORTED, "this runner cannot replace its weights"
+        if refusal is not None:
+            code, message = refusal
+            return WeightsUpdated(call_id=call_id, message=message, error=code)
+        assert self._weights is not None
+        self._weights.stage(call_id, named_tensors)
+        try:
+            command = UpdateWeights(call_id=call_id, model_path="", from_tensors=True)
+            return await self._update(command, abort_all_requests)
+        finally:
+            self._weights.unstage(call_id)  # taken, or never sent
+
+    async def sleep(self, level: int = 1, *, mode: SleepMode = "refuse") -> SleepReply:
+        """Give the device memory back (vLLM's LLM.sleep): level 1 keeps the weights in CPU
+        memory, level 2 drops them (load new ones after wake_up(["weights"])); the KV cache
+        and the prefix cache go. Live requests: refused naming them (mode "refuse"), awaited
+        ("wait") or aborted first ("abort"). Requests sent while asleep wait for wake_up."""
+        call_id = next(self._ids)
+        if (error := self._sleep_refusal()) is None:
+            if level not in SLEEP_LEVELS:
+                error = SleepErrorCode.INVALID, f"level must be 1 or 2, got {level!r}"
+            elif mode not in SLEEP_MODES:
+                error = SleepErrorCode.INVALID, f"mode must be one of {SLEEP_MODES}, got {mode!r}"
+        if error is not None:
+            return self._sleep_refused(call_id, *error)
+        if mode == "abort":
+            await self._abort_all("aborted to sleep")
+        return await self._sleep_call(Sleep(call_id=call_id, level=level, mode=mode))
+
+    async def wake_up(self, tags: Sequence[str] | None = None) -> SleepReply:
+        """Take the memory again (vLLM's LLM.wake_up): "weights" (level 1: as they were;
+        level 2: to load into), "kv_cache" (empty, the same block count); none: both. Requests
+        run again once nothing sleeps."""
+        call_id = next(self._ids)
+        error = self._sleep_refusal()
+        unknown = [t for t in tags or () if t not in ALL_TAGS]
+        if error is None and (unknown or isinstance(tags, str)):
+            what = tags if isinstance(tags, str) else unknown[0]
+            error = SleepErrorCode.INVALID, f"tags: {what!r} is not one of {list(ALL_TAGS)}"
+        if error is not None:
+            return self._sleep_refused(call_id, *error)
+        woken = tuple(SleepTag(t) for t in tags or ())
+        return await self._sleep_call(WakeUp(call_id=call_id, tags=woken))
+
+    async def is_sleeping(self) -> bool:
+        """vLLM's: whether anything sleeps (until wake_up brought every tag back)."""
+        return self._sleep.is_sleeping
+
+    def _sleep_refusal(self) -> tuple[SleepErrorCode, str] | None:
+        config = self._config
+        if not config.enable_sleep_mode:
+            return SleepErrorCode.DISABLED, (
+                "sleep mode is off: start the engine with enable_sleep_mode=True "
+                "(--enable-sleep-mode)"
+            )
+        if config.tensor_parallel_size > 1 or config.disaggregation != "none":
+            return SleepErrorCode.UNSUPPORTED, (
+                "sleep mode runs one runner: not with tensor_parallel_size > 1 or disaggregation"
+            )
+        return None
+
+    def _sleep_refused(self, call_id: int, code: SleepErrorCode, message: str) -> SleepReply:
+        last = self._sleep
+        return SleepReply(
+            call_id=call_id, message=message, sleeping=last.sleeping, level=last.level, error=code
+        )
+
+    async def _sleep_call(self, command: Sleep | WakeUp) -> SleepReply:
+        await self._send(command.call_id, command)
+        reply = await self._wait(command.call_id)
+        assert isinstance(reply, SleepReply), reply
+        return reply
+
+    async def _update(self, command: UpdateWeights, abort_all_requests: bool) -> WeightsUpdated:
+        call_id = command.call_id
         self._updating = call_id  # until its reply, even if its caller leaves
         try:
             if abort_all_requests:
                 await self._abort_all("aborted for a weight update")
-            await self._send(call_id, UpdateWeights(call_id=call_id, model_path=model_path))
+            await self._send(call_id, command)
         except BaseException:
             self._updating = None  # never sent
             raise
@@ -141,7 +261,9 @@ class EngineAdmin:
             return WeightsErrorCode.BUSY, f"weight update {self._updating} has not ended yet"
         return None
 
-    async def _send(self, call_id: int, command: ResetPrefixCache | UpdateWeights) -> None:
+    async def _send(
+        self, call_id: int, command: ResetPrefixCache | UpdateWeights | Sleep | WakeUp
+    ) -> None:
         if self._stopped is not None or self._graph is None:
             raise EngineStopped(self._stopped or "the engine has not started")
         self._waiting[call_id] = anyio.Event()
@@ -162,8 +284,14 @@ class EngineAdmin:
         return reply
 
     def _on_reply(self, reply: EngineCallsInbox) -> None:
-        if isinstance(reply, WeightsUpdated):
+        if isinstance(reply, SleepReply):
             call_ids: tuple[int, ...] = (reply.call_id,)
+            if reply.error is None or reply.error == SleepErrorCode.FAILED:
+                self._sleep = reply  # the runner's state after it, whoever waits
+            log.info("sleep call ended", success=reply.success, message=reply.message,
+                     sleeping=[str(t) for t in reply.sleeping])  # fmt: skip
+        elif isinstance(reply, WeightsUpdated):
+            call_ids = (reply.call_id,)
             if self._updating == reply.call_id:
                 self._updating = None
             log.info("weight update ended", success=reply.success, message=reply.message,

@@ -98,6 +98,7 @@ class KVCache:
         self._cpu_shape = (config.num_layers, shape[1], num_cpu_blocks, *shape[3:])
         self._cpu: torch.Tensor | None = None
         self._dtype = store
+        self._num_bytes = self.gpu.untyped_storage().nbytes()  # kept across free()
         self.num_gpu_blocks = num_gpu_blocks
         self.num_cpu_blocks = num_cpu_blocks
         self.block_size = block_size
@@ -115,6 +116,27 @@ class KVCache:
             _ = self.cpu
             self._stage = torch.empty(0, dtype=store, pin_memory=True)
             self._staged = torch.cuda.Event()  # type: ignore[no-untyped-call]
+
+    def free(self) -> int:
+        """Give both pools' memory back (sleep mode, gpu/sleep_mode.py): the device pool's
+        storage shrinks to nothing (every per-layer view keeps its identity and shape), the swap
+        pool and staging buffer are dropped. Their contents are gone. The bytes freed."""
+        storage = self.gpu.untyped_storage()
+        freed = storage.nbytes() + self.swap_pool_bytes
+        storage.resize_(0)
+        self._cpu = None
+        if self.device.type == "cuda":
+            self._staged.synchronize()
+            self._stage = torch.empty(0, dtype=self._dtype, pin_memory=True)
+        return freed
+
+    def reallocate(self) -> None:
+        """The pools again after free(), the same size, as __init__ makes them (the storage
+        lives at a new address: CUDA graphs that read the old one are captured again)."""
+        self.gpu.untyped_storage().resize_(self._num_bytes)
+        if self.device.type == "cuda":
+            self.gpu.zero_()  # as at start: graph padding rows read block 0
+            _ = self.cpu
 
     def reset_scales(self) -> None:
         """Unset the fp8 scales (after warm-up forwards over made-up data)."""

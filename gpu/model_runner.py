@@ -36,17 +36,12 @@ from troupe.gpu.sampler import (
 )
 from troupe.gpu.sampling_batch import SamplingBatches
 from troupe.gpu.scored_forward import Classifier, ScoredForward
+from troupe.gpu.sleep_mode import ModelSleeper
 from troupe.gpu.spec_verify import verify_proposals
 from troupe.gpu.step_inputs import StepInputs, build_step_inputs, streaming_inputs
 from troupe.gpu.token_bitmask import BitmaskUpload
 from troupe.gpu.weight_update import WeightReload
-from troupe.messages import (
-    SampledToken,
-    SeqWork,
-    StepPlan,
-    TokenLogprob,
-    TokenMasks,
-)
+from troupe.messages import SampledToken, SeqWork, StepPlan, TokenLogprob, TokenMasks
 from troupe.request_seeds import SeedSource
 
 __all__ = ["ModelRunner", "RunnerOptions", "kv_dtype"]  # the options live in runner_setup.py
@@ -126,6 +121,8 @@ class ModelRunner:
             max_model_len=options.max_model_len,
         )
         self._logits_hook = logits_hook
+        quiesce = (self._overlap.discard, self._ahead.discard)  # steps launched ahead
+        self.sleeper = ModelSleeper(model, self.kv, options, self._pass, self.weights, quiesce)
         self.kv.reset_scales()  # graph captures wrote made-up KV: the first real write sets them
         max_rows = options.max_num_seqs * (1 + options.num_speculative_tokens)  # verifications
         warm_up_draw(config.vocab_size, self.device, model.logits_dtype, max_rows)  # not mid-step

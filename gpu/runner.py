@@ -10,6 +10,7 @@ from troupe.config import EngineConfig
 from troupe.messages import FailedSeq, PromptLogprobs, SampledToken, StepPlan, TokenMasks
 from troupe.messages.engine_calls import WeightsErrorCode
 from troupe.messages.pooling import Pooled
+from troupe.messages.sleep_calls import SleepTag
 
 if TYPE_CHECKING:  # torch: a fake-runner engine never imports it
     from troupe.gpu.lora_runtime import LoraRuntime
@@ -138,12 +139,50 @@ class ReloadsWeights(Protocol):
     def weights(self) -> WeightReload: ...
 
 
+class Sleeper(Protocol):
+    """Gives a runner's device memory back and takes it again (sleep mode: gpu/sleep_mode.py,
+    gpu/fake_sleep.py). Called between steps, with no request live."""
+
+    @property
+    def sleeping(self) -> tuple[SleepTag, ...]:
+        """What sleeps now (in ALL_TAGS order); () when awake."""
+        ...
+
+    @property
+    def level(self) -> int:
+        """The level of the sleep under way; 0 when awake."""
+        ...
+
+    def sleep(self, level: int) -> str:
+        """Level 1: weights to CPU memory; 2: weights dropped; both: the KV pools dropped
+        (their contents too). What was freed."""
+        ...
+
+    def wake_up(self, tags: tuple[SleepTag, ...]) -> str:
+        """Bring back the sleeping `tags` (each asleep): weights (level 1 their values, level
+        2 memory for new ones), the KV pools (empty). What was allocated."""
+        ...
+
+
+@runtime_checkable
+class SleepsRunner(Protocol):
+    """A runner with sleep mode (EngineConfig.enable_sleep_mode)."""
+
+    @property
+    def sleeper(self) -> Sleeper: ...
+
+
 def build_runner(config: EngineConfig) -> Runner:
     """The runner the config asks for. Imports lazily: the fake runner needs no torch model."""
     if config.runner == "fake":
         from troupe.gpu.fake_runner import FakeRunner
 
-        return FakeRunner.from_config(config)
+        fake = FakeRunner.from_config(config)
+        if config.enable_sleep_mode:  # the fake model's KV dropped and brought back
+            from troupe.gpu.fake_sleep import SleepyFakeRunner
+
+            return SleepyFakeRunner(fake)
+        return fake
     if config.tensor_parallel_size > 1:  # one worker process per rank (gpu/tp_runner.py)
         from troupe.gpu.tp_runner import TPRunner
 

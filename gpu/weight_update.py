@@ -1,5 +1,5 @@
-"""New weights for the served model, copied in place (Engine.update_weights_from_disk; SGLang's
-/update_weights_from_disk, vLLM's reload through collective_rpc).
+"""New weights for the served model, copied in place (Engine.update_weights_from_disk and
+update_weights_from_tensors; SGLang's names, vLLM's reload through collective_rpc).
 
 Every parameter keeps its tensor, so CUDA graphs that captured their addresses replay the new
 values, and nothing is allocated on the device. All is checked before anything is copied:
@@ -16,11 +16,18 @@ values, and nothing is allocated on the device. All is checked before anything i
 Then each parameter is copied from the shadow (host memory: one copy of the model) into the
 served one. The caller (the executor, between steps, with no request running) resets the prefix
 cache afterwards: its KV was computed with the old weights. The tokenizer is not reloaded.
+
+From tensors (an RL trainer's, in the engine's process): the engine stages them here under its
+call id (`stage`, from the event loop's thread) and the executor's thread takes them
+(`from_staged`); they go through the same shadow, so names, shapes and dtypes are checked the
+same way, and every weight must be given. Weights asleep (gpu/sleep_mode.py) take no update.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import threading
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
@@ -32,6 +39,7 @@ from troupe.gpu.weights import build_model, iter_hf_tensors, safetensors_files
 from troupe.messages.engine_calls import WeightsErrorCode
 
 PLAIN_DTYPES = ("F32", "F16", "BF16")  # safetensors' names of the dtypes copied as they are
+_PLAIN_TORCH = (torch.float32, torch.float16, torch.bfloat16)  # ... and torch's
 _SHADOW_POSITIONS = 8  # the shadow never runs: its rotary table needs no length
 
 
@@ -41,12 +49,56 @@ class WeightReload:
     def __init__(self, model: DecoderModel, config: ModelConfig) -> None:
         self.model = model
         self.config = config
+        self.asleep: str | None = None  # why no update is taken now (gpu/sleep_mode.py)
+        self._staged: dict[int, list[tuple[str, torch.Tensor]]] = {}
+        self._lock = threading.Lock()  # staged on the event loop, taken by the executor
 
     def from_disk(self, path: str) -> str:
         """Copy the checkpoint in folder `path` into the model; what was copied. Raises
         WeightsRefused naming what does not match, with nothing copied."""
+        self._check_awake()
         folder = Path(path)
-        shadow = self._read(folder)
+        return self._copy(self._read(folder), str(folder))
+
+    def stage(self, call_id: int, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Keep HF-named tensors for update call `call_id` (from_staged takes them)."""
+        with self._lock:
+            self._staged[call_id] = list(named_tensors)
+
+    def unstage(self, call_id: int) -> None:
+        """Forget what call `call_id` staged (it ended, or never reached the executor)."""
+        with self._lock:
+            self._staged.pop(call_id, None)
+
+    def from_staged(self, call_id: int) -> str:
+        """Copy the tensors staged for `call_id` into the model, checked as from_disk's."""
+        with self._lock:
+            named = self._staged.pop(call_id, None)
+        if named is None:
+            raise WeightsRefused(f"no tensors were staged for update {call_id}")
+        self._check_awake()
+        for name, tensor in named:
+            if not isinstance(tensor, torch.Tensor) or tensor.dtype not in _PLAIN_TORCH:
+                what = tensor.dtype if isinstance(tensor, torch.Tensor) else type(tensor).__name__
+                raise WeightsRefused(
+                    f"tensor {name!r} is {what}; an update takes float32, float16 or bfloat16 "
+                    "tensors only"
+                )
+        source = f"{len(named)} tensors"
+        cpu = ((name, t.detach().to("cpu")) for name, t in named)
+        try:
+            shadow = build_model(
+                self.config, cpu, self.model.dtype, torch.device("cpu"), _SHADOW_POSITIONS, source
+            )
+        except ModelLoadError as exc:
+            raise WeightsRefused(f"named_tensors: {exc}") from exc
+        return self._copy(shadow, source)
+
+    def _check_awake(self) -> None:
+        if self.asleep is not None:
+            raise WeightsRefused(self.asleep, WeightsErrorCode.UNSUPPORTED)
+
+    def _copy(self, shadow: DecoderModel, source: str) -> str:
         pairs = self._pair(shadow)
         num_bytes = 0
         with torch.inference_mode():
@@ -55,7 +107,7 @@ class WeightReload:
                 num_bytes += served.numel() * served.element_size()
         if self.model.device.type == "cuda":
             torch.cuda.synchronize(self.model.device)  # copied before the shadow is freed
-        return f"copied {len(pairs)} tensors ({num_bytes / 2**20:.1f} MiB) from {folder}"
+        return f"copied {len(pairs)} tensors ({num_bytes / 2**20:.1f} MiB) from {source}"
 
     def _read(self, folder: Path) -> DecoderModel:
         if not folder.is_dir():

@@ -111,3 +111,11 @@ class Timings(msgspec.Struct, frozen=True, kw_only=True):
     ttft: float | None  # arrival to first token
     tpot: float | None  # mean time per output token after the first
     e2e: float  # arrival to the terminal event
+
+
+class CacheDropped(msgspec.Struct, frozen=True, kw_only=True):
+    """In an AllocationResult: the batch's DropCachedBlocks forgot these cached blocks (and in
+    the replies of the engine's calls that reset the prefix cache)."""
+
+    num_gpu_blocks: int
+    num_cpu_blocks: int

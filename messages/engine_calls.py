@@ -17,6 +17,8 @@ from __future__ import annotations
 import enum
 
 import msgspec
+from troupe.messages.common import CacheDropped as CacheDropped  # its home: common.py
+from troupe.messages.sleep_calls import SleepReply
 
 
 class ResetPrefixCache(msgspec.Struct, frozen=True, kw_only=True, tag=True):
@@ -28,17 +30,13 @@ class ResetPrefixCache(msgspec.Struct, frozen=True, kw_only=True, tag=True):
 class UpdateWeights(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     """Copy the weights of the checkpoint in folder `model_path` (the served model's
     architecture, shapes and dtype) into the model's own tensors, then reset the prefix cache.
-    To the scheduler from the engine, then to the executor once no request it took runs."""
+    To the scheduler from the engine, then to the executor once no request it took runs.
+    `from_tensors`: the tensors the engine staged in the runner under this call id instead
+    (Engine.update_weights_from_tensors; gpu/weight_update.WeightReload.stage)."""
 
     call_id: int
     model_path: str
-
-
-class CacheDropped(msgspec.Struct, frozen=True, kw_only=True):
-    """In an AllocationResult: the batch's DropCachedBlocks forgot these cached blocks."""
-
-    num_gpu_blocks: int
-    num_cpu_blocks: int
+    from_tensors: bool = False
 
 
 class PrefixCacheReset(msgspec.Struct, frozen=True, kw_only=True, tag=True):
@@ -85,4 +83,4 @@ class WeightsUpdated(msgspec.Struct, frozen=True, kw_only=True, tag=True):
         return self.error is None
 
 
-EngineCallsInbox = PrefixCacheReset | WeightsUpdated
+EngineCallsInbox = PrefixCacheReset | WeightsUpdated | SleepReply  # sleep: sleep_calls.py

@@ -16,6 +16,7 @@ from typing import Any
 
 import structlog
 from troupe.actors.core.base import Outgoing
+from troupe.actors.core.executor_sleep import from_staged, run_sleep_call, sleeper_of
 from troupe.gpu.runner import HiddenOutputs, Runner, SequencesFailed, WeightsRefused
 from troupe.gpu.runner_dead import runner_dead
 from troupe.gpu.token_bitmask import join_masks
@@ -32,6 +33,7 @@ from troupe.messages import (
     TokenMasks,
 )
 from troupe.messages.engine_calls import UpdateWeights, WeightsErrorCode, WeightsLoaded
+from troupe.messages.sleep_calls import Sleep, WakeUp
 
 log = structlog.get_logger("troupe.executor")
 
@@ -39,9 +41,9 @@ _Ran = tuple[StepResult, TokenMasks | None]  # a step's result and the masks it 
 
 
 class ExecutorCore:
-    """Inbox: StepPlan, TokenMasks, UpdateWeights. Outbox: "scheduler" (StepResult; "phase_router"
-    with disaggregation; WeightsLoaded), "grammar" (GrammarTokens, one per step sampled under
-    masks).
+    """Inbox: StepPlan, TokenMasks, UpdateWeights, Sleep, WakeUp. Outbox: "scheduler"
+    (StepResult; "phase_router" with disaggregation; WeightsLoaded, SleepDone), "grammar"
+    (GrammarTokens, one per step sampled under masks).
 
     A runner exception fails only that step: the scheduler turns the error into Failed events
     for the step's requests and the engine keeps serving the others. A sequence the runner
@@ -68,6 +70,7 @@ class ExecutorCore:
         UpdateWeights (None: refused), which the scheduler sends only with no step out."""
         self.runner = runner
         self._reload_weights = reload_weights
+        self._sleeper = sleeper_of(runner)  # sleep mode (actors/core/executor_sleep.py)
         self.phase = phase
         self._draw_ahead = draw_ahead
         self._clock = clock
@@ -82,6 +85,9 @@ class ExecutorCore:
         for msg in batch:
             if isinstance(msg, UpdateWeights):
                 out.append(("scheduler", self._update_weights(msg)))
+                continue
+            if isinstance(msg, Sleep | WakeUp):  # no step out (the scheduler sends it so)
+                out.append(("scheduler", run_sleep_call(self._sleeper, msg)))
                 continue
             start = time.perf_counter()
             ran = self._on_masks(msg) if isinstance(msg, TokenMasks) else self._on_plan(msg)
@@ -176,7 +182,10 @@ class ExecutorCore:
                 call_id=call_id, message=message, error=WeightsErrorCode.UNSUPPORTED
             )
         try:
-            message = self._reload_weights(msg.model_path)
+            if msg.from_tensors:  # staged by the engine (Engine.update_weights_from_tensors)
+                message = from_staged(self.runner, call_id)
+            else:
+                message = self._reload_weights(msg.model_path)
         except WeightsRefused as exc:
             log.warning("weight update refused", model_path=msg.model_path, reason=str(exc))
             return WeightsLoaded(call_id=call_id, message=str(exc), error=exc.code)

@@ -48,20 +48,23 @@ from troupe.messages.scheduler import (
     StepResult,
     StopRequests,
 )
+from troupe.messages.sleep_calls import Sleep, SleepDone, WakeUp
 from troupe.messages.streamer import SeqOutput, TokenBatch
 from troupe.messages.tokenizer import AbortRequest
 from troupe.policies.preemption import make_preemption_policy
 from troupe.policies.queue import make_queue_policy
 
 log = structlog.get_logger("troupe.scheduler")
-Phase = Literal["idle", "allocating", "stepping", "updating"]  # updating: weights (engine_calls)
+# updating: the executor runs an engine call (weights, sleep, wake_up: engine_calls.py)
+Phase = Literal["idle", "allocating", "stepping", "updating"]
 ABORT, ERROR = FinishReason.ABORT, FinishReason.ERROR
 
 
 class SchedulerCore:
     """Inbox: AdmittedRequest, AbortRequest, StopRequests, AllocationResult, StepResult, LateTokens,
-    and the engine's calls (ResetPrefixCache, UpdateWeights; WeightsLoaded from the executor).
-    Outboxes: "allocator" (AllocateBatch), "executor" (StepPlan, UpdateWeights), "streamer"
+    and the engine's calls (ResetPrefixCache, UpdateWeights, Sleep, WakeUp; WeightsLoaded and
+    SleepDone from the executor). Outboxes: "allocator" (AllocateBatch), "executor" (StepPlan,
+    UpdateWeights, Sleep, WakeUp), "streamer"
     (TokenBatch), "grammar" (ComputeMasks, for steps that sample constrained requests:
     grammar_feed.py), "engine" (the engine calls' replies: engine_calls.py).
 
@@ -104,10 +107,13 @@ class SchedulerCore:
 
     def handle(self, batch: Sequence[SchedulerInbox]) -> Outgoing:
         out: Outgoing = []
+        is_held = False  # a request held aside: the stats show it waiting
         for msg in batch:
             match msg:
                 case AdmittedRequest():
-                    if not self.calls.hold(msg):
+                    if self.calls.hold(msg):
+                        is_held = True
+                    else:
                         self.add(msg)
                 case AbortRequest():
                     self.abort(msg.request_id, msg.reason)
@@ -131,12 +137,12 @@ class SchedulerCore:
                     self._pending += land_tokens(msg, self.queues)
                 case ResetPrefixCache():
                     self.calls.reset(msg)
-                case UpdateWeights():
-                    if (busy := self.calls.begin(msg)) is not None:
-                        out.append(("engine", busy))
-                case WeightsLoaded():
+                case UpdateWeights() | Sleep() | WakeUp():
+                    if (refused := self.calls.begin(msg, self.requests.keys())) is not None:
+                        out.append(("engine", refused))
+                case WeightsLoaded() | SleepDone():
                     if self.phase != "updating":
-                        raise ValueError(f"scheduler: WeightsLoaded while {self.phase}")
+                        raise ValueError(f"scheduler: {type(msg).__name__} while {self.phase}")
                     self.phase = "idle"
                     if (reply := self.calls.loaded(msg)) is not None:  # nothing was copied
                         out.append(("engine", reply))
@@ -144,7 +150,7 @@ class SchedulerCore:
                             self.add(held)
                 case _:
                     raise ValueError(f"scheduler: unexpected message {type(msg).__name__}")
-        if self._pending:
+        if self._pending or is_held:
             out.append(("streamer", self.stats_batch()))
         if self.phase == "idle":
             if (update := self.calls.to_load(len(self.requests))) is not None:
@@ -178,7 +184,7 @@ class SchedulerCore:
 
     def abort(self, request_id: str, reason: str | None = "aborted") -> None:
         """End a request wherever it is (reason None: silently); unknown ids are ignored (races)."""
-        if self.calls.held.pop(request_id, None) is not None:  # held aside by a weight update
+        if self.calls.held.pop(request_id, None) is not None:  # held aside by an engine call
             cached = 0
         elif (req := self.requests.get(request_id)) is not None:
             self.queues.finish(req)
@@ -227,7 +233,7 @@ class SchedulerCore:
     def stats(self) -> EngineStats:
         """A snapshot of pools (as of the last AllocationResult), queues and counters."""
         stats = engine_stats(self.pools, self.planner, self.num_cpu_blocks, self.num_steps)
-        if self.calls.held:  # held aside by a weight update: they wait too
+        if self.calls.held:  # held aside by an engine call or a sleep: they wait too
             return msgspec.structs.replace(
                 stats, num_waiting=stats.num_waiting + len(self.calls.held)
             )
