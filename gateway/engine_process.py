@@ -244,6 +244,8 @@ def _adapters_of(engine: Engine) -> tuple[LoraAdapter, ...]:
 def _prompt_of(request: GenerateRequest) -> PromptInput:
     if request.prompt is not None:
         return request.prompt
+    if request.prompt_embeds is not None:  # the rows crossed as bytes (PromptEmbeds)
+        return request.prompt_embeds
     if request.messages is not None:
         return ChatPrompt(
             messages=request.messages,

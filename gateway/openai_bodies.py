@@ -91,7 +91,11 @@ class _Common(StructuredFields, kw_only=True):
 
 class CompletionBody(_Common, kw_only=True):
     # One prompt: text, token ids, or a list holding one of those (checked after decoding).
-    prompt: str | list[str | int | list[int]]
+    # May be left out when prompt_embeds is given (one of the two is required).
+    prompt: str | list[str | int | list[int]] | None = None
+    # vLLM's (--enable-prompt-embeds): base64 of torch.save'd [seq_len, hidden_size] tensors,
+    # each a prompt of its own, run before `prompt`'s (gateway/prompt_embeds_body.py)
+    prompt_embeds: str | list[str] | None = None
     logprobs: int | None = None
     echo: bool | None = None
     best_of: int | None = None

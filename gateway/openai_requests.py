@@ -54,6 +54,9 @@ class OpenAIRequest:
     beam: BeamSearchParams | None = None  # use_beam_search: gateway/beam_routes.py answers
     # vLLM's return_tokens_as_token_ids as sent (None: the server's flag decides)
     tokens_as_ids: bool | None = None
+    # completions' prompt_embeds as sent (base64 of torch.save'd tensors; the route decodes
+    # them: gateway/prompt_embeds_body.py), each a prompt run before `prompts`, as vLLM orders
+    prompt_embeds: tuple[str, ...] = ()
 
     def with_lora(self, lora: str | None) -> OpenAIRequest:
         """This request on the LoRA adapter its `model` selects (gateway/served_models.py;
@@ -119,9 +122,11 @@ def parse_request(
     is_echo_only = False
     if body.prompt_logprobs is not None:
         kw["prompt_logprobs"] = body.prompt_logprobs
+    embeds: tuple[str, ...] = ()
     if isinstance(body, CompletionBody):
-        prompts = _completion_prompts(body.prompt)
-        prompt = prompts[0]
+        embeds = _embeds_prompts(body)
+        prompts = () if body.prompt is None else _completion_prompts(body.prompt)
+        prompt = prompts[0] if prompts else ""
         echo = prompts[0] if body.echo else None
         if body.echo and requested == 0:
             # vLLM's: the prompt alone; the engine runs one token that is not shown
@@ -180,7 +185,7 @@ def parse_request(
             "stream_options.continuous_usage_stats",
             "continuous_usage_stats needs include_usage: true",
         )
-    if continuous and len(prompts) > 1:
+    if continuous and len(prompts) + len(embeds) > 1:
         raise invalid(
             "stream_options.continuous_usage_stats",
             "continuous_usage_stats needs a single prompt (its chunks count one prompt's tokens)",
@@ -209,6 +214,7 @@ def parse_request(
         prompts=prompts,
         beam=beam,
         tokens_as_ids=body.return_tokens_as_token_ids,
+        prompt_embeds=embeds,
     )
 
 
@@ -266,6 +272,27 @@ def _refuse_unsupported(body: CompletionBody | ChatBody) -> None:
         if body.suffix:
             raise invalid("suffix", "suffix is not supported: leave it out")
         return
+
+
+def _embeds_prompts(body: CompletionBody) -> tuple[str, ...]:
+    """The body's prompt_embeds entries; what they cannot go with refused by name (vLLM
+    refuses echo and the prompt's logprobs there too: the rows have no tokens to show)."""
+    if body.prompt_embeds is None:
+        if body.prompt is None:
+            raise invalid("prompt", "one of prompt or prompt_embeds is required")
+        return ()
+    embeds = (body.prompt_embeds,) if isinstance(body.prompt_embeds, str) else body.prompt_embeds
+    if not embeds:
+        raise invalid("prompt_embeds", "prompt_embeds must not be an empty list")
+    refused = (
+        ("echo", bool(body.echo), "there is no prompt text to echo"),
+        ("prompt_logprobs", body.prompt_logprobs is not None, "its rows have no token ids"),
+        ("use_beam_search", body.use_beam_search, "beam search runs token-id prompts"),
+    )
+    for field, is_set, why in refused:
+        if is_set:
+            raise invalid(field, f"{field} cannot be used with prompt_embeds: {why}")
+    return tuple(embeds)
 
 
 def _completion_prompts(prompt: str | list[str | int | list[int]]) -> tuple[str | list[int], ...]:

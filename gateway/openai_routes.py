@@ -22,6 +22,7 @@ from troupe.gateway.openai_requests import Kind, OpenAIRequest, parse_request
 from troupe.gateway.openai_responses import ResponseBuilder
 from troupe.gateway.outbox import Outbox, Overflow
 from troupe.gateway.prompt_batch import batch_events, batch_usage
+from troupe.gateway.prompt_embeds_body import decoded_embeds, prompt_names
 from troupe.gateway.prompt_logprobs import Echo, PromptLogprobsSeen, echo_for
 from troupe.gateway.pump import pump
 from troupe.gateway.reasoning import ReasoningSplitter
@@ -37,6 +38,7 @@ from troupe.messages import (
     Delta,
     Failed,
     Finished,
+    PromptEmbeds,
     Rejected,
     StreamEvent,
     TokenLogprob,
@@ -93,7 +95,7 @@ async def _handle(request: web.Request, kind: Kind) -> web.StreamResponse:
     try:
         if req.beam is not None:  # vLLM's use_beam_search: answered when the beams are known
             return await beam_answer(request, engine, req, builder, call.echo)
-        events = _events(engine, req, builder.id)
+        events = _events(engine, call, builder.id)
         return await _stream(request, gateway, events, builder, req, call.echo, call.splitter)
     finally:
         gateway.stream_closed()
@@ -107,6 +109,7 @@ class _Call:
     builder: ResponseBuilder
     echo: Echo | None
     splitter: ReasoningSplitter | None  # chat with a reasoning parser
+    embeds: tuple[PromptEmbeds, ...] = ()  # completions' prompt_embeds, decoded
 
 
 async def _prepare(gateway: Gateway, kind: Kind, raw: bytes) -> _Call:
@@ -127,8 +130,10 @@ async def _prepare(gateway: Gateway, kind: Kind, raw: bytes) -> _Call:
     )
     served = gateway.served_models()
     req = req.with_lora(served.lora_for(req.model))
-    if len(req.prompts) > (limit := gateway.settings.max_prompts_per_request):
-        raise invalid("prompt", f"at most {limit} prompts per request, got {len(req.prompts)}")
+    num_prompts = len(req.prompts) + len(req.prompt_embeds)
+    if num_prompts > (limit := gateway.settings.max_prompts_per_request):
+        raise invalid("prompt", f"at most {limit} prompts per request, got {num_prompts}")
+    embeds = decoded_embeds(req.prompt_embeds, max_bytes=gateway.settings.max_body_bytes)
     prefix = "chatcmpl" if kind == "chat" else "cmpl"
     request_id = f"{prefix}-{uuid.uuid4().hex}"
     if req.user is not None:
@@ -155,7 +160,7 @@ async def _prepare(gateway: Gateway, kind: Kind, raw: bytes) -> _Call:
         parser = gateway.settings.reasoning_parser
         splitter, params = chat_reasoning(parser, engine.tokenizer, req.prompt, req.params)
         req = dataclasses.replace(req, params=params)
-    return _Call(req, builder, echo, splitter)
+    return _Call(req, builder, echo, splitter, embeds)
 
 
 def _tokens_as_ids(req: OpenAIRequest, gateway: Gateway) -> bool:
@@ -165,7 +170,12 @@ def _tokens_as_ids(req: OpenAIRequest, gateway: Gateway) -> bool:
     return gateway.settings.return_tokens_as_token_ids
 
 
-def _events(engine: EngineLike, req: OpenAIRequest, request_id: str) -> Any:
+def _events(engine: EngineLike, call: _Call, request_id: str) -> Any:
+    req = call.req
+    if call.embeds:  # each a prompt, before the text ones (vLLM's order)
+        names = prompt_names(len(call.embeds), len(req.prompts))
+        prompts = [*call.embeds, *req.prompts]
+        return batch_events(engine, prompts, req.params, request_id, names=names)
     if req.prompts:  # completions: one prompt or a batch of them
         return batch_events(engine, req.prompts, req.params, request_id)
     return engine.generate(req.prompt, req.params, request_id=request_id)
@@ -178,7 +188,7 @@ async def _answer(gateway: Gateway, call: _Call) -> dict[str, Any]:
     try:
         if req.beam is not None:  # vLLM's use_beam_search: answered when the beams are known
             return beam_body(builder, *await beam_result(engine, req, call.echo))
-        events = _events(engine, req, builder.id)
+        events = _events(engine, call, builder.id)
         return await _whole(events, builder, req, call.echo, call.splitter)
     finally:
         gateway.stream_closed()

@@ -23,7 +23,16 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import msgspec
-from troupe.messages import Aborted, Failed, Finished, Rejected, SamplingParams, StreamEvent, Usage
+from troupe.messages import (
+    Aborted,
+    Failed,
+    Finished,
+    PromptEmbeds,
+    Rejected,
+    SamplingParams,
+    StreamEvent,
+    Usage,
+)
 
 _DONE = object()  # a prompt's stream ended
 
@@ -48,7 +57,7 @@ def batch_usage(usages: Sequence[tuple[int, Usage]], n: int) -> Usage:
 
 async def batch_events(
     engine: Any,
-    prompts: Sequence[str | list[int]],
+    prompts: Sequence[str | list[int] | PromptEmbeds],
     params: SamplingParams,
     request_id: str,
     *,
@@ -115,8 +124,11 @@ async def batch_events(
 
 
 def _renamed(event: Rejected, named: str) -> Rejected:
-    # the engine names a prompt `prompt`, or `prompt_token_ids` when it came as token ids
-    renamed = named if event.field in ("prompt", "prompt_token_ids") else event.field
+    # the engine names a prompt `prompt`, `prompt_token_ids` when it came as token ids, or
+    # `prompt_embeds` (input embeddings)
+    renamed = (
+        named if event.field in ("prompt", "prompt_token_ids", "prompt_embeds") else event.field
+    )
     return msgspec.structs.replace(event, field=renamed, message=f"{named}: {event.message}")
 
 
