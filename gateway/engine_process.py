@@ -47,14 +47,17 @@ from troupe.messages.engine_protocol import (
     QueryGraphStats,
     ResetCache,
     Shutdown,
+    SleepEngine,
     StartFailed,
     Stopped,
     UnloadLora,
     UpdateWeightsFromDisk,
+    WakeEngine,
     encode_frame,
     frame_length,
     to_engine_decoder,
 )
+from troupe.messages.sleep_calls import SleepReply
 
 if TYPE_CHECKING:
     from troupe.actors.engine import Engine, PromptInput
@@ -184,7 +187,7 @@ async def _apply_commands(
                 task = asyncio.create_task(_answer_lora_call(engine, call, forwarder))
                 lora_calls.add(task)
                 task.add_done_callback(lora_calls.discard)
-            case ResetCache() | UpdateWeightsFromDisk() as call:  # an update waits: go on
+            case ResetCache() | UpdateWeightsFromDisk() | SleepEngine() | WakeEngine() as call:
                 task = asyncio.create_task(_answer_engine_call(engine, call, forwarder))
                 lora_calls.add(task)
                 task.add_done_callback(lora_calls.discard)
@@ -218,15 +221,22 @@ async def _answer_lora_call(
 
 
 async def _answer_engine_call(
-    engine: Engine, call: ResetCache | UpdateWeightsFromDisk, forwarder: EventForwarder
+    engine: Engine,
+    call: ResetCache | UpdateWeightsFromDisk | SleepEngine | WakeEngine,
+    forwarder: EventForwarder,
 ) -> None:
-    """Run one of the engine's calls (actors/engine_admin.py); reply with its answer."""
+    """Run one of the engine's calls (actors/engine_admin.py), in a task of its own (an
+    update or a sleep waits for the requests in flight); reply with its answer."""
     from troupe.actors.engine import EngineStopped
 
-    reply: PrefixCacheReset | WeightsUpdated
+    reply: PrefixCacheReset | WeightsUpdated | SleepReply
     try:
         if isinstance(call, ResetCache):
             reply = await engine.reset_prefix_cache()
+        elif isinstance(call, SleepEngine):
+            reply = await engine.sleep(call.level, mode=call.mode)
+        elif isinstance(call, WakeEngine):
+            reply = await engine.wake_up(call.tags or None)
         else:
             reply = await engine.update_weights_from_disk(
                 call.model_path, call.load_format, abort_all_requests=call.abort_all_requests
