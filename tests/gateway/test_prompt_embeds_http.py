@@ -90,7 +90,7 @@ def test_token_embeddings_answer_as_the_ids(srv: ServerThread, embedder: Any) ->
     assert by_rows["choices"][0]["text"] == by_ids["choices"][0]["text"]
     assert by_rows["usage"]["prompt_tokens"] == len(ids)
     # both fields: the embeddings' choice first, then the text's (vLLM's order); a bf16 tensor
-    other, other_rows = rows_of(srv, embedder, "Three primary colors are")
+    _, other_rows = rows_of(srv, embedder, "Three primary colors are")
     status, both = post(
         srv.url,
         {"prompt_embeds": [saved(other_rows.bfloat16())], "prompt": TEXT, **GREEDY},
