@@ -25,13 +25,14 @@ from aiohttp import web
 from troupe.actors.engine_stopped import EngineStopped
 from troupe.gateway.http_body import read_json_body
 from troupe.gateway.openai_bodies import decode_body
+from troupe.gateway.sleep_routes import SLEEP_PATHS, add_sleep_routes
 from troupe.gateway.state import GATEWAY
 from troupe.messages.engine_calls import WeightsErrorCode
 
 log = structlog.get_logger("troupe.gateway")
 
 RESET_PATH, UPDATE_PATH = "/reset_prefix_cache", "/update_weights_from_disk"
-ADMIN_PATHS = (RESET_PATH, UPDATE_PATH)
+ADMIN_PATHS = (RESET_PATH, UPDATE_PATH, *SLEEP_PATHS)  # sleep mode: gateway/sleep_routes.py
 _STATUS = {WeightsErrorCode.BUSY: 409}  # the rest: 400
 
 
@@ -43,8 +44,10 @@ class UpdateBody(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 
 def add_admin_routes(app: web.Application) -> None:
-    """The reset always; the update when the settings allow run-time weight updates."""
+    """The reset and sleep mode's routes always; the update when the settings allow run-time
+    weight updates."""
     app.router.add_post(RESET_PATH, reset_prefix_cache)
+    add_sleep_routes(app)
     if app[GATEWAY].settings.allow_runtime_weight_updating:
         app.router.add_post(UPDATE_PATH, update_weights_from_disk)
 

@@ -9,6 +9,7 @@ from troupe.messages import EngineStats, SamplingParams, StreamEvent
 from troupe.messages.engine_calls import PrefixCacheReset, WeightsUpdated
 from troupe.messages.graph_stats import GraphStats
 from troupe.messages.sampling_defaults import SamplingDefaults
+from troupe.messages.sleep_calls import SleepMode, SleepReply
 
 Prompt = str | Sequence[Mapping[str, Any]] | Sequence[int]
 
@@ -110,3 +111,10 @@ class EngineLike(Protocol):
     async def update_weights_from_disk(
         self, model_path: str, load_format: str | None = None, *, abort_all_requests: bool = False
     ) -> WeightsUpdated: ...
+
+    # sleep mode (messages/sleep_calls.py; gateway/sleep_routes.py)
+    async def sleep(self, level: int = 1, *, mode: SleepMode = "refuse") -> SleepReply: ...
+
+    async def wake_up(self, tags: Sequence[str] | None = None) -> SleepReply: ...
+
+    async def is_sleeping(self) -> bool: ...

@@ -3,15 +3,17 @@ in the child process (gateway/remote_engine.py).
 
     reset_prefix_cache()           ──► ResetCache(call_id)            the child runs each in a
     update_weights_from_disk(...)  ──► UpdateWeightsFromDisk(call_id) task of its own
+    sleep(...) / wake_up(...)      ──► SleepEngine / WakeEngine(call_id)
                                    ◄── EngineCallReply(call_id)       the engine's reply, or
                                                                       that it stopped first
 
 A call raises what the in-process Engine raises (EngineStopped) and returns what it returns.
+is_sleeping() answers from the last sleep or wake_up reply: they all go through here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from troupe.actors.engine_stopped import EngineStopped
 from troupe.gateway.pending_calls import PendingCalls
@@ -19,9 +21,14 @@ from troupe.messages.engine_calls import PrefixCacheReset, WeightsUpdated
 from troupe.messages.engine_protocol import (
     EngineCallReply,
     ResetCache,
+    SleepEngine,
     ToEngine,
     UpdateWeightsFromDisk,
+    WakeEngine,
 )
+from troupe.messages.sleep_calls import SleepErrorCode, SleepMode, SleepReply
+
+_Call = ResetCache | UpdateWeightsFromDisk | SleepEngine | WakeEngine
 
 
 class RemoteAdmin:
@@ -29,6 +36,7 @@ class RemoteAdmin:
 
     def __init__(self, send: Callable[[ToEngine], None]) -> None:
         self._calls: PendingCalls[EngineCallReply] = PendingCalls(send)
+        self._is_sleeping = False  # as the last sleep or wake_up that changed it said
 
     async def reset_prefix_cache(self) -> PrefixCacheReset:
         reply = await self._call(lambda call_id: ResetCache(call_id=call_id))
@@ -49,6 +57,26 @@ class RemoteAdmin:
         assert isinstance(reply, WeightsUpdated), reply
         return reply
 
+    async def sleep(self, level: int = 1, *, mode: SleepMode = "refuse") -> SleepReply:
+        reply = await self._call(
+            lambda call_id: SleepEngine(call_id=call_id, level=level, mode=mode)
+        )
+        return self._slept(reply)
+
+    async def wake_up(self, tags: Sequence[str] | None = None) -> SleepReply:
+        given = (tags,) if isinstance(tags, str) else tuple(tags or ())
+        reply = await self._call(lambda call_id: WakeEngine(call_id=call_id, tags=given))
+        return self._slept(reply)
+
+    async def is_sleeping(self) -> bool:
+        return self._is_sleeping
+
+    def _slept(self, reply: object) -> SleepReply:
+        assert isinstance(reply, SleepReply), reply
+        if reply.error is None or reply.error == SleepErrorCode.FAILED:
+            self._is_sleeping = reply.is_sleeping
+        return reply
+
     def on_reply(self, reply: EngineCallReply) -> None:
         self._calls.answer(reply.call_id, reply)
 
@@ -57,8 +85,8 @@ class RemoteAdmin:
         self._calls.stop(why)
 
     async def _call(
-        self, make: Callable[[int], ResetCache | UpdateWeightsFromDisk]
-    ) -> PrefixCacheReset | WeightsUpdated:
+        self, make: Callable[[int], _Call]
+    ) -> PrefixCacheReset | WeightsUpdated | SleepReply:
         answer = await self._calls.call(make)
         if answer.reply is None:
             raise EngineStopped(answer.stopped or "the engine stopped")

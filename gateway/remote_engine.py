@@ -101,6 +101,8 @@ class RemoteEngine(asyncio.Protocol):
         self.admin = RemoteAdmin(self._send)  # the engine's calls beside requests, by call id
         self.reset_prefix_cache = self.admin.reset_prefix_cache
         self.update_weights_from_disk = self.admin.update_weights_from_disk
+        self.sleep, self.wake_up = self.admin.sleep, self.admin.wake_up  # sleep mode
+        self.is_sleeping = self.admin.is_sleeping
 
     # -- the EngineLike slice ----------------------------------------------------------------
 

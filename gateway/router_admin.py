@@ -2,7 +2,10 @@
 
     POST /reset_prefix_cache         sent to every replica that is up, all at once (each
     POST /update_weights_from_disk   engine owns its cache and weights); a replica that is
-                                     down counts as failed (503) and gets nothing
+    POST /sleep, POST /wake_up       down counts as failed (503) and gets nothing (sleep mode:
+                                     the query string goes along)
+    GET  /is_sleeping                {"is_sleeping": whether any up replica sleeps, "replicas":
+                                     each one's answer by URL}
 
          all 200   {"success": true, "message": the first replica's, "replicas": N, and the
                    blocks dropped / requests paused summed over them}
@@ -17,15 +20,18 @@ were emptied, and a stale tree only costs a routing choice.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
 from aiohttp import web
 from troupe.gateway.admin_routes import RESET_PATH, UPDATE_PATH
-from troupe.gateway.router_answers import ReplicaAnswer
+from troupe.gateway.router_answers import READ_ERRORS, ReplicaAnswer
 
 # one fan-out for every call that all replicas must see (LoRA loads, these)
 from troupe.gateway.router_loras import _post_everywhere
+from troupe.gateway.router_proxy import ROUTER, SESSION
+from troupe.gateway.sleep_routes import IS_SLEEPING_PATH, SLEEP_PATH, WAKE_UP_PATH
 
 _SUMMED = ("num_gpu_blocks_dropped", "num_cpu_blocks_dropped", "num_paused_requests")
 
@@ -33,15 +39,20 @@ _SUMMED = ("num_gpu_blocks_dropped", "num_cpu_blocks_dropped", "num_paused_reque
 def add_admin_routes(app: web.Application) -> None:
     app.router.add_post(RESET_PATH, fan_out)
     app.router.add_post(UPDATE_PATH, fan_out)
+    app.router.add_post(SLEEP_PATH, fan_out)
+    app.router.add_post(WAKE_UP_PATH, fan_out)
+    app.router.add_get(IS_SLEEPING_PATH, is_sleeping)
 
 
 async def fan_out(request: web.Request) -> web.Response:
     path = request.path
-    answers = await _post_everywhere(request, path, await request.read())
+    answers = await _post_everywhere(request, request.path_qs, await request.read())
     bodies = [_body(a) for a in answers]
     if all(a.is_ok for a in answers):
         summed = {k: sum(int(b.get(k, 0)) for b in bodies) for k in _SUMMED if k in bodies[0]}
         message = f"{bodies[0].get('message', '')} (on each of {len(answers)} replicas)"
+        if "is_sleeping" in bodies[0]:  # sleep mode: asleep where any replica sleeps
+            summed["is_sleeping"] = any(bool(b.get("is_sleeping")) for b in bodies)
         return _answer(200, True, message, replicas=len(answers), **summed)
     failed = [(a, b) for a, b in zip(answers, bodies, strict=True) if not a.is_ok]
     what = "; ".join(f"{a.url} answered {a.status}: {_why(a, b)}" for a, b in failed)
@@ -53,6 +64,25 @@ async def fan_out(request: web.Request) -> web.Response:
     if ok and path == UPDATE_PATH:
         message += " (those now serve the new weights, the others the old: call it again)"
     return _answer(failed[0][0].status, False, message, replicas=len(answers))
+
+
+async def is_sleeping(request: web.Request) -> web.Response:
+    """Each up replica's GET /is_sleeping; sleeping when any of them is."""
+    replicas, session = request.app[ROUTER], request.app[SESSION]
+    headers = {k: v for k, v in request.headers.items() if k == "Authorization"}
+
+    async def ask(url: str) -> bool | None:
+        try:
+            async with session.get(f"{url}{IS_SLEEPING_PATH}", headers=headers) as resp:
+                body = await resp.json() if resp.status == 200 else {}
+        except (*READ_ERRORS, ValueError):
+            return None
+        value = body.get("is_sleeping") if isinstance(body, dict) else None
+        return value if isinstance(value, bool) else None
+
+    up = [r.url for r in replicas.replicas if r.is_up]
+    answers = dict(zip(up, await asyncio.gather(*(ask(u) for u in up)), strict=True))
+    return web.json_response({"is_sleeping": any(answers.values()), "replicas": answers})
 
 
 def _body(answer: ReplicaAnswer) -> dict[str, Any]:

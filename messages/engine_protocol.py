@@ -16,6 +16,7 @@ delivered together (one scheduling step), never one frame per token.
        │ QueryGraphStats ──► GraphStatsReply      │  on demand (the live view), in order
        │ LoadLora | UnloadLora ──► LoraReply      │  by call_id, as each one ends
        │ ResetCache | UpdateWeightsFromDisk       │  the engine's calls (actors/engine_admin.py)
+       │ | SleepEngine | WakeEngine               │  (sleep mode: messages/sleep_calls.py)
        │                ──► EngineCallReply       │  by call_id, as each one ends
        │ Shutdown (or the socket closes)          │
        │ ───────────────────────────────────────► │
@@ -34,6 +35,7 @@ from troupe.messages.engine_calls import PrefixCacheReset, WeightsUpdated
 from troupe.messages.events import EngineStats, StreamEvent
 from troupe.messages.graph_stats import GraphStats
 from troupe.messages.sampling_defaults import SamplingDefaults
+from troupe.messages.sleep_calls import SleepMode, SleepReply
 from troupe.messages.tokenizer import GenerateRequest
 
 _LEN = struct.Struct(">I")
@@ -101,6 +103,21 @@ class UpdateWeightsFromDisk(msgspec.Struct, frozen=True, kw_only=True, tag=True)
     abort_all_requests: bool = False
 
 
+class SleepEngine(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """`engine.sleep(level, mode=...)`; answered by an EngineCallReply of the same call_id."""
+
+    call_id: int
+    level: int
+    mode: SleepMode = "refuse"
+
+
+class WakeEngine(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """`engine.wake_up(tags)` (empty: all); answered by an EngineCallReply of the same call_id."""
+
+    call_id: int
+    tags: tuple[str, ...] = ()  # as the caller gave them: the engine checks them
+
+
 ToEngine = (
     Generate
     | Abort
@@ -111,6 +128,8 @@ ToEngine = (
     | UnloadLora
     | ResetCache
     | UpdateWeightsFromDisk
+    | SleepEngine
+    | WakeEngine
 )
 
 
@@ -164,7 +183,7 @@ class EngineCallReply(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     none (`stopped`: the engine stopped first; the gateway raises EngineStopped)."""
 
     call_id: int
-    reply: PrefixCacheReset | WeightsUpdated | None = None
+    reply: PrefixCacheReset | WeightsUpdated | SleepReply | None = None
     stopped: str | None = None
 
 
