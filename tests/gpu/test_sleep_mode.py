@@ -21,6 +21,8 @@ from troupe.messages.sleep_calls import SleepTag
 from tests.gpu.conftest import add_word_tokenizer
 
 PROMPT = [(7 * j + 3) % 256 for j in range(21)]
+# on CUDA the steps replay graphs, captured again on waking (their old addresses are gone)
+DEVICES = [pytest.param("cpu"), pytest.param("cuda", marks=pytest.mark.gpu)]
 MAX_TOKENS = 8
 
 
@@ -37,9 +39,9 @@ def folders(tmp_path: Path, mt: SimpleNamespace) -> dict[str, tuple[Path, Any]]:
     return made
 
 
-def _config(folder: Path) -> EngineConfig:
+def _config(folder: Path, device: str = "cpu") -> EngineConfig:
     return EngineConfig(
-        device="cpu",
+        device=device,  # type: ignore[arg-type]
         model=str(folder),
         dtype="float32",
         block_size=4,
@@ -80,14 +82,15 @@ def test_the_runner_frees_and_restores_its_storages(
     assert driver.seqs["r"].output == mt.hf_greedy(hf_a, PROMPT, MAX_TOKENS)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 def test_level_1_wakes_to_the_same_output(
-    folders: dict[str, tuple[Path, Any]], mt: SimpleNamespace
+    folders: dict[str, tuple[Path, Any]], mt: SimpleNamespace, device: str
 ) -> None:
     (a, hf_a) = folders["a"]
     seen: dict[str, Any] = {}
 
     async def main() -> None:
-        async with Engine.open(_config(a)) as engine:
+        async with Engine.open(_config(a, device)) as engine:
             seen["before"] = await _tokens(engine)
             seen["sleep"] = await engine.sleep(1)
             seen["refused"] = await engine.update_weights_from_disk(str(a))
@@ -99,18 +102,23 @@ def test_level_1_wakes_to_the_same_output(
     assert seen["sleep"].success and seen["wake"].success, (seen["sleep"], seen["wake"])
     refused = seen["refused"]
     assert refused.error == WeightsErrorCode.UNSUPPORTED and "wake_up" in refused.message
-    assert seen["before"] == seen["after"] == want
+    assert seen["before"] == seen["after"]
+    if device == "cpu":  # fp32 on the CPU: transformers' own tokens
+        assert seen["after"] == want
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("source", ["disk", "tensors"])
 def test_level_2_wakes_to_weights_an_update_fills(
-    folders: dict[str, tuple[Path, Any]], mt: SimpleNamespace, source: str
+    folders: dict[str, tuple[Path, Any]], mt: SimpleNamespace, source: str, device: str
 ) -> None:
     (a, hf_a), (b, hf_b) = folders["a"], folders["b"]
     seen: dict[str, Any] = {}
 
     async def main() -> None:
-        async with Engine.open(_config(a)) as engine:
+        async with Engine.open(_config(b, device)) as fresh:
+            seen["fresh_b"] = await _tokens(fresh)
+        async with Engine.open(_config(a, device)) as engine:
             seen["before"] = await _tokens(engine)
             assert (await engine.sleep(2)).success
             woke = await engine.wake_up(["weights"])
@@ -128,7 +136,9 @@ def test_level_2_wakes_to_weights_an_update_fills(
     want_a, want_b = mt.hf_greedy(hf_a, PROMPT, MAX_TOKENS), mt.hf_greedy(hf_b, PROMPT, MAX_TOKENS)
     assert want_a != want_b
     assert seen["update"].success, seen["update"].message
-    assert seen["before"] == want_a and seen["after"] == want_b
+    assert seen["after"] == seen["fresh_b"] != seen["before"]
+    if device == "cpu":
+        assert seen["before"] == want_a and seen["after"] == want_b
     if source == "tensors":
         partial = seen["partial"]
         assert partial.error == WeightsErrorCode.INVALID and "missing weights" in partial.message
