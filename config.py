@@ -36,8 +36,9 @@ NAMED_BY_REGISTRY: dict[str, Mapping[str, object]] = {
 # "auto": quantized weights stay as shipped (GGUF blocks, fp8) and are dequantized inside the
 # matmul (gpu/quant_linear.py); "dequantize": expand them to `dtype` at load.
 Quantization = Literal["auto", "keep", "dequantize"]  # gpu/weights.load_model
-# "ngram": actors/core/ngram_proposer.py; "draft_model": gpu/draft_runner.py; "eagle*": eagle_runner
-SpeculativeMethod = Literal["ngram", "draft_model", "eagle", "eagle3"]
+# "ngram": actors/core/ngram_proposer.py; "draft_model": gpu/draft_runner.py; "eagle*", "mtp":
+# eagle_runner ("deepseek_mtp", vLLM's older name, is taken as "mtp": config_checks.py)
+SpeculativeMethod = Literal["ngram", "draft_model", "eagle", "eagle3", "mtp", "deepseek_mtp"]
 Disaggregation = Literal["none", "prefill_decode"]  # actors/core/phase_router.py
 LogprobsMode = Literal["raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits"]
 
@@ -143,7 +144,8 @@ class EngineConfig:
     # request's own prompt and output (actors/core/ngram_proposer.py); "draft_model": a smaller
     # model of the same vocabulary (`draft_model`: HF folder or .gguf) that the executor runs
     # beside the target (gpu/draft_runner.py); "eagle": an EAGLE-1 or EAGLE-3 head (as its HF
-    # folder says), "eagle3": an EAGLE-3 head, fed the target's hidden states. The target
+    # folder says), "eagle3": an EAGLE-3 head, fed the target's hidden states; "mtp": the
+    # model's own multi-token-prediction layer (DeepSeek-V3, gpu/mtp_load.py). The target
     # verifies num_speculative_tokens proposals in one step.
     speculative_method: SpeculativeMethod | None = None
     num_speculative_tokens: int | None = None  # None: a speculators-format head's count, else 4
@@ -337,7 +339,7 @@ class EngineConfig:
     @property
     def executor_proposes(self) -> bool:
         """Whether proposals come from the executor (a draft model or an EAGLE head)."""
-        return self.speculative_method in ("draft_model", "eagle", "eagle3")
+        return self.speculative_method in ("draft_model", "eagle", "eagle3", "mtp")
 
     @property
     def num_proposals(self) -> int:

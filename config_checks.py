@@ -47,17 +47,25 @@ def check_disaggregation(config: EngineConfig) -> None:
 
 def check_draft_source(config: EngineConfig) -> None:
     """ConfigError when draft_model and speculative_method do not go together: "draft_model"
-    and "eagle"/"eagle3" need draft_model (a draft model; an EAGLE head's folder), the others none."""
+    and "eagle"/"eagle3" need draft_model (a draft model; an EAGLE head's folder), the others
+    none ("mtp" reads the model's own layer). vLLM's "deepseek_mtp" is taken as "mtp"."""
+    if config.speculative_method == "deepseek_mtp":
+        object.__setattr__(config, "speculative_method", "mtp")
     method = config.speculative_method
+    if method == "mtp" and config.draft_model is not None:
+        raise ConfigError(
+            "draft_model must be unset with speculative_method 'mtp' (the multi-token-"
+            f"prediction layer is read from the model's own folder), got {config.draft_model!r}"
+        )
     if config.executor_proposes:
-        if not config.draft_model:
+        if not config.draft_model and method != "mtp":
             what = "a path to a smaller model of the same vocabulary"
             if method in ("eagle", "eagle3"):
                 what = "an EAGLE head's HF folder"
             raise ConfigError(f"speculative_method {method!r} needs draft_model ({what})")
         if config.runner == "fake":
             raise ConfigError(f"speculative_method {method!r} needs runner='model'")
-        if method in ("eagle", "eagle3") and config.tensor_parallel_size != 1:
+        if method in ("eagle", "eagle3", "mtp") and config.tensor_parallel_size != 1:
             raise ConfigError(
                 f"tensor_parallel_size must be 1 with speculative_method {method!r} (the head reads "
                 f"the unsharded model's hidden states), got {config.tensor_parallel_size}"

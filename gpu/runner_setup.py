@@ -16,6 +16,7 @@ from troupe.gpu.heap_trim import release_freed_heap
 from troupe.gpu.kv_cache import kv_dtype
 from troupe.gpu.model_config import ModelConfig
 from troupe.gpu.models import DecoderModel
+from troupe.gpu.mtp_load import load_mtp
 from troupe.gpu.pool_sizing import blocks_from_free_memory, cpu_device_blocks, swap_pool_blocks
 from troupe.gpu.weights import load_model, read_config
 from troupe.spec_cost import batch_limit
@@ -186,11 +187,14 @@ def load_for_config(config: EngineConfig) -> LoadedRunner:
     draft: DraftModel | EagleModel | None = None
     if config.speculative_method == "draft_model":
         draft = load_draft(config, model_config, dtype, device, max_model_len)
-    elif config.executor_proposes:  # an EAGLE head, before sizing: its buffer of hidden states
+    elif config.executor_proposes:  # a head, before sizing: its buffer of hidden states
         most = config.step_budget(is_large_gpu(config)) + config.max_num_seqs * (
             1 + config.num_proposals
         )
-        draft = load_eagle(config, model_config, model, max_model_len, most)
+        if config.speculative_method == "mtp":  # the model's own MTP layer (gpu/mtp_load.py)
+            draft = load_mtp(Path(path), model_config, model, most)
+        else:
+            draft = load_eagle(config, model_config, model, max_model_len, most)
     num_gpu_blocks = config.num_kv_blocks
     if num_gpu_blocks is None and device.type == "cuda":
         peak = profile_activation_peak(model, config, max_model_len)

@@ -142,7 +142,7 @@ class Speculator:
         # structured output masks only the target's own row: no proposals to verify unmasked
         if k < 1 or req.params.structured_outputs is not None:
             return ()  # not counted in the per-step averages: nothing could be proposed
-        draft_model = s.method in ("draft_model", "eagle", "eagle3")  # from the executor
+        draft_model = s.method in ("draft_model", "eagle", "eagle3", "mtp")  # from the executor
         if draft_model and not req.proposed:
             return ()  # the draft offered none (it skips requests whose offers went unused)
         self._decodes += 1
