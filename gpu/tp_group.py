@@ -1,5 +1,6 @@
 """One tensor-parallel rank's view of its process group: the collectives the sharded model
-and the step loop use, all through torch.distributed.
+and the step loop use, all through torch.distributed. A pipeline stage (gpu/pp_model.py) is a
+rank of the same kind of group: its hidden states go point to point on the model group.
 
     model group     NCCL on CUDA, gloo on the CPU: all-reduce after the row-parallel layers
                     (o_proj, down_proj) and the vocab-parallel embedding, all-gather of the
@@ -70,6 +71,22 @@ class TPGroup:
         parts = [torch.empty_like(tensor) for _ in range(self.world_size)]
         dist.all_gather(parts, tensor, group=self._model_group)
         return torch.cat(parts, dim=1)
+
+    def send(self, tensor: torch.Tensor, dst: int) -> None:
+        """Point to point on the model group (a pipeline stage's hidden states to the next)."""
+        dist.send(tensor.contiguous(), dst, group=self._model_group)
+
+    def recv(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
+        """Fill `tensor` from rank `src` on the model group; returns it."""
+        dist.recv(tensor, src, group=self._model_group)
+        return tensor
+
+    def broadcast(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
+        """Rank `src`'s `tensor` on every rank, in place, on the model group (the last
+        pipeline stage's logits)."""
+        if self.world_size > 1:
+            dist.broadcast(tensor, src, group=self._model_group)
+        return tensor
 
     def broadcast_bytes(self, data: bytes | None) -> bytes:
         """Rank 0's `data` on every rank (the others pass None) over the control group."""

@@ -1,56 +1,31 @@
 """TPRunner: the Runner the executor drives when tensor_parallel_size > 1.
 
-It lives in the engine process and holds no model: it spawns one worker process per rank
-(gpu/tp_worker.py, torch.multiprocessing's spawn context), sends each command to rank 0 over a
-pipe and waits for rank 0's answer, or for any rank's failure or exit, whichever comes first:
+A WorkerRunner (gpu/worker_runner.py: the spawning, the pipes, the failure handling) whose
+workers each load one rank's shard (gpu/tp_worker.build_rank_runner) and run the same step;
+rank 0 answers:
 
     executor thread ─ execute(plan) ─► TPRunner ══ pipe ══► rank 0 ══ gloo broadcast ══► rank 1..
                     ◄── tokens ──────          ◄══ answer ══
                                       waits on: every rank's pipe + every rank's process sentinel
 
-It never joins a collective itself, so a dead or failing rank cannot hang it: the step raises
-TPWorkerError naming the rank, every worker is stopped, and the engine turns dead: every open
-request fails with that message, new ones are refused (a RunnerDead, gpu/runner_dead.py).
-Workers are daemonic and rank 0 stops the group when the engine's end of its pipe closes, so
-none outlives the engine.
+A failed or exited rank raises TPWorkerError ("tensor-parallel worker failed: rank 1 exited
+with code -9"), and the engine turns dead (a RunnerDead, gpu/runner_dead.py).
 """
 
 from __future__ import annotations
 
-import multiprocessing.connection
-import shutil
-import tempfile
-from multiprocessing.connection import Connection
-from multiprocessing.process import BaseProcess
 from pathlib import Path
-from typing import NoReturn
 
 import torch
-import torch.multiprocessing
 from troupe.config import ConfigError, EngineConfig, resolve_model_path
 from troupe.gpu.lora_adapter import load_adapter
-from troupe.gpu.model_config import ModelLoadError
-from troupe.gpu.runner import HiddenOutputs, RunnerStats, SequencesFailed
 from troupe.gpu.runner_dead import RunnerDead
 from troupe.gpu.tp_model import check_tensor_parallel
-from troupe.gpu.tp_protocol import (
-    Close,
-    Execute,
-    Finish,
-    Launch,
-    StepAnswer,
-    WorkerCommand,
-    WorkerFailed,
-    WorkerReady,
-    WorkerReply,
-    command_encoder,
-    reply_decoder,
-)
-from troupe.gpu.tp_worker import rank_device, worker_main
+from troupe.gpu.tp_worker import build_rank_runner, rank_device
 from troupe.gpu.weights import read_config
-from troupe.messages import SampledToken, StepPlan, TokenMasks
+from troupe.gpu.worker_runner import STOP_GRACE_S, WorkerRunner, WorkerSpec
 
-STOP_GRACE_S = 10.0  # how long close() waits for the workers to exit before killing them
+__all__ = ["STOP_GRACE_S", "TPRunner", "TPWorkerError"]
 
 
 class TPWorkerError(RunnerDead):
@@ -58,7 +33,7 @@ class TPWorkerError(RunnerDead):
     RunnerDead: the engine turns dead, gpu/runner_dead.py)."""
 
 
-class TPRunner:
+class TPRunner(WorkerRunner):
     """Drives tensor_parallel_size worker processes; see the module docstring."""
 
     def __init__(self, config: EngineConfig) -> None:
@@ -74,183 +49,11 @@ class TPRunner:
                 f"tensor_parallel_size ({size}) exceeds the CUDA devices torch sees "
                 f"({torch.cuda.device_count()})"
             )
-        self._dir = tempfile.mkdtemp(prefix="troupe-tp-")
-        self._error: str | None = None
-        self._stats = RunnerStats()
-        self._hidden = HiddenOutputs()  # rank 0's, not yet taken
-        self._conns: list[Connection] = []
-        self._procs: list[BaseProcess] = []
-        context = torch.multiprocessing.get_context("spawn")
-        init_file = str(Path(self._dir) / "init")
-        try:
-            for rank in range(size):
-                ours, theirs = context.Pipe()
-                proc = context.Process(
-                    target=worker_main,
-                    args=(rank, config, size, init_file, theirs),
-                    name=f"troupe-tp-rank{rank}",
-                    daemon=True,  # multiprocessing stops them if this process exits
-                )
-                proc.start()
-                theirs.close()  # the worker holds the only other end: its exit is our EOF
-                self._conns.append(ours)
-                self._procs.append(proc)
-            replies = self._receive(set(range(size)))
-        except BaseException:
-            self._stop()
-            raise
-        ready = [replies[rank] for rank in range(size)]
-        assert all(isinstance(r, WorkerReady) for r in ready)
-        first = ready[0]
-        assert isinstance(first, WorkerReady)
-        for other in ready[1:]:
-            assert isinstance(other, WorkerReady)
-            if other.num_gpu_blocks != first.num_gpu_blocks or other.vocab_size != first.vocab_size:
-                self._fail(f"rank {other.rank} disagrees with rank 0 on its pools or vocabulary")
-        self.block_size = first.block_size
-        self.num_gpu_blocks = first.num_gpu_blocks
-        self.num_cpu_blocks = first.num_cpu_blocks
-        self.vocab_size = first.vocab_size
-        self.max_model_len = first.max_model_len
-        self.eos_token_ids = first.eos_token_ids
-        self.num_lookahead_tokens = first.num_lookahead_tokens
-        self.kv_pages_on_write = False  # CUDA pools: committed when allocated
-        # the workers hold the adapters (lora_modules, gpu/tp_lora.py); run-time loads are
-        # refused with tensor parallelism (config_checks.py, actors/lora_registry.py)
-        self.lora = None
-        self.kv_window = first.kv_window
-        self.max_stream_len = 0  # no streaming attention in the sharded model (not built)
-
-    # -- the Runner protocol -------------------------------------------------------------------
-
-    def execute(self, plan: StepPlan) -> tuple[SampledToken, ...]:
-        return self._step(Execute(plan))
-
-    def launch(self, plan: StepPlan) -> None:
-        self._step(Launch(plan))
-
-    def finish(self, masks: TokenMasks) -> tuple[SampledToken, ...]:
-        return self._step(Finish(masks))
-
-    def take_hidden_outputs(self) -> HiddenOutputs:
-        hidden, self._hidden = self._hidden, HiddenOutputs()
-        return hidden
-
-    def statistics(self) -> RunnerStats:
-        """Rank 0's counts as of its last answer (no round trip: safe from any thread)."""
-        return self._stats
-
-    def close(self) -> None:
-        """Ask the ranks to stop, wait a grace period, kill what is left."""
-        if self._error is None and self._conns:
-            try:
-                self._conns[0].send_bytes(command_encoder.encode(Close()))
-            except OSError:
-                pass
-        self._stop()
-
-    # -- diagnostics and fault injection (tests) -----------------------------------------------
-
-    def worker_exit_codes(self) -> tuple[int | None, ...]:
-        """Each rank's exit code, None while it runs."""
-        return tuple(proc.exitcode for proc in self._procs)
-
-    def worker_pids(self) -> tuple[int, ...]:
-        return tuple(proc.pid or 0 for proc in self._procs)
-
-    def kill_worker(self, rank: int) -> None:
-        """SIGKILL one rank and wait until it is gone (a crash, for tests)."""
-        self._procs[rank].kill()
-        self._procs[rank].join()
-
-    # -- internals -----------------------------------------------------------------------------
-
-    def _step(self, command: WorkerCommand) -> tuple[SampledToken, ...]:
-        if self._error is not None:
-            raise TPWorkerError(self._error)
-        try:
-            self._conns[0].send_bytes(command_encoder.encode(command))
-        except OSError:
-            self._fail(self._exit_report() or "rank 0 closed its pipe")
-        answer = self._receive({0})[0]
-        assert isinstance(answer, StepAnswer)
-        self._stats = RunnerStats(
-            num_steps=answer.num_steps,
-            num_overlapped=answer.num_overlapped,
-            num_overlap_hits=answer.num_overlap_hits,
-            num_overlap_splits=answer.num_overlap_splits,
-            num_overlap_merges=answer.num_overlap_merges,
+        spec = WorkerSpec(
+            size=size,
+            build=build_rank_runner,
+            failure="tensor-parallel worker failed",
+            error=TPWorkerError,
+            process_name="troupe-tp-rank",
         )
-        self._hidden = HiddenOutputs(
-            prompt_logprobs=self._hidden.prompt_logprobs + answer.hidden.prompt_logprobs,
-            embeddings=self._hidden.embeddings + answer.hidden.embeddings,
-        )
-        if answer.failed:
-            raise SequencesFailed(answer.sampled, answer.failed)
-        return answer.sampled
-
-    def _receive(self, ranks: set[int]) -> dict[int, WorkerReply]:
-        """One reply from each of `ranks`; any rank's failure or exit first raises."""
-        pending, replies = set(ranks), dict[int, WorkerReply]()
-        sentinels = {proc.sentinel: rank for rank, proc in enumerate(self._procs)}
-        while pending:
-            ready = multiprocessing.connection.wait([*self._conns, *sentinels])
-            # pipes first: a rank that reported its error and exited is ready both ways
-            for rank, conn in enumerate(self._conns):
-                if conn not in ready:
-                    continue
-                try:
-                    reply = reply_decoder.decode(conn.recv_bytes())
-                except (EOFError, OSError):
-                    self._fail(self._exit_report() or f"rank {rank} closed its pipe")
-                if isinstance(reply, WorkerFailed):
-                    self._fail_with(reply)
-                if rank not in pending:
-                    self._fail(f"rank {rank} answered out of turn ({type(reply).__name__})")
-                replies[rank] = reply
-                pending.discard(rank)
-            exited = [rank for s, rank in sentinels.items() if s in ready]
-            if exited and pending:
-                for rank in exited:  # its sentinel fired: it is gone, join only reaps it
-                    self._procs[rank].join(timeout=5)
-                self._fail(self._exit_report() or f"rank {exited[0]} exited")
-        return replies
-
-    def _exit_report(self) -> str:
-        for proc in self._procs:
-            proc.join(timeout=0)
-        dead = [
-            f"rank {rank} exited with code {proc.exitcode}"
-            for rank, proc in enumerate(self._procs)
-            if proc.exitcode is not None
-        ]
-        return "; ".join(dead)
-
-    def _fail_with(self, failed: WorkerFailed) -> NoReturn:
-        if failed.error_type in ("ConfigError", "ModelLoadError"):  # start-up: as themselves
-            self._error = failed.message
-            self._stop()
-            error = ConfigError if failed.error_type == "ConfigError" else ModelLoadError
-            raise error(failed.message)
-        # a rank that died first is the cause (the others' collectives then fail): name it
-        raised = f"rank {failed.rank} raised {failed.error_type}: {failed.message}"
-        dead = self._exit_report()
-        self._fail(f"{dead}; {raised}" if dead else raised)
-
-    def _fail(self, reason: str) -> NoReturn:
-        self._error = f"tensor-parallel worker failed: {reason}"
-        self._stop()
-        raise TPWorkerError(self._error)
-
-    def _stop(self) -> None:
-        """Join every worker (a grace period), kill the rest, drop the init directory."""
-        for proc in self._procs:
-            proc.join(timeout=STOP_GRACE_S if self._error is None else 0)
-        for proc in self._procs:
-            if proc.exitcode is None:
-                proc.kill()
-                proc.join()
-        for conn in self._conns:
-            conn.close()
-        self._conns = []
-        shutil.rmtree(self._dir, ignore_errors=True)
+        super().__init__(config, spec)

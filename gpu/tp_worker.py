@@ -7,7 +7,8 @@ model, its KV pool, and the same step loop on every rank.
 Every rank runs the whole ModelRunner on its shard: the sharded model all-gathers the logits,
 so every rank samples the same tokens (greedy, and seeded noise keyed by seed and position),
 and its per-request state and overlapped steps (gpu/overlap.py) stay in step with rank 0's
-without a token broadcast. Only rank 0 answers.
+without a token broadcast. Only rank 0 answers. Pipeline stages (gpu/pp_worker.py) run this
+same loop with their own builder; their last stage answers.
 
 A rank that raises sends WorkerFailed on its own pipe and exits; rank 0 reading the end of its
 pipe (the engine process died) broadcasts Close, so no rank outlives the engine.
@@ -19,6 +20,7 @@ import os
 import signal
 import sys
 import traceback
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
 
@@ -107,9 +109,17 @@ def build_rank_runner(config: EngineConfig, group: TPGroup) -> ModelRunner:
 
 
 def worker_main(
-    rank: int, config: EngineConfig, world_size: int, init_file: str, conn: Connection
+    rank: int,
+    config: EngineConfig,
+    world_size: int,
+    init_file: str,
+    conn: Connection,
+    build: Callable[[EngineConfig, TPGroup], ModelRunner] = build_rank_runner,
+    answer_rank: int = 0,
 ) -> None:
-    """The process body of rank `rank` (a spawn target: importable, picklable arguments)."""
+    """The process body of rank `rank` (a spawn target: importable, picklable arguments).
+    `build` loads the rank's part of the model (a TP shard; a pipeline stage, gpu/pp_worker.py)
+    and `answer_rank` is the rank that answers each step (gpu/worker_runner.py)."""
     # the engine process decides when ranks stop (Close, or the end of rank 0's pipe): a
     # Ctrl-C to the process group must not kill them under a draining engine
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -123,9 +133,9 @@ def worker_main(
         else:  # the ranks share the host's cores
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
         group = TPGroup.init(rank=rank, world_size=world_size, device=device, init_file=init_file)
-        runner = build_rank_runner(config, group)
+        runner = build(config, group)
         conn.send_bytes(command_encoder.encode(worker_ready(rank, runner)))
-        _serve(runner, group, conn)
+        _serve(runner, group, conn, rank == answer_rank)
         group.barrier()  # every rank is out of its last collective before any tears down
     except BaseException as exc:  # reported to the engine, then this rank exits
         if not isinstance(exc, (ConfigError, ModelLoadError)):
@@ -144,8 +154,9 @@ def worker_main(
     os._exit(exit_code)
 
 
-def _serve(runner: ModelRunner, group: TPGroup, conn: Connection) -> None:
-    """Run commands until Close (or, on rank 0, the end of the engine's pipe)."""
+def _serve(runner: ModelRunner, group: TPGroup, conn: Connection, answers: bool) -> None:
+    """Run commands until Close (or, on rank 0, the end of the engine's pipe); `answers`: this
+    rank sends each step's answer."""
     while True:
         data = None
         if group.is_driver_rank:
@@ -167,8 +178,8 @@ def _serve(runner: ModelRunner, group: TPGroup, conn: Connection) -> None:
                     answer = StepAnswer(sampled=runner.finish(masks))
         except SequencesFailed as exc:  # a result, not a crash: every rank saw the same rows
             answer = StepAnswer(sampled=exc.sampled, failed=exc.failed)
-        hidden = runner.take_hidden_outputs()  # every rank computed them: rank 0's go back
-        if group.is_driver_rank:
+        hidden = runner.take_hidden_outputs()  # every rank computed them: one rank's go back
+        if answers:
             stats = runner.statistics()
             answer = StepAnswer(
                 sampled=answer.sampled,
