@@ -24,20 +24,34 @@ from troupe.kernels.ops import KernelOps
 class DeepseekMoe(nn.Module):
     """Router, routed experts and shared experts of one sparse DeepSeek layer."""
 
-    def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(
+        self,
+        config: ModelConfig,
+        dtype: torch.dtype,
+        device: torch.device,
+        *,
+        num_local_experts: int | None = None,
+        shared_intermediate_size: int | None = None,
+    ) -> None:
+        """`num_local_experts`: the routed experts held (expert parallelism: a rank's share;
+        the router still scores all of them); `shared_intermediate_size`: the shared MLP's rows
+        (a tensor-parallel rank's cut), n_shared * moe_intermediate_size unless given."""
         super().__init__()
         moe = config.moe
         assert moe is not None and moe.routing is not None
         self.routing = moe.routing
-        e, h, inter = moe.num_experts, config.hidden_size, moe.intermediate_size
+        h, inter = config.hidden_size, moe.intermediate_size
+        e = moe.num_experts if num_local_experts is None else num_local_experts
         shared = moe.num_shared_experts * inter
+        if shared_intermediate_size is not None:
+            shared = shared_intermediate_size
 
         def param(*shape: int, kind: torch.dtype = dtype) -> nn.Parameter:
             return new_param(*shape, dtype=kind, device=device)
 
-        self.router = param(e, h, kind=torch.float32)
+        self.router = param(moe.num_experts, h, kind=torch.float32)
         self.correction_bias = (
-            param(e, kind=torch.float32) if moe.routing.method == "noaux_tc" else None
+            param(moe.num_experts, kind=torch.float32) if moe.routing.method == "noaux_tc" else None
         )
         self.w13 = param(e, 2 * inter, h)
         self.w2 = param(e, h, inter)
@@ -45,13 +59,16 @@ class DeepseekMoe(nn.Module):
         self.shared_down = param(h, shared) if shared else None
 
     def forward(self, x: torch.Tensor, ops: KernelOps) -> torch.Tensor:
-        weights, ids = route_grouped(
-            F.linear(x.float(), self.router), self.routing, self.correction_bias
-        )
+        weights, ids = self.route(x)
         out = ops.fused_moe(x, self.w13, self.w2, weights.to(x.dtype), ids)
         if self.shared_gate_up is not None and self.shared_down is not None:
             out = out + linear(ops.silu_mul(linear(x, self.shared_gate_up)), self.shared_down)
         return out
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weights [T, k] fp32, expert ids [T, k]) of every token: the seam a
+        tensor-parallel rank narrows to the experts it holds (gpu/tp_mla.py)."""
+        return route_grouped(F.linear(x.float(), self.router), self.routing, self.correction_bias)
 
     def locate(self, rest: str, prefix: str) -> tuple[torch.Tensor, tuple[str, ...]] | None:
         """(destination, fill keys) of a layer-relative HF name under mlp.; None otherwise.

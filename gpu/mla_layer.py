@@ -85,7 +85,13 @@ class MlaLayer(DecoderLayer):
         self.experts: DeepseekMoe | None = None
         if config.is_sparse(layer_index):
             del self.gate_up_proj, self.down_proj
-            self.experts = DeepseekMoe(config, dtype, device)
+            self.experts = self.make_experts(config, dtype, device)
+
+    def make_experts(
+        self, config: ModelConfig, dtype: torch.dtype, device: torch.device
+    ) -> DeepseekMoe:
+        """The sparse layer's experts (the seam a tensor-parallel rank's layer overrides)."""
+        return DeepseekMoe(config, dtype, device)
 
     def mlp(self, x: torch.Tensor, ops: KernelOps) -> torch.Tensor:
         """SwiGLU on dense layers, the routed and shared experts on sparse ones."""

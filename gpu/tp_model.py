@@ -16,6 +16,10 @@ Each rank holds (H heads, Hkv KV heads, I intermediate, V vocab, P = tensor_para
                   cut like the dense MLP (gate/up column, down row); with expert_parallel rank
                   r holds experts [r*E/P, (r+1)*E/P) whole (gpu/tp_moe.py). Either way the
                   experts' partial sums are all-reduced like down_proj's
+    MLA (DeepSeek) q_proj / q_b_proj and kv_b_proj column-cut by heads, o_proj row-cut; the
+                  latent path (q_a_proj, kv_a_proj_with_mqa, their norms) and so the latent
+                  KV cache whole on every rank; shared experts cut like the dense MLP
+                  (gpu/tp_mla.py)
 
 The layers are DecoderLayer (Gemma 3's sandwich-norm layer, the MoE layer) over a config with
 the rank's head and intermediate counts (so the KV pool a runner builds from it holds only the
@@ -103,18 +107,27 @@ class TPShard:
         inter = self.full.moe.intermediate_size if self.full.moe is not None else 0
         return inter if self.expert_parallel else inter // self.size
 
-    def layer_config(self) -> ModelConfig:
-        """The rank's layers' config: its heads and intermediate rows (of the dense MLP and of
-        each expert it holds), the full vocabulary."""
+    @property
+    def shared_intermediate_size(self) -> int:
+        """Rows of DeepSeek's shared-experts MLP on this rank: always cut, as a dense MLP."""
         moe = self.full.moe
+        return moe.num_shared_experts * moe.intermediate_size // self.size if moe else 0
+
+    def layer_config(self) -> ModelConfig:
+        """The rank's layers' config: its heads (MLA's too) and intermediate rows (of the dense
+        MLP and of each expert it holds), the full vocabulary and latent size."""
+        moe, mla = self.full.moe, self.full.mla
         if moe is not None:
             moe = dataclasses.replace(moe, intermediate_size=self.expert_intermediate_size)
+        if mla is not None:
+            mla = dataclasses.replace(mla, num_heads=self.num_heads)
         return dataclasses.replace(
             self.full,
             num_heads=self.num_heads,
             num_kv_heads=self.num_kv_heads,
             intermediate_size=self.intermediate_size,
             moe=moe,
+            mla=mla,
         )
 
 
@@ -122,12 +135,6 @@ def check_tensor_parallel(config: ModelConfig, size: int, expert_parallel: bool 
     """ConfigError unless `size` ranks can split this model's heads, MLP and experts evenly."""
     if size == 1:
         return
-    if config.mla is not None:
-        raise ConfigError(
-            f"tensor_parallel_size > 1 is not supported for model_type {config.model_type!r}: "
-            "its latent attention (MLA) is not sharded (dense Llama, Mistral, Qwen2, Qwen3, "
-            "Gemma 3 and Qwen3-MoE are)"
-        )
     if config.num_heads % size:
         raise ConfigError(
             f"tensor_parallel_size ({size}) must divide the model's num_attention_heads "
@@ -147,14 +154,21 @@ def check_tensor_parallel(config: ModelConfig, size: int, expert_parallel: bool 
         )
     moe = config.moe
     if moe is not None and expert_parallel and moe.num_experts % size:
+        field = "num_experts" if config.mla is None else "n_routed_experts"  # DeepSeek's name
         raise ConfigError(
             f"enable_expert_parallel: tensor_parallel_size ({size}) must divide the model's "
-            f"num_experts ({moe.num_experts})"
+            f"{field} ({moe.num_experts})"
         )
     if moe is not None and not expert_parallel and moe.intermediate_size % size:
         raise ConfigError(
             f"tensor_parallel_size ({size}) must divide the model's moe_intermediate_size "
             f"({moe.intermediate_size}); enable_expert_parallel splits whole experts instead"
+        )
+    shared = moe.num_shared_experts * moe.intermediate_size if moe is not None else 0
+    if shared % size:  # cut like a dense MLP in both modes (vLLM's shared experts)
+        raise ConfigError(
+            f"tensor_parallel_size ({size}) must divide the shared experts' intermediate size "
+            f"(n_shared_experts * moe_intermediate_size = {shared})"
         )
 
 
@@ -212,6 +226,10 @@ class TPDecoderModel(DecoderModel):
     ) -> DecoderLayer:
         if config.is_gemma3:
             return TPGemma3Layer(config, dtype, device, index)
+        if config.mla is not None:
+            from troupe.gpu.tp_mla import TPMlaLayer  # it subclasses TPDecoderLayer
+
+            return TPMlaLayer(config, dtype, device, index, shard=self.shard)
         if config.is_sparse(index):
             from troupe.gpu.tp_moe import TPMoeLayer  # it subclasses TPDecoderLayer
 

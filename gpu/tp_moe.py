@@ -22,6 +22,8 @@ transformers 5 holds them (mlp.experts.gate_up_proj [E, 2I, H], mlp.experts.down
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 from troupe.gpu.model_config import ModelConfig
 from troupe.gpu.moe_layer import MoeLayer
@@ -63,8 +65,21 @@ def local_routing(
     return weights.masked_fill(~owned, 0), torch.where(owned, local, torch.zeros_like(local))
 
 
+class ExpertWeights(Protocol):
+    """A rank's router and experts (TPMoeLayer, DeepSeek's TPDeepseekMoe)."""
+
+    @property
+    def router(self) -> torch.Tensor: ...
+
+    @property
+    def w13(self) -> torch.Tensor: ...
+
+    @property
+    def w2(self) -> torch.Tensor: ...
+
+
 def moe_targets(
-    layer: TPMoeLayer, prefix: str, shard: TPShard, *, fused: bool
+    layer: ExpertWeights, prefix: str, shard: TPShard, *, fused: bool
 ) -> list[tuple[str, Target]]:
     """(checkpoint name, target) of every expert weight of the layer on this rank; `prefix`
     is 'model.layers.<i>.'; `fused`: the checkpoint holds gate_up_proj / down_proj whole."""

@@ -10,7 +10,7 @@ GGUF          the file is memory-mapped; a row slice dequantizes only its rows, 
 
 The shards are dense in the model's dtype: quantized weights are expanded as they load (a
 quantized shard path is not built). A tensor may feed several targets (a fused expert tensor's
-gate and up halves). Gemma 3's norms hold 1 + weight, as on one GPU (gpu/weight_fill.py).
+gate and up halves). DeepSeek's latent attention and shared experts: gpu/tp_mla.py. Gemma 3's norms hold 1 + weight, as on one GPU (gpu/weight_fill.py).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from troupe.gpu.gguf_arch import hf_name, norm_offset
 from troupe.gpu.gguf_weights import read_gguf_config, rest_is, unpermute_rotary
 from troupe.gpu.model_config import ModelConfig, ModelLoadError
 from troupe.gpu.quant_linear import Projection
+from troupe.gpu.tp_mla import TPMlaLayer, mla_targets
 from troupe.gpu.tp_model import Target, TPDecoderLayer, TPDecoderModel
 from troupe.gpu.tp_moe import TPMoeLayer, moe_targets
 from troupe.gpu.weights import safetensors_files
@@ -155,19 +156,24 @@ def shard_targets(model: TPDecoderModel, reader: ShardReader) -> list[tuple[str,
     for index, layer in enumerate(model.layers):
         assert isinstance(layer, TPDecoderLayer)
         p = f"model.layers.{index}."
-        qkv, o = _dense(layer.qkv_proj), _dense(layer.o_proj)
         targets |= {
             p + "input_layernorm.weight": (layer.input_layernorm, None, 0, 0),
             p + "post_attention_layernorm.weight": (layer.post_attention_layernorm, None, 0, 0),
-            p + "self_attn.q_proj.weight": (qkv[:nq], 0, q0, q0 + nq),
-            p + "self_attn.k_proj.weight": (qkv[nq : nq + nk], 0, k0, k0 + nk),
-            p + "self_attn.v_proj.weight": (qkv[nq + nk :], 0, k0, k0 + nk),
-            p + "self_attn.o_proj.weight": (o, 1, q0, q0 + nq),
         }
-        if isinstance(layer, TPMoeLayer):
-            fused = reader.has(p + "mlp.experts.gate_up_proj")
-            experts += moe_targets(layer, p, shard, fused=fused)
+        fused = reader.has(p + "mlp.experts.gate_up_proj")
+        if isinstance(layer, TPMlaLayer):  # DeepSeek: latent attention (and its experts)
+            experts += mla_targets(layer, p, shard, fused=fused)
         else:
+            qkv, o = _dense(layer.qkv_proj), _dense(layer.o_proj)
+            targets |= {
+                p + "self_attn.q_proj.weight": (qkv[:nq], 0, q0, q0 + nq),
+                p + "self_attn.k_proj.weight": (qkv[nq : nq + nk], 0, k0, k0 + nk),
+                p + "self_attn.v_proj.weight": (qkv[nq + nk :], 0, k0, k0 + nk),
+                p + "self_attn.o_proj.weight": (o, 1, q0, q0 + nq),
+            }
+        if isinstance(layer, TPMoeLayer):
+            experts += moe_targets(layer, p, shard, fused=fused)
+        elif not shard.full.is_sparse(index):  # DeepSeek's experts: in mla_targets
             gate_up, down = _dense(layer.gate_up_proj), _dense(layer.down_proj)
             targets[p + "mlp.gate_proj.weight"] = (gate_up[:ni], 0, i0, i0 + ni)
             targets[p + "mlp.up_proj.weight"] = (gate_up[ni:], 0, i0, i0 + ni)

@@ -113,24 +113,6 @@ def test_checks_name_what_does_not_split() -> None:
     check_tensor_parallel(all_sparse, 2)
     with pytest.raises(ConfigError, match=r"intermediate_size \(95\)"):
         check_tensor_parallel(dataclasses.replace(all_sparse, moe=config.moe), 2)
-    deepseek = ModelConfig.from_hf_dict(
-        {
-            **{k: TINY_MOE[k] for k in ("hidden_size", "num_attention_heads", "vocab_size")},
-            "model_type": "deepseek_v3",
-            "num_hidden_layers": 2,
-            "kv_lora_rank": 32,
-            "q_lora_rank": 24,
-            "qk_rope_head_dim": 8,
-            "qk_nope_head_dim": 16,
-            "v_head_dim": 16,
-            "n_routed_experts": 8,
-            "num_experts_per_tok": 2,
-            "moe_intermediate_size": 32,
-            "intermediate_size": 96,
-        }
-    )
-    with pytest.raises(ConfigError, match=r"'deepseek_v3'.*latent attention \(MLA\)"):
-        check_tensor_parallel(deepseek, 2)
     shard = TPShard(rank=1, size=2, full=config, expert_parallel=True)
     assert (shard.first_expert, shard.num_local_experts, shard.expert_intermediate_size) == (
         4,
