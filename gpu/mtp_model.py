@@ -98,7 +98,8 @@ class MtpHead(nn.Module):
         h = ops.rms_norm(hidden.to(self.dtype), self.hnorm, eps)[0]
         x = linear(torch.cat([e, h], dim=-1), self.eh_proj)
         x, residual = self.layer(x, None, positions, meta, kv_caches[0], self._cos_sin, ops)
-        return x + residual
+        out: torch.Tensor = x + residual
+        return out
 
     def run(
         self,
