@@ -30,6 +30,7 @@ from troupe.messages.common import (
     Usage,
 )
 from troupe.messages.events import (
+    STEP_TOKEN_BUCKETS,
     Aborted,
     ClientInbox,
     Delta,
@@ -60,6 +61,7 @@ from troupe.messages.scheduler import (
     StopRequests,
 )
 from troupe.messages.streamer import (
+    FirstScheduled,
     RequestFailed,
     RequestOpened,
     RequestRejected,
@@ -71,6 +73,7 @@ from troupe.messages.structured import StructuredOutputs
 from troupe.messages.tokenizer import AbortRequest, GenerateRequest, TokenizerInbox
 
 __all__ = [
+    "STEP_TOKEN_BUCKETS",
     "AbortRequest",
     "Aborted",
     "AdmissionInbox",
@@ -92,6 +95,7 @@ __all__ = [
     "FailedSeq",
     "FinishReason",
     "Finished",
+    "FirstScheduled",
     "Fork",
     "FreeRequest",
     "GenerateRequest",

@@ -106,11 +106,21 @@ class Usage(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Timings(msgspec.Struct, frozen=True, kw_only=True):
-    """Seconds, from engine-stamped times carried in messages (so replays reproduce them)."""
+    """Seconds, from engine-stamped times carried in messages (so replays reproduce them).
+
+    The phases are vLLM's (its request_*_time_seconds metrics): queue = arrival to first
+    scheduled, prefill = first scheduled to first token, decode = first to last token,
+    inference = first scheduled to last token; None where a phase never began. A preemption
+    does not move "first scheduled": its time counts in the phase it interrupted.
+    """
 
     ttft: float | None  # arrival to first token
     tpot: float | None  # mean time per output token after the first
     e2e: float  # arrival to the terminal event
+    queue: float | None = None
+    prefill: float | None = None
+    decode: float | None = None
+    inference: float | None = None
 
 
 class CacheDropped(msgspec.Struct, frozen=True, kw_only=True):

@@ -45,6 +45,9 @@ class Finished(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     logprobs: tuple[TokenLogprob, ...] | None = None
     index: int = 0
     samples_left: int = 0  # the request's samples still open after this one ends
+    # what the request asked for (its SamplingParams' n and max_tokens): vLLM's request_params_*
+    params_n: int = 1
+    params_max_tokens: int | None = None
     cumulative_logprob: float | None = None  # best_of: the sum it was ranked by
     prompt_logprobs: tuple[TokenLogprob, ...] | None = None  # when it is the first event
     embedding: tuple[float, ...] | None = None  # likewise
@@ -101,6 +104,11 @@ class Failed(msgspec.Struct, frozen=True, kw_only=True, tag=True):
 StreamEvent = Delta | Finished | Rejected | Aborted | Failed
 
 
+# Upper bounds of the steps' token counts that EngineStats.steps_by_tokens counts steps under
+# (vLLM's iteration_tokens_total buckets); a last count is for steps above the largest.
+STEP_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+
+
 class EngineStats(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     """A snapshot the scheduler publishes after each step (and after frees when idle)."""
 
@@ -129,6 +137,10 @@ class EngineStats(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     max_loras: int = 0
     running_lora_adapters: tuple[str, ...] = ()
     waiting_lora_adapters: tuple[str, ...] = ()
+    # Tokens each planned step computes (prompt chunks, decodes and proposals to verify): steps
+    # per STEP_TOKEN_BUCKETS bound (not cumulative; empty before the first step), and the sum.
+    steps_by_tokens: tuple[int, ...] = ()
+    num_step_tokens: int = 0
 
     @property
     def num_gpu_blocks_free(self) -> int:

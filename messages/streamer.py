@@ -49,6 +49,15 @@ class SeqOutput(msgspec.Struct, frozen=True, array_like=True, gc=False):
     error: str | None = None
 
 
+class FirstScheduled(msgspec.Struct, frozen=True, array_like=True, gc=False):
+    """Requests the scheduler put in a step for the first time, and when: the latest time it
+    had seen in a message when it planned that step (it reads no clock, so a replay gives the
+    same). A parallel-sampling parent is named by the request's id."""
+
+    time: float
+    request_ids: tuple[str, ...]
+
+
 class TokenBatch(msgspec.Struct, frozen=True, kw_only=True, tag=True, gc=False):
     """From the Scheduler, one per step (or for aborts/failures outside a step)."""
 
@@ -58,6 +67,8 @@ class TokenBatch(msgspec.Struct, frozen=True, kw_only=True, tag=True, gc=False):
     stats: EngineStats | None = None
     prompt_logprobs: tuple[PromptLogprobs, ...] = ()  # the step's scored prompt chunks
     embeddings: tuple[Pooled, ...] = ()  # the prompts the step finished pooling
+    # Requests first scheduled since the last TokenBatch (so never after their terminal output)
+    first_scheduled: FirstScheduled | None = None
 
 
 StreamerInbox = RequestOpened | RequestRejected | RequestFailed | TokenBatch

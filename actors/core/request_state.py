@@ -41,6 +41,7 @@ class Request:
     max_total_tokens: int  # prompt + max_tokens, capped by max_model_len
     num_cached_tokens: int = 0  # prompt tokens served by the prefix cache (first start)
     in_executor: bool = False  # the executor holds its state (params sent)
+    was_scheduled: bool = False  # in a planned step once (scheduler_step_facts.py)
     params: SamplingParams
     prompt_len: int
     arrival_seq: int

@@ -29,6 +29,7 @@ from troupe.actors.core.request_queues import RequestQueues
 from troupe.actors.core.request_state import Request
 from troupe.actors.core.row_failures import fail_rows
 from troupe.actors.core.scheduler_stats import engine_stats
+from troupe.actors.core.scheduler_step_facts import StepFacts
 from troupe.actors.core.speculator import SpecSettings, Speculator
 from troupe.actors.core.step_limits import StepLimits
 from troupe.actors.core.step_planner import StepPlanner
@@ -104,6 +105,7 @@ class SchedulerCore:
         self._pending: list[SeqOutput] = []  # terminal outputs from outside a step
         self._time = 0.0  # latest time seen in a message (TokenBatch.time outside steps)
         self.calls = EngineCalls()  # the engine's calls, and the requests they hold aside
+        self.facts = StepFacts()  # first-scheduled times and tokens per step, for metrics
 
     def handle(self, batch: Sequence[SchedulerInbox]) -> Outgoing:
         out: Outgoing = []
@@ -215,6 +217,8 @@ class SchedulerCore:
         self.pools = result
         plan, self.in_flight = build_plan(self.planner, result)
         self.phase = "stepping" if plan is not None else "idle"
+        if plan is not None:
+            self.facts.on_plan(plan, (req for req, _, _ in self.in_flight), self._time)
         return plan
 
     def update(self, result: StepResult) -> TokenBatch:
@@ -232,7 +236,9 @@ class SchedulerCore:
 
     def stats(self) -> EngineStats:
         """A snapshot of pools (as of the last AllocationResult), queues and counters."""
-        stats = engine_stats(self.pools, self.planner, self.num_cpu_blocks, self.num_steps)
+        stats = engine_stats(
+            self.pools, self.planner, self.num_cpu_blocks, self.num_steps, self.facts
+        )
         if self.calls.held:  # held aside by an engine call or a sleep: they wait too
             return msgspec.structs.replace(
                 stats, num_waiting=stats.num_waiting + len(self.calls.held)
@@ -253,6 +259,7 @@ class SchedulerCore:
             stats=stats,
             prompt_logprobs=prompt_logprobs,
             embeddings=embeddings,
+            first_scheduled=self.facts.take_scheduled(),
         )
 
     def _check_phase(self, phase: Phase, step_id: int, what: str) -> None:

@@ -5,13 +5,18 @@ use, named only when the engine serves adapters (max_loras > 0), are the queues'
 
 from __future__ import annotations
 
+from troupe.actors.core.scheduler_step_facts import StepFacts
 from troupe.actors.core.step_planner import StepPlanner
 from troupe.messages.events import EngineStats
 from troupe.messages.scheduler import AllocationResult
 
 
 def engine_stats(
-    pools: AllocationResult, planner: StepPlanner, num_cpu_blocks: int, num_steps: int
+    pools: AllocationResult,
+    planner: StepPlanner,
+    num_cpu_blocks: int,
+    num_steps: int,
+    facts: StepFacts,
 ) -> EngineStats:
     q, num_gpu, spec = planner.queues, planner.limits.num_gpu_blocks, planner.speculator
     max_loras = planner.limits.max_loras
@@ -37,4 +42,6 @@ def engine_stats(
         max_loras=max_loras,
         running_lora_adapters=running,
         waiting_lora_adapters=waiting,
+        steps_by_tokens=facts.steps_by_tokens,
+        num_step_tokens=facts.num_step_tokens,
     )

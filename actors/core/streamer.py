@@ -24,6 +24,7 @@ from troupe.actors.core.detokenizer import IncrementalDetokenizer, shared_token_
 from troupe.actors.core.first_extras import FirstExtras
 from troupe.actors.core.sample_streams import SampleFamily
 from troupe.actors.core.stop_strings import StopStringMatcher
+from troupe.actors.core.streamer_timings import request_timings
 from troupe.actors.core.tokenizer_text import TextTokenizer
 from troupe.messages import (
     Aborted,
@@ -62,6 +63,7 @@ class _Stream:
     num_cached_tokens: int = 0
     first_token_time: float | None = None
     last_token_time: float | None = None
+    scheduled_time: float | None = None  # first scheduled (TokenBatch.first_scheduled)
     index: int = 0  # its sample (parallel sampling)
     family: SampleFamily | None = None  # the request's samples, when it has several
     has_stops: bool = dataclasses.field(init=False)  # False: the per-token fast path applies
@@ -77,12 +79,13 @@ class _Stream:
         )
 
     def timings(self, end_time: float) -> Timings:
-        first, last, arrival = self.first_token_time, self.last_token_time, self.opened.arrival_time
-        tpot = None
-        if first is not None and last is not None and self.num_output_tokens > 1:
-            tpot = (last - first) / (self.num_output_tokens - 1)
-        return Timings(
-            ttft=None if first is None else first - arrival, tpot=tpot, e2e=end_time - arrival
+        return request_timings(
+            arrival=self.opened.arrival_time,
+            scheduled=self.scheduled_time,
+            first_token=self.first_token_time,
+            last_token=self.last_token_time,
+            num_output_tokens=self.num_output_tokens,
+            end=end_time,
         )
 
     def final_text(self) -> str:
@@ -186,6 +189,12 @@ class StreamerCore:
         add_event = events.append
         if batch.prompt_logprobs or batch.embeddings:
             self._extras.add(batch)
+        if (first := batch.first_scheduled) is not None:  # before outputs: they may end them
+            for rid in first.request_ids:
+                family = self._families.get(rid)  # a parent: every sample's, else its own
+                for sample in family.open if family is not None else (rid,):
+                    if (one := get_stream(sample)) is not None and one.scheduled_time is None:
+                        one.scheduled_time = first.time
         for output in batch.outputs:
             stream = get_stream(output.request_id)
             if stream is None:
@@ -360,6 +369,8 @@ class StreamerCore:
                 timings=stream.timings(time),
                 logprobs=logprobs,
                 index=stream.index,
+                params_n=stream.opened.params.n,
+                params_max_tokens=stream.opened.params.max_tokens,
                 prompt_logprobs=prompt_logprobs,
                 embedding=embedding,
             )

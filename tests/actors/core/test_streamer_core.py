@@ -16,6 +16,7 @@ from troupe.messages import (
     Failed,
     Finished,
     FinishReason,
+    FirstScheduled,
     PromptLogprobs,
     RejectCode,
     Rejected,
@@ -62,16 +63,25 @@ def _event(routed: tuple[str, msgspec.Struct]) -> StreamEvent:
 
 
 def _batch(
-    step: int, time: float, *outputs: SeqOutput, stats: EngineStats | None = None
+    step: int,
+    time: float,
+    *outputs: SeqOutput,
+    stats: EngineStats | None = None,
+    first_scheduled: FirstScheduled | None = None,
 ) -> TokenBatch:
-    return TokenBatch(step_id=step, time=time, outputs=outputs, stats=stats)
+    return TokenBatch(
+        step_id=step, time=time, outputs=outputs, stats=stats, first_scheduled=first_scheduled
+    )
 
 
 def test_deltas_then_finished_with_usage_and_timings(tok: TextTokenizer) -> None:
     core = StreamerCore(tok)
     stats = EngineStats(num_running=1, num_steps=3)
     assert core.handle([_open("r")]) == []
-    out = core.handle([_batch(1, 100.5, SeqOutput("r", (HI,)), stats=stats)])
+    scheduled = FirstScheduled(100.25, ("r",))  # planned at 100.25, its first token at 100.5
+    out = core.handle(
+        [_batch(1, 100.5, SeqOutput("r", (HI,)), stats=stats, first_scheduled=scheduled)]
+    )
     assert out == [
         (
             "client",
@@ -98,7 +108,11 @@ def test_deltas_then_finished_with_usage_and_timings(tok: TextTokenizer) -> None
         finish_reason=FinishReason.STOP,
         stop_reason=EOS,
         usage=Usage(prompt_tokens=7, completion_tokens=5, cached_tokens=4),
-        timings=Timings(ttft=0.5, tpot=0.25, e2e=1.5),  # 1.0 s over 4 more tokens
+        # 1.0 s over 4 more tokens; vLLM's phases: queued 0.25 s, prefill 0.25 s, decode 1.0 s
+        timings=Timings(
+            ttft=0.5, tpot=0.25, e2e=1.5, queue=0.25, prefill=0.25, decode=1.0, inference=1.25
+        ),
+        params_max_tokens=16,  # SamplingParams' default, echoed for vLLM's request_params_*
     )
     assert out == [
         (
@@ -143,7 +157,8 @@ def test_stop_string_over_tokens_stops_the_scheduler(tok: TextTokenizer) -> None
         finish_reason=FinishReason.STOP,
         stop_reason="STOP",
         usage=Usage(prompt_tokens=7, completion_tokens=3),
-        timings=Timings(ttft=1.0, tpot=0.5, e2e=2.0),
+        timings=Timings(ttft=1.0, tpot=0.5, e2e=2.0, decode=1.0),  # never scheduled: no queue
+        params_max_tokens=16,
     )
     assert delta_b == Delta(request_id="b", text=" here", token_ids=(HERE,))
     assert out[2] == ("admission", RequestsEnded(request_ids=("a",)))
@@ -210,7 +225,7 @@ def test_abort_error_and_rejection_are_terminal(tok: TextTokenizer) -> None:
                         request_id="ab",
                         reason="client went away",
                         usage=Usage(prompt_tokens=7, completion_tokens=2),
-                        timings=Timings(ttft=0.25, tpot=0.0, e2e=0.75),
+                        timings=Timings(ttft=0.25, tpot=0.0, e2e=0.75, decode=0.0),
                         text="ST",  # held-back false start is flushed
                     ),
                     Failed(request_id="er", message="CUDA out of memory"),
@@ -253,7 +268,7 @@ def test_logprobs_and_special_tokens(tok: TextTokenizer) -> None:
     event = _event(out[0])
     assert isinstance(event, Finished)
     assert event.text == "Hello<|im_end|>" and event.logprobs == lps
-    assert event.timings == Timings(ttft=0.125, tpot=0.0, e2e=0.125)
+    assert event.timings == Timings(ttft=0.125, tpot=0.0, e2e=0.125, decode=0.0)
 
 
 def test_finish_mid_character_flushes_a_replacement_char(tok: TextTokenizer) -> None:
