@@ -84,6 +84,11 @@ class GGUFShardReader:
         self._config = config
         metadata, infos = _read(path)
         self._arch = str(metadata.get("general.architecture"))
+        if self._arch == "deepseek2":  # merged experts, kv_b split per head: not sliced here
+            raise ModelLoadError(
+                f"{path}: a DeepSeek GGUF (arch 'deepseek2') cannot be loaded with "
+                "tensor_parallel_size > 1; use its HF safetensors folder"
+            )
         self._infos: dict[str, TensorInfo] = {}
         for info in infos:
             name = hf_name(info.name, self._arch)

@@ -209,3 +209,20 @@ def test_same_tokens_at_two_ranks(
     assert tokens == expected
     assert len(scores) == len(PROMPTS[0]) - 1
     assert scores == pytest.approx(expected_scores, abs=1e-4)
+
+
+def test_deepseek_gguf_is_refused_by_name(tmp_path: Path) -> None:
+    """llama.cpp's deepseek2 layout (merged experts, kv_b split per head) is not sliced."""
+    pytest.importorskip("gguf")
+    from troupe.gpu.gguf_weights import read_gguf_config
+    from troupe.gpu.model_config import ModelLoadError
+    from troupe.gpu.tp_weights import GGUFShardReader
+
+    from tests.gpu.test_deepseek_gguf import HF, _write_gguf
+
+    cfg = {**HF, "model_type": "deepseek_v2"}
+    weights = random_weights(ModelConfig.from_hf_dict(cfg), torch.float32, seed=5, std=0.2)
+    path = tmp_path / "tiny-deepseek2.gguf"
+    _write_gguf(path, {k: t.numpy() for k, t in weights.items()}, cfg, True)
+    with pytest.raises(ModelLoadError, match=r"arch 'deepseek2'.*tensor_parallel_size > 1"):
+        GGUFShardReader(path, read_gguf_config(path))
