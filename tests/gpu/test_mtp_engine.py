@@ -132,3 +132,32 @@ def test_swap_preemption_and_prefix_cache_same_tokens(models: dict[str, Path]) -
     swapped, stats, _ = anyio.run(_run, _mtp(model, **tight), 0.0, True, LONG)
     assert swapped == plain
     assert stats.num_preemptions_swap > 0  # the layer's blocks went to its CPU pool and back
+
+
+@pytest.mark.gpu
+def test_cuda_graphs_same_tokens_and_copy_layer_accepted(models: dict[str, Path]) -> None:
+    from troupe.gpu.model_runner import ModelRunner
+
+    cuda = {"device": "cuda"}
+    copy, model = models["copy"], models["random"]
+    runner = ModelRunner.from_config(_mtp(copy, **cuda))
+    assert runner._pass.graphs is not None and runner._pass.mixed is not None  # graphs in use
+    assert runner.num_lookahead_tokens == 3 and not runner.overlap_schedule
+    runner.close()
+    for temperature in (0.0, 0.8):
+        plain, _, _ = anyio.run(_run, _plain(copy, **cuda), temperature)
+        same, stats, _ = anyio.run(_run, _mtp(copy, **cuda), temperature)
+        assert same == plain
+        assert _acceptance(stats) > 0.95  # hidden rows read after decode and mixed replays
+    plain, _, _ = anyio.run(_run, _plain(model, **cuda))
+    other, stats, _ = anyio.run(_run, _mtp(model, **cuda))
+    assert other == plain
+    assert stats.num_spec_proposed_tokens > 0
+    tight = {"device": "cuda", "num_kv_blocks": 20, "num_cpu_blocks": 8}
+    plain, _, _ = anyio.run(_run, _plain(model, **tight), 0.0, True, LONG)
+    swapped, stats, _ = anyio.run(_run, _mtp(model, **tight), 0.0, True, LONG)
+    assert swapped == plain
+    assert stats.num_preemptions_swap > 0  # the layer's blocks to its pinned pool and back
+    # bf16: acceptance stays high (near-ties may flip: only fp32 promises identical tokens)
+    _, stats, _ = anyio.run(_run, _mtp(copy, device="cuda", dtype="bfloat16"))
+    assert _acceptance(stats) > 0.7
