@@ -27,11 +27,13 @@ from pathlib import Path
 import torch
 from troupe.config import ConfigError, EngineConfig, resolve_model_path
 from troupe.gpu.activation_profile import profile_activation_peak
-from troupe.gpu.model_config import ModelLoadError
+from troupe.gpu.model_config import ModelConfig, ModelLoadError
 from troupe.gpu.model_runner import ModelRunner, kv_dtype
+from troupe.gpu.models import DecoderModel
 from troupe.gpu.pool_sizing import blocks_from_free_memory, cpu_device_blocks, swap_pool_blocks
 from troupe.gpu.runner import SequencesFailed
 from troupe.gpu.runner_setup import (
+    RunnerOptions,
     checked_max_model_len,
     model_dtype,
     runner_options,
@@ -82,7 +84,21 @@ def build_rank_runner(config: EngineConfig, group: TPGroup) -> ModelRunner:
     model.eval()
     install_tp_lora(model, config)  # before the memory profile: the slots count
     layers = shard.layer_config()  # the rank's KV heads: the pool holds only those
-    cache_dtype = kv_dtype(config.kv_cache_dtype, dtype)
+    return ModelRunner(layers, model, group_options(config, group, model, layers, max_model_len))
+
+
+def group_options(
+    config: EngineConfig,
+    group: TPGroup,
+    model: DecoderModel,
+    layers: ModelConfig,
+    max_model_len: int,
+) -> RunnerOptions:
+    """The runner options of one rank whose pool holds `layers` (its KV heads, or a pipeline
+    stage's layers): pools sized on this rank, then min-reduced over the group, so the
+    scheduler plans one pool for all."""
+    device = group.device
+    cache_dtype = kv_dtype(config.kv_cache_dtype, model.dtype)
     num_gpu_blocks = config.num_kv_blocks
     if num_gpu_blocks is None and device.type == "cuda":
         peak = profile_activation_peak(model, config, max_model_len)  # collectives: all ranks
@@ -98,14 +114,13 @@ def build_rank_runner(config: EngineConfig, group: TPGroup) -> ModelRunner:
             layers, config, cache_dtype, device, num_gpu_blocks=num_gpu_blocks
         )
     # the same seed on every rank: the same per-request sampling seeds
-    options = runner_options(
+    return runner_options(
         config,
         device,
         num_gpu_blocks=num_gpu_blocks,
         num_cpu_blocks=group.min_int(num_cpu_blocks),
         max_model_len=max_model_len,
     )
-    return ModelRunner(layers, model, options)
 
 
 def worker_main(
