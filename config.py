@@ -16,6 +16,7 @@ from troupe.config_checks import (
     check_lora,
     check_prompt_embeds,
 )
+from troupe.config_pipeline import check_pipeline
 from troupe.kernels.ops import KernelBackend
 
 # the default model and where a model's path is resolved: their home is model_path.py
@@ -193,6 +194,10 @@ class EngineConfig:
     # what it must divide: gpu/tp_model.py. Expert parallel: whole MoE experts per rank, not cut
     tensor_parallel_size: int = 1
     enable_expert_parallel: bool = False
+    # Pipeline parallelism, a worker process (a GPU on CUDA) per stage of layers: pp_runner.py.
+    # Layers per stage "3,5" (vLLM's VLLM_PP_LAYER_PARTITION); None: vLLM's even split
+    pipeline_parallel_size: int = 1
+    pipeline_layer_partition: str | None = None
     # Prefill/decode disaggregation: "prefill_decode" computes prompts on one executor and their
     # continuations on another, each with its own worker process, model and KV pool; KV blocks
     # move between them through torch.distributed (gloo on the CPU, NCCL on CUDA). On CUDA the
@@ -298,6 +303,7 @@ class EngineConfig:
         check_lora(self)
         check_prompt_embeds(self)
         check_generation_config(self)
+        check_pipeline(self)
         if not isinstance(self.enable_overlap_schedule, bool):
             raise ConfigError(
                 f"enable_overlap_schedule must be a bool, got {self.enable_overlap_schedule!r}"

@@ -187,6 +187,10 @@ def build_runner(config: EngineConfig) -> Runner:
         from troupe.gpu.tp_runner import TPRunner
 
         return TPRunner(config)
+    if config.pipeline_parallel_size > 1:  # one worker process per stage (gpu/pp_runner.py)
+        from troupe.gpu.pp_runner import PPRunner
+
+        return PPRunner(config)
     from troupe.gpu.model_runner import ModelRunner
 
     return ModelRunner.from_config(config)
