@@ -48,7 +48,8 @@ FINAL_STATE = HiddenTaps()  # EAGLE-1 reads the final post-norm state
 
 
 class DraftHead(Protocol):
-    """An EAGLE head as the runner drives it (gpu/eagle_model.py, gpu/eagle3_model.py)."""
+    """A head as the runner drives it: EAGLE (gpu/eagle_model.py, gpu/eagle3_model.py) or
+    DeepSeek's MTP layer (gpu/mtp_model.py, loaded by gpu/mtp_load.py)."""
 
     dtype: torch.dtype
     device: torch.device
@@ -74,7 +75,8 @@ class DraftHead(Protocol):
 
 @dataclasses.dataclass(frozen=True)
 class EagleModel:
-    """A loaded EAGLE head, bound to its target (whose forward now fills target_hidden)."""
+    """A loaded EAGLE head or MTP layer, bound to its target (whose forward now fills
+    target_hidden)."""
 
     config: ModelConfig  # the head's
     head: DraftHead
@@ -91,7 +93,8 @@ def check_eagle(target: ModelConfig, head: ModelConfig, *, eagle3: bool = False)
     if target.mla is not None or target.is_gemma3:
         raise ConfigError(
             f"speculative_method 'eagle' needs a Llama/Qwen-style model; the model's "
-            f"model_type is {target.model_type!r}"
+            f"model_type is {target.model_type!r} (a DeepSeek-V3 checkpoint's own "
+            "multi-token-prediction layer: speculative_method 'mtp')"
         )
     if head.model_type not in HEAD_TYPES or head.moe is not None:
         raise ConfigError(

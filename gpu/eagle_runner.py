@@ -1,4 +1,5 @@
-"""The EAGLE head's side of speculative decoding (speculative_method="eagle").
+"""The EAGLE head's side of speculative decoding (speculative_method "eagle", "eagle3", and
+"mtp": DeepSeek's multi-token-prediction layer is driven the same way, gpu/mtp_model.py).
 
 As the draft model's round (gpu/draft_runner.py) in all it shares with it: the head's own
 paged KV indexed by the target's block tables (a swap moves its blocks too), k proposals per

@@ -1,5 +1,6 @@
 """What proposes tokens inside the executor: a draft model (gpu/draft_runner.py) or an EAGLE
-head (gpu/eagle_runner.py), behind one seam the ModelRunner drives after each step."""
+head or DeepSeek MTP layer (gpu/eagle_runner.py), behind one seam the ModelRunner drives after
+each step."""
 
 from __future__ import annotations
 
