@@ -17,7 +17,7 @@ from pathlib import Path
 import anyio
 import pytest
 import torch
-from troupe import Engine
+from troupe import Engine, EngineConfig
 from troupe.config import ConfigError
 from troupe.gpu.kv_cache import KVCache
 from troupe.gpu.mla_layer import MlaLayer
@@ -226,3 +226,22 @@ def test_deepseek_gguf_is_refused_by_name(tmp_path: Path) -> None:
     _write_gguf(path, {k: t.numpy() for k, t in weights.items()}, cfg, True)
     with pytest.raises(ModelLoadError, match=r"arch 'deepseek2'.*tensor_parallel_size > 1"):
         GGUFShardReader(path, read_gguf_config(path))
+
+
+@pytest.mark.gpu
+def test_cuda_two_gpus_same_tokens(folders: dict[str, Path]) -> None:
+    """NCCL on two GPUs, both expert modes, eager and with CUDA graphs + overlap (the Triton
+    MLA kernels over each rank's heads, the all-reduces inside the graphs), vs one GPU."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two CUDA devices")
+    base = _config(folders["split"], mla_expand_min_tokens=EXPAND).replace(device="cuda")
+
+    async def run(config: EngineConfig) -> list[list[int]]:
+        async with Engine.open(config) as engine:
+            return await _generate(engine)
+
+    expected = anyio.run(run, base)
+    for expert_parallel in (False, True):
+        two = base.replace(tensor_parallel_size=2, enable_expert_parallel=expert_parallel)
+        assert anyio.run(run, two.replace(enforce_eager=True)) == expected
+        assert anyio.run(run, two) == expected
