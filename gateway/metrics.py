@@ -16,16 +16,14 @@ import time
 from collections.abc import Iterator, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, generate_latest
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-    Metric,
-)
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 from troupe.actors.lora_registry import public_name
 from troupe.gateway.engine_api import EngineLike
 from troupe.gateway.latency_histogram import LatencyHistogram
+from troupe.gateway.metrics_engine_vllm import vllm_engine_metrics
+from troupe.gateway.metrics_families import Families
+from troupe.gateway.metrics_requests import RequestMetrics
 from troupe.gateway.served_models import ServedModels
 from troupe.messages import (
     Aborted,
@@ -68,7 +66,7 @@ class EngineStatsCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         stats, model = self._engine.stats(), self._model_name
-        by_name = _Families(model)
+        by_name = Families(model)
         gauge, counter = by_name.gauge, by_name.counter
         gauge("troupe_requests_running", "Requests in the running batch", stats.num_running)
         gauge("troupe_requests_waiting", "Requests waiting to be scheduled", stats.num_waiting)
@@ -95,30 +93,9 @@ class EngineStatsCollector(Collector):
         counter("troupe_prefix_cache_tier_hit_tokens", by_tier, cpu_hits, tier="cpu")
         yield from by_name.families.values()
         yield from _spec_metrics(stats, model)
+        yield from vllm_engine_metrics(stats, model)
         if stats.max_loras:  # the engine serves adapters (known from its first stats on)
             yield _lora_info(stats, model)
-
-
-class _Families:
-    """Metric families by name, each labelled `model_name` and its own labels."""
-
-    def __init__(self, model_name: str) -> None:
-        self._model_name = model_name
-        self.families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {}
-
-    def gauge(self, name: str, documentation: str, value: float, **labels: str) -> None:
-        family = self.families.get(name)
-        if family is None:
-            family = GaugeMetricFamily(name, documentation, labels=["model_name", *labels])
-            self.families[name] = family
-        family.add_metric([self._model_name, *labels.values()], value)
-
-    def counter(self, name: str, documentation: str, value: float, **labels: str) -> None:
-        family = self.families.get(name)
-        if family is None:
-            family = CounterMetricFamily(name, documentation, labels=["model_name", *labels])
-            self.families[name] = family
-        family.add_metric([self._model_name, *labels.values()], value)
 
 
 def _lora_info(stats: EngineStats, model_name: str) -> Metric:
@@ -142,7 +119,7 @@ def _names(inside: tuple[str, ...]) -> str:
 
 def _spec_metrics(stats: EngineStats, model_name: str) -> Iterator[Metric]:
     """Speculative decoding: proposed and accepted tokens, accepted length per verification."""
-    by_name = _Families(model_name)
+    by_name = Families(model_name)
     proposed = "Speculative tokens proposed and verified"
     by_name.counter("troupe_spec_decode_proposed_tokens", proposed, stats.num_spec_proposed_tokens)
     accepted = "Speculative tokens accepted by the target"
@@ -205,13 +182,21 @@ class GatewayMetrics:
             self.registry,
             labels,
         )
+        self.vllm = RequestMetrics(self.registry, model, engine.max_model_len)
         self.registry.register(ModelInfoCollector(model))
         self.registry.register(EngineStatsCollector(engine, model))
         self._last_token_time: dict[str, float] = {}
 
     def on_event(self, event: StreamEvent, now: float) -> None:
         """Engine event listener: runs on the event loop for every event; keep it cheap."""
-        if not isinstance(event, Rejected) and event.index:
+        if isinstance(event, Rejected):
+            self._outcomes["rejected"].inc()
+            return
+        if event.token_ids:
+            self.vllm.on_tokens(len(event.token_ids))  # every sample's
+        if not isinstance(event, Delta):
+            self.vllm.on_sample_end(event)
+        if event.index:
             return  # parallel sampling: a request's latency and outcome are its sample 0's
         if event.token_ids:
             last = self._last_token_time.get(event.request_id)
@@ -219,6 +204,8 @@ class GatewayMetrics:
                 # A delta may carry several tokens: spread the gap over them.
                 num_tokens = len(event.token_ids)
                 self.itl.observe((now - last) / num_tokens, num_tokens)
+            else:  # its first tokens: its prompt was processed
+                self.vllm.on_first_token(event)
             self._last_token_time[event.request_id] = now
         if isinstance(event, Delta):
             return
@@ -229,14 +216,15 @@ class GatewayMetrics:
                 if event.timings.ttft is not None:
                     self.ttft.observe(event.timings.ttft)
                 self.e2e.observe(event.timings.e2e)
+                self.vllm.on_finished(event)
             case Aborted():
                 self._outcomes["aborted"].inc()
                 if event.timings.ttft is not None:
                     self.ttft.observe(event.timings.ttft)
-            case Rejected():
-                self._outcomes["rejected"].inc()
+                self.vllm.on_ended(event)
             case Failed():
                 self._outcomes["failed"].inc()
+                self.vllm.on_ended(event)
 
     def _outcome(self, outcome: str) -> Counter:
         """The requests counter's child for `outcome` (a finish reason beyond the five: made

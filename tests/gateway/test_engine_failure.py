@@ -66,6 +66,7 @@ class _DeadEngine:
     """The slice of an engine /health reads, after its graph failed."""
 
     model_name = "dead"
+    max_model_len = 0  # never learnt
     lora_adapters: ClassVar[dict[str, str]] = {}
     is_healthy = False
     failure = "engine dead: tensor-parallel worker failed: rank 1 exited with code -9"

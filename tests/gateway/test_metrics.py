@@ -56,6 +56,13 @@ async def test_metrics_count_requests_and_read_engine_stats(server) -> None:  # 
     assert delta("troupe_requests_total", outcome="rejected") == 1
     assert delta("troupe_time_to_first_token_seconds_count") == 2
     assert delta("troupe_inter_token_latency_seconds_count") == 2 * 3  # 4 tokens: 3 gaps each
+    # vLLM's families (test_metrics_vllm.py checks their values); the rejection is not counted
+    assert delta("troupe_request_success_total", finished_reason="length") == 2
+    assert delta("troupe_generation_tokens_total") == 2 * 4
+    for phase in ("queue", "prefill", "decode", "inference"):
+        assert delta(f"troupe_request_{phase}_time_seconds_count") == 2, phase
+    assert delta("troupe_request_params_max_tokens_sum") == 2 * 4
+    assert delta("troupe_iteration_tokens_total_count") == delta("troupe_engine_steps_total")
     assert after[("troupe_kv_blocks_total", (("pool", "gpu"),))] == server.config.num_kv_blocks
     assert after[("troupe_kv_blocks_total", (("pool", "cpu"),))] == server.config.num_cpu_blocks
     assert after[("troupe_kv_blocks_used", (("pool", "gpu"),))] == 0
