@@ -254,3 +254,22 @@ def test_engine_config_refusals_and_vllm_spelling(models: dict[str, Path]) -> No
         EngineConfig(model=model, speculative_method="mtp", draft_model=model)
     with pytest.raises(ConfigError, match="needs runner='model'"):
         EngineConfig(speculative_method="mtp", runner="fake")
+
+
+def test_sharded_checkpoint_opens_only_the_mtp_layers_files(
+    models: dict[str, Path], tmp_path: Path
+) -> None:
+    from troupe.gpu.mtp_load import read_layer
+
+    tensors = tensors_of(models["random"])
+    mtp = {n: t for n, t in tensors.items() if n.startswith(MTP)}
+    folder = tmp_path / "sharded"
+    folder.mkdir()
+    save_file(mtp, str(folder / "model-00002-of-00002.safetensors"))
+    (folder / "model-00001-of-00002.safetensors").write_bytes(b"not read")  # the model's
+    weight_map = {n: "model-00001-of-00002.safetensors" for n in tensors if n not in mtp}
+    weight_map.update({n: "model-00002-of-00002.safetensors" for n in mtp})
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    layer = read_layer(folder, MTP)
+    assert set(layer) == {n.removeprefix(MTP) for n in mtp}
+    torch.testing.assert_close(layer["eh_proj.weight"], mtp[MTP + "eh_proj.weight"])
