@@ -182,7 +182,11 @@ def test_every_query_reads_an_exposed_metric(server) -> None:  # type: ignore[no
     # The figures the engine reports all have a panel.
     for family in ("troupe_requests_total", "troupe_kv_blocks_used", "troupe_preemptions_total",
                    "troupe_time_to_first_token_seconds_bucket", "troupe_prefix_cache_hit_tokens_total",
-                   "troupe_inter_token_latency_seconds_bucket", "troupe_requests_waiting"):  # fmt: skip
+                   "troupe_inter_token_latency_seconds_bucket", "troupe_requests_waiting",
+                   # vLLM's latency breakdown and token rates
+                   "troupe_request_queue_time_seconds_bucket", "troupe_request_prefill_time_seconds_sum",
+                   "troupe_request_decode_time_seconds_count", "troupe_generation_tokens_total",
+                   "troupe_prompt_tokens_total", "troupe_iteration_tokens_total_bucket"):  # fmt: skip
         assert family in used, family
 
 
