@@ -124,7 +124,11 @@ class WorkerRunner:
         # the workers hold any adapters (lora_modules under TP, gpu/tp_lora.py); run-time loads
         # are refused with several workers (config_checks.py, actors/lora_registry.py)
         self.lora = None
-        self.kv_window = first.kv_window
+        # the widest window when every layer of every rank has one, else 0 (pipeline stages
+        # hold different layers: one stage of only windowed layers must not free a block that
+        # another stage's full-attention layer still reads)
+        windows = [r.kv_window for r in ready if isinstance(r, WorkerReady)]
+        self.kv_window = 0 if 0 in windows else max(windows)
         self.max_stream_len = 0  # no streaming attention across processes (not built)
 
     # -- the Runner protocol -------------------------------------------------------------------

@@ -232,3 +232,54 @@ def test_llama_recompute_then_a_dead_stage_turns_the_engine_dead(models: dict[st
     [late] = seen["late"]
     assert isinstance(late, Rejected) and late.message == ends[0].message
     assert all(code is not None for code in seen["exit_codes"])  # stage 0 stopped too
+
+
+def test_gemma3_gguf_stages_equal_transformers(
+    tmp_path_factory: pytest.TempPathFactory, mt: Any
+) -> None:
+    """A GGUF file (dequantized per stage), Gemma 3's scaled embedding on stage 0, five
+    windowed layers then a global one split [3, 3]: stage 0 holds only windowed layers, yet no
+    block the global layer reads is released (the engine's kv_window is 0)."""
+    transformers = pytest.importorskip("transformers")
+    from tests.gpu.test_gemma3_gguf import _hf_config, _write_gguf
+
+    weights = random_weights(
+        ModelConfig.from_hf_dict(_hf_config().to_dict()), torch.float32, seed=3, std=0.2
+    )
+    path = tmp_path_factory.mktemp("pp-gemma3") / "tiny-gemma3.gguf"
+    _write_gguf(path, weights)
+    hf_model = transformers.AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, dtype=torch.float32
+    ).eval()
+    prompts = [[2, 300, 301, 290, 277, 281, 299, 300, 305, 288, 270], [2, 295, 296, 297]]
+    expected = [mt.hf_greedy(hf_model, p, 10) for p in prompts]
+    config = EngineConfig(
+        model=str(path),
+        device="cpu",
+        dtype="float32",
+        block_size=4,
+        num_kv_blocks=16,
+        max_num_seqs=4,
+        max_num_batched_tokens=8,
+        max_model_len=64,
+        pipeline_parallel_size=2,
+    )
+    runner = build_runner(config)
+    assert isinstance(runner, PPRunner) and runner.kv_window == 0
+
+    async def run() -> list[list[int]]:
+        async with Engine.open(config, runner=runner) as engine:
+            ends: list[list[int]] = [[], []]
+
+            async def one(i: int) -> None:
+                params = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
+                ends[i] = token_ids(await collect(engine, prompts[i], params))
+
+            async with anyio.create_task_group() as tg:
+                for i in range(len(prompts)):
+                    tg.start_soon(one, i)
+            await wait_blocks_free(engine, timeout=60)
+            return ends
+
+    assert anyio.run(run) == expected
+    assert len(set(expected[0])) > 2  # the model is not stuck on one token
