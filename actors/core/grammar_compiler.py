@@ -16,6 +16,7 @@ import threading
 from collections import OrderedDict
 from typing import TYPE_CHECKING
 
+from troupe.actors.core.grammar_writable import TokenBytes, choice_error, first_step_error
 from troupe.actors.core.spec_grammar import spec_grammar
 from troupe.messages.structured import StructuredOutputs
 
@@ -61,16 +62,23 @@ class GrammarCompiler:
         self._cache = OrderedDict()
 
     @functools.cached_property
+    def _vocab_bytes(self) -> list[bytes]:
+        if self._vocab is not None:
+            return self._vocab
+        assert self._tokenizer is not None
+        return grammar_vocab(self._tokenizer, self.vocab_size)
+
+    @functools.cached_property
+    def _token_bytes(self) -> TokenBytes:
+        return TokenBytes(self._vocab_bytes)
+
+    @functools.cached_property
     def _compiler(self) -> xgrammar.GrammarCompiler:
         """Built on first use (a second or so for a large vocabulary) from grammar_vocab."""
         import xgrammar
 
-        vocab = self._vocab
-        if vocab is None:
-            assert self._tokenizer is not None
-            vocab = grammar_vocab(self._tokenizer, self.vocab_size)
         info = xgrammar.TokenizerInfo(
-            vocab,
+            self._vocab_bytes,
             xgrammar.VocabType.RAW,
             vocab_size=self.vocab_size,
             stop_token_ids=list(self.eos_token_ids),
@@ -82,6 +90,7 @@ class GrammarCompiler:
         field = f"structured_outputs.{spec.kind}"
         with self._lock:
             self._compiler  # noqa: B018 -- built once, here: its time is not the spec's
+            self._token_bytes  # noqa: B018 -- likewise (read by the pool's threads)
             future = self._cache.get(spec)
             if future is None:
                 future = self._pool.submit(self._compile_now, spec)
@@ -103,7 +112,14 @@ class GrammarCompiler:
         return compiled  # type: ignore[return-value]
 
     def _compile_now(self, spec: StructuredOutputs) -> xgrammar.CompiledGrammar:
-        return self._compiler.compile_grammar(spec_grammar(spec))
+        """Compiled, and refused (ValueError) when the vocabulary cannot write what it
+        demands (grammar_writable.py): such a request would fail mid-stream."""
+        compiled = self._compiler.compile_grammar(spec_grammar(spec))
+        why = choice_error(spec.choice, self._token_bytes) if spec.choice is not None else None
+        why = why or first_step_error(compiled, self.vocab_size)
+        if why is not None:
+            raise ValueError(why)
+        return compiled
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
