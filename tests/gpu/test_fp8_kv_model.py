@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 from troupe.gpu.kv_cache import KVCache
 from troupe.gpu.model_runner import ModelRunner, RunnerOptions
@@ -18,9 +19,9 @@ PROMPTS = [[5, 17, 42, 99, 3, 250, 7, 8, 64, 12, 31], [200, 1, 77, 13, 90, 4, 4,
 
 
 def _fp8_runner(
-    folder: Path, num_cpu_blocks: int = 0, backend: KernelBackend = "auto"
+    folder: Path, num_cpu_blocks: int = 0, backend: KernelBackend = "auto", device: str = "cpu"
 ) -> ModelRunner:
-    config, model = load_model(folder, torch.float32, torch.device("cpu"), 256, backend)
+    config, model = load_model(folder, torch.float32, torch.device(device), 256, backend)
     options = RunnerOptions(
         block_size=4, num_gpu_blocks=64, num_cpu_blocks=num_cpu_blocks, max_model_len=256,
         kv_cache_dtype="fp8",
@@ -45,14 +46,16 @@ def test_fp8_greedy_matches_hf(hf_folder: Any, mt: Any) -> None:
         assert got[:2] == want[:2]
 
 
-def test_fp8_triton_ops_match_the_reference_ops(hf_folder: Any, mt: Any) -> None:
-    """fp8 KV on the Triton ops (under TRITON_INTERPRET=1 here): prefill chunks take the extend
-    kernel, its new keys the cache's units from the fused qkv rows; the same rounding as the
-    torch path's, so the same greedy tokens."""
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_fp8_triton_ops_match_the_reference_ops(hf_folder: Any, mt: Any, device: str) -> None:
+    """fp8 KV on the Triton ops (under TRITON_INTERPRET=1 on the CPU): prefill chunks take the
+    extend kernel, its new keys the cache's units from the fused qkv rows; the same rounding as
+    the torch path's, so the same greedy tokens."""
     folder, _ = hf_folder("qwen3")
     outputs = []
     for backend in ("torch", "triton"):
-        driver = mt.PlanDriver(_fp8_runner(folder, backend=backend), chunk=5)
+        runner = _fp8_runner(folder, backend=backend, device=device)
+        driver = mt.PlanDriver(runner, chunk=5)
         for i, prompt in enumerate(PROMPTS):
             driver.add(f"r{i}", prompt)
         driver.run(4)
