@@ -78,7 +78,7 @@ async def proxy(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
     body = await request.read()
     try:
         parsed = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested past the interpreter's limit
         parsed = None  # the replica answers the 400
     if endpoint.stored is not None and isinstance(parsed, dict):
         response_id = endpoint.stored(parsed)
