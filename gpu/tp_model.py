@@ -32,13 +32,12 @@ from __future__ import annotations
 import dataclasses
 
 import torch
-from torch.nn import functional as F
 from troupe.config import ConfigError
 from troupe.gpu.attention import AttentionMetadata
 from troupe.gpu.gemma3_layer import Gemma3Layer
 from troupe.gpu.model_config import ModelConfig
 from troupe.gpu.models import DecoderLayer, DecoderModel, KVCache
-from troupe.gpu.quant_linear import linear
+from troupe.gpu.quant_linear import embedding, linear
 from troupe.gpu.tp_group import TPGroup
 from troupe.kernels.ops import KernelBackend, KernelOps
 
@@ -240,8 +239,7 @@ class TPDecoderModel(DecoderModel):
         start, rows = self.shard.vocab_start, self.shard.vocab_per_rank
         local = input_ids - start
         owned = (local >= 0) & (local < rows)
-        assert isinstance(self.embed_tokens, torch.Tensor), "TP shards are dense"
-        hidden = F.embedding(local.clamp(0, rows - 1), self.embed_tokens)
+        hidden = embedding(local.clamp(0, rows - 1), self.embed_tokens, self.dtype)
         hidden = hidden.masked_fill(~owned.unsqueeze(1), 0)
         return self.group.all_reduce(hidden)
 

@@ -8,8 +8,11 @@ GGUF          the file is memory-mapped; a row slice dequantizes only its rows, 
               llama.cpp's q/k row permutation is within a head, so a slice of whole heads is
               unpermuted on its own
 
-The shards are dense in the model's dtype: quantized weights are expanded as they load (a
-quantized shard path is not built). A tensor may feed several targets (a fused expert tensor's
+fp8 (e4m3)    the codes' slice expanded with its scales, scale by scale, at any cut
+
+`read` gives dense slices in the model's dtype. `read_kept` gives a slice as shipped (GGUF quant
+blocks, fp8 codes with the scales they keep): gpu/tp_quant.py installs those where the config
+keeps quantized weights, and `read` fills the rest. A tensor may feed several targets (a fused expert tensor's
 gate and up halves). DeepSeek's latent attention and shared experts: gpu/tp_mla.py. Gemma 3's norms hold 1 + weight, as on one GPU (gpu/weight_fill.py).
 """
 
@@ -23,15 +26,28 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 from troupe.gguf_file import TensorInfo, tensor_bytes
+from troupe.gpu.fp8_weights import Fp8Weight
 from troupe.gpu.gemma3_layer import Gemma3Layer
 from troupe.gpu.gguf_arch import hf_name, norm_offset
+from troupe.gpu.gguf_quant import BLOCK_BYTES, Q4_0, Q4_1, Q4_K, Q6_K, Q8_0, QuantBlocks, from_gguf
 from troupe.gpu.gguf_weights import read_gguf_config, rest_is, unpermute_rotary
 from troupe.gpu.model_config import ModelConfig, ModelLoadError
 from troupe.gpu.quant_linear import Projection
 from troupe.gpu.tp_mla import TPMlaLayer, mla_targets
 from troupe.gpu.tp_model import Target, TPDecoderLayer, TPDecoderModel
 from troupe.gpu.tp_moe import TPMoeLayer, moe_targets
+from troupe.gpu.tp_quant import (
+    KeepShards,
+    Kept,
+    expand_fp8_slice,
+    fp8_slice,
+    install_kept,
+    on_block_edge,
+    unpermuted_rows,
+)
 from troupe.gpu.weights import safetensors_files
+
+GGML_NAMES = {Q4_0: "Q4_0", Q4_1: "Q4_1", Q8_0: "Q8_0", Q4_K: "Q4_K", Q6_K: "Q6_K"}
 
 
 class ShardReader(Protocol):
@@ -40,7 +56,15 @@ class ShardReader(Protocol):
     def has(self, name: str) -> bool: ...
 
     def read(self, name: str, dim: int | None, start: int, stop: int) -> torch.Tensor:
-        """The whole tensor (dim None) or [start, stop) of dim 0, 1 or 2 (fused experts)."""
+        """The whole tensor (dim None) or [start, stop) of dim 0, 1 or 2 (fused experts),
+        dense (quantized weights expanded)."""
+        ...
+
+    def read_kept(
+        self, name: str, dim: int | None, start: int, stop: int, strict: bool
+    ) -> Kept | None:
+        """The slice as shipped (gpu/tp_quant.py); None where the tensor is dense, or its cut is
+        off a block edge and not `strict` (strict: ConfigError)."""
         ...
 
 
@@ -61,17 +85,50 @@ class SafetensorsShardReader:
 
     def read(self, name: str, dim: int | None, start: int, stop: int) -> torch.Tensor:
         part = self._handles[name].get_slice(name)
-        if dim is None:
-            tensor: torch.Tensor = part[:]
-        elif dim == 0:
-            tensor = part[start:stop]
-        elif dim == 1:
-            tensor = part[:, start:stop]
-        else:
-            tensor = part[:, :, start:stop]
-        if tensor.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
-            raise ModelLoadError(f"{name}: fp8 weights are not supported with tensor parallelism")
-        return tensor
+        tensor = _cut(part, dim, start, stop)
+        if tensor.dtype == torch.float8_e5m2:
+            raise ModelLoadError(f"{name}: fp8 e5m2 weights are not supported")
+        if tensor.dtype != torch.float8_e4m3fn:
+            return tensor
+        shape = self._fp8_shape(name, part, dim)
+        return expand_fp8_slice(tensor, self._scale(name), dim, start, stop, shape)
+
+    def read_kept(
+        self, name: str, dim: int | None, start: int, stop: int, strict: bool
+    ) -> Fp8Weight | None:
+        part = self._handles[name].get_slice(name)
+        if part.get_dtype() != "F8_E4M3":
+            return None
+        shape = self._fp8_shape(name, part, dim)
+        weight = _cut(part, dim, start, stop)
+        return fp8_slice(name, weight, self._scale(name), dim, start, stop, shape, strict)
+
+    def _scale(self, name: str) -> torch.Tensor:
+        base = name.removesuffix(".weight")
+        for scale in (base + ".weight_scale_inv", base + ".weight_scale"):
+            if scale in self._handles:
+                tensor: torch.Tensor = self._handles[scale].get_tensor(scale)
+                return tensor
+        raise ModelLoadError(f"fp8 tensor {name!r} has no weight_scale or weight_scale_inv")
+
+    @staticmethod
+    def _fp8_shape(name: str, part: Any, dim: int | None) -> tuple[int, int]:
+        shape = tuple(part.get_shape())
+        if len(shape) != 2 or dim not in (None, 0, 1):
+            raise ModelLoadError(f"{name}: fp8 tensors of shape {shape} are not sliced here")
+        return int(shape[0]), int(shape[1])
+
+
+def _cut(part: Any, dim: int | None, start: int, stop: int) -> torch.Tensor:
+    if dim is None:
+        tensor: torch.Tensor = part[:]
+    elif dim == 0:
+        tensor = part[start:stop]
+    elif dim == 1:
+        tensor = part[:, start:stop]
+    else:
+        tensor = part[:, :, start:stop]
+    return tensor
 
 
 class GGUFShardReader:
@@ -129,6 +186,29 @@ class GGUFShardReader:
         if offset := norm_offset(info.name, self._arch):  # Gemma's norms: stored as 1 + w
             data = data + np.float32(offset)
         return torch.from_numpy(data)
+
+    def read_kept(
+        self, name: str, dim: int | None, start: int, stop: int, strict: bool
+    ) -> QuantBlocks | None:
+        info = self._infos[name]
+        if info.ggml_type not in BLOCK_BYTES or len(info.shape) != 2 or dim not in (None, 0, 1):
+            return None  # dense in the file, or a form gguf_quant.py does not keep
+        block, type_size = BLOCK_BYTES[info.ggml_type]
+        n, k = int(info.shape[0]), int(info.shape[1])
+        form = GGML_NAMES[info.ggml_type]
+        if k % block or not on_block_edge(name, dim, start, stop, k, block, form, strict):
+            return None
+        raw = tensor_bytes(self._path, info, n * (k // block) * type_size).reshape(n, -1)
+        if dim == 0:
+            raw, n = raw[start:stop], stop - start
+        elif dim == 1:
+            raw, k = raw[:, start // block * type_size : stop // block * type_size], stop - start
+        blocks = from_gguf(raw, info.ggml_type, (n, k))
+        if self._config.model_type == "llama" and (
+            rest_is(info.name, "attn_q.weight") or rest_is(info.name, "attn_k.weight")
+        ):  # a slice of whole heads: llama.cpp's permutation is undone within each
+            blocks = blocks.rows(unpermuted_rows(n, self._config.head_dim))
+        return blocks
 
 
 @contextlib.contextmanager
@@ -204,14 +284,20 @@ def _dense(weight: Projection) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def load_shard(model: TPDecoderModel, reader: ShardReader, source: str) -> None:
-    """Fill every parameter of the rank's model with its slice; pad vocab rows are zero."""
+def load_shard(
+    model: TPDecoderModel, reader: ShardReader, source: str, keep: KeepShards | None = None
+) -> None:
+    """Fill every parameter of the rank's model with its slice; pad vocab rows are zero. With
+    `keep`, quantized slices stay as shipped where a packed path runs them (gpu/tp_quant.py)."""
     targets = shard_targets(model, reader)
     missing = list(dict.fromkeys(name for name, _ in targets if not reader.has(name)))
     if missing:
         more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
         raise ModelLoadError(f"{source}: missing weights for {', '.join(missing[:5])}{more}")
+    kept = set() if keep is None else install_kept(model, targets, reader.read_kept, keep)
     for name, (dest, dim, start, stop) in targets:
+        if name in kept:
+            continue
         tensor = reader.read(name, dim, start, stop)
         if tuple(tensor.shape) != tuple(dest.shape):
             raise ModelLoadError(

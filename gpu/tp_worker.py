@@ -53,6 +53,7 @@ from troupe.gpu.tp_protocol import (
     command_decoder,
     command_encoder,
 )
+from troupe.gpu.tp_quant import kept_shards
 from troupe.gpu.tp_weights import load_shard, open_shard_reader
 from troupe.gpu.weights import read_config
 
@@ -80,7 +81,7 @@ def build_rank_runner(config: EngineConfig, group: TPGroup) -> ModelRunner:
     )
     model = TPDecoderModel(shard, group, dtype, device, max_model_len, config.kernel_backend)
     with open_shard_reader(path) as reader:
-        load_shard(model, reader, str(path))
+        load_shard(model, reader, str(path), kept_shards(config, device))
     model.eval()
     install_tp_lora(model, config)  # before the memory profile: the slots count
     layers = shard.layer_config()  # the rank's KV heads: the pool holds only those
