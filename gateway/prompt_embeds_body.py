@@ -10,7 +10,8 @@ anything but a tensor.
 
 The decoded payload is bounded before it is read: every archive member's declared size (a
 compressed member could expand past its bytes in the body) must stay within the body's own
-limit, `max_body_bytes`. float32, float16 and bfloat16 travel as they are, float64 as float32;
+limit, `max_body_bytes`, and so must the rows it makes (an expanded tensor's stride of 0
+repeats a few stored values into any number of rows). float32, float16 and bfloat16 travel as they are, float64 as float32;
 a [1, seq_len, hidden_size] tensor loses its leading 1 (as vLLM squeezes it). Everything else
 about the shape (rank 2, the model's hidden size, max_model_len) is the engine's to check.
 """
@@ -37,6 +38,7 @@ _STORAGES = {
     "BFloat16Storage": ("bfloat16", np.uint16),
     "DoubleStorage": ("float64", np.float64),
 }
+_ROW_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 4}  # float64 -> float32
 MAX_PICKLE_BYTES = 1 << 16  # a tensor's data.pkl is ~200 bytes
 
 
@@ -102,6 +104,7 @@ def decode_prompt_embeds(text: str, field: str, *, max_bytes: int) -> PromptEmbe
         raise invalid(field, f"{field} must be base64 (of a tensor saved by torch.save)") from None
     try:
         tensor, data = _read_archive(raw, field, max_bytes)
+        return _rows(tensor, data, field, max_bytes)
     except ApiError:
         raise
     except (zipfile.BadZipFile, KeyError, EOFError, ValueError, TypeError) as exc:
@@ -110,7 +113,6 @@ def decode_prompt_embeds(text: str, field: str, *, max_bytes: int) -> PromptEmbe
         ) from None
     except pickle.UnpicklingError as exc:
         raise invalid(field, f"{field} is not a tensor saved by torch.save: {exc}") from None
-    return _rows(tensor, data, field)
 
 
 def _read_archive(raw: bytes, field: str, max_bytes: int) -> tuple[_Tensor, bytes]:
@@ -136,8 +138,10 @@ def _read_archive(raw: bytes, field: str, max_bytes: int) -> tuple[_Tensor, byte
     return tensor, archive.read(root + "data/" + tensor.storage.key)
 
 
-def _rows(tensor: _Tensor, data: bytes, field: str) -> PromptEmbeds:
+def _rows(tensor: _Tensor, data: bytes, field: str, max_bytes: int) -> PromptEmbeds:
     size, stride = tensor.size, tensor.stride
+    if not all(type(n) is int for n in size + stride) or len(size) != len(stride):
+        raise ValueError(f"its size {size!r:.80} and stride {stride!r:.80} are not shape tuples")
     if len(size) == 3 and size[0] == 1:  # a batch of one (vLLM squeezes it)
         size, stride = size[1:], stride[1:]
     if len(size) != 2:
@@ -152,6 +156,16 @@ def _rows(tensor: _Tensor, data: bytes, field: str) -> PromptEmbeds:
     last = tensor.offset + sum((n - 1) * s for n, s in zip(size, stride, strict=True))
     if min(size) > 0 and last >= storage.numel:
         raise invalid(field, f"{field} is not a consistent tensor (storage, size, stride)")
+    # A stride of 0 repeats storage (torch.save keeps an expand()ed view as it is): a few
+    # bytes of body could ask for any number of rows, so the rows count against the limit.
+    num_bytes = size[0] * size[1] * _ROW_ITEMSIZE[storage.dtype]
+    if num_bytes > max_bytes:
+        raise ApiError(
+            413,
+            f"{field} holds {size[0]} x {size[1]} values ({num_bytes} bytes as rows), past "
+            f"max_body_bytes = {max_bytes}",
+            param=field,
+        )
     itemsize = flat.itemsize
     rows = np.lib.stride_tricks.as_strided(
         flat[tensor.offset :] if min(size) > 0 else flat[:0],
@@ -169,10 +183,12 @@ def decoded_embeds(texts: tuple[str, ...], *, max_bytes: int) -> tuple[PromptEmb
     """A body's prompt_embeds entries, each decoded (errors name `prompt_embeds[i]`, or
     `prompt_embeds` when there is one)."""
     names = prompt_names(len(texts), 0)
-    return tuple(
-        decode_prompt_embeds(text, name, max_bytes=max_bytes)
-        for text, name in zip(texts, names, strict=True)
-    )
+    decoded: list[PromptEmbeds] = []
+    for text, name in zip(texts, names, strict=True):
+        # the entries' rows share the limit: many small archives of repeated rows add up
+        left = max_bytes - sum(len(e.data) for e in decoded)
+        decoded.append(decode_prompt_embeds(text, name, max_bytes=left))
+    return tuple(decoded)
 
 
 def prompt_names(num_embeds: int, num_texts: int) -> list[str]:
