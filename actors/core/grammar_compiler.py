@@ -16,7 +16,12 @@ import threading
 from collections import OrderedDict
 from typing import TYPE_CHECKING
 
-from troupe.actors.core.grammar_writable import TokenBytes, choice_error, first_step_error
+from troupe.actors.core.grammar_writable import (
+    TokenBytes,
+    choice_error,
+    first_step_error,
+    forced_text_error,
+)
 from troupe.actors.core.spec_grammar import spec_grammar
 from troupe.messages.structured import StructuredOutputs
 
@@ -117,6 +122,7 @@ class GrammarCompiler:
         compiled = self._compiler.compile_grammar(spec_grammar(spec))
         why = choice_error(spec.choice, self._token_bytes) if spec.choice is not None else None
         why = why or first_step_error(compiled, self.vocab_size)
+        why = why or forced_text_error(compiled, self._token_bytes)
         if why is not None:
             raise ValueError(why)
         return compiled

@@ -8,9 +8,13 @@ then samples a token the grammar refuses and the request fails mid-stream. These
 that into a refusal at the client edge, naming the field:
 
     first_step_error   the grammar's first step allows no token (any kind of spec)
+    forced_text_error  the text the grammar forces from its start (xgrammar's jump-forward
+                       string: a regex's or a schema's leading literal, a const) holds a byte
+                       that no token holds at all
     choice_error       a choice's bytes cannot be cut into tokens of the vocabulary
 
-A regex or schema that dead-ends later (a literal past its first byte) is not caught here.
+A grammar that dead-ends only after a free part (`[ab]\x04`) is not caught here: its request
+fails when the model gets there.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ import numpy as np
 
 if TYPE_CHECKING:
     import xgrammar
+
+_MAX_JUMPS = 16  # a jump runs to the next branch; the first few cover any leading literal
 
 
 def first_step_error(compiled: xgrammar.CompiledGrammar, vocab_size: int) -> str | None:
@@ -36,12 +42,33 @@ def first_step_error(compiled: xgrammar.CompiledGrammar, vocab_size: int) -> str
     return "no token of this model's vocabulary can begin the text it demands"
 
 
+def forced_text_error(compiled: xgrammar.CompiledGrammar, tokens: TokenBytes) -> str | None:
+    """Why the text the grammar forces from its start cannot be written (None: it may be)."""
+    import xgrammar
+
+    matcher = xgrammar.GrammarMatcher(compiled)
+    forced = b""
+    for _ in range(_MAX_JUMPS):
+        text = matcher.find_jump_forward_string()
+        if not text or not matcher.accept_string(text):
+            break
+        forced += text.encode("utf-8", "surrogatepass")
+    for index, byte in enumerate(forced):
+        if byte not in tokens.held:
+            return (
+                f"the text it demands holds byte 0x{byte:02x} (at byte {index}), which no "
+                "token of this model's vocabulary holds"
+            )
+    return None
+
+
 class TokenBytes:
     """The vocabulary's tokens as a set of bytes, for cutting a text into tokens."""
 
     def __init__(self, vocab: Sequence[bytes]) -> None:
         self._tokens = frozenset(t for t in vocab if t)
         self._longest = max((len(t) for t in self._tokens), default=0)
+        self.held = frozenset(b for t in self._tokens for b in t)  # bytes some token holds
 
     def writable_prefix(self, data: bytes) -> int:
         """How many leading bytes of `data` some sequence of tokens writes exactly (the

@@ -54,3 +54,23 @@ def test_unwritable_specs_are_refused_by_name(compiler, spec, needle) -> None:  
         compiler.compile(spec)
     assert info.value.field == f"structured_outputs.{spec.kind}"
     assert needle in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("spec", "refused"),
+    [
+        (StructuredOutputs(regex="a\\x04"), True),  # a literal past its first byte
+        (StructuredOutputs(json='{"const": "\U0007d936"}'), True),  # '"' first, then 0xf1
+        (StructuredOutputs(grammar='root ::= "a" "\\x04"'), True),
+        (StructuredOutputs(json='{"const": "x\\u0004"}'), False),  # JSON escapes it: ASCII
+        (StructuredOutputs(regex="ab[cd]e"), False),
+    ],
+)
+def test_a_forced_literal_the_vocabulary_cannot_write_is_refused(  # type: ignore[no-untyped-def]
+    compiler, spec, refused
+) -> None:
+    if not refused:
+        assert compiler.compile(spec) is not None
+        return
+    with pytest.raises(GrammarError, match="which no token of this model's vocabulary holds"):
+        compiler.compile(spec)
