@@ -107,12 +107,6 @@ def check_lora(config: EngineConfig) -> None:
     rank = config.max_lora_rank
     if not isinstance(rank, int) or not 1 <= rank <= MAX_LORA_RANK:
         raise ConfigError(f"max_lora_rank must be an integer in [1, {MAX_LORA_RANK}], got {rank!r}")
-    if config.enable_lora and config.tensor_parallel_size != 1:  # lora_modules are sharded
-        raise ConfigError(
-            f"tensor_parallel_size must be 1 with enable_lora (run-time LoRA loads do not reach "
-            f"tensor-parallel workers; give the adapters in lora_modules), "
-            f"got {config.tensor_parallel_size}"
-        )
 
 
 def check_generation_config(config: EngineConfig) -> None:

@@ -29,7 +29,7 @@ from troupe.config_checks import LORA_NAME, LORA_NAME_RULE
 from troupe.messages import GenerateRequest, LoraErrorCode
 
 if TYPE_CHECKING:
-    from troupe.gpu.lora_runtime import LoraRuntime
+    from troupe.gpu.lora_runtime import AdapterStore
 
 
 def public_name(inside: str) -> str:
@@ -52,14 +52,13 @@ class LoraRegistry:
 
     def __init__(self, config: EngineConfig) -> None:
         self.is_enabled = config.enable_lora or bool(config.lora_modules)
-        # tensor-parallel workers hold lora_modules only (gpu/tp_lora.py): no run-time loads
-        self.is_sharded = config.tensor_parallel_size > 1
         self._adapters = {name: (name, path) for name, path in config.lora_adapters.items()}
         self._generation: dict[str, int] = {}  # loads of each public name so far
         self._in_flight: dict[str, int] = {}  # public name -> requests not yet ended
         self._request_adapter: dict[str, str] = {}  # request id -> public name
         self._busy: set[str] = set()  # names being loaded or unloaded now
-        self.runtime: LoraRuntime | None = None  # the runner's, once the engine has started
+        # the runner's (a LoraRuntime, or tensor-parallel workers' client), once started
+        self.runtime: AdapterStore | None = None
 
     @property
     def adapters(self) -> dict[str, str]:
@@ -98,13 +97,6 @@ class LoraRegistry:
             raise LoraAdapterError(
                 "lora_name",
                 "LoRA is off: start the engine with enable_lora (or lora_modules)",
-                LoraErrorCode.LORA_DISABLED,
-            )
-        if self.is_sharded:
-            raise LoraAdapterError(
-                "lora_name",
-                "run-time LoRA loads are not supported with tensor_parallel_size > 1 (give the "
-                "adapters in lora_modules)",
                 LoraErrorCode.LORA_DISABLED,
             )
         if not isinstance(name, str) or not LORA_NAME.fullmatch(name):
@@ -148,5 +140,9 @@ class LoraRegistry:
         self._in_flight.pop(name, None)
         if name not in self._generation:  # one of lora_modules: its next load is the second
             self._generation[name] = 1
-        if self.runtime is not None:
-            self.runtime.retire(entry[0])
+        if self.runtime is not None:  # tensor-parallel workers: a round trip between steps
+            self._busy.add(name)
+            try:
+                await anyio.to_thread.run_sync(self.runtime.retire, entry[0])
+            finally:
+                self._busy.discard(name)

@@ -38,6 +38,15 @@ _FUSED = (
 )
 
 
+class AdapterStore(Protocol):
+    """Where the engine adds and retires adapters at run time (actors/lora_registry.py): a
+    LoraRuntime, or the client of tensor-parallel workers (gpu/tp_lora_runtime.py)."""
+
+    def add(self, name: str, path: str) -> None: ...
+
+    def retire(self, name: str) -> None: ...
+
+
 class LoraSharding(Protocol):
     """What one tensor-parallel rank holds of an adapter (gpu/tp_lora.py): its projections'
     shapes, and each adapter's factors cut to them."""

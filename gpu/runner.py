@@ -13,7 +13,7 @@ from troupe.messages.pooling import Pooled
 from troupe.messages.sleep_calls import SleepTag
 
 if TYPE_CHECKING:  # torch: a fake-runner engine never imports it
-    from troupe.gpu.lora_runtime import LoraRuntime
+    from troupe.gpu.lora_runtime import AdapterStore
     from troupe.gpu.weight_update import WeightReload
 
 
@@ -78,7 +78,7 @@ class Runner(Protocol):
     max_stream_len: int
 
     @property
-    def lora(self) -> LoraRuntime | None:
+    def lora(self) -> AdapterStore | None:
         """Its LoRA adapters (gpu/lora_runtime.py), which the engine adds and retires at run
         time (actors/lora_registry.py); None: this runner runs none."""
         ...

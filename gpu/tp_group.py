@@ -88,15 +88,15 @@ class TPGroup:
             dist.broadcast(tensor, src, group=self._model_group)
         return tensor
 
-    def broadcast_bytes(self, data: bytes | None) -> bytes:
-        """Rank 0's `data` on every rank (the others pass None) over the control group."""
+    def broadcast_bytes(self, data: bytes | None, src: int = 0) -> bytes:
+        """Rank `src`'s `data` on every rank (the others pass None) over the control group."""
         size = torch.tensor([0 if data is None else len(data)], dtype=torch.int64)
-        dist.broadcast(size, 0, group=self._control_group)
+        dist.broadcast(size, src, group=self._control_group)
         if data is not None:
             buffer = torch.frombuffer(bytearray(data), dtype=torch.uint8)
         else:
             buffer = torch.empty(int(size.item()), dtype=torch.uint8)
-        dist.broadcast(buffer, 0, group=self._control_group)
+        dist.broadcast(buffer, src, group=self._control_group)
         return data if data is not None else buffer.numpy().tobytes()
 
     def min_int(self, value: int) -> int:

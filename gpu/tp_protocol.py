@@ -30,7 +30,20 @@ class Close(msgspec.Struct, frozen=True, tag=True):
     pass
 
 
-WorkerCommand = Execute | Launch | Finish | Close
+class LoadLora(msgspec.Struct, frozen=True, tag=True):
+    """Every rank reads the PEFT folder at `path` and holds its cut as adapter `name`."""
+
+    name: str
+    path: str
+
+
+class UnloadLora(msgspec.Struct, frozen=True, tag=True):
+    """Every rank forgets adapter `name` (no request runs on it: actors/lora_registry.py)."""
+
+    name: str
+
+
+WorkerCommand = Execute | Launch | Finish | Close | LoadLora | UnloadLora
 
 
 class WorkerReady(msgspec.Struct, frozen=True, kw_only=True, tag=True):
@@ -70,7 +83,16 @@ class WorkerFailed(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     message: str  # as themselves by the driver, anything else as TPWorkerError
 
 
-WorkerReply = WorkerReady | StepAnswer | WorkerFailed
+class LoraAnswer(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """Rank 0's answer to LoadLora / UnloadLora once every rank has run it: empty when all
+    succeeded, else the first failing rank's error (a failed load is undone on every rank)."""
+
+    rank: int = -1
+    error_type: str = ""  # the exception's class name; "" when every rank succeeded
+    message: str = ""
+
+
+WorkerReply = WorkerReady | StepAnswer | WorkerFailed | LoraAnswer
 
 command_encoder = msgspec.msgpack.Encoder()
 command_decoder = msgspec.msgpack.Decoder(WorkerCommand)

@@ -20,6 +20,7 @@ import torch
 from troupe.config import ConfigError, EngineConfig, resolve_model_path
 from troupe.gpu.lora_adapter import load_adapter
 from troupe.gpu.runner_dead import RunnerDead
+from troupe.gpu.tp_lora_runtime import TPLoraClient
 from troupe.gpu.tp_model import check_tensor_parallel
 from troupe.gpu.tp_worker import build_rank_runner, rank_device
 from troupe.gpu.weights import read_config
@@ -57,3 +58,5 @@ class TPRunner(WorkerRunner):
             process_name="troupe-tp-rank",
         )
         super().__init__(config, spec)
+        if config.enable_lora or config.lora_modules:  # run-time loads reach every rank
+            self.lora = TPLoraClient(self.lora_command)

@@ -41,13 +41,16 @@ from troupe.gpu.runner_setup import (
 )
 from troupe.gpu.tp_group import TPGroup
 from troupe.gpu.tp_lora import install_tp_lora
+from troupe.gpu.tp_lora_runtime import run_lora_command
 from troupe.gpu.tp_model import TPDecoderModel, TPShard, check_tensor_parallel
 from troupe.gpu.tp_protocol import (
     Close,
     Execute,
     Finish,
     Launch,
+    LoadLora,
     StepAnswer,
+    UnloadLora,
     WorkerFailed,
     WorkerReady,
     command_decoder,
@@ -192,6 +195,11 @@ def _serve(runner: ModelRunner, group: TPGroup, conn: Connection, answers: bool)
                     runner.launch(plan)
                 case Finish(masks=masks):
                     answer = StepAnswer(sampled=runner.finish(masks))
+                case LoadLora() | UnloadLora():  # between steps: gpu/tp_lora_runtime.py
+                    reply = run_lora_command(runner.lora, group, command)
+                    if answers:
+                        conn.send_bytes(command_encoder.encode(reply))
+                    continue
         except SequencesFailed as exc:  # a result, not a crash: every rank saw the same rows
             answer = StepAnswer(sampled=exc.sampled, failed=exc.failed)
         hidden = runner.take_hidden_outputs()  # every rank computed them: one rank's go back

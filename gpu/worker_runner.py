@@ -24,6 +24,7 @@ import dataclasses
 import multiprocessing.connection
 import shutil
 import tempfile
+import threading
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
@@ -40,7 +41,10 @@ from troupe.gpu.tp_protocol import (
     Execute,
     Finish,
     Launch,
+    LoadLora,
+    LoraAnswer,
     StepAnswer,
+    UnloadLora,
     WorkerCommand,
     WorkerFailed,
     WorkerReady,
@@ -52,6 +56,7 @@ from troupe.gpu.tp_worker import worker_main
 from troupe.messages import SampledToken, StepPlan, TokenMasks
 
 if TYPE_CHECKING:
+    from troupe.gpu.lora_runtime import AdapterStore
     from troupe.gpu.model_runner import ModelRunner
     from troupe.gpu.tp_group import TPGroup
 
@@ -82,6 +87,7 @@ class WorkerRunner:
         self._stats = RunnerStats()
         self._hidden = HiddenOutputs()  # the answering rank's, not yet taken
         self._conns: list[Connection] = []
+        self._round_trip = threading.Lock()  # steps (executor thread), LoRA loads (another)
         self._procs: list[BaseProcess] = []
         context = torch.multiprocessing.get_context("spawn")
         init_file = str(Path(self._dir) / "init")
@@ -121,9 +127,9 @@ class WorkerRunner:
         self.eos_token_ids = first.eos_token_ids
         self.num_lookahead_tokens = first.num_lookahead_tokens
         self.kv_pages_on_write = False  # CUDA pools: committed when allocated
-        # the workers hold any adapters (lora_modules under TP, gpu/tp_lora.py); run-time loads
-        # are refused with several workers (config_checks.py, actors/lora_registry.py)
-        self.lora = None
+        # the workers hold any adapters (gpu/tp_lora.py); a spec that loads them at run time
+        # sets a client of lora_command (gpu/tp_lora_runtime.py)
+        self.lora: AdapterStore | None = None
         # the widest window when every layer of every rank has one, else 0 (pipeline stages
         # hold different layers: one stage of only windowed layers must not free a block that
         # another stage's full-attention layer still reads)
@@ -175,15 +181,25 @@ class WorkerRunner:
 
     # -- internals -----------------------------------------------------------------------------
 
+    def lora_command(self, command: LoadLora | UnloadLora) -> LoraAnswer:
+        """Every worker runs a LoRA load or unload between steps; the answering rank's reply."""
+        answer = self._round_trip_to(command)
+        assert isinstance(answer, LoraAnswer)
+        return answer
+
+    def _round_trip_to(self, command: WorkerCommand) -> WorkerReply:
+        with self._round_trip:
+            if self._error is not None:
+                raise self._spec.error(self._error)
+            try:
+                self._conns[0].send_bytes(command_encoder.encode(command))
+            except OSError:
+                self._fail(self._exit_report() or f"{self._spec.unit} 0 closed its pipe")
+            answering = self._spec.answer_rank
+            return self._receive({answering})[answering]
+
     def _step(self, command: WorkerCommand) -> tuple[SampledToken, ...]:
-        if self._error is not None:
-            raise self._spec.error(self._error)
-        try:
-            self._conns[0].send_bytes(command_encoder.encode(command))
-        except OSError:
-            self._fail(self._exit_report() or f"{self._spec.unit} 0 closed its pipe")
-        answering = self._spec.answer_rank
-        answer = self._receive({answering})[answering]
+        answer = self._round_trip_to(command)
         assert isinstance(answer, StepAnswer)
         self._stats = RunnerStats(
             num_steps=answer.num_steps,

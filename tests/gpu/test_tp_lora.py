@@ -3,8 +3,8 @@ add up to the whole adapter's delta (column-parallel: B's rows; row-parallel: A'
 summed as the all-reduce does); through the engine at tensor_parallel_size=2 a tiny Qwen3 (one
 KV head, replicated) with two PEFT adapters and the base model in one batch generates PEFT's
 greedy tokens, then one adapter alone (one slot) and the base alone (off); an adapter past
-max_lora_rank is refused by name before any worker starts; enable_lora (run-time loads) is
-refused with tensor parallelism."""
+max_lora_rank is refused by name before any worker starts (run-time loads:
+tests/gpu/test_tp_lora_runtime.py)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ import pytest
 import torch
 from graph_helpers import collect
 from troupe import Engine, EngineConfig
-from troupe.actors.lora_registry import LoraAdapterError, LoraRegistry
 from troupe.config import ConfigError
 from troupe.gpu.lora_adapter import load_adapter
 from troupe.gpu.model_config import ModelConfig
@@ -79,12 +78,6 @@ def test_adapters_match_peft_with_two_ranks(
     folder, hf_model, adapters = lora_setup
     with pytest.raises(ConfigError, match=r"adapter 'all'.*rank 8 is over max_lora_rank = 4"):
         build_runner(_config(folder, tmp_path, max_lora_rank=4))  # before any spawn
-    with pytest.raises(ConfigError, match="tensor_parallel_size must be 1 with enable_lora"):
-        _config(folder, tmp_path, enable_lora=True)
-    registry = LoraRegistry(_config(folder, tmp_path))
-    with pytest.raises(LoraAdapterError, match="tensor_parallel_size > 1"):
-        anyio.run(registry.load, "sql", str(tmp_path / "all"))
-
     expected = {f"None/{i}": greedy(hf_model, p) for i, p in enumerate(PROMPTS)}
     for name, peft_model in adapters.items():
         expected |= {f"{name}/{i}": greedy(peft_model, p) for i, p in enumerate(PROMPTS)}
