@@ -54,7 +54,15 @@ BAD_SCHEMAS = st.sampled_from(
         {"const": float("nan")},
     ]
 )
-SCHEMAS = GOOD_SCHEMAS | BAD_SCHEMAS | st.dictionaries(st.text(max_size=8), JUNK, max_size=3)
+LITERAL_SCHEMAS = st.builds(lambda t: {"const": t}, TEXT) | st.builds(
+    lambda ts: {"enum": ts}, st.lists(TEXT, min_size=1, max_size=2)
+)  # text the model must write as given: control and astral characters included
+SCHEMAS = (
+    GOOD_SCHEMAS
+    | BAD_SCHEMAS
+    | LITERAL_SCHEMAS
+    | st.dictionaries(st.text(max_size=8), JUNK, max_size=3)
+)
 REGEXES = st.sampled_from(
     ["[a-z]+", "(", "a{5,2}", "\\", "[z-a]", "(?P<x>a)", "a**", ".*", "", "\\p{Lu}", "(?=a)b"]
 ) | st.text(max_size=6)
