@@ -15,20 +15,28 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import quote, urlencode
 
+import aiohttp
+import anyio
 import pytest
 from hypothesis import given, settings
+from hypothesis import strategies as st
 from troupe.gateway.state import GatewaySettings
 from troupe.gpu.fake_runner import FakeRunner
 
 from tests.gateway.conftest import BASE_CONFIG, ServerThread
 from tests.gateway.fuzz_bodies import (
     FUZZ,
+    HANG,
     MUTATIONS,
+    TEXT,
     assert_clean,
     assert_serving,
+    check_error_shape,
     check_post,
     encode,
+    post,
 )
 from tests.gateway.fuzz_routes import CHAT, COMPLETION, RESPONSES
 
@@ -67,6 +75,59 @@ def test_fuzz_chat_completions(srv: ServerThread, body: dict[str, Any], mutation
 @given(body=RESPONSES, mutation=MUTATIONS)
 def test_fuzz_responses(srv: ServerThread, body: dict[str, Any], mutation: str) -> None:
     fuzz(srv, "/v1/responses", body, mutation)
+
+
+QUERY_VALUES = st.sampled_from(["true", "false", "0", "-1", "5", "", "asc", "desc", "x"]) | TEXT
+STORED_QUERY = st.dictionaries(
+    st.sampled_from(["stream", "starting_after", "order", "limit", "after", "include[]"]),
+    QUERY_VALUES | st.integers(-5, 2**64).map(str),
+    max_size=3,
+)
+STORED_CALLS = st.sampled_from(
+    [("GET", ""), ("DELETE", ""), ("POST", "/cancel"), ("GET", "/input_items")]
+)
+
+
+@pytest.fixture(scope="module")
+def stored_id(srv: ServerThread) -> str:
+    body = {"input": "hello", "max_output_tokens": 3, "store": True}
+
+    async def run() -> tuple[int, Any]:
+        return await post(srv.url + "/v1/responses", json.dumps(body).encode())
+
+    status, answer = anyio.run(run)
+    assert status == 200, answer
+    return str(answer["id"])
+
+
+@FUZZ
+@given(
+    call=STORED_CALLS,
+    which=st.sampled_from(["stored", "resp_nope", "x", "resp_" + "0" * 40]) | TEXT,
+    query=STORED_QUERY,
+)
+def test_fuzz_stored_responses(
+    srv: ServerThread, stored_id: str, call: tuple[str, str], which: str, query: dict[str, str]
+) -> None:
+    """GET, DELETE, cancel and input_items of a stored response (or one that is not) with any
+    query: 2xx, or a 4xx in shape. A DELETE of the stored one makes the rest 404s."""
+    method, tail = call
+    response_id = stored_id if which == "stored" else quote(which, safe="")
+    url = f"{srv.url}/v1/responses/{response_id}{tail}?{urlencode(query)}"
+
+    async def run() -> tuple[int, Any]:
+        with anyio.fail_after(HANG):
+            async with aiohttp.ClientSession() as http:
+                async with http.request(method, url) as resp:
+                    if resp.headers.get("Content-Type", "").startswith("text/event-stream"):
+                        return resp.status, [line async for line in resp.content]
+                    return resp.status, await resp.json()
+
+    status, answer = anyio.run(run)
+    if status >= 400:
+        check_error_shape(status, answer)
+    assert status in (200, 400, 404, 409), (status, answer)
+    assert_serving(srv.url)
 
 
 def test_after_the_fuzz_the_engine_is_clean(srv: ServerThread) -> None:
