@@ -196,8 +196,10 @@ class GGUFShardReader:
         block, type_size = BLOCK_BYTES[info.ggml_type]
         n, k = int(info.shape[0]), int(info.shape[1])
         form = GGML_NAMES[info.ggml_type]
-        if k % block or not on_block_edge(name, dim, start, stop, k, block, form, strict):
+        if k % block:
             return None
+        if dim == 1 and not on_block_edge(name, dim, start, stop, k, block, form, strict):
+            return None  # a row cut (dim 0) takes whole rows of blocks: always on an edge
         raw = tensor_bytes(self._path, info, n * (k // block) * type_size).reshape(n, -1)
         if dim == 0:
             raw, n = raw[start:stop], stop - start

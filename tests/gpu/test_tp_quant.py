@@ -183,3 +183,74 @@ def test_fp8_checkpoint_at_two_ranks(tmp_path: Path) -> None:
         anyio.run(_generate, config, 256),
         1e-4,
     )
+
+
+def _tiny_llama_gguf(path: Path) -> Path:
+    """A tiny llama GGUF whose matrices are all Q8_0 and intermediate_size 96: at two ranks
+    down_proj is cut at column 48, inside a 32-column block."""
+    import gguf
+    import numpy as np
+
+    writer = gguf.GGUFWriter(str(path), "llama")
+    for key, value in {
+        "context_length": 128,
+        "embedding_length": 64,
+        "block_count": 2,
+        "feed_forward_length": 96,
+        "attention.head_count": 4,
+        "attention.head_count_kv": 2,
+        "vocab_size": 256,
+    }.items():
+        writer.add_uint32(f"llama.{key}", value)
+    gen = np.random.default_rng(0)
+    shapes = {"token_embd.weight": (256, 64), "output_norm.weight": (64,)}
+    for i in range(2):
+        shapes |= {
+            f"blk.{i}.attn_norm.weight": (64,),
+            f"blk.{i}.ffn_norm.weight": (64,),
+            f"blk.{i}.attn_q.weight": (64, 64),
+            f"blk.{i}.attn_k.weight": (32, 64),
+            f"blk.{i}.attn_v.weight": (32, 64),
+            f"blk.{i}.attn_output.weight": (64, 64),
+            f"blk.{i}.ffn_gate.weight": (96, 64),
+            f"blk.{i}.ffn_up.weight": (96, 64),
+            f"blk.{i}.ffn_down.weight": (64, 96),
+        }
+    for name, shape in shapes.items():
+        data = gen.standard_normal(shape).astype(np.float32) * 0.2
+        if len(shape) == 1:
+            writer.add_tensor(name, 1 + data)
+        else:
+            q8 = gguf.quants.quantize(data, gguf.GGMLQuantizationType.Q8_0)
+            writer.add_tensor(name, q8, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_a_row_cut_inside_a_block_refused_under_keep_expanded_under_auto(tmp_path: Path) -> None:
+    from troupe.gpu.runner import build_runner
+
+    path = str(_tiny_llama_gguf(tmp_path / "tiny.gguf"))
+    with pytest.raises(
+        ConfigError,
+        match=r"'model\.layers\.0\.mlp\.down_proj\.weight' is cut at columns \[(0, 48|48, 96)\)"
+        r".*Q8_0 block edge \(32 columns\)",
+    ):
+        build_runner(_config(path, tensor_parallel_size=2))
+    runner = build_runner(_config(path, tensor_parallel_size=2, quantization="auto"))
+    try:
+        assert runner.num_gpu_blocks == 64
+    finally:
+        runner.close()
+    full = read_gguf_config(Path(path))  # what each rank holds: that one tensor expanded
+    for rank in range(2):
+        group = TPGroup(rank=rank, world_size=2, device=CPU)  # no collective is called
+        model = TPDecoderModel(TPShard(rank=rank, size=2, full=full), group, torch.float32, CPU, 64)
+        load_shard(model, GGUFShardReader(Path(path), full), path, KeepShards(strict=False))
+        layer = model.layers[0]
+        assert isinstance(layer.down_proj, torch.Tensor)
+        assert all(isinstance(w, Int8Linear) for w in (layer.qkv_proj, layer.gate_up_proj))
+        assert isinstance(layer.o_proj, Int8Linear)  # cut at column 32: on an edge
