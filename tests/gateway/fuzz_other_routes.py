@@ -32,6 +32,7 @@ EMBEDDINGS = perturbed(
         "use_activation": st.booleans(),
     },
     required=("input",),
+    huge=True,
 )
 POOLING = perturbed(
     {
@@ -48,6 +49,7 @@ POOLING = perturbed(
         "softmax": st.booleans(),
     },
     required=("input",),
+    huge=True,
 )
 CLASSIFY = perturbed(
     {
@@ -58,6 +60,7 @@ CLASSIFY = perturbed(
         "softmax": st.booleans(),
     },
     required=("input",),
+    huge=True,
 )
 TEXTS = TEXT | st.lists(TEXT, min_size=0, max_size=3)
 SCORE = perturbed(
@@ -69,6 +72,7 @@ SCORE = perturbed(
     },
     required=("text_1", "text_2"),
     extra=("queries", "documents", "data_1"),
+    huge=True,
 )
 RERANK = perturbed(
     {
@@ -79,6 +83,7 @@ RERANK = perturbed(
         "return_documents": st.booleans(),
     },
     required=("query", "documents"),
+    huge=True,
 )
 TOKENIZE = perturbed(
     {
@@ -94,6 +99,7 @@ TOKENIZE = perturbed(
     },
     required=(),
     extra=(),
+    huge=True,
 )
 DETOKENIZE = perturbed(
     {
@@ -103,6 +109,7 @@ DETOKENIZE = perturbed(
         ),
     },
     required=("tokens",),
+    huge=True,
 )
 LORA_LOAD = perturbed(
     {

@@ -152,6 +152,7 @@ COMPLETION = perturbed(
     },
     required=("prompt",),
     extra=("messages",),
+    huge=True,
 )
 
 
@@ -242,6 +243,7 @@ CHAT = perturbed(
     },
     required=("messages",),
     extra=("prompt", "echo", "best_of", "suffix"),
+    huge=True,
 )
 
 ITEM = st.one_of(
@@ -345,6 +347,7 @@ RESPONSES = perturbed(
     },
     required=("input",),
     extra=("messages", "n"),
+    huge=True,
 )
 
 ROUTES = {
