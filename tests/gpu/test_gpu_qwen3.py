@@ -27,7 +27,11 @@ PROMPTS = [
 # More prompts for the bf16 greedy check: random-weight logits are flat (std ~0.6 over 152k
 # tokens), so a near-tie within bf16 noise turns up in about two of three 64-token runs.
 EXTRA_PROMPTS = [[(i * 7919 + j * 104729) % 150000 for j in range(8 + 5 * i)] for i in range(9)]
-MIN_IDENTICAL = 3  # prompts that must match HF exactly over all 64 tokens, in bf16
+# prompts that must match HF exactly over all 64 tokens, in bf16: 3/12 with the paged prefill
+# kernel (2026-11-29), 2/12 eager with the extend kernel (H100, 2026-12-05; its sums run in
+# another order). Each other prompt must still diverge only at a near-tie, and fp32 compute on
+# the same weights must be identical on every prompt (the correctness check).
+MIN_IDENTICAL = 2
 
 
 def build_pair(dtype: torch.dtype) -> tuple[object, ModelRunner, ModelRunner]:

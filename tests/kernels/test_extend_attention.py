@@ -136,7 +136,8 @@ def test_decode_prefix_rows_go_to_the_decode_kernel(device: str, triton_ops: Ker
         q, batch.k_cache, batch.v_cache, tables, seq_lens, qsl, scale, batch.max_query_len,
         batch.max_seq_len, prefix,
     )  # fmt: skip
-    torch.testing.assert_close(out[:num_tokens], paged[:num_tokens], rtol=1e-4, atol=1e-4)
+    # the two kernels sum in other orders: equal in fp32, within bf16's rounding on the GPU
+    assert _rel_err(out[:num_tokens], paged[:num_tokens]) < (1e-5 if device == "cpu" else 1e-2)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -183,4 +184,4 @@ def test_prepare_qkv_keep_k_leaves_the_cached_k_in_the_rows(device: str) -> None
                 for n, t in args.items()}  # fmt: skip
     reference.prepare_qkv(ref_rows, k_cache=k_ref, v_cache=v_ref, keep_k=True, **ref_args)
     k_cols = slice(q_size, q_size + kv_size)
-    assert _rel_err(kept[:, k_cols], ref_rows[:, k_cols]) < 1e-4
+    assert _rel_err(kept[:, k_cols], ref_rows[:, k_cols]) < SETUP[device][3]  # bf16 rounding
