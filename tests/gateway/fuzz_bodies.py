@@ -24,7 +24,7 @@ HANG = 60.0  # s: a hang detector only; nothing here waits on a clock otherwise
 # Derandomized (CI reruns the same examples), no example database, no deadline: the server's
 # pace on a loaded 2-core machine is not the property under test.
 FUZZ = settings(
-    max_examples=30,
+    max_examples=40,
     deadline=None,
     derandomize=True,
     database=None,

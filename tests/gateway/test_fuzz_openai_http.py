@@ -59,13 +59,13 @@ def fuzz(server: ServerThread, path: str, body: dict[str, Any], mutation: str) -
     assert_serving(server.url)
 
 
-@settings(FUZZ, max_examples=40)
+@settings(FUZZ, max_examples=50)
 @given(body=COMPLETION, mutation=MUTATIONS)
 def test_fuzz_completions(srv: ServerThread, body: dict[str, Any], mutation: str) -> None:
     fuzz(srv, "/v1/completions", body, mutation)
 
 
-@settings(FUZZ, max_examples=40)
+@settings(FUZZ, max_examples=50)
 @given(body=CHAT, mutation=MUTATIONS)
 def test_fuzz_chat_completions(srv: ServerThread, body: dict[str, Any], mutation: str) -> None:
     fuzz(srv, "/v1/chat/completions", body, mutation)
