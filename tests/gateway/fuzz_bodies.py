@@ -160,9 +160,31 @@ def check_post(
     if status >= 400:
         error_shape(status, answer)
     assert status in allowed, (status, answer)
+    if isinstance(answer, list):  # an SSE stream
+        check_stream_end(url, answer)
     if mutation != "none":  # named: `body`, or a field before the break (one-pass decoding)
         assert status in (400, 413), (status, answer)  # 413: huge fields past the limit first
     return status, answer
+
+
+_RESPONSES_ENDS = {"response.completed", "response.failed", "response.incomplete", "error"}
+
+
+def check_stream_end(url: str, lines: list[bytes]) -> None:
+    """One terminal event, last: `data: [DONE]` on completions and chat, a Responses stream's
+    terminal event on /v1/responses; each error event in OpenAI's shape."""
+    data = [line[6:].strip() for line in lines if line.startswith(b"data: ")]
+    for item in data:
+        if item.startswith(b"{") and b'"error"' in item:
+            parsed = json.loads(item)
+            if "error" in parsed and isinstance(parsed["error"], dict):
+                assert parsed["error"].get("message"), parsed
+    if url.endswith("/v1/responses"):
+        events = [line[7:].strip().decode() for line in lines if line.startswith(b"event: ")]
+        ends = [e for e in events if e in _RESPONSES_ENDS]
+        assert len(ends) == 1 and events[-1] == ends[0], events[-3:]
+    else:
+        assert data.count(b"[DONE]") == 1 and data[-1] == b"[DONE]", data[-3:]
 
 
 def assert_serving(url: str) -> None:
