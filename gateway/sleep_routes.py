@@ -20,7 +20,13 @@ from aiohttp import web
 from troupe.actors.engine_stopped import EngineStopped
 from troupe.gateway.errors import ApiError
 from troupe.gateway.state import GATEWAY
-from troupe.messages.sleep_calls import SLEEP_MODES, SleepErrorCode, SleepMode, SleepReply
+from troupe.messages.sleep_calls import (
+    SLEEP_LEVELS,
+    SLEEP_MODES,
+    SleepErrorCode,
+    SleepMode,
+    SleepReply,
+)
 
 log = structlog.get_logger("troupe.gateway")
 
@@ -44,7 +50,10 @@ async def sleep(request: web.Request) -> web.Response:
     try:
         level = int(raw_level)
     except ValueError:
-        raise ApiError(400, f"level must be 1 or 2, got {raw_level!r}", param="level") from None
+        level = 0
+    if level not in SLEEP_LEVELS:  # checked here too: a huge int cannot reach the engine child
+        message = f"level must be 1 or 2, got {raw_level!r:.40}"
+        raise ApiError(400, message, param="level", code=str(SleepErrorCode.INVALID))
     mode = request.query.get("mode", "refuse")
     if mode not in SLEEP_MODES:
         raise ApiError(400, f"mode must be one of {', '.join(SLEEP_MODES)}", param="mode")

@@ -96,7 +96,8 @@ def test_fuzz_sleep_queries(
     async def run() -> tuple[int, Any]:
         with anyio.fail_after(HANG):
             async with aiohttp.ClientSession() as http:
-                url = f"{child.url}{path}?{urlencode(query)}"
+                raw = {k: v.encode("utf-8", "surrogatepass") for k, v in query.items()}
+                url = f"{child.url}{path}?{urlencode(raw)}"
                 async with http.post(url, json=body) as resp:
                     return resp.status, await resp.json()
 
@@ -108,4 +109,23 @@ def test_fuzz_sleep_queries(
 
 def test_after_the_fuzz_the_engine_is_clean(child: ServerThread) -> None:
     assert_clean(child)
+    assert_serving(child.url)
+
+
+# -- bugs the fuzz found ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("level", ["9" * 30, "-" + "9" * 30, "3", "0"])
+def test_a_sleep_level_out_of_range_is_a_400_naming_it(child: ServerThread, level: str) -> None:
+    """Was a 500 for the huge ones: the level went to the engine child as an int msgpack
+    cannot hold (OverflowError); the gateway now checks it as it checks `mode`."""
+
+    async def run() -> tuple[int, Any]:
+        async with aiohttp.ClientSession() as http:
+            async with http.post(f"{child.url}/sleep?level={level}") as resp:
+                return resp.status, await resp.json()
+
+    status, answer = anyio.run(run)
+    assert status == 400, answer
+    assert answer["error"]["param"] == "level" and "1 or 2" in answer["error"]["message"]
     assert_serving(child.url)

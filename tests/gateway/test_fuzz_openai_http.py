@@ -112,8 +112,9 @@ def test_fuzz_stored_responses(
     """GET, DELETE, cancel and input_items of a stored response (or one that is not) with any
     query: 2xx, or a 4xx in shape. A DELETE of the stored one makes the rest 404s."""
     method, tail = call
-    response_id = stored_id if which == "stored" else quote(which, safe="")
-    url = f"{srv.url}/v1/responses/{response_id}{tail}?{urlencode(query)}"
+    raw = {k: raw_bytes(v) for k, v in query.items()}  # lone surrogates: as their bytes
+    response_id = stored_id if which == "stored" else quote(raw_bytes(which), safe="")
+    url = f"{srv.url}/v1/responses/{response_id}{tail}?{urlencode(raw)}"
 
     async def run() -> tuple[int, Any]:
         with anyio.fail_after(HANG):
@@ -128,6 +129,10 @@ def test_fuzz_stored_responses(
         check_error_shape(status, answer)
     assert status in (200, 400, 404, 409), (status, answer)
     assert_serving(srv.url)
+
+
+def raw_bytes(text: str) -> bytes:
+    return text.encode("utf-8", "surrogatepass")
 
 
 def test_after_the_fuzz_the_engine_is_clean(srv: ServerThread) -> None:
