@@ -154,7 +154,7 @@ def _partial_failure(verb: str, body: bytes, answers: list[ReplicaAnswer], note:
 def _lora_name(body: bytes) -> str:
     try:
         return str(json.loads(body)["lora_name"])
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):  # RecursionError: nested too deep
         return "?"  # a malformed body: every replica refuses it, naming the field
 
 

@@ -31,7 +31,7 @@ from tests.gateway.fuzz_bodies import (
     check_post,
     post,
 )
-from tests.gateway.fuzz_other_routes import EMBEDDINGS, RERANK, SCORE
+from tests.gateway.fuzz_other_routes import ADMIN_ROUTES, EMBEDDINGS, RERANK, SCORE
 from tests.gateway.fuzz_routes import CHAT, COMPLETION, RESPONSES
 from tests.gateway.router_harness import RouterThread
 
@@ -115,3 +115,92 @@ def test_a_body_nested_too_deep_for_the_router_is_the_replicas_400(
     check_error_shape(status, answer)
     assert answer["error"]["param"] in ("body", "x", "prompt[0][0]"), answer
     assert_serving(router.url)
+
+
+# -- the routes the router fans out to every replica --------------------------------------------
+
+ADMIN_CONFIG = CONFIG.replace(enable_lora=True)
+
+
+@pytest.fixture(scope="module")
+def admin_router() -> Iterator[tuple[RouterThread, list[ServerThread]]]:
+    """Two replicas that allow run-time LoRA and weight updates, behind their own router."""
+    settings = GatewaySettings(
+        engine_process=False, allow_runtime_lora_updating=True, allow_runtime_weight_updating=True
+    )
+    replicas = [
+        ServerThread(ADMIN_CONFIG, settings, runner=FakeRunner.from_config(ADMIN_CONFIG)).start()
+        for _ in range(2)
+    ]
+    urls = tuple(r.url for r in replicas)
+    front = RouterThread().start_router(
+        RouterSettings(backend_urls=urls, health_check_interval_s=3600.0)
+    )
+    yield front, replicas
+    front.close()
+    for replica in replicas:
+        replica.shutdown()
+
+
+@st.composite
+def admin_bodies(draw: st.DrawFn) -> tuple[str, dict[str, Any]]:
+    path = draw(st.sampled_from(sorted(ADMIN_ROUTES)))
+    return path, draw(ADMIN_ROUTES[path])
+
+
+def fanned_out_shape(status: int, answer: Any) -> None:
+    """OpenAI's error, or vLLM's and SGLang's `{"success": false, "message"}`."""
+    assert status < 500, (status, answer)
+    if isinstance(answer, dict) and "error" in answer:
+        check_error_shape(status, answer)
+    else:
+        assert answer["success"] is False and answer["message"], answer
+
+
+@FUZZ
+@given(route_body=admin_bodies(), mutation=MUTATIONS)
+def test_fuzz_admin_routes_through_the_router(
+    admin_router: tuple[RouterThread, list[ServerThread]],
+    route_body: tuple[str, dict[str, Any]],
+    mutation: str,
+) -> None:
+    front, replicas = admin_router
+    path, body = route_body
+    if path == "/reset_prefix_cache":
+        mutation = "none"  # vLLM's takes no body: it reads none
+    allowed = (200, 400, 404, 409, 413)
+    check_post(front.url + path, body, mutation, allowed, fanned_out_shape)
+    assert_serving(front.url)
+    for replica in replicas:
+        replica.wait_idle(timeout=60)
+
+
+def test_after_the_admin_fuzz_the_replicas_agree_and_are_clean(
+    admin_router: tuple[RouterThread, list[ServerThread]],
+) -> None:
+    """Every replica serves the same adapters (a load that failed somewhere was undone);
+    nothing held."""
+    _, replicas = admin_router
+    for replica in replicas:
+        assert_clean(replica)
+    names = [sorted(replica.engine.lora_adapters) for replica in replicas]
+    assert names[0] == names[1], names
+
+
+@pytest.mark.parametrize("path", ["/v1/load_lora_adapter", "/v1/unload_lora_adapter"])
+def test_a_lora_body_nested_too_deep_is_the_replicas_400(
+    admin_router: tuple[RouterThread, list[ServerThread]], path: str
+) -> None:
+    """Was a plain-text 500: naming the adapter in the router's error message read the body
+    with json.loads, which raised RecursionError."""
+    front, _ = admin_router
+    data = '{"lora_name": "x", "lora_path": "/a", "x": ' + "[" * 5000 + "]" * 5000 + "}"
+
+    async def run() -> tuple[int, Any]:
+        return await post(front.url + path, data.encode())
+
+    status, answer = anyio.run(run)
+    assert status == 400, answer
+    check_error_shape(status, answer)
+    assert "failed on 2 of 2 replicas" in answer["error"]["message"], answer
+    assert_serving(front.url)
