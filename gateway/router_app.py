@@ -29,7 +29,7 @@ import aiohttp
 import structlog
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
-from troupe.gateway.errors import ApiError, from_http_exception
+from troupe.gateway.errors import ApiError, from_http_exception, internal_error
 from troupe.gateway.router_admin import add_admin_routes
 from troupe.gateway.router_keys import field_text, messages_text, responses_text
 from troupe.gateway.router_loras import add_lora_routes
@@ -87,6 +87,9 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         return from_http_exception(exc).response()
     except ConnectionError:  # the client went away
         return web.Response(status=499)
+    except Exception as exc:  # a bug: answer in shape, keep the traceback in the log
+        log.exception("unhandled error", path=request.path)
+        return internal_error(exc).response()
 
 
 async def health(request: web.Request) -> web.Response:

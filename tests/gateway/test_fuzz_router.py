@@ -204,3 +204,22 @@ def test_a_lora_body_nested_too_deep_is_the_replicas_400(
     check_error_shape(status, answer)
     assert "failed on 2 of 2 replicas" in answer["error"]["message"], answer
     assert_serving(front.url)
+
+
+def test_a_bug_in_the_router_answers_a_500_in_openai_shape(
+    router: RouterThread, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The two 500s above came as aiohttp's plain text: the router's middleware now answers
+    any escaped exception in OpenAI's shape, as the gateway's does."""
+
+    def broken(*_: Any) -> str:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr("troupe.gateway.router_proxy.routing_key", broken)
+
+    async def run() -> tuple[int, Any]:
+        return await post(router.url + "/v1/completions", b'{"prompt": "x"}')
+
+    status, answer = anyio.run(run)
+    assert status == 500 and answer["error"]["code"] == "internal_error", answer
+    assert "a bug" in answer["error"]["message"]
