@@ -35,10 +35,11 @@ from tests.gateway.fuzz_bodies import (
     assert_serving,
     check_error_shape,
     check_post,
+    check_stream_end,
     encode,
     post,
 )
-from tests.gateway.fuzz_routes import CHAT, COMPLETION, RESPONSES
+from tests.gateway.fuzz_routes import CHAT, COMPLETION, RESPONSES, ROUTES
 
 CONFIG = BASE_CONFIG.replace(
     max_model_len=128, num_kv_blocks=512, num_cpu_blocks=16, lora_modules=("sql=/adapters/sql",)
@@ -75,6 +76,56 @@ def test_fuzz_chat_completions(srv: ServerThread, body: dict[str, Any], mutation
 @given(body=RESPONSES, mutation=MUTATIONS)
 def test_fuzz_responses(srv: ServerThread, body: dict[str, Any], mutation: str) -> None:
     fuzz(srv, "/v1/responses", body, mutation)
+
+
+GOOD = {
+    "prompt": "a neighbour",
+    "max_tokens": 20,
+    "ignore_eos": True,
+    "stream": True,
+    "stream_options": {"include_usage": True},
+}
+
+
+@settings(FUZZ, max_examples=20)
+@given(paths=st.lists(st.sampled_from(sorted(ROUTES)), min_size=2, max_size=6), data=st.data())
+def test_fuzz_bad_bodies_beside_a_good_stream(
+    srv: ServerThread, paths: list[str], data: st.DataObject
+) -> None:
+    """Bodies of every route at once beside a streamed request: each is answered as alone
+    would be, and the neighbour gets all of its 20 tokens (nothing is lost for anyone else)."""
+    drawn = [(path, data.draw(ROUTES[path]), data.draw(MUTATIONS)) for path in paths]
+
+    async def one(path: str, body: Any, mutation: str) -> tuple[int, Any]:
+        return await post(srv.url + path, encode(body, mutation))
+
+    async def run() -> list[tuple[int, Any]]:
+        results: list[tuple[int, Any]] = [(0, None)] * (len(drawn) + 1)
+
+        async def into(i: int, path: str, body: Any, mutation: str) -> None:
+            results[i] = await one(path, body, mutation)
+
+        with anyio.fail_after(HANG):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(into, 0, "/v1/completions", GOOD, "none")
+                for i, (path, body, mutation) in enumerate(drawn, 1):
+                    tg.start_soon(into, i, path, body, mutation)
+        return results
+
+    (status, lines), *others = anyio.run(run)
+    assert status == 200, lines
+    chunks = [json.loads(line[6:]) for line in lines if line.startswith(b"data: {")]
+    assert sum(len(c["choices"][0]["text"]) > 0 for c in chunks if c["choices"]) >= 1
+    usage = [c["usage"] for c in chunks if c.get("usage")]
+    assert usage and usage[-1]["completion_tokens"] == 20, usage
+    check_stream_end(srv.url + "/v1/completions", lines)
+    finishes = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]]
+    assert finishes[-1] == "length", finishes
+    for (path, _, _), (other_status, answer) in zip(drawn, others, strict=True):
+        if other_status >= 400:
+            check_error_shape(other_status, answer)
+        assert other_status in (200, 400, 404, 413), (path, other_status, answer)
+    srv.wait_idle(timeout=HANG)
 
 
 QUERY_VALUES = st.sampled_from(["true", "false", "0", "-1", "5", "", "asc", "desc", "x"]) | TEXT
