@@ -47,8 +47,9 @@ class Fp8Weight:
         return self.weight.float() * s
 
 
-def _scale_2d(scale: torch.Tensor, rows: int) -> torch.Tensor:
-    """A scale of any accepted shape as [ceil(N/Bn), ceil(K/Bk)] fp32."""
+def scale_2d(scale: torch.Tensor, rows: int) -> torch.Tensor:
+    """A scale of any shipped shape ([], [1], [N], [N, 1], block [N/Bn, K/Bk]) as 2-D fp32
+    [ceil(N/Bn), ceil(K/Bk)]."""
     scale = scale.float()
     if scale.dim() == 0 or scale.numel() == 1:
         return scale.reshape(1, 1)
@@ -75,7 +76,7 @@ def read_fp8_weights(files: list[Path]) -> dict[str, Fp8Weight]:
     for name, weight in weights.items():
         if name not in scales or weight.dim() != 2:
             raise ModelLoadError(f"fp8 tensor {name!r} has no weight_scale or weight_scale_inv")
-        out[name] = Fp8Weight(weight, _scale_2d(scales[name], weight.shape[0]))
+        out[name] = Fp8Weight(weight, scale_2d(scales[name], weight.shape[0]))
     return out
 
 
@@ -88,6 +89,22 @@ def expand_fp8(
         if name in kept or name.endswith(_SCALES + _IGNORED):
             continue
         yield name, fp8[name].dequantize() if name in fp8 else tensor
+
+
+def expand_fp8_dict(found: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`found` (HF names) with the scales dropped and each fp8 weight that has a scale expanded
+    to fp32, as `expand_fp8` streams them."""
+    scales = {
+        name.rsplit(".", 1)[0] + ".weight": t for name, t in found.items() if name.endswith(_SCALES)
+    }
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in found.items():
+        if name.endswith(_SCALES + _IGNORED):
+            continue
+        if tensor.dtype == torch.float8_e4m3fn and name in scales:
+            tensor = Fp8Weight(tensor, scale_2d(scales[name], tensor.shape[0])).dequantize()
+        out[name] = tensor
+    return out
 
 
 def concat_fp8(parts: list[Fp8Weight]) -> Fp8Weight:

@@ -31,7 +31,7 @@ from troupe.config import ConfigError
 from troupe.gpu.deepseek_config import DEEPSEEK_TYPES, deepseek_fields
 from troupe.gpu.deepseek_weights import deepseek_layer_weights
 from troupe.gpu.eagle_load import FINAL_STATE, EagleModel
-from troupe.gpu.fp8_weights import Fp8Weight
+from troupe.gpu.fp8_weights import expand_fp8_dict
 from troupe.gpu.head_weights import layer_destination
 from troupe.gpu.model_config import ModelConfig
 from troupe.gpu.models import DecoderModel
@@ -41,8 +41,6 @@ from troupe.gpu.weights import INDEX_FILE, safetensors_files
 
 METHOD = "speculative_method 'mtp'"
 _OWN = ("enorm.weight", "hnorm.weight", "eh_proj.weight", "shared_head.norm.weight")
-_SCALES = (".weight_scale_inv", ".weight_scale")
-_IGNORED = (".input_scale", ".activation_scale")
 
 
 def mtp_config(raw: dict[str, Any], target: ModelConfig) -> ModelConfig:
@@ -99,27 +97,7 @@ def read_layer(folder: Path, prefix: str) -> dict[str, torch.Tensor]:
             for name in handle.keys():
                 if name.startswith(prefix):
                     found[name.removeprefix(prefix)] = handle.get_tensor(name)
-    scales = {
-        name.rsplit(".", 1)[0] + ".weight": t for name, t in found.items() if name.endswith(_SCALES)
-    }
-    out: dict[str, torch.Tensor] = {}
-    for name, tensor in found.items():
-        if name.endswith(_SCALES + _IGNORED):
-            continue
-        if tensor.dtype == torch.float8_e4m3fn and name in scales:
-            tensor = Fp8Weight(tensor, _scale_2d(scales[name], tensor.shape[0])).dequantize()
-        out[name] = tensor
-    return out
-
-
-def _scale_2d(scale: torch.Tensor, rows: int) -> torch.Tensor:
-    """Block [N/Bn, K/Bk], per-channel [N] / [N, 1] or per-tensor scales as 2-D fp32."""
-    scale = scale.float()
-    if scale.numel() == 1:
-        return scale.reshape(1, 1)
-    if scale.dim() == 1:
-        return scale.reshape(rows, 1) if scale.numel() == rows else scale.reshape(1, -1)
-    return scale
+    return expand_fp8_dict(found)
 
 
 def _required(config: ModelConfig) -> list[str]:

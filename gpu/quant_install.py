@@ -62,22 +62,24 @@ def install_quantized(
                 continue
             arrived = [pending.pop(part) for part in names]
             try:
-                fused = _concat(arrived)
+                fused = concat_parts(arrived)
             except ValueError:
                 continue  # mixed forms: leave them to the dense path
             weight = make_quant_linear(fused, device, q4)
             if weight is not None:
-                _replace(layer, param, weight, names[0])
+                replace_dense(layer, param, weight, f"tensor {names[0]!r}")
                 used.update(names)
     for name, future in made.items():
         top = future.result()
         if top is not None:
-            _replace(model, tops[name], top, name)
+            replace_dense(model, tops[name], top, f"tensor {name!r}")
             used.add(name)
     return used
 
 
-def _concat(parts: list[QuantBlocks | Fp8Weight]) -> QuantBlocks | Fp8Weight:
+def concat_parts(parts: list[QuantBlocks | Fp8Weight]) -> QuantBlocks | Fp8Weight:
+    """Parts of one fused parameter stacked along N; ValueError where forms or scale blocks
+    mix (the dense path expands those)."""
     fp8 = [p for p in parts if isinstance(p, Fp8Weight)]
     if not fp8:
         return concat_rows([p for p in parts if not isinstance(p, Fp8Weight)])
@@ -86,12 +88,13 @@ def _concat(parts: list[QuantBlocks | Fp8Weight]) -> QuantBlocks | Fp8Weight:
     return concat_fp8(fp8)
 
 
-def _replace(module: nn.Module, attr: str, weight: QuantLinear, name: str) -> None:
+def replace_dense(module: nn.Module, attr: str, weight: QuantLinear, what: str) -> None:
+    """`module.attr` (a dense parameter) becomes `weight`; `what` names it in the error
+    raised when the shapes differ."""
     dense = module._parameters.pop(attr)
     assert dense is not None
     if tuple(dense.shape) != tuple(weight.shape):
         raise ModelLoadError(
-            f"tensor {name!r} fuses to shape {tuple(weight.shape)}, "
-            f"expected {tuple(dense.shape)} from the config"
+            f"{what} fuses to shape {tuple(weight.shape)}, expected {tuple(dense.shape)}"
         )
     setattr(module, attr, weight)

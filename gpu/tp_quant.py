@@ -32,10 +32,10 @@ import torch
 from torch import nn
 from troupe.config import ConfigError, EngineConfig
 from troupe.gpu.cpu_q4lib import Q4Lib, Q4Options, load_q4
-from troupe.gpu.fp8_weights import Fp8Weight, concat_fp8
-from troupe.gpu.gguf_quant import QuantBlocks, concat_rows
-from troupe.gpu.model_config import ModelLoadError
-from troupe.gpu.quant_linear import QuantLinear, make_quant_linear
+from troupe.gpu.fp8_weights import Fp8Weight, scale_2d
+from troupe.gpu.gguf_quant import QuantBlocks
+from troupe.gpu.quant_install import concat_parts, replace_dense
+from troupe.gpu.quant_linear import make_quant_linear
 from troupe.gpu.tp_model import Target, TPDecoderModel
 
 log = logging.getLogger(__name__)
@@ -127,17 +127,6 @@ def fp8_slice(
     return Fp8Weight(weight, cut.contiguous())
 
 
-def scale_2d(scale: torch.Tensor, rows: int) -> torch.Tensor:
-    """An fp8 scale of any shipped shape ([], [1], [N], [N, 1], block [N/Bn, K/Bk]) as 2-D
-    fp32, as gpu/fp8_weights.py reads it."""
-    scale = scale.float()
-    if scale.numel() == 1:
-        return scale.reshape(1, 1)
-    if scale.dim() == 1:
-        return scale.reshape(rows, 1) if scale.numel() == rows else scale.reshape(1, -1)
-    return scale
-
-
 def expand_fp8_slice(
     weight: torch.Tensor,
     scale: torch.Tensor,
@@ -194,34 +183,14 @@ def install_kept(
         if len(parts) != len(names):
             continue
         try:
-            fused = _concat(parts)
+            fused = concat_parts(parts)
         except ValueError:
             continue  # mixed forms or scale blocks: the dense path expands them
         weight = make_quant_linear(fused, device, keep.q4)
         if weight is not None:
-            _replace(module, param, weight, names[0])
+            replace_dense(module, param, weight, f"tensor {names[0]!r}: the rank's slice")
             used.update(names)
     return used
-
-
-def _concat(parts: list[Kept]) -> Kept:
-    fp8 = [p for p in parts if isinstance(p, Fp8Weight)]
-    if not fp8:
-        return concat_rows([p for p in parts if not isinstance(p, Fp8Weight)])
-    if len(fp8) != len(parts):
-        raise ValueError("cannot fuse fp8 with GGUF blocks")
-    return concat_fp8(fp8)
-
-
-def _replace(module: nn.Module, attr: str, weight: QuantLinear, name: str) -> None:
-    dense = module._parameters.pop(attr)
-    assert dense is not None
-    if tuple(dense.shape) != tuple(weight.shape):
-        raise ModelLoadError(
-            f"tensor {name!r}: the rank's slice fuses to shape {tuple(weight.shape)}, expected "
-            f"{tuple(dense.shape)}"
-        )
-    setattr(module, attr, weight)
 
 
 def unpermuted_rows(num_rows: int, head_dim: int) -> torch.Tensor:
