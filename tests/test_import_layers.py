@@ -12,7 +12,7 @@ import troupe
 FLOORS: list[set[str]] = [
     {"messages", "kernels", "logs", "gguf_file", "request_seeds"},
     {"policies"},
-    {"config", "config_checks", "model_path", "speculators_format"},
+    {"config", "config_checks", "config_pipeline", "model_path", "speculators_format"},
     {"spec_cost"},
     {"gpu"},
     {"actors/core"},
