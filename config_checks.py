@@ -26,14 +26,24 @@ _DISAGGREGATION_NEEDS: tuple[tuple[str, object], ...] = (
 )  # fmt: skip
 
 
-def check_disaggregation(config: EngineConfig) -> None:
-    """ConfigError naming the first field prefill/decode disaggregation cannot serve."""
-    for name, needed in _DISAGGREGATION_NEEDS:
+def check_needs(
+    config: EngineConfig,
+    needs: tuple[tuple[str, object], ...],
+    feature: str,
+    why: str = "not supported together",
+) -> None:
+    """ConfigError naming the first field of `needs` (field, the value it needs) that `config`
+    sets otherwise, `feature` (e.g. "disaggregation 'prefill_decode'") being what needs it."""
+    for name, needed in needs:
         if getattr(config, name) != needed:
             raise ConfigError(
-                f"{name} must be {needed!r} with disaggregation {config.disaggregation!r} "
-                f"(not supported together), got {getattr(config, name)!r}"
+                f"{name} must be {needed!r} with {feature} ({why}), got {getattr(config, name)!r}"
             )
+
+
+def check_disaggregation(config: EngineConfig) -> None:
+    """ConfigError naming the first field prefill/decode disaggregation cannot serve."""
+    check_needs(config, _DISAGGREGATION_NEEDS, f"disaggregation {config.disaggregation!r}")
     if config.preemption_mode == "swap":  # each side's pool would need its own CPU pool
         raise ConfigError(
             f"preemption_mode must be 'auto' or 'recompute' with disaggregation "
@@ -156,9 +166,4 @@ def check_prompt_embeds(config: EngineConfig) -> None:
         )
     if not config.enable_prompt_embeds:
         return
-    for name, needed in _PROMPT_EMBEDS_NEEDS:
-        if getattr(config, name) != needed:
-            raise ConfigError(
-                f"{name} must be {needed!r} with enable_prompt_embeds (not supported "
-                f"together), got {getattr(config, name)!r}"
-            )
+    check_needs(config, _PROMPT_EMBEDS_NEEDS, "enable_prompt_embeds")

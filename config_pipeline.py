@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from troupe.config_checks import ConfigError
+from troupe.config_checks import ConfigError, check_needs
 
 if TYPE_CHECKING:
     from troupe.config import EngineConfig
@@ -41,9 +41,6 @@ def check_pipeline(config: EngineConfig) -> None:
             )
     if size == 1:
         return
-    for name, needed in _PIPELINE_NEEDS:
-        if getattr(config, name) != needed:
-            raise ConfigError(
-                f"{name} must be {needed!r} with pipeline_parallel_size {size} (not supported "
-                f"together yet), got {getattr(config, name)!r}"
-            )
+    check_needs(
+        config, _PIPELINE_NEEDS, f"pipeline_parallel_size {size}", "not supported together yet"
+    )
