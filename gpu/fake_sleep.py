@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from troupe.gpu.fake_runner import FakeRunner
 from troupe.gpu.runner_wrapper import RunnerWrapper
-from troupe.messages.sleep_calls import ALL_TAGS, SleepTag
+from troupe.gpu.sleep_state import SleepState
+from troupe.messages.sleep_calls import SleepTag
 
 
 class FakeSleeper:
@@ -19,30 +20,27 @@ class FakeSleeper:
 
     def __init__(self, runner: FakeRunner) -> None:
         self._runner = runner
-        self._sleeping: set[SleepTag] = set()
-        self._level = 0
+        self._state = SleepState()
         self.num_sleeps = 0
 
     @property
     def sleeping(self) -> tuple[SleepTag, ...]:
-        return tuple(t for t in ALL_TAGS if t in self._sleeping)
+        return self._state.sleeping
 
     @property
     def level(self) -> int:
-        return self._level
+        return self._state.level
 
     def sleep(self, level: int) -> str:
         runner = self._runner
         for store in (runner.gpu, runner.cpu):  # the contents go; nothing reads them until
             type(store).__init__(store, len(store.sum), runner.block_size)  # written again
-        self._sleeping, self._level = set(ALL_TAGS), level
+        self._state.fall_asleep(level)
         self.num_sleeps += 1
         return f"fake runner asleep (level {level}): KV contents dropped"
 
     def wake_up(self, tags: tuple[SleepTag, ...]) -> str:
-        self._sleeping -= set(tags)
-        if not self._sleeping:
-            self._level = 0
+        self._state.wake(tags)
         return f"fake runner woke {', '.join(tags)}"
 
 

@@ -30,8 +30,9 @@ from troupe.gpu.forward_pass import ForwardPass
 from troupe.gpu.kv_cache import KVCache
 from troupe.gpu.models import DecoderModel
 from troupe.gpu.runner_setup import RunnerOptions
+from troupe.gpu.sleep_state import SleepState
 from troupe.gpu.weight_update import WeightReload
-from troupe.messages.sleep_calls import ALL_TAGS, SleepTag
+from troupe.messages.sleep_calls import SleepTag
 
 
 class _Stored:
@@ -68,20 +69,19 @@ class ModelSleeper:
         `quiesce`: drop the steps launched ahead (gpu/overlap.py) before the memory goes."""
         self.model, self.kv, self._options = model, kv, options
         self._forward, self._weights, self._quiesce = forward, weights, quiesce
-        self._sleeping: set[SleepTag] = set()
-        self._level = 0
+        self._state = SleepState()
         self._stored: list[_Stored] = []
 
     @property
     def sleeping(self) -> tuple[SleepTag, ...]:
-        return tuple(t for t in ALL_TAGS if t in self._sleeping)
+        return self._state.sleeping
 
     @property
     def level(self) -> int:
-        return self._level
+        return self._state.level
 
     def sleep(self, level: int) -> str:
-        assert not self._sleeping and level in (1, 2), (self._sleeping, level)
+        assert not self.sleeping and level in (1, 2), (self.sleeping, level)
         for discard in self._quiesce:
             discard()
         storages = weight_storages(self.model)
@@ -94,7 +94,7 @@ class ModelSleeper:
             stored.storage.resize_(0)
         num_kv_bytes = self.kv.free()
         self._weights.asleep = f"the weights sleep (level {level}): wake_up(tags=['weights'])"
-        self._sleeping, self._level = set(ALL_TAGS), level
+        self._state.fall_asleep(level)
         if self.model.device.type == "cuda":
             torch.cuda.empty_cache()
         num_weight_bytes = sum(s.nbytes for s in self._stored)
@@ -105,7 +105,7 @@ class ModelSleeper:
         )
 
     def wake_up(self, tags: tuple[SleepTag, ...]) -> str:
-        assert set(tags) <= self._sleeping, (tags, self._sleeping)
+        assert set(tags) <= set(self.sleeping), (tags, self.sleeping)
         done = []
         if SleepTag.WEIGHTS in tags:
             for stored in self._stored:
@@ -113,13 +113,11 @@ class ModelSleeper:
             self._sync()  # copied back before the host copies go
             self._stored = []
             self._weights.asleep = None
-            done.append("weights restored" if self._level == 1 else "weights allocated (empty)")
+            done.append("weights restored" if self.level == 1 else "weights allocated (empty)")
         if SleepTag.KV_CACHE in tags:
             self.kv.reallocate()
             done.append(f"KV cache allocated ({self.kv.num_gpu_blocks} blocks)")
-        self._sleeping -= set(tags)
-        if not self._sleeping:
-            self._level = 0
+        if self._state.wake(tags):
             self._capture()
             done.append("graphs captured")
         return "; ".join(done)
