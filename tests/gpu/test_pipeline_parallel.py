@@ -8,7 +8,6 @@ refused before any process is spawned."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,7 @@ from troupe.gpu.runner import build_runner
 from troupe.gpu.weights import random_weights
 from troupe.messages import Delta, EngineStats, Failed, Finished, Rejected, SamplingParams
 
-from tests.gpu.conftest import add_word_tokenizer
+from tests.gpu.conftest import write_random_model
 
 TINY = {
     "hidden_size": 64,
@@ -46,24 +45,13 @@ PROMPTS = [[(11 * i + 7 * j + 3) % 256 for j in range(6 + 3 * i)] for i in range
 MAX_TOKENS = [12, 9, 11, 10]
 
 
-def _write_model(folder: Path, family: str) -> Path:
-    """config.json, random safetensors weights (peaked logits: no greedy near-ties) and a
-    word-level tokenizer."""
-    from safetensors.torch import save_file
-
-    folder.mkdir()
-    cfg = {**TINY, **FAMILIES[family]}
-    (folder / "config.json").write_text(json.dumps(cfg))
-    weights = random_weights(ModelConfig.from_hf_dict(cfg), torch.float32, seed=2, std=0.2)
-    save_file({k: v.contiguous() for k, v in weights.items()}, str(folder / "model.safetensors"))
-    add_word_tokenizer(folder)
-    return folder
-
-
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("pp")
-    return {family: _write_model(root / family, family) for family in FAMILIES}
+    return {
+        family: write_random_model(root / family, {**TINY, **FAMILIES[family]}, seed=2)
+        for family in FAMILIES
+    }
 
 
 def _config(folder: Path, **changes: Any) -> EngineConfig:

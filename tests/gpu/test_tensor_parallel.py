@@ -9,7 +9,6 @@ GPU case (NCCL, 2 GPUs) is marked and needs two devices."""
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +23,9 @@ from troupe.gpu.model_config import ModelConfig
 from troupe.gpu.runner import build_runner
 from troupe.gpu.tp_model import TPShard, check_tensor_parallel
 from troupe.gpu.tp_runner import TPRunner
-from troupe.gpu.weights import random_weights
 from troupe.messages import Delta, Failed, Finished, Rejected, SamplingParams
 
-from tests.gpu.conftest import add_word_tokenizer
+from tests.gpu.conftest import write_random_model
 
 TINY = {
     "hidden_size": 64,
@@ -47,24 +45,13 @@ PROMPTS = [[(11 * i + 7 * j + 3) % 256 for j in range(3 + 5 * i)] for i in range
 MAX_TOKENS = [6, 4, 5]
 
 
-def _write_model(folder: Path, family: str) -> Path:
-    """config.json, random safetensors weights (peaked logits: no greedy near-ties) and a
-    word-level tokenizer: what Engine.open needs, without building a transformers model."""
-    from safetensors.torch import save_file
-
-    folder.mkdir()
-    cfg = {**TINY, **FAMILIES[family]}
-    (folder / "config.json").write_text(json.dumps(cfg))
-    weights = random_weights(ModelConfig.from_hf_dict(cfg), torch.float32, seed=1, std=0.2)
-    save_file({k: v.contiguous() for k, v in weights.items()}, str(folder / "model.safetensors"))
-    add_word_tokenizer(folder)
-    return folder
-
-
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("tp")
-    return {family: _write_model(root / family, family) for family in FAMILIES}
+    return {
+        family: write_random_model(root / family, {**TINY, **FAMILIES[family]}, seed=1)
+        for family in FAMILIES
+    }
 
 
 def _config(folder: Path, **changes: Any) -> EngineConfig:
