@@ -29,7 +29,7 @@ from troupe.gpu.deepseek_moe import DeepseekMoe
 from troupe.gpu.mla_layer import MlaLayer
 from troupe.gpu.model_config import ModelConfig
 from troupe.gpu.tp_model import Target, TPDecoderLayer, TPShard
-from troupe.gpu.tp_moe import local_routing, moe_targets
+from troupe.gpu.tp_moe import moe_targets, rank_routing
 
 
 class TPDeepseekMoe(DeepseekMoe):
@@ -45,14 +45,10 @@ class TPDeepseekMoe(DeepseekMoe):
             num_local_experts=shard.num_local_experts,
             shared_intermediate_size=shard.shared_intermediate_size,
         )
-        self.expert_parallel = shard.expert_parallel
-        self.first_expert = shard.first_expert
+        self.rank_shard = shard
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        weights, ids = super().route(x)
-        if not self.expert_parallel:
-            return weights, ids
-        return local_routing(weights, ids, self.first_expert, self.w13.shape[0])
+        return rank_routing(super().route(x), self.rank_shard)
 
 
 class TPMlaLayer(TPDecoderLayer, MlaLayer):

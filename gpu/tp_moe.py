@@ -45,14 +45,20 @@ class TPMoeLayer(TPDecoderLayer, MoeLayer):
         super().__init__(
             config, dtype, device, layer_index, num_local_experts=shard.num_local_experts
         )
-        self.expert_parallel = shard.expert_parallel
-        self.first_expert = shard.first_expert
+        self.rank_shard = shard
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        weights, ids = super().route(x)
-        if not self.expert_parallel:
-            return weights, ids
-        return local_routing(weights, ids, self.first_expert, self.w13.shape[0])
+        return rank_routing(super().route(x), self.rank_shard)
+
+
+def rank_routing(
+    routing: tuple[torch.Tensor, torch.Tensor], shard: TPShard
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The router's (weights, ids) as the rank's experts read them: as they are when each
+    rank holds every expert's rows, else `local_routing` over the rank's experts."""
+    if not shard.expert_parallel:
+        return routing
+    return local_routing(*routing, shard.first_expert, shard.num_local_experts)
 
 
 def local_routing(
