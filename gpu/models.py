@@ -282,6 +282,20 @@ class DecoderModel(nn.Module):
         """Embedding rows of the tokens (the tensor-parallel model gathers its vocab shards)."""
         return embedding(input_ids, self.embed_tokens, self.dtype)
 
+    def input_hidden(
+        self,
+        input_ids: torch.Tensor,
+        input_rows: Callable[[torch.Tensor], torch.Tensor] | None,
+    ) -> torch.Tensor:
+        """The first layer's input: the tokens' embedding rows (Gemma 3: scaled), with an
+        embeddings prompt's rows put in by `input_rows` (gpu/embed_rows.py)."""
+        hidden = self.embed(input_ids)
+        if self.config.is_gemma3:  # HF scales in the weights' dtype
+            hidden = hidden * torch.tensor(self.config.hidden_size**0.5, dtype=hidden.dtype)
+        if input_rows is not None:  # after the scaling: HF's inputs_embeds are not scaled
+            hidden = input_rows(hidden)
+        return hidden
+
     def set_kv_scales(self, scales: torch.Tensor | None) -> None:
         """fp8 KV: scales [layer, k | v, kv head] that each layer's writes set and reads use."""
         set_layer_kv_scales(self.layers, scales)
@@ -297,13 +311,9 @@ class DecoderModel(nn.Module):
     ) -> torch.Tensor:
         """Hidden states [N, hidden] of only the rows in meta.logits_indices, after the norm.
         `input_rows`: puts an embeddings prompt's rows in place of theirs (gpu/embed_rows.py)."""
-        hidden = self.embed(input_ids)
+        hidden = self.input_hidden(input_ids, input_rows)
         if self.lora is not None:  # each token's adapter slot, for every projection
             self.lora.begin(len(input_ids))
-        if self.config.is_gemma3:  # HF scales in the weights' dtype
-            hidden = hidden * torch.tensor(self.config.hidden_size**0.5, dtype=hidden.dtype)
-        if input_rows is not None:  # after the scaling: HF's inputs_embeds are not scaled
-            hidden = input_rows(hidden)
         residual: torch.Tensor | None = None
         taps = self.target_hidden
         for i, (layer, kv_cache, table) in enumerate(

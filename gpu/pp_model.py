@@ -64,11 +64,7 @@ class PPStageModel(DecoderModel):
         num_tokens = len(input_ids)
         residual: torch.Tensor | None = None
         if stage.is_first:
-            hidden = self.embed(input_ids)
-            if c.is_gemma3:  # HF scales in the weights' dtype
-                hidden = hidden * torch.tensor(c.hidden_size**0.5, dtype=hidden.dtype)
-            if input_rows is not None:
-                hidden = input_rows(hidden)
+            hidden = self.input_hidden(input_ids, input_rows)
         else:  # [hidden | residual] of the stage before: one message, not two
             pair = torch.empty(2, num_tokens, c.hidden_size, dtype=self.dtype, device=self.device)
             self.group.recv(pair, stage.index - 1)
