@@ -88,17 +88,27 @@ def add_word_tokenizer(folder: Path) -> None:
     (folder / "tokenizer_config.json").write_text(json.dumps({"unk_token": "w0"}))
 
 
-def write_random_model(folder: Path, cfg: dict[str, Any], *, seed: int) -> Path:
+def write_random_model(
+    folder: Path,
+    cfg: dict[str, Any],
+    *,
+    seed: int,
+    layout: Callable[[dict[str, torch.Tensor], ModelConfig], dict[str, torch.Tensor]] | None = None,
+) -> Path:
     """`folder` made an HF folder Engine.open reads, without building a transformers model:
     config.json `cfg`, random safetensors weights (std 0.2: peaked logits, no greedy near-ties)
-    and a word-level tokenizer."""
+    and a word-level tokenizer. `layout` renames or fuses the tensors as a checkpoint would
+    (the same seed gives the same weights in every layout)."""
     import json
 
     from safetensors.torch import save_file
 
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps(cfg))
-    weights = random_weights(ModelConfig.from_hf_dict(cfg), torch.float32, seed=seed, std=0.2)
+    config = ModelConfig.from_hf_dict(cfg)
+    weights = random_weights(config, torch.float32, seed=seed, std=0.2)
+    if layout is not None:
+        weights = layout(weights, config)
     save_file({k: v.contiguous() for k, v in weights.items()}, str(folder / "model.safetensors"))
     add_word_tokenizer(folder)
     return folder

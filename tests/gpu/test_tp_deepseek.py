@@ -29,7 +29,7 @@ from troupe.gpu.tp_model import TPDecoderModel, TPShard, check_tensor_parallel
 from troupe.gpu.tp_weights import SafetensorsShardReader, load_shard
 from troupe.gpu.weights import load_model, random_weights
 
-from tests.gpu.conftest import add_word_tokenizer
+from tests.gpu.conftest import write_random_model
 from tests.gpu.test_deepseek_vs_hf import COMMON, VARIANTS, _step_meta
 from tests.gpu.test_tensor_parallel import PROMPTS, _config, _generate
 from tests.gpu.test_tp_moe import _fuse
@@ -42,22 +42,11 @@ EXPAND = 4  # prefill chunks of 4+ tokens (max_num_batched_tokens is 8) take the
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The model's folder as checkpoints name experts ('split') and fused ('fused')."""
-    from safetensors.torch import save_file
-
     root = tmp_path_factory.mktemp("tp_deepseek")
-    config = ModelConfig.from_hf_dict(TINY)
-    weights = random_weights(config, torch.float32, seed=3, std=0.2)
-    out = {}
-    for layout, tensors in (("split", weights), ("fused", _fuse(weights, config))):
-        folder = root / layout
-        folder.mkdir()
-        (folder / "config.json").write_text(json.dumps(TINY))
-        save_file(
-            {k: v.contiguous() for k, v in tensors.items()}, str(folder / "model.safetensors")
-        )
-        add_word_tokenizer(folder)
-        out[layout] = folder
-    return out
+    return {
+        "split": write_random_model(root / "split", TINY, seed=3),
+        "fused": write_random_model(root / "fused", TINY, seed=3, layout=_fuse),
+    }
 
 
 def test_checks_name_what_does_not_split() -> None:

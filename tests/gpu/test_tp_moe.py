@@ -24,10 +24,10 @@ from troupe.gpu.tp_group import TPGroup
 from troupe.gpu.tp_model import TPDecoderModel, TPShard, check_tensor_parallel
 from troupe.gpu.tp_moe import TPMoeLayer, local_routing
 from troupe.gpu.tp_weights import SafetensorsShardReader, load_shard
-from troupe.gpu.weights import load_model, random_weights
+from troupe.gpu.weights import load_model
 from troupe.ops.cli import build_parser, config_from_args
 
-from tests.gpu.conftest import add_word_tokenizer
+from tests.gpu.conftest import write_random_model
 from tests.gpu.test_tensor_parallel import PROMPTS, _config, _generate
 
 TINY_MOE = {
@@ -72,22 +72,11 @@ def _fuse(weights: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, to
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The model's folder as checkpoints name experts ('split') and fused ('fused')."""
-    from safetensors.torch import save_file
-
     root = tmp_path_factory.mktemp("tp_moe")
-    config = ModelConfig.from_hf_dict(TINY_MOE)
-    weights = random_weights(config, torch.float32, seed=5, std=0.2)
-    out = {}
-    for layout, tensors in (("split", weights), ("fused", _fuse(weights, config))):
-        folder = root / layout
-        folder.mkdir()
-        (folder / "config.json").write_text(json.dumps(TINY_MOE))
-        save_file(
-            {k: v.contiguous() for k, v in tensors.items()}, str(folder / "model.safetensors")
-        )
-        add_word_tokenizer(folder)
-        out[layout] = folder
-    return out
+    return {
+        "split": write_random_model(root / "split", TINY_MOE, seed=5),
+        "fused": write_random_model(root / "fused", TINY_MOE, seed=5, layout=_fuse),
+    }
 
 
 def test_checks_name_what_does_not_split() -> None:
