@@ -16,6 +16,7 @@ from troupe import Engine, EngineConfig
 from troupe.messages import Finished, SamplingParams
 
 from tests.gpu.mtp_checkpoints import bigram_copy, save_model
+from tests.gpu.test_eagle_engine import _acceptance
 
 LENGTHS = (4, 14, 7, 11)
 LONG = (24, 30, 20, 28)  # outgrow a pool of 20 blocks of 4 together: preemption
@@ -83,11 +84,6 @@ def _mtp(model: Path, k: int = 3, method: str = "mtp", **extra: Any) -> EngineCo
         **extra,
     }
     return EngineConfig(**settings)
-
-
-def _acceptance(stats: Any) -> float:
-    assert stats.num_spec_proposed_tokens > 0
-    return float(stats.num_spec_accepted_tokens / stats.num_spec_proposed_tokens)
 
 
 def test_copy_layer_accepted_every_time(models: dict[str, Path]) -> None:
