@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from aiohttp import web
-from troupe.messages import Aborted, Failed, RejectCode, Rejected
+from troupe.messages import Aborted, Failed, FailureCause, RejectCode, Rejected
 
 RETRY_AFTER_SECONDS = 1  # what a 429 tells the client; queues drain within a few steps
 
@@ -114,6 +114,9 @@ def error_for_event(
                 )
     if isinstance(event, Aborted):
         return ApiError(503, f"request aborted: {event.reason}", code="aborted")
+    if event.cause is FailureCause.GRAMMAR_DEAD_END:  # the client's grammar, not our fault
+        field = client_field("structured_outputs", fields)
+        return ApiError(400, f"invalid '{field}': {event.message}", param=field, code=event.cause)
     return ApiError(500, f"request failed: {event.message}", code="internal_error")
 
 

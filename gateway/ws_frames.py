@@ -11,6 +11,7 @@ from troupe.messages import (
     Aborted,
     Delta,
     Failed,
+    FailureCause,
     Finished,
     Rejected,
     StreamEvent,
@@ -85,6 +86,9 @@ def encode_event(
             yield error_frame(
                 client_id, str(event.code), event.message, client_field(event.field, client_fields)
             )
+        case Failed() if event.cause is FailureCause.GRAMMAR_DEAD_END:  # the client's grammar
+            field = client_field("structured_outputs", client_fields)
+            yield error_frame(client_id, event.cause, event.message, field)
         case Failed():
             yield error_frame(client_id, "failed", event.message)
 

@@ -11,6 +11,7 @@ end of its last sample. A request refused before it ran gets one `Rejected`, as 
 
 from __future__ import annotations
 
+import enum
 from typing import ClassVar
 
 import msgspec
@@ -87,6 +88,14 @@ class Aborted(msgspec.Struct, frozen=True, kw_only=True, tag=True):
         return self.samples_left == 0
 
 
+class FailureCause(enum.StrEnum):
+    """Whose fault a Failed is: the engine's (a fault, an HTTP 500), or the client's request."""
+
+    INTERNAL = "internal"
+    # its grammar allows no token after the text so far (actors/core/grammar.py): a 400
+    GRAMMAR_DEAD_END = "grammar_dead_end"
+
+
 class Failed(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     request_id: str
     message: str
@@ -95,6 +104,7 @@ class Failed(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     finish_reason: FinishReason = FinishReason.ERROR
     index: int = 0
     samples_left: int = 0
+    cause: FailureCause = FailureCause.INTERNAL  # a default, so older traces still decode
 
     @property
     def is_terminal(self) -> bool:

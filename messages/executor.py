@@ -105,7 +105,9 @@ class TokenMasks(msgspec.Struct, frozen=True, kw_only=True, tag=True, gc=False):
 
     `bitmask` is int32 [len(request_ids), num_words] in native byte order, bit t of word t // 32
     set when token t is allowed (xgrammar's layout). `failed` names the requests whose grammar
-    broke (a token it refused, a spec that would not compile): they get no token this step."""
+    broke (a token it refused, a spec that would not compile): they get no token this step.
+    `dead_ends`: those of `failed` whose grammar allows no token after the text so far (the
+    client's grammar, not an engine fault)."""
 
     step_id: int
     request_ids: tuple[str, ...]
@@ -113,6 +115,7 @@ class TokenMasks(msgspec.Struct, frozen=True, kw_only=True, tag=True, gc=False):
     bitmask: bytes
     failed: tuple[tuple[str, str], ...] = ()  # (request id, why)
     ahead: bool = False
+    dead_ends: tuple[str, ...] = ()  # a default, so older traces still decode
 
 
 # the engine's calls: messages/engine_calls.py, messages/sleep_calls.py

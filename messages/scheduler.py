@@ -113,6 +113,8 @@ class SeqFailureReason(enum.StrEnum):
 
     NON_FINITE_LOGITS = "non-finite logits"  # NaN or inf in the sequence's row of logits
     GRAMMAR = "structured output failed"  # its grammar refused a token or would not compile
+    # its grammar allows no token here (the client's grammar: FailureCause.GRAMMAR_DEAD_END)
+    GRAMMAR_DEAD_END = "its grammar cannot be continued after the text so far"
 
 
 class FailedSeq(msgspec.Struct, frozen=True, array_like=True, gc=False):
@@ -120,6 +122,7 @@ class FailedSeq(msgspec.Struct, frozen=True, array_like=True, gc=False):
 
     request_id: str
     reason: SeqFailureReason
+    detail: str | None = None  # GRAMMAR_DEAD_END: what the grammar wants next; old traces lack it
 
 
 class StepResult(msgspec.Struct, frozen=True, kw_only=True, tag=True, gc=False):

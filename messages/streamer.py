@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 from troupe.messages.common import FinishReason, RejectCode, TokenLogprob
-from troupe.messages.events import EngineStats
+from troupe.messages.events import EngineStats, FailureCause
 from troupe.messages.pooling import Pooled
 from troupe.messages.sampling import SamplingParams
 from troupe.messages.scheduler import PromptLogprobs
@@ -47,6 +47,7 @@ class SeqOutput(msgspec.Struct, frozen=True, array_like=True, gc=False):
     logprobs: tuple[TokenLogprob, ...] | None = None
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
     error: str | None = None
+    cause: FailureCause = FailureCause.INTERNAL  # of an error: Failed.cause
 
 
 class FirstScheduled(msgspec.Struct, frozen=True, array_like=True, gc=False):

@@ -11,9 +11,10 @@ fills the next masks while the scheduler plans the next step (actors/core/gramma
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
+import msgspec
 import structlog
 from troupe.actors.core.base import Outgoing
 from troupe.actors.core.executor_sleep import from_staged, run_sleep_call, sleeper_of
@@ -150,7 +151,10 @@ class ExecutorCore:
         parts = [m for m in used if m is not None]  # a fresh row wins over an ahead one
         masks = parts[0] if len(parts) == 1 else join_masks(parts[0], parts[1])
         result = self._run(plan.step_id, lambda: self.runner.finish(masks))
-        return (_grammar_failures(result, masks) if masks.failed else result), masks
+        if not masks.failed:
+            return result, masks
+        dead_ends = {rid for part in parts for rid in part.dead_ends}  # join_masks drops them
+        return _grammar_failures(result, masks, dead_ends), masks
 
     def _run(self, step_id: int, step: Callable[[], tuple[SampledToken, ...]]) -> StepResult:
         try:
@@ -232,26 +236,28 @@ def _grammar_tokens(result: StepResult, masks: TokenMasks) -> GrammarTokens:
     )
 
 
-def _grammar_failures(result: StepResult, masks: TokenMasks) -> StepResult:
-    """`result` with the requests whose grammar failed moved from `sampled` to `failed`.
+def _grammar_failures(
+    result: StepResult, masks: TokenMasks, dead_ends: Collection[str] = ()
+) -> StepResult:
+    """`result` with the requests whose grammar failed moved from `sampled` to `failed`
+    (`dead_ends`: those whose grammar allowed no token, the client's fault, with the why).
 
     Only those fail: a grammar that ended with a stop token names its request in the masks of
     the step after, which that request (finished at the stop token) is not part of."""
     if result.error is not None:
         return result
     broken = dict(masks.failed)
+    failed = []
     for s in result.sampled:
         if s.request_id in broken:
             reason = broken[s.request_id]
             log.warning("structured output failed", request_id=s.request_id, reason=reason)
-    return StepResult(
-        step_id=result.step_id,
-        time=result.time,
+            if s.request_id in dead_ends:
+                failed.append(FailedSeq(s.request_id, SeqFailureReason.GRAMMAR_DEAD_END, reason))
+            else:
+                failed.append(FailedSeq(s.request_id, SeqFailureReason.GRAMMAR))
+    return msgspec.structs.replace(  # the others' prompt logprobs and embeddings stay
+        result,
         sampled=tuple(s for s in result.sampled if s.request_id not in broken),
-        failed=result.failed
-        + tuple(
-            FailedSeq(s.request_id, SeqFailureReason.GRAMMAR)
-            for s in result.sampled
-            if s.request_id in broken
-        ),
+        failed=result.failed + tuple(failed),
     )

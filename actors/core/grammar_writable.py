@@ -13,8 +13,10 @@ that into a refusal at the client edge, naming the field:
                        that no token holds at all
     choice_error       a choice's bytes cannot be cut into tokens of the vocabulary
 
-A grammar that dead-ends only after a free part (`[ab]\x04`) is not caught here: its request
-fails when the model gets there.
+A grammar that dead-ends only after a free part (`[ab]\x04`) is not caught here: the grammar
+core finds it when a fill allows no token, before the model samples there, and the request
+ends Failed with FailureCause.GRAMMAR_DEAD_END (a 400 naming the field), its message from
+`dead_end_error`.
 """
 
 from __future__ import annotations
@@ -97,3 +99,17 @@ def choice_error(choices: Sequence[str], tokens: TokenBytes) -> str | None:
                 f"continues it at byte {done} (0x{data[done]:02x})"
             )
     return None
+
+
+def dead_end_error(matcher: xgrammar.GrammarMatcher) -> str:
+    """What the matcher wants next, when its mask allowed no token: the bytes it would accept
+    (one probe of a fork per byte, only ever at a dead end)."""
+    wanted = [b for b in range(256) if matcher.fork().accept_string(bytes([b]))]
+    if not wanted:
+        return "it allows no byte next"
+    shown = ", ".join(f"0x{b:02x}" for b in wanted[:8]) + (", ..." if len(wanted) > 8 else "")
+    noun = "byte" if len(wanted) == 1 else "bytes"
+    return (
+        f"next it allows only {noun} {shown}, and no token of this model's vocabulary "
+        "writes what it allows"
+    )

@@ -10,6 +10,7 @@ from troupe.actors.core.embeds_check import cache_namespace
 from troupe.actors.core.ngram_proposer import NgramIndex
 from troupe.actors.core.step_work import Kind, Work
 from troupe.messages.common import FinishReason
+from troupe.messages.events import FailureCause
 from troupe.messages.prompt_embeds import PromptEmbeds
 from troupe.messages.sampling import SamplingParams
 from troupe.messages.scheduler import AdmittedRequest
@@ -96,10 +97,17 @@ class Request:
             return FinishReason.STOP
         return FinishReason.LENGTH if len(self.token_ids) >= self.max_total_tokens else None
 
-    def failed(self, message: str) -> SeqOutput:
+    def failed(self, message: str, cause: FailureCause = FailureCause.INTERNAL) -> SeqOutput:
         """Its terminal output when it fails with `message`."""
         return SeqOutput(
-            self.request_id, (), FinishReason.ERROR, None, None, self.num_cached_tokens, message
+            self.request_id,
+            (),
+            FinishReason.ERROR,
+            None,
+            None,
+            self.num_cached_tokens,
+            message,
+            cause,
         )
 
     @property

@@ -10,30 +10,41 @@ from collections.abc import Iterable
 from troupe.actors.core.plan_builder import InFlight
 from troupe.actors.core.request_queues import RequestQueues
 from troupe.actors.core.request_state import Status
-from troupe.messages.scheduler import StepResult
+from troupe.messages.events import FailureCause
+from troupe.messages.scheduler import SeqFailureReason, StepResult
 from troupe.messages.streamer import SeqOutput
 
 NO_TOKEN = "the executor returned no token for it"
 
 
-def failure(step_id: int, error: str | None, reason: str | None) -> str:
+def failure(step_id: int, error: str | None, reason: str | None, detail: str | None = None) -> str:
     """The message of a request that step `step_id` ends: the step's `error`, else its row's."""
     if error is not None:
         return f"step failed: {error}"
-    return NO_TOKEN if reason is None else f"{reason} at step {step_id}"
+    if reason is None:
+        return NO_TOKEN
+    return f"{reason} at step {step_id}" + ("" if detail is None else f": {detail}")
 
 
 def fail_rows(
     result: StepResult, in_flight: Iterable[InFlight], queues: RequestQueues
 ) -> list[SeqOutput]:
     """End the requests `result` fails (all of the step's if it failed, else the sampling rows
-    it names); their terminal outputs. Requests ended mid-step are skipped."""
-    reasons = {f.request_id: f.reason for f in result.failed}
+    it names); their terminal outputs. Requests ended mid-step are skipped. A row whose
+    grammar dead-ended fails as the client's fault (FailureCause.GRAMMAR_DEAD_END)."""
+    rows = {f.request_id: f for f in result.failed}
     outputs: list[SeqOutput] = []
     step_failed = result.error is not None
     for req, _, sample in in_flight:
         rid = req.request_id
-        if req.status != Status.FINISHED and (step_failed or (sample and rid in reasons)):
+        if req.status != Status.FINISHED and (step_failed or (sample and rid in rows)):
             queues.finish(req)
-            outputs.append(req.failed(failure(result.step_id, result.error, reasons.get(rid))))
+            row = None if step_failed else rows[rid]
+            if row is None:
+                outputs.append(req.failed(failure(result.step_id, result.error, None)))
+            elif row.reason is SeqFailureReason.GRAMMAR_DEAD_END:
+                message = failure(result.step_id, None, row.reason, row.detail)
+                outputs.append(req.failed(message, FailureCause.GRAMMAR_DEAD_END))
+            else:
+                outputs.append(req.failed(failure(result.step_id, None, row.reason, row.detail)))
     return outputs

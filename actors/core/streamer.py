@@ -390,6 +390,7 @@ class StreamerCore:
             text=text,
             token_ids=token_ids,
             index=stream.index,
+            cause=output.cause,
         )
 
 
