@@ -10,8 +10,10 @@ template's `tools` variable, and each call comes back as
 
 Text outside the tags is the message's content. A reply whose blocks do not all parse (bad
 JSON, an unknown tool, a tag left open because max_tokens cut it) is plain text, as vLLM's
-Hermes parser answers. Streaming sends content as it comes, holding back from the first
-`<tool_call>` (and any tail that could be its beginning), and the calls at the end.
+Hermes parser answers. `AutoToolStream` streams content as it comes, holding back from the
+first `<tool_call>` (and any tail that could be its beginning), and the calls at the end (the
+Responses API's items); chat streams each call as it is written (`HermesReader`, read by
+gateway/tool_stream.py): the name once its string closes, then the arguments' JSON as written.
 
 `--tool-call-parser` (vLLM's flag) picks the format whatever the template: `hermes`,
 `llama3_json` (Llama 3.x's bare JSON calls, gateway/tool_llama3.py), or one of the formats
@@ -28,12 +30,20 @@ import uuid
 from collections.abc import Iterable, Sequence
 from typing import Any, Literal, Protocol
 
-from troupe.gateway.tool_deepseek_v3 import DEEPSEEK_V3
+from troupe.gateway.json_scan import ObjectScan, object_call
+from troupe.gateway.python_call_scan import PythonicReader
+from troupe.gateway.tool_deepseek_v3 import DEEPSEEK_V3, DeepSeekV3Reader
 from troupe.gateway.tool_format import CallFormat, FormatCallStream, ToolSchemas, parse_reply
-from troupe.gateway.tool_llama3 import Llama3ToolStream, parse_llama3_calls
-from troupe.gateway.tool_mistral import MISTRAL
+from troupe.gateway.tool_llama3 import Llama3Reader, Llama3ToolStream, parse_llama3_calls
+from troupe.gateway.tool_mistral import MISTRAL, MistralReader
 from troupe.gateway.tool_pythonic import PYTHONIC
-from troupe.gateway.tool_qwen3_coder import QWEN3_CODER
+from troupe.gateway.tool_qwen3_coder import QWEN3_CODER, Qwen3CoderReader
+from troupe.gateway.tool_reader import (
+    CallReader,
+    SectionSoFar,
+    marker_tail,
+    openai_call_id,
+)
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _BLOCK = re.compile(re.escape(OPEN) + r"(.*?)" + re.escape(CLOSE), re.DOTALL)
@@ -58,9 +68,13 @@ _FORMATS: dict[str, CallFormat] = {
 
 
 class AutoCallStream(Protocol):
-    """One streamed "auto" reply, in some format: content to send now, the calls at the end."""
+    """One streamed "auto" reply, in some format: content to send now, the calls at the end.
+    `held_from`: where the held call section begins (None: no section yet)."""
 
     text: str
+
+    @property
+    def held_from(self) -> int | None: ...
 
     def delta(self, piece: str) -> str: ...
 
@@ -96,6 +110,21 @@ def auto_tool_stream(tools: Sequence[dict[str, Any]], parser: ToolParserName) ->
     if parser == "hermes":
         return AutoToolStream(names)
     return FormatCallStream(_FORMATS[parser], tools)
+
+
+def auto_call_reader(tools: Sequence[dict[str, Any]], parser: ToolParserName) -> CallReader:
+    """What reads `parser`'s calls as they are written (gateway/tool_stream.py)."""
+    if parser == "hermes":
+        return HermesReader()
+    if parser == "llama3_json":
+        return Llama3Reader()
+    if parser == "mistral":
+        return MistralReader()
+    if parser == "pythonic":
+        return PythonicReader()
+    if parser == "qwen3_coder":
+        return Qwen3CoderReader(ToolSchemas(tuple(tools)))
+    return DeepSeekV3Reader()
 
 
 def template_calls_tools(template: str | None) -> bool:
@@ -141,6 +170,10 @@ class AutoToolStream:
         self._sent = 0  # text[:_sent] went out as content
         self._holding = False  # a <tool_call> began: the rest waits for the end
 
+    @property
+    def held_from(self) -> int | None:
+        return self._sent if self._holding else None
+
     def delta(self, piece: str) -> str:
         """The content of `piece` that can go out now."""
         self.text += piece
@@ -168,7 +201,35 @@ class AutoToolStream:
 
 def _tag_prefix(text: str) -> int:
     """Length of the longest tail of `text` that begins `<tool_call>`."""
-    for size in range(min(len(OPEN) - 1, len(text)), 0, -1):
-        if OPEN.startswith(text[-size:]):
-            return size
-    return 0
+    return marker_tail(text, OPEN)
+
+
+class HermesReader:
+    """Hermes blocks read as they are written (a tool_reader.CallReader): each block's JSON
+    object as a call, and the text between and after blocks (outside `<tool_call>` ...
+    `</tool_call>`, as the whole parse's `_BLOCK` cuts them) as content."""
+
+    def __init__(self) -> None:
+        self._scans: dict[int, ObjectScan] = {}  # by where a block's body begins
+
+    def call_id(self) -> str:
+        return openai_call_id()
+
+    def read(self, text: str, start: int, *, is_final: bool) -> SectionSoFar:
+        calls, outside = [], []
+        at = start  # a <tool_call> begins here
+        while at >= 0:
+            body = at + len(OPEN)
+            close = text.find(CLOSE, body)
+            limit = close if close >= 0 else len(text) - marker_tail(text, CLOSE, body)
+            scan = self._scans.setdefault(body, ObjectScan(body))
+            calls.append(object_call(text, scan, limit))
+            if close < 0:
+                break
+            after = close + len(CLOSE)
+            at = text.find(OPEN, after)
+            end = at if at >= 0 else len(text)
+            if at < 0 and not is_final:
+                end -= marker_tail(text, OPEN, after)
+            outside.append(text[after:end])
+        return SectionSoFar(tuple(calls), "".join(outside).rstrip())

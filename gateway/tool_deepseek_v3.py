@@ -9,13 +9,15 @@ Text before `<｜tool▁calls▁begin｜>` is the content; what follows the call
 does. Each call must be a known tool's with a JSON object of arguments (passed on as the model
 wrote them, as vLLM's are), or the reply is text. vLLM's pattern does not let arguments span
 lines; troupe's does, since DeepSeek pretty-prints large ones. Ids are vLLM's
-(`chatcmpl-tool-` and 32 hex digits).
+(`chatcmpl-tool-` and 32 hex digits). Streamed (`DeepSeekV3Reader`), a call opens once its
+name's fence is written and its JSON object goes out as written.
 """
 
 from __future__ import annotations
 
 import json
 
+from troupe.gateway.json_scan import ObjectScan
 from troupe.gateway.tool_format import (
     CallFormat,
     ToolCallDict,
@@ -23,6 +25,7 @@ from troupe.gateway.tool_format import (
     make_call,
     vllm_call_id,
 )
+from troupe.gateway.tool_reader import CallSoFar, SectionSoFar
 
 CALLS_BEGIN = "<｜tool▁calls▁begin｜>"
 CALL_BEGIN, CALL_END, SEP = "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"
@@ -64,3 +67,34 @@ def _call(inner: str, tools: ToolSchemas) -> ToolCallDict | None:
 
 
 DEEPSEEK_V3 = CallFormat((CALLS_BEGIN,), parse_deepseek_v3)
+
+
+class DeepSeekV3Reader:
+    """DeepSeek-V3's calls read as they are written (a tool_reader.CallReader)."""
+
+    def __init__(self) -> None:
+        self._scans: dict[int, ObjectScan] = {}  # by where a call's arguments begin
+
+    def call_id(self) -> str:
+        return vllm_call_id()
+
+    def read(self, text: str, start: int, *, is_final: bool) -> SectionSoFar:
+        calls = []
+        at = text.find(CALL_BEGIN, start)
+        while at >= 0:
+            end = text.find(CALL_END, at)
+            calls.append(self._call(text, at + len(CALL_BEGIN), end if end >= 0 else len(text)))
+            if end < 0:
+                break
+            at = text.find(CALL_BEGIN, end)
+        return SectionSoFar(tuple(calls))
+
+    def _call(self, text: str, inner: int, end: int) -> CallSoFar:
+        sep = text.find(SEP, inner, end)
+        fence = text.find(_FENCE_OPEN, sep + len(SEP), end) if sep >= 0 else -1
+        if fence < 0 or text[inner:sep].strip() != "function":
+            return CallSoFar(None)
+        body = fence + len(_FENCE_OPEN)
+        scan = self._scans.setdefault(body, ObjectScan(body))
+        scan.advance(text, end)
+        return CallSoFar(text[sep + len(SEP) : fence], scan.object_so_far(text, end))

@@ -8,7 +8,9 @@ ends (all its calls, or none: then the whole reply is its text, as vLLM's parser
 A format whose calls must lead the reply (`lead_only`, Llama's pythonic lists) is content
 unless the reply, after leading whitespace, starts with a marker; that whitespace is dropped
 before calls. Streaming sends content as soon as it cannot be (the start of) a marker, and
-holds nothing else, so the concatenated deltas always equal the whole reply's parse.
+holds nothing else, so the concatenated deltas always equal the whole reply's parse. Chat
+then reads the held section as it grows with the format's `tool_reader.CallReader`
+(gateway/tool_stream.py), so each call goes out as it is written.
 """
 
 from __future__ import annotations
@@ -109,6 +111,10 @@ class FormatCallStream:
         self._sent = 0  # text[:_sent] went out as content
         self._at = -1  # where the call section began (-1: not yet)
         self._decided = False  # lead_only: the reply is known to be content
+
+    @property
+    def held_from(self) -> int | None:
+        return self._at if self._at >= 0 else None
 
     def delta(self, piece: str) -> str:
         """The content of `piece` (and of what was held) that can go out now."""

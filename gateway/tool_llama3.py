@@ -11,18 +11,24 @@ is nothing but such objects, each naming a known tool with its `arguments` (or L
 included, is plain text. vLLM's whole-reply parser also takes JSON found after some text, but
 its streamed one only a reply that starts with `{` or the tag; troupe keeps the streamed rule
 for both, so that a reply reads the same whole and streamed. Streaming sends a reply that
-cannot be calls as it comes and holds one that may be until the end.
+cannot be calls as it comes and holds one that may be until the end; chat streams each call as
+it is written (`Llama3Reader`): the name, then its `arguments` (or `parameters`) JSON as written.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import Iterable
 from typing import Any
 
+from troupe.gateway.json_scan import ObjectScan, object_call
+from troupe.gateway.tool_reader import CallSoFar, SectionSoFar, openai_call_id
+
 BOT = "<|python_tag|>"
 _decoder = json.JSONDecoder()
+_SPACES = re.compile(r"\s*")
 
 
 def parse_llama3_calls(text: str, names: Iterable[str]) -> tuple[str | None, list[dict[str, Any]]]:
@@ -85,6 +91,10 @@ class Llama3ToolStream:
         self._sent = 0  # text[:_sent] went out as content
         self._is_call: bool | None = None  # None: too early to say
 
+    @property
+    def held_from(self) -> int | None:
+        return 0 if self._is_call else None
+
     def delta(self, piece: str) -> str:
         """The content of `piece` that can go out now."""
         self.text += piece
@@ -105,3 +115,33 @@ class Llama3ToolStream:
             return rest, []
         content, calls = parse_llama3_calls(rest, self.names)
         return (content or "", calls) if calls else (rest, [])
+
+
+class Llama3Reader:
+    """`;`-joined call objects read as they are written (a tool_reader.CallReader)."""
+
+    def __init__(self) -> None:
+        self._scans: dict[int, ObjectScan] = {}  # by where an object begins
+
+    def call_id(self) -> str:
+        return openai_call_id()
+
+    def read(self, text: str, start: int, *, is_final: bool) -> SectionSoFar:
+        calls: list[CallSoFar] = []
+        at = _SPACES.match(text, start).end()  # type: ignore[union-attr]
+        if text.startswith(BOT, at):
+            at += len(BOT)
+        while True:
+            at = _SPACES.match(text, at).end()  # type: ignore[union-attr]
+            if not text.startswith("{", at):
+                break
+            scan = self._scans.setdefault(at, ObjectScan(at))
+            keys = ("arguments", "parameters")  # as the whole parse, "arguments" first
+            calls.append(object_call(text, scan, len(text), keys, default=None))
+            if scan.end is None:
+                break
+            at = _SPACES.match(text, scan.end).end()  # type: ignore[union-attr]
+            if not text.startswith(";", at):
+                break
+            at += 1
+        return SectionSoFar(tuple(calls))

@@ -13,6 +13,7 @@ tokens from that text and strips it; troupe keeps the text as written, as its ot
 do, so that a streamed reply, whose start went out as it came, reads the same). Arguments are
 re-serialized as vLLM's
 (`json.dumps`, non-ASCII kept); ids are 9 letters and digits, as Mistral's API requires.
+Streamed (`MistralReader`), each call's arguments go out as the JSON object the model writes.
 """
 
 from __future__ import annotations
@@ -23,13 +24,16 @@ import re
 import string
 from typing import Any
 
+from troupe.gateway.json_scan import ObjectScan, object_call
 from troupe.gateway.tool_format import CallFormat, ToolCallDict, ToolSchemas, make_call
+from troupe.gateway.tool_reader import CallSoFar, SectionSoFar, marker_tail
 
 BOT, ARGS, CALL_ID = "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"
 _ALPHANUMERIC = string.ascii_letters + string.digits
 _NAME = re.compile(r"[A-Za-z0-9_.-]+")
 _ARRAY = re.compile(r"\[\s*\{.*\}\s*\]", re.DOTALL)  # vLLM's fallback: the array in the text
 _decoder = json.JSONDecoder()
+_SPACES = re.compile(r"\s*")
 
 
 def mistral_call_id() -> str:
@@ -103,3 +107,70 @@ def _named_calls(section: str) -> list[tuple[str, dict[str, Any]]] | None:
 
 
 MISTRAL = CallFormat((BOT,), parse_mistral)
+
+
+class MistralReader:
+    """Mistral's calls read as they are written (a tool_reader.CallReader), in either form:
+    the array's objects one by one, or each `[TOOL_CALLS]` segment's name and JSON object."""
+
+    def __init__(self) -> None:
+        self._scans: dict[int, ObjectScan] = {}  # by where an object begins
+
+    def call_id(self) -> str:
+        return mistral_call_id()
+
+    def read(self, text: str, start: int, *, is_final: bool) -> SectionSoFar:
+        at = _skip(text, start + len(BOT))
+        if at >= len(text):
+            return SectionSoFar(())
+        if text[at] == "[":
+            return SectionSoFar(self._array(text, at + 1))
+        return SectionSoFar(self._named(text, start))
+
+    def _array(self, text: str, at: int) -> tuple[CallSoFar, ...]:
+        calls = []
+        while True:
+            at = _skip(text, at)
+            if not text.startswith("{", at):
+                break
+            scan = self._scans.setdefault(at, ObjectScan(at))
+            calls.append(object_call(text, scan, len(text), is_object_only=True))
+            if scan.end is None:
+                break
+            at = _skip(text, scan.end)
+            if not text.startswith(",", at):
+                break
+            at += 1
+        return tuple(calls)
+
+    def _named(self, text: str, at: int) -> tuple[CallSoFar, ...]:
+        calls = []
+        while at >= 0:  # a [TOOL_CALLS] begins here
+            segment = at + len(BOT)
+            at = text.find(BOT, segment)
+            end = at if at >= 0 else len(text) - marker_tail(text, BOT, segment)
+            calls.append(self._segment(text, segment, end))
+        return tuple(calls)
+
+    def _segment(self, text: str, segment: int, end: int) -> CallSoFar:
+        """name[ARGS]{...}, name[CALL_ID]id[ARGS]{...} or name{...}, as far as written."""
+        args = text.find(ARGS, segment, end)
+        if args >= 0:
+            name = text[segment:args].partition(CALL_ID)[0].strip()
+            body = _skip(text, args + len(ARGS))
+        else:
+            body = text.find("{", segment, end)
+            if body < 0 or "[" in text[segment:body]:  # [ARGS] may be on its way
+                return CallSoFar(None)
+            name = text[segment:body].strip()
+        if not _NAME.fullmatch(name):
+            return CallSoFar(None)
+        if body >= end:  # no argument written yet
+            return CallSoFar(name)
+        scan = self._scans.setdefault(body, ObjectScan(body))
+        scan.advance(text, end)
+        return CallSoFar(name, scan.object_so_far(text, end))
+
+
+def _skip(text: str, at: int) -> int:
+    return _SPACES.match(text, at).end()  # type: ignore[union-attr]

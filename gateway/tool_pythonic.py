@@ -9,7 +9,8 @@ Python's `ast` (never evaluated), each call a known tool's name with keyword arg
 values are literals (strings, numbers, True/False/None, lists, dicts; a negative number too,
 which vLLM refuses). Then it has no content. Anything else, a positional argument included
 (vLLM drops those silently; troupe will not call a tool without them), is plain text. Ids are
-vLLM's (`chatcmpl-tool-` and 32 hex digits).
+vLLM's (`chatcmpl-tool-` and 32 hex digits). Streamed, a call opens at `name(` and each
+keyword argument goes out as a JSON member once written whole (gateway/python_call_scan.py).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from troupe.gateway.tool_format import (
 PYTHON_START, PYTHON_END = "<|python_start|>", "<|python_end|>"
 
 
-class _NotLiteral(ValueError):
+class NotLiteral(ValueError):
     pass
 
 
@@ -51,9 +52,9 @@ def parse_pythonic(section: str, tools: ToolSchemas) -> list[ToolCallDict] | Non
         if node.func.id not in tools.names:
             return None
         try:
-            args = {_keyword(k): _literal(k.value) for k in node.keywords}
+            args = {_keyword(k): literal_value(k.value) for k in node.keywords}
             arguments = json.dumps(args, ensure_ascii=False, allow_nan=False)
-        except (_NotLiteral, ValueError, RecursionError):
+        except (NotLiteral, ValueError, RecursionError):
             return None
         calls.append(make_call(vllm_call_id(), node.func.id, arguments))
     return calls
@@ -61,31 +62,31 @@ def parse_pythonic(section: str, tools: ToolSchemas) -> list[ToolCallDict] | Non
 
 def _keyword(keyword: ast.keyword) -> str:
     if keyword.arg is None:  # **kwargs
-        raise _NotLiteral("** arguments are not literals")
+        raise NotLiteral("** arguments are not literals")
     return keyword.arg
 
 
-def _literal(node: ast.expr) -> Any:
-    """The JSON value of a literal expression; _NotLiteral for anything else."""
+def literal_value(node: ast.expr) -> Any:
+    """The JSON value of a literal expression; NotLiteral for anything else."""
     if isinstance(node, ast.Constant):
         if node.value is None or isinstance(node.value, bool | int | float | str):
             return node.value
-        raise _NotLiteral(f"{node.value!r} has no JSON form")
+        raise NotLiteral(f"{node.value!r} has no JSON form")
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.UAdd):
-        value = _literal(node.operand)
+        value = literal_value(node.operand)
         if isinstance(value, bool) or not isinstance(value, int | float):
-            raise _NotLiteral("a sign before something not a number")
+            raise NotLiteral("a sign before something not a number")
         return -value if isinstance(node.op, ast.USub) else value
     if isinstance(node, ast.List | ast.Tuple):
-        return [_literal(e) for e in node.elts]
+        return [literal_value(e) for e in node.elts]
     if isinstance(node, ast.Dict):
         out = {}
         for key, value in zip(node.keys, node.values, strict=True):
             if not isinstance(key, ast.Constant) or not isinstance(key.value, str):
-                raise _NotLiteral("dict keys must be strings")
-            out[key.value] = _literal(value)
+                raise NotLiteral("dict keys must be strings")
+            out[key.value] = literal_value(value)
         return out
-    raise _NotLiteral(f"{type(node).__name__} is not a literal")
+    raise NotLiteral(f"{type(node).__name__} is not a literal")
 
 
 PYTHONIC = CallFormat(("[", PYTHON_START), parse_pythonic, lead_only=True)

@@ -19,7 +19,9 @@ schema: integers and numbers parsed (an integral number as an int), booleans fro
 `true`/`false`, objects and arrays as JSON (or a Python literal), `null` as null, strings and
 parameters the schema does not list as they are; a value that does not parse as its type
 stays a string. A function no tool names makes the reply text. Ids are `call_` and 24 hex
-digits, as vLLM's.
+digits, as vLLM's. Streamed (`Qwen3CoderReader`), a call opens at its `<function=name>` and
+each parameter's `"key": value` goes out once the parameter closes, so the pieces put
+together are the whole parse's `json.dumps` text.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import uuid
 from typing import Any
 
 from troupe.gateway.tool_format import CallFormat, ToolCallDict, ToolSchemas, make_call
+from troupe.gateway.tool_reader import CallSoFar, SectionSoFar, members_so_far, openai_call_id
 
 TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
 FUNC_OPEN, FUNC_CLOSE = "<function=", "</function>"
@@ -140,3 +143,78 @@ def _is_json(value: Any) -> bool:
 
 
 QWEN3_CODER = CallFormat((TOOL_OPEN, FUNC_OPEN), parse_qwen3_coder)
+
+
+class Qwen3CoderReader:
+    """Qwen3-Coder's calls read as they are written (a tool_reader.CallReader): the blocks and
+    functions cut as the whole parse cuts them, each closed parameter typed once."""
+
+    def __init__(self, tools: ToolSchemas) -> None:
+        self._tools = tools
+        self._members: dict[tuple[int, int], str] = {}  # a parameter's span -> its JSON member
+
+    def call_id(self) -> str:
+        return openai_call_id()
+
+    def read(self, text: str, start: int, *, is_final: bool) -> SectionSoFar:
+        if text.startswith(TOOL_OPEN, start):
+            blocks = _spans(text, TOOL_OPEN, TOOL_CLOSE, start, len(text), is_final)
+        else:
+            blocks = [(start, len(text), is_final)]
+        calls = []
+        for begin, end, is_closed in blocks:
+            for function in _spans(text, FUNC_OPEN, FUNC_CLOSE, begin, end, is_closed):
+                calls.append(self._function(text, *function))
+        return SectionSoFar(tuple(calls))
+
+    def _function(self, text: str, begin: int, end: int, is_closed: bool) -> CallSoFar:
+        gt = text.find(">", begin, end)
+        if gt < 0:
+            return CallSoFar(None)
+        name = text[begin:gt]
+        if name not in self._tools.names:
+            return CallSoFar(name)
+        members = []
+        at = text.find(PARAM_OPEN, gt + 1, end)
+        while at >= 0:
+            value = at + len(PARAM_OPEN)
+            ends = [
+                e for tag in (PARAM_CLOSE, PARAM_OPEN) if (e := text.find(tag, value, end)) >= 0
+            ]
+            if not ends and not is_closed:
+                break  # this parameter is still being written
+            stop = min(ends, default=end)
+            members.append(self._member(text, value, stop, name))
+            at = text.find(PARAM_OPEN, stop, end)
+        return CallSoFar(name, members_so_far(members, is_closed))
+
+    def _member(self, text: str, start: int, end: int, function: str) -> str:
+        member = self._members.get((start, end))
+        if member is None:
+            key, _, raw = text[start:end].partition(">")
+            value = typed_value(
+                raw.removeprefix("\n").removesuffix("\n"), self._tools.properties(function).get(key)
+            )
+            member = (
+                f"{json.dumps(key, ensure_ascii=False)}: {json.dumps(value, ensure_ascii=False)}"
+            )
+            self._members[(start, end)] = member
+        return member
+
+
+def _spans(
+    text: str, open_tag: str, close_tag: str, start: int, end: int, is_closed: bool
+) -> list[tuple[int, int, bool]]:
+    """(body start, body end, closed) after each `open_tag` in text[start:end], as _between
+    cuts them: a body left open runs to `end`, closed if what holds it is."""
+    out = []
+    at = text.find(open_tag, start, end)
+    while at >= 0:
+        body = at + len(open_tag)
+        close = text.find(close_tag, body, end)
+        if close < 0:
+            out.append((body, end, is_closed))
+            break
+        out.append((body, close, True))
+        at = text.find(open_tag, close + len(close_tag), end)
+    return out

@@ -154,15 +154,24 @@ def test_the_python_tag_opens_a_call(llama: ServerThread) -> None:
     "text",
     [
         "It is sunny in Paris.",
-        WEATHER[:-1],  # malformed: the object is never closed
         '{"name": "get_weather", "city": "Paris"}',  # neither arguments nor parameters
         '{"name": "get_news", "parameters": {}}',  # no such tool
         f"Let me check: {WEATHER}",  # text first: not a call (as vLLM streams it)
-        f"{WEATHER} and more",
     ],
 )
 def test_other_replies_stay_text(llama: ServerThread, text: str) -> None:
     assert _both(llama, text) == (text, [], "stop")
+
+
+@pytest.mark.parametrize("text", [WEATHER[:-1], f"{WEATHER} and more"])  # never closed; text after
+def test_a_call_gone_out_before_the_reply_goes_wrong_stays_a_call(
+    llama: ServerThread, text: str
+) -> None:
+    """Whole, text; streamed, the call went out as it was written, so the stream ends with
+    it and finish_reason "stop" (not "tool_calls": the reply did not parse), its text never
+    sent again as content (gateway/tool_stream.py)."""
+    assert _whole(llama, text) == (text, [], "stop")
+    assert _streamed(llama, text) == (None, [("get_weather", {"city": "Paris"})], "stop")
 
 
 def test_without_the_setting_auto_is_a_400(make_server: Any, llama_model: Path) -> None:
