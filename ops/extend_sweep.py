@@ -56,20 +56,25 @@ def sweep(label: str, configs: list[ExtendConfig]) -> list[tuple[float, ExtendCo
     pairs = sum(new * ctx + new * (new + 1) // 2 for ctx, new in lens)
     flops = 4 * pairs * NUM_Q_HEADS * HEAD_DIM
     new_kv = fused_new_kv(batch)
-    args = (batch.q, batch.k_cache, batch.v_cache)
-    tail = (batch.block_tables, batch.seq_lens, batch.query_start_loc, scale)
-    ref = paged_attention_triton(*args, *tail, batch.max_query_len, batch.max_seq_len)
-    ms = median_ms(
-        lambda: paged_attention_triton(*args, *tail, batch.max_query_len, batch.max_seq_len)
-    )
+    b = batch
+
+    def paged() -> torch.Tensor:
+        return paged_attention_triton(
+            b.q, b.k_cache, b.v_cache, b.block_tables, b.seq_lens, b.query_start_loc, scale,
+            b.max_query_len, b.max_seq_len,
+        )  # fmt: skip
+
+    ref = paged()
+    ms = median_ms(paged)
     print(f"{label} paged default: {flops / ms / 1e9:.0f} TFLOP/s", flush=True)
     found = []
     for cfg in configs:
 
         def run(cfg: ExtendConfig = cfg) -> torch.Tensor:
             return extend_attention_triton(
-                *args, new_kv, *tail, batch.max_seq_len, config=cfg
-            )
+                b.q, b.k_cache, b.v_cache, new_kv, b.block_tables, b.seq_lens,
+                b.query_start_loc, scale, b.max_seq_len, config=cfg,
+            )  # fmt: skip
 
         try:
             err = float((run().float() - ref.float()).norm() / ref.float().norm())
