@@ -59,6 +59,7 @@ def join_masks(first: TokenMasks, second: TokenMasks) -> TokenMasks:
         num_words=first.num_words,
         bitmask=b"".join((first.bitmask, second.bitmask)),  # views of the shared file too
         failed=first.failed + second.failed,
+        dead_ends=first.dead_ends + second.dead_ends,
     )
 
 

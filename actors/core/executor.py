@@ -153,8 +153,7 @@ class ExecutorCore:
         result = self._run(plan.step_id, lambda: self.runner.finish(masks))
         if not masks.failed:
             return result, masks
-        dead_ends = {rid for part in parts for rid in part.dead_ends}  # join_masks drops them
-        return _grammar_failures(result, masks, dead_ends), masks
+        return _grammar_failures(result, masks, set(masks.dead_ends)), masks
 
     def _run(self, step_id: int, step: Callable[[], tuple[SampledToken, ...]]) -> StepResult:
         try:
