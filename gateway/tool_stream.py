@@ -2,8 +2,9 @@
 name once its name is whole, then its arguments' JSON text in pieces (as vLLM's tool parsers
 stream; chat_tool_chunks.py turns the pieces into chunks).
 
-    reply   Sure.\n<tool_call>{"name": "f", "arguments": {"a": 1, "b": 2}}</tool_call>
-    pieces  Content("Sure.\n") CallOpened(0, id, "f") Arguments(0, '{"a": 1') Arguments(0, ', "b": 2}')
+    reply   Sure. <tool_call>{"name": "f", "arguments": {"a": 1, "b": 2}}</tool_call>
+    pieces  ContentPiece("Sure. ")  CallOpened(0, id, "f")
+            ArgumentsPiece(0, '{"a": 1')  ArgumentsPiece(0, ', "b": 2}')   (as tokens come)
 
 The format's AutoCallStream (tool_auto.py) says, as before, what is content and where the call
 section begins; its CallReader (tool_reader.py) reads the section as it grows. A call opens
@@ -94,10 +95,6 @@ class StreamedCalls:
         self._content = ""  # the content from inside the call section that went out
         self._is_stuck = False  # the reader's calls stopped extending what went out
 
-    @property
-    def text(self) -> str:
-        return self._held.text
-
     def delta(self, piece: str) -> list[StreamPiece]:
         """What `piece` lets go out now."""
         out: list[StreamPiece] = []
@@ -174,9 +171,11 @@ class StreamedCalls:
             sent = self._opened[i]
             if name != sent.name:
                 return None
+            # the reader's text as written first (a JSON format's, which the whole parse
+            # re-serializes), else the whole parse's (pythonic and qwen3_coder: the same text)
             candidates = [arguments]
-            if i < len(read) and read[i].arguments is not None:
-                candidates.insert(0, read[i].arguments or "")
+            if i < len(read) and (written := read[i].arguments) is not None:
+                candidates.insert(0, written)
             full = next(
                 (c for c in candidates if c.startswith(sent.arguments) and _same(c, arguments)),
                 None,

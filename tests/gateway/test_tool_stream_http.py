@@ -61,7 +61,8 @@ def server(
 ) -> Iterator[ServerThread]:
     folder: Path = template_model(tmp_path_factory.mktemp("model"), CASES[request.param][0])
     parser = None if request.param == "hermes" else request.param  # Hermes: from the template
-    srv = scripted_server(folder, GatewaySettings(tool_call_parser=parser)).start()  # type: ignore[arg-type]
+    settings = GatewaySettings(tool_call_parser=parser)  # type: ignore[arg-type]
+    srv = scripted_server(folder, settings).start()
     srv.case = request.param  # type: ignore[attr-defined]
     yield srv
     srv.shutdown()
@@ -113,8 +114,8 @@ def test_each_call_streams_as_it_is_written(server: ServerThread) -> None:
 
     whole = openai_client(server.url).chat.completions.create(**_body(server)).choices[0]
     assert whole.finish_reason == "tool_calls" and whole.message.tool_calls is not None
-    got = [(c.function.name, json.loads(c.function.arguments)) for c in whole.message.tool_calls]  # type: ignore[union-attr]
-    assert got == CALLS
+    functions = [c.function for c in whole.message.tool_calls]  # type: ignore[union-attr]
+    assert [(f.name, json.loads(f.arguments)) for f in functions] == CALLS
 
 
 def test_the_clients_stream_helper_reads_the_calls(server: ServerThread) -> None:
