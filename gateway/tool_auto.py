@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import re
-import uuid
 from collections.abc import Iterable, Sequence
 from typing import Any, Literal, Protocol
 
@@ -150,7 +149,7 @@ def parse_calls(text: str, names: Iterable[str]) -> tuple[str | None, list[dict[
             arguments = json.dumps(arguments, ensure_ascii=False)
         calls.append(
             {
-                "id": f"call_{uuid.uuid4().hex[:24]}",
+                "id": openai_call_id(),
                 "type": "function",
                 "function": {"name": call["name"], "arguments": arguments},
             }

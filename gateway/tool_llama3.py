@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import re
-import uuid
 from collections.abc import Iterable
 from typing import Any
 
@@ -75,7 +74,7 @@ def _call(obj: object, known: set[str]) -> dict[str, Any] | None:
     if not isinstance(arguments, str):
         arguments = json.dumps(arguments, ensure_ascii=False)
     return {
-        "id": f"call_{uuid.uuid4().hex[:24]}",
+        "id": openai_call_id(),
         "type": "function",
         "function": {"name": obj["name"], "arguments": arguments},
     }

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import ast
 import json
-import uuid
 from typing import Any
 
 from troupe.gateway.tool_format import CallFormat, ToolCallDict, ToolSchemas, make_call
@@ -51,7 +50,7 @@ def parse_qwen3_coder(section: str, tools: ToolSchemas) -> list[ToolCallDict] | 
         props = tools.properties(name)
         args = {key: typed_value(raw, props.get(key)) for key, raw in _parameters(body)}
         arguments = json.dumps(args, ensure_ascii=False)
-        calls.append(make_call(f"call_{uuid.uuid4().hex[:24]}", name, arguments))
+        calls.append(make_call(openai_call_id(), name, arguments))
     return calls or None
 
 
