@@ -52,6 +52,10 @@ class LoraSlots:
     def device(self) -> torch.device:
         return self.token_slots.device
 
+    def device_tensors(self) -> tuple[torch.Tensor, ...]:
+        """Every tensor it holds (sleep mode keeps them: gpu/sleep_parts.py)."""
+        return (self.token_slots, self._slot_ids, self.mask)
+
     def begin(self, num_tokens: int) -> None:
         """Before a forward's layers: the mask of its first `num_tokens` tokens (masked)."""
         if self.is_active and self.only_slot is None:
@@ -90,6 +94,11 @@ class LoraLinear:
     @property
     def shape(self) -> tuple[int, int]:
         return (sum(self.slices), self.a_all.shape[1])
+
+    def device_tensors(self) -> tuple[torch.Tensor, ...]:
+        """Every tensor it holds beside its base: the slots' factors (sleep mode keeps the
+        adapters they hold: gpu/sleep_parts.py)."""
+        return (self.a_all, *self.b)
 
     def load(self, slot: int, index: int, a: torch.Tensor | None, b: torch.Tensor | None) -> None:
         """Put slice `index`'s factors (A [r, K], scaled B [n, r]; None: not targeted) in
