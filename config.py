@@ -41,6 +41,7 @@ Quantization = Literal["auto", "keep", "dequantize"]  # gpu/weights.load_model
 # eagle_runner ("deepseek_mtp", vLLM's older name, is taken as "mtp": config_checks.py)
 SpeculativeMethod = Literal["ngram", "draft_model", "eagle", "eagle3", "mtp", "deepseek_mtp"]
 Disaggregation = Literal["none", "prefill_decode"]  # actors/core/phase_router.py
+LoraKernel = Literal["masked", "punica"]  # how a step's adapters run: gpu/lora_linear.py
 LogprobsMode = Literal["raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits"]
 
 
@@ -216,6 +217,9 @@ class EngineConfig:
     enable_lora: bool = False
     max_loras: int = 4
     max_lora_rank: int = 16
+    # "masked": every token through all max_loras slots, masked; "punica": each token through
+    # its own adapter only (kernels/lora_shrink.py, lora_expand.py)
+    lora_kernel: LoraKernel = "masked"
     # vLLM's --enable-sleep-mode: Engine.sleep / wake_up (and POST /sleep, /wake_up, GET
     # /is_sleeping) give the weights' and KV cache's device memory back and take it again
     enable_sleep_mode: bool = False

@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from typing import Protocol
 
 import numpy as np
-from troupe.gpu.device_inputs import host_to_device
+from troupe.config import LoraKernel
 from troupe.gpu.lora_adapter import LoraAdapter, load_adapter, module_shapes
 from troupe.gpu.lora_linear import LoraLinear, LoraSlots
 from troupe.gpu.model_config import ModelConfig
@@ -117,7 +117,7 @@ class LoraRuntime:
             return
         # a graph's padding rows past num_tokens keep older slots: they are never read back
         token_slots = np.repeat(lookup[adapters], np.diff(inputs.query_start_loc))
-        slots.token_slots[:num_tokens].copy_(host_to_device(token_slots, slots.device))
+        slots.write(token_slots)  # the punica form's tile plan too
 
     def _slot_for(self, adapter: int, needed: list[int]) -> int:
         self._clock += 1
@@ -182,12 +182,14 @@ def install_lora(
     max_tokens: int,
     wrap_all: bool = False,
     sharding: LoraSharding | None = None,
+    kernel: LoraKernel = "masked",
 ) -> LoraRuntime:
     """Read `adapters` (name -> PEFT folder), wrap the projections any of them targets (every
     one with `wrap_all`: adapters added later may target any) in `model` and set model.lora;
     the runtime. With `sharding` (a tensor-parallel rank's model), adapters are checked against
-    the whole model (`config`) and held as the rank's cut of them."""
-    slots = LoraSlots(max_loras, max_rank, max_tokens, model.dtype, model.device)
+    the whole model (`config`) and held as the rank's cut of them. `kernel`: how steps of
+    several adapters (and graphs' steps) run them, masked or punica (lora_linear.py)."""
+    slots = LoraSlots(max_loras, max_rank, max_tokens, model.dtype, model.device, kernel)
     read = [load_adapter(name, path, config, max_rank) for name, path in adapters.items()]
     if sharding is not None:
         read = [sharding.shard(adapter) for adapter in read]

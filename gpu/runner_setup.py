@@ -182,6 +182,7 @@ def load_for_config(config: EngineConfig) -> LoadedRunner:
             max_rank=config.max_lora_rank,
             max_tokens=most,
             wrap_all=config.enable_lora,
+            kernel=config.lora_kernel,
         )
     cache_dtype = kv_dtype(config.kv_cache_dtype, dtype)  # what the pools are sized in
     draft: DraftModel | EagleModel | None = None

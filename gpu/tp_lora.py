@@ -87,4 +87,5 @@ def install_tp_lora(model: TPDecoderModel, config: EngineConfig) -> LoraRuntime 
         max_tokens=most,
         wrap_all=config.enable_lora,
         sharding=TPLoraSharding(model.shard),
+        kernel=config.lora_kernel,
     )

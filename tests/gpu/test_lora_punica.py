@@ -1,0 +1,98 @@
+"""The punica LoRA form (EngineConfig.lora_kernel "punica": gpu/lora_linear.py, each token through
+its own adapter only) against the masked form, on a fused projection through the runtime's step
+preparation (Triton kernels under the interpreter, and the torch reference the CPU runs), and
+through a whole engine against PEFT on a tiny random Qwen3 (fp32, CPU)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from troupe import EngineConfig
+from troupe.config import ConfigError
+from troupe.gpu.lora_adapter import LoraAdapter
+from troupe.gpu.lora_linear import LoraLinear, LoraSlots
+from troupe.gpu.lora_runtime import LoraRuntime
+from troupe.gpu.step_inputs import StepInputs
+
+from tests.gpu.test_lora_vs_peft import _config, _expected, _run_all
+
+SLICES = (8, 4, 4)  # a fused q/k/v
+IN = 24
+MODULES = ("q_proj", "k_proj", "v_proj")
+
+
+def _runtime(kernel: str, use_triton: bool | None) -> tuple[LoraRuntime, LoraLinear]:
+    """Three adapters of ranks 2, 4 and 3 (max_lora_rank 4: padded) in three slots."""
+    slots = LoraSlots(3, 4, 128, torch.float32, torch.device("cpu"), kernel, use_triton)  # type: ignore[arg-type]
+    weight = torch.randn(sum(SLICES), IN, generator=torch.Generator().manual_seed(9))
+    proj = LoraLinear(weight, SLICES, IN, slots)
+    adapters = []
+    for i, rank in enumerate((2, 4, 3)):
+        g = torch.Generator().manual_seed(10 + i)
+        weights = {
+            (0, m): (torch.randn(rank, IN, generator=g), torch.randn(n, rank, generator=g))
+            for m, n in zip(MODULES, SLICES, strict=True)
+        }
+        adapters.append(LoraAdapter(name=f"a{i}", path="", rank=rank, weights=weights))
+    return LoraRuntime(adapters, slots, [(0, proj, MODULES)]), proj
+
+
+def _inputs(adapters: list[int], lens: list[int]) -> StepInputs:
+    qsl = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    total, n = int(qsl[-1]), len(lens)
+    return StepInputs(
+        input_ids=np.zeros(total, np.int64),
+        positions=np.zeros(total, np.int64),
+        slot_mapping=np.zeros(total, np.int64),
+        block_tables=np.zeros((n, 1), np.int32),
+        seq_lens=np.asarray(lens, np.int32),
+        query_start_loc=qsl,
+        logits_indices=qsl[1:] - 1,
+        sampled_rows=np.arange(n),
+        max_query_len=max(lens),
+        max_seq_len=max(lens),
+        adapters=np.asarray(adapters, np.int32),
+    )
+
+
+@pytest.mark.parametrize("use_triton", [True, False])
+def test_punica_matches_masked_on_a_mixed_batch(use_triton: bool) -> None:
+    """A prefill-shaped step of three adapters and no adapter, as a graph's step is prepared
+    (graphed: the tile plan written beside the slot ids; adapter 0 past one tile of 64),
+    then a decode-shaped one."""
+    for adapters, lens in (([0, -1, 2, 1, 0], [20, 7, 9, 1, 50]), ([2, -1, 0], [1, 1, 1])):
+        inputs = _inputs(adapters, lens)
+        x = torch.randn(sum(lens), IN, generator=torch.Generator().manual_seed(len(lens)))
+        outs = []
+        for kernel, triton in (("masked", None), ("punica", use_triton)):
+            runtime, proj = _runtime(kernel, triton)
+            runtime.prepare(inputs, graphed=True)
+            assert (proj.slots.tiles is not None) == (kernel == "punica" and use_triton)
+            runtime.begin(sum(lens))
+            outs.append(proj(x))
+        masked, punica = outs
+        torch.testing.assert_close(punica, masked, rtol=1e-5, atol=1e-5)
+        base = x @ proj.base.t()  # type: ignore[union-attr]
+        rows = np.repeat(np.asarray(adapters), lens) < 0
+        assert torch.equal(punica[rows], base[rows])  # no adapter: exactly the base projection
+        assert not torch.allclose(punica[~rows], base[~rows])
+
+
+def test_lora_kernel_is_checked() -> None:
+    with pytest.raises(ConfigError, match="lora_kernel must be one of masked, punica"):
+        EngineConfig(lora_kernel="gather")  # type: ignore[arg-type]
+
+
+def test_engine_punica_matches_peft(
+    lora_setup: tuple[Path, Any, dict[str, Any]], tmp_path: Path
+) -> None:
+    """Every prompt under two adapters and the base model at once (steps of several adapters:
+    the punica form on the CPU's reference ops): PEFT's greedy tokens, which the masked form
+    gives too (tests/gpu/test_lora_vs_peft.py)."""
+    folder, hf_model, adapters = lora_setup
+    config = _config(folder, tmp_path, max_loras=2, lora_kernel="punica")
+    assert _run_all(config, None) == _expected(hf_model, adapters)
