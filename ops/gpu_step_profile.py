@@ -1,7 +1,10 @@
 """Where a decode step's time goes on the GPU: wall time per step vs CUDA kernel time, and the
-top kernels, for the Qwen3-0.6B shape at 256 sequences (random bf16 weights).
+top kernels, for the Qwen3-0.6B shape at 256 sequences (random bf16 weights), or the
+Llama-3.1-8B shape of issues 9 and 12 (`--model llama-8b`, an fp8 cache with
+`--kv-cache-dtype fp8`).
 
     python -m troupe.ops.gpu_step_profile [--num-seqs N] [--prompt-len N] [--eager] [--no-overlap]
+    python -m troupe.ops.gpu_step_profile --model llama-8b --prompt-len 1024
 
 Wall time per `ModelRunner.execute` (it ends with the copy of sampled ids to the host, so it
 includes all GPU work) against the sum of kernel times from torch.profiler: if wall is much
@@ -29,11 +32,19 @@ def main() -> None:
     parser.add_argument("--eager", action="store_true", help="no CUDA graphs")
     parser.add_argument("--no-overlap", action="store_true", help="no overlap scheduling")
     parser.add_argument("--cprofile", action="store_true", help="CPU profile of the decode steps")
+    parser.add_argument("--model", choices=("qwen3-0.6b", "llama-8b"), default="qwen3-0.6b")
+    parser.add_argument("--kv-cache-dtype", choices=("auto", "fp8"), default="auto")
     args = parser.parse_args()
-    config = qwen3_0_6b_config()
     device = torch.device("cuda")
-    weights = random_weights(config, torch.bfloat16, seed=0)
-    model = build_model(config, weights.items(), torch.bfloat16, device, 4096)
+    if args.model == "llama-8b":
+        from troupe.ops.fp8_kv_bench import LLAMA_8B, random_model
+
+        config, model = LLAMA_8B, random_model()
+    else:
+        config = qwen3_0_6b_config()
+        weights = random_weights(config, torch.bfloat16, seed=0)
+        model = build_model(config, weights.items(), torch.bfloat16, device, 4096)
+    weight_bytes = sum(t.numel() * t.element_size() for t in model.parameters())
     per_seq = -(-(args.prompt_len + args.num_decode + 8) // 16)
     runner = ModelRunner(
         config,
@@ -44,6 +55,7 @@ def main() -> None:
             max_model_len=4096,
             enforce_eager=args.eager,
             overlap_schedule=not args.no_overlap,  # on, as an engine on CUDA runs it
+            kv_cache_dtype=args.kv_cache_dtype,
         ),
     )
     release = StepPlan(step_id=-1, seqs=(), released=tuple(f"r{i}" for i in range(args.num_seqs)))
@@ -52,8 +64,8 @@ def main() -> None:
     steps = drive(runner, args.num_seqs, args.num_decode, args.prompt_len, Timers())
     runner.execute(release)
     ctx = args.prompt_len + args.num_decode / 2
-    kv_bytes = args.num_seqs * ctx * config.num_layers * config.kv_values_per_token * 2
-    weight_bytes = 2 * sum(t.numel() for t in weights.values())
+    kv_unit = 1 if args.kv_cache_dtype == "fp8" else 2
+    kv_bytes = args.num_seqs * ctx * config.num_layers * config.kv_values_per_token * kv_unit
     floor_ms = 1000 * (kv_bytes + weight_bytes) / 4.26e12
     print(
         f"decode {args.num_seqs} seqs, ctx ~{ctx:.0f}, graphs={not args.eager}, "
@@ -76,16 +88,22 @@ def main() -> None:
         return
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        start = time.perf_counter()
-        drive(runner, args.num_seqs, 6, args.prompt_len, Timers())
+    prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+    marks: list[float] = []
+
+    def start_profile() -> None:  # after the prefill step: decode steps only
         torch.cuda.synchronize()
-        wall = time.perf_counter() - start
+        prof.start()
+        marks.append(time.perf_counter())
+
+    drive(runner, args.num_seqs, 6, args.prompt_len, Timers(), before_decode=start_profile)
+    torch.cuda.synchronize()
+    wall = time.perf_counter() - marks[0]
+    prof.stop()
+    runner.execute(release)
     events = prof.key_averages()
     cuda_total = sum(e.self_device_time_total for e in events) / 1000  # ms
-    print(
-        f"profiled 1 prefill + 6 decode steps: wall {1000 * wall:.1f} ms, kernels {cuda_total:.1f} ms"
-    )
+    print(f"profiled 6 decode steps: wall {1000 * wall:.1f} ms, kernels {cuda_total:.1f} ms")
     print(events.table(sort_by="self_device_time_total", row_limit=18, max_name_column_width=60))
     print(events.table(sort_by="self_cpu_time_total", row_limit=12, max_name_column_width=60))
 

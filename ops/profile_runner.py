@@ -84,9 +84,15 @@ def instrument(runner: ModelRunner, timers: Timers) -> None:
 
 
 def drive(
-    runner: ModelRunner, num_seqs: int, num_decode: int, prompt_len: int, timers: Timers
+    runner: ModelRunner,
+    num_seqs: int,
+    num_decode: int,
+    prompt_len: int,
+    timers: Timers,
+    before_decode: Callable[[], object] | None = None,
 ) -> list[float]:
-    """Prefill every sequence in one step, then decode; returns seconds per decode step."""
+    """Prefill every sequence in one step, then decode (`before_decode` called between: a
+    profiler's start, say); returns seconds per decode step."""
     bs = runner.block_size
     rng = random.Random(0)
     params = SamplingParams(temperature=0.6, max_tokens=num_decode + 1, ignore_eos=True)
@@ -106,6 +112,8 @@ def drive(
         for i in range(num_seqs)
     )
     last = {t.request_id: t.token_id for t in runner.execute(StepPlan(step_id=0, seqs=works))}
+    if before_decode is not None:
+        before_decode()
     step_seconds = []
     for step in range(1, num_decode + 1):
         pos = prompt_len + step - 1
