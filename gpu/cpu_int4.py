@@ -123,6 +123,11 @@ class CpuInt4:
         self._scale, self._bias = _compact(blocks.scale), _compact(blocks.bias)
         self._nibbles = None if _packs_here(self.num_rows) else blocks.packed
 
+    def device_tensors(self) -> tuple[torch.Tensor, ...]:
+        """What it holds (sleep mode frees and restores their storages)."""
+        held = (self.packed, self.scale_zero, self._scale, self._bias)
+        return held if self._nibbles is None else (*held, self._nibbles)
+
     @property
     def scale(self) -> torch.Tensor:
         """The exact fp32 scale [N, K / group]."""

@@ -70,8 +70,11 @@ class CpuQ4:
         self.factors = _factors(blocks.scale, blocks.bias, self.tiles)
         self.lib = lib
         self.form = int(self.factors.dtype == torch.float32)  # Q4_F16 or Q4_F32 in the C file
-        self._codes_ptr = self.codes.data_ptr()
-        self._factors_ptr = self.factors.data_ptr()
+
+    def device_tensors(self) -> tuple[torch.Tensor, ...]:
+        """What it holds (sleep mode frees their storages: the kernel reads their addresses
+        at each call, so they may come back elsewhere)."""
+        return (self.codes, self.factors)
 
     def blocks(self, rows: torch.Tensor | None = None) -> Int4Blocks:
         """The exact Int4Blocks (of `rows` only, when given), from this layout."""
@@ -104,7 +107,8 @@ class CpuQ4:
 
     def rows(self, x: torch.Tensor) -> torch.Tensor:
         """fp32 x [M, K] (contiguous) -> fp32 [M, N] through the kernel."""
-        return self.lib.rows(x, self._codes_ptr, self._factors_ptr, self.form, self.num_rows)
+        codes, factors = self.codes.data_ptr(), self.factors.data_ptr()
+        return self.lib.rows(x, codes, factors, self.form, self.num_rows)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x [M, K] -> [M, N] in x's dtype."""

@@ -47,8 +47,11 @@ class CpuQ8:
         scale = F.pad(scale, (0, 0, 0, pad)) if pad else scale
         self.factors = scale.view(self.tiles, TILE, -1).transpose(1, 2).contiguous()  # [T, G, 16]
         self.lib = lib
-        self._codes_ptr = self.codes.data_ptr()
-        self._factors_ptr = self.factors.data_ptr()
+
+    def device_tensors(self) -> tuple[torch.Tensor, ...]:
+        """What it holds (sleep mode frees their storages: the kernel reads their addresses
+        at each call, so they may come back elsewhere)."""
+        return (self.codes, self.factors)
 
     def blocks(self, rows: torch.Tensor | None = None) -> Int8Blocks:
         """The exact Int8Blocks (of `rows` only, when given), from this layout."""
@@ -64,7 +67,8 @@ class CpuQ8:
 
     def rows(self, x: torch.Tensor) -> torch.Tensor:
         """fp32 x [M, K] (contiguous) -> fp32 [M, N] through the kernel."""
-        return self.lib.rows(x, self._codes_ptr, self._factors_ptr, _FORM, self.num_rows)
+        codes, factors = self.codes.data_ptr(), self.factors.data_ptr()
+        return self.lib.rows(x, codes, factors, _FORM, self.num_rows)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x [M, K] -> [M, N] in x's dtype; the exact weight in x's dtype where the 4-bit

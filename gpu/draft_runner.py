@@ -37,8 +37,11 @@ wasted round per pause, not one per step.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
+from torch import nn
 from troupe.gpu.draft_model import DraftModel
 from troupe.gpu.draft_state import DraftSeq, DraftSeqs
 from troupe.gpu.forward_pass import ForwardPass
@@ -110,7 +113,9 @@ class DraftRunner:
         if model.device.type == "cpu":
             self.kv.gpu.zero_()  # a slot it never wrote may be read (draft_state.py): no NaN
         model.set_kv_scales(self.kv.scales)
-        self._pass = ForwardPass(
+        self.model = model
+        self._new_pass = functools.partial(
+            ForwardPass,
             model,
             self.kv,
             max_num_seqs=max_num_seqs,
@@ -119,6 +124,7 @@ class DraftRunner:
             use_graphs=use_graphs,
             mixed_graph_tokens=mixed_graph_tokens,
         )
+        self._pass = self._new_pass()
         self.kv.reset_scales()  # graph captures wrote made-up KV
         self.seqs = DraftSeqs(block_size, backoff_steps)
         self.num_rounds = 0
@@ -235,6 +241,22 @@ class DraftRunner:
             tables=tables,
             block_size=self.block_size,
         )
+
+    def sleep_modules(self) -> tuple[nn.Module, ...]:
+        """The draft model (sleep mode: gpu/sleep_parts.Companion)."""
+        return (self.model,)
+
+    def drop_graphs(self) -> None:
+        """Its graphs and CPU bindings read the addresses that sleep frees."""
+        self._pass.close()
+        self._pass.cpu_decode = None
+
+    def capture_graphs(self) -> None:
+        """Once awake: the pool as at start, the graphs captured over the new addresses."""
+        if self.model.device.type == "cpu":
+            self.kv.gpu.zero_()
+        self._pass = self._new_pass()
+        self.kv.reset_scales()
 
     def close(self) -> None:
         self._pass.close()

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from torch import nn
 from troupe.gpu.device_inputs import device_metadata, host_to_device
 from troupe.gpu.eagle_load import EagleModel
 from troupe.gpu.eagle_state import EagleSeqs, HeadFeed
@@ -232,6 +233,20 @@ class EagleRunner:
             tables=tables,
             block_size=self.block_size,
         )
+
+    def sleep_modules(self) -> tuple[nn.Module, ...]:
+        """The head (sleep mode: gpu/sleep_parts.Companion)."""
+        assert isinstance(self.head, nn.Module), "every head is a module (eagle_load.DraftHead)"
+        return (self.head,)
+
+    def drop_graphs(self) -> None:
+        """Nothing: the head runs eagerly."""
+
+    def capture_graphs(self) -> None:
+        """Once awake: the pool as at start."""
+        if self.device.type == "cpu":
+            self.kv.gpu.zero_()
+        self.kv.reset_scales()
 
     def close(self) -> None:
         self.seqs.clear()

@@ -122,7 +122,9 @@ class ModelRunner:
         )
         self._logits_hook = logits_hook
         quiesce = (self._overlap.discard, self._ahead.discard)  # steps launched ahead
-        self.sleeper = ModelSleeper(model, self.kv, options, self._pass, self.weights, quiesce)
+        self.sleeper = ModelSleeper(
+            model, self.kv, options, self._pass, self.weights, quiesce, self._draft
+        )
         self.kv.reset_scales()  # graph captures wrote made-up KV: the first real write sets them
         max_rows = options.max_num_seqs * (1 + options.num_speculative_tokens)  # verifications
         warm_up_draw(config.vocab_size, self.device, model.logits_dtype, max_rows)  # not mid-step

@@ -13,13 +13,15 @@ from troupe.gpu.eagle_load import EagleModel
 from troupe.gpu.eagle_runner import EagleRunner
 from troupe.gpu.request_states import RequestState
 from troupe.gpu.runner_setup import RunnerOptions
+from troupe.gpu.sleep_parts import Companion
 from troupe.messages import SampledToken, SeqWork, StepPlan
 
 Drafter = DraftModel | EagleModel  # what runner_setup loads for speculative_method
 
 
-class Proposer(Protocol):
-    """Proposals after each step, on the step's SampledTokens."""
+class Proposer(Companion, Protocol):
+    """Proposals after each step, on the step's SampledTokens; what it owns sleeps with the
+    model (gpu/sleep_parts.Companion)."""
 
     num_rounds: int  # rounds run (RunnerStats.num_draft_rounds)
     num_proposed: int  # tokens proposed (RunnerStats.num_draft_tokens)

@@ -90,6 +90,13 @@ class Int4Linear:
                 blocks.packed.to(device), blocks.scale.to(device), blocks.bias.to(device)
             )
 
+    def device_tensors(self) -> tuple[torch.Tensor, ...]:
+        """Every tensor it holds (sleep mode: gpu/sleep_parts.py)."""
+        if self._cpu is not None:
+            return self._cpu.device_tensors()
+        assert self._cuda is not None
+        return (self._cuda.words, self._cuda.scale, self._cuda.bias)
+
     @property
     def cpu_int4(self) -> CpuQ4 | CpuInt4 | None:
         """The packed CPU form (gpu/cpu_decode.py calls its kernel directly), None on CUDA."""
@@ -132,6 +139,14 @@ class Int8Linear:
         self._blocks = None if self._native is not None else blocks
         if self._native is None:
             self._packed = self._prepack(blocks)
+
+    def device_tensors(self) -> tuple[torch.Tensor, ...]:
+        """Every tensor it holds (sleep mode: gpu/sleep_parts.py); not fbgemm's packed copy,
+        an opaque object whose memory torch cannot free in place."""
+        if self._native is not None:
+            return self._native.device_tensors()
+        assert self._blocks is not None
+        return (self._blocks.codes, self._blocks.scale)
 
     @property
     def native(self) -> CpuQ8 | None:
@@ -188,6 +203,10 @@ class Fp8Linear:
 
         self.cols = Fp8Cols.from_rows(fp8.weight.to(device), fp8.scale.to(device))
         self.shape = fp8.shape
+
+    def device_tensors(self) -> tuple[torch.Tensor, ...]:
+        """Every tensor it holds (sleep mode: gpu/sleep_parts.py)."""
+        return (self.cols.words, self.cols.scale)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         from troupe.kernels.quant_fp8 import fp8_cols_matmul

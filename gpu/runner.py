@@ -155,7 +155,8 @@ class Sleeper(Protocol):
 
     def sleep(self, level: int) -> str:
         """Level 1: weights to CPU memory; 2: weights dropped; both: the KV pools dropped
-        (their contents too). What was freed."""
+        (their contents too). What was freed; gpu/sleep_state.SleepRefused, with nothing
+        freed, where it cannot."""
         ...
 
     def wake_up(self, tags: tuple[SleepTag, ...]) -> str:

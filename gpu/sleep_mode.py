@@ -1,24 +1,35 @@
 """Sleep mode for the real runner (vLLM's --enable-sleep-mode; SGLang's release / resume
-memory occupation): the device memory of the weights and the KV pools goes back to the allocator
-between rollouts, and comes back on wake_up.
+memory occupation): every tensor the weights own on the device (vLLM: all that its
+CuMemAllocator holds under the "weights" tag) and the KV pools go back to the allocator between
+rollouts, and come back on wake_up. What the weights own (gpu/sleep_parts.py): the served
+model's parameters, dense or kept-quantized, its buffers (rotary tables), the LoRA slots, the
+hidden rows an EAGLE head reads, and a draft model's or EAGLE / MTP head's weights and buffers.
 
-Every tensor keeps its identity: a weight's or the pool's *storage* is resized to 0 bytes and
-back (the trick FSDP uses), so each parameter, each view of it (fused projections' halves, the
-pool's per-layer K/V views) and everything holding one stays valid, with the same shapes:
+Every tensor keeps its identity: a *storage* is resized to 0 bytes and back (the trick FSDP
+uses), so each parameter, each view of it (fused projections' halves, the pool's per-layer K/V
+views, a head's share of the target's tensors) and everything holding one stays valid, with the
+same shapes; a storage shared by several tensors (tied embeddings) is freed once:
 
-    sleep(1)   weights: bytes copied to (pinned) CPU memory, storage resized to 0
-    sleep(2)   weights: storage resized to 0 (the caller loads new ones after waking them)
-    both       KV pool and CPU swap pool freed (contents gone: the prefix cache is reset),
-               CUDA graphs dropped, torch.cuda.empty_cache()
-    wake_up    "weights": storage back (level 1: the bytes copied back; level 2: uninitialized
-               until update_weights_from_disk / _from_tensors); "kv_cache": the pool back with
-               the same block count (zeroed on CUDA, as at start)
-    awake      CUDA graphs captured again: a storage that comes back lives at a new address,
-               which the old graphs baked in (vLLM keeps addresses with a custom allocator
-               instead); the CPU decode's raw-address bindings are rebuilt the same way
+    sleep(1)   the served weights: bytes copied to (pinned) CPU memory, storage resized to 0
+    sleep(2)   the served weights: storage resized to 0 (the caller loads new ones after waking
+               them); refused, before anything is freed, while kept-quantized weights are
+               served (an update copies into dense weights only)
+    both       what no reload refills (buffers, the LoRA slots and the adapters in them, a
+               draft model or head): copied to the host and resized to 0; the EAGLE hidden
+               rows resized to 0; the KV pools (the target's and a draft's or head's) freed,
+               contents gone (the prefix cache is reset); CUDA graphs dropped,
+               torch.cuda.empty_cache()
+    wake_up    "weights": storages back (level 1: the bytes copied back; level 2: the served
+               weights uninitialized until update_weights_from_disk / _from_tensors, the rest
+               copied back); "kv_cache": the pools back with the same block count (zeroed on
+               CUDA, as at start), their fp8 scales zeroed
+    awake      CUDA graphs captured again (the draft model's too): a storage that comes back
+               lives at a new address, which the old graphs baked in (vLLM keeps addresses
+               with a custom allocator instead); the CPU decode's raw-address bindings are
+               rebuilt the same way
 
-Not moved (they stay on the device): buffers (rotary tables), kept-quantized weights (4-bit,
-fp8), LoRA-wrapped projections' bases and adapter slots, a draft model or EAGLE head.
+Not freed: the CPU int8 form's fbgemm packed copy (gpu/quant_linear.Int8Linear, CPU only: an
+opaque object torch cannot resize), the adapters' host copies (host memory already).
 """
 
 from __future__ import annotations
@@ -30,17 +41,20 @@ from troupe.gpu.forward_pass import ForwardPass
 from troupe.gpu.kv_cache import KVCache
 from troupe.gpu.models import DecoderModel
 from troupe.gpu.runner_setup import RunnerOptions
-from troupe.gpu.sleep_state import SleepState
+from troupe.gpu.sleep_parts import Companion, Held, Role, sleep_parts
+from troupe.gpu.sleep_state import SleepRefused, SleepState
 from troupe.gpu.weight_update import WeightReload
 from troupe.messages.sleep_calls import SleepTag
 
 
 class _Stored:
-    """One weight storage while it sleeps: its size and (level 1) its bytes on the host."""
+    """One storage while it sleeps: its size and, where it comes back with its values, its
+    bytes on the host (`keep`); else it comes back zero-filled (`zero`) or uninitialized."""
 
-    def __init__(self, storage: torch.UntypedStorage, keep: bool) -> None:
+    def __init__(self, storage: torch.UntypedStorage, *, keep: bool, zero: bool = False) -> None:
         self.storage = storage
         self.nbytes = storage.nbytes()
+        self.zero = zero
         self.backup: torch.Tensor | None = None
         if keep:
             pin = storage.device.type == "cuda"
@@ -51,6 +65,8 @@ class _Stored:
         self.storage.resize_(self.nbytes)
         if self.backup is not None:
             _as_bytes(self.storage).copy_(self.backup, non_blocking=True)
+        elif self.zero:
+            _as_bytes(self.storage).zero_()
 
 
 class ModelSleeper:
@@ -64,13 +80,17 @@ class ModelSleeper:
         forward: ForwardPass,
         weights: WeightReload,
         quiesce: Sequence[Callable[[], None]],
+        companion: Companion | None = None,
     ) -> None:
         """`forward`: the runner's forward pass, whose graphs are captured again on waking;
-        `quiesce`: drop the steps launched ahead (gpu/overlap.py) before the memory goes."""
+        `quiesce`: drop the steps launched ahead (gpu/overlap.py) before the memory goes;
+        `companion`: the draft model or EAGLE / MTP head, which sleeps with the model."""
         self.model, self.kv, self._options = model, kv, options
         self._forward, self._weights, self._quiesce = forward, weights, quiesce
+        self._companion = companion
         self._state = SleepState()
-        self._stored: list[_Stored] = []
+        self._stored: list[_Stored] = []  # what the weights own, asleep
+        self._scales: list[_Stored] = []  # the pools' fp8 scales, asleep
 
     @property
     def sleeping(self) -> tuple[SleepTag, ...]:
@@ -80,28 +100,61 @@ class ModelSleeper:
     def level(self) -> int:
         return self._state.level
 
+    def parts(self) -> list[Held]:
+        """Every storage a sleep frees now, but the KV pools' (gpu/sleep_parts.py)."""
+        companion = self._companion
+        return sleep_parts(self.model, () if companion is None else companion.sleep_modules())
+
     def sleep(self, level: int) -> str:
+        """SleepRefused, with nothing freed, where a storage cannot be freed or a level-2
+        sleep would drop weights no reload can refill."""
         assert not self.sleeping and level in (1, 2), (self.sleeping, level)
+        try:
+            parts = self.parts()
+        except ValueError as exc:
+            raise SleepRefused(str(exc)) from exc
+        quantized = list(
+            dict.fromkeys(h.name for h in parts if h.quantized and h.role is Role.WEIGHTS)
+        )
+        if level == 2 and quantized:
+            names = ", ".join(quantized[:3]) + (", ..." if len(quantized) > 3 else "")
+            raise SleepRefused(
+                f"level 2 discards the weights for update_weights_from_disk / _from_tensors to "
+                f"refill, which copy into dense weights only; {len(quantized)} served weights "
+                f"are kept quantized ({names}): sleep at level 1, or serve with quantization "
+                "'dequantize'"
+            )
         for discard in self._quiesce:
             discard()
-        storages = weight_storages(self.model)
         self._sync()
-        self._stored = [_Stored(s, keep=level == 1) for s in storages]
+        self._stored = [
+            _Stored(
+                h.storage,
+                keep=h.role is Role.KEPT or (h.role is Role.WEIGHTS and level == 1),
+                zero=h.role is Role.ZEROED,
+            )
+            for h in parts
+        ]
         self._sync()  # copied out before the memory goes
         self._forward.close()  # its graphs read the old addresses (and hold their pools)
         self._forward.cpu_decode = None
+        if self._companion is not None:
+            self._companion.drop_graphs()
         for stored in self._stored:
             stored.storage.resize_(0)
-        num_kv_bytes = self.kv.free()
+        num_kv_bytes = self._free_pools()
         self._weights.asleep = f"the weights sleep (level {level}): wake_up(tags=['weights'])"
         self._state.fall_asleep(level)
         if self.model.device.type == "cuda":
             torch.cuda.empty_cache()
-        num_weight_bytes = sum(s.nbytes for s in self._stored)
+        weights = [s for s, h in zip(self._stored, parts, strict=True) if h.role is Role.WEIGHTS]
+        num_weight_bytes = sum(s.nbytes for s in weights)
+        num_other_bytes = sum(s.nbytes for s in self._stored) - num_weight_bytes
         kept = "copied to CPU memory" if level == 1 else "discarded"
         return (
             f"asleep at level {level}: {num_weight_bytes / 2**20:.1f} MiB of weights {kept}, "
-            f"{num_kv_bytes / 2**20:.1f} MiB of KV cache freed"
+            f"{num_other_bytes / 2**20:.1f} MiB of buffers, adapters and draft weights copied "
+            f"to CPU memory, {num_kv_bytes / 2**20:.1f} MiB of KV cache freed"
         )
 
     def wake_up(self, tags: tuple[SleepTag, ...]) -> str:
@@ -113,14 +166,34 @@ class ModelSleeper:
             self._sync()  # copied back before the host copies go
             self._stored = []
             self._weights.asleep = None
-            done.append("weights restored" if self.level == 1 else "weights allocated (empty)")
+            level_2 = "weights allocated (empty), buffers, adapters and draft restored"
+            done.append("weights restored" if self.level == 1 else level_2)
         if SleepTag.KV_CACHE in tags:
-            self.kv.reallocate()
+            for kv in self._pools():
+                kv.reallocate()
+            for stored in self._scales:
+                stored.restore()
+            self._scales = []
             done.append(f"KV cache allocated ({self.kv.num_gpu_blocks} blocks)")
         if self._state.wake(tags):
             self._capture()
             done.append("graphs captured")
         return "; ".join(done)
+
+    def _pools(self) -> list[KVCache]:
+        companion = self._companion
+        return [self.kv] if companion is None else [self.kv, companion.kv]
+
+    def _free_pools(self) -> int:
+        """Every pool freed, and its fp8 scales (zeroed when they come back); the bytes."""
+        num_bytes = 0
+        for kv in self._pools():
+            if kv.scales is not None and kv.scales.untyped_storage().nbytes():
+                stored = _Stored(kv.scales.untyped_storage(), keep=False, zero=True)
+                stored.storage.resize_(0)
+                self._scales.append(stored)
+            num_bytes += kv.free()
+        return num_bytes
 
     def _capture(self) -> None:
         """The forward's graphs and CPU bindings again, over the storages' new addresses."""
@@ -132,25 +205,13 @@ class ModelSleeper:
             fresh.cpu_decode,
         )
         self.kv.reset_scales()  # the captures wrote made-up KV (as at start)
+        if self._companion is not None:
+            self._companion.capture_graphs()
         self._sync()
 
     def _sync(self) -> None:
         if self.model.device.type == "cuda":
             torch.cuda.synchronize(self.model.device)
-
-
-def weight_storages(model: DecoderModel) -> list[torch.UntypedStorage]:
-    """The storages of the model's parameters, each once (tied embeddings share one); a
-    ValueError naming a parameter whose storage cannot be resized (nothing freed then)."""
-    seen: dict[int, torch.UntypedStorage] = {}
-    for name, param in model.named_parameters():
-        storage = param.untyped_storage()
-        if storage.nbytes() == 0 or storage.data_ptr() in seen:
-            continue
-        if not storage.resizable():
-            raise ValueError(f"the weight {name!r} lives in memory torch cannot free (a mapping)")
-        seen[storage.data_ptr()] = storage
-    return list(seen.values())
 
 
 def _as_bytes(storage: torch.UntypedStorage) -> torch.Tensor:

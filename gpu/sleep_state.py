@@ -6,6 +6,10 @@ from __future__ import annotations
 from troupe.messages.sleep_calls import ALL_TAGS, SleepTag
 
 
+class SleepRefused(ValueError):
+    """A sleep that cannot be done, refused before anything is freed (the reason names what)."""
+
+
 class SleepState:
     """A sleep puts every tag to sleep at one level; wake-ups take tags back one call at a
     time, and the level is 0 again once none sleeps."""

@@ -2,7 +2,8 @@
 runner's Sleeper and WeightReload called between steps, their outcome as a message.
 
 vLLM's rules: a sleep while asleep, or a wake_up of what is awake, changes nothing and says so;
-wake_up with no tags wakes everything asleep.
+wake_up with no tags wakes everything asleep. A sleep the runner refuses before freeing anything
+(gpu/sleep_state.SleepRefused: a level 2 over kept-quantized weights) answers UNSUPPORTED.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import structlog
 from troupe.gpu.runner import ReloadsWeights, Runner, Sleeper, SleepsRunner, WeightsRefused
 from troupe.gpu.runner_dead import runner_dead
+from troupe.gpu.sleep_state import SleepRefused
 from troupe.messages.engine_calls import WeightsErrorCode
 from troupe.messages.sleep_calls import ALL_TAGS, Sleep, SleepCall, SleepDone, SleepErrorCode
 
@@ -34,7 +36,11 @@ def run_sleep_call(sleeper: Sleeper | None, msg: SleepCall) -> SleepDone:
             if sleeping:
                 message = f"already asleep (level {sleeper.level}): nothing changed"
                 return _done(sleeper, msg.call_id, message)
-            message = sleeper.sleep(msg.level)
+            try:
+                message = sleeper.sleep(msg.level)
+            except SleepRefused as exc:  # nothing was freed
+                message = f"sleep(level={msg.level}) refused: {exc}"
+                return _done(sleeper, msg.call_id, message, SleepErrorCode.UNSUPPORTED)
             log.info("asleep", level=msg.level, summary=message)
             return _done(sleeper, msg.call_id, message, kv_dropped=True)
         tags = tuple(t for t in ALL_TAGS if t in (msg.tags or ALL_TAGS) and t in sleeping)
