@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 from troupe import EngineConfig
-from troupe.config import ConfigError
+from troupe.config import ConfigError, LoraKernel
 from troupe.gpu.lora_adapter import LoraAdapter
 from troupe.gpu.lora_linear import LoraLinear, LoraSlots
 from troupe.gpu.lora_runtime import LoraRuntime
@@ -25,17 +25,35 @@ IN = 24
 MODULES = ("q_proj", "k_proj", "v_proj")
 
 
-def _runtime(kernel: str, use_triton: bool | None) -> tuple[LoraRuntime, LoraLinear]:
-    """Three adapters of ranks 2, 4 and 3 (max_lora_rank 4: padded) in three slots."""
-    slots = LoraSlots(3, 4, 128, torch.float32, torch.device("cpu"), kernel, use_triton)  # type: ignore[arg-type]
-    weight = torch.randn(sum(SLICES), IN, generator=torch.Generator().manual_seed(9))
-    proj = LoraLinear(weight, SLICES, IN, slots)
+def _runtime(
+    kernel: LoraKernel,
+    use_triton: bool | None,
+    *,
+    slices: tuple[int, ...] = SLICES,
+    in_features: int = IN,
+    ranks: tuple[int, ...] = (2, 4, 3),
+    max_rank: int = 4,
+    max_tokens: int = 128,
+    dtype: torch.dtype = torch.float32,
+    device: str = "cpu",
+) -> tuple[LoraRuntime, LoraLinear]:
+    """A fused q/k/v projection and one adapter per rank in `ranks` (as many slots; ranks
+    below max_rank: padded)."""
+    slots = LoraSlots(
+        len(ranks), max_rank, max_tokens, dtype, torch.device(device), kernel, use_triton
+    )
+    g = torch.Generator().manual_seed(9)
+    weight = (torch.randn(sum(slices), in_features, generator=g) / in_features**0.5).to(device)
+    proj = LoraLinear(weight.to(dtype), slices, in_features, slots)
     adapters = []
-    for i, rank in enumerate((2, 4, 3)):
+    for i, rank in enumerate(ranks):
         g = torch.Generator().manual_seed(10 + i)
         weights = {
-            (0, m): (torch.randn(rank, IN, generator=g), torch.randn(n, rank, generator=g))
-            for m, n in zip(MODULES, SLICES, strict=True)
+            (0, m): (
+                torch.randn(rank, in_features, generator=g) / in_features**0.5,
+                torch.randn(n, rank, generator=g) / rank**0.5,
+            )
+            for m, n in zip(MODULES, slices, strict=True)
         }
         adapters.append(LoraAdapter(name=f"a{i}", path="", rank=rank, weights=weights))
     return LoraRuntime(adapters, slots, [(0, proj, MODULES)]), proj
@@ -68,7 +86,11 @@ def test_punica_matches_masked_on_a_mixed_batch(use_triton: bool) -> None:
         inputs = _inputs(adapters, lens)
         x = torch.randn(sum(lens), IN, generator=torch.Generator().manual_seed(len(lens)))
         outs = []
-        for kernel, triton in (("masked", None), ("punica", use_triton)):
+        forms: tuple[tuple[LoraKernel, bool | None], ...] = (
+            ("masked", None),
+            ("punica", use_triton),
+        )
+        for kernel, triton in forms:
             runtime, proj = _runtime(kernel, triton)
             runtime.prepare(inputs, graphed=True)
             assert (proj.slots.tiles is not None) == (kernel == "punica" and use_triton)
