@@ -6,11 +6,13 @@ then fewer slots than adapters, which the scheduler runs by turns).
     python -m troupe.ops.lora_bench                        # the default model on the CPU
     python -m troupe.ops.lora_bench --model PATH --device cuda --num-requests 256
     python -m troupe.ops.lora_bench --runner fake         # the actors alone (adapters unread)
+    python -m troupe.ops.lora_bench --device cuda --lora-kernel masked punica   # both forms
 
 Each scenario sends `--num-requests` requests at once (`--prompt-len` random ids, each a fresh
 prompt, greedy, `--max-tokens` tokens, EOS ignored) `--repeats` times, after a warm-up; prints
 the median wall time, output tokens per second and median TTFT per scenario, and its
-throughput against the engine without adapters.
+throughput against the engine without adapters. `--lora-kernel` runs the scenarios with
+adapters under each form named (EngineConfig.lora_kernel: masked, punica), one after another.
 """
 
 from __future__ import annotations
@@ -126,22 +128,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num-adapters", type=int, default=4)
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--lora-kernel", nargs="+", choices=("masked", "punica"), default=["masked"]
+    )
     args = parser.parse_args(argv)
     base = EngineConfig(model=args.model, device=args.device, runner=args.runner)
     with tempfile.TemporaryDirectory() as tmp:
         entries = write_adapters(args.model, Path(tmp), args.num_adapters, args.rank)
         names: list[str | None] = [e.split("=", 1)[0] for e in entries]
-        lora = base.replace(
-            lora_modules=tuple(entries), max_loras=args.num_adapters, max_lora_rank=args.rank
-        )
-        few = lora.replace(max_loras=max(1, args.num_adapters // 2))
-        scenarios: list[tuple[str, Any, list[str | None]]] = [
-            ("no adapters loaded", base, [None]),
-            ("adapters loaded, none used", lora, [None]),
-            ("one adapter", lora, names[:1]),
-            (f"{args.num_adapters} adapters", lora, names),
-            (f"{args.num_adapters} adapters, {few.max_loras} slots", few, names),
-        ]
+        scenarios: list[tuple[str, Any, list[str | None]]] = [("no adapters loaded", base, [None])]
+        for kernel in args.lora_kernel:
+            lora = base.replace(
+                lora_modules=tuple(entries),
+                max_loras=args.num_adapters,
+                max_lora_rank=args.rank,
+                lora_kernel=kernel,
+            )
+            few = lora.replace(max_loras=max(1, args.num_adapters // 2))
+            scenarios += [
+                (f"[{kernel}] adapters loaded, none used", lora, [None]),
+                (f"[{kernel}] one adapter", lora, names[:1]),
+                (f"[{kernel}] {args.num_adapters} adapters", lora, names),
+                (f"[{kernel}] {args.num_adapters} adapters, {few.max_loras} slots", few, names),
+            ]
         tokens = args.num_requests * args.max_tokens
         reference = None
         for label, config, adapters in scenarios:
@@ -151,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
             rate = tokens / seconds
             reference = reference or rate
             print(
-                f"{label:32s} {seconds:7.2f} s  {rate:9.1f} tok/s  TTFT p50 {1e3 * ttft:7.1f} ms"
+                f"{label:42s} {seconds:7.2f} s  {rate:9.1f} tok/s  TTFT p50 {1e3 * ttft:7.1f} ms"
                 f"  {rate / reference:5.2f}x",
                 flush=True,
             )

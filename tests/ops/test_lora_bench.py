@@ -1,5 +1,6 @@
 """ops/lora_bench.py: its random adapters fit the model they are made for (the runner's own
-check accepts them), and every scenario runs through a real engine graph (the fake runner)."""
+check accepts them), and every scenario runs through a real engine graph (the fake runner),
+under each LoRA form asked for."""
 
 from __future__ import annotations
 
@@ -26,13 +27,17 @@ def test_the_adapters_fit_the_default_model(tmp_path: Path) -> None:
 def test_every_scenario_runs(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["--runner", "fake", "--num-requests", "4", "--prompt-len", "8", "--max-tokens", "4"]
     argv += ["--num-adapters", "2", "--rank", "4", "--repeats", "1"]
+    argv += ["--lora-kernel", "masked", "punica"]
     assert main(argv) == 0
     lines = capsys.readouterr().out.strip().splitlines()
-    assert [line.split("  ")[0] for line in lines] == [
-        "no adapters loaded",
-        "adapters loaded, none used",
-        "one adapter",
-        "2 adapters",
-        "2 adapters, 1 slots",
+    assert [line.split("  ")[0] for line in lines] == ["no adapters loaded"] + [
+        f"[{kernel}] {label}"
+        for kernel in ("masked", "punica")
+        for label in (
+            "adapters loaded, none used",
+            "one adapter",
+            "2 adapters",
+            "2 adapters, 1 slots",
+        )
     ]
     assert lines[0].endswith("1.00x") and all("tok/s" in line for line in lines)
