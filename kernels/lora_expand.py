@@ -44,6 +44,7 @@ def _expand_kernel(
     pos = start + tl.arange(0, BLOCK_M).to(tl.int64)
     valid = pos < end
     token = tl.load(order_ptr + pos, mask=valid, other=0).to(tl.int64)
+    valid = valid & (token < num_tokens)  # a stale plan (a graph's warm-up) stays in bounds
     n = n_first + tl.arange(0, BLOCK_N).to(tl.int64)
     n_mask = n < width
     cols = col_start + n

@@ -50,6 +50,7 @@ def _shrink_kernel(
     pos = start + tl.arange(0, BLOCK_M).to(tl.int64)
     valid = pos < end
     token = tl.load(order_ptr + pos, mask=valid, other=0).to(tl.int64)
+    valid = valid & (token < num_tokens)  # a stale plan (a graph's warm-up) stays in bounds
     r = r_block * BLOCK_R + tl.arange(0, BLOCK_R).to(tl.int64)
     r_mask = r < RANK
     a_rows = (slot * NUM_SLICES + index) * RANK + r

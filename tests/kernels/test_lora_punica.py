@@ -95,3 +95,20 @@ def test_reference_is_each_tokens_own_adapter() -> None:
                 want[start : start + size] = b[start : start + size, slot] @ (a[slot, index] @ x[t])
             start += size
         torch.testing.assert_close(y[t], want)
+
+
+def test_a_stale_plan_stays_within_the_rows() -> None:
+    """A graph's warm-up runs on the plan of an earlier, longer step: its tokens past the rows
+    are left out (no read or write out of bounds), the others run their slots."""
+    slices, max_loras, max_rank, in_features = (16, 16), 2, 4, 20
+    a_all, b_all = _factors(slices, max_loras, max_rank, in_features, torch.float32)
+    token_slots = torch.tensor([1, 0, -1, 1] * 10)
+    tiles = TokenTiles(64, max_loras, CPU, tile_tokens=16)
+    tiles.write(token_slots.numpy())
+    x = torch.randn(6, in_features, generator=torch.Generator().manual_seed(2))
+    got, expected = torch.zeros(6, 32), torch.zeros(6, 32)
+    u_parts = lora_shrink(x, a_all, tiles, 2, max_rank)
+    lora_expand(got, u_parts, b_all, tiles, slice_bounds(slices, CPU), 16)
+    u = lora_shrink_reference(x, a_all, token_slots, 2, max_rank)
+    lora_expand_reference(expected, u, b_all, token_slots, slices)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
