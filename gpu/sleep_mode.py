@@ -34,6 +34,7 @@ opaque object torch cannot resize), the adapters' host copies (host memory alrea
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable, Sequence
 
 import torch
@@ -146,15 +147,17 @@ class ModelSleeper:
         self._weights.asleep = f"the weights sleep (level {level}): wake_up(tags=['weights'])"
         self._state.fall_asleep(level)
         if self.model.device.type == "cuda":
+            gc.collect()  # graphs dropped in a reference cycle hold their pools until then
             torch.cuda.empty_cache()
-        weights = [s for s, h in zip(self._stored, parts, strict=True) if h.role is Role.WEIGHTS]
-        num_weight_bytes = sum(s.nbytes for s in weights)
-        num_other_bytes = sum(s.nbytes for s in self._stored) - num_weight_bytes
+        mib = {role: 0.0 for role in Role}
+        for stored, held in zip(self._stored, parts, strict=True):
+            mib[held.role] += stored.nbytes / 2**20
         kept = "copied to CPU memory" if level == 1 else "discarded"
         return (
-            f"asleep at level {level}: {num_weight_bytes / 2**20:.1f} MiB of weights {kept}, "
-            f"{num_other_bytes / 2**20:.1f} MiB of buffers, adapters and draft weights copied "
-            f"to CPU memory, {num_kv_bytes / 2**20:.1f} MiB of KV cache freed"
+            f"asleep at level {level}: {mib[Role.WEIGHTS]:.1f} MiB of weights {kept}, "
+            f"{mib[Role.KEPT]:.1f} MiB of buffers, adapters and draft weights copied to CPU "
+            f"memory, {mib[Role.ZEROED] + num_kv_bytes / 2**20:.1f} MiB of KV cache and "
+            "scratch freed"
         )
 
     def wake_up(self, tags: tuple[SleepTag, ...]) -> str:
