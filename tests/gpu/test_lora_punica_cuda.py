@@ -124,3 +124,16 @@ def test_engine_punica_on_cuda_with_graphs_and_overlap(
         lora_kernel="punica",
     )
     assert _run_all(config, None) == _expected(hf_model, adapters)
+
+
+def test_the_kernel_bench_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    """ops/lora_kernel_bench.py: each projection, a graph-replayed and an eager step; the
+    punica and masked outputs agree (its last column)."""
+    from troupe.ops.lora_kernel_bench import main
+
+    assert main(["--tokens", "8", "600", "--repeats", "2", "--no-adapter-share", "0.25"]) == 0
+    rows = capsys.readouterr().out.strip().splitlines()[1:]
+    assert [row.split()[:2] for row in rows] == [
+        [name, tokens] for name in ("qkv", "gate_up", "down") for tokens in ("8", "600")
+    ]
+    assert all(float(row.split()[-1]) < 0.1 for row in rows)
