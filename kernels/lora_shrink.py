@@ -27,7 +27,10 @@ import triton.language as tl
 from .lora_tiles import TokenTiles
 from .sm_count import num_sms
 
-_MAX_SPLIT = 16
+# At most 4 K splits: the expand re-reads every split of u once per column block, so more
+# splits cost it more L2 traffic than they save the shrink (a decode of 64 tokens in 4 slots on
+# a q/k/v of 4,096 + 2 x 1,024 columns: 960 expand programs x 16 tokens x R fp32 per split)
+_MAX_SPLIT = 4
 
 
 @triton.jit
@@ -100,7 +103,7 @@ def lora_shrink(
     grid_tiles = tiles.grid_tiles(num_tokens)
     if split_k is None:
         programs = grid_tiles * num_slices * num_rb
-        split_k = triton.cdiv(2 * num_sms(x.device), programs)
+        split_k = triton.cdiv(num_sms(x.device), programs)
         split_k = max(1, min(split_k, _MAX_SPLIT, triton.cdiv(in_features, 4 * block_k)))
     k_split = triton.cdiv(triton.cdiv(in_features, split_k), block_k) * block_k
     split_k = triton.cdiv(in_features, k_split)  # no split left empty
