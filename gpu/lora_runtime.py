@@ -92,9 +92,10 @@ class LoraRuntime:
 
     def prepare(self, inputs: StepInputs, *, graphed: bool) -> None:
         """Hold the step's adapters (inputs.adapters) in slots and set how the projections run
-        them (lora_linear.py): masked (a graph's step with adapters, or an eager step of
-        several; the tokens' slots written), one slot (every token of an eager step on one
-        adapter) or off (no adapter in the step: a graph replays its off form)."""
+        them (lora_linear.py): masked or punica, as the slots' kernel says (a graph's step with
+        adapters, or an eager step of several; the tokens' slots written, and punica's tile
+        plan), one slot (every token of an eager step on one adapter) or off (no adapter in
+        the step: a graph replays its off form)."""
         num_tokens = len(inputs.input_ids)
         if num_tokens > len(self.slots.token_slots):
             raise RuntimeError(
@@ -226,16 +227,18 @@ def _on_device_dtype(adapter: LoraAdapter, slots: LoraSlots) -> LoraAdapter:
 
 
 def graph_forms(lora: LoraRuntime | None) -> tuple[bool, ...]:
-    """The LoRA forms each CUDA graph is captured in (masked: True): a model serving adapters
-    gets both, so a step without any adapter replays the off form (no adapter GEMMs: on the
-    H200 the masked form cost 23% of a batch's time whether a step used adapters or not,
-    docs/benchmarks.md session 32); a model without LoRA only the plain one (False)."""
+    """The LoRA forms each CUDA graph is captured in (with adapters, masked or punica as the
+    slots' kernel says: True): a model serving adapters gets both, so a step without any
+    adapter replays the off form (no adapter GEMMs: on the H200 the masked form cost 23% of a
+    batch's time whether a step used adapters or not, docs/benchmarks.md session 32); a model
+    without LoRA only the plain one (False)."""
     return (False,) if lora is None else (False, True)
 
 
 @contextlib.contextmanager
 def captured_form(lora: LoraRuntime | None, masked: bool) -> Iterator[None]:
-    """The projections run in `masked` form while a graph of that form is captured."""
+    """The projections run with adapters (`masked` True: the masked or punica form) or off
+    while a graph of that form is captured."""
     if lora is None:
         yield
         return
