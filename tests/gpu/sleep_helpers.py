@@ -108,8 +108,9 @@ class GreedyRuns:
     """Greedy requests of PROMPT through a runner, one at a time: tokens and each step's
     proposals."""
 
-    def __init__(self, runner: ModelRunner) -> None:
+    def __init__(self, runner: ModelRunner, num_tokens: int = NUM_TOKENS) -> None:
         self.runner = runner
+        self.num_tokens = num_tokens
         self.num_requests = 0
 
     def __call__(self, lora: str | None = None) -> tuple[list[int], list[tuple[int, ...]]]:
@@ -117,10 +118,10 @@ class GreedyRuns:
         rid = f"r{self.num_requests}"
         driver = PlanDriver(self.runner, chunk=len(PROMPT))
         driver.step_id = 100 * self.num_requests
-        params = SamplingParams(max_tokens=NUM_TOKENS, temperature=0.0, lora=lora)
+        params = SamplingParams(max_tokens=self.num_tokens, temperature=0.0, lora=lora)
         driver.add(rid, PROMPT, params)
         proposals = []
-        while len(driver.seqs[rid].output) < NUM_TOKENS:
+        while len(driver.seqs[rid].output) < self.num_tokens:
             proposals.append(driver.step()[rid].proposals)
         self.runner.execute(StepPlan(step_id=driver.step_id + 1, seqs=(), released=(rid,)))
         return driver.seqs[rid].output, proposals

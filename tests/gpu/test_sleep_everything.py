@@ -21,6 +21,7 @@ from troupe.messages.sleep_calls import ALL_TAGS, SleepTag
 
 from tests.gpu.conftest import FAMILIES, TINY, write_random_model
 from tests.gpu.eagle_heads import random_head
+from tests.gpu.mtp_checkpoints import save_model
 from tests.gpu.sleep_helpers import GreedyRuns, held_bytes, q4_gguf
 from tests.lora.adapters import raw_adapter
 
@@ -45,6 +46,7 @@ def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "adapter": raw_adapter(root / "adapter", num_layers=2, shapes=SHAPES, scale=0.2),
         "head": random_head(root / "head", target, embed=True),
         "gguf": q4_gguf(root / "q4.gguf"),
+        "mtp": save_model(root / "mtp"),  # DeepSeek-V3 (MLA, experts) with its MTP layer
     }
 
 
@@ -66,6 +68,8 @@ def _runner(folders: dict[str, Path], kind: str, **extra: Any) -> ModelRunner:
             "speculative_method": "eagle",
             "draft_model": str(folders["head"]),
         }
+    elif kind == "mtp":
+        settings |= {"model": str(folders["mtp"]), "speculative_method": "mtp"}
     else:  # the draft model is the target itself, loaded again (kept 4-bit too)
         gguf = str(folders["gguf"])
         settings |= {"model": gguf, "speculative_method": "draft_model", "draft_model": gguf}
@@ -75,21 +79,18 @@ def _runner(folders: dict[str, Path], kind: str, **extra: Any) -> ModelRunner:
 
 # q4_native_draft: the native CPU 4-bit kernel's layout (gpu/cpu_q4.py) where it builds here,
 # else torch's packed form as q4_draft
-@pytest.mark.parametrize("kind", ["lora_eagle", "q4_draft", "q4_native_draft"])
+@pytest.mark.parametrize("kind", ["lora_eagle", "q4_draft", "q4_native_draft", "mtp"])
 def test_level_1_frees_every_tensor_and_wakes_to_the_same_tokens(
     folders: dict[str, Path], kind: str
 ) -> None:
     runner = _runner(folders, kind)
-    run = GreedyRuns(runner)
+    run = GreedyRuns(runner, num_tokens=3 if kind == "mtp" else 6)  # experts: slow on the CPU
     loras = [None, "ad"] if kind == "lora_eagle" else [None]
     before = [run(lora) for lora in loras]
     assert all(any(p) for _, p in before), "the draft proposes"
     roles = {h.role for h in runner.sleeper.parts()}
-    assert roles == (
-        {Role.WEIGHTS, Role.KEPT, Role.ZEROED}
-        if kind == "lora_eagle"
-        else {Role.WEIGHTS, Role.KEPT}
-    )
+    heads = ("lora_eagle", "mtp")  # they read the model's hidden rows (ZEROED)
+    assert roles == ({Role.WEIGHTS, Role.KEPT} | ({Role.ZEROED} if kind in heads else set()))
     held = held_bytes(runner)
     assert any(".kv." in k for k in held) and any("draft" in k for k in held), sorted(held)
     message = runner.sleeper.sleep(1)
