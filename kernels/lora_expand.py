@@ -1,11 +1,12 @@
 """Triton punica expand, in place: y[t, slice s] += u[t, s] B_(l, s)^T for each token t of
 slot l (layouts: kernels/lora_reference.py, its reference; u from kernels/lora_shrink.py).
 
-One program per (tile, column block, slice): columns start_s + [n BLOCK_N, (n + 1) BLOCK_N) of
-the slice, for the tile's tokens (up to BLOCK_M of one slot: its B columns read once for all).
-The grid's column blocks span the widest slice; a narrower slice's programs past its width exit,
-as do unused tiles. It sums the shrink's K splits as it reads u, adds in fp32 and rounds once to
-y's dtype; rows of tokens in no tile (no adapter, a graph's padding) are not touched.
+One program per (tile, column group, slice): up to N_BLOCKS blocks of BLOCK_N columns of the
+slice, for the tile's tokens (up to BLOCK_M of one slot: its B columns read once for all, and
+their rows of u once for the whole group). The grid's groups span the widest slice; a narrower
+slice's programs past its width exit, as do unused tiles. It sums the shrink's K splits as it
+reads u, adds in fp32 and rounds once to y's dtype; rows of tokens in no tile (no adapter, a
+graph's padding) are not touched.
 """
 
 # Triton kernels take untyped pointers and constexprs; @triton.jit is untyped to mypy.
@@ -17,27 +18,46 @@ import torch
 import triton
 import triton.language as tl
 
-from .lora_shrink import rank_block
 from .lora_tiles import TokenTiles
+
+# Column blocks per program: u is read (its K splits summed) once per program, then serves up
+# to 8 x 64 columns of y; a decode's few tiles still make enough programs over a wide slice
+_GROUP_BLOCKS = 8
+
+
+@triton.jit
+def _u_columns(
+    u_ptr, num_splits, num_tokens, token, valid, col, col_mask,
+    WIDTH: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr,
+):  # fmt: skip
+    """u[token, col] [BLOCK_M, BLOCK_R] fp32, the shrink's K splits summed."""
+    u = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
+    for split in range(0, num_splits):
+        row = split * num_tokens + token
+        u += tl.load(
+            u_ptr + row[:, None] * WIDTH + col[None, :],
+            mask=valid[:, None] & col_mask[None, :],
+            other=0.0,
+        )
+    return u
 
 
 @triton.jit
 def _expand_kernel(
     y_ptr, u_ptr, b_ptr, table_ptr, order_ptr, bounds_ptr,
     capacity, num_tokens, num_splits, stride_y, stride_b,
-    NUM_SLICES: tl.constexpr, RANK: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr,
-    PRECISION: tl.constexpr,
+    RANK: tl.constexpr, WIDTH: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    N_BLOCKS: tl.constexpr, BLOCK_R: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     tile = tl.program_id(0).to(tl.int64)
     slot = tl.load(table_ptr + tile).to(tl.int64)
     if slot < 0:
         return
-    n_first = tl.program_id(1).to(tl.int64) * BLOCK_N
+    group_first = tl.program_id(1).to(tl.int64) * (BLOCK_N * N_BLOCKS)
     index = tl.program_id(2).to(tl.int64)
     col_start = tl.load(bounds_ptr + 2 * index)
     width = tl.load(bounds_ptr + 2 * index + 1)
-    if n_first >= width:
+    if group_first >= width:
         return
     start = tl.load(table_ptr + capacity + tile).to(tl.int64)
     end = tl.load(table_ptr + 2 * capacity + tile).to(tl.int64)
@@ -45,31 +65,36 @@ def _expand_kernel(
     valid = pos < end
     token = tl.load(order_ptr + pos, mask=valid, other=0).to(tl.int64)
     valid = valid & (token < num_tokens)  # a stale plan (a graph's warm-up) stays in bounds
-    n = n_first + tl.arange(0, BLOCK_N).to(tl.int64)
-    n_mask = n < width
-    cols = col_start + n
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for r0 in range(0, RANK, BLOCK_R):
-        r = r0 + tl.arange(0, BLOCK_R).to(tl.int64)
-        r_mask = r < RANK
-        u = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
-        for split in range(0, num_splits):
-            row = (split * num_tokens + token) * NUM_SLICES + index
-            u += tl.load(
-                u_ptr + row[:, None] * RANK + r[None, :],
-                mask=valid[:, None] & r_mask[None, :],
+    r = tl.arange(0, BLOCK_R).to(tl.int64)
+    if RANK <= BLOCK_R:  # the common case: u read once for all the group's columns
+        u_whole = _u_columns(
+            u_ptr, num_splits, num_tokens, token, valid, index * RANK + r, r < RANK,
+            WIDTH, BLOCK_M, BLOCK_R,
+        )  # fmt: skip
+    for block in range(N_BLOCKS):
+        n = group_first + block * BLOCK_N + tl.arange(0, BLOCK_N).to(tl.int64)
+        n_mask = n < width
+        cols = col_start + n
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for r0 in range(0, RANK, BLOCK_R):
+            if RANK <= BLOCK_R:
+                u = u_whole
+            else:
+                col_mask = r0 + r < RANK
+                u = _u_columns(
+                    u_ptr, num_splits, num_tokens, token, valid, index * RANK + r0 + r,
+                    col_mask, WIDTH, BLOCK_M, BLOCK_R,
+                )  # fmt: skip
+            b = tl.load(
+                b_ptr + cols[None, :] * stride_b + (slot * RANK + r0 + r)[:, None],
+                mask=(r0 + r < RANK)[:, None] & n_mask[None, :],
                 other=0.0,
-            )
-        b = tl.load(
-            b_ptr + cols[None, :] * stride_b + (slot * RANK + r)[:, None],
-            mask=r_mask[:, None] & n_mask[None, :],
-            other=0.0,
-        ).to(tl.float32)
-        acc += tl.dot(u, b, input_precision=PRECISION)
-    dst = y_ptr + token[:, None] * stride_y + cols[None, :]
-    mask = valid[:, None] & n_mask[None, :]
-    y = tl.load(dst, mask=mask, other=0.0).to(tl.float32)
-    tl.store(dst, (y + acc).to(y_ptr.dtype.element_ty), mask=mask)
+            ).to(tl.float32)
+            acc += tl.dot(u, b, input_precision=PRECISION)
+        dst = y_ptr + token[:, None] * stride_y + cols[None, :]
+        mask = valid[:, None] & n_mask[None, :]
+        y = tl.load(dst, mask=mask, other=0.0).to(tl.float32)
+        tl.store(dst, (y + acc).to(y_ptr.dtype.element_ty), mask=mask)
 
 
 def slice_bounds(slices: tuple[int, ...], device: torch.device) -> torch.Tensor:
@@ -95,12 +120,17 @@ def lora_expand(
     if y.stride(1) != 1 or b_all.stride(1) != 1 or not u_parts.is_contiguous():
         raise ValueError("lora_expand needs y, b_all contiguous along their rows, u contiguous")
     block_n = min(64, max(16, triton.next_power_of_2(max_width)))
+    n_blocks = min(_GROUP_BLOCKS, triton.cdiv(max_width, block_n))
     precision = "ieee" if y.dtype == torch.float32 else "tf32"
-    grid = (tiles.grid_tiles(num_tokens), triton.cdiv(max_width, block_n), num_slices)
+    grid = (
+        tiles.grid_tiles(num_tokens),
+        triton.cdiv(max_width, block_n * n_blocks),
+        num_slices,
+    )
     _expand_kernel[grid](
         y, u_parts, b_all, tiles.table, tiles.order, bounds,
         tiles.capacity, num_tokens, num_splits, y.stride(0), b_all.stride(0),
-        NUM_SLICES=num_slices, RANK=rank,
-        BLOCK_M=tiles.tile_tokens, BLOCK_N=block_n, BLOCK_R=rank_block(rank),
+        RANK=rank, WIDTH=num_slices * rank, BLOCK_M=tiles.tile_tokens, BLOCK_N=block_n,
+        N_BLOCKS=n_blocks, BLOCK_R=min(64, max(16, triton.next_power_of_2(rank))),
         PRECISION=precision, num_warps=4,
     )  # fmt: skip

@@ -1,9 +1,10 @@
 """Triton punica shrink: u[t, s] = A_(l, s) x_t for each token t of slot l, fp32 (layouts:
 kernels/lora_reference.py, which is its reference).
 
-One program per (tile, slice x rank block, K split). A tile (kernels/lora_tiles.py) is up to
-BLOCK_M tokens of one slot, so the program reads that slot's [R, K] rows of A once for all of
-them: the work follows the step's tokens, not max_loras x max_lora_rank (the masked form,
+One program per (tile, column block of u, K split). A tile (kernels/lora_tiles.py) is up to
+BLOCK_M tokens of one slot, so the program reads that slot's [S R, K] rows of A (contiguous:
+every slice's) once for all of them, and x once for every slice (S R <= 64 columns: one
+block): the work follows the step's tokens, not max_loras x max_lora_rank (the masked form,
 gpu/lora_linear.py). A tile whose slot is -1 (unused) exits at once; tokens without an adapter
 are in no tile and their rows of u are never written (the expand never reads them).
 
@@ -27,26 +28,22 @@ import triton.language as tl
 from .lora_tiles import TokenTiles
 from .sm_count import num_sms
 
-# At most 4 K splits: the expand re-reads every split of u once per column block, so more
-# splits cost it more L2 traffic than they save the shrink (a decode of 64 tokens in 4 slots on
-# a q/k/v of 4,096 + 2 x 1,024 columns: 960 expand programs x 16 tokens x R fp32 per split)
-_MAX_SPLIT = 4
+# At most 8 K splits: the expand reads every split of u once per program (up to 512 columns of
+# y), so more splits cost it more than they give the shrink's few decode tiles
+_MAX_SPLIT = 8
 
 
 @triton.jit
 def _shrink_kernel(
     x_ptr, a_ptr, u_ptr, table_ptr, order_ptr,
     capacity, num_tokens, in_features, k_split, stride_x, stride_a,
-    NUM_SLICES: tl.constexpr, RANK: tl.constexpr, NUM_RB: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
+    WIDTH: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr,
     PRECISION: tl.constexpr,
 ):  # fmt: skip
     tile = tl.program_id(0).to(tl.int64)
     slot = tl.load(table_ptr + tile).to(tl.int64)
     if slot < 0:
         return
-    index = tl.program_id(1).to(tl.int64) // NUM_RB
-    r_block = tl.program_id(1).to(tl.int64) % NUM_RB
     split = tl.program_id(2).to(tl.int64)
     start = tl.load(table_ptr + capacity + tile).to(tl.int64)
     end = tl.load(table_ptr + 2 * capacity + tile).to(tl.int64)
@@ -54,12 +51,11 @@ def _shrink_kernel(
     valid = pos < end
     token = tl.load(order_ptr + pos, mask=valid, other=0).to(tl.int64)
     valid = valid & (token < num_tokens)  # a stale plan (a graph's warm-up) stays in bounds
-    r = r_block * BLOCK_R + tl.arange(0, BLOCK_R).to(tl.int64)
-    r_mask = r < RANK
-    a_rows = (slot * NUM_SLICES + index) * RANK + r
+    j = tl.program_id(1).to(tl.int64) * BLOCK_J + tl.arange(0, BLOCK_J).to(tl.int64)
+    j_mask = j < WIDTH  # j = s R + r: the slot's rows of A, every slice's, are contiguous
     k_first = split * k_split
     k_stop = tl.minimum(k_first + k_split, in_features)
-    acc = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_M, BLOCK_J), dtype=tl.float32)
     for k0 in range(0, k_split, BLOCK_K):
         k = k_first + k0 + tl.arange(0, BLOCK_K).to(tl.int64)
         k_mask = k < k_stop
@@ -69,18 +65,18 @@ def _shrink_kernel(
             other=0.0,
         ).to(tl.float32)
         a = tl.load(
-            a_ptr + a_rows[None, :] * stride_a + k[:, None],
-            mask=r_mask[None, :] & k_mask[:, None],
+            a_ptr + (slot * WIDTH + j)[None, :] * stride_a + k[:, None],
+            mask=j_mask[None, :] & k_mask[:, None],
             other=0.0,
         ).to(tl.float32)
         acc += tl.dot(x, a, input_precision=PRECISION)
-    row = (split * num_tokens + token) * NUM_SLICES + index
-    tl.store(u_ptr + row[:, None] * RANK + r[None, :], acc, mask=valid[:, None] & r_mask[None, :])
+    row = split * num_tokens + token
+    tl.store(u_ptr + row[:, None] * WIDTH + j[None, :], acc, mask=valid[:, None] & j_mask[None, :])
 
 
-def rank_block(rank: int) -> int:
-    """The rank columns one program holds (tl.dot needs >= 16; wider ranks take several)."""
-    return min(64, max(16, int(triton.next_power_of_2(rank))))
+def column_block(width: int) -> int:
+    """The columns of u one program holds (tl.dot needs >= 16; wider takes several)."""
+    return min(64, max(16, int(triton.next_power_of_2(width))))
 
 
 def lora_shrink(
@@ -97,13 +93,13 @@ def lora_shrink(
     num_tokens, in_features = x.shape
     if x.stride(1) != 1 or a_all.stride(1) != 1:
         raise ValueError("lora_shrink needs x and a_all contiguous along K")
-    block_r = rank_block(rank)
-    num_rb = triton.cdiv(rank, block_r)
+    width = num_slices * rank  # one token's u: every slice's R values
+    block_j = column_block(width)
+    num_jb = triton.cdiv(width, block_j)
     block_k = min(64, max(16, triton.next_power_of_2(in_features)))
     grid_tiles = tiles.grid_tiles(num_tokens)
     if split_k is None:
-        programs = grid_tiles * num_slices * num_rb
-        split_k = triton.cdiv(num_sms(x.device), programs)
+        split_k = triton.cdiv(num_sms(x.device), grid_tiles * num_jb)
         split_k = max(1, min(split_k, _MAX_SPLIT, triton.cdiv(in_features, 4 * block_k)))
     k_split = triton.cdiv(triton.cdiv(in_features, split_k), block_k) * block_k
     split_k = triton.cdiv(in_features, k_split)  # no split left empty
@@ -111,11 +107,10 @@ def lora_shrink(
     if num_tokens == 0:
         return u
     precision = "ieee" if x.dtype == torch.float32 else "tf32"
-    _shrink_kernel[(grid_tiles, num_slices * num_rb, split_k)](
+    _shrink_kernel[(grid_tiles, num_jb, split_k)](
         x, a_all, u, tiles.table, tiles.order,
         tiles.capacity, num_tokens, in_features, k_split, x.stride(0), a_all.stride(0),
-        NUM_SLICES=num_slices, RANK=rank, NUM_RB=num_rb,
-        BLOCK_M=tiles.tile_tokens, BLOCK_R=block_r, BLOCK_K=block_k, PRECISION=precision,
-        num_warps=4,
+        WIDTH=width, BLOCK_M=tiles.tile_tokens, BLOCK_J=block_j, BLOCK_K=block_k,
+        PRECISION=precision, num_warps=4,
     )  # fmt: skip
     return u

@@ -28,30 +28,36 @@ def test_the_plan_groups_tokens_by_slot_in_tiles() -> None:
 def _factors(
     slices: tuple[int, ...], max_loras: int, max_rank: int, in_features: int, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """a_all and b_all as the slots hold them: slot l at rank 2 + 3 l (capped), zero past it."""
+    """a_all and b_all as the slots hold them: slot l at rank max_rank - 3 l, zero past it."""
     g = torch.Generator().manual_seed(sum(slices) + max_rank)
     num_slices = len(slices)
     a_all = torch.randn(max_loras, num_slices, max_rank, in_features, generator=g)
     b_all = torch.randn(sum(slices), max_loras, max_rank, generator=g)
     for slot in range(max_loras):
-        rank = min(max_rank, 2 + 3 * slot)
+        rank = max(1, max_rank - 3 * slot)
         a_all[slot, :, rank:] = 0
         b_all[:, slot, rank:] = 0
     return a_all.view(-1, in_features).to(dtype), b_all.view(sum(slices), -1).to(dtype)
 
 
 @pytest.mark.parametrize(
-    ("slices", "num_tokens", "split_k", "dtype"),
+    ("slices", "max_rank", "num_tokens", "split_k", "dtype"),
     [
-        ((24, 8, 8), 50, 2, torch.float32),  # q/k/v, several tiles per slot, K split in two
-        ((20, 20), 37, 1, torch.bfloat16),  # gate/up, bf16 (loaded, then fp32 math)
-        ((24, 8, 8), 3, None, torch.float32),  # a decode-shaped step: a few tokens
+        ((24, 8, 8), 8, 50, 2, torch.float32),  # q/k/v, several tiles per slot, K split in two
+        ((20, 20), 8, 37, 1, torch.bfloat16),  # gate/up, bf16 (loaded, then fp32 math)
+        ((24, 8, 8), 8, 3, None, torch.float32),  # a decode-shaped step: a few tokens
+        # one wide slice (two groups of column blocks) of a rank past one block of u
+        ((600,), 80, 20, 1, torch.float32),
     ],
 )
 def test_kernels_match_the_reference(
-    slices: tuple[int, ...], num_tokens: int, split_k: int | None, dtype: torch.dtype
+    slices: tuple[int, ...],
+    max_rank: int,
+    num_tokens: int,
+    split_k: int | None,
+    dtype: torch.dtype,
 ) -> None:
-    max_loras, max_rank, in_features = 3, 8, 150
+    max_loras, in_features = 3, 150
     a_all, b_all = _factors(slices, max_loras, max_rank, in_features, dtype)
     g = torch.Generator().manual_seed(num_tokens)
     token_slots = torch.randint(-1, max_loras, (num_tokens,), generator=g)
