@@ -1,0 +1,112 @@
+"""Where an int4 batch-1 GEMV's time goes (GPU, issue 16): variants of the column-layout decode
+GEMV (kernels/quant_int4.py) on Llama-3.1-8B's linear shapes.
+
+    python -m troupe.ops.int4_gemv_anatomy
+
+32 launches of one shape (32 weights, Q4_0-style codes with a scale and bias per 32) are
+captured in a CUDA graph and replayed; printed: us per launch and the splits. Variants:
+
+    default        today's launch: 32 groups an iteration, 8 warps, 2 programs an SM, PDL
+    no-sum         the same grid with SPLIT off: each split stores its own partial as the
+                   output (a wrong result, timed only: what the last-arriving sum costs)
+    no-pdl         the default without programmatic dependent launch
+    split1         one K split (no sum), fewer programs
+    g16w4          16 groups, 4 warps, 4 programs an SM (and its no-sum)
+    g8w4           8 groups, 4 warps, 8 programs an SM
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+from troupe.kernels.arrival import gemv_grid, split_buffers
+from troupe.kernels.gemv_pdl import GDC, pdl_mode
+from troupe.kernels.quant_int4 import Int4Cols, _int4_cols_gemv_kernel
+
+SHAPES = ((4096, 4096), (6144, 4096), (4096, 14336), (28672, 4096))
+
+
+@dataclass(frozen=True)
+class Variant:
+    groups: int = 32
+    warps: int = 8
+    waves: int = 2
+    pdl: bool = True
+    merge: bool = True  # the last-arriving split sums the partials
+    splits: int | None = None  # forced K splits
+
+
+VARIANTS = {
+    "default": Variant(),
+    "no-sum": Variant(merge=False),
+    "no-pdl": Variant(pdl=False),
+    "split1": Variant(splits=1),
+    "g16w4": Variant(groups=16, warps=4, waves=4),
+    "g16w4-no-sum": Variant(groups=16, warps=4, waves=4, merge=False),
+    "g8w4": Variant(groups=8, warps=4, waves=8),
+}
+
+
+def random_int4(n: int, k: int) -> Int4Cols:
+    packed = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device="cuda")
+    scale = (torch.rand(n, k // 32, device="cuda") * 0.004 + 0.001).half()
+    return Int4Cols.from_rows(packed, scale, (-8 * scale.float()).half())
+
+
+def time_variant(ws: list[Int4Cols], x: torch.Tensor, v: Variant) -> tuple[float, int]:
+    """us per launch over the graph of len(ws) launches, and the splits used."""
+    k = x.shape[1]
+    pdl = pdl_mode(v.pdl, x.device)
+    launches = []
+    for w in ws:
+        n = w.words.shape[1]
+        chunks = triton.cdiv(k // 32, v.groups)
+        block_n, col_blocks, split, per_split = gemv_grid(
+            1, n, chunks, v.groups, 128, v.waves, x.device
+        )
+        if v.splits is not None:
+            split, per_split = v.splits, triton.cdiv(chunks, v.splits) * v.groups
+        out, part, counters = split_buffers(split, 1, n, col_blocks, x)
+        launches.append((w, out, part, counters, block_n, col_blocks, split, per_split))
+
+    def run() -> None:
+        for w, out, part, counters, block_n, col_blocks, split, per_split in launches:
+            n = w.words.shape[1]
+            _int4_cols_gemv_kernel[(col_blocks, split, 1)](
+                x, w.words, w.scale, w.bias, out, part, counters, 1, n, k, per_split, split,
+                block_n, v.groups, n % block_n == 0, False, pdl, v.merge and split > 1,
+                num_warps=v.warps, launch_pdl=pdl == GDC,
+            )  # fmt: skip
+
+    run()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run()
+    for _ in range(5):
+        graph.replay()
+    start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+    end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+    start.record()
+    for _ in range(50):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / 50 / len(ws) * 1e3, launches[0][6]
+
+
+def main() -> None:
+    for n, k in SHAPES:
+        ws = [random_int4(n, k) for _ in range(32)]
+        x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+        shown = []
+        for name, variant in VARIANTS.items():
+            us, split = time_variant(ws, x, variant)
+            shown.append(f"{name} {us:.2f} us ({split} splits)")
+        print(f"{n} x {k}: " + "; ".join(shown), flush=True)
+
+
+if __name__ == "__main__":
+    main()
