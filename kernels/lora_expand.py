@@ -5,7 +5,8 @@ One program per (tile, column group, slice): up to N_BLOCKS blocks of BLOCK_N co
 slice, for the tile's tokens (up to BLOCK_M of one slot: its B columns read once for all, and
 their rows of u once for the whole group). The grid's groups span the widest slice; a narrower
 slice's programs past its width exit, as do unused tiles. It sums the shrink's K splits as it
-reads u, adds in fp32 and rounds once to y's dtype; rows of tokens in no tile (no adapter, a
+reads u, rounds them to B's dtype for the dot on CUDA (the interpreter upcasts B instead: its
+bf16 arithmetic is wrong), adds in fp32 and rounds once to y's dtype; rows of tokens in no tile (no adapter, a
 graph's padding) are not touched.
 """
 
@@ -21,8 +22,11 @@ import triton.language as tl
 from .lora_tiles import TokenTiles
 
 # Column blocks per program: u is read (its K splits summed) once per program, then serves up
-# to 8 x 64 columns of y; a decode's few tiles still make enough programs over a wide slice
-_GROUP_BLOCKS = 8
+# to 16 x 32 columns of y; a decode's few tiles still make enough programs over a wide slice.
+# Blocks of 32 columns with 8 warps take ~70 registers a thread on sm_90 (3 programs an SM;
+# 64 columns: ~140, 1 program); ops/lora_compile_check.py builds them without a GPU
+_GROUP_BLOCKS = 16
+NUM_WARPS = 8
 
 
 @triton.jit
@@ -48,6 +52,7 @@ def _expand_kernel(
     capacity, num_tokens, num_splits, stride_y, stride_b,
     RANK: tl.constexpr, WIDTH: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     N_BLOCKS: tl.constexpr, BLOCK_R: tl.constexpr, PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
 ):  # fmt: skip
     tile = tl.program_id(0).to(tl.int64)
     slot = tl.load(table_ptr + tile).to(tl.int64)
@@ -89,8 +94,11 @@ def _expand_kernel(
                 b_ptr + cols[None, :] * stride_b + (slot * RANK + r0 + r)[:, None],
                 mask=(r0 + r < RANK)[:, None] & n_mask[None, :],
                 other=0.0,
-            ).to(tl.float32)
-            acc += tl.dot(u, b, input_precision=PRECISION)
+            )
+            if UPCAST:  # the interpreter: its bf16 arithmetic is wrong
+                acc += tl.dot(u, b.to(tl.float32), input_precision=PRECISION)
+            else:  # u rounded to B's dtype, as the masked form's GEMM takes it
+                acc += tl.dot(u.to(b.dtype), b, input_precision=PRECISION)
         dst = y_ptr + token[:, None] * stride_y + cols[None, :]
         mask = valid[:, None] & n_mask[None, :]
         y = tl.load(dst, mask=mask, other=0.0).to(tl.float32)
@@ -102,6 +110,23 @@ def slice_bounds(slices: tuple[int, ...], device: torch.device) -> torch.Tensor:
     starts = [sum(slices[:i]) for i in range(len(slices))]
     flat = [v for pair in zip(starts, slices, strict=True) for v in pair]
     return torch.tensor(flat, dtype=torch.int64, device=device).view(len(slices), 2)
+
+
+def expand_constexprs(
+    rank: int, num_slices: int, max_width: int, tile_tokens: int, dtype: torch.dtype, is_cuda: bool
+) -> dict[str, int | str | bool]:
+    """The kernel's compile-time arguments for slices of rank `rank`, the widest `max_width`."""
+    block_n = min(32, max(16, int(triton.next_power_of_2(max_width))))
+    return {
+        "RANK": rank,
+        "WIDTH": num_slices * rank,
+        "BLOCK_M": tile_tokens,
+        "BLOCK_N": block_n,
+        "N_BLOCKS": min(_GROUP_BLOCKS, triton.cdiv(max_width, block_n)),
+        "BLOCK_R": min(64, max(16, int(triton.next_power_of_2(rank)))),  # tl.dot: >= 16
+        "PRECISION": "ieee" if dtype == torch.float32 else "tf32",
+        "UPCAST": not is_cuda,  # the interpreter: its bf16 arithmetic is wrong
+    }
 
 
 def lora_expand(
@@ -119,18 +144,11 @@ def lora_expand(
         return
     if y.stride(1) != 1 or b_all.stride(1) != 1 or not u_parts.is_contiguous():
         raise ValueError("lora_expand needs y, b_all contiguous along their rows, u contiguous")
-    block_n = min(64, max(16, triton.next_power_of_2(max_width)))
-    n_blocks = min(_GROUP_BLOCKS, triton.cdiv(max_width, block_n))
-    precision = "ieee" if y.dtype == torch.float32 else "tf32"
-    grid = (
-        tiles.grid_tiles(num_tokens),
-        triton.cdiv(max_width, block_n * n_blocks),
-        num_slices,
-    )
+    consts = expand_constexprs(rank, num_slices, max_width, tiles.tile_tokens, y.dtype, y.is_cuda)
+    columns = int(consts["BLOCK_N"]) * int(consts["N_BLOCKS"])
+    grid = (tiles.grid_tiles(num_tokens), triton.cdiv(max_width, columns), num_slices)
     _expand_kernel[grid](
         y, u_parts, b_all, tiles.table, tiles.order, bounds,
         tiles.capacity, num_tokens, num_splits, y.stride(0), b_all.stride(0),
-        RANK=rank, WIDTH=num_slices * rank, BLOCK_M=tiles.tile_tokens, BLOCK_N=block_n,
-        N_BLOCKS=n_blocks, BLOCK_R=min(64, max(16, triton.next_power_of_2(rank))),
-        PRECISION=precision, num_warps=4,
+        **consts, num_warps=NUM_WARPS,
     )  # fmt: skip

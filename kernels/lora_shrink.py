@@ -12,8 +12,9 @@ are in no tile and their rows of u are never written (the expand never reads the
 
 Split K (SPLIT > 1, static from T and K) gives a decode step's few tiles enough programs to
 fill the device; the expand adds the splits up as it reads u (no atomics, no zeroing, the same
-sums every run). Loads are upcast to fp32 before the dot (the Triton interpreter's bf16
-arithmetic is wrong otherwise); offsets are int64.
+sums every run). On CUDA the dot takes the model's dtype (bf16 tensor cores, fp32 sums; an
+fp32 model's dot is exact, "ieee"); the Triton interpreter (the CPU) upcasts loads to fp32
+first, as its bf16 arithmetic is wrong. Offsets are int64.
 """
 
 # Triton kernels take untyped pointers and constexprs; @triton.jit is untyped to mypy.
@@ -38,7 +39,7 @@ def _shrink_kernel(
     x_ptr, a_ptr, u_ptr, table_ptr, order_ptr,
     capacity, num_tokens, in_features, k_split, stride_x, stride_a,
     WIDTH: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr,
-    PRECISION: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ):  # fmt: skip
     tile = tl.program_id(0).to(tl.int64)
     slot = tl.load(table_ptr + tile).to(tl.int64)
@@ -63,20 +64,36 @@ def _shrink_kernel(
             x_ptr + token[:, None] * stride_x + k[None, :],
             mask=valid[:, None] & k_mask[None, :],
             other=0.0,
-        ).to(tl.float32)
+        )
         a = tl.load(
             a_ptr + (slot * WIDTH + j)[None, :] * stride_a + k[:, None],
             mask=j_mask[None, :] & k_mask[:, None],
             other=0.0,
-        ).to(tl.float32)
+        )
+        if UPCAST:  # the interpreter: its bf16 arithmetic is wrong
+            x, a = x.to(tl.float32), a.to(tl.float32)
         acc += tl.dot(x, a, input_precision=PRECISION)
     row = split * num_tokens + token
     tl.store(u_ptr + row[:, None] * WIDTH + j[None, :], acc, mask=valid[:, None] & j_mask[None, :])
 
 
-def column_block(width: int) -> int:
-    """The columns of u one program holds (tl.dot needs >= 16; wider takes several)."""
-    return min(64, max(16, int(triton.next_power_of_2(width))))
+# 8 warps and K blocks of 32: 80 registers a thread on sm_90, 3 programs an SM (bf16, S R = 48;
+# 4 warps: 176, 2); ops/lora_compile_check.py builds them without a GPU
+NUM_WARPS = 8
+
+
+def shrink_constexprs(
+    width: int, in_features: int, tile_tokens: int, dtype: torch.dtype, is_cuda: bool
+) -> dict[str, int | str | bool]:
+    """The kernel's compile-time arguments for u rows of `width` (S R) from x [T, in_features]."""
+    return {
+        "WIDTH": width,
+        "BLOCK_M": tile_tokens,
+        "BLOCK_J": min(64, max(16, int(triton.next_power_of_2(width)))),  # tl.dot: >= 16
+        "BLOCK_K": min(32, max(16, int(triton.next_power_of_2(in_features)))),
+        "PRECISION": "ieee" if dtype == torch.float32 else "tf32",
+        "UPCAST": not is_cuda,  # the interpreter: its bf16 arithmetic is wrong
+    }
 
 
 def lora_shrink(
@@ -94,9 +111,9 @@ def lora_shrink(
     if x.stride(1) != 1 or a_all.stride(1) != 1:
         raise ValueError("lora_shrink needs x and a_all contiguous along K")
     width = num_slices * rank  # one token's u: every slice's R values
-    block_j = column_block(width)
+    consts = shrink_constexprs(width, in_features, tiles.tile_tokens, x.dtype, x.is_cuda)
+    block_j, block_k = int(consts["BLOCK_J"]), int(consts["BLOCK_K"])
     num_jb = triton.cdiv(width, block_j)
-    block_k = min(64, max(16, triton.next_power_of_2(in_features)))
     grid_tiles = tiles.grid_tiles(num_tokens)
     if split_k is None:
         split_k = triton.cdiv(num_sms(x.device), grid_tiles * num_jb)
@@ -106,11 +123,9 @@ def lora_shrink(
     u = torch.empty(split_k, num_tokens, num_slices, rank, dtype=torch.float32, device=x.device)
     if num_tokens == 0:
         return u
-    precision = "ieee" if x.dtype == torch.float32 else "tf32"
     _shrink_kernel[(grid_tiles, num_jb, split_k)](
         x, a_all, u, tiles.table, tiles.order,
         tiles.capacity, num_tokens, in_features, k_split, x.stride(0), a_all.stride(0),
-        WIDTH=width, BLOCK_M=tiles.tile_tokens, BLOCK_J=block_j, BLOCK_K=block_k,
-        PRECISION=precision, num_warps=4,
+        **consts, num_warps=NUM_WARPS,
     )  # fmt: skip
     return u
