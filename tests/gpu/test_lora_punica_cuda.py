@@ -108,7 +108,8 @@ def test_a_graph_replays_other_steps() -> None:
         torch.testing.assert_close(
             got[: len(step_x)], _formula(step_x, proj, slots), rtol=2e-2, atol=2e-2
         )
-        assert torch.equal(got[len(step_x) :], linear(x, proj.base)[len(step_x) :].float())
+        base = linear(x, proj.base)[len(step_x) :].float()  # eager: another GEMM may round
+        torch.testing.assert_close(got[len(step_x) :], base, rtol=2e-2, atol=5e-2)
 
 
 def test_engine_punica_on_cuda_with_graphs_and_overlap(
