@@ -6,8 +6,8 @@ slice, for the tile's tokens (up to BLOCK_M of one slot: its B columns read once
 their rows of u once for the whole group). The grid's groups span the widest slice; a narrower
 slice's programs past its width exit, as do unused tiles. It sums the shrink's K splits as it
 reads u, rounds them to B's dtype for the dot on CUDA (the interpreter upcasts B instead: its
-bf16 arithmetic is wrong), adds in fp32 and rounds once to y's dtype; rows of tokens in no tile (no adapter, a
-graph's padding) are not touched.
+bf16 arithmetic is wrong), adds in fp32 and rounds once to y's dtype; rows of tokens in no
+tile (no adapter, a graph's padding) are not touched.
 """
 
 # Triton kernels take untyped pointers and constexprs; @triton.jit is untyped to mypy.
