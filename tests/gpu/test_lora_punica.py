@@ -113,8 +113,8 @@ def test_engine_punica_matches_peft(
     lora_setup: tuple[Path, Any, dict[str, Any]], tmp_path: Path
 ) -> None:
     """Every prompt under two adapters and the base model at once (steps of several adapters:
-    the punica form on the CPU's reference ops): PEFT's greedy tokens, which the masked form
-    gives too (tests/gpu/test_lora_vs_peft.py)."""
+    the punica form on the CPU's reference ops): the masked form's greedy tokens, and PEFT's."""
     folder, hf_model, adapters = lora_setup
-    config = _config(folder, tmp_path, max_loras=2, lora_kernel="punica")
-    assert _run_all(config, None) == _expected(hf_model, adapters)
+    punica = _run_all(_config(folder, tmp_path, max_loras=2, lora_kernel="punica"), None)
+    masked = _run_all(_config(folder, tmp_path, max_loras=2, lora_kernel="masked"), None)
+    assert punica == masked == _expected(hf_model, adapters)
