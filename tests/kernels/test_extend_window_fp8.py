@@ -14,6 +14,7 @@ import math
 import pytest
 import torch
 from fp8_batch import fp8_batch, rel_err
+from pair_cover import pairwise
 from troupe.kernels import reference
 from troupe.kernels.extend_attention import extend_attention_triton
 from troupe.kernels.paged_batch import PADDING_BLOCK_ID, PagedBatch, fused_new_kv, make_paged_batch
@@ -58,10 +59,25 @@ def _args(batch: PagedBatch) -> tuple:
             batch.query_start_loc, 1 / math.sqrt(batch.q.shape[2]))  # fmt: skip
 
 
-@pytest.mark.parametrize("tma", [True, False], ids=["tma", "pointers"])
-@pytest.mark.parametrize("group", [1, 3])
-@pytest.mark.parametrize("window", WINDOWS)
-@pytest.mark.parametrize("case", sorted(CASES))
+# A pairwise cover (tests/pair_cover.py): every case with every window, each pair taking the
+# next (group, load) in turn, so every pair of values of any two parameters is met: 15
+# interpreter launches instead of the whole product's 60.
+_LOADS = [(1, True), (1, False), (3, True), (3, False)]
+_COVER = pairwise(
+    [
+        (case, window, *_LOADS[(c + w) % len(_LOADS)])
+        for c, case in enumerate(sorted(CASES))
+        for w, window in enumerate(WINDOWS)
+    ],
+    [sorted(CASES), WINDOWS, [1, 3], [True, False]],
+)
+
+
+@pytest.mark.parametrize(
+    ("case", "window", "group", "tma"),
+    _COVER,
+    ids=[f"{c}-{w}-{g}-{'tma' if t else 'pointers'}" for c, w, g, t in _COVER],
+)
 def test_windowed_extend_matches_reference(case: str, window: int, group: int, tma: bool) -> None:
     batch = _windowed_batch(CASES[case], window, group, seed=window * 7 + group)
     q, k_cache, v_cache, tables, seq_lens, qsl, scale = _args(batch)
