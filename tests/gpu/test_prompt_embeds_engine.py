@@ -3,7 +3,9 @@ engine on the CPU with the real default model (SmolLM2, dequantized to fp32 as t
 runs it): the token embeddings of a prompt give that prompt's greedy tokens, in small chunks
 and across preemption by recompute; random rows give transformers' own greedy tokens for
 `generate(inputs_embeds=...)`; the prefix cache shares blocks between identical rows only; and
-every block comes back."""
+every block comes back. The chunked run, the random rows and the prefix cache share one
+engine (each engine here loads and dequantizes the model; the steps of a batch cost what one
+request's do)."""
 
 from __future__ import annotations
 
@@ -76,22 +78,26 @@ def hf_greedy(hf: Any, *, ids: list[int] | None = None, embeds: torch.Tensor | N
         return out[0, len(ids) :].tolist()
 
 
-async def run_all(config: EngineConfig, inputs: list[Any]) -> tuple[list[list[int]], Any]:
-    """Every input at once; each one's tokens, and the stats once every block is back."""
+async def run_together(engine: Engine, inputs: list[Any]) -> list[list[int]]:
+    """Every input at once; each one's tokens, once every block is back."""
     results: dict[int, list[Any]] = {}
-    async with Engine.open(config) as engine:
 
-        async def one(i: int, prompt: Any) -> None:
-            results[i] = await collect(engine, prompt, PARAMS)
+    async def one(i: int, prompt: Any) -> None:
+        results[i] = await collect(engine, prompt, PARAMS)
 
-        async with anyio.create_task_group() as tg:
-            for i, prompt in enumerate(inputs):
-                tg.start_soon(one, i, prompt)
-        await wait_blocks_free(engine, timeout=60)
-        stats = engine.stats()
+    async with anyio.create_task_group() as tg:
+        for i, prompt in enumerate(inputs):
+            tg.start_soon(one, i, prompt)
+    await wait_blocks_free(engine, timeout=60)
     for events in results.values():
         assert isinstance(terminal(events), Finished), terminal(events)
-    return [token_ids(results[i]) for i in range(len(inputs))], stats
+    return [token_ids(results[i]) for i in range(len(inputs))]
+
+
+async def run_all(config: EngineConfig, inputs: list[Any]) -> tuple[list[list[int]], Any]:
+    """run_together on an engine of its own; the tokens, and the stats at the end."""
+    async with Engine.open(config) as engine:
+        return await run_together(engine, inputs), engine.stats()
 
 
 @pytest.fixture(scope="module")
@@ -102,8 +108,7 @@ def expected(hf_smollm: Any) -> list[list[int]]:
 @pytest.mark.parametrize(
     ("name", "overrides"),
     [
-        # chunks of 8 rows: a prompt's rows are cut across steps beside others' decodes
-        ("chunked", {"num_kv_blocks": 64, "max_num_batched_tokens": 8}),
+        # (chunks of 8 rows without preemption: test_chunked_rows_random_rows_and_the_prefix_cache)
         # 4 blocks for three requests that grow past two each: someone is freed and recomputed
         (
             "preempt-recompute",
@@ -132,32 +137,39 @@ def test_token_embeddings_give_the_prompts_tokens(
     assert stats.num_gpu_blocks_used == 0 and stats.num_cpu_blocks_used == 0
 
 
-def test_random_rows_match_transformers_inputs_embeds(hf_smollm: Any) -> None:
+def test_chunked_rows_random_rows_and_the_prefix_cache(
+    hf_smollm: Any, expected: list[list[int]]
+) -> None:
+    """One engine, prompts cut in chunks of 8 rows beside others' decodes. First, together:
+    each prompt's token embeddings and its ids give transformers' tokens for the ids; random
+    rows (5 and 23) give transformers' own greedy tokens for `generate(inputs_embeds=...)`, and
+    so do bf16 rows (cast to the model's fp32 by the runner). Then, one at a time: the same 40
+    rows twice, the second hitting the first's two full blocks; then other rows of the same
+    length (so the same placeholder ids), looked up while those blocks are cached, hit
+    nothing. (On the CPU freed cached blocks are reused first, so the order matters.)"""
+    embeds = [prompt_embeds_of(token_embeds(hf_smollm, p)) for p in prompts()]
     rows = [random_embeds(hf_smollm, n, seed) for seed, n in enumerate((5, 23))]
-    want = [hf_greedy(hf_smollm, embeds=r) for r in rows]
-    bf16 = rows[0].to(torch.bfloat16)  # another dtype: cast to the model's (fp32) by the runner
-    config = EngineConfig(**{**BASE, "num_kv_blocks": 64, "max_num_batched_tokens": 16})
-    got, _ = anyio.run(run_all, config, [prompt_embeds_of(r) for r in (*rows, bf16)])
-    assert got[:2] == want
-    assert got[2] == hf_greedy(hf_smollm, embeds=bf16.float())
-
-
-def test_prefix_cache_shares_identical_rows_only(hf_smollm: Any) -> None:
-    """The same 40 rows twice: the second hits the first's two full blocks; then other rows
-    of the same length (so the same placeholder ids), looked up while those blocks are cached,
-    hit nothing. (On the CPU freed cached blocks are reused first, so the order matters.)"""
+    bf16 = rows[0].to(torch.bfloat16)
+    want_rows = [hf_greedy(hf_smollm, embeds=r) for r in (*rows, bf16.float())]
     a, b = (prompt_embeds_of(random_embeds(hf_smollm, 40, seed)) for seed in (7, 8))
-    config = EngineConfig(**{**BASE, "num_kv_blocks": 64})
+    config = EngineConfig(**{**BASE, "num_kv_blocks": 64, "max_num_batched_tokens": 8})
 
-    async def main() -> list[int]:
-        cached = []
+    async def main() -> tuple[list[list[int]], list[int], Any]:
         async with Engine.open(config) as engine:
-            for prompt in (a, a, b):
-                events = await collect(engine, prompt, PARAMS)
+            inputs = [*embeds, *prompts(), *(prompt_embeds_of(r) for r in (*rows, bf16))]
+            got = await run_together(engine, inputs)
+            cached = []
+            for prompt in (a, a, b):  # one token each: the lookups are the point
+                events = await collect(engine, prompt, SamplingParams(max_tokens=1))
                 end = terminal(events)
                 assert isinstance(end, Finished) and end.usage is not None
                 cached.append(end.usage.cached_tokens)
                 await wait_blocks_free(engine, timeout=60)
-        return cached
+            return got, cached, engine.stats()
 
-    assert anyio.run(main) == [0, 32, 0]
+    got, cached, stats = anyio.run(main)
+    assert got[: len(embeds)] == expected  # the rows, as transformers runs the ids
+    assert got[len(embeds) : 2 * len(embeds)] == expected  # beside them, the ids themselves
+    assert got[2 * len(embeds) :] == want_rows
+    assert cached == [0, 32, 0]
+    assert stats.num_gpu_blocks_used == 0 and stats.num_cpu_blocks_used == 0
