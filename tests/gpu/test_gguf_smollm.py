@@ -1,25 +1,15 @@
-"""The real default model (SmolLM2-135M, Q4_1 GGUF): greedy tokens identical to transformers
-loading the same file (both dequantize to fp32)."""
+"""The real default model (SmolLM2-135M, Q4_1 GGUF) read into a runner: its config and pool
+sizes. (Its greedy tokens equal transformers' loading the same file, both dequantizing to
+fp32: tests/gpu/test_engine_smollm.py, through the runner and the whole engine.)"""
 
 from __future__ import annotations
 
-from typing import Any
-
-import pytest
 import torch
 from troupe.config import EngineConfig
 from troupe.gpu.model_runner import ModelRunner
 
-NUM_NEW = 32
-PROMPTS = [
-    [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 2, 198, 1, 4093, 198, 2683],
-    [504, 3458, 282, 4649, 314],  # "The capital of France is"-like ids
-    [28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48],
-]
 
-
-@pytest.fixture(scope="module")
-def models(hf_smollm: Any) -> tuple[object, ModelRunner]:
+def test_config_from_gguf() -> None:
     config = EngineConfig(
         device="cpu",
         dtype="auto",
@@ -29,11 +19,7 @@ def models(hf_smollm: Any) -> tuple[object, ModelRunner]:
         num_cpu_blocks=8,
         max_num_seqs=4,
     )
-    return hf_smollm, ModelRunner.from_config(config)  # model=None: the default GGUF
-
-
-def test_config_from_gguf(models) -> None:
-    _, runner = models
+    runner = ModelRunner.from_config(config)  # model=None: the default GGUF
     assert runner.device.type == "cpu" and runner.model.dtype == torch.float32
     assert (runner.num_gpu_blocks, runner.num_cpu_blocks, runner.max_model_len) == (64, 8, 512)
     c = runner.model_config
@@ -41,24 +27,3 @@ def test_config_from_gguf(models) -> None:
     assert (c.hidden_size, c.intermediate_size, c.vocab_size) == (576, 1536, 49152)
     assert c.tie_word_embeddings and c.rope_theta == 100000.0
     assert runner.eos_token_ids == (2,)
-
-
-@pytest.mark.slow
-def test_greedy_32_tokens_match_transformers(models, mt) -> None:
-    hf_model, runner = models
-    with torch.no_grad():
-        expected = [
-            hf_model.generate(
-                torch.tensor([p]),
-                attention_mask=torch.ones(1, len(p), dtype=torch.long),
-                max_new_tokens=NUM_NEW,
-                do_sample=False,
-                pad_token_id=0,
-            )[0, len(p) :].tolist()
-            for p in PROMPTS
-        ]
-    driver = mt.PlanDriver(runner, chunk=8)
-    for i, prompt in enumerate(PROMPTS):
-        driver.add(f"r{i}", prompt)
-    driver.run(NUM_NEW)
-    assert [driver.seqs[f"r{i}"].output for i in range(len(PROMPTS))] == expected
