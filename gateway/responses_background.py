@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import msgspec
@@ -58,6 +58,8 @@ class BackgroundRun:
     response_id: str
     items: bytes  # its input items' JSON, stored with each state
     assembler: OutputAssembler
+    # engine field -> the field the client wrote (ResponsesRequest.client_fields), for errors
+    client_fields: Mapping[str, str] = dataclasses.field(default_factory=dict)
     events: list[Event] = dataclasses.field(default_factory=list)
     status: Status = "queued"
     task: asyncio.Task[None] | None = None
@@ -176,7 +178,7 @@ class BackgroundRuns:
                             self._keep(run, assembler.response)
                             return
                     else:
-                        exc = error_for_event(event)
+                        exc = error_for_event(event, run.client_fields)
                         error = {"code": exc.code or "server_error", "message": exc.message}
                         run.add(assembler.fail(exc))
                         return

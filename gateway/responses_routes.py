@@ -97,7 +97,10 @@ async def _background(request: web.Request, gateway: Gateway, call: _Call) -> we
     """Start the run; answer its queued object, or (stream) follow its events."""
     events = gateway.engine.generate(call.req.prompt, call.params, request_id=call.id)
     run = BackgroundRun(
-        response_id=call.id, items=_json.encode(call.req.items), assembler=call.assembler
+        response_id=call.id,
+        items=_json.encode(call.req.items),
+        assembler=call.assembler,
+        client_fields=call.req.client_fields,
     )
     queued = gateway.background.start(run, events)
     if call.req.stream:
@@ -190,7 +193,8 @@ async def _pump_events(
             if isinstance(event, Finished):
                 _keep(gateway, call)
             return frames
-        return [_frame(e) for e in assembler.fail(error_for_event(event))]
+        error = error_for_event(event, call.req.client_fields)
+        return [_frame(e) for e in assembler.fail(error)]
 
     try:
         await pump(events, outbox, encode, first)

@@ -292,3 +292,21 @@ def test_running_ones_are_bounded_and_a_streamed_create_follows() -> None:
     finally:
         runner.release()
         srv.shutdown()
+
+
+def test_a_grammar_dead_end_fails_naming_the_clients_field(client: OpenAI) -> None:
+    """As the foreground answer's 400: the error names `text.format.schema`, not the engine's
+    `structured_outputs`, in the stored object and in the run's last event."""
+    from tests.gateway.test_grammar_dead_end_http import DEAD_SCHEMA
+
+    fmt: Any = {"type": "json_schema", "name": "x", "schema": DEAD_SCHEMA}
+    created = client.responses.create(
+        input="Say:", background=True, text={"format": fmt}, **GREEDY
+    )
+    events = list(client.responses.retrieve(created.id, stream=True))
+    done = client.responses.retrieve(created.id)
+    assert done.status == "failed" and done.error is not None
+    assert done.error.code == "grammar_dead_end"
+    assert done.error.message.startswith("invalid 'text.format.schema': "), done.error
+    last = events[-1]
+    assert last.type == "error" and last.param == "text.format.schema"
