@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 from troupe.gpu.fp8_weights import expand_fp8, read_fp8_weights
 from troupe.gpu.gguf_weights import forget_gguf_directories, iter_gguf_tensors
+from troupe.gpu.gptq_awq_format import refuse_packed_int4
 from troupe.gpu.model_config import ModelConfig, ModelLoadError
 from troupe.gpu.pp_model import PPStageModel
 from troupe.gpu.weight_fill import fill_weights
@@ -35,6 +36,7 @@ def load_stage(model: PPStageModel, path: Path, full: ModelConfig) -> None:
         finally:
             forget_gguf_directories()
         return
+    refuse_packed_int4(path, "pipeline parallelism")
     files = safetensors_files(path)
     fp8 = read_fp8_weights(files)
     tensors = _read_safetensors(files, model)

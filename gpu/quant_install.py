@@ -11,6 +11,7 @@ from torch import nn
 from troupe.gpu.cpu_q4lib import Q4Lib
 from troupe.gpu.fp8_weights import Fp8Weight, concat_fp8
 from troupe.gpu.gguf_quant import QuantBlocks, concat_rows
+from troupe.gpu.gptq_awq_unpack import PermutedInt4, shared_input_order
 from troupe.gpu.model_config import ModelLoadError
 from troupe.gpu.models import DecoderModel
 from troupe.gpu.quant_linear import QuantLinear, make_quant_linear
@@ -26,14 +27,16 @@ _FUSED = {
 
 def install_quantized(
     model: DecoderModel,
-    tensors: Iterable[tuple[str, QuantBlocks | Fp8Weight]],
+    tensors: Iterable[tuple[str, QuantBlocks | Fp8Weight | PermutedInt4]],
     q4: Q4Lib | None = None,
 ) -> set[str]:
     """Replace every parameter whose parts all come in `tensors` (HF names, read as they are
     yielded); returns the HF names used. A fused parameter with only some parts quantized, or a
     form with no packed path on the model's device, stays dense: the loader expands those.
     Each layer's parts are fused and repacked as soon as the last one arrives, so only one
-    layer's worth of file blocks is held at a time. `q4`: the native CPU 4-bit kernel, if any."""
+    layer's worth of file blocks is held at a time. `q4`: the native CPU 4-bit kernel, if any.
+    Parts of one fused parameter must share their input order (GPTQ act-order): else a
+    ModelLoadError names them."""
     used: set[str] = set()
     device = model.device
     groups: dict[str, tuple[nn.Module, str, list[str]]] = {}  # part -> its fused parameter
@@ -44,7 +47,7 @@ def install_quantized(
     tops = {"model.embed_tokens.weight": "embed_tokens"}
     if model.lm_head is not None:  # tied embeddings: embed_tokens serves both
         tops["lm_head.weight"] = "lm_head"
-    pending: dict[str, QuantBlocks | Fp8Weight] = {}
+    pending: dict[str, QuantBlocks | Fp8Weight | PermutedInt4] = {}
     # The vocabulary's int8 layer (fbgemm's prepack: ~0.4 s of CPU that releases the GIL) is
     # built in a second thread, from when the file yields it (first, in llama.cpp's order),
     # while this one reads and repacks the layers
@@ -52,7 +55,8 @@ def install_quantized(
         made: dict[str, Future[QuantLinear | None]] = {}
         for name, blocks in tensors:
             if name in tops:
-                made[name] = pool.submit(make_quant_linear, blocks, device, q4)
+                (top,), top_perm = shared_input_order([blocks], [name])
+                made[name] = pool.submit(make_quant_linear, top, device, q4, top_perm)
                 continue
             if name not in groups:
                 continue
@@ -60,12 +64,12 @@ def install_quantized(
             layer, param, names = groups[name]
             if not all(part in pending for part in names):
                 continue
-            arrived = [pending.pop(part) for part in names]
+            arrived, in_perm = shared_input_order([pending.pop(part) for part in names], names)
             try:
                 fused = concat_parts(arrived)
             except ValueError:
                 continue  # mixed forms: leave them to the dense path
-            weight = make_quant_linear(fused, device, q4)
+            weight = make_quant_linear(fused, device, q4, in_perm)
             if weight is not None:
                 replace_dense(layer, param, weight, f"tensor {names[0]!r}")
                 used.update(names)

@@ -2,7 +2,9 @@
 matmul. `linear` and `embedding` take a dense tensor or one of these, so the model calls one
 function either way.
 
-    Int4Linear   Int4Blocks (GGUF Q4_0, Q4_1, Q4_K: exact codes and per-32 scale and bias)
+    Int4Linear   Int4Blocks (GGUF Q4_0, Q4_1, Q4_K, HF GPTQ / AWQ: exact codes and per-32
+                 scale and bias; GPTQ act-order gathers the input in `in_perm`'s order first,
+                 and takes no fast path that calls the CPU kernel directly: cpu_int4 is None)
       CPU with AVX-512 VNNI or AVX2, and gcc (EngineConfig.cpu_native_kernels, the default;
            gpu/cpu_q4.py, gpu/cpu_q4dot.c), any rows, or <= NATIVE_MAX_ROWS (256) on a CPU
            with native bf16 GEMMs (cpu_q4.expands): the file's codes permuted at load into the
@@ -70,9 +72,18 @@ if TYPE_CHECKING:  # the CUDA forms: their modules import Triton, which a CPU en
 class Int4Linear:
     """A 4-bit weight [N, K]; see the module docstring."""
 
-    def __init__(self, blocks: Int4Blocks, device: torch.device, q4: Q4Lib | None = None) -> None:
+    def __init__(
+        self,
+        blocks: Int4Blocks,
+        device: torch.device,
+        q4: Q4Lib | None = None,
+        in_perm: torch.Tensor | None = None,
+    ) -> None:
         self.shape = blocks.shape
         self.device = device
+        # GPTQ act-order (gpu/gptq_awq_unpack.py): column j of `blocks` multiplies input
+        # in_perm[j], so each call gathers its input in that order first
+        self.in_perm = None if in_perm is None else in_perm.to(device)
         # CPU: one packed copy is kept (the native kernel's, else torch's); blocks() rebuilds
         # the exact form from it
         self._cpu: CpuQ4 | CpuInt4 | None = None
@@ -92,28 +103,38 @@ class Int4Linear:
 
     def device_tensors(self) -> tuple[torch.Tensor, ...]:
         """Every tensor it holds (sleep mode: gpu/sleep_parts.py)."""
+        perm = () if self.in_perm is None else (self.in_perm,)
         if self._cpu is not None:
-            return self._cpu.device_tensors()
+            return (*self._cpu.device_tensors(), *perm)
         assert self._cuda is not None
-        return (self._cuda.words, self._cuda.scale, self._cuda.bias)
+        return (self._cuda.words, self._cuda.scale, self._cuda.bias, *perm)
 
     @property
     def cpu_int4(self) -> CpuQ4 | CpuInt4 | None:
-        """The packed CPU form (gpu/cpu_decode.py calls its kernel directly), None on CUDA."""
-        return self._cpu
+        """The packed CPU form (gpu/cpu_decode.py calls its kernel directly), None on CUDA and
+        where the input is reordered first (in_perm: those callers would skip the gather)."""
+        return self._cpu if self.in_perm is None else None
 
     def blocks(self, rows: torch.Tensor | None = None) -> Int4Blocks:
-        """The weight's blocks (of `rows` only, when given)."""
+        """The weight's blocks (of `rows` only, when given), columns in in_perm's order."""
         if self._cpu is not None:
             return self._cpu.blocks(rows)
         assert self._cuda is not None
         packed, scale, bias = self._cuda.rows(rows)
         return Int4Blocks(packed, scale, bias, 32)
 
-    def dequantize(self) -> torch.Tensor:
-        return self.blocks().dequantize()
+    def dequantize(self, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """fp32 [N, K] (or the rows given), columns in the input's own order."""
+        permuted = self.blocks(rows).dequantize()
+        if self.in_perm is None:
+            return permuted
+        out = torch.empty_like(permuted)
+        out[:, self.in_perm] = permuted
+        return out
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.in_perm is not None:
+            x = x.index_select(-1, self.in_perm)
         if self._cpu is not None:
             return self._cpu(x)
         from troupe.kernels.quant_int4 import int4_cols_matmul
@@ -226,10 +247,16 @@ Projection = Union[torch.Tensor, QuantLinear, "LoraLinear"]
 
 
 def make_quant_linear(
-    blocks: QuantBlocks | Fp8Weight, device: torch.device, q4: Q4Lib | None = None
+    blocks: QuantBlocks | Fp8Weight,
+    device: torch.device,
+    q4: Q4Lib | None = None,
+    in_perm: torch.Tensor | None = None,
 ) -> QuantLinear | None:
     """The layer for `blocks` on `device`; None where it has no packed path (the loader then
-    expands the tensor to the model dtype). `q4`: the native CPU 4-bit kernel, if loaded."""
+    expands the tensor to the model dtype). `q4`: the native CPU 4-bit kernel, if loaded;
+    `in_perm`: the input order of an Int4 weight's columns (GPTQ act-order), if not its own."""
+    if in_perm is not None and not isinstance(blocks, Int4Blocks):
+        raise ValueError("an input order (in_perm) is only taken with Int4Blocks")
     if isinstance(blocks, Fp8Weight):
         if device.type != "cuda":
             return None
@@ -237,7 +264,7 @@ def make_quant_linear(
 
         return Fp8Linear(blocks, device) if Fp8Cols.fits(blocks.weight, blocks.scale) else None
     if isinstance(blocks, Int4Blocks):
-        return Int4Linear(blocks, device, q4)
+        return Int4Linear(blocks, device, q4, in_perm)
     if device.type == "cpu":
         return Int8Linear(blocks, q4)
     return None
@@ -259,4 +286,4 @@ def embedding(ids: torch.Tensor, weight: Weight, dtype: torch.dtype) -> torch.Te
         return weight.embedding(ids).to(dtype)
     if isinstance(weight, Fp8Linear):
         return weight.rows(ids).dequantize().to(dtype)
-    return weight.blocks(ids).dequantize().to(dtype)
+    return weight.dequantize(ids).to(dtype)

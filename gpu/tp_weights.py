@@ -31,6 +31,7 @@ from troupe.gpu.gemma3_layer import Gemma3Layer
 from troupe.gpu.gguf_arch import hf_name, norm_offset
 from troupe.gpu.gguf_quant import BLOCK_BYTES, Q4_0, Q4_1, Q4_K, Q6_K, Q8_0, QuantBlocks, from_gguf
 from troupe.gpu.gguf_weights import read_gguf_config, rest_is, unpermute_rotary
+from troupe.gpu.gptq_awq_format import refuse_packed_int4
 from troupe.gpu.model_config import ModelConfig, ModelLoadError
 from troupe.gpu.quant_linear import Projection
 from troupe.gpu.tp_mla import TPMlaLayer, mla_targets
@@ -215,7 +216,8 @@ class GGUFShardReader:
 
 @contextlib.contextmanager
 def open_shard_reader(path: Path) -> Iterator[ShardReader]:
-    """The reader of an HF folder or a .gguf file."""
+    """The reader of an HF folder or a .gguf file (not a GPTQ / AWQ one: refused)."""
+    refuse_packed_int4(path, "tensor_parallel_size > 1")
     with contextlib.ExitStack() as stack:
         if path.suffix == ".gguf":
             yield GGUFShardReader(path, read_gguf_config(path))

@@ -17,6 +17,8 @@ from troupe.gpu.gguf_weights import (
     iter_gguf_tensors,
     read_gguf_config,
 )
+from troupe.gpu.gptq_awq_format import read_packed_int4_format
+from troupe.gpu.gptq_awq_reader import PackedInt4Reader
 from troupe.gpu.model_config import ModelConfig, ModelLoadError
 from troupe.gpu.models import DecoderModel
 from troupe.gpu.quant_install import install_quantized
@@ -82,7 +84,8 @@ def load_model(
     """Read the config and weights of `path` into a DecoderModel on `device`.
 
     quantization="keep" keeps a GGUF file's quantized matrices as shipped, and an HF folder's
-    fp8 weights as fp8 (gpu/quant_linear.py); "dequantize" expands every tensor to `dtype`;
+    fp8 weights as fp8 and its GPTQ / AWQ 4-bit weights as int4 (gpu/quant_linear.py);
+    "dequantize" expands every tensor to `dtype`;
     "auto" keeps them where troupe's kernels for them were measured faster than the expanded
     weights: on the CPU. On CUDA the kept int4 and fp8 matmuls lose to bf16 beyond one row
     (docs/benchmarks.md, "H200 figures, 2026-12-01"), so "auto" expands there until they win.
@@ -104,6 +107,14 @@ def load_model(
         finally:
             torch.set_num_threads(threads)
             forget_gguf_directories()
+        return config, model.eval()
+    packed = read_packed_int4_format(path) if path.is_dir() else None
+    if packed is not None:  # GPTQ / AWQ (gpu/gptq_awq_format.py): kept as int4, else expanded
+        model = DecoderModel(config, dtype, device, max_positions, kernel_backend)
+        q4 = load_q4(cpu_kernels) if keep and device.type == "cpu" else None
+        with PackedInt4Reader(safetensors_files(path), packed) as reader:
+            kept = install_quantized(model, reader.modules(), q4) if keep else set()
+            fill_weights(model, reader.dense(kept), str(path))
         return config, model.eval()
     if path.is_dir():
         fp8 = read_fp8_weights(safetensors_files(path))

@@ -1,0 +1,88 @@
+"""The tensors of a GPTQ / AWQ folder in the two streams gpu/weights.load_model feeds:
+`modules()` the packed linears converted to Int4Blocks (or PermutedInt4) under HF weight names,
+for gpu/quant_install.install_quantized; `dense(kept)` everything else, with each packed linear
+not in `kept` expanded to fp32 (the "dequantize" path, and parts the installer left dense).
+
+A linear's tensors (`<prefix>.qweight`, `.qzeros`, `.scales`, GPTQ's `.g_idx`) may lie in
+different shards of a sharded folder: every shard stays open and each tensor is read when its
+linear is converted, one linear at a time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from troupe.gpu.gguf_quant import Int4Blocks
+from troupe.gpu.gptq_awq_format import PackedInt4Format
+from troupe.gpu.gptq_awq_unpack import PermutedInt4, awq_blocks, gptq_blocks
+from troupe.gpu.model_config import ModelLoadError
+
+_PARTS = (".qweight", ".qzeros", ".scales", ".g_idx")
+
+
+class PackedInt4Reader:
+    """Open shards of one GPTQ / AWQ folder (a context manager); see the module docstring."""
+
+    def __init__(self, files: list[Path], fmt: PackedInt4Format) -> None:
+        self.fmt = fmt
+        self._stack = contextlib.ExitStack()
+        self._where: dict[str, Any] = {}  # tensor name -> its shard's open handle
+        self._files = files
+
+    def __enter__(self) -> PackedInt4Reader:
+        from safetensors import SafetensorError, safe_open
+
+        for file in self._files:
+            try:
+                handle = self._stack.enter_context(safe_open(str(file), framework="pt"))
+            except SafetensorError as exc:
+                raise ModelLoadError(f"{file}: not a readable safetensors file ({exc})") from exc
+            self._where.update((name, handle) for name in handle.keys())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stack.close()
+
+    def prefixes(self) -> list[str]:
+        """Every packed linear's name prefix, in file order."""
+        return [n[: -len(".qweight")] for n in self._where if n.endswith(".qweight")]
+
+    def modules(self) -> Iterator[tuple[str, Int4Blocks | PermutedInt4]]:
+        """(`<prefix>.weight`, converted) for every packed linear, one at a time."""
+        for prefix in self.prefixes():
+            yield prefix + ".weight", self.convert(prefix)
+
+    def dense(self, kept: set[str]) -> Iterator[tuple[str, torch.Tensor]]:
+        """Every other tensor as shipped; packed linears not in `kept` (HF weight names)
+        expanded to fp32 [N, K] in the input's order."""
+        for name, handle in self._where.items():
+            if name.endswith(".qweight"):
+                weight = name[: -len(".qweight")] + ".weight"
+                if weight not in kept:
+                    yield weight, self.convert(weight[: -len(".weight")]).dequantize()
+            elif not name.endswith(_PARTS):
+                yield name, handle.get_tensor(name)
+
+    def convert(self, prefix: str) -> Int4Blocks | PermutedInt4:
+        """The linear at `prefix` in troupe's int4 form (gpu/gptq_awq_unpack.py)."""
+        qweight, qzeros, scales = (self._get(prefix + p) for p in _PARTS[:3])
+        if self.fmt.method == "awq":
+            return awq_blocks(prefix, self.fmt, qweight, qzeros, scales)
+        g_idx = self._where.get(prefix + ".g_idx")
+        groups = None if g_idx is None else g_idx.get_tensor(prefix + ".g_idx")
+        return gptq_blocks(prefix, self.fmt, qweight, qzeros, scales, groups)
+
+    def _get(self, name: str) -> torch.Tensor:
+        handle = self._where.get(name)
+        if handle is None:
+            raise ModelLoadError(f"{name}: missing; a {self.fmt.method.upper()} linear needs it")
+        tensor: torch.Tensor = handle.get_tensor(name)
+        if name.endswith((".qweight", ".qzeros")) and tensor.dtype != torch.int32:
+            raise ModelLoadError(f"{name}: dtype {tensor.dtype}, expected int32 words")
+        if tensor.dim() != 2:
+            raise ModelLoadError(f"{name}: shape {tuple(tensor.shape)}, expected 2-D")
+        return tensor
