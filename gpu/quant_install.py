@@ -55,8 +55,8 @@ def install_quantized(
         made: dict[str, Future[QuantLinear | None]] = {}
         for name, blocks in tensors:
             if name in tops:
-                (top,), top_perm = shared_input_order([blocks], [name])
-                made[name] = pool.submit(make_quant_linear, top, device, q4, top_perm)
+                (table,), table_perm = shared_input_order([blocks], [name])
+                made[name] = pool.submit(make_quant_linear, table, device, q4, table_perm)
                 continue
             if name not in groups:
                 continue
