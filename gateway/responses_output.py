@@ -7,11 +7,19 @@ that build them (one state machine for both, so a streamed answer ends as the wh
     [function_call ...]  the calls                          response.function_call_arguments.*
 
 Each item opens with response.output_item.added (a message or a reasoning item then adds its
-one content part) and ends with its `.done` events and response.output_item.done; only one is
-open at a time, so an item's output_index is the number closed before it. The content goes
-through chat's tool-call machinery: "auto" streams the text as it comes and the calls (parsed
-from the model's own format) at the end; a named function streams its arguments as written;
-"required" calls are parsed whole at the end, and a reply cut short is text, as on chat. A
+one content part) and ends with its `.done` events and response.output_item.done; an item's
+output_index is the number opened before it. The content goes through chat's tool-call
+machinery: a named function streams its arguments as written; "required" calls are parsed
+whole at the end, and a reply cut short is text, as on chat. "auto" whole: the text as it
+comes, the calls parsed from the model's own format at the end. "auto" streamed: each call as
+it is written (gateway/responses_calls.py): its item added (arguments ""), its arguments in
+`.delta` pieces; the whole-reply parse at the end settles them (as chat's stream). Until a
+call opens one item is open at a time; from then on the items open stay open (the parse may
+still add to any call's arguments, and text the model writes between or after calls joins the
+reply's one message, as in the whole answer) and all close at the end, in output_index order.
+A reply that goes wrong after a call went out (cut by max_output_tokens, or not parsing)
+closes its calls "incomplete" with the arguments sent: the response is "incomplete" (reason
+max_output_tokens) when cut, else "completed", as chat's stream ends "length" or "stop". A
 message item is made when there is content, or when there is nothing else to show.
 """
 
@@ -22,6 +30,7 @@ from typing import Any
 
 from troupe.gateway.errors import ApiError
 from troupe.gateway.reasoning import ReasoningSplitter
+from troupe.gateway.responses_calls import responses_call_stream
 from troupe.gateway.responses_objects import (
     ResponseShape,
     Status,
@@ -34,6 +43,13 @@ from troupe.gateway.responses_objects import (
 )
 from troupe.gateway.tool_auto import AutoCallStream, auto_tool_stream
 from troupe.gateway.tool_calls import ToolPlan, tool_calls
+from troupe.gateway.tool_stream import (
+    ArgumentsPiece,
+    CallOpened,
+    ContentPiece,
+    StreamedCalls,
+    StreamPiece,
+)
 from troupe.messages import Delta, Finished, FinishReason
 
 Event = dict[str, Any]
@@ -69,11 +85,16 @@ class OutputAssembler:
         self._tools = tools
         self._splitter = splitter
         self._is_streaming = is_streaming
-        self._auto: AutoCallStream | None = None
-        if tools is not None and tools.spec is None:
+        self._auto: AutoCallStream | None = None  # "auto", whole: the calls at the end
+        self._streamed: StreamedCalls | None = None  # "auto", streamed: calls as written
+        if tools is not None and tools.spec is None and is_streaming:
+            self._streamed = responses_call_stream(tools)
+        elif tools is not None and tools.spec is None:
             self._auto = auto_tool_stream(tools.tools, tools.parser)
         self._call_text: list[str] = []  # "required" and named: what the model wrote
-        self._open: _Open | None = None
+        self._open: list[_Open] = []  # in output_index order; several once a call streams
+        self._calls: dict[int, _Open] = {}  # streamed calls' items, by the call's index
+        self._is_trimming = False  # "auto" streamed: whitespace after a call is dropped
         self._events: list[Event] = []
         self._num_events = 0
         self._num_reasoning_tokens = 0
@@ -105,9 +126,7 @@ class OutputAssembler:
     def output_so_far(self) -> list[dict[str, Any]]:
         """The output items as of now: those closed, then the one being written, "in_progress"
         with its text so far (a running background response's GET)."""
-        if self._open is None:
-            return list(self.output)
-        return [*self.output, _as_item(self._open, "in_progress")]
+        return [*self.output, *(_as_item(item, "in_progress") for item in self._open)]
 
     def fail(self, error: ApiError) -> list[Event]:
         """A stream that ends in an error (the engine's, or a reader too slow): OpenAI's
@@ -130,14 +149,36 @@ class OutputAssembler:
         plan = self._tools
         if plan is None:
             self._add_text("message", text)
+        elif self._streamed is not None:
+            for piece in self._streamed.delta(text):
+                self._piece(piece)
         elif self._auto is not None:
             self._show(self._auto.delta(text))
         else:
             self._call_text.append(text)
             if plan.name is not None:  # a named function: its arguments as they are written
-                if self._open is None or self._open.kind != "function_call":
+                if not self._open or self._open[-1].kind != "function_call":
+                    self._close_all("completed")
                     self._open_call(plan.name, new_id("call"))
                 self._add_text("function_call", text)
+
+    def _piece(self, piece: StreamPiece) -> None:
+        """tool_choice "auto" streamed: what the call stream lets go out."""
+        match piece:
+            case ContentPiece(text=text):
+                if self._is_trimming:  # as the whole parse strips the text around calls
+                    text = text.lstrip()
+                    self._is_trimming = not text
+                if text:
+                    self._show(text)
+            case CallOpened(index=index, call_id=call_id, name=name):
+                if not self._calls:  # the thinking is over; a message stays open
+                    self._is_trimming = True
+                    for item in [o for o in self._open if o.kind == "reasoning"]:
+                        self._close(item, "completed")
+                self._calls[index] = self._open_call(name, call_id)
+            case ArgumentsPiece(index=index, text=text):
+                self._write(self._calls[index], text)
 
     def _show(self, text: str) -> None:
         """tool_choice "auto": content to show, its trailing whitespace held back until more
@@ -150,81 +191,107 @@ class OutputAssembler:
 
     def _finish(self, event: Finished) -> None:
         stopped = event.finish_reason == FinishReason.STOP
-        calls: list[dict[str, Any]] = []
-        if self._auto is not None:
+        last: Status = "completed" if stopped else "incomplete"  # the open items' end
+        call_end: Status | None = None  # streamed calls' end, where not `last`
+        calls: list[dict[str, Any]] = []  # whole calls, after the open items
+        plan = self._tools
+        if self._streamed is not None:
+            call_end = self._finish_streamed(self._streamed, stopped)
+        elif self._auto is not None:
             rest, calls = self._auto.finish(stopped)
             self._show(rest)
             if not calls and self._spaces:
                 self._add_text("message", self._spaces)
-        last: Status = "completed" if stopped else "incomplete"  # the open item's end
-        if self._auto is None and self._tools is not None:
+        elif plan is not None:
             text = "".join(self._call_text)
-            parsed = tool_calls(self._tools, text) if stopped else None
-            if self._tools.name is not None:  # a named function's arguments, whole or not
+            parsed = tool_calls(plan, text) if stopped else None
+            if plan.name is not None:  # a named function's arguments, whole or not
                 last = "completed" if parsed is not None else "incomplete"
             elif parsed is not None:  # "required": the calls, or (cut short) the text
                 calls = parsed
             elif text:
                 self._add_text("message", text)
-        self._close(last)
+        self._close_all(last, call_end)
         for call in calls:
             function = call["function"]
-            self._open_call(function["name"], call["id"])
-            self._add_text("function_call", function["arguments"])
-            self._close("completed")
+            item = self._open_call(function["name"], call["id"])
+            self._write(item, function["arguments"])
+            self._close(item, "completed")
         if not self.output:  # nothing said: an empty message, so there is one to read
-            self._open_item("message")
-            self._close("completed" if stopped else "incomplete")
+            self._close(self._open_item("message"), last)
         status: Status = "completed" if stopped else "incomplete"
         usage = usage_object(event.usage, self._num_reasoning_tokens)
         self.response = self.shape.body(status, self.output, usage)
         self._emit("response.completed", response=self.response)
 
+    def _finish_streamed(self, streamed: StreamedCalls, stopped: bool) -> Status:
+        """The parse's last pieces (the calls not out yet, the rest of their arguments) or,
+        no call having gone out, the held text; how the streamed calls end."""
+        end = streamed.finish(stopped)
+        for piece in end.pieces:
+            self._piece(piece)
+        if not self._calls:
+            self._show(end.text)
+            if self._spaces:
+                self._add_text("message", self._spaces)
+        return "completed" if end.is_calls else "incomplete"
+
     def _add_text(self, kind: str, text: str) -> None:
-        """Write `text` into the open item of `kind` (opened here, closing another)."""
-        if self._open is None or self._open.kind != kind:
-            self._close("completed")
-            self._open_item(kind)
-        item = self._open
-        assert item is not None
+        """Write `text` into the open item of `kind` (opened here; before a call streams, the
+        open item is closed first)."""
+        item = next((o for o in self._open if o.kind == kind), None)
+        if item is None:
+            if not self._calls:
+                self._close_all("completed")
+            item = self._open_item(kind)
+        self._write(item, text)
+
+    def _write(self, item: _Open, text: str) -> None:
         item.parts.append(text)
         where = {"item_id": item.item_id, "output_index": item.index}
-        if kind == "message":
+        if item.kind == "message":
             self._emit(
                 "response.output_text.delta", **where, content_index=0, delta=text, logprobs=[]
             )
-        elif kind == "reasoning":
+        elif item.kind == "reasoning":
             self._emit("response.reasoning_text.delta", **where, content_index=0, delta=text)
         else:
             self._emit("response.function_call_arguments.delta", **where, delta=text)
 
-    def _open_item(self, kind: str) -> None:
+    def _open_item(self, kind: str) -> _Open:
         prefix = "msg" if kind == "message" else "rs"
-        item = self._open = _Open(kind, new_id(prefix), len(self.output))
+        item = _Open(kind, new_id(prefix), len(self.output) + len(self._open))
+        self._open.append(item)
         where = {"item_id": item.item_id, "output_index": item.index, "content_index": 0}
         if kind == "message":
-            self._added(message_item(item.item_id, None, "in_progress"))
+            self._added(item, message_item(item.item_id, None, "in_progress"))
             self._emit("response.content_part.added", **where, part=output_text(""))
         else:
-            self._added(reasoning_item(item.item_id, None, "in_progress"))
+            self._added(item, reasoning_item(item.item_id, None, "in_progress"))
             part = {"type": "reasoning_text", "text": ""}
             self._emit("response.content_part.added", **where, part=part)
+        return item
 
-    def _open_call(self, name: str, call_id: str) -> None:
-        self._close("completed")
-        item = self._open = _Open("function_call", new_id("fc"), len(self.output))
-        item.call_id, item.name = call_id, name
-        self._added(function_call_item(item.item_id, call_id, name, "", "in_progress"))
+    def _open_call(self, name: str, call_id: str) -> _Open:
+        index = len(self.output) + len(self._open)
+        item = _Open("function_call", new_id("fc"), index, call_id=call_id, name=name)
+        self._open.append(item)
+        self._added(item, function_call_item(item.item_id, call_id, name, "", "in_progress"))
+        return item
 
-    def _added(self, item: dict[str, Any]) -> None:
-        assert self._open is not None
-        self._emit("response.output_item.added", output_index=self._open.index, item=item)
+    def _added(self, item: _Open, body: dict[str, Any]) -> None:
+        self._emit("response.output_item.added", output_index=item.index, item=body)
 
-    def _close(self, status: Status) -> None:
-        """End the open item (if any) with `status`; it joins the output."""
-        item, self._open = self._open, None
-        if item is None:
-            return
+    def _close_all(self, status: Status, call_status: Status | None = None) -> None:
+        """End the open items, in output_index order: `status`, or for function calls
+        `call_status` when given."""
+        for item in list(self._open):
+            is_call = item.kind == "function_call"
+            self._close(item, call_status if is_call and call_status is not None else status)
+
+    def _close(self, item: _Open, status: Status) -> None:
+        """End an open item with `status`; it joins the output."""
+        self._open.remove(item)
         text = "".join(item.parts)
         where = {"item_id": item.item_id, "output_index": item.index}
         if item.kind == "message":

@@ -300,9 +300,7 @@ def test_a_grammar_dead_end_fails_naming_the_clients_field(client: OpenAI) -> No
     from tests.gateway.test_grammar_dead_end_http import DEAD_SCHEMA
 
     fmt: Any = {"type": "json_schema", "name": "x", "schema": DEAD_SCHEMA}
-    created = client.responses.create(
-        input="Say:", background=True, text={"format": fmt}, **GREEDY
-    )
+    created = client.responses.create(input="Say:", background=True, text={"format": fmt}, **GREEDY)
     events = list(client.responses.retrieve(created.id, stream=True))
     done = client.responses.retrieve(created.id)
     assert done.status == "failed" and done.error is not None

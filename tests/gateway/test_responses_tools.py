@@ -106,17 +106,20 @@ def test_a_function_call_comes_back_as_an_item(srv: ServerThread, client: OpenAI
         )
     )
     kinds = [e.type for e in events]
-    at = kinds.index("response.function_call_arguments.delta")
-    assert kinds[at - 1 :] == [
-        "response.output_item.added",
-        "response.function_call_arguments.delta",
+    at = kinds.index("response.function_call_arguments.delta")  # the call streams as written
+    assert kinds[at - 1] == "response.output_item.added"
+    assert [k for k in kinds[at:] if k != "response.function_call_arguments.delta"] == [
+        "response.output_text.done",  # the message stays open while a call streams
+        "response.content_part.done",
+        "response.output_item.done",
         "response.function_call_arguments.done",
         "response.output_item.done",
         "response.completed",
     ]
-    assert events[at - 1].output_index == events[at + 2].output_index == 1
+    done = events[kinds.index("response.function_call_arguments.done")]
+    assert events[at - 1].output_index == done.output_index == events[-2].output_index == 1
     streamed = events[-1].response.output[1]
-    assert json.loads(events[at + 1].arguments) == json.loads(streamed.arguments)
+    assert done.arguments == streamed.arguments == call.arguments  # the whole answer's
     assert streamed.name == "get_weather" and streamed.call_id == events[at - 1].item.call_id
     assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == (
         "Let me check."
