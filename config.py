@@ -34,7 +34,7 @@ NAMED_BY_REGISTRY: dict[str, Mapping[str, object]] = {
     "scheduling_policy": QUEUE_POLICIES,
 }
 
-# "auto": quantized weights stay as shipped (GGUF blocks, fp8) and are dequantized inside the
+# "auto": quantized weights stay as shipped (GGUF, fp8, GPTQ/AWQ) and are dequantized in the
 # matmul (gpu/quant_linear.py); "dequantize": expand them to `dtype` at load.
 Quantization = Literal["auto", "keep", "dequantize"]  # gpu/weights.load_model
 # "ngram": actors/core/ngram_proposer.py; "draft_model": gpu/draft_runner.py; "eagle*", "mtp":
@@ -65,7 +65,7 @@ class EngineConfig:
     # "fp8": e4m3 KV blocks, scales per layer and KV head set from the first write
     # (kernels/kv_quant.py); half the bytes of bf16, so twice the blocks in the same memory
     kv_cache_dtype: Literal["auto", "fp8"] = "auto"
-    # GGUF (and fp8 HF) weights: "auto" keeps them as shipped and expands them inside the matmul
+    # GGUF (and HF fp8, GPTQ, AWQ) weights: "auto" keeps them as shipped, expanded in the matmul
     # (gpu/quant_linear.py); "dequantize" expands them to `dtype` at load (in fp32 on the CPU:
     # token-identical to transformers). "auto" is the default: on the CPU it loads faster,
     # decodes ~2x faster and prefills faster than "dequantize" (docs/benchmarks.md, issue 16).
