@@ -1,5 +1,6 @@
 """One request's engine events -> the Responses API's output items and, streamed, the events
-that build them (one state machine for both, so a streamed answer ends as the whole one).
+that build them (one state machine for both, so a streamed answer ends as the whole one; for
+"auto" calls, below, where they may differ).
 
     [reasoning]  the reasoning parser's thinking            response.reasoning_text.delta ...
     [message]    the content (tool_choice "auto": the text  response.output_text.delta ...
@@ -18,9 +19,11 @@ call opens one item is open at a time; from then on the items open stay open (th
 still add to any call's arguments, and text the model writes between or after calls joins the
 reply's one message, as in the whole answer) and all close at the end, in output_index order.
 A reply that goes wrong after a call went out (cut by max_output_tokens, or not parsing)
-closes its calls "incomplete" with the arguments sent: the response is "incomplete" (reason
-max_output_tokens) when cut, else "completed", as chat's stream ends "length" or "stop". A
-message item is made when there is content, or when there is nothing else to show.
+closes its calls "incomplete" with the arguments sent, and its text never becomes a message
+(whole, such a reply is its text): the response is "incomplete" (reason max_output_tokens)
+when cut, else "completed", as chat's stream ends "length" or "stop". A message whose first
+text comes after the calls (Hermes) follows them (whole, the message comes first). A message
+item is made when there is content, or when there is nothing else to show.
 """
 
 from __future__ import annotations
@@ -124,8 +127,8 @@ class OutputAssembler:
         return self._drain()
 
     def output_so_far(self) -> list[dict[str, Any]]:
-        """The output items as of now: those closed, then the one being written, "in_progress"
-        with its text so far (a running background response's GET)."""
+        """The output items as of now: those closed, then those being written, "in_progress"
+        with their text so far (a running background response's GET)."""
         return [*self.output, *(_as_item(item, "in_progress") for item in self._open)]
 
     def fail(self, error: ApiError) -> list[Event]:

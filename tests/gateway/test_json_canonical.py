@@ -48,7 +48,7 @@ def _feed_in_cuts(written: str, cuts: list[int]) -> list[str]:
     return [canonical.feed(written[:cut]) for cut in sorted({*cuts, len(written)})]
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(st.data())
 def test_any_cut_comes_out_as_json_dumps_writes_it(data: st.DataObject) -> None:
     value = data.draw(st.dictionaries(st.text(max_size=5), _VALUES, max_size=4))
