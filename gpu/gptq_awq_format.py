@@ -61,7 +61,8 @@ def refuse_packed_int4(path: Path, what: str) -> None:
     """ModelLoadError when `path` is a GPTQ / AWQ folder: `what` (a loader) cannot read it."""
     if path.is_dir() and read_packed_int4_format(path) is not None:
         raise ModelLoadError(
-            f"{path}: GPTQ/AWQ checkpoints load on one process only, not with {what}"
+            f"{path}: GPTQ/AWQ checkpoints do not load with {what} (one process, or tensor "
+            "parallelism)"
         )
 
 

@@ -47,6 +47,10 @@ class PackedInt4Reader:
     def __exit__(self, *exc: object) -> None:
         self._stack.close()
 
+    def is_packed(self, weight: str) -> bool:
+        """Whether HF weight name `weight` (`<prefix>.weight`) is a packed linear here."""
+        return weight.removesuffix(".weight") + ".qweight" in self._where
+
     def prefixes(self) -> list[str]:
         """Every packed linear's name prefix, in file order."""
         return [n[: -len(".qweight")] for n in self._where if n.endswith(".qweight")]

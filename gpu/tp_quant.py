@@ -34,13 +34,14 @@ from troupe.config import ConfigError, EngineConfig
 from troupe.gpu.cpu_q4lib import Q4Lib, Q4Options, load_q4
 from troupe.gpu.fp8_weights import Fp8Weight, scale_2d
 from troupe.gpu.gguf_quant import QuantBlocks
+from troupe.gpu.gptq_awq_unpack import PermutedInt4, shared_input_order
 from troupe.gpu.quant_install import concat_parts, replace_dense
 from troupe.gpu.quant_linear import make_quant_linear
 from troupe.gpu.tp_model import Target, TPDecoderModel
 
 log = logging.getLogger(__name__)
 
-Kept = QuantBlocks | Fp8Weight
+Kept = QuantBlocks | Fp8Weight | PermutedInt4  # the last: GPTQ act-order (gpu/tp_packed_int4.py)
 
 # a layer's fused parameter -> its HF parts in row order (gpu/quant_install.py's fusion)
 _FUSED = {
@@ -182,11 +183,12 @@ def install_kept(
             parts.append(part)
         if len(parts) != len(names):
             continue
+        plain, in_perm = shared_input_order(parts, names)
         try:
-            fused = concat_parts(parts)
+            fused = concat_parts(plain)
         except ValueError:
             continue  # mixed forms or scale blocks: the dense path expands them
-        weight = make_quant_linear(fused, device, keep.q4)
+        weight = make_quant_linear(fused, device, keep.q4, in_perm)
         if weight is not None:
             replace_dense(module, param, weight, f"tensor {names[0]!r}: the rank's slice")
             used.update(names)

@@ -9,6 +9,7 @@ GGUF          the file is memory-mapped; a row slice dequantizes only its rows, 
               unpermuted on its own
 
 fp8 (e4m3)    the codes' slice expanded with its scales, scale by scale, at any cut
+GPTQ / AWQ    each packed linear converted whole, then cut (gpu/tp_packed_int4.py)
 
 `read` gives dense slices in the model's dtype. `read_kept` gives a slice as shipped (GGUF quant
 blocks, fp8 codes with the scales they keep): gpu/tp_quant.py installs those where the config
@@ -31,12 +32,14 @@ from troupe.gpu.gemma3_layer import Gemma3Layer
 from troupe.gpu.gguf_arch import hf_name, norm_offset
 from troupe.gpu.gguf_quant import BLOCK_BYTES, Q4_0, Q4_1, Q4_K, Q6_K, Q8_0, QuantBlocks, from_gguf
 from troupe.gpu.gguf_weights import read_gguf_config, rest_is, unpermute_rotary
-from troupe.gpu.gptq_awq_format import refuse_packed_int4
+from troupe.gpu.gptq_awq_format import read_packed_int4_format
+from troupe.gpu.gptq_awq_reader import PackedInt4Reader
 from troupe.gpu.model_config import ModelConfig, ModelLoadError
 from troupe.gpu.quant_linear import Projection
 from troupe.gpu.tp_mla import TPMlaLayer, mla_targets
 from troupe.gpu.tp_model import Target, TPDecoderLayer, TPDecoderModel
 from troupe.gpu.tp_moe import TPMoeLayer, moe_targets
+from troupe.gpu.tp_packed_int4 import PackedInt4ShardReader
 from troupe.gpu.tp_quant import (
     KeepShards,
     Kept,
@@ -216,13 +219,18 @@ class GGUFShardReader:
 
 @contextlib.contextmanager
 def open_shard_reader(path: Path) -> Iterator[ShardReader]:
-    """The reader of an HF folder or a .gguf file (not a GPTQ / AWQ one: refused)."""
-    refuse_packed_int4(path, "tensor_parallel_size > 1")
+    """The reader of an HF folder (GPTQ / AWQ ones: gpu/tp_packed_int4.py) or a .gguf file."""
     with contextlib.ExitStack() as stack:
         if path.suffix == ".gguf":
             yield GGUFShardReader(path, read_gguf_config(path))
-        else:
-            yield SafetensorsShardReader(path, stack)
+            return
+        dense = SafetensorsShardReader(path, stack)
+        packed = read_packed_int4_format(path)
+        if packed is None:
+            yield dense
+            return
+        files = safetensors_files(path)
+        yield PackedInt4ShardReader(dense, stack.enter_context(PackedInt4Reader(files, packed)))
 
 
 def shard_targets(model: TPDecoderModel, reader: ShardReader) -> list[tuple[str, Target]]:

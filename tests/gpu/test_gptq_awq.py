@@ -12,7 +12,11 @@ import numpy as np
 import pytest
 import torch
 from gptq_awq_checkpoints import LINEARS, write_checkpoint
-from troupe.gpu.gptq_awq_format import PackedInt4Format, read_packed_int4_format
+from troupe.gpu.gptq_awq_format import (
+    PackedInt4Format,
+    read_packed_int4_format,
+    refuse_packed_int4,
+)
 from troupe.gpu.model_config import ModelLoadError
 from troupe.gpu.quant_linear import Int4Linear
 from troupe.gpu.weights import load_model
@@ -189,12 +193,12 @@ def test_format_read_from_config_or_legacy_file(tmp_path: Path) -> None:
     assert read_packed_int4_format(tmp_path) is None
 
 
-def test_tensor_parallel_refuses_a_gptq_folder(tmp_path: Path) -> None:
-    from troupe.gpu.tp_weights import open_shard_reader
-
+def test_pipeline_parallelism_refuses_a_gptq_folder(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps({"quantization_config": _awq(128)}))
-    with pytest.raises(ModelLoadError, match="one process"), open_shard_reader(tmp_path):
-        pass
+    with pytest.raises(ModelLoadError, match="pipeline parallelism"):
+        refuse_packed_int4(tmp_path, "pipeline parallelism")
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    refuse_packed_int4(tmp_path, "pipeline parallelism")  # not GPTQ / AWQ: no error
 
 
 @pytest.mark.gpu
@@ -215,3 +219,68 @@ def test_kept_4bit_on_cuda_matches_the_reference(case: str, tmp_path: Path, mt) 
             got = weight(rows.to(cuda, torch.float16)).float().cpu()
             r = ref[: rows.shape[0]]
             assert (got - r).abs().max() <= 2e-2 * r.abs().max(), param
+
+
+@pytest.mark.parametrize("act_order", [False, True])
+def test_tensor_parallel_ranks_keep_their_slices(act_order: bool, tmp_path: Path, mt) -> None:
+    """Two ranks read a GPTQ folder: each keeps its rows (q/k/v, gate/up, with the whole
+    input order under act-order) and its input columns (o_proj, down_proj) of the one-process
+    weights; an act-order weight is not cut by inputs: refused under "keep", expanded under
+    "auto"."""
+    from troupe.config import ConfigError
+    from troupe.gpu.model_config import ModelConfig
+    from troupe.gpu.tp_group import TPGroup
+    from troupe.gpu.tp_model import TPDecoderModel, TPShard
+    from troupe.gpu.tp_quant import KeepShards
+    from troupe.gpu.tp_weights import load_shard, open_shard_reader
+
+    hf_model = mt.make_hf_model("llama", **SHAPE)
+    qc = _gptq(32, sym=False, desc_act=act_order)
+    write_checkpoint(tmp_path, hf_model, qc, _perms(4, 128, 256) if act_order else None)
+    _, whole = load_model(tmp_path, torch.float32, CPU, 64, quantization="keep")
+    full = ModelConfig.from_hf_folder(tmp_path)
+    hd, inter = full.head_dim, full.intermediate_size // 2
+    w = {
+        name: getattr(whole.layers[0], name).dequantize()
+        for name in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+    }
+    for rank in range(2):
+        model = TPDecoderModel(
+            TPShard(rank=rank, size=2, full=full),
+            TPGroup(rank=rank, world_size=2, device=CPU),
+            torch.float32,
+            CPU,
+            64,
+        )
+        with open_shard_reader(tmp_path) as reader:
+            if act_order:
+                with pytest.raises(ConfigError, match=r"o_proj.*columns.*act-order"):
+                    load_shard(model, reader, "gptq", KeepShards(strict=True))
+                model = TPDecoderModel(
+                    TPShard(rank=rank, size=2, full=full),
+                    TPGroup(rank=rank, world_size=2, device=CPU),
+                    torch.float32,
+                    CPU,
+                    64,
+                )
+            load_shard(model, reader, "gptq", KeepShards(strict=False))
+        layer = model.layers[0]
+        q, i = slice(rank * 2 * hd, (rank + 1) * 2 * hd), slice(rank * inter, (rank + 1) * inter)
+        nq, nk = full.num_heads * hd, full.num_kv_heads * hd
+        k, v = (
+            slice(nq + rank * hd, nq + (rank + 1) * hd),
+            slice(nq + nk + rank * hd, nq + nk + (rank + 1) * hd),
+        )
+        want = {
+            "qkv_proj": torch.cat((w["qkv_proj"][q], w["qkv_proj"][k], w["qkv_proj"][v])),
+            "gate_up_proj": torch.cat((w["gate_up_proj"][i], w["gate_up_proj"][256:][i])),
+            "o_proj": w["o_proj"][:, q],
+            "down_proj": w["down_proj"][:, i],
+        }
+        for name, rows in want.items():
+            weight = getattr(layer, name)
+            row_cut = name in ("o_proj", "down_proj")
+            assert isinstance(weight, torch.Tensor if act_order and row_cut else Int4Linear), name
+            got = weight if isinstance(weight, torch.Tensor) else weight.dequantize()
+            assert torch.equal(got, rows), (rank, name)
+        assert (layer.qkv_proj.in_perm is not None) == act_order

@@ -1,0 +1,87 @@
+"""GPTQ / AWQ folders under tensor parallelism: each rank converts a packed linear whole
+(gpu/gptq_awq_unpack.py) and keeps its slice, as gpu/tp_quant.py keeps GGUF blocks.
+
+    column-parallel  q/k/v, gate/up (lm_head): the rank's output rows; an act-order input
+                     order (in_perm) is the whole input's, so it goes with every rank's rows
+    row-parallel     o_proj, down_proj: the rank's input columns on a 32-column group edge;
+                     an act-order weight cannot be cut by inputs (its groups of 32 mix
+                     inputs of every rank): refused under quantization "keep", expanded
+                     under "auto" (one log line)
+
+Every other tensor, and the dense reads, go through the folder's plain reader.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+import torch
+from troupe.config import ConfigError
+from troupe.gpu.gguf_quant import Int4Blocks
+from troupe.gpu.gptq_awq_format import GROUP
+from troupe.gpu.gptq_awq_reader import PackedInt4Reader
+from troupe.gpu.gptq_awq_unpack import PermutedInt4
+from troupe.gpu.tp_quant import Kept, on_block_edge
+
+if TYPE_CHECKING:
+    from troupe.gpu.tp_weights import ShardReader
+
+log = logging.getLogger(__name__)
+
+
+class PackedInt4ShardReader:
+    """A ShardReader (gpu/tp_weights.py) over a GPTQ / AWQ folder; see the module docstring."""
+
+    def __init__(self, dense: ShardReader, packed: PackedInt4Reader) -> None:
+        self._dense, self._packed = dense, packed
+        self._last: tuple[str, Int4Blocks | PermutedInt4] | None = None  # read after read_kept
+
+    def has(self, name: str) -> bool:
+        return self._packed.is_packed(name) or self._dense.has(name)
+
+    def read(self, name: str, dim: int | None, start: int, stop: int) -> torch.Tensor:
+        if not self._packed.is_packed(name):
+            return self._dense.read(name, dim, start, stop)
+        weight = self._convert(name).dequantize()
+        if dim is None:
+            return weight
+        return weight[start:stop] if dim == 0 else weight[:, start:stop]
+
+    def read_kept(
+        self, name: str, dim: int | None, start: int, stop: int, strict: bool
+    ) -> Kept | None:
+        if not self._packed.is_packed(name):
+            return self._dense.read_kept(name, dim, start, stop, strict)
+        whole = self._convert(name)
+        if dim is None:
+            return whole
+        if dim == 0:
+            rows = torch.arange(start, stop)
+            if isinstance(whole, PermutedInt4):
+                return PermutedInt4(whole.blocks.rows(rows), whole.in_perm)
+            return whole.rows(rows)
+        if isinstance(whole, PermutedInt4):
+            message = (
+                f"quantization: tensor {name!r} is cut at columns [{start}, {stop}) for its "
+                "tensor-parallel rank, but its GPTQ act-order (desc_act) groups mix the inputs "
+                "of every rank"
+            )
+            if strict:
+                raise ConfigError(f"{message} (quantization='auto' expands this one tensor)")
+            log.info("%s: expanded to the model dtype", message)
+            return None
+        if not on_block_edge(name, 1, start, stop, whole.shape[1], GROUP, "int4 group", strict):
+            return None
+        first, last = start // GROUP, -(-stop // GROUP)
+        return Int4Blocks(
+            whole.packed[:, start // 2 : stop // 2].contiguous(),
+            whole.scale[:, first:last].contiguous(),
+            whole.bias[:, first:last].contiguous(),
+            GROUP,
+        )
+
+    def _convert(self, name: str) -> Int4Blocks | PermutedInt4:
+        if self._last is None or self._last[0] != name:
+            self._last = (name, self._packed.convert(name.removesuffix(".weight")))
+        return self._last[1]
