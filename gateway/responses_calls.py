@@ -8,17 +8,18 @@ whole-reply parse writes them (gateway/json_canonical.py), so that a function_ca
     deltas    '{"city": '  '"Par'  'is"'  '}'          arguments '{"city": "Paris"}'
 
 Chat streams the arguments as the model wrote them (its chunks have no whole to agree with);
-here they must equal the item's, and the whole parse re-serializes a JSON format's arguments
-(json.dumps); pythonic and qwen3_coder readers already answer that text, which the
-re-writing leaves as it is. Where the two could still differ (Hermes arguments written as a
-JSON string, which the parse keeps as written; a key written twice) the item's arguments are
-the pieces put together, the same JSON value.
+here they must equal the item's, and the whole parse re-serializes the arguments of hermes,
+llama3_json and mistral (json.dumps), so theirs are re-written; pythonic and qwen3_coder
+readers already answer json.dumps text, and deepseek_v3's parse keeps them as written. Where
+the two could still differ (Hermes arguments written as a JSON string, which the parse keeps
+as written; a key written twice; deepseek_v3 whitespace after the object inside its fence) the
+item's arguments are the pieces put together, the same JSON value.
 """
 
 from __future__ import annotations
 
 from troupe.gateway.json_canonical import CanonicalJson
-from troupe.gateway.tool_auto import auto_call_reader, auto_tool_stream
+from troupe.gateway.tool_auto import ToolParserName, auto_call_reader, auto_tool_stream
 from troupe.gateway.tool_calls import ToolPlan
 from troupe.gateway.tool_reader import CallReader, CallSoFar, SectionSoFar
 from troupe.gateway.tool_stream import StreamedCalls
@@ -52,7 +53,14 @@ class CanonicalReader:
         return SectionSoFar(tuple(calls), section.content)
 
 
+# the formats whose whole parse re-serializes JSON arguments the model wrote; deepseek_v3's
+# passes them on as written (as vLLM's), pythonic and qwen3_coder readers answer json.dumps text
+_RESERIALIZED: frozenset[ToolParserName] = frozenset({"hermes", "llama3_json", "mistral"})
+
+
 def responses_call_stream(plan: ToolPlan) -> StreamedCalls:
     """The streamed reader of a tool_choice "auto" answer under `plan`."""
-    reader = CanonicalReader(auto_call_reader(plan.tools, plan.parser))
+    reader = auto_call_reader(plan.tools, plan.parser)
+    if plan.parser in _RESERIALIZED:
+        reader = CanonicalReader(reader)
     return StreamedCalls(auto_tool_stream(plan.tools, plan.parser), reader, plan.names)

@@ -6,13 +6,21 @@ final items are the whole answer's), and a running response's output so far (eve
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from troupe.gateway.reasoning import ReasoningSplitter
 from troupe.gateway.responses_objects import ResponseShape
 from troupe.gateway.responses_output import OutputAssembler
+from troupe.gateway.tool_auto import TOOL_PARSERS
 from troupe.gateway.tool_calls import ToolPlan
 from troupe.messages import Delta, Finished, FinishReason, Timings, Usage
+
+from tests.gateway.test_tool_stream import TOOLS as STREAM_TOOLS
+from tests.gateway.test_tool_stream import replies
 
 TOOLS = ({"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}},)
 PLAN = ToolPlan(spec=None, tools=TOOLS, parser="hermes")
@@ -24,20 +32,19 @@ def _assembler(is_streaming: bool, splitter: ReasoningSplitter | None = None) ->
     return OutputAssembler(shape, PLAN, splitter, is_streaming=is_streaming)
 
 
+def _finished(reason: FinishReason = FinishReason.STOP) -> Finished:
+    usage = Usage(prompt_tokens=1, completion_tokens=1)
+    timings = Timings(ttft=None, tpot=None, e2e=0.0)
+    return Finished(
+        request_id="r", text="", token_ids=(), finish_reason=reason, usage=usage, timings=timings
+    )
+
+
 def _feed(assembler: OutputAssembler, reply: str, step: int = 3) -> list[dict[str, Any]]:
     events = assembler.start()
     for at in range(0, len(reply), step):
         events += assembler.feed(Delta(request_id="r", text=reply[at : at + step], token_ids=(1,)))
-    usage = Usage(prompt_tokens=1, completion_tokens=1)
-    end = Finished(
-        request_id="r",
-        text="",
-        token_ids=(),
-        finish_reason=FinishReason.STOP,
-        usage=usage,
-        timings=Timings(ttft=None, tpot=None, e2e=0.0),
-    )
-    return events + assembler.feed(end)
+    return events + assembler.feed(_finished())
 
 
 def _shape(output: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
@@ -101,3 +108,69 @@ def test_output_so_far_while_calls_stream() -> None:
         ("function_call", "in_progress"),
     ]
     assert now[1]["arguments"] == '{"n": 1}' and now[2]["arguments"] == '{"'
+
+
+def _call_events(events: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """Each function_call item's deltas put together, its `.done` arguments and done item."""
+    calls: dict[int, dict[str, Any]] = {}
+    for e in events:
+        if e["type"] == "response.output_item.added" and e["item"]["type"] == "function_call":
+            calls[e["output_index"]] = {"deltas": ""}
+        elif e["type"] == "response.function_call_arguments.delta":
+            calls[e["output_index"]]["deltas"] += e["delta"]
+        elif e["type"] == "response.function_call_arguments.done":
+            calls[e["output_index"]]["arguments"] = e["arguments"]
+        elif e["type"] == "response.output_item.done" and e["item"]["type"] == "function_call":
+            calls[e["output_index"]]["item"] = e["item"]
+    return calls
+
+
+def _canonical(arguments: str) -> bool:
+    try:
+        return json.dumps(json.loads(arguments), ensure_ascii=False) == arguments
+    except ValueError:
+        return False
+
+
+@pytest.mark.parametrize("parser", TOOL_PARSERS)
+@settings(max_examples=20, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_every_format_streams_to_the_whole_answer(parser: str, data: st.DataObject) -> None:
+    """Replies in each format (tests/gateway/test_tool_stream.py's, broken or cut at times),
+    in any deltas: each call's pieces put together are its `.done` and final arguments; where
+    the whole answer has calls, the streamed one has them with the same names and arguments,
+    to the byte (Hermes arguments written as a JSON string: the same JSON), and the same text."""
+    _, deltas, stopped = data.draw(replies(parser))
+    plan = ToolPlan(spec=None, tools=tuple(STREAM_TOOLS), parser=parser)  # type: ignore[arg-type]
+    outs = []
+    for is_streaming in (True, False):
+        assembler = OutputAssembler(
+            ResponseShape("r", "m", {}), plan, None, is_streaming=is_streaming
+        )
+        events = assembler.start()
+        for delta in deltas:
+            events += assembler.feed(Delta(request_id="r", text=delta, token_ids=(1,)))
+        reason = FinishReason.STOP if stopped else FinishReason.LENGTH
+        events += assembler.feed(_finished(reason))
+        assert assembler.response is not None
+        outs.append((events, assembler.response["output"]))
+    (events, streamed), (_, whole) = outs
+    calls = _call_events(events)
+    for index, call in calls.items():
+        assert call["deltas"] == call["arguments"] == call["item"]["arguments"]
+        assert streamed[index]["arguments"] == call["arguments"]
+    whole_calls = [i for i in whole if i["type"] == "function_call"]
+    streamed_calls = [i for i in streamed if i["type"] == "function_call"]
+    if whole_calls:
+        assert [c["name"] for c in streamed_calls] == [c["name"] for c in whole_calls]
+        for got, want in zip(streamed_calls, whole_calls, strict=True):
+            if parser == "hermes" and not _canonical(want["arguments"]):
+                assert json.loads(got["arguments"]) == json.loads(want["arguments"])
+            else:
+                assert got["arguments"] == want["arguments"]
+        texts = [_shape([i]) for i in streamed if i["type"] == "message"]
+        assert texts == [_shape([i]) for i in whole if i["type"] == "message"]
+    elif not streamed_calls:  # no call went out: the text, as whole
+        assert _shape(streamed) == _shape(whole)
+    else:  # a call went out, the reply then went wrong: it ends "incomplete"
+        assert {c["status"] for c in streamed_calls} == {"incomplete"}
