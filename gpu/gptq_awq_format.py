@@ -57,15 +57,6 @@ def read_packed_int4_format(folder: Path) -> PackedInt4Format | None:
     return None
 
 
-def refuse_packed_int4(path: Path, what: str) -> None:
-    """ModelLoadError when `path` is a GPTQ / AWQ folder: `what` (a loader) cannot read it."""
-    if path.is_dir() and read_packed_int4_format(path) is not None:
-        raise ModelLoadError(
-            f"{path}: GPTQ/AWQ checkpoints do not load with {what} (one process, or tensor "
-            "parallelism)"
-        )
-
-
 def _quantization_config(folder: Path) -> tuple[str, dict[str, Any] | None]:
     config_file = folder / "config.json"
     qc = _read(config_file).get("quantization_config")

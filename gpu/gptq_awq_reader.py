@@ -11,7 +11,7 @@ linear is converted, one linear at a time.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -60,15 +60,18 @@ class PackedInt4Reader:
         for prefix in self.prefixes():
             yield prefix + ".weight", self.convert(prefix)
 
-    def dense(self, kept: set[str]) -> Iterator[tuple[str, torch.Tensor]]:
+    def dense(
+        self, kept: set[str], wanted: Callable[[str], bool] | None = None
+    ) -> Iterator[tuple[str, torch.Tensor]]:
         """Every other tensor as shipped; packed linears not in `kept` (HF weight names)
-        expanded to fp32 [N, K] in the input's order."""
+        expanded to fp32 [N, K] in the input's order. `wanted`: which HF names to read at all
+        (a pipeline stage's own), default every one."""
         for name, handle in self._where.items():
             if name.endswith(".qweight"):
                 weight = name[: -len(".qweight")] + ".weight"
-                if weight not in kept:
+                if weight not in kept and (wanted is None or wanted(weight)):
                     yield weight, self.convert(weight[: -len(".weight")]).dequantize()
-            elif not name.endswith(_PARTS):
+            elif not name.endswith(_PARTS) and (wanted is None or wanted(name)):
                 yield name, handle.get_tensor(name)
 
     def convert(self, prefix: str) -> Int4Blocks | PermutedInt4:

@@ -12,11 +12,7 @@ import numpy as np
 import pytest
 import torch
 from gptq_awq_checkpoints import LINEARS, write_checkpoint
-from troupe.gpu.gptq_awq_format import (
-    PackedInt4Format,
-    read_packed_int4_format,
-    refuse_packed_int4,
-)
+from troupe.gpu.gptq_awq_format import PackedInt4Format, read_packed_int4_format
 from troupe.gpu.model_config import ModelLoadError
 from troupe.gpu.quant_linear import Int4Linear
 from troupe.gpu.weights import load_model
@@ -193,12 +189,22 @@ def test_format_read_from_config_or_legacy_file(tmp_path: Path) -> None:
     assert read_packed_int4_format(tmp_path) is None
 
 
-def test_pipeline_parallelism_refuses_a_gptq_folder(tmp_path: Path) -> None:
-    (tmp_path / "config.json").write_text(json.dumps({"quantization_config": _awq(128)}))
-    with pytest.raises(ModelLoadError, match="pipeline parallelism"):
-        refuse_packed_int4(tmp_path, "pipeline parallelism")
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
-    refuse_packed_int4(tmp_path, "pipeline parallelism")  # not GPTQ / AWQ: no error
+def test_a_pipeline_stage_expands_its_own_layers(tmp_path: Path, mt) -> None:
+    """Stage 1 of 2 reads only layer 1 (renumbered 0) and the head, expanded to fp32."""
+    from troupe.gpu.model_config import ModelConfig
+    from troupe.gpu.pp_model import PPStageModel
+    from troupe.gpu.pp_stage import PPStage
+    from troupe.gpu.pp_weights import load_stage
+    from troupe.gpu.tp_group import TPGroup
+
+    hf_model = mt.make_hf_model("llama", **{**SHAPE, "num_hidden_layers": 2})
+    reference = write_checkpoint(tmp_path, hf_model, _gptq(64, desc_act=True), _perms(5, 128, 256))
+    full = ModelConfig.from_hf_folder(tmp_path)
+    group = TPGroup(rank=1, world_size=2, device=CPU)
+    stage = PPStageModel(PPStage.of(full, 1, 2, None), full, group, torch.float32, CPU, 64)
+    load_stage(stage, tmp_path, full)
+    for param, want in _fused_reference(reference, 1).items():
+        assert torch.equal(getattr(stage.layers[0], param), want), param
 
 
 @pytest.mark.gpu
