@@ -1,6 +1,10 @@
 """GPTQ and AWQ checkpoints (gpu/gptq_awq_*.py) kept 4-bit: the loaded weights expand to the
-reference dequantization of the on-disk format bit for bit, greedy tokens and logits follow HF
-transformers running that reference in fp32, and variants troupe cannot read are refused."""
+reference dequantization of the on-disk format bit for bit (tests/gptq_awq_checkpoints.py, v1
+and v2 zeros, sym and asym, groups of 32, 128 and per channel, act-order), greedy tokens and
+logits follow HF transformers running that reference in fp32, fp16 factors round only the
+bias, fused parts with different act-orders and variants troupe cannot read are refused, and
+tensor-parallel ranks and pipeline stages take their slices (gpu/tp_packed_int4.py,
+gpu/pp_weights.py)."""
 
 from __future__ import annotations
 
