@@ -133,7 +133,7 @@ def _canonical(arguments: str) -> bool:
 
 
 @pytest.mark.parametrize("parser", TOOL_PARSERS)
-@settings(max_examples=20, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=12, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck))
 @given(data=st.data())
 def test_every_format_streams_to_the_whole_answer(parser: str, data: st.DataObject) -> None:
     """Replies in each format (tests/gateway/test_tool_stream.py's, broken or cut at times),
