@@ -11,9 +11,10 @@ template's `tools` variable, and each call comes back as
 Text outside the tags is the message's content. A reply whose blocks do not all parse (bad
 JSON, an unknown tool, a tag left open because max_tokens cut it) is plain text, as vLLM's
 Hermes parser answers. `AutoToolStream` streams content as it comes, holding back from the
-first `<tool_call>` (and any tail that could be its beginning), and the calls at the end (the
-Responses API's items); chat streams each call as it is written (`HermesReader`, read by
-gateway/tool_stream.py): the name once its string closes, then the arguments' JSON as written.
+first `<tool_call>` (and any tail that could be its beginning), and the calls at the end (a
+non-streamed Responses answer's items); streamed chat and Responses answers send each call as
+it is written (`HermesReader`, read by gateway/tool_stream.py and gateway/responses_calls.py):
+the name once its string closes, then the arguments' JSON as written.
 
 `--tool-call-parser` (vLLM's flag) picks the format whatever the template: `hermes`,
 `llama3_json` (Llama 3.x's bare JSON calls, gateway/tool_llama3.py), or one of the formats
