@@ -32,10 +32,8 @@ import torch.nn.functional as F
 from troupe.config import LoraKernel
 from troupe.gpu.device_inputs import host_to_device
 from troupe.gpu.quant_linear import Projection, QuantLinear, linear
-from troupe.kernels.lora_expand import lora_expand, slice_bounds
 from troupe.kernels.lora_reference import lora_expand_reference, lora_shrink_reference
-from troupe.kernels.lora_shrink import lora_shrink
-from troupe.kernels.lora_tiles import TokenTiles
+from troupe.kernels.lora_tiles import TokenTiles, slice_bounds
 
 
 class LoraSlots:
@@ -179,6 +177,10 @@ class LoraLinear:
             u = lora_shrink_reference(x, self.a_all, slots.token_slots, num_slices, slots.max_rank)
             lora_expand_reference(out, u, self.b_all, slots.token_slots, self.slices)
             return out
+        # Triton only here: a CPU engine never imports it (tests/test_cpu_imports.py)
+        from troupe.kernels.lora_expand import lora_expand
+        from troupe.kernels.lora_shrink import lora_shrink
+
         u_parts = lora_shrink(x, self.a_all, slots.tiles, num_slices, slots.max_rank)
         lora_expand(out, u_parts, self.b_all, slots.tiles, self._bounds_table, max(self.slices))
         return out

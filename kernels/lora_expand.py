@@ -105,13 +105,6 @@ def _expand_kernel(
         tl.store(dst, (y + acc).to(y_ptr.dtype.element_ty), mask=mask)
 
 
-def slice_bounds(slices: tuple[int, ...], device: torch.device) -> torch.Tensor:
-    """The expand's per-slice (first column, width) table [S, 2] int64 for `slices`' widths."""
-    starts = [sum(slices[:i]) for i in range(len(slices))]
-    flat = [v for pair in zip(starts, slices, strict=True) for v in pair]
-    return torch.tensor(flat, dtype=torch.int64, device=device).view(len(slices), 2)
-
-
 def expand_constexprs(
     rank: int, num_slices: int, max_width: int, tile_tokens: int, dtype: torch.dtype, is_cuda: bool
 ) -> dict[str, int | str | bool]:
@@ -138,7 +131,7 @@ def lora_expand(
     max_width: int,
 ) -> None:
     """y [T, N] += the tiles' tokens' u B^T, in place; u_parts [SPLIT, T, S, R] fp32 (the
-    shrink's), b_all [N, L x R], bounds from slice_bounds, max_width the widest slice."""
+    shrink's), b_all [N, L x R], bounds from lora_tiles.slice_bounds, max_width the widest slice."""
     num_splits, num_tokens, num_slices, rank = u_parts.shape
     if num_tokens == 0:
         return

@@ -101,3 +101,10 @@ class TokenTiles:
         if self.buffer.is_cuda:  # pinned: an async copy (a pageable one waits for the stream)
             staged = staged.pin_memory()
         self.buffer[: len(host)].copy_(staged, non_blocking=True)
+
+
+def slice_bounds(slices: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """The expand's per-slice (first column, width) table [S, 2] int64 for `slices`' widths."""
+    starts = [sum(slices[:i]) for i in range(len(slices))]
+    flat = [v for pair in zip(starts, slices, strict=True) for v in pair]
+    return torch.tensor(flat, dtype=torch.int64, device=device).view(len(slices), 2)

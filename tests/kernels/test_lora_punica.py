@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from troupe.kernels.lora_expand import lora_expand, slice_bounds
+from troupe.kernels.lora_expand import lora_expand
 from troupe.kernels.lora_reference import lora_expand_reference, lora_shrink_reference
 from troupe.kernels.lora_shrink import lora_shrink
-from troupe.kernels.lora_tiles import TokenTiles, num_tiles, plan_tiles
+from troupe.kernels.lora_tiles import TokenTiles, num_tiles, plan_tiles, slice_bounds
 
 CPU = torch.device("cpu")
 
