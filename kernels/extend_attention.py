@@ -42,8 +42,10 @@ _LOG2E = 1.4426950408889634
 
 @dataclasses.dataclass(frozen=True)
 class ExtendConfig:
-    """Launch parameters on the GPU: the best of artifacts' sweep at 4 x 2,048 (H200, session
-    33: 64 rows / 64 keys / 4 warps / 3 stages 420 TFLOP/s, 128 / 64 / 4 / 2 418)."""
+    """Launch parameters on the GPU: the best eager launch of ops/extend_sweep.py at 4 x 2,048
+    (H200, session 36: 348 TFLOP/s eager, 328 graph; 128 / 64 / 4 / 2 gives 341 / 343 and wins
+    1-7% on other shapes but spills at 255 registers). Session 33's probe of the new keys alone
+    reached 420 with this launch."""
 
     block_m: int = 64  # rows: BLOCK_Q tokens x BLOCK_G heads
     block_n: int = 64
