@@ -17,6 +17,7 @@ from troupe.gpu.sleep_mode import ModelSleeper
 from troupe.messages import SamplingParams, StepPlan
 
 from tests.gpu.conftest import PlanDriver
+from tests.gpu.tiny_gguf import tiny_llama_gguf
 
 PROMPT = [(7 * j + 3) % 256 for j in range(13)]
 NUM_TOKENS = 6
@@ -64,44 +65,7 @@ def held_bytes(runner: ModelRunner) -> dict[str, int]:
 
 def q4_gguf(path: Path) -> Path:
     """A tiny llama GGUF whose matrices are Q4_0 (kept 4-bit: gpu/quant_linear.Int4Linear)."""
-    import gguf
-
-    writer = gguf.GGUFWriter(str(path), "llama")
-    for key, value in {
-        "context_length": 128,
-        "embedding_length": 64,
-        "block_count": 2,
-        "feed_forward_length": 128,
-        "attention.head_count": 4,
-        "attention.head_count_kv": 2,
-        "vocab_size": 256,
-    }.items():
-        writer.add_uint32(f"llama.{key}", value)
-    gen = np.random.default_rng(0)
-    shapes = {"token_embd.weight": (256, 64), "output_norm.weight": (64,)}
-    for i in range(2):
-        shapes |= {f"blk.{i}.{n}.weight": (64,) for n in ("attn_norm", "ffn_norm")}
-        shapes |= {
-            f"blk.{i}.attn_q.weight": (64, 64),
-            f"blk.{i}.attn_k.weight": (32, 64),
-            f"blk.{i}.attn_v.weight": (32, 64),
-            f"blk.{i}.attn_output.weight": (64, 64),
-            f"blk.{i}.ffn_gate.weight": (128, 64),
-            f"blk.{i}.ffn_up.weight": (128, 64),
-            f"blk.{i}.ffn_down.weight": (64, 128),
-        }
-    for name, shape in shapes.items():
-        data = gen.standard_normal(shape).astype(np.float32) * 0.3
-        if len(shape) == 1:
-            writer.add_tensor(name, 1 + data)
-        else:
-            q4 = gguf.quants.quantize(data, gguf.GGMLQuantizationType.Q4_0)
-            writer.add_tensor(name, q4, raw_dtype=gguf.GGMLQuantizationType.Q4_0)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
+    return tiny_llama_gguf(path, "Q4_0", intermediate_size=128, scale=0.3)
 
 
 class GreedyRuns:

@@ -31,6 +31,7 @@ from troupe.gpu.weights import load_model
 from troupe.messages import Finished, SamplingParams
 
 from tests.gpu.test_fp8_weights import fp8_folder
+from tests.gpu.tiny_gguf import tiny_llama_gguf
 
 CPU = torch.device("cpu")
 PROMPTS = [[1, 504, 3458, 314, 253, 1345, 28], [4541, 42, 9, 337, 1064], [16, 17, 18, 19]]
@@ -185,55 +186,12 @@ def test_fp8_checkpoint_at_two_ranks(tmp_path: Path) -> None:
     )
 
 
-def _tiny_llama_gguf(path: Path) -> Path:
-    """A tiny llama GGUF whose matrices are all Q8_0 and intermediate_size 96: at two ranks
-    down_proj is cut at column 48, inside a 32-column block."""
-    import gguf
-    import numpy as np
-
-    writer = gguf.GGUFWriter(str(path), "llama")
-    for key, value in {
-        "context_length": 128,
-        "embedding_length": 64,
-        "block_count": 2,
-        "feed_forward_length": 96,
-        "attention.head_count": 4,
-        "attention.head_count_kv": 2,
-        "vocab_size": 256,
-    }.items():
-        writer.add_uint32(f"llama.{key}", value)
-    gen = np.random.default_rng(0)
-    shapes = {"token_embd.weight": (256, 64), "output_norm.weight": (64,)}
-    for i in range(2):
-        shapes |= {
-            f"blk.{i}.attn_norm.weight": (64,),
-            f"blk.{i}.ffn_norm.weight": (64,),
-            f"blk.{i}.attn_q.weight": (64, 64),
-            f"blk.{i}.attn_k.weight": (32, 64),
-            f"blk.{i}.attn_v.weight": (32, 64),
-            f"blk.{i}.attn_output.weight": (64, 64),
-            f"blk.{i}.ffn_gate.weight": (96, 64),
-            f"blk.{i}.ffn_up.weight": (96, 64),
-            f"blk.{i}.ffn_down.weight": (64, 96),
-        }
-    for name, shape in shapes.items():
-        data = gen.standard_normal(shape).astype(np.float32) * 0.2
-        if len(shape) == 1:
-            writer.add_tensor(name, 1 + data)
-        else:
-            q8 = gguf.quants.quantize(data, gguf.GGMLQuantizationType.Q8_0)
-            writer.add_tensor(name, q8, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
-
-
 def test_a_row_cut_inside_a_block_refused_under_keep_expanded_under_auto(tmp_path: Path) -> None:
     from troupe.gpu.runner import build_runner
 
-    path = str(_tiny_llama_gguf(tmp_path / "tiny.gguf"))
+    # matrices all Q8_0, intermediate_size 96: at two ranks down_proj is cut at column 48,
+    # inside a 32-column block
+    path = str(tiny_llama_gguf(tmp_path / "tiny.gguf", "Q8_0", intermediate_size=96, scale=0.2))
     with pytest.raises(
         ConfigError,
         match=r"'model\.layers\.0\.mlp\.down_proj\.weight' is cut at columns \[(0, 48|48, 96)\)"
