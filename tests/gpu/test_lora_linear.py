@@ -3,13 +3,13 @@ y = W x + s B_a (A_a x) of each token's adapter a, on fused projections; the slo
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 from troupe.gpu.lora_adapter import LoraAdapter
 from troupe.gpu.lora_linear import LoraLinear, LoraSlots
 from troupe.gpu.lora_runtime import LoraRuntime, captured_form, graph_forms, replay_form
-from troupe.gpu.step_inputs import StepInputs
+
+from tests.gpu.lora_steps import lora_step_inputs
 
 SLICES = (8, 4, 4)  # a fused q/k/v of widths 8, 4, 4
 IN = 16
@@ -103,69 +103,51 @@ def _runtime(num_adapters: int, max_loras: int) -> tuple[LoraRuntime, LoraLinear
     return LoraRuntime(adapters, proj.slots, [(0, proj, ("q_proj", "k_proj", "v_proj"))]), proj
 
 
-def _inputs(adapters: list[int], lens: list[int]) -> StepInputs:
-    qsl = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
-    total, n = int(qsl[-1]), len(lens)
-    return StepInputs(
-        input_ids=np.zeros(total, np.int64),
-        positions=np.zeros(total, np.int64),
-        slot_mapping=np.zeros(total, np.int64),
-        block_tables=np.zeros((n, 1), np.int32),
-        seq_lens=np.asarray(lens, np.int32),
-        query_start_loc=qsl,
-        logits_indices=qsl[1:] - 1,
-        sampled_rows=np.arange(n),
-        max_query_len=max(lens),
-        max_seq_len=max(lens),
-        adapters=np.asarray(adapters, np.int32),
-    )
-
-
 def test_slots_are_refilled_least_recently_used_first() -> None:
     runtime, _ = _runtime(num_adapters=3, max_loras=2)
-    runtime.prepare(_inputs([0, -1, 1], [2, 1, 3]), graphed=True)
+    runtime.prepare(lora_step_inputs([0, -1, 1], [2, 1, 3]), graphed=True)
     slots = runtime.slots.token_slots[:6].tolist()
     assert slots[2] == -1 and slots[0] == slots[1] != slots[3] == slots[4] == slots[5]
     slot_of_1 = slots[3]
-    runtime.prepare(_inputs([1], [1]), graphed=True)  # adapter 0: the least recently used
-    runtime.prepare(_inputs([2, 1], [1, 1]), graphed=True)  # adapter 2 takes its slot
+    runtime.prepare(lora_step_inputs([1], [1]), graphed=True)  # adapter 0: the least recently used
+    runtime.prepare(lora_step_inputs([2, 1], [1, 1]), graphed=True)  # adapter 2 takes its slot
     assert runtime.num_loads == 3
     assert runtime.slots.token_slots[:2].tolist() == [1 - slot_of_1, slot_of_1]
-    runtime.prepare(_inputs([-1, -1], [1, 1]), graphed=True)  # no adapter: the off form
+    runtime.prepare(lora_step_inputs([-1, -1], [1, 1]), graphed=True)  # no adapter: the off form
     assert not runtime.slots.is_active
 
 
 def test_an_eager_step_picks_its_mode() -> None:
     runtime, _ = _runtime(num_adapters=3, max_loras=2)
     slots = runtime.slots
-    runtime.prepare(_inputs([2, 2], [1, 2]), graphed=False)  # one adapter for every row
+    runtime.prepare(lora_step_inputs([2, 2], [1, 2]), graphed=False)  # one adapter for every row
     assert slots.is_active and slots.only_slot is not None
     assert runtime.slots.token_slots[0] == -1  # nothing written: the slot says it all
-    runtime.prepare(_inputs([1, -1, 1, 2], [2, 1, 1, 3]), graphed=False)  # several: masked
+    runtime.prepare(lora_step_inputs([1, -1, 1, 2], [2, 1, 1, 3]), graphed=False)  # several: masked
     assert slots.is_active and slots.only_slot is None
     assert slots.token_slots[2] == -1 and slots.token_slots[0] == slots.token_slots[3]
-    runtime.prepare(_inputs([0, -1], [1, 1]), graphed=False)  # one adapter, some base rows
+    runtime.prepare(lora_step_inputs([0, -1], [1, 1]), graphed=False)  # one adapter, some base rows
     assert slots.is_active and slots.only_slot is None
-    runtime.prepare(_inputs([-1], [4]), graphed=False)
+    runtime.prepare(lora_step_inputs([-1], [4]), graphed=False)
     assert not slots.is_active and runtime.is_idle  # nothing to add
-    runtime.prepare(_inputs([-1], [4]), graphed=True)
+    runtime.prepare(lora_step_inputs([-1], [4]), graphed=True)
     assert not slots.is_active  # a graph replays its off form (graph_forms)
-    runtime.prepare(_inputs([0], [4]), graphed=True)
+    runtime.prepare(lora_step_inputs([0], [4]), graphed=True)
     assert slots.is_active and slots.only_slot is None  # one adapter in a graph: masked
 
 
 def test_graphs_capture_both_forms_and_replay_the_prepared_one() -> None:
     runtime, _ = _runtime(num_adapters=2, max_loras=2)
     assert graph_forms(runtime) == (False, True)
-    runtime.prepare(_inputs([1], [2]), graphed=False)  # an eager one-slot step ran last
+    runtime.prepare(lora_step_inputs([1], [2]), graphed=False)  # an eager one-slot step ran last
     with captured_form(runtime, False):
         assert not runtime.slots.is_active and replay_form(runtime) is False
     with captured_form(runtime, True):
         assert runtime.slots.is_active and runtime.slots.only_slot is None
     assert runtime.slots.is_active and runtime.slots.only_slot is not None  # restored
-    runtime.prepare(_inputs([-1, 0], [1, 1]), graphed=True)
+    runtime.prepare(lora_step_inputs([-1, 0], [1, 1]), graphed=True)
     assert replay_form(runtime) is True
-    runtime.prepare(_inputs([-1, -1], [1, 1]), graphed=True)
+    runtime.prepare(lora_step_inputs([-1, -1], [1, 1]), graphed=True)
     assert replay_form(runtime) is False
     assert graph_forms(None) == (False,) and replay_form(None) is False
 
@@ -173,4 +155,4 @@ def test_graphs_capture_both_forms_and_replay_the_prepared_one() -> None:
 def test_more_adapters_than_slots_in_one_step_is_an_error() -> None:
     runtime, _ = _runtime(num_adapters=3, max_loras=2)
     with pytest.raises(RuntimeError, match="runs 3 LoRA adapters; max_loras is 2"):
-        runtime.prepare(_inputs([0, 1, 2], [1, 1, 1]), graphed=False)
+        runtime.prepare(lora_step_inputs([0, 1, 2], [1, 1, 1]), graphed=False)

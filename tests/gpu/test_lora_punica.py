@@ -16,8 +16,8 @@ from troupe.config import ConfigError, LoraKernel
 from troupe.gpu.lora_adapter import LoraAdapter
 from troupe.gpu.lora_linear import LoraLinear, LoraSlots
 from troupe.gpu.lora_runtime import LoraRuntime
-from troupe.gpu.step_inputs import StepInputs
 
+from tests.gpu.lora_steps import lora_step_inputs
 from tests.gpu.test_lora_vs_peft import _config, _expected, _run_all
 
 SLICES = (8, 4, 4)  # a fused q/k/v
@@ -59,31 +59,13 @@ def _runtime(
     return LoraRuntime(adapters, slots, [(0, proj, MODULES)]), proj
 
 
-def _inputs(adapters: list[int], lens: list[int]) -> StepInputs:
-    qsl = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
-    total, n = int(qsl[-1]), len(lens)
-    return StepInputs(
-        input_ids=np.zeros(total, np.int64),
-        positions=np.zeros(total, np.int64),
-        slot_mapping=np.zeros(total, np.int64),
-        block_tables=np.zeros((n, 1), np.int32),
-        seq_lens=np.asarray(lens, np.int32),
-        query_start_loc=qsl,
-        logits_indices=qsl[1:] - 1,
-        sampled_rows=np.arange(n),
-        max_query_len=max(lens),
-        max_seq_len=max(lens),
-        adapters=np.asarray(adapters, np.int32),
-    )
-
-
 @pytest.mark.parametrize("use_triton", [True, False])
 def test_punica_matches_masked_on_a_mixed_batch(use_triton: bool) -> None:
     """A prefill-shaped step of three adapters and no adapter, as a graph's step is prepared
     (graphed: the tile plan written beside the slot ids; adapter 0 past one tile of 64),
     then a decode-shaped one."""
     for adapters, lens in (([0, -1, 2, 1, 0], [20, 7, 9, 1, 50]), ([2, -1, 0], [1, 1, 1])):
-        inputs = _inputs(adapters, lens)
+        inputs = lora_step_inputs(adapters, lens)
         x = torch.randn(sum(lens), IN, generator=torch.Generator().manual_seed(len(lens)))
         outs = []
         forms: tuple[tuple[LoraKernel, bool | None], ...] = (

@@ -13,7 +13,8 @@ import torch
 from troupe.config import LoraKernel
 from troupe.gpu.quant_linear import linear
 
-from tests.gpu.test_lora_punica import _inputs, _runtime
+from tests.gpu.lora_steps import lora_step_inputs
+from tests.gpu.test_lora_punica import _runtime
 from tests.gpu.test_lora_vs_peft import _expected, _run_all
 from tests.gpu.tiny_qwen3 import cuda_config
 
@@ -52,7 +53,7 @@ def _formula(x: torch.Tensor, proj: Any, token_slots: np.ndarray) -> torch.Tenso
 def _step(adapters: list[int], lens: list[int]) -> tuple[Any, torch.Tensor]:
     g = torch.Generator().manual_seed(sum(lens))
     x = torch.randn(sum(lens), SHAPES["in_features"], generator=g)
-    return _inputs(adapters, lens), x.to(SHAPES["device"], SHAPES["dtype"])
+    return lora_step_inputs(adapters, lens), x.to(SHAPES["device"], SHAPES["dtype"])
 
 
 @pytest.mark.parametrize(
