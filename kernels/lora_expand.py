@@ -19,6 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .decode_attention import dot_precision
+from .lora_tile_rows import tile_token_rows
 from .lora_tiles import TokenTiles
 
 # Column blocks per program: u is read (its K splits summed) once per program, then serves up
@@ -64,12 +66,7 @@ def _expand_kernel(
     width = tl.load(bounds_ptr + 2 * index + 1)
     if group_first >= width:
         return
-    start = tl.load(table_ptr + capacity + tile).to(tl.int64)
-    end = tl.load(table_ptr + 2 * capacity + tile).to(tl.int64)
-    pos = start + tl.arange(0, BLOCK_M).to(tl.int64)
-    valid = pos < end
-    token = tl.load(order_ptr + pos, mask=valid, other=0).to(tl.int64)
-    valid = valid & (token < num_tokens)  # a stale plan (a graph's warm-up) stays in bounds
+    token, valid = tile_token_rows(table_ptr, order_ptr, capacity, tile, num_tokens, BLOCK_M)
     r = tl.arange(0, BLOCK_R).to(tl.int64)
     if RANK <= BLOCK_R:  # the common case: u read once for all the group's columns
         u_whole = _u_columns(
@@ -117,7 +114,7 @@ def expand_constexprs(
         "BLOCK_N": block_n,
         "N_BLOCKS": min(_GROUP_BLOCKS, triton.cdiv(max_width, block_n)),
         "BLOCK_R": min(64, max(16, int(triton.next_power_of_2(rank)))),  # tl.dot: >= 16
-        "PRECISION": "ieee" if dtype == torch.float32 else "tf32",
+        "PRECISION": dot_precision(dtype),
         "UPCAST": not is_cuda,  # the interpreter: its bf16 arithmetic is wrong
     }
 

@@ -26,6 +26,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .decode_attention import dot_precision
+from .lora_tile_rows import tile_token_rows
 from .lora_tiles import TokenTiles
 from .sm_count import num_sms
 
@@ -46,12 +48,7 @@ def _shrink_kernel(
     if slot < 0:
         return
     split = tl.program_id(2).to(tl.int64)
-    start = tl.load(table_ptr + capacity + tile).to(tl.int64)
-    end = tl.load(table_ptr + 2 * capacity + tile).to(tl.int64)
-    pos = start + tl.arange(0, BLOCK_M).to(tl.int64)
-    valid = pos < end
-    token = tl.load(order_ptr + pos, mask=valid, other=0).to(tl.int64)
-    valid = valid & (token < num_tokens)  # a stale plan (a graph's warm-up) stays in bounds
+    token, valid = tile_token_rows(table_ptr, order_ptr, capacity, tile, num_tokens, BLOCK_M)
     j = tl.program_id(1).to(tl.int64) * BLOCK_J + tl.arange(0, BLOCK_J).to(tl.int64)
     j_mask = j < WIDTH  # j = s R + r: the slot's rows of A, every slice's, are contiguous
     k_first = split * k_split
@@ -91,7 +88,7 @@ def shrink_constexprs(
         "BLOCK_M": tile_tokens,
         "BLOCK_J": min(64, max(16, int(triton.next_power_of_2(width)))),  # tl.dot: >= 16
         "BLOCK_K": min(32, max(16, int(triton.next_power_of_2(in_features)))),
-        "PRECISION": "ieee" if dtype == torch.float32 else "tf32",
+        "PRECISION": dot_precision(dtype),
         "UPCAST": not is_cuda,  # the interpreter: its bf16 arithmetic is wrong
     }
 
