@@ -10,10 +10,9 @@ import pytest
 import structlog
 from troupe.actors.core.executor import ExecutorCore, _grammar_failures
 from troupe.actors.core.grammar import GrammarCore
-from troupe.actors.core.grammar_compiler import GrammarError, grammar_compiler_for
+from troupe.actors.core.grammar_compiler import GrammarError
 from troupe.actors.core.grammar_feed import GrammarFeed
 from troupe.actors.core.request_state import Request
-from troupe.actors.graph import load_tokenizer_for
 from troupe.gpu.fake_runner import FakeRunner
 from troupe.gpu.token_bitmask import allowed_ids, mask_array
 from troupe.messages import (
@@ -32,18 +31,9 @@ from troupe.messages import (
     TokenMasks,
 )
 
-VOCAB = 49152
+from tests.actors.core.conftest import VOCAB
+
 REGEX = StructuredOutputs(regex="[0-9]{2}")
-
-
-@pytest.fixture(scope="module")
-def tok():  # type: ignore[no-untyped-def]
-    return load_tokenizer_for(None)
-
-
-@pytest.fixture(scope="module")
-def compiler(tok):  # type: ignore[no-untyped-def]
-    return grammar_compiler_for(tok, VOCAB, tok.eos_token_ids, 30.0)
 
 
 def allowed_texts(tok, masks: TokenMasks, row: int) -> set[str]:  # type: ignore[no-untyped-def]

@@ -5,11 +5,8 @@ request fails with a typed cause; the rows beside it go on. On the default model
 from __future__ import annotations
 
 import numpy as np
-import pytest
 from troupe.actors.core.executor import _grammar_failures
 from troupe.actors.core.grammar import GrammarCore
-from troupe.actors.core.grammar_compiler import grammar_compiler_for
-from troupe.actors.graph import load_tokenizer_for
 from troupe.gpu.token_bitmask import join_masks, mask_array
 from troupe.messages import (
     ComputeMasks,
@@ -22,20 +19,9 @@ from troupe.messages import (
     StructuredOutputs,
 )
 
-VOCAB = 49152
 DEAD = StructuredOutputs(regex="[ab]\\x04")
 DIGITS = StructuredOutputs(regex="[0-9]{3}")
 WHY = "next it allows only byte 0x04, and no token of this model's vocabulary writes what it allows"
-
-
-@pytest.fixture(scope="module")
-def tok():  # type: ignore[no-untyped-def]
-    return load_tokenizer_for(None)
-
-
-@pytest.fixture(scope="module")
-def compiler(tok):  # type: ignore[no-untyped-def]
-    return grammar_compiler_for(tok, VOCAB, tok.eos_token_ids, 30.0)
 
 
 def _one(tok, text: str) -> int:  # type: ignore[no-untyped-def]

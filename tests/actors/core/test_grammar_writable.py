@@ -6,18 +6,9 @@ has no token starting with 0x04 or 0xf1, and on a toy vocabulary with exact expe
 from __future__ import annotations
 
 import pytest
-from troupe.actors.core.grammar_compiler import GrammarError, grammar_compiler_for
+from troupe.actors.core.grammar_compiler import GrammarError
 from troupe.actors.core.grammar_writable import TokenBytes, choice_error
-from troupe.actors.graph import load_tokenizer_for
 from troupe.messages import StructuredOutputs
-
-VOCAB = 49152
-
-
-@pytest.fixture(scope="module")
-def compiler():  # type: ignore[no-untyped-def]
-    tok = load_tokenizer_for(None)
-    return grammar_compiler_for(tok, VOCAB, tok.eos_token_ids, 30.0)
 
 
 def test_writable_prefix_cuts_into_tokens() -> None:

@@ -7,22 +7,9 @@ from __future__ import annotations
 import msgspec
 import pytest
 import xgrammar
-from troupe.actors.core.grammar_compiler import grammar_compiler_for
-from troupe.actors.graph import load_tokenizer_for
 from troupe.messages import StructuredOutputs
 
-VOCAB = 49152
 SCHEMA = '{"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}'
-
-
-@pytest.fixture(scope="module")
-def tok():  # type: ignore[no-untyped-def]
-    return load_tokenizer_for(None)
-
-
-@pytest.fixture(scope="module")
-def compiler(tok):  # type: ignore[no-untyped-def]
-    return grammar_compiler_for(tok, VOCAB, tok.eos_token_ids, 30.0)
 
 
 def _verdict(tok, compiler, spec: StructuredOutputs, text: str) -> str:  # type: ignore[no-untyped-def]
