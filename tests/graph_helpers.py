@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from typing import Any
 
 import anyio
@@ -13,6 +14,20 @@ from troupe.messages import Delta, StreamEvent
 async def collect(engine: Engine, prompt: Any, params: Any = None, **kw: Any) -> list[StreamEvent]:
     """All events of one request."""
     return [event async for event in engine.generate(prompt, params, **kw)]
+
+
+async def collect_all(engine: Engine, jobs: Sequence[tuple[Any, Any]]) -> list[list[StreamEvent]]:
+    """All events of each (prompt, params) job, in the jobs' order; the jobs submitted
+    together (their steps batched)."""
+    results: list[list[StreamEvent]] = [[] for _ in jobs]
+
+    async def one(i: int, prompt: Any, params: Any) -> None:
+        results[i] = await collect(engine, prompt, params)
+
+    async with anyio.create_task_group() as tg:
+        for i, (prompt, params) in enumerate(jobs):
+            tg.start_soon(one, i, prompt, params)
+    return results
 
 
 def terminal(events: list[StreamEvent]) -> StreamEvent:

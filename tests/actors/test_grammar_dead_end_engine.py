@@ -7,9 +7,8 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-import anyio
 import pytest
-from graph_helpers import collect, terminal, wait_blocks_free
+from graph_helpers import collect_all, terminal, wait_blocks_free
 from troupe import Engine, EngineConfig, SamplingParams
 from troupe.messages import Failed, FailureCause, Finished, StructuredOutputs
 
@@ -34,15 +33,14 @@ async def test_dead_end_fails_alone_with_its_cause(engine: Engine) -> None:
         "digits": StructuredOutputs(regex="[0-9]{3}"),
         "free": None,
     }
-    events: dict[str, list] = {}  # type: ignore[type-arg]
-
-    async def one(name: str, spec: StructuredOutputs | None) -> None:
-        params = SamplingParams(max_tokens=8, temperature=0.0, structured_outputs=spec)
-        events[name] = await collect(engine, f"{name}: write it", params)
-
-    async with anyio.create_task_group() as tg:
-        for name, spec in specs.items():
-            tg.start_soon(one, name, spec)
+    jobs = [
+        (
+            f"{name}: write it",
+            SamplingParams(max_tokens=8, temperature=0.0, structured_outputs=spec),
+        )
+        for name, spec in specs.items()
+    ]
+    events = dict(zip(specs, await collect_all(engine, jobs), strict=True))
     dead = terminal(events["dead"])
     assert isinstance(dead, Failed) and dead.cause is FailureCause.GRAMMAR_DEAD_END
     assert dead.message.startswith("its grammar cannot be continued after the text so far")

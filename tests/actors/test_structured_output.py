@@ -11,10 +11,9 @@ import re
 from collections.abc import AsyncIterator
 from typing import Any
 
-import anyio
 import jsonschema
 import pytest
-from graph_helpers import by_index, collect, terminal, wait_blocks_free
+from graph_helpers import by_index, collect, collect_all, terminal, wait_blocks_free
 from troupe import Engine, EngineConfig, SamplingParams
 from troupe.messages import Finished, Rejected, StructuredOutputs
 from troupe.ops.json_schemas import make_schemas
@@ -44,19 +43,6 @@ async def engine() -> AsyncIterator[Engine]:
         yield eng
 
 
-async def run_all(engine: Engine, jobs: list[tuple[Any, SamplingParams]]) -> list[list[Any]]:
-    """Every job's events, the jobs submitted together."""
-    results: list[list[Any]] = [[] for _ in jobs]
-
-    async def one(i: int, prompt: Any, params: SamplingParams) -> None:
-        results[i] = await collect(engine, prompt, params)
-
-    async with anyio.create_task_group() as tg:
-        for i, (prompt, params) in enumerate(jobs):
-            tg.start_soon(one, i, prompt, params)
-    return results
-
-
 def text(events: list[Any]) -> str:
     return "".join(e.text for e in events)
 
@@ -75,7 +61,7 @@ async def test_json_schemas_greedy_and_sampled_validate(engine: Engine) -> None:
                     ),
                 )
             )
-    results = await run_all(engine, jobs)
+    results = await collect_all(engine, jobs)
     num_stop = 0
     for (_, params), events in zip(jobs, results, strict=True):
         end = terminal(events)
@@ -104,7 +90,7 @@ async def test_regex_choice_grammar_and_json_object(engine: Engine) -> None:
         (prompt(i), SamplingParams(max_tokens=24, temperature=t, seed=i, structured_outputs=spec))
         for i, (spec, t) in enumerate((s, t) for s in specs for t in (0.0, 1.0, 1.0))
     ]
-    results = await run_all(engine, jobs)
+    results = await collect_all(engine, jobs)
     outputs = [(terminal(ev), text(ev)) for ev in results]
     for end, out in outputs[0:3]:
         assert end.finish_reason == "stop" and re.fullmatch(regex, out), out

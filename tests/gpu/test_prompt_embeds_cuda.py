@@ -11,11 +11,10 @@ from typing import Any
 import anyio
 import pytest
 import torch
-from graph_helpers import collect, terminal, token_ids, wait_blocks_free
-from troupe import Engine, EngineConfig, SamplingParams, prompt_embeds_of
-from troupe.messages import Finished
+from troupe import EngineConfig, SamplingParams, prompt_embeds_of
 
 from tests.gpu.conftest import add_word_tokenizer, make_hf_model
+from tests.gpu.test_prompt_embeds_engine import run_all
 
 pytestmark = pytest.mark.gpu
 PROMPTS = [[(7 * i + 3 * j) % 256 for j in range(9 + 6 * i)] for i in range(4)]
@@ -31,22 +30,6 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
     return folder, hf
 
 
-async def _run(config: EngineConfig, inputs: list[Any]) -> list[list[int]]:
-    results: dict[int, list[Any]] = {}
-    async with Engine.open(config) as engine:
-
-        async def one(i: int, prompt: Any) -> None:
-            results[i] = await collect(engine, prompt, PARAMS)
-
-        async with anyio.create_task_group() as tg:
-            for i, prompt in enumerate(inputs):
-                tg.start_soon(one, i, prompt)
-        await wait_blocks_free(engine, timeout=60)
-    for events in results.values():
-        assert isinstance(terminal(events), Finished), terminal(events)
-    return [token_ids(results[i]) for i in range(len(inputs))]
-
-
 @pytest.mark.parametrize("eager", [False, True], ids=["graphs", "eager"])
 def test_token_embeddings_give_the_ids_tokens_on_cuda(model: tuple[Path, Any], eager: bool) -> None:
     folder, hf = model
@@ -58,6 +41,6 @@ def test_token_embeddings_give_the_ids_tokens_on_cuda(model: tuple[Path, Any], e
         enable_prompt_embeds=True,
     )  # fmt: skip
     inputs = [prompt_embeds_of(r) for r in rows] + PROMPTS
-    got = anyio.run(_run, config, inputs)
+    got = anyio.run(run_all, config, inputs, PARAMS)[0]
     assert got[: len(PROMPTS)] == got[len(PROMPTS) :]
     assert len(set(got[0])) > 2  # not stuck on one token

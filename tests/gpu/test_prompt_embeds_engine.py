@@ -14,7 +14,7 @@ from typing import Any
 import anyio
 import pytest
 import torch
-from graph_helpers import collect, terminal, token_ids, wait_blocks_free
+from graph_helpers import collect, collect_all, terminal, token_ids, wait_blocks_free
 from troupe import Engine, EngineConfig, SamplingParams, prompt_embeds_of
 from troupe.actors.graph import load_tokenizer_for
 from troupe.messages import Finished
@@ -78,26 +78,23 @@ def hf_greedy(hf: Any, *, ids: list[int] | None = None, embeds: torch.Tensor | N
         return out[0, len(ids) :].tolist()
 
 
-async def run_together(engine: Engine, inputs: list[Any]) -> list[list[int]]:
+async def run_together(
+    engine: Engine, inputs: list[Any], params: SamplingParams = PARAMS
+) -> list[list[int]]:
     """Every input at once; each one's tokens, once every block is back."""
-    results: dict[int, list[Any]] = {}
-
-    async def one(i: int, prompt: Any) -> None:
-        results[i] = await collect(engine, prompt, PARAMS)
-
-    async with anyio.create_task_group() as tg:
-        for i, prompt in enumerate(inputs):
-            tg.start_soon(one, i, prompt)
+    results = await collect_all(engine, [(prompt, params) for prompt in inputs])
     await wait_blocks_free(engine, timeout=60)
-    for events in results.values():
+    for events in results:
         assert isinstance(terminal(events), Finished), terminal(events)
-    return [token_ids(results[i]) for i in range(len(inputs))]
+    return [token_ids(events) for events in results]
 
 
-async def run_all(config: EngineConfig, inputs: list[Any]) -> tuple[list[list[int]], Any]:
+async def run_all(
+    config: EngineConfig, inputs: list[Any], params: SamplingParams = PARAMS
+) -> tuple[list[list[int]], Any]:
     """run_together on an engine of its own; the tokens, and the stats at the end."""
     async with Engine.open(config) as engine:
-        return await run_together(engine, inputs), engine.stats()
+        return await run_together(engine, inputs, params), engine.stats()
 
 
 @pytest.fixture(scope="module")
