@@ -254,25 +254,18 @@ def test_tensor_parallel_ranks_keep_their_slices(act_order: bool, tmp_path: Path
         name: getattr(whole.layers[0], name).dequantize()
         for name in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
     }
+
+    def rank_model(rank: int) -> TPDecoderModel:
+        group = TPGroup(rank=rank, world_size=2, device=CPU)
+        return TPDecoderModel(TPShard(rank=rank, size=2, full=full), group, torch.float32, CPU, 64)
+
     for rank in range(2):
-        model = TPDecoderModel(
-            TPShard(rank=rank, size=2, full=full),
-            TPGroup(rank=rank, world_size=2, device=CPU),
-            torch.float32,
-            CPU,
-            64,
-        )
+        model = rank_model(rank)
         with open_shard_reader(tmp_path) as reader:
             if act_order:
                 with pytest.raises(ConfigError, match=r"o_proj.*columns.*act-order"):
                     load_shard(model, reader, "gptq", KeepShards(strict=True))
-                model = TPDecoderModel(
-                    TPShard(rank=rank, size=2, full=full),
-                    TPGroup(rank=rank, world_size=2, device=CPU),
-                    torch.float32,
-                    CPU,
-                    64,
-                )
+                model = rank_model(rank)  # a fresh one for the load that passes
             load_shard(model, reader, "gptq", KeepShards(strict=False))
         layer = model.layers[0]
         q, i = slice(rank * 2 * hd, (rank + 1) * 2 * hd), slice(rank * inter, (rank + 1) * inter)
