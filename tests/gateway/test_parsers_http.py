@@ -18,6 +18,7 @@ from troupe.gateway.state import GatewaySettings
 
 from tests.gateway.conftest import ServerThread, openai_client, scripted_server
 from tests.gateway.scripted_runner import say, template_model
+from tests.gateway.tool_specs import WEATHER
 
 TEMPLATE = """\
 {%- for m in messages %}<|im_start|>{{ m['role'] }}
@@ -27,18 +28,7 @@ TEMPLATE = """\
 {% if thinking is defined %}{% if thinking %}<think>{% else %}</think>{% endif %}{% endif %}
 {%- endif %}"""
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "parameters": {
-                "type": "object",
-                "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
-            },
-        },
-    }
-]
+TOOLS = [WEATHER]
 MESSAGES = [{"role": "user", "content": "Weather in Paris?"}]
 WEATHER = ("get_weather", {"city": "Paris", "days": 3})
 VLLM_ID = r"chatcmpl-tool-[0-9a-f]{32}"

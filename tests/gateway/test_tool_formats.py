@@ -12,16 +12,10 @@ import pytest
 from troupe.gateway.tool_auto import TOOL_PARSERS, auto_tool_stream, parse_auto_calls
 from troupe.gateway.tool_qwen3_coder import typed_value
 
-
-def _tool(name: str, properties: dict[str, Any] | None = None) -> dict[str, Any]:
-    function: dict[str, Any] = {"name": name}
-    if properties is not None:
-        function["parameters"] = {"type": "object", "properties": properties}
-    return {"type": "function", "function": function}
-
+from tests.gateway.tool_specs import function_tool
 
 TOOLS = [
-    _tool(
+    function_tool(
         "get_weather",
         {
             "city": {"type": "string"},
@@ -32,7 +26,7 @@ TOOLS = [
             "tags": {"type": ["array", "null"]},
         },
     ),
-    _tool("get_time"),
+    function_tool("get_time"),
 ]
 Calls = list[tuple[str, Any]]
 PARIS = ("get_weather", {"city": "Paris"})

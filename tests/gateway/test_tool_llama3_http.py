@@ -22,6 +22,7 @@ from troupe.gateway.state import GatewaySettings
 
 from tests.gateway.conftest import BASE_CONFIG, ServerThread, openai_client, scripted_server
 from tests.gateway.scripted_runner import say, template_model
+from tests.gateway.tool_specs import function_tool
 
 LLAMA_TEMPLATE = """\
 {%- if tools %}<|im_start|>system
@@ -40,16 +41,10 @@ arguments that best answers the given prompt. Respond in the format {"name": fun
 {% endif %}"""
 
 
-def _tool(name: str, argument: str) -> dict[str, Any]:
-    parameters = {
-        "type": "object",
-        "properties": {argument: {"type": "string"}},
-        "required": [argument],
-    }
-    return {"type": "function", "function": {"name": name, "parameters": parameters}}
-
-
-TOOLS = [_tool("get_weather", "city"), _tool("get_time", "tz")]
+TOOLS = [
+    function_tool("get_weather", {"city": {"type": "string"}}, ["city"]),
+    function_tool("get_time", {"tz": {"type": "string"}}, ["tz"]),
+]
 MESSAGES = [{"role": "user", "content": "Weather in Paris?"}]
 WEATHER = '{"name": "get_weather", "parameters": {"city": "Paris"}}'
 TIME = '{"name": "get_time", "arguments": {"tz": "CET"}}'

@@ -24,14 +24,10 @@ from troupe.gateway.tool_stream import (
     streamed_calls,
 )
 
-
-def _tool(name: str, properties: dict[str, Any]) -> dict[str, Any]:
-    parameters = {"type": "object", "properties": properties}
-    return {"type": "function", "function": {"name": name, "parameters": parameters}}
-
+from tests.gateway.tool_specs import function_tool
 
 TOOLS = [
-    _tool(
+    function_tool(
         "get_weather",
         {
             "city": {"type": "string"},
@@ -41,7 +37,7 @@ TOOLS = [
             "tags": {"type": "array"},
         },
     ),
-    _tool("get_time", {"tz": {"type": "string"}}),
+    function_tool("get_time", {"tz": {"type": "string"}}),
 ]
 Call = tuple[str, dict[str, Any]]
 

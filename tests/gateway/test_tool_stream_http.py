@@ -30,6 +30,7 @@ from troupe.gateway.state import GatewaySettings
 from tests.gateway.conftest import ServerThread, openai_client, scripted_server
 from tests.gateway.scripted_runner import say, template_model
 from tests.gateway.test_tool_auto_http import HERMES_TEMPLATE
+from tests.gateway.tool_specs import WEATHER
 
 PLAIN_TEMPLATE = """\
 {%- for m in messages %}<|im_start|>{{ m['role'] }}
@@ -37,18 +38,7 @@ PLAIN_TEMPLATE = """\
 {% endfor %}
 {%- if add_generation_prompt %}<|im_start|>assistant
 {% endif %}"""
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "parameters": {
-                "type": "object",
-                "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
-            },
-        },
-    }
-]
+TOOLS = [WEATHER]
 MESSAGES = [{"role": "user", "content": "Weather in Paris and Lyon?"}]
 CALLS = [
     ("get_weather", {"city": "Paris", "days": 3}),
