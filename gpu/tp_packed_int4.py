@@ -13,21 +13,17 @@ Every other tensor, and the dense reads, go through the folder's plain reader.
 
 from __future__ import annotations
 
-import logging
 from typing import TYPE_CHECKING
 
 import torch
-from troupe.config import ConfigError
 from troupe.gpu.gguf_quant import Int4Blocks
 from troupe.gpu.gptq_awq_format import GROUP
 from troupe.gpu.gptq_awq_reader import PackedInt4Reader
 from troupe.gpu.gptq_awq_unpack import PermutedInt4
-from troupe.gpu.tp_quant import Kept, on_block_edge
+from troupe.gpu.tp_quant import Kept, cannot_keep, on_block_edge
 
 if TYPE_CHECKING:
     from troupe.gpu.tp_weights import ShardReader
-
-log = logging.getLogger(__name__)
 
 
 class PackedInt4ShardReader:
@@ -67,9 +63,7 @@ class PackedInt4ShardReader:
                 "tensor-parallel rank, but its GPTQ act-order (desc_act) groups mix the inputs "
                 "of every rank"
             )
-            if strict:
-                raise ConfigError(f"{message} (quantization='auto' expands this one tensor)")
-            log.info("%s: expanded to the model dtype", message)
+            cannot_keep(message, strict)
             return None
         if not on_block_edge(name, 1, start, stop, whole.shape[1], GROUP, "int4 group", strict):
             return None

@@ -91,6 +91,12 @@ def on_block_edge(
         f"parallel rank, not on a {form} block edge ({block} {what}); a rank keeps whole "
         "blocks"
     )
+    return cannot_keep(message, strict)
+
+
+def cannot_keep(message: str, strict: bool) -> bool:
+    """A rank cannot keep its slice of a tensor quantized (`message` says why): ConfigError
+    when `strict`, else False, logged (the caller expands the tensor)."""
     if strict:
         raise ConfigError(f"{message} (quantization='auto' expands this one tensor instead)")
     log.info("%s: expanded to the model dtype", message)
