@@ -38,6 +38,7 @@ import dataclasses
 from typing import Literal
 
 import msgspec
+from troupe.actors.core.marker_tail import marker_tail
 from troupe.messages import Delta, Finished
 from troupe.messages.structured import THINK_END, THINK_START, Reasoning
 
@@ -145,7 +146,7 @@ class ReasoningStream:
                 buf = buf[at + len(tag) :]
                 self.thinking, self.saw_end = False, True
                 continue
-            keep = _partial_suffix(buf, ends)
+            keep = marker_tail(buf, ends)
             reasoning.append(buf[: len(buf) - keep])
             self._held = buf[len(buf) - keep :]
             break
@@ -160,7 +161,7 @@ class ReasoningStream:
         tags = self.tags.starts + stray_ends
         at, tag = _first(buf, tags)
         if at < 0:
-            keep = _partial_suffix(buf, tags)
+            keep = marker_tail(buf, tags)
             content.append(buf[: len(buf) - keep])
             self._held = buf[len(buf) - keep :]
             return ""
@@ -192,15 +193,6 @@ def _first(text: str, tags: tuple[str, ...]) -> tuple[int, str]:
     """(where, which) of the first of `tags` in `text`; (-1, "") when none is."""
     found = [(at, tag) for tag in tags if (at := text.find(tag)) >= 0]
     return min(found, default=(-1, ""))
-
-
-def _partial_suffix(text: str, tags: tuple[str, ...]) -> int:
-    """The length of the longest end of `text` that begins one of `tags` (a tag cut in two)."""
-    longest = max(len(tag) for tag in tags)
-    for n in range(min(longest - 1, len(text)), 0, -1):
-        if any(tag.startswith(text[-n:]) for tag in tags):
-            return n
-    return 0
 
 
 def _joined(parts: list[str]) -> str | None:

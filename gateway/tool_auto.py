@@ -30,6 +30,7 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Any, Literal, Protocol
 
+from troupe.actors.core.marker_tail import marker_tail
 from troupe.gateway.json_scan import ObjectScan, object_call
 from troupe.gateway.python_call_scan import PythonicReader
 from troupe.gateway.tool_deepseek_v3 import DEEPSEEK_V3, DeepSeekV3Reader
@@ -38,12 +39,7 @@ from troupe.gateway.tool_llama3 import Llama3Reader, Llama3ToolStream, parse_lla
 from troupe.gateway.tool_mistral import MISTRAL, MistralReader
 from troupe.gateway.tool_pythonic import PYTHONIC
 from troupe.gateway.tool_qwen3_coder import QWEN3_CODER, Qwen3CoderReader
-from troupe.gateway.tool_reader import (
-    CallReader,
-    SectionSoFar,
-    marker_tail,
-    openai_call_id,
-)
+from troupe.gateway.tool_reader import CallReader, SectionSoFar, openai_call_id
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _BLOCK = re.compile(re.escape(OPEN) + r"(.*?)" + re.escape(CLOSE), re.DOTALL)
@@ -201,7 +197,7 @@ class AutoToolStream:
 
 def _tag_prefix(text: str) -> int:
     """Length of the longest tail of `text` that begins `<tool_call>`."""
-    return marker_tail(text, OPEN)
+    return marker_tail(text, (OPEN,))
 
 
 class HermesReader:
@@ -221,7 +217,7 @@ class HermesReader:
         while at >= 0:
             body = at + len(OPEN)
             close = text.find(CLOSE, body)
-            limit = close if close >= 0 else len(text) - marker_tail(text, CLOSE, body)
+            limit = close if close >= 0 else len(text) - marker_tail(text, (CLOSE,), body)
             scan = self._scans.setdefault(body, ObjectScan(body))
             calls.append(object_call(text, scan, limit))
             if close < 0:
@@ -230,6 +226,6 @@ class HermesReader:
             at = text.find(OPEN, after)
             end = at if at >= 0 else len(text)
             if at < 0 and not is_final:
-                end -= marker_tail(text, OPEN, after)
+                end -= marker_tail(text, (OPEN,), after)
             outside.append(text[after:end])
         return SectionSoFar(tuple(calls), "".join(outside).rstrip())

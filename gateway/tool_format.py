@@ -20,6 +20,8 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from troupe.actors.core.marker_tail import marker_tail
+
 ToolCallDict = dict[str, Any]  # OpenAI's {"id", "type": "function", "function": {...}}
 
 
@@ -79,11 +81,7 @@ class CallFormat:
         if self.lead_only:
             head = text.lstrip()
             return len(text) if any(m.startswith(head) for m in self.markers) else 0
-        longest = max(len(m) for m in self.markers)
-        for size in range(min(longest - 1, len(text)), 0, -1):
-            if any(m.startswith(text[-size:]) for m in self.markers):
-                return size
-        return 0
+        return marker_tail(text, self.markers)
 
 
 def parse_reply(

@@ -24,9 +24,10 @@ import re
 import string
 from typing import Any
 
+from troupe.actors.core.marker_tail import marker_tail
 from troupe.gateway.json_scan import ObjectScan, object_call
 from troupe.gateway.tool_format import CallFormat, ToolCallDict, ToolSchemas, make_call
-from troupe.gateway.tool_reader import CallSoFar, SectionSoFar, marker_tail
+from troupe.gateway.tool_reader import CallSoFar, SectionSoFar
 
 BOT, ARGS, CALL_ID = "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"
 _ALPHANUMERIC = string.ascii_letters + string.digits
@@ -148,7 +149,7 @@ class MistralReader:
         while at >= 0:  # a [TOOL_CALLS] begins here
             segment = at + len(BOT)
             at = text.find(BOT, segment)
-            end = at if at >= 0 else len(text) - marker_tail(text, BOT, segment)
+            end = at if at >= 0 else len(text) - marker_tail(text, (BOT,), segment)
             calls.append(self._segment(text, segment, end))
         return tuple(calls)
 

@@ -53,15 +53,6 @@ def openai_call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
 
 
-def marker_tail(text: str, marker: str, start: int = 0) -> int:
-    """Length of the longest tail of `text[start:]` that is a proper prefix of `marker`
-    (held back: the next piece may complete the marker)."""
-    for size in range(min(len(marker) - 1, len(text) - start), 0, -1):
-        if text.endswith(marker[:size]):
-            return size
-    return 0
-
-
 def members_so_far(members: list[str], is_closed: bool) -> str:
     """The JSON text of an object built one member (`"key": value`) at a time, as far as it
     is written: the same text `json.dumps` gives the whole dict once closed."""

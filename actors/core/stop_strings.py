@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from troupe.actors.core.marker_tail import marker_tail
+
 
 class StopStringMatcher:
     """Per-request stop-string state. Empty `stops` makes it a pass-through."""
@@ -47,7 +49,7 @@ class StopStringMatcher:
             self.matched = stop
             self._held = self._context = ""
             return buffer[emitted : start + len(stop)] if self._include else buffer[emitted:start]
-        keep = min(self._partial_suffix_len(buffer), len(buffer) - emitted)
+        keep = min(marker_tail(buffer, self._stops), len(buffer) - emitted)
         self._held = buffer[len(buffer) - keep :]
         out = buffer[emitted : len(buffer) - keep]
         if emitted:  # only after skip: the held suffix alone carries a fed stream's matches
@@ -83,12 +85,3 @@ class StopStringMatcher:
                 if best is None or found[:2] < best[:2]:
                     best = found
         return None if best is None else (best[1], best[2])
-
-    def _partial_suffix_len(self, buffer: str) -> int:
-        """Length of the longest suffix of `buffer` that is a proper prefix of some stop."""
-        longest = max(len(stop) for stop in self._stops) - 1
-        for size in range(min(longest, len(buffer)), 0, -1):
-            tail = buffer[-size:]
-            if any(stop.startswith(tail) for stop in self._stops):
-                return size
-        return 0
