@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import uuid
 from typing import Any, Literal
 
 import msgspec
 from troupe.gateway.errors import invalid
 from troupe.gateway.tool_auto import ToolParserName
+from troupe.gateway.tool_reader import openai_call_id
 from troupe.messages import StructuredOutputs
 
 
@@ -138,7 +138,7 @@ def tool_calls(plan: ToolPlan, text: str) -> list[dict[str, Any]] | None:
         pairs = [(call["name"], call["arguments"]) for call in value]
     return [
         {
-            "id": f"call_{uuid.uuid4().hex[:24]}",
+            "id": openai_call_id(),
             "type": "function",
             "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False)},
         }
@@ -153,7 +153,7 @@ class ToolCallStream:
     def __init__(self, plan: ToolPlan) -> None:
         self.plan = plan
         self.text = ""
-        self._id = f"call_{uuid.uuid4().hex[:24]}"
+        self._id = openai_call_id()
         self._opened = False
 
     def delta(self, text: str) -> list[list[dict[str, Any]]]:

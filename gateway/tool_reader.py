@@ -49,7 +49,8 @@ class CallReader(Protocol):
 
 
 def openai_call_id() -> str:
-    """`call_` and 24 hex digits (Hermes, llama3_json, qwen3_coder; vLLM's for these)."""
+    """`call_` and 24 hex digits (Hermes, llama3_json, qwen3_coder and named or "required"
+    tool_choice calls: gateway/tool_calls.py; vLLM's for these)."""
     return f"call_{uuid.uuid4().hex[:24]}"
 
 
