@@ -17,11 +17,10 @@ dtype: gpu/fp8_weights.py), is not one of these: None.
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import Any, Literal
 
-from troupe.gpu.model_config import ModelLoadError
+from troupe.gpu.model_config import ModelLoadError, read_json_object
 
 GROUP = 32  # troupe's int4 groups (gpu/gguf_quant.Int4Blocks): shipped groups repeat per 32
 _MARLIN = ("marlin", "gptq_marlin", "awq_marlin")  # serialized for Marlin's kernel layout
@@ -59,23 +58,13 @@ def read_packed_int4_format(folder: Path) -> PackedInt4Format | None:
 
 def _quantization_config(folder: Path) -> tuple[str, dict[str, Any] | None]:
     config_file = folder / "config.json"
-    qc = _read(config_file).get("quantization_config")
+    qc = read_json_object(config_file).get("quantization_config")
     if isinstance(qc, dict):
         return f"{config_file} quantization_config", qc
     legacy = folder / "quantize_config.json"
     if qc is None and legacy.is_file():
-        return str(legacy), _read(legacy)
+        return str(legacy), read_json_object(legacy)
     return str(config_file), None
-
-
-def _read(file: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(file.read_text())
-    except (OSError, ValueError) as exc:
-        raise ModelLoadError(f"{file}: expected a JSON object ({exc})") from exc
-    if not isinstance(data, dict):
-        raise ModelLoadError(f"{file}: expected a JSON object")
-    return data
 
 
 def _refuse(source: str, field: str, value: Any, expected: str) -> ModelLoadError:

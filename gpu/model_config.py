@@ -193,12 +193,12 @@ class ModelConfig:
         config_file = folder / "config.json"
         if not config_file.is_file():
             raise ModelLoadError(f"{config_file}: missing; an HF model folder needs config.json")
-        cfg = _read_json(config_file)
+        cfg = read_json_object(config_file)
         for key in ("num_attention_heads", "hidden_size", "num_hidden_layers", "vocab_size"):
             if key not in cfg:
                 raise ModelLoadError(f"{config_file}: missing required key {key!r}")
         gen_file = folder / "generation_config.json"
-        gen = _read_json(gen_file) if gen_file.is_file() else None
+        gen = read_json_object(gen_file) if gen_file.is_file() else None
         return cls.from_hf_dict(cfg, gen)
 
     @classmethod
@@ -239,10 +239,12 @@ class ModelConfig:
         )
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def read_json_object(path: Path) -> dict[str, Any]:
+    """The JSON object in `path` (a model folder's config files); ModelLoadError naming the
+    file when it cannot be read, does not parse, or holds no object."""
     try:
         data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+    except (OSError, ValueError) as exc:  # ValueError: bad JSON, or bytes that are not UTF-8
         raise ModelLoadError(f"{path}: not readable JSON ({exc})") from exc
     if not isinstance(data, dict):
         raise ModelLoadError(f"{path}: expected a JSON object")
