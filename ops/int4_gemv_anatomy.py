@@ -4,7 +4,7 @@ GEMV (kernels/quant_int4.py) on Llama-3.1-8B's linear shapes.
     python -m troupe.ops.int4_gemv_anatomy
 
 32 launches of one shape (32 weights, Q4_0-style codes with a scale and bias per 32) are
-captured in a CUDA graph and replayed; printed: us per launch and the splits. Variants:
+captured in a CUDA graph and replayed (quant_bench.timed); printed: us per launch and the splits. Variants:
 
     default        today's launch: 32 groups an iteration, 8 warps, 2 programs an SM, PDL
     no-sum         the same grid with SPLIT off: each split stores its own partial as the
@@ -24,6 +24,7 @@ import triton
 from troupe.kernels.arrival import gemv_grid, split_buffers
 from troupe.kernels.gemv_pdl import GDC, pdl_mode
 from troupe.kernels.quant_int4 import Int4Cols, _int4_cols_gemv_kernel
+from troupe.ops.quant_bench import timed
 
 SHAPES = ((4096, 4096), (6144, 4096), (4096, 14336), (28672, 4096))
 
@@ -80,21 +81,7 @@ def time_variant(ws: list[Int4Cols], x: torch.Tensor, v: Variant) -> tuple[float
                 num_warps=v.warps, launch_pdl=pdl == GDC,
             )  # fmt: skip
 
-    run()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        run()
-    for _ in range(5):
-        graph.replay()
-    start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-    end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-    start.record()
-    for _ in range(50):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / 50 / len(ws) * 1e3, launches[0][6]
+    return timed(run, x.device) / len(ws) * 1e6, launches[0][6]
 
 
 def main() -> None:
