@@ -16,6 +16,7 @@ can take, and an idle or small one holds little.
 
 from __future__ import annotations
 
+import gc
 import math
 import os
 
@@ -85,7 +86,10 @@ def blocks_from_free_memory(
     besides (a draft model's pool has a block per id: gpu/draft_runner.py).
     """
     # memory torch's caching allocator holds but no tensor uses (an engine closed earlier in
-    # this process, the profiling forward's temporaries) would count as in use
+    # this process, the profiling forward's temporaries) would count as in use; so would the
+    # tensors of a closed engine that only a reference cycle keeps (its actors and runner
+    # refer to each other) until the cyclic collector runs: collect first
+    gc.collect()
     torch.cuda.empty_cache()
     free, total = torch.cuda.mem_get_info(device)
     in_use = total - free

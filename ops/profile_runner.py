@@ -90,9 +90,11 @@ def drive(
     prompt_len: int,
     timers: Timers,
     before_decode: Callable[[], object] | None = None,
+    max_prefill_tokens: int = 16384,
 ) -> list[float]:
-    """Prefill every sequence in one step, then decode (`before_decode` called between: a
-    profiler's start, say); returns seconds per decode step."""
+    """Prefill every sequence (whole prompts, at most `max_prefill_tokens` a step, as an
+    engine's token budget would), then decode (`before_decode` called between: a profiler's
+    start, say); returns seconds per decode step."""
     bs = runner.block_size
     rng = random.Random(0)
     params = SamplingParams(temperature=0.6, max_tokens=num_decode + 1, ignore_eos=True)
@@ -111,7 +113,13 @@ def drive(
         )
         for i in range(num_seqs)
     )
-    last = {t.request_id: t.token_id for t in runner.execute(StepPlan(step_id=0, seqs=works))}
+    per_step = max(1, max_prefill_tokens // max(1, prompt_len))
+    groups = [works[i : i + per_step] for i in range(0, num_seqs, per_step)]
+    last = {
+        t.request_id: t.token_id
+        for step, group in enumerate(groups)
+        for t in runner.execute(StepPlan(step_id=step, seqs=group))
+    }
     if before_decode is not None:
         before_decode()
     step_seconds = []
@@ -127,7 +135,7 @@ def drive(
             )
             for i in range(num_seqs)
         )
-        plan = StepPlan(step_id=step, seqs=works)
+        plan = StepPlan(step_id=len(groups) - 1 + step, seqs=works)
         timers.active = True
         start = time.perf_counter()
         out = runner.execute(plan)

@@ -74,3 +74,28 @@ def test_memory_cached_by_torch_is_free_for_the_pool() -> None:
     after = blocks()
     # 8 GiB would be ~18,700 bf16 blocks of this model; allow other processes' small drift
     assert abs(after - before) < 200, (before, after)
+
+
+@pytest.mark.gpu
+def test_memory_a_reference_cycle_keeps_is_free_for_the_pool() -> None:
+    """A closed engine's runner and actors refer to each other: its KV pool and weights live
+    until the cyclic collector runs. A second engine opened in the same process (a benchmark's
+    next scenario) must not count them as in use (it found 71.5 GiB so, 2026-12-05)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    import gc
+
+    def blocks() -> int:
+        return blocks_from_free_memory(MODEL, 16, torch.bfloat16, CUDA, 0.9, 0)
+
+    before = blocks()
+    gc.disable()
+    try:
+        cycle: dict[str, object] = {"pool": torch.empty(8 * 2**30, dtype=torch.uint8, device=CUDA)}
+        cycle["self"] = cycle
+        del cycle  # only the cycle holds the 8 GiB now
+        assert torch.cuda.memory_allocated(CUDA) >= 8 * 2**30  # the premise: still allocated
+        after = blocks()
+    finally:
+        gc.enable()
+    assert abs(after - before) < 200, (before, after)
