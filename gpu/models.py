@@ -16,7 +16,6 @@ from torch import nn
 from troupe.gpu.attention import AttentionMetadata
 from troupe.gpu.model_config import ModelConfig
 from troupe.gpu.quant_linear import Projection, Weight, embedding, linear
-from troupe.kernels.kv_quant import update_kv_scales
 from troupe.kernels.ops import KernelBackend, KernelOps, select_ops
 from troupe.kernels.rope_cache import build_cos_sin_cache
 from troupe.kernels.streaming_attention import rotate_queries, streaming_attention
@@ -99,7 +98,9 @@ class DecoderLayer(nn.Module):
         k_cache, v_cache = kv_cache
         k_scale, v_scale = self.k_scale, self.v_scale
         if k_scale is not None and v_scale is not None:  # fp8: unset scales from this batch
-            update_kv_scales(qkv, self.k_norm, eps, c.num_kv_heads, c.head_dim, k_scale, v_scale)
+            ops.update_kv_scales(
+                qkv, self.k_norm, eps, c.num_kv_heads, c.head_dim, k_scale, v_scale
+            )
         stream, q_sink = meta.streaming, None
         if stream is not None and not meta.is_decode:  # StreamingLLM chunks: cache positions
             q_sink = rotate_queries(

@@ -145,6 +145,20 @@ class KernelOps(Protocol):
         """
         ...
 
+    def update_kv_scales(
+        self,
+        qkv: torch.Tensor,
+        k_norm_weight: torch.Tensor | None,
+        eps: float,
+        num_kv_heads: int,
+        head_dim: int,
+        k_scale: torch.Tensor,
+        v_scale: torch.Tensor,
+    ) -> None:
+        """fp8 caches: in place, the unset (0) per-head scales [Hkv] from this batch's k and v
+        (qkv [T, W]); set scales never change (kernels.kv_quant.update_kv_scales)."""
+        ...
+
     def prepare_qkv(
         self,
         qkv: torch.Tensor,

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from .kv_quant import dequantize, quantize
+from .kv_quant import update_kv_scales as update_kv_scales  # KernelOps: the torch form
 from .mla_reference import mla_attention as mla_attention  # MLA has its own module
 from .mla_reference import mla_prefill as mla_prefill
 from .mla_reference import write_latent as write_latent

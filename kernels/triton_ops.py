@@ -12,6 +12,7 @@ import torch
 from .decode_attention import paged_decode_attention_triton as paged_decode_attention
 from .extend_attention import extend_attention_triton
 from .fused_moe import fused_moe_triton as fused_moe
+from .kv_scales import update_kv_scales_triton as update_kv_scales
 from .kv_write import write_kv_triton as write_kv
 from .mla_ops import mla_attention, write_latent
 from .mla_prefill import mla_prefill
@@ -36,6 +37,7 @@ __all__ = [
     "rms_norm",
     "rotary",
     "silu_mul",
+    "update_kv_scales",
     "write_kv",
     "write_latent",
 ]

@@ -14,6 +14,7 @@ from fp8_batch import fp8_batch, rel_err
 from troupe.kernels import reference
 from troupe.kernels.decode_attention import paged_decode_attention_triton
 from troupe.kernels.kv_quant import FP8_DTYPE, FP8_MAX, HEADROOM, quantize, update_kv_scales
+from troupe.kernels.kv_scales import update_kv_scales_triton
 from troupe.kernels.kv_write import write_kv_triton
 from troupe.kernels.paged_attention import paged_attention_triton
 from troupe.kernels.qkv_prepare import prepare_qkv_triton
@@ -44,6 +45,30 @@ def test_scales_are_set_once_from_the_first_write() -> None:
     first = k_scale.clone()
     update_kv_scales(qkv * 100, None, 1e-6, heads, dim, k_scale, v_scale)
     assert torch.equal(k_scale, first)  # set scales never move: stored blocks stay valid
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(("tokens", "normed"), [(70, True), (5, False)])
+def test_scales_kernel_matches_the_torch_form(device: str, tokens: int, normed: bool) -> None:
+    """The GPU's one-kernel form: unset scales get the torch form's value (within an ulp: the
+    rsqrt differs), a set one is left alone, and a second batch moves none."""
+    heads, dim = 3, 16
+    gen = torch.Generator().manual_seed(6)
+    spread = torch.linspace(0.5, 3.0, (4 + 2 * heads) * dim)  # heads of different ranges
+    qkv = (torch.randn(tokens, (4 + 2 * heads) * dim, generator=gen) * spread).to(device)
+    norm = (1 + 0.1 * torch.randn(dim, generator=gen)).to(device) if normed else None
+    want = [torch.zeros(heads, device=device) for _ in range(2)]
+    got = [torch.zeros(heads, device=device) for _ in range(2)]
+    for scales in (want, got):
+        scales[0][1] = 0.5  # set before: kept
+    update_kv_scales(qkv, norm, 1e-6, heads, dim, *want)
+    update_kv_scales_triton(qkv, norm, 1e-6, heads, dim, *got)
+    for ours, ref in zip(got, want, strict=True):
+        torch.testing.assert_close(ours, ref, rtol=1e-6, atol=0)
+    assert float(got[0][1]) == 0.5 and bool((got[1] > 0).all())
+    first = [s.clone() for s in got]
+    update_kv_scales_triton(qkv * 100, norm, 1e-6, heads, dim, *got)
+    assert all(torch.equal(a, b) for a, b in zip(got, first, strict=True))
 
 
 @pytest.mark.parametrize("device", DEVICES)
