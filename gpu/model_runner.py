@@ -388,12 +388,12 @@ class ModelRunner:
         )
 
     def close(self) -> None:
-        """Drop the graphs, caches and state so device memory can be reused."""
+        """Drop the graphs, caches and state, and free the weights' and pools' storages: the
+        device memory is reusable at once (gpu/sleep_mode.ModelSleeper.release)."""
         self._pass.close()
         if self._draft is not None:
             self._draft.close()
         self._overlap.discard()
         self._ahead.discard()
         self._states.clear()
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
+        self.sleeper.release()

@@ -69,9 +69,12 @@ class Held:
     quantized: bool = False  # a kept-quantized weight's
 
 
-def sleep_parts(model: DecoderModel, companions: tuple[nn.Module, ...] = ()) -> list[Held]:
+def sleep_parts(
+    model: DecoderModel, companions: tuple[nn.Module, ...] = (), *, skip_fixed: bool = False
+) -> list[Held]:
     """Every storage the model and `companions` own (each once, the model's first); a
-    ValueError naming a tensor whose storage torch cannot resize (nothing freed then)."""
+    ValueError naming a tensor whose storage torch cannot resize (nothing freed then), or
+    with `skip_fixed` (a closing runner's) such storages left out."""
     found: dict[int, Held] = {}
     walks = [_module_tensors(model, "", Role.WEIGHTS)]
     walks += [_module_tensors(m, f"draft[{i}].", Role.KEPT) for i, m in enumerate(companions)]
@@ -81,6 +84,8 @@ def sleep_parts(model: DecoderModel, companions: tuple[nn.Module, ...] = ()) -> 
             if storage.nbytes() == 0 or storage.data_ptr() in found:
                 continue
             if not storage.resizable():
+                if skip_fixed:
+                    continue
                 raise ValueError(
                     f"the tensor {name!r} lives in memory torch cannot free (a mapping)"
                 )

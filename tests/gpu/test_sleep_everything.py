@@ -104,6 +104,17 @@ def test_level_1_frees_every_tensor_and_wakes_to_the_same_tokens(
         assert before[0][0] != before[1][0], "the adapter changes the tokens"
 
 
+@pytest.mark.parametrize("kind", ["lora_eagle", "q4_draft"])
+def test_closing_frees_every_tensor_without_sleep_mode(folders: dict[str, Path], kind: str) -> None:
+    """ModelRunner.close gives everything back even while something still references the
+    runner (a second engine in the process sizes its pool from what is free)."""
+    runner = _runner(folders, kind, enable_sleep_mode=False)
+    GreedyRuns(runner)()
+    assert any(".kv." in k for k in held_bytes(runner))
+    runner.close()
+    assert held_bytes(runner) == {}
+
+
 def test_level_2_reload_refills_the_weights_adapters_and_head_kept(
     folders: dict[str, Path],
 ) -> None:
