@@ -11,8 +11,12 @@ costs ~0 ms, growing only with what is allocated after.
 
 The first engine to open freezes (after collecting the young generations; older garbage stays
 until the unfreeze); each later one freezes its own start-up too; when the last closes the heap
-is unfrozen, unless something else had frozen objects before the first engine came (then the
-freeze is left as found).
+is unfrozen, also when something else had frozen objects before the first engine came (the
+device machines' image freezes ~375 at start-up): Python cannot unfreeze a part, and leaving
+the freeze would keep the closed engines' objects, which reference cycles hold (actors and
+runner refer to each other), out of the collector's reach for the life of the process, with
+whatever device memory they hold (a second engine in one process found the first's 71.5 GiB
+in use on an H100). What the other party froze is then walked again: a cost in pause time only.
 """
 
 from __future__ import annotations
@@ -24,19 +28,16 @@ from contextlib import contextmanager
 
 _lock = threading.Lock()
 _holders = 0
-_found_frozen = False  # objects were frozen before the first holder came
 
 
 @contextmanager
 def frozen_heap(enabled: bool) -> Iterator[None]:
     """Collect, then freeze the heap as it is; unfreeze when the last holder leaves."""
-    global _holders, _found_frozen
+    global _holders
     if not enabled:
         yield
         return
     with _lock:
-        if _holders == 0:
-            _found_frozen = gc.get_freeze_count() > 0
         _holders += 1
         gc.collect(1)  # the young garbage: cheap (a full collection is what this avoids)
         gc.freeze()
@@ -45,5 +46,5 @@ def frozen_heap(enabled: bool) -> Iterator[None]:
     finally:
         with _lock:
             _holders -= 1
-            if _holders == 0 and not _found_frozen:
+            if _holders == 0:
                 gc.unfreeze()

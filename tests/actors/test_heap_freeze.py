@@ -37,12 +37,26 @@ def test_nested_holders_unfreeze_when_the_last_leaves() -> None:
     assert gc.get_freeze_count() == 0
 
 
-def test_a_freeze_found_before_is_left_as_found() -> None:
+class _Node:
+    def __init__(self) -> None:
+        self.me = self  # a reference cycle: only the collector frees it
+
+
+def test_a_freeze_found_before_does_not_keep_a_closed_engines_cycles() -> None:
+    """Something froze objects before the first engine came (the device machines' image
+    does): once the last engine closes, what it froze is collectable again, so its reference
+    cycles (a closed engine's actors and runner) do not live for the life of the process."""
+    import weakref
+
     gc.freeze()
     try:
+        engine_part = _Node()
         with frozen_heap(True):
-            pass
-        assert gc.get_freeze_count() > 0
+            gone = weakref.ref(engine_part)
+            del engine_part
+        gc.collect()
+        assert gone() is None
+        assert gc.get_freeze_count() == 0
     finally:
         gc.unfreeze()
 
