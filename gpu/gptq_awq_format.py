@@ -1,11 +1,13 @@
-"""Which 4-bit GPTQ or AWQ checkpoint an HF folder holds: its `quantization_config` read and
-checked, variants troupe cannot read refused at load with the field and value named.
+"""Which GPTQ (4- or 8-bit) or AWQ (4-bit) checkpoint an HF folder holds: its
+`quantization_config` read and checked, variants troupe cannot read refused at load with the
+field and value named.
 
     GPTQ (quant_method "gptq"; AutoGPTQ / gptqmodel / optimum)   AWQ (quant_method "awq", AutoAWQ)
-      bits 4                                                       bits 4
+      bits 4 (gpu/gptq_awq_unpack.py) or 8 (gpu/gptq_int8.py)      bits 4
       group_size 32, 64, 128, ... (a multiple of 32) or -1         group_size a multiple of 32
       desc_act: act-order, groups follow `g_idx`                   zero_point true
-      sym: either (the zeros are stored both ways)                 version "gemm"
+      sym: either (the zeros are stored both ways; 8-bit           version "gemm"
+           asymmetric or act-order: expanded, not kept)
       checkpoint_format "gptq" (v1: zero = stored + 1) or "gptq_v2" (zero = stored)
 
 Older GPTQ folders carry the settings in `quantize_config.json` beside config.json (AutoGPTQ
@@ -34,6 +36,8 @@ class PackedInt4Format:
     group_size: int  # along K; -1: one group per output channel (GPTQ)
     desc_act: bool = False  # GPTQ act-order: input k belongs to group g_idx[k]
     zero_offset: int = 0  # added to each stored zero: 1 for GPTQ v1 checkpoints
+    bits: int = 4  # GPTQ: 4 or 8; AWQ: 4
+    sym: bool = True  # GPTQ's flag (8-bit: False rules out keeping int8 codes)
 
 
 def read_packed_int4_format(folder: Path) -> PackedInt4Format | None:
@@ -71,10 +75,13 @@ def _refuse(source: str, field: str, value: Any, expected: str) -> ModelLoadErro
     return ModelLoadError(f"{source}: {field} is {value!r}; troupe reads {expected}")
 
 
-def _bits(source: str, qc: dict[str, Any], *keys: str) -> None:
+def _bits(source: str, qc: dict[str, Any], allowed: tuple[int, ...], *keys: str) -> int:
     key = next((k for k in keys if k in qc), keys[0])
-    if qc.get(key) != 4:
-        raise _refuse(source, key, qc.get(key), "4-bit weights only (bits 4)")
+    bits = qc.get(key)
+    if type(bits) is not int or bits not in allowed:
+        listed = " or ".join(str(b) for b in allowed)
+        raise _refuse(source, key, bits, f"{listed}-bit weights only (bits {listed})")
+    return bits
 
 
 def _group(source: str, qc: dict[str, Any], key: str, per_channel: bool) -> int:
@@ -95,10 +102,10 @@ def _flag(source: str, qc: dict[str, Any], key: str, default: bool) -> bool:
 
 
 def _gptq(source: str, qc: dict[str, Any]) -> PackedInt4Format:
-    _bits(source, qc, "bits")
+    bits = _bits(source, qc, (4, 8), "bits")
     group_size = _group(source, qc, "group_size", per_channel=True)
     desc_act = _flag(source, qc, "desc_act", False)
-    _flag(source, qc, "sym", True)  # both are stored as explicit zeros: nothing differs here
+    sym = _flag(source, qc, "sym", True)  # both store explicit zeros; 8-bit keeps only sym
     if qc.get("is_marlin_format"):
         raise _refuse(source, "is_marlin_format", True, "the plain GPTQ layout")
     fmt = qc.get("checkpoint_format", "gptq")
@@ -106,11 +113,11 @@ def _gptq(source: str, qc: dict[str, Any]) -> PackedInt4Format:
         raise _refuse(source, "checkpoint_format", fmt, "'gptq' (v1) or 'gptq_v2'")
     if qc.get("dynamic"):  # gptqmodel's per-module overrides (other bits or groups per layer)
         raise _refuse(source, "dynamic", qc["dynamic"], "one setting for every module")
-    return PackedInt4Format("gptq", group_size, desc_act, 1 if fmt == "gptq" else 0)
+    return PackedInt4Format("gptq", group_size, desc_act, 1 if fmt == "gptq" else 0, bits, sym)
 
 
 def _awq(source: str, qc: dict[str, Any]) -> PackedInt4Format:
-    _bits(source, qc, "bits", "w_bit")
+    _bits(source, qc, (4,), "bits", "w_bit")
     group_size = _group(source, qc, "group_size" if "group_size" in qc else "q_group_size", False)
     if not _flag(source, qc, "zero_point", True):
         raise _refuse(source, "zero_point", False, "AWQ with zero points (zero_point true)")

@@ -1,7 +1,10 @@
 """The tensors of a GPTQ / AWQ folder in the two streams gpu/weights.load_model feeds:
-`modules()` the packed linears converted to Int4Blocks (or PermutedInt4) under HF weight names,
-for gpu/quant_install.install_quantized; `dense(kept)` everything else, with each packed linear
-not in `kept` expanded to fp32 (the "dequantize" path, and parts the installer left dense).
+`modules()` the packed linears converted to Int4Blocks (or PermutedInt4; 8-bit GPTQ: Int8Blocks)
+under HF weight names, for gpu/quant_install.install_quantized; `dense(kept)` everything else,
+with each packed linear not in `kept` expanded to fp32 (the "dequantize" path, and parts the
+installer left dense). An 8-bit linear int8 codes cannot hold (gpu/gptq_int8.UnkeptInt8:
+asymmetric, act-order) is left out of `modules()`, so it is expanded; with `strict`
+(quantization "keep" asked for) it is refused instead, naming the field.
 
 A linear's tensors (`<prefix>.qweight`, `.qzeros`, `.scales`, GPTQ's `.g_idx`) may lie in
 different shards of a sharded folder: every shard stays open and each tensor is read when its
@@ -16,19 +19,22 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from troupe.gpu.gguf_quant import Int4Blocks
+from troupe.gpu.gguf_quant import Int4Blocks, Int8Blocks, QuantBlocks
 from troupe.gpu.gptq_awq_format import PackedInt4Format
 from troupe.gpu.gptq_awq_unpack import PermutedInt4, awq_blocks, gptq_blocks
+from troupe.gpu.gptq_int8 import UnkeptInt8, gptq_int8
 from troupe.gpu.model_config import ModelLoadError
 
 _PARTS = (".qweight", ".qzeros", ".scales", ".g_idx")
+Converted = Int4Blocks | PermutedInt4 | Int8Blocks | UnkeptInt8
 
 
 class PackedInt4Reader:
     """Open shards of one GPTQ / AWQ folder (a context manager); see the module docstring."""
 
-    def __init__(self, files: list[Path], fmt: PackedInt4Format) -> None:
+    def __init__(self, files: list[Path], fmt: PackedInt4Format, strict: bool = False) -> None:
         self.fmt = fmt
+        self.strict = strict  # refuse an 8-bit linear int8 cannot hold, not expand it
         self._stack = contextlib.ExitStack()
         self._where: dict[str, Any] = {}  # tensor name -> its shard's open handle
         self._files = files
@@ -55,10 +61,15 @@ class PackedInt4Reader:
         """Every packed linear's name prefix, in file order."""
         return [n[: -len(".qweight")] for n in self._where if n.endswith(".qweight")]
 
-    def modules(self) -> Iterator[tuple[str, Int4Blocks | PermutedInt4]]:
-        """(`<prefix>.weight`, converted) for every packed linear, one at a time."""
+    def modules(self) -> Iterator[tuple[str, QuantBlocks | PermutedInt4]]:
+        """(`<prefix>.weight`, converted) for every packed linear it can keep, one at a time."""
         for prefix in self.prefixes():
-            yield prefix + ".weight", self.convert(prefix)
+            converted = self.convert(prefix)
+            if isinstance(converted, UnkeptInt8):
+                if self.strict:
+                    raise ModelLoadError(unkept_message(converted))
+                continue  # dense() expands it
+            yield prefix + ".weight", converted
 
     def dense(
         self, kept: set[str], wanted: Callable[[str], bool] | None = None
@@ -74,13 +85,16 @@ class PackedInt4Reader:
             elif not name.endswith(_PARTS) and (wanted is None or wanted(name)):
                 yield name, handle.get_tensor(name)
 
-    def convert(self, prefix: str) -> Int4Blocks | PermutedInt4:
-        """The linear at `prefix` in troupe's int4 form (gpu/gptq_awq_unpack.py)."""
+    def convert(self, prefix: str) -> Converted:
+        """The linear at `prefix` in troupe's int4 form (gpu/gptq_awq_unpack.py), or for 8-bit
+        GPTQ its int8 form (gpu/gptq_int8.py)."""
         qweight, qzeros, scales = (self._get(prefix + p) for p in _PARTS[:3])
         if self.fmt.method == "awq":
             return awq_blocks(prefix, self.fmt, qweight, qzeros, scales)
         g_idx = self._where.get(prefix + ".g_idx")
         groups = None if g_idx is None else g_idx.get_tensor(prefix + ".g_idx")
+        if self.fmt.bits == 8:
+            return gptq_int8(prefix, self.fmt, qweight, qzeros, scales, groups)
         return gptq_blocks(prefix, self.fmt, qweight, qzeros, scales, groups)
 
     def _get(self, name: str) -> torch.Tensor:
@@ -93,3 +107,12 @@ class PackedInt4Reader:
         if tensor.dim() != 2:
             raise ModelLoadError(f"{name}: shape {tuple(tensor.shape)}, expected 2-D")
         return tensor
+
+
+def unkept_message(weight: UnkeptInt8) -> str:
+    """quantization "keep"'s refusal of an 8-bit linear int8 codes cannot hold."""
+    return (
+        f"quantization 'keep': {weight.reason}; troupe keeps 8-bit GPTQ weights as int8 only "
+        "when symmetric (every zero 128) with groups in input order (quantization 'auto' or "
+        "'dequantize' expands them)"
+    )

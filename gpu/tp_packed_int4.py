@@ -8,6 +8,9 @@
                      inputs of every rank): refused under quantization "keep", expanded
                      under "auto" (one log line)
 
+8-bit GPTQ kept as Int8Blocks (gpu/gptq_int8.py) is cut the same way (its groups of 32 along
+K); one int8 cannot hold (UnkeptInt8) is refused under "keep" and expanded under "auto".
+
 Every other tensor, and the dense reads, go through the folder's plain reader.
 """
 
@@ -16,10 +19,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
-from troupe.gpu.gguf_quant import Int4Blocks
+from troupe.gpu.gguf_quant import Int4Blocks, Int8Blocks
 from troupe.gpu.gptq_awq_format import GROUP
-from troupe.gpu.gptq_awq_reader import PackedInt4Reader
+from troupe.gpu.gptq_awq_reader import Converted, PackedInt4Reader, unkept_message
 from troupe.gpu.gptq_awq_unpack import PermutedInt4
+from troupe.gpu.gptq_int8 import UnkeptInt8
 from troupe.gpu.tp_quant import Kept, cannot_keep, on_block_edge
 
 if TYPE_CHECKING:
@@ -31,7 +35,7 @@ class PackedInt4ShardReader:
 
     def __init__(self, dense: ShardReader, packed: PackedInt4Reader) -> None:
         self._dense, self._packed = dense, packed
-        self._last: tuple[str, Int4Blocks | PermutedInt4] | None = None  # read after read_kept
+        self._last: tuple[str, Converted] | None = None  # read after read_kept
 
     def has(self, name: str) -> bool:
         return self._packed.is_packed(name) or self._dense.has(name)
@@ -50,6 +54,9 @@ class PackedInt4ShardReader:
         if not self._packed.is_packed(name):
             return self._dense.read_kept(name, dim, start, stop, strict)
         whole = self._convert(name)
+        if isinstance(whole, UnkeptInt8):
+            cannot_keep(f"tensor {name!r}: {unkept_message(whole)}", strict)
+            return None
         if dim is None:
             return whole
         if dim == 0:
@@ -65,9 +72,16 @@ class PackedInt4ShardReader:
             )
             cannot_keep(message, strict)
             return None
-        if not on_block_edge(name, 1, start, stop, whole.shape[1], GROUP, "int4 group", strict):
+        form = "int8 group" if isinstance(whole, Int8Blocks) else "int4 group"
+        if not on_block_edge(name, 1, start, stop, whole.shape[1], GROUP, form, strict):
             return None
         first, last = start // GROUP, -(-stop // GROUP)
+        if isinstance(whole, Int8Blocks):
+            return Int8Blocks(
+                whole.codes[:, start:stop].contiguous(),
+                whole.scale[:, first:last].contiguous(),
+                GROUP,
+            )
         return Int4Blocks(
             whole.packed[:, start // 2 : stop // 2].contiguous(),
             whole.scale[:, first:last].contiguous(),
@@ -75,7 +89,7 @@ class PackedInt4ShardReader:
             GROUP,
         )
 
-    def _convert(self, name: str) -> Int4Blocks | PermutedInt4:
+    def _convert(self, name: str) -> Converted:
         if self._last is None or self._last[0] != name:
             self._last = (name, self._packed.convert(name.removesuffix(".weight")))
         return self._last[1]

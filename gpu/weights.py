@@ -84,7 +84,8 @@ def load_model(
     """Read the config and weights of `path` into a DecoderModel on `device`.
 
     quantization="keep" keeps a GGUF file's quantized matrices as shipped, and an HF folder's
-    fp8 weights as fp8 and its GPTQ / AWQ 4-bit weights as int4 (gpu/quant_linear.py);
+    fp8 weights as fp8 and its GPTQ / AWQ 4-bit weights as int4 (gpu/quant_linear.py), 8-bit
+    GPTQ as int8 where symmetric and in group order (gpu/gptq_int8.py; "keep" refuses others);
     "dequantize" expands every tensor to `dtype`;
     "auto" keeps them where troupe's kernels for them were measured faster than the expanded
     weights: on the CPU. On CUDA the kept int4 and fp8 matmuls lose to bf16 beyond one row
@@ -112,7 +113,8 @@ def load_model(
     if packed is not None:  # GPTQ / AWQ (gpu/gptq_awq_format.py): kept as int4, else expanded
         model = DecoderModel(config, dtype, device, max_positions, kernel_backend)
         q4 = load_q4(cpu_kernels) if keep and device.type == "cpu" else None
-        with PackedInt4Reader(safetensors_files(path), packed) as reader:
+        strict = quantization == "keep"  # an 8-bit linear int8 cannot hold: refused
+        with PackedInt4Reader(safetensors_files(path), packed, strict) as reader:
             kept = install_quantized(model, reader.modules(), q4) if keep else set()
             fill_weights(model, reader.dense(kept), str(path))
         return config, model.eval()

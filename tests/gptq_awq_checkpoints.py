@@ -7,6 +7,8 @@ same spec, element by element with numpy, independent of troupe's converter
           qzeros  [G, N/8] int32: bits 4i.. of word (g, c) hold zero of n = 8c + i
                   (v1 "gptq": stored = zero - 1, masked to 4 bits; "gptq_v2": stored = zero)
           scales  [G, N] fp16, g_idx [K] int32; w[n, k] = (q - zero[g, n]) * scale[g, n]
+          8-bit: four codes a word (bits 8i.., low byte first), qweight [K/4, N], qzeros
+                  [G, N/4], masked to 8 bits; symmetric zero 128 (4-bit: 8)
     AWQ   qweight [K, N/8] int32: bits 4i.. of word (k, c) hold column 8c + ORDER[i]
           qzeros  [G, N/8] likewise, scales [G, N] fp16; ORDER = 0, 2, 4, 6, 1, 3, 5, 7
 """
@@ -32,18 +34,21 @@ LINEARS = (
 )
 
 
-def _rtn(w: np.ndarray, sym: bool, min_zero: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Round-to-nearest 4-bit of one group's columns w [N, k]: codes [N, k], zero [N], fp16
-    scale [N]."""
+def _rtn(
+    w: np.ndarray, sym: bool, min_zero: int, bits: int = 4
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Round-to-nearest `bits`-bit of one group's columns w [N, k]: codes [N, k], zero [N],
+    fp16 scale [N]."""
+    maxq = 2**bits - 1
     if sym:
-        scale = (np.abs(w).max(axis=1) * 2 / 15).astype(np.float16)
-        zero = np.full(w.shape[0], 8)
+        scale = (np.abs(w).max(axis=1) * 2 / maxq).astype(np.float16)
+        zero = np.full(w.shape[0], (maxq + 1) // 2)
     else:
         lo, hi = np.minimum(w.min(axis=1), 0), np.maximum(w.max(axis=1), 0)
-        scale = ((hi - lo) / 15).astype(np.float16)
-        zero = np.clip(np.round(-lo / scale.astype(np.float32)), min_zero, 15).astype(np.int64)
+        scale = ((hi - lo) / maxq).astype(np.float16)
+        zero = np.clip(np.round(-lo / scale.astype(np.float32)), min_zero, maxq).astype(np.int64)
     s = scale.astype(np.float32)[:, None]
-    codes = np.clip(np.round(w / s) + zero[:, None], 0, 15).astype(np.int64)
+    codes = np.clip(np.round(w / s) + zero[:, None], 0, maxq).astype(np.int64)
     return codes, zero, scale
 
 
@@ -58,9 +63,9 @@ def _groups(k: int, group_size: int, perm: np.ndarray | None) -> np.ndarray:
 
 
 def gptq_tensors(
-    w: torch.Tensor, group_size: int, sym: bool, v1: bool, perm: np.ndarray | None
+    w: torch.Tensor, group_size: int, sym: bool, v1: bool, perm: np.ndarray | None, bits: int = 4
 ) -> dict[str, torch.Tensor]:
-    """qweight, qzeros, scales, g_idx of weight w [N, K] (fp32)."""
+    """qweight, qzeros, scales, g_idx of weight w [N, K] (fp32), `bits` 4 or 8."""
     wn = w.numpy().astype(np.float32)
     n, k = wn.shape
     g_idx = _groups(k, group_size, perm)
@@ -70,15 +75,16 @@ def gptq_tensors(
     scales = np.zeros((num_groups, n), dtype=np.float16)
     for g in range(num_groups):
         cols = np.nonzero(g_idx == g)[0]
-        c, zeros[g], scales[g] = _rtn(wn[:, cols], sym, min_zero=1 if v1 else 0)
+        c, zeros[g], scales[g] = _rtn(wn[:, cols], sym, 1 if v1 else 0, bits)
         codes[:, cols] = c
-    qweight = np.zeros((k // 8, n), dtype=np.uint32)
-    for i in range(8):
-        qweight |= (codes.T[i::8].astype(np.uint32)) << np.uint32(4 * i)
-    stored = (zeros - 1) & 15 if v1 else zeros
-    qzeros = np.zeros((num_groups, n // 8), dtype=np.uint32)
-    for i in range(8):
-        qzeros |= stored[:, i::8].astype(np.uint32) << np.uint32(4 * i)
+    per = 32 // bits  # codes a word
+    qweight = np.zeros((k // per, n), dtype=np.uint32)
+    for i in range(per):
+        qweight |= (codes.T[i::per].astype(np.uint32)) << np.uint32(bits * i)
+    stored = (zeros - 1) & (2**bits - 1) if v1 else zeros
+    qzeros = np.zeros((num_groups, n // per), dtype=np.uint32)
+    for i in range(per):
+        qzeros |= stored[:, i::per].astype(np.uint32) << np.uint32(bits * i)
     return {
         "qweight": torch.from_numpy(qweight.view(np.int32)),
         "qzeros": torch.from_numpy(qzeros.view(np.int32)),
@@ -109,26 +115,28 @@ def awq_tensors(w: torch.Tensor, group_size: int) -> dict[str, torch.Tensor]:
     }
 
 
-def _nibbles(words: np.ndarray, slot: np.ndarray | int) -> np.ndarray:
-    """Code `slot` (0..7, per element or one for all) of each uint32 word."""
-    return ((words >> (np.uint32(4) * np.asarray(slot, dtype=np.uint32))) & 15).astype(np.int64)
+def _nibbles(words: np.ndarray, slot: np.ndarray | int, bits: int = 4) -> np.ndarray:
+    """Code `slot` (0..32/bits - 1, per element or one for all) of each uint32 word."""
+    shift = np.uint32(bits) * np.asarray(slot, dtype=np.uint32)
+    return ((words >> shift) & np.uint32(2**bits - 1)).astype(np.int64)
 
 
 def reference_gptq(
-    t: dict[str, torch.Tensor], group_size: int, desc_act: bool, v1: bool
+    t: dict[str, torch.Tensor], group_size: int, desc_act: bool, v1: bool, bits: int = 4
 ) -> torch.Tensor:
     """w [N, K] fp32 from the GPTQ spec, one input k at a time."""
     qw = t["qweight"].numpy().view(np.uint32)
     qz = t["qzeros"].numpy().view(np.uint32)
     sc = t["scales"].numpy().astype(np.float32)
     g_idx = t["g_idx"].numpy()
-    k, n = qw.shape[0] * 8, qw.shape[1]
+    per = 32 // bits
+    k, n = qw.shape[0] * per, qw.shape[1]
     cols = np.arange(n)
     out = np.zeros((n, k), dtype=np.float32)
     for kk in range(k):
         g = int(g_idx[kk]) if desc_act else (0 if group_size == -1 else kk // group_size)
-        q = _nibbles(qw[kk // 8], kk % 8)  # [N]
-        z = _nibbles(qz[g, cols // 8], cols % 8) + (1 if v1 else 0)
+        q = _nibbles(qw[kk // per], kk % per, bits)  # [N]
+        z = _nibbles(qz[g, cols // per], cols % per, bits) + (1 if v1 else 0)
         out[:, kk] = (q - z).astype(np.float32) * sc[g]
     return torch.from_numpy(out)
 
@@ -180,8 +188,9 @@ def write_checkpoint(
         else:
             part = module.split(".", 3)[-1]
             perm = (perms or {}).get(part) if desc_act else None
-            packed = gptq_tensors(tensor, qc["group_size"], qc.get("sym", True), v1, perm)
-            ref = reference_gptq(packed, qc["group_size"], desc_act, v1)
+            bits = qc.get("bits", 4)
+            packed = gptq_tensors(tensor, qc["group_size"], qc.get("sym", True), v1, perm, bits)
+            ref = reference_gptq(packed, qc["group_size"], desc_act, v1, bits)
         out.update((f"{module}.{suffix}", t) for suffix, t in packed.items())
         reference[name] = ref
     if "lm_head.weight" in out and hf_model.config.tie_word_embeddings:

@@ -158,7 +158,8 @@ def test_fp16_factors_round_only_the_bias(tmp_path: Path, mt) -> None:
     ("qc", "field"),
     [
         (_gptq(128, bits=3), "bits is 3"),
-        ({**_gptq(128), "bits": 8}, "bits is 8"),
+        ({**_awq(128), "bits": 8}, "bits is 8"),
+        (_gptq(128, bits=True), "bits is True"),
         (_gptq(16), "group_size is 16"),
         (_gptq(128, checkpoint_format="marlin"), "checkpoint_format is 'marlin'"),
         (_gptq(128, is_marlin_format=True), "is_marlin_format"),
