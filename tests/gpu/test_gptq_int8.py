@@ -206,3 +206,15 @@ def test_tensor_parallel_ranks_keep_their_int8_slices(sym: bool, tmp_path: Path,
             assert isinstance(weight, Int8Linear if sym else torch.Tensor), name
             got = weight.dequantize() if isinstance(weight, Int8Linear) else weight
             assert torch.equal(got, rows), (rank, name)
+
+
+@pytest.mark.gpu
+def test_kept_8bit_on_cuda_is_expanded_as_q8_0_is(tmp_path: Path, mt) -> None:
+    """CUDA has no int8 matmul here (gpu/quant_linear.make_quant_linear): quantization "keep"
+    expands the int8 weights to the model dtype, as it does a GGUF Q8_0 weight."""
+    reference = write_checkpoint(tmp_path, mt.make_hf_model("llama", **SHAPE), _gptq8(128))
+    _, model = load_model(tmp_path, torch.float16, torch.device("cuda"), 64, quantization="keep")
+    for param, want in _fused_reference(reference).items():
+        weight = getattr(model.layers[0], param)
+        assert isinstance(weight, torch.Tensor) and weight.dtype == torch.float16, param
+        assert torch.equal(weight.cpu(), want.half()), param
