@@ -390,10 +390,7 @@ class ModelRunner:
     def close(self) -> None:
         """Drop the graphs, caches and state, and free the weights' and pools' storages: the
         device memory is reusable at once (gpu/sleep_mode.ModelSleeper.release)."""
-        self._pass.close()
         if self._draft is not None:
             self._draft.close()
-        self._overlap.discard()
-        self._ahead.discard()
+        self.sleeper.release()  # the steps launched ahead and the graphs go first
         self._states.clear()
-        self.sleeper.release()

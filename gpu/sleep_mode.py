@@ -125,9 +125,7 @@ class ModelSleeper:
                 f"are kept quantized ({names}): sleep at level 1, or serve with quantization "
                 "'dequantize'"
             )
-        for discard in self._quiesce:
-            discard()
-        self._sync()
+        self._quiesce_steps()
         self._stored = [
             _Stored(
                 h.storage,
@@ -137,18 +135,13 @@ class ModelSleeper:
             for h in parts
         ]
         self._sync()  # copied out before the memory goes
-        self._forward.close()  # its graphs read the old addresses (and hold their pools)
-        self._forward.cpu_decode = None
-        if self._companion is not None:
-            self._companion.drop_graphs()
+        self._drop_graphs()
         for stored in self._stored:
             stored.storage.resize_(0)
         num_kv_bytes = self._free_pools()
         self._weights.asleep = f"the weights sleep (level {level}): wake_up(tags=['weights'])"
         self._state.fall_asleep(level)
-        if self.model.device.type == "cuda":
-            gc.collect()  # graphs dropped in a reference cycle hold their pools until then
-            torch.cuda.empty_cache()
+        self._return_memory()
         mib = {role: 0.0 for role in Role}
         for stored, held in zip(self._stored, parts, strict=True):
             mib[held.role] += stored.nbytes / 2**20
@@ -165,13 +158,8 @@ class ModelSleeper:
         freed, nothing kept (asleep or not), so a closed runner that something still
         references holds no device memory: a second engine in the process sizes its pool
         from what is free (on an H100 one found the first's 71.5 GiB still in use)."""
-        for discard in self._quiesce:
-            discard()
-        self._sync()  # nothing queued still reads or writes what goes
-        self._forward.close()
-        self._forward.cpu_decode = None
-        if self._companion is not None:
-            self._companion.drop_graphs()
+        self._quiesce_steps()
+        self._drop_graphs()
         companion = self._companion
         modules = () if companion is None else companion.sleep_modules()
         for held in sleep_parts(self.model, modules, skip_fixed=True):
@@ -179,6 +167,22 @@ class ModelSleeper:
         self._free_pools()
         self._stored, self._scales = [], []  # an asleep runner's host copies too
         self._weights.asleep = "the runner is closed"
+        self._return_memory()
+
+    def _quiesce_steps(self) -> None:
+        """The steps launched ahead dropped, and nothing queued still reading or writing."""
+        for discard in self._quiesce:
+            discard()
+        self._sync()
+
+    def _drop_graphs(self) -> None:
+        """What read the old addresses: the graphs (which hold their pools) and CPU bindings."""
+        self._forward.close()
+        self._forward.cpu_decode = None
+        if self._companion is not None:
+            self._companion.drop_graphs()
+
+    def _return_memory(self) -> None:
         if self.model.device.type == "cuda":
             gc.collect()  # graphs dropped in a reference cycle hold their pools until then
             torch.cuda.empty_cache()
