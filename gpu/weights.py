@@ -10,6 +10,8 @@ from pathlib import Path
 import torch
 from troupe.config import Quantization
 from troupe.gpu.cpu_q4lib import Q4Options, load_q4
+from troupe.gpu.ct_format import read_ct_format
+from troupe.gpu.ct_reader import CtReader
 from troupe.gpu.fp8_weights import expand_fp8, read_fp8_weights
 from troupe.gpu.gguf_weights import (
     forget_gguf_directories,
@@ -109,12 +111,11 @@ def load_model(
             torch.set_num_threads(threads)
             forget_gguf_directories()
         return config, model.eval()
-    packed = read_packed_int4_format(path) if path.is_dir() else None
-    if packed is not None:  # GPTQ / AWQ (gpu/gptq_awq_format.py): kept as int4, else expanded
+    reader = _packed_reader(path, quantization == "keep") if path.is_dir() else None
+    if reader is not None:  # GPTQ / AWQ / compressed-tensors int: kept as int4/int8, or expanded
         model = DecoderModel(config, dtype, device, max_positions, kernel_backend)
         q4 = load_q4(cpu_kernels) if keep and device.type == "cpu" else None
-        strict = quantization == "keep"  # an 8-bit linear int8 cannot hold: refused
-        with PackedInt4Reader(safetensors_files(path), packed, strict) as reader:
+        with reader:
             kept = install_quantized(model, reader.modules(), q4) if keep else set()
             fill_weights(model, reader.dense(kept), str(path))
         return config, model.eval()
@@ -133,6 +134,17 @@ def load_model(
     finally:
         forget_gguf_directories()
     return config, model
+
+
+def _packed_reader(folder: Path, strict: bool) -> PackedInt4Reader | CtReader | None:
+    """The reader of a GPTQ / AWQ (gpu/gptq_awq_format.py) or integer compressed-tensors
+    (gpu/ct_format.py) folder, None for any other. `strict` (quantization "keep"): a linear
+    the kept forms cannot hold is refused, not expanded."""
+    packed = read_packed_int4_format(folder)
+    if packed is not None:
+        return PackedInt4Reader(safetensors_files(folder), packed, strict)
+    ct = read_ct_format(folder)
+    return None if ct is None else CtReader(safetensors_files(folder), ct, strict)
 
 
 def build_model(
