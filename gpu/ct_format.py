@@ -143,9 +143,10 @@ def _weights(where: str, fmt: str, group: dict[str, Any]) -> CtWeights:
     strategy = w.get("strategy")
     group_size = -1
     if strategy == "group":
-        group_size = w.get("group_size")
-        if type(group_size) is not int or group_size <= 0:
-            raise _refuse(where, "weights.group_size", group_size, "a positive integer")
+        size = w.get("group_size")
+        if type(size) is not int or size <= 0:
+            raise _refuse(where, "weights.group_size", size, "a positive integer")
+        group_size = size
     elif strategy not in ("channel", "tensor"):
         raise _refuse(where, "weights.strategy", strategy, "'group', 'channel' or 'tensor'")
     actorder = w.get("actorder")

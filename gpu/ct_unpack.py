@@ -43,7 +43,7 @@ _SCALE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 def unpack_int32(words: torch.Tensor, bits: int) -> torch.Tensor:
     """int32 [R, M] -> int32 codes [R, M * 32/bits]: code i of word j at column (32/bits) j + i."""
     shifts = torch.arange(0, 32, bits, dtype=torch.int32)
-    codes = (words[..., None] >> shifts) & (2**bits - 1)
+    codes: torch.Tensor = (words[..., None] >> shifts) & (2**bits - 1)
     return codes.reshape(words.shape[0], -1)
 
 
@@ -134,7 +134,8 @@ def _zeros(
         raise ModelLoadError(
             f"{name}.weight_zero_point: shape {tuple(stored.shape)}, expected {(n, num_groups)}"
         )
-    return stored.to(torch.int32) + offset
+    unsigned: torch.Tensor = stored.to(torch.int32) + offset
+    return unsigned
 
 
 def _unkept_reason(name: str, w: CtWeights, k: int, in_order: bool) -> str | None:
