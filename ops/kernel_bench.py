@@ -28,12 +28,14 @@ its cuDNN backend (cuDNN's Hopper kernel is the candidate for issue 9's 460 TFLO
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 import random
 from collections.abc import Callable
 from dataclasses import replace
 
 import torch
+import torch.nn.functional as F
 import triton.testing
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from troupe.kernels import decode_attention, paged_attention, reference
@@ -343,34 +345,23 @@ def run_prefill(
         num_seqs, new = len(lens), lens[0][1]
         q4 = batch.q.view(num_seqs, new, NUM_Q_HEADS, HEAD_DIM).transpose(1, 2)
         k4 = torch.randn(num_seqs, NUM_KV_HEADS, new, HEAD_DIM, dtype=DTYPE, device="cuda")
-        # every KV head repeated for its queries: a backend that does not take enable_gqa
-        k_full = k4.repeat_interleave(NUM_Q_HEADS // NUM_KV_HEADS, dim=1)
-        # cuDNN's Hopper attention (FA3-like warp specialization, which Triton does not
-        # express): what a prefill step without cached prefixes could call instead (issue 9)
-        for name, backend in (
-            ("flash", SDPBackend.FLASH_ATTENTION),
-            ("cudnn", SDPBackend.CUDNN_ATTENTION),
-        ):
-            for keys, gqa in ((k4, True), (k_full, False)):
+        k_full = k4.repeat_interleave(NUM_Q_HEADS // NUM_KV_HEADS, dim=1)  # no enable_gqa
+        # cuDNN's Hopper kernel (the warp specialization Triton lacks): a candidate (issue 9)
+        backends = (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION))
+        for (name, backend), (keys, gqa) in itertools.product(backends, ((k4, 1), (k_full, 0))):
 
-                def sdpa(b: SDPBackend = backend, k: torch.Tensor = keys, g: bool = gqa) -> None:
-                    with sdpa_kernel(b):
-                        torch.nn.functional.scaled_dot_product_attention(
-                            q4, k, k, is_causal=True, enable_gqa=g
-                        )
+            def sdpa(b: SDPBackend = backend, k: torch.Tensor = keys, g: int = gqa) -> None:
+                with sdpa_kernel(b):
+                    F.scaled_dot_product_attention(q4, k, k, is_causal=True, enable_gqa=bool(g))
 
-                try:
-                    ms = median_ms(sdpa)
-                except RuntimeError as ex:
-                    print(f"prefill {label} sdpa[{name}] gqa={gqa}: failed {str(ex)[:100]}")
-                    continue
-                rate = f"{flops / (ms * 1e-3) / 1e12:.0f} TFLOP/s"
-                print(f"prefill {label} torch sdpa[{name}] gqa={gqa}: {ms * 1e3:.1f} us, {rate}")
-                how = "GQA" if gqa else "KV heads repeated"
-                rows.append(
-                    (f"prefill {label}", f"torch sdpa[{name}] contiguous, {how}", ms, rate, "")
-                )
-                break
+            try:
+                ms = median_ms(sdpa)
+            except RuntimeError as ex:
+                print(f"prefill {label} sdpa[{name}] gqa={gqa}: failed {str(ex)[:100]}")
+                continue
+            rate = f"{flops / (ms * 1e-3) / 1e12:.0f} TFLOP/s"
+            print(f"prefill {label} torch sdpa[{name}] gqa={gqa}: {ms * 1e3:.1f} us, {rate}")
+            rows.append((f"prefill {label}", f"torch sdpa[{name}] gqa={gqa}", ms, rate, ""))
 
 
 def main() -> None:
