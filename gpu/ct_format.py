@@ -27,7 +27,6 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from troupe.config import ConfigError
 from troupe.gpu.model_config import ModelLoadError, read_json_object
 
 METHOD = "compressed-tensors"
@@ -112,16 +111,6 @@ def read_ct_format(folder: Path) -> CtFormat | None:
     if not isinstance(ignore, list) or not all(isinstance(t, str) for t in ignore):
         raise _refuse(source, "ignore", ignore, "a list of module names or 're:' patterns")
     return CtFormat(kept, tuple(ignore), str(config_file))
-
-
-def refuse_on_workers(folder: Path, setting: str) -> None:
-    """A ConfigError before any worker starts: tensor-parallel ranks and pipeline stages do not
-    read integer compressed-tensors folders (one device loads them, gpu/ct_reader.py)."""
-    if folder.is_dir() and read_ct_format(folder) is not None:
-        raise ConfigError(
-            f"{setting} > 1: {folder} is an integer compressed-tensors checkpoint, which loads "
-            "on one device only (tensor_parallel_size and pipeline_parallel_size 1)"
-        )
 
 
 def _refuse(source: str, field: str, value: Any, expected: str) -> ModelLoadError:

@@ -4,7 +4,9 @@ gpu/weights.load_model feeds, as gpu/gptq_awq_reader.PackedInt4Reader does for G
 gpu/quant_install.install_quantized; `dense(kept)` everything else, each quantized linear not in
 `kept` expanded to fp32, the activation scales of W8A8 folders dropped (weight-only). A linear
 Int4Blocks / Int8Blocks cannot hold is left out of `modules()` (so it is expanded); with
-`strict` (quantization "keep" asked for) it is refused instead, naming the field.
+`strict` (quantization "keep" asked for) it is refused instead, naming the field. Tensor-
+parallel ranks cut `convert`'s forms (gpu/tp_packed_int4.py); pipeline stages read
+`dense(set(), wanted)`, their own layers expanded (gpu/pp_weights.py).
 
 A quantized linear is a prefix with `weight_packed` (pack-quantized) or an int8 `weight`
 (int-quantized) whose module a config group targets; its parts may lie in different shards:
@@ -14,7 +16,7 @@ every shard stays open and each part is read when its linear is converted.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +75,10 @@ class CtReader:
             )
         return weights
 
+    def is_packed(self, weight: str) -> bool:
+        """Whether HF weight name `weight` (`<prefix>.weight`) is a quantized linear here."""
+        return weight.endswith(".weight") and weight[: -len(".weight")] in self._linears
+
     def prefixes(self) -> list[str]:
         """Every quantized linear's name prefix, in file order."""
         return list(self._linears)
@@ -87,17 +93,20 @@ class CtReader:
                 continue  # dense() expands it
             yield prefix + ".weight", converted
 
-    def dense(self, kept: set[str]) -> Iterator[tuple[str, torch.Tensor]]:
+    def dense(
+        self, kept: set[str], wanted: Callable[[str], bool] | None = None
+    ) -> Iterator[tuple[str, torch.Tensor]]:
         """Every other tensor as shipped; quantized linears not in `kept` (HF weight names)
-        expanded to fp32 [N, K]."""
+        expanded to fp32 [N, K]. `wanted`: which HF names to read at all (a pipeline stage's
+        own), default every one."""
         for name, handle in self._where.items():
             prefix, _, suffix = name.rpartition(".")
             if prefix in self._linears:
                 weight = prefix + ".weight"
                 first = "weight_packed" if name.endswith("_packed") else "weight"
-                if suffix == first and weight not in kept:
+                if suffix == first and weight not in kept and (wanted is None or wanted(weight)):
                     yield weight, self.convert(prefix).dequantize()
-            elif not name.endswith(_ACTIVATIONS):
+            elif not name.endswith(_ACTIVATIONS) and (wanted is None or wanted(name)):
                 yield name, handle.get_tensor(name)
 
     def convert(self, prefix: str) -> Converted:

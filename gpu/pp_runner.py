@@ -20,7 +20,6 @@ from pathlib import Path
 
 import torch
 from troupe.config import ConfigError, EngineConfig, resolve_model_path
-from troupe.gpu.ct_format import refuse_on_workers
 from troupe.gpu.pp_stage import check_pipeline_parallel
 from troupe.gpu.pp_worker import build_stage_runner
 from troupe.gpu.runner_dead import RunnerDead
@@ -39,10 +38,8 @@ class PPRunner(WorkerRunner):
 
     def __init__(self, config: EngineConfig) -> None:
         size = config.pipeline_parallel_size
-        path = Path(resolve_model_path(config.model))
-        full = read_config(path)
+        full = read_config(Path(resolve_model_path(config.model)))
         check_pipeline_parallel(full, size, config.pipeline_layer_partition)  # before spawning
-        refuse_on_workers(path, "pipeline_parallel_size")
         if uses_cuda(config) and torch.cuda.device_count() < size:
             raise ConfigError(
                 f"pipeline_parallel_size ({size}) exceeds the CUDA devices torch sees "

@@ -2,8 +2,8 @@
 (renumbered from 0), embed_tokens where it embeds or reads the tied head, the final norm and
 lm_head on the last stage. The parameters a stage does not hold are empty (gpu/pp_model.py):
 they are filled with empty tensors so fill_weights' "every parameter filled" check still holds.
-GGUF and GPTQ / AWQ linears are dequantized (quantized stages: not built); safetensors tensors
-of other stages are never read.
+GGUF, GPTQ / AWQ and integer compressed-tensors linears are dequantized (quantized stages:
+not built); safetensors tensors of other stages are never read.
 """
 
 from __future__ import annotations
@@ -14,12 +14,10 @@ from pathlib import Path
 import torch
 from troupe.gpu.fp8_weights import expand_fp8, read_fp8_weights
 from troupe.gpu.gguf_weights import forget_gguf_directories, iter_gguf_tensors
-from troupe.gpu.gptq_awq_format import read_packed_int4_format
-from troupe.gpu.gptq_awq_reader import PackedInt4Reader
 from troupe.gpu.model_config import ModelConfig, ModelLoadError
 from troupe.gpu.pp_model import PPStageModel
 from troupe.gpu.weight_fill import fill_weights
-from troupe.gpu.weights import safetensors_files
+from troupe.gpu.weights import packed_reader, safetensors_files
 
 # what a stage that does not hold these parameters keeps empty (PPStageModel)
 _EDGE_NAMES = {
@@ -37,13 +35,13 @@ def load_stage(model: PPStageModel, path: Path, full: ModelConfig) -> None:
         finally:
             forget_gguf_directories()
         return
-    files = safetensors_files(path)
-    packed = read_packed_int4_format(path)
-    if packed is not None:  # GPTQ / AWQ: this stage's linears expanded, as GGUF stages are
-        with PackedInt4Reader(files, packed) as reader:
+    packed = packed_reader(path)
+    if packed is not None:  # GPTQ / AWQ / compressed-tensors int: this stage's linears expanded
+        with packed as reader:
             wanted = reader.dense(set(), lambda name: _wanted(model, name) is not None)
             _fill(model, wanted, str(path))
         return
+    files = safetensors_files(path)
     fp8 = read_fp8_weights(files)
     tensors = _read_safetensors(files, model)
     _fill(model, expand_fp8(tensors, fp8, set()) if fp8 else tensors, str(path))

@@ -1,5 +1,7 @@
-"""GPTQ / AWQ folders under tensor parallelism: each rank converts a packed linear whole
-(gpu/gptq_awq_unpack.py) and keeps its slice, as gpu/tp_quant.py keeps GGUF blocks.
+"""GPTQ / AWQ and integer compressed-tensors folders under tensor parallelism: each rank
+converts a packed linear whole (gpu/gptq_awq_unpack.py, gpu/ct_unpack.py) and keeps its slice,
+as gpu/tp_quant.py keeps GGUF blocks. The folder's reader is the one gpu/weights.packed_reader
+chooses (GPTQ / AWQ first) for one device.
 
     column-parallel  q/k/v, gate/up (lm_head): the rank's output rows; an act-order input
                      order (in_perm) is the whole input's, so it goes with every rank's rows
@@ -8,8 +10,9 @@
                      inputs of every rank): refused under quantization "keep", expanded
                      under "auto" (one log line)
 
-8-bit GPTQ kept as Int8Blocks (gpu/gptq_int8.py) is cut the same way (its groups of 32 along
-K); one int8 cannot hold (UnkeptInt8) is refused under "keep" and expanded under "auto".
+Int8Blocks (8-bit GPTQ, gpu/gptq_int8.py; compressed-tensors W8A16 / W8A8) are cut the same
+way (their groups of 32 along K); a linear the kept forms cannot hold (UnkeptInt8) is refused
+under "keep" and expanded under "auto".
 
 Every other tensor, and the dense reads, go through the folder's plain reader.
 """
@@ -19,6 +22,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
+from troupe.gpu.ct_reader import CtReader
+from troupe.gpu.ct_reader import unkept_message as ct_unkept_message
 from troupe.gpu.gguf_quant import Int4Blocks, Int8Blocks
 from troupe.gpu.gptq_awq_format import GROUP
 from troupe.gpu.gptq_awq_reader import Converted, PackedInt4Reader, unkept_message
@@ -31,9 +36,10 @@ if TYPE_CHECKING:
 
 
 class PackedInt4ShardReader:
-    """A ShardReader (gpu/tp_weights.py) over a GPTQ / AWQ folder; see the module docstring."""
+    """A ShardReader (gpu/tp_weights.py) over a GPTQ / AWQ or integer compressed-tensors
+    folder; see the module docstring."""
 
-    def __init__(self, dense: ShardReader, packed: PackedInt4Reader) -> None:
+    def __init__(self, dense: ShardReader, packed: PackedInt4Reader | CtReader) -> None:
         self._dense, self._packed = dense, packed
         self._last: tuple[str, Converted] | None = None  # read after read_kept
 
@@ -55,7 +61,7 @@ class PackedInt4ShardReader:
             return self._dense.read_kept(name, dim, start, stop, strict)
         whole = self._convert(name)
         if isinstance(whole, UnkeptInt8):
-            cannot_keep(f"tensor {name!r}: {unkept_message(whole)}", strict)
+            cannot_keep(f"tensor {name!r}: {self._unkept(whole)}", strict)
             return None
         if dim is None:
             return whole
@@ -88,6 +94,11 @@ class PackedInt4ShardReader:
             whole.bias[:, first:last].contiguous(),
             GROUP,
         )
+
+    def _unkept(self, whole: UnkeptInt8) -> str:
+        if isinstance(self._packed, CtReader):
+            return ct_unkept_message(whole)
+        return unkept_message(whole)
 
     def _convert(self, name: str) -> Converted:
         if self._last is None or self._last[0] != name:

@@ -18,7 +18,6 @@ from pathlib import Path
 
 import torch
 from troupe.config import ConfigError, EngineConfig, resolve_model_path
-from troupe.gpu.ct_format import refuse_on_workers
 from troupe.gpu.lora_adapter import load_adapter
 from troupe.gpu.runner_dead import RunnerDead
 from troupe.gpu.tp_lora_runtime import TPLoraClient
@@ -44,7 +43,6 @@ class TPRunner(WorkerRunner):
         full = read_config(path)
         # before spawning anything, and the adapters:
         check_tensor_parallel(full, size, config.enable_expert_parallel)
-        refuse_on_workers(path, "tensor_parallel_size")
         for name, folder in config.lora_adapters.items():  # each rank reads its cut again
             load_adapter(name, folder, full, config.max_lora_rank)
         if rank_device(config, 0).type == "cuda" and torch.cuda.device_count() < size:

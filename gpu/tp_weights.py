@@ -32,8 +32,6 @@ from troupe.gpu.gemma3_layer import Gemma3Layer
 from troupe.gpu.gguf_arch import hf_name, norm_offset
 from troupe.gpu.gguf_quant import BLOCK_BYTES, Q4_0, Q4_1, Q4_K, Q6_K, Q8_0, QuantBlocks, from_gguf
 from troupe.gpu.gguf_weights import read_gguf_config, rest_is, unpermute_rotary
-from troupe.gpu.gptq_awq_format import read_packed_int4_format
-from troupe.gpu.gptq_awq_reader import PackedInt4Reader
 from troupe.gpu.model_config import ModelConfig, ModelLoadError
 from troupe.gpu.quant_linear import Projection
 from troupe.gpu.tp_mla import TPMlaLayer, mla_targets
@@ -49,7 +47,7 @@ from troupe.gpu.tp_quant import (
     on_block_edge,
     unpermuted_rows,
 )
-from troupe.gpu.weights import safetensors_files
+from troupe.gpu.weights import packed_reader, safetensors_files
 
 GGML_NAMES = {Q4_0: "Q4_0", Q4_1: "Q4_1", Q8_0: "Q8_0", Q4_K: "Q4_K", Q6_K: "Q6_K"}
 
@@ -219,18 +217,19 @@ class GGUFShardReader:
 
 @contextlib.contextmanager
 def open_shard_reader(path: Path) -> Iterator[ShardReader]:
-    """The reader of an HF folder (GPTQ / AWQ ones: gpu/tp_packed_int4.py) or a .gguf file."""
+    """The reader of an HF folder (GPTQ / AWQ and integer compressed-tensors ones:
+    gpu/tp_packed_int4.py) or a .gguf file."""
     with contextlib.ExitStack() as stack:
         if path.suffix == ".gguf":
             yield GGUFShardReader(path, read_gguf_config(path))
             return
         dense = SafetensorsShardReader(path, stack)
-        packed = read_packed_int4_format(path)
+        packed = packed_reader(path)  # strictness is read_kept's, per tensor
         if packed is None:
             yield dense
             return
-        files = safetensors_files(path)
-        yield PackedInt4ShardReader(dense, stack.enter_context(PackedInt4Reader(files, packed)))
+        stack.enter_context(packed)
+        yield PackedInt4ShardReader(dense, packed)
 
 
 def shard_targets(model: TPDecoderModel, reader: ShardReader) -> list[tuple[str, Target]]:

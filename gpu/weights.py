@@ -111,7 +111,7 @@ def load_model(
             torch.set_num_threads(threads)
             forget_gguf_directories()
         return config, model.eval()
-    reader = _packed_reader(path, quantization == "keep") if path.is_dir() else None
+    reader = packed_reader(path, quantization == "keep") if path.is_dir() else None
     if reader is not None:  # GPTQ / AWQ / compressed-tensors int: kept as int4/int8, or expanded
         model = DecoderModel(config, dtype, device, max_positions, kernel_backend)
         q4 = load_q4(cpu_kernels) if keep and device.type == "cpu" else None
@@ -136,10 +136,11 @@ def load_model(
     return config, model
 
 
-def _packed_reader(folder: Path, strict: bool) -> PackedInt4Reader | CtReader | None:
+def packed_reader(folder: Path, strict: bool = False) -> PackedInt4Reader | CtReader | None:
     """The reader of a GPTQ / AWQ (gpu/gptq_awq_format.py) or integer compressed-tensors
-    (gpu/ct_format.py) folder, None for any other. `strict` (quantization "keep"): a linear
-    the kept forms cannot hold is refused, not expanded."""
+    (gpu/ct_format.py) folder, GPTQ / AWQ tried first, None for any other (one device, tensor-
+    parallel ranks and pipeline stages all choose here). `strict` (quantization "keep"): a
+    linear the kept forms cannot hold is refused, not expanded."""
     packed = read_packed_int4_format(folder)
     if packed is not None:
         return PackedInt4Reader(safetensors_files(folder), packed, strict)

@@ -5,7 +5,8 @@ format (tests/ct_checkpoints.py) bit for bit; int-quantized W8A8 weights load we
 int8; greedy decoding of the kept model equals the dense load; an ignored lm_head (or a module
 ignored by pattern) stays dense; forms the kept layouts cannot hold load dense and "keep"
 refuses them naming the field; unread formats are refused naming the field; compressed-tensors
-fp8 folders still go through gpu/fp8_weights.py."""
+fp8 folders still go through gpu/fp8_weights.py. Tensor-parallel ranks and pipeline stages:
+tests/gpu/test_compressed_tensors_parallel.py."""
 
 from __future__ import annotations
 
@@ -192,22 +193,3 @@ def test_fp8_float_quantized_folders_still_load_as_fp8(tmp_path: Path, mt) -> No
     (tmp_path / "config.json").write_text(json.dumps(config))
     _, model = load_model(tmp_path, torch.float32, CPU, 64, quantization="auto")
     assert torch.equal(model.layers[0].down_proj, q.float() * scale)
-
-
-@pytest.mark.parametrize("setting", ["tensor_parallel_size", "pipeline_parallel_size"])
-def test_parallel_workers_refuse_them_before_starting(
-    setting: str, tmp_path: Path, mt: Any
-) -> None:
-    """Ranks and stages do not read these folders: a ConfigError naming the setting, before
-    any worker process is spawned."""
-    from troupe.config import ConfigError, EngineConfig
-    from troupe.gpu.pp_runner import PPRunner
-    from troupe.gpu.tp_runner import TPRunner
-
-    shape = SHAPE | {"num_hidden_layers": 2}  # a layer for each stage
-    hf_model = mt.make_hf_model("llama", tie_word_embeddings=False, **shape)
-    write_ct_checkpoint(tmp_path, hf_model, scheme("pack-quantized", 4))
-    config = EngineConfig(model=str(tmp_path), device="cpu", **{setting: 2})
-    runner = TPRunner if setting == "tensor_parallel_size" else PPRunner
-    with pytest.raises(ConfigError, match=f"{setting} > 1: .* compressed-tensors"):
-        runner(config)
