@@ -26,6 +26,7 @@ from troupe.gpu.ct_unpack import Converted, convert_linear
 from troupe.gpu.gguf_quant import QuantBlocks
 from troupe.gpu.gptq_int8 import UnkeptInt8
 from troupe.gpu.model_config import ModelLoadError
+from troupe.gpu.safetensors_shards import open_shards
 
 _PARTS = ("weight_packed", "weight_scale", "weight_shape", "weight_zero_point", "weight_g_idx")
 _ACTIVATIONS = (".input_scale", ".input_zero_point", ".output_scale", ".output_zero_point")
@@ -43,14 +44,7 @@ class CtReader:
         self._files = files
 
     def __enter__(self) -> CtReader:
-        from safetensors import SafetensorError, safe_open
-
-        for file in self._files:
-            try:
-                handle = self._stack.enter_context(safe_open(str(file), framework="pt"))
-            except SafetensorError as exc:
-                raise ModelLoadError(f"{file}: not a readable safetensors file ({exc})") from exc
-            self._where.update((name, handle) for name in handle.keys())
+        self._where = open_shards(self._files, self._stack)
         for name, handle in self._where.items():
             is_int8 = name.endswith(".weight") and handle.get_slice(name).get_dtype() == "I8"
             if name.endswith(".weight_packed") or is_int8:

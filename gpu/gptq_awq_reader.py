@@ -24,6 +24,7 @@ from troupe.gpu.gptq_awq_format import PackedInt4Format
 from troupe.gpu.gptq_awq_unpack import PermutedInt4, awq_blocks, gptq_blocks
 from troupe.gpu.gptq_int8 import UnkeptInt8, gptq_int8
 from troupe.gpu.model_config import ModelLoadError
+from troupe.gpu.safetensors_shards import open_shards
 
 _PARTS = (".qweight", ".qzeros", ".scales", ".g_idx")
 Converted = Int4Blocks | PermutedInt4 | Int8Blocks | UnkeptInt8
@@ -40,14 +41,7 @@ class PackedInt4Reader:
         self._files = files
 
     def __enter__(self) -> PackedInt4Reader:
-        from safetensors import SafetensorError, safe_open
-
-        for file in self._files:
-            try:
-                handle = self._stack.enter_context(safe_open(str(file), framework="pt"))
-            except SafetensorError as exc:
-                raise ModelLoadError(f"{file}: not a readable safetensors file ({exc})") from exc
-            self._where.update((name, handle) for name in handle.keys())
+        self._where = open_shards(self._files, self._stack)
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -34,6 +34,7 @@ from troupe.gpu.gguf_quant import BLOCK_BYTES, Q4_0, Q4_1, Q4_K, Q6_K, Q8_0, Qua
 from troupe.gpu.gguf_weights import read_gguf_config, rest_is, unpermute_rotary
 from troupe.gpu.model_config import ModelConfig, ModelLoadError
 from troupe.gpu.quant_linear import Projection
+from troupe.gpu.safetensors_shards import open_shards
 from troupe.gpu.tp_mla import TPMlaLayer, mla_targets
 from troupe.gpu.tp_model import Target, TPDecoderLayer, TPDecoderModel
 from troupe.gpu.tp_moe import TPMoeLayer, moe_targets
@@ -74,13 +75,7 @@ class SafetensorsShardReader:
     """An HF folder's safetensors files, every file kept open while loading."""
 
     def __init__(self, folder: Path, stack: contextlib.ExitStack) -> None:
-        from safetensors import safe_open
-
-        self._handles: dict[str, Any] = {}
-        for file in safetensors_files(folder):
-            handle = stack.enter_context(safe_open(str(file), framework="pt"))
-            for name in handle.keys():
-                self._handles[name] = handle
+        self._handles = open_shards(safetensors_files(folder), stack)
 
     def has(self, name: str) -> bool:
         return name in self._handles
