@@ -24,6 +24,7 @@ import torch
 from troupe.gpu.ct_format import CtFormat, CtWeights
 from troupe.gpu.ct_unpack import Converted, convert_linear
 from troupe.gpu.gguf_quant import QuantBlocks
+from troupe.gpu.gptq_awq_reader import kept_forms
 from troupe.gpu.gptq_int8 import UnkeptInt8
 from troupe.gpu.model_config import ModelLoadError
 from troupe.gpu.safetensors_shards import open_shards
@@ -79,13 +80,16 @@ class CtReader:
 
     def modules(self) -> Iterator[tuple[str, QuantBlocks]]:
         """(`<prefix>.weight`, converted) for every quantized linear it can keep, one at a time."""
-        for prefix in self.prefixes():
-            converted = self.convert(prefix)
-            if isinstance(converted, UnkeptInt8):
-                if self.strict:
-                    raise ModelLoadError(unkept_message(converted))
-                continue  # dense() expands it
-            yield prefix + ".weight", converted
+        return kept_forms(self.prefixes(), self.convert, self.unkept_message, self.strict)
+
+    def unkept_message(self, weight: UnkeptInt8) -> str:
+        """quantization "keep"'s refusal of a linear the kept forms cannot hold."""
+        return (
+            f"quantization 'keep': {weight.reason}; troupe keeps compressed-tensors integer "
+            "weights as int4 / int8 only with group or channel strategy, groups of a multiple "
+            "of 32 in input order, and 8-bit ones symmetric (quantization 'auto' or "
+            "'dequantize' expands them)"
+        )
 
     def dense(
         self, kept: set[str], wanted: Callable[[str], bool] | None = None
@@ -115,13 +119,3 @@ class CtReader:
         if "weight_scale" not in parts:
             raise ModelLoadError(f"{prefix}.weight_scale: missing; a quantized linear needs it")
         return convert_linear(prefix, weights, parts)
-
-
-def unkept_message(weight: UnkeptInt8) -> str:
-    """quantization "keep"'s refusal of a linear the kept forms cannot hold."""
-    return (
-        f"quantization 'keep': {weight.reason}; troupe keeps compressed-tensors integer "
-        "weights as int4 / int8 only with group or channel strategy, groups of a multiple of "
-        "32 in input order, and 8-bit ones symmetric (quantization 'auto' or 'dequantize' "
-        "expands them)"
-    )

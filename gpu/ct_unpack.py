@@ -33,6 +33,7 @@ import torch
 from troupe.gpu.ct_format import CtWeights
 from troupe.gpu.gguf_quant import Int4Blocks, Int8Blocks, pack_nibbles
 from troupe.gpu.gptq_awq_format import GROUP
+from troupe.gpu.gptq_awq_unpack import unpack_words
 from troupe.gpu.gptq_int8 import UnkeptInt8
 from troupe.gpu.model_config import ModelLoadError
 
@@ -42,9 +43,7 @@ _SCALE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 def unpack_int32(words: torch.Tensor, bits: int) -> torch.Tensor:
     """int32 [R, M] -> int32 codes [R, M * 32/bits]: code i of word j at column (32/bits) j + i."""
-    shifts = torch.arange(0, 32, bits, dtype=torch.int32)
-    codes: torch.Tensor = (words[..., None] >> shifts) & (2**bits - 1)
-    return codes.reshape(words.shape[0], -1)
+    return unpack_words(words, bits).reshape(words.shape[0], -1).to(torch.int32)
 
 
 def convert_linear(name: str, w: CtWeights, parts: dict[str, torch.Tensor]) -> Converted:

@@ -14,9 +14,9 @@ linear is converted, one linear at a time.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from troupe.gpu.gguf_quant import Int4Blocks, Int8Blocks, QuantBlocks
@@ -26,6 +26,7 @@ from troupe.gpu.gptq_int8 import UnkeptInt8, gptq_int8
 from troupe.gpu.model_config import ModelLoadError
 from troupe.gpu.safetensors_shards import open_shards
 
+Kept = TypeVar("Kept")
 _PARTS = (".qweight", ".qzeros", ".scales", ".g_idx")
 Converted = Int4Blocks | PermutedInt4 | Int8Blocks | UnkeptInt8
 
@@ -57,13 +58,15 @@ class PackedInt4Reader:
 
     def modules(self) -> Iterator[tuple[str, QuantBlocks | PermutedInt4]]:
         """(`<prefix>.weight`, converted) for every packed linear it can keep, one at a time."""
-        for prefix in self.prefixes():
-            converted = self.convert(prefix)
-            if isinstance(converted, UnkeptInt8):
-                if self.strict:
-                    raise ModelLoadError(unkept_message(converted))
-                continue  # dense() expands it
-            yield prefix + ".weight", converted
+        return kept_forms(self.prefixes(), self.convert, self.unkept_message, self.strict)
+
+    def unkept_message(self, weight: UnkeptInt8) -> str:
+        """quantization "keep"'s refusal of an 8-bit linear int8 codes cannot hold."""
+        return (
+            f"quantization 'keep': {weight.reason}; troupe keeps 8-bit GPTQ weights as int8 "
+            "only when symmetric (every zero 128) with groups in input order (quantization "
+            "'auto' or 'dequantize' expands them)"
+        )
 
     def dense(
         self, kept: set[str], wanted: Callable[[str], bool] | None = None
@@ -103,10 +106,20 @@ class PackedInt4Reader:
         return tensor
 
 
-def unkept_message(weight: UnkeptInt8) -> str:
-    """quantization "keep"'s refusal of an 8-bit linear int8 codes cannot hold."""
-    return (
-        f"quantization 'keep': {weight.reason}; troupe keeps 8-bit GPTQ weights as int8 only "
-        "when symmetric (every zero 128) with groups in input order (quantization 'auto' or "
-        "'dequantize' expands them)"
-    )
+def kept_forms(
+    prefixes: Iterable[str],
+    convert: Callable[[str], Kept | UnkeptInt8],
+    refusal: Callable[[UnkeptInt8], str],
+    strict: bool,
+) -> Iterator[tuple[str, Kept]]:
+    """(`<prefix>.weight`, converted) for each linear a kept form holds, one at a time; one
+    that none holds (UnkeptInt8) is left for `dense()` to expand, or refused with `strict`
+    (quantization "keep"), `refusal` naming why. Shared by the GPTQ / AWQ and the
+    compressed-tensors readers."""
+    for prefix in prefixes:
+        converted = convert(prefix)
+        if isinstance(converted, UnkeptInt8):
+            if strict:
+                raise ModelLoadError(refusal(converted))
+            continue  # dense() expands it
+        yield prefix + ".weight", converted

@@ -55,9 +55,12 @@ class PermutedInt4:
         return out
 
 
-def unpack_words(words: torch.Tensor) -> torch.Tensor:
-    """int32 [..., M] -> uint8 codes [..., M, 8], code i = bits 4i..4i+3 of its word."""
-    return ((words[..., None] >> _SHIFTS) & 15).to(torch.uint8)
+def unpack_words(words: torch.Tensor, bits: int = 4) -> torch.Tensor:
+    """int32 [..., M] -> uint8 codes [..., M, 32 / bits], code i = bits b i .. b i + b - 1 of
+    its word, lowest first (GPTQ, AWQ and compressed-tensors all pack so)."""
+    shifts = _SHIFTS if bits == 4 else torch.arange(0, 32, bits, dtype=torch.int32)
+    codes: torch.Tensor = (words[..., None] >> shifts) & (2**bits - 1)
+    return codes.to(torch.uint8)
 
 
 def gptq_blocks(

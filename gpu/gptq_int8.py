@@ -28,10 +28,10 @@ import dataclasses
 import torch
 from troupe.gpu.gguf_quant import Int8Blocks
 from troupe.gpu.gptq_awq_format import GROUP, PackedInt4Format
+from troupe.gpu.gptq_awq_unpack import unpack_words
 from troupe.gpu.model_config import ModelLoadError
 
 SYM_ZERO = 128  # GPTQ's symmetric 8-bit zero: (2^8 - 1 + 1) / 2
-_SHIFTS = torch.arange(0, 32, 8, dtype=torch.int32)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,11 +54,6 @@ class UnkeptInt8:
         return (diff.float() * self.scales.float()[self.groups]).t().contiguous()
 
 
-def unpack_bytes(words: torch.Tensor) -> torch.Tensor:
-    """int32 [..., M] -> uint8 codes [..., M, 4], code i = bits 8i..8i+7 of its word."""
-    return ((words[..., None] >> _SHIFTS) & 255).to(torch.uint8)
-
-
 def gptq_int8(
     name: str,
     fmt: PackedInt4Format,
@@ -69,8 +64,8 @@ def gptq_int8(
 ) -> Int8Blocks | UnkeptInt8:
     """One 8-bit GPTQ linear (`name`: its prefix, for errors) converted (module docstring)."""
     k, n = qweight.shape[0] * 4, qweight.shape[1]
-    codes = unpack_bytes(qweight).permute(0, 2, 1).reshape(k, n)  # [K, N]
-    zeros = unpack_bytes(qzeros).reshape(qzeros.shape[0], -1)[:, :n].to(torch.int32)
+    codes = unpack_words(qweight, 8).permute(0, 2, 1).reshape(k, n)  # [K, N]
+    zeros = unpack_words(qzeros, 8).reshape(qzeros.shape[0], -1)[:, :n].to(torch.int32)
     if scales.dim() != 2 or scales.shape[1] != n or zeros.shape != (scales.shape[0], n):
         raise ModelLoadError(
             f"{name}: scales {tuple(scales.shape)} and qzeros {tuple(qzeros.shape)} do not "

@@ -23,10 +23,9 @@ from typing import TYPE_CHECKING
 
 import torch
 from troupe.gpu.ct_reader import CtReader
-from troupe.gpu.ct_reader import unkept_message as ct_unkept_message
 from troupe.gpu.gguf_quant import Int4Blocks, Int8Blocks
 from troupe.gpu.gptq_awq_format import GROUP
-from troupe.gpu.gptq_awq_reader import Converted, PackedInt4Reader, unkept_message
+from troupe.gpu.gptq_awq_reader import Converted, PackedInt4Reader
 from troupe.gpu.gptq_awq_unpack import PermutedInt4
 from troupe.gpu.gptq_int8 import UnkeptInt8
 from troupe.gpu.tp_quant import Kept, cannot_keep, on_block_edge
@@ -61,7 +60,7 @@ class PackedInt4ShardReader:
             return self._dense.read_kept(name, dim, start, stop, strict)
         whole = self._convert(name)
         if isinstance(whole, UnkeptInt8):
-            cannot_keep(f"tensor {name!r}: {self._unkept(whole)}", strict)
+            cannot_keep(f"tensor {name!r}: {self._packed.unkept_message(whole)}", strict)
             return None
         if dim is None:
             return whole
@@ -94,11 +93,6 @@ class PackedInt4ShardReader:
             whole.bias[:, first:last].contiguous(),
             GROUP,
         )
-
-    def _unkept(self, whole: UnkeptInt8) -> str:
-        if isinstance(self._packed, CtReader):
-            return ct_unkept_message(whole)
-        return unkept_message(whole)
 
     def _convert(self, name: str) -> Converted:
         if self._last is None or self._last[0] != name:
