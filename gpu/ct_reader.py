@@ -63,8 +63,7 @@ class CtReader:
                 f"{name}: quantized, but no config_groups target {prefix!r} (or ignore lists "
                 f"it) in {self.fmt.source}"
             )
-        packed = name.endswith(".weight_packed")
-        if packed != (weights.format == "pack-quantized"):
+        if not name.endswith("." + _codes_part(weights)):
             raise ModelLoadError(
                 f"{name}: found where the config group for {prefix!r} has format {weights.format!r}"
             )
@@ -101,7 +100,7 @@ class CtReader:
             prefix, _, suffix = name.rpartition(".")
             if prefix in self._linears:
                 weight = prefix + ".weight"
-                first = "weight_packed" if name.endswith("_packed") else "weight"
+                first = _codes_part(self._linears[prefix])
                 if suffix == first and weight not in kept and (wanted is None or wanted(weight)):
                     yield weight, self.convert(prefix).dequantize()
             elif not name.endswith(_ACTIVATIONS) and (wanted is None or wanted(name)):
@@ -110,12 +109,16 @@ class CtReader:
     def convert(self, prefix: str) -> Converted:
         """The linear at `prefix` in troupe's kept form, or UnkeptInt8 (gpu/ct_unpack.py)."""
         weights = self._linears[prefix]
-        first = "weight_packed" if weights.format == "pack-quantized" else "weight"
         parts = {}
-        for part in (first, *_PARTS[1:]):
+        for part in (_codes_part(weights), *_PARTS[1:]):
             handle = self._where.get(f"{prefix}.{part}")
             if handle is not None:
                 parts[part] = handle.get_tensor(f"{prefix}.{part}")
         if "weight_scale" not in parts:
             raise ModelLoadError(f"{prefix}.weight_scale: missing; a quantized linear needs it")
         return convert_linear(prefix, weights, parts)
+
+
+def _codes_part(weights: CtWeights) -> str:
+    """The tensor a linear's codes are in: `weight_packed` (pack-quantized) or `weight`."""
+    return "weight_packed" if weights.format == "pack-quantized" else "weight"

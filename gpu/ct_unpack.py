@@ -33,7 +33,7 @@ import torch
 from troupe.gpu.ct_format import CtWeights
 from troupe.gpu.gguf_quant import Int4Blocks, Int8Blocks, pack_nibbles
 from troupe.gpu.gptq_awq_format import GROUP
-from troupe.gpu.gptq_awq_unpack import unpack_words
+from troupe.gpu.gptq_awq_unpack import plain_groups, unpack_words
 from troupe.gpu.gptq_int8 import UnkeptInt8
 from troupe.gpu.model_config import ModelLoadError
 
@@ -63,7 +63,7 @@ def convert_linear(name: str, w: CtWeights, parts: dict[str, torch.Tensor]) -> C
             f"(strategy {w.strategy!r})"
         )
     zeros = _zeros(name, w, parts.get("weight_zero_point"), n, num_groups)  # unsigned [N, G]
-    plain = torch.arange(k) // w.group_size if w.strategy == "group" else torch.zeros(k).long()
+    plain = plain_groups(k, w.group_size if w.strategy == "group" else -1)  # channel: one
     groups = plain
     g_idx = parts.get("weight_g_idx")
     if g_idx is not None:

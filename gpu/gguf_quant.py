@@ -57,6 +57,16 @@ class Int4Blocks:
     def rows(self, index: torch.Tensor) -> Int4Blocks:
         return Int4Blocks(self.packed[index], self.scale[index], self.bias[index], self.group_size)
 
+    def columns(self, start: int, stop: int) -> Int4Blocks:
+        """Inputs [start, stop), both on group edges (a tensor-parallel rank's cut)."""
+        first, last = start // self.group_size, -(-stop // self.group_size)
+        return Int4Blocks(
+            self.packed[:, start // 2 : stop // 2].contiguous(),
+            self.scale[:, first:last].contiguous(),
+            self.bias[:, first:last].contiguous(),
+            self.group_size,
+        )
+
 
 @dataclasses.dataclass(frozen=True)
 class Int8Blocks:
@@ -77,6 +87,15 @@ class Int8Blocks:
 
     def rows(self, index: torch.Tensor) -> Int8Blocks:
         return Int8Blocks(self.codes[index], self.scale[index], self.group_size)
+
+    def columns(self, start: int, stop: int) -> Int8Blocks:
+        """Inputs [start, stop), both on group edges (a tensor-parallel rank's cut)."""
+        first, last = start // self.group_size, -(-stop // self.group_size)
+        return Int8Blocks(
+            self.codes[:, start:stop].contiguous(),
+            self.scale[:, first:last].contiguous(),
+            self.group_size,
+        )
 
 
 QuantBlocks = Int4Blocks | Int8Blocks

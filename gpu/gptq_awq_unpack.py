@@ -72,18 +72,42 @@ def gptq_blocks(
     g_idx: torch.Tensor | None,
 ) -> Int4Blocks | PermutedInt4:
     """One GPTQ linear (`name`: its prefix, for errors) converted (module docstring)."""
-    k, n = qweight.shape[0] * 8, qweight.shape[1]
-    codes = unpack_words(qweight).permute(0, 2, 1).reshape(k, n)  # [K, N]
-    zeros = _zeros(name, qzeros, scales, n) + fmt.zero_offset
+    codes, zeros, groups = gptq_parts(name, fmt, qweight, qzeros, scales, g_idx)
+    return _to_blocks(name, codes, zeros, scales, groups)
+
+
+def gptq_parts(
+    name: str,
+    fmt: PackedInt4Format,
+    qweight: torch.Tensor,
+    qzeros: torch.Tensor,
+    scales: torch.Tensor,
+    g_idx: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A GPTQ linear of fmt.bits (4 or 8) unpacked: codes [K, N], zeros [G, N] (v1's offset
+    added) and each input's group [K]; ModelLoadError naming a part that does not fit."""
+    k, n = qweight.shape[0] * (32 // fmt.bits), qweight.shape[1]
+    codes = unpack_words(qweight, fmt.bits).permute(0, 2, 1).reshape(k, n)  # [K, N]
+    zeros = _zeros(name, qzeros, scales, n, fmt.bits) + fmt.zero_offset
     if fmt.desc_act and fmt.group_size != -1:
         if g_idx is None:
             raise ModelLoadError(f"{name}.g_idx: missing; desc_act needs each input's group")
         if tuple(g_idx.shape) != (k,):
             raise ModelLoadError(f"{name}.g_idx: shape {tuple(g_idx.shape)}, expected ({k},)")
-        groups = g_idx.long()
-    else:  # vLLM and the exllama kernels ignore g_idx without desc_act: so does troupe
-        groups = torch.arange(k) // (fmt.group_size if fmt.group_size != -1 else k)
-    return _to_blocks(name, codes, zeros, scales, groups)
+        return codes, zeros, g_idx.long()
+    # vLLM and the exllama kernels ignore g_idx without desc_act: so does troupe
+    return codes, zeros, plain_groups(k, fmt.group_size)
+
+
+def plain_groups(k: int, group_size: int) -> torch.Tensor:
+    """Each of `k` inputs' group in input order (group_size -1: one group, per channel)."""
+    return torch.arange(k) // (group_size if group_size != -1 else k)
+
+
+def check_groups(name: str, groups: torch.Tensor, num_groups: int) -> None:
+    """ModelLoadError where an input's group is not one of the `num_groups` shipped."""
+    if int(groups.min()) < 0 or int(groups.max()) >= num_groups:
+        raise ModelLoadError(f"{name}: a group index is outside the {num_groups} groups shipped")
 
 
 def awq_blocks(
@@ -114,9 +138,11 @@ def _awq_columns(codes: torch.Tensor) -> torch.Tensor:
     return out.reshape(codes.shape[0], -1)
 
 
-def _zeros(name: str, qzeros: torch.Tensor, scales: torch.Tensor, n: int) -> torch.Tensor:
+def _zeros(
+    name: str, qzeros: torch.Tensor, scales: torch.Tensor, n: int, bits: int
+) -> torch.Tensor:
     """GPTQ's stored zeros [G, N] as int32 (no offset)."""
-    zeros = unpack_words(qzeros).reshape(qzeros.shape[0], -1)[:, :n].to(torch.int32)
+    zeros = unpack_words(qzeros, bits).reshape(qzeros.shape[0], -1)[:, :n].to(torch.int32)
     if scales.dim() != 2 or scales.shape[1] != n or zeros.shape != (scales.shape[0], n):
         raise ModelLoadError(
             f"{name}: scales {tuple(scales.shape)} and qzeros {tuple(qzeros.shape)} do not "
@@ -133,8 +159,7 @@ def _to_blocks(
     k, num_groups = codes.shape[0], scales.shape[0]
     if k % GROUP:
         raise ModelLoadError(f"{name}.qweight: {k} inputs, not a multiple of {GROUP}")
-    if int(groups.min()) < 0 or int(groups.max()) >= num_groups:
-        raise ModelLoadError(f"{name}: a group index is outside the {num_groups} groups shipped")
+    check_groups(name, groups, num_groups)
     perm = torch.argsort(groups, stable=True)
     is_identity = bool(torch.equal(perm, torch.arange(k)))
     sorted_groups = groups[perm].view(-1, GROUP)

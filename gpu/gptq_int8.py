@@ -28,8 +28,7 @@ import dataclasses
 import torch
 from troupe.gpu.gguf_quant import Int8Blocks
 from troupe.gpu.gptq_awq_format import GROUP, PackedInt4Format
-from troupe.gpu.gptq_awq_unpack import unpack_words
-from troupe.gpu.model_config import ModelLoadError
+from troupe.gpu.gptq_awq_unpack import check_groups, gptq_parts, plain_groups
 
 SYM_ZERO = 128  # GPTQ's symmetric 8-bit zero: (2^8 - 1 + 1) / 2
 
@@ -63,26 +62,10 @@ def gptq_int8(
     g_idx: torch.Tensor | None,
 ) -> Int8Blocks | UnkeptInt8:
     """One 8-bit GPTQ linear (`name`: its prefix, for errors) converted (module docstring)."""
-    k, n = qweight.shape[0] * 4, qweight.shape[1]
-    codes = unpack_words(qweight, 8).permute(0, 2, 1).reshape(k, n)  # [K, N]
-    zeros = unpack_words(qzeros, 8).reshape(qzeros.shape[0], -1)[:, :n].to(torch.int32)
-    if scales.dim() != 2 or scales.shape[1] != n or zeros.shape != (scales.shape[0], n):
-        raise ModelLoadError(
-            f"{name}: scales {tuple(scales.shape)} and qzeros {tuple(qzeros.shape)} do not "
-            f"match qweight's {n} outputs"
-        )
-    zeros = zeros + fmt.zero_offset
-    plain = torch.arange(k) // (fmt.group_size if fmt.group_size != -1 else k)
-    groups = plain
-    if fmt.desc_act and fmt.group_size != -1:
-        if g_idx is None:
-            raise ModelLoadError(f"{name}.g_idx: missing; desc_act needs each input's group")
-        if tuple(g_idx.shape) != (k,):
-            raise ModelLoadError(f"{name}.g_idx: shape {tuple(g_idx.shape)}, expected ({k},)")
-        groups = g_idx.long()
-    num_groups = scales.shape[0]
-    if int(groups.min()) < 0 or int(groups.max()) >= num_groups:
-        raise ModelLoadError(f"{name}: a group index is outside the {num_groups} groups shipped")
+    codes, zeros, groups = gptq_parts(name, fmt, qweight, qzeros, scales, g_idx)
+    k = codes.shape[0]
+    check_groups(name, groups, scales.shape[0])
+    plain = plain_groups(k, fmt.group_size)
     reason = _unkept_reason(name, fmt, zeros, bool(torch.equal(groups, plain)), k)
     if reason is not None:
         return UnkeptInt8(codes, zeros, scales, groups, reason)

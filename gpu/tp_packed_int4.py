@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import torch
 from troupe.gpu.ct_reader import CtReader
-from troupe.gpu.gguf_quant import Int4Blocks, Int8Blocks
+from troupe.gpu.gguf_quant import Int8Blocks
 from troupe.gpu.gptq_awq_format import GROUP
 from troupe.gpu.gptq_awq_reader import Converted, PackedInt4Reader
 from troupe.gpu.gptq_awq_unpack import PermutedInt4
@@ -80,19 +80,7 @@ class PackedInt4ShardReader:
         form = "int8 group" if isinstance(whole, Int8Blocks) else "int4 group"
         if not on_block_edge(name, 1, start, stop, whole.shape[1], GROUP, form, strict):
             return None
-        first, last = start // GROUP, -(-stop // GROUP)
-        if isinstance(whole, Int8Blocks):
-            return Int8Blocks(
-                whole.codes[:, start:stop].contiguous(),
-                whole.scale[:, first:last].contiguous(),
-                GROUP,
-            )
-        return Int4Blocks(
-            whole.packed[:, start // 2 : stop // 2].contiguous(),
-            whole.scale[:, first:last].contiguous(),
-            whole.bias[:, first:last].contiguous(),
-            GROUP,
-        )
+        return whole.columns(start, stop)
 
     def _convert(self, name: str) -> Converted:
         if self._last is None or self._last[0] != name:
