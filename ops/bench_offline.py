@@ -8,6 +8,8 @@
 
 Floor: every decode step reads the weights and each sequence's KV once (HBM 4.26e12 B/s),
 plus prefill FLOPs at 773e12 FLOP/s (bf16 dense). The fraction reached is floor / measured.
+On CUDA it also prints the same floor at the copy and matmul rates measured on the card at
+hand (ops/card_rates.py): what a run on another card (an H100) reached of its own floor.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from troupe.gpu.model_config import ModelConfig
 from troupe.gpu.weights import qwen3_0_6b_config, qwen3_tiny_config, random_weights
+from troupe.ops.card_rates import copy_bandwidth, matmul_peak
 
 if TYPE_CHECKING:
     from troupe import EngineConfig
@@ -42,8 +45,15 @@ def workload(num_seqs: int, seed: int) -> tuple[list[list[int]], list[int]]:
     return prompts, outputs
 
 
-def physical_floor_s(config: ModelConfig, prompts: list[list[int]], outputs: list[int]) -> float:
-    """Seconds the workload needs at least: decode bytes over HBM plus prefill FLOPs."""
+def physical_floor_s(
+    config: ModelConfig,
+    prompts: list[list[int]],
+    outputs: list[int],
+    bytes_per_s: float = HBM_BYTES_PER_S,
+    flops: float = BF16_FLOPS,
+) -> float:
+    """Seconds the workload needs at least: decode bytes over HBM plus prefill FLOPs (at the
+    H200's rates unless others are given)."""
     c = config
     params = linear_params(c) + c.vocab_size * c.hidden_size  # the embedding (tied lm_head)
     weight_bytes = 2 * params
@@ -54,8 +64,8 @@ def physical_floor_s(config: ModelConfig, prompts: list[list[int]], outputs: lis
     prefill_tokens = sum(len(p) for p in prompts)
     attention = sum(2 * c.num_layers * len(p) ** 2 * c.q_size for p in prompts)  # causal QK + PV
     logits = 2 * c.vocab_size * c.hidden_size * len(prompts)
-    byte_s = (decode_steps * weight_bytes + kv_bytes * kv_per_token) / HBM_BYTES_PER_S
-    return float(byte_s) + float(dense * prefill_tokens + attention + logits) / BF16_FLOPS
+    byte_s = (decode_steps * weight_bytes + kv_bytes * kv_per_token) / bytes_per_s
+    return float(byte_s) + float(dense * prefill_tokens + attention + logits) / flops
 
 
 def linear_params(c: ModelConfig) -> int:
@@ -327,6 +337,13 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"physical floor: {floor:.2f}s ({total / floor:,.0f} tok/s); reached {floor / elapsed:.1%}"
     )
+    if torch.cuda.is_available():  # the same floor at this card's own rates (ops/card_rates.py)
+        copy, peak = copy_bandwidth(), matmul_peak()
+        card = physical_floor_s(config, prompts, outputs, copy, peak)
+        print(
+            f"this card ({torch.cuda.get_device_name()}: copy {copy / 1e12:.2f} TB/s, bf16 "
+            f"{peak / 1e12:.0f} TFLOP/s): floor {card:.2f}s; reached {card / elapsed:.1%}"
+        )
     if peer is not None:
         tokens, seconds, done = peer
         rate = tokens / seconds

@@ -49,6 +49,7 @@ from troupe.kernels.extend_attention import extend_attention_triton
 from troupe.kernels.paged_attention import PrefillConfig, paged_attention_triton
 from troupe.kernels.paged_batch import PagedBatch, fused_new_kv, make_paged_batch
 from troupe.ops.attention_sweep import sweep_variants
+from troupe.ops.card_rates import copy_bandwidth
 
 NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 16, 8, 128, 16
 DTYPE = torch.bfloat16
@@ -103,13 +104,6 @@ def flushed_graph_ms(
 
     both, flushes = capture(True), capture(False)
     return (replay_ms(both) - replay_ms(flushes)) / calls
-
-
-def copy_bandwidth() -> float:
-    x = torch.randn(2**30 // 2, dtype=DTYPE, device="cuda")  # 1 GiB
-    y = torch.empty_like(x)
-    ms = median_ms(lambda: y.copy_(x))
-    return 2 * x.numel() * x.element_size() / (ms * 1e-3)
 
 
 def decode_bytes(batch: PagedBatch) -> int:

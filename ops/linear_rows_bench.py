@@ -17,6 +17,7 @@ import argparse
 
 import torch
 import triton.testing
+from troupe.ops.card_rates import copy_bandwidth
 
 HIDDEN, INTERMEDIATE, LAYERS, VOCAB = 4096, 14336, 32, 128256
 Q_SIZE, KV_SIZE = 4096, 1024  # 32 q heads, 8 kv heads, head_dim 128
@@ -27,14 +28,6 @@ LAYER_SHAPES = [
     (2 * INTERMEDIATE, HIDDEN),
     (HIDDEN, INTERMEDIATE),
 ]
-
-
-def copy_bandwidth() -> float:
-    """Read + write bytes per second of a 1 GiB device copy."""
-    src = torch.empty(1 << 29, dtype=torch.bfloat16, device="cuda")
-    dst = torch.empty_like(src)
-    ms = triton.testing.do_bench_cudagraph(lambda: dst.copy_(src))
-    return float(2 * src.numel() * 2 / (ms * 1e-3))
 
 
 def main() -> None:

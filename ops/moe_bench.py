@@ -32,7 +32,8 @@ from troupe.kernels.moe_config import (
     config_source,
 )
 from troupe.kernels.moe_reference import fused_moe, route_topk
-from troupe.ops.kernel_bench import copy_bandwidth, median_ms
+from troupe.ops.card_rates import copy_bandwidth, matmul_peak
+from troupe.ops.kernel_bench import median_ms
 
 DTYPE = torch.bfloat16
 CHECK_ROWS, MAX_REL_ERROR = 64, 2e-2
@@ -133,13 +134,6 @@ def row(work: Workload, label: str, us: float, err: float, copy_bw: float, peak:
         f"{bw / 1e12:5.2f} TB/s {bw / copy_bw:4.0%} copy  "
         f"{fl / 1e12:6.1f} TFLOP/s {fl / peak:4.0%} mm  err {err:.1e}{flag}"
     )
-
-
-def matmul_peak() -> float:
-    a = torch.randn(8192, 8192, dtype=DTYPE, device="cuda")
-    b = torch.randn(8192, 8192, dtype=DTYPE, device="cuda")
-    ms = median_ms(lambda: a @ b)
-    return 2 * 8192**3 / (ms * 1e-3)
 
 
 def sweep(work: Workload, copy_bw: float, peak: float, variants: bool) -> None:

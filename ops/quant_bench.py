@@ -23,23 +23,11 @@ from collections.abc import Callable
 import torch
 from troupe.kernels.quant_fp8 import Fp8Cols, fp8_cols_matmul, fp8_cols_reference
 from troupe.kernels.quant_int4 import Int4Cols, int4_cols_matmul, int4_cols_reference
+from troupe.ops.card_rates import copy_bandwidth
 
 HIDDEN, INTER, LAYERS, VOCAB = 4096, 14336, 32, 128256
 SHAPES = [(6144, HIDDEN), (HIDDEN, HIDDEN), (2 * INTER, HIDDEN), (HIDDEN, INTER)]
 GROUP = 32
-
-
-def copy_bandwidth(device: torch.device) -> float:
-    src = torch.empty(2 * 2**30, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    for _ in range(3):
-        dst.copy_(src)
-    torch.cuda.synchronize(device)
-    start = time.perf_counter()
-    for _ in range(10):
-        dst.copy_(src)
-    torch.cuda.synchronize(device)
-    return 2 * src.numel() * 10 / (time.perf_counter() - start)
 
 
 def timed(step: Callable[[], None], device: torch.device, iters: int = 50) -> float:
@@ -92,7 +80,7 @@ def main() -> None:
     args = parser.parse_args()
     device = torch.device("cuda")
     torch.manual_seed(0)
-    bw = copy_bandwidth(device)
+    bw = copy_bandwidth()
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s (H200 spec 4.26 TB/s)")
     dense, int4, fp8 = weights(args.layers, device)
     bytes_bf16 = sum(w.numel() * 2 for w in dense)

@@ -20,7 +20,8 @@ import itertools
 import torch
 from troupe.kernels.quant_fp8 import Fp8Cols, Fp8ColsGemv, fp8_cols_matmul, fp8_cols_reference
 from troupe.kernels.quant_int4 import Int4Cols, Int4ColsGemv, int4_cols_matmul, int4_cols_reference
-from troupe.ops.quant_bench import HIDDEN, INTER, copy_bandwidth, timed, weights
+from troupe.ops.card_rates import copy_bandwidth
+from troupe.ops.quant_bench import HIDDEN, INTER, timed, weights
 
 SHAPES = [(128, 16, 4), (128, 32, 4), (128, 32, 8), (128, 16, 8), (256, 16, 4), (256, 16, 8),
           (128, 16, 2), (128, 8, 4), (256, 8, 4)]  # fmt: skip
@@ -69,7 +70,7 @@ def main() -> None:
     args = parser.parse_args()
     dev = torch.device("cuda")
     torch.manual_seed(0)
-    bw = copy_bandwidth(dev)
+    bw = copy_bandwidth()
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s")
     dense, int4, fp8 = weights(32, dev)
     cols: list[Cols] = (
