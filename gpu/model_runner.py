@@ -58,10 +58,14 @@ class ModelRunner:
         *,
         logits_hook: LogitsHook | None = None,
         draft: Drafter | None = None,
+        owns_model: bool = False,
     ) -> None:
         """`logits_hook`: a test seam that may change each step's logits before sampling (fault
         injection: a NaN row must fail its request only); the engine never sets it. `draft`: a
-        draft model or EAGLE head proposing options.num_speculative_tokens after each step."""
+        draft model or EAGLE head proposing options.num_speculative_tokens after each step.
+        `owns_model`: the runner loaded `model` (from_config, the parallel workers), so close()
+        frees its weights too; a model the caller built stays usable after close()."""
+        self._owns_model = owns_model
         self.model_config = config
         self.model = model
         self.device = model.device
@@ -149,7 +153,7 @@ class ModelRunner:
     def from_config(cls, config: EngineConfig) -> ModelRunner:
         """Load config.model (default GGUF when None) and size the pools from the config."""
         loaded = load_for_config(config)
-        return cls(loaded.config, loaded.model, loaded.options, draft=loaded.draft)
+        return cls(loaded.config, loaded.model, loaded.options, draft=loaded.draft, owns_model=True)
 
     def execute(self, plan: StepPlan) -> tuple[SampledToken, ...]:
         """Apply released, swap_out, swap_in, then run plan.seqs; one token per sampled seq."""
@@ -388,9 +392,12 @@ class ModelRunner:
         )
 
     def close(self) -> None:
-        """Drop the graphs, caches and state, and free the weights' and pools' storages: the
-        device memory is reusable at once (gpu/sleep_mode.ModelSleeper.release)."""
+        """Drop the graphs, caches and state, and free the pools' storages and, when the runner
+        owns the model, the weights': the device memory is reusable at once
+        (gpu/sleep_mode.ModelSleeper.release)."""
         if self._draft is not None:
             self._draft.close()
-        self.sleeper.release()  # the steps launched ahead and the graphs go first
+        self.sleeper.release(
+            weights=self._owns_model
+        )  # the steps launched ahead and the graphs go first
         self._states.clear()

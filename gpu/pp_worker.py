@@ -37,4 +37,5 @@ def build_stage_runner(config: EngineConfig, group: TPGroup) -> ModelRunner:
     load_stage(model, path, full)
     model.eval()
     layers = model.config  # the stage's layers: its pool holds only theirs
-    return ModelRunner(layers, model, group_options(config, group, model, layers, max_model_len))
+    options = group_options(config, group, model, layers, max_model_len)
+    return ModelRunner(layers, model, options, owns_model=True)

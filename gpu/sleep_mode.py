@@ -153,16 +153,17 @@ class ModelSleeper:
             "scratch freed"
         )
 
-    def release(self) -> None:
-        """The runner is closing: every storage the model, its companion and the pools own is
-        freed, nothing kept (asleep or not), so a closed runner that something still
-        references holds no device memory: a second engine in the process sizes its pool
-        from what is free (on an H100 one found the first's 71.5 GiB still in use)."""
+    def release(self, *, weights: bool) -> None:
+        """The runner is closing: every storage the pools own is freed, and with `weights`
+        (the runner loaded the model) the model's and its companion's, nothing kept (asleep
+        or not), so a closed runner that something still references holds no device memory:
+        a second engine in the process sizes its pool from what is free (on an H100 one found
+        the first's 71.5 GiB still in use). A model the caller built stays the caller's."""
         self._quiesce_steps()
         self._drop_graphs()
         companion = self._companion
         modules = () if companion is None else companion.sleep_modules()
-        for held in sleep_parts(self.model, modules, skip_fixed=True):
+        for held in sleep_parts(self.model, modules, skip_fixed=True) if weights else ():
             held.storage.resize_(0)
         self._free_pools()
         self._stored, self._scales = [], []  # an asleep runner's host copies too

@@ -88,7 +88,8 @@ def build_rank_runner(config: EngineConfig, group: TPGroup) -> ModelRunner:
     model.eval()
     install_tp_lora(model, config)  # before the memory profile: the slots count
     layers = shard.layer_config()  # the rank's KV heads: the pool holds only those
-    return ModelRunner(layers, model, group_options(config, group, model, layers, max_model_len))
+    options = group_options(config, group, model, layers, max_model_len)
+    return ModelRunner(layers, model, options, owns_model=True)
 
 
 def group_options(
