@@ -45,7 +45,7 @@ def main() -> None:
     weight_bytes = sum(w.numel() * w.element_size() for w in weights)
     params = weight_bytes // 2
     copy = copy_bandwidth()
-    floor_ms = weight_bytes / (copy / 2) * 1e3  # a read alone moves half a copy's bytes
+    floor_ms = weight_bytes / copy * 1e3  # one read at the copy rate, as the floors count it
     name = torch.cuda.get_device_name()
     print(f"{name}: copy {copy / 1e12:.2f} TB/s; weights {weight_bytes / 1e9:.2f} GB, read in")
     print(f"{floor_ms:.2f} ms at copy bandwidth\n")
