@@ -6,13 +6,17 @@ GEMV (kernels/quant_int4.py) on Llama-3.1-8B's linear shapes.
 32 launches of one shape (32 weights, Q4_0-style codes with a scale and bias per 32) are
 captured in a CUDA graph and replayed (quant_bench.timed); printed: us per launch and the splits. Variants:
 
-    default        today's launch: 32 groups an iteration, 8 warps, 2 programs an SM, PDL
+    default        128 columns a program, 32 groups an iteration, 8 warps, 2 programs an SM,
+                   PDL (the engine's launch halves the columns where K is split:
+                   quant_int4.gemv_launch, as bn64)
     no-sum         the same grid with SPLIT off: each split stores its own partial as the
                    output (a wrong result, timed only: what the last-arriving sum costs)
     no-pdl         the default without programmatic dependent launch
     split1         one K split (no sum), fewer programs
     g16w4          16 groups, 4 warps, 4 programs an SM (and its no-sum)
     g8w4           8 groups, 4 warps, 8 programs an SM
+    bn64, bn32     64 / 32 output columns a program (more programs, fewer K splits)
+    bn32-split1    32 columns a program and no K split: no partials, no sum
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ class Variant:
     pdl: bool = True
     merge: bool = True  # the last-arriving split sums the partials
     splits: int | None = None  # forced K splits
+    block_n: int = 128  # output columns a program
 
 
 VARIANTS = {
@@ -47,6 +52,11 @@ VARIANTS = {
     "g16w4": Variant(groups=16, warps=4, waves=4),
     "g16w4-no-sum": Variant(groups=16, warps=4, waves=4, merge=False),
     "g8w4": Variant(groups=8, warps=4, waves=8),
+    "bn64": Variant(block_n=64),
+    "bn32": Variant(block_n=32),
+    "bn32-g16w4": Variant(block_n=32, groups=16, warps=4, waves=4),
+    "bn32-split1": Variant(block_n=32, splits=1),
+    "bn32-split1-w4": Variant(block_n=32, splits=1, warps=4),
 }
 
 
@@ -65,7 +75,7 @@ def time_variant(ws: list[Int4Cols], x: torch.Tensor, v: Variant) -> tuple[float
         n = w.words.shape[1]
         chunks = triton.cdiv(k // 32, v.groups)
         block_n, col_blocks, split, per_split = gemv_grid(
-            1, n, chunks, v.groups, 128, v.waves, x.device
+            1, n, chunks, v.groups, v.block_n, v.waves, x.device
         )
         if v.splits is not None:
             split, per_split = v.splits, triton.cdiv(chunks, v.splits) * v.groups

@@ -11,6 +11,7 @@ from troupe.kernels.arrival import arrival_counters
 from troupe.kernels.quant_int4 import (
     Int4Cols,
     Int4ColsGemv,
+    gemv_launch,
     int4_cols_matmul,
     int4_cols_reference,
 )
@@ -62,3 +63,13 @@ def test_int4_cols_matmul(device: str, m: int, n: int, k: int, gemv: Int4ColsGem
     bound = 1e-4 if device == "cpu" else 1e-2
     assert (got - want).abs().max() <= bound * want.abs().max()
     assert want.abs().max() > 0.1
+
+
+def test_the_gemv_halves_its_columns_only_where_k_is_split() -> None:
+    cpu = torch.device("cpu")  # k_splits on the CPU: two splits wherever two chunks exist
+    config = Int4ColsGemv()
+    block_n, col_blocks, split, _ = gemv_launch(1, 4096, 4, config, cpu)
+    assert (block_n, col_blocks, split) == (64, 64, 2)  # more programs, the same splits
+    assert gemv_launch(1, 4096, 1, config, cpu)[:3] == (128, 32, 1)  # no split: kept wide
+    narrow = Int4ColsGemv(block_n=64)
+    assert gemv_launch(1, 4096, 4, narrow, cpu)[0] == 64  # an explicit narrow launch stays
