@@ -38,6 +38,7 @@ from .decode_attention_fp8 import launch_split_fp8
 from .decode_combine import combine_head, decode_reduce_kernel
 from .decode_group import softmax_step
 from .decode_program import program_sequence
+from .fp8_tile import Fp8Convert
 from .sm_count import num_sms
 
 _LOG2E = 1.4426950408889634
@@ -73,6 +74,8 @@ class DecodeConfig:
     # launch the sequences in the seq_order given (longest first: kernels/decode_order.py);
     # False: in batch order whatever is given
     follow_order: bool = True
+    # an fp8 cache: where its tiles become fp16 (kernels/fp8_tile.py)
+    fp8_convert: Fp8Convert = Fp8Convert.AT_DOT
 
 
 # The engine's launch, split policy and algorithm: set to the BEST decode line of
@@ -307,7 +310,7 @@ def paged_decode_attention_triton(
             q, k_cache, v_cache, out, part_out, part_lse, block_tables, seq_lens,
             num_valid, seq_order, k_scale, v_scale, scale * _LOG2E, sliding_window, num_splits,
             block_n=block_n, block_d=block_d, num_warps=config.num_warps,
-            num_stages=config.num_stages if on_gpu else 1,
+            num_stages=config.num_stages if on_gpu else 1, convert=config.fp8_convert,
         )  # fmt: skip
     else:
         counters = arrival_counters(num_seqs * num_kv_heads, q.device) if fused else seq_lens

@@ -17,7 +17,10 @@ shared memory and read back one byte at a time (LDS.U8) in the mma operand layou
 and converted: ~4.6 instructions per KV byte, 255 registers at block_n 128
 (ops/fp8_compile_check shows the SASS without a GPU). The variants that tried other conversions,
 register prefetch, register layouts, 32-bit word loads or the tokens as rows lost on the H200
-and were removed; their figures are in docs/benchmarks.md.
+and were removed; their figures are in docs/benchmarks.md. DecodeConfig.fp8_convert (the
+tiles converted where loaded, through PTX the layout pass cannot move: kernels/fp8_tile.py)
+removes the byte reads in the SASS (0.089 warp instructions a KV byte against 0.125, 148
+registers); whether it is faster is the next H200 sweep's question (ops/fp8_variant_sweep).
 """
 
 # Triton kernels take untyped pointers and constexprs; @triton.jit is untyped to mypy.
@@ -31,7 +34,7 @@ import triton.language as tl
 
 from .decode_group import softmax_step
 from .decode_program import program_sequence
-from .fp8_tile import load_tile, tile_start
+from .fp8_tile import Fp8Convert, f16_at_load, load_tile, tile_start
 
 _F16_MAX = tl.constexpr(65504.0)  # a global a kernel reads must be a constexpr
 
@@ -68,6 +71,8 @@ def decode_split_fp8_kernel(
     BLOCK_G: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    K_AT_LOAD: tl.constexpr,  # f16_at_load for K (fp8_tile.Fp8Convert)
+    V_AT_LOAD: tl.constexpr,  # and for V
 ):
     seq = program_sequence(order_ptr, HAS_ORDER)  # grid (kv head, position, split)
     kv_head = tl.program_id(0)
@@ -102,8 +107,8 @@ def decode_split_fp8_kernel(
             k_cache_ptr, v_cache_ptr, bt_row, n, ctx_start, end, kv_head, offs_d, d_mask,
             stride_slot, BLOCK_SIZE, BLOCK_N, HEAD_DIM,
         )  # fmt: skip
-        k = k8.to(tl.float16)
-        v = v8.to(tl.float16)
+        k = f16_at_load(k8) if K_AT_LOAD else k8.to(tl.float16)
+        v = f16_at_load(v8) if V_AT_LOAD else v8.to(tl.float16)
         qk = tl.dot(q, tl.trans(k)) * qk_scale  # [BLOCK_G, BLOCK_N], fp32
         m_i, l_i, acc = softmax_step(qk, cur_mask, v, m_i, l_i, acc, "tf32")  # fp16 ignores it
 
@@ -145,15 +150,17 @@ def launch_split_fp8(
     block_d: int,
     num_warps: int,
     num_stages: int,
+    convert: Fp8Convert = Fp8Convert.AT_DOT,
 ) -> None:
     """Pass 1; with several splits it leaves pass 2 (the merge of the partials, laid out as
-    decode_attention's) to the caller."""
+    decode_attention's) to the caller. `convert` applies on CUDA (the interpreter: AT_DOT)."""
     num_seqs, num_q_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     consts = kernel_constexprs(
         num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
         block_size=block_size, num_splits=num_splits, has_limit=num_valid is not None,
         has_order=seq_order is not None, block_n=block_n,
+        convert=convert if q.is_cuda else Fp8Convert.AT_DOT,
     )  # fmt: skip
     decode_split_fp8_kernel[(num_kv_heads, num_seqs, num_splits)](  # decode_order.py
         q, k_cache, v_cache, out, part_out, part_lse, block_tables, seq_lens,
@@ -175,6 +182,7 @@ def kernel_constexprs(
     has_limit: bool,
     block_n: int,
     has_order: bool = False,
+    convert: Fp8Convert = Fp8Convert.AT_DOT,
 ) -> dict[str, object]:
     """The compile-time arguments of decode_split_fp8_kernel (also ops/fp8_compile_check's)."""
     group = num_q_heads // num_kv_heads
@@ -185,4 +193,6 @@ def kernel_constexprs(
         # tl.dot needs at least 16 rows on the GPU; the padded rows are masked off.
         "BLOCK_G": max(16, triton.next_power_of_2(group)), "BLOCK_N": block_n,
         "BLOCK_D": triton.next_power_of_2(head_dim),
+        "K_AT_LOAD": convert is Fp8Convert.KV_AT_LOAD,
+        "V_AT_LOAD": convert is not Fp8Convert.AT_DOT,
     }  # fmt: skip

@@ -1,5 +1,14 @@
-"""fp8 (e4m3) KV tiles for kernels/decode_attention_fp8.py: where a sequence's tiles begin and
-loading a tile of K and V rows, one block id a page when tiles are whole pages.
+"""fp8 (e4m3) KV tiles for kernels/decode_attention_fp8.py: where a sequence's tiles begin,
+loading a tile of K and V rows (one block id a page when tiles are whole pages), and where the
+tile becomes fp16.
+
+Fp8Convert: Triton moves tl.dot's operand layout conversion above an elementwise cast back to
+the load, so with a plain `.to(tl.float16)` the fp8 tile is staged in shared memory and read
+back a byte at a time in the mma layout (V, whose tokens are the dot's K dimension, cannot use
+ldmatrix on 8-bit data on sm_90). `f16_at_load` converts in the load's layout through inline
+PTX marked impure, which the layout pass does not move or copy: the fp16 tile is staged
+instead and read with ldmatrix (sm_90 SASS, ops/fp8_compile_check: no LDS.U8, ~30% fewer
+instructions per KV byte, fewer registers).
 """
 
 # Triton kernels take untyped pointers and constexprs; @triton.jit is untyped to mypy.
@@ -7,8 +16,33 @@ loading a tile of K and V rows, one block id a page when tiles are whole pages.
 
 from __future__ import annotations
 
+import enum
+
 import triton
 import triton.language as tl
+
+
+class Fp8Convert(enum.Enum):
+    """Where the fp8 decode kernel turns its K and V tiles into fp16 (module docstring)."""
+
+    AT_DOT = "at_dot"  # `.to(tl.float16)`: Triton places it (at the mma's byte reads)
+    V_AT_LOAD = "v_at_load"  # V through f16_at_load, K as AT_DOT
+    KV_AT_LOAD = "kv_at_load"  # both through f16_at_load
+
+
+@triton.jit
+def f16_at_load(x8):
+    """fp16 of an fp8 (e4m3) tile, converted where it was loaded (exact: e4m3 fits fp16): four
+    codes a 32-bit word, two cvt.rn.f16x2.e4m3x2. CUDA only (the interpreter runs no PTX)."""
+    return tl.inline_asm_elementwise(
+        "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $2; "
+        "cvt.rn.f16x2.e4m3x2 $0, lo; cvt.rn.f16x2.e4m3x2 $1, hi; }",
+        "=r,=r,r",
+        [x8.to(tl.uint8, bitcast=True)],
+        dtype=tl.float16,
+        is_pure=False,  # pinned: the layout pass moves and duplicates pure ops only
+        pack=4,
+    )
 
 
 @triton.jit

@@ -54,14 +54,17 @@ def loop_body(sass: str) -> list[str]:
 def compile_candidate(config: DecodeConfig, sass_dir: str | None) -> dict[str, object]:
     consts = kernel_constexprs(
         num_q_heads=32, num_kv_heads=8, head_dim=128, block_size=16, num_splits=1,
-        has_limit=False, block_n=config.block_n,
+        has_limit=False, block_n=config.block_n, convert=config.fp8_convert,
     )  # fmt: skip
     build = compile_sm90(
         decode_split_fp8_kernel, consts, _TYPES, config.num_warps, config.num_stages, sass=True
     )
     sass = build.sass
     if sass_dir:
-        name = f"fp8_bn{config.block_n}_w{config.num_warps}_st{config.num_stages}"
+        name = (
+            f"fp8_bn{config.block_n}_w{config.num_warps}_st{config.num_stages}_"
+            f"{config.fp8_convert.value}"
+        )
         with open(os.path.join(sass_dir, name + ".sass"), "w") as out:
             out.write(sass)
     ops = loop_body(sass)
@@ -112,7 +115,10 @@ def main() -> None:
     for kind, config in dict.fromkeys(CANDIDATES):
         if kind != "fp8":
             continue
-        head = f"fp8-kv bn={config.block_n:<3} w={config.num_warps} st={config.num_stages}"
+        head = (
+            f"fp8-kv bn={config.block_n:<3} w={config.num_warps} st={config.num_stages} "
+            f"{config.fp8_convert.value}"
+        )
         try:
             info = compile_candidate(config, args.sass)
         except Exception as exc:  # report and go on

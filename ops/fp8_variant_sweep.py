@@ -23,6 +23,7 @@ import torch
 import triton
 from troupe.kernels import reference
 from troupe.kernels.decode_attention import DecodeConfig, paged_decode_attention_triton
+from troupe.kernels.fp8_tile import Fp8Convert
 from troupe.kernels.kv_quant import quantize
 from troupe.kernels.paged_batch import PagedBatch, make_paged_batch
 
@@ -33,6 +34,13 @@ MAX_REL_ERR = 1e-2
 CANDIDATES: list[tuple[str, DecodeConfig]] = [
     ("bf16", DecodeConfig()),
     ("fp8", DecodeConfig(128, 2, 3)),  # today's fp8 default
+    # the tiles converted where loaded (kernels/fp8_tile.py): no byte reads of shared memory,
+    # ~0.09 warp instructions a KV byte against 0.125 (ops/fp8_compile_check, 2026-12-05)
+    ("fp8", DecodeConfig(128, 4, 2, fp8_convert=Fp8Convert.V_AT_LOAD)),
+    ("fp8", DecodeConfig(128, 4, 3, fp8_convert=Fp8Convert.KV_AT_LOAD)),
+    ("fp8", DecodeConfig(64, 4, 3, fp8_convert=Fp8Convert.V_AT_LOAD)),
+    ("fp8", DecodeConfig(128, 8, 3, fp8_convert=Fp8Convert.KV_AT_LOAD)),
+    ("fp8", DecodeConfig(128, 4, 2, programs_per_sm=3, fp8_convert=Fp8Convert.V_AT_LOAD)),
 ]
 
 
