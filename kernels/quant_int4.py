@@ -9,7 +9,8 @@ x for each few W rows it held; here a thread holds adjacent output columns of on
 threads of a warp share the group, and x is one broadcast load per warp (x / W bytes moved per
 program: 1/32 at 128 columns, 1 before).
 
-    decode (GEMV, M < INT4_GEMM_MIN_ROWS)  grid (column blocks, K splits, rows of x). Each
+    decode (GEMV, M < INT4_GEMM_MIN_ROWS, or up to Int4ColsGemv.max_rows <= 4)  grid (column
+        blocks, K splits, groups of rows of x); a program's weight tiles serve its rows. Each
         group's 4 words per column are multiplied out in one PTX block (kernels/half2_ptx.
         INT4_ASM: f16x2 pairs of q/64, x's pairs adjacent elements, one bf16x2 word each;
         other dtypes load x by element), fp32 per group:
@@ -41,6 +42,7 @@ from troupe.kernels.half2_ptx import INT4_ASM
 from troupe.kernels.quant_cols import cols_gemm
 
 INT4_GEMM_MIN_ROWS = 2
+GEMV_ROWS = 4  # the most rows of x one GEMV program takes
 Q_SCALE = tl.constexpr(2.0**-6)  # the PTX's nibbles are q/64
 
 
@@ -74,16 +76,28 @@ class Int4Cols:
 @dataclass(frozen=True)
 class Int4ColsGemv:
     """The decode GEMV's launch: output columns per program (a multiple of 128), groups of 32
-    per iteration, warps, programs per SM wanted (K is split to reach it), PDL."""
+    per iteration, warps, programs per SM wanted (K is split to reach it), PDL, and up to how
+    many rows of x it takes (each program up to 4 of them: its weight tiles loaded once, the
+    PTX dot run per row; more rows go to the GEMM)."""
 
     block_n: int = 128  # the best of an H200 sweep (ops/quant_cols_sweep.py)
     groups: int = 32
     num_warps: int = 8
     waves: int = 2
     pdl: bool = True
+    max_rows: int = 1  # 2-4: not yet timed against the GEMM (docs/benchmarks.md, session 38)
+
+    def __post_init__(self) -> None:
+        assert 1 <= self.max_rows <= GEMV_ROWS, f"max_rows {self.max_rows}: 1 to {GEMV_ROWS}"
 
 
 INT4_COLS_GEMV = Int4ColsGemv()
+# 2-4 rows: None leaves them to the GEMM (0.86-0.89x bf16 on the H200). The GEMV over several
+# rows compiles to 0.25-0.41 warp instructions a weight byte (2-4 rows, ROWS_GEMV_CANDIDATE's
+# launch, no spills) against the GEMM's 0.70 (sm_90 SASS, docs/benchmarks.md session 38); it
+# becomes this once timed (`python -m troupe.ops.quant_bench --rows 2 3 4 --rows-gemv`).
+INT4_ROWS_GEMV: Int4ColsGemv | None = None
+ROWS_GEMV_CANDIDATE = Int4ColsGemv(groups=8, max_rows=4)
 
 
 @triton.jit
@@ -172,36 +186,83 @@ def _acc(acc, w0, w1, w2, w3, s, b, x_row, g, row_groups, PLAIN: tl.constexpr):
     return acc + dot * s + b * (xs * Q_SCALE)
 
 
+@triton.jit
+def _rows_acc(acc0, acc1, acc2, acc3, w0, w1, w2, w3, s, b, x_ptr, m0, M, K, g, row_groups,
+              PLAIN: tl.constexpr, ROWS: tl.constexpr):  # fmt: skip
+    """_acc for rows m0 .. m0 + ROWS - 1 of x over one tile (rows past M read row M - 1: their
+    sums are never stored)."""
+    acc0 = _acc(acc0, w0, w1, w2, w3, s, b, x_ptr + m0.to(tl.int64) * K, g, row_groups, PLAIN)
+    if ROWS > 1:
+        x1 = x_ptr + tl.minimum(m0 + 1, M - 1).to(tl.int64) * K
+        acc1 = _acc(acc1, w0, w1, w2, w3, s, b, x1, g, row_groups, PLAIN)
+    if ROWS > 2:
+        x2 = x_ptr + tl.minimum(m0 + 2, M - 1).to(tl.int64) * K
+        acc2 = _acc(acc2, w0, w1, w2, w3, s, b, x2, g, row_groups, PLAIN)
+    if ROWS > 3:
+        x3 = x_ptr + tl.minimum(m0 + 3, M - 1).to(tl.int64) * K
+        acc3 = _acc(acc3, w0, w1, w2, w3, s, b, x3, g, row_groups, PLAIN)
+    return acc0, acc1, acc2, acc3
+
+
+@triton.jit
+def _store_row(acc, r, out_ptr, part_ptr, counter_ptr, m0, M, N, pid_n, pid_k, splits,
+               BLOCK_N: tl.constexpr, SPLIT: tl.constexpr):  # fmt: skip
+    """Row m0 + r's sums, when that row exists."""
+    if m0 + r < M:
+        y = tl.sum(acc, axis=0) * (1.0 / Q_SCALE)
+        cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        store_or_merge(
+            y, out_ptr, part_ptr, counter_ptr, m0 + r, M, N, cols, cols < N, pid_n, pid_k,
+            splits, SPLIT,
+        )  # fmt: skip
+
+
 @triton.jit(do_not_specialize=["M", "splits"])
 def _int4_cols_gemv_kernel(
     x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, part_ptr, counter_ptr, M, N, K, groups_per_split,
     splits,
     BLOCK_N: tl.constexpr, GROUPS: tl.constexpr, EVEN_N: tl.constexpr, PLAIN: tl.constexpr,
-    PDL: tl.constexpr, SPLIT: tl.constexpr,
+    PDL: tl.constexpr, SPLIT: tl.constexpr, ROWS: tl.constexpr,
 ):  # fmt: skip
     pdl_start(PDL)
-    pid_n, pid_k, m = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    pid_n, pid_k = tl.program_id(0), tl.program_id(1)
+    m0 = tl.program_id(2) * ROWS  # this program's rows: m0 .. m0 + ROWS - 1
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     if not EVEN_N:  # no masks on W (a predicate per load serializes them): columns past N
         cols = tl.minimum(cols, N - 1)  # repeat column N - 1 (not stored; loads not vectors)
     row_groups = K // 32
-    x_row = x_ptr + m.to(tl.int64) * K
-    acc = tl.zeros((GROUPS, BLOCK_N), dtype=tl.float32)
+    acc0 = tl.zeros((GROUPS, BLOCK_N), dtype=tl.float32)
+    acc1, acc2, acc3 = acc0, acc0, acc0  # used as ROWS asks
     g_start = pid_k * groups_per_split
     g = g_start + tl.arange(0, GROUPS)
     w0, w1, w2, w3, s, b = _tile(w_ptr, s_ptr, b_ptr, cols, N, row_groups, g)
     pdl_wait(PDL)  # the first tile before the wait, its x after (gemv_pdl.py)
-    acc = _acc(acc, w0, w1, w2, w3, s, b, x_row, g, row_groups, PLAIN)
+    acc0, acc1, acc2, acc3 = _rows_acc(
+        acc0, acc1, acc2, acc3, w0, w1, w2, w3, s, b, x_ptr, m0, M, K, g, row_groups, PLAIN,
+        ROWS,
+    )  # fmt: skip
     for g0 in range(g_start + GROUPS, g_start + groups_per_split, GROUPS):
         g = g0 + tl.arange(0, GROUPS)
         w0, w1, w2, w3, s, b = _tile(w_ptr, s_ptr, b_ptr, cols, N, row_groups, g)
-        acc = _acc(acc, w0, w1, w2, w3, s, b, x_row, g, row_groups, PLAIN)
-    y = tl.sum(acc, axis=0) * (1.0 / Q_SCALE)
-    out_cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    store_or_merge(
-        y, out_ptr, part_ptr, counter_ptr, m, M, N, out_cols, out_cols < N, pid_n, pid_k, splits,
-        SPLIT,
-    )  # fmt: skip
+        acc0, acc1, acc2, acc3 = _rows_acc(
+            acc0, acc1, acc2, acc3, w0, w1, w2, w3, s, b, x_ptr, m0, M, K, g, row_groups,
+            PLAIN, ROWS,
+        )  # fmt: skip
+    _store_row(
+        acc0, 0, out_ptr, part_ptr, counter_ptr, m0, M, N, pid_n, pid_k, splits, BLOCK_N, SPLIT
+    )
+    if ROWS > 1:
+        _store_row(
+            acc1, 1, out_ptr, part_ptr, counter_ptr, m0, M, N, pid_n, pid_k, splits, BLOCK_N, SPLIT
+        )
+    if ROWS > 2:
+        _store_row(
+            acc2, 2, out_ptr, part_ptr, counter_ptr, m0, M, N, pid_n, pid_k, splits, BLOCK_N, SPLIT
+        )
+    if ROWS > 3:
+        _store_row(
+            acc3, 3, out_ptr, part_ptr, counter_ptr, m0, M, N, pid_n, pid_k, splits, BLOCK_N, SPLIT
+        )
 
 
 @triton.jit
@@ -279,7 +340,7 @@ def _finish(part: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 
 def gemv_launch(
     m: int, n: int, chunks: int, config: Int4ColsGemv, device: torch.device
-) -> tuple[int, int, int, int]:
+) -> tuple[int, int, int, int]:  # m: the grid's row programs
     """gemv_grid's launch at config.block_n, or at half as many columns a program where the
     full width needs K splits and the half gives more programs (or as many with fewer splits):
     H100, Llama-3.1-8B's o and qkv at one row, 8.67 -> 7.37 us and 9.75 -> 8.83 us
@@ -298,12 +359,14 @@ def int4_cols_gemv(x: torch.Tensor, w: Int4Cols, config: Int4ColsGemv) -> torch.
     n = w.words.shape[1]
     groups = k // 32
     chunks = triton.cdiv(groups, config.groups)
-    block_n, col_blocks, split, per_split = gemv_launch(m, n, chunks, config, x.device)
+    rows = min(m, config.max_rows)  # rows a program
+    programs_m = triton.cdiv(m, rows)
+    block_n, col_blocks, split, per_split = gemv_launch(programs_m, n, chunks, config, x.device)
     out, part, counters = split_buffers(split, m, n, col_blocks, x)
     pdl = pdl_mode(config.pdl, x.device)
-    _int4_cols_gemv_kernel[(col_blocks, split, m)](
+    _int4_cols_gemv_kernel[(col_blocks, split, programs_m)](
         x, w.words, w.scale, w.bias, out, part, counters, m, n, k, per_split, split, block_n,
-        config.groups, n % block_n == 0, x.device.type != "cuda", pdl, split > 1,
+        config.groups, n % block_n == 0, x.device.type != "cuda", pdl, split > 1, rows,
         num_warps=config.num_warps, launch_pdl=pdl == GDC,
     )  # fmt: skip
     return out
@@ -312,13 +375,17 @@ def int4_cols_gemv(x: torch.Tensor, w: Int4Cols, config: Int4ColsGemv) -> torch.
 def int4_cols_matmul(
     x: torch.Tensor, w: Int4Cols, gemv: Int4ColsGemv | None = None
 ) -> torch.Tensor:
-    """x [M, K] @ W^T for the column layout; returns [M, N] in x's dtype."""
+    """x [M, K] @ W^T for the column layout; returns [M, N] in x's dtype. One row takes the
+    GEMV (`gemv`, else INT4_COLS_GEMV), up to `gemv.max_rows` (else INT4_ROWS_GEMV's) too, more
+    the GEMM."""
     m, k = x.shape
     n = w.words.shape[1]
     assert k % 32 == 0 and w.words.shape[0] * 8 == k, f"x has K {k}, the weight {w.shape[1]}"
     x = x.contiguous()
-    if m < INT4_GEMM_MIN_ROWS:
-        return int4_cols_gemv(x, w, INT4_COLS_GEMV if gemv is None else gemv)
+    if gemv is None:
+        gemv = INT4_ROWS_GEMV if m > 1 and INT4_ROWS_GEMV is not None else INT4_COLS_GEMV
+    if m < INT4_GEMM_MIN_ROWS or m <= gemv.max_rows:
+        return int4_cols_gemv(x, w, gemv)
     block_k = 128 if x.device.type == "cuda" else 64
     g = cols_gemm(x, n, block_k)
     _int4_cols_gemm_kernel[g.grid](

@@ -40,7 +40,7 @@ class Kernel:
 _SPLIT = {"part_ptr": "*fp32", "counter_ptr": "*i32"}
 KERNELS = [
     Kernel(quant_int4._int4_cols_gemv_kernel,
-           {"BLOCK_N": 128, "GROUPS": 32, "EVEN_N": True, "PLAIN": False, "SPLIT": True},
+           {"BLOCK_N": 128, "GROUPS": 32, "EVEN_N": True, "PLAIN": False, "SPLIT": True, "ROWS": 1},
            {"w_ptr": "*i32", "s_ptr": "*fp16", "b_ptr": "*fp16", **_SPLIT},
            ("w_ptr", "s_ptr", "b_ptr")),
     Kernel(quant_fp8._fp8_cols_gemv_kernel,

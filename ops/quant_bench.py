@@ -3,6 +3,7 @@
     python -m troupe.ops.quant_bench                 # on a CUDA device
     python -m troupe.ops.quant_bench --rows 1 4 16   # more x rows (decode batch sizes)
     python -m troupe.ops.quant_cols_sweep            # the decode GEMVs' launch configs
+    python -m troupe.ops.quant_bench --rows 2 3 4 --rows-gemv   # also int4's multi-row GEMV
 
 Random weights for every linear layer of 32 decoder layers (qkv 6144 x 4096, o 4096 x 4096,
 gate_up 28672 x 4096, down 4096 x 14336) and lm_head (128256 x 4096). One "step" runs each
@@ -22,7 +23,12 @@ from collections.abc import Callable
 
 import torch
 from troupe.kernels.quant_fp8 import Fp8Cols, fp8_cols_matmul, fp8_cols_reference
-from troupe.kernels.quant_int4 import Int4Cols, int4_cols_matmul, int4_cols_reference
+from troupe.kernels.quant_int4 import (
+    ROWS_GEMV_CANDIDATE,
+    Int4Cols,
+    int4_cols_matmul,
+    int4_cols_reference,
+)
 from troupe.ops.card_rates import copy_bandwidth
 
 HIDDEN, INTER, LAYERS, VOCAB = 4096, 14336, 32, 128256
@@ -77,6 +83,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", type=int, nargs="*", help="default: 1")
     parser.add_argument("--layers", type=int, default=LAYERS)
+    parser.add_argument(
+        "--rows-gemv", action="store_true",
+        help="also int4 at <= 4 rows through the multi-row GEMV (quant_int4.ROWS_GEMV_CANDIDATE)",
+    )  # fmt: skip
     args = parser.parse_args()
     device = torch.device("cuda")
     torch.manual_seed(0)
@@ -103,9 +113,16 @@ def main() -> None:
             for w in cols8:
                 fp8_cols_matmul(xs[w.shape[1]], w)
 
+        def step_rows(xs: dict[int, torch.Tensor] = xs) -> None:
+            for w in cols:
+                int4_cols_matmul(xs[w.shape[1]], w, ROWS_GEMV_CANDIDATE)
+
         t_bf16 = timed(step_bf16, device)
         print(f"rows {rows}: bf16 {t_bf16 * 1e3:.3f} ms, {bytes_bf16 / t_bf16 / bw:.0%} of copy")
-        for name, step, nbytes in (("int4", step_int4, bytes_int4), ("fp8", step_fp8, bytes_fp8)):
+        forms = [("int4", step_int4, bytes_int4), ("fp8", step_fp8, bytes_fp8)]
+        if args.rows_gemv and rows <= ROWS_GEMV_CANDIDATE.max_rows:
+            forms.append(("int4 rows-GEMV", step_rows, bytes_int4))
+        for name, step, nbytes in forms:
             t = timed(step, device)
             print(
                 f"rows {rows}: {name} {t * 1e3:.3f} ms, {t_bf16 / t:.2f}x bf16, weights "

@@ -9,9 +9,11 @@ from int4_weights import int4_weight
 from troupe.gpu.gguf_quant import Int4Blocks
 from troupe.kernels.arrival import arrival_counters
 from troupe.kernels.quant_int4 import (
+    ROWS_GEMV_CANDIDATE,
     Int4Cols,
     Int4ColsGemv,
     gemv_launch,
+    int4_cols_gemv,
     int4_cols_matmul,
     int4_cols_reference,
 )
@@ -40,6 +42,9 @@ def test_column_layout_round_trips() -> None:
         # last split runs past K
         (1, 384, 256, Int4ColsGemv(block_n=128, groups=4, pdl=False)),
         (1, 128, 2048, None),  # the engine's launch (64 groups: two splits on the CPU)
+        (2, 256, 128, Int4ColsGemv(groups=2, max_rows=4)),  # rows a program (the multi-row GEMV)
+        (3, 200, 160, Int4ColsGemv(block_n=256, groups=2, max_rows=4)),  # + columns past N
+        (4, 128, 2048, ROWS_GEMV_CANDIDATE),
         (2, 96, 320, None),  # the GEMM with K split (a skinny batch)
         (17, 72, 192, None),
         (40, 64, 128, None),
@@ -73,3 +78,16 @@ def test_the_gemv_halves_its_columns_only_where_k_is_split() -> None:
     assert gemv_launch(1, 4096, 1, config, cpu)[:3] == (128, 32, 1)  # no split: kept wide
     narrow = Int4ColsGemv(block_n=64)
     assert gemv_launch(1, 4096, 4, narrow, cpu)[0] == 64  # an explicit narrow launch stays
+
+
+@pytest.mark.parametrize(("m", "rows"), [(5, 2), (7, 3), (2, 4)])
+def test_the_gemv_takes_its_rows_in_groups(m: int, rows: int) -> None:
+    """Programs of `rows` rows each, the last group partial (its missing rows never stored);
+    every arrival counter set back."""
+    packed, scale, bias = int4_weight(200, 320, 32, "cpu", seed=m)
+    cols = Int4Cols.from_rows(packed, scale, bias)
+    x = torch.randn(m, 320, generator=torch.Generator().manual_seed(rows))
+    got = int4_cols_gemv(x, cols, Int4ColsGemv(groups=2, max_rows=rows))
+    want = int4_cols_reference(x, cols)
+    assert (got - want).abs().max() <= 1e-4 * want.abs().max()
+    assert not arrival_counters(1, x.device)[:256].any()
