@@ -200,3 +200,17 @@ def test_cpu_argmax_matches_torch_on_ties_and_nan() -> None:
     got = _argmax(x)
     assert got.dtype == torch.int64
     assert got.tolist() == x.argmax(dim=-1).tolist() == [int(x[0].argmax()), 10, 3, 5, 2, 0]
+
+
+def test_the_cpu_hash_is_the_int64_forms_bit_for_bit() -> None:
+    """uniform_cpu (numpy uint32, in place) against the int64 torch definition the CUDA kernel
+    follows, keys at both ends of 32 bits included; and the noise built from either."""
+    from troupe.gpu.sampler import gumbel_noise, token_hash, uniform_cpu, uniform_from_hash
+
+    keys = torch.randint(0, 2**32, (6, 2), generator=torch.Generator().manual_seed(3))
+    keys[0] = torch.tensor([2**32 - 1, 2**32 - 1])
+    keys[1] = torch.tensor([0, 0])
+    for vocab in (7, 1000, 151936):
+        want = uniform_from_hash(token_hash(keys, vocab))
+        assert torch.equal(uniform_cpu(keys, vocab), want)
+        assert torch.equal(gumbel_noise(keys, vocab), -torch.log(-torch.log(want)))
