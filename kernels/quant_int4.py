@@ -74,8 +74,8 @@ class Int4Cols:
 
 @dataclass(frozen=True)
 class Int4ColsGemv:
-    """The decode GEMV's launch: output columns per program (a multiple of 128), groups of 32
-    per iteration, warps, programs per SM wanted (K is split to reach it), PDL, and up to how
+    """The decode GEMV's launch: output columns per program (a multiple of 128; gemv_launch
+    may halve them), groups of 32 per iteration, warps, programs per SM wanted (K is split to reach it), PDL, and up to how
     many rows of x it takes (each program up to 4 of them: its weight tiles loaded once, the
     PTX dot run per row; more rows go to the GEMM)."""
 
