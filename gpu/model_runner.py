@@ -392,12 +392,9 @@ class ModelRunner:
         )
 
     def close(self) -> None:
-        """Drop the graphs, caches and state, and free the pools' storages and, when the runner
-        owns the model, the weights': the device memory is reusable at once
-        (gpu/sleep_mode.ModelSleeper.release)."""
+        """Drop the graphs, caches and state; free the pools' storages and, when the runner owns
+        the model, the weights' (gpu/sleep_mode.ModelSleeper.release): reusable at once."""
         if self._draft is not None:
             self._draft.close()
-        self.sleeper.release(
-            weights=self._owns_model
-        )  # the steps launched ahead and the graphs go first
+        self.sleeper.release(weights=self._owns_model)  # steps ahead and graphs go first
         self._states.clear()
