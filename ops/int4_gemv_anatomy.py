@@ -87,7 +87,7 @@ def time_variant(ws: list[Int4Cols], x: torch.Tensor, v: Variant) -> tuple[float
             n = w.words.shape[1]
             _int4_cols_gemv_kernel[(col_blocks, split, 1)](
                 x, w.words, w.scale, w.bias, out, part, counters, 1, n, k, per_split, split,
-                block_n, v.groups, n % block_n == 0, False, pdl, v.merge and split > 1,
+                block_n, v.groups, n % block_n == 0, False, pdl, v.merge and split > 1, 1,
                 num_warps=v.warps, launch_pdl=pdl == GDC,
             )  # fmt: skip
 
