@@ -75,9 +75,9 @@ class Int4Cols:
 @dataclass(frozen=True)
 class Int4ColsGemv:
     """The decode GEMV's launch: output columns per program (a multiple of 128; gemv_launch
-    may halve them), groups of 32 per iteration, warps, programs per SM wanted (K is split to reach it), PDL, and up to how
-    many rows of x it takes (each program up to 4 of them: its weight tiles loaded once, the
-    PTX dot run per row; more rows go to the GEMM)."""
+    may halve them), groups of 32 per iteration, warps, programs per SM wanted (K is split to
+    reach it), PDL, and up to how many rows of x it takes (each program up to 4 of them: its
+    weight tiles loaded once, the PTX dot run per row; more rows go to the GEMM)."""
 
     block_n: int = 128  # the best of an H200 sweep (ops/quant_cols_sweep.py)
     groups: int = 32
@@ -189,18 +189,22 @@ def _acc(acc, w0, w1, w2, w3, s, b, x_row, g, row_groups, PLAIN: tl.constexpr):
 def _rows_acc(acc0, acc1, acc2, acc3, w0, w1, w2, w3, s, b, x_ptr, m0, M, K, g, row_groups,
               PLAIN: tl.constexpr, ROWS: tl.constexpr):  # fmt: skip
     """_acc for rows m0 .. m0 + ROWS - 1 of x over one tile (rows past M read row M - 1: their
-    sums are never stored)."""
-    acc0 = _acc(acc0, w0, w1, w2, w3, s, b, x_ptr + m0.to(tl.int64) * K, g, row_groups, PLAIN)
+    sums are never stored; m0 itself is always a row)."""
+    tile = w0, w1, w2, w3, s, b
+    acc0 = _acc(acc0, *tile, x_ptr + m0.to(tl.int64) * K, g, row_groups, PLAIN)
     if ROWS > 1:
-        x1 = x_ptr + tl.minimum(m0 + 1, M - 1).to(tl.int64) * K
-        acc1 = _acc(acc1, w0, w1, w2, w3, s, b, x1, g, row_groups, PLAIN)
+        acc1 = _acc(acc1, *tile, _row(x_ptr, m0 + 1, M, K), g, row_groups, PLAIN)
     if ROWS > 2:
-        x2 = x_ptr + tl.minimum(m0 + 2, M - 1).to(tl.int64) * K
-        acc2 = _acc(acc2, w0, w1, w2, w3, s, b, x2, g, row_groups, PLAIN)
+        acc2 = _acc(acc2, *tile, _row(x_ptr, m0 + 2, M, K), g, row_groups, PLAIN)
     if ROWS > 3:
-        x3 = x_ptr + tl.minimum(m0 + 3, M - 1).to(tl.int64) * K
-        acc3 = _acc(acc3, w0, w1, w2, w3, s, b, x3, g, row_groups, PLAIN)
+        acc3 = _acc(acc3, *tile, _row(x_ptr, m0 + 3, M, K), g, row_groups, PLAIN)
     return acc0, acc1, acc2, acc3
+
+
+@triton.jit
+def _row(x_ptr, m, M, K):
+    """Row m of x [M, K], or its last row past M."""
+    return x_ptr + tl.minimum(m, M - 1).to(tl.int64) * K
 
 
 @triton.jit
