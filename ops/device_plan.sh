@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call that works through a plan file: each line is a command run from the repo root
 # with the wheels installed (as ops/gpu_check.sh installs them); a line "h200: CMD" runs only on
-# an H200 (the issues' targets are set there; other cards skip it by name); blank lines and
+# an H200 (the issues' targets are set there; other cards skip it by name), "other: CMD" only on
+# another card (what stands in for an H200 run that could not happen); blank lines and
 # "#" lines are ignored. Each command gets what is left of BUDGET seconds (default 570, under
 # the device's 600 s a call); the ones left over are named, not run. Output: the last TAIL (15)
 # lines of each to the terminal, the whole of command N in $OUT/NN.log.
@@ -25,6 +26,9 @@ while IFS= read -r line || [ -n "$line" ]; do
   if [ "${line#h200: }" != "$line" ]; then
     cmd=${line#h200: }
     case "$CARD" in *H200*) ;; *) echo "== $n skipped (not an H200): $cmd"; continue ;; esac
+  elif [ "${line#other: }" != "$line" ]; then
+    cmd=${line#other: }
+    case "$CARD" in *H200*) echo "== $n skipped (an H200): $cmd"; continue ;; esac
   fi
   left=$((BUDGET - (SECONDS - T0)))
   if [ "$left" -lt 20 ]; then echo "== $n skipped (${left} s left): $cmd"; continue; fi
