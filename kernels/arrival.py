@@ -32,6 +32,14 @@ def arrival_counters(size: int, device: torch.device) -> torch.Tensor:
 
 
 @triton.jit
+def reset_arrival(count_ptr):
+    """The last arrival sets its counter back to zero for the next launch (a graph replay).
+    Relaxed: the launch boundary, or griddepcontrol.wait under PDL, orders it before any next
+    use; acq_rel would hold the program on a MEMBAR.GPU until its output stores land."""
+    tl.atomic_xchg(count_ptr, 0, sem="relaxed", scope="gpu")
+
+
+@triton.jit
 def store_or_merge(
     y, out_ptr, part_ptr, counter_ptr, m, M, N, cols, col_ok, pid_n, pid_k, splits,
     SPLIT: tl.constexpr,
@@ -52,7 +60,7 @@ def store_or_merge(
                 total += tl.load(at, mask=col_ok, other=0.0, cache_modifier=".cg")
             out = out_ptr + m.to(tl.int64) * N + cols
             tl.store(out, total.to(out_ptr.dtype.element_ty), mask=col_ok)
-            tl.atomic_xchg(count_ptr, 0)  # ready for the next launch (a graph replay)
+            reset_arrival(count_ptr)
     else:
         tl.store(out_ptr + m.to(tl.int64) * N + cols, y.to(out_ptr.dtype.element_ty), mask=col_ok)
 

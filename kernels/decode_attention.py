@@ -33,7 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .arrival import arrival_counters
+from .arrival import arrival_counters, reset_arrival
 from .decode_attention_fp8 import launch_split_fp8
 from .decode_combine import combine_head, decode_reduce_kernel
 from .decode_group import softmax_step
@@ -222,7 +222,7 @@ def _decode_split_kernel(
                         (seq * NUM_Q_HEADS + head) * num_splits, num_splits, True,
                         HEAD_DIM, BLOCK_S, BLOCK_D,
                     )  # fmt: skip
-                tl.atomic_xchg(count_ptr, 0)  # ready for the next launch (a graph replay)
+                reset_arrival(count_ptr)
 
 
 def choose_num_splits(

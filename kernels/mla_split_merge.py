@@ -27,6 +27,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .arrival import reset_arrival
+
 
 @triton.jit
 def merge_if_last_rolled(
@@ -76,4 +78,4 @@ def merge_if_last_rolled(
                 total += w
             o = acc / tl.where(total > 0, total, 1.0)[:, None]
             tl.store(out_rows + offs_l[None, :], o.to(out_ptr.dtype.element_ty), mask=mask)
-        tl.atomic_xchg(counter_ptr, 0, sem="relaxed", scope="gpu")
+        reset_arrival(counter_ptr)
