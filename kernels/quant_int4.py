@@ -84,19 +84,18 @@ class Int4ColsGemv:
     num_warps: int = 8
     waves: int = 2
     pdl: bool = True
-    max_rows: int = 1  # 2-4: not yet timed against the GEMM (docs/benchmarks.md, session 38)
+    max_rows: int = 1
 
     def __post_init__(self) -> None:
         assert 1 <= self.max_rows <= GEMV_ROWS, f"max_rows {self.max_rows}: 1 to {GEMV_ROWS}"
 
 
 INT4_COLS_GEMV = Int4ColsGemv()
-# 2-4 rows: None leaves them to the GEMM (0.86-0.89x bf16 on the H200). The GEMV over several
-# rows compiles to 0.25-0.41 warp instructions a weight byte (2-4 rows, ROWS_GEMV_CANDIDATE's
-# launch, no spills) against the GEMM's 0.70 (sm_90 SASS, docs/benchmarks.md session 38); it
-# becomes this once timed (`python -m troupe.ops.quant_bench --rows 2 3 4 --rows-gemv`).
-INT4_ROWS_GEMV: Int4ColsGemv | None = None
-ROWS_GEMV_CANDIDATE = Int4ColsGemv(groups=8, max_rows=4)
+# 2-3 rows: the GEMV over several rows, its tiles loaded once (0.25-0.33 warp instructions a
+# weight byte on sm_90 against the GEMM's 0.70). H100, Llama-3.1-8B chain (quant_bench,
+# session 39): 1.60x / 1.50x bf16 at 2 / 3 rows against the GEMM's 1.23x; at 4 rows 1.11x, so
+# 4 rows and more take the GEMM.
+INT4_ROWS_GEMV = Int4ColsGemv(groups=8, max_rows=3)
 
 
 @triton.jit
@@ -312,7 +311,7 @@ def int4_cols_matmul(
     assert k % 32 == 0 and w.words.shape[0] * 8 == k, f"x has K {k}, the weight {w.shape[1]}"
     x = x.contiguous()
     if gemv is None:
-        gemv = INT4_ROWS_GEMV if m > 1 and INT4_ROWS_GEMV is not None else INT4_COLS_GEMV
+        gemv = INT4_ROWS_GEMV if m > 1 else INT4_COLS_GEMV
     if m < INT4_GEMM_MIN_ROWS or m <= gemv.max_rows:
         return int4_cols_gemv(x, w, gemv)
     return int4_cols_gemm(x, w.words, w.scale, w.bias)

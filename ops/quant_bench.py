@@ -3,7 +3,7 @@
     python -m troupe.ops.quant_bench                 # on a CUDA device
     python -m troupe.ops.quant_bench --rows 1 4 16   # more x rows (decode batch sizes)
     python -m troupe.ops.quant_cols_sweep            # the decode GEMVs' launch configs
-    python -m troupe.ops.quant_bench --rows 2 3 4 --rows-gemv   # also int4's multi-row GEMV
+    python -m troupe.ops.quant_bench --rows 2 3 --gemm   # also int4 through the GEMM
 
 Random weights for every linear layer of 32 decoder layers (qkv 6144 x 4096, o 4096 x 4096,
 gate_up 28672 x 4096, down 4096 x 14336) and lm_head (128256 x 4096). One "step" runs each
@@ -24,11 +24,12 @@ from collections.abc import Callable
 import torch
 from troupe.kernels.quant_fp8 import Fp8Cols, fp8_cols_matmul, fp8_cols_reference
 from troupe.kernels.quant_int4 import (
-    ROWS_GEMV_CANDIDATE,
+    INT4_ROWS_GEMV,
     Int4Cols,
     int4_cols_matmul,
     int4_cols_reference,
 )
+from troupe.kernels.quant_int4_gemm import int4_cols_gemm
 from troupe.ops.card_rates import copy_bandwidth
 
 HIDDEN, INTER, LAYERS, VOCAB = 4096, 14336, 32, 128256
@@ -84,8 +85,9 @@ def main() -> None:
     parser.add_argument("--rows", type=int, nargs="*", help="default: 1")
     parser.add_argument("--layers", type=int, default=LAYERS)
     parser.add_argument(
-        "--rows-gemv", action="store_true",
-        help="also int4 at <= 4 rows through the multi-row GEMV (quant_int4.ROWS_GEMV_CANDIDATE)",
+        "--gemm", action="store_true",
+        help="also int4 through the GEMM at the rows the multi-row GEMV takes (2 to "
+        "quant_int4.INT4_ROWS_GEMV.max_rows): what the GEMV saves",
     )  # fmt: skip
     args = parser.parse_args()
     device = torch.device("cuda")
@@ -113,15 +115,15 @@ def main() -> None:
             for w in cols8:
                 fp8_cols_matmul(xs[w.shape[1]], w)
 
-        def step_rows(xs: dict[int, torch.Tensor] = xs) -> None:
+        def step_gemm(xs: dict[int, torch.Tensor] = xs) -> None:
             for w in cols:
-                int4_cols_matmul(xs[w.shape[1]], w, ROWS_GEMV_CANDIDATE)
+                int4_cols_gemm(xs[w.shape[1]], w.words, w.scale, w.bias)
 
         t_bf16 = timed(step_bf16, device)
         print(f"rows {rows}: bf16 {t_bf16 * 1e3:.3f} ms, {bytes_bf16 / t_bf16 / bw:.0%} of copy")
         forms = [("int4", step_int4, bytes_int4), ("fp8", step_fp8, bytes_fp8)]
-        if args.rows_gemv and rows <= ROWS_GEMV_CANDIDATE.max_rows:
-            forms.append(("int4 rows-GEMV", step_rows, bytes_int4))
+        if args.gemm and 2 <= rows <= INT4_ROWS_GEMV.max_rows:
+            forms.append(("int4 GEMM", step_gemm, bytes_int4))
         for name, step, nbytes in forms:
             t = timed(step, device)
             print(

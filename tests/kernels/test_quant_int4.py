@@ -9,7 +9,6 @@ from int4_weights import int4_weight
 from troupe.gpu.gguf_quant import Int4Blocks
 from troupe.kernels.arrival import arrival_counters
 from troupe.kernels.quant_int4 import (
-    ROWS_GEMV_CANDIDATE,
     Int4Cols,
     Int4ColsGemv,
     gemv_launch,
@@ -44,8 +43,9 @@ def test_column_layout_round_trips() -> None:
         (1, 128, 2048, None),  # the engine's launch (64 groups: two splits on the CPU)
         (2, 256, 128, Int4ColsGemv(groups=2, max_rows=4)),  # rows a program (the multi-row GEMV)
         (3, 200, 160, Int4ColsGemv(block_n=256, groups=2, max_rows=4)),  # + columns past N
-        (4, 128, 2048, ROWS_GEMV_CANDIDATE),
-        (2, 96, 320, None),  # the GEMM with K split (a skinny batch)
+        (4, 128, 2048, Int4ColsGemv(groups=8, max_rows=4)),
+        (3, 128, 2048, None),  # the engine's launch at 3 rows (quant_int4.INT4_ROWS_GEMV)
+        (4, 96, 320, None),  # the GEMM with K split (a skinny batch)
         (17, 72, 192, None),
         (40, 64, 128, None),
     ],
