@@ -84,6 +84,8 @@ def _describe(config: DecodeConfig) -> str:
     text = f"bn={config.block_n} w={config.num_warps} st={config.num_stages}"
     if config.programs_per_sm != 2 or config.min_split != 256:
         text += f" waves={config.programs_per_sm} minsplit={config.min_split}"
+    if config.fp8_convert is not Fp8Convert.AT_DOT:
+        text += f" {config.fp8_convert.value}"
     return text
 
 
@@ -158,5 +160,5 @@ def sweep_variants(copy_bw: float) -> None:
     print(
         f"FP8_DEFAULT_CONFIG = DecodeConfig({best.block_n}, {best.num_warps}, "
         f"{best.num_stages}, min_split={best.min_split}, "
-        f"programs_per_sm={best.programs_per_sm})"
+        f"programs_per_sm={best.programs_per_sm}, fp8_convert=Fp8Convert.{best.fp8_convert.name})"
     )
