@@ -17,6 +17,8 @@ captured in a CUDA graph and replayed (quant_bench.timed); printed: us per launc
     g8w4           8 groups, 4 warps, 8 programs an SM
     bn64, bn32     64 / 32 output columns a program (more programs, fewer K splits)
     bn32-split1    32 columns a program and no K split: no partials, no sum
+    bn64-*         the engine's half-width launch with 16 groups / 4 warps, 4 warps, 3 waves
+    waves1, waves3 1 or 3 programs an SM wanted (fewer or more K splits)
 """
 
 from __future__ import annotations
@@ -57,6 +59,11 @@ VARIANTS = {
     "bn32-g16w4": Variant(block_n=32, groups=16, warps=4, waves=4),
     "bn32-split1": Variant(block_n=32, splits=1),
     "bn32-split1-w4": Variant(block_n=32, splits=1, warps=4),
+    "bn64-g16w4": Variant(block_n=64, groups=16, warps=4, waves=4),
+    "bn64-w4": Variant(block_n=64, warps=4, waves=4),
+    "bn64-waves3": Variant(block_n=64, waves=3),
+    "waves1": Variant(waves=1),
+    "waves3": Variant(waves=3),
 }
 
 
