@@ -147,19 +147,27 @@ def run_engine(
 
     config = engine_config(folder, args, **options)
     total = 0
+    timed = None
+    if args.timed:  # each step stamped (gpu/timed_runner.py); no profiler
+        from troupe.gpu.runner import build_runner
+        from troupe.gpu.runner_setup import with_step_budget
+        from troupe.gpu.timed_runner import TimedRunner
+
+        timed = TimedRunner(build_runner(with_step_budget(config)))
 
     def params(n: int) -> SamplingParams:
         return SamplingParams(temperature=0.6, max_tokens=n, ignore_eos=True)
 
     async def main() -> None:
         nonlocal total
-        async with Engine.open(config) as engine:
+        async with Engine.open(config, runner=timed) as engine:
             # Warm-up before the clock: Triton compiles a kernel variant on its first use, and a
             # fresh machine's first run paid that inside the timed region (~2x slower). A few of
             # the workload's own prompts at once reach its prefill-chunk and decode shapes.
             warm = [[1, 2, 3], *sorted(prompts, key=len)[-16:]]
             await run_requests(engine, warm, [params(4)] + [params(8)] * 16)
             start = time.perf_counter()
+            mark = len(timed.steps) if timed is not None else 0
             total = sum(
                 await run_requests(engine, prompts, list(map(params, outputs)), args.client)
             )
@@ -178,6 +186,10 @@ def run_engine(
                 )
             actors = engine.actor_busy_seconds()
             print("actor busy: " + ", ".join(f"{k}={v:.2f}s" for k, v in sorted(actors.items())))
+            if timed is not None:
+                from troupe.ops.burst_steps import by_batch
+
+                print("steps by batch:", *by_batch(timed.steps[mark:]), sep="\n")
 
     anyio.run(main)
     return total
@@ -299,6 +311,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-num-seqs", type=int, default=256)
     parser.add_argument("--max-num-batched-tokens", type=int, default=16384)
     parser.add_argument("--enforce-eager", action="store_true")
+    parser.add_argument(
+        "--timed", action="store_true",
+        help="engine mode: stamp each step (TimedRunner) and print them grouped by batch size",
+    )  # fmt: skip
     parser.add_argument(
         "--gil-switch-interval", type=float, default=None,
         help="EngineConfig.gil_switch_interval_s (default: its default; 0: the interpreter's own)",

@@ -69,6 +69,27 @@ def summarize(steps: Sequence[StepTime], t0: float, show: int) -> list[str]:
     return lines
 
 
+BUCKETS = ((16, "1-16"), (64, "17-64"), (128, "65-128"), (256, "129-256"), (1 << 30, ">256"))
+
+
+def by_batch(steps: Sequence[StepTime]) -> list[str]:
+    """Steps grouped by sequences (prefill steps apart): how many, the median time inside the
+    runner (on CUDA with overlap: its host work plus any wait for the GPU) and the median and
+    total gap since the previous step ended (the actors' planning, during which the GPU runs
+    only what was launched ahead)."""
+    gaps = [0.0] + [1e3 * (b.start - a.end) for a, b in itertools.pairwise(steps)]
+    groups: dict[str, list[tuple[float, float]]] = {}
+    for step, gap in zip(steps, gaps, strict=True):
+        size = next(label for top, label in BUCKETS if step.num_seqs <= top)
+        name = "prefill" if step.num_prefill_seqs else f"{size} seqs"
+        groups.setdefault(name, []).append((1e3 * (step.end - step.start), gap))
+    return [
+        f"  {name}: {len(rows)} steps, in the runner median {statistics.median(r[0] for r in rows):.2f} ms, "
+        f"gap median {statistics.median(r[1] for r in rows):.2f} ms, total {sum(r[1] for r in rows):.0f} ms"
+        for name, rows in groups.items()
+    ]
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m troupe.ops.burst_steps", description=__doc__)
     p.add_argument("--bursts", type=int, default=2)

@@ -10,7 +10,7 @@ import pytest
 from troupe import Engine, EngineConfig, SamplingParams
 from troupe.gpu.fake_runner import FakeRunner
 from troupe.gpu.timed_runner import StepTime, TimedRunner
-from troupe.ops.burst_steps import main, summarize
+from troupe.ops.burst_steps import by_batch, main, summarize
 
 
 @pytest.mark.anyio
@@ -56,6 +56,21 @@ def test_summary_splits_the_prefill_phase_from_the_decodes() -> None:
     assert lines[3].startswith("  step 1: +    5.0 .. +   15.0 ms (gap   5.0)")
     assert lines[4].startswith("  step 2: +   16.0 .. +   26.0 ms (gap   1.0)")
     assert len(lines) == 5
+
+
+def test_steps_grouped_by_batch_size() -> None:
+    t0 = 10.0
+    steps = [
+        StepTime(1, t0, t0 + 0.010, num_seqs=20, num_tokens=900, num_prefill_seqs=20),
+        StepTime(2, t0 + 0.012, t0 + 0.015, num_seqs=20, num_tokens=20, num_prefill_seqs=0),
+        StepTime(3, t0 + 0.016, t0 + 0.020, num_seqs=16, num_tokens=16, num_prefill_seqs=0),
+        StepTime(4, t0 + 0.023, t0 + 0.025, num_seqs=3, num_tokens=3, num_prefill_seqs=0),
+    ]
+    assert by_batch(steps) == [
+        "  prefill: 1 steps, in the runner median 10.00 ms, gap median 0.00 ms, total 0 ms",
+        "  17-64 seqs: 1 steps, in the runner median 3.00 ms, gap median 2.00 ms, total 2 ms",
+        "  1-16 seqs: 2 steps, in the runner median 3.00 ms, gap median 2.00 ms, total 4 ms",
+    ]
 
 
 def test_a_fake_burst_prints_its_timeline(capsys: pytest.CaptureFixture[str]) -> None:
