@@ -29,6 +29,7 @@ from troupe.ops.card_rates import copy_bandwidth, matmul_peak
 
 if TYPE_CHECKING:
     from troupe import EngineConfig
+    from troupe.ops.engine_client import Client
 
 HBM_BYTES_PER_S = 4.26e12
 BF16_FLOPS = 773e12
@@ -139,8 +140,13 @@ def run_engine(
     prompts: list[list[int]],
     outputs: list[int],
     args: argparse.Namespace,
+    *,
+    client: Client = "tasks",
+    timed_steps: bool = False,
     **options: Any,
 ) -> int:
+    """The workload through troupe.Engine (`client`: ops/engine_client.py); `timed_steps`:
+    each step stamped and printed by batch size. `options`: more EngineConfig fields."""
     import anyio
     from troupe import Engine, SamplingParams
     from troupe.ops.engine_client import run_requests
@@ -148,7 +154,7 @@ def run_engine(
     config = engine_config(folder, args, **options)
     total = 0
     timed = None
-    if args.timed:  # each step stamped (gpu/timed_runner.py); no profiler
+    if timed_steps:  # each step stamped (gpu/timed_runner.py); no profiler
         from troupe.gpu.runner import build_runner
         from troupe.gpu.runner_setup import with_step_budget
         from troupe.gpu.timed_runner import TimedRunner
@@ -168,9 +174,7 @@ def run_engine(
             await run_requests(engine, warm, [params(4)] + [params(8)] * 16)
             start = time.perf_counter()
             mark = len(timed.steps) if timed is not None else 0
-            total = sum(
-                await run_requests(engine, prompts, list(map(params, outputs)), args.client)
-            )
+            total = sum(await run_requests(engine, prompts, list(map(params, outputs)), client))
             run_engine.elapsed = time.perf_counter() - start  # type: ignore[attr-defined]
             # where the time went: the runner's share vs the actors' on the shared GIL
             steps = engine.stats().num_steps
@@ -332,7 +336,10 @@ def main(argv: list[str] | None = None) -> int:
             options: dict[str, Any] = {}
             if args.gil_switch_interval is not None:
                 options["gil_switch_interval_s"] = args.gil_switch_interval or None
-            total = run_engine(folder, prompts, outputs, args, **options)
+            total = run_engine(
+                folder, prompts, outputs, args, client=args.client, timed_steps=args.timed,
+                **options,
+            )  # fmt: skip
             fn = run_engine
         else:
             fn = run_runner

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -134,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         config = write_folder(folder, cfg, device)
-        fn = run_engine if args.mode == "engine" else run_runner
+        fn: Callable[..., int] = run_engine if args.mode == "engine" else run_runner
         total = fn(folder, prompts, outputs, args, mla_expand_min_tokens=args.mla_expand_min_tokens)
         elapsed = fn.elapsed  # type: ignore[attr-defined]
     floor = physical_floor_s(config, prompts, outputs)
