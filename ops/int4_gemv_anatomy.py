@@ -19,6 +19,9 @@ captured in a CUDA graph and replayed (quant_bench.timed); printed: us per launc
     bn32-split1    32 columns a program and no K split: no partials, no sum
     bn64-*         the engine's half-width launch with 16 groups / 4 warps, 4 warps, 3 waves
     waves1, waves3 1 or 3 programs an SM wanted (fewer or more K splits)
+    *-g128, *-g64-split1   no K split and no merge: a program takes a narrow column block
+                   over the whole of K in one or two iterations (128 or 64 groups, all its
+                   loads in flight at once; sm_90: 194-254 registers, no spills)
 """
 
 from __future__ import annotations
@@ -64,6 +67,10 @@ VARIANTS = {
     "bn64-waves3": Variant(block_n=64, waves=3),
     "waves1": Variant(waves=1),
     "waves3": Variant(waves=3),
+    "bn32-g128": Variant(block_n=32, groups=128, splits=1),
+    "bn16-g128-w4": Variant(block_n=16, groups=128, warps=4, splits=1),
+    "bn32-g64-split1": Variant(block_n=32, groups=64, splits=1),
+    "bn64-g64-split1": Variant(block_n=64, groups=64, splits=1),
 }
 
 
