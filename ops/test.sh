@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite: install, lint (ruff), type-check (mypy; strict on messages/ and actors/),
-# then pytest (GPU tests skip without CUDA). Extra arguments go to pytest.
+# then pytest (GPU tests skip without CUDA) in two worker processes, each taking whole test
+# files (module and session fixtures stay one per worker). Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash ops/install.sh
@@ -14,4 +15,4 @@ TC=$(mktemp -d) && ln -s "$PWD" "$TC/troupe"
 # tests/conftest.py moves the root to the end of the suite's sys.path; PYTHONSAFEPATH (Python
 # 3.11's -P) keeps `python -m` from putting it in front in the Pythons the tests start.
 export PYTHONSAFEPATH=1
-echo "== pytest"; .venv/bin/python -m pytest "$@"
+echo "== pytest"; .venv/bin/python -m pytest -n 2 --dist loadfile "$@"
