@@ -4,7 +4,10 @@ GEMV (kernels/quant_int4.py) on Llama-3.1-8B's linear shapes.
     python -m troupe.ops.int4_gemv_anatomy
 
 32 launches of one shape (32 weights, Q4_0-style codes with a scale and bias per 32) are
-captured in a CUDA graph and replayed (quant_bench.timed); printed: us per launch and the splits. Variants:
+captured in a CUDA graph and replayed (quant_bench.timed); printed: us per launch and the splits,
+then per shape the engine's own launch (quant_int4.gemv_launch) against the fastest variant
+with a correct result, and what a layer's four GEMVs would save with each shape at its best
+(what quant_int4.gemv_launch should then take). Variants:
 
     default        128 columns a program, 32 groups an iteration, 8 warps, 2 programs an SM,
                    PDL (the engine's launch halves the columns where K is split:
@@ -32,7 +35,7 @@ import torch
 import triton
 from troupe.kernels.arrival import gemv_grid, split_buffers
 from troupe.kernels.gemv_pdl import GDC, pdl_mode
-from troupe.kernels.quant_int4 import Int4Cols, _int4_cols_gemv_kernel
+from troupe.kernels.quant_int4 import INT4_COLS_GEMV, Int4Cols, _int4_cols_gemv_kernel, gemv_launch
 from troupe.ops.quant_bench import timed
 
 SHAPES = ((4096, 4096), (6144, 4096), (4096, 14336), (28672, 4096))
@@ -80,17 +83,22 @@ def random_int4(n: int, k: int) -> Int4Cols:
     return Int4Cols.from_rows(packed, scale, (-8 * scale.float()).half())
 
 
-def time_variant(ws: list[Int4Cols], x: torch.Tensor, v: Variant) -> tuple[float, int]:
-    """us per launch over the graph of len(ws) launches, and the splits used."""
+def time_variant(
+    ws: list[Int4Cols], x: torch.Tensor, v: Variant, engine: bool = False
+) -> tuple[float, int]:
+    """us per launch over the graph of len(ws) launches, and the splits used; `engine`: the
+    grid from quant_int4.gemv_launch (its half-width rule) instead of gemv_grid's."""
     k = x.shape[1]
     pdl = pdl_mode(v.pdl, x.device)
     launches = []
     for w in ws:
         n = w.words.shape[1]
         chunks = triton.cdiv(k // 32, v.groups)
-        block_n, col_blocks, split, per_split = gemv_grid(
-            1, n, chunks, v.groups, v.block_n, v.waves, x.device
-        )
+        if engine:
+            launch = gemv_launch(1, n, chunks, INT4_COLS_GEMV, x.device)
+        else:
+            launch = gemv_grid(1, n, chunks, v.groups, v.block_n, v.waves, x.device)
+        block_n, col_blocks, split, per_split = launch
         if v.splits is not None:
             split, per_split = v.splits, triton.cdiv(chunks, v.splits) * v.groups
         out, part, counters = split_buffers(split, 1, n, col_blocks, x)
@@ -109,14 +117,26 @@ def time_variant(ws: list[Int4Cols], x: torch.Tensor, v: Variant) -> tuple[float
 
 
 def main() -> None:
+    c = INT4_COLS_GEMV
+    engine = Variant(c.groups, c.num_warps, c.waves, c.pdl, block_n=c.block_n)
+    engine_layer = best_layer = 0.0
     for n, k in SHAPES:
         ws = [random_int4(n, k) for _ in range(32)]
         x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
-        shown = []
+        shown, correct = [], {}
         for name, variant in VARIANTS.items():
             us, split = time_variant(ws, x, variant)
             shown.append(f"{name} {us:.2f} us ({split} splits)")
+            if variant.merge or split == 1:  # no-sum forms with splits are wrong, timed only
+                correct[name] = us
         print(f"{n} x {k}: " + "; ".join(shown), flush=True)
+        engine_us = time_variant(ws, x, engine, engine=True)[0]
+        best = min(correct, key=correct.__getitem__)
+        engine_layer, best_layer = engine_layer + engine_us, best_layer + correct[best]
+        print(f"  engine's launch {engine_us:.2f} us; fastest correct: {best} {correct[best]:.2f}")
+    print(f"a layer's four GEMVs: the engine's launches {engine_layer:.2f} us, each shape at its "
+          f"fastest {best_layer:.2f} us: {32 * (engine_layer - best_layer):.1f} us less a step "
+          "over 32 layers")  # fmt: skip
 
 
 if __name__ == "__main__":
