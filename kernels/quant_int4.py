@@ -31,6 +31,7 @@ scales and biases are loaded before griddepcontrol.wait, x after.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import triton
@@ -75,7 +76,7 @@ class Int4Cols:
 @dataclass(frozen=True)
 class Int4ColsGemv:
     """The decode GEMV's launch: output columns per program (a multiple of 128; gemv_launch
-    may halve them), groups of 32 per iteration, warps, programs per SM wanted (K is split to
+    may halve them, or take 32 over the whole of K), groups of 32 per iteration, warps, programs per SM wanted (K is split to
     reach it), PDL, and up to how many rows of x it takes (each program up to 4 of them: its
     weight tiles loaded once, the PTX dot run per row; more rows go to the GEMM)."""
 
@@ -85,9 +86,14 @@ class Int4ColsGemv:
     waves: int = 2
     pdl: bool = True
     max_rows: int = 1
+    # One row a program and K split at the width above, but K at most this many groups: 32
+    # columns a program over the whole of K in one iteration instead (no partials, no merge;
+    # gemv_launch). 0: never.
+    whole_k_groups: int = 128
 
     def __post_init__(self) -> None:
         assert 1 <= self.max_rows <= GEMV_ROWS, f"max_rows {self.max_rows}: 1 to {GEMV_ROWS}"
+        assert self.whole_k_groups & (self.whole_k_groups - 1) == 0, "a power of 2, or 0"
 
 
 INT4_COLS_GEMV = Int4ColsGemv()
@@ -95,7 +101,7 @@ INT4_COLS_GEMV = Int4ColsGemv()
 # weight byte on sm_90 against the GEMM's 0.70). H100, Llama-3.1-8B chain (quant_bench,
 # session 39): 1.60x / 1.50x bf16 at 2 / 3 rows against the GEMM's 1.23x; at 4 rows 1.11x, so
 # 4 rows and more take the GEMM.
-INT4_ROWS_GEMV = Int4ColsGemv(groups=8, max_rows=3)
+INT4_ROWS_GEMV = Int4ColsGemv(groups=8, max_rows=3, whole_k_groups=0)
 
 
 @triton.jit
@@ -267,36 +273,54 @@ def _int4_cols_gemv_kernel(
         )
 
 
+class GemvLaunch(NamedTuple):
+    block_n: int  # output columns a program
+    groups: int  # groups of 32 along K an iteration
+    col_blocks: int
+    split: int  # K splits
+    per_split: int  # groups a split
+
+
+WHOLE_K_COLUMNS = 32
+
+
 def gemv_launch(
-    m: int, n: int, chunks: int, config: Int4ColsGemv, device: torch.device
-) -> tuple[int, int, int, int]:  # m: the grid's row programs
-    """gemv_grid's launch at config.block_n, or at half as many columns a program where the
-    full width needs K splits and the half gives more programs (or as many with fewer splits):
-    H100, Llama-3.1-8B's o and qkv at one row, 8.67 -> 7.37 us and 9.75 -> 8.83 us
-    (ops/int4_gemv_anatomy.py's bn64); down and gate_up keep 128."""
+    m: int, n: int, k_groups: int, config: Int4ColsGemv, device: torch.device, rows: int = 1
+) -> GemvLaunch:
+    """The GEMV's launch for `m` row programs of `rows` rows each, over N columns and K =
+    32 k_groups. gemv_grid's at config.block_n where K is not split. Where it is:
+    - one row a program and K within config.whole_k_groups: 32 columns a program over the
+      whole of K in one iteration, no K split (no partials, no merge). H100, Llama-3.1-8B at
+      one row (ops/int4_gemv_anatomy.py's bn32-g128): o 7.01 -> 6.11 us, qkv 8.67 -> 7.51;
+    - else half the columns where that gives more programs (or as many with fewer splits):
+      o and qkv 8.67 -> 7.37 and 9.75 -> 8.83 us (bn64); down and gate_up keep 128."""
+    chunks = triton.cdiv(k_groups, config.groups)
     wide = gemv_grid(m, n, chunks, config.groups, config.block_n, config.waves, device)
     if wide[2] == 1 or config.block_n < 128:
-        return wide
+        return GemvLaunch(wide[0], config.groups, *wide[1:])
+    if rows == 1 and 0 < k_groups <= config.whole_k_groups:
+        groups = triton.next_power_of_2(k_groups)
+        return GemvLaunch(WHOLE_K_COLUMNS, groups, triton.cdiv(n, WHOLE_K_COLUMNS), 1, k_groups)
     half = gemv_grid(m, n, chunks, config.groups, config.block_n // 2, config.waves, device)
     programs = (wide[1] * wide[2], -wide[2]), (half[1] * half[2], -half[2])
-    return half if programs[1] > programs[0] else wide
+    chosen = half if programs[1] > programs[0] else wide
+    return GemvLaunch(chosen[0], config.groups, *chosen[1:])
 
 
 def int4_cols_gemv(x: torch.Tensor, w: Int4Cols, config: Int4ColsGemv) -> torch.Tensor:
     """x [M, K] (a few rows) @ W^T through the decode GEMV above."""
     m, k = x.shape
     n = w.words.shape[1]
-    groups = k // 32
-    chunks = triton.cdiv(groups, config.groups)
     rows = min(m, config.max_rows)  # rows a program
     programs_m = triton.cdiv(m, rows)
-    block_n, col_blocks, split, per_split = gemv_launch(programs_m, n, chunks, config, x.device)
-    out, part, counters = split_buffers(split, m, n, col_blocks, x)
+    launch = gemv_launch(programs_m, n, k // 32, config, x.device, rows)
+    split = launch.split
+    out, part, counters = split_buffers(split, m, n, launch.col_blocks, x)
     pdl = pdl_mode(config.pdl, x.device)
-    _int4_cols_gemv_kernel[(col_blocks, split, programs_m)](
-        x, w.words, w.scale, w.bias, out, part, counters, m, n, k, per_split, split, block_n,
-        config.groups, n % block_n == 0, x.device.type != "cuda", pdl, split > 1, rows,
-        num_warps=config.num_warps, launch_pdl=pdl == GDC,
+    _int4_cols_gemv_kernel[(launch.col_blocks, split, programs_m)](
+        x, w.words, w.scale, w.bias, out, part, counters, m, n, k, launch.per_split, split,
+        launch.block_n, launch.groups, n % launch.block_n == 0, x.device.type != "cuda", pdl,
+        split > 1, rows, num_warps=config.num_warps, launch_pdl=pdl == GDC,
     )  # fmt: skip
     return out
 

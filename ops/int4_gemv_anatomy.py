@@ -10,8 +10,8 @@ with a correct result, and what a layer's four GEMVs would save with each shape 
 (what quant_int4.gemv_launch should then take). Variants:
 
     default        128 columns a program, 32 groups an iteration, 8 warps, 2 programs an SM,
-                   PDL (the engine's launch halves the columns where K is split:
-                   quant_int4.gemv_launch, as bn64)
+                   PDL (where K is split, the engine's launch takes bn32-g128 when K is at most
+                   128 groups, else halves the columns as bn64: quant_int4.gemv_launch)
     no-sum         the same grid with SPLIT off: each split stores its own partial as the
                    output (a wrong result, timed only: what the last-arriving sum costs)
     no-pdl         the default without programmatic dependent launch
@@ -35,7 +35,13 @@ import torch
 import triton
 from troupe.kernels.arrival import gemv_grid, split_buffers
 from troupe.kernels.gemv_pdl import GDC, pdl_mode
-from troupe.kernels.quant_int4 import INT4_COLS_GEMV, Int4Cols, _int4_cols_gemv_kernel, gemv_launch
+from troupe.kernels.quant_int4 import (
+    INT4_COLS_GEMV,
+    GemvLaunch,
+    Int4Cols,
+    _int4_cols_gemv_kernel,
+    gemv_launch,
+)
 from troupe.ops.quant_bench import timed
 
 SHAPES = ((4096, 4096), (6144, 4096), (4096, 14336), (28672, 4096))
@@ -95,25 +101,27 @@ def time_variant(
         n = w.words.shape[1]
         chunks = triton.cdiv(k // 32, v.groups)
         if engine:
-            launch = gemv_launch(1, n, chunks, INT4_COLS_GEMV, x.device)
+            launch = gemv_launch(1, n, k // 32, INT4_COLS_GEMV, x.device)
         else:
-            launch = gemv_grid(1, n, chunks, v.groups, v.block_n, v.waves, x.device)
-        block_n, col_blocks, split, per_split = launch
+            grid = gemv_grid(1, n, chunks, v.groups, v.block_n, v.waves, x.device)
+            launch = GemvLaunch(grid[0], v.groups, *grid[1:])
         if v.splits is not None:
-            split, per_split = v.splits, triton.cdiv(chunks, v.splits) * v.groups
-        out, part, counters = split_buffers(split, 1, n, col_blocks, x)
-        launches.append((w, out, part, counters, block_n, col_blocks, split, per_split))
+            launch = launch._replace(
+                split=v.splits, per_split=triton.cdiv(chunks, v.splits) * v.groups
+            )
+        out, part, counters = split_buffers(launch.split, 1, n, launch.col_blocks, x)
+        launches.append((w, out, part, counters, launch))
 
     def run() -> None:
-        for w, out, part, counters, block_n, col_blocks, split, per_split in launches:
+        for w, out, part, counters, c in launches:
             n = w.words.shape[1]
-            _int4_cols_gemv_kernel[(col_blocks, split, 1)](
-                x, w.words, w.scale, w.bias, out, part, counters, 1, n, k, per_split, split,
-                block_n, v.groups, n % block_n == 0, False, pdl, v.merge and split > 1, 1,
+            _int4_cols_gemv_kernel[(c.col_blocks, c.split, 1)](
+                x, w.words, w.scale, w.bias, out, part, counters, 1, n, k, c.per_split, c.split,
+                c.block_n, c.groups, n % c.block_n == 0, False, pdl, v.merge and c.split > 1, 1,
                 num_warps=v.warps, launch_pdl=pdl == GDC,
             )  # fmt: skip
 
-    return timed(run, x.device) / len(ws) * 1e6, launches[0][6]
+    return timed(run, x.device) / len(ws) * 1e6, launches[0][4].split
 
 
 def main() -> None:

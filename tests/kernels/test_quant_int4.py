@@ -41,6 +41,8 @@ def test_column_layout_round_trips() -> None:
         # last split runs past K
         (1, 384, 256, Int4ColsGemv(block_n=128, groups=4, pdl=False)),
         (1, 128, 2048, None),  # the engine's launch (64 groups: two splits on the CPU)
+        (1, 256, 256, None),  # on CUDA Llama's o (4,096 x 4,096): 32 columns over all of K
+        (1, 200, 256, Int4ColsGemv(groups=2, whole_k_groups=8)),  # the same on the CPU, N ragged
         (2, 256, 128, Int4ColsGemv(groups=2, max_rows=4)),  # rows a program (the multi-row GEMV)
         (3, 200, 160, Int4ColsGemv(block_n=256, groups=2, max_rows=4)),  # + columns past N
         (4, 128, 2048, Int4ColsGemv(groups=8, max_rows=4)),
@@ -72,12 +74,22 @@ def test_int4_cols_matmul(device: str, m: int, n: int, k: int, gemv: Int4ColsGem
 
 def test_the_gemv_halves_its_columns_only_where_k_is_split() -> None:
     cpu = torch.device("cpu")  # k_splits on the CPU: two splits wherever two chunks exist
-    config = Int4ColsGemv()
-    block_n, col_blocks, split, _ = gemv_launch(1, 4096, 4, config, cpu)
-    assert (block_n, col_blocks, split) == (64, 64, 2)  # more programs, the same splits
-    assert gemv_launch(1, 4096, 1, config, cpu)[:3] == (128, 32, 1)  # no split: kept wide
-    narrow = Int4ColsGemv(block_n=64)
-    assert gemv_launch(1, 4096, 4, narrow, cpu)[0] == 64  # an explicit narrow launch stays
+    config = Int4ColsGemv(whole_k_groups=0)
+    launch = gemv_launch(1, 4096, 128, config, cpu)  # K = 4,096: 4 chunks of 32 groups
+    assert launch == (64, 32, 64, 2, 64)  # more programs, the same splits
+    assert gemv_launch(1, 4096, 32, config, cpu) == (128, 32, 32, 1, 32)  # no split: kept wide
+    narrow = Int4ColsGemv(block_n=64, whole_k_groups=0)
+    assert gemv_launch(1, 4096, 128, narrow, cpu).block_n == 64  # an explicit narrow one stays
+
+
+def test_the_gemv_takes_the_whole_of_k_where_it_would_split_a_short_k() -> None:
+    cpu = torch.device("cpu")
+    config = Int4ColsGemv()  # the engine's: whole_k_groups 128
+    assert gemv_launch(1, 4096, 128, config, cpu) == (32, 128, 128, 1, 128)  # K = 4,096
+    assert gemv_launch(1, 6144, 96, config, cpu) == (32, 128, 192, 1, 96)  # groups a power of 2
+    assert gemv_launch(1, 4096, 448, config, cpu).block_n == 64  # K = 14,336: split, halved
+    assert gemv_launch(1, 4096, 32, config, cpu).block_n == 128  # no split: kept wide
+    assert gemv_launch(1, 4096, 128, config, cpu, rows=3).split == 2  # several rows: as before
 
 
 @pytest.mark.parametrize(("m", "rows"), [(5, 2), (7, 3), (2, 4)])
