@@ -17,8 +17,9 @@ program: 1/32 at 128 columns, 1 before).
             y[n] = sum_g scale[g, n] (x_g . q_g) + bias[g, n] sum(x_g)
         K splits write fp32 partials [S, M, N]; the split that counts itself in last
         (kernels/arrival.py) sums them in split order, so the result does not depend on
-        timing and no second kernel runs. TRITON_INTERPRET=1 cannot run PTX: PLAIN (the
-        CPU) sums the same products in fp32.
+        timing and no second kernel runs (gemv_launch: where one row's K fits 128 groups,
+        narrow programs over the whole of K instead of splits). TRITON_INTERPRET=1 cannot
+        run PTX: PLAIN (the CPU) sums the same products in fp32.
     more rows (GEMM)  kernels/quant_int4_gemm.py.
 
 pdl (GEMV): programmatic dependent launch (kernels/gemv_pdl.py): the first tile's words,
