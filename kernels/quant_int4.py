@@ -77,9 +77,10 @@ class Int4Cols:
 @dataclass(frozen=True)
 class Int4ColsGemv:
     """The decode GEMV's launch: output columns per program (a multiple of 128; gemv_launch
-    may halve them, or take 32 over the whole of K), groups of 32 per iteration, warps, programs per SM wanted (K is split to
-    reach it), PDL, and up to how many rows of x it takes (each program up to 4 of them: its
-    weight tiles loaded once, the PTX dot run per row; more rows go to the GEMM)."""
+    may halve them, or take 32 over the whole of K), groups of 32 per iteration, warps,
+    programs per SM wanted (K is split to reach it), PDL, and up to how many rows of x it
+    takes (each program up to 4 of them: its weight tiles loaded once, the PTX dot run per
+    row; more rows go to the GEMM)."""
 
     block_n: int = 128  # the best of an H200 sweep (ops/quant_cols_sweep.py)
     groups: int = 32
@@ -292,7 +293,8 @@ def gemv_launch(
     32 k_groups. gemv_grid's at config.block_n where K is not split. Where it is:
     - one row a program and K within config.whole_k_groups: 32 columns a program over the
       whole of K in one iteration, no K split (no partials, no merge). H100, Llama-3.1-8B at
-      one row (ops/int4_gemv_anatomy.py's bn32-g128): o 7.01 -> 6.11 us, qkv 8.67 -> 7.51;
+      one row (ops/int4_gemv_anatomy.py's bn32-g128): o 7.01 -> 6.11 us, qkv 8.67 -> 7.51
+      (H200: 6.58 -> 5.42, 7.88 -> 6.53; the chain of quant_bench only 1.753 -> 1.748 ms);
     - else half the columns where that gives more programs (or as many with fewer splits):
       o and qkv 8.67 -> 7.37 and 9.75 -> 8.83 us (bn64); down and gate_up keep 128."""
     chunks = triton.cdiv(k_groups, config.groups)
