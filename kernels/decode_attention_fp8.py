@@ -20,8 +20,8 @@ register prefetch, register layouts, 32-bit word loads or the tokens as rows los
 and were removed; their figures are in docs/benchmarks.md. DecodeConfig.fp8_convert (the
 tiles converted where loaded, through PTX the layout pass cannot move: kernels/fp8_tile.py)
 removes the byte reads in the SASS (0.089 warp instructions a KV byte against 0.125, 148
-registers); on an H100 no such form beat the default (82.8% of copy at best against 85.2%,
-docs/benchmarks.md session 39), the H200 sweep is owed (ops/fp8_variant_sweep).
+registers); no such form beat the default, on an H100 (82.8% of copy at best against 85.2%,
+session 39) nor on an H200 (48-66% against 73.9%, session 40; docs/benchmarks.md).
 """
 
 # Triton kernels take untyped pointers and constexprs; @triton.jit is untyped to mypy.

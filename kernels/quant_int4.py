@@ -301,7 +301,7 @@ def gemv_launch(
     wide = gemv_grid(m, n, chunks, config.groups, config.block_n, config.waves, device)
     if wide[2] == 1 or config.block_n < 128:
         return GemvLaunch(wide[0], config.groups, *wide[1:])
-    if rows == 1 and 0 < k_groups <= config.whole_k_groups:
+    if rows == 1 and k_groups <= config.whole_k_groups:  # never at whole_k_groups 0
         groups = triton.next_power_of_2(k_groups)
         return GemvLaunch(WHOLE_K_COLUMNS, groups, triton.cdiv(n, WHOLE_K_COLUMNS), 1, k_groups)
     half = gemv_grid(m, n, chunks, config.groups, config.block_n // 2, config.waves, device)

@@ -93,7 +93,7 @@ def time_variant(
     ws: list[Int4Cols], x: torch.Tensor, v: Variant, engine: bool = False
 ) -> tuple[float, int]:
     """us per launch over the graph of len(ws) launches, and the splits used; `engine`: the
-    grid from quant_int4.gemv_launch (its half-width rule) instead of gemv_grid's."""
+    launch quant_int4.gemv_launch picks for INT4_COLS_GEMV instead of gemv_grid's."""
     k = x.shape[1]
     pdl = pdl_mode(v.pdl, x.device)
     launches = []
