@@ -40,6 +40,7 @@ import triton.language as tl
 from troupe.kernels.arrival import gemv_grid, split_buffers, store_or_merge
 from troupe.kernels.gemv_pdl import GDC, pdl_mode, pdl_start, pdl_wait
 from troupe.kernels.half2_ptx import INT4_ASM
+from troupe.kernels.int4_dp4a import group_dot, x_codes
 from troupe.kernels.quant_int4_gemm import int4_cols_gemm
 
 INT4_GEMM_MIN_ROWS = 2
@@ -92,6 +93,8 @@ class Int4ColsGemv:
     # columns a program over the whole of K in one iteration instead (no partials, no merge;
     # gemv_launch). 0: never.
     whole_k_groups: int = 128
+    # x rounded to int8 per group and dp4a (kernels/int4_dp4a.py) instead of the f16x2 PTX.
+    x_int8: bool = False
 
     def __post_init__(self) -> None:
         assert 1 <= self.max_rows <= GEMV_ROWS, f"max_rows {self.max_rows}: 1 to {GEMV_ROWS}"
@@ -153,9 +156,14 @@ def _tile(w_ptr, s_ptr, b_ptr, cols, N, row_groups, g):
 
 
 @triton.jit
-def _acc(acc, w0, w1, w2, w3, s, b, x_row, g, row_groups, PLAIN: tl.constexpr):
+def _acc(acc, w0, w1, w2, w3, s, b, x_row, g, row_groups, PLAIN: tl.constexpr,
+         XQ8: tl.constexpr):  # fmt: skip
     """acc plus the tile's scale (x . q) + bias sum(x) (x . q in q/64 units)."""
     ok = g < row_groups
+    if XQ8:
+        l0, l1, l2, l3, h0, h1, h2, h3, d, xs = x_codes(x_row, g, ok, PLAIN)
+        dot = group_dot(w0, w1, w2, w3, l0, l1, l2, l3, h0, h1, h2, h3, PLAIN)
+        return acc + dot * (s * (d * Q_SCALE)) + b * (xs * Q_SCALE)
     if PLAIN:
         d0, t0 = _plain_word(w0, x_row, g, 0, ok)
         d1, t1 = _plain_word(w1, x_row, g, 1, ok)
@@ -194,17 +202,17 @@ def _acc(acc, w0, w1, w2, w3, s, b, x_row, g, row_groups, PLAIN: tl.constexpr):
 
 @triton.jit
 def _rows_acc(acc0, acc1, acc2, acc3, w0, w1, w2, w3, s, b, x_ptr, m0, M, K, g, row_groups,
-              PLAIN: tl.constexpr, ROWS: tl.constexpr):  # fmt: skip
+              PLAIN: tl.constexpr, ROWS: tl.constexpr, XQ8: tl.constexpr):  # fmt: skip
     """_acc for rows m0 .. m0 + ROWS - 1 of x over one tile (rows past M read row M - 1: their
     sums are never stored; m0 itself is always a row)."""
     tile = w0, w1, w2, w3, s, b
-    acc0 = _acc(acc0, *tile, x_ptr + m0.to(tl.int64) * K, g, row_groups, PLAIN)
+    acc0 = _acc(acc0, *tile, x_ptr + m0.to(tl.int64) * K, g, row_groups, PLAIN, XQ8)
     if ROWS > 1:
-        acc1 = _acc(acc1, *tile, _row(x_ptr, m0 + 1, M, K), g, row_groups, PLAIN)
+        acc1 = _acc(acc1, *tile, _row(x_ptr, m0 + 1, M, K), g, row_groups, PLAIN, XQ8)
     if ROWS > 2:
-        acc2 = _acc(acc2, *tile, _row(x_ptr, m0 + 2, M, K), g, row_groups, PLAIN)
+        acc2 = _acc(acc2, *tile, _row(x_ptr, m0 + 2, M, K), g, row_groups, PLAIN, XQ8)
     if ROWS > 3:
-        acc3 = _acc(acc3, *tile, _row(x_ptr, m0 + 3, M, K), g, row_groups, PLAIN)
+        acc3 = _acc(acc3, *tile, _row(x_ptr, m0 + 3, M, K), g, row_groups, PLAIN, XQ8)
     return acc0, acc1, acc2, acc3
 
 
@@ -232,7 +240,7 @@ def _int4_cols_gemv_kernel(
     x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, part_ptr, counter_ptr, M, N, K, groups_per_split,
     splits,
     BLOCK_N: tl.constexpr, GROUPS: tl.constexpr, EVEN_N: tl.constexpr, PLAIN: tl.constexpr,
-    PDL: tl.constexpr, SPLIT: tl.constexpr, ROWS: tl.constexpr,
+    PDL: tl.constexpr, SPLIT: tl.constexpr, ROWS: tl.constexpr, XQ8: tl.constexpr,
 ):  # fmt: skip
     pdl_start(PDL)
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
@@ -249,14 +257,14 @@ def _int4_cols_gemv_kernel(
     pdl_wait(PDL)  # the first tile before the wait, its x after (gemv_pdl.py)
     acc0, acc1, acc2, acc3 = _rows_acc(
         acc0, acc1, acc2, acc3, w0, w1, w2, w3, s, b, x_ptr, m0, M, K, g, row_groups, PLAIN,
-        ROWS,
+        ROWS, XQ8,
     )  # fmt: skip
     for g0 in range(g_start + GROUPS, g_start + groups_per_split, GROUPS):
         g = g0 + tl.arange(0, GROUPS)
         w0, w1, w2, w3, s, b = _tile(w_ptr, s_ptr, b_ptr, cols, N, row_groups, g)
         acc0, acc1, acc2, acc3 = _rows_acc(
             acc0, acc1, acc2, acc3, w0, w1, w2, w3, s, b, x_ptr, m0, M, K, g, row_groups,
-            PLAIN, ROWS,
+            PLAIN, ROWS, XQ8,
         )  # fmt: skip
     _store_row(
         acc0, 0, out_ptr, part_ptr, counter_ptr, m0, M, N, pid_n, pid_k, splits, BLOCK_N, SPLIT
@@ -323,7 +331,7 @@ def int4_cols_gemv(x: torch.Tensor, w: Int4Cols, config: Int4ColsGemv) -> torch.
     _int4_cols_gemv_kernel[(launch.col_blocks, split, programs_m)](
         x, w.words, w.scale, w.bias, out, part, counters, m, n, k, launch.per_split, split,
         launch.block_n, launch.groups, n % launch.block_n == 0, x.device.type != "cuda", pdl,
-        split > 1, rows, num_warps=config.num_warps, launch_pdl=pdl == GDC,
+        split > 1, rows, config.x_int8, num_warps=config.num_warps, launch_pdl=pdl == GDC,
     )  # fmt: skip
     return out
 

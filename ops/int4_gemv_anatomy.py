@@ -29,7 +29,8 @@ with a correct result, and what a layer's four GEMVs would save with each shape 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import argparse
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -56,6 +57,7 @@ class Variant:
     merge: bool = True  # the last-arriving split sums the partials
     splits: int | None = None  # forced K splits
     block_n: int = 128  # output columns a program
+    x_int8: bool = False  # x rounded to int8, dp4a (Int4ColsGemv.x_int8)
 
 
 VARIANTS = {
@@ -83,6 +85,22 @@ VARIANTS = {
 }
 
 
+# --x-int8: the integer form (kernels/int4_dp4a.py) at the launches its registers suggest
+X8_VARIANTS = {
+    "f16-default": Variant(),
+    "x8-default": Variant(x_int8=True),
+    "x8-g16": Variant(groups=16, x_int8=True),
+    "x8-g16-waves3": Variant(groups=16, waves=3, x_int8=True),
+    "x8-g16w4": Variant(groups=16, warps=4, waves=4, x_int8=True),
+    "x8-g8": Variant(groups=8, waves=4, x_int8=True),
+    "x8-bn64": Variant(block_n=64, x_int8=True),
+    "x8-bn64-w4": Variant(block_n=64, warps=4, waves=4, x_int8=True),
+    "x8-bn32-g128": Variant(block_n=32, groups=128, splits=1, x_int8=True),
+    "x8-bn32-g64-split1": Variant(block_n=32, groups=64, splits=1, x_int8=True),
+    "x8-bn32-g64-w4": Variant(block_n=32, groups=64, warps=4, splits=1, x_int8=True),
+}
+
+
 def random_int4(n: int, k: int) -> Int4Cols:
     packed = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device="cuda")
     scale = (torch.rand(n, k // 32, device="cuda") * 0.004 + 0.001).half()
@@ -101,7 +119,8 @@ def time_variant(
         n = w.words.shape[1]
         chunks = triton.cdiv(k // 32, v.groups)
         if engine:
-            launch = gemv_launch(1, n, k // 32, INT4_COLS_GEMV, x.device)
+            config = replace(INT4_COLS_GEMV, x_int8=v.x_int8)
+            launch = gemv_launch(1, n, k // 32, config, x.device)
         else:
             grid = gemv_grid(1, n, chunks, v.groups, v.block_n, v.waves, x.device)
             launch = GemvLaunch(grid[0], v.groups, *grid[1:])
@@ -118,27 +137,34 @@ def time_variant(
             _int4_cols_gemv_kernel[(c.col_blocks, c.split, 1)](
                 x, w.words, w.scale, w.bias, out, part, counters, 1, n, k, c.per_split, c.split,
                 c.block_n, c.groups, n % c.block_n == 0, False, pdl, v.merge and c.split > 1, 1,
-                num_warps=v.warps, launch_pdl=pdl == GDC,
+                v.x_int8, num_warps=v.warps, launch_pdl=pdl == GDC,
             )  # fmt: skip
 
     return timed(run, x.device) / len(ws) * 1e6, launches[0][4].split
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--x-int8", action="store_true", help="X8_VARIANTS instead")
+    args = parser.parse_args()
     c = INT4_COLS_GEMV
-    engine = Variant(c.groups, c.num_warps, c.waves, c.pdl, block_n=c.block_n)
+    engine = Variant(c.groups, c.num_warps, c.waves, c.pdl, block_n=c.block_n, x_int8=c.x_int8)
+    variants = X8_VARIANTS if args.x_int8 else VARIANTS
     engine_layer = best_layer = 0.0
     for n, k in SHAPES:
         ws = [random_int4(n, k) for _ in range(32)]
         x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
         shown, correct = [], {}
-        for name, variant in VARIANTS.items():
+        for name, variant in variants.items():
             us, split = time_variant(ws, x, variant)
             shown.append(f"{name} {us:.2f} us ({split} splits)")
             if variant.merge or split == 1:  # no-sum forms with splits are wrong, timed only
                 correct[name] = us
         print(f"{n} x {k}: " + "; ".join(shown), flush=True)
         engine_us = time_variant(ws, x, engine, engine=True)[0]
+        if args.x_int8:
+            x8_us = time_variant(ws, x, replace(engine, x_int8=True), engine=True)[0]
+            print(f"  engine's launch in the integer form: {x8_us:.2f} us")
         best = min(correct, key=correct.__getitem__)
         engine_layer, best_layer = engine_layer + engine_us, best_layer + correct[best]
         print(f"  engine's launch {engine_us:.2f} us; fastest correct: {best} {correct[best]:.2f}")

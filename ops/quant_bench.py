@@ -4,6 +4,7 @@
     python -m troupe.ops.quant_bench --rows 1 4 16   # more x rows (decode batch sizes)
     python -m troupe.ops.quant_cols_sweep            # the decode GEMVs' launch configs
     python -m troupe.ops.quant_bench --rows 2 3 --gemm   # also int4 through the GEMM
+    python -m troupe.ops.quant_bench --x-int8        # also int4 with x rounded to int8 (dp4a)
 
 Random weights for every linear layer of 32 decoder layers (qkv 6144 x 4096, o 4096 x 4096,
 gate_up 28672 x 4096, down 4096 x 14336) and lm_head (128256 x 4096). One "step" runs each
@@ -20,10 +21,12 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 import torch
 from troupe.kernels.quant_fp8 import Fp8Cols, fp8_cols_matmul, fp8_cols_reference
 from troupe.kernels.quant_int4 import (
+    INT4_COLS_GEMV,
     INT4_ROWS_GEMV,
     Int4Cols,
     int4_cols_matmul,
@@ -89,7 +92,12 @@ def main() -> None:
         help="also int4 through the GEMM at the rows the multi-row GEMV takes (2 to "
         "quant_int4.INT4_ROWS_GEMV.max_rows): what the GEMV saves",
     )  # fmt: skip
+    parser.add_argument(
+        "--x-int8", action="store_true",
+        help="also int4 at one row with Int4ColsGemv.x_int8 (x rounded to int8, dp4a)",
+    )  # fmt: skip
     args = parser.parse_args()
+    x8 = replace(INT4_COLS_GEMV, x_int8=True)
     device = torch.device("cuda")
     torch.manual_seed(0)
     bw = copy_bandwidth()
@@ -115,6 +123,10 @@ def main() -> None:
             for w in cols8:
                 fp8_cols_matmul(xs[w.shape[1]], w)
 
+        def step_x8(xs: dict[int, torch.Tensor] = xs) -> None:
+            for w in cols:
+                int4_cols_matmul(xs[w.shape[1]], w, x8)
+
         def step_gemm(xs: dict[int, torch.Tensor] = xs) -> None:
             for w in cols:
                 int4_cols_gemm(xs[w.shape[1]], w.words, w.scale, w.bias)
@@ -124,6 +136,8 @@ def main() -> None:
         forms = [("int4", step_int4, bytes_int4), ("fp8", step_fp8, bytes_fp8)]
         if args.gemm and 2 <= rows <= INT4_ROWS_GEMV.max_rows:
             forms.append(("int4 GEMM", step_gemm, bytes_int4))
+        if args.x_int8 and rows == 1:
+            forms.append(("int4 x-int8", step_x8, bytes_int4))
         for name, step, nbytes in forms:
             t = timed(step, device)
             print(
@@ -136,7 +150,9 @@ def main() -> None:
     err = (int4_cols_matmul(x, cols[2]).float() - want).abs().max() / want.abs().max()
     want8 = fp8_cols_reference(x.float(), cols8[2])
     err8 = (fp8_cols_matmul(x, cols8[2]).float() - want8).abs().max() / want8.abs().max()
-    print(f"gate_up, 1 row: max error / max |y|: int4 {err:.2e}, fp8 {err8:.2e}")
+    err_x8 = (int4_cols_matmul(x, cols[2], x8).float() - want).abs().max() / want.abs().max()
+    print(f"gate_up, 1 row: max error / max |y|: int4 {err:.2e} (x-int8 {err_x8:.2e}), "
+          f"fp8 {err8:.2e}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -3,12 +3,16 @@ the row layout's: the decode GEMV (K split, columns and groups past the ends) an
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from int4_weights import int4_weight
 from troupe.gpu.gguf_quant import Int4Blocks
 from troupe.kernels.arrival import arrival_counters
+from troupe.kernels.int4_dp4a import x_int8_reference
 from troupe.kernels.quant_int4 import (
+    INT4_COLS_GEMV,
     Int4Cols,
     Int4ColsGemv,
     gemv_launch,
@@ -70,6 +74,44 @@ def test_int4_cols_matmul(device: str, m: int, n: int, k: int, gemv: Int4ColsGem
     bound = 1e-4 if device == "cpu" else 1e-2
     assert (got - want).abs().max() <= bound * want.abs().max()
     assert want.abs().max() > 0.1
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(
+    ("m", "n", "k", "gemv"),
+    [
+        (1, 256, 128, Int4ColsGemv(groups=2, x_int8=True)),  # K split in two
+        (1, 200, 160, Int4ColsGemv(block_n=256, groups=2, x_int8=True)),  # past N and K
+        (1, 200, 256, Int4ColsGemv(groups=2, whole_k_groups=8, x_int8=True)),  # whole K
+        (1, 128, 2048, replace(INT4_COLS_GEMV, x_int8=True)),  # the engine's launch
+        (3, 200, 160, Int4ColsGemv(block_n=256, groups=2, max_rows=4, x_int8=True)),  # rows
+    ],
+)
+def test_the_integer_form_is_the_matmul_of_x_rounded_to_int8(
+    device: str, m: int, n: int, k: int, gemv: Int4ColsGemv
+) -> None:
+    """Int4ColsGemv.x_int8 (kernels/int4_dp4a.py): the codes times x rounded per group to int8,
+    the biases times the exact sums of x, up to fp32 sums (and bf16 output on CUDA); ~1% of
+    max |y| from the unrounded x."""
+    if device == "cuda":
+        n, k = n * 16, k * 16
+    packed, scale, bias = int4_weight(n, k, 32, "cpu", seed=m + n + k)
+    cols = Int4Cols.from_rows(packed, scale, bias)
+    cols = Int4Cols(cols.words.to(device), cols.scale.to(device), cols.bias.to(device))
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(device)
+    if device == "cuda":
+        x = x.to(torch.bfloat16)
+    got = int4_cols_matmul(x, cols, gemv).float()
+    rounded = x_int8_reference(x)
+    assert not torch.equal(rounded, x.float())
+    def bias_term(v: torch.Tensor) -> torch.Tensor:  # the kernel takes sum(x) unrounded
+        return v.float().reshape(m, -1, 32).sum(-1) @ cols.bias.float()
+
+    want = int4_cols_reference(rounded, cols).float() - bias_term(rounded) + bias_term(x)
+    bound = 1e-5 if device == "cpu" else 5e-3
+    assert (got - want).abs().max() <= bound * want.abs().max()
+    exact = int4_cols_reference(x.float(), cols).float()
+    assert 1e-4 * exact.abs().max() < (got - exact).abs().max() < 2e-2 * exact.abs().max()
 
 
 def test_the_gemv_halves_its_columns_only_where_k_is_split() -> None:
