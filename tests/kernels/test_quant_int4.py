@@ -104,6 +104,7 @@ def test_the_integer_form_is_the_matmul_of_x_rounded_to_int8(
     got = int4_cols_matmul(x, cols, gemv).float()
     rounded = x_int8_reference(x)
     assert not torch.equal(rounded, x.float())
+
     def bias_term(v: torch.Tensor) -> torch.Tensor:  # the kernel takes sum(x) unrounded
         return v.float().reshape(m, -1, 32).sum(-1) @ cols.bias.float()
 
