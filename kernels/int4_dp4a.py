@@ -10,7 +10,8 @@ the same), then each group's 32 products as integer dot products of four bytes (
               eight [G, 1] words each column's group takes
     group_dot one group and column: words w0..w3 (byte j of word i: element 4i + j in its low
               nibble, 4i + j + 16 in its high one) against the codes: per word one and, one
-              shift + and, two dp4a.u32.s32; the int32 sum as fp32 (exact: |sum| < 2^16)
+              shift + and (shared by the rows of a multi-row program), two dp4a.u32.s32; the
+              int32 sum as fp32 (exact: |sum| < 2^16)
 
 Against the f16x2 PTX (kernels/half2_ptx.INT4_ASM, 14 instructions a word plus x's pairs made
 per thread and group) this issues ~5 a word; the error is the rounding of x, ~0.3% of max |y|
@@ -28,17 +29,14 @@ import triton.language as tl
 
 
 def _dp4a_asm() -> str:
-    """$1-$4 the group's words, $5-$8 the codes of elements 0-15 (word i: 4i..4i+3), $9-$12
-    of 16-31; $0 the fp32 of the int32 sum."""
-    lines = ["{", ".reg .b32 l, h, s, t;", "mov.b32 s, 0;", "mov.b32 t, 0;"]
+    """$1-$4 the group's low nibbles (word i: elements 4i..4i+3, a byte each), $5-$8 its high
+    ones (16 + 4i..), $9-$12 the codes of elements 0-15, $13-$16 of 16-31; $0 the fp32 of
+    the int32 sum."""
+    lines = ["{", ".reg .b32 s, t;"]
     for i in range(4):
-        lines += [
-            f"and.b32 l, ${1 + i}, 0x0F0F0F0F;",
-            f"shr.u32 h, ${1 + i}, 4;",
-            "and.b32 h, h, 0x0F0F0F0F;",
-            f"dp4a.u32.s32 s, l, ${5 + i}, s;",
-            f"dp4a.u32.s32 t, h, ${9 + i}, t;",
-        ]
+        at = ", s;" if i else ", 0;"
+        lines.append(f"dp4a.u32.s32 s, ${1 + i}, ${9 + i}" + at)
+        lines.append(f"dp4a.u32.s32 t, ${5 + i}, ${13 + i}" + at.replace("s;", "t;"))
     return "\n".join([*lines, "add.s32 s, s, t;", "cvt.rn.f32.s32 $0, s;", "}"])
 
 
@@ -97,16 +95,27 @@ def _plain_word(w, lo, hi):
 
 
 @triton.jit
+def nibbles(w):
+    """A word's low and high nibbles as bytes: (w & 0x0F0F0F0F, w >> 4 & 0x0F0F0F0F). Outside
+    the PTX, so the multi-row GEMV's rows share them."""
+    return w & 0x0F0F0F0F, (w >> 4) & 0x0F0F0F0F
+
+
+@triton.jit
 def group_dot(w0, w1, w2, w3, l0, l1, l2, l3, h0, h1, h2, h3, PLAIN: tl.constexpr):
     """Each column's sum over the group of nibble x code, as fp32 [G, BN]."""
     if PLAIN:
         dot = _plain_word(w0, l0, h0) + _plain_word(w1, l1, h1)
         dot += _plain_word(w2, l2, h2) + _plain_word(w3, l3, h3)
         return dot.to(tl.float32)
+    a0, b0 = nibbles(w0)
+    a1, b1 = nibbles(w1)
+    a2, b2 = nibbles(w2)
+    a3, b3 = nibbles(w3)
     return tl.inline_asm_elementwise(
         DP4A_ASM,
-        "=r" + ",r" * 12,
-        [w0, w1, w2, w3, l0, l1, l2, l3, h0, h1, h2, h3],
+        "=r" + ",r" * 16,
+        [a0, a1, a2, a3, b0, b1, b2, b3, l0, l1, l2, l3, h0, h1, h2, h3],
         dtype=tl.float32,
         is_pure=True,
         pack=1,
