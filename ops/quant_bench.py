@@ -94,10 +94,11 @@ def main() -> None:
     )  # fmt: skip
     parser.add_argument(
         "--x-int8", action="store_true",
-        help="also int4 at one row with Int4ColsGemv.x_int8 (x rounded to int8, dp4a)",
+        help="also int4 through the GEMV with Int4ColsGemv.x_int8 (x rounded to int8, dp4a)",
     )  # fmt: skip
     args = parser.parse_args()
     x8 = replace(INT4_COLS_GEMV, x_int8=True)
+    x8_rows = replace(INT4_ROWS_GEMV, x_int8=True)
     device = torch.device("cuda")
     torch.manual_seed(0)
     bw = copy_bandwidth()
@@ -123,9 +124,9 @@ def main() -> None:
             for w in cols8:
                 fp8_cols_matmul(xs[w.shape[1]], w)
 
-        def step_x8(xs: dict[int, torch.Tensor] = xs) -> None:
+        def step_x8(xs: dict[int, torch.Tensor] = xs, rows: int = rows) -> None:
             for w in cols:
-                int4_cols_matmul(xs[w.shape[1]], w, x8)
+                int4_cols_matmul(xs[w.shape[1]], w, x8 if rows == 1 else x8_rows)
 
         def step_gemm(xs: dict[int, torch.Tensor] = xs) -> None:
             for w in cols:
@@ -136,7 +137,7 @@ def main() -> None:
         forms = [("int4", step_int4, bytes_int4), ("fp8", step_fp8, bytes_fp8)]
         if args.gemm and 2 <= rows <= INT4_ROWS_GEMV.max_rows:
             forms.append(("int4 GEMM", step_gemm, bytes_int4))
-        if args.x_int8 and rows == 1:
+        if args.x_int8 and rows <= INT4_ROWS_GEMV.max_rows:
             forms.append(("int4 x-int8", step_x8, bytes_int4))
         for name, step, nbytes in forms:
             t = timed(step, device)
