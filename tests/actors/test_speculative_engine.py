@@ -51,7 +51,8 @@ def expected(prompt: list[int], params: SamplingParams) -> list[int]:
 
 async def run(config: EngineConfig) -> tuple[list[list[int]], object]:
     """Every request is queued at the scheduler before more than its first steps run, however
-    slow the machine (steps are held one at a time until then), so a small pool preempts."""
+    slow the machine (no step runs until all are at the engine's front door, then steps are
+    held one at a time until the scheduler has them all), so a small pool preempts."""
     runner = FaultyRunner(FakeRunner.from_config(config))
     async with Engine.open(config, runner=runner) as engine:
         jobs = workload()
@@ -68,12 +69,16 @@ async def run(config: EngineConfig) -> tuple[list[list[int]], object]:
         async with anyio.create_task_group() as tg:
             for i, (prompt, params) in enumerate(jobs):
                 tg.start_soon(one, i, prompt, params)
+            while engine.num_active < len(jobs):  # all at the front door before any step runs
+                await anyio.sleep(0.01)
+            held = 1  # the first step waits at the gate
             while True:
-                await anyio.to_thread.run_sync(runner.wait_until_held, None, runner.num_held + 1)
+                await anyio.to_thread.run_sync(runner.wait_until_held, None, held)
                 s = engine.stats()  # as of a step the client edge has seen
                 if s.num_waiting + s.num_running + s.num_swapped + len(done) >= len(jobs):
                     break
                 runner.hold_after(1)  # the held step runs, then the next; the one after waits
+                held += 1
             runner.release()
         await wait_blocks_free(engine)
         return results, engine.stats()
