@@ -2,6 +2,7 @@
 GEMV (kernels/quant_int4.py) on Llama-3.1-8B's linear shapes.
 
     python -m troupe.ops.int4_gemv_anatomy
+    python -m troupe.ops.int4_gemv_anatomy --x-int8   # the integer form's launches (X8_VARIANTS)
 
 32 launches of one shape (32 weights, Q4_0-style codes with a scale and bias per 32) are
 captured in a CUDA graph and replayed (quant_bench.timed); printed: us per launch and the splits,
