@@ -36,6 +36,22 @@ def test_column_layout_round_trips() -> None:
     assert torch.equal(sub, packed[index])
 
 
+def _case(
+    device: str, m: int, n: int, k: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Int4Cols, torch.Tensor]:
+    """A random int4 weight [N, K] (its row form on the CPU, its columns on `device`) and x
+    [M, K] (bf16 on CUDA); N and K 16 times larger on CUDA."""
+    if device == "cuda":
+        n, k = n * 16, k * 16
+    packed, scale, bias = int4_weight(n, k, 32, "cpu", seed=m + n + k)
+    cols = Int4Cols.from_rows(packed, scale, bias)
+    cols = Int4Cols(cols.words.to(device), cols.scale.to(device), cols.bias.to(device))
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(device)
+    if device == "cuda":
+        x = x.to(torch.bfloat16)
+    return packed, scale, bias, cols, x
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(
     ("m", "n", "k", "gemv"),
@@ -57,14 +73,7 @@ def test_column_layout_round_trips() -> None:
     ],
 )
 def test_int4_cols_matmul(device: str, m: int, n: int, k: int, gemv: Int4ColsGemv | None) -> None:
-    if device == "cuda":
-        n, k = n * 16, k * 16
-    packed, scale, bias = int4_weight(n, k, 32, "cpu", seed=m + n + k)
-    cols = Int4Cols.from_rows(packed, scale, bias)
-    cols = Int4Cols(cols.words.to(device), cols.scale.to(device), cols.bias.to(device))
-    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(device)
-    if device == "cuda":
-        x = x.to(torch.bfloat16)
+    packed, scale, bias, cols, x = _case(device, m, n, k)
     got = int4_cols_matmul(x, cols, gemv).float()
     assert not arrival_counters(1, x.device)[:64].any()  # the last split set its count back
     want = int4_cols_reference(x.float(), cols).float()
@@ -93,14 +102,7 @@ def test_the_integer_form_is_the_matmul_of_x_rounded_to_int8(
     """Int4ColsGemv.x_int8 (kernels/int4_dp4a.py): the codes times x rounded per group to int8,
     the biases times the exact sums of x, up to fp32 sums (and bf16 output on CUDA); ~1% of
     max |y| from the unrounded x."""
-    if device == "cuda":
-        n, k = n * 16, k * 16
-    packed, scale, bias = int4_weight(n, k, 32, "cpu", seed=m + n + k)
-    cols = Int4Cols.from_rows(packed, scale, bias)
-    cols = Int4Cols(cols.words.to(device), cols.scale.to(device), cols.bias.to(device))
-    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(device)
-    if device == "cuda":
-        x = x.to(torch.bfloat16)
+    _, _, _, cols, x = _case(device, m, n, k)
     got = int4_cols_matmul(x, cols, gemv).float()
     rounded = x_int8_reference(x)
     assert not torch.equal(rounded, x.float())
