@@ -19,7 +19,8 @@ program: 1/32 at 128 columns, 1 before).
         (kernels/arrival.py) sums them in split order, so the result does not depend on
         timing and no second kernel runs (gemv_launch: where one row's K fits 128 groups,
         narrow programs over the whole of K instead of splits). TRITON_INTERPRET=1 cannot
-        run PTX: PLAIN (the CPU) sums the same products in fp32.
+        run PTX: PLAIN (the CPU) sums the same products in fp32. Int4ColsGemv.x_int8: x
+        rounded to int8 per group and dp4a instead (kernels/int4_dp4a.py).
     more rows (GEMM)  kernels/quant_int4_gemm.py.
 
 pdl (GEMV): programmatic dependent launch (kernels/gemv_pdl.py): the first tile's words,
