@@ -1,6 +1,6 @@
 """The int4 decode GEMV's integer form (kernels/quant_int4.py, Int4ColsGemv.x_int8): x rounded
-to int8 per group of 32 (llama.cpp's Q8_1 for activations; the CPU kernel gpu/cpu_q4dot.c does
-the same), then each group's 32 products as integer dot products of four bytes (dp4a).
+to int8 per group of 32 (llama.cpp's Q8_1 for activations; the CPU kernel gpu/cpu_q4dot.c rounds
+x per group too), then each group's 32 products as integer dot products of four bytes (dp4a).
 
     x_codes   a tile's groups of x in a layout of their own ([G, 8, 4], a few values a thread):
               d = max|x| / 127, codes round(x / d) (half up) packed four a word (word k:
@@ -14,8 +14,9 @@ the same), then each group's 32 products as integer dot products of four bytes (
               int32 sum as fp32 (exact: |sum| < 2^16)
 
 Against the f16x2 PTX (kernels/half2_ptx.INT4_ASM, 14 instructions a word plus x's pairs made
-per thread and group) this issues ~5 a word; the error is the rounding of x, ~0.3% of max |y|
-(fp16 partial sums: ~0.1%). PLAIN (TRITON_INTERPRET=1, no PTX) computes the same integers.
+per thread and group) this issues ~5 a word; the error is the rounding of x, ~1% of max |y| on
+random data (fp16 partial sums: ~0.1%). PLAIN (TRITON_INTERPRET=1, no PTX) computes the same
+integers.
 """
 
 # Triton kernels take untyped pointers and constexprs; @triton.jit is untyped to mypy.
@@ -95,7 +96,7 @@ def _plain_word(w, lo, hi):
 
 
 @triton.jit
-def nibbles(w):
+def _nibbles(w):
     """A word's low and high nibbles as bytes: (w & 0x0F0F0F0F, w >> 4 & 0x0F0F0F0F). Outside
     the PTX, so the multi-row GEMV's rows share them."""
     return w & 0x0F0F0F0F, (w >> 4) & 0x0F0F0F0F
@@ -108,10 +109,10 @@ def group_dot(w0, w1, w2, w3, l0, l1, l2, l3, h0, h1, h2, h3, PLAIN: tl.constexp
         dot = _plain_word(w0, l0, h0) + _plain_word(w1, l1, h1)
         dot += _plain_word(w2, l2, h2) + _plain_word(w3, l3, h3)
         return dot.to(tl.float32)
-    a0, b0 = nibbles(w0)
-    a1, b1 = nibbles(w1)
-    a2, b2 = nibbles(w2)
-    a3, b3 = nibbles(w3)
+    a0, b0 = _nibbles(w0)
+    a1, b1 = _nibbles(w1)
+    a2, b2 = _nibbles(w2)
+    a3, b3 = _nibbles(w3)
     return tl.inline_asm_elementwise(
         DP4A_ASM,
         "=r" + ",r" * 16,
@@ -124,7 +125,8 @@ def group_dot(w0, w1, w2, w3, l0, l1, l2, l3, h0, h1, h2, h3, PLAIN: tl.constexp
 
 def x_int8_reference(x: torch.Tensor) -> torch.Tensor:
     """x [M, K] as the integer form sees it, in fp32: each group of 32 rounded half up to
-    d * round(x / d), d = max|x| / 127 (torch, for tests)."""
+    d * round(x / d), d = max|x| / 127 (torch, for tests; the kernel takes the biases' sums of x
+    unrounded)."""
     g = x.float().reshape(x.shape[0], -1, 32)
     amax = g.abs().amax(dim=-1, keepdim=True)
     inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
