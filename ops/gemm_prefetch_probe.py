@@ -55,15 +55,16 @@ def _norm_kernel(x_ptr, out_ptr, nxt_ptr, nxt_bytes, COLS: tl.constexpr, CHUNKS:
 
 
 @triton.jit
-def _swiglu_kernel(x_ptr, out_ptr, nxt_ptr, nxt_bytes, INTER_: tl.constexpr,
+def _swiglu_kernel(x_ptr, out_ptr, nxt_ptr, nxt_bytes, INTER_: tl.constexpr, BLOCK: tl.constexpr,
                    CHUNKS: tl.constexpr, L2: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
     pdl_start(PDL)
     row = tl.program_id(0).to(tl.int64)
     prefetch_l2(nxt_ptr, nxt_bytes, tl.program_id(0), tl.num_programs(0), CHUNKS, L2)
-    offs = tl.arange(0, INTER_)
-    g = tl.load(x_ptr + row * 2 * INTER_ + offs).to(tl.float32)
-    u = tl.load(x_ptr + row * 2 * INTER_ + INTER_ + offs).to(tl.float32)
-    tl.store(out_ptr + row * INTER_ + offs, (g * tl.sigmoid(g) * u).to(tl.bfloat16))
+    offs = tl.arange(0, BLOCK)
+    ok = offs < INTER_
+    g = tl.load(x_ptr + row * 2 * INTER_ + offs, mask=ok, other=0.0).to(tl.float32)
+    u = tl.load(x_ptr + row * 2 * INTER_ + INTER_ + offs, mask=ok, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * INTER_ + offs, (g * tl.sigmoid(g) * u).to(tl.bfloat16), mask=ok)
 
 
 @triton.jit
@@ -242,7 +243,7 @@ def chain(v: Variant, layers: list[Layer], h: torch.Tensor, kv: torch.Tensor, co
             _norm_kernel[(rows,)](o, b, COLS=HIDDEN, **nxt(lw.gate_up, v.l2_before))
             gu = gemm(b, lw.gate_up, "gate_up")
             s = torch.empty(rows, INTER, device=h.device, dtype=h.dtype)
-            _swiglu_kernel[(rows,)](gu, s, INTER_=INTER, **nxt(lw.down, v.l2_before))
+            _swiglu_kernel[(rows,)](gu, s, INTER_=INTER, BLOCK=4096, **nxt(lw.down, v.l2_before))
             x = gemm(s, lw.down, "down")
         return x
 
