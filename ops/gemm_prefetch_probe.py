@@ -9,7 +9,8 @@ down GEMM. Variants of the same chain, timed with triton.testing.do_bench_cudagr
 
     cublas           torch's GEMMs (the engine today)
     cublas+l2        the kernel before each GEMM first asks L2 for that GEMM's weights
-                     (kernels/l2_prefetch.py); o's by the attention stand-in at its start
+                     (prefetch_l2: cp.async.bulk.prefetch.L2, sm_90); o's by the attention
+                     stand-in at its start
     cublas+l2-no-o   the same without o's (the attention's KV stream may evict them)
     triton           a Triton GEMM (split-K merged by the last arrival), best of a small
                      sweep per shape, no PDL
@@ -17,8 +18,10 @@ down GEMM. Variants of the same chain, timed with triton.testing.do_bench_cudagr
                      their start, it waits (griddepcontrol.wait) before reading x
     triton+pdl+l2    and, before the wait, it asks L2 for its own weights
 
-Prints the chain's time per variant and what each saves per GEMM against cublas; every
-variant's output is checked against cublas's (bf16 tolerance) first.
+Prints the chain's time per variant and what each saves per GEMM against cublas, and each
+variant's relative error against cublas's chain (28 layers without residuals amplify rounding
+differences: a Triton GEMM's differ from cuBLAS's; each tile is checked alone first). Measured
+on an H200 (docs/benchmarks.md, session 42): no variant wins; the lead is closed.
 """
 
 # Triton kernels take untyped pointers and constexprs; @triton.jit is untyped to mypy.
@@ -35,9 +38,46 @@ import triton
 import triton.language as tl
 from troupe.kernels.arrival import arrival_counters, reset_arrival
 from troupe.kernels.gemv_pdl import GDC, OFF, pdl_start, pdl_wait
-from troupe.kernels.l2_prefetch import chunks_for, prefetch_l2, weight_bytes
 
 HIDDEN, Q, KV, INTER = 1024, 2048, 1024, 3072  # Qwen3-0.6B: q 16 x 128, kv 8 x 128
+
+
+@triton.jit
+def prefetch_l2(base_ptr, nbytes, pid, programs, CHUNKS: tl.constexpr, ON: tl.constexpr):
+    """Program `pid` of `programs` asks L2 for its share of [base_ptr, base_ptr + nbytes): CHUNKS
+    pieces of a 16-byte multiple each (base_ptr a byte pointer, 16-byte aligned)."""
+    if ON:
+        pieces = programs.to(tl.int64) * CHUNKS
+        share = ((nbytes + pieces - 1) // pieces + 15) // 16 * 16
+        start = (pid.to(tl.int64) * CHUNKS + tl.arange(0, CHUNKS)) * share
+        size = tl.minimum(tl.maximum(nbytes - start, 0), share).to(tl.int32)
+        tl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.ne.u32 p, $2, 0; "
+            "@p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
+            "=r,l,r",
+            [base_ptr + start, size],
+            dtype=tl.int32,
+            is_pure=False,
+            pack=1,
+        )
+
+
+def weight_bytes(weight: torch.Tensor | None, stand_in: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """A weight as the (byte view, byte count) prefetch_l2 takes; for None, (stand_in, 0):
+    nothing to fetch (stand_in: any tensor on the kernel's device)."""
+    if weight is None:
+        return stand_in.view(-1).view(torch.uint8), 0
+    if not weight.is_contiguous():
+        raise ValueError("prefetch_l2: the weight must be contiguous")
+    return weight.view(-1).view(torch.uint8), weight.numel() * weight.element_size()
+
+
+def chunks_for(nbytes: int, programs: int) -> int:
+    """Pieces a program issues: ~64 KB or less each, at most 16, a power of two."""
+    per_program = -(-max(nbytes, 1) // max(programs, 1))
+    return min(16, 1 << (-(-per_program // 65536) - 1).bit_length())
+
+
 SHAPES = {"qkv": (Q + KV, HIDDEN), "o": (HIDDEN, Q), "gate_up": (2 * INTER, HIDDEN),
           "down": (HIDDEN, INTER)}  # fmt: skip
 
@@ -78,9 +118,7 @@ def _attention_stand_in(qkv_ptr, kv_ptr, out_ptr, context, nxt_ptr, nxt_bytes,
     acc = tl.zeros((BLOCK,), dtype=tl.float32)
     base = kv_ptr + row * context * 2048  # 2,048 bf16 a token: 8 kv heads x 128 x (k, v)
     for t in range(0, context * 2048, BLOCK):
-        acc += tl.load(base + t + tl.arange(0, BLOCK), eviction_policy="evict_first").to(
-            tl.float32
-        )
+        acc += tl.load(base + t + tl.arange(0, BLOCK), eviction_policy="evict_first").to(tl.float32)
     s = tl.sum(acc, axis=0) * 1e-6
     offs = tl.arange(0, QW)
     q = tl.load(qkv_ptr + row * QKVW + offs).to(tl.float32)
@@ -188,7 +226,7 @@ def best_tiles(rows: int, layers: int, part: torch.Tensor) -> dict[str, Tile]:
         x = torch.randn(rows, k, device=dev, dtype=torch.bfloat16)
         ref = torch.nn.functional.linear(x, ws[0]).float()
         cub = triton.testing.do_bench_cudagraph(
-            lambda: [torch.nn.functional.linear(x, w) for w in ws]) * 1e3  # fmt: skip
+            lambda x=x, ws=ws: [torch.nn.functional.linear(x, w) for w in ws]) * 1e3  # fmt: skip
         timed = []
         for tile in tiles_for(rows):
             if (k // tile.split) % tile.bk:
@@ -198,7 +236,8 @@ def best_tiles(rows: int, layers: int, part: torch.Tensor) -> dict[str, Tile]:
                 print(f"  {name} {tile}: wrong")
                 continue
             t = triton.testing.do_bench_cudagraph(
-                lambda tile=tile: [triton_linear(x, w, tile, OFF, False, part) for w in ws]) * 1e3
+                lambda tile=tile, x=x, ws=ws: [triton_linear(x, w, tile, OFF, False, part)
+                                               for w in ws]) * 1e3  # fmt: skip
             timed.append((t, tile))
         t, best[name] = min(timed)
         print(f"rows {rows:>3} {name:>7} x{layers}: cuBLAS {cub:6.1f} us, Triton best {t:6.1f} us "
