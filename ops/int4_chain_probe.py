@@ -15,6 +15,7 @@ other orders and groupings, each captured in a CUDA graph (quant_bench.timed):
     maxnreg 128      every launch at most 128 registers a thread (the whole-K launch takes
                      ~167): two programs of any two launches fit an SM, so a PDL launch's
                      programs can start beside the previous launch's last ones
+    waves 1, 3       the split launches sized for 1 or 3 programs an SM (2 in the engine)
     <shape> x32      one shape's 32 launches alone; lm_head x8 (8 vocab-sized weights)
 
 Prints ms per graph and, for the chain, what the launches alone would add up to.
@@ -71,6 +72,8 @@ def main() -> None:
         "maxnreg 128, whole-K off": run(
             chain, replace(INT4_COLS_GEMV, maxnreg=128, whole_k_groups=0)
         ),
+        "waves 1": run(chain, replace(INT4_COLS_GEMV, waves=1)),
+        "waves 3": run(chain, replace(INT4_COLS_GEMV, waves=3)),
     }
     for name, step in rows.items():
         print(f"{name}: {timed(step, device) * 1e3:.3f} ms")
