@@ -96,9 +96,6 @@ class Int4ColsGemv:
     whole_k_groups: int = 128
     # x rounded to int8 per group and dp4a (kernels/int4_dp4a.py) instead of the f16x2 PTX.
     x_int8: bool = False
-    # Registers a thread at most (ptxas's maxnreg; None: its own choice): a bound that lets a
-    # PDL launch's programs sit beside the previous launch's on an SM.
-    maxnreg: int | None = None
 
     def __post_init__(self) -> None:
         assert 1 <= self.max_rows <= GEMV_ROWS, f"max_rows {self.max_rows}: 1 to {GEMV_ROWS}"
@@ -336,7 +333,6 @@ def int4_cols_gemv(x: torch.Tensor, w: Int4Cols, config: Int4ColsGemv) -> torch.
         x, w.words, w.scale, w.bias, out, part, counters, m, n, k, launch.per_split, split,
         launch.block_n, launch.groups, n % launch.block_n == 0, x.device.type != "cuda", pdl,
         split > 1, rows, config.x_int8, num_warps=config.num_warps, launch_pdl=pdl == GDC,
-        **({} if config.maxnreg is None else {"maxnreg": config.maxnreg}),
     )  # fmt: skip
     return out
 

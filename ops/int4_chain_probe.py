@@ -12,9 +12,6 @@ other orders and groupings, each captured in a CUDA graph (quant_bench.timed):
     grouped          the same launches, 32 of each shape in a row, then lm_head
     pdl off          the chain without programmatic dependent launch
     whole-K off      the chain with o and qkv split along K (gemv_launch's whole_k_groups 0)
-    maxnreg 128      every launch at most 128 registers a thread (the whole-K launch takes
-                     ~167): two programs of any two launches fit an SM, so a PDL launch's
-                     programs can start beside the previous launch's last ones
     waves 1, 3       the split launches sized for 1 or 3 programs an SM (2 in the engine)
     <shape> x32      one shape's 32 launches alone; lm_head x8 (8 vocab-sized weights)
 
@@ -68,10 +65,6 @@ def main() -> None:
         "grouped": run(grouped),
         "pdl off": run(chain, replace(INT4_COLS_GEMV, pdl=False)),
         "whole-K off": run(chain, replace(INT4_COLS_GEMV, whole_k_groups=0)),
-        "maxnreg 128": run(chain, replace(INT4_COLS_GEMV, maxnreg=128)),
-        "maxnreg 128, whole-K off": run(
-            chain, replace(INT4_COLS_GEMV, maxnreg=128, whole_k_groups=0)
-        ),
         "waves 1": run(chain, replace(INT4_COLS_GEMV, waves=1)),
         "waves 3": run(chain, replace(INT4_COLS_GEMV, waves=3)),
     }
