@@ -12,7 +12,10 @@ other orders and groupings, each captured in a CUDA graph (quant_bench.timed):
     grouped          the same launches, 32 of each shape in a row, then lm_head
     pdl off          the chain without programmatic dependent launch
     whole-K off      the chain with o and qkv split along K (gemv_launch's whole_k_groups 0)
+    l2 ahead         before its wait each program asks L2 for all its tiles after the first
+                     (Int4ColsGemv.l2_ahead), not only the first into registers
     waves 1, 3       the split launches sized for 1 or 3 programs an SM (2 in the engine)
+    bf16             the same step with bf16 weights through torch (quant_bench's baseline)
     <shape> x32      one shape's 32 launches alone; lm_head x8 (8 vocab-sized weights)
 
 Prints ms per graph and, for the chain, what the launches alone would add up to.
@@ -51,6 +54,11 @@ def main() -> None:
 
         return step
 
+    ahead = replace(INT4_COLS_GEMV, l2_ahead=True)
+    for w in [*layers[0], heads[0]]:  # the prefetch must not change a bit of the result
+        x = xs[w.shape[1]]
+        same = torch.equal(int4_cols_matmul(x, w), int4_cols_matmul(x, w, ahead))
+        print(f"{w.shape[0]} x {w.shape[1]}: l2 ahead {'equal' if same else 'DIFFERS'}")
     chain = [w for layer in layers for w in layer] + heads[:1]
     grouped = [layer[i] for i in range(len(SHAPES)) for layer in layers] + heads[:1]
     alone = {}
@@ -65,11 +73,26 @@ def main() -> None:
         "grouped": run(grouped),
         "pdl off": run(chain, replace(INT4_COLS_GEMV, pdl=False)),
         "whole-K off": run(chain, replace(INT4_COLS_GEMV, whole_k_groups=0)),
+        "l2 ahead": run(chain, replace(INT4_COLS_GEMV, l2_ahead=True)),
+        "l2 ahead, whole-K off": run(
+            chain, replace(INT4_COLS_GEMV, l2_ahead=True, whole_k_groups=0)
+        ),
+        "l2 ahead, waves 1": run(chain, replace(INT4_COLS_GEMV, l2_ahead=True, waves=1)),
         "waves 1": run(chain, replace(INT4_COLS_GEMV, waves=1)),
         "waves 3": run(chain, replace(INT4_COLS_GEMV, waves=3)),
     }
+    dense = [torch.randn(n, k, device=device, dtype=torch.bfloat16) for n, k in SHAPES * LAYERS]
+    dense.append(torch.randn(VOCAB, HIDDEN, device=device, dtype=torch.bfloat16))
+
+    def bf16() -> None:
+        for w in dense:
+            torch.nn.functional.linear(xs[w.shape[1]], w)
+
+    base = timed(bf16, device) * 1e3
+    print(f"bf16: {base:.3f} ms")
     for name, step in rows.items():
-        print(f"{name}: {timed(step, device) * 1e3:.3f} ms")
+        t = timed(step, device) * 1e3
+        print(f"{name}: {t:.3f} ms, {base / t:.2f}x bf16")
     print(f"the chain's launches alone add up to {sum(alone.values()) + head:.3f} ms")
 
 
