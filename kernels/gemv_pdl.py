@@ -61,26 +61,3 @@ def pdl_wait(PDL: tl.constexpr):
     """Wait for the previous kernel to complete, its writes visible (GDC only)."""
     if PDL == 2:
         gdc_wait()
-
-
-@triton.jit
-def prefetch_rows(base_ptr, first, count, stride, ROW_BYTES: tl.constexpr, R: tl.constexpr):
-    """Rows first .. first + count - 1 of a row-major array (`stride` elements a row), ROW_BYTES
-    from base_ptr in each, asked of L2 (cp.async.bulk.prefetch.L2, sm_90: a hint, no registers
-    held, no wait), R rows a pass. A GEMV under PDL (GDC only) issues it before its wait for the
-    tiles after its first, so that the weights of the whole program stream in while the
-    previous kernel ends (Int4ColsGemv.l2_ahead). ROW_BYTES and the rows' addresses: multiples
-    of 16."""
-    for r0 in range(0, count, R):
-        r = r0 + tl.arange(0, R)
-        size = tl.where(r < count, ROW_BYTES, 0)
-        at = base_ptr + (first + tl.minimum(r, count - 1)).to(tl.int64) * stride
-        tl.inline_asm_elementwise(
-            "{ .reg .pred p; setp.ne.u32 p, $2, 0; "
-            "@p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
-            "=r,l,r",
-            [at, size],
-            dtype=tl.int32,
-            is_pure=False,
-            pack=1,
-        )

@@ -39,7 +39,7 @@ import torch
 import triton
 import triton.language as tl
 from troupe.kernels.arrival import gemv_grid, split_buffers, store_or_merge
-from troupe.kernels.gemv_pdl import GDC, pdl_mode, pdl_start, pdl_wait, prefetch_rows
+from troupe.kernels.gemv_pdl import GDC, pdl_mode, pdl_start, pdl_wait
 from troupe.kernels.half2_ptx import INT4_ASM
 from troupe.kernels.int4_dp4a import group_dot, x_codes
 from troupe.kernels.quant_int4_gemm import int4_cols_gemm
@@ -96,9 +96,6 @@ class Int4ColsGemv:
     whole_k_groups: int = 128
     # x rounded to int8 per group and dp4a (kernels/int4_dp4a.py) instead of the f16x2 PTX.
     x_int8: bool = False
-    # Under PDL (sm_90), before its wait a program asks L2 for its tiles after the first
-    # (gemv_pdl.prefetch_rows), not just the first into registers.
-    l2_ahead: bool = False
 
     def __post_init__(self) -> None:
         assert 1 <= self.max_rows <= GEMV_ROWS, f"max_rows {self.max_rows}: 1 to {GEMV_ROWS}"
@@ -245,7 +242,6 @@ def _int4_cols_gemv_kernel(
     splits,
     BLOCK_N: tl.constexpr, GROUPS: tl.constexpr, EVEN_N: tl.constexpr, PLAIN: tl.constexpr,
     PDL: tl.constexpr, SPLIT: tl.constexpr, ROWS: tl.constexpr, XQ8: tl.constexpr,
-    AHEAD: tl.constexpr,
 ):  # fmt: skip
     pdl_start(PDL)
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
@@ -259,13 +255,6 @@ def _int4_cols_gemv_kernel(
     g_start = pid_k * groups_per_split
     g = g_start + tl.arange(0, GROUPS)
     w0, w1, w2, w3, s, b = _tile(w_ptr, s_ptr, b_ptr, cols, N, row_groups, g)
-    if AHEAD and PDL == 2:  # the later tiles' rows (words: 4 a group) into L2 (EVEN_N)
-        g_next = g_start + GROUPS
-        rest = tl.minimum(g_start + groups_per_split, row_groups) - g_next
-        col0 = pid_n * BLOCK_N
-        prefetch_rows(w_ptr + col0, 4 * g_next, 4 * rest, N, 4 * BLOCK_N, 128)
-        prefetch_rows(s_ptr + col0, g_next, rest, N, 2 * BLOCK_N, 128)
-        prefetch_rows(b_ptr + col0, g_next, rest, N, 2 * BLOCK_N, 128)
     pdl_wait(PDL)  # the first tile before the wait, its x after (gemv_pdl.py)
     acc0, acc1, acc2, acc3 = _rows_acc(
         acc0, acc1, acc2, acc3, w0, w1, w2, w3, s, b, x_ptr, m0, M, K, g, row_groups, PLAIN,
@@ -340,12 +329,10 @@ def int4_cols_gemv(x: torch.Tensor, w: Int4Cols, config: Int4ColsGemv) -> torch.
     split = launch.split
     out, part, counters = split_buffers(split, m, n, launch.col_blocks, x)
     pdl = pdl_mode(config.pdl, x.device)
-    even = n % launch.block_n == 0
     _int4_cols_gemv_kernel[(launch.col_blocks, split, programs_m)](
         x, w.words, w.scale, w.bias, out, part, counters, m, n, k, launch.per_split, split,
-        launch.block_n, launch.groups, even, x.device.type != "cuda", pdl, split > 1, rows,
-        config.x_int8, config.l2_ahead and even and n % 8 == 0, num_warps=config.num_warps,
-        launch_pdl=pdl == GDC,
+        launch.block_n, launch.groups, n % launch.block_n == 0, x.device.type != "cuda", pdl,
+        split > 1, rows, config.x_int8, num_warps=config.num_warps, launch_pdl=pdl == GDC,
     )  # fmt: skip
     return out
 

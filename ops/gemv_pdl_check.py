@@ -2,7 +2,7 @@
 
     python3 -m troupe.ops.gemv_pdl_check
 
-For each decode GEMV (int4 in its f16x2 and integer forms, f16x2 with l2_ahead, and fp8, in the column layout,
+For each decode GEMV (int4 in its f16x2 and integer forms and fp8, in the column layout,
 kernels/quant_int4.py and quant_fp8.py, at the engine's launch shapes, K split):
 
     pdl   the PTX holds griddepcontrol.launch_dependents and griddepcontrol.wait, and before
@@ -41,10 +41,9 @@ _SPLIT = {"part_ptr": "*fp32", "counter_ptr": "*i32"}
 KERNELS = [
     *(Kernel(quant_int4._int4_cols_gemv_kernel,
              {"BLOCK_N": 128, "GROUPS": 32, "EVEN_N": True, "PLAIN": False, "SPLIT": True,
-              "ROWS": 1, "XQ8": xq8, "AHEAD": ahead},
+              "ROWS": 1, "XQ8": xq8},
              {"w_ptr": "*i32", "s_ptr": "*fp16", "b_ptr": "*fp16", **_SPLIT},
-             ("w_ptr", "s_ptr", "b_ptr"))
-      for xq8, ahead in ((False, False), (True, False), (False, True))),  # f16x2, integer, L2
+             ("w_ptr", "s_ptr", "b_ptr")) for xq8 in (False, True)),  # f16x2 and integer
     Kernel(quant_fp8._fp8_cols_gemv_kernel,
            {"BLOCK_N": 128, "BLOCKS": 16, "EVEN_N": True, "PLAIN": False, "SPLIT": True},
            {"w_ptr": "*i32", "scale_ptr": "*fp32", **_SPLIT}, ("w_ptr", "scale_ptr")),

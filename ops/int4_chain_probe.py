@@ -3,34 +3,51 @@
     python3 -m troupe.ops.int4_chain_probe
 
 quant_bench's int4 step (Llama-3.1-8B: 32 x [qkv, o, gate_up, down] + lm_head, one row, the
-engine's GEMV launches) takes ~1.75 ms on an H200, while int4_gemv_anatomy's launches of each
-shape timed 32 in a row add up to ~1.50 ms for the layers. This times the same launches in
-other orders and groupings, each captured in a CUDA graph (quant_bench.timed):
+engine's GEMV launches, PDL) takes longer than its launches timed 32 of a shape in a row add up
+to. This times the same work in other orders and compiled forms, each captured in a CUDA graph
+(quant_bench.timed):
 
-    chain            the step as quant_bench runs it
-    layers           the step without lm_head
-    grouped          the same launches, 32 of each shape in a row, then lm_head
-    pdl off          the chain without programmatic dependent launch
-    whole-K off      the chain with o and qkv split along K (gemv_launch's whole_k_groups 0)
-    l2 ahead         before its wait each program asks L2 for all its tiles after the first
-                     (Int4ColsGemv.l2_ahead), not only the first into registers
-    waves 1, 3       the split launches sized for 1 or 3 programs an SM (2 in the engine)
-    bf16             the same step with bf16 weights through torch (quant_bench's baseline)
-    <shape> x32      one shape's 32 launches alone; lm_head x8 (8 vocab-sized weights)
+    chain              the step as quant_bench runs it (the engine's launches: qkv and o
+                       take 32 columns over the whole of K, gate_up 128 columns unsplit, down
+                       128 columns split along K: three compiled kernels, three switches a layer)
+    grouped            the same launches, 32 of each shape in a row, then lm_head
+    pdl off            the chain without programmatic dependent launch
+    gate_up as split   gate_up compiled as down is (SPLIT on, one split): two kernels a layer
+    one kernel         every launch 128 columns and 32 groups an iteration, K split (SPLIT on
+                       at one split too): one compiled kernel for the whole step
+    one kernel, grouped  the same, 32 of each shape in a row
+    bf16               the step with bf16 weights through torch (quant_bench's baseline)
 
-Prints ms per graph and, for the chain, what the launches alone would add up to.
+and each shape's 32 launches alone. Prints ms per step and the speed-up over bf16.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
+from typing import NamedTuple
 
 import torch
-from troupe.kernels.quant_int4 import INT4_COLS_GEMV, Int4Cols, Int4ColsGemv, int4_cols_matmul
+from troupe.kernels.arrival import arrival_counters, gemv_grid
+from troupe.kernels.gemv_pdl import GDC, pdl_mode
+from troupe.kernels.quant_int4 import (
+    INT4_COLS_GEMV,
+    GemvLaunch,
+    Int4Cols,
+    _int4_cols_gemv_kernel,
+    gemv_launch,
+)
 from troupe.ops.quant_bench import HIDDEN, INTER, LAYERS, SHAPES, VOCAB, timed
 
 NAMES = ("qkv", "o", "gate_up", "down")
+
+
+class Launch(NamedTuple):
+    w: Int4Cols
+    out: torch.Tensor
+    part: torch.Tensor
+    counters: torch.Tensor
+    grid: GemvLaunch
+    split_kernel: bool  # SPLIT compiled on (at one split: the last arrival sums one partial)
 
 
 def random_int4(n: int, k: int, device: torch.device) -> Int4Cols:
@@ -39,48 +56,70 @@ def random_int4(n: int, k: int, device: torch.device) -> Int4Cols:
     return Int4Cols.from_rows(packed, scale, (-8 * scale.float()).half())
 
 
+def launch_of(w: Int4Cols, form: str) -> Launch:
+    """The engine's launch ("engine"), with SPLIT compiled on ("split"), or 128 columns and 32
+    groups an iteration split along K as gemv_grid sizes it ("one")."""
+    n, k = w.shape
+    device = w.words.device
+    if form == "one":
+        c = INT4_COLS_GEMV
+        grid = GemvLaunch(c.block_n, c.groups,
+                          *gemv_grid(1, n, -(-k // 32 // c.groups), c.groups, c.block_n, c.waves,
+                                     device)[1:])  # fmt: skip
+    else:
+        grid = gemv_launch(1, n, k // 32, INT4_COLS_GEMV, device)
+    split_kernel = grid.split > 1 or form in ("split", "one")
+    out = torch.empty(1, n, dtype=torch.bfloat16, device=device)
+    part = torch.empty(grid.split, 1, n, dtype=torch.float32, device=device)
+    counters = arrival_counters(grid.col_blocks, device)
+    return Launch(w, out, part, counters, grid, split_kernel)
+
+
+def run(
+    launches: list[Launch], xs: dict[int, torch.Tensor], pdl: bool = True
+) -> Callable[[], None]:
+    device = next(iter(xs.values())).device
+    mode, plain = pdl_mode(pdl, device), device.type != "cuda"  # the CPU: the interpreter's
+
+    def step() -> None:
+        for w, out, part, counters, c, split_kernel in launches:
+            n, k = w.shape
+            _int4_cols_gemv_kernel[(c.col_blocks, c.split, 1)](
+                xs[k], w.words, w.scale, w.bias, out, part, counters, 1, n, k, c.per_split,
+                c.split, c.block_n, c.groups, n % c.block_n == 0, plain, mode, split_kernel, 1,
+                False, num_warps=INT4_COLS_GEMV.num_warps, launch_pdl=mode == GDC,
+            )  # fmt: skip
+
+    return step
+
+
 def main() -> None:
     device = torch.device("cuda")
     torch.manual_seed(0)
     print(torch.cuda.get_device_name(device))
     layers = [[random_int4(n, k, device) for n, k in SHAPES] for _ in range(LAYERS)]
-    heads = [random_int4(VOCAB, HIDDEN, device) for _ in range(8)]
+    head = random_int4(VOCAB, HIDDEN, device)
     xs = {k: torch.randn(1, k, device=device, dtype=torch.bfloat16) for k in (HIDDEN, INTER)}
 
-    def run(ws: list[Int4Cols], gemv: Int4ColsGemv = INT4_COLS_GEMV) -> Callable[[], None]:
-        def step() -> None:
-            for w in ws:
-                int4_cols_matmul(xs[w.shape[1]], w, gemv)
+    def step_of(form: str, grouped: bool = False, gate_up_form: str | None = None) -> list[Launch]:
+        order = [(i, j) for j in range(len(SHAPES)) for i in range(LAYERS)] if grouped else [
+            (i, j) for i in range(LAYERS) for j in range(len(SHAPES))]  # fmt: skip
+        forms = [gate_up_form if j == 2 and gate_up_form else form for _, j in order]
+        ws = [layers[i][j] for i, j in order]
+        return [launch_of(w, f) for w, f in zip(ws, forms, strict=True)] + [launch_of(head, form)]
 
-        return step
-
-    ahead = replace(INT4_COLS_GEMV, l2_ahead=True)
-    for w in [*layers[0], heads[0]]:  # the prefetch must not change a bit of the result
-        x = xs[w.shape[1]]
-        same = torch.equal(int4_cols_matmul(x, w), int4_cols_matmul(x, w, ahead))
-        print(f"{w.shape[0]} x {w.shape[1]}: l2 ahead {'equal' if same else 'DIFFERS'}")
-    chain = [w for layer in layers for w in layer] + heads[:1]
-    grouped = [layer[i] for i in range(len(SHAPES)) for layer in layers] + heads[:1]
-    alone = {}
-    for i, name in enumerate(NAMES):
-        alone[name] = timed(run([layer[i] for layer in layers]), device) * 1e3
-        print(f"{name} x{LAYERS}: {alone[name]:.3f} ms ({alone[name] / LAYERS * 1e3:.2f} us each)")
-    head = timed(run(heads), device) * 1e3 / len(heads)
-    print(f"lm_head x{len(heads)}: {head * len(heads):.3f} ms ({head * 1e3:.1f} us each)")
-    rows = {
-        "chain": run(chain),
-        "layers": run(chain[:-1]),
-        "grouped": run(grouped),
-        "pdl off": run(chain, replace(INT4_COLS_GEMV, pdl=False)),
-        "whole-K off": run(chain, replace(INT4_COLS_GEMV, whole_k_groups=0)),
-        "l2 ahead": run(chain, replace(INT4_COLS_GEMV, l2_ahead=True)),
-        "l2 ahead, whole-K off": run(
-            chain, replace(INT4_COLS_GEMV, l2_ahead=True, whole_k_groups=0)
-        ),
-        "l2 ahead, waves 1": run(chain, replace(INT4_COLS_GEMV, l2_ahead=True, waves=1)),
-        "waves 1": run(chain, replace(INT4_COLS_GEMV, waves=1)),
-        "waves 3": run(chain, replace(INT4_COLS_GEMV, waves=3)),
-    }
+    chain = step_of("engine")
+    ref = {id(la.w): la for la in chain}
+    run(chain, xs)()
+    for name, launches in (("one kernel", step_of("one")), ("gate_up as split", step_of(
+            "engine", gate_up_form="split"))):  # fmt: skip
+        run(launches, xs)()
+        worst = max((la.out.float() - ref[id(la.w)].out.float()).abs().max().item()
+                    for la in launches)  # fmt: skip
+        print(f"{name}: max difference from the engine's launches {worst:.2e}")
+    for j, name in enumerate(NAMES):
+        t = timed(run([launch_of(layer[j], "engine") for layer in layers], xs), device) * 1e3
+        print(f"{name} x{LAYERS} alone: {t:.3f} ms ({t / LAYERS * 1e3:.2f} us each)")
     dense = [torch.randn(n, k, device=device, dtype=torch.bfloat16) for n, k in SHAPES * LAYERS]
     dense.append(torch.randn(VOCAB, HIDDEN, device=device, dtype=torch.bfloat16))
 
@@ -90,10 +129,17 @@ def main() -> None:
 
     base = timed(bf16, device) * 1e3
     print(f"bf16: {base:.3f} ms")
+    rows = {
+        "chain": run(chain, xs),
+        "grouped": run(step_of("engine", grouped=True), xs),
+        "pdl off": run(chain, xs, pdl=False),
+        "gate_up as split": run(step_of("engine", gate_up_form="split"), xs),
+        "one kernel": run(step_of("one"), xs),
+        "one kernel, grouped": run(step_of("one", grouped=True), xs),
+    }
     for name, step in rows.items():
         t = timed(step, device) * 1e3
         print(f"{name}: {t:.3f} ms, {base / t:.2f}x bf16")
-    print(f"the chain's launches alone add up to {sum(alone.values()) + head:.3f} ms")
 
 
 if __name__ == "__main__":

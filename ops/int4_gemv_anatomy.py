@@ -138,7 +138,7 @@ def time_variant(
             _int4_cols_gemv_kernel[(c.col_blocks, c.split, 1)](
                 x, w.words, w.scale, w.bias, out, part, counters, 1, n, k, c.per_split, c.split,
                 c.block_n, c.groups, n % c.block_n == 0, False, pdl, v.merge and c.split > 1, 1,
-                v.x_int8, False, num_warps=v.warps, launch_pdl=pdl == GDC,
+                v.x_int8, num_warps=v.warps, launch_pdl=pdl == GDC,
             )  # fmt: skip
 
     return timed(run, x.device) / len(ws) * 1e6, launches[0][4].split

@@ -148,20 +148,3 @@ def test_the_gemv_takes_its_rows_in_groups(m: int, rows: int) -> None:
     want = int4_cols_reference(x, cols)
     assert (got - want).abs().max() <= 1e-4 * want.abs().max()
     assert not arrival_counters(1, x.device)[:256].any()
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize(
-    ("m", "n", "k", "gemv"),
-    [
-        (1, 256, 128, Int4ColsGemv(groups=2)),  # two splits of 4 groups: 2 tiles each
-        (1, 200, 160, Int4ColsGemv(block_n=256, groups=2)),  # N ragged: no prefetch
-        (1, 128, 2048, INT4_COLS_GEMV),  # the engine's launch
-        (2, 256, 128, Int4ColsGemv(groups=2, max_rows=4)),
-    ],
-)
-def test_the_l2_prefetch_changes_no_bit(m: int, n: int, k: int, gemv: Int4ColsGemv) -> None:
-    """Int4ColsGemv.l2_ahead only asks L2 for tiles early (sm_90): the same bits come out."""
-    _, _, _, cols, x = _case("cuda", m, n, k)
-    plain = int4_cols_matmul(x, cols, gemv)
-    assert torch.equal(int4_cols_matmul(x, cols, replace(gemv, l2_ahead=True)), plain)
