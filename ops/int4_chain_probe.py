@@ -36,6 +36,7 @@ from troupe.kernels.quant_int4 import (
     _int4_cols_gemv_kernel,
     gemv_launch,
 )
+from troupe.ops.int4_gemv_anatomy import random_int4
 from troupe.ops.quant_bench import HIDDEN, INTER, LAYERS, SHAPES, VOCAB, timed
 
 NAMES = ("qkv", "o", "gate_up", "down")
@@ -48,12 +49,6 @@ class Launch(NamedTuple):
     counters: torch.Tensor
     grid: GemvLaunch
     split_kernel: bool  # SPLIT compiled on (at one split: the last arrival sums one partial)
-
-
-def random_int4(n: int, k: int, device: torch.device) -> Int4Cols:
-    packed = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device=device)
-    scale = (torch.rand(n, k // 32, device=device) * 0.004 + 0.001).half()
-    return Int4Cols.from_rows(packed, scale, (-8 * scale.float()).half())
 
 
 def launch_of(w: Int4Cols, form: str) -> Launch:
@@ -97,8 +92,8 @@ def main() -> None:
     device = torch.device("cuda")
     torch.manual_seed(0)
     print(torch.cuda.get_device_name(device))
-    layers = [[random_int4(n, k, device) for n, k in SHAPES] for _ in range(LAYERS)]
-    head = random_int4(VOCAB, HIDDEN, device)
+    layers = [[random_int4(n, k) for n, k in SHAPES] for _ in range(LAYERS)]
+    head = random_int4(VOCAB, HIDDEN)
     xs = {k: torch.randn(1, k, device=device, dtype=torch.bfloat16) for k in (HIDDEN, INTER)}
 
     def step_of(form: str, grouped: bool = False, gate_up_form: str | None = None) -> list[Launch]:
