@@ -95,6 +95,8 @@ class Int4ColsGemv:
     # gemv_launch). 0: never.
     whole_k_groups: int = 128
     # x rounded to int8 per group and dp4a (kernels/int4_dp4a.py) instead of the f16x2 PTX.
+    # H200, Llama-3.1-8B at one row: faster on o and qkv alone, 17% slower over the step
+    # (docs/benchmarks.md, session 42).
     x_int8: bool = False
 
     def __post_init__(self) -> None:
