@@ -16,6 +16,9 @@ to. This times the same work in other orders and compiled forms, each captured i
     one kernel         every launch 128 columns and 32 groups an iteration, K split (SPLIT on
                        at one split too): one compiled kernel for the whole step
     one kernel, grouped  the same, 32 of each shape in a row
+    one kernel, 16 groups  the same with 16 groups an iteration: half the unrolled loop (each
+                       compiled kernel is ~46-49 KB of sm_90 code, its loop body twice: peeled
+                       for PDL and looped; three of them exceed an SM's instruction cache)
     bf16               the step with bf16 weights through torch (quant_bench's baseline)
 
 and each shape's 32 launches alone. Prints ms per step and the speed-up over bf16.
@@ -24,6 +27,7 @@ and each shape's 32 launches alone. Prints ms per step and the speed-up over bf1
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import NamedTuple
 
 import torch
@@ -53,17 +57,17 @@ class Launch(NamedTuple):
 
 def launch_of(w: Int4Cols, form: str) -> Launch:
     """The engine's launch ("engine"), with SPLIT compiled on ("split"), or 128 columns and 32
-    groups an iteration split along K as gemv_grid sizes it ("one")."""
+    (16: "one16") groups an iteration split along K as gemv_grid sizes it ("one")."""
     n, k = w.shape
     device = w.words.device
-    if form == "one":
-        c = INT4_COLS_GEMV
+    if form in ("one", "one16"):
+        c = INT4_COLS_GEMV if form == "one" else replace(INT4_COLS_GEMV, groups=16)
         grid = GemvLaunch(c.block_n, c.groups,
                           *gemv_grid(1, n, -(-k // 32 // c.groups), c.groups, c.block_n, c.waves,
                                      device)[1:])  # fmt: skip
     else:
         grid = gemv_launch(1, n, k // 32, INT4_COLS_GEMV, device)
-    split_kernel = grid.split > 1 or form in ("split", "one")
+    split_kernel = grid.split > 1 or form != "engine"
     out = torch.empty(1, n, dtype=torch.bfloat16, device=device)
     part = torch.empty(grid.split, 1, n, dtype=torch.float32, device=device)
     counters = arrival_counters(grid.col_blocks, device)
@@ -131,6 +135,7 @@ def main() -> None:
         "gate_up as split": run(step_of("engine", gate_up_form="split"), xs),
         "one kernel": run(step_of("one"), xs),
         "one kernel, grouped": run(step_of("one", grouped=True), xs),
+        "one kernel, 16 groups": run(step_of("one16"), xs),
     }
     for name, step in rows.items():
         t = timed(step, device) * 1e3
