@@ -32,15 +32,14 @@ from typing import NamedTuple
 
 import torch
 from troupe.kernels.arrival import arrival_counters, gemv_grid
-from troupe.kernels.gemv_pdl import GDC, pdl_mode
+from troupe.kernels.gemv_pdl import pdl_mode
 from troupe.kernels.quant_int4 import (
     INT4_COLS_GEMV,
     GemvLaunch,
     Int4Cols,
-    _int4_cols_gemv_kernel,
     gemv_launch,
 )
-from troupe.ops.int4_gemv_anatomy import random_int4
+from troupe.ops.int4_gemv_anatomy import launch_row, random_int4
 from troupe.ops.quant_bench import HIDDEN, INTER, LAYERS, SHAPES, VOCAB, timed
 
 NAMES = ("qkv", "o", "gate_up", "down")
@@ -77,17 +76,11 @@ def launch_of(w: Int4Cols, form: str) -> Launch:
 def run(
     launches: list[Launch], xs: dict[int, torch.Tensor], pdl: bool = True
 ) -> Callable[[], None]:
-    device = next(iter(xs.values())).device
-    mode, plain = pdl_mode(pdl, device), device.type != "cuda"  # the CPU: the interpreter's
+    mode = pdl_mode(pdl, next(iter(xs.values())).device)
 
     def step() -> None:
         for w, out, part, counters, c, split_kernel in launches:
-            n, k = w.shape
-            _int4_cols_gemv_kernel[(c.col_blocks, c.split, 1)](
-                xs[k], w.words, w.scale, w.bias, out, part, counters, 1, n, k, c.per_split,
-                c.split, c.block_n, c.groups, n % c.block_n == 0, plain, mode, split_kernel, 1,
-                False, num_warps=INT4_COLS_GEMV.num_warps, launch_pdl=mode == GDC,
-            )  # fmt: skip
+            launch_row(xs[w.shape[1]], w, out, part, counters, c, mode, split_kernel=split_kernel)
 
     return step
 

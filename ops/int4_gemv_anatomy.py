@@ -108,6 +108,21 @@ def random_int4(n: int, k: int) -> Int4Cols:
     return Int4Cols.from_rows(packed, scale, (-8 * scale.float()).half())
 
 
+def launch_row(
+    x: torch.Tensor, w: Int4Cols, out: torch.Tensor, part: torch.Tensor, counters: torch.Tensor,
+    c: GemvLaunch, pdl: int, *, split_kernel: bool, x_int8: bool = False,
+    num_warps: int = INT4_COLS_GEMV.num_warps,
+) -> None:  # fmt: skip
+    """One launch of the column GEMV over one row of x as `c` sizes it, with the compiled
+    form's choices open (SPLIT compiled on, the integer form, warps); PLAIN off the GPU."""
+    n, k = w.shape
+    _int4_cols_gemv_kernel[(c.col_blocks, c.split, 1)](
+        x, w.words, w.scale, w.bias, out, part, counters, 1, n, k, c.per_split, c.split,
+        c.block_n, c.groups, n % c.block_n == 0, x.device.type != "cuda", pdl, split_kernel, 1,
+        x_int8, num_warps=num_warps, launch_pdl=pdl == GDC,
+    )  # fmt: skip
+
+
 def time_variant(
     ws: list[Int4Cols], x: torch.Tensor, v: Variant, engine: bool = False
 ) -> tuple[float, int]:
@@ -134,12 +149,8 @@ def time_variant(
 
     def run() -> None:
         for w, out, part, counters, c in launches:
-            n = w.words.shape[1]
-            _int4_cols_gemv_kernel[(c.col_blocks, c.split, 1)](
-                x, w.words, w.scale, w.bias, out, part, counters, 1, n, k, c.per_split, c.split,
-                c.block_n, c.groups, n % c.block_n == 0, False, pdl, v.merge and c.split > 1, 1,
-                v.x_int8, num_warps=v.warps, launch_pdl=pdl == GDC,
-            )  # fmt: skip
+            launch_row(x, w, out, part, counters, c, pdl, split_kernel=v.merge and c.split > 1,
+                       x_int8=v.x_int8, num_warps=v.warps)  # fmt: skip
 
     return timed(run, x.device) / len(ws) * 1e6, launches[0][4].split
 
