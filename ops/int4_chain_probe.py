@@ -34,6 +34,9 @@ import torch
 from troupe.kernels.arrival import arrival_counters, gemv_grid
 from troupe.kernels.gemv_pdl import pdl_mode
 from troupe.kernels.quant_int4 import (
+    FIRST_L2,
+    FIRST_PEELED,
+    FIRST_WAIT,
     INT4_COLS_GEMV,
     GemvLaunch,
     Int4Cols,
@@ -52,9 +55,10 @@ class Launch(NamedTuple):
     counters: torch.Tensor
     grid: GemvLaunch
     split_kernel: bool  # SPLIT compiled on (at one split: the last arrival sums one partial)
+    first: int  # Int4ColsGemv.first
 
 
-def launch_of(w: Int4Cols, form: str) -> Launch:
+def launch_of(w: Int4Cols, form: str, first: int = FIRST_PEELED) -> Launch:
     """The engine's launch ("engine"), with SPLIT compiled on ("split"), or 128 columns and 32
     (16: "one16") groups an iteration split along K as gemv_grid sizes it ("one")."""
     n, k = w.shape
@@ -70,7 +74,7 @@ def launch_of(w: Int4Cols, form: str) -> Launch:
     out = torch.empty(1, n, dtype=torch.bfloat16, device=device)
     part = torch.empty(grid.split, 1, n, dtype=torch.float32, device=device)
     counters = arrival_counters(grid.col_blocks, device)
-    return Launch(w, out, part, counters, grid, split_kernel)
+    return Launch(w, out, part, counters, grid, split_kernel, first)
 
 
 def run(
@@ -79,8 +83,9 @@ def run(
     mode = pdl_mode(pdl, next(iter(xs.values())).device)
 
     def step() -> None:
-        for w, out, part, counters, c, split_kernel in launches:
-            launch_row(xs[w.shape[1]], w, out, part, counters, c, mode, split_kernel=split_kernel)
+        for w, out, part, counters, c, split_kernel, first in launches:
+            launch_row(xs[w.shape[1]], w, out, part, counters, c, mode, split_kernel=split_kernel,
+                       first=first)  # fmt: skip
 
     return step
 
@@ -93,18 +98,22 @@ def main() -> None:
     head = random_int4(VOCAB, HIDDEN)
     xs = {k: torch.randn(1, k, device=device, dtype=torch.bfloat16) for k in (HIDDEN, INTER)}
 
-    def step_of(form: str, grouped: bool = False, gate_up_form: str | None = None) -> list[Launch]:
+    def step_of(
+        form: str, grouped: bool = False, gate_up_form: str | None = None, first: int = 0
+    ) -> list[Launch]:
         order = [(i, j) for j in range(len(SHAPES)) for i in range(LAYERS)] if grouped else [
             (i, j) for i in range(LAYERS) for j in range(len(SHAPES))]  # fmt: skip
         forms = [gate_up_form if j == 2 and gate_up_form else form for _, j in order]
         ws = [layers[i][j] for i, j in order]
-        return [launch_of(w, f) for w, f in zip(ws, forms, strict=True)] + [launch_of(head, form)]
+        return [launch_of(w, f, first) for w, f in zip(ws, forms, strict=True)] + [
+            launch_of(head, form, first)]  # fmt: skip
 
     chain = step_of("engine")
     ref = {id(la.w): la for la in chain}
     run(chain, xs)()
     for name, launches in (("one kernel", step_of("one")), ("gate_up as split", step_of(
-            "engine", gate_up_form="split"))):  # fmt: skip
+            "engine", gate_up_form="split")), ("L2 first", step_of("engine", first=FIRST_L2)),
+            ("wait first", step_of("engine", first=FIRST_WAIT))):  # fmt: skip
         run(launches, xs)()
         worst = max((la.out.float() - ref[id(la.w)].out.float()).abs().max().item()
                     for la in launches)  # fmt: skip
@@ -127,8 +136,15 @@ def main() -> None:
         "pdl off": run(chain, xs, pdl=False),
         "gate_up as split": run(step_of("engine", gate_up_form="split"), xs),
         "one kernel": run(step_of("one"), xs),
-        "one kernel, grouped": run(step_of("one", grouped=True), xs),
-        "one kernel, 16 groups": run(step_of("one16"), xs),
+        "wait first": run(step_of("engine", first=FIRST_WAIT), xs),
+        "wait first, gate_up as split": run(
+            step_of("engine", gate_up_form="split", first=FIRST_WAIT), xs
+        ),
+        "wait first, grouped": run(step_of("engine", grouped=True, first=FIRST_WAIT), xs),
+        "L2 first": run(step_of("engine", first=FIRST_L2), xs),
+        "L2 first, gate_up as split": run(
+            step_of("engine", gate_up_form="split", first=FIRST_L2), xs
+        ),
     }
     for name, step in rows.items():
         t = timed(step, device) * 1e3
