@@ -46,8 +46,13 @@ def store_or_merge(
 ):  # fmt: skip
     """A split-K GEMV program's end: y (fp32, columns `cols` of row m) into out [M, N], or
     (SPLIT) into the partials [splits, M, N], the last split to arrive summing them in split
-    order into out; its counter: one per (row, column block), grid axis 0 the column blocks."""
+    order into out; its counter: one per (row, column block), grid axis 0 the column blocks.
+    A launch of the SPLIT form at one split stores y (`splits` is known at run time only: the
+    launches of one step share the compiled kernel, docs/benchmarks.md, session 43)."""
+    split = False
     if SPLIT:
+        split = splits > 1
+    if split:
         tl.store(part_ptr + (pid_k.to(tl.int64) * M + m) * N + cols, y, mask=col_ok)
         tl.debug_barrier()  # every thread's partials are written before the (release) count
         count_ptr = counter_ptr + m * tl.num_programs(0) + pid_n

@@ -357,6 +357,15 @@ def gemv_launch(
     return GemvLaunch(chosen[0], config.groups, *chosen[1:])
 
 
+def split_compiled(launch: GemvLaunch) -> bool:
+    """Whether the launch's kernel is compiled with SPLIT on: every one but the whole-K
+    launches' (which never split). At one split it stores its sums (arrival.store_or_merge),
+    so gate_up's launch and down's share one compiled kernel. H100, Llama-3.1-8B at one row
+    (ops/int4_chain_probe.py): gate_up compiled apart, three kernels a layer, cost the chain
+    ~6% (2.017 against 1.891 ms with the merge at one split)."""
+    return launch.block_n != WHOLE_K_COLUMNS
+
+
 def int4_cols_gemv(x: torch.Tensor, w: Int4Cols, config: Int4ColsGemv) -> torch.Tensor:
     """x [M, K] (a few rows) @ W^T through the decode GEMV above."""
     m, k = x.shape
@@ -370,7 +379,7 @@ def int4_cols_gemv(x: torch.Tensor, w: Int4Cols, config: Int4ColsGemv) -> torch.
     _int4_cols_gemv_kernel[(launch.col_blocks, split, programs_m)](
         x, w.words, w.scale, w.bias, out, part, counters, m, n, k, launch.per_split, split,
         launch.block_n, launch.groups, n % launch.block_n == 0, x.device.type != "cuda", pdl,
-        split > 1, rows, config.x_int8, config.first, num_warps=config.num_warps,
+        split_compiled(launch), rows, config.x_int8, config.first, num_warps=config.num_warps,
         launch_pdl=pdl == GDC,
     )  # fmt: skip
     return out

@@ -3,22 +3,23 @@
     python3 -m troupe.ops.int4_chain_probe
 
 quant_bench's int4 step (Llama-3.1-8B: 32 x [qkv, o, gate_up, down] + lm_head, one row, the
-engine's GEMV launches, PDL) takes longer than its launches timed 32 of a shape in a row add up
+engine's GEMV launches, PDL) took longer than its launches timed 32 of a shape in a row add up
 to. This times the same work in other orders and compiled forms, each captured in a CUDA graph
 (quant_bench.timed):
 
     chain              the step as quant_bench runs it (the engine's launches: qkv and o
-                       take 32 columns over the whole of K, gate_up 128 columns unsplit, down
-                       128 columns split along K: three compiled kernels, three switches a layer)
-    grouped            the same launches, 32 of each shape in a row, then lm_head
+                       take 32 columns over the whole of K, gate_up and down 128 columns, down
+                       split along K; gate_up's launch of the split kernel stores at one split
+                       (quant_int4.split_compiled): two compiled kernels, two switches a layer)
+    three kernels      the chain with gate_up compiled SPLIT off (the engine to session 42)
+    grouped            the chain's launches, 32 of each shape in a row, then lm_head
     pdl off            the chain without programmatic dependent launch
-    gate_up as split   gate_up compiled as down is (SPLIT on, one split): two kernels a layer
-    one kernel         every launch 128 columns and 32 groups an iteration, K split (SPLIT on
-                       at one split too): one compiled kernel for the whole step
-    one kernel, grouped  the same, 32 of each shape in a row
-    one kernel, 16 groups  the same with 16 groups an iteration: half the unrolled loop (each
-                       compiled kernel is ~46-49 KB of sm_90 code, its loop body twice: peeled
-                       for PDL and looped; three of them exceed an SM's instruction cache)
+    one kernel         every launch 128 columns and 32 groups an iteration, K split: one
+                       compiled kernel for the whole step
+    wait first         the chain with Int4ColsGemv.first FIRST_WAIT: the PDL wait before any
+                       load, the loop's code once (half the peeled kernel's ~46-49 KB of sm_90
+                       code); grouped too
+    L2 first           FIRST_L2: the first tile asked of L2 before the wait, then as wait first
     bf16               the step with bf16 weights through torch (quant_bench's baseline)
 
 and each shape's 32 launches alone. Prints ms per step and the speed-up over bf16.
@@ -27,7 +28,6 @@ and each shape's 32 launches alone. Prints ms per step and the speed-up over bf1
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 from typing import NamedTuple
 
 import torch
@@ -41,6 +41,7 @@ from troupe.kernels.quant_int4 import (
     GemvLaunch,
     Int4Cols,
     gemv_launch,
+    split_compiled,
 )
 from troupe.ops.int4_gemv_anatomy import launch_row, random_int4
 from troupe.ops.quant_bench import HIDDEN, INTER, LAYERS, SHAPES, VOCAB, timed
@@ -54,23 +55,24 @@ class Launch(NamedTuple):
     part: torch.Tensor
     counters: torch.Tensor
     grid: GemvLaunch
-    split_kernel: bool  # SPLIT compiled on (at one split: the last arrival sums one partial)
+    split_kernel: bool  # SPLIT compiled on (at one split it stores)
     first: int  # Int4ColsGemv.first
 
 
 def launch_of(w: Int4Cols, form: str, first: int = FIRST_PEELED) -> Launch:
-    """The engine's launch ("engine"), with SPLIT compiled on ("split"), or 128 columns and 32
-    (16: "one16") groups an iteration split along K as gemv_grid sizes it ("one")."""
+    """The engine's launch ("engine"), with SPLIT compiled off where it does not split
+    ("three"), or 128 columns and 32 groups an iteration split along K as gemv_grid sizes it
+    ("one")."""
     n, k = w.shape
     device = w.words.device
-    if form in ("one", "one16"):
-        c = INT4_COLS_GEMV if form == "one" else replace(INT4_COLS_GEMV, groups=16)
+    if form == "one":
+        c = INT4_COLS_GEMV
         grid = GemvLaunch(c.block_n, c.groups,
                           *gemv_grid(1, n, -(-k // 32 // c.groups), c.groups, c.block_n, c.waves,
                                      device)[1:])  # fmt: skip
     else:
         grid = gemv_launch(1, n, k // 32, INT4_COLS_GEMV, device)
-    split_kernel = grid.split > 1 or form != "engine"
+    split_kernel = grid.split > 1 if form == "three" else split_compiled(grid)
     out = torch.empty(1, n, dtype=torch.bfloat16, device=device)
     part = torch.empty(grid.split, 1, n, dtype=torch.float32, device=device)
     counters = arrival_counters(grid.col_blocks, device)
@@ -98,21 +100,17 @@ def main() -> None:
     head = random_int4(VOCAB, HIDDEN)
     xs = {k: torch.randn(1, k, device=device, dtype=torch.bfloat16) for k in (HIDDEN, INTER)}
 
-    def step_of(
-        form: str, grouped: bool = False, gate_up_form: str | None = None, first: int = 0
-    ) -> list[Launch]:
+    def step_of(form: str, grouped: bool = False, first: int = FIRST_PEELED) -> list[Launch]:
         order = [(i, j) for j in range(len(SHAPES)) for i in range(LAYERS)] if grouped else [
             (i, j) for i in range(LAYERS) for j in range(len(SHAPES))]  # fmt: skip
-        forms = [gate_up_form if j == 2 and gate_up_form else form for _, j in order]
-        ws = [layers[i][j] for i, j in order]
-        return [launch_of(w, f, first) for w, f in zip(ws, forms, strict=True)] + [
-            launch_of(head, form, first)]  # fmt: skip
+        ws = [layers[i][j] for i, j in order] + [head]
+        return [launch_of(w, form, first) for w in ws]
 
     chain = step_of("engine")
     ref = {id(la.w): la for la in chain}
     run(chain, xs)()
-    for name, launches in (("one kernel", step_of("one")), ("gate_up as split", step_of(
-            "engine", gate_up_form="split")), ("L2 first", step_of("engine", first=FIRST_L2)),
+    for name, launches in (("one kernel", step_of("one")), ("three kernels", step_of("three")),
+            ("L2 first", step_of("engine", first=FIRST_L2)),
             ("wait first", step_of("engine", first=FIRST_WAIT))):  # fmt: skip
         run(launches, xs)()
         worst = max((la.out.float() - ref[id(la.w)].out.float()).abs().max().item()
@@ -132,19 +130,13 @@ def main() -> None:
     print(f"bf16: {base:.3f} ms")
     rows = {
         "chain": run(chain, xs),
+        "three kernels": run(step_of("three"), xs),
         "grouped": run(step_of("engine", grouped=True), xs),
         "pdl off": run(chain, xs, pdl=False),
-        "gate_up as split": run(step_of("engine", gate_up_form="split"), xs),
         "one kernel": run(step_of("one"), xs),
         "wait first": run(step_of("engine", first=FIRST_WAIT), xs),
-        "wait first, gate_up as split": run(
-            step_of("engine", gate_up_form="split", first=FIRST_WAIT), xs
-        ),
         "wait first, grouped": run(step_of("engine", grouped=True, first=FIRST_WAIT), xs),
         "L2 first": run(step_of("engine", first=FIRST_L2), xs),
-        "L2 first, gate_up as split": run(
-            step_of("engine", gate_up_form="split", first=FIRST_L2), xs
-        ),
     }
     for name, step in rows.items():
         t = timed(step, device) * 1e3
