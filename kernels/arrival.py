@@ -74,11 +74,11 @@ def split_buffers(
     split: int, m: int, n: int, col_blocks: int, x: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """out [M, N] in x's dtype, fp32 partials [split, M, N] (empty at one split) and the
-    counters (out itself at one split: unused) for store_or_merge."""
+    counters for store_or_merge (int32 at one split too: a kernel compiled SPLIT on holds the
+    atomics that a launch at one split skips)."""
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     part = torch.empty(split if split > 1 else 0, m, n, dtype=torch.float32, device=x.device)
-    counters = arrival_counters(m * col_blocks, x.device) if split > 1 else out
-    return out, part, counters
+    return out, part, arrival_counters(m * col_blocks, x.device)
 
 
 def k_splits(chunks: int, tiles: int, waves: int, device: torch.device) -> int:

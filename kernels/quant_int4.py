@@ -98,9 +98,6 @@ class Int4ColsGemv:
     # H200, Llama-3.1-8B at one row: faster on o and qkv alone, 17% slower over the step
     # (docs/benchmarks.md, session 42).
     x_int8: bool = False
-    # What a program does before its PDL wait (FIRST_*): the first tile peeled from the loop
-    # (loaded before the wait: the loop's code twice), nothing, or the first tile asked of L2.
-    first: int = 0
 
     def __post_init__(self) -> None:
         assert 1 <= self.max_rows <= GEMV_ROWS, f"max_rows {self.max_rows}: 1 to {GEMV_ROWS}"
@@ -206,31 +203,6 @@ def _acc(acc, w0, w1, w2, w3, s, b, x_row, g, row_groups, PLAIN: tl.constexpr,
     return acc + dot * s + b * (xs * Q_SCALE)
 
 
-# Int4ColsGemv.first (constexprs: the kernel reads them)
-FIRST_PEELED, FIRST_WAIT, FIRST_L2 = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
-
-
-@triton.jit
-def _first_to_l2(w_ptr, s_ptr, b_ptr, pid_n, N, row_groups, g_start, BLOCK_N: tl.constexpr,
-                 GROUPS: tl.constexpr):  # fmt: skip
-    """Ask L2 for the first tile's lines (words, scales, biases) without waiting for them."""
-    lines = pid_n * BLOCK_N + tl.arange(0, max(BLOCK_N // 32, 1)) * 32  # 128 bytes of words
-    rows = tl.minimum(g_start * 4 + tl.arange(0, 4 * GROUPS), row_groups * 4 - 1).to(tl.int64)
-    _prefetch(w_ptr + rows[:, None] * N + lines[None, :])
-    half = pid_n * BLOCK_N + tl.arange(0, max(BLOCK_N // 64, 1)) * 64  # 128 bytes of fp16
-    groups = tl.minimum(g_start + tl.arange(0, GROUPS), row_groups - 1).to(tl.int64)
-    _prefetch(s_ptr + groups[:, None] * N + half[None, :])
-    _prefetch(b_ptr + groups[:, None] * N + half[None, :])
-
-
-@triton.jit
-def _prefetch(ptrs):
-    tl.inline_asm_elementwise(
-        "mov.u32 $0, 0; prefetch.global.L2 [$1];", "=r,l", [ptrs], dtype=tl.int32,
-        is_pure=False, pack=1,
-    )  # fmt: skip
-
-
 @triton.jit
 def _rows_acc(acc0, acc1, acc2, acc3, w0, w1, w2, w3, s, b, x_ptr, m0, M, K, g, row_groups,
               PLAIN: tl.constexpr, ROWS: tl.constexpr, XQ8: tl.constexpr):  # fmt: skip
@@ -272,7 +244,6 @@ def _int4_cols_gemv_kernel(
     splits,
     BLOCK_N: tl.constexpr, GROUPS: tl.constexpr, EVEN_N: tl.constexpr, PLAIN: tl.constexpr,
     PDL: tl.constexpr, SPLIT: tl.constexpr, ROWS: tl.constexpr, XQ8: tl.constexpr,
-    FIRST: tl.constexpr,
 ):  # fmt: skip
     pdl_start(PDL)
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
@@ -284,21 +255,14 @@ def _int4_cols_gemv_kernel(
     acc0 = tl.zeros((GROUPS, BLOCK_N), dtype=tl.float32)
     acc1, acc2, acc3 = acc0, acc0, acc0  # used as ROWS asks
     g_start = pid_k * groups_per_split
-    first = g_start
-    if FIRST == FIRST_PEELED:
-        g = g_start + tl.arange(0, GROUPS)
-        w0, w1, w2, w3, s, b = _tile(w_ptr, s_ptr, b_ptr, cols, N, row_groups, g)
-        pdl_wait(PDL)  # the first tile before the wait, its x after (gemv_pdl.py)
-        acc0, acc1, acc2, acc3 = _rows_acc(
-            acc0, acc1, acc2, acc3, w0, w1, w2, w3, s, b, x_ptr, m0, M, K, g, row_groups,
-            PLAIN, ROWS, XQ8,
-        )  # fmt: skip
-        first += GROUPS
-    else:
-        if FIRST == FIRST_L2:
-            _first_to_l2(w_ptr, s_ptr, b_ptr, pid_n, N, row_groups, g_start, BLOCK_N, GROUPS)
-        pdl_wait(PDL)
-    for g0 in range(first, g_start + groups_per_split, GROUPS):
+    g = g_start + tl.arange(0, GROUPS)
+    w0, w1, w2, w3, s, b = _tile(w_ptr, s_ptr, b_ptr, cols, N, row_groups, g)
+    pdl_wait(PDL)  # the first tile before the wait, its x after (gemv_pdl.py)
+    acc0, acc1, acc2, acc3 = _rows_acc(
+        acc0, acc1, acc2, acc3, w0, w1, w2, w3, s, b, x_ptr, m0, M, K, g, row_groups, PLAIN,
+        ROWS, XQ8,
+    )  # fmt: skip
+    for g0 in range(g_start + GROUPS, g_start + groups_per_split, GROUPS):
         g = g0 + tl.arange(0, GROUPS)
         w0, w1, w2, w3, s, b = _tile(w_ptr, s_ptr, b_ptr, cols, N, row_groups, g)
         acc0, acc1, acc2, acc3 = _rows_acc(
@@ -379,7 +343,7 @@ def int4_cols_gemv(x: torch.Tensor, w: Int4Cols, config: Int4ColsGemv) -> torch.
     _int4_cols_gemv_kernel[(launch.col_blocks, split, programs_m)](
         x, w.words, w.scale, w.bias, out, part, counters, m, n, k, launch.per_split, split,
         launch.block_n, launch.groups, n % launch.block_n == 0, x.device.type != "cuda", pdl,
-        split_compiled(launch), rows, config.x_int8, config.first, num_warps=config.num_warps,
+        split_compiled(launch), rows, config.x_int8, num_warps=config.num_warps,
         launch_pdl=pdl == GDC,
     )  # fmt: skip
     return out

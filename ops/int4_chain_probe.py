@@ -16,10 +16,6 @@ to. This times the same work in other orders and compiled forms, each captured i
     pdl off            the chain without programmatic dependent launch
     one kernel         every launch 128 columns and 32 groups an iteration, K split: one
                        compiled kernel for the whole step
-    wait first         the chain with Int4ColsGemv.first FIRST_WAIT: the PDL wait before any
-                       load, the loop's code once (half the peeled kernel's ~46-49 KB of sm_90
-                       code); grouped too
-    L2 first           FIRST_L2: the first tile asked of L2 before the wait, then as wait first
     bf16               the step with bf16 weights through torch (quant_bench's baseline)
 
 and each shape's 32 launches alone. Prints ms per step and the speed-up over bf16.
@@ -34,9 +30,6 @@ import torch
 from troupe.kernels.arrival import arrival_counters, gemv_grid
 from troupe.kernels.gemv_pdl import pdl_mode
 from troupe.kernels.quant_int4 import (
-    FIRST_L2,
-    FIRST_PEELED,
-    FIRST_WAIT,
     INT4_COLS_GEMV,
     GemvLaunch,
     Int4Cols,
@@ -56,10 +49,9 @@ class Launch(NamedTuple):
     counters: torch.Tensor
     grid: GemvLaunch
     split_kernel: bool  # SPLIT compiled on (at one split it stores)
-    first: int  # Int4ColsGemv.first
 
 
-def launch_of(w: Int4Cols, form: str, first: int = FIRST_PEELED) -> Launch:
+def launch_of(w: Int4Cols, form: str) -> Launch:
     """The engine's launch ("engine"), with SPLIT compiled off where it does not split
     ("three"), or 128 columns and 32 groups an iteration split along K as gemv_grid sizes it
     ("one")."""
@@ -76,7 +68,7 @@ def launch_of(w: Int4Cols, form: str, first: int = FIRST_PEELED) -> Launch:
     out = torch.empty(1, n, dtype=torch.bfloat16, device=device)
     part = torch.empty(grid.split, 1, n, dtype=torch.float32, device=device)
     counters = arrival_counters(grid.col_blocks, device)
-    return Launch(w, out, part, counters, grid, split_kernel, first)
+    return Launch(w, out, part, counters, grid, split_kernel)
 
 
 def run(
@@ -85,9 +77,8 @@ def run(
     mode = pdl_mode(pdl, next(iter(xs.values())).device)
 
     def step() -> None:
-        for w, out, part, counters, c, split_kernel, first in launches:
-            launch_row(xs[w.shape[1]], w, out, part, counters, c, mode, split_kernel=split_kernel,
-                       first=first)  # fmt: skip
+        for w, out, part, counters, c, split_kernel in launches:
+            launch_row(xs[w.shape[1]], w, out, part, counters, c, mode, split_kernel=split_kernel)
 
     return step
 
@@ -100,18 +91,16 @@ def main() -> None:
     head = random_int4(VOCAB, HIDDEN)
     xs = {k: torch.randn(1, k, device=device, dtype=torch.bfloat16) for k in (HIDDEN, INTER)}
 
-    def step_of(form: str, grouped: bool = False, first: int = FIRST_PEELED) -> list[Launch]:
+    def step_of(form: str, grouped: bool = False) -> list[Launch]:
         order = [(i, j) for j in range(len(SHAPES)) for i in range(LAYERS)] if grouped else [
             (i, j) for i in range(LAYERS) for j in range(len(SHAPES))]  # fmt: skip
         ws = [layers[i][j] for i, j in order] + [head]
-        return [launch_of(w, form, first) for w in ws]
+        return [launch_of(w, form) for w in ws]
 
     chain = step_of("engine")
     ref = {id(la.w): la for la in chain}
     run(chain, xs)()
-    for name, launches in (("one kernel", step_of("one")), ("three kernels", step_of("three")),
-            ("L2 first", step_of("engine", first=FIRST_L2)),
-            ("wait first", step_of("engine", first=FIRST_WAIT))):  # fmt: skip
+    for name, launches in (("one kernel", step_of("one")), ("three kernels", step_of("three"))):
         run(launches, xs)()
         worst = max((la.out.float() - ref[id(la.w)].out.float()).abs().max().item()
                     for la in launches)  # fmt: skip
@@ -134,9 +123,6 @@ def main() -> None:
         "grouped": run(step_of("engine", grouped=True), xs),
         "pdl off": run(chain, xs, pdl=False),
         "one kernel": run(step_of("one"), xs),
-        "wait first": run(step_of("engine", first=FIRST_WAIT), xs),
-        "wait first, grouped": run(step_of("engine", grouped=True, first=FIRST_WAIT), xs),
-        "L2 first": run(step_of("engine", first=FIRST_L2), xs),
     }
     for name, step in rows.items():
         t = timed(step, device) * 1e3

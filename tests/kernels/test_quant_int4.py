@@ -9,7 +9,7 @@ import pytest
 import torch
 from int4_weights import int4_weight
 from troupe.gpu.gguf_quant import Int4Blocks
-from troupe.kernels.arrival import arrival_counters
+from troupe.kernels.arrival import arrival_counters, split_buffers
 from troupe.kernels.int4_dp4a import x_int8_reference
 from troupe.kernels.quant_int4 import (
     INT4_COLS_GEMV,
@@ -19,6 +19,7 @@ from troupe.kernels.quant_int4 import (
     int4_cols_gemv,
     int4_cols_matmul,
     int4_cols_reference,
+    split_compiled,
 )
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
@@ -135,6 +136,18 @@ def test_the_gemv_takes_the_whole_of_k_where_it_would_split_a_short_k() -> None:
     assert gemv_launch(1, 4096, 448, config, cpu).block_n == 64  # K = 14,336: split, halved
     assert gemv_launch(1, 4096, 32, config, cpu).block_n == 128  # no split: kept wide
     assert gemv_launch(1, 4096, 128, config, cpu, rows=3).split == 2  # several rows: as before
+
+
+def test_one_compiled_kernel_serves_the_split_and_unsplit_launches() -> None:
+    """gate_up (one split) and down (split) launch the kernel compiled SPLIT on, so a launch
+    at one split gets int32 counters (the atomics are compiled in; bf16 fails to compile)."""
+    cpu = torch.device("cpu")
+    assert split_compiled(gemv_launch(1, 4096, 32, INT4_COLS_GEMV, cpu))  # one split, wide
+    assert split_compiled(gemv_launch(1, 4096, 448, INT4_COLS_GEMV, cpu))  # split
+    assert not split_compiled(gemv_launch(1, 4096, 128, INT4_COLS_GEMV, cpu))  # whole K
+    x = torch.zeros(1, 64, dtype=torch.bfloat16)
+    out, part, counters = split_buffers(1, 1, 256, 2, x)
+    assert counters.dtype == torch.int32 and part.numel() == 0 and out.dtype == x.dtype
 
 
 @pytest.mark.parametrize(("m", "rows"), [(5, 2), (7, 3), (2, 4)])
