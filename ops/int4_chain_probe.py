@@ -16,6 +16,8 @@ to. This times the same work in other orders and compiled forms, each captured i
     pdl off            the chain without programmatic dependent launch
     one kernel         every launch 128 columns and 32 groups an iteration, K split: one
                        compiled kernel for the whole step
+    one narrow kernel  every launch 32 columns and 128 groups an iteration (the whole-K
+                       launches' tile), K split where gemv_grid splits it, SPLIT on
     bf16               the step with bf16 weights through torch (quant_bench's baseline)
 
 and each shape's 32 launches alone. Prints ms per step and the speed-up over bf16.
@@ -31,6 +33,7 @@ from troupe.kernels.arrival import arrival_counters, gemv_grid
 from troupe.kernels.gemv_pdl import pdl_mode
 from troupe.kernels.quant_int4 import (
     INT4_COLS_GEMV,
+    WHOLE_K_COLUMNS,
     GemvLaunch,
     Int4Cols,
     gemv_launch,
@@ -54,17 +57,19 @@ class Launch(NamedTuple):
 def launch_of(w: Int4Cols, form: str) -> Launch:
     """The engine's launch ("engine"), with SPLIT compiled off where it does not split
     ("three"), or 128 columns and 32 groups an iteration split along K as gemv_grid sizes it
-    ("one")."""
+    ("one"), or 32 columns and 128 groups so ("narrow": the whole-K launches' kernel, SPLIT
+    on)."""
     n, k = w.shape
     device = w.words.device
-    if form == "one":
+    if form in ("one", "narrow"):
         c = INT4_COLS_GEMV
-        grid = GemvLaunch(c.block_n, c.groups,
-                          *gemv_grid(1, n, -(-k // 32 // c.groups), c.groups, c.block_n, c.waves,
+        block_n, groups = (c.block_n, c.groups) if form == "one" else (WHOLE_K_COLUMNS, 128)
+        grid = GemvLaunch(block_n, groups,
+                          *gemv_grid(1, n, -(-k // 32 // groups), groups, block_n, c.waves,
                                      device)[1:])  # fmt: skip
     else:
         grid = gemv_launch(1, n, k // 32, INT4_COLS_GEMV, device)
-    split_kernel = grid.split > 1 if form == "three" else split_compiled(grid)
+    split_kernel = grid.split > 1 if form == "three" else split_compiled(grid) or form == "narrow"
     out = torch.empty(1, n, dtype=torch.bfloat16, device=device)
     part = torch.empty(grid.split, 1, n, dtype=torch.float32, device=device)
     counters = arrival_counters(grid.col_blocks, device)
@@ -100,7 +105,8 @@ def main() -> None:
     chain = step_of("engine")
     ref = {id(la.w): la for la in chain}
     run(chain, xs)()
-    for name, launches in (("one kernel", step_of("one")), ("three kernels", step_of("three"))):
+    for name, launches in (("one kernel", step_of("one")), ("three kernels", step_of("three")),
+                           ("one narrow kernel", step_of("narrow"))):  # fmt: skip
         run(launches, xs)()
         worst = max((la.out.float() - ref[id(la.w)].out.float()).abs().max().item()
                     for la in launches)  # fmt: skip
@@ -123,6 +129,7 @@ def main() -> None:
         "grouped": run(step_of("engine", grouped=True), xs),
         "pdl off": run(chain, xs, pdl=False),
         "one kernel": run(step_of("one"), xs),
+        "one narrow kernel": run(step_of("narrow"), xs),
     }
     for name, step in rows.items():
         t = timed(step, device) * 1e3
