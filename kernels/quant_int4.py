@@ -324,9 +324,9 @@ def gemv_launch(
 def split_compiled(launch: GemvLaunch) -> bool:
     """Whether the launch's kernel is compiled with SPLIT on: every one but the whole-K
     launches' (which never split). At one split it stores its sums (arrival.store_or_merge),
-    so gate_up's launch and down's share one compiled kernel. H100, Llama-3.1-8B at one row
-    (ops/int4_chain_probe.py): gate_up compiled apart, three kernels a layer, cost the chain
-    ~6% (2.017 against 1.891 ms with the merge at one split)."""
+    so gate_up's launch and down's share one compiled kernel: two a layer, not three. H100,
+    Llama-3.1-8B at one row (ops/int4_chain_probe.py, quant_bench): the chain 2.034 -> 1.850
+    ms (each switch to another compiled kernel costs ~1.5 us; docs/benchmarks.md, session 43)."""
     return launch.block_n != WHOLE_K_COLUMNS
 
 
