@@ -244,7 +244,6 @@ def _int4_cols_gemv_kernel(
     splits,
     BLOCK_N: tl.constexpr, GROUPS: tl.constexpr, EVEN_N: tl.constexpr, PLAIN: tl.constexpr,
     PDL: tl.constexpr, SPLIT: tl.constexpr, ROWS: tl.constexpr, XQ8: tl.constexpr,
-    LOOP: tl.constexpr,
 ):  # fmt: skip
     pdl_start(PDL)
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
@@ -263,14 +262,13 @@ def _int4_cols_gemv_kernel(
         acc0, acc1, acc2, acc3, w0, w1, w2, w3, s, b, x_ptr, m0, M, K, g, row_groups, PLAIN,
         ROWS, XQ8,
     )  # fmt: skip
-    if LOOP:  # else one tile a program (the whole-K launches: half the compiled code)
-        for g0 in range(g_start + GROUPS, g_start + groups_per_split, GROUPS):
-            g = g0 + tl.arange(0, GROUPS)
-            w0, w1, w2, w3, s, b = _tile(w_ptr, s_ptr, b_ptr, cols, N, row_groups, g)
-            acc0, acc1, acc2, acc3 = _rows_acc(
-                acc0, acc1, acc2, acc3, w0, w1, w2, w3, s, b, x_ptr, m0, M, K, g, row_groups,
-                PLAIN, ROWS, XQ8,
-            )  # fmt: skip
+    for g0 in range(g_start + GROUPS, g_start + groups_per_split, GROUPS):
+        g = g0 + tl.arange(0, GROUPS)
+        w0, w1, w2, w3, s, b = _tile(w_ptr, s_ptr, b_ptr, cols, N, row_groups, g)
+        acc0, acc1, acc2, acc3 = _rows_acc(
+            acc0, acc1, acc2, acc3, w0, w1, w2, w3, s, b, x_ptr, m0, M, K, g, row_groups,
+            PLAIN, ROWS, XQ8,
+        )  # fmt: skip
     _store_row(
         acc0, 0, out_ptr, part_ptr, counter_ptr, m0, M, N, pid_n, pid_k, splits, BLOCK_N, SPLIT
     )
@@ -332,12 +330,6 @@ def split_compiled(launch: GemvLaunch) -> bool:
     return launch.block_n != WHOLE_K_COLUMNS
 
 
-def loops(launch: GemvLaunch) -> bool:
-    """Whether the launch's kernel is compiled with its loop over further tiles: not where each
-    program takes one tile (the whole-K launches), so that kernel's code is half."""
-    return launch.per_split > launch.groups
-
-
 def int4_cols_gemv(x: torch.Tensor, w: Int4Cols, config: Int4ColsGemv) -> torch.Tensor:
     """x [M, K] (a few rows) @ W^T through the decode GEMV above."""
     m, k = x.shape
@@ -351,7 +343,7 @@ def int4_cols_gemv(x: torch.Tensor, w: Int4Cols, config: Int4ColsGemv) -> torch.
     _int4_cols_gemv_kernel[(launch.col_blocks, split, programs_m)](
         x, w.words, w.scale, w.bias, out, part, counters, m, n, k, launch.per_split, split,
         launch.block_n, launch.groups, n % launch.block_n == 0, x.device.type != "cuda", pdl,
-        split_compiled(launch), rows, config.x_int8, loops(launch), num_warps=config.num_warps,
+        split_compiled(launch), rows, config.x_int8, num_warps=config.num_warps,
         launch_pdl=pdl == GDC,
     )  # fmt: skip
     return out

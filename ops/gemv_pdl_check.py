@@ -41,7 +41,7 @@ _SPLIT = {"part_ptr": "*fp32", "counter_ptr": "*i32"}
 KERNELS = [
     *(Kernel(quant_int4._int4_cols_gemv_kernel,
              {"BLOCK_N": 128, "GROUPS": 32, "EVEN_N": True, "PLAIN": False, "SPLIT": True,
-              "ROWS": 1, "XQ8": xq8, "LOOP": True},
+              "ROWS": 1, "XQ8": xq8},
              {"w_ptr": "*i32", "s_ptr": "*fp16", "b_ptr": "*fp16", **_SPLIT},
              ("w_ptr", "s_ptr", "b_ptr")) for xq8 in (False, True)),  # f16x2 and integer
     Kernel(quant_fp8._fp8_cols_gemv_kernel,

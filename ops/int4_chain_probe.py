@@ -12,8 +12,6 @@ to. This times the same work in other orders and compiled forms, each captured i
                        split along K; gate_up's launch of the split kernel stores at one split
                        (quant_int4.split_compiled): two compiled kernels, two switches a layer)
     three kernels      the chain with gate_up compiled SPLIT off (the engine to session 42)
-    whole-K looped     the chain with the whole-K kernel compiled with the loop it never runs
-                       (the engine to 57664d0; without it that kernel's code is half)
     grouped            the chain's launches, 32 of each shape in a row, then lm_head
     pdl off            the chain without programmatic dependent launch
     one kernel         every launch 128 columns and 32 groups an iteration, K split: one
@@ -39,7 +37,6 @@ from troupe.kernels.quant_int4 import (
     GemvLaunch,
     Int4Cols,
     gemv_launch,
-    loops,
     split_compiled,
 )
 from troupe.ops.int4_gemv_anatomy import launch_row, random_int4
@@ -55,14 +52,13 @@ class Launch(NamedTuple):
     counters: torch.Tensor
     grid: GemvLaunch
     split_kernel: bool  # SPLIT compiled on (at one split it stores)
-    loop: bool  # the loop over further tiles compiled in
 
 
 def launch_of(w: Int4Cols, form: str) -> Launch:
-    """The engine's launch ("engine"), with its whole-K kernel compiled with the loop
-    ("looped"), that and SPLIT compiled off where it does not split ("three"), or 128 columns
-    and 32 groups an iteration split along K as gemv_grid sizes it ("one"), or 32 columns and
-    128 groups so ("narrow": the whole-K launches' tile, SPLIT on)."""
+    """The engine's launch ("engine"), with SPLIT compiled off where it does not split
+    ("three"), or 128 columns and 32 groups an iteration split along K as gemv_grid sizes it
+    ("one"), or 32 columns and 128 groups so ("narrow": the whole-K launches' kernel, SPLIT
+    on)."""
     n, k = w.shape
     device = w.words.device
     if form in ("one", "narrow"):
@@ -74,11 +70,10 @@ def launch_of(w: Int4Cols, form: str) -> Launch:
     else:
         grid = gemv_launch(1, n, k // 32, INT4_COLS_GEMV, device)
     split_kernel = grid.split > 1 if form == "three" else split_compiled(grid) or form == "narrow"
-    loop = form in ("three", "looped") or loops(grid)
     out = torch.empty(1, n, dtype=torch.bfloat16, device=device)
     part = torch.empty(grid.split, 1, n, dtype=torch.float32, device=device)
     counters = arrival_counters(grid.col_blocks, device)
-    return Launch(w, out, part, counters, grid, split_kernel, loop)
+    return Launch(w, out, part, counters, grid, split_kernel)
 
 
 def run(
@@ -87,9 +82,8 @@ def run(
     mode = pdl_mode(pdl, next(iter(xs.values())).device)
 
     def step() -> None:
-        for w, out, part, counters, c, split_kernel, loop in launches:
-            launch_row(xs[w.shape[1]], w, out, part, counters, c, mode, split_kernel=split_kernel,
-                       loop=loop)  # fmt: skip
+        for w, out, part, counters, c, split_kernel in launches:
+            launch_row(xs[w.shape[1]], w, out, part, counters, c, mode, split_kernel=split_kernel)
 
     return step
 
@@ -132,7 +126,6 @@ def main() -> None:
     rows = {
         "chain": run(chain, xs),
         "three kernels": run(step_of("three"), xs),
-        "whole-K looped": run(step_of("looped"), xs),
         "grouped": run(step_of("engine", grouped=True), xs),
         "pdl off": run(chain, xs, pdl=False),
         "one kernel": run(step_of("one"), xs),

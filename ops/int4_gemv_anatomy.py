@@ -111,7 +111,7 @@ def random_int4(n: int, k: int) -> Int4Cols:
 def launch_row(
     x: torch.Tensor, w: Int4Cols, out: torch.Tensor, part: torch.Tensor, counters: torch.Tensor,
     c: GemvLaunch, pdl: int, *, split_kernel: bool, x_int8: bool = False,
-    num_warps: int = INT4_COLS_GEMV.num_warps, loop: bool = True,
+    num_warps: int = INT4_COLS_GEMV.num_warps,
 ) -> None:  # fmt: skip
     """One launch of the column GEMV over one row of x as `c` sizes it, with the compiled
     form's choices open (SPLIT compiled on, the integer form, warps); PLAIN off the GPU."""
@@ -119,7 +119,7 @@ def launch_row(
     _int4_cols_gemv_kernel[(c.col_blocks, c.split, 1)](
         x, w.words, w.scale, w.bias, out, part, counters, 1, n, k, c.per_split, c.split,
         c.block_n, c.groups, n % c.block_n == 0, x.device.type != "cuda", pdl, split_kernel, 1,
-        x_int8, loop, num_warps=num_warps, launch_pdl=pdl == GDC,
+        x_int8, num_warps=num_warps, launch_pdl=pdl == GDC,
     )  # fmt: skip
 
 
