@@ -235,11 +235,12 @@ def fp8_cols_gemv(x: torch.Tensor, w: Fp8Cols, config: Fp8ColsGemv) -> torch.Ten
     )
     out, part, counters = split_buffers(split, m, n, col_blocks, x)
     pdl = pdl_mode(config.pdl, x.device)
+    # SPLIT compiled on at one split too (it stores there): a step's launches share one kernel
     _fp8_cols_gemv_kernel[(col_blocks, split, m)](
         x, w.words, w.scale, out, part, counters, m, n, k, per_split, split, bn, bk,
         w.scale.shape[1], block_n, config.blocks, n % block_n == 0, x.device.type != "cuda",
         pdl, True, num_warps=config.num_warps, launch_pdl=pdl == GDC,
-    )  # fmt: skip  (SPLIT on at one split too: the step's launches share one compiled kernel)
+    )  # fmt: skip
     return out
 
 
