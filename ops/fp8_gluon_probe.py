@@ -30,7 +30,6 @@ import sys
 from collections.abc import Callable
 
 import torch
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
@@ -59,6 +58,20 @@ def _tile_ptrs(
     page = gl.load(bt_row + t // BLOCK_SIZE, mask=ok, other=0).to(gl.int64)
     row = (page * BLOCK_SIZE + t % BLOCK_SIZE) * stride_slot + kv_head * HEAD_DIM
     return cache_ptr + row[:, None] + d[None, :], ok[:, None] & (d[None, :] < HEAD_DIM)
+
+
+@gluon.jit
+def _issue(k_ptr, v_ptr, k_slot, v_slot, bt_row, n0, end, kv_head, stride_slot,
+           BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_SIZE: gl.constexpr,
+           layout: gl.constexpr):  # fmt: skip
+    """cp.async of the K and V tile at token n0 into their ring slots, as one commit group."""
+    kp, ok = _tile_ptrs(k_ptr, bt_row, n0, end, kv_head, stride_slot, BLOCK_N, HEAD_DIM,
+                        BLOCK_SIZE, layout)  # fmt: skip
+    async_copy.async_copy_global_to_shared(k_slot, kp, mask=ok)
+    vp, ok = _tile_ptrs(v_ptr, bt_row, n0, end, kv_head, stride_slot, BLOCK_N, HEAD_DIM,
+                        BLOCK_SIZE, layout)  # fmt: skip
+    async_copy.async_copy_global_to_shared(v_slot, vp, mask=ok)
+    async_copy.commit_group()
 
 
 @gluon.jit
@@ -128,16 +141,8 @@ def fp8_decode_gluon_kernel(
     bt_row = bt_ptr + seq * stride_bt
 
     for i in gl.static_range(STAGES - 1):  # the prologue: the first STAGES - 1 tiles
-        n0 = start + i * BLOCK_N
-        kp, ok = _tile_ptrs(
-            k_ptr, bt_row, n0, end, kv_head, stride_slot, BLOCK_N, HEAD_DIM, BLOCK_SIZE, load_l
-        )
-        async_copy.async_copy_global_to_shared(k_ring.index(i), kp, mask=ok)
-        vp, ok = _tile_ptrs(
-            v_ptr, bt_row, n0, end, kv_head, stride_slot, BLOCK_N, HEAD_DIM, BLOCK_SIZE, load_l
-        )
-        async_copy.async_copy_global_to_shared(v_ring.index(i), vp, mask=ok)
-        async_copy.commit_group()
+        _issue(k_ptr, v_ptr, k_ring.index(i), v_ring.index(i), bt_row, start + i * BLOCK_N, end,
+               kv_head, stride_slot, BLOCK_N, HEAD_DIM, BLOCK_SIZE, load_l)  # fmt: skip
 
     m_i = gl.full([BLOCK_G], float("-inf"), gl.float32, layout=gl.SliceLayout(1, mma))
     l_i = gl.zeros([BLOCK_G], gl.float32, layout=gl.SliceLayout(1, mma))
@@ -145,17 +150,10 @@ def fp8_decode_gluon_kernel(
     cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, mma))
     for it in range(0, n_tiles):
         ahead = it + STAGES - 1  # issue the tile STAGES - 1 ahead (past the end: masked off)
-        n0 = start + ahead * BLOCK_N
         slot = ahead % STAGES
-        kp, ok = _tile_ptrs(
-            k_ptr, bt_row, n0, end, kv_head, stride_slot, BLOCK_N, HEAD_DIM, BLOCK_SIZE, load_l
-        )
-        async_copy.async_copy_global_to_shared(k_ring.index(slot), kp, mask=ok)
-        vp, ok = _tile_ptrs(
-            v_ptr, bt_row, n0, end, kv_head, stride_slot, BLOCK_N, HEAD_DIM, BLOCK_SIZE, load_l
-        )
-        async_copy.async_copy_global_to_shared(v_ring.index(slot), vp, mask=ok)
-        async_copy.commit_group()
+        _issue(k_ptr, v_ptr, k_ring.index(slot), v_ring.index(slot), bt_row,
+               start + ahead * BLOCK_N, end, kv_head, stride_slot, BLOCK_N, HEAD_DIM, BLOCK_SIZE,
+               load_l)  # fmt: skip
         async_copy.wait_group(STAGES - 1)  # tile `it` has landed
         _barrier()
         cur = it % STAGES
@@ -212,68 +210,24 @@ def constexprs(
 
 
 def compile_only() -> None:
-    import os
-    import subprocess
-    import tempfile
+    """Each probe launch built for sm_90 (registers, shared memory, the main loop's SASS)."""
+    from troupe.ops.fp8_compile_check import loop_body
+    from troupe.ops.sm90_compile import compile_sm90
 
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    fn = fp8_decode_gluon_kernel
-    types = {
-        "q_ptr": "*bf16",
-        "k_ptr": "*fp8e4nv",
-        "v_ptr": "*fp8e4nv",
-        "part_out_ptr": "*fp32",
-        "part_lse_ptr": "*fp32",
-        "bt_ptr": "*i32",
-        "seq_lens_ptr": "*i32",
-        "k_scale_ptr": "*fp32",
-        "v_scale_ptr": "*fp32",
-        "qk_scale": "fp32",
-    }
-    for block_n, stages, warps in ((64, 3, 4), (64, 2, 4), (32, 4, 4), (128, 3, 4), (64, 3, 2)):
+    types = {"k_ptr": "*fp8e4nv", "v_ptr": "*fp8e4nv", "part_out_ptr": "*fp32",
+             "part_lse_ptr": "*fp32", "bt_ptr": "*i32", "seq_lens_ptr": "*i32",
+             "k_scale_ptr": "*fp32", "v_scale_ptr": "*fp32", "qk_scale": "fp32"}  # fmt: skip
+    for name in LAUNCHES[1:]:
+        block_n, stages, warps = (int(x) for x in name.split()[1].split("/"))
         consts = constexprs(32, 8, 128, 16, 8, block_n, stages, warps)
-        names = fn.arg_names
-        sig = {n: "constexpr" if n in consts else types.get(n, "i32") for n in names}
-        aligned = [i for i, n in enumerate(names) if n.endswith("_ptr") or n.startswith("stride")]
-        src = GluonASTSource(
-            fn=fn,
-            signature=sig,
-            constexprs={(names.index(k),): v for k, v in consts.items()},
-            attrs={(i,): [["tt.divisibility", 16]] for i in aligned},
-        )
-        c = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
-        tool = os.path.join(
-            os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump"
-        )
-        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-            f.write(c.asm["cubin"])
-            f.flush()
-            usage = subprocess.run(
-                [tool, "-res-usage", f.name], capture_output=True, text=True, check=True
-            ).stdout
-            sass = subprocess.run(
-                [tool, "-sass", f.name], capture_output=True, text=True, check=True
-            ).stdout
-        try:
-            from troupe.ops.fp8_compile_check import loop_body
-
-            ops = loop_body(sass)
-        except ImportError:  # triton alone (another version's check)
-            ops = []
-        open(f"/tmp/gluon_bn{block_n}_st{stages}_w{warps}.sass", "w").write(sass)
-        counts = {
-            k: sum(1 for o in ops if o.startswith(k))
-            for k in ("LDS", "LDSM", "STS", "LDGSTS", "HMMA", "F2FP", "PRMT", "BAR")
-        }
-        kv_bytes = 2 * block_n * 128
-        print(
-            f"bn={block_n} stages={stages} warps={warps}: {usage.strip().splitlines()[-1][:30]}; "
-            f"smem {c.metadata.shared}; loop {len(ops)} instructions, "
-            f"{len(ops) * warps / kv_bytes:.3f} warp instructions a KV byte; {counts}",
-            flush=True,
-        )
+        build = compile_sm90(fp8_decode_gluon_kernel, consts, types, warps, 1, sass=True)
+        ops = loop_body(build.sass)
+        counts = {k: sum(1 for o in ops if o.startswith(k))
+                  for k in ("LDS", "LDSM", "STS", "LDGSTS", "HMMA", "F2FP", "BAR")}  # fmt: skip
+        per_byte = len(ops) * warps / (2 * block_n * 128)
+        print(f"{name}: {build.regs} registers, {build.smem} bytes of shared memory; loop "
+              f"{len(ops)} instructions, {per_byte:.3f} warp instructions a KV byte; {counts}",
+              flush=True)  # fmt: skip
 
 
 LAUNCHES = (

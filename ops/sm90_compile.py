@@ -3,7 +3,7 @@ stack, shared memory, and the TTGIR / PTX / SASS to read, from triton's bundled 
 ops/fp8_compile_check.py and ops/mla_compile_check.py print their kernels' figures with it;
 ops/gemv_pdl_check.py reads the PTX of the decode GEMVs with and without PDL.
 
-Pointer arguments default to bf16 and the rest to i32 (`types` overrides by name); pointers and
+A Gluon kernel (ops/fp8_gluon_probe.py) compiles the same way. Pointer arguments default to bf16 and the rest to i32 (`types` overrides by name); pointers and
 strides are marked divisible by 16, as the real launches specialise them.
 """
 
@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
+from triton.experimental.gluon._runtime import GluonASTSource, GluonJITFunction
 
 _BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 
@@ -51,7 +52,8 @@ def compile_sm90(
         for n in names
     }  # fmt: skip
     aligned = [i for i, n in enumerate(names) if n.endswith("_ptr") or n.startswith("stride")]
-    src = ASTSource(
+    source = GluonASTSource if isinstance(kernel, GluonJITFunction) else ASTSource
+    src = source(
         fn=kernel,
         signature=signature,
         constexprs={(names.index(k),): v for k, v in consts.items()},
