@@ -1,6 +1,6 @@
 """Pass 1 of paged decode attention over an fp8 cache in Gluon: a probe (issue 12).
 
-    python -m troupe.ops.fp8_gluon_probe compile   # no GPU: the sm_90 build of each launch
+    python -m troupe.ops.fp8_gluon_probe compile [64/3/4 ...]  # no GPU: the sm_90 builds
     python -m troupe.ops.fp8_gluon_probe           # GPU: against the engine's Triton kernel
 
 The engine's Triton kernel (kernels/decode_attention_fp8.py) stays near 74% of copy on the
@@ -209,8 +209,9 @@ def constexprs(
     }
 
 
-def compile_only() -> None:
-    """Each probe launch built for sm_90 (registers, shared memory, the main loop's SASS)."""
+def compile_only(names: list[str]) -> None:
+    """The probe's launches (those named, as "64/3/4", else all) built for sm_90: registers,
+    shared memory, the main loop's SASS."""
     from troupe.ops.fp8_compile_check import loop_body
     from troupe.ops.sm90_compile import compile_sm90
 
@@ -218,12 +219,14 @@ def compile_only() -> None:
              "part_lse_ptr": "*fp32", "bt_ptr": "*i32", "seq_lens_ptr": "*i32",
              "k_scale_ptr": "*fp32", "v_scale_ptr": "*fp32", "qk_scale": "fp32"}  # fmt: skip
     for name in LAUNCHES[1:]:
+        if names and name.split()[1] not in names:
+            continue
         block_n, stages, warps = (int(x) for x in name.split()[1].split("/"))
         consts = constexprs(32, 8, 128, 16, 8, block_n, stages, warps)
         build = compile_sm90(fp8_decode_gluon_kernel, consts, types, warps, 1, sass=True)
         ops = loop_body(build.sass)
         counts = {k: sum(1 for o in ops if o.startswith(k))
-                  for k in ("LDS", "LDSM", "STS", "LDGSTS", "HMMA", "F2FP", "BAR")}  # fmt: skip
+                  for k in ("LDS", "LDS.U8", "LDSM", "STS", "LDGSTS", "HMMA", "F2FP", "BAR")}  # fmt: skip
         per_byte = len(ops) * warps / (2 * block_n * 128)
         print(f"{name}: {build.regs} registers, {build.smem} bytes of shared memory; loop "
               f"{len(ops)} instructions, {per_byte:.3f} warp instructions a KV byte; {counts}",
@@ -302,7 +305,7 @@ def run() -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] == ["compile"]:
-        compile_only()
+    if sys.argv[1:2] == ["compile"]:
+        compile_only(sys.argv[2:])
     else:
         run()
