@@ -1,6 +1,6 @@
 """Pass 1 of paged decode attention over an fp8 cache in Gluon: a probe (issue 12).
 
-    python -m troupe.ops.fp8_gluon_probe compile [64/3/4 ...]  # no GPU: the sm_90 builds
+    python -m troupe.ops.fp8_gluon_probe compile [64/3/4/1 ...]  # no GPU: the sm_90 builds
     python -m troupe.ops.fp8_gluon_probe           # GPU: against the engine's Triton kernel
 
 The engine's Triton kernel (kernels/decode_attention_fp8.py) stays near 74% of copy on the
@@ -98,6 +98,7 @@ def fp8_decode_gluon_kernel(
     BLOCK_N: gl.constexpr,
     STAGES: gl.constexpr,
     NUM_WARPS: gl.constexpr,
+    F16_BUFS: gl.constexpr,  # 2: the fp16 operand buffers alternate (one barrier a tile)
 ):
     BLOCK_G: gl.constexpr = 16
     load_l: gl.constexpr = gl.BlockedLayout(
@@ -136,8 +137,8 @@ def fp8_decode_gluon_kernel(
 
     k_ring = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_N, HEAD_DIM], ring_l)
     v_ring = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_N, HEAD_DIM], ring_l)
-    k16 = gl.allocate_shared_memory(gl.float16, [BLOCK_N, HEAD_DIM], f16_l)
-    v16 = gl.allocate_shared_memory(gl.float16, [BLOCK_N, HEAD_DIM], f16_l)
+    k16s = gl.allocate_shared_memory(gl.float16, [F16_BUFS, BLOCK_N, HEAD_DIM], f16_l)
+    v16s = gl.allocate_shared_memory(gl.float16, [F16_BUFS, BLOCK_N, HEAD_DIM], f16_l)
     bt_row = bt_ptr + seq * stride_bt
 
     for i in gl.static_range(STAGES - 1):  # the prologue: the first STAGES - 1 tiles
@@ -154,9 +155,11 @@ def fp8_decode_gluon_kernel(
         _issue(k_ptr, v_ptr, k_ring.index(slot), v_ring.index(slot), bt_row,
                start + ahead * BLOCK_N, end, kv_head, stride_slot, BLOCK_N, HEAD_DIM, BLOCK_SIZE,
                load_l)  # fmt: skip
-        async_copy.wait_group(STAGES - 1)  # tile `it` has landed
-        _barrier()
+        # tile `it` has landed: each thread reads back the bytes it copied, so no barrier
+        async_copy.wait_group(STAGES - 1)
         cur = it % STAGES
+        k16 = k16s.index(it % F16_BUFS)
+        v16 = v16s.index(it % F16_BUFS)
         k16.store(k_ring.index(cur).load(load_l).to(gl.float16))
         v16.store(v_ring.index(cur).load(load_l).to(gl.float16))
         _barrier()
@@ -171,7 +174,8 @@ def fp8_decode_gluon_kernel(
         m_i = m_new
         vv = v16.load(b_l)
         acc = mma_v2(gl.convert_layout(p.to(gl.float16), a_l), vv, acc * alpha[:, None])
-        _barrier()  # the fp16 buffers are read before the next tile overwrites them
+        if F16_BUFS == 1:  # the fp16 buffers are read before the next tile overwrites them
+            _barrier()
     async_copy.wait_group(0)
 
     l_safe = gl.where(l_i > 0.0, l_i, 1.0)
@@ -188,29 +192,25 @@ def fp8_decode_gluon_kernel(
 
 
 def constexprs(
-    num_q_heads: int,
-    num_kv_heads: int,
-    head_dim: int,
-    block_size: int,
-    num_splits: int,
-    block_n: int,
-    stages: int,
-    num_warps: int,
-) -> dict[str, object]:
+    num_q_heads: int, num_kv_heads: int, head_dim: int, block_size: int, num_splits: int,
+    launch: tuple[int, int, int, int],
+) -> dict[str, object]:  # fmt: skip
+    block_n, stages, warps, bufs = launch
     return {
-        "NUM_Q_HEADS": num_q_heads,
-        "GROUP": num_q_heads // num_kv_heads,
-        "HEAD_DIM": head_dim,
-        "BLOCK_SIZE": block_size,
-        "NUM_SPLITS": num_splits,
-        "BLOCK_N": block_n,
-        "STAGES": stages,
-        "NUM_WARPS": num_warps,
-    }
+        "NUM_Q_HEADS": num_q_heads, "GROUP": num_q_heads // num_kv_heads, "HEAD_DIM": head_dim,
+        "BLOCK_SIZE": block_size, "NUM_SPLITS": num_splits, "BLOCK_N": block_n,
+        "STAGES": stages, "NUM_WARPS": warps, "F16_BUFS": bufs,
+    }  # fmt: skip
+
+
+def parse(name: str) -> tuple[int, int, int, int]:
+    """ "gluon 64/3/4/2": block_n, stages, warps, fp16 buffers (the Triton launch: 1)."""
+    fields = [int(x) for x in name.split()[1].split("/")]
+    return fields[0], fields[1], fields[2], fields[3] if len(fields) > 3 else 1
 
 
 def compile_only(names: list[str]) -> None:
-    """The probe's launches (those named, as "64/3/4", else all) built for sm_90: registers,
+    """The probe's launches (those named, as "64/3/4/1", else all) built for sm_90: registers,
     shared memory, the main loop's SASS."""
     from troupe.ops.fp8_compile_check import loop_body
     from troupe.ops.sm90_compile import compile_sm90
@@ -221,8 +221,9 @@ def compile_only(names: list[str]) -> None:
     for name in LAUNCHES[1:]:
         if names and name.split()[1] not in names:
             continue
-        block_n, stages, warps = (int(x) for x in name.split()[1].split("/"))
-        consts = constexprs(32, 8, 128, 16, 8, block_n, stages, warps)
+        launch = parse(name)
+        block_n, _, warps, _ = launch
+        consts = constexprs(32, 8, 128, 16, 8, launch)
         build = compile_sm90(fp8_decode_gluon_kernel, consts, types, warps, 1, sass=True)
         ops = loop_body(build.sass)
         counts = {k: sum(1 for o in ops if o.startswith(k))
@@ -234,13 +235,9 @@ def compile_only(names: list[str]) -> None:
 
 
 LAUNCHES = (
-    "triton 128/3/2",
-    "gluon 64/3/4",
-    "gluon 64/2/4",
-    "gluon 32/4/4",
-    "gluon 128/3/4",
-    "gluon 64/3/2",
-)  # block_n / stages / warps; triton: the engine's FP8_DEFAULT_CONFIG
+    "triton 128/3/2", "gluon 64/3/4/1", "gluon 64/2/4/2", "gluon 32/4/4/2", "gluon 32/3/2/2",
+    "gluon 16/4/1/1", "gluon 32/4/1/1", "gluon 32/3/1/2", "gluon 64/3/1/1",
+)  # fmt: skip  # block_n / stages / warps; triton: the engine's FP8_DEFAULT_CONFIG
 
 
 def launcher(
@@ -254,13 +251,13 @@ def launcher(
     s, hq, dim = q.shape
     _, block_size, hkv, _ = k8.shape
     qk_scale = math.log2(math.e) / math.sqrt(dim)
-    bn, st, w = (int(x) for x in name.split()[1].split("/"))
+    bn, st, w, _ = launch = parse(name)
     if name.startswith("triton"):
         return lambda: launch_split_fp8(
             q, k8, v8, out, po, pl, batch.block_tables, batch.seq_lens, None, None, scales,
             scales, qk_scale, 0, splits, block_n=bn, block_d=dim, num_warps=w, num_stages=st,
         )  # fmt: skip
-    consts = constexprs(hq, hkv, dim, block_size, splits, bn, st, w)
+    consts = constexprs(hq, hkv, dim, block_size, splits, launch)
     return lambda: fp8_decode_gluon_kernel[(hkv, s, splits)](
         q, k8, v8, po, pl, batch.block_tables, batch.seq_lens, scales, scales, qk_scale,
         q.stride(0), q.stride(1), batch.block_tables.stride(0), hkv * dim, **consts, num_warps=w,

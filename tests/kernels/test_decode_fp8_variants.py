@@ -166,7 +166,7 @@ def test_the_gluon_probe_compiles_without_byte_reads() -> None:
     tiles come by cp.async (LDGSTS), reach the tensor cores through ldmatrix, and no shared
     load reads bytes; the build also tells when this Triton's Gluon no longer takes it."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    command = [sys.executable, "-m", "troupe.ops.fp8_gluon_probe", "compile", "64/3/4"]
+    command = [sys.executable, "-m", "troupe.ops.fp8_gluon_probe", "compile", "64/3/4/1"]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     counts = dict(re.findall(r"'([A-Z0-9.]+)': (\d+)", done.stdout))
