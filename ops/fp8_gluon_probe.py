@@ -14,10 +14,11 @@ instruction), stored to an fp16 buffer and read from it in the mma operand layou
 P.V run as mma.sync, and each split writes fp32 partials and their log-sum-exp as the Triton
 kernel's pass 1 does (the probe merges them in torch against kernels/reference).
 
-Measured (docs/benchmarks.md, session 43, H100): correct (errors as the Triton kernel's), at
-70-78% of copy against the Triton kernel's 89-95% in the same run; at sm_90 0.096-0.123 warp
-instructions a KV byte (the Triton kernel 0.125), 110-197 registers, 50-166 KB of shared
-memory. Not adopted; what an H200 makes of it is not measured.
+Measured (docs/benchmarks.md, session 43, H100): correct (errors as the Triton kernel's); four
+warps a program 50-70% of copy, one warp a program (its score reductions stay in the warp) up
+to 83-88% on many sequences, against the Triton kernel's 87-95% in the same runs; at sm_90
+0.082-0.123 warp instructions a KV byte (the Triton kernel 0.125), no byte-wise shared loads.
+Not adopted; the H200 (where the Triton kernel is at 74%) has not run it.
 """
 
 # Gluon kernels take untyped pointers and constexprs; @gluon.jit is untyped to mypy.
