@@ -100,6 +100,7 @@ def fp8_decode_gluon_kernel(
     STAGES: gl.constexpr,
     NUM_WARPS: gl.constexpr,
     F16_BUFS: gl.constexpr,  # 2: the fp16 operand buffers alternate (one barrier a tile)
+    K_DIRECT: gl.constexpr,  # K's operand loaded from the fp8 ring (no fp16 buffer for K)
 ):
     BLOCK_G: gl.constexpr = 16
     load_l: gl.constexpr = gl.BlockedLayout(
@@ -134,11 +135,15 @@ def fp8_decode_gluon_kernel(
         other=0.0,
     )
     q = gl.minimum(gl.maximum(q.to(gl.float32), -65504.0), 65504.0).to(gl.float16)
-    q = gl.convert_layout(q, a_l)
+    b4: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=4)
+    a4: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4)
+    q4 = gl.convert_layout(q, a4)  # K_DIRECT: fp16 operands of k_width 4, as the fp8 ones
+    q2 = gl.convert_layout(q, a_l)
 
     k_ring = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_N, HEAD_DIM], ring_l)
     v_ring = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_N, HEAD_DIM], ring_l)
-    k16s = gl.allocate_shared_memory(gl.float16, [F16_BUFS, BLOCK_N, HEAD_DIM], f16_l)
+    if not K_DIRECT:
+        k16s = gl.allocate_shared_memory(gl.float16, [F16_BUFS, BLOCK_N, HEAD_DIM], f16_l)
     v16s = gl.allocate_shared_memory(gl.float16, [F16_BUFS, BLOCK_N, HEAD_DIM], f16_l)
     bt_row = bt_ptr + seq * stride_bt
 
@@ -159,13 +164,18 @@ def fp8_decode_gluon_kernel(
         # tile `it` has landed: each thread reads back the bytes it copied, so no barrier
         async_copy.wait_group(STAGES - 1)
         cur = it % STAGES
-        k16 = k16s.index(it % F16_BUFS)
         v16 = v16s.index(it % F16_BUFS)
-        k16.store(k_ring.index(cur).load(load_l).to(gl.float16))
         v16.store(v_ring.index(cur).load(load_l).to(gl.float16))
+        if not K_DIRECT:
+            k16 = k16s.index(it % F16_BUFS)
+            k16.store(k_ring.index(cur).load(load_l).to(gl.float16))
         _barrier()
-        kt = k16.permute((1, 0)).load(b_l)
-        qk = mma_v2(q, kt, gl.zeros([BLOCK_G, BLOCK_N], gl.float32, layout=mma)) * qk_scale
+        zero = gl.zeros([BLOCK_G, BLOCK_N], gl.float32, layout=mma)
+        if K_DIRECT:  # K^T's pairs along D are adjacent bytes: its operand straight from the ring
+            qk = mma_v2(q4, k_ring.index(cur).permute((1, 0)).load(b4).to(gl.float16), zero)
+        else:
+            qk = mma_v2(q2, k16.permute((1, 0)).load(b_l), zero)
+        qk = qk * qk_scale
         n = start + it * BLOCK_N + cols
         qk = gl.where((n < end)[None, :], qk, float("-inf"))
         m_new = gl.maximum(m_i, gl.max(qk, axis=1))
@@ -194,20 +204,22 @@ def fp8_decode_gluon_kernel(
 
 def constexprs(
     num_q_heads: int, num_kv_heads: int, head_dim: int, block_size: int, num_splits: int,
-    launch: tuple[int, int, int, int],
+    launch: tuple[int, int, int, int, int],
 ) -> dict[str, object]:  # fmt: skip
-    block_n, stages, warps, bufs = launch
+    block_n, stages, warps, bufs, k_direct = launch
     return {
         "NUM_Q_HEADS": num_q_heads, "GROUP": num_q_heads // num_kv_heads, "HEAD_DIM": head_dim,
         "BLOCK_SIZE": block_size, "NUM_SPLITS": num_splits, "BLOCK_N": block_n,
-        "STAGES": stages, "NUM_WARPS": warps, "F16_BUFS": bufs,
+        "STAGES": stages, "NUM_WARPS": warps, "F16_BUFS": bufs, "K_DIRECT": bool(k_direct),
     }  # fmt: skip
 
 
-def parse(name: str) -> tuple[int, int, int, int]:
-    """ "gluon 64/3/4/2": block_n, stages, warps, fp16 buffers (the Triton launch: 1)."""
+def parse(name: str) -> tuple[int, int, int, int, int]:
+    """A launch's fields ("gluon 16/4/1/1/1"): block_n, stages, warps, fp16 buffers and
+    K_DIRECT, the last two 1 and 0 where not given (the Triton launch gives three)."""
     fields = [int(x) for x in name.split()[1].split("/")]
-    return fields[0], fields[1], fields[2], fields[3] if len(fields) > 3 else 1
+    fields += [1, 0][len(fields) - 3 :]
+    return fields[0], fields[1], fields[2], fields[3], fields[4]
 
 
 def compile_only(names: list[str]) -> None:
@@ -223,7 +235,7 @@ def compile_only(names: list[str]) -> None:
         if names and name.split()[1] not in names:
             continue
         launch = parse(name)
-        block_n, _, warps, _ = launch
+        block_n, _, warps, _, _ = launch
         consts = constexprs(32, 8, 128, 16, 8, launch)
         build = compile_sm90(fp8_decode_gluon_kernel, consts, types, warps, 1, sass=True)
         ops = loop_body(build.sass)
@@ -236,9 +248,9 @@ def compile_only(names: list[str]) -> None:
 
 
 LAUNCHES = (
-    "triton 128/3/2", "gluon 64/3/4/1", "gluon 64/2/4/2", "gluon 32/4/4/2", "gluon 32/3/2/2",
-    "gluon 16/4/1/1", "gluon 32/4/1/1", "gluon 32/3/1/2", "gluon 64/3/1/1",
-)  # fmt: skip  # block_n / stages / warps; triton: the engine's FP8_DEFAULT_CONFIG
+    "triton 128/3/2", "gluon 64/3/4/1", "gluon 32/4/4/2", "gluon 16/4/1/1", "gluon 32/4/1/1",
+    "gluon 16/4/1/1/1", "gluon 32/4/1/1/1", "gluon 16/6/1/1/1",
+)  # fmt: skip  # block_n / stages / warps[ / fp16 buffers / K_DIRECT]; triton: the engine's
 
 
 def launcher(
@@ -252,7 +264,7 @@ def launcher(
     s, hq, dim = q.shape
     _, block_size, hkv, _ = k8.shape
     qk_scale = math.log2(math.e) / math.sqrt(dim)
-    bn, st, w, _ = launch = parse(name)
+    bn, st, w, _, _ = launch = parse(name)
     if name.startswith("triton"):
         return lambda: launch_split_fp8(
             q, k8, v8, out, po, pl, batch.block_tables, batch.seq_lens, None, None, scales,
@@ -283,7 +295,8 @@ def run() -> None:
             k_scale=scales, v_scale=scales,
         ).float()  # fmt: skip
         nbytes = 2 * int(batch.seq_lens.sum()) * hkv * dim + 2 * q.numel()
-        for splits in sorted({max(1, min(32, 132 * 3 // (s * hkv))), 2}):
+        base = max(1, min(32, 132 * 3 // (s * hkv)))
+        for splits in sorted({base, 2, 4 * base}):
             for name in LAUNCHES:
                 po = torch.zeros(s, hq, splits, dim, dtype=torch.float32, device="cuda")
                 pl = torch.zeros(s, hq, splits, dtype=torch.float32, device="cuda")
