@@ -159,16 +159,3 @@ def test_tiles_converted_where_loaded_compile_without_byte_reads() -> None:
     assert default["LDS.U8"] > 0
     assert pinned["LDS.U8"] == 0 and pinned["LDSM"] > 0 and pinned["stack"] == 0
     assert pinned["per byte"] < 0.8 * default["per byte"]
-
-
-def test_the_gluon_probe_compiles_without_byte_reads() -> None:
-    """ops/fp8_gluon_probe.py's kernel (Gluon: no interpreter form) builds for sm_90 here: its
-    tiles come by cp.async (LDGSTS), reach the tensor cores through ldmatrix, and no shared
-    load reads bytes; the build also tells when this Triton's Gluon no longer takes it."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    command = [sys.executable, "-m", "troupe.ops.fp8_gluon_probe", "compile", "64/3/4/1"]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout + done.stderr
-    counts = dict(re.findall(r"'([A-Z0-9.]+)': (\d+)", done.stdout))
-    assert counts["LDS.U8"] == "0" and int(counts["LDSM"]) > 0 and int(counts["LDGSTS"]) > 0
-    assert int(counts["HMMA"]) > 0 and int(counts["F2FP"]) > 0
