@@ -77,6 +77,25 @@ def _issue_kv(
 
 
 @gluon.jit
+def _softmax_step(s, k0, m0, seq_len, rows, cols, m_i, l_i, qk_scale, BLOCK_N: gl.constexpr,
+                  mma_o: gl.constexpr, p_l: gl.constexpr):  # fmt: skip
+    """One key tile's online softmax on raw scores s (keys k0..): the causal and length masks
+    only where the tile crosses the diagonal or the end, the scale folded into exp2's
+    argument (one FFMA an element). Returns P (bf16, wgmma's register operand), the factor for
+    the output rows, and the new row statistics (in exp2 units)."""
+    if (k0 + BLOCK_N > m0) | (k0 + BLOCK_N > seq_len):
+        keys = k0 + cols
+        s = gl.where((keys[None, :] <= rows[:, None]) & (keys < seq_len)[None, :], s,
+                     float("-inf"))  # fmt: skip
+    m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
+    alpha = gl.exp2(m_i - m_new)
+    p = gl.exp2(s * qk_scale - m_new[:, None])
+    l_i = l_i * alpha + gl.sum(p, axis=1)
+    alpha_o = gl.convert_layout(alpha, gl.SliceLayout(1, mma_o))
+    return gl.convert_layout(p.to(gl.bfloat16), p_l), alpha_o, m_new, l_i
+
+
+@gluon.jit
 def prefill_gluon_kernel(
     q_ptr,
     k_ptr,
@@ -110,7 +129,7 @@ def prefill_gluon_kernel(
     p_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_o, k_width=2)
     smem_l: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
 
-    m_block = gl.program_id(0)
+    m_block = gl.num_programs(0) - 1 - gl.program_id(0)  # the longest (last) blocks first
     head = gl.program_id(1)
     seq = gl.program_id(2)
     kv_head = head // GROUP
@@ -186,19 +205,10 @@ def prefill_gluon_kernel(
                 BLOCK_N,
                 load_l,
             )
-            keys = j * BLOCK_N + cols
-            s = gl.where(
-                (keys[None, :] <= rows[:, None]) & (keys < seq_len)[None, :],
-                s * qk_scale,
-                float("-inf"),
-            )
-            m_new = gl.maximum(m_i, gl.max(s, axis=1))
-            alpha = gl.exp2(m_i - m_new)
-            p = gl.exp2(s - m_new[:, None])
-            l_i = l_i * alpha + gl.sum(p, axis=1)
-            m_i = m_new
-            alpha_o = gl.convert_layout(alpha, gl.SliceLayout(1, mma_o))
-            p16 = gl.convert_layout(p.to(gl.bfloat16), p_l)
+            p16, alpha_o, m_i, l_i = _softmax_step(
+                s, j * BLOCK_N, m0, seq_len, rows, cols, m_i, l_i, qk_scale, BLOCK_N, mma_o,
+                p_l,
+            )  # fmt: skip
             pv_tok = warpgroup_mma(
                 p16, v_ring.index(j % STAGES), acc * alpha_o[:, None], is_async=True
             )
@@ -225,19 +235,10 @@ def prefill_gluon_kernel(
             fence_async_shared()
             cur = j % STAGES
             s = warpgroup_mma(q_smem, k_ring.index(cur).permute((1, 0)), zero, use_acc=False)
-            keys = j * BLOCK_N + cols
-            s = gl.where(
-                (keys[None, :] <= rows[:, None]) & (keys < seq_len)[None, :],
-                s * qk_scale,
-                float("-inf"),
-            )
-            m_new = gl.maximum(m_i, gl.max(s, axis=1))
-            alpha = gl.exp2(m_i - m_new)
-            p = gl.exp2(s - m_new[:, None])
-            l_i = l_i * alpha + gl.sum(p, axis=1)
-            m_i = m_new
-            alpha_o = gl.convert_layout(alpha, gl.SliceLayout(1, mma_o))
-            p16 = gl.convert_layout(p.to(gl.bfloat16), p_l)
+            p16, alpha_o, m_i, l_i = _softmax_step(
+                s, j * BLOCK_N, m0, seq_len, rows, cols, m_i, l_i, qk_scale, BLOCK_N, mma_o,
+                p_l,
+            )  # fmt: skip
             acc = warpgroup_mma(p16, v_ring.index(cur), acc * alpha_o[:, None])
     async_copy.wait_group(0)
 
