@@ -77,6 +77,15 @@ def _issue_kv(
 
 
 @gluon.jit
+def _issue_ahead(k_base, v_base, k_ring, v_ring, j, start, n_end, stride_kt, STAGES: gl.constexpr,
+                 HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, layout: gl.constexpr):  # fmt: skip
+    """At key tile j: the loads of tile j + STAGES - 1 into its ring slot (that of tile j - 1)."""
+    ahead = j + STAGES - 1
+    _issue_kv(k_base, v_base, k_ring.index(ahead % STAGES), v_ring.index(ahead % STAGES),
+              start + ahead * BLOCK_N, start + n_end, stride_kt, HEAD_DIM, BLOCK_N, layout)  # fmt: skip
+
+
+@gluon.jit
 def _softmax_step(s, k0, m0, seq_len, rows, cols, m_i, l_i, qk_scale, BLOCK_N: gl.constexpr,
                   mma_o: gl.constexpr, p_l: gl.constexpr):  # fmt: skip
     """One key tile's online softmax on raw scores s (keys k0..): the causal and length masks
@@ -192,19 +201,8 @@ def prefill_gluon_kernel(
             )
             s, acc = warpgroup_mma_wait(1, deps=[s_tok, pv_tok])  # S_j; P_{j-1}.V_{j-1} done
             _barrier()  # every warpgroup is done with slot (j - 1) % STAGES: refill it
-            ahead = j + STAGES - 1
-            _issue_kv(
-                k_base,
-                v_base,
-                k_ring.index(ahead % STAGES),
-                v_ring.index(ahead % STAGES),
-                start + ahead * BLOCK_N,
-                start + n_end,
-                stride_kt,
-                HEAD_DIM,
-                BLOCK_N,
-                load_l,
-            )
+            _issue_ahead(k_base, v_base, k_ring, v_ring, j, start, n_end, stride_kt, STAGES,
+                         HEAD_DIM, BLOCK_N, load_l)  # fmt: skip
             p16, alpha_o, m_i, l_i = _softmax_step(
                 s, j * BLOCK_N, m0, seq_len, rows, cols, m_i, l_i, qk_scale, BLOCK_N, mma_o,
                 p_l,
@@ -217,19 +215,8 @@ def prefill_gluon_kernel(
     else:
         for j in range(0, n_tiles):
             _barrier()  # every warp is done with the slot refilled below (read at j - 1)
-            ahead = j + STAGES - 1
-            _issue_kv(
-                k_base,
-                v_base,
-                k_ring.index(ahead % STAGES),
-                v_ring.index(ahead % STAGES),
-                start + ahead * BLOCK_N,
-                start + n_end,
-                stride_kt,
-                HEAD_DIM,
-                BLOCK_N,
-                load_l,
-            )
+            _issue_ahead(k_base, v_base, k_ring, v_ring, j, start, n_end, stride_kt, STAGES,
+                         HEAD_DIM, BLOCK_N, load_l)  # fmt: skip
             async_copy.wait_group(STAGES - 1)
             _barrier()
             fence_async_shared()
@@ -330,7 +317,4 @@ def run() -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["compile"]:
-        compile_only(sys.argv[2:])
-    else:
-        run()
+    compile_only(sys.argv[2:]) if sys.argv[1:2] == ["compile"] else run()
