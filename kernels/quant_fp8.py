@@ -161,7 +161,7 @@ def _fp8_cols_gemv_kernel(
     x_ptr, w_ptr, scale_ptr, out_ptr, part_ptr, counter_ptr, M, N, K, blocks_per_split, splits,
     scale_bn, scale_bk, scale_cols,
     BLOCK_N: tl.constexpr, BLOCKS: tl.constexpr, EVEN_N: tl.constexpr, PLAIN: tl.constexpr,
-    PDL: tl.constexpr, SPLIT: tl.constexpr,
+    PDL: tl.constexpr,
 ):  # fmt: skip
     pdl_start(PDL)
     pid_n, pid_k, m = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -181,9 +181,10 @@ def _fp8_cols_gemv_kernel(
         w0, w1, w2, w3, s = _tile(w_ptr, scale_ptr, cols, N, K, q, scale_bn, scale_bk, scale_cols)
         acc = _acc(acc, w0, w1, w2, w3, s, x_row, q, K, PLAIN)
     y = tl.sum(acc, axis=0) * (1.0 / X_SCALE)
+    # the split form at every launch (it stores at one split): a step's launches share a kernel
     store_or_merge(
         y, out_ptr, part_ptr, counter_ptr, m, M, N, out_cols, out_cols < N, pid_n, pid_k, splits,
-        SPLIT,
+        True,
     )  # fmt: skip
 
 
@@ -235,11 +236,10 @@ def fp8_cols_gemv(x: torch.Tensor, w: Fp8Cols, config: Fp8ColsGemv) -> torch.Ten
     )
     out, part, counters = split_buffers(split, m, n, col_blocks, x)
     pdl = pdl_mode(config.pdl, x.device)
-    # SPLIT compiled on at one split too (it stores there): a step's launches share one kernel
     _fp8_cols_gemv_kernel[(col_blocks, split, m)](
         x, w.words, w.scale, out, part, counters, m, n, k, per_split, split, bn, bk,
         w.scale.shape[1], block_n, config.blocks, n % block_n == 0, x.device.type != "cuda",
-        pdl, True, num_warps=config.num_warps, launch_pdl=pdl == GDC,
+        pdl, num_warps=config.num_warps, launch_pdl=pdl == GDC,
     )  # fmt: skip
     return out
 

@@ -45,7 +45,7 @@ KERNELS = [
              {"w_ptr": "*i32", "s_ptr": "*fp16", "b_ptr": "*fp16", **_SPLIT},
              ("w_ptr", "s_ptr", "b_ptr")) for xq8 in (False, True)),  # f16x2 and integer
     Kernel(quant_fp8._fp8_cols_gemv_kernel,
-           {"BLOCK_N": 128, "BLOCKS": 16, "EVEN_N": True, "PLAIN": False, "SPLIT": True},
+           {"BLOCK_N": 128, "BLOCKS": 16, "EVEN_N": True, "PLAIN": False},
            {"w_ptr": "*i32", "scale_ptr": "*fp32", **_SPLIT}, ("w_ptr", "scale_ptr")),
 ]  # fmt: skip
 _REG = re.compile(r"%[a-z]+\d+")

@@ -3,8 +3,9 @@ stack, shared memory, and the TTGIR / PTX / SASS to read, from triton's bundled 
 ops/fp8_compile_check.py and ops/mla_compile_check.py print their kernels' figures with it;
 ops/gemv_pdl_check.py reads the PTX of the decode GEMVs with and without PDL.
 
-A Gluon kernel (ops/fp8_gluon_probe.py) compiles the same way. Pointer arguments default to bf16 and the rest to i32 (`types` overrides by name); pointers and
-strides are marked divisible by 16, as the real launches specialise them.
+A Gluon kernel (ops/fp8_gluon_probe.py) compiles the same way. Pointer arguments default to
+bf16 and the rest to i32 (`types` overrides by name); pointers and strides are marked divisible
+by 16, as the real launches specialise them.
 """
 
 from __future__ import annotations
