@@ -281,30 +281,36 @@ def launcher(
     )  # fmt: skip
 
 
-def run() -> None:
-    """Qwen3-0.6B heads (16 q, 8 kv, head_dim 128), bf16: 4 x 2,048 and 16 x 512 new tokens,
-    each launch against torch SDPA per sequence (flash) and its TFLOP/s, pairs counted as
-    ops/kernel_bench.py counts them."""
+def problem(lens: list[int]) -> tuple[torch.Tensor, ...]:
+    """Qwen3-0.6B heads (16 q, 8 kv, head_dim 128), bf16, new tokens of the given lengths laid
+    out [T, H, D]: q, k, v, the cumulative lengths, and torch SDPA's causal output per sequence."""
     from itertools import accumulate
 
+    hq, hkv, dim = 16, 8, 128
+    total = sum(lens)
+    torch.manual_seed(0)
+    q = torch.randn(total, hq, dim, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(total, hkv, dim, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(total, hkv, dim, device="cuda", dtype=torch.bfloat16)
+    cu = torch.tensor([0, *accumulate(lens)], device="cuda", dtype=torch.int32)
+    ref = torch.empty_like(q)
+    for lo, hi in zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True):
+        qs, ks, vs = (t[lo:hi].transpose(0, 1) for t in (q, k, v))
+        ref[lo:hi] = torch.nn.functional.scaled_dot_product_attention(
+            qs, ks, vs, is_causal=True, enable_gqa=True
+        ).transpose(0, 1)
+    return q, k, v, cu, ref
+
+
+def run() -> None:
+    """4 x 2,048 and 16 x 512 new tokens: each launch against torch SDPA per sequence (flash)
+    and its TFLOP/s, pairs counted as ops/kernel_bench.py counts them."""
     from triton.testing import do_bench
 
     print(torch.cuda.get_device_name(), flush=True)
-    hq, hkv, dim = 16, 8, 128
     for lens in ([2048] * 4, [512] * 16):
-        total = sum(lens)
-        torch.manual_seed(0)
-        q = torch.randn(total, hq, dim, device="cuda", dtype=torch.bfloat16)
-        k = torch.randn(total, hkv, dim, device="cuda", dtype=torch.bfloat16)
-        v = torch.randn(total, hkv, dim, device="cuda", dtype=torch.bfloat16)
-        cu = torch.tensor([0, *accumulate(lens)], device="cuda", dtype=torch.int32)
-        ref = torch.empty_like(q)
-        for lo, hi in zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True):
-            qs, ks, vs = (t[lo:hi].transpose(0, 1) for t in (q, k, v))
-            ref[lo:hi] = torch.nn.functional.scaled_dot_product_attention(
-                qs, ks, vs, is_causal=True, enable_gqa=True
-            ).transpose(0, 1)
-        flops = 4 * sum(n * (n + 1) // 2 for n in lens) * hq * dim
+        q, k, v, cu, ref = problem(lens)
+        flops = 4 * sum(n * (n + 1) // 2 for n in lens) * q.shape[1] * q.shape[2]
         for name in LAUNCHES:
             out = torch.zeros_like(q)
             call = launcher(name, q, k, v, out, cu, max(lens))

@@ -46,6 +46,7 @@ def compile_sm90(
     num_stages: int,
     *,
     sass: bool = False,
+    maxnreg: int | None = None,
 ) -> Sm90Build:
     names = kernel.arg_names
     signature = {
@@ -60,7 +61,9 @@ def compile_sm90(
         constexprs={(names.index(k),): v for k, v in consts.items()},
         attrs={(i,): [["tt.divisibility", 16]] for i in aligned},
     )
-    options = {"num_warps": num_warps, "num_stages": num_stages}
+    options: dict[str, object] = {"num_warps": num_warps, "num_stages": num_stages}
+    if maxnreg is not None:
+        options["maxnreg"] = maxnreg
     compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
     tool = os.path.join(_BIN, "cuobjdump")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
