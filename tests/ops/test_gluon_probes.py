@@ -35,7 +35,7 @@ def test_the_fp8_decode_builds_without_byte_reads() -> None:
 
 @pytest.mark.parametrize(
     ("module", "launch"),
-    [("prefill_gluon_probe", "128/64/4/8/1"), ("prefill_ws_probe", "128/128/2/8")],
+    [("prefill_gluon_probe", "128/64/4/8/1"), ("prefill_ws_probe", "128/128/2/1")],
 )
 def test_the_prefill_builds_with_wgmma_and_no_spills(module: str, launch: str) -> None:
     out = _build(module, launch)
@@ -69,8 +69,8 @@ def test_the_fp8_decode_matches_the_reference(launch: str) -> None:
 @pytest.mark.parametrize(
     ("module", "launch"),
     [("prefill_gluon_probe", "128/64/4/8/1"), ("prefill_gluon_probe", "64/64/4/4/1"),
-     ("prefill_gluon_probe", "128/64/3/8/0"), ("prefill_ws_probe", "128/128/2/8"),
-     ("prefill_ws_probe", "128/64/3/8")],
+     ("prefill_gluon_probe", "128/64/3/8/0"), ("prefill_ws_probe", "128/128/2/1"),
+     ("prefill_ws_probe", "128/64/3/1"), ("prefill_ws_probe", "128/128/2/0")],
 )  # fmt: skip
 def test_the_prefill_matches_sdpa(module: str, launch: str) -> None:
     import importlib
