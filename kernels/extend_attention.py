@@ -36,6 +36,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from .attention_tiles import find_seq, load_tile_q, store_tile
 from .decode_attention import dot_precision, paged_decode_attention_triton
 from .paged_attention import _attend
+from .prefill_hopper import hopper_prefill_ok, prefill_attention_hopper
 
 _LOG2E = 1.4426950408889634
 
@@ -262,12 +263,14 @@ def extend_attention_triton(
     config: ExtendConfig = DEFAULT_EXTEND,
     out: torch.Tensor | None = None,
     tma: bool | None = None,
+    hopper: bool | None = None,
 ) -> torch.Tensor:
     """paged_attention_triton's contract with the step's new tokens' K and V also in new_kv
     ([T, Hkv, D] each, rows as q's, q's dtype, holding what the cache holds: for an fp8 cache
     x / scale rounded to e4m3, as prepare_qkv's keep_k leaves them). decode_prefix's sequences
     go to the decode kernel, which reads the cache. tma: None takes TMA where the views allow
-    it on CUDA; the kernel tests force either form."""
+    it on CUDA; hopper: None takes kernels/prefill_hopper.py where it applies (sm_90, bf16,
+    head_dim 128, no window or fp8); the kernel tests force either form."""
     num_tokens, num_q_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     k_new, v_new = new_kv
@@ -287,6 +290,13 @@ def extend_attention_triton(
             q[:num_seqs], k_cache, v_cache, block_tables, seq_lens, scale, max_seq_len,
             out=out[:num_seqs], num_valid=decode_prefix, sliding_window=sliding_window,
             k_scale=k_scale, v_scale=v_scale, seq_order=seq_order,
+        )  # fmt: skip
+    if hopper is None:
+        hopper = hopper_prefill_ok(q, k_cache, new_kv, sliding_window, k_scale is not None)
+    if hopper:
+        return prefill_attention_hopper(
+            q, k_cache, v_cache, new_kv, block_tables, seq_lens, query_start_loc, scale, out,
+            decode_prefix,
         )  # fmt: skip
     group = num_q_heads // num_kv_heads
     block_g = triton.next_power_of_2(group)
