@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 from triton._C.libtriton import native_specialize_impl
 from troupe.kernels import prefill_hopper as ph
+from troupe.kernels.prefill_hopper_kernel import prefill_hopper_kernel
 from troupe.ops.sm90_compile import compile_sm90
 
 PAGES = (16, 256)
@@ -32,8 +33,8 @@ def build(page: int) -> str:
                                   "decode_prefix_ptr")}  # fmt: skip
     types |= {"o_ptr": "*bf16", "qk_scale": "fp32"}
     consts = {"HAS_PREFIX": True, "GROUP": 2, "HEAD_DIM": 128, "PAGE": page,
-              "BLOCK_N": ph.BLOCK_N, "STAGES": ph.STAGES, "PINGPONG": True}  # fmt: skip
-    b = compile_sm90(ph.prefill_hopper_kernel, consts, types, 4, 1, sass=True,
+              "NUM_HEADS": 16, "BLOCK_N": ph.BLOCK_N, "STAGES": ph.STAGES, "PINGPONG": True}  # fmt: skip
+    b = compile_sm90(prefill_hopper_kernel, consts, types, 4, 1, sass=True,
                      maxnreg=ph.MAXNREG)  # fmt: skip
     sass = b.sass.splitlines()
     wgmma = sum("HGMMA" in line for line in sass)
