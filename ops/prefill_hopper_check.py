@@ -32,8 +32,10 @@ def build(page: int) -> str:
     types |= {p: "*i32" for p in ("block_tables_ptr", "seq_lens_ptr", "qsl_ptr",
                                   "decode_prefix_ptr")}  # fmt: skip
     types |= {"o_ptr": "*bf16", "qk_scale": "fp32"}
-    consts = {"HAS_PREFIX": True, "GROUP": 2, "HEAD_DIM": 128, "PAGE": page,
-              "NUM_HEADS": 16, "BLOCK_N": ph.BLOCK_N, "STAGES": ph.STAGES, "PINGPONG": True}  # fmt: skip
+    consts: dict[str, object] = {
+        "HAS_PREFIX": True, "GROUP": 2, "NUM_HEADS": 16, "HEAD_DIM": 128, "PAGE": page,
+        "BLOCK_N": ph.BLOCK_N, "STAGES": ph.STAGES, "PINGPONG": True,
+    }  # fmt: skip
     b = compile_sm90(prefill_hopper_kernel, consts, types, 4, 1, sass=True,
                      maxnreg=ph.MAXNREG)  # fmt: skip
     sass = b.sass.splitlines()
