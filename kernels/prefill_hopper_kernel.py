@@ -220,34 +220,35 @@ def _attend(q, k_ring, v_ring, k_ready, k_empty, v_ready, v_empty, turn, it, kt,
     p16, alpha_o, m_i, l_i = _softmax_step(
         s, k0, key_end, shift, r0, rows, cols, m_i, l_i, qk_scale, BLOCK_N, mma_o, p_l
     )
-    for j in range(1, n_tiles + 1):
+    for j in range(1, n_tiles):
         slot = (it + j) % STAGES
         prev = (it + j - 1) % STAGES
+        mbarrier.wait(k_ready.index(slot), ((it + j) // STAGES) & 1)
         mbarrier.wait(v_ready.index(prev), ((it + j - 1) // STAGES) & 1)
         _zero_tail(v_ring.index(prev), key_end - k0, BLOCK_N, HEAD_DIM)
-        if j < n_tiles:
-            mbarrier.wait(k_ready.index(slot), ((it + j) // STAGES) & 1)
-            _my_turn(turn, wg, kt + j, PINGPONG)
-            s_tok = warpgroup_mma(
-                q, k_ring.index(slot).permute((1, 0)), zero, use_acc=False, is_async=True
-            )
-            pv_tok = warpgroup_mma(p16, v_ring.index(prev), acc, is_async=True)
-            _pass_turn(turn, wg, PINGPONG)
-            s = warpgroup_mma_wait(1, deps=[s_tok])
-            mbarrier.arrive(k_empty.index(slot), count=1)
-            k0, key_end, shift = _tile_range(j, n_pre, ctx_len, q_len, BLOCK_N)
-            p16, alpha_o, m_i, l_i = _softmax_step(
-                s, k0, key_end, shift, r0, rows, cols, m_i, l_i, qk_scale, BLOCK_N, mma_o, p_l
-            )
-            acc = warpgroup_mma_wait(0, deps=[pv_tok])
-            mbarrier.arrive(v_empty.index(prev), count=1)
-            acc = acc * alpha_o[:, None]
-        else:  # the last tile's P V
-            _my_turn(turn, wg, kt + j, PINGPONG)
-            pv_tok = warpgroup_mma(p16, v_ring.index(prev), acc, is_async=True)
-            _pass_turn(turn, wg, PINGPONG)
-            acc = warpgroup_mma_wait(0, deps=[pv_tok])
-            mbarrier.arrive(v_empty.index(prev), count=1)
+        _my_turn(turn, wg, kt + j, PINGPONG)
+        s_tok = warpgroup_mma(
+            q, k_ring.index(slot).permute((1, 0)), zero, use_acc=False, is_async=True
+        )
+        pv_tok = warpgroup_mma(p16, v_ring.index(prev), acc, is_async=True)
+        _pass_turn(turn, wg, PINGPONG)
+        s = warpgroup_mma_wait(1, deps=[s_tok])
+        mbarrier.arrive(k_empty.index(slot), count=1)
+        k0, key_end, shift = _tile_range(j, n_pre, ctx_len, q_len, BLOCK_N)
+        p16, alpha_o, m_i, l_i = _softmax_step(
+            s, k0, key_end, shift, r0, rows, cols, m_i, l_i, qk_scale, BLOCK_N, mma_o, p_l
+        )
+        acc = warpgroup_mma_wait(0, deps=[pv_tok])
+        mbarrier.arrive(v_empty.index(prev), count=1)
+        acc = acc * alpha_o[:, None]
+    last = (it + n_tiles - 1) % STAGES  # the last tile's P V
+    mbarrier.wait(v_ready.index(last), ((it + n_tiles - 1) // STAGES) & 1)
+    _zero_tail(v_ring.index(last), key_end - k0, BLOCK_N, HEAD_DIM)
+    _my_turn(turn, wg, kt + n_tiles, PINGPONG)
+    pv_tok = warpgroup_mma(p16, v_ring.index(last), acc, is_async=True)
+    _pass_turn(turn, wg, PINGPONG)
+    acc = warpgroup_mma_wait(0, deps=[pv_tok])
+    mbarrier.arrive(v_empty.index(last), count=1)
     return acc, gl.convert_layout(l_i, gl.SliceLayout(1, mma_o))
 
 
