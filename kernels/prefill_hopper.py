@@ -76,16 +76,20 @@ def prefill_attention_hopper(
     decode_prefix: torch.Tensor | None = None,
     *,
     pingpong: bool = True,
+    persistent: bool = True,
 ) -> torch.Tensor:
     """extend_attention_triton's prefill part (hopper_prefill_ok's cases): every sequence from
-    decode_prefix on, into out."""
+    decode_prefix on, into out. persistent: one program an SM walks the work items in a fixed
+    stride; otherwise one program an item (the hardware hands them out as SMs free up: a
+    balance the fixed stride lacks on causal tiles of unequal cost). Both measured in
+    docs/benchmarks.md (session 44)."""
     num_tokens, num_q_heads, head_dim = q.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     num_seqs = seq_lens.shape[0]
     k_new, v_new = new_kv
     sub = min(block_size, BLOCK_N)
     total = (num_tokens // (2 * ROWS) + num_seqs + 1) * num_q_heads  # shapes only: graph-safe
-    grid = (min(total, num_sms(q.device)),)
+    grid = (min(total, num_sms(q.device)) if persistent else total,)
     prefill_hopper_kernel[grid](
         _rows(q, ROWS), _rows(k_new, BLOCK_N), _rows(v_new, BLOCK_N), _rows(k_cache, sub),
         _rows(v_cache, sub), out, block_tables, seq_lens, query_start_loc,

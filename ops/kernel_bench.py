@@ -48,7 +48,7 @@ from troupe.kernels.decode_order import longest_first
 from troupe.kernels.extend_attention import extend_attention_triton
 from troupe.kernels.paged_attention import PrefillConfig, paged_attention_triton
 from troupe.kernels.paged_batch import PagedBatch, fused_new_kv, make_paged_batch
-from troupe.kernels.prefill_hopper import hopper_prefill_ok
+from troupe.kernels.prefill_hopper import hopper_prefill_ok, prefill_attention_hopper
 from troupe.ops.attention_sweep import sweep_variants
 from troupe.ops.card_rates import copy_bandwidth
 
@@ -320,24 +320,25 @@ def run_prefill(
         print(f"prefill {label} {name}: {ms * 1e3:.1f} us, {rate}", flush=True)
         rows.append((f"prefill {label}", name, ms, rate, ""))
     new_kv = fused_new_kv(batch)  # the extend kernel: new keys from fused qkv rows (TMA)
-    forms = [("triton extend (new keys from qkv rows)", False)]
+    forms: list[tuple[str, Callable[[], object]]] = [
+        ("triton extend (new keys from qkv rows)", lambda: extend_attention_triton(
+            batch.q, batch.k_cache, batch.v_cache, new_kv, batch.block_tables, batch.seq_lens,
+            batch.query_start_loc, scale, batch.max_seq_len, hopper=False,
+        )),
+    ]  # fmt: skip
     if hopper_prefill_ok(batch.q, batch.k_cache, new_kv, 0, False):
-        forms.append(("gluon hopper prefill (engine's on sm_90)", True))
-    for name, hopper in forms:
-        ms = median_ms(
-            lambda hopper=hopper: extend_attention_triton(
-                batch.q,
-                batch.k_cache,
-                batch.v_cache,
-                new_kv,
-                batch.block_tables,
-                batch.seq_lens,
-                batch.query_start_loc,
-                scale,
-                batch.max_seq_len,
-                hopper=hopper,
-            )
-        )
+        out = torch.empty_like(batch.q)
+        for persistent in (True, False):
+
+            def hopper(p: bool = persistent) -> object:
+                return prefill_attention_hopper(
+                    batch.q, batch.k_cache, batch.v_cache, new_kv, batch.block_tables,
+                    batch.seq_lens, batch.query_start_loc, scale, out, persistent=p,
+                )  # fmt: skip
+
+            forms.append((f"gluon hopper prefill persistent={persistent}", hopper))
+    for name, call in forms:
+        ms = median_ms(call)
         rate = f"{flops / (ms * 1e-3) / 1e12:.0f} TFLOP/s"
         print(f"prefill {label} {name}: {ms * 1e3:.1f} us, {rate}", flush=True)
         rows.append((f"prefill {label}", name, ms, rate, ""))

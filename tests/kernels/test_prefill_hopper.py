@@ -63,11 +63,13 @@ def _reference(batch: PagedBatch, scale: float) -> torch.Tensor:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("pingpong", [True, False])
+@pytest.mark.parametrize(("pingpong", "persistent"), [(True, True), (False, True), (True, False)])
 @pytest.mark.parametrize("block_size", [16, 32, 256])
 @pytest.mark.parametrize("group", [1, 3, 8])
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_it_matches_the_reference(case: str, group: int, block_size: int, pingpong: bool) -> None:
+def test_it_matches_the_reference(
+    case: str, group: int, block_size: int, pingpong: bool, persistent: bool
+) -> None:
     from troupe.kernels.prefill_hopper import hopper_prefill_ok, prefill_attention_hopper
 
     if not _sm90():
@@ -79,7 +81,7 @@ def test_it_matches_the_reference(case: str, group: int, block_size: int, pingpo
     out = torch.full_like(batch.q, float("nan"))
     prefill_attention_hopper(
         batch.q, batch.k_cache, batch.v_cache, new_kv, batch.block_tables, batch.seq_lens,
-        batch.query_start_loc, scale, out, pingpong=pingpong,
+        batch.query_start_loc, scale, out, pingpong=pingpong, persistent=persistent,
     )  # fmt: skip
     assert not out.isnan().any(), "a row unwritten, or a NaN slot reached P V"
     ref = _reference(batch, scale)
