@@ -10,10 +10,15 @@ both warpgroups in lockstep and every thread spends issue slots on addresses.
 
 This kernel moves the loads out of the compute warps, as FlashAttention-3 does: one producer
 warp issues TMA copies of Q and of each K and V tile into rings (K and V on separate
-barriers, so S_j starts before V_j lands); the eight compute warps (two warpgroups, 64 query
-rows each) wait on mbarriers and release slots with arrives, no CTA barrier in the loop.
-Per tile, in one warpgroup's program order: S_j issued, P_{j-1}.V_{j-1} issued, S_j waited,
-tile j's softmax while P.V runs on the tensor cores, P.V waited, the output rescaled.
+barriers, so S_j starts before V_j lands); two compute warpgroups (64 query rows each), each
+its own warp-specialized partition, wait on mbarriers and release slots with arrives, no CTA
+barrier in the loop. Per tile, in one warpgroup's program order: S_j issued, P_{j-1}.V_{j-1}
+issued, S_j waited, tile j's softmax while P.V runs on the tensor cores, P.V waited, the output
+rescaled; pingpong (the fourth launch field) alternates the warpgroups' turns.
+
+On an H100 (session 44): 428 TFLOP/s at 4 x 2,048 against the extend kernel's 329 and cuDNN's
+462. Contiguous keys only: kernels/prefill_hopper.py is this kernel under the engine's
+contract (paged prefix, qkv rows, tile grid).
 
 Keys past a sequence's end are the next sequence's (or TMA's zero fill past the tensor):
 masked in the scores, multiplied by P = 0 in P.V.
