@@ -34,19 +34,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-
-@gluon.jit
-def _find_seq(qsl_ptr, num_seqs, tile, BLOCK_M: gl.constexpr):
-    """The last sequence s with query_start_loc[s] // BLOCK_M + s <= tile (attention_tiles)."""
-    lo = 0
-    hi = num_seqs
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if gl.load(qsl_ptr + mid) // BLOCK_M + mid <= tile:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo - 1
+from .attention_tiles import find_seq
 
 
 @gluon.jit
@@ -74,7 +62,7 @@ def _work_item(w, num_heads, qsl_ptr, seq_lens_ptr, num_seqs, first, BLOCK_M: gl
     prefix tiles, and its key tiles (0: no rows, a decode's, or past every sequence)."""
     tile = w // num_heads
     head = w % num_heads
-    seq = _find_seq(qsl_ptr, num_seqs, tile, BLOCK_M)
+    seq = find_seq(qsl_ptr, num_seqs, tile, BLOCK_M)
     q_start = gl.load(qsl_ptr + seq)
     q_len = gl.load(qsl_ptr + seq + 1) - q_start
     num_tiles = gl.cdiv(q_len, BLOCK_M)
@@ -144,7 +132,7 @@ def _tile_range(j, n_pre, ctx_len, q_len, BLOCK_N: gl.constexpr):
 
 
 @gluon.jit
-def _softmax_step(s, k0, key_end, shift, r0, rows, cols, m_i, l_i, qk_scale, BLOCK_N: gl.constexpr,
+def softmax_step(s, k0, key_end, shift, r0, rows, cols, m_i, l_i, qk_scale, BLOCK_N: gl.constexpr,
                   mma_o: gl.constexpr, p_l: gl.constexpr):  # fmt: skip
     """One key tile's online softmax on raw scores s: masks only where the tile crosses the
     diagonal or its range's end, the scale folded into exp2's argument. Returns P (wgmma's
@@ -217,7 +205,7 @@ def _attend(q, k_ring, v_ring, k_ready, k_empty, v_ready, v_empty, turn, it, kt,
     s = warpgroup_mma_wait(0, deps=[s_tok])
     mbarrier.arrive(k_empty.index(slot), count=1)
     k0, key_end, shift = _tile_range(0, n_pre, ctx_len, q_len, BLOCK_N)
-    p16, alpha_o, m_i, l_i = _softmax_step(
+    p16, alpha_o, m_i, l_i = softmax_step(
         s, k0, key_end, shift, r0, rows, cols, m_i, l_i, qk_scale, BLOCK_N, mma_o, p_l
     )
     for j in range(1, n_tiles):
@@ -235,7 +223,7 @@ def _attend(q, k_ring, v_ring, k_ready, k_empty, v_ready, v_empty, turn, it, kt,
         s = warpgroup_mma_wait(1, deps=[s_tok])
         mbarrier.arrive(k_empty.index(slot), count=1)
         k0, key_end, shift = _tile_range(j, n_pre, ctx_len, q_len, BLOCK_N)
-        p16, alpha_o, m_i, l_i = _softmax_step(
+        p16, alpha_o, m_i, l_i = softmax_step(
             s, k0, key_end, shift, r0, rows, cols, m_i, l_i, qk_scale, BLOCK_N, mma_o, p_l
         )
         acc = warpgroup_mma_wait(0, deps=[pv_tok])

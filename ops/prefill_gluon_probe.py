@@ -19,7 +19,8 @@ registers), causal and length masks on S, the softmax in exp2 with fp32 statisti
 next loads are issued; otherwise each wgmma is waited where issued.
 
 Correct on an H100 (session 44) and slow: 270-290 TFLOP/s at 4 x 2,048, under the extend kernel;
-ops/prefill_ws_probe.py (TMA, warp specialization) is what became kernels/prefill_hopper.py.
+The TMA and warp-specialized form (ops/prefill_ws_probe.py until 5ef161a: 428 TFLOP/s on the
+same card) is kernels/prefill_hopper.py; this probe keeps that kernel's softmax step.
 """
 
 # Gluon kernels take untyped pointers and constexprs; @gluon.jit is untyped to mypy.
@@ -42,6 +43,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_init,
     warpgroup_mma_wait,
 )
+from troupe.kernels.prefill_hopper_kernel import softmax_step
 
 # triton 3.6 names the CTA barrier thread_barrier, 3.7 barrier
 _barrier = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier
@@ -84,25 +86,6 @@ def _issue_ahead(k_base, v_base, k_ring, v_ring, j, start, n_end, stride_kt, STA
     ahead = j + STAGES - 1
     _issue_kv(k_base, v_base, k_ring.index(ahead % STAGES), v_ring.index(ahead % STAGES),
               start + ahead * BLOCK_N, start + n_end, stride_kt, HEAD_DIM, BLOCK_N, layout)  # fmt: skip
-
-
-@gluon.jit
-def _softmax_step(s, k0, m0, seq_len, rows, cols, m_i, l_i, qk_scale, BLOCK_N: gl.constexpr,
-                  mma_o: gl.constexpr, p_l: gl.constexpr):  # fmt: skip
-    """One key tile's online softmax on raw scores s (keys k0..): the causal and length masks
-    only where the tile crosses the diagonal or the end, the scale folded into exp2's
-    argument (one FFMA an element). Returns P (bf16, wgmma's register operand), the factor for
-    the output rows, and the new row statistics (in exp2 units)."""
-    if (k0 + BLOCK_N > m0) | (k0 + BLOCK_N > seq_len):
-        keys = k0 + cols
-        s = gl.where((keys[None, :] <= rows[:, None]) & (keys < seq_len)[None, :], s,
-                     float("-inf"))  # fmt: skip
-    m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
-    alpha = gl.exp2(m_i - m_new)
-    p = gl.exp2(s * qk_scale - m_new[:, None])
-    l_i = l_i * alpha + gl.sum(p, axis=1)
-    alpha_o = gl.convert_layout(alpha, gl.SliceLayout(1, mma_o))
-    return gl.convert_layout(p.to(gl.bfloat16), p_l), alpha_o, m_new, l_i
 
 
 @gluon.jit
@@ -204,8 +187,8 @@ def prefill_gluon_kernel(
             _barrier()  # every warpgroup is done with slot (j - 1) % STAGES: refill it
             _issue_ahead(k_base, v_base, k_ring, v_ring, j, start, n_end, stride_kt, STAGES,
                          HEAD_DIM, BLOCK_N, load_l)  # fmt: skip
-            p16, alpha_o, m_i, l_i = _softmax_step(
-                s, j * BLOCK_N, m0, seq_len, rows, cols, m_i, l_i, qk_scale, BLOCK_N, mma_o,
+            p16, alpha_o, m_i, l_i = softmax_step(
+                s, j * BLOCK_N, seq_len, 0, m0, rows, cols, m_i, l_i, qk_scale, BLOCK_N, mma_o,
                 p_l,
             )  # fmt: skip
             pv_tok = warpgroup_mma(
@@ -223,8 +206,8 @@ def prefill_gluon_kernel(
             fence_async_shared()
             cur = j % STAGES
             s = warpgroup_mma(q_smem, k_ring.index(cur).permute((1, 0)), zero, use_acc=False)
-            p16, alpha_o, m_i, l_i = _softmax_step(
-                s, j * BLOCK_N, m0, seq_len, rows, cols, m_i, l_i, qk_scale, BLOCK_N, mma_o,
+            p16, alpha_o, m_i, l_i = softmax_step(
+                s, j * BLOCK_N, seq_len, 0, m0, rows, cols, m_i, l_i, qk_scale, BLOCK_N, mma_o,
                 p_l,
             )  # fmt: skip
             acc = warpgroup_mma(p16, v_ring.index(cur), acc * alpha_o[:, None])

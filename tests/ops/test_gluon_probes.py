@@ -1,5 +1,4 @@
-"""The Gluon probes (ops/fp8_gluon_probe.py, ops/prefill_gluon_probe.py,
-ops/prefill_ws_probe.py): Gluon has no
+"""The Gluon probes (ops/fp8_gluon_probe.py, ops/prefill_gluon_probe.py): Gluon has no
 interpreter form, so the CPU builds each for sm_90 with Triton's own ptxas (a child process
 without TRITON_INTERPRET) and checks what the build must hold; on a GPU (-m gpu) each kernel
 is checked against the torch reference."""
@@ -33,12 +32,8 @@ def test_the_fp8_decode_builds_without_byte_reads() -> None:
     assert int(counts["HMMA"]) > 0 and int(counts["F2FP"]) > 0
 
 
-@pytest.mark.parametrize(
-    ("module", "launch"),
-    [("prefill_gluon_probe", "128/64/4/8/1"), ("prefill_ws_probe", "128/128/2/1")],
-)
-def test_the_prefill_builds_with_wgmma_and_no_spills(module: str, launch: str) -> None:
-    out = _build(module, launch)
+def test_the_prefill_builds_with_wgmma_and_no_spills() -> None:
+    out = _build("prefill_gluon_probe", "128/64/4/8/1")
     assert int(re.search(r"(\d+) HGMMA", out).group(1)) > 0  # type: ignore[union-attr]
     assert re.search(r"stack 0,", out), out
 
@@ -66,16 +61,9 @@ def test_the_fp8_decode_matches_the_reference(launch: str) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize(
-    ("module", "launch"),
-    [("prefill_gluon_probe", "128/64/4/8/1"), ("prefill_gluon_probe", "64/64/4/4/1"),
-     ("prefill_gluon_probe", "128/64/3/8/0"), ("prefill_ws_probe", "128/128/2/1"),
-     ("prefill_ws_probe", "128/64/3/1"), ("prefill_ws_probe", "128/128/2/0")],
-)  # fmt: skip
-def test_the_prefill_matches_sdpa(module: str, launch: str) -> None:
-    import importlib
-
-    launcher = importlib.import_module(f"troupe.ops.{module}").launcher
+@pytest.mark.parametrize("launch", ["128/64/4/8/1", "64/64/4/4/1", "128/64/3/8/0"])
+def test_the_prefill_matches_sdpa(launch: str) -> None:
+    from troupe.ops.prefill_gluon_probe import launcher
 
     lens = [300, 1, 129, 64]  # partial blocks, a one-token sequence
     hq, hkv, dim = 16, 8, 128
