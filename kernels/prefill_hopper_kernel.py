@@ -133,7 +133,7 @@ def _tile_range(j, n_pre, ctx_len, q_len, BLOCK_N: gl.constexpr):
 
 @gluon.jit
 def softmax_step(s, k0, key_end, shift, r0, rows, cols, m_i, l_i, qk_scale, BLOCK_N: gl.constexpr,
-                  mma_o: gl.constexpr, p_l: gl.constexpr):  # fmt: skip
+                 mma_o: gl.constexpr, p_l: gl.constexpr):  # fmt: skip
     """One key tile's online softmax on raw scores s: masks only where the tile crosses the
     diagonal or its range's end, the scale folded into exp2's argument. Returns P (wgmma's
     register operand), the output rows' factor, and the new statistics (exp2 units)."""
