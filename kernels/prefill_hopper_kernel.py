@@ -279,7 +279,7 @@ def _consumer(q_smem, k_ring, v_ring, bars, work, o_ptr, stride_ot, stride_oh, q
             done += 1
 
 
-@gluon.jit(do_not_specialize=["num_seqs", "stride_bt"])
+@gluon.jit(do_not_specialize=["num_seqs", "total", "stride_bt"])
 def prefill_hopper_kernel(
     q_desc, k_desc, v_desc, kc_desc, vc_desc, o_ptr, block_tables_ptr, seq_lens_ptr, qsl_ptr,
     decode_prefix_ptr, num_seqs, total, qk_scale, stride_ot, stride_oh, stride_bt,
