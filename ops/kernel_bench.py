@@ -20,9 +20,10 @@ shared/bench/decode_anchor.py) runs on the same shapes, timed the same three way
 sequences of differing lengths (the engine's batches), in batch order and longest first
 (kernels/decode_order.py).
 
-Prefill: the paged and extend kernels at 4 x 2,048 new tokens and other shapes; where every
-sequence is new and of one length, torch's SDPA on contiguous tensors too, with its flash and
-its cuDNN backend (cuDNN's Hopper kernel is the candidate for issue 9's 460 TFLOP/s).
+Prefill: the paged and extend kernels at 4 x 2,048 new tokens and other shapes, and on sm_90
+the Gluon kernel the engine takes there (kernels/prefill_hopper.py, persistent and a program an
+item); where every sequence is new and of one length, torch's SDPA on contiguous tensors too,
+with its flash and its cuDNN backend (the fixed-shape ceiling for issue 9's 460 TFLOP/s).
 """
 
 from __future__ import annotations
