@@ -81,8 +81,9 @@ def prefill_attention_hopper(
     """extend_attention_triton's prefill part (hopper_prefill_ok's cases): every sequence from
     decode_prefix on, into out. persistent: one program an SM walks the work items in a fixed
     stride; otherwise one program an item (the hardware hands them out as SMs free up: a
-    balance the fixed stride lacks on causal tiles of unequal cost). Both measured in
-    docs/benchmarks.md (session 44)."""
+    balance the fixed stride lacks on causal tiles of unequal cost, at the price of launching
+    every empty item too: the grid holds a slot per decode sequence). docs/benchmarks.md
+    (session 44) has what each form measured."""
     num_tokens, num_q_heads, head_dim = q.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     num_seqs = seq_lens.shape[0]
