@@ -34,6 +34,8 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from .sm_count import capability
+
 OFF, PEEL, GDC = 0, 1, 2  # the kernels' PDL constexpr
 
 
@@ -44,7 +46,7 @@ def pdl_mode(pdl: bool, device: torch.device) -> int:
     on the CPU), OFF without pdl (the kernel as before)."""
     if not pdl:
         return OFF
-    if device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9:
+    if capability(device)[0] >= 9:
         return GDC
     return PEEL
 

@@ -11,11 +11,13 @@ kernel's. Measured against the Triton extend kernel in docs/benchmarks.md (sessi
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from triton.experimental.gluon import language as gl
 
 from .prefill_hopper_kernel import prefill_hopper_kernel
-from .sm_count import num_sms
+from .sm_count import capability, num_sms
 
 _LOG2E = 1.4426950408889634
 ROWS = 64  # a warpgroup's query rows (one wgmma M); a program holds two
@@ -24,18 +26,19 @@ STAGES = 2
 MAXNREG = 168  # 12 warps (the producer's warpgroup counted) x 168 = the register file
 
 
+@functools.cache
+def _layout(rows: int, dim: int) -> gl.NVMMASharedLayout:
+    return gl.NVMMASharedLayout.get_default_for([rows, dim], gl.bfloat16)
+
+
 def _rows(t: torch.Tensor, rows: int) -> object:
-    """A TMA descriptor over t's [rows of H heads x D] as 2-D [N, H * D], blocks [rows, D]."""
+    """A TMA descriptor over t's bf16 [rows of H heads x D] as 2-D [N, H * D], blocks [rows, D]."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     dim = t.shape[-1]
     flat = t.reshape(-1, t.shape[-2], dim) if t.dim() == 4 else t
-    layout = gl.NVMMASharedLayout.get_default_for([rows, dim], _GL_DTYPES[t.dtype])
     return TensorDescriptor(flat, [flat.shape[0], flat.shape[1] * dim], [flat.stride(0), 1],
-                            [rows, dim], layout)  # fmt: skip
-
-
-_GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
+                            [rows, dim], _layout(rows, dim))  # fmt: skip
 
 
 def hopper_prefill_ok(
@@ -45,7 +48,7 @@ def hopper_prefill_ok(
     """Whether this kernel takes the call: an sm_90 GPU, a 16-bit cache of q's dtype, head_dim
     128, no window, no fp8 scales, rows TMA can describe (16-byte aligned, heads contiguous),
     pages of at least 8 rows (a swizzle period) that divide or are divided by BLOCK_N."""
-    if not q.is_cuda or torch.cuda.get_device_capability(q.device) != (9, 0):
+    if capability(q.device) != (9, 0):
         return False
     block_size = k_cache.shape[1]
     views = (q, *new_kv)
