@@ -15,6 +15,7 @@ import functools
 
 import torch
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .prefill_hopper_kernel import prefill_hopper_kernel
 from .sm_count import capability, num_sms
@@ -33,8 +34,6 @@ def _layout(rows: int, dim: int) -> gl.NVMMASharedLayout:
 
 def _rows(t: torch.Tensor, rows: int) -> object:
     """A TMA descriptor over t's bf16 [rows of H heads x D] as 2-D [N, H * D], blocks [rows, D]."""
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
     dim = t.shape[-1]
     flat = t.reshape(-1, t.shape[-2], dim) if t.dim() == 4 else t
     return TensorDescriptor(flat, [flat.shape[0], flat.shape[1] * dim], [flat.stride(0), 1],
@@ -45,7 +44,7 @@ def hopper_prefill_ok(
     q: torch.Tensor, k_cache: torch.Tensor, new_kv: tuple[torch.Tensor, torch.Tensor],
     sliding_window: int, fp8: bool,
 ) -> bool:  # fmt: skip
-    """Whether this kernel takes the call: an sm_90 GPU, a 16-bit cache of q's dtype, head_dim
+    """Whether this kernel takes the call: an sm_90 GPU, bf16 values and cache, head_dim
     128, no window, no fp8 scales, rows TMA can describe (16-byte aligned, heads contiguous),
     pages of at least 8 rows (a swizzle period) that divide or are divided by BLOCK_N."""
     if capability(q.device) != (9, 0):
