@@ -2,7 +2,8 @@
 (kernels/extend_attention.py: a chunk's keys are its cached prefix, read through the block
 table, and its new tokens' keys, read from the fused qkv rows) on sm_90 with what Triton's own
 language does not express: TMA loads by a producer warp, one partition per warpgroup,
-FlashAttention-3's schedule, persistent programs (kernels/prefill_hopper_kernel.py).
+FlashAttention-3's schedule, persistent programs that claim work as they free up
+(kernels/prefill_hopper_kernel.py).
 
 hopper_prefill_ok says which calls it takes (bf16, head_dim 128, no window or fp8 cache);
 extend_attention_triton routes them here. Sequences before decode_prefix are the decode
@@ -30,6 +31,14 @@ MAXNREG = 168  # 12 warps (the producer's warpgroup counted) x 168 = the registe
 @functools.cache
 def _layout(rows: int, dim: int) -> gl.NVMMASharedLayout:
     return gl.NVMMASharedLayout.get_default_for([rows, dim], gl.bfloat16)
+
+
+@functools.cache
+def _sched(device: torch.device) -> torch.Tensor:
+    """The persistent form's claim counter, finished-program count and per-program hand-over
+    slots. The kernel leaves the counters at zero, so one buffer serves every launch on the
+    device's stream (made at the first call, an eager one before any graph capture)."""
+    return torch.zeros(2 + 2 * num_sms(device), dtype=torch.int32, device=device)
 
 
 def _rows(t: torch.Tensor, rows: int) -> object:
@@ -81,11 +90,10 @@ def prefill_attention_hopper(
     persistent: bool = True,
 ) -> torch.Tensor:
     """extend_attention_triton's prefill part (hopper_prefill_ok's cases): every sequence from
-    decode_prefix on, into out. persistent: one program an SM walks the work items in a fixed
-    stride; otherwise one program an item (the hardware hands them out as SMs free up: a
-    balance the fixed stride lacks on causal tiles of unequal cost, at the price of launching
-    every empty item too: the grid holds a slot per decode sequence). docs/benchmarks.md
-    (session 44) has what each form measured."""
+    decode_prefix on, into out. persistent: one program an SM, each claiming the next item
+    (a tile x a head, heaviest first within a sequence) as it frees up, from the first prefill
+    sequence's on; otherwise one program an item, decode and padding slots included (the
+    hardware hands them out). docs/benchmarks.md (sessions 44, 45) has what each form measured."""
     num_tokens, num_q_heads, head_dim = q.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     num_seqs = seq_lens.shape[0]
@@ -93,13 +101,15 @@ def prefill_attention_hopper(
     sub = min(block_size, BLOCK_N)
     total = (num_tokens // (2 * ROWS) + num_seqs + 1) * num_q_heads  # shapes only: graph-safe
     grid = (min(total, num_sms(q.device)) if persistent else total,)
+    sched = _sched(q.device)
     prefill_hopper_kernel[grid](
         _rows(q, ROWS), _rows(k_new, BLOCK_N), _rows(v_new, BLOCK_N), _rows(k_cache, sub),
         _rows(v_cache, sub), out, block_tables, seq_lens, query_start_loc,
-        seq_lens if decode_prefix is None else decode_prefix, num_seqs, total, scale * _LOG2E,
+        query_start_loc if decode_prefix is None else decode_prefix, sched, num_seqs, scale * _LOG2E,
         out.stride(0), out.stride(1), block_tables.stride(0),
-        HAS_PREFIX=decode_prefix is not None, GROUP=num_q_heads // num_kv_heads,
+        GROUP=num_q_heads // num_kv_heads,
         NUM_HEADS=num_q_heads, HEAD_DIM=head_dim, PAGE=block_size, BLOCK_N=BLOCK_N, STAGES=STAGES, PINGPONG=pingpong,
+        DYNAMIC=persistent,
         num_warps=4, maxnreg=MAXNREG,
     )  # fmt: skip
     return out

@@ -1,13 +1,16 @@
-"""The Gluon device code of kernels/prefill_hopper.py (sm_90): a persistent warp-specialized
-prefill attention kernel. Each program walks work items p, p + programs, ... (a tile of 128 new
-tokens of one sequence x a query head, numbered as kernels/attention_tiles.py numbers tiles, so
-the count depends only on shapes and a CUDA graph replays any mix); its three partitions walk
-them in step:
+"""The Gluon device code of kernels/prefill_hopper.py (sm_90): a warp-specialized prefill
+attention kernel. A work item is a tile of 128 new tokens of one sequence x a query head,
+numbered as kernels/attention_tiles.py numbers tiles (so the count depends only on shapes and a
+CUDA graph replays any mix); a sequence's tiles that see the most keys come first. DYNAMIC:
+persistent programs claim items from a global counter as they free up (greedy, heaviest
+first: causal tiles differ in cost, and decode sequences' slots are skipped without a launch);
+otherwise a program an item. The three partitions of a program walk the same items:
 
-    producer (1 warp)   per item both warpgroups' Q (two buffers: the next item's lands while
-                        this one runs), then each key tile's K and V into STAGES-deep rings,
-                        each slot on its own mbarrier; prefix tiles page by page through the
-                        block table, new-key tiles as one bulk copy of BLOCK_N rows
+    producer (1 warp)   claims the next item that holds work and hands it over in its slot
+                        of the sched buffer, released with the item's Q (two buffers: the
+                        next item's lands while this one runs); then each key tile's K and V
+                        into STAGES-deep rings, each slot on its own mbarrier; prefix tiles
+                        page by page through the block table, new-key tiles as one bulk copy
     warpgroup 0 and 1   64 query rows each, no CTA barrier between them: S_j issued, then
                         P_{j-1} V_{j-1}; tile j's softmax runs while P V is on the tensor
                         cores; slots released by arrives. PINGPONG alternates the two
@@ -77,24 +80,58 @@ def _work_item(w, num_heads, qsl_ptr, seq_lens_ptr, num_seqs, first, BLOCK_M: gl
 
 
 @gluon.jit
+def _item_range(qsl_ptr, num_seqs, first, num_heads, BLOCK_M: gl.constexpr):
+    """The items that can hold work: from the first prefill sequence's tiles to the end of the
+    last one with new rows (padding sequences at the end have none)."""
+    n_tok = gl.load(qsl_ptr + num_seqs)
+    lo = first
+    hi = num_seqs
+    while lo < hi:  # the first sequence whose rows start at n_tok
+        mid = (lo + hi) // 2
+        if gl.load(qsl_ptr + mid) < n_tok:
+            lo = mid + 1
+        else:
+            hi = mid
+    start = (gl.load(qsl_ptr + first) // BLOCK_M + first) * num_heads
+    return start, (n_tok // BLOCK_M + lo) * num_heads
+
+
+@gluon.jit
+def _claim(sched_ptr, start, end):
+    """The next unclaimed item of [start, end), or end: the counter counts claims."""
+    return gl.minimum(start + gl.atomic_add(sched_ptr, 1), end)
+
+
+@gluon.jit
 def _producer(q_desc, k_desc, v_desc, kc_desc, vc_desc, q_smem, k_ring, v_ring, bars, work,
-              block_tables_ptr, stride_bt, PAGE: gl.constexpr, SUB: gl.constexpr,
-              BLOCK_N: gl.constexpr, STAGES: gl.constexpr, GROUP: gl.constexpr):  # fmt: skip
+              block_tables_ptr, stride_bt, sched_ptr, PAGE: gl.constexpr, SUB: gl.constexpr,
+              BLOCK_N: gl.constexpr, STAGES: gl.constexpr, GROUP: gl.constexpr,
+              DYNAMIC: gl.constexpr):  # fmt: skip
     """One warp: per work item, both warpgroups' Q (two buffers, so the next item's lands
-    while this one runs), then each key tile's K and V into ring slots once both release them."""
+    while this one runs), then each key tile's K and V into ring slots once both release them.
+    DYNAMIC: items claimed from the counter, each handed to the warpgroups in the program's
+    slot (-1: no more), and the last program out resets the counters for the next launch."""
     q_full, q_empty, k_ready, k_empty, v_ready, v_empty, _ = bars
-    qsl_ptr, seq_lens_ptr, num_seqs, first, num_heads, total = work
+    qsl_ptr, seq_lens_ptr, decode_prefix_ptr, num_seqs, num_heads = work
+    first = gl.load(decode_prefix_ptr)  # loaded, not captured: see the kernel's note
     rows: gl.constexpr = q_desc.block_type.shape[0]
     head_dim: gl.constexpr = q_desc.block_type.shape[1]
+    slots = sched_ptr + 2 + 2 * gl.program_id(0)
+    start, end = _item_range(qsl_ptr, num_seqs, first, num_heads, 2 * rows)
+    w = gl.program_id(0)
+    if DYNAMIC:
+        w = _claim(sched_ptr, start, end)
     it = 0  # key tiles so far: the rings' position
     done = 0  # items so far: the Q buffers' position
-    for w in range(gl.program_id(0), total, gl.num_programs(0)):
+    while w < end:
         seq, head, q_start, _q_len, ctx_len, m0, n_pre, n_tiles = _work_item(
             w, num_heads, qsl_ptr, seq_lens_ptr, num_seqs, first, 2 * rows, BLOCK_N
         )
         if n_tiles > 0:
             qb = done % 2
             mbarrier.wait(q_empty.index(qb), ((done // 2) & 1) ^ 1)
+            if DYNAMIC:
+                gl.store(slots + qb, w)
             mbarrier.expect(q_full.index(qb), 2 * q_desc.block_type.nbytes)
             for h in gl.static_range(2):
                 tma.async_copy_global_to_shared(
@@ -114,6 +151,18 @@ def _producer(q_desc, k_desc, v_desc, kc_desc, vc_desc, q_smem, k_ring, v_ring, 
                            v_ready.index(slot), v_ring.index(slot), PAGE, SUB, BLOCK_N)  # fmt: skip
             it += n_tiles
             done += 1
+        if DYNAMIC:
+            w = _claim(sched_ptr, start, end)
+        else:
+            w = end
+    if DYNAMIC:
+        qb = done % 2
+        mbarrier.wait(q_empty.index(qb), ((done // 2) & 1) ^ 1)
+        gl.store(slots + qb, -1)
+        mbarrier.arrive(q_full.index(qb), count=1)
+        if gl.atomic_add(sched_ptr + 1, 1) == gl.num_programs(0) - 1:  # every claim is made
+            gl.atomic_xchg(sched_ptr, 0)
+            gl.atomic_xchg(sched_ptr + 1, 0)
 
 
 @gluon.jit
@@ -241,25 +290,45 @@ def _attend(q, k_ring, v_ring, k_ready, k_empty, v_ready, v_empty, turn, it, kt,
 
 
 @gluon.jit
+def _handed(slots, q_full, done, DYNAMIC: gl.constexpr):
+    """The program's next item from the producer (-1: no more), once its Q has landed; a
+    program an item has its own and no next."""
+    if DYNAMIC:
+        qb = done % 2
+        mbarrier.wait(q_full.index(qb), (done // 2) & 1)
+        w = gl.load(slots + qb)
+    else:
+        w = gl.program_id(0)
+        if done > 0:
+            w = -1
+    return w
+
+
+@gluon.jit
 def _consumer(q_smem, k_ring, v_ring, bars, work, o_ptr, stride_ot, stride_oh, qk_scale,
-              wg: gl.constexpr, HEAD_DIM: gl.constexpr, ROWS: gl.constexpr,
-              BLOCK_N: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr):  # fmt: skip
+              sched_ptr, wg: gl.constexpr, HEAD_DIM: gl.constexpr, ROWS: gl.constexpr,
+              BLOCK_N: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr,
+              DYNAMIC: gl.constexpr):  # fmt: skip
     """Warpgroup wg: rows m0 + wg * ROWS .. + ROWS of each of the program's work items."""
     q_full, q_empty, k_ready, k_empty, v_ready, v_empty, turn = bars
-    qsl_ptr, seq_lens_ptr, num_seqs, first, num_heads, total = work
+    qsl_ptr, seq_lens_ptr, decode_prefix_ptr, num_seqs, num_heads = work
+    first = gl.load(decode_prefix_ptr)
     mma_o: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16]
     )
+    slots = sched_ptr + 2 + 2 * gl.program_id(0)
     it = 0
     kt = 0  # turns so far: n_tiles + 1 an item
     done = 0
-    for w in range(gl.program_id(0), total, gl.num_programs(0)):
+    w = _handed(slots, q_full, done, DYNAMIC)
+    while w >= 0:
         _seq, head, q_start, q_len, ctx_len, m0, n_pre, n_tiles = _work_item(
             w, num_heads, qsl_ptr, seq_lens_ptr, num_seqs, first, 2 * ROWS, BLOCK_N
         )
-        if n_tiles > 0:
-            qb = done % 2
-            mbarrier.wait(q_full.index(qb), (done // 2) & 1)
+        qb = done % 2
+        if n_tiles > 0:  # always, when DYNAMIC
+            if not DYNAMIC:
+                mbarrier.wait(q_full.index(qb), 0)
             r0 = m0 + wg * ROWS
             acc, l_o = _attend(
                 q_smem.index(2 * qb + wg), k_ring, v_ring, k_ready, k_empty, v_ready, v_empty,
@@ -276,23 +345,26 @@ def _consumer(q_smem, k_ring, v_ring, bars, work, o_ptr, stride_ot, stride_oh, q
             gl.store(optr, o.to(o_ptr.dtype.element_ty), mask=mask)
             it += n_tiles
             kt += n_tiles + 1
-            done += 1
+        done += 1
+        w = _handed(slots, q_full, done, DYNAMIC)
 
 
-@gluon.jit(do_not_specialize=["num_seqs", "total", "stride_bt"])
+@gluon.jit(do_not_specialize=["num_seqs", "stride_bt"])
 def prefill_hopper_kernel(
     q_desc, k_desc, v_desc, kc_desc, vc_desc, o_ptr, block_tables_ptr, seq_lens_ptr, qsl_ptr,
-    decode_prefix_ptr, num_seqs, total, qk_scale, stride_ot, stride_oh, stride_bt,
-    HAS_PREFIX: gl.constexpr, GROUP: gl.constexpr, NUM_HEADS: gl.constexpr,
+    decode_prefix_ptr, sched_ptr, num_seqs, qk_scale, stride_ot, stride_oh, stride_bt,
+    GROUP: gl.constexpr, NUM_HEADS: gl.constexpr,
     HEAD_DIM: gl.constexpr, PAGE: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-    PINGPONG: gl.constexpr,
+    PINGPONG: gl.constexpr, DYNAMIC: gl.constexpr,
 ):  # fmt: skip
-    """Persistent: program p takes work items p, p + programs, ... of `total` (tiles x heads)."""
+    """DYNAMIC: persistent programs claim items from sched_ptr's counter (int32: the counter,
+    programs finished, then two slots a program; both counters zero at launch and left so);
+    otherwise program p runs item p. Sequences before decode_prefix_ptr[0] are decodes (point
+    it at query_start_loc[0] == 0 for none). The partitions take only kernel arguments: a value
+    computed here would reach them through a shared-memory word that the compiler also gives
+    the producer's atomic as scratch, which the second warpgroup might read too late."""
     ROWS: gl.constexpr = q_desc.block_type.shape[0]
     SUB: gl.constexpr = kc_desc.block_type.shape[0]  # cache rows a copy: min(PAGE, BLOCK_N)
-    first = 0
-    if HAS_PREFIX:
-        first = gl.load(decode_prefix_ptr)
     dtype: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(dtype, [4, ROWS, HEAD_DIM], q_desc.layout)  # 2 x 2 wg
     k_ring = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
@@ -315,15 +387,16 @@ def prefill_hopper_kernel(
         mbarrier.init(v_empty.index(i), count=2)
     mbarrier.arrive(turn.index(0), count=1)  # warpgroup 0 issues first
     bars = (q_full, q_empty, k_ready, k_empty, v_ready, v_empty, turn)
-    work = (qsl_ptr, seq_lens_ptr, num_seqs, first, NUM_HEADS, total)
+    work = (qsl_ptr, seq_lens_ptr, decode_prefix_ptr, num_seqs, NUM_HEADS)
     # fmt: off
     gl.warp_specialize(
         [(_consumer, (q_smem, k_ring, v_ring, bars, work, o_ptr, stride_ot, stride_oh, qk_scale,
-                      0, HEAD_DIM, ROWS, BLOCK_N, STAGES, PINGPONG)),
+                      sched_ptr, 0, HEAD_DIM, ROWS, BLOCK_N, STAGES, PINGPONG, DYNAMIC)),
          (_consumer, (q_smem, k_ring, v_ring, bars, work, o_ptr, stride_ot, stride_oh, qk_scale,
-                      1, HEAD_DIM, ROWS, BLOCK_N, STAGES, PINGPONG)),
+                      sched_ptr, 1, HEAD_DIM, ROWS, BLOCK_N, STAGES, PINGPONG, DYNAMIC)),
          (_producer, (q_desc, k_desc, v_desc, kc_desc, vc_desc, q_smem, k_ring, v_ring, bars,
-                      work, block_tables_ptr, stride_bt, PAGE, SUB, BLOCK_N, STAGES, GROUP))],
+                      work, block_tables_ptr, stride_bt, sched_ptr, PAGE, SUB, BLOCK_N, STAGES, GROUP,
+                      DYNAMIC))],
         [4, 1], [240, 24],
     )
     # fmt: on

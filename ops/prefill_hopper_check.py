@@ -30,11 +30,11 @@ def build(page: int) -> str:
              "vc_desc": ph._rows(cache, sub)}  # fmt: skip
     types = {n: native_specialize_impl(type(d), d, False, True, True)[0] for n, d in descs.items()}
     types |= {p: "*i32" for p in ("block_tables_ptr", "seq_lens_ptr", "qsl_ptr",
-                                  "decode_prefix_ptr")}  # fmt: skip
+                                  "decode_prefix_ptr", "sched_ptr")}  # fmt: skip
     types |= {"o_ptr": "*bf16", "qk_scale": "fp32"}
     consts: dict[str, object] = {
-        "HAS_PREFIX": True, "GROUP": 2, "NUM_HEADS": 16, "HEAD_DIM": 128, "PAGE": page,
-        "BLOCK_N": ph.BLOCK_N, "STAGES": ph.STAGES, "PINGPONG": True,
+        "GROUP": 2, "NUM_HEADS": 16, "HEAD_DIM": 128, "PAGE": page,
+        "BLOCK_N": ph.BLOCK_N, "STAGES": ph.STAGES, "PINGPONG": True, "DYNAMIC": True,
     }  # fmt: skip
     b = compile_sm90(prefill_hopper_kernel, consts, types, 4, 1, sass=True,
                      maxnreg=ph.MAXNREG)  # fmt: skip

@@ -118,3 +118,41 @@ def test_the_extend_entry_takes_it_and_leaves_decodes_and_padding() -> None:
     ref = _reference(batch, scale)
     for out in outs:
         assert (out[:n].float() - ref).norm() / ref.norm() < 1e-2
+
+
+@pytest.mark.gpu
+def test_the_persistent_form_leaves_its_counters_for_the_next_launch() -> None:
+    """Persistent programs claim items from a counter in a device buffer that each launch
+    must leave at zero: eager calls and CUDA graph replays, one after another, each write
+    every row (a counter left behind would hand the next launch nothing: NaN rows)."""
+    from troupe.kernels.prefill_hopper import _sched, prefill_attention_hopper
+
+    if not _sm90():
+        pytest.skip("an sm_90 GPU")
+    batch = _batch("mixed", 2, 16)
+    new_kv = fused_new_kv(batch)
+    scale = 1 / math.sqrt(128)
+    out = torch.empty_like(batch.q)
+
+    def run() -> None:
+        prefill_attention_hopper(
+            batch.q, batch.k_cache, batch.v_cache, new_kv, batch.block_tables, batch.seq_lens,
+            batch.query_start_loc, scale, out,
+        )  # fmt: skip
+
+    ref = _reference(batch, scale)
+    graph = torch.cuda.CUDAGraph()
+    for step in range(4):
+        out.fill_(float("nan"))
+        if step == 2:
+            with torch.cuda.graph(graph):
+                run()
+            out.fill_(float("nan"))
+        if step >= 2:
+            graph.replay()
+        else:
+            run()
+        torch.cuda.synchronize()
+        assert not out.isnan().any(), f"step {step}: rows unwritten"
+        assert (out.float() - ref).norm() / ref.norm() < 1e-2
+        assert _sched(batch.q.device)[:2].tolist() == [0, 0]
