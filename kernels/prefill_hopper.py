@@ -38,7 +38,7 @@ def _sched(device: torch.device) -> torch.Tensor:
     """The persistent form's claim counter, finished-program count and per-program hand-over
     slots. The kernel leaves the counters at zero, so one buffer serves every launch on the
     device's stream (made at the first call, an eager one before any graph capture)."""
-    return torch.zeros(2 + 2 * num_sms(device), dtype=torch.int32, device=device)
+    return torch.zeros(2 + 16 * num_sms(device), dtype=torch.int32, device=device)
 
 
 def _rows(t: torch.Tensor, rows: int) -> object:
@@ -87,20 +87,18 @@ def prefill_attention_hopper(
     decode_prefix: torch.Tensor | None = None,
     *,
     pingpong: bool = True,
-    persistent: bool = True,
 ) -> torch.Tensor:
     """extend_attention_triton's prefill part (hopper_prefill_ok's cases): every sequence from
-    decode_prefix on, into out. persistent: one program an SM, each claiming the next item
-    (a tile x a head, heaviest first within a sequence) as it frees up, from the first prefill
-    sequence's on; otherwise one program an item, decode and padding slots included (the
-    hardware hands them out). docs/benchmarks.md (sessions 44, 45) has what each form measured."""
+    decode_prefix on, into out: one program an SM, each claiming the next item (a tile x a
+    head, heaviest first within a sequence) as it frees up. docs/benchmarks.md (session 45) has
+    what this and the forms before it (a fixed stride, a program an item) measured."""
     num_tokens, num_q_heads, head_dim = q.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     num_seqs = seq_lens.shape[0]
     k_new, v_new = new_kv
     sub = min(block_size, BLOCK_N)
-    total = (num_tokens // (2 * ROWS) + num_seqs + 1) * num_q_heads  # shapes only: graph-safe
-    grid = (min(total, num_sms(q.device)) if persistent else total,)
+    total = (num_tokens // (2 * ROWS) + num_seqs + 1) * num_q_heads  # the tile grid's items
+    grid = (min(total, num_sms(q.device)),)  # shapes only: graph-safe
     sched = _sched(q.device)
     prefill_hopper_kernel[grid](
         _rows(q, ROWS), _rows(k_new, BLOCK_N), _rows(v_new, BLOCK_N), _rows(k_cache, sub),
@@ -109,7 +107,6 @@ def prefill_attention_hopper(
         out.stride(0), out.stride(1), block_tables.stride(0),
         GROUP=num_q_heads // num_kv_heads,
         NUM_HEADS=num_q_heads, HEAD_DIM=head_dim, PAGE=block_size, BLOCK_N=BLOCK_N, STAGES=STAGES, PINGPONG=pingpong,
-        DYNAMIC=persistent,
         num_warps=4, maxnreg=MAXNREG,
     )  # fmt: skip
     return out

@@ -1,16 +1,15 @@
 """The Gluon device code of kernels/prefill_hopper.py (sm_90): a warp-specialized prefill
-attention kernel. A work item is a tile of 128 new tokens of one sequence x a query head,
-numbered as kernels/attention_tiles.py numbers tiles (so the count depends only on shapes and a
-CUDA graph replays any mix); a sequence's tiles that see the most keys come first. DYNAMIC:
-persistent programs claim items from a global counter as they free up (greedy, heaviest
-first: causal tiles differ in cost, and decode sequences' slots are skipped without a launch);
-otherwise a program an item. The three partitions of a program walk the same items:
+attention kernel. Persistent programs (one an SM) claim work items (a tile of 128 new tokens x
+a query head; kernels/prefill_hopper_items.py) from a global counter as they free up: greedy,
+heaviest first (causal tiles differ in cost), decode and padding slots never claimed. A
+program's three partitions:
 
-    producer (1 warp)   claims the next item that holds work and hands it over in its slot
-                        of the sched buffer, released with the item's Q (two buffers: the
-                        next item's lands while this one runs); then each key tile's K and V
-                        into STAGES-deep rings, each slot on its own mbarrier; prefix tiles
-                        page by page through the block table, new-key tiles as one bulk copy
+    producer (1 warp)   claims the next item that holds work and hands its fields over in the
+                        program's slot of the sched buffer, released with the item's Q (two
+                        buffers: the next item's lands while this one runs); then each key
+                        tile's K and V into STAGES-deep rings, each slot on its own mbarrier;
+                        prefix tiles page by page through the block table, new-key tiles as
+                        one bulk copy
     warpgroup 0 and 1   64 query rows each, no CTA barrier between them: S_j issued, then
                         P_{j-1} V_{j-1}; tile j's softmax runs while P V is on the tensor
                         cores; slots released by arrives. PINGPONG alternates the two
@@ -37,7 +36,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from .attention_tiles import find_seq
+from .prefill_hopper_items import hand_over, handed, item_range, next_item
 
 
 @gluon.jit
@@ -58,111 +57,59 @@ def _load_tile(desc, cache_desc, bt_row, j, n_pre, ctx_len, new_row0, col, bar, 
 
 
 @gluon.jit
-def _work_item(w, num_heads, qsl_ptr, seq_lens_ptr, num_seqs, first, BLOCK_M: gl.constexpr,
-               BLOCK_N: gl.constexpr):  # fmt: skip
-    """Work item w: tile w // num_heads of the flat grid (attention_tiles.py) for query head
-    w % num_heads. Its sequence, head, new rows (start, count), prefix length, first row, its
-    prefix tiles, and its key tiles (0: no rows, a decode's, or past every sequence)."""
-    tile = w // num_heads
-    head = w % num_heads
-    seq = find_seq(qsl_ptr, num_seqs, tile, BLOCK_M)
-    q_start = gl.load(qsl_ptr + seq)
-    q_len = gl.load(qsl_ptr + seq + 1) - q_start
-    num_tiles = gl.cdiv(q_len, BLOCK_M)
-    local = tile - (q_start // BLOCK_M + seq)
-    m0 = (num_tiles - 1 - local) * BLOCK_M  # a sequence's tiles that see the most keys first
-    ctx_len = gl.load(seq_lens_ptr + seq) - q_len
-    n_pre = gl.cdiv(ctx_len, BLOCK_N)
-    n_tiles = n_pre + gl.cdiv(gl.minimum(q_len, m0 + BLOCK_M), BLOCK_N)  # causal
-    if (seq < first) | (local >= num_tiles):
-        n_tiles = 0
-    return seq, head, q_start, q_len, ctx_len, m0, n_pre, n_tiles
-
-
-@gluon.jit
-def _item_range(qsl_ptr, num_seqs, first, num_heads, BLOCK_M: gl.constexpr):
-    """The items that can hold work: from the first prefill sequence's tiles to the end of the
-    last one with new rows (padding sequences at the end have none)."""
-    n_tok = gl.load(qsl_ptr + num_seqs)
-    lo = first
-    hi = num_seqs
-    while lo < hi:  # the first sequence whose rows start at n_tok
-        mid = (lo + hi) // 2
-        if gl.load(qsl_ptr + mid) < n_tok:
-            lo = mid + 1
-        else:
-            hi = mid
-    start = (gl.load(qsl_ptr + first) // BLOCK_M + first) * num_heads
-    return start, (n_tok // BLOCK_M + lo) * num_heads
-
-
-@gluon.jit
-def _claim(sched_ptr, start, end):
-    """The next unclaimed item of [start, end), or end: the counter counts claims."""
-    return gl.minimum(start + gl.atomic_add(sched_ptr, 1), end)
-
-
-@gluon.jit
 def _producer(q_desc, k_desc, v_desc, kc_desc, vc_desc, q_smem, k_ring, v_ring, bars, work,
               block_tables_ptr, stride_bt, sched_ptr, PAGE: gl.constexpr, SUB: gl.constexpr,
-              BLOCK_N: gl.constexpr, STAGES: gl.constexpr, GROUP: gl.constexpr,
-              DYNAMIC: gl.constexpr):  # fmt: skip
-    """One warp: per work item, both warpgroups' Q (two buffers, so the next item's lands
-    while this one runs), then each key tile's K and V into ring slots once both release them.
-    DYNAMIC: items claimed from the counter, each handed to the warpgroups in the program's
-    slot (-1: no more), and the last program out resets the counters for the next launch."""
+              BLOCK_N: gl.constexpr, STAGES: gl.constexpr, GROUP: gl.constexpr):  # fmt: skip
+    """One warp: claims items, hands each to the warpgroups in the program's slot with its Q
+    (two buffers and slots, so the next item's land while this one runs), then each key
+    tile's K and V into ring slots once both release them. The next claim is made under the
+    ring's waits; n_tiles 0 in the slot ends the warpgroups' loop, and the last program out
+    resets the counters for the next launch."""
     q_full, q_empty, k_ready, k_empty, v_ready, v_empty, _ = bars
     qsl_ptr, seq_lens_ptr, decode_prefix_ptr, num_seqs, num_heads = work
     first = gl.load(decode_prefix_ptr)  # loaded, not captured: see the kernel's note
     rows: gl.constexpr = q_desc.block_type.shape[0]
     head_dim: gl.constexpr = q_desc.block_type.shape[1]
-    slots = sched_ptr + 2 + 2 * gl.program_id(0)
-    start, end = _item_range(qsl_ptr, num_seqs, first, num_heads, 2 * rows)
-    w = gl.program_id(0)
-    if DYNAMIC:
-        w = _claim(sched_ptr, start, end)
+    slots = sched_ptr + 2 + 16 * gl.program_id(0)
+    start, end = item_range(qsl_ptr, num_seqs, first, num_heads, 2 * rows)
+    w, item = next_item(sched_ptr, start, end, qsl_ptr, seq_lens_ptr, num_seqs, first,
+                         num_heads, 2 * rows, BLOCK_N)  # fmt: skip
     it = 0  # key tiles so far: the rings' position
-    done = 0  # items so far: the Q buffers' position
+    done = 0  # items so far: the Q buffers' and slots' position
     while w < end:
-        seq, head, q_start, _q_len, ctx_len, m0, n_pre, n_tiles = _work_item(
-            w, num_heads, qsl_ptr, seq_lens_ptr, num_seqs, first, 2 * rows, BLOCK_N
-        )
-        if n_tiles > 0:
-            qb = done % 2
-            mbarrier.wait(q_empty.index(qb), ((done // 2) & 1) ^ 1)
-            if DYNAMIC:
-                gl.store(slots + qb, w)
-            mbarrier.expect(q_full.index(qb), 2 * q_desc.block_type.nbytes)
-            for h in gl.static_range(2):
-                tma.async_copy_global_to_shared(
-                    q_desc, [q_start + m0 + h * rows, head * head_dim], q_full.index(qb),
-                    q_smem.index(2 * qb + h),
-                )  # fmt: skip
-            bt_row = block_tables_ptr + seq.to(gl.int64) * stride_bt
-            kv_col = (head // GROUP) * head_dim
-            for j in range(n_tiles):
-                slot = (it + j) % STAGES
-                phase = ((it + j) // STAGES) & 1
-                mbarrier.wait(k_empty.index(slot), phase ^ 1)
-                _load_tile(k_desc, kc_desc, bt_row, j, n_pre, ctx_len, q_start, kv_col,
-                           k_ready.index(slot), k_ring.index(slot), PAGE, SUB, BLOCK_N)  # fmt: skip
-                mbarrier.wait(v_empty.index(slot), phase ^ 1)
-                _load_tile(v_desc, vc_desc, bt_row, j, n_pre, ctx_len, q_start, kv_col,
-                           v_ready.index(slot), v_ring.index(slot), PAGE, SUB, BLOCK_N)  # fmt: skip
-            it += n_tiles
-            done += 1
-        if DYNAMIC:
-            w = _claim(sched_ptr, start, end)
-        else:
-            w = end
-    if DYNAMIC:
+        seq, head, q_start, _q_len, ctx_len, m0, n_pre, n_tiles = item
         qb = done % 2
         mbarrier.wait(q_empty.index(qb), ((done // 2) & 1) ^ 1)
-        gl.store(slots + qb, -1)
-        mbarrier.arrive(q_full.index(qb), count=1)
-        if gl.atomic_add(sched_ptr + 1, 1) == gl.num_programs(0) - 1:  # every claim is made
-            gl.atomic_xchg(sched_ptr, 0)
-            gl.atomic_xchg(sched_ptr + 1, 0)
+        hand_over(slots + 8 * qb, item)
+        mbarrier.expect(q_full.index(qb), 2 * q_desc.block_type.nbytes)
+        for h in gl.static_range(2):
+            tma.async_copy_global_to_shared(
+                q_desc, [q_start + m0 + h * rows, head * head_dim], q_full.index(qb),
+                q_smem.index(2 * qb + h),
+            )  # fmt: skip
+        bt_row = block_tables_ptr + seq.to(gl.int64) * stride_bt
+        kv_col = (head // GROUP) * head_dim
+        for j in range(n_tiles):
+            slot = (it + j) % STAGES
+            phase = ((it + j) // STAGES) & 1
+            mbarrier.wait(k_empty.index(slot), phase ^ 1)
+            _load_tile(k_desc, kc_desc, bt_row, j, n_pre, ctx_len, q_start, kv_col,
+                       k_ready.index(slot), k_ring.index(slot), PAGE, SUB, BLOCK_N)  # fmt: skip
+            mbarrier.wait(v_empty.index(slot), phase ^ 1)
+            _load_tile(v_desc, vc_desc, bt_row, j, n_pre, ctx_len, q_start, kv_col,
+                       v_ready.index(slot), v_ring.index(slot), PAGE, SUB, BLOCK_N)  # fmt: skip
+            if j == 0:  # the next claim's round trips under this item's loads
+                w, item = next_item(sched_ptr, start, end, qsl_ptr, seq_lens_ptr, num_seqs,
+                                     first, num_heads, 2 * rows, BLOCK_N)  # fmt: skip
+        it += n_tiles
+        done += 1
+    qb = done % 2
+    mbarrier.wait(q_empty.index(qb), ((done // 2) & 1) ^ 1)
+    gl.store(slots + 8 * qb, 0)
+    mbarrier.arrive(q_full.index(qb), count=1)
+    if gl.atomic_add(sched_ptr + 1, 1) == gl.num_programs(0) - 1:  # every claim is made
+        gl.atomic_xchg(sched_ptr, 0)
+        gl.atomic_xchg(sched_ptr + 1, 0)
 
 
 @gluon.jit
@@ -290,79 +237,53 @@ def _attend(q, k_ring, v_ring, k_ready, k_empty, v_ready, v_empty, turn, it, kt,
 
 
 @gluon.jit
-def _handed(slots, q_full, done, DYNAMIC: gl.constexpr):
-    """The program's next item from the producer (-1: no more), once its Q has landed; a
-    program an item has its own and no next."""
-    if DYNAMIC:
-        qb = done % 2
-        mbarrier.wait(q_full.index(qb), (done // 2) & 1)
-        w = gl.load(slots + qb)
-    else:
-        w = gl.program_id(0)
-        if done > 0:
-            w = -1
-    return w
-
-
-@gluon.jit
-def _consumer(q_smem, k_ring, v_ring, bars, work, o_ptr, stride_ot, stride_oh, qk_scale,
-              sched_ptr, wg: gl.constexpr, HEAD_DIM: gl.constexpr, ROWS: gl.constexpr,
-              BLOCK_N: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr,
-              DYNAMIC: gl.constexpr):  # fmt: skip
-    """Warpgroup wg: rows m0 + wg * ROWS .. + ROWS of each of the program's work items."""
+def _consumer(q_smem, k_ring, v_ring, bars, o_ptr, stride_ot, stride_oh, qk_scale, sched_ptr,
+              wg: gl.constexpr, HEAD_DIM: gl.constexpr, ROWS: gl.constexpr,
+              BLOCK_N: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr):  # fmt: skip
+    """Warpgroup wg: rows m0 + wg * ROWS .. + ROWS of each item the producer hands over."""
     q_full, q_empty, k_ready, k_empty, v_ready, v_empty, turn = bars
-    qsl_ptr, seq_lens_ptr, decode_prefix_ptr, num_seqs, num_heads = work
-    first = gl.load(decode_prefix_ptr)
     mma_o: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16]
     )
-    slots = sched_ptr + 2 + 2 * gl.program_id(0)
+    slots = sched_ptr + 2 + 16 * gl.program_id(0)
     it = 0
     kt = 0  # turns so far: n_tiles + 1 an item
     done = 0
-    w = _handed(slots, q_full, done, DYNAMIC)
-    while w >= 0:
-        _seq, head, q_start, q_len, ctx_len, m0, n_pre, n_tiles = _work_item(
-            w, num_heads, qsl_ptr, seq_lens_ptr, num_seqs, first, 2 * ROWS, BLOCK_N
-        )
+    n_tiles, head, q_start, q_len, ctx_len, m0, n_pre = handed(slots, q_full, done)
+    while n_tiles > 0:
         qb = done % 2
-        if n_tiles > 0:  # always, when DYNAMIC
-            if not DYNAMIC:
-                mbarrier.wait(q_full.index(qb), 0)
-            r0 = m0 + wg * ROWS
-            acc, l_o = _attend(
-                q_smem.index(2 * qb + wg), k_ring, v_ring, k_ready, k_empty, v_ready, v_empty,
-                turn, it, kt, q_len, ctx_len, r0, n_pre, n_tiles, qk_scale, wg, HEAD_DIM, ROWS,
-                BLOCK_N, STAGES, PINGPONG,
-            )  # fmt: skip
-            mbarrier.arrive(q_empty.index(qb), count=1)
-            o = acc / gl.where(l_o > 0.0, l_o, 1.0)[:, None]
-            r = r0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, mma_o))
-            d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, mma_o))
-            row = (q_start + r).to(gl.int64)[:, None] * stride_ot
-            optr = o_ptr + row + head * stride_oh + d[None, :]
-            mask = (r < q_len)[:, None] & (d < HEAD_DIM)[None, :]
-            gl.store(optr, o.to(o_ptr.dtype.element_ty), mask=mask)
-            it += n_tiles
-            kt += n_tiles + 1
+        r0 = m0 + wg * ROWS
+        acc, l_o = _attend(
+            q_smem.index(2 * qb + wg), k_ring, v_ring, k_ready, k_empty, v_ready, v_empty,
+            turn, it, kt, q_len, ctx_len, r0, n_pre, n_tiles, qk_scale, wg, HEAD_DIM, ROWS,
+            BLOCK_N, STAGES, PINGPONG,
+        )  # fmt: skip
+        mbarrier.arrive(q_empty.index(qb), count=1)
+        o = acc / gl.where(l_o > 0.0, l_o, 1.0)[:, None]
+        r = r0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, mma_o))
+        d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, mma_o))
+        row = (q_start + r).to(gl.int64)[:, None] * stride_ot
+        optr = o_ptr + row + head * stride_oh + d[None, :]
+        mask = (r < q_len)[:, None] & (d < HEAD_DIM)[None, :]
+        gl.store(optr, o.to(o_ptr.dtype.element_ty), mask=mask)
+        it += n_tiles
+        kt += n_tiles + 1
         done += 1
-        w = _handed(slots, q_full, done, DYNAMIC)
+        n_tiles, head, q_start, q_len, ctx_len, m0, n_pre = handed(slots, q_full, done)
 
 
 @gluon.jit(do_not_specialize=["num_seqs", "stride_bt"])
 def prefill_hopper_kernel(
     q_desc, k_desc, v_desc, kc_desc, vc_desc, o_ptr, block_tables_ptr, seq_lens_ptr, qsl_ptr,
     decode_prefix_ptr, sched_ptr, num_seqs, qk_scale, stride_ot, stride_oh, stride_bt,
-    GROUP: gl.constexpr, NUM_HEADS: gl.constexpr,
-    HEAD_DIM: gl.constexpr, PAGE: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-    PINGPONG: gl.constexpr, DYNAMIC: gl.constexpr,
+    GROUP: gl.constexpr, NUM_HEADS: gl.constexpr, HEAD_DIM: gl.constexpr, PAGE: gl.constexpr,
+    BLOCK_N: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr,
 ):  # fmt: skip
-    """DYNAMIC: persistent programs claim items from sched_ptr's counter (int32: the counter,
-    programs finished, then two slots a program; both counters zero at launch and left so);
-    otherwise program p runs item p. Sequences before decode_prefix_ptr[0] are decodes (point
-    it at query_start_loc[0] == 0 for none). The partitions take only kernel arguments: a value
-    computed here would reach them through a shared-memory word that the compiler also gives
-    the producer's atomic as scratch, which the second warpgroup might read too late."""
+    """Persistent programs claim items from sched_ptr's counter (prefill_hopper_items.py; its
+    counters zero at launch and left so). Sequences before decode_prefix_ptr[0] are decodes (point it at query_start_loc[0] == 0 for
+    none). The partitions take only kernel arguments: a value computed here would reach them
+    through a shared-memory word that the compiler also gives the producer's atomic as
+    scratch, which the second warpgroup might read too late."""
     ROWS: gl.constexpr = q_desc.block_type.shape[0]
     SUB: gl.constexpr = kc_desc.block_type.shape[0]  # cache rows a copy: min(PAGE, BLOCK_N)
     dtype: gl.constexpr = q_desc.dtype
@@ -390,13 +311,13 @@ def prefill_hopper_kernel(
     work = (qsl_ptr, seq_lens_ptr, decode_prefix_ptr, num_seqs, NUM_HEADS)
     # fmt: off
     gl.warp_specialize(
-        [(_consumer, (q_smem, k_ring, v_ring, bars, work, o_ptr, stride_ot, stride_oh, qk_scale,
-                      sched_ptr, 0, HEAD_DIM, ROWS, BLOCK_N, STAGES, PINGPONG, DYNAMIC)),
-         (_consumer, (q_smem, k_ring, v_ring, bars, work, o_ptr, stride_ot, stride_oh, qk_scale,
-                      sched_ptr, 1, HEAD_DIM, ROWS, BLOCK_N, STAGES, PINGPONG, DYNAMIC)),
+        [(_consumer, (q_smem, k_ring, v_ring, bars, o_ptr, stride_ot, stride_oh, qk_scale,
+                      sched_ptr, 0, HEAD_DIM, ROWS, BLOCK_N, STAGES, PINGPONG)),
+         (_consumer, (q_smem, k_ring, v_ring, bars, o_ptr, stride_ot, stride_oh, qk_scale,
+                      sched_ptr, 1, HEAD_DIM, ROWS, BLOCK_N, STAGES, PINGPONG)),
          (_producer, (q_desc, k_desc, v_desc, kc_desc, vc_desc, q_smem, k_ring, v_ring, bars,
-                      work, block_tables_ptr, stride_bt, sched_ptr, PAGE, SUB, BLOCK_N, STAGES, GROUP,
-                      DYNAMIC))],
+                      work, block_tables_ptr, stride_bt, sched_ptr, PAGE, SUB, BLOCK_N, STAGES,
+                      GROUP))],
         [4, 1], [240, 24],
     )
     # fmt: on

@@ -21,8 +21,8 @@ sequences of differing lengths (the engine's batches), in batch order and longes
 (kernels/decode_order.py).
 
 Prefill: the paged and extend kernels at 4 x 2,048 new tokens and other shapes, and on sm_90
-the Gluon kernel the engine takes there (kernels/prefill_hopper.py, persistent and a program an
-item); where every sequence is new and of one length, torch's SDPA on contiguous tensors too,
+the Gluon kernel the engine takes there (kernels/prefill_hopper.py, with and without pingpong);
+where every sequence is new and of one length, torch's SDPA on contiguous tensors too,
 with its flash and its cuDNN backend (the fixed-shape ceiling for issue 9's 460 TFLOP/s).
 """
 
@@ -329,15 +329,15 @@ def run_prefill(
     ]  # fmt: skip
     if hopper_prefill_ok(batch.q, batch.k_cache, new_kv, 0, False):
         out = torch.empty_like(batch.q)
-        for persistent in (True, False):
+        for pingpong in (True, False):
 
-            def hopper(p: bool = persistent) -> object:
+            def hopper(p: bool = pingpong) -> object:
                 return prefill_attention_hopper(
                     batch.q, batch.k_cache, batch.v_cache, new_kv, batch.block_tables,
-                    batch.seq_lens, batch.query_start_loc, scale, out, persistent=p,
+                    batch.seq_lens, batch.query_start_loc, scale, out, pingpong=p,
                 )  # fmt: skip
 
-            forms.append((f"gluon hopper prefill persistent={persistent}", hopper))
+            forms.append((f"gluon hopper prefill pingpong={pingpong}", hopper))
     for name, call in forms:
         ms = median_ms(call)
         rate = f"{flops / (ms * 1e-3) / 1e12:.0f} TFLOP/s"
@@ -372,6 +372,7 @@ def main() -> None:
     parser.add_argument(
         "--sweep-variants", action="store_true", help="time every kernel variant, print BEST lines"
     )
+    parser.add_argument("--prefill", action="store_true", help="only the prefill rows")
     args = parser.parse_args()
     copy_bw = copy_bandwidth()
     print(f"{torch.cuda.get_device_name()}: copy {copy_bw / 1e12:.2f} TB/s (read + write)")
@@ -379,10 +380,11 @@ def main() -> None:
         sweep_variants(copy_bw)
         return
     rows: list[Row] = []
-    run_decode(256, 1024, copy_bw, args.sweep, rows)
-    for num_seqs, context in ((64, 4096), (8, 16384), (1, 32768)):
-        run_decode(num_seqs, context, copy_bw, args.sweep and num_seqs == 1, rows)
-    run_decode_mixed(copy_bw, rows)
+    if not args.prefill:
+        run_decode(256, 1024, copy_bw, args.sweep, rows)
+        for num_seqs, context in ((64, 4096), (8, 16384), (1, 32768)):
+            run_decode(num_seqs, context, copy_bw, args.sweep and num_seqs == 1, rows)
+        run_decode_mixed(copy_bw, rows)
     run_prefill([(0, 2048)] * 4, "4 x 2048 new", rows, args.sweep)
     run_prefill([(0, 512)] * 16, "16 x 512 new", rows)
     run_prefill([(1536, 512)] * 8, "8 x (1536 cached + 512 new)", rows)

@@ -34,7 +34,7 @@ def build(page: int) -> str:
     types |= {"o_ptr": "*bf16", "qk_scale": "fp32"}
     consts: dict[str, object] = {
         "GROUP": 2, "NUM_HEADS": 16, "HEAD_DIM": 128, "PAGE": page,
-        "BLOCK_N": ph.BLOCK_N, "STAGES": ph.STAGES, "PINGPONG": True, "DYNAMIC": True,
+        "BLOCK_N": ph.BLOCK_N, "STAGES": ph.STAGES, "PINGPONG": True,
     }  # fmt: skip
     b = compile_sm90(prefill_hopper_kernel, consts, types, 4, 1, sass=True,
                      maxnreg=ph.MAXNREG)  # fmt: skip

@@ -63,13 +63,11 @@ def _reference(batch: PagedBatch, scale: float) -> torch.Tensor:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize(("pingpong", "persistent"), [(True, True), (False, True), (True, False)])
+@pytest.mark.parametrize("pingpong", [True, False])
 @pytest.mark.parametrize("block_size", [16, 32, 256])
 @pytest.mark.parametrize("group", [1, 3, 8])
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_it_matches_the_reference(
-    case: str, group: int, block_size: int, pingpong: bool, persistent: bool
-) -> None:
+def test_it_matches_the_reference(case: str, group: int, block_size: int, pingpong: bool) -> None:
     from troupe.kernels.prefill_hopper import hopper_prefill_ok, prefill_attention_hopper
 
     if not _sm90():
@@ -81,7 +79,7 @@ def test_it_matches_the_reference(
     out = torch.full_like(batch.q, float("nan"))
     prefill_attention_hopper(
         batch.q, batch.k_cache, batch.v_cache, new_kv, batch.block_tables, batch.seq_lens,
-        batch.query_start_loc, scale, out, pingpong=pingpong, persistent=persistent,
+        batch.query_start_loc, scale, out, pingpong=pingpong,
     )  # fmt: skip
     assert not out.isnan().any(), "a row unwritten, or a NaN slot reached P V"
     ref = _reference(batch, scale)
@@ -121,7 +119,7 @@ def test_the_extend_entry_takes_it_and_leaves_decodes_and_padding() -> None:
 
 
 @pytest.mark.gpu
-def test_the_persistent_form_leaves_its_counters_for_the_next_launch() -> None:
+def test_it_leaves_its_counters_for_the_next_launch() -> None:
     """Persistent programs claim items from a counter in a device buffer that each launch
     must leave at zero: eager calls and CUDA graph replays, one after another, each write
     every row (a counter left behind would hand the next launch nothing: NaN rows)."""
