@@ -265,7 +265,6 @@ def _consumer(q_smem, k_ring, v_ring, bars, o_ptr, stride_ot, stride_oh, qk_scal
             BLOCK_N, STAGES, PINGPONG,
         )  # fmt: skip
         mbarrier.arrive(q_empty.index(qb), count=1)
-        nxt = handed(slots, q_full, done + 1)  # its loads in flight under the stores below
         o = acc / gl.where(l_o > 0.0, l_o, 1.0)[:, None]
         r = r0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, mma_o))
         d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, mma_o))
@@ -276,7 +275,7 @@ def _consumer(q_smem, k_ring, v_ring, bars, o_ptr, stride_ot, stride_oh, qk_scal
         it += n_tiles
         kt += n_tiles + 1
         done += 1
-        n_tiles, head, q_start, q_len, ctx_len, m0, n_pre = nxt
+        n_tiles, head, q_start, q_len, ctx_len, m0, n_pre = handed(slots, q_full, done)
 
 
 @gluon.jit(do_not_specialize=["num_seqs", "stride_bt"])
