@@ -35,16 +35,16 @@ def _layout(rows: int, dim: int) -> gl.NVMMASharedLayout:
 
 @functools.cache
 def _sched(device: torch.device) -> torch.Tensor:
-    """The persistent form's claim counter, finished-program count and per-program hand-over
-    slots. The kernel leaves the counters at zero, so one buffer serves every launch on the
-    device's stream. Made at the first call, which must be eager: made under a graph capture,
-    it would hold whatever the memory held until the graph's first replay."""
+    """The kernel's claim counter and finished-program count. The kernel leaves both at zero,
+    so one buffer serves every launch on the device's stream. Made at the first call, which
+    must be eager: made under a graph capture, it would hold whatever the memory held until
+    the graph's first replay."""
     if torch.cuda.is_current_stream_capturing():
         raise RuntimeError(
             "prefill_attention_hopper: the first call on a device must run outside CUDA graph "
             "capture (warm up eagerly first)"
         )
-    return torch.zeros(2 + 16 * num_sms(device), dtype=torch.int32, device=device)
+    return torch.zeros(2, dtype=torch.int32, device=device)
 
 
 def _rows(t: torch.Tensor, rows: int) -> object:

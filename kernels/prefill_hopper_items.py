@@ -6,9 +6,9 @@ num_heads of the flat grid of kernels/attention_tiles.py (sequence s's tiles fro
 query_start_loc[s] // 128 + s on, so the count depends only on shapes and a CUDA graph replays
 any mix) for head w % num_heads; a sequence's tiles that see the most keys come first.
 Persistent programs claim items from a counter in a device buffer (int32: the counter, the
-programs finished, then two slots of 8 a program), from the first prefill sequence's tiles to
-the last sequence with rows, so decode and padding slots are never claimed; an item's fields
-travel in the program's slot, read once its Q has landed (the mbarrier orders them).
+programs finished), from the first prefill sequence's tiles to the last sequence with rows, so
+decode and padding slots are never claimed; an item's fields travel in a slot of shared memory
+(two a program, as Q's buffers), read once its Q has landed (the mbarrier orders them).
 """
 
 # Gluon kernels take untyped pointers and constexprs; @gluon.jit is untyped to mypy.
@@ -78,23 +78,30 @@ def next_item(sched_ptr, start, end, qsl_ptr, seq_lens_ptr, num_seqs, first, num
 
 @gluon.jit
 def hand_over(slot, item):
-    """An item's fields for the warpgroups, in the program's slot (read after its Q lands)."""
+    """An item's fields for the warpgroups, into the program's slot of shared memory (8
+    words, read once the item's Q has landed): key tiles, head, new rows (start, count),
+    prefix length, first row, prefix tiles."""
     _seq, head, q_start, q_len, ctx_len, m0, n_pre, n_tiles = item
-    gl.store(slot + 0, n_tiles)
-    gl.store(slot + 1, head)
-    gl.store(slot + 2, q_start)
-    gl.store(slot + 3, q_len)
-    gl.store(slot + 4, ctx_len)
-    gl.store(slot + 5, m0)
-    gl.store(slot + 6, n_pre)
+    layout: gl.constexpr = gl.BlockedLayout([8], [32], [1], [0])  # the producer's one warp
+    i = gl.arange(0, 8, layout=layout)
+    words = gl.where(i == 0, n_tiles, gl.where(i == 1, head, gl.where(i == 2, q_start, gl.where(
+        i == 3, q_len, gl.where(i == 4, ctx_len, gl.where(i == 5, m0, n_pre))))))  # fmt: skip
+    slot.store(words)
+
+
+@gluon.jit
+def _word(words, i, k):
+    return gl.sum(gl.where(i == k, words, 0), axis=0)  # within a thread: it holds all 8
 
 
 @gluon.jit
 def handed(slots, q_full, done):
-    """The warpgroups' next item from the producer once its Q has landed: its key tiles (0:
-    no more), head, new rows (start, count), prefix length, first row, prefix tiles."""
+    """The warpgroups' next item from the producer once its Q has landed: hand_over's fields
+    (key tiles 0: no more)."""
     qb = done % 2
     mbarrier.wait(q_full.index(qb), (done // 2) & 1)
-    slot = slots + 8 * qb
-    return (gl.load(slot + 0), gl.load(slot + 1), gl.load(slot + 2), gl.load(slot + 3),
-            gl.load(slot + 4), gl.load(slot + 5), gl.load(slot + 6))  # fmt: skip
+    layout: gl.constexpr = gl.BlockedLayout([8], [32], [4], [0])  # a warpgroup
+    words = slots.index(qb).load(layout)
+    i = gl.arange(0, 8, layout=layout)
+    return (_word(words, i, 0), _word(words, i, 1), _word(words, i, 2), _word(words, i, 3),
+            _word(words, i, 4), _word(words, i, 5), _word(words, i, 6))  # fmt: skip

@@ -4,12 +4,11 @@ a query head; kernels/prefill_hopper_items.py) from a global counter as they fre
 heaviest first (causal tiles differ in cost), decode and padding slots never claimed. A
 program's three partitions:
 
-    producer (1 warp)   claims the next item that holds work and hands its fields over in the
-                        program's slot of the sched buffer, released with the item's Q (two
-                        buffers: the next item's lands while this one runs); then each key
-                        tile's K and V into STAGES-deep rings, each slot on its own mbarrier;
-                        prefix tiles page by page through the block table, new-key tiles as
-                        one bulk copy
+    producer (1 warp)   claims the next item that holds work and hands its fields over in a
+                        slot of shared memory, released with the item's Q (two buffers: the
+                        next item's lands while this one runs); then each key tile's K and V
+                        into STAGES-deep rings, each slot on its own mbarrier; prefix tiles
+                        page by page through the block table, new-key tiles as one bulk copy
     warpgroup 0 and 1   64 query rows each, no CTA barrier between them: S_j issued, then
                         P_{j-1} V_{j-1}; tile j's softmax runs while P V is on the tensor
                         cores; slots released by arrives. PINGPONG alternates the two
@@ -63,8 +62,8 @@ def _load_tile(desc, cache_desc, bt_row, j, n_pre, ctx_len, new_row0, col, bar, 
 
 
 @gluon.jit
-def _producer(q_desc, k_desc, v_desc, kc_desc, vc_desc, q_smem, k_ring, v_ring, bars, work,
-              block_tables_ptr, stride_bt, sched_ptr, PAGE: gl.constexpr, SUB: gl.constexpr,
+def _producer(q_desc, k_desc, v_desc, kc_desc, vc_desc, q_smem, k_ring, v_ring, bars, slots,
+              work, block_tables_ptr, stride_bt, sched_ptr, PAGE: gl.constexpr, SUB: gl.constexpr,
               BLOCK_N: gl.constexpr, STAGES: gl.constexpr, GROUP: gl.constexpr):  # fmt: skip
     """One warp: claims items, hands each to the warpgroups in the program's slot with its Q
     (two buffers and slots, so the next item's land while this one runs), then each key
@@ -76,7 +75,6 @@ def _producer(q_desc, k_desc, v_desc, kc_desc, vc_desc, q_smem, k_ring, v_ring, 
     first = gl.load(decode_prefix_ptr)  # loaded, not captured: see the kernel's note
     rows: gl.constexpr = q_desc.block_type.shape[0]
     head_dim: gl.constexpr = q_desc.block_type.shape[1]
-    slots = sched_ptr + 2 + 16 * gl.program_id(0)
     start, end = item_range(qsl_ptr, num_seqs, first, num_heads, 2 * rows)
     w, item = next_item(sched_ptr, start, end, qsl_ptr, seq_lens_ptr, num_seqs, first,
                          num_heads, 2 * rows, BLOCK_N)  # fmt: skip
@@ -86,7 +84,7 @@ def _producer(q_desc, k_desc, v_desc, kc_desc, vc_desc, q_smem, k_ring, v_ring, 
         seq, head, q_start, _q_len, ctx_len, m0, n_pre, n_tiles = item
         qb = done % 2
         mbarrier.wait(q_empty.index(qb), ((done // 2) & 1) ^ 1)
-        hand_over(slots + 8 * qb, item)
+        hand_over(slots.index(qb), item)
         mbarrier.expect(q_full.index(qb), 2 * q_desc.block_type.nbytes)
         for h in gl.static_range(2):
             tma.async_copy_global_to_shared(
@@ -111,7 +109,7 @@ def _producer(q_desc, k_desc, v_desc, kc_desc, vc_desc, q_smem, k_ring, v_ring, 
         done += 1
     qb = done % 2
     mbarrier.wait(q_empty.index(qb), ((done // 2) & 1) ^ 1)
-    gl.store(slots + 8 * qb, 0)
+    slots.index(qb).store(gl.full([8], 0, gl.int32, gl.BlockedLayout([8], [32], [1], [0])))
     mbarrier.arrive(q_full.index(qb), count=1)
     if gl.atomic_add(sched_ptr + 1, 1) == gl.num_programs(0) - 1:  # every claim is made
         gl.atomic_xchg(sched_ptr, 0)
@@ -243,7 +241,7 @@ def _attend(q, k_ring, v_ring, k_ready, k_empty, v_ready, v_empty, turn, it, kt,
 
 
 @gluon.jit
-def _consumer(q_smem, k_ring, v_ring, bars, o_ptr, stride_ot, stride_oh, qk_scale, sched_ptr,
+def _consumer(q_smem, k_ring, v_ring, bars, slots, o_ptr, stride_ot, stride_oh, qk_scale,
               wg: gl.constexpr, HEAD_DIM: gl.constexpr, ROWS: gl.constexpr,
               BLOCK_N: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr):  # fmt: skip
     """Warpgroup wg: rows m0 + wg * ROWS .. + ROWS of each item the producer hands over."""
@@ -251,7 +249,6 @@ def _consumer(q_smem, k_ring, v_ring, bars, o_ptr, stride_ot, stride_oh, qk_scal
     mma_o: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16]
     )
-    slots = sched_ptr + 2 + 16 * gl.program_id(0)
     it = 0
     kt = 0  # turns so far: n_tiles + 1 an item
     done = 0
@@ -286,8 +283,8 @@ def prefill_hopper_kernel(
     BLOCK_N: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr,
 ):  # fmt: skip
     """Persistent programs claim items from sched_ptr's counter (prefill_hopper_items.py; its
-    counters zero at launch and left so). Sequences before decode_prefix_ptr[0] are decodes (point it at query_start_loc[0] == 0 for
-    none). The partitions take only kernel arguments: a value computed here would reach them
+    counters zero at launch and left so). Sequences before decode_prefix_ptr[0] are decodes
+    (point it at query_start_loc[0] == 0 for none). The partitions take only kernel arguments: a value computed here would reach them
     through a shared-memory word that the compiler also gives the producer's atomic as
     scratch, which the second warpgroup might read too late."""
     ROWS: gl.constexpr = q_desc.block_type.shape[0]
@@ -303,6 +300,7 @@ def prefill_hopper_kernel(
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    slots = gl.allocate_shared_memory(gl.int32, [2, 8], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     for i in gl.static_range(2):
         mbarrier.init(q_full.index(i), count=1)
         mbarrier.init(q_empty.index(i), count=2)  # one arrive a warpgroup
@@ -317,12 +315,12 @@ def prefill_hopper_kernel(
     work = (qsl_ptr, seq_lens_ptr, decode_prefix_ptr, num_seqs, NUM_HEADS)
     # fmt: off
     gl.warp_specialize(
-        [(_consumer, (q_smem, k_ring, v_ring, bars, o_ptr, stride_ot, stride_oh, qk_scale,
-                      sched_ptr, 0, HEAD_DIM, ROWS, BLOCK_N, STAGES, PINGPONG)),
-         (_consumer, (q_smem, k_ring, v_ring, bars, o_ptr, stride_ot, stride_oh, qk_scale,
-                      sched_ptr, 1, HEAD_DIM, ROWS, BLOCK_N, STAGES, PINGPONG)),
+        [(_consumer, (q_smem, k_ring, v_ring, bars, slots, o_ptr, stride_ot, stride_oh,
+                      qk_scale, 0, HEAD_DIM, ROWS, BLOCK_N, STAGES, PINGPONG)),
+         (_consumer, (q_smem, k_ring, v_ring, bars, slots, o_ptr, stride_ot, stride_oh,
+                      qk_scale, 1, HEAD_DIM, ROWS, BLOCK_N, STAGES, PINGPONG)),
          (_producer, (q_desc, k_desc, v_desc, kc_desc, vc_desc, q_smem, k_ring, v_ring, bars,
-                      work, block_tables_ptr, stride_bt, sched_ptr, PAGE, SUB, BLOCK_N, STAGES,
+                      slots, work, block_tables_ptr, stride_bt, sched_ptr, PAGE, SUB, BLOCK_N, STAGES,
                       GROUP))],
         [4, 1], [240, 24],
     )
