@@ -5,7 +5,7 @@ language does not express: TMA loads by a producer warp, one partition per warpg
 FlashAttention-3's schedule, persistent programs that claim work as they free up
 (kernels/prefill_hopper_kernel.py).
 
-hopper_prefill_ok says which calls it takes (bf16, head_dim 64 or 128, no window or fp8 cache);
+hopper_prefill_ok says which calls it takes (bf16, head_dim 128, no window or fp8 cache);
 extend_attention_triton routes them here. Sequences before decode_prefix are the decode
 kernel's. Measured against the Triton extend kernel in docs/benchmarks.md (session 44).
 """
@@ -24,7 +24,7 @@ from .sm_count import capability, num_sms
 _LOG2E = 1.4426950408889634
 ROWS = 64  # a warpgroup's query rows (one wgmma M); a program holds two
 BLOCK_N = 128
-STAGES = {64: 4, 128: 2}  # key tiles in flight by head_dim: what ~200 KB of shared memory holds
+STAGES = 2
 MAXNREG = 168  # 12 warps (the producer's warpgroup counted) x 168 = the register file
 
 
@@ -60,7 +60,7 @@ def hopper_prefill_ok(
     sliding_window: int, fp8: bool,
 ) -> bool:  # fmt: skip
     """Whether this kernel takes the call: an sm_90 GPU, bf16 values and cache, head_dim
-    64 or 128, no window, no fp8 scales, rows TMA can describe (16-byte aligned, heads contiguous),
+    128, no window, no fp8 scales, rows TMA can describe (16-byte aligned, heads contiguous),
     pages of at least 8 rows (a swizzle period) that divide or are divided by BLOCK_N."""
     if capability(q.device) != (9, 0):
         return False
@@ -69,7 +69,7 @@ def hopper_prefill_ok(
     return (
         q.dtype == torch.bfloat16
         and k_cache.dtype == q.dtype
-        and q.shape[-1] in STAGES
+        and q.shape[-1] == 128
         and sliding_window == 0
         and not fp8
         and k_cache.is_contiguous()
@@ -112,7 +112,7 @@ def prefill_attention_hopper(
         query_start_loc if decode_prefix is None else decode_prefix, sched, num_seqs, scale * _LOG2E,
         out.stride(0), out.stride(1), block_tables.stride(0),
         GROUP=num_q_heads // num_kv_heads,
-        NUM_HEADS=num_q_heads, HEAD_DIM=head_dim, PAGE=block_size, BLOCK_N=BLOCK_N, STAGES=STAGES[head_dim], PINGPONG=pingpong,
+        NUM_HEADS=num_q_heads, HEAD_DIM=head_dim, PAGE=block_size, BLOCK_N=BLOCK_N, STAGES=STAGES, PINGPONG=pingpong,
         num_warps=4, maxnreg=MAXNREG,
     )  # fmt: skip
     return out

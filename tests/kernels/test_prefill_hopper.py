@@ -35,7 +35,7 @@ def test_it_builds_for_sm90_without_spills() -> None:
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     lines = done.stdout.splitlines()
-    assert len(lines) == 3, done.stdout
+    assert len(lines) == 2, done.stdout
     for line in lines:
         figures = re.search(r"stack (\d+), (\d+) bytes .* (\d+) HGMMA, (\d+) UTMALDG", line)
         assert figures, line
@@ -47,11 +47,11 @@ def _sm90() -> bool:
     return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 
 
-def _batch(case: str, group: int, block_size: int, head_dim: int = 128) -> PagedBatch:
+def _batch(case: str, group: int, block_size: int) -> PagedBatch:
     return make_paged_batch(
-        CASES[case], num_q_heads=4 * group, num_kv_heads=4, head_dim=head_dim,
+        CASES[case], num_q_heads=4 * group, num_kv_heads=4, head_dim=128,
         block_size=block_size, dtype=torch.bfloat16, device="cuda",
-        seed=zlib.crc32(repr((case, group, block_size, head_dim)).encode()),
+        seed=zlib.crc32(repr((case, group, block_size)).encode()),
     )  # fmt: skip
 
 
@@ -63,21 +63,19 @@ def _reference(batch: PagedBatch, scale: float) -> torch.Tensor:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize(("head_dim", "pingpong"), [(128, True), (128, False), (64, True)], ids=str)
+@pytest.mark.parametrize("pingpong", [True, False])
 @pytest.mark.parametrize("block_size", [16, 32, 256])
 @pytest.mark.parametrize("group", [1, 3, 8])
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_it_matches_the_reference(
-    case: str, group: int, block_size: int, head_dim: int, pingpong: bool
-) -> None:
+def test_it_matches_the_reference(case: str, group: int, block_size: int, pingpong: bool) -> None:
     from troupe.kernels.prefill_hopper import hopper_prefill_ok, prefill_attention_hopper
 
     if not _sm90():
         pytest.skip("an sm_90 GPU")
-    batch = _batch(case, group, block_size, head_dim)
+    batch = _batch(case, group, block_size)
     new_kv = fused_new_kv(batch)
     assert hopper_prefill_ok(batch.q, batch.k_cache, new_kv, 0, False)
-    scale = 1 / math.sqrt(head_dim)
+    scale = 1 / math.sqrt(128)
     out = torch.full_like(batch.q, float("nan"))
     prefill_attention_hopper(
         batch.q, batch.k_cache, batch.v_cache, new_kv, batch.block_tables, batch.seq_lens,
