@@ -93,26 +93,36 @@ def prefill_attention_hopper(
     decode_prefix: torch.Tensor | None = None,
     *,
     pingpong: bool = True,
+    pack: int = 1,
 ) -> torch.Tensor:
     """extend_attention_triton's prefill part (hopper_prefill_ok's cases): every sequence from
     decode_prefix on, into out: one program an SM, each claiming the next item (a tile x a
     head, heaviest first within a sequence) as it frees up. docs/benchmarks.md (session 45) has
-    what this and the forms before it (a fixed stride, a program an item) measured."""
+    what this and the forms before it (a fixed stride, a program an item) measured. pack 2
+    (GQA only): an item is 64 tokens x two query heads of one kv head, whose keys and values
+    one load serves, and short chunks (a verification's few tokens) fill twice the rows; not
+    yet run on a GPU, so not the default."""
+    num_kv_heads = k_cache.shape[2]
+    group = q.shape[1] // num_kv_heads
+    if pack not in (1, 2) or group % pack:
+        raise ValueError(f"pack: 1, or 2 where query heads pair within a kv head; got {pack} "
+                         f"with {group} query heads a kv head")  # fmt: skip
     num_tokens, num_q_heads, head_dim = q.shape
-    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    block_size = k_cache.shape[1]
     num_seqs = seq_lens.shape[0]
     k_new, v_new = new_kv
     sub = min(block_size, BLOCK_N)
-    total = (num_tokens // (2 * ROWS) + num_seqs + 1) * num_q_heads  # the tile grid's items
+    total = (num_tokens // (2 * ROWS // pack) + num_seqs + 1) * (num_q_heads // pack)  # items
     grid = (min(total, num_sms(q.device)),)  # shapes only: graph-safe
     sched = _sched(q.device)
     prefill_hopper_kernel[grid](
         _rows(q, ROWS), _rows(k_new, BLOCK_N), _rows(v_new, BLOCK_N), _rows(k_cache, sub),
         _rows(v_cache, sub), out, block_tables, seq_lens, query_start_loc,
-        query_start_loc if decode_prefix is None else decode_prefix, sched, num_seqs, scale * _LOG2E,
+        query_start_loc if decode_prefix is None else decode_prefix, sched, num_seqs,
+        scale * _LOG2E,
         out.stride(0), out.stride(1), block_tables.stride(0),
-        GROUP=num_q_heads // num_kv_heads,
-        NUM_HEADS=num_q_heads, HEAD_DIM=head_dim, PAGE=block_size, BLOCK_N=BLOCK_N, STAGES=STAGES, PINGPONG=pingpong,
-        num_warps=4, maxnreg=MAXNREG,
+        GROUP=group, NUM_HEADS=num_q_heads, HEAD_DIM=head_dim, PAGE=block_size,
+        BLOCK_N=BLOCK_N, STAGES=STAGES, PINGPONG=pingpong, PACK=pack, num_warps=4,
+        maxnreg=MAXNREG,
     )  # fmt: skip
     return out

@@ -1,10 +1,11 @@
 """The work items of the Hopper prefill kernel (kernels/prefill_hopper_kernel.py): how they are
 numbered, claimed, and handed from the producer warp to the warpgroups.
 
-An item is a tile of 128 new tokens of one sequence x a query head: item w is tile w //
-num_heads of the flat grid of kernels/attention_tiles.py (sequence s's tiles from
-query_start_loc[s] // 128 + s on, so the count depends only on shapes and a CUDA graph replays
-any mix) for head w % num_heads; a sequence's tiles that see the most keys come first.
+An item is a tile of 128 / PACK new tokens of one sequence x PACK query heads (of one kv
+head: 128 rows, 64 a warpgroup): item w is tile w // (num_heads / PACK) of the flat grid of
+kernels/attention_tiles.py (sequence s's tiles from query_start_loc[s] // (128 / PACK) + s on,
+so the count depends only on shapes and a CUDA graph replays any mix) for heads from
+(w % (num_heads / PACK)) * PACK; a sequence's tiles that see the most keys come first.
 Persistent programs claim items from a counter in a device buffer (int32: the counter, the
 programs finished), from the first prefill sequence's tiles to the last sequence with rows, so
 decode and padding slots are never claimed; an item's fields travel in a slot of shared memory
@@ -25,12 +26,11 @@ from .attention_tiles import find_seq
 
 @gluon.jit
 def _work_item(w, num_heads, qsl_ptr, seq_lens_ptr, num_seqs, first, BLOCK_M: gl.constexpr,
-               BLOCK_N: gl.constexpr):  # fmt: skip
-    """Work item w: tile w // num_heads of the flat grid (attention_tiles.py) for query head
-    w % num_heads. Its sequence, head, new rows (start, count), prefix length, first row, its
-    prefix tiles, and its key tiles (0: no rows, a decode's, or past every sequence)."""
-    tile = w // num_heads
-    head = w % num_heads
+               BLOCK_N: gl.constexpr, PACK: gl.constexpr):  # fmt: skip
+    """Work item w: its sequence, first head, new rows (start, count), prefix length, first
+    row, prefix tiles, and key tiles (0: no rows, a decode's, or past every sequence)."""
+    tile = w // (num_heads // PACK)
+    head = (w % (num_heads // PACK)) * PACK
     seq = find_seq(qsl_ptr, num_seqs, tile, BLOCK_M)
     q_start = gl.load(qsl_ptr + seq)
     q_len = gl.load(qsl_ptr + seq + 1) - q_start
@@ -46,7 +46,7 @@ def _work_item(w, num_heads, qsl_ptr, seq_lens_ptr, num_seqs, first, BLOCK_M: gl
 
 
 @gluon.jit
-def item_range(qsl_ptr, num_seqs, first, num_heads, BLOCK_M: gl.constexpr):
+def item_range(qsl_ptr, num_seqs, first, num_heads, BLOCK_M: gl.constexpr, PACK: gl.constexpr):
     """The items that can hold work: from the first prefill sequence's tiles to the end of the
     last one with new rows (padding sequences at the end have none)."""
     n_tok = gl.load(qsl_ptr + num_seqs)
@@ -58,21 +58,22 @@ def item_range(qsl_ptr, num_seqs, first, num_heads, BLOCK_M: gl.constexpr):
             lo = mid + 1
         else:
             hi = mid
-    start = (gl.load(qsl_ptr + first) // BLOCK_M + first) * num_heads
-    return start, (n_tok // BLOCK_M + lo) * num_heads
+    start = (gl.load(qsl_ptr + first) // BLOCK_M + first) * (num_heads // PACK)
+    return start, (n_tok // BLOCK_M + lo) * (num_heads // PACK)
 
 
 @gluon.jit
 def next_item(sched_ptr, start, end, qsl_ptr, seq_lens_ptr, num_seqs, first, num_heads,
-              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):  # fmt: skip
+              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, PACK: gl.constexpr):  # fmt: skip
     """Claims items from the counter (it counts claims from start) until one holds work:
     returns it and _work_item's fields, or end (no more)."""
     w = gl.minimum(start + gl.atomic_add(sched_ptr, 1), end)
-    item = _work_item(w, num_heads, qsl_ptr, seq_lens_ptr, num_seqs, first, BLOCK_M, BLOCK_N)
+    item = _work_item(w, num_heads, qsl_ptr, seq_lens_ptr, num_seqs, first, BLOCK_M, BLOCK_N,
+                      PACK)  # fmt: skip
     while (w < end) & (item[7] == 0):  # a slot past a sequence's last tile
         w = gl.minimum(start + gl.atomic_add(sched_ptr, 1), end)
         item = _work_item(w, num_heads, qsl_ptr, seq_lens_ptr, num_seqs, first, BLOCK_M,
-                          BLOCK_N)  # fmt: skip
+                          BLOCK_N, PACK)  # fmt: skip
     return w, item
 
 

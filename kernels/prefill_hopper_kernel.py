@@ -1,8 +1,8 @@
 """The Gluon device code of kernels/prefill_hopper.py (sm_90): a warp-specialized prefill
-attention kernel. Persistent programs (one an SM) claim work items (a tile of 128 new tokens x
-a query head; kernels/prefill_hopper_items.py) from a global counter as they free up: greedy,
-heaviest first (causal tiles differ in cost), decode and padding slots never claimed. A
-program's three partitions:
+attention kernel. Persistent programs (one an SM) claim work items (128 rows: 128 new tokens x
+a query head, or with PACK 2 64 x two heads; kernels/prefill_hopper_items.py) from a global
+counter as they free up: greedy, heaviest first (causal tiles differ in cost), decode and
+padding slots never claimed. A program's three partitions:
 
     producer (1 warp)   claims the next item that holds work and hands its fields over in a
                         slot of shared memory, released with the item's Q (two buffers: the
@@ -64,7 +64,8 @@ def _load_tile(desc, cache_desc, bt_row, j, n_pre, ctx_len, new_row0, col, bar, 
 @gluon.jit
 def _producer(q_desc, k_desc, v_desc, kc_desc, vc_desc, q_smem, k_ring, v_ring, bars, slots,
               work, block_tables_ptr, stride_bt, sched_ptr, PAGE: gl.constexpr, SUB: gl.constexpr,
-              BLOCK_N: gl.constexpr, STAGES: gl.constexpr, GROUP: gl.constexpr):  # fmt: skip
+              BLOCK_N: gl.constexpr, STAGES: gl.constexpr, GROUP: gl.constexpr,
+              PACK: gl.constexpr):  # fmt: skip
     """One warp: claims items, hands each to the warpgroups in the program's slot with its Q
     (two buffers and slots, so the next item's land while this one runs), then each key
     tile's K and V into ring slots once both release them. The next claim is made under the
@@ -75,9 +76,10 @@ def _producer(q_desc, k_desc, v_desc, kc_desc, vc_desc, q_smem, k_ring, v_ring, 
     first = gl.load(decode_prefix_ptr)  # loaded, not captured: see the kernel's note
     rows: gl.constexpr = q_desc.block_type.shape[0]
     head_dim: gl.constexpr = q_desc.block_type.shape[1]
-    start, end = item_range(qsl_ptr, num_seqs, first, num_heads, 2 * rows)
+    tile_m: gl.constexpr = 2 * rows // PACK  # new tokens an item
+    start, end = item_range(qsl_ptr, num_seqs, first, num_heads, tile_m, PACK)
     w, item = next_item(sched_ptr, start, end, qsl_ptr, seq_lens_ptr, num_seqs, first,
-                         num_heads, 2 * rows, BLOCK_N)  # fmt: skip
+                        num_heads, tile_m, BLOCK_N, PACK)  # fmt: skip
     it = 0  # key tiles so far: the rings' position
     done = 0  # items so far: the Q buffers' and slots' position
     while w < end:
@@ -86,10 +88,11 @@ def _producer(q_desc, k_desc, v_desc, kc_desc, vc_desc, q_smem, k_ring, v_ring, 
         mbarrier.wait(q_empty.index(qb), ((done // 2) & 1) ^ 1)
         hand_over(slots.index(qb), item)
         mbarrier.expect(q_full.index(qb), 2 * q_desc.block_type.nbytes)
-        for h in gl.static_range(2):
+        for h in gl.static_range(2):  # a warpgroup's rows: the next 64 tokens, or the next head
             tma.async_copy_global_to_shared(
-                q_desc, [q_start + m0 + h * rows, head * head_dim], q_full.index(qb),
-                q_smem.index(2 * qb + h),
+                q_desc, [q_start + m0 + (h * rows if PACK == 1 else 0),
+                         (head + (h if PACK == 2 else 0)) * head_dim],
+                q_full.index(qb), q_smem.index(2 * qb + h),
             )  # fmt: skip
         bt_row = block_tables_ptr + seq.to(gl.int64) * stride_bt
         kv_col = (head // GROUP) * head_dim
@@ -104,7 +107,7 @@ def _producer(q_desc, k_desc, v_desc, kc_desc, vc_desc, q_smem, k_ring, v_ring, 
                        v_ready.index(slot), v_ring.index(slot), PAGE, SUB, BLOCK_N)  # fmt: skip
             if j == gl.maximum(n_tiles - CLAIM_LEAD, 0):  # see CLAIM_LEAD
                 w, item = next_item(sched_ptr, start, end, qsl_ptr, seq_lens_ptr, num_seqs,
-                                     first, num_heads, 2 * rows, BLOCK_N)  # fmt: skip
+                                    first, num_heads, tile_m, BLOCK_N, PACK)  # fmt: skip
         it += n_tiles
         done += 1
     qb = done % 2
@@ -243,8 +246,10 @@ def _attend(q, k_ring, v_ring, k_ready, k_empty, v_ready, v_empty, turn, it, kt,
 @gluon.jit
 def _consumer(q_smem, k_ring, v_ring, bars, slots, o_ptr, stride_ot, stride_oh, qk_scale,
               wg: gl.constexpr, HEAD_DIM: gl.constexpr, ROWS: gl.constexpr,
-              BLOCK_N: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr):  # fmt: skip
-    """Warpgroup wg: rows m0 + wg * ROWS .. + ROWS of each item the producer hands over."""
+              BLOCK_N: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr,
+              PACK: gl.constexpr):  # fmt: skip
+    """Warpgroup wg: of each item the producer hands over, rows m0 + wg * ROWS .. + ROWS of its
+    head (PACK 1), or rows m0 .. + ROWS of its head + wg (PACK 2)."""
     q_full, q_empty, k_ready, k_empty, v_ready, v_empty, turn = bars
     mma_o: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16]
@@ -255,7 +260,7 @@ def _consumer(q_smem, k_ring, v_ring, bars, slots, o_ptr, stride_ot, stride_oh, 
     n_tiles, head, q_start, q_len, ctx_len, m0, n_pre = handed(slots, q_full, done)
     while n_tiles > 0:
         qb = done % 2
-        r0 = m0 + wg * ROWS
+        r0 = m0 + (wg * ROWS if PACK == 1 else 0)
         acc, l_o = _attend(
             q_smem.index(2 * qb + wg), k_ring, v_ring, k_ready, k_empty, v_ready, v_empty,
             turn, it, kt, q_len, ctx_len, r0, n_pre, n_tiles, qk_scale, wg, HEAD_DIM, ROWS,
@@ -266,7 +271,7 @@ def _consumer(q_smem, k_ring, v_ring, bars, slots, o_ptr, stride_ot, stride_oh, 
         r = r0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, mma_o))
         d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, mma_o))
         row = (q_start + r).to(gl.int64)[:, None] * stride_ot
-        optr = o_ptr + row + head * stride_oh + d[None, :]
+        optr = o_ptr + row + (head + (wg if PACK == 2 else 0)) * stride_oh + d[None, :]
         mask = (r < q_len)[:, None] & (d < HEAD_DIM)[None, :]
         gl.store(optr, o.to(o_ptr.dtype.element_ty), mask=mask)
         it += n_tiles
@@ -280,7 +285,7 @@ def prefill_hopper_kernel(
     q_desc, k_desc, v_desc, kc_desc, vc_desc, o_ptr, block_tables_ptr, seq_lens_ptr, qsl_ptr,
     decode_prefix_ptr, sched_ptr, num_seqs, qk_scale, stride_ot, stride_oh, stride_bt,
     GROUP: gl.constexpr, NUM_HEADS: gl.constexpr, HEAD_DIM: gl.constexpr, PAGE: gl.constexpr,
-    BLOCK_N: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr,
+    BLOCK_N: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr, PACK: gl.constexpr,
 ):  # fmt: skip
     """Persistent programs claim items from sched_ptr's counter (prefill_hopper_items.py; its
     counters zero at launch and left so). Sequences before decode_prefix_ptr[0] are decodes
@@ -316,12 +321,12 @@ def prefill_hopper_kernel(
     # fmt: off
     gl.warp_specialize(
         [(_consumer, (q_smem, k_ring, v_ring, bars, slots, o_ptr, stride_ot, stride_oh,
-                      qk_scale, 0, HEAD_DIM, ROWS, BLOCK_N, STAGES, PINGPONG)),
+                      qk_scale, 0, HEAD_DIM, ROWS, BLOCK_N, STAGES, PINGPONG, PACK)),
          (_consumer, (q_smem, k_ring, v_ring, bars, slots, o_ptr, stride_ot, stride_oh,
-                      qk_scale, 1, HEAD_DIM, ROWS, BLOCK_N, STAGES, PINGPONG)),
+                      qk_scale, 1, HEAD_DIM, ROWS, BLOCK_N, STAGES, PINGPONG, PACK)),
          (_producer, (q_desc, k_desc, v_desc, kc_desc, vc_desc, q_smem, k_ring, v_ring, bars,
                       slots, work, block_tables_ptr, stride_bt, sched_ptr, PAGE, SUB, BLOCK_N, STAGES,
-                      GROUP))],
+                      GROUP, PACK))],
         [4, 1], [240, 24],
     )
     # fmt: on

@@ -20,10 +20,11 @@ shared/bench/decode_anchor.py) runs on the same shapes, timed the same three way
 sequences of differing lengths (the engine's batches), in batch order and longest first
 (kernels/decode_order.py).
 
-Prefill: the paged and extend kernels at 4 x 2,048 new tokens and other shapes, and on sm_90
-the Gluon kernel the engine takes there (kernels/prefill_hopper.py, with and without pingpong);
-where every sequence is new and of one length, torch's SDPA on contiguous tensors too,
-with its flash and its cuDNN backend (the fixed-shape ceiling for issue 9's 460 TFLOP/s).
+Prefill: the paged and extend kernels at 4 x 2,048 new tokens and other shapes (a
+verification's 5-token chunks over 1,000 cached among them), and on sm_90 the Gluon kernel the
+engine takes there (kernels/prefill_hopper.py: with and without pingpong, a kv head's query
+heads packed); where every sequence is new and of one length, torch's SDPA on contiguous
+tensors too, flash and cuDNN (the fixed-shape ceiling for issue 9's 460 TFLOP/s).
 """
 
 from __future__ import annotations
@@ -329,15 +330,15 @@ def run_prefill(
     ]  # fmt: skip
     if hopper_prefill_ok(batch.q, batch.k_cache, new_kv, 0, False):
         out = torch.empty_like(batch.q)
-        for pingpong in (True, False):
+        for pingpong, pack in ((True, 1), (False, 1), (True, 2)):
 
-            def hopper(p: bool = pingpong) -> object:
+            def hopper(p: bool = pingpong, k: int = pack) -> object:
                 return prefill_attention_hopper(
                     batch.q, batch.k_cache, batch.v_cache, new_kv, batch.block_tables,
-                    batch.seq_lens, batch.query_start_loc, scale, out, pingpong=p,
+                    batch.seq_lens, batch.query_start_loc, scale, out, pingpong=p, pack=k,
                 )  # fmt: skip
 
-            forms.append((f"gluon hopper prefill pingpong={pingpong}", hopper))
+            forms.append((f"gluon hopper prefill pingpong={pingpong} pack={pack}", hopper))
     for name, call in forms:
         ms = median_ms(call)
         rate = f"{flops / (ms * 1e-3) / 1e12:.0f} TFLOP/s"
@@ -389,6 +390,7 @@ def main() -> None:
     run_prefill([(0, 512)] * 16, "16 x 512 new", rows)
     run_prefill([(1536, 512)] * 8, "8 x (1536 cached + 512 new)", rows)
     run_prefill([(0, 1000), (300, 77), (2000, 1), (0, 5)] * 4, "16 mixed", rows)
+    run_prefill([(1000, 5)] * 256, "verify 256 x (1000 + 5)", rows)  # a speculative step's
     print(f"\n{'workload':<34} {'kernel':<46} {'us':>9} {'rate':>14} {'copy':>5}")
     for workload, kernel, ms, rate, frac in rows:
         print(f"{workload:<34} {kernel:<46} {ms * 1e3:>9.1f} {rate:>14} {frac:>5}")

@@ -35,7 +35,7 @@ def test_it_builds_for_sm90_without_spills() -> None:
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     lines = done.stdout.splitlines()
-    assert len(lines) == 2, done.stdout
+    assert len(lines) == 3, done.stdout
     for line in lines:
         figures = re.search(r"stack (\d+), (\d+) bytes .* (\d+) HGMMA, (\d+) UTMALDG", line)
         assert figures, line
@@ -84,6 +84,46 @@ def test_it_matches_the_reference(case: str, group: int, block_size: int, pingpo
     assert not out.isnan().any(), "a row unwritten, or a NaN slot reached P V"
     ref = _reference(batch, scale)
     assert (out.float() - ref).norm() / ref.norm() < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("block_size", [16, 256])
+@pytest.mark.parametrize("group", [2, 8])
+@pytest.mark.parametrize("case", [*sorted(CASES), "verify"])
+def test_packed_heads_match_the_reference(case: str, group: int, block_size: int) -> None:
+    """pack 2: an item is 64 tokens x two query heads of one kv head."""
+    from troupe.kernels.prefill_hopper import prefill_attention_hopper
+
+    if not _sm90():
+        pytest.skip("an sm_90 GPU")
+    lens = [(1000, 5)] * 40 if case == "verify" else CASES[case]
+    batch = make_paged_batch(
+        lens, num_q_heads=4 * group, num_kv_heads=4, head_dim=128, block_size=block_size,
+        dtype=torch.bfloat16, device="cuda", seed=zlib.crc32(repr((case, group)).encode()),
+    )  # fmt: skip
+    scale = 1 / math.sqrt(128)
+    out = torch.full_like(batch.q, float("nan"))
+    prefill_attention_hopper(
+        batch.q, batch.k_cache, batch.v_cache, fused_new_kv(batch), batch.block_tables,
+        batch.seq_lens, batch.query_start_loc, scale, out, pack=2,
+    )  # fmt: skip
+    assert not out.isnan().any(), "a row unwritten, or a NaN slot reached P V"
+    ref = _reference(batch, scale)
+    assert (out.float() - ref).norm() / ref.norm() < 1e-2
+
+
+def test_pack_names_its_limit() -> None:
+    """Two query heads share an item only where they share a kv head: checked before any
+    launch (CPU tensors reach no kernel)."""
+    from troupe.kernels.prefill_hopper import prefill_attention_hopper
+
+    batch = make_paged_batch([(0, 4)], num_q_heads=6, num_kv_heads=2, head_dim=128,
+                             block_size=16, dtype=torch.bfloat16, device="cpu", seed=0)  # fmt: skip
+    with pytest.raises(ValueError, match=r"pack: 1, or 2 .* got 2 with 3 query heads"):
+        prefill_attention_hopper(
+            batch.q, batch.k_cache, batch.v_cache, fused_new_kv(batch), batch.block_tables,
+            batch.seq_lens, batch.query_start_loc, 0.1, torch.empty_like(batch.q), pack=2,
+        )  # fmt: skip
 
 
 @pytest.mark.gpu
