@@ -18,15 +18,8 @@ import torch
 from troupe.kernels.extend_attention import DEFAULT_EXTEND, ExtendConfig, extend_attention_triton
 from troupe.kernels.paged_attention import paged_attention_triton
 from troupe.kernels.paged_batch import fused_new_kv, make_paged_batch
-from troupe.ops.kernel_bench import (
-    BLOCK_SIZE,
-    DTYPE,
-    HEAD_DIM,
-    NUM_KV_HEADS,
-    NUM_Q_HEADS,
-    graph_ms,
-    median_ms,
-)
+from troupe.ops.bench_timing import graph_ms, median_ms
+from troupe.ops.kernel_bench import BLOCK_SIZE, DTYPE, HEAD_DIM, NUM_KV_HEADS, NUM_Q_HEADS
 
 SHAPES = {
     "4 x 2048 new": [(0, 2048)] * 4,

@@ -30,9 +30,9 @@ from troupe.gpu.models import DecoderModel
 from troupe.gpu.pool_sizing import blocks_from_free_memory
 from troupe.kernels.decode_attention import DecodeConfig, paged_decode_attention_triton
 from troupe.kernels.paged_batch import PagedBatch
+from troupe.ops.bench_timing import flushed_graph_ms, median_ms
 from troupe.ops.card_rates import copy_bandwidth
 from troupe.ops.fp8_variant_sweep import fp8_decode_batch, sweep_variants
-from troupe.ops.kernel_bench import flushed_graph_ms, median_ms
 from troupe.ops.kv_workload import run_workload, summary_lines
 
 LLAMA_8B = ModelConfig(

@@ -30,8 +30,8 @@ from troupe.kernels.mla_decode import DEFAULT_CONFIG, MlaLaunch, mla_attention_t
 from troupe.kernels.mla_ops import mla_attention
 from troupe.kernels.mla_prefill import mla_prefill
 from troupe.kernels.mla_reference import mla_decode_absorbed
+from troupe.ops.bench_timing import median_ms
 from troupe.ops.card_rates import copy_bandwidth
-from troupe.ops.kernel_bench import median_ms
 from troupe.ops.mla_variant_sweep import sweep_variants
 
 HEADS, LORA, ROPE, NOPE, V, BLOCK_SIZE = 16, 512, 64, 128, 128, 16

@@ -32,8 +32,8 @@ from troupe.kernels.moe_config import (
     config_source,
 )
 from troupe.kernels.moe_reference import fused_moe, route_topk
+from troupe.ops.bench_timing import median_ms
 from troupe.ops.card_rates import copy_bandwidth, matmul_peak
-from troupe.ops.kernel_bench import median_ms
 
 DTYPE = torch.bfloat16
 CHECK_ROWS, MAX_REL_ERROR = 64, 2e-2
