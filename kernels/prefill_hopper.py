@@ -102,13 +102,12 @@ def prefill_attention_hopper(
     (GQA only): an item is 64 tokens x two query heads of one kv head, whose keys and values
     one load serves, and short chunks (a verification's few tokens) fill twice the rows; not
     yet run on a GPU, so not the default."""
-    num_kv_heads = k_cache.shape[2]
-    group = q.shape[1] // num_kv_heads
+    num_tokens, num_q_heads, head_dim = q.shape
+    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    group = num_q_heads // num_kv_heads
     if pack not in (1, 2) or group % pack:
         raise ValueError(f"pack: 1, or 2 where query heads pair within a kv head; got {pack} "
                          f"with {group} query heads a kv head")  # fmt: skip
-    num_tokens, num_q_heads, head_dim = q.shape
-    block_size = k_cache.shape[1]
     num_seqs = seq_lens.shape[0]
     k_new, v_new = new_kv
     sub = min(block_size, BLOCK_N)

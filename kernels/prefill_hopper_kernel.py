@@ -289,9 +289,10 @@ def prefill_hopper_kernel(
 ):  # fmt: skip
     """Persistent programs claim items from sched_ptr's counter (prefill_hopper_items.py; its
     counters zero at launch and left so). Sequences before decode_prefix_ptr[0] are decodes
-    (point it at query_start_loc[0] == 0 for none). The partitions take only kernel arguments: a value computed here would reach them
-    through a shared-memory word that the compiler also gives the producer's atomic as
-    scratch, which the second warpgroup might read too late."""
+    (point it at query_start_loc[0] == 0 for none). Scalars reach the partitions only as kernel
+    arguments, loaded there: a value computed here would reach them through a shared-memory
+    word that the compiler also gives the producer's atomic as scratch, which the second
+    warpgroup might read too late."""
     ROWS: gl.constexpr = q_desc.block_type.shape[0]
     SUB: gl.constexpr = kc_desc.block_type.shape[0]  # cache rows a copy: min(PAGE, BLOCK_N)
     dtype: gl.constexpr = q_desc.dtype

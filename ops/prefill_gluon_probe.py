@@ -18,7 +18,7 @@ registers), causal and length masks on S, the softmax in exp2 with fp32 statisti
 (the fifth launch field): S_{j+1} is issued before tile j's softmax and P_j V_j runs while the
 next loads are issued; otherwise each wgmma is waited where issued.
 
-Correct on an H100 (session 44) and slow: 270-290 TFLOP/s at 4 x 2,048, under the extend kernel;
+Correct on an H100 (session 44) and slow: 270-290 TFLOP/s at 4 x 2,048, under the extend kernel.
 The TMA and warp-specialized form (ops/prefill_ws_probe.py until 5ef161a: 428 TFLOP/s on the
 same card) is kernels/prefill_hopper.py; this probe keeps that kernel's softmax step.
 """
