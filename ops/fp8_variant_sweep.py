@@ -80,7 +80,7 @@ def _shape(num_seqs: int, context: int) -> _Shape:
     return _Shape(f"{num_seqs}x{context}", batch, k8, v8, scales, ref_bf16, ref_fp8)
 
 
-def _describe(config: DecodeConfig) -> str:
+def describe(config: DecodeConfig) -> str:
     text = f"bn={config.block_n} w={config.num_warps} st={config.num_stages}"
     if config.programs_per_sm != 2 or config.min_split != 256:
         text += f" waves={config.programs_per_sm} minsplit={config.min_split}"
@@ -114,7 +114,7 @@ def _run(kind: str, config: DecodeConfig, shape: _Shape, copy_bw: float) -> tupl
     name = "bf16-kv" if kind == "bf16" else "fp8-kv"
     mark = "" if rel <= MAX_REL_ERR and not math.isnan(rel) else "  WRONG"
     print(
-        f"{name:<18} {_describe(config):<34} {shape.name:<9} {ms * 1e3:9.1f} {pct:7.1f}% "
+        f"{name:<18} {describe(config):<34} {shape.name:<9} {ms * 1e3:9.1f} {pct:7.1f}% "
         f"{rel:9.2e} {max_abs:9.2e}{mark}",
         flush=True,
     )
@@ -133,7 +133,7 @@ def sweep_variants(copy_bw: float) -> None:
     for i, (kind, config) in enumerate(CANDIDATES):
         if time.perf_counter() - start > TIME_BUDGET_S:
             for kind_left, config_left in CANDIDATES[i:]:
-                print(f"skipped (time budget): {kind_left} {_describe(config_left)}")
+                print(f"skipped (time budget): {kind_left} {describe(config_left)}")
             break
         pcts: list[float] = []
         try:
@@ -143,7 +143,7 @@ def sweep_variants(copy_bw: float) -> None:
                     raise ValueError(f"{shape.name}: relative error {rel:.2e}")
                 pcts.append(pct)
         except Exception as exc:  # a variant's failure is a row of the table, not the end
-            print(f"FAILED {kind} {_describe(config)}: "
+            print(f"FAILED {kind} {describe(config)}: "
                   f"{type(exc).__name__}: {str(exc)[:300]}")  # fmt: skip
             continue
         if kind == "fp8":
@@ -154,9 +154,9 @@ def sweep_variants(copy_bw: float) -> None:
         return
     for mean, _, config, pcts in sorted(summary, key=lambda row: -row[0]):
         per_shape = " / ".join(f"{p:.0f}%" for p in pcts)
-        print(f"mean {mean:5.1f}%  ({per_shape})  {_describe(config)}")
+        print(f"mean {mean:5.1f}%  ({per_shape})  {describe(config)}")
     mean, _, best, pcts = max(summary, key=lambda row: row[0])
-    print(f"BEST {_describe(best).replace(' ', ',')} {mean:.1f}% of copy (mean)")
+    print(f"BEST {describe(best).replace(' ', ',')} {mean:.1f}% of copy (mean)")
     print(
         f"FP8_DEFAULT_CONFIG = DecodeConfig({best.block_n}, {best.num_warps}, "
         f"{best.num_stages}, min_split={best.min_split}, "

@@ -79,7 +79,7 @@ def test_it_matches_the_reference(case: str, group: int, block_size: int, pingpo
     out = torch.full_like(batch.q, float("nan"))
     prefill_attention_hopper(
         batch.q, batch.k_cache, batch.v_cache, new_kv, batch.block_tables, batch.seq_lens,
-        batch.query_start_loc, scale, out, pingpong=pingpong,
+        batch.query_start_loc, scale, out, pingpong=pingpong, pack=1,
     )  # fmt: skip
     assert not out.isnan().any(), "a row unwritten, or a NaN slot reached P V"
     ref = _reference(batch, scale)
