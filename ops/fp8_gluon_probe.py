@@ -2,6 +2,7 @@
 
     python -m troupe.ops.fp8_gluon_probe compile [64/3/4/1 ...]  # no GPU: the sm_90 builds
     python -m troupe.ops.fp8_gluon_probe           # GPU: against the engine's Triton kernel
+    python -m troupe.ops.fp8_gluon_probe --l2      # the same over a KV pool that stays in L2
 
 The engine's Triton kernel (kernels/decode_attention_fp8.py) stays near 74% of copy on the
 H200. Either its V operand is read from shared memory one byte at a time (AT_DOT: Triton has no
@@ -26,6 +27,7 @@ Not adopted; the H200 (where the Triton kernel is at 74%) has not run it.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
 from collections.abc import Callable
@@ -35,6 +37,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 from troupe.kernels.paged_batch import PagedBatch
+from troupe.ops.l2_ceiling import aliased
 
 # triton 3.6 names the CTA barrier thread_barrier, 3.7 barrier
 _barrier = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier
@@ -277,7 +280,9 @@ def launcher(
     )  # fmt: skip
 
 
-def run() -> None:
+def run(l2: bool) -> None:
+    """Every launch against the torch reference and timed; `l2`: each block table folded into a
+    pool that stays in L2 (ops/l2_ceiling.py: the rate an H200's faster HBM could reach)."""
     from triton.testing import do_bench_cudagraph
     from troupe.kernels import reference
     from troupe.ops.card_rates import copy_bandwidth
@@ -287,6 +292,8 @@ def run() -> None:
     copy = copy_bandwidth()
     for num_seqs, context in ((256, 1024), (64, 4096), (16, 16384)):
         batch, k8, v8, scales = fp8_decode_batch(num_seqs, context)
+        if l2:
+            batch = dataclasses.replace(batch, block_tables=aliased(batch.block_tables, 256))
         q = batch.q
         s, hq, dim = q.shape
         hkv = k8.shape[2]
@@ -310,8 +317,9 @@ def run() -> None:
                     got = (po * wts[..., None]).sum(2) / wts.sum(-1)[..., None]
                 err = (got - ref).abs().max().item()
                 ms = do_bench_cudagraph(call)
+                rate = nbytes / (ms * 1e-3)
                 print(f"{num_seqs}x{context} splits {splits} {name}: {ms * 1e3:.1f} us, "
-                      f"{nbytes / (ms * 1e-3) / copy:.0%} of copy, max |err| {err:.2e}",
+                      f"{rate / 1e12:.2f} TB/s, {rate / copy:.0%} of copy, max |err| {err:.2e}",
                       flush=True)  # fmt: skip
 
 
@@ -319,4 +327,4 @@ if __name__ == "__main__":
     if sys.argv[1:2] == ["compile"]:
         compile_only(sys.argv[2:])
     else:
-        run()
+        run(l2=sys.argv[1:2] == ["--l2"])

@@ -24,16 +24,26 @@ import math
 
 import torch
 from troupe.kernels.decode_attention import DecodeConfig, paged_decode_attention_triton
-from troupe.kernels.paged_batch import PagedBatch
+from troupe.kernels.paged_batch import PADDING_BLOCK_ID, PagedBatch
 from troupe.ops.bench_timing import flushed_graph_ms, graph_ms
 from troupe.ops.fp8_variant_sweep import CANDIDATES, SHAPES, describe, fp8_decode_batch
 
 H200_COPY = 4.26e12
+# --sweep: the default form (converted at the dot) over block_n / warps / stages / programs an
+# SM; the fewer registers of a narrower tile buy more warps an SM to hide HBM's latency with
+SWEEP = [
+    DecodeConfig(bn, w, st, programs_per_sm=waves)
+    for bn, w, st, waves in (
+        (128, 2, 3, 3), (128, 2, 4, 4), (128, 4, 3, 4), (64, 2, 3, 4), (64, 2, 3, 8),
+        (64, 2, 4, 8), (64, 1, 3, 8), (32, 1, 3, 8), (32, 1, 4, 8), (32, 2, 3, 8),
+        (256, 4, 3, 4), (256, 2, 3, 4),
+    )
+]  # fmt: skip
 
 
 def aliased(block_tables: torch.Tensor, distinct: int) -> torch.Tensor:
     """The same tables with every block id folded into the first `distinct` blocks."""
-    return torch.where(block_tables >= 0, block_tables % distinct, block_tables)
+    return torch.where(block_tables == PADDING_BLOCK_ID, block_tables, block_tables % distinct)
 
 
 def rate(
@@ -56,13 +66,15 @@ def rate(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--distinct-blocks", type=int, default=256)
+    parser.add_argument("--sweep", action="store_true", help="fp8 at the dot: SWEEP's launches")
     args = parser.parse_args()
+    candidates = [("fp8", c) for c in SWEEP] if args.sweep else CANDIDATES
     print(f"{torch.cuda.get_device_name()}; KV pool in L2: {args.distinct_blocks} blocks")
     print(f"{'kind':<5} {'config':<34} {'shape':<10} {'HBM TB/s':>9} {'L2 TB/s':>8} {'L2/H200':>8}")
     for num_seqs, context in SHAPES:
         batch, k8, v8, scales = fp8_decode_batch(num_seqs, context)
         folded = aliased(batch.block_tables, args.distinct_blocks)
-        for kind, config in CANDIDATES:
+        for kind, config in candidates:
             k, v, s = (batch.k_cache, batch.v_cache, None) if kind == "bf16" else (k8, v8, scales)
             try:
                 hbm = rate(batch, k, v, s, config, batch.block_tables, in_l2=False)
