@@ -37,7 +37,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 from troupe.kernels.paged_batch import PagedBatch
-from troupe.ops.l2_ceiling import aliased
+from troupe.ops.h200_standin import aliased
 
 # triton 3.6 names the CTA barrier thread_barrier, 3.7 barrier
 _barrier = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier
@@ -282,7 +282,7 @@ def launcher(
 
 def run(l2: bool) -> None:
     """Every launch against the torch reference and timed; `l2`: each block table folded into a
-    pool that stays in L2 (ops/l2_ceiling.py: the rate an H200's faster HBM could reach)."""
+    pool that stays in L2 (ops/h200_standin.py: the rate an H200's faster HBM could reach)."""
     from triton.testing import do_bench_cudagraph
     from troupe.kernels import reference
     from troupe.ops.card_rates import copy_bandwidth

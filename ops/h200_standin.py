@@ -1,0 +1,130 @@
+"""The fp8-KV decode kernel as an H200 would run it, measured on an H100 (issue 12).
+
+    python -m troupe.ops.h200_standin [--sweep] [--sms 96] [--distinct-blocks 256]
+
+An H100 SXM and an H200 are one die (132 SMs, the same clocks, the same HBM latency); the
+H200's HBM only moves 1.4x more (4.26 TB/s against ~3.0). So an H200 SM must keep 1.4x the
+bytes in flight that an H100 SM needs at its copy rate, and a kernel at 95% of an H100's copy
+can sit at 74% on the H200 (the fp8 form: session 40). Each row times one launch at the decode
+shapes of fp8_kv_bench (the same grid, splits and tiles) three ways:
+
+    HBM       the whole card, L2 flushed before each call (fp8_kv_bench's graph rows)
+    L2        every block table folded into `--distinct-blocks` blocks that stay in L2
+              (256: 8 MiB in fp8): what the instructions allow when memory is never the limit
+    N SMs     a green context of `--sms` SMs (96 ~ 132 x 3.0 / 4.26) with the split policy told
+              so: each SM must pull the share of HBM an H200 SM pulls at its copy rate;
+              "as H200" is that per-SM rate against the H200's (4.26 TB/s / 132)
+
+Rates count K and V once per token, in the cache's bytes. The candidates are
+fp8_variant_sweep.CANDIDATES (with the bf16 cache's row), or SWEEP's launches of the default
+form (`--sweep`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable
+from typing import Any
+from unittest import mock
+
+import torch
+import triton.testing
+from troupe.kernels import decode_attention
+from troupe.kernels.decode_attention import DecodeConfig, paged_decode_attention_triton
+from troupe.kernels.paged_batch import PADDING_BLOCK_ID, PagedBatch
+from troupe.ops.bench_timing import flushed_graph_ms, graph_ms
+from troupe.ops.card_rates import copy_bandwidth
+from troupe.ops.fp8_variant_sweep import CANDIDATES, SHAPES, describe, fp8_decode_batch
+
+H200_COPY = 4.26e12
+H200_SMS = 132
+# --sweep: the default form (converted at the dot) over block_n / warps / stages / programs an
+# SM; the fewer registers of a narrower tile buy more warps an SM to hide HBM's latency with
+SWEEP = [
+    DecodeConfig(bn, w, st, programs_per_sm=waves)
+    for bn, w, st, waves in (
+        (128, 2, 3, 3), (128, 2, 4, 4), (128, 4, 3, 4), (64, 2, 3, 4), (64, 2, 3, 8),
+        (64, 2, 4, 8), (64, 1, 3, 8), (32, 1, 3, 8), (32, 1, 4, 8), (32, 2, 3, 8),
+        (256, 4, 3, 4), (256, 2, 3, 4),
+    )
+]  # fmt: skip
+
+
+def aliased(block_tables: torch.Tensor, distinct: int) -> torch.Tensor:
+    """The same tables with every block id folded into the first `distinct` blocks."""
+    return torch.where(block_tables == PADDING_BLOCK_ID, block_tables, block_tables % distinct)
+
+
+class SmShare:
+    """A green context of `sms` SMs, entered around calls, the decode split policy told so."""
+
+    def __init__(self, sms: int) -> None:
+        from torch.cuda.green_contexts import GreenContext
+
+        self.sms = sms
+        self.context: Any = GreenContext.create(num_sms=sms, device_id=torch.cuda.current_device())
+
+    def run(self, fn: Callable[[], float]) -> float:
+        with mock.patch.object(decode_attention, "num_sms", lambda device: self.sms):
+            self.context.set_context()
+            try:
+                return fn()
+            finally:
+                self.context.pop_context()
+
+
+def rates(
+    batch: PagedBatch, k: torch.Tensor, v: torch.Tensor, scales: torch.Tensor | None,
+    config: DecodeConfig, folded: torch.Tensor, share: SmShare,
+) -> tuple[float, float, float]:  # fmt: skip
+    """KV bytes per second of one launch: the whole card (HBM), from L2, on share's SMs."""
+
+    def call(block_tables: torch.Tensor = batch.block_tables) -> torch.Tensor:
+        return paged_decode_attention_triton(
+            batch.q, k, v, block_tables, batch.seq_lens, 1 / math.sqrt(128), batch.max_seq_len,
+            config=config, k_scale=scales, v_scale=scales,
+        )  # fmt: skip
+
+    def eager_flushed() -> float:  # do_bench clears L2 before each call
+        return float(triton.testing.do_bench(call, warmup=25, rep=200, return_mode="median"))
+
+    tokens = int(batch.seq_lens.sum())
+    nbytes = 2 * tokens * 8 * 128 * k.element_size() + 4 * batch.q.numel()
+    ms = (flushed_graph_ms(call), graph_ms(lambda: call(folded)), share.run(eager_flushed))
+    return nbytes / (ms[0] * 1e-3), nbytes / (ms[1] * 1e-3), nbytes / (ms[2] * 1e-3)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--distinct-blocks", type=int, default=256)
+    parser.add_argument("--sms", type=int, default=96)
+    parser.add_argument("--sweep", action="store_true", help="fp8 at the dot: SWEEP's launches")
+    args = parser.parse_args()
+    candidates = [("fp8", c) for c in SWEEP] if args.sweep else CANDIDATES
+    share = SmShare(args.sms)
+    whole, part = copy_bandwidth(), share.run(copy_bandwidth)
+    print(f"{torch.cuda.get_device_name()}; L2 pool {args.distinct_blocks} blocks; copy "
+          f"{whole / 1e12:.2f} TB/s, on {args.sms} SMs {part / 1e12:.2f}")  # fmt: skip
+    print(f"{'kind':<5} {'config':<40} {'shape':<9} {'HBM':>6} {'L2':>6} "
+          f"{f'{args.sms} SMs':>7} {'as H200':>8}   (TB/s)")  # fmt: skip
+    for num_seqs, context in SHAPES:
+        batch, k8, v8, scales = fp8_decode_batch(num_seqs, context)
+        folded = aliased(batch.block_tables, args.distinct_blocks)
+        for kind, config in candidates:
+            k, v, s = (batch.k_cache, batch.v_cache, None) if kind == "bf16" else (k8, v8, scales)
+            try:
+                hbm, l2, part = rates(batch, k, v, s, config, folded, share)
+            except Exception as exc:  # a launch that does not build is a row, not the end
+                print(f"FAILED {kind} {describe(config)}: {type(exc).__name__}: {exc}"[:300])
+                continue
+            as_h200 = part / args.sms / (H200_COPY / H200_SMS)
+            print(
+                f"{kind:<5} {describe(config):<40} {num_seqs}x{context:<6} {hbm / 1e12:6.2f} "
+                f"{l2 / 1e12:6.2f} {part / 1e12:7.2f} {as_h200:8.0%}",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()
