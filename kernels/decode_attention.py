@@ -81,12 +81,12 @@ class DecodeConfig:
 # The engine's launch, split policy and algorithm: set to the BEST decode line of
 # `python -m troupe.ops.kernel_bench --sweep-variants`.
 DEFAULT_CONFIG = DecodeConfig()  # bf16 (and any 16-bit) KV
-# fp8 KV (kernels/decode_attention_fp8.py's kernel, the sweep's F16_CAST): the best of
-# `python -m troupe.ops.fp8_kv_bench attention --sweep-variants` on the
-# H200 (2026-12-02): 71 / 72 / 60% of copy at 256x1024 / 64x4096 / 16x16384 (was 48 / 41 / 45)
-FP8_DEFAULT_CONFIG = DecodeConfig(
-    block_n=128, num_warps=2, num_stages=3, programs_per_sm=3, max_splits=32, min_split=256
-)  # its split counts as swept (3 per SM rounded down picks what 2 rounded up did there)
+# fp8 KV (kernels/decode_attention_fp8.py's kernel, converted at the dot), 4 programs an SM as
+# the bf16 default: the best of `fp8_kv_bench attention --sweep-variants` on the H200 (session
+# 40: 75 / 75 / 72% of copy at 256x1024 / 64x4096 / 16x16384, where 3 an SM and splits of 256
+# or more gave 63% at 16x16384), and of `ops/h200_standin.py` (session 46, H100: 93% against
+# 84% at 16x16384 on the whole card, 76% against 60% as an H200 would run it).
+FP8_DEFAULT_CONFIG = DecodeConfig(block_n=128, num_warps=2, num_stages=3)
 
 
 def dot_precision(dtype: torch.dtype) -> str:

@@ -1,6 +1,7 @@
 """The fp8-KV decode kernel as an H200 would run it, measured on an H100 (issue 12).
 
     python -m troupe.ops.h200_standin [--sweep] [--sms 96] [--distinct-blocks 256]
+    python -m troupe.ops.h200_standin --int4 [--sms 96]   # quant_bench's batch-1 chain
 
 An H100 SXM and an H200 are one die (132 SMs, the same clocks, the same HBM latency); the
 H200's HBM only moves 1.4x more (4.26 TB/s against ~3.0). So an H200 SM must keep 1.4x the
@@ -17,12 +18,14 @@ shapes of fp8_kv_bench (the same grid, splits and tiles) three ways:
 
 Rates count K and V once per token, in the cache's bytes. The candidates are
 fp8_variant_sweep.CANDIDATES (with the bf16 cache's row), or SWEEP's launches of the default
-form (`--sweep`).
+form (`--sweep`). `--int4`: issue 16's chain instead (ops/quant_bench.py: the Llama-3.1-8B
+linears at one row, int4 and bf16, graph replays), on the whole card and on the SMs' share.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 from collections.abc import Callable
 from typing import Any
@@ -30,7 +33,7 @@ from unittest import mock
 
 import torch
 import triton.testing
-from troupe.kernels import decode_attention
+from troupe.kernels import arrival, decode_attention
 from troupe.kernels.decode_attention import DecodeConfig, paged_decode_attention_triton
 from troupe.kernels.paged_batch import PADDING_BLOCK_ID, PagedBatch
 from troupe.ops.bench_timing import flushed_graph_ms, graph_ms
@@ -57,7 +60,8 @@ def aliased(block_tables: torch.Tensor, distinct: int) -> torch.Tensor:
 
 
 class SmShare:
-    """A green context of `sms` SMs, entered around calls, the decode split policy told so."""
+    """A green context of `sms` SMs, entered around calls, the split policies (decode attention,
+    the GEMVs' K splits) told so."""
 
     def __init__(self, sms: int) -> None:
         from torch.cuda.green_contexts import GreenContext
@@ -66,7 +70,13 @@ class SmShare:
         self.context: Any = GreenContext.create(num_sms=sms, device_id=torch.cuda.current_device())
 
     def run(self, fn: Callable[[], float]) -> float:
-        with mock.patch.object(decode_attention, "num_sms", lambda device: self.sms):
+        def counted(device: torch.device) -> int:
+            return self.sms
+
+        with (
+            mock.patch.object(decode_attention, "num_sms", counted),
+            mock.patch.object(arrival, "num_sms", counted),
+        ):
             self.context.set_context()
             try:
                 return fn()
@@ -95,14 +105,50 @@ def rates(
     return nbytes / (ms[0] * 1e-3), nbytes / (ms[1] * 1e-3), nbytes / (ms[2] * 1e-3)
 
 
+def int4_chain(share: SmShare, layers: int) -> None:
+    """quant_bench's batch-1 step, int4 and bf16, on the whole card and on the share."""
+    from troupe.kernels.quant_int4 import Int4Cols, int4_cols_matmul
+    from troupe.ops.quant_bench import HIDDEN, INTER, timed, weights
+
+    device = torch.device("cuda")
+    torch.manual_seed(0)
+    dense, int4, _ = weights(layers, device)
+    cols = [Int4Cols.from_rows(*w) for w in int4]
+    nbytes = sum(p.numel() + s.numel() * 2 + b.numel() * 2 for p, s, b in int4)
+    xs = {k: torch.randn(1, k, device=device, dtype=torch.bfloat16) for k in (HIDDEN, INTER)}
+
+    def step_int4() -> None:
+        for w in cols:
+            int4_cols_matmul(xs[w.shape[1]], w)
+
+    def step_bf16() -> None:
+        for w in dense:
+            torch.nn.functional.linear(xs[w.shape[1]], w)
+
+    steps: list[tuple[str, Callable[[], None]]] = [("bf16", step_bf16), ("int4", step_int4)]
+    for name, step in steps:
+        whole = timed(step, device)
+        part = share.run(functools.partial(timed, step, device))
+        size = nbytes if name == "int4" else sum(w.numel() * 2 for w in dense)
+        as_h200 = size / part / share.sms / (H200_COPY / H200_SMS)
+        print(f"{name}: whole card {whole * 1e3:.3f} ms ({size / whole / 1e12:.2f} TB/s); "
+              f"{share.sms} SMs {part * 1e3:.3f} ms ({size / part / 1e12:.2f} TB/s, "
+              f"{as_h200:.0%} as H200)", flush=True)  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--distinct-blocks", type=int, default=256)
     parser.add_argument("--sms", type=int, default=96)
     parser.add_argument("--sweep", action="store_true", help="fp8 at the dot: SWEEP's launches")
+    parser.add_argument("--int4", action="store_true", help="quant_bench's int4 chain instead")
+    parser.add_argument("--layers", type=int, default=32, help="--int4: decoder layers")
     args = parser.parse_args()
     candidates = [("fp8", c) for c in SWEEP] if args.sweep else CANDIDATES
     share = SmShare(args.sms)
+    if args.int4:
+        int4_chain(share, args.layers)
+        return
     whole, part = copy_bandwidth(), share.run(copy_bandwidth)
     print(f"{torch.cuda.get_device_name()}; L2 pool {args.distinct_blocks} blocks; copy "
           f"{whole / 1e12:.2f} TB/s, on {args.sms} SMs {part / 1e12:.2f}")  # fmt: skip
