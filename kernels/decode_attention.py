@@ -81,12 +81,16 @@ class DecodeConfig:
 # The engine's launch, split policy and algorithm: set to the BEST decode line of
 # `python -m troupe.ops.kernel_bench --sweep-variants`.
 DEFAULT_CONFIG = DecodeConfig()  # bf16 (and any 16-bit) KV
-# fp8 KV (kernels/decode_attention_fp8.py's kernel, converted at the dot), 4 programs an SM as
-# the bf16 default: the best of `fp8_kv_bench attention --sweep-variants` on the H200 (session
-# 40: 75 / 75 / 72% of copy at 256x1024 / 64x4096 / 16x16384, where 3 an SM and splits of 256
-# or more gave 63% at 16x16384), and of `ops/h200_standin.py` (session 46, H100: 93% against
-# 84% at 16x16384 on the whole card, 76% against 60% as an H200 would run it).
-FP8_DEFAULT_CONFIG = DecodeConfig(block_n=128, num_warps=2, num_stages=3)
+# fp8 KV (kernels/decode_attention_fp8.py's kernel, converted at the dot): tiles of 64 keys, two
+# warps, and two tiles in flight. Its loads are indirect (page ids first), so Triton's pipeliner
+# gives them ceil((num_stages - 2) / 2) buffers: 5 stages for two. Chosen for the H200 by
+# ops/h200_standin.py (session 46, an H100 with each SM pulling an H200 SM's share of HBM; it
+# put the form launched before, 128 keys / 2 warps / 3 stages with one buffer, at 74-76% where
+# H200s measured 72-75%): 83% / 84% as H200 at 256x1024 / 16x16384 against that form's 74% /
+# 74%; on the whole H100 within 4% of it (2.71 / 2.91 / 2.82 TB/s against 2.81 / 2.88 / 2.77 at
+# the three shapes). Splits as the bf16 default (4 programs an SM; the older 3 an SM, splits of
+# 256 or more, gave a 16x16384 decode 3 splits: 63% on the H200 against 72%).
+FP8_DEFAULT_CONFIG = DecodeConfig(block_n=64, num_warps=2, num_stages=5)
 
 
 def dot_precision(dtype: torch.dtype) -> str:

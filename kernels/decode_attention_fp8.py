@@ -21,7 +21,10 @@ and were removed; their figures are in docs/benchmarks.md. DecodeConfig.fp8_conv
 tiles converted where loaded, through PTX the layout pass cannot move: kernels/fp8_tile.py)
 removes the byte reads in the SASS (0.089 warp instructions a KV byte against 0.125, 148
 registers); no such form beat the default, on an H100 (82.8% of copy at best against 85.2%,
-session 39) nor on an H200 (48-66% against 73.9%, session 40; docs/benchmarks.md).
+session 39) nor on an H200 (48-66% against 73.9%, session 40; docs/benchmarks.md). What held the
+default on the H200 was bytes in flight: the page ids make its tile loads indirect, and Triton's
+pipeliner gives those one buffer below 5 stages; FP8_DEFAULT_CONFIG now launches 64-key tiles at
+5 stages (two in flight), ~83% on ops/h200_standin.py's H200 stand-in against 74% (session 46).
 """
 
 # Triton kernels take untyped pointers and constexprs; @triton.jit is untyped to mypy.

@@ -33,7 +33,8 @@ MAX_REL_ERR = 1e-2
 # (kind, config) in priority order; "bf16" is the bf16-cache reference row (never BEST)
 CANDIDATES: list[tuple[str, DecodeConfig]] = [
     ("bf16", DecodeConfig()),
-    ("fp8", DecodeConfig(128, 2, 3)),  # today's fp8 default
+    ("fp8", DecodeConfig(64, 2, 5)),  # today's fp8 default: two 64-key tiles in flight
+    ("fp8", DecodeConfig(128, 2, 3)),  # the default before session 46: one 128-key tile
     # the tiles converted where loaded (kernels/fp8_tile.py): no byte reads of shared memory,
     # ~0.09 warp instructions a KV byte against 0.125 (ops/fp8_compile_check, 2026-12-05)
     ("fp8", DecodeConfig(128, 4, 2, fp8_convert=Fp8Convert.V_AT_LOAD)),
