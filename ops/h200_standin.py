@@ -45,12 +45,17 @@ H200_SMS = 132
 # --sweep: the default form (converted at the dot) by how many K/V tiles are in flight. Its
 # loads are indirect (the page ids first), so Triton's pipeliner gives the tiles
 # ceil((num_stages - 2) / 2) buffers: one at 3 and 4 stages, two at 5 and 6, three at 7 (the
-# TTGIR, triton 3.7.1). Session 46's first sweep (launch widths at 3-4 stages, none past 80% as
-# H200) is in docs/benchmarks.md. The first row is the default: the others' outputs are checked
-# against it.
+# TTGIR, triton 3.6 and 3.7.1). Session 46's sweeps (launch widths at 3-4 stages, none past 80%
+# as H200; then 64 / 2 / 5, two buffers, at 83-84%, the default since) are in
+# docs/benchmarks.md. Not yet run, from the sm_90 builds (registers, shared memory -> programs
+# an SM; KB of tiles in flight an SM): 32 / 1 / 5 (10; 160), 32 / 1 / 7 (7; 168), 64 / 1 / 5
+# (6; 192), and the default with 5 splits' worth of programs an SM (5 fit). The first row is
+# the default: the others' outputs are checked against it.
 SWEEP = [
-    DecodeConfig(bn, w, st)
-    for bn, w, st in ((128, 2, 3), (128, 2, 5), (128, 2, 7), (64, 2, 5), (64, 2, 7), (64, 4, 5))
+    DecodeConfig(bn, w, st, programs_per_sm=waves)
+    for bn, w, st, waves in (
+        (64, 2, 5, 4), (32, 1, 5, 4), (32, 1, 7, 4), (64, 1, 5, 4), (64, 2, 5, 5), (128, 2, 3, 4),
+    )
 ]  # fmt: skip
 
 
