@@ -37,7 +37,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 from troupe.kernels.paged_batch import PagedBatch
-from troupe.ops.h200_standin import aliased
+from troupe.ops.h200_standin import folded_tables
 
 # triton 3.6 names the CTA barrier thread_barrier, 3.7 barrier
 _barrier = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier
@@ -293,7 +293,7 @@ def run(l2: bool) -> None:
     for num_seqs, context in ((256, 1024), (64, 4096), (16, 16384)):
         batch, k8, v8, scales = fp8_decode_batch(num_seqs, context)
         if l2:
-            batch = dataclasses.replace(batch, block_tables=aliased(batch.block_tables, 256))
+            batch = dataclasses.replace(batch, block_tables=folded_tables(batch.block_tables, 256))
         q = batch.q
         s, hq, dim = q.shape
         hkv = k8.shape[2]

@@ -59,7 +59,7 @@ SWEEP = [
 ]  # fmt: skip
 
 
-def aliased(block_tables: torch.Tensor, distinct: int) -> torch.Tensor:
+def folded_tables(block_tables: torch.Tensor, distinct: int) -> torch.Tensor:
     """The same tables with every block id folded into the first `distinct` blocks."""
     return torch.where(block_tables == PADDING_BLOCK_ID, block_tables, block_tables % distinct)
 
@@ -163,7 +163,7 @@ def main() -> None:
           f"{f'{args.sms} SMs':>7} {'as H200':>8} {'vs row 1':>9}   (TB/s)")  # fmt: skip
     for num_seqs, context in SHAPES:
         batch, k8, v8, scales = fp8_decode_batch(num_seqs, context)
-        folded = aliased(batch.block_tables, args.distinct_blocks)
+        folded = folded_tables(batch.block_tables, args.distinct_blocks)
         first: dict[str, torch.Tensor] = {}  # each kind's first row's output
         for kind, config in candidates:
             k, v, s = (batch.k_cache, batch.v_cache, None) if kind == "bf16" else (k8, v8, scales)
