@@ -1,0 +1,230 @@
+"""The fp8 decode with values stored transposed within a page: a probe (issue 12).
+
+    python -m troupe.ops.fp8_vt_probe compile      # no GPU: sm_90 builds against the engine's
+    python -m troupe.ops.fp8_vt_probe              # GPU: timed as ops/h200_standin.py times
+
+The engine's fp8 kernel (kernels/decode_attention_fp8.py) reads V's tile back from shared memory
+a byte at a time (LDS.U8): P V's B operand wants two consecutive tokens of one dimension in a
+register, and in the [slot, head, dim] cache those are a row (1 KB at Llama's 8 x 128) apart.
+Here V's pages are [head, dim, slot] (vLLM's first paged kernel kept values so): a dimension's
+tokens are adjacent bytes, as K's dimensions are for QK^T, so the same conversion at the dot
+reads them in words. K and the rest are the engine kernel's (pages of whole tiles only, no
+window, no sequence order or limit); each split writes fp32 partials and their log-sum-exp,
+merged here in torch. Not wired into the engine: every writer and reader of V would change.
+
+Built for sm_90 (session 46, triton 3.7.1, `compile`): the byte reads of shared memory are gone,
+but Triton neither vectorizes nor pipelines this V load well: as [dim, token] the mask varies
+along the contiguous slots (byte loads, no cp.async: 0.30 warp instructions a KV byte against
+the engine's 0.14 at 64 / 2 / 5); as [page, dim, slot] masked by page, 9 cp.async and 143
+global loads a loop, and the permute to [token, dim] costs ~500 PRMT (0.29). Not timed on a GPU.
+A layout Triton's own language chooses does not get there; Gluon's explicit layouts might.
+"""
+
+# Triton kernels take untyped pointers and constexprs; @triton.jit is untyped to mypy.
+# mypy: disable-error-code="untyped-decorator,no-untyped-def"
+
+from __future__ import annotations
+
+import functools
+import math
+import sys
+from collections.abc import Callable
+
+import torch
+import triton
+import triton.language as tl
+from troupe.kernels.decode_attention import (
+    DecodeConfig,
+    choose_num_splits,
+    paged_decode_attention_triton,
+)
+from troupe.kernels.decode_group import softmax_step
+from troupe.kernels.paged_batch import PagedBatch
+
+_F16_MAX = tl.constexpr(65504.0)
+
+
+@triton.jit
+def fp8_vt_decode_kernel(
+    q_ptr, k_cache_ptr, vt_cache_ptr, part_out_ptr, part_lse_ptr, block_tables_ptr,
+    seq_lens_ptr, k_scale_ptr, v_scale_ptr, qk_scale, stride_qs, stride_qh, stride_bt,
+    NUM_Q_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    kv_head = tl.program_id(0)
+    seq = tl.program_id(1).to(tl.int64)
+    split = tl.program_id(2)
+    qk_scale = qk_scale * tl.load(k_scale_ptr + kv_head)
+    v_scale = tl.load(v_scale_ptr + kv_head)
+    seq_len = tl.load(seq_lens_ptr + seq).to(tl.int32)
+    chunk = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = split * chunk
+    end = tl.minimum(start + chunk, seq_len)
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_d = tl.arange(0, HEAD_DIM)
+    heads = kv_head * GROUP + offs_g
+    q = tl.load(q_ptr + seq * stride_qs + heads[:, None] * stride_qh + offs_d[None, :],
+                mask=(offs_g < GROUP)[:, None], other=0.0)  # fmt: skip
+    q = tl.clamp(q.to(tl.float32), -_F16_MAX, _F16_MAX).to(tl.float16)
+    m_i = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_G, HEAD_DIM], dtype=tl.float32)
+    PAGES: tl.constexpr = BLOCK_N // BLOCK_SIZE
+    PAGE_K: tl.constexpr = BLOCK_SIZE * NUM_KV_HEADS * HEAD_DIM  # a page's bytes, K or V
+    bt_row = block_tables_ptr + seq * stride_bt
+    for n in range(start, end, BLOCK_N):
+        offs_n = n + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < end
+        offs_p = tl.arange(0, PAGES)
+        page_ids = tl.load(bt_row + n // BLOCK_SIZE + offs_p,
+                           mask=n + offs_p * BLOCK_SIZE < end, other=0).to(tl.int64)  # fmt: skip
+        within = tl.arange(0, BLOCK_SIZE)
+        k_rows = tl.reshape(  # K: [page, slot, head, dim]
+            page_ids[:, None] * PAGE_K + within[None, :] * (NUM_KV_HEADS * HEAD_DIM), [BLOCK_N]
+        )
+        k8 = tl.load(k_cache_ptr + k_rows[:, None] + kv_head * HEAD_DIM + offs_d[None, :],
+                     mask=n_mask[:, None], other=0.0)  # fmt: skip
+        # V^T pages as [page, dim, slot]: a page's slots contiguous (what the loads vectorize on)
+        v_at = (page_ids[:, None, None] * PAGE_K
+                + (kv_head * HEAD_DIM + offs_d)[None, :, None] * BLOCK_SIZE
+                + within[None, None, :])  # fmt: skip
+        # masked by page (one predicate a 16-byte row: the loads stay vectors), the slots past
+        # the sequence's end zeroed after the conversion (a stale slot may hold an fp8 NaN)
+        page_ok = (n + offs_p * BLOCK_SIZE < end)[:, None, None]
+        vt8 = tl.load(vt_cache_ptr + v_at, mask=page_ok, other=0.0)
+        qk = tl.dot(q, tl.trans(k8.to(tl.float16))) * qk_scale
+        v = tl.reshape(tl.permute(vt8, (0, 2, 1)), [BLOCK_N, HEAD_DIM]).to(tl.float16)
+        v = tl.where(n_mask[:, None], v, 0.0)
+        m_i, l_i, acc = softmax_step(qk, n_mask, v, m_i, l_i, acc, "tf32")
+    l_safe = tl.where(l_i > 0.0, l_i, 1.0)
+    o = acc * (v_scale / l_safe)[:, None]
+    row = (seq * NUM_Q_HEADS + heads) * NUM_SPLITS + split
+    tl.store(part_out_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], o,
+             mask=(offs_g < GROUP)[:, None])  # fmt: skip
+    tl.store(part_lse_ptr + row, m_i + tl.log2(l_safe), mask=offs_g < GROUP)
+
+
+def transposed_values(v_cache: torch.Tensor) -> torch.Tensor:
+    """[blocks, slot, head, dim] -> [blocks, head, dim, slot] (contiguous)."""
+    return v_cache.permute(0, 2, 3, 1).contiguous()
+
+
+def constexprs(num_q_heads: int, num_kv_heads: int, head_dim: int, block_size: int,
+               num_splits: int, block_n: int) -> dict[str, object]:  # fmt: skip
+    group = num_q_heads // num_kv_heads
+    return {
+        "NUM_Q_HEADS": num_q_heads, "NUM_KV_HEADS": num_kv_heads, "GROUP": group,
+        "HEAD_DIM": head_dim, "BLOCK_SIZE": block_size, "NUM_SPLITS": num_splits,
+        "BLOCK_G": max(16, triton.next_power_of_2(group)), "BLOCK_N": block_n,
+    }  # fmt: skip
+
+
+def decode_vt(
+    q: torch.Tensor, k8: torch.Tensor, vt8: torch.Tensor, block_tables: torch.Tensor,
+    seq_lens: torch.Tensor, k_scale: torch.Tensor, v_scale: torch.Tensor, scale: float,
+    num_splits: int, *, block_n: int = 64, num_warps: int = 2, num_stages: int = 5,
+) -> torch.Tensor:  # fmt: skip
+    """Attention of one query token per sequence over the fp8 cache (V transposed), [S, Hq, D]
+    in fp32: pass 1, then the splits merged by their log-sum-exp."""
+    s, hq, dim = q.shape
+    block_size, hkv = k8.shape[1], k8.shape[2]
+    assert block_n % block_size == 0, "tiles of whole pages"
+    part = torch.empty(s, hq, num_splits, dim, dtype=torch.float32, device=q.device)
+    lse = torch.empty(s, hq, num_splits, dtype=torch.float32, device=q.device)
+    fp8_vt_decode_kernel[(hkv, s, num_splits)](
+        q, k8, vt8, part, lse, block_tables, seq_lens, k_scale, v_scale,
+        scale * math.log2(math.e), q.stride(0), q.stride(1), block_tables.stride(0),
+        **constexprs(hq, hkv, dim, block_size, num_splits, block_n),
+        num_warps=num_warps, num_stages=num_stages,
+    )  # fmt: skip
+    weights = torch.exp2(lse - lse.amax(-1, keepdim=True))
+    return (part * weights[..., None]).sum(2) / weights.sum(-1)[..., None]
+
+
+LAUNCHES = ((64, 2, 5), (128, 2, 3), (64, 2, 3), (32, 1, 5))  # block_n / warps / stages
+
+
+def compile_only() -> None:
+    """The probe's launches and the engine kernel's built for sm_90 (Llama-3.1-8B heads, pages
+    of 16, 2 splits): registers, shared memory, the main loop's byte reads of shared memory."""
+    from troupe.kernels.decode_attention_fp8 import decode_split_fp8_kernel, kernel_constexprs
+    from troupe.ops.fp8_compile_check import _TYPES, loop_body
+    from troupe.ops.sm90_compile import compile_sm90
+
+    types = {**_TYPES, "vt_cache_ptr": "*fp8e4nv"}
+    for block_n, warps, stages in LAUNCHES:
+        for name in ("engine", "vt"):
+            if name == "engine":
+                consts = kernel_constexprs(num_q_heads=32, num_kv_heads=8, head_dim=128,
+                                           block_size=16, num_splits=2, has_limit=False,
+                                           block_n=block_n)  # fmt: skip
+                kernel = decode_split_fp8_kernel
+            else:
+                consts = constexprs(32, 8, 128, 16, 2, block_n)
+                kernel = fp8_vt_decode_kernel
+            build = compile_sm90(kernel, consts, types, warps, stages, sass=True)
+            ops = loop_body(build.sass)
+            counts = {k: sum(1 for o in ops if o.startswith(k))
+                      for k in ("LDS.U8", "LDS", "LDSM", "LDGSTS", "F2FP", "PRMT", "HMMA")}  # fmt: skip
+            per_byte = len(ops) * warps / (2 * block_n * 128)
+            print(f"{name:<6} {block_n}/{warps}/{stages}: {build.regs} registers, {build.smem} B "
+                  f"shared, loop {len(ops)} ({per_byte:.3f} warp instructions a KV byte) "
+                  f"{counts}", flush=True)  # fmt: skip
+
+
+def _vt_call(batch: PagedBatch, k8: torch.Tensor, vt8: torch.Tensor, scales: torch.Tensor,
+             config: DecodeConfig, sms: int) -> Callable[[], torch.Tensor]:  # fmt: skip
+    """decode_vt at the engine's split policy for `sms` SMs."""
+    splits = choose_num_splits(batch.q.shape[0], k8.shape[2], batch.max_seq_len, sms, config)
+    return functools.partial(
+        decode_vt, batch.q, k8, vt8, batch.block_tables, batch.seq_lens, scales, scales,
+        1 / math.sqrt(batch.q.shape[-1]), splits, block_n=config.block_n,
+        num_warps=config.num_warps, num_stages=config.num_stages,
+    )  # fmt: skip
+
+
+def run() -> None:
+    """Each launch against the torch reference and timed: the whole card with L2 flushed, and
+    as an H200 would run it (ops/h200_standin.SmShare), beside the engine's kernel."""
+    from troupe.kernels import reference
+    from troupe.kernels.sm_count import num_sms
+    from troupe.ops.bench_timing import flushed_graph_ms
+    from troupe.ops.fp8_variant_sweep import SHAPES, fp8_decode_batch
+    from troupe.ops.h200_standin import H200_COPY, H200_SMS, SmShare
+
+    share = SmShare(96)
+    print(torch.cuda.get_device_name(), flush=True)
+    for num_seqs, context in SHAPES:
+        batch, k8, v8, scales = fp8_decode_batch(num_seqs, context)
+        vt8 = transposed_values(v8)
+        scale = 1 / math.sqrt(128)
+        rest = (batch.block_tables, batch.seq_lens, scale, batch.max_seq_len)
+        ref = reference.paged_decode_attention(batch.q, k8, v8, *rest, k_scale=scales,
+                                               v_scale=scales).float()  # fmt: skip
+        nbytes = 2 * int(batch.seq_lens.sum()) * 8 * 128 + 4 * batch.q.numel()
+        for block_n, warps, stages in LAUNCHES:
+            config = DecodeConfig(block_n, warps, stages)
+            engine = functools.partial(paged_decode_attention_triton, batch.q, k8, v8, *rest,
+                                       config=config, k_scale=scales, v_scale=scales)  # fmt: skip
+            forms: dict[str, tuple[Callable[[], torch.Tensor], Callable[[], torch.Tensor]]] = {
+                # (the whole card's call, the share's): the engine's reads the SMs counted
+                "engine": (engine, engine),
+                "vt": (_vt_call(batch, k8, vt8, scales, config, num_sms(batch.q.device)),
+                       _vt_call(batch, k8, vt8, scales, config, share.sms)),
+            }  # fmt: skip
+            for name, (whole_call, share_call) in forms.items():
+                err = float((whole_call().float() - ref).norm() / ref.norm())
+                whole = nbytes / (flushed_graph_ms(whole_call) * 1e-3)
+                part = nbytes / (share.run(functools.partial(flushed_graph_ms, share_call)) * 1e-3)
+                as_h200 = part / share.sms / (H200_COPY / H200_SMS)
+                print(f"{num_seqs}x{context} {name:<6} {block_n}/{warps}/{stages}: whole card "
+                      f"{whole / 1e12:.2f} TB/s, as H200 {as_h200:.0%}, rel err {err:.1e}",
+                      flush=True)  # fmt: skip
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["compile"]:
+        compile_only()
+    else:
+        run()
