@@ -12,12 +12,13 @@ reads them in words. K and the rest are the engine kernel's (pages of whole tile
 window, no sequence order or limit); each split writes fp32 partials and their log-sum-exp,
 merged here in torch. Not wired into the engine: every writer and reader of V would change.
 
-Built for sm_90 (session 46, triton 3.7.1, `compile`): the byte reads of shared memory are gone,
-but Triton neither vectorizes nor pipelines this V load well: as [dim, token] the mask varies
-along the contiguous slots (byte loads, no cp.async: 0.30 warp instructions a KV byte against
-the engine's 0.14 at 64 / 2 / 5); as [page, dim, slot] masked by page, 9 cp.async and 143
-global loads a loop, and the permute to [token, dim] costs ~500 PRMT (0.29). Not timed on a GPU.
-A layout Triton's own language chooses does not get there; Gluon's explicit layouts might.
+A tile is four pages, each loaded as its own 2-D tiles (K [slot, dim], V^T [dim, slot]) masked
+by page, so the loads stay vectors; scores and P V run a page at a time under one running max.
+Built for sm_90 (session 46, triton 3.7.1, `compile`, at 64 / 2 / 5): no byte reads of shared
+memory, 0.169 warp instructions a KV byte against the engine kernel's 0.140 (192 registers, 41
+KB: 5 programs an SM, as the engine's); two forms before it (the tile as one [dim, token] or
+[page, dim, slot] load) took 0.28-0.30, Triton byte-loading or permuting the transposed tile.
+Not yet timed on a GPU (`python -m troupe.ops.fp8_vt_probe` does it, beside the engine's).
 """
 
 # Triton kernels take untyped pointers and constexprs; @triton.jit is untyped to mypy.
@@ -38,10 +39,40 @@ from troupe.kernels.decode_attention import (
     choose_num_splits,
     paged_decode_attention_triton,
 )
-from troupe.kernels.decode_group import softmax_step
 from troupe.kernels.paged_batch import PagedBatch
 
 _F16_MAX = tl.constexpr(65504.0)
+
+
+@triton.jit
+def _page(k_cache_ptr, vt_cache_ptr, bt_row, n, j: tl.constexpr, end, kv_head, offs_d,
+          PAGE_K: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+          BLOCK_SIZE: tl.constexpr):  # fmt: skip
+    """Page j of the tile at n: K [slot, dim] and V^T [dim, slot] as bytes, masked by page (one
+    predicate a row: the loads stay vectors), and which of its slots are keys."""
+    first = n + j * BLOCK_SIZE
+    live = first < end
+    base = tl.load(bt_row + first // BLOCK_SIZE, mask=live, other=0).to(tl.int64) * PAGE_K
+    within = tl.arange(0, BLOCK_SIZE)
+    k8 = tl.load(k_cache_ptr + base + within[:, None] * (NUM_KV_HEADS * HEAD_DIM)
+                 + kv_head * HEAD_DIM + offs_d[None, :], mask=live, other=0.0)  # fmt: skip
+    vt8 = tl.load(vt_cache_ptr + base + (kv_head * HEAD_DIM + offs_d)[:, None] * BLOCK_SIZE
+                  + within[None, :], mask=live, other=0.0)  # fmt: skip
+    return k8, vt8, first + within < end
+
+
+@triton.jit
+def _scores(q, k8, ok, qk_scale):
+    """q K^T of one page (base 2), keys past the end at -inf."""
+    s = tl.dot(q, tl.trans(k8.to(tl.float16))) * qk_scale
+    return tl.where(ok[None, :], s, float("-inf"))
+
+
+@triton.jit
+def _values(vt8, ok):
+    """One page's V [slot, dim] in fp16, slots past the end zeroed (a stale slot may hold an
+    fp8 NaN, and 0 x NaN is NaN)."""
+    return tl.where(ok[:, None], tl.trans(vt8.to(tl.float16)), 0.0)
 
 
 @triton.jit
@@ -70,33 +101,41 @@ def fp8_vt_decode_kernel(
     m_i = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
     acc = tl.zeros([BLOCK_G, HEAD_DIM], dtype=tl.float32)
-    PAGES: tl.constexpr = BLOCK_N // BLOCK_SIZE
+    tl.static_assert(BLOCK_N == 4 * BLOCK_SIZE, "a tile is four pages")
     PAGE_K: tl.constexpr = BLOCK_SIZE * NUM_KV_HEADS * HEAD_DIM  # a page's bytes, K or V
     bt_row = block_tables_ptr + seq * stride_bt
     for n in range(start, end, BLOCK_N):
-        offs_n = n + tl.arange(0, BLOCK_N)
-        n_mask = offs_n < end
-        offs_p = tl.arange(0, PAGES)
-        page_ids = tl.load(bt_row + n // BLOCK_SIZE + offs_p,
-                           mask=n + offs_p * BLOCK_SIZE < end, other=0).to(tl.int64)  # fmt: skip
-        within = tl.arange(0, BLOCK_SIZE)
-        k_rows = tl.reshape(  # K: [page, slot, head, dim]
-            page_ids[:, None] * PAGE_K + within[None, :] * (NUM_KV_HEADS * HEAD_DIM), [BLOCK_N]
+        k0, v0, ok0 = _page(k_cache_ptr, vt_cache_ptr, bt_row, n, 0, end, kv_head, offs_d,
+                            PAGE_K, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE)  # fmt: skip
+        k1, v1, ok1 = _page(k_cache_ptr, vt_cache_ptr, bt_row, n, 1, end, kv_head, offs_d,
+                            PAGE_K, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE)  # fmt: skip
+        k2, v2, ok2 = _page(k_cache_ptr, vt_cache_ptr, bt_row, n, 2, end, kv_head, offs_d,
+                            PAGE_K, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE)  # fmt: skip
+        k3, v3, ok3 = _page(k_cache_ptr, vt_cache_ptr, bt_row, n, 3, end, kv_head, offs_d,
+                            PAGE_K, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE)  # fmt: skip
+        s0 = _scores(q, k0, ok0, qk_scale)
+        s1 = _scores(q, k1, ok1, qk_scale)
+        s2 = _scores(q, k2, ok2, qk_scale)
+        s3 = _scores(q, k3, ok3, qk_scale)
+        top = tl.maximum(tl.maximum(tl.max(s0, axis=1), tl.max(s1, axis=1)),
+                         tl.maximum(tl.max(s2, axis=1), tl.max(s3, axis=1)))  # fmt: skip
+        m_new = tl.maximum(m_i, top)
+        alpha = tl.exp2(m_i - m_new)
+        p0 = tl.exp2(s0 - m_new[:, None])
+        p1 = tl.exp2(s1 - m_new[:, None])
+        p2 = tl.exp2(s2 - m_new[:, None])
+        p3 = tl.exp2(s3 - m_new[:, None])
+        l_i = (
+            l_i * alpha
+            + (tl.sum(p0, axis=1) + tl.sum(p1, axis=1))
+            + (tl.sum(p2, axis=1) + tl.sum(p3, axis=1))
         )
-        k8 = tl.load(k_cache_ptr + k_rows[:, None] + kv_head * HEAD_DIM + offs_d[None, :],
-                     mask=n_mask[:, None], other=0.0)  # fmt: skip
-        # V^T pages as [page, dim, slot]: a page's slots contiguous (what the loads vectorize on)
-        v_at = (page_ids[:, None, None] * PAGE_K
-                + (kv_head * HEAD_DIM + offs_d)[None, :, None] * BLOCK_SIZE
-                + within[None, None, :])  # fmt: skip
-        # masked by page (one predicate a 16-byte row: the loads stay vectors), the slots past
-        # the sequence's end zeroed after the conversion (a stale slot may hold an fp8 NaN)
-        page_ok = (n + offs_p * BLOCK_SIZE < end)[:, None, None]
-        vt8 = tl.load(vt_cache_ptr + v_at, mask=page_ok, other=0.0)
-        qk = tl.dot(q, tl.trans(k8.to(tl.float16))) * qk_scale
-        v = tl.reshape(tl.permute(vt8, (0, 2, 1)), [BLOCK_N, HEAD_DIM]).to(tl.float16)
-        v = tl.where(n_mask[:, None], v, 0.0)
-        m_i, l_i, acc = softmax_step(qk, n_mask, v, m_i, l_i, acc, "tf32")
+        acc = acc * alpha[:, None]
+        acc = tl.dot(p0.to(tl.float16), _values(v0, ok0), acc)
+        acc = tl.dot(p1.to(tl.float16), _values(v1, ok1), acc)
+        acc = tl.dot(p2.to(tl.float16), _values(v2, ok2), acc)
+        acc = tl.dot(p3.to(tl.float16), _values(v3, ok3), acc)
+        m_i = m_new
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
     o = acc * (v_scale / l_safe)[:, None]
     row = (seq * NUM_Q_HEADS + heads) * NUM_SPLITS + split

@@ -12,7 +12,7 @@ from troupe.kernels.paged_batch import make_paged_batch
 from troupe.ops.fp8_vt_probe import decode_vt, transposed_values
 
 
-@pytest.mark.parametrize(("block_size", "block_n", "splits"), [(4, 8, 1), (4, 16, 3), (8, 8, 2)])
+@pytest.mark.parametrize(("block_size", "block_n", "splits"), [(4, 16, 1), (4, 16, 3), (8, 32, 2)])
 def test_transposed_values_give_the_reference(block_size: int, block_n: int, splits: int) -> None:
     batch = make_paged_batch([(37, 1), (5, 1), (60, 1)], num_q_heads=8, num_kv_heads=2,
                              head_dim=16, block_size=block_size, dtype=torch.float32,
