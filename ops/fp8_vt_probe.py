@@ -13,12 +13,14 @@ window, no sequence order or limit); each split writes fp32 partials and their l
 merged here in torch. Not wired into the engine: every writer and reader of V would change.
 
 A tile is four pages, each loaded as its own 2-D tiles (K [slot, dim], V^T [dim, slot]) masked
-by page, so the loads stay vectors; scores and P V run a page at a time under one running max.
+by page, so the loads stay vectors; the scores of the four pages share one running max (their
+elementwise max, then one row reduction), and only a split's last tile zeroes stale slots.
 Built for sm_90 (session 46, triton 3.7.1, `compile`, at 64 / 2 / 5): no byte reads of shared
-memory, 0.169 warp instructions a KV byte against the engine kernel's 0.140 (192 registers, 41
-KB: 5 programs an SM, as the engine's); two forms before it (the tile as one [dim, token] or
-[page, dim, slot] load) took 0.28-0.30, Triton byte-loading or permuting the transposed tile.
-Not yet timed on a GPU (`python -m troupe.ops.fp8_vt_probe` does it, beside the engine's).
+memory, 0.152 warp instructions a KV byte against the engine kernel's 0.140 (190 registers, 41
+KB: 5 programs an SM, as the engine's). Earlier forms took more: four row reductions 0.169, the
+tile as one [dim, token] or [page, dim, slot] load 0.28-0.30 (Triton byte-loading or permuting
+the transposed tile). Not yet timed on a GPU (`python -m troupe.ops.fp8_vt_probe` does it,
+beside the engine's kernel).
 """
 
 # Triton kernels take untyped pointers and constexprs; @triton.jit is untyped to mypy.
@@ -69,10 +71,13 @@ def _scores(q, k8, ok, qk_scale):
 
 
 @triton.jit
-def _values(vt8, ok):
-    """One page's V [slot, dim] in fp16, slots past the end zeroed (a stale slot may hold an
-    fp8 NaN, and 0 x NaN is NaN)."""
-    return tl.where(ok[:, None], tl.trans(vt8.to(tl.float16)), 0.0)
+def _values(vt8, ok, tail):
+    """One page's V [slot, dim] in fp16; on the split's last tile (`tail`) the slots past the
+    end zeroed (a stale slot may hold an fp8 NaN, and 0 x NaN is NaN)."""
+    v = tl.trans(vt8.to(tl.float16))
+    if tail:
+        v = tl.where(ok[:, None], v, 0.0)
+    return v
 
 
 @triton.jit
@@ -117,24 +122,21 @@ def fp8_vt_decode_kernel(
         s1 = _scores(q, k1, ok1, qk_scale)
         s2 = _scores(q, k2, ok2, qk_scale)
         s3 = _scores(q, k3, ok3, qk_scale)
-        top = tl.maximum(tl.maximum(tl.max(s0, axis=1), tl.max(s1, axis=1)),
-                         tl.maximum(tl.max(s2, axis=1), tl.max(s3, axis=1)))  # fmt: skip
-        m_new = tl.maximum(m_i, top)
+        # the pages' scores share a layout: their elementwise max, then one row reduction
+        top = tl.maximum(tl.maximum(s0, s1), tl.maximum(s2, s3))
+        m_new = tl.maximum(m_i, tl.max(top, axis=1))
         alpha = tl.exp2(m_i - m_new)
         p0 = tl.exp2(s0 - m_new[:, None])
         p1 = tl.exp2(s1 - m_new[:, None])
         p2 = tl.exp2(s2 - m_new[:, None])
         p3 = tl.exp2(s3 - m_new[:, None])
-        l_i = (
-            l_i * alpha
-            + (tl.sum(p0, axis=1) + tl.sum(p1, axis=1))
-            + (tl.sum(p2, axis=1) + tl.sum(p3, axis=1))
-        )
+        l_i = l_i * alpha + tl.sum((p0 + p1) + (p2 + p3), axis=1)
         acc = acc * alpha[:, None]
-        acc = tl.dot(p0.to(tl.float16), _values(v0, ok0), acc)
-        acc = tl.dot(p1.to(tl.float16), _values(v1, ok1), acc)
-        acc = tl.dot(p2.to(tl.float16), _values(v2, ok2), acc)
-        acc = tl.dot(p3.to(tl.float16), _values(v3, ok3), acc)
+        tail = n + BLOCK_N > end
+        acc = tl.dot(p0.to(tl.float16), _values(v0, ok0, tail), acc)
+        acc = tl.dot(p1.to(tl.float16), _values(v1, ok1, tail), acc)
+        acc = tl.dot(p2.to(tl.float16), _values(v2, ok2, tail), acc)
+        acc = tl.dot(p3.to(tl.float16), _values(v3, ok3, tail), acc)
         m_i = m_new
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
     o = acc * (v_scale / l_safe)[:, None]

@@ -1,6 +1,8 @@
 """ops/fp8_vt_probe.py's kernel (values stored transposed within a page) under the interpreter:
 the same attention as the torch reference over the usual fp8 cache, across splits, page sizes
-and tiles of several pages, with keys masked past each sequence's end."""
+and tiles of several pages, with keys masked past each sequence's end. (Zeroing the stale slots
+of a last page, which on the GPU may hold an fp8 NaN, is not visible here: the interpreter reads
+e4m3 0x7F as 480, not NaN.)"""
 
 import math
 
