@@ -67,6 +67,18 @@ def compile_candidate(config: DecodeConfig, sass_dir: str | None) -> dict[str, o
         )
         with open(os.path.join(sass_dir, name + ".sass"), "w") as out:
             out.write(sass)
+    return {
+        "regs": build.regs,
+        "stack": build.stack,
+        "smem": build.smem,
+        "per SM": min(build.programs_per_sm(config.num_warps), 32),
+        **loop_figures(sass, config.num_warps, config.block_n),
+    }
+
+
+def loop_figures(sass: str, num_warps: int, block_n: int) -> dict[str, object]:
+    """The main loop's _OPS counts, its length, and its warp instructions per KV byte (each
+    warp runs the loop once per tile of block_n K and V rows of 128 fp8 bytes)."""
     ops = loop_body(sass)
     counts = {op: 0 for op in _OPS}
     for op in ops:
@@ -74,17 +86,8 @@ def compile_candidate(config: DecodeConfig, sass_dir: str | None) -> dict[str, o
             if op == name or op.startswith(name + "."):
                 counts[name] += 1
                 break
-    return {
-        "regs": build.regs,
-        "stack": build.stack,
-        "smem": build.smem,
-        "per SM": min(build.programs_per_sm(config.num_warps), 32),
-        **counts,
-        "loop": len(ops),
-        # warp instructions per KV byte: each warp runs the loop once per tile of BLOCK_N K and
-        # V rows of 128 bytes
-        "per byte": round(len(ops) * config.num_warps / (2 * config.block_n * 128), 3),
-    }
+    per_byte = round(len(ops) * num_warps / (2 * block_n * 128), 3)
+    return {**counts, "loop": len(ops), "per byte": per_byte}
 
 
 def bf16_reference() -> str:

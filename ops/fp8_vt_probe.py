@@ -16,7 +16,7 @@ A tile is four pages, each loaded as its own 2-D tiles (K [slot, dim], V^T [dim,
 by page, so the loads stay vectors; the scores of the four pages share one running max (their
 elementwise max, then one row reduction), and only a split's last tile zeroes stale slots.
 Built for sm_90 (session 46, triton 3.7.1, `compile`, at 64 / 2 / 5): no byte reads of shared
-memory, 0.152 warp instructions a KV byte against the engine kernel's 0.140 (190 registers, 41
+memory, 0.152 warp instructions a KV byte against the engine kernel's 0.139 (190 registers, 41
 KB: 5 programs an SM, as the engine's). Earlier forms took more: four row reductions 0.169, the
 tile as one [dim, token] or [page, dim, slot] load 0.28-0.30 (Triton byte-loading or permuting
 the transposed tile). Not yet timed on a GPU (`python -m troupe.ops.fp8_vt_probe` does it,
@@ -183,35 +183,25 @@ def decode_vt(
     return (part * weights[..., None]).sum(2) / weights.sum(-1)[..., None]
 
 
-LAUNCHES = ((64, 2, 5), (128, 2, 3), (64, 2, 3), (32, 1, 5))  # block_n / warps / stages
+# block_n / warps / stages; a tile is four pages, so 64 keys at the engine's pages of 16
+LAUNCHES = ((64, 2, 5), (64, 2, 3), (64, 4, 5))
 
 
 def compile_only() -> None:
     """The probe's launches and the engine kernel's built for sm_90 (Llama-3.1-8B heads, pages
-    of 16, 2 splits): registers, shared memory, the main loop's byte reads of shared memory."""
-    from troupe.kernels.decode_attention_fp8 import decode_split_fp8_kernel, kernel_constexprs
-    from troupe.ops.fp8_compile_check import _TYPES, loop_body
+    of 16): registers, shared memory, the main loop's opcodes (fp8_compile_check's figures)."""
+    from troupe.ops.fp8_compile_check import _TYPES, compile_candidate, loop_figures
     from troupe.ops.sm90_compile import compile_sm90
 
     types = {**_TYPES, "vt_cache_ptr": "*fp8e4nv"}
     for block_n, warps, stages in LAUNCHES:
-        for name in ("engine", "vt"):
-            if name == "engine":
-                consts = kernel_constexprs(num_q_heads=32, num_kv_heads=8, head_dim=128,
-                                           block_size=16, num_splits=2, has_limit=False,
-                                           block_n=block_n)  # fmt: skip
-                kernel = decode_split_fp8_kernel
-            else:
-                consts = constexprs(32, 8, 128, 16, 2, block_n)
-                kernel = fp8_vt_decode_kernel
-            build = compile_sm90(kernel, consts, types, warps, stages, sass=True)
-            ops = loop_body(build.sass)
-            counts = {k: sum(1 for o in ops if o.startswith(k))
-                      for k in ("LDS.U8", "LDS", "LDSM", "LDGSTS", "F2FP", "PRMT", "HMMA")}  # fmt: skip
-            per_byte = len(ops) * warps / (2 * block_n * 128)
-            print(f"{name:<6} {block_n}/{warps}/{stages}: {build.regs} registers, {build.smem} B "
-                  f"shared, loop {len(ops)} ({per_byte:.3f} warp instructions a KV byte) "
-                  f"{counts}", flush=True)  # fmt: skip
+        engine = compile_candidate(DecodeConfig(block_n, warps, stages), None)
+        build = compile_sm90(fp8_vt_decode_kernel, constexprs(32, 8, 128, 16, 2, block_n), types,
+                             warps, stages, sass=True)  # fmt: skip
+        vt = {"regs": build.regs, "smem": build.smem, **loop_figures(build.sass, warps, block_n)}
+        for name, info in (("engine", engine), ("vt", vt)):
+            figures = " ".join(f"{k} {v}" for k, v in info.items())
+            print(f"{name:<6} {block_n}/{warps}/{stages}: {figures}", flush=True)
 
 
 def _vt_call(batch: PagedBatch, k8: torch.Tensor, vt8: torch.Tensor, scales: torch.Tensor,
@@ -232,7 +222,7 @@ def run() -> None:
     from troupe.kernels.sm_count import num_sms
     from troupe.ops.bench_timing import flushed_graph_ms
     from troupe.ops.fp8_variant_sweep import SHAPES, fp8_decode_batch
-    from troupe.ops.h200_standin import H200_COPY, H200_SMS, SmShare
+    from troupe.ops.h200_standin import SmShare
 
     share = SmShare(96)
     print(torch.cuda.get_device_name(), flush=True)
@@ -258,9 +248,9 @@ def run() -> None:
                 err = float((whole_call().float() - ref).norm() / ref.norm())
                 whole = nbytes / (flushed_graph_ms(whole_call) * 1e-3)
                 part = nbytes / (share.run(functools.partial(flushed_graph_ms, share_call)) * 1e-3)
-                as_h200 = part / share.sms / (H200_COPY / H200_SMS)
                 print(f"{num_seqs}x{context} {name:<6} {block_n}/{warps}/{stages}: whole card "
-                      f"{whole / 1e12:.2f} TB/s, as H200 {as_h200:.0%}, rel err {err:.1e}",
+                      f"{whole / 1e12:.2f} TB/s, as H200 {share.as_h200(part):.0%}, "
+                      f"rel err {err:.1e}",
                       flush=True)  # fmt: skip
 
 

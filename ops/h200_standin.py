@@ -36,11 +36,11 @@ import triton.testing
 from troupe.kernels import arrival, decode_attention
 from troupe.kernels.decode_attention import DecodeConfig, paged_decode_attention_triton
 from troupe.kernels.paged_batch import PADDING_BLOCK_ID, PagedBatch
+from troupe.ops.bench_offline import HBM_BYTES_PER_S
 from troupe.ops.bench_timing import flushed_graph_ms, graph_ms
 from troupe.ops.card_rates import copy_bandwidth
 from troupe.ops.fp8_variant_sweep import CANDIDATES, SHAPES, describe, fp8_decode_batch
 
-H200_COPY = 4.26e12
 H200_SMS = 132
 # --sweep: the default form (converted at the dot) by how many K/V tiles are in flight. Its
 # loads are indirect (the page ids first), so Triton's pipeliner gives the tiles
@@ -87,6 +87,10 @@ class SmShare:
                 return fn()
             finally:
                 self.context.pop_context()
+
+    def as_h200(self, rate: float) -> float:
+        """A rate reached on the share, per SM, as a fraction of an H200 SM's share of HBM."""
+        return rate / self.sms / (HBM_BYTES_PER_S / H200_SMS)
 
 
 def rates(
@@ -137,7 +141,7 @@ def int4_chain(share: SmShare, layers: int) -> None:
         whole = timed(step, device)
         part = share.run(functools.partial(timed, step, device))
         size = nbytes if name == "int4" else sum(w.numel() * 2 for w in dense)
-        as_h200 = size / part / share.sms / (H200_COPY / H200_SMS)
+        as_h200 = share.as_h200(size / part)
         print(f"{name}: whole card {whole * 1e3:.3f} ms ({size / whole / 1e12:.2f} TB/s); "
               f"{share.sms} SMs {part * 1e3:.3f} ms ({size / part / 1e12:.2f} TB/s, "
               f"{as_h200:.0%} as H200)", flush=True)  # fmt: skip
@@ -172,12 +176,11 @@ def main() -> None:
             except Exception as exc:  # a launch that does not build is a row, not the end
                 print(f"FAILED {kind} {describe(config)}: {type(exc).__name__}: {exc}"[:300])
                 continue
-            as_h200 = part / args.sms / (H200_COPY / H200_SMS)
             ref = first.setdefault(kind, out)
             diff = float((out - ref).norm() / ref.norm())  # relative; > 1e-2 is a wrong launch
             print(
                 f"{kind:<5} {describe(config):<40} {num_seqs}x{context:<6} {hbm / 1e12:6.2f} "
-                f"{l2 / 1e12:6.2f} {part / 1e12:7.2f} {as_h200:8.0%} {diff:9.1e}",
+                f"{l2 / 1e12:6.2f} {part / 1e12:7.2f} {share.as_h200(part):8.0%} {diff:9.1e}",
                 flush=True,
             )
 
