@@ -2,6 +2,7 @@
 
     python -m troupe.ops.h200_standin [--sweep] [--sms 96] [--distinct-blocks 256]
     python -m troupe.ops.h200_standin --int4 [--sms 96]   # quant_bench's batch-1 chain
+    python -m troupe.ops.h200_standin --sweep --repeat 5    # medians of 5 timings a row
 
 An H100 SXM and an H200 are one die (132 SMs, the same clocks, the same HBM latency); the
 H200's HBM only moves 1.4x more (4.26 TB/s against ~3.0). So an H200 SM must keep 1.4x the
@@ -27,6 +28,7 @@ from __future__ import annotations
 import argparse
 import functools
 import math
+import statistics
 from collections.abc import Callable
 from typing import Any
 from unittest import mock
@@ -46,15 +48,14 @@ H200_SMS = 132
 # loads are indirect (the page ids first), so Triton's pipeliner gives the tiles
 # ceil((num_stages - 2) / 2) buffers: one at 3 and 4 stages, two at 5 and 6, three at 7 (the
 # TTGIR, triton 3.6 and 3.7.1). Session 46's sweeps (launch widths at 3-4 stages, none past 80%
-# as H200; then 64 / 2 / 5, two buffers, at 83-84%, the default since) are in
-# docs/benchmarks.md. Not yet run, from the sm_90 builds (registers, shared memory -> programs
-# an SM; KB of tiles in flight an SM): 32 / 1 / 5 (10; 160), 32 / 1 / 7 (7; 168), 64 / 1 / 5
-# (6; 192), and the default with 5 splits' worth of programs an SM (5 fit). The first row is
-# the default: the others' outputs are checked against it.
+# as H200; then 64 / 2 / 5, two buffers, at 83-84%, the default since) and session 47's (32 / 1
+# / 5, 32 / 1 / 7, 64 / 1 / 5, 5 splits' worth of programs: none ahead of the default) are in
+# docs/benchmarks.md. Now: two buffers at 6 stages, 4 warps, 3 and 6 splits' worth of programs.
+# The first row is the default: the others' outputs are checked against it.
 SWEEP = [
     DecodeConfig(bn, w, st, programs_per_sm=waves)
     for bn, w, st, waves in (
-        (64, 2, 5, 4), (32, 1, 5, 4), (32, 1, 7, 4), (64, 1, 5, 4), (64, 2, 5, 5), (128, 2, 3, 4),
+        (64, 2, 5, 4), (64, 2, 6, 4), (64, 4, 5, 4), (64, 4, 6, 4), (64, 2, 5, 3), (64, 2, 5, 6),
     )
 ]  # fmt: skip
 
@@ -154,6 +155,7 @@ def main() -> None:
     parser.add_argument("--sweep", action="store_true", help="fp8 at the dot: SWEEP's launches")
     parser.add_argument("--int4", action="store_true", help="quant_bench's int4 chain instead")
     parser.add_argument("--layers", type=int, default=32, help="--int4: decoder layers")
+    parser.add_argument("--repeat", type=int, default=1, help="time each row N times: medians")
     args = parser.parse_args()
     candidates = [("fp8", c) for c in SWEEP] if args.sweep else CANDIDATES
     share = SmShare(args.sms)
@@ -172,15 +174,21 @@ def main() -> None:
         for kind, config in candidates:
             k, v, s = (batch.k_cache, batch.v_cache, None) if kind == "bf16" else (k8, v8, scales)
             try:
-                out, hbm, l2, part = rates(batch, k, v, s, config, folded, share)
+                runs = [rates(batch, k, v, s, config, folded, share) for _ in range(args.repeat)]
             except Exception as exc:  # a launch that does not build is a row, not the end
                 print(f"FAILED {kind} {describe(config)}: {type(exc).__name__}: {exc}"[:300])
                 continue
+            out = runs[0][0]
+            hbm, l2, part = (statistics.median(r[i] for r in runs) for i in (1, 2, 3))
+            spread = share.as_h200(max(r[3] for r in runs)) - share.as_h200(min(r[3] for r in runs))
             ref = first.setdefault(kind, out)
             diff = float((out - ref).norm() / ref.norm())  # relative; > 1e-2 is a wrong launch
             print(
                 f"{kind:<5} {describe(config):<40} {num_seqs}x{context:<6} {hbm / 1e12:6.2f} "
-                f"{l2 / 1e12:6.2f} {part / 1e12:7.2f} {share.as_h200(part):8.0%} {diff:9.1e}",
+                f"{l2 / 1e12:6.2f} {part / 1e12:7.2f} {share.as_h200(part):8.0%} {diff:9.1e}"
+                + (
+                    f"  (as H200 spread {spread:.0%} over {args.repeat})" if args.repeat > 1 else ""
+                ),
                 flush=True,
             )
 
