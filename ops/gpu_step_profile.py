@@ -5,11 +5,6 @@ Llama-3.1-8B shape of issues 9 and 12 (`--model llama-8b`, an fp8 cache with
 
     python -m troupe.ops.gpu_step_profile [--num-seqs N] [--prompt-len N] [--eager] [--no-overlap]
     python -m troupe.ops.gpu_step_profile --model llama-8b --prompt-len 1024
-    python -m troupe.ops.gpu_step_profile --model llama-8b --prompt-len 1024 --prefill
-
-`--prefill` times and profiles the prefill steps instead (whole prompts, 16,384 tokens a step,
-no decodes beside them): each step's wall time, its linears' FLOPs at that time, and the top
-kernels.
 
 Wall time per `ModelRunner.execute` (it ends with the copy of sampled ids to the host, so it
 includes all GPU work) against the sum of kernel times from torch.profiler: if wall is much
@@ -39,7 +34,6 @@ def main() -> None:
     parser.add_argument("--cprofile", action="store_true", help="CPU profile of the decode steps")
     parser.add_argument("--model", choices=("qwen3-0.6b", "llama-8b"), default="qwen3-0.6b")
     parser.add_argument("--kv-cache-dtype", choices=("auto", "fp8"), default="auto")
-    parser.add_argument("--prefill", action="store_true", help="the prefill steps instead")
     args = parser.parse_args()
     device = torch.device("cuda")
     if args.model == "llama-8b":
@@ -67,9 +61,6 @@ def main() -> None:
     release = StepPlan(step_id=-1, seqs=(), released=tuple(f"r{i}" for i in range(args.num_seqs)))
     drive(runner, args.num_seqs, 5, args.prompt_len, Timers())  # warm-up, graph capture
     runner.execute(release)
-    if args.prefill:
-        profile_prefill(runner, model, args.num_seqs, args.prompt_len, release)
-        return
     steps = drive(runner, args.num_seqs, args.num_decode, args.prompt_len, Timers())
     runner.execute(release)
     ctx = args.prompt_len + args.num_decode / 2
@@ -115,53 +106,6 @@ def main() -> None:
     print(f"profiled 6 decode steps: wall {1000 * wall:.1f} ms, kernels {cuda_total:.1f} ms")
     print(events.table(sort_by="self_device_time_total", row_limit=18, max_name_column_width=60))
     print(events.table(sort_by="self_cpu_time_total", row_limit=12, max_name_column_width=60))
-
-
-def linear_params(model: torch.nn.Module) -> int:
-    """Weights of the decoder layers' matrices (the embedding and lm_head left out: a prefill
-    step samples one row a sequence)."""
-    return sum(
-        p.numel()
-        for name, p in model.named_parameters()
-        if p.dim() == 2 and "embed" not in name and "lm_head" not in name
-    )
-
-
-def profile_prefill(
-    runner: ModelRunner, model: torch.nn.Module, num_seqs: int, prompt_len: int, release: StepPlan
-) -> None:
-    """Each prefill step's wall time and its linears' rate, then the kernels of one pass."""
-    from torch.profiler import ProfilerActivity, profile
-
-    seconds: list[float] = []
-    execute = runner.execute
-
-    def timed(plan: StepPlan) -> object:
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        out = execute(plan)
-        torch.cuda.synchronize()
-        seconds.append(time.perf_counter() - start)
-        return out
-
-    setattr(runner, "execute", timed)  # noqa: B010  (the instance's, the class untouched)
-    drive(runner, num_seqs, 0, prompt_len, Timers())
-    execute(release)
-    per_step = max(1, 16384 // prompt_len)
-    flop = 2 * linear_params(model) * per_step * prompt_len
-    for ms in sorted(1000 * s for s in seconds):
-        print(f"prefill step of {per_step} x {prompt_len}: {ms:.1f} ms, "
-              f"linears {flop / ms / 1e9:.0f} TFLOP/s if alone")  # fmt: skip
-    prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
-    prof.start()
-    drive(runner, per_step, 0, prompt_len, Timers())  # one step
-    torch.cuda.synchronize()
-    prof.stop()
-    execute(release)
-    events = prof.key_averages()
-    cuda_total = sum(e.self_device_time_total for e in events) / 1000
-    print(f"profiled one prefill step: kernels {cuda_total:.1f} ms")
-    print(events.table(sort_by="self_device_time_total", row_limit=25, max_name_column_width=70))
 
 
 if __name__ == "__main__":

@@ -179,8 +179,9 @@ def main() -> None:
                 print(f"FAILED {kind} {describe(config)}: {type(exc).__name__}: {exc}"[:300])
                 continue
             out = runs[0][0]
-            hbm, l2, part = (statistics.median(r[i] for r in runs) for i in (1, 2, 3))
-            spread = share.as_h200(max(r[3] for r in runs)) - share.as_h200(min(r[3] for r in runs))
+            hbm, l2, part = (statistics.median(r[1:][i] for r in runs) for i in range(3))
+            parts = [r[3] for r in runs]
+            spread = share.as_h200(max(parts)) - share.as_h200(min(parts))
             ref = first.setdefault(kind, out)
             diff = float((out - ref).norm() / ref.norm())  # relative; > 1e-2 is a wrong launch
             print(
