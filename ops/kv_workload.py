@@ -143,9 +143,11 @@ def summary_lines(result: WorkloadResult) -> list[str]:
     if prefill:
         span = sum(s.end - s.start for s in prefill)
         tokens = sum(s.num_tokens for s in prefill)
+        ms = [1e3 * (s.end - s.start) for s in prefill]
         lines.append(
             f"  steps with prefill: {len(prefill)}, {span:.2f} s, {tokens} tokens "
-            f"({tokens / span / 1e3 if span > 0 else 0.0:.0f}K tok/s)"
+            f"({tokens / span / 1e3 if span > 0 else 0.0:.0f}K tok/s); the first "
+            f"{ms[0]:.1f} ms, median {statistics.median(ms):.1f} ms"
         )
     decodes = [s for s in steps if not s.num_prefill_seqs]
     for lo, hi in _buckets(max((s.num_seqs for s in decodes), default=0)):
