@@ -48,10 +48,11 @@ H200_SMS = 132
 # loads are indirect (the page ids first), so Triton's pipeliner gives the tiles
 # ceil((num_stages - 2) / 2) buffers: one at 3 and 4 stages, two at 5 and 6, three at 7 (the
 # TTGIR, triton 3.6 and 3.7.1). Session 46's sweeps (launch widths at 3-4 stages, none past 80%
-# as H200; then 64 / 2 / 5, two buffers, at 83-84%, the default since) and session 47's (32 / 1
-# / 5, 32 / 1 / 7, 64 / 1 / 5, 5 splits' worth of programs: none ahead of the default) are in
-# docs/benchmarks.md. Now: two buffers at 6 stages, 4 warps, 3 and 6 splits' worth of programs.
-# The first row is the default: the others' outputs are checked against it.
+# as H200; then 64 / 2 / 5, two buffers, at 83-84%, the default since) and session 47's two (32
+# / 1 / 5, 32 / 1 / 7, 64 / 1 / 5, 5 splits' worth of programs; then the launches below: 6
+# stages build the same two buffers, 4 warps lose 12-19 points, 3 or 6 splits' worth lose at
+# 16 x 16,384; none ahead of the default) are in docs/benchmarks.md. The first row is the
+# default: the others' outputs are checked against it.
 SWEEP = [
     DecodeConfig(bn, w, st, programs_per_sm=waves)
     for bn, w, st, waves in (
@@ -179,9 +180,9 @@ def main() -> None:
                 print(f"FAILED {kind} {describe(config)}: {type(exc).__name__}: {exc}"[:300])
                 continue
             out = runs[0][0]
-            hbm, l2, part = (statistics.median(r[1:][i] for r in runs) for i in range(3))
-            parts = [r[3] for r in runs]
-            spread = share.as_h200(max(parts)) - share.as_h200(min(parts))
+            columns = list(zip(*((hbm, l2, part) for _, hbm, l2, part in runs), strict=True))
+            hbm, l2, part = (statistics.median(column) for column in columns)
+            spread = share.as_h200(max(columns[2])) - share.as_h200(min(columns[2]))
             ref = first.setdefault(kind, out)
             diff = float((out - ref).norm() / ref.norm())  # relative; > 1e-2 is a wrong launch
             print(
