@@ -32,7 +32,9 @@ def test_each_request_gets_the_tokens_a_correct_cache_gives(
     assert all(s.num_tokens <= 24 for s in steps)
     lines = summary_lines(result)
     assert lines[0].startswith(f"  {len(steps)} steps; inside execute")
-    assert any(line.startswith("  steps with prefill:") for line in lines)
+    (prefill_line,) = [line for line in lines if line.startswith("  steps with prefill:")]
+    first = next(s for s in steps if s.num_prefill_seqs)  # a cold first step shows apart
+    assert f"; the first {1e3 * (first.end - first.start):.1f} ms, median " in prefill_line
     # the decodes of the widest steps: one bucket of exactly `peak` sequences (4-4 or 2-2)
     assert any(line.startswith(f"  decode steps of {peak}-{peak} sequences: ") for line in lines), (
         lines
