@@ -13,20 +13,13 @@ from __future__ import annotations
 import argparse
 
 import torch
+from troupe.gpu.kv_cache import kv_dtype
 from troupe.gpu.model_runner import ModelRunner, RunnerOptions
+from troupe.gpu.pool_sizing import block_bytes
+from troupe.ops.bench_offline import linear_params
 from troupe.ops.mixed_step_bench import BLOCK, Driver
 
 BUDGET = 16384  # the workload's max_num_batched_tokens
-
-
-def linear_params(model: torch.nn.Module) -> int:
-    """Weights of the decoder layers' matrices (the embedding and lm_head left out: a prefill
-    step samples one row a sequence)."""
-    return sum(
-        p.numel()
-        for name, p in model.named_parameters()
-        if p.dim() == 2 and "embed" not in name and "lm_head" not in name
-    )
 
 
 def main() -> None:
@@ -66,9 +59,8 @@ def main() -> None:
         return seconds
 
     step()  # compiles what such a step launches
-    flop_per_row = 2 * linear_params(model)
-    kv_per_token = LLAMA_8B.num_layers * LLAMA_8B.kv_values_per_token
-    kv_per_token *= 1 if args.kv_cache_dtype == "fp8" else 2
+    flop_per_row = 2 * linear_params(LLAMA_8B)
+    kv_per_token = block_bytes(LLAMA_8B, 1, kv_dtype(args.kv_cache_dtype, torch.bfloat16))
     for _ in range(args.steps):
         kv = sum(driver.pos[r] + 1 for r in driver.last) * kv_per_token
         seconds = step()
