@@ -4,9 +4,11 @@
 # an H200 (the issues' targets are set there; other cards skip it by name), "other: CMD" only on
 # another card (what stands in for an H200 run that could not happen); blank lines and
 # "#" lines are ignored. Each command gets what is left of BUDGET seconds (default 570, under
-# the device's 600 s a call); the ones left over are named, not run. Output: the last TAIL (15)
-# lines of each to the terminal, the whole of command N in $OUT/NN.log.
+# the device's 600 s a call); the ones left over are named, not run; FROM=N starts at command N
+# (a later call goes on where the last one's time ran out). Output: the last TAIL (15) lines of
+# each to the terminal, the whole of command N in $OUT/NN.log.
 #   bash ops/device_plan.sh plan.txt
+#   FROM=5 bash ops/device_plan.sh ops/h200_owed.plan
 set -uo pipefail
 PLAN=${1:?usage: bash ops/device_plan.sh PLAN_FILE}
 BUDGET=${BUDGET:-570}
@@ -22,6 +24,7 @@ n=0
 while IFS= read -r line || [ -n "$line" ]; do
   case "$line" in ''|'#'*) continue ;; esac
   n=$((n + 1))
+  if [ "$n" -lt "${FROM:-1}" ]; then continue; fi
   cmd=$line
   if [ "${line#h200: }" != "$line" ]; then
     cmd=${line#h200: }
