@@ -37,6 +37,7 @@ from troupe.ops.card_rates import copy_bandwidth
 from troupe.ops.fp8_variant_sweep import fp8_decode_batch, sweep_variants
 from troupe.ops.kv_workload import run_workload, summary_lines
 
+LENGTH = 1000  # the workload's prompt tokens a request, and its output tokens
 LLAMA_8B = ModelConfig(
     model_type="llama", hidden_size=4096, num_layers=32, num_heads=32, num_kv_heads=8,
     head_dim=128, intermediate_size=14336, vocab_size=128256, rms_norm_eps=1e-5,
@@ -122,12 +123,12 @@ def workload(
     runner = ModelRunner(LLAMA_8B, model, options)
     if warm_up:  # the run's step shapes once, untimed: prompts at the budget, then mixed steps
         run_workload(
-            runner, num_blocks=num_blocks, block_size=16, num_seqs=2 * (batched // 1000) + 1,
-            prompt_len=1000, output_len=2, budget=batched, max_running=max_running,
+            runner, num_blocks=num_blocks, block_size=16, num_seqs=2 * (batched // LENGTH) + 1,
+            prompt_len=LENGTH, output_len=2, budget=batched, max_running=max_running,
         )  # fmt: skip
     result = run_workload(
-        runner, num_blocks=num_blocks, block_size=16, num_seqs=num_seqs, prompt_len=1000,
-        output_len=1000, budget=batched, max_running=max_running, timed=timed,
+        runner, num_blocks=num_blocks, block_size=16, num_seqs=num_seqs, prompt_len=LENGTH,
+        output_len=LENGTH, budget=batched, max_running=max_running, timed=timed,
     )  # fmt: skip
     torch.cuda.synchronize()
     total = result.output_tokens

@@ -141,9 +141,9 @@ def summary_lines(result: WorkloadResult) -> list[str]:
     ]
     prefill = [s for s in steps if s.num_prefill_seqs]
     if prefill:
-        span = sum(s.end - s.start for s in prefill)
-        tokens = sum(s.num_tokens for s in prefill)
         ms = [1e3 * (s.end - s.start) for s in prefill]
+        span = sum(ms) / 1e3
+        tokens = sum(s.num_tokens for s in prefill)
         lines.append(
             f"  steps with prefill: {len(prefill)}, {span:.2f} s, {tokens} tokens "
             f"({tokens / span / 1e3 if span > 0 else 0.0:.0f}K tok/s); the first "
