@@ -42,7 +42,8 @@ class Finished(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     finish_reason: FinishReason  # STOP or LENGTH
     usage: Usage
     timings: Timings
-    stop_reason: str | int | None = None  # the stop string or stop token id that matched
+    # the stop string or stop token id that matched; None at the model's EOS (vLLM's)
+    stop_reason: str | int | None = None
     logprobs: tuple[TokenLogprob, ...] | None = None
     index: int = 0
     samples_left: int = 0  # the request's samples still open after this one ends

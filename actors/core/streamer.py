@@ -356,15 +356,15 @@ class StreamerCore:
         texts.append(stream.final_text())
         text = "".join(texts)
         if stream.stops.matched is not None or reason in (FinishReason.STOP, FinishReason.LENGTH):
-            matched = stream.stops.matched
+            matched, stop = stream.stops.matched, output.stop_reason
+            if stop == self._tokenizer.eos_token_id and not stream.opened.params.ignore_eos:
+                stop = None  # vLLM names no stop token at the model's EOS
             return Finished(
                 request_id=rid,
                 text=text,
                 token_ids=token_ids,
-                finish_reason=FinishReason.STOP
-                if matched is not None or reason is None
-                else reason,
-                stop_reason=matched if matched is not None else output.stop_reason,
+                finish_reason=FinishReason.STOP if matched is not None or not reason else reason,
+                stop_reason=matched if matched is not None else stop,
                 usage=stream.usage(),
                 timings=stream.timings(time),
                 logprobs=logprobs,

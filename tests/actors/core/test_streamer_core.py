@@ -106,7 +106,7 @@ def test_deltas_then_finished_with_usage_and_timings(tok: TextTokenizer) -> None
         text="!",
         token_ids=(BANG, EOS),
         finish_reason=FinishReason.STOP,
-        stop_reason=EOS,
+        stop_reason=None,  # the model's EOS: vLLM names no stop token
         usage=Usage(prompt_tokens=7, completion_tokens=5, cached_tokens=4),
         # 1.0 s over 4 more tokens; vLLM's phases: queued 0.25 s, prefill 0.25 s, decode 1.0 s
         timings=Timings(
@@ -127,6 +127,27 @@ def test_deltas_then_finished_with_usage_and_timings(tok: TextTokenizer) -> None
     assert core.handle([_batch(5, 102.0, SeqOutput("r", (HELLO,)))]) == [
         ("client", StreamBatch(events=()))
     ]
+
+
+@pytest.mark.parametrize(
+    ("params", "token", "stop_reason"),
+    [
+        ({}, EOS, None),  # the model's EOS
+        ({"stop_token_ids": (EOS,)}, EOS, None),  # vLLM checks EOS before stop_token_ids
+        ({"stop_token_ids": (BANG,)}, BANG, BANG),
+        ({"ignore_eos": True, "stop_token_ids": (EOS,)}, EOS, EOS),  # only as a stop token id
+    ],
+)
+def test_stop_reason_names_stop_token_ids_but_not_the_eos(
+    tok: TextTokenizer, params: dict[str, Any], token: int, stop_reason: int | None
+) -> None:
+    assert tok.eos_token_id == EOS
+    core = StreamerCore(tok)
+    core.handle([_open("r", **params)])
+    stop = SeqOutput("r", (HELLO, token), FinishReason.STOP, stop_reason=token)
+    event = _event(core.handle([_batch(1, 101.0, stop)])[0])
+    assert isinstance(event, Finished)
+    assert (event.finish_reason, event.stop_reason) == (FinishReason.STOP, stop_reason)
 
 
 def test_stop_string_over_tokens_stops_the_scheduler(tok: TextTokenizer) -> None:
