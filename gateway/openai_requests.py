@@ -101,6 +101,7 @@ def parse_request(
         max_tokens_field = "max_completion_tokens"
     requested = getattr(body, max_tokens_field)
     kw["max_tokens"] = default_max_tokens if requested is None else requested
+    kw["strict_max_tokens"] = requested is not None  # named: must fit (vLLM's 400), not clipped
     if body.stop is not None:
         kw["stop"] = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop)
     if body.stop_token_ids:
@@ -209,7 +210,7 @@ def parse_request(
         echo=echo,
         is_echo_only=is_echo_only,
         user=body.user,
-        client_fields=client_fields,
+        client_fields={**client_fields, "max_tokens": max_tokens_field},
         tools=tools,
         prompts=prompts,
         beam=beam,

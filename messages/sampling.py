@@ -22,6 +22,10 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     """How to sample one request. Values are checked by `check()` (Admission calls it)."""
 
     max_tokens: int = 16
+    # vLLM's server: a max_tokens the prompt leaves no room for under max_model_len is rejected
+    # (field max_tokens) instead of clipped there; the OpenAI routes set it where the client
+    # named max_tokens (a default, and the Python API, clip as vLLM's LLM does)
+    strict_max_tokens: bool = False
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0  # 0 or -1: off

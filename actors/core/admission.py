@@ -185,10 +185,17 @@ class AdmissionCore:
                 f"prompt has {num_prompt} tokens; max_model_len is {self.max_model_len} "
                 "(the prompt must leave room for at least one generated token)",
             )
-        if req.params.is_streaming:
-            problem = self._check_streaming(req.params, num_prompt)
+        params = req.params
+        if params.is_streaming:
+            problem = self._check_streaming(params, num_prompt)
             if problem is not None:
                 return RejectCode.INVALID_REQUEST, *problem
+        elif params.strict_max_tokens and num_prompt + params.max_tokens > self.max_model_len:
+            message = (
+                f"prompt ({num_prompt} tokens) + max_tokens ({params.max_tokens}) must be <= "
+                f"max_model_len = {self.max_model_len}"
+            )
+            return RejectCode.TOO_LONG, "max_tokens", message
         if len(self._num_tokens) >= self.max_requests:
             return (
                 RejectCode.OVERLOADED,

@@ -73,7 +73,7 @@ def perturbed(
 TEXT = st.text(max_size=40) | st.text(st.characters(exclude_categories=()), max_size=8)
 TOKEN_IDS = st.lists(st.integers(0, 40000), min_size=1, max_size=8)
 SAMPLING: dict[str, st.SearchStrategy[Any]] = {
-    "max_tokens": st.integers(1, 6) | st.just(10**6),  # huge: clipped at max_model_len
+    "max_tokens": st.integers(1, 6) | st.just(10**6),  # huge: clipped (websocket), a 400 (HTTP)
     "temperature": st.sampled_from([0.0, 0.7, 1.0]),
     "top_p": st.floats(0.05, 1.0),
     "top_k": st.integers(-1, 50),

@@ -73,6 +73,12 @@ async def test_health(server) -> None:  # type: ignore[no-untyped-def]
         ({"prompt": "x", "n": 1000}, "n", "invalid_value"),  # over max_num_samples
         ({"prompt": "x", "stop_token_ids": [10**9]}, "stop_token_ids", "invalid_value"),
         ({"prompt": list(range(1, 9000))}, "prompt", "context_length_exceeded"),
+        # named, max_tokens must fit beside the prompt (vLLM's 400); a default is clipped
+        (
+            {"prompt": list(range(1, 100)), "max_tokens": 8100},
+            "max_tokens",
+            "context_length_exceeded",
+        ),
     ],
 )
 async def test_400_names_the_field(server, body: dict[str, Any], param: str, code: str) -> None:  # type: ignore[no-untyped-def]
@@ -85,6 +91,16 @@ async def test_400_names_the_field(server, body: dict[str, Any], param: str, cod
                 error = _error(await resp.json())
                 assert (error["param"], error["code"]) == (param, code)
                 assert error["type"] == "invalid_request_error"
+
+
+async def test_chat_names_max_completion_tokens_when_it_does_not_fit(server) -> None:  # type: ignore[no-untyped-def]
+    body = {"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 8192}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{server.url}/v1/chat/completions", json=body) as resp:
+            assert resp.status == 400
+            error = _error(await resp.json())
+    assert (error["param"], error["code"]) == ("max_completion_tokens", "context_length_exceeded")
+    assert "max_model_len = 8192" in error["message"]
 
 
 async def test_400_bad_json(server) -> None:  # type: ignore[no-untyped-def]

@@ -54,6 +54,7 @@ def test_completion_fields_map_to_sampling_params() -> None:
     assert req.stream and req.include_usage
     assert req.params == SamplingParams(
         max_tokens=7,
+        strict_max_tokens=True,
         temperature=0,
         top_p=0.5,
         top_k=3,
@@ -104,6 +105,10 @@ def test_defaults_and_token_id_prompt() -> None:
         "chat", {"messages": [{"role": "user", "content": "x"}]}, default_max_tokens=900
     )
     assert chat.params.max_tokens == 900 and chat.params.logprobs is None
+    # a default clips at max_model_len; a named max_tokens must fit (admission's 400)
+    assert not req.params.strict_max_tokens and not chat.params.strict_max_tokens
+    named = parse_request("completion", {"prompt": "x", "max_tokens": 5}, default_max_tokens=16)
+    assert named.params.strict_max_tokens
 
 
 @pytest.mark.parametrize(

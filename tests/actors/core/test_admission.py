@@ -66,6 +66,24 @@ def test_rejections_name_field_and_limit() -> None:
     assert c.num_in_flight == 0
 
 
+def test_a_strict_max_tokens_must_fit_where_a_plain_one_is_clipped() -> None:
+    c = core()
+    fits, over, clipped = (
+        req("f", 10, max_tokens=90, strict_max_tokens=True),
+        req("o", 10, max_tokens=91, strict_max_tokens=True),
+        req("c", 10, max_tokens=91),
+    )
+    out = c.handle([fits, over, clipped])
+    assert [dest for dest, _ in out] == ["scheduler", "streamer", "scheduler"]
+    rejected = out[1][1]
+    assert isinstance(rejected, RequestRejected)
+    assert (rejected.field, rejected.code) == ("max_tokens", RejectCode.TOO_LONG)
+    assert "(10 tokens) + max_tokens (91)" in rejected.message
+    assert "max_model_len = 100" in rejected.message
+    admitted = [m for _, m in out if isinstance(m, AdmittedRequest)]
+    assert [m.max_total_tokens for m in admitted] == [100, 100]
+
+
 def test_prompt_logprobs_refused_where_not_served() -> None:
     c = AdmissionCore(
         max_model_len=100,
