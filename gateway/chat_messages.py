@@ -1,8 +1,9 @@
 """Chat request messages (openai_bodies.Message) -> the engine's ChatMessages, or a named 400.
 
 The chat endpoint, the websocket and /tokenize take the same messages: text or text parts
-(joined), an assistant's `tool_calls` with null content, a tool result's `tool_call_id`, a
-returned answer's `reasoning_content`. The rules of each role and the dicts the template gets
+(joined a line apart, as vLLM joins them for a template that takes a string), an assistant's
+`tool_calls` with null content, a tool result's `tool_call_id`, a returned answer's
+`reasoning_content`. The rules of each role and the dicts the template gets
 are the engine's (actors/core/chat_messages.py); here a break of them is a 400 naming the
 field, as the client wrote it: `messages[2].tool_calls[0].function.arguments`.
 """
@@ -25,7 +26,7 @@ def decode_chat_messages(messages: Any) -> list[ChatMessage]:
 
 
 def chat_messages(messages: list[Message]) -> list[ChatMessage]:
-    """Request messages -> ChatMessages (content parts joined into one string), checked by the
+    """Request messages -> ChatMessages (content parts joined by newlines), checked by the
     engine's rules; a 400 names the field that breaks one."""
     if not messages:
         raise invalid("messages", "'messages' must be a non-empty list of messages")
@@ -64,4 +65,4 @@ def _joined(parts: list[ContentPart], where: str) -> str:
         if part.text is None:
             raise invalid(f"{at}.text", f"{at}.text must be a string")
         texts.append(part.text)
-    return "".join(texts)
+    return "\n".join(texts)  # vLLM's: parts a line apart, as a string-content template gets them

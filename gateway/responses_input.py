@@ -120,4 +120,4 @@ def _text(content: str | list[ContentPart], where: str) -> str:
         if part.text is None:
             raise invalid(f"{where}[{j}].text", f"{where}[{j}].text must be a string")
         texts.append(part.text)
-    return "".join(texts)
+    return "\n".join(texts)  # as chat's (gateway/chat_messages.py)

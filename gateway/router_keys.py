@@ -101,7 +101,7 @@ def _message_key(message: Any) -> str:
         return _json(message) + _RECORD
     content = message.get("content")
     if isinstance(content, list):  # content parts: their text, in order
-        content = "".join(
+        content = "\n".join(  # as the prompt joins them (gateway/chat_messages.py)
             str(part.get("text", "")) if isinstance(part, dict) else str(part) for part in content
         )
     return f"{message.get('role', '')}{_UNIT}{content or ''}{_RECORD}"

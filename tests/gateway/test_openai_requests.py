@@ -91,7 +91,7 @@ def test_chat_messages_parts_and_logprobs() -> None:
     )
     assert req.prompt == [
         ChatMessage(role="system", content="Be brief."),
-        ChatMessage(role="user", content="Hi there"),
+        ChatMessage(role="user", content="Hi \nthere"),  # vLLM joins parts a line apart
     ]
     assert (req.params.max_tokens, req.params.logprobs, req.params.stop) == (9, 3, ("a", "b"))
     assert not req.stream

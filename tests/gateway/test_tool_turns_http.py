@@ -182,7 +182,7 @@ def test_bad_shapes_are_named(message: dict[str, Any], param: str) -> None:
 
 
 def test_what_the_engine_gets() -> None:
-    """Content parts join; the calls and ids come through typed; `reasoning` (vLLM's) and
+    """Content parts join a line apart (vLLM's); the calls and ids come through typed; `reasoning` (vLLM's) and
     `reasoning_content` (what a reasoning parser returned) are one field."""
     messages = [
         *QUESTION,
@@ -197,6 +197,6 @@ def test_what_the_engine_gets() -> None:
     assert req.prompt == [
         ChatMessage(role="system", content="You are terse."),
         ChatMessage(role="user", content="Weather and time in Paris?"),
-        ChatMessage(role="assistant", content="Let me check.", tool_calls=calls, reasoning="Hm."),
+        ChatMessage(role="assistant", content="Let me \ncheck.", tool_calls=calls, reasoning="Hm."),
         ChatMessage(role="tool", content="Sunny", tool_call_id="call_1", name="get_weather"),
     ]
