@@ -42,7 +42,7 @@ class OpenAIRequest:
     stream: bool
     include_usage: bool  # stream_options.include_usage: a last chunk carrying usage
     continuous_usage: bool = False  # stream_options.continuous_usage_stats: usage on each chunk
-    echo: str | list[int] | None = None  # completions' echo: the prompt that leads the answer
+    echo: str | list[int] | None = None  # echo: the prompt (completions), the last message (chat)
     is_echo_only: bool = False  # echo with max_tokens 0: the prompt alone (the engine runs 1)
     user: str | None = None  # OpenAI's end-user id: logged with the request id (debug level)
     # engine field -> the field the client wrote (structured output errors name the latter)
@@ -162,6 +162,10 @@ def parse_request(
                 kw["structured_outputs"] = tools.spec
                 client_fields = {"structured_outputs.json": "tools", "structured_outputs": "tools"}
         prompt = _chat_prompt(body, messages)
+        if body.echo:
+            if tools is not None:
+                raise invalid("echo", "echo cannot be combined with tool calls")
+            echo = _chat_echo(body, messages)
     if not body.use_beam_search:  # beams sample nothing: a default penalty would refuse them
         kw = defaults.fill(kw)
     params = SamplingParams(**kw)
@@ -310,3 +314,11 @@ def _completion_prompts(prompt: str | list[str | int | list[int]]) -> tuple[str 
         "'prompt' must be a string, a list of token ids, or a non-empty list of strings or of "
         "token-id lists",
     )
+
+
+def _chat_echo(body: ChatBody, messages: list[ChatMessage]) -> str:
+    """vLLM's chat echo: the last message's content, where its role is the answer's (the
+    assistant's, or with add_generation_prompt off the last message's own); else nothing."""
+    last = messages[-1]
+    role = "assistant" if body.add_generation_prompt else last.role
+    return (last.content or "") if last.role == role else ""

@@ -147,7 +147,9 @@ async def _prepare(gateway: Gateway, kind: Kind, raw: bytes) -> _Call:
         tokens_as_ids=_tokens_as_ids(req, gateway),
     )
     echo = None
-    if req.echo is not None:
+    if isinstance(req.echo, str) and kind == "chat":
+        echo = Echo.of_chat(req.echo, req.params.n)
+    elif req.echo is not None:
         echo = await echo_for(
             engine.tokenizer,
             req.prompts,

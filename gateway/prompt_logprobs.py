@@ -55,13 +55,19 @@ def _logprob(logprob: float, rank: int | None, token_id: int, text: TokenTexts) 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Echo:
-    """completions' echo for one request: each prompt's text leads its n choices."""
+    """completions' echo for one request: each prompt's text leads its n choices (chat's:
+    `of_chat`)."""
 
     texts: list[str]  # per prompt
     n: int  # choices per prompt
     num_top: int | None  # logprobs (None: none asked for)
     first_token_ids: list[int | None]  # per prompt, with logprobs (None: not known)
     is_prompt_only: bool  # max_tokens 0: the prompt alone, no generated text
+
+    @classmethod
+    def of_chat(cls, text: str, n: int) -> Echo:
+        """Chat's echo (vLLM's): one text leads every choice's content; no logprobs."""
+        return cls(texts=[text], n=n, num_top=None, first_token_ids=[None], is_prompt_only=False)
 
     @property
     def has_logprobs(self) -> bool:

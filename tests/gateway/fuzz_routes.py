@@ -240,9 +240,10 @@ CHAT = perturbed(
         "chat_template_kwargs": st.dictionaries(
             st.sampled_from(["enable_thinking", "tools", "messages", "x"]), JUNK, max_size=2
         ),
+        "echo": st.booleans(),
     },
     required=("messages",),
-    extra=("prompt", "echo", "best_of", "suffix"),
+    extra=("prompt", "best_of", "suffix"),
     huge=True,
 )
 

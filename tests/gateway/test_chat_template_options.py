@@ -1,8 +1,8 @@
 """vLLM's chat-template extras on /v1/chat/completions and /tokenize, driven by the official
 `openai` client: `add_generation_prompt`, `continue_final_message` and `chat_template_kwargs`
 reach the template (the prompt the engine ran is the one /tokenize and the tokenizer render),
-bad combinations are a 400 naming the field, and the options cross the engine-process
-boundary intact."""
+`echo` leads the answer with the last turn, bad combinations are a 400 naming the field, and
+the options cross the engine-process boundary intact."""
 
 from __future__ import annotations
 
@@ -74,6 +74,57 @@ def test_chat_template_kwargs_are_accepted(client: OpenAI, server) -> None:  # t
         extra_body={"chat_template_kwargs": {"enable_thinking": False, "documents": None}},
     )
     assert out.choices[0].finish_reason in ("stop", "length")
+
+
+def test_echo_leads_each_answer_with_the_last_turn(client: OpenAI, server) -> None:  # type: ignore[no-untyped-def]
+    """vLLM's chat echo: the last message's content leads every choice (streamed as the first
+    content chunk) where its role is the answer's; a user's last turn is not echoed."""
+    options = {"add_generation_prompt": False, "continue_final_message": True}
+    kw: dict[str, Any] = {"model": server.engine.model_name, "max_tokens": 3, "temperature": 0}
+    plain = client.chat.completions.create(messages=OPEN_TURN, extra_body=options, **kw)  # type: ignore[arg-type]
+    echoed = client.chat.completions.create(
+        messages=OPEN_TURN,  # type: ignore[arg-type]
+        n=2,
+        extra_body={**options, "echo": True},
+        **kw,
+    )
+    answer = plain.choices[0].message.content
+    assert (
+        answer
+        and [c.message.content for c in echoed.choices] == ["The smallest prime is" + answer] * 2
+    )
+    chunks = client.chat.completions.create(
+        messages=OPEN_TURN,  # type: ignore[arg-type]
+        stream=True,
+        extra_body={**options, "echo": True},
+        **kw,
+    )
+    deltas = [
+        c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content
+    ]
+    assert (
+        deltas[0] == "The smallest prime is"
+        and "".join(deltas) == echoed.choices[0].message.content
+    )
+    question = OPEN_TURN[:1]
+    user_last = [
+        client.chat.completions.create(messages=question, extra_body=extra, **kw)  # type: ignore[arg-type]
+        for extra in ({}, {"echo": True})
+    ]
+    assert user_last[0].choices[0].message.content == user_last[1].choices[0].message.content
+
+
+def test_echo_with_tools_is_refused_by_name(client: OpenAI, server) -> None:  # type: ignore[no-untyped-def]
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(
+            model=server.engine.model_name,
+            messages=OPEN_TURN[:1],  # type: ignore[arg-type]
+            tools=[tool],  # type: ignore[list-item]
+            tool_choice="required",
+            extra_body={"echo": True},
+        )
+    assert info.value.body["param"] == "echo", info.value.body  # type: ignore[index]
 
 
 @pytest.mark.parametrize(
