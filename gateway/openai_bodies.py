@@ -83,6 +83,8 @@ class _Common(StructuredFields, kw_only=True):
     cache_salt: str | None = None  # vLLM's: prefix-cache hits only among the same salt
     # vLLM's: logprobs name tokens "token_id:{id}" (None: the server's flag decides)
     return_tokens_as_token_ids: bool | None = None
+    # vLLM's: the prompt's and each answer's token ids beside the text (gateway/token_ids_out.py)
+    return_token_ids: bool | None = None
     user: str | None = None  # accepted: an end-user id for the operator's logs (OpenAI's)
     # vLLM's beam search extras: n beams, ranked by logprob / length ** length_penalty
     use_beam_search: bool = False

@@ -57,6 +57,7 @@ class OpenAIRequest:
     # completions' prompt_embeds as sent (base64 of torch.save'd tensors; the route decodes
     # them: gateway/prompt_embeds_body.py), each a prompt run before `prompts`, as vLLM orders
     prompt_embeds: tuple[str, ...] = ()
+    return_token_ids: bool = False  # vLLM's: token ids beside the text (gateway/token_ids_out.py)
 
     def with_lora(self, lora: str | None) -> OpenAIRequest:
         """This request on the LoRA adapter its `model` selects (gateway/served_models.py;
@@ -166,6 +167,9 @@ def parse_request(
             if tools is not None:
                 raise invalid("echo", "echo cannot be combined with tool calls")
             echo = _chat_echo(body, messages)
+    if body.return_token_ids:
+        _check_token_ids(body, tools)
+        kw["return_prompt_token_ids"] = True
     if not body.use_beam_search:  # beams sample nothing: a default penalty would refuse them
         kw = defaults.fill(kw)
     params = SamplingParams(**kw)
@@ -220,7 +224,21 @@ def parse_request(
         beam=beam,
         tokens_as_ids=body.return_tokens_as_token_ids,
         prompt_embeds=embeds,
+        return_token_ids=bool(body.return_token_ids),
     )
+
+
+def _check_token_ids(body: CompletionBody | ChatBody, tools: ToolPlan | None) -> None:
+    """return_token_ids' combinations not served: a 400 naming it."""
+    why = None
+    if body.use_beam_search:
+        why = "use_beam_search"
+    elif isinstance(body, CompletionBody) and body.echo:
+        why = "echo (the prompt's ids are prompt_token_ids)"
+    elif tools is not None and body.stream:
+        why = "streamed tool calls"
+    if why is not None:
+        raise invalid("return_token_ids", f"return_token_ids cannot be combined with {why}")
 
 
 def _chat_prompt(body: ChatBody, messages: list[ChatMessage]) -> list[ChatMessage] | ChatPrompt:

@@ -31,6 +31,7 @@ from troupe.gateway.sse_frames import sse as _sse
 from troupe.gateway.sse_frames import text_delta_frames
 from troupe.gateway.sse_writer import first_event, serve_sse
 from troupe.gateway.state import GATEWAY, Gateway
+from troupe.gateway.token_ids_out import TokenIds, chunk_with_ids
 from troupe.gateway.tool_auto import auto_tool_parser, parse_auto_calls
 from troupe.gateway.tool_calls import tool_calls
 from troupe.messages import (
@@ -218,6 +219,7 @@ async def _whole(
     choices: dict[int, dict[str, Any]] = {}
     usages: list[tuple[int, Usage]] = []
     reasoning: dict[int, list[str]] = defaultdict(list)
+    ids = TokenIds(req.kind) if req.return_token_ids else None
     async with contextlib.aclosing(events):
         async for event in events:
             if isinstance(event, Rejected | Aborted | Failed):
@@ -227,6 +229,8 @@ async def _whole(
                 thought, event = splitter.split(event)
                 reasoning[index].append(thought)
             prompts.see(event)
+            if ids is not None:
+                ids.see(event)
             if echo is None or not echo.is_prompt_only:  # else the prompt alone is shown
                 texts[index].append(event.text)
                 if event.logprobs is not None:
@@ -245,6 +249,8 @@ async def _whole(
                     index, text, finish, lps, event.stop_reason, calls, content, prompts.lead(index)
                 )
                 prompts.add_to_choice(choices[index], index)
+                if ids is not None:
+                    ids.add_to_choice(choices[index], index)
                 if splitter is not None:  # vLLM's: no content after all thinking is null
                     message = choices[index]["message"]
                     message["reasoning_content"] = said = "".join(reasoning[index]) or None
@@ -253,9 +259,10 @@ async def _whole(
                 usages.append((index, event.usage))
             if event.is_terminal:
                 ordered = [choices[i] for i in sorted(choices)]
-                return prompts.add_to_response(
+                body = prompts.add_to_response(
                     builder.full_choices(ordered, batch_usage(usages, n))
                 )
+                return body if ids is None else ids.add_to_response(body)
     raise ApiError(500, "the engine ended the stream without a terminal event")
 
 
@@ -274,7 +281,10 @@ async def _stream(
         builder.see_prompt(first)  # continuous usage: the chunks before the first event's
         if req.kind == "chat":
             for index in range(req.params.n):
-                outbox.put(_sse(builder.role_chunk(index)))
+                chunk = builder.role_chunk(index)
+                if req.return_token_ids and index == 0 and isinstance(first, Delta | Finished):
+                    chunk["prompt_token_ids"] = first.prompt_token_ids  # vLLM's: on the first
+                outbox.put(_sse(chunk))
         if echo is not None and not echo.has_logprobs:  # with logprobs: each choice's first event
             for index in range(len(echo.texts) * req.params.n):
                 if text := echo.text(index):
@@ -296,8 +306,12 @@ async def _pump_sse(
 ) -> None:
     calls = call_stream(req.tools)
     usages: list[tuple[int, Usage]] = []  # each sample's (choice, usage), for the last chunk
-    text_frames = text_delta_frames(builder)
+    text_frames = None if req.return_token_ids else text_delta_frames(builder)
     echoed: set[int] = set()  # echo with logprobs: the choices whose prompt chunk went out
+
+    def with_ids(chunk: dict[str, Any], event: Delta | Finished) -> str:
+        """A choice's chunk as SSE, with its token ids when the request asked for them."""
+        return _sse(chunk_with_ids(chunk, event, req.kind) if req.return_token_ids else chunk)
 
     def encode(event: StreamEvent) -> Iterable[str]:
         builder.count(event)
@@ -325,13 +339,16 @@ async def _pump_sse(
             if event.logprobs is None and text_frames is not None:
                 if event.text:  # the common frame, from its template
                     yield text_frames.frame(event.text, event.index)
-            elif event.text or event.logprobs:
-                yield _sse(builder.delta_chunk(event.text, event.logprobs, index=event.index))
+            elif event.text or event.logprobs or req.return_token_ids:
+                yield with_ids(
+                    builder.delta_chunk(event.text, event.logprobs, index=event.index), event
+                )
         elif isinstance(event, Finished):
             finish, index = str(event.finish_reason), event.index
-            yield _sse(
-                builder.delta_chunk(event.text, event.logprobs, finish, event.stop_reason, index)
+            chunk = builder.delta_chunk(
+                event.text, event.logprobs, finish, event.stop_reason, index
             )
+            yield with_ids(chunk, event)
             usages.append((index, event.usage))
             if not event.is_terminal:
                 return  # more samples to come

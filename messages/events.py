@@ -29,6 +29,8 @@ class Delta(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     # SamplingParams.prompt_logprobs, on a request's first event: prompt positions 1.. in order
     prompt_logprobs: tuple[TokenLogprob, ...] | None = None
     embedding: tuple[float, ...] | None = None  # SamplingParams.pooling, on the first event
+    # SamplingParams.return_prompt_token_ids, on the first event
+    prompt_token_ids: tuple[int, ...] | None = None
 
     is_terminal: ClassVar[bool] = False
 
@@ -53,6 +55,7 @@ class Finished(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     cumulative_logprob: float | None = None  # best_of: the sum it was ranked by
     prompt_logprobs: tuple[TokenLogprob, ...] | None = None  # when it is the first event
     embedding: tuple[float, ...] | None = None  # likewise
+    prompt_token_ids: tuple[int, ...] | None = None  # likewise
 
     @property
     def is_terminal(self) -> bool:

@@ -80,6 +80,9 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     lora: str | None = None
     # vLLM's: prefix-cache hits only among requests of the same salt (and adapter)
     cache_salt: str | None = None
+    # The prompt's token ids on the first event (vLLM's return_token_ids; the output's are on
+    # every event): the tokenizer's, after the chat template and truncate_prompt_tokens
+    return_prompt_token_ids: bool = False
 
     @property
     def cache_namespace(self) -> str:

@@ -19,6 +19,7 @@ class RequestOpened(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     num_prompt_tokens: int
     prompt_tail_ids: tuple[int, ...]  # last few prompt tokens: context for detokenization
     arrival_time: float
+    prompt_token_ids: tuple[int, ...] | None = None  # SamplingParams.return_prompt_token_ids
 
 
 class RequestRejected(msgspec.Struct, frozen=True, kw_only=True, tag=True):

@@ -1,5 +1,6 @@
 """What a request's first event carries besides its tokens: its prompt's logprobs
-(SamplingParams.prompt_logprobs) and its embedding (SamplingParams.pooling).
+(SamplingParams.prompt_logprobs), its embedding (SamplingParams.pooling) and its prompt's token
+ids (SamplingParams.return_prompt_token_ids, from its RequestOpened).
 
 The runner scores each chunk of a prompt it computes (PromptLogprobs, one per chunk and step)
 and pools the prompt once its last token is in (Pooled); the streamer gathers them here and
@@ -12,9 +13,10 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable
+from typing import NamedTuple
 
 import structlog
-from troupe.messages import PromptLogprobs, SamplingParams, TokenBatch, TokenLogprob
+from troupe.messages import PromptLogprobs, RequestOpened, TokenBatch, TokenLogprob
 
 log = structlog.get_logger("troupe.streamer")
 
@@ -43,16 +45,31 @@ class PromptScores:
         self.entries.extend(chunk.entries[skip:])
 
 
+class First(NamedTuple):
+    """A first event's extras (None: not asked for)."""
+
+    prompt_logprobs: tuple[TokenLogprob, ...] | None = None
+    embedding: tuple[float, ...] | None = None
+    prompt_token_ids: tuple[int, ...] | None = None
+
+
+NOT_FIRST = First()  # a later event's: none
+
+
 class FirstExtras:
-    """Per open request that asked for them: prompt logprobs so far, the embedding."""
+    """Per open request that asked for them: prompt logprobs so far, the embedding, the prompt's
+    token ids."""
 
     def __init__(self) -> None:
         self._scores: dict[str, PromptScores] = {}
         self._embeddings: dict[str, tuple[float, ...]] = {}
+        self._prompts: dict[str, tuple[int, ...]] = {}
 
-    def open(self, request_id: str, params: SamplingParams) -> None:
-        if params.prompt_logprobs is not None:
-            self._scores[request_id] = PromptScores()
+    def open(self, opened: RequestOpened) -> None:
+        if opened.params.prompt_logprobs is not None:
+            self._scores[opened.request_id] = PromptScores()
+        if opened.prompt_token_ids is not None:
+            self._prompts[opened.request_id] = opened.prompt_token_ids
 
     def add(self, batch: TokenBatch) -> None:
         """A step's scored chunks and embeddings (ahead of the first token they lead to)."""
@@ -62,18 +79,21 @@ class FirstExtras:
         for pooled in batch.embeddings:  # a recompute's again: the same vector
             self._embeddings[pooled.request_id] = pooled.embedding
 
-    def first_event(
-        self, request_id: str
-    ) -> tuple[tuple[TokenLogprob, ...] | None, tuple[float, ...] | None]:
-        """The prompt logprobs and the embedding for a first event (None: not asked for)."""
+    def first_event(self, request_id: str) -> First:
+        """What a first event of `request_id` (or of one of its samples) carries."""
         scores = self._scores.get(request_id)
-        return None if scores is None else tuple(scores.entries), self._embeddings.get(request_id)
+        return First(
+            None if scores is None else tuple(scores.entries),
+            self._embeddings.get(request_id),
+            self._prompts.get(request_id),
+        )
 
     def forget(self, request_ids: Iterable[str]) -> None:
         """The requests ended."""
         for request_id in request_ids:
             self._scores.pop(request_id, None)
             self._embeddings.pop(request_id, None)
+            self._prompts.pop(request_id, None)
 
     def __len__(self) -> int:
-        return len(self._scores) + len(self._embeddings)
+        return len(self._scores) + len(self._embeddings) + len(self._prompts)

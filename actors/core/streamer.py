@@ -21,7 +21,7 @@ from collections.abc import Sequence
 import msgspec
 import structlog
 from troupe.actors.core.detokenizer import IncrementalDetokenizer, shared_token_texts
-from troupe.actors.core.first_extras import FirstExtras
+from troupe.actors.core.first_extras import NOT_FIRST, FirstExtras
 from troupe.actors.core.sample_streams import SampleFamily
 from troupe.actors.core.stop_strings import StopStringMatcher
 from troupe.actors.core.streamer_timings import request_timings
@@ -149,7 +149,7 @@ class StreamerCore:
     def _open(self, msg: RequestOpened) -> None:
         try:
             params = msg.params
-            self._extras.open(msg.request_id, params)
+            self._extras.open(msg)
             if params.num_samples == 1:
                 self._streams[msg.request_id] = self._new_stream(msg)
                 return
@@ -267,14 +267,10 @@ class StreamerCore:
 
     @staticmethod
     def _end_failed(
-        output: SeqOutput,
-        message: str,
-        events: list[StreamEvent],
-        stopped: list[str],
-        ended: list[str],
+        output: SeqOutput, why: str, events: list[StreamEvent], stopped: list[str], ended: list[str]
     ) -> None:
-        """A Failed event for a request the streamer cannot serve; the scheduler frees it."""
-        events.append(Failed(request_id=output.request_id, message=message))
+        """A Failed event (`why`) for a request the streamer cannot serve; the scheduler frees it."""
+        events.append(Failed(request_id=output.request_id, message=why))
         ended.append(output.request_id)
         if output.finish_reason is None:  # the scheduler still runs it
             stopped.append(output.request_id)
@@ -293,11 +289,11 @@ class StreamerCore:
         else:
             text = "".join([push(token_id) for token_id in token_ids])
         stream.num_output_tokens += num_tokens
-        prompt_tokens = prompt_logprobs = embedding = None
+        prompt_tokens, first = None, NOT_FIRST
         if stream.first_token_time is None:
             stream.first_token_time = time
             prompt_tokens = stream.opened.num_prompt_tokens
-            prompt_logprobs, embedding = self._extras.first_event(stream.opened.request_id)
+            first = self._extras.first_event(stream.opened.request_id)
         stream.last_token_time = time
         if output.num_cached_tokens > stream.num_cached_tokens:
             stream.num_cached_tokens = output.num_cached_tokens
@@ -309,8 +305,9 @@ class StreamerCore:
             logprobs=None if logprobs is None else logprobs[:num_tokens],
             index=stream.index,
             prompt_tokens=prompt_tokens,
-            prompt_logprobs=prompt_logprobs,
-            embedding=embedding,
+            prompt_logprobs=first.prompt_logprobs,
+            embedding=first.embedding,
+            prompt_token_ids=first.prompt_token_ids,
         )
 
     def _advance(self, stream: _Stream, output: SeqOutput, time: float) -> StreamEvent | None:
@@ -328,13 +325,13 @@ class StreamerCore:
                 break  # tokens after the stop string are not part of the output
         token_ids = output.token_ids[:num_kept]
         logprobs = _kept(output.logprobs, num_kept)
-        prompt_tokens = prompt_logprobs = embedding = None
+        prompt_tokens, first = None, NOT_FIRST
         if num_kept:
             stream.num_output_tokens += num_kept
             if stream.first_token_time is None:
                 stream.first_token_time = time
                 prompt_tokens = stream.opened.num_prompt_tokens
-                prompt_logprobs, embedding = self._extras.first_event(stream.opened.request_id)
+                first = self._extras.first_event(stream.opened.request_id)
             stream.last_token_time = time
         stream.num_cached_tokens = max(stream.num_cached_tokens, output.num_cached_tokens)
 
@@ -350,8 +347,9 @@ class StreamerCore:
                 logprobs=logprobs,
                 index=stream.index,
                 prompt_tokens=prompt_tokens,
-                prompt_logprobs=prompt_logprobs,
-                embedding=embedding,
+                prompt_logprobs=first.prompt_logprobs,
+                embedding=first.embedding,
+                prompt_token_ids=first.prompt_token_ids,
             )
         texts.append(stream.final_text())
         text = "".join(texts)
@@ -371,8 +369,9 @@ class StreamerCore:
                 index=stream.index,
                 params_n=stream.opened.params.n,
                 params_max_tokens=stream.opened.params.max_tokens,
-                prompt_logprobs=prompt_logprobs,
-                embedding=embedding,
+                prompt_logprobs=first.prompt_logprobs,
+                embedding=first.embedding,
+                prompt_token_ids=first.prompt_token_ids,
             )
         if reason == FinishReason.ABORT:
             return Aborted(

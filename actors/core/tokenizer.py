@@ -292,6 +292,7 @@ class TokenizerCore:
             # an embeddings prompt's placeholders are no text to detokenize after
             prompt_tail_ids=() if embeds is not None else ids[-PROMPT_TAIL_LEN:],
             arrival_time=req.arrival_time,
+            prompt_token_ids=ids if params.return_prompt_token_ids and embeds is None else None,
         )
         tokenized = TokenizedRequest(
             request_id=req.request_id,

@@ -126,6 +126,7 @@ SAMPLING: dict[str, st.SearchStrategy[Any]] = {
     "sink_tokens": st.integers(-1, 200),
     "cache_salt": TEXT,
     "return_tokens_as_token_ids": st.booleans(),
+    "return_token_ids": st.booleans(),
     "use_beam_search": st.booleans(),
     "length_penalty": st.floats(allow_nan=True),
     "stream": st.booleans(),

@@ -33,6 +33,7 @@ from troupe.messages import (
     TokenLogprob,
     Usage,
 )
+from troupe.messages.samples import sample_id
 
 HELLO, WORLD = 19556, 905  # "Hello", " world"
 HI, EMOJI_HEAD, EMOJI_TAIL, BANG = 26843, 40303, 218, 17  # "Hi", " \xf0\x9f\x98", "\x80", "!"
@@ -60,6 +61,13 @@ def _event(routed: tuple[str, msgspec.Struct]) -> StreamEvent:
     box, batch = routed
     assert box == "client" and isinstance(batch, StreamBatch) and len(batch.events) == 1
     return batch.events[0]
+
+
+def _events(out: list[tuple[str, msgspec.Struct]]) -> tuple[StreamEvent, ...]:
+    """The events of the StreamBatch sent to the client."""
+    [batch] = [b for box, b in out if box == "client"]
+    assert isinstance(batch, StreamBatch)
+    return batch.events
 
 
 def _batch(
@@ -340,6 +348,26 @@ def test_prompt_logprobs_gathered_once_each_for_the_first_event(tok: TextTokeniz
     last = _event(out[0])
     assert isinstance(last, Finished) and last.prompt_logprobs is None
     assert not len(core._extras)  # gone with the request
+
+
+def test_prompt_token_ids_lead_each_samples_first_event(tok: TextTokenizer) -> None:
+    """SamplingParams.return_prompt_token_ids: the RequestOpened's ids on each sample's first
+    event (a Delta, or a Finished that is also the first), never on later ones."""
+    core = StreamerCore(tok)
+    prompt = (HELLO, WORLD, HI)
+    asked = _open("p", n=2, return_prompt_token_ids=True)
+    core.handle([msgspec.structs.replace(asked, prompt_token_ids=prompt), _open("q")])
+    a, b = sample_id("p", 0), sample_id("p", 1)
+    out = core.handle([_batch(1, 100.1, SeqOutput(a, (HI,)), SeqOutput("q", (HI,)))])
+    first, other = _events(out)
+    assert isinstance(first, Delta) and first.prompt_token_ids == prompt
+    assert isinstance(other, Delta) and other.prompt_token_ids is None
+    out = core.handle(
+        [_batch(2, 100.2, SeqOutput(a, (BANG,)), SeqOutput(b, (BANG,), FinishReason.LENGTH))]
+    )
+    later, b_first = _events(out)
+    assert isinstance(later, Delta) and later.prompt_token_ids is None
+    assert isinstance(b_first, Finished) and b_first.prompt_token_ids == prompt
 
 
 def test_prompt_logprobs_on_a_first_event_that_finishes(tok: TextTokenizer) -> None:
