@@ -118,6 +118,7 @@ class ChatBody(_Common, kw_only=True):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    documents: list[dict[str, str]] | None = None  # vLLM's: RAG templates' `documents`
     # vLLM's: the last message's content leads the answer when it is in the answer's role
     echo: bool = False
 

@@ -245,10 +245,12 @@ def _chat_prompt(body: ChatBody, messages: list[ChatMessage]) -> list[ChatMessag
     """The messages, or a ChatPrompt when the template gets options. The tools the request
     declares reach the template whatever tool_choice says, as in vLLM (its default: "none"
     too), so every turn of an agent loop renders the same system prompt; as there,
-    chat_template_kwargs may override them."""
+    chat_template_kwargs may override them, and `documents` too."""
     template_kwargs: dict[str, Any] = {}
     if body.tools:
         template_kwargs["tools"] = [as_sent(tool) for tool in body.tools]
+    if body.documents is not None:
+        template_kwargs["documents"] = body.documents
     template_kwargs.update(body.chat_template_kwargs or {})
     return chat_prompt(
         messages, body.add_generation_prompt, body.continue_final_message, template_kwargs

@@ -242,6 +242,7 @@ CHAT = perturbed(
             st.sampled_from(["enable_thinking", "tools", "messages", "x"]), JUNK, max_size=2
         ),
         "echo": st.booleans(),
+        "documents": st.lists(st.dictionaries(TEXT, TEXT, max_size=2), max_size=2),
     },
     required=("messages",),
     extra=("prompt", "best_of", "suffix"),

@@ -6,10 +6,11 @@ from typing import Any
 
 import msgspec
 import pytest
+from troupe.actors.core.chat_template import ChatTemplate
 from troupe.gateway.errors import ApiError
 from troupe.gateway.openai_requests import Kind, OpenAIRequest
 from troupe.gateway.openai_requests import parse_request as parse_raw
-from troupe.messages import ChatMessage, SamplingParams
+from troupe.messages import ChatMessage, ChatPrompt, SamplingParams
 
 
 def parse_request(kind: Kind, body: Any, *, default_max_tokens: int) -> OpenAIRequest:
@@ -310,3 +311,20 @@ def test_completion_prompt_lists() -> None:
         "chat", {"messages": [{"role": "user", "content": "x"}]}, default_max_tokens=16
     )
     assert chat.prompts == ()
+
+
+def test_documents_reach_the_template_under_chat_template_kwargs() -> None:
+    """vLLM's `documents` (RAG templates) is a template variable; chat_template_kwargs wins."""
+    docs = [{"title": "Primes", "text": "2 is the smallest prime."}]
+    messages = [{"role": "user", "content": "Smallest prime?"}]
+    req = parse_request("chat", {"messages": messages, "documents": docs}, default_max_tokens=9)
+    assert isinstance(req.prompt, ChatPrompt) and req.prompt.template_kwargs == {"documents": docs}
+    template = ChatTemplate(
+        "{% for d in documents %}[{{ d.title }}] {{ d.text }}\n{% endfor %}"
+        "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
+    )
+    rendered = template.render(messages, **req.prompt.template_kwargs)
+    assert rendered == "[Primes] 2 is the smallest prime.\nuser: Smallest prime?\n"
+    both = {"messages": messages, "documents": docs, "chat_template_kwargs": {"documents": []}}
+    req = parse_request("chat", both, default_max_tokens=9)
+    assert isinstance(req.prompt, ChatPrompt) and req.prompt.template_kwargs == {"documents": []}
