@@ -86,6 +86,7 @@ class _Common(StructuredFields, kw_only=True):
     # vLLM's: the prompt's and each answer's token ids beside the text (gateway/token_ids_out.py)
     return_token_ids: bool | None = None
     user: str | None = None  # accepted: an end-user id for the operator's logs (OpenAI's)
+    request_id: str | None = None  # vLLM's: the answer's id after its prefix (X-Request-Id wins)
     # vLLM's beam search extras: n beams, ranked by logprob / length ** length_penalty
     use_beam_search: bool = False
     length_penalty: float | None = None

@@ -58,6 +58,7 @@ class OpenAIRequest:
     # them: gateway/prompt_embeds_body.py), each a prompt run before `prompts`, as vLLM orders
     prompt_embeds: tuple[str, ...] = ()
     return_token_ids: bool = False  # vLLM's: token ids beside the text (gateway/token_ids_out.py)
+    request_id: str | None = None  # vLLM's: the client's id for the answer (openai_routes)
 
     def with_lora(self, lora: str | None) -> OpenAIRequest:
         """This request on the LoRA adapter its `model` selects (gateway/served_models.py;
@@ -225,6 +226,7 @@ def parse_request(
         tokens_as_ids=body.return_tokens_as_token_ids,
         prompt_embeds=embeds,
         return_token_ids=bool(body.return_token_ids),
+        request_id=body.request_id,
     )
 
 

@@ -47,6 +47,7 @@ from troupe.messages import (
 )
 
 log = structlog.get_logger("troupe.gateway")
+MAX_REQUEST_ID = 256  # characters of a client's request id (X-Request-Id or request_id)
 
 _json = msgspec.json.Encoder()
 
@@ -87,7 +88,8 @@ async def _answer_json(gateway: Gateway, kind: Kind, raw: bytes) -> dict[str, An
 
 async def _handle(request: web.Request, kind: Kind) -> web.StreamResponse:
     gateway = request.app[GATEWAY]
-    call = await _prepare(gateway, kind, await read_json_body(request, gateway.settings))
+    raw = await read_json_body(request, gateway.settings)
+    call = await _prepare(gateway, kind, raw, request.headers.get("X-Request-Id"))
     if not call.req.stream:
         body = await _answer(gateway, call)
         return web.json_response(body, dumps=lambda o: _json.encode(o).decode())
@@ -96,7 +98,7 @@ async def _handle(request: web.Request, kind: Kind) -> web.StreamResponse:
     try:
         if req.beam is not None:  # vLLM's use_beam_search: answered when the beams are known
             return await beam_answer(request, engine, req, builder, call.echo)
-        events = _events(engine, call, builder.id)
+        events = _events(engine, call, call.engine_id)
         return await _stream(request, gateway, events, builder, req, call.echo, call.splitter)
     finally:
         gateway.stream_closed()
@@ -110,11 +112,13 @@ class _Call:
     builder: ResponseBuilder
     echo: Echo | None
     splitter: ReasoningSplitter | None  # chat with a reasoning parser
+    engine_id: str  # the engine's request id: the answer's id, unique where a client named it
     embeds: tuple[PromptEmbeds, ...] = ()  # completions' prompt_embeds, decoded
 
 
-async def _prepare(gateway: Gateway, kind: Kind, raw: bytes) -> _Call:
-    """Parse and check the body (ApiError naming the field), resolve its model."""
+async def _prepare(gateway: Gateway, kind: Kind, raw: bytes, header_id: str | None = None) -> _Call:
+    """Parse and check the body (ApiError naming the field), resolve its model. The answer's
+    id is the client's (`header_id`, X-Request-Id, else the body's request_id), as vLLM's."""
     engine = gateway.engine
     # Chat answers run to the end of the context unless capped (the engine clips at
     # max_model_len; the model's generation_config may cap them, as vLLM's max_new_tokens);
@@ -136,7 +140,13 @@ async def _prepare(gateway: Gateway, kind: Kind, raw: bytes) -> _Call:
         raise invalid("prompt", f"at most {limit} prompts per request, got {num_prompts}")
     embeds = decoded_embeds(req.prompt_embeds, max_bytes=gateway.settings.max_body_bytes)
     prefix = "chatcmpl" if kind == "chat" else "cmpl"
-    request_id = f"{prefix}-{uuid.uuid4().hex}"
+    request_id = engine_id = f"{prefix}-{uuid.uuid4().hex}"
+    if (named := header_id or req.request_id) is not None:
+        field = "X-Request-Id" if header_id else "request_id"
+        if not 0 < len(named) <= MAX_REQUEST_ID:
+            raise invalid(field, f"{field} must be 1 to {MAX_REQUEST_ID} characters")
+        request_id = f"{prefix}-{named}"  # two in flight may share it: the engine's differ
+        engine_id = f"{request_id}-{uuid.uuid4().hex[:12]}"
     if req.user is not None:
         log.debug("request from a named user", request_id=request_id, user=req.user)
     builder = ResponseBuilder(
@@ -163,7 +173,7 @@ async def _prepare(gateway: Gateway, kind: Kind, raw: bytes) -> _Call:
         parser = gateway.settings.reasoning_parser
         splitter, params = chat_reasoning(parser, engine.tokenizer, req.prompt, req.params)
         req = dataclasses.replace(req, params=params)
-    return _Call(req, builder, echo, splitter, embeds)
+    return _Call(req, builder, echo, splitter, engine_id, embeds)
 
 
 def _tokens_as_ids(req: OpenAIRequest, gateway: Gateway) -> bool:
@@ -191,7 +201,7 @@ async def _answer(gateway: Gateway, call: _Call) -> dict[str, Any]:
     try:
         if req.beam is not None:  # vLLM's use_beam_search: answered when the beams are known
             return beam_body(builder, *await beam_result(engine, req, call.echo))
-        events = _events(engine, call, builder.id)
+        events = _events(engine, call, call.engine_id)
         return await _whole(events, builder, req, call.echo, call.splitter)
     finally:
         gateway.stream_closed()

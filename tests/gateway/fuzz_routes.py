@@ -127,6 +127,7 @@ SAMPLING: dict[str, st.SearchStrategy[Any]] = {
     "cache_salt": TEXT,
     "return_tokens_as_token_ids": st.booleans(),
     "return_token_ids": st.booleans(),
+    "request_id": TEXT,
     "use_beam_search": st.booleans(),
     "length_penalty": st.floats(allow_nan=True),
     "stream": st.booleans(),
