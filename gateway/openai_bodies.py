@@ -126,6 +126,9 @@ class ChatBody(_Common, kw_only=True):
 
 T = TypeVar("T")
 
+# characters of a client's request id: a websocket frame's, X-Request-Id or a body's request_id
+MAX_REQUEST_ID = 128
+
 _PATH = re.compile(r" - at `(?:key` in `)?\$\.?(.*)`$")
 _FIELD = re.compile(r"(?:unknown|missing required) field `([^`]*)`")
 

@@ -18,6 +18,7 @@ from troupe.gateway.chat_tool_chunks import call_stream, tool_call_chunks
 from troupe.gateway.engine_api import EngineLike
 from troupe.gateway.errors import ApiError, error_for_event, invalid
 from troupe.gateway.http_body import read_json_body
+from troupe.gateway.openai_bodies import MAX_REQUEST_ID
 from troupe.gateway.openai_requests import Kind, OpenAIRequest, parse_request
 from troupe.gateway.openai_responses import ResponseBuilder
 from troupe.gateway.outbox import Outbox, Overflow
@@ -47,7 +48,6 @@ from troupe.messages import (
 )
 
 log = structlog.get_logger("troupe.gateway")
-MAX_REQUEST_ID = 256  # characters of a client's request id (X-Request-Id or request_id)
 
 _json = msgspec.json.Encoder()
 

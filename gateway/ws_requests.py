@@ -20,7 +20,7 @@ from typing import Any
 import msgspec
 from troupe.gateway.chat_messages import decode_chat_messages
 from troupe.gateway.errors import ApiError
-from troupe.gateway.openai_bodies import convert_field, field_path, reason
+from troupe.gateway.openai_bodies import MAX_REQUEST_ID, convert_field, field_path, reason
 from troupe.gateway.openai_requests import chat_prompt
 from troupe.gateway.served_models import ServedModels
 from troupe.gateway.structured_requests import (
@@ -31,7 +31,6 @@ from troupe.gateway.structured_requests import (
 from troupe.messages import ChatMessage, ChatPrompt, ParamError, SamplingParams
 from troupe.messages.sampling_defaults import NO_DEFAULTS, SamplingDefaults
 
-MAX_REQUEST_ID = 128
 _CHAT_OPTIONS = ("add_generation_prompt", "continue_final_message", "chat_template_kwargs")
 # frame keys that are not params
 _RESERVED = ("type", "request_id", "model", "prompt", "messages", *_CHAT_OPTIONS)
