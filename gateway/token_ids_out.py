@@ -47,7 +47,7 @@ class TokenIds:
 def chunk_with_ids(chunk: dict[str, Any], event: Delta | Finished, kind: str) -> dict[str, Any]:
     """A stream chunk of one choice (`event`'s) with its ids."""
     choice = chunk["choices"][0]
-    choice["token_ids"] = list(event.token_ids)
+    choice["token_ids"] = event.token_ids  # tuples encode as JSON arrays
     if kind == "completion" and event.prompt_token_ids is not None:
-        choice["prompt_token_ids"] = list(event.prompt_token_ids)
+        choice["prompt_token_ids"] = event.prompt_token_ids
     return chunk

@@ -53,23 +53,17 @@ class First(NamedTuple):
     prompt_token_ids: tuple[int, ...] | None = None
 
 
-NOT_FIRST = First()  # a later event's: none
-
-
 class FirstExtras:
-    """Per open request that asked for them: prompt logprobs so far, the embedding, the prompt's
-    token ids."""
+    """Per open request that asked for them: prompt logprobs so far, the embedding (the prompt's
+    token ids ride on its RequestOpened)."""
 
     def __init__(self) -> None:
         self._scores: dict[str, PromptScores] = {}
         self._embeddings: dict[str, tuple[float, ...]] = {}
-        self._prompts: dict[str, tuple[int, ...]] = {}
 
     def open(self, opened: RequestOpened) -> None:
         if opened.params.prompt_logprobs is not None:
             self._scores[opened.request_id] = PromptScores()
-        if opened.prompt_token_ids is not None:
-            self._prompts[opened.request_id] = opened.prompt_token_ids
 
     def add(self, batch: TokenBatch) -> None:
         """A step's scored chunks and embeddings (ahead of the first token they lead to)."""
@@ -79,13 +73,14 @@ class FirstExtras:
         for pooled in batch.embeddings:  # a recompute's again: the same vector
             self._embeddings[pooled.request_id] = pooled.embedding
 
-    def first_event(self, request_id: str) -> First:
-        """What a first event of `request_id` (or of one of its samples) carries."""
+    def first_event(self, opened: RequestOpened) -> First:
+        """What a first event of the request `opened` (or of one of its samples) carries."""
+        request_id = opened.request_id
         scores = self._scores.get(request_id)
         return First(
             None if scores is None else tuple(scores.entries),
             self._embeddings.get(request_id),
-            self._prompts.get(request_id),
+            opened.prompt_token_ids,  # its own: the samples share the RequestOpened
         )
 
     def forget(self, request_ids: Iterable[str]) -> None:
@@ -93,7 +88,6 @@ class FirstExtras:
         for request_id in request_ids:
             self._scores.pop(request_id, None)
             self._embeddings.pop(request_id, None)
-            self._prompts.pop(request_id, None)
 
     def __len__(self) -> int:
-        return len(self._scores) + len(self._embeddings) + len(self._prompts)
+        return len(self._scores) + len(self._embeddings)

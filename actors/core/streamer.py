@@ -21,7 +21,7 @@ from collections.abc import Sequence
 import msgspec
 import structlog
 from troupe.actors.core.detokenizer import IncrementalDetokenizer, shared_token_texts
-from troupe.actors.core.first_extras import NOT_FIRST, FirstExtras
+from troupe.actors.core.first_extras import FirstExtras
 from troupe.actors.core.sample_streams import SampleFamily
 from troupe.actors.core.stop_strings import StopStringMatcher
 from troupe.actors.core.streamer_timings import request_timings
@@ -103,7 +103,7 @@ class StreamerCore:
         self._streams: dict[str, _Stream] = {}
         self._failed: dict[str, str] = {}  # request id -> why its stream could not be opened
         self._families: dict[str, SampleFamily] = {}  # request id -> its samples (n > 1)
-        self._extras = FirstExtras()  # prompt logprobs and embeddings: on first events
+        self._extras = FirstExtras()  # prompt logprobs, embeddings, prompt ids: on first events
         tokenizer.token_bytes(0)  # build the byte table now, not on the first token batch
         # Decoded text per token id, shared by all requests (one table per skip setting).
         self._texts = {
@@ -289,11 +289,11 @@ class StreamerCore:
         else:
             text = "".join([push(token_id) for token_id in token_ids])
         stream.num_output_tokens += num_tokens
-        prompt_tokens, first = None, NOT_FIRST
+        prompt_tokens = prompt_logprobs = embedding = prompt_ids = None  # later tokens: none
         if stream.first_token_time is None:
             stream.first_token_time = time
             prompt_tokens = stream.opened.num_prompt_tokens
-            first = self._extras.first_event(stream.opened.request_id)
+            prompt_logprobs, embedding, prompt_ids = self._extras.first_event(stream.opened)
         stream.last_token_time = time
         if output.num_cached_tokens > stream.num_cached_tokens:
             stream.num_cached_tokens = output.num_cached_tokens
@@ -305,9 +305,9 @@ class StreamerCore:
             logprobs=None if logprobs is None else logprobs[:num_tokens],
             index=stream.index,
             prompt_tokens=prompt_tokens,
-            prompt_logprobs=first.prompt_logprobs,
-            embedding=first.embedding,
-            prompt_token_ids=first.prompt_token_ids,
+            prompt_logprobs=prompt_logprobs,
+            embedding=embedding,
+            prompt_token_ids=prompt_ids,
         )
 
     def _advance(self, stream: _Stream, output: SeqOutput, time: float) -> StreamEvent | None:
@@ -325,13 +325,13 @@ class StreamerCore:
                 break  # tokens after the stop string are not part of the output
         token_ids = output.token_ids[:num_kept]
         logprobs = _kept(output.logprobs, num_kept)
-        prompt_tokens, first = None, NOT_FIRST
+        prompt_tokens = prompt_logprobs = embedding = prompt_ids = None
         if num_kept:
             stream.num_output_tokens += num_kept
             if stream.first_token_time is None:
                 stream.first_token_time = time
                 prompt_tokens = stream.opened.num_prompt_tokens
-                first = self._extras.first_event(stream.opened.request_id)
+                prompt_logprobs, embedding, prompt_ids = self._extras.first_event(stream.opened)
             stream.last_token_time = time
         stream.num_cached_tokens = max(stream.num_cached_tokens, output.num_cached_tokens)
 
@@ -347,9 +347,9 @@ class StreamerCore:
                 logprobs=logprobs,
                 index=stream.index,
                 prompt_tokens=prompt_tokens,
-                prompt_logprobs=first.prompt_logprobs,
-                embedding=first.embedding,
-                prompt_token_ids=first.prompt_token_ids,
+                prompt_logprobs=prompt_logprobs,
+                embedding=embedding,
+                prompt_token_ids=prompt_ids,
             )
         texts.append(stream.final_text())
         text = "".join(texts)
@@ -369,9 +369,9 @@ class StreamerCore:
                 index=stream.index,
                 params_n=stream.opened.params.n,
                 params_max_tokens=stream.opened.params.max_tokens,
-                prompt_logprobs=first.prompt_logprobs,
-                embedding=first.embedding,
-                prompt_token_ids=first.prompt_token_ids,
+                prompt_logprobs=prompt_logprobs,
+                embedding=embedding,
+                prompt_token_ids=prompt_ids,
             )
         if reason == FinishReason.ABORT:
             return Aborted(
