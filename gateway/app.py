@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hmac
 import html
+import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -65,6 +66,8 @@ def build_app(engine: EngineLike, settings: GatewaySettings | None = None) -> we
     app[GATEWAY] = gateway = Gateway(engine, settings)
     app.on_shutdown.append(lambda _: gateway.background.close())
     app.on_response_prepare.append(add_cors_headers)
+    if settings.enable_request_id_headers:
+        app.on_response_prepare.append(_echo_request_id)
     app.router.add_get("/", playground)
     app.router.add_static("/static/", STATIC)
     app.router.add_get("/health", health)
@@ -84,6 +87,13 @@ def build_app(engine: EngineLike, settings: GatewaySettings | None = None) -> we
     add_lora_routes(app)  # with settings.allow_runtime_lora_updating only
     add_admin_routes(app)  # the update with settings.allow_runtime_weight_updating only
     return app
+
+
+async def _echo_request_id(request: web.Request, response: web.StreamResponse) -> None:
+    """vLLM's --enable-request-id-headers: the request's X-Request-Id comes back (a fresh one
+    where it sent none), on streams too (this runs as the head is sent)."""
+    if not isinstance(response, web.WebSocketResponse):
+        response.headers["X-Request-Id"] = request.headers.get("X-Request-Id") or uuid.uuid4().hex
 
 
 @web.middleware

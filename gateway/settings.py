@@ -54,6 +54,11 @@ class GatewaySettings:
         "(vLLM's flag), for tokens that do not decode to text alone; a request's "
         "return_tokens_as_token_ids overrides it",
     )
+    enable_request_id_headers: bool = _knob(
+        False,
+        "every HTTP answer carries an X-Request-Id header (vLLM's flag): the one its request "
+        "sent, else a fresh random one; websocket upgrades are left alone",
+    )
     max_body_bytes: int = _knob(4 * 1024 * 1024, "request bodies above this get 413")
     body_timeout: float = _knob(30.0, "seconds a client has to send a request body (408 after)")
     header_timeout: float = _knob(
@@ -183,6 +188,7 @@ class GatewaySettings:
             "allow_runtime_lora_updating",
             "allow_runtime_weight_updating",
             "return_tokens_as_token_ids",
+            "enable_request_id_headers",
         ):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be a bool, got {getattr(self, name)!r}")

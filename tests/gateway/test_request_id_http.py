@@ -10,6 +10,7 @@ from typing import Any
 import aiohttp
 import anyio
 import pytest
+from troupe.gateway.settings import GatewaySettings
 
 from tests.gateway.test_http import read_sse
 
@@ -66,3 +67,21 @@ async def test_an_id_past_the_limit_is_named(
 ) -> None:  # type: ignore[no-untyped-def]
     status, error = await _post(server, "/v1/chat/completions", body, header)
     assert status == 400 and error["error"]["param"] == param, error
+
+
+async def test_answers_echo_the_request_id_when_asked(server) -> None:  # type: ignore[no-untyped-def]
+    url = server.add_gateway(GatewaySettings(enable_request_id_headers=True))
+    stream = {"prompt": "Hi", "max_tokens": 2, "stream": True}
+    async with aiohttp.ClientSession() as http:
+        headers = {"X-Request-Id": "trace-9"}
+        async with http.post(f"{url}/v1/completions", json=stream, headers=headers) as resp:
+            assert resp.status == 200 and resp.headers["X-Request-Id"] == "trace-9"
+            await read_sse(resp)
+        async with http.get(f"{url}/health") as resp:  # a fresh one where none was sent
+            fresh = resp.headers["X-Request-Id"]
+            assert resp.status == 200 and len(fresh) == 32 and int(fresh, 16) >= 0
+        bad = {"prompt": "Hi", "max_tokens": -1}
+        async with http.post(f"{url}/v1/completions", json=bad, headers=headers) as resp:
+            assert resp.status == 400 and resp.headers["X-Request-Id"] == "trace-9"
+        async with http.get(f"{server.url}/health", headers=headers) as resp:  # off by default
+            assert resp.status == 200 and "X-Request-Id" not in resp.headers
