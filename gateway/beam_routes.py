@@ -89,7 +89,7 @@ async def beam_result(
     prompts: Sequence[Any] = req.prompts or (req.prompt,)
     fields = [_field(req, i) for i in range(len(prompts))]
     prompt_ids = [
-        await prompt_token_ids(engine.tokenizer, prompt, field)
+        await prompt_token_ids(engine.tokenizer, prompt, field, req.params.add_special_tokens)
         for prompt, field in zip(prompts, fields, strict=True)
     ]
     beams = await _search(engine, prompt_ids, req.beam, req, fields)
@@ -139,10 +139,13 @@ def beam_answers(
     return answers
 
 
-async def prompt_token_ids(tokenizer: TokenizerLike, prompt: Any, field: str) -> list[int]:
+async def prompt_token_ids(
+    tokenizer: TokenizerLike, prompt: Any, field: str, add_special_tokens: bool | None
+) -> list[int]:
     """A prompt's token ids as the engine's tokenizer actor makes them (off the event loop:
     prompts and templates run long): text with special tokens, chat messages rendered and
-    encoded without; token ids as sent (the engine checks them in the first round)."""
+    encoded without (`add_special_tokens` overrides both); token ids as sent (the engine
+    checks them in the first round)."""
     if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
         return prompt
     if isinstance(prompt, str):
@@ -152,6 +155,8 @@ async def prompt_token_ids(tokenizer: TokenizerLike, prompt: Any, field: str) ->
         if not isinstance(chat, ChatPrompt):  # the messages, with the template's defaults
             chat = ChatPrompt(messages=tuple(prompt))
         text, special = await asyncio.to_thread(render_chat, tokenizer, chat), False
+    if add_special_tokens is not None:
+        special = add_special_tokens
     try:
         text.encode("utf-8")  # the Rust tokenizer fails on a lone surrogate: name the field
     except UnicodeEncodeError as exc:

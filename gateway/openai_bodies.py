@@ -77,6 +77,9 @@ class _Common(StructuredFields, kw_only=True):
     allowed_token_ids: list[int] | None = None  # vLLM's extra: only these may be sampled
     bad_words: list[str] | None = None  # vLLM's extra: words never generated
     truncate_prompt_tokens: int | None = None  # vLLM's extra: keep the last k prompt tokens
+    # vLLM's extra: encode the prompt with the model's special tokens (None: completions'
+    # text with, chat's rendered messages without, as there)
+    add_special_tokens: bool | None = None
     prompt_logprobs: int | None = None  # vLLM's extra: each prompt token's logprob + top-k
     streaming_window: int | None = None  # StreamingLLM (troupe's): sinks + window of KV
     sink_tokens: int | None = None

@@ -73,6 +73,9 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     # bad_words as token-id sequences: filled by the tokenizer actor from `bad_words` (what a
     # client sends here is replaced), so the executor, which never tokenizes, can apply them
     bad_words_token_ids: tuple[tuple[int, ...], ...] = ()
+    # vLLM's: encode the prompt with the model's special tokens (BOS, ...) or without; None:
+    # a text prompt's default is with, chat messages' without (their template writes them)
+    add_special_tokens: bool | None = None
     # vLLM's: keep only the last k prompt tokens (-1: max_model_len); applied where the prompt
     # is tokenized, so usage counts the tokens that ran
     truncate_prompt_tokens: int | None = None

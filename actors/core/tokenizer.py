@@ -4,8 +4,9 @@ Per GenerateRequest, in inbox order:
     ok:     ("streamer", RequestOpened) then ("admission", TokenizedRequest)
     bad:    ("streamer", RequestRejected)              -- nothing goes to admission
 AbortRequest is forwarded to admission unchanged, in order, so it never overtakes its request.
-A whole batch is encoded with two `encode_batch` calls (prompts with the model's default special
-tokens, rendered chats without: the template already wrote them).
+A whole batch is encoded with at most two `encode_batch` calls, one per setting of
+add_special_tokens: a text prompt's default is with the model's special tokens, a rendered
+chat's without (the template already wrote them); SamplingParams.add_special_tokens overrides it.
 
 Long inputs (a client may send megabytes) cost little and harm nobody else's request:
 - a text whose cheap lower bound on its token count (tokenizer_bound.py: its UTF-8 bytes and
@@ -57,9 +58,11 @@ LONG_TEXT_CHARS = CHUNK_CHARS  # longer texts are encoded alone, in chunks, up t
 
 @dataclass(frozen=True, slots=True)
 class _Queued:
-    """A text waiting in this batch's encode_batch call for `field` ("prompt" or "messages")."""
+    """A text waiting in this batch's encode_batch call, with special tokens or without, for
+    `field` ("prompt" or "messages")."""
 
     field: str
+    special: bool
     index: int
 
 
@@ -100,18 +103,19 @@ class TokenizerCore:
         """Tokenize a batch of requests; return (outbox, message) pairs in send order."""
         # Pass 1: decide what each request needs encoded (or why it is rejected).
         outcome: list[_Queued | _Encoded | RequestRejected | RequestFailed | None] = []
-        prompts: list[str] = []
-        chats: list[str] = []
+        queues: tuple[list[str], list[str]] = ([], [])  # by add_special_tokens: False, True
         for msg in batch:
             if isinstance(msg, GenerateRequest):
                 try:
-                    outcome.append(self._prepare(msg, prompts, chats))
+                    outcome.append(self._prepare(msg, queues))
                 except Exception as exc:  # one bad request must not stop the tokenizer
                     outcome.append(_failed(msg, exc))
             else:
                 outcome.append(None)
-        prompt_ids = self._encode_batch_isolated(prompts, add_special_tokens=True)
-        chat_ids = self._encode_batch_isolated(chats, add_special_tokens=False)
+        encoded = tuple(
+            self._encode_batch_isolated(texts, add_special_tokens=bool(special))
+            for special, texts in enumerate(queues)
+        )
 
         # Pass 2: emit in inbox order.
         out: list[tuple[str, msgspec.Struct]] = []
@@ -123,7 +127,7 @@ class TokenizerCore:
             else:
                 assert result is not None, "a GenerateRequest always has an outcome"
                 try:
-                    out.extend(self._emit(msg, result, prompt_ids, chat_ids))
+                    out.extend(self._emit(msg, result, encoded))
                 except Exception as exc:
                     out.append(("streamer", _failed(msg, exc)))
         return out
@@ -133,6 +137,8 @@ class TokenizerCore:
     ) -> Sequence[Sequence[int] | Exception]:
         """encode_batch(texts); if it raises, each text alone, so only the texts that raise
         fail (their exception takes their place)."""
+        if not texts:
+            return []
         try:
             return self._tokenizer.encode_batch(texts, add_special_tokens=add_special_tokens)
         except Exception:
@@ -150,13 +156,12 @@ class TokenizerCore:
         self,
         req: GenerateRequest,
         result: _Queued | _Encoded,
-        prompt_ids: Sequence[Sequence[int] | Exception],
-        chat_ids: Sequence[Sequence[int] | Exception],
+        encoded: tuple[Sequence[Sequence[int] | Exception], ...],
     ) -> list[tuple[str, msgspec.Struct]]:
         """What one request's encoding turns into: opened and admitted, or rejected (empty)."""
         field = result.field
         if isinstance(result, _Queued):
-            ids = (prompt_ids if field == "prompt" else chat_ids)[result.index]
+            ids = encoded[result.special][result.index]
             if isinstance(ids, Exception):
                 raise ids
         else:
@@ -168,7 +173,7 @@ class TokenizerCore:
         return self._accept(req, tuple(ids if keep is None else ids[-keep:]), embeds)
 
     def _prepare(
-        self, req: GenerateRequest, prompts: list[str], chats: list[str]
+        self, req: GenerateRequest, queues: tuple[list[str], list[str]]
     ) -> _Queued | _Encoded | RequestRejected:
         """Queue the text to encode, or encode a long one now, or say why it is rejected."""
         spec = req.params.structured_outputs
@@ -209,7 +214,7 @@ class TokenizerCore:
         if req.prompt is not None:
             if not req.prompt:
                 return _reject(req, "prompt", "prompt must not be empty")
-            return self._text(req, "prompt", req.prompt, prompts, keep)
+            return self._text(req, "prompt", req.prompt, queues, keep)
         if req.messages is not None:
             if not req.messages:
                 return _reject(req, "messages", "messages must not be empty")
@@ -224,7 +229,7 @@ class TokenizerCore:
                 return _reject(req, exc.field, str(exc))
             except ChatTemplateError as exc:
                 return _reject(req, "messages", str(exc))
-            return self._text(req, "messages", text, chats, keep)
+            return self._text(req, "messages", text, queues, keep)
         assert req.prompt_token_ids is not None
         if not req.prompt_token_ids:
             return _reject(req, "prompt_token_ids", "prompt_token_ids must not be empty")
@@ -243,7 +248,12 @@ class TokenizerCore:
         return _Encoded("prompt_token_ids", req.prompt_token_ids)
 
     def _text(
-        self, req: GenerateRequest, field: str, text: str, queue: list[str], keep: int | None
+        self,
+        req: GenerateRequest,
+        field: str,
+        text: str,
+        queues: tuple[list[str], list[str]],
+        keep: int | None,
     ) -> _Queued | _Encoded | RequestRejected:
         """Check `text` cheaply; encode it now if long, else queue it for encode_batch. With
         `keep` (truncate_prompt_tokens) a long text is no error: it is encoded whole, cut later."""
@@ -261,13 +271,17 @@ class TokenizerCore:
         limit = self._max_model_len if keep is None else None
         if limit is not None and min_tokens >= limit:
             return self._too_long(req, min_tokens, exact=False)
+        special = req.params.add_special_tokens
+        if special is None:
+            special = field == "prompt"
         if len(text) > LONG_TEXT_CHARS:
-            ids = self._chunked.encode(text, add_special_tokens=field == "prompt", limit=limit)
+            ids = self._chunked.encode(text, add_special_tokens=special, limit=limit)
             if isinstance(ids, LimitReached):
                 return self._too_long(req, ids.num_tokens, exact=False)
             return _Encoded(field, ids)
+        queue = queues[special]
         queue.append(text)
-        return _Queued(field, len(queue) - 1)
+        return _Queued(field, special, len(queue) - 1)
 
     def _too_long(self, req: GenerateRequest, num_tokens: int, *, exact: bool) -> RequestRejected:
         # Admission's own length rejection, word for word (field "prompt" whatever the input

@@ -121,6 +121,7 @@ SAMPLING: dict[str, st.SearchStrategy[Any]] = {
     "allowed_token_ids": st.lists(st.integers(-1, 2**40), max_size=4),
     "bad_words": st.lists(TEXT, max_size=3),
     "truncate_prompt_tokens": st.integers(-2, 300),
+    "add_special_tokens": st.booleans(),
     "prompt_logprobs": st.integers(-1, 30),
     "streaming_window": st.integers(-1, 200),
     "sink_tokens": st.integers(-1, 200),

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from tokenizers import Tokenizer, processors
 from troupe.actors.core.tokenizer import TokenizerCore
 from troupe.actors.core.tokenizer_files import load_tokenizer
 from troupe.actors.core.tokenizer_text import TextTokenizer
@@ -277,3 +278,53 @@ def test_graph_builds_the_tokenizer_with_max_model_len(tok: TextTokenizer) -> No
         "streamer",
         "admission",
     ]
+
+
+def test_add_special_tokens_overrides_each_kinds_default(tok: TextTokenizer) -> None:
+    """vLLM's add_special_tokens: a text prompt gets the model's BOS by default and not with
+    False; rendered chat gets none by default and one more with True; in one batch, and for a
+    long text encoded in chunks alike."""
+    with_bos = Tokenizer.from_str(tok.tokenizer.to_str())
+    with_bos.post_processor = processors.TemplateProcessing(
+        single="<|im_start|> $A", special_tokens=[("<|im_start|>", 1)]
+    )
+    bos_tok = TextTokenizer(
+        with_bos,
+        source="smollm2+bos",
+        bos_token_id=1,
+        eos_token_ids=(2,),
+        chat_template=tok.chat_template,
+    )
+    core = TokenizerCore(bos_tok, max_model_len=100_000)
+    messages = (ChatMessage(role="user", content="Hi"),)
+    chat = tuple(tok.encode(tok.render_chat([{"role": "user", "content": "Hi"}]), False))
+    long = PROSE * 1_500  # encoded alone, in chunks
+    plain = tuple(tok.encode("Hello world", False))
+
+    def params(special: bool | None) -> SamplingParams:
+        return SamplingParams(max_tokens=5, add_special_tokens=special)
+
+    batch = [
+        GenerateRequest(request_id=name, params=params(special), arrival_time=0.0, **prompt)
+        for name, special, prompt in [
+            ("p", None, {"prompt": "Hello world"}),
+            ("p-off", False, {"prompt": "Hello world"}),
+            ("c", None, {"messages": messages}),
+            ("c-on", True, {"messages": messages}),
+            ("p-on", True, {"prompt": "Hello world"}),
+            ("long-off", False, {"prompt": long}),
+            ("long", None, {"prompt": long}),
+        ]
+    ]
+    out = core.handle(batch)
+    admitted = {m.request_id: m.prompt_token_ids for _, m in out if isinstance(m, TokenizedRequest)}
+    assert admitted == {
+        "p": (1, *plain),
+        "p-off": plain,
+        "c": chat,
+        "c-on": (1, *chat),
+        "p-on": (1, *plain),
+        "long-off": tuple(tok.encode(long, False)),
+        "long": (1, *tok.encode(long, False)),
+    }
+    assert chat[0] == 1 and chat[1] != 1  # the template's own <|im_start|>, once by default
