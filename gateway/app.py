@@ -2,7 +2,7 @@
 
 Middleware, outermost first: errors (every error in OpenAI's shape; a vanished client is
 routine), browser_guard (pages of unlisted origins get 403; CORS for listed ones), auth (the
-API key on /v1/*), drain (503 for new work while shutting down).
+API key on /v1/* and the work paths beside it), drain (503 for new work while shutting down).
 
 The page is static files (gateway/static: HTML, CSS, plain JS modules, no build step and no
 CDN), served under a Content-Security-Policy that allows only this server's own scripts and
@@ -23,15 +23,18 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from troupe.gateway import openai_routes
 from troupe.gateway.admin_routes import ADMIN_PATHS, add_admin_routes
 from troupe.gateway.browser_policy import add_cors_headers, browser_guard
+from troupe.gateway.classify_routes import PATHS as CLASSIFY_PATHS
 from troupe.gateway.classify_routes import add_classify_routes
 from troupe.gateway.embeddings_routes import embeddings
 from troupe.gateway.engine_api import EngineLike
 from troupe.gateway.engine_view import add_engine_view
 from troupe.gateway.errors import ApiError, from_http_exception, internal_error
 from troupe.gateway.lora_routes import add_lora_routes
+from troupe.gateway.pooling_routes import PATHS as POOLING_PATHS
 from troupe.gateway.pooling_routes import add_pooling_routes
 from troupe.gateway.responses_routes import responses
 from troupe.gateway.responses_stored_routes import add_stored_response_routes
+from troupe.gateway.sagemaker_routes import INVOCATIONS_PATH, add_sagemaker_routes
 from troupe.gateway.score_routes import PATHS as SCORE_PATHS
 from troupe.gateway.score_routes import add_score_routes
 from troupe.gateway.state import GATEWAY, Gateway, GatewaySettings
@@ -45,6 +48,10 @@ log = structlog.get_logger("troupe.gateway")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 STATIC = Path(__file__).parent / "static"
+# Paths outside /v1/ behind the API key: each runs the engine's work or changes its state.
+_KEYED_PATHS = frozenset(
+    (*TOKENIZE_PATHS, *SCORE_PATHS, *CLASSIFY_PATHS, *POOLING_PATHS, *ADMIN_PATHS, INVOCATIONS_PATH)
+)
 _PAGE_HEADERS = {
     "Content-Security-Policy": (
         "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
@@ -86,6 +93,7 @@ def build_app(engine: EngineLike, settings: GatewaySettings | None = None) -> we
     add_pooling_routes(app)
     add_lora_routes(app)  # with settings.allow_runtime_lora_updating only
     add_admin_routes(app)  # the update with settings.allow_runtime_weight_updating only
+    add_sagemaker_routes(app, health)  # /ping, /invocations, /version
     return app
 
 
@@ -121,18 +129,14 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
 
 @web.middleware
 async def _auth(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """With an api key set, /v1/*, /tokenize, /detokenize, /score, /rerank, /v2/rerank,
-    /reset_prefix_cache and /update_weights_from_disk need `Authorization: Bearer <key>`.
+    """With an api key set, /v1/* and the work and admin paths beside it (_KEYED_PATHS:
+    /tokenize, /classify, /pooling, /score, /invocations, /reset_prefix_cache, ...) need
+    `Authorization: Bearer <key>`.
     Browsers cannot set headers on a websocket: it may send the key as a subprotocol
     (gateway/ws_auth.py; the page does) or, for old clients, as `?api_key=`."""
     key = request.app[GATEWAY].settings.api_key
     path = request.path
-    if key is None or not (
-        path.startswith("/v1/")
-        or path in TOKENIZE_PATHS
-        or path in SCORE_PATHS
-        or path in ADMIN_PATHS
-    ):
+    if key is None or not (path.startswith("/v1/") or path in _KEYED_PATHS):
         return await handler(request)
     given = request.headers.get("Authorization", "")
     token = given[7:] if given[:7].lower() == "bearer " else ""
@@ -151,8 +155,9 @@ async def _auth(request: web.Request, handler: Handler) -> web.StreamResponse:
 @web.middleware
 async def _drain(request: web.Request, handler: Handler) -> web.StreamResponse:
     """While shutting down, new work gets 503; in-flight requests run on to their deadline."""
-    if request.app[GATEWAY].is_draining and request.path.startswith("/v1/"):
-        if request.method == "POST" or request.path == "/v1/ws":
+    path = request.path
+    if request.app[GATEWAY].is_draining and (path.startswith("/v1/") or path == INVOCATIONS_PATH):
+        if request.method == "POST" or path == "/v1/ws":
             raise ApiError(
                 503,
                 "the server is shutting down",

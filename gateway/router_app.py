@@ -4,14 +4,15 @@
          /v1/responses, /v1/embeddings,          on its prompt (gateway/router_keys.py) and its
          /v1/score, /score, /v1/rerank,          streams' ends known (gateway/router_streams.py)
          /rerank, /v2/rerank, /classify,
-         /v1/classify, /pooling
+         /v1/classify, /pooling, /invocations
     GET  /v1/responses/{id}[/input_items],       to the replica storing the response
     DELETE /v1/responses/{id}                    (gateway/router_stored.py; so does a create
                                                  with previous_response_id)
     GET  /v1/models                              what every up replica lists, and
     POST /v1/load_lora_adapter,                  sent to every up replica
          /v1/unload_lora_adapter                 (gateway/router_loras.py)
-    GET  /health                                 200 while a replica is up, else 503
+    GET  /health, GET|POST /ping                 200 while a replica is up, else 503
+    GET  /version                                troupe's version
     GET  /metrics                                per-replica counters (gateway/router_metrics.py)
     GET  /v1/router/stats                        the same as JSON
 
@@ -31,7 +32,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 from troupe.gateway.errors import ApiError, from_http_exception, internal_error
 from troupe.gateway.router_admin import add_admin_routes
-from troupe.gateway.router_keys import field_text, messages_text, responses_text
+from troupe.gateway.router_keys import field_text, invocations_text, messages_text, responses_text
 from troupe.gateway.router_loras import add_lora_routes
 from troupe.gateway.router_metrics import render_metrics
 from troupe.gateway.router_proxy import ROUTER, SESSION, Endpoint, Handler, proxy_to
@@ -39,6 +40,7 @@ from troupe.gateway.router_replicas import ReplicaSet
 from troupe.gateway.router_settings import RouterSettings
 from troupe.gateway.router_stored import add_stored_routes, previous_response
 from troupe.gateway.router_streams import RESPONSES_EVENTS
+from troupe.gateway.sagemaker_routes import INVOCATIONS_PATH, version
 
 log = structlog.get_logger("troupe.router")
 
@@ -56,6 +58,7 @@ PROXIED = {
     "/v1/rerank": _RERANK,
     "/rerank": _RERANK,
     "/v2/rerank": _RERANK,
+    INVOCATIONS_PATH: Endpoint(invocations_text),
 }
 
 
@@ -70,6 +73,9 @@ def build_router_app(replicas: ReplicaSet, session: aiohttp.ClientSession) -> we
     add_lora_routes(app)
     add_admin_routes(app)  # /reset_prefix_cache, /update_weights_from_disk: every replica
     app.router.add_get("/health", health)
+    app.router.add_get("/ping", health)  # SageMaker's health check, GET or POST
+    app.router.add_post("/ping", health)
+    app.router.add_get("/version", version)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/v1/router/stats", stats)
     return app

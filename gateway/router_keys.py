@@ -7,7 +7,8 @@ leading messages (system prompt, earlier turns). Responses (`responses_text`): `
 as a system message, then `input` (a text as a user message, items in order: messages as chat's,
 other items by their JSON), so a conversation keys alike on chat and on /v1/responses, as its
 prompt renders alike. A prompt-like field (`field_text`: completions' `prompt`, embeddings'
-`input`, rerank's `query`, score's `text_1`): its text; token ids become one character each
+`input`, rerank's `query`, score's `text_1`; SageMaker's /invocations as the endpoint it
+names): its text; token ids become one character each
 (behind a marker, so they never match text). A value of another shape keys on its JSON: it
 still gets a replica, just no useful prefix.
 
@@ -23,6 +24,8 @@ import json
 import zlib
 from collections.abc import Callable
 from typing import Any
+
+from troupe.gateway.invocation_kind import InvocationKind, invocation_kind
 
 # The prompt part of a body's key (the body is a JSON object)
 KeyText = Callable[[dict[str, Any]], str]
@@ -69,6 +72,13 @@ def field_text(name: str) -> KeyText:
     return text
 
 
+def invocations_text(body: dict[str, Any]) -> str:
+    """SageMaker's /invocations: as the endpoint its fields name (gateway/invocation_kind.py);
+    a body that names none gets the replica's 400, so any key will do."""
+    kind = invocation_kind(lambda name: body.get(name) is not None)
+    return "" if kind is None else _INVOCATION_TEXT[kind](body)
+
+
 def _namespace(body: dict[str, Any]) -> str:
     """One character for the body's (model, cache_salt); none when it names neither."""
     model, salt = body.get("model"), body.get("cache_salt")
@@ -105,6 +115,15 @@ def _message_key(message: Any) -> str:
             str(part.get("text", "")) if isinstance(part, dict) else str(part) for part in content
         )
     return f"{message.get('role', '')}{_UNIT}{content or ''}{_RECORD}"
+
+
+_INVOCATION_TEXT: dict[InvocationKind, KeyText] = {
+    "chat": messages_text,
+    "completion": field_text("prompt"),
+    "input": field_text("input"),
+    "score": field_text("text_1"),
+    "rerank": field_text("query"),
+}
 
 
 def _json(value: Any) -> str:

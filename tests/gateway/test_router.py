@@ -367,3 +367,23 @@ def test_router_stats_need_the_key_when_one_is_set(make_router) -> None:  # type
     )
     with urllib.request.urlopen(req, timeout=30) as resp:
         assert json.loads(resp.read())["replicas"][0]["is_up"] is False
+
+
+def test_sagemaker_paths_through_the_router(backends, make_router) -> None:  # type: ignore[no-untyped-def]
+    """/invocations is proxied (keyed as the endpoint it names: a chat there follows the same
+    conversation's replica); /ping answers as /health; /version is troupe's."""
+    urls = [b.url for b in backends]
+    router = make_router(urls)
+    before = [_served(u) for u in urls]
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Zone 2?"}]
+    body = {"model": MODEL, "messages": messages, "max_tokens": 2, "temperature": 0}
+    chat = json.loads(_post_text(f"{router.url}/v1/chat/completions", body))
+    via = json.loads(_post_text(f"{router.url}/invocations", body))
+    assert via["object"] == "chat.completion"
+    assert via["choices"] == chat["choices"]
+    served = [_served(u) - b for u, b in zip(urls, before, strict=True)]
+    assert sorted(served) == [0, 2], served  # the second followed the first's prefix
+    assert _get(f"{router.url}/ping") == _get(f"{router.url}/health")
+    with urllib.request.urlopen(_post(f"{router.url}/ping", {}), timeout=30) as resp:
+        assert resp.status == 200
+    assert json.loads(_get(f"{router.url}/version")[1])["version"]

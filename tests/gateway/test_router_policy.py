@@ -7,7 +7,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from troupe.config import ConfigError
 from troupe.gateway.prefix_tree import PrefixTree
-from troupe.gateway.router_keys import field_text, messages_text, responses_text, routing_key
+from troupe.gateway.router_app import PROXIED
+from troupe.gateway.router_keys import (
+    field_text,
+    invocations_text,
+    messages_text,
+    responses_text,
+    routing_key,
+)
 from troupe.gateway.router_launch import replica_args
 from troupe.gateway.router_policy import CacheAwarePolicy, RouteReason
 from troupe.gateway.router_settings import RouterSettings
@@ -104,6 +111,21 @@ def test_score_and_rerank_key_on_their_query() -> None:
     score = routing_key({"text_1": query, "text_2": docs}, field_text("text_1"))
     assert rerank == score == routing_key({"prompt": query}, PROMPT) == query
     assert routing_key({"text_1": [query], "text_2": docs}, field_text("text_1")) == query
+
+
+@pytest.mark.parametrize(
+    ("body", "path"),
+    [
+        ({"messages": [{"role": "user", "content": "Hi"}], "model": "m"}, "/v1/chat/completions"),
+        ({"prompt": [5, 6], "cache_salt": "s"}, "/v1/completions"),
+        ({"input": "shared prefix"}, "/v1/embeddings"),
+        ({"text_1": "q", "text_2": ["a"]}, "/v1/score"),
+        ({"query": "q", "documents": ["a"]}, "/v1/rerank"),
+    ],
+)
+def test_invocations_key_as_the_endpoint_they_name(body: dict[str, object], path: str) -> None:
+    assert routing_key(body, invocations_text) == routing_key(body, PROXIED[path].text) != ""
+    assert invocations_text({"model": "m", "text_1": "q"}) == ""  # names no endpoint
 
 
 def _policy(**kw: object) -> CacheAwarePolicy:
