@@ -125,6 +125,8 @@ class ChatBody(_Common, kw_only=True):
     documents: list[dict[str, str]] | None = None  # vLLM's: RAG templates' `documents`
     # vLLM's: the last message's content leads the answer when it is in the answer's role
     echo: bool = False
+    # vLLM's: false leaves the reasoning parser's thinking out (no reasoning_content)
+    include_reasoning: bool = True
 
 
 T = TypeVar("T")

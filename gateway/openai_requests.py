@@ -59,6 +59,7 @@ class OpenAIRequest:
     prompt_embeds: tuple[str, ...] = ()
     return_token_ids: bool = False  # vLLM's: token ids beside the text (gateway/token_ids_out.py)
     request_id: str | None = None  # vLLM's: the client's id for the answer (openai_routes)
+    include_reasoning: bool = True  # chat, vLLM's: false drops the parsed thinking
 
     def with_lora(self, lora: str | None) -> OpenAIRequest:
         """This request on the LoRA adapter its `model` selects (gateway/served_models.py;
@@ -227,6 +228,7 @@ def parse_request(
         prompt_embeds=embeds,
         return_token_ids=bool(body.return_token_ids),
         request_id=body.request_id,
+        include_reasoning=not isinstance(body, ChatBody) or body.include_reasoning,
     )
 
 

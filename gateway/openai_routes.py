@@ -263,7 +263,8 @@ async def _whole(
                     ids.add_to_choice(choices[index], index)
                 if splitter is not None:  # vLLM's: no content after all thinking is null
                     message = choices[index]["message"]
-                    message["reasoning_content"] = said = "".join(reasoning[index]) or None
+                    said = "".join(reasoning[index]) or None
+                    message["reasoning_content"] = said if req.include_reasoning else None
                     if said is not None and not message["content"]:
                         message["content"] = None
                 usages.append((index, event.usage))
@@ -327,7 +328,7 @@ async def _pump_sse(
         builder.count(event)
         if splitter is not None and isinstance(event, Delta | Finished):
             thought, event = splitter.split(event)  # the thinking first, then the content
-            if thought:
+            if thought and req.include_reasoning:
                 yield _sse(builder.reasoning_chunk(thought, event.index))
         if echo is not None and isinstance(event, Delta | Finished):
             if echo.has_logprobs and event.index not in echoed:

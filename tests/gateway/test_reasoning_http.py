@@ -116,6 +116,31 @@ def test_thinking_goes_to_reasoning_content(servers, parser, reply, kwargs, expe
     assert streamed == expected
 
 
+@pytest.mark.parametrize(
+    ("reply", "content"),
+    [("Step one.</think>Done.", "Done."), ("Cut off while thinking", None)],
+)
+def test_include_reasoning_false_drops_the_thinking(servers, reply: str, content: Any) -> None:  # type: ignore[no-untyped-def]
+    """vLLM's include_reasoning: the thinking is parsed away and not sent, whole or streamed
+    (no reasoning chunk goes out); the content is what it was."""
+    server = servers["deepseek_r1"]
+    say(server, reply)
+    message, streamed = _ask(server, extra_body={"include_reasoning": False})
+    assert _parts(message) == (None, content) and streamed == (None, content)
+    chunks = list(
+        openai_client(server.url).chat.completions.create(
+            model=server.engine.model_name,
+            messages=MESSAGES,  # type: ignore[arg-type]
+            max_tokens=64,
+            stream=True,
+            extra_body={"include_reasoning": False},
+        )
+    )
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    assert not any((d.model_extra or {}).get("reasoning_content") for d in deltas)
+    assert all(d.content for d in deltas[1:-1])  # no chunk stands for the dropped thinking
+
+
 def test_tool_calls_come_from_the_content(servers) -> None:  # type: ignore[no-untyped-def]
     server = servers["qwen3"]
     call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
