@@ -37,6 +37,8 @@ from troupe.gateway.responses_stored_routes import add_stored_response_routes
 from troupe.gateway.sagemaker_routes import INVOCATIONS_PATH, add_sagemaker_routes
 from troupe.gateway.score_routes import PATHS as SCORE_PATHS
 from troupe.gateway.score_routes import add_score_routes
+from troupe.gateway.sglang_generate import PATH as GENERATE_PATH
+from troupe.gateway.sglang_generate import add_generate_route
 from troupe.gateway.state import GATEWAY, Gateway, GatewaySettings
 from troupe.gateway.tokenize_routes import PATHS as TOKENIZE_PATHS
 from troupe.gateway.tokenize_routes import add_tokenize_routes
@@ -48,9 +50,11 @@ log = structlog.get_logger("troupe.gateway")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 STATIC = Path(__file__).parent / "static"
+# Paths outside /v1/ that start engine work: drained at shutdown as /v1/* is
+_WORK_PATHS = (INVOCATIONS_PATH, GENERATE_PATH)
 # Paths outside /v1/ behind the API key: each runs the engine's work or changes its state.
 _KEYED_PATHS = frozenset(
-    (*TOKENIZE_PATHS, *SCORE_PATHS, *CLASSIFY_PATHS, *POOLING_PATHS, *ADMIN_PATHS, INVOCATIONS_PATH)
+    (*TOKENIZE_PATHS, *SCORE_PATHS, *CLASSIFY_PATHS, *POOLING_PATHS, *ADMIN_PATHS, *_WORK_PATHS)
 )
 _PAGE_HEADERS = {
     "Content-Security-Policy": (
@@ -94,6 +98,7 @@ def build_app(engine: EngineLike, settings: GatewaySettings | None = None) -> we
     add_lora_routes(app)  # with settings.allow_runtime_lora_updating only
     add_admin_routes(app)  # the update with settings.allow_runtime_weight_updating only
     add_sagemaker_routes(app, health)  # /ping, /invocations, /version
+    add_generate_route(app)  # SGLang's /generate
     return app
 
 
@@ -156,7 +161,7 @@ async def _auth(request: web.Request, handler: Handler) -> web.StreamResponse:
 async def _drain(request: web.Request, handler: Handler) -> web.StreamResponse:
     """While shutting down, new work gets 503; in-flight requests run on to their deadline."""
     path = request.path
-    if request.app[GATEWAY].is_draining and (path.startswith("/v1/") or path == INVOCATIONS_PATH):
+    if request.app[GATEWAY].is_draining and (path.startswith("/v1/") or path in _WORK_PATHS):
         if request.method == "POST" or path == "/v1/ws":
             raise ApiError(
                 503,

@@ -113,7 +113,7 @@ def parse_request(
     if isinstance(body, CompletionBody) and body.best_of is not None:
         kw["best_of"] = body.best_of
     if body.logit_bias:
-        kw["logit_bias"] = _logit_bias(body.logit_bias)
+        kw["logit_bias"] = logit_bias_ids(body.logit_bias)
     if body.allowed_token_ids is not None:
         kw["allowed_token_ids"] = tuple(body.allowed_token_ids)
     if body.bad_words:  # vLLM's default is []: no words
@@ -280,12 +280,12 @@ def chat_prompt(
     )
 
 
-def _logit_bias(raw: dict[str, float]) -> dict[int, float]:
-    """OpenAI's token-id strings -> ints (ranges: SamplingParams.check)."""
+def logit_bias_ids(raw: dict[str, float], field: str = "logit_bias") -> dict[int, float]:
+    """OpenAI's token-id strings -> ints (ranges: SamplingParams.check); a 400 names `field`."""
     out = {}
     for key, bias in raw.items():
         if not key.isascii() or not key.isdigit() or len(key) > 10:
-            raise invalid("logit_bias", f"logit_bias keys must be token ids, got {key!r}")
+            raise invalid(field, f"logit_bias keys must be token ids, got {key!r}")
         out[int(key)] = bias
     return out
 

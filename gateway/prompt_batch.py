@@ -58,7 +58,7 @@ def batch_usage(usages: Sequence[tuple[int, Usage]], n: int) -> Usage:
 async def batch_events(
     engine: Any,
     prompts: Sequence[str | list[int] | PromptEmbeds],
-    params: SamplingParams,
+    params: SamplingParams | Sequence[SamplingParams],
     request_id: str,
     *,
     field: str = "prompt",
@@ -66,19 +66,22 @@ async def batch_events(
 ) -> AsyncIterator[StreamEvent]:
     """Every prompt's events as one request's (see the module docstring); a prompt's
     rejection names it as `field[i]` (`input[1]` for /v1/embeddings), or as `names[i]` when
-    given (`text_2[1]`, `query` for /v1/score and /v1/rerank), a lone prompt's too."""
+    given (`text_2[1]`, `query` for /v1/score and /v1/rerank), a lone prompt's too.
+    `params`: every prompt's, or each prompt's own (their `n` alike)."""
+    each = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
+    assert len(each) == len(prompts) and len({p.n for p in each}) <= 1, "one n for all"
     if len(prompts) == 1:
-        one = engine.generate(prompts[0], params, request_id=request_id)
+        one = engine.generate(prompts[0], each[0], request_id=request_id)
         async with contextlib.aclosing(one):
             async for event in one:
                 if names is not None and isinstance(event, Rejected):
                     event = _renamed(event, names[0])
                 yield event
         return
-    n = params.n
+    n = each[0].n
     streams = [
-        engine.generate(prompt, params, request_id=f"{request_id}-{i}")
-        for i, prompt in enumerate(prompts)
+        engine.generate(prompt, p, request_id=f"{request_id}-{i}")
+        for i, (prompt, p) in enumerate(zip(prompts, each, strict=True))
     ]
     queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
 

@@ -4,7 +4,8 @@
          /v1/responses, /v1/embeddings,          on its prompt (gateway/router_keys.py) and its
          /v1/score, /score, /v1/rerank,          streams' ends known (gateway/router_streams.py)
          /rerank, /v2/rerank, /classify,
-         /v1/classify, /pooling, /invocations
+         /v1/classify, /pooling, /invocations,
+         /generate (SGLang's)
     GET  /v1/responses/{id}[/input_items],       to the replica storing the response
     DELETE /v1/responses/{id}                    (gateway/router_stored.py; so does a create
                                                  with previous_response_id)
@@ -32,7 +33,13 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 from troupe.gateway.errors import ApiError, from_http_exception, internal_error
 from troupe.gateway.router_admin import add_admin_routes
-from troupe.gateway.router_keys import field_text, invocations_text, messages_text, responses_text
+from troupe.gateway.router_keys import (
+    field_text,
+    generate_text,
+    invocations_text,
+    messages_text,
+    responses_text,
+)
 from troupe.gateway.router_loras import add_lora_routes
 from troupe.gateway.router_metrics import render_metrics
 from troupe.gateway.router_proxy import ROUTER, SESSION, Endpoint, Handler, proxy_to
@@ -41,6 +48,7 @@ from troupe.gateway.router_settings import RouterSettings
 from troupe.gateway.router_stored import add_stored_routes, previous_response
 from troupe.gateway.router_streams import RESPONSES_EVENTS
 from troupe.gateway.sagemaker_routes import INVOCATIONS_PATH, version
+from troupe.gateway.sglang_generate import PATH as GENERATE_PATH
 
 log = structlog.get_logger("troupe.router")
 
@@ -59,6 +67,7 @@ PROXIED = {
     "/rerank": _RERANK,
     "/v2/rerank": _RERANK,
     INVOCATIONS_PATH: Endpoint(invocations_text),
+    GENERATE_PATH: Endpoint(generate_text),
 }
 
 

@@ -7,8 +7,8 @@ leading messages (system prompt, earlier turns). Responses (`responses_text`): `
 as a system message, then `input` (a text as a user message, items in order: messages as chat's,
 other items by their JSON), so a conversation keys alike on chat and on /v1/responses, as its
 prompt renders alike. A prompt-like field (`field_text`: completions' `prompt`, embeddings'
-`input`, rerank's `query`, score's `text_1`; SageMaker's /invocations as the endpoint it
-names): its text; token ids become one character each
+`input`, rerank's `query`, score's `text_1`, SGLang /generate's `text` or `input_ids`;
+SageMaker's /invocations as the endpoint it names): its text; token ids become one character each
 (behind a marker, so they never match text). A value of another shape keys on its JSON: it
 still gets a replica, just no useful prefix.
 
@@ -77,6 +77,11 @@ def invocations_text(body: dict[str, Any]) -> str:
     a body that names none gets the replica's 400, so any key will do."""
     kind = invocation_kind(lambda name: body.get(name) is not None)
     return "" if kind is None else _INVOCATION_TEXT[kind](body)
+
+
+def generate_text(body: dict[str, Any]) -> str:
+    """SGLang's /generate: its `text`, else its `input_ids`."""
+    return _prompt_key(body["text"] if body.get("text") is not None else body.get("input_ids"))
 
 
 def _namespace(body: dict[str, Any]) -> str:

@@ -387,3 +387,15 @@ def test_sagemaker_paths_through_the_router(backends, make_router) -> None:  # t
     with urllib.request.urlopen(_post(f"{router.url}/ping", {}), timeout=30) as resp:
         assert resp.status == 200
     assert json.loads(_get(f"{router.url}/version")[1])["version"]
+
+
+def test_sglang_generate_through_the_router(backends, make_router) -> None:  # type: ignore[no-untyped-def]
+    """SGLang's /generate is proxied whole and streamed (its stream ends with [DONE])."""
+    router = make_router([b.url for b in backends])
+    body = {"text": SYSTEM, "sampling_params": {"max_new_tokens": 3, "temperature": 0}}
+    direct = json.loads(_post_text(f"{backends[0].url}/generate", body))
+    via = json.loads(_post_text(f"{router.url}/generate", body))
+    assert via["output_ids"] == direct["output_ids"] and via["text"] == direct["text"]
+    streamed = _post_text(f"{router.url}/generate", {**body, "stream": True})
+    frames = [f[6:] for f in streamed.split("\n\n") if f.startswith("data: ")]
+    assert frames[-1] == "[DONE]" and json.loads(frames[-2])["text"] == direct["text"]

@@ -10,6 +10,7 @@ from troupe.gateway.prefix_tree import PrefixTree
 from troupe.gateway.router_app import PROXIED
 from troupe.gateway.router_keys import (
     field_text,
+    generate_text,
     invocations_text,
     messages_text,
     responses_text,
@@ -126,6 +127,13 @@ def test_score_and_rerank_key_on_their_query() -> None:
 def test_invocations_key_as_the_endpoint_they_name(body: dict[str, object], path: str) -> None:
     assert routing_key(body, invocations_text) == routing_key(body, PROXIED[path].text) != ""
     assert invocations_text({"model": "m", "text_1": "q"}) == ""  # names no endpoint
+
+
+def test_sglang_generate_keys_as_a_completion_does() -> None:
+    for prompt, field in (("shared prefix", "text"), ([5, 6], "input_ids")):
+        assert routing_key({field: prompt}, generate_text) == routing_key(
+            {"prompt": prompt}, PROMPT
+        )
 
 
 def _policy(**kw: object) -> CacheAwarePolicy:

@@ -1,0 +1,218 @@
+"""SGLang's native POST /generate, for clients written against SGLang's server (RL rollout
+workers read `meta_info.output_token_logprobs` and `finish_reason.type` from it).
+
+    whole:     {"text", "output_ids", "meta_info"}, or a list of them for a batch of prompts
+               or n > 1 (prompt-major: prompt i's sample j is entry i * n + j)
+    streamed:  SSE chunks `data: {...}`, each with the text and output_ids so far (SGLang's
+               default, non-incremental output) and its meta_info, plus "index" for a batch
+               or n > 1; then `data: [DONE]`. A failure mid-stream is a chunk {"error"}.
+    meta_info: id (the client's rid, else a fresh one; "-j" after it for sample j when
+               n > 1), finish_reason (null until the end, then {"type": "stop", "matched":
+               the stop string or token id}, {"type": "length", "length": n}), prompt_tokens,
+               completion_tokens, cached_tokens, e2e_latency (at the end; max_new_tokens 0,
+               SGLang's prefill-only call, shows no output: length 0); with
+               return_logprob: output_token_logprobs ([logprob, token_id, text or null] each;
+               text with return_text_in_logprobs), output_top_logprobs (top_logprobs_num > 0),
+               and from logprob_start_len on the prompt's input_token_logprobs and
+               input_top_logprobs (the first prompt token's logprob is null).
+
+Bodies: gateway/sglang_bodies.py. Behind the API key as /v1/* is; through the router too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import uuid
+from collections.abc import Iterable
+from typing import Any
+
+import msgspec
+from aiohttp import web
+from troupe.gateway.completion_logprobs import TokenTexts
+from troupe.gateway.errors import ApiError, error_for_event, invalid
+from troupe.gateway.http_body import read_json_body
+from troupe.gateway.outbox import Outbox, Overflow
+from troupe.gateway.prompt_batch import batch_events
+from troupe.gateway.pump import pump
+from troupe.gateway.sglang_bodies import (
+    CLIENT_FIELDS,
+    GenerateCall,
+    in_sglang_terms,
+    parse_generate,
+)
+from troupe.gateway.sse_frames import DONE, sse
+from troupe.gateway.sse_writer import first_event, serve_sse
+from troupe.gateway.state import GATEWAY, Gateway
+from troupe.messages import Aborted, Delta, Failed, Finished, Rejected, StreamEvent, TokenLogprob
+
+PATH = "/generate"
+_json = msgspec.json.Encoder()
+
+
+def add_generate_route(app: web.Application) -> None:
+    app.router.add_post(PATH, generate)
+
+
+async def generate(request: web.Request) -> web.StreamResponse:
+    gateway = request.app[GATEWAY]
+    engine = gateway.engine
+    call = parse_generate(await read_json_body(request, gateway.settings), engine.sampling_defaults)
+    call = _on_adapter(gateway, call)
+    answer = _Answer(call, TokenTexts(engine.tokenizer, skip_special_tokens=False))
+    field = "text" if isinstance(call.prompts[0], str) else "input_ids"
+    engine_id = f"generate-{uuid.uuid4().hex}"
+    events = batch_events(engine, call.prompts, call.params, engine_id, field=field)
+    if not call.stream:
+        return web.json_response(
+            await _whole(events, answer), dumps=lambda o: _json.encode(o).decode()
+        )
+    try:
+        first = await first_event(events, CLIENT_FIELDS)
+    except ApiError as exc:
+        raise in_sglang_terms(exc) from None
+    gateway.stream_opened()
+    try:
+
+        async def fill(outbox: Outbox, on_overflow: Any) -> None:
+            def encode(event: StreamEvent) -> Iterable[str]:
+                if isinstance(event, Delta | Finished):
+                    yield sse(answer.see(event, streamed=True))
+                else:  # a sample failed or was aborted mid-stream
+                    yield sse(_error(event).body())
+                if event.is_terminal:
+                    yield DONE
+
+            try:
+                await pump(events, outbox, encode, first)
+            except Overflow as exc:
+                outbox.put_final(sse(ApiError(429, str(exc), code="slow_consumer").body()))
+                on_overflow()
+
+        return await serve_sse(request, gateway.settings, fill, engine_id)
+    finally:
+        gateway.stream_closed()
+
+
+def _on_adapter(gateway: Gateway, call: GenerateCall) -> GenerateCall:
+    """The call's params on the LoRA adapter `lora_path` names (a 400 naming it if none)."""
+    if call.lora_path is None:
+        return call
+    try:
+        lora = gateway.served_models().lora_for(call.lora_path)
+    except ApiError as exc:
+        raise invalid("lora_path", exc.message) from None
+    params = [msgspec.structs.replace(p, lora=lora) for p in call.params]
+    return dataclasses.replace(call, params=params)
+
+
+async def _whole(events: Any, answer: _Answer) -> Any:
+    async with contextlib.aclosing(events):
+        async for event in events:
+            if not isinstance(event, Delta | Finished):
+                raise _error(event)  # one sample's failure fails all
+            answer.see(event, streamed=False)
+            if event.is_terminal:
+                return answer.whole()
+    raise ApiError(500, "the engine ended the stream without a terminal event")
+
+
+def _error(event: Rejected | Aborted | Failed) -> ApiError:
+    return in_sglang_terms(error_for_event(event, CLIENT_FIELDS))
+
+
+class _Sample:
+    """One sample's output so far."""
+
+    def __init__(self, sample_id: str) -> None:
+        self.id = sample_id
+        self.text: list[str] = []
+        self.output_ids: list[int] = []
+        self.logprobs: list[list[Any]] = []
+        self.top: list[list[list[Any]]] = []
+        self.meta: dict[str, Any] = {"id": sample_id, "finish_reason": None}
+
+
+class _Answer:
+    """Every sample of one /generate call, and their SGLang output dicts."""
+
+    def __init__(self, call: GenerateCall, texts: TokenTexts) -> None:
+        self._call = call
+        self._texts = texts
+        n = call.n
+        rids = call.rids or [uuid.uuid4().hex for _ in call.prompts]
+        self._samples = [_Sample(rid if n == 1 else f"{rid}-{j}") for rid in rids for j in range(n)]
+        self._prompt_tokens: dict[int, int] = {}  # per prompt, once known
+
+    def see(self, event: Delta | Finished, *, streamed: bool) -> dict[str, Any]:
+        """Take in one event of sample `event.index`; its output dict so far."""
+        call, index = self._call, event.index
+        sample = self._samples[index]
+        prompt = index // call.n
+        if event.prompt_token_ids is not None and call.logprob_start_len >= 0:
+            self._prompt_rows(sample, event.prompt_token_ids, event.prompt_logprobs or ())
+        if not call.is_prompt_only:
+            sample.text.append(event.text)
+            sample.output_ids.extend(event.token_ids)
+        if call.return_logprob and not call.is_prompt_only:
+            for row in event.logprobs or ():
+                sample.logprobs.append(self._row(row.token_id, row.logprob))
+                if call.top_logprobs_num:
+                    sample.top.append([self._row(t, lp) for t, lp in row.top])
+        if isinstance(event, Delta) and event.prompt_tokens is not None:
+            self._prompt_tokens[prompt] = event.prompt_tokens
+        meta = sample.meta
+        meta["prompt_tokens"] = self._prompt_tokens.get(prompt, 0)
+        meta["completion_tokens"] = len(sample.output_ids)
+        meta.setdefault("cached_tokens", 0)
+        if isinstance(event, Finished):
+            self._prompt_tokens[prompt] = event.usage.prompt_tokens
+            meta["finish_reason"] = (
+                {"type": "length", "length": 0}
+                if call.is_prompt_only
+                else _finish_reason(event, sample.output_ids)
+            )
+            meta["prompt_tokens"] = event.usage.prompt_tokens
+            meta["completion_tokens"] = len(sample.output_ids)
+            meta["cached_tokens"] = event.usage.cached_tokens
+            meta["e2e_latency"] = event.timings.e2e
+        if call.return_logprob:
+            meta["output_token_logprobs"] = sample.logprobs
+            if call.top_logprobs_num:
+                meta["output_top_logprobs"] = sample.top
+        out = self._output(sample)
+        if streamed and (call.is_batch or call.n > 1):
+            out["index"] = index
+        return out
+
+    def whole(self) -> Any:
+        outputs = [self._output(s) for s in self._samples]
+        return outputs if self._call.is_batch or self._call.n > 1 else outputs[0]
+
+    def _output(self, sample: _Sample) -> dict[str, Any]:
+        text = "".join(sample.text)
+        sample.text = [text]
+        return {"text": text, "output_ids": list(sample.output_ids), "meta_info": sample.meta}
+
+    def _prompt_rows(
+        self, sample: _Sample, ids: tuple[int, ...], rows: tuple[TokenLogprob, ...]
+    ) -> None:
+        start = self._call.logprob_start_len
+        tokens = [self._row(ids[0], None), *(self._row(r.token_id, r.logprob) for r in rows)]
+        sample.meta["input_token_logprobs"] = tokens[start:]
+        if self._call.top_logprobs_num:
+            tops = [None, *([self._row(t, lp) for t, lp in r.top] for r in rows)]
+            sample.meta["input_top_logprobs"] = tops[start:]
+
+    def _row(self, token_id: int, logprob: float | None) -> list[Any]:
+        text = self._texts(token_id) if self._call.return_text_in_logprobs else None
+        return [logprob, token_id, text]
+
+
+def _finish_reason(event: Finished, output_ids: list[int]) -> dict[str, Any]:
+    if str(event.finish_reason) == "length":
+        return {"type": "length", "length": len(output_ids)}
+    matched = event.stop_reason  # None at the model's EOS: SGLang names the token
+    if matched is None and output_ids:
+        matched = output_ids[-1]
+    return {"type": "stop", "matched": matched}
