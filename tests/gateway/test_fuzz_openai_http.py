@@ -1,6 +1,7 @@
 """Fuzz the generating routes' every field: /v1/completions (beam search, structured output,
 logprobs, prompt_embeds, token-id prompts), /v1/chat/completions (tools, tool_choice,
-response_format schemas xgrammar refuses, template options) and /v1/responses.
+response_format schemas xgrammar refuses, template options), /v1/responses, SGLang's
+/generate, and SageMaker's /invocations with completions and chat bodies.
 
 Properties, for any body: the answer is 2xx, or a 4xx in OpenAI's shape whose 400 names the
 field (`param`); mangled bytes are a 400 on `body`; nothing hangs (HANG is only a hang
@@ -39,6 +40,7 @@ from tests.gateway.fuzz_bodies import (
     encode,
     post,
 )
+from tests.gateway.fuzz_generate import GENERATE
 from tests.gateway.fuzz_routes import CHAT, COMPLETION, RESPONSES, ROUTES
 
 CONFIG = BASE_CONFIG.replace(
@@ -78,6 +80,19 @@ def test_fuzz_responses(srv: ServerThread, body: dict[str, Any], mutation: str) 
     fuzz(srv, "/v1/responses", body, mutation)
 
 
+@FUZZ
+@given(body=GENERATE, mutation=MUTATIONS)
+def test_fuzz_sglang_generate(srv: ServerThread, body: dict[str, Any], mutation: str) -> None:
+    fuzz(srv, "/generate", body, mutation)
+
+
+@settings(FUZZ, max_examples=30)
+@given(body=st.sampled_from([COMPLETION, CHAT]).flatmap(lambda s: s), mutation=MUTATIONS)
+def test_fuzz_invocations(srv: ServerThread, body: dict[str, Any], mutation: str) -> None:
+    """SageMaker's /invocations runs completions and chat bodies as their routes do."""
+    fuzz(srv, "/invocations", body, mutation)
+
+
 GOOD = {
     "prompt": "a neighbour",
     "max_tokens": 20,
@@ -87,14 +102,17 @@ GOOD = {
 }
 
 
+EVERY_ROUTE = {**ROUTES, "/generate": GENERATE}
+
+
 @settings(FUZZ, max_examples=20)
-@given(paths=st.lists(st.sampled_from(sorted(ROUTES)), min_size=2, max_size=6), data=st.data())
+@given(paths=st.lists(st.sampled_from(sorted(EVERY_ROUTE)), min_size=2, max_size=6), data=st.data())
 def test_fuzz_bad_bodies_beside_a_good_stream(
     srv: ServerThread, paths: list[str], data: st.DataObject
 ) -> None:
     """Bodies of every route at once beside a streamed request: each is answered as alone
     would be, and the neighbour gets all of its 20 tokens (nothing is lost for anyone else)."""
-    drawn = [(path, data.draw(ROUTES[path]), data.draw(MUTATIONS)) for path in paths]
+    drawn = [(path, data.draw(EVERY_ROUTE[path]), data.draw(MUTATIONS)) for path in paths]
 
     async def one(path: str, body: Any, mutation: str) -> tuple[int, Any]:
         return await post(srv.url + path, encode(body, mutation))
