@@ -30,6 +30,7 @@ from troupe.gateway.engine_api import EngineLike
 from troupe.gateway.engine_view import add_engine_view
 from troupe.gateway.errors import ApiError, from_http_exception, internal_error
 from troupe.gateway.lora_routes import add_lora_routes
+from troupe.gateway.models_routes import add_models_routes
 from troupe.gateway.pooling_routes import PATHS as POOLING_PATHS
 from troupe.gateway.pooling_routes import add_pooling_routes
 from troupe.gateway.responses_routes import responses
@@ -83,7 +84,7 @@ def build_app(engine: EngineLike, settings: GatewaySettings | None = None) -> we
     app.router.add_static("/static/", STATIC)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
-    app.router.add_get("/v1/models", openai_routes.models)
+    add_models_routes(app)
     app.router.add_post("/v1/completions", openai_routes.completions)
     app.router.add_post("/v1/chat/completions", openai_routes.chat_completions)
     app.router.add_post("/v1/responses", responses)

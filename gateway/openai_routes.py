@@ -60,13 +60,6 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     return await _handle(request, "chat")
 
 
-async def models(request: web.Request) -> web.Response:
-    """The served names, then the LoRA adapters (gateway/served_models.py)."""
-    gateway = request.app[GATEWAY]
-    cards = gateway.served_models().cards(gateway.engine.max_model_len)
-    return web.json_response({"object": "list", "data": cards})
-
-
 async def completions_body(gateway: Gateway, raw: bytes) -> dict[str, Any]:
     """The JSON answer to a completions request body (an ApiError for a refused one)."""
     return await _answer_json(gateway, "completion", raw)

@@ -10,7 +10,7 @@ every replica lists.
                    code: that failure's own); a load that failed somewhere is unloaded again
                    from the replicas where it succeeded (best effort, said in the message) so
                    the replicas stay alike
-    GET  /v1/models                the base model and the adapters that every up replica lists
+    GET  /v1/models[/{model}]      the base model and the adapters that every up replica lists
                                    (in the first one's order): a client never picks an
                                    adapter some replica lacks
 
@@ -31,6 +31,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 from troupe.gateway.errors import ApiError
+from troupe.gateway.models_routes import card_named
 from troupe.gateway.router_answers import READ_ERRORS, ReplicaAnswer, made_up
 from troupe.gateway.router_lora_ledger import LOAD
 from troupe.gateway.router_proxy import ROUTER, SESSION
@@ -44,6 +45,7 @@ def add_lora_routes(app: web.Application) -> None:
     app.router.add_post(LOAD, load_lora_adapter)
     app.router.add_post(UNLOAD, unload_lora_adapter)
     app.router.add_get("/v1/models", models)
+    app.router.add_get("/v1/models/{model:.+}", model)
 
 
 async def load_lora_adapter(request: web.Request) -> web.Response:
@@ -69,6 +71,20 @@ async def unload_lora_adapter(request: web.Request) -> web.Response:
 
 async def models(request: web.Request) -> web.Response:
     """The models every up replica lists; a replica's refusal (e.g. a 401) as it answered."""
+    listing = await _listing(request)
+    return listing if isinstance(listing, web.Response) else web.json_response(listing)
+
+
+async def model(request: web.Request) -> web.Response:
+    """One of the models every up replica lists (OpenAI's retrieve), or a 404 naming it."""
+    listing = await _listing(request)
+    if isinstance(listing, web.Response):
+        return listing
+    return web.json_response(card_named(listing["data"], request.match_info["model"]))
+
+
+async def _listing(request: web.Request) -> dict[str, Any] | web.Response:
+    """/v1/models as every up replica lists it, or the refusal a replica answered with."""
     replicas, session = request.app[ROUTER], request.app[SESSION]
     headers = _headers(request)
     up = [r for r in replicas.replicas if r.is_up]
@@ -85,7 +101,7 @@ async def models(request: web.Request) -> web.Response:
         raise ApiError(502, f"a replica's /v1/models is malformed: {exc!r}") from exc
     common = set.intersection(*ids)
     first: dict[str, Any] = listings[0]
-    return web.json_response({**first, "data": [m for m in first["data"] if m["id"] in common]})
+    return {**first, "data": [m for m in first["data"] if m["id"] in common]}
 
 
 async def _post_everywhere(request: web.Request, path: str, body: bytes) -> list[ReplicaAnswer]:

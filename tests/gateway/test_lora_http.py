@@ -75,6 +75,7 @@ def test_the_engine_process_tells_the_gateway_its_adapters(child: ServerThread) 
     assert child.engine.lora_adapters == ADAPTERS  # a RemoteEngine: from Hello
     listed = openai_client(child.url).models.list().data
     base = child.engine.model_name
+    assert [openai_client(child.url).models.retrieve(m.id) for m in listed] == listed
     assert [(m.id, m.root, m.parent) for m in listed] == [  # type: ignore[attr-defined]
         (base, base, None),
         ("sql", "/adapters/sql", base),
@@ -271,6 +272,10 @@ def test_the_router_lists_and_routes_adapters(child: ServerThread) -> None:
     try:
         via, direct = openai_client(router.url), openai_client(child.url)
         assert [m.id for m in via.models.list().data] == [m.id for m in direct.models.list().data]
+        for name in (child.engine.model_name, "sql"):  # OpenAI's retrieve, through the router
+            assert via.models.retrieve(name) == direct.models.retrieve(name)
+        with pytest.raises(openai.NotFoundError, match="'nope' does not exist"):
+            via.models.retrieve("nope")
         kw: dict[str, Any] = {"prompt": "SELECT", "max_tokens": 3, "temperature": 0}
         answer = via.completions.create(model="sql", **kw)
         assert answer.model == "sql"

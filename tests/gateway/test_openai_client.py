@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import openai
 import pytest
 from openai import OpenAI
 from openai.types.chat import ChatCompletionChunk, ChatCompletionMessageParam
@@ -26,6 +27,15 @@ def _expected_text(server, prompt: str, max_tokens: int) -> str:  # type: ignore
 def test_models(client: OpenAI, server) -> None:  # type: ignore[no-untyped-def]
     models = client.models.list().data
     assert [m.id for m in models] == [server.engine.model_name]
+    assert client.models.retrieve(server.engine.model_name) == models[0]
+    with pytest.raises(openai.NotFoundError) as info:
+        client.models.retrieve("org/not-served")  # a slash in the id is part of it
+    error = info.value.body
+    assert isinstance(error, dict) and (error["param"], error["code"]) == (
+        "model",
+        "model_not_found",
+    )
+    assert "'org/not-served' does not exist" in error["message"]
 
 
 def test_completion_whole_and_streamed(client: OpenAI, server) -> None:  # type: ignore[no-untyped-def]
