@@ -38,6 +38,8 @@ from troupe.gateway.responses_stored_routes import add_stored_response_routes
 from troupe.gateway.sagemaker_routes import INVOCATIONS_PATH, add_sagemaker_routes
 from troupe.gateway.score_routes import PATHS as SCORE_PATHS
 from troupe.gateway.score_routes import add_score_routes
+from troupe.gateway.sglang_admin import PATHS as SGLANG_ADMIN_PATHS
+from troupe.gateway.sglang_admin import add_sglang_admin_routes
 from troupe.gateway.sglang_generate import PATH as GENERATE_PATH
 from troupe.gateway.sglang_generate import add_generate_route
 from troupe.gateway.state import GATEWAY, Gateway, GatewaySettings
@@ -55,7 +57,15 @@ STATIC = Path(__file__).parent / "static"
 _WORK_PATHS = (INVOCATIONS_PATH, GENERATE_PATH)
 # Paths outside /v1/ behind the API key: each runs the engine's work or changes its state.
 _KEYED_PATHS = frozenset(
-    (*TOKENIZE_PATHS, *SCORE_PATHS, *CLASSIFY_PATHS, *POOLING_PATHS, *ADMIN_PATHS, *_WORK_PATHS)
+    (
+        *TOKENIZE_PATHS,
+        *SCORE_PATHS,
+        *CLASSIFY_PATHS,
+        *POOLING_PATHS,
+        *ADMIN_PATHS,
+        *_WORK_PATHS,
+        *SGLANG_ADMIN_PATHS,
+    )
 )
 _PAGE_HEADERS = {
     "Content-Security-Policy": (
@@ -100,6 +110,7 @@ def build_app(engine: EngineLike, settings: GatewaySettings | None = None) -> we
     add_admin_routes(app)  # the update with settings.allow_runtime_weight_updating only
     add_sagemaker_routes(app, health)  # /ping, /invocations, /version
     add_generate_route(app)  # SGLang's /generate
+    add_sglang_admin_routes(app)  # SGLang's /get_model_info, /flush_cache, /abort_request, ...
     return app
 
 

@@ -3,7 +3,9 @@
     POST /reset_prefix_cache         sent to every replica that is up, all at once (each
     POST /update_weights_from_disk   engine owns its cache and weights); a replica that is
     POST /sleep, POST /wake_up       down counts as failed (503) and gets nothing (sleep mode:
-                                     the query string goes along)
+    POST /flush_cache, /abort_request, the query string goes along); SGLang's admin calls
+         /release_memory_occupation, (gateway/sglang_admin.py) alike
+         /resume_memory_occupation
     GET  /is_sleeping                {"is_sleeping": whether any up replica sleeps, "replicas":
                                      each one's answer by URL}
 
@@ -31,6 +33,7 @@ from troupe.gateway.router_answers import READ_ERRORS, ReplicaAnswer
 # one fan-out for every call that all replicas must see (LoRA loads, these)
 from troupe.gateway.router_loras import _post_everywhere
 from troupe.gateway.router_proxy import ROUTER, SESSION
+from troupe.gateway.sglang_admin import RELEASE, RESUME
 from troupe.gateway.sleep_routes import IS_SLEEPING_PATH, SLEEP_PATH, WAKE_UP_PATH
 
 _SUMMED = ("num_gpu_blocks_dropped", "num_cpu_blocks_dropped", "num_paused_requests")
@@ -42,6 +45,8 @@ def add_admin_routes(app: web.Application) -> None:
     app.router.add_post(SLEEP_PATH, fan_out)
     app.router.add_post(WAKE_UP_PATH, fan_out)
     app.router.add_get(IS_SLEEPING_PATH, is_sleeping)
+    for path in ("/flush_cache", "/abort_request", RELEASE, RESUME):  # SGLang's
+        app.router.add_post(path, fan_out)
 
 
 async def fan_out(request: web.Request) -> web.Response:

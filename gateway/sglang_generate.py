@@ -24,7 +24,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import uuid
-from collections.abc import Iterable
+from collections import defaultdict
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import msgspec
@@ -42,7 +43,7 @@ from troupe.gateway.sglang_bodies import (
     parse_generate,
 )
 from troupe.gateway.sse_frames import DONE, sse
-from troupe.gateway.sse_writer import first_event, serve_sse
+from troupe.gateway.sse_writer import serve_sse
 from troupe.gateway.state import GATEWAY, Gateway
 from troupe.messages import Aborted, Delta, Failed, Finished, Rejected, StreamEvent, TokenLogprob
 
@@ -50,7 +51,36 @@ PATH = "/generate"
 _json = msgspec.json.Encoder()
 
 
+class RunningRids:
+    """The engine request ids of the /generate calls in flight, by rid (SGLang's
+    /abort_request names them so)."""
+
+    def __init__(self) -> None:
+        self._ids: dict[str, set[str]] = defaultdict(set)
+
+    @contextlib.contextmanager
+    def hold(self, pairs: Iterable[tuple[str, str]]) -> Iterator[None]:
+        """(rid, engine request id) pairs, known while the block runs."""
+        pairs = list(pairs)
+        for rid, engine_id in pairs:
+            self._ids[rid].add(engine_id)
+        try:
+            yield
+        finally:
+            for rid, engine_id in pairs:
+                self._ids[rid].discard(engine_id)
+                if not self._ids[rid]:
+                    del self._ids[rid]
+
+    def engine_ids(self, rid: str) -> list[str]:
+        return sorted(self._ids.get(rid, ()))
+
+
+RIDS = web.AppKey("sglang_rids", RunningRids)
+
+
 def add_generate_route(app: web.Application) -> None:
+    app[RIDS] = RunningRids()
     app.router.add_post(PATH, generate)
 
 
@@ -59,26 +89,32 @@ async def generate(request: web.Request) -> web.StreamResponse:
     engine = gateway.engine
     call = parse_generate(await read_json_body(request, gateway.settings), engine.sampling_defaults)
     call = _on_adapter(gateway, call)
-    answer = _Answer(call, TokenTexts(engine.tokenizer, skip_special_tokens=False))
+    rids = call.rids or [uuid.uuid4().hex for _ in call.prompts]
+    answer = _Answer(call, rids, TokenTexts(engine.tokenizer, skip_special_tokens=False))
     field = "text" if isinstance(call.prompts[0], str) else "input_ids"
     engine_id = f"generate-{uuid.uuid4().hex}"
-    events = batch_events(engine, call.prompts, call.params, engine_id, field=field)
-    if not call.stream:
-        return web.json_response(
-            await _whole(events, answer), dumps=lambda o: _json.encode(o).decode()
-        )
-    try:
-        first = await first_event(events, CLIENT_FIELDS)
-    except ApiError as exc:
-        raise in_sglang_terms(exc) from None
+    # batch_events' ids: the request's own for a lone prompt, else one per prompt
+    ids = [engine_id] if len(rids) == 1 else [f"{engine_id}-{i}" for i in range(len(rids))]
+    with request.app[RIDS].hold(zip(rids, ids, strict=True)):
+        events = batch_events(engine, call.prompts, call.params, engine_id, field=field)
+        if not call.stream:
+            body = await _whole(events, answer)
+            return web.json_response(body, dumps=lambda o: _json.encode(o).decode())
+        return await _stream(request, gateway, events, answer, engine_id)
+
+
+async def _stream(
+    request: web.Request, gateway: Gateway, events: Any, answer: _Answer, engine_id: str
+) -> web.StreamResponse:
+    first = await _first(events)
     gateway.stream_opened()
     try:
 
         async def fill(outbox: Outbox, on_overflow: Any) -> None:
             def encode(event: StreamEvent) -> Iterable[str]:
-                if isinstance(event, Delta | Finished):
+                if isinstance(event, Delta | Finished | Aborted):
                     yield sse(answer.see(event, streamed=True))
-                else:  # a sample failed or was aborted mid-stream
+                else:  # a sample failed mid-stream
                     yield sse(_error(event).body())
                 if event.is_terminal:
                     yield DONE
@@ -106,10 +142,24 @@ def _on_adapter(gateway: Gateway, call: GenerateCall) -> GenerateCall:
     return dataclasses.replace(call, params=params)
 
 
+async def _first(events: Any) -> StreamEvent:
+    """The first event (an abort is an answer: SGLang's finish_reason "abort"); a rejection
+    or failure raises its error, with the stream closed."""
+    try:
+        first: StreamEvent = await anext(events)
+    except BaseException:
+        await events.aclose()
+        raise
+    if isinstance(first, Rejected | Failed):
+        await events.aclose()
+        raise _error(first)
+    return first
+
+
 async def _whole(events: Any, answer: _Answer) -> Any:
     async with contextlib.aclosing(events):
         async for event in events:
-            if not isinstance(event, Delta | Finished):
+            if isinstance(event, Rejected | Failed):
                 raise _error(event)  # one sample's failure fails all
             answer.see(event, streamed=False)
             if event.is_terminal:
@@ -136,44 +186,36 @@ class _Sample:
 class _Answer:
     """Every sample of one /generate call, and their SGLang output dicts."""
 
-    def __init__(self, call: GenerateCall, texts: TokenTexts) -> None:
+    def __init__(self, call: GenerateCall, rids: list[str], texts: TokenTexts) -> None:
         self._call = call
         self._texts = texts
         n = call.n
-        rids = call.rids or [uuid.uuid4().hex for _ in call.prompts]
         self._samples = [_Sample(rid if n == 1 else f"{rid}-{j}") for rid in rids for j in range(n)]
         self._prompt_tokens: dict[int, int] = {}  # per prompt, once known
 
-    def see(self, event: Delta | Finished, *, streamed: bool) -> dict[str, Any]:
+    def see(self, event: Delta | Finished | Aborted, *, streamed: bool) -> dict[str, Any]:
         """Take in one event of sample `event.index`; its output dict so far."""
         call, index = self._call, event.index
-        sample = self._samples[index]
-        prompt = index // call.n
-        if event.prompt_token_ids is not None and call.logprob_start_len >= 0:
-            self._prompt_rows(sample, event.prompt_token_ids, event.prompt_logprobs or ())
+        sample, prompt = self._samples[index], index // call.n
         if not call.is_prompt_only:
             sample.text.append(event.text)
             sample.output_ids.extend(event.token_ids)
-        if call.return_logprob and not call.is_prompt_only:
-            for row in event.logprobs or ():
-                sample.logprobs.append(self._row(row.token_id, row.logprob))
-                if call.top_logprobs_num:
-                    sample.top.append([self._row(t, lp) for t, lp in row.top])
-        if isinstance(event, Delta) and event.prompt_tokens is not None:
-            self._prompt_tokens[prompt] = event.prompt_tokens
+        if isinstance(event, Delta | Finished):
+            self._take_logprobs(sample, event)
+            if isinstance(event, Delta) and event.prompt_tokens is not None:
+                self._prompt_tokens[prompt] = event.prompt_tokens
         meta = sample.meta
         meta["prompt_tokens"] = self._prompt_tokens.get(prompt, 0)
         meta["completion_tokens"] = len(sample.output_ids)
         meta.setdefault("cached_tokens", 0)
-        if isinstance(event, Finished):
-            self._prompt_tokens[prompt] = event.usage.prompt_tokens
-            meta["finish_reason"] = (
-                {"type": "length", "length": 0}
-                if call.is_prompt_only
-                else _finish_reason(event, sample.output_ids)
-            )
-            meta["prompt_tokens"] = event.usage.prompt_tokens
-            meta["completion_tokens"] = len(sample.output_ids)
+        if isinstance(event, Finished | Aborted):
+            self._prompt_tokens[prompt] = meta["prompt_tokens"] = event.usage.prompt_tokens
+            if isinstance(event, Aborted):
+                meta["finish_reason"] = {"type": "abort", "message": event.reason}
+            elif call.is_prompt_only:
+                meta["finish_reason"] = {"type": "length", "length": 0}
+            else:
+                meta["finish_reason"] = _finish_reason(event, sample.output_ids)
             meta["cached_tokens"] = event.usage.cached_tokens
             meta["e2e_latency"] = event.timings.e2e
         if call.return_logprob:
@@ -193,6 +235,16 @@ class _Answer:
         text = "".join(sample.text)
         sample.text = [text]
         return {"text": text, "output_ids": list(sample.output_ids), "meta_info": sample.meta}
+
+    def _take_logprobs(self, sample: _Sample, event: Delta | Finished) -> None:
+        call = self._call
+        if event.prompt_token_ids is not None and call.logprob_start_len >= 0:
+            self._prompt_rows(sample, event.prompt_token_ids, event.prompt_logprobs or ())
+        if call.return_logprob and not call.is_prompt_only:
+            for row in event.logprobs or ():
+                sample.logprobs.append(self._row(row.token_id, row.logprob))
+                if call.top_logprobs_num:
+                    sample.top.append([self._row(t, lp) for t, lp in row.top])
 
     def _prompt_rows(
         self, sample: _Sample, ids: tuple[int, ...], rows: tuple[TokenLogprob, ...]

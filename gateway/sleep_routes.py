@@ -62,8 +62,8 @@ async def sleep(request: web.Request) -> web.Response:
     try:
         reply = await engine.sleep(level, mode=mode_)
     except EngineStopped as exc:
-        return _stopped(exc)
-    return _answer("sleep", reply)
+        return engine_stopped(exc)
+    return answer_sleep_call("sleep", reply)
 
 
 async def wake_up(request: web.Request) -> web.Response:
@@ -71,15 +71,15 @@ async def wake_up(request: web.Request) -> web.Response:
     try:
         reply = await request.app[GATEWAY].engine.wake_up(tags or None)
     except EngineStopped as exc:
-        return _stopped(exc)
-    return _answer("wake_up", reply)
+        return engine_stopped(exc)
+    return answer_sleep_call("wake_up", reply)
 
 
 async def is_sleeping(request: web.Request) -> web.Response:
     return web.json_response({"is_sleeping": await request.app[GATEWAY].engine.is_sleeping()})
 
 
-def _answer(call: str, reply: SleepReply) -> web.Response:
+def answer_sleep_call(call: str, reply: SleepReply) -> web.Response:
     status = 200 if reply.error is None else STATUS.get(reply.error, 400)
     log.info(call, success=reply.success, message=reply.message)
     body = {
@@ -94,6 +94,6 @@ def _answer(call: str, reply: SleepReply) -> web.Response:
     return web.json_response(body, status=status)
 
 
-def _stopped(exc: EngineStopped) -> web.Response:
+def engine_stopped(exc: EngineStopped) -> web.Response:
     body = {"success": False, "message": f"the engine is not serving: {exc}"}
     return web.json_response(body, status=503)
