@@ -55,6 +55,14 @@ def batch_usage(usages: Sequence[tuple[int, Usage]], n: int) -> Usage:
     )
 
 
+def prompt_request_ids(request_id: str, num_prompts: int) -> list[str]:
+    """The engine request id each prompt of `batch_events` runs under: `request_id` for a
+    lone prompt, else `request_id-i` for prompt i."""
+    if num_prompts == 1:
+        return [request_id]
+    return [f"{request_id}-{i}" for i in range(num_prompts)]
+
+
 async def batch_events(
     engine: Any,
     prompts: Sequence[str | list[int] | PromptEmbeds],
@@ -70,8 +78,9 @@ async def batch_events(
     `params`: every prompt's, or each prompt's own (their `n` alike)."""
     each = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
     assert len(each) == len(prompts) and len({p.n for p in each}) <= 1, "one n for all"
+    ids = prompt_request_ids(request_id, len(prompts))
     if len(prompts) == 1:
-        one = engine.generate(prompts[0], each[0], request_id=request_id)
+        one = engine.generate(prompts[0], each[0], request_id=ids[0])
         async with contextlib.aclosing(one):
             async for event in one:
                 if names is not None and isinstance(event, Rejected):
@@ -80,8 +89,8 @@ async def batch_events(
         return
     n = each[0].n
     streams = [
-        engine.generate(prompt, p, request_id=f"{request_id}-{i}")
-        for i, (prompt, p) in enumerate(zip(prompts, each, strict=True))
+        engine.generate(prompt, p, request_id=rid)
+        for prompt, p, rid in zip(prompts, each, ids, strict=True)
     ]
     queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
 

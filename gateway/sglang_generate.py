@@ -34,7 +34,7 @@ from troupe.gateway.completion_logprobs import TokenTexts
 from troupe.gateway.errors import ApiError, error_for_event, invalid
 from troupe.gateway.http_body import read_json_body
 from troupe.gateway.outbox import Outbox, Overflow
-from troupe.gateway.prompt_batch import batch_events
+from troupe.gateway.prompt_batch import batch_events, prompt_request_ids
 from troupe.gateway.pump import pump
 from troupe.gateway.sglang_bodies import (
     CLIENT_FIELDS,
@@ -93,8 +93,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
     answer = _Answer(call, rids, TokenTexts(engine.tokenizer, skip_special_tokens=False))
     field = "text" if isinstance(call.prompts[0], str) else "input_ids"
     engine_id = f"generate-{uuid.uuid4().hex}"
-    # batch_events' ids: the request's own for a lone prompt, else one per prompt
-    ids = [engine_id] if len(rids) == 1 else [f"{engine_id}-{i}" for i in range(len(rids))]
+    ids = prompt_request_ids(engine_id, len(rids))
     with request.app[RIDS].hold(zip(rids, ids, strict=True)):
         events = batch_events(engine, call.prompts, call.params, engine_id, field=field)
         if not call.stream:
@@ -167,7 +166,7 @@ async def _whole(events: Any, answer: _Answer) -> Any:
     raise ApiError(500, "the engine ended the stream without a terminal event")
 
 
-def _error(event: Rejected | Aborted | Failed) -> ApiError:
+def _error(event: Rejected | Failed) -> ApiError:
     return in_sglang_terms(error_for_event(event, CLIENT_FIELDS))
 
 
@@ -175,7 +174,6 @@ class _Sample:
     """One sample's output so far."""
 
     def __init__(self, sample_id: str) -> None:
-        self.id = sample_id
         self.text: list[str] = []
         self.output_ids: list[int] = []
         self.logprobs: list[list[Any]] = []
