@@ -24,6 +24,8 @@ class TokenizerLike(Protocol):
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str: ...
 
+    def token_strs(self, token_ids: Sequence[int]) -> list[str]: ...  # vocabulary entries
+
     def render_chat(
         self,
         messages: Sequence[Mapping[str, Any]],

@@ -3,7 +3,9 @@
     /tokenize    {"prompt": str, "add_special_tokens": true}
                  {"messages": [...], "add_generation_prompt": true, "add_special_tokens": false,
                   "continue_final_message": false, "chat_template_kwargs": {...}}
-                 -> {"count", "max_model_len", "tokens", "token_strs": null}
+                 (either with "return_token_strs": false)
+                 -> {"count", "max_model_len", "tokens", "token_strs": each token's vocabulary
+                     entry with return_token_strs, else null}
     /detokenize  {"tokens": [int, ...]} -> {"prompt": str}
 
 The gateway's own read-only tokenizer answers (the engine's graph is not involved); chat
@@ -43,6 +45,7 @@ class TokenizeBody(_Body, kw_only=True):
     add_generation_prompt: bool = True  # messages only, as the two below
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    return_token_strs: bool = False  # vLLM's: each token's vocabulary entry ("Ġworld")
 
 
 class DetokenizeBody(_Body, kw_only=True):
@@ -79,7 +82,7 @@ async def tokenize(request: web.Request) -> web.Response:
             "count": len(ids),
             "max_model_len": engine.max_model_len,
             "tokens": ids,
-            "token_strs": None,
+            "token_strs": tokenizer.token_strs(ids) if body.return_token_strs else None,
         }
     )
 

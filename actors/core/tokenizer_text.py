@@ -95,6 +95,11 @@ class TextTokenizer:
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return str(self.tokenizer.decode(list(token_ids), skip_special_tokens=skip_special_tokens))
 
+    def token_strs(self, token_ids: Sequence[int]) -> list[str]:
+        """Each id's entry in the vocabulary, as HF's convert_ids_to_tokens names it ("Ġworld"
+        for " world" in a byte-level BPE; "" for ids outside it)."""
+        return [self.tokenizer.id_to_token(i) or "" for i in token_ids]
+
     def all_token_bytes(self) -> tuple[bytes, ...]:
         """token_bytes of every id, in id order."""
         return self._bytes_table

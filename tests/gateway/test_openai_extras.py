@@ -230,6 +230,9 @@ def test_tokenize_and_detokenize(server) -> None:  # type: ignore[no-untyped-def
     assert out["token_strs"] is None
     _, plain = _post(tokenize, {"prompt": text, "add_special_tokens": False})
     assert plain["tokens"] == tokenizer.encode(text, False)
+    _, strs = _post(tokenize, {"prompt": text, "return_token_strs": True})
+    assert len(strs["token_strs"]) == strs["count"] and strs["token_strs"][1].startswith("Ġ")
+    assert "".join(strs["token_strs"]).replace("Ġ", " ") == text  # vLLM's: vocabulary entries
 
     messages = [{"role": "user", "content": "Hello there"}]
     _, chat = _post(tokenize, {"model": server.engine.model_name, "messages": messages})
@@ -251,7 +254,7 @@ def test_tokenize_and_detokenize(server) -> None:  # type: ignore[no-untyped-def
         ("/tokenize", {"prompt": 5}, "prompt"),
         ("/tokenize", {"prompt": "x", "add_generation_prompt": False}, "add_generation_prompt"),
         ("/tokenize", {"messages": [{"role": "wizard", "content": "y"}]}, "messages[0].role"),
-        ("/tokenize", {"prompt": "x", "return_token_strs": True}, "return_token_strs"),
+        ("/tokenize", {"prompt": "x", "return_token_strs": 1}, "return_token_strs"),
         ("/detokenize", {"tokens": [1, -2]}, "tokens[1]"),
         ("/detokenize", {"tokens": [1, 10**9]}, "tokens[1]"),
         ("/detokenize", {}, "tokens"),
