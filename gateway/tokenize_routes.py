@@ -2,15 +2,16 @@
 
     /tokenize    {"prompt": str, "add_special_tokens": true}
                  {"messages": [...], "add_generation_prompt": true, "add_special_tokens": false,
-                  "continue_final_message": false, "chat_template_kwargs": {...}}
+                  "continue_final_message": false, "chat_template_kwargs": {...}, "tools": [...]}
                  (either with "return_token_strs": false)
                  -> {"count", "max_model_len", "tokens", "token_strs": each token's vocabulary
                      entry with return_token_strs, else null}
     /detokenize  {"tokens": [int, ...]} -> {"prompt": str}
 
-The gateway's own read-only tokenizer answers (the engine's graph is not involved); chat
-messages are rendered with the model's template, as the tokenizer actor renders them. Behind
-the API key like /v1/*. Bad input is a 400 naming its field.
+Also served as /v1/tokenize and /v1/detokenize (SGLang's paths). The gateway's own read-only
+tokenizer answers (the engine's graph is not involved); chat messages (and tools) are rendered
+with the model's template, as the tokenizer actor renders them. Behind the API key like /v1/*.
+Bad input is a 400 naming its field.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from troupe.gateway.errors import invalid
 from troupe.gateway.http_body import read_json_body
 from troupe.gateway.openai_bodies import Message, decode_body
 from troupe.gateway.state import GATEWAY
+from troupe.gateway.tool_calls import Tool, as_sent
 from troupe.messages import ChatPrompt
 
 PATHS = ("/tokenize", "/detokenize")
@@ -46,6 +48,7 @@ class TokenizeBody(_Body, kw_only=True):
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
     return_token_strs: bool = False  # vLLM's: each token's vocabulary entry ("Ġworld")
+    tools: list[Tool] | None = None  # messages only: the template renders them, as chat's
 
 
 class DetokenizeBody(_Body, kw_only=True):
@@ -61,17 +64,19 @@ async def tokenize(request: web.Request) -> web.Response:
         raise invalid("prompt", "send exactly one of 'prompt' and 'messages'")
     tokenizer = engine.tokenizer
     if body.messages is not None:
+        kwargs = {"tools": [as_sent(t) for t in body.tools]} if body.tools else {}
         chat = ChatPrompt(
             messages=tuple(chat_messages(body.messages)),
             add_generation_prompt=body.add_generation_prompt,
             continue_final_message=body.continue_final_message,
-            template_kwargs=body.chat_template_kwargs,
+            template_kwargs={**kwargs, **(body.chat_template_kwargs or {})} or None,
         )
         text = render_chat(tokenizer, chat)
         special = bool(body.add_special_tokens)
     else:
-        chat_only = ("add_generation_prompt", "continue_final_message", "chat_template_kwargs")
-        for name, default in zip(chat_only, (True, False, None), strict=True):
+        chat_only = ("add_generation_prompt", "continue_final_message", "chat_template_kwargs",
+                     "tools")  # fmt: skip
+        for name, default in zip(chat_only, (True, False, None, None), strict=True):
             if getattr(body, name) != default:
                 raise invalid(name, f"{name} needs 'messages'")
         text, special = str(body.prompt), body.add_special_tokens is not False
@@ -119,5 +124,6 @@ async def detokenize(request: web.Request) -> web.Response:
 
 
 def add_tokenize_routes(app: web.Application) -> None:
-    app.router.add_post("/tokenize", tokenize)
-    app.router.add_post("/detokenize", detokenize)
+    for prefix in ("", "/v1"):  # vLLM's paths, and SGLang's under /v1 too
+        app.router.add_post(f"{prefix}/tokenize", tokenize)
+        app.router.add_post(f"{prefix}/detokenize", detokenize)

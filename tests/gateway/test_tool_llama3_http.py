@@ -131,6 +131,24 @@ def test_the_tools_reach_the_prompt(llama: ServerThread) -> None:
     assert out.usage.prompt_tokens == len(llama.engine.tokenizer.encode(rendered, False))
 
 
+def test_tokenize_renders_the_tools_as_chat_does(llama: ServerThread) -> None:
+    """vLLM's /tokenize takes the tools too: its count is what a chat with them runs."""
+    say(llama, "Sunny.")
+    client = _client(llama)
+    out = client.chat.completions.create(
+        model=llama.engine.model_name,
+        messages=MESSAGES,  # type: ignore[arg-type]
+        tools=TOOLS,  # type: ignore[arg-type]
+        max_tokens=8,
+        extra_body={"return_token_ids": True},
+    )
+    ran = (out.model_extra or {})["prompt_token_ids"]
+    tokens = client.post("/tokenize", cast_to=object, body={"messages": MESSAGES, "tools": TOOLS})
+    assert isinstance(tokens, dict) and tokens["tokens"] == ran
+    bare = client.post("/tokenize", cast_to=object, body={"messages": MESSAGES})
+    assert isinstance(bare, dict) and bare["count"] < len(ran)
+
+
 def test_one_call(llama: ServerThread) -> None:
     assert _both(llama, WEATHER) == (None, [("get_weather", {"city": "Paris"})], "tool_calls")
 
