@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from troupe.actors.engine import Engine
     from troupe.actors.engine_stopped import EngineStopped
+    from troupe.actors.llm import LLM, CompletionOutput, RequestOutput
     from troupe.actors.offline import Completion, generate_batch
     from troupe.config import ConfigError, EngineConfig
     from troupe.gpu.embed_rows import prompt_embeds_of
@@ -24,25 +25,31 @@ if TYPE_CHECKING:
 # process, which runs no model) must not pull in the engine, and with it torch.
 _HOMES = {
     "Completion": "troupe.actors.offline",
+    "CompletionOutput": "troupe.actors.llm",
     "ConfigError": "troupe.config",
     "Engine": "troupe.actors.engine",
     "EngineConfig": "troupe.config",
     "EngineStopped": "troupe.actors.engine_stopped",
+    "LLM": "troupe.actors.llm",
     "Pooling": "troupe.messages",
     "PromptEmbeds": "troupe.messages",
+    "RequestOutput": "troupe.actors.llm",
     "SamplingParams": "troupe.messages",
     "generate_batch": "troupe.actors.offline",
     "prompt_embeds_of": "troupe.gpu.embed_rows",
 }
 
 __all__ = [
+    "LLM",
     "Completion",
+    "CompletionOutput",
     "ConfigError",
     "Engine",
     "EngineConfig",
     "EngineStopped",
     "Pooling",
     "PromptEmbeds",
+    "RequestOutput",
     "SamplingParams",
     "generate_batch",
     "prompt_embeds_of",

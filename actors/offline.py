@@ -57,6 +57,13 @@ def generate_batch(
         per_prompt = list(params)
     else:
         per_prompt = [params] * len(prompts)  # type: ignore[list-item]
+    for p in per_prompt:
+        n = p.n if isinstance(p, SamplingParams) else (p or {}).get("n", 1)
+        if n != 1:
+            raise ValueError(
+                f"generate_batch gives one Completion per prompt, and n is {n!r}: for "
+                "parallel samples use troupe.LLM.generate, whose RequestOutput holds each"
+            )
     results = [Completion(request_id=f"batch-{i}") for i in range(len(prompts))]
 
     async def run_all() -> None:

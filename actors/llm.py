@@ -1,0 +1,238 @@
+"""`LLM`: vLLM's offline entry point. One engine kept running between calls (on an event loop
+in a thread of its own: anyio's blocking portal), driven by plain synchronous calls.
+
+    with LLM(EngineConfig(model="...")) as llm:
+        outputs = llm.generate(["Hello", "The sky is"], SamplingParams(max_tokens=16, n=2))
+        outputs[0].outputs[1].text                      # prompt 0's second sample
+        llm.chat([{"role": "user", "content": "Hi"}], SamplingParams(max_tokens=32))
+
+Each prompt is one request; its samples are its `outputs`, by index, as in vLLM's
+RequestOutput, and the outputs come back in prompt order whatever order they finish in. A
+request the engine turns away raises ValueError naming the prompt and the field (the others
+are aborted first); an engine fault raises RuntimeError. An aborted sample ends with
+finish_reason "abort". `logprobs` are troupe's TokenLogprob rows (token id, logprob, top).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import anyio.from_thread
+import msgspec
+from troupe.actors.engine import Engine, PromptInput
+from troupe.actors.request_input import to_sampling_params
+from troupe.config import EngineConfig
+from troupe.messages import (
+    Aborted,
+    ChatMessage,
+    ChatPrompt,
+    Delta,
+    Failed,
+    Finished,
+    Rejected,
+    SamplingParams,
+    StreamEvent,
+    TokenLogprob,
+)
+
+
+@dataclass
+class CompletionOutput:
+    """One sample of a prompt (vLLM's CompletionOutput)."""
+
+    index: int
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    cumulative_logprob: float | None = None
+    logprobs: list[TokenLogprob] | None = None  # SamplingParams.logprobs: each token's row
+    finish_reason: str | None = None  # "stop", "length" or "abort"
+    stop_reason: str | int | None = None  # the stop string or token id that matched
+
+
+@dataclass
+class RequestOutput:
+    """One prompt's request, all its samples done (vLLM's RequestOutput)."""
+
+    request_id: str
+    prompt: str | None  # the text, when the prompt was text
+    prompt_token_ids: list[int] | None
+    outputs: list[CompletionOutput]
+    prompt_logprobs: tuple[TokenLogprob, ...] | None = None  # positions 1.. of the prompt
+    num_cached_tokens: int = 0
+    finished: bool = True
+
+
+class LLM:
+    """An engine for synchronous callers; `close()` (or leaving `with`) stops it."""
+
+    def __init__(self, config: EngineConfig | None = None, *, backend: str = "asyncio") -> None:
+        self._exits = contextlib.ExitStack()
+        try:
+            self._portal = self._exits.enter_context(
+                anyio.from_thread.start_blocking_portal(backend)
+            )
+            opened = self._portal.wrap_async_context_manager(Engine.open(config or EngineConfig()))
+            self.engine: Engine = self._exits.enter_context(opened)
+        except BaseException:
+            self._exits.close()
+            raise
+        self._next_id = 0
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop the engine and its loop (once; later calls do nothing)."""
+        self._exits.close()
+
+    def get_tokenizer(self) -> Any:
+        return self.engine.tokenizer
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        return self.engine.default_sampling_params()
+
+    def generate(
+        self,
+        prompts: PromptInput | Sequence[PromptInput],
+        sampling_params: SamplingParams
+        | Mapping[str, Any]
+        | Sequence[SamplingParams]
+        | None = None,
+    ) -> list[RequestOutput]:
+        """Run every prompt (a text, token ids or a ChatPrompt; one alone or a list of them)
+        with its params (one for all, or one each; None: the model's defaults)."""
+        if isinstance(prompts, str) or _is_token_ids(prompts) or isinstance(prompts, ChatPrompt):
+            prompts = [prompts]
+        batch = list(prompts)  # type: ignore[arg-type]
+        if isinstance(sampling_params, Sequence):
+            if len(sampling_params) != len(batch):
+                raise ValueError(
+                    f"got {len(sampling_params)} sampling_params for {len(batch)} prompts"
+                )
+            each = [self._params(p) for p in sampling_params]
+        else:
+            each = [self._params(sampling_params)] * len(batch)
+        return self._portal.call(self._run, batch, each)
+
+    def chat(
+        self,
+        messages: Sequence[ChatMessage | Mapping[str, Any]]
+        | Sequence[Sequence[ChatMessage | Mapping[str, Any]]],
+        sampling_params: SamplingParams
+        | Mapping[str, Any]
+        | Sequence[SamplingParams]
+        | None = None,
+        *,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+    ) -> list[RequestOutput]:
+        """vLLM's LLM.chat: one conversation (a list of messages) or a list of them, rendered
+        with the model's chat template (`tools` and `chat_template_kwargs` reach it)."""
+        conversations = [messages] if messages and not _is_conversation(messages[0]) else messages
+        kwargs = {**(chat_template_kwargs or {}), **({"tools": list(tools)} if tools else {})}
+        prompts = [
+            ChatPrompt(
+                # dicts too: the engine's edge converts them (request_input), naming a bad field
+                messages=tuple(conversation),  # type: ignore[arg-type]
+                add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message,
+                template_kwargs=kwargs or None,
+            )
+            for conversation in conversations
+        ]
+        return self.generate(prompts, sampling_params)
+
+    def _params(self, given: SamplingParams | Mapping[str, Any] | None) -> SamplingParams:
+        params = (
+            self.engine.default_sampling_params() if given is None else to_sampling_params(given)
+        )
+        return msgspec.structs.replace(params, return_prompt_token_ids=True)
+
+    async def _run(
+        self, prompts: list[PromptInput], params: list[SamplingParams]
+    ) -> list[RequestOutput]:
+        outputs = [
+            RequestOutput(
+                request_id=self._new_id(),
+                prompt=prompt if isinstance(prompt, str) else None,
+                prompt_token_ids=None,
+                outputs=[CompletionOutput(index=j) for j in range(p.n)],
+            )
+            for prompt, p in zip(prompts, params, strict=True)
+        ]
+        open_requests = set(range(len(prompts)))
+        errors: list[Exception] = []
+        settled, ended = anyio.Event(), anyio.Event()  # an error or all ended; all ended
+
+        def collector(i: int) -> Any:
+            def on_event(event: StreamEvent) -> None:
+                if isinstance(event, Rejected | Failed):
+                    kind = ValueError if isinstance(event, Rejected) else RuntimeError
+                    where = (
+                        f" ({event.field})" if isinstance(event, Rejected) and event.field else ""
+                    )
+                    errors.append(kind(f"prompt {i}{where}: {event.message}"))
+                else:
+                    _take(outputs[i], event)
+                if event.is_terminal:
+                    open_requests.discard(i)
+                    if not open_requests:
+                        ended.set()
+                if errors or not open_requests:
+                    settled.set()
+
+            return on_event
+
+        for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
+            await self.engine.submit(prompt, p, collector(i), request_id=outputs[i].request_id)
+        if prompts:
+            await settled.wait()
+        if errors:
+            for i in sorted(open_requests):
+                await self.engine.abort(outputs[i].request_id, "another prompt was refused")
+            await ended.wait()  # every request ends with its one terminal event
+            raise errors[0]
+        return outputs
+
+    def _new_id(self) -> str:
+        self._next_id += 1
+        return f"llm-{self._next_id}"
+
+
+def _take(out: RequestOutput, event: Delta | Finished | Aborted) -> None:
+    sample = out.outputs[event.index]
+    sample.text += event.text
+    sample.token_ids.extend(event.token_ids)
+    if isinstance(event, Delta | Finished):
+        if event.prompt_token_ids is not None:
+            out.prompt_token_ids = list(event.prompt_token_ids)
+        if event.prompt_logprobs is not None:
+            out.prompt_logprobs = event.prompt_logprobs
+        if event.logprobs is not None:
+            sample.logprobs = (sample.logprobs or []) + list(event.logprobs)
+    if isinstance(event, Finished | Aborted):
+        sample.finish_reason = str(event.finish_reason)
+        out.num_cached_tokens = max(out.num_cached_tokens, event.usage.cached_tokens)
+    if isinstance(event, Finished):
+        sample.stop_reason = event.stop_reason
+        sample.cumulative_logprob = event.cumulative_logprob
+        if sample.cumulative_logprob is None and sample.logprobs is not None:
+            sample.cumulative_logprob = sum(row.logprob for row in sample.logprobs)
+
+
+def _is_token_ids(prompt: object) -> bool:
+    return isinstance(prompt, list | tuple) and bool(prompt) and isinstance(prompt[0], int)
+
+
+def _is_conversation(item: object) -> bool:
+    """Whether `item` is a conversation (a list of messages), not one message."""
+    return isinstance(item, list | tuple)

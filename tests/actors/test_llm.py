@@ -1,0 +1,75 @@
+"""troupe.LLM, vLLM's offline entry point: one engine across synchronous calls, outputs in
+prompt order with each prompt's samples, chat through the template, refusals raised naming the
+prompt (the others aborted, the engine still serving); asyncio and trio loops alike."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from troupe import LLM, EngineConfig, SamplingParams, generate_batch
+from troupe.gpu.fake_runner import FakeRunner
+
+CONFIG = EngineConfig(runner="fake", num_kv_blocks=512, num_cpu_blocks=8, max_num_seqs=8)
+GREEDY = SamplingParams(max_tokens=5, temperature=0.0)
+
+
+@pytest.fixture(scope="module", params=["asyncio", "trio"])
+def llm(request: pytest.FixtureRequest) -> Iterator[LLM]:
+    with LLM(CONFIG, backend=request.param) as engine:
+        yield engine
+
+
+def test_outputs_come_in_prompt_order_with_their_samples(llm: LLM) -> None:
+    prompts: list = [[100 + i] * (3 + i) for i in range(12)]
+    outs = llm.generate(prompts, SamplingParams(max_tokens=5, temperature=0.0, n=2))
+    assert len(outs) == 12 and len({o.request_id for o in outs}) == 12
+    for prompt, out in zip(prompts, outs, strict=True):
+        assert out.prompt_token_ids == prompt and out.prompt is None and out.finished
+        assert [s.index for s in out.outputs] == [0, 1]
+        want = FakeRunner.reference_tokens(prompt, 5, GREEDY)
+        assert all(s.token_ids == want and s.finish_reason == "length" for s in out.outputs)
+    text = llm.generate("The theatre troupe", GREEDY)  # one prompt alone, text
+    assert len(text) == 1 and text[0].prompt == "The theatre troupe"
+    tokenizer = llm.get_tokenizer()
+    assert text[0].prompt_token_ids == tokenizer.encode("The theatre troupe")
+    assert text[0].outputs[0].text == tokenizer.decode(text[0].outputs[0].token_ids)
+
+
+def test_the_engine_lives_across_calls(llm: LLM) -> None:
+    prompt = [5 + i % 40 for i in range(64)]
+    first = llm.generate([prompt], GREEDY)[0]
+    again = llm.generate([prompt], [GREEDY])[0]  # the first call's blocks are cached
+    assert again.num_cached_tokens > 0 and again.outputs[0].token_ids == first.outputs[0].token_ids
+    rows = llm.generate(prompt, SamplingParams(max_tokens=3, temperature=0.0, logprobs=1))[0]
+    sample = rows.outputs[0]
+    assert sample.logprobs is not None and [r.token_id for r in sample.logprobs] == sample.token_ids
+    assert sample.cumulative_logprob == pytest.approx(sum(r.logprob for r in sample.logprobs))
+
+
+def test_chat_renders_each_conversation(llm: LLM) -> None:
+    one = [{"role": "user", "content": "Hi"}]
+    two = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"}]
+    tokenizer = llm.get_tokenizer()
+    outs = llm.chat([one, two], GREEDY)
+    for conversation, out in zip((one, two), outs, strict=True):
+        rendered = tokenizer.render_chat(conversation, add_generation_prompt=True)
+        assert out.prompt_token_ids == tokenizer.encode(rendered, False)
+    alone = llm.chat(one, GREEDY, add_generation_prompt=False)
+    assert len(alone) == 1 and alone[0].prompt_token_ids != outs[0].prompt_token_ids
+
+
+def test_a_refused_prompt_raises_and_the_rest_are_aborted(llm: LLM) -> None:
+    long = SamplingParams(max_tokens=200, ignore_eos=True)
+    with pytest.raises(ValueError, match=r"prompt 1 \(prompt\): .*empty"):
+        llm.generate([[1, 2, 3], "", [4, 5, 6]], long)
+    with pytest.raises(ValueError, match="temperature"):
+        llm.generate("x", {"temperature": -1.0})
+    with pytest.raises(ValueError, match="2 sampling_params for 1 prompts"):
+        llm.generate(["a"], [GREEDY, GREEDY])
+    assert llm.generate([[1, 2, 3]], GREEDY)[0].outputs[0].finish_reason == "length"
+
+
+def test_generate_batch_refuses_parallel_samples() -> None:
+    with pytest.raises(ValueError, match=r"troupe\.LLM"):
+        generate_batch(["a"], SamplingParams(n=2), CONFIG, progress=False)
