@@ -5,6 +5,7 @@ in a thread of its own: anyio's blocking portal), driven by plain synchronous ca
         outputs = llm.generate(["Hello", "The sky is"], SamplingParams(max_tokens=16, n=2))
         outputs[0].outputs[1].text                      # prompt 0's second sample
         llm.chat([{"role": "user", "content": "Hi"}], SamplingParams(max_tokens=32))
+        llm.embed(["a text"])[0].embedding              # pooled (SamplingParams.pooling)
 
 Each prompt is one request; its samples are its `outputs`, by index, as in vLLM's
 RequestOutput, and the outputs come back in prompt order whatever order they finish in. A
@@ -33,6 +34,7 @@ from troupe.messages import (
     Delta,
     Failed,
     Finished,
+    Pooling,
     Rejected,
     SamplingParams,
     StreamEvent,
@@ -63,7 +65,18 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     prompt_logprobs: tuple[TokenLogprob, ...] | None = None  # positions 1.. of the prompt
     num_cached_tokens: int = 0
+    embedding: tuple[float, ...] | None = None  # SamplingParams.pooling
     finished: bool = True
+
+
+@dataclass
+class PoolingRequestOutput:
+    """One prompt's pooled vector (vLLM's EmbeddingRequestOutput / ClassificationRequestOutput:
+    `embedding`, or the class probabilities for classify)."""
+
+    request_id: str
+    prompt_token_ids: list[int] | None
+    embedding: list[float]
 
 
 class LLM:
@@ -151,6 +164,31 @@ class LLM:
         ]
         return self.generate(prompts, sampling_params)
 
+    def embed(
+        self, prompts: PromptInput | Sequence[PromptInput], pooling: Pooling | None = None
+    ) -> list[PoolingRequestOutput]:
+        """vLLM's LLM.embed: each prompt's embedding (`pooling`: how its last hidden states
+        pool; default last token, unit norm), in prompt order."""
+        return self._pool(prompts, pooling or Pooling())
+
+    def classify(self, prompts: PromptInput | Sequence[PromptInput]) -> list[PoolingRequestOutput]:
+        """vLLM's LLM.classify (a sequence-classification model): each prompt's class
+        probabilities, as `embedding`."""
+        return self._pool(prompts, Pooling(task="classify"))
+
+    def _pool(
+        self, prompts: PromptInput | Sequence[PromptInput], pooling: Pooling
+    ) -> list[PoolingRequestOutput]:
+        params = SamplingParams(max_tokens=1, temperature=0.0, pooling=pooling)
+        return [
+            PoolingRequestOutput(
+                request_id=out.request_id,
+                prompt_token_ids=out.prompt_token_ids,
+                embedding=list(out.embedding or ()),
+            )
+            for out in self.generate(prompts, params)
+        ]
+
     def _params(self, given: SamplingParams | Mapping[str, Any] | None) -> SamplingParams:
         params = (
             self.engine.default_sampling_params() if given is None else to_sampling_params(given)
@@ -217,6 +255,8 @@ def _take(out: RequestOutput, event: Delta | Finished | Aborted) -> None:
             out.prompt_token_ids = list(event.prompt_token_ids)
         if event.prompt_logprobs is not None:
             out.prompt_logprobs = event.prompt_logprobs
+        if event.embedding is not None:
+            out.embedding = event.embedding
         if event.logprobs is not None:
             sample.logprobs = (sample.logprobs or []) + list(event.logprobs)
     if isinstance(event, Finished | Aborted):

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from troupe import LLM, EngineConfig, SamplingParams, generate_batch
+from troupe import LLM, EngineConfig, Pooling, SamplingParams, generate_batch
 from troupe.gpu.fake_runner import FakeRunner
 
 CONFIG = EngineConfig(runner="fake", num_kv_blocks=512, num_cpu_blocks=8, max_num_seqs=8)
@@ -57,6 +57,17 @@ def test_chat_renders_each_conversation(llm: LLM) -> None:
         assert out.prompt_token_ids == tokenizer.encode(rendered, False)
     alone = llm.chat(one, GREEDY, add_generation_prompt=False)
     assert len(alone) == 1 and alone[0].prompt_token_ids != outs[0].prompt_token_ids
+
+
+def test_embed_pools_each_prompt(llm: LLM) -> None:
+    prompts: list = [[9, 8, 7, 6, 5], [1, 2, 3]]
+    outs = llm.embed(prompts)
+    assert [o.prompt_token_ids for o in outs] == prompts
+    assert all(sum(v * v for v in o.embedding) == pytest.approx(1.0) for o in outs)
+    mean = llm.embed(prompts, Pooling(type="mean", normalize=False))
+    assert mean[0].embedding != outs[0].embedding != outs[1].embedding
+    with pytest.raises(ValueError, match="classif"):  # no score head on this model
+        llm.classify(prompts)
 
 
 def test_a_refused_prompt_raises_and_the_rest_are_aborted(llm: LLM) -> None:
