@@ -21,16 +21,15 @@ from troupe.gateway.http_body import read_json_body
 from troupe.gateway.openai_bodies import MAX_REQUEST_ID
 from troupe.gateway.openai_requests import Kind, OpenAIRequest, parse_request
 from troupe.gateway.openai_responses import ResponseBuilder
-from troupe.gateway.outbox import Outbox, Overflow
+from troupe.gateway.outbox import Outbox
 from troupe.gateway.prompt_batch import batch_events, batch_usage
 from troupe.gateway.prompt_embeds_body import decoded_embeds, prompt_names
 from troupe.gateway.prompt_logprobs import Echo, PromptLogprobsSeen, echo_for
-from troupe.gateway.pump import pump
 from troupe.gateway.reasoning import ReasoningSplitter
 from troupe.gateway.sse_frames import DONE as _DONE
 from troupe.gateway.sse_frames import sse as _sse
 from troupe.gateway.sse_frames import text_delta_frames
-from troupe.gateway.sse_writer import first_event, serve_sse
+from troupe.gateway.sse_writer import first_event, pump_sse, serve_sse
 from troupe.gateway.state import GATEWAY, Gateway
 from troupe.gateway.token_ids_out import TokenIds, chunk_with_ids
 from troupe.gateway.tool_auto import auto_tool_parser, parse_auto_calls
@@ -365,9 +364,6 @@ async def _pump_sse(
                 yield _DONE
 
     try:
-        await pump(events, outbox, encode, first)
-    except Overflow as exc:
-        outbox.put_final(_sse(ApiError(429, str(exc), code="slow_consumer").body()))
-        on_overflow()
+        await pump_sse(events, outbox, encode, first, on_overflow)
     finally:
         outbox.close()

@@ -33,9 +33,8 @@ from aiohttp import web
 from troupe.gateway.completion_logprobs import TokenTexts
 from troupe.gateway.errors import ApiError, error_for_event, invalid
 from troupe.gateway.http_body import read_json_body
-from troupe.gateway.outbox import Outbox, Overflow
+from troupe.gateway.outbox import Outbox
 from troupe.gateway.prompt_batch import batch_events, prompt_request_ids
-from troupe.gateway.pump import pump
 from troupe.gateway.sglang_bodies import (
     CLIENT_FIELDS,
     GenerateCall,
@@ -43,7 +42,7 @@ from troupe.gateway.sglang_bodies import (
     parse_generate,
 )
 from troupe.gateway.sse_frames import DONE, sse
-from troupe.gateway.sse_writer import serve_sse
+from troupe.gateway.sse_writer import pump_sse, serve_sse
 from troupe.gateway.state import GATEWAY, Gateway
 from troupe.messages import Aborted, Delta, Failed, Finished, Rejected, StreamEvent, TokenLogprob
 
@@ -118,11 +117,7 @@ async def _stream(
                 if event.is_terminal:
                     yield DONE
 
-            try:
-                await pump(events, outbox, encode, first)
-            except Overflow as exc:
-                outbox.put_final(sse(ApiError(429, str(exc), code="slow_consumer").body()))
-                on_overflow()
+            await pump_sse(events, outbox, encode, first, on_overflow)
 
         return await serve_sse(request, gateway.settings, fill, engine_id)
     finally:

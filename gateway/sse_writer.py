@@ -17,10 +17,11 @@ from typing import Any
 
 import structlog
 from aiohttp import web
-from troupe.gateway.errors import error_for_event
-from troupe.gateway.outbox import Outbox
-from troupe.gateway.pump import abort_transport_later
+from troupe.gateway.errors import ApiError, error_for_event
+from troupe.gateway.outbox import Outbox, Overflow
+from troupe.gateway.pump import Encoder, abort_transport_later, pump
 from troupe.gateway.settings import GatewaySettings
+from troupe.gateway.sse_frames import sse
 from troupe.messages import Aborted, Failed, Rejected, StreamEvent
 
 log = structlog.get_logger("troupe.gateway")
@@ -47,6 +48,22 @@ async def first_event(events: Any, client_fields: Mapping[str, str] | None = Non
         await events.aclose()
         raise error_for_event(first, client_fields)
     return first
+
+
+async def pump_sse(
+    events: Any,
+    outbox: Outbox,
+    encode: Encoder,
+    first: StreamEvent,
+    on_overflow: Callable[[], None],
+) -> None:
+    """`pump` the engine stream into an SSE answer's outbox; a reader that fell too far
+    behind gets one last chunk, a 429 `slow_consumer` error (then `on_overflow`)."""
+    try:
+        await pump(events, outbox, encode, first)
+    except Overflow as exc:
+        outbox.put_final(sse(ApiError(429, str(exc), code="slow_consumer").body()))
+        on_overflow()
 
 
 async def serve_sse(
