@@ -123,6 +123,8 @@ class ChatBody(_Common, kw_only=True):
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
     documents: list[dict[str, str]] | None = None  # vLLM's: RAG templates' `documents`
+    # OpenAI's; the chat template's `reasoning_effort` (gpt-oss-style templates read it)
+    reasoning_effort: Literal["low", "medium", "high"] | None = None
     # vLLM's: the last message's content leads the answer when it is in the answer's role
     echo: bool = False
     # vLLM's: false leaves the reasoning parser's thinking out (no reasoning_content)

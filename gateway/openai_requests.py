@@ -255,6 +255,8 @@ def _chat_prompt(body: ChatBody, messages: list[ChatMessage]) -> list[ChatMessag
         template_kwargs["tools"] = [as_sent(tool) for tool in body.tools]
     if body.documents is not None:
         template_kwargs["documents"] = body.documents
+    if body.reasoning_effort is not None:
+        template_kwargs["reasoning_effort"] = body.reasoning_effort
     template_kwargs.update(body.chat_template_kwargs or {})
     return chat_prompt(
         messages, body.add_generation_prompt, body.continue_final_message, template_kwargs

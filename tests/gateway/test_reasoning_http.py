@@ -30,6 +30,9 @@ TEMPLATE = """\
 </tools>
 Answer a call as <tool_call>{"name": ..., "arguments": ...}</tool_call><|im_end|>
 {% endif %}
+{%- if reasoning_effort is defined %}<|im_start|>system
+Reasoning: {{ reasoning_effort }}<|im_end|>
+{% endif %}
 {%- for m in messages %}<|im_start|>{{ m['role'] }}
 {{ m['content'] }}<|im_end|>
 {% endfor %}
@@ -139,6 +142,23 @@ def test_include_reasoning_false_drops_the_thinking(servers, reply: str, content
     deltas = [c.choices[0].delta for c in chunks if c.choices]
     assert not any((d.model_extra or {}).get("reasoning_content") for d in deltas)
     assert all(d.content for d in deltas[1:-1])  # no chunk stands for the dropped thinking
+
+
+def test_reasoning_effort_reaches_the_template(servers) -> None:  # type: ignore[no-untyped-def]
+    """OpenAI's chat reasoning_effort is the template's `reasoning_effort` (as the Responses
+    API's reasoning.effort is); a value outside low/medium/high is a 400 naming it."""
+    server = servers["qwen3"]
+    say(server, "Fine.")
+    client = openai_client(server.url)
+    body: dict[str, Any] = {"model": server.engine.model_name, "messages": MESSAGES}
+    out = client.chat.completions.create(
+        max_tokens=4, reasoning_effort="high", extra_body={"return_token_ids": True}, **body
+    )
+    ran = server.engine.tokenizer.decode((out.model_extra or {})["prompt_token_ids"], False)
+    assert "Reasoning: high" in ran
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(max_tokens=4, reasoning_effort="extreme", **body)  # type: ignore[arg-type]
+    assert isinstance(info.value.body, dict) and info.value.body["param"] == "reasoning_effort"
 
 
 def test_tool_calls_come_from_the_content(servers) -> None:  # type: ignore[no-untyped-def]
