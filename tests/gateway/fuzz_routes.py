@@ -245,6 +245,7 @@ CHAT = perturbed(
         ),
         "echo": st.booleans(),
         "documents": st.lists(st.dictionaries(TEXT, TEXT, max_size=2), max_size=2),
+        "reasoning_effort": st.sampled_from(["low", "medium", "high", "extreme"]),
     },
     required=("messages",),
     extra=("prompt", "best_of", "suffix"),
