@@ -1,7 +1,7 @@
 """`LLM`: vLLM's offline entry point. One engine kept running between calls (on an event loop
 in a thread of its own: anyio's blocking portal), driven by plain synchronous calls.
 
-    with LLM(EngineConfig(model="...")) as llm:
+    with LLM(model="...") as llm:                       # or LLM(EngineConfig(...))
         outputs = llm.generate(["Hello", "The sky is"], SamplingParams(max_tokens=16, n=2))
         outputs[0].outputs[1].text                      # prompt 0's second sample
         llm.chat([{"role": "user", "content": "Hi"}], SamplingParams(max_tokens=32))
@@ -17,6 +17,7 @@ finish_reason "abort". `logprobs` are troupe's TokenLogprob rows (token id, logp
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -82,7 +83,18 @@ class PoolingRequestOutput:
 class LLM:
     """An engine for synchronous callers; `close()` (or leaving `with`) stops it."""
 
-    def __init__(self, config: EngineConfig | None = None, *, backend: str = "asyncio") -> None:
+    def __init__(
+        self, config: EngineConfig | None = None, *, backend: str = "asyncio", **fields: Any
+    ) -> None:
+        """`config`, with `fields` (EngineConfig's, as vLLM's LLM takes engine arguments:
+        `LLM(model="...", max_model_len=4096)`) over it; `backend`: the loop's, asyncio or
+        trio."""
+        config = config or EngineConfig()
+        if fields:
+            unknown = sorted(set(fields) - {f.name for f in dataclasses.fields(EngineConfig)})
+            if unknown:
+                raise TypeError(f"EngineConfig has no field {', '.join(map(repr, unknown))}")
+            config = config.replace(**fields)
         self._exits = contextlib.ExitStack()
         try:
             self._portal = self._exits.enter_context(

@@ -81,6 +81,15 @@ def test_a_refused_prompt_raises_and_the_rest_are_aborted(llm: LLM) -> None:
     assert llm.generate([[1, 2, 3]], GREEDY)[0].outputs[0].finish_reason == "length"
 
 
+def test_engine_fields_as_keywords() -> None:
+    with pytest.raises(TypeError, match="'max_model_length'"):
+        LLM(CONFIG, max_model_length=64)
+    with LLM(CONFIG, max_model_len=64) as small:
+        assert small.engine.max_model_len == 64
+        with pytest.raises(ValueError, match="max_model_len"):
+            small.generate([list(range(1, 80))], GREEDY)
+
+
 def test_generate_batch_refuses_parallel_samples() -> None:
     with pytest.raises(ValueError, match=r"troupe\.LLM"):
         generate_batch(["a"], SamplingParams(n=2), CONFIG, progress=False)
