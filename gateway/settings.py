@@ -59,6 +59,11 @@ class GatewaySettings:
         "every HTTP answer carries an X-Request-Id header (vLLM's flag): the one its request "
         "sent, else a fresh random one; websocket upgrades are left alone",
     )
+    incremental_streaming_output: bool = _knob(
+        False,
+        "SGLang's /generate streams: each chunk carries only its own new text, output_ids and "
+        "logprob rows (SGLang's flag); off: everything so far, SGLang's default",
+    )
     max_body_bytes: int = _knob(4 * 1024 * 1024, "request bodies above this get 413")
     body_timeout: float = _knob(30.0, "seconds a client has to send a request body (408 after)")
     header_timeout: float = _knob(
@@ -189,6 +194,7 @@ class GatewaySettings:
             "allow_runtime_weight_updating",
             "return_tokens_as_token_ids",
             "enable_request_id_headers",
+            "incremental_streaming_output",
         ):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be a bool, got {getattr(self, name)!r}")

@@ -4,8 +4,9 @@ workers read `meta_info.output_token_logprobs` and `finish_reason.type` from it)
     whole:     {"text", "output_ids", "meta_info"}, or a list of them for a batch of prompts
                or n > 1 (prompt-major: prompt i's sample j is entry i * n + j)
     streamed:  SSE chunks `data: {...}`, each with the text and output_ids so far (SGLang's
-               default, non-incremental output) and its meta_info, plus "index" for a batch
-               or n > 1; then `data: [DONE]`. A failure mid-stream is a chunk {"error"}.
+               default, non-incremental output; --incremental-streaming-output: only the
+               chunk's own, and its own logprob rows) and its meta_info, plus "index" for a
+               batch or n > 1; then `data: [DONE]`. A failure mid-stream is a chunk {"error"}.
     meta_info: id (the client's rid, else a fresh one; "-j" after it for sample j when
                n > 1), finish_reason (null until the end, then {"type": "stop", "matched":
                the stop string or token id}, {"type": "length", "length": n}), prompt_tokens,
@@ -89,7 +90,9 @@ async def generate(request: web.Request) -> web.StreamResponse:
     call = parse_generate(await read_json_body(request, gateway.settings), engine.sampling_defaults)
     call = _on_adapter(gateway, call)
     rids = call.rids or [uuid.uuid4().hex for _ in call.prompts]
-    answer = _Answer(call, rids, TokenTexts(engine.tokenizer, skip_special_tokens=False))
+    texts = TokenTexts(engine.tokenizer, skip_special_tokens=False)
+    incremental = gateway.settings.incremental_streaming_output
+    answer = _Answer(call, rids, texts, incremental=incremental)
     field = "text" if isinstance(call.prompts[0], str) else "input_ids"
     engine_id = f"generate-{uuid.uuid4().hex}"
     ids = prompt_request_ids(engine_id, len(rids))
@@ -179,9 +182,12 @@ class _Sample:
 class _Answer:
     """Every sample of one /generate call, and their SGLang output dicts."""
 
-    def __init__(self, call: GenerateCall, rids: list[str], texts: TokenTexts) -> None:
+    def __init__(
+        self, call: GenerateCall, rids: list[str], texts: TokenTexts, *, incremental: bool
+    ) -> None:
         self._call = call
         self._texts = texts
+        self._incremental = incremental  # a streamed chunk carries only its own output
         n = call.n
         self._samples = [_Sample(rid if n == 1 else f"{rid}-{j}") for rid in rids for j in range(n)]
         self._prompt_tokens: dict[int, int] = {}  # per prompt, once known
@@ -190,6 +196,7 @@ class _Answer:
         """Take in one event of sample `event.index`; its output dict so far."""
         call, index = self._call, event.index
         sample, prompt = self._samples[index], index // call.n
+        num_rows = len(sample.logprobs)
         if not call.is_prompt_only:
             sample.text.append(event.text)
             sample.output_ids.extend(event.token_ids)
@@ -215,7 +222,14 @@ class _Answer:
             meta["output_token_logprobs"] = sample.logprobs
             if call.top_logprobs_num:
                 meta["output_top_logprobs"] = sample.top
-        out = self._output(sample)
+        if streamed and self._incremental:  # this event's own text, ids and rows
+            out = {
+                "text": "" if call.is_prompt_only else event.text,
+                "output_ids": [] if call.is_prompt_only else list(event.token_ids),
+                "meta_info": {**meta, **self._rows_from(sample, num_rows)},
+            }
+        else:
+            out = self._output(sample)
         if streamed and (call.is_batch or call.n > 1):
             out["index"] = index
         return out
@@ -223,6 +237,15 @@ class _Answer:
     def whole(self) -> Any:
         outputs = [self._output(s) for s in self._samples]
         return outputs if self._call.is_batch or self._call.n > 1 else outputs[0]
+
+    def _rows_from(self, sample: _Sample, start: int) -> dict[str, Any]:
+        """The sample's output logprob rows from row `start` on, as meta_info holds them."""
+        if not self._call.return_logprob:
+            return {}
+        rows: dict[str, Any] = {"output_token_logprobs": sample.logprobs[start:]}
+        if self._call.top_logprobs_num:
+            rows["output_top_logprobs"] = sample.top[start:]
+        return rows
 
     def _output(self, sample: _Sample) -> dict[str, Any]:
         text = "".join(sample.text)

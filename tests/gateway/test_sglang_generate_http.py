@@ -179,3 +179,18 @@ def test_behind_the_key(server) -> None:  # type: ignore[no-untyped-def]
     body = {"text": PROMPT, "sampling_params": GREEDY}
     assert _post(url, "/generate", body)[0] == 401
     assert _post(url, "/generate", body, {"Authorization": "Bearer sesame"})[0] == 200
+
+
+def test_incremental_streaming_output(server) -> None:  # type: ignore[no-untyped-def]
+    """SGLang's --incremental-streaming-output: each chunk carries only its own output; joined
+    they are the whole answer."""
+    url = server.add_gateway(GatewaySettings(incremental_streaming_output=True))
+    status, whole = _post(url, "/generate", {"text": PROMPT, "sampling_params": GREEDY})
+    body = {"text": PROMPT, "sampling_params": GREEDY, "stream": True, "return_logprob": True}
+    status, chunks = _post(url, "/generate", body)
+    assert status == 200 and len(chunks) > 1
+    assert "".join(c["text"] for c in chunks) == whole["text"]
+    assert [i for c in chunks for i in c["output_ids"]] == whole["output_ids"]
+    rows = [r for c in chunks for r in c["meta_info"]["output_token_logprobs"]]
+    assert [r[1] for r in rows] == whole["output_ids"]
+    assert chunks[-1]["meta_info"]["completion_tokens"] == 6
