@@ -222,6 +222,7 @@ class _Answer:
             meta["output_token_logprobs"] = sample.logprobs
             if call.top_logprobs_num:
                 meta["output_top_logprobs"] = sample.top
+        out: dict[str, Any]
         if streamed and self._incremental:  # this event's own text, ids and rows
             out = {
                 "text": "" if call.is_prompt_only else event.text,
