@@ -6,6 +6,7 @@ in a thread of its own: anyio's blocking portal), driven by plain synchronous ca
         outputs[0].outputs[1].text                      # prompt 0's second sample
         llm.chat([{"role": "user", "content": "Hi"}], SamplingParams(max_tokens=32))
         llm.embed(["a text"])[0].embedding              # pooled (SamplingParams.pooling)
+        llm.beam_search(["Once"], BeamSearchParams(beam_width=4))[0][0].text   # the best beam
 
 Each prompt is one request; its samples are its `outputs`, by index, as in vLLM's
 RequestOutput, and the outputs come back in prompt order whatever order they finish in. A
@@ -25,6 +26,7 @@ from typing import Any
 import anyio
 import anyio.from_thread
 import msgspec
+from troupe.actors.beam_search import Beam, BeamSearchParams, beam_search
 from troupe.actors.engine import Engine, PromptInput
 from troupe.actors.request_input import to_sampling_params
 from troupe.config import EngineConfig
@@ -187,6 +189,31 @@ class LLM:
         """vLLM's LLM.classify (a sequence-classification model): each prompt's class
         probabilities, as `embedding`."""
         return self._pool(prompts, Pooling(task="classify"))
+
+    def beam_search(
+        self, prompts: str | Sequence[int] | Sequence[str | Sequence[int]], params: BeamSearchParams
+    ) -> list[list[Beam]]:
+        """vLLM's LLM.beam_search: each prompt's (a text or token ids) params.beam_width best
+        beams, best first (actors/beam_search.py), all prompts searched at once; a bad
+        params field raises ParamError, a refused round BeamSearchError."""
+        alone = isinstance(prompts, str) or _is_token_ids(prompts)
+        batch: list[Any] = [prompts] if alone else list(prompts)
+        encode = self.engine.tokenizer.encode
+        ids = [encode(p) if isinstance(p, str) else list(p) for p in batch]
+        params.check()
+
+        async def search_all() -> list[list[Beam]]:
+            found: list[list[Beam]] = [[] for _ in ids]
+
+            async def one(i: int) -> None:
+                found[i] = await beam_search(self.engine, ids[i], params)
+
+            async with anyio.create_task_group() as tg:
+                for i in range(len(ids)):
+                    tg.start_soon(one, i)
+            return found
+
+        return self._portal.call(search_all)
 
     def _pool(
         self, prompts: PromptInput | Sequence[PromptInput], pooling: Pooling

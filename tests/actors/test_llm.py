@@ -8,7 +8,9 @@ from collections.abc import Iterator
 
 import pytest
 from troupe import LLM, EngineConfig, Pooling, SamplingParams, generate_batch
+from troupe.actors.beam_search import BeamSearchParams
 from troupe.gpu.fake_runner import FakeRunner
+from troupe.messages import ParamError
 
 CONFIG = EngineConfig(runner="fake", num_kv_blocks=512, num_cpu_blocks=8, max_num_seqs=8)
 GREEDY = SamplingParams(max_tokens=5, temperature=0.0)
@@ -68,6 +70,21 @@ def test_embed_pools_each_prompt(llm: LLM) -> None:
     assert mean[0].embedding != outs[0].embedding != outs[1].embedding
     with pytest.raises(ValueError, match="classif"):  # no score head on this model
         llm.classify(prompts)
+
+
+def test_beam_search_gives_each_prompt_its_best_beams(llm: LLM) -> None:
+    params = BeamSearchParams(beam_width=3, max_tokens=4)
+    found = llm.beam_search(["Once upon a time", [7, 8, 9]], params)
+    assert len(found) == 2 and all(len(beams) == 3 for beams in found)
+    for beams in found:
+        scores = [b.score for b in beams]
+        assert scores == sorted(scores, reverse=True) and len(set(b.token_ids for b in beams)) == 3
+    tokenizer = llm.get_tokenizer()
+    assert found[0][0].text == tokenizer.decode(list(found[0][0].token_ids))
+    alone = llm.beam_search("Once upon a time", params)
+    assert [b.token_ids for b in alone[0]] == [b.token_ids for b in found[0]]
+    with pytest.raises(ParamError, match="beam_width"):
+        llm.beam_search("x", BeamSearchParams(beam_width=0))
 
 
 def test_a_refused_prompt_raises_and_the_rest_are_aborted(llm: LLM) -> None:
