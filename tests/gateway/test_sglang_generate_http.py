@@ -9,10 +9,14 @@ import itertools
 import json
 import urllib.error
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 import pytest
 from troupe.gateway.state import GatewaySettings
+
+from tests.gateway.conftest import scripted_server
+from tests.gateway.scripted_runner import say, template_model
 
 GREEDY = {"temperature": 0, "max_new_tokens": 6}
 PROMPT = "The capital of France is"
@@ -194,3 +198,19 @@ def test_incremental_streaming_output(server) -> None:  # type: ignore[no-untype
     rows = [r for c in chunks for r in c["meta_info"]["output_token_logprobs"]]
     assert [r[1] for r in rows] == whole["output_ids"]
     assert chunks[-1]["meta_info"]["completion_tokens"] == 6
+
+
+def test_the_models_eos_is_the_match(tmp_path: Path) -> None:
+    """At the model's EOS, SGLang names the EOS token as what matched (output_ids end with it;
+    the text does not show it)."""
+    folder = template_model(tmp_path, "{{ messages[0]['content'] }}")
+    server = scripted_server(folder, GatewaySettings()).start()
+    try:
+        say(server, "Done here.")
+        status, out = _post(server.url, "/generate", {"text": PROMPT})
+        eos = server.engine.tokenizer.eos_token_ids[0]
+        assert status == 200 and out["text"] == "Done here."
+        assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": eos}
+        assert out["output_ids"][-1] == eos
+    finally:
+        server.shutdown()
