@@ -166,11 +166,16 @@ def _id_prompts(given: list[int | list[int]]) -> tuple[list[str | list[int]], bo
 
 
 def _rids(rid: str | list[str] | None, num_prompts: int, is_batch: bool) -> list[str] | None:
+    """Each prompt's rid: a list names each; one string names a lone prompt, or is the
+    prefix of a batch's (`rid_0`, `rid_1`, ... as SGLang expands it)."""
     if rid is None:
         return None
-    rids = [rid] if isinstance(rid, str) and not is_batch else rid
-    if isinstance(rids, str) or len(rids) != num_prompts:
-        raise invalid("rid", f"rid must name each of the {num_prompts} prompts (a list)")
+    if isinstance(rid, str):
+        rids = [f"{rid}_{i}" for i in range(num_prompts)] if is_batch else [rid]
+    elif len(rid) != num_prompts:
+        raise invalid("rid", f"rid lists {len(rid)} ids for {num_prompts} prompts")
+    else:
+        rids = rid
     if not all(0 < len(r) <= 128 for r in rids):
         raise invalid("rid", "each rid must be 1 to 128 characters")
     return list(rids)

@@ -128,6 +128,8 @@ def test_a_batch_with_n_is_prompt_major(server) -> None:  # type: ignore[no-unty
     status, out = _post(server.url, "/generate", body)
     assert status == 200, out
     assert [o["meta_info"]["id"] for o in out] == ["a-0", "a-1", "b-0", "b-1"]
+    status, named = _post(server.url, "/generate", {**body, "rid": "job"})  # SGLang's prefix
+    assert [o["meta_info"]["id"] for o in named] == ["job_0-0", "job_0-1", "job_1-0", "job_1-1"]
     assert [o["meta_info"]["completion_tokens"] for o in out] == [6, 6, 3, 3]
     assert out[0]["text"] == _completion(server.url, prompts[0])["text"]
     status, chunks = _post(server.url, "/generate", {**body, "stream": True})
@@ -162,7 +164,8 @@ def test_a_stream_carries_the_text_so_far(server) -> None:  # type: ignore[no-un
         ({"text": PROMPT, "stream": True, "sampling_params": {"max_new_tokens": 10**6}}, "sampling_params.max_new_tokens"),
         ({"text": [PROMPT, "x"], "sampling_params": [{"n": 1}, {"n": 2}]}, "sampling_params.n"),
         ({"text": [PROMPT, "x"], "sampling_params": [{}]}, "sampling_params"),
-        ({"text": [PROMPT, "x"], "rid": "one"}, "rid"),
+        ({"text": [PROMPT, "x"], "rid": ["one"]}, "rid"),
+        ({"text": PROMPT, "rid": ""}, "rid"),
         ({"text": PROMPT, "top_logprobs_num": 2}, "top_logprobs_num"),
         ({"text": PROMPT, "return_logprob": True, "top_logprobs_num": 99}, "top_logprobs_num"),
         ({"text": PROMPT, "lora_path": "nope"}, "lora_path"),
