@@ -19,13 +19,15 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Mapping, Sequence
+import threading
+import weakref
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
-import anyio.from_thread
 import msgspec
+from anyio.from_thread import BlockingPortal
 from troupe.actors.beam_search import Beam, BeamSearchParams, beam_search
 from troupe.actors.engine import Engine, PromptInput
 from troupe.actors.request_input import to_sampling_params
@@ -97,16 +99,17 @@ class LLM:
             if unknown:
                 raise TypeError(f"EngineConfig has no field {', '.join(map(repr, unknown))}")
             config = config.replace(**fields)
-        self._exits = contextlib.ExitStack()
+        exits = contextlib.ExitStack()
         try:
-            self._portal = self._exits.enter_context(
-                anyio.from_thread.start_blocking_portal(backend)
-            )
-            opened = self._portal.wrap_async_context_manager(Engine.open(config or EngineConfig()))
-            self.engine: Engine = self._exits.enter_context(opened)
+            self._portal = exits.enter_context(_daemon_portal(backend))
+            opened = self._portal.wrap_async_context_manager(Engine.open(config))
+            self.engine: Engine = exits.enter_context(opened)
         except BaseException:
-            self._exits.close()
+            exits.close()
             raise
+        # closed by close(), or when this LLM is collected, or at interpreter exit: its loop's
+        # thread is a daemon, so an LLM left open never holds the interpreter there
+        self._close = weakref.finalize(self, exits.close)
         self._next_id = 0
 
     def __enter__(self) -> LLM:
@@ -117,7 +120,7 @@ class LLM:
 
     def close(self) -> None:
         """Stop the engine and its loop (once; later calls do nothing)."""
-        self._exits.close()
+        self._close()
 
     def get_tokenizer(self) -> Any:
         return self.engine.tokenizer
@@ -306,6 +309,39 @@ def _take(out: RequestOutput, event: Delta | Finished | Aborted) -> None:
         sample.cumulative_logprob = event.cumulative_logprob
         if sample.cumulative_logprob is None and sample.logprobs is not None:
             sample.cumulative_logprob = sum(row.logprob for row in sample.logprobs)
+
+
+@contextlib.contextmanager
+def _daemon_portal(backend: str) -> Iterator[BlockingPortal]:
+    """anyio's blocking portal with its event loop in a daemon thread (anyio's own
+    start_blocking_portal runs it in a worker the interpreter waits for at exit)."""
+    started = threading.Event()
+    portals: list[BlockingPortal] = []
+    failures: list[BaseException] = []
+
+    async def serve() -> None:
+        async with BlockingPortal() as portal:
+            portals.append(portal)
+            started.set()
+            await portal.sleep_until_stopped()
+
+    def run() -> None:
+        try:
+            anyio.run(serve, backend=backend)
+        except BaseException as exc:  # a bad backend name: raised in the caller's thread
+            failures.append(exc)
+            started.set()
+
+    thread = threading.Thread(target=run, name="troupe-llm", daemon=True)
+    thread.start()
+    started.wait()
+    if failures:
+        raise failures[0]
+    try:
+        yield portals[0]
+    finally:
+        portals[0].call(portals[0].stop)
+        thread.join()
 
 
 def _is_token_ids(prompt: object) -> bool:

@@ -4,7 +4,10 @@ prompt (the others aborted, the engine still serving); asyncio and trio loops al
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from troupe import LLM, EngineConfig, Pooling, SamplingParams, generate_batch
@@ -110,3 +113,19 @@ def test_engine_fields_as_keywords() -> None:
 def test_generate_batch_refuses_parallel_samples() -> None:
     with pytest.raises(ValueError, match=r"troupe\.LLM"):
         generate_batch(["a"], SamplingParams(n=2), CONFIG, progress=False)
+
+
+def test_an_llm_left_open_lets_the_interpreter_exit(tmp_path: Path) -> None:
+    """Its loop runs in a daemon thread and its finalizer stops the engine at exit: a script
+    that never calls close() still ends (the timeout is a hang guard only)."""
+    script = tmp_path / "left_open.py"
+    script.write_text(
+        "from troupe import LLM, EngineConfig, SamplingParams\n"
+        "llm = LLM(EngineConfig(runner='fake', num_kv_blocks=64, num_cpu_blocks=4))\n"
+        "print(llm.generate([[1, 2, 3]], SamplingParams(max_tokens=2))[0].outputs[0].token_ids)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().startswith("[")
