@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from troupe.actors.engine import Engine
     from troupe.actors.engine_stopped import EngineStopped
-    from troupe.actors.llm import LLM, CompletionOutput, RequestOutput
+    from troupe.actors.llm import LLM
+    from troupe.actors.llm_outputs import CompletionOutput, RequestOutput
     from troupe.actors.offline import Completion, generate_batch
     from troupe.config import ConfigError, EngineConfig
     from troupe.gpu.embed_rows import prompt_embeds_of
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
 # process, which runs no model) must not pull in the engine, and with it torch.
 _HOMES = {
     "Completion": "troupe.actors.offline",
-    "CompletionOutput": "troupe.actors.llm",
+    "CompletionOutput": "troupe.actors.llm_outputs",
     "ConfigError": "troupe.config",
     "Engine": "troupe.actors.engine",
     "EngineConfig": "troupe.config",
@@ -33,7 +34,7 @@ _HOMES = {
     "LLM": "troupe.actors.llm",
     "Pooling": "troupe.messages",
     "PromptEmbeds": "troupe.messages",
-    "RequestOutput": "troupe.actors.llm",
+    "RequestOutput": "troupe.actors.llm_outputs",
     "SamplingParams": "troupe.messages",
     "generate_batch": "troupe.actors.offline",
     "prompt_embeds_of": "troupe.gpu.embed_rows",

@@ -19,69 +19,32 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import threading
 import weakref
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import anyio
 import msgspec
-from anyio.from_thread import BlockingPortal
 from troupe.actors.beam_search import Beam, BeamSearchParams, beam_search
+from troupe.actors.daemon_portal import daemon_portal
 from troupe.actors.engine import Engine, PromptInput
+from troupe.actors.llm_outputs import (
+    CompletionOutput,
+    PoolingRequestOutput,
+    RequestOutput,
+    take_event,
+)
 from troupe.actors.request_input import to_sampling_params
 from troupe.config import EngineConfig
 from troupe.messages import (
-    Aborted,
     ChatMessage,
     ChatPrompt,
-    Delta,
     Failed,
-    Finished,
     Pooling,
     Rejected,
     SamplingParams,
     StreamEvent,
-    TokenLogprob,
 )
-
-
-@dataclass
-class CompletionOutput:
-    """One sample of a prompt (vLLM's CompletionOutput)."""
-
-    index: int
-    text: str = ""
-    token_ids: list[int] = field(default_factory=list)
-    cumulative_logprob: float | None = None
-    logprobs: list[TokenLogprob] | None = None  # SamplingParams.logprobs: each token's row
-    finish_reason: str | None = None  # "stop", "length" or "abort"
-    stop_reason: str | int | None = None  # the stop string or token id that matched
-
-
-@dataclass
-class RequestOutput:
-    """One prompt's request, all its samples done (vLLM's RequestOutput)."""
-
-    request_id: str
-    prompt: str | None  # the text, when the prompt was text
-    prompt_token_ids: list[int] | None
-    outputs: list[CompletionOutput]
-    prompt_logprobs: tuple[TokenLogprob, ...] | None = None  # positions 1.. of the prompt
-    num_cached_tokens: int = 0
-    embedding: tuple[float, ...] | None = None  # SamplingParams.pooling
-    finished: bool = True
-
-
-@dataclass
-class PoolingRequestOutput:
-    """One prompt's pooled vector (vLLM's EmbeddingRequestOutput / ClassificationRequestOutput:
-    `embedding`, or the class probabilities for classify)."""
-
-    request_id: str
-    prompt_token_ids: list[int] | None
-    embedding: list[float]
 
 
 class LLM:
@@ -101,7 +64,7 @@ class LLM:
             config = config.replace(**fields)
         exits = contextlib.ExitStack()
         try:
-            self._portal = exits.enter_context(_daemon_portal(backend))
+            self._portal = exits.enter_context(daemon_portal(backend))
             opened = self._portal.wrap_async_context_manager(Engine.open(config))
             self.engine: Engine = exits.enter_context(opened)
         except BaseException:
@@ -135,9 +98,12 @@ class LLM:
         | Mapping[str, Any]
         | Sequence[SamplingParams]
         | None = None,
+        *,
+        use_tqdm: bool = True,
     ) -> list[RequestOutput]:
         """Run every prompt (a text, token ids or a ChatPrompt; one alone or a list of them)
-        with its params (one for all, or one each; None: the model's defaults)."""
+        with its params (one for all, or one each; None: the model's defaults), showing a
+        progress bar of finished prompts unless `use_tqdm` is false (vLLM's)."""
         if isinstance(prompts, str) or _is_token_ids(prompts) or isinstance(prompts, ChatPrompt):
             prompts = [prompts]
         batch = list(prompts)  # type: ignore[arg-type]
@@ -149,7 +115,7 @@ class LLM:
             each = [self._params(p) for p in sampling_params]
         else:
             each = [self._params(sampling_params)] * len(batch)
-        return self._portal.call(self._run, batch, each)
+        return self._portal.call(self._run, batch, each, use_tqdm)
 
     def chat(
         self,
@@ -164,6 +130,7 @@ class LLM:
         continue_final_message: bool = False,
         chat_template_kwargs: Mapping[str, Any] | None = None,
         tools: Sequence[Mapping[str, Any]] | None = None,
+        use_tqdm: bool = True,
     ) -> list[RequestOutput]:
         """vLLM's LLM.chat: one conversation (a list of messages) or a list of them, rendered
         with the model's chat template (`tools` and `chat_template_kwargs` reach it)."""
@@ -179,19 +146,25 @@ class LLM:
             )
             for conversation in conversations
         ]
-        return self.generate(prompts, sampling_params)
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
     def embed(
-        self, prompts: PromptInput | Sequence[PromptInput], pooling: Pooling | None = None
+        self,
+        prompts: PromptInput | Sequence[PromptInput],
+        pooling: Pooling | None = None,
+        *,
+        use_tqdm: bool = True,
     ) -> list[PoolingRequestOutput]:
         """vLLM's LLM.embed: each prompt's embedding (`pooling`: how its last hidden states
         pool; default last token, unit norm), in prompt order."""
-        return self._pool(prompts, pooling or Pooling())
+        return self._pool(prompts, pooling or Pooling(), use_tqdm)
 
-    def classify(self, prompts: PromptInput | Sequence[PromptInput]) -> list[PoolingRequestOutput]:
+    def classify(
+        self, prompts: PromptInput | Sequence[PromptInput], *, use_tqdm: bool = True
+    ) -> list[PoolingRequestOutput]:
         """vLLM's LLM.classify (a sequence-classification model): each prompt's class
         probabilities, as `embedding`."""
-        return self._pool(prompts, Pooling(task="classify"))
+        return self._pool(prompts, Pooling(task="classify"), use_tqdm)
 
     def beam_search(
         self, prompts: str | Sequence[int] | Sequence[str | Sequence[int]], params: BeamSearchParams
@@ -219,7 +192,7 @@ class LLM:
         return self._portal.call(search_all)
 
     def _pool(
-        self, prompts: PromptInput | Sequence[PromptInput], pooling: Pooling
+        self, prompts: PromptInput | Sequence[PromptInput], pooling: Pooling, use_tqdm: bool
     ) -> list[PoolingRequestOutput]:
         params = SamplingParams(max_tokens=1, temperature=0.0, pooling=pooling)
         return [
@@ -228,7 +201,7 @@ class LLM:
                 prompt_token_ids=out.prompt_token_ids,
                 embedding=list(out.embedding or ()),
             )
-            for out in self.generate(prompts, params)
+            for out in self.generate(prompts, params, use_tqdm=use_tqdm)
         ]
 
     def _params(self, given: SamplingParams | Mapping[str, Any] | None) -> SamplingParams:
@@ -238,7 +211,15 @@ class LLM:
         return msgspec.structs.replace(params, return_prompt_token_ids=True)
 
     async def _run(
-        self, prompts: list[PromptInput], params: list[SamplingParams]
+        self, prompts: list[PromptInput], params: list[SamplingParams], use_tqdm: bool
+    ) -> list[RequestOutput]:
+        from tqdm import tqdm
+
+        with tqdm(total=len(prompts), disable=not use_tqdm, unit="prompt") as bar:
+            return await self._run_all(prompts, params, bar.update)
+
+    async def _run_all(
+        self, prompts: list[PromptInput], params: list[SamplingParams], one_done: Any
     ) -> list[RequestOutput]:
         outputs = [
             RequestOutput(
@@ -262,9 +243,10 @@ class LLM:
                     )
                     errors.append(kind(f"prompt {i}{where}: {event.message}"))
                 else:
-                    _take(outputs[i], event)
+                    take_event(outputs[i], event)
                 if event.is_terminal:
                     open_requests.discard(i)
+                    one_done(1)
                     if not open_requests:
                         ended.set()
                 if errors or not open_requests:
@@ -286,62 +268,6 @@ class LLM:
     def _new_id(self) -> str:
         self._next_id += 1
         return f"llm-{self._next_id}"
-
-
-def _take(out: RequestOutput, event: Delta | Finished | Aborted) -> None:
-    sample = out.outputs[event.index]
-    sample.text += event.text
-    sample.token_ids.extend(event.token_ids)
-    if isinstance(event, Delta | Finished):
-        if event.prompt_token_ids is not None:
-            out.prompt_token_ids = list(event.prompt_token_ids)
-        if event.prompt_logprobs is not None:
-            out.prompt_logprobs = event.prompt_logprobs
-        if event.embedding is not None:
-            out.embedding = event.embedding
-        if event.logprobs is not None:
-            sample.logprobs = (sample.logprobs or []) + list(event.logprobs)
-    if isinstance(event, Finished | Aborted):
-        sample.finish_reason = str(event.finish_reason)
-        out.num_cached_tokens = max(out.num_cached_tokens, event.usage.cached_tokens)
-    if isinstance(event, Finished):
-        sample.stop_reason = event.stop_reason
-        sample.cumulative_logprob = event.cumulative_logprob
-        if sample.cumulative_logprob is None and sample.logprobs is not None:
-            sample.cumulative_logprob = sum(row.logprob for row in sample.logprobs)
-
-
-@contextlib.contextmanager
-def _daemon_portal(backend: str) -> Iterator[BlockingPortal]:
-    """anyio's blocking portal with its event loop in a daemon thread (anyio's own
-    start_blocking_portal runs it in a worker the interpreter waits for at exit)."""
-    started = threading.Event()
-    portals: list[BlockingPortal] = []
-    failures: list[BaseException] = []
-
-    async def serve() -> None:
-        async with BlockingPortal() as portal:
-            portals.append(portal)
-            started.set()
-            await portal.sleep_until_stopped()
-
-    def run() -> None:
-        try:
-            anyio.run(serve, backend=backend)
-        except BaseException as exc:  # a bad backend name: raised in the caller's thread
-            failures.append(exc)
-            started.set()
-
-    thread = threading.Thread(target=run, name="troupe-llm", daemon=True)
-    thread.start()
-    started.wait()
-    if failures:
-        raise failures[0]
-    try:
-        yield portals[0]
-    finally:
-        portals[0].call(portals[0].stop)
-        thread.join()
 
 
 def _is_token_ids(prompt: object) -> bool:

@@ -41,6 +41,13 @@ def test_outputs_come_in_prompt_order_with_their_samples(llm: LLM) -> None:
     assert text[0].outputs[0].text == tokenizer.decode(text[0].outputs[0].token_ids)
 
 
+def test_a_progress_bar_unless_told_not_to(llm: LLM, capfd: pytest.CaptureFixture[str]) -> None:
+    llm.generate([[1, 2, 3], [4, 5, 6]], GREEDY)
+    assert "2/2" in capfd.readouterr().err  # vLLM's default: a bar of finished prompts
+    llm.generate([[1, 2, 3]], GREEDY, use_tqdm=False)
+    assert capfd.readouterr().err == ""
+
+
 def test_the_engine_lives_across_calls(llm: LLM) -> None:
     prompt = [5 + i % 40 for i in range(64)]
     first = llm.generate([prompt], GREEDY)[0]
