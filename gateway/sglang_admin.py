@@ -4,7 +4,8 @@ drive rollouts through them). Behind the API key as /v1/* is.
     GET  /get_model_info       {"model_path", "tokenizer_path", "is_generation",
                                "preferred_sampling_params": null, "weight_version"}
     GET  /health_generate      runs one token (prompt: token id 0); 200 once the engine
-                               answers it, 503 when it refuses (shutting down, failed)
+                               answers it, 503 when it refuses (shutting down, failed) or
+                               sleeps
     GET|POST /flush_cache      the prefix cache dropped (troupe's reset: blocks a running
                                request holds stay); 200 "Cache flushed."
     POST /abort_request        {"rid", "abort_all"}: the /generate requests of that rid are
@@ -73,8 +74,11 @@ async def model_info(request: web.Request) -> web.Response:
 
 
 async def health_generate(request: web.Request) -> web.Response:
-    """SGLang's deep health check: the engine must answer a one-token request."""
+    """SGLang's deep health check: the engine must answer a one-token request (a sleeping
+    engine is not asked: the request would wait for its wake-up)."""
     engine = request.app[GATEWAY].engine
+    if not engine.is_healthy or await engine.is_sleeping():
+        return web.Response(status=503)
     events: Any = engine.generate([0], SamplingParams(max_tokens=1, temperature=0.0))
     async with contextlib.aclosing(events):  # leaving early aborts it
         first = await anext(events, None)

@@ -35,7 +35,8 @@ def _call(url: str, path: str, body: Any = None, method: str = "POST") -> tuple[
             is_json = resp.headers.get("Content-Type", "").startswith("application/json")
             return resp.status, json.loads(raw) if is_json else raw.decode()
     except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
+        raw = exc.read()
+        return exc.code, json.loads(raw) if raw else ""
 
 
 def _cached(url: str) -> int:
@@ -104,12 +105,14 @@ def test_release_and_resume_memory() -> None:
         assert status == 400 and error["error"]["param"] == "tags", error
         status, answer = _call(url, "/release_memory_occupation")
         assert status == 200 and answer["is_sleeping"], answer
+        assert _call(url, "/health_generate", method="GET") == (503, "")  # not left waiting
         assert _call(url, "/is_sleeping", method="GET") == (200, {"is_sleeping": True})
         status, answer = _call(url, "/resume_memory_occupation", {"tags": ["weights"]})
         assert status == 200 and answer["is_sleeping"]  # the KV cache still sleeps
         status, answer = _call(url, "/resume_memory_occupation", method="GET")
         assert status == 200 and not answer["is_sleeping"], answer
         assert _cached(url) == 0  # serving again
+        assert _call(url, "/health_generate", method="GET") == (200, "")
     finally:
         server.shutdown()
 
