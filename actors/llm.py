@@ -41,6 +41,7 @@ from troupe.messages import (
     ChatPrompt,
     Failed,
     Pooling,
+    PromptEmbeds,
     Rejected,
     SamplingParams,
     StreamEvent,
@@ -101,12 +102,11 @@ class LLM:
         *,
         use_tqdm: bool = True,
     ) -> list[RequestOutput]:
-        """Run every prompt (a text, token ids or a ChatPrompt; one alone or a list of them)
+        """Run every prompt (a text, token ids, a ChatPrompt or PromptEmbeds, or vLLM's prompt
+        dicts `{"prompt": text}` / `{"prompt_token_ids": ids}`; one alone or a list of them)
         with its params (one for all, or one each; None: the model's defaults), showing a
         progress bar of finished prompts unless `use_tqdm` is false (vLLM's)."""
-        if isinstance(prompts, str) or _is_token_ids(prompts) or isinstance(prompts, ChatPrompt):
-            prompts = [prompts]
-        batch = list(prompts)  # type: ignore[arg-type]
+        batch = _prompt_list(prompts)
         if isinstance(sampling_params, Sequence):
             if len(sampling_params) != len(batch):
                 raise ValueError(
@@ -172,8 +172,7 @@ class LLM:
         """vLLM's LLM.beam_search: each prompt's (a text or token ids) params.beam_width best
         beams, best first (actors/beam_search.py), all prompts searched at once; a bad
         params field raises ParamError, a refused round BeamSearchError."""
-        alone = isinstance(prompts, str) or _is_token_ids(prompts)
-        batch: list[Any] = [prompts] if alone else list(prompts)
+        batch = _prompt_list(prompts)
         encode = self.engine.tokenizer.encode
         ids = [encode(p) if isinstance(p, str) else list(p) for p in batch]
         params.check()
@@ -268,6 +267,28 @@ class LLM:
     def _new_id(self) -> str:
         self._next_id += 1
         return f"llm-{self._next_id}"
+
+
+def _prompt_list(prompts: Any) -> list[Any]:
+    """One prompt or a list of them, as a list; vLLM's prompt dicts as the text or ids they
+    hold (ValueError naming a key troupe does not take)."""
+    alone = isinstance(prompts, str | ChatPrompt | PromptEmbeds | Mapping) or _is_token_ids(prompts)
+    return [_undict(p) for p in ([prompts] if alone else list(prompts))]
+
+
+def _undict(prompt: Any) -> Any:
+    if not isinstance(prompt, Mapping):
+        return prompt
+    if extra := sorted(set(prompt) - {"prompt", "prompt_token_ids"}):
+        raise ValueError(
+            f"prompt dict key(s) {', '.join(map(repr, extra))} are not served (a prompt dict "
+            "holds 'prompt' or 'prompt_token_ids'; chat messages go to LLM.chat)"
+        )
+    if "prompt_token_ids" in prompt:
+        return list(prompt["prompt_token_ids"])
+    if "prompt" in prompt:
+        return prompt["prompt"]
+    raise ValueError("a prompt dict needs 'prompt' or 'prompt_token_ids'")
 
 
 def _is_token_ids(prompt: object) -> bool:

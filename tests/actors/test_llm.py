@@ -48,6 +48,17 @@ def test_a_progress_bar_unless_told_not_to(llm: LLM, capfd: pytest.CaptureFixtur
     assert capfd.readouterr().err == ""
 
 
+def test_vllms_prompt_dicts(llm: LLM) -> None:
+    by_ids = llm.generate({"prompt_token_ids": [5, 6, 7]}, GREEDY, use_tqdm=False)
+    assert by_ids[0].prompt_token_ids == [5, 6, 7]
+    both = llm.generate([{"prompt": "The theatre"}, [5, 6, 7]], GREEDY, use_tqdm=False)
+    assert both[0].prompt == "The theatre" and both[1].outputs == by_ids[0].outputs
+    with pytest.raises(ValueError, match="'multi_modal_data'"):
+        llm.generate({"prompt": "x", "multi_modal_data": {}}, GREEDY)
+    beams = llm.beam_search([{"prompt_token_ids": [5, 6, 7]}], BeamSearchParams(beam_width=2))
+    assert len(beams[0]) == 2
+
+
 def test_the_engine_lives_across_calls(llm: LLM) -> None:
     prompt = [5 + i % 40 for i in range(64)]
     first = llm.generate([prompt], GREEDY)[0]
