@@ -19,7 +19,7 @@ from typing import Any
 
 import msgspec
 from troupe.gateway.errors import ApiError, invalid
-from troupe.gateway.openai_bodies import decode_body
+from troupe.gateway.openai_bodies import MAX_REQUEST_ID, decode_body
 from troupe.gateway.openai_requests import logit_bias_ids
 from troupe.messages import ParamError, SamplingParams, StructuredOutputs
 from troupe.messages.sampling_defaults import SamplingDefaults
@@ -176,8 +176,8 @@ def _rids(rid: str | list[str] | None, num_prompts: int, is_batch: bool) -> list
         raise invalid("rid", f"rid lists {len(rid)} ids for {num_prompts} prompts")
     else:
         rids = rid
-    if not all(0 < len(r) <= 128 for r in rids):
-        raise invalid("rid", "each rid must be 1 to 128 characters")
+    if not all(0 < len(r) <= MAX_REQUEST_ID for r in rids):
+        raise invalid("rid", f"each rid must be 1 to {MAX_REQUEST_ID} characters")
     return list(rids)
 
 
