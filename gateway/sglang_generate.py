@@ -43,7 +43,7 @@ from troupe.gateway.sglang_bodies import (
     parse_generate,
 )
 from troupe.gateway.sse_frames import DONE, sse
-from troupe.gateway.sse_writer import pump_sse, serve_sse
+from troupe.gateway.sse_writer import first_event, pump_sse, serve_sse
 from troupe.gateway.state import GATEWAY, Gateway
 from troupe.messages import Aborted, Delta, Failed, Finished, Rejected, StreamEvent, TokenLogprob
 
@@ -107,7 +107,10 @@ async def generate(request: web.Request) -> web.StreamResponse:
 async def _stream(
     request: web.Request, gateway: Gateway, events: Any, answer: _Answer, engine_id: str
 ) -> web.StreamResponse:
-    first = await _first(events)
+    try:
+        first = await first_event(events, CLIENT_FIELDS, abort_answers=True)
+    except ApiError as exc:
+        raise in_sglang_terms(exc) from None
     gateway.stream_opened()
     try:
 
@@ -137,20 +140,6 @@ def _on_adapter(gateway: Gateway, call: GenerateCall) -> GenerateCall:
         raise invalid("lora_path", exc.message) from None
     params = [msgspec.structs.replace(p, lora=lora) for p in call.params]
     return dataclasses.replace(call, params=params)
-
-
-async def _first(events: Any) -> StreamEvent:
-    """The first event (an abort is an answer: SGLang's finish_reason "abort"); a rejection
-    or failure raises its error, with the stream closed."""
-    try:
-        first: StreamEvent = await anext(events)
-    except BaseException:
-        await events.aclose()
-        raise
-    if isinstance(first, Rejected | Failed):
-        await events.aclose()
-        raise _error(first)
-    return first
 
 
 async def _whole(events: Any, answer: _Answer) -> Any:

@@ -36,15 +36,18 @@ SSE_HEADERS = {
 Filler = Callable[[Outbox, Callable[[], None]], Awaitable[None]]
 
 
-async def first_event(events: Any, client_fields: Mapping[str, str] | None = None) -> StreamEvent:
+async def first_event(
+    events: Any, client_fields: Mapping[str, str] | None = None, *, abort_answers: bool = False
+) -> StreamEvent:
     """The first event of `events` (an engine stream); a rejection (or failure) raises the
-    ApiError it stands for, with the stream closed."""
+    ApiError it stands for, with the stream closed. `abort_answers`: an abort is an answer,
+    not an error (SGLang's /generate ends it with finish_reason "abort")."""
     try:
         first: StreamEvent = await anext(events)
     except BaseException:
         await events.aclose()
         raise
-    if isinstance(first, Rejected | Aborted | Failed):
+    if isinstance(first, Rejected | Failed) or (isinstance(first, Aborted) and not abort_answers):
         await events.aclose()
         raise error_for_event(first, client_fields)
     return first

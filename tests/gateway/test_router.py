@@ -369,9 +369,10 @@ def test_router_stats_need_the_key_when_one_is_set(make_router) -> None:  # type
         assert json.loads(resp.read())["replicas"][0]["is_up"] is False
 
 
-def test_sagemaker_paths_through_the_router(backends, make_router) -> None:  # type: ignore[no-untyped-def]
+def test_sagemaker_and_sglang_paths_through_the_router(backends, make_router) -> None:  # type: ignore[no-untyped-def]
     """/invocations is proxied (keyed as the endpoint it names: a chat there follows the same
-    conversation's replica); /ping answers as /health; /version is troupe's."""
+    conversation's replica); /ping answers as /health; /version is troupe's; SGLang's
+    /generate passes whole and streamed."""
     urls = [b.url for b in backends]
     router = make_router(urls)
     before = [_served(u) for u in urls]
@@ -387,11 +388,7 @@ def test_sagemaker_paths_through_the_router(backends, make_router) -> None:  # t
     with urllib.request.urlopen(_post(f"{router.url}/ping", {}), timeout=30) as resp:
         assert resp.status == 200
     assert json.loads(_get(f"{router.url}/version")[1])["version"]
-
-
-def test_sglang_generate_through_the_router(backends, make_router) -> None:  # type: ignore[no-untyped-def]
-    """SGLang's /generate is proxied whole and streamed (its stream ends with [DONE])."""
-    router = make_router([b.url for b in backends])
+    # SGLang's /generate is proxied whole and streamed (its stream ends with [DONE])
     body = {"text": SYSTEM, "sampling_params": {"max_new_tokens": 3, "temperature": 0}}
     direct = json.loads(_post_text(f"{backends[0].url}/generate", body))
     via = json.loads(_post_text(f"{router.url}/generate", body))
