@@ -22,6 +22,8 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 from troupe.gateway import openai_routes
 from troupe.gateway.admin_routes import ADMIN_PATHS, add_admin_routes
+from troupe.gateway.anthropic_errors import anthropic_response, is_anthropic_path
+from troupe.gateway.anthropic_routes import add_anthropic_routes
 from troupe.gateway.browser_policy import add_cors_headers, browser_guard
 from troupe.gateway.classify_routes import PATHS as CLASSIFY_PATHS
 from troupe.gateway.classify_routes import add_classify_routes
@@ -98,6 +100,7 @@ def build_app(engine: EngineLike, settings: GatewaySettings | None = None) -> we
     app.router.add_post("/v1/completions", openai_routes.completions)
     app.router.add_post("/v1/chat/completions", openai_routes.chat_completions)
     app.router.add_post("/v1/responses", responses)
+    add_anthropic_routes(app)  # /v1/messages, /v1/messages/count_tokens
     add_stored_response_routes(app)
     app.router.add_post("/v1/embeddings", embeddings)
     app.router.add_get("/v1/ws", websocket)
@@ -123,7 +126,8 @@ async def _echo_request_id(request: web.Request, response: web.StreamResponse) -
 
 @web.middleware
 async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Every error leaves in OpenAI's shape, aiohttp's own (404, 405, 413) included."""
+    """Every error leaves in OpenAI's shape, aiohttp's own (404, 405, 413) included (Anthropic's
+    on its /v1/messages paths)."""
     try:
         return await handler(request)
     except ApiError as exc:
@@ -140,6 +144,8 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     except Exception as exc:  # a bug: answer in shape, keep the traceback in the log
         log.exception("unhandled error", path=request.path)
         error = internal_error(exc)
+    if is_anthropic_path(request.path):
+        return anthropic_response(error)
     response: web.Response = error.response()
     return response
 
@@ -148,7 +154,7 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
 async def _auth(request: web.Request, handler: Handler) -> web.StreamResponse:
     """With an api key set, /v1/* and the work and admin paths beside it (_KEYED_PATHS:
     /tokenize, /classify, /pooling, /score, /invocations, /reset_prefix_cache, ...) need
-    `Authorization: Bearer <key>`.
+    `Authorization: Bearer <key>` (or `x-api-key: <key>`, as Anthropic's SDK sends it).
     Browsers cannot set headers on a websocket: it may send the key as a subprotocol
     (gateway/ws_auth.py; the page does) or, for old clients, as `?api_key=`."""
     key = request.app[GATEWAY].settings.api_key
@@ -156,7 +162,7 @@ async def _auth(request: web.Request, handler: Handler) -> web.StreamResponse:
     if key is None or not (path.startswith("/v1/") or path in _KEYED_PATHS):
         return await handler(request)
     given = request.headers.get("Authorization", "")
-    token = given[7:] if given[:7].lower() == "bearer " else ""
+    token = given[7:] if given[:7].lower() == "bearer " else request.headers.get("x-api-key", "")
     if not token and request.path == "/v1/ws":
         protocols = request.headers.get("Sec-WebSocket-Protocol", "")
         token = key_from_protocols(protocols) or request.query.get("api_key", "")

@@ -39,10 +39,11 @@ from troupe.gateway.outbox import Outbox, Overflow
 from troupe.gateway.pump import pump
 from troupe.gateway.responses_background import BackgroundRun
 from troupe.gateway.responses_objects import ResponseShape
-from troupe.gateway.responses_output import Event, OutputAssembler
+from troupe.gateway.responses_output import OutputAssembler
 from troupe.gateway.responses_replay import serve_events
 from troupe.gateway.responses_requests import ResponsesRequest, parse_responses
 from troupe.gateway.responses_store import StoredResponse, new_response_id
+from troupe.gateway.sse_frames import typed_sse
 from troupe.gateway.sse_writer import first_event, serve_sse
 from troupe.gateway.state import GATEWAY, Gateway
 from troupe.gateway.tool_auto import auto_tool_parser
@@ -185,25 +186,20 @@ async def _pump_events(
 ) -> None:
     assembler = call.assembler
     for event in assembler.start():
-        outbox.put(_frame(event))
+        outbox.put(typed_sse(event))
 
     def encode(event: StreamEvent) -> list[str]:
         if isinstance(event, Delta | Finished):
-            frames = [_frame(e) for e in assembler.feed(event)]
+            frames = [typed_sse(e) for e in assembler.feed(event)]
             if isinstance(event, Finished):
                 _keep(gateway, call)
             return frames
         error = error_for_event(event, call.req.client_fields)
-        return [_frame(e) for e in assembler.fail(error)]
+        return [typed_sse(e) for e in assembler.fail(error)]
 
     try:
         await pump(events, outbox, encode, first)
     except Overflow as exc:
         for event in assembler.fail(ApiError(429, str(exc), code="slow_consumer")):
-            outbox.put_final(_frame(event))
+            outbox.put_final(typed_sse(event))
         on_overflow()
-
-
-def _frame(event: Event) -> str:
-    """One SSE event, named by its type as OpenAI names them."""
-    return f"event: {event['type']}\ndata: {_json.encode(event).decode()}\n\n"

@@ -5,7 +5,8 @@
          /v1/score, /score, /v1/rerank,          streams' ends known (gateway/router_streams.py)
          /rerank, /v2/rerank, /classify,
          /v1/classify, /pooling, /invocations,
-         /generate (SGLang's)
+         /generate (SGLang's), /v1/messages,
+         /v1/messages/count_tokens (Anthropic's)
     GET  /v1/responses/{id}[/input_items],       to the replica storing the response
     DELETE /v1/responses/{id}                    (gateway/router_stored.py; so does a create
                                                  with previous_response_id)
@@ -31,9 +32,11 @@ import aiohttp
 import structlog
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
+from troupe.gateway.anthropic_errors import MESSAGES_PATH, anthropic_response, is_anthropic_path
 from troupe.gateway.errors import ApiError, from_http_exception, internal_error
 from troupe.gateway.router_admin import add_admin_routes
 from troupe.gateway.router_keys import (
+    anthropic_text,
     field_text,
     generate_text,
     invocations_text,
@@ -46,7 +49,7 @@ from troupe.gateway.router_proxy import ROUTER, SESSION, Endpoint, Handler, prox
 from troupe.gateway.router_replicas import ReplicaSet
 from troupe.gateway.router_settings import RouterSettings
 from troupe.gateway.router_stored import add_stored_routes, previous_response
-from troupe.gateway.router_streams import RESPONSES_EVENTS
+from troupe.gateway.router_streams import ANTHROPIC_EVENTS, RESPONSES_EVENTS
 from troupe.gateway.sagemaker_routes import INVOCATIONS_PATH, version
 from troupe.gateway.sglang_generate import PATH as GENERATE_PATH
 
@@ -68,6 +71,8 @@ PROXIED = {
     "/v2/rerank": _RERANK,
     INVOCATIONS_PATH: Endpoint(invocations_text),
     GENERATE_PATH: Endpoint(generate_text),
+    MESSAGES_PATH: Endpoint(anthropic_text, ANTHROPIC_EVENTS),
+    f"{MESSAGES_PATH}/count_tokens": Endpoint(anthropic_text),
 }
 
 
@@ -92,19 +97,23 @@ def build_router_app(replicas: ReplicaSet, session: aiohttp.ClientSession) -> we
 
 @web.middleware
 async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Errors in OpenAI's shape (Anthropic's on its /v1/messages paths), as a replica's."""
     try:
         return await handler(request)
     except ApiError as exc:
-        return exc.response()
+        error = exc
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        return from_http_exception(exc).response()
+        error = from_http_exception(exc)
     except ConnectionError:  # the client went away
         return web.Response(status=499)
     except Exception as exc:  # a bug: answer in shape, keep the traceback in the log
         log.exception("unhandled error", path=request.path)
-        return internal_error(exc).response()
+        error = internal_error(exc)
+    if is_anthropic_path(request.path):
+        return anthropic_response(error)
+    return error.response()
 
 
 async def health(request: web.Request) -> web.Response:

@@ -6,7 +6,7 @@ separator, in order, so two conversations share a key prefix exactly as far as t
 leading messages (system prompt, earlier turns). Responses (`responses_text`): `instructions`
 as a system message, then `input` (a text as a user message, items in order: messages as chat's,
 other items by their JSON), so a conversation keys alike on chat and on /v1/responses, as its
-prompt renders alike. A prompt-like field (`field_text`: completions' `prompt`, embeddings'
+prompt renders alike; Anthropic's /v1/messages (`anthropic_text`) likewise, `system` first. A prompt-like field (`field_text`: completions' `prompt`, embeddings'
 `input`, rerank's `query`, score's `text_1`, SGLang /generate's `text` or `input_ids`;
 SageMaker's /invocations as the endpoint it names): its text; token ids become one character each
 (behind a marker, so they never match text). A value of another shape keys on its JSON: it
@@ -50,6 +50,14 @@ def messages_text(body: dict[str, Any]) -> str:
     if not isinstance(messages, list):
         return _json(messages)
     return "".join(_message_key(m) for m in messages)
+
+
+def anthropic_text(body: dict[str, Any]) -> str:
+    """/v1/messages (and its count_tokens): `system` as a system message, then `messages`, so
+    a conversation keys alike here and on chat, as its prompt renders alike."""
+    system = body.get("system")
+    head = _message_key({"role": "system", "content": system}) if system else ""
+    return head + messages_text(body)
 
 
 def responses_text(body: dict[str, Any]) -> str:

@@ -36,7 +36,7 @@ from troupe.gateway.router_keys import KeyText, routing_key
 from troupe.gateway.router_replicas import NoReplicaUp, Replica, ReplicaSet
 from troupe.gateway.router_streams import DONE_SENTINEL, LastEvent, StreamFormat
 
-_FORWARDED = ("Authorization", "Content-Type", "Accept")
+_FORWARDED = ("Authorization", "X-Api-Key", "Content-Type", "Accept")  # x-api-key: Anthropic's
 _REPLICA_HEADER = "X-Troupe-Replica"  # which replica answered (its index), for debugging
 # What a replica's failure can raise while we read from it.
 _READ_ERRORS = (aiohttp.ClientError, OSError, TimeoutError)

@@ -4,10 +4,13 @@ answer from one that stopped half-way by the stream's last event.
     completions, chat   data: {...}            ...  data: [DONE]             OpenAI's sentinel
     responses           event: response.created ... event: response.completed  no sentinel: the
                                                     (or error, response.failed/incomplete)
+    messages            event: message_start ...    event: message_stop     last event's type
+                                                    (or error)               (Anthropic's)
 
 A stream whose last event is not its endpoint's end gets that endpoint's own error event, so
 the client's SDK reads the failure where it reads the replica's: chat's `data: {"error": ...}`
-and `[DONE]`; a Responses `error` event numbered after the last event the client got.
+and `[DONE]`; a Responses `error` event numbered after the last event the client got;
+Anthropic's `error` event.
 """
 
 from __future__ import annotations
@@ -15,7 +18,9 @@ from __future__ import annotations
 import json
 from typing import Any, Protocol
 
+from troupe.gateway.anthropic_errors import anthropic_error
 from troupe.gateway.errors import ApiError
+from troupe.gateway.sse_frames import typed_sse
 
 _DONE = b"data: [DONE]"
 # The events a Responses stream ends with (troupe sends completed or error; OpenAI the others)
@@ -108,4 +113,18 @@ def _fields(event: bytes) -> tuple[str | None, Any]:
         return name, None
 
 
+class AnthropicEvents:
+    """/v1/messages: named events; message_stop (or an error event) ends."""
+
+    def is_end(self, event: bytes) -> bool:
+        name, data = _fields(event)
+        if name is None and isinstance(data, dict):
+            name = data.get("type")
+        return name in ("message_stop", "error")
+
+    def error_frames(self, error: ApiError, last: bytes) -> bytes:
+        return typed_sse(anthropic_error(error)).encode()
+
+
 DONE_SENTINEL, RESPONSES_EVENTS = DoneSentinel(), ResponsesEvents()
+ANTHROPIC_EVENTS = AnthropicEvents()

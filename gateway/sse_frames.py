@@ -28,6 +28,11 @@ def sse(obj: Any) -> str:
     return f"data: {_json.encode(obj).decode()}\n\n"
 
 
+def typed_sse(event: dict[str, Any]) -> str:
+    """One SSE event named by its `type` (the Responses API's and Anthropic's streams)."""
+    return f"event: {event['type']}\ndata: {_json.encode(event).decode()}\n\n"
+
+
 class TextDeltaFrames:
     """Frames of plain text deltas for one response, from templates cut once per choice."""
 

@@ -168,20 +168,23 @@ def check_post(
 
 
 _RESPONSES_ENDS = {"response.completed", "response.failed", "response.incomplete", "error"}
+_MESSAGES_ENDS = {"message_stop", "error"}  # Anthropic's
 
 
 def check_stream_end(url: str, lines: list[bytes]) -> None:
     """One terminal event, last: `data: [DONE]` on completions and chat, a Responses stream's
-    terminal event on /v1/responses; each error event in OpenAI's shape."""
+    terminal event on /v1/responses, message_stop or error on /v1/messages; each error event
+    with its message."""
     data = [line[6:].strip() for line in lines if line.startswith(b"data: ")]
     for item in data:
         if item.startswith(b"{") and b'"error"' in item:
             parsed = json.loads(item)
             if "error" in parsed and isinstance(parsed["error"], dict):
                 assert parsed["error"].get("message"), parsed
-    if url.endswith("/v1/responses"):
+    named_ends = {"/v1/responses": _RESPONSES_ENDS, "/v1/messages": _MESSAGES_ENDS}
+    if url.endswith(tuple(named_ends)):
         events = [line[7:].strip().decode() for line in lines if line.startswith(b"event: ")]
-        ends = [e for e in events if e in _RESPONSES_ENDS]
+        ends = [e for e in events if e in named_ends[url[url.index("/v1/") :]]]
         assert len(ends) == 1 and events[-1] == ends[0], events[-3:]
     else:
         assert data.count(b"[DONE]") == 1 and data[-1] == b"[DONE]", data[-3:]

@@ -1,10 +1,11 @@
 """Fuzz the generating routes' every field: /v1/completions (beam search, structured output,
 logprobs, prompt_embeds, token-id prompts), /v1/chat/completions (tools, tool_choice,
 response_format schemas xgrammar refuses, template options), /v1/responses, SGLang's
-/generate, and SageMaker's /invocations with completions and chat bodies.
+/generate, Anthropic's /v1/messages and its count_tokens, and SageMaker's /invocations with
+completions and chat bodies.
 
 Properties, for any body: the answer is 2xx, or a 4xx in OpenAI's shape whose 400 names the
-field (`param`); mangled bytes are a 400 on `body`; nothing hangs (HANG is only a hang
+field (`param`; Anthropic's shape on its paths); mangled bytes are a 400 on `body`; nothing hangs (HANG is only a hang
 detector); after each example /health is 200 and a normal request completes; after the
 module the engine holds no request and no KV block. One in-process fake-runner server for the
 module, max_model_len 128 (a huge max_tokens still ends soon). Derandomized: CI reruns the
@@ -27,6 +28,7 @@ from troupe.gateway.state import GatewaySettings
 from troupe.gpu.fake_runner import FakeRunner
 
 from tests.gateway.conftest import BASE_CONFIG, ServerThread
+from tests.gateway.fuzz_anthropic import COUNT_TOKENS, MESSAGES, check_anthropic_error
 from tests.gateway.fuzz_bodies import (
     FUZZ,
     HANG,
@@ -86,6 +88,25 @@ def test_fuzz_sglang_generate(srv: ServerThread, body: dict[str, Any], mutation:
     fuzz(srv, "/generate", body, mutation)
 
 
+@FUZZ
+@given(body=MESSAGES, mutation=MUTATIONS)
+def test_fuzz_anthropic_messages(srv: ServerThread, body: dict[str, Any], mutation: str) -> None:
+    check_post(srv.url + "/v1/messages", body, mutation, error_shape=check_anthropic_error)
+    srv.wait_idle(timeout=60)
+    assert_serving(srv.url)
+
+
+@settings(FUZZ, max_examples=30)
+@given(body=COUNT_TOKENS, mutation=MUTATIONS)
+def test_fuzz_anthropic_count_tokens(
+    srv: ServerThread, body: dict[str, Any], mutation: str
+) -> None:
+    path = "/v1/messages/count_tokens"
+    status, answer = check_post(srv.url + path, body, mutation, error_shape=check_anthropic_error)
+    if status == 200:
+        assert set(answer) == {"input_tokens"} and answer["input_tokens"] > 0, answer
+
+
 @settings(FUZZ, max_examples=30)
 @given(body=st.sampled_from([COMPLETION, CHAT]).flatmap(lambda s: s), mutation=MUTATIONS)
 def test_fuzz_invocations(srv: ServerThread, body: dict[str, Any], mutation: str) -> None:
@@ -102,7 +123,7 @@ GOOD = {
 }
 
 
-EVERY_ROUTE = {**ROUTES, "/generate": GENERATE}
+EVERY_ROUTE = {**ROUTES, "/generate": GENERATE, "/v1/messages": MESSAGES}
 
 
 @settings(FUZZ, max_examples=20)
@@ -140,7 +161,9 @@ def test_fuzz_bad_bodies_beside_a_good_stream(
     finishes = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]]
     assert finishes[-1] == "length", finishes
     for (path, _, _), (other_status, answer) in zip(drawn, others, strict=True):
-        if other_status >= 400:
+        if other_status >= 400 and path == "/v1/messages":
+            check_anthropic_error(other_status, answer)
+        elif other_status >= 400:
             check_error_shape(other_status, answer)
         assert other_status in (200, 400, 404, 413), (path, other_status, answer)
     srv.wait_idle(timeout=HANG)

@@ -1,0 +1,150 @@
+"""POST /v1/messages and /v1/messages/count_tokens: Anthropic's Messages API on chat's
+machinery (vLLM's and SGLang's /v1/messages), so the `anthropic` SDK and the tools built on
+it can point their base URL here.
+
+The body becomes a chat prompt, SamplingParams and a tool plan
+(gateway/anthropic_requests.py); the server's reasoning parser splits thinking off as on chat
+(gateway/chat_reasoning.py); one `engine.generate` stream runs it, and
+gateway/anthropic_output.py turns its events into the message object, whole or as SSE events
+(`event: <type>` + `data: <json>`: message_start, content_block_start / _delta / _stop,
+message_delta, message_stop). Errors are Anthropic's object (gateway/anthropic_errors.py)
+with chat's statuses: a 400 naming the field, 404 for an unknown model, the engine's
+rejection with its status; once a stream has started, an `error` event ends it. A client that
+goes away aborts the request. The API key may come as `x-api-key`, as the SDK sends it.
+
+count_tokens renders the same prompt and counts its tokens: `{"input_tokens": N}`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+import structlog
+from aiohttp import web
+from troupe.gateway.anthropic_errors import MESSAGES_PATH, anthropic_error
+from troupe.gateway.anthropic_output import MessageAssembler
+from troupe.gateway.anthropic_requests import MessagesRequest, parse_count_tokens, parse_messages
+from troupe.gateway.chat_reasoning import chat_reasoning
+from troupe.gateway.errors import ApiError, error_for_event
+from troupe.gateway.http_body import read_json_body
+from troupe.gateway.outbox import Outbox, Overflow
+from troupe.gateway.pump import pump
+from troupe.gateway.sse_frames import typed_sse
+from troupe.gateway.sse_writer import first_event, serve_sse
+from troupe.gateway.state import GATEWAY, Gateway
+from troupe.gateway.tokenize_routes import render_chat
+from troupe.gateway.tool_auto import auto_tool_parser
+from troupe.messages import Aborted, Delta, Failed, Finished, Rejected, SamplingParams, StreamEvent
+
+log = structlog.get_logger("troupe.gateway")
+
+_json = msgspec.json.Encoder()
+
+
+@dataclasses.dataclass(frozen=True)
+class _Call:
+    """A checked request and what answers it."""
+
+    req: MessagesRequest
+    params: SamplingParams  # the request's, with the reasoning parser's changes
+    id: str
+    assembler: MessageAssembler
+
+
+async def messages(request: web.Request) -> web.StreamResponse:
+    gateway = request.app[GATEWAY]
+    call = _prepare(gateway, await read_json_body(request, gateway.settings))
+    if not call.req.stream:
+        body = await _answer(gateway, call)
+        return web.json_response(body, dumps=lambda o: _json.encode(o).decode())
+    gateway.stream_opened()
+    try:
+        events = gateway.engine.generate(call.req.prompt, call.params, request_id=call.id)
+        first = await first_event(events, call.req.client_fields)
+
+        async def fill(outbox: Outbox, on_overflow: Callable[[], None]) -> None:
+            await _pump_events(events, first, call, outbox, on_overflow)
+
+        return await serve_sse(request, gateway.settings, fill, call.id)
+    finally:
+        gateway.stream_closed()
+
+
+async def count_tokens(request: web.Request) -> web.Response:
+    gateway = request.app[GATEWAY]
+    model, chat = parse_count_tokens(await read_json_body(request, gateway.settings))
+    gateway.served_models().lora_for(model)  # an adapter's name is fine: one tokenizer
+    tokenizer = gateway.engine.tokenizer
+    text = render_chat(tokenizer, chat)
+    ids = await asyncio.to_thread(tokenizer.encode, text, False)  # as the tokenizer actor does
+    return web.json_response({"input_tokens": len(ids)})
+
+
+def _prepare(gateway: Gateway, raw: bytes) -> _Call:
+    engine = gateway.engine
+    settings = gateway.settings
+    tool_parser = auto_tool_parser(settings.tool_call_parser, engine.tokenizer.chat_template)
+    req = parse_messages(raw, tool_parser=tool_parser, defaults=engine.sampling_defaults)
+    served = gateway.served_models()
+    req = req.with_lora(served.lora_for(req.model))
+    message_id = f"msg_{uuid.uuid4().hex}"
+    if req.user is not None:
+        log.debug("request from a named user", request_id=message_id, user=req.user)
+    splitter, params = chat_reasoning(
+        settings.reasoning_parser, engine.tokenizer, req.prompt, req.params
+    )
+    assembler = MessageAssembler(
+        message_id, served.name_of(params.lora), req.tools, splitter, is_streaming=req.stream
+    )
+    return _Call(req, params, message_id, assembler)
+
+
+async def _answer(gateway: Gateway, call: _Call) -> dict[str, Any]:
+    """Collect the answer; a vanished client cancels this handler, which aborts the request."""
+    gateway.stream_opened()
+    try:
+        events: Any = gateway.engine.generate(call.req.prompt, call.params, request_id=call.id)
+        async with contextlib.aclosing(events):
+            async for event in events:
+                if isinstance(event, Rejected | Aborted | Failed):
+                    raise error_for_event(event, call.req.client_fields)
+                call.assembler.feed(event)
+                if call.assembler.message is not None:
+                    return call.assembler.message
+        raise ApiError(500, "the engine ended the stream without a terminal event")
+    finally:
+        gateway.stream_closed()
+
+
+async def _pump_events(
+    events: Any,
+    first: StreamEvent,
+    call: _Call,
+    outbox: Outbox,
+    on_overflow: Callable[[], None],
+) -> None:
+    assembler = call.assembler
+    for event in assembler.start(first):
+        outbox.put(typed_sse(event))
+
+    def encode(event: StreamEvent) -> list[str]:
+        if isinstance(event, Delta | Finished):
+            return [typed_sse(e) for e in assembler.feed(event)]
+        return [typed_sse(anthropic_error(error_for_event(event, call.req.client_fields)))]
+
+    try:
+        await pump(events, outbox, encode, first)
+    except Overflow as exc:
+        outbox.put_final(typed_sse(anthropic_error(ApiError(429, str(exc)))))
+        on_overflow()
+
+
+def add_anthropic_routes(app: web.Application) -> None:
+    app.router.add_post(MESSAGES_PATH, messages)
+    app.router.add_post(f"{MESSAGES_PATH}/count_tokens", count_tokens)
