@@ -226,6 +226,9 @@ class EngineConfig:
     # vLLM's --enable-prompt-embeds: a request may give input embeddings instead of a prompt
     # (messages/prompt_embeds.py); off, such a request is refused naming this flag
     enable_prompt_embeds: bool = False
+    # where Engine.start_profile / stop_profile (POST /start_profile, /stop_profile) write the
+    # torch profiler's traces of the executor's steps; None: profiling is off
+    profiler_dir: str | None = None
     log_format: Literal["console", "json"] = "console"
     log_level: str = "info"
 

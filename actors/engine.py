@@ -98,6 +98,7 @@ class Engine:
         self.update_weights_from_tensors = self.admin.update_weights_from_tensors
         self.sleep, self.wake_up = self.admin.sleep, self.admin.wake_up  # sleep mode
         self.is_sleeping = self.admin.is_sleeping
+        self.start_profile, self.stop_profile = self.admin.start_profile, self.admin.stop_profile
         self.graph_stats = self.admin.graph_stats  # the actors' counts (the live view)
 
     # -- lifecycle ---------------------------------------------------------------------------

@@ -9,6 +9,8 @@
     update_weights_from_tensors   SGLang's: the same from HF-named tensors in this process
     sleep(level) / wake_up(tags)  vLLM's sleep mode (EngineConfig.enable_sleep_mode; messages/
     is_sleeping()                 sleep_calls.py): the device memory given back and taken again
+    start_profile() /             the torch profiler around the executor's steps
+    stop_profile()                (EngineConfig.profiler_dir; messages/profile_calls.py)
 
 A weight update waits for the requests the scheduler has taken to end, as SGLang's does (they
 finish on the old weights); requests that reach it meanwhile wait and run on the new ones, so
@@ -41,6 +43,7 @@ from troupe.messages.engine_calls import (
     WeightsUpdated,
 )
 from troupe.messages.graph_stats import GraphStats
+from troupe.messages.profile_calls import ProfileErrorCode, ProfileReply, StartProfile, StopProfile
 from troupe.messages.sleep_calls import (
     ALL_TAGS,
     SLEEP_LEVELS,
@@ -58,6 +61,8 @@ if TYPE_CHECKING:
     from troupe.gpu.weight_update import WeightReload
 
 log = structlog.get_logger("troupe.engine")
+
+ProfileCall = StartProfile | StopProfile
 
 LOAD_FORMATS = ("auto", "safetensors")  # SGLang's names for what the update reads
 
@@ -193,6 +198,31 @@ class EngineAdmin:
         woken = tuple(SleepTag(t) for t in tags or ())
         return await self._sleep_call(WakeUp(call_id=call_id, tags=woken))
 
+    async def start_profile(
+        self, *, record_shapes: bool = False, with_stack: bool = False
+    ) -> ProfileReply:
+        """Start the torch profiler in the executor's thread, between two steps (vLLM's and
+        SGLang's /start_profile; EngineConfig.profiler_dir): requests run on, their steps
+        recorded. The reply's `error` says why not (off, one running, disaggregation)."""
+        command = StartProfile(
+            call_id=next(self._ids), record_shapes=record_shapes, with_stack=with_stack
+        )
+        return await self._profile_call(command)
+
+    async def stop_profile(self) -> ProfileReply:
+        """Stop the profiler and write its trace (the reply's `trace_path`)."""
+        return await self._profile_call(StopProfile(call_id=next(self._ids)))
+
+    async def _profile_call(self, command: StartProfile | StopProfile) -> ProfileReply:
+        if self._config.disaggregation != "none":
+            message = "the profiler runs in one executor: not with disaggregation"
+            code = ProfileErrorCode.UNSUPPORTED
+            return ProfileReply(call_id=command.call_id, message=message, error=code)
+        await self._send(command.call_id, command)
+        reply = await self._wait(command.call_id)
+        assert isinstance(reply, ProfileReply), reply
+        return reply
+
     async def is_sleeping(self) -> bool:
         """vLLM's: whether anything sleeps (until wake_up brought every tag back)."""
         return self._sleep.is_sleeping
@@ -262,7 +292,7 @@ class EngineAdmin:
         return None
 
     async def _send(
-        self, call_id: int, command: ResetPrefixCache | UpdateWeights | Sleep | WakeUp
+        self, call_id: int, command: ResetPrefixCache | UpdateWeights | Sleep | WakeUp | ProfileCall
     ) -> None:
         if self._stopped is not None or self._graph is None:
             raise EngineStopped(self._stopped or "the engine has not started")
@@ -296,6 +326,9 @@ class EngineAdmin:
                 self._updating = None
             log.info("weight update ended", success=reply.success, message=reply.message,
                      num_paused_requests=reply.num_paused_requests)  # fmt: skip
+        elif isinstance(reply, ProfileReply):
+            call_ids = (reply.call_id,)
+            log.info("profile call ended", message=reply.message, error=reply.error)
         else:
             call_ids = reply.call_ids
         for call_id in call_ids:

@@ -193,6 +193,7 @@ def build_executor(g: GraphInputs) -> ExecutorCore:
         phase=Phase.DECODE if g.is_disaggregated else None,
         draw_ahead=draw if g.config.draw_masked_ahead else None,
         reload_weights=runner.weights.from_disk if isinstance(runner, ReloadsWeights) else None,
+        profiler_dir=g.config.profiler_dir,
     )
 
 

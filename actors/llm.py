@@ -46,6 +46,7 @@ from troupe.messages import (
     SamplingParams,
     StreamEvent,
 )
+from troupe.messages.profile_calls import ProfileReply
 
 
 class LLM:
@@ -91,6 +92,17 @@ class LLM:
 
     def get_default_sampling_params(self) -> SamplingParams:
         return self.engine.default_sampling_params()
+
+    def start_profile(self) -> None:
+        """vLLM's LLM.start_profile: the torch profiler around the engine's steps (needs
+        profiler_dir); a refusal raises RuntimeError with its reason."""
+        _profiled(self._portal.call(self.engine.start_profile))
+
+    def stop_profile(self) -> str:
+        """Stop it; the path of the trace written into profiler_dir."""
+        reply = _profiled(self._portal.call(self.engine.stop_profile))
+        assert reply.trace_path is not None
+        return reply.trace_path
 
     def generate(
         self,
@@ -267,6 +279,12 @@ class LLM:
     def _new_id(self) -> str:
         self._next_id += 1
         return f"llm-{self._next_id}"
+
+
+def _profiled(reply: ProfileReply) -> ProfileReply:
+    if reply.error is not None:
+        raise RuntimeError(f"{reply.error}: {reply.message}")
+    return reply
 
 
 def _prompt_list(prompts: Any) -> list[Any]:

@@ -35,6 +35,7 @@ from troupe.gateway.lora_routes import add_lora_routes
 from troupe.gateway.models_routes import add_models_routes
 from troupe.gateway.pooling_routes import PATHS as POOLING_PATHS
 from troupe.gateway.pooling_routes import add_pooling_routes
+from troupe.gateway.profile_routes import PROFILE_PATHS, add_profile_routes
 from troupe.gateway.responses_routes import responses
 from troupe.gateway.responses_stored_routes import add_stored_response_routes
 from troupe.gateway.sagemaker_routes import INVOCATIONS_PATH, add_sagemaker_routes
@@ -67,6 +68,7 @@ _KEYED_PATHS = frozenset(
         *ADMIN_PATHS,
         *_WORK_PATHS,
         *SGLANG_ADMIN_PATHS,
+        *PROFILE_PATHS,
     )
 )
 _PAGE_HEADERS = {
@@ -114,6 +116,7 @@ def build_app(engine: EngineLike, settings: GatewaySettings | None = None) -> we
     add_sagemaker_routes(app, health)  # /ping, /invocations, /version
     add_generate_route(app)  # SGLang's /generate
     add_sglang_admin_routes(app)  # SGLang's /get_model_info, /flush_cache, /abort_request, ...
+    add_profile_routes(app)  # /start_profile, /stop_profile (the engine's --profiler-dir)
     return app
 
 

@@ -8,6 +8,7 @@ from typing import Any, Protocol
 from troupe.messages import EngineStats, SamplingParams, StreamEvent
 from troupe.messages.engine_calls import PrefixCacheReset, WeightsUpdated
 from troupe.messages.graph_stats import GraphStats
+from troupe.messages.profile_calls import ProfileReply
 from troupe.messages.sampling_defaults import SamplingDefaults
 from troupe.messages.sleep_calls import SleepMode, SleepReply
 
@@ -120,3 +121,10 @@ class EngineLike(Protocol):
     async def wake_up(self, tags: Sequence[str] | None = None) -> SleepReply: ...
 
     async def is_sleeping(self) -> bool: ...
+
+    # the torch profiler around the executor's steps (messages/profile_calls.py)
+    async def start_profile(
+        self, *, record_shapes: bool = False, with_stack: bool = False
+    ) -> ProfileReply: ...
+
+    async def stop_profile(self) -> ProfileReply: ...

@@ -31,7 +31,7 @@ from troupe.config import ConfigError, EngineConfig
 from troupe.gateway.event_forwarder import EventForwarder
 from troupe.gateway.orphan_exit import arm_orphan_exit
 from troupe.messages import ChatPrompt, GenerateRequest
-from troupe.messages.engine_calls import PrefixCacheReset, WeightsUpdated
+from troupe.messages.engine_calls import EngineCallsInbox
 from troupe.messages.engine_protocol import (
     HEADER_BYTES,
     Abort,
@@ -44,6 +44,7 @@ from troupe.messages.engine_protocol import (
     LoraAdapter,
     LoraCallError,
     LoraReply,
+    ProfileEngine,
     QueryGraphStats,
     ResetCache,
     Shutdown,
@@ -57,7 +58,6 @@ from troupe.messages.engine_protocol import (
     frame_length,
     to_engine_decoder,
 )
-from troupe.messages.sleep_calls import SleepReply
 
 if TYPE_CHECKING:
     from troupe.actors.engine import Engine, PromptInput
@@ -187,7 +187,13 @@ async def _apply_commands(
                 task = asyncio.create_task(_answer_lora_call(engine, call, forwarder))
                 lora_calls.add(task)
                 task.add_done_callback(lora_calls.discard)
-            case ResetCache() | UpdateWeightsFromDisk() | SleepEngine() | WakeEngine() as call:
+            case (
+                ResetCache()
+                | UpdateWeightsFromDisk()
+                | SleepEngine()
+                | WakeEngine()
+                | (ProfileEngine()) as call
+            ):
                 task = asyncio.create_task(_answer_engine_call(engine, call, forwarder))
                 lora_calls.add(task)
                 task.add_done_callback(lora_calls.discard)
@@ -222,17 +228,23 @@ async def _answer_lora_call(
 
 async def _answer_engine_call(
     engine: Engine,
-    call: ResetCache | UpdateWeightsFromDisk | SleepEngine | WakeEngine,
+    call: ResetCache | UpdateWeightsFromDisk | SleepEngine | WakeEngine | ProfileEngine,
     forwarder: EventForwarder,
 ) -> None:
     """Run one of the engine's calls (actors/engine_admin.py), in a task of its own (an
     update or a sleep waits for the requests in flight); reply with its answer."""
     from troupe.actors.engine import EngineStopped
 
-    reply: PrefixCacheReset | WeightsUpdated | SleepReply
+    reply: EngineCallsInbox
     try:
         if isinstance(call, ResetCache):
             reply = await engine.reset_prefix_cache()
+        elif isinstance(call, ProfileEngine) and call.start:
+            reply = await engine.start_profile(
+                record_shapes=call.record_shapes, with_stack=call.with_stack
+            )
+        elif isinstance(call, ProfileEngine):
+            reply = await engine.stop_profile()
         elif isinstance(call, SleepEngine):
             reply = await engine.sleep(call.level, mode=call.mode)
         elif isinstance(call, WakeEngine):

@@ -4,6 +4,7 @@ in the child process (gateway/remote_engine.py).
     reset_prefix_cache()           ──► ResetCache(call_id)            the child runs each in a
     update_weights_from_disk(...)  ──► UpdateWeightsFromDisk(call_id) task of its own
     sleep(...) / wake_up(...)      ──► SleepEngine / WakeEngine(call_id)
+    start_profile / stop_profile   ──► ProfileEngine(call_id)
                                    ◄── EngineCallReply(call_id)       the engine's reply, or
                                                                       that it stopped first
 
@@ -17,18 +18,20 @@ from collections.abc import Callable, Sequence
 
 from troupe.actors.engine_stopped import EngineStopped
 from troupe.gateway.pending_calls import PendingCalls
-from troupe.messages.engine_calls import PrefixCacheReset, WeightsUpdated
+from troupe.messages.engine_calls import EngineCallsInbox, PrefixCacheReset, WeightsUpdated
 from troupe.messages.engine_protocol import (
     EngineCallReply,
+    ProfileEngine,
     ResetCache,
     SleepEngine,
     ToEngine,
     UpdateWeightsFromDisk,
     WakeEngine,
 )
+from troupe.messages.profile_calls import ProfileReply
 from troupe.messages.sleep_calls import SleepErrorCode, SleepMode, SleepReply
 
-_Call = ResetCache | UpdateWeightsFromDisk | SleepEngine | WakeEngine
+_Call = ResetCache | UpdateWeightsFromDisk | SleepEngine | WakeEngine | ProfileEngine
 
 
 class RemoteAdmin:
@@ -55,6 +58,23 @@ class RemoteAdmin:
             )
         )
         assert isinstance(reply, WeightsUpdated), reply
+        return reply
+
+    async def start_profile(
+        self, *, record_shapes: bool = False, with_stack: bool = False
+    ) -> ProfileReply:
+        return await self._profile(
+            lambda call_id: ProfileEngine(
+                call_id=call_id, start=True, record_shapes=record_shapes, with_stack=with_stack
+            )
+        )
+
+    async def stop_profile(self) -> ProfileReply:
+        return await self._profile(lambda call_id: ProfileEngine(call_id=call_id, start=False))
+
+    async def _profile(self, make: Callable[[int], _Call]) -> ProfileReply:
+        reply = await self._call(make)
+        assert isinstance(reply, ProfileReply), reply
         return reply
 
     async def sleep(self, level: int = 1, *, mode: SleepMode = "refuse") -> SleepReply:
@@ -84,9 +104,7 @@ class RemoteAdmin:
         """The engine is gone: the calls still waiting raise EngineStopped, as do later ones."""
         self._calls.stop(why)
 
-    async def _call(
-        self, make: Callable[[int], _Call]
-    ) -> PrefixCacheReset | WeightsUpdated | SleepReply:
+    async def _call(self, make: Callable[[int], _Call]) -> EngineCallsInbox:
         answer = await self._calls.call(make)
         if answer.reply is None:
             raise EngineStopped(answer.stopped or "the engine stopped")

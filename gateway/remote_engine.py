@@ -103,6 +103,7 @@ class RemoteEngine(asyncio.Protocol):
         self.update_weights_from_disk = self.admin.update_weights_from_disk
         self.sleep, self.wake_up = self.admin.sleep, self.admin.wake_up  # sleep mode
         self.is_sleeping = self.admin.is_sleeping
+        self.start_profile, self.stop_profile = self.admin.start_profile, self.admin.stop_profile
 
     # -- the EngineLike slice ----------------------------------------------------------------
 

@@ -6,6 +6,8 @@
     POST /flush_cache, /abort_request, the query string goes along); SGLang's admin calls
          /release_memory_occupation, (gateway/sglang_admin.py) alike
          /resume_memory_occupation
+    POST /start_profile, /stop_profile each replica profiles its own engine, into its own
+                                     --profiler-dir
     GET  /is_sleeping                {"is_sleeping": whether any up replica sleeps, "replicas":
                                      each one's answer by URL}
 
@@ -28,6 +30,7 @@ from typing import Any
 
 from aiohttp import web
 from troupe.gateway.admin_routes import RESET_PATH, UPDATE_PATH
+from troupe.gateway.profile_routes import PROFILE_PATHS
 from troupe.gateway.router_answers import READ_ERRORS, ReplicaAnswer
 
 # one fan-out for every call that all replicas must see (LoRA loads, these)
@@ -46,6 +49,8 @@ def add_admin_routes(app: web.Application) -> None:
     app.router.add_post(WAKE_UP_PATH, fan_out)
     app.router.add_get(IS_SLEEPING_PATH, is_sleeping)
     for path in ("/flush_cache", "/abort_request", RELEASE, RESUME):  # SGLang's
+        app.router.add_post(path, fan_out)
+    for path in PROFILE_PATHS:  # each replica writes its own trace
         app.router.add_post(path, fan_out)
 
 

@@ -18,6 +18,7 @@ import enum
 
 import msgspec
 from troupe.messages.common import CacheDropped as CacheDropped  # its home: common.py
+from troupe.messages.profile_calls import ProfileReply
 from troupe.messages.sleep_calls import SleepReply
 
 
@@ -83,4 +84,5 @@ class WeightsUpdated(msgspec.Struct, frozen=True, kw_only=True, tag=True):
         return self.error is None
 
 
-EngineCallsInbox = PrefixCacheReset | WeightsUpdated | SleepReply  # sleep: sleep_calls.py
+# sleep: sleep_calls.py; the profiler: profile_calls.py
+EngineCallsInbox = PrefixCacheReset | WeightsUpdated | SleepReply | ProfileReply

@@ -17,6 +17,7 @@ delivered together (one scheduling step), never one frame per token.
        │ LoadLora | UnloadLora ──► LoraReply      │  by call_id, as each one ends
        │ ResetCache | UpdateWeightsFromDisk       │  the engine's calls (actors/engine_admin.py)
        │ | SleepEngine | WakeEngine               │  (sleep mode: messages/sleep_calls.py)
+       │ | ProfileEngine                          │  (the profiler: messages/profile_calls.py)
        │                ──► EngineCallReply       │  by call_id, as each one ends
        │ Shutdown (or the socket closes)          │
        │ ───────────────────────────────────────► │
@@ -31,11 +32,11 @@ from typing import Literal
 
 import msgspec
 from troupe.messages.common import LoraErrorCode
-from troupe.messages.engine_calls import PrefixCacheReset, WeightsUpdated
+from troupe.messages.engine_calls import EngineCallsInbox
 from troupe.messages.events import EngineStats, StreamEvent
 from troupe.messages.graph_stats import GraphStats
 from troupe.messages.sampling_defaults import SamplingDefaults
-from troupe.messages.sleep_calls import SleepMode, SleepReply
+from troupe.messages.sleep_calls import SleepMode
 from troupe.messages.tokenizer import GenerateRequest
 
 _LEN = struct.Struct(">I")
@@ -111,6 +112,16 @@ class SleepEngine(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     mode: SleepMode = "refuse"
 
 
+class ProfileEngine(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """`engine.start_profile(...)` (`start`) or `engine.stop_profile()`; answered by an
+    EngineCallReply of the same call_id (messages/profile_calls.py)."""
+
+    call_id: int
+    start: bool
+    record_shapes: bool = False
+    with_stack: bool = False
+
+
 class WakeEngine(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     """`engine.wake_up(tags)` (empty: all); answered by an EngineCallReply of the same call_id."""
 
@@ -130,6 +141,7 @@ ToEngine = (
     | UpdateWeightsFromDisk
     | SleepEngine
     | WakeEngine
+    | ProfileEngine
 )
 
 
@@ -183,7 +195,7 @@ class EngineCallReply(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     none (`stopped`: the engine stopped first; the gateway raises EngineStopped)."""
 
     call_id: int
-    reply: PrefixCacheReset | WeightsUpdated | SleepReply | None = None
+    reply: EngineCallsInbox | None = None
     stopped: str | None = None
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import msgspec
 from troupe.messages.engine_calls import UpdateWeights
+from troupe.messages.profile_calls import StartProfile, StopProfile
 from troupe.messages.prompt_embeds import PromptEmbeds
 from troupe.messages.sampling import SamplingParams
 from troupe.messages.sleep_calls import Sleep, WakeUp
@@ -118,5 +119,5 @@ class TokenMasks(msgspec.Struct, frozen=True, kw_only=True, tag=True, gc=False):
     dead_ends: tuple[str, ...] = ()  # a default, so older traces still decode
 
 
-# the engine's calls: messages/engine_calls.py, messages/sleep_calls.py
-ExecutorInbox = StepPlan | TokenMasks | UpdateWeights | Sleep | WakeUp
+# the engine's calls: messages/engine_calls.py, messages/sleep_calls.py, messages/profile_calls.py
+ExecutorInbox = StepPlan | TokenMasks | UpdateWeights | Sleep | WakeUp | StartProfile | StopProfile

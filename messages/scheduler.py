@@ -18,6 +18,7 @@ from troupe.messages.engine_calls import (
     WeightsLoaded,
 )
 from troupe.messages.pooling import Pooled
+from troupe.messages.profile_calls import ProfileReply, StartProfile, StopProfile
 from troupe.messages.prompt_embeds import PromptEmbeds
 from troupe.messages.sampling import SamplingParams
 from troupe.messages.sleep_calls import Sleep, SleepDone, WakeUp
@@ -179,4 +180,7 @@ SchedulerInbox = (
     | Sleep  # sleep mode (messages/sleep_calls.py)
     | WakeUp
     | SleepDone
+    | StartProfile  # the profiler (messages/profile_calls.py), passed on to the executor
+    | StopProfile
+    | ProfileReply  # ... and its answer, to the engine
 )

@@ -17,6 +17,7 @@ from typing import Any
 import msgspec
 import structlog
 from troupe.actors.core.base import Outgoing
+from troupe.actors.core.executor_profile import StepProfiler
 from troupe.actors.core.executor_sleep import from_staged, run_sleep_call, sleeper_of
 from troupe.gpu.runner import HiddenOutputs, Runner, SequencesFailed, WeightsRefused
 from troupe.gpu.runner_dead import runner_dead
@@ -34,6 +35,7 @@ from troupe.messages import (
     TokenMasks,
 )
 from troupe.messages.engine_calls import UpdateWeights, WeightsErrorCode, WeightsLoaded
+from troupe.messages.profile_calls import StartProfile, StopProfile
 from troupe.messages.sleep_calls import Sleep, WakeUp
 
 log = structlog.get_logger("troupe.executor")
@@ -42,8 +44,9 @@ _Ran = tuple[StepResult, TokenMasks | None]  # a step's result and the masks it 
 
 
 class ExecutorCore:
-    """Inbox: StepPlan, TokenMasks, UpdateWeights, Sleep, WakeUp. Outbox: "scheduler"
-    (StepResult; "phase_router" with disaggregation; WeightsLoaded, SleepDone), "grammar"
+    """Inbox: StepPlan, TokenMasks, UpdateWeights, Sleep, WakeUp, StartProfile, StopProfile.
+    Outbox: "scheduler" (StepResult; "phase_router" with disaggregation; WeightsLoaded,
+    SleepDone, ProfileReply), "grammar"
     (GrammarTokens, one per step sampled under masks).
 
     A runner exception fails only that step: the scheduler turns the error into Failed events
@@ -63,15 +66,18 @@ class ExecutorCore:
         phase: Phase | None = None,
         draw_ahead: Callable[[TokenMasks], None] | None = None,
         reload_weights: Callable[[str], str] | None = None,
+        profiler_dir: str | None = None,
     ) -> None:
         """`phase`: one side of prefill/decode disaggregation; its results then go to the
         phase router ("phase_router", PhaseStepResult) instead of the scheduler. `draw_ahead`:
         the runner's (gpu/runner.DrawsAhead), given the masks filled ahead that come before
         their plan. `reload_weights(path)`: the runner's (gpu/runner.ReloadsWeights), for
-        UpdateWeights (None: refused), which the scheduler sends only with no step out."""
+        UpdateWeights (None: refused), which the scheduler sends only with no step out.
+        `profiler_dir`: where StopProfile writes its trace (None: profiling is off)."""
         self.runner = runner
         self._reload_weights = reload_weights
         self._sleeper = sleeper_of(runner)  # sleep mode (actors/core/executor_sleep.py)
+        self.profiler = StepProfiler(profiler_dir)  # actors/core/executor_profile.py
         self.phase = phase
         self._draw_ahead = draw_ahead
         self._clock = clock
@@ -89,6 +95,9 @@ class ExecutorCore:
                 continue
             if isinstance(msg, Sleep | WakeUp):  # no step out (the scheduler sends it so)
                 out.append(("scheduler", run_sleep_call(self._sleeper, msg)))
+                continue
+            if isinstance(msg, StartProfile | StopProfile):  # between two steps
+                out.append(("scheduler", self.profiler.handle(msg)))
                 continue
             start = time.perf_counter()
             ran = self._on_masks(msg) if isinstance(msg, TokenMasks) else self._on_plan(msg)

@@ -40,6 +40,7 @@ from troupe.messages.engine_calls import ResetPrefixCache, UpdateWeights, Weight
 from troupe.messages.events import EngineStats
 from troupe.messages.executor import StepPlan
 from troupe.messages.pooling import Pooled
+from troupe.messages.profile_calls import ProfileReply, StartProfile, StopProfile
 from troupe.messages.scheduler import (
     AdmittedRequest,
     AllocationResult,
@@ -63,9 +64,10 @@ ABORT, ERROR = FinishReason.ABORT, FinishReason.ERROR
 
 class SchedulerCore:
     """Inbox: AdmittedRequest, AbortRequest, StopRequests, AllocationResult, StepResult, LateTokens,
-    and the engine's calls (ResetPrefixCache, UpdateWeights, Sleep, WakeUp; WeightsLoaded and
-    SleepDone from the executor). Outboxes: "allocator" (AllocateBatch), "executor" (StepPlan,
-    UpdateWeights, Sleep, WakeUp), "streamer"
+    and the engine's calls (ResetPrefixCache, UpdateWeights, Sleep, WakeUp, StartProfile,
+    StopProfile; WeightsLoaded, SleepDone and ProfileReply from the executor). Outboxes:
+    "allocator" (AllocateBatch), "executor" (StepPlan, UpdateWeights, Sleep, WakeUp, the
+    profile calls), "streamer"
     (TokenBatch), "grammar" (ComputeMasks, for steps that sample constrained requests:
     grammar_feed.py), "engine" (the engine calls' replies: engine_calls.py).
 
@@ -139,6 +141,10 @@ class SchedulerCore:
                     self._pending += land_tokens(msg, self.queues)
                 case ResetPrefixCache():
                     self.calls.reset(msg)
+                case StartProfile() | StopProfile():  # the executor takes it between steps
+                    out.append(("executor", msg))
+                case ProfileReply():
+                    out.append(("engine", msg))
                 case UpdateWeights() | Sleep() | WakeUp():
                     if (refused := self.calls.begin(msg, self.requests.keys())) is not None:
                         out.append(("engine", refused))

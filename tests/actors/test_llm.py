@@ -128,6 +128,18 @@ def test_engine_fields_as_keywords() -> None:
             small.generate([list(range(1, 80))], GREEDY)
 
 
+def test_profiling_around_generate(llm: LLM, tmp_path: Path) -> None:
+    with pytest.raises(RuntimeError, match=r"profiling_off.*profiler"):
+        llm.start_profile()
+    with LLM(CONFIG, profiler_dir=str(tmp_path)) as profiled:
+        profiled.start_profile()
+        profiled.generate([[1, 2, 3]], GREEDY)
+        path = Path(profiled.stop_profile())
+        assert path.parent == tmp_path and path.is_file()
+        with pytest.raises(RuntimeError, match="no_profile_running"):
+            profiled.stop_profile()
+
+
 def test_generate_batch_refuses_parallel_samples() -> None:
     with pytest.raises(ValueError, match=r"troupe\.LLM"):
         generate_batch(["a"], SamplingParams(n=2), CONFIG, progress=False)
