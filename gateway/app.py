@@ -43,6 +43,8 @@ from troupe.gateway.score_routes import PATHS as SCORE_PATHS
 from troupe.gateway.score_routes import add_score_routes
 from troupe.gateway.sglang_admin import PATHS as SGLANG_ADMIN_PATHS
 from troupe.gateway.sglang_admin import add_sglang_admin_routes
+from troupe.gateway.sglang_encode import PATH as ENCODE_PATH
+from troupe.gateway.sglang_encode import add_encode_route
 from troupe.gateway.sglang_generate import PATH as GENERATE_PATH
 from troupe.gateway.sglang_generate import add_generate_route
 from troupe.gateway.state import GATEWAY, Gateway, GatewaySettings
@@ -57,7 +59,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 STATIC = Path(__file__).parent / "static"
 # Paths outside /v1/ that start engine work: drained at shutdown as /v1/* is
-_WORK_PATHS = (INVOCATIONS_PATH, GENERATE_PATH)
+_WORK_PATHS = (INVOCATIONS_PATH, GENERATE_PATH, ENCODE_PATH)
 # Paths outside /v1/ behind the API key: each runs the engine's work or changes its state.
 _KEYED_PATHS = frozenset(
     (
@@ -115,6 +117,7 @@ def build_app(engine: EngineLike, settings: GatewaySettings | None = None) -> we
     add_admin_routes(app)  # the update with settings.allow_runtime_weight_updating only
     add_sagemaker_routes(app, health)  # /ping, /invocations, /version
     add_generate_route(app)  # SGLang's /generate
+    add_encode_route(app)  # SGLang's /encode (an embedding model's vectors)
     add_sglang_admin_routes(app)  # SGLang's /get_model_info, /flush_cache, /abort_request, ...
     add_profile_routes(app)  # /start_profile, /stop_profile (the engine's --profiler-dir)
     return app

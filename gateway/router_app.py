@@ -5,7 +5,7 @@
          /v1/score, /score, /v1/rerank,          streams' ends known (gateway/router_streams.py)
          /rerank, /v2/rerank, /classify,
          /v1/classify, /pooling, /invocations,
-         /generate (SGLang's), /v1/messages,
+         /generate, /encode (SGLang's), /v1/messages,
          /v1/messages/count_tokens (Anthropic's)
     GET  /v1/responses/{id}[/input_items],       to the replica storing the response
     DELETE /v1/responses/{id}                    (gateway/router_stored.py; so does a create
@@ -51,6 +51,7 @@ from troupe.gateway.router_settings import RouterSettings
 from troupe.gateway.router_stored import add_stored_routes, previous_response
 from troupe.gateway.router_streams import ANTHROPIC_EVENTS, RESPONSES_EVENTS
 from troupe.gateway.sagemaker_routes import INVOCATIONS_PATH, version
+from troupe.gateway.sglang_encode import PATH as ENCODE_PATH
 from troupe.gateway.sglang_generate import PATH as GENERATE_PATH
 
 log = structlog.get_logger("troupe.router")
@@ -71,6 +72,7 @@ PROXIED = {
     "/v2/rerank": _RERANK,
     INVOCATIONS_PATH: Endpoint(invocations_text),
     GENERATE_PATH: Endpoint(generate_text),
+    ENCODE_PATH: Endpoint(generate_text),  # SGLang's /encode: `text` or `input_ids` too
     MESSAGES_PATH: Endpoint(anthropic_text, ANTHROPIC_EVENTS),
     f"{MESSAGES_PATH}/count_tokens": Endpoint(anthropic_text),
 }

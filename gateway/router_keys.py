@@ -4,12 +4,13 @@ names the function that reads its prompt (gateway/router_app.py).
 Chat (`messages_text`): each message as role, a unit separator, its text parts, a record
 separator, in order, so two conversations share a key prefix exactly as far as they share
 leading messages (system prompt, earlier turns). Responses (`responses_text`): `instructions`
-as a system message, then `input` (a text as a user message, items in order: messages as chat's,
-other items by their JSON), so a conversation keys alike on chat and on /v1/responses, as its
-prompt renders alike; Anthropic's /v1/messages (`anthropic_text`) likewise, `system` first. A prompt-like field (`field_text`: completions' `prompt`, embeddings'
-`input`, rerank's `query`, score's `text_1`, SGLang /generate's `text` or `input_ids`;
-SageMaker's /invocations as the endpoint it names): its text; token ids become one character each
-(behind a marker, so they never match text). A value of another shape keys on its JSON: it
+as a system message, then `input` (a text as a user message, items in order: messages as
+chat's, other items by their JSON), so a conversation keys alike on chat and on /v1/responses,
+as its prompt renders alike; Anthropic's /v1/messages (`anthropic_text`) likewise, `system`
+first. A prompt-like field (`field_text`: completions' `prompt`, embeddings' `input`, rerank's
+`query`, score's `text_1`, SGLang /generate's and /encode's `text` or `input_ids`; SageMaker's
+/invocations as the endpoint it names): its text; token ids become one character each (behind a
+marker, so they never match text). A value of another shape keys on its JSON: it
 still gets a replica, just no useful prefix.
 
 A request that names a `model` (the base model or a LoRA adapter) or a `cache_salt` keys behind

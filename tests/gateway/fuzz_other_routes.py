@@ -34,6 +34,17 @@ EMBEDDINGS = perturbed(
     required=("input",),
     huge=True,
 )
+ENCODE = perturbed(  # SGLang's /encode
+    {
+        "text": INPUT,
+        "input_ids": INPUT,
+        "rid": TEXT | st.lists(TEXT, max_size=3),
+        "lora_path": st.sampled_from(["sql", "nope", ""]),
+        "normalize": st.booleans(),
+    },
+    required=("text",),
+    huge=True,
+)
 POOLING = perturbed(
     {
         **POOL_COMMON,
@@ -137,6 +148,7 @@ RESET = perturbed({"x": JUNK}, required=())
 
 POOLING_ROUTES = {
     "/v1/embeddings": EMBEDDINGS,
+    "/encode": ENCODE,
     "/pooling": POOLING,
     "/classify": CLASSIFY,
     "/v1/score": SCORE,

@@ -1,5 +1,5 @@
 """Fuzz the routes that answer one JSON body without generating text: /v1/embeddings,
-/pooling, /classify, /v1/score, /v1/rerank and /rerank (vLLM's shapes), /tokenize and
+SGLang's /encode, /pooling, /classify, /v1/score, /v1/rerank and /rerank (vLLM's shapes), /tokenize and
 /detokenize. The fake runner serves made-up embeddings (an embedding model: /classify and
 the classify tasks are 400s naming `model` or `task`).
 
