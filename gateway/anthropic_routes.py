@@ -18,7 +18,6 @@ count_tokens renders the same prompt and counts its tokens: `{"input_tokens": N}
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import uuid
 from collections.abc import Callable
@@ -40,7 +39,8 @@ from troupe.gateway.sse_writer import first_event, serve_sse
 from troupe.gateway.state import GATEWAY, Gateway
 from troupe.gateway.tokenize_routes import render_chat
 from troupe.gateway.tool_auto import auto_tool_parser
-from troupe.messages import Aborted, Delta, Failed, Finished, Rejected, SamplingParams, StreamEvent
+from troupe.gateway.whole_answer import whole_answer
+from troupe.messages import Delta, Finished, SamplingParams, StreamEvent
 
 log = structlog.get_logger("troupe.gateway")
 
@@ -106,20 +106,12 @@ def _prepare(gateway: Gateway, raw: bytes) -> _Call:
 
 
 async def _answer(gateway: Gateway, call: _Call) -> dict[str, Any]:
-    """Collect the answer; a vanished client cancels this handler, which aborts the request."""
-    gateway.stream_opened()
-    try:
-        events: Any = gateway.engine.generate(call.req.prompt, call.params, request_id=call.id)
-        async with contextlib.aclosing(events):
-            async for event in events:
-                if isinstance(event, Rejected | Aborted | Failed):
-                    raise error_for_event(event, call.req.client_fields)
-                call.assembler.feed(event)
-                if call.assembler.message is not None:
-                    return call.assembler.message
-        raise ApiError(500, "the engine ended the stream without a terminal event")
-    finally:
-        gateway.stream_closed()
+    def feed(event: Delta | Finished) -> dict[str, Any] | None:
+        call.assembler.feed(event)
+        return call.assembler.message
+
+    req = call.req
+    return await whole_answer(gateway, req.prompt, call.params, call.id, feed, req.client_fields)
 
 
 async def _pump_events(

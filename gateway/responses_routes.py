@@ -24,7 +24,6 @@ max_output_tokens ran out), never a fragment. GET/DELETE: gateway/responses_stor
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 from collections.abc import Callable
 from typing import Any
@@ -47,12 +46,10 @@ from troupe.gateway.sse_frames import typed_sse
 from troupe.gateway.sse_writer import first_event, serve_sse
 from troupe.gateway.state import GATEWAY, Gateway
 from troupe.gateway.tool_auto import auto_tool_parser
+from troupe.gateway.whole_answer import whole_answer
 from troupe.messages import (
-    Aborted,
     Delta,
-    Failed,
     Finished,
-    Rejected,
     SamplingParams,
     StreamEvent,
 )
@@ -147,21 +144,14 @@ def _prepare(gateway: Gateway, raw: bytes) -> _Call:
 
 
 async def _answer(gateway: Gateway, call: _Call) -> dict[str, Any]:
-    """Collect the answer; a vanished client cancels this handler, which aborts the request."""
-    gateway.stream_opened()
-    try:
-        events: Any = gateway.engine.generate(call.req.prompt, call.params, request_id=call.id)
-        async with contextlib.aclosing(events):
-            async for event in events:
-                if isinstance(event, Rejected | Aborted | Failed):
-                    raise error_for_event(event, call.req.client_fields)
-                call.assembler.feed(event)
-                if call.assembler.response is not None:
-                    _keep(gateway, call)
-                    return call.assembler.response
-        raise ApiError(500, "the engine ended the stream without a terminal event")
-    finally:
-        gateway.stream_closed()
+    def feed(event: Delta | Finished) -> dict[str, Any] | None:
+        call.assembler.feed(event)
+        return call.assembler.response
+
+    req = call.req
+    body = await whole_answer(gateway, req.prompt, call.params, call.id, feed, req.client_fields)
+    _keep(gateway, call)
+    return body
 
 
 def _keep(gateway: Gateway, call: _Call) -> None:

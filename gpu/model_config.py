@@ -11,7 +11,7 @@ import torch
 from troupe.gpu.classifier_config import ClassifierConfig, read_classifier
 from troupe.gpu.deepseek_config import DEEPSEEK_TYPES, MlaConfig, deepseek_model_fields
 from troupe.gpu.hf_families import gemma3_fields, layer_windows
-from troupe.gpu.moe_config import MoeConfig, qwen3_moe_fields
+from troupe.gpu.moe_config import MoeConfig, mixtral_fields, qwen3_moe_fields
 
 SUPPORTED_MODEL_TYPES = (
     "llama",
@@ -19,6 +19,7 @@ SUPPORTED_MODEL_TYPES = (
     "qwen2",
     "qwen3",
     "qwen3_moe",
+    "mixtral",
     "gemma3_text",
     *DEEPSEEK_TYPES,
 )
@@ -159,6 +160,8 @@ class ModelConfig:
             family = gemma3_fields(cfg) if model_type == "gemma3_text" else {}
             if model_type == "qwen3_moe":
                 family = {"moe": qwen3_moe_fields(cfg, num_layers)}
+            if model_type == "mixtral":
+                family = {"moe": mixtral_fields(cfg, num_layers)}
             if model_type in DEEPSEEK_TYPES:
                 family = deepseek_model_fields(cfg, num_layers)
         except ValueError as exc:

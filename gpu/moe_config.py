@@ -1,8 +1,12 @@
-"""The mixture-of-experts fields of an HF config.json (Qwen3-MoE), read into a MoeConfig.
+"""The mixture-of-experts fields of an HF config.json (Qwen3-MoE, Mixtral), read into a
+MoeConfig.
 
     qwen3_moe   num_experts (or num_local_experts), num_experts_per_tok, moe_intermediate_size,
                 norm_topk_prob; layer i is sparse unless i is in mlp_only_layers or
                 (i + 1) % decoder_sparse_step != 0; dense layers use intermediate_size.
+    mixtral     num_local_experts, num_experts_per_tok; every layer sparse, each expert
+                intermediate_size wide; the top-k always renormalised (transformers'
+                MixtralTopKRouter)
 
 The router is a softmax over every expert in fp32, the top-k of it, renormalised to sum 1 when
 norm_topk_prob, then cast to the activations' dtype (transformers' Qwen3MoeTopKRouter).
@@ -57,4 +61,18 @@ def qwen3_moe_fields(cfg: dict[str, Any], num_layers: int) -> MoeConfig | None:
         intermediate_size=int(cfg["moe_intermediate_size"]),
         norm_topk_prob=bool(cfg.get("norm_topk_prob", False)),
         sparse_layers=sparse,
+    )
+
+
+def mixtral_fields(cfg: dict[str, Any], num_layers: int) -> MoeConfig:
+    """The MoeConfig of a mixtral config.json: experts in every layer."""
+    for key in ("num_local_experts", "num_experts_per_tok"):
+        if key not in cfg:
+            raise ValueError(f"config.json: missing required key {key!r} for mixtral")
+    return MoeConfig(
+        num_experts=int(cfg["num_local_experts"]),
+        top_k=int(cfg["num_experts_per_tok"]),
+        intermediate_size=int(cfg["intermediate_size"]),
+        norm_topk_prob=True,
+        sparse_layers=(True,) * num_layers,
     )

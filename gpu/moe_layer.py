@@ -1,10 +1,11 @@
-"""A decoder layer whose MLP is a mixture of experts (Qwen3-MoE's sparse layers).
+"""A decoder layer whose MLP is a mixture of experts (Qwen3-MoE's sparse layers, Mixtral's).
 
 Attention is DecoderLayer's. The MLP is a router (gate [E, H]) picking top-k experts per token
 (kernels/moe_reference.route_topk) and the ops' fused_moe over all experts' weights of the layer,
 held as two tensors: w13 [E, 2I, H] (gate | up) and w2 [E, H, I]. Checkpoints name experts one
 by one (mlp.experts.<e>.gate_proj.weight ...) or, as transformers 5 holds them in memory, fused
-(mlp.experts.gate_up_proj, mlp.experts.down_proj); `locate` maps both.
+(mlp.experts.gate_up_proj, mlp.experts.down_proj); `locate` maps both, and Mixtral's names
+(block_sparse_moe.gate, block_sparse_moe.experts.<e>.w1 | w3 | w2: gate | up | down).
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ class MoeLayer(DecoderLayer):
         'mlp.experts.3.up_proj.weight', 'mlp.experts.gate_up_proj'); None if not an MoE weight."""
         num_experts = self.w13.shape[0]
         parts = self.fill_parts()
+        rest = _mixtral_name(rest)
         if rest == "mlp.gate.weight":
             return self.router, (f"{prefix}.router",)
         if rest == "mlp.experts.gate_up_proj":
@@ -95,3 +97,17 @@ class MoeLayer(DecoderLayer):
             "w13": tuple(f"{e}.{kind}" for e in experts for kind in ("gate_proj", "up_proj")),
             "w2": tuple(f"{e}.down_proj" for e in experts),
         }
+
+
+_MIXTRAL_KINDS = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
+
+
+def _mixtral_name(rest: str) -> str:
+    """A Mixtral checkpoint's expert or router name in Qwen3-MoE's spelling (others as given)."""
+    if not rest.startswith("block_sparse_moe."):
+        return rest
+    bits = rest.split(".")
+    bits[0] = "mlp"
+    if len(bits) == 5 and bits[1] == "experts":
+        bits[3] = _MIXTRAL_KINDS.get(bits[3], bits[3])
+    return ".".join(bits)
