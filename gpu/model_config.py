@@ -20,6 +20,7 @@ SUPPORTED_MODEL_TYPES = (
     "qwen3",
     "qwen3_moe",
     "mixtral",
+    "phi3",
     "gemma3_text",
     *DEEPSEEK_TYPES,
 )
@@ -144,6 +145,9 @@ class ModelConfig:
                 scaling = None
             elif kind not in ("llama3", "linear"):
                 raise ModelLoadError(f"config.json: rope_scaling type {kind!r} is not supported")
+        rotary = cfg.get("partial_rotary_factor", rope_params.get("partial_rotary_factor", 1.0))
+        if float(rotary) != 1.0:  # Phi-4-mini's 0.75, ...: RoPE on part of each head
+            raise ModelLoadError(f"config.json: partial_rotary_factor {rotary} is not supported")
         num_heads = int(cfg["num_attention_heads"])
         hidden = int(cfg["hidden_size"])
         eos: list[int] = []

@@ -1,11 +1,12 @@
 """HF-named tensors into a DecoderModel's parameters: q/k/v and gate/up into their fused
-matrices, layer subclasses' own weights (MoE experts, MLA) first, DeepSeek's multi-token-
+matrices (a checkpoint that ships them fused, Phi-3's qkv_proj and gate_up_proj, is split into
+them first), layer subclasses' own weights (MoE experts, MLA) first, DeepSeek's multi-token-
 prediction layers skipped; every parameter must be filled, Gemma's norms get their 1 folded in.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import structlog
 import torch
@@ -47,7 +48,7 @@ def fill_weights(
         "self_attn.k_norm.weight": "k_norm",
     }
     num_beyond = 0
-    for name, tensor in tensors:
+    for name, tensor in _split_fused(tensors, (q, kv, kv), (inter, inter)):
         if _beyond_last_layer(model, name):  # DeepSeek's multi-token-prediction layers
             num_beyond += 1
             continue
@@ -84,6 +85,31 @@ def fill_weights(
         for name, param in model.named_parameters():
             if name.endswith("norm") or name.endswith("layernorm"):
                 param.add_(1.0)
+
+
+_FUSED_PARTS = {
+    "self_attn.qkv_proj.weight": ("self_attn.q_proj.weight", "self_attn.k_proj.weight",
+                                  "self_attn.v_proj.weight"),
+    "mlp.gate_up_proj.weight": ("mlp.gate_proj.weight", "mlp.up_proj.weight"),
+}  # fmt: skip
+
+
+def _split_fused(
+    tensors: Iterable[tuple[str, torch.Tensor]], qkv: tuple[int, ...], gate_up: tuple[int, ...]
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """The tensors, a layer's fused q|k|v or gate|up rows (Phi-3's checkpoints) as their parts
+    (`qkv`, `gate_up`: the parts' row counts; another total is left whole, and the fill names
+    the shape it expected)."""
+    for name, tensor in tensors:
+        head, _, rest = name.partition(".layers.")
+        index, _, local = rest.partition(".")
+        parts = _FUSED_PARTS.get(local) if head == "model" and index.isdigit() else None
+        sizes = qkv if local.startswith("self_attn") else gate_up
+        if parts is None or tensor.shape[0] != sum(sizes):
+            yield name, tensor
+            continue
+        for part, piece in zip(parts, torch.split(tensor, list(sizes)), strict=True):
+            yield f"model.layers.{index}.{part}", piece
 
 
 def _required_keys(model: DecoderModel) -> list[str]:

@@ -1,0 +1,76 @@
+"""Phi-3 (its checkpoints ship q|k|v and gate|up fused: self_attn.qkv_proj, mlp.gate_up_proj;
+a sliding window on every layer) is greedy token-identical to HF transformers (fp32, CPU)
+through chunked prefill, from the folder transformers saves; what troupe does not run (RoPE on
+part of each head, Phi-3's long-context "longrope") is refused by name."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from troupe.gpu.model_config import ModelConfig, ModelLoadError
+
+TINY_PHI3 = {
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "intermediate_size": 96,
+    "vocab_size": 256,
+    "max_position_embeddings": 256,
+    "original_max_position_embeddings": 256,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 1000.0,
+    "sliding_window": 8,  # shorter than the prompts: the window matters
+    "pad_token_id": 0,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
+PROMPTS = [[5, 17, 42, 99, 3, 250, 7, 8, 64, 12, 31], [200, 1, 77, 13, 90, 4, 4, 4, 18]]
+NUM_NEW = 12
+
+
+@pytest.fixture(scope="module")
+def phi3(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+    import transformers
+
+    torch.manual_seed(0)
+    hf_model = transformers.Phi3ForCausalLM(transformers.Phi3Config(**TINY_PHI3))
+    with torch.no_grad():
+        for param in hf_model.parameters():
+            if param.dim() > 1:
+                param.normal_(0.0, 0.2)
+    folder = tmp_path_factory.mktemp("phi3")
+    hf_model.save_pretrained(folder)
+    return folder, hf_model.eval()
+
+
+def test_greedy_matches_hf_with_chunked_prefill(phi3: tuple[Path, Any], mt: Any) -> None:
+    from safetensors import safe_open
+
+    folder, hf_model = phi3
+    with safe_open(str(folder / "model.safetensors"), "pt") as f:
+        assert "model.layers.1.self_attn.qkv_proj.weight" in set(f.keys())  # fused on disk
+    assert ModelConfig.from_hf_folder(folder).layer_windows == (8, 8)
+    expected = [mt.hf_greedy(hf_model, p, NUM_NEW) for p in PROMPTS]
+    driver = mt.PlanDriver(mt.runner_for(folder), chunk=5)
+    for i, prompt in enumerate(PROMPTS):
+        driver.add(f"r{i}", prompt)
+    driver.run(NUM_NEW)
+    assert [driver.seqs[f"r{i}"].output for i in range(len(PROMPTS))] == expected
+    assert len(set(expected[0])) > 2  # the model is not stuck on one token
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"partial_rotary_factor": 0.75}, "partial_rotary_factor"),
+        ({"rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.5}}, "partial"),
+        ({"rope_scaling": {"rope_type": "longrope", "short_factor": [1.0] * 8}}, "longrope"),
+    ],
+)
+def test_what_troupe_does_not_run_is_refused(change: dict[str, Any], named: str) -> None:
+    with pytest.raises(ModelLoadError, match=named):
+        ModelConfig.from_hf_dict({"model_type": "phi3", **TINY_PHI3, **change})
