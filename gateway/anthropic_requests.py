@@ -7,7 +7,8 @@ rendered by the model's template, `tools` and `tool_choice` chat's ToolPlan
 `output_config.format` the structured output chat's `response_format` makes, and
 SamplingParams.check the ranges (named as the client wrote them).
 
-    max_tokens, temperature, top_p, top_k  ->  the same SamplingParams fields
+    max_tokens, temperature, top_p, top_k  ->  the same SamplingParams fields (max_tokens must
+                                               fit the context with the prompt, as on chat)
     stop_sequences                         ->  stop
     tool_choice auto | any | tool | none   ->  chat's "auto" | "required" | a named
                                                function | "none"; disable_parallel_tool_use
@@ -78,7 +79,8 @@ def parse_messages(
         raise invalid("container", "container (Anthropic's code execution) is not served here")
     if body.mcp_servers:
         raise invalid("mcp_servers", "mcp_servers is not served here: call MCP tools as tools")
-    kw: dict[str, Any] = {"max_tokens": body.max_tokens}
+    # required, so always named: it must fit the context (a 400 naming it), as chat's does
+    kw: dict[str, Any] = {"max_tokens": body.max_tokens, "strict_max_tokens": True}
     for name in ("temperature", "top_p", "top_k"):
         if getattr(body, name) is not None:
             kw[name] = getattr(body, name)

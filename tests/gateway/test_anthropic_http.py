@@ -190,6 +190,7 @@ def test_count_tokens_counts_the_prompt(client: Anthropic, server: ServerThread)
     ("change", "field"),
     [
         ({"max_tokens": 0}, "max_tokens"),
+        ({"max_tokens": 10**6}, "max_tokens"),  # past the context: refused, as chat's
         ({"temperature": -1}, "temperature"),
         ({"stop_sequences": [""]}, "stop_sequences"),
         ({"messages": []}, "messages"),
