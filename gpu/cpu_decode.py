@@ -121,6 +121,7 @@ class CpuDecode:
             or c.mla is not None
             or c.rope_local_theta is not None
             or c.final_logit_softcapping is not None
+            or c.granite is not None
         ):
             return None
         layers: list[_Layer] = []

@@ -1,4 +1,5 @@
-"""What an HF config.json declares beyond the Llama shape: sliding windows and Gemma 3's fields.
+"""What an HF config.json declares beyond the Llama shape: sliding windows, Gemma 3's fields and
+Granite's multipliers.
 
 Sliding windows, per layer (0: full attention), as transformers builds them:
 
@@ -10,10 +11,16 @@ Sliding windows, per layer (0: full attention), as transformers builds them:
 Gemma 3 text: attention scaled by query_pre_attn_scalar ** -0.5, GeGLU, embeddings times
 sqrt(hidden), RMSNorm with (1 + weight), sandwich norms around attention and MLP, q/k norm,
 local layers on their own RoPE base (rope_local_base_freq), final logit soft-capping.
+
+Granite: Llama's layers with four scalars (transformers' GraniteModel): the embeddings times
+embedding_multiplier, the attention softmax scaled by attention_multiplier (not head_dim's
+root), each layer's attention and MLP outputs times residual_multiplier before they join the
+residual stream, and the logits divided by logits_scaling.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 
@@ -70,3 +77,26 @@ def gemma3_fields(cfg: dict[str, Any]) -> dict[str, Any]:
         "final_logit_softcapping": float(cap) if cap else None,
         "tie_word_embeddings": bool(cfg.get("tie_word_embeddings", True)),
     }
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class GraniteScales:
+    """Granite's four scalars (module docstring)."""
+
+    embedding: float
+    attention: float
+    residual: float
+    logits: float
+
+
+def granite_fields(cfg: dict[str, Any]) -> dict[str, Any]:
+    """ModelConfig fields of a granite config.json (transformers' defaults: 1.0 each)."""
+    scales = GraniteScales(
+        embedding=float(cfg.get("embedding_multiplier", 1.0)),
+        attention=float(cfg.get("attention_multiplier", 1.0)),
+        residual=float(cfg.get("residual_multiplier", 1.0)),
+        logits=float(cfg.get("logits_scaling", 1.0)),
+    )
+    if scales.logits == 0:
+        raise ValueError("config.json: logits_scaling must not be 0")
+    return {"granite": scales}

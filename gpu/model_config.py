@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from troupe.gpu.classifier_config import ClassifierConfig, read_classifier
 from troupe.gpu.deepseek_config import DEEPSEEK_TYPES, MlaConfig, deepseek_model_fields
-from troupe.gpu.hf_families import gemma3_fields, layer_windows
+from troupe.gpu.hf_families import GraniteScales, gemma3_fields, granite_fields, layer_windows
 from troupe.gpu.moe_config import MoeConfig, mixtral_fields, qwen3_moe_fields
 
 SUPPORTED_MODEL_TYPES = (
@@ -21,6 +21,7 @@ SUPPORTED_MODEL_TYPES = (
     "qwen3_moe",
     "mixtral",
     "phi3",
+    "granite",
     "gemma3_text",
     *DEEPSEEK_TYPES,
 )
@@ -57,6 +58,7 @@ class ModelConfig:
     query_pre_attn_scalar: float | None = None  # softmax scale ** -2 when not head_dim
     rope_local_theta: float | None = None  # RoPE base of the windowed layers (Gemma 3)
     final_logit_softcapping: float | None = None
+    granite: GraniteScales | None = None  # Granite's multipliers (gpu/hf_families.py)
     moe: MoeConfig | None = None  # experts (Qwen3-MoE, gpu/moe_config.py); None: dense MLPs
     mla: MlaConfig | None = None  # latent attention (DeepSeek, gpu/deepseek_config.py)
     num_mtp_layers: int = 0  # multi-token-prediction layers in the checkpoint, skipped
@@ -72,6 +74,14 @@ class ModelConfig:
         """The widest window when every layer has one (KV behind it is dead), else 0."""
         windowed = len(self.layer_windows) == self.num_layers and all(self.layer_windows)
         return max(self.layer_windows) if windowed else 0
+
+    def final_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """The lm_head's logits as the model hands them out: Granite's divided by
+        logits_scaling, Gemma's soft-capped (in fp32)."""
+        if self.granite is not None:
+            logits = logits / self.granite.logits
+        cap = self.final_logit_softcapping
+        return logits if cap is None else torch.tanh(logits.float() / cap) * cap
 
     def window_of(self, layer: int) -> int:
         """The sliding window of a layer in tokens, 0 for full attention."""
@@ -166,6 +176,8 @@ class ModelConfig:
                 family = {"moe": qwen3_moe_fields(cfg, num_layers)}
             if model_type == "mixtral":
                 family = {"moe": mixtral_fields(cfg, num_layers)}
+            if model_type == "granite":
+                family = granite_fields(cfg)
             if model_type in DEEPSEEK_TYPES:
                 family = deepseek_model_fields(cfg, num_layers)
         except ValueError as exc:

@@ -57,6 +57,10 @@ class DecoderLayer(nn.Module):
         self.gate_up_proj: Projection = param(2 * c.intermediate_size, c.hidden_size)
         self.down_proj: Projection = param(c.hidden_size, c.intermediate_size)
         self.scale = (c.query_pre_attn_scalar or c.head_dim) ** -0.5
+        # Granite: its attention scale, and the outputs' weight in the residual stream
+        self.residual_scale: float | None = None
+        if c.granite is not None:
+            self.scale, self.residual_scale = c.granite.attention, c.granite.residual
         # fp8 KV: this layer's per-KV-head scales [Hkv] (views of the pool's; set_kv_scales)
         self.k_scale: torch.Tensor | None = None
         self.v_scale: torch.Tensor | None = None
@@ -71,11 +75,14 @@ class DecoderLayer(nn.Module):
         cos_sin: torch.Tensor,
         ops: KernelOps,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        c = self.config
+        c, scale = self.config, self.residual_scale
         x, residual = ops.rms_norm(hidden, self.input_layernorm, c.rms_norm_eps, residual)
         hidden = self.attention(x, positions, meta, kv_cache, cos_sin, ops)
+        if scale is not None:
+            hidden = hidden * scale
         x, residual = ops.rms_norm(hidden, self.post_attention_layernorm, c.rms_norm_eps, residual)
-        return self.mlp(x, ops), residual
+        out = self.mlp(x, ops)
+        return (out if scale is None else out * scale), residual
 
     def mlp(self, x: torch.Tensor, ops: KernelOps) -> torch.Tensor:
         """The feed-forward block (SwiGLU); an MoE layer routes to its experts instead."""
@@ -288,13 +295,16 @@ class DecoderModel(nn.Module):
         input_ids: torch.Tensor,
         input_rows: Callable[[torch.Tensor], torch.Tensor] | None,
     ) -> torch.Tensor:
-        """The first layer's input: the tokens' embedding rows (Gemma 3: scaled), with an
-        embeddings prompt's rows put in by `input_rows` (gpu/embed_rows.py)."""
+        """The first layer's input: the tokens' embedding rows (Gemma 3, Granite: scaled), with
+        an embeddings prompt's rows put in by `input_rows` (gpu/embed_rows.py)."""
         hidden = self.embed(input_ids)
         if self.config.is_gemma3:  # HF scales in the weights' dtype
             hidden = hidden * torch.tensor(self.config.hidden_size**0.5, dtype=hidden.dtype)
-        if input_rows is not None:  # after the scaling: HF's inputs_embeds are not scaled
+        if input_rows is not None:  # after Gemma's scaling: HF's inputs_embeds are not scaled
             hidden = input_rows(hidden)
+        granite = self.config.granite
+        if granite is not None:  # Granite's inputs_embeds are scaled too
+            hidden = hidden * granite.embedding
         return hidden
 
     def set_kv_scales(self, scales: torch.Tensor | None) -> None:
@@ -343,9 +353,7 @@ class DecoderModel(nn.Module):
         the sampler's draw reads bf16 as it is (an fp32 copy of 256 x 151,936 logits cost
         0.11 ms of an H200 decode step) and upcasts only what arithmetic needs."""
         weight = self.embed_tokens if self.lm_head is None else self.lm_head
-        logits = linear(hidden, weight)
-        cap = self.config.final_logit_softcapping
-        return logits if cap is None else torch.tanh(logits.float() / cap) * cap
+        return self.config.final_logits(linear(hidden, weight))
 
     @property
     def logits_dtype(self) -> torch.dtype:

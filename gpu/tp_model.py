@@ -253,5 +253,4 @@ class TPDecoderModel(DecoderModel):
         shard_logits = linear(hidden, weight).float()
         gathered = self.group.all_gather_columns(shard_logits)
         logits = gathered[:, : self.shard.full.vocab_size].contiguous()  # no pad columns
-        cap = self.config.final_logit_softcapping
-        return logits if cap is None else torch.tanh(logits / cap) * cap
+        return self.config.final_logits(logits)
