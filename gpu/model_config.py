@@ -22,6 +22,7 @@ SUPPORTED_MODEL_TYPES = (
     "mixtral",
     "phi3",
     "granite",
+    "olmo2",
     "gemma3_text",
     *DEEPSEEK_TYPES,
 )

@@ -88,6 +88,10 @@ class DecoderLayer(nn.Module):
         """The feed-forward block (SwiGLU); an MoE layer routes to its experts instead."""
         return linear(ops.silu_mul(linear(x, self.gate_up_proj)), self.down_proj)
 
+    def project_qkv(self, x: torch.Tensor, ops: KernelOps) -> torch.Tensor:
+        """The q | k | v rows of x (a seam: OLMo 2 normalises q and k whole here)."""
+        return linear(x, self.qkv_proj, self.qkv_bias)
+
     def attention(
         self,
         x: torch.Tensor,
@@ -100,7 +104,7 @@ class DecoderLayer(nn.Module):
         """o_proj(attention(x)): the KV of x written to the cache, then paged attention."""
         c = self.config
         eps = c.rms_norm_eps
-        qkv = linear(x, self.qkv_proj, self.qkv_bias)
+        qkv = self.project_qkv(x, ops)
         num_tokens = qkv.shape[0]
         k_cache, v_cache = kv_cache
         k_scale, v_scale = self.k_scale, self.v_scale
@@ -186,8 +190,8 @@ class DecoderLayer(nn.Module):
 
 
 def _layer_class(config: ModelConfig, layer: int) -> type[DecoderLayer]:
-    """The module of one layer: Gemma 3's, DeepSeek's MLA layer (gpu/mla_layer.py), an MoE
-    layer (gpu/moe_layer.py) or the plain one."""
+    """The module of one layer: Gemma 3's, DeepSeek's MLA layer (gpu/mla_layer.py), OLMo 2's
+    (gpu/olmo2_layer.py), an MoE layer (gpu/moe_layer.py) or the plain one."""
     if config.mla is not None:
         from troupe.gpu.mla_layer import MlaLayer
 
@@ -196,6 +200,10 @@ def _layer_class(config: ModelConfig, layer: int) -> type[DecoderLayer]:
         from troupe.gpu.gemma3_layer import Gemma3Layer  # they subclass DecoderLayer
 
         return Gemma3Layer
+    if config.model_type == "olmo2":
+        from troupe.gpu.olmo2_layer import Olmo2Layer
+
+        return Olmo2Layer
     if config.is_sparse(layer):
         from troupe.gpu.moe_layer import MoeLayer
 

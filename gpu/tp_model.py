@@ -35,7 +35,7 @@ import torch
 from troupe.config import ConfigError
 from troupe.gpu.attention import AttentionMetadata
 from troupe.gpu.gemma3_layer import Gemma3Layer
-from troupe.gpu.model_config import ModelConfig
+from troupe.gpu.model_config import ModelConfig, ModelLoadError
 from troupe.gpu.models import DecoderLayer, DecoderModel, KVCache
 from troupe.gpu.quant_linear import embedding, linear
 from troupe.gpu.tp_group import TPGroup
@@ -225,6 +225,8 @@ class TPDecoderModel(DecoderModel):
     ) -> DecoderLayer:
         if config.is_gemma3:
             return TPGemma3Layer(config, dtype, device, index)
+        if config.model_type == "olmo2":  # its q/k norms span every head: all ranks' rows
+            raise ModelLoadError("olmo2: tensor parallelism is not supported; run one rank")
         if config.mla is not None:
             from troupe.gpu.tp_mla import TPMlaLayer  # it subclasses TPDecoderLayer
 

@@ -1,0 +1,64 @@
+"""OLMo 2's decoder layer (transformers' Olmo2DecoderLayer): norms after attention and after
+the MLP, none before, and q / k RMS-normalised across all heads at once (weights [q_size] and
+[kv_size]: the checkpoint's self_attn.q_norm / k_norm), before RoPE.
+
+    stream -> attention(stream) -> post_attention_layernorm -> + stream
+           -> mlp(...)          -> post_feedforward_layernorm -> + stream
+
+The stream comes in as the previous layer's (hidden, residual), whose sum it is (the fused
+norm-add of the other layers defers that add); the model's final norm adds the last pair.
+"""
+
+from __future__ import annotations
+
+import torch
+from troupe.gpu.attention import AttentionMetadata
+from troupe.gpu.model_config import ModelConfig
+from troupe.gpu.models import DecoderLayer, KVCache, new_param
+from troupe.kernels.ops import KernelOps
+
+
+class Olmo2Layer(DecoderLayer):
+    """Post-norm layer with whole-width q / k norms."""
+
+    def __init__(
+        self, config: ModelConfig, dtype: torch.dtype, device: torch.device, layer_index: int = 0
+    ) -> None:
+        super().__init__(config, dtype, device, layer_index)
+        del self.input_layernorm  # OLMo 2 normalises after, not before
+        self.post_feedforward_layernorm = new_param(config.hidden_size, dtype=dtype, device=device)
+        self.q_norm_all = new_param(config.q_size, dtype=dtype, device=device)
+        self.k_norm_all = new_param(config.kv_size, dtype=dtype, device=device)
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        residual: torch.Tensor | None,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_cache: KVCache,
+        cos_sin: torch.Tensor,
+        ops: KernelOps,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        eps = self.config.rms_norm_eps
+        stream = hidden if residual is None else hidden + residual
+        attn = self.attention(stream, positions, meta, kv_cache, cos_sin, ops)
+        stream = stream + ops.rms_norm(attn, self.post_attention_layernorm, eps)[0]
+        out = ops.rms_norm(self.mlp(stream, ops), self.post_feedforward_layernorm, eps)[0]
+        return out, stream
+
+    def project_qkv(self, x: torch.Tensor, ops: KernelOps) -> torch.Tensor:
+        qkv = super().project_qkv(x, ops)
+        c, eps = self.config, self.config.rms_norm_eps
+        q_end, k_end = c.q_size, c.q_size + c.kv_size
+        q = ops.rms_norm(qkv[:, :q_end].contiguous(), self.q_norm_all, eps)[0]
+        k = ops.rms_norm(qkv[:, q_end:k_end].contiguous(), self.k_norm_all, eps)[0]
+        return torch.cat([q, k, qkv[:, k_end:]], dim=-1)
+
+    def locate_extra(self, rest: str, prefix: str) -> tuple[torch.Tensor, tuple[str, ...]] | None:
+        """The whole-width q / k norms (the plain layer's q_norm / k_norm are per head)."""
+        if rest == "self_attn.q_norm.weight":
+            return self.q_norm_all, (f"{prefix}.q_norm_all",)
+        if rest == "self_attn.k_norm.weight":
+            return self.k_norm_all, (f"{prefix}.k_norm_all",)
+        return None
