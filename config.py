@@ -6,15 +6,17 @@ import dataclasses
 import functools
 import typing
 from collections.abc import Mapping
-from typing import Literal, get_args, get_origin
+from typing import Any, Literal, get_args, get_origin
 
 from troupe.config_checks import ConfigError as ConfigError  # its home; imported from here
 from troupe.config_checks import (
+    check_chat_template,
     check_disaggregation,
     check_draft_source,
     check_generation_config,
     check_lora,
     check_prompt_embeds,
+    template_defaults_json,
 )
 from troupe.config_pipeline import check_pipeline
 from troupe.kernels.ops import KernelBackend
@@ -53,6 +55,7 @@ class EngineConfig:
     # The chat template to use instead of the model's (vLLM's --chat-template): a .jinja file's
     # path or the template's text; None: the model's own (actors/core/tokenizer_files.py)
     chat_template: str | None = None
+    default_chat_template_kwargs: dict[str, Any] | None = None  # vLLM's; a request's win
     # The sampling defaults of requests that leave a field unset (vLLM's --generation-config):
     # "auto" the model's generation_config.json (a GGUF's general.sampling.* keys), "vllm"
     # none, or a folder with a generation_config.json; override_generation_config's keys
@@ -242,12 +245,7 @@ class EngineConfig:
             "max_queued_tokens",
             "max_stream_buffer",
         )
-        if self.chat_template is not None and (
-            not isinstance(self.chat_template, str) or not self.chat_template.strip()
-        ):
-            raise ConfigError(
-                f"chat_template must be a file path or a template's text, got {self.chat_template!r}"
-            )
+        check_chat_template(self)
         if self.block_size & (self.block_size - 1) or self.block_size > 256:
             raise ConfigError(f"block_size must be a power of two <= 256, got {self.block_size}")
         for name in ("num_kv_blocks", "max_model_len", "max_num_batched_tokens"):
@@ -365,6 +363,10 @@ class EngineConfig:
         if self.max_num_batched_tokens is not None:
             return self.max_num_batched_tokens
         return 8192 if large_gpu else 4096
+
+    @property
+    def template_defaults_json(self) -> str | None:
+        return template_defaults_json(self)  # config_checks.py
 
     @property
     def lora_adapters(self) -> dict[str, str]:

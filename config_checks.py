@@ -4,6 +4,7 @@ sampling defaults (config.py calls them)."""
 
 from __future__ import annotations
 
+import json
 import re
 from typing import TYPE_CHECKING
 
@@ -167,3 +168,31 @@ def check_prompt_embeds(config: EngineConfig) -> None:
     if not config.enable_prompt_embeds:
         return
     check_needs(config, _PROMPT_EMBEDS_NEEDS, "enable_prompt_embeds")
+
+
+def check_chat_template(config: EngineConfig) -> None:
+    """ConfigError naming chat_template (a file path or a template's text) or
+    default_chat_template_kwargs (template_defaults_json's rule)."""
+    template = config.chat_template
+    if template is not None and (not isinstance(template, str) or not template.strip()):
+        raise ConfigError(
+            f"chat_template must be a file path or a template's text, got {template!r}"
+        )
+    template_defaults_json(config)
+
+
+def template_defaults_json(config: EngineConfig) -> str | None:
+    """default_chat_template_kwargs as JSON text (sorted keys: one text a choice, hashable for
+    the tokenizer cache), or a ConfigError naming the knob: a JSON object with text keys."""
+    value = config.default_chat_template_kwargs
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+        raise ConfigError(
+            "default_chat_template_kwargs must be a JSON object such as "
+            f'{{"enable_thinking": false}}, got {value!r:.200}'
+        )
+    try:
+        return json.dumps(value, sort_keys=True)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"default_chat_template_kwargs: not JSON: {exc}") from None

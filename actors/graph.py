@@ -38,12 +38,14 @@ if TYPE_CHECKING:
 
 
 @functools.lru_cache(maxsize=4)
-def load_tokenizer_for(model: str | None, chat_template: str | None = None) -> TextTokenizer:
-    """The tokenizer of `model` (None: the default model) with EngineConfig.chat_template
-    applied, loaded once per process and pair."""
+def load_tokenizer_for(
+    model: str | None, chat_template: str | None = None, template_defaults: str | None = None
+) -> TextTokenizer:
+    """The tokenizer of `model` (None: the default model) with EngineConfig.chat_template and
+    its template_defaults_json applied, loaded once per process and choice."""
     from troupe.actors.core.tokenizer_files import load_tokenizer
 
-    return load_tokenizer(resolve_model_path(model), chat_template)
+    return load_tokenizer(resolve_model_path(model), chat_template, template_defaults)
 
 
 @dataclass(frozen=True, slots=True)

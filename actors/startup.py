@@ -34,11 +34,13 @@ if TYPE_CHECKING:
     from troupe.gpu.runner import Runner
 
 
-def prepared_tokenizer(model: str | None, chat_template: str | None = None) -> TextTokenizer:
+def prepared_tokenizer(
+    model: str | None, chat_template: str | None = None, template_defaults: str | None = None
+) -> TextTokenizer:
     """The process's tokenizer for `model` with what the cores derive from it computed (the
     streamer's token texts for both skip settings, the tokenizer core's count bound), so
     building those cores on the event loop is cheap."""
-    tokenizer = load_tokenizer_for(model, chat_template)
+    tokenizer = load_tokenizer_for(model, chat_template, template_defaults)
     for skip in (False, True):
         shared_token_texts(tokenizer, skip_special_tokens=skip)
     shared_count_bound(tokenizer)
@@ -58,7 +60,9 @@ def load_engine_parts(
         ThreadPoolExecutor(1, thread_name_prefix="tokenizer-load") as pool,
     ):
         defaults = pool.submit(read_sampling_defaults, config)
-        tokenizer = pool.submit(prepared_tokenizer, config.model, config.chat_template)
+        tokenizer = pool.submit(
+            prepared_tokenizer, config.model, config.chat_template, config.template_defaults_json
+        )
         setup = start_executor(config, runner)
         try:
             return setup, tokenizer.result(), defaults.result()

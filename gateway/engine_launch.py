@@ -60,7 +60,7 @@ async def open_remote_engine(
     engine = RemoteEngine(config.max_stream_buffer)
     try:
         await asyncio.get_running_loop().create_unix_connection(lambda: engine, sock=parent_sock)
-        await engine.wait_started(lambda: _load_tokenizer(config.model, config.chat_template))
+        await engine.wait_started(lambda: _load_tokenizer(config))
         yield engine
     finally:
         with contextlib.suppress(TimeoutError):
@@ -85,8 +85,9 @@ def _reap(process: multiprocessing.process.BaseProcess) -> int | None:
     return process.exitcode
 
 
-def _load_tokenizer(model: str | None, chat_template: str | None) -> TokenizerLike:
+def _load_tokenizer(config: EngineConfig) -> TokenizerLike:
     from troupe.actors.core.tokenizer_files import load_tokenizer
     from troupe.config import resolve_model_path
 
-    return load_tokenizer(resolve_model_path(model), chat_template)
+    path = resolve_model_path(config.model)
+    return load_tokenizer(path, config.chat_template, config.template_defaults_json)

@@ -113,7 +113,11 @@ def graph_inputs(header: TraceHeader) -> GraphInputs:
             eos_token_ids=tuple(scheduler["eos_token_ids"]),
             num_lookahead_tokens=scheduler.get("num_lookahead_tokens", 0),
         )
-    return GraphInputs(config, numbers, load_tokenizer_for(config.model, config.chat_template))
+    return GraphInputs(
+        config,
+        numbers,
+        load_tokenizer_for(config.model, config.chat_template, config.template_defaults_json),
+    )
 
 
 def _check_inputs(batches: dict[int, list[msgspec.Struct]], vocab_size: int | None) -> None:

@@ -21,14 +21,19 @@ class TokenizerLoadError(ValueError):
 
 
 def load_tokenizer(
-    model_path: str | Path | None = None, chat_template: str | None = None
+    model_path: str | Path | None = None,
+    chat_template: str | None = None,
+    template_defaults: str | None = None,
 ) -> TextTokenizer:
     """The tokenizer of the model at `model_path` (folder or .gguf); None: the default model.
     `chat_template` (EngineConfig's): a .jinja file or a template's text used instead of the
-    model's own."""
+    model's own. `template_defaults`: EngineConfig.template_defaults_json, the template's
+    variables where a request leaves them out."""
     tokenizer = _load(model_path)
     if chat_template is not None:
         tokenizer.chat_template = chat_template_text(chat_template)
+    if template_defaults is not None:
+        tokenizer.template_defaults = json.loads(template_defaults)
     return tokenizer
 
 

@@ -56,6 +56,9 @@ class TextTokenizer:
         self.bos_token_id = bos_token_id
         self.eos_token_ids = eos_token_ids
         self.chat_template = chat_template
+        # the template's variables when a request leaves them out (EngineConfig.
+        # default_chat_template_kwargs, vLLM's --default-chat-template-kwargs)
+        self.template_defaults: dict[str, Any] = {}
         added = tokenizer.get_added_tokens_decoder()
         self._added_text = {token_id: token.content for token_id, token in added.items()}
         self.special_ids: frozenset[int] = frozenset(i for i, t in added.items() if t.special)
@@ -118,13 +121,14 @@ class TextTokenizer:
         continue_final_message: bool = False,
         **extra: Any,
     ) -> str:
-        """The prompt text for chat `messages` (ChatTemplate.render's options). Raises
-        ChatTemplateError (no template, or the template rejected the conversation)."""
+        """The prompt text for chat `messages` (ChatTemplate.render's options; `extra` over
+        the template_defaults). Raises ChatTemplateError (no template, or the template
+        rejected the conversation)."""
         text: str = self._compiled_template.render(
             messages,
             add_generation_prompt=add_generation_prompt,
             continue_final_message=continue_final_message,
-            **extra,
+            **{**self.template_defaults, **extra},
         )
         return text
 
