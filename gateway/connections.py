@@ -14,6 +14,7 @@ and takes any number of connections. `GatedSite` listens like `web.TCPSite`, but
 from __future__ import annotations
 
 import asyncio
+import ssl
 from typing import Any
 
 import msgspec
@@ -128,19 +129,39 @@ class ConnectionGate:
 class GatedSite(web.BaseSite):
     """`web.TCPSite` through a ConnectionGate."""
 
-    def __init__(self, runner: web.BaseRunner, host: str, port: int, gate: ConnectionGate) -> None:
+    def __init__(
+        self,
+        runner: web.BaseRunner,
+        host: str,
+        port: int,
+        gate: ConnectionGate,
+        ssl_context: ssl.SSLContext | None = None,
+        ssl_handshake_timeout: float | None = None,
+    ) -> None:
+        """`ssl_context`: HTTPS (gateway/tls.py); the handshake must end within
+        `ssl_handshake_timeout` s (the header timeout: a slow client is cut off before its
+        first request head either way)."""
         super().__init__(runner)
         self._host = host
         self._port = port
         self._gate = gate
+        self._ssl = ssl_context
+        self._handshake_timeout = ssl_handshake_timeout
 
     @property
     def name(self) -> str:
-        return f"http://{self._host}:{self._port}"
+        scheme = "http" if self._ssl is None else "https"
+        return f"{scheme}://{self._host}:{self._port}"
 
     async def start(self) -> None:
         await super().start()
         loop = asyncio.get_running_loop()
+        handshake = self._handshake_timeout if self._ssl is not None else None
         self._server = await loop.create_server(
-            self._gate, self._host, self._port, reuse_address=True
+            self._gate,
+            self._host,
+            self._port,
+            reuse_address=True,
+            ssl=self._ssl,
+            ssl_handshake_timeout=handshake,
         )

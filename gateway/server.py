@@ -30,6 +30,7 @@ from troupe.gateway.connections import ConnectionGate, GatedSite
 from troupe.gateway.engine_api import EngineLike
 from troupe.gateway.settings import add_settings_arguments, settings_from_args
 from troupe.gateway.state import GATEWAY, GatewaySettings
+from troupe.gateway.tls import server_ssl_context
 
 if TYPE_CHECKING:
     from troupe.gateway.engine_process import RunnerFactory
@@ -131,7 +132,8 @@ async def serve(
         app_runner = await listen(app, settings, host, port)
         try:
             bound_host, bound_port = app_runner.addresses[0][:2]
-            url = f"http://{_url_host(bound_host)}:{bound_port}"
+            scheme = "http" if settings.ssl_certfile is None else "https"
+            url = f"{scheme}://{_url_host(bound_host)}:{bound_port}"
             model = app[GATEWAY].served_models().model_id
             log.info("serving", url=url, model=model, playground=f"{url}/")
             if on_ready is not None:
@@ -184,7 +186,9 @@ async def listen(
     await app_runner.setup()
     try:
         assert app_runner.server is not None  # set by setup()
-        site = GatedSite(app_runner, host, port, ConnectionGate(app_runner.server, settings))
+        gate = ConnectionGate(app_runner.server, settings)
+        tls = server_ssl_context(settings)  # None: plain HTTP
+        site = GatedSite(app_runner, host, port, gate, tls, settings.header_timeout)
         await site.start()
     except BaseException:
         await app_runner.cleanup()

@@ -17,6 +17,7 @@ from typing import Any
 
 from troupe.config import ConfigError
 from troupe.gateway.reasoning import PARSERS, ParserName
+from troupe.gateway.tls import check_tls
 from troupe.gateway.tool_auto import TOOL_PARSERS, ToolParserName
 from troupe.messages.pooling import PoolingType
 
@@ -146,6 +147,18 @@ class GatewaySettings:
         "make the engine read a checkpoint folder of this machine by path and replace the "
         "served weights in place; off: the path is 404",
     )
+    ssl_keyfile: str | None = _knob(
+        None, "serve HTTPS: the server's private key (PEM), with ssl_certfile (vLLM's flag)"
+    )
+    ssl_certfile: str | None = _knob(
+        None, "serve HTTPS: the server's certificate chain (PEM), with ssl_keyfile (vLLM's flag)"
+    )
+    ssl_ca_certs: str | None = _knob(
+        None, "the CA certificates (PEM) that sign the client certificates ssl_cert_reqs asks for"
+    )
+    ssl_cert_reqs: int = _knob(
+        0, "client certificates: 0 not asked, 1 checked if sent, 2 required (mutual TLS)"
+    )
     engine_process: bool = _knob(
         True,
         "run the engine (its actors and the model runner) in a child process, so that HTTP "
@@ -188,6 +201,7 @@ class GatewaySettings:
             raise ConfigError(
                 f"tool_call_parser must be one of {choices}, got {self.tool_call_parser!r}"
             )
+        check_tls(self)
         for name in (
             "engine_process",
             "allow_runtime_lora_updating",
