@@ -9,7 +9,7 @@ whole-reply parse writes them (gateway/json_canonical.py), so that a function_ca
 
 Chat streams the arguments as the model wrote them (its chunks have no whole to agree with);
 here they must equal the item's, and the whole parse re-serializes the arguments of hermes,
-llama3_json and mistral (json.dumps), so theirs are re-written; pythonic and qwen3_coder
+llama3_json, mistral and granite (json.dumps), so theirs are re-written; pythonic and qwen3_coder
 readers already answer json.dumps text, and deepseek_v3's parse keeps them as written. Where
 the two could still differ (Hermes arguments written as a JSON string, which the parse keeps
 as written; a key written twice; deepseek_v3 whitespace after the object inside its fence) the
@@ -55,7 +55,9 @@ class CanonicalReader:
 
 # the formats whose whole parse re-serializes JSON arguments the model wrote; deepseek_v3's
 # passes them on as written (as vLLM's), pythonic and qwen3_coder readers answer json.dumps text
-_RESERIALIZED: frozenset[ToolParserName] = frozenset({"hermes", "llama3_json", "mistral"})
+_RESERIALIZED: frozenset[ToolParserName] = frozenset(
+    {"hermes", "llama3_json", "mistral", "granite"}
+)
 
 
 def responses_call_stream(plan: ToolPlan) -> StreamedCalls:

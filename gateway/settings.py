@@ -116,7 +116,8 @@ class GatewaySettings:
         'chat: the tool-call format tool_choice "auto" replies are parsed in, whatever the chat '
         "template (vLLM's flag): hermes (<tool_call> tags), llama3_json (Llama 3.x's JSON "
         "calls), mistral ([TOOL_CALLS]), pythonic (Llama 3.2/4's [f(a=1)]), qwen3_coder "
-        "(<function=...> XML), deepseek_v3 (<｜tool▁calls▁begin｜>); unset: hermes where the "
+        "(<function=...> XML), deepseek_v3 (<｜tool▁calls▁begin｜>), granite "
+        "(<|tool_call|>[...]); unset: hermes where the "
         'template defines it, else "auto" is refused',
     )
     max_stored_responses: int = _knob(

@@ -19,7 +19,8 @@ the name once its string closes, then the arguments' JSON as written.
 `--tool-call-parser` (vLLM's flag) picks the format whatever the template: `hermes`,
 `llama3_json` (Llama 3.x's bare JSON calls, gateway/tool_llama3.py), or one of the formats
 read through gateway/tool_format.py: `mistral` (tool_mistral.py), `pythonic`
-(tool_pythonic.py), `qwen3_coder` (tool_qwen3_coder.py), `deepseek_v3` (tool_deepseek_v3.py).
+(tool_pythonic.py), `qwen3_coder` (tool_qwen3_coder.py), `deepseek_v3` (tool_deepseek_v3.py),
+`granite` (tool_granite.py).
 Unset, Hermes is parsed where the template defines it, and "auto" is refused elsewhere.
 """
 
@@ -35,6 +36,7 @@ from troupe.gateway.json_scan import ObjectScan, object_call
 from troupe.gateway.python_call_scan import PythonicReader
 from troupe.gateway.tool_deepseek_v3 import DEEPSEEK_V3, DeepSeekV3Reader
 from troupe.gateway.tool_format import CallFormat, FormatCallStream, ToolSchemas, parse_reply
+from troupe.gateway.tool_granite import GRANITE, GraniteReader
 from troupe.gateway.tool_llama3 import Llama3Reader, Llama3ToolStream, parse_llama3_calls
 from troupe.gateway.tool_mistral import MISTRAL, MistralReader
 from troupe.gateway.tool_pythonic import PYTHONIC
@@ -45,7 +47,7 @@ OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _BLOCK = re.compile(re.escape(OPEN) + r"(.*?)" + re.escape(CLOSE), re.DOTALL)
 
 ToolParserName = Literal[
-    "hermes", "llama3_json", "mistral", "pythonic", "qwen3_coder", "deepseek_v3"
+    "hermes", "llama3_json", "mistral", "pythonic", "qwen3_coder", "deepseek_v3", "granite"
 ]
 TOOL_PARSERS: tuple[ToolParserName, ...] = (
     "hermes",
@@ -54,8 +56,10 @@ TOOL_PARSERS: tuple[ToolParserName, ...] = (
     "pythonic",
     "qwen3_coder",
     "deepseek_v3",
+    "granite",
 )
 _FORMATS: dict[str, CallFormat] = {
+    "granite": GRANITE,
     "mistral": MISTRAL,
     "pythonic": PYTHONIC,
     "qwen3_coder": QWEN3_CODER,
@@ -120,6 +124,8 @@ def auto_call_reader(tools: Sequence[dict[str, Any]], parser: ToolParserName) ->
         return PythonicReader()
     if parser == "qwen3_coder":
         return Qwen3CoderReader(ToolSchemas(tuple(tools)))
+    if parser == "granite":
+        return GraniteReader()
     return DeepSeekV3Reader()
 
 

@@ -69,6 +69,12 @@ def _array_calls(body: str) -> list[tuple[str, dict[str, Any]]] | None:
             value = json.loads(found.group())
         except ValueError:
             return None
+    return array_pairs(value)
+
+
+def array_pairs(value: Any) -> list[tuple[str, dict[str, Any]]] | None:
+    """(name, arguments) of a decoded [{"name", "arguments"?}, ...] (Mistral's and Granite's
+    arrays); None if it is not one."""
     if not isinstance(value, list):
         return None
     pairs = []
@@ -125,24 +131,8 @@ class MistralReader:
         if at >= len(text):
             return SectionSoFar(())
         if text[at] == "[":
-            return SectionSoFar(self._array(text, at + 1))
+            return SectionSoFar(array_objects_so_far(text, at + 1, self._scans))
         return SectionSoFar(self._named(text, start))
-
-    def _array(self, text: str, at: int) -> tuple[CallSoFar, ...]:
-        calls = []
-        while True:
-            at = _skip(text, at)
-            if not text.startswith("{", at):
-                break
-            scan = self._scans.setdefault(at, ObjectScan(at))
-            calls.append(object_call(text, scan, len(text), is_object_only=True))
-            if scan.end is None:
-                break
-            at = _skip(text, scan.end)
-            if not text.startswith(",", at):
-                break
-            at += 1
-        return tuple(calls)
 
     def _named(self, text: str, at: int) -> tuple[CallSoFar, ...]:
         calls = []
@@ -171,6 +161,25 @@ class MistralReader:
         scan = self._scans.setdefault(body, ObjectScan(body))
         scan.advance(text, end)
         return CallSoFar(name, scan.object_so_far(text, end))
+
+
+def array_objects_so_far(text: str, at: int, scans: dict[int, ObjectScan]) -> tuple[CallSoFar, ...]:
+    """The {"name", "arguments"} objects of an array whose first item begins at or after
+    `at`, as far as written (`scans`: the reader's, by where an object begins)."""
+    calls = []
+    while True:
+        at = _skip(text, at)
+        if not text.startswith("{", at):
+            break
+        scan = scans.setdefault(at, ObjectScan(at))
+        calls.append(object_call(text, scan, len(text), is_object_only=True))
+        if scan.end is None:
+            break
+        at = _skip(text, scan.end)
+        if not text.startswith(",", at):
+            break
+        at += 1
+    return tuple(calls)
 
 
 def _skip(text: str, at: int) -> int:

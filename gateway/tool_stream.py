@@ -10,7 +10,7 @@ The format's AutoCallStream (tool_auto.py) says, as before, what is content and 
 section begins; its CallReader (tool_reader.py) reads the section as it grows. A call opens
 once its name is one of the request's tools and its arguments have begun (calls open in
 order), and its arguments go out as far as they are final: for formats whose arguments are JSON
-in the text (hermes, llama3_json, mistral, deepseek_v3) that text as written, less trailing
+in the text (hermes, llama3_json, mistral, deepseek_v3, granite) that text as written, less trailing
 whitespace outside strings and an escape not yet complete; for pythonic and qwen3_coder each
 argument's `"key": value` once the argument is whole, so the pieces put together are the whole
 parse's `json.dumps` text. At the end the whole reply is parsed as it is unstreamed

@@ -1,4 +1,4 @@
-"""The tool-call parsers mistral, pythonic, qwen3_coder and deepseek_v3 and the reasoning
+"""The tool-call parsers mistral, pythonic, qwen3_coder, deepseek_v3 and granite and the reasoning
 parsers deepseek_v3, mistral and granite over HTTP with the official `openai` client: a
 server started with the flag, a fake runner made to say an exact reply (SmolLM2's tokenizer,
 a plain template), the whole answer and the streamed one read back. Streamed calls arrive as
@@ -52,6 +52,12 @@ TOOL_CASES: dict[str, tuple[str, str | None, tuple[str, Any], str]] = {
     "deepseek_v3": (
         "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n"
         '{"city": "Paris", "days": 3}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
+        None,
+        WEATHER,
+        VLLM_ID,
+    ),
+    "granite": (
+        '<|tool_call|>[{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}]',
         None,
         WEATHER,
         VLLM_ID,

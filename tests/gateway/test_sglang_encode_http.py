@@ -87,8 +87,9 @@ def test_through_the_router(server: ServerThread) -> None:
     router = RouterThread().start_router(settings)
     try:
         direct = _post(f"{server.url}/encode", {"text": TEXTS[0]})
-        assert _post(f"{router.url}/encode", {"text": TEXTS[0]})[1]["embedding"] == (
-            direct[1]["embedding"]
+        assert (
+            _post(f"{router.url}/encode", {"text": TEXTS[0]})[1]["embedding"]
+            == (direct[1]["embedding"])
         )
     finally:
         router.close()

@@ -1,5 +1,5 @@
 """The tool-call parsers read through gateway/tool_format.py (mistral, pythonic, qwen3_coder,
-deepseek_v3): whole replies against vLLM's answers on the same text, and each reply streamed
+deepseek_v3, granite): whole replies against vLLM's answers on the same text, and each reply streamed
 cut at every point (and character by character) giving the same content and calls."""
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ DS_WEATHER = (
     '{"city": "Paris"}\n```<｜tool▁call▁end｜>'
 )
 DS_TIME = "<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_time\n```json\n{}\n```<｜tool▁call▁end｜>"
+GRANITE_PARIS = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
 QWEN_PARIS = (
     "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
     "</function>\n</tool_call>"
@@ -138,6 +139,19 @@ CASES: list[tuple[str, str, str | None, Calls]] = [
         [],
     ),
     ("deepseek_v3", "<｜tool▁calls▁begin｜>" + DS_WEATHER[:-10], None, []),  # cut short
+    # granite: the reply opens with the array (after <|tool_call|>, <tool_call> or nothing)
+    ("granite", f"<|tool_call|>[{GRANITE_PARIS}]", None, [PARIS]),
+    (
+        "granite",
+        f'<tool_call> [{GRANITE_PARIS}, {{"name": "get_time"}}]',
+        None,
+        [PARIS, ("get_time", {})],
+    ),
+    ("granite", f"\n[{GRANITE_PARIS}]\n", None, [PARIS]),
+    ("granite", f"Sure: <|tool_call|>[{GRANITE_PARIS}]", None, []),  # not where it opens
+    ("granite", '<|tool_call|>[{"name": "nope", "arguments": {}}]', None, []),
+    ("granite", f"<|tool_call|>[{GRANITE_PARIS}", None, []),  # cut short
+    ("granite", f"<|tool_call|>[{GRANITE_PARIS}] and more", None, []),
 ]
 
 
@@ -186,6 +200,7 @@ def test_streamed_at_every_split(parser: str, text: str, content: str | None, ca
         ("pythonic", "[get_time()]", r"chatcmpl-tool-[0-9a-f]{32}"),
         ("qwen3_coder", "<function=get_time></function>", r"call_[0-9a-f]{24}"),
         ("deepseek_v3", "<｜tool▁calls▁begin｜>" + DS_TIME, r"chatcmpl-tool-[0-9a-f]{32}"),
+        ("granite", '<|tool_call|>[{"name": "get_time"}]', r"chatcmpl-tool-[0-9a-f]{32}"),
     ],
 )
 def test_ids_as_vllm_makes_them(parser: str, text: str, id_pattern: str) -> None:
@@ -238,7 +253,7 @@ def test_qwen3_coder_values_typed_by_schema(raw: str, schema: Any, value: Any) -
 
 
 def test_parser_names_listed() -> None:
-    assert set(TOOL_PARSERS) >= {"mistral", "pythonic", "qwen3_coder", "deepseek_v3"}
+    assert set(TOOL_PARSERS) >= {"mistral", "pythonic", "qwen3_coder", "deepseek_v3", "granite"}
 
 
 def test_an_unknown_parser_is_refused_naming_the_choices() -> None:

@@ -102,6 +102,11 @@ def _deepseek_v3(calls: list[Call], style: int) -> str:
     )
 
 
+def _granite(calls: list[Call], style: int) -> str:
+    array = json.dumps([{"name": n, "arguments": a} for n, a in calls], ensure_ascii=style == 1)
+    return ("<|tool_call|>", "<tool_call>", " ")[style] + array
+
+
 RENDER = {
     "hermes": _hermes,
     "llama3_json": _llama3,
@@ -109,8 +114,10 @@ RENDER = {
     "pythonic": _pythonic,
     "qwen3_coder": _qwen3_coder,
     "deepseek_v3": _deepseek_v3,
+    "granite": _granite,
 }
 
+_LEAD_ONLY = ("pythonic", "llama3_json", "granite")  # calls only where the reply opens with them
 _CHARS = st.sampled_from(list("ab Z\"\\'{}[](),:;<>=/#`\n\té€😀"))
 _TEXT = st.text(_CHARS, max_size=6)
 _SCALAR = st.one_of(
@@ -141,7 +148,7 @@ def replies(draw: st.DrawFn, parser: str) -> tuple[str, list[str], bool]:
     calls = draw(_CALLS)
     if draw(st.integers(0, 5)) == 0:
         calls[-1] = ("get_news", calls[-1][1])
-    lead = "" if parser in ("pythonic", "llama3_json") else draw(_CONTENT)
+    lead = "" if parser in _LEAD_ONLY else draw(_CONTENT)
     text = lead + RENDER[parser](calls, draw(st.integers(0, 2)))
     if parser == "hermes":  # text between and after blocks is content too
         text = text.replace("</tool_call>\n", "</tool_call>" + draw(_CONTENT)) + draw(_CONTENT)
@@ -218,7 +225,7 @@ TWO_CALLS = [("get_weather", {"city": "Paris", "days": 3}), ("get_time", {"tz": 
 def test_each_call_goes_out_as_it_is_written(parser: str) -> None:
     """Fed a character at a time: a call's name goes out before its arguments are written,
     and its arguments (in more than one piece) before the next call begins."""
-    text = "Sure. " * (parser not in ("pythonic", "llama3_json")) + RENDER[parser](TWO_CALLS, 0)
+    text = "Sure. " * (parser not in _LEAD_ONLY) + RENDER[parser](TWO_CALLS, 0)
     calls = streamed_calls(TOOLS, parser)  # type: ignore[arg-type]
     seen = [(i, piece) for i in range(len(text)) for piece in calls.delta(text[i])]
     assert calls.finish(True).is_calls
