@@ -13,6 +13,8 @@ import pytest
 import torch
 from troupe.gpu.model_config import ModelConfig, ModelLoadError
 
+from tests.gpu.family_checks import NUM_NEW, PROMPTS, assert_greedy_matches, saved_random_model
+
 TINY_GRANITE = {
     "hidden_size": 64,
     "num_hidden_layers": 2,
@@ -29,34 +31,19 @@ TINY_GRANITE = {
     "logits_scaling": 2.5,
     "tie_word_embeddings": True,
 }
-PROMPTS = [[5, 17, 42, 99, 3, 250, 7, 8, 64, 12, 31], [200, 1, 77, 13, 90, 4, 4, 4, 18]]
-NUM_NEW = 12
 
 
 @pytest.fixture(scope="module")
 def granite(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
     import transformers
 
-    torch.manual_seed(0)
-    hf_model = transformers.GraniteForCausalLM(transformers.GraniteConfig(**TINY_GRANITE))
-    with torch.no_grad():
-        for param in hf_model.parameters():
-            if param.dim() > 1:
-                param.normal_(0.0, 0.2)
     folder = tmp_path_factory.mktemp("granite")
-    hf_model.save_pretrained(folder)
-    return folder, hf_model.eval()
+    config = transformers.GraniteConfig(**TINY_GRANITE)
+    return folder, saved_random_model(folder, transformers.GraniteForCausalLM, config)
 
 
-def test_greedy_matches_hf_with_chunked_prefill(granite: tuple[Path, Any], mt: Any) -> None:
-    folder, hf_model = granite
-    expected = [mt.hf_greedy(hf_model, p, NUM_NEW) for p in PROMPTS]
-    driver = mt.PlanDriver(mt.runner_for(folder), chunk=5)
-    for i, prompt in enumerate(PROMPTS):
-        driver.add(f"r{i}", prompt)
-    driver.run(NUM_NEW)
-    assert [driver.seqs[f"r{i}"].output for i in range(len(PROMPTS))] == expected
-    assert len(set(expected[0])) > 2  # the model is not stuck on one token
+def test_greedy_matches_hf_with_chunked_prefill(granite: tuple[Path, Any]) -> None:
+    assert_greedy_matches(*granite)
 
 
 @pytest.mark.parametrize(

@@ -9,8 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 from troupe.gpu.model_config import ModelConfig, ModelLoadError
+
+from tests.gpu.family_checks import assert_greedy_matches, saved_random_model
 
 TINY_PHI3 = {
     "hidden_size": 64,
@@ -28,39 +29,25 @@ TINY_PHI3 = {
     "bos_token_id": 1,
     "eos_token_id": 2,
 }
-PROMPTS = [[5, 17, 42, 99, 3, 250, 7, 8, 64, 12, 31], [200, 1, 77, 13, 90, 4, 4, 4, 18]]
-NUM_NEW = 12
 
 
 @pytest.fixture(scope="module")
 def phi3(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
     import transformers
 
-    torch.manual_seed(0)
-    hf_model = transformers.Phi3ForCausalLM(transformers.Phi3Config(**TINY_PHI3))
-    with torch.no_grad():
-        for param in hf_model.parameters():
-            if param.dim() > 1:
-                param.normal_(0.0, 0.2)
     folder = tmp_path_factory.mktemp("phi3")
-    hf_model.save_pretrained(folder)
-    return folder, hf_model.eval()
+    config = transformers.Phi3Config(**TINY_PHI3)
+    return folder, saved_random_model(folder, transformers.Phi3ForCausalLM, config)
 
 
-def test_greedy_matches_hf_with_chunked_prefill(phi3: tuple[Path, Any], mt: Any) -> None:
+def test_greedy_matches_hf_from_fused_tensors(phi3: tuple[Path, Any]) -> None:
     from safetensors import safe_open
 
     folder, hf_model = phi3
     with safe_open(str(folder / "model.safetensors"), "pt") as f:
         assert "model.layers.1.self_attn.qkv_proj.weight" in set(f.keys())  # fused on disk
     assert ModelConfig.from_hf_folder(folder).layer_windows == (8, 8)
-    expected = [mt.hf_greedy(hf_model, p, NUM_NEW) for p in PROMPTS]
-    driver = mt.PlanDriver(mt.runner_for(folder), chunk=5)
-    for i, prompt in enumerate(PROMPTS):
-        driver.add(f"r{i}", prompt)
-    driver.run(NUM_NEW)
-    assert [driver.seqs[f"r{i}"].output for i in range(len(PROMPTS))] == expected
-    assert len(set(expected[0])) > 2  # the model is not stuck on one token
+    assert_greedy_matches(folder, hf_model)
 
 
 @pytest.mark.parametrize(

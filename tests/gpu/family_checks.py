@@ -1,0 +1,55 @@
+"""What the model-family tests against transformers share (Mixtral, Phi-3, Granite, OLMo 2): a
+random checkpoint of an HF model class, saved as transformers saves checkpoints, and greedy
+agreement with it through chunked prefill, on the CPU runner or on CUDA."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tests.gpu.conftest import PlanDriver, hf_greedy, runner_for
+
+PROMPTS = [[5, 17, 42, 99, 3, 250, 7, 8, 64, 12, 31], [200, 1, 77, 13, 90, 4, 4, 4, 18]]
+NUM_NEW = 12
+
+
+def saved_random_model(folder: Path, model_cls: Any, config: Any, *, norms: bool = False) -> Any:
+    """`model_cls(config)` with its matrices drawn N(0, 0.2) (seed 0; `norms`: its vectors
+    U(0.5, 1.5) too, so a norm weight read into the wrong place shows), saved into `folder`;
+    in eval mode."""
+    torch.manual_seed(0)
+    hf_model = model_cls(config)
+    with torch.no_grad():
+        for param in hf_model.parameters():
+            if param.dim() > 1:
+                param.normal_(0.0, 0.2)
+            elif norms:
+                param.uniform_(0.5, 1.5)
+    hf_model.save_pretrained(folder)
+    return hf_model.eval()
+
+
+def assert_greedy_matches(folder: Path, hf_model: Any, device: str = "cpu") -> None:
+    """The runner on `folder` (fp32) answers transformers' greedy tokens for PROMPTS, in
+    5-token prefill chunks; on CUDA with graphs for decode and mixed steps."""
+    expected = [hf_greedy(hf_model, p, NUM_NEW) for p in PROMPTS]
+    runner = runner_for(folder) if device == "cpu" else _cuda_runner(folder)
+    driver = PlanDriver(runner, chunk=5)
+    for i, prompt in enumerate(PROMPTS):
+        driver.add(f"r{i}", prompt)
+    driver.run(NUM_NEW)
+    assert [driver.seqs[f"r{i}"].output for i in range(len(PROMPTS))] == expected
+    assert len(set(expected[0])) > 2  # the model is not stuck on one token
+
+
+def _cuda_runner(folder: Path) -> Any:
+    from troupe.gpu.model_runner import ModelRunner, RunnerOptions
+    from troupe.gpu.weights import load_model
+
+    config, model = load_model(folder, torch.float32, torch.device("cuda"), 256)
+    options = RunnerOptions(
+        block_size=4, num_gpu_blocks=64, max_model_len=256, max_num_seqs=4, mixed_graph_tokens=32
+    )
+    return ModelRunner(config, model, options)
