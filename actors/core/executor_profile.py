@@ -54,7 +54,10 @@ class StepProfiler:
         if torch.cuda.is_available():
             activities.append(torch.profiler.ProfilerActivity.CUDA)
         profile = torch.profiler.profile(
-            activities=activities, record_shapes=msg.record_shapes, with_stack=msg.with_stack
+            activities=activities,
+            record_shapes=msg.record_shapes,
+            with_stack=msg.with_stack,
+            acc_events=True,  # one cycle a profile: nothing to clear (and no warning)
         )
         try:
             profile.start()
