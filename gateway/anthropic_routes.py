@@ -32,10 +32,9 @@ from troupe.gateway.anthropic_requests import MessagesRequest, parse_count_token
 from troupe.gateway.chat_reasoning import chat_reasoning
 from troupe.gateway.errors import ApiError, error_for_event
 from troupe.gateway.http_body import read_json_body
-from troupe.gateway.outbox import Outbox, Overflow
-from troupe.gateway.pump import pump
+from troupe.gateway.outbox import Outbox
 from troupe.gateway.sse_frames import typed_sse
-from troupe.gateway.sse_writer import first_event, serve_sse
+from troupe.gateway.sse_writer import first_event, pump_sse, serve_sse
 from troupe.gateway.state import GATEWAY, Gateway
 from troupe.gateway.tokenize_routes import render_chat
 from troupe.gateway.tool_auto import auto_tool_parser
@@ -130,11 +129,10 @@ async def _pump_events(
             return [typed_sse(e) for e in assembler.feed(event)]
         return [typed_sse(anthropic_error(error_for_event(event, call.req.client_fields)))]
 
-    try:
-        await pump(events, outbox, encode, first)
-    except Overflow as exc:
-        outbox.put_final(typed_sse(anthropic_error(ApiError(429, str(exc)))))
-        on_overflow()
+    def overflow_frames(error: ApiError) -> list[str]:
+        return [typed_sse(anthropic_error(error))]
+
+    await pump_sse(events, outbox, encode, first, on_overflow, overflow_frames)
 
 
 def add_anthropic_routes(app: web.Application) -> None:

@@ -34,8 +34,7 @@ from aiohttp import web
 from troupe.gateway.chat_reasoning import chat_reasoning
 from troupe.gateway.errors import ApiError, error_for_event, invalid
 from troupe.gateway.http_body import read_json_body
-from troupe.gateway.outbox import Outbox, Overflow
-from troupe.gateway.pump import pump
+from troupe.gateway.outbox import Outbox
 from troupe.gateway.responses_background import BackgroundRun
 from troupe.gateway.responses_objects import ResponseShape
 from troupe.gateway.responses_output import OutputAssembler
@@ -43,7 +42,7 @@ from troupe.gateway.responses_replay import serve_events
 from troupe.gateway.responses_requests import ResponsesRequest, parse_responses
 from troupe.gateway.responses_store import StoredResponse, new_response_id
 from troupe.gateway.sse_frames import typed_sse
-from troupe.gateway.sse_writer import first_event, serve_sse
+from troupe.gateway.sse_writer import first_event, pump_sse, serve_sse
 from troupe.gateway.state import GATEWAY, Gateway
 from troupe.gateway.tool_auto import auto_tool_parser
 from troupe.gateway.whole_answer import whole_answer
@@ -187,9 +186,7 @@ async def _pump_events(
         error = error_for_event(event, call.req.client_fields)
         return [typed_sse(e) for e in assembler.fail(error)]
 
-    try:
-        await pump(events, outbox, encode, first)
-    except Overflow as exc:
-        for event in assembler.fail(ApiError(429, str(exc), code="slow_consumer")):
-            outbox.put_final(typed_sse(event))
-        on_overflow()
+    def overflow_frames(error: ApiError) -> list[str]:
+        return [typed_sse(e) for e in assembler.fail(error)]
+
+    await pump_sse(events, outbox, encode, first, on_overflow, overflow_frames)

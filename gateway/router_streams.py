@@ -79,10 +79,7 @@ class ResponsesEvents:
     """/v1/responses: named events, each with its `sequence_number`; the last one's type ends."""
 
     def is_end(self, event: bytes) -> bool:
-        name, data = _fields(event)
-        if name is None and isinstance(data, dict):  # `event:` is optional in SSE
-            name = data.get("type")
-        return name in _RESPONSES_ENDS
+        return _event_type(event) in _RESPONSES_ENDS
 
     def error_frames(self, error: ApiError, last: bytes) -> bytes:
         _, data = _fields(last)
@@ -95,6 +92,16 @@ class ResponsesEvents:
             "param": error.param,
         }
         return f"event: error\ndata: {json.dumps(event)}\n\n".encode()
+
+
+def _event_type(event: bytes) -> str | None:
+    """A named event's type: its `event:` line, else (the line is optional in SSE) its data's
+    `type`."""
+    name, data = _fields(event)
+    if name is None and isinstance(data, dict):
+        type_ = data.get("type")
+        return type_ if isinstance(type_, str) else None
+    return name
 
 
 def _fields(event: bytes) -> tuple[str | None, Any]:
@@ -117,10 +124,7 @@ class AnthropicEvents:
     """/v1/messages: named events; message_stop (or an error event) ends."""
 
     def is_end(self, event: bytes) -> bool:
-        name, data = _fields(event)
-        if name is None and isinstance(data, dict):
-            name = data.get("type")
-        return name in ("message_stop", "error")
+        return _event_type(event) in ("message_stop", "error")
 
     def error_frames(self, error: ApiError, last: bytes) -> bytes:
         return typed_sse(anthropic_error(error)).encode()

@@ -59,13 +59,18 @@ async def pump_sse(
     encode: Encoder,
     first: StreamEvent,
     on_overflow: Callable[[], None],
+    overflow_frames: Callable[[ApiError], list[str]] | None = None,
 ) -> None:
     """`pump` the engine stream into an SSE answer's outbox; a reader that fell too far
-    behind gets one last chunk, a 429 `slow_consumer` error (then `on_overflow`)."""
+    behind gets one last chunk, a 429 `slow_consumer` error (then `on_overflow`):
+    `overflow_frames(error)`, the endpoint's error frames (default: OpenAI's `data:` one)."""
     try:
         await pump(events, outbox, encode, first)
     except Overflow as exc:
-        outbox.put_final(sse(ApiError(429, str(exc), code="slow_consumer").body()))
+        error = ApiError(429, str(exc), code="slow_consumer")
+        frames = [sse(error.body())] if overflow_frames is None else overflow_frames(error)
+        for frame in frames:
+            outbox.put_final(frame)
         on_overflow()
 
 
