@@ -11,6 +11,9 @@ model's thinking, written between `<think>` and `</think>`, goes to the chat ans
                  `enable_thinking: false` the template closes an empty block in the prompt and
                  the answer is all content
 
+    glm45        GLM-4.5/4.6's hybrid, read as qwen3 reads answers: it writes `<think>` when it
+                 thinks, and with `enable_thinking: false` its template closes an empty block
+                 in the prompt
     deepseek_v3  DeepSeek V3.1's hybrid: thinks only when the prompt left `<think>` open (its
                  template's `thinking: true`), else all content (as qwen3 reads it)
     mistral      Magistral's `[THINK]`...`[/THINK]`: the answer is content until its first
@@ -43,9 +46,16 @@ from troupe.messages import Delta, Finished
 from troupe.messages.structured import THINK_END, THINK_START, Reasoning
 
 START, END = THINK_START, THINK_END  # the grammar's thinking block reads the same tags
-ParserName = Literal["deepseek_r1", "qwen3", "deepseek_v3", "mistral", "granite"]
-PARSERS: tuple[ParserName, ...] = ("deepseek_r1", "qwen3", "deepseek_v3", "mistral", "granite")
-PROMPT_DECIDES: tuple[ParserName, ...] = ("qwen3", "deepseek_v3")  # the rendered prompt says
+ParserName = Literal["deepseek_r1", "qwen3", "deepseek_v3", "mistral", "granite", "glm45"]
+PARSERS: tuple[ParserName, ...] = (
+    "deepseek_r1",
+    "qwen3",
+    "deepseek_v3",
+    "mistral",
+    "granite",
+    "glm45",
+)
+PROMPT_DECIDES: tuple[ParserName, ...] = ("qwen3", "deepseek_v3", "glm45")  # the prompt says
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -68,6 +78,7 @@ TAGS: dict[ParserName, ThinkTags] = {
         ("Here is my thought process:", "Here's my thought process:"),
         ("Here is my response:", "Here's my response:"),
     ),
+    "glm45": _THINK,
 }
 
 

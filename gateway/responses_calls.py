@@ -49,7 +49,7 @@ class CanonicalReader:
                     self._arguments[i] = CanonicalJson()  # again (StreamedCalls then stops)
                 self._written[i] = arguments
                 arguments = self._arguments[i].feed(arguments)
-            calls.append(CallSoFar(call.name, arguments))
+            calls.append(CallSoFar(call.name, arguments, call.call_id))
         return SectionSoFar(tuple(calls), section.content)
 
 

@@ -109,7 +109,8 @@ class GatewaySettings:
         "reasoning_content (vLLM's and SGLang's flag): deepseek_r1 (answers start thinking), "
         "qwen3 (answers think when they or the prompt open <think>), deepseek_v3 (V3.1: "
         "thinks when the prompt opens <think>), mistral ([THINK]...[/THINK]), granite "
-        '("Here is my thought process:" ... "Here is my response:")',
+        '("Here is my thought process:" ... "Here is my response:"), glm45 (GLM-4.5: as '
+        "qwen3)",
     )
     tool_call_parser: ToolParserName | None = _knob(  # noqa: RUF009 (None or a str: immutable)
         None,
@@ -117,8 +118,9 @@ class GatewaySettings:
         "template (vLLM's flag): hermes (<tool_call> tags), llama3_json (Llama 3.x's JSON "
         "calls), mistral ([TOOL_CALLS]), pythonic (Llama 3.2/4's [f(a=1)]), qwen3_coder "
         "(<function=...> XML), deepseek_v3 (<｜tool▁calls▁begin｜>), granite "
-        "(<|tool_call|>[...]); unset: hermes where the "
-        'template defines it, else "auto" is refused',
+        "(<|tool_call|>[...]), kimi_k2 (<|tool_calls_section_begin|>), glm45 (<arg_key> "
+        "pairs); unset: the one the chat template writes (hermes, qwen3_coder, glm45 or "
+        'kimi_k2), else "auto" is refused',
     )
     max_stored_responses: int = _knob(
         0,

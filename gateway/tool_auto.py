@@ -20,8 +20,11 @@ the name once its string closes, then the arguments' JSON as written.
 `llama3_json` (Llama 3.x's bare JSON calls, gateway/tool_llama3.py), or one of the formats
 read through gateway/tool_format.py: `mistral` (tool_mistral.py), `pythonic`
 (tool_pythonic.py), `qwen3_coder` (tool_qwen3_coder.py), `deepseek_v3` (tool_deepseek_v3.py),
-`granite` (tool_granite.py).
-Unset, Hermes is parsed where the template defines it, and "auto" is refused elsewhere.
+`granite` (tool_granite.py), `kimi_k2` (tool_kimi_k2.py), `glm45` (tool_glm45.py).
+Unset, the format is the one the chat template writes its calls in (`template_tool_parser`):
+Hermes for a template that mentions `<tool_call>`, unless the template writes another format
+inside those tags (GLM-4.5's `<arg_key>`, Qwen3-Coder's `<function=`), or Kimi K2's for a
+template that writes its section marker; "auto" is refused elsewhere.
 """
 
 from __future__ import annotations
@@ -36,18 +39,28 @@ from troupe.gateway.json_scan import ObjectScan, object_call
 from troupe.gateway.python_call_scan import PythonicReader
 from troupe.gateway.tool_deepseek_v3 import DEEPSEEK_V3, DeepSeekV3Reader
 from troupe.gateway.tool_format import CallFormat, FormatCallStream, ToolSchemas, parse_reply
+from troupe.gateway.tool_glm45 import GLM45, KEY_OPEN, Glm45Reader
 from troupe.gateway.tool_granite import GRANITE, GraniteReader
+from troupe.gateway.tool_kimi_k2 import KIMI_K2, SECTION_BEGIN, KimiK2Reader
 from troupe.gateway.tool_llama3 import Llama3Reader, Llama3ToolStream, parse_llama3_calls
 from troupe.gateway.tool_mistral import MISTRAL, MistralReader
 from troupe.gateway.tool_pythonic import PYTHONIC
-from troupe.gateway.tool_qwen3_coder import QWEN3_CODER, Qwen3CoderReader
+from troupe.gateway.tool_qwen3_coder import FUNC_OPEN, QWEN3_CODER, Qwen3CoderReader
 from troupe.gateway.tool_reader import CallReader, SectionSoFar, openai_call_id
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _BLOCK = re.compile(re.escape(OPEN) + r"(.*?)" + re.escape(CLOSE), re.DOTALL)
 
 ToolParserName = Literal[
-    "hermes", "llama3_json", "mistral", "pythonic", "qwen3_coder", "deepseek_v3", "granite"
+    "hermes",
+    "llama3_json",
+    "mistral",
+    "pythonic",
+    "qwen3_coder",
+    "deepseek_v3",
+    "granite",
+    "kimi_k2",
+    "glm45",
 ]
 TOOL_PARSERS: tuple[ToolParserName, ...] = (
     "hermes",
@@ -57,6 +70,8 @@ TOOL_PARSERS: tuple[ToolParserName, ...] = (
     "qwen3_coder",
     "deepseek_v3",
     "granite",
+    "kimi_k2",
+    "glm45",
 )
 _FORMATS: dict[str, CallFormat] = {
     "granite": GRANITE,
@@ -64,7 +79,17 @@ _FORMATS: dict[str, CallFormat] = {
     "pythonic": PYTHONIC,
     "qwen3_coder": QWEN3_CODER,
     "deepseek_v3": DEEPSEEK_V3,
+    "kimi_k2": KIMI_K2,
+    "glm45": GLM45,
 }
+# what a chat template writes when it renders a turn's calls, the most specific first: GLM's
+# and Qwen3-Coder's calls sit inside Hermes's tags
+_TEMPLATE_MARKERS: tuple[tuple[str, ToolParserName], ...] = (
+    (KEY_OPEN, "glm45"),
+    (FUNC_OPEN, "qwen3_coder"),
+    (SECTION_BEGIN, "kimi_k2"),
+    (OPEN, "hermes"),
+)
 
 
 class AutoCallStream(Protocol):
@@ -83,10 +108,10 @@ class AutoCallStream(Protocol):
 
 def auto_tool_parser(setting: ToolParserName | None, template: str | None) -> ToolParserName | None:
     """The format "auto" replies are parsed in (None: "auto" is refused): the server's
-    `tool_call_parser`, else Hermes where the chat template defines it."""
+    `tool_call_parser`, else the one the chat template writes."""
     if setting is not None:
         return setting
-    return "hermes" if template_calls_tools(template) else None
+    return template_tool_parser(template)
 
 
 def parse_auto_calls(
@@ -126,12 +151,18 @@ def auto_call_reader(tools: Sequence[dict[str, Any]], parser: ToolParserName) ->
         return Qwen3CoderReader(ToolSchemas(tuple(tools)))
     if parser == "granite":
         return GraniteReader()
+    if parser == "kimi_k2":
+        return KimiK2Reader()
+    if parser == "glm45":
+        return Glm45Reader(ToolSchemas(tuple(tools)))
     return DeepSeekV3Reader()
 
 
-def template_calls_tools(template: str | None) -> bool:
-    """Whether a chat template defines the tool-call format "auto" parses."""
-    return template is not None and OPEN in template
+def template_tool_parser(template: str | None) -> ToolParserName | None:
+    """The tool-call format a chat template writes its calls in (None: none troupe reads)."""
+    if template is None:
+        return None
+    return next((name for marker, name in _TEMPLATE_MARKERS if marker in template), None)
 
 
 def parse_calls(text: str, names: Iterable[str]) -> tuple[str | None, list[dict[str, Any]]]:

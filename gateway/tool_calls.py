@@ -91,8 +91,9 @@ def tool_plan(
         raise invalid(
             "tool_choice",
             'tool_choice "auto" needs a chat template with a tool-call format troupe parses '
-            "(Hermes/Qwen <tool_call> tags), and this model's has none (or a server started with "
-            '--tool-call-parser, e.g. llama3_json): send "required", a named function '
+            "(Hermes/Qwen <tool_call> tags, Qwen3-Coder, GLM-4.5, Kimi K2), and this model's "
+            "has none (or a server started with --tool-call-parser, e.g. llama3_json): send "
+            '"required", a named function '
             '{"type": "function", "function": {"name": ...}}, or "none"',
         )
     by_name = {t.function.name: t.function for t in tools}

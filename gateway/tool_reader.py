@@ -21,10 +21,12 @@ from typing import Protocol
 @dataclasses.dataclass(frozen=True)
 class CallSoFar:
     """One call as written so far. `name`: once whole (None before); `arguments`: the final
-    prefix of its arguments' JSON text (None: not begun, so the call is not opened yet)."""
+    prefix of its arguments' JSON text (None: not begun, so the call is not opened yet);
+    `call_id`: the id the model wrote (Kimi K2's), None where the format has none."""
 
     name: str | None
     arguments: str | None = None
+    call_id: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)

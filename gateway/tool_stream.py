@@ -127,7 +127,7 @@ class StreamedCalls:
             if i == len(self._opened):
                 if call.name is None or call.name not in self._names or call.arguments is None:
                     break
-                self._opened.append(_Opened(self._reader.call_id(), call.name))
+                self._opened.append(_Opened(call.call_id or self._reader.call_id(), call.name))
                 out.append(CallOpened(i, self._opened[i].call_id, call.name))
             sent = self._opened[i]
             arguments = call.arguments

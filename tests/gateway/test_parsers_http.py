@@ -1,5 +1,5 @@
-"""The tool-call parsers mistral, pythonic, qwen3_coder, deepseek_v3 and granite and the reasoning
-parsers deepseek_v3, mistral and granite over HTTP with the official `openai` client: a
+"""The tool-call parsers mistral, pythonic, qwen3_coder, deepseek_v3, granite, kimi_k2 and glm45
+and the reasoning parsers deepseek_v3, mistral, granite and glm45 over HTTP with the official `openai` client: a
 server started with the flag, a fake runner made to say an exact reply (SmolLM2's tokenizer,
 a plain template), the whole answer and the streamed one read back. Streamed calls arrive as
 OpenAI sends them: a delta with the id, type and name, then the arguments as written; a call
@@ -62,7 +62,23 @@ TOOL_CASES: dict[str, tuple[str, str | None, tuple[str, Any], str]] = {
         WEATHER,
         VLLM_ID,
     ),
+    "kimi_k2": (
+        "Checking.<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0"
+        '<|tool_call_argument_begin|>{"city": "Paris", "days": 3}<|tool_call_end|>'
+        "<|tool_calls_section_end|>",
+        "Checking.",
+        WEATHER,
+        r"functions\.get_weather:0",
+    ),
+    "glm45": (
+        "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n"
+        "<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n</tool_call>",
+        None,
+        WEATHER,
+        VLLM_ID,
+    ),
 }
+UNQUOTED = ("qwen3_coder", "glm45")  # formats whose string values are not quoted
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +132,7 @@ def test_a_reply_that_does_not_parse_is_text(tool_server: ServerThread) -> None:
     parser = tool_server.settings.tool_call_parser
     assert parser is not None
     text = TOOL_CASES[parser][0].replace("Paris", 'Pa"ris')  # breaks each format's value
-    if parser == "qwen3_coder":  # its values are not quoted: name an unknown tool instead
+    if parser in UNQUOTED:  # a quote does not break them: name an unknown tool instead
         text = text.replace("get_weather", "get_wether")
     say(tool_server, text)
     client = openai_client(tool_server.url)
@@ -136,7 +152,7 @@ def test_a_reply_that_does_not_parse_is_text(tool_server: ServerThread) -> None:
             said += c.delta.content or ""
             finishes += [c.finish_reason] if c.finish_reason else []
     assert finishes == ["stop"]
-    if parser == "qwen3_coder":  # an unknown tool: no call opens, the reply is its text
+    if parser in UNQUOTED:  # an unknown tool: no call opens, the reply is its text
         assert (said, names) == (text, [])
     else:  # the call went out as written before its value broke: never sent again as text
         assert (said, [n for n in names if n]) == (TOOL_CASES[parser][1] or "", ["get_weather"])
@@ -157,6 +173,7 @@ REASONING_CASES: dict[str, tuple[dict[str, Any], str, str | None, str | None]] =
         "\nSunny.",
     ),
     "deepseek_v3": ({"thinking": True}, "Look it up.</think>Sunny.", "Look it up.", "Sunny."),
+    "glm45": ({}, "<think>Look it up.</think>Sunny.", "Look it up.", "Sunny."),
 }
 
 
@@ -192,8 +209,9 @@ def test_reasoning_whole_and_streamed(reasoning_server: ServerThread) -> None:
     assert (thought or None, said or None) == (reasoning, content)
 
 
-def test_deepseek_v3_without_thinking_is_all_content(model: Path) -> None:
-    srv = scripted_server(model, GatewaySettings(reasoning_parser="deepseek_v3")).start()
+@pytest.mark.parametrize("parser", ["deepseek_v3", "glm45"])
+def test_a_hybrid_without_thinking_is_all_content(model: Path, parser: str) -> None:
+    srv = scripted_server(model, GatewaySettings(reasoning_parser=parser)).start()  # type: ignore[arg-type]
     try:
         say(srv, "x</think>Sunny.")
         message = (

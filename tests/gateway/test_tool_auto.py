@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from troupe.gateway.tool_auto import AutoToolStream, parse_calls, template_calls_tools
+from troupe.gateway.tool_auto import AutoToolStream, parse_calls, template_tool_parser
 
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 TWO = (
@@ -43,8 +43,16 @@ def test_what_does_not_parse_is_text(text: str) -> None:
 
 
 def test_template_detection() -> None:
-    assert template_calls_tools("...{{ '<tool_call>' }}...")
-    assert not template_calls_tools("{{ messages }}") and not template_calls_tools(None)
+    """The format is the one the template writes calls in: GLM's and Qwen3-Coder's sit inside
+    Hermes's tags, so theirs win; a template with no format troupe reads gets None."""
+    assert template_tool_parser("...{{ '<tool_call>' }}...") == "hermes"
+    glm = "<tool_call>{{ tc.name }}\n<arg_key>{{ k }}</arg_key>\n<arg_value>{{ v }}</arg_value>"
+    assert template_tool_parser(glm) == "glm45"
+    qwen_coder = "<tool_call>\n<function={{ tc.name }}>\n<parameter={{ k }}>"
+    assert template_tool_parser(qwen_coder) == "qwen3_coder"
+    kimi = "<|tool_calls_section_begin|><|tool_call_begin|>{{ id }}<|tool_call_argument_begin|>"
+    assert template_tool_parser(kimi) == "kimi_k2"
+    assert template_tool_parser("{{ messages }}") is None and template_tool_parser(None) is None
 
 
 @pytest.mark.parametrize("size", [1, 2, 3, 5, 11, 1000])

@@ -1,5 +1,5 @@
 """The tool-call parsers read through gateway/tool_format.py (mistral, pythonic, qwen3_coder,
-deepseek_v3, granite): whole replies against vLLM's answers on the same text, and each reply streamed
+deepseek_v3, granite, kimi_k2, glm45): whole replies against vLLM's answers on the same text, and each reply streamed
 cut at every point (and character by character) giving the same content and calls."""
 
 from __future__ import annotations
@@ -36,6 +36,13 @@ DS_WEATHER = (
 )
 DS_TIME = "<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_time\n```json\n{}\n```<｜tool▁call▁end｜>"
 GRANITE_PARIS = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
+KIMI_PARIS = (
+    "<|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>"
+    '{"city": "Paris"}<|tool_call_end|>'
+)
+GLM_PARIS = (
+    "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n</tool_call>"
+)
 QWEN_PARIS = (
     "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
     "</function>\n</tool_call>"
@@ -152,6 +159,51 @@ CASES: list[tuple[str, str, str | None, Calls]] = [
     ("granite", '<|tool_call|>[{"name": "nope", "arguments": {}}]', None, []),
     ("granite", f"<|tool_call|>[{GRANITE_PARIS}", None, []),  # cut short
     ("granite", f"<|tool_call|>[{GRANITE_PARIS}] and more", None, []),
+    # kimi_k2: the model's own ids, the name after `functions.`
+    (
+        "kimi_k2",
+        f"Checking.<|tool_calls_section_begin|>\n{KIMI_PARIS}\n<|tool_call_begin|>get_time:1"
+        "<|tool_call_argument_begin|> {} <|tool_call_end|>\n<|tool_calls_section_end|>",
+        "Checking.",
+        [PARIS, ("get_time", {})],
+    ),
+    ("kimi_k2", f"<|tool_calls_section_begin|>{KIMI_PARIS[:-20]}", None, []),  # cut short
+    (
+        "kimi_k2",
+        "<|tool_calls_section_begin|>" + KIMI_PARIS.replace(":0", ""),
+        None,
+        [],
+    ),  # no index
+    ("kimi_k2", "<|tool_calls_section_begin|>" + KIMI_PARIS.replace("weather", "news"), None, []),
+    ("kimi_k2", "<|tool_calls_section_begin|>" + KIMI_PARIS.replace("{", "[{"), None, []),
+    ("kimi_k2", "<|tool_calls_section_begin|><|tool_calls_section_end|>", None, []),
+    # glm45: pairs typed by the schema (strings as written), GLM-4.7 without newlines
+    (
+        "glm45",
+        "Let me check.\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>"
+        " 12 </arg_value>\n<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n<arg_key>hot"
+        "</arg_key>\n<arg_value>true</arg_value>\n<arg_key>opts</arg_key>\n<arg_value>"
+        "{'a': (1, 2)}</arg_value>\n<arg_key>extra</arg_key>\n<arg_value>seven</arg_value>\n"
+        "</tool_call>\nand after",
+        "Let me check.\n",
+        [
+            (
+                "get_weather",
+                {"city": "12", "days": 3, "hot": True, "opts": {"a": [1, 2]}, "extra": "seven"},
+            )
+        ],
+    ),
+    (
+        "glm45",
+        "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value></tool_call>"
+        "<tool_call>get_time</tool_call>",
+        None,
+        [PARIS, ("get_time", {})],
+    ),
+    ("glm45", GLM_PARIS[:-12], None, []),  # cut short
+    ("glm45", GLM_PARIS.replace("get_weather", "get_news"), None, []),
+    ("glm45", "Only <tool_call> talk", None, []),
+    ("glm45", "a <tool_cal", None, []),
 ]
 
 
@@ -201,6 +253,8 @@ def test_streamed_at_every_split(parser: str, text: str, content: str | None, ca
         ("qwen3_coder", "<function=get_time></function>", r"call_[0-9a-f]{24}"),
         ("deepseek_v3", "<｜tool▁calls▁begin｜>" + DS_TIME, r"chatcmpl-tool-[0-9a-f]{32}"),
         ("granite", '<|tool_call|>[{"name": "get_time"}]', r"chatcmpl-tool-[0-9a-f]{32}"),
+        ("kimi_k2", "<|tool_calls_section_begin|>" + KIMI_PARIS, r"functions\.get_weather:0"),
+        ("glm45", "<tool_call>get_time\n</tool_call>", r"chatcmpl-tool-[0-9a-f]{32}"),
     ],
 )
 def test_ids_as_vllm_makes_them(parser: str, text: str, id_pattern: str) -> None:
@@ -254,6 +308,7 @@ def test_qwen3_coder_values_typed_by_schema(raw: str, schema: Any, value: Any) -
 
 def test_parser_names_listed() -> None:
     assert set(TOOL_PARSERS) >= {"mistral", "pythonic", "qwen3_coder", "deepseek_v3", "granite"}
+    assert {"kimi_k2", "glm45"} <= set(TOOL_PARSERS)
 
 
 def test_an_unknown_parser_is_refused_naming_the_choices() -> None:
@@ -261,6 +316,6 @@ def test_an_unknown_parser_is_refused_naming_the_choices() -> None:
     from troupe.gateway.state import GatewaySettings
 
     with pytest.raises(ConfigError, match=r"tool_call_parser must be one of .*qwen3_coder"):
-        GatewaySettings(tool_call_parser="kimi_k2")  # type: ignore[arg-type]
+        GatewaySettings(tool_call_parser="hunyuan_a13b")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match=r"reasoning_parser must be one of .*mistral, granite"):
         GatewaySettings(reasoning_parser="gpt_oss")  # type: ignore[arg-type]

@@ -107,6 +107,35 @@ def _granite(calls: list[Call], style: int) -> str:
     return ("<|tool_call|>", "<tool_call>", " ")[style] + array
 
 
+def _kimi_k2(calls: list[Call], style: int) -> str:
+    prefix = "functions." if style != 1 else ""
+    return (
+        "<|tool_calls_section_begin|>"
+        + "\n" * style
+        + "".join(
+            f"<|tool_call_begin|>{prefix}{n}:{i}<|tool_call_argument_begin|>"
+            f"{json.dumps(a, indent=style or None, ensure_ascii=style == 1)}<|tool_call_end|>"
+            for i, (n, a) in enumerate(calls)
+        )
+        + "<|tool_calls_section_end|>"
+    )
+
+
+def _glm45(calls: list[Call], style: int) -> str:
+    def raw(value: Any) -> str:
+        return value if isinstance(value, str) else json.dumps(value)
+
+    gap = "" if style == 1 else "\n"  # GLM-4.7 writes no newlines
+    return "\n".join(
+        f"<tool_call>{n}{gap}"
+        + "".join(
+            f"<arg_key>{k}</arg_key>{gap}<arg_value>{raw(v)}</arg_value>{gap}" for k, v in a.items()
+        )
+        + "</tool_call>"
+        for n, a in calls
+    )
+
+
 RENDER = {
     "hermes": _hermes,
     "llama3_json": _llama3,
@@ -115,6 +144,8 @@ RENDER = {
     "qwen3_coder": _qwen3_coder,
     "deepseek_v3": _deepseek_v3,
     "granite": _granite,
+    "kimi_k2": _kimi_k2,
+    "glm45": _glm45,
 }
 
 _LEAD_ONLY = ("pythonic", "llama3_json", "granite")  # calls only where the reply opens with them
@@ -243,6 +274,7 @@ def test_each_call_goes_out_as_it_is_written(parser: str) -> None:
     [  # pythonic: the last argument's `)` closes the call too
         ("pythonic", ['{"city": "Paris"', ', "days": 3}']),
         ("qwen3_coder", ['{"city": "Paris"', ', "days": 3', "}"]),
+        ("glm45", ['{"city": "Paris"', ', "days": 3', "}"]),
     ],
 )
 def test_arguments_not_json_in_the_text_go_out_one_argument_at_a_time(

@@ -1,0 +1,111 @@
+"""tool_choice "auto" for Moonshot's Kimi K2 (vLLM's `--tool-call-parser kimi_k2`):
+
+    <|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0
+    <|tool_call_argument_begin|>{"city": "Paris"}<|tool_call_end|>
+    <|tool_call_begin|>functions.get_time:1<|tool_call_argument_begin|>{}<|tool_call_end|>
+    <|tool_calls_section_end|>
+
+Text before `<|tool_calls_section_begin|>` is the content; what follows the calls is dropped,
+as vLLM does. Each call's id is the one the model wrote (`functions.get_weather:0`: Kimi's
+template writes it back into the next turn, so it must survive the round trip), and its name
+is that id's part after the last `.` before the `:` (vLLM's rule). The call must name a known
+tool and its arguments be a JSON object, passed on as written (less surrounding whitespace);
+otherwise, or when a call is left open, the reply is text. Streamed (`KimiK2Reader`), a call
+opens once its arguments' `{` is written, and the object goes out as written.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from troupe.gateway.json_scan import ObjectScan
+from troupe.gateway.tool_format import (
+    CallFormat,
+    ToolCallDict,
+    ToolSchemas,
+    make_call,
+    vllm_call_id,
+)
+from troupe.gateway.tool_reader import CallSoFar, SectionSoFar
+
+SECTION_BEGIN, SECTION_END = "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"
+CALL_BEGIN, CALL_END = "<|tool_call_begin|>", "<|tool_call_end|>"
+ARGUMENT_BEGIN = "<|tool_call_argument_begin|>"
+_ID = re.compile(r"[^<]+:\d+")  # `functions.name:index` or `name:index`
+
+
+def call_name(call_id: str) -> str | None:
+    """The function a Kimi call id names (None: not an id)."""
+    if not _ID.fullmatch(call_id):
+        return None
+    return call_id.rpartition(":")[0].split(".")[-1]
+
+
+def parse_kimi_k2(section: str, tools: ToolSchemas) -> list[ToolCallDict] | None:
+    """The calls of a section that starts with `<|tool_calls_section_begin|>`."""
+    calls = []
+    at = section.find(CALL_BEGIN)
+    while at >= 0:
+        end = section.find(CALL_END, at)
+        if end < 0:
+            return None
+        call = _call(section[at + len(CALL_BEGIN) : end], tools)
+        if call is None:
+            return None
+        calls.append(call)
+        at = section.find(CALL_BEGIN, end)
+    return calls or None
+
+
+def _call(inner: str, tools: ToolSchemas) -> ToolCallDict | None:
+    """`id<|tool_call_argument_begin|>{...}` as one call."""
+    call_id, sep, arguments = inner.partition(ARGUMENT_BEGIN)
+    call_id, arguments = call_id.strip(), arguments.strip()
+    name = call_name(call_id)
+    if not sep or name is None or name not in tools.names:
+        return None
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        return None
+    if not isinstance(value, dict):
+        return None
+    return make_call(call_id, name, arguments)
+
+
+KIMI_K2 = CallFormat((SECTION_BEGIN,), parse_kimi_k2)
+
+
+class KimiK2Reader:
+    """Kimi K2's calls read as they are written (a tool_reader.CallReader)."""
+
+    def __init__(self) -> None:
+        self._scans: dict[int, ObjectScan] = {}  # by where a call's arguments begin
+
+    def call_id(self) -> str:
+        return vllm_call_id()  # never used: every Kimi call carries the model's own id
+
+    def read(self, text: str, start: int, *, is_final: bool) -> SectionSoFar:
+        calls = []
+        at = text.find(CALL_BEGIN, start)
+        while at >= 0:
+            end = text.find(CALL_END, at)
+            calls.append(self._call(text, at + len(CALL_BEGIN), end if end >= 0 else len(text)))
+            if end < 0:
+                break
+            at = text.find(CALL_BEGIN, end)
+        return SectionSoFar(tuple(calls))
+
+    def _call(self, text: str, inner: int, end: int) -> CallSoFar:
+        sep = text.find(ARGUMENT_BEGIN, inner, end)
+        if sep < 0:
+            return CallSoFar(None)
+        call_id = text[inner:sep].strip()
+        name = call_name(call_id)
+        if name is None:
+            return CallSoFar(None)
+        body = sep + len(ARGUMENT_BEGIN)
+        scan = self._scans.setdefault(body, ObjectScan(body))
+        scan.advance(text, end)
+        return CallSoFar(name, scan.object_so_far(text, end), call_id=call_id)
