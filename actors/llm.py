@@ -6,6 +6,7 @@ in a thread of its own: anyio's blocking portal), driven by plain synchronous ca
         outputs[0].outputs[1].text                      # prompt 0's second sample
         llm.chat([{"role": "user", "content": "Hi"}], SamplingParams(max_tokens=32))
         llm.embed(["a text"])[0].embedding              # pooled (SamplingParams.pooling)
+        llm.score("a query", ["doc 1", "doc 2"])[1].outputs.score   # a pair's score
         llm.beam_search(["Once"], BeamSearchParams(beam_width=4))[0][0].text   # the best beam
 
 Each prompt is one request; its samples are its `outputs`, by index, as in vLLM's
@@ -32,9 +33,11 @@ from troupe.actors.llm_outputs import (
     CompletionOutput,
     PoolingRequestOutput,
     RequestOutput,
+    ScoringRequestOutput,
     take_event,
 )
 from troupe.actors.request_input import to_sampling_params
+from troupe.actors.score_pairs import Named, cosine_scores, pair_texts, score_kind
 from troupe.config import EngineConfig
 from troupe.messages import (
     ChatMessage,
@@ -178,6 +181,47 @@ class LLM:
         probabilities, as `embedding`."""
         return self._pool(prompts, Pooling(task="classify"), use_tqdm)
 
+    def score(
+        self,
+        data_1: str | Sequence[str],
+        data_2: str | Sequence[str],
+        *,
+        truncate_prompt_tokens: int | None = None,
+        use_tqdm: bool = True,
+    ) -> list[ScoringRequestOutput]:
+        """vLLM's LLM.score: one text of data_1 against each of data_2 (1:1, 1:N), or text i
+        against text i (N:N), each pair's score in order: an embedding model's cosine
+        similarity, a cross-encoder's (a one-label classifier's) activated logit of the pair
+        encoded together (actors/score_pairs.py). ValueError for a model that cannot score or
+        sides that do not pair."""
+        left, right = _score_side("data_1", data_1), _score_side("data_2", data_2)
+        if len(left) not in (1, len(right)):
+            raise ValueError(
+                f"data_1 has {len(left)} texts and data_2 {len(right)}: score one text against "
+                "each (1:N) or as many texts as data_2, pair by pair (N:N)"
+            )
+        engine = self.engine
+        kind = score_kind(engine.model_name, engine.classifier_labels, engine.is_token_classifier)
+        pairing = pair_texts(left, right)
+        if kind == "cross":
+            texts, encode = pairing.texts, engine.tokenizer.encode_pair
+            prompts = [encode(texts[a], texts[b]) for a, b in pairing.pairs]
+            pooled = self._pool(prompts, Pooling(task="classify"), use_tqdm, truncate_prompt_tokens)
+            return [
+                ScoringRequestOutput(out.request_id, out.prompt_token_ids, out.embedding[0])
+                for out in pooled
+            ]
+        pooled = self._pool(list(pairing.texts), Pooling(), use_tqdm, truncate_prompt_tokens)
+        scores = cosine_scores([out.embedding for out in pooled], pairing.pairs)
+        return [
+            ScoringRequestOutput(
+                f"{pooled[a].request_id}_{pooled[b].request_id}",
+                [*(pooled[a].prompt_token_ids or ()), *(pooled[b].prompt_token_ids or ())],
+                score,
+            )
+            for (a, b), score in zip(pairing.pairs, scores, strict=True)
+        ]
+
     def beam_search(
         self, prompts: str | Sequence[int] | Sequence[str | Sequence[int]], params: BeamSearchParams
     ) -> list[list[Beam]]:
@@ -203,9 +247,18 @@ class LLM:
         return self._portal.call(search_all)
 
     def _pool(
-        self, prompts: PromptInput | Sequence[PromptInput], pooling: Pooling, use_tqdm: bool
+        self,
+        prompts: PromptInput | Sequence[PromptInput],
+        pooling: Pooling,
+        use_tqdm: bool,
+        truncate_prompt_tokens: int | None = None,
     ) -> list[PoolingRequestOutput]:
-        params = SamplingParams(max_tokens=1, temperature=0.0, pooling=pooling)
+        params = SamplingParams(
+            max_tokens=1,
+            temperature=0.0,
+            pooling=pooling,
+            truncate_prompt_tokens=truncate_prompt_tokens,
+        )
         return [
             PoolingRequestOutput(
                 request_id=out.request_id,
@@ -285,6 +338,16 @@ def _profiled(reply: ProfileReply) -> ProfileReply:
     if reply.error is not None:
         raise RuntimeError(f"{reply.error}: {reply.message}")
     return reply
+
+
+def _score_side(field: str, given: str | Sequence[str]) -> list[Named]:
+    """One side of a score call, each text named where it was given (`data_2[1]`)."""
+    texts = [given] if isinstance(given, str) else list(given)
+    if not texts:
+        raise ValueError(f"{field} must name at least one text")
+    if isinstance(given, str):
+        return [(field, given)]
+    return [(f"{field}[{i}]", text) for i, text in enumerate(texts)]
 
 
 def _prompt_list(prompts: Any) -> list[Any]:

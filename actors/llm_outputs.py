@@ -45,6 +45,26 @@ class PoolingRequestOutput:
     embedding: list[float]
 
 
+@dataclass
+class ScoringOutput:
+    score: float
+
+
+@dataclass
+class ScoringRequestOutput:
+    """One pair's score (vLLM's ScoringRequestOutput: `outputs.score`); prompt_token_ids: a
+    cross-encoder's pair prompt, or an embedding model's two texts' ids one after the other."""
+
+    request_id: str
+    prompt_token_ids: list[int] | None
+    score: float
+    finished: bool = True
+
+    @property
+    def outputs(self) -> ScoringOutput:
+        return ScoringOutput(self.score)
+
+
 def take_event(out: RequestOutput, event: Delta | Finished | Aborted) -> None:
     """Add one event of sample `event.index` to `out`."""
     sample = out.outputs[event.index]

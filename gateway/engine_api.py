@@ -23,6 +23,8 @@ class TokenizerLike(Protocol):
 
     def encode(self, text: str, add_special_tokens: bool = True) -> Any: ...
 
+    def encode_pair(self, first: str, second: str) -> list[int]: ...  # a cross-encoder's input
+
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str: ...
 
     def token_strs(self, token_ids: Sequence[int]) -> list[str]: ...  # vocabulary entries

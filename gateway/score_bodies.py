@@ -20,10 +20,10 @@ from __future__ import annotations
 import dataclasses
 
 import msgspec
+from troupe.actors.score_pairs import Named, Pairing, pair_texts
 from troupe.gateway.embeddings_bodies import EncodingFormat
 from troupe.gateway.errors import invalid
 from troupe.gateway.openai_bodies import decode_body
-from troupe.gateway.score_pairs import Named, Pairing, pair_texts
 from troupe.messages import ParamError, Pooling, SamplingParams
 from troupe.messages.pooling import PoolingType
 

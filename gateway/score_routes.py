@@ -1,4 +1,5 @@
-"""POST /v1/score and /v1/rerank (vLLM's score and rerank APIs) for an embedding model.
+"""POST /v1/score and /v1/rerank (vLLM's score and rerank APIs) for an embedding model or a
+cross-encoder (a one-label sequence classifier).
 
     /v1/score, /score         -> {"id": "score-...", "object": "list", "created", "model",
                                   "data": [{"index", "object": "score", "score"}, ...],
@@ -8,12 +9,15 @@
                                   "results": [{"index", "document": {"text"},
                                                "relevance_score"}, ...]}
 
-Each distinct text of a request is one engine request that pools it (gateway/score_pairs.py),
-all submitted at once through prompt_batch, as /v1/embeddings' inputs are: one the engine turns
-away fails the whole request naming where the client gave it (`text_2[1]`, `query`), the others
-aborted; a vanished client cancels the handler, which closes the streams and so aborts them.
-A pair scores the cosine similarity of its texts' vectors. `usage` counts the prompt tokens the
-engine ran, each distinct text once (vLLM counts each pair's two texts, and a pad token).
+For an embedding model each distinct text of a request is one engine request that pools it
+(actors/score_pairs.py), all submitted at once through prompt_batch, as /v1/embeddings' inputs
+are: one the engine turns away fails the whole request naming where the client gave it
+(`text_2[1]`, `query`), the others aborted; a vanished client cancels the handler, which closes
+the streams and so aborts them. A pair scores the cosine similarity of its texts' vectors, and
+`usage` counts each distinct text's prompt tokens once (vLLM counts each pair's two texts, and
+a pad token). For a cross-encoder each pair is one request (its two texts as the tokenizer
+encodes a pair, classified: the score is the head's activated logit), a refusal naming the
+pair's second text, and `usage` counts each pair's tokens.
 Rerank results are sorted by score, highest first (ties in the documents' order), cut to top_n.
 """
 
@@ -25,13 +29,14 @@ from typing import Any
 
 import msgspec
 from aiohttp import web
+from troupe.actors.score_pairs import Pairing, cosine_scores, score_kind
+from troupe.gateway.errors import invalid
 from troupe.gateway.http_body import read_json_body
 from troupe.gateway.pooled_vectors import pooled_vectors
 from troupe.gateway.prompt_batch import batch_events
 from troupe.gateway.score_bodies import parse_rerank_request, parse_score_request
-from troupe.gateway.score_pairs import Pairing, cosine_scores
 from troupe.gateway.state import GATEWAY, Gateway
-from troupe.messages import SamplingParams
+from troupe.messages import Pooling, SamplingParams
 
 # The paths outside /v1/ (vLLM serves both spellings): behind the API key as /v1/* is.
 PATHS = ("/score", "/rerank", "/v2/rerank")
@@ -118,8 +123,22 @@ def _model(
 async def _scored(
     gateway: Gateway, pairing: Pairing, params: SamplingParams, request_id: str
 ) -> tuple[list[float], int]:
-    """Every pair's score, in order, and the prompt tokens the engine ran (each distinct text
-    once)."""
-    events = batch_events(gateway.engine, pairing.texts, params, request_id, names=pairing.names)
-    vectors, usage = await pooled_vectors(gateway, events, pairing.names)
-    return cosine_scores(vectors, pairing.pairs), usage.prompt_tokens
+    """Every pair's score, in order, and the prompt tokens the engine ran (an embedding
+    model's: each distinct text once; a cross-encoder's: each pair's)."""
+    engine = gateway.engine
+    model = gateway.served_models().model_id
+    try:
+        kind = score_kind(model, engine.classifier_labels, engine.is_token_classifier)
+    except ValueError as exc:
+        raise invalid("model", str(exc)) from None
+    if kind == "embed":
+        events = batch_events(engine, pairing.texts, params, request_id, names=pairing.names)
+        vectors, usage = await pooled_vectors(gateway, events, pairing.names)
+        return cosine_scores(vectors, pairing.pairs), usage.prompt_tokens
+    texts, encode = pairing.texts, engine.tokenizer.encode_pair
+    prompts = [encode(texts[left], texts[right]) for left, right in pairing.pairs]
+    names = [pairing.names[right] for _, right in pairing.pairs]  # `text_2[i]`, a document
+    params = msgspec.structs.replace(params, pooling=Pooling(task="classify"))
+    events = batch_events(engine, prompts, params, request_id, names=names)
+    vectors, usage = await pooled_vectors(gateway, events, names)
+    return [vector[0] for vector in vectors], usage.prompt_tokens

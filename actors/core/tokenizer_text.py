@@ -86,6 +86,11 @@ class TextTokenizer:
         """Token ids of `text`; add_special_tokens adds BOS/EOS where the model does by default."""
         return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
 
+    def encode_pair(self, first: str, second: str) -> list[int]:
+        """Token ids of two texts encoded as a pair (a cross-encoder's input): the
+        post-processor's pair template, as transformers' `tokenizer(first, second)`."""
+        return list(self.tokenizer.encode(first, second, add_special_tokens=True).ids)
+
     def encode_batch(
         self, texts: Sequence[str], add_special_tokens: bool = True
     ) -> list[list[int]]:

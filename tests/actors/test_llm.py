@@ -93,6 +93,26 @@ def test_embed_pools_each_prompt(llm: LLM) -> None:
         llm.classify(prompts)
 
 
+def test_score_on_an_embedding_model_is_the_cosine_of_the_embeddings(llm: LLM) -> None:
+    texts = ["a b c", "d e", "a b c", "f"]
+    vectors = {t: o.embedding for t, o in zip(texts, llm.embed(texts), strict=True)}
+
+    def cosine(a: str, b: str) -> float:  # the vectors are unit length
+        return sum(x * y for x, y in zip(vectors[a], vectors[b], strict=True))
+
+    outs = llm.score("a b c", texts[1:], use_tqdm=False)  # 1:N
+    assert [o.outputs.score for o in outs] == pytest.approx([cosine("a b c", t) for t in texts[1:]])
+    assert outs[1].outputs.score == pytest.approx(1.0) and outs[0].outputs.score < 0.999
+    pair = llm.score(["d e", "f"], ["a b c", "d e"], use_tqdm=False)  # N:N
+    assert [o.outputs.score for o in pair] == pytest.approx(
+        [cosine("d e", "a b c"), cosine("f", "d e")]
+    )
+    encode = llm.get_tokenizer().encode
+    assert pair[0].prompt_token_ids == encode("d e") + encode("a b c")
+    with pytest.raises(ValueError, match="data_2 must name at least one text"):
+        llm.score("a", [])
+
+
 def test_beam_search_gives_each_prompt_its_best_beams(llm: LLM) -> None:
     params = BeamSearchParams(beam_width=3, max_tokens=4)
     found = llm.beam_search(["Once upon a time", [7, 8, 9]], params)

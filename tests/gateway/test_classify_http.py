@@ -107,5 +107,12 @@ def test_refusals_name_the_field(classifier: tuple[ServerThread, Any]) -> None:
     assert status == 400 and body["error"]["param"] == "input[1]", body
 
 
+def test_a_classifier_of_several_labels_cannot_score(classifier: tuple[ServerThread, Any]) -> None:
+    server, _ = classifier
+    status, body = _post(server.url, "/v1/score", {"text_1": "w1", "text_2": ["w2", "w3"]})
+    assert status == 400 and body["error"]["param"] == "model", body
+    assert "3 labels" in body["error"]["message"] and "cross-encoder" in body["error"]["message"]
+
+
 def test_the_router_proxies_both_paths() -> None:
     assert "/classify" in PROXIED and "/v1/classify" in PROXIED

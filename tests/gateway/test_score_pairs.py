@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from troupe.actors.score_pairs import cosine_scores, pair_texts
 from troupe.gateway.errors import ApiError
 from troupe.gateway.score_bodies import parse_rerank_request, parse_score_request
-from troupe.gateway.score_pairs import cosine_scores, pair_texts
 
 
 def _named(field: str, texts: list[str]) -> list[tuple[str, str]]:

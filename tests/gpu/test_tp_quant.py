@@ -115,17 +115,19 @@ def _config(model: str | None, **changes: Any) -> EngineConfig:
     return EngineConfig(**(settings | changes))
 
 
-async def _generate(
-    config: EngineConfig, vocab: int = 49152
-) -> list[tuple[list[int], list[float]]]:
-    out: dict[int, tuple[list[int], list[float]]] = {}
+Generated = tuple[list[int], list[float], list[float]]  # tokens, their logprobs, top-2 margins
+
+
+async def _generate(config: EngineConfig, vocab: int = 49152) -> list[Generated]:
+    out: dict[int, Generated] = {}
 
     async def one(engine: Engine, i: int) -> None:
-        params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True, logprobs=0)
+        params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True, logprobs=2)
         events = await collect(engine, [t % vocab for t in PROMPTS[i]], params)
         assert isinstance(terminal(events), Finished), events
-        logprobs = [e.logprob for ev in events for e in (ev.logprobs or ())]
-        out[i] = (token_ids(events), logprobs)
+        rows = [e for ev in events for e in (ev.logprobs or ())]
+        margins = [row.top[0][1] - row.top[1][1] for row in rows]
+        out[i] = (token_ids(events), [row.logprob for row in rows], margins)
 
     async with Engine.open(config) as engine:
         async with anyio.create_task_group() as tg:
@@ -134,11 +136,17 @@ async def _generate(
     return [out[i] for i in range(len(PROMPTS))]
 
 
-def _same(got: list[tuple[list[int], list[float]]], want: list[Any], atol: float) -> None:
-    for (tokens, logprobs), (want_tokens, want_logprobs) in zip(got, want, strict=True):
-        assert tokens == want_tokens
+def _same(got: list[Generated], want: list[Generated], atol: float) -> None:
+    """The same greedy tokens with logprobs within `atol`, up to a step where the reference's
+    top two are within `atol` of each other (a near-tie, which a rounding may flip: then the
+    sequences part there and the rest is not compared)."""
+    for (tokens, logprobs, _), (want_tokens, want_logprobs, margins) in zip(got, want, strict=True):
+        pairs = zip(tokens, want_tokens, strict=True)
+        n = next((j for j, (a, b) in enumerate(pairs) if a != b), len(want_tokens))
+        if n < len(want_tokens):
+            assert margins[n] < atol, (n, tokens, want_tokens, margins)
         torch.testing.assert_close(
-            torch.tensor(logprobs), torch.tensor(want_logprobs), atol=atol, rtol=0
+            torch.tensor(logprobs[:n]), torch.tensor(want_logprobs[:n]), atol=atol, rtol=0
         )
 
 
@@ -148,9 +156,11 @@ def test_smollm2_kept_at_three_ranks_matches_one() -> None:
     got = anyio.run(_generate, _config(path, tensor_parallel_size=3))
     # The same blocks and groups; only the all-reduce's order of sums differs (1e-5 of a layer's
     # output, above). The kernels round each call's activations to int8, so those 1e-6 changes
-    # flip a few roundings, which 30 layers carry on: 0.11 at most here (the one-process
-    # expansion, quantization="dequantize", is 2 away)
+    # flip a few roundings, which 30 layers carry on: 0.15 at most here (the one-process
+    # expansion, quantization="dequantize", is 2 away). Which roundings flip depends on the
+    # CPU's kernel (AVX2 or AVX-512): on AVX2 prompt 0 parts at its 4th token, a near-tie.
     _same(got, want, atol=0.25)
+    assert sum(t == w for (t, _, _), (w, _, _) in zip(got, want, strict=True)) >= 2  # the rest
 
 
 def test_fp8_checkpoint_at_two_ranks(tmp_path: Path) -> None:

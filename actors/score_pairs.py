@@ -1,22 +1,33 @@
-"""How /v1/score and /v1/rerank pair texts, and what a pair scores (the pure part).
+"""How a score request (/v1/score, /v1/rerank, LLM.score) pairs texts, and what a pair scores
+(the pure part).
 
     text_1 "q"         text_2 ["a", "q", "b"]   1:N  pairs (q,a) (q,q) (q,b)   texts q a b
     text_1 ["x", "y"]  text_2 ["a", "b"]        N:N  pairs (x,a) (y,b)         texts x y a b
     text_1 ["x", "y"]  text_2 "a"               refused by the body's parser (vLLM's rule)
 
-Each distinct text runs as one engine request, however often it is named (`q` above runs once,
-and scores 1 against itself); the pairs index into those texts. For an embedding model a pair
-scores the cosine similarity of its two vectors (vLLM's rule for embedding models), in float64;
-a zero vector scores 0 against anything (torch's CosineSimilarity, which vLLM uses, clamps the
-norms the same way).
+What a pair scores depends on the model (`score_kind`, vLLM's two ways):
+
+    embedding model (a causal LM pooled)   "embed": each distinct text runs as one engine
+        request, however often it is named (`q` above runs once, and scores 1 against
+        itself); a pair scores the cosine similarity of its two vectors, in float64; a zero
+        vector scores 0 against anything (torch's CosineSimilarity, which vLLM uses, clamps
+        the norms the same way)
+    one-label sequence classifier          "cross": a cross-encoder (a reranker such as a
+        Qwen3-Reranker seq-cls checkpoint): each pair runs as one request of the two texts
+        encoded together as the tokenizer encodes a pair (its post-processor's pair template,
+        as transformers' `tokenizer(text_1, text_2)`), and scores the head's activated logit
+    any other classifier                   refused, naming `model`
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import Literal
 
 import numpy as np
+
+ScoreKind = Literal["embed", "cross"]
 
 Named = tuple[str, str]  # (where the client gave it: `text_2[1]`, `query`; the text)
 
@@ -67,4 +78,18 @@ def cosine_scores(
     return [float(np.clip(unit[i] @ unit[j], -1.0, 1.0)) for i, j in pairs]
 
 
-__all__ = ["Named", "Pairing", "cosine_scores", "pair_texts"]
+def score_kind(model: str, labels: Sequence[str], is_token_classifier: bool) -> ScoreKind:
+    """How `model` scores a pair, from its score head's `labels` (none: not a classifier);
+    ValueError naming the model when it cannot score."""
+    if not labels:
+        return "embed"
+    if len(labels) == 1 and not is_token_classifier:
+        return "cross"
+    what = "a token-classification model" if is_token_classifier else f"{len(labels)} labels"
+    raise ValueError(
+        f"model {model!r} cannot score pairs: it is a classifier with {what}; score needs an "
+        "embedding model or a cross-encoder (a sequence classifier with one label)"
+    )
+
+
+__all__ = ["Named", "Pairing", "ScoreKind", "cosine_scores", "pair_texts", "score_kind"]
