@@ -125,6 +125,8 @@ async def _prepare(gateway: Gateway, kind: Kind, raw: bytes, header_id: str | No
     req = parse_request(
         kind, raw, default_max_tokens=default_max_tokens, tool_parser=tool_parser, defaults=defaults
     )
+    if req.stream and gateway.settings.enable_force_include_usage:
+        req = dataclasses.replace(req, include_usage=True)
     served = gateway.served_models()
     req = req.with_lora(served.lora_for(req.model))
     num_prompts = len(req.prompts) + len(req.prompt_embeds)

@@ -11,6 +11,7 @@ model's thinking, written between `<think>` and `</think>`, goes to the chat ans
                  `enable_thinking: false` the template closes an empty block in the prompt and
                  the answer is all content
 
+    minimax_m2   MiniMax-M2, whose template opens `<think>` in the prompt: read as deepseek_r1
     glm45        GLM-4.5/4.6's hybrid, read as qwen3 reads answers: it writes `<think>` when it
                  thinks, and with `enable_thinking: false` its template closes an empty block
                  in the prompt
@@ -46,7 +47,9 @@ from troupe.messages import Delta, Finished
 from troupe.messages.structured import THINK_END, THINK_START, Reasoning
 
 START, END = THINK_START, THINK_END  # the grammar's thinking block reads the same tags
-ParserName = Literal["deepseek_r1", "qwen3", "deepseek_v3", "mistral", "granite", "glm45"]
+ParserName = Literal[
+    "deepseek_r1", "qwen3", "deepseek_v3", "mistral", "granite", "glm45", "minimax_m2"
+]
 PARSERS: tuple[ParserName, ...] = (
     "deepseek_r1",
     "qwen3",
@@ -54,7 +57,9 @@ PARSERS: tuple[ParserName, ...] = (
     "mistral",
     "granite",
     "glm45",
+    "minimax_m2",
 )
+STARTS_THINKING: tuple[ParserName, ...] = ("deepseek_r1", "minimax_m2")  # whatever the prompt
 PROMPT_DECIDES: tuple[ParserName, ...] = ("qwen3", "deepseek_v3", "glm45")  # the prompt says
 
 
@@ -79,6 +84,7 @@ TAGS: dict[ParserName, ThinkTags] = {
         ("Here is my response:", "Here's my response:"),
     ),
     "glm45": _THINK,
+    "minimax_m2": _THINK,
 }
 
 
@@ -90,7 +96,7 @@ class Split:
 
 def opens_thinking(name: ParserName, prompt_text: str) -> bool:
     """Whether an answer to this prompt starts inside a thinking block."""
-    if name == "deepseek_r1":
+    if name in STARTS_THINKING:
         return True
     if name not in PROMPT_DECIDES:
         return False
@@ -120,7 +126,7 @@ class ReasoningStream:
         self.thinking = opens_thinking(name, prompt_text)
         # a start leading the answer opens thinking (deepseek_r1: R1 may still write the
         # `<think>` its prompt opened; it is dropped); mistral's opens anywhere (_content)
-        is_lead = name == "deepseek_r1" or not self.thinking
+        is_lead = name in STARTS_THINKING or not self.thinking
         self.lead_opens = is_lead and not self.tags.opens_anywhere
         self._held = ""
         self._seen_any = False

@@ -55,6 +55,11 @@ class GatewaySettings:
         "(vLLM's flag), for tokens that do not decode to text alone; a request's "
         "return_tokens_as_token_ids overrides it",
     )
+    enable_force_include_usage: bool = _knob(
+        False,
+        "completions and chat: every streamed answer ends with a usage chunk, as if it asked "
+        "stream_options.include_usage (vLLM's flag)",
+    )
     enable_request_id_headers: bool = _knob(
         False,
         "every HTTP answer carries an X-Request-Id header (vLLM's flag): the one its request "
@@ -110,17 +115,18 @@ class GatewaySettings:
         "qwen3 (answers think when they or the prompt open <think>), deepseek_v3 (V3.1: "
         "thinks when the prompt opens <think>), mistral ([THINK]...[/THINK]), granite "
         '("Here is my thought process:" ... "Here is my response:"), glm45 (GLM-4.5: as '
-        "qwen3)",
+        "qwen3), minimax_m2 (as deepseek_r1)",
     )
     tool_call_parser: ToolParserName | None = _knob(  # noqa: RUF009 (None or a str: immutable)
         None,
         'chat: the tool-call format tool_choice "auto" replies are parsed in, whatever the chat '
         "template (vLLM's flag): hermes (<tool_call> tags), llama3_json (Llama 3.x's JSON "
         "calls), mistral ([TOOL_CALLS]), pythonic (Llama 3.2/4's [f(a=1)]), qwen3_coder "
-        "(<function=...> XML), deepseek_v3 (<｜tool▁calls▁begin｜>), granite "
+        "(<function=...> XML), deepseek_v3 (<｜tool▁calls▁begin｜>), deepseek_v31 (V3.1's "
+        "unfenced calls), granite "
         "(<|tool_call|>[...]), kimi_k2 (<|tool_calls_section_begin|>), glm45 (<arg_key> "
-        "pairs); unset: the one the chat template writes (hermes, qwen3_coder, glm45 or "
-        'kimi_k2), else "auto" is refused',
+        "pairs), minimax_m2 (<minimax:tool_call>); unset: the one the chat template writes "
+        '(hermes, qwen3_coder, glm45, kimi_k2 or minimax_m2), else "auto" is refused',
     )
     max_stored_responses: int = _knob(
         0,
@@ -211,6 +217,7 @@ class GatewaySettings:
             "allow_runtime_weight_updating",
             "return_tokens_as_token_ids",
             "enable_request_id_headers",
+            "enable_force_include_usage",
             "incremental_streaming_output",
         ):
             if not isinstance(getattr(self, name), bool):

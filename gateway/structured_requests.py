@@ -1,8 +1,10 @@
 """The request fields that ask for structured output -> one StructuredOutputs, or a named 400.
 
 OpenAI's `response_format` ({"type": "json_object"} or {"type": "json_schema", "json_schema":
-{"name", "schema", "strict"}}) on both endpoints, and vLLM's extras: `structured_outputs`
-({"json" | "regex" | "choice" | "grammar" | "json_object"}), `guided_json`, `guided_regex`,
+{"name", "schema", "strict"}}, and vLLM's {"type": "structural_tag", "format"} or its older
+{"type": "structural_tag", "structures", "triggers"}) on both endpoints, and vLLM's extras:
+`structured_outputs` ({"json" | "regex" | "choice" | "grammar" | "json_object" |
+"structural_tag"}), `guided_json`, `guided_regex`,
 `guided_choice`, `guided_grammar`. At most one of them may ask for a constraint. The engine
 names a spec that does not compile `structured_outputs.<kind>`; `client_fields` maps that back
 to the field this client wrote.
@@ -31,8 +33,12 @@ class JsonSchemaFormat(_Body, kw_only=True):
 
 
 class ResponseFormat(_Body, kw_only=True):
-    type: Literal["text", "json_object", "json_schema"]
+    type: Literal["text", "json_object", "json_schema", "structural_tag"]
     json_schema: JsonSchemaFormat | None = None
+    # structural_tag (vLLM's): xgrammar's `format`, or the older `structures` and `triggers`
+    format: dict[str, Any] | None = None
+    structures: list[dict[str, Any]] | None = None
+    triggers: list[str] | None = None
 
 
 class StructuredOutputsBody(_Body, kw_only=True):
@@ -43,6 +49,7 @@ class StructuredOutputsBody(_Body, kw_only=True):
     choice: list[str] | None = None
     grammar: str | None = None
     json_object: bool | None = None
+    structural_tag: str | None = None  # its JSON text, as vLLM's
 
 
 class StructuredFields(_Body, kw_only=True):
@@ -74,6 +81,8 @@ def structured_outputs(body: StructuredFields) -> tuple[StructuredOutputs | None
             )
         spec = StructuredOutputs.from_schema(fmt.json_schema.json_schema)
         found.append(("response_format.json_schema.schema", spec))
+    elif fmt is not None and fmt.type == "structural_tag":
+        found.append(("response_format", _structural_tag(fmt)))
     if (so := body.structured_outputs) is not None:
         found += _vllm(so)
     if body.guided_json is not None:
@@ -113,7 +122,26 @@ def _vllm(so: StructuredOutputsBody) -> list[tuple[str, StructuredOutputs]]:
         out.append(("structured_outputs.grammar", StructuredOutputs(grammar=so.grammar)))
     if so.json_object:
         out.append(("structured_outputs.json_object", StructuredOutputs(json_object=True)))
+    if so.structural_tag is not None:
+        spec = StructuredOutputs(structural_tag=so.structural_tag)
+        out.append(("structured_outputs.structural_tag", spec))
     return out
+
+
+def _structural_tag(fmt: ResponseFormat) -> StructuredOutputs:
+    """response_format {"type": "structural_tag", ...} as one spec: xgrammar's `format`, or
+    vLLM's older `structures` (each {"begin", "schema", "end"}) and `triggers`."""
+    tag: dict[str, Any] = {"type": "structural_tag"}
+    if fmt.format is not None:
+        tag["format"] = fmt.format
+    elif fmt.structures is not None and fmt.triggers is not None:
+        tag |= {"structures": fmt.structures, "triggers": fmt.triggers}
+    else:
+        raise invalid(
+            "response_format",
+            'response_format {"type": "structural_tag"} needs format, or structures and triggers',
+        )
+    return StructuredOutputs(structural_tag=json.dumps(tag, ensure_ascii=False))
 
 
 def _schema(schema: dict[str, Any] | bool | str, field: str) -> StructuredOutputs:

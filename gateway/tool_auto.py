@@ -19,12 +19,14 @@ the name once its string closes, then the arguments' JSON as written.
 `--tool-call-parser` (vLLM's flag) picks the format whatever the template: `hermes`,
 `llama3_json` (Llama 3.x's bare JSON calls, gateway/tool_llama3.py), or one of the formats
 read through gateway/tool_format.py: `mistral` (tool_mistral.py), `pythonic`
-(tool_pythonic.py), `qwen3_coder` (tool_qwen3_coder.py), `deepseek_v3` (tool_deepseek_v3.py),
-`granite` (tool_granite.py), `kimi_k2` (tool_kimi_k2.py), `glm45` (tool_glm45.py).
+(tool_pythonic.py), `qwen3_coder` (tool_qwen3_coder.py), `deepseek_v3` and `deepseek_v31`
+(tool_deepseek_v3.py),
+`granite` (tool_granite.py), `kimi_k2` (tool_kimi_k2.py), `glm45` (tool_glm45.py),
+`minimax_m2` (tool_minimax_m2.py).
 Unset, the format is the one the chat template writes its calls in (`template_tool_parser`):
 Hermes for a template that mentions `<tool_call>`, unless the template writes another format
-inside those tags (GLM-4.5's `<arg_key>`, Qwen3-Coder's `<function=`), or Kimi K2's for a
-template that writes its section marker; "auto" is refused elsewhere.
+inside those tags (GLM-4.5's `<arg_key>`, Qwen3-Coder's `<function=`), or Kimi K2's or
+MiniMax-M2's for a template that writes their markers; "auto" is refused elsewhere.
 """
 
 from __future__ import annotations
@@ -37,12 +39,14 @@ from typing import Any, Literal, Protocol
 from troupe.actors.core.marker_tail import marker_tail
 from troupe.gateway.json_scan import ObjectScan, object_call
 from troupe.gateway.python_call_scan import PythonicReader
-from troupe.gateway.tool_deepseek_v3 import DEEPSEEK_V3, DeepSeekV3Reader
+from troupe.gateway.tool_deepseek_v3 import DEEPSEEK_V3, DEEPSEEK_V31, DeepSeekV3Reader
 from troupe.gateway.tool_format import CallFormat, FormatCallStream, ToolSchemas, parse_reply
 from troupe.gateway.tool_glm45 import GLM45, KEY_OPEN, Glm45Reader
 from troupe.gateway.tool_granite import GRANITE, GraniteReader
 from troupe.gateway.tool_kimi_k2 import KIMI_K2, SECTION_BEGIN, KimiK2Reader
 from troupe.gateway.tool_llama3 import Llama3Reader, Llama3ToolStream, parse_llama3_calls
+from troupe.gateway.tool_minimax_m2 import MINIMAX_M2, MiniMaxM2Reader
+from troupe.gateway.tool_minimax_m2 import OPEN as MINIMAX_OPEN
 from troupe.gateway.tool_mistral import MISTRAL, MistralReader
 from troupe.gateway.tool_pythonic import PYTHONIC
 from troupe.gateway.tool_qwen3_coder import FUNC_OPEN, QWEN3_CODER, Qwen3CoderReader
@@ -58,9 +62,11 @@ ToolParserName = Literal[
     "pythonic",
     "qwen3_coder",
     "deepseek_v3",
+    "deepseek_v31",
     "granite",
     "kimi_k2",
     "glm45",
+    "minimax_m2",
 ]
 TOOL_PARSERS: tuple[ToolParserName, ...] = (
     "hermes",
@@ -69,9 +75,11 @@ TOOL_PARSERS: tuple[ToolParserName, ...] = (
     "pythonic",
     "qwen3_coder",
     "deepseek_v3",
+    "deepseek_v31",
     "granite",
     "kimi_k2",
     "glm45",
+    "minimax_m2",
 )
 _FORMATS: dict[str, CallFormat] = {
     "granite": GRANITE,
@@ -79,8 +87,10 @@ _FORMATS: dict[str, CallFormat] = {
     "pythonic": PYTHONIC,
     "qwen3_coder": QWEN3_CODER,
     "deepseek_v3": DEEPSEEK_V3,
+    "deepseek_v31": DEEPSEEK_V31,
     "kimi_k2": KIMI_K2,
     "glm45": GLM45,
+    "minimax_m2": MINIMAX_M2,
 }
 # what a chat template writes when it renders a turn's calls, the most specific first: GLM's
 # and Qwen3-Coder's calls sit inside Hermes's tags
@@ -88,6 +98,7 @@ _TEMPLATE_MARKERS: tuple[tuple[str, ToolParserName], ...] = (
     (KEY_OPEN, "glm45"),
     (FUNC_OPEN, "qwen3_coder"),
     (SECTION_BEGIN, "kimi_k2"),
+    (MINIMAX_OPEN, "minimax_m2"),
     (OPEN, "hermes"),
 )
 
@@ -155,7 +166,9 @@ def auto_call_reader(tools: Sequence[dict[str, Any]], parser: ToolParserName) ->
         return KimiK2Reader()
     if parser == "glm45":
         return Glm45Reader(ToolSchemas(tuple(tools)))
-    return DeepSeekV3Reader()
+    if parser == "minimax_m2":
+        return MiniMaxM2Reader(ToolSchemas(tuple(tools)))
+    return DeepSeekV3Reader(fenced=parser == "deepseek_v3")
 
 
 def template_tool_parser(template: str | None) -> ToolParserName | None:

@@ -5,12 +5,19 @@
     {"city": "Paris"}
     ```<｜tool▁call▁end｜><｜tool▁call▁begin｜>...<｜tool▁call▁end｜><｜tool▁calls▁end｜>
 
+and for DeepSeek-V3.1 / V3.2 (`--tool-call-parser deepseek_v31`), whose calls drop the kind
+and the fence:
+
+    <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"city": "Paris"}
+    <｜tool▁call▁end｜><｜tool▁calls▁end｜>
+
 Text before `<｜tool▁calls▁begin｜>` is the content; what follows the calls is dropped, as vLLM
 does. Each call must be a known tool's with a JSON object of arguments (passed on as the model
 wrote them, as vLLM's are), or the reply is text. vLLM's pattern does not let arguments span
 lines; troupe's does, since DeepSeek pretty-prints large ones. Ids are vLLM's
 (`chatcmpl-tool-` and 32 hex digits). Streamed (`DeepSeekV3Reader`), a call opens once its
-name's fence is written and its JSON object goes out as written.
+name is whole (V3: its fence written; V3.1: the separator after it) and its JSON object goes
+out as written.
 """
 
 from __future__ import annotations
@@ -33,14 +40,24 @@ _FENCE_OPEN, _FENCE_CLOSE = "\n```json\n", "\n```"
 
 
 def parse_deepseek_v3(section: str, tools: ToolSchemas) -> list[ToolCallDict] | None:
-    """The calls of a section that starts with `<｜tool▁calls▁begin｜>`."""
+    """The calls of a V3 section (it starts with `<｜tool▁calls▁begin｜>`)."""
+    return _section(section, tools, fenced=True)
+
+
+def parse_deepseek_v31(section: str, tools: ToolSchemas) -> list[ToolCallDict] | None:
+    """The calls of a V3.1 section."""
+    return _section(section, tools, fenced=False)
+
+
+def _section(section: str, tools: ToolSchemas, *, fenced: bool) -> list[ToolCallDict] | None:
     calls = []
     at = section.find(CALL_BEGIN)
     while at >= 0:
         end = section.find(CALL_END, at)
         if end < 0:
             return None
-        call = _call(section[at + len(CALL_BEGIN) : end], tools)
+        inner = section[at + len(CALL_BEGIN) : end]
+        call = _fenced_call(inner, tools) if fenced else _plain_call(inner, tools)
         if call is None:
             return None
         calls.append(call)
@@ -48,15 +65,26 @@ def parse_deepseek_v3(section: str, tools: ToolSchemas) -> list[ToolCallDict] | 
     return calls or None
 
 
-def _call(inner: str, tools: ToolSchemas) -> ToolCallDict | None:
+def _fenced_call(inner: str, tools: ToolSchemas) -> ToolCallDict | None:
     """`function<｜tool▁sep｜>name` + the fenced JSON arguments, as one call."""
     kind, sep, rest = inner.partition(SEP)
     name, fence, arguments = rest.partition(_FENCE_OPEN)
-    if not sep or kind.strip() != "function" or not fence or name not in tools.names:
+    if not sep or kind.strip() != "function" or not fence:
         return None
     if not arguments.endswith(_FENCE_CLOSE):
         return None
-    arguments = arguments.removesuffix(_FENCE_CLOSE)
+    return _call(name, arguments.removesuffix(_FENCE_CLOSE), tools)
+
+
+def _plain_call(inner: str, tools: ToolSchemas) -> ToolCallDict | None:
+    """`name<｜tool▁sep｜>{...}`, as one call."""
+    name, sep, arguments = inner.partition(SEP)
+    return _call(name, arguments.strip(), tools) if sep else None
+
+
+def _call(name: str, arguments: str, tools: ToolSchemas) -> ToolCallDict | None:
+    if name not in tools.names:
+        return None
     try:
         value = json.loads(arguments)
     except ValueError:
@@ -67,12 +95,15 @@ def _call(inner: str, tools: ToolSchemas) -> ToolCallDict | None:
 
 
 DEEPSEEK_V3 = CallFormat((CALLS_BEGIN,), parse_deepseek_v3)
+DEEPSEEK_V31 = CallFormat((CALLS_BEGIN,), parse_deepseek_v31)
 
 
 class DeepSeekV3Reader:
-    """DeepSeek-V3's calls read as they are written (a tool_reader.CallReader)."""
+    """DeepSeek-V3's calls (V3.1's: `fenced` False) read as they are written (a
+    tool_reader.CallReader)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, fenced: bool = True) -> None:
+        self._fenced = fenced
         self._scans: dict[int, ObjectScan] = {}  # by where a call's arguments begin
 
     def call_id(self) -> str:
@@ -91,10 +122,15 @@ class DeepSeekV3Reader:
 
     def _call(self, text: str, inner: int, end: int) -> CallSoFar:
         sep = text.find(SEP, inner, end)
-        fence = text.find(_FENCE_OPEN, sep + len(SEP), end) if sep >= 0 else -1
-        if fence < 0 or text[inner:sep].strip() != "function":
+        if sep < 0:
             return CallSoFar(None)
-        body = fence + len(_FENCE_OPEN)
+        if self._fenced:
+            fence = text.find(_FENCE_OPEN, sep + len(SEP), end)
+            if fence < 0 or text[inner:sep].strip() != "function":
+                return CallSoFar(None)
+            name, body = text[sep + len(SEP) : fence], fence + len(_FENCE_OPEN)
+        else:
+            name, body = text[inner:sep], sep + len(SEP)
         scan = self._scans.setdefault(body, ObjectScan(body))
         scan.advance(text, end)
-        return CallSoFar(text[sep + len(SEP) : fence], scan.object_so_far(text, end))
+        return CallSoFar(name, scan.object_so_far(text, end))

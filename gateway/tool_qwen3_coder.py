@@ -157,12 +157,12 @@ class Qwen3CoderReader:
 
     def read(self, text: str, start: int, *, is_final: bool) -> SectionSoFar:
         if text.startswith(TOOL_OPEN, start):
-            blocks = _spans(text, TOOL_OPEN, TOOL_CLOSE, start, len(text), is_final)
+            blocks = spans(text, TOOL_OPEN, TOOL_CLOSE, start, len(text), is_final)
         else:
             blocks = [(start, len(text), is_final)]
         calls = []
         for begin, end, is_closed in blocks:
-            for function in _spans(text, FUNC_OPEN, FUNC_CLOSE, begin, end, is_closed):
+            for function in spans(text, FUNC_OPEN, FUNC_CLOSE, begin, end, is_closed):
                 calls.append(self._function(text, *function))
         return SectionSoFar(tuple(calls))
 
@@ -201,11 +201,11 @@ class Qwen3CoderReader:
         return member
 
 
-def _spans(
+def spans(
     text: str, open_tag: str, close_tag: str, start: int, end: int, is_closed: bool
 ) -> list[tuple[int, int, bool]]:
     """(body start, body end, closed) after each `open_tag` in text[start:end], as _between
-    cuts them: a body left open runs to `end`, closed if what holds it is."""
+    cuts them (also read by tool_minimax_m2.py): a body left open runs to `end`, closed if what holds it is."""
     out = []
     at = text.find(open_tag, start, end)
     while at >= 0:

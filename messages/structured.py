@@ -1,5 +1,6 @@
 """Structured output: what a request's text must match (a JSON schema, a regex, a choice, an
-EBNF grammar), as one SamplingParams field. vLLM's StructuredOutputsParams, by name.
+EBNF grammar, a structural tag), as one SamplingParams field. vLLM's StructuredOutputsParams,
+by name.
 
 Exactly one kind is set. A JSON schema travels as its JSON text (key order kept: it is the order
 the fields are generated in), so the struct stays frozen and hashable: the grammar cache is
@@ -29,19 +30,25 @@ REASONING_MODES: tuple[Reasoning, ...] = ("none", "required", "optional")
 THINK_START, THINK_END = "<think>", "</think>"
 MAX_SPEC_CHARS = 64 * 1024  # a schema, regex or grammar longer than this is refused
 MAX_CHOICES = 256
+_TEXT_KINDS = ("json", "regex", "choice", "grammar", "structural_tag")  # json_object: a flag
 
 
 class StructuredOutputs(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """One constraint on the generated text. `json`: a JSON schema (its JSON text);
     `json_object`: any JSON object; `regex`; `choice`: one of these strings exactly;
-    `grammar`: EBNF in xgrammar's (GBNF-like) syntax, root rule `root`. `reasoning`: whether a
-    `<think>...</think>` block comes before the constrained part (see the module's doc)."""
+    `grammar`: EBNF in xgrammar's (GBNF-like) syntax, root rule `root`; `structural_tag`: the
+    JSON text of an xgrammar structural tag (`{"type": "structural_tag", "format": ...}`), or
+    vLLM's older `{"structures": [{"begin", "schema", "end"}], "triggers": [...]}`: free text
+    until a trigger, then the tag it starts (actors/core/spec_grammar.py). `reasoning`:
+    whether a `<think>...</think>` block comes before the constrained part (see the module's
+    doc)."""
 
     json: str | None = None
     json_object: bool = False
     regex: str | None = None
     choice: tuple[str, ...] | None = None
     grammar: str | None = None
+    structural_tag: str | None = None
     reasoning: Reasoning = "none"
 
     @classmethod
@@ -53,7 +60,7 @@ class StructuredOutputs(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
     @property
     def kind(self) -> str:
         """The field that is set (for error messages: `structured_outputs.<kind>`)."""
-        for name in ("json", "regex", "choice", "grammar"):
+        for name in _TEXT_KINDS:
             if getattr(self, name) is not None:
                 return name
         return "json_object"
@@ -64,12 +71,13 @@ class StructuredOutputs(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
         if self.reasoning not in REASONING_MODES:
             modes = ", ".join(REASONING_MODES)
             return "reasoning", f"reasoning is one of {modes}, got {self.reasoning!r}"
-        given = [n for n in ("json", "regex", "choice", "grammar") if getattr(self, n) is not None]
+        given = [n for n in _TEXT_KINDS if getattr(self, n) is not None]
         if self.json_object:
             given.append("json_object")
         if len(given) != 1:
             found = ", ".join(given) or "none"
-            return "", f"exactly one of json, json_object, regex, choice, grammar (got {found})"
+            kinds = "json, json_object, regex, choice, grammar, structural_tag"
+            return "", f"exactly one of {kinds} (got {found})"
         name = given[0]
         if name == "choice":
             assert self.choice is not None

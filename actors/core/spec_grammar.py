@@ -1,7 +1,8 @@
 """A StructuredOutputs spec -> the xgrammar Grammar its text must match (not yet compiled).
 
 The kinds map one to one onto xgrammar's builders (a choice is an EBNF alternation of its
-strings). A spec with `reasoning` puts a thinking block in front of the constraint, in the
+strings; vLLM's older structural-tag form, `structures` and `triggers`, is rewritten as
+xgrammar's `triggered_tags` format, each structure a tag whose content is its JSON schema). A spec with `reasoning` puts a thinking block in front of the constraint, in the
 grammar itself, so the constraint starts where the reasoning parser's `content` starts:
 
     required  any text up to the first `</think>`, then the constraint
@@ -55,8 +56,32 @@ def _constraint(spec: StructuredOutputs) -> xgrammar.Grammar:
     if spec.choice is not None:
         alternatives = " | ".join(json.dumps(c, ensure_ascii=False) for c in spec.choice)
         return Grammar.from_ebnf(f"root ::= {alternatives}")
+    if spec.structural_tag is not None:
+        return Grammar.from_structural_tag(structural_tag_json(spec.structural_tag))
     assert spec.grammar is not None, "StructuredOutputs.check ensures one kind is set"
     return Grammar.from_ebnf(spec.grammar)
+
+
+def structural_tag_json(text: str) -> str:
+    """A structural tag's JSON text as xgrammar reads it: as given, or vLLM's older form
+    (`structures` and `triggers`) rewritten as a `triggered_tags` format."""
+    try:
+        tag = json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"not JSON: {exc}") from None
+    if not isinstance(tag, dict) or "structures" not in tag:
+        return text
+    structures, triggers = tag.get("structures"), tag.get("triggers")
+    if not isinstance(structures, list) or not isinstance(triggers, list):
+        raise ValueError("structures and triggers are lists")
+    tags = []
+    for i, item in enumerate(structures):
+        if not isinstance(item, dict) or not {"begin", "end"} <= item.keys():
+            raise ValueError(f"structures[{i}] needs begin, schema and end")
+        content = {"type": "json_schema", "json_schema": item.get("schema", {})}
+        tags.append({"type": "tag", "begin": item["begin"], "content": content, "end": item["end"]})
+    fmt = {"type": "triggered_tags", "triggers": triggers, "tags": tags}
+    return json.dumps({"type": "structural_tag", "format": fmt}, ensure_ascii=False)
 
 
 def _thinking(begin: str) -> xgrammar.Grammar:

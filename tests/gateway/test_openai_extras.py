@@ -144,6 +144,41 @@ def test_include_usage_alone_keeps_chunks_bare(client: OpenAI, server) -> None: 
     assert all(c.usage is None for c in chunks[:-1]) and chunks[-1].usage is not None
 
 
+def test_force_include_usage_ends_every_stream_with_usage() -> None:
+    """--enable-force-include-usage (vLLM's): a usage chunk whether the client asked or not;
+    without it, none unless asked."""
+    from tests.gateway.conftest import BASE_CONFIG, ServerThread
+
+    forced = ServerThread(BASE_CONFIG, GatewaySettings(enable_force_include_usage=True)).start()
+    try:
+        client = OpenAI(base_url=f"{forced.url}/v1", api_key="unused", max_retries=0, timeout=30)
+        model = forced.engine.model_name
+        completion = list(
+            client.completions.create(model=model, prompt="x", max_tokens=3, stream=True)
+        )
+        chat = list(
+            client.chat.completions.create(
+                model=model, messages=[{"role": "user", "content": "x"}], max_tokens=3, stream=True
+            )
+        )
+        for chunks in (completion, chat):
+            assert all(c.usage is None for c in chunks[:-1]) and chunks[-1].choices == []
+            assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 3
+        whole = client.completions.create(model=model, prompt="x", max_tokens=3)
+        assert whole.usage is not None and whole.usage.completion_tokens == 3
+    finally:
+        forced.shutdown()
+
+
+def test_no_usage_chunk_unless_asked(client: OpenAI, server) -> None:  # type: ignore[no-untyped-def]
+    chunks = list(
+        client.completions.create(
+            model=server.engine.model_name, prompt="x", max_tokens=3, stream=True
+        )
+    )
+    assert all(c.usage is None for c in chunks) and chunks[-1].choices
+
+
 def test_cached_tokens_count_prefix_cache_hits(client: OpenAI, server) -> None:  # type: ignore[no-untyped-def]
     model = server.engine.model_name
     prompt = "A long shared preamble that fills several blocks of the cache. " * 6

@@ -1,9 +1,10 @@
-"""The tool-call parsers mistral, pythonic, qwen3_coder, deepseek_v3, granite, kimi_k2 and glm45
-and the reasoning parsers deepseek_v3, mistral, granite and glm45 over HTTP with the official `openai` client: a
-server started with the flag, a fake runner made to say an exact reply (SmolLM2's tokenizer,
-a plain template), the whole answer and the streamed one read back. Streamed calls arrive as
-OpenAI sends them: a delta with the id, type and name, then the arguments as written; a call
-that went out before the reply broke is not sent again as text (gateway/tool_stream.py)."""
+"""The tool-call parsers mistral, pythonic, qwen3_coder, deepseek_v3, deepseek_v31, granite,
+kimi_k2, glm45 and minimax_m2 and the reasoning parsers deepseek_v3, mistral, granite, glm45 and
+minimax_m2 over HTTP with the official `openai` client: a server started with the flag, a fake
+runner made to say an exact reply (SmolLM2's tokenizer, a plain template), the whole answer and
+the streamed one read back. Streamed calls arrive as OpenAI sends them: a delta with the id,
+type and name, then the arguments as written; a call that went out before the reply broke is
+not sent again as text (gateway/tool_stream.py)."""
 
 from __future__ import annotations
 
@@ -56,6 +57,13 @@ TOOL_CASES: dict[str, tuple[str, str | None, tuple[str, Any], str]] = {
         WEATHER,
         VLLM_ID,
     ),
+    "deepseek_v31": (
+        "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>"
+        '{"city": "Paris", "days": 3}<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
+        None,
+        WEATHER,
+        VLLM_ID,
+    ),
     "granite": (
         '<|tool_call|>[{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}]',
         None,
@@ -77,8 +85,16 @@ TOOL_CASES: dict[str, tuple[str, str | None, tuple[str, Any], str]] = {
         WEATHER,
         VLLM_ID,
     ),
+    "minimax_m2": (
+        'Checking.<minimax:tool_call>\n<invoke name="get_weather">\n<parameter name="city">'
+        'Paris</parameter>\n<parameter name="days">3</parameter>\n</invoke>\n'
+        "</minimax:tool_call>",
+        "Checking.",
+        WEATHER,
+        r"call_[0-9a-f]{24}",
+    ),
 }
-UNQUOTED = ("qwen3_coder", "glm45")  # formats whose string values are not quoted
+UNQUOTED = ("qwen3_coder", "glm45", "minimax_m2")  # formats whose string values are not quoted
 
 
 @pytest.fixture(scope="module")
@@ -174,6 +190,7 @@ REASONING_CASES: dict[str, tuple[dict[str, Any], str, str | None, str | None]] =
     ),
     "deepseek_v3": ({"thinking": True}, "Look it up.</think>Sunny.", "Look it up.", "Sunny."),
     "glm45": ({}, "<think>Look it up.</think>Sunny.", "Look it up.", "Sunny."),
+    "minimax_m2": ({}, "Look it up.</think>Sunny.", "Look it up.", "Sunny."),
 }
 
 

@@ -90,9 +90,47 @@ def test_completions_response_format(client: OpenAI) -> None:
     jsonschema.validate(json.loads(out.choices[0].text), SCHEMA)
 
 
+ANSWER_TAG = {  # regex content: JSON content may run on in free whitespace under random draws
+    "type": "tag",
+    "begin": "<answer>",
+    "content": {"type": "regex", "pattern": "[0-9]{2}-[a-c]{3}"},
+    "end": "</answer>",
+}
+
+
+def test_structural_tags_whole_and_older_form(client: OpenAI) -> None:
+    """response_format {"type": "structural_tag", "format"} (xgrammar's): the reply is the tag;
+    vLLM's older structures + triggers: whatever follows a trigger is the structure."""
+    fmt: Any = {"type": "structural_tag", "format": ANSWER_TAG}
+    out = _chat(client, response_format=fmt, max_tokens=64)
+    text = out.choices[0].message.content or ""
+    assert out.choices[0].finish_reason == "stop", text
+    assert re.fullmatch(r"<answer>[0-9]{2}-[a-c]{3}</answer>", text), text
+    older = {
+        "type": "structural_tag",
+        "structures": [{"begin": "<size=", "schema": SCHEMA, "end": ">"}],
+        "triggers": ["<size="],
+    }
+    out = client.completions.create(
+        model="",
+        prompt="Answer:",
+        max_tokens=48,
+        seed=4,
+        extra_body={"structured_outputs": {"structural_tag": json.dumps(older)}},
+    )
+    for call in out.choices[0].text.split("<size=")[1:]:  # each structure the model ended
+        if ">" in call:
+            jsonschema.validate(json.loads(call[: call.index(">")]), SCHEMA)
+
+
 @pytest.mark.parametrize(
     ("kw", "param"),
     [
+        ({"response_format": {"type": "structural_tag"}}, "response_format"),
+        (
+            {"extra_body": {"structured_outputs": {"structural_tag": "{not json"}}},
+            "structured_outputs.structural_tag",
+        ),
         ({"extra_body": {"guided_regex": "(ab"}}, "guided_regex"),
         ({"extra_body": {"guided_json": {"type": "nonsense"}}}, "guided_json"),
         ({"extra_body": {"guided_json": "{not json"}}, "guided_json"),

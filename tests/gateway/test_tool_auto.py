@@ -52,6 +52,7 @@ def test_template_detection() -> None:
     assert template_tool_parser(qwen_coder) == "qwen3_coder"
     kimi = "<|tool_calls_section_begin|><|tool_call_begin|>{{ id }}<|tool_call_argument_begin|>"
     assert template_tool_parser(kimi) == "kimi_k2"
+    assert template_tool_parser('<minimax:tool_call>\n<invoke name="{{ n }}">') == "minimax_m2"
     assert template_tool_parser("{{ messages }}") is None and template_tool_parser(None) is None
 
 

@@ -1,5 +1,5 @@
 """The tool-call parsers read through gateway/tool_format.py (mistral, pythonic, qwen3_coder,
-deepseek_v3, granite, kimi_k2, glm45): whole replies against vLLM's answers on the same text, and each reply streamed
+deepseek_v3, deepseek_v31, granite, kimi_k2, glm45, minimax_m2): whole replies against vLLM's answers on the same text, and each reply streamed
 cut at every point (and character by character) giving the same content and calls."""
 
 from __future__ import annotations
@@ -146,6 +146,22 @@ CASES: list[tuple[str, str, str | None, Calls]] = [
         [],
     ),
     ("deepseek_v3", "<｜tool▁calls▁begin｜>" + DS_WEATHER[:-10], None, []),  # cut short
+    # deepseek_v31: name<｜tool▁sep｜>{...}, no kind, no fence
+    (
+        "deepseek_v31",
+        "Checking.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>"
+        '{"city": "Paris"}<｜tool▁call▁end｜><｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{}'
+        "<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+        "Checking.",
+        [PARIS, ("get_time", {})],
+    ),
+    ("deepseek_v31", "<｜tool▁calls▁begin｜>" + DS_WEATHER, None, []),  # V3's form is not V3.1's
+    (
+        "deepseek_v31",
+        '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"city": "Par',
+        None,
+        [],
+    ),
     # granite: the reply opens with the array (after <|tool_call|>, <tool_call> or nothing)
     ("granite", f"<|tool_call|>[{GRANITE_PARIS}]", None, [PARIS]),
     (
@@ -204,6 +220,28 @@ CASES: list[tuple[str, str, str | None, Calls]] = [
     ("glm45", GLM_PARIS.replace("get_weather", "get_news"), None, []),
     ("glm45", "Only <tool_call> talk", None, []),
     ("glm45", "a <tool_cal", None, []),
+    # minimax_m2: invokes in blocks, values typed by the schema, names quoted or bare
+    (
+        "minimax_m2",
+        'Checking.\n<minimax:tool_call>\n<invoke name="get_weather">\n<parameter name="city">'
+        'Paris</parameter>\n<parameter name="days">\n3\n</parameter>\n<parameter name=hot>'
+        "true</parameter>\n</invoke>\n<invoke name='get_time'>\n</invoke>\n"
+        "</minimax:tool_call>",
+        "Checking.\n",
+        [("get_weather", {"city": "Paris", "days": 3, "hot": True}), ("get_time", {})],
+    ),
+    (
+        "minimax_m2",
+        '<minimax:tool_call><invoke name="get_weather"><parameter name="city">Paris',
+        None,
+        [],
+    ),  # cut short
+    (
+        "minimax_m2",
+        '<minimax:tool_call><invoke name="get_news"></invoke></minimax:tool_call>',
+        None,
+        [],
+    ),
 ]
 
 
@@ -254,7 +292,17 @@ def test_streamed_at_every_split(parser: str, text: str, content: str | None, ca
         ("deepseek_v3", "<｜tool▁calls▁begin｜>" + DS_TIME, r"chatcmpl-tool-[0-9a-f]{32}"),
         ("granite", '<|tool_call|>[{"name": "get_time"}]', r"chatcmpl-tool-[0-9a-f]{32}"),
         ("kimi_k2", "<|tool_calls_section_begin|>" + KIMI_PARIS, r"functions\.get_weather:0"),
+        (
+            "deepseek_v31",
+            "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{}<｜tool▁call▁end｜>",
+            r"chatcmpl-tool-[0-9a-f]{32}",
+        ),
         ("glm45", "<tool_call>get_time\n</tool_call>", r"chatcmpl-tool-[0-9a-f]{32}"),
+        (
+            "minimax_m2",
+            '<minimax:tool_call><invoke name="get_time"></invoke></minimax:tool_call>',
+            r"call_[0-9a-f]{24}",
+        ),
     ],
 )
 def test_ids_as_vllm_makes_them(parser: str, text: str, id_pattern: str) -> None:

@@ -207,6 +207,6 @@ def test_the_flag() -> None:
     args = parser.parse_args(["--tool-call-parser", "llama3_json"])
     assert settings_from_args(args).tool_call_parser == "llama3_json"
     with pytest.raises(SystemExit):
-        parser.parse_args(["--tool-call-parser", "kimi_k2"])
+        parser.parse_args(["--tool-call-parser", "hunyuan_a13b"])
     with pytest.raises(ConfigError, match="tool_call_parser"):
-        GatewaySettings(tool_call_parser="kimi_k2")  # type: ignore[arg-type]
+        GatewaySettings(tool_call_parser="hunyuan_a13b")  # type: ignore[arg-type]

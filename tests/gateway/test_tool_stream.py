@@ -102,6 +102,17 @@ def _deepseek_v3(calls: list[Call], style: int) -> str:
     )
 
 
+def _deepseek_v31(calls: list[Call], style: int) -> str:
+    return (
+        CALLS_BEGIN
+        + "\n" * style
+        + "".join(
+            f"{CALL_BEGIN}{n}{SEP}{json.dumps(a, indent=style or None)}{CALL_END}" for n, a in calls
+        )
+        + "<｜tool▁calls▁end｜>"
+    )
+
+
 def _granite(calls: list[Call], style: int) -> str:
     array = json.dumps([{"name": n, "arguments": a} for n, a in calls], ensure_ascii=style == 1)
     return ("<|tool_call|>", "<tool_call>", " ")[style] + array
@@ -136,6 +147,20 @@ def _glm45(calls: list[Call], style: int) -> str:
     )
 
 
+def _minimax_m2(calls: list[Call], style: int) -> str:
+    def raw(value: Any) -> str:
+        return value if isinstance(value, str) else json.dumps(value)
+
+    quote = ('"', "", "'")[style]
+    invokes = "\n".join(
+        f"<invoke name={quote}{n}{quote}>\n"
+        + "".join(f"<parameter name={quote}{k}{quote}>{raw(v)}</parameter>\n" for k, v in a.items())
+        + "</invoke>"
+        for n, a in calls
+    )
+    return f"<minimax:tool_call>\n{invokes}\n</minimax:tool_call>"
+
+
 RENDER = {
     "hermes": _hermes,
     "llama3_json": _llama3,
@@ -143,9 +168,11 @@ RENDER = {
     "pythonic": _pythonic,
     "qwen3_coder": _qwen3_coder,
     "deepseek_v3": _deepseek_v3,
+    "deepseek_v31": _deepseek_v31,
     "granite": _granite,
     "kimi_k2": _kimi_k2,
     "glm45": _glm45,
+    "minimax_m2": _minimax_m2,
 }
 
 _LEAD_ONLY = ("pythonic", "llama3_json", "granite")  # calls only where the reply opens with them
@@ -275,6 +302,7 @@ def test_each_call_goes_out_as_it_is_written(parser: str) -> None:
         ("pythonic", ['{"city": "Paris"', ', "days": 3}']),
         ("qwen3_coder", ['{"city": "Paris"', ', "days": 3', "}"]),
         ("glm45", ['{"city": "Paris"', ', "days": 3', "}"]),
+        ("minimax_m2", ['{"city": "Paris"', ', "days": 3', "}"]),
     ],
 )
 def test_arguments_not_json_in_the_text_go_out_one_argument_at_a_time(
