@@ -38,9 +38,7 @@ async def test_a_dead_runner_fails_every_request_once_and_refuses_new_ones() -> 
     results: dict[str, list] = {}
     heard: list = []  # what metrics see
     seen: dict = {}
-    with pytest.raises(
-        EngineStopped, match=re.escape(DEAD)
-    ) as info:  # raised on leaving Engine.open
+    with pytest.raises(EngineStopped, match=re.escape(DEAD)) as info:  # raised on leaving Engine.open
         async with Engine.open(CONFIG, runner=runner) as engine:
             engine.add_event_listener(lambda event, now: heard.append(event))
             runner.hold_after(0)  # step 1 waits until all four are in
