@@ -76,8 +76,8 @@ class EngineConfig:
     # CPU 4-bit and Q8_0 weights (kept as shipped): native kernels (gpu/cpu_q4dot.c, built with
     # gcc on first use into cpu_kernel_cache_dir, None: ~/.cache/troupe/cpu_kernels) with 8-bit
     # activations and integer dot products (AVX-512 VNNI, else AVX2), split over
-    # cpu_kernel_threads threads of torch's OpenMP pool (0: torch's intra-op count at load, one
-    # fewer for a decode step's one-row calls: the engine's own threads run beside them). False,
+    # cpu_kernel_threads threads of torch's OpenMP pool (0: torch's intra-op count at load; a
+    # decode step's one-row calls take 1 or all, whichever its first steps time faster). False,
     # or a CPU or machine without them: torch's int4 kernel and fbgemm's int8 one
     # (docs/benchmarks.md, issue 16).
     cpu_native_kernels: bool = True

@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from troupe.gpu.cpu_int4 import CpuInt4
 from troupe.gpu.cpu_layers import NativeLayers
 from troupe.gpu.cpu_q4 import CpuQ4
+from troupe.gpu.cpu_thread_tuner import OneRowTuner
 from troupe.gpu.kv_cache import KVCache
 from troupe.gpu.lora_linear import base_weight
 from troupe.gpu.models import DecoderLayer, DecoderModel
@@ -105,7 +106,11 @@ class CpuDecode:
         self.cos_sin: torch.Tensor = model.get_buffer("cos_sin_cache")
         self.act_dtype = act_dtype  # what the int4 matmuls take
         # every layer in one native call where all projections are native (gpu/cpu_layers.py)
-        self.native = NativeLayers.build(model, kv) if act_dtype == torch.float32 else None
+        native = NativeLayers.build(model, kv) if act_dtype == torch.float32 else None
+        self.native = native
+        # cpu_kernel_threads 0: the decode step's thread count, timed (gpu/cpu_thread_tuner.py)
+        choices = () if native is None else native.lib.one_row_choices
+        self.tuner = None if native is None or not choices else OneRowTuner(native.lib, choices)
         self._act_hidden = torch.empty(1, c.hidden_size, dtype=act_dtype)
         self._act_inter = torch.empty(1, c.intermediate_size, dtype=act_dtype)
 
@@ -175,11 +180,15 @@ class CpuDecode:
         seq_len = int(inputs.seq_lens[0])
         position = int(inputs.positions[0])
         slot = int(inputs.slot_mapping[0])
-        if self.native is not None:
+        if (native := self.native) is not None:
             table = inputs.block_tables[0]
             token = int(inputs.input_ids[0])
-            normed = self.native(token, position, slot, table, seq_len, self.block_size)
-            return model.compute_logits(normed)
+
+            def step() -> torch.Tensor:
+                normed = native(token, position, slot, table, seq_len, self.block_size)
+                return model.compute_logits(normed)
+
+            return step() if self.tuner is None else self.tuner.run(step)
         hidden = model.embed(torch.from_numpy(inputs.input_ids[:1]))
         # [cos | cos] and [-sin | sin]: x cos2 + roll(x) sin2 = [x1 cos - x2 sin | x2 cos + x1 sin]
         # with HF's roundings (x2 (-sin) is -(x2 sin) exactly; a sum's order is exact)

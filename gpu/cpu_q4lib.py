@@ -98,13 +98,20 @@ class Q4Lib:
 
     def set_threads(self, threads: int) -> int:
         """Threads per call from now on, the caller's included (0: torch's count, and one fewer
-        for a call of one row: a decode step's calls run while the engine's own threads stream
-        the last token, and a parallel region waits for its slowest thread; on 2 cores decode
-        ran 91-95 tok/s on one thread against 40-46 on two, docs/benchmarks.md)."""
+        for a call of one row until the decode path's tuner has timed both: a decode step's
+        calls run while the engine's own threads stream the last token, and which count wins
+        depends on the CPU, gpu/cpu_thread_tuner.py)."""
         count = threads or torch.get_num_threads()
         self.one_row_threads = max(1, threads or count - 1)
         self.threads = int(self._set_threads(count, self.one_row_threads))
+        # auto: one-row calls may take 1 or all threads (gpu/cpu_thread_tuner.py decides)
+        self.one_row_choices = (1, self.threads) if threads == 0 and self.threads > 1 else ()
         return self.threads
+
+    def set_one_row_threads(self, threads: int) -> None:
+        """Threads per one-row call from now on (at most the per-call count)."""
+        self._set_threads(self.threads, threads)
+        self.one_row_threads = max(1, threads)
 
 
 _loaded: dict[Path, Q4Lib] = {}
