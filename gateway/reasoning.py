@@ -39,7 +39,7 @@ constrain a structured answer from its first token (no thinking).
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
+from typing import Literal, get_args
 
 import msgspec
 from troupe.actors.core.marker_tail import marker_tail
@@ -50,15 +50,7 @@ START, END = THINK_START, THINK_END  # the grammar's thinking block reads the sa
 ParserName = Literal[
     "deepseek_r1", "qwen3", "deepseek_v3", "mistral", "granite", "glm45", "minimax_m2"
 ]
-PARSERS: tuple[ParserName, ...] = (
-    "deepseek_r1",
-    "qwen3",
-    "deepseek_v3",
-    "mistral",
-    "granite",
-    "glm45",
-    "minimax_m2",
-)
+PARSERS: tuple[ParserName, ...] = get_args(ParserName)
 STARTS_THINKING: tuple[ParserName, ...] = ("deepseek_r1", "minimax_m2")  # whatever the prompt
 PROMPT_DECIDES: tuple[ParserName, ...] = ("qwen3", "deepseek_v3", "glm45")  # the prompt says
 

@@ -34,7 +34,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable, Sequence
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, get_args
 
 from troupe.actors.core.marker_tail import marker_tail
 from troupe.gateway.json_scan import ObjectScan, object_call
@@ -68,19 +68,7 @@ ToolParserName = Literal[
     "glm45",
     "minimax_m2",
 ]
-TOOL_PARSERS: tuple[ToolParserName, ...] = (
-    "hermes",
-    "llama3_json",
-    "mistral",
-    "pythonic",
-    "qwen3_coder",
-    "deepseek_v3",
-    "deepseek_v31",
-    "granite",
-    "kimi_k2",
-    "glm45",
-    "minimax_m2",
-)
+TOOL_PARSERS: tuple[ToolParserName, ...] = get_args(ToolParserName)
 _FORMATS: dict[str, CallFormat] = {
     "granite": GRANITE,
     "mistral": MISTRAL,

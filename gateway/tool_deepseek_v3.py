@@ -32,7 +32,7 @@ from troupe.gateway.tool_format import (
     make_call,
     vllm_call_id,
 )
-from troupe.gateway.tool_reader import CallSoFar, SectionSoFar
+from troupe.gateway.tool_reader import CallSoFar, SectionSoFar, spans
 
 CALLS_BEGIN = "<｜tool▁calls▁begin｜>"
 CALL_BEGIN, CALL_END, SEP = "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"
@@ -51,17 +51,12 @@ def parse_deepseek_v31(section: str, tools: ToolSchemas) -> list[ToolCallDict] |
 
 def _section(section: str, tools: ToolSchemas, *, fenced: bool) -> list[ToolCallDict] | None:
     calls = []
-    at = section.find(CALL_BEGIN)
-    while at >= 0:
-        end = section.find(CALL_END, at)
-        if end < 0:
-            return None
-        inner = section[at + len(CALL_BEGIN) : end]
-        call = _fenced_call(inner, tools) if fenced else _plain_call(inner, tools)
+    for begin, end, is_closed in spans(section, CALL_BEGIN, CALL_END, 0, len(section), False):
+        inner = section[begin:end]
+        call = (_fenced_call if fenced else _plain_call)(inner, tools) if is_closed else None
         if call is None:
             return None
         calls.append(call)
-        at = section.find(CALL_BEGIN, end)
     return calls or None
 
 
@@ -110,15 +105,8 @@ class DeepSeekV3Reader:
         return vllm_call_id()
 
     def read(self, text: str, start: int, *, is_final: bool) -> SectionSoFar:
-        calls = []
-        at = text.find(CALL_BEGIN, start)
-        while at >= 0:
-            end = text.find(CALL_END, at)
-            calls.append(self._call(text, at + len(CALL_BEGIN), end if end >= 0 else len(text)))
-            if end < 0:
-                break
-            at = text.find(CALL_BEGIN, end)
-        return SectionSoFar(tuple(calls))
+        found = spans(text, CALL_BEGIN, CALL_END, start, len(text), False)
+        return SectionSoFar(tuple(self._call(text, begin, end) for begin, end, _ in found))
 
     def _call(self, text: str, inner: int, end: int) -> CallSoFar:
         sep = text.find(SEP, inner, end)

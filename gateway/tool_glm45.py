@@ -32,7 +32,7 @@ from troupe.gateway.tool_format import (
     make_call,
     vllm_call_id,
 )
-from troupe.gateway.tool_reader import CallSoFar, SectionSoFar, members_so_far
+from troupe.gateway.tool_reader import CallSoFar, SectionSoFar, members_so_far, spans
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 KEY_OPEN, KEY_CLOSE = "<arg_key>", "</arg_key>"
@@ -42,19 +42,13 @@ VALUE_OPEN, VALUE_CLOSE = "<arg_value>", "</arg_value>"
 def parse_glm45(section: str, tools: ToolSchemas) -> list[ToolCallDict] | None:
     """The calls of a section that starts with `<tool_call>`."""
     calls = []
-    at = section.find(OPEN)
-    while at >= 0:
-        end = section.find(CLOSE, at)
-        if end < 0:
-            return None
-        body = at + len(OPEN)
+    for body, end, is_closed in spans(section, OPEN, CLOSE, 0, len(section), False):
         name, args_at = _name(section, body, end, is_closed=True)
-        if name is None or name not in tools.names:
+        if not is_closed or name is None or name not in tools.names:
             return None
         props = tools.properties(name)
         args = {key: _typed(raw, props.get(key)) for key, raw in _pairs(section, args_at, end)}
         calls.append(make_call(vllm_call_id(), name, json.dumps(args, ensure_ascii=False)))
-        at = section.find(OPEN, end)
     return calls or None
 
 
@@ -117,18 +111,10 @@ class Glm45Reader:
         return vllm_call_id()
 
     def read(self, text: str, start: int, *, is_final: bool) -> SectionSoFar:
-        calls = []
-        at = text.find(OPEN, start)
-        while at >= 0:
-            close = text.find(CLOSE, at)
-            calls.append(self._call(text, at + len(OPEN), close if close >= 0 else len(text)))
-            if close < 0:
-                break
-            at = text.find(OPEN, close)
-        return SectionSoFar(tuple(calls))
+        found = spans(text, OPEN, CLOSE, start, len(text), False)
+        return SectionSoFar(tuple(self._call(text, *span) for span in found))
 
-    def _call(self, text: str, body: int, end: int) -> CallSoFar:
-        is_closed = text.startswith(CLOSE, end)
+    def _call(self, text: str, body: int, end: int, is_closed: bool) -> CallSoFar:
         name, args_at = _name(text, body, end, is_closed=is_closed)
         if name is None or name not in self._tools.names:
             return CallSoFar(name)

@@ -27,7 +27,7 @@ from troupe.gateway.tool_format import (
     make_call,
     vllm_call_id,
 )
-from troupe.gateway.tool_reader import CallSoFar, SectionSoFar
+from troupe.gateway.tool_reader import CallSoFar, SectionSoFar, spans
 
 SECTION_BEGIN, SECTION_END = "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"
 CALL_BEGIN, CALL_END = "<|tool_call_begin|>", "<|tool_call_end|>"
@@ -45,16 +45,11 @@ def call_name(call_id: str) -> str | None:
 def parse_kimi_k2(section: str, tools: ToolSchemas) -> list[ToolCallDict] | None:
     """The calls of a section that starts with `<|tool_calls_section_begin|>`."""
     calls = []
-    at = section.find(CALL_BEGIN)
-    while at >= 0:
-        end = section.find(CALL_END, at)
-        if end < 0:
-            return None
-        call = _call(section[at + len(CALL_BEGIN) : end], tools)
+    for begin, end, is_closed in spans(section, CALL_BEGIN, CALL_END, 0, len(section), False):
+        call = _call(section[begin:end], tools) if is_closed else None
         if call is None:
             return None
         calls.append(call)
-        at = section.find(CALL_BEGIN, end)
     return calls or None
 
 
@@ -87,15 +82,8 @@ class KimiK2Reader:
         return vllm_call_id()  # never used: every Kimi call carries the model's own id
 
     def read(self, text: str, start: int, *, is_final: bool) -> SectionSoFar:
-        calls = []
-        at = text.find(CALL_BEGIN, start)
-        while at >= 0:
-            end = text.find(CALL_END, at)
-            calls.append(self._call(text, at + len(CALL_BEGIN), end if end >= 0 else len(text)))
-            if end < 0:
-                break
-            at = text.find(CALL_BEGIN, end)
-        return SectionSoFar(tuple(calls))
+        found = spans(text, CALL_BEGIN, CALL_END, start, len(text), False)
+        return SectionSoFar(tuple(self._call(text, begin, end) for begin, end, _ in found))
 
     def _call(self, text: str, inner: int, end: int) -> CallSoFar:
         sep = text.find(ARGUMENT_BEGIN, inner, end)

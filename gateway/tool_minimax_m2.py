@@ -24,8 +24,14 @@ from __future__ import annotations
 import json
 
 from troupe.gateway.tool_format import CallFormat, ToolCallDict, ToolSchemas, make_call
-from troupe.gateway.tool_qwen3_coder import spans, typed_value
-from troupe.gateway.tool_reader import CallSoFar, SectionSoFar, members_so_far, openai_call_id
+from troupe.gateway.tool_qwen3_coder import typed_value
+from troupe.gateway.tool_reader import (
+    CallSoFar,
+    SectionSoFar,
+    members_so_far,
+    openai_call_id,
+    spans,
+)
 
 OPEN, CLOSE = "<minimax:tool_call>", "</minimax:tool_call>"
 INVOKE_OPEN, INVOKE_CLOSE = "<invoke name=", "</invoke>"

@@ -31,7 +31,13 @@ import json
 from typing import Any
 
 from troupe.gateway.tool_format import CallFormat, ToolCallDict, ToolSchemas, make_call
-from troupe.gateway.tool_reader import CallSoFar, SectionSoFar, members_so_far, openai_call_id
+from troupe.gateway.tool_reader import (
+    CallSoFar,
+    SectionSoFar,
+    members_so_far,
+    openai_call_id,
+    spans,
+)
 
 TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
 FUNC_OPEN, FUNC_CLOSE = "<function=", "</function>"
@@ -199,21 +205,3 @@ class Qwen3CoderReader:
             )
             self._members[(start, end)] = member
         return member
-
-
-def spans(
-    text: str, open_tag: str, close_tag: str, start: int, end: int, is_closed: bool
-) -> list[tuple[int, int, bool]]:
-    """(body start, body end, closed) after each `open_tag` in text[start:end], as _between
-    cuts them (also read by tool_minimax_m2.py): a body left open runs to `end`, closed if what holds it is."""
-    out = []
-    at = text.find(open_tag, start, end)
-    while at >= 0:
-        body = at + len(open_tag)
-        close = text.find(close_tag, body, end)
-        if close < 0:
-            out.append((body, end, is_closed))
-            break
-        out.append((body, close, True))
-        at = text.find(open_tag, close + len(close_tag), end)
-    return out

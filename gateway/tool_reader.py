@@ -62,3 +62,22 @@ def members_so_far(members: list[str], is_closed: bool) -> str:
     if not members and not is_closed:
         return ""
     return "{" + ", ".join(members) + ("}" if is_closed else "")
+
+
+def spans(
+    text: str, open_tag: str, close_tag: str, start: int, end: int, is_closed: bool
+) -> list[tuple[int, int, bool]]:
+    """(body start, body end, closed) after each `open_tag` in text[start:end], each body up
+    to its `close_tag`; a body left open runs to `end`, closed if what holds it is
+    (`is_closed`). The tag-delimited formats cut their blocks, calls and arguments with it."""
+    out = []
+    at = text.find(open_tag, start, end)
+    while at >= 0:
+        body = at + len(open_tag)
+        close = text.find(close_tag, body, end)
+        if close < 0:
+            out.append((body, end, is_closed))
+            break
+        out.append((body, close, True))
+        at = text.find(open_tag, close + len(close_tag), end)
+    return out

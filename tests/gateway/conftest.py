@@ -15,6 +15,8 @@ import os
 import socket
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -165,6 +167,17 @@ def scripted_server(folder: Path, settings: GatewaySettings) -> ServerThread:
 
     config = BASE_CONFIG.replace(model=str(folder))
     return ServerThread(config, settings, runner=ScriptedRunner(FakeRunner.from_config(config)))
+
+
+def post_json(url: str, path: str, body: object) -> tuple[int, Any]:
+    """POST `body` as JSON to `url` + `path`: (status, the decoded JSON answer), errors too."""
+    data = json.dumps(body).encode()
+    request = urllib.request.Request(f"{url}{path}", data, {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
 
 
 def open_post(url: str, path: str, body: dict[str, Any]) -> socket.socket:

@@ -6,9 +6,6 @@ proxies both paths."""
 
 from __future__ import annotations
 
-import json
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +16,7 @@ from troupe import EngineConfig
 from troupe.gateway.router_app import PROXIED
 from troupe.gateway.state import GatewaySettings
 
-from tests.gateway.conftest import ServerThread
+from tests.gateway.conftest import ServerThread, post_json
 from tests.gpu.tiny_classifier import LABELS, hf_logits, tiny_classifier
 
 TEXTS = ["w1 w2 w3", "w9 w8 w7 w6 w5 w4 w3 w2 w1 w0 w17", "w200"]
@@ -35,16 +32,6 @@ def classifier(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Serve
     srv.shutdown()
 
 
-def _post(url: str, path: str, body: object) -> tuple[int, Any]:
-    data = json.dumps(body).encode()
-    request = urllib.request.Request(f"{url}{path}", data, {"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=60) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
-
-
 def _ids(text: str) -> list[int]:
     return [int(word[1:]) for word in text.split()]
 
@@ -52,7 +39,7 @@ def _ids(text: str) -> list[int]:
 @pytest.mark.parametrize("path", ["/classify", "/v1/classify"])
 def test_answer_in_vllms_shape(classifier: tuple[ServerThread, Any], path: str) -> None:
     server, hf_model = classifier
-    status, body = _post(server.url, path, {"model": server.engine.model_name, "input": TEXTS})
+    status, body = post_json(server.url, path, {"model": server.engine.model_name, "input": TEXTS})
     assert status == 200, body
     assert body["object"] == "list" and body["id"].startswith("classify-")
     assert body["model"] == server.engine.model_name and isinstance(body["created"], int)
@@ -74,13 +61,13 @@ def test_answer_in_vllms_shape(classifier: tuple[ServerThread, Any], path: str) 
 def test_token_ids_and_logits(classifier: tuple[ServerThread, Any]) -> None:
     server, hf_model = classifier
     ids = _ids(TEXTS[1])
-    status, body = _post(server.url, "/classify", {"input": ids, "use_activation": False})
+    status, body = post_json(server.url, "/classify", {"input": ids, "use_activation": False})
     assert status == 200, body
     [item] = body["data"]
     want = hf_logits(hf_model, ids)
     assert torch.tensor(item["probs"]) == pytest.approx(want, abs=1e-4)
     assert item["label"] == LABELS[int(want.argmax())]
-    status, body = _post(server.url, "/classify", {"input": ids, "truncate_prompt_tokens": 3})
+    status, body = post_json(server.url, "/classify", {"input": ids, "truncate_prompt_tokens": 3})
     assert status == 200, body
     want = torch.softmax(hf_logits(hf_model, ids[-3:]), dim=-1)  # the last 3 tokens kept
     assert torch.tensor(body["data"][0]["probs"]) == pytest.approx(want, abs=1e-5)
@@ -89,7 +76,7 @@ def test_token_ids_and_logits(classifier: tuple[ServerThread, Any]) -> None:
 
 def test_refusals_name_the_field(classifier: tuple[ServerThread, Any]) -> None:
     server, _ = classifier
-    status, body = _post(server.url, "/v1/completions", {"prompt": "w1 w2", "max_tokens": 2})
+    status, body = post_json(server.url, "/v1/completions", {"prompt": "w1 w2", "max_tokens": 2})
     assert status == 400 and body["error"]["param"] == "model", body
     assert "classif" in body["error"]["message"]
     cases = [
@@ -101,15 +88,15 @@ def test_refusals_name_the_field(classifier: tuple[ServerThread, Any]) -> None:
         ({"input": "w1", "dimensions": 2}, "dimensions"),
     ]
     for request, field in cases:
-        status, body = _post(server.url, "/classify", request)
+        status, body = post_json(server.url, "/classify", request)
         assert status == 400 and body["error"]["param"] == field, (request, body)
-    status, body = _post(server.url, "/classify", {"input": ["w1", "w3 " * 130]})
+    status, body = post_json(server.url, "/classify", {"input": ["w1", "w3 " * 130]})
     assert status == 400 and body["error"]["param"] == "input[1]", body
 
 
 def test_a_classifier_of_several_labels_cannot_score(classifier: tuple[ServerThread, Any]) -> None:
     server, _ = classifier
-    status, body = _post(server.url, "/v1/score", {"text_1": "w1", "text_2": ["w2", "w3"]})
+    status, body = post_json(server.url, "/v1/score", {"text_1": "w1", "text_2": ["w2", "w3"]})
     assert status == 400 and body["error"]["param"] == "model", body
     assert "3 labels" in body["error"]["message"] and "cross-encoder" in body["error"]["message"]
 

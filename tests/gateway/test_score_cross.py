@@ -7,9 +7,6 @@ and is refused naming `model`."""
 
 from __future__ import annotations
 
-import json
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +17,7 @@ from troupe import LLM, EngineConfig
 from troupe.actors.score_pairs import score_kind
 from troupe.gateway.state import GatewaySettings
 
-from tests.gateway.conftest import ServerThread
+from tests.gateway.conftest import ServerThread, post_json
 from tests.gpu.tiny_classifier import hf_logits, tiny_classifier
 
 QUERY = "w5 w6 w7"
@@ -67,16 +64,6 @@ def _hf_score(cross: tuple[Path, Any], first: str, second: str) -> float:
     return float(torch.sigmoid(hf_logits(hf_model, _pair_ids(folder, first, second)))[0])
 
 
-def _post(url: str, path: str, body: object) -> tuple[int, Any]:
-    data = json.dumps(body).encode()
-    request = urllib.request.Request(f"{url}{path}", data, {"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=60) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
-
-
 def test_the_pair_is_encoded_as_transformers_encodes_it(
     cross: tuple[Path, Any], server: ServerThread
 ) -> None:
@@ -87,7 +74,7 @@ def test_the_pair_is_encoded_as_transformers_encodes_it(
 def test_scores_are_the_sigmoid_of_the_pairs_logit(
     cross: tuple[Path, Any], server: ServerThread
 ) -> None:
-    status, body = _post(server.url, "/v1/score", {"text_1": QUERY, "text_2": DOCS})
+    status, body = post_json(server.url, "/v1/score", {"text_1": QUERY, "text_2": DOCS})
     assert status == 200, body
     got = [d["score"] for d in body["data"]]
     want = [_hf_score(cross, QUERY, doc) for doc in DOCS]
@@ -96,7 +83,7 @@ def test_scores_are_the_sigmoid_of_the_pairs_logit(
     tokens = sum(len(_pair_ids(cross[0], QUERY, doc)) for doc in DOCS)
     assert body["usage"] == {"prompt_tokens": tokens, "total_tokens": tokens}
     # N:N pairs text i with text i; the order of a pair matters to a cross-encoder
-    status, body = _post(server.url, "/score", {"text_1": DOCS[:2], "text_2": [QUERY, QUERY]})
+    status, body = post_json(server.url, "/score", {"text_1": DOCS[:2], "text_2": [QUERY, QUERY]})
     assert status == 200, body
     want = [_hf_score(cross, doc, QUERY) for doc in DOCS[:2]]
     assert [d["score"] for d in body["data"]] == pytest.approx(want, abs=1e-5)
@@ -105,7 +92,9 @@ def test_scores_are_the_sigmoid_of_the_pairs_logit(
 def test_rerank_orders_by_the_cross_encoders_score(
     cross: tuple[Path, Any], server: ServerThread
 ) -> None:
-    status, body = _post(server.url, "/v1/rerank", {"query": QUERY, "documents": DOCS, "top_n": 3})
+    status, body = post_json(
+        server.url, "/v1/rerank", {"query": QUERY, "documents": DOCS, "top_n": 3}
+    )
     assert status == 200, body
     want = {i: _hf_score(cross, QUERY, doc) for i, doc in enumerate(DOCS)}
     best = sorted(want, key=lambda i: -want[i])[:3]
@@ -117,7 +106,7 @@ def test_rerank_orders_by_the_cross_encoders_score(
 
 def test_a_pair_too_long_is_refused_naming_its_document(server: ServerThread) -> None:
     documents = ["w1", " ".join(["w9"] * 20)]  # alone it fits max_model_len; with the query not
-    status, body = _post(server.url, "/v1/rerank", {"query": QUERY, "documents": documents})
+    status, body = post_json(server.url, "/v1/rerank", {"query": QUERY, "documents": documents})
     assert status == 400 and body["error"]["param"] == "documents[1]", body
 
 

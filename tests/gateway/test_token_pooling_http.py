@@ -9,10 +9,7 @@ states (unit norm; raw with `use_activation: false`); the fake runner's rows by 
 from __future__ import annotations
 
 import base64
-import json
 import struct
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,21 +19,11 @@ import torch
 from troupe import EngineConfig
 from troupe.gateway.state import GatewaySettings
 
-from tests.gateway.conftest import ServerThread
+from tests.gateway.conftest import ServerThread, post_json
 from tests.gpu.conftest import add_word_tokenizer, make_hf_model
 from tests.gpu.tiny_classifier import LABELS, hf_hidden, hf_logits, tiny_classifier
 
 TEXTS = ["w1 w2 w3", "w9 w8 w7 w6 w5 w4 w3 w2 w1 w0 w17 w30 w31 w32", "w200"]
-
-
-def _post(url: str, path: str, body: object) -> tuple[int, Any]:
-    data = json.dumps(body).encode()
-    request = urllib.request.Request(f"{url}{path}", data, {"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=60) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
 
 
 def _ids(text: str) -> list[int]:
@@ -69,7 +56,7 @@ def test_token_classify_rows_equal_transformers(tagger: tuple[ServerThread, Any]
     assert server.engine.is_token_classifier
     logits = [hf_logits(hf_model, _ids(text)) for text in TEXTS]
     for body in ({"input": TEXTS}, {"input": TEXTS, "task": "token_classify"}):
-        status, answer = _post(server.url, "/pooling", body)
+        status, answer = post_json(server.url, "/pooling", body)
         assert status == 200, answer
         assert answer["id"].startswith("pool-") and answer["object"] == "list"
         assert [(d["index"], d["object"]) for d in answer["data"]] == [
@@ -81,11 +68,11 @@ def test_token_classify_rows_equal_transformers(tagger: tuple[ServerThread, Any]
             assert got == pytest.approx(torch.softmax(want, dim=-1), abs=1e-5)
         num_tokens = sum(len(t.split()) for t in TEXTS)
         assert answer["usage"]["prompt_tokens"] == num_tokens
-    status, raw = _post(server.url, "/pooling", {"input": TEXTS[1], "use_activation": False})
+    status, raw = post_json(server.url, "/pooling", {"input": TEXTS[1], "use_activation": False})
     assert status == 200, raw
     assert torch.tensor(raw["data"][0]["data"]) == pytest.approx(logits[1], abs=1e-4)
     request = {"input": TEXTS[1], "encoding_format": "base64", "use_activation": False}
-    status, b64 = _post(server.url, "/pooling", request)
+    status, b64 = post_json(server.url, "/pooling", request)
     assert status == 200, b64
     blob = base64.b64decode(b64["data"][0]["data"])
     flat = struct.unpack(f"<{len(blob) // 4}f", blob)  # the rows one after another, float32
@@ -95,12 +82,12 @@ def test_token_classify_rows_equal_transformers(tagger: tuple[ServerThread, Any]
 def test_token_classifier_refusals(tagger: tuple[ServerThread, Any]) -> None:
     server, _ = tagger
     for task in ("classify", "embed", "token_embed", "bogus"):
-        status, body = _post(server.url, "/pooling", {"input": "w1", "task": task})
+        status, body = post_json(server.url, "/pooling", {"input": "w1", "task": task})
         assert status == 400 and body["error"]["param"] == "task", (task, body)
-    _, body = _post(server.url, "/pooling", {"input": "w1", "task": "classify"})
+    _, body = post_json(server.url, "/pooling", {"input": "w1", "task": "classify"})
     assert "token-classification" in body["error"]["message"], body
     for path in ("/classify", "/v1/embeddings"):
-        status, body = _post(server.url, path, {"input": "w1"})
+        status, body = post_json(server.url, path, {"input": "w1"})
         assert status == 400 and body["error"]["param"] == "model", (path, body)
         assert "token" in body["error"]["message"], body
 
@@ -113,25 +100,27 @@ def test_token_embed_rows_equal_transformers(tmp_path: Path) -> None:
     server = ServerThread(_config(folder), GatewaySettings()).start()
     try:
         hidden = [hf_hidden(hf_model, _ids(text)) for text in TEXTS]
-        _, first = _post(server.url, "/pooling", {"input": TEXTS})  # embed, its blocks cached
+        _, first = post_json(server.url, "/pooling", {"input": TEXTS})  # embed, its blocks cached
         assert [len(d["data"]) for d in first["data"]] == [64] * 3, first
-        status, body = _post(server.url, "/pooling", {"input": TEXTS, "task": "token_embed"})
+        status, body = post_json(server.url, "/pooling", {"input": TEXTS, "task": "token_embed"})
         assert status == 200, body
         for d, want in zip(body["data"], hidden, strict=True):
             unit = torch.nn.functional.normalize(want, dim=-1)
             assert torch.tensor(d["data"]) == pytest.approx(unit, abs=1e-5)
         request = {"input": TEXTS[1], "task": "token_embed", "use_activation": False}
-        status, raw = _post(server.url, "/pooling", request)
+        status, raw = post_json(server.url, "/pooling", request)
         assert status == 200, raw
         assert torch.tensor(raw["data"][0]["data"]) == pytest.approx(hidden[1], abs=1e-4)
-        status, body = _post(server.url, "/pooling", {"input": "w1", "task": "token_classify"})
+        status, body = post_json(server.url, "/pooling", {"input": "w1", "task": "token_classify"})
         assert status == 400 and body["error"]["param"] == "task", body
     finally:
         server.shutdown()
 
 
 def test_fake_runner_token_embed_shape(server: ServerThread) -> None:
-    status, body = _post(server.url, "/pooling", {"input": ["a b c", "d"], "task": "token_embed"})
+    status, body = post_json(
+        server.url, "/pooling", {"input": ["a b c", "d"], "task": "token_embed"}
+    )
     assert status == 200, body
     tokens = body["usage"]["prompt_tokens"]
     rows = [d["data"] for d in body["data"]]
