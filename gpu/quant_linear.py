@@ -270,12 +270,26 @@ def make_quant_linear(
     return None
 
 
+# fp32 CPU matmuls of at most this many rows run as weight @ x^T (see linear)
+CPU_FEW_ROWS = 64
+
+
 def linear(x: torch.Tensor, weight: Projection, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear over a dense or quantized weight (or one with LoRA adapters)."""
+    """F.linear over a dense or quantized weight (or one with LoRA adapters). A few fp32 rows on
+    the CPU take weight @ x^T instead: BLAS packs the second operand into its cache-sized
+    panels, and x @ weight^T made that the whole weight, copied on every call (4 rows of
+    SmolLM2's layers: 20.8 ms as x @ w^T, 9.3 ms as w @ x^T on a 2-core EPYC; one row alike)."""
     if isinstance(weight, torch.Tensor):
+        if x.dim() == 2 and x.shape[0] <= CPU_FEW_ROWS and _is_cpu_fp32(x, weight):
+            out = torch.mm(weight, x.t()).t().contiguous()
+            return out if bias is None else out + bias
         return F.linear(x, weight, bias)
     out = weight(x)
     return out if bias is None else out + bias
+
+
+def _is_cpu_fp32(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    return x.dtype == weight.dtype == torch.float32 and x.device.type == weight.device.type == "cpu"
 
 
 def embedding(ids: torch.Tensor, weight: Weight, dtype: torch.dtype) -> torch.Tensor:

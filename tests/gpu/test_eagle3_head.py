@@ -163,7 +163,8 @@ def test_forward_and_logits_match_reference(
         got_logits = head.compute_logits(got_normed)
         assert torch.equal(torch.isinf(got_logits), torch.isinf(logits))
         assert torch.isfinite(got_logits).sum(-1).tolist() == [96] * 9
-        torch.testing.assert_close(got_logits, logits, atol=2e-5, rtol=2e-5)
+        # and few fp32 rows take weight @ x^T (quant_linear.linear): 2.9e-5 off at worst
+        torch.testing.assert_close(got_logits, logits, atol=5e-5, rtol=5e-5)
 
 
 def test_rows_fed_are_next_tokens_and_tapped_layers(

@@ -8,6 +8,7 @@ import torch
 from troupe.gpu.lora_adapter import LoraAdapter
 from troupe.gpu.lora_linear import LoraLinear, LoraSlots
 from troupe.gpu.lora_runtime import LoraRuntime, captured_form, graph_forms, replay_form
+from troupe.gpu.quant_linear import linear
 
 from tests.gpu.lora_steps import lora_step_inputs
 
@@ -39,7 +40,7 @@ def test_each_token_runs_its_own_adapter() -> None:
     proj.slots.token_slots[: len(token_slots)] = torch.tensor(token_slots)
     proj.slots.begin(len(token_slots))
     got = proj(x)
-    base = x @ weight.T
+    base = linear(x, weight)  # the base projection as the layers compute it
     for t, slot in enumerate(token_slots):
         torch.testing.assert_close(got[t], _expected(base[t], x[t], adapters.get(slot)))
     assert torch.equal(got[0], base[0]) and torch.equal(got[4], base[4])  # no adapter: exact
@@ -70,7 +71,7 @@ def test_one_slot_and_off() -> None:
     proj.slots.only_slot = 1
     proj.slots.begin(5)
     got = proj(x)
-    base = x @ weight.T
+    base = linear(x, weight)  # the base projection as the layers compute it
     for t in range(5):
         torch.testing.assert_close(got[t], _expected(base[t], x[t], factors))
     proj.slots.only_slot, proj.slots.is_active = None, False
