@@ -39,19 +39,17 @@ def prompts() -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def expected(hf_smollm: Any) -> list[list[int]]:
-    hf = hf_smollm
-    out = []
+    """transformers' greedy tokens, the prompts in one left-padded batch (as the engine batches
+    them; half the time of one at a time on 2 cores, and the same tokens here)."""
+    batch = prompts()
+    width = max(map(len, batch))
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in batch])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch])
     with torch.no_grad():
-        for p in prompts():
-            ids = hf.generate(
-                torch.tensor([p]),
-                attention_mask=torch.ones(1, len(p), dtype=torch.long),
-                max_new_tokens=NUM_NEW,
-                do_sample=False,
-                pad_token_id=0,
-            )
-            out.append(ids[0, len(p) :].tolist())
-    return out
+        out = hf_smollm.generate(
+            ids, attention_mask=mask, max_new_tokens=NUM_NEW, do_sample=False, pad_token_id=0
+        )
+    return [row[width:].tolist() for row in out]
 
 
 async def run_engine(config: EngineConfig) -> tuple[list[list[int]], Any]:
