@@ -22,14 +22,13 @@ out as written.
 
 from __future__ import annotations
 
-import json
-
 from troupe.gateway.json_scan import ObjectScan
 from troupe.gateway.tool_format import (
     CallFormat,
     ToolCallDict,
     ToolSchemas,
-    make_call,
+    delimited_calls,
+    json_object_call,
     vllm_call_id,
 )
 from troupe.gateway.tool_reader import CallSoFar, SectionSoFar, spans
@@ -50,14 +49,8 @@ def parse_deepseek_v31(section: str, tools: ToolSchemas) -> list[ToolCallDict] |
 
 
 def _section(section: str, tools: ToolSchemas, *, fenced: bool) -> list[ToolCallDict] | None:
-    calls = []
-    for begin, end, is_closed in spans(section, CALL_BEGIN, CALL_END, 0, len(section), False):
-        inner = section[begin:end]
-        call = (_fenced_call if fenced else _plain_call)(inner, tools) if is_closed else None
-        if call is None:
-            return None
-        calls.append(call)
-    return calls or None
+    parse_one = _fenced_call if fenced else _plain_call
+    return delimited_calls(section, CALL_BEGIN, CALL_END, lambda inner: parse_one(inner, tools))
 
 
 def _fenced_call(inner: str, tools: ToolSchemas) -> ToolCallDict | None:
@@ -68,25 +61,13 @@ def _fenced_call(inner: str, tools: ToolSchemas) -> ToolCallDict | None:
         return None
     if not arguments.endswith(_FENCE_CLOSE):
         return None
-    return _call(name, arguments.removesuffix(_FENCE_CLOSE), tools)
+    return json_object_call(vllm_call_id(), name, arguments.removesuffix(_FENCE_CLOSE), tools)
 
 
 def _plain_call(inner: str, tools: ToolSchemas) -> ToolCallDict | None:
     """`name<｜tool▁sep｜>{...}`, as one call."""
     name, sep, arguments = inner.partition(SEP)
-    return _call(name, arguments.strip(), tools) if sep else None
-
-
-def _call(name: str, arguments: str, tools: ToolSchemas) -> ToolCallDict | None:
-    if name not in tools.names:
-        return None
-    try:
-        value = json.loads(arguments)
-    except ValueError:
-        return None
-    if not isinstance(value, dict):
-        return None
-    return make_call(vllm_call_id(), name, arguments)
+    return json_object_call(vllm_call_id(), name, arguments.strip(), tools) if sep else None
 
 
 DEEPSEEK_V3 = CallFormat((CALLS_BEGIN,), parse_deepseek_v3)

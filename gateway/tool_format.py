@@ -16,11 +16,13 @@ then reads the held section as it grows with the format's `tool_reader.CallReade
 from __future__ import annotations
 
 import dataclasses
+import json
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from troupe.actors.core.marker_tail import marker_tail
+from troupe.gateway.tool_reader import spans
 
 ToolCallDict = dict[str, Any]  # OpenAI's {"id", "type": "function", "function": {...}}
 
@@ -82,6 +84,34 @@ class CallFormat:
             head = text.lstrip()
             return len(text) if any(m.startswith(head) for m in self.markers) else 0
         return marker_tail(text, self.markers)
+
+
+def delimited_calls(
+    section: str, begin: str, end: str, parse_one: Callable[[str], ToolCallDict | None]
+) -> list[ToolCallDict] | None:
+    """Each `begin` ... `end` body in `section` parsed as one call: all of them, or None when
+    one is left open or does not parse (then the reply is text), or there is none."""
+    calls = []
+    for start, stop, is_closed in spans(section, begin, end, 0, len(section), False):
+        call = parse_one(section[start:stop]) if is_closed else None
+        if call is None:
+            return None
+        calls.append(call)
+    return calls or None
+
+
+def json_object_call(
+    call_id: str, name: str, arguments: str, tools: ToolSchemas
+) -> ToolCallDict | None:
+    """A call of the request's tool `name` whose arguments text is a JSON object, passed on as
+    written (None: an unknown tool, or arguments that are no JSON object)."""
+    if name not in tools.names:
+        return None
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        return None
+    return make_call(call_id, name, arguments) if isinstance(value, dict) else None
 
 
 def parse_reply(

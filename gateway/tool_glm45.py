@@ -29,6 +29,7 @@ from troupe.gateway.tool_format import (
     CallFormat,
     ToolCallDict,
     ToolSchemas,
+    delimited_calls,
     make_call,
     vllm_call_id,
 )
@@ -41,15 +42,18 @@ VALUE_OPEN, VALUE_CLOSE = "<arg_value>", "</arg_value>"
 
 def parse_glm45(section: str, tools: ToolSchemas) -> list[ToolCallDict] | None:
     """The calls of a section that starts with `<tool_call>`."""
-    calls = []
-    for body, end, is_closed in spans(section, OPEN, CLOSE, 0, len(section), False):
-        name, args_at = _name(section, body, end, is_closed=True)
-        if not is_closed or name is None or name not in tools.names:
-            return None
-        props = tools.properties(name)
-        args = {key: _typed(raw, props.get(key)) for key, raw in _pairs(section, args_at, end)}
-        calls.append(make_call(vllm_call_id(), name, json.dumps(args, ensure_ascii=False)))
-    return calls or None
+    return delimited_calls(section, OPEN, CLOSE, lambda inner: _call(inner, tools))
+
+
+def _call(inner: str, tools: ToolSchemas) -> ToolCallDict | None:
+    """`name` and its closed pairs, as one call."""
+    name, args_at = _name(inner, 0, len(inner), is_closed=True)
+    if name is None or name not in tools.names:
+        return None
+    props = tools.properties(name)
+    pairs = _pairs(inner, args_at, len(inner))
+    args = {key: _typed(raw, props.get(key)) for key, raw in pairs}
+    return make_call(vllm_call_id(), name, json.dumps(args, ensure_ascii=False))
 
 
 def _name(text: str, body: int, end: int, *, is_closed: bool) -> tuple[str | None, int]:

@@ -16,7 +16,6 @@ opens once its arguments' `{` is written, and the object goes out as written.
 
 from __future__ import annotations
 
-import json
 import re
 
 from troupe.gateway.json_scan import ObjectScan
@@ -24,7 +23,8 @@ from troupe.gateway.tool_format import (
     CallFormat,
     ToolCallDict,
     ToolSchemas,
-    make_call,
+    delimited_calls,
+    json_object_call,
     vllm_call_id,
 )
 from troupe.gateway.tool_reader import CallSoFar, SectionSoFar, spans
@@ -44,29 +44,16 @@ def call_name(call_id: str) -> str | None:
 
 def parse_kimi_k2(section: str, tools: ToolSchemas) -> list[ToolCallDict] | None:
     """The calls of a section that starts with `<|tool_calls_section_begin|>`."""
-    calls = []
-    for begin, end, is_closed in spans(section, CALL_BEGIN, CALL_END, 0, len(section), False):
-        call = _call(section[begin:end], tools) if is_closed else None
-        if call is None:
-            return None
-        calls.append(call)
-    return calls or None
+    return delimited_calls(section, CALL_BEGIN, CALL_END, lambda inner: _call(inner, tools))
 
 
 def _call(inner: str, tools: ToolSchemas) -> ToolCallDict | None:
     """`id<|tool_call_argument_begin|>{...}` as one call."""
     call_id, sep, arguments = inner.partition(ARGUMENT_BEGIN)
-    call_id, arguments = call_id.strip(), arguments.strip()
-    name = call_name(call_id)
-    if not sep or name is None or name not in tools.names:
+    name = call_name(call_id := call_id.strip())
+    if not sep or name is None:
         return None
-    try:
-        value = json.loads(arguments)
-    except ValueError:
-        return None
-    if not isinstance(value, dict):
-        return None
-    return make_call(call_id, name, arguments)
+    return json_object_call(call_id, name, arguments.strip(), tools)
 
 
 KIMI_K2 = CallFormat((SECTION_BEGIN,), parse_kimi_k2)
