@@ -204,8 +204,7 @@ class LLM:
         kind = score_kind(engine.model_name, engine.classifier_labels, engine.is_token_classifier)
         pairing = pair_texts(left, right)
         if kind == "cross":
-            texts, encode = pairing.texts, engine.tokenizer.encode_pair
-            prompts = [encode(texts[a], texts[b]) for a, b in pairing.pairs]
+            prompts = pairing.pair_prompts(engine.tokenizer.encode_pair)
             pooled = self._pool(prompts, Pooling(task="classify"), use_tqdm, truncate_prompt_tokens)
             return [
                 ScoringRequestOutput(out.request_id, out.prompt_token_ids, out.embedding[0])

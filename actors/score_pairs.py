@@ -22,7 +22,7 @@ What a pair scores depends on the model (`score_kind`, vLLM's two ways):
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Literal
 
 import numpy as np
@@ -43,6 +43,10 @@ class Pairing:
     @property
     def num_scores(self) -> int:
         return len(self.pairs)
+
+    def pair_prompts(self, encode_pair: Callable[[str, str], list[int]]) -> list[list[int]]:
+        """A cross-encoder's prompts: each pair's two texts encoded together, in order."""
+        return [encode_pair(self.texts[left], self.texts[right]) for left, right in self.pairs]
 
 
 def pair_texts(left: Sequence[Named], right: Sequence[Named]) -> Pairing:

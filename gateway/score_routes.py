@@ -135,8 +135,7 @@ async def _scored(
         events = batch_events(engine, pairing.texts, params, request_id, names=pairing.names)
         vectors, usage = await pooled_vectors(gateway, events, pairing.names)
         return cosine_scores(vectors, pairing.pairs), usage.prompt_tokens
-    texts, encode = pairing.texts, engine.tokenizer.encode_pair
-    prompts = [encode(texts[left], texts[right]) for left, right in pairing.pairs]
+    prompts = pairing.pair_prompts(engine.tokenizer.encode_pair)
     names = [pairing.names[right] for _, right in pairing.pairs]  # `text_2[i]`, a document
     params = msgspec.structs.replace(params, pooling=Pooling(task="classify"))
     events = batch_events(engine, prompts, params, request_id, names=names)
