@@ -125,6 +125,7 @@ class CpuDecode:
             or c.is_gemma3
             or c.mla is not None
             or c.rope_local_theta is not None
+            or c.nope_layers
             or c.final_logit_softcapping is not None
             or c.granite is not None
         ):

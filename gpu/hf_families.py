@@ -6,6 +6,7 @@ Sliding windows, per layer (0: full attention), as transformers builds them:
     layer_types present        "sliding_attention" layers get `sliding_window`, others full
     mistral                    `sliding_window` (or none) on every layer
     qwen2 / qwen3              `use_sliding_window`: layers i >= max_window_layers get it
+    smollm3                    `use_sliding_window` gates its layer_types
     gemma3_text                every `sliding_window_pattern`-th layer (1-based) is global
 
 Gemma 3 text: attention scaled by query_pre_attn_scalar ** -0.5, GeGLU, embeddings times
@@ -27,7 +28,7 @@ from typing import Any
 def layer_windows(cfg: dict[str, Any], model_type: str, num_layers: int) -> tuple[int, ...]:
     """Per layer sliding window in tokens (0: full attention); () when no layer has one."""
     window = cfg.get("sliding_window")
-    if model_type in ("qwen2", "qwen3") and not cfg.get("use_sliding_window", False):
+    if model_type in ("qwen2", "qwen3", "smollm3") and not cfg.get("use_sliding_window", False):
         window = None
     if not window:
         return ()

@@ -12,10 +12,12 @@ from troupe.gpu.classifier_config import ClassifierConfig, read_classifier
 from troupe.gpu.deepseek_config import DEEPSEEK_TYPES, MlaConfig, deepseek_model_fields
 from troupe.gpu.hf_families import GraniteScales, gemma3_fields, granite_fields, layer_windows
 from troupe.gpu.moe_config import MoeConfig, mixtral_fields, qwen3_moe_fields
+from troupe.gpu.rope_layers import olmo3_fields, rope_scaling, smollm3_fields
 
 SUPPORTED_MODEL_TYPES = (
     "llama",
     "mistral",
+    "ministral",
     "qwen2",
     "qwen3",
     "qwen3_moe",
@@ -23,6 +25,8 @@ SUPPORTED_MODEL_TYPES = (
     "phi3",
     "granite",
     "olmo2",
+    "olmo3",
+    "smollm3",
     "gemma3_text",
     *DEEPSEEK_TYPES,
 )
@@ -57,7 +61,8 @@ class ModelConfig:
     layer_windows: tuple[int, ...] = ()  # per layer sliding window (0: full); (): none
     hidden_act: str = "silu"  # "silu" (SwiGLU) or "gelu_tanh" (GeGLU)
     query_pre_attn_scalar: float | None = None  # softmax scale ** -2 when not head_dim
-    rope_local_theta: float | None = None  # RoPE base of the windowed layers (Gemma 3)
+    rope_local_theta: float | None = None  # RoPE base of the windowed layers (Gemma 3, OLMo 3)
+    nope_layers: tuple[bool, ...] = ()  # per layer: no RoPE (SmolLM3); (): every layer rotates
     final_logit_softcapping: float | None = None
     granite: GraniteScales | None = None  # Granite's multipliers (gpu/hf_families.py)
     moe: MoeConfig | None = None  # experts (Qwen3-MoE, gpu/moe_config.py); None: dense MLPs
@@ -101,6 +106,10 @@ class ModelConfig:
         if self.layer_windows and len(self.layer_windows) != self.num_layers:
             raise ModelLoadError(
                 f"layer_windows has {len(self.layer_windows)} entries for {self.num_layers} layers"
+            )
+        if self.nope_layers and len(self.nope_layers) != self.num_layers:
+            raise ModelLoadError(
+                f"nope_layers has {len(self.nope_layers)} entries for {self.num_layers} layers"
             )
         if self.moe is not None and len(self.moe.sparse_layers) != self.num_layers:
             raise ModelLoadError(
@@ -149,13 +158,6 @@ class ModelConfig:
         model_type = cfg.get("model_type", "")
         rope_params = cfg.get("rope_parameters") or {}
         rope_theta = cfg.get("rope_theta", rope_params.get("rope_theta", 10000.0))
-        scaling = cfg.get("rope_scaling") or rope_params or None
-        if scaling is not None:
-            kind = scaling.get("rope_type", scaling.get("type", "default"))
-            if kind == "default" or model_type in ("gemma3_text", *DEEPSEEK_TYPES):  # read below
-                scaling = None
-            elif kind not in ("llama3", "linear"):
-                raise ModelLoadError(f"config.json: rope_scaling type {kind!r} is not supported")
         rotary = cfg.get("partial_rotary_factor", rope_params.get("partial_rotary_factor", 1.0))
         if float(rotary) != 1.0:  # Phi-4-mini's 0.75, ...: RoPE on part of each head
             raise ModelLoadError(f"config.json: partial_rotary_factor {rotary} is not supported")
@@ -170,6 +172,10 @@ class ModelConfig:
         dtype_name = cfg.get("torch_dtype") or cfg.get("dtype") or "float32"
         num_layers = int(cfg["num_hidden_layers"])
         try:
+            # Gemma 3's, OLMo 3's and DeepSeek's scaling are read by their families
+            scaling: dict[str, Any] | None = None
+            if model_type not in ("gemma3_text", "olmo3", *DEEPSEEK_TYPES):
+                scaling = rope_scaling(cfg.get("rope_scaling") or rope_params, cfg)
             classifier = read_classifier(cfg)
             windows = layer_windows(cfg, model_type, num_layers)
             family = gemma3_fields(cfg) if model_type == "gemma3_text" else {}
@@ -179,6 +185,10 @@ class ModelConfig:
                 family = {"moe": mixtral_fields(cfg, num_layers)}
             if model_type == "granite":
                 family = granite_fields(cfg)
+            if model_type == "olmo3":
+                family = olmo3_fields(cfg)
+            if model_type == "smollm3":
+                family = smollm3_fields(cfg, num_layers)
             if model_type in DEEPSEEK_TYPES:
                 family = deepseek_model_fields(cfg, num_layers)
         except ValueError as exc:

@@ -16,6 +16,7 @@ from torch import nn
 from troupe.gpu.attention import AttentionMetadata
 from troupe.gpu.model_config import ModelConfig
 from troupe.gpu.quant_linear import Projection, Weight, embedding, linear
+from troupe.gpu.rope_layers import identity_table, layer_tables, local_table
 from troupe.kernels.ops import KernelBackend, KernelOps, select_ops
 from troupe.kernels.rope_cache import build_cos_sin_cache
 from troupe.kernels.streaming_attention import rotate_queries, streaming_attention
@@ -200,7 +201,7 @@ def _layer_class(config: ModelConfig, layer: int) -> type[DecoderLayer]:
         from troupe.gpu.gemma3_layer import Gemma3Layer  # they subclass DecoderLayer
 
         return Gemma3Layer
-    if config.model_type == "olmo2":
+    if config.model_type in ("olmo2", "olmo3"):
         from troupe.gpu.olmo2_layer import Olmo2Layer
 
         return Olmo2Layer
@@ -270,23 +271,15 @@ class DecoderModel(nn.Module):
             ),
             persistent=False,
         )
-        # Gemma 3's windowed layers rotate on their own base, without scaling
-        self.register_buffer(
-            "cos_sin_local",
-            None
-            if c.rope_local_theta is None
-            else build_cos_sin_cache(
-                c.head_dim, max_positions, c.rope_local_theta, None, torch.float32, device
-            ),
-            persistent=False,
+        # Gemma 3's and OLMo 3's windowed layers rotate unscaled (on their own base), SmolLM3's
+        # NoPE layers not at all (gpu/rope_layers.py)
+        local = local_table(c.head_dim, max_positions, c.rope_local_theta, device)
+        self.register_buffer("cos_sin_local", local, persistent=False)
+        none = identity_table(c.head_dim, max_positions, device) if c.nope_layers else None
+        self.register_buffer("cos_sin_none", none, persistent=False)
+        self._rope_tables = layer_tables(
+            c.layer_windows, c.nope_layers, local is not None, c.num_layers
         )
-
-        self._rope_tables = [
-            "cos_sin_local"
-            if c.window_of(i) and c.rope_local_theta is not None
-            else "cos_sin_cache"
-            for i in range(c.num_layers)
-        ]
 
     def make_layer(
         self, config: ModelConfig, dtype: torch.dtype, device: torch.device, index: int

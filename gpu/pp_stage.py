@@ -104,6 +104,7 @@ class PPStage:
             full,
             num_layers=hi - lo,
             layer_windows=full.layer_windows[lo:hi],
+            nope_layers=full.nope_layers[lo:hi],
             moe=moe,
             num_mtp_layers=0,
         )

@@ -225,8 +225,10 @@ class TPDecoderModel(DecoderModel):
     ) -> DecoderLayer:
         if config.is_gemma3:
             return TPGemma3Layer(config, dtype, device, index)
-        if config.model_type == "olmo2":  # its q/k norms span every head: all ranks' rows
-            raise ModelLoadError("olmo2: tensor parallelism is not supported; run one rank")
+        if config.model_type in ("olmo2", "olmo3"):  # q/k norms span every head: all ranks' rows
+            raise ModelLoadError(
+                f"{config.model_type}: tensor parallelism is not supported; run one rank"
+            )
         if config.mla is not None:
             from troupe.gpu.tp_mla import TPMlaLayer  # it subclasses TPDecoderLayer
 

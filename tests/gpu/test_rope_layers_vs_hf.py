@@ -1,0 +1,132 @@
+"""The rotary tables per layer (gpu/rope_layers.py): YaRN on a Llama-shaped model (Qwen3), SmolLM3's
+NoPE layers, OLMo 3's windowed layers beside yarn-scaled full ones, and Ministral's layer_types
+windows, each greedy token-identical to HF transformers (fp32) through chunked prefill, from the
+folder transformers saves; and what config.json may and may not say."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tests.gpu.family_checks import assert_greedy_matches, saved_random_model
+
+TINY = {
+    "hidden_size": 64,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "intermediate_size": 96,
+    "vocab_size": 256,
+    "max_position_embeddings": 256,
+    "rms_norm_eps": 1e-5,
+    "pad_token_id": 0,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
+# a short original context, so the interpolated frequencies and the attention factor matter
+YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}
+LAYER_TYPES = ["sliding_attention", "full_attention", "sliding_attention", "full_attention"]
+FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
+    "qwen3-yarn": ("Qwen3", {"head_dim": 32, "rope_parameters": {**YARN, "rope_theta": 500.0}}),
+    # layers 2 and 4 without RoPE; a model whose NoPE layers rotated would answer otherwise
+    "smollm3": ("SmolLM3", {"no_rope_layer_interval": 2, "rope_theta": 500.0}),
+    "olmo3": (
+        "Olmo3",
+        {
+            "sliding_window": 5,
+            "layer_types": LAYER_TYPES,
+            "rope_parameters": {
+                "full_attention": {**YARN, "rope_theta": 500.0},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 500.0},
+            },
+        },
+    ),
+    "ministral": ("Ministral", {"head_dim": 16, "sliding_window": 5, "layer_types": LAYER_TYPES}),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def family(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    import transformers
+
+    name, extra = FAMILIES[request.param]
+    folder = tmp_path_factory.mktemp(request.param)
+    config = getattr(transformers, f"{name}Config")(**{**TINY, **extra})
+    model_cls = getattr(transformers, f"{name}ForCausalLM")
+    return request.param, folder, saved_random_model(folder, model_cls, config, norms=True)
+
+
+def test_greedy_matches_hf_with_chunked_prefill(family: tuple[str, Path, Any]) -> None:
+    assert_greedy_matches(*family[1:])
+
+
+def test_each_layer_reads_its_table(family: tuple[str, Path, Any]) -> None:
+    from troupe.gpu.model_config import ModelConfig
+    from troupe.gpu.models import DecoderModel
+
+    name, folder, _ = family
+    config = ModelConfig.from_hf_folder(folder)
+    model = DecoderModel(config, torch.float32, torch.device("cpu"), 64)
+    expected = {
+        "qwen3-yarn": ["cos_sin_cache"] * 4,
+        "smollm3": ["cos_sin_cache", "cos_sin_none"] * 2,
+        "olmo3": ["cos_sin_local", "cos_sin_cache"] * 2,
+        "ministral": ["cos_sin_cache"] * 4,  # windowed, but one base and no scaling
+    }[name]
+    assert model._rope_tables == expected
+    if name == "smollm3":  # a broadcast row: cos 1, sin 0 at every position
+        none = model.get_buffer("cos_sin_none")
+        assert none.stride(0) == 0 and none[63].tolist() == [1.0] * 8 + [0.0] * 8
+
+
+@pytest.mark.parametrize("family", ["smollm3"], indirect=True)
+def test_triton_ops_read_the_broadcast_table(family: tuple[str, Path, Any]) -> None:
+    """SmolLM3 on the Triton ops (TRITON_INTERPRET=1 here): the fused q/k/v kernel reads the
+    NoPE layers' table of stride 0 as it reads a full one."""
+    from tests.gpu.conftest import PlanDriver, hf_greedy, runner_for
+
+    _, folder, hf_model = family
+    prompt, num_new = [5, 17, 42, 99, 3, 250, 7, 8, 64, 12, 31], 3  # interpreter time
+    driver = PlanDriver(runner_for(folder, backend="triton"), chunk=5)
+    driver.add("r", prompt)
+    driver.run(num_new)
+    assert driver.seqs["r"].output == hf_greedy(hf_model, prompt, num_new)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_kernels_match_hf(family: tuple[str, Path, Any]) -> None:
+    assert_greedy_matches(*family[1:], device="cuda")
+
+
+def test_yarn_defaults_as_transformers_reads_them() -> None:
+    from troupe.gpu.rope_layers import rope_scaling
+
+    cfg = {"max_position_embeddings": 128}
+    got = rope_scaling({"rope_type": "yarn", "factor": 2.0, "rope_theta": 9.0}, cfg)
+    assert got == {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 128}
+    derived = rope_scaling({"type": "yarn", "original_max_position_embeddings": 32}, cfg)
+    assert derived is not None and derived["factor"] == 4.0
+    assert rope_scaling({"rope_type": "default", "rope_theta": 9.0}, cfg) is None
+    with pytest.raises(ValueError, match="needs original_max_position_embeddings"):
+        rope_scaling({"rope_type": "yarn", "factor": 2.0}, {})
+
+
+def test_config_json_errors_name_the_field() -> None:
+    from troupe.gpu.model_config import ModelConfig, ModelLoadError
+
+    base = {"model_type": "qwen3", "num_attention_heads": 4, "hidden_size": 64,
+            "num_hidden_layers": 2, "intermediate_size": 96, "vocab_size": 256}  # fmt: skip
+    with pytest.raises(ModelLoadError, match="rope_scaling type 'dynamic' is not supported"):
+        ModelConfig.from_hf_dict({**base, "rope_scaling": {"rope_type": "dynamic", "factor": 2}})
+    smol = {**base, "model_type": "smollm3"}
+    with pytest.raises(ModelLoadError, match="no_rope_layers has 3 entries"):
+        ModelConfig.from_hf_dict({**smol, "no_rope_layers": [1, 0, 1]})
+    assert ModelConfig.from_hf_dict({**smol, "no_rope_layers": [1, 1]}).nope_layers == ()
+    olmo = {**base, "model_type": "olmo3", "rope_parameters": {
+        "sliding_attention": {**YARN, "rope_theta": 1e4}}}  # fmt: skip
+    with pytest.raises(ModelLoadError, match="sliding_attention layers take no rope scaling"):
+        ModelConfig.from_hf_dict(olmo)
