@@ -126,6 +126,8 @@ class CpuDecode:
             or c.mla is not None
             or c.rope_local_theta is not None
             or c.nope_layers
+            or c.o_bias
+            or c.mlp_bias
             or c.final_logit_softcapping is not None
             or c.granite is not None
         ):

@@ -25,6 +25,8 @@ _PLAIN = {
     "post_attention_layernorm.weight": "post_attention_layernorm",
     "self_attn.o_proj.weight": "o_proj",
     "mlp.down_proj.weight": "down_proj",
+    "self_attn.o_proj.bias": "o_bias",
+    "mlp.down_proj.bias": "down_bias",
     "self_attn.q_norm.weight": "q_norm",
     "self_attn.k_norm.weight": "k_norm",
 }
@@ -65,7 +67,7 @@ def layer_destination(layers: Sequence[DecoderLayer], name: str) -> Destination 
     param, part = _FUSED[module]
     sizes = (c.q_size, c.kv_size, c.kv_size) if param == "qkv_proj" else (c.intermediate_size,) * 2
     start = sum(sizes[:part])
-    whole = layer.qkv_bias if kind == "bias" else getattr(layer, param)
+    whole = getattr(layer, param.replace("_proj", "_bias") if kind == "bias" else param)
     if kind not in ("weight", "bias") or whole is None:
         return None
     return whole[start : start + sizes[part]], name
@@ -80,8 +82,13 @@ def layer_keys(layers: Sequence[DecoderLayer], *, first_input_norm: bool = True)
             names.remove("input_layernorm.weight")
         if layer.q_norm is None:
             names = [n for n in names if "q_norm" not in n and "k_norm" not in n]
+        names = [n for n in names if not n.endswith(".bias")]  # the biases it has: below
         if layer.qkv_bias is not None:
             names += [f"self_attn.{p}_proj.bias" for p in "qkv"]
+        if layer.o_bias is not None:
+            names.append("self_attn.o_proj.bias")
+        if layer.gate_up_bias is not None:
+            names += [f"mlp.{p}_proj.bias" for p in ("gate", "up", "down")]
         keys += [f"layers.{i}.{n}" for n in names]
     return keys
 

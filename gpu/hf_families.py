@@ -13,6 +13,13 @@ Gemma 3 text: attention scaled by query_pre_attn_scalar ** -0.5, GeGLU, embeddin
 sqrt(hidden), RMSNorm with (1 + weight), sandwich norms around attention and MLP, q/k norm,
 local layers on their own RoPE base (rope_local_base_freq), final logit soft-capping.
 
+Biases, as each family's transformers module declares them:
+
+    q/k/v     qwen2 always; mistral, ministral, mixtral, phi3 never; the others `attention_bias`
+    o_proj    seed_oss `attention_out_bias`; those without q/k/v bias flags, and qwen2, never;
+              the others `attention_bias`
+    MLP       llama, granite, smollm3, seed_oss: `mlp_bias`; the others never
+
 Granite: Llama's layers with four scalars (transformers' GraniteModel): the embeddings times
 embedding_multiplier, the attention softmax scaled by attention_multiplier (not head_dim's
 root), each layer's attention and MLP outputs times residual_multiplier before they join the
@@ -101,3 +108,20 @@ def granite_fields(cfg: dict[str, Any]) -> dict[str, Any]:
     if scales.logits == 0:
         raise ValueError("config.json: logits_scaling must not be 0")
     return {"granite": scales}
+
+
+_NO_ATTENTION_BIAS = ("mistral", "ministral", "mixtral", "phi3")
+_MLP_BIAS = ("llama", "granite", "smollm3", "seed_oss")
+
+
+def bias_fields(cfg: dict[str, Any], model_type: str) -> dict[str, bool]:
+    """ModelConfig's qkv_bias, o_bias and mlp_bias (module docstring)."""
+    attention = bool(cfg.get("attention_bias", False)) and model_type not in _NO_ATTENTION_BIAS
+    o_bias = attention and model_type != "qwen2"
+    if model_type == "seed_oss":
+        o_bias = bool(cfg.get("attention_out_bias", False))
+    return {
+        "qkv_bias": model_type == "qwen2" or attention,
+        "o_bias": o_bias,
+        "mlp_bias": model_type in _MLP_BIAS and bool(cfg.get("mlp_bias", False)),
+    }

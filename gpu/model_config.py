@@ -10,7 +10,13 @@ from typing import Any
 import torch
 from troupe.gpu.classifier_config import ClassifierConfig, read_classifier
 from troupe.gpu.deepseek_config import DEEPSEEK_TYPES, MlaConfig, deepseek_model_fields
-from troupe.gpu.hf_families import GraniteScales, gemma3_fields, granite_fields, layer_windows
+from troupe.gpu.hf_families import (
+    GraniteScales,
+    bias_fields,
+    gemma3_fields,
+    granite_fields,
+    layer_windows,
+)
 from troupe.gpu.moe_config import MoeConfig, mixtral_fields, qwen3_moe_fields
 from troupe.gpu.rope_layers import olmo3_fields, rope_scaling, smollm3_fields
 
@@ -27,6 +33,7 @@ SUPPORTED_MODEL_TYPES = (
     "olmo2",
     "olmo3",
     "smollm3",
+    "seed_oss",
     "gemma3_text",
     *DEEPSEEK_TYPES,
 )
@@ -54,6 +61,8 @@ class ModelConfig:
     rope_scaling: dict[str, Any] | None = None  # llama3: factor, low/high_freq_factor, ...
     tie_word_embeddings: bool = False
     qkv_bias: bool = False  # qwen2
+    o_bias: bool = False  # o_proj's bias (attention_bias of Llama, Qwen3, ...; Seed-OSS's own)
+    mlp_bias: bool = False  # gate/up/down biases (mlp_bias of Llama, Granite, SmolLM3, Seed-OSS)
     qk_norm: bool = False  # qwen3
     max_position_embeddings: int = 4096
     eos_token_ids: tuple[int, ...] = ()
@@ -207,7 +216,7 @@ class ModelConfig:
             rope_scaling=dict(scaling) if scaling else None,
             # a classifier ships no lm_head: its one drawn token goes through the embeddings
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)) or bool(classifier),
-            qkv_bias=model_type == "qwen2" or bool(cfg.get("attention_bias", False)),
+            **bias_fields(cfg, model_type),
             qk_norm=model_type in ("qwen3", "qwen3_moe"),
             max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
             eos_token_ids=tuple(eos),

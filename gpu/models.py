@@ -54,9 +54,12 @@ class DecoderLayer(nn.Module):
         self.q_norm = param(c.head_dim) if c.qk_norm else None
         self.k_norm = param(c.head_dim) if c.qk_norm else None
         self.o_proj: Projection = param(c.hidden_size, c.q_size)
+        self.o_bias = param(c.hidden_size) if c.o_bias else None
         self.post_attention_layernorm = param(c.hidden_size)
         self.gate_up_proj: Projection = param(2 * c.intermediate_size, c.hidden_size)
         self.down_proj: Projection = param(c.hidden_size, c.intermediate_size)
+        self.gate_up_bias = param(2 * c.intermediate_size) if c.mlp_bias else None
+        self.down_bias = param(c.hidden_size) if c.mlp_bias else None
         self.scale = (c.query_pre_attn_scalar or c.head_dim) ** -0.5
         # Granite: its attention scale, and the outputs' weight in the residual stream
         self.residual_scale: float | None = None
@@ -87,7 +90,8 @@ class DecoderLayer(nn.Module):
 
     def mlp(self, x: torch.Tensor, ops: KernelOps) -> torch.Tensor:
         """The feed-forward block (SwiGLU); an MoE layer routes to its experts instead."""
-        return linear(ops.silu_mul(linear(x, self.gate_up_proj)), self.down_proj)
+        gate_up = linear(x, self.gate_up_proj, self.gate_up_bias)
+        return linear(ops.silu_mul(gate_up), self.down_proj, self.down_bias)
 
     def project_qkv(self, x: torch.Tensor, ops: KernelOps) -> torch.Tensor:
         """The q | k | v rows of x (a seam: OLMo 2 normalises q and k whole here)."""
@@ -178,7 +182,7 @@ class DecoderLayer(nn.Module):
                 seq_order=meta.decode_order,
                 new_kv=new_kv,
             )
-        return linear(attn.reshape(num_tokens, c.q_size), self.o_proj)
+        return linear(attn.reshape(num_tokens, c.q_size), self.o_proj, self.o_bias)
 
     def locate_extra(self, rest: str, prefix: str) -> tuple[torch.Tensor, tuple[str, ...]] | None:
         """A subclass's own weights (gpu/moe_layer.py): (destination, fill keys) of a

@@ -83,10 +83,11 @@ class StreamingReference:
             q_grouped = q_rot[0].view(c.num_kv_heads, -1, c.head_dim)
             scores = torch.einsum("kgd,nkd->kgn", q_grouped, k_all) * layer.scale
             attn = torch.einsum("kgn,nkd->kgd", scores.softmax(-1), torch.stack(values))
-            x = x + linear(attn.reshape(1, c.q_size), layer.o_proj).float()
+            x = x + linear(attn.reshape(1, c.q_size), layer.o_proj, layer.o_bias).float()
             h = _norm(x, layer.post_attention_layernorm.float(), c.rms_norm_eps)
-            gate, up = linear(h, layer.gate_up_proj).float().chunk(2, dim=-1)
-            x = x + linear(F.silu(gate) * up, layer.down_proj).float()
+            gate_up = linear(h, layer.gate_up_proj, layer.gate_up_bias).float()
+            gate, up = gate_up.chunk(2, dim=-1)
+            x = x + linear(F.silu(gate) * up, layer.down_proj, layer.down_bias).float()
         x = _norm(x, model.norm.float(), c.rms_norm_eps)
         head = model.embed_tokens if model.lm_head is None else model.lm_head
         return linear(x, head).float()[0]

@@ -223,6 +223,10 @@ class TPDecoderModel(DecoderModel):
     def make_layer(
         self, config: ModelConfig, dtype: torch.dtype, device: torch.device, index: int
     ) -> DecoderLayer:
+        if config.o_bias or config.mlp_bias:  # a row-parallel bias is added once, not per rank
+            raise ModelLoadError(
+                "o_proj and MLP biases: tensor parallelism is not supported; run one rank"
+            )
         if config.is_gemma3:
             return TPGemma3Layer(config, dtype, device, index)
         if config.model_type in ("olmo2", "olmo3"):  # q/k norms span every head: all ranks' rows

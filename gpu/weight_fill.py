@@ -44,6 +44,8 @@ def fill_weights(
         "self_attn.o_proj.weight": "o_proj",
         "post_attention_layernorm.weight": "post_attention_layernorm",
         "mlp.down_proj.weight": "down_proj",
+        "self_attn.o_proj.bias": "o_bias",
+        "mlp.down_proj.bias": "down_bias",
         "self_attn.q_norm.weight": "q_norm",
         "self_attn.k_norm.weight": "k_norm",
     }
@@ -118,6 +120,7 @@ def _required_keys(model: DecoderModel) -> list[str]:
         "qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
         "qkv_bias": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
         "gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
+        "gate_up_bias": ("mlp.gate_proj", "mlp.up_proj"),
     }
     keys = []
     for name, _ in model.named_parameters():
@@ -179,10 +182,12 @@ def _locate(
     module, kind = rest.rsplit(".", 1)
     if module in fused:
         param, start, size = fused[module]
-        if kind == "bias":
-            if layer.qkv_bias is None:
+        if kind == "bias":  # qkv_proj -> qkv_bias, gate_up_proj -> gate_up_bias
+            bias_name = param.replace("_proj", "_bias")
+            bias: torch.Tensor | None = getattr(layer, bias_name)
+            if bias is None:
                 return None, None, 0, ""
-            return layer.qkv_bias, start, size, f"{prefix}.qkv_bias#{module}"
+            return bias, start, size, f"{prefix}.{bias_name}#{module}"
         dest: torch.Tensor = getattr(layer, param)
         return dest, start, size, f"{prefix}.{param}#{module}"
     return None, None, 0, ""

@@ -210,6 +210,12 @@ def random_weights(
         if c.qkv_bias:
             for name, size in (("q", c.q_size), ("k", c.kv_size), ("v", c.kv_size)):
                 out[p + f"self_attn.{name}_proj.bias"] = matrix(size) * 5
+        if c.o_bias:
+            out[p + "self_attn.o_proj.bias"] = matrix(c.hidden_size)
+        if c.mlp_bias and not c.is_sparse(i):
+            out[p + "mlp.gate_proj.bias"] = matrix(c.intermediate_size)
+            out[p + "mlp.up_proj.bias"] = matrix(c.intermediate_size)
+            out[p + "mlp.down_proj.bias"] = matrix(c.hidden_size)
         if c.qk_norm:
             out[p + "self_attn.q_norm.weight"] = norm(c.head_dim)
             out[p + "self_attn.k_norm.weight"] = norm(c.head_dim)
