@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from troupe.config_checks import ConfigError
 from troupe.gpu.model_config import ModelConfig
+from troupe.gpu.rope_layers import order_heads
 
 # PEFT's names of the projections troupe's layers hold (gpu/models.py fuses q/k/v and gate/up)
 ATTENTION_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -112,6 +113,9 @@ def load_adapter(name: str, path: str, config: ModelConfig, max_rank: int) -> Lo
             )
         if rank > max_rank:
             raise fail(f"{where}: rank {rank} is over max_lora_rank = {max_rank}")
+        order = config.head_order  # q/k rows reordered as the model's (gpu/rope_layers.py)
+        if order is not None and module in ("q_proj", "k_proj"):
+            b = order_heads(b, order)
         weights[(layer, module)] = (a.contiguous(), (b * scale_of(rank)).contiguous())
     top = max(a.shape[0] for a, _ in weights.values())
     return LoraAdapter(name=name, path=str(folder), rank=top, weights=weights)

@@ -18,7 +18,13 @@ from troupe.gpu.hf_families import (
     layer_windows,
 )
 from troupe.gpu.moe_config import MoeConfig, mixtral_fields, qwen3_moe_fields
-from troupe.gpu.rope_layers import olmo3_fields, rope_scaling, smollm3_fields
+from troupe.gpu.rope_layers import (
+    head_order,
+    olmo3_fields,
+    partial_rotary_fields,
+    rope_scaling,
+    smollm3_fields,
+)
 
 SUPPORTED_MODEL_TYPES = (
     "llama",
@@ -33,6 +39,7 @@ SUPPORTED_MODEL_TYPES = (
     "olmo2",
     "olmo3",
     "smollm3",
+    "glm4",
     "seed_oss",
     "gemma3_text",
     *DEEPSEEK_TYPES,
@@ -72,6 +79,8 @@ class ModelConfig:
     query_pre_attn_scalar: float | None = None  # softmax scale ** -2 when not head_dim
     rope_local_theta: float | None = None  # RoPE base of the windowed layers (Gemma 3, OLMo 3)
     nope_layers: tuple[bool, ...] = ()  # per layer: no RoPE (SmolLM3); (): every layer rotates
+    rotary_dim: int = 0  # dims of a head RoPE rotates (partial_rotary_factor); 0: all
+    rope_interleaved: bool = False  # pairs (2i, 2i + 1) rotate together (GLM-4), not halves
     final_logit_softcapping: float | None = None
     granite: GraniteScales | None = None  # Granite's multipliers (gpu/hf_families.py)
     moe: MoeConfig | None = None  # experts (Qwen3-MoE, gpu/moe_config.py); None: dense MLPs
@@ -132,6 +141,16 @@ class ModelConfig:
             )
 
     @property
+    def rope_dim(self) -> int:
+        """The dims of a head that RoPE rotates."""
+        return self.rotary_dim or self.head_dim
+
+    @property
+    def head_order(self) -> tuple[int, ...] | None:
+        """How q/k dims are reordered at load for the kernels' rotation (gpu/rope_layers.py)."""
+        return head_order(self.head_dim, self.rope_dim, self.rope_interleaved)
+
+    @property
     def kv_cache_planes(self) -> int:
         """Tensors per layer in the KV pool: key and value (2), or MLA's latent alone (1)."""
         return 1 if self.mla is not None else 2
@@ -167,9 +186,9 @@ class ModelConfig:
         model_type = cfg.get("model_type", "")
         rope_params = cfg.get("rope_parameters") or {}
         rope_theta = cfg.get("rope_theta", rope_params.get("rope_theta", 10000.0))
-        rotary = cfg.get("partial_rotary_factor", rope_params.get("partial_rotary_factor", 1.0))
-        if float(rotary) != 1.0:  # Phi-4-mini's 0.75, ...: RoPE on part of each head
-            raise ModelLoadError(f"config.json: partial_rotary_factor {rotary} is not supported")
+        rotary = float(
+            cfg.get("partial_rotary_factor", rope_params.get("partial_rotary_factor", 1.0))
+        )
         num_heads = int(cfg["num_attention_heads"])
         hidden = int(cfg["hidden_size"])
         eos: list[int] = []
@@ -200,6 +219,8 @@ class ModelConfig:
                 family = smollm3_fields(cfg, num_layers)
             if model_type in DEEPSEEK_TYPES:
                 family = deepseek_model_fields(cfg, num_layers)
+            head_dim = int(cfg.get("head_dim") or hidden // num_heads)
+            family |= partial_rotary_fields(rotary, head_dim, model_type)
         except ValueError as exc:
             raise ModelLoadError(str(exc)) from exc
         fields: dict[str, Any] = dict(
@@ -208,7 +229,7 @@ class ModelConfig:
             num_layers=num_layers,
             num_heads=num_heads,
             num_kv_heads=int(cfg.get("num_key_value_heads") or num_heads),
-            head_dim=int(cfg.get("head_dim") or hidden // num_heads),
+            head_dim=head_dim,
             intermediate_size=int(cfg["intermediate_size"]),
             vocab_size=int(cfg["vocab_size"]),
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),

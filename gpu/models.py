@@ -9,16 +9,15 @@ windows (Mistral, Qwen2, Gemma 3); Gemma 3's layer is gpu/gemma3_layer.py. Proje
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 from troupe.gpu.attention import AttentionMetadata
 from troupe.gpu.model_config import ModelConfig
 from troupe.gpu.quant_linear import Projection, Weight, embedding, linear
-from troupe.gpu.rope_layers import identity_table, layer_tables, local_table
+from troupe.gpu.rope_layers import identity_table, layer_tables, rope_table
 from troupe.kernels.ops import KernelBackend, KernelOps, select_ops
-from troupe.kernels.rope_cache import build_cos_sin_cache
 from troupe.kernels.streaming_attention import rotate_queries, streaming_attention
 
 if TYPE_CHECKING:
@@ -209,6 +208,10 @@ def _layer_class(config: ModelConfig, layer: int) -> type[DecoderLayer]:
         from troupe.gpu.olmo2_layer import Olmo2Layer
 
         return Olmo2Layer
+    if config.model_type == "glm4":
+        from troupe.gpu.glm4_layer import Glm4Layer
+
+        return Glm4Layer
     if config.is_sparse(layer):
         from troupe.gpu.moe_layer import MoeLayer
 
@@ -267,17 +270,16 @@ class DecoderModel(nn.Module):
             if c.classifier is None or not c.classifier.has_bias
             else new_param(c.classifier.num_labels, dtype=dtype, device=device)
         )
-        # fp32 table: rotary reads it per token and casts, so angles keep full precision
-        self.register_buffer(
-            "cos_sin_cache",
-            build_cos_sin_cache(
-                c.head_dim, max_positions, c.rope_theta, c.rope_scaling, torch.float32, device
-            ),
-            persistent=False,
-        )
+
+        # fp32 tables: rotary reads them per token and casts, so angles keep full precision.
         # Gemma 3's and OLMo 3's windowed layers rotate unscaled (on their own base), SmolLM3's
-        # NoPE layers not at all (gpu/rope_layers.py)
-        local = local_table(c.head_dim, max_positions, c.rope_local_theta, device)
+        # NoPE layers not at all; a partial rotary's table is widened (gpu/rope_layers.py)
+        def table(theta: float, scaling: dict[str, Any] | None) -> torch.Tensor:
+            return rope_table(c.head_dim, c.rope_dim, max_positions, theta, scaling, device)
+
+        self.register_buffer("cos_sin_cache", table(c.rope_theta, c.rope_scaling), persistent=False)
+        theta = c.rope_local_theta
+        local = None if theta is None else table(theta, None)
         self.register_buffer("cos_sin_local", local, persistent=False)
         none = identity_table(c.head_dim, max_positions, device) if c.nope_layers else None
         self.register_buffer("cos_sin_none", none, persistent=False)

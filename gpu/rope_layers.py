@@ -8,12 +8,21 @@
                  the sliding ones rotate unscaled on the same base (the "local" table)
     SmolLM3      no_rope_layers[i] == 0: layer i has no positional encoding (NoPE); it reads a
                  table of cos 1 and sin 0, which leaves q and k as they are
+    partial      RoPE on the first rotary_dim dims of a head (partial_rotary_factor: Phi-4-mini,
+                 GLM-4), in halves (Phi-3) or in interleaved pairs (2i, 2i + 1: GLM-4)
+
+The kernels rotate a whole head in halves, dim i with dim i + head_dim / 2. A model that rotates
+otherwise gets its q and k dims reordered at load (`head_order`: q/k rows, biases, norms, LoRA
+B rows) so that each rotated pair sits at (i, i + head_dim / 2), the dims that are not rotated in
+the places left, and its table is widened with cos 1 and sin 0 there (`rope_table`). Scores are
+sums over a head's dims, so q.k is unchanged by the order; v and o_proj are not touched.
 
 Gemma 3's local base is read in gpu/hf_families.py, DeepSeek's yarn in gpu/deepseek_config.py.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from typing import Any, Literal
 
 import torch
@@ -87,6 +96,28 @@ def smollm3_fields(cfg: dict[str, Any], num_layers: int) -> dict[str, Any]:
     return {"nope_layers": nope if any(nope) else ()}
 
 
+PARTIAL_ROTARY = ("phi3", "glm4")  # the families whose transformers module rotates part of a head
+
+
+def partial_rotary_fields(factor: float, head_dim: int, model_type: str) -> dict[str, Any]:
+    """ModelConfig's rotary_dim and rope_interleaved (GLM-4 rotates pairs, whole or partial)."""
+    interleaved = model_type == "glm4"
+    if factor == 1.0 and not interleaved:
+        return {}
+    if model_type not in PARTIAL_ROTARY:
+        raise ValueError(
+            f"config.json: partial_rotary_factor {factor} is not supported for model_type "
+            f"{model_type!r} (only {', '.join(PARTIAL_ROTARY)})"
+        )
+    rotary = int(head_dim * factor)
+    if not 2 <= rotary <= head_dim or rotary % 2:
+        raise ValueError(
+            f"config.json: partial_rotary_factor {factor} rotates {rotary} of head_dim "
+            f"{head_dim} dims; expected an even number from 2 to {head_dim}"
+        )
+    return {"rotary_dim": rotary, "rope_interleaved": interleaved}
+
+
 def layer_tables(
     windows: tuple[int, ...], nope: tuple[bool, ...], has_local: bool, num_layers: int
 ) -> list[RopeTable]:
@@ -110,10 +141,62 @@ def identity_table(head_dim: int, max_positions: int, device: torch.device | str
     return row.to(device=device).expand(max_positions, head_dim)
 
 
-def local_table(
-    head_dim: int, max_positions: int, theta: float | None, device: torch.device | str
-) -> torch.Tensor | None:
-    """The unscaled table of the windowed layers, None when the model has none."""
-    if theta is None:
+def rope_table(
+    head_dim: int,
+    rotary_dim: int,
+    max_positions: int,
+    theta: float,
+    scaling: dict[str, Any] | None,
+    device: torch.device | str,
+) -> torch.Tensor:
+    """[max_positions, head_dim] fp32: the table of the first rotary_dim dims (in head_order),
+    cos 1 and sin 0 at the dims that are not rotated."""
+    table = build_cos_sin_cache(rotary_dim, max_positions, theta, scaling, torch.float32, device)
+    half, rotated = head_dim // 2, rotary_dim // 2
+    if rotated == half:
+        return table
+    cos = torch.ones(max_positions, half, device=device)
+    sin = torch.zeros(max_positions, half, device=device)
+    cos[:, :rotated], sin[:, :rotated] = table[:, :rotated], table[:, rotated:]
+    return torch.cat([cos, sin], dim=1)
+
+
+def head_order(head_dim: int, rotary_dim: int, interleaved: bool) -> tuple[int, ...] | None:
+    """Position p of a reordered head holds the checkpoint's dim order[p] (module docstring);
+    None when the checkpoint already rotates the whole head in halves."""
+    if rotary_dim == head_dim and not interleaved:
         return None
-    return build_cos_sin_cache(head_dim, max_positions, theta, None, torch.float32, device)
+    half, rotated = head_dim // 2, rotary_dim // 2
+    pairs = [(2 * i, 2 * i + 1) if interleaved else (i, i + rotated) for i in range(rotated)]
+    rest = list(range(rotary_dim, head_dim))
+    first = [a for a, _ in pairs] + rest[: half - rotated]
+    second = [b for _, b in pairs] + rest[half - rotated :]
+    return (*first, *second)
+
+
+def order_heads(tensor: torch.Tensor, order: tuple[int, ...]) -> torch.Tensor:
+    """Rows of q or k (a projection, its bias, LoRA's B, a norm over one head or all heads)
+    with each head's dims in `order`."""
+    dim = len(order)
+    heads = tensor.shape[0] // dim
+    index = torch.tensor(order, device=tensor.device)
+    return tensor.reshape(heads, dim, *tensor.shape[1:])[:, index].reshape(tensor.shape)
+
+
+_ORDERED = frozenset(
+    f"self_attn.{name}" for name in
+    ("q_proj.weight", "k_proj.weight", "q_proj.bias", "k_proj.bias", "q_norm.weight",
+     "k_norm.weight")
+)  # fmt: skip
+
+
+def ordered_tensors(
+    tensors: Iterable[tuple[str, torch.Tensor]], order: tuple[int, ...] | None
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """A checkpoint's HF-named tensors with the q/k ones in head order (the rest as they are)."""
+    for name, tensor in tensors:
+        parts = name.split(".")
+        local = ".".join(parts[3:])
+        if order is not None and parts[1:2] == ["layers"] and local in _ORDERED:
+            tensor = order_heads(tensor, order)
+        yield name, tensor

@@ -227,6 +227,10 @@ class TPDecoderModel(DecoderModel):
             raise ModelLoadError(
                 "o_proj and MLP biases: tensor parallelism is not supported; run one rank"
             )
+        if config.head_order is not None:  # the shard reader does not reorder q/k dims
+            raise ModelLoadError(
+                "partial or interleaved rotary: tensor parallelism is not supported; run one rank"
+            )
         if config.is_gemma3:
             return TPGemma3Layer(config, dtype, device, index)
         if config.model_type in ("olmo2", "olmo3"):  # q/k norms span every head: all ranks' rows

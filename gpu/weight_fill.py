@@ -13,6 +13,7 @@ import torch
 from troupe.gpu.model_config import ModelLoadError
 from troupe.gpu.models import DecoderLayer, DecoderModel
 from troupe.gpu.quant_linear import Weight
+from troupe.gpu.rope_layers import ordered_tensors
 
 _log = structlog.get_logger("troupe.models")
 
@@ -50,7 +51,17 @@ def fill_weights(
         "self_attn.k_norm.weight": "k_norm",
     }
     num_beyond = 0
-    for name, tensor in _split_fused(tensors, (q, kv, kv), (inter, inter)):
+    order = c.head_order  # partial or interleaved rotary: q/k dims reordered (rope_layers.py)
+    if order is not None and not all(
+        isinstance(layer, DecoderLayer) and isinstance(layer.qkv_proj, torch.Tensor)
+        for layer in model.layers
+    ):
+        raise ModelLoadError(
+            f"{source}: quantized q/k projections with partial_rotary_factor or interleaved "
+            "rotary are not supported; run the unquantized checkpoint"
+        )
+    split = _split_fused(tensors, (q, kv, kv), (inter, inter))
+    for name, tensor in ordered_tensors(split, order):
         if _beyond_last_layer(model, name):  # DeepSeek's multi-token-prediction layers
             num_beyond += 1
             continue

@@ -1,7 +1,8 @@
 """Phi-3 (its checkpoints ship q|k|v and gate|up fused: self_attn.qkv_proj, mlp.gate_up_proj;
 a sliding window on every layer) is greedy token-identical to HF transformers (fp32, CPU)
-through chunked prefill, from the folder transformers saves; what troupe does not run (RoPE on
-part of each head, Phi-3's long-context "longrope") is refused by name."""
+through chunked prefill, from the folder transformers saves; what troupe does not run (an odd
+number of rotary dims, partial rotary where transformers has none, Phi-3's long-context
+"longrope") is refused by name. Partial rotary itself: tests/gpu/test_rope_layers_vs_hf.py."""
 
 from __future__ import annotations
 
@@ -53,8 +54,8 @@ def test_greedy_matches_hf_from_fused_tensors(phi3: tuple[Path, Any]) -> None:
 @pytest.mark.parametrize(
     ("change", "named"),
     [
-        ({"partial_rotary_factor": 0.75}, "partial_rotary_factor"),
-        ({"rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.5}}, "partial"),
+        ({"partial_rotary_factor": 0.1}, "rotates 1 of head_dim 16 dims"),
+        ({"model_type": "llama", "partial_rotary_factor": 0.5}, "not supported for model_type"),
         ({"rope_scaling": {"rope_type": "longrope", "short_factor": [1.0] * 8}}, "longrope"),
     ],
 )

@@ -1,6 +1,7 @@
 """The rotary tables per layer (gpu/rope_layers.py): YaRN on a Llama-shaped model (Qwen3), SmolLM3's
-NoPE layers, OLMo 3's windowed layers beside yarn-scaled full ones, and Ministral's layer_types
-windows, each greedy token-identical to HF transformers (fp32) through chunked prefill, from the
+NoPE layers, OLMo 3's windowed layers beside yarn-scaled full ones, Ministral's layer_types
+windows, and partial rotary (Phi-3's halves, GLM-4's interleaved pairs, q/k reordered at load),
+each greedy token-identical to HF transformers (fp32) through chunked prefill, from the
 folder transformers saves; and what config.json may and may not say."""
 
 from __future__ import annotations
@@ -45,6 +46,18 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
         },
     ),
     "ministral": ("Ministral", {"head_dim": 16, "sliding_window": 5, "layer_types": LAYER_TYPES}),
+    # half of each head rotated, in interleaved pairs; q/k/v biases, sandwich norms, gate_up fused
+    "glm4": (
+        "Glm4",
+        {
+            "partial_rotary_factor": 0.5,
+            "attention_bias": True,
+            "rope_theta": 100.0,
+            "num_hidden_layers": 2,
+        },
+    ),
+    # three quarters rotated in halves; fused qkv_proj
+    "phi3-partial": ("Phi3", {"partial_rotary_factor": 0.75, "rope_theta": 500.0}),
 }
 
 
@@ -75,6 +88,8 @@ def test_each_layer_reads_its_table(family: tuple[str, Path, Any]) -> None:
         "smollm3": ["cos_sin_cache", "cos_sin_none"] * 2,
         "olmo3": ["cos_sin_local", "cos_sin_cache"] * 2,
         "ministral": ["cos_sin_cache"] * 4,  # windowed, but one base and no scaling
+        "glm4": ["cos_sin_cache"] * 2,
+        "phi3-partial": ["cos_sin_cache"] * 4,
     }[name]
     assert model._rope_tables == expected
     if name == "smollm3":  # a broadcast row: cos 1, sin 0 at every position
@@ -94,6 +109,41 @@ def test_triton_ops_read_the_broadcast_table(family: tuple[str, Path, Any]) -> N
     driver.add("r", prompt)
     driver.run(num_new)
     assert driver.seqs["r"].output == hf_greedy(hf_model, prompt, num_new)
+
+
+@pytest.mark.parametrize("family", ["glm4"], indirect=True)
+def test_lora_q_and_k_rows_follow_the_reordered_heads(
+    family: tuple[str, Path, Any], tmp_path: Path
+) -> None:
+    """An adapter on q_proj and k_proj (its B rows reordered as the model's q/k, in
+    gpu/lora_adapter.py) through the engine answers PEFT's greedy tokens."""
+    import anyio
+    from graph_helpers import collect
+    from troupe import Engine, EngineConfig
+    from troupe.messages import SamplingParams
+
+    from tests.gpu.conftest import add_word_tokenizer, hf_greedy
+    from tests.gpu.lora_reference import tokens_of
+    from tests.lora.adapters import peft_adapter
+
+    _, folder, hf_model = family
+    add_word_tokenizer(folder)
+    peft_model = peft_adapter(hf_model, tmp_path / "qk", targets=("q_proj", "k_proj"), scale=0.5)
+    prompt, num_new = [5, 17, 42, 99, 3, 250, 7, 8, 64, 12, 31], 8
+    expected = hf_greedy(peft_model, prompt, num_new)
+    assert expected != hf_greedy(hf_model, prompt, num_new)  # the adapter changes the text
+    config = EngineConfig(
+        device="cpu", model=str(folder), dtype="float32", block_size=4, num_kv_blocks=64,
+        max_num_seqs=2, max_model_len=128, lora_modules=(f"qk={tmp_path / 'qk'}",),
+        max_lora_rank=8,
+    )  # fmt: skip
+    params = SamplingParams(max_tokens=num_new, temperature=0.0, ignore_eos=True, lora="qk")
+
+    async def main() -> list[int]:
+        async with Engine.open(config) as engine:
+            return tokens_of(await collect(engine, prompt, params))
+
+    assert anyio.run(main) == expected
 
 
 @pytest.mark.gpu
@@ -130,3 +180,22 @@ def test_config_json_errors_name_the_field() -> None:
         "sliding_attention": {**YARN, "rope_theta": 1e4}}}  # fmt: skip
     with pytest.raises(ModelLoadError, match="sliding_attention layers take no rope scaling"):
         ModelConfig.from_hf_dict(olmo)
+
+
+def test_head_order_puts_each_rotated_pair_half_a_head_apart() -> None:
+    from troupe.gpu.rope_layers import head_order
+
+    assert head_order(8, 8, False) is None
+    assert head_order(8, 4, False) == (0, 1, 4, 5, 2, 3, 6, 7)  # Phi-3: halves of 4 dims
+    assert head_order(8, 4, True) == (0, 2, 4, 5, 1, 3, 6, 7)  # GLM-4: pairs (0, 1), (2, 3)
+    assert head_order(4, 4, True) == (0, 2, 1, 3)
+
+
+@pytest.mark.parametrize("family", ["glm4"], indirect=True)
+def test_tensor_parallelism_is_refused_for_reordered_heads(family: tuple[str, Path, Any]) -> None:
+    from troupe.gpu.model_config import ModelConfig, ModelLoadError
+    from troupe.gpu.tp_model import TPDecoderModel
+
+    config = ModelConfig.from_hf_folder(family[1])
+    with pytest.raises(ModelLoadError, match="partial or interleaved rotary: tensor parallelism"):
+        TPDecoderModel.make_layer(None, config, torch.float32, torch.device("cpu"), 0)  # type: ignore[arg-type]
