@@ -25,8 +25,7 @@ import dataclasses
 import math
 from typing import Any
 
-from troupe.gpu.moe_config import MoeConfig
-from troupe.kernels.moe_router import GroupedRouting
+from troupe.gpu.moe_config import MoeConfig, grouped_moe_fields
 
 DEEPSEEK_TYPES = ("deepseek_v2", "deepseek_v3")
 
@@ -90,41 +89,7 @@ def deepseek_fields(cfg: dict[str, Any], num_layers: int) -> tuple[MlaConfig, Mo
         rope_interleave=model_type == "deepseek_v2" or bool(cfg.get("rope_interleave", True)),
         rope_scaling=_rope_scaling(cfg),
     )
-    num_experts = int(cfg.get("n_routed_experts") or 0)
-    first_dense = int(cfg.get("first_k_dense_replace") or 0)
-    freq = int(cfg.get("moe_layer_freq") or 1)
-    sparse = tuple(
-        num_experts > 0 and i >= first_dense and i % freq == 0 for i in range(num_layers)
-    )
-    if not any(sparse):
-        return mla, None
-    top_k = cfg.get("num_experts_per_tok")
-    if not top_k:
-        raise ValueError(f"config.json: {model_type} with experts needs 'num_experts_per_tok'")
-    groups = int(cfg.get("n_group") or 1)
-    if num_experts % groups:
-        raise ValueError(
-            f"config.json: n_routed_experts ({num_experts}) must be a multiple of n_group ({groups})"
-        )
-    v3 = model_type == "deepseek_v3"
-    routing = GroupedRouting(
-        top_k=int(top_k),
-        num_groups=groups,
-        topk_groups=int(cfg.get("topk_group") or 1),
-        method="noaux_tc" if v3 else str(cfg.get("topk_method") or "greedy"),
-        norm_topk_prob=v3 and bool(cfg.get("norm_topk_prob", False)),
-        routed_scaling_factor=float(cfg.get("routed_scaling_factor", 1.0)),
-    )
-    moe = MoeConfig(
-        num_experts=num_experts,
-        top_k=int(top_k),
-        intermediate_size=int(cfg.get("moe_intermediate_size") or 0),
-        norm_topk_prob=routing.norm_topk_prob,
-        sparse_layers=sparse,
-        num_shared_experts=int(cfg.get("n_shared_experts") or 0),
-        routing=routing,
-    )
-    return mla, moe
+    return mla, grouped_moe_fields(cfg, num_layers)
 
 
 def deepseek_model_fields(cfg: dict[str, Any], num_layers: int) -> dict[str, Any]:

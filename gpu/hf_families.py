@@ -16,8 +16,8 @@ local layers on their own RoPE base (rope_local_base_freq), final logit soft-cap
 Biases, as each family's transformers module declares them:
 
     q/k/v     qwen2 always; mistral, ministral, mixtral, phi3 never; the others `attention_bias`
-    o_proj    seed_oss `attention_out_bias`; those without q/k/v bias flags, qwen2 and glm4
-              never; the others `attention_bias`
+    o_proj    seed_oss `attention_out_bias`; those without q/k/v bias flags, qwen2 and the
+              GLMs never; the others `attention_bias`
     MLP       llama, granite, smollm3, seed_oss: `mlp_bias`; the others never
 
 Granite: Llama's layers with four scalars (transformers' GraniteModel): the embeddings times
@@ -117,7 +117,7 @@ _MLP_BIAS = ("llama", "granite", "smollm3", "seed_oss")
 def bias_fields(cfg: dict[str, Any], model_type: str) -> dict[str, bool]:
     """ModelConfig's qkv_bias, o_bias and mlp_bias (module docstring)."""
     attention = bool(cfg.get("attention_bias", False)) and model_type not in _NO_ATTENTION_BIAS
-    o_bias = attention and model_type not in ("qwen2", "glm4")
+    o_bias = attention and model_type not in ("qwen2", "glm4", "glm4_moe")
     if model_type == "seed_oss":
         o_bias = bool(cfg.get("attention_out_bias", False))
     return {

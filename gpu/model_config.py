@@ -17,7 +17,12 @@ from troupe.gpu.hf_families import (
     granite_fields,
     layer_windows,
 )
-from troupe.gpu.moe_config import MoeConfig, mixtral_fields, qwen3_moe_fields
+from troupe.gpu.moe_config import (
+    MoeConfig,
+    grouped_moe_fields,
+    mixtral_fields,
+    qwen3_moe_fields,
+)
 from troupe.gpu.rope_layers import (
     head_order,
     olmo3_fields,
@@ -40,6 +45,7 @@ SUPPORTED_MODEL_TYPES = (
     "olmo3",
     "smollm3",
     "glm4",
+    "glm4_moe",
     "seed_oss",
     "gemma3_text",
     *DEEPSEEK_TYPES,
@@ -211,6 +217,8 @@ class ModelConfig:
                 family = {"moe": qwen3_moe_fields(cfg, num_layers)}
             if model_type == "mixtral":
                 family = {"moe": mixtral_fields(cfg, num_layers)}
+            if model_type == "glm4_moe":
+                family = {"moe": grouped_moe_fields(cfg, num_layers)}
             if model_type == "granite":
                 family = granite_fields(cfg)
             if model_type == "olmo3":
@@ -238,7 +246,8 @@ class ModelConfig:
             # a classifier ships no lm_head: its one drawn token goes through the embeddings
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)) or bool(classifier),
             **bias_fields(cfg, model_type),
-            qk_norm=model_type in ("qwen3", "qwen3_moe"),
+            qk_norm=model_type in ("qwen3", "qwen3_moe")
+            or (model_type == "glm4_moe" and bool(cfg.get("use_qk_norm", False))),
             max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
             eos_token_ids=tuple(eos),
             torch_dtype=getattr(torch, str(dtype_name), torch.float32),

@@ -212,6 +212,10 @@ def _layer_class(config: ModelConfig, layer: int) -> type[DecoderLayer]:
         from troupe.gpu.glm4_layer import Glm4Layer
 
         return Glm4Layer
+    if config.is_sparse(layer) and config.moe is not None and config.moe.routing is not None:
+        from troupe.gpu.grouped_moe_layer import GroupedMoeLayer  # GLM-4.5's
+
+        return GroupedMoeLayer
     if config.is_sparse(layer):
         from troupe.gpu.moe_layer import MoeLayer
 

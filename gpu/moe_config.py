@@ -1,5 +1,5 @@
-"""The mixture-of-experts fields of an HF config.json (Qwen3-MoE, Mixtral), read into a
-MoeConfig.
+"""The mixture-of-experts fields of an HF config.json (Qwen3-MoE, Mixtral; DeepSeek's and
+GLM-4.5's grouped routing in `grouped_moe_fields`), read into a MoeConfig.
 
     qwen3_moe   num_experts (or num_local_experts), num_experts_per_tok, moe_intermediate_size,
                 norm_topk_prob; layer i is sparse unless i is in mlp_only_layers or
@@ -75,4 +75,47 @@ def mixtral_fields(cfg: dict[str, Any], num_layers: int) -> MoeConfig:
         intermediate_size=int(cfg["intermediate_size"]),
         norm_topk_prob=True,
         sparse_layers=(True,) * num_layers,
+    )
+
+
+def grouped_moe_fields(cfg: dict[str, Any], num_layers: int) -> MoeConfig | None:
+    """The MoeConfig of DeepSeek's experts (deepseek_v2, deepseek_v3) or GLM-4.5's (glm4_moe,
+    routed as DeepSeek-V3 routes): n_routed_experts in every moe_layer_freq-th layer from
+    first_k_dense_replace on, grouped routing (kernels/moe_router.py), shared experts; None
+    when no layer has experts."""
+    model_type = cfg.get("model_type")
+    glm = model_type == "glm4_moe"
+    num_experts = int(cfg.get("n_routed_experts") or 0)
+    first_dense = int(cfg.get("first_k_dense_replace", 1 if glm else 0) or 0)
+    freq = int(cfg.get("moe_layer_freq") or 1)
+    sparse = tuple(
+        num_experts > 0 and i >= first_dense and i % freq == 0 for i in range(num_layers)
+    )
+    if not any(sparse):
+        return None
+    top_k = cfg.get("num_experts_per_tok")
+    if not top_k:
+        raise ValueError(f"config.json: {model_type} with experts needs 'num_experts_per_tok'")
+    groups = int(cfg.get("n_group") or 1)
+    if num_experts % groups:
+        raise ValueError(
+            f"config.json: n_routed_experts ({num_experts}) must be a multiple of n_group ({groups})"
+        )
+    sigmoid = glm or model_type == "deepseek_v3"
+    routing = GroupedRouting(
+        top_k=int(top_k),
+        num_groups=groups,
+        topk_groups=int(cfg.get("topk_group") or 1),
+        method="noaux_tc" if sigmoid else str(cfg.get("topk_method") or "greedy"),
+        norm_topk_prob=sigmoid and bool(cfg.get("norm_topk_prob", glm)),
+        routed_scaling_factor=float(cfg.get("routed_scaling_factor", 1.0)),
+    )
+    return MoeConfig(
+        num_experts=num_experts,
+        top_k=int(top_k),
+        intermediate_size=int(cfg.get("moe_intermediate_size") or 0),
+        norm_topk_prob=routing.norm_topk_prob,
+        sparse_layers=sparse,
+        num_shared_experts=int(cfg.get("n_shared_experts") or 0),
+        routing=routing,
     )

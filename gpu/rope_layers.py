@@ -96,7 +96,8 @@ def smollm3_fields(cfg: dict[str, Any], num_layers: int) -> dict[str, Any]:
     return {"nope_layers": nope if any(nope) else ()}
 
 
-PARTIAL_ROTARY = ("phi3", "glm4")  # the families whose transformers module rotates part of a head
+# the families whose transformers module rotates part of a head
+PARTIAL_ROTARY = ("phi3", "glm4", "glm4_moe")
 
 
 def partial_rotary_fields(factor: float, head_dim: int, model_type: str) -> dict[str, Any]:

@@ -227,6 +227,10 @@ class TPDecoderModel(DecoderModel):
             raise ModelLoadError(
                 "o_proj and MLP biases: tensor parallelism is not supported; run one rank"
             )
+        if config.mla is None and config.moe is not None and config.moe.routing is not None:
+            raise ModelLoadError(
+                f"{config.model_type}: tensor parallelism is not supported; run one rank"
+            )
         if config.head_order is not None:  # the shard reader does not reorder q/k dims
             raise ModelLoadError(
                 "partial or interleaved rotary: tensor parallelism is not supported; run one rank"

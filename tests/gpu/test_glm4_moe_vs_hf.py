@@ -1,0 +1,96 @@
+"""GLM-4.5 (glm4_moe): Llama's attention with q/k/v biases, per-head q/k norms and RoPE on half of
+each head (in halves), a dense first layer, then DeepSeek-V3's experts (sigmoid routing with the
+correction bias over groups, shared experts, routed_scaling_factor). Greedy token-identical to
+HF transformers (fp32) through chunked prefill, from the folder transformers saves; tensor
+parallelism is refused by name."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tests.gpu.family_checks import assert_greedy_matches, saved_random_model
+
+TINY_GLM4_MOE = {
+    "hidden_size": 64,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "intermediate_size": 96,
+    "moe_intermediate_size": 24,
+    "n_routed_experts": 8,
+    "num_experts_per_tok": 2,
+    "n_shared_experts": 1,
+    "n_group": 2,
+    "topk_group": 1,
+    "first_k_dense_replace": 1,
+    "routed_scaling_factor": 2.5,
+    "norm_topk_prob": True,
+    "use_qk_norm": True,
+    "attention_bias": True,
+    "partial_rotary_factor": 0.5,
+    "vocab_size": 256,
+    "max_position_embeddings": 256,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 100.0,
+    "pad_token_id": 0,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
+
+
+@pytest.fixture(scope="module")
+def glm4_moe(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+    import transformers
+
+    folder = tmp_path_factory.mktemp("glm4_moe")
+    config = transformers.Glm4MoeConfig(**TINY_GLM4_MOE)
+    hf_model = saved_random_model(folder, transformers.Glm4MoeForCausalLM, config, norms=True)
+    with torch.no_grad():  # a correction bias that changes the choice of experts
+        for name, buffer in hf_model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                buffer.copy_(torch.linspace(-0.3, 0.3, buffer.numel()).flip(0))
+    hf_model.save_pretrained(folder)
+    return folder, hf_model
+
+
+def test_greedy_matches_hf_with_chunked_prefill(glm4_moe: tuple[Path, Any]) -> None:
+    assert_greedy_matches(*glm4_moe)
+
+
+def test_the_layers_are_read_as_declared(glm4_moe: tuple[Path, Any]) -> None:
+    from troupe.gpu.grouped_moe_layer import GroupedMoeLayer
+    from troupe.gpu.model_config import ModelConfig
+    from troupe.gpu.models import DecoderLayer, DecoderModel
+
+    config = ModelConfig.from_hf_folder(glm4_moe[0])
+    assert config.moe is not None and config.moe.routing is not None
+    assert config.moe.sparse_layers == (False, True, True)
+    assert config.moe.routing.method == "noaux_tc" and config.moe.routing.norm_topk_prob
+    assert config.rope_dim == 8 and not config.rope_interleaved and config.qk_norm
+    assert config.qkv_bias and not config.o_bias
+    model = DecoderModel(config, torch.float32, torch.device("cpu"), 64)
+    assert [type(layer) for layer in model.layers] == [
+        DecoderLayer,
+        GroupedMoeLayer,
+        GroupedMoeLayer,
+    ]
+
+
+def test_tensor_parallelism_is_refused(glm4_moe: tuple[Path, Any]) -> None:
+    from troupe.gpu.model_config import ModelConfig, ModelLoadError
+    from troupe.gpu.tp_model import TPDecoderModel
+
+    config = ModelConfig.from_hf_folder(glm4_moe[0])
+    with pytest.raises(ModelLoadError, match="glm4_moe: tensor parallelism"):
+        TPDecoderModel.make_layer(None, config, torch.float32, torch.device("cpu"), 1)  # type: ignore[arg-type]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_kernels_match_hf(glm4_moe: tuple[Path, Any]) -> None:
+    assert_greedy_matches(*glm4_moe, device="cuda")
