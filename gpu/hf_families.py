@@ -8,6 +8,8 @@ Sliding windows, per layer (0: full attention), as transformers builds them:
     qwen2 / qwen3              `use_sliding_window`: layers i >= max_window_layers get it
     smollm3                    `use_sliding_window` gates its layer_types
     gemma3_text                every `sliding_window_pattern`-th layer (1-based) is global
+    exaone4                    the same, or a pattern of letters ("LLLG": L local, G global)
+                               repeated from layer 0
 
 Gemma 3 text: attention scaled by query_pre_attn_scalar ** -0.5, GeGLU, embeddings times
 sqrt(hidden), RMSNorm with (1 + weight), sandwich norms around attention and MLP, q/k norm,
@@ -15,7 +17,8 @@ local layers on their own RoPE base (rope_local_base_freq), final logit soft-cap
 
 Biases, as each family's transformers module declares them:
 
-    q/k/v     qwen2 always; mistral, ministral, mixtral, phi3 never; the others `attention_bias`
+    q/k/v     qwen2 always; mistral, ministral, mixtral, phi3, exaone4 never; the others
+              `attention_bias`
     o_proj    seed_oss `attention_out_bias`; those without q/k/v bias flags, qwen2 and the
               GLMs never; the others `attention_bias`
     MLP       llama, granite, smollm3, seed_oss: `mlp_bias`; the others never
@@ -51,8 +54,15 @@ def layer_windows(cfg: dict[str, Any], model_type: str, num_layers: int) -> tupl
     elif model_type in ("qwen2", "qwen3"):
         first = int(cfg.get("max_window_layers", num_layers))
         windows = [window if i >= first else 0 for i in range(num_layers)]
-    elif model_type == "gemma3_text":
-        pattern = int(cfg.get("sliding_window_pattern", 6))
+    elif model_type == "exaone4" and isinstance(cfg.get("sliding_window_pattern"), str):
+        letters = cfg["sliding_window_pattern"].upper()
+        if not letters or set(letters) - {"L", "G"}:
+            raise ValueError(
+                f"config.json: sliding_window_pattern {letters!r} is not made of L and G"
+            )
+        windows = [window if letters[i % len(letters)] == "L" else 0 for i in range(num_layers)]
+    elif model_type in ("gemma3_text", "exaone4"):
+        pattern = int(cfg.get("sliding_window_pattern", 6 if model_type == "gemma3_text" else 4))
         windows = [window if (i + 1) % pattern else 0 for i in range(num_layers)]
     else:
         windows = [window] * num_layers
@@ -110,7 +120,7 @@ def granite_fields(cfg: dict[str, Any]) -> dict[str, Any]:
     return {"granite": scales}
 
 
-_NO_ATTENTION_BIAS = ("mistral", "ministral", "mixtral", "phi3")
+_NO_ATTENTION_BIAS = ("mistral", "ministral", "mixtral", "phi3", "exaone4")
 _MLP_BIAS = ("llama", "granite", "smollm3", "seed_oss")
 
 

@@ -24,6 +24,7 @@ from troupe.gpu.moe_config import (
     qwen3_moe_fields,
 )
 from troupe.gpu.rope_layers import (
+    exaone4_fields,
     head_order,
     olmo3_fields,
     partial_rotary_fields,
@@ -46,6 +47,7 @@ SUPPORTED_MODEL_TYPES = (
     "smollm3",
     "glm4",
     "glm4_moe",
+    "exaone4",
     "seed_oss",
     "gemma3_text",
     *DEEPSEEK_TYPES,
@@ -225,6 +227,8 @@ class ModelConfig:
                 family = olmo3_fields(cfg)
             if model_type == "smollm3":
                 family = smollm3_fields(cfg, num_layers)
+            if model_type == "exaone4":
+                family = exaone4_fields(windows)
             if model_type in DEEPSEEK_TYPES:
                 family = deepseek_model_fields(cfg, num_layers)
             head_dim = int(cfg.get("head_dim") or hidden // num_heads)
@@ -246,7 +250,7 @@ class ModelConfig:
             # a classifier ships no lm_head: its one drawn token goes through the embeddings
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)) or bool(classifier),
             **bias_fields(cfg, model_type),
-            qk_norm=model_type in ("qwen3", "qwen3_moe")
+            qk_norm=model_type in ("qwen3", "qwen3_moe", "exaone4")
             or (model_type == "glm4_moe" and bool(cfg.get("use_qk_norm", False))),
             max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
             eos_token_ids=tuple(eos),

@@ -204,7 +204,7 @@ def _layer_class(config: ModelConfig, layer: int) -> type[DecoderLayer]:
         from troupe.gpu.gemma3_layer import Gemma3Layer  # they subclass DecoderLayer
 
         return Gemma3Layer
-    if config.model_type in ("olmo2", "olmo3"):
+    if config.model_type in ("olmo2", "olmo3", "exaone4"):
         from troupe.gpu.olmo2_layer import Olmo2Layer
 
         return Olmo2Layer

@@ -7,6 +7,10 @@ the MLP, none before, and q / k RMS-normalised across all heads at once (weights
 
 The stream comes in as the previous layer's (hidden, residual), whose sum it is (the fused
 norm-add of the other layers defers that add); the model's final norm adds the last pair.
+
+EXAONE 4's layer is the same but for its q / k norms, which are per head (ModelConfig.qk_norm:
+the fused q/k/v kernel's, as Qwen3's), and its windowed layers beside NoPE global ones
+(gpu/rope_layers.py).
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from troupe.kernels.ops import KernelOps
 
 
 class Olmo2Layer(DecoderLayer):
-    """Post-norm layer with whole-width q / k norms."""
+    """Post-norm layer with whole-width (OLMo) or per-head (EXAONE 4) q / k norms."""
 
     def __init__(
         self, config: ModelConfig, dtype: torch.dtype, device: torch.device, layer_index: int = 0
@@ -27,8 +31,11 @@ class Olmo2Layer(DecoderLayer):
         super().__init__(config, dtype, device, layer_index)
         del self.input_layernorm  # OLMo 2 normalises after, not before
         self.post_feedforward_layernorm = new_param(config.hidden_size, dtype=dtype, device=device)
-        self.q_norm_all = new_param(config.q_size, dtype=dtype, device=device)
-        self.k_norm_all = new_param(config.kv_size, dtype=dtype, device=device)
+        # OLMo's q / k norms span all heads; EXAONE 4's are per head (qk_norm), DecoderLayer's
+        self.whole_width = not config.qk_norm
+        if self.whole_width:
+            self.q_norm_all = new_param(config.q_size, dtype=dtype, device=device)
+            self.k_norm_all = new_param(config.kv_size, dtype=dtype, device=device)
 
     def forward(
         self,
@@ -49,6 +56,8 @@ class Olmo2Layer(DecoderLayer):
 
     def project_qkv(self, x: torch.Tensor, ops: KernelOps) -> torch.Tensor:
         qkv = super().project_qkv(x, ops)
+        if not self.whole_width:
+            return qkv
         c, eps = self.config, self.config.rms_norm_eps
         q_end, k_end = c.q_size, c.q_size + c.kv_size
         q = ops.rms_norm(qkv[:, :q_end].contiguous(), self.q_norm_all, eps)[0]
@@ -57,6 +66,8 @@ class Olmo2Layer(DecoderLayer):
 
     def locate_extra(self, rest: str, prefix: str) -> tuple[torch.Tensor, tuple[str, ...]] | None:
         """The whole-width q / k norms (the plain layer's q_norm / k_norm are per head)."""
+        if not self.whole_width:
+            return None
         if rest == "self_attn.q_norm.weight":
             return self.q_norm_all, (f"{prefix}.q_norm_all",)
         if rest == "self_attn.k_norm.weight":

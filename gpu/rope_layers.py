@@ -8,6 +8,7 @@
                  the sliding ones rotate unscaled on the same base (the "local" table)
     SmolLM3      no_rope_layers[i] == 0: layer i has no positional encoding (NoPE); it reads a
                  table of cos 1 and sin 0, which leaves q and k as they are
+    EXAONE 4     with sliding windows, its full-attention layers are NoPE layers
     partial      RoPE on the first rotary_dim dims of a head (partial_rotary_factor: Phi-4-mini,
                  GLM-4), in halves (Phi-3) or in interleaved pairs (2i, 2i + 1: GLM-4)
 
@@ -94,6 +95,11 @@ def smollm3_fields(cfg: dict[str, Any], num_layers: int) -> dict[str, Any]:
         )
     nope = tuple(not flag for flag in flags)
     return {"nope_layers": nope if any(nope) else ()}
+
+
+def exaone4_fields(windows: tuple[int, ...]) -> dict[str, Any]:
+    """EXAONE 4's NoPE layers: the global ones of a model with windows (none without)."""
+    return {"nope_layers": tuple(not window for window in windows) if windows else ()}
 
 
 # the families whose transformers module rotates part of a head

@@ -237,7 +237,7 @@ class TPDecoderModel(DecoderModel):
             )
         if config.is_gemma3:
             return TPGemma3Layer(config, dtype, device, index)
-        if config.model_type in ("olmo2", "olmo3"):  # q/k norms span every head: all ranks' rows
+        if config.model_type in ("olmo2", "olmo3", "exaone4"):  # post-norm layers: one rank
             raise ModelLoadError(
                 f"{config.model_type}: tensor parallelism is not supported; run one rank"
             )

@@ -56,6 +56,11 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
             "num_hidden_layers": 2,
         },
     ),
+    # windowed layers beside a NoPE global one; post-norm layers with per-head q/k norms
+    "exaone4": (
+        "Exaone4",
+        {"sliding_window": 5, "layer_types": [*["sliding_attention"] * 3, "full_attention"]},
+    ),
     # three quarters rotated in halves; fused qkv_proj
     "phi3-partial": ("Phi3", {"partial_rotary_factor": 0.75, "rope_theta": 500.0}),
 }
@@ -89,6 +94,7 @@ def test_each_layer_reads_its_table(family: tuple[str, Path, Any]) -> None:
         "olmo3": ["cos_sin_local", "cos_sin_cache"] * 2,
         "ministral": ["cos_sin_cache"] * 4,  # windowed, but one base and no scaling
         "glm4": ["cos_sin_cache"] * 2,
+        "exaone4": ["cos_sin_cache"] * 3 + ["cos_sin_none"],
         "phi3-partial": ["cos_sin_cache"] * 4,
     }[name]
     assert model._rope_tables == expected
@@ -163,6 +169,20 @@ def test_yarn_defaults_as_transformers_reads_them() -> None:
     assert rope_scaling({"rope_type": "default", "rope_theta": 9.0}, cfg) is None
     with pytest.raises(ValueError, match="needs original_max_position_embeddings"):
         rope_scaling({"rope_type": "yarn", "factor": 2.0}, {})
+
+
+def test_exaone4_windows_from_its_letter_pattern() -> None:
+    from troupe.gpu.hf_families import layer_windows
+    from troupe.gpu.rope_layers import exaone4_fields
+
+    cfg = {"sliding_window": 8, "sliding_window_pattern": "LLLG"}
+    windows = layer_windows(cfg, "exaone4", 6)
+    assert windows == (8, 8, 8, 0, 8, 8)
+    assert exaone4_fields(windows)["nope_layers"] == (False,) * 3 + (True, False, False)
+    assert layer_windows({**cfg, "sliding_window_pattern": 2}, "exaone4", 4) == (8, 0, 8, 0)
+    assert exaone4_fields(()) == {"nope_layers": ()}  # no windows: every layer rotates
+    with pytest.raises(ValueError, match="sliding_window_pattern 'LXG'"):
+        layer_windows({**cfg, "sliding_window_pattern": "LXG"}, "exaone4", 3)
 
 
 def test_config_json_errors_name_the_field() -> None:
