@@ -17,10 +17,10 @@ local layers on their own RoPE base (rope_local_base_freq), final logit soft-cap
 
 Biases, as each family's transformers module declares them:
 
-    q/k/v     qwen2 always; mistral, ministral, mixtral, phi3, exaone4 never; the others
+    q/k/v     qwen2 always, qwen2_moe by `qkv_bias` (default on); mistral, ministral, mixtral, phi3, exaone4 never; the others
               `attention_bias`
-    o_proj    seed_oss `attention_out_bias`; those without q/k/v bias flags, qwen2 and the
-              GLMs never; the others `attention_bias`
+    o_proj    seed_oss `attention_out_bias`; those without q/k/v bias flags, the Qwen2s and
+              the GLMs never; the others `attention_bias`
     MLP       llama, granite, smollm3, seed_oss: `mlp_bias`; the others never
 
 Granite: Llama's layers with four scalars (transformers' GraniteModel): the embeddings times
@@ -38,7 +38,8 @@ from typing import Any
 def layer_windows(cfg: dict[str, Any], model_type: str, num_layers: int) -> tuple[int, ...]:
     """Per layer sliding window in tokens (0: full attention); () when no layer has one."""
     window = cfg.get("sliding_window")
-    if model_type in ("qwen2", "qwen3", "smollm3") and not cfg.get("use_sliding_window", False):
+    qwen_kin = ("qwen2", "qwen2_moe", "qwen3", "smollm3")
+    if model_type in qwen_kin and not cfg.get("use_sliding_window", False):
         window = None
     if not window:
         return ()
@@ -51,7 +52,7 @@ def layer_windows(cfg: dict[str, Any], model_type: str, num_layers: int) -> tupl
                 f"({num_layers})"
             )
         windows = [window if kind == "sliding_attention" else 0 for kind in types]
-    elif model_type in ("qwen2", "qwen3"):
+    elif model_type in ("qwen2", "qwen2_moe", "qwen3"):
         first = int(cfg.get("max_window_layers", num_layers))
         windows = [window if i >= first else 0 for i in range(num_layers)]
     elif model_type == "exaone4" and isinstance(cfg.get("sliding_window_pattern"), str):
@@ -127,11 +128,13 @@ _MLP_BIAS = ("llama", "granite", "smollm3", "seed_oss")
 def bias_fields(cfg: dict[str, Any], model_type: str) -> dict[str, bool]:
     """ModelConfig's qkv_bias, o_bias and mlp_bias (module docstring)."""
     attention = bool(cfg.get("attention_bias", False)) and model_type not in _NO_ATTENTION_BIAS
-    o_bias = attention and model_type not in ("qwen2", "glm4", "glm4_moe")
+    o_bias = attention and model_type not in ("qwen2", "qwen2_moe", "glm4", "glm4_moe")
     if model_type == "seed_oss":
         o_bias = bool(cfg.get("attention_out_bias", False))
     return {
-        "qkv_bias": model_type == "qwen2" or attention,
+        "qkv_bias": model_type == "qwen2"
+        or (model_type == "qwen2_moe" and bool(cfg.get("qkv_bias", True)))
+        or attention,
         "o_bias": o_bias,
         "mlp_bias": model_type in _MLP_BIAS and bool(cfg.get("mlp_bias", False)),
     }

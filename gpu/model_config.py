@@ -39,6 +39,7 @@ SUPPORTED_MODEL_TYPES = (
     "qwen2",
     "qwen3",
     "qwen3_moe",
+    "qwen2_moe",
     "mixtral",
     "phi3",
     "granite",
@@ -215,7 +216,7 @@ class ModelConfig:
             classifier = read_classifier(cfg)
             windows = layer_windows(cfg, model_type, num_layers)
             family = gemma3_fields(cfg) if model_type == "gemma3_text" else {}
-            if model_type == "qwen3_moe":
+            if model_type in ("qwen3_moe", "qwen2_moe"):
                 family = {"moe": qwen3_moe_fields(cfg, num_layers)}
             if model_type == "mixtral":
                 family = {"moe": mixtral_fields(cfg, num_layers)}

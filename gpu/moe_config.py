@@ -4,6 +4,8 @@ GLM-4.5's grouped routing in `grouped_moe_fields`), read into a MoeConfig.
     qwen3_moe   num_experts (or num_local_experts), num_experts_per_tok, moe_intermediate_size,
                 norm_topk_prob; layer i is sparse unless i is in mlp_only_layers or
                 (i + 1) % decoder_sparse_step != 0; dense layers use intermediate_size.
+    qwen2_moe   the same, plus a shared expert of shared_expert_intermediate_size that every
+                token runs, its output times sigmoid(shared_expert_gate . x)
     mixtral     num_local_experts, num_experts_per_tok; every layer sparse, each expert
                 intermediate_size wide; the top-k always renormalised (transformers'
                 MixtralTopKRouter)
@@ -28,6 +30,7 @@ class MoeConfig:
     norm_topk_prob: bool
     sparse_layers: tuple[bool, ...]  # per layer: experts (True) or the dense MLP
     num_shared_experts: int = 0  # DeepSeek: an MLP every token runs (gpu/deepseek_config.py)
+    gated_shared_size: int = 0  # Qwen2-MoE: its shared expert's width, gated per token
     routing: GroupedRouting | None = None  # DeepSeek's grouped routers; None: softmax top-k
 
     def __post_init__(self) -> None:
@@ -41,7 +44,8 @@ class MoeConfig:
 
 
 def qwen3_moe_fields(cfg: dict[str, Any], num_layers: int) -> MoeConfig | None:
-    """The MoeConfig of a qwen3_moe config.json; None when it has no experts (all dense)."""
+    """The MoeConfig of a qwen3_moe or qwen2_moe config.json; None when it has no experts (all
+    dense)."""
     num_experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
     step = int(cfg.get("decoder_sparse_step", 1))
     if step <= 0:
@@ -54,13 +58,18 @@ def qwen3_moe_fields(cfg: dict[str, Any], num_layers: int) -> MoeConfig | None:
         return None
     for key in ("num_experts_per_tok", "moe_intermediate_size"):
         if key not in cfg:
-            raise ValueError(f"config.json: missing required key {key!r} for qwen3_moe")
+            raise ValueError(
+                f"config.json: missing required key {key!r} for {cfg.get('model_type')}"
+            )
     return MoeConfig(
         num_experts=num_experts,
         top_k=int(cfg["num_experts_per_tok"]),
         intermediate_size=int(cfg["moe_intermediate_size"]),
         norm_topk_prob=bool(cfg.get("norm_topk_prob", False)),
         sparse_layers=sparse,
+        gated_shared_size=int(cfg.get("shared_expert_intermediate_size") or 0)
+        if cfg.get("model_type") == "qwen2_moe"
+        else 0,
     )
 
 

@@ -1,4 +1,5 @@
-"""A decoder layer whose MLP is a mixture of experts (Qwen3-MoE's sparse layers, Mixtral's).
+"""A decoder layer whose MLP is a mixture of experts (Qwen3-MoE's and Qwen2-MoE's sparse layers,
+Mixtral's).
 
 Attention is DecoderLayer's. The MLP is a router (gate [E, H]) picking top-k experts per token
 (kernels/moe_reference.route_topk) and the ops' fused_moe over all experts' weights of the layer,
@@ -6,6 +7,9 @@ held as two tensors: w13 [E, 2I, H] (gate | up) and w2 [E, H, I]. Checkpoints na
 by one (mlp.experts.<e>.gate_proj.weight ...) or, as transformers 5 holds them in memory, fused
 (mlp.experts.gate_up_proj, mlp.experts.down_proj); `locate` maps both, and Mixtral's names
 (block_sparse_moe.gate, block_sparse_moe.experts.<e>.w1 | w3 | w2: gate | up | down).
+
+Qwen2-MoE adds a shared expert every token runs (mlp.shared_expert.*, a SwiGLU MLP), its output
+times sigmoid(mlp.shared_expert_gate . x), one scalar per token.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 from troupe.gpu.model_config import ModelConfig
 from troupe.gpu.models import DecoderLayer
+from troupe.gpu.quant_linear import linear
 from troupe.kernels.moe_reference import route_topk
 from troupe.kernels.ops import KernelOps
 
@@ -49,11 +54,19 @@ class MoeLayer(DecoderLayer):
         self.w2 = param(e, h, inter)
         self.top_k = moe.top_k
         self.renormalize = moe.norm_topk_prob
+        shared = moe.gated_shared_size
+        self.shared_gate_up = param(2 * shared, h) if shared else None
+        self.shared_down = param(h, shared) if shared else None
+        self.shared_gate = param(1, h) if shared else None
 
     def mlp(self, x: torch.Tensor, ops: KernelOps) -> torch.Tensor:
         """Router softmax top-k, then the fused experts (ops.fused_moe)."""
         weights, ids = self.route(x)
-        return ops.fused_moe(x, self.w13, self.w2, weights, ids)
+        out = ops.fused_moe(x, self.w13, self.w2, weights, ids)
+        if self.shared_gate_up is None or self.shared_down is None or self.shared_gate is None:
+            return out
+        shared = linear(ops.silu_mul(linear(x, self.shared_gate_up)), self.shared_down)
+        return out + torch.sigmoid(linear(x, self.shared_gate)) * shared
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights, ids into w13 / w2) [T, k] of each token's experts (a seam: expert
@@ -68,6 +81,8 @@ class MoeLayer(DecoderLayer):
         rest = _mixtral_name(rest)
         if rest == "mlp.gate.weight":
             return self.router, (f"{prefix}.router",)
+        if rest.startswith("mlp.shared_expert"):
+            return self._locate_shared(rest.removeprefix("mlp."), prefix)
         if rest == "mlp.experts.gate_up_proj":
             return self.w13, tuple(f"{prefix}.w13#{p}" for p in parts["w13"])
         if rest == "mlp.experts.down_proj":
@@ -90,13 +105,33 @@ class MoeLayer(DecoderLayer):
         param = "w2" if kind == "down_proj" else "w13"
         return target, (f"{prefix}.{param}#{expert}.{kind}",)
 
+    def _locate_shared(self, rest: str, prefix: str) -> tuple[torch.Tensor, tuple[str, ...]] | None:
+        """Qwen2-MoE's shared expert and its gate (names without `mlp.`)."""
+        if self.shared_gate_up is None or self.shared_down is None or self.shared_gate is None:
+            return None
+        shared = self.shared_gate_up.shape[0] // 2
+        targets = {
+            "shared_expert.gate_proj.weight": (self.shared_gate_up[:shared], "shared_gate_up#gate"),
+            "shared_expert.up_proj.weight": (self.shared_gate_up[shared:], "shared_gate_up#up"),
+            "shared_expert.down_proj.weight": (self.shared_down, "shared_down"),
+            "shared_expert_gate.weight": (self.shared_gate, "shared_gate"),
+        }
+        if rest not in targets:
+            return None
+        target, key = targets[rest]
+        return target, (f"{prefix}.{key}",)
+
     def fill_parts(self) -> dict[str, tuple[str, ...]]:
-        """The pieces fill_weights (gpu/weight_fill.py) must fill per parameter: every expert's projections."""
+        """The pieces fill_weights (gpu/weight_fill.py) must fill per parameter: every expert's
+        projections, and the shared expert's gate and up."""
         experts = range(self.w13.shape[0])
-        return {
+        parts = {
             "w13": tuple(f"{e}.{kind}" for e in experts for kind in ("gate_proj", "up_proj")),
             "w2": tuple(f"{e}.down_proj" for e in experts),
         }
+        if self.shared_gate_up is not None:
+            parts["shared_gate_up"] = ("gate", "up")
+        return parts
 
 
 _MIXTRAL_KINDS = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}

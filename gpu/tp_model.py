@@ -227,7 +227,8 @@ class TPDecoderModel(DecoderModel):
             raise ModelLoadError(
                 "o_proj and MLP biases: tensor parallelism is not supported; run one rank"
             )
-        if config.mla is None and config.moe is not None and config.moe.routing is not None:
+        moe = config.moe  # GLM-4.5's grouped routing, Qwen2-MoE's gated shared expert
+        if config.mla is None and moe is not None and (moe.routing or moe.gated_shared_size):
             raise ModelLoadError(
                 f"{config.model_type}: tensor parallelism is not supported; run one rank"
             )

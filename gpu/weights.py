@@ -203,6 +203,9 @@ def random_weights(
         if c.moe is not None and c.is_sparse(i):  # experts one by one, as checkpoints name them
             mlp = [(f"mlp.experts.{e}.", c.moe.intermediate_size) for e in range(c.moe.num_experts)]
             out[p + "mlp.gate.weight"] = matrix(c.moe.num_experts, c.hidden_size)
+            if c.moe.gated_shared_size:  # Qwen2-MoE's shared expert and its gate
+                mlp.append(("mlp.shared_expert.", c.moe.gated_shared_size))
+                out[p + "mlp.shared_expert_gate.weight"] = matrix(1, c.hidden_size)
         for mp, inter in mlp:
             out[p + mp + "gate_proj.weight"] = matrix(inter, c.hidden_size)
             out[p + mp + "up_proj.weight"] = matrix(inter, c.hidden_size)
