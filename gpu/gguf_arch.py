@@ -8,6 +8,10 @@ gemma3  metadata under "gemma3.*", read into an HF Gemma 3 text config; no permu
         defaults apply (every 6th layer global, 256, 10,000), as in transformers' own loader.
 deepseek2  DeepSeek-V2 / V3 (MLA, MoE): metadata and the tensors that are not one to one
         (merged experts, kv_b split into k_b / v_b) in gpu/gguf_deepseek.py
+qwen2, qwen3  metadata under "qwen2.*" / "qwen3.*", read into an HF config of that family; no
+        permutation (llama.cpp's converter permutes the llama arch's q/k only); Qwen2's q/k/v
+        biases (attn_q.bias ...), Qwen3's per-head q/k norms (attn_q_norm ...); head_dim from
+        attention.key_length; YaRN from rope.scaling.type, factor, original_context_length
 """
 
 from __future__ import annotations
@@ -60,7 +64,24 @@ _DEEPSEEK2_LAYER = {  # the merged experts and attn_k_b / attn_v_b: gpu/gguf_dee
     "ffn_up_shexp.weight": "mlp.shared_experts.up_proj.weight",
     "ffn_down_shexp.weight": "mlp.shared_experts.down_proj.weight",
 }
-PER_LAYER = {"llama": _LLAMA_LAYER, "gemma3": _GEMMA3_LAYER, "deepseek2": _DEEPSEEK2_LAYER}
+_QWEN2_LAYER = {
+    **_LLAMA_LAYER,
+    **{f"attn_{p}.bias": f"self_attn.{p}_proj.bias" for p in "qkv"},
+}
+_QWEN3_LAYER = {
+    **_LLAMA_LAYER,
+    "attn_q_norm.weight": "self_attn.q_norm.weight",
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
+}
+PER_LAYER = {
+    "llama": _LLAMA_LAYER,
+    "gemma3": _GEMMA3_LAYER,
+    "deepseek2": _DEEPSEEK2_LAYER,
+    "qwen2": _QWEN2_LAYER,
+    "qwen3": _QWEN3_LAYER,
+}
+# the archs read into an HF config dict by `hf_config` (their HF model_type)
+HF_CONFIG_ARCHS = {"gemma3": "gemma3_text", "qwen2": "qwen2", "qwen3": "qwen3"}
 ARCHITECTURES = tuple(PER_LAYER)
 
 
@@ -81,36 +102,45 @@ def norm_offset(name: str, arch: str) -> float:
     return -1.0 if arch == "gemma3" and name.endswith("norm.weight") else 0.0
 
 
-def gemma3_hf_config(fields: dict[str, Any], *, has_output_weight: bool) -> dict[str, Any]:
-    """An HF config.json dict of a Gemma 3 text model from GGUF metadata."""
+def hf_config(fields: dict[str, Any], arch: str, *, has_output_weight: bool) -> dict[str, Any]:
+    """An HF config.json dict of a Gemma 3 text, Qwen2 or Qwen3 model from GGUF metadata."""
 
     def need(key: str) -> Any:
-        if f"gemma3.{key}" not in fields:
-            raise ModelLoadError(f"GGUF metadata is missing 'gemma3.{key}'")
-        return fields[f"gemma3.{key}"]
+        if f"{arch}.{key}" not in fields:
+            raise ModelLoadError(f"GGUF metadata is missing '{arch}.{key}'")
+        return fields[f"{arch}.{key}"]
 
-    head_dim = int(need("attention.key_length"))
-    if int(fields.get("gemma3.attention.value_length", head_dim)) != head_dim:
-        raise ModelLoadError("GGUF gemma3: attention.value_length differs from key_length")
+    gemma = arch == "gemma3"
     num_heads = int(need("attention.head_count"))
+    hidden = int(need("embedding_length"))
+    head_dim = int(need("attention.key_length") if gemma else fields.get(
+        f"{arch}.attention.key_length", hidden // num_heads))  # fmt: skip
+    if int(fields.get(f"{arch}.attention.value_length", head_dim)) != head_dim:
+        raise ModelLoadError(f"GGUF {arch}: attention.value_length differs from key_length")
     cfg: dict[str, Any] = {
-        "model_type": "gemma3_text",
-        "hidden_size": int(need("embedding_length")),
+        "model_type": HF_CONFIG_ARCHS[arch],
+        "hidden_size": hidden,
         "num_hidden_layers": int(need("block_count")),
         "num_attention_heads": num_heads,
-        "num_key_value_heads": int(fields.get("gemma3.attention.head_count_kv", num_heads)),
+        "num_key_value_heads": int(fields.get(f"{arch}.attention.head_count_kv", num_heads)),
         "head_dim": head_dim,
         "intermediate_size": int(need("feed_forward_length")),
         "vocab_size": len(fields.get("tokenizer.ggml.tokens", ())) or int(need("vocab_size")),
-        "rms_norm_eps": float(fields.get("gemma3.attention.layer_norm_rms_epsilon", 1e-6)),
-        "rope_theta": float(fields.get("gemma3.rope.freq_base", 1_000_000.0)),
-        "max_position_embeddings": int(fields.get("gemma3.context_length", 32768)),
+        "rms_norm_eps": float(fields.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
+        "rope_theta": float(fields.get(f"{arch}.rope.freq_base", 1_000_000.0)),
+        "max_position_embeddings": int(fields.get(f"{arch}.context_length", 32768)),
         "tie_word_embeddings": not has_output_weight,
         "torch_dtype": "float32",
     }
-    window = fields.get("gemma3.attention.sliding_window")
-    if window:
+    window = fields.get(f"{arch}.attention.sliding_window")
+    if window and gemma:
         cfg["sliding_window"] = int(window)
+    if fields.get(f"{arch}.rope.scaling.type") == "yarn":
+        cfg["rope_scaling"] = {
+            "rope_type": "yarn",
+            "factor": float(need("rope.scaling.factor")),
+            "original_max_position_embeddings": int(need("rope.scaling.original_context_length")),
+        }
     eos = fields.get("tokenizer.ggml.eos_token_id")
     if isinstance(eos, int):
         cfg["eos_token_id"] = eos

@@ -1,5 +1,5 @@
-"""GGUF reading (llama, gemma3 and deepseek2 archs, gpu/gguf_arch.py, gpu/gguf_deepseek.py):
-metadata to ModelConfig, tensors to HF names and layout."""
+"""GGUF reading (llama, gemma3, qwen2, qwen3 and deepseek2 archs): metadata to ModelConfig,
+tensors to HF names and layout (gpu/gguf_arch.py, gpu/gguf_deepseek.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,13 @@ from typing import Any
 import numpy as np
 import torch
 from troupe.gguf_file import GGUFFormatError, TensorInfo, read_gguf_tensor_infos, tensor_bytes
-from troupe.gpu.gguf_arch import ARCHITECTURES, gemma3_hf_config, hf_name, norm_offset
+from troupe.gpu.gguf_arch import (
+    ARCHITECTURES,
+    HF_CONFIG_ARCHS,
+    hf_config,
+    hf_name,
+    norm_offset,
+)
 from troupe.gpu.gguf_deepseek import deepseek2_hf_config, deepseek2_split_tensors
 from troupe.gpu.gguf_quant import BLOCK_BYTES, QuantBlocks, from_gguf
 from troupe.gpu.model_config import ModelConfig, ModelLoadError
@@ -47,8 +53,9 @@ def read_gguf_config(path: Path) -> ModelConfig:
     metadata, infos = _read(path)
     names = {t.name for t in infos}
     fields = {k: v for k, v in metadata.items() if k != "tokenizer.ggml.merges"}
-    if _arch(path) == "gemma3":
-        cfg = gemma3_hf_config(fields, has_output_weight="output.weight" in names)
+    arch = _arch(path)
+    if arch in HF_CONFIG_ARCHS:
+        cfg = hf_config(fields, arch, has_output_weight="output.weight" in names)
         return ModelConfig.from_hf_dict(cfg)
     if _arch(path) == "deepseek2":
         cfg = deepseek2_hf_config(fields, has_output_weight="output.weight" in names)

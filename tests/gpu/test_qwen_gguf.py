@@ -1,0 +1,167 @@
+"""Qwen2 and Qwen3 from a GGUF file (archs "qwen2" / "qwen3", gpu/gguf_arch.py), written as
+llama.cpp's convert_hf_to_gguf.py writes one: q/k rows not permuted, Qwen2's q/k/v biases and
+Qwen3's q/k norms as F32, projections Q8_0, embeddings F16; Qwen3's YaRN as rope.scaling.*.
+transformers reads the same file (`gguf_file=`) as the reference: greedy tokens identical (fp32,
+CPU, the weights dequantized as transformers dequantizes them), the config read from the
+metadata equal to the HF one; the Q8_0 projections also load kept as shipped (int8 rows)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from troupe.gpu.model_config import ModelConfig
+
+gguf = pytest.importorskip("gguf")
+transformers = pytest.importorskip("transformers")
+
+Q8 = gguf.GGMLQuantizationType.Q8_0
+F16, F32 = gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.F32
+PROMPTS = [[5, 17, 42, 99, 3, 250, 7, 8, 64, 12, 31], [200, 1, 77, 13, 90, 4, 4, 4, 18]]
+NUM_NEW = 10
+TINY = {
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "intermediate_size": 96,
+    "vocab_size": 256,
+    "max_position_embeddings": 256,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000.0,
+    "tie_word_embeddings": False,
+}
+FAMILIES = {
+    "qwen2": ("Qwen2", {}),
+    # heads wider than hidden / heads (written as attention.key_length); 128 because
+    # transformers' GGUF reader leaves Qwen3's head_dim at its default
+    "qwen3": ("Qwen3", {"head_dim": 128}),
+}
+LAYER = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "self_attn.q_proj.bias": "attn_q.bias",
+    "self_attn.k_proj.bias": "attn_k.bias",
+    "self_attn.v_proj.bias": "attn_v.bias",
+    "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.k_norm.weight": "attn_k_norm.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+}
+TOP = {
+    "model.embed_tokens.weight": "token_embd.weight",
+    "model.norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+}
+
+
+def _add(writer: Any, name: str, data: np.ndarray) -> None:
+    """Q8_0 for projections, F32 for 1-D tensors, F16 for the rest (as llama.cpp stores them)."""
+    if data.ndim == 1:
+        writer.add_tensor(name, data.astype(np.float32))
+    elif "attn_" in name or "ffn_" in name:
+        writer.add_tensor(name, gguf.quants.quantize(data, Q8), raw_dtype=Q8)
+    else:
+        writer.add_tensor(name, data.astype(np.float16))
+
+
+def _write_gguf(path: Path, arch: str, hf_model: Any) -> None:
+    c = hf_model.config
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_context_length(c.max_position_embeddings)
+    w.add_embedding_length(c.hidden_size)
+    w.add_block_count(c.num_hidden_layers)
+    w.add_feed_forward_length(c.intermediate_size)
+    w.add_head_count(c.num_attention_heads)
+    w.add_head_count_kv(c.num_key_value_heads)
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_rope_freq_base(c.rope_parameters["rope_theta"])
+    w.add_layer_norm_rms_eps(c.rms_norm_eps)
+    w.add_vocab_size(c.vocab_size)
+    w.add_eos_token_id(2)
+    weights = {k: v.detach().numpy() for k, v in hf_model.state_dict().items()}
+    for hf, name in TOP.items():
+        _add(w, name, weights[hf])
+    for layer in range(c.num_hidden_layers):
+        for hf, name in LAYER.items():
+            if f"model.layers.{layer}.{hf}" in weights:
+                _add(w, f"blk.{layer}.{name}", weights[f"model.layers.{layer}.{hf}"])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def qwen_gguf(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """(GGUF path, transformers' model read from that file) of a tiny random model."""
+    from tests.gpu.family_checks import saved_random_model
+
+    arch = request.param
+    name, extra = FAMILIES[arch]
+    folder = tmp_path_factory.mktemp(f"{arch}_gguf")
+    config = getattr(transformers, f"{name}Config")(**{**TINY, **extra})
+    model_cls = getattr(transformers, f"{name}ForCausalLM")
+    source = saved_random_model(folder / "hf", model_cls, config, norms=True)
+    path = folder / f"tiny-{arch}.gguf"
+    _write_gguf(path, arch, source)
+    reference = transformers.AutoModelForCausalLM.from_pretrained(
+        str(folder), gguf_file=path.name, dtype=torch.float32
+    )
+    return path, reference.eval()
+
+
+def test_config_from_metadata(qwen_gguf: Any) -> None:
+    from troupe.gpu.gguf_weights import read_gguf_config
+
+    path, reference = qwen_gguf
+    config = read_gguf_config(path)
+    expected = ModelConfig.from_hf_dict(reference.config.to_dict())
+    for field in ("model_type", "num_layers", "num_heads", "num_kv_heads", "head_dim",
+                  "intermediate_size", "vocab_size", "qkv_bias", "qk_norm", "rope_theta"):  # fmt: skip
+        assert getattr(config, field) == getattr(expected, field), field
+    assert not config.tie_word_embeddings
+
+
+def _runner(path: Path, quantization: Any) -> Any:
+    from troupe.gpu.model_runner import ModelRunner, RunnerOptions
+    from troupe.gpu.weights import load_model
+
+    config, model = load_model(
+        path, torch.float32, torch.device("cpu"), 128, quantization=quantization
+    )
+    options = RunnerOptions(block_size=4, num_gpu_blocks=64, max_model_len=128)
+    return ModelRunner(config, model, options)
+
+
+def test_greedy_equals_transformers(qwen_gguf: Any, mt: Any) -> None:
+    path, reference = qwen_gguf
+    expected = [mt.hf_greedy(reference, p, NUM_NEW) for p in PROMPTS]
+    driver = mt.PlanDriver(_runner(path, "dequantize"), chunk=5)
+    for i, prompt in enumerate(PROMPTS):
+        driver.add(f"r{i}", prompt)
+    driver.run(NUM_NEW)
+    assert [driver.seqs[f"r{i}"].output for i in range(len(PROMPTS))] == expected
+    assert len(set(expected[0])) > 2  # the model is not stuck on one token
+
+
+def test_q8_projections_load_kept(qwen_gguf: Any, mt: Any) -> None:
+    from troupe.gpu.quant_linear import Int8Linear
+
+    runner = _runner(qwen_gguf[0], "keep")
+    layer = runner.model.layers[0]
+    assert isinstance(layer.qkv_proj, Int8Linear) and isinstance(layer.down_proj, Int8Linear)
+    driver = mt.PlanDriver(runner, chunk=5)
+    driver.add("r", PROMPTS[0])
+    driver.run(3)
+    assert len(driver.seqs["r"].output) == 3
