@@ -12,6 +12,10 @@ qwen2, qwen3  metadata under "qwen2.*" / "qwen3.*", read into an HF config of th
         permutation (llama.cpp's converter permutes the llama arch's q/k only); Qwen2's q/k/v
         biases (attn_q.bias ...), Qwen3's per-head q/k norms (attn_q_norm ...); head_dim from
         attention.key_length; YaRN from rope.scaling.type, factor, original_context_length
+qwen3moe  Qwen3's attention and experts in every layer: ffn_gate_inp (the router) and the merged
+        ffn_{gate,up,down}_exps (split per expert as DeepSeek's are, gpu/gguf_deepseek.py);
+        expert_count, expert_used_count, expert_feed_forward_length; the top-k renormalised
+        (llama.cpp's qwen3moe always does)
 """
 
 from __future__ import annotations
@@ -73,15 +77,23 @@ _QWEN3_LAYER = {
     "attn_q_norm.weight": "self_attn.q_norm.weight",
     "attn_k_norm.weight": "self_attn.k_norm.weight",
 }
+_QWEN3MOE_LAYER = {**_QWEN3_LAYER, "ffn_gate_inp.weight": "mlp.gate.weight"}
 PER_LAYER = {
     "llama": _LLAMA_LAYER,
     "gemma3": _GEMMA3_LAYER,
     "deepseek2": _DEEPSEEK2_LAYER,
     "qwen2": _QWEN2_LAYER,
     "qwen3": _QWEN3_LAYER,
+    "qwen3moe": _QWEN3MOE_LAYER,
 }
 # the archs read into an HF config dict by `hf_config` (their HF model_type)
-HF_CONFIG_ARCHS = {"gemma3": "gemma3_text", "qwen2": "qwen2", "qwen3": "qwen3"}
+HF_CONFIG_ARCHS = {
+    "gemma3": "gemma3_text",
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+    "qwen3moe": "qwen3_moe",
+}
+MERGED_EXPERT_ARCHS = ("deepseek2", "qwen3moe")  # ffn_*_exps split per expert at load
 ARCHITECTURES = tuple(PER_LAYER)
 
 
@@ -103,7 +115,8 @@ def norm_offset(name: str, arch: str) -> float:
 
 
 def hf_config(fields: dict[str, Any], arch: str, *, has_output_weight: bool) -> dict[str, Any]:
-    """An HF config.json dict of a Gemma 3 text, Qwen2 or Qwen3 model from GGUF metadata."""
+    """An HF config.json dict of a Gemma 3 text, Qwen2, Qwen3 or Qwen3-MoE model from GGUF
+    metadata."""
 
     def need(key: str) -> Any:
         if f"{arch}.{key}" not in fields:
@@ -140,6 +153,13 @@ def hf_config(fields: dict[str, Any], arch: str, *, has_output_weight: bool) -> 
             "rope_type": "yarn",
             "factor": float(need("rope.scaling.factor")),
             "original_max_position_embeddings": int(need("rope.scaling.original_context_length")),
+        }
+    if arch == "qwen3moe":
+        cfg |= {
+            "num_experts": int(need("expert_count")),
+            "num_experts_per_tok": int(need("expert_used_count")),
+            "moe_intermediate_size": int(need("expert_feed_forward_length")),
+            "norm_topk_prob": True,
         }
     eos = fields.get("tokenizer.ggml.eos_token_id")
     if isinstance(eos, int):

@@ -117,11 +117,11 @@ def deepseek2_hf_config(fields: dict[str, Any], *, has_output_weight: bool) -> d
     return cfg
 
 
-def deepseek2_split_tensors(
+def split_merged_tensors(
     infos: list[TensorInfo], read: Callable[[TensorInfo], np.ndarray]
 ) -> Iterator[tuple[str, np.ndarray]]:
-    """(HF name, fp32 array) of the merged experts (one per expert) and of kv_b_proj joined
-    from attn_k_b and attn_v_b; `read` dequantizes one tensor."""
+    """(HF name, fp32 array) of the merged experts (one per expert; Qwen3-MoE's too) and of
+    kv_b_proj joined from attn_k_b and attn_v_b; `read` dequantizes one tensor."""
     by_name = {info.name: info for info in infos}
     for info in infos:
         if not info.name.startswith("blk."):

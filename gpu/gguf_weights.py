@@ -1,4 +1,4 @@
-"""GGUF reading (llama, gemma3, qwen2, qwen3 and deepseek2 archs): metadata to ModelConfig,
+"""GGUF reading (llama, gemma3, qwen2, qwen3, qwen3moe, deepseek2 archs): metadata to ModelConfig,
 tensors to HF names and layout (gpu/gguf_arch.py, gpu/gguf_deepseek.py)."""
 
 from __future__ import annotations
@@ -14,11 +14,12 @@ from troupe.gguf_file import GGUFFormatError, TensorInfo, read_gguf_tensor_infos
 from troupe.gpu.gguf_arch import (
     ARCHITECTURES,
     HF_CONFIG_ARCHS,
+    MERGED_EXPERT_ARCHS,
     hf_config,
     hf_name,
     norm_offset,
 )
-from troupe.gpu.gguf_deepseek import deepseek2_hf_config, deepseek2_split_tensors
+from troupe.gpu.gguf_deepseek import deepseek2_hf_config, split_merged_tensors
 from troupe.gpu.gguf_quant import BLOCK_BYTES, QuantBlocks, from_gguf
 from troupe.gpu.model_config import ModelConfig, ModelLoadError
 
@@ -143,8 +144,8 @@ def iter_gguf_tensors(
         if offset := norm_offset(info.name, arch):
             data += np.float32(offset)
         yield name, torch.from_numpy(np.ascontiguousarray(data))
-    if arch == "deepseek2":
-        for name, data in deepseek2_split_tensors(infos, lambda info: _dequantize(path, info)):
+    if arch in MERGED_EXPERT_ARCHS:
+        for name, data in split_merged_tensors(infos, lambda info: _dequantize(path, info)):
             if name not in skip:
                 yield name, torch.from_numpy(np.ascontiguousarray(data))
 

@@ -29,7 +29,7 @@ import torch
 from troupe.gguf_file import TensorInfo, tensor_bytes
 from troupe.gpu.fp8_weights import Fp8Weight
 from troupe.gpu.gemma3_layer import Gemma3Layer
-from troupe.gpu.gguf_arch import hf_name, norm_offset
+from troupe.gpu.gguf_arch import MERGED_EXPERT_ARCHS, hf_name, norm_offset
 from troupe.gpu.gguf_quant import BLOCK_BYTES, Q4_0, Q4_1, Q4_K, Q6_K, Q8_0, QuantBlocks, from_gguf
 from troupe.gpu.gguf_weights import read_gguf_config, rest_is, unpermute_rotary
 from troupe.gpu.model_config import ModelConfig, ModelLoadError
@@ -138,9 +138,9 @@ class GGUFShardReader:
         self._config = config
         metadata, infos = _read(path)
         self._arch = str(metadata.get("general.architecture"))
-        if self._arch == "deepseek2":  # merged experts, kv_b split per head: not sliced here
+        if self._arch in MERGED_EXPERT_ARCHS:  # merged experts (DeepSeek: kv_b split per head)
             raise ModelLoadError(
-                f"{path}: a DeepSeek GGUF (arch 'deepseek2') cannot be loaded with "
+                f"{path}: a GGUF of arch {self._arch!r} (merged experts) cannot be loaded with "
                 "tensor_parallel_size > 1; use its HF safetensors folder"
             )
         self._infos: dict[str, TensorInfo] = {}

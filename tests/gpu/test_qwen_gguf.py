@@ -1,6 +1,7 @@
-"""Qwen2 and Qwen3 from a GGUF file (archs "qwen2" / "qwen3", gpu/gguf_arch.py), written as
-llama.cpp's convert_hf_to_gguf.py writes one: q/k rows not permuted, Qwen2's q/k/v biases and
-Qwen3's q/k norms as F32, projections Q8_0, embeddings F16; Qwen3's YaRN as rope.scaling.*.
+"""Qwen2, Qwen3 and Qwen3-MoE from a GGUF file (archs "qwen2" / "qwen3" / "qwen3moe",
+gpu/gguf_arch.py), written as llama.cpp's convert_hf_to_gguf.py writes one: q/k rows not
+permuted, Qwen2's q/k/v biases and Qwen3's q/k norms as F32, projections Q8_0, embeddings F16,
+Qwen3-MoE's experts merged per layer (ffn_*_exps [E, rows, cols]) beside its router.
 transformers reads the same file (`gguf_file=`) as the reference: greedy tokens identical (fp32,
 CPU, the weights dequantized as transformers dequantizes them), the config read from the
 metadata equal to the HF one; the Q8_0 projections also load kept as shipped (int8 rows)."""
@@ -39,6 +40,16 @@ FAMILIES = {
     # heads wider than hidden / heads (written as attention.key_length); 128 because
     # transformers' GGUF reader leaves Qwen3's head_dim at its default
     "qwen3": ("Qwen3", {"head_dim": 128}),
+    # transformers' GGUF reader leaves moe_intermediate_size at its default, 768, too
+    "qwen3moe": (
+        "Qwen3Moe",
+        {
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 768,
+            "norm_topk_prob": True,
+        },
+    ),
 }
 LAYER = {
     "input_layernorm.weight": "attn_norm.weight",
@@ -64,8 +75,9 @@ TOP = {
 
 
 def _add(writer: Any, name: str, data: np.ndarray) -> None:
-    """Q8_0 for projections, F32 for 1-D tensors, F16 for the rest (as llama.cpp stores them)."""
-    if data.ndim == 1:
+    """Q8_0 for projections, F32 for 1-D tensors and the router, F16 for the rest (as llama.cpp
+    stores them)."""
+    if data.ndim == 1 or "gate_inp" in name:
         writer.add_tensor(name, data.astype(np.float32))
     elif "attn_" in name or "ffn_" in name:
         writer.add_tensor(name, gguf.quants.quantize(data, Q8), raw_dtype=Q8)
@@ -88,14 +100,24 @@ def _write_gguf(path: Path, arch: str, hf_model: Any) -> None:
     w.add_rope_freq_base(c.rope_parameters["rope_theta"])
     w.add_layer_norm_rms_eps(c.rms_norm_eps)
     w.add_vocab_size(c.vocab_size)
+    if arch == "qwen3moe":
+        w.add_expert_count(c.num_experts)
+        w.add_expert_used_count(c.num_experts_per_tok)
+        w.add_expert_feed_forward_length(c.moe_intermediate_size)
     w.add_eos_token_id(2)
     weights = {k: v.detach().numpy() for k, v in hf_model.state_dict().items()}
     for hf, name in TOP.items():
         _add(w, name, weights[hf])
     for layer in range(c.num_hidden_layers):
+        p = f"model.layers.{layer}."
         for hf, name in LAYER.items():
-            if f"model.layers.{layer}.{hf}" in weights:
-                _add(w, f"blk.{layer}.{name}", weights[f"model.layers.{layer}.{hf}"])
+            if p + hf in weights:
+                _add(w, f"blk.{layer}.{name}", weights[p + hf])
+        if p + "mlp.gate.weight" in weights:  # transformers 5 holds the experts fused
+            _add(w, f"blk.{layer}.ffn_gate_inp.weight", weights[p + "mlp.gate.weight"])
+            gate, up = np.split(weights[p + "mlp.experts.gate_up_proj"], 2, axis=1)
+            for name, merged in (("gate", gate), ("up", up), ("down", weights[p + "mlp.experts.down_proj"])):  # fmt: skip
+                _add(w, f"blk.{layer}.ffn_{name}_exps.weight", np.ascontiguousarray(merged))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -160,7 +182,7 @@ def test_q8_projections_load_kept(qwen_gguf: Any, mt: Any) -> None:
 
     runner = _runner(qwen_gguf[0], "keep")
     layer = runner.model.layers[0]
-    assert isinstance(layer.qkv_proj, Int8Linear) and isinstance(layer.down_proj, Int8Linear)
+    assert isinstance(layer.qkv_proj, Int8Linear) and isinstance(layer.o_proj, Int8Linear)
     driver = mt.PlanDriver(runner, chunk=5)
     driver.add("r", PROMPTS[0])
     driver.run(3)
