@@ -31,6 +31,7 @@ from troupe.gpu.rope_layers import (
     rope_scaling,
     smollm3_fields,
 )
+from troupe.gpu.text_part import text_config
 
 SUPPORTED_MODEL_TYPES = (
     "llama",
@@ -97,6 +98,7 @@ class ModelConfig:
     num_mtp_layers: int = 0  # multi-token-prediction layers in the checkpoint, skipped
     # a *ForSequenceClassification checkpoint's score head (gpu/classifier_config.py)
     classifier: ClassifierConfig | None = None
+    text_of: str | None = None  # the multimodal wrapper it was read from (gpu/text_part.py)
 
     @property
     def is_gemma3(self) -> bool:
@@ -191,7 +193,9 @@ class ModelConfig:
     def from_hf_dict(
         cls, cfg: dict[str, Any], generation_config: dict[str, Any] | None = None
     ) -> ModelConfig:
-        """Build from the dict of an HF config.json (transformers 4 or 5 spelling)."""
+        """Build from the dict of an HF config.json (transformers 4 or 5 spelling); a
+        multimodal wrapper's text model (gpu/text_part.py)."""
+        cfg = text_config(cfg) or cfg
         model_type = cfg.get("model_type", "")
         rope_params = cfg.get("rope_parameters") or {}
         rope_theta = cfg.get("rope_theta", rope_params.get("rope_theta", 10000.0))
@@ -258,6 +262,7 @@ class ModelConfig:
             torch_dtype=getattr(torch, str(dtype_name), torch.float32),
             layer_windows=windows,
             classifier=classifier,
+            text_of=cfg.get("text_of"),
         )
         return cls(**{**fields, **family})
 
@@ -268,6 +273,7 @@ class ModelConfig:
         if not config_file.is_file():
             raise ModelLoadError(f"{config_file}: missing; an HF model folder needs config.json")
         cfg = read_json_object(config_file)
+        cfg = text_config(cfg) or cfg  # a multimodal wrapper's text model (gpu/text_part.py)
         for key in ("num_attention_heads", "hidden_size", "num_hidden_layers", "vocab_size"):
             if key not in cfg:
                 raise ModelLoadError(f"{config_file}: missing required key {key!r}")

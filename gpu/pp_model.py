@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 import torch
 from troupe.gpu.attention import AttentionMetadata
-from troupe.gpu.model_config import ModelConfig
+from troupe.gpu.model_config import ModelConfig, ModelLoadError
 from troupe.gpu.models import DecoderModel, KVCache, new_param
 from troupe.gpu.pp_stage import PPStage
 from troupe.gpu.tp_group import TPGroup
@@ -38,6 +38,11 @@ class PPStageModel(DecoderModel):
         max_positions: int,
         kernel_backend: KernelBackend = "auto",
     ) -> None:
+        if full.text_of is not None:  # the stage reader renumbers the checkpoint's own names
+            raise ModelLoadError(
+                f"the text model of a {full.text_of} checkpoint: pipeline parallelism is not "
+                "supported; run one stage"
+            )
         super().__init__(stage.layer_config(full), dtype, device, max_positions, kernel_backend)
         self.stage = stage
         self.group = group

@@ -15,6 +15,7 @@ from troupe.gpu.gptq_awq_unpack import PermutedInt4, shared_input_order
 from troupe.gpu.model_config import ModelLoadError
 from troupe.gpu.models import DecoderModel
 from troupe.gpu.quant_linear import QuantLinear, make_quant_linear
+from troupe.gpu.text_part import text_name
 
 # HF module name in a layer -> (the layer's fused parameter, parts in row order)
 _FUSED = {
@@ -31,7 +32,8 @@ def install_quantized(
     q4: Q4Lib | None = None,
 ) -> set[str]:
     """Replace every parameter whose parts all come in `tensors` (HF names, read as they are
-    yielded); returns the HF names used. A fused parameter with only some parts quantized, or a
+    yielded; a multimodal checkpoint's text-model names too); returns the names used, as
+    `tensors` gave them. A fused parameter with only some parts quantized, or a
     form with no packed path on the model's device, stays dense: the loader expands those.
     Each layer's parts are fused and repacked as soon as the last one arrives, so only one
     layer's worth of file blocks is held at a time. `q4`: the native CPU 4-bit kernel, if any.
@@ -53,7 +55,12 @@ def install_quantized(
     # while this one reads and repacks the layers
     with ThreadPoolExecutor(1, thread_name_prefix="weight-pack") as pool:
         made: dict[str, Future[QuantLinear | None]] = {}
-        for name, blocks in tensors:
+        raw: dict[str, str] = {}  # text-model name -> the checkpoint's (gpu/text_part.py)
+        for shipped, blocks in tensors:
+            name = text_name(shipped)
+            if name is None:
+                continue
+            raw[name] = shipped
             if name in tops:
                 (table,), table_perm = shared_input_order([blocks], [name])
                 made[name] = pool.submit(make_quant_linear, table, device, q4, table_perm)
@@ -72,12 +79,12 @@ def install_quantized(
             weight = make_quant_linear(fused, device, q4, in_perm)
             if weight is not None:
                 replace_dense(layer, param, weight, f"tensor {names[0]!r}")
-                used.update(names)
+                used.update(raw[part] for part in names)
     for name, future in made.items():
         top = future.result()
         if top is not None:
             replace_dense(model, tops[name], top, f"tensor {name!r}")
-            used.add(name)
+            used.add(raw[name])
     return used
 
 

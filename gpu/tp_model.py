@@ -223,6 +223,11 @@ class TPDecoderModel(DecoderModel):
     def make_layer(
         self, config: ModelConfig, dtype: torch.dtype, device: torch.device, index: int
     ) -> DecoderLayer:
+        if config.text_of is not None:  # the shard reader reads the checkpoint's own names
+            raise ModelLoadError(
+                f"the text model of a {config.text_of} checkpoint: tensor parallelism is not "
+                "supported; run one rank"
+            )
         if config.o_bias or config.mlp_bias:  # a row-parallel bias is added once, not per rank
             raise ModelLoadError(
                 "o_proj and MLP biases: tensor parallelism is not supported; run one rank"

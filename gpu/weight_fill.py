@@ -14,6 +14,7 @@ from troupe.gpu.model_config import ModelLoadError
 from troupe.gpu.models import DecoderLayer, DecoderModel
 from troupe.gpu.quant_linear import Weight
 from troupe.gpu.rope_layers import ordered_tensors
+from troupe.gpu.text_part import text_name
 
 _log = structlog.get_logger("troupe.models")
 
@@ -60,7 +61,7 @@ def fill_weights(
             f"{source}: quantized q/k projections with partial_rotary_factor or interleaved "
             "rotary are not supported; run the unquantized checkpoint"
         )
-    split = _split_fused(tensors, (q, kv, kv), (inter, inter))
+    split = _split_fused(_text_tensors(tensors), (q, kv, kv), (inter, inter))
     for name, tensor in ordered_tensors(split, order):
         if _beyond_last_layer(model, name):  # DeepSeek's multi-token-prediction layers
             num_beyond += 1
@@ -98,6 +99,16 @@ def fill_weights(
         for name, param in model.named_parameters():
             if name.endswith("norm") or name.endswith("layernorm"):
                 param.add_(1.0)
+
+
+def _text_tensors(
+    tensors: Iterable[tuple[str, torch.Tensor]],
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """A multimodal checkpoint's text-model tensors, renamed (gpu/text_part.py)."""
+    for name, tensor in tensors:
+        text = text_name(name)
+        if text is not None:
+            yield text, tensor
 
 
 _FUSED_PARTS = {

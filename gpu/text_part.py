@@ -1,0 +1,74 @@
+"""The language model inside a multimodal checkpoint, served on its own (text in, text out):
+Gemma 3 4B to 27B (`gemma3`), Mistral Small 3.1 / 3.2 (`mistral3`), LLaVA-style checkpoints
+(`llava`) of a family troupe runs.
+
+    config.json  the wrapper's `text_config` is the model's config; eos_token_id,
+                 tie_word_embeddings and the dtype come from the wrapper where the text config
+                 does not set them. Gemma 3's hub configs leave out what Gemma3TextConfig
+                 defaults (heads, head_dim, vocabulary, ...): those defaults fill them
+    tensors      language_model.model.* (as checkpoints are saved) and model.language_model.*
+                 (transformers 5's own names) are the text model's model.*, and
+                 language_model.lm_head.weight its lm_head; the vision tower and the projector
+                 are not read
+
+The loader's entry points rename as they read (gpu/weight_fill.py, gpu/quant_install.py);
+tensor parallelism and pipeline stages refuse such checkpoints by name.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# wrapper model_type -> the text config's model_type when it does not name one
+WRAPPERS = {"gemma3": "gemma3_text", "mistral3": "mistral", "llava": "llama"}
+# transformers' Gemma3TextConfig defaults (the 4B / 12B / 27B text_config relies on them)
+_GEMMA3_TEXT_DEFAULTS = {
+    "vocab_size": 262_208,
+    "hidden_size": 2304,
+    "intermediate_size": 9216,
+    "num_hidden_layers": 26,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "head_dim": 256,
+    "max_position_embeddings": 131_072,
+    "rms_norm_eps": 1e-6,
+    "query_pre_attn_scalar": 256,
+    "sliding_window": 4096,
+    "tie_word_embeddings": True,
+}
+_PREFIXES = (
+    ("language_model.model.", "model."),
+    ("model.language_model.", "model."),
+    ("language_model.lm_head.", "lm_head."),
+)
+_NOT_TEXT = (
+    "vision_tower.", "model.vision_tower.", "multi_modal_projector.",
+    "model.multi_modal_projector.", "vision_model.", "model.vision_model.",
+)  # fmt: skip
+
+
+def text_config(cfg: dict[str, Any]) -> dict[str, Any] | None:
+    """The text model's config.json dict of a multimodal wrapper's; None for any other."""
+    wrapper = cfg.get("model_type")
+    text = cfg.get("text_config")
+    if wrapper not in WRAPPERS or not isinstance(text, dict):
+        return None
+    out = {"model_type": WRAPPERS[wrapper], **text}
+    for key in ("eos_token_id", "tie_word_embeddings", "torch_dtype", "dtype"):
+        if key in cfg and key not in text:
+            out[key] = cfg[key]
+    if wrapper == "gemma3":
+        out = {**_GEMMA3_TEXT_DEFAULTS, **out}
+    out["text_of"] = wrapper
+    return out
+
+
+def text_name(name: str) -> str | None:
+    """A checkpoint tensor's name in the text model's terms; None for the vision parts. A text
+    model's own names come back as they are."""
+    if name.startswith(_NOT_TEXT):
+        return None
+    for prefix, replacement in _PREFIXES:
+        if name.startswith(prefix):
+            return replacement + name.removeprefix(prefix)
+    return name

@@ -1,0 +1,136 @@
+"""The text model of a multimodal checkpoint (gpu/text_part.py): a tiny Gemma 3
+Gemma3ForConditionalGeneration (SigLIP tower, projector, windowed and global layers) and a
+Mistral 3 one, saved as transformers saves them (language_model.model.*, vision_tower.*),
+served text-only: greedy token-identical to transformers' own model on the same token ids
+(fp32, CPU); the config comes from text_config; tensor and pipeline parallelism are refused by
+name."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tests.gpu.family_checks import assert_greedy_matches, saved_random_model
+
+TEXT = {
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "intermediate_size": 96,
+    "vocab_size": 300,
+    "max_position_embeddings": 256,
+    "rms_norm_eps": 1e-5,
+    "pad_token_id": 0,
+}
+VISION = {
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 2,
+    "image_size": 28,
+    "patch_size": 14,
+}
+GEMMA3_TEXT = {
+    "sliding_window": 5,
+    "layer_types": ["sliding_attention", "full_attention"],
+    "query_pre_attn_scalar": 16,
+    "rope_theta": 1000.0,
+    "tie_word_embeddings": False,
+}
+GEMMA3 = {
+    "mm_tokens_per_image": 4,
+    "image_token_index": 299,
+    "boi_token_index": 297,
+    "eoi_token_index": 298,
+    "tie_word_embeddings": False,
+}
+MISTRAL3 = {
+    "image_token_index": 299,
+    "spatial_merge_size": 1,
+    "tie_word_embeddings": False,
+    "vision_config": {**VISION, "model_type": "pixtral", "head_dim": 16},
+}
+WRAPPERS: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
+    "gemma3": ("Gemma3", GEMMA3_TEXT, GEMMA3),
+    "mistral3": ("Mistral3", {"rope_theta": 1000.0, "tie_word_embeddings": False}, MISTRAL3),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(WRAPPERS))
+def wrapper(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    import transformers
+
+    name, text, extra = WRAPPERS[request.param]
+    folder = tmp_path_factory.mktemp(request.param)
+    config = getattr(transformers, f"{name}Config")(
+        text_config={**TEXT, **text}, **{"vision_config": VISION, **extra}
+    )
+    model_cls = getattr(transformers, f"{name}ForConditionalGeneration")
+    return request.param, folder, saved_random_model(folder, model_cls, config, norms=True)
+
+
+def test_greedy_matches_hf_text_only(wrapper: tuple[str, Path, Any]) -> None:
+    assert_greedy_matches(*wrapper[1:])
+
+
+def test_the_config_is_the_text_config(wrapper: tuple[str, Path, Any]) -> None:
+    from troupe.gpu.model_config import ModelConfig
+
+    name, folder, _ = wrapper
+    config = ModelConfig.from_hf_folder(folder)
+    assert config.text_of == name
+    assert config.model_type == {"gemma3": "gemma3_text", "mistral3": "mistral"}[name]
+    assert (config.num_layers, config.hidden_size, config.vocab_size) == (2, 64, 300)
+
+
+def test_parallelism_is_refused(wrapper: tuple[str, Path, Any]) -> None:
+    from troupe.gpu.model_config import ModelConfig, ModelLoadError
+    from troupe.gpu.pp_model import PPStageModel
+    from troupe.gpu.tp_model import TPDecoderModel
+
+    name, folder, _ = wrapper
+    config = ModelConfig.from_hf_folder(folder)
+    with pytest.raises(ModelLoadError, match=f"{name} checkpoint: tensor parallelism"):
+        TPDecoderModel.make_layer(None, config, torch.float32, torch.device("cpu"), 0)  # type: ignore[arg-type]
+    with pytest.raises(ModelLoadError, match=f"{name} checkpoint: pipeline parallelism"):
+        PPStageModel(None, config, None, torch.float32, torch.device("cpu"), 64)  # type: ignore[arg-type]
+
+
+def test_text_names() -> None:
+    from troupe.gpu.text_part import text_name
+
+    assert text_name("language_model.model.layers.3.mlp.up_proj.weight") == (
+        "model.layers.3.mlp.up_proj.weight"
+    )
+    assert text_name("model.language_model.norm.weight") == "model.norm.weight"
+    assert text_name("language_model.lm_head.weight") == "lm_head.weight"
+    assert text_name("vision_tower.encoder.layers.0.mlp.fc1.weight") is None
+    assert text_name("model.multi_modal_projector.linear_1.weight") is None
+    assert text_name("model.layers.0.self_attn.q_proj.weight") == (
+        "model.layers.0.self_attn.q_proj.weight"
+    )
+
+
+def test_a_hub_gemma3_config_leaves_gemma_defaults_out() -> None:
+    """gemma-3-4b-it's config.json as shipped: a text_config of six keys."""
+    from troupe.gpu.model_config import ModelConfig
+
+    config = ModelConfig.from_hf_dict({
+        "model_type": "gemma3", "eos_token_id": [1, 106], "torch_dtype": "bfloat16",
+        "text_config": {
+            "hidden_size": 2560, "intermediate_size": 10240, "model_type": "gemma3_text",
+            "num_hidden_layers": 34, "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+            "sliding_window": 1024,
+        },
+        "vision_config": {"model_type": "siglip_vision_model"},
+    })  # fmt: skip
+    assert (config.num_heads, config.num_kv_heads, config.head_dim) == (8, 4, 256)
+    assert config.vocab_size == 262_208 and config.tie_word_embeddings
+    assert config.eos_token_ids == (1, 106) and config.torch_dtype == torch.bfloat16
+    assert config.layer_windows[:6] == (1024,) * 5 + (0,)
+    assert config.rope_scaling == {"factor": 8.0, "rope_type": "linear"}
