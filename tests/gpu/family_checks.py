@@ -13,6 +13,20 @@ from tests.gpu.conftest import PlanDriver, hf_greedy, runner_for
 
 PROMPTS = [[5, 17, 42, 99, 3, 250, 7, 8, 64, 12, 31], [200, 1, 77, 13, 90, 4, 4, 4, 18]]
 NUM_NEW = 12
+# the shape the family tests start from (GQA: 4 query heads over 2 KV heads of 16)
+TINY = {
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "intermediate_size": 96,
+    "vocab_size": 256,
+    "max_position_embeddings": 256,
+    "rms_norm_eps": 1e-5,
+    "pad_token_id": 0,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
 
 
 def saved_random_model(folder: Path, model_cls: Any, config: Any, *, norms: bool = False) -> Any:
@@ -29,6 +43,16 @@ def saved_random_model(folder: Path, model_cls: Any, config: Any, *, norms: bool
                 param.uniform_(0.5, 1.5)
     hf_model.save_pretrained(folder)
     return hf_model.eval()
+
+
+def saved_family(folder: Path, prefix: str, settings: dict[str, Any], *, norms: bool = True) -> Any:
+    """saved_random_model of transformers' `<prefix>ForCausalLM` over `<prefix>Config(**settings)`
+    (e.g. prefix "Qwen3")."""
+    import transformers
+
+    config = getattr(transformers, f"{prefix}Config")(**settings)
+    model_cls = getattr(transformers, f"{prefix}ForCausalLM")
+    return saved_random_model(folder, model_cls, config, norms=norms)
 
 
 def assert_greedy_matches(folder: Path, hf_model: Any, device: str = "cpu") -> None:

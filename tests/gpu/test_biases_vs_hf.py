@@ -12,22 +12,10 @@ from typing import Any
 import pytest
 import torch
 
-from tests.gpu.family_checks import assert_greedy_matches, saved_random_model
+from tests.gpu.family_checks import TINY as FAMILY_TINY
+from tests.gpu.family_checks import assert_greedy_matches, saved_family
 
-TINY = {
-    "hidden_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "intermediate_size": 96,
-    "vocab_size": 256,
-    "max_position_embeddings": 256,
-    "rms_norm_eps": 1e-5,
-    "rope_theta": 1000.0,
-    "pad_token_id": 0,
-    "bos_token_id": 1,
-    "eos_token_id": 2,
-}
+TINY = {**FAMILY_TINY, "rope_theta": 1000.0}
 FAMILIES: dict[str, tuple[str, dict[str, Any], dict[str, bool]]] = {
     "llama": (
         "Llama",
@@ -45,13 +33,9 @@ FAMILIES: dict[str, tuple[str, dict[str, Any], dict[str, bool]]] = {
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
 def family(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Any:
-    import transformers
-
     name, extra, _ = FAMILIES[request.param]
     folder = tmp_path_factory.mktemp(request.param)
-    config = getattr(transformers, f"{name}Config")(**{**TINY, **extra})
-    model_cls = getattr(transformers, f"{name}ForCausalLM")
-    hf_model = saved_random_model(folder, model_cls, config)
+    hf_model = saved_family(folder, name, {**TINY, **extra}, norms=False)
     with torch.no_grad():  # biases N(0, 0.5): transformers starts them at 0
         for param_name, param in hf_model.named_parameters():
             if param_name.endswith(".bias"):

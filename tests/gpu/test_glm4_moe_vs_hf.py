@@ -12,15 +12,12 @@ from typing import Any
 import pytest
 import torch
 
-from tests.gpu.family_checks import assert_greedy_matches, saved_random_model
+from tests.gpu.family_checks import TINY, assert_greedy_matches, saved_family
 
 TINY_GLM4_MOE = {
-    "hidden_size": 64,
+    **TINY,
     "num_hidden_layers": 3,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
     "head_dim": 16,
-    "intermediate_size": 96,
     "moe_intermediate_size": 24,
     "n_routed_experts": 8,
     "num_experts_per_tok": 2,
@@ -33,23 +30,14 @@ TINY_GLM4_MOE = {
     "use_qk_norm": True,
     "attention_bias": True,
     "partial_rotary_factor": 0.5,
-    "vocab_size": 256,
-    "max_position_embeddings": 256,
-    "rms_norm_eps": 1e-5,
     "rope_theta": 100.0,
-    "pad_token_id": 0,
-    "bos_token_id": 1,
-    "eos_token_id": 2,
 }
 
 
 @pytest.fixture(scope="module")
 def glm4_moe(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
-    import transformers
-
     folder = tmp_path_factory.mktemp("glm4_moe")
-    config = transformers.Glm4MoeConfig(**TINY_GLM4_MOE)
-    hf_model = saved_random_model(folder, transformers.Glm4MoeForCausalLM, config, norms=True)
+    hf_model = saved_family(folder, "Glm4Moe", TINY_GLM4_MOE)
     with torch.no_grad():  # a correction bias that changes the choice of experts
         for name, buffer in hf_model.named_buffers():
             if name.endswith("e_score_correction_bias"):

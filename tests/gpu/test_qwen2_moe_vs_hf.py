@@ -13,37 +13,25 @@ from typing import Any
 import pytest
 import torch
 
-from tests.gpu.family_checks import assert_greedy_matches, saved_random_model
+from tests.gpu.family_checks import TINY, assert_greedy_matches, saved_family
 
 TINY_QWEN2_MOE = {
-    "hidden_size": 64,
+    **TINY,
     "num_hidden_layers": 3,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "intermediate_size": 96,
     "moe_intermediate_size": 24,
     "shared_expert_intermediate_size": 40,
     "num_experts": 8,
     "num_experts_per_tok": 2,
     "norm_topk_prob": False,
     "mlp_only_layers": [0],
-    "vocab_size": 256,
-    "max_position_embeddings": 256,
-    "rms_norm_eps": 1e-5,
     "rope_theta": 1000.0,
-    "pad_token_id": 0,
-    "bos_token_id": 1,
-    "eos_token_id": 2,
 }
 
 
 @pytest.fixture(scope="module")
 def qwen2_moe(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
-    import transformers
-
     folder = tmp_path_factory.mktemp("qwen2_moe")
-    config = transformers.Qwen2MoeConfig(**TINY_QWEN2_MOE)
-    return folder, saved_random_model(folder, transformers.Qwen2MoeForCausalLM, config, norms=True)
+    return folder, saved_family(folder, "Qwen2Moe", TINY_QWEN2_MOE)
 
 
 def test_greedy_matches_hf_with_chunked_prefill(qwen2_moe: tuple[Path, Any]) -> None:

@@ -16,6 +16,9 @@ import pytest
 import torch
 from troupe.gpu.model_config import ModelConfig
 
+from tests.gpu.family_checks import TINY as FAMILY_TINY
+from tests.gpu.family_checks import saved_family
+
 gguf = pytest.importorskip("gguf")
 transformers = pytest.importorskip("transformers")
 
@@ -23,18 +26,7 @@ Q8 = gguf.GGMLQuantizationType.Q8_0
 F16, F32 = gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.F32
 PROMPTS = [[5, 17, 42, 99, 3, 250, 7, 8, 64, 12, 31], [200, 1, 77, 13, 90, 4, 4, 4, 18]]
 NUM_NEW = 10
-TINY = {
-    "hidden_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "intermediate_size": 96,
-    "vocab_size": 256,
-    "max_position_embeddings": 256,
-    "rms_norm_eps": 1e-6,
-    "rope_theta": 1000.0,
-    "tie_word_embeddings": False,
-}
+TINY = {**FAMILY_TINY, "rms_norm_eps": 1e-6, "rope_theta": 1000.0, "tie_word_embeddings": False}
 FAMILIES = {
     "qwen2": ("Qwen2", {}),
     # heads wider than hidden / heads (written as attention.key_length); 128 because
@@ -127,14 +119,10 @@ def _write_gguf(path: Path, arch: str, hf_model: Any) -> None:
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
 def qwen_gguf(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Any:
     """(GGUF path, transformers' model read from that file) of a tiny random model."""
-    from tests.gpu.family_checks import saved_random_model
-
     arch = request.param
     name, extra = FAMILIES[arch]
     folder = tmp_path_factory.mktemp(f"{arch}_gguf")
-    config = getattr(transformers, f"{name}Config")(**{**TINY, **extra})
-    model_cls = getattr(transformers, f"{name}ForCausalLM")
-    source = saved_random_model(folder / "hf", model_cls, config, norms=True)
+    source = saved_family(folder / "hf", name, {**TINY, **extra})
     path = folder / f"tiny-{arch}.gguf"
     _write_gguf(path, arch, source)
     reference = transformers.AutoModelForCausalLM.from_pretrained(

@@ -12,21 +12,10 @@ from typing import Any
 import pytest
 import torch
 
-from tests.gpu.family_checks import assert_greedy_matches, saved_random_model
+from tests.gpu.family_checks import TINY as FAMILY_TINY
+from tests.gpu.family_checks import assert_greedy_matches, saved_family
 
-TINY = {
-    "hidden_size": 64,
-    "num_hidden_layers": 4,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "intermediate_size": 96,
-    "vocab_size": 256,
-    "max_position_embeddings": 256,
-    "rms_norm_eps": 1e-5,
-    "pad_token_id": 0,
-    "bos_token_id": 1,
-    "eos_token_id": 2,
-}
+TINY = {**FAMILY_TINY, "num_hidden_layers": 4}
 # a short original context, so the interpolated frequencies and the attention factor matter
 YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}
 LAYER_TYPES = ["sliding_attention", "full_attention", "sliding_attention", "full_attention"]
@@ -68,13 +57,9 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
 def family(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Any:
-    import transformers
-
     name, extra = FAMILIES[request.param]
     folder = tmp_path_factory.mktemp(request.param)
-    config = getattr(transformers, f"{name}Config")(**{**TINY, **extra})
-    model_cls = getattr(transformers, f"{name}ForCausalLM")
-    return request.param, folder, saved_random_model(folder, model_cls, config, norms=True)
+    return request.param, folder, saved_family(folder, name, {**TINY, **extra})
 
 
 def test_greedy_matches_hf_with_chunked_prefill(family: tuple[str, Path, Any]) -> None:
