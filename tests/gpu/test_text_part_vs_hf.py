@@ -1,7 +1,7 @@
 """The text model of a multimodal checkpoint (gpu/text_part.py): a tiny Gemma 3
-Gemma3ForConditionalGeneration (SigLIP tower, projector, windowed and global layers) and a
-Mistral 3 one, saved as transformers saves them (language_model.model.*, vision_tower.*),
-served text-only: greedy token-identical to transformers' own model on the same token ids
+Gemma3ForConditionalGeneration (SigLIP tower, projector, windowed and global layers), a
+Mistral 3 one and a LLaVA one (CLIP tower, Llama), saved as transformers saves them
+(language_model.model.*, vision_tower.*),served text-only: greedy token-identical to transformers' own model on the same token ids
 (fp32, CPU); the config comes from text_config; tensor and pipeline parallelism are refused by
 name."""
 
@@ -55,9 +55,15 @@ MISTRAL3 = {
     "tie_word_embeddings": False,
     "vision_config": {**VISION, "model_type": "pixtral", "head_dim": 16},
 }
+LLAVA = {
+    "image_token_index": 299,
+    "tie_word_embeddings": False,
+    "vision_config": {**VISION, "model_type": "clip_vision_model", "projection_dim": 32},
+}
 WRAPPERS: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
     "gemma3": ("Gemma3", GEMMA3_TEXT, GEMMA3),
     "mistral3": ("Mistral3", {"rope_theta": 1000.0, "tie_word_embeddings": False}, MISTRAL3),
+    "llava": ("Llava", {"model_type": "llama", "rope_theta": 1000.0}, LLAVA),
 }
 
 
@@ -84,7 +90,10 @@ def test_the_config_is_the_text_config(wrapper: tuple[str, Path, Any]) -> None:
     name, folder, _ = wrapper
     config = ModelConfig.from_hf_folder(folder)
     assert config.text_of == name
-    assert config.model_type == {"gemma3": "gemma3_text", "mistral3": "mistral"}[name]
+    assert (
+        config.model_type
+        == {"gemma3": "gemma3_text", "mistral3": "mistral", "llava": "llama"}[name]
+    )
     assert (config.num_layers, config.hidden_size, config.vocab_size) == (2, 64, 300)
 
 
