@@ -1,9 +1,9 @@
 """The text model of a multimodal checkpoint (gpu/text_part.py): a tiny Gemma 3
 Gemma3ForConditionalGeneration (SigLIP tower, projector, windowed and global layers), a
 Mistral 3 one and a LLaVA one (CLIP tower, Llama), saved as transformers saves them
-(language_model.model.*, vision_tower.*),served text-only: greedy token-identical to transformers' own model on the same token ids
-(fp32, CPU); the config comes from text_config; tensor and pipeline parallelism are refused by
-name."""
+(language_model.model.*, vision_tower.*), served text-only: greedy token-identical to
+transformers' own model on the same token ids (fp32, CPU); the config comes from text_config;
+tensor and pipeline parallelism are refused by name."""
 
 from __future__ import annotations
 
