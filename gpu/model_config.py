@@ -50,10 +50,15 @@ SUPPORTED_MODEL_TYPES = (
     "glm4",
     "glm4_moe",
     "exaone4",
+    "ernie4_5",
     "seed_oss",
     "gemma3_text",
     *DEEPSEEK_TYPES,
 )
+
+
+# families whose transformers config ties the embeddings unless config.json says otherwise
+TIED_BY_DEFAULT = ("ernie4_5",)
 
 
 class ModelLoadError(ValueError):
@@ -253,7 +258,8 @@ class ModelConfig:
             rope_theta=float(rope_theta),
             rope_scaling=dict(scaling) if scaling else None,
             # a classifier ships no lm_head: its one drawn token goes through the embeddings
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)) or bool(classifier),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", model_type in TIED_BY_DEFAULT))
+            or bool(classifier),
             **bias_fields(cfg, model_type),
             qk_norm=model_type in ("qwen3", "qwen3_moe", "exaone4")
             or (model_type == "glm4_moe" and bool(cfg.get("use_qk_norm", False))),

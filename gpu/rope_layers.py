@@ -10,7 +10,8 @@
                  table of cos 1 and sin 0, which leaves q and k as they are
     EXAONE 4     with sliding windows, its full-attention layers are NoPE layers
     partial      RoPE on the first rotary_dim dims of a head (partial_rotary_factor: Phi-4-mini,
-                 GLM-4), in halves (Phi-3) or in interleaved pairs (2i, 2i + 1: GLM-4)
+                 GLM-4), in halves (Phi-3) or in interleaved pairs (2i, 2i + 1: GLM-4; ERNIE 4.5
+                 over the whole head)
 
 The kernels rotate a whole head in halves, dim i with dim i + head_dim / 2. A model that rotates
 otherwise gets its q and k dims reordered at load (`head_order`: q/k rows, biases, norms, LoRA
@@ -102,16 +103,17 @@ def exaone4_fields(windows: tuple[int, ...]) -> dict[str, Any]:
     return {"nope_layers": tuple(not window for window in windows) if windows else ()}
 
 
-# the families whose transformers module rotates part of a head
+# the families whose transformers module rotates part of a head; those rotating pairs
 PARTIAL_ROTARY = ("phi3", "glm4", "glm4_moe")
+INTERLEAVED = ("glm4", "ernie4_5")
 
 
 def partial_rotary_fields(factor: float, head_dim: int, model_type: str) -> dict[str, Any]:
-    """ModelConfig's rotary_dim and rope_interleaved (GLM-4 rotates pairs, whole or partial)."""
-    interleaved = model_type == "glm4"
+    """ModelConfig's rotary_dim and rope_interleaved (GLM-4 and ERNIE 4.5 rotate pairs)."""
+    interleaved = model_type in INTERLEAVED
     if factor == 1.0 and not interleaved:
         return {}
-    if model_type not in PARTIAL_ROTARY:
+    if factor != 1.0 and model_type not in PARTIAL_ROTARY:
         raise ValueError(
             f"config.json: partial_rotary_factor {factor} is not supported for model_type "
             f"{model_type!r} (only {', '.join(PARTIAL_ROTARY)})"

@@ -1,6 +1,7 @@
 """The rotary tables per layer (gpu/rope_layers.py): YaRN on a Llama-shaped model (Qwen3), SmolLM3's
 NoPE layers, OLMo 3's windowed layers beside yarn-scaled full ones, Ministral's layer_types
-windows, and partial rotary (Phi-3's halves, GLM-4's interleaved pairs, q/k reordered at load),
+windows, and partial or interleaved rotary (Phi-3's halves, GLM-4's and ERNIE 4.5's interleaved
+pairs, q/k reordered at load),
 each greedy token-identical to HF transformers (fp32) through chunked prefill, from the
 folder transformers saves; and what config.json may and may not say."""
 
@@ -50,6 +51,8 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
         "Exaone4",
         {"sliding_window": 5, "layer_types": [*["sliding_attention"] * 3, "full_attention"]},
     ),
+    # the whole head rotated in interleaved pairs; a bias on every projection
+    "ernie4_5": ("Ernie4_5", {"head_dim": 16, "use_bias": True, "rope_theta": 500.0}),
     # three quarters rotated in halves; fused qkv_proj
     "phi3-partial": ("Phi3", {"partial_rotary_factor": 0.75, "rope_theta": 500.0}),
 }
@@ -80,6 +83,7 @@ def test_each_layer_reads_its_table(family: tuple[str, Path, Any]) -> None:
         "ministral": ["cos_sin_cache"] * 4,  # windowed, but one base and no scaling
         "glm4": ["cos_sin_cache"] * 2,
         "exaone4": ["cos_sin_cache"] * 3 + ["cos_sin_none"],
+        "ernie4_5": ["cos_sin_cache"] * 4,
         "phi3-partial": ["cos_sin_cache"] * 4,
     }[name]
     assert model._rope_tables == expected
@@ -193,7 +197,7 @@ def test_head_order_puts_each_rotated_pair_half_a_head_apart() -> None:
     assert head_order(8, 8, False) is None
     assert head_order(8, 4, False) == (0, 1, 4, 5, 2, 3, 6, 7)  # Phi-3: halves of 4 dims
     assert head_order(8, 4, True) == (0, 2, 4, 5, 1, 3, 6, 7)  # GLM-4: pairs (0, 1), (2, 3)
-    assert head_order(4, 4, True) == (0, 2, 1, 3)
+    assert head_order(4, 4, True) == (0, 2, 1, 3)  # ERNIE 4.5: the whole head in pairs
 
 
 @pytest.mark.parametrize("family", ["glm4"], indirect=True)
