@@ -17,8 +17,8 @@ local layers on their own RoPE base (rope_local_base_freq), final logit soft-cap
 
 Biases, as each family's transformers module declares them:
 
-    q/k/v     qwen2 always, qwen2_moe by `qkv_bias` (default on); mistral, ministral, mixtral, phi3, exaone4 never; the others
-              `attention_bias`
+    q/k/v     qwen2 always, qwen2_moe by `qkv_bias` (default on); mistral, ministral, mixtral,
+              phi3, exaone4 never; the others `attention_bias`
     o_proj    seed_oss `attention_out_bias`; those without q/k/v bias flags, the Qwen2s and
               the GLMs never; the others `attention_bias`
     MLP       llama, granite, smollm3, seed_oss: `mlp_bias`; the others never

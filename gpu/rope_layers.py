@@ -203,9 +203,11 @@ def ordered_tensors(
     tensors: Iterable[tuple[str, torch.Tensor]], order: tuple[int, ...] | None
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """A checkpoint's HF-named tensors with the q/k ones in head order (the rest as they are)."""
+    if order is None:
+        yield from tensors
+        return
     for name, tensor in tensors:
         parts = name.split(".")
-        local = ".".join(parts[3:])
-        if order is not None and parts[1:2] == ["layers"] and local in _ORDERED:
+        if parts[1:2] == ["layers"] and ".".join(parts[3:]) in _ORDERED:
             tensor = order_heads(tensor, order)
         yield name, tensor
