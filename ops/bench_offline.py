@@ -284,7 +284,7 @@ def run_hf_peer(
 
     model: Any = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.bfloat16)
     model = model.cuda().eval()
-    gen = GenerationConfig(  # type: ignore[no-untyped-call]
+    gen = GenerationConfig(
         do_sample=True, temperature=0.6, max_new_tokens=1024, eos_token_id=-1
     )
     manager = model.init_continuous_batching(generation_config=gen)
