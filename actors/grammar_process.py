@@ -33,7 +33,6 @@ step that frees requests pays no round trip of its own beside the executor's lau
 from __future__ import annotations
 
 import mmap
-import multiprocessing
 import os
 import tempfile
 import weakref
@@ -45,6 +44,7 @@ import msgspec
 import numpy as np
 from troupe.actors.core.base import Outgoing
 from troupe.actors.core.grammar import MaskBuffers
+from troupe.child_processes import child_context
 from troupe.messages.executor import TokenMasks
 from troupe.messages.grammar import ComputeMasks, GrammarInbox
 
@@ -120,7 +120,7 @@ class GrammarProcess:
         self._shared, path = _shared_file(self._size)
         self._slots = _Slots(self._shared, NUM_SLOTS)
         unpin = pin(self._shared) if pin is not None else None
-        context = multiprocessing.get_context("spawn")
+        context = child_context()
         self._conn, child_end = context.Pipe()
         self._process = context.Process(
             target=_serve,

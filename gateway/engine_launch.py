@@ -1,7 +1,8 @@
 """Start the engine process of `troupe serve` and stop it: `open_remote_engine`.
 
-The child is spawned (not forked: the server runs threads, maybe CUDA) with one end of a Unix
-socketpair; the server keeps the other, wrapped in a RemoteEngine. The server closes its copy of
+The child is started from troupe's fork server (child_processes.py; never forked from this
+process itself: the server runs threads, maybe CUDA) with one end of a Unix socketpair; the
+server keeps the other, wrapped in a RemoteEngine. The server closes its copy of
 the child's end at once, so the child's exit is the server's end of file, and the server's
 exit (even by SIGKILL) the child's. Stopping: Shutdown, then the process is reaped (killed if it
 does not stop in time).
@@ -18,6 +19,7 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
 import structlog
+from troupe.child_processes import child_context
 from troupe.config import EngineConfig
 from troupe.gateway.engine_api import TokenizerLike
 from troupe.gateway.remote_engine import DIED, RemoteEngine
@@ -44,7 +46,7 @@ async def open_remote_engine(
     from troupe.actors.engine_stopped import EngineStopped
     from troupe.gateway.engine_process import run_engine_process
 
-    context = multiprocessing.get_context("spawn")
+    context = child_context()
     parent_sock, child_sock = socket.socketpair()
     process = context.Process(
         target=run_engine_process, args=(child_sock, config, runner_factory), name="troupe-engine"

@@ -26,6 +26,7 @@ from typing import NoReturn
 
 import torch
 import torch.multiprocessing
+from troupe.child_processes import child_context
 from troupe.config import ConfigError, EngineConfig
 from troupe.gpu.model_config import ModelLoadError
 from troupe.gpu.pd_worker import side_device, worker_main
@@ -70,7 +71,7 @@ class WorkerPair:
         self._closed = False
         self.conns: dict[Phase, Connection] = {}
         self.procs: dict[Phase, BaseProcess] = {}
-        context = torch.multiprocessing.get_context("spawn")
+        context = child_context()
         init_file = str(Path(self._dir) / "init")
         try:
             for phase in Phase:

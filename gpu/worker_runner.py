@@ -31,7 +31,7 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
-import torch.multiprocessing
+from troupe.child_processes import child_context
 from troupe.config import ConfigError, EngineConfig
 from troupe.gpu.model_config import ModelLoadError
 from troupe.gpu.runner import HiddenOutputs, RunnerStats, SequencesFailed
@@ -89,7 +89,7 @@ class WorkerRunner:
         self._conns: list[Connection] = []
         self._round_trip = threading.Lock()  # steps (executor thread), LoRA loads (another)
         self._procs: list[BaseProcess] = []
-        context = torch.multiprocessing.get_context("spawn")
+        context = child_context()
         init_file = str(Path(self._dir) / "init")
         size = spec.size
         try:

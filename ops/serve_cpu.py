@@ -2,9 +2,10 @@
 child apart, so a run shows what the gateway costs per output token (issue 9: the gateway must
 not tax the engine). Read from Linux's /proc; elsewhere there is nothing to read (None).
 
-The engine child is the server's child that multiprocessing spawned (`spawn_main` in its
-command line); multiprocessing's resource tracker is not it. With `--no-engine-process` there
-is no such child: the engine's CPU time is the gateway process's (`engine_s` None).
+The engine child is the child of the server's fork server (troupe/child_processes.py: the
+server's child with `multiprocessing.forkserver` in its command line, which its forks share);
+multiprocessing's resource tracker is not it. With `--no-engine-process` there is no such
+child: the engine's CPU time is the gateway process's (`engine_s` None).
 """
 
 from __future__ import annotations
@@ -54,14 +55,15 @@ def cpu_seconds(pid: int) -> float | None:
 
 
 def engine_child(pid: int) -> int | None:
-    """The server's spawned engine process, if it has one."""
+    """The server's engine process, if it has one: its fork server's only child."""
     for child in _children(pid):
         try:
             command = (_PROC / str(child) / "cmdline").read_bytes()
         except OSError:
             continue
-        if b"spawn_main" in command:
-            return child
+        if b"multiprocessing.forkserver" in command:
+            forks = _children(child)
+            return forks[0] if forks else None
     return None
 
 

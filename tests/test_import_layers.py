@@ -10,7 +10,7 @@ from pathlib import Path
 import troupe
 
 FLOORS: list[set[str]] = [
-    {"messages", "kernels", "logs", "gguf_file", "request_seeds"},
+    {"messages", "kernels", "logs", "gguf_file", "request_seeds", "child_processes"},
     {"policies"},
     {"config", "config_checks", "config_pipeline", "model_path", "speculators_format"},
     {"spec_cost"},

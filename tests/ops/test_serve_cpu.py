@@ -1,4 +1,4 @@
-"""ops/serve_cpu.py: the server's CPU time, its gateway and its spawned engine child apart."""
+"""ops/serve_cpu.py: the server's CPU time, its gateway and its engine child apart."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import sys
 from multiprocessing.synchronize import Event
 
 import pytest
+from troupe.child_processes import child_context
 from troupe.ops.serve_cpu import ServerCpu, cpu_used, engine_child, read_server_cpu
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
@@ -18,9 +19,9 @@ def _started(ready: Event, release: Event) -> None:
 
 
 def _server(ready: Event, release: Event, joined: Event, finish: Event) -> None:
-    """A stand-in server: it spawns one engine-like child, as gateway/engine_launch.py does,
-    and outlives it until told to finish."""
-    context = multiprocessing.get_context("spawn")
+    """A stand-in server: it starts one engine-like child from its fork server, as
+    gateway/engine_launch.py does, and outlives it until told to finish."""
+    context = child_context()
     child = context.Process(target=_started, args=(ready, release))
     child.start()
     child.join()
@@ -28,7 +29,7 @@ def _server(ready: Event, release: Event, joined: Event, finish: Event) -> None:
     finish.wait()
 
 
-def test_a_spawned_child_is_the_engine_and_is_timed_apart() -> None:
+def test_the_fork_servers_child_is_the_engine_and_is_timed_apart() -> None:
     # The server is a process of its own: pytest's may have spawned children of other tests.
     context = multiprocessing.get_context("spawn")
     ready, release, joined, finish = (context.Event() for _ in range(4))

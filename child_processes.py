@@ -1,0 +1,30 @@
+"""How troupe starts its child processes: from a fork server that has imported torch once.
+
+The engine process of `troupe serve`, tensor- and pipeline-parallel workers, prefill/decode
+workers and the grammar process all used to be spawned: a fresh interpreter each, importing
+torch and the engine's modules again (~3 s of a 2-core machine's time per child). Python's
+fork server is one such interpreter, started at the first child and kept while this process
+lives; it has imported what `PRELOAD` names, and each later child is a fork of it (~20 ms).
+
+Forking it is as safe as spawning: it is a fresh interpreter started by exec, single-threaded,
+and nothing it imports touches CUDA (no troupe module calls into torch.cuda at import time), so
+a child initializes CUDA as a spawned one does. What differs: a child inherits the fork
+server's environment, working directory and standard streams from when the server started,
+not this process's at the child's start (its sys.path and `__main__` are this process's, as a
+spawned child's are).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from multiprocessing.context import BaseContext
+
+# what every child imports first (the grammar child adds xgrammar, which only it needs)
+PRELOAD = ("torch", "troupe.config", "troupe.messages", "structlog", "msgspec")
+
+
+def child_context() -> BaseContext:
+    """The multiprocessing context every troupe child process is started from."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(list(PRELOAD))
+    return context
