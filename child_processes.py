@@ -17,14 +17,15 @@ spawned child's are).
 from __future__ import annotations
 
 import multiprocessing
-from multiprocessing.context import BaseContext
+from multiprocessing.context import ForkServerContext
 
 # what every child imports first (the grammar child adds xgrammar, which only it needs)
 PRELOAD = ("torch", "troupe.config", "troupe.messages", "structlog", "msgspec")
 
 
-def child_context() -> BaseContext:
+def child_context() -> ForkServerContext:
     """The multiprocessing context every troupe child process is started from."""
     context = multiprocessing.get_context("forkserver")
+    assert isinstance(context, ForkServerContext)
     context.set_forkserver_preload(list(PRELOAD))
     return context
