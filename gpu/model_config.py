@@ -24,6 +24,7 @@ from troupe.gpu.moe_config import (
     qwen3_moe_fields,
 )
 from troupe.gpu.rope_layers import (
+    check_longrope,
     exaone4_fields,
     head_order,
     olmo3_fields,
@@ -243,6 +244,7 @@ class ModelConfig:
                 family = deepseek_model_fields(cfg, num_layers)
             head_dim = int(cfg.get("head_dim") or hidden // num_heads)
             family |= partial_rotary_fields(rotary, head_dim, model_type)
+            check_longrope(scaling, family.get("rotary_dim") or head_dim)
         except ValueError as exc:
             raise ModelLoadError(str(exc)) from exc
         fields: dict[str, Any] = dict(

@@ -1,9 +1,10 @@
 """Which rotary table each layer of a Llama-shaped model reads, from config.json.
 
-    scaling      rope_scaling (transformers 4) or rope_parameters (5): default, linear, llama3
-                 or yarn (Qwen3's and Qwen2.5's long-context setting); yarn's
-                 original_max_position_embeddings defaults to max_position_embeddings, its
-                 factor to their ratio, as transformers reads them
+    scaling      rope_scaling (transformers 4) or rope_parameters (5): default, linear, llama3,
+                 yarn (Qwen3's and Qwen2.5's long-context setting) or longrope (Phi-3.5,
+                 Phi-4-mini: kernels/longrope.py); original_max_position_embeddings defaults
+                 to max_position_embeddings, the factor to their ratio, as transformers reads
+                 them (Phi-3 keeps the former beside rope_scaling, and it wins there)
     OLMo 3       rope_parameters per layer type: the full-attention layers take the scaling,
                  the sliding ones rotate unscaled on the same base (the "local" table)
     SmolLM3      no_rope_layers[i] == 0: layer i has no positional encoding (NoPE); it reads a
@@ -30,7 +31,7 @@ from typing import Any, Literal
 import torch
 from troupe.kernels.rope_cache import build_cos_sin_cache
 
-SCALINGS = ("linear", "llama3", "yarn")
+SCALINGS = ("linear", "llama3", "yarn", "longrope")
 RopeTable = Literal["cos_sin_cache", "cos_sin_local", "cos_sin_none"]
 
 
@@ -61,7 +62,44 @@ def rope_scaling(scaling: dict[str, Any] | None, cfg: dict[str, Any]) -> dict[st
             if not isinstance(max_positions, int | float):
                 raise ValueError("config.json: rope_scaling of type yarn needs 'factor'")
             out["factor"] = max_positions / original
+    if kind == "longrope":
+        out |= _longrope_lengths(out, cfg)
     return out
+
+
+def _longrope_lengths(scaling: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
+    """longrope's pretraining length (Phi-3's top-level original_max_position_embeddings
+    first, as transformers reads it) and factor (default: max_position_embeddings over it)."""
+    max_positions = cfg.get("max_position_embeddings")
+    original = (
+        cfg.get("original_max_position_embeddings")
+        or scaling.get("original_max_position_embeddings")
+        or max_positions
+    )
+    if not isinstance(original, int | float) or original <= 0:
+        raise ValueError(
+            "config.json: rope_scaling of type longrope needs original_max_position_embeddings "
+            "(or max_position_embeddings)"
+        )
+    factor = scaling.get("factor")
+    if factor is None:
+        factor = max_positions / original if isinstance(max_positions, int | float) else 1.0
+    for key in ("short_factor", "long_factor"):
+        if not isinstance(scaling.get(key), list):
+            raise ValueError(f"config.json: rope_scaling of type longrope needs a list {key!r}")
+    return {"original_max_position_embeddings": original, "factor": factor}
+
+
+def check_longrope(scaling: dict[str, Any] | None, rotary_dim: int) -> None:
+    """ValueError unless a longrope scaling has a factor for each rotated pair of dims."""
+    if scaling is None or scaling.get("rope_type", scaling.get("type")) != "longrope":
+        return
+    for key in ("short_factor", "long_factor"):
+        if len(scaling[key]) != rotary_dim // 2:
+            raise ValueError(
+                f"config.json: rope_scaling {key} has {len(scaling[key])} entries; expected "
+                f"{rotary_dim // 2} (half the {rotary_dim} rotated dims of a head)"
+            )
 
 
 def olmo3_fields(cfg: dict[str, Any]) -> dict[str, Any]:

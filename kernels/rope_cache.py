@@ -1,4 +1,5 @@
-"""The cos/sin table that kernels.rotary reads: plain RoPE, linear, llama3 and yarn rope_scaling.
+"""The cos/sin table that kernels.rotary reads: plain RoPE, linear, llama3, yarn and longrope
+rope_scaling.
 
 Numbers match HF transformers (`_compute_default_rope_parameters`, `_compute_llama3_parameters`):
 inverse frequencies in fp32 from an int64 arange, angles = position * inv_freq in fp32.
@@ -11,6 +12,7 @@ from collections.abc import Mapping
 
 import torch
 
+from .longrope import longrope_table
 from .yarn_rope import yarn_attention_factor, yarn_inv_freq
 
 
@@ -58,13 +60,15 @@ def build_cos_sin_cache(
     device: torch.device | str,
 ) -> torch.Tensor:
     """[max_pos, head_dim]: cos(pos * inv_freq) in the first half, sin in the second (both
-    times yarn's attention factor under yarn scaling)."""
+    times the attention factor under yarn and longrope scaling)."""
     if max_pos < 1:
         raise ValueError(f"max_pos must be >= 1, got {max_pos}")
+    rope_type = None if scaling is None else scaling.get("rope_type", scaling.get("type"))
+    if scaling is not None and rope_type == "longrope":  # one of two frequency sets, by max_pos
+        return longrope_table(head_dim, max_pos, theta, scaling).to(dtype=dtype, device=device)
     inv_freq = rope_inv_freq(head_dim, theta, scaling)
     angles = torch.arange(max_pos, dtype=torch.int64).to(torch.float32)[:, None] * inv_freq[None, :]
     table = torch.cat((angles.cos(), angles.sin()), dim=-1)
-    rope_type = None if scaling is None else scaling.get("rope_type", scaling.get("type"))
     if scaling is not None and rope_type == "yarn":
         table = table * yarn_attention_factor(scaling)
     return table.to(dtype=dtype, device=device)
