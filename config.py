@@ -52,6 +52,9 @@ class EngineConfig:
     """Engine settings. CLI flags mirror these names in kebab-case."""
 
     model: str | None = None  # HF folder, .gguf file, or None for the default model
+    # config.json keys replaced before it is read (vLLM's --hf-overrides; e.g. rope_scaling for
+    # YaRN); HF folders only (gpu/hf_overrides.py)
+    hf_overrides: dict[str, Any] | None = None
     # The chat template to use instead of the model's (vLLM's --chat-template): a .jinja file's
     # path or the template's text; None: the model's own (actors/core/tokenizer_files.py)
     chat_template: str | None = None
@@ -78,8 +81,7 @@ class EngineConfig:
     # activations and integer dot products (AVX-512 VNNI, else AVX2), split over
     # cpu_kernel_threads threads of torch's OpenMP pool (0: torch's intra-op count at load; a
     # decode step's one-row calls take 1 or all, whichever its first steps time faster). False,
-    # or a CPU or machine without them: torch's int4 kernel and fbgemm's int8 one
-    # (docs/benchmarks.md, issue 16).
+    # or a CPU or machine without them: torch's int4 kernel and fbgemm's int8 one (issue 16).
     cpu_native_kernels: bool = True
     cpu_kernel_cache_dir: str | None = None
     cpu_kernel_threads: int = 0
@@ -89,8 +91,7 @@ class EngineConfig:
     cpu_swap_gib: float = 2.0
     gpu_memory_utilization: float = 0.9
     max_num_seqs: int = 256
-    # Parallel sampling: the most samples one request may ask for (n, best_of); a request's
-    # samples run at once, so the limit is also capped by max_num_seqs.
+    # Parallel sampling: the most samples a request may ask for (n, best_of), at most max_num_seqs
     max_num_samples: int = 16
     # The most tokens one step computes, prompt chunks and decodes together. None: 8192 on a
     # CUDA device of 70 GiB or more other than an A100 (vLLM's server default on such GPUs;
@@ -164,10 +165,9 @@ class EngineConfig:
     # proposals) falls below this stops proposing for speculative_backoff_steps steps.
     speculative_min_acceptance: float = 0.2
     speculative_backoff_steps: int = 16
-    # The cost model that turns proposals off where they cost more than they save
-    # (spec_cost.py): a step's fixed cost in tokens computed, and the extra cost of a
-    # verification step (and of a draft model's round) in decode steps. False: propose in
-    # every step the limits above allow (measurements, tests).
+    # The cost model that turns proposals off where they cost more than they save (spec_cost.py):
+    # a step's fixed cost in tokens, the extra cost of a verification step (and of a draft
+    # model's round) in decode steps. False: propose in every step the limits allow (tests).
     speculative_cost_model: bool = True
     speculative_step_fixed_tokens: int = 128
     speculative_verify_overhead: float = 0.4

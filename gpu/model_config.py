@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from troupe.gpu.hf_families import (
     granite_fields,
     layer_windows,
 )
+from troupe.gpu.hf_overrides import apply_hf_overrides
 from troupe.gpu.moe_config import (
     MoeConfig,
     grouped_moe_fields,
@@ -275,12 +277,15 @@ class ModelConfig:
         return cls(**{**fields, **family})
 
     @classmethod
-    def from_hf_folder(cls, folder: Path) -> ModelConfig:
-        """Read config.json (and generation_config.json when present) of an HF model folder."""
+    def from_hf_folder(
+        cls, folder: Path, hf_overrides: Mapping[str, Any] | None = None
+    ) -> ModelConfig:
+        """Read config.json (its keys in `hf_overrides` replaced: gpu/hf_overrides.py) and
+        generation_config.json when present, of an HF model folder."""
         config_file = folder / "config.json"
         if not config_file.is_file():
             raise ModelLoadError(f"{config_file}: missing; an HF model folder needs config.json")
-        cfg = read_json_object(config_file)
+        cfg = apply_hf_overrides(read_json_object(config_file), hf_overrides)
         cfg = text_config(cfg) or cfg  # a multimodal wrapper's text model (gpu/text_part.py)
         for key in ("num_attention_heads", "hidden_size", "num_hidden_layers", "vocab_size"):
             if key not in cfg:

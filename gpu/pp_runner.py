@@ -38,7 +38,7 @@ class PPRunner(WorkerRunner):
 
     def __init__(self, config: EngineConfig) -> None:
         size = config.pipeline_parallel_size
-        full = read_config(Path(resolve_model_path(config.model)))
+        full = read_config(Path(resolve_model_path(config.model)), config.hf_overrides)
         check_pipeline_parallel(full, size, config.pipeline_layer_partition)  # before spawning
         if uses_cuda(config) and torch.cuda.device_count() < size:
             raise ConfigError(

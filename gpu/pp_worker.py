@@ -26,7 +26,7 @@ def build_stage_runner(config: EngineConfig, group: TPGroup) -> ModelRunner:
     """Load this stage's layers and size its pools (the same block counts on every stage)."""
     config = config.replace(enforce_eager=True, enable_overlap_schedule=False)
     path = Path(resolve_model_path(config.model))
-    full = read_config(path)
+    full = read_config(path, config.hf_overrides)
     size, partition = group.world_size, config.pipeline_layer_partition
     check_pipeline_parallel(full, size, partition)
     stage = PPStage.of(full, group.rank, size, partition)

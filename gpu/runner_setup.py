@@ -73,12 +73,19 @@ def model_dtype(config: EngineConfig, device: torch.device) -> torch.dtype:
 
 
 def checked_max_model_len(config: EngineConfig, model_config: ModelConfig) -> int:
-    """config.max_model_len (the model's limit when unset); past that limit: ConfigError."""
-    max_model_len = config.max_model_len or model_config.max_position_embeddings
-    if max_model_len > model_config.max_position_embeddings:
+    """config.max_model_len (the model's max_position_embeddings when unset); past the model's
+    limit: ConfigError. A yarn scaling (e.g. hf_overrides' for Qwen3) lifts the limit to its
+    original_max_position_embeddings x factor where that is longer, as vLLM derives it."""
+    declared = model_config.max_position_embeddings
+    limit, scaling = declared, model_config.rope_scaling or {}
+    if scaling.get("rope_type", scaling.get("type")) == "yarn":
+        limit = max(limit, int(scaling["original_max_position_embeddings"] * scaling["factor"]))
+    max_model_len = config.max_model_len or declared
+    if max_model_len > limit:
+        scaled = "" if limit == declared else f" (yarn's {limit})"
         raise ConfigError(
             f"max_model_len {max_model_len} exceeds the model's "
-            f"max_position_embeddings {model_config.max_position_embeddings}"
+            f"max_position_embeddings {declared}{scaled}"
         )
     return max_model_len
 
@@ -155,7 +162,7 @@ def load_for_config(config: EngineConfig) -> LoadedRunner:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device is 'cuda' but torch sees no CUDA device")
     dtype = model_dtype(config, device)
-    declared = read_config(Path(path))
+    declared = read_config(Path(path), config.hf_overrides)
     max_model_len = checked_max_model_len(config, declared)
     stream_len = max_stream_len(config, device, declared)
     model_config, model = load_model(  # the rotary table spans what streaming requests reach
@@ -166,6 +173,7 @@ def load_for_config(config: EngineConfig) -> LoadedRunner:
         config.kernel_backend,
         config.quantization,
         Q4Options.from_config(config),
+        config.hf_overrides,
     )
     if device.type == "cpu":  # the load's temporaries: back to the OS (peak RSS)
         release_freed_heap()

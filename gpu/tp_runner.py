@@ -40,7 +40,7 @@ class TPRunner(WorkerRunner):
     def __init__(self, config: EngineConfig) -> None:
         size = config.tensor_parallel_size
         path = Path(resolve_model_path(config.model))
-        full = read_config(path)
+        full = read_config(path, config.hf_overrides)
         # before spawning anything, and the adapters:
         check_tensor_parallel(full, size, config.enable_expert_parallel)
         for name, folder in config.lora_adapters.items():  # each rank reads its cut again

@@ -71,7 +71,7 @@ def rank_device(config: EngineConfig, rank: int) -> torch.device:
 def build_rank_runner(config: EngineConfig, group: TPGroup) -> ModelRunner:
     """Load this rank's shard and size its pools (the same block counts on every rank)."""
     path = Path(resolve_model_path(config.model))
-    full = read_config(path)
+    full = read_config(path, config.hf_overrides)
     check_tensor_parallel(full, group.world_size, config.enable_expert_parallel)
     device = group.device
     dtype = model_dtype(config, device)

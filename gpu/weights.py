@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
-from troupe.config import Quantization
+from troupe.config import ConfigError, Quantization
 from troupe.gpu.cpu_q4lib import Q4Options, load_q4
 from troupe.gpu.ct_format import read_ct_format
 from troupe.gpu.ct_reader import CtReader
@@ -31,11 +32,17 @@ INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
 
 
-def read_config(path: Path) -> ModelConfig:
-    """ModelConfig of an HF folder or a .gguf file."""
+def read_config(path: Path, hf_overrides: Mapping[str, Any] | None = None) -> ModelConfig:
+    """ModelConfig of an HF folder (config.json's keys in `hf_overrides` replaced:
+    gpu/hf_overrides.py) or a .gguf file (which has no config.json to override)."""
     if path.is_dir():
-        return ModelConfig.from_hf_folder(path)
+        return ModelConfig.from_hf_folder(path, hf_overrides)
     if path.suffix == ".gguf":
+        if hf_overrides:
+            raise ConfigError(
+                f"hf_overrides replaces keys of an HF folder's config.json; {path.name} is a "
+                "GGUF file, whose metadata troupe reads as shipped"
+            )
         return read_gguf_config(path)
     raise ModelLoadError(f"{path}: expected an HF model folder or a .gguf file")
 
@@ -82,8 +89,10 @@ def load_model(
     kernel_backend: KernelBackend = "auto",
     quantization: Quantization = "auto",
     cpu_kernels: Q4Options = Q4Options(),
+    hf_overrides: Mapping[str, Any] | None = None,
 ) -> tuple[ModelConfig, DecoderModel]:
-    """Read the config and weights of `path` into a DecoderModel on `device`.
+    """Read the config (`hf_overrides` applied: read_config) and weights of `path` into a
+    DecoderModel on `device`.
 
     quantization="keep" keeps a GGUF file's quantized matrices as shipped, and an HF folder's
     fp8 weights as fp8 and its GPTQ / AWQ 4-bit weights as int4 (gpu/quant_linear.py), 8-bit
@@ -94,7 +103,7 @@ def load_model(
     (docs/benchmarks.md, "H200 figures, 2026-12-01"), so "auto" expands there until they win.
     `cpu_kernels`: whether kept 4-bit and Q8_0 CPU weights use the native kernels
     (gpu/cpu_q4lib.py)."""
-    config = read_config(path)
+    config = read_config(path, hf_overrides)
     keep = quantization == "keep" or (quantization == "auto" and device.type != "cuda")
     if path.suffix == ".gguf" and keep:
         model = DecoderModel(config, dtype, device, max_positions, kernel_backend)
