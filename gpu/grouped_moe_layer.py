@@ -1,7 +1,8 @@
 """A decoder layer of Llama's attention whose MLP is DeepSeek-V3's routed and shared experts
-(gpu/deepseek_moe.py): GLM-4.5's sparse layers (transformers' Glm4MoeDecoderLayer from
-first_k_dense_replace on). Its dense layers are DecoderLayer's; its attention has q/k/v biases,
-optional per-head q/k norms and a partial rotary, all ModelConfig flags.
+(gpu/deepseek_moe.py): GLM-4.5's and dots.llm1's sparse layers (transformers'
+Glm4MoeDecoderLayer and Dots1DecoderLayer from first_k_dense_replace on). Their dense layers are
+DecoderLayer's; the attention's q/k/v biases, per-head q/k norms, partial rotary and windows
+are ModelConfig flags.
 """
 
 from __future__ import annotations

@@ -53,7 +53,7 @@ def layer_windows(cfg: dict[str, Any], model_type: str, num_layers: int) -> tupl
                 f"({num_layers})"
             )
         windows = [window if kind == "sliding_attention" else 0 for kind in types]
-    elif model_type in ("qwen2", "qwen2_moe", "qwen3"):
+    elif model_type in ("qwen2", "qwen2_moe", "qwen3", "dots1"):
         first = int(cfg.get("max_window_layers", num_layers))
         windows = [window if i >= first else 0 for i in range(num_layers)]
     elif model_type == "exaone4" and isinstance(cfg.get("sliding_window_pattern"), str):

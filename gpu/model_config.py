@@ -52,6 +52,7 @@ SUPPORTED_MODEL_TYPES = (
     "smollm3",
     "glm4",
     "glm4_moe",
+    "dots1",
     "exaone4",
     "ernie4_5",
     "seed_oss",
@@ -232,7 +233,7 @@ class ModelConfig:
                 family = {"moe": qwen3_moe_fields(cfg, num_layers)}
             if model_type == "mixtral":
                 family = {"moe": mixtral_fields(cfg, num_layers)}
-            if model_type == "glm4_moe":
+            if model_type in ("glm4_moe", "dots1"):
                 family = {"moe": grouped_moe_fields(cfg, num_layers)}
             if model_type == "granite":
                 family = granite_fields(cfg)
@@ -265,7 +266,7 @@ class ModelConfig:
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", model_type in TIED_BY_DEFAULT))
             or bool(classifier),
             **bias_fields(cfg, model_type),
-            qk_norm=model_type in ("qwen3", "qwen3_moe", "exaone4")
+            qk_norm=model_type in ("qwen3", "qwen3_moe", "exaone4", "dots1")
             or (model_type == "glm4_moe" and bool(cfg.get("use_qk_norm", False))),
             max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
             eos_token_ids=tuple(eos),

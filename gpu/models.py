@@ -213,7 +213,7 @@ def _layer_class(config: ModelConfig, layer: int) -> type[DecoderLayer]:
 
         return Glm4Layer
     if config.is_sparse(layer) and config.moe is not None and config.moe.routing is not None:
-        from troupe.gpu.grouped_moe_layer import GroupedMoeLayer  # GLM-4.5's
+        from troupe.gpu.grouped_moe_layer import GroupedMoeLayer  # GLM-4.5's, dots.llm1's
 
         return GroupedMoeLayer
     if config.is_sparse(layer):

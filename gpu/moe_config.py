@@ -88,10 +88,10 @@ def mixtral_fields(cfg: dict[str, Any], num_layers: int) -> MoeConfig:
 
 
 def grouped_moe_fields(cfg: dict[str, Any], num_layers: int) -> MoeConfig | None:
-    """The MoeConfig of DeepSeek's experts (deepseek_v2, deepseek_v3) or GLM-4.5's (glm4_moe,
-    routed as DeepSeek-V3 routes): n_routed_experts in every moe_layer_freq-th layer from
-    first_k_dense_replace on, grouped routing (kernels/moe_router.py), shared experts; None
-    when no layer has experts."""
+    """The MoeConfig of DeepSeek's experts (deepseek_v2, deepseek_v3), GLM-4.5's (glm4_moe) or
+    dots.llm1's (dots1), both routed as DeepSeek-V3 routes: n_routed_experts in every
+    moe_layer_freq-th layer from first_k_dense_replace on, grouped routing
+    (kernels/moe_router.py), shared experts; None when no layer has experts."""
     model_type = cfg.get("model_type")
     glm = model_type == "glm4_moe"
     num_experts = int(cfg.get("n_routed_experts") or 0)
@@ -110,7 +110,7 @@ def grouped_moe_fields(cfg: dict[str, Any], num_layers: int) -> MoeConfig | None
         raise ValueError(
             f"config.json: n_routed_experts ({num_experts}) must be a multiple of n_group ({groups})"
         )
-    sigmoid = glm or model_type == "deepseek_v3"
+    sigmoid = glm or model_type in ("deepseek_v3", "dots1")
     routing = GroupedRouting(
         top_k=int(top_k),
         num_groups=groups,
