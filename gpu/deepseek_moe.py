@@ -51,7 +51,7 @@ class DeepseekMoe(nn.Module):
 
         self.router = param(moe.num_experts, h, kind=torch.float32)
         self.correction_bias = (
-            param(moe.num_experts, kind=torch.float32) if moe.routing.method == "noaux_tc" else None
+            param(moe.num_experts, kind=torch.float32) if moe.routing.has_correction_bias else None
         )
         self.w13 = param(e, 2 * inter, h)
         self.w2 = param(e, h, inter)
@@ -77,8 +77,11 @@ class DeepseekMoe(nn.Module):
         parts = self.fill_parts()
         if rest == "mlp.gate.weight":
             return self.router, (f"{prefix}.router",)
-        if rest == "mlp.gate.e_score_correction_bias" and self.correction_bias is not None:
-            return self.correction_bias, (f"{prefix}.correction_bias",)
+        bias = self.correction_bias
+        if rest == "mlp.gate.e_score_correction_bias" and bias is not None:
+            return bias, (f"{prefix}.correction_bias",)
+        if rest == "mlp.moe_statics.e_score_correction_bias" and bias is not None:
+            return bias.view(1, -1), (f"{prefix}.correction_bias",)  # ERNIE 4.5's [1, E]
         if rest == "mlp.experts.gate_up_proj":
             return self.w13, tuple(f"{prefix}.w13#{p}" for p in parts["w13"])
         if rest == "mlp.experts.down_proj":

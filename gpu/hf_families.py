@@ -22,7 +22,7 @@ Biases, as each family's transformers module declares them:
     o_proj    seed_oss `attention_out_bias`; those without q/k/v bias flags, the Qwen2s and
               the GLMs never; the others `attention_bias`
     MLP       llama, granite, smollm3, seed_oss: `mlp_bias`; the others never
-    ernie4_5  `use_bias` on every projection
+    ernie4_5  `use_bias` on every projection (ernie4_5_moe too)
 
 Granite: Llama's layers with four scalars (transformers' GraniteModel): the embeddings times
 embedding_multiplier, the attention softmax scaled by attention_multiplier (not head_dim's
@@ -128,7 +128,7 @@ _MLP_BIAS = ("llama", "granite", "smollm3", "seed_oss")
 
 def bias_fields(cfg: dict[str, Any], model_type: str) -> dict[str, bool]:
     """ModelConfig's qkv_bias, o_bias and mlp_bias (module docstring)."""
-    if model_type == "ernie4_5":
+    if model_type in ("ernie4_5", "ernie4_5_moe"):
         every = bool(cfg.get("use_bias", False))
         return {"qkv_bias": every, "o_bias": every, "mlp_bias": every}
     attention = bool(cfg.get("attention_bias", False)) and model_type not in _NO_ATTENTION_BIAS

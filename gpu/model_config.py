@@ -21,6 +21,7 @@ from troupe.gpu.hf_families import (
 from troupe.gpu.hf_overrides import apply_hf_overrides
 from troupe.gpu.moe_config import (
     MoeConfig,
+    ernie_moe_fields,
     grouped_moe_fields,
     mixtral_fields,
     qwen3_moe_fields,
@@ -55,6 +56,7 @@ SUPPORTED_MODEL_TYPES = (
     "dots1",
     "exaone4",
     "ernie4_5",
+    "ernie4_5_moe",
     "seed_oss",
     "gemma3_text",
     *DEEPSEEK_TYPES,
@@ -62,7 +64,7 @@ SUPPORTED_MODEL_TYPES = (
 
 
 # families whose transformers config ties the embeddings unless config.json says otherwise
-TIED_BY_DEFAULT = ("ernie4_5",)
+TIED_BY_DEFAULT = ("ernie4_5", "ernie4_5_moe")
 
 
 class ModelLoadError(ValueError):
@@ -235,6 +237,8 @@ class ModelConfig:
                 family = {"moe": mixtral_fields(cfg, num_layers)}
             if model_type in ("glm4_moe", "dots1"):
                 family = {"moe": grouped_moe_fields(cfg, num_layers)}
+            if model_type == "ernie4_5_moe":
+                family = {"moe": ernie_moe_fields(cfg, num_layers)}
             if model_type == "granite":
                 family = granite_fields(cfg)
             if model_type == "olmo3":

@@ -9,6 +9,10 @@ GLM-4.5's grouped routing in `grouped_moe_fields`), read into a MoeConfig.
     mixtral     num_local_experts, num_experts_per_tok; every layer sparse, each expert
                 intermediate_size wide; the top-k always renormalised (transformers'
                 MixtralTopKRouter)
+    ernie4_5_moe  moe_num_experts, moe_k, moe_num_shared_experts, moe_intermediate_size; layer i
+                is sparse when (i + 1) % moe_layer_interval == 0 and i is within
+                moe_layer_start_index..moe_layer_end_index (-1: the last); routed by softmax
+                with the correction bias (kernels/moe_router.py), shared experts beside
 
 The router is a softmax over every expert in fp32, the top-k of it, renormalised to sum 1 when
 norm_topk_prob, then cast to the activations' dtype (transformers' Qwen3MoeTopKRouter).
@@ -70,6 +74,43 @@ def qwen3_moe_fields(cfg: dict[str, Any], num_layers: int) -> MoeConfig | None:
         gated_shared_size=int(cfg.get("shared_expert_intermediate_size") or 0)
         if cfg.get("model_type") == "qwen2_moe"
         else 0,
+    )
+
+
+def ernie_moe_fields(cfg: dict[str, Any], num_layers: int) -> MoeConfig | None:
+    """The MoeConfig of an ernie4_5_moe config.json (transformers' defaults where a key is
+    missing); None when no layer has experts."""
+    num_experts = int(cfg.get("moe_num_experts", 64) or 0)
+    start, end = int(cfg.get("moe_layer_start_index", 1)), int(cfg.get("moe_layer_end_index", -1))
+    end = num_layers - 1 if end == -1 else end
+    interval = int(cfg.get("moe_layer_interval", 1))
+    if interval <= 0:
+        raise ValueError(f"config.json: moe_layer_interval must be >= 1; got {interval}")
+    sparse = tuple(
+        num_experts > 0 and (i + 1) % interval == 0 and start <= i <= end for i in range(num_layers)
+    )
+    if not any(sparse):
+        return None
+    shared = int(cfg.get("moe_num_shared_experts", 2) or 0)
+    if shared and cfg.get("use_bias"):
+        raise ValueError(
+            "config.json: ERNIE 4.5 MoE's shared experts with use_bias are not supported"
+        )
+    top_k = int(cfg.get("moe_k", 6))
+    routing = GroupedRouting(
+        top_k=top_k,
+        method="softmax_bias",
+        norm_topk_prob=True,
+        norm_min=float(cfg.get("moe_norm_min", 1e-12)),
+    )
+    return MoeConfig(
+        num_experts=num_experts,
+        top_k=top_k,
+        intermediate_size=int(cfg.get("moe_intermediate_size") or 0),
+        norm_topk_prob=True,
+        sparse_layers=sparse,
+        num_shared_experts=shared,
+        routing=routing,
     )
 
 

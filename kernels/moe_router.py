@@ -9,6 +9,9 @@
         choice = sigmoid(logits) + e_score_correction_bias; a group's score is the sum of its
         two best choices; top-k of choice among the topk_group best groups; the weights are
         the uncorrected sigmoid scores of the chosen experts
+    softmax scoring with the correction bias (ERNIE 4.5, "softmax_bias"): the same choice over
+        softmax(logits) without groups, the weights the chosen softmax scores / max(their sum,
+        moe_norm_min)
 
 Then weights / (sum + 1e-20) when norm_topk_prob (sigmoid scoring only, as transformers does),
 times routed_scaling_factor. Expert ids come back ascending per token (transformers' order is
@@ -27,12 +30,17 @@ class GroupedRouting:
     top_k: int
     num_groups: int = 1
     topk_groups: int = 1
-    method: str = "greedy"  # "greedy", "group_limited_greedy" or "noaux_tc"
+    method: str = "greedy"  # "greedy", "group_limited_greedy", "noaux_tc" or "softmax_bias"
     norm_topk_prob: bool = False
     routed_scaling_factor: float = 1.0
+    norm_min: float = 1e-12  # "softmax_bias": the least sum the chosen scores are divided by
+
+    @property
+    def has_correction_bias(self) -> bool:
+        return self.method in ("noaux_tc", "softmax_bias")
 
     def __post_init__(self) -> None:
-        if self.method not in ("greedy", "group_limited_greedy", "noaux_tc"):
+        if self.method not in ("greedy", "group_limited_greedy", "noaux_tc", "softmax_bias"):
             raise ValueError(
                 f"config.json: topk_method {self.method!r} is not supported; expected greedy, "
                 "group_limited_greedy or noaux_tc"
@@ -72,6 +80,12 @@ def route_grouped(
         weights = scores.gather(1, ids)
         if routing.norm_topk_prob:
             weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+    elif routing.method == "softmax_bias":
+        scores = logits.softmax(dim=-1)
+        choice = scores if correction_bias is None else scores + correction_bias
+        ids = torch.topk(choice, routing.top_k, dim=-1).indices
+        weights = scores.gather(1, ids)
+        weights = weights / weights.sum(dim=-1, keepdim=True).clamp(min=routing.norm_min)
     else:
         scores = logits.softmax(dim=-1)
         if routing.method == "group_limited_greedy":
