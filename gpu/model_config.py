@@ -48,6 +48,7 @@ SUPPORTED_MODEL_TYPES = (
     "mixtral",
     "phi3",
     "granite",
+    "granitemoe",
     "olmo2",
     "olmo3",
     "smollm3",
@@ -241,6 +242,8 @@ class ModelConfig:
                 family = {"moe": ernie_moe_fields(cfg, num_layers)}
             if model_type == "granite":
                 family = granite_fields(cfg)
+            if model_type == "granitemoe":  # Mixtral's experts under Granite's multipliers
+                family = granite_fields(cfg) | {"moe": mixtral_fields(cfg, num_layers)}
             if model_type == "olmo3":
                 family = olmo3_fields(cfg)
             if model_type == "smollm3":

@@ -135,12 +135,21 @@ class MoeLayer(DecoderLayer):
 
 
 _MIXTRAL_KINDS = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
+# GraniteMoE's experts stacked as transformers' fused ones ([E, 2I, H] gate | up, [E, H, I])
+_GRANITE_NAMES = {
+    "block_sparse_moe.input_linear.weight": "mlp.experts.gate_up_proj",
+    "block_sparse_moe.output_linear.weight": "mlp.experts.down_proj",
+    "block_sparse_moe.router.layer.weight": "mlp.gate.weight",
+}
 
 
 def _mixtral_name(rest: str) -> str:
-    """A Mixtral checkpoint's expert or router name in Qwen3-MoE's spelling (others as given)."""
+    """A Mixtral or GraniteMoE checkpoint's expert or router name in Qwen3-MoE's spelling
+    (others as given)."""
     if not rest.startswith("block_sparse_moe."):
         return rest
+    if rest in _GRANITE_NAMES:
+        return _GRANITE_NAMES[rest]
     bits = rest.split(".")
     bits[0] = "mlp"
     if len(bits) == 5 and bits[1] == "experts":

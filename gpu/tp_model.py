@@ -232,8 +232,13 @@ class TPDecoderModel(DecoderModel):
             raise ModelLoadError(
                 "o_proj and MLP biases: tensor parallelism is not supported; run one rank"
             )
-        moe = config.moe  # GLM-4.5's grouped routing, Qwen2-MoE's gated shared expert
-        if config.mla is None and moe is not None and (moe.routing or moe.gated_shared_size):
+        moe = config.moe  # grouped routing, Qwen2-MoE's gated shared expert, GraniteMoE's names
+        granite = config.granite is not None
+        if (
+            config.mla is None
+            and moe is not None
+            and (moe.routing or moe.gated_shared_size or granite)
+        ):
             raise ModelLoadError(
                 f"{config.model_type}: tensor parallelism is not supported; run one rank"
             )
