@@ -9,9 +9,9 @@ lives; it has imported what `PRELOAD` names, and each later child is a fork of i
 Forking it is as safe as spawning: it is a fresh interpreter started by exec, single-threaded,
 and nothing it imports touches CUDA (no troupe module calls into torch.cuda at import time), so
 a child initializes CUDA as a spawned one does. What differs: a child inherits the fork
-server's environment, working directory and standard streams from when the server started,
-not this process's at the child's start (its sys.path and `__main__` are this process's, as a
-spawned child's are).
+server's environment variables and standard streams from when the server started, not this
+process's at the child's start (its working directory, sys.path and `__main__` are this
+process's then, as a spawned child's are).
 """
 
 from __future__ import annotations
