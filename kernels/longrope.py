@@ -12,7 +12,7 @@ sequence's cached keys then never change as it grows. transformers' Phi-3 starts
 short and, once it grows past that length, re-encodes all of it with long_factor (its
 generate() drops the cache there): the same rotation for a sequence that long, which is what the
 long factors were trained for; a short sequence in an engine of long max_model_len rotates
-differently from transformers', a trade both serving engines make.
+differently from transformers', a trade vLLM makes too.
 """
 
 from __future__ import annotations
