@@ -15,17 +15,16 @@ import pytest
 import torch
 from troupe.gpu.model_config import ModelConfig, ModelLoadError
 
-from tests.gpu.family_checks import NUM_NEW, PROMPTS, assert_greedy_matches, saved_random_model
+from tests.gpu.family_checks import (
+    NUM_NEW,
+    PROMPTS,
+    TINY,
+    assert_greedy_matches,
+    saved_random_model,
+)
 
 TINY_GRANITE = {
-    "hidden_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "intermediate_size": 96,
-    "vocab_size": 256,
-    "max_position_embeddings": 256,
-    "rms_norm_eps": 1e-5,
+    **TINY,
     "rope_theta": 1000.0,
     "embedding_multiplier": 3.0,
     "attention_multiplier": 0.05,

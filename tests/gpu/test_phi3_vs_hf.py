@@ -12,23 +12,13 @@ from typing import Any
 import pytest
 from troupe.gpu.model_config import ModelConfig, ModelLoadError
 
-from tests.gpu.family_checks import assert_greedy_matches, saved_random_model
+from tests.gpu.family_checks import TINY, assert_greedy_matches, saved_random_model
 
 TINY_PHI3 = {
-    "hidden_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "intermediate_size": 96,
-    "vocab_size": 256,
-    "max_position_embeddings": 256,
+    **TINY,
     "original_max_position_embeddings": 256,
-    "rms_norm_eps": 1e-5,
     "rope_theta": 1000.0,
     "sliding_window": 8,  # shorter than the prompts: the window matters
-    "pad_token_id": 0,
-    "bos_token_id": 1,
-    "eos_token_id": 2,
 }
 
 
