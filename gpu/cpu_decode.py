@@ -122,7 +122,7 @@ class CpuDecode:
             model.device.type != "cpu"
             or model.dtype != torch.float32
             or c.qk_norm
-            or c.is_gemma3
+            or c.is_gemma
             or c.mla is not None
             or c.rope_local_theta is not None
             or c.nope_layers

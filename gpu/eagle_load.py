@@ -90,7 +90,7 @@ class EagleModel:
 def check_eagle(target: ModelConfig, head: ModelConfig, *, eagle3: bool = False) -> None:
     """ConfigError when `head` cannot propose tokens for `target`. An EAGLE-3 head's width
     may differ from the model's (its target_hidden_size: gpu/eagle3_load.py checks it)."""
-    if target.mla is not None or target.is_gemma3:
+    if target.mla is not None or target.is_gemma:
         raise ConfigError(
             f"speculative_method 'eagle' needs a Llama/Qwen-style model; the model's "
             f"model_type is {target.model_type!r} (a DeepSeek-V3 checkpoint's own "

@@ -1,4 +1,4 @@
-"""Gemma 3's decoder layer: sandwich norms around attention and a GeGLU MLP.
+"""Gemma 2's and Gemma 3's decoder layer: sandwich norms around attention and a GeGLU MLP.
 
     h = h + post_attention_norm(attention(input_norm(h)))
     h = h + post_feedforward_norm(mlp(pre_feedforward_norm(h)))
@@ -21,8 +21,9 @@ from troupe.kernels.ops import KernelOps
 
 
 class Gemma3Layer(DecoderLayer):
-    """DecoderLayer plus the pre/post feed-forward norms; q/k norm and the window come from
-    the config (ModelConfig.qk_norm, layer_windows)."""
+    """DecoderLayer plus the pre/post feed-forward norms; q/k norm (Gemma 3), the window and
+    the attention scores' cap (Gemma 2) come from the config (ModelConfig.qk_norm,
+    layer_windows, attn_logit_softcapping)."""
 
     def __init__(
         self, config: ModelConfig, dtype: torch.dtype, device: torch.device, layer_index: int = 0

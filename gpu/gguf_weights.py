@@ -61,7 +61,44 @@ def read_gguf_config(path: Path) -> ModelConfig:
     if _arch(path) == "deepseek2":
         cfg = deepseek2_hf_config(fields, has_output_weight="output.weight" in names)
         return ModelConfig.from_hf_dict(cfg)
-    return ModelConfig.from_gguf_fields(fields, has_output_weight="output.weight" in names)
+    return llama_gguf_config(fields, has_output_weight="output.weight" in names)
+
+
+def llama_gguf_config(fields: dict[str, Any], *, has_output_weight: bool) -> ModelConfig:
+    """Build from decoded GGUF metadata (key -> python value); only the llama arch."""
+    arch = fields.get("general.architecture")
+    if arch != "llama":
+        raise ModelLoadError(
+            f"GGUF general.architecture {arch!r} is not supported; expected 'llama'"
+        )
+
+    def need(key: str) -> Any:
+        if f"llama.{key}" not in fields:
+            raise ModelLoadError(f"GGUF metadata is missing 'llama.{key}'")
+        return fields[f"llama.{key}"]
+
+    hidden = int(need("embedding_length"))
+    num_heads = int(need("attention.head_count"))
+    vocab = fields.get("llama.vocab_size")
+    if vocab is None:
+        vocab = len(fields.get("tokenizer.ggml.tokens", ()))
+    eos = fields.get("tokenizer.ggml.eos_token_id")
+    return ModelConfig(
+        model_type="llama",
+        hidden_size=hidden,
+        num_layers=int(need("block_count")),
+        num_heads=num_heads,
+        num_kv_heads=int(fields.get("llama.attention.head_count_kv", num_heads)),
+        head_dim=int(fields.get("llama.rope.dimension_count", hidden // num_heads)),
+        intermediate_size=int(need("feed_forward_length")),
+        vocab_size=int(vocab),
+        rms_norm_eps=float(fields.get("llama.attention.layer_norm_rms_epsilon", 1e-5)),
+        rope_theta=float(fields.get("llama.rope.freq_base", 10000.0)),
+        tie_word_embeddings=not has_output_weight,
+        max_position_embeddings=int(fields.get("llama.context_length", 4096)),
+        eos_token_ids=(int(eos),) if eos is not None else (),
+        torch_dtype=torch.float32,
+    )
 
 
 def _arch(path: Path) -> str:

@@ -6,7 +6,7 @@ norms around attention and the MLP, under other names, and a SwiGLU MLP.
 
 So it is Gemma3Layer's forward with GLM's names read into Gemma's slots (its
 post_attention_layernorm is the MLP's input norm, Gemma's pre_feedforward_layernorm); its
-norms hold the weight as shipped (no 1 added: that is ModelConfig.is_gemma3's). Its rotary is
+norms hold the weight as shipped (no 1 added: that is ModelConfig.is_gemma's). Its rotary is
 partial and interleaved (ModelConfig.rotary_dim, rope_interleaved): the loader reorders q/k for
 the kernels (gpu/rope_layers.py).
 """

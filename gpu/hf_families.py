@@ -1,4 +1,4 @@
-"""What an HF config.json declares beyond the Llama shape: sliding windows, Gemma 3's fields and
+"""What an HF config.json declares beyond the Llama shape: sliding windows, Gemma's fields and
 Granite's multipliers.
 
 Sliding windows, per layer (0: full attention), as transformers builds them:
@@ -8,12 +8,15 @@ Sliding windows, per layer (0: full attention), as transformers builds them:
     qwen2 / qwen3              `use_sliding_window`: layers i >= max_window_layers get it
     smollm3                    `use_sliding_window` gates its layer_types
     gemma3_text                every `sliding_window_pattern`-th layer (1-based) is global
+    gemma2                     the same, every 2nd
     exaone4                    the same, or a pattern of letters ("LLLG": L local, G global)
                                repeated from layer 0
 
 Gemma 3 text: attention scaled by query_pre_attn_scalar ** -0.5, GeGLU, embeddings times
 sqrt(hidden), RMSNorm with (1 + weight), sandwich norms around attention and MLP, q/k norm,
-local layers on their own RoPE base (rope_local_base_freq), final logit soft-capping.
+local layers on their own RoPE base (rope_local_base_freq), final logit soft-capping. Gemma 2:
+the same without the q/k norm, on one RoPE base, and with the attention scores soft-capped too
+(attn_logit_softcapping: score -> cap * tanh(score / cap), kernels/softcap.py).
 
 Biases, as each family's transformers module declares them:
 
@@ -63,21 +66,34 @@ def layer_windows(cfg: dict[str, Any], model_type: str, num_layers: int) -> tupl
                 f"config.json: sliding_window_pattern {letters!r} is not made of L and G"
             )
         windows = [window if letters[i % len(letters)] == "L" else 0 for i in range(num_layers)]
-    elif model_type in ("gemma3_text", "exaone4"):
-        pattern = int(cfg.get("sliding_window_pattern", 6 if model_type == "gemma3_text" else 4))
+    elif model_type in ("gemma2", "gemma3_text", "exaone4"):
+        default = {"gemma2": 2, "gemma3_text": 6}.get(model_type, 4)
+        pattern = int(cfg.get("sliding_window_pattern", default))
         windows = [window if (i + 1) % pattern else 0 for i in range(num_layers)]
     else:
         windows = [window] * num_layers
     return tuple(windows) if any(windows) else ()
 
 
-def gemma3_fields(cfg: dict[str, Any]) -> dict[str, Any]:
-    """ModelConfig fields that Gemma 3 text sets differently (both config.json spellings)."""
+def gemma_fields(cfg: dict[str, Any], model_type: str) -> dict[str, Any]:
+    """ModelConfig fields that Gemma 2 and Gemma 3 text set differently (both config.json
+    spellings; a key Gemma 2's config leaves out takes transformers' default)."""
     if cfg.get("use_bidirectional_attention"):
         raise ValueError("config.json: use_bidirectional_attention is not supported")
     act = cfg.get("hidden_activation") or cfg.get("hidden_act") or "gelu_pytorch_tanh"
-    if act not in ("gelu_pytorch_tanh", "gelu"):  # HF's Gemma 3 runs gelu as tanh-gelu too
+    if act not in ("gelu_pytorch_tanh", "gelu"):  # HF's Gemmas run gelu as tanh-gelu too
         raise ValueError(f"config.json: hidden_activation {act!r} is not supported")
+    gemma2 = model_type == "gemma2"
+    cap = cfg.get("final_logit_softcapping", 30.0 if gemma2 else None)
+    fields: dict[str, Any] = {
+        "hidden_act": "gelu_tanh",
+        "query_pre_attn_scalar": float(cfg.get("query_pre_attn_scalar", 256)),
+        "final_logit_softcapping": float(cap) if cap else None,
+        "tie_word_embeddings": bool(cfg.get("tie_word_embeddings", True)),
+    }
+    if gemma2:  # one RoPE base for every layer, read as any family's
+        attn_cap = cfg.get("attn_logit_softcapping", 50.0)
+        return fields | {"attn_logit_softcapping": float(attn_cap) if attn_cap else None}
     rope = cfg.get("rope_parameters") or {}
     full = dict(rope.get("full_attention") or {})
     local = dict(rope.get("sliding_attention") or {})
@@ -86,16 +102,11 @@ def gemma3_fields(cfg: dict[str, Any]) -> dict[str, Any]:
     scaling = cfg.get("rope_scaling") or {k: v for k, v in full.items() if k != "rope_theta"}
     if scaling.get("rope_type", scaling.get("type", "default")) == "default":
         scaling = {}
-    cap = cfg.get("final_logit_softcapping")
-    return {
+    return fields | {
         "qk_norm": True,
-        "hidden_act": "gelu_tanh",
         "rope_theta": float(theta),
         "rope_local_theta": float(local_theta),
         "rope_scaling": scaling or None,
-        "query_pre_attn_scalar": float(cfg.get("query_pre_attn_scalar", 256)),
-        "final_logit_softcapping": float(cap) if cap else None,
-        "tie_word_embeddings": bool(cfg.get("tie_word_embeddings", True)),
     }
 
 

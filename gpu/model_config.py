@@ -14,7 +14,7 @@ from troupe.gpu.deepseek_config import DEEPSEEK_TYPES, MlaConfig, deepseek_model
 from troupe.gpu.hf_families import (
     GraniteScales,
     bias_fields,
-    gemma3_fields,
+    gemma_fields,
     granite_fields,
     layer_windows,
 )
@@ -59,11 +59,13 @@ SUPPORTED_MODEL_TYPES = (
     "ernie4_5",
     "ernie4_5_moe",
     "seed_oss",
+    "gemma2",
     "gemma3_text",
     *DEEPSEEK_TYPES,
 )
 
 
+GEMMA_TYPES = ("gemma2", "gemma3_text")
 # families whose transformers config ties the embeddings unless config.json says otherwise
 TIED_BY_DEFAULT = ("ernie4_5", "ernie4_5_moe")
 
@@ -104,6 +106,7 @@ class ModelConfig:
     rotary_dim: int = 0  # dims of a head RoPE rotates (partial_rotary_factor); 0: all
     rope_interleaved: bool = False  # pairs (2i, 2i + 1) rotate together (GLM-4), not halves
     final_logit_softcapping: float | None = None
+    attn_logit_softcapping: float | None = None  # Gemma 2's cap on the attention scores
     granite: GraniteScales | None = None  # Granite's multipliers (gpu/hf_families.py)
     moe: MoeConfig | None = None  # experts (Qwen3-MoE, gpu/moe_config.py); None: dense MLPs
     mla: MlaConfig | None = None  # latent attention (DeepSeek, gpu/deepseek_config.py)
@@ -113,8 +116,9 @@ class ModelConfig:
     text_of: str | None = None  # the multimodal wrapper it was read from (gpu/text_part.py)
 
     @property
-    def is_gemma3(self) -> bool:
-        return self.model_type == "gemma3_text"
+    def is_gemma(self) -> bool:
+        """Gemma 2 or 3: sandwich norms, (1 + weight) norms, embeddings times sqrt(hidden)."""
+        return self.model_type in GEMMA_TYPES
 
     @property
     def kv_window(self) -> int:
@@ -231,7 +235,7 @@ class ModelConfig:
                 scaling = rope_scaling(cfg.get("rope_scaling") or rope_params, cfg)
             classifier = read_classifier(cfg)
             windows = layer_windows(cfg, model_type, num_layers)
-            family = gemma3_fields(cfg) if model_type == "gemma3_text" else {}
+            family = gemma_fields(cfg, model_type) if model_type in GEMMA_TYPES else {}
             if model_type in ("qwen3_moe", "qwen2_moe"):
                 family = {"moe": qwen3_moe_fields(cfg, num_layers)}
             if model_type == "mixtral":
@@ -301,43 +305,6 @@ class ModelConfig:
         gen_file = folder / "generation_config.json"
         gen = read_json_object(gen_file) if gen_file.is_file() else None
         return cls.from_hf_dict(cfg, gen)
-
-    @classmethod
-    def from_gguf_fields(cls, fields: dict[str, Any], *, has_output_weight: bool) -> ModelConfig:
-        """Build from decoded GGUF metadata (key -> python value); only the llama arch."""
-        arch = fields.get("general.architecture")
-        if arch != "llama":
-            raise ModelLoadError(
-                f"GGUF general.architecture {arch!r} is not supported; expected 'llama'"
-            )
-
-        def need(key: str) -> Any:
-            if f"llama.{key}" not in fields:
-                raise ModelLoadError(f"GGUF metadata is missing 'llama.{key}'")
-            return fields[f"llama.{key}"]
-
-        hidden = int(need("embedding_length"))
-        num_heads = int(need("attention.head_count"))
-        vocab = fields.get("llama.vocab_size")
-        if vocab is None:
-            vocab = len(fields.get("tokenizer.ggml.tokens", ()))
-        eos = fields.get("tokenizer.ggml.eos_token_id")
-        return cls(
-            model_type="llama",
-            hidden_size=hidden,
-            num_layers=int(need("block_count")),
-            num_heads=num_heads,
-            num_kv_heads=int(fields.get("llama.attention.head_count_kv", num_heads)),
-            head_dim=int(fields.get("llama.rope.dimension_count", hidden // num_heads)),
-            intermediate_size=int(need("feed_forward_length")),
-            vocab_size=int(vocab),
-            rms_norm_eps=float(fields.get("llama.attention.layer_norm_rms_epsilon", 1e-5)),
-            rope_theta=float(fields.get("llama.rope.freq_base", 10000.0)),
-            tie_word_embeddings=not has_output_weight,
-            max_position_embeddings=int(fields.get("llama.context_length", 4096)),
-            eos_token_ids=(int(eos),) if eos is not None else (),
-            torch_dtype=torch.float32,
-        )
 
 
 def read_json_object(path: Path) -> dict[str, Any]:

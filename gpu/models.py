@@ -1,9 +1,10 @@
-"""One decoder module for the Llama, Mistral, Qwen2, Qwen3 and Gemma 3 families, paged KV.
+"""One decoder module for the Llama, Mistral, Qwen2, Qwen3 and Gemma families, paged KV.
 
 Differences between the families are flags of ModelConfig: qkv bias (Qwen2), per-head q/k
 RMSNorm before RoPE (Qwen3, Gemma 3), tied embeddings, llama3 RoPE scaling, per layer sliding
-windows (Mistral, Qwen2, Gemma 3); Gemma 3's layer is gpu/gemma3_layer.py. Projections are fused
-(qkv, gate+up) so a layer runs four GEMMs; gpu/weight_fill.py fills them from HF tensor names.
+windows (Mistral, Qwen2, Gemma), Gemma 2's soft-capped attention scores; the Gemmas' layer is
+gpu/gemma3_layer.py. Projections are fused (qkv, gate+up) so a layer runs four GEMMs;
+gpu/weight_fill.py fills them from HF tensor names.
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ class DecoderLayer(nn.Module):
         self.gate_up_bias = param(2 * c.intermediate_size) if c.mlp_bias else None
         self.down_bias = param(c.hidden_size) if c.mlp_bias else None
         self.scale = (c.query_pre_attn_scalar or c.head_dim) ** -0.5
+        self.softcap = c.attn_logit_softcapping or 0.0  # Gemma 2: scores capped (0: not)
         # Granite: its attention scale, and the outputs' weight in the residual stream
         self.residual_scale: float | None = None
         if c.granite is not None:
@@ -162,6 +164,7 @@ class DecoderLayer(nn.Module):
                 k_scale=k_scale,
                 v_scale=v_scale,
                 seq_order=meta.decode_order,
+                softcap=self.softcap,
             )
         else:
             attn = ops.paged_attention(
@@ -180,6 +183,7 @@ class DecoderLayer(nn.Module):
                 v_scale=v_scale,
                 seq_order=meta.decode_order,
                 new_kv=new_kv,
+                softcap=self.softcap,
             )
         return linear(attn.reshape(num_tokens, c.q_size), self.o_proj, self.o_bias)
 
@@ -194,13 +198,13 @@ class DecoderLayer(nn.Module):
 
 
 def _layer_class(config: ModelConfig, layer: int) -> type[DecoderLayer]:
-    """The module of one layer: Gemma 3's, DeepSeek's MLA layer (gpu/mla_layer.py), OLMo 2's
+    """The module of one layer: the Gemmas', DeepSeek's MLA layer (gpu/mla_layer.py), OLMo 2's
     (gpu/olmo2_layer.py), an MoE layer (gpu/moe_layer.py) or the plain one."""
     if config.mla is not None:
         from troupe.gpu.mla_layer import MlaLayer
 
         return MlaLayer
-    if config.is_gemma3:
+    if config.is_gemma:
         from troupe.gpu.gemma3_layer import Gemma3Layer  # they subclass DecoderLayer
 
         return Gemma3Layer
@@ -309,7 +313,7 @@ class DecoderModel(nn.Module):
         """The first layer's input: the tokens' embedding rows (Gemma 3, Granite: scaled), with
         an embeddings prompt's rows put in by `input_rows` (gpu/embed_rows.py)."""
         hidden = self.embed(input_ids)
-        if self.config.is_gemma3:  # HF scales in the weights' dtype
+        if self.config.is_gemma:  # HF scales in the weights' dtype
             hidden = hidden * torch.tensor(self.config.hidden_size**0.5, dtype=hidden.dtype)
         if input_rows is not None:  # after Gemma's scaling: HF's inputs_embeds are not scaled
             hidden = input_rows(hidden)

@@ -95,7 +95,7 @@ def max_stream_len(config: EngineConfig, device: torch.device, model: ModelConfi
     has the sink clause (the CPU: kernels/streaming_attention.py; the Triton kernels, the
     CUDA graphs and the overlapped decode do not have it yet) and the model attends as it
     expects (no sliding window, no MLA, no draft model to keep in step, one rank); else 0."""
-    plain = not model.layer_windows and model.mla is None and not model.is_gemma3
+    plain = not model.layer_windows and model.mla is None and not model.is_gemma
     single = not config.executor_proposes and config.tensor_parallel_size == 1
     return config.streaming_max_len if device.type == "cpu" and plain and single else 0
 

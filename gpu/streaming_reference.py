@@ -35,7 +35,7 @@ class StreamingReference:
 
     def __init__(self, model: DecoderModel, *, sink_tokens: int, window: int) -> None:
         c = model.config
-        if c.mla is not None or c.layer_windows or c.is_gemma3 or c.moe is not None:
+        if c.mla is not None or c.layer_windows or c.is_gemma or c.moe is not None:
             raise ValueError("the streaming reference covers dense models without windows")
         self.model, self.sink_tokens, self.window = model, sink_tokens, window
         self.num_tokens = 0

@@ -315,7 +315,7 @@ def load_shard(
     for table in (model.embed_tokens, model.lm_head):
         if isinstance(table, torch.Tensor):
             table[nv:].zero_()  # padding rows: their logits are cut off after the gather
-    if model.config.is_gemma3:  # Gemma's RMSNorm scales by (1 + weight): fold the 1 in once
+    if model.config.is_gemma:  # Gemma's RMSNorm scales by (1 + weight): fold the 1 in once
         for name, param in model.named_parameters():
             if name.endswith("norm"):
                 param.add_(1.0)

@@ -186,7 +186,7 @@ def random_weights(
         return (torch.randn(*shape, generator=gen) * std).to(dtype)
 
     def norm(size: int) -> torch.Tensor:
-        center = 0.0 if c.is_gemma3 else 1.0  # Gemma's norms scale by (1 + weight)
+        center = 0.0 if c.is_gemma else 1.0  # Gemma's norms scale by (1 + weight)
         return (center + 0.1 * torch.randn(size, generator=gen)).to(dtype)
 
     out = {
@@ -231,7 +231,7 @@ def random_weights(
         if c.qk_norm:
             out[p + "self_attn.q_norm.weight"] = norm(c.head_dim)
             out[p + "self_attn.k_norm.weight"] = norm(c.head_dim)
-        if c.is_gemma3:
+        if c.is_gemma:
             out[p + "pre_feedforward_layernorm.weight"] = norm(c.hidden_size)
             out[p + "post_feedforward_layernorm.weight"] = norm(c.hidden_size)
     return out

@@ -40,6 +40,7 @@ from .decode_group import softmax_step
 from .decode_program import program_sequence
 from .fp8_tile import Fp8Convert
 from .sm_count import num_sms
+from .softcap import softcap_log2, softcap_raw
 
 _LOG2E = 1.4426950408889634
 _MIN_TOKENS_PER_SPLIT = 128  # below this a split's fixed cost outweighs the parallelism gained
@@ -116,6 +117,7 @@ def _decode_split_kernel(
     order_ptr,  # int32 [S] when HAS_ORDER: the sequences in launch order (decode_order.py)
     qk_scale,  # softmax scale * log2(e)
     window,  # sliding window in tokens, 0: none
+    cap,  # the scores' soft cap in log2 units when SOFTCAP (kernels/softcap.py)
     num_splits,
     stride_qs,
     stride_qh,
@@ -138,6 +140,7 @@ def _decode_split_kernel(
     BLOCK_D: tl.constexpr,
     BLOCK_S: tl.constexpr,  # num_splits rounded up to a power of two (FUSED)
     PRECISION: tl.constexpr,  # tl.dot's input precision (dot_precision)
+    SOFTCAP: tl.constexpr,  # scores soft-capped (Gemma 2)
 ):
     seq = program_sequence(order_ptr, HAS_ORDER)  # grid (kv head, position, split)
     kv_head = tl.program_id(0)
@@ -191,7 +194,10 @@ def _decode_split_kernel(
         k = tl.load(k_cache_ptr + kv_offs, mask=kv_mask, other=0.0).to(q.dtype)
         v = tl.load(v_cache_ptr + kv_offs, mask=kv_mask, other=0.0).to(q.dtype)
 
-        qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # [BLOCK_G, BLOCK_N]
+        qk = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # [BLOCK_G, BLOCK_N]
+        if SOFTCAP:
+            qk = softcap_raw(qk, qk_scale, cap)
+        qk = qk * qk_scale
         m_i, l_i, acc = softmax_step(qk, n_mask, v, m_i, l_i, acc, PRECISION)
 
     # An empty split (short sequence) leaves l_i = 0, m_i = -inf: it stores o = 0, lse = -inf,
@@ -262,6 +268,7 @@ def paged_decode_attention_triton(
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
     seq_order: torch.Tensor | None = None,
+    softcap: float = 0.0,
 ) -> torch.Tensor:
     """q [S, Hq, D], one query per sequence at its last position; returns [S, Hq, D].
 
@@ -269,6 +276,7 @@ def paged_decode_attention_triton(
     start (kernels/decode_order.py); the result does not depend on it.
 
     sliding_window > 0: the query sees only the last sliding_window keys (splits cover those).
+    softcap > 0: each score is softcap * tanh(score / softcap) (kernels/softcap.py).
 
     `num_valid` (device int32 [1]): only sequences below it are computed, the other rows of
     out are left alone; the grid stays S, so a CUDA graph replays it for any count.
@@ -313,6 +321,7 @@ def paged_decode_attention_triton(
         launch_split_fp8(
             q, k_cache, v_cache, out, part_out, part_lse, block_tables, seq_lens,
             num_valid, seq_order, k_scale, v_scale, scale * _LOG2E, sliding_window, num_splits,
+            softcap=softcap,
             block_n=block_n, block_d=block_d, num_warps=config.num_warps,
             num_stages=config.num_stages if on_gpu else 1, convert=config.fp8_convert,
         )  # fmt: skip
@@ -332,6 +341,7 @@ def paged_decode_attention_triton(
             seq_lens if seq_order is None else seq_order,
             scale * _LOG2E,
             sliding_window,
+            softcap_log2(softcap),
             num_splits,
             q.stride(0),
             q.stride(1),
@@ -355,6 +365,7 @@ def paged_decode_attention_triton(
             BLOCK_D=block_d,
             BLOCK_S=32 if fused else 1,  # merged 32 splits at a time (one compile for all counts)
             PRECISION=dot_precision(q.dtype),
+            SOFTCAP=softcap > 0,
             num_warps=config.num_warps,
             num_stages=config.num_stages if on_gpu else 1,
         )

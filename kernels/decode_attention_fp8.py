@@ -39,6 +39,7 @@ import triton.language as tl
 from .decode_group import softmax_step
 from .decode_program import program_sequence
 from .fp8_tile import Fp8Convert, f16_at_load, load_tile, tile_start
+from .softcap import softcap_log2, softcap_raw
 
 _F16_MAX = tl.constexpr(65504.0)  # a global a kernel reads must be a constexpr
 
@@ -59,6 +60,7 @@ def decode_split_fp8_kernel(
     v_scale_ptr,
     qk_scale,  # softmax scale * log2(e)
     window,  # sliding window in tokens, 0: none
+    cap,  # the scores' soft cap in log2 units when SOFTCAP (kernels/softcap.py)
     stride_qs,
     stride_qh,
     stride_os,
@@ -77,6 +79,7 @@ def decode_split_fp8_kernel(
     BLOCK_D: tl.constexpr,
     K_AT_LOAD: tl.constexpr,  # f16_at_load for K (fp8_tile.Fp8Convert)
     V_AT_LOAD: tl.constexpr,  # and for V
+    SOFTCAP: tl.constexpr,  # scores soft-capped (Gemma 2)
 ):
     seq = program_sequence(order_ptr, HAS_ORDER)  # grid (kv head, position, split)
     kv_head = tl.program_id(0)
@@ -113,7 +116,10 @@ def decode_split_fp8_kernel(
         )  # fmt: skip
         k = f16_at_load(k8) if K_AT_LOAD else k8.to(tl.float16)
         v = f16_at_load(v8) if V_AT_LOAD else v8.to(tl.float16)
-        qk = tl.dot(q, tl.trans(k)) * qk_scale  # [BLOCK_G, BLOCK_N], fp32
+        qk = tl.dot(q, tl.trans(k))  # [BLOCK_G, BLOCK_N], fp32
+        if SOFTCAP:
+            qk = softcap_raw(qk, qk_scale, cap)
+        qk = qk * qk_scale
         m_i, l_i, acc = softmax_step(qk, cur_mask, v, m_i, l_i, acc, "tf32")  # fp16 ignores it
 
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
@@ -155,6 +161,7 @@ def launch_split_fp8(
     num_warps: int,
     num_stages: int,
     convert: Fp8Convert = Fp8Convert.AT_DOT,
+    softcap: float = 0.0,
 ) -> None:
     """Pass 1; with several splits it leaves pass 2 (the merge of the partials, laid out as
     decode_attention's) to the caller. `convert` applies on CUDA (the interpreter: AT_DOT)."""
@@ -164,14 +171,14 @@ def launch_split_fp8(
         num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
         block_size=block_size, num_splits=num_splits, has_limit=num_valid is not None,
         has_order=seq_order is not None, block_n=block_n,
-        convert=convert if q.is_cuda else Fp8Convert.AT_DOT,
+        convert=convert if q.is_cuda else Fp8Convert.AT_DOT, softcap=softcap > 0,
     )  # fmt: skip
     decode_split_fp8_kernel[(num_kv_heads, num_seqs, num_splits)](  # decode_order.py
         q, k_cache, v_cache, out, part_out, part_lse, block_tables, seq_lens,
         seq_lens if num_valid is None else num_valid,
         seq_lens if seq_order is None else seq_order, k_scale, v_scale, qk_scale,
-        sliding_window, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-        block_tables.stride(0), num_kv_heads * head_dim, **consts,
+        sliding_window, softcap_log2(softcap), q.stride(0), q.stride(1), out.stride(0),
+        out.stride(1), block_tables.stride(0), num_kv_heads * head_dim, **consts,
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
 
@@ -187,6 +194,7 @@ def kernel_constexprs(
     block_n: int,
     has_order: bool = False,
     convert: Fp8Convert = Fp8Convert.AT_DOT,
+    softcap: bool = False,
 ) -> dict[str, object]:
     """The compile-time arguments of decode_split_fp8_kernel (also ops/fp8_compile_check's)."""
     group = num_q_heads // num_kv_heads
@@ -198,5 +206,5 @@ def kernel_constexprs(
         "BLOCK_G": max(16, triton.next_power_of_2(group)), "BLOCK_N": block_n,
         "BLOCK_D": triton.next_power_of_2(head_dim),
         "K_AT_LOAD": convert is Fp8Convert.KV_AT_LOAD,
-        "V_AT_LOAD": convert is not Fp8Convert.AT_DOT,
+        "V_AT_LOAD": convert is not Fp8Convert.AT_DOT, "SOFTCAP": softcap,
     }  # fmt: skip

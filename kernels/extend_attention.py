@@ -37,6 +37,7 @@ from .attention_tiles import find_seq, load_tile_q, store_tile
 from .decode_attention import dot_precision, paged_decode_attention_triton
 from .paged_attention import _attend
 from .prefill_hopper import hopper_prefill_ok, prefill_attention_hopper
+from .softcap import softcap_log2, softcap_raw
 
 _LOG2E = 1.4426950408889634
 
@@ -60,9 +61,10 @@ DEFAULT_EXTEND = ExtendConfig()
 @triton.jit
 def _attend_new(
     acc, m_i, l_i, q, tok, k_desc, v_desc, k_ptr, v_ptr, stride_kt, q_start, kv_col, start,
-    end, q_len, qk_scale, window,
+    end, q_len, qk_scale, window, cap,
     MASKED: tl.constexpr, WINDOWED: tl.constexpr, TMA: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr, PRECISION: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):  # fmt: skip
     """Online softmax over the sequence's new keys [start, end) (indices among its new tokens);
     MASKED applies the causal mask (row r sees new keys <= tok[r]) and, WINDOWED, the window
@@ -79,6 +81,8 @@ def _attend_new(
             kv_mask = (offs_n < q_len)[:, None] & d_mask[None, :]
             k = tl.load(k_ptr + rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
         qk = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+        if SOFTCAP:
+            qk = softcap_raw(qk, qk_scale, cap)
         if MASKED:
             visible = offs_n[None, :] <= tok[:, None]
             if WINDOWED:  # a band's last tile may run past its end: those keys are the next's
@@ -107,12 +111,13 @@ def _attend_new(
 def _extend_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, k_desc, v_desc, k_new_ptr, v_new_ptr, out_ptr,
     block_tables_ptr, seq_lens_ptr, query_start_loc_ptr, decode_prefix_ptr, k_scale_ptr,
-    v_scale_ptr, num_seqs, qk_scale, window,
+    v_scale_ptr, num_seqs, qk_scale, window, cap,
     stride_qt, stride_qh, stride_kt, stride_ot, stride_oh, stride_bt, stride_slot,
     HAS_PREFIX: tl.constexpr, TMA: tl.constexpr, PAGED: tl.constexpr, WINDOWED: tl.constexpr,
     FP8: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_G: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):  # fmt: skip
     tile = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -162,18 +167,18 @@ def _extend_kernel(
         b_start = tl.minimum(tl.maximum(shared, lo), c_start)
         acc, m_i, l_i = _attend(
             acc, m_i, l_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row, kv_head, lo, b_start,
-            stride_slot, qk_scale, window, True, False, True, False, False, HEAD_DIM,
-            BLOCK_SIZE, BLOCK_N, BLOCK_D, PRECISION,
+            stride_slot, qk_scale, window, cap, True, False, True, False, False, HEAD_DIM,
+            BLOCK_SIZE, BLOCK_N, BLOCK_D, PRECISION, SOFTCAP,
         )  # fmt: skip
         acc, m_i, l_i = _attend(
             acc, m_i, l_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row, kv_head, b_start,
-            c_start, stride_slot, qk_scale, window, False, False, True, False, False, HEAD_DIM,
-            BLOCK_SIZE, BLOCK_N, BLOCK_D, PRECISION,
+            c_start, stride_slot, qk_scale, window, cap, False, False, True, False, False, HEAD_DIM,
+            BLOCK_SIZE, BLOCK_N, BLOCK_D, PRECISION, SOFTCAP,
         )  # fmt: skip
         acc, m_i, l_i = _attend(
             acc, m_i, l_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row, kv_head, c_start,
-            ctx_len, stride_slot, qk_scale, window, True, False, True, False, False, HEAD_DIM,
-            BLOCK_SIZE, BLOCK_N, BLOCK_D, PRECISION,
+            ctx_len, stride_slot, qk_scale, window, cap, True, False, True, False, False, HEAD_DIM,
+            BLOCK_SIZE, BLOCK_N, BLOCK_D, PRECISION, SOFTCAP,
         )  # fmt: skip
         lo = tl.maximum(first_tok - window + 1, 0)
         c_start = tl.maximum(band, lo)
@@ -181,18 +186,18 @@ def _extend_kernel(
         b_start = tl.minimum(tl.maximum(shared, lo), c_start)
         acc, m_i, l_i = _attend_new(
             acc, m_i, l_i, q, tok, k_desc, v_desc, k_new_ptr, v_new_ptr, stride_kt, q_start,
-            kv_col, lo, b_start, q_len, qk_scale, window, True, True, TMA, BLOCK_N, BLOCK_D,
-            HEAD_DIM, PRECISION,
+            kv_col, lo, b_start, q_len, qk_scale, window, cap, True, True, TMA, BLOCK_N, BLOCK_D,
+            HEAD_DIM, PRECISION, SOFTCAP,
         )  # fmt: skip
         acc, m_i, l_i = _attend_new(
             acc, m_i, l_i, q, tok, k_desc, v_desc, k_new_ptr, v_new_ptr, stride_kt, q_start,
-            kv_col, b_start, c_start, q_len, qk_scale, window, False, True, TMA, BLOCK_N,
-            BLOCK_D, HEAD_DIM, PRECISION,
+            kv_col, b_start, c_start, q_len, qk_scale, window, cap, False, True, TMA, BLOCK_N,
+            BLOCK_D, HEAD_DIM, PRECISION, SOFTCAP,
         )  # fmt: skip
         acc, m_i, l_i = _attend_new(
             acc, m_i, l_i, q, tok, k_desc, v_desc, k_new_ptr, v_new_ptr, stride_kt, q_start,
-            kv_col, c_start, last, q_len, qk_scale, window, True, True, TMA, BLOCK_N, BLOCK_D,
-            HEAD_DIM, PRECISION,
+            kv_col, c_start, last, q_len, qk_scale, window, cap, True, True, TMA, BLOCK_N, BLOCK_D,
+            HEAD_DIM, PRECISION, SOFTCAP,
         )  # fmt: skip
     else:
         # The cached prefix: every row sees all of it; whole BLOCK_N tiles unmasked, the
@@ -200,24 +205,24 @@ def _extend_kernel(
         big = 1 << 30
         acc, m_i, l_i = _attend(
             acc, m_i, l_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row, kv_head, 0, full,
-            stride_slot, qk_scale, big, False, PAGED, True, False, False, HEAD_DIM, BLOCK_SIZE,
-            BLOCK_N, BLOCK_D, PRECISION,
+            stride_slot, qk_scale, big, cap, False, PAGED, True, False, False, HEAD_DIM, BLOCK_SIZE,
+            BLOCK_N, BLOCK_D, PRECISION, SOFTCAP,
         )  # fmt: skip
         acc, m_i, l_i = _attend(
             acc, m_i, l_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row, kv_head, full, ctx_len,
-            stride_slot, qk_scale, big, True, PAGED, True, False, False, HEAD_DIM, BLOCK_SIZE,
-            BLOCK_N, BLOCK_D, PRECISION,
+            stride_slot, qk_scale, big, cap, True, PAGED, True, False, False, HEAD_DIM, BLOCK_SIZE,
+            BLOCK_N, BLOCK_D, PRECISION, SOFTCAP,
         )  # fmt: skip
         # The new keys: those before the tile's first token unmasked, the diagonal masked.
         acc, m_i, l_i = _attend_new(
             acc, m_i, l_i, q, tok, k_desc, v_desc, k_new_ptr, v_new_ptr, stride_kt, q_start,
-            kv_col, 0, band, q_len, qk_scale, 0, False, False, TMA, BLOCK_N, BLOCK_D, HEAD_DIM,
-            PRECISION,
+            kv_col, 0, band, q_len, qk_scale, 0, cap, False, False, TMA, BLOCK_N, BLOCK_D, HEAD_DIM,
+            PRECISION, SOFTCAP,
         )  # fmt: skip
         acc, m_i, l_i = _attend_new(
             acc, m_i, l_i, q, tok, k_desc, v_desc, k_new_ptr, v_new_ptr, stride_kt, q_start,
-            kv_col, band, last, q_len, qk_scale, 0, True, False, TMA, BLOCK_N, BLOCK_D,
-            HEAD_DIM, PRECISION,
+            kv_col, band, last, q_len, qk_scale, 0, cap, True, False, TMA, BLOCK_N, BLOCK_D,
+            HEAD_DIM, PRECISION, SOFTCAP,
         )  # fmt: skip
     # Every valid row sees itself, so l_i > 0 there; padded rows are not stored.
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
@@ -260,6 +265,7 @@ def extend_attention_triton(
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
     seq_order: torch.Tensor | None = None,
+    softcap: float = 0.0,
     config: ExtendConfig = DEFAULT_EXTEND,
     out: torch.Tensor | None = None,
     tma: bool | None = None,
@@ -270,7 +276,7 @@ def extend_attention_triton(
     x / scale rounded to e4m3, as prepare_qkv's keep_k leaves them). decode_prefix's sequences
     go to the decode kernel, which reads the cache. tma: None takes TMA where the views allow
     it on CUDA; hopper: None takes kernels/prefill_hopper.py where it applies (sm_90, bf16,
-    head_dim 128, no window or fp8); the kernel tests force either form."""
+    head_dim 128, no window, fp8 or soft cap); the kernel tests force either form."""
     num_tokens, num_q_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     k_new, v_new = new_kv
@@ -289,10 +295,12 @@ def extend_attention_triton(
         paged_decode_attention_triton(
             q[:num_seqs], k_cache, v_cache, block_tables, seq_lens, scale, max_seq_len,
             out=out[:num_seqs], num_valid=decode_prefix, sliding_window=sliding_window,
-            k_scale=k_scale, v_scale=v_scale, seq_order=seq_order,
+            k_scale=k_scale, v_scale=v_scale, seq_order=seq_order, softcap=softcap,
         )  # fmt: skip
     if hopper is None:
-        hopper = hopper_prefill_ok(q, k_cache, new_kv, sliding_window, k_scale is not None)
+        hopper = softcap == 0 and hopper_prefill_ok(
+            q, k_cache, new_kv, sliding_window, k_scale is not None
+        )
     if hopper:
         return prefill_attention_hopper(
             q, k_cache, v_cache, new_kv, block_tables, seq_lens, query_start_loc, scale, out,
@@ -319,13 +327,13 @@ def extend_attention_triton(
         query_start_loc, seq_lens if decode_prefix is None else decode_prefix,
         seq_lens if k_scale is None else k_scale,  # unused unless FP8
         seq_lens if v_scale is None else v_scale, num_seqs, scale * _LOG2E, sliding_window,
-        q.stride(0), q.stride(1), k_new.stride(0), out.stride(0), out.stride(1),
-        block_tables.stride(0), num_kv_heads * head_dim,
+        softcap_log2(softcap), q.stride(0), q.stride(1), k_new.stride(0), out.stride(0),
+        out.stride(1), block_tables.stride(0), num_kv_heads * head_dim,
         HAS_PREFIX=decode_prefix is not None, TMA=tma, PAGED=block_n % block_size == 0,
         WINDOWED=sliding_window > 0, FP8=k_scale is not None, GROUP=group, HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size, BLOCK_Q=block_q, BLOCK_G=block_g, BLOCK_N=block_n,
         BLOCK_D=triton.next_power_of_2(head_dim), PRECISION=dot_precision(q.dtype),
-        num_warps=config.num_warps if on_gpu else 4,
+        SOFTCAP=softcap > 0, num_warps=config.num_warps if on_gpu else 4,
         num_stages=(config.num_stages if q.element_size() == 2 else 2) if on_gpu else 1,
     )  # fmt: skip
     return out

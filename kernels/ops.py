@@ -65,6 +65,7 @@ class KernelOps(Protocol):
         v_scale: torch.Tensor | None = None,
         seq_order: torch.Tensor | None = None,
         new_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
+        softcap: float = 0.0,
     ) -> torch.Tensor:
         """Varlen causal attention for prefill, chunked prefill and decode rows in one call.
 
@@ -88,6 +89,9 @@ class KernelOps(Protocol):
         new_kv, a hint: the new tokens' K and V ([T, Hkv, D] views, row t the token of q's
         row t, exactly what the cache holds, in q's dtype: prepare_qkv's keep_k; an fp8
         cache's units x / scale), which an implementation may read instead of the cache.
+
+        softcap > 0: each score q . k * scale becomes softcap * tanh(score / softcap) before
+        the mask (Gemma 2's attention-logit soft-capping, kernels/softcap.py).
         """
         ...
 
@@ -105,9 +109,11 @@ class KernelOps(Protocol):
         k_scale: torch.Tensor | None = None,
         v_scale: torch.Tensor | None = None,
         seq_order: torch.Tensor | None = None,
+        softcap: float = 0.0,
     ) -> torch.Tensor:
         """Decode: q [S, Hq, D] holds one query per sequence, at position seq_lens[s] - 1.
-        With sliding_window > 0 it sees (and reads) only the last sliding_window keys.
+        With sliding_window > 0 it sees (and reads) only the last sliding_window keys;
+        softcap as in paged_attention.
 
         seq_order (device int32 [S], a permutation; AttentionMetadata.decode_order), a hint:
         the order in which an implementation should start the sequences' work (longest

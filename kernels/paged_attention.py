@@ -26,6 +26,7 @@ import triton.language as tl
 
 from .attention_tiles import find_seq, load_tile_q, store_tile
 from .decode_attention import dot_precision, paged_decode_attention_triton
+from .softcap import softcap_log2, softcap_raw
 
 _LOG2E = 1.4426950408889634
 
@@ -77,6 +78,7 @@ def _attend(
     stride_slot,
     qk_scale,
     window,  # keys older than q_pos - window are hidden (a huge number when unwindowed)
+    cap,  # the scores' soft cap in log2 units when SOFTCAP (kernels/softcap.py)
     MASKED: tl.constexpr,
     PAGED: tl.constexpr,  # one block-table load per page (start page-aligned, no window)
     FOLD: tl.constexpr,  # the scale folded into exp2's argument (an FMA) instead of a multiply
@@ -87,6 +89,7 @@ def _attend(
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     PRECISION: tl.constexpr,  # tl.dot's input precision (decode_attention.dot_precision)
+    SOFTCAP: tl.constexpr,  # scores soft-capped (Gemma 2)
 ):
     """Online softmax over keys [start, end); MASKED applies the causal, window and length
     masks. Nothing before start is read: a window may have freed those blocks. m_i is in scaled
@@ -113,6 +116,8 @@ def _attend(
         k = tl.load(k_cache_ptr + kv_offs, mask=kv_mask, other=0.0).to(q.dtype)
         v = tl.load(v_cache_ptr + kv_offs, mask=kv_mask, other=0.0).to(q.dtype)
         qk = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+        if SOFTCAP:
+            qk = softcap_raw(qk, qk_scale, cap)
         if not FOLD:
             qk = qk * qk_scale
         if MASKED:
@@ -173,6 +178,7 @@ def _paged_attention_kernel(
     num_seqs,
     qk_scale,  # softmax scale * log2(e)
     window,  # sliding window in tokens, 0: none
+    cap,  # the scores' soft cap in log2 units when SOFTCAP (kernels/softcap.py)
     stride_qt,
     stride_qh,
     stride_ot,
@@ -193,6 +199,7 @@ def _paged_attention_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     PRECISION: tl.constexpr,
+    SOFTCAP: tl.constexpr,  # scores soft-capped (Gemma 2)
 ):
     tile = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -244,18 +251,18 @@ def _paged_attention_kernel(
     b_start = tl.minimum(tl.maximum(tl.cdiv(full_lo, BLOCK_N) * BLOCK_N, win_lo), c_start)
     acc, m_i, l_i = _attend(
         acc, m_i, l_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row, kv_head, win_lo, b_start,
-        stride_slot, qk_scale, win, True, PAGED, FOLD, LAZY, False, HEAD_DIM, BLOCK_SIZE, BLOCK_N, BLOCK_D,
-        PRECISION,
+        stride_slot, qk_scale, win, cap, True, PAGED, FOLD, LAZY, False, HEAD_DIM, BLOCK_SIZE,
+        BLOCK_N, BLOCK_D, PRECISION, SOFTCAP,
     )  # fmt: skip
     acc, m_i, l_i = _attend(
         acc, m_i, l_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row, kv_head, b_start, c_start,
-        stride_slot, qk_scale, win, False, PAGED, FOLD, LAZY, WS, HEAD_DIM, BLOCK_SIZE, BLOCK_N, BLOCK_D,
-        PRECISION,
+        stride_slot, qk_scale, win, cap, False, PAGED, FOLD, LAZY, WS, HEAD_DIM, BLOCK_SIZE,
+        BLOCK_N, BLOCK_D, PRECISION, SOFTCAP,
     )  # fmt: skip
     acc, m_i, l_i = _attend(
         acc, m_i, l_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row, kv_head, c_start, kv_end,
-        stride_slot, qk_scale, win, True, PAGED, FOLD, LAZY, False, HEAD_DIM, BLOCK_SIZE, BLOCK_N, BLOCK_D,
-        PRECISION,
+        stride_slot, qk_scale, win, cap, True, PAGED, FOLD, LAZY, False, HEAD_DIM, BLOCK_SIZE,
+        BLOCK_N, BLOCK_D, PRECISION, SOFTCAP,
     )  # fmt: skip
     # Every valid row sees itself, so l_i > 0 there; padded rows are not stored.
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
@@ -279,12 +286,14 @@ def paged_attention_triton(
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
     seq_order: torch.Tensor | None = None,
+    softcap: float = 0.0,
     config: PrefillConfig = DEFAULT_CONFIG,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Varlen causal attention of q [T, Hq, D] over the paged cache; returns [T, Hq, D]
     (written into out when given). See the module doc for `decode_prefix`; sliding_window > 0
-    hides keys older than the last sliding_window positions of each query (HF's mask)."""
+    hides keys older than the last sliding_window positions of each query (HF's mask);
+    softcap > 0 caps the scores (kernels/softcap.py)."""
     del max_query_len  # the grid depends on shapes only, so a CUDA graph can replay it
     num_tokens, num_q_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
@@ -312,6 +321,7 @@ def paged_attention_triton(
             k_scale=k_scale,
             v_scale=v_scale,
             seq_order=seq_order,
+            softcap=softcap,
         )
     group = num_q_heads // num_kv_heads
     block_g = triton.next_power_of_2(group)
@@ -335,6 +345,7 @@ def paged_attention_triton(
         num_seqs,
         scale * _LOG2E,
         sliding_window,
+        softcap_log2(softcap),
         q.stride(0),
         q.stride(1),
         out.stride(0),
@@ -355,6 +366,7 @@ def paged_attention_triton(
         BLOCK_N=block_n,
         BLOCK_D=triton.next_power_of_2(head_dim),
         PRECISION=dot_precision(q.dtype),
+        SOFTCAP=softcap > 0,
         num_warps=config.num_warps if on_gpu else 4,
         num_stages=config.num_stages if on_gpu else 1,
     )

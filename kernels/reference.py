@@ -127,6 +127,7 @@ def paged_attention(
     v_scale: torch.Tensor | None = None,
     seq_order: torch.Tensor | None = None,
     new_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
+    softcap: float = 0.0,
 ) -> torch.Tensor:
     """Causal varlen attention: q [T, Hq, D]; sequence s owns q rows qsl[s]:qsl[s+1], which are
     the last tokens of its seq_lens[s] (already written to the cache). See kernels.ops."""
@@ -157,14 +158,14 @@ def paged_attention(
             mask = k_pos[None, :] <= q_pos[:, None]
             if sliding_window:
                 mask &= k_pos[None, :] > q_pos[:, None] - sliding_window
-        attn = F.scaled_dot_product_attention(
+        attn = _sdpa(
             _as(q[None, lo:hi].transpose(1, 2), torch.float32),
             _as(k[None].transpose(1, 2), torch.float32),
             _as(v[None].transpose(1, 2), torch.float32),
-            attn_mask=mask,
-            is_causal=mask is None and hi - lo > 1,
-            scale=scale,
-            enable_gqa=True,  # Hq = group x Hkv without copying K and V group times
+            mask,
+            mask is None and hi - lo > 1,
+            scale,
+            softcap,
         )
         out[lo:hi] = _as(attn[0].transpose(0, 1), q.dtype)
     return out
@@ -183,6 +184,7 @@ def paged_decode_attention(
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
     seq_order: torch.Tensor | None = None,
+    softcap: float = 0.0,
 ) -> torch.Tensor:
     """One query per sequence (q [S, Hq, D], the last of its seq_lens[s] tokens), batched: every
     sequence's context is gathered into one [S, W] window, W = max_seq_len in whole blocks (or
@@ -196,7 +198,9 @@ def paged_decode_attention(
     del seq_order  # a launch-order hint: one batched computation has none
     num_seqs, _, head_dim = q.shape
     if num_seqs == 1 and not sliding_window and k_scale is None:  # one stream: no mask
-        return _single_decode(q, k_cache, v_cache, block_tables[0], int(seq_lens[0]), scale)
+        return _single_decode(
+            q, k_cache, v_cache, block_tables[0], int(seq_lens[0]), scale, softcap
+        )
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     num_blocks = min(max(1, math.ceil(max_seq_len / block_size)), block_tables.shape[1])
     width = num_blocks * block_size
@@ -222,13 +226,14 @@ def paged_decode_attention(
             rows = flat.index_select(0, slots)
         return rows.view(num_seqs, width, num_kv_heads, head_dim).float().transpose(1, 2)
 
-    attn = F.scaled_dot_product_attention(
+    attn = _sdpa(
         q[:, :, None, :].float(),
         window(k_cache, k_scale),
         window(v_cache, v_scale),
-        attn_mask=visible[:, None, None, :],
-        scale=scale,
-        enable_gqa=True,
+        visible[:, None, None, :],
+        False,
+        scale,
+        softcap,
     )
     return attn[:, :, 0, :].to(q.dtype)
 
@@ -240,6 +245,7 @@ def _single_decode(
     block_table: torch.Tensor,
     seq_len: int,
     scale: float,
+    softcap: float,
 ) -> torch.Tensor:
     """One sequence's decode: its seq_len keys gathered in order, SDPA without a mask."""
     blocks = block_table[: math.ceil(seq_len / k_cache.shape[1])]
@@ -247,10 +253,35 @@ def _single_decode(
     k = _gather(k_cache, blocks, 0, seq_len, run)[None].transpose(1, 2)  # [1, Hkv, n, D]
     v = _gather(v_cache, blocks, 0, seq_len, run)[None].transpose(1, 2)
     f32 = torch.float32
-    attn = F.scaled_dot_product_attention(
-        _as(q[:, :, None, :], f32), _as(k, f32), _as(v, f32), scale=scale, enable_gqa=True
-    )
+    attn = _sdpa(_as(q[:, :, None, :], f32), _as(k, f32), _as(v, f32), None, False, scale, softcap)
     return _as(attn[:, :, 0, :], q.dtype)
+
+
+def _sdpa(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    is_causal: bool,
+    scale: float,
+    softcap: float,
+) -> torch.Tensor:
+    """Attention of [B, Hq, Lq, D] queries over [B, Hkv, Lk, D] keys and values (mask: True
+    where visible; is_causal: Lq == Lk, plain causal): SDPA (grouped-query heads without
+    copies), or with softcap > 0 the scores capped as transformers' eager attention caps them
+    (SDPA has no cap): score * scale / softcap, tanh, * softcap, then the mask."""
+    if not softcap:
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale, enable_gqa=True
+        )
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    scores = torch.tanh(q @ k.transpose(-1, -2) * scale / softcap) * softcap
+    if is_causal:
+        mask = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).tril()
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.softmax(scores, dim=-1) @ v
 
 
 def rms_norm(

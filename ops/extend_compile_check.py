@@ -4,7 +4,8 @@
 
 kernels/extend_attention.py's forms as the model launches them on Qwen3-0.6B heads (16 q, 8 kv,
 head_dim 128, GQA 2): new keys through TMA descriptors or pointers, 16-bit or fp32 values,
-cache blocks of 16 or 32 tokens, at the launch's stages, with a sliding window or an fp8 cache. Per form: registers per thread, spill
+cache blocks of 16 or 32 tokens, at the launch's stages, with a sliding window, an fp8 cache or
+Gemma 2's soft-capped scores. Per form: registers per thread, spill
 stack, shared memory and programs per SM (an H200 SM has 227 KiB of shared memory: a form over
 it would fail at its first launch). No timing: that is kernel_bench's `triton extend` row.
 """
@@ -15,16 +16,18 @@ from troupe.kernels.extend_attention import DEFAULT_EXTEND, _extend_kernel
 from troupe.ops.sm90_compile import compile_sm90
 
 GROUP, HEAD_DIM = 2, 128
-# (values, TMA, cache block size, stages, windowed, fp8 cache): the launches
-# extend_attention_triton makes
+# (values, TMA, cache block size, stages, windowed, fp8 cache, soft-capped scores): the
+# launches extend_attention_triton makes
 FORMS = [
-    ("bf16", True, 16, DEFAULT_EXTEND.num_stages, False, False),
-    ("bf16", True, 32, DEFAULT_EXTEND.num_stages, False, False),
-    ("bf16", False, 16, DEFAULT_EXTEND.num_stages, False, False),  # rows TMA cannot describe
-    ("bf16", True, 16, DEFAULT_EXTEND.num_stages, True, False),  # sliding-window layers
-    ("bf16", True, 16, DEFAULT_EXTEND.num_stages, False, True),  # fp8 cache
-    ("bf16", True, 16, DEFAULT_EXTEND.num_stages, True, True),
-    ("fp32", False, 16, 2, False, False),  # fp32 models (the GPU tests): pointer loads, 2 stages
+    ("bf16", True, 16, DEFAULT_EXTEND.num_stages, False, False, False),
+    ("bf16", True, 32, DEFAULT_EXTEND.num_stages, False, False, False),
+    ("bf16", False, 16, DEFAULT_EXTEND.num_stages, False, False, False),  # rows TMA can't take
+    ("bf16", True, 16, DEFAULT_EXTEND.num_stages, True, False, False),  # sliding-window layers
+    ("bf16", True, 16, DEFAULT_EXTEND.num_stages, False, True, False),  # fp8 cache
+    ("bf16", True, 16, DEFAULT_EXTEND.num_stages, True, True, False),
+    ("bf16", True, 16, DEFAULT_EXTEND.num_stages, True, False, True),  # Gemma 2's local layers
+    ("bf16", True, 16, DEFAULT_EXTEND.num_stages, False, False, True),  # and its global ones
+    ("fp32", False, 16, 2, False, False, False),  # fp32 models (the GPU tests): 2 stages
 ]
 
 
@@ -32,11 +35,12 @@ def main() -> None:
     cfg = DEFAULT_EXTEND
     block_g = GROUP
     print(f"{'values':<6} {'keys':<8} {'block':>5} {'stages':>6} {'window':>6} {'cache':>5} "
-          f"{'regs':>5} {'spill':>6} {'smem KiB':>8} {'per SM':>6}")  # fmt: skip
-    for dtype, tma, block_size, stages, windowed, fp8 in FORMS:
+          f"{'cap':>3} {'regs':>5} {'spill':>6} {'smem KiB':>8} {'per SM':>6}")  # fmt: skip
+    for dtype, tma, block_size, stages, windowed, fp8, capped in FORMS:
         desc = f"tensordesc<{dtype}[{cfg.block_n}, {HEAD_DIM}]>" if tma else f"*{dtype}"
         types = {
             "qk_scale": "fp32",
+            "cap": "fp32",
             "k_desc": desc,
             "v_desc": desc,
             **{p: "*i32" for p in ("block_tables_ptr", "seq_lens_ptr", "query_start_loc_ptr")},
@@ -60,12 +64,13 @@ def main() -> None:
             "BLOCK_N": cfg.block_n,
             "BLOCK_D": HEAD_DIM,
             "PRECISION": "ieee" if dtype == "fp32" else "tf32",
+            "SOFTCAP": capped,
         }
         build = compile_sm90(_extend_kernel, consts, types, cfg.num_warps, stages)
         keys = "TMA" if tma else "pointers"
         window, cache = "yes" if windowed else "no", "fp8" if fp8 else dtype
         print(f"{dtype:<6} {keys:<8} {block_size:>5} {stages:>6} {window:>6} {cache:>5} "
-              f"{build.regs:>5} {build.stack:>6} {build.smem / 1024:>8.1f} "
+              f"{'yes' if capped else 'no':>3} {build.regs:>5} {build.stack:>6} {build.smem / 1024:>8.1f} "
               f"{build.programs_per_sm(cfg.num_warps):>6}")  # fmt: skip
 
 

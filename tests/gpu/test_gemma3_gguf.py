@@ -140,7 +140,7 @@ def test_config_and_tokenizer_equal_transformers(gemma_gguf: Path) -> None:
     from troupe.gpu.gguf_weights import read_gguf_config
 
     config = read_gguf_config(gemma_gguf)
-    assert config.is_gemma3 and config.layer_windows == (WINDOW,) * 5 + (0,)
+    assert config.is_gemma and config.layer_windows == (WINDOW,) * 5 + (0,)
     assert (config.head_dim, config.query_pre_attn_scalar, config.rope_local_theta) == (
         32,
         256.0,

@@ -1,5 +1,5 @@
-"""Sliding-window families and Gemma 3 text: greedy token-identical to HF transformers (fp32, CPU)
-for prompts longer than the window, through chunked prefill and decode."""
+"""Sliding-window families, Gemma 2 and Gemma 3 text: greedy token-identical to HF transformers
+(fp32, CPU) for prompts longer than the window, through chunked prefill and decode."""
 
 from __future__ import annotations
 
@@ -40,6 +40,20 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
             },
             "final_logit_softcapping": 30.0,
             "tie_word_embeddings": False,  # tied, the embedding (x 8) echoes the last token
+            "pad_token_id": 0,
+        },
+    ),
+    # layer 0 local, layer 1 global, one RoPE base; attention scores capped at 3 (most of
+    # these pass it: test_gemma2_cap_matters), logits at 30
+    "gemma2": (
+        "Gemma2",
+        {
+            "head_dim": 32,
+            "query_pre_attn_scalar": 24,
+            "rope_theta": 1000.0,
+            "attn_logit_softcapping": 3.0,
+            "final_logit_softcapping": 30.0,
+            "tie_word_embeddings": False,
             "pad_token_id": 0,
         },
     ),
@@ -140,11 +154,35 @@ def test_released_blocks_keep_greedy_identical(tmp_path: Path, mt: Any) -> None:
     assert loop.num_refused == 0 and allocator.gpu.num_free == num_blocks
 
 
-@pytest.mark.parametrize("family", ["gemma3_text", "mistral"])
+def test_gemma2_cap_matters() -> None:
+    """Gemma 2's config reads as transformers builds it, and the attention cap of the test
+    model changes its logits (so the greedy tests above check the cap)."""
+    hf_model = _hf_model("gemma2")
+    config = ModelConfig.from_hf_dict(hf_model.config.to_dict())
+    assert config.is_gemma and not config.qk_norm and config.rope_local_theta is None
+    assert (config.attn_logit_softcapping, config.final_logit_softcapping) == (3.0, 30.0)
+    assert config.layer_windows == (WINDOW, 0)
+    # transformers' defaults: every other layer local from layer 0, caps 50 and 30
+    bare = {k: v for k, v in hf_model.config.to_dict().items() if "softcapping" not in k}
+    bare = {**bare, "num_hidden_layers": 4, "layer_types": None}
+    defaults = ModelConfig.from_hf_dict(bare)
+    assert defaults.layer_windows == (WINDOW, 0, WINDOW, 0)
+    assert (defaults.attn_logit_softcapping, defaults.final_logit_softcapping) == (50.0, 30.0)
+    ids = torch.tensor([PROMPTS[0]])
+    with torch.no_grad():
+        capped = hf_model(ids).logits[0, -1]
+        hf_model.config.attn_logit_softcapping = None
+        for layer in hf_model.model.layers:
+            layer.self_attn.attn_logit_softcapping = None
+        uncapped = hf_model(ids).logits[0, -1]
+    assert (capped - uncapped).abs().max() > 1e-1
+
+
+@pytest.mark.parametrize("family", ["gemma2", "gemma3_text", "mistral"])
 def test_windowed_triton_ops_match_hf(family: str, tmp_path: Path, mt: Any) -> None:
     """On the Triton ops (under TRITON_INTERPRET=1 here) a windowed layer's prefill chunks take
     the extend kernel with the window (new keys from the fused qkv rows, the prefix within the
-    window from the cache); Gemma 3 mixes local and global layers."""
+    window from the cache); the Gemmas mix local and global layers, Gemma 2's scores capped."""
     hf_model = _hf_model(family)
     folder = tmp_path / family
     hf_model.save_pretrained(folder)

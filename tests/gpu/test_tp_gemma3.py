@@ -53,7 +53,7 @@ def tiny_gemma3(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("tp_gemma3")
     (folder / "config.json").write_text(json.dumps(TINY_GEMMA3))
     config = ModelConfig.from_hf_dict(TINY_GEMMA3)
-    assert config.is_gemma3 and config.layer_windows == (4, 0)
+    assert config.is_gemma and config.layer_windows == (4, 0)
     weights = random_weights(config, torch.float32, seed=2, std=0.2)
     save_file({k: v.contiguous() for k, v in weights.items()}, str(folder / "model.safetensors"))
     add_word_tokenizer(folder)
