@@ -193,3 +193,15 @@ def test_windowed_triton_ops_match_hf(family: str, tmp_path: Path, mt: Any) -> N
         driver.add(f"r{i}", prompt)
     driver.run(num_new)
     assert [driver.seqs[f"r{i}"].output for i in range(len(PROMPTS))] == expected
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("family", ["gemma2", "gemma3_text"])
+def test_cuda_kernels_match_hf(family: str, tmp_path: Path) -> None:
+    """The Gemmas on CUDA (fp32; graphs for decode and mixed steps) against transformers."""
+    from tests.gpu.family_checks import assert_greedy_matches
+
+    hf_model = _hf_model(family)
+    hf_model.save_pretrained(tmp_path / family)
+    assert_greedy_matches(tmp_path / family, hf_model, device="cuda")

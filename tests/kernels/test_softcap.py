@@ -111,3 +111,31 @@ def test_decode_kernels_cap_as_the_reference(splits: int) -> None:
     assert rel_err(reference.paged_decode_attention(*args, **scales), expected) > 0.05
     got = paged_decode_attention_triton(*args, softcap=CAP, num_splits=splits, **scales)
     assert rel_err(got, expected) < 1e-3  # the kernel rounds q to fp16 for the fp8 dot
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_kernels_cap_gemma2_heads() -> None:
+    """bf16 on CUDA at Gemma 2 2B's heads (8 q, 4 kv, head_dim 256), cap 50 with scores past
+    it: the extend kernel (TMA rows; the Hopper prefill steps aside), the all-paged kernel and
+    the split decode kernel against the fp32 reference."""
+    lens = [(0, 300), (517, 64), (1000, 1)]
+    batch = make_paged_batch(
+        lens, num_q_heads=8, num_kv_heads=4, head_dim=256, block_size=16, dtype=torch.bfloat16,
+        device="cuda", seed=6,
+    )  # fmt: skip
+    batch.q.mul_(16.0)
+    scale, rest = 256**-0.5, (batch.max_query_len, batch.max_seq_len)
+    f32 = (batch.q.float(), batch.k_cache.float(), batch.v_cache.float(), *_args(batch)[3:6])
+    expected = reference.paged_attention(*f32, scale, *rest, softcap=50.0)
+    assert rel_err(reference.paged_attention(*f32, scale, *rest), expected) > 0.05
+    paged = paged_attention_triton(*_args(batch)[:6], scale, *rest, softcap=50.0)
+    assert rel_err(paged, expected) < 1e-2
+    extend = extend_attention_triton(
+        *_args(batch)[:3], fused_new_kv(batch), *_args(batch)[3:6], scale, batch.max_seq_len,
+        softcap=50.0,
+    )  # fmt: skip
+    assert rel_err(extend, expected) < 1e-2
+    decode = batch.q[-1:], *_args(batch)[1:3], batch.block_tables[-1:], batch.seq_lens[-1:]
+    got = paged_decode_attention_triton(*decode, scale, batch.max_seq_len, softcap=50.0)
+    assert rel_err(got, expected[-1:]) < 1e-2
