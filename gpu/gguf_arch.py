@@ -6,6 +6,9 @@ gemma3  metadata under "gemma3.*", read into an HF Gemma 3 text config; no permu
         applies at run time), so loading subtracts it. The file says nothing of the
         window pattern, query_pre_attn_scalar or the local RoPE base: HF's Gemma3TextConfig
         defaults apply (every 6th layer global, 256, 10,000), as in transformers' own loader.
+gemma2  as gemma3, under "gemma2.*", without the q/k norms; the attention and final logit caps
+        from attn_logit_softcapping / final_logit_softcapping (llama.cpp writes both; absent,
+        HF's Gemma2Config defaults, 50 and 30, apply), every other layer local from layer 0
 deepseek2  DeepSeek-V2 / V3 (MLA, MoE): metadata and the tensors that are not one to one
         (merged experts, kv_b split into k_b / v_b) in gpu/gguf_deepseek.py
 qwen2, qwen3  metadata under "qwen2.*" / "qwen3.*", read into an HF config of that family; no
@@ -40,11 +43,14 @@ _LLAMA_LAYER = {
     "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
 }
-_GEMMA3_LAYER = {
+_GEMMA2_LAYER = {
     **_LLAMA_LAYER,
     "post_attention_norm.weight": "post_attention_layernorm.weight",
     "ffn_norm.weight": "pre_feedforward_layernorm.weight",
     "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
+}
+_GEMMA3_LAYER = {
+    **_GEMMA2_LAYER,
     "attn_q_norm.weight": "self_attn.q_norm.weight",
     "attn_k_norm.weight": "self_attn.k_norm.weight",
 }
@@ -80,6 +86,7 @@ _QWEN3_LAYER = {
 _QWEN3MOE_LAYER = {**_QWEN3_LAYER, "ffn_gate_inp.weight": "mlp.gate.weight"}
 PER_LAYER = {
     "llama": _LLAMA_LAYER,
+    "gemma2": _GEMMA2_LAYER,
     "gemma3": _GEMMA3_LAYER,
     "deepseek2": _DEEPSEEK2_LAYER,
     "qwen2": _QWEN2_LAYER,
@@ -88,12 +95,14 @@ PER_LAYER = {
 }
 # the archs read into an HF config dict by `hf_config` (their HF model_type)
 HF_CONFIG_ARCHS = {
+    "gemma2": "gemma2",
     "gemma3": "gemma3_text",
     "qwen2": "qwen2",
     "qwen3": "qwen3",
     "qwen3moe": "qwen3_moe",
 }
-MERGED_EXPERT_ARCHS = ("deepseek2", "qwen3moe")  # ffn_*_exps split per expert at load
+MERGED_EXPERT_ARCHS = ("deepseek2", "qwen3moe")
+_GEMMAS = ("gemma2", "gemma3")  # ffn_*_exps split per expert at load
 ARCHITECTURES = tuple(PER_LAYER)
 
 
@@ -111,19 +120,19 @@ def hf_name(name: str, arch: str) -> str | None:
 
 def norm_offset(name: str, arch: str) -> float:
     """What to add to a tensor as stored to get HF's weight (Gemma's norms: -1)."""
-    return -1.0 if arch == "gemma3" and name.endswith("norm.weight") else 0.0
+    return -1.0 if arch in _GEMMAS and name.endswith("norm.weight") else 0.0
 
 
 def hf_config(fields: dict[str, Any], arch: str, *, has_output_weight: bool) -> dict[str, Any]:
-    """An HF config.json dict of a Gemma 3 text, Qwen2, Qwen3 or Qwen3-MoE model from GGUF
-    metadata."""
+    """An HF config.json dict of a Gemma 2, Gemma 3 text, Qwen2, Qwen3 or Qwen3-MoE model from
+    GGUF metadata."""
 
     def need(key: str) -> Any:
         if f"{arch}.{key}" not in fields:
             raise ModelLoadError(f"GGUF metadata is missing '{arch}.{key}'")
         return fields[f"{arch}.{key}"]
 
-    gemma = arch == "gemma3"
+    gemma = arch in _GEMMAS
     num_heads = int(need("attention.head_count"))
     hidden = int(need("embedding_length"))
     head_dim = int(need("attention.key_length") if gemma else fields.get(
@@ -140,7 +149,9 @@ def hf_config(fields: dict[str, Any], arch: str, *, has_output_weight: bool) -> 
         "intermediate_size": int(need("feed_forward_length")),
         "vocab_size": len(fields.get("tokenizer.ggml.tokens", ())) or int(need("vocab_size")),
         "rms_norm_eps": float(fields.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
-        "rope_theta": float(fields.get(f"{arch}.rope.freq_base", 1_000_000.0)),
+        "rope_theta": float(
+            fields.get(f"{arch}.rope.freq_base", 10_000.0 if arch == "gemma2" else 1_000_000.0)
+        ),
         "max_position_embeddings": int(fields.get(f"{arch}.context_length", 32768)),
         "tie_word_embeddings": not has_output_weight,
         "torch_dtype": "float32",
@@ -148,6 +159,9 @@ def hf_config(fields: dict[str, Any], arch: str, *, has_output_weight: bool) -> 
     window = fields.get(f"{arch}.attention.sliding_window")
     if window and gemma:
         cfg["sliding_window"] = int(window)
+    for cap in ("attn_logit_softcapping", "final_logit_softcapping"):
+        if arch == "gemma2" and f"{arch}.{cap}" in fields:
+            cfg[cap] = float(fields[f"{arch}.{cap}"])
     if fields.get(f"{arch}.rope.scaling.type") == "yarn":
         cfg["rope_scaling"] = {
             "rope_type": "yarn",

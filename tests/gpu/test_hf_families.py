@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from troupe.gpu.hf_families import gemma3_fields, layer_windows
+from troupe.gpu.hf_families import gemma_fields, layer_windows
 from troupe.gpu.model_config import ModelConfig, ModelLoadError
 from troupe.kernels.rope_cache import rope_inv_freq
 
@@ -31,12 +31,12 @@ def test_gemma3_fields_old_and_new_spelling() -> None:
         "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
         "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}}  # fmt: skip
     for cfg in (old, new):
-        fields = gemma3_fields(cfg)
+        fields = gemma_fields(cfg, "gemma3_text")
         assert fields["rope_theta"] == 1e6 and fields["rope_local_theta"] == 1e4
         assert fields["rope_scaling"]["factor"] == 8.0
         assert fields["hidden_act"] == "gelu_tanh" and fields["qk_norm"]
     with pytest.raises(ValueError, match="hidden_activation"):
-        gemma3_fields({"hidden_activation": "relu"})
+        gemma_fields({"hidden_activation": "relu"}, "gemma3_text")
 
 
 def test_model_config_reads_windows_and_names_bad_ones() -> None:

@@ -229,7 +229,7 @@ def test_gemma3_gguf_stages_equal_transformers(
     windowed layers then a global one split [3, 3]: stage 0 holds only windowed layers, yet no
     block the global layer reads is released (the engine's kv_window is 0)."""
     transformers = pytest.importorskip("transformers")
-    from tests.gpu.test_gemma3_gguf import _hf_config, _write_gguf
+    from tests.gpu.test_gemma_gguf import _hf_config, _write_gguf
 
     weights = random_weights(
         ModelConfig.from_hf_dict(_hf_config().to_dict()), torch.float32, seed=3, std=0.2

@@ -1,8 +1,8 @@
-"""Gemma 3 from a GGUF file (gpu/gguf_arch.py, actors/core/tokenizer_spm.py): a tiny random
-Gemma 3 written as llama.cpp writes one (norms stored as 1 + w, no q/k permutation, a
-sentencepiece vocabulary without merges, Q8_0 and F16 tensors), loaded by transformers
-(`gguf_file=`) and by troupe: the same config, the same token ids for text, and greedy tokens
-identical over prompts longer than the window. The real Gemma 3 270M file is checked the same
+"""Gemma 3 and Gemma 2 from a GGUF file (gpu/gguf_arch.py, actors/core/tokenizer_spm.py): a
+tiny random model written as llama.cpp writes one (norms stored as 1 + w, no q/k permutation, a
+sentencepiece vocabulary without merges, Q8_0 and F16 tensors; Gemma 2's caps in the metadata),
+loaded by transformers (`gguf_file=`) and by troupe: the same config, the same token ids for
+text, and greedy tokens identical over prompts longer than the window. The real Gemma 3 270M file is checked the same
 way by `python -m troupe.ops.gemma3_gguf_check` (docs/benchmarks.md)."""
 
 from __future__ import annotations
@@ -42,10 +42,13 @@ TYPES = [3] * len(SPECIAL) + [6] * 256 + [4] * len(USER) + [1] * (len(LETTERS) +
 TEXTS = ["hello world", "the  hello\n\nworld", " a tell", "<start_of_turn>hi é 日", "xyz\tq"]
 
 
-def _hf_config() -> Any:
-    return transformers.Gemma3TextConfig(
+def _hf_config(arch: str = "gemma3") -> Any:
+    """Gemma 3: five local layers, then a global one (the file's default); Gemma 2: every other
+    layer local, caps of 50 and 30 (what transformers assumes: its GGUF loader reads no caps)."""
+    config_cls = transformers.Gemma3TextConfig if arch == "gemma3" else transformers.Gemma2Config
+    return config_cls(
         hidden_size=64,
-        num_hidden_layers=6,  # five local layers, then a global one (the file's default)
+        num_hidden_layers=6,
         num_attention_heads=2,
         num_key_value_heads=1,
         head_dim=32,
@@ -55,14 +58,16 @@ def _hf_config() -> Any:
         rms_norm_eps=1e-6,
         sliding_window=WINDOW,
         rope_theta=1_000_000.0,
-        tie_word_embeddings=False,  # tied, the embedding (x 8) echoes the last token
+        # tied, Gemma 3's embedding (x 8) echoes the last token; Gemma 2's files are tied
+        # (transformers' loader drops their output.weight)
+        tie_word_embeddings=arch == "gemma2",
     )
 
 
-def _write_gguf(path: Path, weights: dict[str, torch.Tensor]) -> None:
-    writer = gguf.GGUFWriter(str(path), "gemma3")
-    cfg = _hf_config()
-    a = "gemma3."
+def _write_gguf(path: Path, weights: dict[str, torch.Tensor], arch: str = "gemma3") -> None:
+    writer = gguf.GGUFWriter(str(path), arch)
+    cfg = _hf_config(arch)
+    a = f"{arch}."
     for key, value in {
         "context_length": 256,
         "embedding_length": cfg.hidden_size,
@@ -77,6 +82,9 @@ def _write_gguf(path: Path, weights: dict[str, torch.Tensor]) -> None:
         writer.add_uint32(a + key, value)
     writer.add_float32(a + "attention.layer_norm_rms_epsilon", cfg.rms_norm_eps)
     writer.add_float32(a + "rope.freq_base", 1_000_000.0)
+    if arch == "gemma2":
+        writer.add_float32(a + "attn_logit_softcapping", 50.0)
+        writer.add_float32(a + "final_logit_softcapping", 30.0)
     writer.add_tokenizer_model("llama")
     writer.add_tokenizer_pre("default")
     writer.add_token_list(TOKENS)
@@ -99,8 +107,6 @@ def _write_gguf(path: Path, weights: dict[str, torch.Tensor]) -> None:
         "post_attention_layernorm": "post_attention_norm",
         "pre_feedforward_layernorm": "ffn_norm",
         "post_feedforward_layernorm": "post_ffw_norm",
-        "self_attn.q_norm": "attn_q_norm",
-        "self_attn.k_norm": "attn_k_norm",
         "self_attn.q_proj": "attn_q",
         "self_attn.k_proj": "attn_k",
         "self_attn.v_proj": "attn_v",
@@ -109,10 +115,14 @@ def _write_gguf(path: Path, weights: dict[str, torch.Tensor]) -> None:
         "mlp.up_proj": "ffn_up",
         "mlp.down_proj": "ffn_down",
     }
+    if arch == "gemma3":
+        per_layer |= {"self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"}
     for layer in range(cfg.num_hidden_layers):
         for hf, ours in per_layer.items():
             names[f"model.layers.{layer}.{hf}.weight"] = f"blk.{layer}.{ours}.weight"
     for hf, name in names.items():
+        if hf not in weights:  # tied: no lm_head
+            continue
         data = weights[hf].numpy().astype(np.float32)
         if name.endswith("norm.weight"):
             writer.add_tensor(name, data + 1.0)  # as llama.cpp stores Gemma's norms
@@ -127,12 +137,15 @@ def _write_gguf(path: Path, weights: dict[str, torch.Tensor]) -> None:
     writer.close()
 
 
-@pytest.fixture(scope="module")
-def gemma_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    ours = ModelConfig.from_hf_dict(_hf_config().to_dict())
+@pytest.fixture(scope="module", params=["gemma3", "gemma2"])
+def gemma_gguf(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    arch = request.param
+    ours = ModelConfig.from_hf_dict(_hf_config(arch).to_dict())
     weights = random_weights(ours, torch.float32, seed=3, std=0.2)
-    path = tmp_path_factory.mktemp("gemma3") / "tiny-gemma3.gguf"
-    _write_gguf(path, weights)
+    if ours.tie_word_embeddings:  # the embedding (x 8) would echo the last token: scale it down
+        weights["model.embed_tokens.weight"] /= 8
+    path = tmp_path_factory.mktemp(arch) / f"tiny-{arch}.gguf"
+    _write_gguf(path, weights, arch)
     return path
 
 
@@ -140,12 +153,17 @@ def test_config_and_tokenizer_equal_transformers(gemma_gguf: Path) -> None:
     from troupe.gpu.gguf_weights import read_gguf_config
 
     config = read_gguf_config(gemma_gguf)
-    assert config.is_gemma and config.layer_windows == (WINDOW,) * 5 + (0,)
-    assert (config.head_dim, config.query_pre_attn_scalar, config.rope_local_theta) == (
-        32,
-        256.0,
-        10_000.0,
+    hf_config = transformers.AutoConfig.from_pretrained(
+        str(gemma_gguf.parent), gguf_file=gemma_gguf.name
     )
+    assert config == ModelConfig.from_hf_dict(hf_config.to_dict())
+    assert config.is_gemma and config.head_dim == 32 and config.query_pre_attn_scalar == 256.0
+    if config.model_type == "gemma3_text":
+        assert config.layer_windows == (WINDOW,) * 5 + (0,)
+        assert config.rope_local_theta == 10_000.0
+    else:
+        assert config.layer_windows == (WINDOW, 0) * 3 and config.rope_local_theta is None
+        assert (config.attn_logit_softcapping, config.final_logit_softcapping) == (50.0, 30.0)
     hf_tok = transformers.AutoTokenizer.from_pretrained(
         str(gemma_gguf.parent), gguf_file=gemma_gguf.name
     )
