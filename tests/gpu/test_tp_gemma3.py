@@ -1,8 +1,8 @@
-"""Gemma 3 under tensor parallelism (gpu/tp_model.TPGemma3Layer), on the CPU with gloo and 2
-ranks: a tiny random Gemma 3 (one KV head, replicated; a windowed layer on its own RoPE base
-and a global one with linear scaling; sandwich norms, scaled embeddings, soft-capped logits)
-streams the same greedy tokens at tensor_parallel_size=2 as in one process, its prompt
-logprobs close; and so does the real Gemma 3 270M GGUF (Q4_K_M, dequantized shard by shard;
+"""Gemma 3 and 2 under tensor parallelism (gpu/tp_model.TPGemma3Layer), on the CPU with gloo and
+2 ranks: a tiny random Gemma 3 (one KV head, replicated; a windowed layer on its own RoPE base
+and a global one with linear scaling; sandwich norms, scaled embeddings, soft-capped logits),
+and a Gemma 2 (one RoPE base; attention scores capped, each rank capping its heads'), stream
+the same greedy tokens at tensor_parallel_size=2 as in one process, prompt logprobs close; and so does the real Gemma 3 270M GGUF (Q4_K_M, dequantized shard by shard;
 tied embeddings, so lm_head is the vocab-parallel embedding) over a few prompts."""
 
 from __future__ import annotations
@@ -44,15 +44,21 @@ TINY_GEMMA3 = {
     "final_logit_softcapping": 30.0,
     "tie_word_embeddings": False,  # tied, the scaled embedding echoes the last token
 }
+TINY_GEMMA2 = {
+    **{k: v for k, v in TINY_GEMMA3.items() if k != "rope_parameters"},
+    "model_type": "gemma2",
+    "rope_theta": 1000.0,
+    "attn_logit_softcapping": 3.0,  # most scores of this model pass it
+}
 
 
-@pytest.fixture(scope="module")
-def tiny_gemma3(tmp_path_factory: pytest.TempPathFactory) -> Path:
+@pytest.fixture(scope="module", params=[TINY_GEMMA3, TINY_GEMMA2], ids=["gemma3", "gemma2"])
+def tiny_gemma3(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
     from safetensors.torch import save_file
 
-    folder = tmp_path_factory.mktemp("tp_gemma3")
-    (folder / "config.json").write_text(json.dumps(TINY_GEMMA3))
-    config = ModelConfig.from_hf_dict(TINY_GEMMA3)
+    folder = tmp_path_factory.mktemp("tp_gemma")
+    (folder / "config.json").write_text(json.dumps(request.param))
+    config = ModelConfig.from_hf_dict(request.param)
     assert config.is_gemma and config.layer_windows == (4, 0)
     weights = random_weights(config, torch.float32, seed=2, std=0.2)
     save_file({k: v.contiguous() for k, v in weights.items()}, str(folder / "model.safetensors"))
