@@ -16,7 +16,6 @@ import torch
 from troupe.gpu.attention import AttentionMetadata
 from troupe.gpu.model_config import ModelConfig
 from troupe.gpu.models import DecoderLayer, KVCache, new_param
-from troupe.gpu.quant_linear import linear
 from troupe.kernels.ops import KernelOps
 
 
@@ -50,8 +49,3 @@ class Gemma3Layer(DecoderLayer):
         x, residual = ops.rms_norm(attn, self.pre_feedforward_layernorm, eps, residual)
         out = ops.rms_norm(self.mlp(x, ops), self.post_feedforward_layernorm, eps)[0]
         return out, residual
-
-    def mlp(self, x: torch.Tensor, ops: KernelOps) -> torch.Tensor:
-        """GeGLU (tanh gelu); the tensor-parallel layer all-reduces its output before the
-        post norm (gpu/tp_model.py)."""
-        return linear(ops.gelu_tanh_mul(linear(x, self.gate_up_proj)), self.down_proj)

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import torch
 from troupe.gpu.gemma3_layer import Gemma3Layer
-from troupe.gpu.models import DecoderLayer
-from troupe.kernels.ops import KernelOps
 
 # GLM's norm -> the Gemma3Layer slot that plays its part
 _SLOTS = {
@@ -27,10 +25,7 @@ _SLOTS = {
 
 
 class Glm4Layer(Gemma3Layer):
-    """Gemma3Layer's sandwich norms, GLM's names, SwiGLU."""
-
-    def mlp(self, x: torch.Tensor, ops: KernelOps) -> torch.Tensor:
-        return DecoderLayer.mlp(self, x, ops)
+    """Gemma3Layer's sandwich norms, GLM's names, SwiGLU (its hidden_act: DecoderLayer.mlp)."""
 
     def locate_extra(self, rest: str, prefix: str) -> tuple[torch.Tensor, tuple[str, ...]] | None:
         """GLM's three norms beside the input norm, in Gemma's slots."""

@@ -16,7 +16,8 @@ Gemma 3 text: attention scaled by query_pre_attn_scalar ** -0.5, GeGLU, embeddin
 sqrt(hidden), RMSNorm with (1 + weight), sandwich norms around attention and MLP, q/k norm,
 local layers on their own RoPE base (rope_local_base_freq), final logit soft-capping. Gemma 2:
 the same without the q/k norm, on one RoPE base, and with the attention scores soft-capped too
-(attn_logit_softcapping: score -> cap * tanh(score / cap), kernels/softcap.py).
+(attn_logit_softcapping: score -> cap * tanh(score / cap), kernels/softcap.py). Gemma (1):
+Llama's pre-norm layer with Gemma's embeddings, norms and GeGLU.
 
 Biases, as each family's transformers module declares them:
 
@@ -76,20 +77,23 @@ def layer_windows(cfg: dict[str, Any], model_type: str, num_layers: int) -> tupl
 
 
 def gemma_fields(cfg: dict[str, Any], model_type: str) -> dict[str, Any]:
-    """ModelConfig fields that Gemma 2 and Gemma 3 text set differently (both config.json
-    spellings; a key Gemma 2's config leaves out takes transformers' default)."""
+    """ModelConfig fields that Gemma (1), Gemma 2 and Gemma 3 text set differently (both
+    config.json spellings; a key Gemma 2's config leaves out takes transformers' default)."""
     if cfg.get("use_bidirectional_attention"):
         raise ValueError("config.json: use_bidirectional_attention is not supported")
     act = cfg.get("hidden_activation") or cfg.get("hidden_act") or "gelu_pytorch_tanh"
     if act not in ("gelu_pytorch_tanh", "gelu"):  # HF's Gemmas run gelu as tanh-gelu too
         raise ValueError(f"config.json: hidden_activation {act!r} is not supported")
+    tie = bool(cfg.get("tie_word_embeddings", True))
+    if model_type == "gemma":  # the softmax scaled by head_dim's root, no caps
+        return {"hidden_act": "gelu_tanh", "tie_word_embeddings": tie}
     gemma2 = model_type == "gemma2"
     cap = cfg.get("final_logit_softcapping", 30.0 if gemma2 else None)
     fields: dict[str, Any] = {
         "hidden_act": "gelu_tanh",
         "query_pre_attn_scalar": float(cfg.get("query_pre_attn_scalar", 256)),
         "final_logit_softcapping": float(cap) if cap else None,
-        "tie_word_embeddings": bool(cfg.get("tie_word_embeddings", True)),
+        "tie_word_embeddings": tie,
     }
     if gemma2:  # one RoPE base for every layer, read as any family's
         attn_cap = cfg.get("attn_logit_softcapping", 50.0)

@@ -59,13 +59,14 @@ SUPPORTED_MODEL_TYPES = (
     "ernie4_5",
     "ernie4_5_moe",
     "seed_oss",
+    "gemma",
     "gemma2",
     "gemma3_text",
     *DEEPSEEK_TYPES,
 )
 
 
-GEMMA_TYPES = ("gemma2", "gemma3_text")
+GEMMA_TYPES = ("gemma", "gemma2", "gemma3_text")
 # families whose transformers config ties the embeddings unless config.json says otherwise
 TIED_BY_DEFAULT = ("ernie4_5", "ernie4_5_moe")
 
@@ -117,8 +118,13 @@ class ModelConfig:
 
     @property
     def is_gemma(self) -> bool:
-        """Gemma 2 or 3: sandwich norms, (1 + weight) norms, embeddings times sqrt(hidden)."""
+        """A Gemma: (1 + weight) norms, embeddings times sqrt(hidden), GeGLU."""
         return self.model_type in GEMMA_TYPES
+
+    @property
+    def sandwich_norms(self) -> bool:
+        """Gemma 2 and 3: norms before and after attention and the MLP (gpu/gemma3_layer.py)."""
+        return self.model_type in ("gemma2", "gemma3_text")
 
     @property
     def kv_window(self) -> int:

@@ -62,6 +62,7 @@ class DecoderLayer(nn.Module):
         self.down_bias = param(c.hidden_size) if c.mlp_bias else None
         self.scale = (c.query_pre_attn_scalar or c.head_dim) ** -0.5
         self.softcap = c.attn_logit_softcapping or 0.0  # Gemma 2: scores capped (0: not)
+        self.gelu = c.hidden_act == "gelu_tanh"  # the MLP's gate: GeGLU, else SwiGLU
         # Granite: its attention scale, and the outputs' weight in the residual stream
         self.residual_scale: float | None = None
         if c.granite is not None:
@@ -90,9 +91,11 @@ class DecoderLayer(nn.Module):
         return (out if scale is None else out * scale), residual
 
     def mlp(self, x: torch.Tensor, ops: KernelOps) -> torch.Tensor:
-        """The feed-forward block (SwiGLU); an MoE layer routes to its experts instead."""
+        """The feed-forward block (SwiGLU, the Gemmas' GeGLU); an MoE layer routes to its
+        experts instead; the tensor-parallel layer all-reduces its output (gpu/tp_model.py)."""
         gate_up = linear(x, self.gate_up_proj, self.gate_up_bias)
-        return linear(ops.silu_mul(gate_up), self.down_proj, self.down_bias)
+        gated = ops.gelu_tanh_mul(gate_up) if self.gelu else ops.silu_mul(gate_up)
+        return linear(gated, self.down_proj, self.down_bias)
 
     def project_qkv(self, x: torch.Tensor, ops: KernelOps) -> torch.Tensor:
         """The q | k | v rows of x (a seam: OLMo 2 normalises q and k whole here)."""
@@ -204,7 +207,7 @@ def _layer_class(config: ModelConfig, layer: int) -> type[DecoderLayer]:
         from troupe.gpu.mla_layer import MlaLayer
 
         return MlaLayer
-    if config.is_gemma:
+    if config.sandwich_norms:
         from troupe.gpu.gemma3_layer import Gemma3Layer  # they subclass DecoderLayer
 
         return Gemma3Layer

@@ -246,7 +246,7 @@ class TPDecoderModel(DecoderModel):
             raise ModelLoadError(
                 "partial or interleaved rotary: tensor parallelism is not supported; run one rank"
             )
-        if config.is_gemma:
+        if config.sandwich_norms:
             return TPGemma3Layer(config, dtype, device, index)
         if config.model_type in ("olmo2", "olmo3", "exaone4"):  # post-norm layers: one rank
             raise ModelLoadError(

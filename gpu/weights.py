@@ -231,7 +231,7 @@ def random_weights(
         if c.qk_norm:
             out[p + "self_attn.q_norm.weight"] = norm(c.head_dim)
             out[p + "self_attn.k_norm.weight"] = norm(c.head_dim)
-        if c.is_gemma:
+        if c.sandwich_norms:
             out[p + "pre_feedforward_layernorm.weight"] = norm(c.hidden_size)
             out[p + "post_feedforward_layernorm.weight"] = norm(c.hidden_size)
     return out
