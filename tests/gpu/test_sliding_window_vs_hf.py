@@ -74,6 +74,7 @@ def _hf_model(family: str, window: int = WINDOW) -> Any:
         transformers, "Gemma3ForCausalLM" if name == "Gemma3Text" else f"{name}ForCausalLM"
     )
     hf_config = config_cls(**{**TINY, **extra, "sliding_window": window})
+    hf_config._attn_implementation = "eager"  # older transformers' SDPA drops Gemma 2's cap
     hf_model = model_cls(hf_config).eval()
     ours = ModelConfig.from_hf_dict(hf_config.to_dict())
     weights = random_weights(ours, torch.float32, seed=1, std=0.2)
