@@ -24,6 +24,7 @@ from troupe.gpu.moe_config import (
     ernie_moe_fields,
     grouped_moe_fields,
     mixtral_fields,
+    olmoe_fields,
     qwen3_moe_fields,
 )
 from troupe.gpu.rope_layers import (
@@ -51,6 +52,7 @@ SUPPORTED_MODEL_TYPES = (
     "granitemoe",
     "olmo2",
     "olmo3",
+    "olmoe",
     "smollm3",
     "glm4",
     "glm4_moe",
@@ -96,6 +98,7 @@ class ModelConfig:
     o_bias: bool = False  # o_proj's bias (attention_bias of Llama, Qwen3, ...; Seed-OSS's own)
     mlp_bias: bool = False  # gate/up/down biases (mlp_bias of Llama, Granite, SmolLM3, Seed-OSS)
     qk_norm: bool = False  # qwen3
+    clip_qkv: float | None = None  # OLMoE: q, k and v clamped to +-clip_qkv after the q/k norm
     max_position_embeddings: int = 4096
     eos_token_ids: tuple[int, ...] = ()
     torch_dtype: torch.dtype = torch.float32
@@ -256,6 +259,12 @@ class ModelConfig:
                 family = granite_fields(cfg) | {"moe": mixtral_fields(cfg, num_layers)}
             if model_type == "olmo3":
                 family = olmo3_fields(cfg)
+            if model_type == "olmoe":
+                clip = cfg.get("clip_qkv")
+                family = {
+                    "moe": olmoe_fields(cfg, num_layers),
+                    "clip_qkv": None if clip is None else float(clip),
+                }
             if model_type == "smollm3":
                 family = smollm3_fields(cfg, num_layers)
             if model_type == "exaone4":

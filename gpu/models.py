@@ -202,7 +202,7 @@ class DecoderLayer(nn.Module):
 
 def _layer_class(config: ModelConfig, layer: int) -> type[DecoderLayer]:
     """The module of one layer: the Gemmas', DeepSeek's MLA layer (gpu/mla_layer.py), OLMo 2's
-    (gpu/olmo2_layer.py), an MoE layer (gpu/moe_layer.py) or the plain one."""
+    and OLMoE's (gpu/olmo2_layer.py), an MoE layer (gpu/moe_layer.py) or the plain one."""
     if config.mla is not None:
         from troupe.gpu.mla_layer import MlaLayer
 
@@ -215,6 +215,10 @@ def _layer_class(config: ModelConfig, layer: int) -> type[DecoderLayer]:
         from troupe.gpu.olmo2_layer import Olmo2Layer
 
         return Olmo2Layer
+    if config.model_type == "olmoe":
+        from troupe.gpu.olmo2_layer import OlmoeLayer  # MoeLayer under OLMo's q / k norms
+
+        return OlmoeLayer
     if config.model_type == "glm4":
         from troupe.gpu.glm4_layer import Glm4Layer
 

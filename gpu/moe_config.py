@@ -9,6 +9,8 @@ GLM-4.5's grouped routing in `grouped_moe_fields`), read into a MoeConfig.
     mixtral     num_local_experts, num_experts_per_tok; every layer sparse, each expert
                 intermediate_size wide; the top-k always renormalised (transformers'
                 MixtralTopKRouter)
+    olmoe       num_experts, num_experts_per_tok, norm_topk_prob (transformers' defaults: 64,
+                8, off); every layer sparse, each expert intermediate_size wide
     ernie4_5_moe  moe_num_experts, moe_k, moe_num_shared_experts, moe_intermediate_size; layer i
                 is sparse when (i + 1) % moe_layer_interval == 0 and i is within
                 moe_layer_start_index..moe_layer_end_index (-1: the last); routed by softmax
@@ -111,6 +113,17 @@ def ernie_moe_fields(cfg: dict[str, Any], num_layers: int) -> MoeConfig | None:
         sparse_layers=sparse,
         num_shared_experts=shared,
         routing=routing,
+    )
+
+
+def olmoe_fields(cfg: dict[str, Any], num_layers: int) -> MoeConfig:
+    """The MoeConfig of an olmoe config.json: experts in every layer."""
+    return MoeConfig(
+        num_experts=int(cfg.get("num_experts", 64)),
+        top_k=int(cfg.get("num_experts_per_tok", 8)),
+        intermediate_size=int(cfg["intermediate_size"]),
+        norm_topk_prob=bool(cfg.get("norm_topk_prob", False)),
+        sparse_layers=(True,) * num_layers,
     )
 
 

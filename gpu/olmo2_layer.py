@@ -11,6 +11,10 @@ norm-add of the other layers defers that add); the model's final norm adds the l
 EXAONE 4's layer is the same but for its q / k norms, which are per head (ModelConfig.qk_norm:
 the fused q/k/v kernel's, as Qwen3's), and its windowed layers beside NoPE global ones
 (gpu/rope_layers.py).
+
+OLMoE's layer is the pre-norm MoE layer (gpu/moe_layer.py) with OLMo's whole-width q / k norms,
+and q, k and v clamped to +-clip_qkv after them where the config sets it (transformers'
+OlmoeAttention).
 """
 
 from __future__ import annotations
@@ -19,10 +23,46 @@ import torch
 from troupe.gpu.attention import AttentionMetadata
 from troupe.gpu.model_config import ModelConfig
 from troupe.gpu.models import DecoderLayer, KVCache, new_param
+from troupe.gpu.moe_layer import MoeLayer
 from troupe.kernels.ops import KernelOps
 
 
-class Olmo2Layer(DecoderLayer):
+class WholeWidthQkNorm(DecoderLayer):
+    """q / k RMS-normalised across all heads (weights [q_size] and [kv_size], the checkpoint's
+    self_attn.q_norm / k_norm) where the config's q/k norm is not per head (qk_norm), then
+    q, k and v clamped to +-clip_qkv where set; subclasses put it before their own layer."""
+
+    def __init__(
+        self, config: ModelConfig, dtype: torch.dtype, device: torch.device, layer_index: int = 0
+    ) -> None:
+        super().__init__(config, dtype, device, layer_index)
+        self.whole_width = not config.qk_norm
+        if self.whole_width:
+            self.q_norm_all = new_param(config.q_size, dtype=dtype, device=device)
+            self.k_norm_all = new_param(config.kv_size, dtype=dtype, device=device)
+
+    def project_qkv(self, x: torch.Tensor, ops: KernelOps) -> torch.Tensor:
+        qkv = super().project_qkv(x, ops)
+        c, eps = self.config, self.config.rms_norm_eps
+        if self.whole_width:
+            q_end, k_end = c.q_size, c.q_size + c.kv_size
+            q = ops.rms_norm(qkv[:, :q_end].contiguous(), self.q_norm_all, eps)[0]
+            k = ops.rms_norm(qkv[:, q_end:k_end].contiguous(), self.k_norm_all, eps)[0]
+            qkv = torch.cat([q, k, qkv[:, k_end:]], dim=-1)
+        if c.clip_qkv is not None:
+            qkv = qkv.clamp(-c.clip_qkv, c.clip_qkv)
+        return qkv
+
+    def locate_extra(self, rest: str, prefix: str) -> tuple[torch.Tensor, tuple[str, ...]] | None:
+        """The whole-width q / k norms (the plain layer's q_norm / k_norm are per head)."""
+        if self.whole_width and rest == "self_attn.q_norm.weight":
+            return self.q_norm_all, (f"{prefix}.q_norm_all",)
+        if self.whole_width and rest == "self_attn.k_norm.weight":
+            return self.k_norm_all, (f"{prefix}.k_norm_all",)
+        return super().locate_extra(rest, prefix)
+
+
+class Olmo2Layer(WholeWidthQkNorm):
     """Post-norm layer with whole-width (OLMo) or per-head (EXAONE 4) q / k norms."""
 
     def __init__(
@@ -31,11 +71,6 @@ class Olmo2Layer(DecoderLayer):
         super().__init__(config, dtype, device, layer_index)
         del self.input_layernorm  # OLMo 2 normalises after, not before
         self.post_feedforward_layernorm = new_param(config.hidden_size, dtype=dtype, device=device)
-        # OLMo's q / k norms span all heads; EXAONE 4's are per head (qk_norm), DecoderLayer's
-        self.whole_width = not config.qk_norm
-        if self.whole_width:
-            self.q_norm_all = new_param(config.q_size, dtype=dtype, device=device)
-            self.k_norm_all = new_param(config.kv_size, dtype=dtype, device=device)
 
     def forward(
         self,
@@ -54,22 +89,6 @@ class Olmo2Layer(DecoderLayer):
         out = ops.rms_norm(self.mlp(stream, ops), self.post_feedforward_layernorm, eps)[0]
         return out, stream
 
-    def project_qkv(self, x: torch.Tensor, ops: KernelOps) -> torch.Tensor:
-        qkv = super().project_qkv(x, ops)
-        if not self.whole_width:
-            return qkv
-        c, eps = self.config, self.config.rms_norm_eps
-        q_end, k_end = c.q_size, c.q_size + c.kv_size
-        q = ops.rms_norm(qkv[:, :q_end].contiguous(), self.q_norm_all, eps)[0]
-        k = ops.rms_norm(qkv[:, q_end:k_end].contiguous(), self.k_norm_all, eps)[0]
-        return torch.cat([q, k, qkv[:, k_end:]], dim=-1)
 
-    def locate_extra(self, rest: str, prefix: str) -> tuple[torch.Tensor, tuple[str, ...]] | None:
-        """The whole-width q / k norms (the plain layer's q_norm / k_norm are per head)."""
-        if not self.whole_width:
-            return None
-        if rest == "self_attn.q_norm.weight":
-            return self.q_norm_all, (f"{prefix}.q_norm_all",)
-        if rest == "self_attn.k_norm.weight":
-            return self.k_norm_all, (f"{prefix}.k_norm_all",)
-        return None
+class OlmoeLayer(WholeWidthQkNorm, MoeLayer):
+    """OLMoE: MoeLayer's pre-norm layer and experts under the whole-width q / k norms."""

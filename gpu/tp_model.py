@@ -248,7 +248,7 @@ class TPDecoderModel(DecoderModel):
             )
         if config.sandwich_norms:
             return TPGemma3Layer(config, dtype, device, index)
-        if config.model_type in ("olmo2", "olmo3", "exaone4"):  # post-norm layers: one rank
+        if config.model_type in ("olmo2", "olmo3", "exaone4", "olmoe"):  # OLMo-style layers
             raise ModelLoadError(
                 f"{config.model_type}: tensor parallelism is not supported; run one rank"
             )

@@ -1,5 +1,6 @@
 """OLMo 2 (norms after attention and MLP, none before; q and k RMS-normalised across all heads)
-is greedy token-identical to HF transformers (fp32) through chunked prefill, from the folder
+and OLMoE (pre-norm MoE layers under the same q / k norms, q, k and v clamped to clip_qkv) are
+greedy token-identical to HF transformers (fp32) through chunked prefill, from the folder
 transformers saves (its norm weights drawn away from 1, so each must land in its place), on the
 CPU and on CUDA; tensor parallelism is refused by name."""
 
@@ -11,9 +12,18 @@ from typing import Any
 import pytest
 import torch
 
-from tests.gpu.family_checks import TINY, assert_greedy_matches, saved_random_model
+from tests.gpu.family_checks import (
+    PROMPTS,
+    TINY,
+    assert_greedy_matches,
+    saved_family,
+    saved_random_model,
+)
 
 TINY_OLMO2 = {**TINY, "num_hidden_layers": 3, "rope_theta": 1000.0}
+# 4 experts, 2 a token, unnormalised weights (transformers' default); clip_qkv 1.5 clamps many
+# of these q, k and v values (test_olmoe_clip_matters)
+TINY_OLMOE = {**TINY_OLMO2, "num_experts": 4, "num_experts_per_tok": 2, "clip_qkv": 1.5}
 
 
 @pytest.fixture(scope="module")
@@ -42,3 +52,36 @@ def test_tensor_parallelism_is_refused(olmo2: tuple[Path, Any]) -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_kernels_match_hf(olmo2: tuple[Path, Any]) -> None:
     assert_greedy_matches(*olmo2, device="cuda")
+
+
+@pytest.fixture(scope="module")
+def olmoe(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+    folder = tmp_path_factory.mktemp("olmoe")
+    return folder, saved_family(folder, "Olmoe", TINY_OLMOE)
+
+
+def test_olmoe_greedy_matches_hf(olmoe: tuple[Path, Any]) -> None:
+    from troupe.gpu.model_config import ModelConfig
+
+    config = ModelConfig.from_hf_folder(olmoe[0])
+    assert config.moe is not None and not config.moe.norm_topk_prob and config.clip_qkv == 1.5
+    assert_greedy_matches(*olmoe)
+
+
+def test_olmoe_clip_matters(olmoe: tuple[Path, Any]) -> None:
+    hf_model = olmoe[1]
+    ids = torch.tensor([PROMPTS[0]])
+    with torch.no_grad():
+        clipped = hf_model(ids).logits[0, -1]
+        hf_model.config.clip_qkv = None
+        try:
+            unclipped = hf_model(ids).logits[0, -1]
+        finally:
+            hf_model.config.clip_qkv = TINY_OLMOE["clip_qkv"]
+    assert (clipped - unclipped).abs().max() > 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_olmoe_cuda_kernels_match_hf(olmoe: tuple[Path, Any]) -> None:
+    assert_greedy_matches(*olmoe, device="cuda")
