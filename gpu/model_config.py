@@ -54,6 +54,7 @@ SUPPORTED_MODEL_TYPES = (
     "olmo3",
     "olmoe",
     "smollm3",
+    "glm",
     "glm4",
     "glm4_moe",
     "dots1",

@@ -1,7 +1,7 @@
 """The rotary tables per layer (gpu/rope_layers.py): YaRN on a Llama-shaped model (Qwen3), SmolLM3's
 NoPE layers, OLMo 3's windowed layers beside yarn-scaled full ones, Ministral's layer_types
-windows, and partial or interleaved rotary (Phi-3's halves, GLM-4's and ERNIE 4.5's interleaved
-pairs, q/k reordered at load),
+windows, and partial or interleaved rotary (Phi-3's halves, GLM's, GLM-4's and ERNIE 4.5's
+interleaved pairs, q/k reordered at load),
 each greedy token-identical to HF transformers (fp32) through chunked prefill, from the
 folder transformers saves; and what config.json may and may not say."""
 
@@ -46,6 +46,16 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
             "num_hidden_layers": 2,
         },
     ),
+    # GLM-4-9B's (`glm`): the same rotary and biases in Llama's pre-norm layer
+    "glm": (
+        "Glm",
+        {
+            "partial_rotary_factor": 0.5,
+            "attention_bias": True,
+            "rope_theta": 100.0,
+            "num_hidden_layers": 2,
+        },
+    ),
     # windowed layers beside a NoPE global one; post-norm layers with per-head q/k norms
     "exaone4": (
         "Exaone4",
@@ -81,6 +91,7 @@ def test_each_layer_reads_its_table(family: tuple[str, Path, Any]) -> None:
         "smollm3": ["cos_sin_cache", "cos_sin_none"] * 2,
         "olmo3": ["cos_sin_local", "cos_sin_cache"] * 2,
         "ministral": ["cos_sin_cache"] * 4,  # windowed, but one base and no scaling
+        "glm": ["cos_sin_cache"] * 2,
         "glm4": ["cos_sin_cache"] * 2,
         "exaone4": ["cos_sin_cache"] * 3 + ["cos_sin_none"],
         "ernie4_5": ["cos_sin_cache"] * 4,
