@@ -23,9 +23,9 @@ Biases, as each family's transformers module declares them:
 
     q/k/v     qwen2 always, qwen2_moe by `qkv_bias` (default on); mistral, ministral, mixtral,
               phi3, exaone4 never; the others `attention_bias`
-    o_proj    seed_oss `attention_out_bias`; those without q/k/v bias flags, the Qwen2s and
-              the GLMs (glm, glm4, glm4_moe) never; the others `attention_bias`
-    MLP       llama, granite, smollm3, seed_oss: `mlp_bias`; the others never
+    o_proj    seed_oss `attention_out_bias`; those without q/k/v bias flags, the Qwen2s,
+              the GLMs (glm, glm4, glm4_moe) and helium never; the others `attention_bias`
+    MLP       llama, granite, smollm3, seed_oss, helium: `mlp_bias`; the others never
     ernie4_5  `use_bias` on every projection (ernie4_5_moe too)
 
 Granite: Llama's layers with four scalars (transformers' GraniteModel): the embeddings times
@@ -138,7 +138,8 @@ def granite_fields(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 _NO_ATTENTION_BIAS = ("mistral", "ministral", "mixtral", "phi3", "exaone4")
-_MLP_BIAS = ("llama", "granite", "smollm3", "seed_oss")
+_MLP_BIAS = ("llama", "granite", "smollm3", "seed_oss", "helium")
+_NO_O_BIAS = ("qwen2", "qwen2_moe", "glm", "glm4", "glm4_moe", "helium")
 
 
 def bias_fields(cfg: dict[str, Any], model_type: str) -> dict[str, bool]:
@@ -147,7 +148,7 @@ def bias_fields(cfg: dict[str, Any], model_type: str) -> dict[str, bool]:
         every = bool(cfg.get("use_bias", False))
         return {"qkv_bias": every, "o_bias": every, "mlp_bias": every}
     attention = bool(cfg.get("attention_bias", False)) and model_type not in _NO_ATTENTION_BIAS
-    o_bias = attention and model_type not in ("qwen2", "qwen2_moe", "glm", "glm4", "glm4_moe")
+    o_bias = attention and model_type not in _NO_O_BIAS
     if model_type == "seed_oss":
         o_bias = bool(cfg.get("attention_out_bias", False))
     return {

@@ -50,6 +50,7 @@ SUPPORTED_MODEL_TYPES = (
     "phi3",
     "granite",
     "granitemoe",
+    "helium",
     "olmo2",
     "olmo3",
     "olmoe",

@@ -143,7 +143,7 @@ def exaone4_fields(windows: tuple[int, ...]) -> dict[str, Any]:
 
 # the families whose transformers module rotates part of a head; those rotating pairs
 PARTIAL_ROTARY = ("phi3", "glm", "glm4", "glm4_moe")
-INTERLEAVED = ("glm", "glm4", "ernie4_5", "ernie4_5_moe")
+INTERLEAVED = ("glm", "glm4", "ernie4_5", "ernie4_5_moe", "helium")
 
 
 def partial_rotary_fields(factor: float, head_dim: int, model_type: str) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """The rotary tables per layer (gpu/rope_layers.py): YaRN on a Llama-shaped model (Qwen3), SmolLM3's
 NoPE layers, OLMo 3's windowed layers beside yarn-scaled full ones, Ministral's layer_types
-windows, and partial or interleaved rotary (Phi-3's halves, GLM's, GLM-4's and ERNIE 4.5's
-interleaved pairs, q/k reordered at load),
+windows, and partial or interleaved rotary (Phi-3's halves, GLM's, GLM-4's, ERNIE 4.5's and
+Helium's interleaved pairs, q/k reordered at load),
 each greedy token-identical to HF transformers (fp32) through chunked prefill, from the
 folder transformers saves; and what config.json may and may not say."""
 
@@ -63,6 +63,11 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
     ),
     # the whole head rotated in interleaved pairs; a bias on every projection
     "ernie4_5": ("Ernie4_5", {"head_dim": 16, "use_bias": True, "rope_theta": 500.0}),
+    # Helium: the whole head in interleaved pairs; q/k/v and MLP biases, none on o_proj
+    "helium": (
+        "Helium",
+        {"head_dim": 16, "attention_bias": True, "mlp_bias": True, "rope_theta": 500.0},
+    ),
     # three quarters rotated in halves; fused qkv_proj
     "phi3-partial": ("Phi3", {"partial_rotary_factor": 0.75, "rope_theta": 500.0}),
 }
@@ -95,6 +100,7 @@ def test_each_layer_reads_its_table(family: tuple[str, Path, Any]) -> None:
         "glm4": ["cos_sin_cache"] * 2,
         "exaone4": ["cos_sin_cache"] * 3 + ["cos_sin_none"],
         "ernie4_5": ["cos_sin_cache"] * 4,
+        "helium": ["cos_sin_cache"] * 4,
         "phi3-partial": ["cos_sin_cache"] * 4,
     }[name]
     assert model._rope_tables == expected
