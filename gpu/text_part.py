@@ -1,15 +1,18 @@
 """The language model inside a multimodal checkpoint, served on its own (text in, text out):
 Gemma 3 4B to 27B (`gemma3`), Mistral Small 3.1 / 3.2 (`mistral3`), LLaVA-style checkpoints
-(`llava`) of a family troupe runs.
+(`llava`) of a family troupe runs, Qwen2-VL and Qwen2.5-VL (`qwen2_vl`, `qwen2_5_vl`: a Qwen2).
 
     config.json  the wrapper's `text_config` is the model's config; eos_token_id,
                  tie_word_embeddings and the dtype come from the wrapper where the text config
                  does not set them. Gemma 3's hub configs leave out what Gemma3TextConfig
-                 defaults (heads, head_dim, vocabulary, ...): those defaults fill them
+                 defaults (heads, head_dim, vocabulary, ...): those defaults fill them.
+                 Qwen2(.5)-VL's older configs hold the text fields at the top level; their
+                 M-RoPE (rope type "mrope", mrope_section) gives a text token the same
+                 position on its three axes, which is plain RoPE: read as such
     tensors      language_model.model.* (as checkpoints are saved) and model.language_model.*
                  (transformers 5's own names) are the text model's model.*, and
                  language_model.lm_head.weight its lm_head; the vision tower and the projector
-                 are not read
+                 (Qwen's visual.*, model.visual.*) are not read
 
 The loader's entry points rename as they read (gpu/weight_fill.py, gpu/quant_install.py);
 tensor parallelism and pipeline stages refuse such checkpoints by name.
@@ -20,7 +23,16 @@ from __future__ import annotations
 from typing import Any
 
 # wrapper model_type -> the text config's model_type when it does not name one
-WRAPPERS = {"gemma3": "gemma3_text", "mistral3": "mistral", "llava": "llama"}
+WRAPPERS = {
+    "gemma3": "gemma3_text",
+    "mistral3": "mistral",
+    "llava": "llama",
+    "qwen2_vl": "qwen2",
+    "qwen2_5_vl": "qwen2",
+}
+# text configs whose model_type names no family of their own
+_TEXT_TYPES = {"qwen2_vl_text": "qwen2", "qwen2_5_vl_text": "qwen2"}
+_TOP_LEVEL_TEXT = ("qwen2_vl", "qwen2_5_vl")  # older configs: no text_config
 # transformers' Gemma3TextConfig defaults (the 4B / 12B / 27B text_config relies on them)
 _GEMMA3_TEXT_DEFAULTS = {
     "vocab_size": 262_208,
@@ -43,7 +55,8 @@ _PREFIXES = (
 )
 _NOT_TEXT = (
     "vision_tower.", "model.vision_tower.", "multi_modal_projector.",
-    "model.multi_modal_projector.", "vision_model.", "model.vision_model.",
+    "model.multi_modal_projector.", "vision_model.", "model.vision_model.", "visual.",
+    "model.visual.",
 )  # fmt: skip
 
 
@@ -51,15 +64,31 @@ def text_config(cfg: dict[str, Any]) -> dict[str, Any] | None:
     """The text model's config.json dict of a multimodal wrapper's; None for any other."""
     wrapper = cfg.get("model_type")
     text = cfg.get("text_config")
+    if wrapper in _TOP_LEVEL_TEXT and text is None:
+        text = {k: v for k, v in cfg.items() if k not in ("model_type", "vision_config")}
     if wrapper not in WRAPPERS or not isinstance(text, dict):
         return None
     out = {"model_type": WRAPPERS[wrapper], **text}
+    out["model_type"] = _TEXT_TYPES.get(out["model_type"], out["model_type"])
+    if wrapper in _TOP_LEVEL_TEXT:
+        out = _plain_rope(out)
     for key in ("eos_token_id", "tie_word_embeddings", "torch_dtype", "dtype"):
         if key in cfg and key not in text:
             out[key] = cfg[key]
     if wrapper == "gemma3":
         out = {**_GEMMA3_TEXT_DEFAULTS, **out}
     out["text_of"] = wrapper
+    return out
+
+
+def _plain_rope(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Qwen2(.5)-VL's M-RoPE read as plain RoPE (module docstring): its rope_theta kept."""
+    out = dict(cfg)
+    for key in ("rope_scaling", "rope_parameters"):
+        rope = out.get(key)
+        if not isinstance(rope, dict) or "mrope_section" not in rope:
+            continue
+        out[key] = {k: v for k, v in rope.items() if k == "rope_theta"} or None
     return out
 
 

@@ -1,7 +1,8 @@
 """The text model of a multimodal checkpoint (gpu/text_part.py): a tiny Gemma 3
 Gemma3ForConditionalGeneration (SigLIP tower, projector, windowed and global layers), a
-Mistral 3 one and a LLaVA one (CLIP tower, Llama), saved as transformers saves them
-(language_model.model.*, vision_tower.*), served text-only: greedy token-identical to
+Mistral 3 one, a LLaVA one (CLIP tower, Llama) and Qwen2-VL and Qwen2.5-VL ones (their own
+towers, a Qwen2 under M-RoPE), saved as transformers saves them (language_model.model.*,
+vision_tower.*, model.visual.*), served text-only: greedy token-identical to
 transformers' own model on the same token ids (fp32, CPU); the config comes from text_config;
 tensor and pipeline parallelism are refused by name."""
 
@@ -60,10 +61,26 @@ LLAVA = {
     "tie_word_embeddings": False,
     "vision_config": {**VISION, "model_type": "clip_vision_model", "projection_dim": 32},
 }
+# M-RoPE: a text token's three positions are equal, so its sections rotate as plain RoPE does
+QWEN_VL_TEXT = {
+    "rope_parameters": {"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 1e3},
+    "tie_word_embeddings": False,
+}
+QWEN2_5_VL = {
+    "tie_word_embeddings": False,
+    "vision_config": {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
+                      "out_hidden_size": 64, "fullatt_block_indexes": [0]},
+}  # fmt: skip
+QWEN2_VL = {
+    "tie_word_embeddings": False,
+    "vision_config": {"depth": 1, "embed_dim": 32, "hidden_size": 64, "num_heads": 2},
+}
 WRAPPERS: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
     "gemma3": ("Gemma3", GEMMA3_TEXT, GEMMA3),
     "mistral3": ("Mistral3", {"rope_theta": 1000.0, "tie_word_embeddings": False}, MISTRAL3),
     "llava": ("Llava", {"model_type": "llama", "rope_theta": 1000.0}, LLAVA),
+    "qwen2_5_vl": ("Qwen2_5_VL", QWEN_VL_TEXT, QWEN2_5_VL),
+    "qwen2_vl": ("Qwen2VL", QWEN_VL_TEXT, QWEN2_VL),
 }
 
 
@@ -90,10 +107,8 @@ def test_the_config_is_the_text_config(wrapper: tuple[str, Path, Any]) -> None:
     name, folder, _ = wrapper
     config = ModelConfig.from_hf_folder(folder)
     assert config.text_of == name
-    assert (
-        config.model_type
-        == {"gemma3": "gemma3_text", "mistral3": "mistral", "llava": "llama"}[name]
-    )
+    types = {"gemma3": "gemma3_text", "mistral3": "mistral", "llava": "llama"}
+    assert config.model_type == types.get(name, "qwen2")
     assert (config.num_layers, config.hidden_size, config.vocab_size) == (2, 64, 300)
 
 
@@ -143,3 +158,24 @@ def test_a_hub_gemma3_config_leaves_gemma_defaults_out() -> None:
     assert config.eos_token_ids == (1, 106) and config.torch_dtype == torch.bfloat16
     assert config.layer_windows[:6] == (1024,) * 5 + (0,)
     assert config.rope_scaling == {"factor": 8.0, "rope_type": "linear"}
+
+
+def test_qwen_vl_top_level_config_and_names() -> None:
+    """An older Qwen2.5-VL config.json: the text fields at the top level, M-RoPE as
+    rope_scaling; its tower's tensors (visual.*) are not read."""
+    from troupe.gpu.model_config import ModelConfig
+    from troupe.gpu.text_part import text_name
+
+    cfg = {
+        "model_type": "qwen2_5_vl", **TEXT, "rope_theta": 1e6, "tie_word_embeddings": True,
+        "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]},
+        "vision_config": QWEN2_5_VL["vision_config"],
+    }  # fmt: skip
+    config = ModelConfig.from_hf_dict(cfg)
+    assert (config.model_type, config.text_of, config.rope_scaling) == ("qwen2", "qwen2_5_vl", None)
+    assert config.rope_theta == 1e6 and config.qkv_bias and config.tie_word_embeddings
+    assert text_name("visual.blocks.0.attn.qkv.weight") is None
+    assert text_name("model.visual.merger.mlp.0.weight") is None
+    assert (
+        text_name("model.layers.0.self_attn.q_proj.bias") == "model.layers.0.self_attn.q_proj.bias"
+    )
