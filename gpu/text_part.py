@@ -1,14 +1,16 @@
 """The language model inside a multimodal checkpoint, served on its own (text in, text out):
 Gemma 3 4B to 27B (`gemma3`), Mistral Small 3.1 / 3.2 (`mistral3`), LLaVA-style checkpoints
-(`llava`) of a family troupe runs, Qwen2-VL and Qwen2.5-VL (`qwen2_vl`, `qwen2_5_vl`: a Qwen2).
+(`llava`) of a family troupe runs, Qwen2-VL and Qwen2.5-VL (`qwen2_vl`, `qwen2_5_vl`: a Qwen2),
+Qwen3-VL (`qwen3_vl`: a Qwen3).
 
     config.json  the wrapper's `text_config` is the model's config; eos_token_id,
                  tie_word_embeddings and the dtype come from the wrapper where the text config
                  does not set them. Gemma 3's hub configs leave out what Gemma3TextConfig
                  defaults (heads, head_dim, vocabulary, ...): those defaults fill them.
-                 Qwen2(.5)-VL's older configs hold the text fields at the top level; their
-                 M-RoPE (rope type "mrope", mrope_section) gives a text token the same
-                 position on its three axes, which is plain RoPE: read as such
+                 Qwen2(.5)-VL's older configs hold the text fields at the top level; the Qwen
+                 VLs' M-RoPE (rope type "mrope", mrope_section, Qwen3-VL's interleaved) gives
+                 a text token the same position on its three axes, which is plain RoPE: read
+                 as such
     tensors      language_model.model.* (as checkpoints are saved) and model.language_model.*
                  (transformers 5's own names) are the text model's model.*, and
                  language_model.lm_head.weight its lm_head; the vision tower and the projector
@@ -29,10 +31,12 @@ WRAPPERS = {
     "llava": "llama",
     "qwen2_vl": "qwen2",
     "qwen2_5_vl": "qwen2",
+    "qwen3_vl": "qwen3",
 }
 # text configs whose model_type names no family of their own
-_TEXT_TYPES = {"qwen2_vl_text": "qwen2", "qwen2_5_vl_text": "qwen2"}
+_TEXT_TYPES = {"qwen2_vl_text": "qwen2", "qwen2_5_vl_text": "qwen2", "qwen3_vl_text": "qwen3"}
 _TOP_LEVEL_TEXT = ("qwen2_vl", "qwen2_5_vl")  # older configs: no text_config
+_MROPE = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 # transformers' Gemma3TextConfig defaults (the 4B / 12B / 27B text_config relies on them)
 _GEMMA3_TEXT_DEFAULTS = {
     "vocab_size": 262_208,
@@ -70,7 +74,7 @@ def text_config(cfg: dict[str, Any]) -> dict[str, Any] | None:
         return None
     out = {"model_type": WRAPPERS[wrapper], **text}
     out["model_type"] = _TEXT_TYPES.get(out["model_type"], out["model_type"])
-    if wrapper in _TOP_LEVEL_TEXT:
+    if wrapper in _MROPE:
         out = _plain_rope(out)
     for key in ("eos_token_id", "tie_word_embeddings", "torch_dtype", "dtype"):
         if key in cfg and key not in text:
@@ -82,7 +86,7 @@ def text_config(cfg: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def _plain_rope(cfg: dict[str, Any]) -> dict[str, Any]:
-    """Qwen2(.5)-VL's M-RoPE read as plain RoPE (module docstring): its rope_theta kept."""
+    """The Qwen VLs' M-RoPE read as plain RoPE (module docstring): its rope_theta kept."""
     out = dict(cfg)
     for key in ("rope_scaling", "rope_parameters"):
         rope = out.get(key)

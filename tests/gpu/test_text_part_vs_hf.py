@@ -71,6 +71,12 @@ QWEN2_5_VL = {
     "vision_config": {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
                       "out_hidden_size": 64, "fullatt_block_indexes": [0]},
 }  # fmt: skip
+QWEN3_VL = {
+    "tie_word_embeddings": False,
+    "vision_config": {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
+                      "out_hidden_size": 64, "deepstack_visual_indexes": [0],
+                      "num_position_embeddings": 16},
+}  # fmt: skip
 QWEN2_VL = {
     "tie_word_embeddings": False,
     "vision_config": {"depth": 1, "embed_dim": 32, "hidden_size": 64, "num_heads": 2},
@@ -81,6 +87,15 @@ WRAPPERS: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
     "llava": ("Llava", {"model_type": "llama", "rope_theta": 1000.0}, LLAVA),
     "qwen2_5_vl": ("Qwen2_5_VL", QWEN_VL_TEXT, QWEN2_5_VL),
     "qwen2_vl": ("Qwen2VL", QWEN_VL_TEXT, QWEN2_VL),
+    # Qwen3 text (per-head q/k norms) under interleaved M-RoPE
+    "qwen3_vl": (
+        "Qwen3VL",
+        {
+            **QWEN_VL_TEXT,
+            "rope_parameters": {**QWEN_VL_TEXT["rope_parameters"], "mrope_interleaved": True},
+        },
+        QWEN3_VL,
+    ),
 }
 
 
@@ -107,7 +122,7 @@ def test_the_config_is_the_text_config(wrapper: tuple[str, Path, Any]) -> None:
     name, folder, _ = wrapper
     config = ModelConfig.from_hf_folder(folder)
     assert config.text_of == name
-    types = {"gemma3": "gemma3_text", "mistral3": "mistral", "llava": "llama"}
+    types = {"gemma3": "gemma3_text", "mistral3": "mistral", "llava": "llama", "qwen3_vl": "qwen3"}
     assert config.model_type == types.get(name, "qwen2")
     assert (config.num_layers, config.hidden_size, config.vocab_size) == (2, 64, 300)
 
