@@ -1,7 +1,7 @@
 """The language model inside a multimodal checkpoint, served on its own (text in, text out):
 Gemma 3 4B to 27B (`gemma3`), Mistral Small 3.1 / 3.2 (`mistral3`), LLaVA-style checkpoints
 (`llava`) of a family troupe runs, Qwen2-VL and Qwen2.5-VL (`qwen2_vl`, `qwen2_5_vl`: a Qwen2),
-Qwen3-VL (`qwen3_vl`: a Qwen3).
+Qwen3-VL (`qwen3_vl`: a Qwen3), SmolVLM and Idefics3 (`smolvlm`, `idefics3`: a Llama).
 
     config.json  the wrapper's `text_config` is the model's config; eos_token_id,
                  tie_word_embeddings and the dtype come from the wrapper where the text config
@@ -12,9 +12,10 @@ Qwen3-VL (`qwen3_vl`: a Qwen3).
                  a text token the same position on its three axes, which is plain RoPE: read
                  as such
     tensors      language_model.model.* (as checkpoints are saved) and model.language_model.*
-                 (transformers 5's own names) are the text model's model.*, and
+                 (transformers 5's own names) and model.text_model.* (SmolVLM's) are the text
+                 model's model.*, and
                  language_model.lm_head.weight its lm_head; the vision tower and the projector
-                 (Qwen's visual.*, model.visual.*) are not read
+                 (Qwen's visual.*, model.visual.*; SmolVLM's model.connector.*) are not read
 
 The loader's entry points rename as they read (gpu/weight_fill.py, gpu/quant_install.py);
 tensor parallelism and pipeline stages refuse such checkpoints by name.
@@ -32,6 +33,8 @@ WRAPPERS = {
     "qwen2_vl": "qwen2",
     "qwen2_5_vl": "qwen2",
     "qwen3_vl": "qwen3",
+    "smolvlm": "llama",
+    "idefics3": "llama",
 }
 # text configs whose model_type names no family of their own
 _TEXT_TYPES = {"qwen2_vl_text": "qwen2", "qwen2_5_vl_text": "qwen2", "qwen3_vl_text": "qwen3"}
@@ -55,12 +58,13 @@ _GEMMA3_TEXT_DEFAULTS = {
 _PREFIXES = (
     ("language_model.model.", "model."),
     ("model.language_model.", "model."),
+    ("model.text_model.", "model."),
     ("language_model.lm_head.", "lm_head."),
 )
 _NOT_TEXT = (
     "vision_tower.", "model.vision_tower.", "multi_modal_projector.",
     "model.multi_modal_projector.", "vision_model.", "model.vision_model.", "visual.",
-    "model.visual.",
+    "model.visual.", "model.connector.",
 )  # fmt: skip
 
 

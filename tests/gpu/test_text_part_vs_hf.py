@@ -87,6 +87,10 @@ WRAPPERS: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
     "llava": ("Llava", {"model_type": "llama", "rope_theta": 1000.0}, LLAVA),
     "qwen2_5_vl": ("Qwen2_5_VL", QWEN_VL_TEXT, QWEN2_5_VL),
     "qwen2_vl": ("Qwen2VL", QWEN_VL_TEXT, QWEN2_VL),
+    # SmolVLM / Idefics3: a Llama (SmolLM2 in SmolVLM) as model.text_model, a pixel-shuffle
+    # connector
+    "smolvlm": ("SmolVLM", {"model_type": "llama", "rope_theta": 1000.0}, {"scale_factor": 2}),
+    "idefics3": ("Idefics3", {"model_type": "llama", "rope_theta": 1000.0}, {"scale_factor": 2}),
     # Qwen3 text (per-head q/k norms) under interleaved M-RoPE
     "qwen3_vl": (
         "Qwen3VL",
@@ -122,7 +126,8 @@ def test_the_config_is_the_text_config(wrapper: tuple[str, Path, Any]) -> None:
     name, folder, _ = wrapper
     config = ModelConfig.from_hf_folder(folder)
     assert config.text_of == name
-    types = {"gemma3": "gemma3_text", "mistral3": "mistral", "llava": "llama", "qwen3_vl": "qwen3"}
+    types = {"gemma3": "gemma3_text", "mistral3": "mistral", "qwen3_vl": "qwen3"}
+    types |= dict.fromkeys(("llava", "smolvlm", "idefics3"), "llama")
     assert config.model_type == types.get(name, "qwen2")
     assert (config.num_layers, config.hidden_size, config.vocab_size) == (2, 64, 300)
 
