@@ -1,7 +1,8 @@
 """The language model inside a multimodal checkpoint, served on its own (text in, text out):
 Gemma 3 4B to 27B (`gemma3`), Mistral Small 3.1 / 3.2 (`mistral3`), LLaVA-style checkpoints
 (`llava`) of a family troupe runs, Qwen2-VL and Qwen2.5-VL (`qwen2_vl`, `qwen2_5_vl`: a Qwen2),
-Qwen3-VL (`qwen3_vl`: a Qwen3), SmolVLM and Idefics3 (`smolvlm`, `idefics3`: a Llama).
+Qwen3-VL (`qwen3_vl`: a Qwen3), SmolVLM and Idefics3 (`smolvlm`, `idefics3`: a Llama), InternVL
+(`internvl`, transformers' format: its text_config's family, a Qwen2 unless named).
 
     config.json  the wrapper's `text_config` is the model's config; eos_token_id,
                  tie_word_embeddings and the dtype come from the wrapper where the text config
@@ -35,6 +36,7 @@ WRAPPERS = {
     "qwen3_vl": "qwen3",
     "smolvlm": "llama",
     "idefics3": "llama",
+    "internvl": "qwen2",
 }
 # text configs whose model_type names no family of their own
 _TEXT_TYPES = {"qwen2_vl_text": "qwen2", "qwen2_5_vl_text": "qwen2", "qwen3_vl_text": "qwen3"}

@@ -91,6 +91,15 @@ WRAPPERS: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
     # connector
     "smolvlm": ("SmolVLM", {"model_type": "llama", "rope_theta": 1000.0}, {"scale_factor": 2}),
     "idefics3": ("Idefics3", {"model_type": "llama", "rope_theta": 1000.0}, {"scale_factor": 2}),
+    # InternVL (transformers' format): a Qwen2 by default, an InternViT tower
+    "internvl": (
+        "InternVL",
+        {"model_type": "qwen2", "rope_theta": 1000.0, "tie_word_embeddings": False},
+        {
+            "tie_word_embeddings": False,
+            "vision_config": {**VISION, "image_size": [28, 28], "patch_size": [14, 14]},
+        },
+    ),
     # Qwen3 text (per-head q/k norms) under interleaved M-RoPE
     "qwen3_vl": (
         "Qwen3VL",
