@@ -1,6 +1,6 @@
 """The language model inside a multimodal checkpoint, served on its own (text in, text out):
 Gemma 3 4B to 27B (`gemma3`), Mistral Small 3.1 / 3.2 (`mistral3`), LLaVA-style checkpoints
-(`llava`) of a family troupe runs, Qwen2-VL and Qwen2.5-VL (`qwen2_vl`, `qwen2_5_vl`: a Qwen2),
+(`llava`, `llava_next`, `llava_onevision`) of a family troupe runs, Qwen2-VL and Qwen2.5-VL (`qwen2_vl`, `qwen2_5_vl`: a Qwen2),
 Qwen3-VL (`qwen3_vl`: a Qwen3), SmolVLM and Idefics3 (`smolvlm`, `idefics3`: a Llama), InternVL
 (`internvl`, transformers' format: its text_config's family, a Qwen2 unless named).
 
@@ -16,7 +16,8 @@ Qwen3-VL (`qwen3_vl`: a Qwen3), SmolVLM and Idefics3 (`smolvlm`, `idefics3`: a L
                  (transformers 5's own names) and model.text_model.* (SmolVLM's) are the text
                  model's model.*, and
                  language_model.lm_head.weight its lm_head; the vision tower and the projector
-                 (Qwen's visual.*, model.visual.*; SmolVLM's model.connector.*) are not read
+                 (Qwen's visual.*, model.visual.*; SmolVLM's model.connector.*; LLaVA-NeXT's
+                 image_newline) are not read
 
 The loader's entry points rename as they read (gpu/weight_fill.py, gpu/quant_install.py);
 tensor parallelism and pipeline stages refuse such checkpoints by name.
@@ -31,6 +32,8 @@ WRAPPERS = {
     "gemma3": "gemma3_text",
     "mistral3": "mistral",
     "llava": "llama",
+    "llava_next": "llama",
+    "llava_onevision": "qwen2",
     "qwen2_vl": "qwen2",
     "qwen2_5_vl": "qwen2",
     "qwen3_vl": "qwen3",
@@ -66,7 +69,7 @@ _PREFIXES = (
 _NOT_TEXT = (
     "vision_tower.", "model.vision_tower.", "multi_modal_projector.",
     "model.multi_modal_projector.", "vision_model.", "model.vision_model.", "visual.",
-    "model.visual.", "model.connector.",
+    "model.visual.", "model.connector.", "image_newline", "model.image_newline",
 )  # fmt: skip
 
 

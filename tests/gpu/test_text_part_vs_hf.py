@@ -87,6 +87,13 @@ WRAPPERS: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
     "llava": ("Llava", {"model_type": "llama", "rope_theta": 1000.0}, LLAVA),
     "qwen2_5_vl": ("Qwen2_5_VL", QWEN_VL_TEXT, QWEN2_5_VL),
     "qwen2_vl": ("Qwen2VL", QWEN_VL_TEXT, QWEN2_VL),
+    # LLaVA-NeXT (a Llama) and LLaVA-OneVision (a Qwen2): image_newline beside the towers
+    "llava_next": ("LlavaNext", {"model_type": "llama", "rope_theta": 1000.0}, LLAVA),
+    "llava_onevision": (
+        "LlavaOnevision",
+        {"model_type": "qwen2", "rope_theta": 1000.0, "tie_word_embeddings": False},
+        {**LLAVA, "vision_config": {**VISION, "model_type": "siglip_vision_model"}},
+    ),
     # SmolVLM / Idefics3: a Llama (SmolLM2 in SmolVLM) as model.text_model, a pixel-shuffle
     # connector
     "smolvlm": ("SmolVLM", {"model_type": "llama", "rope_theta": 1000.0}, {"scale_factor": 2}),
@@ -136,7 +143,7 @@ def test_the_config_is_the_text_config(wrapper: tuple[str, Path, Any]) -> None:
     config = ModelConfig.from_hf_folder(folder)
     assert config.text_of == name
     types = {"gemma3": "gemma3_text", "mistral3": "mistral", "qwen3_vl": "qwen3"}
-    types |= dict.fromkeys(("llava", "smolvlm", "idefics3"), "llama")
+    types |= dict.fromkeys(("llava", "llava_next", "smolvlm", "idefics3"), "llama")
     assert config.model_type == types.get(name, "qwen2")
     assert (config.num_layers, config.hidden_size, config.vocab_size) == (2, 64, 300)
 
@@ -205,6 +212,7 @@ def test_qwen_vl_top_level_config_and_names() -> None:
     assert config.rope_theta == 1e6 and config.qkv_bias and config.tie_word_embeddings
     assert text_name("visual.blocks.0.attn.qkv.weight") is None
     assert text_name("model.visual.merger.mlp.0.weight") is None
+    assert text_name("model.image_newline") is None  # LLaVA-NeXT's
     assert (
         text_name("model.layers.0.self_attn.q_proj.bias") == "model.layers.0.self_attn.q_proj.bias"
     )
