@@ -1,7 +1,8 @@
 """The language model inside a multimodal checkpoint, served on its own (text in, text out):
 Gemma 3 4B to 27B (`gemma3`), Mistral Small 3.1 / 3.2 (`mistral3`), LLaVA-style checkpoints
 (`llava`, `llava_next`, `llava_onevision`) of a family troupe runs, Qwen2-VL and Qwen2.5-VL (`qwen2_vl`, `qwen2_5_vl`: a Qwen2),
-Qwen3-VL (`qwen3_vl`: a Qwen3), SmolVLM and Idefics3 (`smolvlm`, `idefics3`: a Llama), InternVL
+Qwen3-VL (`qwen3_vl`: a Qwen3; `qwen3_vl_moe`: a Qwen3-MoE, its top-k always renormalised, its
+fused experts stored [E, H, 2I] / [E, I, H] on the hub: gpu/weight_fill.py turns them), SmolVLM and Idefics3 (`smolvlm`, `idefics3`: a Llama), InternVL
 (`internvl`, transformers' format: its text_config's family, a Qwen2 unless named).
 
     config.json  the wrapper's `text_config` is the model's config; eos_token_id,
@@ -37,14 +38,20 @@ WRAPPERS = {
     "qwen2_vl": "qwen2",
     "qwen2_5_vl": "qwen2",
     "qwen3_vl": "qwen3",
+    "qwen3_vl_moe": "qwen3_moe",
     "smolvlm": "llama",
     "idefics3": "llama",
     "internvl": "qwen2",
 }
 # text configs whose model_type names no family of their own
-_TEXT_TYPES = {"qwen2_vl_text": "qwen2", "qwen2_5_vl_text": "qwen2", "qwen3_vl_text": "qwen3"}
+_TEXT_TYPES = {
+    "qwen2_vl_text": "qwen2",
+    "qwen2_5_vl_text": "qwen2",
+    "qwen3_vl_text": "qwen3",
+    "qwen3_vl_moe_text": "qwen3_moe",
+}
 _TOP_LEVEL_TEXT = ("qwen2_vl", "qwen2_5_vl")  # older configs: no text_config
-_MROPE = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+_MROPE = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe")
 # transformers' Gemma3TextConfig defaults (the 4B / 12B / 27B text_config relies on them)
 _GEMMA3_TEXT_DEFAULTS = {
     "vocab_size": 262_208,
@@ -85,6 +92,8 @@ def text_config(cfg: dict[str, Any]) -> dict[str, Any] | None:
     out["model_type"] = _TEXT_TYPES.get(out["model_type"], out["model_type"])
     if wrapper in _MROPE:
         out = _plain_rope(out)
+    if wrapper == "qwen3_vl_moe":  # transformers' router renormalises, whatever the config says
+        out["norm_topk_prob"] = True
     for key in ("eos_token_id", "tie_word_embeddings", "torch_dtype", "dtype"):
         if key in cfg and key not in text:
             out[key] = cfg[key]

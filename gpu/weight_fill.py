@@ -77,6 +77,8 @@ def fill_weights(
         if target is None:
             continue  # e.g. rotary_emb.inv_freq in old checkpoints
         dest = target if start is None else target[start : start + size]
+        if _experts_transposed(name, tensor, dest):  # Qwen3-VL-MoE's hub files
+            tensor = tensor.transpose(1, 2)
         if tuple(dest.shape) != tuple(tensor.shape):
             raise ModelLoadError(
                 f"{source}: tensor {name!r} has shape {tuple(tensor.shape)}, "
@@ -99,6 +101,14 @@ def fill_weights(
         for name, param in model.named_parameters():
             if name.endswith("norm") or name.endswith("layernorm"):
                 param.add_(1.0)
+
+
+def _experts_transposed(name: str, tensor: torch.Tensor, dest: torch.Tensor) -> bool:
+    """Fused experts stored [E, H, 2I] / [E, I, H] (Qwen3-VL-MoE's hub checkpoints, which
+    transformers transposes at load) where the layer holds [E, 2I, H] / [E, H, I]."""
+    fused = name.endswith(("mlp.experts.gate_up_proj", "mlp.experts.down_proj"))
+    flipped = tensor.dim() == 3 and tuple(tensor.transpose(1, 2).shape) == tuple(dest.shape)
+    return fused and flipped and tuple(tensor.shape) != tuple(dest.shape)
 
 
 def _text_tensors(

@@ -77,6 +77,12 @@ QWEN3_VL = {
                       "out_hidden_size": 64, "deepstack_visual_indexes": [0],
                       "num_position_embeddings": 16},
 }  # fmt: skip
+QWEN3_VL_MOE_TEXT = {
+    **QWEN_VL_TEXT,
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 24,
+}
 QWEN2_VL = {
     "tie_word_embeddings": False,
     "vision_config": {"depth": 1, "embed_dim": 32, "hidden_size": 64, "num_heads": 2},
@@ -107,6 +113,8 @@ WRAPPERS: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
             "vision_config": {**VISION, "image_size": [28, 28], "patch_size": [14, 14]},
         },
     ),
+    # Qwen3-MoE text: 4 experts, 2 a token, the top-k renormalised
+    "qwen3_vl_moe": ("Qwen3VLMoe", QWEN3_VL_MOE_TEXT, QWEN3_VL),
     # Qwen3 text (per-head q/k norms) under interleaved M-RoPE
     "qwen3_vl": (
         "Qwen3VL",
@@ -143,6 +151,7 @@ def test_the_config_is_the_text_config(wrapper: tuple[str, Path, Any]) -> None:
     config = ModelConfig.from_hf_folder(folder)
     assert config.text_of == name
     types = {"gemma3": "gemma3_text", "mistral3": "mistral", "qwen3_vl": "qwen3"}
+    types["qwen3_vl_moe"] = "qwen3_moe"
     types |= dict.fromkeys(("llava", "llava_next", "smolvlm", "idefics3"), "llama")
     assert config.model_type == types.get(name, "qwen2")
     assert (config.num_layers, config.hidden_size, config.vocab_size) == (2, 64, 300)
@@ -216,3 +225,24 @@ def test_qwen_vl_top_level_config_and_names() -> None:
     assert (
         text_name("model.layers.0.self_attn.q_proj.bias") == "model.layers.0.self_attn.q_proj.bias"
     )
+
+
+@pytest.mark.parametrize("wrapper", ["qwen3_vl_moe"], indirect=True)
+def test_qwen3_vl_moe_hub_layout(wrapper: tuple[str, Path, Any], tmp_path: Path) -> None:
+    """Qwen3-VL-MoE's hub files hold the fused experts transposed ([E, H, 2I], [E, I, H]),
+    which transformers turns at load (and saves back in its own layout): the same folder with
+    its experts written the hub's way gives the same greedy tokens."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    _, folder, hf_model = wrapper
+    hub = tmp_path / "hub"
+    shutil.copytree(folder, hub)
+    tensors = load_file(str(folder / "model.safetensors"))
+    experts = [k for k in tensors if k.endswith(("experts.gate_up_proj", "experts.down_proj"))]
+    assert experts
+    for name in experts:
+        tensors[name] = tensors[name].transpose(1, 2).contiguous()
+    save_file(tensors, str(hub / "model.safetensors"), metadata={"format": "pt"})
+    assert_greedy_matches(hub, hf_model)
