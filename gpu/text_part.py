@@ -1,9 +1,17 @@
-"""The language model inside a multimodal checkpoint, served on its own (text in, text out):
-Gemma 3 4B to 27B (`gemma3`), Mistral Small 3.1 / 3.2 (`mistral3`), LLaVA-style checkpoints
-(`llava`, `llava_next`, `llava_onevision`) of a family troupe runs, Qwen2-VL and Qwen2.5-VL (`qwen2_vl`, `qwen2_5_vl`: a Qwen2),
-Qwen3-VL (`qwen3_vl`: a Qwen3; `qwen3_vl_moe`: a Qwen3-MoE, its top-k always renormalised, its
-fused experts stored [E, H, 2I] / [E, I, H] on the hub: gpu/weight_fill.py turns them), SmolVLM and Idefics3 (`smolvlm`, `idefics3`: a Llama), InternVL
-(`internvl`, transformers' format: its text_config's family, a Qwen2 unless named).
+"""The language model inside a multimodal checkpoint, served on its own (text in, text out),
+of a family troupe runs:
+
+    gemma3                       Gemma 3 4B to 27B
+    mistral3                     Mistral Small 3.1 / 3.2
+    llava, llava_next,           LLaVA-style checkpoints (OneVision: a Qwen2)
+    llava_onevision
+    qwen2_vl, qwen2_5_vl         Qwen2-VL and Qwen2.5-VL: a Qwen2
+    qwen3_vl, qwen3_vl_moe       Qwen3-VL: a Qwen3, or a Qwen3-MoE whose top-k is always
+                                 renormalised and whose hub files hold the fused experts
+                                 [E, H, 2I] / [E, I, H] (gpu/weight_fill.py turns them)
+    smolvlm, idefics3            SmolVLM and Idefics3: a Llama
+    internvl                     InternVL in transformers' format: its text_config's family,
+                                 a Qwen2 unless named
 
     config.json  the wrapper's `text_config` is the model's config; eos_token_id,
                  tie_word_embeddings and the dtype come from the wrapper where the text config
