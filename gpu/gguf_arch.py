@@ -101,8 +101,8 @@ HF_CONFIG_ARCHS = {
     "qwen3": "qwen3",
     "qwen3moe": "qwen3_moe",
 }
-MERGED_EXPERT_ARCHS = ("deepseek2", "qwen3moe")
-_GEMMAS = ("gemma2", "gemma3")  # ffn_*_exps split per expert at load
+MERGED_EXPERT_ARCHS = ("deepseek2", "qwen3moe")  # ffn_*_exps split per expert at load
+_GEMMAS = ("gemma2", "gemma3")  # norms stored as 1 + w
 ARCHITECTURES = tuple(PER_LAYER)
 
 

@@ -106,9 +106,10 @@ def fill_weights(
 def _experts_transposed(name: str, tensor: torch.Tensor, dest: torch.Tensor) -> bool:
     """Fused experts stored [E, H, 2I] / [E, I, H] (Qwen3-VL-MoE's hub checkpoints, which
     transformers transposes at load) where the layer holds [E, 2I, H] / [E, H, I]."""
-    fused = name.endswith(("mlp.experts.gate_up_proj", "mlp.experts.down_proj"))
+    if not name.endswith(("mlp.experts.gate_up_proj", "mlp.experts.down_proj")):
+        return False
     flipped = tensor.dim() == 3 and tuple(tensor.transpose(1, 2).shape) == tuple(dest.shape)
-    return fused and flipped and tuple(tensor.shape) != tuple(dest.shape)
+    return flipped and tuple(tensor.shape) != tuple(dest.shape)
 
 
 def _text_tensors(

@@ -162,10 +162,10 @@ def paged_attention(
             _as(q[None, lo:hi].transpose(1, 2), torch.float32),
             _as(k[None].transpose(1, 2), torch.float32),
             _as(v[None].transpose(1, 2), torch.float32),
-            mask,
-            mask is None and hi - lo > 1,
-            scale,
-            softcap,
+            mask=mask,
+            is_causal=mask is None and hi - lo > 1,
+            scale=scale,
+            softcap=softcap,
         )
         out[lo:hi] = _as(attn[0].transpose(0, 1), q.dtype)
     return out
@@ -230,10 +230,10 @@ def paged_decode_attention(
         q[:, :, None, :].float(),
         window(k_cache, k_scale),
         window(v_cache, v_scale),
-        visible[:, None, None, :],
-        False,
-        scale,
-        softcap,
+        mask=visible[:, None, None, :],
+        is_causal=False,
+        scale=scale,
+        softcap=softcap,
     )
     return attn[:, :, 0, :].to(q.dtype)
 
@@ -253,7 +253,10 @@ def _single_decode(
     k = _gather(k_cache, blocks, 0, seq_len, run)[None].transpose(1, 2)  # [1, Hkv, n, D]
     v = _gather(v_cache, blocks, 0, seq_len, run)[None].transpose(1, 2)
     f32 = torch.float32
-    attn = _sdpa(_as(q[:, :, None, :], f32), _as(k, f32), _as(v, f32), None, False, scale, softcap)
+    attn = _sdpa(
+        _as(q[:, :, None, :], f32), _as(k, f32), _as(v, f32), mask=None, is_causal=False,
+        scale=scale, softcap=softcap,
+    )  # fmt: skip
     return _as(attn[:, :, 0, :], q.dtype)
 
 
@@ -261,6 +264,7 @@ def _sdpa(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
+    *,
     mask: torch.Tensor | None,
     is_causal: bool,
     scale: float,
