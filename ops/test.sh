@@ -15,4 +15,7 @@ TC=$(mktemp -d) && ln -s "$PWD" "$TC/troupe"
 # tests/conftest.py moves the root to the end of the suite's sys.path; PYTHONSAFEPATH (Python
 # 3.11's -P) keeps `python -m` from putting it in front in the Pythons the tests start.
 export PYTHONSAFEPATH=1
+# Two workers on two cores: one intra-op thread each (and in the processes they start), or
+# the OpenMP threads of one spin while the other worker holds the core (a third slower).
+export OMP_NUM_THREADS=1
 echo "== pytest"; .venv/bin/python -m pytest -n 2 --dist loadfile "$@"
