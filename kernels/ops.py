@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Literal, Protocol, get_args
 if TYPE_CHECKING:  # only annotations here: troupe.config imports this module, keep it light
     import torch
 
+    from .clamped_swiglu import ClampedSwiglu
+
 KernelBackend = Literal["auto", "triton", "torch"]
 
 
@@ -206,10 +208,18 @@ class KernelOps(Protocol):
         w2: torch.Tensor,
         topk_weights: torch.Tensor,
         topk_ids: torch.Tensor,
+        *,
+        b13: torch.Tensor | None = None,
+        b2: torch.Tensor | None = None,
+        clamped: ClampedSwiglu | None = None,
     ) -> torch.Tensor:
         """Mixture of SwiGLU experts: x [T, H], w13 [E, 2I, H] (gate | up), w2 [E, H, I],
         each token's experts topk_ids [T, k] and weights topk_weights [T, k] (x's dtype).
-        Returns sum_k weight * expert(x) [T, H] (kernels/moe_reference.py states it exactly)."""
+        Returns sum_k weight * expert(x) [T, H] (kernels/moe_reference.py states it exactly).
+
+        GPT-OSS's experts: biases b13 [E, 2I] (gate | up, added before the activation) and
+        b2 [E, H] (added to each expert's output before its weight), and `clamped` in place
+        of silu(gate) * up (kernels/clamped_swiglu.py)."""
         ...
 
     def write_latent(
