@@ -40,6 +40,7 @@ from .decode_group import softmax_step
 from .decode_program import program_sequence
 from .fp8_tile import Fp8Convert
 from .sm_count import num_sms
+from .sinks import sink_start
 from .softcap import softcap_log2, softcap_raw
 
 _LOG2E = 1.4426950408889634
@@ -115,6 +116,7 @@ def _decode_split_kernel(
     seq_lens_ptr,
     num_valid_ptr,  # int32 [1] when HAS_LIMIT: sequences from this one on are skipped
     order_ptr,  # int32 [S] when HAS_ORDER: the sequences in launch order (decode_order.py)
+    sinks_ptr,  # [Hq] when SINKS: each head's sink logit (kernels/sinks.py)
     qk_scale,  # softmax scale * log2(e)
     window,  # sliding window in tokens, 0: none
     cap,  # the scores' soft cap in log2 units when SOFTCAP (kernels/softcap.py)
@@ -141,6 +143,7 @@ def _decode_split_kernel(
     BLOCK_S: tl.constexpr,  # num_splits rounded up to a power of two (FUSED)
     PRECISION: tl.constexpr,  # tl.dot's input precision (dot_precision)
     SOFTCAP: tl.constexpr,  # scores soft-capped (Gemma 2)
+    SINKS: tl.constexpr,  # a learned sink per head, started from by split 0 (GPT-OSS)
 ):
     seq = program_sequence(order_ptr, HAS_ORDER)  # grid (kv head, position, split)
     kv_head = tl.program_id(0)
@@ -171,6 +174,7 @@ def _decode_split_kernel(
 
     m_i = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
+    m_i, l_i = sink_start(sinks_ptr, heads, g_mask & (split == 0), m_i, l_i, SINKS)
     acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
     bt_row = block_tables_ptr + seq * stride_bt
     for n in range(start, end, BLOCK_N):
@@ -269,6 +273,7 @@ def paged_decode_attention_triton(
     v_scale: torch.Tensor | None = None,
     seq_order: torch.Tensor | None = None,
     softcap: float = 0.0,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q [S, Hq, D], one query per sequence at its last position; returns [S, Hq, D].
 
@@ -277,6 +282,7 @@ def paged_decode_attention_triton(
 
     sliding_window > 0: the query sees only the last sliding_window keys (splits cover those).
     softcap > 0: each score is softcap * tanh(score / softcap) (kernels/softcap.py).
+    sinks [Hq]: each head's learned sink joins its softmax (kernels/sinks.py).
 
     `num_valid` (device int32 [1]): only sequences below it are computed, the other rows of
     out are left alone; the grid stays S, so a CUDA graph replays it for any count.
@@ -286,6 +292,7 @@ def paged_decode_attention_triton(
     assert num_q_heads % num_kv_heads == 0, f"Hq={num_q_heads} not a multiple of Hkv={num_kv_heads}"
     assert q.stride(2) == 1, "q's last dim must be contiguous"
     assert k_cache.is_contiguous() and v_cache.is_contiguous(), "KV caches must be contiguous"
+    assert sinks is None or sinks.shape == (num_q_heads,), "sinks: one per query head"
     out = torch.empty_like(q) if out is None else out
     if num_seqs == 0:
         return out
@@ -321,7 +328,7 @@ def paged_decode_attention_triton(
         launch_split_fp8(
             q, k_cache, v_cache, out, part_out, part_lse, block_tables, seq_lens,
             num_valid, seq_order, k_scale, v_scale, scale * _LOG2E, sliding_window, num_splits,
-            softcap=softcap,
+            softcap=softcap, sinks=sinks,
             block_n=block_n, block_d=block_d, num_warps=config.num_warps,
             num_stages=config.num_stages if on_gpu else 1, convert=config.fp8_convert,
         )  # fmt: skip
@@ -339,6 +346,7 @@ def paged_decode_attention_triton(
             seq_lens,
             seq_lens if num_valid is None else num_valid,
             seq_lens if seq_order is None else seq_order,
+            q if sinks is None else sinks,
             scale * _LOG2E,
             sliding_window,
             softcap_log2(softcap),
@@ -366,6 +374,7 @@ def paged_decode_attention_triton(
             BLOCK_S=32 if fused else 1,  # merged 32 splits at a time (one compile for all counts)
             PRECISION=dot_precision(q.dtype),
             SOFTCAP=softcap > 0,
+            SINKS=sinks is not None,
             num_warps=config.num_warps,
             num_stages=config.num_stages if on_gpu else 1,
         )

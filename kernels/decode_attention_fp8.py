@@ -39,6 +39,7 @@ import triton.language as tl
 from .decode_group import softmax_step
 from .decode_program import program_sequence
 from .fp8_tile import Fp8Convert, f16_at_load, load_tile, tile_start
+from .sinks import sink_start
 from .softcap import softcap_log2, softcap_raw
 
 _F16_MAX = tl.constexpr(65504.0)  # a global a kernel reads must be a constexpr
@@ -58,6 +59,7 @@ def decode_split_fp8_kernel(
     order_ptr,  # int32 [S] when HAS_ORDER: the sequences in launch order (decode_order.py)
     k_scale_ptr,  # [Hkv] fp32
     v_scale_ptr,
+    sinks_ptr,  # [Hq] when SINKS: each head's sink logit (kernels/sinks.py)
     qk_scale,  # softmax scale * log2(e)
     window,  # sliding window in tokens, 0: none
     cap,  # the scores' soft cap in log2 units when SOFTCAP (kernels/softcap.py)
@@ -80,6 +82,7 @@ def decode_split_fp8_kernel(
     K_AT_LOAD: tl.constexpr,  # f16_at_load for K (fp8_tile.Fp8Convert)
     V_AT_LOAD: tl.constexpr,  # and for V
     SOFTCAP: tl.constexpr,  # scores soft-capped (Gemma 2)
+    SINKS: tl.constexpr,  # a learned sink per head, started from by split 0 (GPT-OSS)
 ):
     seq = program_sequence(order_ptr, HAS_ORDER)  # grid (kv head, position, split)
     kv_head = tl.program_id(0)
@@ -107,6 +110,7 @@ def decode_split_fp8_kernel(
 
     m_i = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
+    m_i, l_i = sink_start(sinks_ptr, heads, g_mask & (split == 0), m_i, l_i, SINKS)
     acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
     bt_row = block_tables_ptr + seq * stride_bt
     for n in range(start, end, BLOCK_N):
@@ -162,6 +166,7 @@ def launch_split_fp8(
     num_stages: int,
     convert: Fp8Convert = Fp8Convert.AT_DOT,
     softcap: float = 0.0,
+    sinks: torch.Tensor | None = None,
 ) -> None:
     """Pass 1; with several splits it leaves pass 2 (the merge of the partials, laid out as
     decode_attention's) to the caller. `convert` applies on CUDA (the interpreter: AT_DOT)."""
@@ -172,11 +177,13 @@ def launch_split_fp8(
         block_size=block_size, num_splits=num_splits, has_limit=num_valid is not None,
         has_order=seq_order is not None, block_n=block_n,
         convert=convert if q.is_cuda else Fp8Convert.AT_DOT, softcap=softcap > 0,
+        sinks=sinks is not None,
     )  # fmt: skip
     decode_split_fp8_kernel[(num_kv_heads, num_seqs, num_splits)](  # decode_order.py
         q, k_cache, v_cache, out, part_out, part_lse, block_tables, seq_lens,
         seq_lens if num_valid is None else num_valid,
-        seq_lens if seq_order is None else seq_order, k_scale, v_scale, qk_scale,
+        seq_lens if seq_order is None else seq_order, k_scale, v_scale,
+        k_scale if sinks is None else sinks, qk_scale,
         sliding_window, softcap_log2(softcap), q.stride(0), q.stride(1), out.stride(0),
         out.stride(1), block_tables.stride(0), num_kv_heads * head_dim, **consts,
         num_warps=num_warps, num_stages=num_stages,
@@ -195,6 +202,7 @@ def kernel_constexprs(
     has_order: bool = False,
     convert: Fp8Convert = Fp8Convert.AT_DOT,
     softcap: bool = False,
+    sinks: bool = False,
 ) -> dict[str, object]:
     """The compile-time arguments of decode_split_fp8_kernel (also ops/fp8_compile_check's)."""
     group = num_q_heads // num_kv_heads
@@ -207,4 +215,5 @@ def kernel_constexprs(
         "BLOCK_D": triton.next_power_of_2(head_dim),
         "K_AT_LOAD": convert is Fp8Convert.KV_AT_LOAD,
         "V_AT_LOAD": convert is not Fp8Convert.AT_DOT, "SOFTCAP": softcap,
+        "SINKS": sinks,
     }  # fmt: skip

@@ -37,6 +37,7 @@ from .attention_tiles import find_seq, load_tile_q, store_tile
 from .decode_attention import dot_precision, paged_decode_attention_triton
 from .paged_attention import _attend
 from .prefill_hopper import hopper_prefill_ok, prefill_attention_hopper
+from .sinks import sink_start
 from .softcap import softcap_log2, softcap_raw
 
 _LOG2E = 1.4426950408889634
@@ -111,13 +112,13 @@ def _attend_new(
 def _extend_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, k_desc, v_desc, k_new_ptr, v_new_ptr, out_ptr,
     block_tables_ptr, seq_lens_ptr, query_start_loc_ptr, decode_prefix_ptr, k_scale_ptr,
-    v_scale_ptr, num_seqs, qk_scale, window, cap,
+    v_scale_ptr, sinks_ptr, num_seqs, qk_scale, window, cap,
     stride_qt, stride_qh, stride_kt, stride_ot, stride_oh, stride_bt, stride_slot,
     HAS_PREFIX: tl.constexpr, TMA: tl.constexpr, PAGED: tl.constexpr, WINDOWED: tl.constexpr,
     FP8: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_G: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
-    SOFTCAP: tl.constexpr,
+    SOFTCAP: tl.constexpr, SINKS: tl.constexpr,
 ):  # fmt: skip
     tile = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -146,6 +147,8 @@ def _extend_kernel(
 
     m_i = tl.full([BLOCK_Q * BLOCK_G], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_Q * BLOCK_G], dtype=tl.float32)
+    real = tl.arange(0, BLOCK_Q * BLOCK_G) % BLOCK_G < GROUP
+    m_i, l_i = sink_start(sinks_ptr, heads, real, m_i, l_i, SINKS)  # GPT-OSS (kernels/sinks.py)
     acc = tl.zeros([BLOCK_Q * BLOCK_G, BLOCK_D], dtype=tl.float32)
     bt_row = block_tables_ptr + seq * stride_bt
     q_pos = ctx_len + tok
@@ -266,6 +269,7 @@ def extend_attention_triton(
     v_scale: torch.Tensor | None = None,
     seq_order: torch.Tensor | None = None,
     softcap: float = 0.0,
+    sinks: torch.Tensor | None = None,
     config: ExtendConfig = DEFAULT_EXTEND,
     out: torch.Tensor | None = None,
     tma: bool | None = None,
@@ -276,7 +280,7 @@ def extend_attention_triton(
     x / scale rounded to e4m3, as prepare_qkv's keep_k leaves them). decode_prefix's sequences
     go to the decode kernel, which reads the cache. tma: None takes TMA where the views allow
     it on CUDA; hopper: None takes kernels/prefill_hopper.py where it applies (sm_90, bf16,
-    head_dim 128, no window, fp8 or soft cap); the kernel tests force either form."""
+    head_dim 128, no window, fp8, soft cap or sinks); the kernel tests force either form."""
     num_tokens, num_q_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     k_new, v_new = new_kv
@@ -295,13 +299,14 @@ def extend_attention_triton(
         paged_decode_attention_triton(
             q[:num_seqs], k_cache, v_cache, block_tables, seq_lens, scale, max_seq_len,
             out=out[:num_seqs], num_valid=decode_prefix, sliding_window=sliding_window,
-            k_scale=k_scale, v_scale=v_scale, seq_order=seq_order, softcap=softcap,
+            k_scale=k_scale, v_scale=v_scale, seq_order=seq_order, softcap=softcap, sinks=sinks,
         )  # fmt: skip
     if hopper is None:
-        hopper = softcap == 0 and hopper_prefill_ok(
+        hopper = softcap == 0 and sinks is None and hopper_prefill_ok(
             q, k_cache, new_kv, sliding_window, k_scale is not None
         )
     if hopper:
+        assert softcap == 0 and sinks is None, "the Hopper prefill has no soft cap or sinks"
         return prefill_attention_hopper(
             q, k_cache, v_cache, new_kv, block_tables, seq_lens, query_start_loc, scale, out,
             decode_prefix,
@@ -326,14 +331,15 @@ def extend_attention_triton(
         q, k_cache, v_cache, k_desc, v_desc, k_new, v_new, out, block_tables, seq_lens,
         query_start_loc, seq_lens if decode_prefix is None else decode_prefix,
         seq_lens if k_scale is None else k_scale,  # unused unless FP8
-        seq_lens if v_scale is None else v_scale, num_seqs, scale * _LOG2E, sliding_window,
+        seq_lens if v_scale is None else v_scale, q if sinks is None else sinks, num_seqs,
+        scale * _LOG2E, sliding_window,
         softcap_log2(softcap), q.stride(0), q.stride(1), k_new.stride(0), out.stride(0),
         out.stride(1), block_tables.stride(0), num_kv_heads * head_dim,
         HAS_PREFIX=decode_prefix is not None, TMA=tma, PAGED=block_n % block_size == 0,
         WINDOWED=sliding_window > 0, FP8=k_scale is not None, GROUP=group, HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size, BLOCK_Q=block_q, BLOCK_G=block_g, BLOCK_N=block_n,
         BLOCK_D=triton.next_power_of_2(head_dim), PRECISION=dot_precision(q.dtype),
-        SOFTCAP=softcap > 0, num_warps=config.num_warps if on_gpu else 4,
+        SOFTCAP=softcap > 0, SINKS=sinks is not None, num_warps=config.num_warps if on_gpu else 4,
         num_stages=(config.num_stages if q.element_size() == 2 else 2) if on_gpu else 1,
     )  # fmt: skip
     return out

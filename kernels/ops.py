@@ -68,6 +68,7 @@ class KernelOps(Protocol):
         seq_order: torch.Tensor | None = None,
         new_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
         softcap: float = 0.0,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Varlen causal attention for prefill, chunked prefill and decode rows in one call.
 
@@ -94,6 +95,9 @@ class KernelOps(Protocol):
 
         softcap > 0: each score q . k * scale becomes softcap * tanh(score / softcap) before
         the mask (Gemma 2's attention-logit soft-capping, kernels/softcap.py).
+
+        sinks (fp32 [Hq]): each head's learned sink logit joins its softmax as a key of value
+        zero (GPT-OSS, kernels/sinks.py).
         """
         ...
 
@@ -112,10 +116,11 @@ class KernelOps(Protocol):
         v_scale: torch.Tensor | None = None,
         seq_order: torch.Tensor | None = None,
         softcap: float = 0.0,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Decode: q [S, Hq, D] holds one query per sequence, at position seq_lens[s] - 1.
         With sliding_window > 0 it sees (and reads) only the last sliding_window keys;
-        softcap as in paged_attention.
+        softcap and sinks as in paged_attention.
 
         seq_order (device int32 [S], a permutation; AttentionMetadata.decode_order), a hint:
         the order in which an implementation should start the sequences' work (longest

@@ -26,6 +26,7 @@ import triton.language as tl
 
 from .attention_tiles import find_seq, load_tile_q, store_tile
 from .decode_attention import dot_precision, paged_decode_attention_triton
+from .sinks import sink_start
 from .softcap import softcap_log2, softcap_raw
 
 _LOG2E = 1.4426950408889634
@@ -175,6 +176,7 @@ def _paged_attention_kernel(
     decode_prefix_ptr,  # int32 [1] when HAS_PREFIX: these leading sequences are skipped
     k_scale_ptr,  # [Hkv] fp32 when FP8
     v_scale_ptr,
+    sinks_ptr,  # [Hq] when SINKS: each head's sink logit (kernels/sinks.py)
     num_seqs,
     qk_scale,  # softmax scale * log2(e)
     window,  # sliding window in tokens, 0: none
@@ -200,6 +202,7 @@ def _paged_attention_kernel(
     BLOCK_D: tl.constexpr,
     PRECISION: tl.constexpr,
     SOFTCAP: tl.constexpr,  # scores soft-capped (Gemma 2)
+    SINKS: tl.constexpr,  # a learned sink per head (GPT-OSS)
 ):
     tile = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -232,6 +235,8 @@ def _paged_attention_kernel(
 
     m_i = tl.full([BLOCK_Q * BLOCK_G], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_Q * BLOCK_G], dtype=tl.float32)
+    real = tl.arange(0, BLOCK_Q * BLOCK_G) % BLOCK_G < GROUP
+    m_i, l_i = sink_start(sinks_ptr, heads, real, m_i, l_i, SINKS)
     acc = tl.zeros([BLOCK_Q * BLOCK_G, BLOCK_D], dtype=tl.float32)
     bt_row = block_tables_ptr + seq * stride_bt
     # Keys before the tile's first query are visible to every row (causal) and, windowed, so
@@ -287,13 +292,15 @@ def paged_attention_triton(
     v_scale: torch.Tensor | None = None,
     seq_order: torch.Tensor | None = None,
     softcap: float = 0.0,
+    sinks: torch.Tensor | None = None,
     config: PrefillConfig = DEFAULT_CONFIG,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Varlen causal attention of q [T, Hq, D] over the paged cache; returns [T, Hq, D]
     (written into out when given). See the module doc for `decode_prefix`; sliding_window > 0
     hides keys older than the last sliding_window positions of each query (HF's mask);
-    softcap > 0 caps the scores (kernels/softcap.py)."""
+    softcap > 0 caps the scores (kernels/softcap.py); sinks [Hq] join the softmax
+    (kernels/sinks.py)."""
     del max_query_len  # the grid depends on shapes only, so a CUDA graph can replay it
     num_tokens, num_q_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
@@ -322,6 +329,7 @@ def paged_attention_triton(
             v_scale=v_scale,
             seq_order=seq_order,
             softcap=softcap,
+            sinks=sinks,
         )
     group = num_q_heads // num_kv_heads
     block_g = triton.next_power_of_2(group)
@@ -342,6 +350,7 @@ def paged_attention_triton(
         seq_lens if decode_prefix is None else decode_prefix,
         seq_lens if k_scale is None else k_scale,  # unused unless FP8
         seq_lens if v_scale is None else v_scale,
+        q if sinks is None else sinks,
         num_seqs,
         scale * _LOG2E,
         sliding_window,
@@ -367,6 +376,7 @@ def paged_attention_triton(
         BLOCK_D=triton.next_power_of_2(head_dim),
         PRECISION=dot_precision(q.dtype),
         SOFTCAP=softcap > 0,
+        SINKS=sinks is not None,
         num_warps=config.num_warps if on_gpu else 4,
         num_stages=config.num_stages if on_gpu else 1,
     )

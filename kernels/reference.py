@@ -128,6 +128,7 @@ def paged_attention(
     seq_order: torch.Tensor | None = None,
     new_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
     softcap: float = 0.0,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal varlen attention: q [T, Hq, D]; sequence s owns q rows qsl[s]:qsl[s+1], which are
     the last tokens of its seq_lens[s] (already written to the cache). See kernels.ops."""
@@ -166,6 +167,7 @@ def paged_attention(
             is_causal=mask is None and hi - lo > 1,
             scale=scale,
             softcap=softcap,
+            sinks=sinks,
         )
         out[lo:hi] = _as(attn[0].transpose(0, 1), q.dtype)
     return out
@@ -185,6 +187,7 @@ def paged_decode_attention(
     v_scale: torch.Tensor | None = None,
     seq_order: torch.Tensor | None = None,
     softcap: float = 0.0,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One query per sequence (q [S, Hq, D], the last of its seq_lens[s] tokens), batched: every
     sequence's context is gathered into one [S, W] window, W = max_seq_len in whole blocks (or
@@ -199,7 +202,7 @@ def paged_decode_attention(
     num_seqs, _, head_dim = q.shape
     if num_seqs == 1 and not sliding_window and k_scale is None:  # one stream: no mask
         return _single_decode(
-            q, k_cache, v_cache, block_tables[0], int(seq_lens[0]), scale, softcap
+            q, k_cache, v_cache, block_tables[0], int(seq_lens[0]), scale, softcap, sinks
         )
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     num_blocks = min(max(1, math.ceil(max_seq_len / block_size)), block_tables.shape[1])
@@ -234,6 +237,7 @@ def paged_decode_attention(
         is_causal=False,
         scale=scale,
         softcap=softcap,
+        sinks=sinks,
     )
     return attn[:, :, 0, :].to(q.dtype)
 
@@ -246,6 +250,7 @@ def _single_decode(
     seq_len: int,
     scale: float,
     softcap: float,
+    sinks: torch.Tensor | None,
 ) -> torch.Tensor:
     """One sequence's decode: its seq_len keys gathered in order, SDPA without a mask."""
     blocks = block_table[: math.ceil(seq_len / k_cache.shape[1])]
@@ -255,7 +260,7 @@ def _single_decode(
     f32 = torch.float32
     attn = _sdpa(
         _as(q[:, :, None, :], f32), _as(k, f32), _as(v, f32), mask=None, is_causal=False,
-        scale=scale, softcap=softcap,
+        scale=scale, softcap=softcap, sinks=sinks,
     )  # fmt: skip
     return _as(attn[:, :, 0, :], q.dtype)
 
@@ -269,23 +274,33 @@ def _sdpa(
     is_causal: bool,
     scale: float,
     softcap: float,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of [B, Hq, Lq, D] queries over [B, Hkv, Lk, D] keys and values (mask: True
     where visible; is_causal: Lq == Lk, plain causal): SDPA (grouped-query heads without
-    copies), or with softcap > 0 the scores capped as transformers' eager attention caps them
-    (SDPA has no cap): score * scale / softcap, tanh, * softcap, then the mask."""
-    if not softcap:
+    copies), or written out as transformers' eager attention writes it (SDPA has neither):
+    with softcap > 0 the scores capped (score * scale / softcap, tanh, * softcap) before the
+    mask; with sinks [Hq] each head's sink a last column of the scores, dropped after the
+    softmax (kernels/sinks.py)."""
+    if not softcap and sinks is None:
         return F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale, enable_gqa=True
         )
     group = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-    scores = torch.tanh(q @ k.transpose(-1, -2) * scale / softcap) * softcap
+    scores = q @ k.transpose(-1, -2) * scale
+    if softcap:
+        scores = torch.tanh(scores / softcap) * softcap
     if is_causal:
         mask = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).tril()
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
-    return torch.softmax(scores, dim=-1) @ v
+    if sinks is None:
+        return torch.softmax(scores, dim=-1) @ v
+    column = sinks.to(scores.dtype)[None, :, None, None].expand(*scores.shape[:3], 1)
+    probs = torch.softmax(torch.cat([scores, column], dim=-1), dim=-1)
+    return probs[..., :-1] @ v
+
 
 
 def rms_norm(

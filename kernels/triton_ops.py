@@ -61,16 +61,17 @@ def paged_attention(
     seq_order: torch.Tensor | None = None,
     new_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
     softcap: float = 0.0,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The new keys from new_kv where given (kernels/extend_attention.py), else all paged."""
     if new_kv is not None:
         return extend_attention_triton(
             q, k_cache, v_cache, new_kv, block_tables, seq_lens, query_start_loc, scale,
             max_seq_len, decode_prefix, sliding_window=sliding_window, k_scale=k_scale,
-            v_scale=v_scale, seq_order=seq_order, softcap=softcap,
+            v_scale=v_scale, seq_order=seq_order, softcap=softcap, sinks=sinks,
         )  # fmt: skip
     return paged_attention_triton(
         q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, max_query_len,
         max_seq_len, decode_prefix, sliding_window=sliding_window, k_scale=k_scale,
-        v_scale=v_scale, seq_order=seq_order, softcap=softcap,
+        v_scale=v_scale, seq_order=seq_order, softcap=softcap, sinks=sinks,
     )  # fmt: skip

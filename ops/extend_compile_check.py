@@ -47,7 +47,7 @@ def main() -> None:
             "decode_prefix_ptr": "*i32",
             **{p: f"*{dtype}" for p in ("q_ptr", "out_ptr")},
             **{p: "*fp8e4nv" if fp8 else f"*{dtype}" for p in ("k_cache_ptr", "v_cache_ptr")},
-            **{p: "*fp32" for p in ("k_scale_ptr", "v_scale_ptr")},
+            **{p: "*fp32" for p in ("k_scale_ptr", "v_scale_ptr", "sinks_ptr")},
             **{p: f"*{dtype}" for p in ("k_new_ptr", "v_new_ptr")},
         }
         consts: dict[str, object] = {
@@ -65,6 +65,7 @@ def main() -> None:
             "BLOCK_D": HEAD_DIM,
             "PRECISION": "ieee" if dtype == "fp32" else "tf32",
             "SOFTCAP": capped,
+            "SINKS": False,
         }
         build = compile_sm90(_extend_kernel, consts, types, cfg.num_warps, stages)
         keys = "TMA" if tma else "pointers"

@@ -30,7 +30,7 @@ from troupe.ops.sm90_compile import compile_sm90
 _TYPES = {"qk_scale": "fp32", "cap": "fp32", "k_cache_ptr": "*fp8e4nv", "v_cache_ptr": "*fp8e4nv",
           "part_out_ptr": "*fp32", "part_lse_ptr": "*fp32", "k_scale_ptr": "*fp32",
           "v_scale_ptr": "*fp32", "block_tables_ptr": "*i32", "seq_lens_ptr": "*i32",
-          "num_valid_ptr": "*i32", "order_ptr": "*i32"}  # fmt: skip
+          "num_valid_ptr": "*i32", "order_ptr": "*i32", "sinks_ptr": "*fp32"}  # fmt: skip
 _OPS = ("LDS.U8", "LDSM", "LDS", "LDGSTS", "LDG", "F2FP", "HMMA", "HGMMA", "PRMT", "SHFL")
 _INSTR = re.compile(r"^\s+/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)([^;]*)", re.M)
 
@@ -98,7 +98,7 @@ def bf16_reference() -> str:
         "NUM_Q_HEADS": 32, "NUM_KV_HEADS": 8, "GROUP": 4, "HEAD_DIM": 128, "BLOCK_SIZE": 16,
         "SPLIT": False, "PAGED": False, "FUSED": False, "HAS_LIMIT": False, "HAS_ORDER": False,
         "BLOCK_G": 16, "BLOCK_N": cfg.block_n, "BLOCK_D": 128, "BLOCK_S": 1, "PRECISION": "tf32",
-        "SOFTCAP": False,
+        "SOFTCAP": False, "SINKS": False,
     }  # fmt: skip
     types = {**_TYPES, "k_cache_ptr": "*bf16", "v_cache_ptr": "*bf16", "counter_ptr": "*i32"}
     build = compile_sm90(decode_attention._decode_split_kernel, consts, types, cfg.num_warps,
