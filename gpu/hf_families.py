@@ -9,6 +9,7 @@ Sliding windows, per layer (0: full attention), as transformers builds them:
     smollm3                    `use_sliding_window` gates its layer_types
     gemma3_text                every `sliding_window_pattern`-th layer (1-based) is global
     gemma2                     the same, every 2nd
+    gpt_oss                    every 2nd from layer 0 is windowed (when layer_types is absent)
     exaone4                    the same, or a pattern of letters ("LLLG": L local, G global)
                                repeated from layer 0
 
@@ -22,7 +23,7 @@ Llama's pre-norm layer with Gemma's embeddings, norms and GeGLU.
 Biases, as each family's transformers module declares them:
 
     q/k/v     qwen2 always, qwen2_moe by `qkv_bias` (default on); mistral, ministral, mixtral,
-              phi3, exaone4 never; the others `attention_bias`
+              phi3, exaone4 never; the others `attention_bias` (gpt_oss: on by default)
     o_proj    seed_oss `attention_out_bias`; those without q/k/v bias flags, the Qwen2s,
               the GLMs (glm, glm4, glm4_moe) and helium never; the others `attention_bias`
     MLP       llama, granite, smollm3, seed_oss, helium: `mlp_bias`; the others never
@@ -67,6 +68,8 @@ def layer_windows(cfg: dict[str, Any], model_type: str, num_layers: int) -> tupl
                 f"config.json: sliding_window_pattern {letters!r} is not made of L and G"
             )
         windows = [window if letters[i % len(letters)] == "L" else 0 for i in range(num_layers)]
+    elif model_type == "gpt_oss":
+        windows = [0 if i % 2 else window for i in range(num_layers)]
     elif model_type in ("gemma2", "gemma3_text", "exaone4"):
         default = {"gemma2": 2, "gemma3_text": 6}.get(model_type, 4)
         pattern = int(cfg.get("sliding_window_pattern", default))
@@ -147,7 +150,8 @@ def bias_fields(cfg: dict[str, Any], model_type: str) -> dict[str, bool]:
     if model_type in ("ernie4_5", "ernie4_5_moe"):
         every = bool(cfg.get("use_bias", False))
         return {"qkv_bias": every, "o_bias": every, "mlp_bias": every}
-    attention = bool(cfg.get("attention_bias", False)) and model_type not in _NO_ATTENTION_BIAS
+    default = model_type == "gpt_oss"
+    attention = bool(cfg.get("attention_bias", default)) and model_type not in _NO_ATTENTION_BIAS
     o_bias = attention and model_type not in _NO_O_BIAS
     if model_type == "seed_oss":
         o_bias = bool(cfg.get("attention_out_bias", False))

@@ -22,6 +22,7 @@ from troupe.gpu.hf_overrides import apply_hf_overrides
 from troupe.gpu.moe_config import (
     MoeConfig,
     ernie_moe_fields,
+    gpt_oss_fields,
     grouped_moe_fields,
     mixtral_fields,
     olmoe_fields,
@@ -66,6 +67,7 @@ SUPPORTED_MODEL_TYPES = (
     "gemma",
     "gemma2",
     "gemma3_text",
+    "gpt_oss",
     *DEEPSEEK_TYPES,
 )
 
@@ -113,6 +115,7 @@ class ModelConfig:
     rope_interleaved: bool = False  # pairs (2i, 2i + 1) rotate together (GLM-4), not halves
     final_logit_softcapping: float | None = None
     attn_logit_softcapping: float | None = None  # Gemma 2's cap on the attention scores
+    attention_sinks: bool = False  # GPT-OSS: a learned sink logit per head (kernels/sinks.py)
     granite: GraniteScales | None = None  # Granite's multipliers (gpu/hf_families.py)
     moe: MoeConfig | None = None  # experts (Qwen3-MoE, gpu/moe_config.py); None: dense MLPs
     mla: MlaConfig | None = None  # latent attention (DeepSeek, gpu/deepseek_config.py)
@@ -267,6 +270,8 @@ class ModelConfig:
                     "moe": olmoe_fields(cfg, num_layers),
                     "clip_qkv": None if clip is None else float(clip),
                 }
+            if model_type == "gpt_oss":
+                family = {"moe": gpt_oss_fields(cfg, num_layers), "attention_sinks": True}
             if model_type == "smollm3":
                 family = smollm3_fields(cfg, num_layers)
             if model_type == "exaone4":

@@ -2,8 +2,8 @@
 
 Differences between the families are flags of ModelConfig: qkv bias (Qwen2), per-head q/k
 RMSNorm before RoPE (Qwen3, Gemma 3), tied embeddings, llama3 RoPE scaling, per layer sliding
-windows (Mistral, Qwen2, Gemma), Gemma 2's soft-capped attention scores; the Gemmas' layer is
-gpu/gemma3_layer.py. Projections are fused (qkv, gate+up) so a layer runs four GEMMs;
+windows (Mistral, Qwen2, Gemma), Gemma 2's soft-capped attention scores, GPT-OSS's attention
+sinks; the Gemmas' layer is gpu/gemma3_layer.py. Projections are fused (qkv, gate+up) so a layer runs four GEMMs;
 gpu/weight_fill.py fills them from HF tensor names.
 """
 
@@ -62,6 +62,7 @@ class DecoderLayer(nn.Module):
         self.down_bias = param(c.hidden_size) if c.mlp_bias else None
         self.scale = (c.query_pre_attn_scalar or c.head_dim) ** -0.5
         self.softcap = c.attn_logit_softcapping or 0.0  # Gemma 2: scores capped (0: not)
+        self.sinks = param(c.num_heads) if c.attention_sinks else None  # GPT-OSS
         self.gelu = c.hidden_act == "gelu_tanh"  # the MLP's gate: GeGLU, else SwiGLU
         # Granite: its attention scale, and the outputs' weight in the residual stream
         self.residual_scale: float | None = None
@@ -168,6 +169,7 @@ class DecoderLayer(nn.Module):
                 v_scale=v_scale,
                 seq_order=meta.decode_order,
                 softcap=self.softcap,
+                sinks=self.sinks,
             )
         else:
             attn = ops.paged_attention(
@@ -187,6 +189,7 @@ class DecoderLayer(nn.Module):
                 seq_order=meta.decode_order,
                 new_kv=new_kv,
                 softcap=self.softcap,
+                sinks=self.sinks,
             )
         return linear(attn.reshape(num_tokens, c.q_size), self.o_proj, self.o_bias)
 
@@ -219,6 +222,10 @@ def _layer_class(config: ModelConfig, layer: int) -> type[DecoderLayer]:
         from troupe.gpu.olmo2_layer import OlmoeLayer  # MoeLayer under OLMo's q / k norms
 
         return OlmoeLayer
+    if config.model_type == "gpt_oss":
+        from troupe.gpu.gpt_oss_layer import GptOssLayer
+
+        return GptOssLayer
     if config.model_type == "glm4":
         from troupe.gpu.glm4_layer import Glm4Layer
 

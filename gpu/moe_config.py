@@ -11,6 +11,10 @@ GLM-4.5's grouped routing in `grouped_moe_fields`), read into a MoeConfig.
                 MixtralTopKRouter)
     olmoe       num_experts, num_experts_per_tok, norm_topk_prob (transformers' defaults: 64,
                 8, off); every layer sparse, each expert intermediate_size wide
+    gpt_oss     num_local_experts, num_experts_per_tok, intermediate_size; every layer sparse;
+                the router (with a bias) takes the top-k logits, then their softmax; experts
+                with biases and the clamped SwiGLU (swiglu_alpha, swiglu_limit:
+                kernels/clamped_swiglu.py)
     ernie4_5_moe  moe_num_experts, moe_k, moe_num_shared_experts, moe_intermediate_size; layer i
                 is sparse when (i + 1) % moe_layer_interval == 0 and i is within
                 moe_layer_start_index..moe_layer_end_index (-1: the last); routed by softmax
@@ -25,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from troupe.kernels.clamped_swiglu import ClampedSwiglu
 from troupe.kernels.moe_router import GroupedRouting
 
 
@@ -38,6 +43,7 @@ class MoeConfig:
     num_shared_experts: int = 0  # DeepSeek: an MLP every token runs (gpu/deepseek_config.py)
     gated_shared_size: int = 0  # Qwen2-MoE: its shared expert's width, gated per token
     routing: GroupedRouting | None = None  # DeepSeek's grouped routers; None: softmax top-k
+    clamped: ClampedSwiglu | None = None  # GPT-OSS's experts (gpu/gpt_oss_layer.py)
 
     def __post_init__(self) -> None:
         if not 0 < self.top_k <= self.num_experts:
@@ -124,6 +130,21 @@ def olmoe_fields(cfg: dict[str, Any], num_layers: int) -> MoeConfig:
         intermediate_size=int(cfg["intermediate_size"]),
         norm_topk_prob=bool(cfg.get("norm_topk_prob", False)),
         sparse_layers=(True,) * num_layers,
+    )
+
+
+def gpt_oss_fields(cfg: dict[str, Any], num_layers: int) -> MoeConfig:
+    """The MoeConfig of a gpt_oss config.json: biased experts in every layer (transformers'
+    defaults where a key is missing)."""
+    return MoeConfig(
+        num_experts=int(cfg.get("num_local_experts", 128)),
+        top_k=int(cfg.get("num_experts_per_tok", 4)),
+        intermediate_size=int(cfg["intermediate_size"]),
+        norm_topk_prob=True,
+        sparse_layers=(True,) * num_layers,
+        clamped=ClampedSwiglu(
+            alpha=float(cfg.get("swiglu_alpha", 1.702)), limit=float(cfg.get("swiglu_limit", 7.0))
+        ),
     )
 
 

@@ -94,8 +94,9 @@ def max_stream_len(config: EngineConfig, device: torch.device, model: ModelConfi
     """How long a StreamingLLM request may run: config.streaming_max_len where the attention
     has the sink clause (the CPU: kernels/streaming_attention.py; the Triton kernels, the
     CUDA graphs and the overlapped decode do not have it yet) and the model attends as it
-    expects (no sliding window, no MLA, no draft model to keep in step, one rank); else 0."""
-    plain = not model.layer_windows and model.mla is None and not model.is_gemma
+    expects (no sliding window, MLA or learned sinks, no draft model to keep in step, one
+    rank); else 0."""
+    plain = not (model.layer_windows or model.mla or model.is_gemma or model.attention_sinks)
     single = not config.executor_proposes and config.tensor_parallel_size == 1
     return config.streaming_max_len if device.type == "cpu" and plain and single else 0
 

@@ -10,6 +10,7 @@ from collections.abc import Iterable, Iterator
 
 import structlog
 import torch
+from troupe.gpu.gpt_oss_weights import gpt_oss_tensors
 from troupe.gpu.model_config import ModelLoadError
 from troupe.gpu.models import DecoderLayer, DecoderModel
 from troupe.gpu.quant_linear import Weight
@@ -50,6 +51,7 @@ def fill_weights(
         "mlp.down_proj.bias": "down_bias",
         "self_attn.q_norm.weight": "q_norm",
         "self_attn.k_norm.weight": "k_norm",
+        "self_attn.sinks": "sinks",
     }
     num_beyond = 0
     order = c.head_order  # partial or interleaved rotary: q/k dims reordered (rope_layers.py)
@@ -61,6 +63,8 @@ def fill_weights(
             f"{source}: quantized q/k projections with partial_rotary_factor or interleaved "
             "rotary are not supported; run the unquantized checkpoint"
         )
+    if c.model_type == "gpt_oss":  # experts in MoeLayer's layout, MXFP4 dequantized
+        tensors = gpt_oss_tensors(tensors)
     split = _split_fused(_text_tensors(tensors), (q, kv, kv), (inter, inter))
     for name, tensor in ordered_tensors(split, order):
         if _beyond_last_layer(model, name):  # DeepSeek's multi-token-prediction layers

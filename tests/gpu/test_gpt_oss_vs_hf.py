@@ -1,0 +1,173 @@
+"""GPT-OSS (attention with q/k/v/o biases and learned sinks, every other layer windowed from
+layer 0, YaRN rotary; biased experts with a clamped SwiGLU behind a biased top-k router) is
+greedy token-identical to HF transformers (fp32) through chunked prefill: on the torch ops, on
+the Triton ops (the interpreter here), on CUDA, and from an MXFP4 checkpoint as OpenAI ships
+them, against transformers' own dequantization. The sinks, the clamp and the window each change
+the test model's logits, so the greedy tests check them; tensor parallelism is refused."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from tests.gpu.family_checks import NUM_NEW, PROMPTS, TINY, assert_greedy_matches
+from tests.gpu.conftest import PlanDriver, hf_greedy, runner_for
+
+# 4 experts, 2 a token; a limit of 1 clamps many gate and up values of these weights; a window
+# of 4 on layer 0 hides most of each prompt from it
+TINY_GPT_OSS = {
+    **TINY,
+    "head_dim": 16,
+    "intermediate_size": 32,  # MXFP4 groups 32 inputs: down_proj's rows are one group
+    "num_local_experts": 4,
+    "num_experts_per_tok": 2,
+    "sliding_window": 4,
+    "swiglu_limit": 1.0,
+    "rope_parameters": {
+        "rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0,
+        "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 64,
+    },
+}  # fmt: skip
+
+
+def _hf_model() -> Any:
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.GptOssConfig(**TINY_GPT_OSS)
+    model = transformers.GptOssForCausalLM(config)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("sinks"):
+                param.normal_(0.0, 2.0)
+            elif param.dim() > 1 or name.endswith("bias"):
+                param.normal_(0.0, 0.2)
+            else:
+                param.uniform_(0.5, 1.5)  # norms away from 1
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def gpt_oss(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+    folder = tmp_path_factory.mktemp("gpt_oss")
+    hf_model = _hf_model()
+    hf_model.save_pretrained(folder)
+    return folder, hf_model
+
+
+def test_config_reads_as_transformers_builds_it(gpt_oss: tuple[Path, Any]) -> None:
+    from troupe.gpu.model_config import ModelConfig
+
+    config = ModelConfig.from_hf_folder(gpt_oss[0])
+    assert config.attention_sinks and config.qkv_bias and config.o_bias
+    assert config.layer_windows == (4, 0)
+    assert config.moe is not None and config.moe.clamped is not None
+    assert (config.moe.clamped.alpha, config.moe.clamped.limit) == (1.702, 1.0)
+    assert config.rope_scaling is not None and config.rope_scaling["rope_type"] == "yarn"
+    bare = {k: v for k, v in gpt_oss[1].config.to_dict().items() if k != "attention_bias"}
+    defaults = ModelConfig.from_hf_dict({**bare, "num_hidden_layers": 4, "layer_types": None})
+    assert defaults.layer_windows == (4, 0, 4, 0) and defaults.o_bias  # transformers' defaults
+
+
+def test_greedy_matches_hf_with_chunked_prefill(gpt_oss: tuple[Path, Any]) -> None:
+    assert_greedy_matches(*gpt_oss)
+
+
+def test_triton_ops_match_hf(gpt_oss: tuple[Path, Any]) -> None:
+    """The extend kernel (windowed layer 0, full layer 1) and the decode kernel with sinks, the
+    fused experts with biases and the clamp, under TRITON_INTERPRET=1."""
+    folder, hf_model = gpt_oss
+    num_new = 4  # interpreter time
+    expected = [hf_greedy(hf_model, p, num_new) for p in PROMPTS]
+    driver = PlanDriver(runner_for(folder, backend="triton"), chunk=6)
+    for i, prompt in enumerate(PROMPTS):
+        driver.add(f"r{i}", prompt)
+    driver.run(num_new)
+    assert [driver.seqs[f"r{i}"].output for i in range(len(PROMPTS))] == expected
+
+
+def test_sinks_clamp_and_window_matter(gpt_oss: tuple[Path, Any]) -> None:
+    hf_model = _hf_model()
+    ids = torch.tensor([PROMPTS[0]])
+    with torch.no_grad():
+        base = hf_model(ids).logits[0, -1]
+        changed = []
+        for layer in hf_model.model.layers:
+            saved = layer.self_attn.sinks.clone()
+            layer.self_attn.sinks.fill_(-1e4)
+        changed.append(hf_model(ids).logits[0, -1])
+        for layer in hf_model.model.layers:
+            layer.self_attn.sinks.copy_(saved)  # noqa: B909 (one tensor per layer, same values)
+        hf_model = _hf_model()
+        for layer in hf_model.model.layers:
+            layer.mlp.experts.limit = 1e4
+        changed.append(hf_model(ids).logits[0, -1])
+        hf_model = _hf_model()
+        for layer in hf_model.model.layers:
+            layer.self_attn.sliding_window = None
+        hf_model.config.layer_types = ["full_attention"] * len(hf_model.model.layers)
+        changed.append(hf_model(ids).logits[0, -1])
+    for logits in changed:
+        assert (logits - base).abs().max() > 1e-2
+
+
+def _quantize_mxfp4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(blocks [..., G, 16] uint8, scales [..., G] uint8) of weight [..., G * 32]: each group's
+    exponent the smallest that brings its largest value within 6, each value rounded to the
+    nearest e2m1 code (low nibble first)."""
+    grid = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+    groups = weight.reshape(*weight.shape[:-1], -1, 32).float()
+    peak = groups.abs().amax(-1).clamp(min=1e-30)
+    exponent = torch.ceil(torch.log2(peak / 6.0)).clamp(-127, 127)
+    scaled = groups / torch.exp2(exponent)[..., None]
+    magnitude = (scaled.abs()[..., None] - grid).abs().argmin(-1)
+    codes = (magnitude | ((scaled < 0).long() << 3)).to(torch.uint8)
+    blocks = codes[..., 0::2] | (codes[..., 1::2] << 4)
+    return blocks, (exponent + 127).to(torch.uint8)
+
+
+def test_mxfp4_checkpoint_matches_transformers_dequantized(tmp_path: Path) -> None:
+    """The experts saved as OpenAI's MXFP4 blocks and scales: the engine's load equals a
+    transformers model holding transformers' dequantization of the same bytes."""
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    hf_model = _hf_model()
+    tensors = {k: v.contiguous() for k, v in hf_model.state_dict().items()}
+    with torch.no_grad():
+        for index, layer in enumerate(hf_model.model.layers):
+            experts = layer.mlp.experts
+            prefix = f"model.layers.{index}.mlp.experts"
+            for name in ("gate_up_proj", "down_proj"):
+                param = getattr(experts, name)  # [E, K, N]: rows of N over K inputs
+                blocks, scales = _quantize_mxfp4(param.transpose(1, 2))
+                del tensors[f"{prefix}.{name}"]
+                tensors[f"{prefix}.{name}_blocks"] = blocks.contiguous()
+                tensors[f"{prefix}.{name}_scales"] = scales.contiguous()
+                dequantized = convert_moe_packed_tensors(blocks, scales, dtype=torch.float32)
+                assert (dequantized - param).abs().max() > 0  # rounded: not the dense weights
+                param.copy_(dequantized)
+    hf_model.config.save_pretrained(tmp_path)
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    assert_greedy_matches(tmp_path, hf_model)
+
+
+def test_tensor_parallelism_is_refused(gpt_oss: tuple[Path, Any]) -> None:
+    from troupe.gpu.model_config import ModelConfig, ModelLoadError
+    from troupe.gpu.tp_model import TPDecoderModel
+
+    config = ModelConfig.from_hf_folder(gpt_oss[0])
+    with pytest.raises(ModelLoadError, match="tensor parallelism is not supported"):
+        TPDecoderModel.make_layer(None, config, torch.float32, torch.device("cpu"), 0)  # type: ignore[arg-type]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_kernels_match_hf(gpt_oss: tuple[Path, Any]) -> None:
+    assert_greedy_matches(*gpt_oss, device="cuda")
+
+
+assert NUM_NEW >= 8  # the greedy runs reach past layer 0's window
