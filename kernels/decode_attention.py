@@ -39,8 +39,8 @@ from .decode_combine import combine_head, decode_reduce_kernel
 from .decode_group import softmax_step
 from .decode_program import program_sequence
 from .fp8_tile import Fp8Convert
-from .sm_count import num_sms
 from .sinks import sink_start
+from .sm_count import num_sms
 from .softcap import softcap_log2, softcap_raw
 
 _LOG2E = 1.4426950408889634

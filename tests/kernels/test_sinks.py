@@ -155,9 +155,7 @@ def test_cuda_kernels_sink_gpt_oss_heads() -> None:
     scale, rest = 64**-0.5, (batch.max_query_len, batch.max_seq_len)
     f32 = (batch.q.float(), batch.k_cache.float(), batch.v_cache.float(), *_args(batch)[3:6])
     for window in (0, 128):
-        expected = reference.paged_attention(
-            *f32, scale, *rest, sliding_window=window, sinks=sinks
-        )
+        expected = reference.paged_attention(*f32, scale, *rest, sliding_window=window, sinks=sinks)
         plain = reference.paged_attention(*f32, scale, *rest, sliding_window=window)
         assert rel_err(plain, expected) > 0.05
         paged = paged_attention_triton(
