@@ -1,4 +1,4 @@
-"""MoE kernel benchmark (GPU): the fused Triton MoE at decode and prefill sizes, two shapes.
+"""MoE kernel benchmark (GPU): the fused Triton MoE at decode and prefill sizes, three shapes.
 
     python -m troupe.ops.moe_bench                     # the engine's defaults (moe_config)
     python -m troupe.ops.moe_bench --sweep-variants    # every variant x a few configs, BEST
@@ -7,6 +7,9 @@ Expert layers, random bf16 weights, routing from random router logits (softmax t
     deepseek-v2-lite  64 routed experts top-6, hidden 2048, moe_intermediate 1408 (its 2
                       shared experts are a dense MLP outside the fused kernel: not counted)
     qwen3-30b-a3b     128 experts top-8, hidden 2048, moe_intermediate 768
+    gpt-oss-20b       32 experts top-4, hidden 2880, intermediate 2880, with GPT-OSS's expert
+                      biases and clamped SwiGLU (kernels/clamped_swiglu.py; the biases' bytes
+                      counted too)
 Decode: 256 tokens; the rate is bytes/s over the weights of the experts some token picked
 (w13 and w2 of each, read once) plus x and out, against copy bandwidth (read + write of 1 GiB).
 Prefill: 16,384 tokens; the rate is TFLOP/s (6 * H * I per (token, expert) pair) against a
@@ -18,9 +21,11 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import triton.testing
+from troupe.kernels.clamped_swiglu import ClampedSwiglu
 from troupe.kernels.fused_moe import fused_moe_triton
 from troupe.kernels.moe_align import moe_align
 from troupe.kernels.moe_align_triton import moe_align_triton
@@ -46,11 +51,13 @@ class Shape:
     top_k: int
     hidden: int
     inter: int
+    gpt_oss: bool = False  # biased experts, clamped SwiGLU
 
 
 SHAPES = {
     "deepseek-v2-lite": Shape(num_experts=64, top_k=6, hidden=2048, inter=1408),
     "qwen3-30b-a3b": Shape(num_experts=128, top_k=8, hidden=2048, inter=768),
+    "gpt-oss-20b": Shape(num_experts=32, top_k=4, hidden=2880, inter=2880, gpt_oss=True),
 }
 
 F, S = MoeVariant.FUSED, MoeVariant.SPLIT_K
@@ -82,6 +89,7 @@ class Workload:
     name: str
     tokens: int
     args: tuple[torch.Tensor, ...]  # x, w13, w2, topk_weights, topk_ids
+    extras: dict[str, Any]  # GPT-OSS's b13, b2 and clamped (fused_moe's keywords); {}: none
     ref: torch.Tensor  # fp32 reference of the first CHECK_ROWS tokens
     active: int  # experts some token picked
     num_bytes: int  # their weights + x + out
@@ -99,17 +107,25 @@ def workloads(
     e, h, inter = shape.num_experts, shape.hidden, shape.inter
     w13, w2 = randn(e, 2 * inter, h, scale=h**-0.5), randn(e, h, inter, scale=inter**-0.5)
     w13_f, w2_f = w13.float(), w2.float()
+    extras: dict[str, Any] = {}
+    if shape.gpt_oss:
+        extras = {"b13": randn(e, 2 * inter, scale=0.1), "b2": randn(e, h, scale=0.1)}
+        extras["clamped"] = ClampedSwiglu()
+    extras_f = {k: v.float() if isinstance(v, torch.Tensor) else v for k, v in extras.items()}
     out = []
     for tokens in token_counts:
         x = randn(tokens, h, scale=1.0)
         weights, ids = route_topk(randn(tokens, e, scale=1.0), shape.top_k, renormalize=True)
         r = CHECK_ROWS
-        ref = fused_moe(x[:r].float(), w13_f, w2_f, weights[:r].float(), ids[:r])
+        ref = fused_moe(x[:r].float(), w13_f, w2_f, weights[:r].float(), ids[:r], **extras_f)
         active = int(torch.unique(ids).numel())
-        num_bytes = active * 3 * h * inter * w13.element_size() + 2 * x.numel() * x.element_size()
+        per_expert = 3 * h * inter + (2 * inter + h if shape.gpt_oss else 0)
+        num_bytes = active * per_expert * w13.element_size() + 2 * x.numel() * x.element_size()
         flops = 6 * h * inter * tokens * shape.top_k
         out.append(
-            Workload(name, tokens, (x, w13, w2, weights, ids), ref, active, num_bytes, flops)
+            Workload(
+                name, tokens, (x, w13, w2, weights, ids), extras, ref, active, num_bytes, flops
+            )
         )
     return out
 
@@ -118,7 +134,7 @@ def measure(work: Workload, config: MoeKernelConfig | None, rep_ms: int) -> tupl
     """(median us, relative error on the first CHECK_ROWS tokens) of one config."""
 
     def call() -> torch.Tensor:
-        return fused_moe_triton(*work.args, config=config)
+        return fused_moe_triton(*work.args, config=config, **work.extras)
 
     got = call()[:CHECK_ROWS].float()
     err = float((got - work.ref).norm() / work.ref.norm())
@@ -182,7 +198,7 @@ def sweep(work: Workload, copy_bw: float, peak: float, variants: bool) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sweep-variants", action="store_true", help="every variant, BEST")
-    parser.add_argument("--shape", choices=sorted(SHAPES), action="append", help="default: both")
+    parser.add_argument("--shape", choices=sorted(SHAPES), action="append", help="default: all")
     parser.add_argument("--tokens", type=int, action="append", help="default: 256 and 16384")
     args = parser.parse_args()
     copy_bw, peak = copy_bandwidth(), matmul_peak()
