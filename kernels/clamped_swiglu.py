@@ -6,19 +6,15 @@
 
 transformers' GptOssExperts._apply_gate, on the gate and up halves after their biases. The
 experts' ops (kernels/moe_reference.py, kernels/fused_moe.py, kernels/moe_split_k.py) take a
-ClampedSwiglu where they would apply silu(gate) * up.
+ClampedSwiglu where they would apply silu(gate) * up; the Triton kernels' form is
+kernels/moe_block.swiglu. No Triton here: ModelConfig (gpu/moe_config.py) holds one.
 """
-
-# Triton kernels take untyped pointers and constexprs; @triton.jit is untyped to mypy.
-# mypy: disable-error-code="untyped-decorator,no-untyped-def"
 
 from __future__ import annotations
 
 import dataclasses
 
 import torch
-import triton
-import triton.language as tl
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,11 +33,3 @@ class ClampedSwiglu:
         gate = gate.clamp(max=self.limit)
         up = up.clamp(min=-self.limit, max=self.limit)
         return (up + 1) * gate * torch.sigmoid(gate * self.alpha)
-
-
-@triton.jit
-def clamped_swiglu(gate, up, alpha, limit):
-    """act of fp32 gate and up tiles (the Triton form of ClampedSwiglu.__call__)."""
-    gate = tl.minimum(gate, limit)
-    up = tl.minimum(tl.maximum(up, -limit), limit)
-    return (up + 1.0) * gate * tl.sigmoid(gate * alpha)

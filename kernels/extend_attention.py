@@ -302,8 +302,10 @@ def extend_attention_triton(
             k_scale=k_scale, v_scale=v_scale, seq_order=seq_order, softcap=softcap, sinks=sinks,
         )  # fmt: skip
     if hopper is None:
-        hopper = softcap == 0 and sinks is None and hopper_prefill_ok(
-            q, k_cache, new_kv, sliding_window, k_scale is not None
+        hopper = (
+            softcap == 0
+            and sinks is None
+            and hopper_prefill_ok(q, k_cache, new_kv, sliding_window, k_scale is not None)
         )
     if hopper:
         assert softcap == 0 and sinks is None, "the Hopper prefill has no soft cap or sinks"

@@ -3,10 +3,11 @@
     1. kernels/moe_align.py groups the T*k (token, expert) rows by expert in BLOCK_M blocks.
     2. _gate_up_kernel, one program per (row block, I / BLOCK_N tile): a block gathers its
        tokens' x rows and multiplies them by its expert's gate and up rows at once (two fp32
-       accumulators over the same x tile); silu(gate) * up is stored: act [P, I].
-    3. _down_kernel, one program per (row block, H / BLOCK_N tile): act @ w2[e]^T, times the
-       row's routing weight, stored at the row's (token, slot) place [T*k, H], or (ATOMIC)
-       added into an fp32 [T, H] output.
+       accumulators over the same x tile), adds the expert's gate and up biases (HAS_BIAS);
+       silu(gate) * up, or GPT-OSS's clamped SwiGLU (CLAMPED), is stored: act [P, I].
+    3. _down_kernel, one program per (row block, H / BLOCK_N tile): act @ w2[e]^T plus the
+       expert's down bias (HAS_BIAS), times the row's routing weight, stored at the row's
+       (token, slot) place [T*k, H], or (ATOMIC) added into an fp32 [T, H] output.
     4. Without ATOMIC the k slots of each token are summed (fp32 accumulation) into [T, H].
 
 Which program gets which tile: kernels/moe_tiles.py; the variants: kernels/moe_config.py,
@@ -25,9 +26,10 @@ import torch
 import triton
 import triton.language as tl
 
+from .clamped_swiglu import ClampedSwiglu
 from .moe_align import moe_align
 from .moe_align_triton import moe_align_triton
-from .moe_block import block_expert, block_rows, weight_cols, zero_acc
+from .moe_block import add_expert_bias, block_expert, block_rows, swiglu, weight_cols, zero_acc
 from .moe_config import MoeKernelConfig, MoeVariant, block_m_for, config_for, precision_for
 from .moe_split_k import fused_moe_split_k
 from .moe_tiles import tile_grid
@@ -35,10 +37,11 @@ from .moe_tiles import tile_grid
 
 @triton.jit
 def _gate_up_kernel(
-    x_ptr, w_ptr, act_ptr, rows_ptr, block_expert_ptr,
-    num_rows, num_blocks, hidden, inter, top_k, stride_x, stride_we, stride_wn,
+    x_ptr, w_ptr, b_ptr, act_ptr, rows_ptr, block_expert_ptr,
+    num_rows, num_blocks, hidden, inter, top_k, stride_x, stride_we, stride_wn, alpha, limit,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, SWAP_AB: tl.constexpr, PRECISION: tl.constexpr,
+    HAS_BIAS: tl.constexpr, CLAMPED: tl.constexpr,
 ):  # fmt: skip
     pid_m, pid_n, expert = block_expert(block_expert_ptr, num_blocks, inter, BLOCK_N, GROUP_M)
     if expert < 0:
@@ -76,7 +79,10 @@ def _gate_up_kernel(
             w_up = tl.load(w_cols + inter * stride_wn, mask=w_mask, other=0.0)
             acc_gate += tl.dot(a, w_gate, input_precision=PRECISION)
             acc_up += tl.dot(a, w_up, input_precision=PRECISION)
-    act = (acc_gate * tl.sigmoid(acc_gate) * acc_up).to(act_ptr.dtype.element_ty)
+    if HAS_BIAS:  # b [E, 2I]: gate | up
+        acc_gate = add_expert_bias(acc_gate, b_ptr, expert, 2 * inter, offs_n, n_mask, SWAP_AB)
+        acc_up = add_expert_bias(acc_up, b_ptr + inter, expert, 2 * inter, offs_n, n_mask, SWAP_AB)
+    act = swiglu(acc_gate, acc_up, alpha, limit, CLAMPED).to(act_ptr.dtype.element_ty)
     if SWAP_AB:
         tl.store(act_ptr + offs_m[None, :] * inter + offs_n[:, None], act, mask=n_mask[:, None])
     else:
@@ -85,11 +91,11 @@ def _gate_up_kernel(
 
 @triton.jit
 def _down_kernel(
-    act_ptr, w_ptr, out_ptr, weights_ptr, rows_ptr, block_expert_ptr,
+    act_ptr, w_ptr, b_ptr, out_ptr, weights_ptr, rows_ptr, block_expert_ptr,
     num_rows, num_blocks, hidden, inter, top_k, stride_we, stride_wn,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, SWAP_AB: tl.constexpr, ATOMIC: tl.constexpr,
-    PRECISION: tl.constexpr,
+    PRECISION: tl.constexpr, HAS_BIAS: tl.constexpr,
 ):  # fmt: skip
     pid_m, pid_n, expert = block_expert(block_expert_ptr, num_blocks, hidden, BLOCK_N, GROUP_M)
     if expert < 0:
@@ -122,6 +128,8 @@ def _down_kernel(
             )
             w = weight_cols(w_base, offs_n, offs_k, stride_wn, k_mask, n_mask)
             acc += tl.dot(a, w, input_precision=PRECISION)
+    if HAS_BIAS:
+        acc = add_expert_bias(acc, b_ptr, expert, hidden, offs_n, n_mask, SWAP_AB)
     weight = tl.load(weights_ptr + rows, mask=valid, other=0.0).to(tl.float32)
     if SWAP_AB:  # [N, M]: rows along axis 1
         acc = acc * weight[None, :]
@@ -151,9 +159,13 @@ def fused_moe_triton(
     topk_ids: torch.Tensor,
     *,
     config: MoeKernelConfig | None = None,
+    b13: torch.Tensor | None = None,
+    b2: torch.Tensor | None = None,
+    clamped: ClampedSwiglu | None = None,
 ) -> torch.Tensor:
-    """sum_k topk_weights * expert(x) [T, H] (kernels.ops.KernelOps.fused_moe); config None:
-    moe_config.config_for the batch's rows (the engine's defaults)."""
+    """sum_k topk_weights * expert(x) [T, H] (kernels.ops.KernelOps.fused_moe, biases and
+    activation included); config None: moe_config.config_for the batch's rows (the engine's
+    defaults)."""
     num_tokens, hidden = x.shape
     num_experts, inter = w13.shape[0], w2.shape[2]
     top_k = topk_ids.shape[1]
@@ -163,12 +175,16 @@ def fused_moe_triton(
     cfg = config or config_for(num_rows, num_experts, x.element_size())
     x = x.contiguous()
     w13, w2 = w13.contiguous(), w2.contiguous()
+    b13 = None if b13 is None else b13.contiguous()
+    b2 = None if b2 is None else b2.contiguous()
     bm = cfg.block_m or block_m_for(num_rows, num_experts)
     align = moe_align_triton if cfg.triton_align else moe_align
     sorted_rows, block_expert = align(topk_ids, num_experts, bm)
     weights = topk_weights.reshape(-1).contiguous()
     if cfg.variant is MoeVariant.SPLIT_K:
-        return fused_moe_split_k(x, w13, w2, weights, sorted_rows, block_expert, top_k, bm, cfg)
+        return fused_moe_split_k(
+            x, w13, b13, w2, b2, clamped, weights, sorted_rows, block_expert, top_k, bm, cfg
+        )
     num_blocks = block_expert.numel()
     group_m, bn, bk = cfg.group_m, cfg.block_n, cfg.block_k
     launch = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
@@ -178,22 +194,24 @@ def fused_moe_triton(
 
     act = torch.empty(sorted_rows.numel(), inter, dtype=x.dtype, device=x.device)
     precision = precision_for(x.dtype)
+    alpha, limit = (clamped.alpha, clamped.limit) if clamped is not None else (0.0, 0.0)
     _gate_up_kernel[grid(inter)](
-        x, w13, act, sorted_rows, block_expert,
+        x, w13, b13, act, sorted_rows, block_expert,
         num_rows, num_blocks, hidden, inter, top_k, x.stride(0), w13.stride(0), w13.stride(1),
+        alpha, limit,
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group_m, SWAP_AB=cfg.swap_ab,
-        PRECISION=precision, **launch,
+        PRECISION=precision, HAS_BIAS=b13 is not None, CLAMPED=clamped is not None, **launch,
     )  # fmt: skip
     if cfg.atomic_reduce:
         out = torch.zeros(num_tokens, hidden, dtype=torch.float32, device=x.device)
     else:
         out = torch.empty(num_rows, hidden, dtype=x.dtype, device=x.device)
     _down_kernel[grid(hidden)](
-        act, w2, out, weights, sorted_rows, block_expert,
+        act, w2, b2, out, weights, sorted_rows, block_expert,
         num_rows, num_blocks, hidden, inter, top_k, w2.stride(0), w2.stride(1),
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group_m, SWAP_AB=cfg.swap_ab,
         ATOMIC=cfg.atomic_reduce,
-        PRECISION=precision, **launch,
+        PRECISION=precision, HAS_BIAS=b2 is not None, **launch,
     )  # fmt: skip
     if cfg.atomic_reduce:
         return out.to(x.dtype)

@@ -1,6 +1,7 @@
 """What every fused-MoE kernel (kernels/fused_moe.py, kernels/moe_split_k.py) does alike with its
 row block: the block's expert, its sorted rows and N columns, the fp32 accumulator in the
-dot's orientation, and the weight tile read as columns [BLOCK_K, BLOCK_N].
+dot's orientation, the weight tile read as columns [BLOCK_K, BLOCK_N], the expert's bias
+added to the accumulator, and the activation of gate and up.
 
     program -> (row block pid_m, N tile pid_n)       kernels/moe_tiles.py
     block_expert[pid_m] -> expert (< 0: a padding block, the kernel returns)
@@ -59,3 +60,26 @@ def weight_cols(w_base, offs_n, offs_k, stride_wn, k_mask, n_mask):
         mask=k_mask[:, None] & n_mask[None, :],
         other=0.0,
     )
+
+
+@triton.jit
+def add_expert_bias(acc, bias_ptr, expert, width, offs_n, n_mask, SWAP_AB: tl.constexpr):
+    """acc plus row `expert` of a bias [E, width] at the columns offs_n (n_mask: where it
+    applies), in zero_acc's orientation."""
+    bias = tl.load(bias_ptr + expert * width + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+    if SWAP_AB:
+        return acc + bias[:, None]
+    else:
+        return acc + bias[None, :]
+
+
+@triton.jit
+def swiglu(gate, up, alpha, limit, CLAMPED: tl.constexpr):
+    """The experts' activation of fp32 gate and up tiles: silu(gate) * up, or when CLAMPED
+    GPT-OSS's clamped SwiGLU with alpha and limit (kernels/clamped_swiglu.py)."""
+    if CLAMPED:
+        gate = tl.minimum(gate, limit)
+        up = tl.minimum(tl.maximum(up, -limit), limit)
+        return (up + 1.0) * gate * tl.sigmoid(gate * alpha)
+    else:
+        return gate * tl.sigmoid(gate) * up

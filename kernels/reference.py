@@ -302,7 +302,6 @@ def _sdpa(
     return probs[..., :-1] @ v
 
 
-
 def rms_norm(
     x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
