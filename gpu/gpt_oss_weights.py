@@ -10,8 +10,8 @@ w13 [E, 2I, H] gate rows then up rows, w2 [E, H, I]; biases b13 [E, 2I] gate | u
                                     bytes of two e2m1 codes (low nibble first) and one e8m0
                                     exponent (bias 127); gate_up's rows interleaved as above
 
-MXFP4 is dequantized here, at load (bf16 holds every e2m1 value times a power of two exactly);
-the model runs the dense experts.
+MXFP4 is dequantized here, at load, on the model's device (bf16 holds every e2m1 value times a
+power of two exactly); the model runs the dense experts.
 """
 
 from __future__ import annotations
@@ -27,10 +27,11 @@ _PACKED = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
 
 
 def gpt_oss_tensors(
-    tensors: Iterable[tuple[str, torch.Tensor]],
+    tensors: Iterable[tuple[str, torch.Tensor]], device: torch.device
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """The checkpoint's tensors with the experts' turned into MoeLayer's layout (module doc);
-    the others as given. An MXFP4 weight's blocks and scales may come in either order."""
+    the others as given. An MXFP4 weight's blocks and scales may come in either order; they
+    are dequantized on `device`."""
     pending: dict[str, torch.Tensor] = {}
     for name, tensor in tensors:
         stem, _, part = name.rpartition("_")
@@ -40,7 +41,7 @@ def gpt_oss_tensors(
                 pending[name] = tensor
                 continue
             blocks, scales = (tensor, other) if part == "blocks" else (other, tensor)
-            weight = dequantize_mxfp4(blocks, scales)  # [E, N, K]: already w13's / w2's axes
+            weight = dequantize_mxfp4(blocks.to(device), scales.to(device))  # w13's / w2's axes
             yield stem, _gate_then_up(weight) if stem.endswith("gate_up_proj") else weight
         elif name.endswith(_PACKED):
             weight = tensor.transpose(1, 2)

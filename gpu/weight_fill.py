@@ -64,7 +64,7 @@ def fill_weights(
             "rotary are not supported; run the unquantized checkpoint"
         )
     if c.model_type == "gpt_oss":  # experts in MoeLayer's layout, MXFP4 dequantized
-        tensors = gpt_oss_tensors(tensors)
+        tensors = gpt_oss_tensors(tensors, model.norm.device)
     split = _split_fused(_text_tensors(tensors), (q, kv, kv), (inter, inter))
     for name, tensor in ordered_tensors(split, order):
         if _beyond_last_layer(model, name):  # DeepSeek's multi-token-prediction layers
