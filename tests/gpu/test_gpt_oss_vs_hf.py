@@ -128,6 +128,20 @@ def _quantize_mxfp4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return blocks, (exponent + 127).to(torch.uint8)
 
 
+def test_mxfp4_dequantizes_every_byte_as_transformers() -> None:
+    """All 256 bytes (both nibbles, both signs) under exponents from 2^-127 to 2^128."""
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+    from troupe.gpu.gpt_oss_weights import dequantize_mxfp4
+
+    blocks = torch.arange(256, dtype=torch.uint8).reshape(2, 8, 16).repeat(3, 1, 1, 1)
+    scales = torch.tensor([0, 1, 64, 127, 128, 200, 254, 255], dtype=torch.uint8)
+    scales = scales.repeat(3, 2, 1)  # [E=3, N=2, G=8]
+    ours = dequantize_mxfp4(blocks.reshape(3, 2, 8, 16), scales)
+    theirs = convert_moe_packed_tensors(blocks.reshape(3, 2, 8, 16), scales)  # [E, K, N]
+    assert ours.dtype == torch.bfloat16 and ours.shape == (3, 2, 256)
+    assert torch.equal(ours, theirs.transpose(1, 2))
+
+
 def test_mxfp4_checkpoint_matches_transformers_dequantized(tmp_path: Path) -> None:
     """The experts saved as OpenAI's MXFP4 blocks and scales: the engine's load equals a
     transformers model holding transformers' dequantization of the same bytes."""
