@@ -20,9 +20,8 @@ from collections.abc import Iterable, Iterator
 
 import torch
 from troupe.gpu.model_config import ModelLoadError
+from troupe.kernels.mxfp4 import unpack
 
-# e2m1 codes 0..15: sign bit 3, then 2 exponent bits and 1 mantissa bit
-_E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 _PACKED = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
 
 
@@ -62,12 +61,7 @@ def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor
             f"MXFP4 blocks {tuple(blocks.shape)} and scales {tuple(scales.shape)}: expected "
             "[..., G, 16] and [..., G]"
         )
-    table = torch.tensor(_E2M1, dtype=torch.bfloat16, device=blocks.device)
-    codes = blocks.to(torch.uint8)
-    values = torch.stack([table[(codes & 0x0F).long()], table[(codes >> 4).long()]], dim=-1)
-    exponents = scales.to(torch.int32) - 127
-    values = torch.ldexp(values.flatten(-2), exponents[..., None]).to(torch.bfloat16)
-    return values.flatten(-2)
+    return unpack(blocks.to(torch.uint8).flatten(-2), scales)
 
 
 def _gate_then_up(interleaved: torch.Tensor) -> torch.Tensor:

@@ -27,12 +27,22 @@ import triton
 import triton.language as tl
 
 from .clamped_swiglu import ClampedSwiglu
+from .fused_moe_mxfp4 import launch_mxfp4
 from .moe_align import moe_align
 from .moe_align_triton import moe_align_triton
-from .moe_block import add_expert_bias, block_expert, block_rows, swiglu, weight_cols, zero_acc
+from .moe_block import (
+    add_expert_bias,
+    block_expert,
+    block_rows,
+    swiglu,
+    weigh_and_store,
+    weight_cols,
+    zero_acc,
+)
 from .moe_config import MoeKernelConfig, MoeVariant, block_m_for, config_for, precision_for
 from .moe_split_k import fused_moe_split_k
 from .moe_tiles import tile_grid
+from .mxfp4 import Mxfp4Experts
 
 
 @triton.jit
@@ -130,31 +140,15 @@ def _down_kernel(
             acc += tl.dot(a, w, input_precision=PRECISION)
     if HAS_BIAS:
         acc = add_expert_bias(acc, b_ptr, expert, hidden, offs_n, n_mask, SWAP_AB)
-    weight = tl.load(weights_ptr + rows, mask=valid, other=0.0).to(tl.float32)
-    if SWAP_AB:  # [N, M]: rows along axis 1
-        acc = acc * weight[None, :]
-        mask = n_mask[:, None] & valid[None, :]
-        if ATOMIC:
-            dst = out_ptr + (rows // top_k)[None, :] * hidden + offs_n[:, None]
-            tl.atomic_add(dst, acc, mask=mask)
-        else:
-            dst = out_ptr + rows[None, :] * hidden + offs_n[:, None]
-            tl.store(dst, acc.to(out_ptr.dtype.element_ty), mask=mask)
-    else:
-        acc = acc * weight[:, None]
-        mask = valid[:, None] & n_mask[None, :]
-        if ATOMIC:
-            dst = out_ptr + (rows // top_k)[:, None] * hidden + offs_n[None, :]
-            tl.atomic_add(dst, acc, mask=mask)
-        else:
-            dst = out_ptr + rows[:, None] * hidden + offs_n[None, :]
-            tl.store(dst, acc.to(out_ptr.dtype.element_ty), mask=mask)
+    weigh_and_store(
+        acc, out_ptr, weights_ptr, rows, valid, offs_n, n_mask, hidden, top_k, SWAP_AB, ATOMIC
+    )
 
 
 def fused_moe_triton(
     x: torch.Tensor,
-    w13: torch.Tensor,
-    w2: torch.Tensor,
+    w13: torch.Tensor | Mxfp4Experts,
+    w2: torch.Tensor | Mxfp4Experts,
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
     *,
@@ -165,7 +159,7 @@ def fused_moe_triton(
 ) -> torch.Tensor:
     """sum_k topk_weights * expert(x) [T, H] (kernels.ops.KernelOps.fused_moe, biases and
     activation included); config None: moe_config.config_for the batch's rows (the engine's
-    defaults)."""
+    defaults). MXFP4 experts take kernels/fused_moe_mxfp4.py's GEMMs (the config's tiles)."""
     num_tokens, hidden = x.shape
     num_experts, inter = w13.shape[0], w2.shape[2]
     top_k = topk_ids.shape[1]
@@ -174,13 +168,20 @@ def fused_moe_triton(
         return torch.zeros_like(x)
     cfg = config or config_for(num_rows, num_experts, x.element_size())
     x = x.contiguous()
-    w13, w2 = w13.contiguous(), w2.contiguous()
     b13 = None if b13 is None else b13.contiguous()
     b2 = None if b2 is None else b2.contiguous()
     bm = cfg.block_m or block_m_for(num_rows, num_experts)
     align = moe_align_triton if cfg.triton_align else moe_align
     sorted_rows, block_expert = align(topk_ids, num_experts, bm)
     weights = topk_weights.reshape(-1).contiguous()
+    precision = precision_for(x.dtype)
+    if isinstance(w13, Mxfp4Experts) or isinstance(w2, Mxfp4Experts):
+        assert isinstance(w13, Mxfp4Experts) and isinstance(w2, Mxfp4Experts), "both MXFP4"
+        return launch_mxfp4(
+            x, w13, w2, weights, sorted_rows, block_expert, top_k, bm, cfg, precision, b13, b2,
+            clamped,
+        )  # fmt: skip
+    w13, w2 = w13.contiguous(), w2.contiguous()
     if cfg.variant is MoeVariant.SPLIT_K:
         return fused_moe_split_k(
             x, w13, b13, w2, b2, clamped, weights, sorted_rows, block_expert, top_k, bm, cfg
@@ -193,7 +194,6 @@ def fused_moe_triton(
         return tile_grid(num_blocks, triton.cdiv(n, bn), group_m)
 
     act = torch.empty(sorted_rows.numel(), inter, dtype=x.dtype, device=x.device)
-    precision = precision_for(x.dtype)
     alpha, limit = (clamped.alpha, clamped.limit) if clamped is not None else (0.0, 0.0)
     _gate_up_kernel[grid(inter)](
         x, w13, b13, act, sorted_rows, block_expert,

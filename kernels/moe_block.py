@@ -83,3 +83,31 @@ def swiglu(gate, up, alpha, limit, CLAMPED: tl.constexpr):
         return (up + 1.0) * gate * tl.sigmoid(gate * alpha)
     else:
         return gate * tl.sigmoid(gate) * up
+
+
+@triton.jit
+def weigh_and_store(
+    acc, out_ptr, weights_ptr, rows, valid, offs_n, n_mask, hidden, top_k,
+    SWAP_AB: tl.constexpr, ATOMIC: tl.constexpr,
+):  # fmt: skip
+    """The down projection's tile times each row's routing weight, stored at the row's (token,
+    slot) place of out [T*k, H], or (ATOMIC) added into an fp32 out [T, H]."""
+    weight = tl.load(weights_ptr + rows, mask=valid, other=0.0).to(tl.float32)
+    if SWAP_AB:  # [N, M]: rows along axis 1
+        acc = acc * weight[None, :]
+        mask = n_mask[:, None] & valid[None, :]
+        if ATOMIC:
+            dst = out_ptr + (rows // top_k)[None, :] * hidden + offs_n[:, None]
+            tl.atomic_add(dst, acc, mask=mask)
+        else:
+            dst = out_ptr + rows[None, :] * hidden + offs_n[:, None]
+            tl.store(dst, acc.to(out_ptr.dtype.element_ty), mask=mask)
+    else:
+        acc = acc * weight[:, None]
+        mask = valid[:, None] & n_mask[None, :]
+        if ATOMIC:
+            dst = out_ptr + (rows // top_k)[:, None] * hidden + offs_n[None, :]
+            tl.atomic_add(dst, acc, mask=mask)
+        else:
+            dst = out_ptr + rows[:, None] * hidden + offs_n[None, :]
+            tl.store(dst, acc.to(out_ptr.dtype.element_ty), mask=mask)

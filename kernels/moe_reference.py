@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from .clamped_swiglu import ClampedSwiglu
+from .mxfp4 import Mxfp4Experts
 
 
 def route_topk(
@@ -39,8 +40,8 @@ def route_topk(
 
 def fused_moe(
     x: torch.Tensor,
-    w13: torch.Tensor,
-    w2: torch.Tensor,
+    w13: torch.Tensor | Mxfp4Experts,
+    w2: torch.Tensor | Mxfp4Experts,
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
     *,
@@ -54,14 +55,21 @@ def fused_moe(
     inter = w13.shape[1] // 2
     for expert in torch.unique(topk_ids).tolist():
         token, slot = torch.where(topk_ids == expert)
-        gate_up = F.linear(x[token], w13[expert])
+        gate_up = F.linear(x[token], _expert(w13, expert, x.dtype))
         if b13 is not None:
             gate_up = gate_up + b13[expert]
         gate, up = gate_up[:, :inter], gate_up[:, inter:]
         act = F.silu(gate) * up if clamped is None else clamped(gate, up)
-        y = F.linear(act, w2[expert])
+        y = F.linear(act, _expert(w2, expert, x.dtype))
         if b2 is not None:
             y = y + b2[expert]
         y = y * topk_weights[token, slot, None]
         out.index_add_(0, token, y.to(out.dtype))
     return out
+
+
+def _expert(weights: torch.Tensor | Mxfp4Experts, index: int, dtype: torch.dtype) -> torch.Tensor:
+    """One expert's dense matrix (MXFP4 unpacked into `dtype`)."""
+    if isinstance(weights, Mxfp4Experts):
+        return weights.expert(index, dtype)
+    return weights[index]

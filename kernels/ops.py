@@ -21,6 +21,7 @@ if TYPE_CHECKING:  # only annotations here: troupe.config imports this module, k
     import torch
 
     from .clamped_swiglu import ClampedSwiglu
+    from .mxfp4 import Mxfp4Experts
 
 KernelBackend = Literal["auto", "triton", "torch"]
 
@@ -209,8 +210,8 @@ class KernelOps(Protocol):
     def fused_moe(
         self,
         x: torch.Tensor,
-        w13: torch.Tensor,
-        w2: torch.Tensor,
+        w13: torch.Tensor | Mxfp4Experts,
+        w2: torch.Tensor | Mxfp4Experts,
         topk_weights: torch.Tensor,
         topk_ids: torch.Tensor,
         *,
@@ -224,7 +225,8 @@ class KernelOps(Protocol):
 
         GPT-OSS's experts: biases b13 [E, 2I] (gate | up, added before the activation) and
         b2 [E, H] (added to each expert's output before its weight), and `clamped` in place
-        of silu(gate) * up (kernels/clamped_swiglu.py)."""
+        of silu(gate) * up (kernels/clamped_swiglu.py). w13 and w2 may be MXFP4
+        (kernels/mxfp4.py: GPT-OSS's files kept packed)."""
         ...
 
     def write_latent(
