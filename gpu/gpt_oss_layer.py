@@ -8,7 +8,9 @@ biased experts (transformers' GptOssMLP):
 
 The checkpoint's experts come as transformers holds them, gate and up interleaved
 ([E, H, 2I], gate at the even columns) and down [E, I, H]; gpu/gpt_oss_weights.py turns them
-into MoeLayer's w13 [E, 2I, H] (gate | up) and w2 [E, H, I] before the fill.
+into MoeLayer's w13 [E, 2I, H] (gate | up) and w2 [E, H, I] before the fill. OpenAI's MXFP4
+files (MoeConfig.mxfp4) stay packed: the layer holds each projection's blocks and scales
+(uint8, kernels/mxfp4.py) in w13's and w2's row order instead, and fused_moe reads them so.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 from troupe.gpu.model_config import ModelConfig
 from troupe.gpu.moe_layer import MoeLayer
+from troupe.kernels.mxfp4 import GROUP, Mxfp4Experts
 from troupe.kernels.ops import KernelOps
 
 # checkpoint name (layer-relative) -> this layer's parameter
@@ -48,12 +51,28 @@ class GptOssLayer(MoeLayer):
         self.router_bias = param(moe.num_experts)
         self.b13 = param(e, 2 * moe.intermediate_size)
         self.b2 = param(e, h)
+        self.packed: dict[str, nn.Parameter] = {}
+        if moe.mxfp4:  # uint8 blocks [E, N, K / 2] and scales [E, N, K / 32] of w13 and w2
+            inter = moe.intermediate_size
+            del self.w13, self.w2
+            for name, n, k in (("w13", 2 * inter, h), ("w2", h, inter)):
+                for part, width in (("blocks", k // 2), ("scales", k // GROUP)):
+                    data = torch.empty(e, n, width, dtype=torch.uint8, device=device)
+                    packed = nn.Parameter(data, requires_grad=False)
+                    setattr(self, f"{name}_{part}", packed)
+                    self.packed[f"mlp.experts.{_HF[name]}_{part}"] = packed
 
     def mlp(self, x: torch.Tensor, ops: KernelOps) -> torch.Tensor:
         weights, ids = self.route(x)
+        w13: torch.Tensor | Mxfp4Experts = self.w13 if not self.packed else self._experts("w13")
+        w2: torch.Tensor | Mxfp4Experts = self.w2 if not self.packed else self._experts("w2")
         return ops.fused_moe(
-            x, self.w13, self.w2, weights, ids, b13=self.b13, b2=self.b2, clamped=self.clamped
+            x, w13, w2, weights, ids, b13=self.b13, b2=self.b2, clamped=self.clamped
         )
+
+    def _experts(self, name: str) -> Mxfp4Experts:
+        prefix = f"mlp.experts.{_HF[name]}"
+        return Mxfp4Experts(self.packed[f"{prefix}_blocks"], self.packed[f"{prefix}_scales"])
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The top-k logits' softmax (in the logits' dtype, as transformers' router) and ids."""
@@ -67,4 +86,21 @@ class GptOssLayer(MoeLayer):
         own = _OWN.get(rest)
         if own is not None:
             return getattr(self, own), (f"{prefix}.{own}",)
-        return super().locate_extra(rest, prefix)
+        packed = self.packed.get(rest)
+        if packed is not None:
+            return packed, (f"{prefix}.{_attribute(rest)}",)
+        return None if self.packed else super().locate_extra(rest, prefix)
+
+    def fill_parts(self) -> dict[str, tuple[str, ...]]:
+        """MoeLayer's pieces of w13 and w2, or none: packed parameters fill whole."""
+        return {} if self.packed else super().fill_parts()
+
+
+_HF = {"w13": "gate_up_proj", "w2": "down_proj"}  # the checkpoint's names of w13 and w2
+
+
+def _attribute(name: str) -> str:
+    """The layer's attribute of a packed checkpoint name ('mlp.experts.down_proj_scales' ->
+    'w2_scales')."""
+    stem, _, part = name.removeprefix("mlp.experts.").rpartition("_")
+    return f"{'w13' if stem == 'gate_up_proj' else 'w2'}_{part}"

@@ -11,7 +11,8 @@ w13 [E, 2I, H] gate rows then up rows, w2 [E, H, I]; biases b13 [E, 2I] gate | u
                                     exponent (bias 127); gate_up's rows interleaved as above
 
 MXFP4 is dequantized here, at load, on the model's device (bf16 holds every e2m1 value times a
-power of two exactly); the model runs the dense experts.
+power of two exactly), for a model of dense experts; a model that keeps them packed
+(MoeConfig.mxfp4) gets the blocks [E, N, K / 2] and scales, gate_up's rows in w13's order.
 """
 
 from __future__ import annotations
@@ -26,15 +27,18 @@ _PACKED = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
 
 
 def gpt_oss_tensors(
-    tensors: Iterable[tuple[str, torch.Tensor]], device: torch.device
+    tensors: Iterable[tuple[str, torch.Tensor]], device: torch.device, keep_mxfp4: bool
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """The checkpoint's tensors with the experts' turned into MoeLayer's layout (module doc);
     the others as given. An MXFP4 weight's blocks and scales may come in either order; they
-    are dequantized on `device`."""
+    are dequantized on `device`, or with keep_mxfp4 passed on packed."""
     pending: dict[str, torch.Tensor] = {}
     for name, tensor in tensors:
         stem, _, part = name.rpartition("_")
-        if stem.endswith(_PACKED) and part in ("blocks", "scales"):
+        if stem.endswith(_PACKED) and part in ("blocks", "scales") and keep_mxfp4:
+            packed = tensor.flatten(-2) if part == "blocks" else tensor  # [E, N, K/2 | K/32]
+            yield name, _gate_then_up(packed) if stem.endswith("gate_up_proj") else packed
+        elif stem.endswith(_PACKED) and part in ("blocks", "scales"):
             other = pending.pop(f"{stem}_{'scales' if part == 'blocks' else 'blocks'}", None)
             if other is None:
                 pending[name] = tensor

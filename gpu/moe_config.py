@@ -14,7 +14,8 @@ GLM-4.5's grouped routing in `grouped_moe_fields`), read into a MoeConfig.
     gpt_oss     num_local_experts, num_experts_per_tok, intermediate_size; every layer sparse;
                 the router (with a bias) takes the top-k logits, then their softmax; experts
                 with biases and the clamped SwiGLU (swiglu_alpha, swiglu_limit:
-                kernels/clamped_swiglu.py)
+                kernels/clamped_swiglu.py); quantization_config's quant_method "mxfp4"
+                (OpenAI's files) keeps the experts packed
     ernie4_5_moe  moe_num_experts, moe_k, moe_num_shared_experts, moe_intermediate_size; layer i
                 is sparse when (i + 1) % moe_layer_interval == 0 and i is within
                 moe_layer_start_index..moe_layer_end_index (-1: the last); routed by softmax
@@ -44,6 +45,7 @@ class MoeConfig:
     gated_shared_size: int = 0  # Qwen2-MoE: its shared expert's width, gated per token
     routing: GroupedRouting | None = None  # DeepSeek's grouped routers; None: softmax top-k
     clamped: ClampedSwiglu | None = None  # GPT-OSS's experts (gpu/gpt_oss_layer.py)
+    mxfp4: bool = False  # the experts kept as the checkpoint's MXFP4 (kernels/mxfp4.py)
 
     def __post_init__(self) -> None:
         if not 0 < self.top_k <= self.num_experts:
@@ -136,6 +138,7 @@ def olmoe_fields(cfg: dict[str, Any], num_layers: int) -> MoeConfig:
 def gpt_oss_fields(cfg: dict[str, Any], num_layers: int) -> MoeConfig:
     """The MoeConfig of a gpt_oss config.json: biased experts in every layer (transformers'
     defaults where a key is missing)."""
+    quant = cfg.get("quantization_config") or {}
     return MoeConfig(
         num_experts=int(cfg.get("num_local_experts", 128)),
         top_k=int(cfg.get("num_experts_per_tok", 4)),
@@ -145,6 +148,7 @@ def gpt_oss_fields(cfg: dict[str, Any], num_layers: int) -> MoeConfig:
         clamped=ClampedSwiglu(
             alpha=float(cfg.get("swiglu_alpha", 1.702)), limit=float(cfg.get("swiglu_limit", 7.0))
         ),
+        mxfp4=isinstance(quant, dict) and str(quant.get("quant_method", "")).lower() == "mxfp4",
     )
 
 

@@ -63,8 +63,9 @@ def fill_weights(
             f"{source}: quantized q/k projections with partial_rotary_factor or interleaved "
             "rotary are not supported; run the unquantized checkpoint"
         )
-    if c.model_type == "gpt_oss":  # experts in MoeLayer's layout, MXFP4 dequantized
-        tensors = gpt_oss_tensors(tensors, model.norm.device)
+    if c.model_type == "gpt_oss":  # experts in MoeLayer's layout; MXFP4 unpacked or kept
+        keep = c.moe is not None and c.moe.mxfp4
+        tensors = gpt_oss_tensors(tensors, model.norm.device, keep)
     split = _split_fused(_text_tensors(tensors), (q, kv, kv), (inter, inter))
     for name, tensor in ordered_tensors(split, order):
         if _beyond_last_layer(model, name):  # DeepSeek's multi-token-prediction layers

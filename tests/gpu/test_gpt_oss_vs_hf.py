@@ -7,6 +7,7 @@ the test model's logits, so the greedy tests check them; tensor parallelism is r
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -142,8 +143,9 @@ def test_mxfp4_dequantizes_every_byte_as_transformers() -> None:
     assert torch.equal(ours, theirs.transpose(1, 2))
 
 
-def test_mxfp4_checkpoint_matches_transformers_dequantized(tmp_path: Path) -> None:
-    """The experts saved as OpenAI's MXFP4 blocks and scales: the engine's load equals a
+def _mxfp4_checkpoint(folder: Path, keep: bool) -> Any:
+    """The experts saved into `folder` as OpenAI's MXFP4 blocks and scales (config.json's
+    quantization_config says mxfp4 when `keep`, as the released files' does); returns a
     transformers model holding transformers' dequantization of the same bytes."""
     from transformers.integrations.mxfp4 import convert_moe_packed_tensors
 
@@ -162,9 +164,42 @@ def test_mxfp4_checkpoint_matches_transformers_dequantized(tmp_path: Path) -> No
                 dequantized = convert_moe_packed_tensors(blocks, scales, dtype=torch.float32)
                 assert (dequantized - param).abs().max() > 0  # rounded: not the dense weights
                 param.copy_(dequantized)
-    hf_model.config.save_pretrained(tmp_path)
-    save_file(tensors, str(tmp_path / "model.safetensors"))
+    hf_model.config.save_pretrained(folder)
+    if keep:
+        config = json.loads((folder / "config.json").read_text())
+        config["quantization_config"] = {"quant_method": "mxfp4"}
+        (folder / "config.json").write_text(json.dumps(config))
+    save_file(tensors, str(folder / "model.safetensors"))
+    return hf_model
+
+
+@pytest.mark.parametrize("keep", [False, True], ids=["unpacked", "kept-packed"])
+def test_mxfp4_checkpoint_matches_transformers_dequantized(tmp_path: Path, keep: bool) -> None:
+    """Unpacked at load, or kept packed (the layer holds uint8 blocks and scales, and the
+    experts' op unpacks them as it multiplies)."""
+    from troupe.gpu.model_config import ModelConfig
+
+    hf_model = _mxfp4_checkpoint(tmp_path, keep)
+    config = ModelConfig.from_hf_folder(tmp_path)
+    assert config.moe is not None and config.moe.mxfp4 == keep
     assert_greedy_matches(tmp_path, hf_model)
+    if keep:
+        model = runner_for(tmp_path).model
+        kinds = {p.dtype for n, p in model.named_parameters() if "w13" in n or "w2" in n}
+        assert kinds == {torch.uint8}
+
+
+def test_mxfp4_kept_packed_on_the_triton_ops(tmp_path: Path) -> None:
+    """The packed experts through the Triton GEMMs (kernels/fused_moe_mxfp4.py; the
+    interpreter here) beside the sinks' kernels."""
+    hf_model = _mxfp4_checkpoint(tmp_path, keep=True)
+    num_new = 4  # interpreter time
+    expected = [hf_greedy(hf_model, p, num_new) for p in PROMPTS]
+    driver = PlanDriver(runner_for(tmp_path, backend="triton"), chunk=6)
+    for i, prompt in enumerate(PROMPTS):
+        driver.add(f"r{i}", prompt)
+    driver.run(num_new)
+    assert [driver.seqs[f"r{i}"].output for i in range(len(PROMPTS))] == expected
 
 
 def test_tensor_parallelism_is_refused(gpt_oss: tuple[Path, Any]) -> None:
