@@ -54,6 +54,6 @@ def unpack(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     table = torch.tensor(E2M1, dtype=torch.bfloat16, device=blocks.device)
     codes = blocks.long()
     values = torch.stack([table[codes & 0x0F], table[codes >> 4]], dim=-1).flatten(-2)
-    values = values.unflatten(-1, (-1, GROUP))
+    values = values.reshape(*values.shape[:-1], -1, GROUP)
     exponents = scales.to(torch.int32) - 127
     return torch.ldexp(values, exponents[..., None]).to(torch.bfloat16).flatten(-2)

@@ -1,4 +1,4 @@
-"""MoE kernel benchmark (GPU): the fused Triton MoE at decode and prefill sizes, three shapes.
+"""MoE kernel benchmark (GPU): the fused Triton MoE at decode and prefill sizes, four shapes.
 
     python -m troupe.ops.moe_bench                     # the engine's defaults (moe_config)
     python -m troupe.ops.moe_bench --sweep-variants    # every variant x a few configs, BEST
@@ -10,6 +10,8 @@ Expert layers, random bf16 weights, routing from random router logits (softmax t
     gpt-oss-20b       32 experts top-4, hidden 2880, intermediate 2880, with GPT-OSS's expert
                       biases and clamped SwiGLU (kernels/clamped_swiglu.py; the biases' bytes
                       counted too)
+    gpt-oss-20b-mxfp4 the same with the experts kept as MXFP4 (kernels/fused_moe_mxfp4.py;
+                      4.25 bits a weight counted)
 Decode: 256 tokens; the rate is bytes/s over the weights of the experts some token picked
 (w13 and w2 of each, read once) plus x and out, against copy bandwidth (read + write of 1 GiB).
 Prefill: 16,384 tokens; the rate is TFLOP/s (6 * H * I per (token, expert) pair) against a
@@ -37,6 +39,7 @@ from troupe.kernels.moe_config import (
     config_source,
 )
 from troupe.kernels.moe_reference import fused_moe, route_topk
+from troupe.kernels.mxfp4 import Mxfp4Experts
 from troupe.ops.bench_timing import median_ms
 from troupe.ops.card_rates import copy_bandwidth, matmul_peak
 
@@ -52,12 +55,16 @@ class Shape:
     hidden: int
     inter: int
     gpt_oss: bool = False  # biased experts, clamped SwiGLU
+    mxfp4: bool = False  # the experts packed (kernels/mxfp4.py)
 
 
 SHAPES = {
     "deepseek-v2-lite": Shape(num_experts=64, top_k=6, hidden=2048, inter=1408),
     "qwen3-30b-a3b": Shape(num_experts=128, top_k=8, hidden=2048, inter=768),
     "gpt-oss-20b": Shape(num_experts=32, top_k=4, hidden=2880, inter=2880, gpt_oss=True),
+    "gpt-oss-20b-mxfp4": Shape(
+        num_experts=32, top_k=4, hidden=2880, inter=2880, gpt_oss=True, mxfp4=True
+    ),
 }
 
 F, S = MoeVariant.FUSED, MoeVariant.SPLIT_K
@@ -88,7 +95,7 @@ PREFILL_SWEEP = [
 class Workload:
     name: str
     tokens: int
-    args: tuple[torch.Tensor, ...]  # x, w13, w2, topk_weights, topk_ids
+    args: tuple[Any, ...]  # x, w13, w2 (tensors or Mxfp4Experts), topk_weights, topk_ids
     extras: dict[str, Any]  # GPT-OSS's b13, b2 and clamped (fused_moe's keywords); {}: none
     ref: torch.Tensor  # fp32 reference of the first CHECK_ROWS tokens
     active: int  # experts some token picked
@@ -105,13 +112,20 @@ def workloads(
         return (torch.randn(*dims, generator=gen, device=device) * scale).to(DTYPE)
 
     e, h, inter = shape.num_experts, shape.hidden, shape.inter
-    w13, w2 = randn(e, 2 * inter, h, scale=h**-0.5), randn(e, h, inter, scale=inter**-0.5)
-    w13_f, w2_f = w13.float(), w2.float()
+    w13: torch.Tensor | Mxfp4Experts = randn(e, 2 * inter, h, scale=h**-0.5)
+    w2: torch.Tensor | Mxfp4Experts = randn(e, h, inter, scale=inter**-0.5)
+    w13_f = w13.float() if isinstance(w13, torch.Tensor) else w13
+    w2_f = w2.float() if isinstance(w2, torch.Tensor) else w2
+    if shape.mxfp4:  # exponents around 2^-6: values like the dense ones'
+        w13, w2 = packed(e, 2 * inter, h, gen, device), packed(e, h, inter, gen, device)
+        w13_f, w2_f = w13, w2
     extras: dict[str, Any] = {}
     if shape.gpt_oss:
         extras = {"b13": randn(e, 2 * inter, scale=0.1), "b2": randn(e, h, scale=0.1)}
         extras["clamped"] = ClampedSwiglu()
-    extras_f = {k: v.float() if isinstance(v, torch.Tensor) else v for k, v in extras.items()}
+    extras_f: dict[str, Any] = {
+        k: v.float() if isinstance(v, torch.Tensor) else v for k, v in extras.items()
+    }
     out = []
     for tokens in token_counts:
         x = randn(tokens, h, scale=1.0)
@@ -119,8 +133,9 @@ def workloads(
         r = CHECK_ROWS
         ref = fused_moe(x[:r].float(), w13_f, w2_f, weights[:r].float(), ids[:r], **extras_f)
         active = int(torch.unique(ids).numel())
-        per_expert = 3 * h * inter + (2 * inter + h if shape.gpt_oss else 0)
-        num_bytes = active * per_expert * w13.element_size() + 2 * x.numel() * x.element_size()
+        weight_bytes = 3 * h * inter * (17 / 32 if shape.mxfp4 else DTYPE.itemsize)
+        bias_bytes = (2 * inter + h) * DTYPE.itemsize if shape.gpt_oss else 0
+        num_bytes = int(active * (weight_bytes + bias_bytes)) + 2 * x.numel() * x.element_size()
         flops = 6 * h * inter * tokens * shape.top_k
         out.append(
             Workload(
@@ -128,6 +143,13 @@ def workloads(
             )
         )
     return out
+
+
+def packed(e: int, n: int, k: int, gen: torch.Generator, device: str) -> Mxfp4Experts:
+    """Random MXFP4 experts [E, N, K]: random codes, exponents 2^-7 to 2^-5."""
+    blocks = torch.randint(0, 256, (e, n, k // 2), generator=gen, device=device, dtype=torch.uint8)
+    scales = torch.randint(120, 123, (e, n, k // 32), generator=gen, device=device)
+    return Mxfp4Experts(blocks, scales.to(torch.uint8))
 
 
 def measure(work: Workload, config: MoeKernelConfig | None, rep_ms: int) -> tuple[float, float]:
