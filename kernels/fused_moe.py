@@ -34,7 +34,9 @@ from .moe_block import (
     add_expert_bias,
     block_expert,
     block_rows,
+    down_output,
     swiglu,
+    token_sums,
     weigh_and_store,
     weight_cols,
     zero_acc,
@@ -202,10 +204,7 @@ def fused_moe_triton(
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group_m, SWAP_AB=cfg.swap_ab,
         PRECISION=precision, HAS_BIAS=b13 is not None, CLAMPED=clamped is not None, **launch,
     )  # fmt: skip
-    if cfg.atomic_reduce:
-        out = torch.zeros(num_tokens, hidden, dtype=torch.float32, device=x.device)
-    else:
-        out = torch.empty(num_rows, hidden, dtype=x.dtype, device=x.device)
+    out = down_output(x, top_k, cfg.atomic_reduce)
     _down_kernel[grid(hidden)](
         act, w2, b2, out, weights, sorted_rows, block_expert,
         num_rows, num_blocks, hidden, inter, top_k, w2.stride(0), w2.stride(1),
@@ -213,6 +212,4 @@ def fused_moe_triton(
         ATOMIC=cfg.atomic_reduce,
         PRECISION=precision, HAS_BIAS=b2 is not None, **launch,
     )  # fmt: skip
-    if cfg.atomic_reduce:
-        return out.to(x.dtype)
-    return out.view(num_tokens, top_k, hidden).sum(dim=1, dtype=torch.float32).to(x.dtype)
+    return token_sums(out, x, top_k, cfg.atomic_reduce)

@@ -19,7 +19,15 @@ import triton
 import triton.language as tl
 
 from .clamped_swiglu import ClampedSwiglu
-from .moe_block import add_expert_bias, block_expert, block_rows, swiglu, weigh_and_store
+from .moe_block import (
+    add_expert_bias,
+    block_expert,
+    block_rows,
+    down_output,
+    swiglu,
+    token_sums,
+    weigh_and_store,
+)
 from .moe_config import MoeKernelConfig
 from .moe_tiles import tile_grid
 from .mxfp4 import Mxfp4Experts
@@ -163,10 +171,7 @@ def launch_mxfp4(
         HAS_BIAS=b13 is not None, CLAMPED=clamped is not None, **launch,
     )  # fmt: skip
     atomic = cfg.atomic_reduce
-    if atomic:
-        out = torch.zeros(num_tokens, hidden, dtype=torch.float32, device=x.device)
-    else:
-        out = torch.empty(num_rows, hidden, dtype=x.dtype, device=x.device)
+    out = down_output(x, top_k, atomic)
     q, s = w2.blocks, w2.scales
     _down_kernel[grid(hidden)](
         act, q, s, b2, out, weights, sorted_rows, block_expert, num_rows, num_blocks, hidden,
@@ -174,6 +179,4 @@ def launch_mxfp4(
         BLOCK_M=block_m, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.group_m, ATOMIC=atomic,
         PRECISION=precision, HAS_BIAS=b2 is not None, **launch,
     )  # fmt: skip
-    if atomic:
-        return out.to(x.dtype)
-    return out.view(num_tokens, top_k, hidden).sum(dim=1, dtype=torch.float32).to(x.dtype)
+    return token_sums(out, x, top_k, atomic)

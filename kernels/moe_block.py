@@ -13,6 +13,7 @@ added to the accumulator, and the activation of gate and up.
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
@@ -111,3 +112,18 @@ def weigh_and_store(
         else:
             dst = out_ptr + rows[:, None] * hidden + offs_n[None, :]
             tl.store(dst, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def down_output(x: torch.Tensor, top_k: int, atomic: bool) -> torch.Tensor:
+    """weigh_and_store's destination: a zeroed fp32 [T, H] (atomic) or [T*k, H] in x's dtype."""
+    num_tokens, hidden = x.shape
+    if atomic:
+        return torch.zeros(num_tokens, hidden, dtype=torch.float32, device=x.device)
+    return torch.empty(num_tokens * top_k, hidden, dtype=x.dtype, device=x.device)
+
+
+def token_sums(out: torch.Tensor, x: torch.Tensor, top_k: int, atomic: bool) -> torch.Tensor:
+    """[T, H] in x's dtype from down_output's tensor: each token's k rows summed in fp32."""
+    if atomic:
+        return out.to(x.dtype)
+    return out.view(x.shape[0], top_k, -1).sum(dim=1, dtype=torch.float32).to(x.dtype)

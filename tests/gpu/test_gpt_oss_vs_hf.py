@@ -81,8 +81,12 @@ def test_greedy_matches_hf_with_chunked_prefill(gpt_oss: tuple[Path, Any]) -> No
 def test_triton_ops_match_hf(gpt_oss: tuple[Path, Any]) -> None:
     """The extend kernel (windowed layer 0, full layer 1) and the decode kernel with sinks, the
     fused experts with biases and the clamp, under TRITON_INTERPRET=1."""
-    folder, hf_model = gpt_oss
-    num_new = 4  # interpreter time
+    _assert_triton_greedy_matches(*gpt_oss)
+
+
+def _assert_triton_greedy_matches(folder: Path, hf_model: Any) -> None:
+    """The Triton ops' greedy tokens (4 of them: interpreter time) equal transformers'."""
+    num_new = 4
     expected = [hf_greedy(hf_model, p, num_new) for p in PROMPTS]
     driver = PlanDriver(runner_for(folder, backend="triton"), chunk=6)
     for i, prompt in enumerate(PROMPTS):
@@ -192,14 +196,7 @@ def test_mxfp4_checkpoint_matches_transformers_dequantized(tmp_path: Path, keep:
 def test_mxfp4_kept_packed_on_the_triton_ops(tmp_path: Path) -> None:
     """The packed experts through the Triton GEMMs (kernels/fused_moe_mxfp4.py; the
     interpreter here) beside the sinks' kernels."""
-    hf_model = _mxfp4_checkpoint(tmp_path, keep=True)
-    num_new = 4  # interpreter time
-    expected = [hf_greedy(hf_model, p, num_new) for p in PROMPTS]
-    driver = PlanDriver(runner_for(tmp_path, backend="triton"), chunk=6)
-    for i, prompt in enumerate(PROMPTS):
-        driver.add(f"r{i}", prompt)
-    driver.run(num_new)
-    assert [driver.seqs[f"r{i}"].output for i in range(len(PROMPTS))] == expected
+    _assert_triton_greedy_matches(tmp_path, _mxfp4_checkpoint(tmp_path, keep=True))
 
 
 def test_tensor_parallelism_is_refused(gpt_oss: tuple[Path, Any]) -> None:
