@@ -102,8 +102,12 @@ def load_model(
     weights: on the CPU. On CUDA the kept int4 and fp8 matmuls lose to bf16 beyond one row
     (docs/benchmarks.md, "H200 figures, 2026-12-01"), so "auto" expands there until they win.
     `cpu_kernels`: whether kept 4-bit and Q8_0 CPU weights use the native kernels
-    (gpu/cpu_q4lib.py)."""
+    (gpu/cpu_q4lib.py). GPT-OSS's MXFP4 experts stay packed with "keep" alone: their Triton
+    GEMMs (kernels/fused_moe_mxfp4.py) were measured slower than bf16's (docs/benchmarks.md,
+    session 56), and the CPU's reference unpacks them every step."""
     config = read_config(path, hf_overrides)
+    if config.moe is not None and config.moe.mxfp4 and quantization != "keep":
+        config = dataclasses.replace(config, moe=dataclasses.replace(config.moe, mxfp4=False))
     keep = quantization == "keep" or (quantization == "auto" and device.type != "cuda")
     if path.suffix == ".gguf" and keep:
         model = DecoderModel(config, dtype, device, max_positions, kernel_backend)

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 from hf_gguf import gguf_parsed_once
-from troupe.config import default_model_path
+from troupe.config import Quantization, default_model_path
 from troupe.gpu.model_config import ModelConfig
 from troupe.gpu.model_runner import ModelRunner, RunnerOptions
 from troupe.gpu.weights import load_model, random_weights
@@ -124,8 +124,11 @@ def runner_for(
     max_model_len: int = 256,
     mla_expand_min_tokens: int = 128,
     backend: KernelBackend = "auto",
+    quantization: Quantization = "auto",
 ) -> ModelRunner:
-    config, model = load_model(path, torch.float32, torch.device("cpu"), max_model_len, backend)
+    config, model = load_model(
+        path, torch.float32, torch.device("cpu"), max_model_len, backend, quantization
+    )
     options = RunnerOptions(
         block_size=block_size,
         num_gpu_blocks=num_gpu_blocks,

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import torch
 from safetensors.torch import save_file
+from troupe.config import Quantization
 
 from tests.gpu.conftest import PlanDriver, hf_greedy, runner_for
 from tests.gpu.family_checks import NUM_NEW, PROMPTS, TINY, assert_greedy_matches
@@ -49,6 +50,8 @@ def _hf_model() -> Any:
                 param.normal_(0.0, 0.2)
             else:
                 param.uniform_(0.5, 1.5)  # norms away from 1
+    for layer in model.model.layers:  # the GPU image's transformers (5.17) fixes it at 7
+        layer.mlp.experts.limit = config.swiglu_limit
     return model.eval()
 
 
@@ -81,14 +84,14 @@ def test_greedy_matches_hf_with_chunked_prefill(gpt_oss: tuple[Path, Any]) -> No
 def test_triton_ops_match_hf(gpt_oss: tuple[Path, Any]) -> None:
     """The extend kernel (windowed layer 0, full layer 1) and the decode kernel with sinks, the
     fused experts with biases and the clamp, under TRITON_INTERPRET=1."""
-    _assert_triton_greedy_matches(*gpt_oss)
+    folder, hf_model = gpt_oss
+    _assert_runner_greedy_matches(runner_for(folder, backend="triton"), hf_model, 4)
 
 
-def _assert_triton_greedy_matches(folder: Path, hf_model: Any) -> None:
-    """The Triton ops' greedy tokens (4 of them: interpreter time) equal transformers'."""
-    num_new = 4
+def _assert_runner_greedy_matches(runner: Any, hf_model: Any, num_new: int, chunk: int = 6) -> None:
+    """The runner's greedy tokens equal transformers' (the Triton interpreter: 4 of them)."""
     expected = [hf_greedy(hf_model, p, num_new) for p in PROMPTS]
-    driver = PlanDriver(runner_for(folder, backend="triton"), chunk=6)
+    driver = PlanDriver(runner, chunk=chunk)
     for i, prompt in enumerate(PROMPTS):
         driver.add(f"r{i}", prompt)
     driver.run(num_new)
@@ -147,10 +150,10 @@ def test_mxfp4_dequantizes_every_byte_as_transformers() -> None:
     assert torch.equal(ours, theirs.transpose(1, 2))
 
 
-def _mxfp4_checkpoint(folder: Path, keep: bool) -> Any:
-    """The experts saved into `folder` as OpenAI's MXFP4 blocks and scales (config.json's
-    quantization_config says mxfp4 when `keep`, as the released files' does); returns a
-    transformers model holding transformers' dequantization of the same bytes."""
+def _mxfp4_checkpoint(folder: Path) -> Any:
+    """The experts saved into `folder` as OpenAI's MXFP4 blocks and scales, config.json's
+    quantization_config saying mxfp4 as the released files' does; returns a transformers model
+    holding transformers' dequantization of the same bytes."""
     from transformers.integrations.mxfp4 import convert_moe_packed_tensors
 
     hf_model = _hf_model()
@@ -169,34 +172,35 @@ def _mxfp4_checkpoint(folder: Path, keep: bool) -> Any:
                 assert (dequantized - param).abs().max() > 0  # rounded: not the dense weights
                 param.copy_(dequantized)
     hf_model.config.save_pretrained(folder)
-    if keep:
-        config = json.loads((folder / "config.json").read_text())
-        config["quantization_config"] = {"quant_method": "mxfp4"}
-        (folder / "config.json").write_text(json.dumps(config))
+    config = json.loads((folder / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "mxfp4"}
+    (folder / "config.json").write_text(json.dumps(config))
     save_file(tensors, str(folder / "model.safetensors"))
     return hf_model
 
 
-@pytest.mark.parametrize("keep", [False, True], ids=["unpacked", "kept-packed"])
-def test_mxfp4_checkpoint_matches_transformers_dequantized(tmp_path: Path, keep: bool) -> None:
-    """Unpacked at load, or kept packed (the layer holds uint8 blocks and scales, and the
-    experts' op unpacks them as it multiplies)."""
-    from troupe.gpu.model_config import ModelConfig
-
-    hf_model = _mxfp4_checkpoint(tmp_path, keep)
-    config = ModelConfig.from_hf_folder(tmp_path)
-    assert config.moe is not None and config.moe.mxfp4 == keep
-    assert_greedy_matches(tmp_path, hf_model)
-    if keep:
-        model = runner_for(tmp_path).model
-        kinds = {p.dtype for n, p in model.named_parameters() if "w13" in n or "w2" in n}
-        assert kinds == {torch.uint8}
+@pytest.mark.parametrize("quantization", ["auto", "keep"])
+def test_mxfp4_checkpoint_matches_transformers_dequantized(
+    tmp_path: Path, quantization: Quantization
+) -> None:
+    """Unpacked at load ("auto", as bf16's GEMMs were measured faster), or kept packed
+    ("keep": the layer holds uint8 blocks and scales, the experts' op unpacks them as it
+    multiplies)."""
+    hf_model = _mxfp4_checkpoint(tmp_path)
+    runner = runner_for(tmp_path, quantization=quantization)
+    moe = runner.model.config.moe
+    assert moe is not None and moe.mxfp4 == (quantization == "keep")
+    kinds = {p.dtype for n, p in runner.model.named_parameters() if "w13" in n or "w2" in n}
+    assert kinds == {torch.uint8 if quantization == "keep" else torch.float32}
+    _assert_runner_greedy_matches(runner, hf_model, NUM_NEW, chunk=5)
 
 
 def test_mxfp4_kept_packed_on_the_triton_ops(tmp_path: Path) -> None:
     """The packed experts through the Triton GEMMs (kernels/fused_moe_mxfp4.py; the
     interpreter here) beside the sinks' kernels."""
-    _assert_triton_greedy_matches(tmp_path, _mxfp4_checkpoint(tmp_path, keep=True))
+    hf_model = _mxfp4_checkpoint(tmp_path)
+    runner = runner_for(tmp_path, backend="triton", quantization="keep")
+    _assert_runner_greedy_matches(runner, hf_model, 4)
 
 
 def test_tensor_parallelism_is_refused(gpt_oss: tuple[Path, Any]) -> None:

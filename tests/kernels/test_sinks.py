@@ -143,9 +143,9 @@ def test_decode_kernels_sink_as_the_reference(splits: int, device: str) -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_kernels_sink_gpt_oss_heads() -> None:
-    """bf16 on CUDA at GPT-OSS 20B's heads (64 q, 8 kv, head_dim 64) with a 128-token window
-    on the prefill (its local layers): the extend kernel (TMA rows), the all-paged kernel and
-    the split decode kernel against the fp32 reference."""
+    """bf16 on CUDA at GPT-OSS 20B's heads (64 q, 8 kv, head_dim 64), unwindowed and with its
+    local layers' 128-token window: the extend kernel (TMA rows), the all-paged kernel and the
+    split decode kernel against the fp32 reference."""
     lens = [(0, 300), (517, 64), (1000, 1)]
     batch = make_paged_batch(
         lens, num_q_heads=64, num_kv_heads=8, head_dim=64, block_size=16, dtype=torch.bfloat16,
@@ -167,6 +167,8 @@ def test_cuda_kernels_sink_gpt_oss_heads() -> None:
             batch.max_seq_len, sliding_window=window, sinks=sinks,
         )  # fmt: skip
         assert rel_err(extend, expected) < 1e-2
-    decode = batch.q[-1:], *_args(batch)[1:3], batch.block_tables[-1:], batch.seq_lens[-1:]
-    got = paged_decode_attention_triton(*decode, scale, batch.max_seq_len, sinks=sinks)
-    assert rel_err(got, expected[-1:]) < 1e-2
+        decode = batch.q[-1:], *_args(batch)[1:3], batch.block_tables[-1:], batch.seq_lens[-1:]
+        got = paged_decode_attention_triton(
+            *decode, scale, batch.max_seq_len, sliding_window=window, sinks=sinks
+        )
+        assert rel_err(got, expected[-1:]) < 1e-2
