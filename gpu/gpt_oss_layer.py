@@ -9,8 +9,9 @@ biased experts (transformers' GptOssMLP):
 The checkpoint's experts come as transformers holds them, gate and up interleaved
 ([E, H, 2I], gate at the even columns) and down [E, I, H]; gpu/gpt_oss_weights.py turns them
 into MoeLayer's w13 [E, 2I, H] (gate | up) and w2 [E, H, I] before the fill. OpenAI's MXFP4
-files (MoeConfig.mxfp4) stay packed: the layer holds each projection's blocks and scales
-(uint8, kernels/mxfp4.py) in w13's and w2's row order instead, and fused_moe reads them so.
+files kept packed (MoeConfig.mxfp4: quantization "keep") give the layer each projection's
+blocks and scales (uint8, kernels/mxfp4.py) in w13's and w2's row order instead, and
+fused_moe reads them so.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 Differences between the families are flags of ModelConfig: qkv bias (Qwen2), per-head q/k
 RMSNorm before RoPE (Qwen3, Gemma 3), tied embeddings, llama3 RoPE scaling, per layer sliding
 windows (Mistral, Qwen2, Gemma), Gemma 2's soft-capped attention scores, GPT-OSS's attention
-sinks; the Gemmas' layer is gpu/gemma3_layer.py. Projections are fused (qkv, gate+up) so a layer runs four GEMMs;
-gpu/weight_fill.py fills them from HF tensor names.
+sinks; the Gemmas' layer is gpu/gemma3_layer.py. Projections are fused (qkv, gate+up) so a
+layer runs four GEMMs; gpu/weight_fill.py fills them from HF tensor names.
 """
 
 from __future__ import annotations

@@ -15,7 +15,8 @@ GLM-4.5's grouped routing in `grouped_moe_fields`), read into a MoeConfig.
                 the router (with a bias) takes the top-k logits, then their softmax; experts
                 with biases and the clamped SwiGLU (swiglu_alpha, swiglu_limit:
                 kernels/clamped_swiglu.py); quantization_config's quant_method "mxfp4"
-                (OpenAI's files) keeps the experts packed
+                (OpenAI's files) marks them MXFP4, kept packed under quantization "keep"
+                alone (gpu/weights.load_model clears the flag otherwise)
     ernie4_5_moe  moe_num_experts, moe_k, moe_num_shared_experts, moe_intermediate_size; layer i
                 is sparse when (i + 1) % moe_layer_interval == 0 and i is within
                 moe_layer_start_index..moe_layer_end_index (-1: the last); routed by softmax

@@ -19,14 +19,14 @@ from troupe.gpu.pp_weights import load_stage
 from troupe.gpu.runner_setup import checked_max_model_len, model_dtype
 from troupe.gpu.tp_group import TPGroup
 from troupe.gpu.tp_worker import group_options
-from troupe.gpu.weights import read_config
+from troupe.gpu.weights import mxfp4_unpacked, read_config
 
 
 def build_stage_runner(config: EngineConfig, group: TPGroup) -> ModelRunner:
     """Load this stage's layers and size its pools (the same block counts on every stage)."""
     config = config.replace(enforce_eager=True, enable_overlap_schedule=False)
     path = Path(resolve_model_path(config.model))
-    full = read_config(path, config.hf_overrides)
+    full = mxfp4_unpacked(read_config(path, config.hf_overrides))  # stages expand them all
     size, partition = group.world_size, config.pipeline_layer_partition
     check_pipeline_parallel(full, size, partition)
     stage = PPStage.of(full, group.rank, size, partition)

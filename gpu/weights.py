@@ -106,8 +106,8 @@ def load_model(
     GEMMs (kernels/fused_moe_mxfp4.py) were measured slower than bf16's (docs/benchmarks.md,
     session 56), and the CPU's reference unpacks them every step."""
     config = read_config(path, hf_overrides)
-    if config.moe is not None and config.moe.mxfp4 and quantization != "keep":
-        config = dataclasses.replace(config, moe=dataclasses.replace(config.moe, mxfp4=False))
+    if quantization != "keep":
+        config = mxfp4_unpacked(config)
     keep = quantization == "keep" or (quantization == "auto" and device.type != "cuda")
     if path.suffix == ".gguf" and keep:
         model = DecoderModel(config, dtype, device, max_positions, kernel_backend)
@@ -147,6 +147,13 @@ def load_model(
     finally:
         forget_gguf_directories()
     return config, model
+
+
+def mxfp4_unpacked(config: ModelConfig) -> ModelConfig:
+    """`config` with MXFP4 experts (GPT-OSS's files) unpacked at load instead of kept."""
+    if config.moe is None or not config.moe.mxfp4:
+        return config
+    return dataclasses.replace(config, moe=dataclasses.replace(config.moe, mxfp4=False))
 
 
 def packed_reader(folder: Path, strict: bool = False) -> PackedInt4Reader | CtReader | None:
