@@ -3,7 +3,8 @@ layer 0, YaRN rotary; biased experts with a clamped SwiGLU behind a biased top-k
 greedy token-identical to HF transformers (fp32) through chunked prefill: on the torch ops, on
 the Triton ops (the interpreter here), on CUDA, and from an MXFP4 checkpoint as OpenAI ships
 them, against transformers' own dequantization. The sinks, the clamp and the window each change
-the test model's logits, so the greedy tests check them; tensor parallelism is refused."""
+the test model's logits, so the greedy tests check them. Two pipeline stages serve it too;
+tensor parallelism is refused."""
 
 from __future__ import annotations
 
@@ -201,6 +202,35 @@ def test_mxfp4_kept_packed_on_the_triton_ops(tmp_path: Path) -> None:
     hf_model = _mxfp4_checkpoint(tmp_path)
     runner = runner_for(tmp_path, backend="triton", quantization="keep")
     _assert_runner_greedy_matches(runner, hf_model, 4)
+
+
+def test_mxfp4_pipeline_stages_equal_transformers(tmp_path: Path) -> None:
+    """The whole engine from the MXFP4 files over two pipeline stages (gloo processes; each
+    holds one layer, a windowed and a full one, with its sinks and experts): transformers'
+    greedy tokens."""
+    import anyio
+    from graph_helpers import collect_all, token_ids, wait_blocks_free
+    from troupe import Engine, EngineConfig
+    from troupe.messages import SamplingParams
+
+    from tests.gpu.conftest import add_word_tokenizer
+
+    hf_model = _mxfp4_checkpoint(tmp_path)
+    add_word_tokenizer(tmp_path)
+    expected = [hf_greedy(hf_model, p, NUM_NEW) for p in PROMPTS]
+    config = EngineConfig(
+        model=str(tmp_path), device="cpu", dtype="float32", block_size=4, num_kv_blocks=32,
+        max_num_seqs=4, max_num_batched_tokens=8, max_model_len=64, pipeline_parallel_size=2,
+    )  # fmt: skip
+    params = SamplingParams(max_tokens=NUM_NEW, temperature=0.0, ignore_eos=True)
+
+    async def run() -> list[list[int]]:
+        async with Engine.open(config) as engine:
+            results = await collect_all(engine, [(p, params) for p in PROMPTS])
+            await wait_blocks_free(engine, timeout=60)
+            return [token_ids(events) for events in results]
+
+    assert anyio.run(run) == expected
 
 
 def test_tensor_parallelism_is_refused(gpt_oss: tuple[Path, Any]) -> None:
