@@ -31,6 +31,8 @@ def chat_reasoning(
     if parser in PROMPT_DECIDES and (isinstance(prompt, ChatPrompt) or spec is not None):
         prompt_text = render_chat(tokenizer, chat_of(prompt))
     splitter = ReasoningSplitter(parser, prompt_text)
+    if parser == "openai_gptoss":  # its channel markers are special tokens (gateway/harmony.py)
+        params = msgspec.structs.replace(params, skip_special_tokens=False)
     if spec is not None:  # the constraint (tool calls' too) starts after the thinking
         spec = msgspec.structs.replace(spec, reasoning=constraint_reasoning(parser, prompt_text))
         params = msgspec.structs.replace(params, structured_outputs=spec)

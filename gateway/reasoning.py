@@ -20,6 +20,8 @@ model's thinking, written between `<think>` and `</think>`, goes to the chat ans
     mistral      Magistral's `[THINK]`...`[/THINK]`: the answer is content until its first
                  `[THINK]` (wherever it comes), thinking to `[/THINK]`, content again after; a
                  `[/THINK]` before any `[THINK]` is dropped
+    openai_gptoss  GPT-OSS's harmony messages: the analysis channel is the thinking, the
+                 other channels the content (gateway/harmony.py)
     granite      IBM Granite 3.2's prose markers: an answer that opens with "Here is my thought
                  process:" (or "Here's") thinks until "Here is my response:" (or "Here's");
                  vLLM's whole-answer parser also finds them later in the answer and calls an
@@ -43,12 +45,21 @@ from typing import Literal, get_args
 
 import msgspec
 from troupe.actors.core.marker_tail import marker_tail
+from troupe.gateway.harmony import HarmonyStream
+from troupe.gateway.reasoning_split import Split, joined
 from troupe.messages import Delta, Finished
 from troupe.messages.structured import THINK_END, THINK_START, Reasoning
 
 START, END = THINK_START, THINK_END  # the grammar's thinking block reads the same tags
 ParserName = Literal[
-    "deepseek_r1", "qwen3", "deepseek_v3", "mistral", "granite", "glm45", "minimax_m2"
+    "deepseek_r1",
+    "qwen3",
+    "deepseek_v3",
+    "mistral",
+    "granite",
+    "glm45",
+    "minimax_m2",
+    "openai_gptoss",
 ]
 PARSERS: tuple[ParserName, ...] = get_args(ParserName)
 STARTS_THINKING: tuple[ParserName, ...] = ("deepseek_r1", "minimax_m2")  # whatever the prompt
@@ -80,12 +91,6 @@ TAGS: dict[ParserName, ThinkTags] = {
 }
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Split:
-    reasoning: str | None
-    content: str | None
-
-
 def opens_thinking(name: ParserName, prompt_text: str) -> bool:
     """Whether an answer to this prompt starts inside a thinking block."""
     if name in STARTS_THINKING:
@@ -100,13 +105,18 @@ def constraint_reasoning(name: ParserName, prompt_text: str) -> Reasoning:
     in ("required"), after one it may open ("optional"), or at once, when the prompt closed an
     empty block (Qwen3's `enable_thinking: false`: the answer is all content) or the parser's
     tags are not the grammar's `<think>`."""
-    if TAGS[name] is not _THINK:
+    if TAGS.get(name) is not _THINK:
         return "none"
     if opens_thinking(name, prompt_text):
         return "required"
     if prompt_text.rstrip().endswith(END):
         return "none"
     return "optional"
+
+
+def reasoning_stream(name: ParserName, prompt_text: str = "") -> ReasoningStream | HarmonyStream:
+    """The stream that splits one answer of parser `name`."""
+    return HarmonyStream() if name == "openai_gptoss" else ReasoningStream(name, prompt_text)
 
 
 class ReasoningStream:
@@ -159,7 +169,7 @@ class ReasoningStream:
             reasoning.append(buf[: len(buf) - keep])
             self._held = buf[len(buf) - keep :]
             break
-        return Split(_joined(reasoning), _joined(content))
+        return Split(joined(reasoning), joined(content))
 
     def _content(self, buf: str, content: list[str]) -> str:
         """Take content from `buf`; the rest (after a start that opens thinking) or ""."""
@@ -191,7 +201,7 @@ class ReasoningStream:
 
 def split_whole(name: ParserName, text: str, prompt_text: str = "") -> Split:
     """A whole answer's reasoning and content (None where there is none)."""
-    stream = ReasoningStream(name, prompt_text)
+    stream = reasoning_stream(name, prompt_text)
     first, last = stream.feed(text), stream.flush()
     reasoning = (first.reasoning or "") + (last.reasoning or "")
     content = (first.content or "") + (last.content or "")
@@ -204,11 +214,6 @@ def _first(text: str, tags: tuple[str, ...]) -> tuple[int, str]:
     return min(found, default=(-1, ""))
 
 
-def _joined(parts: list[str]) -> str | None:
-    text = "".join(parts)
-    return text or None
-
-
 class ReasoningSplitter:
     """A chat answer's events (one stream per choice index): each Delta or Finished gives its
     reasoning text and comes back carrying only its content text (what tool-call parsing and
@@ -217,12 +222,12 @@ class ReasoningSplitter:
     def __init__(self, name: ParserName, prompt_text: str) -> None:
         self.name = name
         self.prompt_text = prompt_text
-        self._streams: dict[int, ReasoningStream] = {}
+        self._streams: dict[int, ReasoningStream | HarmonyStream] = {}
 
     def split(self, event: Delta | Finished) -> tuple[str, Delta | Finished]:
         stream = self._streams.get(event.index)
         if stream is None:
-            stream = self._streams[event.index] = ReasoningStream(self.name, self.prompt_text)
+            stream = self._streams[event.index] = reasoning_stream(self.name, self.prompt_text)
         parts = [stream.feed(event.text)]
         if isinstance(event, Finished):
             parts.append(stream.flush())

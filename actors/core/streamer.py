@@ -44,7 +44,6 @@ from troupe.messages import (
     StreamEvent,
     Timings,
     TokenBatch,
-    TokenLogprob,
     Usage,
 )
 from troupe.messages.samples import sample_id
@@ -315,16 +314,21 @@ class StreamerCore:
         texts: list[str] = []
         num_kept = 0
         # vLLM's min_tokens: stop strings are matched only in the text of later tokens
-        num_unmatched = stream.opened.params.min_tokens - stream.num_output_tokens
-        for token_id in output.token_ids:
+        params = stream.opened.params
+        num_unmatched = params.min_tokens - stream.num_output_tokens
+        # as vLLM's: the stop token that ended the answer (EOS, stop_token_ids) is not text
+        unsaid = len(output.token_ids) - 1
+        if output.stop_reason is None or params.include_stop_str_in_output:
+            unsaid = -1
+        for i, token_id in enumerate(output.token_ids):
             num_kept += 1
-            text = stream.detokenizer.push(token_id)
+            text = "" if i == unsaid else stream.detokenizer.push(token_id)
             stops = stream.stops
             texts.append(stops.skip(text) if num_kept <= num_unmatched else stops.feed(text))
             if stream.stops.matched is not None:
                 break  # tokens after the stop string are not part of the output
         token_ids = output.token_ids[:num_kept]
-        logprobs = _kept(output.logprobs, num_kept)
+        logprobs = None if output.logprobs is None else output.logprobs[:num_kept]
         prompt_tokens = prompt_logprobs = embedding = prompt_ids = None
         if num_kept:
             stream.num_output_tokens += num_kept
@@ -355,7 +359,7 @@ class StreamerCore:
         text = "".join(texts)
         if stream.stops.matched is not None or reason in (FinishReason.STOP, FinishReason.LENGTH):
             matched, stop = stream.stops.matched, output.stop_reason
-            if stop == self._tokenizer.eos_token_id and not stream.opened.params.ignore_eos:
+            if stop == self._tokenizer.eos_token_id and not params.ignore_eos:
                 stop = None  # vLLM names no stop token at the model's EOS
             return Finished(
                 request_id=rid,
@@ -391,9 +395,3 @@ class StreamerCore:
             index=stream.index,
             cause=output.cause,
         )
-
-
-def _kept(
-    logprobs: tuple[TokenLogprob, ...] | None, num_kept: int
-) -> tuple[TokenLogprob, ...] | None:
-    return None if logprobs is None else logprobs[:num_kept]

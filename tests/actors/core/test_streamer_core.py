@@ -296,8 +296,12 @@ def test_logprobs_and_special_tokens(tok: TextTokenizer) -> None:
     )
     event = _event(out[0])
     assert isinstance(event, Finished)
-    assert event.text == "Hello<|im_end|>" and event.logprobs == lps
+    # the EOS that ended it is not text (vLLM's include_stop_str_in_output puts it back)
+    assert event.text == "Hello" and event.logprobs == lps and event.token_ids == (HELLO, EOS)
     assert event.timings == Timings(ttft=0.125, tpot=0.0, e2e=0.125, decode=0.0)
+    core.handle([_open("kept", skip_special_tokens=False, include_stop_str_in_output=True)])
+    out = core.handle([_batch(1, 100.5, SeqOutput("kept", (HELLO, EOS), FinishReason.STOP, EOS))])
+    assert _event(out[0]).text == "Hello<|im_end|>"
 
 
 def test_finish_mid_character_flushes_a_replacement_char(tok: TextTokenizer) -> None:
