@@ -53,27 +53,29 @@ class GptOssLayer(MoeLayer):
         self.b13 = param(e, 2 * moe.intermediate_size)
         self.b2 = param(e, h)
         self.packed: dict[str, nn.Parameter] = {}
+        self.mxfp4: tuple[Mxfp4Experts, Mxfp4Experts] | None = None
         if moe.mxfp4:  # uint8 blocks [E, N, K / 2] and scales [E, N, K / 32] of w13 and w2
             inter = moe.intermediate_size
             del self.w13, self.w2
             for name, n, k in (("w13", 2 * inter, h), ("w2", h, inter)):
-                for part, width in (("blocks", k // 2), ("scales", k // GROUP)):
+                for part, width in zip(PARTS, (k // 2, k // GROUP), strict=True):
                     data = torch.empty(e, n, width, dtype=torch.uint8, device=device)
                     packed = nn.Parameter(data, requires_grad=False)
                     setattr(self, f"{name}_{part}", packed)
                     self.packed[f"mlp.experts.{_HF[name]}_{part}"] = packed
+            # made once: the fill copies into these parameters, sleep mode keeps them
+            w13, w2 = (
+                Mxfp4Experts(*(self.packed[f"mlp.experts.{_HF[name]}_{part}"] for part in PARTS))
+                for name in ("w13", "w2")
+            )
+            self.mxfp4 = w13, w2
 
     def mlp(self, x: torch.Tensor, ops: KernelOps) -> torch.Tensor:
         weights, ids = self.route(x)
-        w13: torch.Tensor | Mxfp4Experts = self.w13 if not self.packed else self._experts("w13")
-        w2: torch.Tensor | Mxfp4Experts = self.w2 if not self.packed else self._experts("w2")
+        w13, w2 = (self.w13, self.w2) if self.mxfp4 is None else self.mxfp4
         return ops.fused_moe(
             x, w13, w2, weights, ids, b13=self.b13, b2=self.b2, clamped=self.clamped
         )
-
-    def _experts(self, name: str) -> Mxfp4Experts:
-        prefix = f"mlp.experts.{_HF[name]}"
-        return Mxfp4Experts(self.packed[f"{prefix}_blocks"], self.packed[f"{prefix}_scales"])
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The top-k logits' softmax (in the logits' dtype, as transformers' router) and ids."""
@@ -98,6 +100,7 @@ class GptOssLayer(MoeLayer):
 
 
 _HF = {"w13": "gate_up_proj", "w2": "down_proj"}  # the checkpoint's names of w13 and w2
+PARTS = ("blocks", "scales")  # an MXFP4 weight's two tensors, in Mxfp4Experts' order
 
 
 def _attribute(name: str) -> str:
