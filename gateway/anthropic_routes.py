@@ -88,7 +88,9 @@ async def count_tokens(request: web.Request) -> web.Response:
 def _prepare(gateway: Gateway, raw: bytes) -> _Call:
     engine = gateway.engine
     settings = gateway.settings
-    tool_parser = auto_tool_parser(settings.tool_call_parser, engine.tokenizer.chat_template)
+    tool_parser = auto_tool_parser(
+        settings.tool_call_parser, settings.reasoning_parser, engine.tokenizer.chat_template
+    )
     req = parse_messages(raw, tool_parser=tool_parser, defaults=engine.sampling_defaults)
     served = gateway.served_models()
     req = req.with_lora(served.lora_for(req.model))
@@ -96,7 +98,7 @@ def _prepare(gateway: Gateway, raw: bytes) -> _Call:
     if req.user is not None:
         log.debug("request from a named user", request_id=message_id, user=req.user)
     splitter, params = chat_reasoning(
-        settings.reasoning_parser, engine.tokenizer, req.prompt, req.params
+        settings.reasoning_parser, engine.tokenizer, req.prompt, req.params, req.tools
     )
     assembler = MessageAssembler(
         message_id, served.name_of(params.lora), req.tools, splitter, is_streaming=req.stream

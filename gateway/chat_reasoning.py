@@ -13,6 +13,7 @@ from troupe.gateway.reasoning import (
     constraint_reasoning,
 )
 from troupe.gateway.tokenize_routes import render_chat
+from troupe.gateway.tool_calls import ToolPlan
 from troupe.messages import ChatPrompt, SamplingParams
 
 
@@ -21,16 +22,19 @@ def chat_reasoning(
     tokenizer: TokenizerLike,
     prompt: object,
     params: SamplingParams,
+    tools: ToolPlan | None = None,
 ) -> tuple[ReasoningSplitter | None, SamplingParams]:
     """(the answer's splitter, the params to run) for a chat `prompt` (plain messages or a
-    ChatPrompt); no parser: (None, params)."""
+    ChatPrompt) calling `tools` (the request's plan); no parser: (None, params)."""
     if parser is None:
         return None, params
     prompt_text = ""  # qwen3, deepseek_v3: whether the answer starts thinking is the prompt's
     spec = params.structured_outputs
     if parser in PROMPT_DECIDES and (isinstance(prompt, ChatPrompt) or spec is not None):
         prompt_text = render_chat(tokenizer, chat_of(prompt))
-    splitter = ReasoningSplitter(parser, prompt_text)
+    # GPT-OSS's "auto" calls stay in the content for the `openai` tool parser (gateway/harmony.py)
+    keeps_calls = tools is not None and tools.spec is None and tools.parser == "openai"
+    splitter = ReasoningSplitter(parser, prompt_text, keeps_calls=keeps_calls)
     if parser == "openai_gptoss":  # its channel markers are special tokens (gateway/harmony.py)
         params = msgspec.structs.replace(params, skip_special_tokens=False)
     if spec is not None:  # the constraint (tool calls' too) starts after the thinking

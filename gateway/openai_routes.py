@@ -119,8 +119,9 @@ async def _prepare(gateway: Gateway, kind: Kind, raw: bytes, header_id: str | No
     default_max_tokens = defaults.max_tokens_within(engine.max_model_len) if kind == "chat" else 16
     tool_parser = None  # only chat reads tools (the template is the chat's)
     if kind == "chat":
+        settings = gateway.settings
         tool_parser = auto_tool_parser(
-            gateway.settings.tool_call_parser, engine.tokenizer.chat_template
+            settings.tool_call_parser, settings.reasoning_parser, engine.tokenizer.chat_template
         )
     req = parse_request(
         kind, raw, default_max_tokens=default_max_tokens, tool_parser=tool_parser, defaults=defaults
@@ -165,7 +166,9 @@ async def _prepare(gateway: Gateway, kind: Kind, raw: bytes, header_id: str | No
     splitter = None
     if kind == "chat":
         parser = gateway.settings.reasoning_parser
-        splitter, params = chat_reasoning(parser, engine.tokenizer, req.prompt, req.params)
+        splitter, params = chat_reasoning(
+            parser, engine.tokenizer, req.prompt, req.params, req.tools
+        )
         req = dataclasses.replace(req, params=params)
     return _Call(req, builder, echo, splitter, engine_id, embeds)
 

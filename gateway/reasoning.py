@@ -21,7 +21,8 @@ model's thinking, written between `<think>` and `</think>`, goes to the chat ans
                  `[THINK]` (wherever it comes), thinking to `[/THINK]`, content again after; a
                  `[/THINK]` before any `[THINK]` is dropped
     openai_gptoss  GPT-OSS's harmony messages: the analysis channel is the thinking, the
-                 other channels the content (gateway/harmony.py)
+                 other channels the content, calls to functions kept for the `openai`
+                 tool-call parser or dropped (gateway/harmony.py)
     granite      IBM Granite 3.2's prose markers: an answer that opens with "Here is my thought
                  process:" (or "Here's") thinks until "Here is my response:" (or "Here's");
                  vLLM's whole-answer parser also finds them later in the answer and calls an
@@ -114,9 +115,13 @@ def constraint_reasoning(name: ParserName, prompt_text: str) -> Reasoning:
     return "optional"
 
 
-def reasoning_stream(name: ParserName, prompt_text: str = "") -> ReasoningStream | HarmonyStream:
-    """The stream that splits one answer of parser `name`."""
-    return HarmonyStream() if name == "openai_gptoss" else ReasoningStream(name, prompt_text)
+def reasoning_stream(
+    name: ParserName, prompt_text: str = "", *, keeps_calls: bool = False
+) -> ReasoningStream | HarmonyStream:
+    """The stream that splits one answer of parser `name` (`keeps_calls`: HarmonyStream's)."""
+    if name == "openai_gptoss":
+        return HarmonyStream(keeps_calls=keeps_calls)
+    return ReasoningStream(name, prompt_text)
 
 
 class ReasoningStream:
@@ -219,15 +224,18 @@ class ReasoningSplitter:
     reasoning text and comes back carrying only its content text (what tool-call parsing and
     the `content` field then see); a Finished flushes what its choice held back."""
 
-    def __init__(self, name: ParserName, prompt_text: str) -> None:
+    def __init__(self, name: ParserName, prompt_text: str, *, keeps_calls: bool = False) -> None:
         self.name = name
         self.prompt_text = prompt_text
+        self.keeps_calls = keeps_calls  # GPT-OSS's "auto" calls stay in the content
         self._streams: dict[int, ReasoningStream | HarmonyStream] = {}
 
     def split(self, event: Delta | Finished) -> tuple[str, Delta | Finished]:
         stream = self._streams.get(event.index)
         if stream is None:
-            stream = self._streams[event.index] = reasoning_stream(self.name, self.prompt_text)
+            stream = self._streams[event.index] = reasoning_stream(
+                self.name, self.prompt_text, keeps_calls=self.keeps_calls
+            )
         parts = [stream.feed(event.text)]
         if isinstance(event, Finished):
             parts.append(stream.flush())

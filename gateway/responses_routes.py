@@ -118,7 +118,9 @@ class _Call:
 def _prepare(gateway: Gateway, raw: bytes) -> _Call:
     engine = gateway.engine
     settings = gateway.settings
-    tool_parser = auto_tool_parser(settings.tool_call_parser, engine.tokenizer.chat_template)
+    tool_parser = auto_tool_parser(
+        settings.tool_call_parser, settings.reasoning_parser, engine.tokenizer.chat_template
+    )
     # Answers run to the end of the context unless capped (the engine clips at max_model_len;
     # the model's generation_config may cap them, as vLLM's max_new_tokens).
     defaults = engine.sampling_defaults
@@ -135,7 +137,7 @@ def _prepare(gateway: Gateway, raw: bytes) -> _Call:
     if req.user is not None:
         log.debug("request from a named user", request_id=response_id, user=req.user)
     parser = settings.reasoning_parser
-    splitter, params = chat_reasoning(parser, engine.tokenizer, req.prompt, req.params)
+    splitter, params = chat_reasoning(parser, engine.tokenizer, req.prompt, req.params, req.tools)
     shape = ResponseShape(response_id, served.name_of(params.lora), req.echo)
     is_streaming = req.stream or req.is_background  # a background run keeps its events
     assembler = OutputAssembler(shape, req.tools, splitter, is_streaming=is_streaming)

@@ -115,7 +115,8 @@ class GatewaySettings:
         "qwen3 (answers think when they or the prompt open <think>), deepseek_v3 (V3.1: "
         "thinks when the prompt opens <think>), mistral ([THINK]...[/THINK]), granite "
         '("Here is my thought process:" ... "Here is my response:"), glm45 (GLM-4.5: as '
-        "qwen3), minimax_m2 (as deepseek_r1)",
+        "qwen3), minimax_m2 (as deepseek_r1), openai_gptoss (GPT-OSS's harmony channels: "
+        "analysis is the reasoning)",
     )
     tool_call_parser: ToolParserName | None = _knob(  # noqa: RUF009 (None or a str: immutable)
         None,
@@ -125,8 +126,10 @@ class GatewaySettings:
         "(<function=...> XML), deepseek_v3 (<｜tool▁calls▁begin｜>), deepseek_v31 (V3.1's "
         "unfenced calls), granite "
         "(<|tool_call|>[...]), kimi_k2 (<|tool_calls_section_begin|>), glm45 (<arg_key> "
-        "pairs), minimax_m2 (<minimax:tool_call>); unset: the one the chat template writes "
-        '(hermes, qwen3_coder, glm45, kimi_k2 or minimax_m2), else "auto" is refused',
+        "pairs), minimax_m2 (<minimax:tool_call>), openai (GPT-OSS's calls to functions.*; "
+        "needs reasoning_parser openai_gptoss); unset: the one the chat template writes "
+        "(hermes, qwen3_coder, glm45, kimi_k2, minimax_m2, or openai with that reasoning "
+        'parser), else "auto" is refused',
     )
     max_stored_responses: int = _knob(
         0,
@@ -209,6 +212,11 @@ class GatewaySettings:
             choices = ", ".join(TOOL_PARSERS)
             raise ConfigError(
                 f"tool_call_parser must be one of {choices}, got {self.tool_call_parser!r}"
+            )
+        if self.tool_call_parser == "openai" and self.reasoning_parser != "openai_gptoss":
+            raise ConfigError(
+                "tool_call_parser openai reads GPT-OSS's harmony answers: it needs "
+                f"reasoning_parser openai_gptoss, got {self.reasoning_parser!r}"
             )
         check_tls(self)
         for name in (

@@ -22,11 +22,13 @@ read through gateway/tool_format.py: `mistral` (tool_mistral.py), `pythonic`
 (tool_pythonic.py), `qwen3_coder` (tool_qwen3_coder.py), `deepseek_v3` and `deepseek_v31`
 (tool_deepseek_v3.py),
 `granite` (tool_granite.py), `kimi_k2` (tool_kimi_k2.py), `glm45` (tool_glm45.py),
-`minimax_m2` (tool_minimax_m2.py).
+`minimax_m2` (tool_minimax_m2.py), `openai` (GPT-OSS's harmony calls, tool_openai.py; it
+needs the `openai_gptoss` reasoning parser, which keeps the calls in the content).
 Unset, the format is the one the chat template writes its calls in (`template_tool_parser`):
 Hermes for a template that mentions `<tool_call>`, unless the template writes another format
-inside those tags (GLM-4.5's `<arg_key>`, Qwen3-Coder's `<function=`), or Kimi K2's or
-MiniMax-M2's for a template that writes their markers; "auto" is refused elsewhere.
+inside those tags (GLM-4.5's `<arg_key>`, Qwen3-Coder's `<function=`), or Kimi K2's,
+MiniMax-M2's or GPT-OSS's (with its reasoning parser) for a template that writes their
+markers; "auto" is refused elsewhere.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any, Literal, Protocol, get_args
 
 from troupe.actors.core.marker_tail import marker_tail
+from troupe.gateway.harmony import START as HARMONY_START
 from troupe.gateway.json_scan import ObjectScan, object_call
 from troupe.gateway.python_call_scan import PythonicReader
 from troupe.gateway.tool_deepseek_v3 import DEEPSEEK_V3, DEEPSEEK_V31, DeepSeekV3Reader
@@ -48,11 +51,13 @@ from troupe.gateway.tool_llama3 import Llama3Reader, Llama3ToolStream, parse_lla
 from troupe.gateway.tool_minimax_m2 import MINIMAX_M2, MiniMaxM2Reader
 from troupe.gateway.tool_minimax_m2 import OPEN as MINIMAX_OPEN
 from troupe.gateway.tool_mistral import MISTRAL, MistralReader
+from troupe.gateway.tool_openai import OPENAI, OpenAIReader
 from troupe.gateway.tool_pythonic import PYTHONIC
 from troupe.gateway.tool_qwen3_coder import FUNC_OPEN, QWEN3_CODER, Qwen3CoderReader
 from troupe.gateway.tool_reader import CallReader, SectionSoFar, openai_call_id
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
+HARMONY_CALL = f"{HARMONY_START}assistant to="  # GPT-OSS's template, writing a call
 _BLOCK = re.compile(re.escape(OPEN) + r"(.*?)" + re.escape(CLOSE), re.DOTALL)
 
 ToolParserName = Literal[
@@ -67,6 +72,7 @@ ToolParserName = Literal[
     "kimi_k2",
     "glm45",
     "minimax_m2",
+    "openai",
 ]
 TOOL_PARSERS: tuple[ToolParserName, ...] = get_args(ToolParserName)
 _FORMATS: dict[str, CallFormat] = {
@@ -79,6 +85,7 @@ _FORMATS: dict[str, CallFormat] = {
     "kimi_k2": KIMI_K2,
     "glm45": GLM45,
     "minimax_m2": MINIMAX_M2,
+    "openai": OPENAI,
 }
 # what a chat template writes when it renders a turn's calls, the most specific first: GLM's
 # and Qwen3-Coder's calls sit inside Hermes's tags
@@ -87,6 +94,7 @@ _TEMPLATE_MARKERS: tuple[tuple[str, ToolParserName], ...] = (
     (FUNC_OPEN, "qwen3_coder"),
     (SECTION_BEGIN, "kimi_k2"),
     (MINIMAX_OPEN, "minimax_m2"),
+    (HARMONY_CALL, "openai"),
     (OPEN, "hermes"),
 )
 
@@ -105,12 +113,16 @@ class AutoCallStream(Protocol):
     def finish(self, stopped: bool) -> tuple[str, list[dict[str, Any]]]: ...
 
 
-def auto_tool_parser(setting: ToolParserName | None, template: str | None) -> ToolParserName | None:
+def auto_tool_parser(
+    setting: ToolParserName | None, reasoning: str | None, template: str | None
+) -> ToolParserName | None:
     """The format "auto" replies are parsed in (None: "auto" is refused): the server's
-    `tool_call_parser`, else the one the chat template writes."""
+    `tool_call_parser`, else the one the chat template writes (GPT-OSS's only where the
+    server's `reasoning` parser reads harmony, openai_gptoss)."""
     if setting is not None:
         return setting
-    return template_tool_parser(template)
+    found = template_tool_parser(template)
+    return None if found == "openai" and reasoning != "openai_gptoss" else found
 
 
 def parse_auto_calls(
@@ -156,6 +168,8 @@ def auto_call_reader(tools: Sequence[dict[str, Any]], parser: ToolParserName) ->
         return Glm45Reader(ToolSchemas(tuple(tools)))
     if parser == "minimax_m2":
         return MiniMaxM2Reader(ToolSchemas(tuple(tools)))
+    if parser == "openai":
+        return OpenAIReader()
     return DeepSeekV3Reader(fenced=parser == "deepseek_v3")
 
 

@@ -2,7 +2,9 @@
 a scripted runner says a harmony answer (GPT-OSS's channel markers are special tokens of its
 tokenizer), whole and streamed; the analysis channel comes back as `reasoning_content`, the
 final channel as `content`, no marker in either (the request ran with its special tokens
-kept, the parser dropped them, and the EOS that ended the answer is not text, as in vLLM)."""
+kept, the parser dropped them, and the EOS that ended the answer is not text, as in vLLM); with
+tools, the call the model addresses to `functions.get_weather` comes back as a tool call, the
+chat template having chosen the `openai` tool-call parser."""
 
 from __future__ import annotations
 
@@ -14,10 +16,21 @@ import pytest
 from troupe.gateway.harmony import MARKERS
 from troupe.gateway.state import GatewaySettings
 
-from tests.gateway.conftest import ServerThread, openai_client, scripted_server
+from tests.gateway.conftest import ServerThread, openai_client, post_json, scripted_server
 
+# GPT-OSS's template in small: tools in a developer message, a call as `<|start|>assistant
+# to=functions.NAME...` (what makes "auto" read calls as `openai`), a result from functions.NAME
 TEMPLATE = """\
-{%- for m in messages %}<|start|>{{ m['role'] }}<|message|>{{ m['content'] }}<|end|>
+{%- if tools %}<|start|>developer<|message|># Tools
+{%- for t in tools %} {{ t['function']['name'] }}{% endfor %}<|end|>{% endif %}
+{%- for m in messages %}
+{%- if m['role'] == 'assistant' and m['tool_calls'] is defined %}
+{%- for c in m['tool_calls'] %}<|start|>assistant to=functions.{{ c['function']['name'] -}}
+<|channel|>commentary json<|message|>{{ c['function']['arguments']|tojson }}<|call|>
+{%- endfor %}
+{%- elif m['role'] == 'tool' %}<|start|>functions.tool to=assistant<|channel|>commentary\
+<|message|>{{ m['content']|tojson }}<|end|>
+{%- else %}<|start|>{{ m['role'] }}<|message|>{{ m['content'] }}<|end|>{% endif %}
 {%- endfor %}
 {%- if add_generation_prompt %}<|start|>assistant{% endif %}"""
 REPLY = (
@@ -68,3 +81,115 @@ def test_analysis_is_reasoning_and_final_is_content(server: ServerThread) -> Non
             reasoning.append((choice.delta.model_extra or {}).get("reasoning_content") or "")
             content.append(choice.delta.content or "")
     assert ("".join(reasoning), "".join(content)) == expected
+
+
+CALL = (
+    "<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant<|channel|>commentary"
+    ' to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris"}'
+)
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
+]
+
+
+def test_a_call_to_a_function_is_a_tool_call(server: ServerThread) -> None:
+    """The answer stops at the call (its <|call|> ends it, as GPT-OSS's generation_config
+    says; here the scripted EOS): one tool call, the thinking as reasoning, no content."""
+    _say(server, CALL)
+    client = openai_client(server.url)
+    history = [
+        {"role": "user", "content": "Weather in Rome?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "Sunny"},
+        {"role": "user", "content": "And Paris?"},
+    ]
+    body: dict[str, Any] = {
+        "model": server.engine.model_name,
+        "messages": history,
+        "tools": TOOLS,
+        "max_tokens": 64,
+    }
+    choice = client.chat.completions.create(**body).choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert (choice.message.model_extra or {}).get("reasoning_content") == "Need the weather."
+    assert choice.message.content is None
+    calls = choice.message.tool_calls or []
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [
+        ("get_weather", {"city": "Paris"})
+    ]
+    assert calls[0].id.startswith("chatcmpl-tool-")
+    reasoning, content, names, arguments, finish = "", "", [], "", None
+    for chunk in client.chat.completions.create(stream=True, **body):
+        for delta_choice in chunk.choices:
+            delta = delta_choice.delta
+            reasoning += (delta.model_extra or {}).get("reasoning_content") or ""
+            content += delta.content or ""
+            for call in delta.tool_calls or []:
+                if call.function and call.function.name:
+                    names.append(call.function.name)
+                arguments += (call.function.arguments or "") if call.function else ""
+            finish = delta_choice.finish_reason or finish
+    assert (reasoning, content, names, finish) == (
+        "Need the weather.",
+        "",
+        ["get_weather"],
+        "tool_calls",
+    )
+    assert json.loads(arguments) == {"city": "Paris"}
+    plain = client.chat.completions.create(**{**body, "tool_choice": "none"}).choices[0]
+    assert (plain.finish_reason, plain.message.content, plain.message.tool_calls) == (
+        "stop",
+        None,
+        None,
+    )  # no tools asked for: the call is dropped, as vLLM drops it
+
+
+def test_responses_and_messages_read_the_call_too(server: ServerThread) -> None:
+    _say(server, CALL)
+    model = server.engine.model_name
+    question = [{"role": "user", "content": "Weather in Paris?"}]
+    status, answer = post_json(
+        server.url,
+        "/v1/responses",
+        {
+            "model": model,
+            "input": question,
+            "tools": [{"type": "function", **TOOLS[0]["function"]}],
+        },
+    )
+    assert status == 200, answer
+    calls = [item for item in answer["output"] if item["type"] == "function_call"]
+    assert [(c["name"], json.loads(c["arguments"])) for c in calls] == [
+        ("get_weather", {"city": "Paris"})
+    ]
+    schema = TOOLS[0]["function"]["parameters"]
+    status, answer = post_json(
+        server.url,
+        "/v1/messages",
+        {
+            "model": model,
+            "max_tokens": 64,
+            "messages": question,
+            "tools": [{"name": "get_weather", "input_schema": schema}],
+        },
+    )
+    assert status == 200, answer
+    assert answer["stop_reason"] == "tool_use"
+    uses = [block for block in answer["content"] if block["type"] == "tool_use"]
+    assert [(u["name"], u["input"]) for u in uses] == [("get_weather", {"city": "Paris"})]

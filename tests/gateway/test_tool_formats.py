@@ -1,6 +1,7 @@
 """The tool-call parsers read through gateway/tool_format.py (mistral, pythonic, qwen3_coder,
-deepseek_v3, deepseek_v31, granite, kimi_k2, glm45, minimax_m2): whole replies against vLLM's answers on the same text, and each reply streamed
-cut at every point (and character by character) giving the same content and calls."""
+deepseek_v3, deepseek_v31, granite, kimi_k2, glm45, minimax_m2, openai): whole replies against
+vLLM's answers on the same text, and each reply streamed cut at every point (and character by
+character) giving the same content and calls."""
 
 from __future__ import annotations
 
@@ -43,6 +44,7 @@ KIMI_PARIS = (
 GLM_PARIS = (
     "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n</tool_call>"
 )
+HARMONY = "<|start|>assistant to=functions.{}<|channel|>commentary json<|message|>{}<|call|>"
 QWEN_PARIS = (
     "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
     "</function>\n</tool_call>"
@@ -242,6 +244,20 @@ CASES: list[tuple[str, str, str | None, Calls]] = [
         None,
         [],
     ),
+    # openai: GPT-OSS's calls as the harmony parser keeps them in the content
+    (
+        "openai",
+        "Let me check."
+        + HARMONY.format("get_weather", ' {"city": "Paris"}\n')
+        + HARMONY.format("get_time", "{}")
+        + "and after",
+        "Let me check.",
+        [PARIS, ("get_time", {})],
+    ),
+    ("openai", HARMONY.format("get_weather", '{"city": "Par'), None, []),  # no <|call|>: cut
+    ("openai", HARMONY.format("get_news", "{}"), None, []),  # an unknown tool
+    ("openai", HARMONY.format("get_time", "[1]"), None, []),  # arguments not an object
+    ("openai", HARMONY.format("get_time", "{bad"), None, []),
 ]
 
 
@@ -303,6 +319,7 @@ def test_streamed_at_every_split(parser: str, text: str, content: str | None, ca
             '<minimax:tool_call><invoke name="get_time"></invoke></minimax:tool_call>',
             r"call_[0-9a-f]{24}",
         ),
+        ("openai", HARMONY.format("get_time", "{}"), r"chatcmpl-tool-[0-9a-f]{32}"),
     ],
 )
 def test_ids_as_vllm_makes_them(parser: str, text: str, id_pattern: str) -> None:

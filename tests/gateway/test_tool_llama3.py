@@ -55,7 +55,7 @@ def test_stream(size: int) -> None:
 
 
 def test_the_parser_for_auto() -> None:
-    assert auto_tool_parser("llama3_json", None) == "llama3_json"
-    assert auto_tool_parser("hermes", "{{ messages }}") == "hermes"
-    assert auto_tool_parser(None, "{{ '<tool_call>' }}") == "hermes"
-    assert auto_tool_parser(None, "{{ messages }}") is None
+    assert auto_tool_parser("llama3_json", None, None) == "llama3_json"
+    assert auto_tool_parser("hermes", None, "{{ messages }}") == "hermes"
+    assert auto_tool_parser(None, None, "{{ '<tool_call>' }}") == "hermes"
+    assert auto_tool_parser(None, None, "{{ messages }}") is None

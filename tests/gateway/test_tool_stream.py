@@ -161,6 +161,15 @@ def _minimax_m2(calls: list[Call], style: int) -> str:
     return f"<minimax:tool_call>\n{invokes}\n</minimax:tool_call>"
 
 
+def _openai(calls: list[Call], style: int) -> str:
+    """As gateway/harmony.py keeps GPT-OSS's calls in the content."""
+    return "".join(
+        f"<|start|>assistant to=functions.{n}<|channel|>commentary json<|message|>"
+        f"{json.dumps(a, indent=style or None, ensure_ascii=style == 1)}<|call|>"
+        for n, a in calls
+    )
+
+
 RENDER = {
     "hermes": _hermes,
     "llama3_json": _llama3,
@@ -173,6 +182,7 @@ RENDER = {
     "kimi_k2": _kimi_k2,
     "glm45": _glm45,
     "minimax_m2": _minimax_m2,
+    "openai": _openai,
 }
 
 _LEAD_ONLY = ("pythonic", "llama3_json", "granite")  # calls only where the reply opens with them
