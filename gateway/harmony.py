@@ -34,11 +34,23 @@ from typing import Literal
 
 from troupe.actors.core.marker_tail import marker_tail
 from troupe.gateway.reasoning_split import Split, joined
+from troupe.messages.structured import (
+    HARMONY_CALL,
+    HARMONY_CHANNEL,
+    HARMONY_CONSTRAIN,
+    HARMONY_ENDS,
+    HARMONY_MARKERS,
+    HARMONY_MESSAGE,
+    HARMONY_START,
+)
 
-START, CHANNEL, CONSTRAIN, MESSAGE = "<|start|>", "<|channel|>", "<|constrain|>", "<|message|>"
-CALL_END = "<|call|>"
-ENDS = ("<|end|>", "<|return|>", CALL_END)
-MARKERS = (START, CHANNEL, CONSTRAIN, MESSAGE, *ENDS)
+START, CHANNEL, CONSTRAIN, MESSAGE = (
+    HARMONY_START,
+    HARMONY_CHANNEL,
+    HARMONY_CONSTRAIN,
+    HARMONY_MESSAGE,
+)
+ENDS, MARKERS, CALL_END = HARMONY_ENDS, HARMONY_MARKERS, HARMONY_CALL
 THINKING_CHANNEL = "analysis"
 RECIPIENT, FUNCTIONS = "to=", "functions."
 CALL_OPEN = f"{START}assistant {RECIPIENT}{FUNCTIONS}"  # a kept call, as the template writes it

@@ -36,7 +36,8 @@ Structured output (and tool calls, which are structured output) constrains only 
 `constraint_reasoning` says where the thinking goes in the grammar (StructuredOutputs.
 reasoning), so the model thinks freely and the content alone follows the schema. The grammar
 writes the thinking between `<think>` tags, so the parsers with other tags (mistral, granite)
-constrain a structured answer from its first token (no thinking).
+constrain a structured answer from its first token (no thinking); openai_gptoss's, the final
+channel's body after any analysis messages (StructuredOutputs.reasoning "harmony").
 """
 
 from __future__ import annotations
@@ -105,7 +106,9 @@ def constraint_reasoning(name: ParserName, prompt_text: str) -> Reasoning:
     """Where a structured answer's constraint starts: after a thinking block the answer starts
     in ("required"), after one it may open ("optional"), or at once, when the prompt closed an
     empty block (Qwen3's `enable_thinking: false`: the answer is all content) or the parser's
-    tags are not the grammar's `<think>`."""
+    tags are not the grammar's `<think>`; GPT-OSS's: after its analysis messages ("harmony")."""
+    if name == "openai_gptoss":
+        return "harmony"
     if TAGS.get(name) is not _THINK:
         return "none"
     if opens_thinking(name, prompt_text):

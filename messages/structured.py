@@ -14,8 +14,12 @@ grammar only after the reasoning ends; troupe writes that into the grammar itsel
               `<think>` open): any text up to the first `</think>`, then the constrained part
     optional  the text may open with a whole `<think>...</think>` block, then the constrained
               part, or be the constrained part alone (qwen3, thinking left to the model)
+    harmony   GPT-OSS's messages: any number of analysis messages, then the final channel's
+              body is the constrained part (`<|channel|>analysis<|message|>...<|end|><|start|>
+              assistant<|channel|>final<|message|>` then the constraint)
 
-The tags are `<think>` and `</think>`, the ones both of troupe's reasoning parsers read.
+The tags are `<think>` and `</think>`, the ones troupe's tag reasoning parsers read; harmony's
+markers (HARMONY_*) are special tokens, which a grammar names by id (actors/core/spec_grammar.py).
 """
 
 from __future__ import annotations
@@ -25,9 +29,20 @@ from typing import Any, Literal
 
 import msgspec
 
-Reasoning = Literal["none", "required", "optional"]
-REASONING_MODES: tuple[Reasoning, ...] = ("none", "required", "optional")
+Reasoning = Literal["none", "required", "optional", "harmony"]
+REASONING_MODES: tuple[Reasoning, ...] = ("none", "required", "optional", "harmony")
 THINK_START, THINK_END = "<think>", "</think>"
+HARMONY_START, HARMONY_CHANNEL = "<|start|>", "<|channel|>"
+HARMONY_CONSTRAIN, HARMONY_MESSAGE = "<|constrain|>", "<|message|>"
+HARMONY_END, HARMONY_RETURN, HARMONY_CALL = "<|end|>", "<|return|>", "<|call|>"
+HARMONY_ENDS = (HARMONY_END, HARMONY_RETURN, HARMONY_CALL)  # a message's body ends at one
+HARMONY_MARKERS = (
+    HARMONY_START,
+    HARMONY_CHANNEL,
+    HARMONY_CONSTRAIN,
+    HARMONY_MESSAGE,
+    *HARMONY_ENDS,
+)
 MAX_SPEC_CHARS = 64 * 1024  # a schema, regex or grammar longer than this is refused
 MAX_CHOICES = 256
 _TEXT_KINDS = ("json", "regex", "choice", "grammar", "structural_tag")  # json_object: a flag
@@ -40,8 +55,8 @@ class StructuredOutputs(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
     JSON text of an xgrammar structural tag (`{"type": "structural_tag", "format": ...}`), or
     vLLM's older `{"structures": [{"begin", "schema", "end"}], "triggers": [...]}`: free text
     until a trigger, then the tag it starts (actors/core/spec_grammar.py). `reasoning`:
-    whether a `<think>...</think>` block comes before the constrained part (see the module's
-    doc)."""
+    whether a `<think>...</think>` block (or harmony's analysis messages) comes before the
+    constrained part (see the module's doc)."""
 
     json: str | None = None
     json_object: bool = False

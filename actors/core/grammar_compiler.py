@@ -22,7 +22,7 @@ from troupe.actors.core.grammar_writable import (
     first_step_error,
     forced_text_error,
 )
-from troupe.actors.core.spec_grammar import spec_grammar
+from troupe.actors.core.spec_grammar import SPECIAL, spec_grammar
 from troupe.messages.structured import StructuredOutputs
 
 if TYPE_CHECKING:
@@ -78,6 +78,15 @@ class GrammarCompiler:
         return TokenBytes(self._vocab_bytes)
 
     @functools.cached_property
+    def _special_ids(self) -> dict[str, int]:
+        """The vocabulary's special tokens by text (grammar_vocab marks them)."""
+        return {
+            token[len(SPECIAL) :].decode("utf-8", "replace"): i
+            for i, token in enumerate(self._vocab_bytes)
+            if token.startswith(SPECIAL)
+        }
+
+    @functools.cached_property
     def _compiler(self) -> xgrammar.GrammarCompiler:
         """Built on first use (a second or so for a large vocabulary) from grammar_vocab."""
         import xgrammar
@@ -96,6 +105,7 @@ class GrammarCompiler:
         with self._lock:
             self._compiler  # noqa: B018 -- built once, here: its time is not the spec's
             self._token_bytes  # noqa: B018 -- likewise (read by the pool's threads)
+            self._special_ids  # noqa: B018 -- likewise
             future = self._cache.get(spec)
             if future is None:
                 future = self._pool.submit(self._compile_now, spec)
@@ -119,7 +129,7 @@ class GrammarCompiler:
     def _compile_now(self, spec: StructuredOutputs) -> xgrammar.CompiledGrammar:
         """Compiled, and refused (ValueError) when the vocabulary cannot write what it
         demands (grammar_writable.py): such a request would fail mid-stream."""
-        compiled = self._compiler.compile_grammar(spec_grammar(spec))
+        compiled = self._compiler.compile_grammar(spec_grammar(spec, self._special_ids))
         why = choice_error(spec.choice, self._token_bytes) if spec.choice is not None else None
         why = why or first_step_error(compiled, self.vocab_size)
         why = why or forced_text_error(compiled, self._token_bytes)
@@ -132,11 +142,17 @@ class GrammarCompiler:
 
 
 def grammar_vocab(tokenizer: TextTokenizer, vocab_size: int) -> list[bytes]:
-    """Each id's bytes as the grammar sees them: special tokens get none, so a grammar never
-    allows them; ids past the tokenizer's are the model's padding."""
+    """Each id's bytes as the grammar sees them: a special token's text behind SPECIAL (never
+    valid UTF-8, so no text a grammar describes can be written with one; a grammar names one by
+    id, as harmony's markers: spec_grammar.py); ids past the tokenizer's are the model's
+    padding, with none."""
     special = tokenizer.special_ids
     return [
-        b"" if i in special or i >= tokenizer.vocab_size else tokenizer.token_bytes(i)
+        b""
+        if i >= tokenizer.vocab_size
+        else SPECIAL + tokenizer.token_bytes(i)
+        if i in special
+        else tokenizer.token_bytes(i)
         for i in range(vocab_size)
     ]
 

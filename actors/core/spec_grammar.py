@@ -11,24 +11,48 @@ grammar itself, so the constraint starts where the reasoning parser's `content` 
 "Any text" is xgrammar's structural-tag `any_text` (a TagDispatch that allows everything but
 the end tag), so the first `</think>` ends the thinking and nothing may come between it and
 the constrained part: the content is exactly what the constraint allows.
+
+    harmony   any number of `<|channel|>analysis<|message|>` (any tokens but a marker)
+              `<|end|><|start|>assistant`, then `<|channel|>final<|message|>` and the
+              constraint
+
+Harmony's markers are special tokens. In the grammar's vocabulary a special token's bytes are
+its text behind SPECIAL (grammar_compiler.grammar_vocab), never valid UTF-8, so no text rule
+writes one; the harmony rule names each marker by id (`special_ids`, the compiler's map from
+their text), as xgrammar's token formats do.
 """
 
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
-from troupe.messages.structured import THINK_END, THINK_START, StructuredOutputs
+from troupe.messages.structured import (
+    HARMONY_CHANNEL,
+    HARMONY_END,
+    HARMONY_MARKERS,
+    HARMONY_MESSAGE,
+    HARMONY_START,
+    THINK_END,
+    THINK_START,
+    StructuredOutputs,
+)
 
 if TYPE_CHECKING:
     import xgrammar
 
+SPECIAL = b"\xff"  # a special token's text follows, in the grammar's vocabulary
 
-def spec_grammar(spec: StructuredOutputs) -> xgrammar.Grammar:
-    """The grammar of `spec` (raises ValueError or RuntimeError, xgrammar's, when it is bad)."""
+
+def spec_grammar(spec: StructuredOutputs, special_ids: Mapping[str, int]) -> xgrammar.Grammar:
+    """The grammar of `spec` (raises ValueError or RuntimeError, xgrammar's, when it is bad);
+    `special_ids`: the vocabulary's special tokens, by text."""
     import xgrammar
 
     grammar = _constraint(spec)
+    if spec.reasoning == "harmony":
+        return xgrammar.Grammar.concat(_harmony_head(special_ids), grammar)
     if spec.reasoning == "required":
         return xgrammar.Grammar.concat(_thinking(""), grammar)
     if spec.reasoning == "optional":
@@ -90,3 +114,29 @@ def _thinking(begin: str) -> xgrammar.Grammar:
 
     tag = {"type": "tag", "begin": begin, "content": {"type": "any_text"}, "end": THINK_END}
     return Grammar.from_structural_tag(json.dumps({"type": "structural_tag", "format": tag}))
+
+
+def _harmony_head(special_ids: Mapping[str, int]) -> xgrammar.Grammar:
+    """Harmony's analysis messages, then the final channel's header (the module's doc)."""
+    from xgrammar import Grammar
+
+    missing = [m for m in HARMONY_MARKERS if m not in special_ids]
+    if missing:
+        raise ValueError(
+            "reasoning harmony needs harmony's markers as special tokens, and this model's "
+            f"vocabulary has no {', '.join(missing)}"
+        )
+
+    def token(marker: str) -> dict[str, Any]:
+        return {"type": "token", "token": special_ids[marker]}
+
+    def text(value: str) -> dict[str, Any]:
+        return {"type": "const_string", "value": value}
+
+    body = {"type": "any_tokens", "exclude_tokens": [special_ids[m] for m in HARMONY_MARKERS]}
+    analysis = [token(HARMONY_CHANNEL), text("analysis"), token(HARMONY_MESSAGE), body]
+    analysis += [token(HARMONY_END), token(HARMONY_START), text("assistant")]
+    final = [token(HARMONY_CHANNEL), text("final"), token(HARMONY_MESSAGE)]
+    thinking = {"type": "star", "content": {"type": "sequence", "elements": analysis}}
+    head = {"type": "sequence", "elements": [thinking, *final]}
+    return Grammar.from_structural_tag(json.dumps({"type": "structural_tag", "format": head}))

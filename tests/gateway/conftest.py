@@ -160,13 +160,19 @@ def openai_client(url: str, timeout: float = 30) -> OpenAI:
     return OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=timeout)
 
 
-def scripted_server(folder: Path, settings: GatewaySettings) -> ServerThread:
+def scripted_server(
+    folder: Path, settings: GatewaySettings, vocab_size: int | None = None
+) -> ServerThread:
     """A server, not started yet, on the model in `folder` (scripted_runner.template_model)
-    around a ScriptedRunner: `say(srv, text)` makes the model answer `text`."""
+    around a ScriptedRunner: `say(srv, text)` makes the model answer `text`. `vocab_size`: the
+    model's, where the tokenizer has more tokens than SmolLM2's (the fake runner's default)."""
     from tests.gateway.scripted_runner import ScriptedRunner
 
     config = BASE_CONFIG.replace(model=str(folder))
-    return ServerThread(config, settings, runner=ScriptedRunner(FakeRunner.from_config(config)))
+    inner = FakeRunner.from_config(config)
+    if vocab_size is not None:
+        inner.vocab_size = vocab_size
+    return ServerThread(config, settings, runner=ScriptedRunner(inner))
 
 
 def post_json(url: str, path: str, body: object) -> tuple[int, Any]:

@@ -114,7 +114,7 @@ def test_a_chat_request_keeps_its_special_tokens() -> None:
     assert splitter is not None and not run.skip_special_tokens
     _, plain = chat_reasoning("qwen3", None, [], params)
     assert plain.skip_special_tokens
-    assert constraint_reasoning("openai_gptoss", "") == "none"
+    assert constraint_reasoning("openai_gptoss", "") == "harmony"
 
 
 def test_the_openai_tool_parser_needs_the_harmony_reasoning_parser() -> None:

@@ -50,7 +50,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
     tokenizer.save(str(folder / "tokenizer.json"))
     config = {"eos_token": "<|im_end|>", "chat_template": TEMPLATE}
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
-    started = scripted_server(folder, GatewaySettings(reasoning_parser="openai_gptoss")).start()
+    settings = GatewaySettings(reasoning_parser="openai_gptoss")
+    size = tokenizer.get_vocab_size(with_added_tokens=True)  # the markers' ids are the model's
+    started = scripted_server(folder, settings, vocab_size=size).start()
     yield started
     started.shutdown()
 
@@ -193,3 +195,32 @@ def test_responses_and_messages_read_the_call_too(server: ServerThread) -> None:
     assert answer["stop_reason"] == "tool_use"
     uses = [block for block in answer["content"] if block["type"] == "tool_use"]
     assert [(u["name"], u["input"]) for u in uses] == [("get_weather", {"city": "Paris"})]
+
+
+def test_structured_output_holds_the_final_body(server: ServerThread) -> None:
+    """The grammar lets the model think first, then holds the final channel's body to the
+    schema (StructuredOutputs.reasoning "harmony"); an answer without harmony's header is
+    refused at its first token."""
+    schema = TOOLS[0]["function"]["parameters"] | {"required": ["city"]}
+    body: dict[str, Any] = {
+        "model": server.engine.model_name,
+        "messages": [{"role": "user", "content": "A city, as JSON"}],
+        "max_tokens": 64,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "c", "schema": schema}},
+    }
+    _say(
+        server,
+        f'{REPLY[: REPLY.index("<|start|>")]}<|start|>assistant<|channel|>final<|message|>{{"city": "Paris"}}',
+    )
+    message = openai_client(server.url).chat.completions.create(**body).choices[0].message
+    assert (message.model_extra or {}).get(
+        "reasoning_content"
+    ) == "The user greets. Reply politely."
+    assert json.loads(message.content or "") == {"city": "Paris"}
+    tokenizer = server.engine.tokenizer
+    server.runner.script = (
+        *tokenizer.encode('{"city": "Paris"}', False),
+        tokenizer.eos_token_ids[0],
+    )
+    status, answer = post_json(server.url, "/v1/chat/completions", body)
+    assert status == 500 and "structured output failed" in json.dumps(answer), answer
