@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from .clamped_swiglu import ClampedSwiglu
-from .fused_moe_mxfp4 import launch_mxfp4
+from .fused_moe_mxfp4 import UNPACK_ROWS, launch_mxfp4, unpack_experts
 from .moe_align import moe_align
 from .moe_align_triton import moe_align_triton
 from .moe_block import (
@@ -161,7 +161,8 @@ def fused_moe_triton(
 ) -> torch.Tensor:
     """sum_k topk_weights * expert(x) [T, H] (kernels.ops.KernelOps.fused_moe, biases and
     activation included); config None: moe_config.config_for the batch's rows (the engine's
-    defaults). MXFP4 experts take kernels/fused_moe_mxfp4.py's GEMMs (the config's tiles)."""
+    defaults). MXFP4 experts take kernels/fused_moe_mxfp4.py's GEMMs (the config's tiles), or
+    from UNPACK_ROWS rows an expert are unpacked once for the bf16 ones."""
     num_tokens, hidden = x.shape
     num_experts, inter = w13.shape[0], w2.shape[2]
     top_k = topk_ids.shape[1]
@@ -179,10 +180,12 @@ def fused_moe_triton(
     precision = precision_for(x.dtype)
     if isinstance(w13, Mxfp4Experts) or isinstance(w2, Mxfp4Experts):
         assert isinstance(w13, Mxfp4Experts) and isinstance(w2, Mxfp4Experts), "both MXFP4"
-        return launch_mxfp4(
-            x, w13, w2, weights, sorted_rows, block_expert, top_k, bm, cfg, precision, b13, b2,
-            clamped,
-        )  # fmt: skip
+        if num_rows < UNPACK_ROWS * num_experts:
+            return launch_mxfp4(
+                x, w13, w2, weights, sorted_rows, block_expert, top_k, bm, cfg, precision, b13,
+                b2, clamped,
+            )  # fmt: skip
+        w13, w2 = unpack_experts(w13, x.dtype), unpack_experts(w2, x.dtype)  # once, then bf16
     w13, w2 = w13.contiguous(), w2.contiguous()
     if cfg.variant is MoeVariant.SPLIT_K:
         return fused_moe_split_k(
