@@ -182,6 +182,14 @@ class ObjectScan:
         return i
 
 
+def object_at(scans: dict[int, ObjectScan], text: str, body: int, end: int) -> str | None:
+    """The final part of the object that begins (after whitespace) at `body`, read up to `end`;
+    its scan is kept in `scans` by where it begins (None: its `{` is not written yet)."""
+    scan = scans.setdefault(body, ObjectScan(body))
+    scan.advance(text, end)
+    return scan.object_so_far(text, end)
+
+
 def object_call(
     text: str,
     scan: ObjectScan,

@@ -22,7 +22,7 @@ out as written.
 
 from __future__ import annotations
 
-from troupe.gateway.json_scan import ObjectScan
+from troupe.gateway.json_scan import ObjectScan, object_at
 from troupe.gateway.tool_format import (
     CallFormat,
     ToolCallDict,
@@ -100,6 +100,4 @@ class DeepSeekV3Reader:
             name, body = text[sep + len(SEP) : fence], fence + len(_FENCE_OPEN)
         else:
             name, body = text[inner:sep], sep + len(SEP)
-        scan = self._scans.setdefault(body, ObjectScan(body))
-        scan.advance(text, end)
-        return CallSoFar(name, scan.object_so_far(text, end))
+        return CallSoFar(name, object_at(self._scans, text, body, end))

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 
-from troupe.gateway.json_scan import ObjectScan
+from troupe.gateway.json_scan import ObjectScan, object_at
 from troupe.gateway.tool_format import (
     CallFormat,
     ToolCallDict,
@@ -81,6 +81,4 @@ class KimiK2Reader:
         if name is None:
             return CallSoFar(None)
         body = sep + len(ARGUMENT_BEGIN)
-        scan = self._scans.setdefault(body, ObjectScan(body))
-        scan.advance(text, end)
-        return CallSoFar(name, scan.object_so_far(text, end), call_id=call_id)
+        return CallSoFar(name, object_at(self._scans, text, body, end), call_id=call_id)

@@ -25,7 +25,7 @@ import string
 from typing import Any
 
 from troupe.actors.core.marker_tail import marker_tail
-from troupe.gateway.json_scan import ObjectScan, object_call
+from troupe.gateway.json_scan import ObjectScan, object_at, object_call
 from troupe.gateway.tool_format import CallFormat, ToolCallDict, ToolSchemas, make_call
 from troupe.gateway.tool_reader import CallSoFar, SectionSoFar
 
@@ -158,9 +158,7 @@ class MistralReader:
             return CallSoFar(None)
         if body >= end:  # no argument written yet
             return CallSoFar(name)
-        scan = self._scans.setdefault(body, ObjectScan(body))
-        scan.advance(text, end)
-        return CallSoFar(name, scan.object_so_far(text, end))
+        return CallSoFar(name, object_at(self._scans, text, body, end))
 
 
 def array_objects_so_far(text: str, at: int, scans: dict[int, ObjectScan]) -> tuple[CallSoFar, ...]:

@@ -16,7 +16,7 @@ written.
 from __future__ import annotations
 
 from troupe.gateway.harmony import CALL_END, CALL_OPEN, CHANNEL, MESSAGE
-from troupe.gateway.json_scan import ObjectScan
+from troupe.gateway.json_scan import ObjectScan, object_at
 from troupe.gateway.tool_format import (
     CallFormat,
     ToolCallDict,
@@ -64,6 +64,4 @@ class OpenAIReader:
             return CallSoFar(None)
         name = text[inner:sep].partition(CHANNEL)[0]
         body = sep + len(MESSAGE)
-        scan = self._scans.setdefault(body, ObjectScan(body))
-        scan.advance(text, end)
-        return CallSoFar(name, scan.object_so_far(text, end))
+        return CallSoFar(name, object_at(self._scans, text, body, end))
