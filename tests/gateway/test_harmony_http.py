@@ -224,3 +224,29 @@ def test_structured_output_holds_the_final_body(server: ServerThread) -> None:
     )
     status, answer = post_json(server.url, "/v1/chat/completions", body)
     assert status == 500 and "structured output failed" in json.dumps(answer), answer
+
+
+def test_required_and_named_tool_choices_hold_the_final_body(server: ServerThread) -> None:
+    """tool_choice "required" and a named function constrain the final channel's body (after
+    the thinking) to the calls' JSON, which comes back as tool calls."""
+    body: dict[str, Any] = {
+        "model": server.engine.model_name,
+        "messages": [{"role": "user", "content": "Weather in Paris?"}],
+        "tools": TOOLS,
+        "max_tokens": 64,
+    }
+    head = (
+        "<|channel|>analysis<|message|>Call it.<|end|><|start|>assistant<|channel|>final<|message|>"
+    )
+    client = openai_client(server.url)
+    for choice, final in (
+        ("required", '[{"name": "get_weather", "arguments": {"city": "Paris"}}]'),
+        ({"type": "function", "function": {"name": "get_weather"}}, '{"city": "Paris"}'),
+    ):
+        _say(server, head + final)
+        answer = client.chat.completions.create(**body, tool_choice=choice).choices[0]  # type: ignore[arg-type]
+        calls = answer.message.tool_calls or []
+        assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [
+            ("get_weather", {"city": "Paris"})
+        ], choice
+        assert (answer.message.model_extra or {}).get("reasoning_content") == "Call it."
