@@ -52,6 +52,8 @@ SUPPORTED_MODEL_TYPES = (
     "granite",
     "granitemoe",
     "helium",
+    "internlm3",  # Llama's layers (transformers runs them with LlamaForCausalLM)
+    "iquestcoder",  # the same
     "olmo2",
     "olmo3",
     "olmoe",

@@ -4,7 +4,10 @@
                  yarn (Qwen3's and Qwen2.5's long-context setting) or longrope (Phi-3.5,
                  Phi-4-mini: kernels/longrope.py); original_max_position_embeddings defaults
                  to max_position_embeddings, the factor to their ratio, as transformers reads
-                 them (Phi-3 keeps the former beside rope_scaling, and it wins there)
+                 them (Phi-3 keeps the former beside rope_scaling, and it wins there);
+                 dynamic (NTK, InternLM3) is transformers' default rotation up to
+                 max_position_embeddings, where it rescales by the sequence's length: troupe
+                 serves it as default and no longer (gpu/runner_setup.py's limit)
     OLMo 3       rope_parameters per layer type: the full-attention layers take the scaling,
                  the sliding ones rotate unscaled on the same base (the "local" table)
     SmolLM3      no_rope_layers[i] == 0: layer i has no positional encoding (NoPE); it reads a
@@ -41,12 +44,12 @@ def rope_scaling(scaling: dict[str, Any] | None, cfg: dict[str, Any]) -> dict[st
     if not scaling:
         return None
     kind = scaling.get("rope_type", scaling.get("type", "default"))
-    if kind == "default":
+    if kind in ("default", "dynamic"):  # dynamic NTK: as default up to max_position_embeddings
         return None
     if kind not in SCALINGS:
         raise ValueError(
             f"config.json: rope_scaling type {kind!r} is not supported; "
-            f"expected one of default, {', '.join(SCALINGS)}"
+            f"expected one of default, dynamic, {', '.join(SCALINGS)}"
         )
     out = {k: v for k, v in scaling.items() if k != "rope_theta"}
     if kind == "yarn":

@@ -196,8 +196,10 @@ def test_config_json_errors_name_the_field() -> None:
 
     base = {"model_type": "qwen3", "num_attention_heads": 4, "hidden_size": 64,
             "num_hidden_layers": 2, "intermediate_size": 96, "vocab_size": 256}  # fmt: skip
-    with pytest.raises(ModelLoadError, match="rope_scaling type 'dynamic' is not supported"):
-        ModelConfig.from_hf_dict({**base, "rope_scaling": {"rope_type": "dynamic", "factor": 2}})
+    with pytest.raises(ModelLoadError, match="rope_scaling type 'alibi' is not supported"):
+        ModelConfig.from_hf_dict({**base, "rope_scaling": {"rope_type": "alibi", "factor": 2}})
+    dynamic = {**base, "rope_scaling": {"rope_type": "dynamic", "factor": 2}}  # default so far
+    assert ModelConfig.from_hf_dict(dynamic).rope_scaling is None
     smol = {**base, "model_type": "smollm3"}
     with pytest.raises(ModelLoadError, match="no_rope_layers has 3 entries"):
         ModelConfig.from_hf_dict({**smol, "no_rope_layers": [1, 0, 1]})

@@ -1,0 +1,56 @@
+"""Families transformers runs with LlamaForCausalLM under a config of their own: InternLM3
+(its biases as `qkv_bias` / `bias` in the hub's config.json, dynamic NTK rope) and
+IQuest-Coder. Greedy token-identical to HF transformers (fp32) through chunked prefill, from
+the folder transformers saves, every bias drawn away from 0."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tests.gpu.family_checks import TINY, assert_greedy_matches, saved_random_model
+
+DYNAMIC = {"rope_type": "dynamic", "factor": 6.0, "rope_theta": 1000.0}
+FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
+    "internlm3": ("InternLM3Config", {"attention_bias": True, "mlp_bias": True}),
+    "iquestcoder": ("IQuestCoderConfig", {}),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def family(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    import transformers
+
+    config_name, extra = FAMILIES[request.param]
+    settings = {**TINY, "head_dim": 16, "rope_parameters": DYNAMIC, **extra}
+    config = getattr(transformers, config_name)(**settings)
+    folder = tmp_path_factory.mktemp(request.param)
+    hf_model = saved_random_model(folder, transformers.AutoModelForCausalLM.from_config, config)
+    assert type(hf_model).__name__ == "LlamaForCausalLM"
+    with torch.no_grad():  # biases N(0, 0.5): transformers starts them at 0
+        for name, param in hf_model.named_parameters():
+            if name.endswith(".bias"):
+                param.normal_(0.0, 0.5)
+    hf_model.save_pretrained(folder)
+    return request.param, folder, hf_model
+
+
+def test_greedy_matches_hf_with_chunked_prefill(family: tuple[str, Path, Any]) -> None:
+    assert_greedy_matches(*family[1:])
+
+
+def test_the_hub_names_of_internlm3s_biases(family: tuple[str, Path, Any]) -> None:
+    from troupe.gpu.model_config import ModelConfig
+
+    name, folder, _ = family
+    cfg = json.loads((folder / "config.json").read_text())
+    expected = name == "internlm3"
+    if expected:  # as internlm/internlm3-8b-instruct's config.json writes them
+        cfg["qkv_bias"], cfg["bias"] = cfg.pop("attention_bias"), cfg.pop("mlp_bias")
+    config = ModelConfig.from_hf_dict(cfg)
+    assert (config.qkv_bias, config.o_bias, config.mlp_bias) == (expected,) * 3
+    assert config.rope_scaling is None  # dynamic NTK: plain rotation up to its length
