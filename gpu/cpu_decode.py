@@ -130,6 +130,7 @@ class CpuDecode:
             or c.mlp_bias
             or c.final_logit_softcapping is not None
             or c.granite is not None
+            or c.query_scale is not None
         ):
             return None
         layers: list[_Layer] = []

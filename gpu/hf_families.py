@@ -22,8 +22,8 @@ Llama's pre-norm layer with Gemma's embeddings, norms and GeGLU.
 
 Biases, as each family's transformers module declares them:
 
-    q/k/v     qwen2 always, qwen2_moe by `qkv_bias` (default on); mistral, ministral, mixtral,
-              phi3, exaone4 never; the others `attention_bias` (gpt_oss: on by default)
+    q/k/v     qwen2 always, qwen2_moe by `qkv_bias` (default on); mistral, ministral,
+              ministral3, mixtral, phi3, exaone4 never; the others `attention_bias` (gpt_oss: on by default)
     o_proj    seed_oss `attention_out_bias`; those without q/k/v bias flags, the Qwen2s,
               the GLMs (glm, glm4, glm4_moe) and helium never; the others `attention_bias`
     MLP       llama, granite, smollm3, seed_oss, helium, internlm3, iquestcoder: `mlp_bias`;
@@ -142,7 +142,7 @@ def granite_fields(cfg: dict[str, Any]) -> dict[str, Any]:
     return {"granite": scales}
 
 
-_NO_ATTENTION_BIAS = ("mistral", "ministral", "mixtral", "phi3", "exaone4")
+_NO_ATTENTION_BIAS = ("mistral", "ministral", "ministral3", "mixtral", "phi3", "exaone4")
 _MLP_BIAS = ("llama", "granite", "smollm3", "seed_oss", "helium", "internlm3", "iquestcoder")
 # InternLM3's own config.json names Llama's flags as its remote code did (transformers maps them)
 _INTERNLM3_NAMES = {"qkv_bias": "attention_bias", "bias": "mlp_bias"}
@@ -168,3 +168,18 @@ def bias_fields(cfg: dict[str, Any], model_type: str) -> dict[str, bool]:
         "o_bias": o_bias,
         "mlp_bias": model_type in _MLP_BIAS and bool(cfg.get("mlp_bias", False)),
     }
+
+
+def ministral3_fields(rope: dict[str, Any] | None) -> dict[str, Any]:
+    """Ministral 3's query scale (its rope parameters' `llama_4_scaling_beta`, over the yarn
+    scaling's original_max_position_embeddings): ModelConfig.query_scale, or none."""
+    beta = (rope or {}).get("llama_4_scaling_beta")
+    if not beta:
+        return {}
+    length = (rope or {}).get("original_max_position_embeddings")
+    if not isinstance(length, int) or length <= 0:
+        raise ValueError(
+            "config.json: llama_4_scaling_beta needs rope_parameters' "
+            "original_max_position_embeddings (a positive integer)"
+        )
+    return {"query_scale": (float(beta), length)}

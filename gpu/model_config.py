@@ -17,6 +17,7 @@ from troupe.gpu.hf_families import (
     gemma_fields,
     granite_fields,
     layer_windows,
+    ministral3_fields,
 )
 from troupe.gpu.hf_overrides import apply_hf_overrides
 from troupe.gpu.moe_config import (
@@ -43,6 +44,7 @@ SUPPORTED_MODEL_TYPES = (
     "llama",
     "mistral",
     "ministral",
+    "ministral3",
     "qwen2",
     "qwen3",
     "qwen3_moe",
@@ -118,6 +120,8 @@ class ModelConfig:
     final_logit_softcapping: float | None = None
     attn_logit_softcapping: float | None = None  # Gemma 2's cap on the attention scores
     attention_sinks: bool = False  # GPT-OSS: a learned sink logit per head (kernels/sinks.py)
+    # Ministral 3: queries times 1 + beta * log(1 + position // length) (gpu/ministral3_layer.py)
+    query_scale: tuple[float, int] | None = None
     granite: GraniteScales | None = None  # Granite's multipliers (gpu/hf_families.py)
     moe: MoeConfig | None = None  # experts (Qwen3-MoE, gpu/moe_config.py); None: dense MLPs
     mla: MlaConfig | None = None  # latent attention (DeepSeek, gpu/deepseek_config.py)
@@ -274,6 +278,8 @@ class ModelConfig:
                 }
             if model_type == "gpt_oss":
                 family = {"moe": gpt_oss_fields(cfg, num_layers), "attention_sinks": True}
+            if model_type == "ministral3":
+                family = ministral3_fields(cfg.get("rope_scaling") or rope_params)
             if model_type == "smollm3":
                 family = smollm3_fields(cfg, num_layers)
             if model_type == "exaone4":

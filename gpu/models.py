@@ -17,6 +17,7 @@ from torch import nn
 from troupe.gpu.attention import AttentionMetadata
 from troupe.gpu.model_config import ModelConfig
 from troupe.gpu.quant_linear import Projection, Weight, embedding, linear
+from troupe.gpu.query_scale import position_scaled
 from troupe.gpu.rope_layers import identity_table, layer_tables, rope_table
 from troupe.kernels.ops import KernelBackend, KernelOps, select_ops
 from troupe.kernels.streaming_attention import rotate_queries, streaming_attention
@@ -145,6 +146,7 @@ class DecoderLayer(nn.Module):
             v_scale=v_scale,
             keep_k=extend,
         )
+        q = self.scale_queries(q, positions)
         new_kv = None
         if extend:
             kv = qkv[:, c.q_size :].view(num_tokens, 2, c.num_kv_heads, c.head_dim)
@@ -192,6 +194,13 @@ class DecoderLayer(nn.Module):
                 sinks=self.sinks,
             )
         return linear(attn.reshape(num_tokens, c.q_size), self.o_proj, self.o_bias)
+
+    def scale_queries(self, q: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """The rotated queries [T, Hq, D] at `positions` as attention reads them: Ministral 3
+        scales them by position (gpu/query_scale.py), the others leave them."""
+        if self.config.query_scale is None:
+            return q
+        return position_scaled(q, positions, *self.config.query_scale)
 
     def locate_extra(self, rest: str, prefix: str) -> tuple[torch.Tensor, tuple[str, ...]] | None:
         """A subclass's own weights (gpu/moe_layer.py): (destination, fill keys) of a

@@ -96,7 +96,13 @@ def max_stream_len(config: EngineConfig, device: torch.device, model: ModelConfi
     CUDA graphs and the overlapped decode do not have it yet) and the model attends as it
     expects (no sliding window, MLA or learned sinks, no draft model to keep in step, one
     rank); else 0."""
-    plain = not (model.layer_windows or model.mla or model.is_gemma or model.attention_sinks)
+    plain = not (
+        model.layer_windows
+        or model.mla
+        or model.is_gemma
+        or model.attention_sinks
+        or model.query_scale  # queries scaled by their position, not the cache's
+    )
     single = not config.executor_proposes and config.tensor_parallel_size == 1
     return config.streaming_max_len if device.type == "cpu" and plain and single else 0
 
