@@ -26,8 +26,8 @@ Biases, as each family's transformers module declares them:
               ministral3, mixtral, phi3, exaone4 never; the others `attention_bias` (gpt_oss: on by default)
     o_proj    seed_oss `attention_out_bias`; those without q/k/v bias flags, the Qwen2s,
               the GLMs (glm, glm4, glm4_moe) and helium never; the others `attention_bias`
-    MLP       llama, granite, smollm3, seed_oss, helium, internlm3, iquestcoder: `mlp_bias`;
-              the others never (InternLM3's config.json may say `qkv_bias` and `bias` for
+    MLP       llama, granite, smollm3, seed_oss, helium, internlm3, iquestcoder, cwm:
+              `mlp_bias`; the others never (InternLM3's config.json may say `qkv_bias` and `bias` for
               Llama's `attention_bias` and `mlp_bias`, as transformers' attribute_map reads it)
     ernie4_5  `use_bias` on every projection (ernie4_5_moe too)
 
@@ -143,7 +143,7 @@ def granite_fields(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 _NO_ATTENTION_BIAS = ("mistral", "ministral", "ministral3", "mixtral", "phi3", "exaone4")
-_MLP_BIAS = ("llama", "granite", "smollm3", "seed_oss", "helium", "internlm3", "iquestcoder")
+_MLP_BIAS = ("llama", "granite", "smollm3", "seed_oss", "helium", "internlm3", "iquestcoder", "cwm")
 # InternLM3's own config.json names Llama's flags as its remote code did (transformers maps them)
 _INTERNLM3_NAMES = {"qkv_bias": "attention_bias", "bias": "mlp_bias"}
 _NO_O_BIAS = ("qwen2", "qwen2_moe", "glm", "glm4", "glm4_moe", "helium")

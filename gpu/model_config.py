@@ -56,6 +56,7 @@ SUPPORTED_MODEL_TYPES = (
     "helium",
     "internlm3",  # Llama's layers (transformers runs them with LlamaForCausalLM)
     "iquestcoder",  # the same
+    "cwm",  # Llama's layers with layer_types windows (Meta's Code World Model)
     "olmo2",
     "olmo3",
     "olmoe",

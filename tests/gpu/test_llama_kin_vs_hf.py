@@ -1,7 +1,8 @@
-"""Families transformers runs with LlamaForCausalLM under a config of their own: InternLM3
-(its biases as `qkv_bias` / `bias` in the hub's config.json, dynamic NTK rope) and
-IQuest-Coder. Greedy token-identical to HF transformers (fp32) through chunked prefill, from
-the folder transformers saves, every bias drawn away from 0."""
+"""Llama's kin: families transformers runs with LlamaForCausalLM under a config of their own,
+InternLM3 (its biases as `qkv_bias` / `bias` in the hub's config.json, dynamic NTK rope) and
+IQuest-Coder, and Meta's CWM (Llama's layers, `layer_types` windows: 4 tokens on layer 0 here,
+shorter than the prompts). Greedy token-identical to HF transformers (fp32) through chunked
+prefill, from the folder transformers saves, every bias drawn away from 0."""
 
 from __future__ import annotations
 
@@ -15,9 +16,11 @@ import torch
 from tests.gpu.family_checks import TINY, assert_greedy_matches, saved_random_model
 
 DYNAMIC = {"rope_type": "dynamic", "factor": 6.0, "rope_theta": 1000.0}
+WINDOWS = {"sliding_window": 4, "layer_types": ["sliding_attention", "full_attention"]}
 FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
     "internlm3": ("InternLM3Config", {"attention_bias": True, "mlp_bias": True}),
     "iquestcoder": ("IQuestCoderConfig", {}),
+    "cwm": ("CwmConfig", {"mlp_bias": True, **WINDOWS}),
 }
 
 
@@ -30,7 +33,7 @@ def family(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     config = getattr(transformers, config_name)(**settings)
     folder = tmp_path_factory.mktemp(request.param)
     hf_model = saved_random_model(folder, transformers.AutoModelForCausalLM.from_config, config)
-    assert type(hf_model).__name__ == "LlamaForCausalLM"
+    assert type(hf_model).__name__ in ("LlamaForCausalLM", "CwmForCausalLM")
     with torch.no_grad():  # biases N(0, 0.5): transformers starts them at 0
         for name, param in hf_model.named_parameters():
             if name.endswith(".bias"):
@@ -43,7 +46,7 @@ def test_greedy_matches_hf_with_chunked_prefill(family: tuple[str, Path, Any]) -
     assert_greedy_matches(*family[1:])
 
 
-def test_the_hub_names_of_internlm3s_biases(family: tuple[str, Path, Any]) -> None:
+def test_the_config_reads_biases_windows_and_rope(family: tuple[str, Path, Any]) -> None:
     from troupe.gpu.model_config import ModelConfig
 
     name, folder, _ = family
@@ -52,5 +55,7 @@ def test_the_hub_names_of_internlm3s_biases(family: tuple[str, Path, Any]) -> No
     if expected:  # as internlm/internlm3-8b-instruct's config.json writes them
         cfg["qkv_bias"], cfg["bias"] = cfg.pop("attention_bias"), cfg.pop("mlp_bias")
     config = ModelConfig.from_hf_dict(cfg)
-    assert (config.qkv_bias, config.o_bias, config.mlp_bias) == (expected,) * 3
+    assert (config.qkv_bias, config.o_bias) == (expected,) * 2
+    assert config.mlp_bias == (name != "iquestcoder")
     assert config.rope_scaling is None  # dynamic NTK: plain rotation up to its length
+    assert config.layer_windows == ((4, 0) if name == "cwm" else ())
