@@ -70,5 +70,5 @@ def test_a_bad_reasoning_mode_is_named() -> None:
     spec = StructuredOutputs(json_object=True, reasoning="sometimes")  # type: ignore[arg-type]
     assert spec.check() == (
         "reasoning",
-        "reasoning is one of none, required, optional, got 'sometimes'",
+        "reasoning is one of none, required, optional, harmony, got 'sometimes'",
     )
