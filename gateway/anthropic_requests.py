@@ -40,6 +40,7 @@ from troupe.gateway.tool_calls import (
     ToolFunction,
     ToolPlan,
     as_sent,
+    auto_refused,
     tool_plan,
 )
 from troupe.messages import ChatPrompt, ParamError, SamplingParams, StructuredOutputs
@@ -172,13 +173,7 @@ def _tool_plan(
     choice = body.tool_choice
     kind = "auto" if choice is None else choice.type
     if tools and kind == "auto" and tool_parser is None:
-        raise invalid(
-            "tool_choice",
-            'tool_choice "auto" needs a chat template with a tool-call format troupe parses '
-            "(Hermes/Qwen <tool_call> tags), and this model's has none (or a server started with "
-            '--tool-call-parser, e.g. llama3_json): send {"type": "any"}, {"type": "tool", '
-            '"name": ...} or {"type": "none"}',
-        )
+        raise auto_refused('{"type": "any"}, {"type": "tool", "name": ...} or {"type": "none"}')
     chat_choice: ToolChoice | None = {"auto": None, "any": "required", "none": "none"}.get(kind)
     if kind == "tool":
         name = choice.name if choice is not None else None

@@ -37,7 +37,6 @@ from troupe.gateway.sse_frames import typed_sse
 from troupe.gateway.sse_writer import first_event, pump_sse, serve_sse
 from troupe.gateway.state import GATEWAY, Gateway
 from troupe.gateway.tokenize_routes import render_chat
-from troupe.gateway.tool_auto import auto_tool_parser
 from troupe.gateway.whole_answer import whole_answer
 from troupe.messages import Delta, Finished, SamplingParams, StreamEvent
 
@@ -88,9 +87,7 @@ async def count_tokens(request: web.Request) -> web.Response:
 def _prepare(gateway: Gateway, raw: bytes) -> _Call:
     engine = gateway.engine
     settings = gateway.settings
-    tool_parser = auto_tool_parser(
-        settings.tool_call_parser, settings.reasoning_parser, engine.tokenizer.chat_template
-    )
+    tool_parser = settings.auto_tool_parser(engine.tokenizer.chat_template)
     req = parse_messages(raw, tool_parser=tool_parser, defaults=engine.sampling_defaults)
     served = gateway.served_models()
     req = req.with_lora(served.lora_for(req.model))

@@ -32,7 +32,7 @@ from troupe.gateway.sse_frames import text_delta_frames
 from troupe.gateway.sse_writer import first_event, pump_sse, serve_sse
 from troupe.gateway.state import GATEWAY, Gateway
 from troupe.gateway.token_ids_out import TokenIds, chunk_with_ids
-from troupe.gateway.tool_auto import auto_tool_parser, parse_auto_calls
+from troupe.gateway.tool_auto import parse_auto_calls
 from troupe.gateway.tool_calls import tool_calls
 from troupe.messages import (
     Aborted,
@@ -119,10 +119,7 @@ async def _prepare(gateway: Gateway, kind: Kind, raw: bytes, header_id: str | No
     default_max_tokens = defaults.max_tokens_within(engine.max_model_len) if kind == "chat" else 16
     tool_parser = None  # only chat reads tools (the template is the chat's)
     if kind == "chat":
-        settings = gateway.settings
-        tool_parser = auto_tool_parser(
-            settings.tool_call_parser, settings.reasoning_parser, engine.tokenizer.chat_template
-        )
+        tool_parser = gateway.settings.auto_tool_parser(engine.tokenizer.chat_template)
     req = parse_request(
         kind, raw, default_max_tokens=default_max_tokens, tool_parser=tool_parser, defaults=defaults
     )

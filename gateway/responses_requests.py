@@ -42,6 +42,7 @@ from troupe.gateway.tool_calls import (
     ToolFunction,
     ToolPlan,
     as_sent,
+    auto_refused,
     tool_plan,
 )
 from troupe.messages import ChatMessage, ChatPrompt, ParamError, SamplingParams, StructuredOutputs
@@ -228,12 +229,8 @@ def _tool_plan(
     """chat's ToolPlan for the request's function tools and tool_choice."""
     choice = body.tool_choice
     if tools and (choice is None or choice == "auto") and tool_parser is None:
-        raise invalid(
-            "tool_choice",
-            'tool_choice "auto" needs a chat template with a tool-call format troupe parses '
-            "(Hermes/Qwen <tool_call> tags), and this model's has none (or a server started with "
-            '--tool-call-parser, e.g. llama3_json): send "required", a named function '
-            '{"type": "function", "name": ...}, or "none"',
+        raise auto_refused(
+            '"required", a named function {"type": "function", "name": ...}, or "none"'
         )
     chat_choice: ToolChoice | None
     if isinstance(choice, FunctionChoice):

@@ -44,7 +44,6 @@ from troupe.gateway.responses_store import StoredResponse, new_response_id
 from troupe.gateway.sse_frames import typed_sse
 from troupe.gateway.sse_writer import first_event, pump_sse, serve_sse
 from troupe.gateway.state import GATEWAY, Gateway
-from troupe.gateway.tool_auto import auto_tool_parser
 from troupe.gateway.whole_answer import whole_answer
 from troupe.messages import (
     Delta,
@@ -118,9 +117,7 @@ class _Call:
 def _prepare(gateway: Gateway, raw: bytes) -> _Call:
     engine = gateway.engine
     settings = gateway.settings
-    tool_parser = auto_tool_parser(
-        settings.tool_call_parser, settings.reasoning_parser, engine.tokenizer.chat_template
-    )
+    tool_parser = settings.auto_tool_parser(engine.tokenizer.chat_template)
     # Answers run to the end of the context unless capped (the engine clips at max_model_len;
     # the model's generation_config may cap them, as vLLM's max_new_tokens).
     defaults = engine.sampling_defaults

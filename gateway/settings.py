@@ -18,7 +18,7 @@ from typing import Any
 from troupe.config import ConfigError
 from troupe.gateway.reasoning import PARSERS, ParserName
 from troupe.gateway.tls import check_tls
-from troupe.gateway.tool_auto import TOOL_PARSERS, ToolParserName
+from troupe.gateway.tool_auto import TOOL_PARSERS, ToolParserName, auto_tool_parser
 from troupe.messages.pooling import PoolingType
 
 
@@ -131,6 +131,12 @@ class GatewaySettings:
         "(hermes, qwen3_coder, glm45, kimi_k2, minimax_m2, or openai with that reasoning "
         'parser), else "auto" is refused',
     )
+    enable_auto_tool_choice: bool = _knob(
+        True,
+        'chat: tool_choice "auto" (the default when tools are sent) is read in the format '
+        "above; --no-enable-auto-tool-choice refuses it (400), as vLLM does without its "
+        "--enable-auto-tool-choice, which troupe takes as on",
+    )
     max_stored_responses: int = _knob(
         0,
         "/v1/responses: keep up to this many answers (store: true, OpenAI's default) in this "
@@ -177,6 +183,13 @@ class GatewaySettings:
         "work never holds the engine's interpreter lock; --no-engine-process runs it inside "
         "the server's own process",
     )
+
+    def auto_tool_parser(self, template: str | None) -> ToolParserName | None:
+        """The format tool_choice "auto" replies are read in for a model whose chat template is
+        `template` (None: "auto" is refused): tool_auto.auto_tool_parser, when enabled."""
+        if not self.enable_auto_tool_choice:
+            return None
+        return auto_tool_parser(self.tool_call_parser, self.reasoning_parser, template)
 
     def __post_init__(self) -> None:
         for name in (
@@ -226,6 +239,7 @@ class GatewaySettings:
             "return_tokens_as_token_ids",
             "enable_request_id_headers",
             "enable_force_include_usage",
+            "enable_auto_tool_choice",
             "incremental_streaming_output",
         ):
             if not isinstance(getattr(self, name), bool):

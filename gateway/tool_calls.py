@@ -16,7 +16,7 @@ import json
 from typing import Any, Literal
 
 import msgspec
-from troupe.gateway.errors import invalid
+from troupe.gateway.errors import ApiError, invalid
 from troupe.gateway.tool_auto import ToolParserName
 from troupe.gateway.tool_reader import openai_call_id
 from troupe.messages import StructuredOutputs
@@ -67,6 +67,19 @@ class ToolPlan:
         return tuple(t["function"]["name"] for t in self.tools)
 
 
+def auto_refused(alternatives: str) -> ApiError:
+    """The 400 for tool_choice "auto" on a server that reads no tool-call format for this
+    model; `alternatives`: the choices the API offers instead."""
+    return invalid(
+        "tool_choice",
+        'tool_choice "auto" needs a tool-call format troupe reads: one the chat template writes '
+        "(Hermes/Qwen <tool_call> tags, Qwen3-Coder, GLM-4.5, Kimi K2, MiniMax-M2, GPT-OSS under "
+        "--reasoning-parser openai_gptoss) or the server's --tool-call-parser (e.g. "
+        "llama3_json), with --enable-auto-tool-choice (on unless the server turned it off); "
+        f"this server has none for this model: send {alternatives}",
+    )
+
+
 def tool_plan(
     tools: list[Tool] | None,
     choice: ToolChoice | None,
@@ -88,14 +101,8 @@ def tool_plan(
     if (choice is None or choice == "auto") and tool_parser is not None:
         return ToolPlan(None, tools=tuple(as_sent(t) for t in tools), parser=tool_parser)
     if choice is None or choice == "auto":
-        raise invalid(
-            "tool_choice",
-            'tool_choice "auto" needs a chat template with a tool-call format troupe parses '
-            "(Hermes/Qwen <tool_call> tags, Qwen3-Coder, GLM-4.5, Kimi K2), and this model's "
-            "has none (or a server started with --tool-call-parser, e.g. llama3_json): send "
-            '"required", a named function '
-            '{"type": "function", "function": {"name": ...}}, or "none"',
-        )
+        raise auto_refused('"required", a named function {"type": "function", "function": '
+                           '{"name": ...}}, or "none"')  # fmt: skip
     by_name = {t.function.name: t.function for t in tools}
     if isinstance(choice, NamedToolChoice):
         function = by_name.get(choice.function.name)

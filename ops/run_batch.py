@@ -40,6 +40,7 @@ from troupe.ops.batch_lines import BatchLine, LineReader, OrderedWriter, Refused
 ANSWER_SETTINGS = (
     "reasoning_parser",
     "tool_call_parser",
+    "enable_auto_tool_choice",
     "pooling_type",
     "max_embedding_inputs",
     "max_prompts_per_request",

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import openai
 import pytest
 from openai import OpenAI
@@ -210,3 +211,23 @@ def test_the_flag() -> None:
         parser.parse_args(["--tool-call-parser", "hunyuan_a13b"])
     with pytest.raises(ConfigError, match="tool_call_parser"):
         GatewaySettings(tool_call_parser="hunyuan_a13b")  # type: ignore[arg-type]
+
+
+def test_enable_auto_tool_choice_as_vllm_spells_it() -> None:
+    """vLLM's `--enable-auto-tool-choice` is taken (on by default here); turned off, "auto"
+    reads no format whatever the parser or template, and the 400 names the flag."""
+    parser = argparse.ArgumentParser()
+    add_serve_arguments(parser)
+    args = ["--enable-auto-tool-choice", "--tool-call-parser", "llama3_json"]
+    on = settings_from_args(parser.parse_args(args))
+    assert on.enable_auto_tool_choice and on.auto_tool_parser(None) == "llama3_json"
+    off = settings_from_args(parser.parse_args([*args[1:], "--no-enable-auto-tool-choice"]))
+    assert off.auto_tool_parser(None) is None
+    assert off.auto_tool_parser("{{ '<tool_call>' }}") is None
+    assert GatewaySettings().auto_tool_parser("{{ '<tool_call>' }}") == "hermes"
+    from troupe.gateway.errors import ApiError
+    from troupe.gateway.tool_calls import Tool, tool_plan
+
+    with pytest.raises(ApiError, match="--enable-auto-tool-choice") as info:
+        tool_plan(msgspec.convert(TOOLS, list[Tool]), None, None, tool_parser=None)
+    assert info.value.param == "tool_choice"
