@@ -22,16 +22,15 @@ out as written.
 
 from __future__ import annotations
 
-from troupe.gateway.json_scan import ObjectScan, object_at
 from troupe.gateway.tool_format import (
     CallFormat,
+    TaggedObjectReader,
     ToolCallDict,
     ToolSchemas,
     delimited_calls,
     json_object_call,
     vllm_call_id,
 )
-from troupe.gateway.tool_reader import CallSoFar, SectionSoFar, spans
 
 CALLS_BEGIN = "<｜tool▁calls▁begin｜>"
 CALL_BEGIN, CALL_END, SEP = "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"
@@ -74,30 +73,23 @@ DEEPSEEK_V3 = CallFormat((CALLS_BEGIN,), parse_deepseek_v3)
 DEEPSEEK_V31 = CallFormat((CALLS_BEGIN,), parse_deepseek_v31)
 
 
-class DeepSeekV3Reader:
+class DeepSeekV3Reader(TaggedObjectReader):
     """DeepSeek-V3's calls (V3.1's: `fenced` False) read as they are written (a
     tool_reader.CallReader)."""
 
+    open_tag, close_tag = CALL_BEGIN, CALL_END
+
     def __init__(self, *, fenced: bool = True) -> None:
+        super().__init__()
         self._fenced = fenced
-        self._scans: dict[int, ObjectScan] = {}  # by where a call's arguments begin
 
-    def call_id(self) -> str:
-        return vllm_call_id()
-
-    def read(self, text: str, start: int, *, is_final: bool) -> SectionSoFar:
-        found = spans(text, CALL_BEGIN, CALL_END, start, len(text), False)
-        return SectionSoFar(tuple(self._call(text, begin, end) for begin, end, _ in found))
-
-    def _call(self, text: str, inner: int, end: int) -> CallSoFar:
+    def head(self, text: str, inner: int, end: int) -> tuple[str, int, str | None] | None:
         sep = text.find(SEP, inner, end)
         if sep < 0:
-            return CallSoFar(None)
-        if self._fenced:
-            fence = text.find(_FENCE_OPEN, sep + len(SEP), end)
-            if fence < 0 or text[inner:sep].strip() != "function":
-                return CallSoFar(None)
-            name, body = text[sep + len(SEP) : fence], fence + len(_FENCE_OPEN)
-        else:
-            name, body = text[inner:sep], sep + len(SEP)
-        return CallSoFar(name, object_at(self._scans, text, body, end))
+            return None
+        if not self._fenced:
+            return text[inner:sep], sep + len(SEP), None
+        fence = text.find(_FENCE_OPEN, sep + len(SEP), end)
+        if fence < 0 or text[inner:sep].strip() != "function":
+            return None
+        return text[sep + len(SEP) : fence], fence + len(_FENCE_OPEN), None

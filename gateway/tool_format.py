@@ -22,7 +22,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from troupe.actors.core.marker_tail import marker_tail
-from troupe.gateway.tool_reader import spans
+from troupe.gateway.json_scan import ObjectScan, object_at
+from troupe.gateway.tool_reader import CallSoFar, SectionSoFar, spans
 
 ToolCallDict = dict[str, Any]  # OpenAI's {"id", "type": "function", "function": {...}}
 
@@ -173,3 +174,34 @@ class FormatCallStream:
             return rest, []
         calls = self.fmt.parse(self.text[self._at :], self.tools)
         return ("", calls) if calls else (rest, [])
+
+
+class TaggedObjectReader:
+    """A tool_reader.CallReader for a format whose calls each sit between `open_tag` and
+    `close_tag`, their arguments one JSON object that goes out as written (kimi_k2,
+    deepseek_v3, openai): a subclass's `head` finds a call's name and where its object begins."""
+
+    open_tag = ""
+    close_tag = ""
+
+    def __init__(self) -> None:
+        self._scans: dict[int, ObjectScan] = {}  # by where a call's arguments begin
+
+    def call_id(self) -> str:
+        return vllm_call_id()
+
+    def read(self, text: str, start: int, *, is_final: bool) -> SectionSoFar:
+        found = spans(text, self.open_tag, self.close_tag, start, len(text), False)
+        return SectionSoFar(tuple(self._call(text, begin, end) for begin, end, _ in found))
+
+    def head(self, text: str, inner: int, end: int) -> tuple[str, int, str | None] | None:
+        """(the name, where the object begins, the id the model wrote or None) of the call
+        written in text[inner:end] so far; None while that is not known."""
+        raise NotImplementedError
+
+    def _call(self, text: str, inner: int, end: int) -> CallSoFar:
+        found = self.head(text, inner, end)
+        if found is None:
+            return CallSoFar(None)
+        name, body, call_id = found
+        return CallSoFar(name, object_at(self._scans, text, body, end), call_id=call_id)

@@ -18,16 +18,14 @@ from __future__ import annotations
 
 import re
 
-from troupe.gateway.json_scan import ObjectScan, object_at
 from troupe.gateway.tool_format import (
     CallFormat,
+    TaggedObjectReader,
     ToolCallDict,
     ToolSchemas,
     delimited_calls,
     json_object_call,
-    vllm_call_id,
 )
-from troupe.gateway.tool_reader import CallSoFar, SectionSoFar, spans
 
 SECTION_BEGIN, SECTION_END = "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"
 CALL_BEGIN, CALL_END = "<|tool_call_begin|>", "<|tool_call_end|>"
@@ -59,26 +57,16 @@ def _call(inner: str, tools: ToolSchemas) -> ToolCallDict | None:
 KIMI_K2 = CallFormat((SECTION_BEGIN,), parse_kimi_k2)
 
 
-class KimiK2Reader:
-    """Kimi K2's calls read as they are written (a tool_reader.CallReader)."""
+class KimiK2Reader(TaggedObjectReader):
+    """Kimi K2's calls read as they are written (a tool_reader.CallReader; every call carries
+    the model's own id, so `call_id` is never asked)."""
 
-    def __init__(self) -> None:
-        self._scans: dict[int, ObjectScan] = {}  # by where a call's arguments begin
+    open_tag, close_tag = CALL_BEGIN, CALL_END
 
-    def call_id(self) -> str:
-        return vllm_call_id()  # never used: every Kimi call carries the model's own id
-
-    def read(self, text: str, start: int, *, is_final: bool) -> SectionSoFar:
-        found = spans(text, CALL_BEGIN, CALL_END, start, len(text), False)
-        return SectionSoFar(tuple(self._call(text, begin, end) for begin, end, _ in found))
-
-    def _call(self, text: str, inner: int, end: int) -> CallSoFar:
+    def head(self, text: str, inner: int, end: int) -> tuple[str, int, str | None] | None:
         sep = text.find(ARGUMENT_BEGIN, inner, end)
         if sep < 0:
-            return CallSoFar(None)
+            return None
         call_id = text[inner:sep].strip()
         name = call_name(call_id)
-        if name is None:
-            return CallSoFar(None)
-        body = sep + len(ARGUMENT_BEGIN)
-        return CallSoFar(name, object_at(self._scans, text, body, end), call_id=call_id)
+        return None if name is None else (name, sep + len(ARGUMENT_BEGIN), call_id)

@@ -16,16 +16,15 @@ written.
 from __future__ import annotations
 
 from troupe.gateway.harmony import CALL_END, CALL_OPEN, CHANNEL, MESSAGE
-from troupe.gateway.json_scan import ObjectScan, object_at
 from troupe.gateway.tool_format import (
     CallFormat,
+    TaggedObjectReader,
     ToolCallDict,
     ToolSchemas,
     delimited_calls,
     json_object_call,
     vllm_call_id,
 )
-from troupe.gateway.tool_reader import CallSoFar, SectionSoFar, spans
 
 
 def parse_openai(section: str, tools: ToolSchemas) -> list[ToolCallDict] | None:
@@ -45,23 +44,13 @@ def _call(inner: str, tools: ToolSchemas) -> ToolCallDict | None:
 OPENAI = CallFormat((CALL_OPEN,), parse_openai)
 
 
-class OpenAIReader:
+class OpenAIReader(TaggedObjectReader):
     """GPT-OSS's calls read as they are written (a tool_reader.CallReader)."""
 
-    def __init__(self) -> None:
-        self._scans: dict[int, ObjectScan] = {}  # by where a call's arguments begin
+    open_tag, close_tag = CALL_OPEN, CALL_END
 
-    def call_id(self) -> str:
-        return vllm_call_id()
-
-    def read(self, text: str, start: int, *, is_final: bool) -> SectionSoFar:
-        found = spans(text, CALL_OPEN, CALL_END, start, len(text), False)
-        return SectionSoFar(tuple(self._call(text, begin, end) for begin, end, _ in found))
-
-    def _call(self, text: str, inner: int, end: int) -> CallSoFar:
+    def head(self, text: str, inner: int, end: int) -> tuple[str, int, str | None] | None:
         sep = text.find(MESSAGE, inner, end)
         if sep < 0:
-            return CallSoFar(None)
-        name = text[inner:sep].partition(CHANNEL)[0]
-        body = sep + len(MESSAGE)
-        return CallSoFar(name, object_at(self._scans, text, body, end))
+            return None
+        return text[inner:sep].partition(CHANNEL)[0], sep + len(MESSAGE), None
