@@ -17,7 +17,7 @@ from torch import nn
 from troupe.gpu.attention import AttentionMetadata
 from troupe.gpu.model_config import ModelConfig
 from troupe.gpu.quant_linear import Projection, Weight, embedding, linear
-from troupe.gpu.query_scale import position_scaled
+from troupe.gpu.query_scale import install_query_factors, position_scaled
 from troupe.gpu.rope_layers import identity_table, layer_tables, rope_table
 from troupe.kernels.ops import KernelBackend, KernelOps, select_ops
 from troupe.kernels.streaming_attention import rotate_queries, streaming_attention
@@ -64,6 +64,7 @@ class DecoderLayer(nn.Module):
         self.scale = (c.query_pre_attn_scalar or c.head_dim) ** -0.5
         self.softcap = c.attn_logit_softcapping or 0.0  # Gemma 2: scores capped (0: not)
         self.sinks = param(c.num_heads) if c.attention_sinks else None  # GPT-OSS
+        self.query_factors: torch.Tensor | None = None  # Ministral 3's (gpu/query_scale.py)
         self.gelu = c.hidden_act == "gelu_tanh"  # the MLP's gate: GeGLU, else SwiGLU
         # Granite: its attention scale, and the outputs' weight in the residual stream
         self.residual_scale: float | None = None
@@ -196,11 +197,9 @@ class DecoderLayer(nn.Module):
         return linear(attn.reshape(num_tokens, c.q_size), self.o_proj, self.o_bias)
 
     def scale_queries(self, q: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """The rotated queries [T, Hq, D] at `positions` as attention reads them: Ministral 3
-        scales them by position (gpu/query_scale.py), the others leave them."""
-        if self.config.query_scale is None:
-            return q
-        return position_scaled(q, positions, *self.config.query_scale)
+        """The rotated queries [T, Hq, D] as attention reads them (Ministral 3's scaled)."""
+        factors = self.query_factors
+        return q if factors is None else position_scaled(q, positions, factors)
 
     def locate_extra(self, rest: str, prefix: str) -> tuple[torch.Tensor, tuple[str, ...]] | None:
         """A subclass's own weights (gpu/moe_layer.py): (destination, fill keys) of a
@@ -281,6 +280,7 @@ class DecoderModel(nn.Module):
         self.layers = nn.ModuleList(
             self.make_layer(c, dtype, device, i) for i in range(c.num_layers)
         )
+        install_query_factors(self.layers, c, max_positions, device)
         self.norm = new_param(c.hidden_size, dtype=dtype, device=device)
         self.lora: LoraRuntime | None = None  # LoRA adapters (gpu/lora_runtime.install_lora)
         # what an EAGLE head reads of every row (gpu/target_hidden.py)

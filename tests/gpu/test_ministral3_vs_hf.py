@@ -53,12 +53,13 @@ def test_without_the_scale_the_answers_differ(saved: tuple[Path, Any], tmp_path:
 
 def test_the_scale_is_read(saved: tuple[Path, Any]) -> None:
     from troupe.gpu.model_config import ModelConfig
-    from troupe.gpu.query_scale import position_scaled
+    from troupe.gpu.query_scale import factor_table, position_scaled
 
     folder, _ = saved
     assert ModelConfig.from_hf_folder(folder).query_scale == (0.5, 8)
     q = torch.ones(4, 1, 1)
-    scaled = position_scaled(q, torch.tensor([0, 7, 8, 23]), 0.5, 8).flatten()
+    factors = factor_table(0.5, 8, 24, torch.device("cpu"))
+    scaled = position_scaled(q, torch.tensor([0, 7, 8, 23]), factors).flatten()
     expected = 1 + 0.5 * torch.log(torch.tensor([1.0, 1.0, 2.0, 3.0]))
     torch.testing.assert_close(scaled, expected)
 
