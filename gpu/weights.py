@@ -103,8 +103,9 @@ def load_model(
     (docs/benchmarks.md, "H200 figures, 2026-12-01"), so "auto" expands there until they win.
     `cpu_kernels`: whether kept 4-bit and Q8_0 CPU weights use the native kernels
     (gpu/cpu_q4lib.py). GPT-OSS's MXFP4 experts stay packed with "keep" alone: their Triton
-    GEMMs (kernels/fused_moe_mxfp4.py) were measured slower than bf16's (docs/benchmarks.md,
-    session 56), and the CPU's reference unpacks them every step."""
+    GEMMs (kernels/fused_moe_mxfp4.py) still lose to bf16's at decode, and past 16 rows an
+    expert unpack them for bf16's anyway (docs/benchmarks.md, session 57); the CPU's reference
+    unpacks them every step."""
     config = read_config(path, hf_overrides)
     if quantization != "keep":
         config = mxfp4_unpacked(config)
