@@ -38,7 +38,7 @@ from troupe.gateway.sse_writer import first_event, pump_sse, serve_sse
 from troupe.gateway.state import GATEWAY, Gateway
 from troupe.gateway.tokenize_routes import render_chat
 from troupe.gateway.whole_answer import whole_answer
-from troupe.messages import Delta, Finished, SamplingParams, StreamEvent
+from troupe.messages import ChatPrompt, Delta, Finished, SamplingParams, StreamEvent
 
 log = structlog.get_logger("troupe.gateway")
 
@@ -94,9 +94,11 @@ def _prepare(gateway: Gateway, raw: bytes) -> _Call:
     message_id = f"msg_{uuid.uuid4().hex}"
     if req.user is not None:
         log.debug("request from a named user", request_id=message_id, user=req.user)
-    splitter, params = chat_reasoning(
+    splitter, params, prompt = chat_reasoning(
         settings.reasoning_parser, engine.tokenizer, req.prompt, req.params, req.tools
     )
+    assert isinstance(prompt, ChatPrompt), "a ChatPrompt stays one"
+    req = dataclasses.replace(req, prompt=prompt)
     assembler = MessageAssembler(
         message_id, served.name_of(params.lora), req.tools, splitter, is_streaming=req.stream
     )

@@ -1,11 +1,15 @@
-"""The server's reasoning parser on one chat-shaped request (chat completions and responses):
-the splitter its answer runs through, and its structured output's constraint moved past the
-thinking (gateway/reasoning.py says how each parser reads a prompt and an answer)."""
+"""The server's reasoning parser on one chat-shaped request (chat completions, responses and
+messages): the splitter its answer runs through, its structured output's constraint moved past
+the thinking (gateway/reasoning.py says how each parser reads a prompt and an answer), and its
+earlier turns as the parser's template takes them back (gateway/harmony_turns.py)."""
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import msgspec
 from troupe.gateway.engine_api import TokenizerLike
+from troupe.gateway.harmony_turns import harmony_turns
 from troupe.gateway.reasoning import (
     PROMPT_DECIDES,
     ParserName,
@@ -14,20 +18,31 @@ from troupe.gateway.reasoning import (
 )
 from troupe.gateway.tokenize_routes import render_chat
 from troupe.gateway.tool_calls import ToolPlan
-from troupe.messages import ChatPrompt, SamplingParams
+from troupe.messages import ChatMessage, ChatPrompt, SamplingParams
+
+Prompt = list[ChatMessage] | ChatPrompt
+
+
+class ChatReasoning(NamedTuple):
+    """What the parser makes of a request: `splitter` for its answer, the `params` and
+    `prompt` to run."""
+
+    splitter: ReasoningSplitter | None
+    params: SamplingParams
+    prompt: Prompt
 
 
 def chat_reasoning(
     parser: ParserName | None,
     tokenizer: TokenizerLike,
-    prompt: object,
+    prompt: Prompt,
     params: SamplingParams,
     tools: ToolPlan | None = None,
-) -> tuple[ReasoningSplitter | None, SamplingParams]:
-    """(the answer's splitter, the params to run) for a chat `prompt` (plain messages or a
-    ChatPrompt) calling `tools` (the request's plan); no parser: (None, params)."""
+) -> ChatReasoning:
+    """The splitter, params and prompt for a chat `prompt` (plain messages or a ChatPrompt)
+    calling `tools` (the request's plan); no parser: (None, params, prompt)."""
     if parser is None:
-        return None, params
+        return ChatReasoning(None, params, prompt)
     prompt_text = ""  # qwen3, deepseek_v3: whether the answer starts thinking is the prompt's
     spec = params.structured_outputs
     if parser in PROMPT_DECIDES and (isinstance(prompt, ChatPrompt) or spec is not None):
@@ -37,10 +52,11 @@ def chat_reasoning(
     splitter = ReasoningSplitter(parser, prompt_text, keeps_calls=keeps_calls)
     if parser == "openai_gptoss":  # its channel markers are special tokens (gateway/harmony.py)
         params = msgspec.structs.replace(params, skip_special_tokens=False)
+        prompt = harmony_turns(prompt)
     if spec is not None:  # the constraint (tool calls' too) starts after the thinking
         spec = msgspec.structs.replace(spec, reasoning=constraint_reasoning(parser, prompt_text))
         params = msgspec.structs.replace(params, structured_outputs=spec)
-    return splitter, params
+    return ChatReasoning(splitter, params, prompt)
 
 
 def chat_of(prompt: object) -> ChatPrompt:

@@ -7,7 +7,7 @@ import dataclasses
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 import structlog
@@ -36,6 +36,8 @@ from troupe.gateway.tool_auto import parse_auto_calls
 from troupe.gateway.tool_calls import tool_calls
 from troupe.messages import (
     Aborted,
+    ChatMessage,
+    ChatPrompt,
     Delta,
     Failed,
     Finished,
@@ -163,10 +165,11 @@ async def _prepare(gateway: Gateway, kind: Kind, raw: bytes, header_id: str | No
     splitter = None
     if kind == "chat":
         parser = gateway.settings.reasoning_parser
-        splitter, params = chat_reasoning(
-            parser, engine.tokenizer, req.prompt, req.params, req.tools
+        messages = cast(list[ChatMessage] | ChatPrompt, req.prompt)  # a chat request's prompt
+        splitter, params, prompt = chat_reasoning(
+            parser, engine.tokenizer, messages, req.params, req.tools
         )
-        req = dataclasses.replace(req, params=params)
+        req = dataclasses.replace(req, params=params, prompt=prompt)
     return _Call(req, builder, echo, splitter, engine_id, embeds)
 
 

@@ -161,8 +161,8 @@ class FunctionCallOutputItem(_Body, kw_only=True):
 
 
 class ReasoningItem(_Body, kw_only=True):
-    """An earlier answer's thinking: accepted, not rendered (troupe's chat messages carry no
-    reasoning, and templates drop earlier turns' thinking)."""
+    """An earlier answer's thinking: its `reasoning_text` parts become the next assistant
+    turn's reasoning (gateway/responses_input.py)."""
 
     type: Literal["reasoning"]
     id: str | None = None

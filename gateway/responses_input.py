@@ -9,7 +9,11 @@
                                        of the assistant message just before them, if any
     function_call_output item      ->  {"role": "tool", "tool_call_id": its call_id,
                                        "content": its output}
-    reasoning item                 ->  nothing (templates drop earlier turns' thinking)
+    reasoning item                 ->  the `reasoning` of the assistant turn after it (its
+                                       message or its calls; vLLM's reading), which a template
+                                       renders where it keeps earlier thinking (Qwen3's after
+                                       the last user message, GPT-OSS's on a call turn until an
+                                       answer); thinking no turn follows is dropped
 
 These are the messages a chat client sends for the same turns (the engine's ChatMessage), so
 the template renders the calls in the model's own format, as on chat. vLLM makes one
@@ -23,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import msgspec
 from troupe.actors.core.chat_messages import ChatMessageError, tool_arguments
 from troupe.gateway.errors import invalid
 from troupe.gateway.openai_bodies import convert_field
@@ -32,6 +37,7 @@ from troupe.gateway.responses_bodies import (
     FunctionCallItem,
     FunctionCallOutputItem,
     MessageItem,
+    ReasoningItem,
 )
 from troupe.messages import ChatMessage, ToolCall, ToolCallFunction
 
@@ -59,15 +65,20 @@ def input_messages(
     if not input_:
         raise invalid("input", "'input' must be a non-empty string or list of items")
     calls: list[ToolCall] = []  # the calls of the assistant turn being read
-    said: str | None = None  # the text of the assistant message just before them, if any
+    said: ChatMessage | None = None  # the assistant message just before them, if any
+    thought: str | None = None  # the reasoning items' text, for the turn that follows
 
     def flush_calls() -> None:
+        nonlocal thought
         if not calls:
             return
         if said is not None:  # that message (the last one) and its calls are one turn
-            messages[-1] = ChatMessage(role="assistant", content=said, tool_calls=tuple(calls))
+            messages[-1] = msgspec.structs.replace(said, tool_calls=tuple(calls))
         else:
-            messages.append(ChatMessage(role="assistant", tool_calls=tuple(calls)))
+            messages.append(
+                ChatMessage(role="assistant", tool_calls=tuple(calls), reasoning=thought)
+            )
+            thought = None
         calls.clear()
 
     for i, raw in enumerate([*history, *input_]):
@@ -78,15 +89,36 @@ def input_messages(
             continue
         flush_calls()
         said = None
+        if isinstance(item, ReasoningItem):
+            text = _thought(item, where)
+            if text:
+                thought = text if thought is None else f"{thought}\n{text}"
+            continue
         if isinstance(item, MessageItem):
             text = _text(item.content, f"{where}.content")
-            messages.append(ChatMessage(role=item.role, content=text))
-            said = text if item.role == "assistant" else None
+            if item.role == "assistant":
+                said = ChatMessage(role="assistant", content=text, reasoning=thought)
+                messages.append(said)
+            else:
+                messages.append(ChatMessage(role=item.role, content=text))
         elif isinstance(item, FunctionCallOutputItem):
             output = _text(item.output, f"{where}.output")
             messages.append(ChatMessage(role="tool", content=output, tool_call_id=item.call_id))
+        thought = None
     flush_calls()
     return messages
+
+
+def _thought(item: ReasoningItem, where: str) -> str:
+    """A reasoning item's text: its `reasoning_text` parts, joined (the summary is not the
+    thinking); another part is a 400 naming it."""
+    texts = []
+    for j, part in enumerate(item.content or ()):
+        at = f"{where}.content[{j}]"
+        if part.get("type") != "reasoning_text" or not isinstance(part.get("text"), str):
+            raise invalid(at, f"{at} must be a reasoning_text part with a string text")
+        texts.append(part["text"])
+    return "\n".join(texts)
 
 
 def _tool_call(item: FunctionCallItem, where: str) -> ToolCall:

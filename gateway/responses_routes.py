@@ -134,7 +134,10 @@ def _prepare(gateway: Gateway, raw: bytes) -> _Call:
     if req.user is not None:
         log.debug("request from a named user", request_id=response_id, user=req.user)
     parser = settings.reasoning_parser
-    splitter, params = chat_reasoning(parser, engine.tokenizer, req.prompt, req.params, req.tools)
+    splitter, params, prompt = chat_reasoning(
+        parser, engine.tokenizer, req.prompt, req.params, req.tools
+    )
+    req = dataclasses.replace(req, prompt=prompt)
     shape = ResponseShape(response_id, served.name_of(params.lora), req.echo)
     is_streaming = req.stream or req.is_background  # a background run keeps its events
     assembler = OutputAssembler(shape, req.tools, splitter, is_streaming=is_streaming)

@@ -23,7 +23,8 @@ renders here what it renders there:
   never silently loses a call's arguments (an empty string is `{}`, as in vLLM);
 - an assistant's `reasoning` (the thinking an earlier turn returned as `reasoning_content`)
   goes in as both `reasoning` and `reasoning_content`, as vLLM passes it (Qwen3's template
-  reads the latter).
+  reads the latter), and as `thinking`, the name GPT-OSS's template reads (it renders a call
+  turn's thinking until a later answer, as vLLM's harmony rendering keeps it).
 """
 
 from __future__ import annotations
@@ -110,6 +111,7 @@ def template_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
                 ]
             if message.reasoning is not None:
                 entry["reasoning"] = entry["reasoning_content"] = message.reasoning
+                entry["thinking"] = message.reasoning
         if message.tool_call_id is not None:
             entry["tool_call_id"] = message.tool_call_id
         if message.name is not None:

@@ -110,9 +110,9 @@ def test_only_cut_markers_and_channel_names_are_held() -> None:
 def test_a_chat_request_keeps_its_special_tokens() -> None:
     params = SamplingParams(max_tokens=8)
     assert params.skip_special_tokens
-    splitter, run = chat_reasoning("openai_gptoss", None, [], params)
+    splitter, run, _ = chat_reasoning("openai_gptoss", None, [], params)
     assert splitter is not None and not run.skip_special_tokens
-    _, plain = chat_reasoning("qwen3", None, [], params)
+    _, plain, _ = chat_reasoning("qwen3", None, [], params)
     assert plain.skip_special_tokens
     assert constraint_reasoning("openai_gptoss", "") == "harmony"
 

@@ -19,12 +19,22 @@ from troupe.gateway.state import GatewaySettings
 from tests.gateway.conftest import ServerThread, openai_client, post_json, scripted_server
 
 # GPT-OSS's template in small: tools in a developer message, a call as `<|start|>assistant
-# to=functions.NAME...` (what makes "auto" read calls as `openai`), a result from functions.NAME
+# to=functions.NAME...` (what makes "auto" read calls as `openai`), a result from functions.NAME;
+# a call turn's analysis from its content or its `thinking` (refusing both) until a later answer
 TEMPLATE = """\
 {%- if tools %}<|start|>developer<|message|># Tools
 {%- for t in tools %} {{ t['function']['name'] }}{% endfor %}<|end|>{% endif %}
 {%- for m in messages %}
 {%- if m['role'] == 'assistant' and m['tool_calls'] is defined %}
+{%- set later = namespace(final=false) %}
+{%- for f in messages[loop.index:] %}
+{%- if f['role'] == 'assistant' and 'tool_calls' not in f %}{% set later.final = true %}{% endif %}
+{%- endfor %}
+{%- if m.content and m.thinking %}{{ raise_exception('Cannot pass both content and thinking') }}
+{%- elif m.content and not later.final %}<|start|>assistant<|channel|>analysis<|message|>\
+{{- m.content }}<|end|>
+{%- elif m.thinking and not later.final %}<|start|>assistant<|channel|>analysis<|message|>\
+{{- m.thinking }}<|end|>{% endif %}
 {%- for c in m['tool_calls'] %}<|start|>assistant to=functions.{{ c['function']['name'] -}}
 <|channel|>commentary json<|message|>{{ c['function']['arguments']|tojson }}<|call|>
 {%- endfor %}
@@ -250,3 +260,70 @@ def test_required_and_named_tool_choices_hold_the_final_body(server: ServerThrea
             ("get_weather", {"city": "Paris"})
         ], choice
         assert (answer.message.model_extra or {}).get("reasoning_content") == "Call it."
+
+
+def _prompt_of(server: ServerThread, body: dict[str, Any]) -> str:
+    """The prompt a chat request ran, markers kept (vLLM's return_token_ids)."""
+    status, answer = post_json(
+        server.url, "/v1/chat/completions", {**body, "return_token_ids": True}
+    )
+    assert status == 200, answer
+    return server.engine.tokenizer.decode(answer["prompt_token_ids"], False)
+
+
+def test_a_call_turn_keeps_its_thinking(server: ServerThread) -> None:
+    """A call turn sent back whole (thinking, a preamble, the call) renders: the template
+    refuses content beside `thinking`, so the preamble joins the thinking it followed; the
+    thinking stays until a later answer, as GPT-OSS's template and vLLM keep it."""
+    _say(server, REPLY)
+    call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
+    turn = {"role": "assistant", "content": "Checking.", "tool_calls": [call]}
+    result = {"role": "tool", "tool_call_id": "c1", "content": "Sunny"}
+    question = {"role": "user", "content": "Weather?"}
+    body: dict[str, Any] = {"model": server.engine.model_name, "max_tokens": 8, "tools": TOOLS}
+    analysis = "<|start|>assistant<|channel|>analysis<|message|>"
+    calls = "<|start|>assistant to=functions.get_weather"
+    for sent, kept in (
+        ({**turn, "reasoning_content": "Need weather."}, "Need weather.\n\nChecking."),
+        ({**turn, "content": None, "reasoning": "Need weather."}, "Need weather."),
+        (turn, "Checking."),  # no thinking: the template's own reading of a call turn's content
+    ):
+        prompt = _prompt_of(server, {**body, "messages": [question, sent, result]})
+        assert f"{analysis}{kept}<|end|>{calls}" in prompt, (sent, prompt)
+    answered = [question, {**turn, "reasoning_content": "Need weather."}, result]
+    answered += [{"role": "assistant", "content": "Sunny."}, {"role": "user", "content": "Thanks"}]
+    prompt = _prompt_of(server, {**body, "messages": answered})
+    assert "Need weather." not in prompt and "Checking." not in prompt and calls in prompt
+
+
+def test_a_responses_reasoning_item_is_its_call_turns_thinking(server: ServerThread) -> None:
+    """The reasoning item a Responses client sends back before its function call renders as
+    that call turn's analysis (the prompt's size says which messages the template got)."""
+    from troupe.gateway.tokenize_routes import render_chat
+    from troupe.messages import ChatMessage, ChatPrompt, ToolCall, ToolCallFunction
+
+    _say(server, REPLY)
+    thought = [{"type": "reasoning_text", "text": "Need weather."}]
+    items = [
+        {"role": "user", "content": "Weather?"},
+        {"type": "reasoning", "id": "rs_1", "summary": [], "content": thought},
+        {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "Sunny"},
+    ]
+    tools = [{"type": "function", **TOOLS[0]["function"]}]
+    body = {"model": server.engine.model_name, "input": items, "tools": tools}
+    status, answer = post_json(server.url, "/v1/responses", {**body, "max_output_tokens": 8})
+    assert status == 200, answer
+    call = ToolCall(id="c1", function=ToolCallFunction(name="get_weather", arguments="{}"))
+    tokenizer = server.engine.tokenizer
+    sizes = []
+    for reasoning in ("Need weather.", None):
+        messages = (
+            ChatMessage(role="user", content="Weather?"),
+            ChatMessage(role="assistant", tool_calls=(call,), reasoning=reasoning),
+            ChatMessage(role="tool", content="Sunny", tool_call_id="c1"),
+        )
+        chat = ChatPrompt(messages=messages, template_kwargs={"tools": TOOLS})
+        sizes.append(len(tokenizer.encode(render_chat(tokenizer, chat), False)))
+    assert sizes[0] > sizes[1]
+    assert answer["usage"]["input_tokens"] == sizes[0]

@@ -1,7 +1,8 @@
 """Responses input items -> chat messages (gateway/responses_input.py), without a server: the
 calls of one assistant turn go into one message as its `tool_calls`, beside the text before
-them, the function's output is a tool message answering its call id, reasoning items are left
-out, and a bad item (arguments that are not a JSON object too) is a 400 naming it."""
+them, the function's output is a tool message answering its call id, a reasoning item's text is
+the reasoning of the assistant turn after it (dropped where no turn follows), and a bad item
+(arguments that are not a JSON object too) is a 400 naming it."""
 
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ def test_a_tool_turn_becomes_chat_messages() -> None:
             role="assistant",
             content="Calling.\n",
             tool_calls=(_call("c1", "f", '{"x": 1}'), _call("c2", "g", "{}")),
+            reasoning="hm",
         ),
         ChatMessage(role="tool", content="one", tool_call_id="c1"),
         ChatMessage(role="tool", content="two", tool_call_id="c2"),
@@ -60,6 +62,43 @@ def test_calls_without_text_before_them_are_a_message_of_their_own() -> None:
     assert input_messages("Go", None) == [ChatMessage(role="user", content="Go")]
 
 
+def _thinking(*texts: str) -> dict[str, Any]:
+    parts = [{"type": "reasoning_text", "text": text} for text in texts]
+    return {
+        "type": "reasoning",
+        "summary": [{"type": "summary_text", "text": "S"}],
+        "content": parts,
+    }
+
+
+def test_thinking_goes_to_the_turn_after_it() -> None:
+    """An agent loop as a Responses client sends it back: each round's thinking belongs to
+    its calls or its answer; the summary is not the thinking; thinking before a user message
+    (no turn of the model's follows it) and an empty item are dropped."""
+    items = [
+        {"role": "user", "content": "Go"},
+        _thinking("a", "b"),
+        CALLS[0],
+        {"type": "function_call_output", "call_id": "c1", "output": "one"},
+        _thinking(),
+        _thinking("c"),
+        {
+            "type": "message",
+            "role": "assistant",
+            "content": [{"type": "output_text", "text": "Done."}],
+        },
+        _thinking("lost"),
+        {"role": "user", "content": "Again"},
+    ]
+    assert input_messages(items, None) == [
+        ChatMessage(role="user", content="Go"),
+        ChatMessage(role="assistant", tool_calls=(_call("c1", "f", '{"x": 1}'),), reasoning="a\nb"),
+        ChatMessage(role="tool", content="one", tool_call_id="c1"),
+        ChatMessage(role="assistant", content="Done.", reasoning="c"),
+        ChatMessage(role="user", content="Again"),
+    ]
+
+
 @pytest.mark.parametrize(
     ("items", "param"),
     [
@@ -70,6 +109,11 @@ def test_calls_without_text_before_them_are_a_message_of_their_own() -> None:
         ([{**CALLS[0], "arguments": "not json"}], "input[0].arguments"),
         ([CALLS[0], {**CALLS[1], "arguments": "[1]"}], "input[1].arguments"),
         ([{"type": "function_call", "name": "f", "arguments": "{}"}], "input[0].call_id"),
+        ([{"type": "reasoning", "content": [{"type": "reasoning_text"}]}], "input[0].content[0]"),
+        (
+            [CALLS[0], {"type": "reasoning", "content": [{"type": "x", "text": ""}]}],
+            "input[1].content[0]",
+        ),
     ],
 )
 def test_a_bad_item_is_named(items: list[dict[str, Any]], param: str) -> None:

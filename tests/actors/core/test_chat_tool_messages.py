@@ -165,6 +165,7 @@ def test_the_template_sees_only_the_keys_the_client_sent() -> None:
             "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": {}}}],
             "reasoning": "Think.",
             "reasoning_content": "Think.",
+            "thinking": "Think.",  # GPT-OSS's template reads this name
         },
         {"role": "tool", "content": "ok", "tool_call_id": "c"},
     ]  # fmt: skip
