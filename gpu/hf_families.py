@@ -12,6 +12,7 @@ Sliding windows, per layer (0: full attention), as transformers builds them:
     gpt_oss                    every 2nd from layer 0 is windowed (when layer_types is absent)
     exaone4                    the same, or a pattern of letters ("LLLG": L local, G global)
                                repeated from layer 0
+    cohere2                    every `sliding_window_pattern`-th (4th) layer is global
 
 Gemma 3 text: attention scaled by query_pre_attn_scalar ** -0.5, GeGLU, embeddings times
 sqrt(hidden), RMSNorm with (1 + weight), sandwich norms around attention and MLP, q/k norm,
@@ -30,6 +31,11 @@ Biases, as each family's transformers module declares them:
               `mlp_bias`; the others never (InternLM3's config.json may say `qkv_bias` and `bias` for
               Llama's `attention_bias` and `mlp_bias`, as transformers' attribute_map reads it)
     ernie4_5  `use_bias` on every projection (ernie4_5_moe too)
+
+Cohere (Command R, R+, Aya) and Cohere 2 (Command R7B, A): LayerNorms without bias (eps:
+layer_norm_eps; gpu/layer_norm.py), the logits times logit_scale, RoPE on interleaved pairs,
+tied embeddings, Command R+'s q / k LayerNorm per head (use_qk_norm), and Cohere 2's global
+layers without RoPE (as transformers' Cohere2Attention rotates only in its windowed layers).
 
 Granite: Llama's layers with four scalars (transformers' GraniteModel): the embeddings times
 embedding_multiplier, the attention softmax scaled by attention_multiplier (not head_dim's
@@ -72,7 +78,7 @@ def layer_windows(cfg: dict[str, Any], model_type: str, num_layers: int) -> tupl
         windows = [window if letters[i % len(letters)] == "L" else 0 for i in range(num_layers)]
     elif model_type == "gpt_oss":
         windows = [0 if i % 2 else window for i in range(num_layers)]
-    elif model_type in ("gemma2", "gemma3_text", "exaone4"):
+    elif model_type in ("gemma2", "gemma3_text", "exaone4", "cohere2"):
         default = {"gemma2": 2, "gemma3_text": 6}.get(model_type, 4)
         pattern = int(cfg.get("sliding_window_pattern", default))
         windows = [window if (i + 1) % pattern else 0 for i in range(num_layers)]
@@ -168,6 +174,23 @@ def bias_fields(cfg: dict[str, Any], model_type: str) -> dict[str, bool]:
         "o_bias": o_bias,
         "mlp_bias": model_type in _MLP_BIAS and bool(cfg.get("mlp_bias", False)),
     }
+
+
+COHERE_TYPES = ("cohere", "cohere2")
+
+
+def cohere_fields(cfg: dict[str, Any], model_type: str, windows: tuple[int, ...]) -> dict[str, Any]:
+    """ModelConfig's fields of a Cohere or Cohere 2 config.json (module docstring), given its
+    layer windows."""
+    fields: dict[str, Any] = {
+        "rms_norm_eps": float(cfg.get("layer_norm_eps", 1e-5)),
+        "logit_scale": float(cfg.get("logit_scale", 0.0625)),
+        "qk_norm": model_type == "cohere" and bool(cfg.get("use_qk_norm", False)),
+    }
+    if model_type == "cohere2":  # no window (no sliding_window at all): no layer rotates
+        num_layers = int(cfg["num_hidden_layers"])
+        fields["nope_layers"] = tuple(w == 0 for w in windows) if windows else (True,) * num_layers
+    return fields
 
 
 def ministral3_fields(rope: dict[str, Any] | None) -> dict[str, Any]:

@@ -12,8 +12,10 @@ import torch
 from troupe.gpu.classifier_config import ClassifierConfig, read_classifier
 from troupe.gpu.deepseek_config import DEEPSEEK_TYPES, MlaConfig, deepseek_model_fields
 from troupe.gpu.hf_families import (
+    COHERE_TYPES,
     GraniteScales,
     bias_fields,
+    cohere_fields,
     gemma_fields,
     granite_fields,
     layer_windows,
@@ -73,13 +75,14 @@ SUPPORTED_MODEL_TYPES = (
     "gemma2",
     "gemma3_text",
     "gpt_oss",
+    *COHERE_TYPES,
     *DEEPSEEK_TYPES,
 )
 
 
 GEMMA_TYPES = ("gemma", "gemma2", "gemma3_text")
 # families whose transformers config ties the embeddings unless config.json says otherwise
-TIED_BY_DEFAULT = ("ernie4_5", "ernie4_5_moe")
+TIED_BY_DEFAULT = ("ernie4_5", "ernie4_5_moe", *COHERE_TYPES)
 
 
 class ModelLoadError(ValueError):
@@ -124,6 +127,7 @@ class ModelConfig:
     # Ministral 3: queries times 1 + beta * log(1 + position // length) (gpu/ministral3_layer.py)
     query_scale: tuple[float, int] | None = None
     granite: GraniteScales | None = None  # Granite's multipliers (gpu/hf_families.py)
+    logit_scale: float | None = None  # Cohere's: the logits times it
     moe: MoeConfig | None = None  # experts (Qwen3-MoE, gpu/moe_config.py); None: dense MLPs
     mla: MlaConfig | None = None  # latent attention (DeepSeek, gpu/deepseek_config.py)
     num_mtp_layers: int = 0  # multi-token-prediction layers in the checkpoint, skipped
@@ -135,6 +139,11 @@ class ModelConfig:
     def is_gemma(self) -> bool:
         """A Gemma: (1 + weight) norms, embeddings times sqrt(hidden), GeGLU."""
         return self.model_type in GEMMA_TYPES
+
+    @property
+    def layer_norm(self) -> bool:
+        """Cohere's LayerNorms (gpu/layer_norm.py; rms_norm_eps is their eps), not RMSNorm."""
+        return self.model_type in COHERE_TYPES
 
     @property
     def sandwich_norms(self) -> bool:
@@ -149,9 +158,11 @@ class ModelConfig:
 
     def final_logits(self, logits: torch.Tensor) -> torch.Tensor:
         """The lm_head's logits as the model hands them out: Granite's divided by
-        logits_scaling, Gemma's soft-capped (in fp32)."""
+        logits_scaling, Cohere's times logit_scale, Gemma's soft-capped (in fp32)."""
         if self.granite is not None:
             logits = logits / self.granite.logits
+        if self.logit_scale is not None:
+            logits = logits * self.logit_scale
         cap = self.final_logit_softcapping
         return logits if cap is None else torch.tanh(logits.float() / cap) * cap
 
@@ -285,6 +296,8 @@ class ModelConfig:
                 family = smollm3_fields(cfg, num_layers)
             if model_type == "exaone4":
                 family = exaone4_fields(windows)
+            if model_type in COHERE_TYPES:
+                family = cohere_fields(cfg, model_type, windows)
             if model_type in DEEPSEEK_TYPES:
                 family = deepseek_model_fields(cfg, num_layers)
             head_dim = int(cfg.get("head_dim") or hidden // num_heads)

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 from troupe.gpu.attention import AttentionMetadata
+from troupe.gpu.layer_classes import layer_class
+from troupe.gpu.layer_norm import layer_norm
 from troupe.gpu.model_config import ModelConfig
 from troupe.gpu.quant_linear import Projection, Weight, embedding, linear
 from troupe.gpu.query_scale import install_query_factors, position_scaled
@@ -211,44 +213,6 @@ class DecoderLayer(nn.Module):
         return {}
 
 
-def _layer_class(config: ModelConfig, layer: int) -> type[DecoderLayer]:
-    """The module of one layer: the Gemmas', DeepSeek's MLA layer (gpu/mla_layer.py), OLMo 2's
-    and OLMoE's (gpu/olmo2_layer.py), an MoE layer (gpu/moe_layer.py) or the plain one."""
-    if config.mla is not None:
-        from troupe.gpu.mla_layer import MlaLayer
-
-        return MlaLayer
-    if config.sandwich_norms:
-        from troupe.gpu.gemma3_layer import Gemma3Layer  # they subclass DecoderLayer
-
-        return Gemma3Layer
-    if config.model_type in ("olmo2", "olmo3", "exaone4"):
-        from troupe.gpu.olmo2_layer import Olmo2Layer
-
-        return Olmo2Layer
-    if config.model_type == "olmoe":
-        from troupe.gpu.olmo2_layer import OlmoeLayer  # MoeLayer under OLMo's q / k norms
-
-        return OlmoeLayer
-    if config.model_type == "gpt_oss":
-        from troupe.gpu.gpt_oss_layer import GptOssLayer
-
-        return GptOssLayer
-    if config.model_type == "glm4":
-        from troupe.gpu.glm4_layer import Glm4Layer
-
-        return Glm4Layer
-    if config.is_sparse(layer) and config.moe is not None and config.moe.routing is not None:
-        from troupe.gpu.grouped_moe_layer import GroupedMoeLayer  # GLM-4.5's, dots.llm1's
-
-        return GroupedMoeLayer
-    if config.is_sparse(layer):
-        from troupe.gpu.moe_layer import MoeLayer
-
-        return MoeLayer
-    return DecoderLayer
-
-
 def set_layer_kv_scales(layers: nn.ModuleList, scales: torch.Tensor | None) -> None:
     """fp8 KV: layer i's writes and reads use scales[i] ([k | v, kv head]); None: none."""
     for i, layer in enumerate(layers):
@@ -282,6 +246,10 @@ class DecoderModel(nn.Module):
         )
         install_query_factors(self.layers, c, max_positions, device)
         self.norm = new_param(c.hidden_size, dtype=dtype, device=device)
+        # the final norm, fused with the last residual add: RMSNorm, Cohere's LayerNorm
+        self.final_norm: Callable[..., tuple[torch.Tensor, torch.Tensor]] = (
+            layer_norm if c.layer_norm else self.ops.rms_norm
+        )
         self.lora: LoraRuntime | None = None  # LoRA adapters (gpu/lora_runtime.install_lora)
         # what an EAGLE head reads of every row (gpu/target_hidden.py)
         self.target_hidden: TargetHidden | None = None
@@ -322,7 +290,7 @@ class DecoderModel(nn.Module):
         self, config: ModelConfig, dtype: torch.dtype, device: torch.device, index: int
     ) -> DecoderLayer:
         """Layer `index` (a seam: the tensor-parallel model, gpu/tp_model.py, builds its own)."""
-        return _layer_class(config, index)(config, dtype, device, index)
+        return layer_class(config, index)(config, dtype, device, index)
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Embedding rows of the tokens (the tensor-parallel model gathers its vocab shards)."""
@@ -377,12 +345,12 @@ class DecoderModel(nn.Module):
         if taps is not None:
             taps.put_layer(len(self.layers), hidden, residual)
             if taps.needs_final:  # EAGLE-1 reads every row: normalize all, then pick
-                normed: torch.Tensor = self.ops.rms_norm(hidden, self.norm, eps, residual)[0]
+                normed: torch.Tensor = self.final_norm(hidden, self.norm, eps, residual)[0]
                 taps.put_final(normed)
                 return normed[idx]
         if idx.numel() == 0:  # only mid-prompt chunks: no kernel launch on an empty grid
             return hidden[:0]
-        out: torch.Tensor = self.ops.rms_norm(hidden[idx], self.norm, eps, residual[idx])[0]
+        out: torch.Tensor = self.final_norm(hidden[idx], self.norm, eps, residual[idx])[0]
         return out
 
     @torch.inference_mode()

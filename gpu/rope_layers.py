@@ -146,7 +146,7 @@ def exaone4_fields(windows: tuple[int, ...]) -> dict[str, Any]:
 
 # the families whose transformers module rotates part of a head; those rotating pairs
 PARTIAL_ROTARY = ("phi3", "glm", "glm4", "glm4_moe")
-INTERLEAVED = ("glm", "glm4", "ernie4_5", "ernie4_5_moe", "helium")
+INTERLEAVED = ("glm", "glm4", "ernie4_5", "ernie4_5_moe", "helium", "cohere", "cohere2")
 
 
 def partial_rotary_fields(factor: float, head_dim: int, model_type: str) -> dict[str, Any]:
@@ -250,5 +250,8 @@ def ordered_tensors(
     for name, tensor in tensors:
         parts = name.split(".")
         if parts[1:2] == ["layers"] and ".".join(parts[3:]) in _ORDERED:
-            tensor = order_heads(tensor, order)
+            if name.endswith("norm.weight"):  # per head ([heads, head_dim]: Command R+'s) or one
+                tensor = order_heads(tensor.reshape(-1), order).reshape(tensor.shape)
+            else:
+                tensor = order_heads(tensor, order)
         yield name, tensor

@@ -102,6 +102,7 @@ def max_stream_len(config: EngineConfig, device: torch.device, model: ModelConfi
         or model.is_gemma
         or model.attention_sinks
         or model.query_scale  # queries scaled by their position, not the cache's
+        or model.layer_norm  # Cohere's parallel block: gpu/streaming_reference.py is Llama's
     )
     single = not config.executor_proposes and config.tensor_parallel_size == 1
     return config.streaming_max_len if device.type == "cpu" and plain and single else 0

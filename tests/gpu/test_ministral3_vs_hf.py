@@ -40,6 +40,13 @@ def test_greedy_matches_hf_with_chunked_prefill(saved: tuple[Path, Any]) -> None
     assert_greedy_matches(*saved)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_kernels_match_hf(saved: tuple[Path, Any]) -> None:
+    """The factor table on the device, through the Triton kernels and CUDA graphs."""
+    assert_greedy_matches(*saved, device="cuda")
+
+
 def test_without_the_scale_the_answers_differ(saved: tuple[Path, Any], tmp_path: Path) -> None:
     folder, hf_model = saved
     plain = tmp_path / "plain"
