@@ -111,7 +111,7 @@ class ThinkingConfig(_Body, kw_only=True):
     """`thinking`: whether the model thinks first (the template's `enable_thinking`)."""
 
     type: Literal["enabled", "disabled", "adaptive", "between_tools"]
-    budget_tokens: int | None = None  # accepted; max_tokens bounds the whole answer
+    budget_tokens: int | None = None  # the thinking_token_budget (gateway/anthropic_requests.py)
     display: Literal["summarized", "omitted"] | None = None
 
 

@@ -17,7 +17,10 @@ SamplingParams.check the ranges (named as the client wrote them).
     output_config.effort                   ->  the template's reasoning_effort
     chat_template_kwargs (vLLM's)          ->  the template, over the above
 
-`thinking.budget_tokens` is accepted, not enforced: max_tokens bounds the whole answer.
+`thinking.budget_tokens` (with thinking enabled) is the thinking_token_budget: past it the
+reasoning parser's closing tag is forced (gateway/chat_reasoning.py). A server whose parser has
+no tags (or none) accepts it without enforcing it, as before: a client such as Claude Code
+sends it to any server, and max_tokens still bounds the whole answer.
 """
 
 from __future__ import annotations
@@ -46,7 +49,8 @@ from troupe.gateway.tool_calls import (
 from troupe.messages import ChatPrompt, ParamError, SamplingParams, StructuredOutputs
 from troupe.messages.sampling_defaults import NO_DEFAULTS, SamplingDefaults
 
-_RENAMED = {"stop": "stop_sequences"}  # engine field -> the client's
+# engine field -> the client's
+_RENAMED = {"stop": "stop_sequences", "thinking_token_budget": "thinking.budget_tokens"}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -87,6 +91,9 @@ def parse_messages(
             kw[name] = getattr(body, name)
     if body.stop_sequences:
         kw["stop"] = tuple(body.stop_sequences)
+    thinking = body.thinking
+    if thinking is not None and thinking.type == "enabled" and thinking.budget_tokens is not None:
+        kw["thinking_token_budget"] = thinking.budget_tokens
     client_fields = dict(_RENAMED)
     fmt = body.output_config.format if body.output_config is not None else None
     if fmt is not None:

@@ -9,9 +9,12 @@ from typing import NamedTuple
 
 import msgspec
 from troupe.gateway.engine_api import TokenizerLike
+from troupe.gateway.errors import invalid
 from troupe.gateway.harmony_turns import harmony_turns
 from troupe.gateway.reasoning import (
     PROMPT_DECIDES,
+    STARTS_THINKING,
+    TAGS,
     ParserName,
     ReasoningSplitter,
     constraint_reasoning,
@@ -41,6 +44,7 @@ def chat_reasoning(
 ) -> ChatReasoning:
     """The splitter, params and prompt for a chat `prompt` (plain messages or a ChatPrompt)
     calling `tools` (the request's plan); no parser: (None, params, prompt)."""
+    params = with_thinking_tags(parser, params)
     if parser is None:
         return ChatReasoning(None, params, prompt)
     prompt_text = ""  # qwen3, deepseek_v3: whether the answer starts thinking is the prompt's
@@ -65,3 +69,22 @@ def chat_of(prompt: object) -> ChatPrompt:
         return prompt
     assert isinstance(prompt, list), "a chat request's prompt is its messages"
     return ChatPrompt(messages=tuple(prompt))
+
+
+def with_thinking_tags(parser: ParserName | None, params: SamplingParams) -> SamplingParams:
+    """`params` with the parser's tags where it asks for a thinking_token_budget (its first
+    opening and closing tag: the executor forces the closing one past the budget); a 400
+    naming the budget where the server's parser has no tags."""
+    if params.thinking_token_budget is None or params.thinking_tags is not None:
+        return params
+    tags = None if parser is None else TAGS.get(parser)
+    if tags is None:
+        served = ", ".join(TAGS)
+        raise invalid(
+            "thinking_token_budget",
+            f"thinking_token_budget needs the server's --reasoning-parser to be one with "
+            f"thinking tags ({served}); this server's is {parser or 'not set'}",
+        )
+    pair = (tags.starts[0], tags.ends[0])
+    start_open = parser in STARTS_THINKING
+    return msgspec.structs.replace(params, thinking_tags=pair, thinking_from_start=start_open)

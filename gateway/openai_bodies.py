@@ -74,6 +74,8 @@ class _Common(StructuredFields, kw_only=True):
     include_stop_str_in_output: bool | None = None
     logit_bias: dict[str, float] | None = None  # token id (as a string) -> [-100, 100]
     min_tokens: int | None = None  # vLLM's extra
+    # vLLM's: thinking past this many tokens is closed (the reasoning parser's tags)
+    thinking_token_budget: int | None = None
     allowed_token_ids: list[int] | None = None  # vLLM's extra: only these may be sampled
     bad_words: list[str] | None = None  # vLLM's extra: words never generated
     truncate_prompt_tokens: int | None = None  # vLLM's extra: keep the last k prompt tokens

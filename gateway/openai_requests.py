@@ -76,7 +76,7 @@ _PASSTHROUGH = (
     "temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty", "frequency_penalty",
     "repetition_penalty", "ignore_eos", "priority", "skip_special_tokens",
     "include_stop_str_in_output", "min_tokens", "streaming_window", "sink_tokens",
-    "truncate_prompt_tokens", "cache_salt", "add_special_tokens",
+    "truncate_prompt_tokens", "cache_salt", "add_special_tokens", "thinking_token_budget",
 )  # fmt: skip
 
 

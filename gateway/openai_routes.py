@@ -13,7 +13,7 @@ import msgspec
 import structlog
 from aiohttp import web
 from troupe.gateway.beam_routes import beam_answer, beam_body, beam_result
-from troupe.gateway.chat_reasoning import chat_reasoning
+from troupe.gateway.chat_reasoning import chat_reasoning, with_thinking_tags
 from troupe.gateway.chat_tool_chunks import call_stream, tool_call_chunks
 from troupe.gateway.engine_api import EngineLike
 from troupe.gateway.errors import ApiError, error_for_event, invalid
@@ -170,6 +170,9 @@ async def _prepare(gateway: Gateway, kind: Kind, raw: bytes, header_id: str | No
             parser, engine.tokenizer, messages, req.params, req.tools
         )
         req = dataclasses.replace(req, params=params, prompt=prompt)
+    else:  # a completion has no splitter, but its thinking may have a budget
+        params = with_thinking_tags(gateway.settings.reasoning_parser, req.params)
+        req = dataclasses.replace(req, params=params)
     return _Call(req, builder, echo, splitter, engine_id, embeds)
 
 

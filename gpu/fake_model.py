@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 
 import numpy as np
+from troupe.gpu.thinking_budget import forced_token, thinking_budget
 from troupe.gpu.token_bans import bad_words, banned_words
 from troupe.messages import PromptLogprobs, SamplingParams, SeqWork, TokenLogprob
 from troupe.messages.pooling import Pooled
@@ -135,11 +136,17 @@ def held_back(
     eos_token_id: int,
     output: Sequence[int] = (),
 ) -> int:
-    """min_tokens, allowed_token_ids and bad_words on a model without logits: a token they
-    forbid (a stop token before `params.min_tokens` outputs, one outside the allowed set, a bad
-    word's last token after the rest of it in `output`, the outputs so far) becomes the next id
-    none forbids, as masking the logits would make another token win: the next allowed id
-    (cyclically), else the next id in the fake range. All forbidden: the token stays."""
+    """min_tokens, allowed_token_ids, bad_words and a thinking budget on a model without
+    logits: a token they forbid (a stop token before `params.min_tokens` outputs, one outside
+    the allowed set, a bad word's last token after the rest of it in `output`, the outputs so
+    far) becomes the next id none forbids, as masking the logits would make another token win:
+    the next allowed id (cyclically), else the next id in the fake range. All forbidden: the
+    token stays. A spent thinking budget's forced token wins over all (gpu/thinking_budget.py)."""
+    thinking = thinking_budget(params)
+    if thinking is not None:
+        forced = forced_token(thinking, np.asarray(output, np.int64))
+        if forced is not None:
+            return forced
     banned: set[int] = set()
     if num_outputs < params.min_tokens:
         banned.update(params.stop_token_ids)
@@ -168,4 +175,13 @@ def _candidates(token_id: int, params: SamplingParams) -> Iterator[int]:
 
 def steers(params: SamplingParams) -> bool:
     """Whether held_back may change a token after min_tokens outputs (bans that last)."""
-    return params.allowed_token_ids is not None or bool(params.bad_words_token_ids)
+    bans = params.allowed_token_ids is not None or bool(params.bad_words_token_ids)
+    return bans or params.thinking_token_budget is not None
+
+
+def output_read(params: SamplingParams, num_outputs: int) -> int:
+    """How many of its last output tokens held_back reads: a thinking budget's, all; a bad
+    word's, the longest one's tokens but the last."""
+    if params.thinking_token_budget is not None:
+        return num_outputs
+    return min(max(map(len, params.bad_words_token_ids), default=1) - 1, num_outputs)

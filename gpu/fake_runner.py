@@ -10,9 +10,9 @@ token ids and seed: `FakeRunner.reference_tokens` computes it without any cache.
 Tokens fall in [100, 30000) so they decode to text and never hit EOS, except on request: a seed
 of `EOS_SEED_BASE + k` makes the k-th output token (1-based) the first EOS id. A seed of
 `COPY_SEED_BASE + p` makes each next token the one p positions back, read through the block
-table (a text that repeats itself: what n-gram proposals match).
-`min_tokens` holds back stop tokens, `allowed_token_ids` and `bad_words` move a token they forbid
-to the next one allowed (fake_model.held_back); `logit_bias` needs logits: no effect.
+table (a text that repeats itself: what n-gram proposals match). `min_tokens` holds back stop
+tokens, `allowed_token_ids` and `bad_words` move a token they forbid to the next one allowed, a
+spent thinking budget forces its tag (fake_model.held_back); `logit_bias` needs logits: none.
 
 Speculative decoding: a SeqWork's `draft_token_ids` are written after its token and checked
 one by one against the next token the cache gives; the accepted ones and the first other
@@ -34,6 +34,7 @@ from troupe.gpu.fake_model import (
     fake_prompt_logprobs,
     held_back,
     next_tokens,
+    output_read,
     reference_tokens,
     seed_of,
     slot_mix,
@@ -368,9 +369,8 @@ class FakeRunner:
         )
 
     def _outputs(self, row: int, end: int, num_outputs: int, params: SamplingParams) -> list[int]:
-        """The row's last output tokens a bad word can end with, read through its table."""
-        longest = max(map(len, params.bad_words_token_ids), default=1) - 1
-        positions = np.arange(end - min(longest, num_outputs), end)
+        """The row's last output tokens held_back reads (fake_model.output_read)."""
+        positions = np.arange(end - output_read(params, num_outputs), end)
         blocks = self._tables[row, positions // self.block_size]
         return [int(t) for t in self.gpu.tok[positions % self.block_size, blocks]]
 

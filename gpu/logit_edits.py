@@ -1,5 +1,6 @@
 """Per-request sparse logit edits: `logit_bias` (added), `min_tokens` (stop tokens banned),
-`bad_words` (word endings banned) and `allowed_token_ids` (all else banned).
+`bad_words` (word endings banned), `allowed_token_ids` (all else banned) and
+`thinking_token_budget` (past it, the closing tag's next token alone allowed).
 
 All are vLLM's logits processors, applied to the logits before penalties, temperature and
 filters (and before the grammar's mask). Logprobs read the raw logits unless
@@ -14,7 +15,11 @@ value tensor, one host->device copy each, and applies them out of place:
                                            (sampled position - prompt length) < min_tokens,
                                            and each bad word's last token the output leads
                                            to (gpu/token_bans.py: reads the row's history)
-    allow: logits[row, token] = -inf       for each token not in the row's allowed_token_ids
+    allow: logits[row, token] = -inf       for each token not in the row's allowed_token_ids,
+                                           or, where its thinking budget is spent, for each
+                                           but the closing tag's next (gpu/thinking_budget.py:
+                                           reads the row's history; then the row's other
+                                           edits do not apply)
 
 The bans and the mask are -inf whatever the bias, so their order does not matter (vLLM applies
 the mask and bad words first, then min_tokens and the bias).
@@ -29,6 +34,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
+from troupe.gpu.thinking_budget import ThinkingBudget, forced_token, thinking_budget
 from troupe.gpu.token_bans import BadWords, bad_words, banned_words
 from troupe.messages import SamplingParams
 
@@ -43,12 +49,14 @@ class RequestEdits:
     ban_ids: np.ndarray  # int64 [K]: EOS (unless ignore_eos) and stop_token_ids
     allowed_ids: np.ndarray | None = None  # int64 [A]: allowed_token_ids
     words: BadWords | None = None  # bad_words
+    thinking: ThinkingBudget | None = None  # thinking_token_budget
 
     @property
     def reads_history(self) -> bool:
-        """Whether a step's edits depend on the output so far beyond its count (bad words):
-        a batch of such rows is never reused for the next step."""
-        return self.words is not None and self.words.reads_history
+        """Whether a step's edits depend on the output so far beyond its count (bad words, a
+        thinking budget): a batch of such rows is never reused for the next step."""
+        words = self.words is not None and self.words.reads_history
+        return words or self.thinking is not None
 
 
 def request_edits(params: SamplingParams, eos_token_ids: Sequence[int]) -> RequestEdits | None:
@@ -56,8 +64,10 @@ def request_edits(params: SamplingParams, eos_token_ids: Sequence[int]) -> Reque
     bias = params.logit_bias or {}
     allowed = params.allowed_token_ids
     words = bad_words(params.bad_words_token_ids)
+    thinking = thinking_budget(params)
     if not bias and not params.min_tokens and allowed is None and words is None:
-        return None
+        if thinking is None:
+            return None
     stops = set(params.stop_token_ids)
     if not params.ignore_eos:
         stops.update(eos_token_ids)
@@ -68,6 +78,7 @@ def request_edits(params: SamplingParams, eos_token_ids: Sequence[int]) -> Reque
         ban_ids=np.array(sorted(stops) if params.min_tokens else [], dtype=np.int64),
         allowed_ids=None if allowed is None else np.unique(np.asarray(allowed, np.int64)),
         words=words,
+        thinking=thinking,
     )
 
 
@@ -93,12 +104,20 @@ def build_logit_edits(
     ends: np.ndarray | None = None,
 ) -> LogitEdits | None:
     """The step's edits; `num_outputs[i]`: output tokens row i has before its sampled one,
-    which are `histories[i][ends[i] - num_outputs[i] : ends[i]]` (read for bad words only)."""
+    which are `histories[i][ends[i] - num_outputs[i] : ends[i]]` (read for bad words and
+    thinking budgets)."""
     bias_rows, bias_ids, bias_values, ban_rows, ban_ids = [], [], [], [], []
     allowed_rows, allowed_row_of, allowed_ids = [], [], []
     for row, edit in enumerate(edits):
         if edit is None:
             continue
+        if edit.thinking is not None:  # its budget spent: the closing tag's next token only
+            forced = forced_token(edit.thinking, _output(histories, ends, num_outputs, row, edit))
+            if forced is not None:
+                allowed_rows.append(np.array([row], np.int64))
+                allowed_row_of.append(np.array([row], np.int64))
+                allowed_ids.append(np.array([forced], np.int64))
+                continue
         if len(edit.bias_ids):
             bias_rows.append(np.full(len(edit.bias_ids), row, np.int64))
             bias_ids.append(edit.bias_ids)
@@ -136,10 +155,10 @@ def _output(
     edit: RequestEdits,
 ) -> np.ndarray:
     """Row `row`'s output tokens before its sampled one (empty where none are needed)."""
-    if edit.words is None or not edit.words.reads_history:
+    if not edit.reads_history:
         return np.zeros(0, np.int64)
     history = histories[row] if row < len(histories) else None
-    assert history is not None and ends is not None, "a multi-token bad word keeps its history"
+    assert history is not None and ends is not None, "a row that reads its output keeps it"
     end = int(ends[row])
     return history[max(end - int(num_outputs[row]), 0) : end]
 

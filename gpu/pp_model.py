@@ -84,9 +84,8 @@ class PPStageModel(DecoderModel):
             return hidden.new_zeros(idx.numel(), c.hidden_size)
         if idx.numel() == 0:  # only mid-prompt chunks: no kernel launch on an empty grid
             return hidden[:0]
-        out: torch.Tensor = self.final_norm(
-            hidden[idx], self.norm, c.rms_norm_eps, residual[idx]
-        )[0]
+        normed = self.final_norm(hidden[idx], self.norm, c.rms_norm_eps, residual[idx])
+        out: torch.Tensor = normed[0]
         return out
 
     @torch.inference_mode()

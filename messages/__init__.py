@@ -47,7 +47,7 @@ from troupe.messages.grammar import ComputeMasks, GrammarInbox, GrammarRow, Gram
 from troupe.messages.phase_router import Phase, PhaseRouterInbox, PhaseStepResult
 from troupe.messages.pooling import Pooled, Pooling
 from troupe.messages.prompt_embeds import PromptEmbeds
-from troupe.messages.sampling import ParamError, SamplingParams
+from troupe.messages.sampling import ParamError, SamplingParams, ThinkingIds
 from troupe.messages.scheduler import (
     AdmittedRequest,
     AllocationResult,
@@ -138,6 +138,7 @@ __all__ = [
     "StructuredOutputs",
     "SwapIn",
     "SwapOut",
+    "ThinkingIds",
     "Timings",
     "TokenBatch",
     "TokenLogprob",

@@ -18,6 +18,16 @@ class ParamError(ValueError):
         self.field = field
 
 
+class ThinkingIds(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A thinking budget's tags as token ids (gpu/thinking_budget.py reads them): `start`
+    opens thinking, `end` closes it; `opened`: the prompt ends inside thinking (its last
+    `start` after its last `end`, as a template that opens the answer's thinking writes)."""
+
+    start: tuple[int, ...]
+    end: tuple[int, ...]
+    opened: bool = False
+
+
 class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """How to sample one request. Values are checked by `check()` (Admission calls it)."""
 
@@ -86,6 +96,16 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     # The prompt's token ids on the first event (vLLM's return_token_ids; the output's are on
     # every event): the tokenizer's, after the chat template and truncate_prompt_tokens
     return_prompt_token_ids: bool = False
+    # vLLM's: at most this many tokens of thinking, then the tokens of the closing tag are
+    # forced (0: closed at once); None: no limit. Needs `thinking_tags`, the texts that open
+    # and close thinking ("<think>", "</think>": the server's from its reasoning parser)
+    thinking_token_budget: int | None = None
+    thinking_tags: tuple[str, str] | None = None
+    # the answer starts inside thinking whatever the prompt says (DeepSeek-R1's parser)
+    thinking_from_start: bool = False
+    # thinking_tags as token ids, and whether the prompt leaves thinking open: filled by the
+    # tokenizer actor (what a client sends here is replaced), for the executor
+    thinking_ids: ThinkingIds | None = None
 
     @property
     def cache_namespace(self) -> str:
@@ -115,9 +135,10 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
 
     @property
     def needs_history(self) -> bool:
-        """Sampling reads the request's earlier tokens: a penalty, or a bad word of several
-        tokens (its last one is banned only after the others)."""
-        return self.has_penalties or any(len(w) > 1 for w in self.bad_words_token_ids)
+        """Sampling reads the request's earlier tokens: a penalty, a bad word of several
+        tokens (its last one is banned only after the others), or a thinking budget."""
+        words = any(len(w) > 1 for w in self.bad_words_token_ids)
+        return self.has_penalties or words or self.thinking_token_budget is not None
 
     @property
     def num_samples(self) -> int:
@@ -242,12 +263,29 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
                 raise ParamError(
                     "bad_words", f"bad_words token ids {word} are not all in [0, {limit})"
                 )
+        self._check_thinking(limit)
         k = self.truncate_prompt_tokens
         if k is not None and not (k == -1 or 1 <= k <= INT32_MAX):
             raise ParamError(
                 "truncate_prompt_tokens",
                 f"truncate_prompt_tokens must be an integer >= 1 or -1, got {k}",
             )
+
+    def _check_thinking(self, limit: int) -> None:
+        """thinking_token_budget, its tags and their token ids."""
+        budget, tags, ids = self.thinking_token_budget, self.thinking_tags, self.thinking_ids
+        if budget is not None:  # its tags: the tokenizer actor's check, where they are read
+            _int_in("thinking_token_budget", budget, 0, INT32_MAX)
+        if tags is not None and not all(tag.strip() for tag in tags):
+            raise ParamError("thinking_tags", "thinking_tags must be two non-blank texts")
+        if ids is not None:
+            for name, part in (("start", ids.start), ("end", ids.end)):
+                if not 1 <= len(part) <= MAX_TAG_TOKENS or not all(0 <= t < limit for t in part):
+                    raise ParamError(
+                        "thinking_tags",
+                        f"thinking_tags' {name} encodes to {len(part)} token ids; expected 1 "
+                        f"to {MAX_TAG_TOKENS}, each in [0, {limit})",
+                    )
 
     def _check_extras(self, vocab_size: int | None) -> None:
         """logit_bias, min_tokens, the bans, the streaming window, the adapter and salt."""
@@ -301,6 +339,7 @@ MAX_ALLOWED_TOKEN_IDS = 1024  # per request, as logit_bias: bounds the per-step 
 MAX_BAD_WORDS = 128
 MAX_BAD_WORDS_TOKENS = 1024
 MAX_CACHE_SALT_CHARS = 256
+MAX_TAG_TOKENS = 32  # a thinking tag's token ids: the executor matches them at every step
 # Floats go to the device as float32: a nonzero magnitude below FLOAT_FLOOR would flush to 0
 # there (top_p 1e-300 would become 0, which means something else), and dividing logits by it
 # would overflow; one above FLOAT_CEIL would become inf. Both are rejected, not clamped.

@@ -35,7 +35,12 @@ from troupe.actors.core.embeds_check import checked_embeds
 from troupe.actors.core.grammar_compiler import GrammarCompiler, GrammarError
 from troupe.actors.core.tokenizer_bound import shared_count_bound
 from troupe.actors.core.tokenizer_chunks import CHUNK_CHARS, ChunkedEncoder, LimitReached
-from troupe.actors.core.tokenizer_params import TruncationError, truncation_length, with_bad_words
+from troupe.actors.core.tokenizer_params import (
+    TruncationError,
+    truncation_length,
+    with_bad_words,
+    with_thinking,
+)
 from troupe.actors.core.tokenizer_text import TextTokenizer
 from troupe.messages import (
     AbortRequest,
@@ -188,6 +193,11 @@ class TokenizerCore:
             keep = truncation_length(req.params, self._max_model_len)
         except TruncationError as exc:
             return _reject(req, "truncate_prompt_tokens", str(exc))
+        if req.params.thinking_token_budget is not None and req.params.thinking_tags is None:
+            why = (
+                "thinking_token_budget needs thinking_tags, the texts that open and close thinking"
+            )
+            return _reject(req, "thinking_token_budget", why)
         given = [
             name
             for name in ("prompt", "messages", "prompt_token_ids", "prompt_embeds")
@@ -298,7 +308,7 @@ class TokenizerCore:
     def _accept(
         self, req: GenerateRequest, ids: tuple[int, ...], embeds: PromptEmbeds | None = None
     ) -> list[tuple[str, msgspec.Struct]]:
-        params = with_bad_words(self._tokenizer, req.params)
+        params = with_thinking(self._tokenizer, with_bad_words(self._tokenizer, req.params), ids)
         opened = RequestOpened(
             request_id=req.request_id,
             params=params,

@@ -1,5 +1,6 @@
-"""What the tokenizer does for two sampling fields: `truncate_prompt_tokens` (a prompt cut to its
-last k tokens) and `bad_words` (turned into token-id sequences for the executor).
+"""What the tokenizer does for three sampling fields: `truncate_prompt_tokens` (a prompt cut to
+its last k tokens), `bad_words` and `thinking_tags` (turned into token-id sequences for the
+executor; the tags' with whether the prompt leaves thinking open).
 
 Both happen where text becomes ids because nothing downstream tokenizes: the executor bans the
 words by id, admission counts the prompt it is given. The tokenizer owns both facts: it writes
@@ -12,8 +13,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import msgspec
+import numpy as np
 from troupe.actors.core.tokenizer_text import TextTokenizer
-from troupe.messages import SamplingParams
+from troupe.gpu.thinking_budget import tag_ends
+from troupe.messages import SamplingParams, ThinkingIds
 
 
 class TruncationError(ValueError):
@@ -68,3 +71,24 @@ def with_bad_words(tokenizer: TextTokenizer, params: SamplingParams) -> Sampling
     if ids == params.bad_words_token_ids:
         return params
     return msgspec.structs.replace(params, bad_words_token_ids=ids)
+
+
+def with_thinking(
+    tokenizer: TextTokenizer, params: SamplingParams, prompt_ids: Sequence[int]
+) -> SamplingParams:
+    """`params` with thinking_ids filled from thinking_tags (None without tags): each tag
+    encoded without special tokens, and `opened` where the prompt's last opening tag comes
+    after its last closing one (a template that starts the answer's thinking), or where the
+    params say the answer starts thinking (thinking_from_start)."""
+    tags = params.thinking_tags
+    if tags is None:
+        clear = params.thinking_ids is not None  # a client's own ids are never taken
+        return msgspec.structs.replace(params, thinking_ids=None) if clear else params
+    start, end = (tuple(ids) for ids in tokenizer.encode_batch(tags, add_special_tokens=False))
+    prompt = np.asarray(prompt_ids, np.int64)
+    opens = tag_ends(prompt, np.asarray(start, np.int64))
+    closes = tag_ends(prompt, np.asarray(end, np.int64))
+    opened = len(opens) > 0 and (len(closes) == 0 or opens[-1] > closes[-1])
+    opened = opened or params.thinking_from_start
+    ids = ThinkingIds(start=start, end=end, opened=bool(opened))
+    return msgspec.structs.replace(params, thinking_ids=ids)
