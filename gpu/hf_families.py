@@ -30,12 +30,16 @@ Biases, as each family's transformers module declares them:
     MLP       llama, granite, smollm3, seed_oss, helium, internlm3, iquestcoder, cwm:
               `mlp_bias`; the others never (InternLM3's config.json may say `qkv_bias` and `bias` for
               Llama's `attention_bias` and `mlp_bias`, as transformers' attribute_map reads it)
-    ernie4_5  `use_bias` on every projection (ernie4_5_moe too)
+    ernie4_5  `use_bias` on every projection (ernie4_5_moe too; starcoder2's on by default)
 
 Cohere (Command R, R+, Aya) and Cohere 2 (Command R7B, A): LayerNorms without bias (eps:
 layer_norm_eps; gpu/layer_norm.py), the logits times logit_scale, RoPE on interleaved pairs,
 tied embeddings, Command R+'s q / k LayerNorm per head (use_qk_norm), and Cohere 2's global
 layers without RoPE (as transformers' Cohere2Attention rotates only in its windowed layers).
+
+StarCoder2: Mistral's attention (windows on every layer) with biases on every projection
+(`use_bias`), LayerNorms with biases (eps: norm_epsilon), and a tanh-GELU MLP without a gate
+(c_fc, c_proj; gpu/starcoder2_layer.py).
 
 Granite: Llama's layers with four scalars (transformers' GraniteModel): the embeddings times
 embedding_multiplier, the attention softmax scaled by attention_multiplier (not head_dim's
@@ -159,8 +163,8 @@ def bias_fields(cfg: dict[str, Any], model_type: str) -> dict[str, bool]:
     """ModelConfig's qkv_bias, o_bias and mlp_bias (module docstring)."""
     if model_type == "internlm3":
         cfg = {_INTERNLM3_NAMES.get(key, key): value for key, value in cfg.items()}
-    if model_type in ("ernie4_5", "ernie4_5_moe"):
-        every = bool(cfg.get("use_bias", False))
+    if model_type in ("ernie4_5", "ernie4_5_moe", "starcoder2"):
+        every = bool(cfg.get("use_bias", model_type == "starcoder2"))
         return {"qkv_bias": every, "o_bias": every, "mlp_bias": every}
     default = model_type == "gpt_oss"
     attention = bool(cfg.get("attention_bias", default)) and model_type not in _NO_ATTENTION_BIAS
@@ -191,6 +195,15 @@ def cohere_fields(cfg: dict[str, Any], model_type: str, windows: tuple[int, ...]
         num_layers = int(cfg["num_hidden_layers"])
         fields["nope_layers"] = tuple(w == 0 for w in windows) if windows else (True,) * num_layers
     return fields
+
+
+def starcoder2_fields(cfg: dict[str, Any]) -> dict[str, Any]:
+    """StarCoder2's: its LayerNorms' eps (`norm_epsilon`) and its MLP's tanh GELU, which no
+    gate multiplies (gpu/starcoder2_layer.py)."""
+    act = cfg.get("hidden_act", "gelu_pytorch_tanh")
+    if act != "gelu_pytorch_tanh":
+        raise ValueError(f"config.json: hidden_act {act!r} is not supported for starcoder2")
+    return {"rms_norm_eps": float(cfg.get("norm_epsilon", 1e-5)), "hidden_act": "gelu_tanh"}
 
 
 def ministral3_fields(rope: dict[str, Any] | None) -> dict[str, Any]:

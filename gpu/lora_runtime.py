@@ -207,6 +207,8 @@ def install_lora(
             if config.is_sparse(index) and attribute in ("gate_up_proj", "down_proj"):
                 continue  # an MoE layer's experts (an adapter targeting them is refused)
             base = getattr(layer, attribute)
+            if base is None:  # a layer without it (StarCoder2's has no gate|up)
+                continue
             layer._parameters.pop(attribute, None)  # a dense weight: a Parameter until now
             slices = tuple(widths[m][0] for m in modules)
             proj = LoraLinear(base, slices, widths[modules[0]][1], slots)

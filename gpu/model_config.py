@@ -20,6 +20,7 @@ from troupe.gpu.hf_families import (
     granite_fields,
     layer_windows,
     ministral3_fields,
+    starcoder2_fields,
 )
 from troupe.gpu.hf_overrides import apply_hf_overrides
 from troupe.gpu.moe_config import (
@@ -76,6 +77,7 @@ SUPPORTED_MODEL_TYPES = (
     "gemma3_text",
     "gpt_oss",
     *COHERE_TYPES,
+    "starcoder2",
     *DEEPSEEK_TYPES,
 )
 
@@ -142,8 +144,14 @@ class ModelConfig:
 
     @property
     def layer_norm(self) -> bool:
-        """Cohere's LayerNorms (gpu/layer_norm.py; rms_norm_eps is their eps), not RMSNorm."""
-        return self.model_type in COHERE_TYPES
+        """LayerNorms (gpu/layer_norm.py; rms_norm_eps is their eps), not RMSNorm: Cohere's,
+        and StarCoder2's, which have biases too (`norm_bias`)."""
+        return self.model_type in (*COHERE_TYPES, "starcoder2")
+
+    @property
+    def norm_bias(self) -> bool:
+        """The norms add a bias (StarCoder2's; DecoderModel.norm_bias is the final norm's)."""
+        return self.model_type == "starcoder2"
 
     @property
     def sandwich_norms(self) -> bool:
@@ -298,6 +306,8 @@ class ModelConfig:
                 family = exaone4_fields(windows)
             if model_type in COHERE_TYPES:
                 family = cohere_fields(cfg, model_type, windows)
+            if model_type == "starcoder2":
+                family = starcoder2_fields(cfg)
             if model_type in DEEPSEEK_TYPES:
                 family = deepseek_model_fields(cfg, num_layers)
             head_dim = int(cfg.get("head_dim") or hidden // num_heads)

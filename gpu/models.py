@@ -9,6 +9,7 @@ layer runs four GEMMs; gpu/weight_fill.py fills them from HF tensor names.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -246,9 +247,15 @@ class DecoderModel(nn.Module):
         )
         install_query_factors(self.layers, c, max_positions, device)
         self.norm = new_param(c.hidden_size, dtype=dtype, device=device)
-        # the final norm, fused with the last residual add: RMSNorm, Cohere's LayerNorm
+        # the final norm, fused with the last residual add: RMSNorm, or a LayerNorm (Cohere's;
+        # StarCoder2's with a bias)
+        self.norm_bias = (
+            new_param(c.hidden_size, dtype=dtype, device=device) if c.norm_bias else None
+        )
         self.final_norm: Callable[..., tuple[torch.Tensor, torch.Tensor]] = (
-            layer_norm if c.layer_norm else self.ops.rms_norm
+            functools.partial(layer_norm, bias=self.norm_bias)
+            if c.layer_norm
+            else self.ops.rms_norm
         )
         self.lora: LoraRuntime | None = None  # LoRA adapters (gpu/lora_runtime.install_lora)
         # what an EAGLE head reads of every row (gpu/target_hidden.py)

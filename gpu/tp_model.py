@@ -242,6 +242,10 @@ class TPDecoderModel(DecoderModel):
             raise ModelLoadError(
                 f"{config.model_type}: tensor parallelism is not supported; run one rank"
             )
+        if config.layer_norm:  # Cohere's and StarCoder2's layers are their own
+            raise ModelLoadError(
+                f"{config.model_type}: tensor parallelism is not supported; run one rank"
+            )
         if config.head_order is not None:  # the shard reader does not reorder q/k dims
             raise ModelLoadError(
                 "partial or interleaved rotary: tensor parallelism is not supported; run one rank"

@@ -200,6 +200,8 @@ def _locate(
         return _dense(model.embed_tokens), None, 0, "embed_tokens"
     if name == "model.norm.weight":
         return model.norm, None, 0, "norm"
+    if name == "model.norm.bias":  # a LayerNorm's (StarCoder2); None: a norm without, ignored
+        return model.norm_bias, None, 0, "norm_bias"
     if name == "score.weight":  # a classifier's head; None: not a classifier, ignored
         return model.score, None, 0, "score"
     if name == "score.bias":  # a token classifier's; None: a head without one, ignored

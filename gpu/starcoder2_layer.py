@@ -1,0 +1,82 @@
+"""StarCoder2's decoder layer (transformers' Starcoder2DecoderLayer): Llama's pre-norm layer
+with LayerNorms that add a bias (gpu/layer_norm.py) and an MLP without a gate,
+
+    h = h + attention(norm_1(h))          (q/k/v and o with biases: use_bias)
+    h = h + c_proj(gelu_tanh(c_fc(norm_2(h))))
+
+The stream is carried as the plain layer carries it (the norm adds the residual first). c_proj
+is the plain layer's down projection (down_proj, down_bias); c_fc takes the place of its
+gate|up matrix, which this layer does not have.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from troupe.gpu.attention import AttentionMetadata
+from troupe.gpu.layer_norm import layer_norm
+from troupe.gpu.model_config import ModelConfig
+from troupe.gpu.models import DecoderLayer, KVCache, new_param
+from troupe.gpu.quant_linear import linear
+from troupe.kernels.ops import KernelOps
+
+# StarCoder2's names -> this layer's parameters
+_NAMES = {
+    "mlp.c_fc.weight": "c_fc",
+    "mlp.c_fc.bias": "c_fc_bias",
+    "mlp.c_proj.weight": "down_proj",
+    "mlp.c_proj.bias": "down_bias",
+    "input_layernorm.bias": "input_norm_bias",
+    "post_attention_layernorm.bias": "post_norm_bias",
+}
+
+
+class Starcoder2Layer(DecoderLayer):
+    """The layer above: biased LayerNorms, and c_fc -> tanh GELU -> c_proj."""
+
+    def __init__(
+        self, config: ModelConfig, dtype: torch.dtype, device: torch.device, layer_index: int = 0
+    ) -> None:
+        super().__init__(config, dtype, device, layer_index)
+        c = config
+        for name in ("gate_up_proj", "gate_up_bias"):
+            delattr(self, name)  # no gate: c_fc is the MLP's one input matrix
+            setattr(self, name, None)
+
+        def param(*shape: int) -> torch.nn.Parameter:
+            return new_param(*shape, dtype=dtype, device=device)
+
+        self.c_fc = param(c.intermediate_size, c.hidden_size)
+        self.c_fc_bias = param(c.intermediate_size) if c.mlp_bias else None
+        self.input_norm_bias = param(c.hidden_size)
+        self.post_norm_bias = param(c.hidden_size)
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        residual: torch.Tensor | None,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_cache: KVCache,
+        cos_sin: torch.Tensor,
+        ops: KernelOps,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        eps = self.config.rms_norm_eps
+        x, residual = layer_norm(hidden, self.input_layernorm, eps, residual, self.input_norm_bias)
+        hidden = self.attention(x, positions, meta, kv_cache, cos_sin, ops)
+        x, residual = layer_norm(
+            hidden, self.post_attention_layernorm, eps, residual, self.post_norm_bias
+        )
+        return self.mlp(x, ops), residual
+
+    def mlp(self, x: torch.Tensor, ops: KernelOps) -> torch.Tensor:
+        up = F.gelu(linear(x, self.c_fc, self.c_fc_bias), approximate="tanh")
+        return linear(up, self.down_proj, self.down_bias)
+
+    def locate_extra(self, rest: str, prefix: str) -> tuple[torch.Tensor, tuple[str, ...]] | None:
+        """StarCoder2's MLP and norm biases under its own names."""
+        name = _NAMES.get(rest)
+        found = None if name is None else getattr(self, name)
+        if found is None:  # not one of them, or a bias the config leaves out
+            return super().locate_extra(rest, prefix)
+        return found, (f"{prefix}.{name}",)
