@@ -29,30 +29,40 @@ TINY = {
 }
 
 
-def saved_random_model(folder: Path, model_cls: Any, config: Any, *, norms: bool = False) -> Any:
+def saved_random_model(
+    folder: Path, model_cls: Any, config: Any, *, norms: bool = False, biases: bool = False
+) -> Any:
     """`model_cls(config)` with its matrices drawn N(0, 0.2) (seed 0; `norms`: its vectors
-    U(0.5, 1.5) too, so a norm weight read into the wrong place shows), saved into `folder`;
-    in eval mode."""
+    and norm weights U(0.5, 1.5) too, so a norm weight read into the wrong place shows;
+    `biases`: every bias N(0, 0.5), where transformers starts them at 0), saved into
+    `folder`; in eval mode."""
     torch.manual_seed(0)
     hf_model = model_cls(config)
     with torch.no_grad():
-        for param in hf_model.parameters():
-            if param.dim() > 1:
+        for name, param in hf_model.named_parameters():
+            if norms and name.endswith("norm.weight"):  # per head too (Command R+'s [H, D])
+                param.uniform_(0.5, 1.5)
+            elif param.dim() > 1:
                 param.normal_(0.0, 0.2)
             elif norms:
                 param.uniform_(0.5, 1.5)
+        for name, param in hf_model.named_parameters():
+            if biases and name.endswith(".bias"):
+                param.normal_(0.0, 0.5)
     hf_model.save_pretrained(folder)
     return hf_model.eval()
 
 
-def saved_family(folder: Path, prefix: str, settings: dict[str, Any], *, norms: bool = True) -> Any:
+def saved_family(
+    folder: Path, prefix: str, settings: dict[str, Any], *, norms: bool = True, biases: bool = False
+) -> Any:
     """saved_random_model of transformers' `<prefix>ForCausalLM` over `<prefix>Config(**settings)`
     (e.g. prefix "Qwen3")."""
     import transformers
 
     config = getattr(transformers, f"{prefix}Config")(**settings)
     model_cls = getattr(transformers, f"{prefix}ForCausalLM")
-    return saved_random_model(folder, model_cls, config, norms=norms)
+    return saved_random_model(folder, model_cls, config, norms=norms, biases=biases)
 
 
 def assert_greedy_matches(folder: Path, hf_model: Any, device: str = "cpu") -> None:

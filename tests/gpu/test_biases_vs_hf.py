@@ -35,12 +35,7 @@ FAMILIES: dict[str, tuple[str, dict[str, Any], dict[str, bool]]] = {
 def family(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Any:
     name, extra, _ = FAMILIES[request.param]
     folder = tmp_path_factory.mktemp(request.param)
-    hf_model = saved_family(folder, name, {**TINY, **extra}, norms=False)
-    with torch.no_grad():  # biases N(0, 0.5): transformers starts them at 0
-        for param_name, param in hf_model.named_parameters():
-            if param_name.endswith(".bias"):
-                param.normal_(0.0, 0.5)
-    hf_model.save_pretrained(folder)
+    hf_model = saved_family(folder, name, {**TINY, **extra}, norms=False, biases=True)
     return request.param, folder, hf_model
 
 

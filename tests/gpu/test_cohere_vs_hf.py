@@ -31,14 +31,7 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
 def family(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Any:
     prefix, extra = FAMILIES[request.param]
     folder = tmp_path_factory.mktemp(request.param)
-    hf_model = saved_family(folder, prefix, {**COMMON, **extra})
-    with torch.no_grad():  # per-head norms are 2-D: drawn apart too; biases N(0, 0.5)
-        for name, param in hf_model.named_parameters():
-            if name.endswith("_norm.weight"):
-                param.uniform_(0.5, 1.5)
-            if name.endswith(".bias"):
-                param.normal_(0.0, 0.5)
-    hf_model.save_pretrained(folder)
+    hf_model = saved_family(folder, prefix, {**COMMON, **extra}, biases=True)
     return request.param, folder, hf_model
 
 

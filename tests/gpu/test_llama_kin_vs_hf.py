@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
 from tests.gpu.family_checks import TINY, assert_greedy_matches, saved_random_model
 
@@ -32,13 +31,9 @@ def family(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     settings = {**TINY, "head_dim": 16, "rope_parameters": DYNAMIC, **extra}
     config = getattr(transformers, config_name)(**settings)
     folder = tmp_path_factory.mktemp(request.param)
-    hf_model = saved_random_model(folder, transformers.AutoModelForCausalLM.from_config, config)
+    model_cls = transformers.AutoModelForCausalLM.from_config
+    hf_model = saved_random_model(folder, model_cls, config, biases=True)
     assert type(hf_model).__name__ in ("LlamaForCausalLM", "CwmForCausalLM")
-    with torch.no_grad():  # biases N(0, 0.5): transformers starts them at 0
-        for name, param in hf_model.named_parameters():
-            if name.endswith(".bias"):
-                param.normal_(0.0, 0.5)
-    hf_model.save_pretrained(folder)
     return request.param, folder, hf_model
 
 

@@ -23,12 +23,8 @@ FAMILIES = {"biases": {}, "no_biases": {"use_bias": False}}
 def family(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Any:
     folder = tmp_path_factory.mktemp(request.param)
     settings = {key: value for key, value in COMMON.items() if key != "rms_norm_eps"}
-    hf_model = saved_family(folder, "Starcoder2", {**settings, **FAMILIES[request.param]})
-    with torch.no_grad():  # biases N(0, 0.5): transformers starts them at 0
-        for name, param in hf_model.named_parameters():
-            if name.endswith(".bias"):
-                param.normal_(0.0, 0.5)
-    hf_model.save_pretrained(folder)
+    extra = FAMILIES[request.param]
+    hf_model = saved_family(folder, "Starcoder2", {**settings, **extra}, biases=True)
     return request.param, folder, hf_model
 
 
