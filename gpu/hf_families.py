@@ -41,6 +41,9 @@ StarCoder2: Mistral's attention (windows on every layer) with biases on every pr
 (`use_bias`), LayerNorms with biases (eps: norm_epsilon), and a tanh-GELU MLP without a gate
 (c_fc, c_proj; gpu/starcoder2_layer.py).
 
+HunYuan dense (Hunyuan-0.5B to 7B): Llama's layers with q / k RMS-normalised per head after the
+rotary (gpu/hunyuan_layer.py), and a "dynamic" rope whose fixed `alpha` moves the base.
+
 Granite: Llama's layers with four scalars (transformers' GraniteModel): the embeddings times
 embedding_multiplier, the attention softmax scaled by attention_multiplier (not head_dim's
 root), each layer's attention and MLP outputs times residual_multiplier before they join the
@@ -204,6 +207,21 @@ def starcoder2_fields(cfg: dict[str, Any]) -> dict[str, Any]:
     if act != "gelu_pytorch_tanh":
         raise ValueError(f"config.json: hidden_act {act!r} is not supported for starcoder2")
     return {"rms_norm_eps": float(cfg.get("norm_epsilon", 1e-5)), "hidden_act": "gelu_tanh"}
+
+
+def hunyuan_fields(cfg: dict[str, Any], rope_theta: float) -> dict[str, Any]:
+    """HunYuan dense's: its "dynamic" rope with a fixed `alpha` is plain RoPE on the base
+    theta * alpha ** (d / (d - 2)) (transformers' ntk_alpha); cross-layer attention refused."""
+    if cfg.get("use_cla"):
+        raise ValueError("config.json: use_cla (cross-layer attention) is not supported")
+    scaling = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
+    alpha = scaling.get("alpha")
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind != "dynamic" or not alpha:
+        return {}
+    num_heads = int(cfg["num_attention_heads"])
+    dim = int(cfg.get("head_dim") or int(cfg["hidden_size"]) // num_heads)
+    return {"rope_theta": rope_theta * float(alpha) ** (dim / (dim - 2))}
 
 
 def ministral3_fields(rope: dict[str, Any] | None) -> dict[str, Any]:

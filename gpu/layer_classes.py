@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 def layer_class(config: ModelConfig, layer: int) -> type[DecoderLayer]:
     """The module of one layer: the Gemmas', DeepSeek's MLA layer (gpu/mla_layer.py), OLMo 2's
-    and OLMoE's (gpu/olmo2_layer.py), Cohere's (gpu/cohere_layer.py), StarCoder2's, an MoE layer
+    and OLMoE's (gpu/olmo2_layer.py), Cohere's (gpu/cohere_layer.py), StarCoder2's, HunYuan's, an MoE layer
     (gpu/moe_layer.py) or the plain one."""
     if config.mla is not None:
         from troupe.gpu.mla_layer import MlaLayer
@@ -41,6 +41,10 @@ def layer_class(config: ModelConfig, layer: int) -> type[DecoderLayer]:
         from troupe.gpu.cohere_layer import CohereLayer
 
         return CohereLayer
+    if config.model_type == "hunyuan_v1_dense":
+        from troupe.gpu.hunyuan_layer import HunyuanLayer
+
+        return HunyuanLayer
     if config.model_type == "starcoder2":
         from troupe.gpu.starcoder2_layer import Starcoder2Layer
 

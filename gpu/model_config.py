@@ -18,6 +18,7 @@ from troupe.gpu.hf_families import (
     cohere_fields,
     gemma_fields,
     granite_fields,
+    hunyuan_fields,
     layer_windows,
     ministral3_fields,
     starcoder2_fields,
@@ -78,6 +79,7 @@ SUPPORTED_MODEL_TYPES = (
     "gpt_oss",
     *COHERE_TYPES,
     "starcoder2",
+    "hunyuan_v1_dense",
     *DEEPSEEK_TYPES,
 )
 
@@ -147,6 +149,12 @@ class ModelConfig:
         """LayerNorms (gpu/layer_norm.py; rms_norm_eps is their eps), not RMSNorm: Cohere's,
         and StarCoder2's, which have biases too (`norm_bias`)."""
         return self.model_type in (*COHERE_TYPES, "starcoder2")
+
+    @property
+    def scales_queries(self) -> bool:
+        """The rotated queries are scaled in DecoderLayer.scale_queries: Ministral 3's by
+        position, HunYuan's by its q / k norm weights (gpu/hunyuan_layer.py)."""
+        return self.query_scale is not None or self.model_type == "hunyuan_v1_dense"
 
     @property
     def norm_bias(self) -> bool:
@@ -308,6 +316,8 @@ class ModelConfig:
                 family = cohere_fields(cfg, model_type, windows)
             if model_type == "starcoder2":
                 family = starcoder2_fields(cfg)
+            if model_type == "hunyuan_v1_dense":
+                family = hunyuan_fields(cfg, float(rope_theta))
             if model_type in DEEPSEEK_TYPES:
                 family = deepseek_model_fields(cfg, num_layers)
             head_dim = int(cfg.get("head_dim") or hidden // num_heads)
@@ -331,7 +341,7 @@ class ModelConfig:
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", model_type in TIED_BY_DEFAULT))
             or bool(classifier),
             **bias_fields(cfg, model_type),
-            qk_norm=model_type in ("qwen3", "qwen3_moe", "exaone4", "dots1")
+            qk_norm=model_type in ("qwen3", "qwen3_moe", "exaone4", "dots1", "hunyuan_v1_dense")
             or (model_type == "glm4_moe" and bool(cfg.get("use_qk_norm", False))),
             max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
             eos_token_ids=tuple(eos),

@@ -101,7 +101,7 @@ def max_stream_len(config: EngineConfig, device: torch.device, model: ModelConfi
         or model.mla
         or model.is_gemma
         or model.attention_sinks
-        or model.query_scale  # queries scaled by their position, not the cache's
+        or model.scales_queries  # Ministral 3's, by their position (not the cache's); HunYuan's
         or model.layer_norm  # Cohere's parallel block: gpu/streaming_reference.py is Llama's
     )
     single = not config.executor_proposes and config.tensor_parallel_size == 1

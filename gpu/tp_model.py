@@ -242,7 +242,7 @@ class TPDecoderModel(DecoderModel):
             raise ModelLoadError(
                 f"{config.model_type}: tensor parallelism is not supported; run one rank"
             )
-        if config.layer_norm:  # Cohere's and StarCoder2's layers are their own
+        if config.layer_norm or config.model_type == "hunyuan_v1_dense":  # layers of their own
             raise ModelLoadError(
                 f"{config.model_type}: tensor parallelism is not supported; run one rank"
             )
