@@ -61,3 +61,21 @@ async def test_the_budget_closes_thinking(hf_folder: Any, tmp_path: Path, device
         for i in range(start, len(out)):
             assert out[i] == int(logits[len(prompt) + i - 1].argmax()), (out, i)
     assert isinstance(untagged, Rejected) and untagged.field == "thinking_token_budget"
+
+
+async def test_speculation_keeps_the_budget(hf_folder: Any, tmp_path: Path) -> None:
+    """n-gram proposals (a prompt that repeats itself, tags included, so they propose the
+    tags too) are verified row by row, each row reading the output up to its own position:
+    the same tokens as one at a time."""
+    folder, _ = tiny_folder(hf_folder, tmp_path)
+    prompt = " ".join([PROMPT, "w200 w201 w5 w210 w211"] * 2 + ["w200 w201"])
+    spec = {"speculative_method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1}
+    outs = []
+    for extra in ({}, spec):
+        async with Engine.open(config(folder, "cpu").replace(**extra)) as engine:
+            outs.append([token_ids(await collect(engine, prompt, greedy(b))) for b in (3, 0, 6)])
+            stats = engine.stats()
+            await wait_blocks_free(engine)
+    assert outs[0] == outs[1]
+    assert [out[b : b + 2] for out, b in zip(outs[0], (3, 0, 6), strict=True)] == [CLOSE] * 3
+    assert stats.num_spec_proposed_tokens > 0  # proposals were made (and checked)
