@@ -9,7 +9,6 @@ layer runs four GEMMs; gpu/weight_fill.py fills them from HF tensor names.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -247,15 +246,9 @@ class DecoderModel(nn.Module):
         )
         install_query_factors(self.layers, c, max_positions, device)
         self.norm = new_param(c.hidden_size, dtype=dtype, device=device)
-        # the final norm, fused with the last residual add: RMSNorm, or a LayerNorm (Cohere's;
-        # StarCoder2's with a bias)
+        # the final LayerNorm's bias (StarCoder2's; final_norm)
         self.norm_bias = (
             new_param(c.hidden_size, dtype=dtype, device=device) if c.norm_bias else None
-        )
-        self.final_norm: Callable[..., tuple[torch.Tensor, torch.Tensor]] = (
-            functools.partial(layer_norm, bias=self.norm_bias)
-            if c.layer_norm
-            else self.ops.rms_norm
         )
         self.lora: LoraRuntime | None = None  # LoRA adapters (gpu/lora_runtime.install_lora)
         # what an EAGLE head reads of every row (gpu/target_hidden.py)
@@ -358,6 +351,17 @@ class DecoderModel(nn.Module):
         if idx.numel() == 0:  # only mid-prompt chunks: no kernel launch on an empty grid
             return hidden[:0]
         out: torch.Tensor = self.final_norm(hidden[idx], self.norm, eps, residual[idx])[0]
+        return out
+
+    def final_norm(
+        self, hidden: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The final norm of the last layer's (hidden, residual), fused with their add, as
+        KernelOps.rms_norm returns it: RMSNorm, or a LayerNorm (Cohere's; StarCoder2's with
+        `norm_bias`)."""
+        if self.config.layer_norm:
+            return layer_norm(hidden, weight, eps, residual, self.norm_bias)
+        out: tuple[torch.Tensor, torch.Tensor] = self.ops.rms_norm(hidden, weight, eps, residual)
         return out
 
     @torch.inference_mode()

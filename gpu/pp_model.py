@@ -51,6 +51,8 @@ class PPStageModel(DecoderModel):
             self.embed_tokens = new_param(0, hidden, dtype=dtype, device=device)
         if not stage.is_last:
             self.norm = new_param(0, dtype=dtype, device=device)
+            if self.norm_bias is not None:
+                self.norm_bias = new_param(0, dtype=dtype, device=device)
             if self.lm_head is not None:
                 self.lm_head = new_param(0, hidden, dtype=dtype, device=device)
 

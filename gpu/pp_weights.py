@@ -23,6 +23,7 @@ from troupe.gpu.weights import packed_reader, safetensors_files
 _EDGE_NAMES = {
     "model.embed_tokens.weight": "embed_tokens",
     "model.norm.weight": "norm",
+    "model.norm.bias": "norm_bias",  # a LayerNorm's (StarCoder2)
     "lm_head.weight": "lm_head",
 }
 
@@ -55,7 +56,7 @@ def _wanted(model: PPStageModel, name: str) -> str | None:
     """The name this stage fills from HF tensor `name`, None when it is another stage's."""
     edge = _EDGE_NAMES.get(name)
     if edge is not None:
-        held = model.get_parameter(edge) if edge != "lm_head" or model.lm_head is not None else None
+        held = getattr(model, edge)  # None: a model without it (tied head, RMSNorm)
         return name if held is not None and held.numel() else None
     return model.stage.local_layer(name)
 
@@ -68,10 +69,8 @@ def _stage_tensors(
         if local is not None:
             yield local, tensor
     for name, attr in _EDGE_NAMES.items():  # the parameters this stage holds empty
-        if attr == "lm_head" and model.lm_head is None:
-            continue
-        held = model.get_parameter(attr)
-        if held.numel() == 0:
+        held = getattr(model, attr)
+        if held is not None and held.numel() == 0:
             yield name, torch.empty(held.shape, dtype=held.dtype)
 
 

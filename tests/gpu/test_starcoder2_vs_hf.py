@@ -51,3 +51,28 @@ def test_the_config_reads_starcoder2_fields(family: tuple[str, Path, Any]) -> No
         1e-5,
         (4, 4),
     )
+
+
+def test_pipeline_stages_load_their_part(family: tuple[str, Path, Any]) -> None:
+    """Two pipeline stages of it load (the final norm's bias on the last one alone): each
+    stage's layers hold the checkpoint's tensors, none missing."""
+    from safetensors.torch import load_file
+    from troupe.gpu.model_config import ModelConfig
+    from troupe.gpu.pp_model import PPStageModel
+    from troupe.gpu.pp_stage import PPStage
+    from troupe.gpu.pp_weights import load_stage
+
+    _, folder, _ = family
+    full = ModelConfig.from_hf_folder(folder)
+    shipped = load_file(folder / "model.safetensors")
+    for index in (0, 1):
+        stage = PPStage.of(full, index, 2, None)
+        model = PPStageModel(stage, full, None, torch.float32, torch.device("cpu"), 64)  # type: ignore[arg-type]
+        load_stage(model, folder, full)
+        layer = model.layers[0]
+        bias = model.norm_bias
+        assert bias is not None and bias.numel() == (64 if index else 0)
+        if index:
+            assert torch.equal(bias, shipped["model.norm.bias"])
+        expected = shipped[f"model.layers.{index}.mlp.c_fc.weight"]
+        assert torch.equal(layer.c_fc, expected)  # type: ignore[arg-type]
