@@ -20,6 +20,9 @@ model's thinking, written between `<think>` and `</think>`, goes to the chat ans
     mistral      Magistral's `[THINK]`...`[/THINK]`: the answer is content until its first
                  `[THINK]` (wherever it comes), thinking to `[/THINK]`, content again after; a
                  `[/THINK]` before any `[THINK]` is dropped
+    seed_oss     Seed-OSS's `<seed:think>`...`</seed:think>`: the answer thinks when it opens
+                 with the tag (as the model does; its budget reflections stay in the thinking),
+                 content after the closing one
     openai_gptoss  GPT-OSS's harmony messages: the analysis channel is the thinking, the
                  other channels the content, calls to functions kept for the `openai`
                  tool-call parser or dropped (gateway/harmony.py)
@@ -35,7 +38,8 @@ back until it is whole; nothing else is held.
 Structured output (and tool calls, which are structured output) constrains only the content:
 `constraint_reasoning` says where the thinking goes in the grammar (StructuredOutputs.
 reasoning), so the model thinks freely and the content alone follows the schema. The grammar
-writes the thinking between `<think>` tags, so the parsers with other tags (mistral, granite)
+writes the thinking between `<think>` tags, so the parsers with other tags (mistral, granite,
+seed_oss)
 constrain a structured answer from its first token (no thinking); openai_gptoss's, the final
 channel's body after any analysis messages (StructuredOutputs.reasoning "harmony").
 """
@@ -61,6 +65,7 @@ ParserName = Literal[
     "granite",
     "glm45",
     "minimax_m2",
+    "seed_oss",
     "openai_gptoss",
 ]
 PARSERS: tuple[ParserName, ...] = get_args(ParserName)
@@ -90,6 +95,7 @@ TAGS: dict[ParserName, ThinkTags] = {
     ),
     "glm45": _THINK,
     "minimax_m2": _THINK,
+    "seed_oss": ThinkTags(("<seed:think>",), ("</seed:think>",)),
 }
 
 

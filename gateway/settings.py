@@ -115,8 +115,8 @@ class GatewaySettings:
         "qwen3 (answers think when they or the prompt open <think>), deepseek_v3 (V3.1: "
         "thinks when the prompt opens <think>), mistral ([THINK]...[/THINK]), granite "
         '("Here is my thought process:" ... "Here is my response:"), glm45 (GLM-4.5: as '
-        "qwen3), minimax_m2 (as deepseek_r1), openai_gptoss (GPT-OSS's harmony channels: "
-        "analysis is the reasoning)",
+        "qwen3), minimax_m2 (as deepseek_r1), seed_oss (<seed:think>...</seed:think>), "
+        "openai_gptoss (GPT-OSS's harmony channels: analysis is the reasoning)",
     )
     tool_call_parser: ToolParserName | None = _knob(  # noqa: RUF009 (None or a str: immutable)
         None,

@@ -1,10 +1,10 @@
 """The tool-call parsers mistral, pythonic, qwen3_coder, deepseek_v3, deepseek_v31, granite,
-kimi_k2, glm45 and minimax_m2 and the reasoning parsers deepseek_v3, mistral, granite, glm45 and
-minimax_m2 over HTTP with the official `openai` client: a server started with the flag, a fake
-runner made to say an exact reply (SmolLM2's tokenizer, a plain template), the whole answer and
-the streamed one read back. Streamed calls arrive as OpenAI sends them: a delta with the id,
-type and name, then the arguments as written; a call that went out before the reply broke is
-not sent again as text (gateway/tool_stream.py)."""
+kimi_k2, glm45 and minimax_m2 and the reasoning parsers deepseek_v3, mistral, granite, glm45,
+minimax_m2 and seed_oss over HTTP with the official `openai` client: a server started with the
+flag, a fake runner made to say an exact reply (SmolLM2's tokenizer, a plain template), the
+whole answer and the streamed one read back. Streamed calls arrive as OpenAI sends them: a
+delta with the id, type and name, then the arguments as written; a call that went out before
+the reply broke is not sent again as text (gateway/tool_stream.py)."""
 
 from __future__ import annotations
 
@@ -191,6 +191,13 @@ REASONING_CASES: dict[str, tuple[dict[str, Any], str, str | None, str | None]] =
     "deepseek_v3": ({"thinking": True}, "Look it up.</think>Sunny.", "Look it up.", "Sunny."),
     "glm45": ({}, "<think>Look it up.</think>Sunny.", "Look it up.", "Sunny."),
     "minimax_m2": ({}, "Look it up.</think>Sunny.", "Look it up.", "Sunny."),
+    "seed_oss": (
+        {},
+        "<seed:think>Look it up.<seed:cot_budget_reflect>8 left</seed:cot_budget_reflect>"
+        "</seed:think>Sunny.",
+        "Look it up.<seed:cot_budget_reflect>8 left</seed:cot_budget_reflect>",
+        "Sunny.",
+    ),
 }
 
 
