@@ -126,9 +126,10 @@ class GatewaySettings:
         "(<function=...> XML), deepseek_v3 (<｜tool▁calls▁begin｜>), deepseek_v31 (V3.1's "
         "unfenced calls), granite "
         "(<|tool_call|>[...]), kimi_k2 (<|tool_calls_section_begin|>), glm45 (<arg_key> "
-        "pairs), minimax_m2 (<minimax:tool_call>), openai (GPT-OSS's calls to functions.*; "
-        "needs reasoning_parser openai_gptoss); unset: the one the chat template writes "
-        "(hermes, qwen3_coder, glm45, kimi_k2, minimax_m2, or openai with that reasoning "
+        "pairs), minimax_m2 (<minimax:tool_call>), seed_oss (qwen3_coder's in "
+        "<seed:tool_call>), openai (GPT-OSS's calls to functions.*; needs reasoning_parser "
+        "openai_gptoss); unset: the one the chat template writes (hermes, qwen3_coder, glm45, "
+        "kimi_k2, minimax_m2, seed_oss, or openai with that reasoning "
         'parser), else "auto" is refused',
     )
     enable_auto_tool_choice: bool = _knob(

@@ -22,11 +22,12 @@ read through gateway/tool_format.py: `mistral` (tool_mistral.py), `pythonic`
 (tool_pythonic.py), `qwen3_coder` (tool_qwen3_coder.py), `deepseek_v3` and `deepseek_v31`
 (tool_deepseek_v3.py),
 `granite` (tool_granite.py), `kimi_k2` (tool_kimi_k2.py), `glm45` (tool_glm45.py),
-`minimax_m2` (tool_minimax_m2.py), `openai` (GPT-OSS's harmony calls, tool_openai.py; it
+`minimax_m2` (tool_minimax_m2.py), `seed_oss` (Seed-OSS's, Qwen3-Coder's calls in
+`<seed:tool_call>`: tool_qwen3_coder.py), `openai` (GPT-OSS's harmony calls, tool_openai.py; it
 needs the `openai_gptoss` reasoning parser, which keeps the calls in the content).
 Unset, the format is the one the chat template writes its calls in (`template_tool_parser`):
 Hermes for a template that mentions `<tool_call>`, unless the template writes another format
-inside those tags (GLM-4.5's `<arg_key>`, Qwen3-Coder's `<function=`), or Kimi K2's,
+inside those tags (GLM-4.5's `<arg_key>`, Qwen3-Coder's `<function=`), or Seed-OSS's, Kimi K2's,
 MiniMax-M2's or GPT-OSS's (with its reasoning parser) for a template that writes their
 markers; "auto" is refused elsewhere.
 """
@@ -53,7 +54,13 @@ from troupe.gateway.tool_minimax_m2 import OPEN as MINIMAX_OPEN
 from troupe.gateway.tool_mistral import MISTRAL, MistralReader
 from troupe.gateway.tool_openai import OPENAI, OpenAIReader
 from troupe.gateway.tool_pythonic import PYTHONIC
-from troupe.gateway.tool_qwen3_coder import FUNC_OPEN, QWEN3_CODER, Qwen3CoderReader
+from troupe.gateway.tool_qwen3_coder import (
+    FUNC_OPEN,
+    QWEN3_CODER,
+    SEED_OSS,
+    SEED_WRAPPER,
+    Qwen3CoderReader,
+)
 from troupe.gateway.tool_reader import CallReader, SectionSoFar, openai_call_id
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
@@ -72,6 +79,7 @@ ToolParserName = Literal[
     "kimi_k2",
     "glm45",
     "minimax_m2",
+    "seed_oss",
     "openai",
 ]
 TOOL_PARSERS: tuple[ToolParserName, ...] = get_args(ToolParserName)
@@ -85,11 +93,13 @@ _FORMATS: dict[str, CallFormat] = {
     "kimi_k2": KIMI_K2,
     "glm45": GLM45,
     "minimax_m2": MINIMAX_M2,
+    "seed_oss": SEED_OSS,
     "openai": OPENAI,
 }
 # what a chat template writes when it renders a turn's calls, the most specific first: GLM's
-# and Qwen3-Coder's calls sit inside Hermes's tags
+# and Qwen3-Coder's calls sit inside Hermes's tags, Seed-OSS's functions in its own
 _TEMPLATE_MARKERS: tuple[tuple[str, ToolParserName], ...] = (
+    (SEED_WRAPPER[0], "seed_oss"),
     (KEY_OPEN, "glm45"),
     (FUNC_OPEN, "qwen3_coder"),
     (SECTION_BEGIN, "kimi_k2"),
@@ -160,6 +170,8 @@ def auto_call_reader(tools: Sequence[dict[str, Any]], parser: ToolParserName) ->
         return PythonicReader()
     if parser == "qwen3_coder":
         return Qwen3CoderReader(ToolSchemas(tuple(tools)))
+    if parser == "seed_oss":
+        return Qwen3CoderReader(ToolSchemas(tuple(tools)), SEED_WRAPPER)
     if parser == "granite":
         return GraniteReader()
     if parser == "kimi_k2":

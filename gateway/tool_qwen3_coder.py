@@ -22,6 +22,9 @@ stays a string. A function no tool names makes the reply text. Ids are `call_` a
 digits, as vLLM's. Streamed (`Qwen3CoderReader`), a call opens at its `<function=name>` and
 each parameter's `"key": value` goes out once the parameter closes, so the pieces put
 together are the whole parse's `json.dumps` text.
+
+Seed-OSS writes the same calls inside `<seed:tool_call>` ... `</seed:tool_call>` (vLLM's
+`--tool-call-parser seed_oss`): `SEED_OSS`, and the reader made with `SEED_WRAPPER`.
 """
 
 from __future__ import annotations
@@ -42,11 +45,15 @@ from troupe.gateway.tool_reader import (
 TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
 FUNC_OPEN, FUNC_CLOSE = "<function=", "</function>"
 PARAM_OPEN, PARAM_CLOSE = "<parameter=", "</parameter>"
+QWEN3_WRAPPER = (TOOL_OPEN, TOOL_CLOSE)
+SEED_WRAPPER = ("<seed:tool_call>", "</seed:tool_call>")  # Seed-OSS's
 
 
-def parse_qwen3_coder(section: str, tools: ToolSchemas) -> list[ToolCallDict] | None:
-    """The calls of a section that starts with `<tool_call>` or `<function=`."""
-    blocks = _between(section, TOOL_OPEN, TOOL_CLOSE) or [section]
+def parse_qwen3_coder(
+    section: str, tools: ToolSchemas, wrapper: tuple[str, str] = QWEN3_WRAPPER
+) -> list[ToolCallDict] | None:
+    """The calls of a section that starts with the wrapper's tag or `<function=`."""
+    blocks = _between(section, *wrapper) or [section]
     functions = [f for block in blocks for f in _between(block, FUNC_OPEN, FUNC_CLOSE)]
     calls = []
     for function in functions:
@@ -147,23 +154,31 @@ def _is_json(value: Any) -> bool:
     return True
 
 
+def _parse_seed_oss(section: str, tools: ToolSchemas) -> list[ToolCallDict] | None:
+    return parse_qwen3_coder(section, tools, SEED_WRAPPER)
+
+
 QWEN3_CODER = CallFormat((TOOL_OPEN, FUNC_OPEN), parse_qwen3_coder)
+SEED_OSS = CallFormat((SEED_WRAPPER[0], FUNC_OPEN), _parse_seed_oss)
 
 
 class Qwen3CoderReader:
-    """Qwen3-Coder's calls read as they are written (a tool_reader.CallReader): the blocks and
-    functions cut as the whole parse cuts them, each closed parameter typed once."""
+    """Qwen3-Coder's calls (Seed-OSS's with its wrapper) read as they are written (a
+    tool_reader.CallReader): the blocks and functions cut as the whole parse cuts them, each
+    closed parameter typed once."""
 
-    def __init__(self, tools: ToolSchemas) -> None:
+    def __init__(self, tools: ToolSchemas, wrapper: tuple[str, str] = QWEN3_WRAPPER) -> None:
         self._tools = tools
+        self._wrapper = wrapper
         self._members: dict[tuple[int, int], str] = {}  # a parameter's span -> its JSON member
 
     def call_id(self) -> str:
         return openai_call_id()
 
     def read(self, text: str, start: int, *, is_final: bool) -> SectionSoFar:
-        if text.startswith(TOOL_OPEN, start):
-            blocks = spans(text, TOOL_OPEN, TOOL_CLOSE, start, len(text), is_final)
+        opening, closing = self._wrapper
+        if text.startswith(opening, start):
+            blocks = spans(text, opening, closing, start, len(text), is_final)
         else:
             blocks = [(start, len(text), is_final)]
         calls = []

@@ -1,5 +1,5 @@
-"""The tool-call parsers mistral, pythonic, qwen3_coder, deepseek_v3, deepseek_v31, granite,
-kimi_k2, glm45 and minimax_m2 and the reasoning parsers deepseek_v3, mistral, granite, glm45,
+"""The tool-call parsers mistral, pythonic, qwen3_coder, seed_oss, deepseek_v3, deepseek_v31,
+granite, kimi_k2, glm45 and minimax_m2 and the reasoning parsers deepseek_v3, mistral, granite, glm45,
 minimax_m2 and seed_oss over HTTP with the official `openai` client: a server started with the
 flag, a fake runner made to say an exact reply (SmolLM2's tokenizer, a plain template), the
 whole answer and the streamed one read back. Streamed calls arrive as OpenAI sends them: a
@@ -50,6 +50,14 @@ TOOL_CASES: dict[str, tuple[str, str | None, tuple[str, Any], str]] = {
         WEATHER,
         r"call_[0-9a-f]{24}",
     ),
+    "seed_oss": (
+        "<seed:think>Weather.</seed:think>Checking.\n<seed:tool_call>\n<function=get_weather>\n"
+        "<parameter=city>\nParis\n</parameter>\n<parameter=days>\n3\n</parameter>\n</function>"
+        "\n</seed:tool_call>",
+        "<seed:think>Weather.</seed:think>Checking.\n",
+        WEATHER,
+        r"call_[0-9a-f]{24}",
+    ),
     "deepseek_v3": (
         "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n"
         '{"city": "Paris", "days": 3}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
@@ -94,7 +102,12 @@ TOOL_CASES: dict[str, tuple[str, str | None, tuple[str, Any], str]] = {
         r"call_[0-9a-f]{24}",
     ),
 }
-UNQUOTED = ("qwen3_coder", "glm45", "minimax_m2")  # formats whose string values are not quoted
+UNQUOTED = (
+    "qwen3_coder",
+    "glm45",
+    "minimax_m2",
+    "seed_oss",
+)  # formats whose string values are not quoted
 
 
 @pytest.fixture(scope="module")

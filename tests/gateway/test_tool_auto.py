@@ -44,7 +44,8 @@ def test_what_does_not_parse_is_text(text: str) -> None:
 
 def test_template_detection() -> None:
     """The format is the one the template writes calls in: GLM's and Qwen3-Coder's sit inside
-    Hermes's tags, so theirs win; a template with no format troupe reads gets None."""
+    Hermes's tags, so theirs win, and Seed-OSS's functions in its own; a template with no
+    format troupe reads gets None."""
     assert template_tool_parser("...{{ '<tool_call>' }}...") == "hermes"
     glm = "<tool_call>{{ tc.name }}\n<arg_key>{{ k }}</arg_key>\n<arg_value>{{ v }}</arg_value>"
     assert template_tool_parser(glm) == "glm45"
@@ -53,6 +54,8 @@ def test_template_detection() -> None:
     kimi = "<|tool_calls_section_begin|><|tool_call_begin|>{{ id }}<|tool_call_argument_begin|>"
     assert template_tool_parser(kimi) == "kimi_k2"
     assert template_tool_parser('<minimax:tool_call>\n<invoke name="{{ n }}">') == "minimax_m2"
+    seed = "<seed:tool_call>\n<function={{ tc.name }}>\n<parameter={{ k }}>"  # Seed-OSS's
+    assert template_tool_parser(seed) == "seed_oss"
     assert template_tool_parser("{{ messages }}") is None and template_tool_parser(None) is None
 
 

@@ -126,6 +126,16 @@ CASES: list[tuple[str, str, str | None, Calls]] = [
     ("qwen3_coder", "<tool_call>\n<function=nope>\n</function>\n</tool_call>", None, []),
     ("qwen3_coder", "Only <tool_call> talk", "Only ", []),
     ("qwen3_coder", "a < b, <functional", "a < b, <functional", []),
+    # seed_oss: Qwen3-Coder's functions in Seed-OSS's wrapper
+    ("seed_oss", QWEN_PARIS.replace("tool_call>", "seed:tool_call>"), None, [PARIS]),
+    ("seed_oss", "Hm.\n<function=get_time>\n</function>", "Hm.\n", [("get_time", {})]),
+    (
+        "seed_oss",
+        "<seed:tool_call>\n<function=get_weather>\n<parameter=city>\nParis",
+        None,
+        [PARIS],
+    ),
+    ("seed_oss", "Only <seed:tool_call> talk", "Only ", []),
     # deepseek_v3
     (
         "deepseek_v3",

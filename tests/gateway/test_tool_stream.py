@@ -90,6 +90,14 @@ def _qwen3_coder(calls: list[Call], style: int) -> str:
     return "\n".join(f"<tool_call>\n{f}\n</tool_call>" for f in functions)
 
 
+def _seed_oss(calls: list[Call], style: int) -> str:
+    """Qwen3-Coder's functions in Seed-OSS's wrapper."""
+    text = _qwen3_coder(calls, style)
+    return text.replace("<tool_call>", "<seed:tool_call>").replace(
+        "</tool_call>", "</seed:tool_call>"
+    )
+
+
 def _deepseek_v3(calls: list[Call], style: int) -> str:
     return (
         CALLS_BEGIN
@@ -182,6 +190,7 @@ RENDER = {
     "kimi_k2": _kimi_k2,
     "glm45": _glm45,
     "minimax_m2": _minimax_m2,
+    "seed_oss": _seed_oss,
     "openai": _openai,
 }
 
@@ -311,6 +320,7 @@ def test_each_call_goes_out_as_it_is_written(parser: str) -> None:
     [  # pythonic: the last argument's `)` closes the call too
         ("pythonic", ['{"city": "Paris"', ', "days": 3}']),
         ("qwen3_coder", ['{"city": "Paris"', ', "days": 3', "}"]),
+        ("seed_oss", ['{"city": "Paris"', ', "days": 3', "}"]),
         ("glm45", ['{"city": "Paris"', ', "days": 3', "}"]),
         ("minimax_m2", ['{"city": "Paris"', ', "days": 3', "}"]),
     ],
@@ -365,3 +375,13 @@ def test_a_call_cut_short_after_it_went_out_ends_there() -> None:
         ['{"city": "Par'],
     )
     assert end == StreamEnd(False)
+
+
+def test_seed_oss_blocks_close_their_calls() -> None:
+    """Seed-OSS's wrapper is read as Qwen3-Coder's is: a call whose block closed is whole
+    though the model left its `</function>` out and the answer goes on."""
+    from troupe.gateway.tool_auto import auto_call_reader
+
+    text = "<seed:tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</seed:tool_call>\n"
+    (call,) = auto_call_reader(TOOLS, "seed_oss").read(text, 0, is_final=False).calls
+    assert (call.name, call.arguments) == ("get_weather", '{"city": "Paris"}')
