@@ -27,7 +27,7 @@ Biases, as each family's transformers module declares them:
               ministral3, mixtral, phi3, exaone4 never; the others `attention_bias` (gpt_oss: on by default)
     o_proj    seed_oss `attention_out_bias`; those without q/k/v bias flags, the Qwen2s,
               the GLMs (glm, glm4, glm4_moe) and helium never; the others `attention_bias`
-    MLP       llama, granite, smollm3, seed_oss, helium, internlm3, iquestcoder, cwm:
+    MLP       llama, granite, smollm3, seed_oss, helium, internlm3, iquestcoder, cwm, nemotron:
               `mlp_bias`; the others never (InternLM3's config.json may say `qkv_bias` and `bias` for
               Llama's `attention_bias` and `mlp_bias`, as transformers' attribute_map reads it)
     ernie4_5  `use_bias` on every projection (ernie4_5_moe too; starcoder2's on by default)
@@ -43,6 +43,9 @@ StarCoder2: Mistral's attention (windows on every layer) with biases on every pr
 
 HunYuan dense (Hunyuan-0.5B to 7B): Llama's layers with q / k RMS-normalised per head after the
 rotary (gpu/hunyuan_layer.py), and a "dynamic" rope whose fixed `alpha` moves the base.
+
+Nemotron (Minitron, Nemotron-4): StarCoder2's layer under Llama's bias flags, with a squared
+ReLU, LayerNorm1P norms (weight + 1) and RoPE on half of each head by default.
 
 Granite: Llama's layers with four scalars (transformers' GraniteModel): the embeddings times
 embedding_multiplier, the attention softmax scaled by attention_multiplier (not head_dim's
@@ -156,7 +159,10 @@ def granite_fields(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 _NO_ATTENTION_BIAS = ("mistral", "ministral", "ministral3", "mixtral", "phi3", "exaone4")
-_MLP_BIAS = ("llama", "granite", "smollm3", "seed_oss", "helium", "internlm3", "iquestcoder", "cwm")
+_MLP_BIAS = (
+    "llama", "granite", "smollm3", "seed_oss", "helium", "internlm3", "iquestcoder", "cwm",
+    "nemotron",
+)  # fmt: skip
 # InternLM3's own config.json names Llama's flags as its remote code did (transformers maps them)
 _INTERNLM3_NAMES = {"qkv_bias": "attention_bias", "bias": "mlp_bias"}
 _NO_O_BIAS = ("qwen2", "qwen2_moe", "glm", "glm4", "glm4_moe", "helium")
@@ -200,13 +206,15 @@ def cohere_fields(cfg: dict[str, Any], model_type: str, windows: tuple[int, ...]
     return fields
 
 
-def starcoder2_fields(cfg: dict[str, Any]) -> dict[str, Any]:
-    """StarCoder2's: its LayerNorms' eps (`norm_epsilon`) and its MLP's tanh GELU, which no
-    gate multiplies (gpu/starcoder2_layer.py)."""
-    act = cfg.get("hidden_act", "gelu_pytorch_tanh")
-    if act != "gelu_pytorch_tanh":
-        raise ValueError(f"config.json: hidden_act {act!r} is not supported for starcoder2")
-    return {"rms_norm_eps": float(cfg.get("norm_epsilon", 1e-5)), "hidden_act": "gelu_tanh"}
+def starcoder2_fields(cfg: dict[str, Any], model_type: str) -> dict[str, Any]:
+    """StarCoder2's and Nemotron's: their LayerNorms' eps (`norm_epsilon`, `norm_eps`) and
+    their MLP's activation, which no gate multiplies (gpu/starcoder2_layer.py)."""
+    nemotron = model_type == "nemotron"
+    act = cfg.get("hidden_act", "relu2" if nemotron else "gelu_pytorch_tanh")
+    if act != ("relu2" if nemotron else "gelu_pytorch_tanh"):
+        raise ValueError(f"config.json: hidden_act {act!r} is not supported for {model_type}")
+    eps = cfg.get("norm_eps" if nemotron else "norm_epsilon", 1e-5)
+    return {"rms_norm_eps": float(eps), "hidden_act": "relu2" if nemotron else "gelu_tanh"}
 
 
 def hunyuan_fields(cfg: dict[str, Any], rope_theta: float) -> dict[str, Any]:

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 def layer_class(config: ModelConfig, layer: int) -> type[DecoderLayer]:
     """The module of one layer: the Gemmas', DeepSeek's MLA layer (gpu/mla_layer.py), OLMo 2's
-    and OLMoE's (gpu/olmo2_layer.py), Cohere's (gpu/cohere_layer.py), StarCoder2's, HunYuan's, an MoE layer
+    and OLMoE's (gpu/olmo2_layer.py), Cohere's (gpu/cohere_layer.py), StarCoder2's and Nemotron's, HunYuan's, an MoE layer
     (gpu/moe_layer.py) or the plain one."""
     if config.mla is not None:
         from troupe.gpu.mla_layer import MlaLayer
@@ -49,6 +49,10 @@ def layer_class(config: ModelConfig, layer: int) -> type[DecoderLayer]:
         from troupe.gpu.starcoder2_layer import Starcoder2Layer
 
         return Starcoder2Layer
+    if config.model_type == "nemotron":
+        from troupe.gpu.starcoder2_layer import NemotronLayer
+
+        return NemotronLayer
     if config.model_type == "glm4":
         from troupe.gpu.glm4_layer import Glm4Layer
 

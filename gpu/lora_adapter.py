@@ -100,6 +100,8 @@ def load_adapter(name: str, path: str, config: ModelConfig, max_rank: int) -> Lo
             raise fail(f"{where}: the model has {config.num_layers} layers")
         if config.mla is not None or (config.is_sparse(layer) and module in MLP_MODULES):
             raise fail(f"{where}: LoRA on latent attention or MoE experts is not supported")
+        if not config.gated_mlp and module in MLP_MODULES:
+            raise fail(f"{where}: LoRA on {config.model_type}'s ungated MLP is not supported")
         if set(factors) != {"A", "B"}:
             raise fail(f"{where}: needs both lora_A and lora_B")
         a, b = factors["A"].float(), factors["B"].float()

@@ -79,6 +79,7 @@ SUPPORTED_MODEL_TYPES = (
     "gpt_oss",
     *COHERE_TYPES,
     "starcoder2",
+    "nemotron",
     "hunyuan_v1_dense",
     *DEEPSEEK_TYPES,
 )
@@ -119,7 +120,7 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...] = ()
     torch_dtype: torch.dtype = torch.float32
     layer_windows: tuple[int, ...] = ()  # per layer sliding window (0: full); (): none
-    hidden_act: str = "silu"  # "silu" (SwiGLU) or "gelu_tanh" (GeGLU)
+    hidden_act: str = "silu"  # "silu" (SwiGLU), "gelu_tanh" (GeGLU; StarCoder2's, ungated), "relu2"
     query_pre_attn_scalar: float | None = None  # softmax scale ** -2 when not head_dim
     rope_local_theta: float | None = None  # RoPE base of the windowed layers (Gemma 3, OLMo 3)
     nope_layers: tuple[bool, ...] = ()  # per layer: no RoPE (SmolLM3); (): every layer rotates
@@ -147,8 +148,8 @@ class ModelConfig:
     @property
     def layer_norm(self) -> bool:
         """LayerNorms (gpu/layer_norm.py; rms_norm_eps is their eps), not RMSNorm: Cohere's,
-        and StarCoder2's, which have biases too (`norm_bias`)."""
-        return self.model_type in (*COHERE_TYPES, "starcoder2")
+        and StarCoder2's and Nemotron's, which have biases too (`norm_bias`)."""
+        return self.model_type in (*COHERE_TYPES, "starcoder2", "nemotron")
 
     @property
     def scales_queries(self) -> bool:
@@ -157,9 +158,16 @@ class ModelConfig:
         return self.query_scale is not None or self.model_type == "hunyuan_v1_dense"
 
     @property
+    def gated_mlp(self) -> bool:
+        """The MLP is gate|up -> act * up -> down; not StarCoder2's and Nemotron's, whose one
+        input matrix goes through the activation alone (gpu/starcoder2_layer.py)."""
+        return self.model_type not in ("starcoder2", "nemotron")
+
+    @property
     def norm_bias(self) -> bool:
-        """The norms add a bias (StarCoder2's; DecoderModel.norm_bias is the final norm's)."""
-        return self.model_type == "starcoder2"
+        """The norms add a bias (StarCoder2's, Nemotron's; DecoderModel.norm_bias is the final
+        norm's)."""
+        return self.model_type in ("starcoder2", "nemotron")
 
     @property
     def sandwich_norms(self) -> bool:
@@ -263,8 +271,11 @@ class ModelConfig:
         model_type = cfg.get("model_type", "")
         rope_params = cfg.get("rope_parameters") or {}
         rope_theta = cfg.get("rope_theta", rope_params.get("rope_theta", 10000.0))
+        default_rotary = 0.5 if model_type == "nemotron" else 1.0  # transformers' defaults
         rotary = float(
-            cfg.get("partial_rotary_factor", rope_params.get("partial_rotary_factor", 1.0))
+            cfg.get(
+                "partial_rotary_factor", rope_params.get("partial_rotary_factor", default_rotary)
+            )
         )
         num_heads = int(cfg["num_attention_heads"])
         hidden = int(cfg["hidden_size"])
@@ -314,8 +325,8 @@ class ModelConfig:
                 family = exaone4_fields(windows)
             if model_type in COHERE_TYPES:
                 family = cohere_fields(cfg, model_type, windows)
-            if model_type == "starcoder2":
-                family = starcoder2_fields(cfg)
+            if model_type in ("starcoder2", "nemotron"):
+                family = starcoder2_fields(cfg, model_type)
             if model_type == "hunyuan_v1_dense":
                 family = hunyuan_fields(cfg, float(rope_theta))
             if model_type in DEEPSEEK_TYPES:

@@ -7,6 +7,10 @@ with LayerNorms that add a bias (gpu/layer_norm.py) and an MLP without a gate,
 The stream is carried as the plain layer carries it (the norm adds the residual first). c_proj
 is the plain layer's down projection (down_proj, down_bias); c_fc takes the place of its
 gate|up matrix, which this layer does not have.
+
+Nemotron's layer (transformers' NemotronDecoderLayer: Minitron, Nemotron-4) is the same with
+other names (mlp.up_proj, mlp.down_proj), relu(x)^2 for the GELU, and LayerNorm1P norms,
+whose weight is shipped less 1 (the loader adds it back, as for Gemma's norms).
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from troupe.gpu.quant_linear import linear
 from troupe.kernels.ops import KernelOps
 
 # StarCoder2's names -> this layer's parameters
-_NAMES = {
+_STARCODER2 = {
     "mlp.c_fc.weight": "c_fc",
     "mlp.c_fc.bias": "c_fc_bias",
     "mlp.c_proj.weight": "down_proj",
@@ -31,8 +35,20 @@ _NAMES = {
 }
 
 
+_NEMOTRON = {
+    "mlp.up_proj.weight": "c_fc",
+    "mlp.up_proj.bias": "c_fc_bias",
+    "mlp.down_proj.weight": "down_proj",
+    "mlp.down_proj.bias": "down_bias",
+    "input_layernorm.bias": "input_norm_bias",
+    "post_attention_layernorm.bias": "post_norm_bias",
+}
+
+
 class Starcoder2Layer(DecoderLayer):
     """The layer above: biased LayerNorms, and c_fc -> tanh GELU -> c_proj."""
+
+    names = _STARCODER2  # the checkpoint's names of this layer's own parameters
 
     def __init__(
         self, config: ModelConfig, dtype: torch.dtype, device: torch.device, layer_index: int = 0
@@ -70,13 +86,25 @@ class Starcoder2Layer(DecoderLayer):
         return self.mlp(x, ops), residual
 
     def mlp(self, x: torch.Tensor, ops: KernelOps) -> torch.Tensor:
-        up = F.gelu(linear(x, self.c_fc, self.c_fc_bias), approximate="tanh")
+        up = self.activation(linear(x, self.c_fc, self.c_fc_bias))
         return linear(up, self.down_proj, self.down_bias)
+
+    def activation(self, x: torch.Tensor) -> torch.Tensor:
+        return F.gelu(x, approximate="tanh")
 
     def locate_extra(self, rest: str, prefix: str) -> tuple[torch.Tensor, tuple[str, ...]] | None:
         """StarCoder2's MLP and norm biases under its own names."""
-        name = _NAMES.get(rest)
+        name = self.names.get(rest)
         found = None if name is None else getattr(self, name)
         if found is None:  # not one of them, or a bias the config leaves out
             return super().locate_extra(rest, prefix)
         return found, (f"{prefix}.{name}",)
+
+
+class NemotronLayer(Starcoder2Layer):
+    """Nemotron's names and squared ReLU (its LayerNorm1P weights: the loader's +1)."""
+
+    names = _NEMOTRON
+
+    def activation(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.square(F.relu(x))

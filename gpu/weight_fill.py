@@ -102,7 +102,7 @@ def fill_weights(
     if missing:
         more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
         raise ModelLoadError(f"{source}: missing weights for {', '.join(missing[:5])}{more}")
-    if c.is_gemma:  # Gemma's RMSNorm scales by (1 + weight): fold the 1 in once
+    if c.is_gemma or c.model_type == "nemotron":  # (1 + weight) norms: fold the 1 in once
         for name, param in model.named_parameters():
             if name.endswith("norm") or name.endswith("layernorm"):
                 param.add_(1.0)
