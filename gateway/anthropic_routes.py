@@ -29,11 +29,10 @@ from aiohttp import web
 from troupe.gateway.anthropic_errors import MESSAGES_PATH, anthropic_error
 from troupe.gateway.anthropic_output import MessageAssembler
 from troupe.gateway.anthropic_requests import MessagesRequest, parse_count_tokens, parse_messages
-from troupe.gateway.chat_reasoning import chat_reasoning
+from troupe.gateway.chat_reasoning import chat_reasoning, with_thinking_tags
 from troupe.gateway.errors import ApiError, error_for_event
 from troupe.gateway.http_body import read_json_body
 from troupe.gateway.outbox import Outbox
-from troupe.gateway.reasoning import TAGS
 from troupe.gateway.sse_frames import typed_sse
 from troupe.gateway.sse_writer import first_event, pump_sse, serve_sse
 from troupe.gateway.state import GATEWAY, Gateway
@@ -95,9 +94,8 @@ def _prepare(gateway: Gateway, raw: bytes) -> _Call:
     message_id = f"msg_{uuid.uuid4().hex}"
     if req.user is not None:
         log.debug("request from a named user", request_id=message_id, user=req.user)
-    parser, params = settings.reasoning_parser, req.params
-    if parser is None or parser not in TAGS:  # budget_tokens: kept where thinking can close
-        params = msgspec.structs.replace(params, thinking_token_budget=None)
+    parser = settings.reasoning_parser
+    params = with_thinking_tags(parser, req.params, required=False)  # budget_tokens
     splitter, params, prompt = chat_reasoning(
         parser, engine.tokenizer, req.prompt, params, req.tools
     )

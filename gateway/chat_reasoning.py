@@ -71,13 +71,18 @@ def chat_of(prompt: object) -> ChatPrompt:
     return ChatPrompt(messages=tuple(prompt))
 
 
-def with_thinking_tags(parser: ParserName | None, params: SamplingParams) -> SamplingParams:
+def with_thinking_tags(
+    parser: ParserName | None, params: SamplingParams, *, required: bool = True
+) -> SamplingParams:
     """`params` with the parser's tags where it asks for a thinking_token_budget (its first
-    opening and closing tag: the executor forces the closing one past the budget); a 400
-    naming the budget where the server's parser has no tags."""
+    opening and closing tag: the executor forces the closing one past the budget). Where the
+    server's parser has no tags: a 400 naming the budget, or, not `required` (Anthropic's
+    budget_tokens, which clients send to any server), the budget dropped."""
     if params.thinking_token_budget is None or params.thinking_tags is not None:
         return params
     tags = None if parser is None else TAGS.get(parser)
+    if tags is None and not required:
+        return msgspec.structs.replace(params, thinking_token_budget=None)
     if tags is None:
         served = ", ".join(TAGS)
         raise invalid(

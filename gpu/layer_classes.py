@@ -15,8 +15,8 @@ if TYPE_CHECKING:
 
 def layer_class(config: ModelConfig, layer: int) -> type[DecoderLayer]:
     """The module of one layer: the Gemmas', DeepSeek's MLA layer (gpu/mla_layer.py), OLMo 2's
-    and OLMoE's (gpu/olmo2_layer.py), Cohere's (gpu/cohere_layer.py), StarCoder2's and Nemotron's, HunYuan's, an MoE layer
-    (gpu/moe_layer.py) or the plain one."""
+    and OLMoE's (gpu/olmo2_layer.py), Cohere's (gpu/cohere_layer.py), StarCoder2's and
+    Nemotron's, HunYuan's, an MoE layer (gpu/moe_layer.py) or the plain one."""
     if config.mla is not None:
         from troupe.gpu.mla_layer import MlaLayer
 

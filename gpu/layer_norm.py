@@ -2,7 +2,8 @@
 StarCoder2's (torch's LayerNorm, with one): the mean taken out, divided by the root of the
 variance plus eps, times the weight (plus the bias), in fp32, then back to the input's dtype.
 `layer_norm` has KernelOps.rms_norm's signature (the residual added first, the sum returned
-beside the normed rows), so a model's final norm is either; `head_layer_norm` normalises each head of q or k on its own (Command R+'s use_qk_norm)."""
+beside the normed rows), so a model's final norm is either; `head_layer_norm` normalises
+each head of q or k on its own (Command R+'s use_qk_norm)."""
 
 from __future__ import annotations
 

@@ -207,7 +207,7 @@ def install_lora(
             if config.is_sparse(index) and attribute in ("gate_up_proj", "down_proj"):
                 continue  # an MoE layer's experts (an adapter targeting them is refused)
             base = getattr(layer, attribute)
-            if base is None:  # a layer without it (StarCoder2's has no gate|up)
+            if base is None:  # wrap_all on an ungated MLP (lora_adapter refuses adapters on it)
                 continue
             layer._parameters.pop(attribute, None)  # a dense weight: a Parameter until now
             slices = tuple(widths[m][0] for m in modules)

@@ -129,7 +129,7 @@ class ModelConfig:
     final_logit_softcapping: float | None = None
     attn_logit_softcapping: float | None = None  # Gemma 2's cap on the attention scores
     attention_sinks: bool = False  # GPT-OSS: a learned sink logit per head (kernels/sinks.py)
-    # Ministral 3: queries times 1 + beta * log(1 + position // length) (gpu/ministral3_layer.py)
+    # Ministral 3: queries times 1 + beta * log(1 + position // length) (gpu/query_scale.py)
     query_scale: tuple[float, int] | None = None
     granite: GraniteScales | None = None  # Granite's multipliers (gpu/hf_families.py)
     logit_scale: float | None = None  # Cohere's: the logits times it

@@ -24,25 +24,20 @@ from troupe.gpu.models import DecoderLayer, KVCache, new_param
 from troupe.gpu.quant_linear import linear
 from troupe.kernels.ops import KernelOps
 
-# StarCoder2's names -> this layer's parameters
-_STARCODER2 = {
-    "mlp.c_fc.weight": "c_fc",
-    "mlp.c_fc.bias": "c_fc_bias",
-    "mlp.c_proj.weight": "down_proj",
-    "mlp.c_proj.bias": "down_bias",
+# the checkpoint's names -> this layer's parameters: the norms' biases, then each MLP's names
+_NORM_BIASES = {
     "input_layernorm.bias": "input_norm_bias",
     "post_attention_layernorm.bias": "post_norm_bias",
 }
 
 
-_NEMOTRON = {
-    "mlp.up_proj.weight": "c_fc",
-    "mlp.up_proj.bias": "c_fc_bias",
-    "mlp.down_proj.weight": "down_proj",
-    "mlp.down_proj.bias": "down_bias",
-    "input_layernorm.bias": "input_norm_bias",
-    "post_attention_layernorm.bias": "post_norm_bias",
-}
+def _names(up: str, down: str) -> dict[str, str]:
+    mlp = {f"mlp.{up}.weight": "c_fc", f"mlp.{up}.bias": "c_fc_bias"}
+    return mlp | {f"mlp.{down}.weight": "down_proj", f"mlp.{down}.bias": "down_bias"}
+
+
+_STARCODER2 = _names("c_fc", "c_proj") | _NORM_BIASES
+_NEMOTRON = _names("up_proj", "down_proj") | _NORM_BIASES
 
 
 class Starcoder2Layer(DecoderLayer):
@@ -90,6 +85,9 @@ class Starcoder2Layer(DecoderLayer):
         return linear(up, self.down_proj, self.down_bias)
 
     def activation(self, x: torch.Tensor) -> torch.Tensor:
+        """ModelConfig.hidden_act: StarCoder2's tanh GELU, Nemotron's squared ReLU."""
+        if self.config.hidden_act == "relu2":
+            return torch.square(F.relu(x))
         return F.gelu(x, approximate="tanh")
 
     def locate_extra(self, rest: str, prefix: str) -> tuple[torch.Tensor, tuple[str, ...]] | None:
@@ -102,9 +100,7 @@ class Starcoder2Layer(DecoderLayer):
 
 
 class NemotronLayer(Starcoder2Layer):
-    """Nemotron's names and squared ReLU (its LayerNorm1P weights: the loader's +1)."""
+    """Nemotron's names (its squared ReLU: hidden_act; its LayerNorm1P weights: the loader's
+    +1)."""
 
     names = _NEMOTRON
-
-    def activation(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.square(F.relu(x))

@@ -50,18 +50,28 @@ def thinking_budget(params: SamplingParams) -> ThinkingBudget | None:
 def forced_token(budget: ThinkingBudget, output: np.ndarray) -> int | None:
     """The token the next draw must take after `output` (the request's output tokens, in
     order), or None where it draws freely."""
-    starts, ends = tag_ends(output, budget.start), tag_ends(output, budget.end)
-    if len(ends):  # closed: open again only after an opening tag since
-        starts = starts[starts > ends[-1]]
-    elif budget.opened:
-        starts = np.zeros(1, np.int64)
-    if not len(starts):
+    since = thinking_since(output, budget.start, budget.end, opened=budget.opened)
+    if since is None:
         return None
-    thought = output[int(starts[0]) :]  # an opening tag inside thinking opens nothing more
+    thought = output[since:]
     drawn = _drawn_prefix(thought, budget.end)
     if len(thought) - drawn < budget.budget:
         return None
     return int(budget.end[drawn])
+
+
+def thinking_since(
+    tokens: np.ndarray, start: np.ndarray, end: np.ndarray, *, opened: bool
+) -> int | None:
+    """Where the thinking still open after `tokens` began (just after its opening tag; 0 when
+    it was `opened` before them and nothing closed it), None when none is open. The first
+    opening tag after the last closing one opens it: another inside it opens nothing more."""
+    starts, ends = tag_ends(tokens, start), tag_ends(tokens, end)
+    if len(ends):
+        starts = starts[starts > ends[-1]]
+    elif opened:
+        return 0
+    return int(starts[0]) if len(starts) else None
 
 
 def tag_ends(output: np.ndarray, tag: np.ndarray) -> np.ndarray:

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import msgspec
 import numpy as np
 from troupe.actors.core.tokenizer_text import TextTokenizer
-from troupe.gpu.thinking_budget import tag_ends
+from troupe.gpu.thinking_budget import thinking_since
 from troupe.messages import SamplingParams, ThinkingIds
 
 
@@ -77,18 +77,15 @@ def with_thinking(
     tokenizer: TextTokenizer, params: SamplingParams, prompt_ids: Sequence[int]
 ) -> SamplingParams:
     """`params` with thinking_ids filled from thinking_tags (None without tags): each tag
-    encoded without special tokens, and `opened` where the prompt's last opening tag comes
-    after its last closing one (a template that starts the answer's thinking), or where the
-    params say the answer starts thinking (thinking_from_start)."""
+    encoded without special tokens, and `opened` where the prompt leaves thinking open (an
+    opening tag after its last closing one: a template that starts the answer's thinking),
+    or where the params say the answer starts thinking (thinking_from_start)."""
     tags = params.thinking_tags
     if tags is None:
         clear = params.thinking_ids is not None  # a client's own ids are never taken
         return msgspec.structs.replace(params, thinking_ids=None) if clear else params
     start, end = (tuple(ids) for ids in tokenizer.encode_batch(tags, add_special_tokens=False))
-    prompt = np.asarray(prompt_ids, np.int64)
-    opens = tag_ends(prompt, np.asarray(start, np.int64))
-    closes = tag_ends(prompt, np.asarray(end, np.int64))
-    opened = len(opens) > 0 and (len(closes) == 0 or opens[-1] > closes[-1])
-    opened = opened or params.thinking_from_start
-    ids = ThinkingIds(start=start, end=end, opened=bool(opened))
+    arrays = (np.asarray(ids, np.int64) for ids in (prompt_ids, start, end))
+    in_prompt = thinking_since(*arrays, opened=False) is not None
+    ids = ThinkingIds(start=start, end=end, opened=in_prompt or params.thinking_from_start)
     return msgspec.structs.replace(params, thinking_ids=ids)
