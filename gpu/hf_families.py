@@ -42,7 +42,9 @@ StarCoder2: Mistral's attention (windows on every layer) with biases on every pr
 (c_fc, c_proj; gpu/starcoder2_layer.py).
 
 HunYuan dense (Hunyuan-0.5B to 7B): Llama's layers with q / k RMS-normalised per head after the
-rotary (gpu/hunyuan_layer.py), and a "dynamic" rope whose fixed `alpha` moves the base.
+rotary (gpu/hunyuan_layer.py), and a "dynamic" rope whose fixed `alpha` moves the base. HunYuan
+MoE (Hunyuan-A13B): the same attention over experts in every layer and an MLP beside them
+(gpu/moe_config.hunyuan_moe_fields).
 
 Nemotron (Minitron, Nemotron-4): StarCoder2's layer under Llama's bias flags, with a squared
 ReLU, LayerNorm1P norms (weight + 1) and RoPE on half of each head by default.
@@ -57,6 +59,8 @@ from __future__ import annotations
 
 import dataclasses
 from typing import Any
+
+from troupe.gpu.moe_config import hunyuan_moe_fields
 
 
 def layer_windows(cfg: dict[str, Any], model_type: str, num_layers: int) -> tuple[int, ...]:
@@ -190,6 +194,7 @@ def bias_fields(cfg: dict[str, Any], model_type: str) -> dict[str, bool]:
 
 
 COHERE_TYPES = ("cohere", "cohere2")
+HUNYUAN_TYPES = ("hunyuan_v1_dense", "hunyuan_v1_moe")
 
 
 def cohere_fields(cfg: dict[str, Any], model_type: str, windows: tuple[int, ...]) -> dict[str, Any]:
@@ -217,19 +222,23 @@ def starcoder2_fields(cfg: dict[str, Any], model_type: str) -> dict[str, Any]:
     return {"rms_norm_eps": float(eps), "hidden_act": "relu2" if nemotron else "gelu_tanh"}
 
 
-def hunyuan_fields(cfg: dict[str, Any], rope_theta: float) -> dict[str, Any]:
-    """HunYuan dense's: its "dynamic" rope with a fixed `alpha` is plain RoPE on the base
-    theta * alpha ** (d / (d - 2)) (transformers' ntk_alpha); cross-layer attention refused."""
+def hunyuan_fields(cfg: dict[str, Any], rope_theta: float, num_layers: int) -> dict[str, Any]:
+    """HunYuan's: its "dynamic" rope with a fixed `alpha` is plain RoPE on the base
+    theta * alpha ** (d / (d - 2)) (transformers' ntk_alpha); the MoE's experts; cross-layer
+    attention refused."""
     if cfg.get("use_cla"):
         raise ValueError("config.json: use_cla (cross-layer attention) is not supported")
+    moe = {}
+    if cfg.get("model_type") == "hunyuan_v1_moe":
+        moe = {"moe": hunyuan_moe_fields(cfg, num_layers)}
     scaling = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
     alpha = scaling.get("alpha")
     kind = scaling.get("rope_type", scaling.get("type"))
     if kind != "dynamic" or not alpha:
-        return {}
+        return moe
     num_heads = int(cfg["num_attention_heads"])
     dim = int(cfg.get("head_dim") or int(cfg["hidden_size"]) // num_heads)
-    return {"rope_theta": rope_theta * float(alpha) ** (dim / (dim - 2))}
+    return moe | {"rope_theta": rope_theta * float(alpha) ** (dim / (dim - 2))}
 
 
 def ministral3_fields(rope: dict[str, Any] | None) -> dict[str, Any]:

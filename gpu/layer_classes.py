@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 def layer_class(config: ModelConfig, layer: int) -> type[DecoderLayer]:
     """The module of one layer: the Gemmas', DeepSeek's MLA layer (gpu/mla_layer.py), OLMo 2's
     and OLMoE's (gpu/olmo2_layer.py), Cohere's (gpu/cohere_layer.py), StarCoder2's and
-    Nemotron's, HunYuan's, an MoE layer (gpu/moe_layer.py) or the plain one."""
+    Nemotron's, HunYuan's (dense and MoE), an MoE layer (gpu/moe_layer.py) or the plain one."""
     if config.mla is not None:
         from troupe.gpu.mla_layer import MlaLayer
 
@@ -45,6 +45,10 @@ def layer_class(config: ModelConfig, layer: int) -> type[DecoderLayer]:
         from troupe.gpu.hunyuan_layer import HunyuanLayer
 
         return HunyuanLayer
+    if config.model_type == "hunyuan_v1_moe":
+        from troupe.gpu.hunyuan_layer import HunyuanMoeLayer
+
+        return HunyuanMoeLayer
     if config.model_type == "starcoder2":
         from troupe.gpu.starcoder2_layer import Starcoder2Layer
 

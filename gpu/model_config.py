@@ -13,6 +13,7 @@ from troupe.gpu.classifier_config import ClassifierConfig, read_classifier
 from troupe.gpu.deepseek_config import DEEPSEEK_TYPES, MlaConfig, deepseek_model_fields
 from troupe.gpu.hf_families import (
     COHERE_TYPES,
+    HUNYUAN_TYPES,
     GraniteScales,
     bias_fields,
     cohere_fields,
@@ -80,7 +81,7 @@ SUPPORTED_MODEL_TYPES = (
     *COHERE_TYPES,
     "starcoder2",
     "nemotron",
-    "hunyuan_v1_dense",
+    *HUNYUAN_TYPES,
     *DEEPSEEK_TYPES,
 )
 
@@ -155,7 +156,7 @@ class ModelConfig:
     def scales_queries(self) -> bool:
         """The rotated queries are scaled in DecoderLayer.scale_queries: Ministral 3's by
         position, HunYuan's by its q / k norm weights (gpu/hunyuan_layer.py)."""
-        return self.query_scale is not None or self.model_type == "hunyuan_v1_dense"
+        return self.query_scale is not None or self.model_type in HUNYUAN_TYPES
 
     @property
     def gated_mlp(self) -> bool:
@@ -327,8 +328,8 @@ class ModelConfig:
                 family = cohere_fields(cfg, model_type, windows)
             if model_type in ("starcoder2", "nemotron"):
                 family = starcoder2_fields(cfg, model_type)
-            if model_type == "hunyuan_v1_dense":
-                family = hunyuan_fields(cfg, float(rope_theta))
+            if model_type in HUNYUAN_TYPES:
+                family = hunyuan_fields(cfg, float(rope_theta), num_layers)
             if model_type in DEEPSEEK_TYPES:
                 family = deepseek_model_fields(cfg, num_layers)
             head_dim = int(cfg.get("head_dim") or hidden // num_heads)
@@ -352,7 +353,7 @@ class ModelConfig:
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", model_type in TIED_BY_DEFAULT))
             or bool(classifier),
             **bias_fields(cfg, model_type),
-            qk_norm=model_type in ("qwen3", "qwen3_moe", "exaone4", "dots1", "hunyuan_v1_dense")
+            qk_norm=model_type in ("qwen3", "qwen3_moe", "exaone4", "dots1", *HUNYUAN_TYPES)
             or (model_type == "glm4_moe" and bool(cfg.get("use_qk_norm", False))),
             max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
             eos_token_ids=tuple(eos),

@@ -21,6 +21,10 @@ GLM-4.5's grouped routing in `grouped_moe_fields`), read into a MoeConfig.
                 is sparse when (i + 1) % moe_layer_interval == 0 and i is within
                 moe_layer_start_index..moe_layer_end_index (-1: the last); routed by softmax
                 with the correction bias (kernels/moe_router.py), shared experts beside
+    hunyuan_v1_moe  num_experts, moe_topk, moe_intermediate_size (each one number, or one per
+                layer, alike); every layer sparse; the top-k always renormalised, the router
+                in fp32 (transformers' HunYuanMoEV1Gate); beside the experts an ungated MLP of
+                intermediate_size * num_shared_expert (unless use_mixed_mlp_moe is off)
 
 The router is a softmax over every expert in fp32, the top-k of it, renormalised to sum 1 when
 norm_topk_prob, then cast to the activations' dtype (transformers' Qwen3MoeTopKRouter).
@@ -44,6 +48,7 @@ class MoeConfig:
     sparse_layers: tuple[bool, ...]  # per layer: experts (True) or the dense MLP
     num_shared_experts: int = 0  # DeepSeek: an MLP every token runs (gpu/deepseek_config.py)
     gated_shared_size: int = 0  # Qwen2-MoE: its shared expert's width, gated per token
+    plain_shared_size: int = 0  # HunYuan: the width of its ungated MLP beside the experts
     routing: GroupedRouting | None = None  # DeepSeek's grouped routers; None: softmax top-k
     clamped: ClampedSwiglu | None = None  # GPT-OSS's experts (gpu/gpt_oss_layer.py)
     mxfp4: bool = False  # the experts kept as the checkpoint's MXFP4 (kernels/mxfp4.py)
@@ -207,4 +212,35 @@ def grouped_moe_fields(cfg: dict[str, Any], num_layers: int) -> MoeConfig | None
         sparse_layers=sparse,
         num_shared_experts=int(cfg.get("n_shared_experts") or 0),
         routing=routing,
+    )
+
+
+def _one_for_all(cfg: dict[str, Any], key: str, default: Any, num_layers: int) -> int:
+    """A HunYuan key given as one number or one per layer: the number (a list must hold one
+    value for every layer; per-layer values are refused by name)."""
+    value = cfg.get(key, default)
+    if not isinstance(value, list):
+        return int(value)
+    if len(value) != num_layers or len(set(value)) != 1:
+        raise ValueError(
+            f"config.json: {key} must be one number, or the same number for each of the "
+            f"{num_layers} layers; got {value}"
+        )
+    return int(value[0])
+
+
+def hunyuan_moe_fields(cfg: dict[str, Any], num_layers: int) -> MoeConfig:
+    """The MoeConfig of a hunyuan_v1_moe config.json (transformers' defaults where a key is
+    missing: one expert, top-1)."""
+    inter = int(cfg.get("intermediate_size", 11008))
+    shared = 0
+    if cfg.get("use_mixed_mlp_moe", True):
+        shared = inter * _one_for_all(cfg, "num_shared_expert", 1, num_layers)
+    return MoeConfig(
+        num_experts=_one_for_all(cfg, "num_experts", 1, num_layers),
+        top_k=_one_for_all(cfg, "moe_topk", 1, num_layers),
+        intermediate_size=_one_for_all(cfg, "moe_intermediate_size", inter, num_layers),
+        norm_topk_prob=True,
+        sparse_layers=(True,) * num_layers,
+        plain_shared_size=shared,
     )

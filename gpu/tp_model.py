@@ -35,6 +35,7 @@ import torch
 from troupe.config import ConfigError
 from troupe.gpu.attention import AttentionMetadata
 from troupe.gpu.gemma3_layer import Gemma3Layer
+from troupe.gpu.hf_families import HUNYUAN_TYPES
 from troupe.gpu.model_config import ModelConfig, ModelLoadError
 from troupe.gpu.models import DecoderLayer, DecoderModel, KVCache
 from troupe.gpu.quant_linear import embedding, linear
@@ -242,7 +243,7 @@ class TPDecoderModel(DecoderModel):
             raise ModelLoadError(
                 f"{config.model_type}: tensor parallelism is not supported; run one rank"
             )
-        if config.layer_norm or config.model_type == "hunyuan_v1_dense":  # layers of their own
+        if config.layer_norm or config.model_type in HUNYUAN_TYPES:  # layers of their own
             raise ModelLoadError(
                 f"{config.model_type}: tensor parallelism is not supported; run one rank"
             )

@@ -22,6 +22,7 @@ from troupe.gpu.gguf_weights import (
 )
 from troupe.gpu.gptq_awq_format import read_packed_int4_format
 from troupe.gpu.gptq_awq_reader import PackedInt4Reader
+from troupe.gpu.hf_families import HUNYUAN_TYPES
 from troupe.gpu.model_config import ModelConfig, ModelLoadError
 from troupe.gpu.models import DecoderModel
 from troupe.gpu.quant_install import install_quantized
@@ -227,6 +228,8 @@ def random_weights(
             if c.moe.gated_shared_size:  # Qwen2-MoE's shared expert and its gate
                 mlp.append(("mlp.shared_expert.", c.moe.gated_shared_size))
                 out[p + "mlp.shared_expert_gate.weight"] = matrix(1, c.hidden_size)
+            if c.moe.plain_shared_size:  # HunYuan's MLP beside the experts
+                mlp.append(("mlp.shared_mlp.", c.moe.plain_shared_size))
         for mp, inter in mlp:
             out[p + mp + "gate_proj.weight"] = matrix(inter, c.hidden_size)
             out[p + mp + "up_proj.weight"] = matrix(inter, c.hidden_size)
@@ -241,8 +244,11 @@ def random_weights(
             out[p + "mlp.up_proj.bias"] = matrix(c.intermediate_size)
             out[p + "mlp.down_proj.bias"] = matrix(c.hidden_size)
         if c.qk_norm:
-            out[p + "self_attn.q_norm.weight"] = norm(c.head_dim)
-            out[p + "self_attn.k_norm.weight"] = norm(c.head_dim)
+            q_norm, k_norm = "q_norm", "k_norm"
+            if c.model_type in HUNYUAN_TYPES:  # theirs, after the rotary (gpu/hunyuan_layer.py)
+                q_norm, k_norm = "query_layernorm", "key_layernorm"
+            out[p + f"self_attn.{q_norm}.weight"] = norm(c.head_dim)
+            out[p + f"self_attn.{k_norm}.weight"] = norm(c.head_dim)
         if c.sandwich_norms:
             out[p + "pre_feedforward_layernorm.weight"] = norm(c.hidden_size)
             out[p + "post_feedforward_layernorm.weight"] = norm(c.hidden_size)
