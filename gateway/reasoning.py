@@ -23,6 +23,9 @@ model's thinking, written between `<think>` and `</think>`, goes to the chat ans
     seed_oss     Seed-OSS's `<seed:think>`...`</seed:think>`: the answer thinks when it opens
                  with the tag (as the model does; its budget reflections stay in the thinking),
                  content after the closing one
+    hunyuan_a13b  Hunyuan-A13B's `<think>\n`...`\n</think>`, read as qwen3 reads answers, then
+                 `<answer>\n`...`\n</answer>`: the content without those tags
+                 (gateway/answer_tags.py)
     openai_gptoss  GPT-OSS's harmony messages: the analysis channel is the thinking, the
                  other channels the content, calls to functions kept for the `openai`
                  tool-call parser or dropped (gateway/harmony.py)
@@ -50,7 +53,8 @@ import dataclasses
 from typing import Literal, get_args
 
 import msgspec
-from troupe.actors.core.marker_tail import marker_tail
+from troupe.actors.core.marker_tail import first_marker, marker_tail
+from troupe.gateway.answer_tags import AnswerTags
 from troupe.gateway.harmony import HarmonyStream
 from troupe.gateway.reasoning_split import Split, joined
 from troupe.messages import Delta, Finished
@@ -66,11 +70,13 @@ ParserName = Literal[
     "glm45",
     "minimax_m2",
     "seed_oss",
+    "hunyuan_a13b",
     "openai_gptoss",
 ]
 PARSERS: tuple[ParserName, ...] = get_args(ParserName)
 STARTS_THINKING: tuple[ParserName, ...] = ("deepseek_r1", "minimax_m2")  # whatever the prompt
-PROMPT_DECIDES: tuple[ParserName, ...] = ("qwen3", "deepseek_v3", "glm45")  # the prompt says
+# the prompt says
+PROMPT_DECIDES: tuple[ParserName, ...] = ("qwen3", "deepseek_v3", "glm45", "hunyuan_a13b")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -81,6 +87,7 @@ class ThinkTags:
     ends: tuple[str, ...]
     opens_anywhere: bool = False  # else only a start that leads the answer opens
     drops_stray_end: bool = False  # an end before any start is removed from the content
+    answer: tuple[str, str] | None = None  # tags around the content, removed (answer_tags.py)
 
 
 _THINK = ThinkTags((START,), (END,))
@@ -96,6 +103,11 @@ TAGS: dict[ParserName, ThinkTags] = {
     "glm45": _THINK,
     "minimax_m2": _THINK,
     "seed_oss": ThinkTags(("<seed:think>",), ("</seed:think>",)),
+    # the first of each as Hunyuan writes them, newlines and all (its tokens end in ">\n"), so
+    # that a thinking budget finds and forces the tokens it draws
+    "hunyuan_a13b": ThinkTags(
+        ("<think>\n", START), ("\n</think>\n", "\n" + END, END), answer=("<answer>", "</answer>")
+    ),
 }
 
 
@@ -148,6 +160,8 @@ class ReasoningStream:
         self._seen_any = False
         self._opened = False  # mistral: only the first start opens
         self.saw_end = False
+        answer = self.tags.answer
+        self._answer = None if answer is None else AnswerTags(*answer)
 
     def feed(self, text: str) -> Split:
         """The parts of `text` (and of what was held) that are known now."""
@@ -173,7 +187,7 @@ class ReasoningStream:
             if not self.thinking:
                 buf = self._content(buf, content)
                 continue
-            at, tag = _first(buf, ends)
+            at, tag = first_marker(buf, ends)
             if at >= 0:
                 reasoning.append(buf[:at])
                 buf = buf[at + len(tag) :]
@@ -183,6 +197,8 @@ class ReasoningStream:
             reasoning.append(buf[: len(buf) - keep])
             self._held = buf[len(buf) - keep :]
             break
+        if self._answer is not None:
+            content = [self._answer.feed("".join(content))]
         return Split(joined(reasoning), joined(content))
 
     def _content(self, buf: str, content: list[str]) -> str:
@@ -192,7 +208,7 @@ class ReasoningStream:
             return ""
         stray_ends = self.tags.ends if self.tags.drops_stray_end and not self.saw_end else ()
         tags = self.tags.starts + stray_ends
-        at, tag = _first(buf, tags)
+        at, tag = first_marker(buf, tags)
         if at < 0:
             keep = marker_tail(buf, tags)
             content.append(buf[: len(buf) - keep])
@@ -208,9 +224,10 @@ class ReasoningStream:
     def flush(self) -> Split:
         """At the end of the answer: what was held back, as what it would have been."""
         held, self._held = self._held, ""
-        if not held:
-            return Split(None, None)
-        return Split(held, None) if self.thinking else Split(None, held)
+        reasoning, content = (held, "") if self.thinking else (None, held)
+        if self._answer is not None:
+            content = self._answer.feed(content) + self._answer.flush()
+        return Split(reasoning or None, content or None)
 
 
 def split_whole(name: ParserName, text: str, prompt_text: str = "") -> Split:
@@ -220,12 +237,6 @@ def split_whole(name: ParserName, text: str, prompt_text: str = "") -> Split:
     reasoning = (first.reasoning or "") + (last.reasoning or "")
     content = (first.content or "") + (last.content or "")
     return Split(reasoning or None, content or None)
-
-
-def _first(text: str, tags: tuple[str, ...]) -> tuple[int, str]:
-    """(where, which) of the first of `tags` in `text`; (-1, "") when none is."""
-    found = [(at, tag) for tag in tags if (at := text.find(tag)) >= 0]
-    return min(found, default=(-1, ""))
 
 
 class ReasoningSplitter:

@@ -116,7 +116,7 @@ class GatewaySettings:
         "thinks when the prompt opens <think>), mistral ([THINK]...[/THINK]), granite "
         '("Here is my thought process:" ... "Here is my response:"), glm45 (GLM-4.5: as '
         "qwen3), minimax_m2 (as deepseek_r1), seed_oss (<seed:think>...</seed:think>), "
-        "openai_gptoss (GPT-OSS's harmony channels: analysis is the reasoning)",
+        "hunyuan_a13b (as qwen3, the answer's <answer> tags removed), openai_gptoss (GPT-OSS's harmony channels: analysis is the reasoning)",
     )
     tool_call_parser: ToolParserName | None = _knob(  # noqa: RUF009 (None or a str: immutable)
         None,
@@ -127,9 +127,9 @@ class GatewaySettings:
         "unfenced calls), granite "
         "(<|tool_call|>[...]), kimi_k2 (<|tool_calls_section_begin|>), glm45 (<arg_key> "
         "pairs), minimax_m2 (<minimax:tool_call>), seed_oss (qwen3_coder's in "
-        "<seed:tool_call>), openai (GPT-OSS's calls to functions.*; needs reasoning_parser "
+        "<seed:tool_call>), hunyuan_a13b (<tool_calls>[...]), openai (GPT-OSS's calls to functions.*; needs reasoning_parser "
         "openai_gptoss); unset: the one the chat template writes (hermes, qwen3_coder, glm45, "
-        "kimi_k2, minimax_m2, seed_oss, or openai with that reasoning "
+        "kimi_k2, minimax_m2, seed_oss, hunyuan_a13b, or openai with that reasoning "
         'parser), else "auto" is refused',
     )
     enable_auto_tool_choice: bool = _knob(

@@ -23,12 +23,13 @@ read through gateway/tool_format.py: `mistral` (tool_mistral.py), `pythonic`
 (tool_deepseek_v3.py),
 `granite` (tool_granite.py), `kimi_k2` (tool_kimi_k2.py), `glm45` (tool_glm45.py),
 `minimax_m2` (tool_minimax_m2.py), `seed_oss` (Seed-OSS's, Qwen3-Coder's calls in
-`<seed:tool_call>`: tool_qwen3_coder.py), `openai` (GPT-OSS's harmony calls, tool_openai.py; it
+`<seed:tool_call>`: tool_qwen3_coder.py), `hunyuan_a13b` (a JSON array in `<tool_calls>`:
+tool_hunyuan.py), `openai` (GPT-OSS's harmony calls, tool_openai.py; it
 needs the `openai_gptoss` reasoning parser, which keeps the calls in the content).
 Unset, the format is the one the chat template writes its calls in (`template_tool_parser`):
 Hermes for a template that mentions `<tool_call>`, unless the template writes another format
 inside those tags (GLM-4.5's `<arg_key>`, Qwen3-Coder's `<function=`), or Seed-OSS's, Kimi K2's,
-MiniMax-M2's or GPT-OSS's (with its reasoning parser) for a template that writes their
+MiniMax-M2's, Hunyuan-A13B's or GPT-OSS's (with its reasoning parser) for a template that writes their
 markers; "auto" is refused elsewhere.
 """
 
@@ -47,6 +48,8 @@ from troupe.gateway.tool_deepseek_v3 import DEEPSEEK_V3, DEEPSEEK_V31, DeepSeekV
 from troupe.gateway.tool_format import CallFormat, FormatCallStream, ToolSchemas, parse_reply
 from troupe.gateway.tool_glm45 import GLM45, KEY_OPEN, Glm45Reader
 from troupe.gateway.tool_granite import GRANITE, GraniteReader
+from troupe.gateway.tool_hunyuan import HUNYUAN, hunyuan_reader
+from troupe.gateway.tool_hunyuan import OPEN as HUNYUAN_OPEN
 from troupe.gateway.tool_kimi_k2 import KIMI_K2, SECTION_BEGIN, KimiK2Reader
 from troupe.gateway.tool_llama3 import Llama3Reader, Llama3ToolStream, parse_llama3_calls
 from troupe.gateway.tool_minimax_m2 import MINIMAX_M2, MiniMaxM2Reader
@@ -80,6 +83,7 @@ ToolParserName = Literal[
     "glm45",
     "minimax_m2",
     "seed_oss",
+    "hunyuan_a13b",
     "openai",
 ]
 TOOL_PARSERS: tuple[ToolParserName, ...] = get_args(ToolParserName)
@@ -94,6 +98,7 @@ _FORMATS: dict[str, CallFormat] = {
     "glm45": GLM45,
     "minimax_m2": MINIMAX_M2,
     "seed_oss": SEED_OSS,
+    "hunyuan_a13b": HUNYUAN,
     "openai": OPENAI,
 }
 # what a chat template writes when it renders a turn's calls, the most specific first: GLM's
@@ -105,6 +110,7 @@ _TEMPLATE_MARKERS: tuple[tuple[str, ToolParserName], ...] = (
     (SECTION_BEGIN, "kimi_k2"),
     (MINIMAX_OPEN, "minimax_m2"),
     (HARMONY_CALL, "openai"),
+    (HUNYUAN_OPEN, "hunyuan_a13b"),
     (OPEN, "hermes"),
 )
 
@@ -182,6 +188,8 @@ def auto_call_reader(tools: Sequence[dict[str, Any]], parser: ToolParserName) ->
         return MiniMaxM2Reader(ToolSchemas(tuple(tools)))
     if parser == "openai":
         return OpenAIReader()
+    if parser == "hunyuan_a13b":
+        return hunyuan_reader()
     return DeepSeekV3Reader(fenced=parser == "deepseek_v3")
 
 

@@ -47,8 +47,8 @@ def parse_granite(section: str, tools: ToolSchemas) -> list[ToolCallDict] | None
     ]
 
 
-def _after_tag(text: str) -> str:
-    for tag in TAGS:
+def _after_tag(text: str, tags: tuple[str, ...] = TAGS) -> str:
+    for tag in tags:
         if text.startswith(tag):
             return text[len(tag) :].lstrip()
     return text
@@ -58,17 +58,19 @@ GRANITE = CallFormat((*TAGS, "["), parse_granite, lead_only=True)
 
 
 class GraniteReader:
-    """Granite's array read as it is written (a tool_reader.CallReader)."""
+    """Granite's array read as it is written (a tool_reader.CallReader); `tags`: those that
+    may lead it (Hunyuan's one, gateway/tool_hunyuan.py)."""
 
-    def __init__(self) -> None:
+    def __init__(self, tags: tuple[str, ...] = TAGS) -> None:
         self._scans: dict[int, ObjectScan] = {}  # by where an object begins
+        self._tags = tags
 
     def call_id(self) -> str:
         return vllm_call_id()
 
     def read(self, text: str, start: int, *, is_final: bool) -> SectionSoFar:
         head = text[start:]
-        rest = _after_tag(head.lstrip())
+        rest = _after_tag(head.lstrip(), self._tags)
         at = len(text) - len(rest)
         if not rest.startswith("["):
             return SectionSoFar(())

@@ -1,6 +1,6 @@
 """The tool-call parsers mistral, pythonic, qwen3_coder, seed_oss, deepseek_v3, deepseek_v31,
-granite, kimi_k2, glm45 and minimax_m2 and the reasoning parsers deepseek_v3, mistral, granite, glm45,
-minimax_m2 and seed_oss over HTTP with the official `openai` client: a server started with the
+granite, kimi_k2, glm45, minimax_m2 and hunyuan_a13b and the reasoning parsers deepseek_v3, mistral,
+granite, glm45, minimax_m2, seed_oss and hunyuan_a13b over HTTP with the official `openai` client: a server started with the
 flag, a fake runner made to say an exact reply (SmolLM2's tokenizer, a plain template), the
 whole answer and the streamed one read back. Streamed calls arrive as OpenAI sends them: a
 delta with the id, type and name, then the arguments as written; a call that went out before
@@ -90,6 +90,13 @@ TOOL_CASES: dict[str, tuple[str, str | None, tuple[str, Any], str]] = {
         "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n"
         "<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n</tool_call>",
         None,
+        WEATHER,
+        VLLM_ID,
+    ),
+    "hunyuan_a13b": (
+        'Checking.<tool_calls>[{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}]'
+        "</tool_calls>",
+        "Checking.",
         WEATHER,
         VLLM_ID,
     ),
@@ -211,6 +218,12 @@ REASONING_CASES: dict[str, tuple[dict[str, Any], str, str | None, str | None]] =
         "Look it up.<seed:cot_budget_reflect>8 left</seed:cot_budget_reflect>",
         "Sunny.",
     ),
+    "hunyuan_a13b": (
+        {},
+        "<think>\nLook it up.\n</think>\n<answer>\nSunny.\n</answer>",
+        "Look it up.",
+        "Sunny.",
+    ),
 }
 
 
@@ -264,5 +277,37 @@ def test_a_hybrid_without_thinking_is_all_content(model: Path, parser: str) -> N
         )
         assert (message.model_extra or {}).get("reasoning_content") is None
         assert message.content == "x</think>Sunny."
+    finally:
+        srv.shutdown()
+
+
+def test_hunyuan_thinks_then_calls_in_its_answer(model: Path) -> None:
+    """Hunyuan-A13B's two parsers together: the thinking out, the <answer> tags away, the call
+    in them read; whole and streamed."""
+    settings = GatewaySettings(reasoning_parser="hunyuan_a13b", tool_call_parser="hunyuan_a13b")
+    srv = scripted_server(model, settings).start()
+    try:
+        say(srv, "<think>\nLook it up.\n</think>\n<answer>\n" + TOOL_CASES["hunyuan_a13b"][0]
+            + "\n</answer>")  # fmt: skip
+        client = openai_client(srv.url)
+        body: dict[str, Any] = {
+            "model": srv.engine.model_name,
+            "messages": MESSAGES,
+            "tools": TOOLS,
+            "max_tokens": 96,
+        }
+        choice = client.chat.completions.create(**body).choices[0]
+        message = choice.message
+        assert (choice.finish_reason, message.content) == ("tool_calls", "Checking.")
+        assert (message.model_extra or {}).get("reasoning_content") == "Look it up."
+        (found,) = message.tool_calls or ()
+        assert (found.function.name, json.loads(found.function.arguments)) == WEATHER  # type: ignore[union-attr]
+        thought, said, names = "", "", []
+        for chunk in client.chat.completions.create(stream=True, **body):
+            for c in chunk.choices:
+                thought += (c.delta.model_extra or {}).get("reasoning_content") or ""
+                said += c.delta.content or ""
+                names += [d.function.name for d in c.delta.tool_calls or () if d.function]
+        assert (thought, said, [n for n in names if n]) == ("Look it up.", "Checking.", ["get_weather"])
     finally:
         srv.shutdown()

@@ -67,6 +67,8 @@ def test_nothing_is_held_but_a_cut_tag() -> None:
 DS_THINKING = "<｜User｜>Hi<｜Assistant｜><think>"  # V3.1's template, thinking: true
 DS_PLAIN = "<｜User｜>Hi<｜Assistant｜></think>"  # thinking: false (its default)
 GRANITE = ("Here is my thought process:", "Here is my response:")
+HY = "<think>\n{}\n</think>\n<answer>\n{}\n</answer>"  # Hunyuan-A13B's answer
+HY_OPEN = "<|extra_0|>assistant\n<think>\n"  # a prompt that leaves thinking open
 
 
 @pytest.mark.parametrize(
@@ -95,6 +97,15 @@ GRANITE = ("Here is my thought process:", "Here is my response:")
         ("deepseek_v3", DS_THINKING, "Thought.</think>Answer.", ("Thought.", "Answer.")),
         ("deepseek_v3", DS_PLAIN, "x</think>y", (None, "x</think>y")),
         ("deepseek_v3", "", "Answer.", (None, "Answer.")),
+        # Hunyuan-A13B: the answer in <answer> tags after its thinking, the tags taken away
+        ("hunyuan_a13b", "", HY.format("Hm.\nOk.", "It is 4."), ("Hm.\nOk.", "It is 4.")),
+        ("hunyuan_a13b", "", HY.format("", "Hi\n\nthere"), (None, "Hi\n\nthere")),
+        ("hunyuan_a13b", "", "<answer>\nOnly this\n</answer>", (None, "Only this")),
+        ("hunyuan_a13b", "", "No tags, a <b>tag</b>.", (None, "No tags, a <b>tag</b>.")),
+        ("hunyuan_a13b", "", "<think>\nCut off in th", ("Cut off in th", None)),
+        ("hunyuan_a13b", "", "x <answer> y", (None, "x <answer> y")),  # only a leading one
+        ("hunyuan_a13b", HY_OPEN, "Thought.\n</think>\n<answer>\nA.", ("Thought.", "A.")),
+        ("hunyuan_a13b", "", "  <answ", (None, "  <answ")),
     ],
 )
 def test_more_parsers_whole_and_at_every_split(name, prompt, text, expected) -> None:  # type: ignore[no-untyped-def]
@@ -122,3 +133,26 @@ def test_constraint_reasoning_for_other_tags() -> None:
     assert constraint_reasoning("granite", "") == "none"
     assert constraint_reasoning("deepseek_v3", DS_THINKING) == "required"
     assert constraint_reasoning("deepseek_v3", DS_PLAIN) == "none"
+
+
+def test_hunyuan_holds_only_what_may_be_a_tag() -> None:
+    stream = ReasoningStream("hunyuan_a13b")
+    assert stream.feed("<think>\nStep") == Split("Step", None)
+    assert stream.feed(" one\n") == Split(" one", None)  # "\n" may begin "\n</think>"
+    assert stream.feed("</think>\n<ans") == Split(None, None)  # maybe <answer>
+    assert stream.feed("wer>\nSunny") == Split(None, "Sunny")
+    assert stream.feed(".\n</ans") == Split(None, ".")
+    assert stream.feed("wer>") == Split(None, None)
+    assert stream.flush() == Split(None, None)
+
+
+def test_hunyuan_tags_are_the_tokens_it_writes() -> None:
+    """A thinking budget takes each parser's first tags: Hunyuan's with their newlines (its
+    tokens end in ">\n"), so the budget finds the tags the model draws and forces the same."""
+    from troupe.gateway.chat_reasoning import with_thinking_tags
+    from troupe.messages import SamplingParams
+
+    params = with_thinking_tags("hunyuan_a13b", SamplingParams(thinking_token_budget=8))
+    assert params.thinking_tags == ("<think>\n", "\n</think>\n")
+    assert not params.thinking_from_start
+    assert constraint_reasoning("hunyuan_a13b", HY_OPEN) == "none"  # not the grammar's tags

@@ -56,6 +56,8 @@ def test_template_detection() -> None:
     assert template_tool_parser('<minimax:tool_call>\n<invoke name="{{ n }}">') == "minimax_m2"
     seed = "<seed:tool_call>\n<function={{ tc.name }}>\n<parameter={{ k }}>"  # Seed-OSS's
     assert template_tool_parser(seed) == "seed_oss"
+    hunyuan = "<answer>\n<tool_calls>{{ message.tool_calls | tojson }}</tool_calls>"  # A13B's
+    assert template_tool_parser(hunyuan) == "hunyuan_a13b"
     assert template_tool_parser("{{ messages }}") is None and template_tool_parser(None) is None
 
 

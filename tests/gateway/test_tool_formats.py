@@ -1,5 +1,5 @@
 """The tool-call parsers read through gateway/tool_format.py (mistral, pythonic, qwen3_coder,
-deepseek_v3, deepseek_v31, granite, kimi_k2, glm45, minimax_m2, openai): whole replies against
+deepseek_v3, deepseek_v31, granite, kimi_k2, glm45, minimax_m2, hunyuan_a13b, openai): whole replies against
 vLLM's answers on the same text, and each reply streamed cut at every point (and character by
 character) giving the same content and calls."""
 
@@ -187,6 +187,19 @@ CASES: list[tuple[str, str, str | None, Calls]] = [
     ("granite", '<|tool_call|>[{"name": "nope", "arguments": {}}]', None, []),
     ("granite", f"<|tool_call|>[{GRANITE_PARIS}", None, []),  # cut short
     ("granite", f"<|tool_call|>[{GRANITE_PARIS}] and more", None, []),
+    # hunyuan_a13b: the array between <tool_calls> tags, after any content
+    ("hunyuan_a13b", f"<tool_calls>[{GRANITE_PARIS}]</tool_calls>", None, [PARIS]),
+    (
+        "hunyuan_a13b",
+        f'Checking.\n<tool_calls>[{GRANITE_PARIS}, {{"name": "get_time", "arguments": {{}}}}]'
+        "</tool_calls>\n",
+        "Checking.\n",
+        [PARIS, ("get_time", {})],
+    ),
+    ("hunyuan_a13b", f"<tool_calls>[{GRANITE_PARIS}]", None, []),  # left open
+    ("hunyuan_a13b", f"<tool_calls>[{GRANITE_PARIS}]</tool_calls> more", None, []),
+    ("hunyuan_a13b", '<tool_calls>[{"name": "nope", "arguments": {}}]</tool_calls>', None, []),
+    ("hunyuan_a13b", "a <tool_call> b", "a <tool_call> b", []),
     # kimi_k2: the model's own ids, the name after `functions.`
     (
         "kimi_k2",
@@ -317,6 +330,11 @@ def test_streamed_at_every_split(parser: str, text: str, content: str | None, ca
         ("qwen3_coder", "<function=get_time></function>", r"call_[0-9a-f]{24}"),
         ("deepseek_v3", "<｜tool▁calls▁begin｜>" + DS_TIME, r"chatcmpl-tool-[0-9a-f]{32}"),
         ("granite", '<|tool_call|>[{"name": "get_time"}]', r"chatcmpl-tool-[0-9a-f]{32}"),
+        (
+            "hunyuan_a13b",
+            '<tool_calls>[{"name": "get_time"}]</tool_calls>',
+            r"chatcmpl-tool-[0-9a-f]{32}",
+        ),
         ("kimi_k2", "<|tool_calls_section_begin|>" + KIMI_PARIS, r"functions\.get_weather:0"),
         (
             "deepseek_v31",
@@ -391,6 +409,6 @@ def test_an_unknown_parser_is_refused_naming_the_choices() -> None:
     from troupe.gateway.state import GatewaySettings
 
     with pytest.raises(ConfigError, match=r"tool_call_parser must be one of .*qwen3_coder"):
-        GatewaySettings(tool_call_parser="hunyuan_a13b")  # type: ignore[arg-type]
+        GatewaySettings(tool_call_parser="xlam")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match=r"reasoning_parser must be one of .*mistral, granite"):
         GatewaySettings(reasoning_parser="gpt_oss")  # type: ignore[arg-type]

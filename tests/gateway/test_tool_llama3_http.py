@@ -208,9 +208,9 @@ def test_the_flag() -> None:
     args = parser.parse_args(["--tool-call-parser", "llama3_json"])
     assert settings_from_args(args).tool_call_parser == "llama3_json"
     with pytest.raises(SystemExit):
-        parser.parse_args(["--tool-call-parser", "hunyuan_a13b"])
+        parser.parse_args(["--tool-call-parser", "xlam"])
     with pytest.raises(ConfigError, match="tool_call_parser"):
-        GatewaySettings(tool_call_parser="hunyuan_a13b")  # type: ignore[arg-type]
+        GatewaySettings(tool_call_parser="xlam")  # type: ignore[arg-type]
 
 
 def test_enable_auto_tool_choice_as_vllm_spells_it() -> None:

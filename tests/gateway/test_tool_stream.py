@@ -126,6 +126,11 @@ def _granite(calls: list[Call], style: int) -> str:
     return ("<|tool_call|>", "<tool_call>", " ")[style] + array
 
 
+def _hunyuan(calls: list[Call], style: int) -> str:
+    array = json.dumps([{"name": n, "arguments": a} for n, a in calls], ensure_ascii=style == 1)
+    return "<tool_calls>" + " " * style + array + "</tool_calls>" + "\n" * style
+
+
 def _kimi_k2(calls: list[Call], style: int) -> str:
     prefix = "functions." if style != 1 else ""
     return (
@@ -191,6 +196,7 @@ RENDER = {
     "glm45": _glm45,
     "minimax_m2": _minimax_m2,
     "seed_oss": _seed_oss,
+    "hunyuan_a13b": _hunyuan,
     "openai": _openai,
 }
 
