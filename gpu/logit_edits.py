@@ -34,7 +34,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
-from troupe.gpu.thinking_budget import ThinkingBudget, forced_token, thinking_budget
+from troupe.gpu.thinking_budget import ThinkingBudget, ThinkingScan, forced_token, thinking_budget
 from troupe.gpu.token_bans import BadWords, bad_words, banned_words
 from troupe.messages import SamplingParams
 
@@ -50,6 +50,7 @@ class RequestEdits:
     allowed_ids: np.ndarray | None = None  # int64 [A]: allowed_token_ids
     words: BadWords | None = None  # bad_words
     thinking: ThinkingBudget | None = None  # thinking_token_budget
+    scan: ThinkingScan | None = None  # where its thinking stood, kept between steps
 
     @property
     def reads_history(self) -> bool:
@@ -57,6 +58,12 @@ class RequestEdits:
         thinking budget): a batch of such rows is never reused for the next step."""
         words = self.words is not None and self.words.reads_history
         return words or self.thinking is not None
+
+    def rewritten(self, first: int) -> None:
+        """Its output tokens from `first` on were written again: a scan that read any of them
+        reads from the start at the next step."""
+        if self.scan is not None and first < self.scan.upto:
+            self.scan.forget()
 
 
 def request_edits(params: SamplingParams, eos_token_ids: Sequence[int]) -> RequestEdits | None:
@@ -79,6 +86,7 @@ def request_edits(params: SamplingParams, eos_token_ids: Sequence[int]) -> Reque
         allowed_ids=None if allowed is None else np.unique(np.asarray(allowed, np.int64)),
         words=words,
         thinking=thinking,
+        scan=None if thinking is None else ThinkingScan(),
     )
 
 
@@ -102,17 +110,23 @@ def build_logit_edits(
     device: torch.device,
     histories: Sequence[np.ndarray | None] = (),
     ends: np.ndarray | None = None,
+    settled: np.ndarray | None = None,
 ) -> LogitEdits | None:
     """The step's edits; `num_outputs[i]`: output tokens row i has before its sampled one,
     which are `histories[i][ends[i] - num_outputs[i] : ends[i]]` (read for bad words and
-    thinking budgets)."""
+    thinking budgets); `settled[i]`: how many of them can no longer change (not proposals),
+    which a thinking budget's scan keeps for the next step (None: it keeps none)."""
     bias_rows, bias_ids, bias_values, ban_rows, ban_ids = [], [], [], [], []
     allowed_rows, allowed_row_of, allowed_ids = [], [], []
     for row, edit in enumerate(edits):
         if edit is None:
             continue
         if edit.thinking is not None:  # its budget spent: the closing tag's next token only
-            forced = forced_token(edit.thinking, _output(histories, ends, num_outputs, row, edit))
+            output = _output(histories, ends, num_outputs, row, edit)
+            if settled is None:
+                forced = forced_token(edit.thinking, output)
+            else:
+                forced = forced_token(edit.thinking, output, edit.scan, int(settled[row]))
             if forced is not None:
                 allowed_rows.append(np.array([row], np.int64))
                 allowed_row_of.append(np.array([row], np.int64))

@@ -143,6 +143,9 @@ class RequestStates:
             state.num_tokens = end
             if work.num_prompt_tokens:
                 state.num_prompt_tokens = work.num_prompt_tokens
+            if state.edits is not None:  # what it kept of the tokens rewritten here is stale
+                first = 0 if work.history or work.reset else work.start_pos
+                state.edits.rewritten(first - state.num_prompt_tokens)
             out.append(state)
         self._check(seqs, out)
         return out

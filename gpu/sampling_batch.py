@@ -51,9 +51,8 @@ def _build(
     top_k = np.where((top_k > 0) & (top_k < vocab_size), top_k, vocab_size)
     table[:, cols.TOP_K] = top_k
     seeds = np.fromiter((s.seed for s in states), np.uint64, num_rows)
-    ends = np.fromiter((s.num_tokens for s in states), np.int64, num_rows)
-    if offsets is not None:
-        ends += offsets
+    known = np.fromiter((s.num_tokens for s in states), np.int64, num_rows)
+    ends = known if offsets is None else known + offsets
     keys = _upload_keys(seeds, ends, device)
     floats = host_to_device(table.astype(np.float32), device)
     batch = _settings(table, floats, keys, vocab_size, logprobs_mode)
@@ -61,7 +60,10 @@ def _build(
     if any(e is not None for e in edits):
         num_prompt = np.fromiter((s.num_prompt_tokens for s in states), np.int64, num_rows)
         histories = [s.tokens for s in states]
-        batch.logit_edits = build_logit_edits(edits, ends - num_prompt, device, histories, ends)
+        settled = known - num_prompt  # proposals after them may yet be rejected
+        batch.logit_edits = build_logit_edits(
+            edits, ends - num_prompt, device, histories, ends, settled
+        )
     uses_output = (table[:, cols.PRESENCE] != 0.0) | (table[:, cols.FREQUENCY] != 0.0)
     uses_seen = table[:, cols.REPETITION] != 1.0
     if uses_output.any():

@@ -85,7 +85,7 @@ def with_thinking(
         clear = params.thinking_ids is not None  # a client's own ids are never taken
         return msgspec.structs.replace(params, thinking_ids=None) if clear else params
     start, end = (tuple(ids) for ids in tokenizer.encode_batch(tags, add_special_tokens=False))
-    arrays = (np.asarray(ids, np.int64) for ids in (prompt_ids, start, end))
-    in_prompt = thinking_since(*arrays, opened=False) is not None
+    prompt = np.asarray(prompt_ids, np.int64)
+    in_prompt = thinking_since(prompt, start, end, opened=False) is not None
     ids = ThinkingIds(start=start, end=end, opened=in_prompt or params.thinking_from_start)
     return msgspec.structs.replace(params, thinking_ids=ids)

@@ -17,7 +17,7 @@ OPEN, CLOSE = [7], [8, 9]  # a one-token opening tag, a two-token closing one
 
 
 def _forced(budget: int, opened: bool, *output: int) -> int | None:
-    state = ThinkingBudget(budget=budget, start=np.array(OPEN), end=np.array(CLOSE), opened=opened)
+    state = ThinkingBudget(budget=budget, start=tuple(OPEN), end=tuple(CLOSE), opened=opened)
     return forced_token(state, np.array(output, np.int64))
 
 
