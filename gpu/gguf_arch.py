@@ -19,6 +19,10 @@ qwen3moe  Qwen3's attention and experts in every layer: ffn_gate_inp (the router
         ffn_{gate,up,down}_exps (split per expert as DeepSeek's are, gpu/gguf_deepseek.py);
         expert_count, expert_used_count, expert_feed_forward_length; the top-k renormalised
         (llama.cpp's qwen3moe always does)
+qwen2moe  Qwen2's attention (q/k/v biases) over experts in every layer, as qwen3moe's, and the
+        shared expert (ffn_{gate,up,down}_shexp, expert_shared_feed_forward_length) with its
+        gate (ffn_gate_inp_shexp, a vector: HF's [1, hidden]); the top-k not renormalised
+        (Qwen2-MoE's norm_topk_prob is off)
 """
 
 from __future__ import annotations
@@ -84,6 +88,12 @@ _QWEN3_LAYER = {
     "attn_k_norm.weight": "self_attn.k_norm.weight",
 }
 _QWEN3MOE_LAYER = {**_QWEN3_LAYER, "ffn_gate_inp.weight": "mlp.gate.weight"}
+_QWEN2MOE_LAYER = {
+    **_QWEN2_LAYER,
+    "ffn_gate_inp.weight": "mlp.gate.weight",
+    "ffn_gate_inp_shexp.weight": "mlp.shared_expert_gate.weight",
+    **{f"ffn_{p}_shexp.weight": f"mlp.shared_expert.{p}_proj.weight" for p in ("gate", "up", "down")},
+}
 PER_LAYER = {
     "llama": _LLAMA_LAYER,
     "gemma2": _GEMMA2_LAYER,
@@ -92,6 +102,7 @@ PER_LAYER = {
     "qwen2": _QWEN2_LAYER,
     "qwen3": _QWEN3_LAYER,
     "qwen3moe": _QWEN3MOE_LAYER,
+    "qwen2moe": _QWEN2MOE_LAYER,
 }
 # the archs read into an HF config dict by `hf_config` (their HF model_type)
 HF_CONFIG_ARCHS = {
@@ -100,8 +111,9 @@ HF_CONFIG_ARCHS = {
     "qwen2": "qwen2",
     "qwen3": "qwen3",
     "qwen3moe": "qwen3_moe",
+    "qwen2moe": "qwen2_moe",
 }
-MERGED_EXPERT_ARCHS = ("deepseek2", "qwen3moe")  # ffn_*_exps split per expert at load
+MERGED_EXPERT_ARCHS = ("deepseek2", "qwen3moe", "qwen2moe")  # ffn_*_exps split per expert at load
 _GEMMAS = ("gemma2", "gemma3")  # norms stored as 1 + w
 ARCHITECTURES = tuple(PER_LAYER)
 
@@ -124,8 +136,8 @@ def norm_offset(name: str, arch: str) -> float:
 
 
 def hf_config(fields: dict[str, Any], arch: str, *, has_output_weight: bool) -> dict[str, Any]:
-    """An HF config.json dict of a Gemma 2, Gemma 3 text, Qwen2, Qwen3 or Qwen3-MoE model from
-    GGUF metadata."""
+    """An HF config.json dict of a Gemma 2, Gemma 3 text, Qwen2, Qwen3, Qwen2-MoE or Qwen3-MoE
+    model from GGUF metadata."""
 
     def need(key: str) -> Any:
         if f"{arch}.{key}" not in fields:
@@ -168,13 +180,16 @@ def hf_config(fields: dict[str, Any], arch: str, *, has_output_weight: bool) -> 
             "factor": float(need("rope.scaling.factor")),
             "original_max_position_embeddings": int(need("rope.scaling.original_context_length")),
         }
-    if arch == "qwen3moe":
+    if arch in ("qwen3moe", "qwen2moe"):
         cfg |= {
             "num_experts": int(need("expert_count")),
             "num_experts_per_tok": int(need("expert_used_count")),
             "moe_intermediate_size": int(need("expert_feed_forward_length")),
-            "norm_topk_prob": True,
+            "norm_topk_prob": arch == "qwen3moe",
         }
+    if arch == "qwen2moe":
+        shared = int(fields.get(f"{arch}.expert_shared_feed_forward_length", 0))
+        cfg["shared_expert_intermediate_size"] = shared
     eos = fields.get("tokenizer.ggml.eos_token_id")
     if isinstance(eos, int):
         cfg["eos_token_id"] = eos

@@ -180,6 +180,8 @@ def iter_gguf_tensors(
             data = unpermute_rotary(data, heads)
         if offset := norm_offset(info.name, arch):
             data += np.float32(offset)
+        if rest_is(info.name, "ffn_gate_inp_shexp.weight"):  # a vector: HF's gate is [1, H]
+            data = data.reshape(1, -1)
         yield name, torch.from_numpy(np.ascontiguousarray(data))
     if arch in MERGED_EXPERT_ARCHS:
         for name, data in split_merged_tensors(infos, lambda info: _dequantize(path, info)):

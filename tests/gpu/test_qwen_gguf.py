@@ -1,7 +1,8 @@
-"""Qwen2, Qwen3 and Qwen3-MoE from a GGUF file (archs "qwen2" / "qwen3" / "qwen3moe",
-gpu/gguf_arch.py), written as llama.cpp's convert_hf_to_gguf.py writes one: q/k rows not
-permuted, Qwen2's q/k/v biases and Qwen3's q/k norms as F32, projections Q8_0, embeddings F16,
-Qwen3-MoE's experts merged per layer (ffn_*_exps [E, rows, cols]) beside its router.
+"""Qwen2, Qwen3, Qwen2-MoE and Qwen3-MoE from a GGUF file (archs "qwen2" / "qwen3" /
+"qwen2moe" / "qwen3moe", gpu/gguf_arch.py), written as llama.cpp's convert_hf_to_gguf.py writes
+one: q/k rows not permuted, Qwen2's q/k/v biases and Qwen3's q/k norms as F32, projections
+Q8_0, embeddings F16, the MoEs' experts merged per layer (ffn_*_exps [E, rows, cols]) beside
+their router, Qwen2-MoE's shared expert (ffn_*_shexp) and its gate (a vector).
 transformers reads the same file (`gguf_file=`) as the reference: greedy tokens identical (fp32,
 CPU, the weights dequantized as transformers dequantizes them), the config read from the
 metadata equal to the HF one; the Q8_0 projections also load kept as shipped (int8 rows)."""
@@ -42,6 +43,8 @@ FAMILIES = {
             "norm_topk_prob": True,
         },
     ),
+    # and Qwen2-MoE's sizes at their defaults too (1,408 an expert, 5,632 the shared one)
+    "qwen2moe": ("Qwen2Moe", {"num_experts": 4, "num_experts_per_tok": 2}),
 }
 LAYER = {
     "input_layernorm.weight": "attn_norm.weight",
@@ -58,6 +61,9 @@ LAYER = {
     "mlp.gate_proj.weight": "ffn_gate.weight",
     "mlp.up_proj.weight": "ffn_up.weight",
     "mlp.down_proj.weight": "ffn_down.weight",
+    "mlp.gate.weight": "ffn_gate_inp.weight",
+    "mlp.shared_expert_gate.weight": "ffn_gate_inp_shexp.weight",
+    **{f"mlp.shared_expert.{p}_proj.weight": f"ffn_{p}_shexp.weight" for p in ("gate", "up", "down")},
 }
 TOP = {
     "model.embed_tokens.weight": "token_embd.weight",
@@ -92,10 +98,12 @@ def _write_gguf(path: Path, arch: str, hf_model: Any) -> None:
     w.add_rope_freq_base(c.rope_parameters["rope_theta"])
     w.add_layer_norm_rms_eps(c.rms_norm_eps)
     w.add_vocab_size(c.vocab_size)
-    if arch == "qwen3moe":
+    if arch in ("qwen3moe", "qwen2moe"):
         w.add_expert_count(c.num_experts)
         w.add_expert_used_count(c.num_experts_per_tok)
         w.add_expert_feed_forward_length(c.moe_intermediate_size)
+    if arch == "qwen2moe":
+        w.add_expert_shared_feed_forward_length(c.shared_expert_intermediate_size)
     w.add_eos_token_id(2)
     weights = {k: v.detach().numpy() for k, v in hf_model.state_dict().items()}
     for hf, name in TOP.items():
@@ -104,9 +112,10 @@ def _write_gguf(path: Path, arch: str, hf_model: Any) -> None:
         p = f"model.layers.{layer}."
         for hf, name in LAYER.items():
             if p + hf in weights:
-                _add(w, f"blk.{layer}.{name}", weights[p + hf])
-        if p + "mlp.gate.weight" in weights:  # transformers 5 holds the experts fused
-            _add(w, f"blk.{layer}.ffn_gate_inp.weight", weights[p + "mlp.gate.weight"])
+                tensor = weights[p + hf]
+                vector = "gate_inp_shexp" in name  # llama.cpp stores that gate as a vector
+                _add(w, f"blk.{layer}.{name}", tensor.reshape(-1) if vector else tensor)
+        if p + "mlp.experts.down_proj" in weights:  # transformers 5 holds the experts fused
             gate, up = np.split(weights[p + "mlp.experts.gate_up_proj"], 2, axis=1)
             for name, merged in (("gate", gate), ("up", up), ("down", weights[p + "mlp.experts.down_proj"])):  # fmt: skip
                 _add(w, f"blk.{layer}.ffn_{name}_exps.weight", np.ascontiguousarray(merged))
