@@ -23,6 +23,11 @@ qwen2moe  Qwen2's attention (q/k/v biases) over experts in every layer, as qwen3
         shared expert (ffn_{gate,up,down}_shexp, expert_shared_feed_forward_length) with its
         gate (ffn_gate_inp_shexp, a vector: HF's [1, hidden]); the top-k not renormalised
         (Qwen2-MoE's norm_topk_prob is off)
+phi3    Phi-3 / Phi-3.5 / Phi-4-mini: q|k|v fused (attn_qkv) and gate|up fused (ffn_up, twice
+        feed_forward_length rows), read as HF's fused names, which the loader splits; a window
+        from attention.sliding_window; rotary over rope.dimension_count of each head (Phi-4-mini
+        rotates 3/4); the long-context models' longrope factors are tensors
+        (rope_factors_long / _short, read by gguf_weights.read_gguf_config)
 """
 
 from __future__ import annotations
@@ -94,8 +99,14 @@ _QWEN2MOE_LAYER = {
     "ffn_gate_inp_shexp.weight": "mlp.shared_expert_gate.weight",
     **{f"ffn_{p}_shexp.weight": f"mlp.shared_expert.{p}_proj.weight" for p in ("gate", "up", "down")},
 }
+_PHI3_LAYER = {
+    **_LLAMA_LAYER,
+    "attn_qkv.weight": "self_attn.qkv_proj.weight",
+    "ffn_up.weight": "mlp.gate_up_proj.weight",  # gate | up: no separate ffn_gate
+}
 PER_LAYER = {
     "llama": _LLAMA_LAYER,
+    "phi3": _PHI3_LAYER,
     "gemma2": _GEMMA2_LAYER,
     "gemma3": _GEMMA3_LAYER,
     "deepseek2": _DEEPSEEK2_LAYER,
@@ -112,6 +123,7 @@ HF_CONFIG_ARCHS = {
     "qwen3": "qwen3",
     "qwen3moe": "qwen3_moe",
     "qwen2moe": "qwen2_moe",
+    "phi3": "phi3",
 }
 MERGED_EXPERT_ARCHS = ("deepseek2", "qwen3moe", "qwen2moe")  # ffn_*_exps split per expert at load
 _GEMMAS = ("gemma2", "gemma3")  # norms stored as 1 + w
@@ -136,8 +148,8 @@ def norm_offset(name: str, arch: str) -> float:
 
 
 def hf_config(fields: dict[str, Any], arch: str, *, has_output_weight: bool) -> dict[str, Any]:
-    """An HF config.json dict of a Gemma 2, Gemma 3 text, Qwen2, Qwen3, Qwen2-MoE or Qwen3-MoE
-    model from GGUF metadata."""
+    """An HF config.json dict of a Gemma 2, Gemma 3 text, Qwen2, Qwen3, Qwen2-MoE, Qwen3-MoE or
+    Phi-3 model from GGUF metadata."""
 
     def need(key: str) -> Any:
         if f"{arch}.{key}" not in fields:
@@ -162,15 +174,21 @@ def hf_config(fields: dict[str, Any], arch: str, *, has_output_weight: bool) -> 
         "vocab_size": len(fields.get("tokenizer.ggml.tokens", ())) or int(need("vocab_size")),
         "rms_norm_eps": float(fields.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
         "rope_theta": float(
-            fields.get(f"{arch}.rope.freq_base", 10_000.0 if arch == "gemma2" else 1_000_000.0)
+            fields.get(f"{arch}.rope.freq_base", 10_000.0 if arch in ("gemma2", "phi3") else 1e6)
         ),
         "max_position_embeddings": int(fields.get(f"{arch}.context_length", 32768)),
         "tie_word_embeddings": not has_output_weight,
         "torch_dtype": "float32",
     }
     window = fields.get(f"{arch}.attention.sliding_window")
-    if window and gemma:
+    if window and (gemma or arch == "phi3"):
         cfg["sliding_window"] = int(window)
+    rotary = fields.get(f"{arch}.rope.dimension_count")
+    if arch == "phi3" and rotary and int(rotary) != head_dim:
+        cfg["partial_rotary_factor"] = int(rotary) / head_dim
+    if arch == "phi3" and f"{arch}.rope.scaling.original_context_length" in fields:
+        original = fields[f"{arch}.rope.scaling.original_context_length"]
+        cfg["original_max_position_embeddings"] = int(original)
     for cap in ("attn_logit_softcapping", "final_logit_softcapping"):
         if arch == "gemma2" and f"{arch}.{cap}" in fields:
             cfg[cap] = float(fields[f"{arch}.{cap}"])

@@ -57,11 +57,25 @@ def read_gguf_config(path: Path) -> ModelConfig:
     arch = _arch(path)
     if arch in HF_CONFIG_ARCHS:
         cfg = hf_config(fields, arch, has_output_weight="output.weight" in names)
+        if "rope_factors_long.weight" in names:  # Phi-3's long-context scaling
+            cfg["rope_scaling"] = _longrope(path, infos)
         return ModelConfig.from_hf_dict(cfg)
     if _arch(path) == "deepseek2":
         cfg = deepseek2_hf_config(fields, has_output_weight="output.weight" in names)
         return ModelConfig.from_hf_dict(cfg)
     return llama_gguf_config(fields, has_output_weight="output.weight" in names)
+
+
+def _longrope(path: Path, infos: list[TensorInfo]) -> dict[str, Any]:
+    """The longrope scaling whose per-dim factors the file holds as tensors (HF's lists)."""
+    by_name = {info.name: info for info in infos}
+    factors = {}
+    for kind in ("long", "short"):
+        info = by_name.get(f"rope_factors_{kind}.weight")
+        if info is None:
+            raise ModelLoadError(f"{path}: GGUF has rope_factors_long but no rope_factors_{kind}")
+        factors[f"{kind}_factor"] = _dequantize(path, info).reshape(-1).tolist()
+    return {"rope_type": "longrope", **factors}
 
 
 def llama_gguf_config(fields: dict[str, Any], *, has_output_weight: bool) -> ModelConfig:
