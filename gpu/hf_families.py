@@ -46,6 +46,10 @@ rotary (gpu/hunyuan_layer.py), and a "dynamic" rope whose fixed `alpha` moves th
 MoE (Hunyuan-A13B): the same attention over experts in every layer and an MLP beside them
 (gpu/moe_config.hunyuan_moe_fields).
 
+MiniMax-M2: Mixtral's layout with OLMo's whole-width q / k norms before a partial rotary
+(`rotary_dim` of each head) and DeepSeek-V3's sigmoid routing in every layer
+(gpu/minimax_m2_layer.py).
+
 Nemotron (Minitron, Nemotron-4): StarCoder2's layer under Llama's bias flags, with a squared
 ReLU, LayerNorm1P norms (weight + 1) and RoPE on half of each head by default.
 
@@ -60,7 +64,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from troupe.gpu.moe_config import hunyuan_moe_fields
+from troupe.gpu.moe_config import hunyuan_moe_fields, minimax_m2_moe_fields
+from troupe.gpu.rope_layers import partial_rotary_fields
 
 
 def layer_windows(cfg: dict[str, Any], model_type: str, num_layers: int) -> tuple[int, ...]:
@@ -254,3 +259,20 @@ def ministral3_fields(rope: dict[str, Any] | None) -> dict[str, Any]:
             "original_max_position_embeddings (a positive integer)"
         )
     return {"query_scale": (float(beta), length)}
+
+
+def minimax_m2_fields(cfg: dict[str, Any], num_layers: int) -> dict[str, Any]:
+    """MiniMax-M2's experts, and the rotary dims its config.json names (`rotary_dim`;
+    transformers 5 writes partial_rotary_factor too); q / k norms other than transformers'
+    (whole width, always on) refused by name."""
+    if not cfg.get("use_qk_norm", True) or cfg.get("qk_norm_type", "per_layer") != "per_layer":
+        raise ValueError(
+            "config.json: minimax_m2 runs with use_qk_norm and qk_norm_type 'per_layer' (q / k "
+            "normalised across all heads) only"
+        )
+    fields: dict[str, Any] = {"moe": minimax_m2_moe_fields(cfg, num_layers)}
+    rotary = cfg.get("rotary_dim")
+    if rotary:
+        head_dim = int(cfg.get("head_dim") or int(cfg["hidden_size"]) // int(cfg["num_attention_heads"]))
+        fields |= partial_rotary_fields(int(rotary) / head_dim, head_dim, "minimax_m2")
+    return fields

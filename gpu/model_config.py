@@ -21,6 +21,7 @@ from troupe.gpu.hf_families import (
     granite_fields,
     hunyuan_fields,
     layer_windows,
+    minimax_m2_fields,
     ministral3_fields,
     starcoder2_fields,
 )
@@ -82,6 +83,7 @@ SUPPORTED_MODEL_TYPES = (
     "starcoder2",
     "nemotron",
     *HUNYUAN_TYPES,
+    "minimax_m2",
     *DEEPSEEK_TYPES,
 )
 
@@ -330,6 +332,8 @@ class ModelConfig:
                 family = starcoder2_fields(cfg, model_type)
             if model_type in HUNYUAN_TYPES:
                 family = hunyuan_fields(cfg, float(rope_theta), num_layers)
+            if model_type == "minimax_m2":
+                family = minimax_m2_fields(cfg, num_layers)
             if model_type in DEEPSEEK_TYPES:
                 family = deepseek_model_fields(cfg, num_layers)
             head_dim = int(cfg.get("head_dim") or hidden // num_heads)

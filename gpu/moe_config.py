@@ -21,6 +21,9 @@ GLM-4.5's grouped routing in `grouped_moe_fields`), read into a MoeConfig.
                 is sparse when (i + 1) % moe_layer_interval == 0 and i is within
                 moe_layer_start_index..moe_layer_end_index (-1: the last); routed by softmax
                 with the correction bias (kernels/moe_router.py), shared experts beside
+    minimax_m2  num_local_experts, num_experts_per_tok, intermediate_size (an expert's); every
+                layer sparse; sigmoid scores, the top-k picked with the correction bias and
+                renormalised: DeepSeek-V3's noaux_tc over one group (kernels/moe_router.py)
     hunyuan_v1_moe  num_experts, moe_topk, moe_intermediate_size (each one number, or one per
                 layer, alike); every layer sparse; the top-k always renormalised, the router
                 in fp32 (transformers' HunYuanMoEV1Gate); beside the experts an ungated MLP of
@@ -243,4 +246,23 @@ def hunyuan_moe_fields(cfg: dict[str, Any], num_layers: int) -> MoeConfig:
         norm_topk_prob=True,
         sparse_layers=(True,) * num_layers,
         plain_shared_size=shared,
+    )
+
+
+def minimax_m2_moe_fields(cfg: dict[str, Any], num_layers: int) -> MoeConfig:
+    """The MoeConfig of a minimax_m2 config.json (transformers' defaults where a key is
+    missing); a scoring other than sigmoid, or shared experts, refused by name."""
+    scoring = cfg.get("scoring_func", "sigmoid")
+    if scoring != "sigmoid":
+        raise ValueError(f"config.json: scoring_func {scoring!r} is not supported; expected sigmoid")
+    if int(cfg.get("shared_intermediate_size") or 0):
+        raise ValueError("config.json: shared_intermediate_size (shared experts) is not supported")
+    top_k = int(cfg.get("num_experts_per_tok", 8))
+    return MoeConfig(
+        num_experts=int(cfg.get("num_local_experts", 256)),
+        top_k=top_k,
+        intermediate_size=int(cfg.get("intermediate_size", 1536)),
+        norm_topk_prob=True,
+        sparse_layers=(True,) * num_layers,
+        routing=GroupedRouting(top_k=top_k, method="noaux_tc", norm_topk_prob=True),
     )

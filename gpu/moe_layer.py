@@ -78,7 +78,7 @@ class MoeLayer(DecoderLayer):
         'mlp.experts.3.up_proj.weight', 'mlp.experts.gate_up_proj'); None if not an MoE weight."""
         num_experts = self.w13.shape[0]
         parts = self.fill_parts()
-        rest = _mixtral_name(rest)
+        rest = mixtral_name(rest)
         if rest == "mlp.gate.weight":
             return self.router, (f"{prefix}.router",)
         if rest.startswith("mlp.shared_expert"):
@@ -143,7 +143,7 @@ _GRANITE_NAMES = {
 }
 
 
-def _mixtral_name(rest: str) -> str:
+def mixtral_name(rest: str) -> str:
     """A Mixtral or GraniteMoE checkpoint's expert or router name in Qwen3-MoE's spelling
     (others as given)."""
     if not rest.startswith("block_sparse_moe."):

@@ -145,7 +145,7 @@ def exaone4_fields(windows: tuple[int, ...]) -> dict[str, Any]:
 
 
 # the families whose transformers module rotates part of a head; those rotating pairs
-PARTIAL_ROTARY = ("phi3", "glm", "glm4", "glm4_moe", "nemotron")
+PARTIAL_ROTARY = ("phi3", "glm", "glm4", "glm4_moe", "nemotron", "minimax_m2")
 INTERLEAVED = ("glm", "glm4", "ernie4_5", "ernie4_5_moe", "helium", "cohere", "cohere2")
 
 
