@@ -198,6 +198,7 @@ def bias_fields(cfg: dict[str, Any], model_type: str) -> dict[str, bool]:
     }
 
 
+GEMMA_TYPES = ("gemma", "gemma2", "gemma3_text")
 COHERE_TYPES = ("cohere", "cohere2")
 HUNYUAN_TYPES = ("hunyuan_v1_dense", "hunyuan_v1_moe")
 

@@ -10,40 +10,19 @@ from typing import Any
 
 import torch
 from troupe.gpu.classifier_config import ClassifierConfig, read_classifier
-from troupe.gpu.deepseek_config import DEEPSEEK_TYPES, MlaConfig, deepseek_model_fields
+from troupe.gpu.deepseek_config import DEEPSEEK_TYPES, MlaConfig
+from troupe.gpu.family_fields import family_fields
 from troupe.gpu.hf_families import (
     COHERE_TYPES,
+    GEMMA_TYPES,
     HUNYUAN_TYPES,
     GraniteScales,
     bias_fields,
-    cohere_fields,
-    gemma_fields,
-    granite_fields,
-    hunyuan_fields,
     layer_windows,
-    minimax_m2_fields,
-    ministral3_fields,
-    starcoder2_fields,
 )
 from troupe.gpu.hf_overrides import apply_hf_overrides
-from troupe.gpu.moe_config import (
-    MoeConfig,
-    ernie_moe_fields,
-    gpt_oss_fields,
-    grouped_moe_fields,
-    mixtral_fields,
-    olmoe_fields,
-    qwen3_moe_fields,
-)
-from troupe.gpu.rope_layers import (
-    check_longrope,
-    exaone4_fields,
-    head_order,
-    olmo3_fields,
-    partial_rotary_fields,
-    rope_scaling,
-    smollm3_fields,
-)
+from troupe.gpu.moe_config import MoeConfig
+from troupe.gpu.rope_layers import check_longrope, head_order, partial_rotary_fields, rope_scaling
 from troupe.gpu.text_part import text_config
 
 SUPPORTED_MODEL_TYPES = (
@@ -88,7 +67,6 @@ SUPPORTED_MODEL_TYPES = (
 )
 
 
-GEMMA_TYPES = ("gemma", "gemma2", "gemma3_text")
 # families whose transformers config ties the embeddings unless config.json says otherwise
 TIED_BY_DEFAULT = ("ernie4_5", "ernie4_5_moe", *COHERE_TYPES)
 
@@ -297,45 +275,7 @@ class ModelConfig:
                 scaling = rope_scaling(cfg.get("rope_scaling") or rope_params, cfg)
             classifier = read_classifier(cfg)
             windows = layer_windows(cfg, model_type, num_layers)
-            family = gemma_fields(cfg, model_type) if model_type in GEMMA_TYPES else {}
-            if model_type in ("qwen3_moe", "qwen2_moe"):
-                family = {"moe": qwen3_moe_fields(cfg, num_layers)}
-            if model_type == "mixtral":
-                family = {"moe": mixtral_fields(cfg, num_layers)}
-            if model_type in ("glm4_moe", "dots1"):
-                family = {"moe": grouped_moe_fields(cfg, num_layers)}
-            if model_type == "ernie4_5_moe":
-                family = {"moe": ernie_moe_fields(cfg, num_layers)}
-            if model_type == "granite":
-                family = granite_fields(cfg)
-            if model_type == "granitemoe":  # Mixtral's experts under Granite's multipliers
-                family = granite_fields(cfg) | {"moe": mixtral_fields(cfg, num_layers)}
-            if model_type == "olmo3":
-                family = olmo3_fields(cfg)
-            if model_type == "olmoe":
-                clip = cfg.get("clip_qkv")
-                family = {
-                    "moe": olmoe_fields(cfg, num_layers),
-                    "clip_qkv": None if clip is None else float(clip),
-                }
-            if model_type == "gpt_oss":
-                family = {"moe": gpt_oss_fields(cfg, num_layers), "attention_sinks": True}
-            if model_type == "ministral3":
-                family = ministral3_fields(cfg.get("rope_scaling") or rope_params)
-            if model_type == "smollm3":
-                family = smollm3_fields(cfg, num_layers)
-            if model_type == "exaone4":
-                family = exaone4_fields(windows)
-            if model_type in COHERE_TYPES:
-                family = cohere_fields(cfg, model_type, windows)
-            if model_type in ("starcoder2", "nemotron"):
-                family = starcoder2_fields(cfg, model_type)
-            if model_type in HUNYUAN_TYPES:
-                family = hunyuan_fields(cfg, float(rope_theta), num_layers)
-            if model_type == "minimax_m2":
-                family = minimax_m2_fields(cfg, num_layers)
-            if model_type in DEEPSEEK_TYPES:
-                family = deepseek_model_fields(cfg, num_layers)
+            family = family_fields(cfg, model_type, num_layers, windows, float(rope_theta))
             head_dim = int(cfg.get("head_dim") or hidden // num_heads)
             family |= partial_rotary_fields(rotary, head_dim, model_type)
             check_longrope(scaling, family.get("rotary_dim") or head_dim)
