@@ -169,7 +169,7 @@ def granite_fields(cfg: dict[str, Any]) -> dict[str, Any]:
 
 _NO_ATTENTION_BIAS = ("mistral", "ministral", "ministral3", "mixtral", "phi3", "exaone4")
 _MLP_BIAS = (
-    "llama", "granite", "smollm3", "seed_oss", "helium", "internlm3", "iquestcoder", "cwm",
+    "llama", "exaone", "granite", "smollm3", "seed_oss", "helium", "internlm3", "iquestcoder", "cwm",
     "nemotron",
 )  # fmt: skip
 # InternLM3's own config.json names Llama's flags as its remote code did (transformers maps them)

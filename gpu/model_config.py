@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from troupe.gpu.classifier_config import ClassifierConfig, read_classifier
 from troupe.gpu.deepseek_config import DEEPSEEK_TYPES, MlaConfig
+from troupe.gpu.exaone_names import exaone_config
 from troupe.gpu.family_fields import family_fields
 from troupe.gpu.hf_families import (
     COHERE_TYPES,
@@ -27,6 +28,7 @@ from troupe.gpu.text_part import text_config
 
 SUPPORTED_MODEL_TYPES = (
     "llama",
+    "exaone",  # Llama's layers under GPT-2's names (gpu/exaone_names.py)
     "mistral",
     "ministral",
     "ministral3",
@@ -248,7 +250,7 @@ class ModelConfig:
     ) -> ModelConfig:
         """Build from the dict of an HF config.json (transformers 4 or 5 spelling); a
         multimodal wrapper's text model (gpu/text_part.py)."""
-        cfg = text_config(cfg) or cfg
+        cfg = exaone_config(text_config(cfg) or cfg)
         model_type = cfg.get("model_type", "")
         rope_params = cfg.get("rope_parameters") or {}
         rope_theta = cfg.get("rope_theta", rope_params.get("rope_theta", 10000.0))

@@ -43,6 +43,8 @@ class PPStageModel(DecoderModel):
                 f"the text model of a {full.text_of} checkpoint: pipeline parallelism is not "
                 "supported; run one stage"
             )
+        if full.model_type == "exaone":  # ... and asks for Llama's names, not EXAONE's
+            raise ModelLoadError("exaone: pipeline parallelism is not supported; run one stage")
         super().__init__(stage.layer_config(full), dtype, device, max_positions, kernel_backend)
         self.stage = stage
         self.group = group

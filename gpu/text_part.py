@@ -29,12 +29,15 @@ of a family troupe runs:
                  image_newline) are not read
 
 The loader's entry points rename as they read (gpu/weight_fill.py, gpu/quant_install.py);
-tensor parallelism and pipeline stages refuse such checkpoints by name.
+tensor parallelism and pipeline stages refuse such checkpoints by name. `text_name` reads
+EXAONE's GPT-style names as Llama's too (gpu/exaone_names.py), the one renaming seam.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from troupe.gpu.exaone_names import exaone_name
 
 # wrapper model_type -> the text config's model_type when it does not name one
 WRAPPERS = {
@@ -130,4 +133,4 @@ def text_name(name: str) -> str | None:
     for prefix, replacement in _PREFIXES:
         if name.startswith(prefix):
             return replacement + name.removeprefix(prefix)
-    return name
+    return exaone_name(name) if name.startswith("transformer.") else name

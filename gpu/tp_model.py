@@ -243,7 +243,8 @@ class TPDecoderModel(DecoderModel):
             raise ModelLoadError(
                 f"{config.model_type}: tensor parallelism is not supported; run one rank"
             )
-        if config.layer_norm or config.model_type in HUNYUAN_TYPES:  # layers of their own
+        # layers of their own; EXAONE's names, which the shard reader does not rename
+        if config.layer_norm or config.model_type in (*HUNYUAN_TYPES, "exaone"):
             raise ModelLoadError(
                 f"{config.model_type}: tensor parallelism is not supported; run one rank"
             )
