@@ -7,11 +7,13 @@
     Paris.
     </answer>
 
-): its content without them, whole or streamed (gateway/reasoning.py feeds it the content
-that the thinking tags leave). The opening tag counts only where it leads the content (after
-whitespace), and takes its newline with it; a closing tag anywhere is dropped, with the
-newline before it. Content without the tags passes through as it is. Held back: a lead that
-may still become the opening tag, a tail that may begin a closing one.
+), or ERNIE 4.5 Thinking's `<response>`: its content without them, whole or streamed
+(gateway/reasoning.py feeds it the content that the thinking tags leave). The opening tag
+counts only where it leads the content (after whitespace), and takes its newline with it; a
+closing tag anywhere is dropped, with the newline before it, and so is whitespace after it
+that nothing else follows. Content without the tags passes through as it is. Held back: a
+lead that may still become the opening tag, a tail that may begin a closing one, whitespace
+after a closing tag.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ class AnswerTags:
         self.closings = ("\n" + closing, closing)
         self._lead = True  # nothing but whitespace seen yet
         self._after_opening = False  # the next character, if a newline, is the tag's
+        self._after_closing = False  # whitespace held since a closing tag
         self._held = ""
 
     def feed(self, text: str) -> str:
@@ -48,13 +51,19 @@ class AnswerTags:
             if at < 0:
                 break
             out.append(buf[:at])
-            buf = buf[at + len(tag) :]
+            buf, self._after_closing = buf[at + len(tag) :], True
+        if self._after_closing and buf:
+            if not buf.strip():  # only whitespace since the tag: held, maybe the end's
+                self._held = buf
+                return "".join(out)
+            self._after_closing = False
         keep = marker_tail(buf, self.closings)
         out.append(buf[: len(buf) - keep])
         self._held = buf[len(buf) - keep :]
         return "".join(out)
 
     def flush(self) -> str:
-        """At the end of the answer: what was held, as content."""
+        """At the end of the answer: what was held, as content (whitespace after a closing
+        tag dropped)."""
         held, self._held = self._held, ""
-        return held
+        return "" if self._after_closing and not held.strip() else held

@@ -23,6 +23,9 @@ model's thinking, written between `<think>` and `</think>`, goes to the chat ans
     seed_oss     Seed-OSS's `<seed:think>`...`</seed:think>`: the answer thinks when it opens
                  with the tag (as the model does; its budget reflections stay in the thinking),
                  content after the closing one
+    ernie45      ERNIE 4.5 Thinking (21B-A3B): read as deepseek_r1 (its answers start thinking),
+                 then `<response>`...`</response>` around the content taken away
+                 (gateway/answer_tags.py), as vLLM's ernie45 parser does
     hunyuan_a13b  Hunyuan-A13B's `<think>\n`...`\n</think>`, read as qwen3 reads answers, then
                  `<answer>\n`...`\n</answer>`: the content without those tags
                  (gateway/answer_tags.py)
@@ -71,10 +74,11 @@ ParserName = Literal[
     "minimax_m2",
     "seed_oss",
     "hunyuan_a13b",
+    "ernie45",
     "openai_gptoss",
 ]
 PARSERS: tuple[ParserName, ...] = get_args(ParserName)
-STARTS_THINKING: tuple[ParserName, ...] = ("deepseek_r1", "minimax_m2")  # whatever the prompt
+STARTS_THINKING: tuple[ParserName, ...] = ("deepseek_r1", "minimax_m2", "ernie45")  # any prompt
 # the prompt says
 PROMPT_DECIDES: tuple[ParserName, ...] = ("qwen3", "deepseek_v3", "glm45", "hunyuan_a13b")
 
@@ -108,6 +112,7 @@ TAGS: dict[ParserName, ThinkTags] = {
     "hunyuan_a13b": ThinkTags(
         ("<think>\n", START), ("\n</think>\n", "\n" + END, END), answer=("<answer>", "</answer>")
     ),
+    "ernie45": ThinkTags((START,), (END,), answer=("<response>", "</response>")),
 }
 
 

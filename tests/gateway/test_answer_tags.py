@@ -16,7 +16,8 @@ def _whole(text: str) -> str:
     ("text", "expected"),
     [
         ("<answer>\nParis.\n</answer>", "Paris."),
-        ("\n<answer>\nParis.\n</answer>\n", "Paris.\n"),  # what follows the tag is kept
+        ("\n<answer>\nParis.\n</answer>\n", "Paris."),  # whitespace after the tag: dropped
+        ("<answer>\nA\n</answer>\n more", "A\n more"),  # what else follows it is kept
         ("<answer>Paris.</answer>", "Paris."),
         ("<answer>\n\nTwo lines\n\n</answer>", "\nTwo lines\n"),  # one newline each side
         ("Plain.", "Plain."),
@@ -43,4 +44,6 @@ def test_only_a_possible_tag_is_held() -> None:
     assert tags.feed("\nIt is") == "It is"
     assert tags.feed(" sunny.\n") == " sunny."  # "\n" may begin "\n</answer>"
     assert tags.feed("More.") == "\nMore."
-    assert tags.flush() == ""
+    assert tags.feed("\n</answer>") == ""
+    assert tags.feed("\n ") == ""  # after the closing tag: held
+    assert tags.flush() == ""  # and dropped at the end

@@ -1,6 +1,6 @@
 """The tool-call parsers mistral, pythonic, qwen3_coder, seed_oss, deepseek_v3, deepseek_v31,
 granite, kimi_k2, glm45, minimax_m2 and hunyuan_a13b and the reasoning parsers deepseek_v3, mistral,
-granite, glm45, minimax_m2, seed_oss and hunyuan_a13b over HTTP with the official `openai` client: a server started with the
+granite, glm45, minimax_m2, seed_oss, hunyuan_a13b and ernie45 over HTTP with the official `openai` client: a server started with the
 flag, a fake runner made to say an exact reply (SmolLM2's tokenizer, a plain template), the
 whole answer and the streamed one read back. Streamed calls arrive as OpenAI sends them: a
 delta with the id, type and name, then the arguments as written; a call that went out before
@@ -224,6 +224,7 @@ REASONING_CASES: dict[str, tuple[dict[str, Any], str, str | None, str | None]] =
         "Look it up.",
         "Sunny.",
     ),
+    "ernie45": ({}, "Look it up.\n</think>\n\n<response>\nSunny.\n</response>\n", "Look it up.\n", "Sunny."),
 }
 
 

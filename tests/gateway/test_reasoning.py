@@ -106,6 +106,11 @@ HY_OPEN = "<|extra_0|>assistant\n<think>\n"  # a prompt that leaves thinking ope
         ("hunyuan_a13b", "", "x <answer> y", (None, "x <answer> y")),  # only a leading one
         ("hunyuan_a13b", HY_OPEN, "Thought.\n</think>\n<answer>\nA.", ("Thought.", "A.")),
         ("hunyuan_a13b", "", "  <answ", (None, "  <answ")),
+        # ERNIE 4.5 Thinking: thinking from the start, the answer in <response> tags
+        ("ernie45", "", "Hm.\n</think>\n\n<response>\nIt is 4.\n</response>\n", ("Hm.\n", "It is 4.")),
+        ("ernie45", "", "Hm.</think>\nIt is 4.", ("Hm.", "\nIt is 4.")),
+        ("ernie45", "", "<think>Hm.</think><response>4</response>", ("Hm.", "4")),
+        ("ernie45", "", "Cut off in thought", ("Cut off in thought", None)),
     ],
 )
 def test_more_parsers_whole_and_at_every_split(name, prompt, text, expected) -> None:  # type: ignore[no-untyped-def]
