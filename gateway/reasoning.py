@@ -17,6 +17,8 @@ model's thinking, written between `<think>` and `</think>`, goes to the chat ans
                  in the prompt
     deepseek_v3  DeepSeek V3.1's hybrid: thinks only when the prompt left `<think>` open (its
                  template's `thinking: true`), else all content (as qwen3 reads it)
+    exaone4      EXAONE 4.0, read as deepseek_v3: its template opens `<think>` in the prompt
+                 when `enable_thinking` is true, and the answer is all content otherwise
     mistral      Magistral's `[THINK]`...`[/THINK]`: the answer is content until its first
                  `[THINK]` (wherever it comes), thinking to `[/THINK]`, content again after; a
                  `[/THINK]` before any `[THINK]` is dropped
@@ -75,12 +77,15 @@ ParserName = Literal[
     "seed_oss",
     "hunyuan_a13b",
     "ernie45",
+    "exaone4",
     "openai_gptoss",
 ]
 PARSERS: tuple[ParserName, ...] = get_args(ParserName)
 STARTS_THINKING: tuple[ParserName, ...] = ("deepseek_r1", "minimax_m2", "ernie45")  # any prompt
 # the prompt says
-PROMPT_DECIDES: tuple[ParserName, ...] = ("qwen3", "deepseek_v3", "glm45", "hunyuan_a13b")
+PROMPT_DECIDES: tuple[ParserName, ...] = (
+    "qwen3", "deepseek_v3", "glm45", "hunyuan_a13b", "exaone4",
+)  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -105,6 +110,7 @@ TAGS: dict[ParserName, ThinkTags] = {
         ("Here is my response:", "Here's my response:"),
     ),
     "glm45": _THINK,
+    "exaone4": _THINK,
     "minimax_m2": _THINK,
     "seed_oss": ThinkTags(("<seed:think>",), ("</seed:think>",)),
     # the first of each as Hunyuan writes them, newlines and all (its tokens end in ">\n"), so

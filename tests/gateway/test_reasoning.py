@@ -68,6 +68,7 @@ DS_THINKING = "<｜User｜>Hi<｜Assistant｜><think>"  # V3.1's template, think
 DS_PLAIN = "<｜User｜>Hi<｜Assistant｜></think>"  # thinking: false (its default)
 GRANITE = ("Here is my thought process:", "Here is my response:")
 HY = "<think>\n{}\n</think>\n<answer>\n{}\n</answer>"  # Hunyuan-A13B's answer
+EX_THINKING = "[|assistant|]<think>\n"  # EXAONE 4's template, enable_thinking: true
 HY_OPEN = "<|extra_0|>assistant\n<think>\n"  # a prompt that leaves thinking open
 
 
@@ -111,6 +112,9 @@ HY_OPEN = "<|extra_0|>assistant\n<think>\n"  # a prompt that leaves thinking ope
         ("ernie45", "", "Hm.</think>\nIt is 4.", ("Hm.", "\nIt is 4.")),
         ("ernie45", "", "<think>Hm.</think><response>4</response>", ("Hm.", "4")),
         ("ernie45", "", "Cut off in thought", ("Cut off in thought", None)),
+        # EXAONE 4.0: its template opens <think> where enable_thinking is true
+        ("exaone4", EX_THINKING, "Hm.\n</think>\n\nIt is 4.", ("Hm.\n", "\n\nIt is 4.")),
+        ("exaone4", "[|assistant|]", "It is 4.", (None, "It is 4.")),
     ],
 )
 def test_more_parsers_whole_and_at_every_split(name, prompt, text, expected) -> None:  # type: ignore[no-untyped-def]
