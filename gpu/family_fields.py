@@ -12,6 +12,7 @@ from troupe.gpu.hf_families import (
     COHERE_TYPES,
     GEMMA_TYPES,
     HUNYUAN_TYPES,
+    arcee_fields,
     cohere_fields,
     gemma_fields,
     granite_fields,
@@ -75,6 +76,8 @@ def family_fields(
         family = starcoder2_fields(cfg, model_type)
     if model_type in HUNYUAN_TYPES:
         family = hunyuan_fields(cfg, rope_theta, num_layers)
+    if model_type == "arcee":
+        family = arcee_fields(cfg)
     if model_type == "minimax_m2":
         family = minimax_m2_fields(cfg, num_layers)
     if model_type in DEEPSEEK_TYPES:

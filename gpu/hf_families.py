@@ -50,6 +50,9 @@ MiniMax-M2: Mixtral's layout with OLMo's whole-width q / k norms before a partia
 (`rotary_dim` of each head) and DeepSeek-V3's sigmoid routing in every layer
 (gpu/minimax_m2_layer.py).
 
+Arcee (AFM-4.5B): Llama's layers with Nemotron's MLP, up_proj -> relu(x)^2 -> down_proj
+(gpu/starcoder2_layer.UngatedMlpLayer).
+
 Nemotron (Minitron, Nemotron-4): StarCoder2's layer under Llama's bias flags, with a squared
 ReLU, LayerNorm1P norms (weight + 1) and RoPE on half of each head by default.
 
@@ -169,7 +172,7 @@ def granite_fields(cfg: dict[str, Any]) -> dict[str, Any]:
 
 _NO_ATTENTION_BIAS = ("mistral", "ministral", "ministral3", "mixtral", "phi3", "exaone4")
 _MLP_BIAS = (
-    "llama", "exaone", "granite", "smollm3", "seed_oss", "helium", "internlm3", "iquestcoder", "cwm",
+    "llama", "exaone", "arcee", "granite", "smollm3", "seed_oss", "helium", "internlm3", "iquestcoder", "cwm",
     "nemotron",
 )  # fmt: skip
 # InternLM3's own config.json names Llama's flags as its remote code did (transformers maps them)
@@ -226,6 +229,15 @@ def starcoder2_fields(cfg: dict[str, Any], model_type: str) -> dict[str, Any]:
         raise ValueError(f"config.json: hidden_act {act!r} is not supported for {model_type}")
     eps = cfg.get("norm_eps" if nemotron else "norm_epsilon", 1e-5)
     return {"rms_norm_eps": float(eps), "hidden_act": "relu2" if nemotron else "gelu_tanh"}
+
+
+def arcee_fields(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Arcee's (AFM-4.5B): its MLP's squared ReLU, which no gate multiplies (the only
+    activation troupe runs there)."""
+    act = cfg.get("hidden_act", "relu2")
+    if act != "relu2":
+        raise ValueError(f"config.json: hidden_act {act!r} is not supported for arcee")
+    return {"hidden_act": "relu2"}
 
 
 def hunyuan_fields(cfg: dict[str, Any], rope_theta: float, num_layers: int) -> dict[str, Any]:

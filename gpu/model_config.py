@@ -29,6 +29,7 @@ from troupe.gpu.text_part import text_config
 SUPPORTED_MODEL_TYPES = (
     "llama",
     "exaone",  # Llama's layers under GPT-2's names (gpu/exaone_names.py)
+    "arcee",  # Llama's layers with Nemotron's MLP
     "mistral",
     "ministral",
     "ministral3",
@@ -142,9 +143,9 @@ class ModelConfig:
 
     @property
     def gated_mlp(self) -> bool:
-        """The MLP is gate|up -> act * up -> down; not StarCoder2's and Nemotron's, whose one
-        input matrix goes through the activation alone (gpu/starcoder2_layer.py)."""
-        return self.model_type not in ("starcoder2", "nemotron")
+        """The MLP is gate|up -> act * up -> down; not StarCoder2's, Nemotron's and Arcee's,
+        whose one input matrix goes through the activation alone (gpu/starcoder2_layer.py)."""
+        return self.model_type not in ("starcoder2", "nemotron", "arcee")
 
     @property
     def norm_bias(self) -> bool:

@@ -11,6 +11,10 @@ gate|up matrix, which this layer does not have.
 Nemotron's layer (transformers' NemotronDecoderLayer: Minitron, Nemotron-4) is the same with
 other names (mlp.up_proj, mlp.down_proj), relu(x)^2 for the GELU, and LayerNorm1P norms,
 whose weight is shipped less 1 (the loader adds it back, as for Gemma's norms).
+
+Arcee's (AFM-4.5B: transformers' Llama layer over NemotronMLP) keeps Llama's RMSNorms and
+takes only the MLP without a gate (`UngatedMlpLayer`), under Nemotron's names, with its
+squared ReLU.
 """
 
 from __future__ import annotations
@@ -36,14 +40,15 @@ def _names(up: str, down: str) -> dict[str, str]:
     return mlp | {f"mlp.{down}.weight": "down_proj", f"mlp.{down}.bias": "down_bias"}
 
 
+_UP_DOWN = _names("up_proj", "down_proj")
 _STARCODER2 = _names("c_fc", "c_proj") | _NORM_BIASES
-_NEMOTRON = _names("up_proj", "down_proj") | _NORM_BIASES
+_NEMOTRON = _UP_DOWN | _NORM_BIASES
 
 
-class Starcoder2Layer(DecoderLayer):
-    """The layer above: biased LayerNorms, and c_fc -> tanh GELU -> c_proj."""
+class UngatedMlpLayer(DecoderLayer):
+    """The plain layer with an MLP without a gate: c_fc -> activation -> down_proj."""
 
-    names = _STARCODER2  # the checkpoint's names of this layer's own parameters
+    names = _UP_DOWN  # the checkpoint's names of this layer's own parameters
 
     def __init__(
         self, config: ModelConfig, dtype: torch.dtype, device: torch.device, layer_index: int = 0
@@ -53,14 +58,42 @@ class Starcoder2Layer(DecoderLayer):
         for name in ("gate_up_proj", "gate_up_bias"):
             delattr(self, name)  # no gate: c_fc is the MLP's one input matrix
             setattr(self, name, None)
+        self.c_fc = new_param(c.intermediate_size, c.hidden_size, dtype=dtype, device=device)
+        self.c_fc_bias = None
+        if c.mlp_bias:
+            self.c_fc_bias = new_param(c.intermediate_size, dtype=dtype, device=device)
 
-        def param(*shape: int) -> torch.nn.Parameter:
-            return new_param(*shape, dtype=dtype, device=device)
+    def mlp(self, x: torch.Tensor, ops: KernelOps) -> torch.Tensor:
+        up = self.activation(linear(x, self.c_fc, self.c_fc_bias))
+        return linear(up, self.down_proj, self.down_bias)
 
-        self.c_fc = param(c.intermediate_size, c.hidden_size)
-        self.c_fc_bias = param(c.intermediate_size) if c.mlp_bias else None
-        self.input_norm_bias = param(c.hidden_size)
-        self.post_norm_bias = param(c.hidden_size)
+    def activation(self, x: torch.Tensor) -> torch.Tensor:
+        """ModelConfig.hidden_act: StarCoder2's tanh GELU, Nemotron's and Arcee's squared
+        ReLU."""
+        if self.config.hidden_act == "relu2":
+            return torch.square(F.relu(x))
+        return F.gelu(x, approximate="tanh")
+
+    def locate_extra(self, rest: str, prefix: str) -> tuple[torch.Tensor, tuple[str, ...]] | None:
+        """The MLP (and the norms' biases) under the family's own names."""
+        name = self.names.get(rest)
+        found = None if name is None else getattr(self, name)
+        if found is None:  # not one of them, or a bias the config leaves out
+            return super().locate_extra(rest, prefix)
+        return found, (f"{prefix}.{name}",)
+
+
+class Starcoder2Layer(UngatedMlpLayer):
+    """The layer above: biased LayerNorms, and c_fc -> tanh GELU -> c_proj."""
+
+    names = _STARCODER2
+
+    def __init__(
+        self, config: ModelConfig, dtype: torch.dtype, device: torch.device, layer_index: int = 0
+    ) -> None:
+        super().__init__(config, dtype, device, layer_index)
+        self.input_norm_bias = new_param(config.hidden_size, dtype=dtype, device=device)
+        self.post_norm_bias = new_param(config.hidden_size, dtype=dtype, device=device)
 
     def forward(
         self,
@@ -79,24 +112,6 @@ class Starcoder2Layer(DecoderLayer):
             hidden, self.post_attention_layernorm, eps, residual, self.post_norm_bias
         )
         return self.mlp(x, ops), residual
-
-    def mlp(self, x: torch.Tensor, ops: KernelOps) -> torch.Tensor:
-        up = self.activation(linear(x, self.c_fc, self.c_fc_bias))
-        return linear(up, self.down_proj, self.down_bias)
-
-    def activation(self, x: torch.Tensor) -> torch.Tensor:
-        """ModelConfig.hidden_act: StarCoder2's tanh GELU, Nemotron's squared ReLU."""
-        if self.config.hidden_act == "relu2":
-            return torch.square(F.relu(x))
-        return F.gelu(x, approximate="tanh")
-
-    def locate_extra(self, rest: str, prefix: str) -> tuple[torch.Tensor, tuple[str, ...]] | None:
-        """StarCoder2's MLP and norm biases under its own names."""
-        name = self.names.get(rest)
-        found = None if name is None else getattr(self, name)
-        if found is None:  # not one of them, or a bias the config leaves out
-            return super().locate_extra(rest, prefix)
-        return found, (f"{prefix}.{name}",)
 
 
 class NemotronLayer(Starcoder2Layer):

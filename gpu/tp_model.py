@@ -244,7 +244,8 @@ class TPDecoderModel(DecoderModel):
                 f"{config.model_type}: tensor parallelism is not supported; run one rank"
             )
         # layers of their own; EXAONE's names, which the shard reader does not rename
-        if config.layer_norm or config.model_type in (*HUNYUAN_TYPES, "exaone"):
+        ungated = not config.gated_mlp
+        if config.layer_norm or ungated or config.model_type in (*HUNYUAN_TYPES, "exaone"):
             raise ModelLoadError(
                 f"{config.model_type}: tensor parallelism is not supported; run one rank"
             )
