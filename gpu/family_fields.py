@@ -12,7 +12,6 @@ from troupe.gpu.hf_families import (
     COHERE_TYPES,
     GEMMA_TYPES,
     HUNYUAN_TYPES,
-    arcee_fields,
     cohere_fields,
     gemma_fields,
     granite_fields,
@@ -20,6 +19,7 @@ from troupe.gpu.hf_families import (
     minimax_m2_fields,
     ministral3_fields,
     starcoder2_fields,
+    ungated_fields,
 )
 from troupe.gpu.moe_config import (
     ernie_moe_fields,
@@ -76,8 +76,8 @@ def family_fields(
         family = starcoder2_fields(cfg, model_type)
     if model_type in HUNYUAN_TYPES:
         family = hunyuan_fields(cfg, rope_theta, num_layers)
-    if model_type == "arcee":
-        family = arcee_fields(cfg)
+    if model_type in ("arcee", "apertus"):
+        family = ungated_fields(cfg, model_type)
     if model_type == "minimax_m2":
         family = minimax_m2_fields(cfg, num_layers)
     if model_type in DEEPSEEK_TYPES:

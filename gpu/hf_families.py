@@ -51,7 +51,8 @@ MiniMax-M2: Mixtral's layout with OLMo's whole-width q / k norms before a partia
 (gpu/minimax_m2_layer.py).
 
 Arcee (AFM-4.5B): Llama's layers with Nemotron's MLP, up_proj -> relu(x)^2 -> down_proj
-(gpu/starcoder2_layer.UngatedMlpLayer).
+(gpu/starcoder2_layer.UngatedMlpLayer). Apertus: the same MLP with xIELU, under Qwen3's q / k
+norms (gpu/apertus_layer.py).
 
 Nemotron (Minitron, Nemotron-4): StarCoder2's layer under Llama's bias flags, with a squared
 ReLU, LayerNorm1P norms (weight + 1) and RoPE on half of each head by default.
@@ -231,13 +232,14 @@ def starcoder2_fields(cfg: dict[str, Any], model_type: str) -> dict[str, Any]:
     return {"rms_norm_eps": float(eps), "hidden_act": "relu2" if nemotron else "gelu_tanh"}
 
 
-def arcee_fields(cfg: dict[str, Any]) -> dict[str, Any]:
-    """Arcee's (AFM-4.5B): its MLP's squared ReLU, which no gate multiplies (the only
-    activation troupe runs there)."""
-    act = cfg.get("hidden_act", "relu2")
-    if act != "relu2":
-        raise ValueError(f"config.json: hidden_act {act!r} is not supported for arcee")
-    return {"hidden_act": "relu2"}
+def ungated_fields(cfg: dict[str, Any], model_type: str) -> dict[str, Any]:
+    """Arcee's and Apertus's: their MLP's activation, which no gate multiplies (Arcee's squared
+    ReLU, Apertus's xIELU: the only ones troupe runs there)."""
+    expected = "xielu" if model_type == "apertus" else "relu2"
+    act = cfg.get("hidden_act", expected)
+    if act != expected:
+        raise ValueError(f"config.json: hidden_act {act!r} is not supported for {model_type}")
+    return {"hidden_act": expected}
 
 
 def hunyuan_fields(cfg: dict[str, Any], rope_theta: float, num_layers: int) -> dict[str, Any]:

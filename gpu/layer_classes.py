@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 def layer_class(config: ModelConfig, layer: int) -> type[DecoderLayer]:
     """The module of one layer: the Gemmas', DeepSeek's MLA layer (gpu/mla_layer.py), OLMo 2's
     and OLMoE's (gpu/olmo2_layer.py), Cohere's (gpu/cohere_layer.py), StarCoder2's and
-    Nemotron's, Arcee's, HunYuan's (dense and MoE), MiniMax-M2's, an MoE layer (gpu/moe_layer.py) or the plain one."""
+    Nemotron's, Arcee's, Apertus's, HunYuan's (dense and MoE), MiniMax-M2's, an MoE layer (gpu/moe_layer.py) or the plain one."""
     if config.mla is not None:
         from troupe.gpu.mla_layer import MlaLayer
 
@@ -57,6 +57,10 @@ def layer_class(config: ModelConfig, layer: int) -> type[DecoderLayer]:
         from troupe.gpu.starcoder2_layer import NemotronLayer
 
         return NemotronLayer
+    if config.model_type == "apertus":
+        from troupe.gpu.apertus_layer import ApertusLayer
+
+        return ApertusLayer
     if config.model_type == "arcee":
         from troupe.gpu.starcoder2_layer import UngatedMlpLayer  # Llama's, Nemotron's MLP
 

@@ -30,6 +30,7 @@ SUPPORTED_MODEL_TYPES = (
     "llama",
     "exaone",  # Llama's layers under GPT-2's names (gpu/exaone_names.py)
     "arcee",  # Llama's layers with Nemotron's MLP
+    "apertus",
     "mistral",
     "ministral",
     "ministral3",
@@ -143,9 +144,10 @@ class ModelConfig:
 
     @property
     def gated_mlp(self) -> bool:
-        """The MLP is gate|up -> act * up -> down; not StarCoder2's, Nemotron's and Arcee's,
-        whose one input matrix goes through the activation alone (gpu/starcoder2_layer.py)."""
-        return self.model_type not in ("starcoder2", "nemotron", "arcee")
+        """The MLP is gate|up -> act * up -> down; not StarCoder2's, Nemotron's, Arcee's and
+        Apertus's, whose one input matrix goes through the activation alone
+        (gpu/starcoder2_layer.py)."""
+        return self.model_type not in ("starcoder2", "nemotron", "arcee", "apertus")
 
     @property
     def norm_bias(self) -> bool:
@@ -300,7 +302,7 @@ class ModelConfig:
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", model_type in TIED_BY_DEFAULT))
             or bool(classifier),
             **bias_fields(cfg, model_type),
-            qk_norm=model_type in ("qwen3", "qwen3_moe", "exaone4", "dots1", *HUNYUAN_TYPES)
+            qk_norm=model_type in ("qwen3", "qwen3_moe", "exaone4", "dots1", "apertus", *HUNYUAN_TYPES)
             or (model_type == "glm4_moe" and bool(cfg.get("use_qk_norm", False))),
             max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
             eos_token_ids=tuple(eos),

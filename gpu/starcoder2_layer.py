@@ -40,15 +40,15 @@ def _names(up: str, down: str) -> dict[str, str]:
     return mlp | {f"mlp.{down}.weight": "down_proj", f"mlp.{down}.bias": "down_bias"}
 
 
-_UP_DOWN = _names("up_proj", "down_proj")
+UP_DOWN = _names("up_proj", "down_proj")
 _STARCODER2 = _names("c_fc", "c_proj") | _NORM_BIASES
-_NEMOTRON = _UP_DOWN | _NORM_BIASES
+_NEMOTRON = UP_DOWN | _NORM_BIASES
 
 
 class UngatedMlpLayer(DecoderLayer):
     """The plain layer with an MLP without a gate: c_fc -> activation -> down_proj."""
 
-    names = _UP_DOWN  # the checkpoint's names of this layer's own parameters
+    names = UP_DOWN  # the checkpoint's names of this layer's own parameters
 
     def __init__(
         self, config: ModelConfig, dtype: torch.dtype, device: torch.device, layer_index: int = 0
