@@ -54,8 +54,11 @@ def chat_reasoning(
     # GPT-OSS's "auto" calls stay in the content for the `openai` tool parser (gateway/harmony.py)
     keeps_calls = tools is not None and tools.spec is None and tools.parser == "openai"
     splitter = ReasoningSplitter(parser, prompt_text, keeps_calls=keeps_calls)
-    if parser == "openai_gptoss":  # its channel markers are special tokens (gateway/harmony.py)
+    tags = TAGS.get(parser)
+    if parser == "openai_gptoss" or (tags is not None and tags.special):
+        # the markers are special tokens (GPT-OSS's channels: gateway/harmony.py)
         params = msgspec.structs.replace(params, skip_special_tokens=False)
+    if parser == "openai_gptoss":
         prompt = harmony_turns(prompt)
     if spec is not None:  # the constraint (tool calls' too) starts after the thinking
         spec = msgspec.structs.replace(spec, reasoning=constraint_reasoning(parser, prompt_text))

@@ -17,6 +17,8 @@ model's thinking, written between `<think>` and `</think>`, goes to the chat ans
                  in the prompt
     deepseek_v3  DeepSeek V3.1's hybrid: thinks only when the prompt left `<think>` open (its
                  template's `thinking: true`), else all content (as qwen3 reads it)
+    apertus      Apertus's `<|inner_prefix|>`...`<|inner_suffix|>` (special tokens, so its requests
+                 keep special tokens in their text), read as qwen3 reads `<think>`
     exaone4      EXAONE 4.0, read as deepseek_v3: its template opens `<think>` in the prompt
                  when `enable_thinking` is true, and the answer is all content otherwise
     mistral      Magistral's `[THINK]`...`[/THINK]`: the answer is content until its first
@@ -78,13 +80,14 @@ ParserName = Literal[
     "hunyuan_a13b",
     "ernie45",
     "exaone4",
+    "apertus",
     "openai_gptoss",
 ]
 PARSERS: tuple[ParserName, ...] = get_args(ParserName)
 STARTS_THINKING: tuple[ParserName, ...] = ("deepseek_r1", "minimax_m2", "ernie45")  # any prompt
 # the prompt says
 PROMPT_DECIDES: tuple[ParserName, ...] = (
-    "qwen3", "deepseek_v3", "glm45", "hunyuan_a13b", "exaone4",
+    "qwen3", "deepseek_v3", "glm45", "hunyuan_a13b", "exaone4", "apertus",
 )  # fmt: skip
 
 
@@ -97,6 +100,7 @@ class ThinkTags:
     opens_anywhere: bool = False  # else only a start that leads the answer opens
     drops_stray_end: bool = False  # an end before any start is removed from the content
     answer: tuple[str, str] | None = None  # tags around the content, removed (answer_tags.py)
+    special: bool = False  # the tags are special tokens: kept in the text (chat_reasoning.py)
 
 
 _THINK = ThinkTags((START,), (END,))
@@ -119,6 +123,7 @@ TAGS: dict[ParserName, ThinkTags] = {
         ("<think>\n", START), ("\n</think>\n", "\n" + END, END), answer=("<answer>", "</answer>")
     ),
     "ernie45": ThinkTags((START,), (END,), answer=("<response>", "</response>")),
+    "apertus": ThinkTags(("<|inner_prefix|>",), ("<|inner_suffix|>",), special=True),
 }
 
 
@@ -128,7 +133,9 @@ def opens_thinking(name: ParserName, prompt_text: str) -> bool:
         return True
     if name not in PROMPT_DECIDES:
         return False
-    return prompt_text.rfind(START) > prompt_text.rfind(END)
+    tags = TAGS[name]
+    last_start = max(prompt_text.rfind(tag) for tag in tags.starts)
+    return last_start > max(prompt_text.rfind(tag) for tag in tags.ends)
 
 
 def constraint_reasoning(name: ParserName, prompt_text: str) -> Reasoning:

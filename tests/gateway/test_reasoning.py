@@ -68,6 +68,7 @@ DS_THINKING = "<｜User｜>Hi<｜Assistant｜><think>"  # V3.1's template, think
 DS_PLAIN = "<｜User｜>Hi<｜Assistant｜></think>"  # thinking: false (its default)
 GRANITE = ("Here is my thought process:", "Here is my response:")
 HY = "<think>\n{}\n</think>\n<answer>\n{}\n</answer>"  # Hunyuan-A13B's answer
+AP = ("<|inner_prefix|>", "<|inner_suffix|>")  # Apertus's thinking tags
 EX_THINKING = "[|assistant|]<think>\n"  # EXAONE 4's template, enable_thinking: true
 HY_OPEN = "<|extra_0|>assistant\n<think>\n"  # a prompt that leaves thinking open
 
@@ -115,6 +116,10 @@ HY_OPEN = "<|extra_0|>assistant\n<think>\n"  # a prompt that leaves thinking ope
         # EXAONE 4.0: its template opens <think> where enable_thinking is true
         ("exaone4", EX_THINKING, "Hm.\n</think>\n\nIt is 4.", ("Hm.\n", "\n\nIt is 4.")),
         ("exaone4", "[|assistant|]", "It is 4.", (None, "It is 4.")),
+        # Apertus: its own special tokens around the thinking
+        ("apertus", "", f"{AP[0]}Hm.{AP[1]}It is 4.", ("Hm.", "It is 4.")),
+        ("apertus", f"<s>assistant{AP[0]}", f"Hm.{AP[1]}4", ("Hm.", "4")),  # opened in the prompt
+        ("apertus", "", "It is 4. <think>x</think>", (None, "It is 4. <think>x</think>")),
     ],
 )
 def test_more_parsers_whole_and_at_every_split(name, prompt, text, expected) -> None:  # type: ignore[no-untyped-def]
@@ -165,3 +170,15 @@ def test_hunyuan_tags_are_the_tokens_it_writes() -> None:
     assert params.thinking_tags == ("<think>\n", "\n</think>\n")
     assert not params.thinking_from_start
     assert constraint_reasoning("hunyuan_a13b", HY_OPEN) == "none"  # not the grammar's tags
+
+
+def test_special_tags_keep_special_tokens_in_the_text() -> None:
+    """Apertus's tags are special tokens: its requests keep them (as GPT-OSS's markers);
+    Qwen3's are not, and its requests skip special tokens as asked."""
+    from troupe.gateway.chat_reasoning import chat_reasoning
+    from troupe.messages import ChatMessage, SamplingParams
+
+    prompt = [ChatMessage(role="user", content="Hi")]
+    for parser, skips in (("apertus", False), ("qwen3", True)):
+        made = chat_reasoning(parser, None, prompt, SamplingParams())  # type: ignore[arg-type]
+        assert made.params.skip_special_tokens is skips, parser
