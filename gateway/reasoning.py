@@ -19,6 +19,7 @@ model's thinking, written between `<think>` and `</think>`, goes to the chat ans
                  template's `thinking: true`), else all content (as qwen3 reads it)
     apertus      Apertus's `<|inner_prefix|>`...`<|inner_suffix|>` (special tokens, so its requests
                  keep special tokens in their text), read as qwen3 reads `<think>`
+    olmo3        OLMo 3 Think, read as qwen3 (its template may open `<think>` in the prompt)
     exaone4      EXAONE 4.0, read as deepseek_v3: its template opens `<think>` in the prompt
                  when `enable_thinking` is true, and the answer is all content otherwise
     mistral      Magistral's `[THINK]`...`[/THINK]`: the answer is content until its first
@@ -81,13 +82,14 @@ ParserName = Literal[
     "ernie45",
     "exaone4",
     "apertus",
+    "olmo3",
     "openai_gptoss",
 ]
 PARSERS: tuple[ParserName, ...] = get_args(ParserName)
 STARTS_THINKING: tuple[ParserName, ...] = ("deepseek_r1", "minimax_m2", "ernie45")  # any prompt
 # the prompt says
 PROMPT_DECIDES: tuple[ParserName, ...] = (
-    "qwen3", "deepseek_v3", "glm45", "hunyuan_a13b", "exaone4", "apertus",
+    "qwen3", "deepseek_v3", "glm45", "hunyuan_a13b", "exaone4", "apertus", "olmo3",
 )  # fmt: skip
 
 
@@ -115,6 +117,7 @@ TAGS: dict[ParserName, ThinkTags] = {
     ),
     "glm45": _THINK,
     "exaone4": _THINK,
+    "olmo3": _THINK,
     "minimax_m2": _THINK,
     "seed_oss": ThinkTags(("<seed:think>",), ("</seed:think>",)),
     # the first of each as Hunyuan writes them, newlines and all (its tokens end in ">\n"), so

@@ -117,7 +117,7 @@ class GatewaySettings:
         '("Here is my thought process:" ... "Here is my response:"), glm45 (GLM-4.5: as '
         "qwen3), minimax_m2 (as deepseek_r1), seed_oss (<seed:think>...</seed:think>), "
         "hunyuan_a13b (as qwen3, the answer's <answer> tags removed), ernie45 (as deepseek_r1, "
-        "the answer's <response> tags removed), exaone4 (as deepseek_v3), apertus (<|inner_prefix|>...<|inner_suffix|>), openai_gptoss (GPT-OSS's harmony channels: analysis is the reasoning)",
+        "the answer's <response> tags removed), exaone4 (as deepseek_v3), apertus (<|inner_prefix|>...<|inner_suffix|>), olmo3 (as qwen3), openai_gptoss (GPT-OSS's harmony channels: analysis is the reasoning)",
     )
     tool_call_parser: ToolParserName | None = _knob(  # noqa: RUF009 (None or a str: immutable)
         None,

@@ -120,6 +120,10 @@ HY_OPEN = "<|extra_0|>assistant\n<think>\n"  # a prompt that leaves thinking ope
         ("apertus", "", f"{AP[0]}Hm.{AP[1]}It is 4.", ("Hm.", "It is 4.")),
         ("apertus", f"<s>assistant{AP[0]}", f"Hm.{AP[1]}4", ("Hm.", "4")),  # opened in the prompt
         ("apertus", "", "It is 4. <think>x</think>", (None, "It is 4. <think>x</think>")),
+        # OLMo 3 Think: read as qwen3
+        ("olmo3", "<|im_start|>assistant\n<think>", "Hm.</think>4", ("Hm.", "4")),
+        ("olmo3", "", "<think>Hm.</think>4", ("Hm.", "4")),
+        ("olmo3", "", "4", (None, "4")),
     ],
 )
 def test_more_parsers_whole_and_at_every_split(name, prompt, text, expected) -> None:  # type: ignore[no-untyped-def]
