@@ -4,15 +4,26 @@ agreement with it through chunked prefill, on the CPU runner or on CUDA."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
 from tests.gpu.conftest import PlanDriver, hf_greedy, runner_for
 
 PROMPTS = [[5, 17, 42, 99, 3, 250, 7, 8, 64, 12, 31], [200, 1, 77, 13, 90, 4, 4, 4, 18]]
 NUM_NEW = 12
+LLAMA3_ROPE = {  # Llama 3.1's long context on a tiny scale (EXAONE 3.5's, Apertus's)
+    "rope_type": "llama3",
+    "rope_theta": 10000.0,
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 32,
+}
 # the shape the family tests start from (GQA: 4 query heads over 2 KV heads of 16)
 TINY = {
     "hidden_size": 64,
@@ -76,6 +87,25 @@ def assert_greedy_matches(folder: Path, hf_model: Any, device: str = "cpu") -> N
     driver.run(NUM_NEW)
     assert [driver.seqs[f"r{i}"].output for i in range(len(PROMPTS))] == expected
     assert len(set(expected[0])) > 2  # the model is not stuck on one token
+
+
+def assert_edit_matters(
+    folder: Path,
+    hf_model: Any,
+    out: Path,
+    edit: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]],
+    config: dict[str, Any] | None = None,
+) -> None:
+    """`folder`'s checkpoint with its tensors edited (and its config.json replaced, where
+    given), saved in `out`, no longer answers transformers' greedy tokens: what the edit
+    touched is read."""
+    from safetensors.torch import load_file, save_file
+
+    cfg = config or json.loads((folder / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps(cfg))
+    save_file(edit(load_file(folder / "model.safetensors")), out / "model.safetensors")
+    with pytest.raises(AssertionError):
+        assert_greedy_matches(out, hf_model)
 
 
 def _cuda_runner(folder: Path) -> Any:

@@ -14,16 +14,13 @@ from typing import Any
 import pytest
 import torch
 
-from tests.gpu.family_checks import TINY, assert_greedy_matches, saved_family
-
-LLAMA3_ROPE = {
-    "rope_type": "llama3",
-    "rope_theta": 10000.0,
-    "factor": 8.0,
-    "low_freq_factor": 1.0,
-    "high_freq_factor": 4.0,
-    "original_max_position_embeddings": 32,
-}
+from tests.gpu.family_checks import (
+    LLAMA3_ROPE,
+    TINY,
+    assert_edit_matters,
+    assert_greedy_matches,
+    saved_family,
+)
 
 
 @pytest.fixture(scope="module")
@@ -50,16 +47,11 @@ def test_cuda_kernels_match_hf(saved: tuple[Path, Any]) -> None:
 
 
 def test_each_layer_reads_its_own_scalars(saved: tuple[Path, Any], tmp_path: Path) -> None:
-    from safetensors.torch import load_file, save_file
+    def swapped(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        first, second = (f"model.layers.{i}.mlp.act_fn.beta" for i in (0, 1))
+        return tensors | {first: tensors[second], second: tensors[first]}
 
-    folder, hf_model = saved
-    (tmp_path / "config.json").write_text((folder / "config.json").read_text())
-    tensors = load_file(folder / "model.safetensors")
-    first, second = (f"model.layers.{i}.mlp.act_fn.beta" for i in (0, 1))
-    tensors[first], tensors[second] = tensors[second], tensors[first]
-    save_file(tensors, tmp_path / "model.safetensors")
-    with pytest.raises(AssertionError):
-        assert_greedy_matches(tmp_path, hf_model)
+    assert_edit_matters(*saved, tmp_path, swapped)
 
 
 def test_the_config(saved: tuple[Path, Any]) -> None:

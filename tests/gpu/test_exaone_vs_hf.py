@@ -14,16 +14,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.gpu.family_checks import TINY, assert_greedy_matches, saved_random_model
-
-LLAMA3_ROPE = {  # EXAONE 3.5's long context
-    "rope_type": "llama3",
-    "rope_theta": 10000.0,
-    "factor": 8.0,
-    "low_freq_factor": 1.0,
-    "high_freq_factor": 4.0,
-    "original_max_position_embeddings": 32,
-}
+from tests.gpu.family_checks import LLAMA3_ROPE, TINY, assert_greedy_matches, saved_random_model
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +57,9 @@ def test_the_hubs_config_keys(saved: tuple[Path, Any]) -> None:
     from troupe.gpu.pp_stage import PPStage
 
     with pytest.raises(ModelLoadError, match="exaone: pipeline parallelism"):
-        PPStageModel(PPStage.of(config, 0, 2, None), config, None, torch.float32, torch.device("cpu"), 64)  # type: ignore[arg-type]
+        PPStageModel(
+            PPStage.of(config, 0, 2, None), config, None, torch.float32, torch.device("cpu"), 64
+        )  # type: ignore[arg-type]
 
 
 def test_names_read_as_llamas() -> None:

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.gpu.family_checks import TINY, assert_greedy_matches, saved_family
+from tests.gpu.family_checks import TINY, assert_edit_matters, assert_greedy_matches, saved_family
 
 SETTINGS = {
     **TINY,
@@ -49,15 +49,10 @@ def test_cuda_kernels_match_hf(saved: tuple[Path, Any]) -> None:
 
 
 def test_the_correction_bias_is_read(saved: tuple[Path, Any], tmp_path: Path) -> None:
-    from safetensors.torch import load_file, save_file
+    def zeroed(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {k: torch.zeros_like(v) if "correction_bias" in k else v for k, v in tensors.items()}
 
-    folder, hf_model = saved
-    (tmp_path / "config.json").write_text((folder / "config.json").read_text())
-    tensors = load_file(folder / "model.safetensors")
-    zeroed = {k: torch.zeros_like(v) if "correction_bias" in k else v for k, v in tensors.items()}
-    save_file(zeroed, tmp_path / "model.safetensors")
-    with pytest.raises(AssertionError):
-        assert_greedy_matches(tmp_path, hf_model)
+    assert_edit_matters(*saved, tmp_path, zeroed)
 
 
 def test_the_config(saved: tuple[Path, Any]) -> None:
