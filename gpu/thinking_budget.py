@@ -83,6 +83,7 @@ def forced_token(
     if num < budget.budget:  # fewer tokens than the budget: none thought past it
         return None
     scan = ThinkingScan() if scan is None else scan
+    settled = min(settled, num)
     if settled < scan.upto:  # never so where every rewrite forgets; read all again
         scan.forget()
     if settled > scan.upto:
