@@ -23,6 +23,8 @@ qwen2moe  Qwen2's attention (q/k/v biases) over experts in every layer, as qwen3
         shared expert (ffn_{gate,up,down}_shexp, expert_shared_feed_forward_length) with its
         gate (ffn_gate_inp_shexp, a vector: HF's [1, hidden]); the top-k not renormalised
         (Qwen2-MoE's norm_topk_prob is off)
+starcoder2  StarCoder2: biased LayerNorms (attention.layer_norm_epsilon) and biases on every
+        projection, the MLP without a gate (ffn_up / ffn_down: HF's c_fc / c_proj)
 phi3    Phi-3 / Phi-3.5 / Phi-4-mini: q|k|v fused (attn_qkv) and gate|up fused (ffn_up, twice
         feed_forward_length rows), read as HF's fused names, which the loader splits; a window
         from attention.sliding_window; rotary over rope.dimension_count of each head (Phi-4-mini
@@ -40,6 +42,7 @@ TOP_LEVEL = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
+    "output_norm.bias": "model.norm.bias",  # StarCoder2's
 }
 _LLAMA_LAYER = {
     "attn_norm.weight": "input_layernorm.weight",
@@ -97,15 +100,30 @@ _QWEN2MOE_LAYER = {
     **_QWEN2_LAYER,
     "ffn_gate_inp.weight": "mlp.gate.weight",
     "ffn_gate_inp_shexp.weight": "mlp.shared_expert_gate.weight",
-    **{f"ffn_{p}_shexp.weight": f"mlp.shared_expert.{p}_proj.weight" for p in ("gate", "up", "down")},
+    **{
+        f"ffn_{p}_shexp.weight": f"mlp.shared_expert.{p}_proj.weight"
+        for p in ("gate", "up", "down")
+    },
 }
 _PHI3_LAYER = {
     **_LLAMA_LAYER,
     "attn_qkv.weight": "self_attn.qkv_proj.weight",
     "ffn_up.weight": "mlp.gate_up_proj.weight",  # gate | up: no separate ffn_gate
 }
+_STARCODER2_LAYER = {
+    **{f"attn_norm.{p}": f"input_layernorm.{p}" for p in ("weight", "bias")},
+    **{f"ffn_norm.{p}": f"post_attention_layernorm.{p}" for p in ("weight", "bias")},
+    **{
+        f"attn_{g}.{p}": f"self_attn.{h}_proj.{p}"
+        for g, h in zip(("q", "k", "v", "output"), "qkvo", strict=True)
+        for p in ("weight", "bias")
+    },
+    **{f"ffn_up.{p}": f"mlp.c_fc.{p}" for p in ("weight", "bias")},
+    **{f"ffn_down.{p}": f"mlp.c_proj.{p}" for p in ("weight", "bias")},
+}
 PER_LAYER = {
     "llama": _LLAMA_LAYER,
+    "starcoder2": _STARCODER2_LAYER,
     "phi3": _PHI3_LAYER,
     "gemma2": _GEMMA2_LAYER,
     "gemma3": _GEMMA3_LAYER,
@@ -124,6 +142,7 @@ HF_CONFIG_ARCHS = {
     "qwen3moe": "qwen3_moe",
     "qwen2moe": "qwen2_moe",
     "phi3": "phi3",
+    "starcoder2": "starcoder2",
 }
 MERGED_EXPERT_ARCHS = ("deepseek2", "qwen3moe", "qwen2moe")  # ffn_*_exps split per expert at load
 _GEMMAS = ("gemma2", "gemma3")  # norms stored as 1 + w
@@ -148,8 +167,8 @@ def norm_offset(name: str, arch: str) -> float:
 
 
 def hf_config(fields: dict[str, Any], arch: str, *, has_output_weight: bool) -> dict[str, Any]:
-    """An HF config.json dict of a Gemma 2, Gemma 3 text, Qwen2, Qwen3, Qwen2-MoE, Qwen3-MoE or
-    Phi-3 model from GGUF metadata."""
+    """An HF config.json dict of a Gemma 2, Gemma 3 text, Qwen2, Qwen3, Qwen2-MoE, Qwen3-MoE,
+    Phi-3 or StarCoder2 model from GGUF metadata."""
 
     def need(key: str) -> Any:
         if f"{arch}.{key}" not in fields:
@@ -174,7 +193,9 @@ def hf_config(fields: dict[str, Any], arch: str, *, has_output_weight: bool) -> 
         "vocab_size": len(fields.get("tokenizer.ggml.tokens", ())) or int(need("vocab_size")),
         "rms_norm_eps": float(fields.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
         "rope_theta": float(
-            fields.get(f"{arch}.rope.freq_base", 10_000.0 if arch in ("gemma2", "phi3") else 1e6)
+            fields.get(
+                f"{arch}.rope.freq_base", 1e4 if arch in ("gemma2", "phi3", "starcoder2") else 1e6
+            )
         ),
         "max_position_embeddings": int(fields.get(f"{arch}.context_length", 32768)),
         "tie_word_embeddings": not has_output_weight,
@@ -205,6 +226,8 @@ def hf_config(fields: dict[str, Any], arch: str, *, has_output_weight: bool) -> 
             "moe_intermediate_size": int(need("expert_feed_forward_length")),
             "norm_topk_prob": arch == "qwen3moe",
         }
+    if arch == "starcoder2":  # its LayerNorms' eps, under its own key
+        cfg["norm_epsilon"] = float(fields.get(f"{arch}.attention.layer_norm_epsilon", 1e-5))
     if arch == "qwen2moe":
         shared = int(fields.get(f"{arch}.expert_shared_feed_forward_length", 0))
         cfg["shared_expert_intermediate_size"] = shared
