@@ -25,6 +25,10 @@ qwen2moe  Qwen2's attention (q/k/v biases) over experts in every layer, as qwen3
         (Qwen2-MoE's norm_topk_prob is off)
 starcoder2  StarCoder2: biased LayerNorms (attention.layer_norm_epsilon) and biases on every
         projection, the MLP without a gate (ffn_up / ffn_down: HF's c_fc / c_proj)
+nemotron  Nemotron (Minitron): StarCoder2's layout under Llama's names, its LayerNorm1P weights
+        stored with their 1 added (llama.cpp's converter adds it; loading takes it off, as for
+        Gemma's norms), rotary over rope.dimension_count of each head (HF's default is half);
+        the biases as the file has them (gguf_weights.read_gguf_config)
 phi3    Phi-3 / Phi-3.5 / Phi-4-mini: q|k|v fused (attn_qkv) and gate|up fused (ffn_up, twice
         feed_forward_length rows), read as HF's fused names, which the loader splits; a window
         from attention.sliding_window; rotary over rope.dimension_count of each head (Phi-4-mini
@@ -121,9 +125,15 @@ _STARCODER2_LAYER = {
     **{f"ffn_up.{p}": f"mlp.c_fc.{p}" for p in ("weight", "bias")},
     **{f"ffn_down.{p}": f"mlp.c_proj.{p}" for p in ("weight", "bias")},
 }
+_NEMOTRON_LAYER = {
+    **_STARCODER2_LAYER,
+    **{f"ffn_up.{p}": f"mlp.up_proj.{p}" for p in ("weight", "bias")},
+    **{f"ffn_down.{p}": f"mlp.down_proj.{p}" for p in ("weight", "bias")},
+}
 PER_LAYER = {
     "llama": _LLAMA_LAYER,
     "starcoder2": _STARCODER2_LAYER,
+    "nemotron": _NEMOTRON_LAYER,
     "phi3": _PHI3_LAYER,
     "gemma2": _GEMMA2_LAYER,
     "gemma3": _GEMMA3_LAYER,
@@ -143,9 +153,11 @@ HF_CONFIG_ARCHS = {
     "qwen2moe": "qwen2_moe",
     "phi3": "phi3",
     "starcoder2": "starcoder2",
+    "nemotron": "nemotron",
 }
 MERGED_EXPERT_ARCHS = ("deepseek2", "qwen3moe", "qwen2moe")  # ffn_*_exps split per expert at load
 _GEMMAS = ("gemma2", "gemma3")  # norms stored as 1 + w
+_ONE_ADDED = (*_GEMMAS, "nemotron")  # norm weights stored with the 1 their norm adds
 ARCHITECTURES = tuple(PER_LAYER)
 
 
@@ -162,13 +174,14 @@ def hf_name(name: str, arch: str) -> str | None:
 
 
 def norm_offset(name: str, arch: str) -> float:
-    """What to add to a tensor as stored to get HF's weight (Gemma's norms: -1)."""
-    return -1.0 if arch in _GEMMAS and name.endswith("norm.weight") else 0.0
+    """What to add to a tensor as stored to get HF's weight (Gemma's and Nemotron's norms:
+    -1)."""
+    return -1.0 if arch in _ONE_ADDED and name.endswith("norm.weight") else 0.0
 
 
 def hf_config(fields: dict[str, Any], arch: str, *, has_output_weight: bool) -> dict[str, Any]:
     """An HF config.json dict of a Gemma 2, Gemma 3 text, Qwen2, Qwen3, Qwen2-MoE, Qwen3-MoE,
-    Phi-3 or StarCoder2 model from GGUF metadata."""
+    Phi-3, StarCoder2 or Nemotron model from GGUF metadata."""
 
     def need(key: str) -> Any:
         if f"{arch}.{key}" not in fields:
@@ -194,7 +207,8 @@ def hf_config(fields: dict[str, Any], arch: str, *, has_output_weight: bool) -> 
         "rms_norm_eps": float(fields.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
         "rope_theta": float(
             fields.get(
-                f"{arch}.rope.freq_base", 1e4 if arch in ("gemma2", "phi3", "starcoder2") else 1e6
+                f"{arch}.rope.freq_base",
+                1e4 if arch in ("gemma2", "phi3", "starcoder2", "nemotron") else 1e6,
             )
         ),
         "max_position_embeddings": int(fields.get(f"{arch}.context_length", 32768)),
@@ -205,7 +219,7 @@ def hf_config(fields: dict[str, Any], arch: str, *, has_output_weight: bool) -> 
     if window and (gemma or arch == "phi3"):
         cfg["sliding_window"] = int(window)
     rotary = fields.get(f"{arch}.rope.dimension_count")
-    if arch == "phi3" and rotary and int(rotary) != head_dim:
+    if (arch == "phi3" and rotary and int(rotary) != head_dim) or (arch == "nemotron" and rotary):
         cfg["partial_rotary_factor"] = int(rotary) / head_dim
     if arch == "phi3" and f"{arch}.rope.scaling.original_context_length" in fields:
         original = fields[f"{arch}.rope.scaling.original_context_length"]
@@ -226,8 +240,9 @@ def hf_config(fields: dict[str, Any], arch: str, *, has_output_weight: bool) -> 
             "moe_intermediate_size": int(need("expert_feed_forward_length")),
             "norm_topk_prob": arch == "qwen3moe",
         }
-    if arch == "starcoder2":  # its LayerNorms' eps, under its own key
-        cfg["norm_epsilon"] = float(fields.get(f"{arch}.attention.layer_norm_epsilon", 1e-5))
+    if arch in ("starcoder2", "nemotron"):  # their LayerNorms' eps, under their own keys
+        eps = float(fields.get(f"{arch}.attention.layer_norm_epsilon", 1e-5))
+        cfg["norm_eps" if arch == "nemotron" else "norm_epsilon"] = eps
     if arch == "qwen2moe":
         shared = int(fields.get(f"{arch}.expert_shared_feed_forward_length", 0))
         cfg["shared_expert_intermediate_size"] = shared

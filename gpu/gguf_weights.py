@@ -59,6 +59,9 @@ def read_gguf_config(path: Path) -> ModelConfig:
         cfg = hf_config(fields, arch, has_output_weight="output.weight" in names)
         if "rope_factors_long.weight" in names:  # Phi-3's long-context scaling
             cfg["rope_scaling"] = _longrope(path, infos)
+        if arch == "nemotron":  # its bias flags: what the file has
+            cfg["attention_bias"] = "blk.0.attn_q.bias" in names
+            cfg["mlp_bias"] = "blk.0.ffn_up.bias" in names
         return ModelConfig.from_hf_dict(cfg)
     if _arch(path) == "deepseek2":
         cfg = deepseek2_hf_config(fields, has_output_weight="output.weight" in names)
@@ -204,12 +207,17 @@ def iter_gguf_tensors(
 
 
 def iter_gguf_quantized(path: Path, config: ModelConfig) -> Iterator[tuple[str, QuantBlocks]]:
-    """(HF name, blocks as shipped) for every 2-D tensor in a form gguf_quant.py keeps."""
+    """(HF name, blocks as shipped) for every 2-D tensor in a form gguf_quant.py keeps; not q
+    and k where their dims are reordered for a partial rotary (Phi-4-mini's, Nemotron's): those
+    the loader expands."""
     _, infos = _read(path)
     arch = _arch(path)
+    reordered = ("attn_q.weight", "attn_k.weight", "attn_qkv.weight")
     for info in infos:
         name = hf_name(info.name, arch)
         if name is None or info.ggml_type not in BLOCK_BYTES or len(info.shape) != 2:
+            continue
+        if config.head_order is not None and any(rest_is(info.name, r) for r in reordered):
             continue
         block, type_size = BLOCK_BYTES[info.ggml_type]
         if info.shape[1] % block:
