@@ -44,15 +44,16 @@ model's thinking, written between `<think>` and `</think>`, goes to the chat ans
                  troupe keeps the streamed rule for both, so the two agree
 
 The tags are matched in text, so a tag split over several deltas (or several tokens) is held
-back until it is whole; nothing else is held.
+back until it is whole; nothing else is held (but what gateway/answer_tags.py holds of an
+answer's own tags).
 
 Structured output (and tool calls, which are structured output) constrains only the content:
 `constraint_reasoning` says where the thinking goes in the grammar (StructuredOutputs.
 reasoning), so the model thinks freely and the content alone follows the schema. The grammar
-writes the thinking between `<think>` tags, so the parsers with other tags (mistral, granite,
-seed_oss)
-constrain a structured answer from its first token (no thinking); openai_gptoss's, the final
-channel's body after any analysis messages (StructuredOutputs.reasoning "harmony").
+writes the thinking between `<think>` tags, so the parsers with other tags or with tags
+around the answer (mistral, granite, seed_oss, apertus, hunyuan_a13b, ernie45) constrain a
+structured answer from its first token (no thinking); openai_gptoss's, the final channel's
+body after any analysis messages (StructuredOutputs.reasoning "harmony").
 """
 
 from __future__ import annotations
