@@ -4,6 +4,7 @@ it."""
 
 from __future__ import annotations
 
+from importlib import import_module
 from typing import TYPE_CHECKING
 
 from troupe.gpu.hf_families import COHERE_TYPES
@@ -13,10 +14,29 @@ if TYPE_CHECKING:
     from troupe.gpu.models import DecoderLayer
 
 
+# model_type -> (module under troupe.gpu, class): the families whose every layer is their own
+_FAMILY_LAYERS: dict[str, tuple[str, str]] = {
+    "olmo2": ("olmo2_layer", "Olmo2Layer"),
+    "olmo3": ("olmo2_layer", "Olmo2Layer"),
+    "exaone4": ("olmo2_layer", "Olmo2Layer"),
+    "olmoe": ("olmo2_layer", "OlmoeLayer"),  # MoeLayer under OLMo's q / k norms
+    "gpt_oss": ("gpt_oss_layer", "GptOssLayer"),
+    **{model_type: ("cohere_layer", "CohereLayer") for model_type in COHERE_TYPES},
+    "hunyuan_v1_dense": ("hunyuan_layer", "HunyuanLayer"),
+    "hunyuan_v1_moe": ("hunyuan_layer", "HunyuanMoeLayer"),
+    "starcoder2": ("starcoder2_layer", "Starcoder2Layer"),
+    "nemotron": ("starcoder2_layer", "NemotronLayer"),
+    "apertus": ("apertus_layer", "ApertusLayer"),
+    "arcee": ("starcoder2_layer", "UngatedMlpLayer"),  # Llama's, Nemotron's MLP
+    "minimax_m2": ("minimax_m2_layer", "MiniMaxM2Layer"),
+    "glm4": ("glm4_layer", "Glm4Layer"),
+}
+
+
 def layer_class(config: ModelConfig, layer: int) -> type[DecoderLayer]:
-    """The module of one layer: the Gemmas', DeepSeek's MLA layer (gpu/mla_layer.py), OLMo 2's
-    and OLMoE's (gpu/olmo2_layer.py), Cohere's (gpu/cohere_layer.py), StarCoder2's and
-    Nemotron's, Arcee's, Apertus's, HunYuan's (dense and MoE), MiniMax-M2's, an MoE layer (gpu/moe_layer.py) or the plain one."""
+    """The module of one layer: the Gemmas', DeepSeek's MLA layer (gpu/mla_layer.py), a
+    family's own (_FAMILY_LAYERS: OLMo 2's, Cohere's, StarCoder2's, HunYuan's, MiniMax-M2's,
+    ...), an MoE layer (gpu/moe_layer.py, gpu/grouped_moe_layer.py) or the plain one."""
     if config.mla is not None:
         from troupe.gpu.mla_layer import MlaLayer
 
@@ -25,54 +45,11 @@ def layer_class(config: ModelConfig, layer: int) -> type[DecoderLayer]:
         from troupe.gpu.gemma3_layer import Gemma3Layer  # they subclass DecoderLayer
 
         return Gemma3Layer
-    if config.model_type in ("olmo2", "olmo3", "exaone4"):
-        from troupe.gpu.olmo2_layer import Olmo2Layer
-
-        return Olmo2Layer
-    if config.model_type == "olmoe":
-        from troupe.gpu.olmo2_layer import OlmoeLayer  # MoeLayer under OLMo's q / k norms
-
-        return OlmoeLayer
-    if config.model_type == "gpt_oss":
-        from troupe.gpu.gpt_oss_layer import GptOssLayer
-
-        return GptOssLayer
-    if config.model_type in COHERE_TYPES:
-        from troupe.gpu.cohere_layer import CohereLayer
-
-        return CohereLayer
-    if config.model_type == "hunyuan_v1_dense":
-        from troupe.gpu.hunyuan_layer import HunyuanLayer
-
-        return HunyuanLayer
-    if config.model_type == "hunyuan_v1_moe":
-        from troupe.gpu.hunyuan_layer import HunyuanMoeLayer
-
-        return HunyuanMoeLayer
-    if config.model_type == "starcoder2":
-        from troupe.gpu.starcoder2_layer import Starcoder2Layer
-
-        return Starcoder2Layer
-    if config.model_type == "nemotron":
-        from troupe.gpu.starcoder2_layer import NemotronLayer
-
-        return NemotronLayer
-    if config.model_type == "apertus":
-        from troupe.gpu.apertus_layer import ApertusLayer
-
-        return ApertusLayer
-    if config.model_type == "arcee":
-        from troupe.gpu.starcoder2_layer import UngatedMlpLayer  # Llama's, Nemotron's MLP
-
-        return UngatedMlpLayer
-    if config.model_type == "minimax_m2":
-        from troupe.gpu.minimax_m2_layer import MiniMaxM2Layer
-
-        return MiniMaxM2Layer
-    if config.model_type == "glm4":
-        from troupe.gpu.glm4_layer import Glm4Layer
-
-        return Glm4Layer
+    family = _FAMILY_LAYERS.get(config.model_type)
+    if family is not None:
+        module, name = family
+        found: type[DecoderLayer] = getattr(import_module(f"troupe.gpu.{module}"), name)
+        return found
     if config.is_sparse(layer) and config.moe is not None and config.moe.routing is not None:
         from troupe.gpu.grouped_moe_layer import GroupedMoeLayer  # GLM-4.5's, dots.llm1's
 

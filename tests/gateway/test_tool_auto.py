@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from troupe.gateway.tool_auto import AutoToolStream, parse_calls, template_tool_parser
+from troupe.gateway.tool_auto import TOOL_PARSERS, AutoToolStream, parse_calls, template_tool_parser
 
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 TWO = (
@@ -79,3 +79,18 @@ def test_stream_gives_the_held_text_back_when_no_call_parses() -> None:
         assert sent + rest == text and calls == []
     plain = AutoToolStream(NAMES)
     assert plain.delta("a < b") == "a < b"  # "<" alone is held only while it could be a tag
+
+
+def test_parser_names_listed() -> None:
+    assert set(TOOL_PARSERS) >= {"mistral", "pythonic", "qwen3_coder", "deepseek_v3", "granite"}
+    assert {"kimi_k2", "glm45"} <= set(TOOL_PARSERS)
+
+
+def test_an_unknown_parser_is_refused_naming_the_choices() -> None:
+    from troupe.config import ConfigError
+    from troupe.gateway.state import GatewaySettings
+
+    with pytest.raises(ConfigError, match=r"tool_call_parser must be one of .*qwen3_coder"):
+        GatewaySettings(tool_call_parser="xlam")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"reasoning_parser must be one of .*mistral, granite"):
+        GatewaySettings(reasoning_parser="gpt_oss")  # type: ignore[arg-type]

@@ -10,7 +10,7 @@ import re
 from typing import Any
 
 import pytest
-from troupe.gateway.tool_auto import TOOL_PARSERS, auto_tool_stream, parse_auto_calls
+from troupe.gateway.tool_auto import auto_tool_stream, parse_auto_calls
 from troupe.gateway.tool_qwen3_coder import typed_value
 
 from tests.gateway.tool_specs import function_tool
@@ -397,18 +397,3 @@ def test_cut_short_is_text() -> None:
 )
 def test_qwen3_coder_values_typed_by_schema(raw: str, schema: Any, value: Any) -> None:
     assert typed_value(raw, schema) == value
-
-
-def test_parser_names_listed() -> None:
-    assert set(TOOL_PARSERS) >= {"mistral", "pythonic", "qwen3_coder", "deepseek_v3", "granite"}
-    assert {"kimi_k2", "glm45"} <= set(TOOL_PARSERS)
-
-
-def test_an_unknown_parser_is_refused_naming_the_choices() -> None:
-    from troupe.config import ConfigError
-    from troupe.gateway.state import GatewaySettings
-
-    with pytest.raises(ConfigError, match=r"tool_call_parser must be one of .*qwen3_coder"):
-        GatewaySettings(tool_call_parser="xlam")  # type: ignore[arg-type]
-    with pytest.raises(ConfigError, match=r"reasoning_parser must be one of .*mistral, granite"):
-        GatewaySettings(reasoning_parser="gpt_oss")  # type: ignore[arg-type]
