@@ -12,12 +12,13 @@ from troupe.config_checks import ConfigError as ConfigError  # its home; importe
 from troupe.config_checks import (
     check_chat_template,
     check_disaggregation,
-    check_draft_source,
     check_generation_config,
     check_lora,
     check_prompt_embeds,
+    check_speculative,
     template_defaults_json,
 )
+from troupe.config_checks import check_positive as _positive
 from troupe.config_pipeline import check_pipeline
 from troupe.kernels.ops import KernelBackend
 
@@ -28,7 +29,6 @@ from troupe.model_path import default_model_path as default_model_path
 from troupe.model_path import resolve_model_path as resolve_model_path
 from troupe.policies.preemption import PREEMPTION_POLICIES
 from troupe.policies.queue import QUEUE_POLICIES
-from troupe.speculators_format import resolve_speculative_tokens
 
 # Fields named by a registry key (policies/): a new policy needs no edit here (field_choices).
 NAMED_BY_REGISTRY: dict[str, Mapping[str, object]] = {
@@ -229,6 +229,11 @@ class EngineConfig:
     # vLLM's --enable-prompt-embeds: a request may give input embeddings instead of a prompt
     # (messages/prompt_embeds.py); off, such a request is refused naming this flag
     enable_prompt_embeds: bool = False
+    # images a prompt may carry (vLLM's --limit-mm-per-prompt's "image"), for a checkpoint
+    # with a vision encoder (messages/images.py); 0: images refused. And the largest image,
+    # width x height, the tokenizer decodes (a guard against decompression bombs)
+    limit_images_per_prompt: int = 8
+    max_image_pixels: int = 40_000_000
     # where Engine.start_profile / stop_profile (POST /start_profile, /stop_profile) write the
     # torch profiler's traces of the executor's steps; None: profiling is off
     profiler_dir: str | None = None
@@ -268,11 +273,11 @@ class EngineConfig:
                 "long_prefill_token_threshold must be an integer >= 0, "
                 f"got {self.long_prefill_token_threshold!r}"
             )
-        for name in ("streaming_window", "sink_tokens"):
+        for name in ("streaming_window", "sink_tokens", "limit_images_per_prompt"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 0:
                 raise ConfigError(f"{name} must be an integer >= 0, got {value!r}")
-        _positive(self, "streaming_max_len")
+        _positive(self, "streaming_max_len", "max_image_pixels")
         if self.num_cpu_blocks is not None and self.num_cpu_blocks < 0:
             raise ConfigError(f"num_cpu_blocks must be >= 0, got {self.num_cpu_blocks}")
         if self.step_timeout_s is not None and not self.step_timeout_s > 0:
@@ -300,7 +305,7 @@ class EngineConfig:
             if (value := getattr(self, name)) not in allowed:
                 names = ", ".join(a for a in allowed if a is not None)
                 raise ConfigError(f"{name} must be one of {names}; got {value!r}")
-        self._check_speculative()
+        check_speculative(self)
         if self.disaggregation != "none":
             check_disaggregation(self)
         if isinstance(self.lora_modules, list):  # from JSON (a trace's config, ops/replay.py)
@@ -313,39 +318,6 @@ class EngineConfig:
             raise ConfigError(
                 f"enable_overlap_schedule must be a bool, got {self.enable_overlap_schedule!r}"
             )
-
-    def _check_speculative(self) -> None:
-        k = resolve_speculative_tokens(
-            self.num_speculative_tokens, self.speculative_method, self.draft_model
-        )  # an int from here on (speculators_format.py)
-        object.__setattr__(self, "num_speculative_tokens", k)
-        _positive(
-            self,
-            "prompt_lookup_min",
-            "prompt_lookup_max",
-            "speculative_backoff_steps",
-            "speculative_step_fixed_tokens",
-        )
-        if self.prompt_lookup_min > self.prompt_lookup_max:
-            raise ConfigError(
-                f"prompt_lookup_min ({self.prompt_lookup_min}) must be <= prompt_lookup_max "
-                f"({self.prompt_lookup_max})"
-            )
-        size = self.speculative_disable_by_batch_size
-        if size is not None and (not isinstance(size, int) or size < 1):
-            raise ConfigError(
-                f"speculative_disable_by_batch_size must be an integer >= 1 or None, got {size!r}"
-            )
-        for name in ("speculative_verify_overhead", "speculative_draft_overhead"):
-            value = getattr(self, name)
-            if not isinstance(value, int | float) or not 0.0 <= value <= 100.0:
-                raise ConfigError(f"{name} must be a number in [0, 100], got {value!r}")
-        if not 0.0 <= self.speculative_min_acceptance <= 1.0:
-            raise ConfigError(
-                "speculative_min_acceptance must be in [0, 1], "
-                f"got {self.speculative_min_acceptance!r}"
-            )
-        check_draft_source(self)
 
     @property
     def executor_proposes(self) -> bool:
@@ -375,13 +347,6 @@ class EngineConfig:
 
     def replace(self, **changes: object) -> EngineConfig:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
-
-
-def _positive(config: EngineConfig, *names: str) -> None:
-    for name in names:
-        value = getattr(config, name)
-        if not isinstance(value, int) or value < 1:
-            raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
 
 
 def field_choices() -> dict[str, tuple[str | None, ...]]:

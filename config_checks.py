@@ -56,6 +56,52 @@ def check_disaggregation(config: EngineConfig) -> None:
             raise ConfigError(f"{name} must be an integer >= 0, got {value!r}")
 
 
+def check_positive(config: EngineConfig, *names: str) -> None:
+    """Each named field is an integer >= 1."""
+    for name in names:
+        value = getattr(config, name)
+        if not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
+
+
+def check_speculative(config: EngineConfig) -> None:
+    """The speculative-decoding fields: num_speculative_tokens resolved to an int, counts,
+    overheads and rates in range, the draft's source."""
+    from troupe.speculators_format import resolve_speculative_tokens  # it imports this module
+
+    k = resolve_speculative_tokens(
+        config.num_speculative_tokens, config.speculative_method, config.draft_model
+    )  # an int from here on (speculators_format.py)
+    object.__setattr__(config, "num_speculative_tokens", k)
+    check_positive(
+        config,
+        "prompt_lookup_min",
+        "prompt_lookup_max",
+        "speculative_backoff_steps",
+        "speculative_step_fixed_tokens",
+    )
+    if config.prompt_lookup_min > config.prompt_lookup_max:
+        raise ConfigError(
+            f"prompt_lookup_min ({config.prompt_lookup_min}) must be <= prompt_lookup_max "
+            f"({config.prompt_lookup_max})"
+        )
+    size = config.speculative_disable_by_batch_size
+    if size is not None and (not isinstance(size, int) or size < 1):
+        raise ConfigError(
+            f"speculative_disable_by_batch_size must be an integer >= 1 or None, got {size!r}"
+        )
+    for name in ("speculative_verify_overhead", "speculative_draft_overhead"):
+        value = getattr(config, name)
+        if not isinstance(value, int | float) or not 0.0 <= value <= 100.0:
+            raise ConfigError(f"{name} must be a number in [0, 100], got {value!r}")
+    if not 0.0 <= config.speculative_min_acceptance <= 1.0:
+        raise ConfigError(
+            "speculative_min_acceptance must be in [0, 1], "
+            f"got {config.speculative_min_acceptance!r}"
+        )
+    check_draft_source(config)
+
+
 def check_draft_source(config: EngineConfig) -> None:
     """ConfigError when draft_model and speculative_method do not go together: "draft_model"
     and "eagle"/"eagle3" need draft_model (a draft model; an EAGLE head's folder), the others

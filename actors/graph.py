@@ -9,6 +9,7 @@ import functools
 import mmap
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from troupe.actors.core.admission import AdmissionCore, StreamingDefaults
@@ -21,6 +22,7 @@ from troupe.actors.core.grammar_compiler import (
     grammar_vocab,
 )
 from troupe.actors.core.phase_router import PhaseRouterCore
+from troupe.actors.core.prompt_images import PromptImages, image_tokens
 from troupe.actors.core.scheduler import SchedulerCore
 from troupe.actors.core.speculator import SpecSettings
 from troupe.actors.core.step_limits import StepLimits
@@ -28,7 +30,7 @@ from troupe.actors.core.streamer import StreamerCore
 from troupe.actors.core.tokenizer import TokenizerCore
 from troupe.actors.core.tokenizer_text import TextTokenizer
 from troupe.actors.grammar_process import GrammarProcess
-from troupe.config import EngineConfig, resolve_model_path
+from troupe.config import ConfigError, EngineConfig, resolve_model_path
 from troupe.gpu.runner import DrawsAhead, ReloadsWeights
 from troupe.messages.phase_router import Phase
 from troupe.messages.trace import RunnerNumbers
@@ -82,7 +84,34 @@ def build_tokenizer(g: GraphInputs) -> TokenizerCore:
         max_model_len=g.numbers.max_model_len,
         grammars=grammars,
         prompt_embeds_width=g.numbers.prompt_embeds_width,
+        images=prompt_images_for(g) if g.numbers.image_rows else None,
     )
+
+
+def prompt_images_for(g: GraphInputs) -> PromptImages:
+    """The tokenizer's reader of the model's images: its processor's preprocessing and
+    image tokens, read from the model folder (the runner said it takes images)."""
+    from troupe.actors.core.image_prep import read_image_prep
+    from troupe.gpu.vision_config import read_vision_config
+    from troupe.gpu.vision_load import read_wrapper
+
+    folder = Path(resolve_model_path(g.config.model))
+    wrapper = read_wrapper(folder)
+    vision = None if wrapper is None else read_vision_config(wrapper)
+    prep = read_image_prep(folder)
+    if wrapper is None or vision is None or prep is None:
+        raise ConfigError(
+            f"{folder}: the runner takes images, but the folder's config.json or "
+            "preprocessor_config.json describes none"
+        )
+    tokens = image_tokens(vision, wrapper, g.tokenizer.tokenizer.id_to_token)
+    if tokens.num_rows != g.numbers.image_rows:
+        raise ConfigError(
+            f"{folder}: the processor writes {tokens.num_rows} image tokens per "
+            f"image, the encoder makes {g.numbers.image_rows} rows"
+        )
+    config = g.config
+    return PromptImages(prep, tokens, config.limit_images_per_prompt, config.max_image_pixels)
 
 
 def build_grammar(g: GraphInputs) -> GrammarCore | GrammarProcess:

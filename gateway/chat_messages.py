@@ -1,7 +1,8 @@
 """Chat request messages (openai_bodies.Message) -> the engine's ChatMessages, or a named 400.
 
 The chat endpoint, the websocket and /tokenize take the same messages: text or text parts
-(joined a line apart, as vLLM joins them for a template that takes a string), an assistant's
+(joined a line apart, as vLLM joins them for a template that takes a string), image parts
+(`image_url` with a data URL: the parts then go to the template in order), an assistant's
 `tool_calls` with null content, a tool result's `tool_call_id`, a returned answer's
 `reasoning_content`. The rules of each role and the dicts the template gets
 are the engine's (actors/core/chat_messages.py); here a break of them is a 400 naming the
@@ -14,8 +15,9 @@ from typing import Any
 
 from troupe.actors.core.chat_messages import ChatMessageError, check_chat_messages
 from troupe.gateway.errors import invalid
+from troupe.gateway.image_urls import image_bytes
 from troupe.gateway.openai_bodies import ContentPart, Message, convert_field
-from troupe.messages import ChatMessage
+from troupe.messages import ChatMessage, ChatPart
 
 
 def decode_chat_messages(messages: Any) -> list[ChatMessage]:
@@ -39,9 +41,12 @@ def chat_messages(messages: list[Message]) -> list[ChatMessage]:
 
 
 def _chat_message(message: Message, where: str) -> ChatMessage:
-    content = message.content
+    content, parts = message.content, None
     if isinstance(content, list):
-        content = _joined(content, f"{where}.content")
+        parts = _parts(content, f"{where}.content")
+        content = "\n".join(p.text for p in parts if p.type == "text")
+        if all(p.type == "text" for p in parts):
+            parts = None  # text alone: the joined string, as before
     reasoning = message.reasoning or message.reasoning_content  # vLLM reads them in this order
     if reasoning is not None and message.role != "assistant":
         field = f"{where}.reasoning_content" if message.reasoning is None else f"{where}.reasoning"
@@ -53,16 +58,26 @@ def _chat_message(message: Message, where: str) -> ChatMessage:
         tool_call_id=message.tool_call_id,
         name=message.name,
         reasoning=reasoning,
+        parts=None if parts is None else tuple(parts),
     )
 
 
-def _joined(parts: list[ContentPart], where: str) -> str:
-    texts = []
+def _parts(parts: list[ContentPart], where: str) -> list[ChatPart]:
+    """Content parts -> ChatParts in order (a text-only list is joined a line apart, vLLM's
+    string form; the engine refuses images for a model that reads none, naming the part)."""
+    out = []
     for j, part in enumerate(parts):
         at = f"{where}[{j}]"
+        if part.type == "image_url":
+            image = part.image_url
+            if image is None:
+                raise invalid(f"{at}.image_url", f"{at}.image_url is missing")
+            url = image if isinstance(image, str) else image.url
+            out.append(ChatPart(type="image", image=image_bytes(url, f"{at}.image_url.url")))
+            continue
         if part.type != "text":
-            raise invalid(at, f"{at}: only text parts are supported")
+            raise invalid(f"{at}.type", f"{at}: only text and image_url parts are supported")
         if part.text is None:
             raise invalid(f"{at}.text", f"{at}.text must be a string")
-        texts.append(part.text)
-    return "\n".join(texts)  # vLLM's: parts a line apart, as a string-content template gets them
+        out.append(ChatPart(type="text", text=part.text))
+    return out

@@ -30,11 +30,21 @@ class StreamOptions(_Body, kw_only=True):
     continuous_usage_stats: bool | None = None  # vLLM's: usage on every chunk
 
 
+class ImageUrl(msgspec.Struct, kw_only=True):
+    """An image part's image: a data URL (gateway/image_urls.py); `detail` is accepted and
+    not read (the model's processor decides the resolution)."""
+
+    url: str
+    detail: str | None = None
+
+
 class ContentPart(msgspec.Struct, kw_only=True):
-    """One part of a message's content; only text parts are served (others named in a 400)."""
+    """One part of a message's content: text, or an image (for a model that reads images);
+    other types are named in a 400."""
 
     type: str
     text: str | None = None
+    image_url: ImageUrl | str | None = None
 
 
 class Message(_Body, kw_only=True):

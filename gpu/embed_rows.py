@@ -1,5 +1,6 @@
 """Input embeddings in place of token embeddings (SeqWork.prompt_embeds: an embeddings
-prompt's rows, EngineConfig.enable_prompt_embeds), from a step's flat rows to the model.
+prompt's rows, EngineConfig.enable_prompt_embeds; SeqWork.images: the rows a vision encoder
+makes of a prompt's images), from a step's flat rows to the model.
 
     plan.seqs:      A(decode)   B(chunk, rows 0..2 given)      C(chunk of a token prompt)
     flat rows:      0           1  2  3                         4  5
@@ -9,18 +10,41 @@ prompt's rows, EngineConfig.enable_prompt_embeds), from a step's flat rows to th
 
 Eagerly the rows are an index_copy (EagerRows); a mixed-step CUDA graph reads them from static
 buffers it captured, a mask and the values (GraphRows, gpu/mixed_graphs.py). The rows arrive in
-their own dtype and are cast to the model's here.
+their own dtype and are cast to the model's here. An image's rows are the vision encoder's
+(gpu/vision_encoder.py), run on the step's images when its rows are made (`values`): each
+distinct image once, the chunk's slice of its rows taken (an image a chunk boundary cuts is
+encoded by both chunks' steps).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Protocol
 
 import numpy as np
 import torch
-from troupe.messages import PromptEmbeds, SeqWork
+from troupe.messages import PromptEmbeds, PromptImage, SeqWork
 
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+class ImageEncoder(Protocol):
+    """What makes an image's rows: gpu/vision_encoder.VisionEncoder."""
+
+    def __call__(self, pixels: torch.Tensor) -> torch.Tensor: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageSlice:
+    """Rows first .. stop - 1 of an image's encoding, fed to one chunk's positions."""
+
+    image: PromptImage
+    first: int
+    stop: int
+
+    @property
+    def num_rows(self) -> int:
+        return self.stop - self.first
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,32 +52,74 @@ class StepEmbeds:
     """A step's flat rows fed input embeddings, and those embeddings in row order."""
 
     rows: np.ndarray  # int64 [R]
-    pieces: tuple[PromptEmbeds, ...]
+    pieces: tuple[PromptEmbeds | ImageSlice, ...]
 
     def shifted(self, offset: int) -> StepEmbeds:
         return StepEmbeds(self.rows + offset, self.pieces)
 
-    def values(self, dtype: torch.dtype) -> torch.Tensor:
-        """[R, hidden] on the host, in `dtype`."""
+    def values(
+        self, dtype: torch.dtype, device: torch.device, encoder: ImageEncoder | None = None
+    ) -> torch.Tensor:
+        """[R, hidden] on `device`, in `dtype` (images encoded by `encoder`)."""
+        encoded = _encoded(self.pieces, encoder, device)
         parts = [
-            torch.frombuffer(bytearray(p.data), dtype=TORCH_DTYPES[p.dtype])
+            encoded[p.image.digest][p.first : p.stop].to(dtype)
+            if isinstance(p, ImageSlice)
+            else torch.frombuffer(bytearray(p.data), dtype=TORCH_DTYPES[p.dtype])
             .view(p.num_rows, p.hidden_size)
-            .to(dtype)
+            .to(device=device, dtype=dtype)
             for p in self.pieces
         ]
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
+def _encoded(
+    pieces: tuple[PromptEmbeds | ImageSlice, ...],
+    encoder: ImageEncoder | None,
+    device: torch.device,
+) -> dict[str, torch.Tensor]:
+    """Each distinct image of `pieces` encoded, by digest; images of one size in one batch."""
+    images = {p.image.digest: p.image for p in pieces if isinstance(p, ImageSlice)}
+    if not images:
+        return {}
+    assert encoder is not None, "a step with images needs the model's vision encoder"
+    by_size: dict[tuple[int, int], list[PromptImage]] = {}
+    for image in images.values():
+        by_size.setdefault((image.height, image.width), []).append(image)
+    out: dict[str, torch.Tensor] = {}
+    for (height, width), group in by_size.items():
+        pixels = torch.stack(
+            [
+                torch.frombuffer(bytearray(i.pixels), dtype=torch.float32).view(3, height, width)
+                for i in group
+            ]
+        ).to(device)
+        for image, rows in zip(group, encoder(pixels), strict=True):
+            out[image.digest] = rows
+    return out
+
+
 def step_embeds(seqs: tuple[SeqWork, ...], query_start_loc: np.ndarray) -> StepEmbeds | None:
     """The rows of `seqs` (flat, as query_start_loc places them) that take input embeddings:
-    each SeqWork's first prompt_embeds.num_rows rows. None when no SeqWork has any."""
-    given = [(i, w.prompt_embeds) for i, w in enumerate(seqs) if w.prompt_embeds is not None]
-    if not given:
+    each SeqWork's first prompt_embeds.num_rows rows, and the rows of its images'
+    placeholders in its chunk. None when no SeqWork has any."""
+    rows: list[np.ndarray] = []
+    pieces: list[PromptEmbeds | ImageSlice] = []
+    for i, w in enumerate(seqs):
+        at = int(query_start_loc[i])
+        if w.prompt_embeds is not None:
+            rows.append(np.arange(w.prompt_embeds.num_rows, dtype=np.int64) + at)
+            pieces.append(w.prompt_embeds)
+        for image in w.images:  # the chunk holds positions start_pos .. start_pos + n - 1
+            first = max(0, w.start_pos - image.start)
+            stop = min(image.num_rows, w.start_pos + w.num_tokens - image.start)
+            if first < stop:
+                offset = at + image.start + first - w.start_pos
+                rows.append(np.arange(offset, offset + stop - first, dtype=np.int64))
+                pieces.append(ImageSlice(image, first, stop))
+    if not pieces:
         return None
-    rows = np.concatenate(
-        [np.arange(e.num_rows, dtype=np.int64) + int(query_start_loc[i]) for i, e in given]
-    )
-    return StepEmbeds(rows, tuple(e for _, e in given))
+    return StepEmbeds(np.concatenate(rows), tuple(pieces))
 
 
 def join_embeds(
@@ -71,9 +137,15 @@ def join_embeds(
 class EagerRows:
     """The step's embeddings on the device: the model's embedding rows with these replaced."""
 
-    def __init__(self, embeds: StepEmbeds, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(
+        self,
+        embeds: StepEmbeds,
+        dtype: torch.dtype,
+        device: torch.device,
+        encoder: ImageEncoder | None = None,
+    ) -> None:
         self.index = torch.from_numpy(embeds.rows).to(device)
-        self.values = embeds.values(dtype).to(device)
+        self.values = embeds.values(dtype, device, encoder)
 
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
         return hidden.index_copy(0, self.index, self.values)
@@ -105,7 +177,7 @@ class EmbedsBuffers:
         """The view a graph of `size` tokens captures."""
         return GraphRows(self.mask[:size], self.values[:size])
 
-    def fill(self, embeds: StepEmbeds | None) -> None:
+    def fill(self, embeds: StepEmbeds | None, encoder: ImageEncoder | None = None) -> None:
         """Set the step's rows (none: clear what an earlier step set)."""
         if self._is_set:
             self.mask.zero_()
@@ -114,7 +186,7 @@ class EmbedsBuffers:
             return
         device = self.values.device
         index = torch.from_numpy(embeds.rows).to(device)
-        self.values.index_copy_(0, index, embeds.values(self.values.dtype).to(device))
+        self.values.index_copy_(0, index, embeds.values(self.values.dtype, device, encoder))
         self.mask.index_fill_(0, index, True)
         self._is_set = True
 

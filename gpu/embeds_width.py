@@ -1,7 +1,8 @@
 """How wide the input-embedding rows a runner takes are (EngineConfig.enable_prompt_embeds):
 its model's hidden size, or 0 for a runner without a model of its own here (the fake runner,
-tensor-parallel ranks, a disaggregated pair), which takes none. Torch-free, so the engine reads
-it without loading torch for a fake runner."""
+tensor-parallel ranks, a disaggregated pair), which takes none; and how many rows its vision
+encoder makes of an image (0: it takes no images). Torch-free, so the engine reads them
+without loading torch for a fake runner."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from troupe.gpu.runner_wrapper import RunnerWrapper
 
 if TYPE_CHECKING:
     from troupe.gpu.model_config import ModelConfig
+    from troupe.gpu.models import DecoderModel
     from troupe.gpu.runner import Runner
 
 
@@ -19,6 +21,22 @@ class HasModelConfig(Protocol):
     """A runner that runs its model in this process (gpu/model_runner.ModelRunner)."""
 
     model_config: ModelConfig
+
+
+@runtime_checkable
+class HasModel(Protocol):
+    """A runner whose model lives in this process (gpu/model_runner.ModelRunner)."""
+
+    model: DecoderModel
+
+
+def image_rows(runner: Runner) -> int:
+    """The rows `runner`'s vision encoder makes of one image (0: it takes no images)."""
+    while isinstance(runner, RunnerWrapper):
+        runner = runner.inner
+    if isinstance(runner, HasModel) and runner.model.vision is not None:
+        return runner.model.vision.tokens_per_image
+    return 0
 
 
 def prompt_embeds_width(runner: Runner) -> int:

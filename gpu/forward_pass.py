@@ -155,7 +155,8 @@ class ForwardPass:
             ids = torch.cat([input_ids, rest])
         else:
             ids = input_ids
-        rows = None if inputs.embeds is None else EagerRows(inputs.embeds, self.model.dtype, device)
+        embeds, model = inputs.embeds, self.model
+        rows = None if embeds is None else EagerRows(embeds, model.dtype, device, model.vision)
         hidden: torch.Tensor = self.model(
             ids,
             host_to_device(inputs.positions, device),

@@ -205,7 +205,7 @@ class MixedGraphs:
         if input_ids is not None:
             self.input_ids[: len(input_ids)].copy_(input_ids)
         if self.embeds is not None:
-            self.embeds.fill(inputs.embeds)
+            self.embeds.fill(inputs.embeds, self.model.vision)
         self.graphs[size, rows, replay_form(self.model.lora)].replay()
         return self.logits[:num_logits]
 

@@ -27,6 +27,7 @@ from troupe.kernels.streaming_attention import rotate_queries, streaming_attenti
 if TYPE_CHECKING:
     from troupe.gpu.lora_runtime import LoraRuntime
     from troupe.gpu.target_hidden import TargetHidden
+    from troupe.gpu.vision_encoder import VisionEncoder
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
 
@@ -251,6 +252,8 @@ class DecoderModel(nn.Module):
             new_param(c.hidden_size, dtype=dtype, device=device) if c.norm_bias else None
         )
         self.lora: LoraRuntime | None = None  # LoRA adapters (gpu/lora_runtime.install_lora)
+        # a multimodal checkpoint's image encoder, when its images are served (gpu/vision_load)
+        self.vision: VisionEncoder | None = None
         # what an EAGLE head reads of every row (gpu/target_hidden.py)
         self.target_hidden: TargetHidden | None = None
         self.lm_head: Weight | None = (

@@ -183,6 +183,10 @@ def load_for_config(config: EngineConfig) -> LoadedRunner:
         Q4Options.from_config(config),
         config.hf_overrides,
     )
+    if config.limit_images_per_prompt and model_config.text_of is not None:
+        from troupe.gpu.vision_load import load_vision
+
+        model.vision = load_vision(Path(path), dtype, device)
     if device.type == "cpu":  # the load's temporaries: back to the OS (peak RSS)
         release_freed_heap()
     if config.lora_modules or config.enable_lora:  # before the memory profile: slots count
@@ -241,4 +245,6 @@ def load_for_config(config: EngineConfig) -> LoadedRunner:
         max_model_len=max_model_len,
         stream_len=stream_len,
     )
+    if model.vision is not None:  # image rows ride the input-embedding path (embed_rows.py)
+        options = dataclasses.replace(options, prompt_embeds=True)
     return LoadedRunner(model_config, model, options, draft)

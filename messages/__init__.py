@@ -44,6 +44,7 @@ from troupe.messages.events import (
 )
 from troupe.messages.executor import ExecutorInbox, SeqWork, StepPlan, TokenMasks
 from troupe.messages.grammar import ComputeMasks, GrammarInbox, GrammarRow, GrammarTokens
+from troupe.messages.images import ChatPart, PromptImage
 from troupe.messages.phase_router import Phase, PhaseRouterInbox, PhaseStepResult
 from troupe.messages.pooling import Pooled, Pooling
 from troupe.messages.prompt_embeds import PromptEmbeds
@@ -86,6 +87,7 @@ __all__ = [
     "AllocatorInbox",
     "CacheBlocks",
     "ChatMessage",
+    "ChatPart",
     "ChatPrompt",
     "ClientInbox",
     "ComputeMasks",
@@ -115,6 +117,7 @@ __all__ = [
     "Pooled",
     "Pooling",
     "PromptEmbeds",
+    "PromptImage",
     "PromptLogprobs",
     "RejectCode",
     "Rejected",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import msgspec
+from troupe.messages.images import PromptImage
 from troupe.messages.prompt_embeds import PromptEmbeds
 from troupe.messages.sampling import SamplingParams
 from troupe.messages.tokenizer import AbortRequest
@@ -15,6 +16,7 @@ class TokenizedRequest(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     arrival_time: float
     # an embeddings prompt's rows (its prompt_token_ids are placeholders), digest set
     prompt_embeds: PromptEmbeds | None = None
+    images: tuple[PromptImage, ...] = ()  # placeholders' images, in prompt order
 
 
 class RequestsEnded(msgspec.Struct, frozen=True, kw_only=True, tag=True):

@@ -6,6 +6,7 @@ import enum
 from typing import Literal
 
 import msgspec
+from troupe.messages.images import ChatPart
 
 
 class FinishReason(enum.StrEnum):
@@ -68,6 +69,9 @@ class ChatMessage(
     tool_call_id: str | None = None
     name: str | None = None
     reasoning: str | None = None
+    # content with images: its text and image parts in order (messages/images.py); `content`
+    # then holds the text parts alone, joined, for whatever reads a message as text
+    parts: tuple[ChatPart, ...] | None = None
 
 
 class ChatPrompt(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import msgspec
 from troupe.messages.engine_calls import UpdateWeights
+from troupe.messages.images import PromptImage
 from troupe.messages.profile_calls import StartProfile, StopProfile
 from troupe.messages.prompt_embeds import PromptEmbeds
 from troupe.messages.sampling import SamplingParams
@@ -59,6 +60,9 @@ class SeqWork(msgspec.Struct, frozen=True, gc=False):
     # An embeddings prompt (messages/prompt_embeds.py): the rows of the chunk's leading
     # positions (those before the prompt's end), fed in place of their token ids' embeddings
     prompt_embeds: PromptEmbeds | None = None
+    # The prompt's images whose placeholders the chunk holds (in part): the runner encodes
+    # each and feeds the rows of its placeholders in the chunk (messages/images.py)
+    images: tuple[PromptImage, ...] = ()
 
     @property
     def num_tokens(self) -> int:

@@ -17,6 +17,7 @@ from troupe.messages.engine_calls import (
     UpdateWeights,
     WeightsLoaded,
 )
+from troupe.messages.images import PromptImage
 from troupe.messages.pooling import Pooled
 from troupe.messages.profile_calls import ProfileReply, StartProfile, StopProfile
 from troupe.messages.prompt_embeds import PromptEmbeds
@@ -33,6 +34,7 @@ class AdmittedRequest(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     max_total_tokens: int  # prompt + max_tokens, capped by max_model_len
     # an embeddings prompt's rows, kept by the scheduler for every (re)computation of them
     prompt_embeds: PromptEmbeds | None = None
+    images: tuple[PromptImage, ...] = ()  # kept too: a recomputation encodes them again
 
 
 class StopRequests(msgspec.Struct, frozen=True, kw_only=True, tag=True):

@@ -68,6 +68,9 @@ class RunnerNumbers(msgspec.Struct, frozen=True, kw_only=True):
     # the hidden size of the input-embedding rows requests may give (EngineConfig.
     # enable_prompt_embeds); 0: refused
     prompt_embeds_width: int = 0
+    # the rows the runner's vision encoder makes of one image (messages/images.py); 0: the
+    # runner takes no images
+    image_rows: int = 0
     is_token_classifier: bool = False  # the labels are a *ForTokenClassification model's
 
 

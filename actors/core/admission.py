@@ -135,6 +135,7 @@ class AdmissionCore:
             arrival_time=req.arrival_time,
             max_total_tokens=min(num_prompt + req.params.max_tokens, limit),
             prompt_embeds=req.prompt_embeds,
+            images=req.images,
         )
         # Counted only once nothing can fail: a failed request holds no share of the limits.
         self._num_tokens[req.request_id] = num_prompt

@@ -24,7 +24,10 @@ renders here what it renders there:
 - an assistant's `reasoning` (the thinking an earlier turn returned as `reasoning_content`)
   goes in as both `reasoning` and `reasoning_content`, as vLLM passes it (Qwen3's template
   reads the latter), and as `thinking`, the name GPT-OSS's template reads (it renders a call
-  turn's thinking until a later answer, as vLLM's harmony rendering keeps it).
+  turn's thinking until a later answer, as vLLM's harmony rendering keeps it);
+- a message with images (`parts`) gets its content as a list of parts, `{"type": "image"}`
+  and `{"type": "text", "text": ...}` in order (vLLM's "openai" content format), which the
+  templates of image-taking models iterate to write each image's placeholder.
 """
 
 from __future__ import annotations
@@ -93,6 +96,11 @@ def template_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for i, message in enumerate(messages):
         entry: dict[str, Any] = {"role": message.role, "content": message.content or ""}
+        if message.parts is not None:  # with images: the parts in order, as vLLM passes them
+            entry["content"] = [
+                {"type": "image"} if part.type == "image" else {"type": "text", "text": part.text}
+                for part in message.parts
+            ]
         if message.role == "assistant":
             if message.tool_calls:
                 entry["tool_calls"] = [

@@ -9,6 +9,7 @@ from troupe.actors.core.request_state import Request, Status
 from troupe.actors.core.step_planner import StepPlanner
 from troupe.actors.core.step_work import Kind
 from troupe.messages.executor import SeqWork, StepPlan
+from troupe.messages.images import images_in
 from troupe.messages.scheduler import AllocationResult, RefusalReason
 
 InFlight = tuple[Request, int, bool]  # (request, its end position after the step, samples)
@@ -88,6 +89,7 @@ def build_plan(
         reads_hidden |= num_scored > 0 or pools
         embeds = req.embeds  # an embeddings prompt: the chunk's rows, cut from the kept whole
         rows = embeds.rows(start, min(end, prompt_len)) if embeds and start < prompt_len else None
+        images = images_in(req.images, start, end) if req.images and start < prompt_len else ()
         (verifications if w.draft else seqs).append(
             SeqWork(
                 request_id=req.request_id,
@@ -106,6 +108,7 @@ def build_plan(
                 after_chunk=tokens[end] if num_scored and end < prompt_len else -1,
                 pools=pools,
                 prompt_embeds=rows,
+                images=images,
             )
         )
         req.in_executor, req.needs_reset, req.draft = True, False, w.draft

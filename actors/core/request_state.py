@@ -11,6 +11,7 @@ from troupe.actors.core.ngram_proposer import NgramIndex
 from troupe.actors.core.step_work import Kind, Work
 from troupe.messages.common import FinishReason
 from troupe.messages.events import FailureCause
+from troupe.messages.images import PromptImage
 from troupe.messages.prompt_embeds import PromptEmbeds
 from troupe.messages.sampling import SamplingParams
 from troupe.messages.scheduler import AdmittedRequest
@@ -63,10 +64,13 @@ class Request:
     # An embeddings prompt: its rows, kept for every (re)computation of the prompt (plan_builder
     # cuts each chunk's share), and its prefix-cache namespace (embeds_check.cache_namespace)
     embeds: PromptEmbeds | None = None
+    images: tuple[PromptImage, ...] = ()  # its images, kept as the rows are (plan_builder)
     cache_namespace: str = field(init=False)
 
     def __post_init__(self) -> None:
-        self.cache_namespace = cache_namespace(self.params.cache_namespace, self.embeds)
+        self.cache_namespace = cache_namespace(
+            self.params.cache_namespace, self.embeds, self.images
+        )
         self.decode = Work(self, 1, Kind.RUN)  # made once: the common decode allocates nothing
 
     @classmethod
@@ -84,6 +88,7 @@ class Request:
             stream_window=params.streaming_window or 0,
             num_sink_tokens=(params.sink_tokens or 0) if params.is_streaming else 0,
             embeds=msg.prompt_embeds,
+            images=msg.images,
         )
 
     @property

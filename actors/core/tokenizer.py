@@ -33,6 +33,8 @@ from troupe.actors.core.chat_messages import ChatMessageError, template_messages
 from troupe.actors.core.chat_template import ChatTemplateError
 from troupe.actors.core.embeds_check import checked_embeds
 from troupe.actors.core.grammar_compiler import GrammarCompiler, GrammarError
+from troupe.actors.core.image_decode import ImageError
+from troupe.actors.core.prompt_images import PromptImages, ReadImage
 from troupe.actors.core.tokenizer_bound import shared_count_bound
 from troupe.actors.core.tokenizer_chunks import CHUNK_CHARS, ChunkedEncoder, LimitReached
 from troupe.actors.core.tokenizer_params import (
@@ -44,8 +46,10 @@ from troupe.actors.core.tokenizer_params import (
 from troupe.actors.core.tokenizer_text import TextTokenizer
 from troupe.messages import (
     AbortRequest,
+    ChatMessage,
     GenerateRequest,
     PromptEmbeds,
+    PromptImage,
     RejectCode,
     RequestFailed,
     RequestOpened,
@@ -69,6 +73,7 @@ class _Queued:
     field: str
     special: bool
     index: int
+    images: tuple[ReadImage, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +81,7 @@ class _Encoded:
     field: str
     ids: Sequence[int]
     embeds: PromptEmbeds | None = None  # an embeddings prompt: ids are its placeholders
+    images: tuple[ReadImage, ...] = ()
 
 
 class TokenizerCore:
@@ -89,13 +95,16 @@ class TokenizerCore:
         max_model_len: int | None = None,
         grammars: GrammarCompiler | None = None,
         prompt_embeds_width: int = 0,
+        images: PromptImages | None = None,
     ) -> None:
         """`vocab_size`: the model's (embedding rows) if it differs from the tokenizer's.
         `max_model_len`: prompts that surely reach it are rejected before tokenizing (None:
         admission alone judges lengths). `grammars`: compiles structured-output specs here, so
         a bad one is rejected at the edge, naming its field (None: structured output refused).
         `prompt_embeds_width`: the hidden size of the embeddings prompts the runner takes
-        (actors/core/embeds_check.py; 0: they are refused)."""
+        (actors/core/embeds_check.py; 0: they are refused). `images`: reads the image
+        parts of chat messages (actors/core/prompt_images.py; None: images are refused)."""
+        self._images = images
         self._embeds_width = prompt_embeds_width
         self._grammars = grammars
         self._tokenizer = tokenizer
@@ -175,7 +184,15 @@ class TokenizerCore:
             return [("streamer", _reject(req, field, f"{field} encodes to no tokens"))]
         keep = truncation_length(req.params, self._max_model_len)  # checked in _prepare
         embeds = result.embeds if isinstance(result, _Encoded) else None
-        return self._accept(req, tuple(ids if keep is None else ids[-keep:]), embeds)
+        kept = tuple(ids if keep is None else ids[-keep:])
+        images: tuple[PromptImage, ...] = ()
+        if result.images:
+            assert self._images is not None
+            try:
+                images = self._images.place(kept, result.images, field)
+            except ImageError as exc:
+                return [("streamer", _reject(req, exc.field, str(exc)))]
+        return self._accept(req, kept, embeds, images)
 
     def _prepare(
         self, req: GenerateRequest, queues: tuple[list[str], list[str]]
@@ -229,17 +246,23 @@ class TokenizerCore:
             if not req.messages:
                 return _reject(req, "messages", "messages must not be empty")
             try:
+                pictures = self._read_images(req.messages)
                 text = self._tokenizer.render_chat(
                     template_messages(req.messages),
                     add_generation_prompt=req.add_generation_prompt,
                     continue_final_message=req.continue_final_message,
                     **(req.chat_template_kwargs or {}),
                 )
+                if pictures:
+                    assert self._images is not None
+                    text = self._images.expand(text, len(pictures))
             except ChatMessageError as exc:  # the edge checked it; a hand-built request may not
                 return _reject(req, exc.field, str(exc))
             except ChatTemplateError as exc:
                 return _reject(req, "messages", str(exc))
-            return self._text(req, "messages", text, queues, keep)
+            except ImageError as exc:
+                return _reject(req, exc.field, str(exc))
+            return self._text(req, "messages", text, queues, keep, pictures)
         assert req.prompt_token_ids is not None
         if not req.prompt_token_ids:
             return _reject(req, "prompt_token_ids", "prompt_token_ids must not be empty")
@@ -264,6 +287,7 @@ class TokenizerCore:
         text: str,
         queues: tuple[list[str], list[str]],
         keep: int | None,
+        images: tuple[ReadImage, ...] = (),
     ) -> _Queued | _Encoded | RequestRejected:
         """Check `text` cheaply; encode it now if long, else queue it for encode_batch. With
         `keep` (truncate_prompt_tokens) a long text is no error: it is encoded whole, cut later."""
@@ -288,10 +312,20 @@ class TokenizerCore:
             ids = self._chunked.encode(text, add_special_tokens=special, limit=limit)
             if isinstance(ids, LimitReached):
                 return self._too_long(req, ids.num_tokens, exact=False)
-            return _Encoded(field, ids)
+            return _Encoded(field, ids, images=images)
         queue = queues[special]
         queue.append(text)
-        return _Queued(field, special, len(queue) - 1)
+        return _Queued(field, special, len(queue) - 1, images)
+
+    def _read_images(self, messages: Sequence[ChatMessage]) -> tuple[ReadImage, ...]:
+        """The image parts of `messages`, read (none: ()); ImageError names the first part
+        when the model takes no images."""
+        for i, message in enumerate(messages):
+            for j, part in enumerate(message.parts or ()):
+                if part.type == "image" and self._images is None:
+                    field = f"messages[{i}].content[{j}]"
+                    raise ImageError(field, f"{field}: this model takes no images")
+        return () if self._images is None else tuple(self._images.read(messages))
 
     def _too_long(self, req: GenerateRequest, num_tokens: int, *, exact: bool) -> RequestRejected:
         # Admission's own length rejection, word for word (field "prompt" whatever the input
@@ -306,7 +340,11 @@ class TokenizerCore:
         )
 
     def _accept(
-        self, req: GenerateRequest, ids: tuple[int, ...], embeds: PromptEmbeds | None = None
+        self,
+        req: GenerateRequest,
+        ids: tuple[int, ...],
+        embeds: PromptEmbeds | None = None,
+        images: tuple[PromptImage, ...] = (),
     ) -> list[tuple[str, msgspec.Struct]]:
         params = with_thinking(self._tokenizer, with_bad_words(self._tokenizer, req.params), ids)
         opened = RequestOpened(
@@ -324,6 +362,7 @@ class TokenizerCore:
             params=params,
             arrival_time=req.arrival_time,
             prompt_embeds=embeds,
+            images=images,
         )
         return [("streamer", opened), ("admission", tokenized)]
 

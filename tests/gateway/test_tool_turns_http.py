@@ -172,7 +172,7 @@ def test_a_bad_tool_message_is_a_400_naming_its_field(qwen: ServerThread) -> Non
         ({"role": "assistant", "tool_calls": [{"id": "c", "index": 0, "function": {"name": "f", "arguments": "{}"}}]}, "messages[2].tool_calls[0].index"),
         ({"role": "assistant", "tool_calls": {"id": "c"}}, "messages[2].tool_calls"),
         ({"role": "tool", "tool_call_id": 7, "content": "x"}, "messages[2].tool_call_id"),
-        ({"role": "tool", "tool_call_id": "c", "content": [{"type": "image_url"}]}, "messages[2].content[0]"),
+        ({"role": "tool", "tool_call_id": "c", "content": [{"type": "image_url"}]}, "messages[2].content[0].image_url"),
     ],
 )  # fmt: skip
 def test_bad_shapes_are_named(message: dict[str, Any], param: str) -> None:

@@ -1,0 +1,37 @@
+"""An image part's URL (OpenAI's `{"type": "image_url", "image_url": {"url": ...}}`) -> the
+bytes of the image file, which the engine decodes and checks (actors/core/image_decode.py).
+
+    data:image/png;base64,iVBORw0KGgo...    read here, base64 only (what clients send)
+    https://... / http://...                refused by name: this server fetches nothing yet
+
+The media type a data URL names is not trusted: the engine reads the bytes themselves.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+
+from troupe.gateway.errors import invalid
+
+
+def image_bytes(url: str, field: str) -> bytes:
+    """The image file a part's URL carries, or a 400 naming `field` (the url's)."""
+    if url.startswith(("http://", "https://")):
+        raise invalid(
+            field,
+            f"{field}: image URLs are not fetched by this server; send the image inline as a "
+            "data URL (data:image/png;base64,...)",
+        )
+    head, comma, payload = url.partition(",")
+    if not url.startswith("data:") or not comma:
+        raise invalid(field, f"{field} must be a data URL (data:image/png;base64,...)")
+    if not head.endswith(";base64"):
+        raise invalid(field, f"{field}: a data URL's image must be base64 (data:...;base64,)")
+    try:
+        data = base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise invalid(field, f"{field}: the data URL's base64 does not decode ({exc})") from None
+    if not data:
+        raise invalid(field, f"{field}: the data URL holds no bytes")
+    return data

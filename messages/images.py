@@ -1,0 +1,59 @@
+"""Images in a prompt: what a client sends (a chat message's image part) and what the
+scheduler and runner carry once the tokenizer has read it (a PromptImage).
+
+    client        ChatPart(type="image", image=<PNG/JPEG bytes>)    in ChatMessage.parts
+    tokenizer     decodes and preprocesses it (actors/core/image_prep.py), writes the model's
+                  placeholder tokens for it, and records where they are:
+    PromptImage   pixels (float32 [3, H, W], raw bytes), start, num_rows, digest
+    scheduler     keeps a request's images; each chunk's SeqWork carries those it overlaps
+    runner        encodes an image (gpu/vision_encoder.py) and feeds its rows in place of the
+                  placeholders' embeddings, as an embeddings prompt's rows are fed
+
+msgspec carries no tensor, so pixels travel as raw little-endian float32 bytes, C order.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+PIXEL_ITEMSIZE = 4  # float32
+
+
+class ChatPart(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One part of a chat message's content, in order: text, or an image as the bytes of its
+    file (a data URL's payload, or what the gateway fetched from a URL)."""
+
+    type: Literal["text", "image"]
+    text: str = ""
+    image: bytes = b""
+
+
+class PromptImage(msgspec.Struct, frozen=True, array_like=True, gc=False):
+    """One image of a tokenized prompt: its pixel values and the placeholder rows it fills.
+
+    Positions start .. start + num_rows - 1 of the prompt hold the model's image token; the
+    vision encoder turns `pixels` into exactly num_rows rows for them. `digest` (a hash of the
+    pixels) keys the prefix cache: requests share cached blocks only over the same images."""
+
+    pixels: bytes  # float32 [3, height, width], little-endian, C order
+    height: int
+    width: int
+    start: int
+    num_rows: int
+    digest: str
+
+    @property
+    def stop(self) -> int:
+        """The position after its last placeholder."""
+        return self.start + self.num_rows
+
+    def overlaps(self, start: int, stop: int) -> bool:
+        """Whether positions start .. stop - 1 hold any of its placeholders."""
+        return self.start < stop and start < self.stop
+
+
+def images_in(images: tuple[PromptImage, ...], start: int, stop: int) -> tuple[PromptImage, ...]:
+    """The images whose placeholders lie (in part) in positions start .. stop - 1: a chunk's."""
+    return tuple(image for image in images if image.overlaps(start, stop))
