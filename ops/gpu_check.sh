@@ -3,7 +3,7 @@
 # Run on the GPU machine from the repo root with .whl carried (see ../shared/tools/device-wheels.sh).
 # Structured output needs these beyond the script's own list, and tests/gpu imports gguf:
 #   ../shared/tools/device-wheels.sh xgrammar==0.2.8 apache-tvm-ffi pydantic pydantic-core \
-#     annotated-types typing-inspection gguf pyyaml tqdm
+#     annotated-types typing-inspection gguf pyyaml tqdm pillow
 # Logs go to $OUT (or /tmp/troupe-gpu). The GPU tests alone take 290-430 s on the H200 (hosts
 # differ): run them with SKIP_BENCH=1 TEST_TIMEOUT=560 in a call of their own, or in two calls
 # (TESTS=tests/kernels, then TESTS=tests/gpu) when the device time left is short.
