@@ -15,7 +15,7 @@ from typing import Any
 
 from troupe.actors.core.chat_messages import ChatMessageError, check_chat_messages
 from troupe.gateway.errors import invalid
-from troupe.gateway.image_urls import image_bytes
+from troupe.gateway.image_urls import image_part
 from troupe.gateway.openai_bodies import ContentPart, Message, convert_field
 from troupe.messages import ChatMessage, ChatPart
 
@@ -73,7 +73,7 @@ def _parts(parts: list[ContentPart], where: str) -> list[ChatPart]:
             if image is None:
                 raise invalid(f"{at}.image_url", f"{at}.image_url is missing")
             url = image if isinstance(image, str) else image.url
-            out.append(ChatPart(type="image", image=image_bytes(url, f"{at}.image_url.url")))
+            out.append(image_part(url, f"{at}.image_url.url"))
             continue
         if part.type != "text":
             raise invalid(f"{at}.type", f"{at}: only text and image_url parts are supported")

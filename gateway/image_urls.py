@@ -2,7 +2,7 @@
 bytes of the image file, which the engine decodes and checks (actors/core/image_decode.py).
 
     data:image/png;base64,iVBORw0KGgo...    read here, base64 only (what clients send)
-    https://... / http://...                refused by name: this server fetches nothing yet
+    https://... / http://...                fetched by the route (gateway/image_fetch.py)
 
 The media type a data URL names is not trusted: the engine reads the bytes themselves.
 """
@@ -13,16 +13,19 @@ import base64
 import binascii
 
 from troupe.gateway.errors import invalid
+from troupe.messages import ChatPart
+
+
+def image_part(url: str, field: str) -> ChatPart:
+    """The image part of a URL: a data URL's bytes, or an http(s) URL left to fetch; a 400
+    naming `field` (the url's) for anything else."""
+    if url.startswith(("http://", "https://")):
+        return ChatPart(type="image", url=url)
+    return ChatPart(type="image", image=image_bytes(url, field))
 
 
 def image_bytes(url: str, field: str) -> bytes:
-    """The image file a part's URL carries, or a 400 naming `field` (the url's)."""
-    if url.startswith(("http://", "https://")):
-        raise invalid(
-            field,
-            f"{field}: image URLs are not fetched by this server; send the image inline as a "
-            "data URL (data:image/png;base64,...)",
-        )
+    """The image file a data URL carries, or a 400 naming `field` (the url's)."""
     head, comma, payload = url.partition(",")
     if not url.startswith("data:") or not comma:
         raise invalid(field, f"{field} must be a data URL (data:image/png;base64,...)")

@@ -71,6 +71,19 @@ class GatewaySettings:
         "logprob rows (SGLang's flag); off: everything so far, SGLang's default",
     )
     max_body_bytes: int = _knob(4 * 1024 * 1024, "request bodies above this get 413")
+    media_fetch_timeout: float = _knob(
+        5.0,
+        "seconds an http(s) image URL of a chat message has to arrive whole (vLLM's "
+        "VLLM_IMAGE_FETCH_TIMEOUT); after it a 400 names the part",
+    )
+    max_media_bytes: int = _knob(
+        20 * 1024 * 1024, "the largest image an http(s) image URL may give (a 400 names the part)"
+    )
+    allowed_media_domains: tuple[str, ...] = _knob(
+        (),
+        "the hosts http(s) image URLs may name (vLLM's flag); none given: any host",
+        "HOST",
+    )
     body_timeout: float = _knob(30.0, "seconds a client has to send a request body (408 after)")
     header_timeout: float = _knob(
         15.0, "seconds a new connection has to send its first complete request head"
@@ -203,6 +216,7 @@ class GatewaySettings:
             "max_prompts_per_request",
             "max_embedding_inputs",
             "max_stored_response_bytes",
+            "max_media_bytes",
         ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -211,6 +225,7 @@ class GatewaySettings:
                 f"max_stored_responses must be >= 0 (0: none), got {self.max_stored_responses}"
             )
         timeouts = ("body_timeout", "header_timeout", "keepalive_timeout", "slow_client_grace")
+        timeouts += ("media_fetch_timeout",)
         for name in (*timeouts, "ws_heartbeat"):
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and value > 0):

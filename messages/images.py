@@ -23,11 +23,14 @@ PIXEL_ITEMSIZE = 4  # float32
 
 class ChatPart(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """One part of a chat message's content, in order: text, or an image as the bytes of its
-    file (a data URL's payload, or what the gateway fetched from a URL)."""
+    file (a data URL's payload, or what the gateway fetched from a URL). `url`: an http(s)
+    image the gateway has still to fetch (gateway/image_fetch.py); the engine fetches
+    nothing, so it refuses a part that reaches it so."""
 
     type: Literal["text", "image"]
     text: str = ""
     image: bytes = b""
+    url: str = ""
 
 
 class PromptImage(msgspec.Struct, frozen=True, array_like=True, gc=False):

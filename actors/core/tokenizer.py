@@ -322,9 +322,13 @@ class TokenizerCore:
         when the model takes no images."""
         for i, message in enumerate(messages):
             for j, part in enumerate(message.parts or ()):
+                field = f"messages[{i}].content[{j}]"
                 if part.type == "image" and self._images is None:
-                    field = f"messages[{i}].content[{j}]"
                     raise ImageError(field, f"{field}: this model takes no images")
+                if part.type == "image" and not part.image:
+                    raise ImageError(
+                        field, f"{field}: no image bytes (the engine fetches no URL: {part.url!r})"
+                    )
         return () if self._images is None else tuple(self._images.read(messages))
 
     def _too_long(self, req: GenerateRequest, num_tokens: int, *, exact: bool) -> RequestRejected:

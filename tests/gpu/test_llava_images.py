@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import anyio
 import numpy as np
 import pytest
 import torch
@@ -22,7 +23,7 @@ from troupe.config import EngineConfig
 from troupe.messages import ChatMessage, ChatPart, ChatPrompt, Finished, Rejected, SamplingParams
 
 from tests.gpu.family_checks import saved_random_model
-from tests.graph_helpers import collect, terminal, token_ids, wait_blocks_free
+from tests.graph_helpers import collect, collect_all, terminal, token_ids, wait_blocks_free
 
 IMAGE_ID = 299
 TEMPLATE = (
@@ -44,7 +45,11 @@ def _png(seed: int, size: tuple[int, int] = (40, 33)) -> bytes:
 
 @pytest.fixture(scope="module")
 def llava(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any, Any]:
-    """(folder, transformers' model, LlavaProcessor) of a tiny random LLaVA."""
+    return tiny_llava(tmp_path_factory.mktemp("llava"))
+
+
+def tiny_llava(folder: Path) -> tuple[Path, Any, Any]:
+    """(folder, transformers' model, LlavaProcessor) of a tiny random LLaVA saved in `folder`."""
     from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
     from transformers import (
         CLIPImageProcessor,
@@ -54,7 +59,6 @@ def llava(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any, Any]:
         PreTrainedTokenizerFast,
     )
 
-    folder = tmp_path_factory.mktemp("llava")
     text = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
             "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
             "intermediate_size": 96, "vocab_size": 300, "max_position_embeddings": 256,
@@ -197,3 +201,54 @@ async def test_refusals_name_their_field(llava: tuple[Path, Any, Any]) -> None:
         end = terminal(await collect(engine, _prompt((_png(1), "w5")), GREEDY))
         assert isinstance(end, Rejected) and end.field == "messages[0].content[0]", end
         assert "takes no images" in end.message
+
+
+BATCH = [((_png(10 + i, (30 + 7 * i, 28)), f"w{20 + i} w{40 + i}"),) for i in range(3)] + [
+    ((_png(13), "w50"), (_png(14, (60, 30)), "w51 w52"))
+]
+
+
+async def _batch(config: EngineConfig) -> tuple[list[list[int]], Any]:
+    """The BATCH prompts together (their steps batched, images of one size encoded at once);
+    their tokens, and the stats at the end."""
+    async with Engine.open(config) as engine:
+        events = await collect_all(engine, [(_prompt(*c), GREEDY) for c in BATCH])
+        await wait_blocks_free(engine)
+        stats = engine.stats()
+    for one in events:
+        assert isinstance(terminal(one), Finished), one[-1]
+    return [token_ids(one) for one in events], stats
+
+
+@pytest.fixture(scope="module")
+def batch_expected(llava: tuple[Path, Any, Any]) -> list[list[int]]:
+    return [_hf_greedy(llava, *contents) for contents in BATCH]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+async def test_preempted_requests_with_images(
+    llava: tuple[Path, Any, Any], batch_expected: list[list[int]], mode: str
+) -> None:
+    """Too few blocks for the batch: requests are preempted mid-prompt or mid-answer and come
+    back by recomputing (their images encoded again) or by swap."""
+    config = _config(
+        llava[0], num_kv_blocks=9, preemption_mode=mode, max_num_batched_tokens=6,
+        enable_prefix_caching=False,
+    )  # fmt: skip
+    got, stats = await _batch(config)
+    assert got == batch_expected
+    assert getattr(stats, f"num_preemptions_{mode}") > 0, stats
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("eager", [False, True], ids=["graphs", "eager"])
+def test_images_on_cuda(
+    llava: tuple[Path, Any, Any], batch_expected: list[list[int]], eager: bool
+) -> None:
+    """fp32 on CUDA: the encoder on the device, the rows through mixed-step graphs (captured
+    mask and value buffers) or eager steps."""
+    config = _config(
+        llava[0], device="cuda", dtype="float32", max_num_batched_tokens=8, enforce_eager=eager
+    )
+    assert anyio.run(_batch, config)[0] == batch_expected
