@@ -32,7 +32,7 @@ BIG = _png(8, (120, 120))  # ~43 kB of noise: over the server's max_media_bytes
 
 
 class _Images(http.server.BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+    def do_GET(self) -> None:
         body = {"/cat.png": IMAGE, "/big.png": BIG}.get(self.path)
         if body is None:
             self.send_error(404)
@@ -129,7 +129,7 @@ async def test_hosts_and_deadlines(image_server: str) -> None:
     listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
     port = listener.extra(anyio.abc.SocketAttribute.local_port)
     quick = GatewaySettings(media_fetch_timeout=0.2)
-    with pytest.raises(ApiError, match="did not arrive in 0.2 s"):
+    with pytest.raises(ApiError, match=r"did not arrive in 0\.2 s"):
         await fetch_images([_message(f"http://127.0.0.1:{port}/slow.png")], quick)
     await listener.aclose()
     # fetched bytes take the URL's place; other parts stay as they were
