@@ -8,6 +8,7 @@ from typing import Any
 
 import msgspec
 from troupe.actors.core.chat_messages import ChatMessageError, check_chat_messages
+from troupe.actors.core.content_parts import parts_of
 from troupe.messages import (
     ChatMessage,
     ChatPrompt,
@@ -130,15 +131,30 @@ def _chat_messages(items: Sequence[Any]) -> tuple[ChatMessage, ...]:
             messages.append(item)
             continue
         try:
-            messages.append(msgspec.convert(item, ChatMessage))
+            messages.append(_chat_message(item, index))
         except msgspec.ValidationError as exc:
             field = f"messages[{index}]{_message_path(exc)}"
             raise RequestInputError(field, f"{field} is invalid: {exc}") from exc
+        except ChatMessageError as exc:
+            raise RequestInputError(exc.field, str(exc)) from None
     try:
         check_chat_messages(messages)
     except ChatMessageError as exc:
         raise RequestInputError(exc.field, str(exc)) from None
     return tuple(messages)
+
+
+def _chat_message(item: Any, index: int) -> ChatMessage:
+    """A dict in OpenAI's shape; content parts (text, image_url) as vLLM's LLM.chat takes
+    them: the texts joined a line apart, and with images the parts in order."""
+    content = item.get("content") if isinstance(item, dict) else None
+    if not isinstance(content, list):
+        return msgspec.convert(item, ChatMessage)
+    parts = parts_of(content, f"messages[{index}].content")
+    text = "\n".join(p.text for p in parts if p.type == "text")
+    has_images = any(p.type == "image" for p in parts)
+    message = msgspec.convert({**item, "content": text}, ChatMessage)
+    return msgspec.structs.replace(message, parts=tuple(parts)) if has_images else message
 
 
 _MESSAGE_PATH = re.compile(r" - at `\$([^`]*)`$")

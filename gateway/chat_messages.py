@@ -14,9 +14,9 @@ from __future__ import annotations
 from typing import Any
 
 from troupe.actors.core.chat_messages import ChatMessageError, check_chat_messages
+from troupe.actors.core.content_parts import content_part
 from troupe.gateway.errors import invalid
-from troupe.gateway.image_urls import image_part
-from troupe.gateway.openai_bodies import ContentPart, Message, convert_field
+from troupe.gateway.openai_bodies import ContentPart, ImageUrl, Message, convert_field
 from troupe.messages import ChatMessage, ChatPart
 
 
@@ -63,21 +63,14 @@ def _chat_message(message: Message, where: str) -> ChatMessage:
 
 
 def _parts(parts: list[ContentPart], where: str) -> list[ChatPart]:
-    """Content parts -> ChatParts in order (a text-only list is joined a line apart, vLLM's
-    string form; the engine refuses images for a model that reads none, naming the part)."""
+    """Content parts -> ChatParts in order (actors/core/content_parts.py reads each; the
+    engine refuses images for a model that reads none, naming the part)."""
     out = []
     for j, part in enumerate(parts):
-        at = f"{where}[{j}]"
-        if part.type == "image_url":
-            image = part.image_url
-            if image is None:
-                raise invalid(f"{at}.image_url", f"{at}.image_url is missing")
-            url = image if isinstance(image, str) else image.url
-            out.append(image_part(url, f"{at}.image_url.url"))
-            continue
-        if part.type != "text":
-            raise invalid(f"{at}.type", f"{at}: only text and image_url parts are supported")
-        if part.text is None:
-            raise invalid(f"{at}.text", f"{at}.text must be a string")
-        out.append(ChatPart(type="text", text=part.text))
+        image = part.image_url
+        url = image.url if isinstance(image, ImageUrl) else image
+        try:
+            out.append(content_part(part.type, part.text, url, f"{where}[{j}]"))
+        except ChatMessageError as exc:
+            raise invalid(exc.field, str(exc)) from None
     return out

@@ -31,7 +31,7 @@ class StreamOptions(_Body, kw_only=True):
 
 
 class ImageUrl(msgspec.Struct, kw_only=True):
-    """An image part's image: a data URL (gateway/image_urls.py); `detail` is accepted and
+    """An image part's image: a data URL or an http(s) URL (actors/core/content_parts.py); `detail` is accepted and
     not read (the model's processor decides the resolution)."""
 
     url: str

@@ -178,11 +178,6 @@ def test_defaults_and_token_id_prompt() -> None:
         ),
         (
             "chat",
-            {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "https://x/y.png"}}]}]},
-            "messages[0].content[0].image_url.url",
-        ),
-        (
-            "chat",
             {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,@@"}}]}]},
             "messages[0].content[0].image_url.url",
         ),

@@ -252,3 +252,23 @@ def test_images_on_cuda(
         llava[0], device="cuda", dtype="float32", max_num_batched_tokens=8, enforce_eager=eager
     )
     assert anyio.run(_batch, config)[0] == batch_expected
+
+
+@pytest.mark.anyio
+async def test_openai_dicts(llava: tuple[Path, Any, Any]) -> None:
+    """Messages as dicts in OpenAI's shape (vLLM's LLM.chat): a data URL's image gives the
+    ChatParts' tokens; an http URL reaches an engine that fetches nothing: named."""
+    import base64
+
+    url = "data:image/png;base64," + base64.b64encode(_png(1)).decode()
+    chat = [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "w5 w6 w7"}
+    ]}]  # fmt: skip
+    async with Engine.open(_config(llava[0])) as engine:
+        want = token_ids(await collect(engine, _prompt((_png(1), "w5 w6 w7")), GREEDY))
+        assert token_ids(await collect(engine, chat, GREEDY)) == want
+        chat[0]["content"][0] = {"type": "image_url", "image_url": "https://images.example/a.png"}
+        end = terminal(await collect(engine, chat, GREEDY))
+        assert isinstance(end, Rejected) and end.field == "messages[0].content[0]", end
+        assert "fetches no URL" in end.message
+        await wait_blocks_free(engine)
