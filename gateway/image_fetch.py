@@ -21,9 +21,20 @@ import anyio
 import msgspec
 from troupe.gateway.errors import ApiError, invalid
 from troupe.gateway.settings import GatewaySettings
-from troupe.messages import ChatMessage
+from troupe.messages import ChatMessage, ChatPrompt
 
 CHUNK_BYTES = 64 * 1024
+
+
+async def fetch_prompt_images(
+    prompt: list[ChatMessage] | ChatPrompt, settings: GatewaySettings
+) -> list[ChatMessage] | ChatPrompt:
+    """A chat prompt (its messages, or them with the template's options) with its images'
+    bytes fetched (fetch_images)."""
+    if isinstance(prompt, ChatPrompt):
+        fetched = await fetch_images(prompt.messages, settings)
+        return msgspec.structs.replace(prompt, messages=tuple(fetched))
+    return await fetch_images(prompt, settings)
 
 
 async def fetch_images(

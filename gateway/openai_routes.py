@@ -18,7 +18,7 @@ from troupe.gateway.chat_tool_chunks import call_stream, tool_call_chunks
 from troupe.gateway.engine_api import EngineLike
 from troupe.gateway.errors import ApiError, error_for_event, invalid
 from troupe.gateway.http_body import read_json_body
-from troupe.gateway.image_fetch import fetch_images
+from troupe.gateway.image_fetch import fetch_prompt_images
 from troupe.gateway.openai_bodies import MAX_REQUEST_ID
 from troupe.gateway.openai_requests import Kind, OpenAIRequest, parse_request
 from troupe.gateway.openai_responses import ResponseBuilder
@@ -167,11 +167,7 @@ async def _prepare(gateway: Gateway, kind: Kind, raw: bytes, header_id: str | No
     if kind == "chat":
         parser = gateway.settings.reasoning_parser
         messages = cast(list[ChatMessage] | ChatPrompt, req.prompt)  # a chat request's prompt
-        if isinstance(messages, ChatPrompt):  # http(s) image URLs: their bytes, fetched here
-            fetched = await fetch_images(messages.messages, gateway.settings)
-            messages = msgspec.structs.replace(messages, messages=tuple(fetched))
-        else:
-            messages = await fetch_images(messages, gateway.settings)
+        messages = await fetch_prompt_images(messages, gateway.settings)  # http(s) images
         splitter, params, prompt = chat_reasoning(
             parser, engine.tokenizer, messages, req.params, req.tools
         )

@@ -119,10 +119,13 @@ class ResponsesBody(_Body, kw_only=True):
 
 
 class ContentPart(msgspec.Struct, kw_only=True):
-    """A part of a message's content (or of a function's output); only text parts serve."""
+    """A part of a message's content (or of a function's output): text, or a user message's
+    `input_image` (`image_url`: a data URL or an http(s) URL; `detail` is not read)."""
 
     type: str
     text: str | None = None
+    image_url: str | None = None
+    detail: str | None = None
 
 
 class MessageItem(_Body, kw_only=True):

@@ -29,6 +29,7 @@ from typing import Any
 
 import msgspec
 from troupe.actors.core.chat_messages import ChatMessageError, tool_arguments
+from troupe.actors.core.content_parts import content_part
 from troupe.gateway.errors import invalid
 from troupe.gateway.openai_bodies import convert_field
 from troupe.gateway.responses_bodies import (
@@ -39,7 +40,7 @@ from troupe.gateway.responses_bodies import (
     MessageItem,
     ReasoningItem,
 )
-from troupe.messages import ChatMessage, ToolCall, ToolCallFunction
+from troupe.messages import ChatMessage, ChatPart, ToolCall, ToolCallFunction
 
 _TEXT_PARTS = ("input_text", "output_text")
 
@@ -95,8 +96,11 @@ def input_messages(
                 thought = text if thought is None else f"{thought}\n{text}"
             continue
         if isinstance(item, MessageItem):
+            parts = _image_parts(item.content, f"{where}.content")
             text = _text(item.content, f"{where}.content")
-            if item.role == "assistant":
+            if parts is not None and item.role != "assistant":
+                messages.append(ChatMessage(role=item.role, content=text, parts=parts))
+            elif item.role == "assistant":
                 said = ChatMessage(role="assistant", content=text, reasoning=thought)
                 messages.append(said)
             else:
@@ -140,12 +144,33 @@ def _item(raw: dict[str, Any], where: str) -> Any:
     return convert_field(raw, item_type, where)
 
 
+def _image_parts(content: str | list[ContentPart], where: str) -> tuple[ChatPart, ...] | None:
+    """The parts of content that holds an `input_image`, in order (actors/core/content_parts.py
+    reads each URL); None for content without one."""
+    if isinstance(content, str) or all(part.type != "input_image" for part in content):
+        return None
+    out = []
+    for j, part in enumerate(content):
+        at = f"{where}[{j}]"
+        try:
+            if part.type == "input_image":
+                out.append(content_part("image_url", None, part.image_url, at))
+            elif part.type in _TEXT_PARTS:
+                out.append(content_part("text", part.text, None, at))
+        except ChatMessageError as exc:
+            raise invalid(exc.field, str(exc)) from None
+    return tuple(out)
+
+
 def _text(content: str | list[ContentPart], where: str) -> str:
-    """Content as one string: text parts joined; any other part is a 400 naming it."""
+    """Content as one string: text parts joined (a user's images are read by _image_parts);
+    any other part is a 400 naming it."""
     if isinstance(content, str):
         return content
     texts = []
     for j, part in enumerate(content):
+        if part.type == "input_image":
+            continue
         if part.type not in _TEXT_PARTS:
             kinds = " or ".join(_TEXT_PARTS)
             raise invalid(f"{where}[{j}]", f"{where}[{j}]: only text parts ({kinds}) are supported")

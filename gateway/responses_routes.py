@@ -34,6 +34,7 @@ from aiohttp import web
 from troupe.gateway.chat_reasoning import chat_reasoning
 from troupe.gateway.errors import ApiError, error_for_event, invalid
 from troupe.gateway.http_body import read_json_body
+from troupe.gateway.image_fetch import fetch_prompt_images
 from troupe.gateway.outbox import Outbox
 from troupe.gateway.responses_background import BackgroundRun
 from troupe.gateway.responses_objects import ResponseShape
@@ -59,7 +60,7 @@ _json = msgspec.json.Encoder()
 
 async def responses(request: web.Request) -> web.StreamResponse:
     gateway = request.app[GATEWAY]
-    call = _prepare(gateway, await read_json_body(request, gateway.settings))
+    call = await _prepare(gateway, await read_json_body(request, gateway.settings))
     if call.req.is_background:
         return await _background(request, gateway, call)
     if not call.req.stream:
@@ -81,7 +82,7 @@ async def responses(request: web.Request) -> web.StreamResponse:
 async def responses_body(gateway: Gateway, raw: bytes) -> dict[str, Any]:
     """The JSON answer to a Responses request body (an ApiError for a refused one);
     `stream: true` is refused by name: here there is no stream to answer on."""
-    call = _prepare(gateway, raw)
+    call = await _prepare(gateway, raw)
     if call.req.stream:
         raise invalid("stream", "stream is not served here: the answer is one whole JSON body")
     if call.req.is_background:
@@ -114,7 +115,7 @@ class _Call:
     assembler: OutputAssembler
 
 
-def _prepare(gateway: Gateway, raw: bytes) -> _Call:
+async def _prepare(gateway: Gateway, raw: bytes) -> _Call:
     engine = gateway.engine
     settings = gateway.settings
     tool_parser = settings.auto_tool_parser(engine.tokenizer.chat_template)
@@ -128,6 +129,7 @@ def _prepare(gateway: Gateway, raw: bytes) -> _Call:
         store=gateway.responses,
         defaults=defaults,
     )
+    req = dataclasses.replace(req, prompt=await fetch_prompt_images(req.prompt, settings))
     served = gateway.served_models()
     req = req.with_lora(served.lora_for(req.model))
     response_id = new_response_id(gateway.home_id)

@@ -225,8 +225,7 @@ class GatewaySettings:
                 f"max_stored_responses must be >= 0 (0: none), got {self.max_stored_responses}"
             )
         timeouts = ("body_timeout", "header_timeout", "keepalive_timeout", "slow_client_grace")
-        timeouts += ("media_fetch_timeout",)
-        for name in (*timeouts, "ws_heartbeat"):
+        for name in (*timeouts, "media_fetch_timeout", "ws_heartbeat"):
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and value > 0):
                 raise ConfigError(f"{name} must be a number of seconds > 0, got {value}")

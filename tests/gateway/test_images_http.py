@@ -136,3 +136,32 @@ async def test_hosts_and_deadlines(image_server: str) -> None:
     plain = ChatMessage(role="user", content="hi")
     got = await fetch_images([plain, _message(f"{image_server}/cat.png")], GatewaySettings())
     assert got[0] is plain and got[1].parts == (ChatPart(type="image", image=IMAGE),)
+
+
+def _post(srv: ServerThread, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    request = urllib.request.Request(
+        f"{srv.url}{path}", data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )  # fmt: skip
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def test_responses_input_image(srv: ServerThread, image_server: str) -> None:
+    """/v1/responses' input_image (an http URL, fetched) answers what chat answers."""
+    status, chat = _chat(srv, f"{image_server}/cat.png")
+    assert status == 200, chat
+    content = [{"type": "input_image", "image_url": f"{image_server}/cat.png"},
+               {"type": "input_text", "text": "w5 w6"}]  # fmt: skip
+    body = {"input": [{"role": "user", "content": content}], "max_output_tokens": NUM_NEW,
+            "temperature": 0, "store": False}  # fmt: skip
+    status, answer = _post(srv, "/v1/responses", body)
+    assert status == 200, answer
+    text = answer["output"][-1]["content"][0]["text"]
+    assert text == chat["choices"][0]["message"]["content"]
+    content[0] = {"type": "input_image", "image_url": "ftp://x"}
+    status, answer = _post(srv, "/v1/responses", body)
+    assert status == 400 and answer["error"]["param"] == "input[0].content[0].image_url.url"

@@ -194,6 +194,10 @@ def test_store_and_metadata_are_accepted(client: OpenAI) -> None:
         ({"input": [{"role": "robot", "content": "x"}]}, "input[0].role"),
         (
             {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "u"}]}]},
+            "input[0].content[0].image_url.url",
+        ),
+        (
+            {"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]},
             "input[0].content[0]",
         ),
         ({"input": [{"type": "function_call", "name": "f"}]}, "input[0].call_id"),
