@@ -14,7 +14,7 @@ from troupe.actors.graph import GraphInputs
 from troupe.actors.wiring import ActorSpec, graph_specs
 from troupe.config import DEFAULT_MODEL_NAME, ConfigError, EngineConfig, resolve_model_path
 from troupe.gpu.classifier_config import ClassifierConfig, read_folder_classifier
-from troupe.gpu.embeds_width import image_rows, prompt_embeds_width
+from troupe.gpu.embeds_width import image_rows, prompt_embeds_width, whole_images
 from troupe.gpu.runner import Runner, build_runner
 from troupe.messages.trace import RunnerNumbers
 
@@ -84,6 +84,7 @@ def start_executor(config: EngineConfig, runner: Runner | None = None) -> Execut
         is_token_classifier=classifier is not None and classifier.is_per_token,
         prompt_embeds_width=prompt_embeds_width(runner) if config.enable_prompt_embeds else 0,
         image_rows=image_rows(runner),
+        whole_images=whole_images(runner),
     )
     return ExecutorSetup(
         config=config,

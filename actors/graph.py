@@ -180,6 +180,24 @@ def build_admission(g: GraphInputs) -> AdmissionCore:
     )
 
 
+def whole_image_chunks(g: GraphInputs) -> bool:
+    """Whether prefill chunks must hold whole images (RunnerNumbers.whole_images); a step
+    budget or chunk cap smaller than an image would never fit one: ConfigError naming it."""
+    if not g.numbers.whole_images:
+        return False
+    rows, config = g.numbers.image_rows, g.config
+    for name, value in (
+        ("max_num_batched_tokens", config.step_budget()),
+        ("long_prefill_token_threshold", config.long_prefill_token_threshold),
+    ):
+        if 0 < value < rows:
+            raise ConfigError(
+                f"{name} {value} is below the {rows} rows of one image, which this model "
+                "computes in one chunk (its image rows attend to each other)"
+            )
+    return True
+
+
 def build_scheduler(g: GraphInputs) -> SchedulerCore:
     return SchedulerCore(
         StepLimits(
@@ -192,6 +210,7 @@ def build_scheduler(g: GraphInputs) -> SchedulerCore:
             kv_window=g.numbers.kv_window,
             max_chunk_tokens=g.config.long_prefill_token_threshold,
             max_loras=g.config.max_loras if g.config.lora_modules or g.config.enable_lora else 0,
+            image_rows=g.numbers.image_rows if whole_image_chunks(g) else 0,
         ),
         num_cpu_blocks=g.numbers.num_cpu_blocks,
         preemption_mode=g.config.preemption_mode,

@@ -51,3 +51,6 @@ class AttentionMetadata:
     expanded_prefill: ExpandedPrefill | None = None
     # StreamingLLM sequences in the step (kernels/streaming_attention.py); None: none
     streaming: StreamingMetadata | None = None
+    # int32 [T] on the device: each row's last visible key position where image rows attend
+    # to their whole image (gpu/embed_rows.key_limits); None: causal
+    key_limits: torch.Tensor | None = None

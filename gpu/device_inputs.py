@@ -8,6 +8,7 @@ import dataclasses
 import numpy as np
 import torch
 from troupe.gpu.attention import AttentionMetadata, ExpandedPrefill
+from troupe.gpu.embed_rows import key_limits
 from troupe.gpu.step_inputs import StepInputs
 from troupe.kernels.decode_order import longest_first
 from troupe.kernels.streaming_attention import StreamingMetadata
@@ -66,10 +67,16 @@ def expanded_prefill(
 
 
 def device_metadata(
-    inputs: StepInputs, device: torch.device, expand: ExpandPolicy = NEVER, block_size: int = 1
+    inputs: StepInputs,
+    device: torch.device,
+    expand: ExpandPolicy = NEVER,
+    block_size: int = 1,
+    whole_images: bool = False,
 ) -> AttentionMetadata:
     """The step's attention metadata on `device` (positions and ids travel separately); with
-    an expand policy (and the cache's block_size) see expanded_prefill."""
+    an expand policy (and the cache's block_size) see expanded_prefill. `whole_images`: the
+    model's image rows attend to their whole image (AttentionMetadata.key_limits)."""
+    limits = key_limits(inputs.embeds, inputs.positions) if whole_images else None
 
     def put(array: np.ndarray) -> torch.Tensor:
         return host_to_device(array, device)
@@ -107,4 +114,5 @@ def device_metadata(
                 put(inputs.streaming.cache_positions),
             )
         ),
+        key_limits=None if limits is None else put(limits),
     )

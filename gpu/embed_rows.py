@@ -122,6 +122,22 @@ def step_embeds(seqs: tuple[SeqWork, ...], query_start_loc: np.ndarray) -> StepE
     return StepEmbeds(np.concatenate(rows), tuple(pieces))
 
 
+def key_limits(embeds: StepEmbeds | None, positions: np.ndarray) -> np.ndarray | None:
+    """Each row's last visible key position where a step's image rows attend to their whole
+    image (Gemma 3's language model: every row of an image sees every other), else its own
+    position (causal); None when the step feeds no image rows. The scheduler keeps an image
+    in one chunk, so every key a row may see is in the cache when it attends."""
+    if embeds is None or not any(isinstance(p, ImageSlice) for p in embeds.pieces):
+        return None
+    limits = positions.astype(np.int32)
+    at = 0
+    for piece in embeds.pieces:
+        if isinstance(piece, ImageSlice):
+            limits[embeds.rows[at : at + piece.num_rows]] = piece.image.stop - 1
+        at += piece.num_rows
+    return limits
+
+
 def join_embeds(
     first: StepEmbeds | None, second: StepEmbeds | None, offset: int
 ) -> StepEmbeds | None:

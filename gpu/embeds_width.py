@@ -39,6 +39,15 @@ def image_rows(runner: Runner) -> int:
     return 0
 
 
+def whole_images(runner: Runner) -> bool:
+    """Whether `runner`'s image rows attend to their whole image (each in one chunk)."""
+    while isinstance(runner, RunnerWrapper):
+        runner = runner.inner
+    if isinstance(runner, HasModel) and runner.model.vision is not None:
+        return runner.model.vision.config.whole_image_attention
+    return False
+
+
 def prompt_embeds_width(runner: Runner) -> int:
     """The hidden size of the rows `runner` feeds its first layer (0: it takes none); a
     wrapper (fault injection, timing) answers for the runner it wraps."""

@@ -15,7 +15,7 @@ import torch
 from troupe.gpu.cpu_decode import CpuDecode
 from troupe.gpu.cuda_graphs import DecodeGraphs
 from troupe.gpu.device_inputs import NEVER, ExpandPolicy, device_metadata, host_to_device
-from troupe.gpu.embed_rows import EagerRows
+from troupe.gpu.embed_rows import EagerRows, ImageSlice
 from troupe.gpu.kv_cache import KVCache
 from troupe.gpu.mixed_graphs import MixedGraphs
 from troupe.gpu.models import DecoderModel
@@ -107,6 +107,7 @@ class ForwardPass:
             and mixed is not None
             and not inputs.is_decode
             and mixed.can_run(inputs)
+            and not self._whole_images(inputs)  # their attention runs eagerly (key limits)
             and not self.expand.applies(inputs, self.kv.block_size)
         )
         if self.model.lora is not None:  # each token's adapter (gpu/lora_runtime.py)
@@ -147,7 +148,9 @@ class ForwardPass:
     def _eager(self, inputs: StepInputs, input_ids: torch.Tensor | None) -> torch.Tensor:
         """The final hidden states of the rows in inputs.logits_indices, launched op by op."""
         device = self.model.device
-        meta = device_metadata(inputs, device, self.expand, self.kv.block_size)
+        vision = self.model.vision
+        whole = vision is not None and vision.config.whole_image_attention
+        meta = device_metadata(inputs, device, self.expand, self.kv.block_size, whole)
         if input_ids is None:
             ids = host_to_device(inputs.input_ids, device)
         elif len(input_ids) < len(inputs.input_ids):  # the rest from the host
@@ -165,6 +168,13 @@ class ForwardPass:
             rows,
         )
         return hidden
+
+    def _whole_images(self, inputs: StepInputs) -> bool:
+        """Whether the step feeds image rows that attend to their whole image."""
+        vision = self.model.vision
+        if vision is None or not vision.config.whole_image_attention or inputs.embeds is None:
+            return False
+        return any(isinstance(p, ImageSlice) for p in inputs.embeds.pieces)
 
     def close(self) -> None:
         self.graphs = self.mixed = None

@@ -196,6 +196,7 @@ class DecoderLayer(nn.Module):
                 new_kv=new_kv,
                 softcap=self.softcap,
                 sinks=self.sinks,
+                key_limits=meta.key_limits,
             )
         return linear(attn.reshape(num_tokens, c.q_size), self.o_proj, self.o_bias)
 

@@ -135,6 +135,12 @@ class VisionConfig:
         return max(self.feature_layers)
 
     @property
+    def whole_image_attention(self) -> bool:
+        """Whether the language model's rows of one image attend to each other, not only to
+        those before them (Gemma 3's: transformers' token_type_ids mask)."""
+        return self.projector == "gemma3"
+
+    @property
     def tokens_per_image(self) -> int:
         """Rows one image gives the text model (its placeholder tokens)."""
         if self.projector == "gemma3":

@@ -6,10 +6,10 @@ takes images (EngineConfig.limit_images_per_prompt > 0).
                        (gpu/text_part.py reads the text model's)
 
 Which wrappers read images: LLaVA-1.5-style `llava` (a CLIP or SigLIP tower, an MLP
-projector). Gemma 3's encoder is built (gpu/vision_encoder.py) but not loaded: its language
-model attends bidirectionally within each image's rows, which troupe's paged attention does
-not do yet, so its answers would differ from the checkpoint's. It and the other wrappers are
-served text-only, their images refused where requests are tokenized.
+projector) and Gemma 3 (`gemma3`: SigLIP, pooled and normed rows), whose language model's
+rows of one image attend to each other (VisionConfig.whole_image_attention: the scheduler
+keeps an image in one chunk, the attention lifts those rows' causal edge). The other
+wrappers are served text-only, their images refused where requests are tokenized.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from troupe.gpu.vision_config import read_vision_config
 from troupe.gpu.vision_encoder import VisionEncoder, is_vision_tensor
 from troupe.gpu.weights import safetensors_files
 
-IMAGE_WRAPPERS = ("llava",)  # the wrappers whose images are served
+IMAGE_WRAPPERS = ("llava", "gemma3")  # the wrappers whose images are served
 
 
 def read_wrapper(folder: Path) -> dict[str, Any] | None:
@@ -38,12 +38,24 @@ def read_wrapper(folder: Path) -> dict[str, Any] | None:
     return cfg
 
 
+def has_image_processor(folder: Path) -> bool:
+    """Whether the folder says how its images are preprocessed (actors/core/image_prep.py
+    reads it): preprocessor_config.json, or transformers 5's processor_config.json with an
+    image_processor."""
+    if (folder / "preprocessor_config.json").is_file():
+        return True
+    path = folder / "processor_config.json"
+    return path.is_file() and "image_processor" in json.loads(path.read_text())
+
+
 def load_vision(folder: Path, dtype: torch.dtype, device: torch.device) -> VisionEncoder | None:
     """The encoder of the checkpoint in `folder` where its images are
     served; None where it has no vision part troupe reads; ModelLoadError for a missing or
     misshapen tensor."""
     wrapper = read_wrapper(folder)
     if wrapper is None or wrapper.get("model_type") not in IMAGE_WRAPPERS:
+        return None
+    if not has_image_processor(folder):  # no way to make pixels: served text-only
         return None
     try:
         vision = read_vision_config(wrapper)

@@ -70,6 +70,7 @@ class KernelOps(Protocol):
         new_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
         softcap: float = 0.0,
         sinks: torch.Tensor | None = None,
+        key_limits: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Varlen causal attention for prefill, chunked prefill and decode rows in one call.
 
@@ -99,6 +100,10 @@ class KernelOps(Protocol):
 
         sinks (fp32 [Hq]): each head's learned sink logit joins its softmax as a key of value
         zero (GPT-OSS, kernels/sinks.py).
+
+        key_limits (int32 [T]): row t sees keys at positions <= key_limits[t] instead of its
+        own (a Gemma 3 image's rows see their whole image: gpu/embed_rows.key_limits); every
+        such key is in the cache. The window still counts back from the row's own position.
         """
         ...
 

@@ -129,9 +129,11 @@ def paged_attention(
     new_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
     softcap: float = 0.0,
     sinks: torch.Tensor | None = None,
+    key_limits: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal varlen attention: q [T, Hq, D]; sequence s owns q rows qsl[s]:qsl[s+1], which are
-    the last tokens of its seq_lens[s] (already written to the cache). See kernels.ops."""
+    the last tokens of its seq_lens[s] (already written to the cache); `key_limits` lift a
+    row's causal edge. See kernels.ops."""
     # launch hints for the kernels (new_kv: the cache holds the same values)
     del max_query_len, max_seq_len, decode_prefix, seq_order, new_kv
     out = torch.empty_like(q)
@@ -153,10 +155,11 @@ def paged_attention(
         # causal (no mask tensor). 4-D with a batch dim: the CPU's fused kernel (3-D inputs
         # take a ~4x slower path at 1,000 tokens)
         mask = None
-        if first_q or sliding_window:
+        if first_q or sliding_window or key_limits is not None:
             q_pos = torch.arange(first_q, seq_len, device=q.device)
             k_pos = torch.arange(first_block * block_size, seq_len, device=q.device)
-            mask = k_pos[None, :] <= q_pos[:, None]
+            edge = q_pos if key_limits is None else key_limits[lo:hi].to(q_pos.dtype)
+            mask = k_pos[None, :] <= edge[:, None]
             if sliding_window:
                 mask &= k_pos[None, :] > q_pos[:, None] - sliding_window
         attn = _sdpa(

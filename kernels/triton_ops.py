@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from . import reference
 from .decode_attention import paged_decode_attention_triton as paged_decode_attention
 from .extend_attention import extend_attention_triton
 from .fused_moe import fused_moe_triton as fused_moe
@@ -62,8 +63,17 @@ def paged_attention(
     new_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
     softcap: float = 0.0,
     sinks: torch.Tensor | None = None,
+    key_limits: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The new keys from new_kv where given (kernels/extend_attention.py), else all paged."""
+    """The new keys from new_kv where given (kernels/extend_attention.py), else all paged.
+    Key limits (image rows that see their whole image) are not in the kernels yet: such a
+    step takes the torch reference (eager, as such steps are: gpu/forward_pass.py)."""
+    if key_limits is not None:
+        return reference.paged_attention(
+            q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, max_query_len,
+            max_seq_len, decode_prefix, sliding_window=sliding_window, k_scale=k_scale,
+            v_scale=v_scale, softcap=softcap, sinks=sinks, key_limits=key_limits,
+        )  # fmt: skip
     if new_kv is not None:
         return extend_attention_triton(
             q, k_cache, v_cache, new_kv, block_tables, seq_lens, query_start_loc, scale,

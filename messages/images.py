@@ -57,6 +57,16 @@ class PromptImage(msgspec.Struct, frozen=True, array_like=True, gc=False):
         return self.start < stop and start < self.stop
 
 
+def whole_image_end(images: tuple[PromptImage, ...], start: int, end: int) -> int:
+    """A chunk's `end` that cuts no image (for a model whose image rows attend to each other):
+    moved back to the start of the first image it would cut, or to `start` (nothing this
+    step) when that image began at or before the chunk."""
+    for image in images:
+        if image.start < end < image.stop:
+            return max(image.start, start)
+    return end
+
+
 def images_in(images: tuple[PromptImage, ...], start: int, stop: int) -> tuple[PromptImage, ...]:
     """The images whose placeholders lie (in part) in positions start .. stop - 1: a chunk's."""
     return tuple(image for image in images if image.overlaps(start, stop))

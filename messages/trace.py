@@ -71,6 +71,8 @@ class RunnerNumbers(msgspec.Struct, frozen=True, kw_only=True):
     # the rows the runner's vision encoder makes of one image (messages/images.py); 0: the
     # runner takes no images
     image_rows: int = 0
+    # an image's rows attend to each other (Gemma 3): the scheduler keeps each in one chunk
+    whole_images: bool = False
     is_token_classifier: bool = False  # the labels are a *ForTokenClassification model's
 
 

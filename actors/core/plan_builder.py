@@ -9,7 +9,7 @@ from troupe.actors.core.request_state import Request, Status
 from troupe.actors.core.step_planner import StepPlanner
 from troupe.actors.core.step_work import Kind
 from troupe.messages.executor import SeqWork, StepPlan
-from troupe.messages.images import images_in
+from troupe.messages.images import images_in, whole_image_end
 from troupe.messages.scheduler import AllocationResult, RefusalReason
 
 InFlight = tuple[Request, int, bool]  # (request, its end position after the step, samples)
@@ -58,6 +58,7 @@ def build_plan(
     verified: list[InFlight] = []
     running, add_seq, add_in_flight = Status.RUNNING, seqs.append, in_flight.append
     reads_hidden = False
+    whole_images = planner.limits.image_rows > 0
     for w in work.values():
         req = w.req
         if req.status is not running:
@@ -76,6 +77,9 @@ def build_plan(
         end = start + w.num_tokens
         if end > (last := req.compute_end - held):  # min() costs a call here
             end = last
+        if req.images and whole_images:  # an image's rows attend to each other: one chunk
+            end = whole_image_end(req.images, start, end)
+            assert end > start, f"{req}: the planner left no room for a whole image"
         if end <= start:
             continue  # a parallel-sampling parent with all it computes cached: it forks next
         first = not req.in_executor

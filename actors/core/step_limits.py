@@ -33,12 +33,19 @@ class StepLimits:
     # The most distinct LoRA adapters among the running requests (EngineConfig.max_loras when
     # lora_modules is set; 0: no limit, no adapters): each runs in one step (step_starts.py).
     max_loras: int = 0
+    # The rows of one image where they attend to each other (RunnerNumbers.whole_images),
+    # 0 otherwise: a prefill chunk never ends inside an image. A running or swapped request's
+    # chunk ends before it (or waits a step); a waiting one starts only with room for one
+    # image's rows, so the chunk after its prefix hit, cut back, is never empty
+    # (plan_builder.py)
+    image_rows: int = 0
 
     def __post_init__(self) -> None:
         for name in ("block_size", "num_gpu_blocks", "max_num_seqs", "max_num_batched_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("num_lookahead_tokens", "kv_window", "max_chunk_tokens", "max_loras"):
+        for name in ("num_lookahead_tokens", "kv_window", "max_chunk_tokens", "max_loras",
+                     "image_rows"):  # fmt: skip
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
 

@@ -20,6 +20,7 @@ from troupe.actors.core.step_limits import StepLimits
 from troupe.actors.core.step_starts import start_queued
 from troupe.actors.core.step_work import Kind, Work
 from troupe.messages.allocator import OP_ORDER, AllocOp, CacheBlocks, FreeRequest, Grow, SwapOut
+from troupe.messages.images import whole_image_end
 from troupe.policies.preemption import PreemptionPolicy
 
 Tokens = tuple[int, ...]
@@ -111,6 +112,10 @@ class StepPlanner:
                 # fits only without its lookahead keeps its length and goes without).
                 end = min(end, fit)
                 need = max(lim.blocks_for(end) - req.num_blocks, 0)
+            if req.images and lim.image_rows:  # no chunk ends inside an image: cut back
+                if (cut := whole_image_end(req.images, computed, end)) == computed:
+                    continue  # the image waits for a step with room for all of it
+                end, need = cut, max(lim.blocks_for(cut) - req.num_blocks, 0)
             held = self.decoding and holds_last_token(req, end)
             budget = self.fit(req, end - computed, need, budget, held)
         forks.rejoin(q)

@@ -23,6 +23,7 @@ from troupe.actors.core.lora_slots import AdapterSlots
 from troupe.actors.core.request_state import Request, Status
 from troupe.actors.core.step_work import Kind, Work
 from troupe.messages.allocator import AllocateNew, SwapIn
+from troupe.messages.images import whole_image_end
 
 if TYPE_CHECKING:
     from troupe.actors.core.step_planner import StepPlanner
@@ -39,6 +40,11 @@ def start_queued(planner: StepPlanner, budget: int) -> None:
         if adapters is not None and not adapters.admits(req):
             break  # its adapter waits for a running one's requests to end, as blocks would
         n = lim.chunk(req.compute_end - req.num_computed, budget)
+        if req.images and lim.image_rows:  # no chunk ends inside an image (step_limits.py)
+            n = whole_image_end(req.images, req.num_computed, req.num_computed + n)
+            n -= req.num_computed
+            if n == 0:
+                break
         cover = req.num_computed + n + lim.lookahead(req.num_computed + n, req.num_tokens)
         total = max(req.num_cpu_blocks, lim.blocks_for(cover) - req.num_released)
         if total > planner.avail:
@@ -78,6 +84,8 @@ def _admit_waiting(
             deferred.append(q.take(req))
             continue
         n = lim.chunk(req.compute_end, budget)
+        if req.images and n < min(lim.image_rows, req.compute_end):
+            break  # room for a whole image after any prefix hit (step_limits.py)
         limit = cache_limit(req)  # streaming: hits only where its KV is the same
         max_hit = (min(num_tokens, limit or num_tokens) - 1) // bs * bs if caching else 0
         upper = lim.blocks_for(min(num_tokens, max_hit + n))
