@@ -144,3 +144,24 @@ async def test_a_budget_below_one_image_is_refused(gemma: tuple[Path, Any, Any])
     with pytest.raises(ConfigError, match="max_num_batched_tokens 3 is below the 4 rows"):
         async with Engine.open(_config(gemma[0], max_num_batched_tokens=3)):
             pass
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("eager", [False, True], ids=["graphs", "eager"])
+def test_gemma3_images_on_cuda(
+    gemma: tuple[Path, Any, Any], expected: list[list[int]], eager: bool
+) -> None:
+    """fp32 on CUDA: steps with image rows take the reference attention with key limits
+    (eagerly, out of the mixed-step graphs); decodes keep their graphs."""
+    import anyio
+
+    config = _config(gemma[0], device="cuda", dtype="float32", max_num_batched_tokens=5,
+                     enforce_eager=eager)  # fmt: skip
+
+    async def run() -> list[list[int]]:
+        async with Engine.open(config) as engine:
+            events = await collect_all(engine, [(_prompt(*c), GREEDY) for c in CONTENTS])
+            await wait_blocks_free(engine)
+        return [token_ids(e) for e in events]
+
+    assert anyio.run(run) == expected
