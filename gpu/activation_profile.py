@@ -7,6 +7,7 @@ import numpy as np
 import torch
 from troupe.config import EngineConfig
 from troupe.gpu.device_inputs import NEVER, ExpandPolicy, device_metadata
+from troupe.gpu.embed_rows import ENCODE_BATCH
 from troupe.gpu.kv_cache import KVCache
 from troupe.gpu.models import DecoderModel
 from troupe.gpu.step_inputs import StepInputs
@@ -77,5 +78,29 @@ def profile_activation_peak(model: DecoderModel, config: EngineConfig, max_model
         ) from exc
     peak = torch.cuda.max_memory_allocated(device) - before
     del hidden, logits, scratch
+    torch.cuda.empty_cache()
+    return max(int(peak), _encoder_peak(model))
+
+
+def _encoder_peak(model: DecoderModel) -> int:
+    """The vision encoder's activation peak on a batch of ENCODE_BATCH images (it runs before
+    the step's forward, its rows small beside the forward's activations); 0 without one."""
+    vision = model.vision
+    if vision is None:
+        return 0
+    device, size = model.device, vision.config.image_size
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_allocated(device)
+    try:
+        channels = vision.config.num_channels
+        rows = vision(torch.zeros(ENCODE_BATCH, channels, size, size, device=device))
+        torch.cuda.synchronize(device)
+    except torch.OutOfMemoryError as exc:
+        raise MemoryError(
+            f"out of device memory encoding {ENCODE_BATCH} images of {size}x{size} pixels"
+        ) from exc
+    peak = torch.cuda.max_memory_allocated(device) - before
+    del rows
     torch.cuda.empty_cache()
     return int(peak)

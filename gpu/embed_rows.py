@@ -26,6 +26,9 @@ import torch
 from troupe.messages import PromptEmbeds, PromptImage, SeqWork
 
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# Images the vision encoder takes at once: its activation peak (gpu/activation_profile.py
+# measures a batch this size) stays bounded however many images a step holds
+ENCODE_BATCH = 8
 
 
 class ImageEncoder(Protocol):
@@ -87,15 +90,19 @@ def _encoded(
     for image in images.values():
         by_size.setdefault((image.height, image.width), []).append(image)
     out: dict[str, torch.Tensor] = {}
-    for (height, width), group in by_size.items():
-        pixels = torch.stack(
-            [
-                torch.frombuffer(bytearray(i.pixels), dtype=torch.float32).view(3, height, width)
-                for i in group
-            ]
-        ).to(device)
-        for image, rows in zip(group, encoder(pixels), strict=True):
-            out[image.digest] = rows
+    for (height, width), same in by_size.items():
+        for at in range(0, len(same), ENCODE_BATCH):
+            group = same[at : at + ENCODE_BATCH]
+            pixels = torch.stack(
+                [
+                    torch.frombuffer(bytearray(i.pixels), dtype=torch.float32).view(
+                        3, height, width
+                    )
+                    for i in group
+                ]
+            ).to(device)
+            for image, rows in zip(group, encoder(pixels), strict=True):
+                out[image.digest] = rows
     return out
 
 

@@ -272,3 +272,15 @@ async def test_openai_dicts(llava: tuple[Path, Any, Any]) -> None:
         assert isinstance(end, Rejected) and end.field == "messages[0].content[0]", end
         assert "fetches no URL" in end.message
         await wait_blocks_free(engine)
+
+
+@pytest.mark.anyio
+async def test_images_encoded_one_at_a_time(
+    llava: tuple[Path, Any, Any], batch_expected: list[list[int]], monkeypatch: Any
+) -> None:
+    """The encoder's batches capped at one image (embed_rows.ENCODE_BATCH) change nothing."""
+    from troupe.gpu import embed_rows
+
+    monkeypatch.setattr(embed_rows, "ENCODE_BATCH", 1)
+    got, _ = await _batch(_config(llava[0], max_num_batched_tokens=64))
+    assert got == batch_expected
