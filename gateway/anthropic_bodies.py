@@ -56,6 +56,24 @@ class ToolResultBlock(_Body, kw_only=True):
     cache_control: CacheControl | None = None
 
 
+class ImageSource(_Body, kw_only=True):
+    """An image block's picture: base64 `data` (its `media_type` is not trusted: the engine
+    reads the bytes) or a `url` the gateway fetches (gateway/image_fetch.py)."""
+
+    type: Literal["base64", "url"]
+    media_type: str | None = None
+    data: str | None = None
+    url: str | None = None
+
+
+class ImageBlock(_Body, kw_only=True):
+    """A user's image, for a model that reads images (others refuse it naming the block)."""
+
+    type: Literal["image"]
+    source: ImageSource
+    cache_control: CacheControl | None = None
+
+
 class ThinkingBlock(_Body, kw_only=True):
     """An earlier answer's thinking: it reaches the template as the turn's `reasoning`."""
 
@@ -71,9 +89,12 @@ class RedactedThinkingBlock(_Body, kw_only=True):
     data: str
 
 
-Block = TextBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | RedactedThinkingBlock
+Block = (
+    TextBlock | ImageBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | RedactedThinkingBlock
+)
 BLOCK_TYPES: dict[str, type[Block]] = {
     "text": TextBlock,
+    "image": ImageBlock,
     "tool_use": ToolUseBlock,
     "tool_result": ToolResultBlock,
     "thinking": ThinkingBlock,

@@ -2,6 +2,8 @@
 
     system (text or text blocks)         ->  {"role": "system", ...} first
     user: "text" / text blocks           ->  {"role": "user", "content": the texts, joined}
+    user: image blocks among them        ->  the same, with the parts in order (base64 data
+                                             decoded; a URL fetched by the route)
     user: tool_result blocks             ->  {"role": "tool", "tool_call_id": its tool_use_id,
                                              "content": its text}, one per block, in order
                                              (text blocks around them stay user messages)
@@ -14,18 +16,21 @@
 These are the messages a chat client sends for the same turns, so the template renders calls
 and their results in the model's own format, as on chat and /v1/responses. A conversation
 that ends with an assistant turn is continued (Anthropic's prefill: the answer goes on from
-that text, as chat's continue_final_message). Image, document and the hosted tools' blocks
-are a 400 naming the block: this server reads text.
+that text, as chat's continue_final_message). Document and the hosted tools' blocks are a 400
+naming the block: this server reads text and images.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 from typing import Any
 
 from troupe.gateway.anthropic_bodies import (
     BLOCK_TYPES,
     Block,
+    ImageBlock,
     InputMessage,
     RedactedThinkingBlock,
     TextBlock,
@@ -35,10 +40,10 @@ from troupe.gateway.anthropic_bodies import (
 )
 from troupe.gateway.errors import invalid
 from troupe.gateway.openai_bodies import convert_field
-from troupe.messages import ChatMessage, ToolCall, ToolCallFunction
+from troupe.messages import ChatMessage, ChatPart, ToolCall, ToolCallFunction
 
 _BY_ROLE: dict[str, tuple[type[Block], ...]] = {
-    "user": (TextBlock, ToolResultBlock),
+    "user": (TextBlock, ImageBlock, ToolResultBlock),
     "assistant": (TextBlock, ToolUseBlock, ThinkingBlock, RedactedThinkingBlock),
 }
 
@@ -90,7 +95,7 @@ def _block(raw: dict[str, Any], where: str, role: str) -> Block:
         served = ", ".join(BLOCK_TYPES)
         raise invalid(
             f"{where}.type",
-            f"{where}.type must be one of {served} (this server reads text), got {kind!r:.40}",
+            f"{where}.type must be one of {served} (this server reads text and images), got {kind!r:.40}",
         )
     if block_type not in _BY_ROLE[role]:
         raise invalid(f"{where}.type", f"{where}.type: a {role} message cannot hold a {kind} block")
@@ -99,21 +104,48 @@ def _block(raw: dict[str, Any], where: str, role: str) -> Block:
 
 
 def _user_turn(blocks: list[Block], where: str) -> list[ChatMessage]:
+    """A user message's blocks: its runs of text and image blocks as user messages (with
+    images: their parts in order), each tool result as a tool message."""
     out: list[ChatMessage] = []
-    texts: list[str] = []
+    parts: list[ChatPart] = []
     for j, block in enumerate(blocks):
         if isinstance(block, TextBlock):
-            texts.append(block.text)
+            parts.append(ChatPart(type="text", text=block.text))
+            continue
+        if isinstance(block, ImageBlock):
+            parts.append(_image(block, f"{where}[{j}].source"))
             continue
         assert isinstance(block, ToolResultBlock)
-        if texts:
-            out.append(ChatMessage(role="user", content="\n".join(texts)))
-            texts = []
+        if parts:
+            out.append(_user_message(parts))
+            parts = []
         content = _result_text(block.content, f"{where}[{j}].content")
         out.append(ChatMessage(role="tool", content=content, tool_call_id=block.tool_use_id))
-    if texts:
-        out.append(ChatMessage(role="user", content="\n".join(texts)))
+    if parts:
+        out.append(_user_message(parts))
     return out
+
+
+def _user_message(parts: list[ChatPart]) -> ChatMessage:
+    text = "\n".join(p.text for p in parts if p.type == "text")
+    images = any(p.type == "image" for p in parts)
+    return ChatMessage(role="user", content=text, parts=tuple(parts) if images else None)
+
+
+def _image(block: ImageBlock, where: str) -> ChatPart:
+    """An image block's part: base64 data decoded, a URL left for the route to fetch."""
+    source = block.source
+    if source.type == "url":
+        if not source.url or not source.url.startswith(("http://", "https://")):
+            raise invalid(f"{where}.url", f"{where}.url must be an http(s) URL")
+        return ChatPart(type="image", url=source.url)
+    try:
+        data = base64.b64decode(source.data or "", validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise invalid(f"{where}.data", f"{where}.data is not base64 ({exc})") from None
+    if not data:
+        raise invalid(f"{where}.data", f"{where}.data holds no image")
+    return ChatPart(type="image", image=data)
 
 
 def _assistant_turn(blocks: list[Block]) -> ChatMessage:

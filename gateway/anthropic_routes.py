@@ -32,6 +32,7 @@ from troupe.gateway.anthropic_requests import MessagesRequest, parse_count_token
 from troupe.gateway.chat_reasoning import chat_reasoning, with_thinking_tags
 from troupe.gateway.errors import ApiError, error_for_event
 from troupe.gateway.http_body import read_json_body
+from troupe.gateway.image_fetch import fetch_prompt_images
 from troupe.gateway.outbox import Outbox
 from troupe.gateway.sse_frames import typed_sse
 from troupe.gateway.sse_writer import first_event, pump_sse, serve_sse
@@ -57,7 +58,7 @@ class _Call:
 
 async def messages(request: web.Request) -> web.StreamResponse:
     gateway = request.app[GATEWAY]
-    call = _prepare(gateway, await read_json_body(request, gateway.settings))
+    call = await _prepare(gateway, await read_json_body(request, gateway.settings))
     if not call.req.stream:
         body = await _answer(gateway, call)
         return web.json_response(body, dumps=lambda o: _json.encode(o).decode())
@@ -84,11 +85,14 @@ async def count_tokens(request: web.Request) -> web.Response:
     return web.json_response({"input_tokens": len(ids)})
 
 
-def _prepare(gateway: Gateway, raw: bytes) -> _Call:
+async def _prepare(gateway: Gateway, raw: bytes) -> _Call:
     engine = gateway.engine
     settings = gateway.settings
     tool_parser = settings.auto_tool_parser(engine.tokenizer.chat_template)
     req = parse_messages(raw, tool_parser=tool_parser, defaults=engine.sampling_defaults)
+    fetched = await fetch_prompt_images(req.prompt, settings)  # http(s) images' bytes
+    assert isinstance(fetched, ChatPrompt), "a ChatPrompt stays one"
+    req = dataclasses.replace(req, prompt=fetched)
     served = gateway.served_models()
     req = req.with_lora(served.lora_for(req.model))
     message_id = f"msg_{uuid.uuid4().hex}"

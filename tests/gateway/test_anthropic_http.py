@@ -197,6 +197,10 @@ def test_count_tokens_counts_the_prompt(client: Anthropic, server: ServerThread)
         ({"messages": [{"role": "system", "content": "x"}]}, "messages[0].role"),
         (
             {"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]},
+            "messages[0].content[0].source.type",
+        ),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "document", "source": {}}]}]},
             "messages[0].content[0].type",
         ),
         (

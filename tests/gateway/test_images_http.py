@@ -165,3 +165,24 @@ def test_responses_input_image(srv: ServerThread, image_server: str) -> None:
     content[0] = {"type": "input_image", "image_url": "ftp://x"}
     status, answer = _post(srv, "/v1/responses", body)
     assert status == 400 and answer["error"]["param"] == "input[0].content[0].image_url.url"
+
+
+def test_anthropic_image_blocks(srv: ServerThread, image_server: str) -> None:
+    """/v1/messages' image blocks (base64 data, or a URL fetched) answer what chat answers;
+    data that is no base64 is a 400 naming the block's source."""
+    status, chat = _chat(srv, f"{image_server}/cat.png")
+    assert status == 200, chat
+    sources = [
+        {"type": "base64", "media_type": "image/png", "data": base64.b64encode(IMAGE).decode()},
+        {"type": "url", "url": f"{image_server}/cat.png"},
+    ]
+    for source in sources:
+        blocks = [{"type": "image", "source": source}, {"type": "text", "text": "w5 w6"}]
+        body = {"model": Path(srv.config.model).name, "max_tokens": NUM_NEW, "temperature": 0,
+                "messages": [{"role": "user", "content": blocks}]}  # fmt: skip
+        status, answer = _post(srv, "/v1/messages", body)
+        assert status == 200, answer
+        assert answer["content"][0]["text"] == chat["choices"][0]["message"]["content"]
+    blocks[0] = {"type": "image", "source": {"type": "base64", "data": "@@"}}
+    status, answer = _post(srv, "/v1/messages", body)
+    assert status == 400 and "messages[0].content[0].source.data" in answer["error"]["message"]
