@@ -14,6 +14,7 @@ msgspec carries no tensor, so pixels travel as raw little-endian float32 bytes, 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Literal
 
 import msgspec
@@ -55,6 +56,23 @@ class PromptImage(msgspec.Struct, frozen=True, array_like=True, gc=False):
     def overlaps(self, start: int, stop: int) -> bool:
         """Whether positions start .. stop - 1 hold any of its placeholders."""
         return self.start < stop and start < self.stop
+
+
+def cache_tokens(
+    token_ids: Sequence[int], images: tuple[PromptImage, ...], start: int, stop: int
+) -> tuple[int, ...]:
+    """Positions start .. stop - 1 as the prefix cache keys them: token ids, but an image's
+    placeholders as keys of its own (negative, so no token id meets them): the image's digest
+    and the row's place in it. Blocks before an image are shared with any prompt that starts
+    the same way; a block over an image only with prompts of the same image there (the chain
+    of blocks carries everything before it)."""
+    out = list(token_ids[start:stop])
+    for image in images:
+        if image.overlaps(start, stop):
+            base = int(image.digest[:11], 16) << 16  # 44 bits of digest, 16 of row: int64
+            for p in range(max(start, image.start), min(stop, image.stop)):
+                out[p - start] = -1 - (base | ((p - image.start) & 0xFFFF))
+    return tuple(out)
 
 
 def whole_image_end(images: tuple[PromptImage, ...], start: int, end: int) -> int:

@@ -17,7 +17,7 @@ import hashlib
 
 import msgspec
 from troupe.actors.core.tokenizer_params import TruncationError, truncation_length
-from troupe.messages import GenerateRequest, PromptEmbeds, PromptImage, RejectCode
+from troupe.messages import GenerateRequest, PromptEmbeds, RejectCode
 
 Refusal = tuple[RejectCode, str, str]
 FIELD = "prompt_embeds"
@@ -84,14 +84,10 @@ def rows_digest(embeds: PromptEmbeds) -> str:
     return h.hexdigest()
 
 
-def cache_namespace(
-    base: str, embeds: PromptEmbeds | None, images: tuple[PromptImage, ...] = ()
-) -> str:
-    """The prefix-cache namespace of a request: its params' (adapter, salt), for an
-    embeddings prompt its rows' digest too, and for a prompt with images their digests and
-    places (the KV of an image's positions depends on its pixels, not its token ids)."""
-    if embeds is not None:
-        base = f"{base}\x1eembeds:{embeds.digest}"
-    if images:
-        base += "\x1eimages:" + ",".join(f"{i.start}:{i.digest}" for i in images)
-    return base
+def cache_namespace(base: str, embeds: PromptEmbeds | None) -> str:
+    """The prefix-cache namespace of a request: its params' (adapter, salt), and for an
+    embeddings prompt its rows' digest too. (A prompt's images key their own blocks instead:
+    messages/images.cache_tokens.)"""
+    if embeds is None:
+        return base
+    return f"{base}\x1eembeds:{embeds.digest}"

@@ -113,7 +113,7 @@ def commit_ops(requests: Iterable[Request], block_size: int) -> list[CacheBlocks
         if req.in_allocator and num_full > req.num_committed_blocks:
             start = req.num_committed_blocks * block_size
             ops.append(
-                CacheBlocks(req.request_id, tuple(req.token_ids[start : num_full * block_size]))
+                CacheBlocks(req.request_id, req.cache_tokens(start, num_full * block_size))
             )
             req.num_committed_blocks = num_full
     return ops

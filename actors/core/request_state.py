@@ -11,7 +11,7 @@ from troupe.actors.core.ngram_proposer import NgramIndex
 from troupe.actors.core.step_work import Kind, Work
 from troupe.messages.common import FinishReason
 from troupe.messages.events import FailureCause
-from troupe.messages.images import PromptImage
+from troupe.messages.images import PromptImage, cache_tokens
 from troupe.messages.prompt_embeds import PromptEmbeds
 from troupe.messages.sampling import SamplingParams
 from troupe.messages.scheduler import AdmittedRequest
@@ -68,9 +68,7 @@ class Request:
     cache_namespace: str = field(init=False)
 
     def __post_init__(self) -> None:
-        self.cache_namespace = cache_namespace(
-            self.params.cache_namespace, self.embeds, self.images
-        )
+        self.cache_namespace = cache_namespace(self.params.cache_namespace, self.embeds)
         self.decode = Work(self, 1, Kind.RUN)  # made once: the common decode allocates nothing
 
     @classmethod
@@ -94,6 +92,13 @@ class Request:
     @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
+
+    def cache_tokens(self, start: int, stop: int) -> tuple[int, ...]:
+        """Its tokens start .. stop - 1 as the prefix cache keys them (an image's rows by the
+        image: messages/images.cache_tokens)."""
+        if not self.images:
+            return tuple(self.token_ids[start:stop])
+        return cache_tokens(self.token_ids, self.images, start, stop)
 
     def append_token(self, token_id: int) -> FinishReason | None:
         """Append one sampled token; the finish reason (STOP, LENGTH) if it ends the request."""

@@ -64,7 +64,7 @@ def _admit_waiting(
     # (namespace, first block) of prompts being prefilled: requests that start the same way in
     # the same namespace wait for them
     leaders = {
-        (r.cache_namespace, tuple(r.token_ids[:bs]))
+        (r.cache_namespace, r.cache_tokens(0, bs))
         for r in (q.running if caching and q.waiting else ())
         if r.num_computed < r.prompt_len and r.prompt_len > bs
     }
@@ -79,7 +79,7 @@ def _admit_waiting(
             deferred.append(q.take(req))  # another adapter's turn; later ones may start
             continue
         namespace = req.cache_namespace
-        head = (namespace, tuple(req.token_ids[:bs])) if caching and num_tokens > bs else None
+        head = (namespace, req.cache_tokens(0, bs)) if caching and num_tokens > bs else None
         if head in leaders:
             deferred.append(q.take(req))
             continue
@@ -94,7 +94,7 @@ def _admit_waiting(
         if head is not None:
             leaders.add(head)
         req.in_allocator = True
-        op = AllocateNew(req.request_id, tuple(req.token_ids), n, limit, namespace)
+        op = AllocateNew(req.request_id, req.cache_tokens(0, num_tokens), n, limit, namespace)
         held = planner.decoding and holds_last_token(req, n)  # its blocks cover it
         seats -= _start(planner, Work(req, n, Kind.NEW, need=upper, held=held), op, adapters)
         budget -= n

@@ -163,7 +163,8 @@ async def test_greedy_equals_transformers_with_images(llava: tuple[Path, Any, An
         hits = engine.stats().prefix_cache_hit_tokens
         assert hits > 0
         assert token_ids(await collect(engine, _prompt(*two), GREEDY)) == want_two
-        # another image at the same places: no block of the first is served to it
+        # another image at the same places: no block over the first image is served to it
+        # (the one block before it is: a text prefix is shared whatever follows)
         other = ((_png(4), "w5 w6 w7"),)
         assert token_ids(await collect(engine, _prompt(*other), GREEDY)) == _hf_greedy(
             llava, *other
@@ -284,3 +285,19 @@ async def test_images_encoded_one_at_a_time(
     monkeypatch.setattr(embed_rows, "ENCODE_BATCH", 1)
     got, _ = await _batch(_config(llava[0], max_num_batched_tokens=64))
     assert got == batch_expected
+
+
+@pytest.mark.anyio
+async def test_text_before_an_image_is_shared(llava: tuple[Path, Any, Any]) -> None:
+    """Blocks before an image are cached as any text is: a prompt with another image after
+    the same text hits them (and only them), and answers as transformers does."""
+    text = "w40 w41 w42 w43 w44 w45 w46 w47 w48"  # with the template's first word: 2 blocks
+    first, second = ((text, _png(30), "w5"),), ((text, _png(31), "w5"),)
+    async with Engine.open(_config(llava[0])) as engine:
+        await collect(engine, _prompt(*first), GREEDY)
+        await wait_blocks_free(engine)
+        before = engine.stats().prefix_cache_hit_tokens
+        got = await collect(engine, _prompt(*second), GREEDY)
+        assert token_ids(got) == _hf_greedy(llava, *second)
+        await wait_blocks_free(engine)
+        assert engine.stats().prefix_cache_hit_tokens - before == 8
