@@ -21,6 +21,8 @@ from tests.gpu.family_checks import LLAMA3_ROPE, TINY, assert_greedy_matches, sa
 def saved(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
     import transformers
 
+    if not hasattr(transformers, "ExaoneConfig"):  # older transformers (the device image's)
+        pytest.skip("this transformers has no EXAONE 3 model to compare with")
     folder = tmp_path_factory.mktemp("exaone")
     config = transformers.ExaoneConfig(**TINY, rope_parameters=LLAMA3_ROPE)
     return folder, saved_random_model(folder, transformers.LlamaForCausalLM, config, norms=True)

@@ -23,6 +23,9 @@ SETTINGS = {
     "num_local_experts": 8,
     "num_experts_per_tok": 2,
     "rotary_dim": 8,
+    # what transformers >= 5.2x derives from rotary_dim; older ones (the device image's 5.17)
+    # read only this, and would rotate whole heads
+    "partial_rotary_factor": 0.5,
     "rope_theta": 1000.0,
 }
 
