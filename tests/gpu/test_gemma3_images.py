@@ -152,11 +152,13 @@ def test_gemma3_images_on_cuda(
     gemma: tuple[Path, Any, Any], expected: list[list[int]], eager: bool
 ) -> None:
     """fp32 on CUDA: steps with image rows take the reference attention with key limits
-    (eagerly, out of the mixed-step graphs); decodes keep their graphs."""
+    (eagerly, out of the mixed-step graphs); decodes keep their graphs. The pool is sized
+    from the memory profile, the encoder's peak in it (gpu/activation_profile.py)."""
     import anyio
 
     config = _config(gemma[0], device="cuda", dtype="float32", max_num_batched_tokens=5,
-                     enforce_eager=eager)  # fmt: skip
+                     enforce_eager=eager, num_kv_blocks=None,
+                     gpu_memory_utilization=0.3)  # fmt: skip
 
     async def run() -> list[list[int]]:
         async with Engine.open(config) as engine:
