@@ -7,10 +7,7 @@ from __future__ import annotations
 
 import base64
 import http.server
-import json
 import threading
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,7 +20,7 @@ from troupe.gateway.image_fetch import fetch_images
 from troupe.gateway.state import GatewaySettings
 from troupe.messages import ChatMessage, ChatPart
 
-from tests.gateway.conftest import ServerThread
+from tests.gateway.conftest import ServerThread, post_json
 from tests.gpu.test_llava_images import NUM_NEW, _hf_greedy, _png, tiny_llava
 
 pytestmark = pytest.mark.slow
@@ -79,16 +76,8 @@ def _chat(srv: ServerThread, url: str) -> tuple[int, dict[str, Any]]:
         "max_tokens": NUM_NEW, "temperature": 0, "ignore_eos": True, "logprobs": True,
         "return_tokens_as_token_ids": True,
     }  # fmt: skip
-    request = urllib.request.Request(
-        f"{srv.url}/v1/chat/completions",
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=120) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
+    status, answer = post_json(srv.url, "/v1/chat/completions", body)
+    return status, answer
 
 
 def _ids(answer: dict[str, Any]) -> list[int]:
@@ -138,18 +127,6 @@ async def test_hosts_and_deadlines(image_server: str) -> None:
     assert got[0] is plain and got[1].parts == (ChatPart(type="image", image=IMAGE),)
 
 
-def _post(srv: ServerThread, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-    request = urllib.request.Request(
-        f"{srv.url}{path}", data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
-    )  # fmt: skip
-    try:
-        with urllib.request.urlopen(request, timeout=120) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
-
-
 def test_responses_input_image(srv: ServerThread, image_server: str) -> None:
     """/v1/responses' input_image (an http URL, fetched) answers what chat answers."""
     status, chat = _chat(srv, f"{image_server}/cat.png")
@@ -158,12 +135,12 @@ def test_responses_input_image(srv: ServerThread, image_server: str) -> None:
                {"type": "input_text", "text": "w5 w6"}]  # fmt: skip
     body = {"input": [{"role": "user", "content": content}], "max_output_tokens": NUM_NEW,
             "temperature": 0, "store": False}  # fmt: skip
-    status, answer = _post(srv, "/v1/responses", body)
+    status, answer = post_json(srv.url, "/v1/responses", body)
     assert status == 200, answer
     text = answer["output"][-1]["content"][0]["text"]
     assert text == chat["choices"][0]["message"]["content"]
     content[0] = {"type": "input_image", "image_url": "ftp://x"}
-    status, answer = _post(srv, "/v1/responses", body)
+    status, answer = post_json(srv.url, "/v1/responses", body)
     assert status == 400 and answer["error"]["param"] == "input[0].content[0].image_url.url"
 
 
@@ -180,9 +157,9 @@ def test_anthropic_image_blocks(srv: ServerThread, image_server: str) -> None:
         blocks = [{"type": "image", "source": source}, {"type": "text", "text": "w5 w6"}]
         body = {"model": Path(srv.config.model).name, "max_tokens": NUM_NEW, "temperature": 0,
                 "messages": [{"role": "user", "content": blocks}]}  # fmt: skip
-        status, answer = _post(srv, "/v1/messages", body)
+        status, answer = post_json(srv.url, "/v1/messages", body)
         assert status == 200, answer
         assert answer["content"][0]["text"] == chat["choices"][0]["message"]["content"]
     blocks[0] = {"type": "image", "source": {"type": "base64", "data": "@@"}}
-    status, answer = _post(srv, "/v1/messages", body)
+    status, answer = post_json(srv.url, "/v1/messages", body)
     assert status == 400 and "messages[0].content[0].source.data" in answer["error"]["message"]
