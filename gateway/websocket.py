@@ -21,18 +21,19 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Coroutine, Iterable
-from typing import Any
+from typing import Any, cast
 
 import structlog
 from aiohttp import WSCloseCode, WSMsgType, web
 from troupe.gateway.errors import ApiError
+from troupe.gateway.image_fetch import fetch_prompt_images
 from troupe.gateway.outbox import Outbox, Overflow
 from troupe.gateway.pump import abort_transport_later, pump
 from troupe.gateway.state import GATEWAY, Gateway
 from troupe.gateway.ws_auth import WS_PROTOCOL
 from troupe.gateway.ws_frames import cancelled_frame, encode_event, error_frame
 from troupe.gateway.ws_requests import Cancel, FrameError, Generate, parse_frame
-from troupe.messages import StreamEvent
+from troupe.messages import ChatMessage, ChatPrompt, StreamEvent
 
 log = structlog.get_logger("troupe.gateway")
 
@@ -206,12 +207,22 @@ class WsSession:
             return encode_event(req.client_id, event, command.client_fields)
 
         try:
+            prompt = command.prompt
+            chat = isinstance(prompt, ChatPrompt) or (
+                isinstance(prompt, list) and bool(prompt) and isinstance(prompt[0], ChatMessage)
+            )
+            if chat:  # http(s) image URLs: their bytes, fetched (gateway/image_fetch.py)
+                messages = cast(list[ChatMessage] | ChatPrompt, prompt)
+                try:
+                    prompt = await fetch_prompt_images(messages, self.gateway.settings)
+                except ApiError as exc:
+                    message = error_frame(req.client_id, "invalid_request", str(exc), exc.param)
+                    self.outbox_put(message)
+                    return
             if req.is_cancelled:  # cancelled before it started: the engine never sees it
                 self.outbox_put(cancelled_frame(req.client_id))
                 return
-            events = self.gateway.engine.generate(
-                command.prompt, command.params, request_id=req.engine_id
-            )
+            events = self.gateway.engine.generate(prompt, command.params, request_id=req.engine_id)
             # No await between here and the pump's first step, which hands the request to
             # the engine: a cancel read from now on is sent behind it.
             req.is_started = True

@@ -14,6 +14,7 @@ encoder at each batch (bf16 on CUDA, fp32 on the CPU), after a warm-up.
 from __future__ import annotations
 
 import argparse
+import functools
 import io
 import statistics
 import time
@@ -64,6 +65,15 @@ def median_ms(fn: Callable[[], object], repeats: int, sync: Callable[[], None]) 
     return 1000 * statistics.median(times)
 
 
+def no_sync() -> None:
+    pass
+
+
+def preprocess(data: bytes, prep: ImagePrep) -> np.ndarray:
+    """What the tokenizer does to an image part's bytes."""
+    return pixel_values(decode_image(data, "image", 10**8), prep)
+
+
 def photo(width: int = 1024, height: int = 768) -> bytes:
     """A JPEG of smooth random colour at a phone photo's size."""
     rng = np.random.default_rng(0)
@@ -83,15 +93,12 @@ def main() -> None:
     args = parser.parse_args()
     device = torch.device(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    sync = torch.cuda.synchronize if device.type == "cuda" else no_sync
     data = photo()
     print(f"device {device} ({dtype}); photo: 1024x768 JPEG, {len(data)} bytes")
     for name in args.shape:
         config, prep = SHAPES[name]
-        prep_ms = median_ms(
-            lambda prep=prep: pixel_values(decode_image(data, "image", 10**8), prep),
-            args.repeats, lambda: None,
-        )  # fmt: skip
+        prep_ms = median_ms(functools.partial(preprocess, data, prep), args.repeats, no_sync)
         encoder = VisionEncoder(config, dtype, device)
         gen = torch.Generator(device="cpu").manual_seed(0)
         with torch.no_grad():
@@ -101,7 +108,7 @@ def main() -> None:
         for batch in args.batch:
             size = config.image_size
             pixels = torch.randn(batch, 3, size, size, generator=gen).to(device)
-            ms = median_ms(lambda p=pixels, e=encoder: e(p), args.repeats, sync)
+            ms = median_ms(functools.partial(encoder, pixels), args.repeats, sync)
             print(f"  batch {batch:3d}: {ms:9.1f} ms a forward, {ms / batch:8.1f} ms an image")
 
 

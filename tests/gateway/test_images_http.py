@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import http.server
+import json
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -163,3 +164,35 @@ def test_anthropic_image_blocks(srv: ServerThread, image_server: str) -> None:
     blocks[0] = {"type": "image", "source": {"type": "base64", "data": "@@"}}
     status, answer = post_json(srv.url, "/v1/messages", body)
     assert status == 400 and "messages[0].content[0].source.data" in answer["error"]["message"]
+
+
+def test_websocket_image_urls(srv: ServerThread, image_server: str) -> None:
+    """A websocket frame's image part: fetched from its URL, it answers what chat answers; a
+    URL that fails is an error frame naming the part."""
+    from websockets.sync.client import connect
+
+    status, chat = _chat(srv, f"{image_server}/cat.png")
+    assert status == 200, chat
+    want = _ids(chat)
+
+    def frame(request_id: str, url: str) -> str:
+        content = [{"type": "image_url", "image_url": {"url": url}},
+                   {"type": "text", "text": "w5 w6"}]  # fmt: skip
+        return json.dumps({"type": "generate", "request_id": request_id, "max_tokens": NUM_NEW,
+                           "temperature": 0, "ignore_eos": True,
+                           "messages": [{"role": "user", "content": content}]})  # fmt: skip
+
+    with connect(srv.url.replace("http://", "ws://") + "/v1/ws") as ws:
+        ws.send(frame("good", f"{image_server}/cat.png"))
+        ws.send(frame("bad", f"{image_server}/nothing.png"))
+        got: list[int] = []
+        ends: dict[str, dict[str, Any]] = {}
+        while len(ends) < 2:
+            message = json.loads(ws.recv(timeout=120))
+            if message["type"] == "delta":
+                got += message["token_ids"]
+            else:
+                ends[message["request_id"]] = message
+    assert ends["good"]["type"] == "done" and got == want, ends
+    assert ends["bad"]["type"] == "error", ends
+    assert ends["bad"]["field"] == "messages[0].content[0].image_url.url"
