@@ -23,7 +23,14 @@ from troupe.config import EngineConfig
 from troupe.messages import ChatMessage, ChatPart, ChatPrompt, Finished, Rejected, SamplingParams
 
 from tests.gpu.family_checks import saved_random_model
-from tests.graph_helpers import collect, collect_all, terminal, token_ids, wait_blocks_free
+from tests.graph_helpers import (
+    by_index,
+    collect,
+    collect_all,
+    terminal,
+    token_ids,
+    wait_blocks_free,
+)
 
 IMAGE_ID = 299
 TEMPLATE = (
@@ -301,3 +308,22 @@ async def test_text_before_an_image_is_shared(llava: tuple[Path, Any, Any]) -> N
         assert token_ids(got) == _hf_greedy(llava, *second)
         await wait_blocks_free(engine)
         assert engine.stats().prefix_cache_hit_tokens - before == 8
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("spec", [{}, {"speculative_method": "ngram", "num_speculative_tokens": 3}])
+async def test_samples_and_proposals_over_images(
+    llava: tuple[Path, Any, Any], spec: dict[str, Any]
+) -> None:
+    """n = 2 greedy samples fork after the image's prefill, both transformers' tokens; with
+    n-gram proposals (which may propose the image token) the verified answer is the same."""
+    one = ((_png(1), "w5 w6 w7"),)
+    want = _hf_greedy(llava, *one)
+    async with Engine.open(_config(llava[0], **spec)) as engine:
+        params = SamplingParams(max_tokens=NUM_NEW, temperature=0.0, ignore_eos=True, n=2)
+        events = await collect(engine, _prompt(*one), params if not spec else GREEDY)
+        samples = by_index(events)  # one end each
+        assert all(isinstance(s[-1], Finished) for s in samples.values()), events
+        assert all(token_ids(s) == want for s in samples.values())
+        assert len(samples) == (1 if spec else 2)
+        await wait_blocks_free(engine)
