@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import io
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import msgspec
+from PIL import Image
 from troupe.actors.core.chat_messages import ChatMessageError, check_chat_messages
 from troupe.actors.core.content_parts import parts_of
 from troupe.messages import (
@@ -87,6 +89,15 @@ def to_generate_request(
         return GenerateRequest(
             request_id=request_id, params=sampling, arrival_time=arrival_time, prompt_embeds=prompt
         )
+    if isinstance(prompt, Mapping) and "multi_modal_data" in prompt:
+        text, images = _multimodal(prompt)
+        return GenerateRequest(
+            request_id=request_id,
+            params=sampling,
+            arrival_time=arrival_time,
+            prompt=text,
+            images=images,
+        )
     if isinstance(prompt, ChatPrompt):
         check_chat_options(prompt)
         return GenerateRequest(
@@ -142,6 +153,37 @@ def _chat_messages(items: Sequence[Any]) -> tuple[ChatMessage, ...]:
     except ChatMessageError as exc:
         raise RequestInputError(exc.field, str(exc)) from None
     return tuple(messages)
+
+
+def _multimodal(prompt: Mapping[str, Any]) -> tuple[str, tuple[bytes, ...]]:
+    """vLLM's TextPrompt with images: {"prompt": text with the model's image placeholders,
+    "multi_modal_data": {"image": an image or a list}}, each a file's bytes or a PIL image
+    (saved as PNG, losslessly)."""
+    unknown = set(prompt) - {"prompt", "multi_modal_data"}
+    if unknown:
+        raise RequestInputError(sorted(unknown)[0], f"unknown prompt field {sorted(unknown)[0]!r}")
+    text, data = prompt.get("prompt"), prompt["multi_modal_data"]
+    if not isinstance(text, str):
+        raise RequestInputError("prompt", "a prompt with multi_modal_data must be a string")
+    if not isinstance(data, Mapping) or set(data) - {"image"}:
+        raise RequestInputError(
+            "multi_modal_data", 'multi_modal_data takes "image" (one image or a list)'
+        )
+    given = data.get("image", [])
+    images = given if isinstance(given, list | tuple) else [given]
+    out = []
+    for i, image in enumerate(images):
+        if isinstance(image, bytes | bytearray):
+            out.append(bytes(image))
+            continue
+        if not isinstance(image, Image.Image):
+            raise RequestInputError(
+                f"images[{i}]", f"images[{i}] must be an image file's bytes or a PIL image"
+            )
+        buffer = io.BytesIO()
+        image.save(buffer, format="PNG")
+        out.append(buffer.getvalue())
+    return text, tuple(out)
 
 
 def _chat_message(item: Any, index: int) -> ChatMessage:

@@ -23,6 +23,9 @@ class GenerateRequest(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     chat_template_kwargs: dict[str, object] | None = None
     # input embeddings instead of tokens (EngineConfig.enable_prompt_embeds)
     prompt_embeds: PromptEmbeds | None = None
+    # a text prompt's images (vLLM's multi_modal_data), their files' bytes in the order of
+    # the prompt's image placeholders (chat messages carry theirs in their parts)
+    images: tuple[bytes, ...] = ()
 
 
 class AbortRequest(msgspec.Struct, frozen=True, kw_only=True, tag=True):

@@ -94,10 +94,14 @@ class PromptImages:
             for j, part in enumerate(message.parts or ())
             if part.type == "image"
         ]
+        return self.read_files(found, "messages")
+
+    def read_files(self, found: Sequence[tuple[str, bytes]], where: str) -> list[ReadImage]:
+        """Image files (each with the field that gave it), decoded and preprocessed in
+        order; ImageError naming the field (or `where` for too many of them)."""
         if len(found) > self.limit:
             raise ImageError(
-                "messages",
-                f"messages hold {len(found)} images; limit_images_per_prompt is {self.limit}",
+                where, f"{where} hold {len(found)} images; limit_images_per_prompt is {self.limit}"
             )
         out = []
         for field, data in found:
@@ -109,15 +113,17 @@ class PromptImages:
             out.append(ReadImage(pixels, h.hexdigest()))
         return out
 
-    def expand(self, text: str, num_images: int) -> str:
-        """The rendered prompt with each image's placeholder replaced by its image tokens."""
+    def expand(self, text: str, num_images: int, field: str = "messages") -> str:
+        """The prompt (rendered, or given) with each image's placeholder replaced by its image
+        tokens; ImageError naming `field` when their counts differ."""
         placeholder = self.tokens.placeholder
         count = text.count(placeholder)
         if count != num_images:
+            writer = "the chat template wrote" if field == "messages" else "the prompt holds"
             raise ImageError(
-                "messages",
-                f"the chat template wrote {count} image placeholders ({placeholder!r}) for "
-                f"{num_images} images; the template must write one per image part",
+                field,
+                f"{writer} {count} image placeholders ({placeholder!r}) for {num_images} "
+                "images; one is needed per image",
             )
         return text.replace(placeholder, self.tokens.expanded)
 

@@ -238,10 +238,22 @@ class TokenizerCore:
                     request_id=req.request_id, code=code, field=field, message=message
                 )
             return _Encoded("prompt_embeds", (PLACEHOLDER_TOKEN_ID,) * embeds.num_rows, embeds)
+        if req.images and req.prompt is None:
+            return _reject(req, "images", "images go with a text prompt (messages carry theirs)")
         if req.prompt is not None:
             if not req.prompt:
                 return _reject(req, "prompt", "prompt must not be empty")
-            return self._text(req, "prompt", req.prompt, queues, keep)
+            if not req.images:
+                return self._text(req, "prompt", req.prompt, queues, keep)
+            if self._images is None:
+                return _reject(req, "images", "images: this model takes no images")
+            try:  # vLLM's multi_modal_data: the prompt writes the model's placeholders
+                files = [(f"images[{i}]", data) for i, data in enumerate(req.images)]
+                pictures = tuple(self._images.read_files(files, "images"))
+                text = self._images.expand(req.prompt, len(pictures), "prompt")
+            except ImageError as exc:
+                return _reject(req, exc.field, str(exc))
+            return self._text(req, "prompt", text, queues, keep, pictures)
         if req.messages is not None:
             if not req.messages:
                 return _reject(req, "messages", "messages must not be empty")

@@ -327,3 +327,22 @@ async def test_samples_and_proposals_over_images(
         assert all(token_ids(s) == want for s in samples.values())
         assert len(samples) == (1 if spec else 2)
         await wait_blocks_free(engine)
+
+
+@pytest.mark.anyio
+async def test_a_text_prompt_with_multi_modal_data(llava: tuple[Path, Any, Any]) -> None:
+    """vLLM's {"prompt": ..., "multi_modal_data": {"image": ...}}: the prompt writes the
+    placeholder itself; bytes and a PIL image give the chat prompt's tokens; a count that
+    differs names the prompt."""
+    png = _png(1)
+    async with Engine.open(_config(llava[0])) as engine:
+        want = token_ids(await collect(engine, _prompt((png, "w5 w6 w7")), GREEDY))
+        text = "w1 <image>w5 w6 w7 w3 w2"  # what the template renders for that message
+        for image in (png, [Image.open(io.BytesIO(png))]):
+            prompt = {"prompt": text, "multi_modal_data": {"image": image}}
+            assert token_ids(await collect(engine, prompt, GREEDY)) == want
+        prompt = {"prompt": "w1 w5", "multi_modal_data": {"image": png}}
+        end = terminal(await collect(engine, prompt, GREEDY))
+        assert isinstance(end, Rejected) and end.field == "prompt", end
+        assert "0 image placeholders" in end.message
+        await wait_blocks_free(engine)
