@@ -62,17 +62,22 @@ def cache_tokens(
     token_ids: Sequence[int], images: tuple[PromptImage, ...], start: int, stop: int
 ) -> tuple[int, ...]:
     """Positions start .. stop - 1 as the prefix cache keys them: token ids, but an image's
-    placeholders as keys of its own (negative, so no token id meets them): the image's digest
-    and the row's place in it. Blocks before an image are shared with any prompt that starts
-    the same way; a block over an image only with prompts of the same image there (the chain
-    of blocks carries everything before it)."""
+    placeholders as keys of its own (negative, so no token id meets them): row r of an image
+    whose 128-bit digest is the words (a, b) is keyed -1 - ((a + r b) mod 2^62). Two images'
+    keys agree at one row with odds 2^-62 and at two rows only if their digests do (mod
+    2^62): a block of another image is never served. Blocks before an image are shared with
+    any prompt that starts the same way; a block over an image only with prompts of the same
+    image there (the chain of blocks carries everything before it)."""
     out = list(token_ids[start:stop])
     for image in images:
         if image.overlaps(start, stop):
-            base = int(image.digest[:11], 16) << 16  # 44 bits of digest, 16 of row: int64
+            a, b = int(image.digest[:16], 16), int(image.digest[16:32], 16)
             for p in range(max(start, image.start), min(stop, image.stop)):
-                out[p - start] = -1 - (base | ((p - image.start) & 0xFFFF))
+                out[p - start] = -1 - ((a + (p - image.start) * b) & _KEY_MASK)
     return tuple(out)
+
+
+_KEY_MASK = (1 << 62) - 1  # keys stay in int64, as messages carry them
 
 
 def whole_image_end(images: tuple[PromptImage, ...], start: int, end: int) -> int:

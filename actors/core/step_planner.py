@@ -106,16 +106,20 @@ class StepPlanner:
                 continue  # preempted earlier in this loop
             computed = req.num_computed
             end = computed + lim.chunk(req.compute_end - computed, budget)
+            whole = bool(req.images and lim.image_rows)  # no chunk ends inside an image
+            if whole and (end := whole_image_end(req.images, computed, end)) == computed:
+                continue  # the image waits for a step with budget for all of it
             need = max(lim.blocks_for(end + lim.lookahead(end, req.num_tokens)) - req.num_blocks, 0)
             if need > self.avail and (fit := (req.num_blocks + self.avail) * bs) > computed:
                 # A chunk shrinks to the blocks there are before preempting (a last chunk that
-                # fits only without its lookahead keeps its length and goes without).
-                end = min(end, fit)
-                need = max(lim.blocks_for(end) - req.num_blocks, 0)
-            if req.images and lim.image_rows:  # no chunk ends inside an image: cut back
-                if (cut := whole_image_end(req.images, computed, end)) == computed:
-                    continue  # the image waits for a step with room for all of it
-                end, need = cut, max(lim.blocks_for(cut) - req.num_blocks, 0)
+                # fits only without its lookahead keeps its length and goes without); one
+                # that would end inside an image is cut back to it, or, with nothing left,
+                # keeps its length: `fit` finds the image's blocks by preempting
+                shrunk = min(end, fit)
+                if whole:
+                    shrunk = whole_image_end(req.images, computed, shrunk)
+                if shrunk > computed:
+                    end, need = shrunk, max(lim.blocks_for(shrunk) - req.num_blocks, 0)
             held = self.decoding and holds_last_token(req, end)
             budget = self.fit(req, end - computed, need, budget, held)
         forks.rejoin(q)

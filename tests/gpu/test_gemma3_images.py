@@ -140,6 +140,24 @@ async def test_greedy_equals_transformers(
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+async def test_preempted_mid_image(
+    gemma: tuple[Path, Any, Any], expected: list[list[int]], mode: str
+) -> None:
+    """A pool too small for the three at once: whether they are preempted depends on how
+    they arrive (tests/actors/core/test_scheduler_images.py preempts deterministically);
+    nobody waits forever and the tokens stay."""
+    config = _config(gemma[0], max_num_batched_tokens=5, num_kv_blocks=10, preemption_mode=mode,
+                     enable_prefix_caching=False)  # fmt: skip
+    async with Engine.open(config) as engine:
+        events = await collect_all(engine, [(_prompt(*c), GREEDY) for c in CONTENTS])
+        await wait_blocks_free(engine)
+        stats = engine.stats()
+    assert [token_ids(e) for e in events] == expected
+    assert stats.num_gpu_blocks_used == stats.num_cpu_blocks_used == 0, stats
+
+
+@pytest.mark.anyio
 async def test_a_budget_below_one_image_is_refused(gemma: tuple[Path, Any, Any]) -> None:
     with pytest.raises(ConfigError, match="max_num_batched_tokens 3 is below the 4 rows"):
         async with Engine.open(_config(gemma[0], max_num_batched_tokens=3)):
