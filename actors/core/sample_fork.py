@@ -148,6 +148,7 @@ class SampleForks:
             stop_ids=parent.stop_ids,
             sort_key=parent.sort_key,
             embeds=parent.embeds,
+            images=parent.images,  # a recomputed sample encodes them again
         )
 
     def _sweep(self) -> None:

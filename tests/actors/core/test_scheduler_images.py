@@ -14,6 +14,7 @@ from troupe.actors.core.scheduler import SchedulerCore
 from troupe.actors.core.step_limits import StepLimits
 from troupe.gpu.fake_runner import FakeRunner
 from troupe.messages import AdmittedRequest, PromptImage, SampledToken, SamplingParams, StepPlan
+from troupe.messages.samples import SAMPLE_SEP, sample_id
 from troupe.ops.bench_scheduler import CoreLoop
 
 from tests.actors.core.allocator_invariants import check_allocator
@@ -32,7 +33,8 @@ class ChunkWatcher:
     def execute(self, plan: StepPlan) -> tuple[SampledToken, ...]:
         for work in plan.seqs:
             start, end = work.start_pos, work.start_pos + work.num_tokens
-            images = self.images.get(work.request_id, ())
+            parent = work.request_id.split(SAMPLE_SEP)[0]  # n > 1: a sample's are its parent's
+            images = self.images.get(parent, ())
             for image in images:
                 assert not image.start < end < image.stop, (work.request_id, start, end, image)
             want = tuple(i for i in images if i.overlaps(start, end))
@@ -50,17 +52,25 @@ def _image(start: int, seed: int) -> PromptImage:
 REQUESTS = [(20, 9, (3, 11)), (17, 12, (2,)), (25, 6, (1, 9, 16)), (12, 10, (5,))]
 
 
-def _run(mode: str, num_gpu_blocks: int, num_cpu_blocks: int, budget: int) -> CoreLoop:
+def _run(
+    mode: str,
+    num_gpu_blocks: int,
+    num_cpu_blocks: int,
+    budget: int,
+    n: int = 1,
+    caching: bool = True,
+    shapes: list[tuple[int, int, tuple[int, ...]]] = REQUESTS,
+) -> CoreLoop:
     limits = StepLimits(
         block_size=BS, num_gpu_blocks=num_gpu_blocks, max_num_seqs=8,
-        max_num_batched_tokens=budget, image_rows=ROWS,
+        max_num_batched_tokens=budget, image_rows=ROWS, enable_prefix_caching=caching,
     )  # fmt: skip
     scheduler = SchedulerCore(
         limits, num_cpu_blocks=num_cpu_blocks, preemption_mode=mode, eos_token_ids=(2,)
     )
     allocator = AllocatorCore(
         block_size=BS, num_gpu_blocks=num_gpu_blocks, num_cpu_blocks=num_cpu_blocks,
-        enable_prefix_caching=True,
+        enable_prefix_caching=caching,
     )  # fmt: skip
     runner = FakeRunner(
         block_size=BS, num_gpu_blocks=num_gpu_blocks, num_cpu_blocks=num_cpu_blocks,
@@ -70,12 +80,12 @@ def _run(mode: str, num_gpu_blocks: int, num_cpu_blocks: int, budget: int) -> Co
         AdmittedRequest(
             request_id=f"r{i}",
             prompt_token_ids=tuple(100 + (i * 37 + j * 11) % 900 for j in range(prompt)),
-            params=SamplingParams(max_tokens=out, ignore_eos=True),
+            params=SamplingParams(max_tokens=out, ignore_eos=True, n=n),
             arrival_time=0.0,
             max_total_tokens=prompt + out,
             images=tuple(_image(s, 16 * i + k) for k, s in enumerate(starts)),
         )
-        for i, (prompt, out, starts) in enumerate(REQUESTS)
+        for i, (prompt, out, starts) in enumerate(shapes)
     ]
     watcher = ChunkWatcher(runner, {r.request_id: r.images for r in requests})
     loop = CoreLoop(scheduler, allocator, watcher, check=check_allocator)  # type: ignore[arg-type]
@@ -83,9 +93,10 @@ def _run(mode: str, num_gpu_blocks: int, num_cpu_blocks: int, budget: int) -> Co
     loop.run()
     assert watcher.num_chunks > 0
     for req in requests:
-        assert loop.tokens[req.request_id] == FakeRunner.reference_tokens(
-            req.prompt_token_ids, req.params.max_tokens
-        ), req.request_id
+        want = FakeRunner.reference_tokens(req.prompt_token_ids, req.params.max_tokens)
+        ids = [req.request_id] if n == 1 else [sample_id(req.request_id, k) for k in range(n)]
+        for rid in ids:
+            assert loop.tokens[rid] == want, rid
     return loop
 
 
@@ -103,3 +114,12 @@ def test_preempted_in_a_tiny_pool(mode: str, num_cpu_blocks: int, budget: int) -
     stats = loop.batches[-1].stats
     assert stats is not None and stats.num_gpu_blocks_used == stats.num_cpu_blocks_used == 0
     assert stats.num_preemptions_swap + stats.num_preemptions_recompute > 0, stats
+
+
+def test_samples_recomputed_with_their_images() -> None:
+    """n = 2: each sample forks after its parent's prompt; preempted and recomputed, a sample
+    feeds its prompt's images again (a fork keeps them; no prefix cache to skip them)."""
+    shapes = [(12, 20, (2,)), (13, 18, (3,))]
+    loop = _run("recompute", 12, 0, 16, n=2, caching=False, shapes=shapes)
+    stats = loop.batches[-1].stats
+    assert stats is not None and stats.num_preemptions_recompute > 0, stats
