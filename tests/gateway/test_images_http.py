@@ -196,3 +196,13 @@ def test_websocket_image_urls(srv: ServerThread, image_server: str) -> None:
     assert ends["good"]["type"] == "done" and got == want, ends
     assert ends["bad"]["type"] == "error", ends
     assert ends["bad"]["field"] == "messages[0].content[0].image_url.url"
+
+
+def test_beam_search_refuses_images(srv: ServerThread) -> None:
+    """Beam search's rounds run on token ids: an image part is named, not lost."""
+    url = "data:image/png;base64," + base64.b64encode(IMAGE).decode()
+    body = {"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "w5"}, {"type": "image_url", "image_url": {"url": url}},
+    ]}], "use_beam_search": True, "n": 2, "max_tokens": 2}  # fmt: skip
+    status, answer = post_json(srv.url, "/v1/chat/completions", body)
+    assert status == 400 and answer["error"]["param"] == "messages[0].content[1]", answer
