@@ -154,8 +154,8 @@ async def prompt_token_ids(
         chat = prompt
         if not isinstance(chat, ChatPrompt):  # the messages, with the template's defaults
             chat = ChatPrompt(messages=tuple(prompt))
-        for i, message in enumerate(chat.messages):  # its rounds run on token ids alone
-            for j, part in enumerate(message.parts or ()):
+        for i, turn in enumerate(chat.messages):  # its rounds run on token ids alone
+            for j, part in enumerate(turn.parts or ()):
                 if part.type == "image":
                     at = f"messages[{i}].content[{j}]"
                     raise invalid(at, f"{at}: beam search takes no images")
