@@ -96,13 +96,21 @@ async def run(config: EngineConfig) -> tuple[list[list[int]], object]:
 )
 async def test_speculation_gives_the_same_tokens(extra: dict[str, object]) -> None:
     config = EngineConfig(**BASE, speculative_method="ngram", **extra)  # type: ignore[arg-type]
-    got, stats = await run(config)
-    assert got == [expected(p, s) for p, s in workload()]
-    assert stats.num_spec_proposed_tokens > 0
-    # copy-seed requests repeat their prompt: most proposals are accepted
-    assert stats.num_spec_accepted_tokens > stats.num_spec_proposed_tokens // 2
-    lengths = stats.spec_accepted_lengths
-    assert len(lengths) == config.num_speculative_tokens + 1
-    assert sum(n * c for n, c in enumerate(lengths)) == stats.num_spec_accepted_tokens
-    if extra.get("num_kv_blocks") == 24:
-        assert stats.num_preemptions_swap + stats.num_preemptions_recompute > 0
+    small = extra.get("num_kv_blocks") == 24
+    # The small pools must preempt, which needs requests running together. run() queues them
+    # all before they run far, but a busy machine can still let an early one end before the
+    # last arrives (once in a few CI runs): such a run checks everything but preemption, and
+    # the workload runs again, at most 5 times in all.
+    for _ in range(5):
+        got, stats = await run(config)
+        assert got == [expected(p, s) for p, s in workload()]
+        assert stats.num_spec_proposed_tokens > 0
+        # copy-seed requests repeat their prompt: most proposals are accepted
+        assert stats.num_spec_accepted_tokens > stats.num_spec_proposed_tokens // 2
+        lengths = stats.spec_accepted_lengths
+        assert len(lengths) == config.num_speculative_tokens + 1
+        assert sum(n * c for n, c in enumerate(lengths)) == stats.num_spec_accepted_tokens
+        preempted = stats.num_preemptions_swap + stats.num_preemptions_recompute > 0
+        if preempted or not small:
+            break
+    assert preempted or not small, "five runs and no preemption in a 24-block pool"
