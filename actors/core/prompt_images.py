@@ -100,9 +100,7 @@ class PromptImages:
         """Image files (each with the field that gave it), decoded and preprocessed in
         order; ImageError naming the field (or `where` for too many of them)."""
         if len(found) > self.limit:
-            raise ImageError(
-                where, f"{where} hold {len(found)} images; limit_images_per_prompt is {self.limit}"
-            )
+            raise ImageError(where, f"{len(found)} images; limit_images_per_prompt is {self.limit}")
         out = []
         for field, data in found:
             values = pixel_values(decode_image(data, field, self.max_pixels), self.prep)
@@ -145,17 +143,15 @@ class PromptImages:
             if (end - at) % rows:
                 raise ImageError(
                     field,
-                    f"{field}: a run of {end - at} image tokens at position {at}; each image "
-                    f"takes {rows} (the prompt may write the image token itself, or be cut "
-                    "inside an image by truncate_prompt_tokens)",
+                    f"a run of {end - at} image tokens at position {at}; each image takes "
+                    f"{rows} (the prompt may write the image token itself, or be cut inside an "
+                    "image by truncate_prompt_tokens)",
                 )
             starts.extend(range(at, end, rows))
             at = end
         if len(starts) != len(images):
             raise ImageError(
-                field,
-                f"{field}: the prompt holds {len(starts)} images' tokens for {len(images)} "
-                "images",
+                field, f"the prompt holds {len(starts)} images' tokens for {len(images)} images"
             )
         return tuple(
             PromptImage(

@@ -336,10 +336,10 @@ class TokenizerCore:
             for j, part in enumerate(message.parts or ()):
                 field = f"messages[{i}].content[{j}]"
                 if part.type == "image" and self._images is None:
-                    raise ImageError(field, f"{field}: this model takes no images")
+                    raise ImageError(field, "this model takes no images")
                 if part.type == "image" and not part.image:
                     raise ImageError(
-                        field, f"{field}: no image bytes (the engine fetches no URL: {part.url!r})"
+                        field, f"no image bytes (the engine fetches no URL: {part.url!r})"
                     )
         return () if self._images is None else tuple(self._images.read(messages))
 
