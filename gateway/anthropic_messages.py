@@ -22,11 +22,11 @@ naming the block: this server reads text and images.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
 from typing import Any
 
+from troupe.actors.core.chat_messages import ChatMessageError
+from troupe.actors.core.content_parts import base64_image
 from troupe.gateway.anthropic_bodies import (
     BLOCK_TYPES,
     Block,
@@ -140,12 +140,9 @@ def _image(block: ImageBlock, where: str) -> ChatPart:
             raise invalid(f"{where}.url", f"{where}.url must be an http(s) URL")
         return ChatPart(type="image", url=source.url)
     try:
-        data = base64.b64decode(source.data or "", validate=True)
-    except (binascii.Error, ValueError) as exc:
-        raise invalid(f"{where}.data", f"{where}.data is not base64 ({exc})") from None
-    if not data:
-        raise invalid(f"{where}.data", f"{where}.data holds no image")
-    return ChatPart(type="image", image=data)
+        return ChatPart(type="image", image=base64_image(source.data or "", f"{where}.data"))
+    except ChatMessageError as exc:
+        raise invalid(exc.field, str(exc)) from None
 
 
 def _assistant_turn(blocks: list[Block]) -> ChatMessage:

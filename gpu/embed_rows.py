@@ -110,9 +110,12 @@ def step_embeds(seqs: tuple[SeqWork, ...], query_start_loc: np.ndarray) -> StepE
     """The rows of `seqs` (flat, as query_start_loc places them) that take input embeddings:
     each SeqWork's first prompt_embeds.num_rows rows, and the rows of its images'
     placeholders in its chunk. None when no SeqWork has any."""
+    given = [(i, w) for i, w in enumerate(seqs) if w.prompt_embeds is not None or w.images]
+    if not given:  # every step asks: one pass at C speed over its sequences
+        return None
     rows: list[np.ndarray] = []
     pieces: list[PromptEmbeds | ImageSlice] = []
-    for i, w in enumerate(seqs):
+    for i, w in given:
         at = int(query_start_loc[i])
         if w.prompt_embeds is not None:
             rows.append(np.arange(w.prompt_embeds.num_rows, dtype=np.int64) + at)

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from troupe.gpu.model_config import ModelConfig
     from troupe.gpu.models import DecoderModel
     from troupe.gpu.runner import Runner
+    from troupe.gpu.vision_encoder import VisionEncoder
 
 
 @runtime_checkable
@@ -30,29 +31,31 @@ class HasModel(Protocol):
     model: DecoderModel
 
 
-def image_rows(runner: Runner) -> int:
-    """The rows `runner`'s vision encoder makes of one image (0: it takes no images)."""
+def _unwrapped(runner: Runner) -> Runner:
+    """The runner a wrapper (fault injection, timing) wraps: it answers for it."""
     while isinstance(runner, RunnerWrapper):
         runner = runner.inner
-    if isinstance(runner, HasModel) and runner.model.vision is not None:
-        return runner.model.vision.tokens_per_image
-    return 0
+    return runner
+
+
+def _vision(runner: Runner) -> VisionEncoder | None:
+    inner = _unwrapped(runner)
+    return inner.model.vision if isinstance(inner, HasModel) else None
+
+
+def image_rows(runner: Runner) -> int:
+    """The rows `runner`'s vision encoder makes of one image (0: it takes no images)."""
+    vision = _vision(runner)
+    return 0 if vision is None else vision.tokens_per_image
 
 
 def whole_images(runner: Runner) -> bool:
     """Whether `runner`'s image rows attend to their whole image (each in one chunk)."""
-    while isinstance(runner, RunnerWrapper):
-        runner = runner.inner
-    if isinstance(runner, HasModel) and runner.model.vision is not None:
-        return runner.model.vision.config.whole_image_attention
-    return False
+    vision = _vision(runner)
+    return vision is not None and vision.config.whole_image_attention
 
 
 def prompt_embeds_width(runner: Runner) -> int:
-    """The hidden size of the rows `runner` feeds its first layer (0: it takes none); a
-    wrapper (fault injection, timing) answers for the runner it wraps."""
-    while isinstance(runner, RunnerWrapper):
-        runner = runner.inner
-    if isinstance(runner, HasModelConfig):
-        return runner.model_config.hidden_size
-    return 0
+    """The hidden size of the rows `runner` feeds its first layer (0: it takes none)."""
+    inner = _unwrapped(runner)
+    return inner.model_config.hidden_size if isinstance(inner, HasModelConfig) else 0

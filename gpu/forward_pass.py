@@ -60,6 +60,9 @@ class ForwardPass:
         mixed-step graphs then read them from buffers of their own (eagerly: always)."""
         self.model = model
         self.kv = kv
+        # the model's image rows see their whole image (Gemma 3): such steps take key limits
+        vision = model.vision
+        self.whole_images = vision is not None and vision.config.whole_image_attention
         self.expand = mla_expand if model.config.mla is not None else NEVER
         self.graphs: DecodeGraphs | None = None
         if model.lora is not None:  # graphs capture the masked form, whatever ran before
@@ -148,9 +151,7 @@ class ForwardPass:
     def _eager(self, inputs: StepInputs, input_ids: torch.Tensor | None) -> torch.Tensor:
         """The final hidden states of the rows in inputs.logits_indices, launched op by op."""
         device = self.model.device
-        vision = self.model.vision
-        whole = vision is not None and vision.config.whole_image_attention
-        meta = device_metadata(inputs, device, self.expand, self.kv.block_size, whole)
+        meta = device_metadata(inputs, device, self.expand, self.kv.block_size, self.whole_images)
         if input_ids is None:
             ids = host_to_device(inputs.input_ids, device)
         elif len(input_ids) < len(inputs.input_ids):  # the rest from the host
@@ -171,8 +172,7 @@ class ForwardPass:
 
     def _whole_images(self, inputs: StepInputs) -> bool:
         """Whether the step feeds image rows that attend to their whole image."""
-        vision = self.model.vision
-        if vision is None or not vision.config.whole_image_attention or inputs.embeds is None:
+        if not self.whole_images or inputs.embeds is None:
             return False
         return any(isinstance(p, ImageSlice) for p in inputs.embeds.pieces)
 

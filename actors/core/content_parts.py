@@ -69,12 +69,16 @@ def data_url_bytes(url: str, field: str) -> bytes:
         raise ChatMessageError(
             field, f"{field}: a data URL's image must be base64 (data:...;base64,)"
         )
+    return base64_image(payload, field)
+
+
+def base64_image(payload: str, field: str) -> bytes:
+    """An image file's bytes from base64 text (a data URL's, an Anthropic image block's
+    `data`); ChatMessageError naming `field` when it does not decode or holds nothing."""
     try:
         data = base64.b64decode(payload, validate=True)
     except (binascii.Error, ValueError) as exc:
-        raise ChatMessageError(
-            field, f"{field}: the data URL's base64 does not decode ({exc})"
-        ) from None
+        raise ChatMessageError(field, f"{field}: the base64 does not decode ({exc})") from None
     if not data:
-        raise ChatMessageError(field, f"{field}: the data URL holds no bytes")
+        raise ChatMessageError(field, f"{field}: the image holds no bytes")
     return data
